@@ -1,0 +1,1 @@
+"""Pydantic request and response models shared by the server and the Python client."""

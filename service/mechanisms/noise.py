@@ -1,0 +1,147 @@
+"""Noise primitives shared by every mechanism, all drawing from one release's generator.
+
+Randomness
+----------
+:func:`secure_generator` returns a ``numpy.random.Generator`` over randomgen's ChaCha (20 rounds),
+a cryptographically secure stream cipher, keyed with 256 bits from ``os.urandom``. Each release
+gets a fresh one; public randomness (partitions, reference points, rotations) comes from the same
+generator. Tests pass a seeded generator instead; production code never seeds.
+
+Floating point
+--------------
+The samplers below are the textbook ones on IEEE doubles (NumPy's Laplace, normal, Cauchy, and
+inverse-CDF transforms of 53-bit uniforms). Mironov (CCS 2012) shows such samplers leave gaps in
+the set of reachable doubles, so a *directly released* noisy value can in principle reveal its
+unperturbed input. What the service does about it: the subspace mechanisms release eigenvectors
+or QR factors of noisy matrices (a non-linear post-processing that does not preserve the
+low-order bits of any single noisy entry), and ``spectrum`` rounds released singular values to
+a grid. What remains: no snapping mechanism is implemented, so the guarantee is the idealised
+real-number one and not a proof for floating-point arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from randomgen import ChaCha
+from scipy.special import log_ndtr
+from scipy.stats import ortho_group
+
+from service.mechanisms.linalg import FloatArray
+
+
+def secure_generator() -> np.random.Generator:
+    """A fresh generator over ChaCha20 keyed with 256 bits from the OS CSPRNG."""
+    key = int.from_bytes(os.urandom(32), "little")
+    return np.random.Generator(ChaCha(key=key, counter=0, rounds=20))
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaussian: analytic calibration (Balle & Wang, ICML 2018, Theorem 8)
+
+
+def gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
+    """The smallest delta for which ``N(0, sigma^2)`` noise is ``(epsilon, delta)``-DP.
+
+    ``delta(sigma) = Phi(D/(2 sigma) - eps sigma/D) - e^eps Phi(-D/(2 sigma) - eps sigma/D)``,
+    evaluated in log space so that tiny deltas do not underflow.
+    """
+    ratio = sensitivity / (2.0 * sigma)
+    shift = epsilon * sigma / sensitivity
+    log_first = float(log_ndtr(ratio - shift))
+    log_second = epsilon + float(log_ndtr(-ratio - shift))
+    if log_second >= log_first:
+        return 0.0
+    return math.exp(log_first) * -math.expm1(log_second - log_first)
+
+
+def analytic_gaussian_sigma(
+    sensitivity: float, epsilon: float, delta: float, *, rel_tol: float = 1e-12
+) -> float:
+    """Smallest ``sigma`` such that Gaussian noise of l2 sensitivity ``D`` is ``(eps, delta)``-DP.
+
+    ``delta(sigma)`` decreases in ``sigma``, so bisection on ``log sigma`` finds the boundary;
+    the returned value is the upper end of the final bracket, so it always satisfies the bound.
+    Valid for every ``epsilon > 0`` (unlike the classical ``sqrt(2 ln(1.25/delta)) D/eps``).
+    """
+    if not (sensitivity > 0 and epsilon > 0 and 0 < delta < 1):
+        raise ValueError("need sensitivity > 0, epsilon > 0 and 0 < delta < 1")
+    low = high = sensitivity
+    while gaussian_delta(high, sensitivity, epsilon) > delta:
+        low, high = high, high * 2.0
+    while gaussian_delta(low, sensitivity, epsilon) <= delta:
+        low, high = low / 2.0, low
+    while high - low > rel_tol * high:
+        mid = math.sqrt(low * high)
+        if gaussian_delta(mid, sensitivity, epsilon) <= delta:
+            high = mid
+        else:
+            low = mid
+    return high
+
+
+def symmetric_gaussian(dim: int, sigma: float, rng: np.random.Generator) -> FloatArray:
+    """``E(sigma)``: a ``dim x dim`` symmetric matrix, upper triangle (diagonal included) iid
+    ``N(0, sigma^2)`` and the lower triangle mirrored."""
+    noise = rng.normal(0.0, sigma, size=(dim, dim))
+    upper = np.triu(noise)
+    return upper + np.triu(noise, 1).T
+
+
+# ---------------------------------------------------------------------------------------------
+# Laplace family
+
+
+def laplace(scale: float, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> FloatArray:
+    """``Lap(b)`` samples with density ``exp(-|x|/b) / (2b)``."""
+    return np.asarray(rng.laplace(0.0, scale, size=size), dtype=np.float64)
+
+
+def truncated_laplace_params(sensitivity: float, epsilon: float, delta: float) -> tuple[float, float]:
+    """``(lam, A)`` of ``TLap(D, eps, delta)`` (seed 003, Lemma 2.14).
+
+    ``lam = D/eps`` and ``A = (D/eps) ln(1 + (e^eps - 1)/(2 delta))``.
+    """
+    lam = sensitivity / epsilon
+    bound = lam * math.log1p(math.expm1(epsilon) / (2.0 * delta))
+    return lam, bound
+
+
+def truncated_laplace_ppf(p: FloatArray | float, lam: float, bound: float) -> FloatArray:
+    """Inverse CDF of the density proportional to ``exp(-|x|/lam)`` on ``[-A, A]``."""
+    prob = np.asarray(p, dtype=np.float64)
+    tail = math.exp(-bound / lam)
+    mass = 1.0 - tail  # the (unnormalised) mass of one half, times 1/lam
+    lower = lam * np.log(np.maximum(2.0 * prob * mass + tail, tail))
+    upper = -lam * np.log(np.maximum(1.0 - (2.0 * prob - 1.0) * mass, tail))
+    return np.where(prob < 0.5, lower, upper)
+
+
+def truncated_laplace(
+    sensitivity: float,
+    epsilon: float,
+    delta: float,
+    rng: np.random.Generator,
+    size: int | tuple[int, ...] | None = None,
+) -> FloatArray:
+    """Samples of ``TLap(D, eps, delta)`` by inverse CDF."""
+    lam, bound = truncated_laplace_params(sensitivity, epsilon, delta)
+    return truncated_laplace_ppf(rng.random(size=size), lam, bound)
+
+
+def cauchy(rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> FloatArray:
+    """Standard Cauchy samples (for the pure variant of smooth sensitivity)."""
+    return np.asarray(rng.standard_cauchy(size=size), dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotations
+
+
+def haar_orthogonal(dim: int, rng: np.random.Generator) -> FloatArray:
+    """A Haar-random ``dim x dim`` orthogonal matrix (public randomness)."""
+    if dim == 1:
+        return np.array([[1.0 if rng.random() < 0.5 else -1.0]])
+    return np.asarray(ortho_group.rvs(dim, random_state=rng), dtype=np.float64)

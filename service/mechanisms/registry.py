@@ -1,0 +1,20 @@
+"""The mechanisms the service ships: adding one is one module and one line here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.mechanisms.analyze_gauss import AnalyzeGauss
+from service.mechanisms.base import Mechanism
+
+MECHANISMS: dict[str, Mechanism[Any]] = {
+    mechanism.name: mechanism
+    for mechanism in (
+        AnalyzeGauss(),
+    )
+}
+
+
+def get_mechanism(name: str) -> Mechanism[Any] | None:
+    """The registered mechanism called ``name``, or ``None``."""
+    return MECHANISMS.get(name)
