@@ -1,0 +1,664 @@
+"""Python client for the dp-subspace-service HTTP API.
+
+Runs on an analyst's laptop: it needs httpx, numpy, pydantic, rich and ``api_schemas``, and never
+imports the server (no FastAPI, SQLAlchemy or database code).
+
+>>> from service.client import Client
+>>> with Client("http://127.0.0.1:8000", api_key) as dpss:            # doctest: +SKIP
+...     ds = dpss.upload("patients.npy", epsilon_budget="1", delta_budget="1e-5",
+...                      row_norm_bound=1.0)
+...     basis = dpss.release(ds.id, "analyze_gauss", k=3, epsilon="0.5",
+...                          delta="1e-6").wait(progress=True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, TypeVar
+from uuid import UUID
+
+import httpx
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ValidationError
+
+from api_schemas.audit import AuditEvent, AuditPage
+from api_schemas.datasets import Budget, Dataset, DatasetList
+from api_schemas.mechanisms import MechanismInfo, MechanismList
+from api_schemas.releases import Release, ReleaseStatus
+
+__all__ = [
+    "AuthError",
+    "BudgetExceededError",
+    "Client",
+    "ConflictError",
+    "DpssError",
+    "InvalidRequestError",
+    "NoBasisError",
+    "NotFoundError",
+    "ReleaseFailed",
+    "ReleaseHandle",
+    "ReleaseNoResult",
+    "ReleaseOutcomeError",
+    "ServerError",
+    "ServiceUnreachableError",
+    "WaitTimeoutError",
+]
+
+DEFAULT_URL: Final = "http://127.0.0.1:8000"
+FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
+
+_M = TypeVar("_M", bound=BaseModel)
+Number = Decimal | str | int | float
+
+
+# --------------------------------------------------------------------------------------------
+# Exceptions
+
+
+class DpssError(Exception):
+    """An error reported by (or about reaching) the service.
+
+    ``code`` is the service's machine-readable error code (``budget_exceeded``, ``not_found``,
+    ``invalid_parameter``, ...), ``detail`` its human-readable explanation and ``status`` the
+    HTTP status (``None`` when no HTTP answer was received).
+    """
+
+    def __init__(self, code: str, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+        self.status = status
+
+
+class AuthError(DpssError):
+    """401 (missing or unknown key) or 403 (the key's role may not do this)."""
+
+
+class NotFoundError(DpssError):
+    """404: no such dataset, release or key (or not visible to this key)."""
+
+
+class InvalidRequestError(DpssError):
+    """400, 413 or 422: the request was refused before anything was charged."""
+
+
+class ConflictError(DpssError):
+    """409 other than ``budget_exceeded`` (e.g. an idempotency key reused with another body)."""
+
+
+class BudgetExceededError(ConflictError):
+    """409 ``budget_exceeded``: the release would overspend; nothing was charged."""
+
+    def __init__(
+        self,
+        code: str,
+        detail: str,
+        status: int | None,
+        epsilon_remaining: Decimal | None,
+        delta_remaining: Decimal | None,
+    ) -> None:
+        super().__init__(code, detail, status)
+        self.epsilon_remaining = epsilon_remaining
+        self.delta_remaining = delta_remaining
+
+
+class ServerError(DpssError):
+    """5xx, or an answer the client cannot make sense of."""
+
+
+class ServiceUnreachableError(DpssError):
+    """No HTTP answer: connection refused, DNS failure, timeout."""
+
+
+class ReleaseOutcomeError(DpssError):
+    """Base of the errors raised when a release finished without a basis to return."""
+
+    def __init__(self, code: str, detail: str, release: Release) -> None:
+        super().__init__(code, detail, None)
+        self.release = release
+
+
+class ReleaseNoResult(ReleaseOutcomeError):  # noqa: N818 (name fixed by the issue)
+    """The mechanism declined to release (e.g. no private eigengap); the cost stays charged."""
+
+
+class ReleaseFailed(ReleaseOutcomeError):  # noqa: N818 (name fixed by the issue)
+    """The release job failed (see ``release.refunded`` for whether the charge was refunded)."""
+
+
+class NoBasisError(ReleaseOutcomeError):
+    """The release succeeded but its mechanism (e.g. ``spectrum``) releases no basis."""
+
+
+class WaitTimeoutError(DpssError):
+    """``ReleaseHandle.wait(timeout=...)`` ran out of time; the release keeps running."""
+
+
+def _decimal_or_none(value: Any) -> Decimal | None:
+    try:
+        return Decimal(str(value)) if value is not None else None
+    except InvalidOperation:
+        return None
+
+
+def error_from_response(response: httpx.Response) -> DpssError:
+    """Turn a 4xx/5xx response into the matching typed exception."""
+    status = response.status_code
+    body: Any
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        code = body["error"]
+        detail = body.get("detail")
+        detail = detail if isinstance(detail, str) else json.dumps(detail)
+    else:
+        # Not the service's error shape (a proxy, a framework default): keep what we can.
+        code = f"http_{status}"
+        if isinstance(body, dict) and "detail" in body:
+            detail = (
+                json.dumps(body["detail"])
+                if not isinstance(body["detail"], str)
+                else body["detail"]
+            )
+        else:
+            detail = response.text[:500] or response.reason_phrase
+    if status in (401, 403):
+        return AuthError(code, detail, status)
+    if status == 404:
+        return NotFoundError(code, detail, status)
+    if status == 409 and code == "budget_exceeded" and isinstance(body, dict):
+        return BudgetExceededError(
+            code,
+            detail,
+            status,
+            _decimal_or_none(body.get("epsilon_remaining")),
+            _decimal_or_none(body.get("delta_remaining")),
+        )
+    if status == 409:
+        return ConflictError(code, detail, status)
+    if 400 <= status < 500:
+        return InvalidRequestError(code, detail, status)
+    return ServerError(code, detail, status)
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming a NumPy array as a .npy file
+
+
+class NpyStream(io.RawIOBase):
+    """A read-only, seekable file object whose bytes are ``np.save(array)``'s, made on the fly.
+
+    Only the small ``.npy`` header is built in memory; the array's buffer is read in place
+    through a memoryview, so an upload needs neither a temporary file nor a copy of the data
+    (unless the array is neither C- nor Fortran-contiguous, when one contiguous copy is made).
+    Being seekable with a known length lets httpx send a ``Content-Length``.
+    """
+
+    def __init__(self, array: NDArray[Any]) -> None:
+        super().__init__()
+        if array.dtype.hasobject:
+            raise ValueError("object arrays cannot be uploaded; use a numeric dtype")
+        if array.flags.c_contiguous:
+            contiguous, fortran = array, False
+        elif array.flags.f_contiguous:
+            # The transpose of a Fortran-ordered array is C-ordered over the same memory,
+            # and .npy stores exactly that buffer when the header says fortran_order.
+            contiguous, fortran = array.T, True
+        else:
+            contiguous, fortran = np.ascontiguousarray(array), False
+        header = np.lib.format.header_data_from_array_1_0(array)
+        header["fortran_order"] = fortran
+        buf = io.BytesIO()
+        try:
+            np.lib.format.write_array_header_1_0(buf, header)
+        except ValueError:
+            buf = io.BytesIO()
+            np.lib.format.write_array_header_2_0(buf, header)
+        self._header = memoryview(buf.getvalue())
+        self._data: memoryview = contiguous.reshape(-1).view(np.uint8).data
+        self._size = len(self._header) + len(self._data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        written = 0
+        while written < len(out) and self._pos < self._size:
+            h = len(self._header)
+            src = self._header[self._pos :] if self._pos < h else self._data[self._pos - h :]
+            n = min(len(src), len(out) - written)
+            out[written : written + n] = src[:n]
+            written += n
+            self._pos += n
+        return written
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _decimal_str(value: Number, field: str) -> str:
+    """Exact decimal text for epsilon/delta/budgets (floats go through their shortest repr)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{field} must be a number, not a bool")
+    try:
+        dec = Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError(f"{field} must be a decimal number, got {value!r}") from None
+    if not dec.is_finite():
+        raise ValueError(f"{field} must be finite, got {value!r}")
+    return str(dec)
+
+
+_CONTENT_TYPES: Final = {
+    ".csv": "text/csv",
+    ".npy": "application/octet-stream",
+    ".parquet": "application/vnd.apache.parquet",
+}
+
+
+def basis_sha256(basis: NDArray[np.float64]) -> str:
+    """SHA-256 of a basis as the service stores it: little-endian float64, row-major."""
+    return hashlib.sha256(np.ascontiguousarray(basis, dtype="<f8").tobytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+
+
+class Client:
+    """A synchronous client for one service and one API key.
+
+    Parameters
+    ----------
+    url:
+        The service's base URL, e.g. ``http://127.0.0.1:8000``.
+    api_key:
+        The bearer secret (``dpss keys create`` prints it).
+    http:
+        An ``httpx.Client`` to send requests with (tests pass a FastAPI ``TestClient``); it is
+        not closed by :meth:`close`. By default the client makes and owns one.
+    timeout:
+        Seconds to wait for each network operation (connect, read, write).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        *,
+        http: httpx.Client | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._owns_http = http is None
+        self._http = http if http is not None else httpx.Client(timeout=timeout)
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # Transport ------------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method, self.url + path, headers={**self._auth, **(headers or {})}, **kwargs
+            )
+        except httpx.TransportError as exc:
+            raise ServiceUnreachableError(
+                "unreachable", f"cannot reach {self.url}: {exc or type(exc).__name__}"
+            ) from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return response
+
+    def _get(self, path: str, model: type[_M], **kwargs: Any) -> _M:
+        return _parse(self._request("GET", path, **kwargs), model)
+
+    # Datasets -------------------------------------------------------------------------------
+
+    def upload(
+        self,
+        data: str | os.PathLike[str] | NDArray[Any],
+        *,
+        name: str | None = None,
+        epsilon_budget: Number,
+        delta_budget: Number,
+        row_norm_bound: float | None = None,
+    ) -> Dataset:
+        """Upload a dataset (owner key) and return its metadata.
+
+        ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
+        suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
+        a temporary file). ``name`` defaults to the file's stem and is required for arrays.
+        """
+        form: dict[str, str] = {
+            "epsilon_budget": _decimal_str(epsilon_budget, "epsilon_budget"),
+            "delta_budget": _decimal_str(delta_budget, "delta_budget"),
+        }
+        if row_norm_bound is not None:
+            form["row_norm_bound"] = repr(float(row_norm_bound))
+        if isinstance(data, np.ndarray):
+            if data.ndim != 2:
+                raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")
+            if name is None:
+                raise TypeError("name= is required when uploading an array")
+            form["name"] = name
+            stream = NpyStream(data)
+            with stream:
+                response = self._request(
+                    "POST",
+                    "/v1/datasets",
+                    data=form,
+                    files={"file": (f"{name}.npy", stream, "application/octet-stream")},
+                )
+        else:
+            path = Path(data)
+            form["name"] = name if name is not None else path.stem
+            content_type = _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
+            with path.open("rb") as fh:
+                response = self._request(
+                    "POST",
+                    "/v1/datasets",
+                    data=form,
+                    files={"file": (path.name, fh, content_type)},
+                )
+        return _parse(response, Dataset)
+
+    def datasets(self) -> list[Dataset]:
+        """Every dataset this key can see (metadata only), newest first."""
+        return self._get("/v1/datasets", DatasetList).items
+
+    def dataset(self, dataset_id: UUID | str) -> Dataset:
+        return self._get(f"/v1/datasets/{dataset_id}", Dataset)
+
+    def budget(self, dataset_id: UUID | str) -> Budget:
+        return self._get(f"/v1/datasets/{dataset_id}/budget", Budget)
+
+    # Releases -------------------------------------------------------------------------------
+
+    def release(
+        self,
+        dataset_id: UUID | str,
+        mechanism: str,
+        k: int,
+        epsilon: Number,
+        delta: Number,
+        *,
+        idempotency_key: str | None = None,
+        **params: Any,
+    ) -> ReleaseHandle:
+        """Request a release (analyst key); it is queued, and the cost charged, at once.
+
+        Keyword arguments other than ``idempotency_key`` are the mechanism's parameters (see
+        :meth:`mechanisms`). The request carries an ``Idempotency-Key`` (random unless given),
+        so sending the same request again with the same key never charges twice.
+        """
+        body = {
+            "mechanism": mechanism,
+            "k": k,
+            "epsilon": _decimal_str(epsilon, "epsilon"),
+            "delta": _decimal_str(delta, "delta"),
+            "params": params,
+        }
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+        response = self._request(
+            "POST",
+            f"/v1/datasets/{dataset_id}/releases",
+            json=body,
+            headers={"Idempotency-Key": key},
+        )
+        return ReleaseHandle(self, _parse(response, Release))
+
+    def get_release(self, release_id: UUID | str) -> ReleaseHandle:
+        """A handle on an existing release (e.g. one requested earlier from the CLI)."""
+        return ReleaseHandle(self, self._get(f"/v1/releases/{release_id}", Release))
+
+    # Catalogue and audit --------------------------------------------------------------------
+
+    def mechanisms(self) -> list[MechanismInfo]:
+        return self._get("/v1/mechanisms", MechanismList).items
+
+    def audit(self, *, after: int | None = None, limit: int | None = None) -> AuditPage:
+        """One page of audit events (auditor or admin key), in chain order after ``after``."""
+        query: dict[str, int] = {}
+        if after is not None:
+            query["after"] = after
+        if limit is not None:
+            query["limit"] = limit
+        return self._get("/v1/audit", AuditPage, params=query)
+
+    def audit_events(
+        self, *, after: int | None = None, page_size: int | None = None
+    ) -> Iterator[AuditEvent]:
+        """Every audit event after ``after``, following the pages."""
+        cursor = after
+        while True:
+            page = self.audit(after=cursor, limit=page_size)
+            yield from page.items
+            if page.next_after is None or not page.items:
+                return
+            cursor = page.next_after
+
+
+def _parse(response: httpx.Response, model: type[_M]) -> _M:
+    try:
+        return model.model_validate_json(response.content)
+    except ValidationError as exc:
+        raise ServerError(
+            "bad_response",
+            f"{response.request.method} {response.request.url.path} answered "
+            f"{response.status_code} with a body that is not a {model.__name__}: {exc}",
+            response.status_code,
+        ) from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Release handle
+
+
+class ReleaseHandle:
+    """A release requested from the service; ``info`` is its latest known state."""
+
+    def __init__(self, client: Client, info: Release) -> None:
+        self._client = client
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"<ReleaseHandle {self.id} {self.info.mechanism} k={self.info.k} {self.status}>"
+
+    @property
+    def id(self) -> UUID:
+        return self.info.id
+
+    @property
+    def status(self) -> ReleaseStatus:
+        return self.info.status
+
+    @property
+    def done(self) -> bool:
+        return self.info.status in FINISHED
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """The mechanism's further outputs (e.g. noisy eigenvalues), once finished."""
+        return self.info.result.extras if self.info.result is not None else {}
+
+    def refresh(self) -> Release:
+        self.info = self._client._get(f"/v1/releases/{self.id}", Release)
+        return self.info
+
+    def wait_finished(
+        self,
+        *,
+        progress: bool = False,
+        timeout: float | None = None,
+        poll_interval: float = 0.2,
+        max_poll_interval: float = 2.0,
+    ) -> Release:
+        """Poll until the release has finished and return it, whatever its outcome."""
+        start = time.monotonic()
+        interval = poll_interval
+        with _Progress(self, start, enabled=progress) as shown:
+            while not self.done:
+                elapsed = time.monotonic() - start
+                if timeout is not None and elapsed >= timeout:
+                    raise WaitTimeoutError(
+                        "timeout",
+                        f"release {self.id} still {self.status} after {elapsed:.1f} s",
+                    )
+                pause = interval if timeout is None else min(interval, timeout - elapsed)
+                time.sleep(max(pause, 0.0))
+                interval = min(interval * 1.5, max_poll_interval)
+                self.refresh()
+                shown.update()
+        return self.info
+
+    def raise_for_outcome(self) -> Release:
+        """Return the release if it succeeded; raise ReleaseNoResult / ReleaseFailed otherwise."""
+        info = self.info
+        if info.status == "no_result":
+            raise ReleaseNoResult(
+                "no_result",
+                f"release {info.id} ({info.mechanism}) declined to release: "
+                f"{info.reason or 'no reason given'}; the cost stays charged",
+                info,
+            )
+        if info.status == "failed":
+            refund = "the charge was refunded" if info.refunded else "the charge was not refunded"
+            raise ReleaseFailed(
+                "failed",
+                f"release {info.id} ({info.mechanism}) failed: {info.reason or 'no reason given'}"
+                f"; {refund}",
+                info,
+            )
+        return info
+
+    def basis(self) -> NDArray[np.float64]:
+        """The released ``d x k`` orthonormal basis of a succeeded release."""
+        info = self.raise_for_outcome()
+        if info.status != "succeeded":
+            raise DpssError("not_finished", f"release {info.id} is still {info.status}")
+        if info.result is None or info.result.basis is None:
+            raise NoBasisError(
+                "no_basis",
+                f"mechanism {info.mechanism} releases no basis; see .extras "
+                f"({', '.join(sorted(self.extras)) or 'empty'})",
+                info,
+            )
+        basis = np.asarray(info.result.basis, dtype=np.float64)
+        if basis.ndim != 2:
+            # d lists of k floats with k = 0 or d = 0 cannot be told apart from JSON alone.
+            basis = basis.reshape(-1, info.k)
+        expected = info.result.basis_sha256
+        if expected is not None and basis_sha256(basis) != expected:
+            raise ServerError(
+                "integrity",
+                f"release {info.id}: the basis received does not match basis_sha256 {expected}",
+            )
+        return basis
+
+    def wait(
+        self,
+        progress: bool = False,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 0.2,
+        max_poll_interval: float = 2.0,
+    ) -> NDArray[np.float64]:
+        """Poll until the release finishes and return its basis as a ``d x k`` array.
+
+        Raises :class:`ReleaseNoResult` or :class:`ReleaseFailed` for those outcomes,
+        :class:`NoBasisError` for mechanisms that release no basis (use :meth:`wait_finished`
+        and :attr:`extras` for those), and :class:`WaitTimeoutError` when ``timeout`` seconds pass.
+        ``progress=True`` shows a spinner with the status and elapsed time on a terminal.
+        """
+        self.wait_finished(
+            progress=progress,
+            timeout=timeout,
+            poll_interval=poll_interval,
+            max_poll_interval=max_poll_interval,
+        )
+        return self.basis()
+
+
+class _Progress:
+    """A rich spinner on stderr showing a release's status and elapsed time (terminals only)."""
+
+    def __init__(self, handle: ReleaseHandle, start: float, *, enabled: bool) -> None:
+        self._handle = handle
+        self._start = start
+        self._status: Any = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+
+            self._status = Console(stderr=True).status(self._text())
+
+    def _text(self) -> str:
+        info = self._handle.info
+        elapsed = time.monotonic() - self._start
+        return (
+            f"release {info.id} ({info.mechanism}, k={info.k}): "
+            f"[bold]{info.status}[/bold]  {elapsed:.1f} s"
+        )
+
+    def update(self) -> None:
+        if self._status is not None:
+            self._status.update(self._text())
+
+    def __enter__(self) -> _Progress:
+        if self._status is not None:
+            self._status.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.stop()
