@@ -1,0 +1,580 @@
+"""The remote half of the ``dpss`` command: talks to a running service through ``service.client``.
+
+``service.cli`` calls :func:`register_remote_commands` to add ``datasets``, ``budget``,
+``releases``, ``mechanisms`` and ``audit list``. Like the client, this module imports nothing
+from the server, so it runs on an analyst's laptop.
+
+Every command takes ``--url`` (``DPSS_URL``, default ``http://127.0.0.1:8000``) and
+``--api-key`` (``DPSS_API_KEY``), prints tables by default and JSON with ``--json``, and exits
+with one of the :class:`ExitCode` values (documented in docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import IntEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import numpy as np
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from api_schemas.datasets import Budget, Dataset
+from api_schemas.releases import Release
+from service.client import (
+    DEFAULT_URL,
+    Client,
+    DpssError,
+    ReleaseFailed,
+    ReleaseHandle,
+    ReleaseNoResult,
+    ServerError,
+    ServiceUnreachableError,
+    WaitTimeoutError,
+)
+
+
+class ExitCode(IntEnum):
+    """What a remote ``dpss`` command's exit status means."""
+
+    OK = 0
+    ERROR = 1  # an unexpected error in the command itself
+    USAGE = 2  # bad command line (typer/click's own code for usage errors)
+    REFUSED = 3  # the service refused the request (4xx: auth, not found, invalid, budget)
+    NO_RESULT = 4  # the release finished as no_result (charged, nothing released)
+    FAILED = 5  # the release job failed
+    UNREACHABLE = 6  # no answer from the service (connection refused, DNS, timeout)
+    SERVER_ERROR = 7  # the service answered 5xx or something the client cannot read
+    TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
+
+
+def make_http_client(url: str, timeout: float) -> httpx.Client | None:
+    """Seam for tests: return the ``httpx.Client`` commands should use, or None for a new one.
+
+    Tests replace this (monkeypatch) with a function returning a FastAPI ``TestClient``.
+    """
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Shared options
+
+UrlOption = Annotated[
+    str,
+    typer.Option("--url", envvar="DPSS_URL", help="Service base URL.", show_envvar=True),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="DPSS_API_KEY",
+        help="API key (bearer secret).",
+        show_envvar=True,
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")
+]
+TimeoutOption = Annotated[
+    float | None,
+    typer.Option("--timeout", min=0.0, help="Give up waiting after this many seconds (exit 8)."),
+]
+OutOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        dir_okay=False,
+        writable=True,
+        help="Write the basis as a .npy file (implies --wait).",
+    ),
+]
+
+
+def _client(url: str, api_key: str | None) -> Client:
+    if not api_key:
+        raise typer.BadParameter(
+            "no API key: pass --api-key or set DPSS_API_KEY", param_hint="--api-key"
+        )
+    timeout = 30.0
+    return Client(url, api_key, http=make_http_client(url, timeout), timeout=timeout)
+
+
+def _stdout() -> Console:
+    # Made per call so that output goes to whatever sys.stdout is now (CliRunner swaps it).
+    return Console(file=sys.stdout, soft_wrap=False)
+
+
+def _stderr() -> Console:
+    return Console(file=sys.stderr, soft_wrap=True)
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def _dump(model: BaseModel) -> Any:
+    return model.model_dump(mode="json")
+
+
+def _exit_code_for(error: DpssError) -> ExitCode:
+    if isinstance(error, ReleaseNoResult):
+        return ExitCode.NO_RESULT
+    if isinstance(error, ReleaseFailed):
+        return ExitCode.FAILED
+    if isinstance(error, WaitTimeoutError):
+        return ExitCode.TIMEOUT
+    if isinstance(error, ServiceUnreachableError):
+        return ExitCode.UNREACHABLE
+    if isinstance(error, ServerError):
+        return ExitCode.SERVER_ERROR
+    if error.status is not None and 400 <= error.status < 500:
+        return ExitCode.REFUSED
+    return ExitCode.ERROR
+
+
+@contextmanager
+def _service_errors(as_json: bool) -> Iterator[None]:
+    """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code."""
+    try:
+        yield
+    except DpssError as error:
+        code = _exit_code_for(error)
+        if as_json:
+            body: dict[str, Any] = {"error": error.code, "detail": error.detail}
+            for extra in ("epsilon_remaining", "delta_remaining"):
+                if getattr(error, extra, None) is not None:
+                    body[extra] = str(getattr(error, extra))
+            _print_json(body)
+        console = _stderr()
+        console.print(
+            f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(error.detail)}"
+        )
+        for extra in ("epsilon_remaining", "delta_remaining"):
+            if getattr(error, extra, None) is not None:
+                console.print(f"  {extra}: {getattr(error, extra)}", markup=False)
+        raise typer.Exit(int(code)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for key, value in rows:
+        table.add_row(key, "" if value is None else str(value))
+    return table
+
+
+def _budget_table(budget: Budget, title: str = "budget") -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("", "total", "spent", "remaining"):
+        table.add_column(column, justify="right" if column else "left", no_wrap=True)
+    table.add_row(
+        "epsilon",
+        str(budget.epsilon_total),
+        str(budget.epsilon_spent),
+        str(budget.epsilon_remaining),
+    )
+    table.add_row(
+        "delta", str(budget.delta_total), str(budget.delta_spent), str(budget.delta_remaining)
+    )
+    return table
+
+
+def _dataset_rows(ds: Dataset) -> list[tuple[str, Any]]:
+    return [
+        ("id", ds.id),
+        ("name", ds.name),
+        ("shape", f"{ds.n_rows} x {ds.n_cols}"),
+        ("row_norm_bound", ds.row_norm_bound),
+        ("created_at", ds.created_at.isoformat(timespec="seconds")),
+    ]
+
+
+def _release_rows(info: Release) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [
+        ("id", info.id),
+        ("dataset_id", info.dataset_id),
+        ("mechanism", info.mechanism),
+        ("k", info.k),
+        ("epsilon", info.epsilon),
+        ("delta", info.delta),
+        ("params", json.dumps(info.params, sort_keys=True)),
+        ("status", info.status),
+    ]
+    if info.reason:
+        rows.append(("reason", info.reason))
+    if info.status in ("no_result", "failed"):
+        rows.append(("refunded", info.refunded))
+    rows.append(("created_at", info.created_at.isoformat(timespec="seconds")))
+    if info.finished_at is not None:
+        rows.append(("finished_at", info.finished_at.isoformat(timespec="seconds")))
+    rows.append(("attempts", info.attempts))
+    if info.result is not None:
+        if info.result.basis is not None:
+            d = len(info.result.basis)
+            k = len(info.result.basis[0]) if d else info.k
+            rows.append(("basis", f"{d} x {k} (use --out FILE.npy or --json to get it)"))
+        if info.result.basis_sha256:
+            rows.append(("basis_sha256", info.result.basis_sha256))
+        for key, value in info.result.extras.items():
+            rows.append((key, json.dumps(value)))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# datasets
+
+datasets_app = typer.Typer(
+    help="Upload and inspect datasets (metadata only).", no_args_is_help=True
+)
+
+
+@datasets_app.command("upload")
+def datasets_upload(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True, dir_okay=False, readable=True, help="A .csv, .npy or .parquet file."
+        ),
+    ],
+    epsilon_budget: Annotated[
+        str, typer.Option("--epsilon-budget", help="Total epsilon for the dataset, e.g. 1.0.")
+    ],
+    delta_budget: Annotated[
+        str, typer.Option("--delta-budget", help="Total delta for the dataset, e.g. 1e-5.")
+    ],
+    name: Annotated[
+        str | None, typer.Option("--name", help="Dataset name (default: the file's stem).")
+    ] = None,
+    row_norm_bound: Annotated[
+        float | None,
+        typer.Option("--row-norm-bound", help="Public bound C on row norms (default clip norm)."),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Upload FILE as a new dataset with a privacy budget (owner key)."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        try:
+            ds = client.upload(
+                file,
+                name=name,
+                epsilon_budget=epsilon_budget,
+                delta_budget=delta_budget,
+                row_norm_bound=row_norm_bound,
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        if as_json:
+            _print_json(_dump(ds))
+            return
+        out = _stdout()
+        out.print(_kv_table("dataset uploaded", _dataset_rows(ds)))
+        out.print(_budget_table(ds.budget))
+
+
+@datasets_app.command("list")
+def datasets_list(
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the datasets this key can see."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        items = client.datasets()
+        if as_json:
+            _print_json({"items": [_dump(ds) for ds in items]})
+            return
+        table = Table(title=f"{len(items)} dataset(s)", title_justify="left")
+        table.add_column("id", no_wrap=True)
+        table.add_column("name", overflow="fold")
+        table.add_column("rows x cols", justify="right", no_wrap=True)
+        table.add_column("C", justify="right", no_wrap=True)
+        table.add_column("epsilon left / total", justify="right", no_wrap=True)
+        table.add_column("delta left / total", justify="right", no_wrap=True)
+        for ds in items:
+            b = ds.budget
+            table.add_row(
+                str(ds.id),
+                ds.name,
+                f"{ds.n_rows} x {ds.n_cols}",
+                "" if ds.row_norm_bound is None else f"{ds.row_norm_bound:g}",
+                f"{b.epsilon_remaining} / {b.epsilon_total}",
+                f"{b.delta_remaining} / {b.delta_total}",
+            )
+        _stdout().print(table)
+
+
+@datasets_app.command("show")
+def datasets_show(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one dataset's metadata and budget."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        ds = client.dataset(dataset_id)
+        if as_json:
+            _print_json(_dump(ds))
+            return
+        out = _stdout()
+        out.print(_kv_table("dataset", _dataset_rows(ds)))
+        out.print(_budget_table(ds.budget))
+
+
+# --------------------------------------------------------------------------------------------
+# budget
+
+
+def budget(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a dataset's privacy budget: total, spent and remaining (exact decimals)."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        b = client.budget(dataset_id)
+        if as_json:
+            _print_json(_dump(b))
+            return
+        _stdout().print(_budget_table(b, title=f"budget of {dataset_id}"))
+
+
+# --------------------------------------------------------------------------------------------
+# releases
+
+releases_app = typer.Typer(
+    help="Request private subspace releases and fetch them.", no_args_is_help=True
+)
+
+
+def parse_params(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs to a params dict; values are JSON when they parse (numbers, bools,
+    lists, null) and strings otherwise."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise typer.BadParameter(f"expected key=value, got {pair!r}", param_hint="--param")
+        try:
+            params[key] = json.loads(raw)
+        except ValueError:
+            params[key] = raw
+    return params
+
+
+def _finish(
+    handle: ReleaseHandle,
+    *,
+    wait: bool,
+    out: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Shared tail of ``releases create`` and ``releases show``: wait, save, print, exit."""
+    console = _stdout()
+    if not as_json and not wait:
+        console.print(_kv_table("release", _release_rows(handle.info)))
+    if not wait:
+        if as_json:
+            _print_json(_dump(handle.info))
+        return
+    try:
+        # The spinner goes to stderr and only on a terminal; --json keeps stderr plain too.
+        handle.wait_finished(progress=not as_json, timeout=timeout)
+        outcome: DpssError | None = None
+        try:
+            handle.raise_for_outcome()
+        except (ReleaseNoResult, ReleaseFailed) as exc:
+            outcome = exc
+        if as_json:
+            _print_json(_dump(handle.info))
+        else:
+            console.print(_kv_table("release", _release_rows(handle.info)))
+        if outcome is not None:
+            raise typer.Exit(int(_exit_code_for(outcome)))
+        if out is not None:
+            basis = handle.basis()
+            with out.open("wb") as fh:
+                np.save(fh, basis)
+            if not as_json:
+                _stderr().print(
+                    f"basis ({basis.shape[0]} x {basis.shape[1]}) written to {out}", markup=False
+                )
+    except WaitTimeoutError:
+        if as_json:
+            _print_json(_dump(handle.info))
+        raise
+
+
+@releases_app.command("create")
+def releases_create(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    mechanism: Annotated[str, typer.Option("--mechanism", help="See `dpss mechanisms`.")],
+    k: Annotated[int, typer.Option("--k", min=1, help="Dimension of the released subspace.")],
+    epsilon: Annotated[str, typer.Option("--epsilon", help="Epsilon charged, e.g. 0.5.")],
+    delta: Annotated[str, typer.Option("--delta", help="Delta charged, e.g. 1e-6 (0: pure DP).")],
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", help="Mechanism parameter key=value (repeatable)."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for the release to finish (progress on stderr).")
+    ] = False,
+    out: OutOption = None,
+    timeout: TimeoutOption = None,
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option("--idempotency-key", help="Reuse to retry a request without a second charge."),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Request a release of DATASET_ID (analyst key). The cost is charged when it is queued."""
+    params = parse_params(param or [])
+    with _service_errors(as_json), _client(url, api_key) as client:
+        if out is not None:
+            # Refuse before anything is charged when the result could not be saved anyway.
+            known = {m.name: m for m in client.mechanisms()}
+            if mechanism in known and not known[mechanism].releases_basis:
+                raise typer.BadParameter(
+                    f"mechanism {mechanism} releases no basis to write", param_hint="--out"
+                )
+        try:
+            handle = client.release(
+                dataset_id,
+                mechanism,
+                k,
+                epsilon,
+                delta,
+                idempotency_key=idempotency_key,
+                **params,
+            )
+        except (ValueError, TypeError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        _finish(handle, wait=wait or out is not None, out=out, timeout=timeout, as_json=as_json)
+
+
+@releases_app.command("show")
+def releases_show(
+    release_id: Annotated[str, typer.Argument(help="Release id.")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the release to finish.")] = False,
+    out: OutOption = None,
+    timeout: TimeoutOption = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a release. With --wait (or --out) wait for it and exit as `releases create --wait`."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        handle = client.get_release(release_id)
+        _finish(handle, wait=wait or out is not None, out=out, timeout=timeout, as_json=as_json)
+
+
+# --------------------------------------------------------------------------------------------
+# mechanisms and audit
+
+
+def mechanisms(
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the mechanisms, their papers and cost rules."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        items = client.mechanisms()
+        if as_json:
+            _print_json({"items": [_dump(m) for m in items]})
+            return
+        table = Table(title=f"{len(items)} mechanism(s)", title_justify="left")
+        table.add_column("name", no_wrap=True, style="bold")
+        table.add_column("title", overflow="fold")
+        table.add_column("cost", overflow="fold")
+        table.add_column("pure DP", justify="center", no_wrap=True)
+        table.add_column("basis", justify="center", no_wrap=True)
+        table.add_column("params", overflow="fold")
+        for m in items:
+            props = m.params_schema.get("properties", {})
+            table.add_row(
+                m.name,
+                m.title,
+                m.cost_rule,
+                "yes" if m.allows_pure_dp else "no",
+                "yes" if m.releases_basis else "no",
+                ", ".join(props) if isinstance(props, dict) else "",
+            )
+        _stdout().print(table)
+
+
+def audit_list(
+    after: Annotated[
+        int | None, typer.Option("--after", min=0, help="Only events with seq > AFTER.")
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="At most this many events.")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List audit events (auditor or admin key). Without --limit, follows every page."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        if limit is not None:
+            page = client.audit(after=after, limit=limit)
+            events, next_after = page.items, page.next_after
+        else:
+            events, next_after = list(client.audit_events(after=after)), None
+        if as_json:
+            _print_json({"items": [_dump(e) for e in events], "next_after": next_after})
+            return
+        table = Table(title=f"{len(events)} audit event(s)", title_justify="left")
+        table.add_column("seq", justify="right", no_wrap=True)
+        table.add_column("time (UTC)", no_wrap=True)
+        table.add_column("event", no_wrap=True)
+        table.add_column("dataset", overflow="fold")
+        table.add_column("release", overflow="fold")
+        table.add_column("details", overflow="fold")
+        for e in events:
+            table.add_row(
+                str(e.seq),
+                e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                e.event_type,
+                str(e.dataset_id)[:8] if e.dataset_id else "",
+                str(e.release_id)[:8] if e.release_id else "",
+                json.dumps(e.details, sort_keys=True),
+            )
+        out = _stdout()
+        out.print(table)
+        if next_after is not None:
+            out.print(f"more: --after {next_after}", markup=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Registration
+
+
+def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
+    """Add the remote commands to the ``dpss`` app and ``list`` to its ``audit`` group."""
+    app.add_typer(datasets_app, name="datasets")
+    app.command("budget")(budget)
+    app.add_typer(releases_app, name="releases")
+    app.command("mechanisms")(mechanisms)
+    audit_app.command("list")(audit_list)
