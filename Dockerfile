@@ -1,0 +1,65 @@
+# dp-subspace-service image.
+#
+#   docker build -t dp-subspace-service .
+#   docker run -p 8000:8000 -v dpss-data:/var/lib/dpss/data \
+#       -e DPSS_ADMIN_API_KEY=... dp-subspace-service          # embedded: SQLite + one worker
+#
+# The production stack (PostgreSQL, migrations, API, workers) is docker-compose.yml; see
+# docs/deployment.md. No secret is baked in: keys and passwords come from the environment.
+
+# ---- build stage: resolve and install everything into a self-contained virtualenv ----------
+FROM python:3.11-slim-bookworm AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+
+RUN python -m venv /opt/dpss
+
+WORKDIR /src
+
+# Dependencies first, from pyproject.toml alone, so that editing the code does not re-download
+# them: this layer changes only when the dependency list does.
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && /opt/dpss/bin/pip install -r /tmp/requirements.txt
+
+# Then the project itself (a wheel built from the repository; migrations ship inside it).
+COPY README.md ./
+COPY api_schemas ./api_schemas
+COPY service ./service
+RUN /opt/dpss/bin/pip install --no-deps . \
+    && /opt/dpss/bin/dpss --help >/dev/null
+
+# ---- final stage: the interpreter, the virtualenv and an unprivileged user; no compilers -------
+FROM python:3.11-slim-bookworm
+
+RUN groupadd --system --gid 10001 dpss \
+    && useradd --system --uid 10001 --gid dpss --home-dir /var/lib/dpss --no-create-home \
+        --shell /usr/sbin/nologin dpss \
+    && mkdir -p /var/lib/dpss/data \
+    && chown -R dpss:dpss /var/lib/dpss
+
+COPY --from=build /opt/dpss /opt/dpss
+
+ENV PATH=/opt/dpss/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    DPSS_DATA_DIR=/var/lib/dpss/data
+
+USER dpss:dpss
+WORKDIR /var/lib/dpss
+
+# Dataset files (and, in the embedded mode, the SQLite database) live here. Declared after the
+# chown so that a fresh named volume starts owned by the dpss user.
+VOLUME ["/var/lib/dpss/data"]
+
+EXPOSE 8000
+
+# Liveness of the HTTP server; a worker container (no HTTP) disables it in docker-compose.yml.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
+
+ENTRYPOINT ["dpss"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
