@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +59,9 @@ DEFAULT_URL: Final = "http://127.0.0.1:8000"
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 _M = TypeVar("_M", bound=BaseModel)
+
+#: How ``ReleaseHandle.wait`` pauses between polls; tests swap in one that runs the worker.
+_sleep: Callable[[float], None] = time.sleep
 Number = Decimal | str | int | float
 
 
@@ -556,7 +559,7 @@ class ReleaseHandle:
                         f"release {self.id} still {self.status} after {elapsed:.1f} s",
                     )
                 pause = interval if timeout is None else min(interval, timeout - elapsed)
-                time.sleep(max(pause, 0.0))
+                _sleep(max(pause, 0.0))
                 interval = min(interval * 1.5, max_poll_interval)
                 self.refresh()
                 shown.update()

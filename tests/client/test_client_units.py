@@ -1,0 +1,137 @@
+"""Client pieces that need no service: the .npy stream, decimal text, error mapping."""
+
+from __future__ import annotations
+
+import io
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from service.client import (
+    AuthError,
+    BudgetExceededError,
+    Client,
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    NpyStream,
+    ServerError,
+    ServiceUnreachableError,
+    _decimal_str,
+    error_from_response,
+)
+from service.remote_cli import parse_params
+
+
+def _npy_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _read_all(stream: NpyStream, chunk: int) -> bytes:
+    return b"".join(iter(lambda: stream.read(chunk), b""))
+
+
+ARRAYS = {
+    "c_order": np.arange(35.0).reshape(7, 5),
+    "fortran_order": np.asfortranarray(np.arange(35.0).reshape(7, 5)),
+    "strided": np.arange(120.0).reshape(12, 10)[::3, ::2],
+    "big_endian_f4": np.arange(6, dtype=">f4").reshape(2, 3),
+    "int64": np.arange(12, dtype=np.int64).reshape(4, 3),
+    "empty": np.zeros((0, 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+@pytest.mark.parametrize("chunk", [1, 7, 65536])
+def test_npy_stream_is_byte_for_byte_np_save(name: str, chunk: int) -> None:
+    array = ARRAYS[name]
+    stream = NpyStream(array)
+    expected = _npy_bytes(array)
+    assert stream.seek(0, io.SEEK_END) == len(expected)
+    stream.seek(0)
+    got = _read_all(stream, chunk)
+    assert got == expected
+    np.testing.assert_array_equal(np.load(io.BytesIO(got)), array)
+
+
+def test_npy_stream_reads_the_array_in_place() -> None:
+    # A change made after the stream exists shows up in what it sends: nothing was copied.
+    array = np.zeros((1000, 8))
+    stream = NpyStream(array)
+    array[999, 7] = 42.0
+    assert np.load(io.BytesIO(_read_all(stream, 65536)))[999, 7] == 42.0
+
+
+def test_npy_stream_refuses_object_arrays() -> None:
+    with pytest.raises(ValueError, match="object"):
+        NpyStream(np.array([[object()]], dtype=object))
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0.1, "0.1"), ("0.1", "0.1"), (Decimal("1e-5"), "0.00001"), (1, "1"), (1e-6, "0.000001")],
+)
+def test_decimals_are_sent_exactly(value: Any, text: str) -> None:
+    assert Decimal(_decimal_str(value, "epsilon")) == Decimal(text)
+
+
+@pytest.mark.parametrize("value", [float("nan"), "inf", "abc", True])
+def test_bad_decimals_are_refused_locally(value: Any) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        _decimal_str(value, "epsilon")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (401, {"error": "unauthenticated", "detail": "no key"}, AuthError),
+        (403, {"error": "forbidden", "detail": "role"}, AuthError),
+        (404, {"error": "not_found", "detail": "no dataset"}, NotFoundError),
+        (409, {"error": "idempotency_conflict", "detail": "reused"}, ConflictError),
+        (413, {"error": "payload_too_large", "detail": "big"}, InvalidRequestError),
+        (422, {"error": "invalid_input", "detail": "k: too big"}, InvalidRequestError),
+        (500, {"error": "internal", "detail": "oops"}, ServerError),
+        (422, {"detail": [{"loc": ["body", "k"]}]}, InvalidRequestError),
+    ],
+)
+def test_error_mapping(status: int, body: dict[str, Any], kind: type[Exception]) -> None:
+    error = error_from_response(httpx.Response(status, json=body))
+    assert type(error) is kind
+    assert error.status == status
+    assert error.code == body.get("error", f"http_{status}")
+
+
+def test_budget_exceeded_carries_remaining_budget() -> None:
+    body = {
+        "error": "budget_exceeded",
+        "detail": "costs more",
+        "epsilon_remaining": "0.3",
+        "delta_remaining": "0.000001",
+    }
+    error = error_from_response(httpx.Response(409, json=body))
+    assert isinstance(error, BudgetExceededError)
+    assert error.epsilon_remaining == Decimal("0.3")
+    assert error.delta_remaining == Decimal("0.000001")
+
+
+def test_unreachable_service() -> None:
+    with (
+        Client("http://127.0.0.1:9", "key", timeout=2) as dpss,
+        pytest.raises(ServiceUnreachableError) as caught,
+    ):
+        dpss.mechanisms()
+    assert caught.value.status is None and caught.value.code == "unreachable"
+
+
+def test_parse_params() -> None:
+    assert parse_params(["clip_norm=1.5", "name=abc", "flag=true", "xs=[1,2]"]) == {
+        "clip_norm": 1.5,
+        "name": "abc",
+        "flag": True,
+        "xs": [1, 2],
+    }
