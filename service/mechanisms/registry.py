@@ -6,11 +6,17 @@ from typing import Any
 
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import Mechanism
+from service.mechanisms.gap_perturbation import GapPerturbation
+from service.mechanisms.smooth_sensitivity import SmoothSensitivity
+from service.mechanisms.spectrum import Spectrum
 
 MECHANISMS: dict[str, Mechanism[Any]] = {
     mechanism.name: mechanism
     for mechanism in (
         AnalyzeGauss(),
+        GapPerturbation(),
+        SmoothSensitivity(),
+        Spectrum(),
     )
 }
 

@@ -1,0 +1,187 @@
+"""M3 ``smooth_sensitivity``: output perturbation of the top-k basis with smooth sensitivity.
+
+Gonen & Gilad-Bachrach, "Smooth Sensitivity Based Approach for Differentially Private PCA",
+ALT 2018, Algorithm 1 (seed 004), generalised to rank k as ALGORITHMS.md (M3) fixes it.
+
+Privacy: ``A(j) = min(sqrt(2k), 2C^2/(g - (2j+1)C^2))`` bounds the local sensitivity (Frobenius,
+up to rotation) of the top-k basis at distance ``j``, so ``S = max_j e^{-beta j} A(j)`` is a
+beta-smooth upper bound on it. Gaussian noise ``5 S sqrt(2 ln(2/delta))/eps`` with
+``beta = eps/(4(D + ln(2/delta)))`` is ``(eps, delta)``-DP (Theorem 9.1); Cauchy noise
+``6 S1/eps`` with ``S1 = sqrt(D) S``, ``beta = eps/(6D)`` is ``(eps, 0)``-DP (Theorem 9.2), where
+``D = d k``. The Haar rotation inside the subspace is public randomness, the thin QR
+post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import numpy as np
+
+from service.mechanisms.base import (
+    ClipParams,
+    Mechanism,
+    MechanismOutput,
+    PublicContext,
+    ReleaseSpec,
+    resolve_clip_norm,
+)
+from service.mechanisms.gap_perturbation import top_k_with_gap
+from service.mechanisms.linalg import FloatArray, clipped_gram, orthonormal_basis
+from service.mechanisms.noise import cauchy, haar_orthogonal
+
+Variant = Literal["gaussian", "cauchy"]
+
+
+class SmoothSensitivityParams(ClipParams):
+    """Params of ``smooth_sensitivity``: only the clip norm (the variant follows from delta)."""
+
+
+def local_bound(gap: float, k: int, clip_norm: float, j: FloatArray | float) -> FloatArray:
+    """``A(j)``: bound on the local sensitivity of the top-k basis at distance ``j``.
+
+    ``A(j) = min(sqrt(2k), 2C^2/(g - (2j+1)C^2))`` when ``g - (2j+1)C^2 > 0``, else ``sqrt(2k)``.
+    """
+    steps = np.asarray(j, dtype=np.float64)
+    cap = math.sqrt(2.0 * k)
+    room = gap - (2.0 * steps + 1.0) * clip_norm**2
+    with np.errstate(divide="ignore"):
+        bound = np.where(room > 0, 2.0 * clip_norm**2 / np.where(room > 0, room, 1.0), cap)
+    return np.minimum(cap, bound)
+
+
+def smooth_bound(gap: float, k: int, clip_norm: float, beta: float) -> float:
+    """``S = max_{j >= 0} e^{-beta j} A(j)``, exactly, in O(1).
+
+    ``A`` is non-decreasing and reaches its cap ``sqrt(2k)`` at the first ``J`` with
+    ``g - (2J+1)C^2 <= sqrt(2/k) C^2``; beyond ``J`` the product decreases. Before ``J``,
+    ``log(e^{-beta j} A(j)) = -beta j + log(2C^2) - log(g - (2j+1)C^2)`` is convex in ``j``, so
+    its maximum over ``[0, J-1]`` sits at an end. The candidates are ``0``, ``J-1``, ``J`` (and a
+    neighbour either side of ``J`` to absorb rounding in computing it).
+    """
+    c2 = clip_norm**2
+    last = max(0.0, math.ceil((gap - c2 - math.sqrt(2.0 / k) * c2) / (2.0 * c2)))
+    candidates = np.array(
+        [0.0, *(j for j in (last - 2, last - 1, last, last + 1) if j >= 0)], dtype=np.float64
+    )
+    values = np.exp(-beta * candidates) * local_bound(gap, k, clip_norm, candidates)
+    return float(values.max())
+
+
+def gaussian_beta(epsilon: float, delta: float, dim: int) -> float:
+    """``beta = eps/(4(D + ln(2/delta)))`` (seed 004, Theorem 9.1)."""
+    return epsilon / (4.0 * (dim + math.log(2.0 / delta)))
+
+
+def gaussian_noise_scale(smooth: float, epsilon: float, delta: float) -> float:
+    """Standard deviation of each Gaussian entry: ``5 S sqrt(2 ln(2/delta))/eps``."""
+    return 5.0 * smooth * math.sqrt(2.0 * math.log(2.0 / delta)) / epsilon
+
+
+def cauchy_beta(epsilon: float, dim: int) -> float:
+    """``beta = eps/(6D)`` (seed 004, Theorem 9.2)."""
+    return epsilon / (6.0 * dim)
+
+
+def cauchy_noise_scale(smooth_l1: float, epsilon: float) -> float:
+    """Scale of each standard-Cauchy entry: ``6 S1/eps``."""
+    return 6.0 * smooth_l1 / epsilon
+
+
+def smooth_sensitivity(
+    data: FloatArray,
+    k: int,
+    epsilon: float,
+    delta: float,
+    clip_norm: float,
+    rng: np.random.Generator,
+) -> tuple[FloatArray, Variant]:
+    """Release the thin-QR basis of ``U_k R + noise``.
+
+    Parameters
+    ----------
+    data : (n, d) array
+        The rows; may be a read-only memory map (read in chunks, memory ``O(d^2)``).
+    k : int
+        Dimension of the released subspace, ``1 <= k <= d``.
+    epsilon : float
+        ``epsilon > 0``.
+    delta : float
+        ``0 < delta < 1`` for the Gaussian variant, ``0`` for the pure Cauchy variant.
+    clip_norm : float
+        Public row norm bound ``C``.
+    rng : numpy.random.Generator
+        The release's generator (also draws the Haar rotation).
+
+    Returns
+    -------
+    basis : (d, k) array
+        Orthonormal basis of the released subspace.
+    variant : {"gaussian", "cauchy"}
+        Which noise was used (a function of ``delta`` only).
+    """
+    gram = clipped_gram(data, clip_norm)
+    d = gram.shape[0]
+    dim = d * k
+    vectors, gap = top_k_with_gap(gram, k)
+    # The eigensolver's choice of basis inside the subspace is data-dependent; a Haar rotation
+    # makes the noised matrix depend on the subspace only.
+    rotated = vectors @ haar_orthogonal(k, rng)
+    variant: Variant
+    if delta > 0:
+        variant = "gaussian"
+        smooth = smooth_bound(gap, k, clip_norm, gaussian_beta(epsilon, delta, dim))
+        noise = rng.standard_normal(size=(d, k)) * gaussian_noise_scale(smooth, epsilon, delta)
+    else:
+        variant = "cauchy"
+        smooth_l1 = math.sqrt(dim) * smooth_bound(gap, k, clip_norm, cauchy_beta(epsilon, dim))
+        noise = cauchy(rng, size=(d, k)) * cauchy_noise_scale(smooth_l1, epsilon)
+    return orthonormal_basis(rotated + noise), variant
+
+
+class SmoothSensitivity(Mechanism[SmoothSensitivityParams]):
+    name: ClassVar[str] = "smooth_sensitivity"
+    title: ClassVar[str] = "Smooth-sensitivity output perturbation of the top-k basis"
+    paper: ClassVar[str] = (
+        "Gonen & Gilad-Bachrach, Smooth Sensitivity Based Approach for Differentially Private "
+        "PCA, ALT 2018, Algorithm 1 (generalised to rank k)"
+    )
+    summary: ClassVar[str] = (
+        "Rotates the top-k eigenvectors of the clipped X^T X by a random k x k rotation, adds "
+        "noise scaled to a smooth bound on their sensitivity (driven by the k-th eigengap), and "
+        "releases the thin-QR basis. Gaussian noise when delta > 0; with delta = 0, Cauchy noise "
+        "and a pure (epsilon, 0) guarantee (heavy tails: judge it by the median over releases). "
+        "Assumes a row norm bound; always returns a result, useless when the gap is small."
+    )
+    cost_rule: ClassVar[str] = (
+        "Charges exactly the requested (epsilon, delta); delta = 0 selects the pure Cauchy "
+        "variant, charged (epsilon, 0)."
+    )
+    params_model: ClassVar[type[SmoothSensitivityParams]] = SmoothSensitivityParams
+    allows_pure_dp: ClassVar[bool] = True
+
+    def prepare(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: SmoothSensitivityParams,
+    ) -> SmoothSensitivityParams:
+        self.check_common(ctx, k, epsilon, delta)
+        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})
+
+    def run(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[SmoothSensitivityParams],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        basis, variant = smooth_sensitivity(
+            data, spec.k, spec.epsilon, spec.delta, spec.params.clip_norm, rng
+        )
+        # Only the variant (a function of the public delta): S and the noise scale derive from
+        # the raw gap and are not private.
+        return MechanismOutput(basis=basis, extras={"variant": variant})
