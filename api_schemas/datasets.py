@@ -40,3 +40,24 @@ class DatasetList(Schema):
     """A page of datasets, newest first."""
 
     items: list[Dataset] = Field(description="The datasets on this page.")
+
+
+class DatasetCreate(Schema):
+    """Form fields of `POST /v1/datasets` (sent as multipart form fields next to `file`)."""
+
+    name: str = Field(min_length=1, max_length=200, description="A name for the dataset.")
+    epsilon_budget: Decimal = Field(
+        gt=0, le=1_000_000, allow_inf_nan=False, description="Total epsilon all releases may spend."
+    )
+    delta_budget: Decimal = Field(
+        ge=0, lt=1, allow_inf_nan=False, description="Total delta all releases may spend."
+    )
+    row_norm_bound: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Public bound C on row norms, the default clip norm of releases. Declare it from "
+            "domain knowledge; it must not be computed from the data."
+        ),
+    )

@@ -1,0 +1,5 @@
+"""``python -m service`` is ``dpss``."""
+
+from service.cli import main
+
+main()

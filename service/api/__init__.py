@@ -1,0 +1,1 @@
+"""HTTP routers: thin (validate, call a domain service, return a schema)."""

@@ -1,0 +1,79 @@
+"""Every error becomes ``{"error": code, "detail": message}``; mapped here once."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.errors import (
+    Conflict,
+    DomainError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Unauthenticated,
+)
+from service.worker import safe_traceback
+
+log = logging.getLogger("dpss.api")
+
+STATUS_OF: list[tuple[type[DomainError], int]] = [
+    (InvalidInput, 422),
+    (PayloadTooLarge, 413),
+    (Unauthenticated, 401),
+    (Forbidden, 403),
+    (NotFound, 404),
+    (Conflict, 409),
+]
+
+HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def _body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"error": code, "detail": detail, **{k: str(v) for k, v in extra.items()}}
+
+
+def _describe_validation(exc: RequestValidationError) -> str:
+    # Only the location and pydantic's message: the offending input is never echoed back.
+    parts = []
+    for error in exc.errors()[:5]:
+        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{location}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(_: Request, exc: DomainError) -> JSONResponse:
+        status = next((s for kind, s in STATUS_OF if isinstance(exc, kind)), 400)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        return JSONResponse(_body(exc.code, exc.detail, **exc.extra), status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_body("invalid_input", _describe_validation(exc)), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = HTTP_CODES.get(exc.status_code, "error")
+        detail = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        return JSONResponse(_body(code, detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s: %s", request.method, request.url.path, safe_traceback(exc))
+        return JSONResponse(_body("internal_error", "internal error; see the service log"), 500)

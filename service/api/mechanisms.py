@@ -1,0 +1,34 @@
+"""The mechanisms the service offers."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api_schemas.mechanisms import MechanismInfo, MechanismList
+from service.api.deps import PrincipalDep
+from service.mechanisms.registry import MECHANISMS
+
+router = APIRouter(prefix="/v1", tags=["mechanisms"])
+
+
+@router.get(
+    "/mechanisms",
+    response_model=MechanismList,
+    summary="Each mechanism's paper, cost rule and parameter schema (see docs/mechanisms.md).",
+)
+def list_mechanisms(_: PrincipalDep) -> MechanismList:
+    return MechanismList(
+        items=[
+            MechanismInfo(
+                name=mechanism.name,
+                title=mechanism.title,
+                paper=mechanism.paper,
+                summary=mechanism.summary,
+                cost_rule=mechanism.cost_rule,
+                allows_pure_dp=mechanism.allows_pure_dp,
+                releases_basis=mechanism.releases_basis,
+                params_schema=mechanism.params_model.model_json_schema(),
+            )
+            for mechanism in MECHANISMS.values()
+        ]
+    )

@@ -1,0 +1,56 @@
+"""Release requests and results."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Header
+
+from api_schemas.common import ErrorBody
+from api_schemas.releases import BudgetExceeded, Release, ReleaseRequest
+from service import releases
+from service.api.deps import PrincipalDep, SessionDep
+from service.api.presenters import release_out
+
+router = APIRouter(prefix="/v1", tags=["releases"])
+
+
+@router.post(
+    "/datasets/{dataset_id}/releases",
+    status_code=202,
+    response_model=Release,
+    summary="Request a private release (analyst); charged now, computed by a worker.",
+    responses={
+        401: {"model": ErrorBody, "description": "Missing or invalid API key."},
+        403: {"model": ErrorBody, "description": "Only analysts request releases."},
+        404: {"model": ErrorBody, "description": "No such dataset."},
+        409: {
+            "model": BudgetExceeded,
+            "description": "`budget_exceeded` (with the remaining budget), "
+            "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged.",
+        },
+        422: {"model": ErrorBody, "description": "Invalid mechanism or parameters. Nothing is charged."},
+    },
+)
+def create_release(
+    dataset_id: uuid.UUID,
+    body: ReleaseRequest,
+    session: SessionDep,
+    principal: PrincipalDep,
+    idempotency_key: str | None = Header(
+        default=None,
+        description="Retries with the same key and body return the same release, charged once.",
+    ),
+) -> Release:
+    release = releases.request_release(session, principal, dataset_id, body, idempotency_key)
+    return release_out(release)
+
+
+@router.get(
+    "/releases/{release_id}",
+    response_model=Release,
+    summary="A release's status and, when finished, its result.",
+    responses={404: {"model": ErrorBody, "description": "No such release (or not yours)."}},
+)
+def get_release(release_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Release:
+    return release_out(releases.get_release(session, principal, release_id))

@@ -1,0 +1,66 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import auth
+from service.api import audit, datasets, health, keys, mechanisms, releases
+from service.api.errors import install_error_handlers
+from service.config import Settings
+from service.db.engine import make_engine, make_session_factory
+from service.store import DatasetStore
+
+DESCRIPTION = """
+Keeps sensitive datasets and releases only **differentially private low-dimensional
+subspaces** of them. Owners upload a matrix with an (epsilon, delta) budget; analysts request a
+rank-k release with a mechanism (`GET /v1/mechanisms`); a worker computes it; the ledger charges
+the budget exactly once; a hash-chained audit log records every release.
+
+Authenticate with `Authorization: Bearer <key>`. Errors are `{"error": code, "detail": message}`.
+"""
+
+
+def create_app(
+    settings: Settings | None = None, session_factory: sessionmaker[Session] | None = None
+) -> FastAPI:
+    """Build the app. Tests pass a session factory bound to a rolled-back transaction."""
+    settings = settings or Settings()
+    logging.getLogger("dpss").setLevel(settings.log_level.upper())
+    if session_factory is None:
+        session_factory = make_session_factory(make_engine(settings.resolved_database_url))
+    store = DatasetStore(settings.datasets_dir)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        store.ensure()
+        if settings.admin_api_key is not None:
+            with session_factory.begin() as session:
+                auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
+        yield
+
+    app = FastAPI(
+        title="dp-subspace-service",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.session_factory = session_factory
+    app.state.store = store
+    install_error_handlers(app)
+    for router in (
+        health.router,
+        keys.router,
+        datasets.router,
+        releases.router,
+        mechanisms.router,
+        audit.router,
+    ):
+        app.include_router(router)
+    return app

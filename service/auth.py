@@ -1,0 +1,108 @@
+"""API keys and roles.
+
+A key is 256 random bits; only its SHA-256 is stored. A high-entropy secret needs no slow hash,
+and looking up by hash means a lookup's timing says nothing about the secret; the final
+comparison is constant-time all the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import audit
+from service.db.models import ApiKey, utcnow
+from service.errors import Forbidden, NotFound, Unauthenticated
+
+Role = Literal["admin", "owner", "analyst", "auditor"]
+ROLES: tuple[Role, ...] = ("admin", "owner", "analyst", "auditor")
+KEY_PREFIX = "dpss_"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller."""
+
+    key_id: uuid.UUID
+    role: Role
+    name: str
+
+
+def generate_secret() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def authenticate(session: Session, secret: str | None) -> Principal:
+    """The principal holding ``secret``; :class:`Unauthenticated` otherwise."""
+    if not secret:
+        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
+    digest = hash_secret(secret)
+    key = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
+    if key is None or not hmac.compare_digest(key.key_hash, digest) or key.revoked_at is not None:
+        raise Unauthenticated("invalid or revoked API key")
+    return Principal(key_id=key.id, role=key.role, name=key.name)  # type: ignore[arg-type]
+
+
+def require_role(principal: Principal, *roles: Role) -> None:
+    if principal.role not in roles:
+        raise Forbidden(f"role '{principal.role}' may not do this (needs {' or '.join(roles)})")
+
+
+def create_key(
+    session: Session, role: Role, name: str, actor_key_id: uuid.UUID | None
+) -> tuple[ApiKey, str]:
+    """Create a key; returns it with its secret (shown once, never stored)."""
+    secret = generate_secret()
+    key = ApiKey(id=uuid.uuid4(), role=role, name=name, key_hash=hash_secret(secret))
+    session.add(key)
+    session.flush()
+    audit.record(
+        session,
+        "key_created",
+        actor_key_id=actor_key_id,
+        details={"key_id": str(key.id), "role": role, "name": name},
+    )
+    return key, secret
+
+
+def revoke_key(session: Session, key_id: uuid.UUID, actor_key_id: uuid.UUID | None) -> ApiKey:
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        raise NotFound(f"no API key {key_id}")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        audit.record(
+            session, "key_revoked", actor_key_id=actor_key_id, details={"key_id": str(key.id)}
+        )
+    return key
+
+
+def list_keys(session: Session) -> list[ApiKey]:
+    return list(session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars())
+
+
+def ensure_admin_key(session: Session, secret: str) -> None:
+    """Make ``secret`` a valid admin key (the ``DPSS_ADMIN_API_KEY`` bootstrap)."""
+    digest = hash_secret(secret)
+    if session.execute(select(ApiKey.id).where(ApiKey.key_hash == digest)).first() is not None:
+        return
+    key = ApiKey(id=uuid.uuid4(), role="admin", name="bootstrap admin", key_hash=digest)
+    session.add(key)
+    session.flush()
+    audit.record(
+        session,
+        "key_created",
+        actor_key_id=None,
+        details={"key_id": str(key.id), "role": "admin", "name": key.name, "bootstrap": True},
+    )

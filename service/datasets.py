@@ -1,0 +1,125 @@
+"""Datasets: ingestion, visibility, deletion. Metadata never includes data values."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api_schemas.datasets import DatasetCreate
+from service import audit
+from service.auth import Principal, require_role
+from service.db.models import Dataset, utcnow
+from service.errors import NotFound
+from service.store import DatasetStore
+
+
+def create_dataset(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    form: DatasetCreate,
+    upload_path: Path,
+    suffix: str,
+) -> Dataset:
+    """Validate and store an uploaded file and register it with its budget.
+
+    If anything fails after the file was stored, the file is removed: no file is kept for a
+    refused upload (the transaction is rolled back by the caller).
+    """
+    require_role(principal, "owner")
+    stored = store.ingest(upload_path, suffix)
+    try:
+        dataset = Dataset(
+            id=uuid.uuid4(),
+            name=form.name,
+            owner_key_id=principal.key_id,
+            n_rows=stored.n_rows,
+            n_cols=stored.n_cols,
+            row_norm_bound=form.row_norm_bound,
+            epsilon_total=form.epsilon_budget,
+            delta_total=form.delta_budget,
+            file_name=stored.file_name,
+        )
+        session.add(dataset)
+        session.flush()
+        audit.record(
+            session,
+            "dataset_created",
+            actor_key_id=principal.key_id,
+            dataset_id=dataset.id,
+            details={
+                "name": form.name,
+                "n_rows": stored.n_rows,
+                "n_cols": stored.n_cols,
+                "row_norm_bound": form.row_norm_bound,
+            },
+        )
+        audit.record(
+            session,
+            "budget_set",
+            actor_key_id=principal.key_id,
+            dataset_id=dataset.id,
+            details={"epsilon_total": form.epsilon_budget, "delta_total": form.delta_budget},
+        )
+    except BaseException:
+        store.purge(stored.file_name)
+        raise
+    return dataset
+
+
+def _visible(principal: Principal) -> list[object]:
+    """Owners see the datasets they uploaded; analysts see every dataset's metadata."""
+    require_role(principal, "owner", "analyst")
+    conditions: list[object] = [Dataset.deleted_at.is_(None)]
+    if principal.role == "owner":
+        conditions.append(Dataset.owner_key_id == principal.key_id)
+    return conditions
+
+
+def get_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
+    dataset = session.execute(
+        select(Dataset).where(Dataset.id == dataset_id, *_visible(principal))  # type: ignore[arg-type]
+    ).scalar_one_or_none()
+    if dataset is None:
+        raise NotFound(f"no dataset {dataset_id}")
+    return dataset
+
+
+def list_datasets(session: Session, principal: Principal, limit: int, offset: int) -> list[Dataset]:
+    query = (
+        select(Dataset)
+        .where(*_visible(principal))  # type: ignore[arg-type]
+        .order_by(Dataset.created_at.desc(), Dataset.id)
+        .limit(limit)
+        .offset(offset)
+    )
+    return list(session.execute(query).scalars())
+
+
+def delete_dataset(
+    session: Session, store: DatasetStore, principal: Principal, dataset_id: uuid.UUID
+) -> None:
+    """Purge the rows; the ledger and the audit log stay.
+
+    The file is removed before the transaction commits: if the commit then failed, the row would
+    point at a missing file and any queued release would fail with a refund, which is safe; the
+    other order could leave raw rows on disk.
+    """
+    require_role(principal, "owner")
+    dataset = get_dataset(session, principal, dataset_id)
+    file_name = dataset.file_name
+    dataset.deleted_at = utcnow()
+    dataset.file_name = None
+    audit.record(
+        session,
+        "dataset_deleted",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={"name": dataset.name},
+    )
+    session.flush()
+    if file_name:
+        store.purge(file_name)

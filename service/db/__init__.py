@@ -1,0 +1,1 @@
+"""Database: engine and sessions, ORM models."""

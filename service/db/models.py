@@ -1,0 +1,145 @@
+"""ORM models (SQLAlchemy 2.0, typed). The schema itself is created by Alembic migrations only."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from service.db.types import ExactDecimal, UTCDateTime
+
+#: Exact decimals for budgets: 38 digits, 30 after the point (deltas like 1e-12 stay exact).
+BudgetNumeric = ExactDecimal
+#: Sequence numbers: BIGINT on PostgreSQL, INTEGER (the rowid type) on SQLite.
+SeqInteger = BigInteger().with_variant(Integer, "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, datetime: UTCDateTime()}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))
+    #: SHA-256 of the secret (the secret has 256 bits of entropy, so no slow hash is needed).
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Dataset(Base):
+    __tablename__ = "datasets"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(200))
+    owner_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
+    n_rows: Mapped[int] = mapped_column(BigInteger)
+    n_cols: Mapped[int] = mapped_column(Integer)
+    row_norm_bound: Mapped[float | None] = mapped_column(default=None)
+    epsilon_total: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    delta_total: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    #: Path of the stored ``.npy`` relative to the datasets directory; null once purged.
+    file_name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class LedgerEntry(Base):
+    """Append-only: remaining = total - sum(charges) + sum(refunds)."""
+
+    __tablename__ = "ledger_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"))
+    kind: Mapped[str] = mapped_column(String(10))  # "charge" | "refund"
+    epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("release_id", "kind", name="uq_ledger_release_kind"),)
+
+
+class Release(Base):
+    """A release request and its job state: this table is the job queue."""
+
+    __tablename__ = "releases"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    requester_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
+    mechanism: Mapped[str] = mapped_column(String(64))
+    k: Mapped[int] = mapped_column(Integer)
+    epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    refunded: Mapped[bool] = mapped_column(default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: The released basis, little-endian float64 row-major ``d x k``; written once.
+    result_basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    result_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
+    result_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    result_extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+
+    __table_args__ = (
+        UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
+        Index("ix_releases_claim", "status", "created_at"),
+    )
+
+
+class AuditEvent(Base):
+    """Append-only, hash-chained: ``hash = SHA-256(prev_hash || canonical JSON of the event)``."""
+
+    __tablename__ = "audit_events"
+
+    seq: Mapped[int] = mapped_column(SeqInteger, primary_key=True, autoincrement=False)
+    event_type: Mapped[str] = mapped_column(String(40))
+    actor_key_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, default=None)
+    dataset_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, default=None)
+    release_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class AuditHead(Base):
+    """One row: the chain's last ``seq`` and ``hash``. Locking it serialises appends, and it
+    lets ``verify`` notice a removed tail."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    last_seq: Mapped[int] = mapped_column(SeqInteger)
+    last_hash: Mapped[str] = mapped_column(String(64))

@@ -1,0 +1,86 @@
+"""Domain errors. Each maps to one HTTP status in ``service.api.errors``; nothing here knows HTTP.
+
+Messages are written for clients: they name the field and the problem and never carry data
+values or internal details.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+
+class DomainError(Exception):
+    """Base of every error a client may see."""
+
+    code: str = "error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class InvalidInput(DomainError):
+    """The request is malformed or a parameter is out of range (422)."""
+
+    code = "invalid_input"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class PayloadTooLarge(DomainError):
+    """An upload exceeds ``DPSS_MAX_UPLOAD_MB`` (413)."""
+
+    code = "payload_too_large"
+
+
+class Unauthenticated(DomainError):
+    """No key, or a key that does not exist or was revoked (401)."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(DomainError):
+    """The key's role may not do this (403)."""
+
+    code = "forbidden"
+
+
+class NotFound(DomainError):
+    """No such resource, or not visible to this key (404)."""
+
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    """The request conflicts with the current state (409)."""
+
+    code = "conflict"
+
+
+class IdempotencyConflict(Conflict):
+    """An ``Idempotency-Key`` was reused with a different request body (409)."""
+
+    code = "idempotency_conflict"
+
+
+class DatasetGone(Conflict):
+    """The dataset's rows were deleted (409)."""
+
+    code = "dataset_deleted"
+
+
+class BudgetExceeded(Conflict):
+    """The release would overspend the dataset's budget (409)."""
+
+    code = "budget_exceeded"
+
+    def __init__(self, epsilon_remaining: Decimal, delta_remaining: Decimal) -> None:
+        super().__init__(
+            "this release costs more than the dataset's remaining budget",
+            epsilon_remaining=epsilon_remaining,
+            delta_remaining=delta_remaining,
+        )

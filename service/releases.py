@@ -1,0 +1,190 @@
+"""Release requests: validate, check and charge the budget, queue the job; read results.
+
+One transaction decides a release: the dataset lock, the budget check, the ledger charge, the
+queued release and its audit event commit together or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api_schemas.releases import ReleaseRequest
+from service import audit, ledger
+from service.auth import Principal, require_role
+from service.db.models import Dataset, Release
+from service.errors import (
+    BudgetExceeded,
+    DatasetGone,
+    IdempotencyConflict,
+    InvalidInput,
+    NotFound,
+)
+from service.mechanisms.base import InvalidParameter, PublicContext
+from service.mechanisms.registry import MECHANISMS, get_mechanism
+
+#: Budgets are stored with 30 decimal places; a cost finer than that would be rounded.
+MAX_DECIMAL_PLACES = 30
+
+
+def _check_places(field: str, value: Decimal) -> None:
+    exponent = value.as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > MAX_DECIMAL_PLACES:
+        raise InvalidInput(field, f"at most {MAX_DECIMAL_PLACES} decimal places")
+
+
+def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
+    """Fingerprint of a request, to tell an idempotent retry from a different request."""
+    canonical = json.dumps(
+        {
+            "dataset_id": str(dataset_id),
+            "mechanism": body.mechanism,
+            "k": body.k,
+            "epsilon": str(body.epsilon.normalize()),
+            "delta": str(body.delta.normalize()),
+            "params": body.params,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
+    # FOR UPDATE on PostgreSQL; on SQLite the transaction already holds the write lock.
+    dataset = session.execute(
+        select(Dataset).where(Dataset.id == dataset_id).with_for_update()
+    ).scalar_one_or_none()
+    if dataset is None:
+        raise NotFound(f"no dataset {dataset_id}")
+    if dataset.deleted_at is not None or dataset.file_name is None:
+        raise DatasetGone(f"dataset {dataset_id} was deleted; its rows are gone")
+    return dataset
+
+
+def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
+    """Validate the request against the mechanism using public facts only; resolved params."""
+    mechanism = get_mechanism(body.mechanism)
+    if mechanism is None:
+        raise InvalidInput(
+            "mechanism", f"unknown mechanism '{body.mechanism}'; one of {', '.join(MECHANISMS)}"
+        )
+    try:
+        params = mechanism.parse_params(body.params)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        location = ".".join(str(part) for part in first["loc"])
+        raise InvalidInput(f"params.{location}" if location else "params", first["msg"]) from None
+    context = PublicContext(
+        n_rows=dataset.n_rows, n_cols=dataset.n_cols, row_norm_bound=dataset.row_norm_bound
+    )
+    try:
+        resolved = mechanism.prepare(context, body.k, float(body.epsilon), float(body.delta), params)
+    except InvalidParameter as exc:
+        field = exc.field if exc.field in {"k", "epsilon", "delta"} else f"params.{exc.field}"
+        raise InvalidInput(field, exc.message) from None
+    return resolved.model_dump(mode="json")
+
+
+def request_release(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    body: ReleaseRequest,
+    idempotency_key: str | None,
+) -> Release:
+    """Queue a release and charge its cost, or refuse without charging anything."""
+    require_role(principal, "analyst")
+    _check_places("epsilon", body.epsilon)
+    _check_places("delta", body.delta)
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
+        raise InvalidInput("Idempotency-Key", "must be 1 to 200 characters")
+    fingerprint = request_hash(dataset_id, body)
+    if idempotency_key is not None:
+        existing = session.execute(
+            select(Release).where(
+                Release.requester_key_id == principal.key_id,
+                Release.idempotency_key == idempotency_key,
+            )
+        ).scalar_one_or_none()
+        if existing is not None:
+            if existing.request_hash != fingerprint:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different request"
+                )
+            return existing
+    dataset = _lock_dataset(session, dataset_id)
+    params = _prepare_params(body, dataset)
+    budget = ledger.budget_of(session, dataset)
+    if not budget.affords(body.epsilon, body.delta):
+        raise BudgetExceeded(budget.epsilon_remaining, budget.delta_remaining)
+    release = Release(
+        id=uuid.uuid4(),
+        dataset_id=dataset.id,
+        requester_key_id=principal.key_id,
+        mechanism=body.mechanism,
+        k=body.k,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        params=params,
+        idempotency_key=idempotency_key,
+        request_hash=fingerprint,
+        status="queued",
+        attempts=0,
+        refunded=False,
+    )
+    session.add(release)
+    session.flush()
+    ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta)
+    audit.record(
+        session,
+        "release_requested",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        release_id=release.id,
+        details={
+            "mechanism": body.mechanism,
+            "k": body.k,
+            "params": params,
+            "cost": {"epsilon": body.epsilon, "delta": body.delta},
+        },
+    )
+    return release
+
+
+def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -> Release:
+    """Analysts read the releases they requested; owners those of their datasets."""
+    require_role(principal, "analyst", "owner")
+    release = session.get(Release, release_id)
+    if release is not None:
+        if principal.role == "analyst":
+            visible = release.requester_key_id == principal.key_id
+        else:
+            dataset = session.get(Dataset, release.dataset_id)
+            visible = dataset is not None and dataset.owner_key_id == principal.key_id
+        if visible:
+            return release
+    raise NotFound(f"no release {release_id}")
+
+
+def decode_basis(release: Release) -> np.ndarray[Any, np.dtype[np.float64]] | None:
+    """The stored basis as a ``d x k`` array."""
+    if release.result_basis is None or release.result_shape is None:
+        return None
+    rows, cols = release.result_shape
+    return np.frombuffer(release.result_basis, dtype="<f8").reshape(rows, cols)
+
+
+def encode_basis(basis: np.ndarray[Any, Any]) -> tuple[bytes, list[int], str]:
+    """Bytes (little-endian float64, row-major), shape and SHA-256 of a basis."""
+    data = np.ascontiguousarray(basis, dtype="<f8").tobytes()
+    return data, [int(basis.shape[0]), int(basis.shape[1])], hashlib.sha256(data).hexdigest()
