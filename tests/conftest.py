@@ -1,0 +1,211 @@
+"""Fixtures: every test that touches the database runs on SQLite and on PostgreSQL.
+
+Each test runs inside a transaction that is rolled back: the app's sessions join it through
+savepoints (``join_transaction_mode="create_savepoint"``), so a route's commit is real to the
+code under test and invisible afterwards. Tests that need several connections (concurrency,
+separate worker processes) use ``committed_db`` instead, which empties the tables afterwards.
+
+PostgreSQL: ``DPSS_TEST_POSTGRES_URL`` names a server database the tests may create databases
+from (default: the local ``test`` database). Each xdist worker gets its own database, made by
+Alembic. Set ``DPSS_TEST_SKIP_POSTGRES=1`` to run on SQLite only (never in CI).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, make_url, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import auth
+from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine
+from service.migrate import upgrade_to_head
+from service.store import DatasetStore
+from service.worker import Worker
+
+POSTGRES_URL = os.environ.get(
+    "DPSS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+SKIP_POSTGRES = os.environ.get("DPSS_TEST_SKIP_POSTGRES") == "1"
+BACKENDS = ["sqlite"] if SKIP_POSTGRES else ["sqlite", "postgresql"]
+TABLES = ("ledger_entries", "releases", "datasets", "audit_events", "api_keys")
+
+
+def _postgres_database(worker: str) -> str:
+    """Create (or recreate) this xdist worker's database and return its URL."""
+    server = make_url(POSTGRES_URL)
+    name = f"dpss_test_{worker}"
+    admin = make_engine(server.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return server.set(database=name).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def database_urls(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, str]:
+    urls = {"sqlite": f"sqlite:///{tmp_path_factory.mktemp('db') / 'dpss.sqlite3'}"}
+    if not SKIP_POSTGRES:
+        urls["postgresql"] = _postgres_database(worker_id)
+    for url in urls.values():
+        upgrade_to_head(url)
+    return urls
+
+
+@pytest.fixture(scope="session")
+def engines(database_urls: dict[str, str]) -> Iterator[dict[str, Engine]]:
+    engines = {name: make_engine(url) for name, url in database_urls.items()}
+    yield engines
+    for engine in engines.values():
+        engine.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def session_factory(engines: dict[str, Engine], backend: str) -> Iterator[sessionmaker[Session]]:
+    """Sessions inside one outer transaction that is rolled back after the test."""
+    connection = engines[backend].connect()
+    outer = connection.begin()
+    factory = sessionmaker(
+        bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False
+    )
+    yield factory
+    outer.rollback()
+    connection.close()
+
+
+def _empty_tables(engine: Engine) -> None:
+    with engine.begin() as connection:
+        for table in TABLES:
+            connection.execute(text(f"DELETE FROM {table}"))
+        connection.execute(
+            text("UPDATE audit_head SET last_seq = 0, last_hash = :genesis WHERE id = 1"),
+            {"genesis": "0" * 64},
+        )
+
+
+@pytest.fixture
+def committed_db(
+    engines: dict[str, Engine], database_urls: dict[str, str], backend: str
+) -> Iterator[tuple[str, sessionmaker[Session]]]:
+    """A database whose commits are real (for several connections or processes); emptied after."""
+    engine = engines[backend]
+    _empty_tables(engine)
+    yield database_urls[backend], sessionmaker(bind=engine, expire_on_commit=False)
+    _empty_tables(engine)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_urls: dict[str, str], backend: str) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_urls[backend],
+        worker_heartbeat_seconds=3600,
+        max_upload_mb=5,
+        admin_api_key=None,
+    )
+
+
+@pytest.fixture
+def store(settings: Settings) -> DatasetStore:
+    store = DatasetStore(settings.datasets_dir)
+    store.ensure()
+    return store
+
+
+@pytest.fixture
+def app(settings: Settings, session_factory: sessionmaker[Session]) -> Any:
+    return create_app(settings, session_factory=session_factory)
+
+
+@pytest.fixture
+def client(app: Any) -> Iterator[TestClient]:
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def make_key(session_factory: sessionmaker[Session]) -> Callable[[str], str]:
+    """``make_key(role) -> bearer secret`` for a new key of that role."""
+
+    def make(role: str, name: str = "test") -> str:
+        with session_factory.begin() as session:
+            _, secret = auth.create_key(session, role, name, actor_key_id=None)  # type: ignore[arg-type]
+        return secret
+
+    return make
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def npy_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def upload_dataset() -> Callable[..., dict[str, Any]]:
+    """``upload_dataset(client, owner_key, array, **form) -> dataset JSON`` (asserts 201)."""
+
+    def upload(client: TestClient, owner_key: str, array: np.ndarray[Any, Any], **form: Any) -> dict[str, Any]:
+        fields = {"name": "test", "epsilon_budget": "10", "delta_budget": "0.001", **form}
+        response = client.post(
+            "/v1/datasets",
+            headers=bearer(owner_key),
+            files={"file": ("data.npy", npy_bytes(array), "application/octet-stream")},
+            data={key: str(value) for key, value in fields.items() if value is not None},
+        )
+        assert response.status_code == 201, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+    return upload
+
+
+@pytest.fixture
+def worker(session_factory: sessionmaker[Session], store: DatasetStore, settings: Settings) -> Worker:
+    return Worker(session_factory, store, settings, worker_id="test-worker")
+
+
+@pytest.fixture
+def run_worker(worker: Worker) -> Callable[[], int]:
+    """Process every queued release in-process; returns how many ran."""
+    return worker.run_pending
+
+
+@dataclass
+class Keys:
+    """One key of each role."""
+
+    admin: str
+    owner: str
+    analyst: str
+    auditor: str
+
+
+@pytest.fixture
+def keys(make_key: Callable[[str], str]) -> Keys:
+    return Keys(*(make_key(role) for role in ("admin", "owner", "analyst", "auditor")))
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)
