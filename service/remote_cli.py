@@ -12,6 +12,7 @@ with one of the :class:`ExitCode` values (documented in docs/cli.md).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,7 +111,11 @@ def _client(url: str, api_key: str | None) -> Client:
 
 def _stdout() -> Console:
     # Made per call so that output goes to whatever sys.stdout is now (CliRunner swaps it).
-    return Console(file=sys.stdout, soft_wrap=False)
+    console = Console(file=sys.stdout, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        # Piped output has no width to fit; rich's default of 80 would cut ids short.
+        console.width = 160
+    return console
 
 
 def _stderr() -> Console:
@@ -300,21 +305,20 @@ def datasets_list(
             _print_json({"items": [_dump(ds) for ds in items]})
             return
         table = Table(title=f"{len(items)} dataset(s)", title_justify="left")
-        table.add_column("id", no_wrap=True)
+        table.add_column("id", no_wrap=True, min_width=36)
         table.add_column("name", overflow="fold")
         table.add_column("rows x cols", justify="right", no_wrap=True)
         table.add_column("C", justify="right", no_wrap=True)
-        table.add_column("epsilon left / total", justify="right", no_wrap=True)
-        table.add_column("delta left / total", justify="right", no_wrap=True)
+        table.add_column("epsilon left", justify="right", no_wrap=True)
+        table.add_column("delta left", justify="right", no_wrap=True)
         for ds in items:
-            b = ds.budget
             table.add_row(
                 str(ds.id),
                 ds.name,
                 f"{ds.n_rows} x {ds.n_cols}",
                 "" if ds.row_norm_bound is None else f"{ds.row_norm_bound:g}",
-                f"{b.epsilon_remaining} / {b.epsilon_total}",
-                f"{b.delta_remaining} / {b.delta_total}",
+                str(ds.budget.epsilon_remaining),
+                str(ds.budget.delta_remaining),
             )
         _stdout().print(table)
 
@@ -396,9 +400,20 @@ def _finish(
         if as_json:
             _print_json(_dump(handle.info))
         return
+    if not as_json and not handle.done:
+        # Said before waiting so that the id survives a Ctrl-C, a timeout or a lost connection.
+        _stderr().print(f"release {handle.id} {handle.status}; waiting for it", markup=False)
     try:
-        # The spinner goes to stderr and only on a terminal; --json keeps stderr plain too.
-        handle.wait_finished(progress=not as_json, timeout=timeout)
+        try:
+            # The spinner goes to stderr and only on a terminal; --json keeps stderr plain too.
+            handle.wait_finished(progress=not as_json, timeout=timeout)
+        except KeyboardInterrupt:
+            _stderr().print(
+                f"stopped waiting; release {handle.id} goes on "
+                f"(dpss releases show {handle.id} --wait)",
+                markup=False,
+            )
+            raise typer.Exit(130) from None
         outcome: DpssError | None = None
         try:
             handle.raise_for_outcome()

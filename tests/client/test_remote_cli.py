@@ -1,0 +1,212 @@
+"""The remote ``dpss`` commands against the real ASGI app, through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import Result
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+import service.client as client_module
+from service import remote_cli
+from service.cli import app
+from service.remote_cli import ExitCode
+from tests.client.data import isotropic_rows, low_rank_rows
+
+MakeKey = Callable[[str], str]
+Dpss = Callable[..., Result]
+
+
+@pytest.fixture
+def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Dpss:
+    """Run ``dpss ARGS`` with the given key, talking to the in-process app."""
+    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    runner = CliRunner()
+
+    def run(*args: str, key: str | None) -> Result:
+        env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key}
+        return runner.invoke(app, list(args), env=env)
+
+    return run
+
+
+@pytest.fixture
+def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
+    """Make ``--wait`` run the in-process worker where it would have slept."""
+    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
+
+
+def _json(result: Result) -> Any:
+    assert result.stdout, result.output
+    return json.loads(result.stdout)
+
+
+def _upload(dpss: Dpss, key: str, path: Path, *extra: str) -> dict[str, Any]:
+    result = dpss(
+        "datasets", "upload", str(path), "--epsilon-budget", "1", "--delta-budget", "1e-5",
+        "--row-norm-bound", "1", "--json", *extra, key=key,
+    )  # fmt: skip
+    assert result.exit_code == ExitCode.OK, result.output
+    return _json(result)  # type: ignore[no-any-return]
+
+
+def test_upload_list_show_budget(dpss: Dpss, make_key: MakeKey, tmp_path: Path) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    path = tmp_path / "cohort.csv"
+    np.savetxt(path, low_rank_rows(150, 5, 2, seed=20), delimiter=",", fmt="%.17g")
+    ds = _upload(dpss, owner, path, "--name", "cohort-2024")
+    assert (ds["name"], ds["n_rows"], ds["n_cols"]) == ("cohort-2024", 150, 5)
+
+    listed = dpss("datasets", "list", "--json", key=analyst)
+    assert listed.exit_code == 0, listed.output
+    assert ds["id"] in {item["id"] for item in _json(listed)["items"]}
+
+    table = dpss("datasets", "list", key=analyst)
+    assert table.exit_code == 0 and ds["id"] in table.stdout and "cohort-2024" in table.stdout
+
+    shown = dpss("datasets", "show", ds["id"], key=analyst)
+    assert shown.exit_code == 0 and "150 x 5" in shown.stdout
+
+    budget = dpss("budget", ds["id"], "--json", key=analyst)
+    assert budget.exit_code == 0
+    assert Decimal(_json(budget)["epsilon_remaining"]) == Decimal(1)
+    human = dpss("budget", ds["id"], key=analyst)
+    assert human.exit_code == 0 and "epsilon" in human.stdout and "0.00001" in human.stdout
+
+
+def test_create_wait_out_writes_the_basis(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, worker_sleep: None
+) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(1000, 6, 2, seed=21))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    out = tmp_path / "basis.npy"
+    result = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "2",
+        "--epsilon", "0.5", "--delta", "1e-6", "--param", "clip_norm=1.0",
+        "--wait", "--out", str(out), key=analyst,
+    )  # fmt: skip
+    assert result.exit_code == ExitCode.OK, result.output
+    assert "succeeded" in result.stdout
+    assert f"written to {out}" in result.stderr
+    basis = np.load(out)
+    assert basis.shape == (6, 2)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(2), atol=1e-8)
+
+    budget = _json(dpss("budget", ds["id"], "--json", key=analyst))
+    assert Decimal(budget["epsilon_spent"]) == Decimal("0.5")
+
+
+def test_create_then_show_json(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, run_worker: Callable[[], int]
+) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(400, 5, 1, seed=22))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    created = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "1",
+        "--epsilon", "0.5", "--delta", "1e-6", "--json", key=analyst,
+    )  # fmt: skip
+    assert created.exit_code == ExitCode.OK, created.output
+    release = _json(created)
+    assert release["status"] == "queued"
+    assert (release["epsilon"], release["params"]["clip_norm"]) == ("0.5", 1.0)
+
+    queued = dpss("releases", "show", release["id"], key=analyst)
+    assert queued.exit_code == 0 and "queued" in queued.stdout
+
+    run_worker()
+    out = tmp_path / "later.npy"
+    shown = dpss("releases", "show", release["id"], "--json", "--out", str(out), key=analyst)
+    assert shown.exit_code == ExitCode.OK, shown.output
+    assert _json(shown)["status"] == "succeeded"
+    assert np.load(out).shape == (5, 1)
+
+
+def test_exit_codes(dpss: Dpss, make_key: MakeKey, tmp_path: Path) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=23))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+
+    too_much = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "1",
+        "--epsilon", "2", "--delta", "1e-6", "--json", key=analyst,
+    )  # fmt: skip
+    assert too_much.exit_code == ExitCode.REFUSED
+    body = _json(too_much)
+    assert body["error"] == "budget_exceeded"
+    assert Decimal(body["epsilon_remaining"]) == 1
+    assert "budget_exceeded" in too_much.stderr
+
+    invalid = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "9",
+        "--epsilon", "0.5", "--delta", "1e-6", key=analyst,
+    )  # fmt: skip
+    assert invalid.exit_code == ExitCode.REFUSED, invalid.output
+
+    assert dpss("budget", ds["id"], key="wrong-key").exit_code == ExitCode.REFUSED
+    missing = dpss("budget", "00000000-0000-0000-0000-000000000000", key=analyst)
+    assert missing.exit_code == ExitCode.REFUSED
+    assert "not_found" in missing.stderr
+
+    assert dpss("budget", ds["id"], key=None).exit_code == ExitCode.USAGE
+    bad_param = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "1",
+        "--epsilon", "0.5", "--delta", "1e-6", "--param", "novalue", key=analyst,
+    )  # fmt: skip
+    assert bad_param.exit_code == ExitCode.USAGE
+    # Nothing above was charged.
+    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+
+
+def test_unreachable_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = CliRunner().invoke(
+        app, ["mechanisms", "--url", "http://127.0.0.1:9", "--api-key", "k"]
+    )
+    assert result.exit_code == ExitCode.UNREACHABLE
+    assert "cannot reach" in result.stderr
+
+
+def test_no_result_exit_code(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, worker_sleep: None
+) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    names = {m["name"] for m in _json(dpss("mechanisms", "--json", key=analyst))["items"]}
+    if "gap_perturbation" not in names:
+        pytest.skip("gap_perturbation is not registered yet: no mechanism to force no_result")
+    np.save(tmp_path / "iso.npy", isotropic_rows(500, 6, seed=24))
+    ds = _upload(dpss, owner, tmp_path / "iso.npy")
+    out = tmp_path / "none.npy"
+    result = dpss(
+        "releases", "create", ds["id"], "--mechanism", "gap_perturbation", "--k", "2",
+        "--epsilon", "0.5", "--delta", "1e-6", "--out", str(out), "--json", key=analyst,
+    )  # fmt: skip
+    assert result.exit_code == ExitCode.NO_RESULT, result.output
+    assert _json(result)["status"] == "no_result"
+    assert not out.exists()
+
+
+def test_mechanisms_and_audit_list(dpss: Dpss, make_key: MakeKey, tmp_path: Path) -> None:
+    analyst, auditor = make_key("analyst"), make_key("auditor")
+    table = dpss("mechanisms", key=analyst)
+    assert table.exit_code == 0 and "analyze_gauss" in table.stdout
+    listed = _json(dpss("mechanisms", "--json", key=analyst))
+    assert any(m["name"] == "analyze_gauss" for m in listed["items"])
+
+    np.save(tmp_path / "x.npy", low_rank_rows(50, 3, 1, seed=25))
+    _upload(dpss, make_key("owner"), tmp_path / "x.npy")
+    events = dpss("audit", "list", "--json", key=auditor)
+    assert events.exit_code == 0, events.output
+    assert "dataset_created" in {e["event_type"] for e in _json(events)["items"]}
+    page = _json(dpss("audit", "list", "--limit", "1", "--json", key=auditor))
+    assert len(page["items"]) == 1
+    human = dpss("audit", "list", key=auditor)
+    assert human.exit_code == 0 and "dataset_created" in human.stdout
+    assert dpss("audit", "list", key=analyst).exit_code == ExitCode.REFUSED
