@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+
+
+def canonical_decimal(value: Decimal) -> str:
+    """Plain notation, no trailing zeros: the same text on every database ("0.000009", "1")."""
+    text = format(value.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
+
+
+#: An exact decimal, serialised as a canonical string so that no precision is lost in JSON.
+ExactDecimal = Annotated[Decimal, PlainSerializer(canonical_decimal, return_type=str, when_used="json")]
 
 
 class Schema(BaseModel):

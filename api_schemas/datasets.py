@@ -8,18 +8,18 @@ from uuid import UUID
 
 from pydantic import Field
 
-from api_schemas.common import Schema
+from api_schemas.common import ExactDecimal, Schema
 
 
 class Budget(Schema):
     """A dataset's privacy budget. Values are exact decimals serialised as strings."""
 
-    epsilon_total: Decimal = Field(description="Total epsilon the owner granted.")
-    delta_total: Decimal = Field(description="Total delta the owner granted.")
-    epsilon_spent: Decimal = Field(description="Epsilon charged by releases (net of refunds).")
-    delta_spent: Decimal = Field(description="Delta charged by releases (net of refunds).")
-    epsilon_remaining: Decimal = Field(description="epsilon_total - epsilon_spent.")
-    delta_remaining: Decimal = Field(description="delta_total - delta_spent.")
+    epsilon_total: ExactDecimal = Field(description="Total epsilon the owner granted.")
+    delta_total: ExactDecimal = Field(description="Total delta the owner granted.")
+    epsilon_spent: ExactDecimal = Field(description="Epsilon charged by releases (net of refunds).")
+    delta_spent: ExactDecimal = Field(description="Delta charged by releases (net of refunds).")
+    epsilon_remaining: ExactDecimal = Field(description="epsilon_total - epsilon_spent.")
+    delta_remaining: ExactDecimal = Field(description="delta_total - delta_spent.")
 
 
 class Dataset(Schema):

@@ -9,7 +9,7 @@ from uuid import UUID
 
 from pydantic import Field
 
-from api_schemas.common import Schema
+from api_schemas.common import ExactDecimal, Schema
 
 ReleaseStatus = Literal["queued", "running", "succeeded", "no_result", "failed"]
 
@@ -41,8 +41,8 @@ class Release(Schema):
     dataset_id: UUID = Field(description="The dataset released from.")
     mechanism: str = Field(description="Mechanism name.")
     k: int = Field(description="Requested dimension.")
-    epsilon: Decimal = Field(description="Epsilon charged.")
-    delta: Decimal = Field(description="Delta charged.")
+    epsilon: ExactDecimal = Field(description="Epsilon charged.")
+    delta: ExactDecimal = Field(description="Delta charged.")
     params: dict[str, Any] = Field(description="Parameters as resolved before running (defaults filled in from public facts).")
     status: ReleaseStatus = Field(description="`queued`, `running`, `succeeded`, `no_result` (the mechanism declined; charged) or `failed`.")
     reason: str | None = Field(default=None, description="Why the release ended in `no_result` or `failed`.")
@@ -59,5 +59,5 @@ class BudgetExceeded(Schema):
 
     error: Literal["budget_exceeded"] = Field(description="Always `budget_exceeded`.")
     detail: str = Field(description="Explanation.")
-    epsilon_remaining: Decimal = Field(description="Epsilon still available.")
-    delta_remaining: Decimal = Field(description="Delta still available.")
+    epsilon_remaining: ExactDecimal = Field(description="Epsilon still available.")
+    delta_remaining: ExactDecimal = Field(description="Delta still available.")

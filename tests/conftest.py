@@ -41,26 +41,31 @@ BACKENDS = ["sqlite"] if SKIP_POSTGRES else ["sqlite", "postgresql"]
 TABLES = ("ledger_entries", "releases", "datasets", "audit_events", "api_keys")
 
 
-def _postgres_database(worker: str) -> str:
-    """Create (or recreate) this xdist worker's database and return its URL."""
-    server = make_url(POSTGRES_URL)
-    name = f"dpss_test_{worker}"
-    admin = make_engine(server.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT")
+def _admin_execute(statement: str) -> None:
+    server = make_url(POSTGRES_URL).render_as_string(hide_password=False)
+    admin = make_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
-        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
+        connection.execute(text(statement))
     admin.dispose()
-    return server.set(database=name).render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")
-def database_urls(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, str]:
+def database_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A fresh SQLite file and a fresh PostgreSQL database for this test process, via Alembic."""
     urls = {"sqlite": f"sqlite:///{tmp_path_factory.mktemp('db') / 'dpss.sqlite3'}"}
+    # One database per process (xdist workers, concurrent runs): none can drop another's.
+    name = f"dpss_test_{os.getpid()}"
     if not SKIP_POSTGRES:
-        urls["postgresql"] = _postgres_database(worker_id)
+        _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _admin_execute(f'CREATE DATABASE "{name}"')
+        urls["postgresql"] = (
+            make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        )
     for url in urls.values():
         upgrade_to_head(url)
-    return urls
+    yield urls
+    if not SKIP_POSTGRES:
+        _admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")

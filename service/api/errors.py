@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api_schemas.common import canonical_decimal
 from service.errors import (
     Conflict,
     DomainError,
@@ -44,7 +46,10 @@ HTTP_CODES = {
 
 
 def _body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
-    return {"error": code, "detail": detail, **{k: str(v) for k, v in extra.items()}}
+    values = {
+        k: canonical_decimal(v) if isinstance(v, Decimal) else str(v) for k, v in extra.items()
+    }
+    return {"error": code, "detail": detail, **values}
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
