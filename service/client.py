@@ -423,6 +423,10 @@ class Client:
     def dataset(self, dataset_id: UUID | str) -> Dataset:
         return self._get(f"/v1/datasets/{dataset_id}", Dataset)
 
+    def delete_dataset(self, dataset_id: UUID | str) -> None:
+        """Purge a dataset's rows (owner key); its ledger and audit events stay."""
+        self._request("DELETE", f"/v1/datasets/{dataset_id}")
+
     def budget(self, dataset_id: UUID | str) -> Budget:
         return self._get(f"/v1/datasets/{dataset_id}/budget", Budget)
 

@@ -341,6 +341,25 @@ def datasets_show(
         out.print(_budget_table(ds.budget))
 
 
+@datasets_app.command("delete")
+def datasets_delete(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Purge a dataset's rows (owner key). Its ledger and audit events stay."""
+    if not yes:
+        typer.confirm(f"Delete the rows of dataset {dataset_id}? This cannot be undone", abort=True)
+    with _service_errors(as_json), _client(url, api_key) as client:
+        client.delete_dataset(dataset_id)
+        if as_json:
+            _print_json({"id": dataset_id, "deleted": True})
+        else:
+            _stderr().print(f"dataset {dataset_id} deleted", markup=False)
+
+
 # --------------------------------------------------------------------------------------------
 # budget
 

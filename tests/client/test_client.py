@@ -17,6 +17,7 @@ from service.client import (
     Client,
     InvalidRequestError,
     NotFoundError,
+    ReleaseFailed,
     ReleaseNoResult,
     WaitTimeoutError,
 )
@@ -238,3 +239,23 @@ def test_mechanisms_and_audit(
     assert ("release_requested", ds.id) in kinds
     with pytest.raises(AuthError):
         analyst.audit()
+
+
+def test_failed_release_raises_and_is_refunded(
+    owner: Client, analyst: Client, run_worker: Callable[[], int]
+) -> None:
+    ds = owner.upload(
+        low_rank_rows(100, 4, 1, seed=12),
+        name="deleted-before-running",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    release = analyst.release(ds.id, "analyze_gauss", 1, "0.5", "1e-6")
+    owner.delete_dataset(ds.id)
+    run_worker()
+    with pytest.raises(ReleaseFailed) as caught:
+        release.wait()
+    assert caught.value.code == "failed"
+    assert caught.value.release.refunded
+    assert "refunded" in caught.value.detail

@@ -210,3 +210,25 @@ def test_mechanisms_and_audit_list(dpss: Dpss, make_key: MakeKey, tmp_path: Path
     human = dpss("audit", "list", key=auditor)
     assert human.exit_code == 0 and "dataset_created" in human.stdout
     assert dpss("audit", "list", key=analyst).exit_code == ExitCode.REFUSED
+
+
+def test_failed_exit_code(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, run_worker: Callable[[], int]
+) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=26))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    created = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "1",
+        "--epsilon", "0.5", "--delta", "1e-6", "--json", key=analyst,
+    )  # fmt: skip
+    release_id = _json(created)["id"]
+    # Without --yes it asks; no answer (EOF) aborts and deletes nothing.
+    assert dpss("datasets", "delete", ds["id"], key=owner).exit_code != ExitCode.OK
+    assert dpss("datasets", "show", ds["id"], key=owner).exit_code == ExitCode.OK
+    deleted = dpss("datasets", "delete", ds["id"], "--yes", key=owner)
+    assert deleted.exit_code == ExitCode.OK, deleted.output
+    run_worker()
+    shown = dpss("releases", "show", release_id, "--wait", key=analyst)
+    assert shown.exit_code == ExitCode.FAILED, shown.output
+    assert "failed" in shown.stdout and "refunded" in shown.stdout
