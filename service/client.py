@@ -652,9 +652,10 @@ class _Progress:
     def _text(self) -> str:
         info = self._handle.info
         elapsed = time.monotonic() - self._start
+        # Short: the full id was printed already, and a wrapped status line redraws badly.
         return (
-            f"release {info.id} ({info.mechanism}, k={info.k}): "
-            f"[bold]{info.status}[/bold]  {elapsed:.1f} s"
+            f"release {str(info.id)[:8]} {info.mechanism} k={info.k}: "
+            f"[bold]{info.status}[/bold] {elapsed:.1f} s"
         )
 
     def update(self) -> None:

@@ -376,7 +376,9 @@ def budget(
         if as_json:
             _print_json(_dump(b))
             return
-        _stdout().print(_budget_table(b, title=f"budget of {dataset_id}"))
+        out = _stdout()
+        out.print(f"dataset {dataset_id}", markup=False)
+        out.print(_budget_table(b))
 
 
 # --------------------------------------------------------------------------------------------
