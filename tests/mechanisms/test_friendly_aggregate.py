@@ -1,0 +1,557 @@
+"""friendly_aggregate (M6): calibration of each stage, the sensitivity bound under adversarial
+search, utility across dimensions, the no-result path, refusals, and the empirical audit."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.mechanisms import friendly_aggregate as fa
+from service.mechanisms.analyze_gauss import analyze_gauss
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.friendly_aggregate import (
+    FriendlyAggregate,
+    FriendlyAggregateParams,
+    above_threshold,
+    budget_split,
+    default_t,
+    friend_counts,
+    friendly_aggregate,
+    friendly_weights,
+    gram_distances,
+    mean_sensitivity,
+    min_feasible_t,
+    projection_distances,
+    ptr_feasible,
+    radius_grid,
+    ramp_width,
+    weight_floor,
+    weight_lower_bound,
+    weight_sensitivity,
+)
+from service.mechanisms.linalg import subspace_distance
+from service.mechanisms.noise import analytic_gaussian_sigma, gaussian_delta
+from service.mechanisms.sample_aggregate import (
+    random_partition,
+    reference_embeddings,
+    reference_points,
+    subset_bases,
+)
+from tests.mechanisms.privacy_audit import audit
+
+
+def near_subspace(
+    n: int, d: int, k: int, distance: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of norm <= 1: a point of a random k-dim subspace (norm in [0.2, 0.9]) plus a residual
+    orthogonal to it of norm exactly ``distance``. Returns ``(X, U)``."""
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
+    coords = rng.standard_normal((n, k))
+    coords *= rng.uniform(0.2, 0.9, (n, 1)) / np.linalg.norm(coords, axis=1, keepdims=True)
+    resid = rng.standard_normal((n, d))
+    resid -= (resid @ basis) @ basis.T
+    resid *= distance / np.linalg.norm(resid, axis=1, keepdims=True)
+    return coords @ basis.T + resid, basis
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+
+
+def test_budget_split_sums_to_request() -> None:
+    searched = budget_split(1.2, 1e-6, radius_given=False)
+    assert (searched.eps0, searched.eps1, searched.eps2) == (0.3, 0.3, 0.6)
+    given = budget_split(1.2, 1e-6, radius_given=True)
+    assert (given.eps0, given.eps1, given.eps2) == (0.0, 0.6, 0.6)
+    for split in (searched, given):
+        assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(1.2)
+        assert split.delta1 == split.delta2 == 5e-7
+
+
+def test_sensitivity_formulas() -> None:
+    t = 400
+    b = ramp_width(t)
+    assert b == 100.0
+    assert weight_sensitivity(t, b) == pytest.approx(1 + 399 / 100)
+    assert weight_floor(weight_sensitivity(t, b)) == pytest.approx(2 + 399 / 100)
+    assert mean_sensitivity(0.5, t, b, 300.0) == pytest.approx(0.5 * (4 * 399 / 100 + 6) / 300)
+    assert weight_lower_bound(350.0, 4.99, 0.25, 5e-7) == pytest.approx(
+        350 - (4.99 / 0.25) * math.log(1 / 1e-6)
+    )
+
+
+def test_weight_lower_bound_fails_with_probability_delta1() -> None:
+    """``P[W_low > W] = delta1`` for ``W_hat = W + Lap(Delta_W/eps1)``."""
+    rng = np.random.default_rng(1)
+    sens, eps1, delta1, true_w = 4.0, 0.5, 0.02, 100.0
+    noisy = true_w + rng.laplace(0.0, sens / eps1, size=200_000)
+    failures = np.mean(weight_lower_bound(noisy, sens, eps1, delta1) > true_w)  # type: ignore[arg-type]
+    assert failures == pytest.approx(delta1, abs=0.002)
+
+
+@pytest.mark.parametrize(("eps1", "delta1"), [(0.25, 5e-7), (0.5, 5e-7), (2.0, 1e-4), (0.05, 1e-9)])
+def test_min_feasible_t_is_the_boundary(eps1: float, delta1: float) -> None:
+    t_min = min_feasible_t(eps1, delta1)
+    assert ptr_feasible(t_min, eps1, delta1)
+    assert not ptr_feasible(t_min - 1, eps1, delta1)
+    sens = weight_sensitivity(t_min, ramp_width(t_min))
+    assert t_min - (sens / eps1) * math.log(1 / (2 * delta1)) >= sens + 1
+
+
+def test_radius_grid_ascending_powers_of_two() -> None:
+    radii = radius_grid(8.0)
+    assert radii.shape == (fa.RADIUS_STEPS + 1,)
+    assert radii[-1] == 8.0 and radii[0] == 8.0 * 2.0**-fa.RADIUS_STEPS
+    assert np.allclose(radii[1:] / radii[:-1], 2.0)
+
+
+def test_above_threshold_noise_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dwork & Roth Algorithm 1: threshold noise Lap(2 D/eps), query noise Lap(4 D/eps)."""
+    scales: list[float] = []
+    real = fa.laplace
+
+    def recording(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
+        scales.append(scale)
+        return real(scale, rng, size)
+
+    monkeypatch.setattr(fa, "laplace", recording)
+    rng = np.random.default_rng(0)
+    above_threshold(np.zeros(5), 10.0, 3.0, 0.5, rng)
+    assert scales == [pytest.approx(2 * 3.0 / 0.5), pytest.approx(4 * 3.0 / 0.5)]
+
+
+def test_above_threshold_stops_at_first_clear_crossing() -> None:
+    rng = np.random.default_rng(2)
+    answers = np.array([0.0, 0.0, 0.0, 1000.0, 1000.0])
+    hits = [above_threshold(answers, 500.0, 1.0, 1.0, rng) for _ in range(200)]
+    assert hits.count(3) == 200
+    assert above_threshold(np.zeros(4), 500.0, 1.0, 1.0, rng) is None
+
+
+def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record the Laplace scales and the Gaussian calibration of a full run with radius search."""
+    laplace_scales: list[float] = []
+    gauss_args: list[tuple[float, float, float]] = []
+    real_laplace, real_sigma = fa.laplace, fa.analytic_gaussian_sigma
+
+    def rec_laplace(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
+        laplace_scales.append(scale)
+        return real_laplace(scale, rng, size)
+
+    def rec_sigma(sens: float, eps: float, delta: float) -> float:
+        gauss_args.append((sens, eps, delta))
+        return real_sigma(sens, eps, delta)
+
+    monkeypatch.setattr(fa, "laplace", rec_laplace)
+    monkeypatch.setattr(fa, "analytic_gaussian_sigma", rec_sigma)
+    data, _ = near_subspace(6000, 20, 2, 1e-4, seed=3)
+    eps, delta, t = 2.0, 1e-6, 300
+    result = friendly_aggregate(data, 2, eps, delta, np.random.default_rng(4), t=t)
+    assert result.basis is not None and result.noise_sigma is not None
+    sens_w = weight_sensitivity(t, t / 4)
+    assert laplace_scales == [
+        pytest.approx(2 * sens_w / (eps / 4)),
+        pytest.approx(4 * sens_w / (eps / 4)),
+        pytest.approx(sens_w / (eps / 4)),
+    ]
+    (sens, eps2, delta2) = gauss_args[0]
+    assert (eps2, delta2) == (eps / 2, delta / 2)
+    assert sens == pytest.approx(mean_sensitivity(result.radius, t, t / 4, result.weight_low))
+    # analytic Gaussian property: the sigma used meets the bound and 0.99 sigma does not
+    assert gaussian_delta(result.noise_sigma, sens, eps2) <= delta2
+    assert gaussian_delta(0.99 * result.noise_sigma, sens, eps2) > delta2
+
+
+def test_given_radius_skips_search_and_splits_eps_in_halves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    laplace_scales: list[float] = []
+    real_laplace = fa.laplace
+
+    def rec_laplace(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
+        laplace_scales.append(scale)
+        return real_laplace(scale, rng, size)
+
+    monkeypatch.setattr(fa, "laplace", rec_laplace)
+    data, _ = near_subspace(3000, 10, 1, 1e-4, seed=5)
+    result = friendly_aggregate(data, 1, 1.0, 1e-6, np.random.default_rng(6), t=300, radius=0.1)
+    assert result.radius == 0.1 and result.radius_exponent is None
+    assert laplace_scales == [pytest.approx(weight_sensitivity(300, 75) / 0.5)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The building blocks
+
+
+def test_gram_distances_match_direct() -> None:
+    rng = np.random.default_rng(7)
+    points = rng.standard_normal((30, 12))
+    direct = np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
+    assert np.allclose(gram_distances(points - points.mean(axis=0)), direct, atol=1e-12)
+
+
+def test_projection_distances_match_direct() -> None:
+    rng = np.random.default_rng(8)
+    bases = np.stack([np.linalg.qr(rng.standard_normal((9, 3)))[0] for _ in range(25)])
+    proj = np.einsum("tdk,tek->tde", bases, bases)
+    direct = np.linalg.norm(proj[:, None] - proj[None, :], axis=(2, 3))
+    assert np.allclose(projection_distances(bases, block_floats=100), direct, atol=1e-12)
+
+
+def test_reference_embeddings_are_projected_points() -> None:
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal((200, 15))
+    partition = random_partition(200, 8, rng)
+    assert sorted(partition.ravel().tolist()) == list(range(200))
+    bases = subset_bases(data, partition, 3, group_rows=60)
+    for j in range(8):
+        _, _, vt = np.linalg.svd(data[partition[j]])
+        top = vt[:3].T
+        assert np.allclose(bases[j] @ bases[j].T, top @ top.T, atol=1e-10)
+    points = reference_points(6, 15, rng)
+    emb = reference_embeddings(bases, points)
+    assert np.allclose(emb[5].reshape(6, 15), (bases[5] @ bases[5].T @ points.T).T)
+
+
+def test_friendly_weights_ramp() -> None:
+    # t = 8, b = 2: weight (c - 5)/2 clipped
+    line = np.array([[0.0], [0.1], [0.2], [0.3], [0.4], [0.5], [3.0], [9.0]])
+    dist = gram_distances(line)
+    counts = friend_counts(dist, 0.35)
+    assert counts.tolist() == [4, 5, 6, 6, 5, 4, 1, 1]
+    weights = friendly_weights(dist, 0.35, 2.0)
+    assert weights.tolist() == [0.0, 0.0, 0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
+    assert friendly_weights(dist, 10.0, 2.0).tolist() == [1.0] * 8
+
+
+# ---------------------------------------------------------------------------------------------
+# The friendly-averaging sensitivity bound under adversarial search
+
+
+def _weights_mean(points: np.ndarray, radius: float, b: float) -> tuple[np.ndarray, float, Any]:
+    w = friendly_weights(gram_distances(points), radius, b)
+    total = float(w.sum())
+    return w, total, (w @ points / total if total > 0 else None)
+
+
+def _violation(points: np.ndarray, moved: np.ndarray, b: float) -> tuple[float, float, float]:
+    """(mean ratio, weight ratio, max distance among positive-weight points / 2r), radius 1."""
+    t = points.shape[0]
+    w, total, mean = _weights_mean(points, 1.0, b)
+    w2, total2, mean2 = _weights_mean(moved, 1.0, b)
+    weight_ratio = abs(total - total2) / weight_sensitivity(t, b)
+    positive = np.concatenate([points[w > 0], moved[w2 > 0]])
+    spread = float(gram_distances(positive).max()) / 2.0 if positive.shape[0] > 1 else 0.0
+    if mean is None or mean2 is None:
+        return 0.0, weight_ratio, spread
+    mean_ratio = float(np.linalg.norm(mean - mean2)) * total / mean_sensitivity(1.0, t, b, 1.0)
+    return mean_ratio, weight_ratio, spread
+
+
+def _adversarial_search(trials: int, steps: int, seed: int) -> tuple[float, float, float]:
+    """Random configurations built to sit on the ramp's edges, then hill-climbing on the ratio
+    ``||mu(X) - mu(X')|| W(X) / (r (4(t-1)/b + 6))``; returns the largest ratios found."""
+    rng = np.random.default_rng(seed)
+    worst = [0.0, 0.0, 0.0]
+    for _ in range(trials):
+        t = int(rng.integers(6, 40))
+        b = t / 4 if rng.random() < 0.5 else float(rng.uniform(0.5, t))
+        dim = int(rng.integers(1, 4))
+        kind = int(rng.integers(3))
+        if kind == 0:
+            points = rng.uniform(-0.6, 0.6, (t, dim))
+        elif kind == 1:  # three groups on a line, the outer two out of each other's reach
+            groups = rng.choice([-0.55, 0.0, 0.55], size=(t, 1))
+            points = groups * np.eye(dim)[0] + rng.normal(0.0, 0.02, (t, dim))
+        else:
+            points = rng.normal(0.0, 0.5, (t, dim))
+        j = int(rng.integers(t))
+        moved = points.copy()
+        moved[j] = rng.normal(0.0, 2.0, dim)
+        current = _violation(points, moved, b)
+        for _ in range(steps):
+            cand, cand_moved = points.copy(), moved.copy()
+            i = int(rng.integers(t))
+            step = rng.normal(0.0, 0.1, dim)
+            cand[i] += step
+            if i != j:
+                cand_moved[i] += step
+            if rng.random() < 0.4:
+                cand_moved[j] += rng.normal(0.0, 0.3, dim)
+            value = _violation(cand, cand_moved, b)
+            worst = [max(a, c) for a, c in zip(worst, value, strict=True)]
+            if value[0] >= current[0]:
+                points, moved, current = cand, cand_moved, value
+    return worst[0], worst[1], worst[2]
+
+
+def _check_search(trials: int, steps: int, seed: int) -> None:
+    mean_ratio, weight_ratio, spread = _adversarial_search(trials, steps, seed)
+    assert mean_ratio <= 1.0 + 1e-9, f"mean sensitivity bound broken: ratio {mean_ratio}"
+    assert weight_ratio <= 1.0 + 1e-9, f"Delta_W broken: ratio {weight_ratio}"
+    assert spread <= 1.0 + 1e-9, f"positive-weight points more than 2r apart: {spread}"
+    # the search reaches configurations that stress the bounds (it is not vacuous)
+    assert weight_ratio > 0.8 and mean_ratio > 0.05
+
+
+def test_sensitivity_bound_survives_adversarial_search() -> None:
+    _check_search(trials=60, steps=80, seed=10)
+
+
+@pytest.mark.slow
+def test_sensitivity_bound_survives_long_adversarial_search() -> None:
+    _check_search(trials=1500, steps=300, seed=11)
+
+
+# ---------------------------------------------------------------------------------------------
+# Utility
+
+
+def _utility(d: int, aggregator: str, seed: int) -> tuple[float, float]:
+    data, basis = near_subspace(12_000, d, 2, 1e-5, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    result = friendly_aggregate(
+        data,
+        2,
+        1.0,
+        1e-6,
+        rng,
+        t=default_t(12_000, 2),
+        aggregator=aggregator,  # type: ignore[arg-type]
+    )
+    assert result.basis is not None
+    gauss, _ = analyze_gauss(data, 2, 1.0, 1e-6, 1.0, rng)
+    return subspace_distance(result.basis, basis), subspace_distance(gauss, basis)
+
+
+@pytest.mark.parametrize(
+    ("d", "aggregator"), [(20, "reference_points"), (300, "reference_points"), (100, "projection")]
+)
+def test_utility_near_low_rank(d: int, aggregator: str) -> None:
+    error, gauss_error = _utility(d, aggregator, seed=d)
+    assert error < 0.01
+    if d >= 100:
+        assert error < gauss_error / 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [50, 200, 1000, 2000])
+def test_utility_does_not_degrade_like_analyze_gauss(d: int) -> None:
+    errors = [_utility(d, "reference_points", seed=d + s) for s in range(3)]
+    assert max(e for e, _ in errors) < 0.01
+    if d >= 200:
+        assert max(e for e, _ in errors) < min(g for _, g in errors) / 10
+
+
+def test_done_scenario_at_mechanism_level() -> None:
+    """20,000 rows within 1e-5 of a 3-dim subspace of R^300, eps 1, delta 1e-6, defaults."""
+    data, basis = near_subspace(20_000, 300, 3, 1e-5, seed=12)
+    mech = FriendlyAggregate()
+    ctx = PublicContext(20_000, 300, 1.0)
+    params = mech.prepare(ctx, 3, 1.0, 1e-6, FriendlyAggregateParams())
+    rng = np.random.default_rng(13)
+    out = mech.run(data, ReleaseSpec(3, 1.0, 1e-6, params), rng)
+    assert out.basis is not None and out.no_result_reason is None
+    gauss, _ = analyze_gauss(data, 3, 1.0, 1e-6, 1.0, rng)
+    error = subspace_distance(out.basis, basis)
+    assert error < 0.01
+    assert error * 10 < subspace_distance(gauss, basis)
+    assert out.extras["radius_searched"] is True and out.extras["t"] == 666
+    assert out.extras["q"] == 6
+
+
+def test_memmap_input_matches_array(tmp_path: Any) -> None:
+    data, _ = near_subspace(3000, 30, 2, 1e-4, seed=14)
+    path = tmp_path / "x.npy"
+    np.save(path, data)
+    mapped = np.load(path, mmap_mode="r")
+    a = friendly_aggregate(data, 2, 2.0, 1e-6, np.random.default_rng(15), t=150)
+    b = friendly_aggregate(mapped, 2, 2.0, 1e-6, np.random.default_rng(15), t=150)
+    assert a.basis is not None and b.basis is not None
+    assert np.array_equal(a.basis, b.basis)
+
+
+# ---------------------------------------------------------------------------------------------
+# No result
+
+
+def test_no_result_when_subsets_disagree() -> None:
+    rng = np.random.default_rng(16)
+    data = rng.standard_normal((4000, 30))
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    mech = FriendlyAggregate()
+    params = mech.prepare(
+        PublicContext(4000, 30, 1.0), 2, 1.0, 1e-6, FriendlyAggregateParams(radius=0.01)
+    )
+    out = mech.run(data, ReleaseSpec(2, 1.0, 1e-6, params), np.random.default_rng(17))
+    assert out.basis is None
+    assert out.no_result_reason is not None and "do not agree" in out.no_result_reason
+    assert out.extras["radius"] == 0.01 and out.extras["weight_low"] < 6.0
+
+
+def test_search_on_isotropic_data_gives_no_result_or_a_large_radius() -> None:
+    """Far from low rank no small radius gathers 3/4 of the subsets: the search either stops
+    spuriously early (and the PTR test then refuses) or ends at a large radius."""
+    rng = np.random.default_rng(18)
+    data = rng.standard_normal((4000, 30))
+    for seed in range(5):
+        result = friendly_aggregate(data, 2, 1.0, 1e-6, np.random.default_rng(seed), t=400)
+        r_max_scale = float(np.sqrt(4 * 30))
+        assert result.basis is None or result.radius > 0.1 * r_max_scale
+
+
+# ---------------------------------------------------------------------------------------------
+# prepare(): defaults and refusals from public facts
+
+
+def test_prepare_resolves_defaults() -> None:
+    mech = FriendlyAggregate()
+    params = mech.prepare(
+        PublicContext(100_000, 1000, None), 5, 1.0, 1e-6, FriendlyAggregateParams()
+    )
+    assert params.t == 2000 and params.q == 10 and params.aggregator == "reference_points"
+    params = mech.prepare(PublicContext(20_000, 300, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
+    assert params.t == default_t(20_000, 3) == 666
+
+
+def test_prepare_refuses_too_few_rows_and_names_enough() -> None:
+    mech = FriendlyAggregate()
+    with pytest.raises(InvalidParameter) as info:
+        mech.prepare(PublicContext(5000, 50, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
+    assert info.value.field == "t"
+    t_min = min_feasible_t(0.25, 5e-7)
+    needed = t_min * 30
+    assert f"n >= {needed}" in info.value.message
+    mech.prepare(PublicContext(needed, 50, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
+    with pytest.raises(InvalidParameter):
+        mech.prepare(PublicContext(needed - 30, 50, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
+
+
+def test_prepare_refusals() -> None:
+    mech = FriendlyAggregate()
+    ctx = PublicContext(50_000, 2000, None)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"aggregator": "projection"}, "aggregator"),
+        ({"t": 100}, "t"),
+        ({"t": 20_000}, "t"),
+        ({"q": 1}, "q"),
+    ]
+    for raw, field in cases:
+        with pytest.raises(InvalidParameter) as info:
+            mech.prepare(ctx, 3, 1.0, 1e-6, FriendlyAggregateParams(**raw))
+        assert info.value.field == field, raw
+    with pytest.raises(InvalidParameter) as info:
+        mech.prepare(
+            PublicContext(5000, 50, None),
+            2,
+            1.0,
+            1e-6,
+            FriendlyAggregateParams(aggregator="projection", q=4),
+        )
+    assert info.value.field == "q"
+    with pytest.raises(InvalidParameter) as info:
+        mech.prepare(ctx, 3, 1.0, 0.0, FriendlyAggregateParams())
+    assert info.value.field == "delta"
+    projection = mech.prepare(
+        PublicContext(50_000, 500, None),
+        3,
+        1.0,
+        1e-6,
+        FriendlyAggregateParams(aggregator="projection"),
+    )
+    assert projection.q is None and projection.t == default_t(50_000, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Empirical privacy audit
+
+
+def _ptr_pair(t: int, centre: int) -> tuple[np.ndarray, np.ndarray]:
+    """Worst case for the PTR count, with ``t`` one-row subsets in R^2 (``U_j`` = the row's
+    direction) and radius 1 on projectors (``||Pi_u - Pi_v||_F = sqrt(2) sin angle``).
+
+    ``centre`` rows and the row that is replaced lie at angle 0, the rest split between angles
+    ``+-phi`` (``sqrt(2) sin phi = 0.6``; the two sides are 1.09 apart, out of reach). The
+    replaced row moves to angle pi/2, out of everyone's reach: its weight drops from 1 to 0 and
+    every side row loses one friend while staying on the ramp.
+    """
+    phi = math.asin(0.6 / math.sqrt(2.0))
+    side = (t - 1 - centre) // 2
+    angles = np.concatenate(
+        [np.zeros(centre + 1), np.full(side, -phi), np.full(t - 1 - centre - side, phi)]
+    )
+    data = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    neighbour = data.copy()
+    neighbour[0] = [0.0, 1.0]
+    return data, neighbour
+
+
+AUDIT_T, AUDIT_CENTRE, AUDIT_EPS, AUDIT_DELTA = 101, 33, 1.0, 1e-3
+
+
+def _audit_mechanism(data: np.ndarray, rng: np.random.Generator) -> bool:
+    """One release on the audit pair; the event is "a subspace was released"."""
+    result = friendly_aggregate(
+        data,
+        1,
+        AUDIT_EPS,
+        AUDIT_DELTA,
+        rng,
+        t=AUDIT_T,
+        aggregator="projection",
+        radius=1.0,
+    )
+    return result.basis is not None
+
+
+def _run_audit(runs: int, seed: int) -> float:
+    data, neighbour = _ptr_pair(AUDIT_T, AUDIT_CENTRE)
+    return audit(
+        _audit_mechanism,
+        data,
+        neighbour,
+        lambda released: bool(released),
+        runs,
+        AUDIT_DELTA,
+        seed=seed,
+    ).eps_lower_bound
+
+
+def test_audit_pair_straddles_the_ptr_threshold() -> None:
+    """The pair is tight for Delta_W up to the centre rows, and its totals straddle the PTR
+    threshold W_low >= Delta_W + 1, so noise divided by 10 makes the decision near-certain."""
+    data, neighbour = _ptr_pair(AUDIT_T, AUDIT_CENTRE)
+    split = budget_split(AUDIT_EPS, AUDIT_DELTA, radius_given=True)
+    b = ramp_width(AUDIT_T)
+    sens = weight_sensitivity(AUDIT_T, b)
+    totals = []
+    for x in (data, neighbour):
+        basis = x[:, :, None]
+        totals.append(float(friendly_weights(projection_distances(basis), 1.0, b).sum()))
+    needed = weight_floor(sens) - weight_lower_bound(0.0, sens, split.eps1, split.delta1)
+    assert totals[1] < needed < totals[0]
+    assert totals[0] - totals[1] == pytest.approx(1 + (AUDIT_T - 1 - AUDIT_CENTRE) / b)
+
+
+def test_audit_passes() -> None:
+    assert _run_audit(runs=1500, seed=20) <= AUDIT_EPS
+
+
+def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = fa.laplace
+    monkeypatch.setattr(fa, "laplace", lambda scale, rng, size=None: real(scale / 10, rng, size))
+    assert _run_audit(runs=1500, seed=21) > AUDIT_EPS
+
+
+@pytest.mark.slow
+def test_audit_passes_long() -> None:
+    assert _run_audit(runs=30_000, seed=22) <= AUDIT_EPS
+
+
+def test_analytic_sigma_reused_from_noise_module() -> None:
+    """The mechanism calibrates with the shared analytic Gaussian, not a private copy."""
+    assert fa.analytic_gaussian_sigma is analytic_gaussian_sigma
