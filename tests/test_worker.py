@@ -1,0 +1,185 @@
+"""Release jobs: claiming, leases, a killed worker's job completing once, refunds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import numpy as np
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select, update
+
+from service import auth
+from service.app import create_app
+from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
+from service.store import DatasetStore
+from service.worker import Worker
+from tests.conftest import bearer, npy_bytes
+
+
+def queue_release(client, keys, upload_dataset, rng, **body):
+    data = rng.normal(size=(60, 5)) * 0.2
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    payload = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.2", "delta": "1e-6", **body}
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases", headers=bearer(keys.analyst), json=payload
+    )
+    assert response.status_code == 202
+    return dataset, response.json()
+
+
+def count(session_factory, model, *where):
+    with session_factory() as session:
+        return session.scalar(select(func.count()).select_from(model).where(*where))
+
+
+def test_expired_lease_is_reclaimed_and_the_result_stored_once(
+    client, keys, upload_dataset, rng, session_factory, store, settings
+):
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    first = Worker(session_factory, store, settings, worker_id="first")
+    second = Worker(session_factory, store, settings, worker_id="second")
+    job = first.claim()
+    assert job is not None and second.claim() is None  # leased: not claimable
+    # The first worker "dies": it stops heartbeating and its lease runs out.
+    with session_factory.begin() as session:
+        session.execute(
+            update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1))
+        )
+    retry = second.claim()
+    assert retry is not None and retry.release_id == job.release_id and retry.attempt == 2
+    assert second.process(retry) == "succeeded"
+    # The first worker wakes up with an output: it no longer holds the lease, so it is dropped.
+    output = first.execute(job)
+    assert first.finish(job, output, None, refund=False) == "lost"
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == "succeeded" and body["attempts"] == 2
+    assert count(session_factory, LedgerEntry) == 1
+    assert count(session_factory, AuditEvent, AuditEvent.event_type == "release_succeeded") == 1
+
+
+def test_a_job_that_keeps_killing_workers_fails_without_refund(
+    client, keys, upload_dataset, rng, session_factory, store, settings
+):
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    for attempt in range(settings.worker_max_attempts):
+        assert Worker(session_factory, store, settings, worker_id=f"w{attempt}").claim() is not None
+        with session_factory.begin() as session:
+            session.execute(update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    assert Worker(session_factory, store, settings).claim() is None
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == "failed" and "repeatedly" in body["reason"]
+    assert body["refunded"] is False
+
+
+def test_a_release_of_a_deleted_dataset_is_refunded(client, keys, upload_dataset, rng, run_worker):
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
+    assert client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code == 204
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == "failed" and body["refunded"] is True
+    assert "deleted" in body["reason"]
+
+
+def test_a_mechanism_crash_is_failed_charged_and_leaks_nothing(
+    client, keys, upload_dataset, rng, run_worker, monkeypatch, caplog
+):
+    from service.mechanisms import analyze_gauss
+
+    def crash(*_args, **_kwargs):
+        raise ValueError("bad row [0.123456, 0.654321]")
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", crash)
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == "failed" and body["refunded"] is False
+    assert body["reason"] == "internal error while running the mechanism"
+    assert "0.123456" not in caplog.text and "ValueError" in caplog.text
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst)).json()
+    assert budget["epsilon_spent"] == "0.2"
+
+
+def test_heartbeat_extends_the_lease_only_for_its_owner(
+    client, keys, upload_dataset, rng, session_factory, store, settings
+):
+    queue_release(client, keys, upload_dataset, rng)
+    owner = Worker(session_factory, store, settings, worker_id="owner")
+    job = owner.claim()
+    assert job is not None
+    assert owner.heartbeat(job) is True
+    assert Worker(session_factory, store, settings, worker_id="intruder").heartbeat(job) is False
+
+
+def _wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(committed_db, settings, tmp_path):
+    url, factory = committed_db
+    settings.max_upload_mb = 100
+    settings.worker_lease_seconds = 2
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+        _, analyst = auth.create_key(session, "analyst", "a", None)
+    # Wide enough that the eigendecomposition takes a moment, so the kill lands mid-job.
+    wide = np.random.default_rng(3).normal(size=(1500, 1800)) / 60
+    with TestClient(create_app(settings, session_factory=factory)) as client:
+        dataset = client.post(
+            "/v1/datasets",
+            headers=bearer(owner),
+            files={"file": ("x.npy", npy_bytes(wide), "application/octet-stream")},
+            data={"name": "wide", "epsilon_budget": "1", "delta_budget": "1e-5", "row_norm_bound": "1"},
+        ).json()
+        release = client.post(
+            f"/v1/datasets/{dataset['id']}/releases",
+            headers=bearer(analyst),
+            json={"mechanism": "analyze_gauss", "k": 1800, "epsilon": "0.5", "delta": "1e-6"},
+        ).json()
+
+    def status() -> tuple[str, str | None]:
+        with factory() as session:
+            row = session.execute(
+                select(Release.status, Release.lease_owner).where(Release.id == release["id"])
+            ).one()
+            return row[0], row[1]
+
+    env = {
+        **os.environ,
+        "DPSS_DATABASE_URL": url,
+        "DPSS_DATA_DIR": str(settings.data_dir),
+        "DPSS_WORKER_LEASE_SECONDS": "2",
+        "DPSS_WORKER_HEARTBEAT_SECONDS": "0.5",
+        "DPSS_WORKER_POLL_SECONDS": "0.05",
+    }
+    process = subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env)
+    try:
+        assert _wait_for(lambda: status()[0] == "running", timeout=60), "worker never claimed the job"
+        killed_owner = status()[1]
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert status() == ("running", killed_owner), "the job finished before the kill; make it slower"
+    store = DatasetStore(settings.datasets_dir)
+    replacement = Worker(factory, store, settings, worker_id="replacement")
+    assert replacement.claim() is None  # the dead worker's lease has not run out yet
+    assert _wait_for(lambda: replacement.run_pending() == 1, timeout=30, interval=0.2)
+    with factory() as session:
+        row = session.execute(select(Release)).scalar_one()
+        assert (row.status, row.attempts, row.lease_owner) == ("succeeded", 2, "replacement")
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 1
+        succeeded = select(func.count()).select_from(AuditEvent).where(
+            AuditEvent.event_type == "release_succeeded"
+        )
+        assert session.scalar(succeeded) == 1
