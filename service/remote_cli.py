@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 import typer
 from pydantic import BaseModel
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -304,12 +305,13 @@ def datasets_list(
         if as_json:
             _print_json({"items": [_dump(ds) for ds in items]})
             return
-        table = Table(title=f"{len(items)} dataset(s)", title_justify="left")
+        table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("id", no_wrap=True, min_width=36)
-        table.add_column("name", overflow="fold")
+        longest = max((len(ds.name) for ds in items), default=4)
+        table.add_column("name", overflow="fold", min_width=min(longest, 40))
         table.add_column("rows x cols", justify="right", no_wrap=True)
         table.add_column("C", justify="right", no_wrap=True)
-        table.add_column("epsilon left", justify="right", no_wrap=True)
+        table.add_column("eps left", justify="right", no_wrap=True)
         table.add_column("delta left", justify="right", no_wrap=True)
         for ds in items:
             table.add_row(
@@ -540,7 +542,7 @@ def mechanisms(
         if as_json:
             _print_json({"items": [_dump(m) for m in items]})
             return
-        table = Table(title=f"{len(items)} mechanism(s)", title_justify="left")
+        table = Table(title=f"{len(items)} mechanism(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("name", no_wrap=True, style="bold")
         table.add_column("title", overflow="fold")
         table.add_column("cost", overflow="fold")
@@ -581,7 +583,9 @@ def audit_list(
         if as_json:
             _print_json({"items": [_dump(e) for e in events], "next_after": next_after})
             return
-        table = Table(title=f"{len(events)} audit event(s)", title_justify="left")
+        table = Table(
+            title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
+        )
         table.add_column("seq", justify="right", no_wrap=True)
         table.add_column("time (UTC)", no_wrap=True)
         table.add_column("event", no_wrap=True)
