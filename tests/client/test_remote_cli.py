@@ -232,3 +232,21 @@ def test_failed_exit_code(
     shown = dpss("releases", "show", release_id, "--wait", key=analyst)
     assert shown.exit_code == ExitCode.FAILED, shown.output
     assert "failed" in shown.stdout and "refunded" in shown.stdout
+
+
+def test_out_for_a_mechanism_without_basis_is_refused_before_charging(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    names = {m["name"]: m for m in _json(dpss("mechanisms", "--json", key=analyst))["items"]}
+    no_basis = [name for name, m in names.items() if not m["releases_basis"]]
+    if not no_basis:
+        pytest.skip("no registered mechanism releases without a basis (e.g. spectrum)")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=27))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    result = dpss(
+        "releases", "create", ds["id"], "--mechanism", no_basis[0], "--k", "2",
+        "--epsilon", "0.5", "--delta", "1e-6", "--out", str(tmp_path / "b.npy"), key=analyst,
+    )  # fmt: skip
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
