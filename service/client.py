@@ -132,11 +132,11 @@ class ReleaseOutcomeError(DpssError):
         self.release = release
 
 
-class ReleaseNoResult(ReleaseOutcomeError):  # noqa: N818 (name fixed by the issue)
+class ReleaseNoResult(ReleaseOutcomeError):
     """The mechanism declined to release (e.g. no private eigengap); the cost stays charged."""
 
 
-class ReleaseFailed(ReleaseOutcomeError):  # noqa: N818 (name fixed by the issue)
+class ReleaseFailed(ReleaseOutcomeError):
     """The release job failed (see ``release.refunded`` for whether the charge was refunded)."""
 
 
