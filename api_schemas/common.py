@@ -15,7 +15,9 @@ def canonical_decimal(value: Decimal) -> str:
 
 
 #: An exact decimal, serialised as a canonical string so that no precision is lost in JSON.
-ExactDecimal = Annotated[Decimal, PlainSerializer(canonical_decimal, return_type=str, when_used="json")]
+ExactDecimal = Annotated[
+    Decimal, PlainSerializer(canonical_decimal, return_type=str, when_used="json")
+]
 
 
 class Schema(BaseModel):
@@ -27,7 +29,9 @@ class Schema(BaseModel):
 class ErrorBody(Schema):
     """Every 4xx (and 5xx) response has this body."""
 
-    error: str = Field(description="Machine-readable error code, e.g. `budget_exceeded`, `not_found`.")
+    error: str = Field(
+        description="Machine-readable error code, e.g. `budget_exceeded`, `not_found`."
+    )
     detail: str = Field(description="Human-readable explanation: which field, and what was wrong.")
 
 

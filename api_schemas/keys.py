@@ -16,7 +16,11 @@ Role = Literal["admin", "owner", "analyst", "auditor"]
 class KeyCreate(Schema):
     """Create an API key."""
 
-    role: Role = Field(description="`admin` (keys), `owner` (datasets), `analyst` (releases), `auditor` (audit log).")
+    role: Role = Field(
+        description=(
+            "`admin` (keys), `owner` (datasets), `analyst` (releases), `auditor` (audit log)."
+        )
+    )
     name: str = Field(min_length=1, max_length=200, description="A label for the key's holder.")
 
 

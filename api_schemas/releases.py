@@ -18,20 +18,49 @@ class ReleaseRequest(Schema):
     """Ask for a private rank-k release of a dataset."""
 
     mechanism: str = Field(description="Mechanism name; see `GET /v1/mechanisms`.")
-    k: int = Field(ge=1, le=100_000, description="Dimension of the released subspace (for `spectrum`: how many singular values).")
-    epsilon: Decimal = Field(gt=0, le=1000, allow_inf_nan=False, description="Privacy cost epsilon charged for this release.")
-    delta: Decimal = Field(ge=0, lt=1, allow_inf_nan=False, description="Privacy cost delta charged for this release (0 only for pure-DP mechanisms).")
-    params: dict[str, Any] = Field(default_factory=dict, description="Mechanism parameters; see the mechanism's `params_schema`.")
+    k: int = Field(
+        ge=1,
+        le=100_000,
+        description=(
+            "Dimension of the released subspace (for `spectrum`: how many singular values)."
+        ),
+    )
+    epsilon: Decimal = Field(
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Privacy cost epsilon charged for this release.",
+    )
+    delta: Decimal = Field(
+        ge=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Privacy cost delta charged for this release (0 only for pure-DP mechanisms).",
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Mechanism parameters; see the mechanism's `params_schema`.",
+    )
 
 
 class ReleaseResult(Schema):
     """What a finished release produced."""
 
     basis: list[list[float]] | None = Field(
-        default=None, description="Orthonormal basis, `d` lists of `k` floats; absent for `spectrum`."
+        default=None,
+        description="Orthonormal basis, `d` lists of `k` floats; absent for `spectrum`.",
     )
-    basis_sha256: str | None = Field(default=None, description="SHA-256 of the basis as stored (little-endian float64, row-major); also in the audit log.")
-    extras: dict[str, Any] = Field(default_factory=dict, description="Further private outputs of the mechanism (e.g. noisy eigenvalues).")
+    basis_sha256: str | None = Field(
+        default=None,
+        description=(
+            "SHA-256 of the basis as stored (little-endian float64, row-major); "
+            "also in the audit log."
+        ),
+    )
+    extras: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further private outputs of the mechanism (e.g. noisy eigenvalues).",
+    )
 
 
 class Release(Schema):
@@ -43,13 +72,32 @@ class Release(Schema):
     k: int = Field(description="Requested dimension.")
     epsilon: ExactDecimal = Field(description="Epsilon charged.")
     delta: ExactDecimal = Field(description="Delta charged.")
-    params: dict[str, Any] = Field(description="Parameters as resolved before running (defaults filled in from public facts).")
-    status: ReleaseStatus = Field(description="`queued`, `running`, `succeeded`, `no_result` (the mechanism declined; charged) or `failed`.")
-    reason: str | None = Field(default=None, description="Why the release ended in `no_result` or `failed`.")
-    refunded: bool = Field(default=False, description="True when the charge was refunded because the job provably never read the data.")
-    result: ReleaseResult | None = Field(default=None, description="Present when `status` is `succeeded` (and extras for `no_result`).")
+    params: dict[str, Any] = Field(
+        description="Parameters as resolved before running (defaults filled in from public facts)."
+    )
+    status: ReleaseStatus = Field(
+        description=(
+            "`queued`, `running`, `succeeded`, `no_result` (the mechanism declined; "
+            "charged) or `failed`."
+        )
+    )
+    reason: str | None = Field(
+        default=None, description="Why the release ended in `no_result` or `failed`."
+    )
+    refunded: bool = Field(
+        default=False,
+        description=(
+            "True when the charge was refunded because the job provably never read the data."
+        ),
+    )
+    result: ReleaseResult | None = Field(
+        default=None,
+        description="Present when `status` is `succeeded` (and extras for `no_result`).",
+    )
     created_at: datetime = Field(description="Request time (UTC).")
-    started_at: datetime | None = Field(default=None, description="When a worker last claimed the job.")
+    started_at: datetime | None = Field(
+        default=None, description="When a worker last claimed the job."
+    )
     finished_at: datetime | None = Field(default=None, description="When the job ended.")
     attempts: int = Field(description="How many times a worker has claimed the job.")
 

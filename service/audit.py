@@ -74,7 +74,9 @@ def record(
     release_id: uuid.UUID | None = None,
 ) -> AuditEvent:
     """Append an event in the caller's transaction (it commits with the change it records)."""
-    head = session.execute(select(AuditHead).where(AuditHead.id == 1).with_for_update()).scalar_one()
+    head = session.execute(
+        select(AuditHead).where(AuditHead.id == 1).with_for_update()
+    ).scalar_one()
     seq = head.last_seq + 1
     created_at = utcnow()
     clean = to_json_value(details)

@@ -18,8 +18,13 @@ import typer
 
 from service.config import Settings
 
-app = typer.Typer(help="dp-subspace-service: differentially private subspaces of sensitive data.", no_args_is_help=True)
-keys_app = typer.Typer(help="API keys (operator commands, direct database access).", no_args_is_help=True)
+app = typer.Typer(
+    help="dp-subspace-service: differentially private subspaces of sensitive data.",
+    no_args_is_help=True,
+)
+keys_app = typer.Typer(
+    help="API keys (operator commands, direct database access).", no_args_is_help=True
+)
 audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 app.add_typer(audit_app, name="audit")
@@ -111,7 +116,9 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     supervisor = threading.Thread(target=_supervise_worker, args=(stop,), daemon=True)
     supervisor.start()
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+        uvicorn.run(
+            create_app(settings), host=host, port=port, log_level=settings.log_level.lower()
+        )
     finally:
         stop.set()
         supervisor.join(timeout=15)
@@ -132,7 +139,7 @@ def keys_create(
     settings = Settings()
     factory = make_session_factory(make_engine(settings.resolved_database_url))
     with factory.begin() as session:
-        key, secret = auth.create_key(session, role, name, actor_key_id=None)  # type: ignore[arg-type]
+        key, secret = auth.create_key(session, role, name, actor_key_id=None)
     typer.echo(f"id:   {key.id}\nrole: {role}\nkey:  {secret}")
 
 

@@ -31,7 +31,9 @@ class Settings(BaseSettings):
     )
     max_upload_mb: float = Field(default=1024, gt=0, description="Largest accepted upload, MiB.")
     worker_lease_seconds: float = Field(
-        default=30, gt=0, description="A claimed job is reclaimable this long after the last heartbeat."
+        default=30,
+        gt=0,
+        description="A claimed job is reclaimable this long after the last heartbeat.",
     )
     worker_heartbeat_seconds: float = Field(
         default=10, gt=0, description="How often a worker renews the lease of its running job."

@@ -58,7 +58,11 @@ def charge(
     """Append a charge (at most one per release: a unique constraint enforces it)."""
     session.add(
         LedgerEntry(
-            dataset_id=dataset_id, release_id=release_id, kind="charge", epsilon=epsilon, delta=delta
+            dataset_id=dataset_id,
+            release_id=release_id,
+            kind="charge",
+            epsilon=epsilon,
+            delta=delta,
         )
     )
 
@@ -69,6 +73,10 @@ def refund(
     """Append a refund; only for a release that provably never read the data."""
     session.add(
         LedgerEntry(
-            dataset_id=dataset_id, release_id=release_id, kind="refund", epsilon=epsilon, delta=delta
+            dataset_id=dataset_id,
+            release_id=release_id,
+            kind="refund",
+            epsilon=epsilon,
+            delta=delta,
         )
     )

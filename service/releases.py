@@ -88,11 +88,14 @@ def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
         n_rows=dataset.n_rows, n_cols=dataset.n_cols, row_norm_bound=dataset.row_norm_bound
     )
     try:
-        resolved = mechanism.prepare(context, body.k, float(body.epsilon), float(body.delta), params)
+        resolved = mechanism.prepare(
+            context, body.k, float(body.epsilon), float(body.delta), params
+        )
     except InvalidParameter as exc:
         field = exc.field if exc.field in {"k", "epsilon", "delta"} else f"params.{exc.field}"
         raise InvalidInput(field, exc.message) from None
-    return resolved.model_dump(mode="json")
+    dumped: dict[str, Any] = resolved.model_dump(mode="json")
+    return dumped
 
 
 def request_release(

@@ -80,7 +80,7 @@ class _MatrixWriter:
         header = {"descr": "<f8", "fortran_order": False, "shape": (self.n_rows, self.n_cols)}
         partial = final_path.with_suffix(".partial")
         with open(partial, "wb") as out, open(self.raw_path, "rb") as raw:
-            np.lib.format.write_array_header_2_0(out, header)  # type: ignore[no-untyped-call]
+            np.lib.format.write_array_header_2_0(out, header)
             while chunk := raw.read(8 * 1024 * 1024):
                 out.write(chunk)
             out.flush()
@@ -157,9 +157,7 @@ def _describe_csv_error(message: str) -> str:
     """Turn pyarrow's CSV error into a message without any of the file's contents."""
     widths = re.search(r"Expected (\d+) columns, got (\d+)", message)
     if widths:
-        return (
-            f"rows have inconsistent widths (expected {widths[1]} columns, got {widths[2]})"
-        )
+        return f"rows have inconsistent widths (expected {widths[1]} columns, got {widths[2]})"
     column = re.search(r"column #(\d+)", message)
     if column and ("conversion error" in message or "invalid value" in message):
         return f"non-numeric value in column {int(column[1]) + 1}"
@@ -253,7 +251,10 @@ class DatasetStore:
 
     def open(self, file_name: str) -> np.ndarray[Any, Any]:
         """The dataset as a read-only memory map (``n x d`` float64)."""
-        return np.load(self.path_of(file_name), mmap_mode="r", allow_pickle=False)
+        matrix: np.ndarray[Any, Any] = np.load(
+            self.path_of(file_name), mmap_mode="r", allow_pickle=False
+        )
+        return matrix
 
     def exists(self, file_name: str) -> bool:
         return self.path_of(file_name).is_file()

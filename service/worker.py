@@ -43,7 +43,9 @@ def safe_traceback(exc: BaseException) -> str:
     """Where an exception came from (files, lines, functions) without its message, which may
     quote data values."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}" for f in reversed(frames))
+    where = " <- ".join(
+        f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}" for f in reversed(frames)
+    )
     return f"{type(exc).__name__} at {where}"
 
 
@@ -150,7 +152,8 @@ class Worker:
                     Release.status == "running",
                 )
                 .values(
-                    lease_expires_at=utcnow() + timedelta(seconds=self.settings.worker_lease_seconds)
+                    lease_expires_at=utcnow()
+                    + timedelta(seconds=self.settings.worker_lease_seconds)
                 )
             )
             return bool(getattr(result, "rowcount", 0) == 1)
@@ -173,7 +176,9 @@ class Worker:
     def process(self, job: ClaimedJob) -> str:
         """Run a claimed job to the end and record the outcome; returns the final status."""
         if job.file_name is None or not self.store.exists(job.file_name):
-            return self.finish(job, None, "the dataset was deleted before the release ran", refund=True)
+            return self.finish(
+                job, None, "the dataset was deleted before the release ran", refund=True
+            )
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, stop), daemon=True)
         beat.start()
@@ -296,7 +301,9 @@ class Worker:
             if job is None:
                 stop.wait(self.settings.worker_poll_seconds)
                 continue
-            log.info("release %s: running %s (attempt %d)", job.release_id, job.mechanism, job.attempt)
+            log.info(
+                "release %s: running %s (attempt %d)", job.release_id, job.mechanism, job.attempt
+            )
             status = self.process(job)
             log.info("release %s: %s", job.release_id, status)
         log.info("worker %s stopped", self.worker_id)

@@ -170,7 +170,9 @@ def npy_bytes(array: np.ndarray[Any, Any]) -> bytes:
 def upload_dataset() -> Callable[..., dict[str, Any]]:
     """``upload_dataset(client, owner_key, array, **form) -> dataset JSON`` (asserts 201)."""
 
-    def upload(client: TestClient, owner_key: str, array: np.ndarray[Any, Any], **form: Any) -> dict[str, Any]:
+    def upload(
+        client: TestClient, owner_key: str, array: np.ndarray[Any, Any], **form: Any
+    ) -> dict[str, Any]:
         fields = {"name": "test", "epsilon_budget": "10", "delta_budget": "0.001", **form}
         response = client.post(
             "/v1/datasets",
@@ -186,7 +188,9 @@ def upload_dataset() -> Callable[..., dict[str, Any]]:
 
 
 @pytest.fixture
-def worker(session_factory: sessionmaker[Session], store: DatasetStore, settings: Settings) -> Worker:
+def worker(
+    session_factory: sessionmaker[Session], store: DatasetStore, settings: Settings
+) -> Worker:
     return Worker(session_factory, store, settings, worker_id="test-worker")
 
 

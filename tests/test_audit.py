@@ -32,7 +32,9 @@ def test_an_untouched_chain_verifies(chain):
 
 def test_an_edited_event_breaks_the_chain(chain):
     with chain.begin() as session:
-        session.execute(update(AuditEvent).where(AuditEvent.seq == 3).values(details={"name": "forged"}))
+        session.execute(
+            update(AuditEvent).where(AuditEvent.seq == 3).values(details={"name": "forged"})
+        )
     report = verify(chain)
     assert not report.ok
     assert any("event 3: content" in problem for problem in report.problems)
@@ -55,14 +57,21 @@ def test_a_rehashed_forgery_is_still_caught_by_the_links(chain):
         event = session.get(AuditEvent, 2)
         event.details = {"name": "forged"}
         event.hash = audit.event_digest(
-            prev_hash=event.prev_hash, seq=event.seq, event_type=event.event_type,
-            actor_key_id=event.actor_key_id, dataset_id=event.dataset_id,
-            release_id=event.release_id, created_at=event.created_at, details=event.details,
+            prev_hash=event.prev_hash,
+            seq=event.seq,
+            event_type=event.event_type,
+            actor_key_id=event.actor_key_id,
+            dataset_id=event.dataset_id,
+            release_id=event.release_id,
+            created_at=event.created_at,
+            details=event.details,
         )
     assert any("event 3: prev_hash" in p for p in verify(chain).problems)
 
 
-def test_every_release_outcome_is_audited_with_cost_and_basis_hash(client, keys, upload_dataset, run_worker, rng, session_factory):
+def test_every_release_outcome_is_audited_with_cost_and_basis_hash(
+    client, keys, upload_dataset, run_worker, rng, session_factory
+):
     dataset = upload_dataset(client, keys.owner, rng.normal(size=(30, 3)) * 0.1, row_norm_bound=1.0)
     release = client.post(
         f"/v1/datasets/{dataset['id']}/releases",
@@ -76,7 +85,9 @@ def test_every_release_outcome_is_audited_with_cost_and_basis_hash(client, keys,
     requested, succeeded = events[-2], events[-1]
     assert requested["details"]["cost"] == {"epsilon": "0.25", "delta": "0.000001"}
     assert requested["actor_key_id"] is not None
-    result = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()["result"]
+    result = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()[
+        "result"
+    ]
     assert succeeded["details"]["basis_sha256"] == result["basis_sha256"]
     assert verify(session_factory).ok
 
@@ -84,8 +95,10 @@ def test_every_release_outcome_is_audited_with_cost_and_basis_hash(client, keys,
 def test_audit_pagination(client, keys, chain):
     first = client.get("/v1/audit?limit=3", headers=bearer(keys.auditor)).json()
     assert [e["seq"] for e in first["items"]] == [1, 2, 3] and first["next_after"] == 3
-    rest = client.get(f"/v1/audit?after={first['next_after']}&limit=100", headers=bearer(keys.auditor)).json()
-    assert [e["seq"] for e in rest["items"]][0] == 4 and rest["next_after"] is None
+    rest = client.get(
+        f"/v1/audit?after={first['next_after']}&limit=100", headers=bearer(keys.auditor)
+    ).json()
+    assert rest["items"][0]["seq"] == 4 and rest["next_after"] is None
 
 
 def test_dpss_audit_verify_exit_codes(committed_db, monkeypatch):
@@ -98,7 +111,9 @@ def test_dpss_audit_verify_exit_codes(committed_db, monkeypatch):
     ok = runner.invoke(cli_app, ["audit", "verify"])
     assert ok.exit_code == 0 and "OK (2 events)" in ok.output
     with factory.begin() as session:
-        session.execute(update(AuditEvent).where(AuditEvent.seq == 1).values(event_type="key_revoked"))
+        session.execute(
+            update(AuditEvent).where(AuditEvent.seq == 1).values(event_type="key_revoked")
+        )
     broken = runner.invoke(cli_app, ["audit", "verify"])
     assert broken.exit_code == 1 and "BROKEN" in broken.output
 

@@ -27,7 +27,12 @@ def test_twenty_simultaneous_requests_against_a_budget_for_five(committed_db, se
             "/v1/datasets",
             headers=bearer(owner),
             files={"file": ("x.npy", npy_bytes(np.eye(4)), "application/octet-stream")},
-            data={"name": "d", "epsilon_budget": "0.5", "delta_budget": "1e-5", "row_norm_bound": "1"},
+            data={
+                "name": "d",
+                "epsilon_budget": "0.5",
+                "delta_budget": "1e-5",
+                "row_norm_bound": "1",
+            },
         ).json()
 
     barrier = threading.Barrier(20)

@@ -67,7 +67,11 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
             time.sleep(0.2)
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
         )
         assert result.returncode == 0, result.stdout + result.stderr
         out = result.stdout
@@ -76,8 +80,12 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
         assert '"error":"budget_exceeded"' in out
         assert out.strip().endswith("release_succeeded")
         verify = subprocess.run(
-            [str(bin_dir / "dpss"), "audit", "verify"], cwd=tmp_path, env=env,
-            capture_output=True, text=True, timeout=60,
+            [str(bin_dir / "dpss"), "audit", "verify"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert verify.returncode == 0 and "audit chain OK" in verify.stdout
         # No file the service wrote outside its data directory, and no raw rows in it but the store.

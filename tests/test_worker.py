@@ -47,9 +47,7 @@ def test_expired_lease_is_reclaimed_and_the_result_stored_once(
     assert job is not None and second.claim() is None  # leased: not claimable
     # The first worker "dies": it stops heartbeating and its lease runs out.
     with session_factory.begin() as session:
-        session.execute(
-            update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1))
-        )
+        session.execute(update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
     retry = second.claim()
     assert retry is not None and retry.release_id == job.release_id and retry.attempt == 2
     assert second.process(retry) == "succeeded"
@@ -69,7 +67,9 @@ def test_a_job_that_keeps_killing_workers_fails_without_refund(
     for attempt in range(settings.worker_max_attempts):
         assert Worker(session_factory, store, settings, worker_id=f"w{attempt}").claim() is not None
         with session_factory.begin() as session:
-            session.execute(update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+            session.execute(
+                update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1))
+            )
     assert Worker(session_factory, store, settings).claim() is None
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
     assert body["status"] == "failed" and "repeatedly" in body["reason"]
@@ -78,7 +78,10 @@ def test_a_job_that_keeps_killing_workers_fails_without_refund(
 
 def test_a_release_of_a_deleted_dataset_is_refunded(client, keys, upload_dataset, rng, run_worker):
     dataset, release = queue_release(client, keys, upload_dataset, rng)
-    assert client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code == 204
+    assert (
+        client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code
+        == 204
+    )
     run_worker()
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
     assert body["status"] == "failed" and body["refunded"] is True
@@ -124,7 +127,9 @@ def _wait_for(predicate, timeout: float, interval: float = 0.02) -> bool:
     return False
 
 
-def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(committed_db, settings, tmp_path):
+def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
+    committed_db, settings, tmp_path
+):
     url, factory = committed_db
     settings.max_upload_mb = 100
     settings.worker_lease_seconds = 2
@@ -138,7 +143,12 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(committed_db
             "/v1/datasets",
             headers=bearer(owner),
             files={"file": ("x.npy", npy_bytes(wide), "application/octet-stream")},
-            data={"name": "wide", "epsilon_budget": "1", "delta_budget": "1e-5", "row_norm_bound": "1"},
+            data={
+                "name": "wide",
+                "epsilon_budget": "1",
+                "delta_budget": "1e-5",
+                "row_norm_bound": "1",
+            },
         ).json()
         release = client.post(
             f"/v1/datasets/{dataset['id']}/releases",
@@ -163,7 +173,9 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(committed_db
     }
     process = subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env)
     try:
-        assert _wait_for(lambda: status()[0] == "running", timeout=60), "worker never claimed the job"
+        assert _wait_for(lambda: status()[0] == "running", timeout=60), (
+            "worker never claimed the job"
+        )
         killed_owner = status()[1]
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
@@ -179,7 +191,9 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(committed_db
         row = session.execute(select(Release)).scalar_one()
         assert (row.status, row.attempts, row.lease_owner) == ("succeeded", 2, "replacement")
         assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 1
-        succeeded = select(func.count()).select_from(AuditEvent).where(
-            AuditEvent.event_type == "release_succeeded"
+        succeeded = (
+            select(func.count())
+            .select_from(AuditEvent)
+            .where(AuditEvent.event_type == "release_succeeded")
         )
         assert session.scalar(succeeded) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import ValidationError
@@ -19,7 +20,7 @@ from service.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 
-ERRORS = {
+ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or invalid API key."},
     403: {"model": ErrorBody, "description": "The key's role may not do this."},
     404: {"model": ErrorBody, "description": "No such dataset (or not yours)."},
@@ -97,7 +98,12 @@ async def create_dataset(
         form.discard()
 
 
-@router.get("", response_model=DatasetList, summary="List datasets (owner: own; analyst: all).", responses=ERRORS)
+@router.get(
+    "",
+    response_model=DatasetList,
+    summary="List datasets (owner: own; analyst: all).",
+    responses=ERRORS,
+)
 def list_datasets(
     session: SessionDep,
     principal: PrincipalDep,
@@ -108,12 +114,22 @@ def list_datasets(
     return DatasetList(items=[dataset_out(session, row) for row in rows])
 
 
-@router.get("/{dataset_id}", response_model=Dataset, summary="Dataset metadata (never data values).", responses=ERRORS)
+@router.get(
+    "/{dataset_id}",
+    response_model=Dataset,
+    summary="Dataset metadata (never data values).",
+    responses=ERRORS,
+)
 def get_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Dataset:
     return dataset_out(session, datasets.get_dataset(session, principal, dataset_id))
 
 
-@router.get("/{dataset_id}/budget", response_model=Budget, summary="The dataset's privacy budget.", responses=ERRORS)
+@router.get(
+    "/{dataset_id}/budget",
+    response_model=Budget,
+    summary="The dataset's privacy budget.",
+    responses=ERRORS,
+)
 def get_budget(dataset_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Budget:
     return budget_out(session, datasets.get_dataset(session, principal, dataset_id))
 

@@ -13,7 +13,12 @@ from service.api.deps import PrincipalDep, SessionDep
 router = APIRouter(prefix="/v1/keys", tags=["keys"])
 
 
-@router.post("", status_code=201, response_model=KeyCreated, summary="Create a key; the secret is shown once.")
+@router.post(
+    "",
+    status_code=201,
+    response_model=KeyCreated,
+    summary="Create a key; the secret is shown once.",
+)
 def create_key(body: KeyCreate, session: SessionDep, principal: PrincipalDep) -> KeyCreated:
     auth.require_role(principal, "admin")
     key, secret = auth.create_key(session, body.role, body.name, principal.key_id)

@@ -76,7 +76,9 @@ class _Receiver:
         if self.part_name == "file":
             if self.form.file_path is not None:
                 raise InvalidInput("file", "send exactly one file part")
-            suffix = PurePath(filename.decode("utf-8", "replace")).suffix.lower() if filename else ""
+            suffix = (
+                PurePath(filename.decode("utf-8", "replace")).suffix.lower() if filename else ""
+            )
             self.form.file_suffix = suffix
             self.form.file_path = self.store.new_incoming_path(suffix)
             self.handle = open(self.form.file_path, "wb")  # noqa: SIM115 - closed in on_part_end
@@ -119,7 +121,11 @@ async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) 
     if content_type != b"multipart/form-data" or not boundary:
         raise InvalidInput("body", "send multipart/form-data with a 'file' part and form fields")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes + MAX_FIELD_BYTES * MAX_FIELDS:
+    if (
+        declared is not None
+        and declared.isdigit()
+        and int(declared) > max_bytes + MAX_FIELD_BYTES * MAX_FIELDS
+    ):
         raise PayloadTooLarge(
             f"file: larger than the limit of {max_bytes // (1024 * 1024)} MiB (DPSS_MAX_UPLOAD_MB)"
         )

@@ -52,7 +52,7 @@ def release_out(release: models.Release) -> Release:
         epsilon=release.epsilon,
         delta=release.delta,
         params=release.params,
-        status=release.status,  # type: ignore[arg-type]
+        status=release.status,
         reason=release.reason,
         refunded=release.refunded,
         result=result,

@@ -29,7 +29,10 @@ router = APIRouter(prefix="/v1", tags=["releases"])
             "description": "`budget_exceeded` (with the remaining budget), "
             "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged.",
         },
-        422: {"model": ErrorBody, "description": "Invalid mechanism or parameters. Nothing is charged."},
+        422: {
+            "model": ErrorBody,
+            "description": "Invalid mechanism or parameters. Nothing is charged.",
+        },
     },
 )
 def create_release(

@@ -21,9 +21,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url`` configured for this service's transaction discipline."""
     if not is_sqlite(url):
         return create_engine(url, pool_pre_ping=True, **kwargs)
-    engine = create_engine(
-        url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs
-    )
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -19,7 +19,8 @@ def clip_rows(rows: npt.NDArray[Any], clip_norm: float) -> FloatArray:
     block = np.asarray(rows, dtype=np.float64)
     norms = np.linalg.norm(block, axis=1)
     scale = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
-    return block * scale[:, None]
+    clipped: FloatArray = block * scale[:, None]
+    return clipped
 
 
 def iter_row_chunks(data: npt.NDArray[Any], chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Any:

@@ -39,19 +39,40 @@ def calls(world, keys_by_role):
         "get_dataset": ("GET", f"/v1/datasets/{ds}", {}, {"owner", "analyst"}, 200),
         "get_budget": ("GET", f"/v1/datasets/{ds}/budget", {}, {"owner", "analyst"}, 200),
         "upload": ("POST", "/v1/datasets", upload, {"owner"}, 201),
-        "request_release": ("POST", f"/v1/datasets/{ds}/releases", {"json": release_body}, {"analyst"}, 202),
+        "request_release": (
+            "POST",
+            f"/v1/datasets/{ds}/releases",
+            {"json": release_body},
+            {"analyst"},
+            202,
+        ),
         "get_release": ("GET", f"/v1/releases/{rel}", {}, {"owner", "analyst"}, 200),
         "mechanisms": ("GET", "/v1/mechanisms", {}, set(ROLES), 200),
         "audit": ("GET", "/v1/audit", {}, {"auditor", "admin"}, 200),
         "list_keys": ("GET", "/v1/keys", {}, {"admin"}, 200),
-        "create_key": ("POST", "/v1/keys", {"json": {"role": "analyst", "name": "x"}}, {"admin"}, 201),
+        "create_key": (
+            "POST",
+            "/v1/keys",
+            {"json": {"role": "analyst", "name": "x"}},
+            {"admin"},
+            201,
+        ),
         "delete_dataset": ("DELETE", f"/v1/datasets/{ds}", {}, {"owner"}, 204),
     }
 
 
 ENDPOINTS = [
-    "list_datasets", "get_dataset", "get_budget", "upload", "request_release", "get_release",
-    "mechanisms", "audit", "list_keys", "create_key", "delete_dataset",
+    "list_datasets",
+    "get_dataset",
+    "get_budget",
+    "upload",
+    "request_release",
+    "get_release",
+    "mechanisms",
+    "audit",
+    "list_keys",
+    "create_key",
+    "delete_dataset",
 ]
 
 
@@ -84,7 +105,9 @@ def test_health_needs_no_key(client):
 
 
 def test_created_key_works_once_shown_and_revoked_key_fails(client, keys):
-    created = client.post("/v1/keys", headers=bearer(keys.admin), json={"role": "auditor", "name": "eve"})
+    created = client.post(
+        "/v1/keys", headers=bearer(keys.admin), json={"role": "auditor", "name": "eve"}
+    )
     body = created.json()
     assert body["role"] == "auditor" and body["key"].startswith("dpss_")
     assert client.get("/v1/audit", headers=bearer(body["key"])).status_code == 200
@@ -93,12 +116,16 @@ def test_created_key_works_once_shown_and_revoked_key_fails(client, keys):
     assert body["key"] not in client.get("/v1/keys", headers=bearer(keys.admin)).text
     assert client.delete(f"/v1/keys/{body['id']}", headers=bearer(keys.admin)).status_code == 204
     assert client.get("/v1/audit", headers=bearer(body["key"])).status_code == 401
-    missing = client.delete("/v1/keys/00000000-0000-0000-0000-000000000000", headers=bearer(keys.admin))
+    missing = client.delete(
+        "/v1/keys/00000000-0000-0000-0000-000000000000", headers=bearer(keys.admin)
+    )
     assert missing.status_code == 404
 
 
 def test_key_role_is_validated(client, keys):
-    response = client.post("/v1/keys", headers=bearer(keys.admin), json={"role": "root", "name": "x"})
+    response = client.post(
+        "/v1/keys", headers=bearer(keys.admin), json={"role": "root", "name": "x"}
+    )
     assert response.status_code == 422
     assert response.json()["detail"].startswith("role")
 
@@ -136,7 +163,10 @@ def test_internal_errors_leak_nothing(client, keys, monkeypatch, caplog):
     with caplog.at_level(logging.ERROR):
         response = client.get("/v1/datasets", headers=bearer(keys.owner))
     assert response.status_code == 500
-    assert response.json() == {"error": "internal_error", "detail": "internal error; see the service log"}
+    assert response.json() == {
+        "error": "internal_error",
+        "detail": "internal error; see the service log",
+    }
     assert "3.14159" not in caplog.text
     assert "RuntimeError" in caplog.text
 

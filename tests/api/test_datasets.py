@@ -46,7 +46,9 @@ GOOD_UPLOADS = {
     "npy_float32_fortran": ("x.npy", npy_bytes(np.asfortranarray(MATRIX.astype(np.float32)))),
     "parquet": (
         "x.parquet",
-        parquet_bytes(pa.table({"a": [1.5, 0.0, 4.0], "b": [-2.0, 3.0, 5.5], "c": [0.25, 1.0, -6.0]})),
+        parquet_bytes(
+            pa.table({"a": [1.5, 0.0, 4.0], "b": [-2.0, 3.0, 5.5], "c": [0.25, 1.0, -6.0]})
+        ),
     ),
 }
 
@@ -123,7 +125,14 @@ def test_bad_files_are_refused_and_leave_nothing(client, keys, settings, session
     assert stored_files(settings) == []
     with session_factory() as session:
         assert session.scalar(select(func.count()).select_from(Dataset)) == 0
-        assert session.scalar(select(func.count()).select_from(AuditEvent).where(AuditEvent.event_type == "dataset_created")) == 0
+        assert (
+            session.scalar(
+                select(func.count())
+                .select_from(AuditEvent)
+                .where(AuditEvent.event_type == "dataset_created")
+            )
+            == 0
+        )
 
 
 BAD_FORMS = {
@@ -181,20 +190,30 @@ def test_upload_needs_owner_role_and_reads_nothing(client, keys, settings):
     assert stored_files(settings) == []
 
 
-def test_delete_purges_rows_and_keeps_ledger_and_audit(client, keys, settings, upload_dataset, session_factory):
+def test_delete_purges_rows_and_keeps_ledger_and_audit(
+    client, keys, settings, upload_dataset, session_factory
+):
     dataset = upload_dataset(client, keys.owner, MATRIX)
     assert len(stored_files(settings)) == 1
     response = client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
     assert response.status_code == 204
     assert stored_files(settings) == []
-    assert client.get(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code == 404
+    assert (
+        client.get(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code == 404
+    )
     with session_factory() as session:
         types = list(session.scalars(select(AuditEvent.event_type).order_by(AuditEvent.seq)))
     assert types[-1] == "dataset_deleted"
     release = client.post(
         f"/v1/datasets/{dataset['id']}/releases",
         headers=bearer(keys.analyst),
-        json={"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-6", "params": {"clip_norm": 1}},
+        json={
+            "mechanism": "analyze_gauss",
+            "k": 1,
+            "epsilon": "0.1",
+            "delta": "1e-6",
+            "params": {"clip_norm": 1},
+        },
     )
     assert release.status_code == 409
     assert release.json()["error"] == "dataset_deleted"
@@ -204,7 +223,9 @@ def test_owners_see_only_their_datasets(client, keys, make_key, upload_dataset):
     other_owner = make_key("owner")
     mine = upload_dataset(client, keys.owner, MATRIX)
     assert client.get(f"/v1/datasets/{mine['id']}", headers=bearer(other_owner)).status_code == 404
-    assert client.delete(f"/v1/datasets/{mine['id']}", headers=bearer(other_owner)).status_code == 404
+    assert (
+        client.delete(f"/v1/datasets/{mine['id']}", headers=bearer(other_owner)).status_code == 404
+    )
     assert client.get("/v1/datasets", headers=bearer(other_owner)).json()["items"] == []
     listed = client.get("/v1/datasets", headers=bearer(keys.analyst)).json()["items"]
     assert [item["id"] for item in listed] == [mine["id"]]

@@ -14,14 +14,18 @@ from tests.factories import near_subspace
 def request(client, key, dataset_id, headers=None, **body):
     payload = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7", **body}
     return client.post(
-        f"/v1/datasets/{dataset_id}/releases", headers={**bearer(key), **(headers or {})}, json=payload
+        f"/v1/datasets/{dataset_id}/releases",
+        headers={**bearer(key), **(headers or {})},
+        json=payload,
     )
 
 
 @pytest.fixture
 def dataset(client, keys, upload_dataset, rng):
     data, _ = near_subspace(rng, 200, 6, 2)
-    return upload_dataset(client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0)
+    return upload_dataset(
+        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
+    )
 
 
 def budget(client, key, dataset_id):
@@ -50,7 +54,9 @@ def test_delta_is_budgeted_too(client, keys, dataset):
     assert refused.json()["delta_remaining"] == "0"
 
 
-def test_idempotent_retry_returns_the_same_release_charged_once(client, keys, dataset, session_factory):
+def test_idempotent_retry_returns_the_same_release_charged_once(
+    client, keys, dataset, session_factory
+):
     headers = {"Idempotency-Key": "abc-123"}
     first = request(client, keys.analyst, dataset["id"], headers=headers)
     second = request(client, keys.analyst, dataset["id"], headers=headers)
@@ -140,7 +146,9 @@ def test_release_result_is_an_orthonormal_basis(client, keys, dataset, run_worke
     assert body["attempts"] == 1 and body["finished_at"] is not None
 
 
-def test_releases_are_private_to_their_analyst_and_the_dataset_owner(client, keys, dataset, make_key):
+def test_releases_are_private_to_their_analyst_and_the_dataset_owner(
+    client, keys, dataset, make_key
+):
     release = request(client, keys.analyst, dataset["id"]).json()
     path = f"/v1/releases/{release['id']}"
     assert client.get(path, headers=bearer(keys.analyst)).status_code == 200

@@ -14,6 +14,8 @@ def test_release_round_trip(client, keys, upload_dataset, run_worker, rng):
     )
     assert response.status_code == 202, response.text
     assert run_worker() == 1
-    release = client.get(f"/v1/releases/{response.json()['id']}", headers=bearer(keys.analyst)).json()
+    release = client.get(
+        f"/v1/releases/{response.json()['id']}", headers=bearer(keys.analyst)
+    ).json()
     assert release["status"] == "succeeded"
     assert len(release["result"]["basis"]) == 8
