@@ -9,6 +9,7 @@ from service.mechanisms.base import Mechanism
 from service.mechanisms.exact_gapmax import ExactGapMax
 from service.mechanisms.friendly_aggregate import FriendlyAggregate
 from service.mechanisms.gap_perturbation import GapPerturbation
+from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.smooth_sensitivity import SmoothSensitivity
 from service.mechanisms.spectrum import Spectrum
 
@@ -19,6 +20,7 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
         ExactGapMax(),
         FriendlyAggregate(),
         GapPerturbation(),
+        HistogramAggregate(),
         SmoothSensitivity(),
         Spectrum(),
     )

@@ -1,0 +1,393 @@
+"""M5 ``histogram_aggregate``: subsample-and-aggregate with a stability histogram.
+
+Singhal & Steinke, "Privately Learning Subspaces", NeurIPS 2021, Algorithm 2 (DPASE) and
+Algorithm 3 (boosting); seeds 000/003 (Lemmas 2.15, 4.4, Theorem 4.10).
+
+Privacy: the partition, reference points and grid offsets are public randomness. Replacing one
+row changes one subset, hence one point ``y_j``, hence two cell counts by 1. Each non-empty
+cell gets ``count + Lap(2/eps)`` and only cells above ``T = 1 + (2/eps) ln(1/delta)`` survive: a
+cell present on one side only has count 1 and survives with probability ``<= delta/2``, so the
+histogram is ``(eps, delta)``-DP; the cell's point and its top-k subspace are post-processing.
+Boosting runs this on disjoint groups of rows (parallel composition) and selects among the
+outputs (post-processing). Cost: exactly ``(eps, delta)``.
+
+Choices the paper leaves open (fixed here)
+------------------------------------------
+* ``c2`` of the width rule ``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` is
+  :data:`C2_WIDTH`, fixed by ``bench/simulate_gamma_width.py``: under the paper's model (rows
+  ``N(0, Sigma)``, ``lambda_{k+1} = gamma^2 lambda_k``, q = 2k) the value needed for all ``t``
+  points to share one cell with probability 0.9 grows with ``sqrt(d)`` (the rule has no such
+  factor); C2_WIDTH covers every setting simulated (``d <= 50``, ``k <= 3``).
+* Default ``t``: ``floor(n / (10 k))`` (so ``m >= 10k``), capped at :data:`MAX_DEFAULT_SUBSETS`,
+  refused below ``2T``. An explicit ``t`` must also be ``>= 2T`` and leave ``m >= k``.
+* The released point is the cell centre by default (``point = "uniform"``: a uniform point of the
+  cell, as in the paper). Boosting returns the first group's output (in group order) within
+  ``2 alpha`` of at least ``0.6 T_b - 1`` others, ``T_b = ceil(4 ln(1/beta))``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from service.mechanisms.base import (
+    InvalidParameter,
+    Mechanism,
+    MechanismOutput,
+    MechanismParams,
+    PublicContext,
+    ReleaseSpec,
+)
+from service.mechanisms.linalg import FloatArray, subspace_distance, top_right_singular_vectors
+from service.mechanisms.noise import laplace
+from service.mechanisms.sample_aggregate import (
+    random_partition,
+    reference_embeddings,
+    reference_points,
+    subset_bases,
+)
+
+#: ``c2`` of the width rule, fixed by simulation (``bench/simulate_gamma_width.py``).
+C2_WIDTH = 40.0
+#: Cap on the default number of subsets (memory ``O(t q d)``; more subsets shrink ``m``).
+MAX_DEFAULT_SUBSETS = 2000
+#: Sensitivity of the histogram (two counts change by 1).
+COUNT_SENSITIVITY = 2.0
+
+
+class HistogramAggregateParams(MechanismParams):
+    """Params of ``histogram_aggregate``."""
+
+    t: int | None = Field(
+        default=None, ge=1, description="Number of subsets. Default floor(n/(10k)), at most 2000."
+    )
+    q: int | None = Field(default=None, ge=1, description="Reference points; default 2k, >= k.")
+    cell_width: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Grid cell width w (or give gamma)."
+    )
+    gamma: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Assumed gap sqrt(lambda_{k+1}/lambda_k); sets the cell width (or give "
+        "cell_width).",
+    )
+    point: Literal["center", "uniform"] = Field(
+        default="center", description="Point of the chosen cell: its centre or a uniform point."
+    )
+    boost_beta: float | None = Field(
+        default=None, gt=0, lt=1, description="Boosting failure probability (with boost_alpha)."
+    )
+    boost_alpha: float | None = Field(
+        default=None, gt=0, description="Boosting target spectral error (with boost_beta)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Public calibration
+
+
+def threshold(epsilon: float, delta: float) -> float:
+    """``T = 1 + (2/eps) ln(1/delta)``: a one-sided cell (count 1) passes w.p. ``<= delta/2``."""
+    return 1.0 + COUNT_SENSITIVITY / epsilon * math.log(1.0 / delta)
+
+
+def count_noise_scale(epsilon: float) -> float:
+    """Laplace scale of each noisy count: ``2/eps``."""
+    return COUNT_SENSITIVITY / epsilon
+
+
+def width_from_gamma(gamma: float, d: int, k: int, t: int, m: int, c2: float = C2_WIDTH) -> float:
+    """``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` (seed 003, Algorithm 2)."""
+    return (
+        c2 * gamma * math.sqrt(d * k) * (math.sqrt(k) + math.sqrt(math.log(k * t))) / math.sqrt(m)
+    )
+
+
+def boost_groups(beta: float) -> int:
+    """``T_b = ceil(4 ln(1/beta))`` disjoint groups for boosting."""
+    return max(1, math.ceil(4.0 * math.log(1.0 / beta)))
+
+
+def min_subsets(epsilon: float, delta: float) -> int:
+    """``ceil(2T)``: fewest subsets for which a cell can clear ``T`` with room for the noise."""
+    return math.ceil(2.0 * threshold(epsilon, delta))
+
+
+# ---------------------------------------------------------------------------------------------
+# The mechanism
+
+
+def stability_histogram(
+    points: FloatArray, width: float, epsilon: float, delta: float, rng: np.random.Generator
+) -> tuple[FloatArray, FloatArray] | None:
+    """The heavy cell of a randomly shifted grid, or ``None``.
+
+    Parameters
+    ----------
+    points : (t, D) array
+        One point per subset.
+    width : float
+        Cell width ``w``.
+    epsilon, delta : float
+        Budget of the histogram.
+    rng : numpy.random.Generator
+        Draws the offsets (uniform on ``[0, w)``, one per coordinate) and the noise.
+
+    Returns
+    -------
+    (lower, offsets) : two (D,) arrays, or None
+        The lower corner of the kept cell with the largest noisy count, and the grid offsets;
+        ``None`` when no cell's ``count + Lap(2/eps)`` exceeds ``T``.
+    """
+    offsets = rng.uniform(0.0, width, size=points.shape[1])
+    cells = np.floor((points - offsets) / width)
+    occupied, counts = np.unique(cells, axis=0, return_counts=True)
+    noisy = counts + laplace(count_noise_scale(epsilon), rng, size=counts.shape[0])
+    best = int(np.argmax(noisy))
+    if not noisy[best] > threshold(epsilon, delta):
+        return None
+    lower = np.asarray(offsets + occupied[best] * width, dtype=np.float64)
+    return lower, np.asarray(offsets, dtype=np.float64)
+
+
+def histogram_aggregate_once(
+    data: npt.NDArray[Any],
+    rows: npt.NDArray[np.int64] | None,
+    k: int,
+    epsilon: float,
+    delta: float,
+    t: int,
+    q: int,
+    width: float,
+    point: str,
+    rng: np.random.Generator,
+) -> FloatArray | None:
+    """Algorithm 2 on the rows ``rows`` of ``data`` (all rows when ``None``).
+
+    Parameters
+    ----------
+    data : (n, d) array
+        May be a read-only memory map (subsets are read one group at a time).
+    rows : (n_g,) sorted int array or None
+        The rows this run may use (a boosting group).
+    k, epsilon, delta, t, q, width, point
+        As resolved by ``prepare``; ``m = floor(n_g / t) >= k``.
+    rng : numpy.random.Generator
+        Draw order: partition, reference points, grid offsets, count noise, uniform point.
+
+    Returns
+    -------
+    (d, k) array or None
+        Top-k right singular vectors of the chosen cell's point reshaped to ``q x d``.
+    """
+    d = data.shape[1]
+    partition = random_partition(data.shape[0] if rows is None else rows.shape[0], t, rng)
+    if rows is not None:
+        partition = rows[partition]
+    bases = subset_bases(data, partition, k)
+    embedded = reference_embeddings(bases, reference_points(q, d, rng))  # (t, q d)
+    found = stability_histogram(embedded, width, epsilon, delta, rng)
+    if found is None:
+        return None
+    lower, _ = found
+    if point == "uniform":
+        chosen = lower + rng.uniform(0.0, width, size=lower.shape[0])
+    else:
+        chosen = lower + width / 2.0
+    return top_right_singular_vectors(chosen.reshape(q, d), k)
+
+
+def select_boosted(bases: list[FloatArray | None], alpha: float) -> tuple[int, int] | None:
+    """Algorithm 3's selection: the first output within ``2 alpha`` of ``>= 0.6 T_b - 1`` others.
+
+    Returns ``(index, agreeing)`` or ``None``; ``None`` entries (failed groups) agree with nothing.
+    """
+    n_groups = len(bases)
+    needed = 0.6 * n_groups - 1.0
+    for i, basis in enumerate(bases):
+        if basis is None:
+            continue
+        agreeing = sum(
+            1
+            for j, other in enumerate(bases)
+            if j != i and other is not None and subspace_distance(basis, other) <= 2.0 * alpha
+        )
+        if agreeing >= needed:
+            return i, agreeing
+    return None
+
+
+def histogram_aggregate(
+    data: npt.NDArray[Any],
+    k: int,
+    epsilon: float,
+    delta: float,
+    t: int,
+    q: int,
+    width: float,
+    point: str,
+    rng: np.random.Generator,
+    boost: tuple[float, float] | None = None,
+) -> tuple[FloatArray | None, dict[str, Any]]:
+    """Algorithm 2, or Algorithm 3 when ``boost = (beta, alpha)``.
+
+    Parameters
+    ----------
+    data : (n, d) array
+    k, epsilon, delta : subspace dimension and budget.
+    t, q, width, point : resolved parameters (``t`` subsets per run).
+    rng : numpy.random.Generator
+    boost : (beta, alpha) or None
+
+    Returns
+    -------
+    basis : (d, k) array or None
+    info : dict
+        ``agreeing`` (boosting only; a post-processing of private outputs) or a failure note.
+    """
+    if boost is None:
+        return histogram_aggregate_once(data, None, k, epsilon, delta, t, q, width, point, rng), {}
+    beta, alpha = boost
+    n_groups = boost_groups(beta)
+    size = data.shape[0] // n_groups
+    groups = np.sort(rng.permutation(data.shape[0])[: n_groups * size].reshape(n_groups, size))
+    outputs = [
+        histogram_aggregate_once(data, g, k, epsilon, delta, t, q, width, point, rng)
+        for g in groups.astype(np.int64)
+    ]
+    picked = select_boosted(outputs, alpha)
+    if picked is None:
+        return None, {"groups_with_result": sum(o is not None for o in outputs)}
+    index, agreeing = picked
+    return outputs[index], {"agreeing": agreeing}
+
+
+class HistogramAggregate(Mechanism[HistogramAggregateParams]):
+    name: ClassVar[str] = "histogram_aggregate"
+    title: ClassVar[str] = "Subsample-and-aggregate with a stability histogram"
+    paper: ClassVar[str] = (
+        "Singhal & Steinke, Privately Learning Subspaces, NeurIPS 2021, Algorithms 2 and 3"
+    )
+    summary: ClassVar[str] = (
+        "For data very close to a k-dimensional subspace in moderate dimension: splits the rows "
+        "into t subsets, projects public Gaussian reference points onto each subset's top-k "
+        "subspace, and releases the subspace of the heaviest cell of a randomly shifted grid "
+        "(stability histogram). Needs cell_width or the assumed gap gamma. No clipping."
+    )
+    params_model: ClassVar[type[HistogramAggregateParams]] = HistogramAggregateParams
+
+    def prepare(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: HistogramAggregateParams,
+    ) -> HistogramAggregateParams:
+        self.check_common(ctx, k, epsilon, delta)
+        if (params.cell_width is None) == (params.gamma is None):
+            raise InvalidParameter(
+                "cell_width", "give exactly one of cell_width and gamma (the assumed gap)"
+            )
+        if (params.boost_beta is None) != (params.boost_alpha is None):
+            raise InvalidParameter(
+                "boost_beta", "boosting needs both boost_beta and boost_alpha (or neither)"
+            )
+        q = 2 * k if params.q is None else params.q
+        if q < k:
+            raise InvalidParameter("q", f"is {q}, below k = {k} (short by {k - q})")
+        n_groups = 1 if params.boost_beta is None else boost_groups(params.boost_beta)
+        rows = ctx.n_rows // n_groups
+        where = "" if n_groups == 1 else f" in each of the {n_groups} boosting groups"
+        t_min = min_subsets(epsilon, delta)
+        if params.t is not None:
+            t = params.t
+            if t < t_min:
+                raise InvalidParameter(
+                    "t",
+                    f"is {t}, below 2T = {t_min} for epsilon={epsilon:g}, delta={delta:g} "
+                    f"(short by {t_min - t}): no cell could clear T reliably",
+                )
+            if rows // t < k:
+                raise InvalidParameter(
+                    "t",
+                    f"{t} subsets of the {rows} rows{where} leave {rows // t} rows each, "
+                    f"below k = {k}; at most {rows // k} subsets",
+                )
+        else:
+            t = min(rows // (10 * k), MAX_DEFAULT_SUBSETS)
+            if t < t_min:
+                needed = 10 * k * t_min * n_groups
+                raise InvalidParameter(
+                    "n_rows",
+                    f"the dataset has {ctx.n_rows} rows; {t_min} subsets (2T for "
+                    f"epsilon={epsilon:g}, delta={delta:g}) of 10k = {10 * k} rows{where} need "
+                    f"{needed} (short by {needed - ctx.n_rows}); raise epsilon or delta"
+                    + ("" if n_groups == 1 else " or boost_beta"),
+                )
+        return params.model_copy(update={"t": t, "q": q})
+
+    @staticmethod
+    def cell_width_for(
+        params: HistogramAggregateParams, n: int, d: int, k: int
+    ) -> tuple[float, int]:
+        """The public cell width and the rows per subset ``m`` for resolved ``params``."""
+        assert params.t is not None
+        n_groups = 1 if params.boost_beta is None else boost_groups(params.boost_beta)
+        m = (n // n_groups) // params.t
+        if params.cell_width is not None:
+            return params.cell_width, m
+        assert params.gamma is not None
+        return width_from_gamma(params.gamma, d, k, params.t, m), m
+
+    def run(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[HistogramAggregateParams],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        params = spec.params
+        assert params.t is not None and params.q is not None  # resolved by prepare
+        n, d = data.shape
+        width, m = self.cell_width_for(params, n, d, spec.k)
+        boost = (
+            None
+            if params.boost_beta is None or params.boost_alpha is None
+            else (params.boost_beta, params.boost_alpha)
+        )
+        basis, info = histogram_aggregate(
+            data,
+            spec.k,
+            spec.epsilon,
+            spec.delta,
+            params.t,
+            params.q,
+            width,
+            params.point,
+            rng,
+            boost,
+        )
+        extras: dict[str, Any] = {
+            "t": params.t,
+            "m": m,
+            "q": params.q,
+            "cell_width": width,
+            "threshold": threshold(spec.epsilon, spec.delta),
+            **info,
+        }
+        if boost is not None:
+            extras["groups"] = boost_groups(boost[0])
+        if basis is None:
+            reason = (
+                "no histogram cell's noisy count exceeded the threshold: the subsets' subspaces "
+                "do not agree at this cell width"
+                if boost is None
+                else "too few boosting groups agreed within 2 boost_alpha"
+            )
+            return MechanismOutput.no_result(reason, **extras)
+        return MechanismOutput(basis=basis, extras=extras)
