@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import timedelta
 
 import numpy as np
@@ -159,7 +160,9 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
     def status() -> tuple[str, str | None]:
         with factory() as session:
             row = session.execute(
-                select(Release.status, Release.lease_owner).where(Release.id == release["id"])
+                select(Release.status, Release.lease_owner).where(
+                    Release.id == uuid.UUID(release["id"])
+                )
             ).one()
             return row[0], row[1]
 
