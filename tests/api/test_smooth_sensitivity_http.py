@@ -1,0 +1,97 @@
+"""Issue 3, done-when for smooth_sensitivity through HTTP: the Gaussian variant at n = 20,000
+and the pure Cauchy variant at n = 200,000 (median over a few releases), near a 3-dim subspace
+of R^20 at epsilon = 1."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service import worker as worker_module
+from service.config import Settings
+from service.mechanisms.linalg import subspace_distance
+from tests.conftest import bearer
+from tests.mechanisms.synthetic import near_subspace
+
+SEED = 200
+
+
+@pytest.fixture(autouse=True)
+def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
+    # thresholds below hold for almost every seed; see the comments).
+    seeds = itertools.count(SEED)
+    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
+    monkeypatch.setattr(worker_module, "secure_generator", seeded)
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    # 200,000 x 20 float64 is 32 MB; the shared fixture caps uploads at 5 MB.
+    return settings.model_copy(update={"max_upload_mb": 64})
+
+
+def request_release(client: Any, key: str, dataset_id: str, **body: Any) -> str:
+    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def fetch(client: Any, key: str, release_id: str) -> Any:
+    return client.get(f"/v1/releases/{release_id}", headers=bearer(key)).json()
+
+
+def test_gaussian_variant_succeeds_with_small_error(client, keys, upload_dataset, run_worker):
+    data, basis = near_subspace(20_000, 20, 3, seed=31)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    release_id = request_release(
+        client,
+        keys.analyst,
+        dataset["id"],
+        mechanism="smooth_sensitivity",
+        k=3,
+        epsilon="1",
+        delta="1e-6",
+    )
+    assert run_worker() == 1
+    result = fetch(client, keys.analyst, release_id)
+    assert result["status"] == "succeeded", result
+    assert result["result"]["extras"] == {"variant": "gaussian"}
+    # A faithful implementation gives ~0.04 here.
+    assert subspace_distance(np.array(result["result"]["basis"]), basis) < 0.08
+
+
+def test_pure_cauchy_variant_median_error_is_small_and_charged_pure(
+    client, keys, upload_dataset, run_worker
+):
+    data, basis = near_subspace(200_000, 20, 3, seed=32)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0, epsilon_budget="7")
+    ids = [
+        request_release(
+            client,
+            keys.analyst,
+            dataset["id"],
+            mechanism="smooth_sensitivity",
+            k=3,
+            epsilon="1",
+            delta="0",
+        )
+        for _ in range(7)
+    ]
+    assert run_worker() == 7
+    errors = []
+    for release_id in ids:
+        result = fetch(client, keys.analyst, release_id)
+        assert result["status"] == "succeeded", result
+        assert result["result"]["extras"] == {"variant": "cauchy"}
+        assert result["delta"] == "0"
+        errors.append(subspace_distance(np.array(result["result"]["basis"]), basis))
+    # Heavy tails: over 2000 simulated releases the quartiles were 0.045, 0.079, 0.17 and 10%
+    # exceeded 0.39; a median of 7 above 0.4 has probability ~0.2%.
+    assert float(np.median(errors)) < 0.4
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "7"
+    assert budget.json()["delta_spent"] == "0"
