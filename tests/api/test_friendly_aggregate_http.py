@@ -1,0 +1,109 @@
+"""Issue 5, done-when for friendly_aggregate through HTTP: with default parameters and no radius,
+20,000 rows within 1e-5 of a 3-dim subspace of R^300 (norm <= 1) at eps = 1, delta = 1e-6 give a
+subspace within 0.01 of the truth and ten times closer than analyze_gauss at the same budget.
+Also: refusals decided from public facts are 422 and charge nothing."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service import worker as worker_module
+from service.config import Settings
+from service.mechanisms.linalg import subspace_distance
+from tests.conftest import bearer
+from tests.mechanisms.test_friendly_aggregate import near_subspace
+
+SEED = 500
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_urls: dict[str, str], backend: str) -> Settings:
+    # The done-when dataset is 20,000 x 300 doubles (46 MiB): above the shared fixture's 5 MiB.
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_urls[backend],
+        worker_heartbeat_seconds=3600,
+        max_upload_mb=64,
+        admin_api_key=None,
+    )
+
+
+@pytest.fixture(autouse=True)
+def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reproducible CI: seeded generators instead of the OS-keyed ChaCha. The outcome holds for
+    # almost every seed (errors ~5e-4 against ~0.05; the radius search stops spuriously early,
+    # giving no_result, with probability ~2% at t = 666).
+    seeds = itertools.count(SEED)
+    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
+    monkeypatch.setattr(worker_module, "secure_generator", seeded)
+
+
+def release(client: Any, key: str, dataset_id: str, run_worker: Any, **body: Any) -> Any:
+    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
+    assert response.status_code == 202, response.text
+    assert run_worker() == 1
+    return client.get(f"/v1/releases/{response.json()['id']}", headers=bearer(key)).json()
+
+
+def test_done_when_beats_analyze_gauss_tenfold(client, keys, upload_dataset, run_worker):
+    data, basis = near_subspace(20_000, 300, 3, 1e-5, seed=31)
+    assert np.linalg.norm(data, axis=1).max() <= 1.0
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    budget = {"k": 3, "epsilon": "1", "delta": "1e-6"}
+
+    friendly = release(
+        client, keys.analyst, dataset["id"], run_worker, mechanism="friendly_aggregate", **budget
+    )
+    assert friendly["status"] == "succeeded", friendly
+    released = np.array(friendly["result"]["basis"])
+    assert released.shape == (300, 3)
+    error = subspace_distance(released, basis)
+    assert error < 0.01
+    extras = friendly["result"]["extras"]
+    assert extras["t"] == 666 and extras["q"] == 6 and extras["radius_searched"] is True
+
+    gauss = release(
+        client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **budget
+    )
+    assert gauss["status"] == "succeeded", gauss
+    gauss_error = subspace_distance(np.array(gauss["result"]["basis"]), basis)
+    assert 10 * error < gauss_error
+
+
+def test_too_few_rows_is_refused_before_charging(client, keys, upload_dataset):
+    rng = np.random.default_rng(32)
+    data = rng.standard_normal((2000, 10)) / 4
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "friendly_aggregate", "k": 3, "epsilon": "1", "delta": "1e-6"},
+    )
+    assert response.status_code == 422, response.text
+    assert "n >= " in response.text
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "0"
+
+
+def test_projection_refused_in_high_dimension(client, keys, upload_dataset):
+    rng = np.random.default_rng(33)
+    data = rng.standard_normal((50, 1001)) / 40
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={
+            "mechanism": "friendly_aggregate",
+            "k": 2,
+            "epsilon": "1",
+            "delta": "1e-6",
+            "params": {"aggregator": "projection"},
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert "reference_points" in response.text
