@@ -488,24 +488,24 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             aggregator=params.aggregator,
             radius=params.radius,
         )
+        # Raw noisy doubles (W_low, and sigma, which is a function of it) are not returned: see
+        # the floating-point note in noise.py. The radius is a point of the public grid.
         extras: dict[str, Any] = {
             "t": params.t,
             "aggregator": params.aggregator,
             "radius": result.radius,
             "radius_searched": params.radius is None,
             "radius_exponent": result.radius_exponent,
-            "weight_low": result.weight_low,
         }
         if params.q is not None:
             extras["q"] = params.q
         if result.basis is None:
             sens = weight_sensitivity(params.t, ramp_width(params.t))
             return MechanismOutput.no_result(
-                f"the subsets' subspaces do not agree enough at radius {result.radius:.3g}: "
-                f"the noisy lower bound on the total weight, {result.weight_low:.1f}, is below "
-                f"the floor {weight_floor(sens):.2f} (data not close enough to a "
-                f"{spec.k}-dimensional subspace, or too few rows for this budget)",
+                f"the subsets' subspaces do not agree enough at radius {result.radius:.3g}: the "
+                f"noisy lower bound on the total weight is below the floor {weight_floor(sens):.2f}"
+                f" (data not close enough to a {spec.k}-dimensional subspace, or too few rows "
+                "for this budget)",
                 **extras,
             )
-        extras["noise_sigma"] = result.noise_sigma
         return MechanismOutput(basis=result.basis, extras=extras)

@@ -390,7 +390,7 @@ def test_no_result_when_subsets_disagree() -> None:
     out = mech.run(data, ReleaseSpec(2, 1.0, 1e-6, params), np.random.default_rng(17))
     assert out.basis is None
     assert out.no_result_reason is not None and "do not agree" in out.no_result_reason
-    assert out.extras["radius"] == 0.01 and out.extras["weight_low"] < 6.0
+    assert out.extras["radius"] == 0.01 and "weight_low" not in out.extras
 
 
 def test_search_on_isotropic_data_gives_no_result_or_a_large_radius() -> None:
