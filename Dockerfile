@@ -32,6 +32,15 @@ COPY service ./service
 RUN /opt/dpss/bin/pip install --no-deps . \
     && /opt/dpss/bin/dpss --help >/dev/null
 
+# Nothing below is needed at run time: the bundled test suites of the numerical packages, and
+# the installer itself (about 70 MB).
+RUN site=$(/opt/dpss/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+    && for pkg in numpy scipy pyarrow randomgen; do \
+           find "$site/$pkg" -depth -type d -name tests -exec rm -rf {} +; \
+       done \
+    && /opt/dpss/bin/python -m pip uninstall --yes --quiet pip setuptools \
+    && /opt/dpss/bin/dpss --help >/dev/null
+
 # ---- final stage: the interpreter, the virtualenv and an unprivileged user; no compilers -------
 FROM python:3.11-slim-bookworm
 

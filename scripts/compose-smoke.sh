@@ -112,7 +112,7 @@ cid() {
 }
 psql_db() {
   "$engine" exec -e PGPASSWORD="$pg_password" "$(cid db)" \
-    psql -h 127.0.0.1 -U dpss -d dpss -At -v ON_ERROR_STOP=1 -c "$1"
+    psql -h 127.0.0.1 -U postgres -d dpss -At -v ON_ERROR_STOP=1 -c "$1"
 }
 smoke_py() { python3 "$work/smoke.py" "$@"; }
 
@@ -427,7 +427,10 @@ export SMOKE_KILL_N=$kill_n SMOKE_KILL_D=$kill_d
 # ---- build ---------------------------------------------------------------------------------
 phase "build image $image"
 "${compose[@]}" down -v --remove-orphans >"$work/compose.log" 2>&1 || true # a previous aborted run
-"$engine" build -t "$image" "$root" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; fail "image build failed"; }
+# podman writes OCI images by default, a format without HEALTHCHECK: ask for Docker's format.
+build_args=()
+[[ $engine == podman ]] && build_args=(--format docker)
+"$engine" build "${build_args[@]}" -t "$image" "$root" >"$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; fail "image build failed"; }
 log "image size: $("$engine" image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}')"
 
 phase "image checks"
@@ -450,16 +453,21 @@ log "user $user (uid $uid), no compiler, no secret, HEALTHCHECK on /healthz"
 # ---- up --------------------------------------------------------------------------------------
 phase "stack up (db, migrate, api, 2 workers)"
 stack_up=1
-# The database first, waited for here: podman before 4.6 ignores `condition: service_healthy`,
-# so under podman-compose the migration would otherwise race the database's first start.
-"${compose[@]}" up -d db >>"$work/compose.log" 2>&1 || fail "compose up db failed"
-for ((i = 0; ; i++)); do
-  "$engine" exec "$(cid db)" pg_isready -h 127.0.0.1 -p 5432 -U dpss -d dpss >/dev/null 2>&1 && break
-  ((i < 120)) || fail "database not ready after 120s"
-  sleep 1
-done
-log "database ready"
-"${compose[@]}" up -d >>"$work/compose.log" 2>&1 || fail "compose up failed"
+if [[ $engine == docker ]]; then
+  # What a user runs: compose orders db (healthy) -> migrate (exit 0) -> api, workers.
+  "${compose[@]}" up -d >>"$work/compose.log" 2>&1 || fail "compose up failed"
+else
+  # The same order, step by step: podman before 4.6 ignores `condition: service_healthy`, and
+  # podman 4.3 cannot start a container whose dependency has a dependency (api -> migrate -> db).
+  "${compose[@]}" up -d db >>"$work/compose.log" 2>&1 || fail "compose up db failed"
+  for ((i = 0; ; i++)); do
+    "$engine" exec "$(cid db)" pg_isready -h 127.0.0.1 -p 5432 -U postgres -d dpss >/dev/null 2>&1 && break
+    ((i < 120)) || fail "database not ready after 120s"
+    sleep 1
+  done
+  log "database ready"
+  "${compose[@]}" up -d --no-deps migrate >>"$work/compose.log" 2>&1 || fail "compose up migrate failed"
+fi
 for ((i = 0; ; i++)); do
   state=$("$engine" inspect -f '{{.State.Status}} {{.State.ExitCode}}' "$(cid migrate -a)")
   [[ $state == exited* ]] && break
@@ -467,6 +475,9 @@ for ((i = 0; ; i++)); do
   sleep 1
 done
 [[ $state == "exited 0" ]] || fail "migration failed ($state)"
+if [[ $engine == podman ]]; then
+  "${compose[@]}" up -d --no-deps api worker >>"$work/compose.log" 2>&1 || fail "compose up api worker failed"
+fi
 [[ $(psql_db "select count(*) from alembic_version") == 1 ]] || fail "no alembic_version row after migrate"
 log "migrate ran and exited 0 (alembic head $(psql_db 'select version_num from alembic_version'))"
 for ((i = 0; ; i++)); do
