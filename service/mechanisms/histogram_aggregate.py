@@ -14,10 +14,12 @@ outputs (post-processing). Cost: exactly ``(eps, delta)``.
 Choices the paper leaves open (fixed here)
 ------------------------------------------
 * ``c2`` of the width rule ``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` is
-  :data:`C2_WIDTH`, fixed by ``bench/simulate_gamma_width.py``: under the paper's model (rows
-  ``N(0, Sigma)``, ``lambda_{k+1} = gamma^2 lambda_k``, q = 2k) the value needed for all ``t``
-  points to share one cell with probability 0.9 grows with ``sqrt(d)`` (the rule has no such
-  factor); C2_WIDTH covers every setting simulated (``d <= 50``, ``k <= 3``).
+  :data:`C2_WIDTH` = 40, fixed by ``bench/simulate_gamma_width.py`` under the paper's model (rows
+  ``N(0, Sigma)``, ``lambda_{k+1} = gamma^2 lambda_k``, ``q = 2k``): it is the smallest round
+  value for which, in every setting simulated (``d <= 20``, ``k <= 3``, ``m in {10k, 40k}``),
+  some cell holds ``>= t/2`` of the points with probability ``>= 0.9`` over the offsets (needed
+  values 4-30). Having *all* ``t`` points in one cell would need 70-440, growing like
+  ``sqrt(qd)``, which the rule does not model; in higher ``d`` give ``cell_width`` instead.
 * Default ``t``: ``floor(n / (10 k))`` (so ``m >= 10k``), capped at :data:`MAX_DEFAULT_SUBSETS`,
   refused below ``2T``. An explicit ``t`` must also be ``>= 2T`` and leave ``m >= k``.
 * The released point is the cell centre by default (``point = "uniform"``: a uniform point of the

@@ -1,0 +1,237 @@
+"""Tests of M5 ``histogram_aggregate``: calibration, utility, no-result paths, privacy audit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from service.mechanisms import histogram_aggregate as mod
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.histogram_aggregate import (
+    C2_WIDTH,
+    MAX_DEFAULT_SUBSETS,
+    HistogramAggregate,
+    HistogramAggregateParams,
+    boost_groups,
+    count_noise_scale,
+    min_subsets,
+    select_boosted,
+    stability_histogram,
+    threshold,
+    width_from_gamma,
+)
+from tests.mechanisms.privacy_audit import audit
+
+EPS, DELTA = 1.0, 1e-6
+MECH = HistogramAggregate()
+
+
+def subspace(d: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    return np.linalg.qr(rng.standard_normal((d, k)))[0]
+
+
+def near_subspace(
+    n: int, basis: np.ndarray, distance: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Points in span(basis) plus an orthogonal offset of norm at most ``distance``."""
+    d, k = basis.shape
+    rows = rng.standard_normal((n, k)) @ basis.T
+    off = rng.standard_normal((n, d))
+    off -= off @ basis @ basis.T
+    off *= distance * rng.uniform(0, 1, (n, 1)) / np.linalg.norm(off, axis=1, keepdims=True)
+    return rows + off
+
+
+def projector_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a @ a.T - b @ b.T, 2))
+
+
+def release(data: np.ndarray, k: int, rng: np.random.Generator, **params: object):  # type: ignore[no-untyped-def]
+    n, d = data.shape
+    resolved = MECH.prepare(
+        PublicContext(n, d, None), k, EPS, DELTA, HistogramAggregateParams(**params)
+    )
+    return MECH.run(data, ReleaseSpec(k, EPS, DELTA, resolved), rng)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(1.0, 1e-6), (0.5, 1e-9), (4.0, 1e-5)])
+def test_threshold_and_count_noise(eps: float, delta: float) -> None:
+    t_value = threshold(eps, delta)
+    assert t_value == pytest.approx(1 + (2 / eps) * math.log(1 / delta))
+    assert count_noise_scale(eps) == 2 / eps
+    # A cell present on one side only (count 1) passes T with probability exactly delta/2.
+    assert 0.5 * math.exp(-(t_value - 1) / count_noise_scale(eps)) == pytest.approx(delta / 2)
+    assert min_subsets(eps, delta) == math.ceil(2 * t_value)
+
+
+def test_width_rule_and_boost_groups() -> None:
+    d, k, t, m = 10, 2, 1000, 20
+    expected = C2_WIDTH * 1e-6 * math.sqrt(d * k) * (math.sqrt(k) + math.sqrt(math.log(k * t)))
+    assert width_from_gamma(1e-6, d, k, t, m) == pytest.approx(expected / math.sqrt(m))
+    assert boost_groups(0.1) == math.ceil(4 * math.log(10)) == 10
+    assert boost_groups(0.5) == 3
+
+
+def test_prepare_defaults_and_refusals() -> None:
+    ctx = PublicContext(20_000, 10, None)
+    params = MECH.prepare(ctx, 2, EPS, DELTA, HistogramAggregateParams(gamma=1e-6))
+    assert (params.t, params.q) == (1000, 4)
+    big = MECH.prepare(
+        PublicContext(10**6, 10, None), 2, EPS, DELTA, HistogramAggregateParams(cell_width=1.0)
+    )
+    assert big.t == MAX_DEFAULT_SUBSETS
+    refusals = [
+        (HistogramAggregateParams(), "cell_width"),
+        (HistogramAggregateParams(gamma=1e-6, cell_width=1.0), "cell_width"),
+        (HistogramAggregateParams(gamma=1e-6, boost_beta=0.1), "boost_beta"),
+        (HistogramAggregateParams(gamma=1e-6, q=1), "q"),
+        (HistogramAggregateParams(gamma=1e-6, t=50), "t"),
+        (HistogramAggregateParams(gamma=1e-6, t=15_000), "t"),
+    ]
+    for raw, field in refusals:
+        with pytest.raises(InvalidParameter) as err:
+            MECH.prepare(ctx, 2, EPS, DELTA, raw)
+        assert err.value.field == field
+    with pytest.raises(InvalidParameter) as err:
+        MECH.prepare(
+            PublicContext(1000, 10, None), 2, EPS, DELTA, HistogramAggregateParams(gamma=1)
+        )
+    assert err.value.field == "n_rows" and "short by 160" in err.value.message  # 20 * 58 - 1000
+    with pytest.raises(InvalidParameter):
+        MECH.prepare(ctx, 2, EPS, 0.0, HistogramAggregateParams(gamma=1e-6))
+
+
+def test_stability_histogram_heavy_and_empty() -> None:
+    rng = np.random.default_rng(0)
+    same = np.tile(rng.standard_normal(6), (100, 1))
+    found = stability_histogram(same, 0.5, EPS, DELTA, rng)
+    assert found is not None
+    lower, _ = found
+    assert np.all((lower <= same[0]) & (same[0] < lower + 0.5))
+    scattered = rng.standard_normal((100, 6)) * 100  # one point per cell
+    assert stability_histogram(scattered, 0.5, EPS, DELTA, rng) is None
+
+
+def test_select_boosted() -> None:
+    rng = np.random.default_rng(1)
+    good = subspace(5, 2, rng)
+    others = [subspace(5, 2, rng) for _ in range(4)]
+    # Six outputs: an output needs 0.6 * 6 - 1 = 2.6, so 3, others within 2 alpha.
+    assert select_boosted([others[0], good, good, None, good, others[1]], 0.01) is None
+    assert select_boosted([others[0], good, good, None, good, good], 0.01) == (1, 3)
+    assert select_boosted([None, others[2], others[3]], 0.01) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Utility
+
+
+def test_near_exact_done_when() -> None:
+    """The issue's scenario: 20,000 points within 1e-6 of a 2-dim subspace of R^10, gamma = 1e-6."""
+    rng = np.random.default_rng(2)
+    plane = subspace(10, 2, rng)
+    out = release(near_subspace(20_000, plane, 1e-6, rng), 2, rng, gamma=1e-6)
+    assert out.basis is not None
+    assert projector_error(out.basis, plane) < 0.01
+    assert out.extras["t"] == 1000 and out.extras["m"] == 20
+
+
+def test_exact_data_and_uniform_point() -> None:
+    rng = np.random.default_rng(3)
+    space = subspace(8, 3, rng)
+    data = near_subspace(3000, space, 0.0, rng)
+    for point in ("center", "uniform"):
+        out = release(data, 3, rng, cell_width=1e-4, point=point)
+        assert out.basis is not None and projector_error(out.basis, space) < 1e-3
+
+
+def test_boosting_recovers() -> None:
+    rng = np.random.default_rng(4)
+    plane = subspace(10, 2, rng)
+    data = near_subspace(20_000, plane, 1e-6, rng)
+    out = release(data, 2, rng, gamma=1e-6, boost_beta=0.1, boost_alpha=0.01)
+    assert out.basis is not None and projector_error(out.basis, plane) < 0.02
+    assert out.extras["groups"] == 10 and out.extras["agreeing"] >= 5
+
+
+@pytest.mark.slow
+def test_near_exact_repeated() -> None:
+    rng = np.random.default_rng(5)
+    errors = []
+    for _ in range(30):
+        plane = subspace(10, 2, rng)
+        out = release(near_subspace(20_000, plane, 1e-6, rng), 2, rng, gamma=1e-6)
+        assert out.basis is not None
+        errors.append(projector_error(out.basis, plane))
+    assert max(errors) < 0.01
+
+
+# ---------------------------------------------------------------------------------------------
+# No-result paths
+
+
+def test_general_position_gives_no_result() -> None:
+    rng = np.random.default_rng(6)
+    out = release(rng.standard_normal((4000, 10)), 2, rng, gamma=1e-6)
+    assert out.basis is None and "threshold" in (out.no_result_reason or "")
+
+
+def test_boosting_no_result() -> None:
+    rng = np.random.default_rng(7)
+    out = release(
+        rng.standard_normal((12_000, 6)), 1, rng, gamma=1e-6, boost_beta=0.5, boost_alpha=0.01
+    )
+    assert out.basis is None and out.no_result_reason is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Empirical privacy audit
+
+
+def boundary_pair(heavy: int, t: int = 60) -> tuple[np.ndarray, np.ndarray]:
+    """``t`` one-row subsets (k = 1, d = 2): ``heavy`` rows on one line, the rest scattered.
+
+    The line's cell has count ``heavy``; the neighbour moves one of its rows off the line
+    (count ``heavy - 1``). With ``heavy`` near ``T`` the release event is most sensitive.
+    """
+    rng = np.random.default_rng(8)
+    angles = np.r_[np.zeros(heavy), rng.uniform(0.3, np.pi - 0.3, t - heavy)]
+    data = np.c_[np.cos(angles), np.sin(angles)] * rng.uniform(0.5, 2.0, (t, 1))
+    neighbour = data.copy()
+    neighbour[0] = [math.cos(0.2), math.sin(0.2)]
+    return data, neighbour
+
+
+def run_audit(runs: int) -> float:
+    heavy = math.ceil(threshold(EPS, DELTA))
+    data, neighbour = boundary_pair(heavy)
+    params = MECH.prepare(
+        PublicContext(60, 2, None), 1, EPS, DELTA, HistogramAggregateParams(t=60, cell_width=1e-3)
+    )
+    spec = ReleaseSpec(1, EPS, DELTA, params)
+
+    def mechanism(x: np.ndarray, rng: np.random.Generator) -> bool:
+        return MECH.run(x, spec, rng).basis is not None
+
+    return audit(mechanism, data, neighbour, bool, runs, DELTA, seed=9).eps_lower_bound
+
+
+def test_audit_short() -> None:
+    assert run_audit(300) <= EPS
+
+
+@pytest.mark.slow
+def test_audit_long() -> None:
+    assert run_audit(5000) <= EPS
+
+
+def test_audit_negative_control(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = mod.count_noise_scale
+    monkeypatch.setattr(mod, "count_noise_scale", lambda eps: real(eps) / 10)
+    assert run_audit(300) > EPS
