@@ -76,9 +76,11 @@ def projector(basis: FloatArray) -> FloatArray:
 def subspace_distance(basis_a: FloatArray, basis_b: FloatArray) -> float:
     """Spectral distance ``||U U^T - V V^T||_2`` between two subspaces of equal dimension.
 
-    Equals the sine of the largest principal angle: ``sqrt(1 - sigma_min(U^T V)^2)``.
+    For equal dimensions it equals ``||(I - U U^T) V||_2``, the sine of the largest principal
+    angle; computing the residual directly keeps full relative precision for tiny angles,
+    where ``sqrt(1 - cos^2)`` would bottom out near 1e-8.
     """
     if basis_a.shape != basis_b.shape:
         raise ValueError("subspaces must have the same shape")
-    sigma_min = float(np.linalg.svd(basis_a.T @ basis_b, compute_uv=False).min())
-    return float(np.sqrt(max(0.0, 1.0 - min(1.0, sigma_min) ** 2)))
+    residual = basis_b - basis_a @ (basis_a.T @ basis_b)
+    return float(min(1.0, np.linalg.norm(residual, 2)))
