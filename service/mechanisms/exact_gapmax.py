@@ -25,8 +25,9 @@ Where this module makes choices the paper leaves open
   regime of Lemma 3.5 this rule changes nothing.
 * **Sample size.** ``n0 = sample_rows`` defaults to the largest ``n0 <= n`` with scoring work
   ``C(n0, k) * n0 * d <= MAX_SCORING_WORK`` (module constant, ``2e9``; at the cap one release
-  on data in general position took 11 s for k = 2 and 36 s for k = 3, d = 10, on a loaded core), and the release is refused unless ``n0 >= n_min``, where ``n_min`` is the
-  bound of Lemma 3.5, ``3l + 8 ln(1/delta)/eps + 2``, sharpened to the exact truncation bound:
+  on data in general position took 11 s for k = 2 and 36 s for k = 3, d = 10, on a loaded
+  core), and the release is refused unless ``n0 >= n_min``, where ``n_min`` is the bound of
+  Lemma 3.5, ``3l + 8 ln(1/delta)/eps + 2``, sharpened to the exact truncation bound:
   recovery needs ``n0 - 2l - u(NULL) - 1 > 2A``. Both are public.
 * **Candidates and deduplication.** A k-subset is a candidate when its unit rows have numerical
   rank k (every ``|R_ii|`` of their QR above ``RANK_TOL``). Every candidate is the span of the
