@@ -128,6 +128,13 @@ dump_logs() {
   fi
 }
 
+remove_stack() {
+  # Containers first with their anonymous volumes (the image declares its data directory a
+  # volume; podman-compose's `down -v` removes only the named ones), then volumes and network.
+  "$engine" ps -aq --filter "label=com.docker.compose.project=$project" | xargs -r "$engine" rm -f -v >/dev/null 2>&1
+  "${compose[@]}" down -v --remove-orphans >>"$work/compose.log" 2>&1
+}
+
 teardown() {
   local rc=$?
   trap - EXIT INT TERM
@@ -137,8 +144,7 @@ teardown() {
     log "DPSS_SMOKE_KEEP=1: stack $project left running; env file $work/smoke.env"
   else
     phase "tear down"
-    "${compose[@]}" down -v --remove-orphans >>"$work/compose.log" 2>&1
-    "$engine" ps -aq --filter "label=com.docker.compose.project=$project" | xargs -r "$engine" rm -f >/dev/null 2>&1
+    remove_stack
     rm -rf "$work"
   fi
   phase ""
@@ -370,7 +376,7 @@ def start_long():
     t = time.monotonic()
     ds = upload(state["keys"]["owner"], "smoke long", "long.npy", npy_bytes(n, d, values),
                 {"epsilon_budget": "2", "delta_budget": "0.0001", "row_norm_bound": "1"})
-    print(f"  uploaded {n}x{d} dataset ({n * d * 8 / 2**20:.0f} MiB) in {time.monotonic() - t:.1f}s", flush=True)
+    print(f"  uploaded {n}x{d} dataset ({n * d * 8 / 2**20:.0f} MiB) in {time.monotonic() - t:.1f}s", file=sys.stderr, flush=True)
     req = {"mechanism": "analyze_gauss", "k": 5, "epsilon": "0.7", "delta": "0.000001", "params": {}}
     _, rel = call("POST", f"/v1/datasets/{ds['id']}/releases", state["keys"]["analyst"], body=req, expect=202)
     state.update(long_dataset=ds["id"], long_release=rel["id"])
@@ -426,7 +432,7 @@ export SMOKE_KILL_N=$kill_n SMOKE_KILL_D=$kill_d
 
 # ---- build ---------------------------------------------------------------------------------
 phase "build image $image"
-"${compose[@]}" down -v --remove-orphans >"$work/compose.log" 2>&1 || true # a previous aborted run
+remove_stack || true # what a previous aborted run may have left
 # podman writes OCI images by default, a format without HEALTHCHECK: ask for Docker's format.
 build_args=()
 [[ $engine == podman ]] && build_args=(--format docker)
@@ -498,7 +504,7 @@ log "dpss audit verify: ok"
 
 # ---- crash a worker mid-release --------------------------------------------------------------
 phase "kill the worker running a release"
-release_id=$(smoke_py start-long | tee /dev/stderr | tail -n1)
+release_id=$(smoke_py start-long) || fail "could not request the long release"
 t_req=$SECONDS
 for ((i = 0; ; i++)); do
   out=$(smoke_py status) || fail "cannot read the release"
