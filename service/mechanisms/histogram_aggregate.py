@@ -18,7 +18,7 @@ Choices the paper leaves open (fixed here)
   ``N(0, Sigma)``, ``lambda_{k+1} = gamma^2 lambda_k``, ``q = 2k``): it is the smallest round
   value for which, in every setting simulated (``d <= 20``, ``k <= 3``, ``m in {10k, 40k}``),
   some cell holds ``>= t/2`` of the points with probability ``>= 0.9`` over the offsets (needed
-  values 4-30). Having *all* ``t`` points in one cell would need 70-440, growing like
+  values 4-37.5). Having *all* ``t`` points in one cell would need 45-530, growing like
   ``sqrt(qd)``, which the rule does not model; in higher ``d`` give ``cell_width`` instead.
 * Default ``t``: ``floor(n / (10 k))`` (so ``m >= 10k``), capped at :data:`MAX_DEFAULT_SUBSETS`,
   refused below ``2T``. An explicit ``t`` must also be ``>= 2T`` and leave ``m >= k``.
