@@ -392,9 +392,10 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
     summary: ClassVar[str] = (
         "Splits the rows into t random subsets, computes each subset's top-k subspace, and "
         "privately averages those that agree (friendly averaging with a privately chosen "
-        "radius and a propose-test-release check). When the data lies within ~1e-4 of a "
-        "k-dimensional subspace its error does not grow with d; far from low rank it loses "
-        "to analyze_gauss. May return no result when the subsets do not agree."
+        "radius and a propose-test-release check). Needs no row norm bound. When the data lies "
+        "within ~1e-4 of a k-dimensional subspace it is 10-1000 times more accurate than "
+        "analyze_gauss in any d; farther from low rank it loses. May return no result when "
+        "the subsets do not agree or n is small for the budget."
     )
     params_model: ClassVar[type[FriendlyAggregateParams]] = FriendlyAggregateParams
 
