@@ -18,7 +18,8 @@
 #   DPSS_SMOKE_IMAGE=dp-subspace-service:smoke   image tag built and used
 #   DPSS_SMOKE_PORT=<free port>       host port of the API
 #   DPSS_SMOKE_VENV=/tmp/dpss-smoke-venv   where podman-compose is installed
-#   DPSS_SMOKE_KILL_N=1000 DPSS_SMOKE_KILL_D=3000   shape of the dataset of the long release
+#   DPSS_SMOKE_KILL_N=1000 DPSS_SMOKE_KILL_D=5000   shape of the dataset of the long release
+#                                     (analyze_gauss on it runs ~7 s on 2 idle cores)
 #   DPSS_SMOKE_KEEP=1                 leave the stack running (no teardown) for debugging
 set -Eeuo pipefail
 
@@ -31,7 +32,7 @@ image=${DPSS_SMOKE_IMAGE:-dp-subspace-service:smoke}
 venv=${DPSS_SMOKE_VENV:-/tmp/dpss-smoke-venv}
 podman_compose_version=1.6.0
 kill_n=${DPSS_SMOKE_KILL_N:-1000}
-kill_d=${DPSS_SMOKE_KILL_D:-3000}
+kill_d=${DPSS_SMOKE_KILL_D:-5000}
 lease_seconds=10
 
 work=$(mktemp -d /tmp/dpss-smoke.XXXXXX)
@@ -396,6 +397,10 @@ def finish_long():
     t = time.monotonic()
     rel = wait_release(analyst, state["long_release"], timeout=float(os.environ["SMOKE_FINISH_TIMEOUT"]))
     print(f"  release ended '{rel['status']}' {time.monotonic() - t:.1f}s after the kill; attempts={rel['attempts']}", flush=True)
+    if rel.get("started_at") and rel.get("finished_at"):
+        from datetime import datetime
+        took = datetime.fromisoformat(rel["finished_at"].replace("Z", "+00:00")) - datetime.fromisoformat(rel["started_at"].replace("Z", "+00:00"))
+        print(f"  the re-run attempt took {took.total_seconds():.1f}s from claim to result", flush=True)
     check(rel["status"] == "succeeded", f"release ended {rel['status']}: {rel.get('reason')}")
     check(rel["attempts"] >= 2, f"attempts={rel['attempts']}: the killed worker did not hold the job")
     d = int(os.environ["SMOKE_KILL_D"])
