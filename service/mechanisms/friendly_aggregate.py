@@ -370,8 +370,11 @@ def friendly_aggregate(
         noisy = mean + rng.normal(0.0, sigma, size=mean.shape)
         basis = top_right_singular_vectors(noisy.reshape(-1, d), k)
     else:
-        scaled = bases * (weights / total)[:, None, None]
-        mean_proj = np.einsum("tdk,tek->de", scaled, bases)
+        # sum_j w_j U_j U_j^T / W as one (d x tk) @ (tk x d) product over the used subsets
+        used = weights > 0
+        stacked = bases[used].transpose(1, 0, 2).reshape(d, -1)
+        scale = np.repeat(weights[used] / total, k)
+        mean_proj = (stacked * scale) @ stacked.T
         noisy = mean_proj + rng.normal(0.0, sigma, size=(d, d))
         _, basis = top_k_eigh(0.5 * (noisy + noisy.T), k)
     return FriendlyResult(basis, radius, radius_exponent, w_low, sigma)
