@@ -24,6 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
+from threadpoolctl import threadpool_limits
 
 from service import auth
 from service.app import create_app
@@ -38,6 +39,11 @@ POSTGRES_URL = os.environ.get(
 )
 SKIP_POSTGRES = os.environ.get("DPSS_TEST_SKIP_POSTGRES") == "1"
 BACKENDS = ["sqlite"] if SKIP_POSTGRES else ["sqlite", "postgresql"]
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One BLAS thread per xdist worker: threaded BLAS in each of several workers on few cores
+    # oversubscribes the CPU and numerical tests slow down many times over.
+    threadpool_limits(limits=1)
+
 TABLES = ("ledger_entries", "releases", "datasets", "audit_events", "api_keys")
 
 

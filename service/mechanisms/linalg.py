@@ -83,4 +83,4 @@ def subspace_distance(basis_a: FloatArray, basis_b: FloatArray) -> float:
     if basis_a.shape != basis_b.shape:
         raise ValueError("subspaces must have the same shape")
     residual = basis_b - basis_a @ (basis_a.T @ basis_b)
-    return float(min(1.0, np.linalg.norm(residual, 2)))
+    return min(1.0, float(np.linalg.norm(residual, 2)))

@@ -31,7 +31,8 @@ def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Dpss:
     runner = CliRunner()
 
     def run(*args: str, key: str | None) -> Result:
-        env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key}
+        # A fixed wide terminal: pytest-xdist workers inherit COLUMNS=80 otherwise.
+        env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key, "COLUMNS": "200"}
         return runner.invoke(app, list(args), env=env)
 
     return run
