@@ -130,7 +130,9 @@ class Mechanism(ABC, Generic[P]):
         return params
 
     @abstractmethod
-    def run(self, data: FloatArray, spec: ReleaseSpec[P], rng: np.random.Generator) -> MechanismOutput:
+    def run(
+        self, data: FloatArray, spec: ReleaseSpec[P], rng: np.random.Generator
+    ) -> MechanismOutput:
         """Run on ``data`` (``n x d``, possibly a read-only memory map) with randomness ``rng``."""
 
 

@@ -94,12 +94,16 @@ def symmetric_gaussian(dim: int, sigma: float, rng: np.random.Generator) -> Floa
 # Laplace family
 
 
-def laplace(scale: float, rng: np.random.Generator, size: int | tuple[int, ...] | None = None) -> FloatArray:
+def laplace(
+    scale: float, rng: np.random.Generator, size: int | tuple[int, ...] | None = None
+) -> FloatArray:
     """``Lap(b)`` samples with density ``exp(-|x|/b) / (2b)``."""
     return np.asarray(rng.laplace(0.0, scale, size=size), dtype=np.float64)
 
 
-def truncated_laplace_params(sensitivity: float, epsilon: float, delta: float) -> tuple[float, float]:
+def truncated_laplace_params(
+    sensitivity: float, epsilon: float, delta: float
+) -> tuple[float, float]:
     """``(lam, A)`` of ``TLap(D, eps, delta)`` (seed 003, Lemma 2.14).
 
     ``lam = D/eps`` and ``A = (D/eps) ln(1 + (e^eps - 1)/(2 delta))``.

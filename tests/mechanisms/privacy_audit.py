@@ -24,8 +24,16 @@ from scipy.stats import beta as beta_dist
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> tuple[float, float]:
     """Two-sided ``1 - alpha`` Clopper-Pearson interval for a binomial proportion."""
-    low = 0.0 if successes == 0 else float(beta_dist.ppf(alpha / 2, successes, trials - successes + 1))
-    high = 1.0 if successes == trials else float(beta_dist.ppf(1 - alpha / 2, successes + 1, trials - successes))
+    low = (
+        0.0
+        if successes == 0
+        else float(beta_dist.ppf(alpha / 2, successes, trials - successes + 1))
+    )
+    high = (
+        1.0
+        if successes == trials
+        else float(beta_dist.ppf(1 - alpha / 2, successes + 1, trials - successes))
+    )
     return low, high
 
 
