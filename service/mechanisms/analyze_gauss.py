@@ -19,11 +19,9 @@ import numpy as np
 
 from service.mechanisms.base import (
     ClipParams,
-    Mechanism,
+    ClippingMechanism,
     MechanismOutput,
-    PublicContext,
     ReleaseSpec,
-    resolve_clip_norm,
 )
 from service.mechanisms.linalg import FloatArray, clipped_gram, top_k_eigh
 from service.mechanisms.noise import analytic_gaussian_sigma, symmetric_gaussian
@@ -80,7 +78,7 @@ def analyze_gauss(
     return vectors, values
 
 
-class AnalyzeGauss(Mechanism[AnalyzeGaussParams]):
+class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
     name: ClassVar[str] = "analyze_gauss"
     title: ClassVar[str] = "Analyze Gauss (Gaussian noise on X^T X)"
     paper: ClassVar[str] = (
@@ -93,12 +91,6 @@ class AnalyzeGauss(Mechanism[AnalyzeGaussParams]):
         "returns a result; error grows with d / (n eps)."
     )
     params_model: ClassVar[type[AnalyzeGaussParams]] = AnalyzeGaussParams
-
-    def prepare(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: AnalyzeGaussParams
-    ) -> AnalyzeGaussParams:
-        self.check_common(ctx, k, epsilon, delta)
-        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})
 
     def run(
         self, data: FloatArray, spec: ReleaseSpec[AnalyzeGaussParams], rng: np.random.Generator

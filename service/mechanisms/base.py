@@ -53,6 +53,7 @@ class ClipParams(MechanismParams):
 
 
 P = TypeVar("P", bound=MechanismParams)
+CP = TypeVar("CP", bound=ClipParams)
 
 
 @dataclass(frozen=True)
@@ -147,3 +148,16 @@ def resolve_clip_norm(clip_norm: float | None, ctx: PublicContext) -> float:
         "required: this dataset has no row_norm_bound, and the bound must be public "
         "(it is never computed from the data)",
     )
+
+
+class ClippingMechanism(Mechanism[CP]):
+    """A mechanism that clips rows to a public norm ``C``: ``prepare`` resolves ``clip_norm``
+    (the request's, else the dataset's declared bound, else a refusal)."""
+
+    def check_specific(self, ctx: PublicContext, k: int, params: CP) -> None:
+        """Further public-fact checks of a subclass; raise :class:`InvalidParameter`."""
+
+    def prepare(self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: CP) -> CP:
+        self.check_common(ctx, k, epsilon, delta)
+        self.check_specific(ctx, k, params)
+        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})

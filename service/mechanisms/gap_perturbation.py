@@ -21,11 +21,9 @@ import numpy as np
 
 from service.mechanisms.base import (
     ClipParams,
-    Mechanism,
+    ClippingMechanism,
     MechanismOutput,
-    PublicContext,
     ReleaseSpec,
-    resolve_clip_norm,
 )
 from service.mechanisms.linalg import FloatArray, clipped_gram, projector, top_k_eigh
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace, symmetric_gaussian
@@ -132,7 +130,7 @@ def gap_perturbation(
     return basis
 
 
-class GapPerturbation(Mechanism[GapPerturbationParams]):
+class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
     name: ClassVar[str] = "gap_perturbation"
     title: ClassVar[str] = "Subspace perturbation with propose-test-release on the eigengap"
     paper: ClassVar[str] = (
@@ -147,17 +145,6 @@ class GapPerturbation(Mechanism[GapPerturbationParams]):
         "which is charged."
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
-
-    def prepare(
-        self,
-        ctx: PublicContext,
-        k: int,
-        epsilon: float,
-        delta: float,
-        params: GapPerturbationParams,
-    ) -> GapPerturbationParams:
-        self.check_common(ctx, k, epsilon, delta)
-        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})
 
     def run(
         self,

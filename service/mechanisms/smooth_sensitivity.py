@@ -21,11 +21,9 @@ import numpy as np
 
 from service.mechanisms.base import (
     ClipParams,
-    Mechanism,
+    ClippingMechanism,
     MechanismOutput,
-    PublicContext,
     ReleaseSpec,
-    resolve_clip_norm,
 )
 from service.mechanisms.gap_perturbation import top_k_with_gap
 from service.mechanisms.linalg import FloatArray, clipped_gram, orthonormal_basis
@@ -140,7 +138,7 @@ def smooth_sensitivity(
     return orthonormal_basis(rotated + noise), variant
 
 
-class SmoothSensitivity(Mechanism[SmoothSensitivityParams]):
+class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
     name: ClassVar[str] = "smooth_sensitivity"
     title: ClassVar[str] = "Smooth-sensitivity output perturbation of the top-k basis"
     paper: ClassVar[str] = (
@@ -160,17 +158,6 @@ class SmoothSensitivity(Mechanism[SmoothSensitivityParams]):
     )
     params_model: ClassVar[type[SmoothSensitivityParams]] = SmoothSensitivityParams
     allows_pure_dp: ClassVar[bool] = True
-
-    def prepare(
-        self,
-        ctx: PublicContext,
-        k: int,
-        epsilon: float,
-        delta: float,
-        params: SmoothSensitivityParams,
-    ) -> SmoothSensitivityParams:
-        self.check_common(ctx, k, epsilon, delta)
-        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})
 
     def run(
         self,

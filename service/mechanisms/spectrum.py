@@ -18,12 +18,11 @@ import numpy as np
 
 from service.mechanisms.base import (
     ClipParams,
+    ClippingMechanism,
     InvalidParameter,
-    Mechanism,
     MechanismOutput,
     PublicContext,
     ReleaseSpec,
-    resolve_clip_norm,
 )
 from service.mechanisms.linalg import FloatArray, clipped_gram, eigenvalues_desc
 from service.mechanisms.noise import analytic_gaussian_sigma
@@ -125,7 +124,7 @@ def spectrum(
     return released, suggest_k(released, std), std
 
 
-class Spectrum(Mechanism[SpectrumParams]):
+class Spectrum(ClippingMechanism[SpectrumParams]):
     name: ClassVar[str] = "spectrum"
     title: ClassVar[str] = "Noisy singular values, for choosing k"
     paper: ClassVar[str] = (
@@ -141,10 +140,7 @@ class Spectrum(Mechanism[SpectrumParams]):
     params_model: ClassVar[type[SpectrumParams]] = SpectrumParams
     releases_basis: ClassVar[bool] = False
 
-    def prepare(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: SpectrumParams
-    ) -> SpectrumParams:
-        self.check_common(ctx, k, epsilon, delta)
+    def check_specific(self, ctx: PublicContext, k: int, params: SpectrumParams) -> None:
         limit = min(ctx.n_rows, ctx.n_cols)
         if k > limit:
             raise InvalidParameter(
@@ -152,7 +148,6 @@ class Spectrum(Mechanism[SpectrumParams]):
                 f"must be <= min(n, d) = {limit} (the number of singular values); "
                 f"got {k}, {k - limit} too many",
             )
-        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})
 
     def run(
         self, data: FloatArray, spec: ReleaseSpec[SpectrumParams], rng: np.random.Generator
