@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
@@ -30,6 +31,8 @@ from service.errors import (
 )
 from service.mechanisms.base import InvalidParameter, PublicContext
 from service.mechanisms.registry import MECHANISMS, get_mechanism
+
+IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
 #: Budgets are stored with 30 decimal places; a cost finer than that would be rounded.
 MAX_DECIMAL_PLACES = 30
@@ -98,6 +101,23 @@ def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
     return dumped
 
 
+def _idempotent_match(
+    session: Session, principal: Principal, idempotency_key: str | None, fingerprint: str
+) -> Release | None:
+    """The release an earlier request with this key made, if the request is the same one."""
+    if idempotency_key is None:
+        return None
+    existing = session.execute(
+        select(Release).where(
+            Release.requester_key_id == principal.key_id,
+            Release.idempotency_key == idempotency_key,
+        )
+    ).scalar_one_or_none()
+    if existing is not None and existing.request_hash != fingerprint:
+        raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED)
+    return existing
+
+
 def request_release(
     session: Session,
     principal: Principal,
@@ -112,20 +132,14 @@ def request_release(
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise InvalidInput("Idempotency-Key", "must be 1 to 200 characters")
     fingerprint = request_hash(dataset_id, body)
-    if idempotency_key is not None:
-        existing = session.execute(
-            select(Release).where(
-                Release.requester_key_id == principal.key_id,
-                Release.idempotency_key == idempotency_key,
-            )
-        ).scalar_one_or_none()
-        if existing is not None:
-            if existing.request_hash != fingerprint:
-                raise IdempotencyConflict(
-                    "this Idempotency-Key was already used with a different request"
-                )
-            return existing
+    existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
+    if existing is not None:
+        return existing
     dataset = _lock_dataset(session, dataset_id)
+    # Again under the lock: a concurrent retry of the same request may have committed meanwhile.
+    existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
+    if existing is not None:
+        return existing
     params = _prepare_params(body, dataset)
     budget = ledger.budget_of(session, dataset)
     if not budget.affords(body.epsilon, body.delta):
@@ -145,8 +159,12 @@ def request_release(
         attempts=0,
         refunded=False,
     )
-    session.add(release)
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.add(release)
+    except IntegrityError:
+        # The same key raced in for another dataset (a different request): refuse, charge nothing.
+        raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
     ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta)
     audit.record(
         session,

@@ -24,7 +24,12 @@ def get_store(request: Request) -> DatasetStore:
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    """The request's session: committed when the route returns, rolled back if it raises."""
+    """The request's session: committed when the route returns, rolled back if it raises.
+
+    Used with ``scope="function"`` so the commit happens before the response is sent: a client
+    told 201/202 can rely on the upload or the charge being durable, and a failed commit is
+    answered as an error instead of a success.
+    """
     factory: sessionmaker[Session] = request.app.state.session_factory
     with factory() as session:
         try:
@@ -35,7 +40,7 @@ def get_session(request: Request) -> Iterator[Session]:
             raise
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 StoreDep = Annotated[DatasetStore, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
