@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection
-
-from alembic import command
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 

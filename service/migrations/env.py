@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import Connection
 
-from alembic import context
 from service.config import Settings
 from service.db.engine import make_engine
 from service.db.models import Base

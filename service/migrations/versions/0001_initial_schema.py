@@ -8,9 +8,9 @@ Create Date: 2026-11-22 06:10:58.162477
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from alembic import op
 
 import service.db.types
-from alembic import op
 
 revision: str = "0001"
 down_revision: str | None = None
