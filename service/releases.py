@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -42,6 +43,13 @@ def _check_places(field: str, value: Decimal) -> None:
     exponent = value.as_tuple().exponent
     if isinstance(exponent, int) and -exponent > MAX_DECIMAL_PLACES:
         raise InvalidInput(field, f"at most {MAX_DECIMAL_PLACES} decimal places")
+
+
+def float_not_above(value: Decimal) -> float:
+    """The largest double that is ``<= value``: a mechanism never runs with more epsilon or
+    delta than the ledger charged (``float()`` alone may round up by half an ulp)."""
+    result = float(value)
+    return math.nextafter(result, -math.inf) if Decimal(result) > value else result
 
 
 def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
@@ -92,7 +100,7 @@ def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
     )
     try:
         resolved = mechanism.prepare(
-            context, body.k, float(body.epsilon), float(body.delta), params
+            context, body.k, float_not_above(body.epsilon), float_not_above(body.delta), params
         )
     except InvalidParameter as exc:
         field = exc.field if exc.field in {"k", "epsilon", "delta"} else f"params.{exc.field}"

@@ -33,7 +33,7 @@ from service.db.models import Dataset, Release, utcnow
 from service.mechanisms.base import MechanismOutput, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
-from service.releases import encode_basis
+from service.releases import encode_basis, float_not_above
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -134,8 +134,8 @@ class Worker:
                     dataset_id=release.dataset_id,
                     mechanism=release.mechanism,
                     k=release.k,
-                    epsilon=float(release.epsilon),
-                    delta=float(release.delta),
+                    epsilon=float_not_above(release.epsilon),
+                    delta=float_not_above(release.delta),
                     params=dict(release.params),
                     file_name=dataset.file_name if dataset is not None else None,
                     attempt=release.attempts,

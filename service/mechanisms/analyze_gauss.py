@@ -24,7 +24,12 @@ from service.mechanisms.base import (
     ReleaseSpec,
 )
 from service.mechanisms.linalg import FloatArray, clipped_gram, top_k_eigh
-from service.mechanisms.noise import analytic_gaussian_sigma, symmetric_gaussian
+from service.mechanisms.noise import (
+    GRID_DIVISOR,
+    analytic_gaussian_sigma,
+    round_to_grid,
+    symmetric_gaussian,
+)
 
 
 class AnalyzeGaussParams(ClipParams):
@@ -69,13 +74,14 @@ def analyze_gauss(
     basis : (d, k) array
         Orthonormal top-k eigenvectors of the noisy matrix.
     eigenvalues : (k,) array
-        The matching noisy eigenvalues, descending.
+        The matching noisy eigenvalues, descending, rounded to multiples of ``sigma / 1000``
+        (the floating-point mitigation in :mod:`service.mechanisms.noise`).
     """
     gram = clipped_gram(data, clip_norm)
     sigma = noise_sigma(clip_norm, epsilon, delta)
     noisy = gram + symmetric_gaussian(gram.shape[0], sigma, rng)
     values, vectors = top_k_eigh(noisy, k)
-    return vectors, values
+    return vectors, round_to_grid(values, sigma / GRID_DIVISOR)
 
 
 class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):

@@ -14,9 +14,13 @@ inverse-CDF transforms of 53-bit uniforms). Mironov (CCS 2012) shows such sample
 the set of reachable doubles, so a *directly released* noisy value can in principle reveal its
 unperturbed input. What the service does about it: the subspace mechanisms release eigenvectors
 or QR factors of noisy matrices (a non-linear post-processing that does not preserve the
-low-order bits of any single noisy entry), and ``spectrum`` rounds released singular values to
-a grid. What remains: no snapping mechanism is implemented, so the guarantee is the idealised
-real-number one and not a proof for floating-point arithmetic.
+low-order bits of any single noisy entry), and directly released noisy numbers (``spectrum``'s
+singular values, ``analyze_gauss``'s eigenvalues) are rounded to a grid of ``sigma / 1000``
+(:func:`round_to_grid`), far coarser than a double's spacing. What remains: no snapping
+mechanism is implemented, so the guarantee is the idealised real-number one and not a proof
+for floating-point arithmetic. A data-dependent numerical failure (an exception inside a
+mechanism) ends a release as ``failed``; that outcome is visible, so it is one bit not covered
+by the guarantee.
 """
 
 from __future__ import annotations
@@ -80,6 +84,16 @@ def analytic_gaussian_sigma(
         else:
             low = mid
     return high
+
+
+#: Directly released noisy numbers are rounded to multiples of ``sigma / GRID_DIVISOR``: far
+#: finer than the noise (error at most ``sigma / 2000``), far coarser than a double's ulp.
+GRID_DIVISOR = 1000.0
+
+
+def round_to_grid(values: FloatArray, width: float) -> FloatArray:
+    """Round each value to the nearest multiple of ``width`` (post-processing)."""
+    return np.asarray(np.round(values / width) * width, dtype=np.float64)
 
 
 def symmetric_gaussian(dim: int, sigma: float, rng: np.random.Generator) -> FloatArray:

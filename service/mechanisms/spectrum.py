@@ -25,11 +25,7 @@ from service.mechanisms.base import (
     ReleaseSpec,
 )
 from service.mechanisms.linalg import FloatArray, clipped_gram, eigenvalues_desc
-from service.mechanisms.noise import analytic_gaussian_sigma
-
-#: Released values are rounded to multiples of ``noise_std / GRID_DIVISOR``: far finer than the
-#: noise (the rounding error is at most ``noise_std / 2000``), far coarser than a double's ulp.
-GRID_DIVISOR = 1000.0
+from service.mechanisms.noise import GRID_DIVISOR, analytic_gaussian_sigma, round_to_grid
 
 #: A value below ``NOISE_FLOOR * noise_std`` is treated as indistinguishable from zero when
 #: suggesting ``k``: pure noise exceeds it with probability ``2 Phi(-2) ~ 5%`` per value.
@@ -51,11 +47,6 @@ def spectrum_sensitivity(clip_norm: float) -> float:
 def noise_std(clip_norm: float, epsilon: float, delta: float) -> float:
     """Per-value standard deviation: analytic Gaussian ``sigma`` for ``D = 2C``."""
     return analytic_gaussian_sigma(spectrum_sensitivity(clip_norm), epsilon, delta)
-
-
-def round_to_grid(values: FloatArray, width: float) -> FloatArray:
-    """Round each value to the nearest multiple of ``width``."""
-    return np.asarray(np.round(values / width) * width, dtype=np.float64)
 
 
 def suggest_k(values: FloatArray, std: float) -> int:
