@@ -6,8 +6,11 @@ values or internal details.
 
 from __future__ import annotations
 
+import traceback
 from decimal import Decimal
 from typing import Any
+
+from pydantic import ValidationError
 
 
 class DomainError(Exception):
@@ -29,6 +32,17 @@ class InvalidInput(DomainError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+    @classmethod
+    def from_validation(
+        cls, exc: ValidationError, prefix: str = "", fallback: str = "body"
+    ) -> InvalidInput:
+        """The first pydantic error, located under ``prefix`` (its input is never echoed);
+        ``fallback`` names the field when the error has no location and no prefix."""
+        first = exc.errors()[0]
+        location = ".".join(str(part) for part in first["loc"])
+        field = ".".join(part for part in (prefix, location) if part) or fallback
+        return cls(field, first["msg"])
 
 
 class PayloadTooLarge(DomainError):
@@ -84,3 +98,13 @@ class BudgetExceeded(Conflict):
             epsilon_remaining=epsilon_remaining,
             delta_remaining=delta_remaining,
         )
+
+
+def safe_traceback(exc: BaseException) -> str:
+    """Where an exception came from (files, lines, functions) without its message, which may
+    quote data values: what the service logs for an internal fault."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = " <- ".join(
+        f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}" for f in reversed(frames)
+    )
+    return f"{type(exc).__name__} at {where}"

@@ -92,9 +92,7 @@ def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
     try:
         params = mechanism.parse_params(body.params)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        location = ".".join(str(part) for part in first["loc"])
-        raise InvalidInput(f"params.{location}" if location else "params", first["msg"]) from None
+        raise InvalidInput.from_validation(exc, prefix="params") from None
     context = PublicContext(
         n_rows=dataset.n_rows, n_cols=dataset.n_cols, row_norm_bound=dataset.row_norm_bound
     )

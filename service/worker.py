@@ -17,7 +17,6 @@ import math
 import os
 import socket
 import threading
-import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit, ledger
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
+from service.errors import safe_traceback
 from service.mechanisms.base import MechanismOutput, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
@@ -37,16 +37,6 @@ from service.releases import encode_basis, float_not_above
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
-
-
-def safe_traceback(exc: BaseException) -> str:
-    """Where an exception came from (files, lines, functions) without its message, which may
-    quote data values."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = " <- ".join(
-        f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}" for f in reversed(frames)
-    )
-    return f"{type(exc).__name__} at {where}"
 
 
 @dataclass(frozen=True)

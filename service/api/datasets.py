@@ -81,8 +81,7 @@ async def create_dataset(
         try:
             fields = DatasetCreate.model_validate(form.fields)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InvalidInput(".".join(map(str, first["loc"])) or "form", first["msg"]) from None
+            raise InvalidInput.from_validation(exc, fallback="form") from None
         assert form.file_path is not None
         dataset = await run_in_threadpool(
             datasets.create_dataset,

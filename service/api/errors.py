@@ -20,8 +20,8 @@ from service.errors import (
     NotFound,
     PayloadTooLarge,
     Unauthenticated,
+    safe_traceback,
 )
-from service.worker import safe_traceback
 
 log = logging.getLogger("dpss.api")
 
