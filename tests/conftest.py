@@ -13,6 +13,7 @@ Alembic. Set ``DPSS_TEST_SKIP_POSTGRES=1`` to run on SQLite only (never in CI).
 from __future__ import annotations
 
 import io
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from threadpoolctl import threadpool_limits
 
 from service import auth
+from service import worker as worker_module
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine
@@ -204,6 +206,39 @@ def worker(
 def run_worker(worker: Worker) -> Callable[[], int]:
     """Process every queued release in-process; returns how many ran."""
     return worker.run_pending
+
+
+@pytest.fixture(autouse=True)
+def _seeded_releases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests marked ``release_seed(n)`` give each release a seeded generator (``n``, ``n + 1``,
+    ...) instead of the OS-keyed ChaCha, so statistical thresholds are reproducible in CI."""
+    marker = request.node.get_closest_marker("release_seed")
+    if marker is None:
+        return
+    seeds = itertools.count(marker.args[0])
+    monkeypatch.setattr(
+        worker_module, "secure_generator", lambda: np.random.default_rng(next(seeds))
+    )
+
+
+def post_release(client: TestClient, key: str, dataset_id: str, **body: Any) -> str:
+    """Request a release (asserts 202); returns its id."""
+    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def fetch_release(client: TestClient, key: str, release_id: str) -> Any:
+    return client.get(f"/v1/releases/{release_id}", headers=bearer(key)).json()
+
+
+def release_and_wait(
+    client: TestClient, key: str, dataset_id: str, run_worker: Callable[[], int], **body: Any
+) -> Any:
+    """Request a release, run the worker on it, return the finished release."""
+    release_id = post_release(client, key, dataset_id, **body)
+    assert run_worker() == 1
+    return fetch_release(client, key, release_id)
 
 
 @dataclass

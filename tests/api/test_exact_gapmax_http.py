@@ -4,31 +4,16 @@ general position give no_result, charged; too few rows is a 422 that charges not
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
-
 import numpy as np
 import pytest
 
-from service import worker as worker_module
-from tests.conftest import bearer
+from tests.conftest import bearer, release_and_wait
 
 BUDGET = {"k": 2, "epsilon": "1", "delta": "1e-6"}
 
 
-@pytest.fixture(autouse=True)
-def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Reproducible CI; recovery is certain for every seed here (n = 400 >= 116, Lemma 3.5).
-    seeds = itertools.count(400)
-    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
-    monkeypatch.setattr(worker_module, "secure_generator", seeded)
-
-
-def release(client: Any, key: str, dataset_id: str, run_worker: Any, **body: Any) -> Any:
-    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
-    assert response.status_code == 202, response.text
-    assert run_worker() == 1
-    return client.get(f"/v1/releases/{response.json()['id']}", headers=bearer(key)).json()
+# Reproducible CI; recovery is certain for every seed here (n = 400 >= 116, Lemma 3.5).
+pytestmark = pytest.mark.release_seed(400)
 
 
 def test_exact_subspace_is_recovered(client, keys, upload_dataset, run_worker):
@@ -36,7 +21,7 @@ def test_exact_subspace_is_recovered(client, keys, upload_dataset, run_worker):
     basis = np.linalg.qr(rng.standard_normal((10, 2)))[0]
     data = rng.standard_normal((400, 2)) @ basis.T
     dataset = upload_dataset(client, keys.owner, data)
-    result = release(
+    result = release_and_wait(
         client, keys.analyst, dataset["id"], run_worker, mechanism="exact_gapmax", **BUDGET
     )
     assert result["status"] == "succeeded", result
@@ -50,7 +35,7 @@ def test_exact_subspace_is_recovered(client, keys, upload_dataset, run_worker):
 def test_general_position_is_no_result_and_charged(client, keys, upload_dataset, run_worker):
     data = np.random.default_rng(42).standard_normal((400, 10))
     dataset = upload_dataset(client, keys.owner, data)
-    result = release(
+    result = release_and_wait(
         client, keys.analyst, dataset["id"], run_worker, mechanism="exact_gapmax", **BUDGET
     )
     assert result["status"] == "no_result", result

@@ -5,49 +5,27 @@ Also: refusals decided from public facts are 422 and charge nothing."""
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import pytest
 
-from service import worker as worker_module
 from service.config import Settings
 from service.mechanisms.linalg import subspace_distance
-from tests.conftest import bearer
+from tests.conftest import bearer, release_and_wait
 from tests.mechanisms.test_friendly_aggregate import near_subspace
 
 SEED = 500
 
 
 @pytest.fixture
-def settings(tmp_path: Path, database_urls: dict[str, str], backend: str) -> Settings:
+def settings(settings: Settings) -> Settings:
     # The done-when dataset is 20,000 x 300 doubles (46 MiB): above the shared fixture's 5 MiB.
-    return Settings(
-        data_dir=tmp_path / "data",
-        database_url=database_urls[backend],
-        worker_heartbeat_seconds=3600,
-        max_upload_mb=64,
-        admin_api_key=None,
-    )
+    return settings.model_copy(update={"max_upload_mb": 64})
 
 
-@pytest.fixture(autouse=True)
-def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Reproducible CI: seeded generators instead of the OS-keyed ChaCha. The outcome holds for
-    # almost every seed (errors ~5e-4 against ~0.05; the radius search stops spuriously early,
-    # giving no_result, with probability ~2% at t = 666).
-    seeds = itertools.count(SEED)
-    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
-    monkeypatch.setattr(worker_module, "secure_generator", seeded)
-
-
-def release(client: Any, key: str, dataset_id: str, run_worker: Any, **body: Any) -> Any:
-    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
-    assert response.status_code == 202, response.text
-    assert run_worker() == 1
-    return client.get(f"/v1/releases/{response.json()['id']}", headers=bearer(key)).json()
+# Reproducible CI: seeded generators instead of the OS-keyed ChaCha. The outcome holds for
+# almost every seed (errors ~5e-4 against ~0.05; the radius search stops spuriously early,
+# giving no_result, with probability ~2% at t = 666).
+pytestmark = pytest.mark.release_seed(SEED)
 
 
 def test_done_when_beats_analyze_gauss_tenfold(client, keys, upload_dataset, run_worker):
@@ -56,7 +34,7 @@ def test_done_when_beats_analyze_gauss_tenfold(client, keys, upload_dataset, run
     dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
     budget = {"k": 3, "epsilon": "1", "delta": "1e-6"}
 
-    friendly = release(
+    friendly = release_and_wait(
         client, keys.analyst, dataset["id"], run_worker, mechanism="friendly_aggregate", **budget
     )
     assert friendly["status"] == "succeeded", friendly
@@ -67,7 +45,7 @@ def test_done_when_beats_analyze_gauss_tenfold(client, keys, upload_dataset, run
     extras = friendly["result"]["extras"]
     assert extras["t"] == 666 and extras["q"] == 6 and extras["radius_searched"] is True
 
-    gauss = release(
+    gauss = release_and_wait(
         client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **budget
     )
     assert gauss["status"] == "succeeded", gauss

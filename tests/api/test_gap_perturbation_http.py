@@ -3,34 +3,19 @@ at n = 20,000; no_result on isotropic data, charged."""
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
-
 import numpy as np
 import pytest
 
-from service import worker as worker_module
 from service.mechanisms.linalg import subspace_distance
-from tests.conftest import bearer
+from tests.conftest import bearer, release_and_wait
 from tests.mechanisms.synthetic import isotropic, near_subspace
 
 SEED = 100
 
 
-@pytest.fixture(autouse=True)
-def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
-    # thresholds below hold for almost every seed; see the comments).
-    seeds = itertools.count(SEED)
-    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
-    monkeypatch.setattr(worker_module, "secure_generator", seeded)
-
-
-def release(client: Any, key: str, dataset_id: str, run_worker: Any, **body: Any) -> Any:
-    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
-    assert response.status_code == 202, response.text
-    assert run_worker() == 1
-    return client.get(f"/v1/releases/{response.json()['id']}", headers=bearer(key)).json()
+# Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
+# thresholds below hold for almost every seed; see the comments).
+pytestmark = pytest.mark.release_seed(SEED)
 
 
 REQUEST = {"mechanism": "gap_perturbation", "k": 3, "epsilon": "1", "delta": "1e-6"}
@@ -39,7 +24,7 @@ REQUEST = {"mechanism": "gap_perturbation", "k": 3, "epsilon": "1", "delta": "1e
 def test_succeeds_with_small_error_near_a_subspace(client, keys, upload_dataset, run_worker):
     data, basis = near_subspace(20_000, 20, 3, seed=21)
     dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
-    result = release(client, keys.analyst, dataset["id"], run_worker, **REQUEST)
+    result = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **REQUEST)
     assert result["status"] == "succeeded", result
     released = np.array(result["result"]["basis"])
     assert released.shape == (20, 3)
@@ -50,7 +35,7 @@ def test_succeeds_with_small_error_near_a_subspace(client, keys, upload_dataset,
 
 def test_isotropic_data_ends_in_no_result_and_is_charged(client, keys, upload_dataset, run_worker):
     dataset = upload_dataset(client, keys.owner, isotropic(20_000, 20, seed=22), row_norm_bound=1.0)
-    result = release(client, keys.analyst, dataset["id"], run_worker, **REQUEST)
+    result = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **REQUEST)
     assert result["status"] == "no_result"
     assert result["reason"] == "eigengap too small for this budget"
     assert result["result"] is None or result["result"].get("basis") is None

@@ -4,28 +4,20 @@ of R^20 at epsilon = 1."""
 
 from __future__ import annotations
 
-import itertools
-from typing import Any
-
 import numpy as np
 import pytest
 
-from service import worker as worker_module
 from service.config import Settings
 from service.mechanisms.linalg import subspace_distance
-from tests.conftest import bearer
+from tests.conftest import bearer, fetch_release, post_release
 from tests.mechanisms.synthetic import near_subspace
 
 SEED = 200
 
 
-@pytest.fixture(autouse=True)
-def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
-    # thresholds below hold for almost every seed; see the comments).
-    seeds = itertools.count(SEED)
-    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
-    monkeypatch.setattr(worker_module, "secure_generator", seeded)
+# Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
+# thresholds below hold for almost every seed; see the comments).
+pytestmark = pytest.mark.release_seed(SEED)
 
 
 @pytest.fixture
@@ -34,20 +26,10 @@ def settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"max_upload_mb": 64})
 
 
-def request_release(client: Any, key: str, dataset_id: str, **body: Any) -> str:
-    response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
-    assert response.status_code == 202, response.text
-    return str(response.json()["id"])
-
-
-def fetch(client: Any, key: str, release_id: str) -> Any:
-    return client.get(f"/v1/releases/{release_id}", headers=bearer(key)).json()
-
-
 def test_gaussian_variant_succeeds_with_small_error(client, keys, upload_dataset, run_worker):
     data, basis = near_subspace(20_000, 20, 3, seed=31)
     dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
-    release_id = request_release(
+    release_id = post_release(
         client,
         keys.analyst,
         dataset["id"],
@@ -57,7 +39,7 @@ def test_gaussian_variant_succeeds_with_small_error(client, keys, upload_dataset
         delta="1e-6",
     )
     assert run_worker() == 1
-    result = fetch(client, keys.analyst, release_id)
+    result = fetch_release(client, keys.analyst, release_id)
     assert result["status"] == "succeeded", result
     assert result["result"]["extras"] == {"variant": "gaussian"}
     # A faithful implementation gives ~0.04 here.
@@ -70,7 +52,7 @@ def test_pure_cauchy_variant_median_error_is_small_and_charged_pure(
     data, basis = near_subspace(200_000, 20, 3, seed=32)
     dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0, epsilon_budget="7")
     ids = [
-        request_release(
+        post_release(
             client,
             keys.analyst,
             dataset["id"],
@@ -84,7 +66,7 @@ def test_pure_cauchy_variant_median_error_is_small_and_charged_pure(
     assert run_worker() == 7
     errors = []
     for release_id in ids:
-        result = fetch(client, keys.analyst, release_id)
+        result = fetch_release(client, keys.analyst, release_id)
         assert result["status"] == "succeeded", result
         assert result["result"]["extras"] == {"variant": "cauchy"}
         assert result["delta"] == "0"

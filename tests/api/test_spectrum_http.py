@@ -3,25 +3,18 @@ and suggested_k = 3 near a 3-dim subspace of R^20; no basis; k > min(n, d) refus
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
-from service import worker as worker_module
 from tests.conftest import bearer
 from tests.mechanisms.synthetic import near_subspace
 
 SEED = 300
 
 
-@pytest.fixture(autouse=True)
-def seeded_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
-    # thresholds below hold for almost every seed; see the comments).
-    seeds = itertools.count(SEED)
-    seeded = lambda: np.random.default_rng(next(seeds))  # noqa: E731
-    monkeypatch.setattr(worker_module, "secure_generator", seeded)
+# Reproducible CI: each release gets a seeded generator instead of the OS-keyed ChaCha (the
+# thresholds below hold for almost every seed; see the comments).
+pytestmark = pytest.mark.release_seed(SEED)
 
 
 def test_spectrum_suggests_three_within_its_stated_noise(client, keys, upload_dataset, run_worker):
