@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
@@ -70,10 +70,10 @@ def create_dataset(
     return dataset
 
 
-def _visible(principal: Principal) -> list[object]:
+def _visible(principal: Principal) -> list[ColumnElement[bool]]:
     """Owners see the datasets they uploaded; analysts see every dataset's metadata."""
     require_role(principal, "owner", "analyst")
-    conditions: list[object] = [Dataset.deleted_at.is_(None)]
+    conditions: list[ColumnElement[bool]] = [Dataset.deleted_at.is_(None)]
     if principal.role == "owner":
         conditions.append(Dataset.owner_key_id == principal.key_id)
     return conditions
@@ -81,7 +81,7 @@ def _visible(principal: Principal) -> list[object]:
 
 def get_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
     dataset = session.execute(
-        select(Dataset).where(Dataset.id == dataset_id, *_visible(principal))  # type: ignore[arg-type]
+        select(Dataset).where(Dataset.id == dataset_id, *_visible(principal))
     ).scalar_one_or_none()
     if dataset is None:
         raise NotFound(f"no dataset {dataset_id}")
@@ -91,7 +91,7 @@ def get_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -
 def list_datasets(session: Session, principal: Principal, limit: int, offset: int) -> list[Dataset]:
     query = (
         select(Dataset)
-        .where(*_visible(principal))  # type: ignore[arg-type]
+        .where(*_visible(principal))
         .order_by(Dataset.created_at.desc(), Dataset.id)
         .limit(limit)
         .offset(offset)

@@ -113,10 +113,14 @@ def _npy_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
         yield np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float64)
 
 
-def _csv_has_header(path: Path) -> bool:
+def _csv_first_row(path: Path) -> list[str]:
     with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-        first = next(csv.reader(io.StringIO(handle.readline())), [])
-    for cell in first:
+        return next(csv.reader(io.StringIO(handle.readline())), [])
+
+
+def _is_header(cells: list[str]) -> bool:
+    """A first row with any non-numeric cell is a header."""
+    for cell in cells:
         try:
             float(cell)
         except ValueError:
@@ -124,19 +128,14 @@ def _csv_has_header(path: Path) -> bool:
     return False
 
 
-def _csv_width(path: Path) -> int:
-    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-        first = next(csv.reader(io.StringIO(handle.readline())), [])
-    return len(first)
-
-
 def _csv_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
-    width = _csv_width(path)
+    first_row = _csv_first_row(path)
+    width = len(first_row)
     if width < 1:
         raise InvalidInput("file", "the CSV file is empty")
     names = [f"c{i}" for i in range(width)]
     read_options = pa_csv.ReadOptions(
-        column_names=names, skip_rows=1 if _csv_has_header(path) else 0, block_size=CSV_BLOCK_BYTES
+        column_names=names, skip_rows=1 if _is_header(first_row) else 0, block_size=CSV_BLOCK_BYTES
     )
     convert_options = pa_csv.ConvertOptions(
         column_types={name: pa.float64() for name in names}, strings_can_be_null=False

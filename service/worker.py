@@ -158,10 +158,7 @@ class Worker:
         params = mechanism.parse_params(job.params)
         spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
         data = self.store.open(job.file_name)  # type: ignore[arg-type]
-        try:
-            return mechanism.run(data, spec, secure_generator())
-        finally:
-            del data
+        return mechanism.run(data, spec, secure_generator())
 
     def process(self, job: ClaimedJob) -> str:
         """Run a claimed job to the end and record the outcome; returns the final status."""
