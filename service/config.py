@@ -44,6 +44,15 @@ class Settings(BaseSettings):
     worker_max_attempts: int = Field(
         default=3, ge=1, description="Claims of one job before it is marked failed."
     )
+    worker_memory_mb: float = Field(
+        default=6144,
+        gt=0,
+        description=(
+            "Working memory a worker may use for one release, MiB. A release whose estimate "
+            "(from n, d, k and params: public facts) exceeds it is refused with 422 before "
+            "anything is charged. The default fits a 2-core, 8 GiB worker."
+        ),
+    )
     log_level: str = Field(default="INFO", description="Log level of the service's own loggers.")
 
     @cached_property

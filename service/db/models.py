@@ -107,6 +107,9 @@ class Release(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
     lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: Analysts see the outcome no earlier than this: ``created_at`` plus a padding computed
+    #: from public facts, so polling does not reveal the run time within the padding.
+    visible_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
     #: The released basis, little-endian float64 row-major ``d x k``; written once.

@@ -136,6 +136,16 @@ class Mechanism(ABC, Generic[P]):
     ) -> MechanismOutput:
         """Run on ``data`` (``n x d``, possibly a read-only memory map) with randomness ``rng``."""
 
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> int:
+        """Peak working memory of :meth:`run` in bytes, beyond the (memory-mapped) data.
+
+        A function of public facts only (``n``, ``d``, ``k``, resolved params), derived from the
+        mechanism's own code: the API refuses a release whose estimate exceeds
+        ``DPSS_WORKER_MEMORY_MB`` before charging, so a worker never runs out of memory in a way
+        that depends on the data. ``spec.params`` are the params returned by :meth:`prepare`.
+        """
+        raise NotImplementedError(f"{self.name} has no memory estimate")
+
 
 def resolve_clip_norm(clip_norm: float | None, ctx: PublicContext) -> float:
     """The public clip norm: the request's, else the dataset's declared bound, else refuse."""
