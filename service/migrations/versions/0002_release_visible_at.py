@@ -20,9 +20,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("releases", schema=None) as batch_op:
-        batch_op.add_column(
-            sa.Column("visible_at", service.db.types.UTCDateTime(), nullable=True)
-        )
+        batch_op.add_column(sa.Column("visible_at", service.db.types.UTCDateTime(), nullable=True))
 
 
 def downgrade() -> None:
