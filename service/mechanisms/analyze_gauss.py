@@ -8,6 +8,11 @@ Privacy: rows are clipped to the public norm ``C``, so replacing one row changes
 Adding a symmetric Gaussian matrix whose upper-triangle entries have the analytic-Gaussian
 ``sigma`` for ``D = sqrt(2) C^2`` makes ``H_hat`` ``(eps, delta)``-DP; the top-k eigenvectors and
 eigenvalues of ``H_hat`` are post-processing. Cost: exactly ``(eps, delta)``.
+
+Floating point: rows are clipped after a power-of-two rescaling, so clipping is right at every
+finite scale; clip norms for which ``n C^2`` or the noise scale is not a comfortable double are
+refused before charging; the eigensolver has a fixed public fallback (see
+:mod:`service.mechanisms.linalg`). The guarantee is the real-number one (see ``noise``).
 """
 
 from __future__ import annotations
@@ -21,9 +26,16 @@ from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
     MechanismOutput,
+    PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.linalg import FloatArray, clipped_gram, top_k_eigh
+from service.mechanisms.linalg import (
+    FloatArray,
+    clipped_gram,
+    clipped_gram_memory,
+    eigh_memory,
+    top_k_eigh,
+)
 from service.mechanisms.noise import (
     GRID_DIVISOR,
     analytic_gaussian_sigma,
@@ -97,6 +109,24 @@ class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
         "returns a result; error grows with d / (n eps)."
     )
     params_model: ClassVar[type[AnalyzeGaussParams]] = AnalyzeGaussParams
+
+    def c2_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float
+    ) -> tuple[float, float]:
+        # Per unit C^2: Gram entries <= n, noise draws <= 64 sigma, eigenvalues <= d times the
+        # largest entry; the smallest is the rounding grid sigma / GRID_DIVISOR.
+        unit_sigma = noise_sigma(1.0, epsilon, delta)
+        return min(1.0, unit_sigma / GRID_DIVISOR), ctx.n_cols * (ctx.n_rows + 64.0 * unit_sigma)
+
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> int:
+        d = ctx.n_cols
+        # The Gram matrix stays alive throughout; E(sigma) builds the draw, its upper triangle,
+        # the strict upper triangle and their sum (4 d^2), then H + E; then the eigensolver.
+        return max(
+            clipped_gram_memory(ctx.n_rows, d),
+            8 * (5 * d * d),
+            8 * (2 * d * d) + eigh_memory(d, spec.k),
+        )
 
     def run(
         self, data: FloatArray, spec: ReleaseSpec[AnalyzeGaussParams], rng: np.random.Generator

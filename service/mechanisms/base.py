@@ -13,6 +13,7 @@ internally into fixed fractions, so the cost is known before the mechanism runs.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -160,14 +161,63 @@ def resolve_clip_norm(clip_norm: float | None, ctx: PublicContext) -> float:
     )
 
 
+#: Every magnitude a clipping mechanism computes (a multiple of ``C^2``: Gram entries up to
+#: ``n C^2``, eigenvalues, noise scales, grids) must lie in ``[2^MIN, 2^MAX]``. The lower end is
+#: 53 bits above the smallest normal double, so noise and grids keep full precision; the upper
+#: end leaves a factor 2^63 below the largest double for sums and norms inside LAPACK.
+MIN_MAGNITUDE_LOG2 = -969
+MAX_MAGNITUDE_LOG2 = 960
+
+
+def clip_norm_range(low_multiple: float, high_multiple: float) -> tuple[float, float]:
+    """The clip norms ``C`` for which ``C^2 low`` and ``C^2 high`` stay in the safe range."""
+    c_min = 2.0 ** ((MIN_MAGNITUDE_LOG2 - math.log2(low_multiple)) / 2.0)
+    c_max = 2.0 ** ((MAX_MAGNITUDE_LOG2 - math.log2(high_multiple)) / 2.0)
+    return c_min, c_max
+
+
+def check_clip_scale(clip_norm: float, low_multiple: float, high_multiple: float) -> None:
+    """Refuse a clip norm whose square, times what the calibration computes, over- or underflows.
+
+    Decided from public facts in log space (``C^2`` itself may not be representable), before
+    anything is charged: a release doomed by floating point must not be accepted and then fail.
+    """
+    c2_log2 = 2.0 * math.log2(clip_norm)
+    too_big = c2_log2 + math.log2(high_multiple) > MAX_MAGNITUDE_LOG2
+    too_small = c2_log2 + math.log2(low_multiple) < MIN_MAGNITUDE_LOG2
+    if too_big or too_small:
+        c_min, c_max = clip_norm_range(low_multiple, high_multiple)
+        raise InvalidParameter(
+            "clip_norm",
+            f"{clip_norm:.6g} is too {'large' if too_big else 'small'} for floating point: "
+            f"C^2 times the largest quantity this release computes ({high_multiple:.3g}) and "
+            f"times the smallest ({low_multiple:.3g}) must stay within [2^{MIN_MAGNITUDE_LOG2}, "
+            f"2^{MAX_MAGNITUDE_LOG2}]; here that needs {c_min:.6g} <= clip_norm <= "
+            f"{c_max:.6g} (rescale the data and the bound together)",
+        )
+
+
 class ClippingMechanism(Mechanism[CP]):
     """A mechanism that clips rows to a public norm ``C``: ``prepare`` resolves ``clip_norm``
-    (the request's, else the dataset's declared bound, else a refusal)."""
+    (the request's, else the dataset's declared bound, else a refusal) and refuses a ``C`` whose
+    square, times any quantity the calibration computes, is not a comfortably finite double."""
 
     def check_specific(self, ctx: PublicContext, k: int, params: CP) -> None:
         """Further public-fact checks of a subclass; raise :class:`InvalidParameter`."""
 
+    def c2_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float
+    ) -> tuple[float, float]:
+        """``(smallest, largest)`` multiple of ``C^2`` that :meth:`Mechanism.run` computes.
+
+        Default: ``C^2`` itself and the Gram matrix's entries, at most ``n C^2``. Subclasses add
+        their eigenvalues, noise scales and grids. Both are positive functions of public facts.
+        """
+        return 1.0, float(max(1, ctx.n_rows))
+
     def prepare(self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: CP) -> CP:
         self.check_common(ctx, k, epsilon, delta)
         self.check_specific(ctx, k, params)
-        return params.model_copy(update={"clip_norm": resolve_clip_norm(params.clip_norm, ctx)})
+        clip_norm = resolve_clip_norm(params.clip_norm, ctx)
+        check_clip_scale(clip_norm, *self.c2_multiples(ctx, k, epsilon, delta))
+        return params.model_copy(update={"clip_norm": clip_norm})

@@ -9,6 +9,11 @@ Privacy: the gap ``g = lambda_k - lambda_{k+1}`` of the clipped ``X^T X`` moves 
 bounds ``||P(X) - P(X')||_F`` by ``s = 2 C^2/(g_low - C^2)``, so ``E(sigma)`` for
 ``(s, eps2, delta2)`` makes ``P + E`` private; a failed test is a private output too.
 Cost: ``(eps, delta)`` with ``eps1 = eps2 = eps/2``, ``delta1 = delta2 = delta/2``.
+
+Floating point: clipping is right at every finite scale (power-of-two rescaling); clip norms
+for which ``n C^2`` or the Laplace scale is not a comfortable double are refused before charging,
+which also keeps ``s`` finite (``g_low - C^2``, when positive, is at least an ulp of ``C^2``, so
+``s <= 2^54``); the eigensolver has a fixed public fallback (:mod:`service.mechanisms.linalg`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,17 @@ from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
     MechanismOutput,
+    PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.linalg import FloatArray, clipped_gram, projector, top_k_eigh
+from service.mechanisms.linalg import (
+    FloatArray,
+    clipped_gram,
+    clipped_gram_memory,
+    eigh_memory,
+    projector,
+    top_k_eigh,
+)
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace, symmetric_gaussian
 
 #: The reason a failed propose-test-release reports (public wording, no data-derived number).
@@ -145,6 +158,25 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         "which is charged."
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
+
+    def c2_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float
+    ) -> tuple[float, float]:
+        # Per unit C^2: eigenvalues <= d n; the Laplace scale b = 4/eps, its draws (<= 64 b) and
+        # the shift b ln(1/delta) that makes g_low.
+        scale = 4.0 / epsilon
+        return min(1.0, scale), ctx.n_cols * ctx.n_rows + scale * (64.0 + math.log(1.0 / delta))
+
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]) -> int:
+        d, k = ctx.n_cols, spec.k
+        # The Gram matrix stays alive throughout; then the projector beside E(sigma)'s four
+        # d x d arrays; then the noisy matrix and its eigensolver.
+        return max(
+            clipped_gram_memory(ctx.n_rows, d),
+            8 * d * d + eigh_memory(d, k + 1) + 8 * 2 * d * (k + 1),
+            8 * (6 * d * d),
+            8 * (2 * d * d) + eigh_memory(d, k),
+        )
 
     def run(
         self,

@@ -1,4 +1,22 @@
-"""Linear algebra shared by the mechanisms: clipping, chunked Gram matrices, top-k subspaces."""
+"""Linear algebra shared by the mechanisms: clipping, chunked Gram matrices, top-k subspaces.
+
+Totality
+--------
+Every function here returns finite output on every finite input, at any scale (entries from
+1e-300 to 1e300, zero rows, duplicate rows, rank-deficient matrices), and never raises on such
+input: an exception that depends on the data would be an output no noise covers.
+
+- Norms are taken of rows scaled by a power of two (exact in binary floating point) so that
+  their largest entry lies in ``[0.5, 1)``: ``||x||^2`` can neither overflow nor underflow.
+- Matrices are scaled by a power of two before LAPACK sees them (eigenvectors are unchanged,
+  eigenvalues are scaled back exactly).
+- If LAPACK still fails (it reports non-convergence on some pathological inputs), a fixed public
+  fallback stands in: the first ``k`` standard basis vectors with eigenvalues 0. It does not depend
+  on the data; the docstring of each function that can use it says so.
+
+The magnitudes a clipping mechanism computes (``C^2`` times ``n``, noise scales and so on) are
+kept finite by a refusal at prepare time (:meth:`ClippingMechanism.prepare`), not here.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +27,54 @@ import numpy.typing as npt
 import scipy.linalg
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 #: Rows per chunk when streaming a memory-mapped dataset: 8192 rows of d = 1000 is 64 MB.
 DEFAULT_CHUNK_ROWS = 8192
 
 
+def power_of_two_exponent(magnitude: FloatArray | float) -> IntArray:
+    """``e`` with ``magnitude = m 2^e``, ``m`` in ``[0.5, 1)`` (``e = 0`` for 0).
+
+    Dividing by ``2^e`` is exact, so scaled values keep every bit (bar subnormal tails).
+    """
+    _, exponent = np.frexp(np.asarray(magnitude, dtype=np.float64))
+    return np.asarray(exponent, dtype=np.int64)
+
+
 def clip_rows(rows: npt.NDArray[Any], clip_norm: float) -> FloatArray:
-    """Scale each row to norm at most ``clip_norm``: ``x <- x * min(1, C/||x||)``."""
+    """Scale each row to norm at most ``clip_norm``: ``x <- x * min(1, C/||x||)``.
+
+    Right at every finite scale: each row is first divided by the power of two ``2^e`` that
+    brings its largest entry into ``[0.5, 1)``, so its scaled norm ``r`` lies in
+    ``[0.5, sqrt(d)]`` (or is 0); the row is kept as is when ``r <= C 2^{-e}`` and replaced by
+    ``(x 2^{-e}) (C / r)`` otherwise. (``np.linalg.norm`` of a row of 1e200 is ``inf``, and of a
+    row of 1e-300 is 0: both wrong before this scaling.)
+
+    Parameters
+    ----------
+    rows : (n, d) array
+    clip_norm : float
+        ``C > 0``, finite.
+
+    Returns
+    -------
+    (n, d) array of float64, each row of norm ``<= C`` (up to a few ulps of ``C``).
+    """
     block = np.asarray(rows, dtype=np.float64)
-    norms = np.linalg.norm(block, axis=1)
-    scale = np.minimum(1.0, clip_norm / np.maximum(norms, np.finfo(np.float64).tiny))
-    clipped: FloatArray = block * scale[:, None]
+    if block.size == 0:
+        return block.copy()
+    exponent = power_of_two_exponent(np.max(np.abs(block), axis=1))
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = np.ldexp(block, -exponent[:, None])
+        norms = np.linalg.norm(scaled, axis=1)
+        # C 2^{-e} overflows to inf for tiny rows (kept) and underflows towards 0 for huge rows
+        # (clipped): both sides of the comparison are then right, as r lies in [0.5, sqrt(d)].
+        limit = np.ldexp(clip_norm, -exponent)
+    keep = norms <= limit
+    factor = np.where(keep, 0.0, clip_norm / np.where(keep, 1.0, norms))
+    scaled *= factor[:, None]
+    clipped: FloatArray = np.where(keep[:, None], block, scaled)
     return clipped
 
 
@@ -32,40 +87,141 @@ def iter_row_chunks(data: npt.NDArray[Any], chunk_rows: int = DEFAULT_CHUNK_ROWS
 def clipped_gram(
     data: npt.NDArray[Any], clip_norm: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
 ) -> FloatArray:
-    """``H = X^T X`` of the clipped rows, accumulated in row chunks: memory ``O(d^2 + chunk d)``."""
+    """``H = X^T X`` of the clipped rows, accumulated in row chunks: memory ``O(d^2 + chunk d)``.
+
+    Entries are at most ``n C^2`` in magnitude; the mechanisms refuse clip norms for which that
+    (or any other multiple of ``C^2`` they compute) is not a comfortably finite double.
+    """
     d = data.shape[1]
     gram = np.zeros((d, d), dtype=np.float64)
-    for block in iter_row_chunks(data, chunk_rows):
-        clipped = clip_rows(block, clip_norm)
-        gram += clipped.T @ clipped
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk_rows):
+            clipped = clip_rows(block, clip_norm)
+            gram += clipped.T @ clipped
     return gram
+
+
+def clipped_gram_memory(n_rows: int, n_cols: int, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+    """Peak bytes of :func:`clipped_gram`: per chunk the block (a copy when memory-mapped), its
+    scaled copy, the squares inside the norm and the clipped block (``4 c d``); the Gram matrix
+    and the product added to it (``2 d^2``)."""
+    chunk = min(max(1, n_rows), chunk_rows)
+    return 8 * (4 * chunk * n_cols + 2 * n_cols * n_cols) + 16 * chunk * 8
+
+
+def eigh_memory(d: int, k: int) -> int:
+    """Peak bytes of :func:`top_k_eigh` or :func:`eigenvalues_desc` on a ``d x d`` matrix,
+    beyond the matrix: its finiteness mask and absolute values, the scaled copy, LAPACK's copy
+    and the divide-and-conquer fallback's workspace (``1 + 2 d^2`` doubles and ``5 d + 3``
+    integers), and the eigenvectors."""
+    return 8 * (4 * d * d + 2 * d * k + 40 * d) + d * d
+
+
+def _scaled(matrix: FloatArray) -> tuple[FloatArray, int] | None:
+    """``(matrix 2^{-e}, e)`` with the largest entry in ``[0.5, 1)``; ``None`` if not finite."""
+    if not np.all(np.isfinite(matrix)):
+        return None
+    peak = float(np.max(np.abs(matrix))) if matrix.size else 0.0
+    exponent = int(power_of_two_exponent(peak))
+    with np.errstate(under="ignore"):
+        return np.ldexp(matrix, -exponent), exponent
+
+
+def _fallback_eigenpairs(d: int, k: int) -> tuple[FloatArray, FloatArray]:
+    """The fixed public fallback: eigenvalues 0 and the first ``k`` standard basis vectors."""
+    return np.zeros(k), np.eye(d, k)
 
 
 def top_k_eigh(matrix: FloatArray, k: int) -> tuple[FloatArray, FloatArray]:
     """Top-k eigenpairs of a symmetric matrix, eigenvalues descending.
 
+    The matrix is scaled by a power of two before LAPACK (``dsyevr``); if that fails, the
+    divide-and-conquer driver is tried; if that fails too, or the input is not finite, the fixed
+    public fallback is returned (eigenvalues 0, the first ``k`` standard basis vectors). The
+    fallback does not depend on the data; with a finite input it has never been seen to trigger.
+
     Returns ``(values, vectors)`` with shapes ``(k,)`` and ``(d, k)``.
     """
     d = matrix.shape[0]
-    values, vectors = scipy.linalg.eigh(matrix, subset_by_index=[d - k, d - 1])
-    return values[::-1].copy(), vectors[:, ::-1].copy()
+    scaled = _scaled(matrix)
+    if scaled is None:
+        return _fallback_eigenpairs(d, k)
+    block, exponent = scaled
+    for driver in ("evr", "evd"):
+        try:
+            if driver == "evr":
+                values, vectors = scipy.linalg.eigh(block, subset_by_index=[d - k, d - 1])
+            else:
+                values, vectors = scipy.linalg.eigh(block, driver="evd")
+                values, vectors = values[d - k :], vectors[:, d - k :]
+        except (np.linalg.LinAlgError, ValueError):
+            continue
+        if np.all(np.isfinite(values)) and np.all(np.isfinite(vectors)):
+            return np.ldexp(values[::-1], exponent), vectors[:, ::-1].copy()
+    return _fallback_eigenpairs(d, k)
 
 
 def eigenvalues_desc(matrix: FloatArray) -> FloatArray:
-    """All eigenvalues of a symmetric matrix, descending."""
-    return np.asarray(scipy.linalg.eigvalsh(matrix)[::-1], dtype=np.float64)
+    """All eigenvalues of a symmetric matrix, descending.
+
+    Scaled by a power of two before LAPACK; if it fails, or the input is not finite, the fixed
+    public fallback is all zeros.
+    """
+    d = matrix.shape[0]
+    scaled = _scaled(matrix)
+    if scaled is None:
+        return np.zeros(d)
+    block, exponent = scaled
+    for driver in ("evr", "evd"):
+        try:
+            values = scipy.linalg.eigvalsh(block, driver=driver)
+        except (np.linalg.LinAlgError, ValueError):
+            continue
+        if np.all(np.isfinite(values)):
+            return np.asarray(np.ldexp(values[::-1], exponent), dtype=np.float64)
+    return np.zeros(d)
 
 
 def orthonormal_basis(matrix: FloatArray) -> FloatArray:
-    """Thin-QR orthonormal basis of the column span of ``matrix`` (``d x k``)."""
-    q, _ = np.linalg.qr(matrix, mode="reduced")
+    """Thin-QR orthonormal basis of the column span of ``matrix`` (``d x k``, ``k <= d``).
+
+    The matrix is scaled by a power of two first (the ``Q`` factor is unchanged). Householder QR
+    returns an orthonormal ``Q`` for every finite input, rank-deficient included; if LAPACK
+    fails, or the input is not finite, the fixed public fallback is the first ``k`` standard
+    basis vectors.
+    """
+    d, k = matrix.shape
+    scaled = _scaled(matrix)
+    if scaled is None:
+        return np.eye(d, k)
+    try:
+        q, _ = np.linalg.qr(scaled[0], mode="reduced")
+    except np.linalg.LinAlgError:
+        return np.eye(d, k)
+    if not np.all(np.isfinite(q)):
+        return np.eye(d, k)
     return np.asarray(q, dtype=np.float64)
 
 
 def top_right_singular_vectors(matrix: FloatArray, k: int) -> FloatArray:
-    """Top-k right singular vectors of ``matrix`` (``m x d``) as a ``d x k`` orthonormal basis."""
-    _, _, vt = np.linalg.svd(matrix, full_matrices=False)
-    return np.asarray(vt[:k].T, dtype=np.float64)
+    """Top-k right singular vectors of ``matrix`` (``m x d``) as a ``d x k`` orthonormal basis.
+
+    Scaled by a power of two before the SVD (``gesdd``, then ``gesvd`` if it fails to converge);
+    if both fail, or the input is not finite, the fixed public fallback is the first ``k``
+    standard basis vectors.
+    """
+    d = matrix.shape[1]
+    scaled = _scaled(matrix)
+    if scaled is None:
+        return np.eye(d, k)
+    for driver in ("gesdd", "gesvd"):
+        try:
+            _, _, vt = scipy.linalg.svd(scaled[0], full_matrices=False, lapack_driver=driver)
+        except (np.linalg.LinAlgError, ValueError):
+            continue
+        if np.all(np.isfinite(vt)):
+            return np.asarray(vt[:k].T, dtype=np.float64)
+    return np.eye(d, k)
 
 
 def projector(basis: FloatArray) -> FloatArray:

@@ -25,6 +25,7 @@ by the guarantee.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -66,20 +67,35 @@ def analytic_gaussian_sigma(
 ) -> float:
     """Smallest ``sigma`` such that Gaussian noise of l2 sensitivity ``D`` is ``(eps, delta)``-DP.
 
-    ``delta(sigma)`` decreases in ``sigma``, so bisection on ``log sigma`` finds the boundary;
-    the returned value is the upper end of the final bracket, so it always satisfies the bound.
-    Valid for every ``epsilon > 0`` (unlike the classical ``sqrt(2 ln(1.25/delta)) D/eps``).
+    ``delta(sigma)`` depends on ``D / sigma`` only, so ``sigma(D) = D sigma(1)``: the bisection
+    runs at ``D = 1`` (on ``log sigma``, where no step can over- or underflow whatever the scale
+    of ``D``) and the result is multiplied by ``D``. ``delta(sigma)`` decreases in ``sigma``, and
+    the returned value is the upper end of the final bracket, so it satisfies the bound. Valid
+    for every ``epsilon > 0`` (unlike the classical ``sqrt(2 ln(1.25/delta)) D/eps``).
     """
-    if not (sensitivity > 0 and epsilon > 0 and 0 < delta < 1):
-        raise ValueError("need sensitivity > 0, epsilon > 0 and 0 < delta < 1")
-    low = high = sensitivity
-    while gaussian_delta(high, sensitivity, epsilon) > delta:
+    if not (0 < sensitivity < math.inf and 0 < epsilon < math.inf and 0 < delta < 1):
+        raise ValueError("need 0 < sensitivity < inf, 0 < epsilon < inf and 0 < delta < 1")
+    sigma = sensitivity * _unit_sigma(epsilon, delta, rel_tol)
+    # The product may round below the unit bracket's end by an ulp or so: step up until the
+    # bound holds at this D (a few ulps at most; the rel_tol step guarantees termination).
+    for _ in range(8):
+        if gaussian_delta(sigma, sensitivity, epsilon) <= delta:
+            return sigma
+        sigma = math.nextafter(sigma, math.inf)
+    return sigma * (1.0 + rel_tol)
+
+
+@functools.lru_cache(maxsize=256)
+def _unit_sigma(epsilon: float, delta: float, rel_tol: float) -> float:
+    """``analytic_gaussian_sigma(1, epsilon, delta)``."""
+    low = high = 1.0
+    while gaussian_delta(high, 1.0, epsilon) > delta:
         low, high = high, high * 2.0
-    while gaussian_delta(low, sensitivity, epsilon) <= delta:
+    while gaussian_delta(low, 1.0, epsilon) <= delta:
         low, high = low / 2.0, low
     while high - low > rel_tol * high:
         mid = math.sqrt(low * high)
-        if gaussian_delta(mid, sensitivity, epsilon) <= delta:
+        if gaussian_delta(mid, 1.0, epsilon) <= delta:
             high = mid
         else:
             low = mid

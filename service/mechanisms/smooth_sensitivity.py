@@ -10,6 +10,20 @@ beta-smooth upper bound on it. Gaussian noise ``5 S sqrt(2 ln(2/delta))/eps`` wi
 ``6 S1/eps`` with ``S1 = sqrt(D) S``, ``beta = eps/(6D)`` is ``(eps, 0)``-DP (Theorem 9.2), where
 ``D = d k``. The Haar rotation inside the subspace is public randomness, the thin QR
 post-processing.
+
+Range of the Gaussian variant: Theorem 9 of seed 004 (Nissim, Raskhodnikova & Smith 2007,
+Lemmas 2.7 and 2.10) is stated for ``epsilon, delta in (0, 1)``, and it is false far outside:
+with this very smooth bound the exact privacy profile exceeds the target delta from about
+``epsilon = 40``. So the Gaussian variant accepts only ``epsilon <= GAUSSIAN_MAX_EPSILON = 1``
+(``epsilon = 1`` by continuity: every event's probability is continuous in ``epsilon``, so the
+inequality for ``epsilon -> 1^-`` carries over) and refuses larger ones with 422 before
+charging. The Cauchy variant's argument needs no such condition: per coordinate, a shift by
+``a`` scales costs at most ``2 asinh(a/2) <= a`` and a change of scale by ``e^{+-beta}`` at most
+``beta``, so the loss is at most ``eps/6 + D beta = eps/3`` for every ``epsilon``.
+
+Floating point: clipping is right at every finite scale (power-of-two rescaling), clip norms for
+which ``n C^2`` is not a comfortable double are refused before charging, and the eigensolver and
+QR have fixed public fallbacks (:mod:`service.mechanisms.linalg`).
 """
 
 from __future__ import annotations
@@ -22,14 +36,26 @@ import numpy as np
 from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
+    InvalidParameter,
     MechanismOutput,
+    PublicContext,
     ReleaseSpec,
 )
 from service.mechanisms.gap_perturbation import top_k_with_gap
-from service.mechanisms.linalg import FloatArray, clipped_gram, orthonormal_basis
+from service.mechanisms.linalg import (
+    FloatArray,
+    clipped_gram,
+    clipped_gram_memory,
+    eigh_memory,
+    orthonormal_basis,
+)
 from service.mechanisms.noise import cauchy, haar_orthogonal
 
 Variant = Literal["gaussian", "cauchy"]
+
+#: The largest epsilon the Gaussian variant accepts: Theorem 9 of seed 004 assumes
+#: ``epsilon in (0, 1)`` (closed at 1 by continuity; see the module docstring).
+GAUSSIAN_MAX_EPSILON = 1.0
 
 
 class SmoothSensitivityParams(ClipParams):
@@ -158,6 +184,43 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
     )
     params_model: ClassVar[type[SmoothSensitivityParams]] = SmoothSensitivityParams
     allows_pure_dp: ClassVar[bool] = True
+
+    def prepare(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: SmoothSensitivityParams,
+    ) -> SmoothSensitivityParams:
+        resolved = super().prepare(ctx, k, epsilon, delta, params)
+        if delta > 0 and epsilon > GAUSSIAN_MAX_EPSILON:
+            raise InvalidParameter(
+                "epsilon",
+                f"must be <= {GAUSSIAN_MAX_EPSILON:g} for the Gaussian variant (delta > 0), got "
+                f"{epsilon:g}: its calibration (seed 004, Theorem 9) is proved only for epsilon "
+                "in (0, 1], and at large epsilon it exceeds delta; use delta = 0 (the Cauchy "
+                "variant), a smaller epsilon, or analyze_gauss / gap_perturbation",
+            )
+        return resolved
+
+    def c2_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float
+    ) -> tuple[float, float]:
+        # Per unit C^2: eigenvalues and the gap <= n, (2j+1) <= n + 3 in A(j), and the cap's
+        # threshold sqrt(2/k). The noise scales do not involve C.
+        return min(1.0, math.sqrt(2.0 / k)), ctx.n_cols * (ctx.n_rows + 4.0)
+
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> int:
+        d, k = ctx.n_cols, spec.k
+        # The Gram matrix stays alive through the eigensolver; then a few d x k arrays (the
+        # eigenvectors, their rotation, the noise, the sum, its scaled copy and Q) and QR's
+        # workspace.
+        return max(
+            clipped_gram_memory(ctx.n_rows, d),
+            8 * d * d + eigh_memory(d, k + 1) + 8 * 2 * d * (k + 1),
+            8 * d * d + 8 * (10 * d * k + 4 * k * k + 64 * d),
+        )
 
     def run(
         self,

@@ -77,3 +77,21 @@ def test_pure_cauchy_variant_median_error_is_small_and_charged_pure(
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
     assert budget.json()["epsilon_spent"] == "7"
     assert budget.json()["delta_spent"] == "0"
+
+
+def test_gaussian_epsilon_above_one_is_refused_before_charging(client, keys, upload_dataset):
+    data, _ = near_subspace(500, 6, 2, seed=33)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    for epsilon, expected in [("1.0000001", 422), ("40", 422), ("1", 202)]:
+        response = client.post(
+            f"/v1/datasets/{dataset['id']}/releases",
+            headers=bearer(keys.analyst),
+            json={"mechanism": "smooth_sensitivity", "k": 2, "epsilon": epsilon, "delta": "1e-6"},
+        )
+        assert response.status_code == expected, response.text
+        if expected == 422:
+            assert "epsilon" in response.text
+            budget = client.get(
+                f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst)
+            ).json()
+            assert budget["epsilon_spent"] == "0"

@@ -1,5 +1,6 @@
-"""Issue 3, done-when for spectrum through HTTP: noisy singular values within the stated noise
-and suggested_k = 3 near a 3-dim subspace of R^20; no basis; k > min(n, d) refused."""
+"""Issue 3, done-when for spectrum through HTTP: noisy eigenvalues within the stated noise,
+singular values their square roots, and suggested_k = 3 near a 3-dim subspace of R^20; no
+basis; k > min(n, d) refused."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ def test_spectrum_suggests_three_within_its_stated_noise(client, keys, upload_da
     extras = result["result"]["extras"]
     # Over 200,000 simulated draws the suggestion was 3 in all but 0.05%.
     assert extras["suggested_k"] == 3
-    values = np.array(extras["singular_values"])
-    truth = np.linalg.svd(data, compute_uv=False)
+    values = np.array(extras["eigenvalues"])
+    truth = np.linalg.svd(data, compute_uv=False) ** 2
     assert len(values) == 20
     assert np.abs(values - truth).max() <= 5 * extras["noise_std"] + extras["grid"]
+    assert np.array(extras["singular_values"]) == pytest.approx(np.sqrt(values))
 
 
 def test_spectrum_refuses_more_values_than_min_n_d(client, keys, upload_dataset):

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from service.mechanisms import linalg
 from service.mechanisms.linalg import (
     clip_rows,
     clipped_gram,
@@ -113,3 +117,99 @@ def test_subspace_distance_extremes_and_shape_check() -> None:
     assert subspace_distance(e[:, :2], e[:, 2:]) == pytest.approx(1.0)
     with pytest.raises(ValueError):
         subspace_distance(e[:, :2], e[:, :3])
+
+
+# ---------------------------------------------------------------------------------------------
+# Totality: right at every finite scale, never raising
+
+
+def reference_clip(row: np.ndarray, clip: float) -> np.ndarray:
+    """``x min(1, C/||x||)`` with the norm from math.hypot, which scales internally."""
+    norm = math.hypot(*row.tolist())
+    if norm <= clip:
+        return row.copy()
+    return np.array([(value / norm) * clip for value in row.tolist()])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    mantissas=st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=6),
+    exponent=st.integers(-307, 307),
+    clip_exponent=st.integers(-150, 150),
+)
+def test_clip_rows_is_right_at_every_finite_scale(
+    mantissas: list[float], exponent: int, clip_exponent: int
+) -> None:
+    row = np.array(mantissas) * 10.0**exponent
+    assume(np.all(np.isfinite(row)))
+    clip = 1.5 * 10.0**clip_exponent
+    got = clip_rows(row[None, :], clip)[0]
+    expected = reference_clip(row, clip)
+    assert np.all(np.isfinite(got))
+    assert got == pytest.approx(expected, rel=1e-12, abs=0.0)
+    assert math.hypot(*got.tolist()) <= clip * (1 + 1e-12)
+
+
+def test_clip_rows_examples_the_old_norm_got_wrong() -> None:
+    # np.linalg.norm of the first row is inf (so it was zeroed), of the second 0 (so it was
+    # scaled by C / tiny and zeroed as well).
+    rows = np.array([[3e200, 4e200], [3e-300, 4e-300], [0.0, 0.0]])
+    clipped = clip_rows(rows, 1e-300)
+    assert clipped[0] == pytest.approx([6e-301, 8e-301], rel=1e-14)
+    assert clipped[1] == pytest.approx([6e-301, 8e-301], rel=1e-14)
+    assert np.array_equal(clipped[2], [0.0, 0.0])
+    assert clip_rows(rows, 1.0)[0] == pytest.approx([0.6, 0.8], rel=1e-15)
+
+
+def test_eigensolvers_scale_by_powers_of_two() -> None:
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((5, 5))
+    sym = a + a.T
+    for scale in (1e-300, 1e300, 1.5e307):
+        values, vectors = top_k_eigh(sym * scale, 2)
+        ref_values, _ = top_k_eigh(sym, 2)
+        assert values == pytest.approx(ref_values * scale, rel=1e-12)
+        assert vectors.T @ vectors == pytest.approx(np.eye(2), abs=1e-12)
+        assert eigenvalues_desc(sym * scale) == pytest.approx(eigenvalues_desc(sym) * scale)
+        q = orthonormal_basis(a[:, :2] * scale)
+        assert q.T @ q == pytest.approx(np.eye(2), abs=1e-12)
+        v = top_right_singular_vectors(a * scale, 2)
+        assert v.T @ v == pytest.approx(np.eye(2), abs=1e-12)
+
+
+def test_public_fallbacks_when_lapack_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise np.linalg.LinAlgError("did not converge")
+
+    monkeypatch.setattr(linalg.scipy.linalg, "eigh", fail)
+    monkeypatch.setattr(linalg.scipy.linalg, "eigvalsh", fail)
+    monkeypatch.setattr(linalg.scipy.linalg, "svd", fail)
+    monkeypatch.setattr(linalg.np.linalg, "qr", fail)
+    sym = np.diag([3.0, 2.0, 1.0])
+    values, vectors = top_k_eigh(sym, 2)
+    assert np.array_equal(values, [0.0, 0.0]) and np.array_equal(vectors, np.eye(3, 2))
+    assert np.array_equal(eigenvalues_desc(sym), np.zeros(3))
+    assert np.array_equal(orthonormal_basis(sym[:, :2]), np.eye(3, 2))
+    assert np.array_equal(top_right_singular_vectors(sym, 2), np.eye(3, 2))
+
+
+def test_second_driver_before_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = linalg.scipy.linalg.eigh
+    calls: list[str] = []
+
+    def first_fails(*args: object, **kwargs: object) -> object:
+        calls.append(str(kwargs.get("driver", "evr")))
+        if "subset_by_index" in kwargs:
+            raise np.linalg.LinAlgError("did not converge")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(linalg.scipy.linalg, "eigh", first_fails)
+    values, _ = top_k_eigh(np.diag([3.0, 2.0, 1.0]), 2)
+    assert values == pytest.approx([3.0, 2.0]) and calls == ["evr", "evd"]
+
+
+def test_non_finite_input_gets_the_fallback_not_an_exception() -> None:
+    bad = np.array([[np.inf, 0.0], [0.0, 1.0]])
+    assert np.array_equal(top_k_eigh(bad, 1)[1], np.eye(2, 1))
+    assert np.array_equal(eigenvalues_desc(bad), np.zeros(2))
+    assert np.array_equal(orthonormal_basis(bad), np.eye(2))

@@ -13,6 +13,7 @@ from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.gap_perturbation import top_k_with_gap
 from service.mechanisms.linalg import clip_rows, clipped_gram, subspace_distance
 from service.mechanisms.smooth_sensitivity import (
+    GAUSSIAN_MAX_EPSILON,
     SmoothSensitivity,
     SmoothSensitivityParams,
     cauchy_beta,
@@ -243,3 +244,45 @@ def test_audit_negative_control_fails(
 @pytest.mark.parametrize("delta", [DELTA, 0.0])
 def test_audit_passes_long(delta: float) -> None:
     test_audit_passes(delta, runs=20_000)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Gaussian variant's proved epsilon range (seed 004, Theorem 9: epsilon in (0, 1))
+
+
+def test_gaussian_variant_accepts_epsilon_up_to_one_and_refuses_just_above() -> None:
+    mechanism = SmoothSensitivity()
+    ctx = PublicContext(n_rows=500, n_cols=6, row_norm_bound=1.0)
+    assert GAUSSIAN_MAX_EPSILON == 1.0
+    inside = mechanism.prepare(ctx, 2, 1.0, 1e-6, SmoothSensitivityParams())
+    assert inside.clip_norm == 1.0
+    for outside in (math.nextafter(1.0, 2.0), 1.5, 40.0, 1000.0):
+        with pytest.raises(InvalidParameter) as error:
+            mechanism.prepare(ctx, 2, outside, 1e-6, SmoothSensitivityParams())
+        assert error.value.field == "epsilon"
+        assert "epsilon" in error.value.message and "<= 1" in error.value.message
+        assert f"got {outside:g}" in error.value.message
+
+
+def test_cauchy_variant_keeps_every_epsilon() -> None:
+    # Its argument (per-coordinate sliding 2 asinh(a/2) <= a and dilation <= beta) has no
+    # small-epsilon condition.
+    ctx = PublicContext(n_rows=500, n_cols=6, row_norm_bound=1.0)
+    for epsilon in (0.5, 1.0, 40.0, 1000.0):
+        params = SmoothSensitivity().prepare(ctx, 2, epsilon, 0.0, SmoothSensitivityParams())
+        assert params.clip_norm == 1.0
+
+
+def test_cauchy_sliding_and_dilation_bounds_hold_for_every_shift() -> None:
+    # The two facts the Cauchy variant's range rests on, checked on a fine grid:
+    # sup_z ln(f(z) / f(z + a)) = 2 asinh(a/2) <= a for the standard Cauchy density f, and
+    # the density ratio of scales s and s e^b lies within e^{+-|b|}.
+    z = np.linspace(-200, 200, 400_001)
+    for a in (1e-3, 0.1, 1.0, 5.0, 40.0):
+        worst = float(np.max(np.log1p((z + a) ** 2) - np.log1p(z**2)))
+        assert worst <= 2 * math.asinh(a / 2) + 1e-9 and 2 * math.asinh(a / 2) <= a
+        assert worst >= 2 * math.asinh(a / 2) - 1e-3
+    for b in (-0.3, 0.01, 0.3):
+        s, t = 1.0, math.exp(b)
+        ratio = (s / t) * (t**2 + z**2) / (s**2 + z**2)
+        assert np.all(np.abs(np.log(ratio)) <= abs(b) + 1e-12)

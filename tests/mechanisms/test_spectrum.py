@@ -1,7 +1,10 @@
-"""M7 spectrum: calibration (Mirsky), rounding, suggested k, utility, refusals and the audit."""
+"""M7 spectrum: calibration (eigenvalues, sqrt(2) C^2), rounding, suggested k, utility,
+refusals and the audit with its negative control."""
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -12,11 +15,13 @@ from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows
 from service.mechanisms.noise import analytic_gaussian_sigma
 from service.mechanisms.spectrum import (
+    FALSE_SIGNAL,
     GRID_DIVISOR,
     Spectrum,
     SpectrumParams,
     noise_std,
     round_to_grid,
+    signal_threshold,
     spectrum,
     spectrum_sensitivity,
     suggest_k,
@@ -32,27 +37,46 @@ EPS, DELTA = 1.0, 1e-5
 
 
 @pytest.mark.parametrize(("clip", "eps", "delta"), [(1.0, 1.0, 1e-6), (3.0, 0.2, 1e-9)])
-def test_noise_std_is_analytic_gaussian_for_2c(clip: float, eps: float, delta: float) -> None:
-    assert spectrum_sensitivity(clip) == 2 * clip
-    assert noise_std(clip, eps, delta) == analytic_gaussian_sigma(2 * clip, eps, delta)
+def test_noise_std_is_analytic_gaussian_for_sqrt2_c_squared(
+    clip: float, eps: float, delta: float
+) -> None:
+    assert spectrum_sensitivity(clip) == math.sqrt(2) * clip**2
+    assert noise_std(clip, eps, delta) == analytic_gaussian_sigma(
+        math.sqrt(2) * clip**2, eps, delta
+    )
 
 
-def test_mirsky_bound_2c_holds_on_random_neighbours() -> None:
+def eigenvalues_of(rows: np.ndarray) -> np.ndarray:
+    return np.sort(np.linalg.eigvalsh(rows.T @ rows))[::-1]
+
+
+def test_eigenvalue_vector_sensitivity_by_brute_force() -> None:
+    # Random neighbouring pairs (one clipped row replaced, some replaced rows at norm exactly C,
+    # some zero): the top-m eigenvalue vector moves by <= sqrt(2) C^2 in l2 (Hoffman-Wielandt)
+    # and <= 2 C^2 in l1 (interlacing), for every m.
     rng = np.random.default_rng(0)
-    worst = 0.0
-    for _ in range(500):
-        n = int(rng.integers(1, 6))
-        data = clip_rows(rng.standard_normal((n, 4)) * 2, 1.0)
+    worst_l2 = worst_l1 = 0.0
+    for trial in range(1500):
+        n, d, clip = int(rng.integers(1, 7)), int(rng.integers(1, 6)), float(rng.uniform(0.3, 3))
+        data = clip_rows(rng.standard_normal((n, d)) * rng.uniform(0.1, 5), clip)
         neighbour = data.copy()
-        neighbour[int(rng.integers(n))] = clip_rows(rng.standard_normal((1, 4)) * 2, 1.0)[0]
-        a = np.linalg.svd(data, compute_uv=False)
-        b = np.linalg.svd(neighbour, compute_uv=False)
-        worst = max(worst, float(np.linalg.norm(a - b)))
-    assert worst <= 2.0 + 1e-12
+        row = clip_rows(rng.standard_normal((1, d)) * 10, clip)[0]
+        neighbour[int(rng.integers(n))] = 0.0 if trial % 5 == 0 else row
+        change = eigenvalues_of(data) - eigenvalues_of(neighbour)
+        for m in range(1, d + 1):
+            worst_l2 = max(worst_l2, float(np.linalg.norm(change[:m])) / clip**2)
+            worst_l1 = max(worst_l1, float(np.abs(change[:m]).sum()) / clip**2)
+    assert worst_l2 <= math.sqrt(2) * (1 + 1e-9)
+    assert worst_l1 <= 2 * (1 + 1e-9)
+    assert worst_l2 > 1.3  # the search gets close to the bound: it could have failed
+    # Attained: orthogonal rows of norm C.
+    e = np.eye(3)
+    pair = eigenvalues_of(np.vstack([e[:1], e[1:2]])) - eigenvalues_of(np.vstack([e[:1], e[:1]]))
+    assert np.linalg.norm(pair) == pytest.approx(math.sqrt(2))
 
 
-def test_noise_added_has_the_stated_std(monkeypatch: pytest.MonkeyPatch) -> None:
-    # With no data signal (all-zero rows) the released values are |noise| sorted: compare the
+def test_noise_added_has_the_stated_std() -> None:
+    # With no data signal (all-zero rows) the released values are the clamped noise: compare the
     # raw Gaussian draws through a spy on rng.normal.
     draws: list[tuple[float, int]] = []
 
@@ -77,19 +101,43 @@ def test_round_to_grid() -> None:
 # The suggested k
 
 
+def test_signal_threshold_is_a_union_bound_over_m() -> None:
+    assert signal_threshold(1.0, 1) == pytest.approx(NormalDist().inv_cdf(1 - FALSE_SIGNAL))
+    assert signal_threshold(2.0, 50) == pytest.approx(
+        2.0 * NormalDist().inv_cdf(1 - FALSE_SIGNAL / 50)
+    )
+    # Pure noise (every true eigenvalue 0): all m values stay below it in >= 1 - FALSE_SIGNAL.
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((20_000, 50)).max(axis=1)
+    assert np.mean(noise > signal_threshold(1.0, 50)) <= 2 * FALSE_SIGNAL
+
+
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        ([100.0, 90.0, 80.0, 5.0, 3.0], 3),  # drop at 3 (80 vs the floor 2)
-        ([100.0, 40.0, 39.0], 1),  # the first large drop wins
-        ([10.0, 5.0, 4.0], 1),  # exactly DROP_RATIO counts
-        ([10.0, 9.0, 8.0], 3),  # no drop, all significant: m
-        ([1.0, 0.5, 0.1], 1),  # all noise: at least 1
-        ([50.0], 1),
+        ([1000.0, 900.0, 800.0, 5.0, 3.0], 3),  # drop at 3 (800 against the threshold 10)
+        ([1000.0, 240.0, 239.0], 1),  # the first large drop (4x) wins
+        ([100.0, 25.0, 24.0], 1),  # exactly DROP_RATIO counts
+        ([100.0, 90.0, 80.0], 3),  # no drop, all significant: m
+        ([30.0, 20.0], 2),  # the last significant value against the threshold: no 4x drop
+        ([50.0, 12.0], 1),  # 50 >= 4 * max(12, 10)
+        ([9.0, 5.0, 1.0], 1),  # all below the threshold: at least 1
+        ([40.0], 1),
+        ([11.0, 10.5, 0.0], 2),  # both just significant, no 4x drop: the count of them
     ],
 )
 def test_suggest_k(values: list[float], expected: int) -> None:
-    assert suggest_k(np.array(values), 1.0) == expected
+    assert suggest_k(np.array(values), 10.0) == expected
+
+
+def test_suggest_k_never_picks_a_value_below_the_threshold() -> None:
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        values = np.sort(rng.exponential(10, size=int(rng.integers(1, 12))) ** 2)[::-1]
+        k = suggest_k(values, 10.0)
+        assert 1 <= k <= len(values)
+        if np.any(values > 10.0):
+            assert values[k - 1] > 10.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +146,7 @@ def test_suggest_k(values: list[float], expected: int) -> None:
 
 def test_released_values_are_within_the_stated_noise_and_suggest_three() -> None:
     data, _ = near_subspace(20_000, 20, 3, seed=2)
-    truth = np.linalg.svd(data, compute_uv=False)
+    truth = np.linalg.svd(data, compute_uv=False) ** 2
     rng = np.random.default_rng(3)
     for _ in range(5):
         values, suggested, std = spectrum(data, 20, 1.0, 1e-6, 1.0, rng)
@@ -110,6 +158,18 @@ def test_released_values_are_within_the_stated_noise_and_suggest_three() -> None
         assert suggested == 3
 
 
+def test_small_data_is_visible_where_singular_value_noise_hid_it() -> None:
+    # 2,000 rows of norm ~0.5 near a 3-dim subspace (s_i ~ 16) at epsilon = 0.3: the old
+    # route's noise on singular values (sigma for 2C, ~30) exceeded every s_i; on eigenvalues
+    # (lambda_i ~ 270, sigma for sqrt(2) C^2 ~ 21) the top 3 stand clear and k = 3 is found.
+    data, _ = near_subspace(2000, 20, 3, seed=5)
+    data *= 0.5
+    assert analytic_gaussian_sigma(2.0, 0.3, 1e-6) > np.linalg.svd(data, compute_uv=False)[0]
+    rng = np.random.default_rng(6)
+    suggestions = [spectrum(data, 10, 0.3, 1e-6, 1.0, rng)[1] for _ in range(20)]
+    assert suggestions.count(3) >= 19
+
+
 def test_mechanism_run_extras() -> None:
     mechanism = Spectrum()
     ctx = PublicContext(n_rows=2000, n_cols=8, row_norm_bound=1.0)
@@ -117,11 +177,21 @@ def test_mechanism_run_extras() -> None:
     data, _ = near_subspace(2000, 8, 2, seed=4)
     out = mechanism.run(data, ReleaseSpec(5, 1.0, 1e-6, params), np.random.default_rng(5))
     assert out.basis is None and out.no_result_reason is None
-    assert set(out.extras) == {"singular_values", "suggested_k", "noise_std", "grid"}
-    assert len(out.extras["singular_values"]) == 5
+    assert set(out.extras) == {
+        "eigenvalues",
+        "singular_values",
+        "suggested_k",
+        "noise_std",
+        "signal_threshold",
+        "grid",
+    }
+    eigenvalues = np.array(out.extras["eigenvalues"])
+    assert len(eigenvalues) == 5
     assert all(isinstance(v, float) for v in out.extras["singular_values"])
+    assert np.array(out.extras["singular_values"]) == pytest.approx(np.sqrt(eigenvalues))
     assert isinstance(out.extras["suggested_k"], int)
     assert out.extras["noise_std"] == noise_std(1.0, 1.0, 1e-6)
+    assert out.extras["signal_threshold"] == signal_threshold(out.extras["noise_std"], 5)
     assert out.extras["grid"] == out.extras["noise_std"] / GRID_DIVISOR
 
 
@@ -151,9 +221,9 @@ def test_prepare_refuses(delta: float, bound: float | None, field: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Empirical privacy audit
 
-# One row of norm C against a zero row: the top singular value moves by C (half the Mirsky
-# bound 2C; a single replacement moves the whole vector by at most ~C in the pairs we could
-# build). The event is a threshold on the released top value.
+# One row of norm C against a zero row: the top eigenvalue moves by C^2 (the l2 bound is
+# sqrt(2) C^2, reached only by two orthogonal rows, which moves two eigenvalues). The event is a
+# threshold on the released top value.
 PAIR = (np.array([[1.0, 0.0]]), np.array([[0.0, 0.0]]))
 
 
