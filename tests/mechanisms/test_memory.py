@@ -1,0 +1,77 @@
+"""Every mechanism's ``memory_bytes`` (a function of public facts: n, d, k, params) bounds the
+memory a run really uses, and is not wildly above it.
+
+The API refuses a release whose estimate exceeds ``DPSS_WORKER_MEMORY_MB`` before charging, so
+an under-estimate would let a worker run out of memory in a way that depends on nothing public
+but still fails the release; a gross over-estimate would refuse releases that fit. The peak is
+measured with tracemalloc (NumPy and SciPy report their array allocations to it) on a
+memory-mapped dataset, as the worker reads it; the data itself is not counted.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.registry import MECHANISMS
+from tests.mechanisms.synthetic import near_subspace
+
+#: Slack allowed above the measurement: 4x the peak plus a constant for interpreter noise.
+RATIO = 4.0
+CONSTANT = 4 * 2**20
+
+#: (n, d, k, epsilon, delta, params) per mechanism: moderate shapes, two regimes each for the
+#: Gram mechanisms (chunked clipping dominates at small d, d x d matrices at large d).
+CASES: dict[str, list[tuple[int, int, int, float, float, dict[str, Any]]]] = {
+    "analyze_gauss": [(20_000, 40, 3, 1.0, 1e-6, {}), (3_000, 400, 3, 1.0, 1e-6, {})],
+    "gap_perturbation": [(20_000, 40, 3, 1.0, 1e-6, {}), (3_000, 400, 3, 1.0, 1e-6, {})],
+    "smooth_sensitivity": [(20_000, 40, 3, 1.0, 1e-6, {}), (3_000, 400, 3, 1.0, 0.0, {})],
+    "spectrum": [(20_000, 40, 20, 1.0, 1e-6, {}), (3_000, 400, 50, 1.0, 1e-6, {})],
+    "exact_gapmax": [(2_000, 10, 2, 1.0, 1e-6, {"sample_rows": 200})],
+    "histogram_aggregate": [(20_000, 20, 3, 1.0, 1e-6, {"gamma": 0.01})],
+    "friendly_aggregate": [(20_000, 40, 3, 1.0, 1e-6, {})],
+}
+
+
+def measured_peak(mechanism: Any, data: np.ndarray, spec: ReleaseSpec[Any]) -> int:
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base, _ = tracemalloc.get_traced_memory()
+        mechanism.run(data, spec, np.random.default_rng(0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return max(0, peak - base)
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    [(name, case) for name in sorted(MECHANISMS) for case in CASES.get(name, [])],
+    ids=lambda value: value if isinstance(value, str) else f"n{value[0]}-d{value[1]}",
+)
+def test_memory_estimate_bounds_the_measured_peak(
+    name: str, case: tuple[int, int, int, float, float, dict[str, Any]], tmp_path: Path
+) -> None:
+    n, d, k, epsilon, delta, raw = case
+    mechanism = MECHANISMS[name]
+    data, _ = near_subspace(n, d, k, seed=1)
+    path = tmp_path / "data.npy"
+    np.save(path, data)
+    mapped = np.load(path, mmap_mode="r")
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
+    spec = ReleaseSpec(k, epsilon, delta, params)
+    estimate = mechanism.memory_bytes(ctx, spec)
+    peak = measured_peak(mechanism, mapped, spec)
+    assert estimate >= peak, f"{name}: estimate {estimate} below measured peak {peak}"
+    assert estimate <= RATIO * peak + CONSTANT, f"{name}: estimate {estimate}, peak {peak}"
+
+
+def test_every_registered_mechanism_has_a_case() -> None:
+    assert set(CASES) >= set(MECHANISMS)
