@@ -15,12 +15,14 @@ the set of reachable doubles, so a *directly released* noisy value can in princi
 unperturbed input. What the service does about it: the subspace mechanisms release eigenvectors
 or QR factors of noisy matrices (a non-linear post-processing that does not preserve the
 low-order bits of any single noisy entry), and directly released noisy numbers (``spectrum``'s
-singular values, ``analyze_gauss``'s eigenvalues) are rounded to a grid of ``sigma / 1000``
+eigenvalues, ``analyze_gauss``'s eigenvalues) are rounded to a grid of ``sigma / 1000``
 (:func:`round_to_grid`), far coarser than a double's spacing. What remains: no snapping
 mechanism is implemented, so the guarantee is the idealised real-number one and not a proof
-for floating-point arithmetic. A data-dependent numerical failure (an exception inside a
-mechanism) ends a release as ``failed``; that outcome is visible, so it is one bit not covered
-by the guarantee.
+for floating-point arithmetic.
+
+Scale: :func:`analytic_gaussian_sigma` calibrates at unit sensitivity and scales the result, so
+no step of its bisection can over- or underflow, and the product is finite for every sensitivity the
+mechanisms accept (their clip norms are checked at prepare time, see ``base.check_clip_scale``).
 """
 
 from __future__ import annotations
