@@ -20,9 +20,10 @@ eigenvalues, ``analyze_gauss``'s eigenvalues) are rounded to a grid of ``sigma /
 mechanism is implemented, so the guarantee is the idealised real-number one and not a proof
 for floating-point arithmetic.
 
-Scale: :func:`analytic_gaussian_sigma` calibrates at unit sensitivity and scales the result, so
-no step of its bisection can over- or underflow, and the product is finite for every sensitivity the
-mechanisms accept (their clip norms are checked at prepare time, see ``base.check_clip_scale``).
+Scale: :func:`analytic_gaussian_sigma` calibrates at unit sensitivity and scales the result,
+so no step of its bisection can over- or underflow, and the product is finite for every
+sensitivity the mechanisms accept (clip norms are checked at prepare time, see
+``base.check_clip_scale``).
 """
 
 from __future__ import annotations
