@@ -221,18 +221,18 @@ def test_prepare_refuses(delta: float, bound: float | None, field: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Empirical privacy audit
 
-# One row of norm C against a zero row: the top eigenvalue moves by C^2 (the l2 bound is
-# sqrt(2) C^2, reached only by two orthogonal rows, which moves two eigenvalues). The event is a
-# threshold on the released top value.
-PAIR = (np.array([[1.0, 0.0]]), np.array([[0.0, 0.0]]))
+# The worst case of the l2 bound: X = (e1, e2) has eigenvalues (1, 1), X' = (e1, e1) has (2, 0),
+# a move of exactly sqrt(2) C^2. The event is a threshold on the released gap
+# lambda_1 - lambda_2 (after sorting), whose noise has std sqrt(2) sigma against a shift of 2.
+PAIR = (np.array([[1.0, 0.0], [0.0, 1.0]]), np.array([[1.0, 0.0], [1.0, 0.0]]))
 
 
 def release(data: np.ndarray, rng: np.random.Generator) -> Any:
-    return spectrum(data, 1, EPS, DELTA, 1.0, rng)[0]
+    return spectrum(data, 2, EPS, DELTA, 1.0, rng)[0]
 
 
 def top_above(values: np.ndarray) -> bool:
-    return bool(values[0] > 1.2)
+    return bool(values[0] - values[1] > 1.5)
 
 
 def test_audit_passes(runs: int = 1500) -> None:
