@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from service.mechanisms.base import InvalidParameter, MechanismOutput, PublicContext, ReleaseSpec
@@ -71,8 +71,10 @@ def run_total(name: str, data: np.ndarray, k: int, clip: float, seed: int) -> No
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=clip)
     try:
         params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
-    except InvalidParameter:
+    except InvalidParameter as refusal:
+        event(f"refused at prepare: {refusal.field}")
         return  # refused from public facts before anything is charged: terminal, no run
+    event("ran")
     out = mechanism.run(data, ReleaseSpec(k, epsilon, delta, params), np.random.default_rng(seed))
     assert isinstance(out, MechanismOutput)
     # Extras go into the store as JSON: every number must be finite.
