@@ -79,13 +79,21 @@ def analytic_gaussian_sigma(
     if not (0 < sensitivity < math.inf and 0 < epsilon < math.inf and 0 < delta < 1):
         raise ValueError("need 0 < sensitivity < inf, 0 < epsilon < inf and 0 < delta < 1")
     sigma = sensitivity * _unit_sigma(epsilon, delta, rel_tol)
-    # The product may round below the unit bracket's end by an ulp or so: step up until the
-    # bound holds at this D (a few ulps at most; the rel_tol step guarantees termination).
-    for _ in range(8):
-        if gaussian_delta(sigma, sensitivity, epsilon) <= delta:
-            return sigma
-        sigma = math.nextafter(sigma, math.inf)
-    return sigma * (1.0 + rel_tol)
+    if gaussian_delta(sigma, sensitivity, epsilon) <= delta:
+        return sigma
+    # delta(.) evaluated at this D rounds differently from D = 1 (relative 1e-10 near tiny
+    # deltas): widen upwards until the bound holds here, then bisect back. The bracket stays
+    # within a factor of a few of sigma, and its arithmetic midpoint cannot underflow.
+    low, high, step = sigma, sigma, rel_tol
+    while gaussian_delta(high, sensitivity, epsilon) > delta:
+        low, high, step = high, sigma * (1.0 + step), step * 2.0
+    while high - low > rel_tol * high:
+        mid = low + (high - low) / 2.0
+        if gaussian_delta(mid, sensitivity, epsilon) <= delta:
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 @functools.lru_cache(maxsize=256)

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from randomgen import ChaCha
 from scipy import stats
@@ -55,6 +55,8 @@ def test_gaussian_delta_decreases_in_sigma() -> None:
 
 
 @settings(max_examples=300, deadline=None)
+# delta(.) rounds differently at D = 1 and here: scaling the unit sigma alone missed by 1e-10.
+@example(log_sensitivity=0.0625, epsilon=0.001, log_delta=-10.0533279121552)
 @given(
     log_sensitivity=st.floats(min_value=-4, max_value=4),
     epsilon=st.floats(min_value=1e-3, max_value=30.0),
@@ -195,3 +197,15 @@ def test_secure_generator_is_chacha_and_unseeded() -> None:
     first, second = secure_generator(), secure_generator()
     assert isinstance(first.bit_generator, ChaCha)
     assert not np.array_equal(first.random(8), second.random(8))
+
+
+@pytest.mark.parametrize("sensitivity", [1e-300, 1e-200, 1e-150, 1e150, 1e250, 1e300])
+def test_analytic_sigma_is_scale_free_at_extreme_sensitivities(sensitivity: float) -> None:
+    # delta(sigma) depends on D / sigma only: sigma(D) = D sigma(1). The bisection on the raw
+    # scale divided by an underflowed midpoint at D ~ 1e-200 (ZeroDivisionError).
+    for epsilon, delta in [(1.0, 1e-6), (0.01, 1e-12), (50.0, 0.1)]:
+        sigma = analytic_gaussian_sigma(sensitivity, epsilon, delta)
+        unit = analytic_gaussian_sigma(1.0, epsilon, delta)
+        assert math.isfinite(sigma) and sigma > 0
+        assert sigma == pytest.approx(sensitivity * unit, rel=1e-12)
+        assert gaussian_delta(sigma, sensitivity, epsilon) <= delta
