@@ -174,7 +174,8 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
     summary: ClassVar[str] = (
         "Rotates the top-k eigenvectors of the clipped X^T X by a random k x k rotation, adds "
         "noise scaled to a smooth bound on their sensitivity (driven by the k-th eigengap), and "
-        "releases the thin-QR basis. Gaussian noise when delta > 0; with delta = 0, Cauchy noise "
+        "releases the thin-QR basis. Gaussian noise when delta > 0 (epsilon <= 1 only, the range "
+        "its theorem proves); with delta = 0, Cauchy noise "
         "and a pure (epsilon, 0) guarantee (heavy tails: judge it by the median over releases). "
         "Assumes a row norm bound; always returns a result, useless when the gap is small."
     )
