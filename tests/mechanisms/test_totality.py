@@ -64,7 +64,8 @@ def adversarial_matrices(draw: st.DrawFn) -> np.ndarray:
     return rows
 
 
-def run_total(name: str, data: np.ndarray, k: int, clip: float, seed: int) -> None:
+def run_total(name: str, data: np.ndarray, k: int, clip: float, seed: int) -> str:
+    """Prepare and run ``name``; the outcome ("ran" or the refused field) for statistics."""
     mechanism = MECHANISMS[name]
     epsilon, delta, raw = BUDGETS.get(name, (1.0, 1e-6, {}))
     n, d = data.shape
@@ -72,9 +73,8 @@ def run_total(name: str, data: np.ndarray, k: int, clip: float, seed: int) -> No
     try:
         params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
     except InvalidParameter as refusal:
-        event(f"refused at prepare: {refusal.field}")
-        return  # refused from public facts before anything is charged: terminal, no run
-    event("ran")
+        # Refused from public facts before anything is charged: terminal, no run.
+        return f"refused at prepare: {refusal.field}"
     out = mechanism.run(data, ReleaseSpec(k, epsilon, delta, params), np.random.default_rng(seed))
     assert isinstance(out, MechanismOutput)
     # Extras go into the store as JSON: every number must be finite.
@@ -84,6 +84,7 @@ def run_total(name: str, data: np.ndarray, k: int, clip: float, seed: int) -> No
         assert basis.shape == (d, k)
         assert np.all(np.isfinite(basis))
         assert basis.T @ basis == pytest.approx(np.eye(k), abs=1e-8)
+    return "ran"
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -101,7 +102,7 @@ def run_total(name: str, data: np.ndarray, k: int, clip: float, seed: int) -> No
 def test_every_mechanism_is_total_on_adversarial_finite_matrices(
     name: str, data: np.ndarray, k_pick: int, clip: float, seed: int
 ) -> None:
-    run_total(name, data, min(k_pick, data.shape[1]), clip, seed)
+    event(run_total(name, data, min(k_pick, data.shape[1]), clip, seed))
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
@@ -110,4 +111,4 @@ def test_one_huge_row_beside_ordinary_ones(name: str) -> None:
     rng = np.random.default_rng(0)
     data = rng.standard_normal((40, 4)) * 0.1
     data[7] = [1e200, -3e199, 2e200, 5e199]
-    run_total(name, data, 2, 1.0, 1)
+    assert run_total(name, data, 2, 1.0, 1) == "ran"
