@@ -11,8 +11,9 @@ input: an exception that depends on the data would be an output no noise covers.
 - Matrices are scaled by a power of two before LAPACK sees them (eigenvectors are unchanged,
   eigenvalues are scaled back exactly).
 - If LAPACK still fails (it reports non-convergence on some pathological inputs), a fixed public
-  fallback stands in: the first ``k`` standard basis vectors with eigenvalues 0. It does not depend
-  on the data; the docstring of each function that can use it says so.
+  fallback stands in: the first ``k`` standard basis vectors with eigenvalues 0. Its value does
+  not depend on the data (whether it is used does; it has never been seen to trigger on finite
+  input); the docstring of each function that can use it says so.
 
 The magnitudes a clipping mechanism computes (``C^2`` times ``n``, noise scales and so on) are
 kept finite by a refusal at prepare time (:meth:`ClippingMechanism.prepare`), not here.
