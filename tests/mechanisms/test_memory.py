@@ -25,13 +25,17 @@ from tests.mechanisms.synthetic import near_subspace
 RATIO = 4.0
 CONSTANT = 4 * 2**20
 
-#: (n, d, k, epsilon, delta, params) per mechanism: moderate shapes, two regimes each for the
-#: Gram mechanisms (chunked clipping dominates at small d, d x d matrices at large d).
+#: (n, d, k, epsilon, delta, params) per mechanism: moderate shapes; for the Gram mechanisms
+#: chunked clipping dominates at small d, d x d matrices at large d.
 CASES: dict[str, list[tuple[int, int, int, float, float, dict[str, Any]]]] = {
-    "analyze_gauss": [(20_000, 40, 3, 1.0, 1e-6, {}), (3_000, 400, 3, 1.0, 1e-6, {})],
-    "gap_perturbation": [(20_000, 40, 3, 1.0, 1e-6, {}), (3_000, 400, 3, 1.0, 1e-6, {})],
-    "smooth_sensitivity": [(20_000, 40, 3, 1.0, 1e-6, {}), (3_000, 400, 3, 1.0, 0.0, {})],
-    "spectrum": [(20_000, 40, 20, 1.0, 1e-6, {}), (3_000, 400, 50, 1.0, 1e-6, {})],
+    "analyze_gauss": [(20_000, 40, 3, 1.0, 1e-6, {}), (2_000, 250, 3, 1.0, 1e-6, {})],
+    "gap_perturbation": [
+        (20_000, 40, 3, 1.0, 1e-6, {}),
+        (2_000, 250, 3, 1.0, 1e-6, {}),
+        (300, 600, 3, 1.0, 1e-6, {}),  # d x d arrays dominate: its estimate is tightest here
+    ],
+    "smooth_sensitivity": [(20_000, 40, 3, 1.0, 1e-6, {}), (2_000, 250, 3, 1.0, 0.0, {})],
+    "spectrum": [(20_000, 40, 20, 1.0, 1e-6, {}), (2_000, 250, 50, 1.0, 1e-6, {})],
     "exact_gapmax": [(2_000, 10, 2, 1.0, 1e-6, {"sample_rows": 200})],
     "histogram_aggregate": [(20_000, 20, 3, 1.0, 1e-6, {"gamma": 0.01})],
     "friendly_aggregate": [(20_000, 40, 3, 1.0, 1e-6, {})],
