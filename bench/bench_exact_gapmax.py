@@ -220,9 +220,11 @@ def exact_data(n0: int, d: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return rows
 
 
-def best_of(repeats: int, run: Any) -> tuple[float, Any]:
-    times, out = [], None
-    for _ in range(repeats):
+def best_of(repeats: int, run: Any, budget: float = 10.0) -> tuple[float, Any]:
+    """Fastest of up to ``repeats`` runs, stopping once ``budget`` seconds are spent."""
+    times: list[float] = []
+    out = None
+    while len(times) < repeats and sum(times) < budget:
         start = time.perf_counter()
         out = run()
         times.append(time.perf_counter() - start)

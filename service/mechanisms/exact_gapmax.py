@@ -76,9 +76,11 @@ Cost (public bounds). Memory: :meth:`ExactGapMax.memory_bytes`, a function of ``
 ``k``: the sample, its integer rows (``<= MAX_ENTRY_BITS`` bits per entry), batches of at most
 :data:`BATCH_ENTRIES` filter entries and :data:`SKIP_SETS` + 2 member sets; nothing grows with
 the number of candidates. Time: ``O(C(n0, k) (n0 + k^3))`` word operations for the filter; exact
-work is one rank per competitive candidate (``|s| x d`` entries of ``<= 2098`` bits) plus, in
-the worst case (every k-subset singular mod p, e.g. data in a (k-1)-dim subspace with no
-union shortcut), one exact ``k x d`` rank per k-subset. ``bench/bench_exact_gapmax.py``.
+work is one rank per competitive candidate (``|s| x d`` entries of ``<= 2098`` bits; for
+``k >= 3`` its ``C(|s|, k-1)`` strict subsets also go through the filter) plus, in the worst
+case (every k-subset singular mod p, e.g. points spread over several (k-1)-dim subspaces, so
+that no union of a batch has rank below k), one exact ``k x d`` rank per k-subset. Figures:
+``bench/bench_exact_gapmax.py`` and docs/mechanisms.md.
 """
 
 from __future__ import annotations
@@ -311,41 +313,34 @@ def pivot_columns(rref: fmpz_mat) -> list[int]:
 # The modular filter
 
 
-def inverse_mod(values: IntArray, p: int) -> IntArray:
-    """``values^(p-2) mod p`` entrywise (Fermat; ``values`` non-zero mod p)."""
-    result = np.ones_like(values)
-    base = values % p
-    e = p - 2
-    while e:
-        if e & 1:
-            result = result * base % p
-        base = base * base % p
-        e >>= 1
-    return result
-
-
 def null_vectors(blocks: IntArray, p: int) -> tuple[BoolArray, IntArray]:
     """Null vectors of ``(B, j, j+1)`` matrices over ``F_p`` with an invertible leading block.
 
-    Gauss-Jordan elimination without pivoting turns ``[M | m]`` into ``[I | w]``; then
-    ``v = (-w, 1)`` spans the null space. Returns ``ok`` (``(B,)``: every pivot non-zero, i.e.
-    rank ``j`` with ``M`` invertible) and ``v`` (``(B, j+1)``; meaningful where ``ok``).
+    Division-free Gauss-Jordan elimination without pivoting (``row_r <- a_cc row_r - a_rc
+    row_c``: each step multiplies a row by a non-zero scalar, so the null space is unchanged)
+    turns ``[M | m]`` into ``[D | w]`` with ``D`` diagonal; then ``v_i = -w_i prod_{l != i} d_l``,
+    ``v_j = prod_l d_l`` spans the null space. Returns ``ok`` (``(B,)``: every pivot non-zero,
+    i.e. rank ``j`` with ``M`` invertible) and ``v`` (``(B, j+1)``; meaningful where ``ok``).
     Products stay below ``p^2 < 2^52``.
     """
     a = blocks % p
     n_batch, j, _ = a.shape
     ok = np.ones(n_batch, dtype=bool)
     for c in range(j):
-        pivot = a[:, c, c]
-        ok &= pivot != 0
-        scale = inverse_mod(np.where(pivot != 0, pivot, 1), p)
-        a[:, c, :] = a[:, c, :] * scale[:, None] % p
+        pivot = a[:, c, c, None]
+        ok &= pivot[:, 0] != 0
         for r in range(j):
             if r != c:
-                a[:, r, :] = (a[:, r, :] - a[:, r, c, None] * a[:, c, :]) % p
+                a[:, r, :] = (pivot * a[:, r, :] - a[:, r, c, None] * a[:, c, :]) % p
+    diagonal = np.diagonal(a, axis1=1, axis2=2)  # (B, j)
+    before = np.ones((n_batch, j + 1), dtype=np.int64)  # prod_{l < i} d_l
+    after = np.ones((n_batch, j + 1), dtype=np.int64)  # prod_{l >= i} d_l
+    for i in range(j):
+        before[:, i + 1] = before[:, i] * diagonal[:, i] % p
+        after[:, j - 1 - i] = after[:, j - i] * diagonal[:, j - 1 - i] % p
     v = np.empty((n_batch, j + 1), dtype=np.int64)
-    v[:, :j] = (p - a[:, :, j]) % p
-    v[:, j] = 1
+    v[:, :j] = (p - a[:, :, j]) % p * (before[:, :j] * after[:, 1:] % p) % p
+    v[:, j] = before[:, j]
     return ok, v
 
 
@@ -354,10 +349,13 @@ def filter_hits(mixed: FloatArray, vectors: IntArray, p: int) -> BoolArray:
 
     One float64 product: entries are below ``p`` and ``(j + 1) p^2 < 2^52``, so it is exact, and
     ``x = p rint(x / p)`` holds exactly when ``p | x`` (a multiple divides exactly; otherwise
-    ``p r < 2^53`` is exact and differs from ``x``).
+    ``p r < 2^53`` is exact and differs from ``x``). In place: one temporary of ``B m`` floats.
     """
     products = vectors.astype(np.float64) @ mixed.T
-    return np.asarray(products == p * np.rint(products / p))
+    rounded = np.divide(products, p)
+    np.rint(rounded, out=rounded)
+    rounded *= p
+    return np.asarray(np.equal(products, rounded))
 
 
 def batch_size(m: int, k: int) -> int:
@@ -521,6 +519,7 @@ def competitive_candidates(
     del residues
     mixed_f = mixed.astype(np.float64)
     weights = dirs.weights
+    weights_f, heaviest = weights.astype(np.float64), int(weights.max(initial=0))
 
     def score(members: IntArray, spanning: IntArray) -> None:
         total = int(weights[members].sum())
@@ -550,8 +549,10 @@ def competitive_candidates(
         if subsets.shape[0] == 0:
             continue
         hits = filter_hits(mixed_f, vectors, p)
-        upper = hits.astype(np.int64) @ weights
-        competitive = np.nonzero(upper > threshold)[0]
+        # count * max weight bounds the weight: only rows it cannot exclude are summed.
+        maybe = np.nonzero(np.count_nonzero(hits, axis=1) * heaviest > threshold)[0]
+        upper = hits[maybe].astype(np.float64) @ weights_f
+        competitive = maybe[upper > threshold]
         hits = hits[competitive]
         subsets = subsets[competitive]
         # Confirm one competitive subset at a time; every subset inside its exact member set
