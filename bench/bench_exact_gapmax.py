@@ -8,7 +8,8 @@ run the whole mechanism on ``n0`` sampled rows: scoring plus GAP-MAX. Cases: ``k
 position ("general": every k-subset is scored, the worst case of both). The float version sees
 the exact data as exact up to ``tol``; the exact version decides membership over the rationals.
 
-Run: ``.venv/bin/python bench/bench_exact_gapmax.py [--quick]``
+Both sides run with one BLAS thread. Run: ``.venv/bin/python bench/bench_exact_gapmax.py
+[--quick]``
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from threadpoolctl import threadpool_limits
 
 from service.mechanisms.exact_gapmax import exact_gapmax, null_score, scoring_work
 from service.mechanisms.linalg import FloatArray, top_right_singular_vectors
@@ -253,6 +255,14 @@ def main() -> None:
         f"{'float s':>8} {'exact s':>8} {'exact/float':>11} {'same outcome':>12}"
     )
     rng = np.random.default_rng(0)
+    # One BLAS thread for both sides: comparable, and stable on a shared machine.
+    with threadpool_limits(1):
+        run_cases(sizes, repeats, delta, rng)
+
+
+def run_cases(
+    sizes: dict[int, tuple[int, float]], repeats: int, delta: float, rng: np.random.Generator
+) -> None:
     for k, (n0, epsilon) in sizes.items():
         for d in (10, 50):
             for case in ("exact", "general"):

@@ -578,7 +578,8 @@ def echelon_basis(ints: IntRows, spanning: IntArray) -> FloatArray:
     The exact reduced row-echelon form is canonical for the subspace; each of its rows is scaled
     by a power of two (so that its largest entry is about 1) and rounded to doubles (correctly
     rounded integer division; entries far below the largest may underflow to 0), then the rows
-    are orthonormalised by a Householder QR. Always finite.
+    are orthonormalised by a Householder QR. Always finite, and no fallback is needed: a QR of
+    finite, power-of-two-scaled rows does not fail.
     """
     rref, den, _ = fmpz_mat([ints[i] for i in spanning]).rref()
     denominator = int(den)

@@ -580,3 +580,20 @@ def test_audit_negative_control_long(monkeypatch: pytest.MonkeyPatch) -> None:
     n_in = threshold_n_in(0.1)
     weaken_noise(monkeypatch)
     assert run_audit(n_in, 2000) > EPS
+
+
+def test_rank_deficient_samples_are_decided_exactly() -> None:
+    """k = 3 on points of one plane (every triple singular: one exact rank of the union) and on
+    points of three planes (singular triples in several planes: exact rank per triple)."""
+    rng = np.random.default_rng(15)
+    planes = [exact_subspace(5, 2, rng) for _ in range(3)]
+    one_plane = in_subspace(60, planes[0], rng)
+    three_planes = np.vstack([in_subspace(20, plane, rng) for plane in planes])
+    for data in (one_plane, three_planes):
+        leaders = leaders_of(data, 3, threshold=5)
+        if data is one_plane:
+            assert leaders.first is None  # no triple spans a 3-dim subspace
+        else:
+            # span(plane A, b) holds A's 20 points and b: weight 21, u = 21 - 20 = 1.
+            assert leaders.first is not None and leaders.first[0] == 1
+        assert exact_gapmax(data, 3, 4.0, DELTA, 2, 60, rng)[0] is None
