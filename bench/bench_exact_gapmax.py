@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one repeat, smaller samples")
     args = parser.parse_args()
     repeats = 1 if args.quick else 3
-    # n0 per k: the largest sample the compute cap allows at d = 50 (smaller with --quick);
+    # n0 per k: near the compute cap at d = 10 (smaller with --quick), equal across d;
     # epsilon is set so that n0 clears Lemma 3.5's bound.
     sizes = (
         {2: (400, 1.0), 3: (150, 2.0), 5: (40, 8.0)}
