@@ -669,9 +669,9 @@ def memory_estimate(n0: int, d: int, k: int) -> int:
         size = min(math.comb(n0, j), batch_size(n0, j))
         batch += 26 * size * n0 + size * (8 * j * 6 + 16 * (j + 2)) + 32 * size * j
         skip += 2 * n0 * size
-    # One exact rank or echelon form of at most n0 x d entries; fraction-free elimination holds
-    # entries of up to (k + 1) times the input size.
-    exact = n0 * d * (flint_entry * (k + 2) + 2 * entry_bytes)
+    # One exact rank or echelon form of at most n0 x d entries (k = 1: only the echelon form of
+    # one row); fraction-free elimination holds entries of up to (k + 1) times the input size.
+    exact = (n0 if k > 1 else 1) * d * (flint_entry * (k + 2) + 2 * entry_bytes)
     return sample + integer_rows + residues + batch + skip + exact + 1_000_000
 
 
