@@ -1,72 +1,98 @@
-"""M4 ``exact_gapmax``: GAP-MAX over the subspaces spanned by k-subsets of the data.
+"""M4 ``exact_gapmax``: GAP-MAX over the subspaces spanned by k-subsets of the data, in exact
+arithmetic.
 
 Singhal & Steinke, "Privately Learning Subspaces", NeurIPS 2021, Algorithm 1 (DPESE), with the
 GAP-MAX analysis of Bun, Dwork, Rothblum & Steinke (2018); seeds 000/003 (Lemmas 2.14, 3.3-3.5).
 
-Privacy: the score ``u(s) = |x in s| - max_{t strictly inside s} |x in t|`` has sensitivity 1, so
-the gap ``max(0, u(s) - u(s2) - 1)`` has sensitivity 2 and is non-zero for at most one candidate
-on either of two neighbouring datasets; adding ``TLap(2, eps, delta)`` to every gap is
-``(eps, delta)``-DP. A subspace spanned on one side only has score ``<= 1 < u(NULL)``, so its gap
-is 0; we release the winner only when its noisy gap exceeds the noise bound ``A`` (see below),
-which no zero-gap candidate can reach. The sample of rows is public randomness (one replaced row
-changes at most one sampled row). Cost: exactly ``(eps, delta)``.
+Privacy: with exact membership the score ``u(s) = |x in s| - max_{t strictly inside s} |x in t|``
+has sensitivity 1, so the gap ``max(0, u(s) - u(s2) - 1)`` has sensitivity 2 and is non-zero for
+at most one candidate on either of two neighbouring datasets; ``TLap(2, eps, delta)`` on the gap
+is ``(eps, delta)``-DP. A subspace spanned on one side only has score ``<= 1 < u(NULL)``, so its
+gap is 0, and we release only a noisy gap above the noise bound ``A``, which no zero gap reaches.
+The released basis is a function of the chosen subspace and public randomness only. The row
+sample is public randomness (one replaced row changes at most one sampled row). Cost ``(eps,
+delta)``. **Assumption**: membership is exact rational membership of the doubles as stored;
+floating point enters only after the choice, to turn the exact basis into doubles.
+
+Exact membership
+----------------
+A double is an odd integer times a power of two, so a row is, up to a positive scale (which
+changes no span), an integer vector; dividing by the gcd of its entries and fixing the sign of
+its first non-zero entry gives its *primitive direction*, identical for two rows exactly when
+they are parallel. Entries are at most ``2^53 * 2^(971 + 1074)``: at most
+:data:`MAX_ENTRY_BITS` bits, whatever the data (the exponent range of doubles is public). Only
+all-zero rows are dropped; parallel rows are merged into one direction with a weight (their
+count), which changes no span and no count.
+
+Rank and membership are decided over the rationals. A modular filter decides most of them with
+certainty first; :mod:`flint` (``fmpz_mat.rank``/``rref``) confirms the rest:
+
+* A prime ``p`` (random in ``[P/2, P)``, ``P = sqrt(2^52/(k+1))`` so that a mod-p dot product of
+  length ``k+1`` is exact in float64) and a mixing matrix ``G`` (``d x (k+1)``, uniform mod p)
+  are drawn from the release's generator before the data is read: public randomness.
+* For a k-subset ``S`` (a ``k x d`` integer matrix) let ``Y_S = S G mod p``. If ``Y_S`` has rank
+  ``k`` over ``F_p`` (its leading ``k x k`` block is invertible), then (i) ``S`` has rank ``k``
+  over ``Q`` (rank can only drop mod p and under ``G``), and (ii) for every point ``x``,
+  ``x in span_Q(S)`` implies ``x G in span_p(Y_S)``: by Cramer's rule on a ``k x k`` minor of
+  ``S`` that is non-zero mod p, ``x = sum_i c_i s_i`` with coefficients whose denominators are
+  invertible mod p, and the relation survives reduction and the linear map ``G``. So a point the
+  filter rejects is certainly not a member (**no false negatives**); it is tested as
+  ``(x G) . v == 0 mod p`` with ``v`` the null vector of ``Y_S``. A point it accepts may be a
+  false positive (``p`` divides every ``(k+1)``-minor of ``[S; x]``, or ``G`` is unlucky):
+  acceptance is confirmed exactly.
+* If ``Y_S`` is singular mod p, nothing is concluded: the rank of ``S`` is computed exactly (for
+  all undecided subsets of a batch at once when their union has rank ``< k``).
+* Only candidates whose weight can beat ``u(NULL)`` matter (below), and the filter's weight is an
+  upper bound on the exact one; those it cannot exclude are confirmed by one exact rank of their
+  accepted points (``rank == k``: all are members). False positives only cost time.
 
 Where this module makes choices the paper leaves open
-------------------------------------------------------
+-------------------------------------------------------
 * **Release rule.** Written literally, Algorithm 1 outputs the argmax of ``gap + xi`` over all
   candidates. When two candidates share the top score every gap is 0, the argmax is a uniform
   candidate, and candidates that exist on one side only (spanned using the replaced row) then
-  have positive probability on one side and zero on the other: the proof of Lemma 3.3 assumes
-  NULL always beats them, which fails once ``u(s2) >= u(NULL)``. We therefore release the
-  argmax only if its noisy value exceeds ``A`` (the truncation bound of ``TLap``); zero-gap
-  values are at most ``A``, so the release is a post-processing of the noisy gaps of the
-  candidates common to both sides, and the argument above is exact. Only ``s1`` can pass, so the
-  mechanism draws ``xi(s1)`` and never needs the maximum of the zero-valued candidates. In the
-  regime of Lemma 3.5 this rule changes nothing.
-* **Sample size.** ``n0 = sample_rows`` defaults to the largest ``n0 <= n`` with scoring work
-  ``C(n0, k) * n0 * d <= MAX_SCORING_WORK`` (module constant, ``2e9``; at the cap one release
-  on data in general position took 11 s for k = 2 and 36 s for k = 3, d = 10, on a loaded
-  core), and the release is refused unless ``n0 >= n_min``, where ``n_min`` is the bound of
-  Lemma 3.5, ``3l + 8 ln(1/delta)/eps + 2``, sharpened to the exact truncation bound:
-  recovery needs ``n0 - 2l - u(NULL) - 1 > 2A``. Both are public.
-* **Candidates and deduplication.** A k-subset is a candidate when its unit rows have numerical
-  rank k (every ``|R_ii|`` of their QR above ``RANK_TOL``). Every candidate is the span of the
-  sample points it contains, so two candidates are the same subspace exactly when they contain
-  the same sample points: candidates are deduplicated by their membership sets.
-* **Strict subspaces.** ``max_t |x in t|`` is taken over spans of ``(k-1)``-subsets of the
-  points in ``s`` that have rank ``k-1`` (in exact arithmetic this is the supremum over all
-  strict subspaces of ``s``: the points of any ``t`` extend, within ``s``, to such a span).
-* **Floating point: a known limitation.** Membership is ``residual <= tol * ||x||`` (as
-  ALGORITHMS.md prescribes). The sensitivity-1 argument holds for exact membership only: one
-  replaced row lying within ``tol`` of the subspace but not exactly in it can span a
-  near-duplicate candidate that holds most of the points, which erases the gap. Found by review
-  and pinned by a strict-xfail test (``test_neighbours_within_the_tolerance_keep_the_release_
-  probability``): on 40 exact points in a plane of R^4, moving one row by 8.9e-10 (< ``tol``)
-  turns "released 20/20" into "released 0/20". So the (eps, delta) guarantee holds for data
-  whose membership is exact, and is not proved against neighbours that differ within ``tol``.
-  Making it sound needs exact membership (rational arithmetic) or a score with provable
-  sensitivity under a tolerance; neither is done.
-* **Basis and tolerance.** The released basis is computed from the member points, which may
-  differ within ``tol`` depending on which points are members; rounding to 12 digits does not
-  hide differences of order ``tol``.
-* **Released basis.** Top-k right singular vectors of the member points, rotated by a
-  Haar-random ``k x k`` orthogonal matrix and rounded to 12 significant digits, so that it
-  depends on the subspace (up to ``tol`` and rounding) and not on which points span it.
+  have positive probability on one side and zero on the other. We release the argmax only if
+  its noisy value exceeds ``A`` (the truncation bound of ``TLap``); zero-gap values are at most
+  ``A``, so the release is a post-processing of the noisy gap of the one candidate that can have
+  a positive gap, and only ``xi(s1)`` is drawn. In the regime of Lemma 3.5 this changes nothing.
+* **Only competitive candidates are scored exactly.** ``u(s) <= w(s) - (k - 1)`` (the ``k - 1``
+  spanning points of a strict subspace are in it; ``u = w`` for ``k = 1``), and the outcome
+  depends only on candidates with ``u > u(NULL)``: the winner and the runner-up score
+  ``max(u(s2), u(NULL))``. Candidates of weight ``<= u(NULL) + k - 1`` are skipped without
+  changing the output distribution.
+* **Sample size.** ``n0 = sample_rows`` defaults to the largest ``n0 <= n`` with
+  ``C(n0, k) * n0 * d <= MAX_SCORING_WORK``; the release is refused unless ``n0 >= n_min``
+  (Lemma 3.5, sharpened to the exact truncation bound: ``n0 - 2l - u(NULL) - 1 > 2A``).
+* **Strict subspaces.** ``max_t |x in t|`` is over spans of rank-``(k-1)`` ``(k-1)``-subsets of
+  the members of ``s`` (in exact arithmetic the supremum over all strict subspaces).
+* **Released basis.** The exact reduced row-echelon form of the winning subspace (canonical: it
+  depends on the subspace, not on the points that span it), each row scaled by a power of two
+  and rounded to doubles, orthonormalised by QR, rotated by a Haar-random ``k x k`` orthogonal
+  matrix. (An SVD of the member rows is not a function of the subspace: its rounding reveals
+  the members.) For a subspace whose echelon entries span more than the double range, rounding
+  can lose accuracy; the output is still a function of the subspace only.
 
-Cost of scoring (vectorised: batched QR and batched matmuls, no Python loop per point):
-``O(C(n0, k) * n0 * d * k)`` flops and ``O(C(n0, k) * n0 / 8)`` bytes for the membership sets,
-plus ``O(sum_s C(|s|, k-1) * |s| * d * k)`` for the strict-subspace counts of the distinct
-candidates (at most ``k`` times the first term). Measured in ``bench/bench_exact_gapmax.py``.
+Cost (public bounds). Memory: :meth:`ExactGapMax.memory_bytes`, a function of ``n0``, ``d``,
+``k``: the sample, its integer rows (``<= MAX_ENTRY_BITS`` bits per entry), batches of at most
+:data:`BATCH_ENTRIES` filter entries and :data:`SKIP_SETS` + 2 member sets; nothing grows with
+the number of candidates. Time: ``O(C(n0, k) (n0 + k^3))`` word operations for the filter; exact
+work is one rank per competitive candidate (``|s| x d`` entries of ``<= 2098`` bits; for
+``k >= 3`` its ``C(|s|, k-1)`` strict subsets also go through the filter) plus, in the worst
+case (every k-subset singular mod p, e.g. points spread over several (k-1)-dim subspaces, so
+that no union of a batch has rank below k), one exact ``k x d`` rank per k-subset. Figures:
+``bench/bench_exact_gapmax.py`` and docs/mechanisms.md.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from flint import fmpz, fmpz_mat
 from pydantic import Field
 
 from service.mechanisms.base import (
@@ -77,7 +103,7 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.linalg import FloatArray, top_right_singular_vectors
+from service.mechanisms.linalg import FloatArray
 from service.mechanisms.noise import (
     haar_orthogonal,
     truncated_laplace_params,
@@ -86,40 +112,29 @@ from service.mechanisms.noise import (
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+IntRows = list[list[int]]
 
-#: Cap on the scoring work ``C(n0, k) * n0 * d`` (residual evaluations times dimension).
+#: Cap on the scoring work ``C(n0, k) * n0 * d`` (membership tests times dimension).
 MAX_SCORING_WORK = 2_000_000_000
-#: A k-subset of unit rows is a candidate when every ``|R_ii|`` of its QR exceeds this.
-RANK_TOL = 1e-10
-#: Default relative tolerance of membership: ``x in s`` iff ``||x - P_s x|| <= tol ||x||``.
-DEFAULT_TOL = 1e-9
-#: Significant digits kept in the released basis.
-BASIS_DIGITS = 12
-#: Floats held per batch of residual evaluations (32 MB).
-BATCH_FLOATS = 4_000_000
-#: ``1 - ||Q^T z||^2`` above ``tol^2 + SCREEN`` excludes ``z`` without an explicit residual.
-SCREEN = 1e-12
-#: Largest candidates whose k-subsets are skipped during enumeration.
+#: Largest bit length of an entry of a row scaled to integers: a 53-bit mantissa shifted by at
+#: most ``971 + 1074`` (largest minus smallest binary exponent of a non-zero double).
+MAX_ENTRY_BITS = 53 + 971 + 1074
+#: Filter entries (points x subsets) per batch.
+BATCH_ENTRIES = 1_000_000
+#: Largest confirmed member sets kept to skip the k-subsets they contain (besides the top two).
 SKIP_SETS = 64
 #: Sensitivity of the gap ``max(0, u(s) - u(s2) - 1)``.
 GAP_SENSITIVITY = 2.0
 
 
 class ExactGapMaxParams(MechanismParams):
-    """Params of ``exact_gapmax``."""
+    """Params of ``exact_gapmax`` (membership is exact: there is no tolerance)."""
 
     robustness: int | None = Field(
         default=None,
         ge=0,
         description="l: the number of points allowed off the subspace (and in any strictly "
         "smaller subspace). Default k - 1 (points in general position inside the subspace).",
-    )
-    tol: float = Field(
-        default=DEFAULT_TOL,
-        ge=0,
-        lt=1,
-        allow_inf_nan=False,
-        description="Relative tolerance of membership: x is in s when ||x - P_s x|| <= tol ||x||.",
     )
     sample_rows: int | None = Field(
         default=None,
@@ -178,154 +193,404 @@ def default_sample_rows(n: int, k: int, d: int, cap: int = MAX_SCORING_WORK) -> 
     return low if low >= k else 0
 
 
+def prime_bound(k: int) -> int:
+    """``P`` with ``(k + 1) (P - 1)^2 < 2^52``: mod-p dot products of length ``k + 1`` are exact
+    in float64 (so the filter runs as one BLAS product), and so is ``p * rint(x / p)``."""
+    return math.isqrt((2**52 - 1) // (k + 1))
+
+
+def random_prime(rng: np.random.Generator, bound: int) -> int:
+    """A prime in ``[bound/2, bound)``: the first one at or after a uniform start (cyclically)."""
+    low = bound // 2
+    candidate = int(rng.integers(low, bound))
+    while not fmpz(candidate).is_prime():
+        candidate = candidate + 1 if candidate + 1 < bound else low
+    return candidate
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact integer rows
+
+
+@dataclass(frozen=True)
+class Directions:
+    """The distinct primitive directions of the sampled non-zero rows.
+
+    ``ints[i]`` is direction ``i`` as a primitive integer vector (``d`` Python ints of at most
+    :data:`MAX_ENTRY_BITS` bits, first non-zero entry positive) and ``weights[i]`` the number of
+    sampled rows parallel to it.
+    """
+
+    ints: IntRows
+    weights: IntArray
+
+    @property
+    def count(self) -> int:
+        return len(self.ints)
+
+
+def primitive_directions(rows: FloatArray) -> Directions:
+    """Exact primitive integer directions of the non-zero rows of ``rows`` (``(n0, d)``).
+
+    ``x = M 2^e`` entrywise with ``M`` an odd (or zero) integer below ``2^53``; scaling a row by
+    ``2^-min(e)`` makes it integral without changing its span.
+    """
+    mantissa, exponent = np.frexp(rows)
+    ints = (mantissa * 2.0**53).astype(np.int64)  # exact: |mantissa| < 1 has 53 bits
+    exps = exponent.astype(np.int64) - 53
+    nonzero = ints != 0
+    lowest = np.where(nonzero, ints & -ints, 1)  # lowest set bit, a power of two
+    shift = np.frexp(lowest.astype(np.float64))[1].astype(np.int64) - 1
+    ints = np.where(nonzero, ints >> shift, 0)
+    exps = np.where(nonzero, exps + shift, np.iinfo(np.int64).max)
+    keep = nonzero.any(axis=1)
+    ints, exps = ints[keep], exps[keep]
+    exps = np.where(ints != 0, exps - exps.min(axis=1, keepdims=True), 0)
+    index: dict[tuple[int, ...], int] = {}
+    out: IntRows = []
+    weights: list[int] = []
+    for mant_row, exp_row in zip(ints.tolist(), exps.tolist(), strict=True):
+        row = [m << e for m, e in zip(mant_row, exp_row, strict=True)]
+        g = math.gcd(*row)
+        sign = -1 if next(v for v in row if v) < 0 else 1
+        row = [v // g * sign for v in row] if g != 1 or sign < 0 else row
+        key = tuple(row)
+        at = index.get(key)
+        if at is None:
+            index[key] = len(out)
+            out.append(row)
+            weights.append(1)
+        else:
+            weights[at] += 1
+    return Directions(out, np.asarray(weights, dtype=np.int64))
+
+
+def reduce_mod(ints: IntRows, p: int) -> IntArray:
+    """``(m, d)`` residues of the integer rows modulo ``p`` (no row of a primitive direction is
+    zero mod p: its entries are coprime)."""
+    return np.array([[v % p for v in row] for row in ints], dtype=np.int64).reshape(len(ints), -1)
+
+
+def mix_mod(residues: IntArray, mixing: IntArray, p: int) -> IntArray:
+    """``residues @ mixing mod p`` in int64, summing at most ``2^63 / p^2`` products at a time."""
+    chunk = max(1, (2**63 - 1) // (p - 1) ** 2 - 1)
+    out = np.zeros((residues.shape[0], mixing.shape[1]), dtype=np.int64)
+    for start in range(0, residues.shape[1], chunk):
+        part = residues[:, start : start + chunk] @ mixing[start : start + chunk]
+        out = (out + part % p) % p
+    return out
+
+
+def exact_rank(ints: IntRows, index: IntArray | list[int]) -> int:
+    """Rank over ``Q`` of the rows ``index`` (flint's fraction-free elimination)."""
+    return int(fmpz_mat([ints[i] for i in index]).rank())
+
+
+def exact_members(ints: IntRows, spanning: IntArray, among: IntArray) -> IntArray:
+    """Those of ``among`` in ``span_Q(spanning)`` (rank ``len(spanning)``), decided exactly.
+
+    The reduced echelon form ``R / den`` (pivots ``piv``) gives ``x in span`` iff
+    ``den x = x[piv] R``; the slow path, used only where the filter or the union shortcut
+    cannot decide.
+    """
+    rref, den, _ = fmpz_mat([ints[i] for i in spanning]).rref()
+    pivots = pivot_columns(rref)
+    points = fmpz_mat([ints[i] for i in among])
+    lhs = points * den
+    rhs = fmpz_mat([[ints[i][c] for c in pivots] for i in among]) * rref
+    diff = (lhs - rhs).tolist()
+    return np.asarray(
+        [i for i, row in zip(among.tolist(), diff, strict=True) if not any(row)], dtype=np.int64
+    )
+
+
+def pivot_columns(rref: fmpz_mat) -> list[int]:
+    """The pivot column of each row of a (full-rank) reduced echelon form."""
+    return [next(c for c, v in enumerate(row) if v) for row in rref.tolist()]
+
+
+# ---------------------------------------------------------------------------------------------
+# The modular filter
+
+
+def null_vectors(blocks: IntArray, p: int) -> tuple[BoolArray, IntArray]:
+    """Null vectors of ``(B, j, j+1)`` matrices over ``F_p`` with an invertible leading block.
+
+    Division-free Gauss-Jordan elimination without pivoting (``row_r <- a_cc row_r - a_rc
+    row_c``: each step multiplies a row by a non-zero scalar, so the null space is unchanged)
+    turns ``[M | m]`` into ``[D | w]`` with ``D`` diagonal; then ``v_i = -w_i prod_{l != i} d_l``,
+    ``v_j = prod_l d_l`` spans the null space. Returns ``ok`` (``(B,)``: every pivot non-zero,
+    i.e. rank ``j`` with ``M`` invertible) and ``v`` (``(B, j+1)``; meaningful where ``ok``).
+    Products stay below ``p^2 < 2^52``.
+    """
+    a = blocks % p
+    n_batch, j, _ = a.shape
+    ok = np.ones(n_batch, dtype=bool)
+    for c in range(j):
+        pivot = a[:, c, c, None]
+        ok &= pivot[:, 0] != 0
+        for r in range(j):
+            if r != c:
+                a[:, r, :] = (pivot * a[:, r, :] - a[:, r, c, None] * a[:, c, :]) % p
+    diagonal = np.diagonal(a, axis1=1, axis2=2)  # (B, j)
+    before = np.ones((n_batch, j + 1), dtype=np.int64)  # prod_{l < i} d_l
+    after = np.ones((n_batch, j + 1), dtype=np.int64)  # prod_{l >= i} d_l
+    for i in range(j):
+        before[:, i + 1] = before[:, i] * diagonal[:, i] % p
+        after[:, j - 1 - i] = after[:, j - i] * diagonal[:, j - 1 - i] % p
+    v = np.empty((n_batch, j + 1), dtype=np.int64)
+    v[:, :j] = (p - a[:, :, j]) % p * (before[:, :j] * after[:, 1:] % p) % p
+    v[:, j] = before[:, j]
+    return ok, v
+
+
+def filter_hits(mixed: FloatArray, vectors: IntArray, p: int) -> BoolArray:
+    """``(B, m)``: point ``x`` passes for subset ``b`` iff ``(x G) . v_b == 0 mod p``.
+
+    One float64 product: entries are below ``p`` and ``(j + 1) p^2 < 2^52``, so it is exact, and
+    ``x = p rint(x / p)`` holds exactly when ``p | x`` (a multiple divides exactly; otherwise
+    ``p r < 2^53`` is exact and differs from ``x``). In place: one temporary of ``B m`` floats.
+    """
+    products = vectors.astype(np.float64) @ mixed.T
+    rounded = np.divide(products, p)
+    np.rint(rounded, out=rounded)
+    rounded *= p
+    return np.asarray(np.equal(products, rounded))
+
+
+def batch_size(m: int, k: int) -> int:
+    """Subsets per batch: at most :data:`BATCH_ENTRIES` filter entries."""
+    return max(1, BATCH_ENTRIES // max(1, m, k + 1))
+
+
+def decide_singular(ints: IntRows, subsets: IntArray, rank: int) -> IntArray:
+    """Of subsets that are singular mod p, those of exact rank ``rank`` (usually none).
+
+    If the union of all of them has rank ``< rank`` every one is rank-deficient (one exact
+    rank); otherwise each is checked.
+    """
+    if subsets.shape[0] == 0:
+        return subsets
+    union = np.unique(subsets)
+    if union.size < rank or exact_rank(ints, union) < rank:
+        return subsets[:0]
+    full = [exact_rank(ints, s) == rank for s in subsets]
+    return np.asarray(subsets[np.asarray(full, dtype=bool)], dtype=np.int64)
+
+
+def confirmed_members(ints: IntRows, spanning: IntArray, accepted: IntArray, rank: int) -> IntArray:
+    """The exact members among ``accepted`` (a superset of them, containing ``spanning``).
+
+    One exact rank of the accepted points: if it is ``rank``, they all lie in the span.
+    """
+    if accepted.size == rank or exact_rank(ints, accepted) == rank:
+        return accepted
+    return exact_members(ints, spanning, accepted)
+
+
 # ---------------------------------------------------------------------------------------------
 # Scoring
 
 
-def _batched_bases(points: FloatArray, rank: int) -> tuple[FloatArray, BoolArray]:
-    """Orthonormal bases of ``(B, rank, d)`` point sets and whether each has full rank.
+def strict_count(dirs: Directions, members: IntArray, k: int, mixed: IntArray, p: int) -> int:
+    """``max_{t strictly inside s} |x in t|`` for a confirmed candidate ``s`` with ``members``.
 
-    Returns ``(B, d, rank)`` bases from batched QR and a ``(B,)`` mask: every ``|R_ii|``
-    above :data:`RANK_TOL` (the rows are unit vectors, so this is a relative test).
+    ``t`` ranges over spans of rank-``(k-1)`` ``(k-1)``-subsets of the members, whose points are
+    members of ``s``. For ``k = 2`` the lines are the member directions themselves. Otherwise
+    the filter (``mixed``: ``(m, k)`` residues of ``X H``) gives upper bounds on each ``t``'s
+    weight, and flats are confirmed exactly, heaviest first, until none can beat the best.
     """
-    q, r = np.linalg.qr(points.transpose(0, 2, 1))
-    diag = np.abs(np.diagonal(r, axis1=1, axis2=2))
-    return np.asarray(q, dtype=np.float64), np.asarray(np.all(diag > RANK_TOL, axis=1))
-
-
-def _inside(points: FloatArray, bases: FloatArray, tol: float) -> BoolArray:
-    """Whether unit rows lie within ``tol`` of subspaces: ``||z - Q Q^T z|| <= tol``.
-
-    ``points`` is ``(..., c, d)`` and ``bases`` ``(..., d, r)`` (broadcast against each other);
-    returns ``(..., c)``. ``1 - ||Q^T z||^2`` is cheap (``O(c d r)`` per subspace) but cancels
-    below ``~1e-7`` in the residual, so it only screens: entries it cannot exclude get the
-    explicit residual ``z - Q Q^T z``, which is accurate to ``~1e-16``.
-    """
-    coords = np.matmul(points, bases)  # (..., c, r)
-    cheap = 1.0 - np.einsum("...r,...r->...", coords, coords)
-    inside = np.zeros(cheap.shape, dtype=bool)
-    maybe = np.nonzero(cheap <= tol * tol + SCREEN)
-    if maybe[0].size:
-        shape = np.broadcast_shapes(points.shape[:-2], bases.shape[:-2])
-        lead = maybe[:-1]
-        pts = np.broadcast_to(points, (*shape, *points.shape[-2:]))
-        bas = np.broadcast_to(bases, (*shape, *bases.shape[-2:]))
-        z = pts[(*lead, maybe[-1])]  # (A, d)
-        q = bas[lead]  # (A, d, r)
-        residual = z - np.einsum("adr,ar->ad", q, coords[maybe])
-        inside[maybe] = np.linalg.norm(residual, axis=1) <= tol
-    return inside
-
-
-def candidate_sets(unit_rows: FloatArray, k: int, tol: float) -> dict[int, IntArray]:
-    """Member sets of the distinct candidate subspaces, grouped by size.
-
-    Parameters
-    ----------
-    unit_rows : (n0, d) array
-        The sampled non-zero rows, normalised to unit length.
-    k : int
-        Candidate dimension.
-    tol : float
-        Relative membership tolerance.
-
-    Returns
-    -------
-    dict ``c -> (N_c, c) int array``
-        Row ``j`` lists (sorted) the sample points in a distinct candidate with ``c`` members.
-        Candidates are spans of rank-k k-subsets deduplicated as subspaces, i.e. by member set.
-        A candidate with exactly ``k`` members is spanned by one subset only, so only larger
-        ones need deduplicating; k-subsets inside the member set of one of the
-        :data:`SKIP_SETS` largest candidates found so far span that same candidate and are
-        skipped before scoring (on data in one subspace, all but the first batch are).
-    """
-    n0, _ = unit_rows.shape
-    if n0 < k:
-        return {}
-    max_batch = max(1, BATCH_FLOATS // max(1, n0 * k))
-    batch = 16  # grows geometrically: a large candidate found early skips most of what follows
-    combos = itertools.combinations(range(n0), k)
-    small: list[IntArray] = []
-    large = np.zeros((0, n0), dtype=bool)
+    weights = dirs.weights
+    if k == 1:
+        return 0  # t = {0} holds no non-zero point
+    if k == 2:
+        return int(weights[members].max())
+    local = mixed[members].astype(np.float64)
+    local_w = weights[members]
+    best = 0
+    combos = itertools.combinations(range(members.size), k - 1)
+    size = batch_size(members.size, k - 1)
     while True:
-        batch = min(2 * batch, max_batch)
         flat = np.fromiter(
-            itertools.chain.from_iterable(itertools.islice(combos, batch)), dtype=np.int64
+            itertools.chain.from_iterable(itertools.islice(combos, size)), dtype=np.int64
         )
         if flat.size == 0:
-            break
-        subsets = flat.reshape(-1, k)
-        if large.shape[0]:
-            biggest = large[np.argsort(large.sum(axis=1))[::-1][:SKIP_SETS]]
-            covered = biggest[:, subsets].all(axis=2).any(axis=0)
-            subsets = subsets[~covered]
-        bases, full_rank = _batched_bases(unit_rows[subsets], k)
-        subsets, bases = subsets[full_rank], bases[full_rank]
+            return best
+        subsets = flat.reshape(-1, k - 1)
+        ok, vectors = null_vectors(mixed[members[subsets]], p)
+        for s in decide_singular(dirs.ints, members[subsets[~ok]], k - 1):
+            inside = exact_members(dirs.ints, s, members)
+            best = max(best, int(weights[inside].sum()))
+        subsets, vectors = subsets[ok], vectors[ok]
         if subsets.shape[0] == 0:
             continue
-        member = _inside(unit_rows, bases, tol)  # (B, n0)
-        member[np.arange(subsets.shape[0])[:, None], subsets] = True  # spanning points
-        counts = member.sum(axis=1)
-        small.append(subsets[counts == k])
-        if (counts > k).any():
-            large = np.unique(np.concatenate([large, member[counts > k]]), axis=0)
-    groups: dict[int, IntArray] = {}
-    if small and sum(s.shape[0] for s in small):
-        groups[k] = np.concatenate(small, axis=0)
-    sizes = large.sum(axis=1)
-    for c in np.unique(sizes):
-        rows = large[sizes == c]
-        groups[int(c)] = np.nonzero(rows)[1].reshape(rows.shape[0], int(c)).astype(np.int64)
-    return groups
+        hits = filter_hits(local, vectors, p)
+        upper = hits.astype(np.int64) @ local_w
+        for b in np.argsort(upper, kind="stable")[::-1]:
+            if upper[b] <= best:
+                break
+            accepted = members[np.nonzero(hits[b])[0]]
+            inside = confirmed_members(dirs.ints, members[subsets[b]], accepted, k - 1)
+            best = max(best, int(weights[inside].sum()))
 
 
-def strict_subspace_counts(
-    unit_rows: FloatArray, members: IntArray, k: int, tol: float
-) -> IntArray:
-    """``max_{t strictly inside s} |x in t|`` for candidates with ``c`` members each.
+@dataclass
+class Leaders:
+    """The two best competitive candidates seen so far and the member sets used for skipping.
 
-    The maximum is over spans of rank-(k-1) ``(k-1)``-subsets of the points of ``s``; points are
-    counted among the members of ``s`` (a point of ``t`` is a point of ``s``: its residual to
-    ``s`` is at most its residual to ``t``). One batched computation over all candidates and
-    ``C(c, k-1)`` subsets, in chunks; cost ``O(N C(c, k-1) c d k)``.
+    Scores only increase and replacements are strict, so a candidate met again after it left
+    the top two can change neither the top two's scores nor the winner (it scores at most the
+    runner-up); a candidate in the top two is never met again (its member set is kept, and every
+    k-subset inside it is skipped).
+    """
+
+    m: int
+    first: tuple[int, IntArray, IntArray] | None = None  # (score, members, spanning subset)
+    second: int | None = None
+    second_members: IntArray | None = None
+    skip: list[IntArray] = field(default_factory=list)
+
+    def known(self, members: IntArray) -> bool:
+        for other in self._kept():
+            if other.size == members.size and np.array_equal(other, members):
+                return True
+        return False
+
+    def offer(self, score: int, members: IntArray, spanning: IntArray) -> None:
+        if self.first is None or score > self.first[0]:
+            if self.first is not None:
+                self.second, self.second_members = self.first[0], self.first[1]
+            self.first = (score, members, spanning)
+        elif self.second is None or score > self.second:
+            self.second, self.second_members = score, members
+        self.skip.append(members)
+        self.skip.sort(key=lambda s: -s.size)
+        del self.skip[SKIP_SETS:]
+
+    def _kept(self) -> list[IntArray]:
+        kept = list(self.skip)
+        if self.first is not None:
+            kept.append(self.first[1])
+        if self.second_members is not None:
+            kept.append(self.second_members)
+        return kept
+
+    def covered(self, subsets: IntArray) -> BoolArray:
+        """``(B,)``: the subset lies inside a kept member set (it spans that candidate or less)."""
+        covered = np.zeros(subsets.shape[0], dtype=bool)
+        for members in self._kept():
+            mask = np.zeros(self.m, dtype=bool)
+            mask[members] = True
+            covered |= mask[subsets].all(axis=1)
+        return covered
+
+
+def competitive_candidates(
+    dirs: Directions,
+    k: int,
+    threshold: float,
+    p: int,
+    mixing: IntArray,
+    strict_mixing: IntArray,
+) -> Leaders:
+    """Exact scores of the candidates of weight ``> threshold`` (``u(NULL) + k - 1``); the top
+    two are returned.
 
     Parameters
     ----------
-    unit_rows : (n0, d) array
-    members : (N, c) int array
-        Member indices of ``N`` candidates of equal size ``c``.
-
-    Returns
-    -------
-    (N,) int array
+    dirs : Directions
+        ``m`` distinct directions with weights.
+    k : int
+        Candidate dimension.
+    threshold : float
+        Candidates of exact weight at most this cannot beat ``u(NULL)``.
+    p : int
+        The public prime.
+    mixing : (d, k + 1) int array
+        Public mixing for k-subsets; ``strict_mixing`` ``(d, k)`` for strict subspaces.
     """
-    n_cand, c = members.shape
-    best = np.zeros(n_cand, dtype=np.int64)
-    if k == 1 or n_cand == 0:
-        return best  # t = {0} holds no non-zero point
-    d = unit_rows.shape[1]
-    pattern = np.array(list(itertools.combinations(range(c), k - 1)), dtype=np.int64)
-    per_pattern = max(1, BATCH_FLOATS // max(1, c * d))
-    for p0 in range(0, pattern.shape[0], per_pattern):
-        pat = pattern[p0 : p0 + per_pattern]  # (p, k-1)
-        group = max(1, BATCH_FLOATS // max(1, pat.shape[0] * c * d))
-        for start in range(0, n_cand, group):
-            mem = members[start : start + group]  # (g, c)
-            g = mem.shape[0]
-            bases, full_rank = _batched_bases(unit_rows[mem[:, pat].reshape(-1, k - 1)], k - 1)
-            bases = bases.reshape(g, pat.shape[0], d, k - 1)
-            inside = _inside(unit_rows[mem][:, None, :, :], bases, tol)  # (g, p, c)
-            inside[:, np.arange(pat.shape[0])[:, None], pat] = True  # spanning points
-            hits = inside.sum(axis=2) * full_rank.reshape(g, pat.shape[0])
-            np.maximum.at(best, np.arange(start, start + g), hits.max(axis=1))
-    return best
+    m = dirs.count
+    leaders = Leaders(m)
+    if m < k:
+        return leaders
+    residues = reduce_mod(dirs.ints, p)
+    mixed = mix_mod(residues, mixing, p)
+    strict_mixed = mix_mod(residues, strict_mixing, p) if k >= 3 else mixed
+    del residues
+    mixed_f = mixed.astype(np.float64)
+    weights = dirs.weights
+    weights_f, heaviest = weights.astype(np.float64), int(weights.max(initial=0))
+
+    def score(members: IntArray, spanning: IntArray) -> None:
+        total = int(weights[members].sum())
+        if total <= threshold or leaders.known(members):
+            return
+        leaders.offer(total - strict_count(dirs, members, k, strict_mixed, p), members, spanning)
+
+    if k == 1:  # every direction is its own line, and a line's only strict subspace is {0}
+        for i in np.nonzero(weights > threshold)[0]:
+            score(np.array([i]), np.array([i]))
+        return leaders
+    combos = itertools.combinations(range(m), k)
+    size, largest = 16, batch_size(m, k)  # grows: a candidate found early skips what follows
+    while True:
+        size = min(2 * size, largest)
+        flat = np.fromiter(
+            itertools.chain.from_iterable(itertools.islice(combos, size)), dtype=np.int64
+        )
+        if flat.size == 0:
+            return leaders
+        subsets = flat.reshape(-1, k)
+        subsets = subsets[~leaders.covered(subsets)]
+        ok, vectors = null_vectors(mixed[subsets], p)
+        for s in decide_singular(dirs.ints, subsets[~ok], k):
+            score(exact_members(dirs.ints, s, np.arange(m)), s)
+        subsets, vectors = subsets[ok], vectors[ok]
+        if subsets.shape[0] == 0:
+            continue
+        hits = filter_hits(mixed_f, vectors, p)
+        # count * max weight bounds the weight: only rows it cannot exclude are summed.
+        maybe = np.nonzero(np.count_nonzero(hits, axis=1) * heaviest > threshold)[0]
+        upper = hits[maybe].astype(np.float64) @ weights_f
+        competitive = maybe[upper > threshold]
+        hits = hits[competitive]
+        subsets = subsets[competitive]
+        # Confirm one competitive subset at a time; every subset inside its exact member set
+        # spans the same candidate (rank k is certain), the others wait for their turn.
+        pending = np.ones(subsets.shape[0], dtype=bool)
+        while pending.any():
+            b = int(np.argmax(pending))
+            members = confirmed_members(dirs.ints, subsets[b], np.nonzero(hits[b])[0], k)
+            score(members, subsets[b])
+            inside = np.zeros(m, dtype=bool)
+            inside[members] = True
+            pending &= ~inside[subsets].all(axis=1)
+            pending[b] = False
 
 
-def round_significant(values: FloatArray, digits: int = BASIS_DIGITS) -> FloatArray:
-    """Round every entry to ``digits`` significant decimal digits (zeros stay zero)."""
-    magnitude = np.floor(np.log10(np.where(values == 0, 1.0, np.abs(values))))
-    scale = 10.0 ** (digits - 1 - magnitude)
-    return np.asarray(np.round(values * scale) / scale, dtype=np.float64)
+# ---------------------------------------------------------------------------------------------
+# The released basis
+
+
+def echelon_basis(ints: IntRows, spanning: IntArray) -> FloatArray:
+    """An orthonormal ``(d, k)`` basis of ``span_Q(spanning)`` that depends on the span only.
+
+    The exact reduced row-echelon form is canonical for the subspace; each of its rows is scaled
+    by a power of two (so that its largest entry is about 1) and rounded to doubles (correctly
+    rounded integer division; entries far below the largest may underflow to 0), then the rows
+    are orthonormalised by a Householder QR. Always finite, and no fallback is needed: a QR of
+    finite, power-of-two-scaled rows does not fail.
+    """
+    rref, den, _ = fmpz_mat([ints[i] for i in spanning]).rref()
+    denominator = int(den)
+    rows = []
+    for row in rref.tolist():
+        entries = [int(v) for v in row]
+        top = max(abs(v).bit_length() for v in entries) - denominator.bit_length()
+        num_scale, den_scale = (1 << -top, 1) if top < 0 else (1, 1 << top)
+        rows.append([v * num_scale / (denominator * den_scale) for v in entries])
+    q, _ = np.linalg.qr(np.asarray(rows, dtype=np.float64).T)
+    return np.asarray(q, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,11 +603,10 @@ def exact_gapmax(
     epsilon: float,
     delta: float,
     robustness: int,
-    tol: float,
     sample_rows: int,
     rng: np.random.Generator,
 ) -> tuple[FloatArray | None, dict[str, Any]]:
-    """GAP-MAX over spans of k-subsets of ``sample_rows`` sampled rows (Algorithm 1).
+    """GAP-MAX over spans of k-subsets of ``sample_rows`` sampled rows, membership exact.
 
     Parameters
     ----------
@@ -354,57 +618,61 @@ def exact_gapmax(
         Privacy cost, ``epsilon > 0``, ``0 < delta < 1``.
     robustness : int
         ``l``, the number of points allowed outside the subspace.
-    tol : float
-        Relative membership tolerance.
     sample_rows : int
         ``n0 <= n``; public, resolved by ``prepare``.
     rng : numpy.random.Generator
-        The release's generator (sample, noise and rotation).
+        The release's generator. Draws, in an order that does not depend on the data: the
+        sample, the prime, the two mixing matrices, the noise, then (on release) the rotation.
 
     Returns
     -------
     basis : (d, k) array or None
-        Rounded, Haar-rotated orthonormal basis of the winning subspace; ``None`` for NULL.
+        Haar-rotated orthonormal basis of the winning subspace; ``None`` for NULL.
     info : dict
         Public facts about the run (``sample_rows``, ``null_score``, ``noise_bound``).
     """
-    n = data.shape[0]
+    n, d = data.shape
     sample = np.sort(rng.choice(n, size=sample_rows, replace=False))
-    rows = np.asarray(data[sample], dtype=np.float64)
-    norms = np.linalg.norm(rows, axis=1)
-    unit_rows = rows[norms > 0] / norms[norms > 0, None]
-
-    groups = candidate_sets(unit_rows, k, tol)
-    members = [g for g in groups.values()]
-    scores = np.concatenate(
-        [
-            np.full(g.shape[0], g.shape[1]) - strict_subspace_counts(unit_rows, g, k, tol)
-            for g in members
-        ]
-        or [np.zeros(0, dtype=np.int64)]
-    )
+    p = random_prime(rng, prime_bound(k))
+    mixing = rng.integers(0, p, size=(d, k + 1), dtype=np.int64)
+    strict_mixing = rng.integers(0, p, size=(d, k), dtype=np.int64)
+    uniform = rng.random()
 
     u_null = null_score(robustness, epsilon, delta)
     lam, bound = truncated_laplace_params(GAP_SENSITIVITY, epsilon, delta)
-    all_scores = np.concatenate([scores.astype(np.float64), [u_null]])
-    order = np.argsort(all_scores, kind="stable")[::-1]
-    first = int(order[0])
-    second_score = float(all_scores[order[1]]) if all_scores.size > 1 else -math.inf
-    gap = max(0.0, float(all_scores[first]) - second_score - 1.0)
-    noisy_gap = gap + float(truncated_laplace_ppf(rng.random(), lam, bound))
-    info: dict[str, Any] = {
-        "sample_rows": sample_rows,
-        "null_score": u_null,
-        "noise_bound": bound,
-    }
-    if first == all_scores.size - 1 or noisy_gap <= bound:
+    info: dict[str, Any] = {"sample_rows": sample_rows, "null_score": u_null, "noise_bound": bound}
+
+    dirs = primitive_directions(np.asarray(data[sample], dtype=np.float64))
+    leaders = competitive_candidates(dirs, k, u_null + k - 1, p, mixing, strict_mixing)
+    if leaders.first is None or leaders.first[0] <= u_null:
         return None, info
-    sizes = np.cumsum([0] + [g.shape[0] for g in members])
-    which = int(np.searchsorted(sizes, first, side="right")) - 1
-    winner = members[which][first - sizes[which]]
-    subspace = top_right_singular_vectors(unit_rows[winner], k)
-    rotated = subspace @ haar_orthogonal(k, rng)
-    return round_significant(rotated), info
+    best, _, spanning = leaders.first
+    runner_up = max(float(leaders.second) if leaders.second is not None else -math.inf, u_null)
+    gap = max(0.0, best - runner_up - 1.0)
+    if gap + float(truncated_laplace_ppf(uniform, lam, bound)) <= bound:
+        return None, info
+    basis = echelon_basis(dirs.ints, spanning) @ haar_orthogonal(k, rng)
+    return np.asarray(basis, dtype=np.float64), info
+
+
+def memory_estimate(n0: int, d: int, k: int) -> int:
+    """Peak bytes of :func:`exact_gapmax` beyond the data, from public facts (see the class)."""
+    entry_bytes = 32 + 4 * math.ceil(MAX_ENTRY_BITS / 30)  # a CPython int of MAX_ENTRY_BITS
+    flint_entry = 16 + MAX_ENTRY_BITS // 8  # an fmpz of that size (flint's own allocator)
+    sample = 8 * n0 * d * 8  # the float sample and its frexp/integer/shift arrays (int64)
+    integer_rows = n0 * d * (2 * entry_bytes + 24) + 120 * n0  # two live copies, lists, dict
+    residues = 8 * n0 * (d + 4 * (k + 1))
+    batch, skip = 0, (SKIP_SETS + 3) * (8 * n0 + 120)
+    # k = 1 needs no filter. Otherwise one batch of k-subsets (float products, their quotients
+    # and the boolean hits) and, for k >= 3, one batch of (k-1)-subsets inside a candidate.
+    for j in range(max(1, k - 1), k + 1) if k >= 2 else ():
+        size = min(math.comb(n0, j), batch_size(n0, j))
+        batch += 26 * size * n0 + size * (8 * j * 6 + 16 * (j + 2)) + 32 * size * j
+        skip += 2 * n0 * size
+    # One exact rank or echelon form of at most n0 x d entries (k = 1: only the echelon form of
+    # one row); fraction-free elimination holds entries of up to (k + 1) times the input size.
+    exact = (n0 if k > 1 else 1) * d * (flint_entry * (k + 2) + 2 * entry_bytes)
+    return sample + integer_rows + residues + batch + skip + exact + 1_000_000
 
 
 class ExactGapMax(Mechanism[ExactGapMaxParams]):
@@ -415,11 +683,11 @@ class ExactGapMax(Mechanism[ExactGapMaxParams]):
     )
     summary: ClassVar[str] = (
         "For data lying exactly in a k-dimensional subspace, up to a few outliers: scores every "
-        "subspace spanned by k sampled points and releases the best one through GAP-MAX with "
+        "subspace spanned by k sampled points, with membership decided in exact rational "
+        "arithmetic on the doubles as stored, and releases the best one through GAP-MAX with "
         "truncated Laplace noise. Recovers the subspace exactly once n >= 3l + 8 ln(1/delta)/eps "
-        "+ 2; otherwise (or on data in general position) returns no result. No clipping. "
-        "Limitation: the guarantee assumes exact membership; a neighbour within tol of the "
-        "subspace is not covered (see docs/mechanisms.md)."
+        "+ 2; otherwise (or on data in general position, including data only approximately in a "
+        "subspace) returns no result. No clipping."
     )
     params_model: ClassVar[type[ExactGapMaxParams]] = ExactGapMaxParams
 
@@ -479,14 +747,21 @@ class ExactGapMax(Mechanism[ExactGapMaxParams]):
             spec.epsilon,
             spec.delta,
             params.robustness,
-            params.tol,
             params.sample_rows,
             rng,
         )
         if basis is None:
             return MechanismOutput.no_result(
-                "no subspace won GAP-MAX: the data is not (up to robustness outliers) in one "
-                "k-dimensional subspace, or too few points lie in it for this budget",
+                "no subspace won GAP-MAX: the data is not (up to robustness outliers) exactly in "
+                "one k-dimensional subspace, or too few points lie in it for this budget",
                 **info,
             )
         return MechanismOutput(basis=basis, extras=info)
+
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[ExactGapMaxParams]) -> int:
+        """Peak working memory: the sample and its exact integer rows (every entry counted at
+        :data:`MAX_ENTRY_BITS` bits), one filter batch (:data:`BATCH_ENTRIES`), the kept member
+        sets and one exact elimination of at most ``n0 x d`` entries. Never the number of
+        candidates, which depends on the data."""
+        n0 = spec.params.sample_rows if spec.params.sample_rows is not None else ctx.n_rows
+        return memory_estimate(n0, ctx.n_cols, spec.k)

@@ -1,6 +1,7 @@
 """Issue 4, done-when for exact_gapmax through HTTP: 400 points exactly in a 2-dim subspace of
-R^10 give back that subspace (projector error < 1e-6) at eps = 1, delta = 1e-6; 400 points in
-general position give no_result, charged; too few rows is a 422 that charges nothing."""
+R^10 give back that subspace at eps = 1, delta = 1e-6; 400 points in general position give
+no_result, charged; too few rows, or a ``tol`` (membership is exact since issue 11), is a 422
+that charges nothing."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ pytestmark = pytest.mark.release_seed(400)
 
 def test_exact_subspace_is_recovered(client, keys, upload_dataset, run_worker):
     rng = np.random.default_rng(41)
-    basis = np.linalg.qr(rng.standard_normal((10, 2)))[0]
-    data = rng.standard_normal((400, 2)) @ basis.T
+    spanning = rng.integers(-5, 6, size=(2, 10)).astype(np.float64)
+    basis = np.linalg.qr(spanning.T)[0]
+    # Integer combinations: exactly in the subspace as doubles (membership is exact).
+    data = rng.integers(-(2**20), 2**20, size=(400, 2)).astype(np.float64) @ spanning
     dataset = upload_dataset(client, keys.owner, data)
     result = release_and_wait(
         client, keys.analyst, dataset["id"], run_worker, mechanism="exact_gapmax", **BUDGET
@@ -27,8 +30,7 @@ def test_exact_subspace_is_recovered(client, keys, upload_dataset, run_worker):
     assert result["status"] == "succeeded", result
     released = np.array(result["result"]["basis"])
     assert released.shape == (10, 2)
-    # ||P - P'||_2 directly (the sine formula bottoms out near 1e-8).
-    assert np.linalg.norm(released @ released.T - basis @ basis.T, 2) < 1e-6
+    assert np.linalg.norm(released @ released.T - basis @ basis.T, 2) < 1e-12
     assert result["result"]["extras"]["sample_rows"] == 400
 
 
@@ -54,5 +56,19 @@ def test_too_few_rows_is_refused_before_charging(client, keys, upload_dataset):
     )
     assert response.status_code == 422, response.text
     assert "short by 16" in response.text
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "0"
+
+
+def test_tol_is_refused_with_a_clear_message(client, keys, upload_dataset):
+    data = np.random.default_rng(44).standard_normal((400, 10))
+    dataset = upload_dataset(client, keys.owner, data)
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "exact_gapmax", **BUDGET, "params": {"tol": 1e-9}},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "params.tol: Extra inputs are not permitted"
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
     assert budget.json()["epsilon_spent"] == "0"
