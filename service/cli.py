@@ -216,10 +216,12 @@ def _reader_engine(url: str) -> Engine:
 def _audit_report(head: str | None) -> audit_module.VerifyReport:
     """Verify the configured database; exits 2 when the check cannot be made."""
     from pydantic import ValidationError
+    from sqlalchemy import inspect
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
     from sqlalchemy.orm import Session
 
     from service import audit
+    from service.db.models import Base
 
     try:
         settings = Settings()
@@ -244,6 +246,10 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
         _cannot_check(f"{where}: {exc}")
     try:
         with Session(engine) as session, session.begin():
+            inspector = inspect(session.connection())
+            missing = sorted(n for n in Base.metadata.tables if not inspector.has_table(n))
+            if missing:
+                _cannot_check(f"{where}: no table {', '.join(missing)} (run `dpss migrate`)")
             return audit.verify(
                 session,
                 anchor=anchor,
@@ -253,7 +259,7 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
         # The driver's own first line (connection refused, no such table, ...): never SQL text.
         orig = getattr(exc, "orig", None)
         reason = str(orig).strip().splitlines()[0][:200] if orig else type(exc).__name__
-        _cannot_check(f"{where}: {reason} (is it migrated? `dpss migrate`)")
+        _cannot_check(f"{where}: {reason}")
     finally:
         engine.dispose()
 
