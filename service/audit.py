@@ -218,6 +218,7 @@ class _Outcome:
     seq: int
     status: str
     basis_sha256: Any
+    reason: Any
     refund: tuple[Decimal, Decimal] | None
 
 
@@ -272,6 +273,7 @@ class _Recorded:
                 seq,
                 kind.removeprefix("release_"),
                 details.get("basis_sha256"),
+                details.get("reason"),
                 None
                 if refunded is None
                 else (Decimal(refunded["epsilon"]), Decimal(refunded["delta"])),
@@ -426,6 +428,7 @@ def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[st
             Release.status,
             Release.refunded,
             Release.result_sha256,
+            Release.reason,
         )
     )
     for row in rows:
@@ -472,6 +475,8 @@ def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[st
             problems.append(f"{where}: result_sha256 differs from {event}")
         if row.refunded != (outcome.refund is not None):
             problems.append(f"{where}: refunded differs from {event}")
+        if row.reason != outcome.reason:
+            problems.append(f"{where}: reason differs from {event}")
     for release_id, request in recorded.requests.items():
         if release_id not in seen:
             problems.append(

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         ),
     )
 
+    @field_validator("audit_hmac_key", "audit_anchor", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose passes `${VAR:-}` as an empty string when the operator sets nothing.
+        return None if value == "" else value
+
     @field_validator("audit_hmac_key")
     @classmethod
     def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:

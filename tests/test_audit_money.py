@@ -230,6 +230,10 @@ TAMPERINGS: dict[str, tuple[Tampering, str]] = {
         _edit_release(refunded=True)("failed"),
         "releases {failed}: refunded differs from release_failed event",
     ),
+    "reword a failure": (
+        _edit_release(reason="ran out of budget")("refunded"),
+        "releases {refunded}: reason differs from release_failed event",
+    ),
     "give a queued release a result": (
         _edit_release(status="succeeded", result_sha256="0" * 64)("queued"),
         "releases {queued}: status is final but no event records an outcome",
