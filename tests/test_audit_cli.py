@@ -20,6 +20,7 @@ from sqlalchemy import make_url, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
+from service import audit
 from service.app import create_app
 from service.cli import app as cli_app
 from service.db.models import AuditEvent
@@ -235,3 +236,22 @@ def test_a_check_that_cannot_be_made_exits_2(args, env, message, tmp_path):
     url = env.pop("DPSS_DATABASE_URL", f"sqlite:///{tmp_path / 'x.sqlite3'}")
     result = dpss("audit", "verify", *args, url=url, **env)
     assert result.exit_code == 2 and message in result.stderr
+
+
+def test_verify_reads_one_snapshot_while_the_service_writes(service, ledger, monkeypatch):
+    """A release committed between reading the events and reading the tables is not seen (it
+    would otherwise be a release without its event), and the writer is not blocked."""
+    url, _, (client, _) = service
+    reconcile = audit._reconcile
+    written: list[str] = []
+
+    def write_then_reconcile(*args: Any) -> None:
+        gauss = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.25", "delta": "1e-6"}
+        written.append(post_release(client, ledger.analyst, ledger.dataset, **gauss))
+        reconcile(*args)
+
+    monkeypatch.setattr(audit, "_reconcile", write_then_reconcile)
+    result = dpss("audit", "verify", url=url)
+    assert written and result.exit_code == 0, result.output
+    monkeypatch.setattr(audit, "_reconcile", reconcile)
+    assert dpss("audit", "verify", url=url).exit_code == 0
