@@ -215,6 +215,8 @@ def _reader_engine(url: str) -> Engine:
 
 def _audit_report(head: str | None) -> audit_module.VerifyReport:
     """Verify the configured database; exits 2 when the check cannot be made."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
     from pydantic import ValidationError
     from sqlalchemy import inspect
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
@@ -222,6 +224,7 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
 
     from service import audit
     from service.db.models import Base
+    from service.migrate import alembic_config
 
     try:
         settings = Settings()
@@ -250,6 +253,13 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
             missing = sorted(n for n in Base.metadata.tables if not inspector.has_table(n))
             if missing:
                 _cannot_check(f"{where}: no table {', '.join(missing)} (run `dpss migrate`)")
+            current = MigrationContext.configure(session.connection()).get_current_revision()
+            newest = ScriptDirectory.from_config(alembic_config()).get_current_head()
+            if current != newest:
+                _cannot_check(
+                    f"{where}: the schema is at revision {current}, this version reads "
+                    f"{newest} (run `dpss migrate`)"
+                )
             return audit.verify(
                 session,
                 anchor=anchor,
@@ -280,7 +290,7 @@ def audit_verify(head: HeadOption = None) -> None:
 
     Exit 0: intact. Exit 1: altered, removed or missing (each problem is printed, naming a table
     or event and an id). Exit 2: the check could not be made (database unreadable, wrong URL,
-    missing tables, malformed --head or setting).
+    missing tables, another schema version, malformed --head or setting).
     """
     report = _audit_report(head)
     for note in report.notes:

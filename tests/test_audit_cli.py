@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
+from alembic.script import ScriptDirectory
 from click.testing import Result
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
@@ -24,6 +26,7 @@ from service import audit
 from service.app import create_app
 from service.cli import app as cli_app
 from service.db.models import AuditEvent
+from service.migrate import alembic_config
 from service.worker import Worker
 from tests.conftest import POSTGRES_URL, _admin_execute, post_release
 from tests.test_audit_money import HMAC_KEY, Ledger, _drop_last_release, _raise_budget, populate
@@ -255,3 +258,16 @@ def test_verify_reads_one_snapshot_while_the_service_writes(service, ledger, mon
     assert written and result.exit_code == 0, result.output
     monkeypatch.setattr(audit, "_reconcile", reconcile)
     assert dpss("audit", "verify", url=url).exit_code == 0
+
+
+def test_a_database_at_an_older_schema_exits_2(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    url = f"sqlite:///{path}"
+    command.upgrade(alembic_config(url), "0002")
+    result = dpss("audit", "verify", url=url)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"error: cannot read the database at {url}: the schema is at revision 0002, this "
+        f"version reads {ScriptDirectory.from_config(alembic_config()).get_current_head()} "
+        "(run `dpss migrate`)\n"
+    )
