@@ -298,7 +298,6 @@ def verify(
     expected_seq = 1
     anchored_hash: str | None = None
     first_mac: int | None = None
-    last_mac: str | None = None
     macs = 0
     for event in _iter_chain(session):
         if event.seq != expected_seq:
@@ -333,7 +332,6 @@ def verify(
                     report.problems.append(
                         f"event {event.seq}: the MAC does not match (forged, or another key)"
                     )
-        last_mac = event.mac
         recorded.add(event, report.problems)
         expected_prev = event.hash
         expected_seq = event.seq + 1
@@ -348,9 +346,10 @@ def verify(
             f"the chain head says {head.last_seq} events, the last stored event is "
             f"{last_seq}: events were removed or the head was altered"
         )
-    if hmac_key is not None and report.checked and last_mac is None:
+    if hmac_key is not None and report.checked and first_mac is None:
         report.problems.append(
-            f"the newest event {last_seq} has no MAC: no process holding the key wrote it"
+            f"no event has a MAC, the newest ({last_seq}) included: no process holding the key "
+            "wrote it, or the MACs were removed"
         )
     elif hmac_key is None and macs:
         report.notes.append(f"{macs} event MACs not checked (DPSS_AUDIT_HMAC_KEY is not set)")

@@ -447,7 +447,7 @@ def test_with_a_key_a_recomputed_chain_is_caught_without_an_anchor(
         _rechain(session, strip_macs=strip_macs)
     assert verify(session_factory).ok  # a verifier without the key sees nothing wrong
     report = verify(session_factory, hmac_key=HMAC_KEY.encode())
-    expected = "has no MAC" if strip_macs else "the MAC does not match"
+    expected = "no event has a MAC" if strip_macs else "the MAC does not match"
     assert any(expected in problem for problem in report.problems), report.problems
 
 
@@ -474,3 +474,22 @@ def test_head_tokens_round_trip_and_refuse_garbage():
     for token in ("12", "x:" + "ab" * 32, "12:" + "AB" * 32, "12:" + "ab" * 31, "-1:" + "0" * 64):
         with pytest.raises(ValueError, match="SEQ:HASH"):
             audit.Head.parse(token)
+
+
+def test_an_appended_forged_event_is_caught_only_with_the_key(keyed_ledger, session_factory):
+    # The intruder's own session: it writes through the same code, but without the key.
+    intruder = sessionmaker(
+        bind=session_factory.kw["bind"], join_transaction_mode="create_savepoint"
+    )
+    with intruder.begin() as session:
+        audit.record(
+            session,
+            "budget_set",
+            actor_key_id=None,
+            dataset_id=rid(keyed_ledger.dataset),
+            details={"epsilon_total": Decimal(1000), "delta_total": Decimal("0.001")},
+        )
+        _raise_budget(session, keyed_ledger)
+    assert verify(session_factory).ok  # well-formed and consistent: the documented limit
+    report = verify(session_factory, hmac_key=HMAC_KEY.encode())
+    assert report.problems == [f"event {report.head.seq}: no MAC, but an earlier event has one"]
