@@ -30,7 +30,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
-from pydantic import SecretStr
+from pydantic import SecretBytes, SecretStr
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -98,7 +98,8 @@ def use_hmac_key(factory: sessionmaker[Session], key: SecretStr | None) -> None:
     if key is None:
         return
     info = dict(factory.kw.get("info") or {})
-    info[HMAC_INFO_KEY] = key.get_secret_value().encode("utf-8")
+    # SecretBytes: the factory's and sessions' reprs (tracebacks, debuggers) never show the key.
+    info[HMAC_INFO_KEY] = SecretBytes(key.get_secret_value().encode("utf-8"))
     factory.configure(info=info)
 
 
@@ -128,7 +129,7 @@ def record(
         created_at=created_at,
         details=clean,
     )
-    key = session.info.get(HMAC_INFO_KEY)
+    key: SecretBytes | None = session.info.get(HMAC_INFO_KEY)
     event = AuditEvent(
         seq=seq,
         event_type=event_type,
@@ -139,7 +140,7 @@ def record(
         details=clean,
         prev_hash=head.last_hash,
         hash=digest,
-        mac=event_mac(key, digest) if key else None,
+        mac=event_mac(key.get_secret_value(), digest) if key is not None else None,
     )
     session.add(event)
     head.last_seq = seq

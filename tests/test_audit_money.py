@@ -431,6 +431,7 @@ def test_with_a_key_every_event_carries_a_mac_that_verifies(keyed_ledger, sessio
     with session_factory() as session:
         macs = session.scalars(select(AuditEvent.mac)).all()
     assert macs and all(mac is not None for mac in macs)
+    assert HMAC_KEY not in repr(session_factory)  # tracebacks and debuggers never show it
     assert verify(session_factory, hmac_key=HMAC_KEY.encode()).ok
     wrong = verify(session_factory, hmac_key=b"x" * 32)
     assert len(wrong.problems) == len(macs)
