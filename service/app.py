@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import audit as audit_log
 from service import auth
 from service.api import audit, datasets, health, keys, mechanisms, releases
 from service.api.errors import install_error_handlers
@@ -34,6 +35,7 @@ def create_app(
     logging.getLogger("dpss").setLevel(settings.log_level.upper())
     if session_factory is None:
         session_factory = make_session_factory(make_engine(settings.resolved_database_url))
+    audit_log.use_hmac_key(session_factory, settings.audit_hmac_key)
     store = DatasetStore(settings.datasets_dir)
 
     @asynccontextmanager

@@ -1,29 +1,53 @@
-"""The append-only, hash-chained audit log.
+"""The append-only, hash-chained audit log, and its reconciliation with the money.
 
 Each event's hash is ``SHA-256(prev_hash || canonical JSON of the event)``; the one-row
 ``audit_head`` table holds the last ``seq`` and hash. Appending locks the head row, so appends are
-serialised on PostgreSQL (SQLite transactions are serialised already) and the chain has no forks;
-``verify`` recomputes every hash, checks the links and that the head matches the last event, so
-an edited, removed or reordered event (the last one included) is detected.
+serialised on PostgreSQL (SQLite transactions are serialised already) and the chain has no forks.
+When the writing session holds ``DPSS_AUDIT_HMAC_KEY`` each event also stores
+``HMAC-SHA256(key, hash)``; since the hash covers every earlier event, a valid MAC on the newest
+event vouches for the whole chain.
+
+:func:`verify` recomputes every hash and link, checks the head, the MACs (given the key) and an
+anchor (a head exported earlier and kept outside the database), then reconciles the tables that
+hold the money with the events: every ledger row, dataset budget, release (cost, status, result
+hash, refund) and API key must be exactly what the events say, and every event's row must exist.
+What it cannot see: a tail removed together with its rows (or a restore from an older backup)
+when no anchor newer than the cut is given; a chain recomputed from scratch by someone who can
+write the database when no key is used (an anchor still catches any change up to its event);
+anything done by someone who holds the key or controls the service host.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
+from pydantic import SecretBytes, SecretStr
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from service.db.models import AuditEvent, AuditHead, utcnow
+from service.db.models import (
+    ApiKey,
+    AuditEvent,
+    AuditHead,
+    Dataset,
+    LedgerEntry,
+    Release,
+    utcnow,
+)
 
 GENESIS_HASH = "0" * 64
+#: Where a session finds the MAC key (``Session.info``, filled by :func:`use_hmac_key`).
+HMAC_INFO_KEY = "dpss_audit_hmac_key"
+TERMINAL_EVENTS = ("release_succeeded", "release_no_result", "release_failed")
 
 
 def _json_default(value: Any) -> Any:
@@ -64,6 +88,21 @@ def event_digest(
     return hashlib.sha256(prev_hash.encode("ascii") + canonical.encode("ascii")).hexdigest()
 
 
+def event_mac(key: bytes, digest: str) -> str:
+    """``HMAC-SHA256(key, hash)``: the hash already covers the event and every one before it."""
+    return hmac.new(key, digest.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def use_hmac_key(factory: sessionmaker[Session], key: SecretStr | None) -> None:
+    """Make every session of ``factory`` MAC the events it records (no-op without a key)."""
+    if key is None:
+        return
+    info = dict(factory.kw.get("info") or {})
+    # SecretBytes: the factory's and sessions' reprs (tracebacks, debuggers) never show the key.
+    info[HMAC_INFO_KEY] = SecretBytes(key.get_secret_value().encode("utf-8"))
+    factory.configure(info=info)
+
+
 def record(
     session: Session,
     event_type: str,
@@ -90,6 +129,7 @@ def record(
         created_at=created_at,
         details=clean,
     )
+    key: SecretBytes | None = session.info.get(HMAC_INFO_KEY)
     event = AuditEvent(
         seq=seq,
         event_type=event_type,
@@ -100,6 +140,7 @@ def record(
         details=clean,
         prev_hash=head.last_hash,
         hash=digest,
+        mac=event_mac(key.get_secret_value(), digest) if key is not None else None,
     )
     session.add(event)
     head.last_seq = seq
@@ -113,12 +154,39 @@ def list_events(session: Session, after: int, limit: int) -> list[AuditEvent]:
     return list(session.execute(query).scalars())
 
 
+@dataclass(frozen=True)
+class Head:
+    """A point of the chain: event ``seq`` and its hash (``0`` and the genesis hash if empty)."""
+
+    seq: int
+    hash: str
+
+    _TOKEN = re.compile(r"([0-9]{1,19}):([0-9a-f]{64})")
+
+    def token(self) -> str:
+        """The one-line form the operator stores outside the database."""
+        return f"{self.seq}:{self.hash}"
+
+    @classmethod
+    def parse(cls, token: str) -> Head:
+        match = cls._TOKEN.fullmatch(token.strip())
+        if match is None:
+            raise ValueError("an audit head is SEQ:HASH, as printed by `dpss audit head`")
+        return cls(int(match.group(1)), match.group(2))
+
+
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify`: ``ok`` is true only when no problem was found."""
+    """Outcome of :func:`verify`: ``ok`` is true only when no problem was found.
+
+    Problems name a table or an event and an id, never a stored value. ``head`` is the last event
+    of the chain as read (the token ``dpss audit head`` prints when the report is ok).
+    """
 
     checked: int = 0
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    head: Head = field(default_factory=lambda: Head(0, GENESIS_HASH))
 
     @property
     def ok(self) -> bool:
@@ -135,11 +203,103 @@ def _iter_chain(session: Session, batch: int = 1000) -> Iterator[AuditEvent]:
         after = events[-1].seq
 
 
-def verify(session: Session) -> VerifyReport:
-    """Recompute the whole chain and compare it with what is stored."""
+@dataclass(frozen=True)
+class _Request:
+    seq: int
+    dataset_id: uuid.UUID | None
+    mechanism: Any
+    k: Any
+    params: Any
+    epsilon: Decimal
+    delta: Decimal
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    seq: int
+    status: str
+    basis_sha256: Any
+    reason: Any
+    refund: tuple[Decimal, Decimal] | None
+
+
+@dataclass
+class _Recorded:
+    """What the events say the tables must hold."""
+
+    created: dict[uuid.UUID, int] = field(default_factory=dict)
+    budgets: dict[uuid.UUID, tuple[int, Decimal, Decimal]] = field(default_factory=dict)
+    deleted: dict[uuid.UUID, int] = field(default_factory=dict)
+    requests: dict[uuid.UUID, _Request] = field(default_factory=dict)
+    outcomes: dict[uuid.UUID, _Outcome] = field(default_factory=dict)
+    keys: dict[uuid.UUID, tuple[int, Any]] = field(default_factory=dict)
+    revoked: dict[uuid.UUID, int] = field(default_factory=dict)
+
+    def add(self, event: AuditEvent, problems: list[str]) -> None:
+        try:
+            self._add(event, problems)
+        except (KeyError, TypeError, ValueError, InvalidOperation):
+            problems.append(f"event {event.seq}: details are not in the form this version writes")
+
+    def _add(self, event: AuditEvent, problems: list[str]) -> None:
+        kind, details, seq = event.event_type, event.details, event.seq
+        if kind == "dataset_created" and event.dataset_id is not None:
+            self.created[event.dataset_id] = seq
+        elif kind == "budget_set" and event.dataset_id is not None:
+            self.budgets[event.dataset_id] = (
+                seq,
+                Decimal(details["epsilon_total"]),
+                Decimal(details["delta_total"]),
+            )
+        elif kind == "dataset_deleted" and event.dataset_id is not None:
+            self.deleted[event.dataset_id] = seq
+        elif kind == "release_requested" and event.release_id is not None:
+            if event.release_id in self.requests:
+                problems.append(f"event {seq}: release {event.release_id} was already requested")
+            cost = details["cost"]
+            self.requests[event.release_id] = _Request(
+                seq,
+                event.dataset_id,
+                details["mechanism"],
+                details["k"],
+                details["params"],
+                Decimal(cost["epsilon"]),
+                Decimal(cost["delta"]),
+            )
+        elif kind in TERMINAL_EVENTS and event.release_id is not None:
+            if event.release_id in self.outcomes:
+                problems.append(f"event {seq}: release {event.release_id} already had an outcome")
+            refunded = details.get("refunded")
+            self.outcomes[event.release_id] = _Outcome(
+                seq,
+                kind.removeprefix("release_"),
+                details.get("basis_sha256"),
+                details.get("reason"),
+                None
+                if refunded is None
+                else (Decimal(refunded["epsilon"]), Decimal(refunded["delta"])),
+            )
+        elif kind == "key_created":
+            self.keys[uuid.UUID(details["key_id"])] = (seq, details["role"])
+        elif kind == "key_revoked":
+            self.revoked[uuid.UUID(details["key_id"])] = seq
+
+
+def verify(
+    session: Session, *, anchor: Head | None = None, hmac_key: bytes | None = None
+) -> VerifyReport:
+    """Check the chain, its head, MACs and anchor, then reconcile the tables with the events.
+
+    Run it in one transaction with a consistent snapshot (the CLI does), so a service writing
+    meanwhile cannot make rows and events disagree.
+    """
     report = VerifyReport()
+    recorded = _Recorded()
     expected_prev = GENESIS_HASH
     expected_seq = 1
+    anchored_hash: str | None = None
+    first_mac: int | None = None
+    macs = 0
     for event in _iter_chain(session):
         if event.seq != expected_seq:
             report.problems.append(f"event {expected_seq} is missing (next stored is {event.seq})")
@@ -157,15 +317,282 @@ def verify(session: Session) -> VerifyReport:
         )
         if recomputed != event.hash:
             report.problems.append(f"event {event.seq}: content does not match its hash")
+        if anchor is not None and event.seq == anchor.seq:
+            anchored_hash = event.hash
+        if event.mac is not None:
+            macs += 1
+        if hmac_key is not None:
+            if event.mac is None:
+                if first_mac is not None:
+                    report.problems.append(
+                        f"event {event.seq}: no MAC, but an earlier event has one"
+                    )
+            else:
+                first_mac = event.seq if first_mac is None else first_mac
+                if not hmac.compare_digest(event.mac, event_mac(hmac_key, event.hash)):
+                    report.problems.append(
+                        f"event {event.seq}: the MAC does not match (forged, or another key)"
+                    )
+        recorded.add(event, report.problems)
         expected_prev = event.hash
         expected_seq = event.seq + 1
         report.checked += 1
+    last_seq = expected_seq - 1
+    report.head = Head(last_seq, expected_prev)
     head = session.execute(select(AuditHead).where(AuditHead.id == 1)).scalar_one_or_none()
     if head is None:
         report.problems.append("the chain head is missing")
-    elif head.last_seq != expected_seq - 1 or head.last_hash != expected_prev:
+    elif head.last_seq != last_seq or head.last_hash != expected_prev:
         report.problems.append(
             f"the chain head says {head.last_seq} events, the last stored event is "
-            f"{expected_seq - 1}: events were removed or the head was altered"
+            f"{last_seq}: events were removed or the head was altered"
         )
+    if hmac_key is not None and report.checked and first_mac is None:
+        report.problems.append(
+            f"no event has a MAC, the newest ({last_seq}) included: no process holding the key "
+            "wrote it, or the MACs were removed"
+        )
+    elif hmac_key is None and macs:
+        report.notes.append(f"{macs} event MACs not checked (DPSS_AUDIT_HMAC_KEY is not set)")
+    if anchor is not None:
+        _check_anchor(anchor, anchored_hash, last_seq, report)
+    _reconcile(session, recorded, report.problems)
     return report
+
+
+def _check_anchor(anchor: Head, stored: str | None, last_seq: int, report: VerifyReport) -> None:
+    if anchor.seq == 0:
+        if anchor.hash != GENESIS_HASH:
+            report.problems.append("the anchor names event 0 with a hash other than genesis")
+    elif stored is None and last_seq < anchor.seq:
+        report.problems.append(
+            f"the chain ends at event {last_seq} but the anchor names event {anchor.seq}: newer "
+            "events were removed, or the database was restored from a backup older than the "
+            "anchor (which hands back all budget spent after that backup)"
+        )
+    elif stored is None:
+        report.problems.append(f"event {anchor.seq}, named by the anchor, is missing")
+    elif not hmac.compare_digest(stored, anchor.hash):
+        report.problems.append(
+            f"event {anchor.seq} differs from the anchor: the chain was rewritten up to there, or "
+            "the database was restored from an older backup and has recorded events since"
+        )
+    else:
+        report.notes.append(f"the chain contains the anchored event {anchor.seq}")
+
+
+def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    _reconcile_datasets(session, recorded, problems)
+    _reconcile_releases(session, recorded, problems)
+    _reconcile_ledger(session, recorded, problems)
+    _reconcile_keys(session, recorded, problems)
+    _check_spending(recorded, problems)
+
+
+def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(Dataset.id, Dataset.epsilon_total, Dataset.delta_total, Dataset.deleted_at)
+    )
+    for dataset_id, epsilon_total, delta_total, deleted_at in rows:
+        seen.add(dataset_id)
+        where = f"datasets {dataset_id}"
+        if dataset_id not in recorded.created:
+            problems.append(f"{where}: no dataset_created event")
+        budget = recorded.budgets.get(dataset_id)
+        if budget is None:
+            problems.append(f"{where}: no budget_set event")
+        else:
+            if epsilon_total != budget[1]:
+                problems.append(f"{where}: epsilon_total differs from budget_set event {budget[0]}")
+            if delta_total != budget[2]:
+                problems.append(f"{where}: delta_total differs from budget_set event {budget[0]}")
+        if (deleted_at is not None) != (dataset_id in recorded.deleted):
+            problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
+    for dataset_id, seq in recorded.created.items():
+        if dataset_id not in seen:
+            problems.append(f"datasets {dataset_id}: the row is missing (created by event {seq})")
+
+
+def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            Release.id,
+            Release.dataset_id,
+            Release.mechanism,
+            Release.k,
+            Release.epsilon,
+            Release.delta,
+            Release.params,
+            Release.status,
+            Release.refunded,
+            Release.result_sha256,
+            Release.reason,
+        )
+    )
+    for row in rows:
+        seen.add(row.id)
+        where = f"releases {row.id}"
+        request = recorded.requests.get(row.id)
+        if request is None:
+            problems.append(f"{where}: no release_requested event")
+        else:
+            recorded_values = {
+                "dataset_id": request.dataset_id,
+                "mechanism": request.mechanism,
+                "k": request.k,
+                "params": request.params,
+                "epsilon": request.epsilon,
+                "delta": request.delta,
+            }
+            stored_values = {
+                "dataset_id": row.dataset_id,
+                "mechanism": row.mechanism,
+                "k": row.k,
+                "params": to_json_value({"params": row.params})["params"],
+                "epsilon": row.epsilon,
+                "delta": row.delta,
+            }
+            for name, value in recorded_values.items():
+                if stored_values[name] != value:
+                    problems.append(
+                        f"{where}: {name} differs from release_requested event {request.seq}"
+                    )
+        outcome = recorded.outcomes.get(row.id)
+        if outcome is None:
+            if row.status not in ("queued", "running"):
+                problems.append(f"{where}: status is final but no event records an outcome")
+            if row.result_sha256 is not None:
+                problems.append(f"{where}: result_sha256 is set but no event records an outcome")
+            if row.refunded:
+                problems.append(f"{where}: refunded is set but no event records a refund")
+            continue
+        event = f"release_{outcome.status} event {outcome.seq}"
+        if row.status != outcome.status:
+            problems.append(f"{where}: status differs from {event}")
+        if row.result_sha256 != outcome.basis_sha256:
+            problems.append(f"{where}: result_sha256 differs from {event}")
+        if row.refunded != (outcome.refund is not None):
+            problems.append(f"{where}: refunded differs from {event}")
+        if row.reason != outcome.reason:
+            problems.append(f"{where}: reason differs from {event}")
+    for release_id, request in recorded.requests.items():
+        if release_id not in seen:
+            problems.append(
+                f"releases {release_id}: the row is missing (requested by event {request.seq})"
+            )
+    for release_id, outcome in recorded.outcomes.items():
+        if release_id not in recorded.requests:
+            problems.append(
+                f"releases {release_id}: event {outcome.seq} records an outcome, "
+                "but no event requested it"
+            )
+    # The stored basis itself, against the hash that reconciled with the event above.
+    bases = session.execute(
+        select(Release.id, Release.result_basis, Release.result_sha256)
+        .where(Release.result_basis.is_not(None))
+        .execution_options(yield_per=64)
+    )
+    for release_id, basis, digest in bases:
+        if basis is not None and hashlib.sha256(basis).hexdigest() != digest:
+            problems.append(f"releases {release_id}: result_basis does not match result_sha256")
+
+
+def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    charged: set[uuid.UUID] = set()
+    refunded: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            LedgerEntry.id,
+            LedgerEntry.dataset_id,
+            LedgerEntry.release_id,
+            LedgerEntry.kind,
+            LedgerEntry.epsilon,
+            LedgerEntry.delta,
+        ).order_by(LedgerEntry.id)
+    )
+    for entry_id, dataset_id, release_id, kind, epsilon, delta in rows:
+        where = f"ledger_entries {entry_id}"
+        request = recorded.requests.get(release_id)
+        if kind == "charge":
+            if release_id in charged:
+                problems.append(f"{where}: a second charge for release {release_id}")
+            charged.add(release_id)
+            if request is None:
+                problems.append(f"{where}: a charge that no release_requested event records")
+                continue
+            expected = (request.epsilon, request.delta)
+            event = f"release_requested event {request.seq}"
+        elif kind == "refund":
+            if release_id in refunded:
+                problems.append(f"{where}: a second refund for release {release_id}")
+            refunded.add(release_id)
+            outcome = recorded.outcomes.get(release_id)
+            if outcome is None or outcome.refund is None:
+                problems.append(f"{where}: a refund that no release outcome event records")
+                continue
+            expected = outcome.refund
+            event = f"release_{outcome.status} event {outcome.seq}"
+        else:
+            problems.append(f"{where}: kind is neither charge nor refund")
+            continue
+        if request is not None and dataset_id != request.dataset_id:
+            problems.append(f"{where}: dataset_id differs from {event}")
+        if epsilon != expected[0]:
+            problems.append(f"{where}: epsilon differs from {event}")
+        if delta != expected[1]:
+            problems.append(f"{where}: delta differs from {event}")
+    for release_id, request in recorded.requests.items():
+        if release_id not in charged:
+            problems.append(
+                f"ledger_entries: the charge for release {release_id} "
+                f"(release_requested event {request.seq}) is missing"
+            )
+    for release_id, outcome in recorded.outcomes.items():
+        if outcome.refund is not None and release_id not in refunded:
+            problems.append(
+                f"ledger_entries: the refund for release {release_id} "
+                f"(release_{outcome.status} event {outcome.seq}) is missing"
+            )
+
+
+def _reconcile_keys(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    for key_id, role, revoked_at in session.execute(
+        select(ApiKey.id, ApiKey.role, ApiKey.revoked_at)
+    ):
+        seen.add(key_id)
+        where = f"api_keys {key_id}"
+        created = recorded.keys.get(key_id)
+        if created is None:
+            problems.append(f"{where}: no key_created event")
+        elif role != created[1]:
+            problems.append(f"{where}: role differs from key_created event {created[0]}")
+        if (revoked_at is not None) != (key_id in recorded.revoked):
+            problems.append(f"{where}: revoked_at disagrees with the key_revoked events")
+    for key_id, (seq, _) in recorded.keys.items():
+        if key_id not in seen:
+            problems.append(f"api_keys {key_id}: the row is missing (created by event {seq})")
+
+
+def _check_spending(recorded: _Recorded, problems: list[str]) -> None:
+    """No dataset's recorded releases may spend more than its recorded budget."""
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
+    # Exact: the summands have at most 38 significant digits, far below this precision.
+    with localcontext(prec=120):
+        for release_id, request in recorded.requests.items():
+            if request.dataset_id is None:
+                continue
+            epsilon, delta = spent.get(request.dataset_id, (Decimal(0), Decimal(0)))
+            outcome = recorded.outcomes.get(release_id)
+            if outcome is not None and outcome.refund is not None:
+                epsilon, delta = epsilon - outcome.refund[0], delta - outcome.refund[1]
+            spent[request.dataset_id] = (epsilon + request.epsilon, delta + request.delta)
+        for dataset_id, (epsilon, delta) in spent.items():
+            budget = recorded.budgets.get(dataset_id)
+            if budget is not None and (epsilon > budget[1] or delta > budget[2]):
+                problems.append(
+                    f"datasets {dataset_id}: its recorded releases spend more than "
+                    f"budget_set event {budget[0]} allows"
+                )

@@ -12,11 +12,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from service.config import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from service import audit as audit_module
 
 app = typer.Typer(
     help="dp-subspace-service: differentially private subspaces of sensitive data.",
@@ -66,6 +71,7 @@ def api(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 @app.command()
 def worker() -> None:
     """Run a worker: claim queued releases from the database and compute them."""
+    from service import audit
     from service.db.engine import make_engine, make_session_factory
     from service.store import DatasetStore
     from service.worker import Worker
@@ -76,6 +82,7 @@ def worker() -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     session_factory = make_session_factory(make_engine(settings.resolved_database_url))
+    audit.use_hmac_key(session_factory, settings.audit_hmac_key)
     store = DatasetStore(settings.datasets_dir)
     store.ensure()
     Worker(session_factory, store, settings).run_forever(stop)
@@ -130,7 +137,7 @@ def keys_create(
     name: Annotated[str, typer.Option(help="A label for the key's holder.")] = "cli",
 ) -> None:
     """Create an API key directly in the database and print its secret (shown once)."""
-    from service import auth
+    from service import audit, auth
     from service.db.engine import make_engine, make_session_factory
 
     if role not in auth.ROLES:
@@ -138,27 +145,182 @@ def keys_create(
         raise typer.Exit(2)
     settings = Settings()
     factory = make_session_factory(make_engine(settings.resolved_database_url))
+    audit.use_hmac_key(factory, settings.audit_hmac_key)
     with factory.begin() as session:
         key, secret = auth.create_key(session, role, name, actor_key_id=None)
     typer.echo(f"id:   {key.id}\nrole: {role}\nkey:  {secret}")
 
 
-@audit_app.command("verify")
-def audit_verify() -> None:
-    """Recompute the audit log's hash chain; exit 1 if any event was altered or removed."""
-    from service import audit
-    from service.db.engine import make_engine, make_session_factory
+def _cannot_check(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
 
-    settings = Settings()
-    factory = make_session_factory(make_engine(settings.resolved_database_url))
-    with factory() as session:
-        report = audit.verify(session)
+
+def _shown_url(url: str) -> str:
+    """The URL as it may be printed: never its password."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "DPSS_DATABASE_URL (not a valid SQLAlchemy URL)"
+
+
+def _reader_engine(url: str) -> Engine:
+    """A read-only engine whose transactions see one snapshot (rows and events agree).
+
+    SQLite: the file opened read-only (a missing file is not created) with a deferred ``BEGIN``,
+    which in WAL mode reads one snapshot and never blocks the service's writers. PostgreSQL:
+    ``REPEATABLE READ, READ ONLY``.
+    """
+    import sqlite3
+    from pathlib import Path
+    from urllib.request import pathname2url
+
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        connect_args = {"connect_timeout": 10} if parsed.get_backend_name() == "postgresql" else {}
+        return create_engine(
+            url,
+            isolation_level="REPEATABLE READ",
+            execution_options={"postgresql_readonly": True},
+            connect_args=connect_args,
+            poolclass=NullPool,
+        )
+    path = Path(parsed.database or "")
+    if not path.is_file():
+        raise FileNotFoundError("the SQLite database file does not exist")
+    uri = f"file:{pathname2url(str(path.resolve()))}?mode=ro"
+    engine = create_engine(
+        "sqlite://",
+        creator=lambda: sqlite3.connect(uri, uri=True, timeout=60, check_same_thread=False),
+        poolclass=NullPool,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def _audit_report(head: str | None) -> audit_module.VerifyReport:
+    """Verify the configured database; exits 2 when the check cannot be made."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from pydantic import ValidationError
+    from sqlalchemy import inspect
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+    from sqlalchemy.orm import Session
+
+    from service import audit
+    from service.db.models import Base
+    from service.migrate import alembic_config
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        names = sorted({f"DPSS_{str(error['loc'][0]).upper()}" for error in exc.errors()})
+        _cannot_check(f"invalid setting {', '.join(names)}")
+    token = head if head is not None else settings.audit_anchor
+    anchor = None
+    if token:
+        try:
+            anchor = audit.Head.parse(token)
+        except ValueError as exc:
+            _cannot_check(f"--head / DPSS_AUDIT_ANCHOR: {exc}")
+    key = settings.audit_hmac_key
+    url = settings.resolved_database_url
+    where = f"cannot read the database at {_shown_url(url)}"
+    try:
+        engine = _reader_engine(url)
+    except (ArgumentError, ImportError) as exc:
+        _cannot_check(f"{where}: {type(exc).__name__}")
+    except FileNotFoundError as exc:
+        _cannot_check(f"{where}: {exc}")
+    try:
+        with Session(engine) as session, session.begin():
+            inspector = inspect(session.connection())
+            missing = sorted(n for n in Base.metadata.tables if not inspector.has_table(n))
+            if missing:
+                _cannot_check(f"{where}: no table {', '.join(missing)} (run `dpss migrate`)")
+            current = MigrationContext.configure(session.connection()).get_current_revision()
+            newest = ScriptDirectory.from_config(alembic_config()).get_current_head()
+            if current != newest:
+                _cannot_check(
+                    f"{where}: the schema is at revision {current}, this version reads "
+                    f"{newest} (run `dpss migrate`)"
+                )
+            return audit.verify(
+                session,
+                anchor=anchor,
+                hmac_key=key.get_secret_value().encode("utf-8") if key is not None else None,
+            )
+    except SQLAlchemyError as exc:
+        # The driver's own first line (connection refused, no such table, ...): never SQL text.
+        orig = getattr(exc, "orig", None)
+        reason = str(orig).strip().splitlines()[0][:200] if orig else type(exc).__name__
+        _cannot_check(f"{where}: {reason}")
+    finally:
+        engine.dispose()
+
+
+HeadOption = Annotated[
+    str | None,
+    typer.Option(
+        "--head",
+        help="A head printed earlier by `dpss audit head` (default: DPSS_AUDIT_ANCHOR).",
+        show_default=False,
+    ),
+]
+
+
+@audit_app.command("verify")
+def audit_verify(head: HeadOption = None) -> None:
+    """Check the audit chain and reconcile the ledger, budgets, releases and keys with it.
+
+    Exit 0: intact. Exit 1: altered, removed or missing (each problem is printed, naming a table
+    or event and an id). Exit 2: the check could not be made (database unreadable, wrong URL,
+    missing tables, another schema version, malformed --head or setting).
+    """
+    report = _audit_report(head)
+    for note in report.notes:
+        typer.echo(f"note: {note}")
     for problem in report.problems:
         typer.echo(f"FAIL {problem}", err=True)
     if not report.ok:
-        typer.echo(f"audit chain BROKEN ({report.checked} events read)", err=True)
+        typer.echo(
+            f"audit chain BROKEN ({report.checked} events read, {len(report.problems)} problems)",
+            err=True,
+        )
         raise typer.Exit(1)
     typer.echo(f"audit chain OK ({report.checked} events)")
+    typer.echo(f"head {report.head.token()}")
+
+
+@audit_app.command("head")
+def audit_head(head: HeadOption = None) -> None:
+    """Verify, then print the chain's head (SEQ:HASH) alone on stdout, to keep outside the database.
+
+    Later, `dpss audit verify --head SEQ:HASH` fails if the chain no longer contains it. Nothing
+    is printed when the verification fails (exit 1) or cannot be made (exit 2).
+    """
+    report = _audit_report(head)
+    for problem in report.problems:
+        typer.echo(f"FAIL {problem}", err=True)
+    if not report.ok:
+        typer.echo("audit chain BROKEN: no head printed", err=True)
+        raise typer.Exit(1)
+    typer.echo(report.head.token())
 
 
 def _register_remote_commands() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -54,6 +54,37 @@ class Settings(BaseSettings):
         ),
     )
     log_level: str = Field(default="INFO", description="Log level of the service's own loggers.")
+    audit_hmac_key: SecretStr | None = Field(
+        default=None,
+        description=(
+            "If set (at least 32 characters, e.g. `openssl rand -hex 32`), every audit event is "
+            "MACed with it, and `dpss audit verify` checks the MACs: someone who can write the "
+            "database but not read this key cannot forge a consistent chain. Give the same key "
+            "to the API, every worker and `dpss audit verify`."
+        ),
+    )
+    audit_anchor: str | None = Field(
+        default=None,
+        description=(
+            "A head printed earlier by `dpss audit head` (`SEQ:HASH`), kept outside the "
+            "database; `dpss audit verify` then fails if the chain no longer contains it (a "
+            "removed tail, a rewritten chain, a restore from an older backup)."
+        ),
+    )
+
+    @field_validator("audit_hmac_key", "audit_anchor", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose passes `${VAR:-}` as an empty string when the operator sets nothing.
+        return None if value == "" else value
+
+    @field_validator("audit_hmac_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        # Anyone who reads the database holds (hash, MAC) pairs to test guesses against offline.
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters")
+        return value
 
     @cached_property
     def resolved_database_url(self) -> str:

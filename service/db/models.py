@@ -138,6 +138,9 @@ class AuditEvent(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JSON)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    #: ``HMAC-SHA256(DPSS_AUDIT_HMAC_KEY, hash)`` when the writing process held the key, else
+    #: null. The hash covers every earlier event, so one valid MAC vouches for the whole prefix.
+    mac: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
 class AuditHead(Base):
