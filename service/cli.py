@@ -7,12 +7,13 @@ Remote commands for owners and analysts (datasets, releases, budget, ...) are re
 from __future__ import annotations
 
 import logging
+import logging.config
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,10 +35,22 @@ PortOption = Annotated[int, typer.Option(help="Port to listen on.")]
 
 
 def _configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from service.logs import log_config
+
+    logging.config.dictConfig(log_config(settings.log_level))
+
+
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """JSON logs in every API process; no uvicorn access log (the service writes its own,
+    with path templates) and no uvicorn ``server`` header (the service sets a version-free one)."""
+    from service.logs import log_config
+
+    return {
+        "log_config": log_config(settings.log_level),
+        "log_level": settings.log_level.lower(),
+        "access_log": False,
+        "server_header": False,
+    }
 
 
 @app.command()
@@ -60,7 +73,7 @@ def api(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     settings = Settings()
     _configure_logging(settings)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+    uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
 
 
 @app.command()
@@ -116,9 +129,7 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     supervisor = threading.Thread(target=_supervise_worker, args=(stop,), daemon=True)
     supervisor.start()
     try:
-        uvicorn.run(
-            create_app(settings), host=host, port=port, log_level=settings.log_level.lower()
-        )
+        uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
     finally:
         stop.set()
         supervisor.join(timeout=15)
