@@ -117,7 +117,7 @@ def log_config(level: str = "INFO") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": JsonFormatter}},
+        "formatters": {"json": {"()": "service.logs.JsonFormatter"}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",

@@ -106,18 +106,21 @@ WORK_MODELS: dict[str, WorkModel] = {
     "exact_gapmax": _exact_gapmax,
 }
 
-#: Work units per second on one core of the reference machine (2-core x86-64, numpy with
-#: OpenBLAS), measured by ``bench/bench_padding.py`` and rounded down: a lower rate only
-#: lengthens the padding. ``exact_gapmax``'s unit is a scalar step in Python/FLINT loops, far
-#: slower than a BLAS flop.
+#: Work units per second, from ``bench/bench_padding.py`` on the reference machine (2 cores,
+#: x86-64, numpy with OpenBLAS, under load from other processes), then lowered: a lower rate
+#: only lengthens the padding. Measured (work/s at n x d = 20,000 x 50 and 50,000 x 200):
+#: Gram-and-eigh mechanisms 1e8 to 3e9; histogram_aggregate 8.5e7 to 2.4e8 (Python work per
+#: subset); friendly_aggregate 4.5e9 to 1.2e10 (the 64-step term is an upper bound);
+#: exact_gapmax 1.2e8 on rows in general position (its worst case; the exact-arithmetic
+#: version is slower per unit: recalibrate after changing it).
 DEFAULT_RATES: dict[str, float] = {
-    "analyze_gauss": 1e9,
-    "gap_perturbation": 1e9,
-    "smooth_sensitivity": 1e9,
-    "spectrum": 1e9,
-    "histogram_aggregate": 5e8,
-    "friendly_aggregate": 2e8,
-    "exact_gapmax": 1e6,
+    "analyze_gauss": 5e8,
+    "gap_perturbation": 5e8,
+    "smooth_sensitivity": 5e8,
+    "spectrum": 5e8,
+    "histogram_aggregate": 5e7,
+    "friendly_aggregate": 1e9,
+    "exact_gapmax": 2e7,
 }
 #: For a mechanism with neither a model nor a rate (a newly added one): Gram plus eigh, slowly.
 FALLBACK_RATE = 1e8
