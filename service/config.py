@@ -83,7 +83,7 @@ class Settings(BaseSettings):
         ),
     )
     rate_limit_per_second: float = Field(
-        default=20,
+        default=50,
         ge=0,
         description=(
             "Sustained requests per second allowed per API key (per client address for "
@@ -92,7 +92,7 @@ class Settings(BaseSettings):
         ),
     )
     rate_limit_burst: int = Field(
-        default=40,
+        default=100,
         ge=1,
         description="Requests a key may make at once before the per-second rate applies.",
     )

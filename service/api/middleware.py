@@ -18,14 +18,13 @@ import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastapi import FastAPI
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
-from starlette.routing import BaseRoute, Match
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.config import Settings
@@ -50,16 +49,30 @@ def _route_path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-def _path_template(scope: Scope, routes: Sequence[BaseRoute]) -> str:
-    """The matched route's template (``/v1/releases/{release_id}``), never the raw path,
-    which may carry anything a client typed."""
-    route = scope.get("route")
-    if route is None:
-        # Refused before routing (rate limit): match here, without running the route.
-        probe = {**scope, "path": _route_path(scope), "root_path": ""}
-        route = next((r for r in routes if r.matches(probe)[0] is Match.FULL), None)
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "<unmatched>"
+class PathTemplates:
+    """The path template of a request, never the raw path (which may carry anything a client
+    typed): the matched route's, or for a request refused before routing (rate limit) the
+    documented path it would have matched."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self._compiled: list[tuple[re.Pattern[str], str]] | None = None
+
+    def _documented(self) -> list[tuple[re.Pattern[str], str]]:
+        if self._compiled is None:
+            paths = self.app.openapi().get("paths", {})
+            self._compiled = [(compile_path(path)[0], path) for path in paths]
+        return self._compiled
+
+    def __call__(self, scope: Scope) -> str:
+        path = getattr(scope.get("route"), "path", None)
+        if isinstance(path, str):
+            return path
+        route_path = _route_path(scope)
+        return next(
+            (template for regex, template in self._documented() if regex.match(route_path)),
+            "<unmatched>",
+        )
 
 
 class RequestLogMiddleware:
@@ -67,9 +80,9 @@ class RequestLogMiddleware:
     every response, and write one access line: method, path template, status, duration and
     key id (added by authentication through :func:`service.logs.bind_key_id`)."""
 
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, templates: PathTemplates) -> None:
         self.app = app
-        self.routes = routes
+        self.templates = templates
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,7 +107,7 @@ class RequestLogMiddleware:
                     "request",
                     extra={
                         "method": scope["method"],
-                        "path": _path_template(scope, self.routes),
+                        "path": self.templates(scope),
                         "status": status,
                         "duration_ms": round((time.perf_counter() - start) * 1000, 2),
                     },
@@ -270,7 +283,7 @@ def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
         if url
     }
     app = SecurityHeadersMiddleware(app, docs_pages)
-    return RequestLogMiddleware(app, fastapi_app.router.routes)
+    return RequestLogMiddleware(app, PathTemplates(fastapi_app))
 
 
 class ServiceApp(FastAPI):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import re
 import uuid
 
@@ -115,7 +116,8 @@ def test_no_cors_headers_unless_configured(client, keys, settings, session_facto
         assert "access-control-allow-origin" not in other.headers
 
 
-def test_a_key_over_its_rate_gets_429_with_retry_after(keys, settings, session_factory):
+def test_a_key_over_its_rate_gets_429_with_retry_after(keys, settings, session_factory, caplog):
+    caplog.set_level(logging.INFO, logger="dpss.access")
     with app_client(
         settings, session_factory, rate_limit_per_second=0.5, rate_limit_burst=3
     ) as limited:
@@ -129,6 +131,9 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(keys, settings, session_f
         assert set(refused.json()) == {"error", "detail"}
         assert 1 <= int(refused.headers["Retry-After"]) <= 2
         assert refused.headers["Cache-Control"] == "no-store"
+        # Refused before routing, logged under its path template all the same.
+        line = next(r for r in caplog.records if getattr(r, "status", None) == 429)
+        assert line.path == "/v1/datasets"
         # Another key has its own bucket; health checks are never limited.
         assert limited.get("/v1/datasets", headers=bearer(keys.analyst)).status_code == 200
         assert all(limited.get("/healthz").status_code == 200 for _ in range(10))
