@@ -125,6 +125,7 @@ def _docs_policy(kind: str, body: bytes) -> str:
     scripts = " ".join(_hash_source(m.group(1)) for m in _INLINE_SCRIPT.finditer(body))
     common = "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
     if kind == "swagger":
+        # Scripts are the strict part; swagger-ui styles elements inline as it renders.
         return (
             f"default-src 'none'; script-src {CDN} {scripts}; style-src {CDN} 'unsafe-inline'; "
             f"img-src 'self' data: {FAVICON_HOST}; connect-src 'self'; {common}"

@@ -163,3 +163,48 @@ def test_uvicorn_runs_with_json_logs_and_without_its_access_log_or_server_header
     config = options["log_config"]
     assert config["loggers"]["uvicorn.access"]["propagate"] is False
     assert config["loggers"]["sqlalchemy.engine"]["level"] == "WARNING"
+
+
+def test_the_middleware_passes_a_streamed_body_through_chunk_by_chunk(app):
+    """Pure ASGI layers: a streaming response reaches the server as it is produced."""
+    import anyio
+    from starlette.responses import StreamingResponse
+
+    async def chunks():
+        for part in (b"one,", b"two,", b"three"):
+            yield part
+
+    app.add_api_route("/v1/stream-probe", lambda: StreamingResponse(chunks()), methods=["GET"])
+    sent = []
+
+    requested = []
+
+    async def receive():
+        if requested:  # the body was read: the client stays connected
+            await anyio.sleep_forever()
+        requested.append(True)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/stream-probe",
+        "raw_path": b"/v1/stream-probe",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    anyio.run(app, scope, receive, send)
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body" and m["body"]]
+    assert bodies == [b"one,", b"two,", b"three"]
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    assert headers["cache-control"] == "no-store" and headers["x-content-type-options"] == "nosniff"
