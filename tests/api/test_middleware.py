@@ -16,6 +16,7 @@ from service import releases as releases_module
 from service.api.middleware import RateLimitMiddleware
 from service.app import create_app
 from service.cli import _uvicorn_options
+from service.db.engine import make_engine
 from tests.conftest import bearer
 
 
@@ -163,6 +164,7 @@ def test_uvicorn_runs_with_json_logs_and_without_its_access_log_or_server_header
     config = options["log_config"]
     assert config["loggers"]["uvicorn.access"]["propagate"] is False
     assert config["loggers"]["sqlalchemy.engine"]["level"] == "WARNING"
+    assert not make_engine("sqlite://").echo  # no statement echo, so no parameters
 
 
 def test_the_middleware_passes_a_streamed_body_through_chunk_by_chunk(app):
