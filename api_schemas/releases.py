@@ -78,7 +78,7 @@ class Release(Schema):
     status: ReleaseStatus = Field(
         description=(
             "`queued`, `running`, `succeeded`, `no_result` (the mechanism declined; "
-            "charged) or `failed`."
+            "charged) or `failed`. Analysts see `queued` until `visible_at`."
         )
     )
     reason: str | None = Field(
@@ -95,11 +95,33 @@ class Release(Schema):
         description="Present when `status` is `succeeded` (and extras for `no_result`).",
     )
     created_at: datetime = Field(description="Request time (UTC).")
-    started_at: datetime | None = Field(
-        default=None, description="When a worker last claimed the job."
+    visible_at: datetime | None = Field(
+        default=None,
+        description=(
+            "Earliest time (UTC) an analyst sees the outcome: `created_at` plus a padding "
+            "computed from public facts (mechanism, n, d, k, params). Until then analysts see "
+            "`status: queued` and no result, whatever the job's real state, so polling does "
+            "not reveal how long it ran. Poll after this time."
+        ),
     )
-    finished_at: datetime | None = Field(default=None, description="When the job ended.")
-    attempts: int = Field(description="How many times a worker has claimed the job.")
+    started_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When a worker last claimed the job. Shown to owners and auditors only; always "
+            "null for analysts (run time can depend on the data)."
+        ),
+    )
+    finished_at: datetime | None = Field(
+        default=None,
+        description="When the job ended. Owners and auditors only; always null for analysts.",
+    )
+    attempts: int | None = Field(
+        default=None,
+        description=(
+            "How many times a worker has claimed the job (a retry can follow a crash). Owners "
+            "and auditors only; always null for analysts."
+        ),
+    )
 
 
 class BudgetExceeded(Schema):

@@ -13,6 +13,7 @@ from service import audit as audit_log
 from service import auth
 from service.api import audit, datasets, health, keys, mechanisms, releases
 from service.api.errors import install_error_handlers
+from service.api.middleware import ServiceApp
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
 from service.store import DatasetStore
@@ -46,7 +47,7 @@ def create_app(
                 auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
         yield
 
-    app = FastAPI(
+    app = ServiceApp(
         title="dp-subspace-service",
         version="0.1.0",
         description=DESCRIPTION,

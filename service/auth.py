@@ -17,7 +17,7 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import audit
+from service import audit, logs
 from service.db.models import ApiKey, utcnow
 from service.errors import Forbidden, NotFound, Unauthenticated
 
@@ -51,6 +51,7 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     key = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
     if key is None or not hmac.compare_digest(key.key_hash, digest) or key.revoked_at is not None:
         raise Unauthenticated("invalid or revoked API key")
+    logs.bind_key_id(key.id)
     return Principal(key_id=key.id, role=key.role, name=key.name)  # type: ignore[arg-type]
 
 

@@ -7,6 +7,7 @@ Remote commands for owners and analysts (datasets, releases, budget, ...) are re
 from __future__ import annotations
 
 import logging
+import logging.config
 import signal
 import subprocess
 import sys
@@ -39,10 +40,22 @@ PortOption = Annotated[int, typer.Option(help="Port to listen on.")]
 
 
 def _configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    from service.logs import log_config
+
+    logging.config.dictConfig(log_config(settings.log_level))
+
+
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """JSON logs in every API process; no uvicorn access log (the service writes its own,
+    with path templates) and no uvicorn ``server`` header (the service sets a version-free one)."""
+    from service.logs import log_config
+
+    return {
+        "log_config": log_config(settings.log_level),
+        "log_level": settings.log_level.lower(),
+        "access_log": False,
+        "server_header": False,
+    }
 
 
 @app.command()
@@ -51,7 +64,7 @@ def migrate() -> None:
     from service.migrate import upgrade_to_head
 
     settings = Settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     upgrade_to_head(settings.resolved_database_url)
     typer.echo("database is at the newest schema")
 
@@ -65,7 +78,7 @@ def api(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     settings = Settings()
     _configure_logging(settings)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower())
+    uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
 
 
 @app.command()
@@ -117,15 +130,13 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     settings = Settings()
     _configure_logging(settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     upgrade_to_head(settings.resolved_database_url)
     stop = threading.Event()
     supervisor = threading.Thread(target=_supervise_worker, args=(stop,), daemon=True)
     supervisor.start()
     try:
-        uvicorn.run(
-            create_app(settings), host=host, port=port, log_level=settings.log_level.lower()
-        )
+        uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
     finally:
         stop.set()
         supervisor.join(timeout=15)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: Work units per second of a run-time model; positive so that a padding is always finite.
+PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
@@ -53,7 +57,6 @@ class Settings(BaseSettings):
             "anything is charged. The default fits a 2-core, 8 GiB worker."
         ),
     )
-    log_level: str = Field(default="INFO", description="Log level of the service's own loggers.")
     audit_hmac_key: SecretStr | None = Field(
         default=None,
         description=(
@@ -85,6 +88,59 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value()) < 32:
             raise ValueError("must be at least 32 characters")
         return value
+    release_padding_floor_seconds: float = Field(
+        default=5,
+        ge=0,
+        description=(
+            "Smallest padding, in seconds, between a release request and the moment an analyst "
+            "may see its outcome (visible_at = created_at + padding). Hides run times below it."
+        ),
+    )
+    release_padding_multiplier: float = Field(
+        default=4,
+        ge=0,
+        description=(
+            "Safety factor on the modelled run time: padding = max(floor, multiplier * work / "
+            "rate), from public facts only (mechanism, n, d, k, resolved params)."
+        ),
+    )
+    release_padding_rates: dict[str, PositiveRate] = Field(
+        default_factory=dict,
+        description=(
+            "JSON object of per-mechanism overrides of the run-time model's rate, in work units "
+            '(about floating-point operations) per second, e.g. {"exact_gapmax": 2e6}; '
+            "mechanisms not named keep the defaults in service/padding.py. Lower is slower "
+            "hardware and a longer padding."
+        ),
+    )
+    rate_limit_per_second: float = Field(
+        default=50,
+        ge=0,
+        description=(
+            "Sustained requests per second allowed per API key (per client address for "
+            "requests without a key) on /v1, in each API process; 0 turns rate limiting off. "
+            "Excess requests get 429 with Retry-After."
+        ),
+    )
+    rate_limit_burst: int = Field(
+        default=100,
+        ge=1,
+        description="Requests a key may make at once before the per-second rate applies.",
+    )
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Origins allowed to call the API from a browser (CORS), as a JSON list, e.g. "
+            '["https://notebooks.example.org"]. Empty (default): no CORS headers at all.'
+        ),
+    )
+    log_level: str = Field(
+        default="INFO",
+        description=(
+            "Log level. Logs are JSON lines on stderr with a request id, never keys, bodies, "
+            "exception messages or SQL parameters."
+        ),
+    )
 
     @cached_property
     def resolved_database_url(self) -> str:

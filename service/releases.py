@@ -10,6 +10,8 @@ import hashlib
 import json
 import math
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -22,7 +24,8 @@ from sqlalchemy.orm import Session
 from api_schemas.releases import ReleaseRequest
 from service import audit, ledger
 from service.auth import Principal, require_role
-from service.db.models import Dataset, Release
+from service.config import Settings
+from service.db.models import Dataset, Release, utcnow
 from service.errors import (
     BudgetExceeded,
     DatasetGone,
@@ -30,10 +33,13 @@ from service.errors import (
     InvalidInput,
     NotFound,
 )
-from service.mechanisms.base import InvalidParameter, PublicContext
+from service.mechanisms.base import InvalidParameter, Mechanism, PublicContext, ReleaseSpec
 from service.mechanisms.registry import MECHANISMS, get_mechanism
+from service.padding import PaddingModel
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
+
+MIB = 1024 * 1024
 
 #: Budgets are stored with 30 decimal places; a cost finer than that would be rounded.
 MAX_DECIMAL_PLACES = 30
@@ -82,8 +88,19 @@ def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     return dataset
 
 
-def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
-    """Validate the request against the mechanism using public facts only; resolved params."""
+@dataclass(frozen=True)
+class Prepared:
+    """A request validated by its mechanism from public facts; nothing charged yet."""
+
+    mechanism: Mechanism[Any]
+    context: PublicContext
+    spec: ReleaseSpec[Any]
+    #: The resolved params as stored and shown (JSON values).
+    params: dict[str, Any]
+
+
+def _prepare(body: ReleaseRequest, dataset: Dataset) -> Prepared:
+    """Validate the request against the mechanism using public facts only."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
         raise InvalidInput(
@@ -96,15 +113,34 @@ def _prepare_params(body: ReleaseRequest, dataset: Dataset) -> dict[str, Any]:
     context = PublicContext(
         n_rows=dataset.n_rows, n_cols=dataset.n_cols, row_norm_bound=dataset.row_norm_bound
     )
+    epsilon, delta = float_not_above(body.epsilon), float_not_above(body.delta)
     try:
-        resolved = mechanism.prepare(
-            context, body.k, float_not_above(body.epsilon), float_not_above(body.delta), params
-        )
+        resolved = mechanism.prepare(context, body.k, epsilon, delta, params)
     except InvalidParameter as exc:
         field = exc.field if exc.field in {"k", "epsilon", "delta"} else f"params.{exc.field}"
         raise InvalidInput(field, exc.message) from None
+    spec = ReleaseSpec(k=body.k, epsilon=epsilon, delta=delta, params=resolved)
     dumped: dict[str, Any] = resolved.model_dump(mode="json")
-    return dumped
+    return Prepared(mechanism=mechanism, context=context, spec=spec, params=dumped)
+
+
+def check_memory(prepared: Prepared, limit_mb: float) -> None:
+    """Refuse a release whose working memory, a function of public facts, exceeds the limit.
+
+    Checked before charging: a worker that ran out of memory would turn a public refusal into a
+    charged ``failed`` release, and memory that depends on the data would be a side channel.
+    """
+    estimate = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
+    limit = limit_mb * MIB
+    if estimate > limit:
+        ctx = prepared.context
+        raise InvalidInput(
+            "params",
+            f"{prepared.mechanism.name} would need about {estimate / MIB:,.0f} MiB of working "
+            f"memory for n={ctx.n_rows}, d={ctx.n_cols}, k={prepared.spec.k} and these params, "
+            f"above the worker limit of {limit_mb:,.0f} MiB (DPSS_WORKER_MEMORY_MB); "
+            "ask for a smaller k or cheaper params, or ask the operator to raise the limit",
+        )
 
 
 def _idempotent_match(
@@ -130,8 +166,13 @@ def request_release(
     dataset_id: uuid.UUID,
     body: ReleaseRequest,
     idempotency_key: str | None,
+    settings: Settings,
 ) -> Release:
-    """Queue a release and charge its cost, or refuse without charging anything."""
+    """Queue a release and charge its cost, or refuse without charging anything.
+
+    ``visible_at`` is fixed here, from public facts only, so that when an analyst may see the
+    outcome says nothing about how long the job ran (see :mod:`service.padding`).
+    """
     require_role(principal, "analyst")
     _check_places("epsilon", body.epsilon)
     _check_places("delta", body.delta)
@@ -146,10 +187,16 @@ def request_release(
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
         return existing
-    params = _prepare_params(body, dataset)
+    prepared = _prepare(body, dataset)
+    check_memory(prepared, settings.worker_memory_mb)
+    params = prepared.params
     budget = ledger.budget_of(session, dataset)
     if not budget.affords(body.epsilon, body.delta):
         raise BudgetExceeded(budget.epsilon_remaining, budget.delta_remaining)
+    created_at = utcnow()
+    padding = PaddingModel.from_settings(settings).padding(
+        body.mechanism, dataset.n_rows, dataset.n_cols, body.k, params
+    )
     release = Release(
         id=uuid.uuid4(),
         dataset_id=dataset.id,
@@ -164,6 +211,8 @@ def request_release(
         status="queued",
         attempts=0,
         refunded=False,
+        created_at=created_at,
+        visible_at=created_at + padding,
     )
     try:
         with session.begin_nested():
@@ -201,6 +250,23 @@ def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -
         if visible:
             return release
     raise NotFound(f"no release {release_id}")
+
+
+def outcome_visible(release: Release, principal: Principal, now: datetime) -> bool:
+    """Whether ``principal`` may see the release's real status and result at ``now``.
+
+    Analysts see it from ``visible_at`` on; owners (who hold the data anyway) and auditors
+    always. Releases made before ``visible_at`` existed have none and are visible.
+    """
+    if principal.role != "analyst":
+        return True
+    return release.visible_at is None or now >= release.visible_at
+
+
+def shows_timing(principal: Principal) -> bool:
+    """Whether ``principal`` sees start and finish times and attempt counts: run time and
+    retries can depend on the data, so analysts do not."""
+    return principal.role != "analyst"
 
 
 def decode_basis(release: Release) -> np.ndarray[Any, np.dtype[np.float64]] | None:

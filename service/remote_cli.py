@@ -225,9 +225,13 @@ def _release_rows(info: Release) -> list[tuple[str, Any]]:
     if info.status in ("no_result", "failed"):
         rows.append(("refunded", info.refunded))
     rows.append(("created_at", info.created_at.isoformat(timespec="seconds")))
+    if info.visible_at is not None:
+        rows.append(("visible_at", info.visible_at.isoformat(timespec="seconds")))
     if info.finished_at is not None:
         rows.append(("finished_at", info.finished_at.isoformat(timespec="seconds")))
-    rows.append(("attempts", info.attempts))
+    if info.attempts is not None:
+        # Only owners and auditors are shown attempts and times; analysts get null.
+        rows.append(("attempts", info.attempts))
     if info.result is not None:
         if info.result.basis is not None:
             d = len(info.result.basis)

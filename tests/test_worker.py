@@ -55,7 +55,8 @@ def test_expired_lease_is_reclaimed_and_the_result_stored_once(
     # The first worker wakes up with an output: it no longer holds the lease, so it is dropped.
     output = first.execute(job)
     assert first.finish(job, output, None, refund=False) == "lost"
-    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    # Attempts are shown to owners only (a retry can follow a data-dependent crash).
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.owner)).json()
     assert body["status"] == "succeeded" and body["attempts"] == 2
     assert count(session_factory, LedgerEntry) == 1
     assert count(session_factory, AuditEvent, AuditEvent.event_type == "release_succeeded") == 1

@@ -80,5 +80,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.error("%s %s: %s", request.method, request.url.path, safe_traceback(exc))
+        # Type and location only; the request id on this line leads to the access line, which
+        # has the path template (the raw path is whatever the client typed).
+        log.error("internal error: %s", safe_traceback(exc))
         return JSONResponse(_body("internal_error", "internal error; see the service log"), 500)

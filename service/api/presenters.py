@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Release, ReleaseResult
-from service import ledger
+from service import ledger, releases
+from service.auth import Principal
 from service.db import models
+from service.db.models import utcnow
 from service.releases import decode_basis
 
 
@@ -35,15 +39,29 @@ def dataset_out(session: Session, dataset: models.Dataset) -> Dataset:
     )
 
 
-def release_out(release: models.Release) -> Release:
-    result = None
-    if release.status in ("succeeded", "no_result"):
-        basis = decode_basis(release)
-        result = ReleaseResult(
-            basis=basis.tolist() if basis is not None else None,
-            basis_sha256=release.result_sha256,
-            extras=release.result_extras or {},
-        )
+def release_out(
+    release: models.Release, principal: Principal, now: datetime | None = None
+) -> Release:
+    """The release as ``principal`` may see it at ``now``.
+
+    Before ``visible_at`` an analyst sees it ``queued`` with no outcome, whatever its real state:
+    even the moment a worker claims it would tell when the job before it finished. Timing fields
+    are for owners and auditors only.
+    """
+    now = now if now is not None else utcnow()
+    timing = releases.shows_timing(principal)
+    if not releases.outcome_visible(release, principal, now):
+        status, reason, refunded, result = "queued", None, False, None
+    else:
+        status, reason, refunded = release.status, release.reason, release.refunded
+        result = None
+        if release.status in ("succeeded", "no_result"):
+            basis = decode_basis(release)
+            result = ReleaseResult(
+                basis=basis.tolist() if basis is not None else None,
+                basis_sha256=release.result_sha256,
+                extras=release.result_extras or {},
+            )
     return Release(
         id=release.id,
         dataset_id=release.dataset_id,
@@ -52,12 +70,13 @@ def release_out(release: models.Release) -> Release:
         epsilon=release.epsilon,
         delta=release.delta,
         params=release.params,
-        status=release.status,
-        reason=release.reason,
-        refunded=release.refunded,
+        status=status,
+        reason=reason,
+        refunded=refunded,
         result=result,
         created_at=release.created_at,
-        started_at=release.started_at,
-        finished_at=release.finished_at,
-        attempts=release.attempts,
+        visible_at=release.visible_at,
+        started_at=release.started_at if timing else None,
+        finished_at=release.finished_at if timing else None,
+        attempts=release.attempts if timing else None,
     )

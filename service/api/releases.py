@@ -9,7 +9,7 @@ from fastapi import APIRouter, Header
 from api_schemas.common import ErrorBody
 from api_schemas.releases import BudgetExceeded, Release, ReleaseRequest
 from service import releases
-from service.api.deps import PrincipalDep, SessionDep
+from service.api.deps import PrincipalDep, SessionDep, SettingsDep
 from service.api.presenters import release_out
 
 router = APIRouter(prefix="/v1", tags=["releases"])
@@ -31,7 +31,8 @@ router = APIRouter(prefix="/v1", tags=["releases"])
         },
         422: {
             "model": ErrorBody,
-            "description": "Invalid mechanism or parameters. Nothing is charged.",
+            "description": "Invalid mechanism or parameters, or a release whose memory "
+            "estimate exceeds the worker limit. Nothing is charged.",
         },
     },
 )
@@ -40,13 +41,16 @@ def create_release(
     body: ReleaseRequest,
     session: SessionDep,
     principal: PrincipalDep,
+    settings: SettingsDep,
     idempotency_key: str | None = Header(
         default=None,
         description="Retries with the same key and body return the same release, charged once.",
     ),
 ) -> Release:
-    release = releases.request_release(session, principal, dataset_id, body, idempotency_key)
-    return release_out(release)
+    release = releases.request_release(
+        session, principal, dataset_id, body, idempotency_key, settings
+    )
+    return release_out(release, principal)
 
 
 @router.get(
@@ -56,4 +60,4 @@ def create_release(
     responses={404: {"model": ErrorBody, "description": "No such release (or not yours)."}},
 )
 def get_release(release_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Release:
-    return release_out(releases.get_release(session, principal, release_id))
+    return release_out(releases.get_release(session, principal, release_id), principal)

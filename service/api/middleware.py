@@ -1,0 +1,296 @@
+"""Pure ASGI middleware: request ids and access logs, security headers, CORS, rate limits.
+
+Pure ASGI (not ``BaseHTTPMiddleware``, which buffers and breaks streaming): each layer wraps
+``send`` and never reads the request body. :class:`ServiceApp` puts these layers *outside*
+Starlette's ``ServerErrorMiddleware``, so that even a 500 carries the request id and the
+headers, and its access line is written.
+
+Order, outermost first: request id and access log, security headers, CORS (only when
+configured), rate limit, then the application.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import math
+import re
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.config import Settings
+from service.logs import REQUEST_ID_HEADER, request_context, request_id_from
+
+access_log = logging.getLogger("dpss.access")
+
+#: Shown instead of uvicorn's name and version.
+SERVER_NAME = "dpss"
+#: JSON responses load nothing and may not be framed.
+API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+#: What the docs pages load today (swagger-ui and redoc from jsDelivr, FastAPI's favicon,
+#: redoc's fonts); self-hosting them later shrinks this to 'self'.
+CDN = "https://cdn.jsdelivr.net"
+FAVICON_HOST = "https://fastapi.tiangolo.com"
+_INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.S)
+
+
+def _route_path(scope: Scope) -> str:
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+class PathTemplates:
+    """The path template of a request, never the raw path (which may carry anything a client
+    typed): the matched route's, or for a request refused before routing (rate limit) the
+    documented path it would have matched."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self._compiled: list[tuple[re.Pattern[str], str]] | None = None
+
+    def _documented(self) -> list[tuple[re.Pattern[str], str]]:
+        if self._compiled is None:
+            paths = self.app.openapi().get("paths", {})
+            self._compiled = [(compile_path(path)[0], path) for path in paths]
+        return self._compiled
+
+    def __call__(self, scope: Scope) -> str:
+        path = getattr(scope.get("route"), "path", None)
+        if isinstance(path, str):
+            return path
+        route_path = _route_path(scope)
+        return next(
+            (template for regex, template in self._documented() if regex.match(route_path)),
+            "<unmatched>",
+        )
+
+
+class RequestLogMiddleware:
+    """Give each request an id (the client's ``X-Request-ID`` if well formed), return it on
+    every response, and write one access line: method, path template, status, duration and
+    key id (added by authentication through :func:`service.logs.bind_key_id`)."""
+
+    def __init__(self, app: ASGIApp, templates: PathTemplates) -> None:
+        self.app = app
+        self.templates = templates
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = request_id_from(Headers(scope=scope).get(REQUEST_ID_HEADER))
+        status = 500  # what the client gets if the app raises before answering
+        start = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
+            await send(message)
+
+        with request_context(request_id):
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                access_log.info(
+                    "request",
+                    extra={
+                        "method": scope["method"],
+                        "path": self.templates(scope),
+                        "status": status,
+                        "duration_ms": round((time.perf_counter() - start) * 1000, 2),
+                    },
+                )
+
+
+def _hash_source(script: bytes) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script).digest()).decode() + "'"
+
+
+def _docs_policy(kind: str, body: bytes) -> str:
+    """The Content-Security-Policy of a docs page: exactly its sources. Inline scripts are
+    allowed by hash; the pages are built from configuration only (title, URLs), never from
+    request input, so the hashes cover FastAPI's own bootstrap script and nothing else."""
+    scripts = " ".join(_hash_source(m.group(1)) for m in _INLINE_SCRIPT.finditer(body))
+    common = "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    if kind == "swagger":
+        # Scripts are the strict part; swagger-ui styles elements inline as it renders.
+        return (
+            f"default-src 'none'; script-src {CDN} {scripts}; style-src {CDN} 'unsafe-inline'; "
+            f"img-src 'self' data: {FAVICON_HOST}; connect-src 'self'; {common}"
+        )
+    if kind == "redoc":
+        # ReDoc renders with styled-components (inline <style>) and searches in a blob worker.
+        return (
+            f"default-src 'none'; script-src {CDN}; "
+            "style-src 'unsafe-inline' https://fonts.googleapis.com; "
+            f"font-src https://fonts.gstatic.com; img-src 'self' data: {FAVICON_HOST}; "
+            f"connect-src 'self'; worker-src blob:; {common}"
+        )
+    return f"default-src 'none'; script-src {scripts}; {common}"  # the OAuth2 redirect page
+
+
+class SecurityHeadersMiddleware:
+    """``X-Content-Type-Options: nosniff`` and a version-free ``server`` everywhere,
+    ``Cache-Control: no-store`` on ``/v1`` (keys, budgets and results must not sit in caches),
+    and a Content-Security-Policy: locked down for the API, exact for the docs pages."""
+
+    def __init__(self, app: ASGIApp, docs_pages: dict[str, str]) -> None:
+        self.app = app
+        self.docs_pages = docs_pages
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = _route_path(scope)
+        docs_kind = self.docs_pages.get(path)
+        held: Message | None = None
+        chunks: list[bytes] = []
+
+        def secure(message: Message, csp: str) -> None:
+            headers = MutableHeaders(scope=message)
+            headers["X-Content-Type-Options"] = "nosniff"
+            headers["Referrer-Policy"] = "no-referrer"
+            headers["Content-Security-Policy"] = csp
+            headers["server"] = SERVER_NAME
+            if path == "/v1" or path.startswith("/v1/"):
+                headers["Cache-Control"] = "no-store"
+
+        async def send_secured(message: Message) -> None:
+            nonlocal held
+            if docs_kind is None:
+                if message["type"] == "http.response.start":
+                    secure(message, API_CSP)
+                await send(message)
+                return
+            # A docs page is a few kB of HTML: hold it to hash its inline script.
+            if message["type"] == "http.response.start":
+                held = message
+                return
+            if message["type"] == "http.response.body" and held is not None:
+                chunks.append(message.get("body", b""))
+                if message.get("more_body", False):
+                    return
+                body = b"".join(chunks)
+                secure(held, _docs_policy(docs_kind, body))
+                await send(held)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return
+            await send(message)
+
+        await self.app(scope, receive, send_secured)
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+class RateLimitMiddleware:
+    """Token bucket per API key on ``/v1``: ``burst`` requests at once, refilled at ``rate``
+    per second; beyond it 429 with ``Retry-After``. Decided before the body is read and before
+    any database work. A key is told apart by the SHA-256 of the presented secret (the value
+    the key table stores), a request without a key by its client address.
+
+    State is per API process (``dpss api --workers N`` allows N times the rate in total) and
+    bounded: the least recently seen buckets are dropped beyond ``max_buckets``.
+    """
+
+    def __init__(self, app: ASGIApp, rate: float, burst: int, max_buckets: int = 100_000) -> None:
+        self.app = app
+        self.rate = rate
+        self.burst = burst
+        self.max_buckets = max_buckets
+        self.buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def _identity(self, scope: Scope) -> str:
+        scheme, _, secret = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and secret.strip():
+            return "key:" + hashlib.sha256(secret.strip().encode("utf-8")).hexdigest()
+        client = scope.get("client")
+        return "addr:" + (str(client[0]) if client else "unknown")
+
+    def retry_after(self, identity: str, now: float) -> float:
+        """Take a token for ``identity``; 0 if allowed, else seconds until one is available."""
+        bucket = self.buckets.get(identity)
+        if bucket is None:
+            bucket = self.buckets[identity] = _Bucket(tokens=float(self.burst), updated=now)
+            while len(self.buckets) > self.max_buckets:
+                self.buckets.popitem(last=False)
+        else:
+            self.buckets.move_to_end(identity)
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rate)
+            bucket.updated = now
+        if bucket.tokens >= 1:
+            bucket.tokens -= 1
+            return 0.0
+        return (1 - bucket.tokens) / self.rate
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = _route_path(scope) if scope["type"] == "http" else ""
+        if not (path == "/v1" or path.startswith("/v1/")):
+            await self.app(scope, receive, send)
+            return
+        wait = self.retry_after(self._identity(scope), time.monotonic())
+        if wait <= 0:
+            await self.app(scope, receive, send)
+            return
+        seconds = max(1, math.ceil(wait))
+        response = JSONResponse(
+            {
+                "error": "rate_limited",
+                "detail": f"too many requests for this key; retry after {seconds} s",
+            },
+            status_code=429,
+            headers={"Retry-After": str(seconds)},
+        )
+        await response(scope, receive, send)
+
+
+def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
+    """Wrap the application in the layers above, as ``settings`` configure them."""
+    if settings.rate_limit_per_second > 0:
+        app = RateLimitMiddleware(app, settings.rate_limit_per_second, settings.rate_limit_burst)
+    if settings.cors_allow_origins:
+        app = CORSMiddleware(
+            app,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", REQUEST_ID_HEADER],
+            expose_headers=[REQUEST_ID_HEADER, "Retry-After"],
+            allow_credentials=False,
+            max_age=600,
+        )
+    docs_pages = {
+        url: kind
+        for url, kind in (
+            (fastapi_app.docs_url, "swagger"),
+            (fastapi_app.redoc_url, "redoc"),
+            (fastapi_app.swagger_ui_oauth2_redirect_url, "oauth2_redirect"),
+        )
+        if url
+    }
+    app = SecurityHeadersMiddleware(app, docs_pages)
+    return RequestLogMiddleware(app, PathTemplates(fastapi_app))
+
+
+class ServiceApp(FastAPI):
+    """FastAPI with :func:`harden`'s layers outside Starlette's error middleware, so that they
+    also see (and label, and log) the 500 it produces."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        settings: Settings = self.state.settings
+        return harden(super().build_middleware_stack(), settings, self)

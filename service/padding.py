@@ -1,0 +1,157 @@
+"""When an analyst may see a release's outcome: ``visible_at = created_at + padding``.
+
+A mechanism's run time can depend on the data (``exact_gapmax`` took 0.1-0.5 s on one dataset
+and 0.6-3.3 s on a neighbour differing in one row), and no noise covers it. So an analyst sees
+no start or finish time and no outcome before ``visible_at``, and the padding is a function of
+public facts only: the mechanism, ``n``, ``d``, ``k`` and the resolved params. Polling then
+reveals nothing about the run time as long as the job ends within its padding.
+
+The padding is a run-time model with a safety factor and a floor::
+
+    padding = max(floor, multiplier * work(mechanism, n, d, k, params) / rate[mechanism])
+
+``work`` counts roughly the floating-point operations of the mechanism's dominant steps;
+``rate`` converts them to seconds on the service's hardware (defaults below, measured with
+``bench/bench_padding.py``; operators override them per mechanism with
+``DPSS_RELEASE_PADDING_RATES``). A job slower than its padding still reveals that it was late.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from service.config import Settings
+
+Params = Mapping[str, Any]
+WorkModel = Callable[[int, int, int, Params], float]
+
+
+def _eig(d: int) -> float:
+    # A dense symmetric eigendecomposition with vectors costs about 9 d^3 flops.
+    return 9.0 * d**3
+
+
+def _gram(n: int, d: int) -> float:
+    # H = X^T X in row chunks: n d^2 multiply-adds (the clip adds O(n d)).
+    return float(n) * d * d + float(n) * d
+
+
+def _int_param(params: Params, name: str, default: int) -> int:
+    value = params.get(name)
+    return int(value) if isinstance(value, int) and value > 0 else default
+
+
+def _subset_svds(n: int, d: int, t: int) -> float:
+    # t thin SVDs of (n/t) x d blocks: about 4 m d min(m, d) flops each.
+    m = max(n // max(t, 1), 1)
+    return t * 4.0 * m * d * min(m, d)
+
+
+def _analyze_gauss(n: int, d: int, k: int, params: Params) -> float:
+    return _gram(n, d) + _eig(d)
+
+
+def _gap_perturbation(n: int, d: int, k: int, params: Params) -> float:
+    # eigh of H, then eigh of the noisy projector W.
+    return _gram(n, d) + 2 * _eig(d)
+
+
+def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
+    return _gram(n, d) + _eig(d) + 4.0 * d * k * k
+
+
+def _spectrum(n: int, d: int, k: int, params: Params) -> float:
+    return _gram(n, d) + _eig(d)
+
+
+def _histogram_aggregate(n: int, d: int, k: int, params: Params) -> float:
+    t = _int_param(params, "t", max(n // max(10 * k, 1), 1))
+    q = _int_param(params, "q", 2 * k)
+    rounds = 2 if params.get("boost_beta") is not None else 1
+    # Per subset: an SVD, then q projections of d-vectors onto the k-dim subspace.
+    return rounds * (_subset_svds(n, d, t) + t * 2.0 * q * d * k)
+
+
+def _friendly_aggregate(n: int, d: int, k: int, params: Params) -> float:
+    t = _int_param(params, "t", max(n // max(10 * k, 1), 1))
+    q = _int_param(params, "q", 2 * k)
+    points = _subset_svds(n, d, t) + t * 2.0 * q * d * k
+    # Pairwise distances of t points in R^{q d}, by direct differences, once per step of the
+    # radius search (at most 64 steps: one per binary exponent tried).
+    return points + 64.0 * t * t * q * d
+
+
+def _exact_gapmax(n: int, d: int, k: int, params: Params) -> float:
+    n0 = _int_param(params, "sample_rows", n)
+    # Every k-subset of the sample is a candidate, and membership of each sampled row is
+    # tested against it: C(n0, k) n0 d (the mechanism's own compute cap uses this count).
+    try:
+        candidates = float(math.comb(n0, k))
+    except OverflowError:
+        candidates = 1e300  # beyond any rate: the padding is capped below
+    return candidates * n0 * d + _eig(d)
+
+
+WORK_MODELS: dict[str, WorkModel] = {
+    "analyze_gauss": _analyze_gauss,
+    "gap_perturbation": _gap_perturbation,
+    "smooth_sensitivity": _smooth_sensitivity,
+    "spectrum": _spectrum,
+    "histogram_aggregate": _histogram_aggregate,
+    "friendly_aggregate": _friendly_aggregate,
+    "exact_gapmax": _exact_gapmax,
+}
+
+#: Work units per second, from ``bench/bench_padding.py`` on the reference machine (2 cores,
+#: x86-64, numpy with OpenBLAS, under load from other processes), then lowered: a lower rate
+#: only lengthens the padding. Measured (work/s at n x d = 20,000 x 50 and 50,000 x 200):
+#: Gram-and-eigh mechanisms 1e8 to 3e9; histogram_aggregate 8.5e7 to 2.4e8 (Python work per
+#: subset); friendly_aggregate 4.5e9 to 1.2e10 (the 64-step term is an upper bound);
+#: exact_gapmax 1.2e8 on rows in general position (its worst case; the exact-arithmetic
+#: version is slower per unit: recalibrate after changing it).
+DEFAULT_RATES: dict[str, float] = {
+    "analyze_gauss": 5e8,
+    "gap_perturbation": 5e8,
+    "smooth_sensitivity": 5e8,
+    "spectrum": 5e8,
+    "histogram_aggregate": 5e7,
+    "friendly_aggregate": 1e9,
+    "exact_gapmax": 2e7,
+}
+#: For a mechanism with neither a model nor a rate (a newly added one): Gram plus eigh, slowly.
+FALLBACK_RATE = 1e8
+
+
+@dataclass(frozen=True)
+class PaddingModel:
+    """``padding = max(floor, multiplier * work / rate)``; every input is public."""
+
+    floor_seconds: float
+    multiplier: float
+    rates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PaddingModel:
+        return cls(
+            floor_seconds=settings.release_padding_floor_seconds,
+            multiplier=settings.release_padding_multiplier,
+            rates={**DEFAULT_RATES, **settings.release_padding_rates},
+        )
+
+    def work(self, mechanism: str, n: int, d: int, k: int, params: Params) -> float:
+        """Modelled work units of one run (about floating-point operations)."""
+        model = WORK_MODELS.get(mechanism, _analyze_gauss)
+        return model(n, d, k, params)
+
+    def padding(self, mechanism: str, n: int, d: int, k: int, params: Params) -> timedelta:
+        """The delay after the request before an analyst may see the outcome."""
+        rate = self.rates.get(mechanism, FALLBACK_RATE)
+        modelled = self.multiplier * self.work(mechanism, n, d, k, params) / rate
+        # Capped at 30 days: a timedelta cannot hold arbitrary floats, and a job that needs a
+        # month is refused by the memory gate or the mechanisms' compute caps long before.
+        seconds = min(max(self.floor_seconds, modelled), 30 * 24 * 3600.0)
+        return timedelta(seconds=seconds)

@@ -1,0 +1,212 @@
+"""Hardening through the app: security headers, docs CSP, CORS only when configured, per-key
+rate limits with 429 and Retry-After, request ids on every response including a 500."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service import releases as releases_module
+from service.api.middleware import RateLimitMiddleware
+from service.app import create_app
+from service.cli import _uvicorn_options
+from service.db.engine import make_engine
+from tests.conftest import bearer
+
+
+def app_client(settings, session_factory, **overrides):
+    app = create_app(settings.model_copy(update=overrides), session_factory=session_factory)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_every_response_has_nosniff_a_bare_server_name_and_a_request_id(client, keys):
+    responses = [
+        client.get("/healthz"),
+        client.get("/v1/datasets", headers=bearer(keys.owner)),
+        client.get("/v1/datasets"),  # 401
+        client.get(f"/v1/releases/{uuid.uuid4()}", headers=bearer(keys.analyst)),  # 404
+        client.get("/no/such/path"),
+        client.get("/openapi.json"),
+    ]
+    for response in responses:
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["server"] == "dpss"
+        assert re.fullmatch(r"[0-9a-f]{32}", response.headers["X-Request-ID"])
+        assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+
+
+def test_every_v1_response_is_no_store(client, keys):
+    for response in (
+        client.get("/v1/datasets", headers=bearer(keys.owner)),
+        client.get("/v1/datasets"),
+        client.post("/v1/keys", headers=bearer(keys.admin), json={"role": "nope"}),
+        client.get(f"/v1/releases/{uuid.uuid4()}", headers=bearer(keys.analyst)),
+    ):
+        assert response.headers["Cache-Control"] == "no-store", response.status_code
+    assert "no-store" not in client.get("/healthz").headers.get("Cache-Control", "")
+
+
+def test_an_internal_error_still_carries_the_headers_and_the_error_body(client, keys, monkeypatch):
+    def raising(*args):
+        raise RuntimeError("internal")
+
+    monkeypatch.setattr(releases_module, "get_release", raising)
+    response = client.get(f"/v1/releases/{uuid.uuid4()}", headers=bearer(keys.analyst))
+    assert response.status_code == 500
+    assert response.json() == {"error": "internal_error", "detail": response.json()["detail"]}
+    assert response.headers["X-Request-ID"] and response.headers["Cache-Control"] == "no-store"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def sources(policy: str, directive: str) -> list[str]:
+    for part in policy.split(";"):
+        name, *values = part.split()
+        if name == directive:
+            return values
+    return []
+
+
+def test_the_swagger_page_allows_exactly_its_own_inline_script(client):
+    page = client.get("/docs")
+    assert page.status_code == 200
+    policy = page.headers["Content-Security-Policy"]
+    inline = re.findall(r"<script>(.*?)</script>", page.text, flags=re.S)
+    assert len(inline) == 1
+    digest = base64.b64encode(hashlib.sha256(inline[0].encode()).digest()).decode()
+    scripts = sources(policy, "script-src")
+    assert f"'sha256-{digest}'" in scripts
+    assert "'unsafe-inline'" not in scripts and "'unsafe-eval'" not in scripts
+    assert sources(policy, "default-src") == ["'none'"]
+    assert sources(policy, "connect-src") == ["'self'"]
+    # Every external script and stylesheet the page loads is allowed, and nothing else.
+    for url in re.findall(r'(?:src|href)="(https://[^/"]+)', page.text):
+        assert any(url in policy_part for policy_part in policy.split(";")), url
+    assert page.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_the_redoc_and_oauth_pages_have_their_own_strict_policies(client):
+    redoc = client.get("/redoc")
+    scripts = sources(redoc.headers["Content-Security-Policy"], "script-src")
+    assert scripts == ["https://cdn.jsdelivr.net"]
+    redirect = client.get("/docs/oauth2-redirect")
+    scripts = sources(redirect.headers["Content-Security-Policy"], "script-src")
+    assert len(scripts) == 1 and scripts[0].startswith("'sha256-")
+
+
+def test_no_cors_headers_unless_configured(client, keys, settings, session_factory):
+    origin = {"Origin": "https://evil.example"}
+    plain = client.get("/v1/datasets", headers={**bearer(keys.owner), **origin})
+    assert "access-control-allow-origin" not in plain.headers
+    preflight = client.options(
+        "/v1/datasets",
+        headers={**origin, "Access-Control-Request-Method": "GET"},
+    )
+    assert "access-control-allow-origin" not in preflight.headers
+    allowed = "https://notebooks.example.org"
+    with app_client(settings, session_factory, cors_allow_origins=[allowed]) as cors:
+        ok = cors.get("/v1/datasets", headers={**bearer(keys.owner), "Origin": allowed})
+        assert ok.headers["access-control-allow-origin"] == allowed
+        assert "X-Request-ID" in ok.headers["access-control-expose-headers"]
+        other = cors.get("/v1/datasets", headers={**bearer(keys.owner), **origin})
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_a_key_over_its_rate_gets_429_with_retry_after(keys, settings, session_factory, caplog):
+    caplog.set_level(logging.INFO, logger="dpss.access")
+    with app_client(
+        settings, session_factory, rate_limit_per_second=0.5, rate_limit_burst=3
+    ) as limited:
+        statuses = [
+            limited.get("/v1/datasets", headers=bearer(keys.owner)).status_code for _ in range(3)
+        ]
+        assert statuses == [200, 200, 200]
+        refused = limited.get("/v1/datasets", headers=bearer(keys.owner))
+        assert refused.status_code == 429
+        assert refused.json()["error"] == "rate_limited" and refused.json()["detail"]
+        assert set(refused.json()) == {"error", "detail"}
+        assert 1 <= int(refused.headers["Retry-After"]) <= 2
+        assert refused.headers["Cache-Control"] == "no-store"
+        # Refused before routing, logged under its path template all the same.
+        line = next(r for r in caplog.records if getattr(r, "status", None) == 429)
+        assert line.path == "/v1/datasets"
+        # Another key has its own bucket; health checks are never limited.
+        assert limited.get("/v1/datasets", headers=bearer(keys.analyst)).status_code == 200
+        assert all(limited.get("/healthz").status_code == 200 for _ in range(10))
+
+
+def test_the_token_bucket_refills_at_the_rate():
+    bucket = RateLimitMiddleware(app=None, rate=2.0, burst=2)  # type: ignore[arg-type]
+    assert [bucket.retry_after("k", 0.0) for _ in range(2)] == [0.0, 0.0]
+    assert bucket.retry_after("k", 0.0) == pytest.approx(0.5)
+    assert bucket.retry_after("k", 0.5) == 0.0  # one token back after 1/rate seconds
+    assert bucket.retry_after("k", 0.5) > 0
+    assert bucket.retry_after("k", 10.0) == 0.0  # refilled, capped at the burst
+    assert bucket.retry_after("k", 10.0) == 0.0
+    assert bucket.retry_after("k", 10.0) > 0
+
+
+def test_bucket_state_is_bounded():
+    bucket = RateLimitMiddleware(app=None, rate=1.0, burst=1, max_buckets=3)  # type: ignore[arg-type]
+    for i in range(10):
+        bucket.retry_after(f"key-{i}", 0.0)
+    assert list(bucket.buckets) == ["key-7", "key-8", "key-9"]
+
+
+def test_uvicorn_runs_with_json_logs_and_without_its_access_log_or_server_header(settings):
+    options = _uvicorn_options(settings)
+    assert options["access_log"] is False and options["server_header"] is False
+    config = options["log_config"]
+    assert config["loggers"]["uvicorn.access"]["propagate"] is False
+    assert config["loggers"]["sqlalchemy.engine"]["level"] == "WARNING"
+    assert not make_engine("sqlite://").echo  # no statement echo, so no parameters
+
+
+def test_the_middleware_passes_a_streamed_body_through_chunk_by_chunk(app):
+    """Pure ASGI layers: a streaming response reaches the server as it is produced."""
+    import anyio
+    from starlette.responses import StreamingResponse
+
+    async def chunks():
+        for part in (b"one,", b"two,", b"three"):
+            yield part
+
+    app.add_api_route("/v1/stream-probe", lambda: StreamingResponse(chunks()), methods=["GET"])
+    sent = []
+
+    requested = []
+
+    async def receive():
+        if requested:  # the body was read: the client stays connected
+            await anyio.sleep_forever()
+        requested.append(True)
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/v1/stream-probe",
+        "raw_path": b"/v1/stream-probe",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    anyio.run(app, scope, receive, send)
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body" and m["body"]]
+    assert bodies == [b"one,", b"two,", b"three"]
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+    assert headers["cache-control"] == "no-store" and headers["x-content-type-options"] == "nosniff"
