@@ -80,7 +80,9 @@ class Database:
         try:
             return self._gates.get()
         except LookupError:
-            gate = _Gate(anyio.Semaphore(self.size), anyio.CapacityLimiter(self.size))
+            gate = _Gate(
+                anyio.Semaphore(self.size, max_value=self.size), anyio.CapacityLimiter(self.size)
+            )
             self._gates.set(gate)
             anyio.to_thread.current_default_thread_limiter().total_tokens = self.api_threads
             return gate
