@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import anyio
 import anyio.to_thread
+from sqlalchemy import exc as sa_exc
 
 from service.app import create_app
 from service.config import Settings
-from service.db.engine import make_pooled_engine
+from service.db.engine import database_unavailable, make_pooled_engine
 
 
 def test_pool_slots_and_threads_follow_the_settings(tmp_path):
@@ -31,3 +32,19 @@ def test_pool_slots_and_threads_follow_the_settings(tmp_path):
 
     # One thread per slot, one connection per slot (pool + overflow), other work on api_threads.
     assert anyio.run(limits) == (5, 5, 7)
+
+
+def test_outages_are_told_from_faults():
+    class DriverError(Exception):
+        pass
+
+    def wrapped(kind: type[sa_exc.DBAPIError], invalidated: bool = False) -> sa_exc.DBAPIError:
+        return kind("SELECT 1", {}, DriverError(), connection_invalidated=invalidated)
+
+    assert database_unavailable(sa_exc.TimeoutError("pool exhausted"))
+    assert database_unavailable(wrapped(sa_exc.OperationalError))
+    assert database_unavailable(wrapped(sa_exc.InterfaceError))
+    assert database_unavailable(wrapped(sa_exc.DBAPIError, invalidated=True))
+    assert not database_unavailable(wrapped(sa_exc.IntegrityError))
+    assert not database_unavailable(wrapped(sa_exc.ProgrammingError))
+    assert not database_unavailable(ValueError("not a database error"))
