@@ -102,7 +102,7 @@ class PrivateCluster:
     def start(self) -> None:
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c max_connections=30"
+            "-c max_connections=100"
         )
         self._run(
             str(PG_BIN / "pg_ctl"),
