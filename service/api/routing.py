@@ -32,19 +32,29 @@ from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 
 
 class BodyDeadline:
-    """A ``receive`` that fails once ``seconds`` have passed since its first call."""
+    """A ``receive`` that fails if the body is not complete ``seconds`` after its first call.
+
+    Once the last chunk has arrived, calls pass straight through: waiting for a disconnect
+    after the body is not sending a body.
+    """
 
     def __init__(self, receive: Receive, seconds: float) -> None:
         self._receive = receive
         self.seconds = seconds
         self._ends: float | None = None
+        self._complete = False
         self.expired = False
 
     async def receive(self) -> Message:
+        if self._complete:
+            return await self._receive()
         if self._ends is None:
             self._ends = anyio.current_time() + self.seconds
         with anyio.CancelScope(deadline=self._ends):
-            return await self._receive()
+            message = await self._receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                self._complete = True
+            return message
         self.expired = True
         raise self.error()
 
@@ -76,13 +86,14 @@ def _too_large(limit: int) -> str:
     return f"body: larger than the limit of {limit} bytes (DPSS_MAX_JSON_BYTES)"
 
 
-def _replay(body: bytes) -> Receive:
+def _replay(body: bytes, then: Receive) -> Receive:
+    """The body already read, as one message; then the connection's own messages."""
     sent = False
 
     async def receive() -> Message:
         nonlocal sent
         if sent:
-            return {"type": "http.disconnect"}
+            return await then()
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
@@ -104,7 +115,7 @@ class GuardedRoute(APIRoute):
                 if has_json_body:
                     await unit_of_work_for(request).principal()
                     body = await read_json_body(bounded, settings.max_json_bytes)
-                    bounded = Request(request.scope, _replay(body))
+                    bounded = Request(request.scope, _replay(body, deadline.receive))
                 return await handler(bounded)
             except Exception:
                 if deadline.expired:

@@ -11,8 +11,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from service.api.routing import BodyDeadline
 from service.app import create_app
 from service.config import Settings
+from service.errors import RequestTimeout
 from tests.conftest import bearer
 
 RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
@@ -200,3 +202,25 @@ def test_a_request_that_cannot_get_a_database_slot_in_time_gets_503(
         "retry_after": 3,
     }
     assert after.status_code == 200
+
+
+def test_the_body_deadline_covers_the_body_and_ends_with_it():
+    async def scenario(first_chunk_after: float) -> tuple[str, bool]:
+        messages = [{"type": "http.request", "body": b"x", "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if messages:
+                await anyio.sleep(first_chunk_after)
+                return messages.pop(0)
+            await anyio.sleep(0.3)  # waiting for a disconnect, after the body
+            return {"type": "http.disconnect"}
+
+        deadline = BodyDeadline(receive, 0.1)
+        try:
+            await deadline.receive()
+            return (await deadline.receive())["type"], deadline.expired
+        except RequestTimeout:
+            return "timeout", deadline.expired
+
+    assert anyio.run(scenario, 0.0) == ("http.disconnect", False)
+    assert anyio.run(scenario, 0.3) == ("timeout", True)
