@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit as audit_log
 from service import auth
 from service.api import audit, datasets, health, keys, mechanisms, releases
+from service.api.deps import Database
 from service.api.errors import install_error_handlers
 from service.api.middleware import ServiceApp
 from service.config import Settings
-from service.db.engine import make_engine, make_session_factory
+from service.db.engine import make_pooled_engine, make_session_factory
 from service.store import DatasetStore
 
 DESCRIPTION = """
@@ -25,27 +26,39 @@ rank-k release with a mechanism (`GET /v1/mechanisms`); a worker computes it; th
 the budget exactly once; a hash-chained audit log records every release.
 
 Authenticate with `Authorization: Bearer <key>`. Errors are `{"error": code, "detail": message}`.
+When the database is busy or unreachable the answer is 503 with a `Retry-After` header and the
+same number of seconds in the body's `retry_after` field: nothing was done, retry after it.
 """
 
 
 def create_app(
     settings: Settings | None = None, session_factory: sessionmaker[Session] | None = None
 ) -> FastAPI:
-    """Build the app. Tests pass a session factory bound to a rolled-back transaction."""
+    """Build the app. Tests pass a session factory bound to a rolled-back transaction.
+
+    Without one, the app owns an engine whose pool is sized by the settings (see the sizing rule
+    in ``Settings``) and disposes of it at shutdown.
+    """
     settings = settings or Settings()
     logging.getLogger("dpss").setLevel(settings.log_level.upper())
+    engine = None
     if session_factory is None:
-        session_factory = make_session_factory(make_engine(settings.resolved_database_url))
+        engine = make_pooled_engine(settings)
+        session_factory = make_session_factory(engine)
     audit_log.use_hmac_key(session_factory, settings.audit_hmac_key)
     store = DatasetStore(settings.datasets_dir)
+    database = Database(session_factory, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        database.gate()
         store.ensure()
         if settings.admin_api_key is not None:
             with session_factory.begin() as session:
                 auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
         yield
+        if engine is not None:
+            engine.dispose()
 
     app = ServiceApp(
         title="dp-subspace-service",
@@ -55,6 +68,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
+    app.state.database = database
     app.state.store = store
     install_error_handlers(app)
     for router in (

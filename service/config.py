@@ -14,7 +14,18 @@ PositiveRate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
-    """Every setting of the service. Environment variables are ``DPSS_<NAME>``."""
+    """Every setting of the service. Environment variables are ``DPSS_<NAME>``.
+
+    Sizing rule of one API process (see ``service.api.deps.Database``): at most
+    ``db_pool_size + db_max_overflow`` units of work run at once, each on its own thread of a
+    limiter of that size and holding one pooled connection for the whole of one thread call, so
+    a unit of work never waits for a connection and never holds one while it waits for a thread,
+    a client or a file. Requests beyond that wait up to ``db_wait_seconds`` without a connection,
+    then get 503. ``api_threads`` serves the other blocking work (parsing uploads) and never
+    holds a connection. Across a deployment, ``(api processes) x (db_pool_size +
+    db_max_overflow)`` plus the workers' connections must stay below the server's
+    ``max_connections``.
+    """
 
     model_config = SettingsConfigDict(env_prefix="DPSS_", extra="ignore")
 
@@ -34,6 +45,78 @@ class Settings(BaseSettings):
         description="If set, an admin key with this secret exists from start-up (bootstrap).",
     )
     max_upload_mb: float = Field(default=1024, gt=0, description="Largest accepted upload, MiB.")
+    max_json_bytes: int = Field(
+        default=64 * 1024,
+        gt=0,
+        description=(
+            "Largest accepted JSON request body, bytes. A larger one is refused with 413 from its "
+            "Content-Length, or as soon as the bytes received exceed it, before anything parses it."
+        ),
+    )
+    body_timeout_seconds: float = Field(
+        default=300,
+        gt=0,
+        description=(
+            "Time a client has to send a whole request body, counted from the first read; a "
+            "slower body is cut with 408 and whatever it had sent is removed."
+        ),
+    )
+    db_pool_size: int = Field(
+        default=10,
+        ge=1,
+        description=(
+            "Connections each API process keeps open. With db_max_overflow it sets how many "
+            "units of work (one transaction in one thread call) run at once; see the sizing rule."
+        ),
+    )
+    db_max_overflow: int = Field(
+        default=5,
+        ge=0,
+        description=(
+            "Extra connections an API process opens under load (closed when idle); at most "
+            "db_pool_size + db_max_overflow units of work and connections per process."
+        ),
+    )
+    db_pool_timeout_seconds: float = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Wait for a pooled connection before 503. A safety net only: the API admits no more "
+            "units of work than the pool has connections, so it does not wait in normal operation."
+        ),
+    )
+    db_connect_timeout_seconds: int = Field(
+        default=5,
+        ge=2,
+        description=(
+            "PostgreSQL connect timeout, seconds (libpq's minimum is 2): an unreachable database "
+            "host gives 503 after this long instead of hanging the request."
+        ),
+    )
+    db_wait_seconds: float = Field(
+        default=10,
+        gt=0,
+        description=(
+            "Time a request may queue, holding no connection, for one of the db_pool_size + "
+            "db_max_overflow database slots of its process before it gets 503 with Retry-After."
+        ),
+    )
+    api_threads: int = Field(
+        default=40,
+        ge=1,
+        description=(
+            "Threads of an API process for blocking work that needs no connection (parsing "
+            "uploads). Database work runs on its own db_pool_size + db_max_overflow threads."
+        ),
+    )
+    retry_after_seconds: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "Seconds a 503 (database busy or unreachable) asks the client to wait, in the "
+            "Retry-After header and the body's retry_after field."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,
@@ -88,6 +171,7 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value()) < 32:
             raise ValueError("must be at least 32 characters")
         return value
+
     release_padding_floor_seconds: float = Field(
         default=5,
         ge=0,
@@ -141,6 +225,11 @@ class Settings(BaseSettings):
             "exception messages or SQL parameters."
         ),
     )
+
+    @property
+    def db_slots(self) -> int:
+        """Units of work one API process runs at once: one connection and one thread each."""
+        return self.db_pool_size + self.db_max_overflow
 
     @cached_property
     def resolved_database_url(self) -> str:

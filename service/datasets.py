@@ -13,7 +13,7 @@ from service import audit
 from service.auth import Principal, require_role
 from service.db.models import Dataset, utcnow
 from service.errors import NotFound
-from service.store import DatasetStore
+from service.store import DatasetStore, StoredMatrix
 
 
 def create_dataset(
@@ -27,11 +27,24 @@ def create_dataset(
     """Validate and store an uploaded file and register it with its budget.
 
     If anything fails after the file was stored, the file is removed: no file is kept for a
-    refused upload (the transaction is rolled back by the caller).
+    refused upload (the transaction is rolled back by the caller). The API does the two steps
+    apart (:meth:`DatasetStore.ingest` with no session open, then :func:`register_dataset` in a
+    short transaction) so that no connection is held while a file is parsed.
     """
     require_role(principal, "owner")
-    stored = store.ingest(upload_path, suffix)
+    return register_dataset(session, store, principal, form, store.ingest(upload_path, suffix))
+
+
+def register_dataset(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    form: DatasetCreate,
+    stored: StoredMatrix,
+) -> Dataset:
+    """Register a file already in the store with its budget; the file is removed on failure."""
     try:
+        require_role(principal, "owner")
         dataset = Dataset(
             id=uuid.uuid4(),
             name=form.name,

@@ -51,6 +51,25 @@ class PayloadTooLarge(DomainError):
     code = "payload_too_large"
 
 
+class RequestTimeout(DomainError):
+    """The client did not send its request body within ``DPSS_BODY_TIMEOUT_SECONDS`` (408)."""
+
+    code = "request_timeout"
+
+
+class ServiceUnavailable(DomainError):
+    """The database is busy or unreachable; nothing was done and a retry may succeed (503).
+
+    ``retry_after`` (whole seconds) is sent as the ``Retry-After`` header and in the body.
+    """
+
+    code = "service_unavailable"
+
+    def __init__(self, detail: str, retry_after: int) -> None:
+        super().__init__(detail, retry_after=retry_after)
+        self.retry_after = retry_after
+
+
 class Unauthenticated(DomainError):
     """No key, or a key that does not exist or was revoked (401)."""
 

@@ -1,4 +1,7 @@
-"""Concurrent release requests can never overspend (real commits, separate connections)."""
+"""Concurrency: release requests never overspend; more clients than connections never hang.
+
+Real commits and separate connections (``committed_db``).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +11,17 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import httpx
 import numpy as np
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select, text
 
 from service import auth
 from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine, make_session_factory
 from service.db.models import LedgerEntry
+from tests.api.live import serving
 from tests.conftest import bearer, npy_bytes
 
 
@@ -88,3 +95,104 @@ def test_simultaneous_retries_with_one_idempotency_key_make_one_release(committe
     assert len({release_id for _, release_id in responses}) == 1
     with factory() as session:
         assert list(session.scalars(select(LedgerEntry.epsilon))) == [Decimal("0.1")]
+
+
+def _idle_in_transaction(factory: Any) -> int:
+    with factory() as session:
+        return int(
+            session.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        )
+
+
+def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, settings, backend):
+    """The issue's deadlock, scaled down: 2 connections, 4 threads, 30 concurrent clients.
+
+    Before the fix requests held a connection while they waited for a thread and every thread
+    waited for a connection: requests hung until the pool timeout, then 500.
+    """
+    url, factory = committed_db
+    small = Settings(
+        data_dir=settings.data_dir,
+        database_url=url,
+        db_pool_size=2,
+        db_max_overflow=0,
+        db_pool_timeout_seconds=5,
+        api_threads=THREADS,
+        db_wait_seconds=20,
+        max_upload_mb=5,
+    )
+    # The engine is made here (not from the settings) so the same test runs any version of
+    # the app on the same two connections.
+    engine = make_engine(url, pool_size=2, max_overflow=0, pool_timeout=5)
+    app = create_app(small, session_factory=make_session_factory(engine))
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+        _, analyst = auth.create_key(session, "analyst", "a", None)
+    clients, rounds = 30, 4
+    answers: list[tuple[str, int | str, dict[str, str], Any]] = []
+    lock = threading.Lock()
+    try:
+        with serving(app, threads=THREADS) as base:
+            dataset = httpx.post(
+                f"{base}/v1/datasets",
+                headers=bearer(owner),
+                files={"file": ("x.npy", npy_bytes(np.eye(4)), "application/octet-stream")},
+                data={
+                    "name": "d",
+                    "epsilon_budget": "10",
+                    "delta_budget": "1e-3",
+                    "row_norm_bound": "1",
+                },
+                timeout=30,
+            ).json()
+            dataset_path = f"/v1/datasets/{dataset['id']}"
+            barrier = threading.Barrier(clients)
+
+            def client() -> None:
+                with httpx.Client(base_url=base, headers=bearer(analyst), timeout=30) as http:
+                    barrier.wait()
+                    for _ in range(rounds):
+                        for method, path, body in (
+                            ("GET", f"{dataset_path}/budget", None),
+                            ("GET", "/v1/datasets?limit=5", None),
+                            ("POST", f"{dataset_path}/releases", RELEASE_SMALL),
+                        ):
+                            try:
+                                response = http.request(method, path, json=body)
+                                answer = (path, response.status_code, dict(response.headers))
+                                parsed = response.json()
+                            except httpx.HTTPError as exc:
+                                answer, parsed = (path, type(exc).__name__, {}), None
+                            with lock:
+                                answers.append((*answer, parsed))
+
+            threads = [threading.Thread(target=client) for _ in range(clients)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            if backend == "postgresql":
+                assert _idle_in_transaction(factory) == 0
+    finally:
+        engine.dispose()
+    statuses = Counter(status for _, status, _, _ in answers)
+    assert len(answers) == clients * rounds * 3
+    assert set(statuses) <= {200, 202, 503}, statuses
+    for _, status, headers, body in answers:
+        if status == 503:
+            assert int(headers["retry-after"]) >= 1
+            assert body["error"] == "service_unavailable"
+            assert body["retry_after"] == int(headers["retry-after"])
+    assert statuses[200] + statuses[202] > len(answers) // 2, statuses
+    with factory() as session:
+        charged = session.scalar(select(func.count()).select_from(LedgerEntry))
+    assert charged == statuses[202]
+
+
+THREADS = 4
+RELEASE_SMALL = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.01", "delta": "1e-6"}

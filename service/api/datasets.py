@@ -5,20 +5,22 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from fastapi import APIRouter, Query, Request, Response
+import anyio.to_thread
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
 from api_schemas.datasets import Budget, Dataset, DatasetCreate, DatasetList
 from service import datasets
-from service.api.deps import PrincipalDep, SessionDep, SettingsDep, StoreDep
+from service.api.deps import Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
 from service.api.presenters import budget_out, dataset_out
-from service.auth import require_role
+from service.api.routing import GuardedRoute
+from service.auth import Principal, require_role
 from service.errors import InvalidInput
 
-router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
+router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=GuardedRoute)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or invalid API key."},
@@ -64,18 +66,25 @@ UPLOAD_BODY = {
     openapi_extra=UPLOAD_BODY,
     responses={
         **ERRORS,
+        408: {"model": ErrorBody, "description": "Body not received within the body timeout."},
         413: {"model": ErrorBody, "description": "Larger than DPSS_MAX_UPLOAD_MB."},
         422: {"model": ErrorBody, "description": "Invalid file or form field; nothing is kept."},
     },
 )
 async def create_dataset(
-    request: Request,
-    session: SessionDep,
-    store: StoreDep,
-    settings: SettingsDep,
-    principal: PrincipalDep,
+    request: Request, uow: UnitOfWorkDep, store: StoreDep, settings: SettingsDep
 ) -> Dataset:
-    require_role(principal, "owner")
+    """Four steps, none holding a connection while it waits for anything else:
+
+    1. the key and its role are checked in a short transaction, before a byte of the body is
+       read (an anonymous or analyst client cannot make the service store anything);
+    2. the body streams into ``incoming/`` with no session open, bounded by
+       ``DPSS_MAX_UPLOAD_MB`` and ``DPSS_BODY_TIMEOUT_SECONDS`` (see ``GuardedRoute``);
+    3. the file is parsed and converted in a thread, with no session open;
+    4. a short transaction registers it (checking the key again) and commits before the
+       response; if that fails, the stored file is removed.
+    """
+    require_role(await uow.principal(), "owner")
     form = await receive_upload(request, store, settings.max_upload_bytes)
     try:
         try:
@@ -83,18 +92,21 @@ async def create_dataset(
         except ValidationError as exc:
             raise InvalidInput.from_validation(exc, fallback="form") from None
         assert form.file_path is not None
-        dataset = await run_in_threadpool(
-            datasets.create_dataset,
-            session,
-            store,
-            principal,
-            fields,
-            form.file_path,
-            form.file_suffix,
-        )
-        return await run_in_threadpool(dataset_out, session, dataset)
+        stored = await anyio.to_thread.run_sync(store.ingest, form.file_path, form.file_suffix)
     finally:
         form.discard()
+
+    def register(session: Session, principal: Principal) -> Dataset:
+        return dataset_out(
+            session, datasets.register_dataset(session, store, principal, fields, stored)
+        )
+
+    try:
+        return await uow(register)
+    except BaseException:
+        # Also when the commit itself failed: no stored rows without their dataset.
+        store.purge(stored.file_name)
+        raise
 
 
 @router.get(
@@ -103,14 +115,12 @@ async def create_dataset(
     summary="List datasets (owner: own; analyst: all).",
     responses=ERRORS,
 )
-def list_datasets(
-    session: SessionDep,
-    principal: PrincipalDep,
-    limit: int = Query(100, ge=1, le=1000, description="Page size."),
-    offset: int = Query(0, ge=0, description="Items to skip."),
-) -> DatasetList:
-    rows = datasets.list_datasets(session, principal, limit, offset)
-    return DatasetList(items=[dataset_out(session, row) for row in rows])
+async def list_datasets(uow: UnitOfWorkDep, limit: Limit = 100, offset: Offset = 0) -> DatasetList:
+    def work(session: Session, principal: Principal) -> DatasetList:
+        rows = datasets.list_datasets(session, principal, limit, offset)
+        return DatasetList(items=[dataset_out(session, row) for row in rows])
+
+    return await uow(work)
 
 
 @router.get(
@@ -119,8 +129,11 @@ def list_datasets(
     summary="Dataset metadata (never data values).",
     responses=ERRORS,
 )
-def get_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Dataset:
-    return dataset_out(session, datasets.get_dataset(session, principal, dataset_id))
+async def get_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Dataset:
+    def work(session: Session, principal: Principal) -> Dataset:
+        return dataset_out(session, datasets.get_dataset(session, principal, dataset_id))
+
+    return await uow(work)
 
 
 @router.get(
@@ -129,8 +142,11 @@ def get_dataset(dataset_id: uuid.UUID, session: SessionDep, principal: Principal
     summary="The dataset's privacy budget.",
     responses=ERRORS,
 )
-def get_budget(dataset_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Budget:
-    return budget_out(session, datasets.get_dataset(session, principal, dataset_id))
+async def get_budget(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Budget:
+    def work(session: Session, principal: Principal) -> Budget:
+        return budget_out(session, datasets.get_dataset(session, principal, dataset_id))
+
+    return await uow(work)
 
 
 @router.delete(
@@ -139,8 +155,9 @@ def get_budget(dataset_id: uuid.UUID, session: SessionDep, principal: PrincipalD
     summary="Delete a dataset's rows (owner); the ledger and audit log stay.",
     responses=ERRORS,
 )
-def delete_dataset(
-    dataset_id: uuid.UUID, session: SessionDep, store: StoreDep, principal: PrincipalDep
-) -> Response:
-    datasets.delete_dataset(session, store, principal, dataset_id)
+async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: StoreDep) -> Response:
+    def work(session: Session, principal: Principal) -> None:
+        datasets.delete_dataset(session, store, principal, dataset_id)
+
+    await uow(work)
     return Response(status_code=204)

@@ -1,54 +1,197 @@
-"""Request-scoped dependencies: one session per request, committed in one place."""
+"""Request-scoped access to the database: one unit of work, one thread call, one commit.
+
+Why this shape: FastAPI runs each sync dependency and a sync endpoint as separate threadpool
+calls. When the session was a dependency, a request held a pooled connection (opened while its
+key was checked) between those calls, waiting for a thread; with more clients than connections
+every thread could be waiting for a connection held by a request that was waiting for a thread,
+a deadlock that only the pool timeout broke (500s, connections left "idle in transaction").
+
+Here routes are ``async`` and touch the database only through :meth:`Database.run`:
+
+1. the request waits, holding nothing, for one of ``db_pool_size + db_max_overflow`` slots
+   (an anyio semaphore); after ``db_wait_seconds`` it gets 503 with ``Retry-After``;
+2. one thread call, on a limiter with as many threads as slots (so it never waits for a
+   thread), opens the session, checks the key, does the work, builds the response body and
+   commits; the connection is held only inside that call, and the pool always has one for it.
+
+The commit happens before the route returns, hence before the response starts: a client told
+201/202 can rely on the result being durable, and a failed commit is answered as an error.
+A database that cannot serve (down, unreachable, restarting, pool exhausted) becomes
+:class:`ServiceUnavailable` (503), never a 500.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, TypeVar
 
-from fastapi import Depends, Request
+import anyio
+import anyio.to_thread
+from anyio.lowlevel import RunVar
+from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.auth import Principal, authenticate
 from service.config import Settings
+from service.db.engine import database_unavailable
+from service.errors import ServiceUnavailable
 from service.store import DatasetStore
 
+T = TypeVar("T")
 
-def get_settings(request: Request) -> Settings:
+log = logging.getLogger("dpss.api")
+
+#: The largest integer both databases store (signed 64 bits). Every integer query parameter is
+#: bounded by it at most, so an oversized value is a 422 and never an overflow in a driver.
+MAX_QUERY_INT = 2**63 - 1
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
+Offset = Annotated[int, Query(ge=0, le=MAX_QUERY_INT, description="Items to skip.")]
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """One event loop's admission control: ``slots`` units of work, as many threads."""
+
+    slots: anyio.Semaphore
+    threads: anyio.CapacityLimiter
+
+
+class Database:
+    """The API's access to the database (one per app); see the module docstring."""
+
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings) -> None:
+        self.session_factory = session_factory
+        self.size = settings.db_slots
+        self.wait_seconds = settings.db_wait_seconds
+        self.retry_after = settings.retry_after_seconds
+        self.api_threads = settings.api_threads
+        # Semaphores belong to one event loop; tests run one app under several (one per
+        # TestClient), so each loop gets its own gate.
+        self._gates: RunVar[_Gate] = RunVar("dpss_database_gate")
+        self._outage = False
+        self._outage_lock = threading.Lock()
+
+    def gate(self) -> _Gate:
+        """This event loop's gate, made on first use (also sizes the loop's default threads)."""
+        try:
+            return self._gates.get()
+        except LookupError:
+            gate = _Gate(
+                anyio.Semaphore(self.size, max_value=self.size), anyio.CapacityLimiter(self.size)
+            )
+            self._gates.set(gate)
+            anyio.to_thread.current_default_thread_limiter().total_tokens = self.api_threads
+            return gate
+
+    async def run(self, work: Callable[[Session], T]) -> T:
+        """``work(session)`` in one transaction in one thread call, committed before returning.
+
+        Raises :class:`ServiceUnavailable` if no slot frees up within ``db_wait_seconds`` or the
+        database cannot serve; whatever ``work`` raises otherwise, after a rollback.
+        """
+        gate = self.gate()
+        with anyio.move_on_after(self.wait_seconds) as waited:
+            await gate.slots.acquire()
+        if waited.cancelled_caught:
+            raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
+        try:
+            # Not abandoned on cancellation: the slot is released only when the thread (and
+            # its connection) is done, so slots never outnumber connections.
+            return await anyio.to_thread.run_sync(self._transaction, work, limiter=gate.threads)
+        finally:
+            gate.slots.release()
+
+    def _transaction(self, work: Callable[[Session], T]) -> T:
+        try:
+            with self.session_factory.begin() as session:
+                result = work(session)
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            self._note_outage(exc)
+            raise ServiceUnavailable(
+                "the database is unavailable; retry shortly", self.retry_after
+            ) from None
+        self._note_recovery()
+        return result
+
+    def _note_outage(self, exc: BaseException) -> None:
+        # Logged once per outage, by exception type only: a driver's message may quote SQL
+        # parameters, and hundreds of requests a second would repeat it.
+        with self._outage_lock:
+            if self._outage:
+                return
+            self._outage = True
+        log.warning("database unavailable (%s); answering 503", type(exc).__name__)
+
+    def _note_recovery(self) -> None:
+        if not self._outage:
+            return
+        with self._outage_lock:
+            if not self._outage:
+                return
+            self._outage = False
+        log.warning("database available again")
+
+
+def bearer_secret(request: Request) -> str | None:
+    """The secret of an ``Authorization: Bearer <key>`` header, if there is one."""
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    return secret.strip() if scheme.lower() == "bearer" else None
+
+
+class UnitOfWork:
+    """One request's access to the database, as the principal of its key.
+
+    ``await uow(work)`` runs ``work(session, principal)`` through :meth:`Database.run`: the key
+    is checked in the same transaction as the work, so a key revoked a moment ago does nothing.
+    """
+
+    def __init__(self, database: Database, secret: str | None) -> None:
+        self.database = database
+        self.secret = secret
+
+    async def __call__(self, work: Callable[[Session, Principal], T]) -> T:
+        secret = self.secret
+
+        def transaction(session: Session) -> T:
+            return work(session, authenticate(session, secret))
+
+        return await self.database.run(transaction)
+
+    async def principal(self) -> Principal:
+        """Check the key alone, in a short transaction (before a request body is read)."""
+        return await self(lambda _session, principal: principal)
+
+
+def database_of(request: Request) -> Database:
+    database: Database = request.app.state.database
+    return database
+
+
+def unit_of_work_for(request: Request) -> UnitOfWork:
+    return UnitOfWork(database_of(request), bearer_secret(request))
+
+
+# Dependencies are async so that resolving them costs no thread call.
+async def get_unit_of_work(request: Request) -> UnitOfWork:
+    return unit_of_work_for(request)
+
+
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_store(request: Request) -> DatasetStore:
+async def get_store(request: Request) -> DatasetStore:
     store: DatasetStore = request.app.state.store
     return store
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    """The request's session: committed when the route returns, rolled back if it raises.
-
-    Used with ``scope="function"`` so the commit happens before the response is sent: a client
-    told 201/202 can rely on the upload or the charge being durable, and a failed commit is
-    answered as an error instead of a success.
-    """
-    factory: sessionmaker[Session] = request.app.state.session_factory
-    with factory() as session:
-        try:
-            yield session
-            session.commit()
-        except BaseException:
-            session.rollback()
-            raise
-
-
-SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+UnitOfWorkDep = Annotated[UnitOfWork, Depends(get_unit_of_work)]
 StoreDep = Annotated[DatasetStore, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-
-
-def get_principal(request: Request, session: SessionDep) -> Principal:
-    header = request.headers.get("authorization", "")
-    scheme, _, secret = header.partition(" ")
-    return authenticate(session, secret.strip() if scheme.lower() == "bearer" else None)
-
-
-PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -9,9 +9,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api_schemas.common import canonical_decimal
+from service.db.engine import database_unavailable
 from service.errors import (
     Conflict,
     DomainError,
@@ -19,6 +21,8 @@ from service.errors import (
     InvalidInput,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
+    ServiceUnavailable,
     Unauthenticated,
     safe_traceback,
 )
@@ -32,7 +36,11 @@ STATUS_OF: list[tuple[type[DomainError], int]] = [
     (Forbidden, 403),
     (NotFound, 404),
     (Conflict, 409),
+    (RequestTimeout, 408),
+    (ServiceUnavailable, 503),
 ]
+
+UNAVAILABLE = "the database is unavailable; retry shortly"
 
 HTTP_CODES = {
     400: "bad_request",
@@ -40,16 +48,32 @@ HTTP_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
+    503: "service_unavailable",
 }
 
 
 def _body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
-    values = {
-        k: canonical_decimal(v) if isinstance(v, Decimal) else str(v) for k, v in extra.items()
-    }
-    return {"error": code, "detail": detail, **values}
+    return {"error": code, "detail": detail, **{k: _extra(v) for k, v in extra.items()}}
+
+
+def _extra(value: Any) -> Any:
+    # Decimals as canonical strings (exact); counts such as retry_after stay integers.
+    if isinstance(value, Decimal):
+        return canonical_decimal(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return str(value)
+
+
+def _headers(exc: DomainError, status: int) -> dict[str, str] | None:
+    if status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, ServiceUnavailable):
+        return {"Retry-After": str(exc.retry_after)}
+    return None
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -65,8 +89,19 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
         status = next((s for kind, s in STATUS_OF if isinstance(exc, kind)), 400)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        return JSONResponse(_body(exc.code, exc.detail, **exc.extra), status, headers=headers)
+        body = _body(exc.code, exc.detail, **exc.extra)
+        return JSONResponse(body, status, headers=_headers(exc, status))
+
+    @app.exception_handler(SQLAlchemyError)
+    async def _database(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        # Requests reach the database through service.api.deps.Database, which already turns
+        # an outage into ServiceUnavailable; this keeps any other path from answering 500 (and
+        # closing the connection) for a database that merely cannot serve right now.
+        if database_unavailable(exc):
+            retry_after = request.app.state.settings.retry_after_seconds
+            unavailable = ServiceUnavailable(UNAVAILABLE, retry_after)
+            return await _domain(request, unavailable)
+        return await _internal(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Response
+from sqlalchemy.orm import Session
 
 from api_schemas.keys import KeyCreate, KeyCreated, KeyInfo
 from service import auth
-from service.api.deps import PrincipalDep, SessionDep
+from service.api.deps import UnitOfWorkDep
+from service.api.routing import GuardedRoute
+from service.auth import Principal
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=GuardedRoute)
 
 
 @router.post(
@@ -19,20 +22,29 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"])
     response_model=KeyCreated,
     summary="Create a key; the secret is shown once.",
 )
-def create_key(body: KeyCreate, session: SessionDep, principal: PrincipalDep) -> KeyCreated:
-    auth.require_role(principal, "admin")
-    key, secret = auth.create_key(session, body.role, body.name, principal.key_id)
-    return KeyCreated(id=key.id, role=body.role, name=key.name, key=secret)
+async def create_key(body: KeyCreate, uow: UnitOfWorkDep) -> KeyCreated:
+    def work(session: Session, principal: Principal) -> KeyCreated:
+        auth.require_role(principal, "admin")
+        key, secret = auth.create_key(session, body.role, body.name, principal.key_id)
+        return KeyCreated(id=key.id, role=body.role, name=key.name, key=secret)
+
+    return await uow(work)
 
 
 @router.get("", response_model=list[KeyInfo], summary="List keys (never their secrets).")
-def list_keys(session: SessionDep, principal: PrincipalDep) -> list[KeyInfo]:
-    auth.require_role(principal, "admin")
-    return [KeyInfo.model_validate(key) for key in auth.list_keys(session)]
+async def list_keys(uow: UnitOfWorkDep) -> list[KeyInfo]:
+    def work(session: Session, principal: Principal) -> list[KeyInfo]:
+        auth.require_role(principal, "admin")
+        return [KeyInfo.model_validate(key) for key in auth.list_keys(session)]
+
+    return await uow(work)
 
 
 @router.delete("/{key_id}", status_code=204, summary="Revoke a key.")
-def revoke_key(key_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Response:
-    auth.require_role(principal, "admin")
-    auth.revoke_key(session, key_id, principal.key_id)
+async def revoke_key(key_id: uuid.UUID, uow: UnitOfWorkDep) -> Response:
+    def work(session: Session, principal: Principal) -> None:
+        auth.require_role(principal, "admin")
+        auth.revoke_key(session, key_id, principal.key_id)
+
+    await uow(work)
     return Response(status_code=204)

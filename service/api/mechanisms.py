@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api_schemas.mechanisms import MechanismInfo, MechanismList
-from service.api.deps import PrincipalDep
+from service.api.deps import UnitOfWorkDep
+from service.api.routing import GuardedRoute
 from service.mechanisms.registry import MECHANISMS
 
-router = APIRouter(prefix="/v1", tags=["mechanisms"])
+router = APIRouter(prefix="/v1", tags=["mechanisms"], route_class=GuardedRoute)
 
 
 @router.get(
@@ -16,7 +17,8 @@ router = APIRouter(prefix="/v1", tags=["mechanisms"])
     response_model=MechanismList,
     summary="Each mechanism's paper, cost rule and parameter schema (see docs/mechanisms.md).",
 )
-def list_mechanisms(_: PrincipalDep) -> MechanismList:
+async def list_mechanisms(uow: UnitOfWorkDep) -> MechanismList:
+    await uow.principal()
     return MechanismList(
         items=[
             MechanismInfo(

@@ -5,14 +5,17 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Header
+from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
 from api_schemas.releases import BudgetExceeded, Release, ReleaseRequest
 from service import releases
-from service.api.deps import PrincipalDep, SessionDep, SettingsDep
+from service.api.deps import SettingsDep, UnitOfWorkDep
 from service.api.presenters import release_out
+from service.api.routing import GuardedRoute
+from service.auth import Principal
 
-router = APIRouter(prefix="/v1", tags=["releases"])
+router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
 
 
 @router.post(
@@ -36,21 +39,23 @@ router = APIRouter(prefix="/v1", tags=["releases"])
         },
     },
 )
-def create_release(
+async def create_release(
     dataset_id: uuid.UUID,
     body: ReleaseRequest,
-    session: SessionDep,
-    principal: PrincipalDep,
+    uow: UnitOfWorkDep,
     settings: SettingsDep,
     idempotency_key: str | None = Header(
         default=None,
         description="Retries with the same key and body return the same release, charged once.",
     ),
 ) -> Release:
-    release = releases.request_release(
-        session, principal, dataset_id, body, idempotency_key, settings
-    )
-    return release_out(release, principal)
+    def work(session: Session, principal: Principal) -> Release:
+        release = releases.request_release(
+            session, principal, dataset_id, body, idempotency_key, settings
+        )
+        return release_out(release, principal)
+
+    return await uow(work)
 
 
 @router.get(
@@ -59,5 +64,8 @@ def create_release(
     summary="A release's status and, when finished, its result.",
     responses={404: {"model": ErrorBody, "description": "No such release (or not yours)."}},
 )
-def get_release(release_id: uuid.UUID, session: SessionDep, principal: PrincipalDep) -> Release:
-    return release_out(releases.get_release(session, principal, release_id), principal)
+async def get_release(release_id: uuid.UUID, uow: UnitOfWorkDep) -> Release:
+    def work(session: Session, principal: Principal) -> Release:
+        return release_out(releases.get_release(session, principal, release_id), principal)
+
+    return await uow(work)

@@ -3,6 +3,10 @@
 On SQLite every transaction starts with ``BEGIN IMMEDIATE``: it takes the database's write lock
 at once, so two budget checks can never interleave (the PostgreSQL equivalent is the row lock on
 the dataset). WAL mode lets readers proceed while a writer holds the lock.
+
+:func:`make_pooled_engine` sizes the pool from the settings for the API (see the sizing rule in
+``service.config.Settings``), and :func:`database_unavailable` tells a database that cannot serve
+now (a retry may succeed: 503) from a fault of the request or of the code.
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
 
 
 def is_sqlite(url: str) -> bool:
@@ -40,6 +47,45 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def make_pooled_engine(settings: Settings) -> Engine:
+    """The API's engine: ``db_pool_size`` connections kept, ``db_max_overflow`` more under load.
+
+    ``pool_timeout`` is short because the API never asks for more connections than the pool
+    holds (``service.api.deps.Database``); waiting on the pool would mean another user of the
+    engine took one, and a quick 503 is then better than a request hanging for 30 s. The
+    PostgreSQL connect timeout makes an unreachable host a 503 too, not a hang.
+    """
+    url = settings.resolved_database_url
+    if is_sqlite(url) and ":memory:" in url:
+        # One connection per thread (SingletonThreadPool): there is no pool to size.
+        return make_engine(url)
+    options: dict[str, Any] = {
+        "pool_size": settings.db_pool_size,
+        "max_overflow": settings.db_max_overflow,
+        "pool_timeout": settings.db_pool_timeout_seconds,
+    }
+    if not is_sqlite(url):
+        options["connect_args"] = {"connect_timeout": settings.db_connect_timeout_seconds}
+    return make_engine(url, **options)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot serve now, so that a retry may succeed.
+
+    That is: no pooled connection in time (``TimeoutError``), a connection refused, lost or
+    invalidated, a server shutting down or restarting, a lock or serialization timeout
+    (``OperationalError``, ``InterfaceError``, or any DBAPI error flagged as a disconnect).
+    Integrity and programming errors are faults of the request or of the code, not outages.
+    """
+    if isinstance(exc, sa_exc.TimeoutError):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        return exc.connection_invalidated or isinstance(
+            exc, sa_exc.OperationalError | sa_exc.InterfaceError
+        )
+    return False
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -1,4 +1,7 @@
-"""A success status is sent only after the request's transaction has committed."""
+"""A success status is sent only after the request's transactions have committed.
+
+An upload has two: the key check before the body is read, then the registration.
+"""
 
 from __future__ import annotations
 
@@ -42,4 +45,4 @@ def test_commit_happens_before_the_response_starts(settings, session_factory, ma
     finally:
         event.remove(Session, "after_commit", _committed)
     assert response.status_code == 201
-    assert order == ["commit", "response 201"]
+    assert order == ["commit", "commit", "response 201"]

@@ -1,0 +1,125 @@
+"""The route class of every ``/v1`` router: the key before the body, bounded bodies.
+
+FastAPI reads and parses a JSON body before it resolves any dependency, so a key checked in a
+dependency is checked after an anonymous client's body was read and parsed. :class:`GuardedRoute`
+wraps FastAPI's handler instead:
+
+- a route with a JSON body checks the key first, in a short transaction of its own (401 before a
+  byte of the body is read); then it reads the body with no session open, refusing it with 413
+  as soon as its ``Content-Length`` or the bytes received exceed ``DPSS_MAX_JSON_BYTES``, and
+  only then hands it to FastAPI to parse and validate. The route's unit of work checks the key
+  again, in the same transaction as the work. (Starlette's own body limit answers in plain text,
+  outside the service's error format, and has no deadline.)
+- every body (JSON, or the multipart upload that its route streams itself) must arrive within
+  ``DPSS_BODY_TIMEOUT_SECONDS`` of the first read. A read past the deadline fails, and whatever
+  the route's reader made of that failure is answered as 408: the cause is the slow client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import anyio
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive
+
+from service.api.deps import unit_of_work_for
+from service.config import Settings
+from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout
+
+
+class BodyDeadline:
+    """A ``receive`` that fails if the body is not complete ``seconds`` after its first call.
+
+    Once the last chunk has arrived, calls pass straight through: waiting for a disconnect
+    after the body is not sending a body.
+    """
+
+    def __init__(self, receive: Receive, seconds: float) -> None:
+        self._receive = receive
+        self.seconds = seconds
+        self._ends: float | None = None
+        self._complete = False
+        self.expired = False
+
+    async def receive(self) -> Message:
+        if self._complete:
+            return await self._receive()
+        if self._ends is None:
+            self._ends = anyio.current_time() + self.seconds
+        with anyio.CancelScope(deadline=self._ends):
+            message = await self._receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                self._complete = True
+            return message
+        self.expired = True
+        raise self.error()
+
+    def error(self) -> RequestTimeout:
+        return RequestTimeout(
+            f"body: not received within {self.seconds:g} s (DPSS_BODY_TIMEOUT_SECONDS)"
+        )
+
+
+async def read_json_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with :class:`PayloadTooLarge` before it exceeds ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(_too_large(limit))
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(_too_large(limit))
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise InvalidInput("body", "the connection closed before the whole body arrived") from None
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> str:
+    return f"body: larger than the limit of {limit} bytes (DPSS_MAX_JSON_BYTES)"
+
+
+def _replay(body: bytes, then: Receive) -> Receive:
+    """The body already read, as one message; then the connection's own messages."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return await then()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+class GuardedRoute(APIRoute):
+    """See the module docstring."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        has_json_body = self.body_field is not None
+
+        async def guarded(request: Request) -> Response:
+            settings: Settings = request.app.state.settings
+            deadline = BodyDeadline(request.receive, settings.body_timeout_seconds)
+            bounded = Request(request.scope, deadline.receive)
+            try:
+                if has_json_body:
+                    await unit_of_work_for(request).principal()
+                    body = await read_json_body(bounded, settings.max_json_bytes)
+                    bounded = Request(request.scope, _replay(body, deadline.receive))
+                return await handler(bounded)
+            except Exception:
+                if deadline.expired:
+                    raise deadline.error() from None
+                raise
+
+        return guarded
