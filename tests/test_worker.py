@@ -1,4 +1,5 @@
-"""Release jobs: claiming, leases, a killed worker's job completing once, refunds."""
+"""Release jobs: claiming, leases, a killed worker's job completing once, refunds, which
+faults are ``failed`` and which a charged ``no_result``, commits whose answer was lost."""
 
 from __future__ import annotations
 
@@ -11,14 +12,22 @@ import uuid
 from datetime import timedelta
 
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
 
 from service import auth
 from service.app import create_app
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
+from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
-from service.worker import Worker
+from service.worker import (
+    NO_MECHANISM_REASON,
+    NO_RELEASE_REASON,
+    REFUSED_AT_RUN_REASON,
+    Worker,
+)
 from tests.conftest import bearer, npy_bytes
 
 
@@ -53,8 +62,8 @@ def test_expired_lease_is_reclaimed_and_the_result_stored_once(
     assert retry is not None and retry.release_id == job.release_id and retry.attempt == 2
     assert second.process(retry) == "succeeded"
     # The first worker wakes up with an output: it no longer holds the lease, so it is dropped.
-    output = first.execute(job)
-    assert first.finish(job, output, None, refund=False) == "lost"
+    outcome = first.execute(job)
+    assert first.finish(job, outcome) == "lost"
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
     assert body["status"] == "succeeded" and body["attempts"] == 2
     assert count(session_factory, LedgerEntry) == 1
@@ -89,9 +98,11 @@ def test_a_release_of_a_deleted_dataset_is_refunded(client, keys, upload_dataset
     assert "deleted" in body["reason"]
 
 
-def test_a_mechanism_crash_is_failed_charged_and_leaks_nothing(
+def test_a_mechanism_crash_is_a_charged_no_result_and_leaks_nothing(
     client, keys, upload_dataset, rng, run_worker, monkeypatch, caplog
 ):
+    """A data-dependent exception must not reach the status field: ``failed`` would tell a
+    row apart. It is logged as a bug (type and place only) and stored as the fixed no_result."""
     from service.mechanisms import analyze_gauss
 
     def crash(*_args, **_kwargs):
@@ -101,11 +112,131 @@ def test_a_mechanism_crash_is_failed_charged_and_leaks_nothing(
     dataset, release = queue_release(client, keys, upload_dataset, rng)
     run_worker()
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
-    assert body["status"] == "failed" and body["refunded"] is False
-    assert body["reason"] == "internal error while running the mechanism"
-    assert "0.123456" not in caplog.text and "ValueError" in caplog.text
+    assert body["status"] == "no_result" and body["refunded"] is False
+    assert body["reason"] == NO_RELEASE_REASON
+    assert "0.123456" not in caplog.text
+    assert "BUG" in caplog.text and "ValueError at " in caplog.text
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst)).json()
     assert budget["epsilon_spent"] == "0.2"
+
+
+@pytest.mark.parametrize("error", [MemoryError(), FloatingPointError("x"), np.linalg.LinAlgError()])
+def test_every_unexpected_exception_from_run_is_the_same_no_result(
+    client, keys, upload_dataset, rng, run_worker, monkeypatch, error
+):
+    from service.mechanisms import analyze_gauss
+
+    def crash(*_args, **_kwargs):
+        raise error
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", crash)
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"]) == ("no_result", NO_RELEASE_REASON)
+
+
+def test_a_refusal_missed_at_prepare_is_failed_and_charged(
+    client, keys, upload_dataset, rng, run_worker, monkeypatch
+):
+    from service.mechanisms import analyze_gauss
+
+    def refuse(*_args, **_kwargs):
+        raise InvalidParameter("k", "too large for this dataset")
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", refuse)
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"]) == ("failed", REFUSED_AT_RUN_REASON)
+    assert body["refunded"] is False
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"params": {"no_such_param": 1}}, REFUSED_AT_RUN_REASON),
+        ({"mechanism": "retired_mechanism"}, NO_MECHANISM_REASON),
+    ],
+)
+def test_data_independent_faults_before_the_run_are_failed(
+    client, keys, upload_dataset, rng, run_worker, session_factory, change, reason
+):
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    with session_factory.begin() as session:
+        session.execute(update(Release).values(**change))
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"], body["refunded"]) == ("failed", reason, False)
+
+
+def test_a_dataset_file_gone_between_claim_and_open_is_refunded(
+    client, keys, upload_dataset, rng, worker, store
+):
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    job = worker.claim()
+    assert job is not None and job.file_name is not None
+    store.purge(job.file_name)
+    outcome = worker.execute(job)
+    assert (outcome.status, outcome.refund) == ("failed", True)
+    assert worker.finish(job, outcome) == "failed"
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["refunded"] is True
+
+
+class LostAnswer:
+    """Makes the first ``Worker._store`` commit and then fail as if the connection dropped
+    before the commit's answer arrived."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = Worker._store
+
+        def store_then_fail(worker, job, outcome):
+            self.calls += 1
+            status = original(worker, job, outcome)
+            if self.calls == 1:
+                raise OperationalError("COMMIT", {}, ConnectionError("connection closed"))
+            return status
+
+        monkeypatch.setattr(Worker, "_store", store_then_fail)
+
+
+@pytest.mark.parametrize("deleted", [False, True], ids=["succeeded", "refunded"])
+def test_a_finish_whose_commit_answer_was_lost_is_stored_once(
+    client, keys, upload_dataset, rng, session_factory, store, settings, monkeypatch, deleted
+):
+    settings.worker_db_retry_initial_seconds = 0.01
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
+    if deleted:
+        assert (
+            client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code
+            == 204
+        )
+    lost = LostAnswer(monkeypatch)
+    worker = Worker(session_factory, store, settings, worker_id="w")
+    assert worker.run_pending() == 1
+    assert lost.calls == 2
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == ("failed" if deleted else "succeeded")
+    kinds = ["charge", "refund"] if deleted else ["charge"]
+    with session_factory() as session:
+        assert sorted(session.scalars(select(LedgerEntry.kind))) == kinds
+    finished = AuditEvent.event_type.in_(["release_succeeded", "release_failed"])
+    assert count(session_factory, AuditEvent, finished) == 1
+
+
+def test_a_claim_whose_commit_answer_was_lost_is_taken_again_by_its_worker(
+    client, keys, upload_dataset, rng, session_factory, store, settings
+):
+    queue_release(client, keys, upload_dataset, rng)
+    worker = Worker(session_factory, store, settings, worker_id="w")
+    orphan = worker.claim()  # committed; suppose the worker never heard back
+    assert orphan is not None
+    assert Worker(session_factory, store, settings, worker_id="other").claim() is None
+    again = worker.claim()
+    assert again is not None and again.release_id == orphan.release_id and again.attempt == 2
+    assert worker.process(again) == "succeeded"
 
 
 def test_heartbeat_extends_the_lease_only_for_its_owner(
