@@ -132,7 +132,7 @@ def worker(
     session_factory = make_session_factory(make_engine(settings.resolved_database_url))
     store = DatasetStore(settings.datasets_dir)
     store.ensure()
-    Worker(session_factory, store, settings, stop=stop).run_forever()
+    Worker(session_factory, store, settings, stop=stop, isolate=True).run_forever()
 
 
 #: How long ``dpss serve`` waits for its worker to finish the job in hand after SIGTERM.

@@ -24,6 +24,13 @@ location only, never the message, which may quote data) and the release is recor
 ``no_result`` with the one fixed reason :data:`NO_RELEASE_REASON`, charged like every
 ``no_result``: its status then says nothing that a correct mechanism's ``no_result`` would not.
 
+**Isolation.** With ``isolate=True`` (``dpss worker``) each run happens in a forked child
+process and the outcome comes back through a pipe. A mechanism can then hold the interpreter
+lock for as long as one LAPACK call takes (SciPy's wrappers do not release it) without
+starving the heartbeat, which would otherwise let the lease expire under a running job, and a
+run that kills its process (out of memory) does not kill the worker: the job is left to its
+lease, counted as an attempt, and abandoned after ``DPSS_WORKER_MAX_ATTEMPTS``.
+
 **Database outages.** Claim, heartbeat and finish retry transient database errors (connection
 refused or lost, the pool's timeout, SQLite's "database is locked") with capped exponential
 backoff (``DPSS_WORKER_DB_RETRY_INITIAL_SECONDS`` doubling up to
@@ -38,22 +45,27 @@ retries; the unstored outcome is then discarded and the job runs again once its 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import multiprocessing
 import os
 import random
+import signal
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import Engine, and_, or_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -138,6 +150,16 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _die_with_parent(parent: int) -> None:
+    """Make this (forked) process end when its parent does: a SIGKILLed worker must not leave
+    a run computing on (Linux: ``PR_SET_PDEATHSIG``; elsewhere the run ends at its result)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
 def is_transient_db_error(exc: BaseException) -> bool:
     """Errors that say the database is unreachable or busy, not that the statement is wrong:
     retrying the same transaction later can succeed."""
@@ -186,12 +208,15 @@ class Worker:
         settings: Settings,
         worker_id: str | None = None,
         stop: threading.Event | None = None,
+        *,
+        isolate: bool = False,
     ) -> None:
         self.session_factory = session_factory
         self.store = store
         self.settings = settings
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stop = stop or threading.Event()
+        self.isolate = isolate
         self._outage = _OutageLog()
 
     # -- database retries -----------------------------------------------------------------------
@@ -346,11 +371,46 @@ class Worker:
         beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)
         beat.start()
         try:
-            outcome = self.execute(job)
+            outcome = self._execute_isolated(job) if self.isolate else self.execute(job)
         finally:
             done.set()
             beat.join()
+        if outcome is None:
+            return "unstored"
         return self.finish(job, outcome)
+
+    def _execute_isolated(self, job: ClaimedJob) -> Outcome | None:
+        """:meth:`execute` in a forked child; ``None`` if the child died without an outcome."""
+        context = multiprocessing.get_context("fork")
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(target=self._child, args=(job, sender, os.getpid()), daemon=True)
+        child.start()
+        sender.close()
+        try:
+            # Waiting here holds no lock: the heartbeat thread runs whatever the child does.
+            outcome: Outcome = receiver.recv()
+        except EOFError:
+            child.join()
+            log.error(
+                "release %s: the run's process ended without an outcome (exit code %s); "
+                "the job is left to its lease",
+                job.release_id,
+                child.exitcode,
+            )
+            return None
+        finally:
+            receiver.close()
+        child.join()
+        return outcome
+
+    def _child(self, job: ClaimedJob, sender: Connection, parent: int) -> None:
+        _die_with_parent(parent)
+        # The parent's pooled connections must never be used (or closed) from here.
+        bind = self.session_factory.kw.get("bind")
+        if isinstance(bind, Engine):
+            bind.dispose(close=False)
+        sender.send(self.execute(job))
+        sender.close()
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
         while not done.wait(self.settings.worker_heartbeat_seconds):
@@ -376,7 +436,8 @@ class Worker:
         """Store ``outcome`` if this worker still holds the lease, retrying while the database
         is away. Returns the status stored, ``"lost"`` when another worker now owns the job
         (this outcome is discarded), or ``"unstored"`` when a stop request or a non-transient
-        error ended the retries (the job runs again once its lease expires)."""
+        error ended the retries (the job runs again once its lease expires; :meth:`process`
+        also returns it when an isolated run died)."""
         try:
             return self.with_db_retry("finish", lambda: self._store(job, outcome))
         except WorkerStopping:

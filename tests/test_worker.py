@@ -331,3 +331,96 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
             .where(AuditEvent.event_type == "release_succeeded")
         )
         assert session.scalar(succeeded) == 1
+
+
+def _seed_committed(factory, settings):
+    """Keys, a dataset and one queued release in a committed database; returns the release id."""
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+        _, analyst = auth.create_key(session, "analyst", "a", None)
+    data = np.random.default_rng(4).normal(size=(60, 5)) * 0.2
+    with TestClient(create_app(settings, session_factory=factory)) as client:
+        dataset = client.post(
+            "/v1/datasets",
+            headers=bearer(owner),
+            files={"file": ("x.npy", npy_bytes(data), "application/octet-stream")},
+            data={"name": "d", "epsilon_budget": "1", "delta_budget": "1e-5"},
+        ).json()
+        release = client.post(
+            f"/v1/datasets/{dataset['id']}/releases",
+            headers=bearer(analyst),
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.2", "delta": "1e-6",
+                  "params": {"clip_norm": 1.0}},
+        )  # fmt: skip
+        assert release.status_code == 202, release.text
+    return uuid.UUID(release.json()["id"])
+
+
+def _gil_holding_sum(seconds: float) -> int:
+    """How many terms make ``sum(range(n))`` (one C call: it never yields the interpreter
+    lock) last about ``seconds`` here."""
+    start = time.perf_counter()
+    sum(range(10**6))
+    per_term = (time.perf_counter() - start) / 10**6
+    return int(seconds / max(per_term, 1e-10))
+
+
+def test_an_isolated_run_holding_the_interpreter_lock_does_not_starve_the_heartbeat(
+    committed_db, settings, monkeypatch
+):
+    """SciPy's LAPACK wrappers hold the interpreter lock for a whole call: run in the worker's
+    own process, a long call stopped the heartbeat thread and the lease expired under a live
+    job (which then ran again, and was finally abandoned as failed)."""
+    from service.mechanisms import analyze_gauss
+
+    _, factory = committed_db
+    settings.worker_heartbeat_seconds = 0.05
+    settings.worker_lease_seconds = 60
+    release_id = _seed_committed(factory, settings)
+    terms = _gil_holding_sum(1.5)
+    original = analyze_gauss.analyze_gauss
+
+    def hold_the_lock(*args, **kwargs):
+        sum(range(terms))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", hold_the_lock)
+    beats: list[float] = []
+    real_heartbeat = Worker.heartbeat
+
+    def timed_heartbeat(self, job):
+        beats.append(time.monotonic())
+        return real_heartbeat(self, job)
+
+    monkeypatch.setattr(Worker, "heartbeat", timed_heartbeat)
+    store = DatasetStore(settings.datasets_dir)
+    worker = Worker(factory, store, settings, worker_id="isolated", isolate=True)
+    job = worker.claim()
+    assert job is not None and job.release_id == release_id
+    assert worker.process(job) == "succeeded"
+    longest = max(np.diff(beats), default=float("inf"))
+    assert len(beats) >= 10 and longest < 0.75, f"{len(beats)} beats, longest gap {longest} s"
+    with factory() as session:
+        assert session.get(Release, release_id).attempts == 1
+
+
+def test_an_isolated_run_that_kills_its_process_leaves_the_worker_and_the_job(
+    committed_db, settings, monkeypatch
+):
+    from service.mechanisms import analyze_gauss
+
+    _, factory = committed_db
+    release_id = _seed_committed(factory, settings)
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", lambda *_a, **_k: os._exit(9))
+    store = DatasetStore(settings.datasets_dir)
+    worker = Worker(factory, store, settings, worker_id="isolated", isolate=True)
+    job = worker.claim()
+    assert job is not None
+    assert worker.process(job) == "unstored"
+    # Nothing stored: the job is still this worker's, and counts as an attempt when retried.
+    retry = worker.claim()
+    assert retry is not None and (retry.release_id, retry.attempt) == (release_id, 2)
+    monkeypatch.undo()
+    assert worker.process(retry) == "succeeded"
+    with factory() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 1
