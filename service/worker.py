@@ -383,7 +383,9 @@ class Worker:
         """:meth:`execute` in a forked child; ``None`` if the child died without an outcome."""
         context = multiprocessing.get_context("fork")
         receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=self._child, args=(job, sender, os.getpid()), daemon=True)
+        child = context.Process(
+            target=self._child, args=(job, receiver, sender, os.getpid()), daemon=True
+        )
         child.start()
         sender.close()
         try:
@@ -403,8 +405,13 @@ class Worker:
         child.join()
         return outcome
 
-    def _child(self, job: ClaimedJob, sender: Connection, parent: int) -> None:
+    def _child(
+        self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
+    ) -> None:
         _die_with_parent(parent)
+        # Only the parent reads: with this end closed here, a send to a dead parent fails
+        # instead of blocking on a full pipe.
+        receiver.close()
         # The parent's pooled connections must never be used (or closed) from here.
         bind = self.session_factory.kw.get("bind")
         if isinstance(bind, Engine):

@@ -91,7 +91,14 @@ def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[bytes]
     return server, port, workers[0].pid
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum",
+    [
+        pytest.param(signal.SIGTERM, id="SIGTERM"),
+        # The same path (uvicorn re-raises either); slow only to keep the default run short.
+        pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.slow),
+    ],
+)
 def test_serve_stops_its_worker_on_a_signal(
     serve_env: dict[str, str], tmp_path: Path, signum: int
 ) -> None:

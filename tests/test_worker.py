@@ -12,6 +12,7 @@ import uuid
 from datetime import timedelta
 
 import numpy as np
+import psutil
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
@@ -311,8 +312,14 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
             "worker never claimed the job"
         )
         killed_owner = status()[1]
+        # The run itself happens in a child of the worker: it must not outlive the worker.
+        assert _wait_for(lambda: psutil.Process(process.pid).children(), timeout=30)
+        runs = psutil.Process(process.pid).children()
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
+        assert _wait_for(lambda: not any(run.is_running() for run in runs), timeout=5), (
+            "the run outlived its killed worker"
+        )
     finally:
         if process.poll() is None:
             process.kill()
