@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -20,6 +20,7 @@ import typer
 from service.config import Settings
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
     from sqlalchemy import Engine
 
     from service import audit as audit_module
@@ -69,20 +70,71 @@ def migrate() -> None:
     typer.echo("database is at the newest schema")
 
 
-@app.command()
-def api(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
-    """Run the HTTP API only (production: migrations and workers run separately)."""
-    import uvicorn
-
+def api_app() -> FastAPI:
+    """The API for ``uvicorn --factory``: each API process builds its own app (and its own
+    engine and pool) from the environment."""
     from service.app import create_app
 
     settings = Settings()
     _configure_logging(settings)
-    uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
+    return create_app(settings)
 
 
 @app.command()
-def worker() -> None:
+def api(
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8000,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="API processes sharing the port; each has its own database pool.",
+        ),
+    ] = 1,
+) -> None:
+    """Run the HTTP API only (production: migrations and workers run separately)."""
+    import uvicorn
+
+    settings = Settings()
+    _configure_logging(settings)
+    if settings.admin_api_key is not None:
+        # Once here, before the API processes start: N processes bootstrapping the same key at
+        # once would race on its unique hash (each then finds it and does nothing).
+        from service import audit, auth
+        from service.db.engine import make_engine, make_session_factory
+
+        engine = make_engine(settings.resolved_database_url)
+        factory = make_session_factory(engine)
+        audit.use_hmac_key(factory, settings.audit_hmac_key)
+        with factory.begin() as session:
+            auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
+        engine.dispose()
+    uvicorn.run(
+        f"{__name__}:api_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        **_uvicorn_options(settings),
+    )
+
+
+def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
+    """Stop when the process that started this one is gone (even if it was SIGKILLed and could
+    not stop its children)."""
+    while not stop.wait(1.0):
+        if os.getppid() != parent_pid:
+            logging.getLogger("dpss").warning("parent process gone; stopping")
+            stop.set()
+
+
+@app.command()
+def worker(
+    parent_pid: Annotated[
+        int | None,
+        typer.Option(hidden=True, help="Stop when this process (dpss serve) is gone."),
+    ] = None,
+) -> None:
     """Run a worker: claim queued releases from the database and compute them."""
     from service import audit
     from service.db.engine import make_engine, make_session_factory
@@ -94,34 +146,44 @@ def worker() -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    if parent_pid is not None:
+        threading.Thread(target=_watch_parent, args=(parent_pid, stop), daemon=True).start()
     session_factory = make_session_factory(make_engine(settings.resolved_database_url))
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
     store = DatasetStore(settings.datasets_dir)
     store.ensure()
-    Worker(session_factory, store, settings).run_forever(stop)
+    Worker(session_factory, store, settings, stop=stop, isolate=True).run_forever()
+
+
+#: How long ``dpss serve`` waits for its worker to finish the job in hand after SIGTERM.
+WORKER_STOP_SECONDS = 10
 
 
 def _supervise_worker(stop: threading.Event) -> None:
     """Keep one worker process running next to the API; restart it if it dies."""
+    command = [sys.executable, "-m", "service", "worker", "--parent-pid", str(os.getpid())]
     while not stop.is_set():
-        process = subprocess.Popen([sys.executable, "-m", "service", "worker"])
+        process = subprocess.Popen(command)
         while process.poll() is None:
             if stop.wait(0.5):
                 process.terminate()
                 try:
-                    process.wait(timeout=10)
+                    process.wait(timeout=WORKER_STOP_SECONDS)
                 except subprocess.TimeoutExpired:
                     process.kill()
+                    process.wait()
                 return
         logging.getLogger("dpss").warning("worker exited with %s; restarting", process.returncode)
-        time.sleep(1)
+        stop.wait(1)
 
 
 @app.command()
 def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     """Embedded default: migrate, then run the API and a worker in a separate process.
 
-    With no configuration this uses SQLite and ./dpss-data: nothing else to install.
+    With no configuration this uses SQLite and ./dpss-data: nothing else to install. SIGTERM
+    or SIGINT stops the API, then the worker (it finishes the job in hand, up to
+    ``WORKER_STOP_SECONDS``), then this process.
     """
     import uvicorn
 
@@ -132,14 +194,25 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     _configure_logging(settings)
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     upgrade_to_head(settings.resolved_database_url)
+    # uvicorn handles SIGTERM/SIGINT itself, then restores the handlers it found and raises the
+    # signal again. Finding these, the raised signal lands here instead of killing the process
+    # before the worker is stopped.
+    received: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, _frame: received.append(signum))
     stop = threading.Event()
     supervisor = threading.Thread(target=_supervise_worker, args=(stop,), daemon=True)
     supervisor.start()
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
+        if not received:
+            uvicorn.run(create_app(settings), host=host, port=port, **_uvicorn_options(settings))
     finally:
         stop.set()
-        supervisor.join(timeout=15)
+        supervisor.join(timeout=WORKER_STOP_SECONDS + 5)
+    if received:
+        # End as the signal would have ended the process, now that nothing is left behind.
+        signal.signal(received[0], signal.SIG_DFL)
+        signal.raise_signal(received[0])
 
 
 @keys_app.command("create")

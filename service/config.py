@@ -131,6 +131,22 @@ class Settings(BaseSettings):
     worker_max_attempts: int = Field(
         default=3, ge=1, description="Claims of one job before it is marked failed."
     )
+    worker_db_retry_initial_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "A worker's first wait after a database error in claim, heartbeat or finish; the "
+            "wait doubles on each further error up to DPSS_WORKER_DB_RETRY_MAX_SECONDS."
+        ),
+    )
+    worker_db_retry_max_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Longest wait between a worker's database retries: a worker resumes at most this "
+            "long after the database is back."
+        ),
+    )
     worker_memory_mb: float = Field(
         default=6144,
         gt=0,

@@ -1,42 +1,97 @@
 """Workers: claim a queued release, run its mechanism, store the result exactly once.
 
-The releases table is the queue. A claim sets ``status = running`` and a lease (owner, expiry)
-in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises writers).
-While the mechanism runs, a heartbeat thread extends the lease. A worker that dies stops
-heartbeating; once its lease expires the job is claimable again and runs afresh with fresh
-randomness, which is safe because an output that was never stored was never seen by anyone.
-Finishing checks that this worker still holds the lease, so a produced output is stored once.
-The budget was charged when the release was requested; it is refunded only when the job
-provably never read the data (its dataset was deleted before any worker opened it).
+The releases table is the queue. A claim sets ``status = running`` and a lease (owner, attempt,
+expiry) in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises
+writers). While the mechanism runs, a heartbeat thread extends the lease. A worker that dies
+stops heartbeating; once its lease expires the job is claimable again and runs afresh with fresh
+randomness (an output that was never stored was never seen; what the retry itself reveals is
+discussed in the README). Finishing checks that this worker still holds the lease of this
+attempt, so a produced output is stored once. The budget was charged when the release was
+requested; it is refunded only when the job provably never read the data (its dataset was
+deleted before any worker opened it).
+
+**Outcomes.** ``failed`` is reserved for faults that do not depend on the data, so that the
+status field can never reveal a row:
+
+- the dataset was deleted before the run (refunded: the data was never read);
+- a refusal that was missed at prepare: ``parse_params`` or ``run`` raised
+  :class:`~service.mechanisms.base.InvalidParameter` (or the stored params no longer validate);
+- the service no longer has the mechanism;
+- the job was abandoned after ``DPSS_WORKER_MAX_ATTEMPTS`` claims.
+
+Any other exception from a mechanism is a bug in it. It is logged as a bug (exception type and
+location only, never the message, which may quote data) and the release is recorded as
+``no_result`` with the one fixed reason :data:`NO_RELEASE_REASON`, charged like every
+``no_result``: its status then says nothing that a correct mechanism's ``no_result`` would not.
+
+**Isolation.** With ``isolate=True`` (``dpss worker``) each run happens in a forked child
+process and the outcome comes back through a pipe. A mechanism can then hold the interpreter
+lock for as long as one LAPACK call takes (SciPy's wrappers do not release it) without
+starving the heartbeat, which would otherwise let the lease expire under a running job, and a
+run that kills its process (out of memory) does not kill the worker: the job is left to its
+lease, counted as an attempt, and abandoned after ``DPSS_WORKER_MAX_ATTEMPTS``.
+
+**Database outages.** Claim, heartbeat and finish retry transient database errors (connection
+refused or lost, the pool's timeout, SQLite's "database is locked") with capped exponential
+backoff (``DPSS_WORKER_DB_RETRY_INITIAL_SECONDS`` doubling up to
+``DPSS_WORKER_DB_RETRY_MAX_SECONDS``) and log the outage once when it starts and once when it
+ends; the worker process never exits on them. A finished job's outcome is computed once and
+kept in memory, and storing it is retried until it is stored or the lease is found lost. A
+commit whose acknowledgement was lost is recognised on the retry (the release already carries
+this attempt's terminal status), so nothing is recorded twice; the ledger's unique constraint
+on ``(release_id, kind)`` backs this up for refunds. Only a stop request (SIGTERM) ends the
+retries; the unstored outcome is then discarded and the job runs again once its lease expires.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import multiprocessing
 import os
+import random
+import signal
 import socket
+import sys
 import threading
+import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, Literal, TypeVar
 
 import numpy as np
-from sqlalchemy import and_, or_, select, update
+from pydantic import ValidationError
+from sqlalchemy import Engine, and_, or_, select, update
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit, ledger
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.errors import safe_traceback
-from service.mechanisms.base import MechanismOutput, ReleaseSpec
+from service.mechanisms.base import InvalidParameter, MechanismOutput, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
 from service.releases import encode_basis, float_not_above
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
+
+T = TypeVar("T")
+
+#: The one reason of a release whose mechanism raised (a bug): fixed, so it carries no data.
+NO_RELEASE_REASON = "the mechanism produced no release"
+DATASET_DELETED_REASON = "the dataset was deleted before the release ran"
+REFUSED_AT_RUN_REASON = "the release's parameters were refused when it ran"
+NO_MECHANISM_REASON = "this service no longer has the mechanism"
+ABANDONED_REASON = "the release stopped its worker repeatedly and was abandoned"
+
+FINISHED = ("succeeded", "no_result", "failed")
 
 
 @dataclass(frozen=True)
@@ -50,6 +105,34 @@ class ClaimedJob:
     params: dict[str, Any]
     file_name: str | None
     attempt: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run ends with, ready to store: computed once, kept while the database is away."""
+
+    status: Literal["succeeded", "no_result", "failed"]
+    reason: str | None = None
+    refund: bool = False
+    #: ``(bytes, shape, sha256)`` of the basis, encoded before any transaction opens.
+    basis: tuple[bytes, list[int], str] | None = None
+    extras: dict[str, Any] | None = None
+
+    @classmethod
+    def failed(cls, reason: str, *, refund: bool = False) -> Outcome:
+        return cls(status="failed", reason=reason, refund=refund)
+
+    @classmethod
+    def of(cls, output: MechanismOutput) -> Outcome:
+        extras = _json_safe(output.extras)
+        if output.no_result_reason is not None:
+            return cls(status="no_result", reason=output.no_result_reason, extras=extras)
+        basis = encode_basis(output.basis) if output.basis is not None else None
+        return cls(status="succeeded", basis=basis, extras=extras)
+
+
+class WorkerStopping(Exception):
+    """A stop was requested while a database operation was being retried."""
 
 
 def _json_safe(value: Any) -> Any:
@@ -67,6 +150,54 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _die_with_parent(parent: int) -> None:
+    """Make this (forked) process end when its parent does: a SIGKILLed worker must not leave
+    a run computing on (Linux: ``PR_SET_PDEATHSIG``; elsewhere the run ends at its result)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
+def is_transient_db_error(exc: BaseException) -> bool:
+    """Errors that say the database is unreachable or busy, not that the statement is wrong:
+    retrying the same transaction later can succeed."""
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeoutError):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+@dataclass
+class _OutageLog:
+    """Logs a database outage once when it starts and once when it ends, whichever of the
+    worker's threads (main loop, heartbeat) meets it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    since: float | None = None
+    failures: int = 0
+
+    def failed(self, operation: str, exc: BaseException) -> None:
+        with self.lock:
+            self.failures += 1
+            if self.since is not None:
+                return
+            self.since = time.monotonic()
+        log.warning(
+            "database unavailable (%s: %s); retrying with backoff",
+            operation,
+            safe_traceback(exc),
+        )
+
+    def succeeded(self) -> None:
+        with self.lock:
+            if self.since is None:
+                return
+            down, failures = time.monotonic() - self.since, self.failures
+            self.since, self.failures = None, 0
+        log.warning("database available again after %.1f s (%d failed attempts)", down, failures)
+
+
 class Worker:
     """One worker; run several processes (or machines) against one database to scale out."""
 
@@ -76,16 +207,62 @@ class Worker:
         store: DatasetStore,
         settings: Settings,
         worker_id: str | None = None,
+        stop: threading.Event | None = None,
+        *,
+        isolate: bool = False,
     ) -> None:
         self.session_factory = session_factory
         self.store = store
         self.settings = settings
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.stop = stop or threading.Event()
+        self.isolate = isolate
+        self._outage = _OutageLog()
+
+    # -- database retries -----------------------------------------------------------------------
+
+    def _backoff(self, failures: int) -> float:
+        """Seconds before retry number ``failures``: capped doubling, with jitter in its upper
+        half so that workers that lost the database together do not return in lockstep."""
+        initial = self.settings.worker_db_retry_initial_seconds
+        cap = self.settings.worker_db_retry_max_seconds
+        ceiling = min(cap, initial * 2 ** min(failures - 1, 30))
+        return random.uniform(ceiling / 2, ceiling)
+
+    def with_db_retry(
+        self,
+        operation: str,
+        attempt: Callable[[], T],
+        wait: Callable[[float], bool] | None = None,
+    ) -> T:
+        """``attempt()`` until it does not fail with a transient database error; other errors
+        propagate. Between attempts ``wait(seconds)`` (default: wait for :attr:`stop`) sleeps;
+        when it returns true the retries end with :class:`WorkerStopping`."""
+        wait = wait or self.stop.wait
+        failures = 0
+        while True:
+            try:
+                result = attempt()
+            except Exception as exc:
+                if not is_transient_db_error(exc):
+                    raise
+                failures += 1
+                self._outage.failed(operation, exc)
+                if wait(self._backoff(failures)):
+                    raise WorkerStopping(operation) from None
+                continue
+            self._outage.succeeded()
+            return result
 
     # -- claiming -------------------------------------------------------------------------------
 
     def claim(self) -> ClaimedJob | None:
-        """Take the oldest queued job, or one whose lease expired; ``None`` if there is none."""
+        """Take the oldest queued job, or one whose lease expired; ``None`` if there is none.
+
+        A job still leased to this worker is taken again too: this worker runs one job at a
+        time, so such a job is one whose claim committed although the commit's answer was lost,
+        or whose outcome could not be stored. Each claim counts as an attempt.
+        """
         lease = timedelta(seconds=self.settings.worker_lease_seconds)
         while True:
             with self.session_factory.begin() as session:
@@ -95,7 +272,13 @@ class Worker:
                     .where(
                         or_(
                             Release.status == "queued",
-                            and_(Release.status == "running", Release.lease_expires_at < now),
+                            and_(
+                                Release.status == "running",
+                                or_(
+                                    Release.lease_expires_at < now,
+                                    Release.lease_owner == self.worker_id,
+                                ),
+                            ),
                         )
                     )
                     .order_by(Release.created_at)
@@ -106,12 +289,10 @@ class Worker:
                     return None
                 if release.attempts >= self.settings.worker_max_attempts:
                     # The job keeps killing its workers; it may have read the data: no refund.
-                    self._finish(
-                        session,
-                        release,
-                        status="failed",
-                        reason="the release stopped its worker repeatedly and was abandoned",
-                    )
+                    # The lease names who decided, so the last runner cannot mistake this for
+                    # its own stored outcome.
+                    release.lease_owner = self.worker_id
+                    self._record(session, release, Outcome.failed(ABANDONED_REASON))
                     continue
                 dataset = session.get(Dataset, release.dataset_id)
                 release.status = "running"
@@ -139,6 +320,7 @@ class Worker:
                 .where(
                     Release.id == job.release_id,
                     Release.lease_owner == self.worker_id,
+                    Release.attempts == job.attempt,
                     Release.status == "running",
                 )
                 .values(
@@ -150,99 +332,152 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------------
 
-    def execute(self, job: ClaimedJob) -> MechanismOutput | str:
-        """Run the mechanism; returns its output, or a failure reason safe to show."""
+    def execute(self, job: ClaimedJob) -> Outcome:
+        """Run the mechanism and turn whatever happens into an :class:`Outcome` (never raises
+        an ``Exception``); see the module docstring for which faults are ``failed``."""
         mechanism = get_mechanism(job.mechanism)
         if mechanism is None:
-            return "this service no longer has the mechanism"
-        params = mechanism.parse_params(job.params)
+            return Outcome.failed(NO_MECHANISM_REASON)
+        try:
+            params = mechanism.parse_params(job.params)
+        except (ValidationError, InvalidParameter):
+            return Outcome.failed(REFUSED_AT_RUN_REASON)
         spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
-        data = self.store.open(job.file_name)  # type: ignore[arg-type]
-        return mechanism.run(data, spec, secure_generator())
+        if job.file_name is None:
+            return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+        try:
+            data = self.store.open(job.file_name)
+        except FileNotFoundError:
+            # Deleted between the claim and the open: nothing was read.
+            return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+        try:
+            return Outcome.of(mechanism.run(data, spec, secure_generator()))
+        except InvalidParameter:
+            return Outcome.failed(REFUSED_AT_RUN_REASON)
+        except Exception as exc:
+            log.error(
+                "BUG: release %s: mechanism %s raised %s; recorded as no_result",
+                job.release_id,
+                job.mechanism,
+                safe_traceback(exc),
+            )
+            return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
 
     def process(self, job: ClaimedJob) -> str:
         """Run a claimed job to the end and record the outcome; returns the final status."""
         if job.file_name is None or not self.store.exists(job.file_name):
-            return self.finish(
-                job, None, "the dataset was deleted before the release ran", refund=True
-            )
-        stop = threading.Event()
-        beat = threading.Thread(target=self._beat, args=(job, stop), daemon=True)
+            return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
+        done = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)
         beat.start()
         try:
-            outcome = self.execute(job)
-        except Exception as exc:
-            log.error("release %s failed: %s", job.release_id, safe_traceback(exc))
-            outcome = "internal error while running the mechanism"
+            outcome = self._execute_isolated(job) if self.isolate else self.execute(job)
         finally:
-            stop.set()
+            done.set()
             beat.join()
-        if isinstance(outcome, str):
-            return self.finish(job, None, outcome, refund=False)
-        return self.finish(job, outcome, None, refund=False)
+        if outcome is None:
+            return "unstored"
+        return self.finish(job, outcome)
 
-    def _beat(self, job: ClaimedJob, stop: threading.Event) -> None:
-        while not stop.wait(self.settings.worker_heartbeat_seconds):
+    def _execute_isolated(self, job: ClaimedJob) -> Outcome | None:
+        """:meth:`execute` in a forked child; ``None`` if the child died without an outcome."""
+        context = multiprocessing.get_context("fork")
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(
+            target=self._child, args=(job, receiver, sender, os.getpid()), daemon=True
+        )
+        child.start()
+        sender.close()
+        try:
+            # Waiting here holds no lock: the heartbeat thread runs whatever the child does.
+            outcome: Outcome = receiver.recv()
+        except EOFError:
+            child.join()
+            log.error(
+                "release %s: the run's process ended without an outcome (exit code %s); "
+                "the job is left to its lease",
+                job.release_id,
+                child.exitcode,
+            )
+            return None
+        finally:
+            receiver.close()
+        child.join()
+        return outcome
+
+    def _child(
+        self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
+    ) -> None:
+        _die_with_parent(parent)
+        # Only the parent reads: with this end closed here, a send to a dead parent fails
+        # instead of blocking on a full pipe.
+        receiver.close()
+        # The parent's pooled connections must never be used (or closed) from here.
+        bind = self.session_factory.kw.get("bind")
+        if isinstance(bind, Engine):
+            bind.dispose(close=False)
+        sender.send(self.execute(job))
+        sender.close()
+
+    def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
+        while not done.wait(self.settings.worker_heartbeat_seconds):
             try:
-                if not self.heartbeat(job):
-                    log.warning("release %s: lease lost", job.release_id)
-                    return
+                held = self.with_db_retry(
+                    "heartbeat",
+                    lambda: self.heartbeat(job),
+                    # The job's end (or a stop) ends a heartbeat's retries: finish takes over.
+                    lambda seconds: done.wait(seconds) or self.stop.is_set(),
+                )
+            except WorkerStopping:
+                return
             except Exception as exc:
-                log.warning("release %s: heartbeat failed: %s", job.release_id, safe_traceback(exc))
+                log.error("BUG: release %s: heartbeat: %s", job.release_id, safe_traceback(exc))
+                continue
+            if not held:
+                log.warning("release %s: lease lost", job.release_id)
+                return
 
     # -- finishing ------------------------------------------------------------------------------
 
-    def finish(
-        self, job: ClaimedJob, output: MechanismOutput | None, failure: str | None, *, refund: bool
-    ) -> str:
-        """Store the outcome if this worker still holds the lease; returns the status stored
-        (or ``"lost"`` when another worker now owns the job and this outcome is discarded)."""
+    def finish(self, job: ClaimedJob, outcome: Outcome) -> str:
+        """Store ``outcome`` if this worker still holds the lease, retrying while the database
+        is away. Returns the status stored, ``"lost"`` when another worker now owns the job
+        (this outcome is discarded), or ``"unstored"`` when a stop request or a non-transient
+        error ended the retries (the job runs again once its lease expires; :meth:`process`
+        also returns it when an isolated run died)."""
+        try:
+            return self.with_db_retry("finish", lambda: self._store(job, outcome))
+        except WorkerStopping:
+            log.warning("release %s: stopping before its outcome was stored", job.release_id)
+        except Exception as exc:
+            log.error("BUG: release %s: finish: %s", job.release_id, safe_traceback(exc))
+        return "unstored"
+
+    def _store(self, job: ClaimedJob, outcome: Outcome) -> str:
+        """One attempt at storing ``outcome`` (one transaction)."""
         with self.session_factory.begin() as session:
             release = session.execute(
                 select(Release).where(Release.id == job.release_id).with_for_update()
             ).scalar_one()
-            if release.status != "running" or release.lease_owner != self.worker_id:
+            ours = release.lease_owner == self.worker_id and release.attempts == job.attempt
+            if ours and release.status in FINISHED:
+                # An earlier attempt committed but its answer was lost on the way back.
+                return release.status
+            if release.status != "running" or not ours:
                 log.warning("release %s: lease lost, outcome discarded", job.release_id)
                 return "lost"
-            if output is None:
-                self._finish(session, release, status="failed", reason=failure, refund=refund)
-            elif output.no_result_reason is not None:
-                self._finish(
-                    session,
-                    release,
-                    status="no_result",
-                    reason=output.no_result_reason,
-                    extras=_json_safe(output.extras),
-                )
-            else:
-                self._finish(
-                    session,
-                    release,
-                    status="succeeded",
-                    basis=output.basis,
-                    extras=_json_safe(output.extras),
-                )
+            self._record(session, release, outcome)
             return release.status
 
-    def _finish(
-        self,
-        session: Session,
-        release: Release,
-        *,
-        status: str,
-        reason: str | None = None,
-        refund: bool = False,
-        basis: np.ndarray[Any, Any] | None = None,
-        extras: dict[str, Any] | None = None,
-    ) -> None:
-        release.status = status
-        release.reason = reason
+    def _record(self, session: Session, release: Release, outcome: Outcome) -> None:
+        release.status = outcome.status
+        release.reason = outcome.reason
         release.finished_at = utcnow()
         release.lease_expires_at = None
-        release.result_extras = extras
-        if basis is not None:
-            release.result_basis, release.result_shape, release.result_sha256 = encode_basis(basis)
-        if refund:
+        release.result_extras = outcome.extras
+        if outcome.basis is not None:
+            release.result_basis, release.result_shape, release.result_sha256 = outcome.basis
+        if outcome.refund:
             ledger.refund(session, release.dataset_id, release.id, release.epsilon, release.delta)
             release.refunded = True
         details: dict[str, Any] = {
@@ -252,13 +487,13 @@ class Worker:
             "attempts": release.attempts,
             "basis_sha256": release.result_sha256,
         }
-        if reason is not None:
-            details["reason"] = reason
-        if refund:
+        if outcome.reason is not None:
+            details["reason"] = outcome.reason
+        if outcome.refund:
             details["refunded"] = {"epsilon": release.epsilon, "delta": release.delta}
         audit.record(
             session,
-            f"release_{status}",
+            f"release_{outcome.status}",
             actor_key_id=None,
             dataset_id=release.dataset_id,
             release_id=release.id,
@@ -270,27 +505,34 @@ class Worker:
     def run_pending(self) -> int:
         """Process every claimable job now (tests, one-shot runs); returns how many ran."""
         count = 0
-        while (job := self.claim()) is not None:
+        while (job := self.with_db_retry("claim", self.claim)) is not None:
             self.process(job)
             count += 1
         return count
 
-    def run_forever(self, stop: threading.Event | None = None) -> None:
-        """Poll for jobs until ``stop`` is set."""
-        stop = stop or threading.Event()
+    def run_forever(self) -> None:
+        """Poll for jobs until :attr:`stop` is set. Nothing but the stop ends the loop: database
+        outages are waited out, and any other error is logged as a bug and the loop goes on."""
         log.info("worker %s started", self.worker_id)
-        while not stop.is_set():
+        while not self.stop.is_set():
             try:
-                job = self.claim()
+                job = self.with_db_retry("claim", self.claim)
+            except WorkerStopping:
+                break
             except Exception as exc:
-                log.error("claim failed: %s", safe_traceback(exc))
+                log.error("BUG: claim: %s", safe_traceback(exc))
                 job = None
             if job is None:
-                stop.wait(self.settings.worker_poll_seconds)
+                self.stop.wait(self.settings.worker_poll_seconds)
                 continue
             log.info(
                 "release %s: running %s (attempt %d)", job.release_id, job.mechanism, job.attempt
             )
-            status = self.process(job)
+            try:
+                status = self.process(job)
+            except Exception as exc:
+                log.error("BUG: release %s: %s", job.release_id, safe_traceback(exc))
+                self.stop.wait(self.settings.worker_poll_seconds)
+                continue
             log.info("release %s: %s", job.release_id, status)
         log.info("worker %s stopped", self.worker_id)

@@ -1,4 +1,5 @@
-"""Release jobs: claiming, leases, a killed worker's job completing once, refunds."""
+"""Release jobs: claiming, leases, a killed worker's job completing once, refunds, which
+faults are ``failed`` and which a charged ``no_result``, commits whose answer was lost."""
 
 from __future__ import annotations
 
@@ -11,14 +12,23 @@ import uuid
 from datetime import timedelta
 
 import numpy as np
+import psutil
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import OperationalError
 
 from service import auth
 from service.app import create_app
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
+from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
-from service.worker import Worker
+from service.worker import (
+    NO_MECHANISM_REASON,
+    NO_RELEASE_REASON,
+    REFUSED_AT_RUN_REASON,
+    Worker,
+)
 from tests.conftest import bearer, npy_bytes
 
 
@@ -53,8 +63,8 @@ def test_expired_lease_is_reclaimed_and_the_result_stored_once(
     assert retry is not None and retry.release_id == job.release_id and retry.attempt == 2
     assert second.process(retry) == "succeeded"
     # The first worker wakes up with an output: it no longer holds the lease, so it is dropped.
-    output = first.execute(job)
-    assert first.finish(job, output, None, refund=False) == "lost"
+    outcome = first.execute(job)
+    assert first.finish(job, outcome) == "lost"
     # Attempts are shown to owners only (a retry can follow a data-dependent crash).
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.owner)).json()
     assert body["status"] == "succeeded" and body["attempts"] == 2
@@ -90,9 +100,11 @@ def test_a_release_of_a_deleted_dataset_is_refunded(client, keys, upload_dataset
     assert "deleted" in body["reason"]
 
 
-def test_a_mechanism_crash_is_failed_charged_and_leaks_nothing(
+def test_a_mechanism_crash_is_a_charged_no_result_and_leaks_nothing(
     client, keys, upload_dataset, rng, run_worker, monkeypatch, caplog
 ):
+    """A data-dependent exception must not reach the status field: ``failed`` would tell a
+    row apart. It is logged as a bug (type and place only) and stored as the fixed no_result."""
     from service.mechanisms import analyze_gauss
 
     def crash(*_args, **_kwargs):
@@ -102,11 +114,131 @@ def test_a_mechanism_crash_is_failed_charged_and_leaks_nothing(
     dataset, release = queue_release(client, keys, upload_dataset, rng)
     run_worker()
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
-    assert body["status"] == "failed" and body["refunded"] is False
-    assert body["reason"] == "internal error while running the mechanism"
-    assert "0.123456" not in caplog.text and "ValueError" in caplog.text
+    assert body["status"] == "no_result" and body["refunded"] is False
+    assert body["reason"] == NO_RELEASE_REASON
+    assert "0.123456" not in caplog.text
+    assert "BUG" in caplog.text and "ValueError at " in caplog.text
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst)).json()
     assert budget["epsilon_spent"] == "0.2"
+
+
+@pytest.mark.parametrize("error", [MemoryError(), FloatingPointError("x"), np.linalg.LinAlgError()])
+def test_every_unexpected_exception_from_run_is_the_same_no_result(
+    client, keys, upload_dataset, rng, run_worker, monkeypatch, error
+):
+    from service.mechanisms import analyze_gauss
+
+    def crash(*_args, **_kwargs):
+        raise error
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", crash)
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"]) == ("no_result", NO_RELEASE_REASON)
+
+
+def test_a_refusal_missed_at_prepare_is_failed_and_charged(
+    client, keys, upload_dataset, rng, run_worker, monkeypatch
+):
+    from service.mechanisms import analyze_gauss
+
+    def refuse(*_args, **_kwargs):
+        raise InvalidParameter("k", "too large for this dataset")
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", refuse)
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"]) == ("failed", REFUSED_AT_RUN_REASON)
+    assert body["refunded"] is False
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"params": {"no_such_param": 1}}, REFUSED_AT_RUN_REASON),
+        ({"mechanism": "retired_mechanism"}, NO_MECHANISM_REASON),
+    ],
+)
+def test_data_independent_faults_before_the_run_are_failed(
+    client, keys, upload_dataset, rng, run_worker, session_factory, change, reason
+):
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    with session_factory.begin() as session:
+        session.execute(update(Release).values(**change))
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"], body["refunded"]) == ("failed", reason, False)
+
+
+def test_a_dataset_file_gone_between_claim_and_open_is_refunded(
+    client, keys, upload_dataset, rng, worker, store
+):
+    _, release = queue_release(client, keys, upload_dataset, rng)
+    job = worker.claim()
+    assert job is not None and job.file_name is not None
+    store.purge(job.file_name)
+    outcome = worker.execute(job)
+    assert (outcome.status, outcome.refund) == ("failed", True)
+    assert worker.finish(job, outcome) == "failed"
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["refunded"] is True
+
+
+class LostAnswer:
+    """Makes the first ``Worker._store`` commit and then fail as if the connection dropped
+    before the commit's answer arrived."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        original = Worker._store
+
+        def store_then_fail(worker, job, outcome):
+            self.calls += 1
+            status = original(worker, job, outcome)
+            if self.calls == 1:
+                raise OperationalError("COMMIT", {}, ConnectionError("connection closed"))
+            return status
+
+        monkeypatch.setattr(Worker, "_store", store_then_fail)
+
+
+@pytest.mark.parametrize("deleted", [False, True], ids=["succeeded", "refunded"])
+def test_a_finish_whose_commit_answer_was_lost_is_stored_once(
+    client, keys, upload_dataset, rng, session_factory, store, settings, monkeypatch, deleted
+):
+    settings.worker_db_retry_initial_seconds = 0.01
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
+    if deleted:
+        assert (
+            client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code
+            == 204
+        )
+    lost = LostAnswer(monkeypatch)
+    worker = Worker(session_factory, store, settings, worker_id="w")
+    assert worker.run_pending() == 1
+    assert lost.calls == 2
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == ("failed" if deleted else "succeeded")
+    kinds = ["charge", "refund"] if deleted else ["charge"]
+    with session_factory() as session:
+        assert sorted(session.scalars(select(LedgerEntry.kind))) == kinds
+    finished = AuditEvent.event_type.in_(["release_succeeded", "release_failed"])
+    assert count(session_factory, AuditEvent, finished) == 1
+
+
+def test_a_claim_whose_commit_answer_was_lost_is_taken_again_by_its_worker(
+    client, keys, upload_dataset, rng, session_factory, store, settings
+):
+    queue_release(client, keys, upload_dataset, rng)
+    worker = Worker(session_factory, store, settings, worker_id="w")
+    orphan = worker.claim()  # committed; suppose the worker never heard back
+    assert orphan is not None
+    assert Worker(session_factory, store, settings, worker_id="other").claim() is None
+    again = worker.claim()
+    assert again is not None and again.release_id == orphan.release_id and again.attempt == 2
+    assert worker.process(again) == "succeeded"
 
 
 def test_heartbeat_extends_the_lease_only_for_its_owner(
@@ -181,8 +313,14 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
             "worker never claimed the job"
         )
         killed_owner = status()[1]
+        # The run itself happens in a child of the worker: it must not outlive the worker.
+        assert _wait_for(lambda: psutil.Process(process.pid).children(), timeout=30)
+        runs = psutil.Process(process.pid).children()
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
+        assert _wait_for(lambda: not any(run.is_running() for run in runs), timeout=5), (
+            "the run outlived its killed worker"
+        )
     finally:
         if process.poll() is None:
             process.kill()
@@ -201,3 +339,96 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
             .where(AuditEvent.event_type == "release_succeeded")
         )
         assert session.scalar(succeeded) == 1
+
+
+def _seed_committed(factory, settings):
+    """Keys, a dataset and one queued release in a committed database; returns the release id."""
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+        _, analyst = auth.create_key(session, "analyst", "a", None)
+    data = np.random.default_rng(4).normal(size=(60, 5)) * 0.2
+    with TestClient(create_app(settings, session_factory=factory)) as client:
+        dataset = client.post(
+            "/v1/datasets",
+            headers=bearer(owner),
+            files={"file": ("x.npy", npy_bytes(data), "application/octet-stream")},
+            data={"name": "d", "epsilon_budget": "1", "delta_budget": "1e-5"},
+        ).json()
+        release = client.post(
+            f"/v1/datasets/{dataset['id']}/releases",
+            headers=bearer(analyst),
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.2", "delta": "1e-6",
+                  "params": {"clip_norm": 1.0}},
+        )  # fmt: skip
+        assert release.status_code == 202, release.text
+    return uuid.UUID(release.json()["id"])
+
+
+def _gil_holding_sum(seconds: float) -> int:
+    """How many terms make ``sum(range(n))`` (one C call: it never yields the interpreter
+    lock) last about ``seconds`` here."""
+    start = time.perf_counter()
+    sum(range(10**6))
+    per_term = (time.perf_counter() - start) / 10**6
+    return int(seconds / max(per_term, 1e-10))
+
+
+def test_an_isolated_run_holding_the_interpreter_lock_does_not_starve_the_heartbeat(
+    committed_db, settings, monkeypatch
+):
+    """SciPy's LAPACK wrappers hold the interpreter lock for a whole call: run in the worker's
+    own process, a long call stopped the heartbeat thread and the lease expired under a live
+    job (which then ran again, and was finally abandoned as failed)."""
+    from service.mechanisms import analyze_gauss
+
+    _, factory = committed_db
+    settings.worker_heartbeat_seconds = 0.05
+    settings.worker_lease_seconds = 60
+    release_id = _seed_committed(factory, settings)
+    terms = _gil_holding_sum(1.5)
+    original = analyze_gauss.analyze_gauss
+
+    def hold_the_lock(*args, **kwargs):
+        sum(range(terms))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", hold_the_lock)
+    beats: list[float] = []
+    real_heartbeat = Worker.heartbeat
+
+    def timed_heartbeat(self, job):
+        beats.append(time.monotonic())
+        return real_heartbeat(self, job)
+
+    monkeypatch.setattr(Worker, "heartbeat", timed_heartbeat)
+    store = DatasetStore(settings.datasets_dir)
+    worker = Worker(factory, store, settings, worker_id="isolated", isolate=True)
+    job = worker.claim()
+    assert job is not None and job.release_id == release_id
+    assert worker.process(job) == "succeeded"
+    longest = max(np.diff(beats), default=float("inf"))
+    assert len(beats) >= 10 and longest < 0.75, f"{len(beats)} beats, longest gap {longest} s"
+    with factory() as session:
+        assert session.get(Release, release_id).attempts == 1
+
+
+def test_an_isolated_run_that_kills_its_process_leaves_the_worker_and_the_job(
+    committed_db, settings, monkeypatch
+):
+    from service.mechanisms import analyze_gauss
+
+    _, factory = committed_db
+    release_id = _seed_committed(factory, settings)
+    monkeypatch.setattr(analyze_gauss, "analyze_gauss", lambda *_a, **_k: os._exit(9))
+    store = DatasetStore(settings.datasets_dir)
+    worker = Worker(factory, store, settings, worker_id="isolated", isolate=True)
+    job = worker.claim()
+    assert job is not None
+    assert worker.process(job) == "unstored"
+    # Nothing stored: the job is still this worker's, and counts as an attempt when retried.
+    retry = worker.claim()
+    assert retry is not None and (retry.release_id, retry.attempt) == (release_id, 2)
+    monkeypatch.undo()
+    assert worker.process(retry) == "succeeded"
+    with factory() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 1

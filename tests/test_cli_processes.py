@@ -1,0 +1,164 @@
+"""The service's processes: `dpss serve` leaves nothing behind when it is stopped, and
+`dpss api --workers N` serves from N processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from scripts.harness import free_port, wait_http
+
+ADMIN = "admin-secret-for-the-process-tests"
+
+
+def dpss(*args: str, env: dict[str, str], cwd: Path) -> subprocess.Popen[bytes]:
+    """``dpss ARGS`` in its own session: its process group holds everything it starts."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "service", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for process in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                members.append(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids among ``pids`` still running after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [pid for pid in pids if _running(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def children_running(pid: int, count: int, timeout: float = 30) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while True:
+        children = psutil.Process(pid).children(recursive=True)
+        if len(children) >= count or time.monotonic() > deadline:
+            return children
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def serve_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {**os.environ, "DPSS_DATA_DIR": str(tmp_path / "data"), "DPSS_ADMIN_API_KEY": ADMIN}
+    env.pop("DPSS_DATABASE_URL", None)
+    yield env
+
+
+def start_serve(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """`dpss serve` answering on a free port; returns it, its port and its worker's pid."""
+    port = free_port()
+    server = dpss("serve", "--port", str(port), env=env, cwd=cwd)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        workers = children_running(server.pid, 1)
+        assert len(workers) == 1, workers
+    except BaseException:
+        os.killpg(server.pid, signal.SIGKILL)
+        raise
+    return server, port, workers[0].pid
+
+
+@pytest.mark.parametrize(
+    "signum",
+    [
+        pytest.param(signal.SIGTERM, id="SIGTERM"),
+        # The same path (uvicorn re-raises either); slow only to keep the default run short.
+        pytest.param(signal.SIGINT, id="SIGINT", marks=pytest.mark.slow),
+    ],
+)
+def test_serve_stops_its_worker_on_a_signal(
+    serve_env: dict[str, str], tmp_path: Path, signum: int
+) -> None:
+    server, _, worker_pid = start_serve(serve_env, tmp_path)
+    try:
+        server.send_signal(signum)
+        server.wait(timeout=20)
+        left = wait_gone([worker_pid], timeout=5) + group_members(server.pid)
+        assert left == [], f"processes left after {signum.name}: {left}"
+        # It still ends as the signal would have ended it.
+        assert server.returncode == -signum
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_serve_leaves_no_worker_behind(serve_env: dict[str, str], tmp_path: Path) -> None:
+    """SIGKILL gives serve no chance to clean up: the worker notices its parent is gone."""
+    server, _, worker_pid = start_serve(serve_env, tmp_path)
+    try:
+        server.kill()
+        server.wait(timeout=10)
+        assert wait_gone([worker_pid], timeout=10) == [], "the worker outlived a killed serve"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_api_with_two_workers_serves_from_two_processes(
+    committed_db: tuple[str, object], tmp_path: Path
+) -> None:
+    url, _ = committed_db
+    env = {
+        **os.environ,
+        "DPSS_DATA_DIR": str(tmp_path / "data"),
+        "DPSS_DATABASE_URL": url,
+        "DPSS_ADMIN_API_KEY": ADMIN,
+    }
+    port = free_port()
+    api = dpss("api", "--workers", "2", "--port", str(port), env=env, cwd=tmp_path)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        # Both processes start, bootstrap nothing twice and stay up.
+        children = children_running(api.pid, 3)
+        servers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
+        assert len(servers) == 2, [p.cmdline() for p in children]
+        headers = {"Authorization": f"Bearer {ADMIN}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers) as client:
+            made = [
+                client.post("/v1/keys", json={"role": "analyst", "name": f"a{i}"})
+                for i in range(10)
+            ]
+            assert [response.status_code for response in made] == [201] * 10
+            keys = client.get("/v1/keys").json()
+            assert len([key for key in keys if key["role"] == "admin"]) == 1
+        assert all(process.is_running() for process in servers)
+        api.send_signal(signal.SIGTERM)
+        api.wait(timeout=30)
+        assert wait_gone([process.pid for process in servers], timeout=5) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(api.pid, signal.SIGKILL)
