@@ -111,7 +111,8 @@ def test_error_cases_log_no_secret_body_message_or_parameter(
         delta="1e-6",
     )
     assert run_worker() == 1
-    assert fetch_release(client, keys.owner, release_id)["status"] == "failed"
+    # A mechanism that raises is a bug: logged, and recorded as a charged no_result.
+    assert fetch_release(client, keys.owner, release_id)["status"] == "no_result"
 
     # Forced internal errors: one with a message, one a SQL error carrying its parameters.
     def raising(session, principal, release_id):
