@@ -21,9 +21,9 @@ from service.mechanisms.friendly_aggregate import (
     friend_counts,
     friendly_aggregate,
     friendly_weights,
-    gram_distances,
     mean_sensitivity,
     min_feasible_t,
+    pairwise_distances,
     projection_distances,
     ptr_feasible,
     radius_grid,
@@ -187,11 +187,11 @@ def test_given_radius_skips_search_and_splits_eps_in_halves(
 # The building blocks
 
 
-def test_gram_distances_match_direct() -> None:
+def test_pairwise_distances_match_direct() -> None:
     rng = np.random.default_rng(7)
     points = rng.standard_normal((30, 12))
     direct = np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
-    assert np.allclose(gram_distances(points - points.mean(axis=0)), direct, atol=1e-12)
+    assert np.allclose(pairwise_distances(points - points.mean(axis=0)), direct, atol=1e-12)
 
 
 def test_projection_distances_match_direct() -> None:
@@ -199,7 +199,7 @@ def test_projection_distances_match_direct() -> None:
     bases = np.stack([np.linalg.qr(rng.standard_normal((9, 3)))[0] for _ in range(25)])
     proj = np.einsum("tdk,tek->tde", bases, bases)
     direct = np.linalg.norm(proj[:, None] - proj[None, :], axis=(2, 3))
-    assert np.allclose(projection_distances(bases, block_floats=100), direct, atol=1e-12)
+    assert np.allclose(projection_distances(bases), direct, atol=1e-12)
 
 
 def test_reference_embeddings_are_projected_points() -> None:
@@ -220,7 +220,7 @@ def test_reference_embeddings_are_projected_points() -> None:
 def test_friendly_weights_ramp() -> None:
     # t = 8, b = 2: weight (c - 5)/2 clipped
     line = np.array([[0.0], [0.1], [0.2], [0.3], [0.4], [0.5], [3.0], [9.0]])
-    dist = gram_distances(line)
+    dist = pairwise_distances(line)
     counts = friend_counts(dist, 0.35)
     assert counts.tolist() == [4, 5, 6, 6, 5, 4, 1, 1]
     weights = friendly_weights(dist, 0.35, 2.0)
@@ -233,7 +233,7 @@ def test_friendly_weights_ramp() -> None:
 
 
 def _weights_mean(points: np.ndarray, radius: float, b: float) -> tuple[np.ndarray, float, Any]:
-    w = friendly_weights(gram_distances(points), radius, b)
+    w = friendly_weights(pairwise_distances(points), radius, b)
     total = float(w.sum())
     return w, total, (w @ points / total if total > 0 else None)
 
@@ -245,7 +245,7 @@ def _violation(points: np.ndarray, moved: np.ndarray, b: float) -> tuple[float, 
     w2, total2, mean2 = _weights_mean(moved, 1.0, b)
     weight_ratio = abs(total - total2) / weight_sensitivity(t, b)
     positive = np.concatenate([points[w > 0], moved[w2 > 0]])
-    spread = float(gram_distances(positive).max()) / 2.0 if positive.shape[0] > 1 else 0.0
+    spread = float(pairwise_distances(positive).max()) / 2.0 if positive.shape[0] > 1 else 0.0
     if mean is None or mean2 is None:
         return 0.0, weight_ratio, spread
     mean_ratio = float(np.linalg.norm(mean - mean2)) * total / mean_sensitivity(1.0, t, b, 1.0)
