@@ -36,6 +36,7 @@ from service.mechanisms.base import (
 from service.mechanisms.linalg import FloatArray, top_k_eigh
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace
 from service.mechanisms.sample_aggregate import (
+    allowance,
     embeddings_bytes,
     fallback_basis,
     partition_and_bases,
@@ -210,6 +211,9 @@ BLOCK_FLOATS = 1 << 20
 #: Points per chunk when the weighted mean is accumulated.
 MEAN_CHUNK_FLOATS = 1 << 20
 
+#: Points per tile of the direct-difference distances (rows x columns).
+ROW_TILE, COL_TILE = 16, 32
+
 BlockFn = Callable[[int, int], FloatArray]
 
 
@@ -226,8 +230,20 @@ def reference_distance_block(points: FloatArray) -> BlockFn:
     points : (t, p) array
     """
 
+    t = points.shape[0]
+
     def block(start: int, stop: int) -> FloatArray:
-        return np.asarray(cdist(points[start:stop], points[start:]), dtype=np.float64)
+        out = np.zeros((stop - start, t - start), dtype=np.float64)
+        # Tiles of ROW_TILE x COL_TILE points keep both tiles in cache while every pair of them
+        # is computed (about twice as fast as whole rows at q d = 10^4); tiles left of the
+        # diagonal are skipped (the block's square part is symmetrised from its upper half).
+        for r0 in range(start, stop, ROW_TILE):
+            r1 = min(stop, r0 + ROW_TILE)
+            rows = points[r0:r1]
+            for c0 in range(r0, t, COL_TILE):
+                c1 = min(t, c0 + COL_TILE)
+                out[r0 - start : r1 - start, c0 - start : c1 - start] = cdist(rows, points[c0:c1])
+        return out
 
     return block
 
@@ -475,6 +491,43 @@ def above_threshold(
     return int(above[0]) if above.size else None
 
 
+def search_radius(
+    block: BlockFn,
+    t: int,
+    radii: FloatArray,
+    eps0: float,
+    rng: np.random.Generator,
+    *,
+    rows: int,
+    workers: int = 1,
+) -> tuple[int | None, FloatArray]:
+    """The private radius search: AboveThreshold over ``W(r_i)``, smallest radius first.
+
+    Queries ``W(r_i)`` (sensitivity ``Delta_W``: the counts come from per-pair distances, so one
+    moved point changes its own weight by at most 1 and each other weight by at most ``1/b``)
+    against the threshold ``0.75 t``, ``eps0``-DP.
+
+    Parameters
+    ----------
+    block : distance blocks of the ``t`` points
+    radii : (R,) ascending grid
+    eps0 : float
+
+    Returns
+    -------
+    stop : int or None
+        Index of the first radius above the noisy threshold, ``None`` when none is.
+    weights : (t, R) array
+        The weights at every radius (so the chosen one needs no second pass).
+    """
+    b = ramp_width(t)
+    counts = count_friends(block, t, radii, rows=rows, workers=workers)
+    weights = weights_from_counts(counts, t, b)
+    totals = np.array([total_weight(column) for column in weights.T])
+    sens = weight_sensitivity(t, b)
+    return above_threshold(totals, THRESHOLD_FRACTION * t, sens, eps0, rng), weights
+
+
 def friendly_aggregate(
     data: npt.NDArray[Any],
     k: int,
@@ -535,14 +588,11 @@ def friendly_aggregate(
     radius_exponent: int | None = None
     if radius is None:
         radii = radius_grid(r_max, steps)
-        counts = count_friends(block, t, radii, rows=rows, workers=workers)
-        weights_by_radius = weights_from_counts(counts, t, b)
-        totals = np.array([total_weight(column) for column in weights_by_radius.T])
-        radius_index = above_threshold(totals, THRESHOLD_FRACTION * t, sens_w, split.eps0, rng)
-        if radius_index is None:
-            radius_index = steps  # r = r_max
-        else:
-            radius_exponent = steps - radius_index
+        stop, weights_by_radius = search_radius(
+            block, t, radii, split.eps0, rng, rows=rows, workers=workers
+        )
+        radius_index = steps if stop is None else stop  # none above: r = r_max
+        radius_exponent = None if stop is None else steps - stop
         radius = float(radii[radius_index])
         weights = weights_by_radius[:, radius_index].copy()
     else:
@@ -589,10 +639,11 @@ def friendly_memory_bytes(
     The partition (``n`` permutation indices and ``t m`` kept), then the larger of: the subset
     step (:func:`subset_bases_bytes`); the distance step, which holds the bases, the points
     (``t q d`` and the reference points; projections: the stacked bases), per worker one block
-    of distances with its bins, indexed bins, the later columns' indexed bins and a histogram
-    of counts, and the counts and weights of every radius; the release step (a chunk of
-    points and its differences, the mean, noise and noisy estimate, the SVD's factors; for
-    projections the used bases twice more and five ``d x d`` matrices).
+    of distances with its bins and one indexed copy of them (projections: also the ``k x k``
+    cross products and their squares), and the counts and weights of every radius; the
+    release step (a chunk of points and its differences, the mean, noise and noisy estimate,
+    the SVD's factors; for projections the used bases three more times and seven ``d x d``
+    matrices). Plus :func:`allowance`.
     """
     m = n // t
     qq = 2 * k if q is None else q
@@ -603,20 +654,23 @@ def friendly_memory_bytes(
     counts = 8 * t * (n_radii + 1) * (workers + 3) + 8 * 2 * t * n_radii
     if aggregator == "reference_points":
         rows = block_rows(t)
+        workers = min(workers, -(-t // rows))
         held = bases + embeddings_bytes(t, qq, d, k)
-        per_worker = 8 * (4 * rows * t + 2 * rows * rows)
+        # a block of distances, its bins and one indexed copy of them (the symmetrising
+        # temporaries, 2 rows^2, come and go before the bins exist)
+        per_worker = 8 * 3 * rows * t
         p = qq * d
         chunk = max(1, MEAN_CHUNK_FLOATS // p) * p
         release = 8 * (2 * chunk + 6 * p + qq * qq + qq)
     else:
         rows = block_rows(t, k * k)
         held = 2 * bases
-        per_worker = 8 * (2 * rows * k * t * k + 3 * rows * t + 2 * rows * rows)
+        per_worker = 8 * (2 * rows * k * t * k + 3 * rows * t)
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
     distance_step = held + counts + workers * per_worker
     release_step = held + counts + release
-    return partition + max(subset_step, distance_step, release_step)
+    return allowance(partition + max(subset_step, distance_step, release_step))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from service.mechanisms.base import (
 from service.mechanisms.linalg import FloatArray, subspace_distance
 from service.mechanisms.noise import laplace
 from service.mechanisms.sample_aggregate import (
+    allowance,
     embeddings_bytes,
     random_partition,
     reference_embeddings,
@@ -380,7 +381,7 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         partition = 8 * (2 * n + t * m)  # the permutation and the partition (and its copy)
         bases_step = subset_bases_bytes(t, m, d, k)
         histogram_step = 8 * t * d * k + embeddings_bytes(t, q, d, k) + 8 * 5 * t * q * d
-        return boost + partition + max(bases_step, histogram_step)
+        return allowance(boost + partition + max(bases_step, histogram_step))
 
     def run(
         self,
