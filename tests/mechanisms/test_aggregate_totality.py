@@ -69,7 +69,7 @@ def _all_mechanisms(data: np.ndarray, k: int, seed: int) -> None:
 def _base(n: int, d: int, k: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     basis = np.linalg.qr(rng.standard_normal((d, k)))[0]
-    return rng.standard_normal((n, k)) @ basis.T + 1e-6 * rng.standard_normal((n, d))
+    return np.asarray(rng.standard_normal((n, k)) @ basis.T + 1e-6 * rng.standard_normal((n, d)))
 
 
 @pytest.mark.parametrize("value", [1e200, -1e300, BIG, 1e-300, 5e-324, 0.0], ids=lambda v: f"{v:g}")
