@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from service.mechanisms import friendly_aggregate as fa
 from service.mechanisms.analyze_gauss import analyze_gauss
@@ -555,3 +557,126 @@ def test_audit_passes_long() -> None:
 def test_analytic_sigma_reused_from_noise_module() -> None:
     """The mechanism calibrates with the shared analytic Gaussian, not a private copy."""
     assert fa.analytic_gaussian_sigma is analytic_gaussian_sigma
+
+
+# ---------------------------------------------------------------------------------------------
+# Floating point: W moves by at most Delta_W on adversarial neighbouring pairs
+#
+# Before the fix, distances came from a Gram matrix of points centred on the mean of all of
+# them: one far point moved the centre and so the rounding of every other pair's distance, and
+# at a small radius W moved by 27 against Delta_W = 4.9. Now each distance is a direct
+# difference of its two points, and the radius is floored at a public fraction of r_max.
+
+W_EPS, W_DELTA = 4.0, 1e-3
+
+
+def _computed_weight(data: np.ndarray, radius: float, q: int, seed: int) -> tuple[float, float]:
+    """``(W, Delta_W)`` as the mechanism computes them, read through its PTR step with the
+    Laplace noise set to zero (``W_low = W - (Delta_W/eps1) ln(1/(2 delta1))``); one-row subsets
+    (``t = n``, ``k = 1``), the radius given."""
+    t = data.shape[0]
+    split = budget_split(W_EPS, W_DELTA, radius_given=True)
+    sens = weight_sensitivity(t, ramp_width(t))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fa, "laplace", lambda scale, rng, size=None: np.zeros(size) if size else 0.0)
+        result = friendly_aggregate(
+            data, 1, W_EPS, W_DELTA, np.random.default_rng(seed), t=t, q=q, radius=radius
+        )
+    return result.weight_low + (sens / split.eps1) * math.log(1 / (2 * split.delta1)), sens
+
+
+@st.composite
+def neighbouring_rows(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, float, int, int]:
+    """A cluster of directions around ``u0`` at a spread from 1e-14 to 1e-3 (some rows exact
+    duplicates), one row far from the rest, rows optionally rescaled to huge or tiny norms
+    (directions are what counts); the neighbour replaces the far row or any row by a far one,
+    a duplicate, a near one or a huge one; the radius is near the spread or anywhere from
+    1e-300 up."""
+    d = draw(st.integers(2, 3))
+    t = draw(st.integers(8, 60))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    u0 = rng.standard_normal(d)
+    spread = 10.0 ** draw(st.floats(-14, -3))
+    rows = u0 + spread * rng.standard_normal((t, d))
+    rows[rng.random(t) < draw(st.floats(0, 0.5))] = u0
+    far = draw(st.integers(0, t - 1))
+    rows[far] = rng.standard_normal(d)
+    if draw(st.booleans()):
+        rows *= 2.0 ** rng.integers(-900, 900, (t, 1))
+    neighbour = rows.copy()
+    replaced = far if draw(st.booleans()) else draw(st.integers(0, t - 1))
+    neighbour[replaced] = draw(
+        st.sampled_from(
+            [rng.standard_normal(d), u0, u0 + spread * rng.standard_normal(d), -u0 * 1e200]
+        )
+    )
+    radius = draw(
+        st.one_of(
+            st.floats(-1, 1).map(lambda e: spread * 10.0**e),
+            st.sampled_from([1e-300, 1e-12, 1e-9, 3e-8, 1e-6, 1e-2, 1.0]),
+        )
+    )
+    return rows, neighbour, radius, draw(st.integers(1, 2)), seed
+
+
+def _check_weight_pair(case: tuple[np.ndarray, np.ndarray, float, int, int]) -> None:
+    data, neighbour, radius, q, seed = case
+    w, sens = _computed_weight(data, radius, q, seed)
+    w_neighbour, _ = _computed_weight(neighbour, radius, q, seed)
+    assert abs(w - w_neighbour) <= sens * (1 + 1e-9), (w, w_neighbour, sens)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(neighbouring_rows())
+def test_property_computed_weight_moves_by_at_most_delta_w(
+    case: tuple[np.ndarray, np.ndarray, float, int, int],
+) -> None:
+    _check_weight_pair(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(neighbouring_rows())
+def test_property_computed_weight_moves_by_at_most_delta_w_long(
+    case: tuple[np.ndarray, np.ndarray, float, int, int],
+) -> None:
+    _check_weight_pair(case)
+
+
+def test_distances_of_a_pair_do_not_depend_on_other_points() -> None:
+    """Bit for bit: moving one point far away leaves every other pair's distance unchanged,
+    at any scale of the points."""
+    rng = np.random.default_rng(40)
+    for scale in (1e-150, 1.0, 1e150):
+        points = scale * (1.0 + 1e-9 * rng.standard_normal((30, 7)))
+        moved = points.copy()
+        moved[4] = scale * 1e6 * rng.standard_normal(7)
+        before, after = pairwise_distances(points), pairwise_distances(moved)
+        keep = np.arange(30) != 4
+        assert np.array_equal(before[np.ix_(keep, keep)], after[np.ix_(keep, keep)])
+
+
+def test_blocked_counts_match_the_full_matrix() -> None:
+    """count_friends over blocks and threads equals counting on the full distance matrix."""
+    rng = np.random.default_rng(41)
+    points = rng.standard_normal((97, 5)) * rng.choice([1e-6, 1.0], (97, 1))
+    radii = radius_grid(4.0, 20)
+    full = pairwise_distances(points)
+    expected = np.stack([friend_counts(full, r) for r in radii], axis=1)
+    block = fa.reference_distance_block(points)
+    for rows, workers in ((97, 1), (10, 1), (7, 3)):
+        counts = fa.count_friends(block, 97, radii, rows=rows, workers=workers)
+        assert np.array_equal(counts, expected)
+
+
+def test_radius_floor_applies_to_given_and_searched_radii() -> None:
+    data, _ = near_subspace(2000, 6, 1, 0.0, seed=42)
+    given_ = friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(43), t=100, radius=1e-300)
+    r_max = given_.radius * 2.0**fa.RADIUS_STEPS
+    assert given_.radius == fa.radius_floor(r_max, "reference_points")
+    assert 1e-8 * r_max <= given_.radius <= 2e-8 * r_max
+    searched = friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(43), t=100)
+    assert searched.radius >= given_.radius
+    assert radius_grid(1.0)[0] == fa.radius_floor(1.0, "reference_points")
+    assert radius_grid(1.0, fa.PROJECTION_RADIUS_STEPS)[0] == fa.radius_floor(1.0, "projection")
