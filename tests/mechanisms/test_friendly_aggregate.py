@@ -37,6 +37,7 @@ from service.mechanisms.friendly_aggregate import (
 from service.mechanisms.linalg import subspace_distance
 from service.mechanisms.noise import analytic_gaussian_sigma, gaussian_delta
 from service.mechanisms.sample_aggregate import (
+    partition_and_bases,
     random_partition,
     reference_embeddings,
     reference_points,
@@ -680,3 +681,120 @@ def test_radius_floor_applies_to_given_and_searched_radii() -> None:
     assert searched.radius >= given_.radius
     assert radius_grid(1.0)[0] == fa.radius_floor(1.0, "reference_points")
     assert radius_grid(1.0, fa.PROJECTION_RADIUS_STEPS)[0] == fa.radius_floor(1.0, "projection")
+
+
+# ---------------------------------------------------------------------------------------------
+# Audits of the radius search alone and of the full pipeline (search + PTR + Gaussian)
+
+
+CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 53, math.radians(16.6), 4.0, 1e-3
+#: ``r* = r_max / 2`` on the projection grid (``r_max = sqrt(2)``): where the pair straddles
+#: AboveThreshold's threshold.
+CONE_EXPONENT = 1
+
+
+def _cone_pair() -> tuple[np.ndarray, np.ndarray]:
+    """A worst case for ``W(r*)`` with one-row subsets in R^3 (``U_j`` = the row's direction,
+    projector distances ``sqrt(2) sin(angle)``).
+
+    Row 0 is ``e3``; the other ``t - 1`` rows lie on the cone of half-angle 16.6 degrees around
+    it at equally spaced azimuths, so at ``r* = sqrt(2)/2`` row 0 is everyone's friend and each
+    cone row sees 69% of the others: every weight is on the ramp. The neighbour moves row 0 to
+    ``e1``, out of everyone's reach at ``r*``: its weight drops from 1 to 0 and every other
+    weight by ``1/b``, so ``W(r*)`` drops by exactly ``Delta_W``, from ``T + 2.46`` to
+    ``T - 2.46`` (``T = 0.75 t``). Below ``r*`` no weight is positive; at ``r_max`` all are 1.
+    """
+    cone = CONE_T - 1
+    phi = 2 * np.pi * np.arange(cone) / cone
+    ring = np.c_[
+        np.sin(CONE_THETA) * np.cos(phi),
+        np.sin(CONE_THETA) * np.sin(phi),
+        np.full(cone, np.cos(CONE_THETA)),
+    ]
+    data = np.vstack([[0.0, 0.0, 1.0], ring])
+    neighbour = data.copy()
+    neighbour[0] = [1.0, 0.0, 0.0]
+    return data, neighbour
+
+
+def _cone_totals(rows: np.ndarray) -> np.ndarray:
+    """``W(r_i)`` over the projection grid, through the mechanism's own counting."""
+    bases = (rows / np.linalg.norm(rows, axis=1, keepdims=True))[:, :, None]
+    radii = radius_grid(math.sqrt(2.0), fa.PROJECTION_RADIUS_STEPS)
+    counts = fa.count_friends(fa.projection_distance_block(bases), CONE_T, radii, rows=CONE_T)
+    weights = fa.weights_from_counts(counts, CONE_T, ramp_width(CONE_T))
+    return np.array([fa.total_weight(column) for column in weights.T])
+
+
+def test_cone_pair_is_tight_and_straddles_the_search_threshold() -> None:
+    data, neighbour = _cone_pair()
+    totals, totals_nb = _cone_totals(data), _cone_totals(neighbour)
+    star = fa.PROJECTION_RADIUS_STEPS - CONE_EXPONENT
+    threshold = fa.THRESHOLD_FRACTION * CONE_T
+    sens = weight_sensitivity(CONE_T, ramp_width(CONE_T))
+    assert totals[star] - totals_nb[star] == pytest.approx(sens)  # tight for Delta_W
+    assert totals_nb[star] + 2 < threshold < totals[star] - 2
+    assert np.all(totals[:star] == 0) and np.all(totals_nb[:star] == 0)
+    assert totals[-1] == totals_nb[-1] == CONE_T
+
+
+def _search_only(rows: np.ndarray, rng: np.random.Generator) -> bool:
+    """The radius search alone (``eps0 = eps/4``), as ``friendly_aggregate`` runs it on the
+    subsets' bases; the event is "stopped at ``r*``"."""
+    _, bases = partition_and_bases(rows, CONE_T, 1, rng)
+    split = budget_split(CONE_EPS, CONE_DELTA, radius_given=False)
+    radii = radius_grid(math.sqrt(2.0), fa.PROJECTION_RADIUS_STEPS)
+    block = fa.projection_distance_block(bases)
+    stop, _ = fa.search_radius(block, CONE_T, radii, split.eps0, rng, rows=CONE_T)
+    return stop == fa.PROJECTION_RADIUS_STEPS - CONE_EXPONENT
+
+
+def _full_pipeline(rows: np.ndarray, rng: np.random.Generator) -> bool:
+    """The whole mechanism (search, PTR, Gaussian release); the event is "a basis released at
+    radius ``r*``" (the radius is part of the release)."""
+    result = friendly_aggregate(
+        rows, 1, CONE_EPS, CONE_DELTA, rng, t=CONE_T, aggregator="projection"
+    )
+    return result.basis is not None and result.radius_exponent == CONE_EXPONENT
+
+
+def _cone_audit(mechanism: Any, runs: int, seed: int) -> float:
+    data, neighbour = _cone_pair()
+    return audit(mechanism, data, neighbour, bool, runs, CONE_DELTA, seed=seed).eps_lower_bound
+
+
+def _divide_noise_by_ten(patch: pytest.MonkeyPatch) -> None:
+    real_laplace, real_sigma = fa.laplace, fa.analytic_gaussian_sigma
+    patch.setattr(fa, "laplace", lambda scale, rng, size=None: real_laplace(scale / 10, rng, size))
+    patch.setattr(fa, "analytic_gaussian_sigma", lambda *args: real_sigma(*args) / 10)
+
+
+SEARCH_EPS0 = CONE_EPS / 4
+
+
+def test_search_audit_passes() -> None:
+    assert _cone_audit(_search_only, runs=800, seed=50) <= SEARCH_EPS0
+
+
+def test_search_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    _divide_noise_by_ten(monkeypatch)
+    assert _cone_audit(_search_only, runs=800, seed=51) > SEARCH_EPS0
+
+
+def test_full_pipeline_audit_passes() -> None:
+    assert _cone_audit(_full_pipeline, runs=800, seed=52) <= CONE_EPS
+
+
+def test_full_pipeline_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    _divide_noise_by_ten(monkeypatch)
+    assert _cone_audit(_full_pipeline, runs=800, seed=53) > CONE_EPS
+
+
+@pytest.mark.slow
+def test_search_audit_passes_long() -> None:
+    assert _cone_audit(_search_only, runs=20_000, seed=54) <= SEARCH_EPS0
+
+
+@pytest.mark.slow
+def test_full_pipeline_audit_passes_long() -> None:
+    assert _cone_audit(_full_pipeline, runs=20_000, seed=55) <= CONE_EPS
