@@ -158,6 +158,42 @@ def mean_sensitivity(radius: float, t: int, b: float, weight: float) -> float:
     return radius * (4.0 * (t - 1) / b + 6.0) / weight
 
 
+#: Relative allowance for rounding in the reference-point route: a computed distance is within
+#: ``(q d + 3) eps_machine`` (relative) of the distance of the computed points, and the computed
+#: mean (:func:`weighted_mean`) within ``eps_machine r_max + 3 t eps_machine r`` of the exact
+#: one, which is below ``6e-6 D`` for ``t <= 10^4`` at the radius floor (``D >= 14 r/t``).
+REFERENCE_ROUNDING = 2.0**-16
+
+
+def projection_rounding(d: int, k: int) -> float:
+    """Public bound on the absolute rounding of a computed projector distance,
+    ``4 k sqrt(d eps_machine)`` (each of the ``k^2`` entries of ``U_j^T U_l`` is a length-``d``
+    dot product; the squared distance is a difference of sums of their squares)."""
+    return 4.0 * k * math.sqrt(d * float(np.finfo(np.float64).eps))
+
+
+def projection_mean_rounding(d: int, k: int, t: int) -> float:
+    """Public bound on the Frobenius rounding of the computed ``sum_j w_j U_j U_j^T / W`` on
+    both neighbours together: ``2 d t k^2 eps_machine``."""
+    return 2.0 * d * t * k * k * float(np.finfo(np.float64).eps)
+
+
+def calibrated_sensitivity(
+    radius: float, t: int, b: float, weight: float, aggregator: Aggregator, d: int, k: int
+) -> float:
+    """The ``D`` the Gaussian noise is calibrated for: :func:`mean_sensitivity` at the radius
+    plus the public rounding allowances of the computed distances and mean.
+
+    A computed distance ``<= r`` only guarantees a distance ``<= r (1 + 2^-16)`` between the
+    computed points (reference points) or ``<= r + projection_rounding(d, k)`` (projections),
+    so the ``2r`` argument runs with that radius; the projection mean's own rounding is added.
+    """
+    if aggregator == "reference_points":
+        return mean_sensitivity(radius * (1.0 + REFERENCE_ROUNDING), t, b, weight)
+    inflated = mean_sensitivity(radius + projection_rounding(d, k), t, b, weight)
+    return inflated + projection_mean_rounding(d, k, t)
+
+
 def weight_lower_bound(noisy_weight: float, sens: float, eps1: float, delta1: float) -> float:
     """``W_low = W_hat - (Delta_W/eps1) ln(1/(2 delta1))``, so ``P[W_low > W] = delta1``."""
     return noisy_weight - (sens / eps1) * math.log(1.0 / (2.0 * delta1))
@@ -249,13 +285,15 @@ def reference_distance_block(points: FloatArray) -> BlockFn:
 
 
 def projection_distance_block(bases: FloatArray) -> BlockFn:
-    """``(start, stop) -> ||U_j U_j^T - U_l U_l^T||_F = sqrt(2k - 2 ||U_j^T U_l||_F^2)``.
+    """``(start, stop) -> ||U_j U_j^T - U_l U_l^T||_F``, as
+    ``sqrt(||U_j^T U_j||_F^2 + ||U_l^T U_l||_F^2 - 2 ||U_j^T U_l||_F^2)``.
 
     For ``j in [start, stop)``, ``l in [start, t)``, from the ``k x k`` cross products of the
     stacked bases (one matrix product per block, never the ``d x d`` projectors): each entry of
     ``U_j^T U_l`` is a dot product of a column of ``U_j`` and one of ``U_l``, so the computed
-    distance is a function of the pair alone. Its absolute error is ``~ sqrt(eps_machine k)``
-    (``~ 2e-8 r_max`` measured at ``d = 1000``), hence the higher radius floor of this aggregator.
+    distance is a function of the pair alone. Its absolute error is at most
+    :func:`projection_rounding` (``~ 2e-8 r_max`` measured at ``d = 1000``), hence the higher
+    radius floor of this aggregator and the allowance in :func:`calibrated_sensitivity`.
 
     Parameters
     ----------
@@ -263,11 +301,14 @@ def projection_distance_block(bases: FloatArray) -> BlockFn:
     """
     t, d, k = bases.shape
     stacked = np.ascontiguousarray(bases.transpose(1, 0, 2).reshape(d, t * k))
+    # ||U_j U_j^T||_F^2 = ||U_j^T U_j||_F^2 of the computed basis itself (k only up to its
+    # loss of orthogonality), so the formula is exact for the projectors the mean averages.
+    self_overlap = np.square(np.matmul(bases.transpose(0, 2, 1), bases)).sum(axis=(1, 2))
 
     def block(start: int, stop: int) -> FloatArray:
         cross = stacked[:, start * k : stop * k].T @ stacked[:, start * k :]
         overlap = np.square(cross.reshape(stop - start, k, t - start, k)).sum(axis=(1, 3))
-        dist2 = 2.0 * k - 2.0 * overlap
+        dist2 = self_overlap[start:stop, None] + self_overlap[None, start:] - 2.0 * overlap
         np.maximum(dist2, 0.0, out=dist2)
         return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
 
@@ -606,7 +647,8 @@ def friendly_aggregate(
     if w_low < weight_floor(sens_w):
         return FriendlyResult(None, radius, radius_exponent, w_low, None)
 
-    sigma = analytic_gaussian_sigma(mean_sensitivity(radius, t, b, w_low), split.eps2, split.delta2)
+    sens_mean = calibrated_sensitivity(radius, t, b, w_low, aggregator, d, k)
+    sigma = analytic_gaussian_sigma(sens_mean, split.eps2, split.delta2)
     if points is not None:
         mean = weighted_mean(points, weights, total)
         noisy = mean + rng.normal(0.0, sigma, size=mean.shape)

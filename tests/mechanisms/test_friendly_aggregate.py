@@ -163,7 +163,10 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     ]
     (sens, eps2, delta2) = gauss_args[0]
     assert (eps2, delta2) == (eps / 2, delta / 2)
-    assert sens == pytest.approx(mean_sensitivity(result.radius, t, t / 4, result.weight_low))
+    expected = mean_sensitivity(result.radius, t, t / 4, result.weight_low)
+    # ALGORITHMS.md M6's D, plus the stated allowance of 2^-16 for rounding (reference points)
+    assert sens == pytest.approx(expected * (1 + 2.0**-16), rel=1e-12)
+    assert sens > expected
     # analytic Gaussian property: the sigma used meets the bound and 0.99 sigma does not
     assert gaussian_delta(result.noise_sigma, sens, eps2) <= delta2
     assert gaussian_delta(0.99 * result.noise_sigma, sens, eps2) > delta2
@@ -798,3 +801,19 @@ def test_search_audit_passes_long() -> None:
 @pytest.mark.slow
 def test_full_pipeline_audit_passes_long() -> None:
     assert _cone_audit(_full_pipeline, runs=20_000, seed=55) <= CONE_EPS
+
+
+def test_projection_calibration_covers_its_rounding() -> None:
+    """The projection route's D adds the public rounding bounds, and they dominate what the
+    computed distances actually show (identical and nearly identical bases, d = 1000, k = 5)."""
+    rng = np.random.default_rng(60)
+    u = np.linalg.qr(rng.standard_normal((1000, 5)))[0]
+    bases = np.stack([np.linalg.qr(u + s * rng.standard_normal((1000, 5)))[0] for s in (0, 1e-9)])
+    exact = np.linalg.norm(bases[0] @ bases[0].T - bases[1] @ bases[1].T)
+    computed = projection_distances(np.concatenate([bases, bases]))
+    assert np.all(np.abs(computed[:2, 2:] - np.array([[0, exact], [exact, 0]])) < 1e-7)
+    bound = fa.projection_rounding(1000, 5)
+    assert np.abs(computed[0, 1] - exact) < bound / 10
+    d_cal = fa.calibrated_sensitivity(1e-4, 400, 100.0, 300.0, "projection", 1000, 5)
+    assert d_cal >= mean_sensitivity(1e-4 + bound, 400, 100.0, 300.0)
+    assert d_cal < 1.1 * mean_sensitivity(1e-4, 400, 100.0, 300.0)
