@@ -9,6 +9,29 @@ most ``r (4(t-1)/b + 6)/W``; PTR releases ``W_low``, a lower bound on ``W`` exce
 ``delta1`` (``(eps1, 0)`` for the Laplace count), and Gaussian noise for ``D = r(4(t-1)/b+6)/W_low``
 is ``(eps2, delta2)``-DP on the good event, exactly as M2. Total ``(eps0+eps1+eps2, delta1+delta2)``
 ``= (eps, delta)``; everything after the noisy mean is post-processing.
+
+What the guarantee assumes in floating point (and how the code meets it):
+
+* One row moves one *computed* ``y_j``. Each subset's rows are scaled by a power of two of their
+  own before its Gram matrix or SVD, and a subset LAPACK cannot decompose gets the fixed public
+  basis ``e_1..e_k`` (``sample_aggregate``); so ``U_j`` and ``y_j`` depend on subset ``j`` alone,
+  and no finite input raises (1e-300 to 1e300, zero and duplicate rows).
+* ``|W - W'| <= Delta_W`` for the *computed* weights. Every distance is a per-pair formula: direct
+  differences ``||y_j - y_l||`` (scipy's ``cdist``, in tiles and blocks; never centred on a global
+  mean, never through a Gram matrix of all points), or for projections the ``k x k`` cross
+  products of the pair; counts are integers and ``W`` is summed exactly rounded (``math.fsum``).
+  One moved point changes only the distances of its own pairs, as in the real-number argument.
+* The mean's sensitivity. Radii are floored at ``r_max 2^-26`` (projections ``r_max 2^-17``), far
+  above the rounding of the distances, and the noise is calibrated for ``D`` at the radius
+  inflated by a public rounding allowance (``2^-16`` relative; projections: an absolute bound on
+  the distance rounding and the mean's rounding), see :func:`calibrated_sensitivity`.
+* What remains: the samplers are the textbook ones on doubles (see ``noise.py``), so the result
+  is the idealised guarantee for the computed points, not a proof for floating-point noise.
+  With ``W = 0`` passing PTR (probability ``<= delta1``) the mean is the public zero vector, and a
+  noisy estimate LAPACK cannot decompose gets the public fallback basis: both never raise.
+
+Memory is bounded by :func:`friendly_memory_bytes` (a function of ``n, d, k`` and params): the
+points ``t q d``, blocks of distances, and integer counts ``t x 27``, never a ``t x t`` matrix.
 """
 
 from __future__ import annotations

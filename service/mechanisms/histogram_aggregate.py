@@ -11,6 +11,16 @@ histogram is ``(eps, delta)``-DP; the cell's point and its top-k subspace are po
 Boosting runs this on disjoint groups of rows (parallel composition) and selects among the
 outputs (post-processing). Cost: exactly ``(eps, delta)``.
 
+Floating point and totality: each subset's rows are scaled by a power of two of their own
+before its Gram matrix or SVD, and a subset LAPACK cannot decompose gets the fixed public basis
+``e_1..e_k`` (``sample_aggregate``), so a computed ``y_j`` depends on subset ``j`` alone and one
+row still changes one point. A point's cell is a function of that point alone (indices clamped
+to ``+-2^62`` so that a tiny width cannot overflow), so the histogram's sensitivity is exact
+in floating point. The released basis comes from a power-of-two-scaled SVD of the cell's point,
+with the public fallback if it cannot be decomposed (only for widths near the largest double).
+No finite input raises. Memory: :meth:`HistogramAggregate.memory_bytes`, from ``n, d, k`` and
+params. The noise samplers are the textbook ones on doubles (see ``noise.py``).
+
 Choices the paper leaves open (fixed here)
 ------------------------------------------
 * ``c2`` of the width rule ``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` is
@@ -347,7 +357,15 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
                     f"{needed} (short by {needed - ctx.n_rows}); raise epsilon or delta"
                     + ("" if n_groups == 1 else " or boost_beta"),
                 )
-        return params.model_copy(update={"t": t, "q": q})
+        resolved = params.model_copy(update={"t": t, "q": q})
+        width, _ = self.cell_width_for(resolved, ctx.n_rows, ctx.n_cols, k)
+        if not 0.0 < width < math.inf:
+            raise InvalidParameter(
+                "gamma",
+                f"gives a cell width of {width:g}: the width must be a positive finite number "
+                "(use a smaller gamma, or give cell_width)",
+            )
+        return resolved
 
     @staticmethod
     def cell_width_for(
