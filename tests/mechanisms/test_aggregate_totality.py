@@ -198,6 +198,7 @@ def _measured_peak(mech: Any, data: np.ndarray, spec: ReleaseSpec[Any]) -> int:
     [
         (FRIENDLY, FriendlyAggregateParams(), 12_000, 60),
         (FRIENDLY, FriendlyAggregateParams(t=600, q=8, radius=0.5), 12_000, 200),
+        (FRIENDLY, FriendlyAggregateParams(t=2400), 12_000, 20),
         (FRIENDLY, FriendlyAggregateParams(aggregator="projection"), 12_000, 150),
         (HISTOGRAM, HistogramAggregateParams(gamma=1e-6), 20_000, 40),
         (HISTOGRAM, HistogramAggregateParams(cell_width=1e-3, t=100), 20_000, 300),
@@ -208,7 +209,15 @@ def _measured_peak(mech: Any, data: np.ndarray, spec: ReleaseSpec[Any]) -> int:
             30,
         ),
     ],
-    ids=["friendly", "friendly-radius", "friendly-projection", "hist", "hist-wide", "hist-boost"],
+    ids=[
+        "friendly",
+        "friendly-radius",
+        "friendly-blocks",
+        "friendly-projection",
+        "hist",
+        "hist-wide",
+        "hist-boost",
+    ],
 )
 def test_memory_estimate_bounds_a_measured_run(mech: Any, params: Any, n: int, d: int) -> None:
     data = _base(n, d, 2, seed=10)
