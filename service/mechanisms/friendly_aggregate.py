@@ -9,17 +9,44 @@ most ``r (4(t-1)/b + 6)/W``; PTR releases ``W_low``, a lower bound on ``W`` exce
 ``delta1`` (``(eps1, 0)`` for the Laplace count), and Gaussian noise for ``D = r(4(t-1)/b+6)/W_low``
 is ``(eps2, delta2)``-DP on the good event, exactly as M2. Total ``(eps0+eps1+eps2, delta1+delta2)``
 ``= (eps, delta)``; everything after the noisy mean is post-processing.
+
+What the guarantee assumes in floating point (and how the code meets it):
+
+* One row moves one *computed* ``y_j``. Each subset's rows are scaled by a power of two of their
+  own before its Gram matrix or SVD, and a subset LAPACK cannot decompose gets the fixed public
+  basis ``e_1..e_k`` (``sample_aggregate``); so ``U_j`` and ``y_j`` depend on subset ``j`` alone,
+  and no finite input raises (1e-300 to 1e300, zero and duplicate rows).
+* ``|W - W'| <= Delta_W`` for the *computed* weights. Every distance is a per-pair formula: direct
+  differences ``||y_j - y_l||`` (scipy's ``cdist``, in tiles and blocks; never centred on a global
+  mean, never through a Gram matrix of all points), or for projections the ``k x k`` cross
+  products of the pair; counts are integers and ``W`` is summed exactly rounded (``math.fsum``).
+  One moved point changes only the distances of its own pairs, as in the real-number argument.
+* The mean's sensitivity. Radii are floored at ``r_max 2^-26`` (projections ``r_max 2^-17``), far
+  above the rounding of the distances, and the noise is calibrated for ``D`` at the radius
+  inflated by a public rounding allowance (``2^-16`` relative; projections: an absolute bound on
+  the distance rounding and the mean's rounding), see :func:`calibrated_sensitivity`.
+* What remains: the samplers are the textbook ones on doubles (see ``noise.py``), so the result
+  is the idealised guarantee for the computed points, not a proof for floating-point noise.
+  With ``W = 0`` passing PTR (probability ``<= delta1``) the mean is the public zero vector, and a
+  noisy estimate LAPACK cannot decompose gets the public fallback basis: both never raise.
+
+Memory is bounded by :func:`friendly_memory_bytes` (a function of ``n, d, k`` and params): the
+points ``t q d``, blocks of distances, and integer counts ``t x 27``, never a ``t x t`` matrix.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import Field
+from scipy.spatial.distance import cdist
 
 from service.mechanisms.base import (
     InvalidParameter,
@@ -29,12 +56,18 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.linalg import FloatArray, top_k_eigh, top_right_singular_vectors
+from service.mechanisms.linalg import FloatArray, top_k_eigh
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace
 from service.mechanisms.sample_aggregate import (
+    allowance,
+    embeddings_bytes,
+    fallback_basis,
     partition_and_bases,
+    power_of_two_exponents,
     reference_embeddings,
     reference_points,
+    safe_top_right_singular_vectors,
+    subset_bases_bytes,
 )
 
 Aggregator = Literal["reference_points", "projection"]
@@ -50,12 +83,17 @@ MAX_POINT_FLOATS = 250_000_000
 #: The projection aggregator averages ``d x d`` matrices: ``d^2`` memory, ``d^3`` for the final
 #: eigendecomposition and ``d^2`` noise coordinates; above this ``d`` use ``reference_points``.
 PROJECTION_MAX_D = 1000
-#: Radii searched: ``r_i = r_max 2^{-i}`` for ``i = RADIUS_STEPS, ..., 1, 0`` (smallest first).
-#: ``2^{-32} ~ 2.3e-10`` of ``r_max`` is far below any spread that subsets of real data show and
-#: near the floating-point resolution of Gram-based distances; every extra radius is one more
-#: chance for AboveThreshold to stop spuriously (the noise does not grow with the number of
-#: queries, but the number of noisy comparisons does), so the grid stops there.
-RADIUS_STEPS = 32
+#: Radii searched: ``r_i = r_max 2^{-i}`` for ``i = RADIUS_STEPS, ..., 1, 0`` (smallest first),
+#: and the public floor on any radius (given or searched): ``r_max 2^{-26} ~ 1.5e-8 r_max``, the
+#: first power of two above ``1e-8 r_max``. It is far above the rounding of the direct-difference
+#: distances (a few ``eps_machine`` relative) and of the weighted mean (``~ eps_machine r_max``),
+#: so a distance compared with the radius, and the mean whose sensitivity is proportional to
+#: it, are not dominated by rounding. Every extra radius is also one more chance for
+#: AboveThreshold to stop spuriously, so the grid stops there.
+RADIUS_STEPS = 26
+#: The same for the projection aggregator, whose distances ``sqrt(2k - 2||U_j^T U_l||_F^2)``
+#: carry an absolute rounding of ``~ 2e-8 r_max``: floor ``r_max 2^{-17} ~ 7.6e-6 r_max``.
+PROJECTION_RADIUS_STEPS = 17
 #: AboveThreshold stops at the first radius whose total weight exceeds this fraction of ``t``.
 THRESHOLD_FRACTION = 0.75
 
@@ -143,6 +181,42 @@ def mean_sensitivity(radius: float, t: int, b: float, weight: float) -> float:
     return radius * (4.0 * (t - 1) / b + 6.0) / weight
 
 
+#: Relative allowance for rounding in the reference-point route: a computed distance is within
+#: ``(q d + 3) eps_machine`` (relative) of the distance of the computed points, and the computed
+#: mean (:func:`weighted_mean`) within ``eps_machine r_max + 3 t eps_machine r`` of the exact
+#: one, which is below ``6e-6 D`` for ``t <= 10^4`` at the radius floor (``D >= 14 r/t``).
+REFERENCE_ROUNDING = 2.0**-16
+
+
+def projection_rounding(d: int, k: int) -> float:
+    """Public bound on the absolute rounding of a computed projector distance,
+    ``4 k sqrt(d eps_machine)`` (each of the ``k^2`` entries of ``U_j^T U_l`` is a length-``d``
+    dot product; the squared distance is a difference of sums of their squares)."""
+    return 4.0 * k * math.sqrt(d * float(np.finfo(np.float64).eps))
+
+
+def projection_mean_rounding(d: int, k: int, t: int) -> float:
+    """Public bound on the Frobenius rounding of the computed ``sum_j w_j U_j U_j^T / W`` on
+    both neighbours together: ``2 d t k^2 eps_machine``."""
+    return 2.0 * d * t * k * k * float(np.finfo(np.float64).eps)
+
+
+def calibrated_sensitivity(
+    radius: float, t: int, b: float, weight: float, aggregator: Aggregator, d: int, k: int
+) -> float:
+    """The ``D`` the Gaussian noise is calibrated for: :func:`mean_sensitivity` at the radius
+    plus the public rounding allowances of the computed distances and mean.
+
+    A computed distance ``<= r`` only guarantees a distance ``<= r (1 + 2^-16)`` between the
+    computed points (reference points) or ``<= r + projection_rounding(d, k)`` (projections),
+    so the ``2r`` argument runs with that radius; the projection mean's own rounding is added.
+    """
+    if aggregator == "reference_points":
+        return mean_sensitivity(radius * (1.0 + REFERENCE_ROUNDING), t, b, weight)
+    inflated = mean_sensitivity(radius + projection_rounding(d, k), t, b, weight)
+    return inflated + projection_mean_rounding(d, k, t)
+
+
 def weight_lower_bound(noisy_weight: float, sens: float, eps1: float, delta1: float) -> float:
     """``W_low = W_hat - (Delta_W/eps1) ln(1/(2 delta1))``, so ``P[W_low > W] = delta1``."""
     return noisy_weight - (sens / eps1) * math.log(1.0 / (2.0 * delta1))
@@ -185,66 +259,202 @@ def radius_grid(r_max: float, steps: int = RADIUS_STEPS) -> FloatArray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Friendly averaging
+# Friendly averaging: distances by direct differences, counts in blocks
 
 
-def gram_distances(points: FloatArray) -> FloatArray:
-    """All pairwise distances ``||y_j - y_l||`` from one Gram matrix.
+#: The distance step runs on this many threads at most (scipy's distance kernels release the
+#: GIL); the memory estimate assumes all of them are busy.
+MAX_DISTANCE_WORKERS = 4
+#: Entries of one block of distances (``rows x columns``) a worker holds at once: 8 MB.
+BLOCK_FLOATS = 1 << 20
+#: Points per chunk when the weighted mean is accumulated.
+MEAN_CHUNK_FLOATS = 1 << 20
+
+#: Points per tile of the direct-difference distances (rows x columns).
+ROW_TILE, COL_TILE = 16, 32
+
+BlockFn = Callable[[int, int], FloatArray]
+
+
+def reference_distance_block(points: FloatArray) -> BlockFn:
+    """``(start, stop) -> ||y_j - y_l||`` for ``j in [start, stop)``, ``l in [start, t)``.
+
+    Direct differences: ``sqrt(sum_c (y_jc - y_lc)^2)`` pair by pair (scipy's ``cdist``, which
+    subtracts, squares and sums each pair's coordinates in a fixed order). A computed distance
+    is therefore a function of the two points alone: no centring, no Gram matrix, no norm of
+    any other point enters it, and its relative error is a few units of ``eps_machine``.
 
     Parameters
     ----------
     points : (t, p) array
-        Distances are translation-invariant, so pass the points centred (e.g. at their mean):
-        the Gram route loses ``~ eps_machine ||y||^2`` in each squared distance.
-
-    Returns
-    -------
-    (t, t) array, symmetric, zero diagonal.
     """
-    gram = points @ points.T
-    sq = np.diagonal(gram).copy()
-    dist2 = sq[:, None] + sq[None, :] - 2.0 * gram
-    np.maximum(dist2, 0.0, out=dist2)
-    np.fill_diagonal(dist2, 0.0)
-    return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
+
+    t = points.shape[0]
+
+    def block(start: int, stop: int) -> FloatArray:
+        out = np.zeros((stop - start, t - start), dtype=np.float64)
+        # Tiles of ROW_TILE x COL_TILE points keep both tiles in cache while every pair of them
+        # is computed (about twice as fast as whole rows at q d = 10^4); tiles left of the
+        # diagonal are skipped (the block's square part is symmetrised from its upper half).
+        for r0 in range(start, stop, ROW_TILE):
+            r1 = min(stop, r0 + ROW_TILE)
+            rows = points[r0:r1]
+            for c0 in range(r0, t, COL_TILE):
+                c1 = min(t, c0 + COL_TILE)
+                out[r0 - start : r1 - start, c0 - start : c1 - start] = cdist(rows, points[c0:c1])
+        return out
+
+    return block
 
 
-def projection_distances(bases: FloatArray, *, block_floats: int = 4_000_000) -> FloatArray:
-    """``||U_j U_j^T - U_l U_l^T||_F = sqrt(2k - 2 ||U_j^T U_l||_F^2)`` for all pairs.
+def projection_distance_block(bases: FloatArray) -> BlockFn:
+    """``(start, stop) -> ||U_j U_j^T - U_l U_l^T||_F``, as
+    ``sqrt(||U_j^T U_j||_F^2 + ||U_l^T U_l||_F^2 - 2 ||U_j^T U_l||_F^2)``.
 
-    Uses the ``(t k) x (t k)`` Gram matrix of the stacked bases in row blocks, never the
-    ``t x d^2`` stacked projectors: time ``O(t^2 k^2 d)``, memory ``O(t d k + block)``.
+    For ``j in [start, stop)``, ``l in [start, t)``, from the ``k x k`` cross products of the
+    stacked bases (one matrix product per block, never the ``d x d`` projectors): each entry of
+    ``U_j^T U_l`` is a dot product of a column of ``U_j`` and one of ``U_l``, so the computed
+    distance is a function of the pair alone. Its absolute error is at most
+    :func:`projection_rounding` (``~ 2e-8 r_max`` measured at ``d = 1000``), hence the higher
+    radius floor of this aggregator and the allowance in :func:`calibrated_sensitivity`.
 
     Parameters
     ----------
     bases : (t, d, k) array
+    """
+    t, d, k = bases.shape
+    stacked = np.ascontiguousarray(bases.transpose(1, 0, 2).reshape(d, t * k))
+    # ||U_j U_j^T||_F^2 = ||U_j^T U_j||_F^2 of the computed basis itself (k only up to its
+    # loss of orthogonality), so the formula is exact for the projectors the mean averages.
+    self_overlap = np.square(np.matmul(bases.transpose(0, 2, 1), bases)).sum(axis=(1, 2))
+
+    def block(start: int, stop: int) -> FloatArray:
+        cross = stacked[:, start * k : stop * k].T @ stacked[:, start * k :]
+        overlap = np.square(cross.reshape(stop - start, k, t - start, k)).sum(axis=(1, 3))
+        dist2 = self_overlap[start:stop, None] + self_overlap[None, start:] - 2.0 * overlap
+        np.maximum(dist2, 0.0, out=dist2)
+        return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
+
+    return block
+
+
+def block_rows(t: int, width: int = 1) -> int:
+    """Rows per block so that a ``rows x t`` block of ``width`` floats each fits
+    :data:`BLOCK_FLOATS`."""
+    return max(1, min(t, BLOCK_FLOATS // max(1, t * width)))
+
+
+def _square_part_symmetric(dist: FloatArray) -> None:
+    """Within a block's own rows, use the ``j <= l`` value for both orders and 0 on the
+    diagonal, so the pair ``(j, l)`` has one computed distance (in place)."""
+    rows = dist.shape[0]
+    square = dist[:, :rows]
+    upper = np.triu(square, 1)
+    square[...] = upper + upper.T
+
+
+def count_friends(
+    block: BlockFn, t: int, radii: FloatArray, *, rows: int, workers: int = 1
+) -> npt.NDArray[np.int64]:
+    """``c_j(r_i) = #{l : dist(j, l) <= r_i}`` (``j`` itself included) for every radius.
+
+    Each unordered pair's distance is computed once, in the block of the smaller index, and
+    counted for both points; only integer counts leave a block, so memory is
+    ``O(workers rows t + t R)`` whatever ``t``, and the counts do not depend on the blocking or
+    on the threads' schedule.
+
+    Parameters
+    ----------
+    block : callable ``(start, stop) -> (stop - start, t - start)`` distances
+    t : int
+    radii : (R,) ascending array
+    rows : int
+        Rows per block.
+    workers : int
+        Threads (blocks are dealt round-robin; each worker keeps its own counts).
 
     Returns
     -------
-    (t, t) array, symmetric, zero diagonal.
+    (t, R) int array
     """
-    t, d, k = bases.shape
-    stacked = bases.transpose(1, 0, 2).reshape(d, t * k)
-    overlap = np.empty((t, t), dtype=np.float64)
-    per_block = max(1, block_floats // (t * k * k))
-    for start in range(0, t, per_block):
-        stop = min(t, start + per_block)
-        cross = stacked[:, start * k : stop * k].T @ stacked
-        overlap[start:stop] = np.square(cross.reshape(stop - start, k, t, k)).sum(axis=(1, 3))
-    dist2 = 2.0 * k - 2.0 * overlap
-    dist2 = 0.5 * (dist2 + dist2.T)
-    np.maximum(dist2, 0.0, out=dist2)
-    np.fill_diagonal(dist2, 0.0)
-    return np.asarray(np.sqrt(dist2), dtype=np.float64)
+    n_radii = radii.shape[0]
+    starts = list(range(0, t, rows))
+
+    def work(mine: list[int]) -> npt.NDArray[np.int64]:
+        # bins[j, l] = smallest i with dist <= radii[i] (n_radii: beyond every radius)
+        hist = np.zeros((t, n_radii + 1), dtype=np.int64)
+        for start in mine:
+            stop = min(t, start + rows)
+            dist = block(start, stop)
+            _square_part_symmetric(dist)
+            bins = np.searchsorted(radii, dist, side="left")
+            size = stop - start
+            offsets = np.arange(size, dtype=np.int64)[:, None] * (n_radii + 1)
+            hist[start:stop] += np.bincount(
+                (bins + offsets).ravel(), minlength=size * (n_radii + 1)
+            ).reshape(size, n_radii + 1)
+            if stop < t:
+                later = bins[:, size:]
+                offsets = np.arange(t - stop, dtype=np.int64)[None, :] * (n_radii + 1)
+                hist[stop:] += np.bincount(
+                    (later + offsets).ravel(), minlength=(t - stop) * (n_radii + 1)
+                ).reshape(t - stop, n_radii + 1)
+        return hist
+
+    shares = [starts[w::workers] for w in range(max(1, min(workers, len(starts))))]
+    if len(shares) == 1:
+        hist = work(shares[0])
+    else:
+        with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+            hist = sum(pool.map(work, shares), np.zeros((t, n_radii + 1), dtype=np.int64))
+    return np.asarray(np.cumsum(hist, axis=1)[:, :n_radii], dtype=np.int64)
+
+
+def distance_workers() -> int:
+    """Threads for the distance step: the CPUs this process may use, at most
+    :data:`MAX_DISTANCE_WORKERS` (the counts are the same for any number)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DISTANCE_WORKERS, cpus))
+
+
+def pairwise_distances(points: FloatArray) -> FloatArray:
+    """All distances ``||y_j - y_l||`` by direct differences, as a ``(t, t)`` array (tests and
+    small ``t``; the mechanism itself only keeps counts)."""
+    t = points.shape[0]
+    block = reference_distance_block(points)(0, t)
+    _square_part_symmetric(block)
+    return block
+
+
+def projection_distances(bases: FloatArray) -> FloatArray:
+    """All projector distances as a ``(t, t)`` array (tests and small ``t``)."""
+    t = bases.shape[0]
+    block = projection_distance_block(bases)(0, t)
+    _square_part_symmetric(block)
+    return block
 
 
 def friend_counts(distances: FloatArray, radius: float) -> npt.NDArray[np.int64]:
-    """``c_j = #{l : ||y_j - y_l|| <= r}``, the point itself included."""
+    """``c_j = #{l : ||y_j - y_l|| <= r}``, the point itself included, from a full matrix."""
     return np.asarray(np.count_nonzero(distances <= radius, axis=1), dtype=np.int64)
 
 
+def weights_from_counts(counts: npt.NDArray[np.int64], t: int, b: float) -> FloatArray:
+    """``w_j = clip((c_j - t/2 - 1)/b, 0, 1)`` elementwise (any shape of counts)."""
+    return np.asarray(np.clip((counts - t / 2.0 - 1.0) / b, 0.0, 1.0), dtype=np.float64)
+
+
+def total_weight(weights: FloatArray) -> float:
+    """``W = sum_j w_j``, correctly rounded (``math.fsum``): the sum's rounding cannot add to
+    ``|W - W'|`` beyond one rounding of each side."""
+    return math.fsum(weights.tolist())
+
+
 def friendly_weights(distances: FloatArray, radius: float, b: float) -> FloatArray:
-    """``w_j = clip((c_j - t/2 - 1)/b, 0, 1)``.
+    """``w_j = clip((c_j - t/2 - 1)/b, 0, 1)`` from a full distance matrix.
 
     Parameters
     ----------
@@ -258,8 +468,64 @@ def friendly_weights(distances: FloatArray, radius: float, b: float) -> FloatArr
     (t,) array of weights in ``[0, 1]``.
     """
     t = distances.shape[0]
-    counts = friend_counts(distances, radius).astype(np.float64)
-    return np.asarray(np.clip((counts - t / 2.0 - 1.0) / b, 0.0, 1.0), dtype=np.float64)
+    return weights_from_counts(friend_counts(distances, radius), t, b)
+
+
+def radius_steps(aggregator: Aggregator) -> int:
+    """Grid depth: the floor ``r_max 2^{-steps}`` of each aggregator's distances."""
+    return RADIUS_STEPS if aggregator == "reference_points" else PROJECTION_RADIUS_STEPS
+
+
+def radius_floor(r_max: float, aggregator: Aggregator) -> float:
+    """Public floor on any radius used: ``r_max 2^{-26} ~ 1.5e-8 r_max`` (reference points),
+    ``r_max 2^{-17} ~ 7.6e-6 r_max`` (projections); the smallest point of the search grid."""
+    return float(r_max * 2.0 ** -radius_steps(aggregator))
+
+
+def weighted_mean(points: FloatArray, weights: FloatArray, total: float) -> FloatArray:
+    """``mu = sum_j w_j y_j / W``, accumulated as ``y_a + sum_j w_j (y_j - y_a) / W``.
+
+    ``y_a`` is the first point of positive weight; every positive-weight point is within
+    ``2r`` of it, so the rounding of the sum is ``O(t eps_machine r)`` plus one rounding of
+    ``y_a`` (``eps_machine r_max``), not ``O(t eps_machine r_max)``. Memory: one chunk of points.
+    With ``W = 0`` (possible only in PTR's bad event) the mean is the public zero vector.
+
+    Parameters
+    ----------
+    points : (t, p) array
+    weights : (t,) array
+    total : float
+
+    Returns
+    -------
+    (p,) array
+    """
+    used = np.flatnonzero(weights > 0)
+    if used.size == 0 or not total > 0:
+        return np.zeros(points.shape[1], dtype=np.float64)
+    anchor = points[used[0]]
+    acc = np.zeros(points.shape[1], dtype=np.float64)
+    chunk = max(1, MEAN_CHUNK_FLOATS // points.shape[1])
+    for start in range(0, used.size, chunk):
+        idx = used[start : start + chunk]
+        acc += weights[idx] @ (points[idx] - anchor)
+    return np.asarray(anchor + acc / total, dtype=np.float64)
+
+
+def safe_top_k_eigh(matrix: FloatArray, k: int) -> FloatArray:
+    """Top-k eigenvectors of a symmetric matrix, or :func:`fallback_basis` if LAPACK fails or
+    returns non-finite vectors (total on every input; the matrix is scaled by a power of two)."""
+    d = matrix.shape[0]
+    if not np.all(np.isfinite(matrix)):
+        return fallback_basis(d, k)
+    scaled = np.ldexp(matrix, -power_of_two_exponents(matrix[None])[0])
+    try:
+        _, vectors = top_k_eigh(scaled, k)
+    except (np.linalg.LinAlgError, ValueError):
+        return fallback_basis(d, k)
+    if not np.all(np.isfinite(vectors)):
+        return fallback_basis(d, k)
+    return vectors
 
 
 def above_threshold(
@@ -287,6 +553,43 @@ def above_threshold(
     query_noise = laplace(4.0 * sensitivity / epsilon, rng, size=answers.shape[0])
     above = np.flatnonzero(answers + query_noise >= noisy_threshold)
     return int(above[0]) if above.size else None
+
+
+def search_radius(
+    block: BlockFn,
+    t: int,
+    radii: FloatArray,
+    eps0: float,
+    rng: np.random.Generator,
+    *,
+    rows: int,
+    workers: int = 1,
+) -> tuple[int | None, FloatArray]:
+    """The private radius search: AboveThreshold over ``W(r_i)``, smallest radius first.
+
+    Queries ``W(r_i)`` (sensitivity ``Delta_W``: the counts come from per-pair distances, so one
+    moved point changes its own weight by at most 1 and each other weight by at most ``1/b``)
+    against the threshold ``0.75 t``, ``eps0``-DP.
+
+    Parameters
+    ----------
+    block : distance blocks of the ``t`` points
+    radii : (R,) ascending grid
+    eps0 : float
+
+    Returns
+    -------
+    stop : int or None
+        Index of the first radius above the noisy threshold, ``None`` when none is.
+    weights : (t, R) array
+        The weights at every radius (so the chosen one needs no second pass).
+    """
+    b = ramp_width(t)
+    counts = count_friends(block, t, radii, rows=rows, workers=workers)
+    weights = weights_from_counts(counts, t, b)
+    totals = np.array([total_weight(column) for column in weights.T])
+    sens = weight_sensitivity(t, b)
+    return above_threshold(totals, THRESHOLD_FRACTION * t, sens, eps0, rng), weights
 
 
 def friendly_aggregate(
@@ -334,50 +637,105 @@ def friendly_aggregate(
     sens_w = weight_sensitivity(t, b)
 
     points: FloatArray | None = None
-    centre: FloatArray | None = None
     if aggregator == "reference_points":
         ref = reference_points(2 * k if q is None else q, d, rng)
         points = reference_embeddings(bases, ref)
-        centre = points.mean(axis=0)
-        points -= centre
-        distances = gram_distances(points)
         r_max = float(np.linalg.norm(ref))
+        block = reference_distance_block(points)
+        rows, workers = block_rows(t), distance_workers()
     else:
-        distances = projection_distances(bases)
+        block = projection_distance_block(bases)
         r_max = math.sqrt(2.0 * k)
+        rows, workers = block_rows(t, k * k), 1
+    steps = radius_steps(aggregator)
 
     radius_exponent: int | None = None
     if radius is None:
-        radii = radius_grid(r_max)
-        totals = np.array([friendly_weights(distances, r, b).sum() for r in radii])
-        radius_index = above_threshold(totals, THRESHOLD_FRACTION * t, sens_w, split.eps0, rng)
-        if radius_index is not None:
-            radius = float(radii[radius_index])
-            radius_exponent = RADIUS_STEPS - radius_index
-        else:
-            radius = r_max
+        radii = radius_grid(r_max, steps)
+        stop, weights_by_radius = search_radius(
+            block, t, radii, split.eps0, rng, rows=rows, workers=workers
+        )
+        radius_index = steps if stop is None else stop  # none above: r = r_max
+        radius_exponent = None if stop is None else steps - stop
+        radius = float(radii[radius_index])
+        weights = weights_by_radius[:, radius_index].copy()
+    else:
+        radius = max(radius, radius_floor(r_max, aggregator))
+        counts = count_friends(block, t, np.array([radius]), rows=rows, workers=workers)
+        weights = weights_from_counts(counts[:, 0], t, b)
 
-    weights = friendly_weights(distances, radius, b)
-    total = float(weights.sum())
+    total = total_weight(weights)
     noisy_total = total + float(laplace(sens_w / split.eps1, rng))
     w_low = weight_lower_bound(noisy_total, sens_w, split.eps1, split.delta1)
     if w_low < weight_floor(sens_w):
         return FriendlyResult(None, radius, radius_exponent, w_low, None)
 
-    sigma = analytic_gaussian_sigma(mean_sensitivity(radius, t, b, w_low), split.eps2, split.delta2)
-    if points is not None and centre is not None:
-        mean = weights @ points / total + centre
+    sens_mean = calibrated_sensitivity(radius, t, b, w_low, aggregator, d, k)
+    sigma = analytic_gaussian_sigma(sens_mean, split.eps2, split.delta2)
+    if points is not None:
+        mean = weighted_mean(points, weights, total)
         noisy = mean + rng.normal(0.0, sigma, size=mean.shape)
-        basis = top_right_singular_vectors(noisy.reshape(-1, d), k)
+        basis = safe_top_right_singular_vectors(noisy.reshape(-1, d), k)
     else:
         # sum_j w_j U_j U_j^T / W as one (d x tk) @ (tk x d) product over the used subsets
         used = weights > 0
-        stacked = bases[used].transpose(1, 0, 2).reshape(d, -1)
-        scale = np.repeat(weights[used] / total, k)
-        mean_proj = (stacked * scale) @ stacked.T
+        mean_proj = np.zeros((d, d), dtype=np.float64)
+        if used.any() and total > 0:
+            stacked = bases[used].transpose(1, 0, 2).reshape(d, -1)
+            scale = np.repeat(weights[used] / total, k)
+            mean_proj = (stacked * scale) @ stacked.T
         noisy = mean_proj + rng.normal(0.0, sigma, size=(d, d))
-        _, basis = top_k_eigh(0.5 * (noisy + noisy.T), k)
+        basis = safe_top_k_eigh(0.5 * (noisy + noisy.T), k)
     return FriendlyResult(basis, radius, radius_exponent, w_low, sigma)
+
+
+def friendly_memory_bytes(
+    n: int,
+    d: int,
+    k: int,
+    t: int,
+    q: int | None,
+    aggregator: Aggregator,
+    radius: float | None,
+    workers: int = MAX_DISTANCE_WORKERS,
+) -> int:
+    """Peak bytes of :func:`friendly_aggregate`, from its own allocations (public facts only).
+
+    The partition (``n`` permutation indices and ``t m`` kept), then the larger of: the subset
+    step (:func:`subset_bases_bytes`); the distance step, which holds the bases, the points
+    (``t q d`` and the reference points; projections: the stacked bases), per worker one block
+    of distances with its bins and one indexed copy of them (projections: also the ``k x k``
+    cross products and their squares), and the counts and weights of every radius; the
+    release step (a chunk of points and its differences, the mean, noise and noisy estimate,
+    the SVD's factors; for projections the used bases three more times and seven ``d x d``
+    matrices). Plus :func:`allowance`.
+    """
+    m = n // t
+    qq = 2 * k if q is None else q
+    n_radii = 1 if radius is not None else (radius_steps(aggregator) + 1)
+    partition = 8 * (2 * n + t * m)
+    bases = 8 * t * d * k
+    subset_step = subset_bases_bytes(t, m, d, k)
+    counts = 8 * t * (n_radii + 1) * (workers + 3) + 8 * 2 * t * n_radii
+    if aggregator == "reference_points":
+        rows = block_rows(t)
+        workers = min(workers, -(-t // rows))
+        held = bases + embeddings_bytes(t, qq, d, k)
+        # a block of distances, its bins and one indexed copy of them (the symmetrising
+        # temporaries, 2 rows^2, come and go before the bins exist)
+        per_worker = 8 * 3 * rows * t
+        p = qq * d
+        chunk = max(1, MEAN_CHUNK_FLOATS // p) * p
+        release = 8 * (2 * chunk + 6 * p + qq * qq + qq)
+    else:
+        rows = block_rows(t, k * k)
+        held = 2 * bases
+        per_worker = 8 * (2 * rows * k * t * k + 3 * rows * t)
+        workers = 1
+        release = 3 * bases + 8 * (7 * d * d + d * k)
+    distance_step = held + counts + workers * per_worker
+    release_step = held + counts + release
+    return allowance(partition + max(subset_step, distance_step, release_step))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,6 +830,14 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         if params.aggregator == "projection":
             return params.model_copy(update={"t": t})
         return params.model_copy(update={"t": t, "q": q})
+
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]) -> int:
+        """Peak bytes of :meth:`run` from its own allocations (``n``, ``d``, ``k``, params)."""
+        params = spec.params
+        assert params.t is not None
+        return friendly_memory_bytes(
+            ctx.n_rows, ctx.n_cols, spec.k, params.t, params.q, params.aggregator, params.radius
+        )
 
     def run(
         self,

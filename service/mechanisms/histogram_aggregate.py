@@ -11,6 +11,16 @@ histogram is ``(eps, delta)``-DP; the cell's point and its top-k subspace are po
 Boosting runs this on disjoint groups of rows (parallel composition) and selects among the
 outputs (post-processing). Cost: exactly ``(eps, delta)``.
 
+Floating point and totality: each subset's rows are scaled by a power of two of their own
+before its Gram matrix or SVD, and a subset LAPACK cannot decompose gets the fixed public basis
+``e_1..e_k`` (``sample_aggregate``), so a computed ``y_j`` depends on subset ``j`` alone and one
+row still changes one point. A point's cell is a function of that point alone (indices clamped
+to ``+-2^62`` so that a tiny width cannot overflow), so the histogram's sensitivity is exact
+in floating point. The released basis comes from a power-of-two-scaled SVD of the cell's point,
+with the public fallback if it cannot be decomposed (only for widths near the largest double).
+No finite input raises. Memory: :meth:`HistogramAggregate.memory_bytes`, from ``n, d, k`` and
+params. The noise samplers are the textbook ones on doubles (see ``noise.py``).
+
 Choices the paper leaves open (fixed here)
 ------------------------------------------
 * ``c2`` of the width rule ``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` is
@@ -44,13 +54,17 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.linalg import FloatArray, subspace_distance, top_right_singular_vectors
+from service.mechanisms.linalg import FloatArray, subspace_distance
 from service.mechanisms.noise import laplace
 from service.mechanisms.sample_aggregate import (
+    allowance,
+    embeddings_bytes,
     random_partition,
     reference_embeddings,
     reference_points,
+    safe_top_right_singular_vectors,
     subset_bases,
+    subset_bases_bytes,
 )
 
 #: ``c2`` of the width rule, fixed by simulation (``bench/simulate_gamma_width.py``).
@@ -59,6 +73,8 @@ C2_WIDTH = 40.0
 MAX_DEFAULT_SUBSETS = 2000
 #: Sensitivity of the histogram (two counts change by 1).
 COUNT_SENSITIVITY = 2.0
+#: Cell indices are clamped to ``[-2^62, 2^62]`` (a per-point map: the sensitivity is unchanged).
+CELL_INDEX_LIMIT = float(2**62)
 
 
 class HistogramAggregateParams(MechanismParams):
@@ -147,13 +163,19 @@ def stability_histogram(
         ``None`` when no cell's ``count + Lap(2/eps)`` exceeds ``T``.
     """
     offsets = rng.uniform(0.0, width, size=points.shape[1])
-    cells = np.floor((points - offsets) / width)
+    # A point's cell is a function of that point alone, so clamping the (public-width) cell
+    # index to a finite range keeps the histogram's sensitivity and keeps a tiny width from
+    # overflowing to infinite cells.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        cells = np.floor((points - offsets) / width)
+    np.clip(cells, -CELL_INDEX_LIMIT, CELL_INDEX_LIMIT, out=cells)
     occupied, counts = np.unique(cells, axis=0, return_counts=True)
     noisy = counts + laplace(count_noise_scale(epsilon), rng, size=counts.shape[0])
     best = int(np.argmax(noisy))
     if not noisy[best] > threshold(epsilon, delta):
         return None
-    lower = np.asarray(offsets + occupied[best] * width, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lower = np.asarray(offsets + occupied[best] * width, dtype=np.float64)
     return lower, np.asarray(offsets, dtype=np.float64)
 
 
@@ -197,11 +219,14 @@ def histogram_aggregate_once(
     if found is None:
         return None
     lower, _ = found
-    if point == "uniform":
-        chosen = lower + rng.uniform(0.0, width, size=lower.shape[0])
-    else:
-        chosen = lower + width / 2.0
-    return top_right_singular_vectors(chosen.reshape(q, d), k)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if point == "uniform":
+            chosen = lower + rng.uniform(0.0, width, size=lower.shape[0])
+        else:
+            chosen = lower + width / 2.0
+    # Total: scaled by a power of two, and a public fallback basis if the point is not finite
+    # (only possible for widths near the largest double) or LAPACK fails.
+    return safe_top_right_singular_vectors(chosen.reshape(q, d), k)
 
 
 def select_boosted(bases: list[FloatArray | None], alpha: float) -> tuple[int, int] | None:
@@ -332,7 +357,15 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
                     f"{needed} (short by {needed - ctx.n_rows}); raise epsilon or delta"
                     + ("" if n_groups == 1 else " or boost_beta"),
                 )
-        return params.model_copy(update={"t": t, "q": q})
+        resolved = params.model_copy(update={"t": t, "q": q})
+        width, _ = self.cell_width_for(resolved, ctx.n_rows, ctx.n_cols, k)
+        if not 0.0 < width < math.inf:
+            raise InvalidParameter(
+                "gamma",
+                f"gives a cell width of {width:g}: the width must be a positive finite number "
+                "(use a smaller gamma, or give cell_width)",
+            )
+        return resolved
 
     @staticmethod
     def cell_width_for(
@@ -346,6 +379,27 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             return params.cell_width, m
         assert params.gamma is not None
         return width_from_gamma(params.gamma, d, k, params.t, m), m
+
+    def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[HistogramAggregateParams]) -> int:
+        """Peak bytes of :meth:`run` from its own allocations (``n``, ``d``, ``k``, params).
+
+        One run of Algorithm 2 at a time (boosting runs the groups one after another and keeps
+        only their ``d x k`` outputs, plus the ``n`` group indices): the larger of the subset
+        step (:func:`subset_bases_bytes`, the partition ``t m`` indices besides) and the
+        histogram step, which holds the bases (``t d k``), the points (``t q d``, with the
+        reference points and coordinates) and the grid's cells, their flattened sorted copy,
+        the occupied cells and the expression temporaries (at most ``5 t q d``).
+        """
+        params = spec.params
+        assert params.t is not None and params.q is not None
+        n, d, k, t, q = ctx.n_rows, ctx.n_cols, spec.k, params.t, params.q
+        n_groups = 1 if params.boost_beta is None else boost_groups(params.boost_beta)
+        m = (n // n_groups) // t
+        boost = 0 if n_groups == 1 else 8 * (2 * n + n_groups * d * k)
+        partition = 8 * (2 * n + t * m)  # the permutation and the partition (and its copy)
+        bases_step = subset_bases_bytes(t, m, d, k)
+        histogram_step = 8 * t * d * k + embeddings_bytes(t, q, d, k) + 8 * 5 * t * q * d
+        return allowance(boost + partition + max(bases_step, histogram_step))
 
     def run(
         self,

@@ -11,7 +11,13 @@ of exactly one subset, hence exactly one ``U_j`` and one ``y_j``; the aggregator
 
 Memory: the data is read one group of subsets at a time by fancy-indexing (a memory map stays a
 memory map), so beyond the data itself memory is ``O(t d k)`` for the bases and ``O(t q d)`` for
-the points, never ``O(n d)``.
+the points, never ``O(n d)``; :func:`step_one_bytes` bounds it from public facts.
+
+Floating point and totality: each subset's rows are scaled by a power of two of their own
+before any Gram matrix or SVD, so the computed ``U_j`` is a function of subset ``j``'s rows only
+(one row changes the rounding of one ``U_j``), and a subset that LAPACK cannot decompose gets a
+fixed public basis (the first ``k`` standard basis vectors) instead of an exception. Entries
+anywhere in the finite doubles (1e-300 to 1e300, zero and duplicate rows) never raise.
 """
 
 from __future__ import annotations
@@ -45,18 +51,94 @@ def random_partition(n: int, t: int, rng: np.random.Generator) -> IntArray:
     return np.sort(perm, axis=1).astype(np.int64)
 
 
-def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
-    """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
+def power_of_two_exponents(blocks: FloatArray) -> npt.NDArray[np.int64]:
+    """Per block, ``e`` with ``max |entry| = f 2^e``, ``f in [0.5, 1)`` (``0``: a zero block).
 
-    For ``m <= d`` the eigenvectors ``v`` of ``X X^T`` (``m x m``) give ``u = X^T v / s``; for
-    ``m > d`` those of ``X^T X`` are the vectors themselves. Both are batched LAPACK calls; the
-    Gram route is several times faster than a batched SVD of ``m x d`` blocks with ``m << d``.
-    Its accuracy on the top-k directions is ``~ eps_machine s_1^2 / (s_k^2 - s_{k+1}^2)``; blocks
-    whose k-th singular value is too small for it (rank-deficient subsets) fall back to an SVD.
+    Multiplying block ``j`` by ``2^{-e_j}`` is exact (up to underflow of entries below
+    ``2^{-1074}`` times the block's largest one) and puts every entry in ``(-1, 1)``, so no Gram
+    matrix or SVD of the scaled block can overflow, whatever the scale of the rows.
 
     Parameters
     ----------
-    blocks : (g, m, d) array
+    blocks : (g, m, d) array of finite values
+
+    Returns
+    -------
+    (g,) int array
+    """
+    # max(max, -min) rather than max(abs(.)): no temporary of the blocks' size
+    peaks = np.maximum(np.max(blocks, axis=(1, 2)), -np.min(blocks, axis=(1, 2)))
+    _, exponents = np.frexp(peaks)
+    return np.asarray(exponents, dtype=np.int64)
+
+
+def fallback_basis(d: int, k: int) -> FloatArray:
+    """The fixed public basis ``(e_1, ..., e_k)`` used for a block LAPACK cannot decompose."""
+    return np.asarray(np.eye(d, k), dtype=np.float64)
+
+
+def _is_orthonormal(basis: FloatArray, tol: float = 1e-6) -> bool:
+    """Finite with ``||U^T U - I||_max <= tol`` (shape ``(d, k)``)."""
+    if not np.all(np.isfinite(basis)):
+        return False
+    gram = basis.T @ basis
+    return bool(np.max(np.abs(gram - np.eye(basis.shape[1]))) <= tol)
+
+
+def safe_top_right_singular_vectors(matrix: FloatArray, k: int) -> FloatArray:
+    """Top-k right singular vectors of one ``r x d`` matrix; total on every finite input.
+
+    The matrix is scaled by a power of two first (singular vectors are scale free); if LAPACK
+    still fails to converge, or returns non-finite or non-orthonormal vectors, the result is
+    :func:`fallback_basis`. The scale and the fallback depend on this matrix only.
+
+    Parameters
+    ----------
+    matrix : (r, d) array, finite or not
+    k : int, ``k <= d``
+
+    Returns
+    -------
+    (d, k) array with orthonormal columns.
+    """
+    d = matrix.shape[1]
+    if not np.all(np.isfinite(matrix)):
+        return fallback_basis(d, k)
+    scaled = np.ldexp(matrix, -power_of_two_exponents(matrix[None])[0])
+    try:
+        _, _, vt = np.linalg.svd(scaled, full_matrices=False)
+    except np.linalg.LinAlgError:
+        return fallback_basis(d, k)
+    if vt.shape[0] < k:
+        return fallback_basis(d, k)
+    basis = np.ascontiguousarray(vt[:k].T, dtype=np.float64)
+    return basis if _is_orthonormal(basis) else fallback_basis(d, k)
+
+
+def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
+    """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
+
+    Each block is first scaled by its own power of two (:func:`power_of_two_exponents`): the
+    scale of block ``j`` depends on block ``j`` only, so one row can change the rounding of its
+    own subset's ``U_j`` and of no other, and no entry of a scaled Gram matrix exceeds
+    ``min(m, d)`` in magnitude (rows of 1e300 or 1e-300 are as good as rows of 1).
+
+    For ``m <= d`` the eigenvectors ``v`` of ``X X^T`` (``m x m``) give ``u = X^T v / s``; for
+    ``m > d`` those of ``X^T X`` are the vectors themselves. Both are batched LAPACK calls (a
+    batched call decomposes each matrix on its own); the Gram route is several times faster than
+    a batched SVD of ``m x d`` blocks with ``m << d``. Its accuracy on the top-k directions is
+    ``~ eps_machine s_1^2 / (s_k^2 - s_{k+1}^2)``; blocks whose k-th singular value is too small
+    for it (rank-deficient subsets, zero or duplicate rows) fall back to an SVD of the block.
+
+    Totality: if the batched eigendecomposition fails, every block of the batch is decomposed
+    on its own by SVD; a block whose SVD fails or gives non-finite or non-orthonormal vectors
+    gets the fixed public basis :func:`fallback_basis` (the first ``k`` standard basis
+    vectors). Which blocks fall back depends on each block alone, so the fallback is a
+    per-subset function like ``U_j`` itself and never raises.
+
+    Parameters
+    ----------
+    blocks : (g, m, d) array of finite values
     k : int, ``k <= min(m, d)``
 
     Returns
@@ -64,26 +146,34 @@ def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
     (g, d, k) array with orthonormal columns, in order of decreasing singular value.
     """
     g, m, d = blocks.shape
-    if m > d:
-        gram = np.matmul(blocks.transpose(0, 2, 1), blocks)
-        _, vectors = np.linalg.eigh(gram)
-        return np.ascontiguousarray(vectors[:, :, ::-1][:, :, :k])
-    gram = np.matmul(blocks, blocks.transpose(0, 2, 1))
-    values, vectors = np.linalg.eigh(gram)
-    top_values = values[:, ::-1][:, :k]
-    top_vectors = vectors[:, :, ::-1][:, :, :k]
-    # The Gram route squares the condition number: with s_k^2 >= 1e-8 s_1^2 the columns of
-    # X^T v / s are orthonormal to ~1e-8 at worst; below that, take the SVD.
-    floor = 1e-8 * np.maximum(values[:, -1], np.finfo(np.float64).tiny)
-    good = top_values[:, -1] > floor
+    scaled = np.ldexp(blocks, -power_of_two_exponents(blocks)[:, None, None])
     bases = np.empty((g, d, k), dtype=np.float64)
-    if good.any():
-        scale = np.sqrt(top_values[good])
-        lifted = np.matmul(blocks[good].transpose(0, 2, 1), top_vectors[good])
-        bases[good] = lifted / scale[:, None, :]
+    try:
+        if m > d:
+            gram = np.matmul(scaled.transpose(0, 2, 1), scaled)
+            values, vectors = np.linalg.eigh(gram)
+            bases[:] = vectors[:, :, ::-1][:, :, :k]
+            # Eigenvectors of the d x d Gram are the singular vectors themselves: only a
+            # non-finite or degenerate result needs the SVD route.
+            good = np.all(np.isfinite(bases), axis=(1, 2))
+        else:
+            gram = np.matmul(scaled, scaled.transpose(0, 2, 1))
+            values, vectors = np.linalg.eigh(gram)
+            top_values = values[:, ::-1][:, :k]
+            top_vectors = vectors[:, :, ::-1][:, :, :k]
+            # The Gram route squares the condition number: with s_k^2 >= 1e-8 s_1^2 the columns
+            # of X^T v / s are orthonormal to ~1e-8 at worst; below that, take the SVD.
+            floor = 1e-8 * np.maximum(values[:, -1], np.finfo(np.float64).tiny)
+            good = np.isfinite(values).all(axis=1) & (top_values[:, -1] > floor)
+            if good.any():
+                # All blocks at once (no copy of the good ones); only good ones are kept.
+                lifted = np.matmul(scaled.transpose(0, 2, 1), top_vectors)
+                scale = np.sqrt(top_values[good])
+                bases[good] = lifted[good] / scale[:, None, :]
+    except np.linalg.LinAlgError:
+        good = np.zeros(g, dtype=bool)
     for j in np.flatnonzero(~good):
-        _, _, vt = np.linalg.svd(blocks[j], full_matrices=False)
-        bases[j] = vt[:k].T
+        bases[j] = safe_top_right_singular_vectors(scaled[j], k)
     return bases
 
 
@@ -161,3 +251,37 @@ def partition_and_bases(
     """
     partition = random_partition(data.shape[0], t, rng)
     return partition, subset_bases(data, partition, k)
+
+
+def group_shape(t: int, m: int, group_rows: int = GROUP_ROWS) -> int:
+    """Subsets read at once by :func:`subset_bases`: ``min(t, max(1, group_rows // m))``."""
+    return min(t, max(1, group_rows // m))
+
+
+def subset_bases_bytes(t: int, m: int, d: int, k: int, group_rows: int = GROUP_ROWS) -> int:
+    """Peak bytes of :func:`subset_bases`, from its own allocations (public facts only).
+
+    The bases (``t d k``) plus, per group of ``g`` subsets of ``m`` rows: the rows read and
+    their power-of-two scaled copy (``2 g m d``), the Gram matrices, their eigenvectors,
+    LAPACK's copy and a contiguous copy of the top eigenvectors (``4 g s^2``, ``s = min(m,
+    d)``), the eigenvalues, and the lifted vectors (``3 g d k``: the product, the good blocks'
+    copy and the division's result); an SVD fallback of one block is smaller than the group's
+    rows. Doubles, 8 bytes each.
+    """
+    g = group_shape(t, m, group_rows)
+    s = min(m, d)
+    floats = t * d * k + 2 * g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
+    return 8 * floats
+
+
+def embeddings_bytes(t: int, q: int, d: int, k: int) -> int:
+    """Bytes :func:`reference_embeddings` allocates: the coordinates (``t q k``), the projected
+    points (``t q d``) and the reference points (``q d``)."""
+    return 8 * (t * q * k + t * q * d + q * d)
+
+
+def allowance(counted: int) -> int:
+    """A counted peak plus 25% and 1 MiB for what the count does not list (small index
+    arrays, copies numpy and LAPACK make inside a call); measured peaks were 1.0-1.6 times
+    the bare count."""
+    return int(1.25 * counted) + (1 << 20)

@@ -85,3 +85,29 @@ def test_projection_refused_in_high_dimension(client, keys, upload_dataset):
     )
     assert response.status_code == 422, response.text
     assert "reference_points" in response.text
+
+
+def test_a_row_of_1e200_does_not_fail_the_release(client, keys, upload_dataset, run_worker):
+    """Issue 11: the row overflowed its subset's Gram matrix and the release ended ``failed``
+    (the status alone revealed the row). Now the subset is scaled by a power of two first."""
+    data, _ = near_subspace(3000, 8, 1, 1e-6, seed=34)
+    extreme = data.copy()
+    extreme[11] = 1e200
+    extreme[12, 5] = 1.7e308
+    budget = {"k": 1, "epsilon": "2", "delta": "1e-6"}
+    statuses = []
+    for array in (data, extreme):
+        dataset = upload_dataset(client, keys.owner, array)
+        for params in ({}, {"radius": 1e-300}, {"aggregator": "projection"}):
+            release = release_and_wait(
+                client,
+                keys.analyst,
+                dataset["id"],
+                run_worker,
+                mechanism="friendly_aggregate",
+                params=params,
+                **budget,
+            )
+            statuses.append(release["status"])
+    # the floored radius 1e-300 -> 1.5e-8 r_max is below these subsets' spread: no_result
+    assert statuses == ["succeeded", "no_result", "succeeded"] * 2, statuses

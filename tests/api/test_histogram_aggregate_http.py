@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms.linalg import subspace_distance
-from tests.conftest import bearer
+from tests.conftest import bearer, release_and_wait
 from tests.mechanisms.test_histogram_aggregate import near_subspace
 
 BUDGET = {"k": 2, "epsilon": "1", "delta": "1e-6"}
@@ -54,3 +54,28 @@ def test_width_or_gamma_required(client, keys, upload_dataset):
     assert "gamma" in response.text
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
     assert budget.json()["epsilon_spent"] == "0"
+
+
+def test_a_row_of_1e200_does_not_fail_the_release(client, keys, upload_dataset, run_worker):
+    """Issue 11: the row overflowed its subset's Gram matrix and the release ended ``failed``
+    (the status alone revealed the row). Now the subset is scaled by a power of two first."""
+    rng = np.random.default_rng(46)
+    basis = np.linalg.qr(rng.standard_normal((6, 2)))[0]
+    data = near_subspace(2400, basis, 1e-6, rng)
+    extreme = data.copy()
+    extreme[17] = 1e200
+    extreme[18, 3] = -1.7e308
+    statuses = []
+    for array in (data, extreme):
+        dataset = upload_dataset(client, keys.owner, array)
+        release = release_and_wait(
+            client,
+            keys.analyst,
+            dataset["id"],
+            run_worker,
+            mechanism="histogram_aggregate",
+            params={"gamma": 1e-6},
+            **BUDGET,
+        )
+        statuses.append(release["status"])
+    assert statuses == ["succeeded", "succeeded"], statuses

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from service.mechanisms import friendly_aggregate as fa
 from service.mechanisms.analyze_gauss import analyze_gauss
@@ -21,9 +23,9 @@ from service.mechanisms.friendly_aggregate import (
     friend_counts,
     friendly_aggregate,
     friendly_weights,
-    gram_distances,
     mean_sensitivity,
     min_feasible_t,
+    pairwise_distances,
     projection_distances,
     ptr_feasible,
     radius_grid,
@@ -35,6 +37,7 @@ from service.mechanisms.friendly_aggregate import (
 from service.mechanisms.linalg import subspace_distance
 from service.mechanisms.noise import analytic_gaussian_sigma, gaussian_delta
 from service.mechanisms.sample_aggregate import (
+    partition_and_bases,
     random_partition,
     reference_embeddings,
     reference_points,
@@ -160,7 +163,10 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     ]
     (sens, eps2, delta2) = gauss_args[0]
     assert (eps2, delta2) == (eps / 2, delta / 2)
-    assert sens == pytest.approx(mean_sensitivity(result.radius, t, t / 4, result.weight_low))
+    expected = mean_sensitivity(result.radius, t, t / 4, result.weight_low)
+    # ALGORITHMS.md M6's D, plus the stated allowance of 2^-16 for rounding (reference points)
+    assert sens == pytest.approx(expected * (1 + 2.0**-16), rel=1e-12)
+    assert sens > expected
     # analytic Gaussian property: the sigma used meets the bound and 0.99 sigma does not
     assert gaussian_delta(result.noise_sigma, sens, eps2) <= delta2
     assert gaussian_delta(0.99 * result.noise_sigma, sens, eps2) > delta2
@@ -187,11 +193,11 @@ def test_given_radius_skips_search_and_splits_eps_in_halves(
 # The building blocks
 
 
-def test_gram_distances_match_direct() -> None:
+def test_pairwise_distances_match_direct() -> None:
     rng = np.random.default_rng(7)
     points = rng.standard_normal((30, 12))
     direct = np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
-    assert np.allclose(gram_distances(points - points.mean(axis=0)), direct, atol=1e-12)
+    assert np.allclose(pairwise_distances(points - points.mean(axis=0)), direct, atol=1e-12)
 
 
 def test_projection_distances_match_direct() -> None:
@@ -199,7 +205,7 @@ def test_projection_distances_match_direct() -> None:
     bases = np.stack([np.linalg.qr(rng.standard_normal((9, 3)))[0] for _ in range(25)])
     proj = np.einsum("tdk,tek->tde", bases, bases)
     direct = np.linalg.norm(proj[:, None] - proj[None, :], axis=(2, 3))
-    assert np.allclose(projection_distances(bases, block_floats=100), direct, atol=1e-12)
+    assert np.allclose(projection_distances(bases), direct, atol=1e-12)
 
 
 def test_reference_embeddings_are_projected_points() -> None:
@@ -220,7 +226,7 @@ def test_reference_embeddings_are_projected_points() -> None:
 def test_friendly_weights_ramp() -> None:
     # t = 8, b = 2: weight (c - 5)/2 clipped
     line = np.array([[0.0], [0.1], [0.2], [0.3], [0.4], [0.5], [3.0], [9.0]])
-    dist = gram_distances(line)
+    dist = pairwise_distances(line)
     counts = friend_counts(dist, 0.35)
     assert counts.tolist() == [4, 5, 6, 6, 5, 4, 1, 1]
     weights = friendly_weights(dist, 0.35, 2.0)
@@ -233,7 +239,7 @@ def test_friendly_weights_ramp() -> None:
 
 
 def _weights_mean(points: np.ndarray, radius: float, b: float) -> tuple[np.ndarray, float, Any]:
-    w = friendly_weights(gram_distances(points), radius, b)
+    w = friendly_weights(pairwise_distances(points), radius, b)
     total = float(w.sum())
     return w, total, (w @ points / total if total > 0 else None)
 
@@ -245,7 +251,7 @@ def _violation(points: np.ndarray, moved: np.ndarray, b: float) -> tuple[float, 
     w2, total2, mean2 = _weights_mean(moved, 1.0, b)
     weight_ratio = abs(total - total2) / weight_sensitivity(t, b)
     positive = np.concatenate([points[w > 0], moved[w2 > 0]])
-    spread = float(gram_distances(positive).max()) / 2.0 if positive.shape[0] > 1 else 0.0
+    spread = float(pairwise_distances(positive).max()) / 2.0 if positive.shape[0] > 1 else 0.0
     if mean is None or mean2 is None:
         return 0.0, weight_ratio, spread
     mean_ratio = float(np.linalg.norm(mean - mean2)) * total / mean_sensitivity(1.0, t, b, 1.0)
@@ -555,3 +561,259 @@ def test_audit_passes_long() -> None:
 def test_analytic_sigma_reused_from_noise_module() -> None:
     """The mechanism calibrates with the shared analytic Gaussian, not a private copy."""
     assert fa.analytic_gaussian_sigma is analytic_gaussian_sigma
+
+
+# ---------------------------------------------------------------------------------------------
+# Floating point: W moves by at most Delta_W on adversarial neighbouring pairs
+#
+# Before the fix, distances came from a Gram matrix of points centred on the mean of all of
+# them: one far point moved the centre and so the rounding of every other pair's distance, and
+# at a small radius W moved by 27 against Delta_W = 4.9. Now each distance is a direct
+# difference of its two points, and the radius is floored at a public fraction of r_max.
+
+W_EPS, W_DELTA = 4.0, 1e-3
+
+
+def _computed_weight(data: np.ndarray, radius: float, q: int, seed: int) -> tuple[float, float]:
+    """``(W, Delta_W)`` as the mechanism computes them, read through its PTR step with the
+    Laplace noise set to zero (``W_low = W - (Delta_W/eps1) ln(1/(2 delta1))``); one-row subsets
+    (``t = n``, ``k = 1``), the radius given."""
+    t = data.shape[0]
+    split = budget_split(W_EPS, W_DELTA, radius_given=True)
+    sens = weight_sensitivity(t, ramp_width(t))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fa, "laplace", lambda scale, rng, size=None: np.zeros(size) if size else 0.0)
+        result = friendly_aggregate(
+            data, 1, W_EPS, W_DELTA, np.random.default_rng(seed), t=t, q=q, radius=radius
+        )
+    return result.weight_low + (sens / split.eps1) * math.log(1 / (2 * split.delta1)), sens
+
+
+@st.composite
+def neighbouring_rows(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, float, int, int]:
+    """A cluster of directions around ``u0`` at a spread from 1e-14 to 1e-3 (some rows exact
+    duplicates), one row far from the rest, rows optionally rescaled to huge or tiny norms
+    (directions are what counts); the neighbour replaces the far row or any row by a far one,
+    a duplicate, a near one or a huge one; the radius is near the spread or anywhere from
+    1e-300 up."""
+    d = draw(st.integers(2, 3))
+    t = draw(st.integers(8, 60))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    u0 = rng.standard_normal(d)
+    spread = 10.0 ** draw(st.floats(-14, -3))
+    rows = u0 + spread * rng.standard_normal((t, d))
+    rows[rng.random(t) < draw(st.floats(0, 0.5))] = u0
+    far = draw(st.integers(0, t - 1))
+    rows[far] = rng.standard_normal(d)
+    if draw(st.booleans()):
+        rows *= 2.0 ** rng.integers(-900, 900, (t, 1))
+    neighbour = rows.copy()
+    replaced = far if draw(st.booleans()) else draw(st.integers(0, t - 1))
+    neighbour[replaced] = draw(
+        st.sampled_from(
+            [rng.standard_normal(d), u0, u0 + spread * rng.standard_normal(d), -u0 * 1e200]
+        )
+    )
+    radius = draw(
+        st.one_of(
+            st.floats(-1, 1).map(lambda e: spread * 10.0**e),
+            st.sampled_from([1e-300, 1e-12, 1e-9, 3e-8, 1e-6, 1e-2, 1.0]),
+        )
+    )
+    return rows, neighbour, radius, draw(st.integers(1, 2)), seed
+
+
+def _check_weight_pair(case: tuple[np.ndarray, np.ndarray, float, int, int]) -> None:
+    data, neighbour, radius, q, seed = case
+    w, sens = _computed_weight(data, radius, q, seed)
+    w_neighbour, _ = _computed_weight(neighbour, radius, q, seed)
+    assert abs(w - w_neighbour) <= sens * (1 + 1e-9), (w, w_neighbour, sens)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(neighbouring_rows())
+def test_property_computed_weight_moves_by_at_most_delta_w(
+    case: tuple[np.ndarray, np.ndarray, float, int, int],
+) -> None:
+    _check_weight_pair(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(neighbouring_rows())
+def test_property_computed_weight_moves_by_at_most_delta_w_long(
+    case: tuple[np.ndarray, np.ndarray, float, int, int],
+) -> None:
+    _check_weight_pair(case)
+
+
+def test_distances_of_a_pair_do_not_depend_on_other_points() -> None:
+    """Bit for bit: moving one point far away leaves every other pair's distance unchanged,
+    at any scale of the points."""
+    rng = np.random.default_rng(40)
+    for scale in (1e-150, 1.0, 1e150):
+        points = scale * (1.0 + 1e-9 * rng.standard_normal((30, 7)))
+        moved = points.copy()
+        moved[4] = scale * 1e6 * rng.standard_normal(7)
+        before, after = pairwise_distances(points), pairwise_distances(moved)
+        keep = np.arange(30) != 4
+        assert np.array_equal(before[np.ix_(keep, keep)], after[np.ix_(keep, keep)])
+
+
+def test_blocked_counts_match_the_full_matrix() -> None:
+    """count_friends over blocks and threads equals counting on the full distance matrix."""
+    rng = np.random.default_rng(41)
+    points = rng.standard_normal((97, 5)) * rng.choice([1e-6, 1.0], (97, 1))
+    radii = radius_grid(4.0, 20)
+    full = pairwise_distances(points)
+    expected = np.stack([friend_counts(full, r) for r in radii], axis=1)
+    block = fa.reference_distance_block(points)
+    for rows, workers in ((97, 1), (10, 1), (7, 3)):
+        counts = fa.count_friends(block, 97, radii, rows=rows, workers=workers)
+        assert np.array_equal(counts, expected)
+
+
+def test_radius_floor_applies_to_given_and_searched_radii() -> None:
+    data, _ = near_subspace(2000, 6, 1, 0.0, seed=42)
+    given_ = friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(43), t=100, radius=1e-300)
+    r_max = given_.radius * 2.0**fa.RADIUS_STEPS
+    assert given_.radius == fa.radius_floor(r_max, "reference_points")
+    assert 1e-8 * r_max <= given_.radius <= 2e-8 * r_max
+    searched = friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(43), t=100)
+    assert searched.radius >= given_.radius
+    assert radius_grid(1.0)[0] == fa.radius_floor(1.0, "reference_points")
+    assert radius_grid(1.0, fa.PROJECTION_RADIUS_STEPS)[0] == fa.radius_floor(1.0, "projection")
+
+
+# ---------------------------------------------------------------------------------------------
+# Audits of the radius search alone and of the full pipeline (search + PTR + Gaussian)
+
+
+CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 53, math.radians(16.6), 4.0, 1e-3
+#: ``r* = r_max / 2`` on the projection grid (``r_max = sqrt(2)``): where the pair straddles
+#: AboveThreshold's threshold.
+CONE_EXPONENT = 1
+
+
+def _cone_pair() -> tuple[np.ndarray, np.ndarray]:
+    """A worst case for ``W(r*)`` with one-row subsets in R^3 (``U_j`` = the row's direction,
+    projector distances ``sqrt(2) sin(angle)``).
+
+    Row 0 is ``e3``; the other ``t - 1`` rows lie on the cone of half-angle 16.6 degrees around
+    it at equally spaced azimuths, so at ``r* = sqrt(2)/2`` row 0 is everyone's friend and each
+    cone row sees 69% of the others: every weight is on the ramp. The neighbour moves row 0 to
+    ``e1``, out of everyone's reach at ``r*``: its weight drops from 1 to 0 and every other
+    weight by ``1/b``, so ``W(r*)`` drops by exactly ``Delta_W``, from ``T + 2.46`` to
+    ``T - 2.46`` (``T = 0.75 t``). Below ``r*`` no weight is positive; at ``r_max`` all are 1.
+    """
+    cone = CONE_T - 1
+    phi = 2 * np.pi * np.arange(cone) / cone
+    ring = np.c_[
+        np.sin(CONE_THETA) * np.cos(phi),
+        np.sin(CONE_THETA) * np.sin(phi),
+        np.full(cone, np.cos(CONE_THETA)),
+    ]
+    data = np.vstack([[0.0, 0.0, 1.0], ring])
+    neighbour = data.copy()
+    neighbour[0] = [1.0, 0.0, 0.0]
+    return data, neighbour
+
+
+def _cone_totals(rows: np.ndarray) -> np.ndarray:
+    """``W(r_i)`` over the projection grid, through the mechanism's own counting."""
+    bases = (rows / np.linalg.norm(rows, axis=1, keepdims=True))[:, :, None]
+    radii = radius_grid(math.sqrt(2.0), fa.PROJECTION_RADIUS_STEPS)
+    counts = fa.count_friends(fa.projection_distance_block(bases), CONE_T, radii, rows=CONE_T)
+    weights = fa.weights_from_counts(counts, CONE_T, ramp_width(CONE_T))
+    return np.array([fa.total_weight(column) for column in weights.T])
+
+
+def test_cone_pair_is_tight_and_straddles_the_search_threshold() -> None:
+    data, neighbour = _cone_pair()
+    totals, totals_nb = _cone_totals(data), _cone_totals(neighbour)
+    star = fa.PROJECTION_RADIUS_STEPS - CONE_EXPONENT
+    threshold = fa.THRESHOLD_FRACTION * CONE_T
+    sens = weight_sensitivity(CONE_T, ramp_width(CONE_T))
+    assert totals[star] - totals_nb[star] == pytest.approx(sens)  # tight for Delta_W
+    assert totals_nb[star] + 2 < threshold < totals[star] - 2
+    assert np.all(totals[:star] == 0) and np.all(totals_nb[:star] == 0)
+    assert totals[-1] == totals_nb[-1] == CONE_T
+
+
+def _search_only(rows: np.ndarray, rng: np.random.Generator) -> bool:
+    """The radius search alone (``eps0 = eps/4``), as ``friendly_aggregate`` runs it on the
+    subsets' bases; the event is "stopped at ``r*``"."""
+    _, bases = partition_and_bases(rows, CONE_T, 1, rng)
+    split = budget_split(CONE_EPS, CONE_DELTA, radius_given=False)
+    radii = radius_grid(math.sqrt(2.0), fa.PROJECTION_RADIUS_STEPS)
+    block = fa.projection_distance_block(bases)
+    stop, _ = fa.search_radius(block, CONE_T, radii, split.eps0, rng, rows=CONE_T)
+    return stop == fa.PROJECTION_RADIUS_STEPS - CONE_EXPONENT
+
+
+def _full_pipeline(rows: np.ndarray, rng: np.random.Generator) -> bool:
+    """The whole mechanism (search, PTR, Gaussian release); the event is "a basis released at
+    radius ``r*``" (the radius is part of the release)."""
+    result = friendly_aggregate(
+        rows, 1, CONE_EPS, CONE_DELTA, rng, t=CONE_T, aggregator="projection"
+    )
+    return result.basis is not None and result.radius_exponent == CONE_EXPONENT
+
+
+def _cone_audit(mechanism: Any, runs: int, seed: int) -> float:
+    data, neighbour = _cone_pair()
+    return audit(mechanism, data, neighbour, bool, runs, CONE_DELTA, seed=seed).eps_lower_bound
+
+
+def _divide_noise_by_ten(patch: pytest.MonkeyPatch) -> None:
+    real_laplace, real_sigma = fa.laplace, fa.analytic_gaussian_sigma
+    patch.setattr(fa, "laplace", lambda scale, rng, size=None: real_laplace(scale / 10, rng, size))
+    patch.setattr(fa, "analytic_gaussian_sigma", lambda *args: real_sigma(*args) / 10)
+
+
+SEARCH_EPS0 = CONE_EPS / 4
+
+
+def test_search_audit_passes() -> None:
+    assert _cone_audit(_search_only, runs=800, seed=50) <= SEARCH_EPS0
+
+
+def test_search_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    _divide_noise_by_ten(monkeypatch)
+    assert _cone_audit(_search_only, runs=800, seed=51) > SEARCH_EPS0
+
+
+def test_full_pipeline_audit_passes() -> None:
+    assert _cone_audit(_full_pipeline, runs=800, seed=52) <= CONE_EPS
+
+
+def test_full_pipeline_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    _divide_noise_by_ten(monkeypatch)
+    assert _cone_audit(_full_pipeline, runs=800, seed=53) > CONE_EPS
+
+
+@pytest.mark.slow
+def test_search_audit_passes_long() -> None:
+    assert _cone_audit(_search_only, runs=20_000, seed=54) <= SEARCH_EPS0
+
+
+@pytest.mark.slow
+def test_full_pipeline_audit_passes_long() -> None:
+    assert _cone_audit(_full_pipeline, runs=20_000, seed=55) <= CONE_EPS
+
+
+def test_projection_calibration_covers_its_rounding() -> None:
+    """The projection route's D adds the public rounding bounds, and they dominate what the
+    computed distances actually show (identical and nearly identical bases, d = 1000, k = 5)."""
+    rng = np.random.default_rng(60)
+    u = np.linalg.qr(rng.standard_normal((1000, 5)))[0]
+    bases = np.stack([np.linalg.qr(u + s * rng.standard_normal((1000, 5)))[0] for s in (0, 1e-9)])
+    exact = np.linalg.norm(bases[0] @ bases[0].T - bases[1] @ bases[1].T)
+    computed = projection_distances(np.concatenate([bases, bases]))
+    assert np.all(np.abs(computed[:2, 2:] - np.array([[0, exact], [exact, 0]])) < 1e-7)
+    bound = fa.projection_rounding(1000, 5)
+    assert np.abs(computed[0, 1] - exact) < bound / 10
+    d_cal = fa.calibrated_sensitivity(1e-4, 400, 100.0, 300.0, "projection", 1000, 5)
+    assert d_cal >= mean_sensitivity(1e-4 + bound, 400, 100.0, 300.0)
+    assert d_cal < 1.1 * mean_sensitivity(1e-4, 400, 100.0, 300.0)

@@ -105,6 +105,10 @@ def test_prepare_defaults_and_refusals() -> None:
     assert err.value.field == "n_rows" and "short by 160" in err.value.message  # 20 * 58 - 1000
     with pytest.raises(InvalidParameter):
         MECH.prepare(ctx, 2, EPS, 0.0, HistogramAggregateParams(gamma=1e-6))
+    for gamma in (1e308, 1.5e307):  # the width would overflow to inf
+        with pytest.raises(InvalidParameter) as err:
+            MECH.prepare(ctx, 2, EPS, DELTA, HistogramAggregateParams(gamma=gamma))
+        assert err.value.field == "gamma" and "width" in err.value.message
 
 
 def test_stability_histogram_heavy_and_empty() -> None:
