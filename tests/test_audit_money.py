@@ -25,7 +25,7 @@ from service import audit, auth
 from service.app import create_app
 from service.db.models import ApiKey, AuditEvent, AuditHead, Dataset, LedgerEntry, Release
 from service.mechanisms.base import MechanismOutput
-from service.worker import Worker
+from service.worker import Outcome, Worker
 from tests.conftest import bearer, post_release
 
 HMAC_KEY = "k" * 16 + "0123456789abcdef"
@@ -46,12 +46,13 @@ class Ledger:
     analyst: str
 
 
-def _boom(*_: Any) -> Any:
-    raise RuntimeError("mechanism crashed")
+def _boom(*_: Any) -> Outcome:
+    # A data-independent fault (e.g. a refusal missed at prepare): the only kind that ends failed.
+    return Outcome.failed("a refusal was missed at prepare")
 
 
-def _decline(*_: Any) -> MechanismOutput:
-    return MechanismOutput.no_result("declined")
+def _decline(*_: Any) -> Outcome:
+    return Outcome.of(MechanismOutput.no_result("declined"))
 
 
 def populate(

@@ -11,6 +11,7 @@ now (a retry may succeed: 503) from a fault of the request or of the code.
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -71,6 +72,17 @@ def make_pooled_engine(settings: Settings) -> Engine:
     return make_engine(url, **options)
 
 
+#: SQLite result codes (and their extended codes) of a database that cannot serve now: busy or
+#: locked by another connection, a file that cannot be opened or read, a full disk.
+SQLITE_TRANSIENT = (
+    "SQLITE_BUSY",
+    "SQLITE_LOCKED",
+    "SQLITE_CANTOPEN",
+    "SQLITE_IOERR",
+    "SQLITE_FULL",
+)
+
+
 def database_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database cannot serve now, so that a retry may succeed.
 
@@ -82,9 +94,14 @@ def database_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.TimeoutError):
         return True
     if isinstance(exc, sa_exc.DBAPIError):
-        return exc.connection_invalidated or isinstance(
-            exc, sa_exc.OperationalError | sa_exc.InterfaceError
-        )
+        if exc.connection_invalidated:
+            return True
+        if isinstance(exc.orig, sqlite3.Error):
+            # sqlite3 raises OperationalError for syntax errors and missing tables too (a fault
+            # of the code, answered 500); only these result codes mean "not now".
+            name = getattr(exc.orig, "sqlite_errorname", "")
+            return name.startswith(SQLITE_TRANSIENT)
+        return isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError)
     return False
 
 
