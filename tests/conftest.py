@@ -226,22 +226,6 @@ def _seeded_releases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     )
 
 
-@pytest.fixture(autouse=True)
-def _memory_estimate_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Until every mechanism has its own ``memory_bytes`` (landing in parallel branches), those
-    without one get a stand-in of a few ``d x d`` float64 matrices, so the release path's memory
-    gate can run. A no-op once every mechanism overrides it; then this fixture can go."""
-    from service.mechanisms.base import Mechanism
-    from service.mechanisms.registry import MECHANISMS
-
-    def stand_in(self: Any, ctx: Any, spec: Any) -> int:
-        return 4 * 8 * ctx.n_cols * ctx.n_cols
-
-    for mechanism in MECHANISMS.values():
-        if type(mechanism).memory_bytes is Mechanism.memory_bytes:
-            monkeypatch.setattr(type(mechanism), "memory_bytes", stand_in)
-
-
 def post_release(client: TestClient, key: str, dataset_id: str, **body: Any) -> str:
     """Request a release (asserts 202); returns its id."""
     response = client.post(f"/v1/datasets/{dataset_id}/releases", headers=bearer(key), json=body)
