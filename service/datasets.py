@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
-from service import audit
+from service import audit, ledger
 from service.auth import Principal, require_role
 from service.db.models import Dataset, utcnow
 from service.errors import NotFound
@@ -30,6 +30,8 @@ def create_dataset(
     refused upload (the transaction is rolled back by the caller).
     """
     require_role(principal, "owner")
+    ledger.check_storable("epsilon_budget", form.epsilon_budget)
+    ledger.check_storable("delta_budget", form.delta_budget)
     stored = store.ingest(upload_path, suffix)
     try:
         dataset = Dataset(

@@ -35,14 +35,10 @@ from service.mechanisms.registry import MECHANISMS, get_mechanism
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
-#: Budgets are stored with 30 decimal places; a cost finer than that would be rounded.
-MAX_DECIMAL_PLACES = 30
-
 
 def _check_places(field: str, value: Decimal) -> None:
-    exponent = value.as_tuple().exponent
-    if isinstance(exponent, int) and -exponent > MAX_DECIMAL_PLACES:
-        raise InvalidInput(field, f"at most {MAX_DECIMAL_PLACES} decimal places")
+    """A cost the ledger would round (too many places or digits) is refused, not rounded."""
+    ledger.check_storable(field, value)
 
 
 def float_not_above(value: Decimal) -> float:

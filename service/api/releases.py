@@ -6,7 +6,7 @@ import uuid
 
 from fastapi import APIRouter, Header
 
-from api_schemas.common import ErrorBody
+from api_schemas.common import ErrorBody, IdempotencyKey
 from api_schemas.releases import BudgetExceeded, Release, ReleaseRequest
 from service import releases
 from service.api.deps import PrincipalDep, SessionDep
@@ -40,7 +40,7 @@ def create_release(
     body: ReleaseRequest,
     session: SessionDep,
     principal: PrincipalDep,
-    idempotency_key: str | None = Header(
+    idempotency_key: IdempotencyKey | None = Header(
         default=None,
         description="Retries with the same key and body return the same release, charged once.",
     ),
