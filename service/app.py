@@ -34,7 +34,7 @@ def create_app(
     logging.getLogger("dpss").setLevel(settings.log_level.upper())
     if session_factory is None:
         session_factory = make_session_factory(make_engine(settings.resolved_database_url))
-    store = DatasetStore(settings.datasets_dir)
+    store = DatasetStore(settings.datasets_dir, max_cols=settings.max_cols)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

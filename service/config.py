@@ -30,6 +30,15 @@ class Settings(BaseSettings):
         description="If set, an admin key with this secret exists from start-up (bootstrap).",
     )
     max_upload_mb: float = Field(default=1024, gt=0, description="Largest accepted upload, MiB.")
+    max_cols: int = Field(
+        default=10_000,
+        ge=1,
+        description=(
+            "Most columns (dimension d) an uploaded dataset may have; public. Checked from the "
+            "first row, header or schema before any row is converted, so an upload's memory is "
+            "bounded by this limit, not by the file."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,

@@ -51,6 +51,12 @@ class PayloadTooLarge(DomainError):
     code = "payload_too_large"
 
 
+class InsufficientStorage(DomainError):
+    """The disk (or quota) holding the dataset store is full (507); nothing was kept."""
+
+    code = "insufficient_storage"
+
+
 class Unauthenticated(DomainError):
     """No key, or a key that does not exist or was revoked (401)."""
 

@@ -16,6 +16,7 @@ from service.errors import (
     Conflict,
     DomainError,
     Forbidden,
+    InsufficientStorage,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
@@ -28,6 +29,7 @@ log = logging.getLogger("dpss.api")
 STATUS_OF: list[tuple[type[DomainError], int]] = [
     (InvalidInput, 422),
     (PayloadTooLarge, 413),
+    (InsufficientStorage, 507),
     (Unauthenticated, 401),
     (Forbidden, 403),
     (NotFound, 404),

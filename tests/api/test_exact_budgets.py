@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES
 from service.db.types import ExactDecimal as ExactColumn
 from service.ledger import BudgetState
+from tests.api.test_datasets import stored_files
 from tests.conftest import bearer, npy_bytes
 
 JUST_UNDER_ONE = "0." + "9" * 30  # storable exactly: 30 places
@@ -91,7 +92,7 @@ def test_uploads_refuse_budgets_the_ledger_would_round(client, keys, settings, f
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith(f"{field}:")
     assert "30 decimal places" in response.json()["detail"]
-    assert [p for p in settings.datasets_dir.rglob("*") if p.is_file()] == []
+    assert stored_files(settings) == []
 
 
 def test_trailing_zeros_beyond_thirty_places_are_exact_and_accepted(client, keys):

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from service.db.models import ApiKey, Dataset, LedgerEntry
+from tests.api.test_datasets import stored_files
 from tests.conftest import bearer, npy_bytes
 
 DATA = np.random.default_rng(3).normal(size=(30, 3)) * 0.1
@@ -158,6 +159,6 @@ def test_upload_form_fields_are_strict(client, keys, settings, session_factory, 
     response = upload(client, keys.owner, **{field: value})
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith(field)
-    assert [p for p in settings.datasets_dir.rglob("*") if p.is_file()] == []
+    assert stored_files(settings) == []
     with session_factory() as session:
         assert session.scalar(select(func.count()).select_from(Dataset)) == 0
