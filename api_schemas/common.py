@@ -51,9 +51,10 @@ BUDGET_CONTEXT = Context(
 )
 
 #: The decimal text the API accepts: ASCII digits, an optional minus sign, an optional fraction
-#: and an optional exponent ("0.5", "10", "1e-6", "2.5E3"). No "+", spaces, "_", ".5", "1.",
+#: and an optional exponent of at most 4 digits ("0.5", "10", "1e-6", "2.5E3"). No "+", spaces,
+#: "_", ".5", "1.",
 #: "inf" or "nan"; no non-ASCII digits (Python's Decimal() accepts all of those).
-DECIMAL_PATTERN = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+DECIMAL_PATTERN = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]{1,4})?$"
 DECIMAL_MAX_LENGTH = 64
 _DECIMAL_RE = re.compile(DECIMAL_PATTERN, re.ASCII)
 
@@ -100,7 +101,10 @@ def _strict_decimal(value: Any) -> Any:
             raise ValueError(
                 "must be a plain decimal number in ASCII digits, such as 0.5, 10 or 1e-6"
             )
-        return Decimal(value)
+        try:
+            return Decimal(value)
+        except ArithmeticError:
+            raise ValueError("out of range") from None
     raise ValueError("must be a number or a decimal string")
 
 

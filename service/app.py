@@ -6,12 +6,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import auth
 from service.api import audit, datasets, health, keys, mechanisms, releases
 from service.api.errors import install_error_handlers
+from service.api.openapi import install_openapi, reject_unknown_query_parameters
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
 from service.store import DatasetStore
@@ -49,6 +50,7 @@ def create_app(
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query_parameters)],
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
@@ -63,4 +65,5 @@ def create_app(
         audit.router,
     ):
         app.include_router(router)
+    install_openapi(app)
     return app

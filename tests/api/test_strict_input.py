@@ -52,6 +52,8 @@ NOT_PLAIN_DECIMALS = [
     "1e",
     "",
     "1" * 65,
+    "0E1000000000000000000",
+    "1e99999",
     True,
     False,
     None,
