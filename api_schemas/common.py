@@ -215,6 +215,7 @@ __all__ = [
     "ExactDecimal",
     "IdempotencyKey",
     "Name",
+    "RequestSchema",
     "SafeStr",
     "Schema",
     "StrictBool",
@@ -231,6 +232,13 @@ class Schema(BaseModel):
     """Base of every API schema."""
 
     model_config = ConfigDict(from_attributes=True)
+
+
+class RequestSchema(Schema):
+    """Base of request bodies and forms: an unknown field (a misspelt ``epsilonn``) is refused,
+    not silently ignored."""
+
+    model_config = ConfigDict(from_attributes=True, extra="forbid")
 
 
 class ErrorBody(Schema):

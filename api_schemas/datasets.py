@@ -11,6 +11,7 @@ from pydantic import Field
 from api_schemas.common import (
     ExactDecimal,
     Name,
+    RequestSchema,
     Schema,
     StrictDecimal,
     StrictFloat,
@@ -49,7 +50,7 @@ class DatasetList(Schema):
     items: list[Dataset] = Field(description="The datasets on this page.")
 
 
-class DatasetCreate(Schema):
+class DatasetCreate(RequestSchema):
     """Form fields of `POST /v1/datasets` (sent as multipart form fields next to `file`).
 
     Budgets are decimal strings in ASCII digits ("1", "0.5", "1e-6"), with at most 30 decimal

@@ -8,12 +8,12 @@ from uuid import UUID
 
 from pydantic import Field
 
-from api_schemas.common import Name, Schema
+from api_schemas.common import Name, RequestSchema, Schema
 
 Role = Literal["admin", "owner", "analyst", "auditor"]
 
 
-class KeyCreate(Schema):
+class KeyCreate(RequestSchema):
     """Create an API key."""
 
     role: Role = Field(

@@ -11,6 +11,7 @@ from pydantic import Field
 from api_schemas.common import (
     ExactDecimal,
     Name,
+    RequestSchema,
     Schema,
     StrictDecimal,
     StrictInt,
@@ -20,7 +21,7 @@ from api_schemas.common import (
 ReleaseStatus = Literal["queued", "running", "succeeded", "no_result", "failed"]
 
 
-class ReleaseRequest(Schema):
+class ReleaseRequest(RequestSchema):
     """Ask for a private rank-k release of a dataset."""
 
     mechanism: Name = Field(description="Mechanism name; see `GET /v1/mechanisms`.")

@@ -46,7 +46,7 @@ def migrate() -> None:
     from service.migrate import upgrade_to_head
 
     settings = Settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     upgrade_to_head(settings.resolved_database_url)
     typer.echo("database is at the newest schema")
 
@@ -110,7 +110,7 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     settings = Settings()
     _configure_logging(settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     upgrade_to_head(settings.resolved_database_url)
     stop = threading.Event()
     supervisor = threading.Thread(target=_supervise_worker, args=(stop,), daemon=True)

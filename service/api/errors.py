@@ -22,6 +22,7 @@ from service.errors import (
     NotFound,
     PayloadTooLarge,
     Unauthenticated,
+    printable,
     safe_traceback,
 )
 
@@ -59,7 +60,9 @@ def _describe_validation(exc: RequestValidationError) -> str:
     # Only the location and pydantic's message: the offending input is never echoed back.
     parts = []
     for error in exc.errors()[:5]:
-        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        location = (
+            printable(".".join(str(p) for p in error.get("loc", ()) if p != "body")) or "body"
+        )
         parts.append(f"{location}: {error.get('msg', 'invalid')}")
     return "; ".join(parts)
 

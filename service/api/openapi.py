@@ -138,6 +138,7 @@ def _upload_form(document: dict[str, Any]) -> None:
     """Form fields are text: each field's schema is the text its validator accepts."""
     operation = document["paths"]["/v1/datasets"]["post"]
     form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    form["additionalProperties"] = False
     fields = DatasetCreate.model_json_schema()["properties"]
     for name, field in fields.items():
         branches = field.get("anyOf", [field])

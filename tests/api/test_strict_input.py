@@ -164,3 +164,23 @@ def test_upload_form_fields_are_strict(client, keys, settings, session_factory, 
     assert stored_files(settings) == []
     with session_factory() as session:
         assert session.scalar(select(func.count()).select_from(Dataset)) == 0
+
+
+def test_unknown_fields_are_refused_and_named_safely(client, keys, dataset_id, session_factory):
+    path = f"/v1/datasets/{dataset_id}/releases"
+    for name in ["epsilonn", "a\x00b", "\ud800", "x" * 500]:
+        response = post_json(client, keys.analyst, path, {**GOOD_RELEASE, name: 1})
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert "Extra inputs are not permitted" in detail or "unicode" in detail, detail
+        assert "\x00" not in detail and len(detail) < 300
+    response = post_json(client, keys.admin, "/v1/keys", {"role": "owner", "name": "n", "x": 1})
+    assert response.status_code == 422
+    assert charges(session_factory) == 0
+
+
+def test_unknown_form_fields_are_refused(client, keys, settings):
+    response = upload(client, keys.owner, row_norm_bnd="1")
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("row_norm_bnd: Extra inputs are not permitted")
+    assert stored_files(settings) == []
