@@ -47,6 +47,9 @@ BLOCK_VALUES = 4 * 1024 * 1024
 CSV_BLOCK_BYTES = 16 * 1024 * 1024
 #: The largest Parquet footer (schema and row-group metadata) read into memory.
 MAX_PARQUET_FOOTER_BYTES = 64 * 1024 * 1024
+#: The largest decoded Parquet column chunk (one column of one row group), as the file declares
+#: it: a small, highly compressed chunk could otherwise decode into gigabytes.
+MAX_PARQUET_CHUNK_BYTES = 256 * 1024 * 1024
 #: The default of ``DPSS_MAX_COLS``.
 DEFAULT_MAX_COLS = 10_000
 #: Errors of a full disk or quota: the client is told 507, never 422 or 500.
@@ -293,6 +296,17 @@ def _parquet_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]
             raise InvalidInput(
                 "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
             )
+    metadata = parquet.metadata
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for column in range(row_group.num_columns):
+            if row_group.column(column).total_uncompressed_size > MAX_PARQUET_CHUNK_BYTES:
+                raise InvalidInput(
+                    "file",
+                    f"Parquet row group {group + 1} holds a column larger than "
+                    f"{MAX_PARQUET_CHUNK_BYTES // (1024 * 1024)} MiB decoded; write smaller "
+                    "row groups",
+                )
     try:
         for batch in parquet.iter_batches(batch_size=_rows_per_block(len(schema))):
             yield _batch_to_matrix(batch)

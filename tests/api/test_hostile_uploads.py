@@ -21,6 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from service import store as store_module
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine
@@ -223,6 +224,22 @@ def test_files_wider_than_max_cols_are_refused(
     assert response.status_code == 422, response.text
     assert "at most 8" in response.json()["detail"]
     assert "DPSS_MAX_COLS" in response.json()["detail"]
+    assert_nothing_kept(settings, session_factory)
+
+
+def test_a_parquet_chunk_that_decodes_too_large_is_refused(
+    client, keys, settings, session_factory, monkeypatch
+):
+    # 200,000 zeros in one plain page: a few KiB compressed, 1.6 MB to decompress at once. The
+    # limit is lowered to 1 MiB here (256 MiB in the service) so the test needs no gigabytes.
+    monkeypatch.setattr(store_module, "MAX_PARQUET_CHUNK_BYTES", 1024 * 1024)
+    buffer = io.BytesIO()
+    table = pa.table({"a": np.zeros(200_000)})
+    pq.write_table(table, buffer, compression="zstd", use_dictionary=False, data_page_size=1 << 30)
+    assert len(buffer.getvalue()) < 100_000
+    response = post_file(client, keys.owner, "x.parquet", buffer.getvalue())
+    assert response.status_code == 422, response.text
+    assert "smaller row groups" in response.json()["detail"]
     assert_nothing_kept(settings, session_factory)
 
 
