@@ -8,6 +8,7 @@ NUL and lone surrogates are refused in every string.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import (
     ROUND_HALF_EVEN,
@@ -52,8 +53,8 @@ BUDGET_CONTEXT = Context(
 
 #: The decimal text the API accepts: ASCII digits, an optional minus sign, an optional fraction
 #: and an optional exponent of at most 4 digits ("0.5", "10", "1e-6", "2.5E3"). No "+", spaces,
-#: "_", ".5", "1.",
-#: "inf" or "nan"; no non-ASCII digits (Python's Decimal() accepts all of those).
+#: "_", ".5", "1.", "inf" or "nan", and no non-ASCII digits: Python's Decimal() and float()
+#: accept all of those.
 DECIMAL_PATTERN = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]{1,4})?$"
 DECIMAL_MAX_LENGTH = 64
 _DECIMAL_RE = re.compile(DECIMAL_PATTERN, re.ASCII)
@@ -83,27 +84,30 @@ def budget_storable(value: Decimal) -> str | None:
     return None
 
 
+def _decimal_text(value: str) -> str:
+    if len(value) > DECIMAL_MAX_LENGTH:
+        raise ValueError(f"at most {DECIMAL_MAX_LENGTH} characters")
+    if not _DECIMAL_RE.fullmatch(value):
+        raise ValueError("must be a plain decimal number in ASCII digits, such as 0.5, 10 or 1e-6")
+    return value
+
+
 def _strict_decimal(value: Any) -> Any:
     """A JSON number, or a string in the documented decimal notation; never a boolean."""
-    if isinstance(value, Decimal):
-        return value
     if isinstance(value, bool):
         raise ValueError("must be a number, not a boolean")
+    if isinstance(value, Decimal):
+        return value
     if isinstance(value, int):
         return Decimal(value)
     if isinstance(value, float):
         # A JSON number is taken as its shortest decimal text: 0.1 means 0.1, not the double.
-        return Decimal(repr(value)) if value == value and abs(value) != float("inf") else value
+        # NaN and infinities pass through to be refused as not finite.
+        return Decimal(repr(value)) if math.isfinite(value) else value
     if isinstance(value, str):
-        if len(value) > DECIMAL_MAX_LENGTH:
-            raise ValueError(f"at most {DECIMAL_MAX_LENGTH} characters")
-        if not _DECIMAL_RE.fullmatch(value):
-            raise ValueError(
-                "must be a plain decimal number in ASCII digits, such as 0.5, 10 or 1e-6"
-            )
         try:
-            return Decimal(value)
-        except ArithmeticError:
+            return Decimal(_decimal_text(value))
+        except ArithmeticError:  # an exponent beyond Decimal's own range
             raise ValueError("out of range") from None
     raise ValueError("must be a number or a decimal string")
 
@@ -113,13 +117,7 @@ def _strict_float(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("must be a number, not a boolean")
     if isinstance(value, str):
-        if len(value) > DECIMAL_MAX_LENGTH:
-            raise ValueError(f"at most {DECIMAL_MAX_LENGTH} characters")
-        if not _DECIMAL_RE.fullmatch(value):
-            raise ValueError(
-                "must be a plain decimal number in ASCII digits, such as 0.5, 10 or 1e-6"
-            )
-        return float(value)
+        return float(_decimal_text(value))
     return value
 
 
