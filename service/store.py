@@ -27,6 +27,7 @@ import io
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ DEFAULT_MAX_COLS = 10_000
 #: Errors of a full disk or quota: the client is told 507, never 422 or 500.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _UTF8_BOM = b"\xef\xbb\xbf"
+#: How long a session directory may lack its lock file before it counts as abandoned.
+UNLOCKED_SESSION_GRACE_SECONDS = 60.0
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
@@ -353,8 +356,11 @@ class DatasetStore:
         try:
             descriptor = os.open(session / ".lock", os.O_RDWR)
         except FileNotFoundError:
-            # Killed between creating the directory and its lock file.
-            shutil.rmtree(session, ignore_errors=True)
+            # No lock file: killed between creating the directory and its lock, or a live
+            # process is between the two right now; only the first stays that way for long.
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - session.stat().st_mtime > UNLOCKED_SESSION_GRACE_SECONDS:
+                    shutil.rmtree(session, ignore_errors=True)
             return
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -361,11 +361,20 @@ def test_uploads_of_a_killed_process_are_removed_at_start_up(settings, session_f
         victim.wait(timeout=30)
         legacy = store_root / "incoming" / f"{uuid.uuid4().hex}.csv.upload"
         legacy.write_bytes(b"1,2\n")
+        # Session directories without a lock file: killed before locking (old), or a live
+        # process between mkdir and lock (new).
+        unlocked_old, unlocked_new = (store_root / "incoming" / uuid.uuid4().hex for _ in "ab")
+        for directory in (unlocked_old, unlocked_new):
+            directory.mkdir()
+            (directory / "x.upload").write_bytes(b"1,2\n")
+        os.utime(unlocked_old, (0, 0))
         assert left_behind.exists()
         with TestClient(create_app(settings, session_factory=session_factory)):
             assert not left_behind.exists()
             assert not left_behind.parent.exists()
             assert not legacy.exists()
+            assert not unlocked_old.exists()
+            assert unlocked_new.exists()
             assert in_progress.exists()  # the live sibling's upload is not touched
     finally:
         sibling.kill()
