@@ -29,7 +29,7 @@ from python_multipart.multipart import (
     parse_options_header,
 )
 
-from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
+from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge, printable
 from service.store import SUPPORTED_SUFFIXES, DatasetStore, disk_space_errors
 
 MAX_FIELD_BYTES = 64 * 1024
@@ -130,7 +130,7 @@ class _Receiver:
         else:
             self.buffer += data[start:end]
             if len(self.buffer) > MAX_FIELD_BYTES:
-                raise InvalidInput(self.part_name or "body", "form field too long")
+                raise InvalidInput(printable(self.part_name or "body"), "form field too long")
 
     def on_part_end(self) -> None:
         self.part_open = False
