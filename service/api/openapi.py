@@ -7,12 +7,15 @@ outages, body limits). :func:`install_openapi` post-processes the generated docu
 - every error response is :class:`~api_schemas.common.ErrorBody` (the 409 of a release request
   may also be :class:`~api_schemas.releases.BudgetExceeded`);
 - each operation lists the statuses it can return: 400 where a JSON body is parsed (bytes that
-  are not UTF-8 JSON), 401 and 429 on every ``/v1`` operation, 403
-  where a role is required, 404 where a path names a resource, 409 where state conflicts, 413
-  where a body has a size limit, 422 where anything is parsed, 503 wherever the database is
-  used, 507 on uploads;
+  are not UTF-8 JSON), 401 and 429 on every ``/v1`` operation, 403 where a role is required,
+  404 where a path names a resource, 409 where state conflicts, 413 where a body has a size
+  limit, 422 where anything is parsed, 503 wherever the database is used, 507 on uploads;
 - a bearer ``securityScheme`` applies to every ``/v1`` operation;
 - the upload form and the mechanism names are described as they are validated.
+
+Query parameters an operation does not declare are refused
+(:func:`reject_unknown_query_parameters`, installed by ``create_app``), so the document's
+parameter lists are closed, as OpenAPI tools read them.
 
 Tests run schemathesis against this document (tests/api/test_openapi_contract.py).
 """
