@@ -1,17 +1,131 @@
-"""Shapes shared by every resource."""
+"""Shapes and strict input types shared by every resource.
+
+Input is strict on purpose: a privacy budget is money, so a value is either written the one way
+the service documents or refused with a 422 naming the field. ``"1_0"``, ``"١"`` (Arabic-Indic
+one), ``"+1"``, ``" 1"``, ``"inf"`` and JSON ``true`` are refused everywhere a number is expected;
+NUL and lone surrogates are refused in every string.
+"""
 
 from __future__ import annotations
 
-from decimal import Decimal
-from typing import Annotated
+import math
+import re
+from decimal import (
+    ROUND_HALF_EVEN,
+    Context,
+    Decimal,
+    DivisionByZero,
+    Inexact,
+    InvalidOperation,
+    Overflow,
+    Rounded,
+)
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    StrictInt,
+    WithJsonSchema,
+)
+
+#: Budgets and costs are stored as NUMERIC(38, 30) (service/db/types.py): at most 38 significant
+#: digits, 30 of them after the point, so at most 8 before it.
+BUDGET_DIGITS = 38
+BUDGET_PLACES = 30
+
+#: The one decimal context of every budget computation (ledger sums, differences, comparisons,
+#: canonical text). A sum of m stored values needs at most 38 + log10(m) digits; 80 digits hold
+#: sums of up to 10^42 entries exactly. Inexact and Rounded are trapped: an operation that would
+#: round raises instead of silently moving budget.
+BUDGET_CONTEXT = Context(
+    prec=80,
+    rounding=ROUND_HALF_EVEN,
+    Emax=999_999,
+    Emin=-999_999,
+    traps=[InvalidOperation, DivisionByZero, Overflow, Inexact, Rounded],
+)
+
+#: The decimal text the API accepts: ASCII digits, an optional minus sign, an optional fraction
+#: and an optional exponent of at most 4 digits ("0.5", "10", "1e-6", "2.5E3"). No "+", spaces,
+#: "_", ".5", "1.", "inf" or "nan", and no non-ASCII digits: Python's Decimal() and float()
+#: accept all of those.
+DECIMAL_PATTERN = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]{1,4})?$"
+DECIMAL_MAX_LENGTH = 64
+_DECIMAL_RE = re.compile(DECIMAL_PATTERN, re.ASCII)
 
 
 def canonical_decimal(value: Decimal) -> str:
     """Plain notation, no trailing zeros: the same text on every database ("0.000009", "1")."""
-    text = format(value.normalize(), "f")
+    text = format(BUDGET_CONTEXT.normalize(value), "f")
     return "0" if text in ("-0", "0") else text
+
+
+def budget_storable(value: Decimal) -> str | None:
+    """Why the ledger cannot store ``value`` exactly, or None if it can."""
+    if not value.is_finite():
+        return "must be a finite number"
+    if value.is_zero():
+        return None
+    exponent = int(value.as_tuple().exponent)
+    digits = value.as_tuple().digits
+    # Trailing zeros carry no value: 1.000...0 with 40 places is exactly 1.
+    trailing = len(digits) - len("".join(map(str, digits)).rstrip("0"))
+    places = -(exponent + trailing)
+    if places > BUDGET_PLACES:
+        return f"at most {BUDGET_PLACES} decimal places (the ledger stores no more)"
+    if value.adjusted() >= BUDGET_DIGITS - BUDGET_PLACES:
+        return f"at most {BUDGET_DIGITS - BUDGET_PLACES} digits before the decimal point"
+    return None
+
+
+def _decimal_text(value: str) -> str:
+    if len(value) > DECIMAL_MAX_LENGTH:
+        raise ValueError(f"at most {DECIMAL_MAX_LENGTH} characters")
+    if not _DECIMAL_RE.fullmatch(value):
+        raise ValueError("must be a plain decimal number in ASCII digits, such as 0.5, 10 or 1e-6")
+    return value
+
+
+def _strict_decimal(value: Any) -> Any:
+    """A JSON number, or a string in the documented decimal notation; never a boolean."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, Decimal):
+        return value
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        # A JSON number is taken as its shortest decimal text: 0.1 means 0.1, not the double.
+        # NaN and infinities pass through to be refused as not finite.
+        return Decimal(repr(value)) if math.isfinite(value) else value
+    if isinstance(value, str):
+        try:
+            return Decimal(_decimal_text(value))
+        except ArithmeticError:  # an exponent beyond Decimal's own range
+            raise ValueError("out of range") from None
+    raise ValueError("must be a number or a decimal string")
+
+
+def _strict_float(value: Any) -> Any:
+    """A JSON number, or a string in the documented decimal notation; never a boolean."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, str):
+        return float(_decimal_text(value))
+    return value
+
+
+def _storable(value: Decimal) -> Decimal:
+    problem = budget_storable(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 #: An exact decimal, serialised as a canonical string so that no precision is lost in JSON.
@@ -19,11 +133,110 @@ ExactDecimal = Annotated[
     Decimal, PlainSerializer(canonical_decimal, return_type=str, when_used="json")
 ]
 
+#: A budget or cost in a request: strictly parsed and exactly storable by the ledger. Give its
+#: bounds with ``Field`` and the same bounds to :func:`number_schema`, which documents them.
+StrictDecimal = Annotated[Decimal, BeforeValidator(_strict_decimal), AfterValidator(_storable)]
+
+#: A finite float given as a JSON number or as a decimal string (form fields).
+StrictFloat = Annotated[float, BeforeValidator(_strict_float), Field(allow_inf_nan=False)]
+
+_JSON_BOUNDS = {
+    "gt": "exclusiveMinimum",
+    "ge": "minimum",
+    "lt": "exclusiveMaximum",
+    "le": "maximum",
+}
+
+
+def number_schema(**bounds: float) -> WithJsonSchema:
+    """The JSON schema of a strict number with these bounds (``gt``, ``ge``, ``lt``, ``le``): a
+    JSON number within them, or a string in the decimal notation (whose value must lie within
+    them too; JSON Schema cannot say so of a string)."""
+    number: dict[str, Any] = {"type": "number"}
+    number.update({_JSON_BOUNDS[name]: value for name, value in bounds.items()})
+    text = {"type": "string", "pattern": DECIMAL_PATTERN, "maxLength": DECIMAL_MAX_LENGTH}
+    return WithJsonSchema({"anyOf": [number, text]})
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+#: One line of text: no C0/C1 control character except tab.
+LINE_PATTERN = r"^[^\x00-\x08\x0a-\x1f\x7f-\x9f]*$"
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def _safe_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    if _SURROGATE.search(value):
+        raise ValueError("must be valid Unicode (no lone surrogates)")
+    return value
+
+
+def _one_line(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must be one line of text without control characters")
+    return value
+
+
+#: Text that can be stored and logged anywhere: no NUL, no lone surrogate (PostgreSQL refuses
+#: both, and a surrogate cannot be encoded as UTF-8). Every string field of a request uses it.
+SafeStr = Annotated[str, AfterValidator(_safe_text)]
+
+#: A short label (names, mechanism names, keys): safe text on one line, 1 to 200 characters.
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": LINE_PATTERN}),
+    AfterValidator(_safe_text),
+    AfterValidator(_one_line),
+]
+
+#: An ``Idempotency-Key`` header: 1 to 200 visible ASCII characters (a UUID, "order-17").
+TOKEN_PATTERN = r"^[!-~]+$"
+_TOKEN = re.compile(TOKEN_PATTERN, re.ASCII)
+
+
+def _token(value: str) -> str:
+    if not _TOKEN.fullmatch(value):
+        raise ValueError("must be visible ASCII characters only (no spaces or control characters)")
+    return value
+
+
+IdempotencyKey = Annotated[
+    str,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": TOKEN_PATTERN}),
+    AfterValidator(_token),
+]
+
+__all__ = [
+    "BUDGET_CONTEXT",
+    "ErrorBody",
+    "ExactDecimal",
+    "IdempotencyKey",
+    "Name",
+    "RequestSchema",
+    "SafeStr",
+    "Schema",
+    "StrictBool",
+    "StrictDecimal",
+    "StrictFloat",
+    "StrictInt",
+    "budget_storable",
+    "canonical_decimal",
+    "number_schema",
+]
+
 
 class Schema(BaseModel):
     """Base of every API schema."""
 
     model_config = ConfigDict(from_attributes=True)
+
+
+class RequestSchema(Schema):
+    """Base of request bodies and forms: an unknown field (a misspelt ``epsilonn``) is refused,
+    not silently ignored."""
+
+    model_config = ConfigDict(from_attributes=True, extra="forbid")
 
 
 class ErrorBody(Schema):

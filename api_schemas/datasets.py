@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
+from typing import Annotated
 from uuid import UUID
 
 from pydantic import Field
 
-from api_schemas.common import ExactDecimal, Schema
+from api_schemas.common import (
+    ExactDecimal,
+    Name,
+    RequestSchema,
+    Schema,
+    StrictDecimal,
+    StrictFloat,
+    number_schema,
+)
 
 
 class Budget(Schema):
@@ -42,20 +50,22 @@ class DatasetList(Schema):
     items: list[Dataset] = Field(description="The datasets on this page.")
 
 
-class DatasetCreate(Schema):
-    """Form fields of `POST /v1/datasets` (sent as multipart form fields next to `file`)."""
+class DatasetCreate(RequestSchema):
+    """Form fields of `POST /v1/datasets` (sent as multipart form fields next to `file`).
 
-    name: str = Field(min_length=1, max_length=200, description="A name for the dataset.")
-    epsilon_budget: Decimal = Field(
-        gt=0, le=1_000_000, allow_inf_nan=False, description="Total epsilon all releases may spend."
+    Budgets are decimal strings in ASCII digits ("1", "0.5", "1e-6"), with at most 30 decimal
+    places: the ledger stores them exactly, never rounded.
+    """
+
+    name: Name = Field(description="A name for the dataset (1 to 200 characters, one line).")
+    epsilon_budget: Annotated[
+        StrictDecimal, Field(gt=0, le=1_000_000), number_schema(gt=0, le=1_000_000)
+    ] = Field(description="Total epsilon all releases may spend (at most 30 decimal places).")
+    delta_budget: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] = Field(
+        description="Total delta all releases may spend (at most 30 decimal places)."
     )
-    delta_budget: Decimal = Field(
-        ge=0, lt=1, allow_inf_nan=False, description="Total delta all releases may spend."
-    )
-    row_norm_bound: float | None = Field(
+    row_norm_bound: Annotated[StrictFloat, Field(gt=0), number_schema(gt=0)] | None = Field(
         default=None,
-        gt=0,
-        allow_inf_nan=False,
         description=(
             "Public bound C on row norms, the default clip norm of releases. Declare it from "
             "domain knowledge; it must not be computed from the data."

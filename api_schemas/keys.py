@@ -8,12 +8,12 @@ from uuid import UUID
 
 from pydantic import Field
 
-from api_schemas.common import Schema
+from api_schemas.common import Name, RequestSchema, Schema
 
 Role = Literal["admin", "owner", "analyst", "auditor"]
 
 
-class KeyCreate(Schema):
+class KeyCreate(RequestSchema):
     """Create an API key."""
 
     role: Role = Field(
@@ -21,7 +21,7 @@ class KeyCreate(Schema):
             "`admin` (keys), `owner` (datasets), `analyst` (releases), `auditor` (audit log)."
         )
     )
-    name: str = Field(min_length=1, max_length=200, description="A label for the key's holder.")
+    name: Name = Field(description="A label for the key's holder (1 to 200 characters, one line).")
 
 
 class KeyCreated(Schema):

@@ -3,39 +3,46 @@
 from __future__ import annotations
 
 from datetime import datetime
-from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import Field
 
-from api_schemas.common import ExactDecimal, Schema
+from api_schemas.common import (
+    ExactDecimal,
+    Name,
+    RequestSchema,
+    Schema,
+    StrictDecimal,
+    StrictInt,
+    number_schema,
+)
 
 ReleaseStatus = Literal["queued", "running", "succeeded", "no_result", "failed"]
 
 
-class ReleaseRequest(Schema):
+class ReleaseRequest(RequestSchema):
     """Ask for a private rank-k release of a dataset."""
 
-    mechanism: str = Field(description="Mechanism name; see `GET /v1/mechanisms`.")
-    k: int = Field(
+    mechanism: Name = Field(description="Mechanism name; see `GET /v1/mechanisms`.")
+    k: StrictInt = Field(
         ge=1,
         le=100_000,
         description=(
             "Dimension of the released subspace (for `spectrum`: how many singular values)."
         ),
     )
-    epsilon: Decimal = Field(
-        gt=0,
-        le=1000,
-        allow_inf_nan=False,
-        description="Privacy cost epsilon charged for this release.",
+    epsilon: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] = Field(
+        description=(
+            "Privacy cost epsilon charged for this release: a JSON number or a decimal string "
+            "in ASCII digits, at most 30 decimal places."
+        ),
     )
-    delta: Decimal = Field(
-        ge=0,
-        lt=1,
-        allow_inf_nan=False,
-        description="Privacy cost delta charged for this release (0 only for pure-DP mechanisms).",
+    delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] = Field(
+        description=(
+            "Privacy cost delta charged for this release (0 only for pure-DP mechanisms); "
+            "at most 30 decimal places."
+        ),
     )
     params: dict[str, Any] = Field(
         default_factory=dict,

@@ -50,7 +50,7 @@ def bench_ingestion(workdir: Path, rows: int, cols: int) -> None:
 
     def ingest(source: Path) -> Callable[[], None]:
         def run() -> None:
-            upload = store.new_incoming_path(source.suffix)
+            upload = store.new_incoming_path()
             shutil.copyfile(source, upload)
             stored = store.ingest(upload, source.suffix)
             store.purge(stored.file_name)

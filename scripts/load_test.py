@@ -107,7 +107,9 @@ def main() -> int:
             for i in range(args.workers):
                 services.start(f"worker-{i}", "worker")
             wait_http(f"{base_url}/healthz", timeout=120)
-        seeded = seed(base_url, admin_key, datasets=args.datasets)
+        # One analyst key per client, as real users have: the per-key rate limit then applies to
+        # each client, not to the whole load.
+        seeded = seed(base_url, admin_key, datasets=args.datasets, analysts=args.clients)
         print(
             f"load: {args.clients} clients for {args.duration:.0f} s against {base_url} "
             f"({args.api_workers} API processes, {args.workers} workers, "

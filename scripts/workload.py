@@ -89,6 +89,10 @@ def seed(
 
         def key(role: str, name: str) -> str:
             made = client.post("/v1/keys", headers=admin, json={"role": role, "name": name})
+            while made.status_code == 429:
+                # The admin key is rate limited like any other: wait as told, then go on.
+                time.sleep(float(made.headers.get("retry-after", "1")))
+                made = client.post("/v1/keys", headers=admin, json={"role": role, "name": name})
             made.raise_for_status()
             return str(made.json()["key"])
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit as audit_log
@@ -15,6 +15,7 @@ from service.api import audit, datasets, health, keys, mechanisms, releases
 from service.api.deps import Database
 from service.api.errors import install_error_handlers
 from service.api.middleware import ServiceApp
+from service.api.openapi import install_openapi, reject_unknown_query_parameters
 from service.config import Settings
 from service.db.engine import make_pooled_engine, make_session_factory
 from service.store import DatasetStore
@@ -46,7 +47,7 @@ def create_app(
         engine = make_pooled_engine(settings)
         session_factory = make_session_factory(engine)
     audit_log.use_hmac_key(session_factory, settings.audit_hmac_key)
-    store = DatasetStore(settings.datasets_dir)
+    store = DatasetStore(settings.datasets_dir, max_cols=settings.max_cols)
     database = Database(session_factory, settings)
 
     @asynccontextmanager
@@ -65,6 +66,7 @@ def create_app(
         version="0.1.0",
         description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(reject_unknown_query_parameters)],
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
@@ -80,4 +82,5 @@ def create_app(
         audit.router,
     ):
         app.include_router(router)
+    install_openapi(app)
     return app

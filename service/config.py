@@ -117,6 +117,15 @@ class Settings(BaseSettings):
             "Retry-After header and the body's retry_after field."
         ),
     )
+    max_cols: int = Field(
+        default=10_000,
+        ge=1,
+        description=(
+            "Most columns (dimension d) an uploaded dataset may have; public. Checked from the "
+            "first row, header or schema before any row is converted, so an upload's memory is "
+            "bounded by this limit, not by the file."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,

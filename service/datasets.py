@@ -9,7 +9,7 @@ from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
-from service import audit
+from service import audit, ledger
 from service.auth import Principal, require_role
 from service.db.models import Dataset, utcnow
 from service.errors import NotFound
@@ -32,7 +32,15 @@ def create_dataset(
     short transaction) so that no connection is held while a file is parsed.
     """
     require_role(principal, "owner")
+    check_budgets(form)
     return register_dataset(session, store, principal, form, store.ingest(upload_path, suffix))
+
+
+def check_budgets(form: DatasetCreate) -> None:
+    """Refuse budgets the ledger could not store exactly (they would be rounded), before any
+    file is parsed; :class:`InvalidInput` names the field."""
+    ledger.check_storable("epsilon_budget", form.epsilon_budget)
+    ledger.check_storable("delta_budget", form.delta_budget)
 
 
 def register_dataset(
@@ -43,6 +51,7 @@ def register_dataset(
     stored: StoredMatrix,
 ) -> Dataset:
     """Register a file already in the store with its budget; the file is removed on failure."""
+    check_budgets(form)
     try:
         require_role(principal, "owner")
         dataset = Dataset(

@@ -40,9 +40,16 @@ class InvalidInput(DomainError):
         """The first pydantic error, located under ``prefix`` (its input is never echoed);
         ``fallback`` names the field when the error has no location and no prefix."""
         first = exc.errors()[0]
-        location = ".".join(str(part) for part in first["loc"])
+        location = printable(".".join(str(part) for part in first["loc"]))
         field = ".".join(part for part in (prefix, location) if part) or fallback
         return cls(field, first["msg"])
+
+
+def printable(text: str, limit: int = 100) -> str:
+    """Client-chosen text (a field name) made safe to show: control characters and lone
+    surrogates escaped (a surrogate cannot even be encoded in a UTF-8 response), length capped."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 class PayloadTooLarge(DomainError):
@@ -68,6 +75,12 @@ class ServiceUnavailable(DomainError):
     def __init__(self, detail: str, retry_after: int) -> None:
         super().__init__(detail, retry_after=retry_after)
         self.retry_after = retry_after
+
+
+class InsufficientStorage(DomainError):
+    """The disk (or quota) holding the dataset store is full (507); nothing was kept."""
+
+    code = "insufficient_storage"
 
 
 class Unauthenticated(DomainError):

@@ -3,6 +3,13 @@
 ``remaining = total - sum(charges) + sum(refunds)``. Callers check and charge inside one
 transaction that holds the dataset's lock (``releases.request_release``), so concurrent
 requests cannot overspend.
+
+Every computation uses :data:`BUDGET_CONTEXT` (80 digits, rounding trapped), never Python's
+default 28-digit context: stored values have up to 38 digits, and in 28 digits
+``0.99...9 (31 nines) - 0`` rounds up to 1, which let a budget just under 1 pay for a release
+of epsilon 1 and then show a negative remainder. Comparisons between decimals are exact in any
+context. Values the ledger cannot store exactly are refused before they get here
+(:func:`check_storable`).
 """
 
 from __future__ import annotations
@@ -14,7 +21,18 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from api_schemas.common import BUDGET_CONTEXT, budget_storable
 from service.db.models import Dataset, LedgerEntry
+from service.errors import InvalidInput
+
+__all__ = ["BUDGET_CONTEXT", "BudgetState", "budget_of", "charge", "check_storable", "refund"]
+
+
+def check_storable(field: str, value: Decimal) -> None:
+    """Refuse a budget or cost the ledger (NUMERIC(38, 30)) would round when storing it."""
+    problem = budget_storable(value)
+    if problem is not None:
+        raise InvalidInput(field, problem)
 
 
 @dataclass(frozen=True)
@@ -26,14 +44,17 @@ class BudgetState:
 
     @property
     def epsilon_remaining(self) -> Decimal:
-        return self.epsilon_total - self.epsilon_spent
+        return BUDGET_CONTEXT.subtract(self.epsilon_total, self.epsilon_spent)
 
     @property
     def delta_remaining(self) -> Decimal:
-        return self.delta_total - self.delta_spent
+        return BUDGET_CONTEXT.subtract(self.delta_total, self.delta_spent)
 
     def affords(self, epsilon: Decimal, delta: Decimal) -> bool:
-        return epsilon <= self.epsilon_remaining and delta <= self.delta_remaining
+        return (
+            BUDGET_CONTEXT.compare(epsilon, self.epsilon_remaining) <= 0
+            and BUDGET_CONTEXT.compare(delta, self.delta_remaining) <= 0
+        )
 
 
 def budget_of(session: Session, dataset: Dataset) -> BudgetState:
@@ -46,9 +67,9 @@ def budget_of(session: Session, dataset: Dataset) -> BudgetState:
     epsilon_spent = Decimal(0)
     delta_spent = Decimal(0)
     for kind, epsilon, delta in rows:
-        sign = 1 if kind == "charge" else -1
-        epsilon_spent += sign * epsilon
-        delta_spent += sign * delta
+        step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
+        epsilon_spent = step(epsilon_spent, epsilon)
+        delta_spent = step(delta_spent, delta)
     return BudgetState(dataset.epsilon_total, dataset.delta_total, epsilon_spent, delta_spent)
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api_schemas.common import canonical_decimal
 from api_schemas.releases import ReleaseRequest
 from service import audit, ledger
 from service.auth import Principal, require_role
@@ -41,14 +42,10 @@ IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different
 
 MIB = 1024 * 1024
 
-#: Budgets are stored with 30 decimal places; a cost finer than that would be rounded.
-MAX_DECIMAL_PLACES = 30
-
 
 def _check_places(field: str, value: Decimal) -> None:
-    exponent = value.as_tuple().exponent
-    if isinstance(exponent, int) and -exponent > MAX_DECIMAL_PLACES:
-        raise InvalidInput(field, f"at most {MAX_DECIMAL_PLACES} decimal places")
+    """A cost the ledger would round (too many places or digits) is refused, not rounded."""
+    ledger.check_storable(field, value)
 
 
 def float_not_above(value: Decimal) -> float:
@@ -65,8 +62,8 @@ def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
             "dataset_id": str(dataset_id),
             "mechanism": body.mechanism,
             "k": body.k,
-            "epsilon": str(body.epsilon.normalize()),
-            "delta": str(body.delta.normalize()),
+            "epsilon": canonical_decimal(body.epsilon),
+            "delta": canonical_decimal(body.delta),
             "params": body.params,
         },
         sort_keys=True,

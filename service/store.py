@@ -5,17 +5,31 @@ multipart reader, never in the system temp dir). Ingestion converts them block b
 raw float64 file and then prefixes the ``.npy`` header, so memory stays bounded by one block
 whatever the upload's size. Error messages name the problem (and a column or row number) but
 never quote a value from the file.
+
+Memory is bounded by the public column limit (``DPSS_MAX_COLS``), not by the file: the width is
+read from the CSV's first row, the ``.npy`` header or the Parquet schema and refused above the
+limit before any row is converted, and a block holds at most :data:`BLOCK_VALUES` values.
+
+Raw rows never outlive a request outside the store's own files. Each process writes its uploads
+in its own ``incoming/<session>/`` directory and holds an exclusive ``flock`` on its lock file
+while it lives; at start-up (:meth:`DatasetStore.ensure`) every session directory whose lock can
+be taken belongs to a dead process and is removed, so a killed API leaves nothing behind for
+long, while the uploads of sibling processes (``dpss api --workers N``) are left alone. Files are
+created ``0600`` and directories ``0700``. A full disk is :class:`InsufficientStorage` (507).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
+import errno
+import fcntl
 import io
 import os
 import re
+import shutil
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,13 +39,65 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from service.errors import InvalidInput
+from service.errors import InsufficientStorage, InvalidInput
 
 SUPPORTED_SUFFIXES = (".csv", ".npy", ".parquet")
-#: Rows converted per block: bounded memory for any upload.
-BLOCK_ROWS = 65536
-#: Larger CSV blocks make pyarrow faster; this bounds one block's raw text.
+#: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
+BLOCK_VALUES = 4 * 1024 * 1024
+#: Larger CSV blocks make pyarrow faster; this bounds one block's raw text, and so one row.
 CSV_BLOCK_BYTES = 16 * 1024 * 1024
+#: The largest Parquet footer (schema and row-group metadata) read into memory.
+MAX_PARQUET_FOOTER_BYTES = 64 * 1024 * 1024
+#: The largest decoded Parquet column chunk (one column of one row group), as the file declares
+#: it: a small, highly compressed chunk could otherwise decode into gigabytes.
+MAX_PARQUET_CHUNK_BYTES = 256 * 1024 * 1024
+#: The default of ``DPSS_MAX_COLS``.
+DEFAULT_MAX_COLS = 10_000
+#: Errors of a full disk or quota: the client is told 507, never 422 or 500.
+_NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_UTF8_BOM = b"\xef\xbb\xbf"
+#: How long a session directory may lack its lock file before it counts as abandoned.
+UNLOCKED_SESSION_GRACE_SECONDS = 60.0
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
+
+def create_private(path: Path) -> BinaryIO:
+    """A new file only its owner can read (``0600`` whatever the umask); never an existing one."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+    return os.fdopen(descriptor, "wb")
+
+
+def make_private_dir(path: Path) -> None:
+    """``path`` and any missing parents, ``0700``."""
+    if not path.is_dir():
+        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    os.chmod(path, DIR_MODE)
+
+
+@contextlib.contextmanager
+def disk_space_errors() -> Iterator[None]:
+    """Turn a full disk (or quota) into :class:`InsufficientStorage`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            raise InsufficientStorage(
+                "the server has no space left for this upload; nothing was kept"
+            ) from None
+        raise
+
+
+def _rows_per_block(n_cols: int) -> int:
+    return max(1, BLOCK_VALUES // max(1, n_cols))
+
+
+def _check_width(n_cols: int, max_cols: int) -> None:
+    if n_cols > max_cols:
+        raise InvalidInput(
+            "file",
+            f"the data has {n_cols} columns; at most {max_cols} are accepted (DPSS_MAX_COLS)",
+        )
 
 
 @dataclass(frozen=True)
@@ -48,7 +114,7 @@ class _MatrixWriter:
 
     def __init__(self, raw_path: Path) -> None:
         self.raw_path = raw_path
-        self.raw: BinaryIO = open(raw_path, "wb")  # noqa: SIM115 - closed in finish/abort
+        self.raw: BinaryIO = create_private(raw_path)
         self.n_rows = 0
         self.n_cols: int | None = None
 
@@ -73,13 +139,13 @@ class _MatrixWriter:
         self.raw.write(values.tobytes())
         self.n_rows += values.shape[0]
 
-    def finish(self, final_path: Path) -> tuple[int, int]:
+    def finish(self, partial: Path, final_path: Path) -> tuple[int, int]:
+        """Write the ``.npy`` at ``partial`` (in the session directory) and move it into place."""
         self.raw.close()
         if self.n_cols is None or self.n_rows < 2:
             raise InvalidInput("file", "the data needs at least 2 rows and 1 column")
         header = {"descr": "<f8", "fortran_order": False, "shape": (self.n_rows, self.n_cols)}
-        partial = final_path.with_suffix(".partial")
-        with open(partial, "wb") as out, open(self.raw_path, "rb") as raw:
+        with create_private(partial) as out, open(self.raw_path, "rb") as raw:
             np.lib.format.write_array_header_2_0(out, header)
             while chunk := raw.read(8 * 1024 * 1024):
                 out.write(chunk)
@@ -92,7 +158,7 @@ class _MatrixWriter:
         self.raw.close()
 
 
-def _npy_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
+def _npy_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
@@ -109,33 +175,58 @@ def _npy_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
         raise InvalidInput("file", f"the .npy array must be numeric (its dtype is {array.dtype})")
     if array.shape[1] < 1:
         raise InvalidInput("file", "the data has no columns")
-    for start in range(0, array.shape[0], BLOCK_ROWS):
-        yield np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float64)
+    _check_width(array.shape[1], max_cols)
+    rows = _rows_per_block(array.shape[1])
+    for start in range(0, array.shape[0], rows):
+        yield np.asarray(array[start : start + rows], dtype=np.float64)
 
 
-def _csv_first_row(path: Path) -> list[str]:
-    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-        return next(csv.reader(io.StringIO(handle.readline())), [])
+#: A field between double quotes (quotes inside doubled): commas in it separate nothing.
+_QUOTED_FIELD = re.compile(rb'"(?:[^"]|"")*"')
 
 
-def _is_header(cells: list[str]) -> bool:
-    """A first row with any non-numeric cell is a header."""
-    for cell in cells:
-        try:
-            float(cell)
-        except ValueError:
-            return True
-    return False
+def _csv_first_row(path: Path, max_cols: int) -> tuple[int, bool]:
+    """The width of the first row and whether it is a header (any cell not a number).
+
+    Memory is bounded by one CSV block and the column limit: the width is counted on the raw
+    line (commas outside quotes) before any cell is built, so a row of hundreds of thousands of
+    columns is refused without making them; the cells are then parsed by pyarrow, the parser of
+    the data (no field-size limit like the csv module's). A UTF-8 byte-order mark is not part
+    of the first cell.
+    """
+    with open(path, "rb") as handle:
+        line = handle.readline(CSV_BLOCK_BYTES + 1)
+    if len(line) > CSV_BLOCK_BYTES:
+        raise InvalidInput(
+            "file", f"the first row is longer than {CSV_BLOCK_BYTES // (1024 * 1024)} MiB"
+        )
+    if line.startswith(_UTF8_BOM):
+        line = line[len(_UTF8_BOM) :]
+    if not line.strip(b"\r\n"):
+        return 0, False
+    _check_width(_QUOTED_FIELD.sub(b"", line).count(b",") + 1, max_cols)
+    try:
+        table = pa_csv.read_csv(
+            io.BytesIO(line), read_options=pa_csv.ReadOptions(autogenerate_column_names=True)
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        raise InvalidInput("file", "not a readable numeric CSV file") from None
+    # An empty or NaN-like cell (pyarrow's null) says nothing; the data parser refuses it later.
+    numeric = (
+        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
+        for t in table.schema.types
+    )
+    return table.num_columns, not all(numeric)
 
 
-def _csv_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
-    first_row = _csv_first_row(path)
-    width = len(first_row)
+def _csv_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
+    width, header = _csv_first_row(path, max_cols)
     if width < 1:
         raise InvalidInput("file", "the CSV file is empty")
+    _check_width(width, max_cols)
     names = [f"c{i}" for i in range(width)]
     read_options = pa_csv.ReadOptions(
-        column_names=names, skip_rows=1 if _is_header(first_row) else 0, block_size=CSV_BLOCK_BYTES
+        column_names=names, skip_rows=1 if header else 0, block_size=CSV_BLOCK_BYTES
     )
     convert_options = pa_csv.ConvertOptions(
         column_types={name: pa.float64() for name in names}, strings_can_be_null=False
@@ -162,6 +253,8 @@ def _describe_csv_error(message: str) -> str:
         return f"non-numeric value in column {int(column[1]) + 1}"
     if "Empty CSV" in message:
         return "the CSV file is empty"
+    if "straddling" in message or "block" in message:
+        return f"a row is longer than {CSV_BLOCK_BYTES // (1024 * 1024)} MiB"
     return "not a readable numeric CSV file"
 
 
@@ -174,7 +267,25 @@ def _batch_to_matrix(batch: pa.RecordBatch) -> np.ndarray[Any, Any]:
     return np.column_stack(columns) if columns else np.empty((0, 0))
 
 
-def _parquet_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
+def _parquet_footer_bytes(path: Path) -> int:
+    """The footer's declared length: the last 8 bytes are its length and ``PAR1``."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() < 12:
+            raise InvalidInput("file", "not a readable Parquet file")
+        handle.seek(-8, os.SEEK_END)
+        tail = handle.read(8)
+    if tail[4:] != b"PAR1":
+        raise InvalidInput("file", "not a readable Parquet file")
+    return int.from_bytes(tail[:4], "little")
+
+
+def _parquet_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
+    if _parquet_footer_bytes(path) > MAX_PARQUET_FOOTER_BYTES:
+        raise InvalidInput(
+            "file",
+            f"the Parquet metadata is larger than {MAX_PARQUET_FOOTER_BYTES // (1024 * 1024)} MiB",
+        )
     try:
         parquet = pq.ParquetFile(path)
     except Exception:
@@ -182,13 +293,25 @@ def _parquet_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
     schema = parquet.schema_arrow
     if len(schema) < 1:
         raise InvalidInput("file", "the data has no columns")
+    _check_width(len(schema), max_cols)
     for field in schema:
         if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
             raise InvalidInput(
                 "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
             )
+    metadata = parquet.metadata
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for column in range(row_group.num_columns):
+            if row_group.column(column).total_uncompressed_size > MAX_PARQUET_CHUNK_BYTES:
+                raise InvalidInput(
+                    "file",
+                    f"Parquet row group {group + 1} holds a column larger than "
+                    f"{MAX_PARQUET_CHUNK_BYTES // (1024 * 1024)} MiB decoded; write smaller "
+                    "row groups",
+                )
     try:
-        for batch in parquet.iter_batches(batch_size=BLOCK_ROWS):
+        for batch in parquet.iter_batches(batch_size=_rows_per_block(len(schema))):
             yield _batch_to_matrix(batch)
     except InvalidInput:
         raise
@@ -196,28 +319,85 @@ def _parquet_blocks(path: Path) -> Iterator[np.ndarray[Any, Any]]:
         raise InvalidInput("file", "not a readable Parquet file") from None
 
 
-_READERS = {".csv": _csv_blocks, ".npy": _npy_blocks, ".parquet": _parquet_blocks}
+_READERS: dict[str, Callable[[Path, int], Iterator[np.ndarray[Any, Any]]]] = {
+    ".csv": _csv_blocks,
+    ".npy": _npy_blocks,
+    ".parquet": _parquet_blocks,
+}
 
 
 class DatasetStore:
     """The directory of dataset files (``<data_dir>/datasets``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, max_cols: int = DEFAULT_MAX_COLS) -> None:
         self.root = root
         self.incoming = root / "incoming"
+        self.max_cols = max_cols
+        self._session: Path | None = None
+        self._session_lock: int | None = None
 
     def ensure(self) -> None:
-        self.incoming.mkdir(parents=True, exist_ok=True)
+        """Create the store's directories (``0700``) and remove what dead processes left in
+        ``incoming/``: raw rows of uploads that never completed."""
+        make_private_dir(self.root)
+        make_private_dir(self.incoming)
+        for entry in self.incoming.iterdir():
+            if entry == self._session:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                self._remove_if_abandoned(entry)
+            else:
+                # Files directly in incoming/ are from before session directories existed.
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
 
-    def new_incoming_path(self, suffix: str) -> Path:
-        """A fresh path in the store for an upload being received."""
-        self.ensure()
-        return self.incoming / f"{uuid.uuid4().hex}{suffix}.upload"
+    @staticmethod
+    def _remove_if_abandoned(session: Path) -> None:
+        try:
+            descriptor = os.open(session / ".lock", os.O_RDWR)
+        except FileNotFoundError:
+            # No lock file: killed between creating the directory and its lock, or a live
+            # process is between the two right now; only the first stays that way for long.
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - session.stat().st_mtime > UNLOCKED_SESSION_GRACE_SECONDS:
+                    shutil.rmtree(session, ignore_errors=True)
+            return
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a live process owns it
+        else:
+            shutil.rmtree(session, ignore_errors=True)
+        finally:
+            os.close(descriptor)
+
+    def _session_dir(self) -> Path:
+        """This process's directory in ``incoming/``, locked for as long as the process lives."""
+        if self._session is None or self._session_lock is None:
+            make_private_dir(self.incoming)
+            session = self.incoming / uuid.uuid4().hex
+            session.mkdir(mode=DIR_MODE)
+            descriptor = os.open(session / ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._session, self._session_lock = session, descriptor
+        return self._session
+
+    def new_incoming_path(self) -> Path:
+        """A fresh path for an upload being received; the name holds nothing from the client."""
+        with disk_space_errors():
+            return self._session_dir() / f"{uuid.uuid4().hex}.upload"
+
+    def open_incoming(self) -> tuple[Path, BinaryIO]:
+        """A new private file for an upload being received, and its path."""
+        path = self.new_incoming_path()
+        with disk_space_errors():
+            return path, create_private(path)
 
     def ingest(self, upload_path: Path, suffix: str) -> StoredMatrix:
         """Validate and convert an uploaded file into a float64 ``.npy`` in the store.
 
-        The upload file is removed in every case; on failure nothing is left behind.
+        The upload file is removed in every case; on failure nothing is left behind. A full disk
+        raises :class:`InsufficientStorage`.
         """
         suffix = suffix.lower()
         if suffix not in _READERS:
@@ -228,19 +408,23 @@ class DatasetStore:
             )
         file_name = f"{uuid.uuid4().hex}.npy"
         final_path = self.root / file_name
-        writer = _MatrixWriter(upload_path.with_suffix(".raw"))
+        partial = upload_path.with_suffix(".partial")
+        writer: _MatrixWriter | None = None
         try:
-            for block in _READERS[suffix](upload_path):
-                writer.append(block)
-            n_rows, n_cols = writer.finish(final_path)
+            with disk_space_errors():
+                writer = _MatrixWriter(upload_path.with_suffix(".raw"))
+                for block in _READERS[suffix](upload_path, self.max_cols):
+                    writer.append(block)
+                n_rows, n_cols = writer.finish(partial, final_path)
         except BaseException:
-            writer.abort()
-            for leftover in (final_path, final_path.with_suffix(".partial")):
+            if writer is not None:
+                writer.abort()
+            for leftover in (final_path, partial):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
             raise
         finally:
-            for temporary in (upload_path, writer.raw_path):
+            for temporary in (upload_path, upload_path.with_suffix(".raw")):
                 with contextlib.suppress(FileNotFoundError):
                     temporary.unlink()
         return StoredMatrix(file_name=file_name, n_rows=n_rows, n_cols=n_cols)

@@ -91,6 +91,7 @@ async def create_dataset(
             fields = DatasetCreate.model_validate(form.fields)
         except ValidationError as exc:
             raise InvalidInput.from_validation(exc, fallback="form") from None
+        datasets.check_budgets(fields)
         assert form.file_path is not None
         stored = await anyio.to_thread.run_sync(store.ingest, form.file_path, form.file_suffix)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -18,12 +19,14 @@ from service.errors import (
     Conflict,
     DomainError,
     Forbidden,
+    InsufficientStorage,
     InvalidInput,
     NotFound,
     PayloadTooLarge,
     RequestTimeout,
     ServiceUnavailable,
     Unauthenticated,
+    printable,
     safe_traceback,
 )
 
@@ -32,6 +35,7 @@ log = logging.getLogger("dpss.api")
 STATUS_OF: list[tuple[type[DomainError], int]] = [
     (InvalidInput, 422),
     (PayloadTooLarge, 413),
+    (InsufficientStorage, 507),
     (Unauthenticated, 401),
     (Forbidden, 403),
     (NotFound, 404),
@@ -80,9 +84,22 @@ def _describe_validation(exc: RequestValidationError) -> str:
     # Only the location and pydantic's message: the offending input is never echoed back.
     parts = []
     for error in exc.errors()[:5]:
-        location = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+        location = (
+            printable(".".join(str(p) for p in error.get("loc", ()) if p != "body")) or "body"
+        )
         parts.append(f"{location}: {error.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _allowed_methods(request: Request) -> str | None:
+    """Every method the API serves at this path (RFC 9110 ``Allow``), from its OpenAPI paths;
+    Starlette's own 405 names only the methods of the first route whose path matched."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    return ", ".join(sorted(methods)) if methods else None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -108,10 +125,14 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(_body("invalid_input", _describe_validation(exc)), 422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = HTTP_CODES.get(exc.status_code, "error")
         detail = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-        return JSONResponse(_body(code, detail), exc.status_code)
+        headers = dict(exc.headers or {})
+        allowed = _allowed_methods(request) if exc.status_code == 405 else None
+        if allowed is not None:
+            headers["Allow"] = allowed
+        return JSONResponse(_body(code, detail), exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

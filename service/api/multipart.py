@@ -3,24 +3,38 @@
 Starlette's form parser spools large files to the system temp directory; that would put raw rows
 outside the store. This reader feeds the request stream to python-multipart's parser and writes
 the ``file`` part straight into the store's ``incoming`` directory, enforcing the size limit as
-bytes arrive. Whatever goes wrong, the partial file is removed.
+bytes arrive.
+
+A body is accepted only when the parser reached the closing boundary: a truncated or
+unterminated body (a client that stopped sending, a proxy that cut the stream) is refused, never
+stored as a complete, shorter dataset. Whatever goes wrong, including a cancelled request, the
+partial file is removed. Nothing the client sends becomes part of a path: the file name only
+selects the format by its suffix, and python-multipart bounds its length with the other header
+lines of its part.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePath
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from fastapi import Request
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import (
+    DEFAULT_MAX_HEADER_COUNT,
+    DEFAULT_MAX_HEADER_SIZE,
+    MultipartParser,
+    parse_options_header,
+)
 
-from service.errors import InvalidInput, PayloadTooLarge
-from service.store import DatasetStore
+from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge, printable
+from service.store import SUPPORTED_SUFFIXES, DatasetStore, disk_space_errors
 
 MAX_FIELD_BYTES = 64 * 1024
 MAX_FIELDS = 32
+MAX_PARTS = MAX_FIELDS + 1
 
 
 @dataclass
@@ -37,6 +51,22 @@ class ReceivedForm:
                 self.file_path.unlink()
 
 
+def file_suffix(filename: bytes) -> str:
+    """The format a client's file name selects: its last suffix, lower case, if supported.
+
+    The name may be anything (NUL bytes, thousands of characters, a Windows path): only a
+    supported suffix is kept, so no client text reaches the file system.
+    """
+    name = filename.replace(b"\\", b"/").decode("utf-8", "replace")
+    suffix = PurePosixPath(name).suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        shown = suffix if suffix.isascii() and suffix.isprintable() and len(suffix) <= 16 else ""
+        raise InvalidInput(
+            "file", f"unsupported file type {shown or '(none)'}; use .csv, .npy or .parquet"
+        )
+    return suffix
+
+
 class _Receiver:
     def __init__(self, store: DatasetStore, max_bytes: int) -> None:
         self.store = store
@@ -45,16 +75,23 @@ class _Receiver:
         self.header_field = b""
         self.header_value = b""
         self.headers: dict[bytes, bytes] = {}
+        self.parts = 0
         self.part_name: str | None = None
         self.part_is_file = False
+        self.part_open = False
         self.buffer = bytearray()
         self.handle: BinaryIO | None = None
         self.file_bytes = 0
+        self.complete = False
 
     def on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise InvalidInput("body", f"too many form fields (at most {MAX_FIELDS})")
         self.headers = {}
         self.part_name = None
         self.part_is_file = False
+        self.part_open = True
         self.buffer = bytearray()
 
     def on_header_field(self, data: bytes, start: int, end: int) -> None:
@@ -72,19 +109,12 @@ class _Receiver:
         _, options = parse_options_header(self.headers.get(b"content-disposition", b""))
         name = options.get(b"name")
         self.part_name = name.decode("utf-8", "replace") if name is not None else None
-        filename = options.get(b"filename")
         if self.part_name == "file":
             if self.form.file_path is not None:
                 raise InvalidInput("file", "send exactly one file part")
-            suffix = (
-                PurePath(filename.decode("utf-8", "replace")).suffix.lower() if filename else ""
-            )
-            self.form.file_suffix = suffix
-            self.form.file_path = self.store.new_incoming_path(suffix)
-            self.handle = open(self.form.file_path, "wb")  # noqa: SIM115 - closed in on_part_end
+            self.form.file_suffix = file_suffix(options.get(b"filename") or b"")
+            self.form.file_path, self.handle = self.store.open_incoming()
             self.part_is_file = True
-        elif len(self.form.fields) >= MAX_FIELDS:
-            raise InvalidInput("body", f"too many form fields (at most {MAX_FIELDS})")
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         if self.part_is_file:
@@ -95,23 +125,32 @@ class _Receiver:
                     f"file: larger than the limit of {self.max_bytes // (1024 * 1024)} MiB "
                     "(DPSS_MAX_UPLOAD_MB)"
                 )
-            self.handle.write(data[start:end])
+            with disk_space_errors():
+                self.handle.write(data[start:end])
         else:
             self.buffer += data[start:end]
             if len(self.buffer) > MAX_FIELD_BYTES:
-                raise InvalidInput(self.part_name or "body", "form field too long")
+                raise InvalidInput(printable(self.part_name or "body"), "form field too long")
 
     def on_part_end(self) -> None:
+        self.part_open = False
         if self.part_is_file:
             assert self.handle is not None
-            self.handle.close()
+            with disk_space_errors():
+                self.handle.close()
             self.handle = None
         elif self.part_name is not None:
             self.form.fields[self.part_name] = self.buffer.decode("utf-8", "replace")
 
+    def on_end(self) -> None:
+        # Called only when the closing boundary ("--boundary--") has been parsed.
+        self.complete = True
+
     def close(self) -> None:
         if self.handle is not None:
-            self.handle.close()
+            with contextlib.suppress(OSError):
+                self.handle.close()
+            self.handle = None
 
 
 async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) -> ReceivedForm:
@@ -123,6 +162,7 @@ async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) 
     declared = request.headers.get("content-length")
     if (
         declared is not None
+        and declared.isascii()
         and declared.isdigit()
         and int(declared) > max_bytes + MAX_FIELD_BYTES * MAX_FIELDS
     ):
@@ -138,20 +178,36 @@ async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) 
         "on_headers_finished": receiver.on_headers_finished,
         "on_part_data": receiver.on_part_data,
         "on_part_end": receiver.on_part_end,
+        "on_end": receiver.on_end,
     }
     parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
     try:
-        async for chunk in request.stream():
-            parser.write(chunk)
-        parser.finalize()
-    except (InvalidInput, PayloadTooLarge):
+        try:
+            async for chunk in request.stream():
+                parser.write(chunk)
+            parser.finalize()
+        except (InvalidInput, PayloadTooLarge, InsufficientStorage):
+            raise
+        except MultipartParseError as exc:
+            # python-multipart bounds each part's header lines (file names included).
+            problem = (
+                f"a part has a header line over {DEFAULT_MAX_HEADER_SIZE} bytes or more than "
+                f"{DEFAULT_MAX_HEADER_COUNT} headers"
+                if "header" in str(exc).lower()
+                else "malformed multipart body"
+            )
+            raise InvalidInput("body", problem) from None
+        except Exception:
+            raise InvalidInput("body", "malformed multipart body") from None
+        if not receiver.complete or receiver.part_open:
+            raise InvalidInput(
+                "body", "incomplete multipart body: it ends before the closing boundary"
+            )
+    except BaseException:
+        # Also on cancellation (the client went away): no partial file may stay behind.
         receiver.close()
         receiver.form.discard()
         raise
-    except Exception:
-        receiver.close()
-        receiver.form.discard()
-        raise InvalidInput("body", "malformed multipart body") from None
     receiver.close()
     if receiver.form.file_path is None:
         raise InvalidInput("file", "missing: send the data as a multipart part named 'file'")

@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter, Header
 from sqlalchemy.orm import Session
 
-from api_schemas.common import ErrorBody
+from api_schemas.common import ErrorBody, IdempotencyKey
 from api_schemas.releases import BudgetExceeded, Release, ReleaseRequest
 from service import releases
 from service.api.deps import SettingsDep, UnitOfWorkDep
@@ -44,7 +44,7 @@ async def create_release(
     body: ReleaseRequest,
     uow: UnitOfWorkDep,
     settings: SettingsDep,
-    idempotency_key: str | None = Header(
+    idempotency_key: IdempotencyKey | None = Header(
         default=None,
         description="Retries with the same key and body return the same release, charged once.",
     ),

@@ -11,10 +11,12 @@ now (a retry may succeed: 503) from a fault of the request or of the code.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,10 +27,25 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+def _private_sqlite_file(url: str) -> None:
+    """Create the SQLite file ``0600`` (its directory ``0700``) before SQLite does with the
+    umask's ``0644``: it holds the ledger and key hashes. SQLite gives its ``-wal`` and ``-shm``
+    files the database file's mode."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    os.chmod(path, 0o600)
+
+
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for ``url`` configured for this service's transaction discipline."""
     if not is_sqlite(url):
         return create_engine(url, pool_pre_ping=True, **kwargs)
+    _private_sqlite_file(url)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
 
     @event.listens_for(engine, "connect")

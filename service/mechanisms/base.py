@@ -34,9 +34,10 @@ class InvalidParameter(ValueError):
 
 
 class MechanismParams(BaseModel):
-    """Base of every params schema: unknown keys are refused rather than silently ignored."""
+    """Base of every params schema: unknown keys are refused rather than silently ignored, and
+    values are strict (JSON ``true`` is not the integer 1, ``"2"`` is not a number)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ClipParams(MechanismParams):

@@ -34,8 +34,11 @@ def post(client, key, filename, content, **form):
 
 
 def stored_files(settings) -> list[Path]:
+    """Every file in the store except the (empty) lock files of live upload sessions."""
     root = settings.datasets_dir
-    return sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []
+    if not root.exists():
+        return []
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != ".lock")
 
 
 GOOD_UPLOADS = {

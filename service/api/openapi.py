@@ -1,0 +1,220 @@
+"""The published OpenAPI document, made to say what the service really answers.
+
+FastAPI documents a 422 body (``HTTPValidationError``) that the service never sends and knows
+nothing of the responses produced outside a route (authentication, rate limits, database
+outages, body limits). :func:`install_openapi` post-processes the generated document once:
+
+- every error response is :class:`~api_schemas.common.ErrorBody` (the 409 of a release request
+  may also be :class:`~api_schemas.releases.BudgetExceeded`);
+- each operation lists the statuses it can return: 400 where a JSON body is parsed (bytes that
+  are not UTF-8 JSON), 401 and 429 on every ``/v1`` operation, 403 where a role is required,
+  404 where a path names a resource, 409 where state conflicts, 413 where a body has a size
+  limit, 422 where anything is parsed, 503 wherever the database is used, 507 on uploads;
+- a bearer ``securityScheme`` applies to every ``/v1`` operation;
+- the upload form and the mechanism names are described as they are validated.
+
+Query parameters an operation does not declare are refused
+(:func:`reject_unknown_query_parameters`, installed by ``create_app``), so the document's
+parameter lists are closed, as OpenAPI tools read them.
+
+Tests run schemathesis against this document (tests/api/test_openapi_contract.py).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+
+from api_schemas.datasets import DatasetCreate
+from service.errors import InvalidInput
+from service.mechanisms.registry import MECHANISMS
+
+ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+BUDGET_EXCEEDED_REF = {"$ref": "#/components/schemas/BudgetExceeded"}
+SECURITY_SCHEME = "bearer"
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+WWW_AUTHENTICATE = {
+    "WWW-Authenticate": {
+        "description": "`Bearer`: the authentication scheme to use.",
+        "schema": {"type": "string"},
+    }
+}
+
+DESCRIPTIONS = {
+    400: "The body could not be read as JSON (for example, it is not UTF-8).",
+    401: "Missing, unknown or revoked API key.",
+    403: "The key's role may not do this.",
+    404: "No such resource, or not visible to this key.",
+    409: "The request conflicts with the resource's state.",
+    413: "The body is larger than its limit.",
+    422: "A parameter, field or file is invalid (the detail names it). Nothing was changed.",
+    429: "Too many requests for this key; retry after `Retry-After` seconds.",
+    503: "The database is unavailable or busy; retry after `Retry-After` seconds.",
+    507: "The server's disk is full; nothing was kept.",
+}
+HEADERS = {401: WWW_AUTHENTICATE, 429: RETRY_AFTER, 503: RETRY_AFTER}
+
+#: Operations whose role check can refuse a valid key (all but the mechanism list).
+OPEN_TO_EVERY_KEY = {("get", "/v1/mechanisms")}
+#: Operations that can answer 409, and why.
+CONFLICTS = {
+    ("post", "/v1/datasets/{dataset_id}/releases"): (
+        "`budget_exceeded` (with the remaining budget), `idempotency_conflict`, or "
+        "`dataset_deleted`. Nothing is charged."
+    ),
+}
+#: Operations that read a body with a size limit (uploads: DPSS_MAX_UPLOAD_MB; JSON bodies).
+UPLOADS = {("post", "/v1/datasets")}
+DATABASE_FREE = {("get", "/healthz")}
+
+
+def _error_response(status: int, description: str | None = None) -> dict[str, Any]:
+    response: dict[str, Any] = {
+        "description": description or DESCRIPTIONS[status],
+        "content": {"application/json": {"schema": ERROR_REF}},
+    }
+    if status in HEADERS:
+        response["headers"] = copy.deepcopy(HEADERS[status])
+    return response
+
+
+def _statuses(method: str, path: str, operation: dict[str, Any]) -> dict[int, str | None]:
+    """The error statuses an operation can answer, with a specific description if any."""
+    key = (method, path)
+    parameters = operation.get("parameters", [])
+    statuses: dict[int, str | None] = {}
+    if path.startswith("/v1/"):
+        statuses[401] = None
+        statuses[429] = None
+        if key not in OPEN_TO_EVERY_KEY:
+            statuses[403] = None
+    if any(parameter["in"] == "path" for parameter in parameters):
+        statuses[404] = None
+    if key in CONFLICTS:
+        statuses[409] = CONFLICTS[key]
+    if "application/json" in operation.get("requestBody", {}).get("content", {}):
+        statuses[400] = None
+    if "requestBody" in operation:
+        statuses[413] = (
+            "The file is larger than DPSS_MAX_UPLOAD_MB."
+            if key in UPLOADS
+            else "The JSON body is larger than its limit."
+        )
+    if parameters or "requestBody" in operation:
+        statuses[422] = None
+    if key not in DATABASE_FREE:
+        statuses[503] = None
+    if key in UPLOADS:
+        statuses[507] = None
+    return statuses
+
+
+def _fix_operation(method: str, path: str, operation: dict[str, Any]) -> None:
+    responses: dict[str, Any] = operation.setdefault("responses", {})
+    errors = _statuses(method, path, operation)
+    for code in [code for code in responses if code.isdigit() and int(code) >= 400]:
+        if int(code) not in errors:
+            del responses[code]  # documented, but this operation cannot answer it
+    for status, description in errors.items():
+        existing = responses.get(str(status), {})
+        response = _error_response(status, description or existing.get("description"))
+        if status == 409 and (method, path) in CONFLICTS:
+            response["content"]["application/json"]["schema"] = {
+                "anyOf": [BUDGET_EXCEEDED_REF, ERROR_REF]
+            }
+        responses[str(status)] = response
+    if path.startswith("/v1/"):
+        operation["security"] = [{SECURITY_SCHEME: []}]
+
+
+def _upload_form(document: dict[str, Any]) -> None:
+    """Form fields are text: each field's schema is the text its validator accepts."""
+    operation = document["paths"]["/v1/datasets"]["post"]
+    form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+    form["additionalProperties"] = False
+    fields = DatasetCreate.model_json_schema()["properties"]
+    for name, field in fields.items():
+        branches = field.get("anyOf", [field])
+        text = next((b for b in branches if b.get("type") == "string"), {"type": "string"})
+        form["properties"][name] = {**text, "description": field.get("description", "")}
+
+
+def _mechanism_names(document: dict[str, Any]) -> None:
+    request = document["components"]["schemas"]["ReleaseRequest"]["properties"]["mechanism"]
+    request["enum"] = sorted(MECHANISMS)
+
+
+def truthful_openapi(document: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite FastAPI's document to match the service's real responses (see module doc)."""
+    document = copy.deepcopy(document)
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            _fix_operation(method, path, operation)
+    components = document.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    components["securitySchemes"] = {
+        SECURITY_SCHEME: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key: `Authorization: Bearer <key>`.",
+        }
+    }
+    _upload_form(document)
+    _mechanism_names(document)
+    return document
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    names = {parameter.alias for parameter in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _query_names(dependency)
+    return frozenset(names)
+
+
+#: Declared query parameters by route (routes live as long as the app; APIRoute is unhashable).
+_DECLARED: dict[int, frozenset[str]] = {}
+
+
+def _declared_query(route: APIRoute) -> frozenset[str]:
+    names = _DECLARED.get(id(route))
+    if names is None:
+        names = _DECLARED[id(route)] = _query_names(route.dependant)
+    return names
+
+
+def reject_unknown_query_parameters(request: Request) -> None:
+    """Refuse query parameters an operation does not declare (a misspelt ``limt=5`` is an
+    error, not silently the default): the document's parameter lists are closed, and true."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    declared = _declared_query(route)
+    for name in request.query_params:
+        if name not in declared:
+            shown = name if name.isprintable() and len(name) <= 40 else "(unprintable or long)"
+            accepted = ", ".join(sorted(declared)) or "none"
+            raise InvalidInput(f"query.{shown}", f"unknown query parameter (accepted: {accepted})")
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve the truthful document at ``/openapi.json`` (and to the docs pages)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = truthful_openapi(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,433 @@
+"""Hostile uploads: truncated bodies, odd file names, huge fields, very wide files, byte-order
+marks, full disks, killed processes. Each is a clear 4xx (or 507), never a 500, and leaves no
+raw rows behind; what is kept is private to the service's user."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from service import store as store_module
+from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine
+from service.db.models import Dataset
+from service.store import DEFAULT_MAX_COLS, DatasetStore
+from tests.api.test_datasets import stored_files
+from tests.conftest import bearer, npy_bytes
+
+BOUNDARY = "hostile-boundary-7f3a"
+FORM = {"name": "d", "epsilon_budget": "1", "delta_budget": "1e-6"}
+
+
+def multipart(filename: bytes, content: bytes, fields: dict[str, str] = FORM) -> bytes:
+    """A complete multipart body, byte for byte (file names may hold any byte)."""
+    parts = [
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+        for name, value in fields.items()
+    ]
+    parts.append(
+        f"--{BOUNDARY}\r\n".encode()
+        + b'Content-Disposition: form-data; name="file"; filename="'
+        + filename
+        + b'"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        + content
+        + b"\r\n"
+    )
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def send(client, key, body: bytes):
+    return client.post(
+        "/v1/datasets",
+        headers={**bearer(key), "content-type": f"multipart/form-data; boundary={BOUNDARY}"},
+        content=body,
+    )
+
+
+def dataset_count(session_factory) -> int:
+    with session_factory() as session:
+        return int(session.scalar(select(func.count()).select_from(Dataset)) or 0)
+
+
+CSV = b"".join(f"{i}.5,{-i},{i * 0.25}\n".encode() for i in range(50))
+
+
+def assert_nothing_kept(settings, session_factory) -> None:
+    assert stored_files(settings) == []
+    assert dataset_count(session_factory) == 0
+
+
+# --- truncated and unterminated bodies ---------------------------------------------------------
+
+
+def _truncations() -> dict[str, bytes]:
+    whole = multipart(b"x.csv", CSV)
+    closing = f"--{BOUNDARY}--\r\n".encode()
+    file_start = whole.index(CSV)
+    return {
+        "cut_inside_the_file": whole[: file_start + len(CSV) // 2],
+        "cut_at_a_row_boundary": whole[: file_start + CSV.index(b"\n", len(CSV) // 2) + 1],
+        "no_closing_boundary": whole[: -len(closing)],
+        "closing_boundary_cut": whole[:-4],
+        "cut_inside_the_part_headers": whole[: file_start - 20],
+    }
+
+
+@pytest.mark.parametrize("case", list(_truncations()))
+def test_truncated_multipart_bodies_are_refused(client, keys, settings, session_factory, case):
+    response = send(client, keys.owner, _truncations()[case])
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("body:"), response.text
+    assert_nothing_kept(settings, session_factory)
+
+
+def test_the_complete_body_of_the_same_upload_is_accepted(client, keys):
+    response = send(client, keys.owner, multipart(b"x.csv", CSV))
+    assert response.status_code == 201, response.text
+    assert response.json()["n_rows"] == 50
+
+
+# --- file names --------------------------------------------------------------------------------
+
+ACCEPTED_NAMES = {
+    "nul_in_the_stem": b"da\x00ta.csv",
+    "very_long_stem": b"a" * 3000 + b".csv",
+    "path_traversal": b"../../../../etc/passwd.csv",
+    "windows_path": b"C:\\Users\\x\\data.CSV",
+    "non_utf8": b"\xff\xfe\xfd.csv",
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED_NAMES))
+def test_only_the_suffix_of_a_file_name_matters(client, keys, settings, case):
+    response = send(client, keys.owner, multipart(ACCEPTED_NAMES[case], CSV))
+    assert response.status_code == 201, response.text
+    kept = stored_files(settings)
+    assert len(kept) == 1 and kept[0].parent == settings.datasets_dir
+    assert kept[0].name.endswith(".npy") and len(kept[0].name) == 36
+
+
+REFUSED_NAMES = {
+    "long_suffix": b"x." + b"c" * 3000,
+    "nul_in_the_suffix": b"x.c\x00sv",
+    "suffix_of_controls": b"x.\x01\x02",
+    "no_name": b"",
+    "just_a_dot": b".",
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_NAMES))
+def test_unusable_file_names_are_refused(client, keys, settings, session_factory, case):
+    response = send(client, keys.owner, multipart(REFUSED_NAMES[case], CSV))
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("file: unsupported file type")
+    assert "\x00" not in detail and len(detail) < 200
+    assert_nothing_kept(settings, session_factory)
+
+
+def test_part_headers_are_bounded(client, keys, settings, session_factory):
+    response = send(client, keys.owner, multipart(b"x" * 100_000 + b".csv", CSV))
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("body: a part has a header line over")
+    assert_nothing_kept(settings, session_factory)
+
+
+# --- CSV contents ------------------------------------------------------------------------------
+
+
+def post_file(client, key, name: str, content: bytes):
+    return client.post(
+        "/v1/datasets",
+        headers=bearer(key),
+        files={"file": (name, content, "application/octet-stream")},
+        data=FORM,
+    )
+
+
+def test_a_header_cell_over_the_csv_modules_field_limit_is_fine(client, keys):
+    content = b"h" * 200_000 + b",b\n1,2\n3,4\n"
+    response = post_file(client, keys.owner, "x.csv", content)
+    assert response.status_code == 201, response.text
+    assert (response.json()["n_rows"], response.json()["n_cols"]) == (2, 2)
+
+
+def test_a_numeric_field_over_the_csv_modules_field_limit_is_a_4xx(client, keys, settings):
+    content = b"1,2\n3," + b"4" * 200_000 + b"\n5,6\n"
+    response = post_file(client, keys.owner, "x.csv", content)
+    assert response.status_code in (201, 422), response.text
+
+
+@pytest.mark.parametrize(
+    ("content", "shape"),
+    [
+        (b"\xef\xbb\xbf1.5,-2,0.25\n0,3,1\n4,5.5,-6\n", (3, 3)),
+        (b"\xef\xbb\xbfa,b,c\n1.5,-2,0.25\n0,3,1\n", (2, 3)),
+        (b'\xef\xbb\xbf"a,1",b\n1,2\n3,4\n', (2, 2)),
+    ],
+)
+def test_a_utf8_byte_order_mark_is_not_data(client, keys, settings, content, shape):
+    response = post_file(client, keys.owner, "x.csv", content)
+    assert response.status_code == 201, response.text
+    assert (response.json()["n_rows"], response.json()["n_cols"]) == shape
+    if shape == (3, 3):
+        stored = np.load(stored_files(settings)[0])
+        assert stored[0].tolist() == [1.5, -2.0, 0.25]
+
+
+# --- the column limit --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def narrow_client(settings, session_factory):
+    limited = settings.model_copy(update={"max_cols": 8})
+    with TestClient(create_app(limited, session_factory=session_factory)) as client:
+        yield client
+
+
+def _parquet(columns: int) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({f"c{i}": [1.0, 2.0, 3.0] for i in range(columns)}), buffer)
+    return buffer.getvalue()
+
+
+WIDE = {
+    "csv": ("x.csv", b"1," * 8 + b"1\n" + b"2," * 8 + b"2\n"),
+    "csv_header": ("x.csv", b"a," * 8 + b"a\n" + b"2," * 8 + b"2\n" * 2),
+    "csv_quoted_header": ("x.csv", b'"a,b",' * 8 + b"c\n" + b"2," * 8 + b"2\n" * 2),
+    "npy": ("x.npy", npy_bytes(np.ones((3, 9)))),
+    "parquet": ("x.parquet", _parquet(9)),
+}
+
+
+@pytest.mark.parametrize("case", list(WIDE))
+def test_files_wider_than_max_cols_are_refused(
+    narrow_client, keys, settings, session_factory, case
+):
+    name, content = WIDE[case]
+    response = post_file(narrow_client, keys.owner, name, content)
+    assert response.status_code == 422, response.text
+    assert "at most 8" in response.json()["detail"]
+    assert "DPSS_MAX_COLS" in response.json()["detail"]
+    assert_nothing_kept(settings, session_factory)
+
+
+def test_a_parquet_chunk_that_decodes_too_large_is_refused(
+    client, keys, settings, session_factory, monkeypatch
+):
+    # 200,000 zeros in one plain page: a few KiB compressed, 1.6 MB to decompress at once. The
+    # limit is lowered to 1 MiB here (256 MiB in the service) so the test needs no gigabytes.
+    monkeypatch.setattr(store_module, "MAX_PARQUET_CHUNK_BYTES", 1024 * 1024)
+    buffer = io.BytesIO()
+    table = pa.table({"a": np.zeros(200_000)})
+    pq.write_table(table, buffer, compression="zstd", use_dictionary=False, data_page_size=1 << 30)
+    assert len(buffer.getvalue()) < 100_000
+    response = post_file(client, keys.owner, "x.parquet", buffer.getvalue())
+    assert response.status_code == 422, response.text
+    assert "smaller row groups" in response.json()["detail"]
+    assert_nothing_kept(settings, session_factory)
+
+
+def test_a_quoted_header_at_the_limit_is_accepted(narrow_client, keys):
+    content = b'"a,b",' * 7 + b"c\n" + (b"2," * 7 + b"2\n") * 2
+    response = post_file(narrow_client, keys.owner, "x.csv", content)
+    assert response.status_code == 201, response.text
+    assert response.json()["n_cols"] == 8
+
+
+def _peak_rss_of_ingest(tmp_path: Path, columns: int, rows: int) -> tuple[str, float]:
+    script = textwrap.dedent(
+        f"""
+        import resource
+        from pathlib import Path
+        from service.store import DatasetStore
+        store = DatasetStore(Path({str(tmp_path)!r}) / "store")
+        store.ensure()
+        upload = store.new_incoming_path()
+        upload.write_bytes((b"1," * {columns - 1} + b"1\\n") * {rows})
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        try:
+            outcome = repr(store.ingest(upload, ".csv"))
+        except Exception as exc:
+            outcome = type(exc).__name__ + ": " + str(exc)
+        print(outcome)
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    outcome, peak = result.stdout.strip().splitlines()
+    return outcome, float(peak)
+
+
+def test_a_very_wide_csv_is_refused_with_memory_bounded_by_the_limit(tmp_path):
+    # 300,000 columns: the old reader held about 2.7 GiB here before answering.
+    outcome, peak_mib = _peak_rss_of_ingest(tmp_path, 300_000, 3)
+    assert "DPSS_MAX_COLS" in outcome
+    assert peak_mib < 64, peak_mib
+
+
+def test_the_default_limit_matches_the_setting():
+    assert Settings().max_cols == DEFAULT_MAX_COLS
+
+
+# --- permissions -------------------------------------------------------------------------------
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_files_and_directories_are_private(client, keys, settings):
+    old_umask = os.umask(0o022)
+    try:
+        response = send(client, keys.owner, multipart(b"x.csv", CSV))
+    finally:
+        os.umask(old_umask)
+    assert response.status_code == 201
+    assert mode(settings.datasets_dir) == 0o700
+    assert mode(settings.datasets_dir / "incoming") == 0o700
+    for path in settings.datasets_dir.rglob("*"):
+        assert mode(path) == (0o700 if path.is_dir() else 0o600), path
+
+
+def test_the_sqlite_database_file_is_private(tmp_path):
+    old_umask = os.umask(0o022)
+    try:
+        path = tmp_path / "fresh" / "dpss.sqlite3"
+        engine = make_engine(f"sqlite:///{path}")
+        with engine.begin() as connection:
+            connection.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        engine.dispose()
+    finally:
+        os.umask(old_umask)
+    assert mode(path) == 0o600
+    assert mode(path.parent) == 0o700
+    for sidecar in path.parent.iterdir():
+        assert mode(sidecar) == 0o600, sidecar
+
+
+# --- incomplete files in incoming/ -------------------------------------------------------------
+
+KILLED_MID_UPLOAD = """
+import sys, time
+from pathlib import Path
+from service.store import DatasetStore
+store = DatasetStore(Path(sys.argv[1]))
+path, handle = store.open_incoming()
+handle.write(b"1,2,3\\n" * 1000)
+handle.flush()
+print(path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_uploads_of_a_killed_process_are_removed_at_start_up(settings, session_factory):
+    store_root = settings.datasets_dir
+    # A process receiving an upload, killed with SIGKILL (no cleanup can run).
+    victim = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_UPLOAD, str(store_root)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert victim.stdout is not None
+    left_behind = Path(victim.stdout.readline().strip())
+    # A live sibling (another API process) receiving an upload right now.
+    sibling = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MID_UPLOAD, str(store_root)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert sibling.stdout is not None
+    in_progress = Path(sibling.stdout.readline().strip())
+    try:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+        legacy = store_root / "incoming" / f"{uuid.uuid4().hex}.csv.upload"
+        legacy.write_bytes(b"1,2\n")
+        # Session directories without a lock file: killed before locking (old), or a live
+        # process between mkdir and lock (new).
+        unlocked_old, unlocked_new = (store_root / "incoming" / uuid.uuid4().hex for _ in "ab")
+        for directory in (unlocked_old, unlocked_new):
+            directory.mkdir()
+            (directory / "x.upload").write_bytes(b"1,2\n")
+        os.utime(unlocked_old, (0, 0))
+        assert left_behind.exists()
+        with TestClient(create_app(settings, session_factory=session_factory)):
+            assert not left_behind.exists()
+            assert not left_behind.parent.exists()
+            assert not legacy.exists()
+            assert not unlocked_old.exists()
+            assert unlocked_new.exists()
+            assert in_progress.exists()  # the live sibling's upload is not touched
+    finally:
+        sibling.kill()
+        sibling.wait(timeout=30)
+    DatasetStore(store_root).ensure()
+    assert not in_progress.parent.exists()
+
+
+# --- a full disk -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs (needs root; skipped elsewhere)."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    if result.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+
+
+@pytest.fixture
+def full_disk_client(settings, session_factory, small_disk):
+    on_small_disk = settings.model_copy(update={"data_dir": small_disk / "data"})
+    with TestClient(create_app(on_small_disk, session_factory=session_factory)) as client:
+        yield client, on_small_disk
+
+
+def _csv_of(size: int) -> bytes:
+    row = b"0.125,0.25,0.5,1\n"
+    return row * (size // len(row))
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param(2 * 1024 * 1024, id="the_upload_itself_does_not_fit"),
+        pytest.param(300 * 1024, id="the_upload_fits_its_conversion_does_not"),
+    ],
+)
+def test_a_full_disk_answers_507_and_keeps_nothing(full_disk_client, keys, session_factory, size):
+    client, on_small_disk = full_disk_client
+    response = post_file(client, keys.owner, "x.csv", _csv_of(size))
+    assert response.status_code == 507, response.text
+    assert response.json()["error"] == "insufficient_storage"
+    assert stored_files(on_small_disk) == []
+    assert dataset_count(session_factory) == 0
+    # The disk is usable again at once: a small upload succeeds.
+    assert post_file(client, keys.owner, "x.csv", _csv_of(4096)).status_code == 201

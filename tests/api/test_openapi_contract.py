@@ -1,0 +1,115 @@
+"""The published OpenAPI document is true: schemathesis runs every check on every operation with
+an admin, an owner and an analyst key, on both databases, and finds nothing.
+
+A short run (few examples per operation) is part of the default suite; ``scripts/schemathesis.sh``
+runs the CLI for longer against a live server.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.core.parameters import ParameterLocation
+from sqlalchemy.orm import sessionmaker
+
+from service.app import create_app
+from service.config import Settings
+from tests.conftest import bearer
+
+ROLES = ["admin", "owner", "analyst"]
+ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
+#: Examples per operation: few by default; scripts/schemathesis.sh raises it.
+MAX_EXAMPLES = int(os.environ.get("DPSS_SCHEMATHESIS_EXAMPLES", "8"))
+
+
+class _CurrentApp:
+    """The ASGI app under test: schemathesis loads the document once, at import, and each test
+    points this proxy at its own app (its database backend, its store)."""
+
+    def __init__(self) -> None:
+        self.app: Any = create_app(
+            Settings(data_dir=Path(tempfile.mkdtemp()), database_url="sqlite://"),
+            session_factory=sessionmaker(),
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
+CURRENT = _CurrentApp()
+schema = schemathesis.openapi.from_asgi("/openapi.json", CURRENT)
+
+
+@pytest.fixture
+def dataset_id(app, client, keys, upload_dataset):
+    """A real dataset: generated ids reach only 404, this one reaches the rest of the code."""
+    CURRENT.app = app
+    data = np.random.default_rng(0).normal(size=(30, 4)) * 0.1
+    return upload_dataset(client, keys.owner, data, row_norm_bound="1")["id"]
+
+
+def auth(case: Any, key: str) -> dict[str, str]:
+    """The key's header, unless the case is about headers being wrong (a missing Authorization
+    is one of the negative cases schemathesis generates from the security scheme)."""
+    components = case.meta.components if case.meta is not None else {}
+    header = components.get(ParameterLocation.HEADER)
+    return {} if header is not None and header.mode.is_negative else bearer(key)
+
+
+@schema.parametrize()
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+def test_the_api_matches_its_openapi_document(case, dataset_id, keys):
+    for role in ROLES:
+        case.call_and_validate(headers=auth(case, getattr(keys, role)))
+    positive = case.meta is not None and case.meta.generation.mode.is_positive
+    if positive and "dataset_id" in (case.path_parameters or {}):
+        case.path_parameters["dataset_id"] = dataset_id
+        for role in ROLES:
+            case.call_and_validate(headers=auth(case, getattr(keys, role)))
+
+
+def test_the_document_describes_errors_and_security_as_served(client):
+    document = client.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert "HTTPValidationError" not in schemas and "ValidationError" not in schemas
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            codes = set(operation["responses"])
+            if path.startswith("/v1/"):
+                assert operation["security"] == [{"bearer": []}], (method, path)
+                assert {"401", "429", "503"} <= codes, (method, path)
+            else:
+                assert "security" not in operation
+            for code, response in operation["responses"].items():
+                if int(code) >= 400:
+                    schema = response["content"]["application/json"]["schema"]
+                    assert ERROR_REF in [schema, *schema.get("anyOf", [])], (method, path, code)
+    upload = document["paths"]["/v1/datasets"]["post"]["responses"]
+    assert {"413", "422", "507"} <= set(upload)
+    release = document["paths"]["/v1/datasets/{dataset_id}/releases"]["post"]["responses"]
+    assert {"400", "404", "409", "413", "422"} <= set(release)
+    assert "404" not in document["paths"]["/v1/datasets"]["get"]["responses"]
+    assert "403" not in document["paths"]["/v1/mechanisms"]["get"]["responses"]
+
+
+def test_a_405_lists_every_method_of_the_path(client, keys):
+    response = client.put("/v1/keys", headers=bearer(keys.admin))
+    assert response.status_code == 405
+    assert set(response.headers["allow"].split(", ")) >= {"GET", "POST"}
+    assert response.json()["error"] == "method_not_allowed"
+
+
+def test_unknown_query_parameters_are_refused(client, keys):
+    response = client.get("/v1/datasets", params={"limt": "5"}, headers=bearer(keys.owner))
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith("query.limt: unknown query parameter")
+    assert "limit, offset" in response.json()["detail"]
+    assert client.get("/v1/datasets", params={"limit": "5"}, headers=bearer(keys.owner)).is_success

@@ -1,0 +1,186 @@
+"""Strict input: numbers are plain ASCII decimals, booleans are not numbers, strings hold no NUL
+or lone surrogate; each refusal is a 422 naming the field, and nothing is stored or charged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from service.db.models import ApiKey, Dataset, LedgerEntry
+from tests.api.test_datasets import stored_files
+from tests.conftest import bearer, npy_bytes
+
+DATA = np.random.default_rng(3).normal(size=(30, 3)) * 0.1
+GOOD_RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-9"}
+
+
+@pytest.fixture
+def dataset_id(client, keys, upload_dataset):
+    return upload_dataset(client, keys.owner, DATA, row_norm_bound="1")["id"]
+
+
+def post_json(client, key, path, body, headers=None):
+    # Raw JSON text: lone surrogates and NULs travel as \\u escapes, as a hostile client sends them.
+    return client.post(
+        path,
+        headers={**bearer(key), "content-type": "application/json", **(headers or {})},
+        content=json.dumps(body).encode(),
+    )
+
+
+def charges(session_factory):
+    with session_factory() as session:
+        return session.scalar(select(func.count()).select_from(LedgerEntry))
+
+
+NOT_PLAIN_DECIMALS = [
+    "1_0",
+    "١",
+    "۱",
+    "1\u0660",
+    "+1",
+    " 1",
+    "1 ",
+    ".5",
+    "1.",
+    "0x1",
+    "Infinity",
+    "NaN",
+    "1e",
+    "",
+    "1" * 65,
+    "0E1000000000000000000",
+    "1e99999",
+    True,
+    False,
+    None,
+    [1],
+    {"v": 1},
+]
+
+
+@pytest.mark.parametrize("field", ["epsilon", "delta"])
+def test_release_costs_must_be_plain_ascii_decimals(
+    client, keys, dataset_id, session_factory, field
+):
+    for value in NOT_PLAIN_DECIMALS:
+        body = {**GOOD_RELEASE, field: value}
+        response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+        assert response.status_code == 422, (value, response.text)
+        assert response.json()["detail"].startswith(field), response.text
+    assert charges(session_factory) == 0
+
+
+def test_plain_decimals_are_accepted(client, keys, dataset_id):
+    for value in ["0.25", 0.25, "2.5e-1", "25E-2", 1]:
+        body = {**GOOD_RELEASE, "epsilon": value}
+        response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+        assert response.status_code == 202, response.text
+
+
+def test_k_must_be_a_json_integer_and_params_are_strict(client, keys, dataset_id, session_factory):
+    path = f"/v1/datasets/{dataset_id}/releases"
+    for value in [True, "1", 1.0, "x"]:
+        response = post_json(client, keys.analyst, path, {**GOOD_RELEASE, "k": value})
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith("k")
+    for value in [True, "1.5"]:
+        body = {**GOOD_RELEASE, "params": {"clip_norm": value}}
+        response = post_json(client, keys.analyst, path, body)
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith("params.clip_norm")
+    assert charges(session_factory) == 0
+
+
+BAD_TEXT = ["a\x00b", "\x00", "a\ud800b", "\udfff", "two\nlines", "x" * 201, ""]
+
+
+def test_key_names_refuse_nul_surrogates_and_control_characters(client, keys, session_factory):
+    with session_factory() as session:
+        before = session.scalar(select(func.count()).select_from(ApiKey))
+    for value in BAD_TEXT:
+        response = post_json(client, keys.admin, "/v1/keys", {"role": "owner", "name": value})
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith("name")
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(ApiKey)) == before
+
+
+def test_mechanism_names_and_idempotency_keys_refuse_bad_text(
+    client, keys, dataset_id, session_factory
+):
+    path = f"/v1/datasets/{dataset_id}/releases"
+    for value in BAD_TEXT:
+        response = post_json(client, keys.analyst, path, {**GOOD_RELEASE, "mechanism": value})
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith("mechanism")
+    for value in ["a\x00b", "two\nlines", "sp ace", "é", "x" * 201]:
+        # Raw header bytes (latin-1): how a header value reaches the application.
+        response = client.post(
+            path,
+            headers=[
+                (b"authorization", f"Bearer {keys.analyst}".encode()),
+                (b"idempotency-key", value.encode("latin-1")),
+            ],
+            json=GOOD_RELEASE,
+        )
+        assert response.status_code == 422, response.text
+        assert "idempotency-key" in response.json()["detail"].lower()
+    assert charges(session_factory) == 0
+
+
+def upload(client, key, **form):
+    fields = {"name": "d", "epsilon_budget": "1", "delta_budget": "1e-6", **form}
+    return client.post(
+        "/v1/datasets",
+        headers=bearer(key),
+        files={"file": ("x.npy", npy_bytes(DATA), "application/octet-stream")},
+        data=fields,
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("name", "a\x00b"),
+        ("name", "two\nlines"),
+        ("epsilon_budget", "1_0"),
+        ("epsilon_budget", "١"),
+        ("epsilon_budget", "+1"),
+        ("epsilon_budget", " 1"),
+        ("delta_budget", "1e-6 "),
+        ("row_norm_bound", "1_0"),
+        ("row_norm_bound", "٣"),
+        ("row_norm_bound", "true"),
+    ],
+)
+def test_upload_form_fields_are_strict(client, keys, settings, session_factory, field, value):
+    response = upload(client, keys.owner, **{field: value})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(field)
+    assert stored_files(settings) == []
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(Dataset)) == 0
+
+
+def test_unknown_fields_are_refused_and_named_safely(client, keys, dataset_id, session_factory):
+    path = f"/v1/datasets/{dataset_id}/releases"
+    for name in ["epsilonn", "a\x00b", "\ud800", "x" * 500]:
+        response = post_json(client, keys.analyst, path, {**GOOD_RELEASE, name: 1})
+        assert response.status_code == 422, response.text
+        detail = response.json()["detail"]
+        assert "Extra inputs are not permitted" in detail or "unicode" in detail, detail
+        assert "\x00" not in detail and len(detail) < 300
+    response = post_json(client, keys.admin, "/v1/keys", {"role": "owner", "name": "n", "x": 1})
+    assert response.status_code == 422
+    assert charges(session_factory) == 0
+
+
+def test_unknown_form_fields_are_refused(client, keys, settings):
+    response = upload(client, keys.owner, row_norm_bnd="1")
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("row_norm_bnd: Extra inputs are not permitted")
+    assert stored_files(settings) == []
