@@ -28,15 +28,17 @@ def is_sqlite(url: str) -> bool:
 
 
 def _private_sqlite_file(url: str) -> None:
-    """Create the SQLite file ``0600`` (its directory ``0700``) before SQLite does with the
+    """Create the SQLite file ``0600`` (in an existing directory) before SQLite does with the
     umask's ``0644``: it holds the ledger and key hashes. SQLite gives its ``-wal`` and ``-shm``
     files the database file's mode."""
     database = make_url(url).database
     if not database or database == ":memory:" or database.startswith("file:"):
         return
     path = Path(database)
-    if not path.parent.exists():
-        path.parent.mkdir(mode=0o700, parents=True)
+    if not path.parent.is_dir():
+        # Not ours to create (``dpss serve``/``migrate`` make the data directory ``0700``): a
+        # mistyped URL must fail to open (503, and /readyz says so), not create an empty database.
+        return
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     os.chmod(path, 0o600)
 

@@ -311,6 +311,8 @@ def test_the_sqlite_database_file_is_private(tmp_path):
     old_umask = os.umask(0o022)
     try:
         path = tmp_path / "fresh" / "dpss.sqlite3"
+        # As `dpss serve` and `dpss migrate` make it (next test).
+        path.parent.mkdir(mode=0o700)
         engine = make_engine(f"sqlite:///{path}")
         with engine.begin() as connection:
             connection.exec_driver_sql("CREATE TABLE t (x INTEGER)")
@@ -318,9 +320,26 @@ def test_the_sqlite_database_file_is_private(tmp_path):
     finally:
         os.umask(old_umask)
     assert mode(path) == 0o600
-    assert mode(path.parent) == 0o700
     for sidecar in path.parent.iterdir():
         assert mode(sidecar) == 0o600, sidecar
+
+
+def test_dpss_migrate_makes_a_private_data_directory_and_database(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from service.cli import app as cli_app
+
+    data_dir = tmp_path / "new-data"
+    monkeypatch.setenv("DPSS_DATA_DIR", str(data_dir))
+    monkeypatch.delenv("DPSS_DATABASE_URL", raising=False)
+    old_umask = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(cli_app, ["migrate"])
+    finally:
+        os.umask(old_umask)
+    assert result.exit_code == 0, result.output
+    assert mode(data_dir) == 0o700
+    assert mode(data_dir / "dpss.sqlite3") == 0o600
 
 
 # --- incomplete files in incoming/ -------------------------------------------------------------
