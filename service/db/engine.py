@@ -39,8 +39,15 @@ def _private_sqlite_file(url: str) -> None:
         # Not ours to create (``dpss serve``/``migrate`` make the data directory ``0700``): a
         # mistyped URL must fail to open (503, and /readyz says so), not create an empty database.
         return
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-    os.chmod(path, 0o600)
+    try:
+        # O_EXCL: never open (and so never close) a descriptor of an existing database. Closing
+        # any descriptor of a file drops every POSIX lock this process holds on it, including
+        # those of SQLite connections already open here; another process could then take the
+        # database for unused and delete its WAL under them ("disk I/O error").
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        # Mode only (no descriptor): databases made before this rule become private too.
+        os.chmod(path, 0o600)
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:

@@ -450,3 +450,38 @@ def test_a_full_disk_answers_507_and_keeps_nothing(full_disk_client, keys, sessi
     assert dataset_count(session_factory) == 0
     # The disk is usable again at once: a small upload succeeds.
     assert post_file(client, keys.owner, "x.csv", _csv_of(4096)).status_code == 201
+
+
+def test_making_an_engine_leaves_the_locks_of_open_connections_alone(tmp_path):
+    """Another engine on a database this process already uses must not drop the POSIX locks
+    of its open connections: another process closing the database would then delete the WAL
+    under them (an earlier version opened and closed the file, and SQLite then answered
+    'disk I/O error')."""
+    path = tmp_path / "shared.sqlite3"
+    url = f"sqlite:///{path}"
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+    with engine.connect() as held:
+        held.exec_driver_sql("SELECT count(*) FROM t").scalar()
+        held.commit()  # the connection stays open (and keeps its WAL locks), its lock is free
+        make_engine(url).dispose()
+        # Another process opens, writes and closes the database: it is never the last user.
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+                "c.execute('INSERT INTO t VALUES (1)'); c.commit(); c.close()",
+                str(path),
+            ],
+            check=True,
+            timeout=60,
+        )
+        # It saw this process's connection: it did not take itself for the last user and
+        # checkpoint and delete the WAL that `held` still uses.
+        assert path.with_name(path.name + "-wal").exists()
+        held.exec_driver_sql("INSERT INTO t VALUES (2)")
+        held.commit()
+        assert held.exec_driver_sql("SELECT count(*) FROM t").scalar() == 2
+    engine.dispose()
