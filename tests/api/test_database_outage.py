@@ -12,12 +12,13 @@ import httpx
 import numpy as np
 import pytest
 
+from scripts.harness import PrivatePostgres, free_port, have_private_postgres
 from service import auth
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
 from service.migrate import upgrade_to_head
-from tests.api.live import PrivateCluster, free_port, postgres_binaries_available, serving
+from tests.api.live import serving
 from tests.conftest import SKIP_POSTGRES, bearer, npy_bytes
 
 RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
@@ -79,9 +80,9 @@ def test_an_unreachable_database_gives_503_on_a_connection_that_stays_usable(tmp
 
 @pytest.fixture
 def cluster() -> Any:
-    if SKIP_POSTGRES or not postgres_binaries_available():
+    if SKIP_POSTGRES or not have_private_postgres():
         pytest.skip("needs PostgreSQL server binaries (initdb, pg_ctl)")
-    cluster = PrivateCluster()
+    cluster = PrivatePostgres()
     try:
         cluster.start()
         yield cluster
@@ -90,14 +91,14 @@ def cluster() -> Any:
 
 
 def test_postgres_stopped_gives_503_and_the_same_app_recovers(tmp_path, cluster, caplog):
-    upgrade_to_head(cluster.url)
-    engine = make_engine(cluster.url)
+    upgrade_to_head(cluster.url())
+    engine = make_engine(cluster.url())
     with make_session_factory(engine).begin() as session:
         _, owner = auth.create_key(session, "owner", "o", None)
     engine.dispose()
     settings = Settings(
         data_dir=tmp_path / "data",
-        database_url=cluster.url,
+        database_url=cluster.url(),
         retry_after_seconds=1,
         db_connect_timeout_seconds=2,
     )
