@@ -76,16 +76,7 @@ def chain_only(session: Session) -> int:
     expected_prev = audit.GENESIS_HASH
     count = 0
     for event in audit._iter_chain(session):
-        digest = audit.event_digest(
-            prev_hash=event.prev_hash,
-            seq=event.seq,
-            event_type=event.event_type,
-            actor_key_id=event.actor_key_id,
-            dataset_id=event.dataset_id,
-            release_id=event.release_id,
-            created_at=event.created_at,
-            details=event.details,
-        )
+        digest = audit.stored_event_digest(event)
         assert digest == event.hash and event.prev_hash == expected_prev
         expected_prev = event.hash
         count += 1

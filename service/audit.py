@@ -88,6 +88,21 @@ def event_digest(
     return hashlib.sha256(prev_hash.encode("ascii") + canonical.encode("ascii")).hexdigest()
 
 
+def stored_event_digest(event: AuditEvent, prev_hash: str | None = None) -> str:
+    """The hash ``event`` should carry, from its stored fields (after ``prev_hash``, by default
+    the one it stores)."""
+    return event_digest(
+        prev_hash=event.prev_hash if prev_hash is None else prev_hash,
+        seq=event.seq,
+        event_type=event.event_type,
+        actor_key_id=event.actor_key_id,
+        dataset_id=event.dataset_id,
+        release_id=event.release_id,
+        created_at=event.created_at,
+        details=event.details,
+    )
+
+
 def event_mac(key: bytes, digest: str) -> str:
     """``HMAC-SHA256(key, hash)``: the hash already covers the event and every one before it."""
     return hmac.new(key, digest.encode("ascii"), hashlib.sha256).hexdigest()
@@ -305,16 +320,7 @@ def verify(
             report.problems.append(f"event {expected_seq} is missing (next stored is {event.seq})")
         if event.prev_hash != expected_prev:
             report.problems.append(f"event {event.seq}: prev_hash does not match event before it")
-        recomputed = event_digest(
-            prev_hash=event.prev_hash,
-            seq=event.seq,
-            event_type=event.event_type,
-            actor_key_id=event.actor_key_id,
-            dataset_id=event.dataset_id,
-            release_id=event.release_id,
-            created_at=event.created_at,
-            details=event.details,
-        )
+        recomputed = stored_event_digest(event)
         if recomputed != event.hash:
             report.problems.append(f"event {event.seq}: content does not match its hash")
         if anchor is not None and event.seq == anchor.seq:

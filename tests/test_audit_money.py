@@ -378,16 +378,7 @@ def _rechain(session: Session, *, strip_macs: bool) -> None:
     prev = audit.GENESIS_HASH
     for event in session.scalars(select(AuditEvent).order_by(AuditEvent.seq)).all():
         event.prev_hash = prev
-        event.hash = audit.event_digest(
-            prev_hash=prev,
-            seq=event.seq,
-            event_type=event.event_type,
-            actor_key_id=event.actor_key_id,
-            dataset_id=event.dataset_id,
-            release_id=event.release_id,
-            created_at=event.created_at,
-            details=event.details,
-        )
+        event.hash = audit.stored_event_digest(event, prev)
         if strip_macs:
             event.mac = None
         session.flush()
