@@ -387,15 +387,17 @@ def start_long():
 
 def status():
     state = load_state()
-    _, rel = call("GET", f"/v1/releases/{state['long_release']}", state["keys"]["analyst"], expect=200)
+    # The owner sees the job's real state and attempts; an analyst sees "queued" until the
+    # release's public visible_at (run times are hidden from analysts).
+    _, rel = call("GET", f"/v1/releases/{state['long_release']}", state["keys"]["owner"], expect=200)
     print(rel["status"], rel.get("attempts"))
 
 
 def finish_long():
     state = load_state()
-    analyst = state["keys"]["analyst"]
+    owner = state["keys"]["owner"]
     t = time.monotonic()
-    rel = wait_release(analyst, state["long_release"], timeout=float(os.environ["SMOKE_FINISH_TIMEOUT"]))
+    rel = wait_release(owner, state["long_release"], timeout=float(os.environ["SMOKE_FINISH_TIMEOUT"]))
     print(f"  release ended '{rel['status']}' {time.monotonic() - t:.1f}s after the kill; attempts={rel['attempts']}", flush=True)
     if rel.get("started_at") and rel.get("finished_at"):
         from datetime import datetime
