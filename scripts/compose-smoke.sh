@@ -408,7 +408,7 @@ def finish_long():
     d = int(os.environ["SMOKE_KILL_D"])
     basis = rel["result"]["basis"]
     check(len(basis) == d and all(len(r) == 5 for r in basis), "basis is not d x 5")
-    _, budget = call("GET", f"/v1/datasets/{state['long_dataset']}/budget", analyst, expect=200)
+    _, budget = call("GET", f"/v1/datasets/{state['long_dataset']}/budget", owner, expect=200)
     check(dec(budget["epsilon_spent"]) == Decimal("0.7"), f"epsilon_spent {budget['epsilon_spent']} != 0.7 (charged once)")
     check(dec(budget["delta_spent"]) == Decimal("0.000001"), f"delta_spent {budget['delta_spent']}")
     print(f"  budget after the crash: epsilon_spent {budget['epsilon_spent']} = the release's epsilon 0.7, delta_spent {budget['delta_spent']}")
