@@ -38,6 +38,7 @@ from service.mechanisms.base import (
     ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
+    Preview,
     PublicContext,
     ReleaseSpec,
 )
@@ -211,6 +212,37 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         # Per unit C^2: eigenvalues and the gap <= n, (2j+1) <= n + 3 in A(j), and the cap's
         # threshold sqrt(2/k). The noise scales do not involve C.
         return min(1.0, math.sqrt(2.0 / k)), ctx.n_cols * (ctx.n_rows + 4.0)
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> Preview:
+        k, dim = spec.k, ctx.n_cols * spec.k
+        cap = math.sqrt(2.0 * k)  # A(j) never exceeds it, so neither does S
+        if spec.delta > 0:
+            beta = gaussian_beta(spec.epsilon, spec.delta, dim)
+            per_s = gaussian_noise_scale(1.0, spec.epsilon, spec.delta)
+            kind = "Gaussian standard deviation"
+        else:
+            beta = cauchy_beta(spec.epsilon, dim)
+            per_s = cauchy_noise_scale(math.sqrt(dim), spec.epsilon)
+            kind = "Cauchy scale"
+        return Preview(
+            scales={
+                "variant": "gaussian" if spec.delta > 0 else "cauchy",
+                "beta": beta,
+                "noise_per_unit_smooth_bound": per_s,
+                "smooth_bound_cap": cap,
+                "noise_at_cap": per_s * cap,
+            },
+            meaning=[
+                f"Each of the d x k entries of the rotated basis gets noise of {kind} "
+                f"{per_s:.4g} S, where S = max_j exp(-{beta:.4g} j) A(j) is the beta-smooth "
+                "bound on the basis's sensitivity (it depends on the eigengap, which is not "
+                "shown).",
+                f"S <= sqrt(2k) = {cap:.4g}: when the k-th eigengap of the clipped X^T X is "
+                f"small (below about 3 C^2), the noise is about {per_s * cap:.4g} per entry and "
+                "the basis is essentially random; it shrinks like 2 C^2 / gap once the gap is "
+                "many times C^2 (and beta j stays small).",
+            ],
+        )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> int:
         d, k = ctx.n_cols, spec.k
