@@ -153,7 +153,8 @@ class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
                 f"Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
                 f"standard deviation sigma = {sigma:.4g}.",
                 f"The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = "
-                f"{norm:.4g}; each released eigenvalue is off by at most that much (Weyl).",
+                f"{norm:.4g}; each released eigenvalue is within about that much of the true one "
+                "(Weyl).",
                 f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
                 f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
                 "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||)).",

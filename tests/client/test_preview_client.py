@@ -86,4 +86,7 @@ def test_cli_dry_run(
     assert body["dry_run"] is True and body["affordable"] is True
     refused = dpss(*args, "--wait", key=analyst)
     assert refused.exit_code == ExitCode.USAGE
+    invalid = dpss(*args, "--param", "clip_norm=-1", key=analyst)
+    assert invalid.exit_code == ExitCode.REFUSED
+    assert "clip_norm" in invalid.output
     assert owner.budget(ds.id).epsilon_spent == 0
