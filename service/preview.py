@@ -15,6 +15,7 @@ a key sent by mistake with ``dry_run`` would otherwise suggest that something wa
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
@@ -50,6 +51,14 @@ class ReleasePreview:
     memory_mb: float
     scales: dict[str, PreviewValue]
     meaning: list[str]
+
+
+def _finite(value: PreviewValue) -> PreviewValue:
+    """A non-finite float as ``None``: JSON has no infinity, and a preview must never fail on a
+    request the real path accepts (``prepare`` already keeps every scale finite)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def preview_release(
@@ -95,6 +104,6 @@ def preview_release(
         epsilon_remaining=budget.epsilon_remaining,
         delta_remaining=budget.delta_remaining,
         memory_mb=memory,
-        scales=dict(shown.scales),
+        scales={name: _finite(value) for name, value in shown.scales.items()},
         meaning=list(shown.meaning),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
 import pytest
@@ -10,6 +11,8 @@ from sqlalchemy import func, select
 from service import audit
 from service.db.models import AuditEvent, LedgerEntry, Release
 from service.mechanisms.analyze_gauss import expected_noise_norm, noise_sigma
+from service.mechanisms.base import Preview
+from service.mechanisms.registry import get_mechanism
 from tests.conftest import bearer
 from tests.factories import near_subspace
 
@@ -157,3 +160,15 @@ def test_openapi_documents_dry_run_and_the_preview_schema(client):
     schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
     assert set(schema["required"]) >= {"affordable", "scales", "meaning", "epsilon"}
     assert all(prop.get("description") for prop in schema["properties"].values())
+
+
+def test_a_non_finite_scale_is_shown_as_null_not_a_500(client, keys, dataset, monkeypatch):
+    mechanism = get_mechanism("analyze_gauss")
+    monkeypatch.setattr(
+        type(mechanism),
+        "preview",
+        lambda self, ctx, spec: Preview(scales={"sigma": math.inf, "k": 2}, meaning=["x"]),
+    )
+    response = request(client, keys.analyst, dataset["id"])
+    assert response.status_code == 200
+    assert response.json()["scales"] == {"sigma": None, "k": 2}
