@@ -103,6 +103,15 @@ def test_smooth_sensitivity_preview_beta_and_multiplier_are_the_runs(monkeypatch
         used = smooth_sensitivity.cauchy_noise_scale(math.sqrt(10) * smooth, spec.epsilon)
     assert used == pytest.approx(per_s * smooth, rel=1e-12)
     assert smooth <= shown.scales["smooth_bound_cap"]
+    # Below the stated gap S is at least half the cap; well above it, less.
+    beta, cap, half = (
+        shown.scales["beta"],
+        shown.scales["smooth_bound_cap"],
+        shown.scales["half_noise_gap"],
+    )
+    for gap in (0.5, half * 0.5, half * 0.999):
+        assert smooth_sensitivity.smooth_bound(gap, 2, 1.0, beta) >= cap / 2
+    assert smooth_sensitivity.smooth_bound(half * 3, 2, 1.0, beta) < cap / 2
 
 
 def test_spectrum_preview_is_the_runs(rng):
