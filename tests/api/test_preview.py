@@ -172,3 +172,15 @@ def test_a_non_finite_scale_is_shown_as_null_not_a_500(client, keys, dataset, mo
     response = request(client, keys.analyst, dataset["id"])
     assert response.status_code == 200
     assert response.json()["scales"] == {"sigma": None, "k": 2}
+
+
+def test_the_readme_example_with_json_numbers(client, keys, dataset):
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", "k": 3, "epsilon": 0.5, "delta": 1e-6},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["epsilon"], body["delta"], body["dry_run"]) == ("0.5", "0.000001", True)
+    assert {"sigma", "noise_spectral_norm", "gap_for_error_0_1"} <= set(body["scales"])
