@@ -138,3 +138,42 @@ class BudgetExceeded(Schema):
     detail: str = Field(description="Explanation.")
     epsilon_remaining: ExactDecimal = Field(description="Epsilon still available.")
     delta_remaining: ExactDecimal = Field(description="Delta still available.")
+
+
+class ReleasePreview(Schema):
+    """What a release would cost and use (`?dry_run=true`); nothing was charged or created.
+
+    Every number comes from public facts (n, d, k, the params, epsilon, delta, the declared row
+    norm bound) through the same functions the mechanism's run uses; never from the data.
+    """
+
+    dry_run: Literal[True] = Field(description="Always true: this is a preview, not a release.")
+    dataset_id: UUID = Field(description="The dataset the release would read.")
+    mechanism: str = Field(description="Mechanism name.")
+    k: int = Field(description="Requested dimension.")
+    epsilon: ExactDecimal = Field(description="Epsilon a real request would charge.")
+    delta: ExactDecimal = Field(description="Delta a real request would charge.")
+    params: dict[str, Any] = Field(
+        description="Parameters as a real request would resolve them (defaults filled in)."
+    )
+    affordable: bool = Field(
+        description=(
+            "Whether the remaining budget covers the cost now. A real request that it does not "
+            "cover is refused with 409 `budget_exceeded`; a preview says so here instead."
+        )
+    )
+    epsilon_remaining: ExactDecimal = Field(description="Epsilon left in the dataset's budget.")
+    delta_remaining: ExactDecimal = Field(description="Delta left in the dataset's budget.")
+    memory_mb: float = Field(
+        description="The run's working-memory estimate in MiB (a real request above the "
+        "worker limit is refused with 422)."
+    )
+    scales: dict[str, float | int | str | bool | None] = Field(
+        description=(
+            "The noise scales, thresholds and counts the mechanism would use, by name (see "
+            "docs/mechanisms.md, 'Preview before spending', for each mechanism's names)."
+        )
+    )
+    meaning: list[str] = Field(
+        description="What those numbers imply for the result, in plain sentences."
+    )

@@ -294,6 +294,11 @@ class _Recorded:
                 if refunded is None
                 else (Decimal(refunded["epsilon"]), Decimal(refunded["delta"])),
             )
+        elif kind == "release_previewed":
+            # A dry run moves no money and creates no release: it may name neither.
+            if event.release_id is not None:
+                problems.append(f"event {seq}: a release_previewed event names a release")
+            Decimal(details["cost"]["epsilon"]), Decimal(details["cost"]["delta"])
         elif kind == "key_created":
             self.keys[uuid.UUID(details["key_id"])] = (seq, details["role"])
         elif kind == "key_revoked":

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ValidationError
 from api_schemas.audit import AuditEvent, AuditPage
 from api_schemas.datasets import Budget, Dataset, DatasetList
 from api_schemas.mechanisms import MechanismInfo, MechanismList
-from api_schemas.releases import Release, ReleaseStatus
+from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 
 __all__ = [
     "AuthError",
@@ -464,6 +464,37 @@ class Client:
             headers={"Idempotency-Key": key},
         )
         return ReleaseHandle(self, _parse(response, Release))
+
+    def preview_release(
+        self,
+        dataset_id: UUID | str,
+        mechanism: str,
+        k: int,
+        epsilon: Number,
+        delta: Number,
+        **params: Any,
+    ) -> ReleasePreview:
+        """What :meth:`release` would cost and use, charging nothing (analyst key).
+
+        The service validates the request exactly as a real one (same errors), and answers
+        with the cost, whether the budget covers it (``affordable``), and the noise scales the
+        mechanism would use (``scales``) with what they mean (``meaning``). Keyword arguments
+        are the mechanism's parameters.
+        """
+        body = {
+            "mechanism": mechanism,
+            "k": k,
+            "epsilon": _decimal_str(epsilon, "epsilon"),
+            "delta": _decimal_str(delta, "delta"),
+            "params": params,
+        }
+        response = self._request(
+            "POST",
+            f"/v1/datasets/{dataset_id}/releases",
+            params={"dry_run": "true"},
+            json=body,
+        )
+        return _parse(response, ReleasePreview)
 
     def get_release(self, release_id: UUID | str) -> ReleaseHandle:
         """A handle on an existing release (e.g. one requested earlier from the CLI)."""

@@ -85,6 +85,11 @@ def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     return dataset
 
 
+def lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
+    """The live dataset, locked as a real request locks it; 404 or 409 ``dataset_deleted``."""
+    return _lock_dataset(session, dataset_id)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A request validated by its mechanism from public facts; nothing charged yet."""
@@ -140,6 +145,21 @@ def check_memory(prepared: Prepared, limit_mb: float) -> None:
         )
 
 
+def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
+    """The checks of a request that need no dataset: role and storable costs."""
+    require_role(principal, "analyst")
+    _check_places("epsilon", body.epsilon)
+    _check_places("delta", body.delta)
+
+
+def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
+    """Every refusal a request gets from its dataset's public facts before the budget check:
+    mechanism, params (via ``prepare``: clip norm, k, ...) and the memory gate."""
+    prepared = _prepare(body, dataset)
+    check_memory(prepared, settings.worker_memory_mb)
+    return prepared
+
+
 def _idempotent_match(
     session: Session, principal: Principal, idempotency_key: str | None, fingerprint: str
 ) -> Release | None:
@@ -170,9 +190,7 @@ def request_release(
     ``visible_at`` is fixed here, from public facts only, so that when an analyst may see the
     outcome says nothing about how long the job ran (see :mod:`service.padding`).
     """
-    require_role(principal, "analyst")
-    _check_places("epsilon", body.epsilon)
-    _check_places("delta", body.delta)
+    check_request_fields(principal, body)
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise InvalidInput("Idempotency-Key", "must be 1 to 200 characters")
     fingerprint = request_hash(dataset_id, body)
@@ -184,8 +202,7 @@ def request_release(
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
         return existing
-    prepared = _prepare(body, dataset)
-    check_memory(prepared, settings.worker_memory_mb)
+    prepared = check_request(body, dataset, settings)
     params = prepared.params
     budget = ledger.budget_of(session, dataset)
     if not budget.affords(body.epsilon, body.delta):

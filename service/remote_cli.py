@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api_schemas.datasets import Budget, Dataset
-from api_schemas.releases import Release
+from api_schemas.releases import Release, ReleasePreview
 from service.client import (
     DEFAULT_URL,
     Client,
@@ -207,6 +207,26 @@ def _dataset_rows(ds: Dataset) -> list[tuple[str, Any]]:
         ("row_norm_bound", ds.row_norm_bound),
         ("created_at", ds.created_at.isoformat(timespec="seconds")),
     ]
+
+
+def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [
+        ("dataset_id", info.dataset_id),
+        ("mechanism", info.mechanism),
+        ("k", info.k),
+        ("epsilon", info.epsilon),
+        ("delta", info.delta),
+        ("params", json.dumps(info.params, sort_keys=True)),
+        ("affordable", "yes" if info.affordable else "NO: the budget does not cover it"),
+        ("epsilon_remaining", info.epsilon_remaining),
+        ("delta_remaining", info.delta_remaining),
+        ("memory", f"{info.memory_mb:,.1f} MiB"),
+    ]
+    rows += [
+        (name, f"{value:.6g}" if isinstance(value, float) else value)
+        for name, value in info.scales.items()
+    ]
+    return rows
 
 
 def _release_rows(info: Release) -> list[tuple[str, Any]]:
@@ -486,13 +506,40 @@ def releases_create(
         str | None,
         typer.Option("--idempotency-key", help="Reuse to retry a request without a second charge."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Preview only: show the cost, whether the budget covers it and the noise "
+            "scales; charge nothing.",
+        ),
+    ] = False,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Request a release of DATASET_ID (analyst key). The cost is charged when it is queued."""
     params = parse_params(param or [])
+    if dry_run and (wait or out is not None or idempotency_key is not None):
+        raise typer.BadParameter(
+            "a dry run creates nothing to wait for, save or retry; drop --wait, --out and "
+            "--idempotency-key",
+            param_hint="--dry-run",
+        )
     with _service_errors(as_json), _client(url, api_key) as client:
+        if dry_run:
+            try:
+                shown = client.preview_release(dataset_id, mechanism, k, epsilon, delta, **params)
+            except (ValueError, TypeError) as exc:
+                raise typer.BadParameter(str(exc)) from exc
+            if as_json:
+                _print_json(_dump(shown))
+            else:
+                console = _stdout()
+                console.print(_kv_table("preview (nothing charged)", _preview_rows(shown)))
+                for line in shown.meaning:
+                    console.print(f"- {line}", markup=False)
+            return
         if out is not None:
             # Refuse before anything is charged when the result could not be saved anyway.
             known = {m.name: m for m in client.mechanisms()}
