@@ -9,6 +9,7 @@ cannot connect is recorded as ``timeout`` or ``conn-error``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import random
 import time
@@ -178,15 +179,26 @@ async def run_clients(
     mix: dict[str, int] | None = None,
     recorder: Recorder | None = None,
 ) -> Recorder:
-    """``clients`` concurrent clients for ``duration`` seconds; one connection each at most."""
+    """``clients`` concurrent clients for ``duration`` seconds, one keep-alive connection each.
+
+    Each client has its own ``httpx.AsyncClient`` limited to one connection, as a real user's
+    client would be. One pool shared by all clients is quadratic: httpcore scans every pooled
+    connection (with a ``getpeername`` system call each) on every request and every response, so
+    at 200 clients the generator alone saturated a core and its own queueing was measured as the
+    service's latency.
+    """
     recorder = recorder or Recorder()
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(
-        base_url=seeded.base_url, timeout=request_timeout, limits=limits
-    ) as http:
-        deadline = time.monotonic() + duration
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    deadline = time.monotonic() + duration
+    async with contextlib.AsyncExitStack() as stack:
+        https = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=seeded.base_url, timeout=request_timeout, limits=limits)
+            )
+            for _ in range(clients)
+        ]
         await asyncio.gather(
-            *(_client(i, http, seeded, deadline, recorder, mix or MIX) for i in range(clients))
+            *(_client(i, https[i], seeded, deadline, recorder, mix or MIX) for i in range(clients))
         )
     return recorder
 
