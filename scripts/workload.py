@@ -17,6 +17,7 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import numpy as np
@@ -68,7 +69,7 @@ class Recorder:
         self.samples.append(Sample(started - self.origin, endpoint, status, now - started))
 
 
-def npy(array: np.ndarray) -> bytes:  # type: ignore[type-arg]
+def npy(array: np.ndarray[Any, Any]) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
     return buffer.getvalue()
@@ -292,7 +293,7 @@ def ledger_check(database_url: str, recorder: Recorder | None, checks: Checks) -
             )
             or 0
         )
-        statuses = dict(
+        statuses: dict[str, int] = dict(
             connection.execute(text("SELECT status, count(*) FROM releases GROUP BY status")).all()
         )
     engine.dispose()
