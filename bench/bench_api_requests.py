@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import ssl
 import sys
 import tempfile
 import time
@@ -52,7 +53,7 @@ async def measure(
 ) -> tuple[float, float, float]:
     """(requests/s, p50 ms, p99 ms) of ``clients`` closed-loop clients GETting ``path``."""
     latencies: list[float] = []
-    deadline = time.monotonic() + seconds
+    tls = ssl.create_default_context()  # one for all clients (see scripts/workload.py)
 
     async def client(http: httpx.AsyncClient) -> None:
         while time.monotonic() < deadline:
@@ -65,7 +66,7 @@ async def measure(
 
         async def new_client(connections: int) -> httpx.AsyncClient:
             limits = httpx.Limits(max_connections=connections)
-            made = httpx.AsyncClient(base_url=base_url, timeout=30, limits=limits)
+            made = httpx.AsyncClient(base_url=base_url, timeout=30, limits=limits, verify=tls)
             return await stack.enter_async_context(made)
 
         if shared:
@@ -74,6 +75,7 @@ async def measure(
         else:
             https = [await new_client(1) for _ in range(clients)]
         started = time.monotonic()
+        deadline = started + seconds
         await asyncio.gather(*(client(http) for http in https))
         elapsed = time.monotonic() - started
     ms = [latency * 1000 for latency in latencies]
