@@ -15,7 +15,7 @@ from api_schemas.datasets import Budget, Dataset, DatasetCreate, DatasetList
 from service import datasets
 from service.api.deps import Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
-from service.api.presenters import budget_out, dataset_out
+from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
 from service.errors import InvalidInput
@@ -119,7 +119,7 @@ async def create_dataset(
 async def list_datasets(uow: UnitOfWorkDep, limit: Limit = 100, offset: Offset = 0) -> DatasetList:
     def work(session: Session, principal: Principal) -> DatasetList:
         rows = datasets.list_datasets(session, principal, limit, offset)
-        return DatasetList(items=[dataset_out(session, row) for row in rows])
+        return DatasetList(items=datasets_out(session, rows))
 
     return await uow(work)
 
