@@ -136,5 +136,19 @@ class BudgetExceeded(Schema):
 
     error: Literal["budget_exceeded"] = Field(description="Always `budget_exceeded`.")
     detail: str = Field(description="Explanation.")
-    epsilon_remaining: ExactDecimal = Field(description="Epsilon still available.")
-    delta_remaining: ExactDecimal = Field(description="Delta still available.")
+    epsilon_remaining: ExactDecimal = Field(
+        description="Epsilon still available in the budget named by `budget`."
+    )
+    delta_remaining: ExactDecimal = Field(
+        description="Delta still available in the budget named by `budget`."
+    )
+    budget: Literal["dataset", "grant"] = Field(
+        default="dataset",
+        description=(
+            "Which budget would go negative: the analyst's `grant` (checked first) or the "
+            "`dataset`'s. Nothing was charged to either."
+        ),
+    )
+    grant_id: UUID | None = Field(
+        default=None, description="The grant that is short, when `budget` is `grant`."
+    )

@@ -15,17 +15,26 @@ context. Values the ledger cannot store exactly are refused before they get here
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
 from service.db.models import Dataset, LedgerEntry
 from service.errors import InvalidInput
 
-__all__ = ["BUDGET_CONTEXT", "BudgetState", "budget_of", "charge", "check_storable", "refund"]
+__all__ = [
+    "BUDGET_CONTEXT",
+    "BudgetState",
+    "budget_of",
+    "charge",
+    "check_storable",
+    "refund",
+    "spent",
+]
 
 
 def check_storable(field: str, value: Decimal) -> None:
@@ -64,19 +73,31 @@ def budget_of(session: Session, dataset: Dataset) -> BudgetState:
             LedgerEntry.dataset_id == dataset.id
         )
     ).all()
+    epsilon_spent, delta_spent = spent(rows)
+    return BudgetState(dataset.epsilon_total, dataset.delta_total, epsilon_spent, delta_spent)
+
+
+def spent(rows: Iterable[Row[str, Decimal, Decimal]]) -> tuple[Decimal, Decimal]:
+    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta)`` rows, exactly."""
     epsilon_spent = Decimal(0)
     delta_spent = Decimal(0)
     for kind, epsilon, delta in rows:
         step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
         epsilon_spent = step(epsilon_spent, epsilon)
         delta_spent = step(delta_spent, delta)
-    return BudgetState(dataset.epsilon_total, dataset.delta_total, epsilon_spent, delta_spent)
+    return epsilon_spent, delta_spent
 
 
 def charge(
-    session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
+    session: Session,
+    dataset_id: uuid.UUID,
+    release_id: uuid.UUID,
+    epsilon: Decimal,
+    delta: Decimal,
+    grant_id: uuid.UUID | None = None,
 ) -> None:
-    """Append a charge (at most one per release: a unique constraint enforces it)."""
+    """Append a charge (at most one per release: a unique constraint enforces it), to the
+    dataset and, when ``grant_id`` is given, to that grant in the same entry."""
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
@@ -84,6 +105,7 @@ def charge(
             kind="charge",
             epsilon=epsilon,
             delta=delta,
+            grant_id=grant_id,
         )
     )
 
@@ -91,7 +113,13 @@ def charge(
 def refund(
     session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
 ) -> None:
-    """Append a refund; only for a release that provably never read the data."""
+    """Append a refund; only for a release that provably never read the data. It goes back to
+    the grant the charge named, if any."""
+    grant_id = session.execute(
+        select(LedgerEntry.grant_id).where(
+            LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
+        )
+    ).scalar_one_or_none()
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
@@ -99,5 +127,6 @@ def refund(
             kind="refund",
             epsilon=epsilon,
             delta=delta,
+            grant_id=grant_id,
         )
     )

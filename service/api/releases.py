@@ -25,11 +25,16 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
     summary="Request a private release (analyst); charged now, computed by a worker.",
     responses={
         401: {"model": ErrorBody, "description": "Missing or invalid API key."},
-        403: {"model": ErrorBody, "description": "Only analysts request releases."},
+        403: {
+            "model": ErrorBody,
+            "description": "Only analysts request releases; `grant_required` when "
+            "DPSS_GRANTS_REQUIRED is set and the key has no grant on the dataset.",
+        },
         404: {"model": ErrorBody, "description": "No such dataset."},
         409: {
             "model": BudgetExceeded,
-            "description": "`budget_exceeded` (with the remaining budget), "
+            "description": "`budget_exceeded` (which budget, `grant` or `dataset`, and its "
+            "remaining), "
             "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged.",
         },
         422: {
