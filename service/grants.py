@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from service import audit, ledger
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
-from service.errors import Conflict, GrantRequired, InvalidInput, NotFound
+from service.errors import Conflict, DatasetGone, GrantRequired, InvalidInput, NotFound
 
 __all__ = [
     "GrantView",
@@ -96,7 +96,7 @@ def create_grant(
     ledger.check_storable("delta", delta)
     dataset = _own_dataset(session, principal, dataset_id)
     if dataset.deleted_at is not None:
-        raise Conflict(f"dataset {dataset_id} was deleted; it can grant nothing")
+        raise DatasetGone(f"dataset {dataset_id} was deleted; it can grant nothing")
     if analyst_key_id is not None:
         key = session.get(ApiKey, analyst_key_id)
         if key is None or key.role != "analyst" or key.revoked_at is not None:

@@ -46,7 +46,7 @@ def grant_out(view: grants.GrantView) -> Grant:
         409: {
             "model": ErrorBody,
             "description": "`conflict`: the key (or every analyst) already has an active grant "
-            "here, or the dataset was deleted.",
+            "here; `dataset_deleted`: the dataset's rows were deleted.",
         },
         422: {
             "model": ErrorBody,

@@ -73,8 +73,8 @@ CONFLICTS = {
         "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged."
     ),
     ("post", "/v1/datasets/{dataset_id}/grants"): (
-        "`conflict`: the key (or every analyst) already has an active grant on this dataset, "
-        "or the dataset was deleted."
+        "`conflict`: the key (or every analyst) already has an active grant on this dataset; "
+        "`dataset_deleted`: the dataset's rows were deleted."
     ),
 }
 #: Operations that read a body with a size limit (uploads: DPSS_MAX_UPLOAD_MB; JSON bodies).

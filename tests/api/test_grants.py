@@ -219,3 +219,13 @@ def test_a_second_active_grant_for_the_same_key_is_a_conflict(client, world):
     )
     listed = client.get(world["grants"], headers=bearer(world["owner"])).json()
     assert listed["total"] == 2
+
+
+def test_a_deleted_dataset_grants_nothing_but_lists_its_grants(client, world):
+    grant(client, world, epsilon="0.5", delta="1e-6")
+    deleted = client.delete(f"/v1/datasets/{world['dataset']}", headers=bearer(world["owner"]))
+    assert deleted.status_code == 204
+    body = {"epsilon": "0.5", "delta": "1e-6", "analyst_key_id": world["alice_id"]}
+    refused = client.post(world["grants"], headers=bearer(world["owner"]), json=body)
+    assert refused.status_code == 409 and refused.json()["error"] == "dataset_deleted"
+    assert client.get(world["grants"], headers=bearer(world["owner"])).json()["total"] == 1
