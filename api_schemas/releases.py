@@ -136,8 +136,22 @@ class BudgetExceeded(Schema):
 
     error: Literal["budget_exceeded"] = Field(description="Always `budget_exceeded`.")
     detail: str = Field(description="Explanation.")
-    epsilon_remaining: ExactDecimal = Field(description="Epsilon still available.")
-    delta_remaining: ExactDecimal = Field(description="Delta still available.")
+    epsilon_remaining: ExactDecimal = Field(
+        description="Epsilon still available in the budget named by `budget`."
+    )
+    delta_remaining: ExactDecimal = Field(
+        description="Delta still available in the budget named by `budget`."
+    )
+    budget: Literal["dataset", "grant"] = Field(
+        default="dataset",
+        description=(
+            "Which budget would go negative: the analyst's `grant` (checked first) or the "
+            "`dataset`'s. Nothing was charged to either."
+        ),
+    )
+    grant_id: UUID | None = Field(
+        default=None, description="The grant that is short, when `budget` is `grant`."
+    )
 
 
 class ReleasePreview(Schema):
@@ -162,8 +176,21 @@ class ReleasePreview(Schema):
             "cover is refused with 409 `budget_exceeded`; a preview says so here instead."
         )
     )
-    epsilon_remaining: ExactDecimal = Field(description="Epsilon left in the dataset's budget.")
-    delta_remaining: ExactDecimal = Field(description="Delta left in the dataset's budget.")
+    epsilon_remaining: ExactDecimal = Field(
+        description="Epsilon left in the budget named by `budget`."
+    )
+    delta_remaining: ExactDecimal = Field(description="Delta left in the budget named by `budget`.")
+    budget: Literal["dataset", "grant"] = Field(
+        default="dataset",
+        description=(
+            "Which budget the remaining figures are of: the analyst's `grant` when the release "
+            "would be charged to one (unless only the dataset is short), else the `dataset`'s. A "
+            "real release is charged to both."
+        ),
+    )
+    grant_id: UUID | None = Field(
+        default=None, description="The grant a real release would be charged to, if any."
+    )
     memory_mb: float = Field(
         description="The run's working-memory estimate in MiB (a real request above the "
         "worker limit is refused with 422)."

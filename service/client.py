@@ -34,6 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from api_schemas.audit import AuditEvent, AuditPage
 from api_schemas.datasets import Budget, Dataset, DatasetList
+from api_schemas.grants import Grant, GrantList
 from api_schemas.mechanisms import MechanismInfo, MechanismList
 from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 
@@ -110,10 +111,16 @@ class BudgetExceededError(ConflictError):
         status: int | None,
         epsilon_remaining: Decimal | None,
         delta_remaining: Decimal | None,
+        budget: str = "dataset",
+        grant_id: UUID | None = None,
     ) -> None:
         super().__init__(code, detail, status)
+        #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
+        #: ``grant_id`` names it) or ``"dataset"``.
         self.epsilon_remaining = epsilon_remaining
         self.delta_remaining = delta_remaining
+        self.budget = budget
+        self.grant_id = grant_id
 
 
 class ServerError(DpssError):
@@ -155,6 +162,13 @@ def _decimal_or_none(value: Any) -> Decimal | None:
         return None
 
 
+def _uuid_or_none(value: Any) -> UUID | None:
+    try:
+        return UUID(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 def error_from_response(response: httpx.Response) -> DpssError:
     """Turn a 4xx/5xx response into the matching typed exception."""
     status = response.status_code
@@ -189,6 +203,8 @@ def error_from_response(response: httpx.Response) -> DpssError:
             status,
             _decimal_or_none(body.get("epsilon_remaining")),
             _decimal_or_none(body.get("delta_remaining")),
+            budget=str(body.get("budget", "dataset")),
+            grant_id=_uuid_or_none(body.get("grant_id")),
         )
     if status == 409:
         return ConflictError(code, detail, status)
@@ -429,6 +445,35 @@ class Client:
 
     def budget(self, dataset_id: UUID | str) -> Budget:
         return self._get(f"/v1/datasets/{dataset_id}/budget", Budget)
+
+    # Grants ---------------------------------------------------------------------------------
+
+    def create_grant(
+        self,
+        dataset_id: UUID | str,
+        epsilon: Number,
+        delta: Number,
+        *,
+        analyst_key_id: UUID | str | None = None,
+    ) -> Grant:
+        """Give an analyst key (every analyst if ``analyst_key_id`` is None) a share of a
+        dataset's budget (owner key). Releases are then charged to the grant and the dataset."""
+        body: dict[str, Any] = {
+            "epsilon": _decimal_str(epsilon, "epsilon"),
+            "delta": _decimal_str(delta, "delta"),
+            "analyst_key_id": None if analyst_key_id is None else str(analyst_key_id),
+        }
+        response = self._request("POST", f"/v1/datasets/{dataset_id}/grants", json=body)
+        return _parse(response, Grant)
+
+    def list_grants(self, dataset_id: UUID | str) -> list[Grant]:
+        """A dataset's grants, oldest first, each with what it spent and has left (owner key)."""
+        return self._get(f"/v1/datasets/{dataset_id}/grants", GrantList).items
+
+    def revoke_grant(self, dataset_id: UUID | str, grant_id: UUID | str) -> Grant:
+        """Revoke a grant (owner key): no further charges; what it spent stays spent."""
+        response = self._request("DELETE", f"/v1/datasets/{dataset_id}/grants/{grant_id}")
+        return _parse(response, Grant)
 
     # Releases -------------------------------------------------------------------------------
 

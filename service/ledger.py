@@ -15,11 +15,11 @@ context. Values the ledger cannot store exactly are refused before they get here
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Row, case, func, select
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
@@ -34,6 +34,7 @@ __all__ = [
     "charge",
     "check_storable",
     "refund",
+    "spent",
 ]
 
 
@@ -112,10 +113,27 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
     }
 
 
+def spent(rows: Iterable[Row[str, Decimal, Decimal]]) -> tuple[Decimal, Decimal]:
+    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta)`` rows, exactly."""
+    epsilon_spent = Decimal(0)
+    delta_spent = Decimal(0)
+    for kind, epsilon, delta in rows:
+        step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
+        epsilon_spent = step(epsilon_spent, epsilon)
+        delta_spent = step(delta_spent, delta)
+    return epsilon_spent, delta_spent
+
+
 def charge(
-    session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
+    session: Session,
+    dataset_id: uuid.UUID,
+    release_id: uuid.UUID,
+    epsilon: Decimal,
+    delta: Decimal,
+    grant_id: uuid.UUID | None = None,
 ) -> None:
-    """Append a charge (at most one per release: a unique constraint enforces it)."""
+    """Append a charge (at most one per release: a unique constraint enforces it), to the
+    dataset and, when ``grant_id`` is given, to that grant in the same entry."""
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
@@ -123,6 +141,7 @@ def charge(
             kind="charge",
             epsilon=epsilon,
             delta=delta,
+            grant_id=grant_id,
         )
     )
 
@@ -130,7 +149,13 @@ def charge(
 def refund(
     session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
 ) -> None:
-    """Append a refund; only for a release that provably never read the data."""
+    """Append a refund; only for a release that provably never read the data. It goes back to
+    the grant the charge named, if any."""
+    grant_id = session.execute(
+        select(LedgerEntry.grant_id).where(
+            LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
+        )
+    ).scalar_one_or_none()
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
@@ -138,5 +163,6 @@ def refund(
             kind="refund",
             epsilon=epsilon,
             delta=delta,
+            grant_id=grant_id,
         )
     )

@@ -19,12 +19,12 @@ import math
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import audit, ledger, releases
+from service import audit, grants, ledger, releases
 from service.auth import Principal
 from service.config import Settings
 from service.errors import InvalidInput
@@ -48,6 +48,8 @@ class ReleasePreview:
     affordable: bool
     epsilon_remaining: Decimal
     delta_remaining: Decimal
+    budget: Literal["dataset", "grant"]
+    grant_id: uuid.UUID | None
     memory_mb: float
     scales: dict[str, PreviewValue]
     meaning: list[str]
@@ -76,8 +78,20 @@ def preview_release(
         raise InvalidInput("Idempotency-Key", DRY_RUN_IDEMPOTENCY_KEY)
     dataset = releases.lock_dataset(session, dataset_id)
     prepared = releases.check_request(body, dataset, settings)
+    # The same budgets a real request is charged to: the applicable grant (a key without one is
+    # refused the same way when grants are required), then the dataset.
+    grant = grants.applicable_grant(
+        session, dataset.id, principal.key_id, required=settings.grants_required
+    )
     budget = ledger.budget_of(session, dataset)
     affordable = budget.affords(body.epsilon, body.delta)
+    charged_to: Literal["dataset", "grant"] = "dataset"
+    if grant is not None:
+        share = grants.grant_budget(session, grant)
+        if share.affords(body.epsilon, body.delta) or affordable:
+            # The analyst's own limit is the grant's (when both afford it, or the grant is short).
+            charged_to, budget = "grant", share
+        affordable = affordable and share.affords(body.epsilon, body.delta)
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
     memory = prepared.mechanism.memory_bytes(prepared.context, prepared.spec) / releases.MIB
     audit.record(
@@ -103,6 +117,8 @@ def preview_release(
         affordable=affordable,
         epsilon_remaining=budget.epsilon_remaining,
         delta_remaining=budget.delta_remaining,
+        budget=charged_to,
+        grant_id=grant.id if grant is not None else None,
         memory_mb=memory,
         scales={name: _finite(value) for name, value in shown.scales.items()},
         meaning=list(shown.meaning),

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import canonical_decimal
 from api_schemas.releases import ReleaseRequest
-from service import audit, ledger
+from service import audit, grants, ledger
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
@@ -204,6 +204,17 @@ def request_release(
         return existing
     prepared = check_request(body, dataset, settings)
     params = prepared.params
+    # The grant is checked first: it is the analyst's own limit, and naming it is more useful
+    # than the dataset's remainder when both are short. Both under the dataset's lock.
+    grant = grants.applicable_grant(
+        session, dataset.id, principal.key_id, required=settings.grants_required
+    )
+    if grant is not None:
+        share = grants.grant_budget(session, grant)
+        if not share.affords(body.epsilon, body.delta):
+            raise BudgetExceeded(
+                share.epsilon_remaining, share.delta_remaining, budget="grant", grant_id=grant.id
+            )
     budget = ledger.budget_of(session, dataset)
     if not budget.affords(body.epsilon, body.delta):
         raise BudgetExceeded(budget.epsilon_remaining, budget.delta_remaining)
@@ -234,7 +245,8 @@ def request_release(
     except IntegrityError:
         # The same key raced in for another dataset (a different request): refuse, charge nothing.
         raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
-    ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta)
+    grant_id = grant.id if grant is not None else None
+    ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta, grant_id)
     audit.record(
         session,
         "release_requested",
@@ -246,6 +258,7 @@ def request_release(
             "k": body.k,
             "params": params,
             "cost": {"epsilon": body.epsilon, "delta": body.delta},
+            "grant_id": grant_id,
         },
     )
     return release

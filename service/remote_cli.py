@@ -1,6 +1,6 @@
 """The remote half of the ``dpss`` command: talks to a running service through ``service.client``.
 
-``service.cli`` calls :func:`register_remote_commands` to add ``datasets``, ``budget``,
+``service.cli`` calls :func:`register_remote_commands` to add ``datasets``, ``budget``, ``grants``,
 ``releases``, ``mechanisms`` and ``audit list``. Like the client, this module imports nothing
 from the server, so it runs on an analyst's laptop.
 
@@ -30,6 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api_schemas.datasets import Budget, Dataset
+from api_schemas.grants import Grant
 from api_schemas.releases import Release, ReleasePreview
 from service.client import (
     DEFAULT_URL,
@@ -147,6 +148,10 @@ def _exit_code_for(error: DpssError) -> ExitCode:
     return ExitCode.ERROR
 
 
+#: What a budget_exceeded error adds: which budget is short (grant or dataset) and its remainder.
+_ERROR_EXTRAS = ("budget", "grant_id", "epsilon_remaining", "delta_remaining")
+
+
 @contextmanager
 def _service_errors(as_json: bool) -> Iterator[None]:
     """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code."""
@@ -156,7 +161,7 @@ def _service_errors(as_json: bool) -> Iterator[None]:
         code = _exit_code_for(error)
         if as_json:
             body: dict[str, Any] = {"error": error.code, "detail": error.detail}
-            for extra in ("epsilon_remaining", "delta_remaining"):
+            for extra in _ERROR_EXTRAS:
                 if getattr(error, extra, None) is not None:
                     body[extra] = str(getattr(error, extra))
             _print_json(body)
@@ -164,7 +169,7 @@ def _service_errors(as_json: bool) -> Iterator[None]:
         console.print(
             f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(error.detail)}"
         )
-        for extra in ("epsilon_remaining", "delta_remaining"):
+        for extra in _ERROR_EXTRAS:
             if getattr(error, extra, None) is not None:
                 console.print(f"  {extra}: {getattr(error, extra)}", markup=False)
         raise typer.Exit(int(code)) from None
@@ -405,6 +410,101 @@ def budget(
         out = _stdout()
         out.print(f"dataset {dataset_id}", markup=False)
         out.print(_budget_table(b))
+
+
+# --------------------------------------------------------------------------------------------
+# grants
+
+grants_app = typer.Typer(
+    help="Share a dataset's budget with analyst keys (owner key).", no_args_is_help=True
+)
+
+
+def _grants_table(items: list[Grant], title: str) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("analyst key", no_wrap=True)
+    for column in (
+        "eps total",
+        "eps spent",
+        "eps left",
+        "delta total",
+        "delta spent",
+        "delta left",
+    ):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("revoked", no_wrap=True)
+    for grant in items:
+        table.add_row(
+            str(grant.id),
+            "every analyst" if grant.analyst_key_id is None else str(grant.analyst_key_id),
+            str(grant.epsilon_total),
+            str(grant.epsilon_spent),
+            str(grant.epsilon_remaining),
+            str(grant.delta_total),
+            str(grant.delta_spent),
+            str(grant.delta_remaining),
+            "" if grant.revoked_at is None else grant.revoked_at.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+@grants_app.command("create")
+def grants_create(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    epsilon: Annotated[str, typer.Option("--epsilon", help="Epsilon granted, e.g. 0.5.")],
+    delta: Annotated[str, typer.Option("--delta", help="Delta granted, e.g. 1e-6.")],
+    analyst_key_id: Annotated[
+        str | None,
+        typer.Option("--analyst-key-id", help="The analyst key's id; omit for every analyst."),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Grant an analyst key (or every analyst) a share of DATASET_ID's budget."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        try:
+            grant = client.create_grant(dataset_id, epsilon, delta, analyst_key_id=analyst_key_id)
+        except (ValueError, TypeError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        if as_json:
+            _print_json(_dump(grant))
+            return
+        _stdout().print(_grants_table([grant], "grant created"))
+
+
+@grants_app.command("list")
+def grants_list(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List DATASET_ID's grants with what each spent and has left."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        items = client.list_grants(dataset_id)
+        if as_json:
+            _print_json({"items": [_dump(grant) for grant in items], "total": len(items)})
+            return
+        _stdout().print(_grants_table(items, f"{len(items)} grant(s)"))
+
+
+@grants_app.command("revoke")
+def grants_revoke(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    grant_id: Annotated[str, typer.Argument(help="Grant id.")],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Revoke a grant: no further charges; what it spent stays spent."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        grant = client.revoke_grant(dataset_id, grant_id)
+        if as_json:
+            _print_json(_dump(grant))
+            return
+        _stdout().print(_grants_table([grant], "grant revoked"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -666,6 +766,7 @@ def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
     """Add the remote commands to the ``dpss`` app and ``list`` to its ``audit`` group."""
     app.add_typer(datasets_app, name="datasets")
     app.command("budget")(budget)
+    app.add_typer(grants_app, name="grants")
     app.add_typer(releases_app, name="releases")
     app.command("mechanisms")(mechanisms)
     audit_app.command("list")(audit_list)

@@ -36,13 +36,17 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
             "description": "`dry_run=true`: the preview. Nothing was charged or created.",
         },
         401: {"model": ErrorBody, "description": "Missing or invalid API key."},
-        403: {"model": ErrorBody, "description": "Only analysts request releases."},
+        403: {
+            "model": ErrorBody,
+            "description": "Only analysts request releases; `grant_required` when "
+            "DPSS_GRANTS_REQUIRED is set and the key has no grant on the dataset.",
+        },
         404: {"model": ErrorBody, "description": "No such dataset."},
         409: {
             "model": BudgetExceeded,
-            "description": "`budget_exceeded` (with the remaining budget), "
-            "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged. (A dry run "
-            "reports an unaffordable cost as `affordable: false` instead.)",
+            "description": "`budget_exceeded` (which budget, `grant` or `dataset`, and its "
+            "remaining), `idempotency_conflict`, or `dataset_deleted`. Nothing is charged. (A "
+            "dry run reports an unaffordable cost as `affordable: false` instead.)",
         },
         422: {
             "model": ErrorBody,
