@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import httpx
 import numpy as np
@@ -30,7 +31,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api_schemas.datasets import Budget, Dataset
-from api_schemas.releases import Release
+from api_schemas.releases import Release, ReleaseStatus
 from service.client import (
     DEFAULT_URL,
     Client,
@@ -56,6 +57,9 @@ class ExitCode(IntEnum):
     UNREACHABLE = 6  # no answer from the service (connection refused, DNS, timeout)
     SERVER_ERROR = 7  # the service answered 5xx or something the client cannot read
     TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
+
+
+RELEASE_STATUSES: tuple[str, ...] = get_args(ReleaseStatus)
 
 
 def make_http_client(url: str, timeout: float) -> httpx.Client | None:
@@ -529,6 +533,101 @@ def releases_show(
     with _service_errors(as_json), _client(url, api_key) as client:
         handle = client.get_release(release_id)
         _finish(handle, wait=wait or out is not None, out=out, timeout=timeout, as_json=as_json)
+
+
+def _when(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time; one without a zone is taken as UTC (the service's zone)."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            "an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", param_hint=option
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@releases_app.command("list")
+def releases_list(
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Only releases of this dataset id.")
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="queued, running, succeeded, no_result or failed (as you see it)."
+        ),
+    ] = None,
+    mechanism: Annotated[
+        str | None, typer.Option("--mechanism", help="Only releases of this mechanism.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Created after this ISO 8601 time (UTC unless zoned)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Created before this ISO 8601 time (UTC unless zoned)."),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=200, help="One page of at most this many releases."),
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a page (its `next`).")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List release history, newest first: an analyst key its own releases, an owner key those
+    of its datasets. Without --limit, follows every page."""
+    if status is not None and status not in RELEASE_STATUSES:
+        raise typer.BadParameter(f"one of {', '.join(RELEASE_STATUSES)}", param_hint="--status")
+    filters: dict[str, Any] = {
+        "dataset_id": dataset,
+        "status": status,
+        "mechanism": mechanism,
+        "created_after": _when(since, "--since"),
+        "created_before": _when(until, "--until"),
+    }
+    with _service_errors(as_json), _client(url, api_key) as client:
+        if limit is not None or cursor is not None:
+            page = client.releases_page(**filters, limit=limit, cursor=cursor)
+            items, total, following = page.items, page.total, page.next
+        else:
+            items = list(client.list_releases(**filters))
+            total, following = len(items), None
+        if as_json:
+            _print_json({"items": [_dump(r) for r in items], "total": total, "next": following})
+            return
+        table = Table(
+            title=f"{len(items)} of {total} release(s)", title_justify="left", box=box.SIMPLE_HEAD
+        )
+        table.add_column("id", no_wrap=True, min_width=36)
+        table.add_column("dataset", no_wrap=True)
+        table.add_column("mechanism", no_wrap=True)
+        table.add_column("k", justify="right", no_wrap=True)
+        table.add_column("epsilon", justify="right", no_wrap=True)
+        table.add_column("delta", justify="right", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("created (UTC)", no_wrap=True)
+        for r in items:
+            table.add_row(
+                str(r.id),
+                str(r.dataset_id)[:8],
+                r.mechanism,
+                str(r.k),
+                str(r.epsilon),
+                str(r.delta),
+                r.status,
+                r.created_at.strftime("%Y-%m-%d %H:%M"),
+            )
+        out = _stdout()
+        out.print(table)
+        if following is not None:
+            out.print(f"more: --cursor {following}", markup=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------------------------
