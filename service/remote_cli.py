@@ -603,7 +603,11 @@ def releases_list(
             _print_json({"items": [_dump(r) for r in items], "total": total, "next": following})
             return
         table = Table(
-            title=f"{len(items)} of {total} release(s)", title_justify="left", box=box.SIMPLE_HEAD
+            title=f"{len(items)} of {total} release(s)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
         )
         table.add_column("id", no_wrap=True, min_width=36)
         table.add_column("dataset", no_wrap=True)
