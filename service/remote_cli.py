@@ -311,7 +311,7 @@ def datasets_list(
     with _service_errors(as_json), _client(url, api_key) as client:
         items = client.datasets()
         if as_json:
-            _print_json({"items": [_dump(ds) for ds in items]})
+            _print_json({"items": [_dump(ds) for ds in items], "total": len(items), "next": None})
             return
         table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("id", no_wrap=True, min_width=36)
@@ -684,11 +684,19 @@ def audit_list(
     with _service_errors(as_json), _client(url, api_key) as client:
         if limit is not None:
             page = client.audit(after=after, limit=limit)
-            events, next_after = page.items, page.next_after
+            events, next_after, total, following = (
+                page.items,
+                page.next_after,
+                page.total,
+                page.next,
+            )
         else:
-            events, next_after = list(client.audit_events(after=after)), None
+            # The chain's length as the service counts it (every event, not only after --after).
+            total = client.audit(limit=1).total
+            events, next_after, following = list(client.audit_events(after=after)), None, None
         if as_json:
-            _print_json({"items": [_dump(e) for e in events], "next_after": next_after})
+            body = {"items": [_dump(e) for e in events], "total": total, "next": following}
+            _print_json({**body, "next_after": next_after})
             return
         table = Table(
             title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD

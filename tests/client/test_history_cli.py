@@ -183,3 +183,17 @@ def test_migrate_says_where_it_looked_when_the_database_is_unreachable(tmp_path:
     assert result.exit_code == 2, result.output
     [line] = result.stderr.strip().splitlines()
     assert "postgresql+psycopg://nobody@127.0.0.1:1/none" in line and "DPSS_DATABASE_URL" in line
+
+
+def test_every_list_command_prints_items_total_and_next(
+    dpss: Callable[..., Result], history: dict[str, Any], make_key: MakeKey
+) -> None:
+    datasets = json.loads(dpss("datasets", "list", "--json", key=history["owner"]).stdout)
+    assert datasets["total"] == len(datasets["items"]) == 2 and datasets["next"] is None
+    auditor = make_key("auditor")
+    page = json.loads(dpss("audit", "list", "--limit", "2", "--json", key=auditor).stdout)
+    assert len(page["items"]) == 2 and page["next"] and page["next_after"] == 2
+    everything = json.loads(dpss("audit", "list", "--json", key=auditor).stdout)
+    assert everything["total"] == page["total"] == len(everything["items"]) > 2
+    after = json.loads(dpss("audit", "list", "--after", "2", "--json", key=auditor).stdout)
+    assert after["total"] == page["total"] and len(after["items"]) == page["total"] - 2
