@@ -266,6 +266,46 @@ class NpyStream(io.RawIOBase):
         return written
 
 
+#: ``progress(sent, total)`` after each chunk of an upload's file is read for sending.
+UploadProgress = Callable[[int, int], None]
+
+
+class _Reporting(io.RawIOBase):
+    """A file object that tells ``report(sent, total)`` how many of its ``total`` bytes were
+    read for sending. Seeking back to the start (httpx measures, then rewinds) restarts the count.
+    """
+
+    def __init__(self, inner: Any, total: int, report: UploadProgress) -> None:
+        super().__init__()
+        self._inner = inner
+        self._total = total
+        self._report = report
+        self._sent = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return int(self._inner.tell())
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        position = int(self._inner.seek(offset, whence))
+        self._sent = position
+        return position
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        data = self._inner.read(len(out))
+        out[: len(data)] = data
+        if data:
+            self._sent += len(data)
+            self._report(min(self._sent, self._total), self._total)
+        return len(data)
+
+
 # --------------------------------------------------------------------------------------------
 # Helpers
 
@@ -380,12 +420,14 @@ class Client:
         epsilon_budget: Number,
         delta_budget: Number,
         row_norm_bound: float | None = None,
+        progress: UploadProgress | None = None,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata.
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
         a temporary file). ``name`` defaults to the file's stem and is required for arrays.
+        ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         """
         form: dict[str, str] = {
             "epsilon_budget": _decimal_str(epsilon_budget, "epsilon_budget"),
@@ -401,22 +443,28 @@ class Client:
             form["name"] = name
             stream = NpyStream(data)
             with stream:
+                total = stream.seek(0, os.SEEK_END)
+                stream.seek(0)
+                body: Any = stream if progress is None else _Reporting(stream, total, progress)
                 response = self._request(
                     "POST",
                     "/v1/datasets",
                     data=form,
-                    files={"file": (f"{name}.npy", stream, "application/octet-stream")},
+                    files={"file": (f"{name}.npy", body, "application/octet-stream")},
                 )
         else:
             path = Path(data)
             form["name"] = name if name is not None else path.stem
             content_type = _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
             with path.open("rb") as fh:
+                sent: Any = fh
+                if progress is not None:
+                    sent = _Reporting(fh, os.fstat(fh.fileno()).st_size, progress)
                 response = self._request(
                     "POST",
                     "/v1/datasets",
                     data=form,
-                    files={"file": (path.name, fh, content_type)},
+                    files={"file": (path.name, sent, content_type)},
                 )
         return _parse(response, Dataset)
 

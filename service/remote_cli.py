@@ -28,6 +28,14 @@ from pydantic import BaseModel
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from api_schemas.datasets import Budget, Dataset
@@ -41,6 +49,7 @@ from service.client import (
     ReleaseNoResult,
     ServerError,
     ServiceUnreachableError,
+    UploadProgress,
     WaitTimeoutError,
 )
 
@@ -256,6 +265,30 @@ datasets_app = typer.Typer(
 )
 
 
+@contextmanager
+def _upload_bar() -> Iterator[UploadProgress | None]:
+    """A progress bar on stderr (bytes sent, rate, time left) when it is a terminal, else None:
+    piped and scripted runs get no control characters."""
+    console = _stderr()
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn("uploading"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("upload", total=None)
+
+        def report(sent: int, total: int) -> None:
+            bar.update(task, completed=sent, total=total)
+
+        yield report
+
+
 @datasets_app.command("upload")
 def datasets_upload(
     file: Annotated[
@@ -281,8 +314,9 @@ def datasets_upload(
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Upload FILE as a new dataset with a privacy budget (owner key)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+    """Upload FILE as a new dataset with a privacy budget (owner key). On a terminal, stderr
+    shows the bytes sent and the rate."""
+    with _service_errors(as_json), _client(url, api_key) as client, _upload_bar() as report:
         try:
             ds = client.upload(
                 file,
@@ -290,6 +324,7 @@ def datasets_upload(
                 epsilon_budget=epsilon_budget,
                 delta_budget=delta_budget,
                 row_norm_bound=row_norm_bound,
+                progress=report,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc

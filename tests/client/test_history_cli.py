@@ -4,12 +4,15 @@ local-database commands when the database cannot be opened."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import Result
 from fastapi.testclient import TestClient
@@ -197,3 +200,44 @@ def test_every_list_command_prints_items_total_and_next(
     assert everything["total"] == page["total"] == len(everything["items"]) > 2
     after = json.loads(dpss("audit", "list", "--after", "2", "--json", key=auditor).stdout)
     assert after["total"] == page["total"] and len(after["items"]) == page["total"] - 2
+
+
+def test_upload_reports_bytes_sent_up_to_the_file_size(
+    client: TestClient, make_key: MakeKey, tmp_path: Path
+) -> None:
+    owner = Client(str(client.base_url), make_key("owner"), http=client)
+    rows = low_rank_rows(3000, 6, 2, seed=5)
+    path = tmp_path / "rows.csv"
+    path.write_text("\n".join(",".join(f"{v:.17g}" for v in row) for row in rows))
+    for data in (path, rows):
+        calls: list[tuple[int, int]] = []
+        ds = owner.upload(
+            data,
+            name="rows",
+            epsilon_budget=1,
+            delta_budget="1e-6",
+            progress=lambda sent, total, calls=calls: calls.append((sent, total)),
+        )
+        assert ds.n_rows == 3000
+        size = path.stat().st_size if isinstance(data, Path) else 128 + rows.nbytes
+        assert calls and calls[-1] == (size, size), (calls[-3:], size)
+        assert all(a[0] <= b[0] for a, b in itertools.pairwise(calls))
+
+
+def test_dpss_upload_shows_progress_on_a_terminal_only(
+    dpss: Callable[..., Result], make_key: MakeKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rows.npy"
+    np.save(path, low_rank_rows(500, 4, 2, seed=6))
+    owner = make_key("owner")
+    args = ("datasets", "upload", str(path), "--epsilon-budget", "1", "--delta-budget", "1e-6")
+    piped = dpss(*args, key=owner)
+    assert piped.exit_code == 0 and "uploading" not in piped.stderr
+    monkeypatch.setattr(
+        remote_cli,
+        "_stderr",
+        lambda: remote_cli.Console(file=sys.stderr, force_terminal=True, width=120),
+    )
+    shown = dpss(*args, key=owner)
+    assert shown.exit_code == 0, shown.output
+    assert "uploading" in shown.stderr
