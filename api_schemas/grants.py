@@ -61,3 +61,10 @@ class GrantList(Schema):
 
     items: list[Grant] = Field(description="The grants.")
     total: int = Field(description="How many grants the dataset has.")
+    next: str | None = Field(
+        default=None,
+        description=(
+            "Cursor of the next page, as on every list; always null: a dataset's grants (one "
+            "active per key) come in one page."
+        ),
+    )

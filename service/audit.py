@@ -31,7 +31,7 @@ from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from pydantic import SecretBytes, SecretStr
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db.models import (
@@ -168,6 +168,11 @@ def list_events(session: Session, after: int, limit: int) -> list[AuditEvent]:
     """Events with ``seq > after`` in chain order."""
     query = select(AuditEvent).where(AuditEvent.seq > after).order_by(AuditEvent.seq).limit(limit)
     return list(session.execute(query).scalars())
+
+
+def count_events(session: Session) -> int:
+    """How many events the chain holds."""
+    return int(session.execute(select(func.count()).select_from(AuditEvent)).scalar_one())
 
 
 @dataclass(frozen=True)

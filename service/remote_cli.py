@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import httpx
 import numpy as np
@@ -27,11 +28,19 @@ from pydantic import BaseModel
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.grants import Grant
-from api_schemas.releases import Release, ReleasePreview
+from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 from service.client import (
     DEFAULT_URL,
     Client,
@@ -41,6 +50,7 @@ from service.client import (
     ReleaseNoResult,
     ServerError,
     ServiceUnreachableError,
+    UploadProgress,
     WaitTimeoutError,
 )
 
@@ -57,6 +67,9 @@ class ExitCode(IntEnum):
     UNREACHABLE = 6  # no answer from the service (connection refused, DNS, timeout)
     SERVER_ERROR = 7  # the service answered 5xx or something the client cannot read
     TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
+
+
+RELEASE_STATUSES: tuple[str, ...] = get_args(ReleaseStatus)
 
 
 def make_http_client(url: str, timeout: float) -> httpx.Client | None:
@@ -277,6 +290,30 @@ datasets_app = typer.Typer(
 )
 
 
+@contextmanager
+def _upload_bar() -> Iterator[UploadProgress | None]:
+    """A progress bar on stderr (bytes sent, rate, time left) when it is a terminal, else None:
+    piped and scripted runs get no control characters."""
+    console = _stderr()
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn("uploading"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("upload", total=None)
+
+        def report(sent: int, total: int) -> None:
+            bar.update(task, completed=sent, total=total)
+
+        yield report
+
+
 @datasets_app.command("upload")
 def datasets_upload(
     file: Annotated[
@@ -302,8 +339,9 @@ def datasets_upload(
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Upload FILE as a new dataset with a privacy budget (owner key)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+    """Upload FILE as a new dataset with a privacy budget (owner key). On a terminal, stderr
+    shows the bytes sent and the rate."""
+    with _service_errors(as_json), _client(url, api_key) as client, _upload_bar() as report:
         try:
             ds = client.upload(
                 file,
@@ -311,6 +349,7 @@ def datasets_upload(
                 epsilon_budget=epsilon_budget,
                 delta_budget=delta_budget,
                 row_norm_bound=row_norm_bound,
+                progress=report,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
@@ -332,7 +371,7 @@ def datasets_list(
     with _service_errors(as_json), _client(url, api_key) as client:
         items = client.datasets()
         if as_json:
-            _print_json({"items": [_dump(ds) for ds in items]})
+            _print_json({"items": [_dump(ds) for ds in items], "total": len(items), "next": None})
             return
         table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("id", no_wrap=True, min_width=36)
@@ -678,6 +717,105 @@ def releases_show(
         _finish(handle, wait=wait or out is not None, out=out, timeout=timeout, as_json=as_json)
 
 
+def _when(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time; one without a zone is taken as UTC (the service's zone)."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            "an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", param_hint=option
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@releases_app.command("list")
+def releases_list(
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Only releases of this dataset id.")
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="queued, running, succeeded, no_result or failed (as you see it)."
+        ),
+    ] = None,
+    mechanism: Annotated[
+        str | None, typer.Option("--mechanism", help="Only releases of this mechanism.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Created after this ISO 8601 time (UTC unless zoned)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Created before this ISO 8601 time (UTC unless zoned)."),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=200, help="One page of at most this many releases."),
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a page (its `next`).")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List release history, newest first: an analyst key its own releases, an owner key those
+    of its datasets. Without --limit, follows every page."""
+    if status is not None and status not in RELEASE_STATUSES:
+        raise typer.BadParameter(f"one of {', '.join(RELEASE_STATUSES)}", param_hint="--status")
+    filters: dict[str, Any] = {
+        "dataset_id": dataset,
+        "status": status,
+        "mechanism": mechanism,
+        "created_after": _when(since, "--since"),
+        "created_before": _when(until, "--until"),
+    }
+    with _service_errors(as_json), _client(url, api_key) as client:
+        if limit is not None or cursor is not None:
+            page = client.releases_page(**filters, limit=limit, cursor=cursor)
+            items, total, following = page.items, page.total, page.next
+        else:
+            items = list(client.list_releases(**filters))
+            total, following = len(items), None
+        if as_json:
+            _print_json({"items": [_dump(r) for r in items], "total": total, "next": following})
+            return
+        table = Table(
+            title=f"{len(items)} of {total} release(s)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+        )
+        table.add_column("id", no_wrap=True, min_width=36)
+        table.add_column("dataset", no_wrap=True)
+        table.add_column("mechanism", no_wrap=True)
+        table.add_column("k", justify="right", no_wrap=True)
+        table.add_column("epsilon", justify="right", no_wrap=True)
+        table.add_column("delta", justify="right", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("created (UTC)", no_wrap=True)
+        for r in items:
+            table.add_row(
+                str(r.id),
+                str(r.dataset_id)[:8],
+                r.mechanism,
+                str(r.k),
+                str(r.epsilon),
+                str(r.delta),
+                r.status,
+                r.created_at.strftime("%Y-%m-%d %H:%M"),
+            )
+        out = _stdout()
+        out.print(table)
+        if following is not None:
+            out.print(f"more: --cursor {following}", markup=False, soft_wrap=True)
+
+
 # --------------------------------------------------------------------------------------------
 # mechanisms and audit
 
@@ -728,11 +866,19 @@ def audit_list(
     with _service_errors(as_json), _client(url, api_key) as client:
         if limit is not None:
             page = client.audit(after=after, limit=limit)
-            events, next_after = page.items, page.next_after
+            events, next_after, total, following = (
+                page.items,
+                page.next_after,
+                page.total,
+                page.next,
+            )
         else:
-            events, next_after = list(client.audit_events(after=after)), None
+            # The chain's length as the service counts it (every event, not only after --after).
+            total = client.audit(limit=1).total
+            events, next_after, following = list(client.audit_events(after=after)), None, None
         if as_json:
-            _print_json({"items": [_dump(e) for e in events], "next_after": next_after})
+            body = {"items": [_dump(e) for e in events], "total": total, "next": following}
+            _print_json({**body, "next_after": next_after})
             return
         table = Table(
             title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
