@@ -38,5 +38,12 @@ class AuditPage(Schema):
 
     items: list[AuditEvent] = Field(description="Events with seq > after, ascending.")
     next_after: int | None = Field(
-        description="Pass as `after` for the next page; null at the end."
+        description="Pass as `after` for the next page; null at the end (kept for old clients)."
+    )
+    total: int = Field(description="How many events the chain holds in all (from seq 1).")
+    next: str | None = Field(
+        description=(
+            "Opaque cursor of the next page: pass it unchanged as `cursor` (the same page as "
+            "`after=next_after`). Null at the end."
+        )
     )

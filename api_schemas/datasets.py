@@ -48,6 +48,13 @@ class DatasetList(Schema):
     """A page of datasets, newest first."""
 
     items: list[Dataset] = Field(description="The datasets on this page.")
+    total: int = Field(description="How many datasets the caller sees in all pages.")
+    next: str | None = Field(
+        description=(
+            "Opaque cursor of the next page: pass it unchanged as `cursor`. Null on the last "
+            "page. With `offset` instead of `cursor`, also the cursor after this page."
+        )
+    )
 
 
 class DatasetCreate(RequestSchema):

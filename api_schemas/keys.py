@@ -41,3 +41,15 @@ class KeyInfo(Schema):
     name: str = Field(description="The label.")
     created_at: datetime = Field(description="Creation time (UTC).")
     revoked_at: datetime | None = Field(description="Revocation time, if revoked.")
+
+
+class KeyPage(Schema):
+    """A page of keys (never their secrets), oldest first by `(created_at, id)`."""
+
+    items: list[KeyInfo] = Field(description="The keys on this page, revoked ones included.")
+    total: int = Field(description="How many keys exist in all pages.")
+    next: str | None = Field(
+        description=(
+            "Opaque cursor of the next page: pass it unchanged as `cursor`. Null at the end."
+        )
+    )

@@ -136,5 +136,71 @@ class BudgetExceeded(Schema):
 
     error: Literal["budget_exceeded"] = Field(description="Always `budget_exceeded`.")
     detail: str = Field(description="Explanation.")
-    epsilon_remaining: ExactDecimal = Field(description="Epsilon still available.")
-    delta_remaining: ExactDecimal = Field(description="Delta still available.")
+    epsilon_remaining: ExactDecimal = Field(
+        description="Epsilon still available in the budget named by `budget`."
+    )
+    delta_remaining: ExactDecimal = Field(
+        description="Delta still available in the budget named by `budget`."
+    )
+    budget: Literal["dataset", "grant"] = Field(
+        default="dataset",
+        description=(
+            "Which budget would go negative: the analyst's `grant` (checked first) or the "
+            "`dataset`'s. Nothing was charged to either."
+        ),
+    )
+    grant_id: UUID | None = Field(
+        default=None, description="The grant that is short, when `budget` is `grant`."
+    )
+
+
+class ReleasePreview(Schema):
+    """What a release would cost and use (`?dry_run=true`); nothing was charged or created.
+
+    Every number comes from public facts (n, d, k, the params, epsilon, delta, the declared row
+    norm bound) through the same functions the mechanism's run uses; never from the data.
+    """
+
+    dry_run: Literal[True] = Field(description="Always true: this is a preview, not a release.")
+    dataset_id: UUID = Field(description="The dataset the release would read.")
+    mechanism: str = Field(description="Mechanism name.")
+    k: int = Field(description="Requested dimension.")
+    epsilon: ExactDecimal = Field(description="Epsilon a real request would charge.")
+    delta: ExactDecimal = Field(description="Delta a real request would charge.")
+    params: dict[str, Any] = Field(
+        description="Parameters as a real request would resolve them (defaults filled in)."
+    )
+    affordable: bool = Field(
+        description=(
+            "Whether the remaining budget covers the cost now. A real request that it does not "
+            "cover is refused with 409 `budget_exceeded`; a preview says so here instead."
+        )
+    )
+    epsilon_remaining: ExactDecimal = Field(
+        description="Epsilon left in the budget named by `budget`."
+    )
+    delta_remaining: ExactDecimal = Field(description="Delta left in the budget named by `budget`.")
+    budget: Literal["dataset", "grant"] = Field(
+        default="dataset",
+        description=(
+            "Which budget the remaining figures are of: the analyst's `grant` when the release "
+            "would be charged to one (unless only the dataset is short), else the `dataset`'s. A "
+            "real release is charged to both."
+        ),
+    )
+    grant_id: UUID | None = Field(
+        default=None, description="The grant a real release would be charged to, if any."
+    )
+    memory_mb: float = Field(
+        description="The run's working-memory estimate in MiB (a real request above the "
+        "worker limit is refused with 422)."
+    )
+    scales: dict[str, float | int | str | bool | None] = Field(
+        description=(
+            "The noise scales, thresholds and counts the mechanism would use, by name (see "
+            "docs/mechanisms.md, 'Preview before spending', for each mechanism's names)."
+        )
+    )
+    meaning: list[str] = Field(
+        description="What those numbers imply for the result, in plain sentences."
+    )

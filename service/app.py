@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit as audit_log
 from service import auth
-from service.api import audit, datasets, health, keys, mechanisms, releases
+from service.api import audit, datasets, grants, health, history, keys, mechanisms, releases
 from service.api.deps import Database
 from service.api.errors import install_error_handlers
 from service.api.middleware import ServiceApp
@@ -78,6 +78,8 @@ def create_app(
         keys.router,
         datasets.router,
         releases.router,
+        grants.router,
+        history.router,
         mechanisms.router,
         audit.router,
     ):

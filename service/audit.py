@@ -31,7 +31,7 @@ from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from pydantic import SecretBytes, SecretStr
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.db.models import (
@@ -39,6 +39,7 @@ from service.db.models import (
     AuditEvent,
     AuditHead,
     Dataset,
+    Grant,
     LedgerEntry,
     Release,
     utcnow,
@@ -169,6 +170,11 @@ def list_events(session: Session, after: int, limit: int) -> list[AuditEvent]:
     return list(session.execute(query).scalars())
 
 
+def count_events(session: Session) -> int:
+    """How many events the chain holds."""
+    return int(session.execute(select(func.count()).select_from(AuditEvent)).scalar_one())
+
+
 @dataclass(frozen=True)
 class Head:
     """A point of the chain: event ``seq`` and its hash (``0`` and the genesis hash if empty)."""
@@ -227,6 +233,17 @@ class _Request:
     params: Any
     epsilon: Decimal
     delta: Decimal
+    #: The grant the release was charged to, or None (spent the dataset's budget directly).
+    grant_id: uuid.UUID | None = None
+
+
+@dataclass(frozen=True)
+class _GrantCreated:
+    seq: int
+    dataset_id: uuid.UUID | None
+    analyst_key_id: uuid.UUID | None
+    epsilon: Decimal
+    delta: Decimal
 
 
 @dataclass(frozen=True)
@@ -249,6 +266,8 @@ class _Recorded:
     outcomes: dict[uuid.UUID, _Outcome] = field(default_factory=dict)
     keys: dict[uuid.UUID, tuple[int, Any]] = field(default_factory=dict)
     revoked: dict[uuid.UUID, int] = field(default_factory=dict)
+    grants: dict[uuid.UUID, _GrantCreated] = field(default_factory=dict)
+    grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
 
     def add(self, event: AuditEvent, problems: list[str]) -> None:
         try:
@@ -272,6 +291,8 @@ class _Recorded:
             if event.release_id in self.requests:
                 problems.append(f"event {seq}: release {event.release_id} was already requested")
             cost = details["cost"]
+            # Events written before grants existed have no "grant_id": no grant.
+            grant_id = details.get("grant_id")
             self.requests[event.release_id] = _Request(
                 seq,
                 event.dataset_id,
@@ -280,6 +301,7 @@ class _Recorded:
                 details["params"],
                 Decimal(cost["epsilon"]),
                 Decimal(cost["delta"]),
+                None if grant_id is None else uuid.UUID(grant_id),
             )
         elif kind in TERMINAL_EVENTS and event.release_id is not None:
             if event.release_id in self.outcomes:
@@ -294,10 +316,29 @@ class _Recorded:
                 if refunded is None
                 else (Decimal(refunded["epsilon"]), Decimal(refunded["delta"])),
             )
+        elif kind == "release_previewed":
+            # A dry run moves no money and creates no release: it may name neither.
+            if event.release_id is not None:
+                problems.append(f"event {seq}: a release_previewed event names a release")
+            Decimal(details["cost"]["epsilon"]), Decimal(details["cost"]["delta"])
         elif kind == "key_created":
             self.keys[uuid.UUID(details["key_id"])] = (seq, details["role"])
         elif kind == "key_revoked":
             self.revoked[uuid.UUID(details["key_id"])] = seq
+        elif kind == "grant_created":
+            grant_id = uuid.UUID(details["grant_id"])
+            if grant_id in self.grants:
+                problems.append(f"event {seq}: grant {grant_id} was already created")
+            analyst = details["analyst_key_id"]
+            self.grants[grant_id] = _GrantCreated(
+                seq,
+                event.dataset_id,
+                None if analyst is None else uuid.UUID(analyst),
+                Decimal(details["epsilon"]),
+                Decimal(details["delta"]),
+            )
+        elif kind == "grant_revoked":
+            self.grants_revoked[uuid.UUID(details["grant_id"])] = seq
 
 
 def verify(
@@ -392,7 +433,9 @@ def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> No
     _reconcile_releases(session, recorded, problems)
     _reconcile_ledger(session, recorded, problems)
     _reconcile_keys(session, recorded, problems)
+    _reconcile_grants(session, recorded, problems)
     _check_spending(recorded, problems)
+    _check_grant_spending(recorded, problems)
 
 
 def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
@@ -516,9 +559,10 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             LedgerEntry.kind,
             LedgerEntry.epsilon,
             LedgerEntry.delta,
+            LedgerEntry.grant_id,
         ).order_by(LedgerEntry.id)
     )
-    for entry_id, dataset_id, release_id, kind, epsilon, delta in rows:
+    for entry_id, dataset_id, release_id, kind, epsilon, delta, grant_id in rows:
         where = f"ledger_entries {entry_id}"
         request = recorded.requests.get(release_id)
         if kind == "charge":
@@ -545,6 +589,8 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             continue
         if request is not None and dataset_id != request.dataset_id:
             problems.append(f"{where}: dataset_id differs from {event}")
+        if request is not None and grant_id != request.grant_id:
+            problems.append(f"{where}: grant_id differs from release_requested event {request.seq}")
         if epsilon != expected[0]:
             problems.append(f"{where}: epsilon differs from {event}")
         if delta != expected[1]:
@@ -601,4 +647,81 @@ def _check_spending(recorded: _Recorded, problems: list[str]) -> None:
                 problems.append(
                     f"datasets {dataset_id}: its recorded releases spend more than "
                     f"budget_set event {budget[0]} allows"
+                )
+
+
+def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            Grant.id,
+            Grant.dataset_id,
+            Grant.analyst_key_id,
+            Grant.epsilon,
+            Grant.delta,
+            Grant.revoked_at,
+        )
+    )
+    for grant_id, dataset_id, analyst_key_id, epsilon, delta, revoked_at in rows:
+        seen.add(grant_id)
+        where = f"grants {grant_id}"
+        created = recorded.grants.get(grant_id)
+        if created is None:
+            problems.append(f"{where}: no grant_created event")
+        else:
+            event = f"grant_created event {created.seq}"
+            stored = (dataset_id, analyst_key_id, epsilon, delta)
+            expected = (created.dataset_id, created.analyst_key_id, created.epsilon, created.delta)
+            names = ("dataset_id", "analyst_key_id", "epsilon", "delta")
+            for name, value, recorded_value in zip(names, stored, expected, strict=True):
+                if value != recorded_value:
+                    problems.append(f"{where}: {name} differs from {event}")
+        if (revoked_at is not None) != (grant_id in recorded.grants_revoked):
+            problems.append(f"{where}: revoked_at disagrees with the grant_revoked events")
+    for grant_id, created in recorded.grants.items():
+        if grant_id not in seen:
+            problems.append(
+                f"grants {grant_id}: the row is missing (created by event {created.seq})"
+            )
+    for release_id, request in recorded.requests.items():
+        if request.grant_id is None:
+            continue
+        granted = recorded.grants.get(request.grant_id)
+        if granted is None or granted.seq > request.seq:
+            problems.append(
+                f"releases {release_id}: release_requested event {request.seq} charges grant "
+                f"{request.grant_id}, which no earlier grant_created event created"
+            )
+            continue
+        revoked = recorded.grants_revoked.get(request.grant_id)
+        if revoked is not None and revoked < request.seq:
+            problems.append(
+                f"releases {release_id}: release_requested event {request.seq} charges grant "
+                f"{request.grant_id}, revoked by event {revoked} before it"
+            )
+        if granted.dataset_id != request.dataset_id:
+            problems.append(
+                f"releases {release_id}: release_requested event {request.seq} charges grant "
+                f"{request.grant_id} of another dataset"
+            )
+
+
+def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
+    """No grant's recorded releases may spend more than its grant_created event gave it."""
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
+    with localcontext(prec=120):
+        for release_id, request in recorded.requests.items():
+            if request.grant_id is None:
+                continue
+            epsilon, delta = spent.get(request.grant_id, (Decimal(0), Decimal(0)))
+            outcome = recorded.outcomes.get(release_id)
+            if outcome is not None and outcome.refund is not None:
+                epsilon, delta = epsilon - outcome.refund[0], delta - outcome.refund[1]
+            spent[request.grant_id] = (epsilon + request.epsilon, delta + request.delta)
+        for grant_id, (epsilon, delta) in spent.items():
+            granted = recorded.grants.get(grant_id)
+            if granted is not None and (epsilon > granted.epsilon or delta > granted.delta):
+                problems.append(
+                    f"grants {grant_id}: its recorded releases spend more than "
+                    f"grant_created event {granted.seq} allows"
                 )

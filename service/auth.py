@@ -14,12 +14,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit, logs
 from service.db.models import ApiKey, utcnow
 from service.errors import Forbidden, NotFound, Unauthenticated
+from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 
 Role = Literal["admin", "owner", "analyst", "auditor"]
 ROLES: tuple[Role, ...] = ("admin", "owner", "analyst", "auditor")
@@ -91,6 +92,30 @@ def revoke_key(session: Session, key_id: uuid.UUID, actor_key_id: uuid.UUID | No
 
 def list_keys(session: Session) -> list[ApiKey]:
     return list(session.execute(select(ApiKey).order_by(ApiKey.created_at)).scalars())
+
+
+KEY_CURSOR = "key"
+
+
+def page_keys(session: Session, limit: int, cursor: str | None) -> Page[ApiKey]:
+    """Keys oldest first by ``(created_at, id)``, after ``cursor``."""
+    total = session.execute(select(func.count()).select_from(ApiKey)).scalar_one()
+    query = select(ApiKey)
+    if cursor is not None:
+        created_at, key_id = parse_time_id_cursor(cursor, KEY_CURSOR)
+        query = query.where(
+            or_(
+                ApiKey.created_at > created_at,
+                and_(ApiKey.created_at == created_at, ApiKey.id > key_id),
+            )
+        )
+    rows = list(
+        session.execute(query.order_by(ApiKey.created_at, ApiKey.id).limit(limit + 1)).scalars()
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    following = time_id_cursor(KEY_CURSOR, rows[-1].created_at, rows[-1].id) if more else None
+    return Page(items=rows, total=total, next=following)
 
 
 def ensure_admin_key(session: Session, secret: str) -> None:

@@ -6,6 +6,7 @@ Remote commands for owners and analysts (datasets, releases, budget, ...) are re
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.config
 import os
@@ -13,6 +14,8 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -22,6 +25,7 @@ from service.config import Settings
 if TYPE_CHECKING:
     from fastapi import FastAPI
     from sqlalchemy import Engine
+    from sqlalchemy.orm import Session, sessionmaker
 
     from service import audit as audit_module
 
@@ -62,11 +66,21 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
 @app.command()
 def migrate() -> None:
     """Bring the database (DPSS_DATABASE_URL) to the newest schema."""
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
     from service.migrate import upgrade_to_head
 
     settings = Settings()
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    upgrade_to_head(settings.resolved_database_url)
+    url = settings.resolved_database_url
+    try:
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        upgrade_to_head(url)
+    except (ArgumentError, ImportError) as exc:
+        _database_failure(url, type(exc).__name__)
+    except OSError as exc:
+        _database_failure(url, exc.strerror or type(exc).__name__)
+    except SQLAlchemyError as exc:
+        _database_failure(url, _driver_reason(exc))
     typer.echo("database is at the newest schema")
 
 
@@ -215,24 +229,142 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
         signal.raise_signal(received[0])
 
 
+#: The one-line hint every command that opens the local database prints when it cannot.
+DATABASE_HINT = (
+    "set DPSS_DATABASE_URL to the service's database (sqlite:////path/dpss.db or "
+    "postgresql+psycopg://user@host/db) or DPSS_DATA_DIR to its data directory"
+)
+
+
+def _database_failure(url: str, reason: str) -> NoReturn:
+    _cannot_check(f"cannot open the database at {_shown_url(url)}: {reason}; {DATABASE_HINT}")
+
+
+def _driver_reason(exc: BaseException) -> str:
+    """The driver's own first line (connection refused, no such table, ...): never SQL text."""
+    orig = getattr(exc, "orig", None)
+    return str(orig).strip().splitlines()[0][:200] if orig else type(exc).__name__
+
+
+@contextmanager
+def _local_database(*, must_exist: bool = True) -> Iterator[sessionmaker[Session]]:
+    """A session factory on the configured database, or one line saying which URL was tried
+    and how to set it (exit 2) instead of a traceback. ``must_exist``: an SQLite file that is
+    not there is reported, not created empty."""
+    from pydantic import ValidationError
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from service import audit
+    from service.db.engine import make_engine, make_session_factory
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        names = sorted({f"DPSS_{str(error['loc'][0]).upper()}" for error in exc.errors()})
+        _cannot_check(f"invalid setting {', '.join(names)}")
+    url = settings.resolved_database_url
+    try:
+        parsed = make_url(url)
+        if must_exist and parsed.get_backend_name() == "sqlite":
+            from pathlib import Path
+
+            database = parsed.database or ""
+            if database not in ("", ":memory:") and not Path(database).is_file():
+                _database_failure(url, "no such file (run `dpss migrate` to create it)")
+        engine = make_engine(url)
+    except (ArgumentError, ImportError, OSError) as exc:
+        _database_failure(url, type(exc).__name__)
+    try:
+        factory = make_session_factory(engine)
+        audit.use_hmac_key(factory, settings.audit_hmac_key)
+        yield factory
+    except SQLAlchemyError as exc:
+        reason = _driver_reason(exc)
+        if "no such table" in reason or "does not exist" in reason:
+            reason += " (run `dpss migrate`)"
+        _database_failure(url, reason)
+    finally:
+        engine.dispose()
+
+
 @keys_app.command("create")
 def keys_create(
     role: Annotated[str, typer.Option(help="admin, owner, analyst or auditor.")],
     name: Annotated[str, typer.Option(help="A label for the key's holder.")] = "cli",
 ) -> None:
     """Create an API key directly in the database and print its secret (shown once)."""
-    from service import audit, auth
-    from service.db.engine import make_engine, make_session_factory
+    from service import auth
 
     if role not in auth.ROLES:
         typer.echo(f"error: role must be one of {', '.join(auth.ROLES)}", err=True)
         raise typer.Exit(2)
-    settings = Settings()
-    factory = make_session_factory(make_engine(settings.resolved_database_url))
-    audit.use_hmac_key(factory, settings.audit_hmac_key)
-    with factory.begin() as session:
+    with _local_database() as factory, factory.begin() as session:
         key, secret = auth.create_key(session, role, name, actor_key_id=None)
-    typer.echo(f"id:   {key.id}\nrole: {role}\nkey:  {secret}")
+        key_id = key.id
+    typer.echo(f"id:   {key_id}\nrole: {role}\nkey:  {secret}")
+
+
+@keys_app.command("list")
+def keys_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List every API key (never a secret), oldest first, revoked ones included."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from api_schemas.keys import KeyInfo
+    from service import auth
+
+    with _local_database() as factory, factory() as session:
+        keys = [KeyInfo.model_validate(key) for key in auth.list_keys(session)]
+    if as_json:
+        typer.echo(json.dumps({"items": [key.model_dump(mode="json") for key in keys]}, indent=2))
+        return
+    table = Table(title=f"{len(keys)} key(s)", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("role", no_wrap=True)
+    table.add_column("name", overflow="fold")
+    table.add_column("created (UTC)", no_wrap=True)
+    table.add_column("revoked (UTC)", no_wrap=True)
+    for key in keys:
+        table.add_row(
+            str(key.id),
+            key.role,
+            key.name,
+            key.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            key.revoked_at.strftime("%Y-%m-%d %H:%M:%S") if key.revoked_at else "",
+        )
+    console = Console(file=sys.stdout, soft_wrap=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 160
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (dpss keys list).")],
+) -> None:
+    """Revoke a key at once (recorded in the audit log); revoking it again changes nothing."""
+    import uuid
+
+    from service import auth
+    from service.errors import NotFound
+
+    try:
+        parsed = uuid.UUID(key_id)
+    except ValueError:
+        typer.echo("error: KEY_ID must be a key id (a UUID, see `dpss keys list`)", err=True)
+        raise typer.Exit(2) from None
+    with _local_database() as factory:
+        try:
+            with factory.begin() as session:
+                auth.revoke_key(session, parsed, actor_key_id=None)
+        except NotFound:
+            typer.echo(f"error: no API key {parsed}", err=True)
+            raise typer.Exit(3) from None
+    typer.echo(f"revoked {parsed}")
 
 
 def _cannot_check(message: str) -> NoReturn:
@@ -335,10 +467,11 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
         with Session(engine) as session, session.begin():
             inspector = inspect(session.connection())
             missing = sorted(n for n in Base.metadata.tables if not inspector.has_table(n))
-            if missing:
-                _cannot_check(f"{where}: no table {', '.join(missing)} (run `dpss migrate`)")
             current = MigrationContext.configure(session.connection()).get_current_revision()
             newest = ScriptDirectory.from_config(alembic_config()).get_current_head()
+            # An older revision says more than the tables a later migration adds.
+            if missing and current in (None, newest):
+                _cannot_check(f"{where}: no table {', '.join(missing)} (run `dpss migrate`)")
             if current != newest:
                 _cannot_check(
                     f"{where}: the schema is at revision {current}, this version reads "
@@ -350,10 +483,7 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
                 hmac_key=key.get_secret_value().encode("utf-8") if key is not None else None,
             )
     except SQLAlchemyError as exc:
-        # The driver's own first line (connection refused, no such table, ...): never SQL text.
-        orig = getattr(exc, "orig", None)
-        reason = str(orig).strip().splitlines()[0][:200] if orig else type(exc).__name__
-        _cannot_check(f"{where}: {reason}")
+        _cannot_check(f"{where}: {_driver_reason(exc)}")
     finally:
         engine.dispose()
 

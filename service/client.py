@@ -21,6 +21,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
@@ -34,8 +35,11 @@ from pydantic import BaseModel, ValidationError
 
 from api_schemas.audit import AuditEvent, AuditPage
 from api_schemas.datasets import Budget, Dataset, DatasetList
+from api_schemas.grants import Grant, GrantList
+from api_schemas.history import ReleasePage
+from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
 from api_schemas.mechanisms import MechanismInfo, MechanismList
-from api_schemas.releases import Release, ReleaseStatus
+from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 
 __all__ = [
     "AuthError",
@@ -59,6 +63,7 @@ DEFAULT_URL: Final = "http://127.0.0.1:8000"
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 _M = TypeVar("_M", bound=BaseModel)
+_Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage)
 
 #: How ``ReleaseHandle.wait`` pauses between polls; tests swap in one that runs the worker.
 _sleep: Callable[[float], None] = time.sleep
@@ -110,10 +115,16 @@ class BudgetExceededError(ConflictError):
         status: int | None,
         epsilon_remaining: Decimal | None,
         delta_remaining: Decimal | None,
+        budget: str = "dataset",
+        grant_id: UUID | None = None,
     ) -> None:
         super().__init__(code, detail, status)
+        #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
+        #: ``grant_id`` names it) or ``"dataset"``.
         self.epsilon_remaining = epsilon_remaining
         self.delta_remaining = delta_remaining
+        self.budget = budget
+        self.grant_id = grant_id
 
 
 class ServerError(DpssError):
@@ -155,6 +166,13 @@ def _decimal_or_none(value: Any) -> Decimal | None:
         return None
 
 
+def _uuid_or_none(value: Any) -> UUID | None:
+    try:
+        return UUID(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 def error_from_response(response: httpx.Response) -> DpssError:
     """Turn a 4xx/5xx response into the matching typed exception."""
     status = response.status_code
@@ -189,6 +207,8 @@ def error_from_response(response: httpx.Response) -> DpssError:
             status,
             _decimal_or_none(body.get("epsilon_remaining")),
             _decimal_or_none(body.get("delta_remaining")),
+            budget=str(body.get("budget", "dataset")),
+            grant_id=_uuid_or_none(body.get("grant_id")),
         )
     if status == 409:
         return ConflictError(code, detail, status)
@@ -260,6 +280,46 @@ class NpyStream(io.RawIOBase):
             written += n
             self._pos += n
         return written
+
+
+#: ``progress(sent, total)`` after each chunk of an upload's file is read for sending.
+UploadProgress = Callable[[int, int], None]
+
+
+class _Reporting(io.RawIOBase):
+    """A file object that tells ``report(sent, total)`` how many of its ``total`` bytes were
+    read for sending. Seeking back to the start (httpx measures, then rewinds) restarts the count.
+    """
+
+    def __init__(self, inner: Any, total: int, report: UploadProgress) -> None:
+        super().__init__()
+        self._inner = inner
+        self._total = total
+        self._report = report
+        self._sent = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return int(self._inner.tell())
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        position = int(self._inner.seek(offset, whence))
+        self._sent = position
+        return position
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        data = self._inner.read(len(out))
+        out[: len(data)] = data
+        if data:
+            self._sent += len(data)
+            self._report(min(self._sent, self._total), self._total)
+        return len(data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,12 +436,14 @@ class Client:
         epsilon_budget: Number,
         delta_budget: Number,
         row_norm_bound: float | None = None,
+        progress: UploadProgress | None = None,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata.
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
         a temporary file). ``name`` defaults to the file's stem and is required for arrays.
+        ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         """
         form: dict[str, str] = {
             "epsilon_budget": _decimal_str(epsilon_budget, "epsilon_budget"),
@@ -397,28 +459,34 @@ class Client:
             form["name"] = name
             stream = NpyStream(data)
             with stream:
+                total = stream.seek(0, os.SEEK_END)
+                stream.seek(0)
+                body: Any = stream if progress is None else _Reporting(stream, total, progress)
                 response = self._request(
                     "POST",
                     "/v1/datasets",
                     data=form,
-                    files={"file": (f"{name}.npy", stream, "application/octet-stream")},
+                    files={"file": (f"{name}.npy", body, "application/octet-stream")},
                 )
         else:
             path = Path(data)
             form["name"] = name if name is not None else path.stem
             content_type = _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
             with path.open("rb") as fh:
+                sent: Any = fh
+                if progress is not None:
+                    sent = _Reporting(fh, os.fstat(fh.fileno()).st_size, progress)
                 response = self._request(
                     "POST",
                     "/v1/datasets",
                     data=form,
-                    files={"file": (path.name, fh, content_type)},
+                    files={"file": (path.name, sent, content_type)},
                 )
         return _parse(response, Dataset)
 
     def datasets(self) -> list[Dataset]:
-        """Every dataset this key can see (metadata only), newest first."""
-        return self._get("/v1/datasets", DatasetList).items
+        """Every dataset this key can see (metadata only), newest first, over all pages."""
+        return list(self._pages("/v1/datasets", DatasetList, {}, None))
 
     def dataset(self, dataset_id: UUID | str) -> Dataset:
         return self._get(f"/v1/datasets/{dataset_id}", Dataset)
@@ -429,6 +497,35 @@ class Client:
 
     def budget(self, dataset_id: UUID | str) -> Budget:
         return self._get(f"/v1/datasets/{dataset_id}/budget", Budget)
+
+    # Grants ---------------------------------------------------------------------------------
+
+    def create_grant(
+        self,
+        dataset_id: UUID | str,
+        epsilon: Number,
+        delta: Number,
+        *,
+        analyst_key_id: UUID | str | None = None,
+    ) -> Grant:
+        """Give an analyst key (every analyst if ``analyst_key_id`` is None) a share of a
+        dataset's budget (owner key). Releases are then charged to the grant and the dataset."""
+        body: dict[str, Any] = {
+            "epsilon": _decimal_str(epsilon, "epsilon"),
+            "delta": _decimal_str(delta, "delta"),
+            "analyst_key_id": None if analyst_key_id is None else str(analyst_key_id),
+        }
+        response = self._request("POST", f"/v1/datasets/{dataset_id}/grants", json=body)
+        return _parse(response, Grant)
+
+    def list_grants(self, dataset_id: UUID | str) -> list[Grant]:
+        """A dataset's grants, oldest first, each with what it spent and has left (owner key)."""
+        return self._get(f"/v1/datasets/{dataset_id}/grants", GrantList).items
+
+    def revoke_grant(self, dataset_id: UUID | str, grant_id: UUID | str) -> Grant:
+        """Revoke a grant (owner key): no further charges; what it spent stays spent."""
+        response = self._request("DELETE", f"/v1/datasets/{dataset_id}/grants/{grant_id}")
+        return _parse(response, Grant)
 
     # Releases -------------------------------------------------------------------------------
 
@@ -465,6 +562,84 @@ class Client:
         )
         return ReleaseHandle(self, _parse(response, Release))
 
+    def preview_release(
+        self,
+        dataset_id: UUID | str,
+        mechanism: str,
+        k: int,
+        epsilon: Number,
+        delta: Number,
+        **params: Any,
+    ) -> ReleasePreview:
+        """What :meth:`release` would cost and use, charging nothing (analyst key).
+
+        The service validates the request exactly as a real one (same errors), and answers
+        with the cost, whether the budget covers it (``affordable``), and the noise scales the
+        mechanism would use (``scales``) with what they mean (``meaning``). Keyword arguments
+        are the mechanism's parameters.
+        """
+        body = {
+            "mechanism": mechanism,
+            "k": k,
+            "epsilon": _decimal_str(epsilon, "epsilon"),
+            "delta": _decimal_str(delta, "delta"),
+            "params": params,
+        }
+        response = self._request(
+            "POST",
+            f"/v1/datasets/{dataset_id}/releases",
+            params={"dry_run": "true"},
+            json=body,
+        )
+        return _parse(response, ReleasePreview)
+
+    def releases_page(
+        self,
+        *,
+        dataset_id: UUID | str | None = None,
+        status: ReleaseStatus | None = None,
+        mechanism: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        with_basis: bool = False,
+    ) -> ReleasePage:
+        """One page of release history, newest first, with the ``total`` of all pages.
+
+        An analyst key lists its own releases, an owner key the releases of its datasets. Times
+        must be timezone-aware. Pass the page's ``next`` as ``cursor`` for the following page.
+        """
+        query = _release_filters(
+            dataset_id, status, mechanism, created_after, created_before, with_basis
+        )
+        if limit is not None:
+            query["limit"] = str(limit)
+        if cursor is not None:
+            query["cursor"] = cursor
+        return self._get("/v1/releases", ReleasePage, params=query)
+
+    def list_releases(
+        self,
+        *,
+        dataset_id: UUID | str | None = None,
+        status: ReleaseStatus | None = None,
+        mechanism: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        page_size: int | None = None,
+        with_basis: bool = False,
+    ) -> Iterator[Release]:
+        """Every matching release, newest first, fetching pages as the iteration needs them.
+
+        Releases made while iterating do not appear (they are newer than the first page) and
+        never cause one to be skipped or repeated.
+        """
+        query = _release_filters(
+            dataset_id, status, mechanism, created_after, created_before, with_basis
+        )
+        return self._pages("/v1/releases", ReleasePage, query, page_size)
+
     def get_release(self, release_id: UUID | str) -> ReleaseHandle:
         """A handle on an existing release (e.g. one requested earlier from the CLI)."""
         return ReleaseHandle(self, self._get(f"/v1/releases/{release_id}", Release))
@@ -483,6 +658,40 @@ class Client:
             query["limit"] = limit
         return self._get("/v1/audit", AuditPage, params=query)
 
+    # Keys (admin) -------------------------------------------------------------------------
+
+    def keys(self) -> list[KeyInfo]:
+        """Every API key, oldest first, revoked ones included (never their secrets)."""
+        return list(self._pages("/v1/keys", KeyPage, {}, None))
+
+    def create_key(self, role: Role, name: str) -> KeyCreated:
+        """A new key; its secret is in the answer and never shown again."""
+        response = self._request("POST", "/v1/keys", json={"role": role, "name": name})
+        return _parse(response, KeyCreated)
+
+    def revoke_key(self, key_id: UUID | str) -> None:
+        self._request("DELETE", f"/v1/keys/{key_id}")
+
+    # Paging -----------------------------------------------------------------------------------
+
+    def _pages(
+        self,
+        path: str,
+        model: type[_Page],
+        query: dict[str, str],
+        page_size: int | None,
+    ) -> Iterator[Any]:
+        """Every item of a cursor-paged list (``{"items", "total", "next"}``)."""
+        params = dict(query)
+        if page_size is not None:
+            params["limit"] = str(page_size)
+        while True:
+            page = self._get(path, model, params=params)
+            yield from page.items
+            if page.next is None or not page.items:
+                return
+            params["cursor"] = page.next
+
     def audit_events(
         self, *, after: int | None = None, page_size: int | None = None
     ) -> Iterator[AuditEvent]:
@@ -494,6 +703,31 @@ class Client:
             if page.next_after is None or not page.items:
                 return
             cursor = page.next_after
+
+
+def _release_filters(
+    dataset_id: UUID | str | None,
+    status: str | None,
+    mechanism: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    with_basis: bool,
+) -> dict[str, str]:
+    query: dict[str, str] = {}
+    if dataset_id is not None:
+        query["dataset_id"] = str(dataset_id)
+    if status is not None:
+        query["status"] = status
+    if mechanism is not None:
+        query["mechanism"] = mechanism
+    for name, moment in (("created_after", created_after), ("created_before", created_before)):
+        if moment is not None:
+            if moment.tzinfo is None:
+                raise ValueError(f"{name} must be timezone-aware (e.g. datetime.now(UTC))")
+            query[name] = moment.isoformat()
+    if with_basis:
+        query["with_basis"] = "true"
+    return query
 
 
 def _parse(response: httpx.Response, model: type[_M]) -> _M:

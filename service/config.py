@@ -243,6 +243,14 @@ class Settings(BaseSettings):
             '["https://notebooks.example.org"]. Empty (default): no CORS headers at all.'
         ),
     )
+    grants_required: bool = Field(
+        default=False,
+        description=(
+            "Whether an analyst needs a grant to spend a dataset's budget. False (default): an "
+            "analyst without a grant on the dataset spends its budget directly, as before grants "
+            "existed. True: such a request is refused with 403 grant_required."
+        ),
+    )
     log_level: str = Field(
         default="INFO",
         description=(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
@@ -13,6 +13,7 @@ from service import audit, ledger
 from service.auth import Principal, require_role
 from service.db.models import Dataset, utcnow
 from service.errors import NotFound
+from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 from service.store import DatasetStore, StoredMatrix
 
 
@@ -110,15 +111,38 @@ def get_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -
     return dataset
 
 
-def list_datasets(session: Session, principal: Principal, limit: int, offset: int) -> list[Dataset]:
-    query = (
-        select(Dataset)
-        .where(*_visible(principal))
-        .order_by(Dataset.created_at.desc(), Dataset.id)
-        .limit(limit)
-        .offset(offset)
+DATASET_CURSOR = "dataset"
+
+
+def page_datasets(
+    session: Session, principal: Principal, limit: int, offset: int, cursor: str | None
+) -> Page[Dataset]:
+    """Newest first by ``(created_at desc, id)``, after ``cursor`` (keyset) or ``offset`` rows.
+
+    ``offset`` stays for old clients; the cursor does not shift when datasets are added.
+    """
+    conditions = _visible(principal)
+    total = session.execute(
+        select(func.count()).select_from(Dataset).where(*conditions)
+    ).scalar_one()
+    query = select(Dataset).where(*conditions)
+    if cursor is not None:
+        created_at, dataset_id = parse_time_id_cursor(cursor, DATASET_CURSOR)
+        query = query.where(
+            or_(
+                Dataset.created_at < created_at,
+                and_(Dataset.created_at == created_at, Dataset.id > dataset_id),
+            )
+        )
+    rows = list(
+        session.execute(
+            query.order_by(Dataset.created_at.desc(), Dataset.id).limit(limit + 1).offset(offset)
+        ).scalars()
     )
-    return list(session.execute(query).scalars())
+    more = len(rows) > limit
+    rows = rows[:limit]
+    following = time_id_cursor(DATASET_CURSOR, rows[-1].created_at, rows[-1].id) if more else None
+    return Page(items=rows, total=total, next=following)
 
 
 def delete_dataset(

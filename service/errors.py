@@ -7,6 +7,7 @@ values or internal details.
 from __future__ import annotations
 
 import traceback
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -95,6 +96,12 @@ class Forbidden(DomainError):
     code = "forbidden"
 
 
+class GrantRequired(Forbidden):
+    """Grants are required (``DPSS_GRANTS_REQUIRED``) and the analyst has none (403)."""
+
+    code = "grant_required"
+
+
 class NotFound(DomainError):
     """No such resource, or not visible to this key (404)."""
 
@@ -120,15 +127,29 @@ class DatasetGone(Conflict):
 
 
 class BudgetExceeded(Conflict):
-    """The release would overspend the dataset's budget (409)."""
+    """The release would overspend the dataset's budget or its grant's (409).
+
+    ``budget`` says which (``"dataset"`` or ``"grant"``); the remaining amounts are that
+    budget's; ``grant_id`` names the grant (null for the dataset).
+    """
 
     code = "budget_exceeded"
 
-    def __init__(self, epsilon_remaining: Decimal, delta_remaining: Decimal) -> None:
+    def __init__(
+        self,
+        epsilon_remaining: Decimal,
+        delta_remaining: Decimal,
+        *,
+        budget: str = "dataset",
+        grant_id: uuid.UUID | None = None,
+    ) -> None:
+        which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         super().__init__(
-            "this release costs more than the dataset's remaining budget",
+            f"this release costs more than {which} remaining budget",
             epsilon_remaining=epsilon_remaining,
             delta_remaining=delta_remaining,
+            budget=budget,
+            grant_id=grant_id,
         )
 
 

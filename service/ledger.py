@@ -15,17 +15,27 @@ context. Values the ledger cannot store exactly are refused before they get here
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import Row, case, func, select
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
 from service.db.models import Dataset, LedgerEntry
 from service.errors import InvalidInput
 
-__all__ = ["BUDGET_CONTEXT", "BudgetState", "budget_of", "charge", "check_storable", "refund"]
+__all__ = [
+    "BUDGET_CONTEXT",
+    "BudgetState",
+    "budget_of",
+    "budgets_of",
+    "charge",
+    "check_storable",
+    "refund",
+    "spent",
+]
 
 
 def check_storable(field: str, value: Decimal) -> None:
@@ -58,25 +68,72 @@ class BudgetState:
 
 
 def budget_of(session: Session, dataset: Dataset) -> BudgetState:
-    """The dataset's budget from its ledger (summed in Python: exact on every database)."""
-    rows = session.execute(
-        select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta).where(
-            LedgerEntry.dataset_id == dataset.id
+    """The dataset's budget from its ledger."""
+    return budgets_of(session, [dataset])[dataset.id]
+
+
+def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID, BudgetState]:
+    """Each dataset's budget from its ledger, in one statement for all of them.
+
+    On PostgreSQL the database sums: ``NUMERIC`` addition is exact (the sum's scale is the
+    operands' and its precision unbounded), so one row per dataset comes back whatever the
+    ledger's size. SQLite would sum the decimal text as binary floats, so there the rows are
+    summed here in :data:`BUDGET_CONTEXT` (exact, but proportional to the ledger).
+    """
+    ids = [dataset.id for dataset in datasets]
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
+    if ids and session.get_bind().dialect.name == "postgresql":
+        sign = case((LedgerEntry.kind == "charge", 1), else_=-1)
+        sums = session.execute(
+            select(
+                LedgerEntry.dataset_id,
+                func.sum(sign * LedgerEntry.epsilon),
+                func.sum(sign * LedgerEntry.delta),
+            )
+            .where(LedgerEntry.dataset_id.in_(ids))
+            .group_by(LedgerEntry.dataset_id)
+        ).all()
+        spent = {dataset_id: (Decimal(eps), Decimal(delta)) for dataset_id, eps, delta in sums}
+    elif ids:
+        rows = session.execute(
+            select(
+                LedgerEntry.dataset_id, LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta
+            ).where(LedgerEntry.dataset_id.in_(ids))
+        ).all()
+        for dataset_id, kind, epsilon, delta in rows:
+            step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
+            eps_sum, delta_sum = spent.get(dataset_id, (Decimal(0), Decimal(0)))
+            spent[dataset_id] = (step(eps_sum, epsilon), step(delta_sum, delta))
+    zero = (Decimal(0), Decimal(0))
+    return {
+        dataset.id: BudgetState(
+            dataset.epsilon_total, dataset.delta_total, *spent.get(dataset.id, zero)
         )
-    ).all()
+        for dataset in datasets
+    }
+
+
+def spent(rows: Iterable[Row[str, Decimal, Decimal]]) -> tuple[Decimal, Decimal]:
+    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta)`` rows, exactly."""
     epsilon_spent = Decimal(0)
     delta_spent = Decimal(0)
     for kind, epsilon, delta in rows:
         step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
         epsilon_spent = step(epsilon_spent, epsilon)
         delta_spent = step(delta_spent, delta)
-    return BudgetState(dataset.epsilon_total, dataset.delta_total, epsilon_spent, delta_spent)
+    return epsilon_spent, delta_spent
 
 
 def charge(
-    session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
+    session: Session,
+    dataset_id: uuid.UUID,
+    release_id: uuid.UUID,
+    epsilon: Decimal,
+    delta: Decimal,
+    grant_id: uuid.UUID | None = None,
 ) -> None:
-    """Append a charge (at most one per release: a unique constraint enforces it)."""
+    """Append a charge (at most one per release: a unique constraint enforces it), to the
+    dataset and, when ``grant_id`` is given, to that grant in the same entry."""
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
@@ -84,6 +141,7 @@ def charge(
             kind="charge",
             epsilon=epsilon,
             delta=delta,
+            grant_id=grant_id,
         )
     )
 
@@ -91,7 +149,13 @@ def charge(
 def refund(
     session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
 ) -> None:
-    """Append a refund; only for a release that provably never read the data."""
+    """Append a refund; only for a release that provably never read the data. It goes back to
+    the grant the charge named, if any."""
+    grant_id = session.execute(
+        select(LedgerEntry.grant_id).where(
+            LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
+        )
+    ).scalar_one_or_none()
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
@@ -99,5 +163,6 @@ def refund(
             kind="refund",
             epsilon=epsilon,
             delta=delta,
+            grant_id=grant_id,
         )
     )

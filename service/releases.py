@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import canonical_decimal
 from api_schemas.releases import ReleaseRequest
-from service import audit, ledger
+from service import audit, grants, ledger
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
@@ -85,6 +85,11 @@ def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     return dataset
 
 
+def lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
+    """The live dataset, locked as a real request locks it; 404 or 409 ``dataset_deleted``."""
+    return _lock_dataset(session, dataset_id)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A request validated by its mechanism from public facts; nothing charged yet."""
@@ -140,6 +145,21 @@ def check_memory(prepared: Prepared, limit_mb: float) -> None:
         )
 
 
+def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
+    """The checks of a request that need no dataset: role and storable costs."""
+    require_role(principal, "analyst")
+    _check_places("epsilon", body.epsilon)
+    _check_places("delta", body.delta)
+
+
+def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
+    """Every refusal a request gets from its dataset's public facts before the budget check:
+    mechanism, params (via ``prepare``: clip norm, k, ...) and the memory gate."""
+    prepared = _prepare(body, dataset)
+    check_memory(prepared, settings.worker_memory_mb)
+    return prepared
+
+
 def _idempotent_match(
     session: Session, principal: Principal, idempotency_key: str | None, fingerprint: str
 ) -> Release | None:
@@ -170,9 +190,7 @@ def request_release(
     ``visible_at`` is fixed here, from public facts only, so that when an analyst may see the
     outcome says nothing about how long the job ran (see :mod:`service.padding`).
     """
-    require_role(principal, "analyst")
-    _check_places("epsilon", body.epsilon)
-    _check_places("delta", body.delta)
+    check_request_fields(principal, body)
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise InvalidInput("Idempotency-Key", "must be 1 to 200 characters")
     fingerprint = request_hash(dataset_id, body)
@@ -184,9 +202,19 @@ def request_release(
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
         return existing
-    prepared = _prepare(body, dataset)
-    check_memory(prepared, settings.worker_memory_mb)
+    prepared = check_request(body, dataset, settings)
     params = prepared.params
+    # The grant is checked first: it is the analyst's own limit, and naming it is more useful
+    # than the dataset's remainder when both are short. Both under the dataset's lock.
+    grant = grants.applicable_grant(
+        session, dataset.id, principal.key_id, required=settings.grants_required
+    )
+    if grant is not None:
+        share = grants.grant_budget(session, grant)
+        if not share.affords(body.epsilon, body.delta):
+            raise BudgetExceeded(
+                share.epsilon_remaining, share.delta_remaining, budget="grant", grant_id=grant.id
+            )
     budget = ledger.budget_of(session, dataset)
     if not budget.affords(body.epsilon, body.delta):
         raise BudgetExceeded(budget.epsilon_remaining, budget.delta_remaining)
@@ -217,7 +245,8 @@ def request_release(
     except IntegrityError:
         # The same key raced in for another dataset (a different request): refuse, charge nothing.
         raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
-    ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta)
+    grant_id = grant.id if grant is not None else None
+    ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta, grant_id)
     audit.record(
         session,
         "release_requested",
@@ -229,6 +258,7 @@ def request_release(
             "k": body.k,
             "params": params,
             "cost": {"epsilon": body.epsilon, "delta": body.delta},
+            "grant_id": grant_id,
         },
     )
     return release

@@ -1,6 +1,6 @@
 """The remote half of the ``dpss`` command: talks to a running service through ``service.client``.
 
-``service.cli`` calls :func:`register_remote_commands` to add ``datasets``, ``budget``,
+``service.cli`` calls :func:`register_remote_commands` to add ``datasets``, ``budget``, ``grants``,
 ``releases``, ``mechanisms`` and ``audit list``. Like the client, this module imports nothing
 from the server, so it runs on an analyst's laptop.
 
@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import httpx
 import numpy as np
@@ -27,10 +28,19 @@ from pydantic import BaseModel
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 
 from api_schemas.datasets import Budget, Dataset
-from api_schemas.releases import Release
+from api_schemas.grants import Grant
+from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 from service.client import (
     DEFAULT_URL,
     Client,
@@ -40,6 +50,7 @@ from service.client import (
     ReleaseNoResult,
     ServerError,
     ServiceUnreachableError,
+    UploadProgress,
     WaitTimeoutError,
 )
 
@@ -56,6 +67,9 @@ class ExitCode(IntEnum):
     UNREACHABLE = 6  # no answer from the service (connection refused, DNS, timeout)
     SERVER_ERROR = 7  # the service answered 5xx or something the client cannot read
     TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
+
+
+RELEASE_STATUSES: tuple[str, ...] = get_args(ReleaseStatus)
 
 
 def make_http_client(url: str, timeout: float) -> httpx.Client | None:
@@ -147,6 +161,10 @@ def _exit_code_for(error: DpssError) -> ExitCode:
     return ExitCode.ERROR
 
 
+#: What a budget_exceeded error adds: which budget is short (grant or dataset) and its remainder.
+_ERROR_EXTRAS = ("budget", "grant_id", "epsilon_remaining", "delta_remaining")
+
+
 @contextmanager
 def _service_errors(as_json: bool) -> Iterator[None]:
     """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code."""
@@ -156,7 +174,7 @@ def _service_errors(as_json: bool) -> Iterator[None]:
         code = _exit_code_for(error)
         if as_json:
             body: dict[str, Any] = {"error": error.code, "detail": error.detail}
-            for extra in ("epsilon_remaining", "delta_remaining"):
+            for extra in _ERROR_EXTRAS:
                 if getattr(error, extra, None) is not None:
                     body[extra] = str(getattr(error, extra))
             _print_json(body)
@@ -164,7 +182,7 @@ def _service_errors(as_json: bool) -> Iterator[None]:
         console.print(
             f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(error.detail)}"
         )
-        for extra in ("epsilon_remaining", "delta_remaining"):
+        for extra in _ERROR_EXTRAS:
             if getattr(error, extra, None) is not None:
                 console.print(f"  {extra}: {getattr(error, extra)}", markup=False)
         raise typer.Exit(int(code)) from None
@@ -207,6 +225,26 @@ def _dataset_rows(ds: Dataset) -> list[tuple[str, Any]]:
         ("row_norm_bound", ds.row_norm_bound),
         ("created_at", ds.created_at.isoformat(timespec="seconds")),
     ]
+
+
+def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [
+        ("dataset_id", info.dataset_id),
+        ("mechanism", info.mechanism),
+        ("k", info.k),
+        ("epsilon", info.epsilon),
+        ("delta", info.delta),
+        ("params", json.dumps(info.params, sort_keys=True)),
+        ("affordable", "yes" if info.affordable else "NO: the budget does not cover it"),
+        ("epsilon_remaining", info.epsilon_remaining),
+        ("delta_remaining", info.delta_remaining),
+        ("memory", f"{info.memory_mb:,.1f} MiB"),
+    ]
+    rows += [
+        (name, f"{value:.6g}" if isinstance(value, float) else value)
+        for name, value in info.scales.items()
+    ]
+    return rows
 
 
 def _release_rows(info: Release) -> list[tuple[str, Any]]:
@@ -252,6 +290,30 @@ datasets_app = typer.Typer(
 )
 
 
+@contextmanager
+def _upload_bar() -> Iterator[UploadProgress | None]:
+    """A progress bar on stderr (bytes sent, rate, time left) when it is a terminal, else None:
+    piped and scripted runs get no control characters."""
+    console = _stderr()
+    if not console.is_terminal:
+        yield None
+        return
+    columns = (
+        TextColumn("uploading"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("upload", total=None)
+
+        def report(sent: int, total: int) -> None:
+            bar.update(task, completed=sent, total=total)
+
+        yield report
+
+
 @datasets_app.command("upload")
 def datasets_upload(
     file: Annotated[
@@ -277,8 +339,9 @@ def datasets_upload(
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Upload FILE as a new dataset with a privacy budget (owner key)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+    """Upload FILE as a new dataset with a privacy budget (owner key). On a terminal, stderr
+    shows the bytes sent and the rate."""
+    with _service_errors(as_json), _client(url, api_key) as client, _upload_bar() as report:
         try:
             ds = client.upload(
                 file,
@@ -286,6 +349,7 @@ def datasets_upload(
                 epsilon_budget=epsilon_budget,
                 delta_budget=delta_budget,
                 row_norm_bound=row_norm_bound,
+                progress=report,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
@@ -307,7 +371,7 @@ def datasets_list(
     with _service_errors(as_json), _client(url, api_key) as client:
         items = client.datasets()
         if as_json:
-            _print_json({"items": [_dump(ds) for ds in items]})
+            _print_json({"items": [_dump(ds) for ds in items], "total": len(items), "next": None})
             return
         table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("id", no_wrap=True, min_width=36)
@@ -385,6 +449,101 @@ def budget(
         out = _stdout()
         out.print(f"dataset {dataset_id}", markup=False)
         out.print(_budget_table(b))
+
+
+# --------------------------------------------------------------------------------------------
+# grants
+
+grants_app = typer.Typer(
+    help="Share a dataset's budget with analyst keys (owner key).", no_args_is_help=True
+)
+
+
+def _grants_table(items: list[Grant], title: str) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("id", no_wrap=True, min_width=36)
+    table.add_column("analyst key", no_wrap=True)
+    for column in (
+        "eps total",
+        "eps spent",
+        "eps left",
+        "delta total",
+        "delta spent",
+        "delta left",
+    ):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("revoked", no_wrap=True)
+    for grant in items:
+        table.add_row(
+            str(grant.id),
+            "every analyst" if grant.analyst_key_id is None else str(grant.analyst_key_id),
+            str(grant.epsilon_total),
+            str(grant.epsilon_spent),
+            str(grant.epsilon_remaining),
+            str(grant.delta_total),
+            str(grant.delta_spent),
+            str(grant.delta_remaining),
+            "" if grant.revoked_at is None else grant.revoked_at.isoformat(timespec="seconds"),
+        )
+    return table
+
+
+@grants_app.command("create")
+def grants_create(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    epsilon: Annotated[str, typer.Option("--epsilon", help="Epsilon granted, e.g. 0.5.")],
+    delta: Annotated[str, typer.Option("--delta", help="Delta granted, e.g. 1e-6.")],
+    analyst_key_id: Annotated[
+        str | None,
+        typer.Option("--analyst-key-id", help="The analyst key's id; omit for every analyst."),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Grant an analyst key (or every analyst) a share of DATASET_ID's budget."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        try:
+            grant = client.create_grant(dataset_id, epsilon, delta, analyst_key_id=analyst_key_id)
+        except (ValueError, TypeError) as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        if as_json:
+            _print_json(_dump(grant))
+            return
+        _stdout().print(_grants_table([grant], "grant created"))
+
+
+@grants_app.command("list")
+def grants_list(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List DATASET_ID's grants with what each spent and has left."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        items = client.list_grants(dataset_id)
+        if as_json:
+            _print_json({"items": [_dump(grant) for grant in items], "total": len(items)})
+            return
+        _stdout().print(_grants_table(items, f"{len(items)} grant(s)"))
+
+
+@grants_app.command("revoke")
+def grants_revoke(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    grant_id: Annotated[str, typer.Argument(help="Grant id.")],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Revoke a grant: no further charges; what it spent stays spent."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        grant = client.revoke_grant(dataset_id, grant_id)
+        if as_json:
+            _print_json(_dump(grant))
+            return
+        _stdout().print(_grants_table([grant], "grant revoked"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -486,13 +645,40 @@ def releases_create(
         str | None,
         typer.Option("--idempotency-key", help="Reuse to retry a request without a second charge."),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Preview only: show the cost, whether the budget covers it and the noise "
+            "scales; charge nothing.",
+        ),
+    ] = False,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Request a release of DATASET_ID (analyst key). The cost is charged when it is queued."""
     params = parse_params(param or [])
+    if dry_run and (wait or out is not None or idempotency_key is not None):
+        raise typer.BadParameter(
+            "a dry run creates nothing to wait for, save or retry; drop --wait, --out and "
+            "--idempotency-key",
+            param_hint="--dry-run",
+        )
     with _service_errors(as_json), _client(url, api_key) as client:
+        if dry_run:
+            try:
+                shown = client.preview_release(dataset_id, mechanism, k, epsilon, delta, **params)
+            except (ValueError, TypeError) as exc:
+                raise typer.BadParameter(str(exc)) from exc
+            if as_json:
+                _print_json(_dump(shown))
+            else:
+                console = _stdout()
+                console.print(_kv_table("preview (nothing charged)", _preview_rows(shown)))
+                for line in shown.meaning:
+                    console.print(f"- {line}", markup=False)
+            return
         if out is not None:
             # Refuse before anything is charged when the result could not be saved anyway.
             known = {m.name: m for m in client.mechanisms()}
@@ -529,6 +715,105 @@ def releases_show(
     with _service_errors(as_json), _client(url, api_key) as client:
         handle = client.get_release(release_id)
         _finish(handle, wait=wait or out is not None, out=out, timeout=timeout, as_json=as_json)
+
+
+def _when(text: str | None, option: str) -> datetime | None:
+    """An ISO 8601 time; one without a zone is taken as UTC (the service's zone)."""
+    if text is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            "an ISO 8601 time such as 2026-01-31 or 2026-01-31T12:00:00Z", param_hint=option
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+@releases_app.command("list")
+def releases_list(
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="Only releases of this dataset id.")
+    ] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            "--status", help="queued, running, succeeded, no_result or failed (as you see it)."
+        ),
+    ] = None,
+    mechanism: Annotated[
+        str | None, typer.Option("--mechanism", help="Only releases of this mechanism.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Created after this ISO 8601 time (UTC unless zoned)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Created before this ISO 8601 time (UTC unless zoned)."),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, max=200, help="One page of at most this many releases."),
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option("--cursor", help="Continue after a page (its `next`).")
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List release history, newest first: an analyst key its own releases, an owner key those
+    of its datasets. Without --limit, follows every page."""
+    if status is not None and status not in RELEASE_STATUSES:
+        raise typer.BadParameter(f"one of {', '.join(RELEASE_STATUSES)}", param_hint="--status")
+    filters: dict[str, Any] = {
+        "dataset_id": dataset,
+        "status": status,
+        "mechanism": mechanism,
+        "created_after": _when(since, "--since"),
+        "created_before": _when(until, "--until"),
+    }
+    with _service_errors(as_json), _client(url, api_key) as client:
+        if limit is not None or cursor is not None:
+            page = client.releases_page(**filters, limit=limit, cursor=cursor)
+            items, total, following = page.items, page.total, page.next
+        else:
+            items = list(client.list_releases(**filters))
+            total, following = len(items), None
+        if as_json:
+            _print_json({"items": [_dump(r) for r in items], "total": total, "next": following})
+            return
+        table = Table(
+            title=f"{len(items)} of {total} release(s)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            pad_edge=False,
+        )
+        table.add_column("id", no_wrap=True, min_width=36)
+        table.add_column("dataset", no_wrap=True)
+        table.add_column("mechanism", no_wrap=True)
+        table.add_column("k", justify="right", no_wrap=True)
+        table.add_column("epsilon", justify="right", no_wrap=True)
+        table.add_column("delta", justify="right", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        table.add_column("created (UTC)", no_wrap=True)
+        for r in items:
+            table.add_row(
+                str(r.id),
+                str(r.dataset_id)[:8],
+                r.mechanism,
+                str(r.k),
+                str(r.epsilon),
+                str(r.delta),
+                r.status,
+                r.created_at.strftime("%Y-%m-%d %H:%M"),
+            )
+        out = _stdout()
+        out.print(table)
+        if following is not None:
+            out.print(f"more: --cursor {following}", markup=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,11 +866,19 @@ def audit_list(
     with _service_errors(as_json), _client(url, api_key) as client:
         if limit is not None:
             page = client.audit(after=after, limit=limit)
-            events, next_after = page.items, page.next_after
+            events, next_after, total, following = (
+                page.items,
+                page.next_after,
+                page.total,
+                page.next,
+            )
         else:
-            events, next_after = list(client.audit_events(after=after)), None
+            # The chain's length as the service counts it (every event, not only after --after).
+            total = client.audit(limit=1).total
+            events, next_after, following = list(client.audit_events(after=after)), None, None
         if as_json:
-            _print_json({"items": [_dump(e) for e in events], "next_after": next_after})
+            body = {"items": [_dump(e) for e in events], "total": total, "next": following}
+            _print_json({**body, "next_after": next_after})
             return
         table = Table(
             title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
@@ -619,6 +912,7 @@ def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
     """Add the remote commands to the ``dpss`` app and ``list`` to its ``audit`` group."""
     app.add_typer(datasets_app, name="datasets")
     app.command("budget")(budget)
+    app.add_typer(grants_app, name="grants")
     app.add_typer(releases_app, name="releases")
     app.command("mechanisms")(mechanisms)
     audit_app.command("list")(audit_list)

@@ -153,7 +153,7 @@ def test_api_with_two_workers_serves_from_two_processes(
                 for i in range(10)
             ]
             assert [response.status_code for response in made] == [201] * 10
-            keys = client.get("/v1/keys").json()
+            keys = client.get("/v1/keys").json()["items"]
             assert len([key for key in keys if key["role"] == "admin"]) == 1
         assert all(process.is_running() for process in servers)
         api.send_signal(signal.SIGTERM)

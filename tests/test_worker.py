@@ -327,7 +327,11 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
     assert status() == ("running", killed_owner), "the job finished before the kill; make it slower"
     store = DatasetStore(settings.datasets_dir)
     replacement = Worker(factory, store, settings, worker_id="replacement")
-    assert replacement.claim() is None  # the dead worker's lease has not run out yet
+    with factory() as session:
+        expires = session.execute(select(Release.lease_expires_at)).scalar_one()
+    if expires is not None and utcnow() < expires - timedelta(seconds=0.5):
+        # The dead worker's lease has not run out yet (on a loaded machine it may have by now).
+        assert replacement.claim() is None
     assert _wait_for(lambda: replacement.run_pending() == 1, timeout=30, interval=0.2)
     with factory() as session:
         row = session.execute(select(Release)).scalar_one()

@@ -9,9 +9,12 @@ from sqlalchemy.orm import Session
 
 from api_schemas.audit import AuditEvent, AuditPage
 from service import audit
-from service.api.deps import MAX_QUERY_INT, Limit, UnitOfWorkDep
+from service.api.deps import MAX_QUERY_INT, Cursor, Limit, UnitOfWorkDep
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
+from service.pagination import parse_seq_cursor, seq_cursor
+
+AUDIT_CURSOR = "audit"
 
 router = APIRouter(prefix="/v1", tags=["audit"], route_class=GuardedRoute)
 
@@ -21,13 +24,25 @@ After = Annotated[
 
 
 @router.get("/audit", response_model=AuditPage, summary="Audit events in chain order, paginated.")
-async def list_audit(uow: UnitOfWorkDep, after: After = 0, limit: Limit = 100) -> AuditPage:
+async def list_audit(
+    uow: UnitOfWorkDep, after: After = 0, limit: Limit = 100, cursor: Cursor = None
+) -> AuditPage:
+    """``cursor`` (the previous page's ``next``) and ``after`` (its ``next_after``, kept for old
+    clients) name the same position; given both, the cursor wins."""
+
     def work(session: Session, principal: Principal) -> AuditPage:
         require_role(principal, "auditor", "admin")
-        events = audit.list_events(session, after, limit)
+        start = parse_seq_cursor(cursor, AUDIT_CURSOR) if cursor is not None else after
+        events = audit.list_events(session, start, limit + 1)
+        more = len(events) > limit
+        events = events[:limit]
+        total = audit.count_events(session)
+        last = events[-1].seq if more else None
         return AuditPage(
             items=[AuditEvent.model_validate(event) for event in events],
-            next_after=events[-1].seq if len(events) == limit else None,
+            next_after=last,
+            total=total,
+            next=seq_cursor(AUDIT_CURSOR, last) if last is not None else None,
         )
 
     return await uow(work)

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session
 from api_schemas.common import ErrorBody
 from api_schemas.datasets import Budget, Dataset, DatasetCreate, DatasetList
 from service import datasets
-from service.api.deps import Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
+from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
-from service.api.presenters import budget_out, dataset_out
+from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
 from service.errors import InvalidInput
@@ -116,10 +116,16 @@ async def create_dataset(
     summary="List datasets (owner: own; analyst: all).",
     responses=ERRORS,
 )
-async def list_datasets(uow: UnitOfWorkDep, limit: Limit = 100, offset: Offset = 0) -> DatasetList:
+async def list_datasets(
+    uow: UnitOfWorkDep, limit: Limit = 100, offset: Offset = 0, cursor: Cursor = None
+) -> DatasetList:
     def work(session: Session, principal: Principal) -> DatasetList:
-        rows = datasets.list_datasets(session, principal, limit, offset)
-        return DatasetList(items=[dataset_out(session, row) for row in rows])
+        page = datasets.page_datasets(session, principal, limit, offset, cursor)
+        return DatasetList(
+            items=datasets_out(session, page.items),
+            total=page.total,
+            next=page.next,
+        )
 
     return await uow(work)
 

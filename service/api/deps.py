@@ -38,6 +38,7 @@ from service.auth import Principal, authenticate
 from service.config import Settings
 from service.db.engine import database_unavailable
 from service.errors import ServiceUnavailable
+from service.pagination import MAX_CURSOR_LENGTH
 from service.store import DatasetStore
 
 T = TypeVar("T")
@@ -50,6 +51,14 @@ MAX_QUERY_INT = 2**63 - 1
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="Page size.")]
 Offset = Annotated[int, Query(ge=0, le=MAX_QUERY_INT, description="Items to skip.")]
+Cursor = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=MAX_CURSOR_LENGTH,
+        description="The `next` value of the previous page, unchanged; omit for the first page.",
+    ),
+]
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ def _extra(value: Any) -> Any:
     # Decimals as canonical strings (exact); counts such as retry_after stay integers.
     if isinstance(value, Decimal):
         return canonical_decimal(value)
+    if value is None:
+        return None
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return str(value)

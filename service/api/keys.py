@@ -7,9 +7,9 @@ import uuid
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
-from api_schemas.keys import KeyCreate, KeyCreated, KeyInfo
+from api_schemas.keys import KeyCreate, KeyCreated, KeyInfo, KeyPage
 from service import auth
-from service.api.deps import UnitOfWorkDep
+from service.api.deps import Cursor, Limit, UnitOfWorkDep
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 
@@ -31,11 +31,20 @@ async def create_key(body: KeyCreate, uow: UnitOfWorkDep) -> KeyCreated:
     return await uow(work)
 
 
-@router.get("", response_model=list[KeyInfo], summary="List keys (never their secrets).")
-async def list_keys(uow: UnitOfWorkDep) -> list[KeyInfo]:
-    def work(session: Session, principal: Principal) -> list[KeyInfo]:
+@router.get(
+    "",
+    response_model=KeyPage,
+    summary="List keys (never their secrets), oldest first, with a cursor and a total.",
+)
+async def list_keys(uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = None) -> KeyPage:
+    def work(session: Session, principal: Principal) -> KeyPage:
         auth.require_role(principal, "admin")
-        return [KeyInfo.model_validate(key) for key in auth.list_keys(session)]
+        page = auth.page_keys(session, limit, cursor)
+        return KeyPage(
+            items=[KeyInfo.model_validate(key) for key in page.items],
+            total=page.total,
+            next=page.next,
+        )
 
     return await uow(work)
 

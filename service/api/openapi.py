@@ -69,8 +69,12 @@ OPEN_TO_EVERY_KEY = {("get", "/v1/mechanisms")}
 #: Operations that can answer 409, and why.
 CONFLICTS = {
     ("post", "/v1/datasets/{dataset_id}/releases"): (
-        "`budget_exceeded` (with the remaining budget), `idempotency_conflict`, or "
-        "`dataset_deleted`. Nothing is charged."
+        "`budget_exceeded` (with which budget, `grant` or `dataset`, and its remaining), "
+        "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged."
+    ),
+    ("post", "/v1/datasets/{dataset_id}/grants"): (
+        "`conflict`: the key (or every analyst) already has an active grant on this dataset; "
+        "`dataset_deleted`: the dataset's rows were deleted."
     ),
 }
 #: Operations that read a body with a size limit (uploads: DPSS_MAX_UPLOAD_MB; JSON bodies).

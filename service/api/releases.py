@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody, IdempotencyKey
-from api_schemas.releases import BudgetExceeded, Release, ReleaseRequest
-from service import releases
+from api_schemas.releases import BudgetExceeded, Release, ReleasePreview, ReleaseRequest
+from service import preview, releases
 from service.api.deps import SettingsDep, UnitOfWorkDep
 from service.api.presenters import release_out
 from service.api.routing import GuardedRoute
@@ -23,19 +24,35 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
     status_code=202,
     response_model=Release,
     summary="Request a private release (analyst); charged now, computed by a worker.",
+    description=(
+        "With `?dry_run=true`, a preview: the request is validated exactly as a real one "
+        "(same 4xx), nothing is charged or created, one `release_previewed` audit event is "
+        "written, and the answer (200) gives the cost, whether the budget covers it, and the "
+        "noise scales the mechanism would use with what they mean."
+    ),
     responses={
+        200: {
+            "model": ReleasePreview,
+            "description": "`dry_run=true`: the preview. Nothing was charged or created.",
+        },
         401: {"model": ErrorBody, "description": "Missing or invalid API key."},
-        403: {"model": ErrorBody, "description": "Only analysts request releases."},
+        403: {
+            "model": ErrorBody,
+            "description": "Only analysts request releases; `grant_required` when "
+            "DPSS_GRANTS_REQUIRED is set and the key has no grant on the dataset.",
+        },
         404: {"model": ErrorBody, "description": "No such dataset."},
         409: {
             "model": BudgetExceeded,
-            "description": "`budget_exceeded` (with the remaining budget), "
-            "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged.",
+            "description": "`budget_exceeded` (which budget, `grant` or `dataset`, and its "
+            "remaining), `idempotency_conflict`, or `dataset_deleted`. Nothing is charged. (A "
+            "dry run reports an unaffordable cost as `affordable: false` instead.)",
         },
         422: {
             "model": ErrorBody,
             "description": "Invalid mechanism or parameters, or a release whose memory "
-            "estimate exceeds the worker limit. Nothing is charged.",
+            "estimate exceeds the worker limit, or an `Idempotency-Key` sent with "
+            "`dry_run=true`. Nothing is charged.",
         },
     },
 )
@@ -46,9 +63,26 @@ async def create_release(
     settings: SettingsDep,
     idempotency_key: IdempotencyKey | None = Header(
         default=None,
-        description="Retries with the same key and body return the same release, charged once.",
+        description="Retries with the same key and body return the same release, charged once. "
+        "Refused (422) with `dry_run=true`.",
     ),
-) -> Release:
+    dry_run: bool = Query(
+        default=False,
+        description="Preview only: validate, charge nothing, and answer 200 with the cost and "
+        "the noise scales (`ReleasePreview`).",
+    ),
+) -> Release | JSONResponse:
+    if dry_run:
+
+        def preview_work(session: Session, principal: Principal) -> ReleasePreview:
+            shown = preview.preview_release(
+                session, principal, dataset_id, body, idempotency_key, settings
+            )
+            return ReleasePreview(dry_run=True, **vars(shown))
+
+        shown = await uow(preview_work)
+        return JSONResponse(shown.model_dump(mode="json"), status_code=200)
+
     def work(session: Session, principal: Principal) -> Release:
         release = releases.request_release(
             session, principal, dataset_id, body, idempotency_key, settings

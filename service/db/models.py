@@ -81,8 +81,29 @@ class LedgerEntry(Base):
     epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
     delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: The grant this entry is also charged to (or refunded to); null for a release that spent
+    #: the dataset's budget directly. One entry moves both budgets, so they cannot disagree.
+    grant_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("grants.id"), default=None, index=True
+    )
 
     __table_args__ = (UniqueConstraint("release_id", "kind", name="uq_ledger_release_kind"),)
+
+
+class Grant(Base):
+    """A share ``(epsilon, delta)`` of a dataset's budget for one analyst key, or for every
+    analyst (``analyst_key_id`` null). Spent = its ledger entries; never edited, only revoked."""
+
+    __tablename__ = "grants"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    analyst_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
+    epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    created_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Release(Base):

@@ -26,6 +26,7 @@ from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
     MechanismOutput,
+    Preview,
     PublicContext,
     ReleaseSpec,
 )
@@ -56,6 +57,24 @@ def gram_sensitivity(clip_norm: float) -> float:
 def noise_sigma(clip_norm: float, epsilon: float, delta: float) -> float:
     """Per-entry standard deviation of ``E(sigma)`` for ``analyze_gauss``."""
     return analytic_gaussian_sigma(gram_sensitivity(clip_norm), epsilon, delta)
+
+
+#: The subspace error (spectral norm of ``sin Theta``) for which previews state the gap needed.
+TARGET_SUBSPACE_ERROR = 0.1
+
+
+def expected_noise_norm(sigma: float, d: int) -> float:
+    """``2 sigma sqrt(d)``: the spectral norm of ``E(sigma)`` for large ``d`` (semicircle law)."""
+    return 2.0 * sigma * math.sqrt(d)
+
+
+def gap_for_error(noise_norm: float, error: float) -> float:
+    """Eigengap ``lambda_k - lambda_{k+1}`` of ``X^T X`` that keeps ``||sin Theta|| <= error``.
+
+    Davis-Kahan with Weyl: ``||sin Theta|| <= ||E|| / (gap - ||E||)`` when ``gap > ||E||``, so
+    ``gap >= ||E|| (1 + 1/error)`` suffices.
+    """
+    return noise_norm * (1.0 + 1.0 / error)
 
 
 def analyze_gauss(
@@ -117,6 +136,30 @@ class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
         # largest entry; the smallest is the rounding grid sigma / GRID_DIVISOR.
         unit_sigma = noise_sigma(1.0, epsilon, delta)
         return min(1.0, unit_sigma / GRID_DIVISOR), ctx.n_cols * (ctx.n_rows + 64.0 * unit_sigma)
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> Preview:
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        sigma = noise_sigma(spec.params.clip_norm, spec.epsilon, spec.delta)
+        norm = expected_noise_norm(sigma, ctx.n_cols)
+        gap = gap_for_error(norm, TARGET_SUBSPACE_ERROR)
+        return Preview(
+            scales={
+                "sigma": sigma,
+                "noise_spectral_norm": norm,
+                "gap_for_error_0_1": gap,
+                "eigenvalue_grid": sigma / GRID_DIVISOR,
+            },
+            meaning=[
+                f"Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
+                f"standard deviation sigma = {sigma:.4g}.",
+                f"The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = "
+                f"{norm:.4g}; each released eigenvalue is within about that much of the true one "
+                "(Weyl).",
+                f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
+                f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
+                "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||)).",
+            ],
+        )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> int:
         d = ctx.n_cols

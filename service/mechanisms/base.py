@@ -96,6 +96,22 @@ class MechanismOutput:
         return cls(basis=None, extras=dict(extras), no_result_reason=reason)
 
 
+#: A preview's named quantities: numbers, or words for a choice (e.g. a noise variant).
+PreviewValue = float | int | str | bool | None
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a release would use, from public facts only (see :meth:`Mechanism.preview`).
+
+    ``scales`` names each noise scale, threshold and count the run would use (the same
+    functions compute them there); ``meaning`` says in plain words what they imply.
+    """
+
+    scales: dict[str, PreviewValue]
+    meaning: list[str]
+
+
 class Mechanism(ABC, Generic[P]):
     """A differentially private release of a subspace (or of a statistic used to choose one)."""
 
@@ -137,6 +153,11 @@ class Mechanism(ABC, Generic[P]):
         self, data: FloatArray, spec: ReleaseSpec[P], rng: np.random.Generator
     ) -> MechanismOutput:
         """Run on ``data`` (``n x d``, possibly a read-only memory map) with randomness ``rng``."""
+
+    @abstractmethod
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> Preview:
+        """The noise scales and thresholds :meth:`run` would use with ``spec`` (the params
+        returned by :meth:`prepare`), and what they mean. Public facts only: never the data."""
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> int:
         """Peak working memory of :meth:`run` in bytes, beyond the (memory-mapped) data.

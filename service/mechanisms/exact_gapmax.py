@@ -100,6 +100,7 @@ from service.mechanisms.base import (
     Mechanism,
     MechanismOutput,
     MechanismParams,
+    Preview,
     PublicContext,
     ReleaseSpec,
 )
@@ -757,6 +758,33 @@ class ExactGapMax(Mechanism[ExactGapMaxParams]):
                 **info,
             )
         return MechanismOutput(basis=basis, extras=info)
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[ExactGapMaxParams]) -> Preview:
+        params = spec.params
+        assert params.robustness is not None and params.sample_rows is not None  # by prepare
+        n0, ell = params.sample_rows, params.robustness
+        u_null = null_score(ell, spec.epsilon, spec.delta)
+        bound = noise_bound(spec.epsilon, spec.delta)
+        needed = min_sample_rows(ell, spec.epsilon, spec.delta)
+        return Preview(
+            scales={
+                "sample_rows": n0,
+                "robustness": ell,
+                "null_score": u_null,
+                "noise_bound": bound,
+                "min_sample_rows": needed,
+            },
+            meaning=[
+                f"{n0} rows are sampled; a k-dimensional subspace scores the number of them it "
+                "holds exactly (up to robustness outliers).",
+                f"The winner is released only if its score beats u(NULL) = {u_null:.4g} and the "
+                f"runner-up by more than the truncated-Laplace bound A = {bound:.4g}; otherwise "
+                "no_result (charged).",
+                f"Recovery is certain when at least {needed} sampled rows lie exactly in one "
+                f"k-dimensional subspace with at most {ell} elsewhere; data only approximately "
+                "in a subspace ends in no_result.",
+            ],
+        )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[ExactGapMaxParams]) -> int:
         """Peak working memory: the sample and its exact integer rows (every entry counted at

@@ -53,6 +53,8 @@ from service.mechanisms.base import (
     Mechanism,
     MechanismOutput,
     MechanismParams,
+    Preview,
+    PreviewValue,
     PublicContext,
     ReleaseSpec,
 )
@@ -217,9 +219,19 @@ def calibrated_sensitivity(
     return inflated + projection_mean_rounding(d, k, t)
 
 
+def weight_noise_scale(sens: float, eps1: float) -> float:
+    """Laplace scale ``Delta_W/eps1`` of the noisy total weight."""
+    return sens / eps1
+
+
+def weight_shift(sens: float, eps1: float, delta1: float) -> float:
+    """``(Delta_W/eps1) ln(1/(2 delta1))``: subtracted so that ``P[W_low > W] = delta1``."""
+    return weight_noise_scale(sens, eps1) * math.log(1.0 / (2.0 * delta1))
+
+
 def weight_lower_bound(noisy_weight: float, sens: float, eps1: float, delta1: float) -> float:
     """``W_low = W_hat - (Delta_W/eps1) ln(1/(2 delta1))``, so ``P[W_low > W] = delta1``."""
-    return noisy_weight - (sens / eps1) * math.log(1.0 / (2.0 * delta1))
+    return noisy_weight - weight_shift(sens, eps1, delta1)
 
 
 def weight_floor(sens: float) -> float:
@@ -665,7 +677,7 @@ def friendly_aggregate(
         weights = weights_from_counts(counts[:, 0], t, b)
 
     total = total_weight(weights)
-    noisy_total = total + float(laplace(sens_w / split.eps1, rng))
+    noisy_total = total + float(laplace(weight_noise_scale(sens_w, split.eps1), rng))
     w_low = weight_lower_bound(noisy_total, sens_w, split.eps1, split.delta1)
     if w_low < weight_floor(sens_w):
         return FriendlyResult(None, radius, radius_exponent, w_low, None)
@@ -830,6 +842,57 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         if params.aggregator == "projection":
             return params.model_copy(update={"t": t})
         return params.model_copy(update={"t": t, "q": q})
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]) -> Preview:
+        params = spec.params
+        assert params.t is not None  # resolved by prepare
+        t, k = params.t, spec.k
+        split = budget_split(spec.epsilon, spec.delta, params.radius is not None)
+        sens = weight_sensitivity(t, ramp_width(t))
+        floor = weight_floor(sens)
+        scale = weight_noise_scale(sens, split.eps1)
+        shift = weight_shift(sens, split.eps1, split.delta1)
+        steps = radius_steps(params.aggregator)
+        # Projections lie within sqrt(2k) of each other; the reference points' r_max is the
+        # norm of the q x d Gaussian points drawn at run time (about sqrt(q d)).
+        if params.aggregator == "projection":
+            r_max: float = math.sqrt(2.0 * k)
+            where = f"r_max = sqrt(2k) = {r_max:.4g}"
+        else:
+            assert params.q is not None
+            r_max = math.sqrt(params.q * ctx.n_cols)
+            where = (
+                f"r_max = the norm of the public reference points, about sqrt(q d) = {r_max:.4g}"
+            )
+        scales: dict[str, PreviewValue] = {
+            "t": t,
+            "m": ctx.n_rows // t,
+            "weight_noise_scale": scale,
+            "weight_shift": shift,
+            "ptr_floor": floor,
+            "no_result_weight": floor + shift,
+            "radius_steps": steps,
+            "r_max": r_max,
+        }
+        meaning = [
+            f"The rows are split into t = {t} subsets of {ctx.n_rows // t} rows; each gives a "
+            "top-k subspace, weighted by how many others lie within the radius.",
+            f"Test (epsilon1 = {split.eps1:.4g}): W_low = W + Laplace({scale:.4g}) - "
+            f"{shift:.4g}; the release ends in no_result (charged) when W_low < {floor:.4g}. "
+            f"W is at most t = {t}, so the total weight of agreeing subsets must be above about "
+            f"{floor + shift:.4g}.",
+        ]
+        if params.radius is None:
+            meaning.append(
+                f"The radius is chosen privately (epsilon0 = {split.eps0:.4g}) on the grid "
+                f"r_max 2^-i, i = {steps}..0, {where}."
+            )
+        else:
+            meaning.append(
+                f"The radius {params.radius:.4g} is used as given (raised to the floor "
+                f"r_max 2^-{steps} if below it; {where})."
+            )
+        return Preview(scales=scales, meaning=meaning)
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]) -> int:
         """Peak bytes of :meth:`run` from its own allocations (``n``, ``d``, ``k``, params)."""

@@ -28,6 +28,7 @@ from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
     MechanismOutput,
+    Preview,
     PublicContext,
     ReleaseSpec,
 )
@@ -81,6 +82,31 @@ class GapTest:
     passed: bool
 
 
+@dataclass(frozen=True)
+class Split:
+    """``eps1 = eps2 = eps/2`` (test, release), ``delta1 = delta2 = delta/2``."""
+
+    epsilon1: float
+    epsilon2: float
+    delta1: float
+    delta2: float
+
+
+def budget_split(epsilon: float, delta: float) -> Split:
+    """Half of ``(eps, delta)`` to the gap test, half to the projector noise."""
+    return Split(epsilon / 2.0, epsilon / 2.0, delta / 2.0, delta / 2.0)
+
+
+def gap_noise_scale(clip_norm: float, epsilon1: float) -> float:
+    """Laplace scale ``b = 2 C^2/eps1`` of the noisy gap (its sensitivity is ``2 C^2``)."""
+    return 2.0 * clip_norm**2 / epsilon1
+
+
+def gap_shift(scale: float, delta1: float) -> float:
+    """``b ln(1/(2 delta1))``, subtracted so that ``P[g_low > g] = delta1``."""
+    return scale * math.log(1.0 / (2.0 * delta1))
+
+
 def gap_test(
     gap: float, clip_norm: float, epsilon1: float, delta1: float, rng: np.random.Generator
 ) -> GapTest:
@@ -88,15 +114,21 @@ def gap_test(
 
     ``P[Lap(b) > b ln(1/(2 delta1))] = delta1``, hence ``P[g_low > g] = delta1``.
     """
-    scale = 2.0 * clip_norm**2 / epsilon1
+    scale = gap_noise_scale(clip_norm, epsilon1)
     noisy_gap = gap + float(laplace(scale, rng))
-    gap_low = noisy_gap - scale * math.log(1.0 / (2.0 * delta1))
+    gap_low = noisy_gap - gap_shift(scale, delta1)
     return GapTest(gap_low=gap_low, passed=gap_low > clip_norm**2)
 
 
 def projector_sensitivity(gap_low: float, clip_norm: float) -> float:
     """``s = 2 C^2/(g_low - C^2)``: Frobenius sensitivity of the projector when ``g >= g_low``."""
     return 2.0 * clip_norm**2 / (gap_low - clip_norm**2)
+
+
+def projector_sigma(gap_low: float, clip_norm: float, epsilon2: float, delta2: float) -> float:
+    """Per-entry ``sigma`` of the projector noise: the analytic Gaussian for
+    ``s = 2 C^2/(g_low - C^2)`` (linear in ``s``)."""
+    return analytic_gaussian_sigma(projector_sensitivity(gap_low, clip_norm), epsilon2, delta2)
 
 
 def gap_perturbation(
@@ -128,16 +160,13 @@ def gap_perturbation(
     basis : (d, k) array or None
         Orthonormal basis of the released subspace; ``None`` when the gap test fails.
     """
-    epsilon1 = epsilon2 = epsilon / 2.0
-    delta1 = delta2 = delta / 2.0
+    split = budget_split(epsilon, delta)
     gram = clipped_gram(data, clip_norm)
     vectors, gap = top_k_with_gap(gram, k)
-    test = gap_test(gap, clip_norm, epsilon1, delta1, rng)
+    test = gap_test(gap, clip_norm, split.epsilon1, split.delta1, rng)
     if not test.passed:
         return None
-    sigma = analytic_gaussian_sigma(
-        projector_sensitivity(test.gap_low, clip_norm), epsilon2, delta2
-    )
+    sigma = projector_sigma(test.gap_low, clip_norm, split.epsilon2, split.delta2)
     noisy = projector(vectors) + symmetric_gaussian(gram.shape[0], sigma, rng)
     _, basis = top_k_eigh(noisy, k)
     return basis
@@ -166,6 +195,36 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         # the shift b ln(1/delta) that makes g_low.
         scale = 4.0 / epsilon
         return min(1.0, scale), ctx.n_cols * ctx.n_rows + scale * (64.0 + math.log(1.0 / delta))
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]) -> Preview:
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        c2 = spec.params.clip_norm**2
+        split = budget_split(spec.epsilon, spec.delta)
+        scale = gap_noise_scale(spec.params.clip_norm, split.epsilon1)
+        shift = gap_shift(scale, split.delta1)
+        # P[Lap(b) < -b ln 10] = 0.05: a gap this far above the median threshold passes w.p. 0.95.
+        sure = c2 + shift + scale * math.log(10.0)
+        # sigma is linear in s = 2 C^2 / (g_low - C^2); at g_low = 2 C^2, s = 2.
+        sigma_per_s = analytic_gaussian_sigma(1.0, split.epsilon2, split.delta2)
+        return Preview(
+            scales={
+                "gap_noise_scale": scale,
+                "gap_shift": shift,
+                "no_result_gap": c2 + shift,
+                "gap_for_95_percent_pass": sure,
+                "projector_sigma_per_unit_sensitivity": sigma_per_s,
+            },
+            meaning=[
+                f"Gap test (epsilon/2): g_low = gap + Laplace({scale:.4g}) - {shift:.4g}; the "
+                f"release ends in no_result (charged) when g_low <= C^2 = {c2:.4g}.",
+                f"So a k-th eigengap lambda_k - lambda_(k+1) of the clipped X^T X below about "
+                f"{c2 + shift:.4g} fails more often than not; a gap of {sure:.4g} passes with "
+                "probability 0.95.",
+                f"When it passes, Gaussian noise of sigma = {sigma_per_s:.4g} * 2 C^2 / "
+                "(g_low - C^2) is added to each entry of the top-k projector: the larger the "
+                "gap, the smaller the noise.",
+            ],
+        )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]) -> int:
         d, k = ctx.n_cols, spec.k

@@ -51,6 +51,8 @@ from service.mechanisms.base import (
     Mechanism,
     MechanismOutput,
     MechanismParams,
+    Preview,
+    PreviewValue,
     PublicContext,
     ReleaseSpec,
 )
@@ -379,6 +381,37 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             return params.cell_width, m
         assert params.gamma is not None
         return width_from_gamma(params.gamma, d, k, params.t, m), m
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[HistogramAggregateParams]) -> Preview:
+        params = spec.params
+        assert params.t is not None and params.q is not None  # resolved by prepare
+        width, m = self.cell_width_for(params, ctx.n_rows, ctx.n_cols, spec.k)
+        bar = threshold(spec.epsilon, spec.delta)
+        scale = count_noise_scale(spec.epsilon)
+        scales: dict[str, PreviewValue] = {
+            "t": params.t,
+            "m": m,
+            "q": params.q,
+            "cell_width": width,
+            "threshold": bar,
+            "count_noise_scale": scale,
+        }
+        meaning = [
+            f"The rows are split into t = {params.t} subsets of m = {m} rows; each subset's "
+            f"top-k subspace maps {params.q} public reference points to a point of a grid of "
+            f"cell width {width:.4g}.",
+            f"Each cell count gets Laplace({scale:.4g}) noise; the heaviest cell is released "
+            f"only if its noisy count exceeds T = {bar:.4g}, otherwise no_result (charged). "
+            f"So about {math.ceil(bar)} or more of the {params.t} subsets must agree within "
+            "one cell.",
+        ]
+        if params.boost_beta is not None:
+            scales["groups"] = boost_groups(params.boost_beta)
+            meaning.append(
+                f"Boosting runs this on {scales['groups']} disjoint groups and releases a "
+                "result on which most agree within 2 boost_alpha."
+            )
+        return Preview(scales=scales, meaning=meaning)
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[HistogramAggregateParams]) -> int:
         """Peak bytes of :meth:`run` from its own allocations (``n``, ``d``, ``k``, params).

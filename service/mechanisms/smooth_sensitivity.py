@@ -38,6 +38,7 @@ from service.mechanisms.base import (
     ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
+    Preview,
     PublicContext,
     ReleaseSpec,
 )
@@ -111,6 +112,17 @@ def cauchy_beta(epsilon: float, dim: int) -> float:
 def cauchy_noise_scale(smooth_l1: float, epsilon: float) -> float:
     """Scale of each standard-Cauchy entry: ``6 S1/eps``."""
     return 6.0 * smooth_l1 / epsilon
+
+
+def half_noise_gap(clip_norm: float, k: int, beta: float) -> float:
+    """A gap below which ``S >= sqrt(2k)/2``: ``C^2 (1 + sqrt(2/k) + 2 (ln 2/beta - 1))``.
+
+    ``A(J) = sqrt(2k)`` at the first ``J >= (g - C^2 - sqrt(2/k) C^2)/(2 C^2)`` (see
+    :func:`smooth_bound`), and ``J`` is less than that plus 1, so ``S >= e^{-beta J} sqrt(2k)``
+    is at least half the cap whenever ``beta J <= ln 2``, which holds below this gap.
+    """
+    c2 = clip_norm**2
+    return c2 * (1.0 + math.sqrt(2.0 / k) + 2.0 * (math.log(2.0) / beta - 1.0))
 
 
 def smooth_sensitivity(
@@ -211,6 +223,41 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         # Per unit C^2: eigenvalues and the gap <= n, (2j+1) <= n + 3 in A(j), and the cap's
         # threshold sqrt(2/k). The noise scales do not involve C.
         return min(1.0, math.sqrt(2.0 / k)), ctx.n_cols * (ctx.n_rows + 4.0)
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> Preview:
+        k, dim = spec.k, ctx.n_cols * spec.k
+        cap = math.sqrt(2.0 * k)  # A(j) never exceeds it, so neither does S
+        if spec.delta > 0:
+            beta = gaussian_beta(spec.epsilon, spec.delta, dim)
+            per_s = gaussian_noise_scale(1.0, spec.epsilon, spec.delta)
+            kind = "Gaussian standard deviation"
+        else:
+            beta = cauchy_beta(spec.epsilon, dim)
+            per_s = cauchy_noise_scale(math.sqrt(dim), spec.epsilon)
+            kind = "Cauchy scale"
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        half_gap = half_noise_gap(spec.params.clip_norm, k, beta)
+        return Preview(
+            scales={
+                "variant": "gaussian" if spec.delta > 0 else "cauchy",
+                "beta": beta,
+                "noise_per_unit_smooth_bound": per_s,
+                "smooth_bound_cap": cap,
+                "noise_at_cap": per_s * cap,
+                "half_noise_gap": half_gap,
+            },
+            meaning=[
+                f"Each of the d x k entries of the rotated basis gets noise of {kind} "
+                f"{per_s:.4g} S, where S = max_j exp(-{beta:.4g} j) A(j) is the beta-smooth "
+                "bound on the basis's sensitivity (it depends on the eigengap, which is not "
+                "shown).",
+                f"S <= sqrt(2k) = {cap:.4g}, so the noise is at most {per_s * cap:.4g} per "
+                "entry; at that level the basis is essentially random.",
+                f"While the k-th eigengap of the clipped X^T X is below {half_gap:.4g}, S is at "
+                f"least half the cap (noise >= {per_s * cap / 2:.4g}): the smoothing keeps S "
+                "near the cap until the gap is of order C^2 / beta.",
+            ],
+        )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> int:
         d, k = ctx.n_cols, spec.k

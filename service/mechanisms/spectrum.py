@@ -32,6 +32,7 @@ from service.mechanisms.base import (
     ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
+    Preview,
     PublicContext,
     ReleaseSpec,
 )
@@ -174,6 +175,24 @@ class Spectrum(ClippingMechanism[SpectrumParams]):
         # rounding grid sigma / GRID_DIVISOR.
         unit_sigma = noise_std(1.0, epsilon, delta)
         return min(1.0, unit_sigma / GRID_DIVISOR), ctx.n_rows + 64.0 * unit_sigma
+
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[SpectrumParams]) -> Preview:
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        std = noise_std(spec.params.clip_norm, spec.epsilon, spec.delta)
+        threshold = signal_threshold(std, spec.k)
+        return Preview(
+            scales={
+                "noise_std": std,
+                "signal_threshold": threshold,
+                "grid": std / GRID_DIVISOR,
+            },
+            meaning=[
+                f"Each of the {spec.k} eigenvalues of the clipped X^T X gets Gaussian noise of "
+                f"standard deviation {std:.4g} (singular values: about {std:.4g} / (2 s)).",
+                f"suggested_k counts only eigenvalues above {threshold:.4g} (if all were 0, all "
+                f"{spec.k} noisy values would stay below it with probability 0.999).",
+            ],
+        )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[SpectrumParams]) -> int:
         d = ctx.n_cols

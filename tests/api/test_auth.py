@@ -112,7 +112,9 @@ def test_created_key_works_once_shown_and_revoked_key_fails(client, keys):
     assert body["role"] == "auditor" and body["key"].startswith("dpss_")
     assert client.get("/v1/audit", headers=bearer(body["key"])).status_code == 200
     listed = client.get("/v1/keys", headers=bearer(keys.admin)).json()
-    assert all("key" not in item for item in listed)
+    assert listed["total"] == len(listed["items"]) and listed["next"] is None
+    assert body["id"] in [item["id"] for item in listed["items"]]
+    assert all("key" not in item for item in listed["items"])
     assert body["key"] not in client.get("/v1/keys", headers=bearer(keys.admin)).text
     assert client.delete(f"/v1/keys/{body['id']}", headers=bearer(keys.admin)).status_code == 204
     assert client.get("/v1/audit", headers=bearer(body["key"])).status_code == 401
@@ -152,14 +154,14 @@ def test_bootstrap_admin_key_from_settings(settings, session_factory):
         assert response.status_code == 200
     # A second start does not create a second key.
     with TestClient(create_app(settings, session_factory=session_factory)) as client:
-        assert len(client.get("/v1/keys", headers=bearer("bootstrap-secret-123")).json()) == 1
+        assert client.get("/v1/keys", headers=bearer("bootstrap-secret-123")).json()["total"] == 1
 
 
 def test_internal_errors_leak_nothing(client, keys, monkeypatch, caplog):
     def explode(*_args, **_kwargs):
         raise RuntimeError("row 7 is [3.14159, 2.71828]")
 
-    monkeypatch.setattr(datasets_service, "list_datasets", explode)
+    monkeypatch.setattr(datasets_service, "page_datasets", explode)
     with caplog.at_level(logging.ERROR):
         response = client.get("/v1/datasets", headers=bearer(keys.owner))
     assert response.status_code == 500

@@ -1,0 +1,91 @@
+"""Grants: an owner shares a dataset's budget with analyst keys."""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from fastapi import APIRouter
+from sqlalchemy.orm import Session
+
+from api_schemas.common import ErrorBody
+from api_schemas.grants import Grant, GrantCreate, GrantList
+from service import grants
+from service.api.deps import UnitOfWorkDep
+from service.api.routing import GuardedRoute
+from service.auth import Principal
+
+router = APIRouter(prefix="/v1/datasets", tags=["grants"], route_class=GuardedRoute)
+
+
+def grant_out(view: grants.GrantView) -> Grant:
+    grant, budget = view.grant, view.budget
+    revoked = grant.revoked_at is not None
+    return Grant(
+        id=grant.id,
+        dataset_id=grant.dataset_id,
+        analyst_key_id=grant.analyst_key_id,
+        epsilon_total=grant.epsilon,
+        delta_total=grant.delta,
+        epsilon_spent=budget.epsilon_spent,
+        delta_spent=budget.delta_spent,
+        epsilon_remaining=Decimal(0) if revoked else budget.epsilon_remaining,
+        delta_remaining=Decimal(0) if revoked else budget.delta_remaining,
+        created_at=grant.created_at,
+        revoked_at=grant.revoked_at,
+    )
+
+
+@router.post(
+    "/{dataset_id}/grants",
+    status_code=201,
+    response_model=Grant,
+    summary="Grant an analyst key (or every analyst) a share of the dataset's budget (owner).",
+    responses={
+        404: {"model": ErrorBody, "description": "No such dataset of yours."},
+        409: {
+            "model": ErrorBody,
+            "description": "`conflict`: the key (or every analyst) already has an active grant "
+            "here; `dataset_deleted`: the dataset's rows were deleted.",
+        },
+        422: {
+            "model": ErrorBody,
+            "description": "Not an active analyst key, or a share above the dataset's total.",
+        },
+    },
+)
+async def create_grant(dataset_id: uuid.UUID, body: GrantCreate, uow: UnitOfWorkDep) -> Grant:
+    def work(session: Session, principal: Principal) -> Grant:
+        view = grants.create_grant(
+            session, principal, dataset_id, body.analyst_key_id, body.epsilon, body.delta
+        )
+        return grant_out(view)
+
+    return await uow(work)
+
+
+@router.get(
+    "/{dataset_id}/grants",
+    response_model=GrantList,
+    summary="A dataset's grants with what each spent and has left (owner).",
+    responses={404: {"model": ErrorBody, "description": "No such dataset of yours."}},
+)
+async def list_grants(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> GrantList:
+    def work(session: Session, principal: Principal) -> GrantList:
+        views = grants.list_grants(session, principal, dataset_id)
+        return GrantList(items=[grant_out(view) for view in views], total=len(views))
+
+    return await uow(work)
+
+
+@router.delete(
+    "/{dataset_id}/grants/{grant_id}",
+    response_model=Grant,
+    summary="Revoke a grant (owner): no further charges; what it spent stays spent.",
+    responses={404: {"model": ErrorBody, "description": "No such grant on a dataset of yours."}},
+)
+async def revoke_grant(dataset_id: uuid.UUID, grant_id: uuid.UUID, uow: UnitOfWorkDep) -> Grant:
+    def work(session: Session, principal: Principal) -> Grant:
+        return grant_out(grants.revoke_grant(session, principal, dataset_id, grant_id))
+
+    return await uow(work)

@@ -1,0 +1,186 @@
+"""Grants: an owner's share ``(epsilon, delta)`` of a dataset's budget for one analyst key, or for
+every analyst (a grant without a key).
+
+Policy (documented in the README, section "Grants"):
+
+- A release is charged to the dataset AND to the grant that applies, by one ledger entry that
+  names the grant, in the transaction that holds the dataset's lock: both budgets move together
+  or not at all, and neither may go negative.
+- Which grant applies: the analyst's own active grant on the dataset if there is one, else the
+  dataset's active all-analysts grant, else none. There is no fallback from an exhausted
+  personal grant to the all-analysts grant: a personal grant is the owner's limit for that key.
+- Without an applicable grant the analyst spends the dataset's budget directly, unless
+  ``DPSS_GRANTS_REQUIRED`` is true, in which case the request is refused (403).
+- Grants may together exceed the dataset's budget (oversubscription, as with quotas): since every
+  release is also charged to the dataset, the dataset can never be overspent, and an owner can
+  hand out shares that are not all used without reserving them. One grant may not exceed the
+  dataset's whole budget (it could never be used up; surely a mistake).
+- One active grant per key (and one all-analysts grant) per dataset: a second is a 409; revoke
+  the first. Revocation stops further charges; what was spent stays spent.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from service import audit, ledger
+from service.auth import Principal, require_role
+from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
+from service.errors import Conflict, DatasetGone, GrantRequired, InvalidInput, NotFound
+
+__all__ = [
+    "GrantView",
+    "applicable_grant",
+    "create_grant",
+    "grant_budget",
+    "list_grants",
+    "revoke_grant",
+]
+
+
+@dataclass(frozen=True)
+class GrantView:
+    """A grant with what it has spent and what remains."""
+
+    grant: Grant
+    budget: ledger.BudgetState
+
+
+def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
+    """A grant's budget from the ledger entries that name it (exact, summed in Python)."""
+    rows = session.execute(
+        select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta).where(
+            LedgerEntry.grant_id == grant.id
+        )
+    ).all()
+    epsilon_spent, delta_spent = ledger.spent(rows)
+    return ledger.BudgetState(grant.epsilon, grant.delta, epsilon_spent, delta_spent)
+
+
+def _own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
+    """The owner's dataset, locked as a release locks it (grants change under the same lock)."""
+    require_role(principal, "owner")
+    dataset = session.execute(
+        select(Dataset).where(Dataset.id == dataset_id).with_for_update()
+    ).scalar_one_or_none()
+    if dataset is None or dataset.owner_key_id != principal.key_id:
+        raise NotFound(f"no dataset {dataset_id}")
+    return dataset
+
+
+def _active(session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID | None) -> Grant | None:
+    key_match = Grant.analyst_key_id.is_(None) if key_id is None else Grant.analyst_key_id == key_id
+    return session.execute(
+        select(Grant)
+        .where(Grant.dataset_id == dataset_id, key_match, Grant.revoked_at.is_(None))
+        .order_by(Grant.created_at)
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def create_grant(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    analyst_key_id: uuid.UUID | None,
+    epsilon: Decimal,
+    delta: Decimal,
+) -> GrantView:
+    """Give ``analyst_key_id`` (every analyst if None) a share of the dataset's budget."""
+    ledger.check_storable("epsilon", epsilon)
+    ledger.check_storable("delta", delta)
+    dataset = _own_dataset(session, principal, dataset_id)
+    if dataset.deleted_at is not None:
+        raise DatasetGone(f"dataset {dataset_id} was deleted; it can grant nothing")
+    if analyst_key_id is not None:
+        key = session.get(ApiKey, analyst_key_id)
+        if key is None or key.role != "analyst" or key.revoked_at is not None:
+            raise InvalidInput("analyst_key_id", "must be the id of an active analyst key")
+    if ledger.BUDGET_CONTEXT.compare(epsilon, dataset.epsilon_total) > 0:
+        raise InvalidInput("epsilon", "must not exceed the dataset's total epsilon budget")
+    if ledger.BUDGET_CONTEXT.compare(delta, dataset.delta_total) > 0:
+        raise InvalidInput("delta", "must not exceed the dataset's total delta budget")
+    existing = _active(session, dataset.id, analyst_key_id)
+    if existing is not None:
+        who = "this analyst key" if analyst_key_id is not None else "every analyst"
+        raise Conflict(
+            f"grant {existing.id} for {who} on this dataset is still active; revoke it first"
+        )
+    grant = Grant(
+        id=uuid.uuid4(),
+        dataset_id=dataset.id,
+        analyst_key_id=analyst_key_id,
+        epsilon=epsilon,
+        delta=delta,
+        created_by_key_id=principal.key_id,
+        created_at=utcnow(),
+    )
+    session.add(grant)
+    audit.record(
+        session,
+        "grant_created",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={
+            "grant_id": grant.id,
+            "analyst_key_id": analyst_key_id,
+            "epsilon": epsilon,
+            "delta": delta,
+        },
+    )
+    session.flush()
+    return GrantView(grant, ledger.BudgetState(epsilon, delta, Decimal(0), Decimal(0)))
+
+
+def list_grants(session: Session, principal: Principal, dataset_id: uuid.UUID) -> list[GrantView]:
+    """The dataset's grants, oldest first, revoked ones included, each with spent and remaining."""
+    require_role(principal, "owner")
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None or dataset.owner_key_id != principal.key_id:
+        raise NotFound(f"no dataset {dataset_id}")
+    grants = session.execute(
+        select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.created_at, Grant.id)
+    ).scalars()
+    return [GrantView(grant, grant_budget(session, grant)) for grant in grants]
+
+
+def revoke_grant(
+    session: Session, principal: Principal, dataset_id: uuid.UUID, grant_id: uuid.UUID
+) -> GrantView:
+    """Stop further charges to a grant (idempotent); what it spent stays spent."""
+    dataset = _own_dataset(session, principal, dataset_id)
+    grant = session.get(Grant, grant_id)
+    if grant is None or grant.dataset_id != dataset.id:
+        raise NotFound(f"no grant {grant_id} on dataset {dataset_id}")
+    if grant.revoked_at is None:
+        grant.revoked_at = utcnow()
+        audit.record(
+            session,
+            "grant_revoked",
+            actor_key_id=principal.key_id,
+            dataset_id=dataset.id,
+            details={"grant_id": grant.id},
+        )
+    return GrantView(grant, grant_budget(session, grant))
+
+
+def applicable_grant(
+    session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID, *, required: bool
+) -> Grant | None:
+    """The grant a release by ``key_id`` is charged to: personal first, then all-analysts.
+
+    Called under the dataset's lock, so no grant is created or revoked meanwhile. With
+    ``required``, no grant is a :class:`GrantRequired` refusal.
+    """
+    grant = _active(session, dataset_id, key_id) or _active(session, dataset_id, None)
+    if grant is None and required:
+        raise GrantRequired(
+            "this service requires a grant (DPSS_GRANTS_REQUIRED) and this key has none on "
+            "this dataset; ask the dataset's owner for one"
+        )
+    return grant

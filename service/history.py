@@ -1,0 +1,141 @@
+"""Release history: who may list which releases, filters, and keyset pagination.
+
+Visibility is the same as for one release (:func:`service.releases.get_release`): an analyst
+lists the releases they requested, an owner the releases of the datasets they uploaded (deleted
+ones included: the ledger and the audit log keep them too). Lists obey the side-channel rules
+of single reads: an analyst's ``status`` filter matches the status the analyst is shown, so a
+release before its ``visible_at`` is ``queued`` to them in the filter, the count and the row.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, and_, func, not_, or_, select
+from sqlalchemy.orm import Session
+
+from service.auth import Principal, require_role
+from service.db.models import Dataset, Release, utcnow
+from service.errors import NotFound
+from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+
+CURSOR_KIND = "release"
+
+
+@dataclass(frozen=True)
+class ReleaseFilters:
+    """Optional filters, all of which a listed release must match."""
+
+    dataset_id: uuid.UUID | None = None
+    status: str | None = None
+    mechanism: str | None = None
+    #: Strict bounds on ``created_at`` (UTC-aware).
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+def _owned_datasets(principal: Principal) -> ColumnElement[bool]:
+    return Release.dataset_id.in_(
+        select(Dataset.id).where(Dataset.owner_key_id == principal.key_id)
+    )
+
+
+def _visible(principal: Principal) -> ColumnElement[bool]:
+    require_role(principal, "analyst", "owner")
+    if principal.role == "analyst":
+        return Release.requester_key_id == principal.key_id
+    return _owned_datasets(principal)
+
+
+def _status_as_shown(principal: Principal, status: str, now: datetime) -> ColumnElement[bool]:
+    """Releases ``principal`` is shown with ``status`` at ``now`` (see ``release_out``)."""
+    if principal.role != "analyst":
+        return Release.status == status
+    visible = or_(Release.visible_at.is_(None), Release.visible_at <= now)
+    if status == "queued":
+        return or_(not_(visible), Release.status == "queued")
+    return and_(visible, Release.status == status)
+
+
+def _conditions(
+    principal: Principal, filters: ReleaseFilters, now: datetime
+) -> list[ColumnElement[bool]]:
+    conditions = [_visible(principal)]
+    if filters.dataset_id is not None:
+        conditions.append(Release.dataset_id == filters.dataset_id)
+    if filters.status is not None:
+        conditions.append(_status_as_shown(principal, filters.status, now))
+    if filters.mechanism is not None:
+        conditions.append(Release.mechanism == filters.mechanism)
+    if filters.created_after is not None:
+        conditions.append(Release.created_at > filters.created_after)
+    if filters.created_before is not None:
+        conditions.append(Release.created_at < filters.created_before)
+    return conditions
+
+
+def list_releases(
+    session: Session,
+    principal: Principal,
+    filters: ReleaseFilters,
+    limit: int,
+    cursor: str | None = None,
+    now: datetime | None = None,
+) -> Page[Release]:
+    """Newest first by ``(created_at, id)``; ``total`` counts every match, ignoring the cursor.
+
+    A new release has a later ``created_at`` than every listed one, so it enters before the
+    first page and never shifts a page a cursor points at.
+    """
+    now = now if now is not None else utcnow()
+    conditions = _conditions(principal, filters, now)
+    total = session.execute(
+        select(func.count()).select_from(Release).where(*conditions)
+    ).scalar_one()
+    query = select(Release).where(*conditions)
+    if cursor is not None:
+        created_at, release_id = parse_time_id_cursor(cursor, CURSOR_KIND)
+        query = query.where(
+            or_(
+                Release.created_at < created_at,
+                and_(Release.created_at == created_at, Release.id < release_id),
+            )
+        )
+    rows = list(
+        session.execute(
+            query.order_by(Release.created_at.desc(), Release.id.desc()).limit(limit + 1)
+        ).scalars()
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    following = time_id_cursor(CURSOR_KIND, rows[-1].created_at, rows[-1].id) if more else None
+    return Page(items=rows, total=total, next=following)
+
+
+def list_dataset_releases(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    filters: ReleaseFilters,
+    limit: int,
+    cursor: str | None = None,
+    now: datetime | None = None,
+) -> Page[Release]:
+    """The releases of one dataset, for its owner only: 404 for any other owner or analyst (an
+    analyst lists their own with ``GET /v1/releases?dataset_id=``)."""
+    require_role(principal, "analyst", "owner")
+    owner = session.execute(
+        select(Dataset.owner_key_id).where(Dataset.id == dataset_id)
+    ).scalar_one_or_none()
+    if principal.role != "owner" or owner is None or owner != principal.key_id:
+        raise NotFound(f"no dataset {dataset_id}")
+    scoped = ReleaseFilters(
+        dataset_id=dataset_id,
+        status=filters.status,
+        mechanism=filters.mechanism,
+        created_after=filters.created_after,
+        created_before=filters.created_before,
+    )
+    return list_releases(session, principal, scoped, limit, cursor, now)

@@ -1,0 +1,125 @@
+"""Preview before spending: what a release request would cost and use, without charging it.
+
+A dry run goes through exactly the checks of a real request up to the charge
+(:func:`service.releases.check_request_fields`, the dataset lookup,
+:func:`service.releases.check_request`), so it is refused with the same 4xx. Then, instead of
+charging, it reports the cost, whether the remaining budget covers it (a real request would get
+409 ``budget_exceeded``; a preview answers ``affordable: false``), and the mechanism's noise
+scales from :meth:`~service.mechanisms.base.Mechanism.preview`, which calls the same calibration
+functions as the run. It reads public facts only (shape, declared bound, params, the ledger),
+never the rows, and writes one ``release_previewed`` audit event: no release, no ledger row.
+
+An ``Idempotency-Key`` is refused: a preview creates nothing that a retry could find again, and
+a key sent by mistake with ``dry_run`` would otherwise suggest that something was reserved.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Literal
+
+from sqlalchemy.orm import Session
+
+from api_schemas.releases import ReleaseRequest
+from service import audit, grants, ledger, releases
+from service.auth import Principal
+from service.config import Settings
+from service.errors import InvalidInput
+from service.mechanisms.base import PreviewValue
+
+DRY_RUN_IDEMPOTENCY_KEY = (
+    "a dry run creates and charges nothing, so it takes no Idempotency-Key; omit the header"
+)
+
+
+@dataclass(frozen=True)
+class ReleasePreview:
+    """The outcome of a dry run (see :class:`api_schemas.releases.ReleasePreview`)."""
+
+    dataset_id: uuid.UUID
+    mechanism: str
+    k: int
+    epsilon: Decimal
+    delta: Decimal
+    params: dict[str, Any]
+    affordable: bool
+    epsilon_remaining: Decimal
+    delta_remaining: Decimal
+    budget: Literal["dataset", "grant"]
+    grant_id: uuid.UUID | None
+    memory_mb: float
+    scales: dict[str, PreviewValue]
+    meaning: list[str]
+
+
+def _finite(value: PreviewValue) -> PreviewValue:
+    """A non-finite float as ``None``: JSON has no infinity, and a preview must never fail on a
+    request the real path accepts (``prepare`` already keeps every scale finite)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def preview_release(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    body: ReleaseRequest,
+    idempotency_key: str | None,
+    settings: Settings,
+) -> ReleasePreview:
+    """Validate ``body`` as :func:`service.releases.request_release` does and report what it
+    would cost and use; charge nothing and record one ``release_previewed`` audit event."""
+    releases.check_request_fields(principal, body)
+    if idempotency_key is not None:
+        raise InvalidInput("Idempotency-Key", DRY_RUN_IDEMPOTENCY_KEY)
+    dataset = releases.lock_dataset(session, dataset_id)
+    prepared = releases.check_request(body, dataset, settings)
+    # The same budgets a real request is charged to: the applicable grant (a key without one is
+    # refused the same way when grants are required), then the dataset.
+    grant = grants.applicable_grant(
+        session, dataset.id, principal.key_id, required=settings.grants_required
+    )
+    budget = ledger.budget_of(session, dataset)
+    affordable = budget.affords(body.epsilon, body.delta)
+    charged_to: Literal["dataset", "grant"] = "dataset"
+    if grant is not None:
+        share = grants.grant_budget(session, grant)
+        if share.affords(body.epsilon, body.delta) or affordable:
+            # The analyst's own limit is the grant's (when both afford it, or the grant is short).
+            charged_to, budget = "grant", share
+        affordable = affordable and share.affords(body.epsilon, body.delta)
+    shown = prepared.mechanism.preview(prepared.context, prepared.spec)
+    memory = prepared.mechanism.memory_bytes(prepared.context, prepared.spec) / releases.MIB
+    audit.record(
+        session,
+        "release_previewed",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={
+            "mechanism": body.mechanism,
+            "k": body.k,
+            "params": prepared.params,
+            "cost": {"epsilon": body.epsilon, "delta": body.delta},
+            "affordable": affordable,
+        },
+    )
+    return ReleasePreview(
+        dataset_id=dataset.id,
+        mechanism=body.mechanism,
+        k=body.k,
+        epsilon=body.epsilon,
+        delta=body.delta,
+        params=prepared.params,
+        affordable=affordable,
+        epsilon_remaining=budget.epsilon_remaining,
+        delta_remaining=budget.delta_remaining,
+        budget=charged_to,
+        grant_id=grant.id if grant is not None else None,
+        memory_mb=memory,
+        scales={name: _finite(value) for name, value in shown.scales.items()},
+        meaning=list(shown.meaning),
+    )

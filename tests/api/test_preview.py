@@ -1,0 +1,186 @@
+"""Preview before spending: `?dry_run=true` validates like a real request and charges nothing."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import func, select
+
+from service import audit
+from service.db.models import AuditEvent, LedgerEntry, Release
+from service.mechanisms.analyze_gauss import expected_noise_norm, noise_sigma
+from service.mechanisms.base import Preview
+from service.mechanisms.registry import get_mechanism
+from tests.conftest import bearer
+from tests.factories import near_subspace
+
+
+def request(client, key, dataset_id, headers=None, dry_run=True, **body):
+    payload = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7", **body}
+    return client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        params={"dry_run": "true"} if dry_run else None,
+        headers={**bearer(key), **(headers or {})},
+        json=payload,
+    )
+
+
+@pytest.fixture
+def dataset(client, keys, upload_dataset, rng):
+    data, _ = near_subspace(rng, 200, 6, 2)
+    return upload_dataset(
+        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
+    )
+
+
+def counts(session_factory):
+    with session_factory() as session:
+        return (
+            session.scalar(select(func.count()).select_from(Release)),
+            session.scalar(select(func.count()).select_from(LedgerEntry)),
+            list(session.scalars(select(AuditEvent.event_type).order_by(AuditEvent.seq))),
+        )
+
+
+def test_dry_run_charges_nothing_creates_nothing_and_writes_one_event(
+    client, keys, dataset, session_factory
+):
+    releases_before, ledger_before, events_before = counts(session_factory)
+    response = request(client, keys.analyst, dataset["id"])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["dry_run"] is True
+    assert body["affordable"] is True
+    assert (body["epsilon"], body["delta"]) == ("0.1", "0.0000001")
+    assert body["epsilon_remaining"] == "1"
+    assert body["params"] == {"clip_norm": 1.0}
+    sigma = noise_sigma(1.0, 0.1, 1e-7)
+    assert body["scales"]["sigma"] == sigma
+    assert body["scales"]["noise_spectral_norm"] == expected_noise_norm(sigma, 6)
+    assert body["meaning"] and all(isinstance(line, str) for line in body["meaning"])
+    releases_after, ledger_after, events_after = counts(session_factory)
+    assert (releases_after, ledger_after) == (releases_before, ledger_before) == (0, 0)
+    assert events_after == [*events_before, "release_previewed"]
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "0"
+    with session_factory() as session:
+        event = session.scalars(select(AuditEvent).order_by(AuditEvent.seq.desc())).first()
+        assert event.release_id is None
+        cost = event.details["cost"]
+        assert (Decimal(cost["epsilon"]), Decimal(cost["delta"])) == (
+            Decimal("0.1"),
+            Decimal("1e-7"),
+        )
+        assert event.details["params"] == {"clip_norm": 1.0}
+        report = audit.verify(session)
+    assert report.ok, report.problems
+
+
+def test_audit_verify_flags_a_preview_that_names_a_release(client, keys, dataset, session_factory):
+    assert request(client, keys.analyst, dataset["id"]).status_code == 200
+    with session_factory() as session:
+        event = session.scalars(
+            select(AuditEvent).where(AuditEvent.event_type == "release_previewed")
+        ).one()
+        event.release_id = event.dataset_id
+        session.commit()
+        problems = audit.verify(session).problems
+    assert any("release_previewed event names a release" in p for p in problems)
+
+
+def test_an_unaffordable_dry_run_reports_it_instead_of_409(client, keys, dataset):
+    response = request(client, keys.analyst, dataset["id"], epsilon="2")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["affordable"] is False
+    assert (body["epsilon_remaining"], body["delta_remaining"]) == ("1", "0.00001")
+    real = request(client, keys.analyst, dataset["id"], dry_run=False, epsilon="2")
+    assert real.status_code == 409
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"mechanism": "nope"}, "mechanism"),
+        ({"params": {"clip_norm": -1}}, "params.clip_norm"),
+        ({"params": {"clip_norm": 1e300}}, "params.clip_norm"),
+        ({"k": 7}, "k"),
+        ({"epsilon": "0.1000000000000000000000000000001"}, "epsilon"),
+    ],
+)
+def test_a_dry_run_is_refused_exactly_like_a_real_request(
+    client, keys, dataset, session_factory, body, field
+):
+    events_before = counts(session_factory)[2]
+    preview = request(client, keys.analyst, dataset["id"], **body)
+    real = request(client, keys.analyst, dataset["id"], dry_run=False, **body)
+    assert preview.status_code == real.status_code == 422
+    assert preview.json() == real.json()
+    assert field in preview.json()["detail"]
+    assert counts(session_factory) == (0, 0, events_before)
+
+
+def test_a_dry_run_over_the_memory_limit_gets_the_same_422(
+    client, keys, dataset, settings, session_factory
+):
+    settings.worker_memory_mb = 1e-6
+    preview = request(client, keys.analyst, dataset["id"])
+    real = request(client, keys.analyst, dataset["id"], dry_run=False)
+    assert preview.status_code == real.status_code == 422
+    assert preview.json() == real.json()
+    assert "DPSS_WORKER_MEMORY_MB" in preview.json()["detail"]
+    assert counts(session_factory)[:2] == (0, 0)
+
+
+def test_only_analysts_preview(client, keys, dataset):
+    assert request(client, keys.owner, dataset["id"]).status_code == 403
+
+
+def test_an_idempotency_key_is_refused_for_a_dry_run(client, keys, dataset, session_factory):
+    response = request(client, keys.analyst, dataset["id"], headers={"Idempotency-Key": "k1"})
+    assert response.status_code == 422
+    assert "Idempotency-Key" in response.json()["detail"]
+    assert counts(session_factory)[:2] == (0, 0)
+
+
+def test_a_dry_run_of_a_missing_dataset_is_404(client, keys):
+    missing = "00000000-0000-4000-8000-000000000000"
+    assert request(client, keys.analyst, missing).status_code == 404
+
+
+def test_openapi_documents_dry_run_and_the_preview_schema(client):
+    spec = client.get("/openapi.json").json()
+    operation = spec["paths"]["/v1/datasets/{dataset_id}/releases"]["post"]
+    names = {p["name"]: p for p in operation["parameters"]}
+    assert names["dry_run"]["in"] == "query"
+    assert names["dry_run"]["description"]
+    ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    schema = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(schema["required"]) >= {"affordable", "scales", "meaning", "epsilon"}
+    assert all(prop.get("description") for prop in schema["properties"].values())
+
+
+def test_a_non_finite_scale_is_shown_as_null_not_a_500(client, keys, dataset, monkeypatch):
+    mechanism = get_mechanism("analyze_gauss")
+    monkeypatch.setattr(
+        type(mechanism),
+        "preview",
+        lambda self, ctx, spec: Preview(scales={"sigma": math.inf, "k": 2}, meaning=["x"]),
+    )
+    response = request(client, keys.analyst, dataset["id"])
+    assert response.status_code == 200
+    assert response.json()["scales"] == {"sigma": None, "k": 2}
+
+
+def test_the_readme_example_with_json_numbers(client, keys, dataset):
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", "k": 3, "epsilon": 0.5, "delta": 1e-6},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["epsilon"], body["delta"], body["dry_run"]) == ("0.5", "0.000001", True)
+    assert {"sigma", "noise_spectral_norm", "gap_for_error_0_1"} <= set(body["scales"])

@@ -1,0 +1,80 @@
+"""Grants through the Python client and the remote ``dpss grants`` commands."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+from typer.testing import CliRunner
+
+from service import auth, remote_cli
+from service.cli import app
+from service.client import BudgetExceededError, Client
+from service.remote_cli import ExitCode
+
+GAUSS: dict[str, Any] = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
+
+
+def _key(factory: sessionmaker[Session], role: str) -> tuple[str, str]:
+    with factory.begin() as session:
+        key, secret = auth.create_key(session, role, role, actor_key_id=None)  # type: ignore[arg-type]
+        return str(key.id), secret
+
+
+def test_client_creates_lists_and_revokes_grants(
+    client: TestClient, session_factory: sessionmaker[Session]
+) -> None:
+    _, owner_key = _key(session_factory, "owner")
+    analyst_id, analyst_key = _key(session_factory, "analyst")
+    owner = Client(str(client.base_url), owner_key, http=client)
+    analyst = Client(str(client.base_url), analyst_key, http=client)
+    ds = owner.upload(np.eye(4), name="d", epsilon_budget=1, delta_budget="1e-5", row_norm_bound=1)
+    grant = owner.create_grant(ds.id, "0.15", "1e-6", analyst_key_id=analyst_id)
+    assert str(grant.analyst_key_id) == analyst_id and grant.epsilon_remaining == Decimal("0.15")
+    analyst.release(ds.id, **GAUSS)
+    with pytest.raises(BudgetExceededError) as refused:
+        analyst.release(ds.id, **GAUSS)
+    assert refused.value.budget == "grant" and refused.value.grant_id == grant.id
+    assert refused.value.epsilon_remaining == Decimal("0.05")
+    (listed,) = owner.list_grants(ds.id)
+    assert listed.epsilon_spent == Decimal("0.1")
+    revoked = owner.revoke_grant(ds.id, grant.id)
+    assert revoked.revoked_at is not None and revoked.epsilon_spent == Decimal("0.1")
+    assert owner.budget(ds.id).epsilon_spent == Decimal("0.1")
+
+
+def test_dpss_grants_commands(
+    client: TestClient, session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    _, owner_key = _key(session_factory, "owner")
+    analyst_id, _ = _key(session_factory, "analyst")
+    ds = Client(str(client.base_url), owner_key, http=client).upload(
+        np.eye(4), name="d", epsilon_budget=1, delta_budget="1e-5", row_norm_bound=1
+    )
+    runner = CliRunner()
+    env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": owner_key, "COLUMNS": "200"}
+
+    def dpss(*args: str) -> Any:
+        return runner.invoke(app, ["grants", *args], env=env)
+
+    created = dpss(
+        "create", str(ds.id), "--epsilon", "0.5", "--delta", "1e-6",
+        "--analyst-key-id", analyst_id, "--json",
+    )  # fmt: skip
+    assert created.exit_code == ExitCode.OK, created.output
+    grant = json.loads(created.stdout)
+    assert grant["epsilon_total"] == "0.5" and grant["analyst_key_id"] == analyst_id
+    table = dpss("list", str(ds.id))
+    assert table.exit_code == ExitCode.OK and grant["id"] in table.stdout
+    listed = json.loads(dpss("list", str(ds.id), "--json").stdout)
+    assert listed["total"] == 1 and listed["items"][0]["id"] == grant["id"]
+    revoked = dpss("revoke", str(ds.id), grant["id"], "--json")
+    assert revoked.exit_code == ExitCode.OK and json.loads(revoked.stdout)["revoked_at"]
+    too_big = dpss("create", str(ds.id), "--epsilon", "2", "--delta", "1e-6")
+    assert too_big.exit_code == ExitCode.REFUSED and "epsilon" in too_big.stderr

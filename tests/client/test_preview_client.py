@@ -1,0 +1,92 @@
+"""Preview before spending from the client (`Client.preview_release`) and the CLI (`--dry-run`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
+
+from service import remote_cli
+from service.cli import app
+from service.client import Client, InvalidRequestError
+from service.remote_cli import ExitCode
+from tests.client.data import low_rank_rows
+
+MakeKey = Callable[[str], str]
+
+
+@pytest.fixture
+def clients(client: TestClient, make_key: MakeKey) -> tuple[Client, Client]:
+    owner = Client(str(client.base_url), make_key("owner"), http=client)
+    analyst = Client(str(client.base_url), make_key("analyst"), http=client)
+    return owner, analyst
+
+
+def test_preview_release_charges_nothing(clients: tuple[Client, Client]) -> None:
+    owner, analyst = clients
+    ds = owner.upload(
+        low_rank_rows(300, 6, 2, seed=3),
+        name="p",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    shown = analyst.preview_release(ds.id, "gap_perturbation", 2, "0.5", "1e-6")
+    assert shown.dry_run and shown.affordable
+    assert shown.params == {"clip_norm": 1.0}
+    assert shown.scales["no_result_gap"] > 1.0
+    assert any("no_result" in line for line in shown.meaning)
+    too_much = analyst.preview_release(ds.id, "analyze_gauss", 2, "5", "1e-6")
+    assert not too_much.affordable and too_much.epsilon_remaining == Decimal(1)
+    assert analyst.budget(ds.id).epsilon_spent == 0
+    with pytest.raises(InvalidRequestError) as refused:
+        analyst.preview_release(ds.id, "analyze_gauss", 2, "0.5", "1e-6", clip_norm=-1.0)
+    assert "clip_norm" in str(refused.value)
+
+
+@pytest.fixture
+def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
+    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    runner = CliRunner()
+
+    def run(*args: str, key: str) -> Result:
+        env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key, "COLUMNS": "200"}
+        return runner.invoke(app, list(args), env=env)
+
+    return run
+
+
+def test_cli_dry_run(
+    dpss: Callable[..., Result], clients: tuple[Client, Client], make_key: MakeKey, tmp_path: Path
+) -> None:
+    owner, _ = clients
+    analyst = make_key("analyst")
+    ds = owner.upload(
+        low_rank_rows(300, 6, 2, seed=4),
+        name="q",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    args = ("releases", "create", str(ds.id), "--mechanism", "analyze_gauss", "--k", "2",
+            "--epsilon", "0.5", "--delta", "1e-6", "--dry-run")  # fmt: skip
+    table = dpss(*args, key=analyst)
+    assert table.exit_code == ExitCode.OK, table.output
+    assert "nothing charged" in table.stdout and "sigma" in table.stdout
+    assert "Davis-Kahan" in table.stdout
+    as_json = dpss(*args, "--json", key=analyst)
+    assert as_json.exit_code == ExitCode.OK, as_json.output
+    body = json.loads(as_json.stdout)
+    assert body["dry_run"] is True and body["affordable"] is True
+    refused = dpss(*args, "--wait", key=analyst)
+    assert refused.exit_code == ExitCode.USAGE
+    invalid = dpss(*args, "--param", "clip_norm=-1", key=analyst)
+    assert invalid.exit_code == ExitCode.REFUSED
+    assert "clip_norm" in invalid.output
+    assert owner.budget(ds.id).epsilon_spent == 0
