@@ -21,18 +21,18 @@ CREATED = "2026-11-23T01:00:00Z"
 REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/keys"): {"role": "analyst", "name": "digits team"},
     ("post", "/v1/datasets"): {
-        "file": "digits.csv",
-        "name": "digits",
+        "file": "survey.csv",
+        "name": "survey",
         "epsilon_budget": "3",
         "delta_budget": "1e-5",
-        "row_norm_bound": "16",
+        "row_norm_bound": "1",
     },
     ("post", "/v1/datasets/{dataset_id}/releases"): {
         "mechanism": "analyze_gauss",
         "k": 2,
         "epsilon": "0.5",
         "delta": "1e-6",
-        "params": {},
+        "params": {"clip_norm": 1.0},
     },
     ("post", "/v1/datasets/{dataset_id}/grants"): {
         "analyst_key_id": ANALYST_KEY_ID,
@@ -51,10 +51,10 @@ _BUDGET = {
 }
 _DATASET = {
     "id": DATASET_ID,
-    "name": "digits",
-    "n_rows": 1797,
-    "n_cols": 64,
-    "row_norm_bound": 16.0,
+    "name": "survey",
+    "n_rows": 1000,
+    "n_cols": 4,
+    "row_norm_bound": 1.0,
     "budget": _BUDGET,
     "created_at": CREATED,
 }
@@ -65,14 +65,15 @@ _RELEASE = {
     "k": 2,
     "epsilon": "0.5",
     "delta": "0.000001",
-    "params": {},
+    "params": {"clip_norm": 1.0},
     "status": "succeeded",
     "reason": None,
     "refunded": False,
     "result": {
-        "basis": [[0.6, 0.8], [0.8, -0.6]],
-        "basis_sha256": "5e9f1c0a7b3d2e4f6a8b0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f",
-        "extras": {},
+        # d = 4 rows of k = 2 floats, orthonormal columns.
+        "basis": [[0.5, 0.5], [0.5, -0.5], [0.5, 0.5], [0.5, -0.5]],
+        "basis_sha256": "b9fbc5a1d1ab608dfd2cf017ef63f841be3945214f2ee15e31a49eb611feb2a9",
+        "extras": {"eigenvalues": [158.9, 43.6]},
     },
     "created_at": CREATED,
     "visible_at": CREATED,
@@ -123,17 +124,27 @@ RESPONSES: dict[str, Any] = {
         "k": 2,
         "epsilon": "0.5",
         "delta": "0.000001",
-        "params": {},
+        "params": {"clip_norm": 1.0},
         "affordable": True,
         "epsilon_remaining": "2.5",
         "delta_remaining": "0.000009",
         "budget": "dataset",
         "grant_id": None,
-        "memory_mb": 0.1,
-        "scales": {"sigma": 2380.5},
+        "memory_mb": 0.05,
+        "scales": {
+            "sigma": 11.395,
+            "noise_spectral_norm": 45.58,
+            "gap_for_error_0_1": 501.4,
+            "eigenvalue_grid": 0.011395,
+        },
         "meaning": [
-            "The noise matrix has a spectral norm of about 3.8e4; the subspace error stays "
-            "below 0.1 when the k-th eigengap of X^T X exceeds about 7.6e5."
+            "Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
+            "standard deviation sigma = 11.4.",
+            "The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = 45.58; each "
+            "released eigenvalue is within about that much of the true one (Weyl).",
+            "For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - lambda_(k+1) "
+            "of the clipped X^T X must be at least about 501.4 (Davis-Kahan with Weyl: "
+            "error <= ||E|| / (gap - ||E||)).",
         ],
     },
     "Grant": _GRANT,
@@ -142,13 +153,26 @@ RESPONSES: dict[str, Any] = {
         "items": [
             {
                 "name": "analyze_gauss",
-                "title": "Analyze Gauss",
-                "paper": "Dwork, Talwar, Thakurta, Zhang, STOC 2014",
-                "summary": "Gaussian noise on X^T X, then its top-k eigenvectors.",
-                "cost_rule": "(epsilon, delta) as requested; delta > 0",
+                "title": "Analyze Gauss (Gaussian noise on X^T X)",
+                "paper": "Dwork, Talwar, Thakurta & Zhang, Analyze Gauss: Optimal Bounds for "
+                "Privacy-Preserving PCA, STOC 2014, Algorithm 1",
+                "summary": "Adds a symmetric Gaussian matrix calibrated to sqrt(2) C^2 to the "
+                "clipped X^T X and releases its top-k eigenvectors and eigenvalues.",
+                "cost_rule": "Charges exactly the requested (epsilon, delta).",
                 "allows_pure_dp": False,
                 "releases_basis": True,
-                "params_schema": {"type": "object", "properties": {}},
+                "params_schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "clip_norm": {
+                            "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
+                            "default": None,
+                            "description": "Public row norm bound C; defaults to the "
+                            "dataset's row_norm_bound.",
+                        }
+                    },
+                },
             }
         ]
     },
@@ -156,12 +180,12 @@ RESPONSES: dict[str, Any] = {
         "items": [
             {
                 "seq": 1,
-                "event_type": "dataset.created",
-                "actor_key_id": OWNER_KEY_ID,
-                "dataset_id": DATASET_ID,
+                "event_type": "key_created",
+                "actor_key_id": None,
+                "dataset_id": None,
                 "release_id": None,
                 "created_at": CREATED,
-                "details": {"n_rows": 1797, "n_cols": 64},
+                "details": {"key_id": OWNER_KEY_ID, "role": "owner", "name": "survey owners"},
                 "prev_hash": "0" * 64,
                 "hash": "a3f1c2d4e5b6a7980112233445566778899aabbccddeeff00112233445566778",
             }

@@ -60,9 +60,12 @@ def operations(document: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def test_docs_render_every_operation_offline(app: Any, tmp_path: Path) -> None:
     document = app.openapi()
+    release = document["paths"]["/v1/datasets/{dataset_id}/releases"]["post"]
     with serving(app) as base:
         dom = chromium(tmp_path, f"{base}/docs", "--dump-dom")
         chromium(tmp_path, f"{base}/docs", f"--screenshot={tmp_path / 'docs.png'}")
+        # A deep link opens one operation: its examples render too.
+        opened = chromium(tmp_path, f"{base}/docs#/releases/{release['operationId']}", "--dump-dom")
         redoc = chromium(tmp_path, f"{base}/redoc", "--dump-dom")
     # Rendered by Swagger UI's JS (the served HTML has none of this).
     assert "Failed to load API definition" not in dom
@@ -76,5 +79,7 @@ def test_docs_render_every_operation_offline(app: Any, tmp_path: Path) -> None:
     for tag in document["tags"]:
         assert f'data-tag="{tag["name"]}"' in dom, tag
     assert (tmp_path / "docs.png").stat().st_size > 10_000
+    assert "analyze_gauss" not in dom  # collapsed: no example shown yet
+    assert "budget_exceeded" in opened and "clip_norm" in opened and "affordable" in opened
     # ReDoc's JS renders the operation list too.
     assert all(html.escape(summary, quote=False) in redoc for _, _, summary in listed)
