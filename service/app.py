@@ -13,6 +13,7 @@ from service import audit as audit_log
 from service import auth
 from service.api import audit, datasets, grants, health, history, keys, mechanisms, releases
 from service.api.deps import Database
+from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
 from service.api.middleware import ServiceApp
 from service.api.openapi import install_openapi, reject_unknown_query_parameters
@@ -30,6 +31,37 @@ Authenticate with `Authorization: Bearer <key>`. Errors are `{"error": code, "de
 When the database is busy or unreachable the answer is 503 with a `Retry-After` header and the
 same number of seconds in the body's `retry_after` field: nothing was done, retry after it.
 """
+
+#: One line per tag of the manual, in the order a new user needs them.
+TAGS = [
+    {"name": "health", "description": "Liveness and readiness; no key needed."},
+    {
+        "name": "keys",
+        "description": "API keys (admin): create one per owner or analyst, list and revoke.",
+    },
+    {
+        "name": "datasets",
+        "description": "Owners upload a matrix with its public row-norm bound and its "
+        "(epsilon, delta) budget; the rows never leave the store.",
+    },
+    {
+        "name": "grants",
+        "description": "Owners give an analyst (or every analyst) a share of a dataset's budget.",
+    },
+    {
+        "name": "releases",
+        "description": "Analysts request a private rank-k subspace; the budget is charged once; "
+        "list and fetch releases.",
+    },
+    {
+        "name": "mechanisms",
+        "description": "The mechanisms, their parameters and what they guarantee.",
+    },
+    {
+        "name": "audit",
+        "description": "The hash-chained audit log of every key, upload, grant and release.",
+    },
+]
 
 
 def create_app(
@@ -67,6 +99,10 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         dependencies=[Depends(reject_unknown_query_parameters)],
+        openapi_tags=TAGS,
+        # The manual's pages are served from packaged assets instead (service.api.docs).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
@@ -84,5 +120,6 @@ def create_app(
         audit.router,
     ):
         app.include_router(router)
+    install_docs(app)
     install_openapi(app)
     return app

@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.docs import DOCS_PAGES
 from service.config import Settings
 from service.logs import REQUEST_ID_HEADER, request_context, request_id_from
 
@@ -36,10 +37,6 @@ access_log = logging.getLogger("dpss.access")
 SERVER_NAME = "dpss"
 #: JSON responses load nothing and may not be framed.
 API_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-#: What the docs pages load today (swagger-ui and redoc from jsDelivr, FastAPI's favicon,
-#: redoc's fonts); self-hosting them later shrinks this to 'self'.
-CDN = "https://cdn.jsdelivr.net"
-FAVICON_HOST = "https://fastapi.tiangolo.com"
 _INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.S)
 
 
@@ -125,18 +122,17 @@ def _docs_policy(kind: str, body: bytes) -> str:
     scripts = " ".join(_hash_source(m.group(1)) for m in _INLINE_SCRIPT.finditer(body))
     common = "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
     if kind == "swagger":
-        # Scripts are the strict part; swagger-ui styles elements inline as it renders.
+        # The assets are the service's own (service.api.docs): nothing off this host. Scripts
+        # are the strict part; swagger-ui styles elements inline as it renders.
         return (
-            f"default-src 'none'; script-src {CDN} {scripts}; style-src {CDN} 'unsafe-inline'; "
-            f"img-src 'self' data: {FAVICON_HOST}; connect-src 'self'; {common}"
+            f"default-src 'none'; script-src 'self' {scripts}; style-src 'self' 'unsafe-inline'; "
+            f"img-src 'self' data:; connect-src 'self'; {common}"
         )
     if kind == "redoc":
         # ReDoc renders with styled-components (inline <style>) and searches in a blob worker.
         return (
-            f"default-src 'none'; script-src {CDN}; "
-            "style-src 'unsafe-inline' https://fonts.googleapis.com; "
-            f"font-src https://fonts.gstatic.com; img-src 'self' data: {FAVICON_HOST}; "
-            f"connect-src 'self'; worker-src blob:; {common}"
+            "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+            f"img-src 'self' data:; connect-src 'self'; worker-src blob:; {common}"
         )
     return f"default-src 'none'; script-src {scripts}; {common}"  # the OAuth2 redirect page
 
@@ -274,16 +270,7 @@ def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
             allow_credentials=False,
             max_age=600,
         )
-    docs_pages = {
-        url: kind
-        for url, kind in (
-            (fastapi_app.docs_url, "swagger"),
-            (fastapi_app.redoc_url, "redoc"),
-            (fastapi_app.swagger_ui_oauth2_redirect_url, "oauth2_redirect"),
-        )
-        if url
-    }
-    app = SecurityHeadersMiddleware(app, docs_pages)
+    app = SecurityHeadersMiddleware(app, DOCS_PAGES)
     return RequestLogMiddleware(app, PathTemplates(fastapi_app))
 
 

@@ -11,6 +11,8 @@ outages, body limits). :func:`install_openapi` post-processes the generated docu
   404 where a path names a resource, 409 where state conflicts, 413 where a body has a size
   limit, 422 where anything is parsed, 503 wherever the database is used, 507 on uploads;
 - a bearer ``securityScheme`` applies to every ``/v1`` operation;
+- every request body, successful response and error response has an example
+  (:mod:`service.api.examples`);
 - the upload form and the mechanism names are described as they are validated.
 
 Query parameters an operation does not declare are refused
@@ -30,6 +32,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from api_schemas.datasets import DatasetCreate
+from service.api import examples
 from service.errors import InvalidInput
 from service.mechanisms.registry import MECHANISMS
 
@@ -132,13 +135,36 @@ def _fix_operation(method: str, path: str, operation: dict[str, Any]) -> None:
     for status, description in errors.items():
         existing = responses.get(str(status), {})
         response = _error_response(status, description or existing.get("description"))
+        media = response["content"]["application/json"]
+        media["examples"] = {
+            "example": examples.example(examples.ERRORS[status], response["description"])
+        }
         if status == 409 and (method, path) in CONFLICTS:
-            response["content"]["application/json"]["schema"] = {
-                "anyOf": [BUDGET_EXCEEDED_REF, ERROR_REF]
+            media["schema"] = {"anyOf": [BUDGET_EXCEEDED_REF, ERROR_REF]}
+            media["examples"] = {
+                "budget_exceeded": examples.example(examples.BUDGET_EXCEEDED, "Not enough budget."),
+                "conflict": examples.example(examples.ERRORS[409], "Another conflict."),
             }
         responses[str(status)] = response
+    _success_examples(method, path, operation)
     if path.startswith("/v1/"):
         operation["security"] = [{SECURITY_SCHEME: []}]
+
+
+def _success_examples(method: str, path: str, operation: dict[str, Any]) -> None:
+    """Attach the request example and, to each successful JSON response, its schema's example."""
+    body = examples.REQUESTS.get((method, path))
+    for media in operation.get("requestBody", {}).get("content", {}).values():
+        if body is not None:
+            media["examples"] = {"example": examples.example(body, operation.get("summary", ""))}
+    for code, response in operation.get("responses", {}).items():
+        if not code.startswith("2"):
+            continue
+        media = response.get("content", {}).get("application/json")
+        reference = (media or {}).get("schema", {}).get("$ref", "")
+        name = reference.rsplit("/", 1)[-1]
+        if media is not None and name in examples.RESPONSES:
+            media["examples"] = {name: examples.example(examples.RESPONSES[name], name)}
 
 
 def _upload_form(document: dict[str, Any]) -> None:

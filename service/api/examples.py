@@ -1,0 +1,228 @@
+"""Examples for the manual: a request body for each operation that takes one, a response body for
+each schema a successful operation answers with, and an error body for each error status.
+
+:func:`service.api.openapi.truthful_openapi` attaches them to the operations; a test validates
+every one against the schema it illustrates (tests/api/test_docs_examples.py). The values are
+made up but shaped as the service answers (decimals as strings, ids as UUIDs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OWNER_KEY_ID = "0b7e4a52-3c1d-4f0e-9d2a-5b8f6c1e2a10"
+ANALYST_KEY_ID = "5f0c9e1d-7a2b-4c3d-8e4f-1a2b3c4d5e6f"
+DATASET_ID = "3fa85f64-5717-4562-b3fc-2c963f66afa6"
+RELEASE_ID = "9c1d2e3f-4a5b-4c6d-8e7f-0a1b2c3d4e5f"
+GRANT_ID = "7d8e9f0a-1b2c-4d3e-8f4a-5b6c7d8e9f0a"
+CREATED = "2026-11-23T01:00:00Z"
+
+#: Request bodies by (method, path template) and media type.
+REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/v1/keys"): {"role": "analyst", "name": "digits team"},
+    ("post", "/v1/datasets"): {
+        "file": "survey.csv",
+        "name": "survey",
+        "epsilon_budget": "3",
+        "delta_budget": "1e-5",
+        "row_norm_bound": "1",
+    },
+    ("post", "/v1/datasets/{dataset_id}/releases"): {
+        "mechanism": "analyze_gauss",
+        "k": 2,
+        "epsilon": "0.5",
+        "delta": "1e-6",
+        "params": {"clip_norm": 1.0},
+    },
+    ("post", "/v1/datasets/{dataset_id}/grants"): {
+        "analyst_key_id": ANALYST_KEY_ID,
+        "epsilon": "1",
+        "delta": "1e-6",
+    },
+}
+
+_BUDGET = {
+    "epsilon_total": "3",
+    "delta_total": "0.00001",
+    "epsilon_spent": "0.5",
+    "delta_spent": "0.000001",
+    "epsilon_remaining": "2.5",
+    "delta_remaining": "0.000009",
+}
+_DATASET = {
+    "id": DATASET_ID,
+    "name": "survey",
+    "n_rows": 1000,
+    "n_cols": 4,
+    "row_norm_bound": 1.0,
+    "budget": _BUDGET,
+    "created_at": CREATED,
+}
+_RELEASE = {
+    "id": RELEASE_ID,
+    "dataset_id": DATASET_ID,
+    "mechanism": "analyze_gauss",
+    "k": 2,
+    "epsilon": "0.5",
+    "delta": "0.000001",
+    "params": {"clip_norm": 1.0},
+    "status": "succeeded",
+    "reason": None,
+    "refunded": False,
+    "result": {
+        # d = 4 rows of k = 2 floats, orthonormal columns.
+        "basis": [[0.5, 0.5], [0.5, -0.5], [0.5, 0.5], [0.5, -0.5]],
+        "basis_sha256": "b9fbc5a1d1ab608dfd2cf017ef63f841be3945214f2ee15e31a49eb611feb2a9",
+        "extras": {"eigenvalues": [158.9, 43.6]},
+    },
+    "created_at": CREATED,
+    "visible_at": CREATED,
+    "started_at": "2026-11-23T01:00:01Z",
+    "finished_at": "2026-11-23T01:00:02Z",
+    "attempts": 1,
+}
+_GRANT = {
+    "id": GRANT_ID,
+    "dataset_id": DATASET_ID,
+    "analyst_key_id": ANALYST_KEY_ID,
+    "epsilon_total": "1",
+    "delta_total": "0.000001",
+    "epsilon_spent": "0.5",
+    "delta_spent": "0.0000005",
+    "epsilon_remaining": "0.5",
+    "delta_remaining": "0.0000005",
+    "created_at": CREATED,
+    "revoked_at": None,
+}
+_KEY_INFO = {
+    "id": ANALYST_KEY_ID,
+    "role": "analyst",
+    "name": "digits team",
+    "created_at": CREATED,
+    "revoked_at": None,
+}
+
+#: Response bodies by the component schema a successful response refers to.
+RESPONSES: dict[str, Any] = {
+    "Health": {"status": "ok"},
+    "KeyCreated": {
+        "id": ANALYST_KEY_ID,
+        "role": "analyst",
+        "name": "digits team",
+        "key": "dpss_3q2x7Zc9VhKfN0aLr8TbW4uYp6Ms1EjD",
+    },
+    "KeyPage": {"items": [_KEY_INFO], "total": 1, "next": None},
+    "Dataset": _DATASET,
+    "DatasetList": {"items": [_DATASET], "total": 1, "next": None},
+    "Budget": _BUDGET,
+    "Release": _RELEASE,
+    "ReleasePage": {"items": [_RELEASE], "total": 1, "next": None},
+    "ReleasePreview": {
+        "dry_run": True,
+        "dataset_id": DATASET_ID,
+        "mechanism": "analyze_gauss",
+        "k": 2,
+        "epsilon": "0.5",
+        "delta": "0.000001",
+        "params": {"clip_norm": 1.0},
+        "affordable": True,
+        "epsilon_remaining": "2.5",
+        "delta_remaining": "0.000009",
+        "budget": "dataset",
+        "grant_id": None,
+        "memory_mb": 0.05,
+        "scales": {
+            "sigma": 11.395,
+            "noise_spectral_norm": 45.58,
+            "gap_for_error_0_1": 501.4,
+            "eigenvalue_grid": 0.011395,
+        },
+        "meaning": [
+            "Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
+            "standard deviation sigma = 11.4.",
+            "The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = 45.58; each "
+            "released eigenvalue is within about that much of the true one (Weyl).",
+            "For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - lambda_(k+1) "
+            "of the clipped X^T X must be at least about 501.4 (Davis-Kahan with Weyl: "
+            "error <= ||E|| / (gap - ||E||)).",
+        ],
+    },
+    "Grant": _GRANT,
+    "GrantList": {"items": [_GRANT], "total": 1, "next": None},
+    "MechanismList": {
+        "items": [
+            {
+                "name": "analyze_gauss",
+                "title": "Analyze Gauss (Gaussian noise on X^T X)",
+                "paper": "Dwork, Talwar, Thakurta & Zhang, Analyze Gauss: Optimal Bounds for "
+                "Privacy-Preserving PCA, STOC 2014, Algorithm 1",
+                "summary": "Adds a symmetric Gaussian matrix calibrated to sqrt(2) C^2 to the "
+                "clipped X^T X and releases its top-k eigenvectors and eigenvalues.",
+                "cost_rule": "Charges exactly the requested (epsilon, delta).",
+                "allows_pure_dp": False,
+                "releases_basis": True,
+                "params_schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "clip_norm": {
+                            "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
+                            "default": None,
+                            "description": "Public row norm bound C; defaults to the "
+                            "dataset's row_norm_bound.",
+                        }
+                    },
+                },
+            }
+        ]
+    },
+    "AuditPage": {
+        "items": [
+            {
+                "seq": 1,
+                "event_type": "key_created",
+                "actor_key_id": None,
+                "dataset_id": None,
+                "release_id": None,
+                "created_at": CREATED,
+                "details": {"key_id": OWNER_KEY_ID, "role": "owner", "name": "survey owners"},
+                "prev_hash": "0" * 64,
+                "hash": "a3f1c2d4e5b6a7980112233445566778899aabbccddeeff00112233445566778",
+            }
+        ],
+        "next_after": None,
+        "total": 1,
+        "next": None,
+    },
+}
+
+#: Error bodies by status.
+ERRORS: dict[int, dict[str, Any]] = {
+    400: {"error": "bad_request", "detail": "the body is not valid UTF-8 JSON"},
+    401: {"error": "unauthenticated", "detail": "missing or invalid API key"},
+    403: {"error": "forbidden", "detail": "this key's role may not do this"},
+    404: {"error": "not_found", "detail": "no such dataset"},
+    409: {"error": "conflict", "detail": "the request conflicts with the resource's state"},
+    413: {"error": "payload_too_large", "detail": "the body is larger than its limit"},
+    422: {"error": "invalid_input", "detail": "k: must be at most the number of columns"},
+    429: {"error": "rate_limited", "detail": "too many requests for this key; retry after 1 s"},
+    503: {
+        "error": "service_unavailable",
+        "detail": "the database is unavailable; retry later",
+        "retry_after": 2,
+    },
+    507: {"error": "insufficient_storage", "detail": "the server's disk is full"},
+}
+BUDGET_EXCEEDED = {
+    "error": "budget_exceeded",
+    "detail": "the request needs more budget than remains",
+    "epsilon_remaining": "0.2",
+    "delta_remaining": "0",
+    "budget": "dataset",
+    "grant_id": None,
+}
+
+
+def example(value: Any, summary: str) -> dict[str, Any]:
+    """An OpenAPI Example Object."""
+    return {"summary": summary, "value": value}
