@@ -67,7 +67,8 @@ def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
 
 
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
-    return _gram(n, d) + _eig(d)
+    centred = params.get("center", "none") != "none"
+    return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
 
 
 def _histogram_aggregate(n: int, d: int, k: int, params: Params) -> float:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms.analyze_gauss import mean_sigma, noise_sigma
+from service.mechanisms.spectrum import noise_std as spectrum_noise_std
 from tests.conftest import bearer, release_and_wait
 from tests.factories import near_subspace
 
@@ -77,3 +78,16 @@ def test_bad_centres_are_422_and_charge_nothing(client, keys, dataset, params, f
     assert field in response.json()["detail"]
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
     assert budget["epsilon_remaining"] == "1"
+
+
+def test_spectrum_centres_the_same_way(client, keys, dataset, run_worker):
+    body = {**BODY, "mechanism": "spectrum", "k": 3, "params": {"center": "private"}}
+    preview = post(client, keys.analyst, dataset["id"], True, **body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["scales"]["center"] == "private"
+    assert preview.json()["scales"]["noise_std"] == spectrum_noise_std(
+        1.0, (1 - 0.2) * 0.5, (1 - 0.2) * 1e-7
+    )
+    done = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **body)
+    assert done["status"] == "succeeded"
+    assert len(done["result"]["extras"]["center"]) == 6

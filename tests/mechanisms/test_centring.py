@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms import analyze_gauss as module
+from service.mechanisms import centring
 from service.mechanisms.analyze_gauss import (
     AnalyzeGauss,
     AnalyzeGaussParams,
@@ -22,6 +23,8 @@ from service.mechanisms.analyze_gauss import (
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows, clipped_gram, subspace_distance
 from service.mechanisms.noise import analytic_gaussian_sigma
+from service.mechanisms.spectrum import Spectrum
+from service.mechanisms.spectrum import noise_std as spectrum_noise_std
 from tests.mechanisms.privacy_audit import audit
 
 EPS, DELTA = 1.0, 1e-5
@@ -71,7 +74,7 @@ def test_run_spends_share_on_the_mean_and_the_rest_on_the_gram(
     mechanism, ctx, spec = prepared(data, 2, 0.8, 1e-6, center="private", center_share=share)
     mean_calls: list[tuple[Any, ...]] = []
     gram_sigmas: list[float] = []
-    real_center, real_noise = module.private_center, module.symmetric_gaussian
+    real_center, real_noise = centring.private_center, module.symmetric_gaussian
 
     def spy_center(*args: Any) -> Any:
         mean_calls.append(args[1:4])
@@ -81,7 +84,7 @@ def test_run_spends_share_on_the_mean_and_the_rest_on_the_gram(
         gram_sigmas.append(sigma)
         return real_noise(dim, sigma, rng)
 
-    monkeypatch.setattr(module, "private_center", spy_center)
+    monkeypatch.setattr(centring, "private_center", spy_center)
     monkeypatch.setattr(module, "symmetric_gaussian", spy_noise)
     out = mechanism.run(data, spec, np.random.default_rng(2))
     assert mean_calls == [(1.0, share * 0.8, share * 1e-6)]
@@ -247,8 +250,8 @@ def test_private_mean_audit_passes(runs: int = 2000, threshold: float = 0.0) -> 
 
 
 def test_private_mean_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = module.mean_sigma
-    monkeypatch.setattr(module, "mean_sigma", lambda *a: real(*a) / 10)
+    real = centring.mean_sigma
+    monkeypatch.setattr(centring, "mean_sigma", lambda *a: real(*a) / 10)
     result = audit(mean_release, *PAIR, above(0.0), 2000, DELTA, seed=13)
     assert result.eps_lower_bound > EPS
 
@@ -258,3 +261,36 @@ def test_private_mean_audit_passes_long() -> None:
     # Further into the tail (one noise std above the midpoint), where the privacy loss is larger.
     sigma = mean_sigma(1.0, N_AUDIT, EPS, DELTA)
     test_private_mean_audit_passes(runs=100_000, threshold=sigma)
+
+
+# ---------------------------------------------------------------------------------------------
+# spectrum centres the same way
+
+
+def test_spectrum_splits_the_budget_and_reports_centred_eigenvalues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data, _ = offset_data(20_000, 20)
+    mechanism = Spectrum()
+    ctx = PublicContext(n_rows=20_000, n_cols=20, row_norm_bound=1.0)
+    params = mechanism.prepare(ctx, 3, 1.0, 1e-6, mechanism.parse_params({"center": "private"}))
+    spec = ReleaseSpec(k=3, epsilon=1.0, delta=1e-6, params=params)
+    mean_calls: list[tuple[Any, ...]] = []
+    real_center = centring.private_center
+
+    def spy_center(*args: Any) -> Any:
+        mean_calls.append(args[1:4])
+        return real_center(*args)
+
+    monkeypatch.setattr(centring, "private_center", spy_center)
+    out = mechanism.run(data, spec, np.random.default_rng(14))
+    assert mean_calls == [(1.0, 0.2, 0.2 * 1e-6)]
+    assert out.extras["noise_std"] == spectrum_noise_std(1.0, 0.8, 0.8 * 1e-6)
+    shown = mechanism.preview(ctx, spec)
+    assert shown.scales["noise_std"] == out.extras["noise_std"]
+    assert shown.scales["center_sigma"] == mean_sigma(1.0, 20_000, 0.2, 0.2 * 1e-6)
+    # Centred, the top two eigenvalues are the signal's n 0.0225 = 450 each (not the offset's
+    # n 0.36 = 7200), the third is noise-level; the noise std is about 7.
+    top = out.extras["eigenvalues"]
+    assert 350 < top[1] <= top[0] < 550 and top[2] < 60
+    assert len(out.extras["center"]) == 20
