@@ -52,7 +52,9 @@ def _subset_svds(n: int, d: int, t: int) -> float:
 
 
 def _analyze_gauss(n: int, d: int, k: int, params: Params) -> float:
-    return _gram(n, d) + _eig(d)
+    # Centring adds a clipped pass for the private mean and a second clip per row: 2 n d.
+    centred = params.get("center", "none") != "none"
+    return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
 
 
 def _gap_perturbation(n: int, d: int, k: int, params: Params) -> float:
@@ -65,7 +67,8 @@ def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
 
 
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
-    return _gram(n, d) + _eig(d)
+    centred = params.get("center", "none") != "none"
+    return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
 
 
 def _histogram_aggregate(n: int, d: int, k: int, params: Params) -> float:

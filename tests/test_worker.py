@@ -110,7 +110,7 @@ def test_a_mechanism_crash_is_a_charged_no_result_and_leaks_nothing(
     def crash(*_args, **_kwargs):
         raise ValueError("bad row [0.123456, 0.654321]")
 
-    monkeypatch.setattr(analyze_gauss, "analyze_gauss", crash)
+    monkeypatch.setattr(analyze_gauss, "gauss_release", crash)
     dataset, release = queue_release(client, keys, upload_dataset, rng)
     run_worker()
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
@@ -131,7 +131,7 @@ def test_every_unexpected_exception_from_run_is_the_same_no_result(
     def crash(*_args, **_kwargs):
         raise error
 
-    monkeypatch.setattr(analyze_gauss, "analyze_gauss", crash)
+    monkeypatch.setattr(analyze_gauss, "gauss_release", crash)
     _, release = queue_release(client, keys, upload_dataset, rng)
     run_worker()
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
@@ -146,7 +146,7 @@ def test_a_refusal_missed_at_prepare_is_failed_and_charged(
     def refuse(*_args, **_kwargs):
         raise InvalidParameter("k", "too large for this dataset")
 
-    monkeypatch.setattr(analyze_gauss, "analyze_gauss", refuse)
+    monkeypatch.setattr(analyze_gauss, "gauss_release", refuse)
     _, release = queue_release(client, keys, upload_dataset, rng)
     run_worker()
     body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
@@ -390,13 +390,13 @@ def test_an_isolated_run_holding_the_interpreter_lock_does_not_starve_the_heartb
     settings.worker_lease_seconds = 60
     release_id = _seed_committed(factory, settings)
     terms = _gil_holding_sum(1.5)
-    original = analyze_gauss.analyze_gauss
+    original = analyze_gauss.gauss_release
 
     def hold_the_lock(*args, **kwargs):
         sum(range(terms))
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(analyze_gauss, "analyze_gauss", hold_the_lock)
+    monkeypatch.setattr(analyze_gauss, "gauss_release", hold_the_lock)
     beats: list[float] = []
     real_heartbeat = Worker.heartbeat
 
@@ -423,7 +423,7 @@ def test_an_isolated_run_that_kills_its_process_leaves_the_worker_and_the_job(
 
     _, factory = committed_db
     release_id = _seed_committed(factory, settings)
-    monkeypatch.setattr(analyze_gauss, "analyze_gauss", lambda *_a, **_k: os._exit(9))
+    monkeypatch.setattr(analyze_gauss, "gauss_release", lambda *_a, **_k: os._exit(9))
     store = DatasetStore(settings.datasets_dir)
     worker = Worker(factory, store, settings, worker_id="isolated", isolate=True)
     job = worker.claim()

@@ -86,9 +86,17 @@ def iter_row_chunks(data: npt.NDArray[Any], chunk_rows: int = DEFAULT_CHUNK_ROWS
 
 
 def clipped_gram(
-    data: npt.NDArray[Any], clip_norm: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
+    data: npt.NDArray[Any],
+    clip_norm: float,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    center: FloatArray | None = None,
 ) -> FloatArray:
     """``H = X^T X`` of the clipped rows, accumulated in row chunks: memory ``O(d^2 + chunk d)``.
+
+    With a ``center`` ``c`` (shape ``(d,)``, public, finite), each row is
+    ``clip_C(clip_C(x) - c)``: clipped to ``C``, centred, and clipped to ``C`` again, so every
+    row of the centred matrix still has norm ``<= C`` and the sensitivity of ``H`` is unchanged.
+    ``clip_C(x) - c`` cannot overflow: the mechanisms keep ``C`` and ``|c|`` below ``2^481``.
 
     Entries are at most ``n C^2`` in magnitude; the mechanisms refuse clip norms for which that
     (or any other multiple of ``C^2`` they compute) is not a comfortably finite double.
@@ -98,16 +106,33 @@ def clipped_gram(
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk_rows):
             clipped = clip_rows(block, clip_norm)
+            if center is not None:
+                clipped = clip_rows(clipped - center, clip_norm)
             gram += clipped.T @ clipped
     return gram
 
 
-def clipped_gram_memory(n_rows: int, n_cols: int, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> int:
+def clipped_sum(
+    data: npt.NDArray[Any], clip_norm: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> FloatArray:
+    """``sum_i clip_C(x_i)``, shape ``(d,)``, accumulated in row chunks (norm ``<= n C``)."""
+    total = np.zeros(data.shape[1], dtype=np.float64)
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk_rows):
+            total += clip_rows(block, clip_norm).sum(axis=0)
+    return total
+
+
+def clipped_gram_memory(
+    n_rows: int, n_cols: int, chunk_rows: int = DEFAULT_CHUNK_ROWS, *, centred: bool = False
+) -> int:
     """Peak bytes of :func:`clipped_gram`: per chunk the block (a copy when memory-mapped), its
-    scaled copy, the squares inside the norm and the clipped block (``4 c d``); the Gram matrix
-    and the product added to it (``2 d^2``)."""
+    scaled copy, the squares inside the norm and the clipped block (``4 c d``; with a centre,
+    the centred block and its scaled and clipped copies add ``3 c d``); the Gram matrix and the
+    product added to it (``2 d^2``). :func:`clipped_sum` needs less than the uncentred case."""
     chunk = min(max(1, n_rows), chunk_rows)
-    return 8 * (4 * chunk * n_cols + 2 * n_cols * n_cols) + 16 * chunk * 8
+    per_chunk = (7 if centred else 4) * chunk * n_cols
+    return 8 * (per_chunk + 2 * n_cols * n_cols) + 16 * chunk * 8
 
 
 def eigh_memory(d: int, k: int) -> int:

@@ -10,6 +10,11 @@ Hoffman-Wielandt the vector of eigenvalues (and so its top-``m`` part) moves by 
 public grid, square roots (singular values for display) and the suggested ``k`` are
 post-processing. Cost: exactly ``(eps, delta)``.
 
+Centring (``center``, PCA semantics): as for ``analyze_gauss`` (:mod:`service.mechanisms.centring`):
+the eigenvalues are those of the Gram matrix of ``clip_C(clip_C(x) - c)``, rows of norm ``<= C``,
+so the sensitivity is unchanged; a private ``c`` spends ``center_share`` of the budget and the
+eigenvalues the rest.
+
 Why eigenvalues and not singular values (Mirsky, sensitivity ``2C``): an error ``e`` on
 ``lambda_i = s_i^2`` is an error of about ``e / (2 s_i)`` on ``s_i``, so the relative error on
 ``s_i`` is about ``0.35 C / s_i`` times the singular-value route's: far smaller once ``s_i >> C``.
@@ -28,13 +33,21 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
-    ClipParams,
     ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
     Preview,
     PublicContext,
     ReleaseSpec,
+)
+from service.mechanisms.centring import (
+    CenterParams,
+    budget_split,
+    center_for_run,
+    center_preview,
+    check_center_shape,
+    prepare_centred,
+    with_center_multiples,
 )
 from service.mechanisms.linalg import (
     FloatArray,
@@ -56,8 +69,8 @@ FALSE_SIGNAL = 1e-3
 DROP_RATIO = 4.0
 
 
-class SpectrumParams(ClipParams):
-    """Params of ``spectrum``: only the clip norm (``k`` is the number of values)."""
+class SpectrumParams(CenterParams):
+    """Params of ``spectrum``: the clip norm and the centring (``k`` is the number of values)."""
 
 
 def spectrum_sensitivity(clip_norm: float) -> float:
@@ -107,6 +120,7 @@ def spectrum(
     delta: float,
     clip_norm: float,
     rng: np.random.Generator,
+    center: FloatArray | None = None,
 ) -> tuple[FloatArray, int, float]:
     """Release the top-``m`` eigenvalues of the clipped ``X^T X`` with Gaussian noise.
 
@@ -122,6 +136,8 @@ def spectrum(
         Public row norm bound ``C``.
     rng : numpy.random.Generator
         The release's generator.
+    center : (d,) array, optional
+        A public (or already released) centre: rows become ``clip_C(clip_C(x) - center)``.
 
     Returns
     -------
@@ -133,7 +149,7 @@ def spectrum(
     std : float
         Per-eigenvalue noise standard deviation (public: depends on ``C, eps, delta`` only).
     """
-    eigenvalues = eigenvalues_desc(clipped_gram(data, clip_norm))[:m]
+    eigenvalues = eigenvalues_desc(clipped_gram(data, clip_norm, center=center))[:m]
     std = noise_std(clip_norm, epsilon, delta)
     noisy = eigenvalues + rng.normal(0.0, std, size=m)
     # True eigenvalues of a PSD matrix are non-negative and sorted, so clamping and sorting
@@ -167,48 +183,81 @@ class Spectrum(ClippingMechanism[SpectrumParams]):
                 f"must be <= min(n, d) = {limit} (the number of eigenvalues); "
                 f"got {k}, {k - limit} too many",
             )
+        check_center_shape(ctx, params)
 
     def c2_multiples(
         self, ctx: PublicContext, k: int, epsilon: float, delta: float
     ) -> tuple[float, float]:
+        return self._c2_multiples(ctx, epsilon, delta, SpectrumParams())
+
+    def _c2_multiples(
+        self, ctx: PublicContext, epsilon: float, delta: float, params: SpectrumParams
+    ) -> tuple[float, float]:
         # Per unit C^2: eigenvalues <= trace <= n, noise draws <= 64 sigma; the smallest is the
         # rounding grid sigma / GRID_DIVISOR.
-        unit_sigma = noise_std(1.0, epsilon, delta)
-        return min(1.0, unit_sigma / GRID_DIVISOR), ctx.n_rows + 64.0 * unit_sigma
+        split = budget_split(epsilon, delta, params)
+        unit_sigma = noise_std(1.0, split.gram_epsilon, split.gram_delta)
+        low, high = min(1.0, unit_sigma / GRID_DIVISOR), ctx.n_rows + 64.0 * unit_sigma
+        return with_center_multiples(ctx, split, params, low, high)
+
+    def prepare(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: SpectrumParams
+    ) -> SpectrumParams:
+        self.check_common(ctx, k, epsilon, delta)
+        self.check_specific(ctx, k, params)
+        multiples = self._c2_multiples(ctx, epsilon, delta, params)
+        clip_norm = prepare_centred(ctx, params, multiples)
+        return params.model_copy(update={"clip_norm": clip_norm})
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[SpectrumParams]) -> Preview:
         assert spec.params.clip_norm is not None  # resolved by prepare
-        std = noise_std(spec.params.clip_norm, spec.epsilon, spec.delta)
+        split = budget_split(spec.epsilon, spec.delta, spec.params)
+        std = noise_std(spec.params.clip_norm, split.gram_epsilon, split.gram_delta)
         threshold = signal_threshold(std, spec.k)
+        centring, centring_meaning = center_preview(ctx, spec.params, split)
         return Preview(
             scales={
                 "noise_std": std,
                 "signal_threshold": threshold,
                 "grid": std / GRID_DIVISOR,
+                **centring,
             },
             meaning=[
                 f"Each of the {spec.k} eigenvalues of the clipped X^T X gets Gaussian noise of "
                 f"standard deviation {std:.4g} (singular values: about {std:.4g} / (2 s)).",
                 f"suggested_k counts only eigenvalues above {threshold:.4g} (if all were 0, all "
                 f"{spec.k} noisy values would stay below it with probability 0.999).",
+                *centring_meaning,
             ],
         )
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[SpectrumParams]) -> int:
         d = ctx.n_cols
         # The Gram matrix stays alive through the eigensolver (no eigenvectors); then O(m).
-        return max(clipped_gram_memory(ctx.n_rows, d), 8 * d * d + eigh_memory(d, 0))
+        centred = spec.params.center != "none"
+        return max(
+            clipped_gram_memory(ctx.n_rows, d, centred=centred), 8 * d * d + eigh_memory(d, 0)
+        )
 
     def run(
         self, data: FloatArray, spec: ReleaseSpec[SpectrumParams], rng: np.random.Generator
     ) -> MechanismOutput:
         assert spec.params.clip_norm is not None  # resolved by prepare
+        split = budget_split(spec.epsilon, spec.delta, spec.params)
+        center, centre_extras = center_for_run(data, spec.params, split, rng)
         values, suggested, std = spectrum(
-            data, spec.k, spec.epsilon, spec.delta, spec.params.clip_norm, rng
+            data,
+            spec.k,
+            split.gram_epsilon,
+            split.gram_delta,
+            spec.params.clip_norm,
+            rng,
+            center=center,
         )
         return MechanismOutput(
             basis=None,
             extras={
+                **centre_extras,
                 "eigenvalues": values.tolist(),
                 "singular_values": np.sqrt(values).tolist(),
                 "suggested_k": suggested,

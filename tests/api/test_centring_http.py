@@ -1,0 +1,93 @@
+"""analyze_gauss centring over HTTP: the params record, the preview's split, refusals, extras."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.mechanisms.analyze_gauss import mean_sigma, noise_sigma
+from service.mechanisms.spectrum import noise_std as spectrum_noise_std
+from tests.conftest import bearer, release_and_wait
+from tests.factories import near_subspace
+
+BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-7"}
+
+
+@pytest.fixture
+def dataset(client, keys, upload_dataset, rng):
+    data, _ = near_subspace(rng, 200, 6, 2)
+    data = 0.5 * data + 0.4 / np.sqrt(6)
+    return upload_dataset(
+        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
+    )
+
+
+def post(client, key, dataset_id, dry_run, **body):
+    return client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        params={"dry_run": "true"} if dry_run else None,
+        headers=bearer(key),
+        json={**BODY, **body},
+    )
+
+
+def test_preview_of_a_private_centre_states_the_split(client, keys, dataset):
+    response = post(
+        client,
+        keys.analyst,
+        dataset["id"],
+        True,
+        params={"center": "private", "center_share": 0.25},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["params"] == {"clip_norm": 1.0, "center": "private", "center_share": 0.25}
+    scales = body["scales"]
+    assert scales["center"] == "private"
+    assert scales["center_sigma"] == mean_sigma(1.0, 200, 0.25 * 0.5, 0.25 * 1e-7)
+    assert scales["sigma"] == noise_sigma(1.0, 0.75 * 0.5, 0.75 * 1e-7)
+
+
+def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
+    client, keys, dataset, run_worker
+):
+    body = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, **BODY, params={"center": "private"}
+    )
+    assert body["status"] == "succeeded"
+    extras = body["result"]["extras"]
+    assert len(extras["center"]) == 6 and len(extras["eigenvalues"]) == 2
+    assert extras["trace"] > 0
+    # Charged exactly the request, not more for the extra stage.
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    assert budget["epsilon_remaining"] == "0.5"
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"center": [0.1, 0.2]}, "params.center"),
+        ({"center": [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]}, "params.center"),
+        ({"center": "mean"}, "params.center"),
+        ({"center": "private", "center_share": 1.0}, "params.center_share"),
+    ],
+)
+def test_bad_centres_are_422_and_charge_nothing(client, keys, dataset, params, field):
+    response = post(client, keys.analyst, dataset["id"], False, params=params)
+    assert response.status_code == 422, response.text
+    assert field in response.json()["detail"]
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    assert budget["epsilon_remaining"] == "1"
+
+
+def test_spectrum_centres_the_same_way(client, keys, dataset, run_worker):
+    body = {**BODY, "mechanism": "spectrum", "k": 3, "params": {"center": "private"}}
+    preview = post(client, keys.analyst, dataset["id"], True, **body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["scales"]["center"] == "private"
+    assert preview.json()["scales"]["noise_std"] == spectrum_noise_std(
+        1.0, (1 - 0.2) * 0.5, (1 - 0.2) * 1e-7
+    )
+    done = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **body)
+    assert done["status"] == "succeeded"
+    assert len(done["result"]["extras"]["center"]) == 6
