@@ -1,0 +1,346 @@
+"""A scikit-learn-shaped PCA estimator whose ``fit`` asks the service for a private release.
+
+Client side only: it needs the Python client (:mod:`service.client`), numpy and pydantic, and
+never the server. It follows scikit-learn's estimator conventions (the constructor stores its
+arguments, ``get_params`` / ``set_params``, fitted attributes with a trailing underscore) without
+depending on scikit-learn.
+
+>>> from service.client import Client
+>>> from service.pca import PrivatePCA
+>>> with Client("http://127.0.0.1:8000", api_key) as dpss:              # doctest: +SKIP
+...     pca = PrivatePCA(dpss, dataset_id, n_components=2, epsilon="0.5", delta="1e-6",
+...                      center="private").fit()
+...     z = pca.transform(my_public_rows)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Final, Literal
+from uuid import UUID
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from service.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
+
+__all__ = ["NotFittedError", "PrivatePCA"]
+
+FloatArray = NDArray[np.float64]
+CenterArg = Literal["none", "private"] | Sequence[float] | FloatArray
+
+#: The constructor's named arguments, in order; any other keyword is a mechanism param.
+_NAMED: Final = (
+    "client",
+    "dataset_id",
+    "n_components",
+    "epsilon",
+    "delta",
+    "mechanism",
+    "center",
+    "center_share",
+    "timeout",
+)
+
+
+class NotFittedError(ValueError, AttributeError):
+    """A fitted attribute or ``transform`` was used before :meth:`PrivatePCA.fit` (the same
+    bases as scikit-learn's ``NotFittedError``, so ``except AttributeError`` code keeps working)."""
+
+
+class _Request(BaseModel):
+    """The checked shape of a fit request (raised as ``ValueError`` naming the field)."""
+
+    model_config = ConfigDict(strict=True, arbitrary_types_allowed=True)
+
+    n_components: int = Field(ge=1)
+    mechanism: str = Field(min_length=1)
+    center_share: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class PrivatePCA:
+    """Principal components of a dataset held by the service, released under ``(epsilon, delta)``
+    differential privacy.
+
+    Parameters
+    ----------
+    client : Client
+        A connected :class:`service.client.Client` with an analyst key.
+    dataset_id : UUID or str
+        The dataset in the service; the rows never leave it.
+    n_components : int
+        ``k``, the number of components released.
+    epsilon, delta : Decimal, str, int or float
+        The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget.
+    mechanism : str
+        A mechanism releasing a basis (default ``"analyze_gauss"``, which also releases the
+        noisy eigenvalues and trace used for the explained variance).
+    center : "private", "none" or array-like of shape (d,)
+        PCA centring. ``"private"``: the service releases a private mean with ``center_share``
+        of the budget and centres on it (``mean_`` is that released mean). ``"none"``: no
+        centring (components of the second-moment matrix; ``mean_`` is zeros). An array: a
+        public centre chosen without looking at the data (costs nothing; ``mean_`` is it).
+    center_share : float in (0, 1) or None
+        The share of ``(epsilon, delta)`` spent on the private mean; ``None`` leaves the
+        service's default. Sent only with ``center="private"``.
+    timeout : float or None
+        Seconds ``fit`` waits for the release to finish (``None``: no limit).
+    **params
+        Further mechanism params sent as they are (e.g. ``clip_norm``); they are parameters of
+        the estimator too (``get_params`` lists them, ``set_params`` changes them).
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+        The released orthonormal directions, one per row (scikit-learn's layout).
+    mean_ : ndarray of shape (n_features,)
+        The released private centre, the public centre, or zeros.
+    explained_variance_ : ndarray of shape (n_components,) or None
+        The noisy eigenvalues of the (centred) second-moment matrix divided by ``n - 1``, when
+        the mechanism releases eigenvalues (they are noisy, so they may be out of order or
+        negative for components buried in the noise).
+    explained_variance_ratio_ : ndarray of shape (n_components,) or None
+        The noisy eigenvalues divided by the noisy trace, when both are released and the trace
+        is positive.
+    n_components_ : int
+    n_features_in_ : int
+    release_id_ : UUID
+        The service's release (its audit trail and cost).
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        dataset_id: UUID | str,
+        n_components: int,
+        epsilon: Number,
+        delta: Number,
+        mechanism: str = "analyze_gauss",
+        center: CenterArg = "private",
+        center_share: float | None = None,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> None:
+        # scikit-learn's convention: store the arguments untouched, validate in fit.
+        self.client = client
+        self.dataset_id = dataset_id
+        self.n_components = n_components
+        self.epsilon = epsilon
+        self.delta = delta
+        self.mechanism = mechanism
+        self.center = center
+        self.center_share = center_share
+        self.timeout = timeout
+        self._params: dict[str, Any] = dict(params)
+
+    # ----------------------------------------------------------------------------------------
+    # scikit-learn's parameter protocol
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's arguments (mechanism params included): ``PrivatePCA(**p)``
+        rebuilds an unfitted copy. ``deep`` is accepted for compatibility; no parameter is
+        itself an estimator."""
+        named = {name: getattr(self, name) for name in _NAMED}
+        return {**named, **self._params}
+
+    def set_params(self, **params: Any) -> PrivatePCA:
+        """Change parameters and return ``self``. Names must be constructor arguments or
+        mechanism params given at construction; anything else raises ``ValueError`` (build a
+        new estimator to add a mechanism param)."""
+        unknown = sorted(set(params) - set(_NAMED) - set(self._params))
+        if unknown:
+            valid = ", ".join([*_NAMED, *sorted(self._params)])
+            raise ValueError(
+                f"invalid parameter(s) {', '.join(map(repr, unknown))} for PrivatePCA; "
+                f"valid parameters are: {valid}"
+            )
+        for name, value in params.items():
+            if name in _NAMED:
+                setattr(self, name, value)
+            else:
+                self._params[name] = value
+        return self
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self.get_params().items() if k != "client"}
+        return f"PrivatePCA({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    # ----------------------------------------------------------------------------------------
+    # Fitting
+
+    def _release_params(self) -> dict[str, Any]:
+        params = dict(self._params)
+        center = self.center
+        if isinstance(center, str):
+            if center not in ("none", "private"):
+                raise ValueError(f'center: expected "none", "private" or d numbers, got {center!r}')
+            # "none" is the service's default: not sending it keeps fit working on services
+            # without centring.
+            if center == "private":
+                params["center"] = "private"
+                if self.center_share is not None:
+                    params["center_share"] = self.center_share
+        else:
+            params["center"] = _public_center(center).tolist()
+        return params
+
+    def fit(self, X: None = None, y: None = None) -> PrivatePCA:
+        """Request the release from the service, wait for it, and set the fitted attributes.
+
+        ``X`` must be ``None``: the data lives in the service and never reaches the client
+        (``X`` and ``y`` are in the signature only for scikit-learn's calling convention).
+        Each call spends ``(epsilon, delta)`` again.
+
+        Raises
+        ------
+        TypeError
+            ``X`` or ``y`` given.
+        ValueError
+            A parameter is out of range (nothing is requested then).
+        service.client.ReleaseNoResult, service.client.ReleaseFailed
+            The release ended without a result (the message says why and whether the cost
+            was refunded).
+        service.client.WaitTimeoutError
+            ``timeout`` seconds passed; the release keeps running in the service.
+        service.client.DpssError
+            Any other error from the service (budget exceeded, bad params, ...).
+        """
+        if X is not None or y is not None:
+            raise TypeError(
+                "PrivatePCA.fit takes no data: the rows live in the service, which releases the "
+                "components privately; call fit() and then transform(your_rows)"
+            )
+        try:
+            checked = _Request(
+                n_components=self.n_components,
+                mechanism=self.mechanism,
+                center_share=self.center_share,
+                timeout=self.timeout,
+            )
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise ValueError(f"{first['loc'][0]}: {first['msg']}") from None
+        params = self._release_params()
+        handle = self.client.release(
+            self.dataset_id,
+            checked.mechanism,
+            k=checked.n_components,
+            epsilon=self.epsilon,
+            delta=self.delta,
+            **params,
+        )
+        handle.wait_finished(timeout=checked.timeout)
+        basis = handle.basis()
+        self._set_fitted(handle, basis, params)
+        return self
+
+    def _set_fitted(self, handle: ReleaseHandle, basis: FloatArray, params: dict[str, Any]) -> None:
+        extras = handle.extras
+        d, k = basis.shape
+        if "center" not in params:
+            mean = np.zeros(d)
+        elif params["center"] == "private":
+            if "center" not in extras:
+                raise DpssError(
+                    "no_center",
+                    f"release {handle.id} ({handle.info.mechanism}) returned no private centre",
+                )
+            mean = np.asarray(extras["center"], dtype=np.float64).reshape(d)
+        else:
+            mean = np.asarray(params["center"], dtype=np.float64)
+            if mean.shape != (d,):
+                raise ValueError(f"center: expected {d} numbers, got {mean.shape[0]}")
+        eigenvalues = extras.get("eigenvalues")
+        values = None if eigenvalues is None else np.asarray(eigenvalues, dtype=np.float64)
+        variance = None
+        ratio = None
+        if values is not None:
+            n_rows = self._n_rows()
+            if n_rows is not None and n_rows > 1:
+                variance = values / (n_rows - 1)
+            trace = extras.get("trace")
+            if isinstance(trace, int | float) and math.isfinite(trace) and trace > 0:
+                ratio = values / float(trace)
+        self.components_: FloatArray = np.ascontiguousarray(basis.T)
+        self.mean_: FloatArray = mean
+        self.explained_variance_: FloatArray | None = variance
+        self.explained_variance_ratio_: FloatArray | None = ratio
+        self.n_components_: int = k
+        self.n_features_in_: int = d
+        self.release_id_: UUID = handle.id
+
+    def _n_rows(self) -> int | None:
+        """``n``, a public fact of the dataset, or None when this key may not read it."""
+        try:
+            return self.client.dataset(self.dataset_id).n_rows
+        except (AuthError, NotFoundError):
+            return None
+
+    def fit_transform(self, X: Any = None, y: Any = None) -> FloatArray:
+        """Not possible: the service keeps the rows it fits on, so there is nothing to
+        transform. Call ``fit()`` and then ``transform`` on rows you hold."""
+        raise TypeError(
+            "PrivatePCA cannot fit_transform: the rows it fits on stay in the service; "
+            "call fit() and then transform(X) on rows you hold"
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Using the fitted components (post-processing: no privacy cost)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "components_"):
+            raise NotFittedError(
+                "this PrivatePCA is not fitted yet: call fit() before using transform, "
+                "inverse_transform or the fitted attributes"
+            )
+
+    def transform(self, X: ArrayLike) -> FloatArray:
+        """Project rows onto the components.
+
+        Parameters
+        ----------
+        X : array-like of shape (m, n_features)
+
+        Returns
+        -------
+        ndarray of shape (m, n_components)
+            ``(X - mean_) @ components_.T``.
+        """
+        self._check_fitted()
+        rows = _rows(X, self.n_features_in_, "X")
+        out: FloatArray = (rows - self.mean_) @ self.components_.T
+        return out
+
+    def inverse_transform(self, X: ArrayLike) -> FloatArray:
+        """Map coordinates back to feature space.
+
+        Parameters
+        ----------
+        X : array-like of shape (m, n_components)
+
+        Returns
+        -------
+        ndarray of shape (m, n_features)
+            ``X @ components_ + mean_``.
+        """
+        self._check_fitted()
+        coords = _rows(X, self.n_components_, "X")
+        out: FloatArray = coords @ self.components_ + self.mean_
+        return out
+
+
+def _rows(x: ArrayLike, width: int, name: str) -> FloatArray:
+    rows = np.asarray(x, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[1] != width:
+        raise ValueError(f"{name}: expected shape (m, {width}), got {rows.shape}")
+    return rows
+
+
+def _public_center(center: Sequence[float] | FloatArray) -> FloatArray:
+    values = np.asarray(center, dtype=np.float64)
+    if values.ndim != 1 or not np.all(np.isfinite(values)):
+        raise ValueError("center: expected a flat list of finite numbers (a public centre)")
+    return values

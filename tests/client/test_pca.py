@@ -1,0 +1,262 @@
+"""PrivatePCA: scikit-learn's estimator conventions, and fits against the real ASGI app."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import service.client as client_module
+from service.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
+from service.pca import NotFittedError, PrivatePCA
+from tests.client.data import isotropic_rows, low_rank_rows
+
+MakeKey = Callable[[str], str]
+
+
+@pytest.fixture
+def connect(client: TestClient) -> Callable[[str], Client]:
+    return lambda key: Client(str(client.base_url), key, http=client)
+
+
+@pytest.fixture
+def owner(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
+    return connect(make_key("owner"))
+
+
+@pytest.fixture
+def analyst(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
+    return connect(make_key("analyst"))
+
+
+@pytest.fixture
+def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
+    """Make the client's waits run the in-process worker where they would have slept."""
+    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
+
+
+def _offline() -> Client:
+    # Never contacted: these tests do not fit.
+    return Client("http://127.0.0.1:9", "unused")
+
+
+def _fitted(components: np.ndarray[Any, Any], mean: np.ndarray[Any, Any]) -> PrivatePCA:
+    """An estimator with fitted attributes set by hand, for the pure post-processing tests."""
+    pca = PrivatePCA(_offline(), "ds", components.shape[0], "1", "1e-6")
+    pca.components_ = components
+    pca.mean_ = mean
+    pca.n_components_, pca.n_features_in_ = components.shape
+    return pca
+
+
+def sin_theta(components: np.ndarray[Any, Any], planted: np.ndarray[Any, Any]) -> float:
+    """``||(I - P) V||_2`` for orthonormal rows ``components`` (k x d) and ``planted`` (d x k):
+    the sine of the largest principal angle between the two subspaces."""
+    residual = planted - components.T @ (components @ planted)
+    return float(np.linalg.norm(residual, 2))
+
+
+# --------------------------------------------------------------------------------------------
+# Conventions (no service needed)
+
+
+def test_get_params_round_trip_and_clone_like_rebuild() -> None:
+    client = _offline()
+    pca = PrivatePCA(
+        client, "ds-1", 3, "0.5", "1e-6", center=[0.1, 0.2], center_share=0.3, clip_norm=2.0
+    )
+    params = pca.get_params()
+    assert params == {
+        "client": client,
+        "dataset_id": "ds-1",
+        "n_components": 3,
+        "epsilon": "0.5",
+        "delta": "1e-6",
+        "mechanism": "analyze_gauss",
+        "center": [0.1, 0.2],
+        "center_share": 0.3,
+        "timeout": None,
+        "clip_norm": 2.0,
+    }
+    assert pca.get_params(deep=False) == params
+    clone = PrivatePCA(**params)
+    assert clone is not pca and clone.get_params() == params
+    assert not hasattr(clone, "components_")
+    assert "client" not in repr(pca) and "clip_norm=2.0" in repr(pca)
+
+
+def test_set_params_returns_self_and_rejects_unknown_names() -> None:
+    pca = PrivatePCA(_offline(), "ds-1", 2, "1", "1e-6", clip_norm=1.0)
+    assert pca.set_params(n_components=4, center="none", clip_norm=3.0) is pca
+    assert pca.get_params()["n_components"] == 4
+    assert pca.center == "none" and pca.get_params()["clip_norm"] == 3.0
+    with pytest.raises(ValueError, match=r"'n_component'.*valid parameters are"):
+        pca.set_params(n_component=3)
+    assert pca.get_params()["n_components"] == 4
+
+
+def test_transform_inverse_transform_round_trip_on_the_subspace() -> None:
+    rng = np.random.default_rng(0)
+    d, k = 7, 3
+    components = np.linalg.qr(rng.normal(size=(d, k)))[0].T
+    mean = rng.normal(size=d)
+    pca = _fitted(components, mean)
+    coords = rng.normal(size=(50, k))
+    rows = coords @ components + mean  # on the affine subspace
+    np.testing.assert_allclose(pca.transform(rows), coords, atol=1e-12)
+    np.testing.assert_allclose(pca.inverse_transform(pca.transform(rows)), rows, atol=1e-12)
+    # Off the subspace, the round trip is the orthogonal projection onto it.
+    off = rng.normal(size=(20, d))
+    back = pca.inverse_transform(pca.transform(off))
+    np.testing.assert_allclose((off - back) @ components.T, 0.0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"X: expected shape \(m, 7\)"):
+        pca.transform(np.zeros((2, 6)))
+    with pytest.raises(ValueError, match=r"X: expected shape \(m, 3\)"):
+        pca.inverse_transform(np.zeros(3))
+
+
+def test_errors_before_fit_and_without_data() -> None:
+    pca = PrivatePCA(_offline(), "ds", 2, "1", "1e-6")
+    with pytest.raises(NotFittedError, match="call fit"):
+        pca.transform(np.zeros((1, 4)))
+    with pytest.raises(AttributeError):
+        pca.inverse_transform(np.zeros((1, 2)))
+    with pytest.raises(TypeError, match="rows live in the service"):
+        pca.fit(np.zeros((3, 4)))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cannot fit_transform"):
+        pca.fit_transform(np.zeros((3, 4)))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n_components": 0}, "n_components"),
+        ({"center_share": 1.5}, "center_share"),
+        ({"center": "mean"}, "center"),
+        ({"center": [[0.0, 1.0]]}, "center"),
+        ({"timeout": -1.0}, "timeout"),
+    ],
+)
+def test_bad_params_raise_before_any_request(change: dict[str, Any], message: str) -> None:
+    # The offline client would raise ServiceUnreachableError if fit reached the network.
+    pca = PrivatePCA(_offline(), "ds", 2, "1", "1e-6").set_params(**change)
+    with pytest.raises(ValueError, match=message):
+        pca.fit()
+
+
+# --------------------------------------------------------------------------------------------
+# Against the live app
+
+
+@pytest.mark.release_seed(100)
+def test_fit_uncentred_against_a_live_release(
+    owner: Client, analyst: Client, worker_sleep: None
+) -> None:
+    n, d, k = 20_000, 6, 2
+    ds = owner.upload(
+        low_rank_rows(n, d, k, seed=11),
+        name="pca-none",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    pca = PrivatePCA(analyst, ds.id, k, "1", "1e-6", center="none", timeout=60).fit()
+    assert pca.components_.shape == (k, d) and (pca.n_components_, pca.n_features_in_) == (k, d)
+    np.testing.assert_allclose(pca.components_ @ pca.components_.T, np.eye(k), atol=1e-8)
+    # Gram sensitivity sqrt(2) at (1, 1e-6): sigma ~ 6.7, ||E||_2 <~ 2 sigma sqrt(d) ~ 33;
+    # the planted eigenvalues are ~ n / 2.3 ~ 8700 against ~ 50 for the others, so
+    # Davis-Kahan gives sin(theta) <= 2 ||E|| / gap ~ 0.008; 0.05 leaves room.
+    assert sin_theta(pca.components_, np.eye(d)[:, :k]) < 0.05
+    np.testing.assert_array_equal(pca.mean_, np.zeros(d))
+    release = analyst.get_release(pca.release_id_)
+    assert release.status == "succeeded"
+    values = np.asarray(release.extras["eigenvalues"])
+    assert pca.explained_variance_ is not None
+    np.testing.assert_allclose(pca.explained_variance_, values / (n - 1))
+    if "trace" in release.extras:
+        assert pca.explained_variance_ratio_ is not None
+        np.testing.assert_allclose(pca.explained_variance_ratio_, values / release.extras["trace"])
+        assert 0.9 < pca.explained_variance_ratio_.sum() <= 1.01
+    else:
+        assert pca.explained_variance_ratio_ is None
+    z = pca.transform(np.eye(d))
+    assert z.shape == (d, k)
+    assert analyst.budget(ds.id).epsilon_remaining == 0
+
+
+def _offset_rows(n: int, seed: int) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Rows ``mu + 0.2 (a e_2 + b e_3) + 0.005 noise`` with ``|mu| = 0.6`` along ``e_1``: the
+    uncentred top direction is the offset, the centred plane is ``span(e_2, e_3)``."""
+    rng = np.random.default_rng(seed)
+    d = 6
+    mu = np.zeros(d)
+    mu[0] = 0.6
+    spread = np.zeros((n, d))
+    spread[:, 1:3] = 0.2 * rng.normal(size=(n, 2))
+    x = mu + spread + 0.005 * rng.normal(size=(n, d))
+    return x / np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True)), mu
+
+
+def _fit_or_skip(pca: PrivatePCA) -> PrivatePCA:
+    try:
+        return pca.fit()
+    except InvalidRequestError as error:
+        if "center" in error.detail:
+            pytest.skip(f"this service refuses the center param: {error.detail}")
+        raise
+
+
+@pytest.mark.release_seed(200)
+@pytest.mark.parametrize("center", ["public", "private"])
+def test_fit_centred_recovers_the_planted_plane_despite_a_large_offset(
+    owner: Client, analyst: Client, worker_sleep: None, center: str
+) -> None:
+    n, k = 40_000, 2
+    x, mu = _offset_rows(n, seed=21)
+    ds = owner.upload(
+        x, name="pca-offset", epsilon_budget="2", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    uncentred = PrivatePCA(analyst, ds.id, k, "1", "1e-6", center="none").fit()
+    # Without centring the offset (second moment 0.36 n) takes the first component.
+    assert abs(uncentred.components_[0, 0]) > 0.99
+    chosen: Any = mu.tolist() if center == "public" else "private"
+    pca = _fit_or_skip(PrivatePCA(analyst, ds.id, k, "1", "1e-6", center=chosen))
+    # Centred eigenvalues ~ 0.04 n = 1600 against ~ 1 for the rest; sigma <= 8.4 at the
+    # Gram step's (0.8, 0.8e-6), ||E||_2 <~ 2 sigma sqrt(6) ~ 41: sin(theta) <= 2 * 41 / 1600
+    # ~ 0.05 by Davis-Kahan; 0.15 leaves room.
+    assert sin_theta(pca.components_, np.eye(6)[:, 1:3]) < 0.15
+    if center == "public":
+        np.testing.assert_array_equal(pca.mean_, mu)
+    else:
+        # The private mean has sensitivity 2/n; its noise is ~ 1e-3 per coordinate here.
+        np.testing.assert_allclose(pca.mean_, x.mean(axis=0), atol=0.01)
+    assert pca.explained_variance_ is not None
+    # Each planted direction has variance 0.04; eigenvalue noise ~ 41 / n ~ 0.001.
+    np.testing.assert_allclose(pca.explained_variance_, [0.04, 0.04], rtol=0.1)
+    assert pca.explained_variance_ratio_ is not None
+    assert 0.9 < pca.explained_variance_ratio_.sum() <= 1.05
+    coords = pca.transform(x[:5])
+    assert np.linalg.norm(pca.inverse_transform(coords) - x[:5], axis=1).max() < 0.05
+
+
+def test_fit_raises_on_no_result_and_timeout(
+    owner: Client, analyst: Client, worker_sleep: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ds = owner.upload(
+        isotropic_rows(200, 5, seed=31),
+        name="pca-isotropic",
+        epsilon_budget="2",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    pca = PrivatePCA(analyst, ds.id, 2, "0.5", "1e-6", mechanism="gap_perturbation", center="none")
+    with pytest.raises(ReleaseNoResult, match="declined to release"):
+        pca.fit()
+    assert not hasattr(pca, "components_")
+    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: None)  # the worker never runs
+    with pytest.raises(WaitTimeoutError, match="still queued"):
+        pca.set_params(mechanism="analyze_gauss", timeout=0.01).fit()
+    assert not hasattr(pca, "components_")
