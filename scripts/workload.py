@@ -164,6 +164,10 @@ async def _client(
             status = "conn-error"
             await asyncio.sleep(0.05)  # a refused connection answers at once: do not spin
         recorder.add(ENDPOINTS[op], status, started)
+        if status in ("503", "429"):
+            # A well-behaved client waits as told (the header is whole seconds), not past the end.
+            wait = float(response.headers.get("retry-after", "1"))
+            await asyncio.sleep(max(0.0, min(wait, deadline - time.monotonic())))
         if op == "release_request":
             if status == "202":
                 release_id = str(response.json()["id"])
