@@ -8,9 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
-import service.client as client_module
 from service.client import (
     AuthError,
     BudgetExceededError,
@@ -24,27 +22,6 @@ from service.client import (
 from tests.client.data import isotropic_rows, low_rank_rows
 
 MakeKey = Callable[[str], str]
-
-
-@pytest.fixture
-def connect(client: TestClient) -> Callable[[str], Client]:
-    return lambda key: Client(str(client.base_url), key, http=client)
-
-
-@pytest.fixture
-def owner(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
-    return connect(make_key("owner"))
-
-
-@pytest.fixture
-def analyst(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
-    return connect(make_key("analyst"))
-
-
-@pytest.fixture
-def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
-    """Make ReleaseHandle.wait run the in-process worker where it would have slept."""
-    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
 
 
 def test_upload_array_streams_npy(owner: Client) -> None:

@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
 import service.client as client_module
 from service.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
 from service.pca import NotFittedError, PrivatePCA
 from tests.client.data import isotropic_rows, low_rank_rows
-
-MakeKey = Callable[[str], str]
-
-
-@pytest.fixture
-def connect(client: TestClient) -> Callable[[str], Client]:
-    return lambda key: Client(str(client.base_url), key, http=client)
-
-
-@pytest.fixture
-def owner(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
-    return connect(make_key("owner"))
-
-
-@pytest.fixture
-def analyst(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
-    return connect(make_key("analyst"))
-
-
-@pytest.fixture
-def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
-    """Make the client's waits run the in-process worker where they would have slept."""
-    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
 
 
 def _offline() -> Client:

@@ -14,7 +14,6 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-import service.client as client_module
 from service import remote_cli
 from service.cli import app
 from service.remote_cli import ExitCode
@@ -36,12 +35,6 @@ def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Dpss:
         return runner.invoke(app, list(args), env=env)
 
     return run
-
-
-@pytest.fixture
-def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
-    """Make ``--wait`` run the in-process worker where it would have slept."""
-    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
 
 
 def _json(result: Result) -> Any:
