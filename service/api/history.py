@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from dataclasses import replace
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import AfterValidator, BeforeValidator
 from sqlalchemy.orm import Session
 
@@ -80,6 +81,24 @@ WithBasis = Annotated[
     ),
 ]
 
+
+def release_filters(
+    status: StatusFilter = None,
+    mechanism: MechanismFilter = None,
+    created_after: After = None,
+    created_before: Before = None,
+) -> history.ReleaseFilters:
+    """The filters both history routes take, as query parameters."""
+    return history.ReleaseFilters(
+        status=status,
+        mechanism=mechanism,
+        created_after=created_after,
+        created_before=created_before,
+    )
+
+
+FiltersDep = Annotated[history.ReleaseFilters, Depends(release_filters)]
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or invalid API key."},
     403: {"model": ErrorBody, "description": "Only analysts and owners have releases."},
@@ -111,24 +130,15 @@ def _page(
 )
 async def list_releases(
     uow: UnitOfWorkDep,
+    filters: FiltersDep,
     dataset_id: Annotated[
         uuid.UUID | None, Query(description="Only releases of this dataset.")
     ] = None,
-    status: StatusFilter = None,
-    mechanism: MechanismFilter = None,
-    created_after: After = None,
-    created_before: Before = None,
     limit: ReleaseLimit = 50,
     cursor: Cursor = None,
     with_basis: WithBasis = False,
 ) -> ReleasePage:
-    filters = history.ReleaseFilters(
-        dataset_id=dataset_id,
-        status=status,
-        mechanism=mechanism,
-        created_after=created_after,
-        created_before=created_before,
-    )
+    filters = replace(filters, dataset_id=dataset_id)
 
     def work(session: Session, principal: Principal) -> ReleasePage:
         now = utcnow()
@@ -155,20 +165,11 @@ async def list_releases(
 async def list_dataset_releases(
     dataset_id: uuid.UUID,
     uow: UnitOfWorkDep,
-    status: StatusFilter = None,
-    mechanism: MechanismFilter = None,
-    created_after: After = None,
-    created_before: Before = None,
+    filters: FiltersDep,
     limit: ReleaseLimit = 50,
     cursor: Cursor = None,
     with_basis: WithBasis = False,
 ) -> ReleasePage:
-    filters = history.ReleaseFilters(
-        status=status,
-        mechanism=mechanism,
-        created_after=created_after,
-        created_before=created_before,
-    )
 
     def work(session: Session, principal: Principal) -> ReleasePage:
         now = utcnow()
