@@ -24,16 +24,17 @@ import hmac
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pydantic import SecretBytes, SecretStr
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from api_schemas.common import BUDGET_CONTEXT
 from service.db.models import (
     ApiKey,
     AuditEvent,
@@ -628,26 +629,45 @@ def _reconcile_keys(session: Session, recorded: _Recorded, problems: list[str]) 
             problems.append(f"api_keys {key_id}: the row is missing (created by event {seq})")
 
 
+def _dataset_of(request: _Request) -> uuid.UUID | None:
+    return request.dataset_id
+
+
+def _grant_of(request: _Request) -> uuid.UUID | None:
+    return request.grant_id
+
+
+def _recorded_spend(
+    recorded: _Recorded, budget_of: Callable[[_Request], uuid.UUID | None]
+) -> dict[uuid.UUID, tuple[Decimal, Decimal]]:
+    """What the recorded releases spend (costs less refunds) per budget, keyed by
+    ``budget_of(request)`` (a dataset or a grant; ``None``: not charged to one)."""
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
+    for release_id, request in recorded.requests.items():
+        key = budget_of(request)
+        if key is None:
+            continue
+        epsilon, delta = spent.get(key, (Decimal(0), Decimal(0)))
+        outcome = recorded.outcomes.get(release_id)
+        if outcome is not None and outcome.refund is not None:
+            epsilon = BUDGET_CONTEXT.subtract(epsilon, outcome.refund[0])
+            delta = BUDGET_CONTEXT.subtract(delta, outcome.refund[1])
+        spent[key] = (
+            BUDGET_CONTEXT.add(epsilon, request.epsilon),
+            BUDGET_CONTEXT.add(delta, request.delta),
+        )
+    return spent
+
+
 def _check_spending(recorded: _Recorded, problems: list[str]) -> None:
     """No dataset's recorded releases may spend more than its recorded budget."""
-    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
-    # Exact: the summands have at most 38 significant digits, far below this precision.
-    with localcontext(prec=120):
-        for release_id, request in recorded.requests.items():
-            if request.dataset_id is None:
-                continue
-            epsilon, delta = spent.get(request.dataset_id, (Decimal(0), Decimal(0)))
-            outcome = recorded.outcomes.get(release_id)
-            if outcome is not None and outcome.refund is not None:
-                epsilon, delta = epsilon - outcome.refund[0], delta - outcome.refund[1]
-            spent[request.dataset_id] = (epsilon + request.epsilon, delta + request.delta)
-        for dataset_id, (epsilon, delta) in spent.items():
-            budget = recorded.budgets.get(dataset_id)
-            if budget is not None and (epsilon > budget[1] or delta > budget[2]):
-                problems.append(
-                    f"datasets {dataset_id}: its recorded releases spend more than "
-                    f"budget_set event {budget[0]} allows"
-                )
+    for dataset_id, (epsilon, delta) in _recorded_spend(recorded, _dataset_of).items():
+        budget = recorded.budgets.get(dataset_id)
+        if budget is not None and (epsilon > budget[1] or delta > budget[2]):
+            problems.append(
+                f"datasets {dataset_id}: its recorded releases spend more than "
+                f"budget_set event {budget[0]} allows"
+            )
 
 
 def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]) -> None:
@@ -708,20 +728,10 @@ def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]
 
 def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
     """No grant's recorded releases may spend more than its grant_created event gave it."""
-    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
-    with localcontext(prec=120):
-        for release_id, request in recorded.requests.items():
-            if request.grant_id is None:
-                continue
-            epsilon, delta = spent.get(request.grant_id, (Decimal(0), Decimal(0)))
-            outcome = recorded.outcomes.get(release_id)
-            if outcome is not None and outcome.refund is not None:
-                epsilon, delta = epsilon - outcome.refund[0], delta - outcome.refund[1]
-            spent[request.grant_id] = (epsilon + request.epsilon, delta + request.delta)
-        for grant_id, (epsilon, delta) in spent.items():
-            granted = recorded.grants.get(grant_id)
-            if granted is not None and (epsilon > granted.epsilon or delta > granted.delta):
-                problems.append(
-                    f"grants {grant_id}: its recorded releases spend more than "
-                    f"grant_created event {granted.seq} allows"
-                )
+    for grant_id, (epsilon, delta) in _recorded_spend(recorded, _grant_of).items():
+        granted = recorded.grants.get(grant_id)
+        if granted is not None and (epsilon > granted.epsilon or delta > granted.delta):
+            problems.append(
+                f"grants {grant_id}: its recorded releases spend more than "
+                f"grant_created event {granted.seq} allows"
+            )
