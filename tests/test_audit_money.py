@@ -486,3 +486,26 @@ def test_an_appended_forged_event_is_caught_only_with_the_key(keyed_ledger, sess
     assert verify(session_factory).ok  # well-formed and consistent: the documented limit
     report = verify(session_factory, hmac_key=HMAC_KEY.encode())
     assert report.problems == [f"event {report.head.seq}: no MAC, but an earlier event has one"]
+
+
+def test_a_consistently_lowered_budget_below_what_was_spent_is_reported(ledger, session_factory):
+    # Event and row agree (so no reconciliation problem), but the releases the log records
+    # already spend more than the new total: verify sums the recorded costs less refunds.
+    with session_factory.begin() as session:
+        audit.record(
+            session,
+            "budget_set",
+            actor_key_id=None,
+            dataset_id=rid(ledger.dataset),
+            details={"epsilon_total": Decimal("0.5"), "delta_total": Decimal("0.001")},
+        )
+        session.execute(
+            update(Dataset)
+            .where(Dataset.id == rid(ledger.dataset))
+            .values(epsilon_total=Decimal("0.5"))
+        )
+    problems = verify(session_factory).problems
+    assert problems == [
+        f"datasets {ledger.dataset}: its recorded releases spend more than budget_set event "
+        f"{verify(session_factory).head.seq} allows"
+    ]
