@@ -331,10 +331,11 @@ def test_subspace_error_falls_as_batches_arrive(estimator: Estimator) -> None:
     spec = make_spec(horizon, d, k, estimator=estimator)
     _, outputs = stream(spec, batches, np.random.default_rng(10))
     errors = [subspace_distance(out.basis, basis) for out in outputs]
-    # sigma ~ 13.4 per node; the top eigenvalues grow like 150 t. Measured: about 0.45 at t = 1
-    # and 0.06 at t = 16. Bound: the last error is below 0.15 and below half the first.
-    assert errors[-1] < 0.15
-    assert errors[-1] < 0.5 * errors[0]
+    # sigma ~ 13.4 per node; the top eigenvalues grow like 150 t. Measured (seed 10): 0.20 at
+    # t = 1, 0.017 (honaker) and 0.020 (tree) at t = 16. Bound: the last error is below 0.06
+    # and below a quarter of the first.
+    assert errors[-1] < 0.06
+    assert errors[-1] < 0.25 * errors[0]
     assert np.mean(errors[-4:]) < np.mean(errors[:4])
 
 
