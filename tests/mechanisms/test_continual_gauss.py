@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from service.mechanisms import continual_gauss as module
-from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec, clip_norm_range
 from service.mechanisms.continual_gauss import (
     ContinualGauss,
     ContinualGaussParams,
@@ -277,6 +277,35 @@ def test_horizon_out_of_range_is_refused_by_the_schema(horizon: int) -> None:
         MECHANISM.parse_params({"horizon": horizon})
     with pytest.raises(ValidationError, match="horizon"):
         MECHANISM.parse_params({})
+
+
+@pytest.mark.parametrize(("epsilon", "delta"), [(1.0, 1e-6), (1e-3, 1e-12)])
+def test_clip_norm_boundary_accepted_inside_refused_outside(epsilon: float, delta: float) -> None:
+    ctx = PublicContext(n_rows=100_000, n_cols=50, row_norm_bound=None)
+    low, high = MECHANISM.c2_multiples(ctx, 3, epsilon, delta)
+    assert high >= 50 * 2.0**48  # a public bound on any stream's rows, not today's n
+    c_min, c_max = clip_norm_range(low, high)
+    raw = ContinualGaussParams(horizon=7)
+    for clip in (c_min * (1 + 1e-9), c_max * (1 - 1e-9)):
+        params = raw.model_copy(update={"clip_norm": clip})
+        assert MECHANISM.prepare(ctx, 3, epsilon, delta, params).clip_norm == clip
+    for clip in (c_min * (1 - 1e-9), c_max * (1 + 1e-9)):
+        with pytest.raises(InvalidParameter) as error:
+            MECHANISM.prepare(ctx, 3, epsilon, delta, raw.model_copy(update={"clip_norm": clip}))
+        assert error.value.field == "clip_norm"
+
+
+def test_streams_at_the_accepted_clip_extremes_stay_finite() -> None:
+    rng = np.random.default_rng(15)
+    batches = [rng.standard_normal((20, 4)) * np.array([1e300, 1e-300, 1.0, 1e150])] * 5
+    ctx = PublicContext(n_rows=20, n_cols=4, row_norm_bound=None)
+    c_min, c_max = clip_norm_range(*MECHANISM.c2_multiples(ctx, 2, 1.0, 1e-6))
+    for clip in (c_min * 1.001, c_max * 0.999):
+        spec = make_spec(5, 4, 2, clip=clip, n_rows=20)
+        _, outputs = stream(spec, batches, rng)
+        for out in outputs:
+            assert out.basis is not None and np.all(np.isfinite(out.basis))
+            json.dumps(out.extras, allow_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------
