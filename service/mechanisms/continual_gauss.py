@@ -199,7 +199,7 @@ def sqrt_factorization_variance(t: int, horizon: int) -> float:
 # State
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays have no single truth value: compare to_bytes()
 class ContinualState:
     """What a continual release keeps between epochs (private: never released or logged).
 
@@ -243,7 +243,11 @@ class ContinualState:
                     for h in range(count)
                 )
 
-            return cls(horizon, d, leaves_done, matrices("closed"), matrices("open"))
+            state = cls(horizon, d, leaves_done, matrices("closed"), matrices("open"))
+        present = [m for m in state.closed + state.open_sums if m is not None]
+        if not 0 <= leaves_done <= horizon or any(m.shape != (d, d) for m in present):
+            raise ValueError("not a continual_gauss state")
+        return state
 
 
 def prefix_estimate(state: ContinualState) -> FloatArray:
