@@ -33,6 +33,7 @@ BUDGETS: dict[str, tuple[float, float, dict[str, Any]]] = {
     "exact_gapmax": (50.0, 0.1, {}),
     "histogram_aggregate": (50.0, 0.1, {"cell_width": 0.5, "t": 3}),
     "friendly_aggregate": (50.0, 0.1, {"t": 8}),
+    "continual_gauss": (1.0, 1e-6, {"horizon": 4}),
 }
 EXPONENTS = [-300, -200, -150, -100, -10, 0, 10, 100, 150, 200, 300]
 
