@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 from fastapi.testclient import TestClient
 
-import service.client as client_module
-from service.client import Client
+import dpss_client.client as client_module
+from dpss_client.client import Client
 
 MakeKey = Callable[[str], str]
 
