@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -128,7 +129,15 @@ def wheelhouse() -> Path:
 @pytest.fixture(scope="module")
 def slim_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An empty venv with only clients/python (and its requirements) installed; its bin/."""
-    venv = tmp_path_factory.mktemp("slim") / "venv"
+    where = tmp_path_factory.mktemp("slim")
+    # Built from a copy: setuptools writes build/ and *.egg-info next to the sources, and a
+    # stale build/lib in the checkout would ship modules since deleted.
+    source = shutil.copytree(
+        CLIENT_DIR,
+        where / "src",
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", "*.pyc"),
+    )
+    venv = where / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     _pip(
@@ -139,7 +148,7 @@ def slim_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--no-index",
         "--find-links",
         str(wheelhouse()),
-        str(CLIENT_DIR),
+        str(source),
     )
     return venv / "bin"
 
