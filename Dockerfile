@@ -18,18 +18,22 @@ RUN python -m venv /opt/dpss
 
 WORKDIR /src
 
-# Dependencies first, from pyproject.toml alone, so that editing the code does not re-download
-# them: this layer changes only when the dependency list does.
+# Dependencies first, from the two pyproject.toml files alone, so that editing the code does not
+# re-download them: this layer changes only when a dependency list does. The server's
+# dpss-client requirement is the local clients/python, installed below, not a registry package.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+COPY clients/python/pyproject.toml ./clients/python/
+RUN python -c "import tomllib; deps = [d for f in ('pyproject.toml', 'clients/python/pyproject.toml') for d in tomllib.load(open(f, 'rb'))['project']['dependencies'] if not d.startswith('dpss-client')]; print('\n'.join(deps))" \
         > /tmp/requirements.txt \
     && /opt/dpss/bin/pip install -r /tmp/requirements.txt
 
-# Then the project itself (a wheel built from the repository; migrations ship inside it).
+# Then the two distributions (wheels built from the repository; migrations ship inside the
+# server's): the slim client with the wire schemas, then the server.
+COPY clients/python ./clients/python
 COPY README.md ./
-COPY api_schemas ./api_schemas
 COPY service ./service
-RUN /opt/dpss/bin/pip install --no-deps . \
+RUN /opt/dpss/bin/pip install --no-deps ./clients/python . \
+    && /opt/dpss/bin/pip check \
     && /opt/dpss/bin/dpss --help >/dev/null
 
 # Nothing below is needed at run time: the bundled test suites of the numerical packages, and

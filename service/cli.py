@@ -1,7 +1,8 @@
 """The ``dpss`` command: run the service (serve, api, worker, migrate) and operate it.
 
 Remote commands for owners and analysts (datasets, releases, budget, ...) are registered from
-``service.remote_cli``; they talk HTTP and need no database access.
+``dpss_client.remote_cli`` (the slim ``dpss-client`` distribution, whose ``dpss-remote`` command
+is the same commands without the server); they talk HTTP and need no database access.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from dpss_client.remote_cli import register_remote_commands
 from service.config import Settings
 
 if TYPE_CHECKING:
@@ -537,15 +539,9 @@ def audit_head(head: HeadOption = None) -> None:
     typer.echo(report.head.token())
 
 
-def _register_remote_commands() -> None:
-    try:
-        from service.remote_cli import register_remote_commands
-    except ImportError:
-        return
-    register_remote_commands(app, audit_app)
-
-
-_register_remote_commands()
+# The remote commands come from the slim client package (a dependency of the server), so that
+# `dpss datasets ...` here and `dpss-remote datasets ...` on an analyst's laptop are one code.
+register_remote_commands(app, audit_app)
 
 
 def main() -> None:

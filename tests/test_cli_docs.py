@@ -1,5 +1,6 @@
 """docs/cli.md's command lists against the live ``dpss`` command, both ways, options included:
-a command or option added, renamed or removed without updating the manual fails here."""
+a command or option added, renamed or removed without updating the manual fails here. And the
+slim client's ``dpss-remote`` against ``dpss``: the same remote commands, nothing else."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import click
 import typer.main
 
+from dpss_client.remote_cli import make_app
 from service.cli import app
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
@@ -17,9 +19,23 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 COMMON = {"--url", "--api-key", "--json", "--help"}
 
 
-def live_commands() -> dict[str, set[str]]:
+#: The commands of ``dpss`` that open the database and so are not in ``dpss-remote``.
+OPERATOR = {
+    "serve",
+    "api",
+    "worker",
+    "migrate",
+    "keys create",
+    "keys list",
+    "keys revoke",
+    "audit verify",
+    "audit head",
+}
+
+
+def live_commands(cli: typer.Typer = app) -> dict[str, set[str]]:
     """Every leaf command's path (``"releases list"``) and its visible ``--options``."""
-    root = typer.main.get_command(app)
+    root = typer.main.get_command(cli)
     context = click.Context(root)
     found: dict[str, set[str]] = {}
 
@@ -84,3 +100,10 @@ def test_the_manual_lists_every_mechanism():
     assert f"{len(MECHANISMS)} mechanism(s)" in text
     for name in MECHANISMS:
         assert name in text, name
+
+
+def test_dpss_remote_has_the_remote_commands_of_dpss_with_the_same_options():
+    server = live_commands()
+    remote = live_commands(make_app())
+    assert set(server) - set(remote) == OPERATOR
+    assert remote == {path: options for path, options in server.items() if path not in OPERATOR}

@@ -1,15 +1,25 @@
-"""Fixtures of the client tests: clients of each role on the real ASGI app, and an in-process
-worker that runs where the client would have slept."""
+"""Fixtures of the client tests: clients of each role on the real ASGI app, an in-process worker
+that runs where the client would have slept, and a live service (real HTTP, a polling worker)
+for clients outside the test's process."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
 
-import service.client as client_module
-from service.client import Client
+import dpss_client.client as client_module
+from dpss_client.client import Client
+from service import auth
+from service.app import create_app
+from service.config import Settings
+from service.store import DatasetStore
+from service.worker import Worker
+from tests.api.live import serving
 
 MakeKey = Callable[[str], str]
 
@@ -34,3 +44,37 @@ def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int])
     """Make the client's waits (``ReleaseHandle.wait``, ``--wait``) run the in-process worker
     where they would have slept."""
     monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
+
+
+@dataclass(frozen=True)
+class LiveService:
+    """A service answering real HTTP, for clients in other processes or interpreters."""
+
+    url: str
+    owner_key: str
+    analyst_key: str
+
+
+@pytest.fixture
+def live_service(
+    committed_db: tuple[str, sessionmaker[Session]], settings: Settings
+) -> Iterator[LiveService]:
+    """The app under uvicorn in a thread and a polling worker in another, on a database whose
+    commits are real (the client runs elsewhere: a subprocess, another venv)."""
+    _, factory = committed_db
+    live = settings.model_copy(update={"worker_poll_seconds": 0.05})
+    store = DatasetStore(live.datasets_dir)
+    store.ensure()
+    keys = {}
+    with factory.begin() as session:
+        for role in ("owner", "analyst"):
+            _, keys[role] = auth.create_key(session, role, f"live-{role}", actor_key_id=None)
+    worker = Worker(factory, store, live, worker_id="live-worker")
+    thread = threading.Thread(target=worker.run_forever, name="live-worker", daemon=True)
+    thread.start()
+    try:
+        with serving(create_app(live)) as url:
+            yield LiveService(url, keys["owner"], keys["analyst"])
+    finally:
+        worker.stop.set()
+        thread.join(timeout=30)

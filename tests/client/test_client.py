@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.client import (
+from dpss_client.client import (
     AuthError,
     BudgetExceededError,
     Client,

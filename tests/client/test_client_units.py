@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.client import (
+from dpss_client.client import (
     AuthError,
     BudgetExceededError,
     Client,
@@ -23,7 +23,7 @@ from service.client import (
     _decimal_str,
     error_from_response,
 )
-from service.remote_cli import parse_params
+from dpss_client.remote_cli import parse_params
 
 
 def _npy_bytes(array: np.ndarray[Any, Any]) -> bytes:

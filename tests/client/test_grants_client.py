@@ -12,10 +12,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from service import auth, remote_cli
+from dpss_client import remote_cli
+from dpss_client.client import BudgetExceededError, Client
+from dpss_client.remote_cli import ExitCode
+from service import auth
 from service.cli import app
-from service.client import BudgetExceededError, Client
-from service.remote_cli import ExitCode
 
 GAUSS: dict[str, Any] = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
 

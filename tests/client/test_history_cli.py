@@ -18,11 +18,11 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from service import remote_cli
+from dpss_client import remote_cli
+from dpss_client.client import Client
+from dpss_client.remote_cli import ExitCode
 from service.app import create_app
 from service.cli import app
-from service.client import Client
-from service.remote_cli import ExitCode
 from tests.client.data import low_rank_rows
 
 MakeKey = Callable[[str], str]

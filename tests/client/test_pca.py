@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-import service.client as client_module
-from service.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
-from service.pca import NotFittedError, PrivatePCA
+import dpss_client.client as client_module
+from dpss_client.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
+from dpss_client.pca import NotFittedError, PrivatePCA
 from tests.client.data import isotropic_rows, low_rank_rows
 
 

@@ -12,10 +12,10 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from service import remote_cli
+from dpss_client import remote_cli
+from dpss_client.client import Client, InvalidRequestError
+from dpss_client.remote_cli import ExitCode
 from service.cli import app
-from service.client import Client, InvalidRequestError
-from service.remote_cli import ExitCode
 from tests.client.data import low_rank_rows
 
 MakeKey = Callable[[str], str]

@@ -1,8 +1,10 @@
-"""The remote half of the ``dpss`` command: talks to a running service through ``service.client``.
+"""The remote commands of ``dpss``: talk to a running service through :mod:`dpss_client.client`.
 
-``service.cli`` calls :func:`register_remote_commands` to add ``datasets``, ``budget``, ``grants``,
-``releases``, ``mechanisms`` and ``audit list``. Like the client, this module imports nothing
-from the server, so it runs on an analyst's laptop.
+On a server install, ``service.cli`` calls :func:`register_remote_commands` to add ``datasets``,
+``budget``, ``grants``, ``releases``, ``mechanisms`` and ``audit list`` to ``dpss``; with the slim
+``dpss-client`` package alone, the same commands are the ``dpss-remote`` command
+(:func:`make_app`). Like the client, this module imports nothing from the server, so it runs on
+an analyst's laptop.
 
 Every command takes ``--url`` (``DPSS_URL``, default ``http://127.0.0.1:8000``) and
 ``--api-key`` (``DPSS_API_KEY``), prints tables by default and JSON with ``--json``, and exits
@@ -41,7 +43,7 @@ from rich.table import Table
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.grants import Grant
 from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
-from service.client import (
+from dpss_client.client import (
     DEFAULT_URL,
     Client,
     DpssError,
@@ -916,3 +918,25 @@ def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
     app.add_typer(releases_app, name="releases")
     app.command("mechanisms")(mechanisms)
     audit_app.command("list")(audit_list)
+
+
+def make_app() -> typer.Typer:
+    """The remote commands alone: the ``dpss-remote`` command of the slim client package.
+
+    The same commands (same options, output and exit codes) as ``dpss datasets|budget|grants|
+    releases|mechanisms|audit list`` on a server install; the operator commands (serve, api,
+    worker, migrate, keys, audit verify|head) need the server and are not here.
+    """
+    app = typer.Typer(
+        help="Client for dp-subspace-service: datasets, budgets, grants and private releases.",
+        no_args_is_help=True,
+    )
+    audit_app = typer.Typer(help="The audit log.", no_args_is_help=True)
+    app.add_typer(audit_app, name="audit")
+    register_remote_commands(app, audit_app)
+    return app
+
+
+def main() -> None:
+    """Entry point of ``dpss-remote``."""
+    make_app()()

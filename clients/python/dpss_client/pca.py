@@ -1,12 +1,11 @@
 """A scikit-learn-shaped PCA estimator whose ``fit`` asks the service for a private release.
 
-Client side only: it needs the Python client (:mod:`service.client`), numpy and pydantic, and
+Client side only: it needs the Python client (:mod:`dpss_client.client`), numpy and pydantic, and
 never the server. It follows scikit-learn's estimator conventions (the constructor stores its
 arguments, ``get_params`` / ``set_params``, fitted attributes with a trailing underscore) without
 depending on scikit-learn.
 
->>> from service.client import Client
->>> from service.pca import PrivatePCA
+>>> from dpss_client import Client, PrivatePCA
 >>> with Client("http://127.0.0.1:8000", api_key) as dpss:              # doctest: +SKIP
 ...     pca = PrivatePCA(dpss, dataset_id, n_components=2, epsilon="0.5", delta="1e-6",
 ...                      center="private").fit()
@@ -24,7 +23,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from service.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
+from dpss_client.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
 
 __all__ = ["NotFittedError", "PrivatePCA"]
 
@@ -68,7 +67,7 @@ class PrivatePCA:
     Parameters
     ----------
     client : Client
-        A connected :class:`service.client.Client` with an analyst key.
+        A connected :class:`dpss_client.client.Client` with an analyst key.
     dataset_id : UUID or str
         The dataset in the service; the rows never leave it.
     n_components : int
@@ -200,12 +199,12 @@ class PrivatePCA:
             ``X`` or ``y`` given.
         ValueError
             A parameter is out of range (nothing is requested then).
-        service.client.ReleaseNoResult, service.client.ReleaseFailed
+        dpss_client.client.ReleaseNoResult, dpss_client.client.ReleaseFailed
             The release ended without a result (the message says why and whether the cost
             was refunded).
-        service.client.WaitTimeoutError
+        dpss_client.client.WaitTimeoutError
             ``timeout`` seconds passed; the release keeps running in the service.
-        service.client.DpssError
+        dpss_client.client.DpssError
             Any other error from the service (budget exceeded, bad params, ...).
         """
         if X is not None or y is not None:

@@ -3,7 +3,7 @@
 Runs on an analyst's laptop: it needs httpx, numpy, pydantic, rich and ``api_schemas``, and never
 imports the server (no FastAPI, SQLAlchemy or database code).
 
->>> from service.client import Client
+>>> from dpss_client import Client
 >>> with Client("http://127.0.0.1:8000", api_key) as dpss:            # doctest: +SKIP
 ...     ds = dpss.upload("patients.npy", epsilon_budget="1", delta_budget="1e-5",
 ...                      row_norm_bound=1.0)
