@@ -101,6 +101,19 @@ class Release(Schema):
         default=None,
         description="Present when `status` is `succeeded` (and extras for `no_result`).",
     )
+    n_rows_read: int | None = Field(
+        default=None,
+        description=(
+            "One-shot releases: the rows they read, those present when they were requested "
+            "(batches appended later are not read). Null for continual releases (see `epochs`)."
+        ),
+    )
+    batches_read: int | None = Field(
+        default=None,
+        description=(
+            "One-shot releases: how many batches they read (batches 0 .. batches_read - 1)."
+        ),
+    )
     created_at: datetime = Field(description="Request time (UTC).")
     visible_at: datetime | None = Field(
         default=None,

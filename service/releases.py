@@ -239,6 +239,11 @@ def request_release(
         created_at=created_at,
         visible_at=created_at + padding,
     )
+    if not getattr(prepared.mechanism, "continual", False):
+        # The rows a one-shot release reads: the batches present now, whose public n its
+        # parameters were prepared with (later appends are not read).
+        release.n_rows_read = dataset.n_rows
+        release.batches_read = dataset.n_batches
     try:
         with session.begin_nested():
             session.add(release)

@@ -105,6 +105,9 @@ class ClaimedJob:
     params: dict[str, Any]
     file_name: str | None
     attempt: int
+    #: The prefix of the dataset a one-shot release reads (rows present at its request); null
+    #: for releases made before datasets could grow (they read the upload's rows).
+    n_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,7 @@ class Worker:
                     params=dict(release.params),
                     file_name=dataset.file_name if dataset is not None else None,
                     attempt=release.attempts,
+                    n_rows=release.n_rows_read,
                 )
 
     def heartbeat(self, job: ClaimedJob) -> bool:
@@ -346,7 +350,7 @@ class Worker:
         if job.file_name is None:
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
         try:
-            data = self.store.open(job.file_name)
+            data = self.store.open(job.file_name, job.n_rows)
         except FileNotFoundError:
             # Deleted between the claim and the open: nothing was read.
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
