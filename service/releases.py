@@ -239,7 +239,7 @@ def request_release(
         created_at=created_at,
         visible_at=created_at + padding,
     )
-    if not getattr(prepared.mechanism, "continual", False):
+    if not prepared.mechanism.continual:
         # The rows a one-shot release reads: the batches present now, whose public n its
         # parameters were prepared with (later appends are not read).
         release.n_rows_read = dataset.n_rows

@@ -260,6 +260,16 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------------
 
     def claim(self) -> ClaimedJob | None:
+        """The next job: a queued or expired one (:meth:`claim_queued`), else a continual
+        release waiting with a new batch (:func:`service.continual.claim_continual`)."""
+        job = self.claim_queued()
+        if job is not None:
+            return job
+        from service.continual import claim_continual
+
+        return claim_continual(self)
+
+    def claim_queued(self) -> ClaimedJob | None:
         """Take the oldest queued job, or one whose lease expired; ``None`` if there is none.
 
         A job still leased to this worker is taken again too: this worker runs one job at a
@@ -368,7 +378,13 @@ class Worker:
             return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
 
     def process(self, job: ClaimedJob) -> str:
-        """Run a claimed job to the end and record the outcome; returns the final status."""
+        """Run a claimed job to the end and record the outcome; returns the final status.
+        A continual release instead releases the epochs of the batches present (see
+        :mod:`service.continual`) and returns ``"waiting"`` or its final status."""
+        from service.continual import is_continual, process_continual
+
+        if is_continual(job.mechanism):
+            return process_continual(self, job)
         if job.file_name is None or not self.store.exists(job.file_name):
             return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
         done = threading.Event()

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
-from api_schemas.releases import Release, ReleaseResult
-from service import ledger, releases
+from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
+from service import continual, ledger, releases
 from service.auth import Principal
+from service.continual import is_continual
 from service.db import models
 from service.db.models import utcnow
 from service.releases import decode_basis
@@ -53,8 +55,28 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
     ]
 
 
+def epoch_out(epoch: models.ReleaseEpoch, principal: Principal) -> Epoch:
+    """An epoch as ``principal`` may see it (its time for owners and auditors only)."""
+    basis = None
+    if epoch.basis is not None and epoch.basis_shape is not None:
+        rows, cols = epoch.basis_shape
+        basis = np.frombuffer(epoch.basis, dtype="<f8").reshape(rows, cols).tolist()
+    return Epoch(
+        epoch=epoch.epoch,
+        batch_seq=epoch.batch_seq,
+        n_rows_read=epoch.n_rows_read,
+        basis_sha256=epoch.basis_sha256,
+        basis=basis,
+        extras=epoch.extras or {},
+        created_at=epoch.created_at if releases.shows_timing(principal) else None,
+    )
+
+
 def release_out(
-    release: models.Release, principal: Principal, now: datetime | None = None
+    release: models.Release,
+    principal: Principal,
+    now: datetime | None = None,
+    session: Session | None = None,
 ) -> Release:
     """The release as ``principal`` may see it at ``now``.
 
@@ -76,6 +98,19 @@ def release_out(
                 basis_sha256=release.result_sha256,
                 extras=release.result_extras or {},
             )
+    following: dict[str, object] = {}
+    if session is not None and is_continual(release.mechanism):
+        # Epochs are outcomes: analysts see them from visible_at on, as the status.
+        shown = releases.outcome_visible(release, principal, now)
+        latest = continual.latest_epoch(session, release.id) if shown else None
+        following = {
+            "epochs_done": release.epochs_done if shown else 0,
+            "latest_epoch": epoch_out(latest, principal) if latest is not None else None,
+            "epochs": [
+                EpochSummary(epoch=e, batch_seq=s, n_rows_read=n, basis_sha256=h)
+                for e, s, n, h in (continual.epoch_summaries(session, release.id) if shown else [])
+            ],
+        }
     return Release(
         id=release.id,
         dataset_id=release.dataset_id,
@@ -95,4 +130,5 @@ def release_out(
         started_at=release.started_at if timing else None,
         finished_at=release.finished_at if timing else None,
         attempts=release.attempts if timing else None,
+        **following,
     )

@@ -9,12 +9,19 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody, IdempotencyKey
-from api_schemas.releases import BudgetExceeded, Release, ReleasePreview, ReleaseRequest
-from service import preview, releases
-from service.api.deps import SettingsDep, UnitOfWorkDep
-from service.api.presenters import release_out
+from api_schemas.releases import (
+    BudgetExceeded,
+    EpochList,
+    Release,
+    ReleasePreview,
+    ReleaseRequest,
+)
+from service import continual, preview, releases
+from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
+from service.api.presenters import epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
+from service.db.models import utcnow
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
 
@@ -96,10 +103,41 @@ async def create_release(
     "/releases/{release_id}",
     response_model=Release,
     summary="A release's status and, when finished, its result.",
+    description=(
+        "For a continual release also `epochs_done`, the `latest_epoch` with its basis and "
+        "the list of `epochs` (without bases)."
+    ),
     responses={404: {"model": ErrorBody, "description": "No such release (or not yours)."}},
 )
 async def get_release(release_id: uuid.UUID, uow: UnitOfWorkDep) -> Release:
     def work(session: Session, principal: Principal) -> Release:
-        return release_out(releases.get_release(session, principal, release_id), principal)
+        release = releases.get_release(session, principal, release_id)
+        return release_out(release, principal, session=session)
+
+    return await uow(work)
+
+
+@router.get(
+    "/releases/{release_id}/epochs",
+    response_model=EpochList,
+    summary="The epochs of a continual release, oldest first, with their bases.",
+    responses={
+        404: {"model": ErrorBody, "description": "No such release (or not yours)."},
+        422: {"model": ErrorBody, "description": "Not a cursor this service issued."},
+    },
+)
+async def list_epochs(
+    release_id: uuid.UUID, uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = None
+) -> EpochList:
+    def work(session: Session, principal: Principal) -> EpochList:
+        release = releases.get_release(session, principal, release_id)
+        if not releases.outcome_visible(release, principal, utcnow()):
+            return EpochList(items=[], total=0, next=None)
+        page = continual.page_epochs(session, release.id, limit, cursor)
+        return EpochList(
+            items=[epoch_out(epoch, principal) for epoch in page.items],
+            total=page.total,
+            next=page.next,
+        )
 
     return await uow(work)

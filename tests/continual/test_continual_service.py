@@ -1,0 +1,107 @@
+"""Continual releases through the API and an in-process worker: charged once, one epoch per
+batch up to the horizon, epochs listed and audited, the state never shown."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from sqlalchemy import func, select
+
+from service import audit
+from service.db.models import AuditEvent, LedgerEntry, Release, ReleaseEpoch
+from tests.api.test_append_rows import append
+from tests.conftest import bearer, npy_bytes, post_release
+
+D = 6
+
+
+def start(client, keys, upload_dataset, rng, horizon=4, **params):
+    dataset = upload_dataset(client, keys.owner, rng.normal(size=(40, D)), row_norm_bound=3)
+    release_id = post_release(
+        client, keys.analyst, dataset["id"], mechanism="continual_gauss", k=2,
+        epsilon="1", delta="1e-6", params={"horizon": horizon, **params},
+    )  # fmt: skip
+    return dataset, release_id
+
+
+def grow(client, keys, dataset_id, rng, rows=30):
+    response = append(client, keys.owner, dataset_id, npy_bytes(rng.normal(size=(rows, D))))
+    assert response.status_code == 201, response.text
+    return response.json()["seq"]
+
+
+def test_one_charge_one_epoch_per_batch_until_the_horizon(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    dataset, release_id = start(client, keys, upload_dataset, rng)
+    grow(client, keys, dataset["id"], rng)  # present at creation: processed at once
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == "running" and body["epochs_done"] == 2
+    assert [e["batch_seq"] for e in body["epochs"]] == [0, 1]
+    assert [e["n_rows_read"] for e in body["epochs"]] == [40, 30]
+    latest = body["latest_epoch"]
+    assert latest["epoch"] == 2 and latest["created_at"] is None  # no timing for analysts
+    basis = np.asarray(latest["basis"])
+    assert basis.shape == (D, 2)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(2), atol=1e-9)
+    assert latest["basis_sha256"] == hashlib.sha256(basis.astype("<f8").tobytes()).hexdigest()
+    assert "state" not in str(body).lower()
+    assert run_worker() == 0  # nothing to do: waiting
+    grow(client, keys, dataset["id"], rng)
+    grow(client, keys, dataset["id"], rng)
+    grow(client, keys, dataset["id"], rng)  # beyond the horizon of 4: never read
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert body["status"] == "succeeded" and body["epochs_done"] == 4
+    assert body["result"]["basis_sha256"] == body["latest_epoch"]["basis_sha256"]
+    assert run_worker() == 0
+    page = client.get(
+        f"/v1/releases/{release_id}/epochs?limit=3", headers=bearer(keys.owner)
+    ).json()
+    assert (page["total"], [e["epoch"] for e in page["items"]]) == (4, [1, 2, 3])
+    assert page["items"][0]["created_at"] is not None  # owners see timing
+    rest = client.get(
+        f"/v1/releases/{release_id}/epochs?cursor={page['next']}", headers=bearer(keys.owner)
+    ).json()
+    assert [e["epoch"] for e in rest["items"]] == [4] and rest["next"] is None
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    assert budget["epsilon_spent"] == "1"
+    with session_factory() as session:
+        charges = session.execute(select(func.count()).select_from(LedgerEntry)).scalar_one()
+        assert charges == 1
+        events = session.execute(
+            select(AuditEvent.details).where(AuditEvent.event_type == "release_epoch")
+        ).scalars()
+        hashes = [e["basis_sha256"] for e in events]
+        stored = session.execute(
+            select(ReleaseEpoch.basis_sha256).order_by(ReleaseEpoch.epoch)
+        ).scalars()
+        assert hashes == list(stored) and len(hashes) == 4
+        assert audit.verify(session).ok
+
+
+def test_a_deleted_dataset_ends_a_waiting_release_without_refund(
+    client, keys, upload_dataset, rng, run_worker
+):
+    dataset, release_id = start(client, keys, upload_dataset, rng)
+    assert run_worker() == 1
+    client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert body["status"] == "failed" and "deleted" in body["reason"]
+    assert body["refunded"] is False and body["epochs_done"] == 1
+
+
+def test_the_state_is_kept_with_the_release_and_never_shown(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    _, release_id = start(client, keys, upload_dataset, rng)
+    run_worker()
+    with session_factory() as session:
+        state = session.execute(select(Release.continual_state)).scalar_one()
+    assert state is not None and len(state) > 8 * D * D
+    for key in (keys.analyst, keys.owner, keys.auditor):
+        response = client.get(f"/v1/releases/{release_id}", headers=bearer(key))
+        assert state.hex()[:32] not in response.text
