@@ -420,10 +420,12 @@ def epoch_summaries(session: Session, release_id: object) -> list[tuple[int, int
 
 
 def page_epochs(
-    session: Session, release_id: object, limit: int, cursor: str | None
+    session: Session, release_id: object, limit: int, cursor: str | None, after: int = 0
 ) -> Page[ReleaseEpoch]:
-    """Epochs oldest first, after ``cursor`` (the last epoch number of the previous page)."""
-    after = parse_seq_cursor(cursor, EPOCH_CURSOR) if cursor is not None else 0
+    """Epochs oldest first, after ``cursor`` (the last epoch of the previous page) if given,
+    else after epoch number ``after``."""
+    if cursor is not None:
+        after = parse_seq_cursor(cursor, EPOCH_CURSOR)
     total = session.execute(
         select(func.count()).select_from(ReleaseEpoch).where(ReleaseEpoch.release_id == release_id)
     ).scalar_one()

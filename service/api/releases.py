@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
@@ -22,6 +23,7 @@ from service.api.presenters import epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db.models import utcnow
+from service.mechanisms.continual_gauss import MAX_HORIZON
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
 
@@ -127,13 +129,25 @@ async def get_release(release_id: uuid.UUID, uow: UnitOfWorkDep) -> Release:
     },
 )
 async def list_epochs(
-    release_id: uuid.UUID, uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = None
+    release_id: uuid.UUID,
+    uow: UnitOfWorkDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    after: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_HORIZON,
+            description="Only epochs after this epoch number (ignored with `cursor`): how a "
+            "client polling for new epochs asks for those it has not seen.",
+        ),
+    ] = 0,
 ) -> EpochList:
     def work(session: Session, principal: Principal) -> EpochList:
         release = releases.get_release(session, principal, release_id)
         if not releases.outcome_visible(release, principal, utcnow()):
             return EpochList(items=[], total=0, next=None)
-        page = continual.page_epochs(session, release.id, limit, cursor)
+        page = continual.page_epochs(session, release.id, limit, cursor, after)
         return EpochList(
             items=[epoch_out(epoch, principal) for epoch in page.items],
             total=page.total,
