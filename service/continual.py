@@ -19,16 +19,22 @@ Exactly-once epochs and no redrawn node. Epoch ``t`` is computed from the stored
 ``t - 1``; one transaction then stores the epoch, the new state (with the noise of the nodes that
 closed at ``t``), ``epochs_done = t`` and a ``release_epoch`` audit event, and only if this worker
 still holds the lease and ``epochs_done`` is still ``t - 1``. A worker killed before that commit
-leaves the state after ``t - 1``: the next one recomputes epoch ``t``, drawing the noise of the
-nodes closing at ``t``, whose earlier draw was never stored or seen (as a one-shot release that
-runs again after a crash); every node stored with the state is reused, never drawn again.
+leaves the state after ``t - 1``, and every node stored with it is reused, never drawn again.
 
-The state is private: it lives in ``releases.continual_state`` and is never in a response, log or
-audit event.
+The release's CSPRNG: a 256-bit key drawn from the OS once per release (before its first epoch)
+and kept with it; epoch ``t`` draws from ChaCha20 keyed with ``SHA-256(label, key, t)``
+(:func:`epoch_generator`). So the noise of the nodes closing at ``t`` is fixed once for the
+release: a worker that recomputes epoch ``t`` after a crash draws exactly the same noise and
+stores exactly the epoch the dead worker would have stored. Distinct epochs use independent
+keys (SHA-256 as a PRF), so the draws are as independent as fresh ones.
+
+The state and the key are private: they live in ``releases.continual_state`` and
+``releases.continual_key`` and are never in a response, log or audit event.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import multiprocessing
 import os
@@ -38,7 +44,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
 from pydantic import ValidationError
+from randomgen import ChaCha
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
@@ -63,6 +71,7 @@ log = logging.getLogger("dpss.worker")
 T = TypeVar("T")
 
 EPOCH_EVENT = "release_epoch"
+EPOCH_KEY_LABEL = b"dpss continual epoch"
 EPOCH_CURSOR = "epoch"
 WAITING = "waiting"
 LOST = "lost"
@@ -92,6 +101,19 @@ class EpochInput:
     n_cols: int
     file_name: str
     state: bytes | None
+    key: bytes
+
+
+def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
+    """The generator of epoch ``epoch`` of the release with CSPRNG key ``key``: ChaCha20 (20
+    rounds) keyed with ``SHA-256("dpss continual epoch" || key || epoch as 8 bytes)``."""
+    digest = hashlib.sha256(EPOCH_KEY_LABEL + key + epoch.to_bytes(8, "little")).digest()
+    return np.random.Generator(ChaCha(key=int.from_bytes(digest, "little"), counter=0, rounds=20))
+
+
+def new_release_key() -> bytes:
+    """256 bits from the OS CSPRNG."""
+    return os.urandom(32)
 
 
 @dataclass(frozen=True)
@@ -239,6 +261,9 @@ def _next_input(worker: Worker, job: ClaimedJob) -> EpochInput | str:
             return WAITING
         batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
         assert batch is not None  # batches 0 .. n_batches - 1 exist
+        if release.continual_key is None:
+            # Drawn once per release and committed before any epoch reads the data.
+            release.continual_key = new_release_key()
         return EpochInput(
             epoch=release.epochs_done + 1,
             horizon=horizon,
@@ -248,6 +273,7 @@ def _next_input(worker: Worker, job: ClaimedJob) -> EpochInput | str:
             n_cols=dataset.n_cols,
             file_name=dataset.file_name,
             state=release.continual_state,
+            key=release.continual_key,
         )
 
 
@@ -259,7 +285,6 @@ def compute_epoch(
     release_label: object = None,
 ) -> EpochOutput:
     """Advance the state with batch ``step.batch_seq`` (a slice of the memory map: no copy)."""
-    from service import worker as worker_module
     from service.worker import NO_RELEASE_REASON, REFUSED_AT_RUN_REASON, Outcome
 
     rows = store.open(step.file_name, step.row_offset + step.n_rows)[step.row_offset :]
@@ -273,8 +298,7 @@ def compute_epoch(
             state,
             rows,
             spec,
-            # Looked up at call time: the seeded-release tests replace the worker's generator.
-            worker_module.secure_generator(),  # type: ignore[attr-defined]
+            epoch_generator(step.key, step.epoch),
         )
     except InvalidParameter:
         return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))

@@ -165,6 +165,9 @@ class Release(Base):
     #: tree's closed nodes with their noise). Private: never in a response, log or event.
     epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
+    #: SHA-256(key, t), so an epoch computed again after a crash draws the same noise.
+    continual_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),

@@ -63,10 +63,15 @@ def _state(factory, release_id) -> tuple[int, bytes, dict[int, str | None]]:
         return release.epochs_done, release.continual_state, dict(epochs)
 
 
-@pytest.mark.parametrize("estimator", ["tree", "honaker"])
+@pytest.mark.parametrize(("estimator", "mode"), [("tree", "between"), ("honaker", "in_flight")])
 def test_a_worker_killed_between_epochs_resumes_without_redrawing_or_recharging(
-    service, settings, rng, estimator
+    service, settings, rng, tmp_path, estimator, mode
 ):
+    """``between``: killed right after storing epoch 2. ``in_flight``: killed after computing
+    epoch 3 but before storing it. Either way the heir continues the same tree: the nodes
+    stored with epoch 2 are reused bit for bit, and epoch 3's new node gets the noise the dead
+    worker drew (the release's CSPRNG is keyed per release and epoch), so the state after
+    epoch 3 is exactly the one the dead worker computed."""
     client, factory, owner, analyst = service
     dataset_id = _dataset(client, owner, rng.normal(size=(30, D)))
     for _ in range(2):
@@ -75,13 +80,16 @@ def test_a_worker_killed_between_epochs_resumes_without_redrawing_or_recharging(
         client, analyst, dataset_id, mechanism="continual_gauss", k=2, epsilon="1",
         delta="1e-6", params={"horizon": 8, "estimator": estimator},
     )  # fmt: skip
+    dump = tmp_path / "in_flight_state"
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "DPSS_DATABASE_URL": settings.database_url,
         "DPSS_DATA_DIR": str(settings.data_dir),
         "DPSS_WORKER_LEASE_SECONDS": "1",
-        "DPSS_TEST_KILL_AT": "2",
+        "DPSS_TEST_KILL_AT": "2" if mode == "between" else "3",
+        "DPSS_TEST_KILL_MODE": mode,
+        "DPSS_TEST_DUMP": str(dump),
     }
     killed = subprocess.run(
         [sys.executable, "-m", "tests.continual.kill_worker"], env=env, cwd=ROOT, timeout=120
@@ -89,7 +97,7 @@ def test_a_worker_killed_between_epochs_resumes_without_redrawing_or_recharging(
     assert killed.returncode == -signal.SIGKILL
     rid = uuid.UUID(release_id)
     done, state_2, epochs_2 = _state(factory, rid)
-    # Killed between epochs 2 and 3, holding the lease, with batch 2 waiting to be read.
+    # Killed holding the lease, after epoch 2, with batch 2 (epoch 3) not stored.
     assert done == 2 and sorted(epochs_2) == [1, 2]
     with factory() as session:
         assert session.get(Release, rid).lease_owner == "doomed"
@@ -105,6 +113,8 @@ def test_a_worker_killed_between_epochs_resumes_without_redrawing_or_recharging(
     assert before.closed[0] is None and after.closed[0] is not None
     assert before.closed[1] is not None and after.closed[1] is not None
     assert before.closed[1].tobytes() == after.closed[1].tobytes()
+    if mode == "in_flight":
+        assert state_3 == dump.read_bytes()  # the dead worker's draw, not a new one
     with factory() as session:
         entries = session.execute(select(LedgerEntry.kind)).scalars().all()
         assert entries == ["charge"]

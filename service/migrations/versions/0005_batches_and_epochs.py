@@ -2,7 +2,7 @@
 batches, the upload is batch 0), ``release_epochs`` (one row per epoch of a continual release),
 ``datasets.n_batches``, and on ``releases`` the prefix a release reads (``n_rows_read``,
 ``batches_read``) and the continual state (``epochs_done``, ``continual_state``: the serialized
-tree, private, never exposed).
+tree, ``continual_key``: the release's CSPRNG key; private, never exposed).
 
 Existing datasets become one batch (their upload); existing releases read that batch.
 
@@ -61,6 +61,7 @@ def upgrade() -> None:
         "releases", sa.Column("epochs_done", sa.Integer(), nullable=False, server_default="0")
     )
     op.add_column("releases", sa.Column("continual_state", sa.LargeBinary(), nullable=True))
+    op.add_column("releases", sa.Column("continual_key", sa.LargeBinary(), nullable=True))
     # Every existing dataset is its upload, batch 0, starting at row 0 of its file; every
     # existing release read exactly that batch.
     op.execute(
@@ -76,6 +77,12 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("release_epochs")
     op.drop_table("dataset_batches")
-    for column in ("continual_state", "epochs_done", "batches_read", "n_rows_read"):
+    for column in (
+        "continual_key",
+        "continual_state",
+        "epochs_done",
+        "batches_read",
+        "n_rows_read",
+    ):
         op.drop_column("releases", column)
     op.drop_column("datasets", "n_batches")
