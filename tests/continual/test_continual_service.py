@@ -105,3 +105,26 @@ def test_the_state_is_kept_with_the_release_and_never_shown(
     for key in (keys.analyst, keys.owner, keys.auditor):
         response = client.get(f"/v1/releases/{release_id}", headers=bearer(key))
         assert state.hex()[:32] not in response.text
+
+
+def test_audit_verify_notices_a_tampered_or_missing_epoch(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    """The negative control of the epochs' audit trail: a changed epoch hash or a removed epoch
+    row fails ``verify``."""
+    dataset, _ = start(client, keys, upload_dataset, rng)
+    grow(client, keys, dataset["id"], rng)
+    run_worker()
+    with session_factory() as session:
+        assert audit.verify(session).ok
+        first = session.execute(select(ReleaseEpoch).where(ReleaseEpoch.epoch == 1)).scalar_one()
+        first.basis_sha256 = "0" * 64
+        session.flush()
+        problems = audit.verify(session).problems
+        assert any("epoch 1: basis_sha256 differs" in p for p in problems), problems
+        session.delete(first)
+        session.flush()
+        problems = audit.verify(session).problems
+        assert any("epoch 1: missing" in p for p in problems), problems
+        assert any("epochs_done differs" in p for p in problems), problems
+        session.rollback()
