@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
@@ -243,6 +243,9 @@ def delete_dataset(
     file_name = dataset.file_name
     dataset.deleted_at = utcnow()
     dataset.file_name = None
+    session.execute(
+        update(DatasetBatch).where(DatasetBatch.dataset_id == dataset.id).values(file_name=None)
+    )
     audit.record(
         session,
         "dataset_deleted",

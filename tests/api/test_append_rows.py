@@ -110,3 +110,33 @@ def test_a_one_shot_release_reads_the_prefix_present_at_its_request(
     release = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
     assert release["status"] == "succeeded"
     assert (release["n_rows_read"], release["batches_read"]) == (5, 1)
+
+
+def test_an_append_whose_transaction_fails_leaves_no_row_on_disk(
+    client, keys, grown, rng, settings, monkeypatch
+):
+    """The rows are written before the commit; when the transaction then fails, they are cut
+    off again (under the lock) and no batch exists."""
+    from service import datasets
+    from service.store import DatasetStore
+
+    dataset, first = grown
+    before = [(p.name, p.stat().st_size) for p in stored_files(settings)]
+    record = datasets.audit.record
+
+    def failing(session, event_type, **kwargs):
+        if event_type == "dataset_rows_appended":
+            raise RuntimeError("the database went away")
+        return record(session, event_type, **kwargs)
+
+    monkeypatch.setattr(datasets.audit, "record", failing)
+    response = append(client, keys.owner, dataset["id"], npy_bytes(rng.normal(size=(6, 3))))
+    assert response.status_code == 500
+    assert [(p.name, p.stat().st_size) for p in stored_files(settings)] == before
+    monkeypatch.undo()
+    meta = client.get(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).json()
+    assert (meta["n_rows"], meta["n_batches"]) == (5, 1)
+    later = rng.normal(size=(2, 3))
+    assert append(client, keys.owner, dataset["id"], npy_bytes(later)).status_code == 201
+    rows = DatasetStore(settings.datasets_dir).open(stored_files(settings)[0].name, 7)
+    np.testing.assert_array_equal(rows, np.vstack([first, later]))

@@ -43,7 +43,7 @@ def main() -> None:
     settings = Settings()
     factory = make_session_factory(make_engine(settings.database_url))
     store = DatasetStore(settings.datasets_dir)
-    Worker(factory, store, settings, worker_id="doomed", isolate=False).run_pending()
+    Worker(factory, store, settings, worker_id="doomed", isolate=True).run_pending()
 
 
 if __name__ == "__main__":
