@@ -41,13 +41,13 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from pydantic import ValidationError
 from randomgen import ChaCha
-from sqlalchemy import func, or_, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit
@@ -60,6 +60,7 @@ from service.mechanisms.continual_gauss import (
     ContinualState,
 )
 from service.mechanisms.registry import MECHANISMS, get_mechanism
+from service.padding import PaddingModel
 from service.pagination import Page, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
@@ -102,6 +103,8 @@ class EpochInput:
     file_name: str
     state: bytes | None
     key: bytes
+    #: When analysts may see the epoch (see :func:`epoch_visible_at`).
+    visible_at: datetime
 
 
 def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
@@ -109,6 +112,21 @@ def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
     rounds) keyed with ``SHA-256("dpss continual epoch" || key || epoch as 8 bytes)``."""
     digest = hashlib.sha256(EPOCH_KEY_LABEL + key + epoch.to_bytes(8, "little")).digest()
     return np.random.Generator(ChaCha(key=int.from_bytes(digest, "little"), counter=0, rounds=20))
+
+
+def epoch_visible_at(
+    release_visible_at: datetime | None,
+    batch_created_at: datetime,
+    padding: timedelta,
+    previous_visible_at: datetime | None = None,
+) -> datetime:
+    """When analysts may see an epoch: its batch's commit time plus the padding of one epoch's
+    work on that batch (:mod:`service.padding`, public facts only), never before the release's
+    own ``visible_at`` nor before the previous epoch (so epochs appear in order). The worker
+    runs the epoch after the batch commits, so as for one-shot releases, polling says nothing
+    about how long it ran within the padding."""
+    candidates = [batch_created_at + padding, release_visible_at, previous_visible_at]
+    return max(moment for moment in candidates if moment is not None)
 
 
 def new_release_key() -> bytes:
@@ -264,8 +282,18 @@ def _next_input(worker: Worker, job: ClaimedJob) -> EpochInput | str:
         if release.continual_key is None:
             # Drawn once per release and committed before any epoch reads the data.
             release.continual_key = new_release_key()
+        padding = PaddingModel.from_settings(worker.settings).padding(
+            release.mechanism, batch.n_rows, dataset.n_cols, release.k, release.params
+        )
+        previous = latest_epoch(session, release.id)
         return EpochInput(
             epoch=release.epochs_done + 1,
+            visible_at=epoch_visible_at(
+                release.visible_at,
+                batch.created_at,
+                padding,
+                previous.visible_at if previous is not None else None,
+            ),
             horizon=horizon,
             batch_seq=batch.seq,
             row_offset=batch.row_offset,
@@ -390,6 +418,7 @@ def _store_epoch(worker: Worker, job: ClaimedJob, step: EpochInput, computed: Ep
                 basis_sha256=sha256,
                 extras=outcome.extras,
                 created_at=utcnow(),
+                visible_at=step.visible_at,
             )
         )
         release.continual_state = computed.state
@@ -419,17 +448,31 @@ def _store_epoch(worker: Worker, job: ClaimedJob, step: EpochInput, computed: Ep
 # -- reading -------------------------------------------------------------------------------------
 
 
-def latest_epoch(session: Session, release_id: object) -> ReleaseEpoch | None:
+def _shown(release_id: object, visible_by: datetime | None) -> list[ColumnElement[bool]]:
+    """The epochs of ``release_id`` a reader sees: all, or those visible by ``visible_by``
+    (analysts). Epochs become visible in order (``visible_at`` never decreases with ``t``:
+    batches commit in order and the padding of a batch is stored with its epoch)."""
+    conditions: list[ColumnElement[bool]] = [ReleaseEpoch.release_id == release_id]
+    if visible_by is not None:
+        conditions.append(ReleaseEpoch.visible_at <= visible_by)
+    return conditions
+
+
+def latest_epoch(
+    session: Session, release_id: object, visible_by: datetime | None = None
+) -> ReleaseEpoch | None:
     return session.execute(
         select(ReleaseEpoch)
-        .where(ReleaseEpoch.release_id == release_id)
+        .where(*_shown(release_id, visible_by))
         .order_by(ReleaseEpoch.epoch.desc())
         .limit(1)
     ).scalar_one_or_none()
 
 
-def epoch_summaries(session: Session, release_id: object) -> list[tuple[int, int, int, str | None]]:
-    """``(epoch, batch_seq, n_rows_read, basis_sha256)`` of every epoch, oldest first."""
+def epoch_summaries(
+    session: Session, release_id: object, visible_by: datetime | None = None
+) -> list[tuple[int, int, int, str | None]]:
+    """``(epoch, batch_seq, n_rows_read, basis_sha256)`` of every epoch shown, oldest first."""
     rows = session.execute(
         select(
             ReleaseEpoch.epoch,
@@ -437,26 +480,32 @@ def epoch_summaries(session: Session, release_id: object) -> list[tuple[int, int
             ReleaseEpoch.n_rows_read,
             ReleaseEpoch.basis_sha256,
         )
-        .where(ReleaseEpoch.release_id == release_id)
+        .where(*_shown(release_id, visible_by))
         .order_by(ReleaseEpoch.epoch)
     ).all()
     return [(row[0], row[1], row[2], row[3]) for row in rows]
 
 
 def page_epochs(
-    session: Session, release_id: object, limit: int, cursor: str | None, after: int = 0
+    session: Session,
+    release_id: object,
+    limit: int,
+    cursor: str | None,
+    after: int = 0,
+    visible_by: datetime | None = None,
 ) -> Page[ReleaseEpoch]:
     """Epochs oldest first, after ``cursor`` (the last epoch of the previous page) if given,
     else after epoch number ``after``."""
     if cursor is not None:
         after = parse_seq_cursor(cursor, EPOCH_CURSOR)
+    shown = _shown(release_id, visible_by)
     total = session.execute(
-        select(func.count()).select_from(ReleaseEpoch).where(ReleaseEpoch.release_id == release_id)
+        select(func.count()).select_from(ReleaseEpoch).where(*shown)
     ).scalar_one()
     rows = list(
         session.execute(
             select(ReleaseEpoch)
-            .where(ReleaseEpoch.release_id == release_id, ReleaseEpoch.epoch > after)
+            .where(*shown, ReleaseEpoch.epoch > after)
             .order_by(ReleaseEpoch.epoch)
             .limit(limit + 1)
         ).scalars()

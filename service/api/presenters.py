@@ -100,15 +100,22 @@ def release_out(
             )
     following: dict[str, object] = {}
     if session is not None and is_continual(release.mechanism):
-        # Epochs are outcomes: analysts see them from visible_at on, as the status.
-        shown = releases.outcome_visible(release, principal, now)
-        latest = continual.latest_epoch(session, release.id) if shown else None
+        # Epochs are outcomes: an analyst sees each from its own visible_at on (and none before
+        # the release's), and the release's end only once its last epoch is visible.
+        analyst = principal.role == "analyst"
+        hidden = analyst and not releases.outcome_visible(release, principal, now)
+        visible_by = now if analyst else None
+        summaries = [] if hidden else continual.epoch_summaries(session, release.id, visible_by)
+        latest = None if hidden else continual.latest_epoch(session, release.id, visible_by)
+        finished = ("succeeded", "no_result", "failed")
+        if analyst and len(summaries) < release.epochs_done and status in finished:
+            status, reason, refunded, result = "running", None, False, None
         following = {
-            "epochs_done": release.epochs_done if shown else 0,
+            "epochs_done": len(summaries),
             "latest_epoch": epoch_out(latest, principal) if latest is not None else None,
             "epochs": [
                 EpochSummary(epoch=e, batch_seq=s, n_rows_read=n, basis_sha256=h)
-                for e, s, n, h in (continual.epoch_summaries(session, release.id) if shown else [])
+                for e, s, n, h in summaries
             ],
         }
     return Release(

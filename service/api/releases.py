@@ -145,9 +145,12 @@ async def list_epochs(
 ) -> EpochList:
     def work(session: Session, principal: Principal) -> EpochList:
         release = releases.get_release(session, principal, release_id)
-        if not releases.outcome_visible(release, principal, utcnow()):
+        now = utcnow()
+        if not releases.outcome_visible(release, principal, now):
             return EpochList(items=[], total=0, next=None)
-        page = continual.page_epochs(session, release.id, limit, cursor, after)
+        # Analysts see each epoch from its own visible_at on (see service.continual).
+        visible_by = now if principal.role == "analyst" else None
+        page = continual.page_epochs(session, release.id, limit, cursor, after, visible_by)
         return EpochList(
             items=[epoch_out(epoch, principal) for epoch in page.items],
             total=page.total,

@@ -190,6 +190,10 @@ class ReleaseEpoch(Base):
     basis_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: Analysts see the epoch no earlier than this: its batch's commit time plus a padding from
+    #: public facts (and not before the release's ``visible_at``), so that polling does not
+    #: reveal how long the epoch took.
+    visible_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class AuditEvent(Base):

@@ -128,3 +128,48 @@ def test_audit_verify_notices_a_tampered_or_missing_epoch(
         assert any("epoch 1: missing" in p for p in problems), problems
         assert any("epochs_done differs" in p for p in problems), problems
         session.rollback()
+
+
+def test_analysts_see_each_epoch_only_after_its_padding(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    """An epoch is an outcome: an analyst sees it (and the release's end) only from its
+    visible_at on, its batch's commit time plus a padding from public facts; owners see it at
+    once. Epochs become visible in order."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from service.db.models import utcnow
+
+    dataset, release_id = start(client, keys, upload_dataset, rng, horizon=2)
+    grow(client, keys, dataset["id"], rng)
+    assert run_worker() == 1
+    with session_factory.begin() as session:
+        # Epoch 2 padded into the future, as a slow padding model would.
+        session.execute(
+            update(ReleaseEpoch)
+            .where(ReleaseEpoch.epoch == 2)
+            .values(visible_at=utcnow() + timedelta(hours=1))
+        )
+    analyst = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert analyst["status"] == "running" and analyst["result"] is None
+    assert analyst["epochs_done"] == 1 and analyst["latest_epoch"]["epoch"] == 1
+    page = client.get(f"/v1/releases/{release_id}/epochs", headers=bearer(keys.analyst)).json()
+    assert [e["epoch"] for e in page["items"]] == [1] and page["total"] == 1
+    owner = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert owner["status"] == "succeeded" and owner["epochs_done"] == 2
+
+
+def test_epoch_visibility_never_goes_backwards():
+    from datetime import UTC, datetime, timedelta
+
+    from service.continual import epoch_visible_at
+
+    t0 = datetime(2026, 11, 25, tzinfo=UTC)
+    late = epoch_visible_at(t0, t0, timedelta(seconds=60))
+    # A small batch right after a big one: not before the previous epoch.
+    assert epoch_visible_at(t0, t0 + timedelta(seconds=1), timedelta(seconds=5), late) == late
+    assert epoch_visible_at(t0 + timedelta(hours=1), t0, timedelta(seconds=5)) == t0 + timedelta(
+        hours=1
+    )

@@ -47,6 +47,7 @@ def upgrade() -> None:
         sa.Column("basis_sha256", sa.String(length=64), nullable=True),
         sa.Column("extras", sa.JSON(), nullable=True),
         sa.Column("created_at", service.db.types.UTCDateTime(), nullable=False),
+        sa.Column("visible_at", service.db.types.UTCDateTime(), nullable=False),
         sa.ForeignKeyConstraint(["release_id"], ["releases.id"]),
         sa.PrimaryKeyConstraint("release_id", "epoch"),
     )
