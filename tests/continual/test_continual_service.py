@@ -159,6 +159,15 @@ def test_analysts_see_each_epoch_only_after_its_padding(
     assert [e["epoch"] for e in page["items"]] == [1] and page["total"] == 1
     owner = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
     assert owner["status"] == "succeeded" and owner["epochs_done"] == 2
+    # The history shows it, and filters it, as the single read does.
+    listed = client.get("/v1/releases", headers=bearer(keys.analyst)).json()["items"]
+    assert [(r["status"], r["epochs_done"]) for r in listed] == [("running", 1)]
+    assert listed[0]["latest_epoch"]["basis"] is None  # no bases in lists by default
+    for status, count in (("running", 1), ("succeeded", 0)):
+        page = client.get(f"/v1/releases?status={status}", headers=bearer(keys.analyst)).json()
+        assert page["total"] == count, status
+    mine = client.get("/v1/releases?status=succeeded", headers=bearer(keys.owner)).json()
+    assert mine["total"] == 1
 
 
 def test_epoch_visibility_never_goes_backwards():
