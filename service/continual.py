@@ -231,13 +231,31 @@ def process_continual(worker: Worker, job: ClaimedJob) -> str:
             if stored != STORED:
                 return stored
             on_epoch_stored(job, step.epoch)
-        return "unstored"
     except WorkerStopping:
-        log.warning("release %s: stopping between epochs", job.release_id)
-        return "unstored"
+        pass
     finally:
         done.set()
         beat.join()
+    log.warning("release %s: stopping between epochs", job.release_id)
+    _give_up_lease(worker, job)
+    return "unstored"
+
+
+def _give_up_lease(worker: Worker, job: ClaimedJob) -> None:
+    """On a stop request: hand the release back at once (another worker may continue it now
+    rather than after the lease). One try: if the database is away the lease expires anyway."""
+    try:
+        with worker.session_factory.begin() as session:
+            release = session.execute(
+                select(Release).where(Release.id == job.release_id).with_for_update()
+            ).scalar_one()
+            if release.status == "running" and _ours(worker, job, release):
+                release.lease_owner = None
+                release.lease_expires_at = None
+    except Exception as exc:
+        log.warning(
+            "release %s: lease kept until it expires (%s)", job.release_id, type(exc).__name__
+        )
 
 
 def _storing(

@@ -182,3 +182,27 @@ def test_epoch_visibility_never_goes_backwards():
     assert epoch_visible_at(t0 + timedelta(hours=1), t0, timedelta(seconds=5)) == t0 + timedelta(
         hours=1
     )
+
+
+def test_a_stopping_worker_hands_the_release_back_between_epochs(
+    client, keys, upload_dataset, rng, worker, session_factory, monkeypatch
+):
+    """A stop request (SIGTERM) ends the worker after the epoch it is storing; the release's
+    lease is given up at once, so another worker continues without waiting for it to expire."""
+    from service import continual
+
+    dataset, release_id = start(client, keys, upload_dataset, rng)
+    grow(client, keys, dataset["id"], rng)
+    monkeypatch.setattr(continual, "on_epoch_stored", lambda job, epoch: worker.stop.set())
+    job = worker.claim()
+    assert job is not None and worker.process(job) == "unstored"
+    with session_factory() as session:
+        release = session.execute(select(Release)).scalar_one()
+        assert (release.epochs_done, release.lease_owner) == (1, None)
+    monkeypatch.undo()
+    from service.worker import Worker
+
+    heir = Worker(session_factory, worker.store, worker.settings, worker_id="heir")
+    assert heir.run_pending() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert body["epochs_done"] == 2
