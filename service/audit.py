@@ -43,6 +43,7 @@ from service.db.models import (
     Grant,
     LedgerEntry,
     Release,
+    ReleaseEpoch,
     utcnow,
 )
 
@@ -268,6 +269,8 @@ class _Recorded:
     keys: dict[uuid.UUID, tuple[int, Any]] = field(default_factory=dict)
     revoked: dict[uuid.UUID, int] = field(default_factory=dict)
     grants: dict[uuid.UUID, _GrantCreated] = field(default_factory=dict)
+    #: ``release_epoch`` events: ``(release, epoch) -> (seq, basis_sha256)``.
+    epochs: dict[tuple[uuid.UUID, int], tuple[int, Any]] = field(default_factory=dict)
     grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
 
     def add(self, event: AuditEvent, problems: list[str]) -> None:
@@ -317,6 +320,11 @@ class _Recorded:
                 if refunded is None
                 else (Decimal(refunded["epsilon"]), Decimal(refunded["delta"])),
             )
+        elif kind == "release_epoch" and event.release_id is not None:
+            epoch = (event.release_id, int(details["epoch"]))
+            if epoch in self.epochs:
+                problems.append(f"event {seq}: epoch {epoch[1]} of {epoch[0]} was already released")
+            self.epochs[epoch] = (seq, details["basis_sha256"])
         elif kind == "release_previewed":
             # A dry run moves no money and creates no release: it may name neither.
             if event.release_id is not None:
@@ -435,8 +443,38 @@ def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> No
     _reconcile_ledger(session, recorded, problems)
     _reconcile_keys(session, recorded, problems)
     _reconcile_grants(session, recorded, problems)
+    _reconcile_epochs(session, recorded, problems)
     _check_spending(recorded, problems)
     _check_grant_spending(recorded, problems)
+
+
+def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    """Every stored epoch of a continual release has its ``release_epoch`` event with the same
+    basis hash, every such event its row, and ``epochs_done`` counts them."""
+    stored = {
+        (row.release_id, row.epoch): row.basis_sha256
+        for row in session.execute(
+            select(ReleaseEpoch.release_id, ReleaseEpoch.epoch, ReleaseEpoch.basis_sha256)
+        )
+    }
+    for (release_id, epoch), sha256 in stored.items():
+        event = recorded.epochs.get((release_id, epoch))
+        where = f"release_epochs {release_id} epoch {epoch}"
+        if event is None:
+            problems.append(f"{where}: no release_epoch event")
+        elif event[1] != sha256:
+            problems.append(f"{where}: basis_sha256 differs from release_epoch event {event[0]}")
+    for (release_id, epoch), (seq, _) in recorded.epochs.items():
+        if (release_id, epoch) not in stored:
+            problems.append(f"release_epochs {release_id} epoch {epoch}: missing (event {seq})")
+    counts: dict[uuid.UUID, int] = {}
+    for release_id, _ in stored:
+        counts[release_id] = counts.get(release_id, 0) + 1
+    for release_id, done in session.execute(
+        select(Release.id, Release.epochs_done).where(Release.epochs_done > 0)
+    ):
+        if counts.get(release_id, 0) != done:
+            problems.append(f"releases {release_id}: epochs_done differs from its stored epochs")
 
 
 def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:

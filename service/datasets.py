@@ -5,14 +5,14 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
 from service import audit, ledger
 from service.auth import Principal, require_role
-from service.db.models import Dataset, utcnow
-from service.errors import NotFound
+from service.db.models import Dataset, DatasetBatch, utcnow
+from service.errors import DatasetGone, InvalidInput, NotFound
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 from service.store import DatasetStore, StoredMatrix
 
@@ -68,6 +68,16 @@ def register_dataset(
         )
         session.add(dataset)
         session.flush()
+        session.add(
+            DatasetBatch(
+                dataset_id=dataset.id,
+                seq=0,
+                n_rows=stored.n_rows,
+                row_offset=0,
+                file_name=stored.file_name,
+                created_at=dataset.created_at,
+            )
+        )
         audit.record(
             session,
             "dataset_created",
@@ -91,6 +101,80 @@ def register_dataset(
         store.purge(stored.file_name)
         raise
     return dataset
+
+
+def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
+    """The owner's live dataset, locked (``FOR UPDATE``; SQLite: the write lock): appends and
+    releases of one dataset are serialised, so each sees a whole number of batches."""
+    require_role(principal, "owner")
+    dataset = session.execute(
+        select(Dataset)
+        .where(Dataset.id == dataset_id, Dataset.owner_key_id == principal.key_id)
+        .with_for_update()
+    ).scalar_one_or_none()
+    if dataset is None:
+        raise NotFound(f"no dataset {dataset_id}")
+    if dataset.deleted_at is not None or dataset.file_name is None:
+        raise DatasetGone(f"dataset {dataset_id} was deleted; its rows are gone")
+    return dataset
+
+
+def append_batch(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    batch: StoredMatrix,
+) -> DatasetBatch:
+    """Append an ingested batch (``store.ingest(..., batch=True)``) to the owner's dataset.
+
+    Under the dataset's lock: the width is checked (422 naming ``file``), the rows are written
+    after the committed ones and fsynced, then the batch row, the new ``n_rows``/``n_batches``
+    and a ``dataset_rows_appended`` event are added to the caller's transaction. A batch is
+    visible to nobody until that commits; if it does not, :func:`trim_uncommitted` cuts the
+    rows off again (and the next append would anyway). ``batch``'s file is removed in every case.
+    """
+    try:
+        dataset = _lock_own_dataset(session, principal, dataset_id)
+        if batch.n_cols != dataset.n_cols:
+            raise InvalidInput(
+                "file",
+                f"the batch has {batch.n_cols} columns; this dataset has {dataset.n_cols}",
+            )
+        assert dataset.file_name is not None  # checked by the lock
+        store.append(dataset.file_name, batch.file_name, dataset.n_rows)
+    finally:
+        store.discard(batch.file_name)
+    row = DatasetBatch(
+        dataset_id=dataset.id,
+        seq=dataset.n_batches,
+        n_rows=batch.n_rows,
+        row_offset=dataset.n_rows,
+        file_name=dataset.file_name,
+        created_at=utcnow(),
+    )
+    session.add(row)
+    dataset.n_rows += batch.n_rows
+    dataset.n_batches += 1
+    audit.record(
+        session,
+        "dataset_rows_appended",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={"seq": row.seq, "n_rows": batch.n_rows, "n_rows_total": dataset.n_rows},
+    )
+    session.flush()
+    return row
+
+
+def trim_uncommitted(session: Session, store: DatasetStore, dataset_id: uuid.UUID) -> None:
+    """After a failed append: under the dataset's lock, cut its file back to the committed
+    rows (the database's ``n_rows``), so no uncommitted row stays on disk."""
+    dataset = session.execute(
+        select(Dataset).where(Dataset.id == dataset_id).with_for_update()
+    ).scalar_one_or_none()
+    if dataset is not None and dataset.file_name is not None:
+        store.trim(dataset.file_name, dataset.n_rows)
 
 
 def _visible(principal: Principal) -> list[ColumnElement[bool]]:
@@ -159,6 +243,9 @@ def delete_dataset(
     file_name = dataset.file_name
     dataset.deleted_at = utcnow()
     dataset.file_name = None
+    session.execute(
+        update(DatasetBatch).where(DatasetBatch.dataset_id == dataset.id).values(file_name=None)
+    )
     audit.record(
         session,
         "dataset_deleted",

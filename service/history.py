@@ -17,7 +17,7 @@ from sqlalchemy import ColumnElement, and_, func, not_, or_, select
 from sqlalchemy.orm import Session
 
 from service.auth import Principal, require_role
-from service.db.models import Dataset, Release, utcnow
+from service.db.models import Dataset, Release, ReleaseEpoch, utcnow
 from service.errors import NotFound
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 
@@ -56,7 +56,16 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
     visible = or_(Release.visible_at.is_(None), Release.visible_at <= now)
     if status == "queued":
         return or_(not_(visible), Release.status == "queued")
-    return and_(visible, Release.status == status)
+    # A continual release that ended is shown running while one of its epochs is not yet
+    # visible (its end would tell when the last epoch was computed).
+    epoch_hidden = (
+        select(ReleaseEpoch.epoch)
+        .where(ReleaseEpoch.release_id == Release.id, ReleaseEpoch.visible_at > now)
+        .exists()
+    )
+    if status == "running":
+        return and_(visible, or_(Release.status == "running", epoch_hidden))
+    return and_(visible, Release.status == status, not_(epoch_hidden))
 
 
 def _conditions(

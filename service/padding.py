@@ -57,6 +57,14 @@ def _analyze_gauss(n: int, d: int, k: int, params: Params) -> float:
     return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
 
 
+def _continual_gauss(n: int, d: int, k: int, params: Params) -> float:
+    # One epoch on a batch of n rows: its Gram pass, at most L = floor(log2 T) + 1 closing
+    # nodes (a noise draw and a combination each, d^2) with the old and new state (4 L d^2),
+    # and the eigensolver.
+    levels = max(1, _int_param(params, "horizon", 1)).bit_length()
+    return _gram(n, d) + _eig(d) + 8.0 * levels * d * d
+
+
 def _gap_perturbation(n: int, d: int, k: int, params: Params) -> float:
     # eigh of H, then eigh of the noisy projector W.
     return _gram(n, d) + 2 * _eig(d)
@@ -101,6 +109,7 @@ def _exact_gapmax(n: int, d: int, k: int, params: Params) -> float:
 
 WORK_MODELS: dict[str, WorkModel] = {
     "analyze_gauss": _analyze_gauss,
+    "continual_gauss": _continual_gauss,
     "gap_perturbation": _gap_perturbation,
     "smooth_sensitivity": _smooth_sensitivity,
     "spectrum": _spectrum,
@@ -118,6 +127,9 @@ WORK_MODELS: dict[str, WorkModel] = {
 #: version is slower per unit: recalibrate after changing it).
 DEFAULT_RATES: dict[str, float] = {
     "analyze_gauss": 5e8,
+    # Per epoch (each epoch is padded on its own batch): Gram and eigh; an epoch measured 1.2x
+    # one analyze_gauss run on the same batch (docs/mechanisms.md, continual_gauss).
+    "continual_gauss": 5e8,
     "gap_perturbation": 5e8,
     "smooth_sensitivity": 5e8,
     "spectrum": 5e8,

@@ -10,7 +10,7 @@ import hashlib
 import json
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -35,6 +35,7 @@ from service.errors import (
     NotFound,
 )
 from service.mechanisms.base import InvalidParameter, Mechanism, PublicContext, ReleaseSpec
+from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS
 from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding import PaddingModel
 
@@ -132,7 +133,11 @@ def check_memory(prepared: Prepared, limit_mb: float) -> None:
     Checked before charging: a worker that ran out of memory would turn a public refusal into a
     charged ``failed`` release, and memory that depends on the data would be a side channel.
     """
-    estimate = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
+    context = prepared.context
+    if prepared.mechanism.continual:
+        # Later batches are not known yet: the chunked Gram pass's worst case, a full chunk.
+        context = replace(context, n_rows=max(context.n_rows, DEFAULT_CHUNK_ROWS))
+    estimate = prepared.mechanism.memory_bytes(context, prepared.spec)
     limit = limit_mb * MIB
     if estimate > limit:
         ctx = prepared.context
@@ -239,6 +244,11 @@ def request_release(
         created_at=created_at,
         visible_at=created_at + padding,
     )
+    if not prepared.mechanism.continual:
+        # The rows a one-shot release reads: the batches present now, whose public n its
+        # parameters were prepared with (later appends are not read).
+        release.n_rows_read = dataset.n_rows
+        release.batches_read = dataset.n_batches
     try:
         with session.begin_nested():
             session.add(release)

@@ -319,6 +319,21 @@ def _parquet_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]
         raise InvalidInput("file", "not a readable Parquet file") from None
 
 
+def _npy_layout(path: Path) -> tuple[int, int, int]:
+    """``(data offset, header rows, columns)`` of a store ``.npy`` (C-order ``<f8``)."""
+    with open(path, "rb") as handle:
+        version = np.lib.format.read_magic(handle)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, fortran, dtype = read(handle)
+        if fortran or dtype != np.dtype("<f8") or len(shape) != 2:
+            raise ValueError("not a dataset file of the store")
+        return handle.tell(), int(shape[0]), int(shape[1])
+
+
 _READERS: dict[str, Callable[[Path, int], Iterator[np.ndarray[Any, Any]]]] = {
     ".csv": _csv_blocks,
     ".npy": _npy_blocks,
@@ -393,11 +408,14 @@ class DatasetStore:
         with disk_space_errors():
             return path, create_private(path)
 
-    def ingest(self, upload_path: Path, suffix: str) -> StoredMatrix:
+    def ingest(self, upload_path: Path, suffix: str, *, batch: bool = False) -> StoredMatrix:
         """Validate and convert an uploaded file into a float64 ``.npy`` in the store.
 
         The upload file is removed in every case; on failure nothing is left behind. A full disk
-        raises :class:`InsufficientStorage`.
+        raises :class:`InsufficientStorage`. With ``batch=True`` (an append) the ``.npy`` stays
+        in this process's ``incoming/`` directory, to be copied to the end of the dataset's file
+        by :meth:`append` and then removed (a killed process leaves it to :meth:`ensure`);
+        ``file_name`` is then that path relative to the store.
         """
         suffix = suffix.lower()
         if suffix not in _READERS:
@@ -407,6 +425,8 @@ class DatasetStore:
                 "file", f"unsupported file type {suffix or '(none)'}; use .csv, .npy or .parquet"
             )
         file_name = f"{uuid.uuid4().hex}.npy"
+        if batch:
+            file_name = str((upload_path.parent / file_name).relative_to(self.root))
         final_path = self.root / file_name
         partial = upload_path.with_suffix(".partial")
         writer: _MatrixWriter | None = None
@@ -432,12 +452,70 @@ class DatasetStore:
     def path_of(self, file_name: str) -> Path:
         return self.root / file_name
 
-    def open(self, file_name: str) -> np.ndarray[Any, Any]:
-        """The dataset as a read-only memory map (``n x d`` float64)."""
-        matrix: np.ndarray[Any, Any] = np.load(
-            self.path_of(file_name), mmap_mode="r", allow_pickle=False
+    def open(self, file_name: str, n_rows: int | None = None) -> np.ndarray[Any, Any]:
+        """The dataset's first ``n_rows`` rows (all of batch 0's header when ``None``) as a
+        read-only memory map (``n x d`` float64): a prefix of batches, never copied.
+
+        The ``.npy`` header records the shape of the upload (batch 0); appended batches follow
+        its data, so the row count comes from the database, which commits a batch only after
+        its rows are on disk.
+        """
+        path = self.path_of(file_name)
+        offset, header_rows, n_cols = _npy_layout(path)
+        rows = header_rows if n_rows is None else n_rows
+        if rows == 0:
+            return np.empty((0, n_cols))
+        matrix: np.ndarray[Any, Any] = np.memmap(
+            path, dtype="<f8", mode="r", offset=offset, shape=(rows, n_cols)
         )
         return matrix
+
+    def append(self, file_name: str, batch_file: str, committed_rows: int) -> None:
+        """Write the rows of ``batch_file`` (an ingested ``.npy`` from ``ingest(batch=True)``)
+        after the first ``committed_rows`` rows of the dataset file ``file_name``, and remove
+        ``batch_file``.
+
+        The caller holds the dataset's lock and commits the batch only after this returns, so
+        the rows are on disk (fsync) before any reader can be told they exist. Whatever lies
+        beyond ``committed_rows`` (the rows of an append whose transaction failed) is cut off
+        first; on failure the file is cut back to ``committed_rows``.
+        """
+        path = self.path_of(file_name)
+        batch_path = self.path_of(batch_file)
+        try:
+            offset, _, n_cols = _npy_layout(path)
+            batch_offset, _, batch_cols = _npy_layout(batch_path)
+            if batch_cols != n_cols:
+                raise ValueError("the batch and the dataset differ in width")
+            end = offset + 8 * n_cols * committed_rows
+            with disk_space_errors(), open(path, "r+b") as out, open(batch_path, "rb") as src:
+                try:
+                    out.truncate(end)
+                    out.seek(end)
+                    src.seek(batch_offset)
+                    shutil.copyfileobj(src, out, 8 * 1024 * 1024)
+                    out.flush()
+                    os.fsync(out.fileno())
+                except BaseException:
+                    out.truncate(end)
+                    raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                batch_path.unlink()
+
+    def trim(self, file_name: str, committed_rows: int) -> None:
+        """Cut the dataset file back to its first ``committed_rows`` rows (under the dataset's
+        lock): the rows of an append whose transaction did not commit are not kept."""
+        path = self.path_of(file_name)
+        with contextlib.suppress(FileNotFoundError):
+            offset, _, n_cols = _npy_layout(path)
+            with open(path, "r+b") as out:
+                out.truncate(offset + 8 * n_cols * committed_rows)
+
+    def discard(self, file_name: str) -> None:
+        """Remove an ingested batch that will not be appended."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path_of(file_name).unlink()
 
     def exists(self, file_name: str) -> bool:
         return self.path_of(file_name).is_file()

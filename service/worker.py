@@ -105,6 +105,9 @@ class ClaimedJob:
     params: dict[str, Any]
     file_name: str | None
     attempt: int
+    #: The prefix of the dataset a one-shot release reads (rows present at its request); null
+    #: for releases made before datasets could grow (they read the upload's rows).
+    n_rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,16 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------------
 
     def claim(self) -> ClaimedJob | None:
+        """The next job: a queued or expired one (:meth:`claim_queued`), else a continual
+        release waiting with a new batch (:func:`service.continual.claim_continual`)."""
+        job = self.claim_queued()
+        if job is not None:
+            return job
+        from service.continual import claim_continual
+
+        return claim_continual(self)
+
+    def claim_queued(self) -> ClaimedJob | None:
         """Take the oldest queued job, or one whose lease expired; ``None`` if there is none.
 
         A job still leased to this worker is taken again too: this worker runs one job at a
@@ -310,6 +323,7 @@ class Worker:
                     params=dict(release.params),
                     file_name=dataset.file_name if dataset is not None else None,
                     attempt=release.attempts,
+                    n_rows=release.n_rows_read,
                 )
 
     def heartbeat(self, job: ClaimedJob) -> bool:
@@ -346,7 +360,7 @@ class Worker:
         if job.file_name is None:
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
         try:
-            data = self.store.open(job.file_name)
+            data = self.store.open(job.file_name, job.n_rows)
         except FileNotFoundError:
             # Deleted between the claim and the open: nothing was read.
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
@@ -364,7 +378,13 @@ class Worker:
             return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
 
     def process(self, job: ClaimedJob) -> str:
-        """Run a claimed job to the end and record the outcome; returns the final status."""
+        """Run a claimed job to the end and record the outcome; returns the final status.
+        A continual release instead releases the epochs of the batches present (see
+        :mod:`service.continual`) and returns ``"waiting"`` or its final status."""
+        from service.continual import is_continual, process_continual
+
+        if is_continual(job.mechanism):
+            return process_continual(self, job)
         if job.file_name is None or not self.store.exists(job.file_name):
             return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
         done = threading.Event()

@@ -46,7 +46,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # oversubscribes the CPU and numerical tests slow down many times over.
     threadpool_limits(limits=1)
 
-TABLES = ("ledger_entries", "releases", "grants", "datasets", "audit_events", "api_keys")
+TABLES = (
+    "ledger_entries",
+    "release_epochs",
+    "dataset_batches",
+    "releases",
+    "grants",
+    "datasets",
+    "audit_events",
+    "api_keys",
+)
 
 
 def _admin_execute(statement: str) -> None:

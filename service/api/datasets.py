@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import uuid
 from typing import Any
 
@@ -11,7 +13,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
-from api_schemas.datasets import Budget, Dataset, DatasetCreate, DatasetList
+from api_schemas.datasets import Budget, Dataset, DatasetBatch, DatasetCreate, DatasetList
 from service import datasets
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
@@ -168,3 +170,99 @@ async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: Store
 
     await uow(work)
     return Response(status_code=204)
+
+
+APPEND_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": (
+                                "The rows to append, in the formats and with the checks of an "
+                                "upload (.csv, .npy or .parquet, at least 2 rows), with the "
+                                "dataset's number of columns."
+                            ),
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/{dataset_id}/rows",
+    status_code=201,
+    response_model=DatasetBatch,
+    summary="Append a batch of rows to a dataset (owner); all of it or nothing.",
+    description=(
+        "The batch gets the next sequence number. Releases already requested keep reading the "
+        "rows present when they were requested; continual releases release their next epoch."
+    ),
+    openapi_extra=APPEND_BODY,
+    responses={
+        **ERRORS,
+        408: {"model": ErrorBody, "description": "Body not received within the body timeout."},
+        409: {"model": ErrorBody, "description": "`dataset_deleted`: the dataset's rows are gone."},
+        413: {"model": ErrorBody, "description": "Larger than DPSS_MAX_UPLOAD_MB."},
+        422: {
+            "model": ErrorBody,
+            "description": "Invalid file, or a column count other than the dataset's (field "
+            "`file`); nothing is kept.",
+        },
+    },
+)
+async def append_rows(
+    dataset_id: uuid.UUID,
+    request: Request,
+    uow: UnitOfWorkDep,
+    store: StoreDep,
+    settings: SettingsDep,
+) -> DatasetBatch:
+    """As an upload: the role is checked before the body is read, the file is parsed with no
+    session open, then one short transaction appends it under the dataset's lock."""
+    require_role(await uow.principal(), "owner")
+    form = await receive_upload(request, store, settings.max_upload_bytes)
+    try:
+        unknown = sorted(set(form.fields))
+        if unknown:
+            raise InvalidInput(unknown[0], "unknown form field; send only `file`")
+        if form.file_path is None:
+            raise InvalidInput("file", "required")
+        stored = await anyio.to_thread.run_sync(
+            functools.partial(store.ingest, form.file_path, form.file_suffix, batch=True)
+        )
+    finally:
+        form.discard()
+
+    def append(session: Session, principal: Principal) -> DatasetBatch:
+        row = datasets.append_batch(session, store, principal, dataset_id, stored)
+        dataset = datasets.get_dataset(session, principal, dataset_id)
+        return DatasetBatch(
+            dataset_id=dataset_id,
+            seq=row.seq,
+            n_rows=row.n_rows,
+            n_rows_total=dataset.n_rows,
+            n_batches=dataset.n_batches,
+            created_at=row.created_at,
+        )
+
+    try:
+        return await uow(append)
+    except BaseException:
+        # Also when the commit itself failed: cut the rows off again, under the lock.
+        store.discard(stored.file_name)
+        # Best effort: if the database is away now, the next append cuts them off first.
+        with contextlib.suppress(Exception):
+            await uow(
+                lambda session, _principal: datasets.trim_uncommitted(session, store, dataset_id)
+            )
+        raise

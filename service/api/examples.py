@@ -27,6 +27,7 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
         "delta_budget": "1e-5",
         "row_norm_bound": "1",
     },
+    ("post", "/v1/datasets/{dataset_id}/rows"): {"file": "survey-week-2.csv"},
     ("post", "/v1/datasets/{dataset_id}/releases"): {
         "mechanism": "analyze_gauss",
         "k": 2,
@@ -54,6 +55,7 @@ _DATASET = {
     "name": "survey",
     "n_rows": 1000,
     "n_cols": 4,
+    "n_batches": 1,
     "row_norm_bound": 1.0,
     "budget": _BUDGET,
     "created_at": CREATED,
@@ -80,6 +82,15 @@ _RELEASE = {
     "started_at": "2026-11-23T01:00:01Z",
     "finished_at": "2026-11-23T01:00:02Z",
     "attempts": 1,
+}
+_EPOCH = {
+    "epoch": 2,
+    "batch_seq": 1,
+    "n_rows_read": 250,
+    "basis_sha256": "b9fbc5a1d1ab608dfd2cf017ef63f841be3945214f2ee15e31a49eb611feb2a9",
+    "basis": [[0.5, 0.5], [0.5, -0.5], [0.5, 0.5], [0.5, -0.5]],
+    "extras": {"epoch": 2, "horizon": 16, "estimator": "honaker", "noise_sigma": 13.36},
+    "created_at": "2026-11-24T01:00:00Z",
 }
 _GRANT = {
     "id": GRANT_ID,
@@ -114,6 +125,15 @@ RESPONSES: dict[str, Any] = {
     "KeyPage": {"items": [_KEY_INFO], "total": 1, "next": None},
     "Dataset": _DATASET,
     "DatasetList": {"items": [_DATASET], "total": 1, "next": None},
+    "DatasetBatch": {
+        "dataset_id": DATASET_ID,
+        "seq": 1,
+        "n_rows": 250,
+        "n_rows_total": 1250,
+        "n_batches": 2,
+        "created_at": "2026-11-24T01:00:00Z",
+    },
+    "EpochList": {"items": [_EPOCH], "total": 2, "next": None},
     "Budget": _BUDGET,
     "Release": _RELEASE,
     "ReleasePage": {"items": [_RELEASE], "total": 1, "next": None},

@@ -107,13 +107,19 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _page(
-    page: Page[models.Release], principal: Principal, now: datetime, with_basis: bool
+    session: Session,
+    page: Page[models.Release],
+    principal: Principal,
+    now: datetime,
+    with_basis: bool,
 ) -> ReleasePage:
     items: list[Release] = []
     for row in page.items:
-        shown = release_out(row, principal, now)
+        shown = release_out(row, principal, now, session=session)
         if shown.result is not None and not with_basis:
             shown.result = shown.result.model_copy(update={"basis": None})
+        if shown.latest_epoch is not None and not with_basis:
+            shown.latest_epoch = shown.latest_epoch.model_copy(update={"basis": None})
         items.append(shown)
     return ReleasePage(items=items, total=page.total, next=page.next)
 
@@ -143,7 +149,7 @@ async def list_releases(
     def work(session: Session, principal: Principal) -> ReleasePage:
         now = utcnow()
         page = history.list_releases(session, principal, filters, limit, cursor, now)
-        return _page(page, principal, now, with_basis)
+        return _page(session, page, principal, now, with_basis)
 
     return await uow(work)
 
@@ -176,6 +182,6 @@ async def list_dataset_releases(
         page = history.list_dataset_releases(
             session, principal, dataset_id, filters, limit, cursor, now
         )
-        return _page(page, principal, now, with_basis)
+        return _page(session, page, principal, now, with_basis)
 
     return await uow(work)

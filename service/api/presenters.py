@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
-from api_schemas.releases import Release, ReleaseResult
-from service import ledger, releases
+from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
+from service import continual, ledger, releases
 from service.auth import Principal
+from service.continual import is_continual
 from service.db import models
 from service.db.models import utcnow
 from service.releases import decode_basis
@@ -44,6 +46,7 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
             name=dataset.name,
             n_rows=dataset.n_rows,
             n_cols=dataset.n_cols,
+            n_batches=dataset.n_batches,
             row_norm_bound=dataset.row_norm_bound,
             budget=_budget(states[dataset.id]),
             created_at=dataset.created_at,
@@ -52,8 +55,28 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
     ]
 
 
+def epoch_out(epoch: models.ReleaseEpoch, principal: Principal) -> Epoch:
+    """An epoch as ``principal`` may see it (its time for owners and auditors only)."""
+    basis = None
+    if epoch.basis is not None and epoch.basis_shape is not None:
+        rows, cols = epoch.basis_shape
+        basis = np.frombuffer(epoch.basis, dtype="<f8").reshape(rows, cols).tolist()
+    return Epoch(
+        epoch=epoch.epoch,
+        batch_seq=epoch.batch_seq,
+        n_rows_read=epoch.n_rows_read,
+        basis_sha256=epoch.basis_sha256,
+        basis=basis,
+        extras=epoch.extras or {},
+        created_at=epoch.created_at if releases.shows_timing(principal) else None,
+    )
+
+
 def release_out(
-    release: models.Release, principal: Principal, now: datetime | None = None
+    release: models.Release,
+    principal: Principal,
+    now: datetime | None = None,
+    session: Session | None = None,
 ) -> Release:
     """The release as ``principal`` may see it at ``now``.
 
@@ -75,6 +98,26 @@ def release_out(
                 basis_sha256=release.result_sha256,
                 extras=release.result_extras or {},
             )
+    following: dict[str, object] = {}
+    if session is not None and is_continual(release.mechanism):
+        # Epochs are outcomes: an analyst sees each from its own visible_at on (and none before
+        # the release's), and the release's end only once its last epoch is visible.
+        analyst = principal.role == "analyst"
+        hidden = analyst and not releases.outcome_visible(release, principal, now)
+        visible_by = now if analyst else None
+        summaries = [] if hidden else continual.epoch_summaries(session, release.id, visible_by)
+        latest = None if hidden else continual.latest_epoch(session, release.id, visible_by)
+        finished = ("succeeded", "no_result", "failed")
+        if analyst and len(summaries) < release.epochs_done and status in finished:
+            status, reason, refunded, result = "running", None, False, None
+        following = {
+            "epochs_done": len(summaries),
+            "latest_epoch": epoch_out(latest, principal) if latest is not None else None,
+            "epochs": [
+                EpochSummary(epoch=e, batch_seq=s, n_rows_read=n, basis_sha256=h)
+                for e, s, n, h in summaries
+            ],
+        }
     return Release(
         id=release.id,
         dataset_id=release.dataset_id,
@@ -87,9 +130,12 @@ def release_out(
         reason=reason,
         refunded=refunded,
         result=result,
+        n_rows_read=release.n_rows_read,
+        batches_read=release.batches_read,
         created_at=release.created_at,
         visible_at=release.visible_at,
         started_at=release.started_at if timing else None,
         finished_at=release.finished_at if timing else None,
         attempts=release.attempts if timing else None,
+        **following,
     )

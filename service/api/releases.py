@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import uuid
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody, IdempotencyKey
-from api_schemas.releases import BudgetExceeded, Release, ReleasePreview, ReleaseRequest
-from service import preview, releases
-from service.api.deps import SettingsDep, UnitOfWorkDep
-from service.api.presenters import release_out
+from api_schemas.releases import (
+    BudgetExceeded,
+    EpochList,
+    Release,
+    ReleasePreview,
+    ReleaseRequest,
+)
+from service import continual, preview, releases
+from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
+from service.api.presenters import epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
+from service.db.models import utcnow
+from service.mechanisms.continual_gauss import MAX_HORIZON
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
 
@@ -96,10 +105,56 @@ async def create_release(
     "/releases/{release_id}",
     response_model=Release,
     summary="A release's status and, when finished, its result.",
+    description=(
+        "For a continual release also `epochs_done`, the `latest_epoch` with its basis and "
+        "the list of `epochs` (without bases)."
+    ),
     responses={404: {"model": ErrorBody, "description": "No such release (or not yours)."}},
 )
 async def get_release(release_id: uuid.UUID, uow: UnitOfWorkDep) -> Release:
     def work(session: Session, principal: Principal) -> Release:
-        return release_out(releases.get_release(session, principal, release_id), principal)
+        release = releases.get_release(session, principal, release_id)
+        return release_out(release, principal, session=session)
+
+    return await uow(work)
+
+
+@router.get(
+    "/releases/{release_id}/epochs",
+    response_model=EpochList,
+    summary="The epochs of a continual release, oldest first, with their bases.",
+    responses={
+        404: {"model": ErrorBody, "description": "No such release (or not yours)."},
+        422: {"model": ErrorBody, "description": "Not a cursor this service issued."},
+    },
+)
+async def list_epochs(
+    release_id: uuid.UUID,
+    uow: UnitOfWorkDep,
+    limit: Limit = 100,
+    cursor: Cursor = None,
+    after: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=MAX_HORIZON,
+            description="Only epochs after this epoch number (ignored with `cursor`): how a "
+            "client polling for new epochs asks for those it has not seen.",
+        ),
+    ] = 0,
+) -> EpochList:
+    def work(session: Session, principal: Principal) -> EpochList:
+        release = releases.get_release(session, principal, release_id)
+        now = utcnow()
+        if not releases.outcome_visible(release, principal, now):
+            return EpochList(items=[], total=0, next=None)
+        # Analysts see each epoch from its own visible_at on (see service.continual).
+        visible_by = now if principal.role == "analyst" else None
+        page = continual.page_epochs(session, release.id, limit, cursor, after, visible_by)
+        return EpochList(
+            items=[epoch_out(epoch, principal) for epoch in page.items],
+            total=page.total,
+            next=page.next,
+        )
 
     return await uow(work)

@@ -67,6 +67,25 @@ class Dataset(Base):
     file_name: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: Batches so far (the upload is batch 0, each append one more); ``n_rows`` counts them all.
+    n_batches: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+
+
+class DatasetBatch(Base):
+    """One batch of a dataset: rows ``[row_offset, row_offset + n_rows)`` of ``file_name``.
+
+    The batches of a dataset share its one data file (appends are written at its end), so a
+    prefix ``batches <= s`` is one contiguous memory map: a worker reads it without a copy.
+    """
+
+    __tablename__ = "dataset_batches"
+
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    n_rows: Mapped[int] = mapped_column(BigInteger)
+    row_offset: Mapped[int] = mapped_column(BigInteger)
+    file_name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class LedgerEntry(Base):
@@ -138,11 +157,43 @@ class Release(Base):
     result_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
     result_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     result_extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: The prefix of the dataset a one-shot release reads, fixed at request time (the public
+    #: ``n`` its parameters were prepared with); null for continual releases.
+    n_rows_read: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    batches_read: Mapped[int | None] = mapped_column(Integer, default=None)
+    #: Continual releases: epochs released so far, and the serialized mechanism state (the
+    #: tree's closed nodes with their noise). Private: never in a response, log or event.
+    epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
+    #: SHA-256(key, t), so an epoch computed again after a crash draws the same noise.
+    continual_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
         Index("ix_releases_claim", "status", "created_at"),
     )
+
+
+class ReleaseEpoch(Base):
+    """One epoch of a continual release: the basis released after batch ``batch_seq``."""
+
+    __tablename__ = "release_epochs"
+
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    batch_seq: Mapped[int] = mapped_column(Integer)
+    n_rows_read: Mapped[int] = mapped_column(BigInteger)
+    #: Little-endian float64 row-major ``d x k``, as ``releases.result_basis``.
+    basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    basis_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
+    basis_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: Analysts see the epoch no earlier than this: its batch's commit time plus a padding from
+    #: public facts (and not before the release's ``visible_at``), so that polling does not
+    #: reveal how long the epoch took.
+    visible_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class AuditEvent(Base):

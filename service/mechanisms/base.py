@@ -123,6 +123,9 @@ class Mechanism(ABC, Generic[P]):
     params_model: ClassVar[type[MechanismParams]]
     allows_pure_dp: ClassVar[bool] = False
     releases_basis: ClassVar[bool] = True
+    #: A continual mechanism follows a growing dataset: the worker calls ``start`` once and
+    #: ``advance`` per batch (one epoch each) instead of ``run``.
+    continual: ClassVar[bool] = False
 
     def parse_params(self, raw: dict[str, Any]) -> P:
         """Validate the raw ``params`` object against this mechanism's schema."""

@@ -6,6 +6,7 @@ from typing import Any
 
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import Mechanism
+from service.mechanisms.continual_gauss import ContinualGauss
 from service.mechanisms.exact_gapmax import ExactGapMax
 from service.mechanisms.friendly_aggregate import FriendlyAggregate
 from service.mechanisms.gap_perturbation import GapPerturbation
@@ -17,6 +18,7 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
     mechanism.name: mechanism
     for mechanism in (
         AnalyzeGauss(),
+        ContinualGauss(),
         ExactGapMax(),
         FriendlyAggregate(),
         GapPerturbation(),

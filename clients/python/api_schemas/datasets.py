@@ -35,13 +35,32 @@ class Dataset(Schema):
 
     id: UUID = Field(description="Dataset id.")
     name: str = Field(description="The owner's name for the dataset.")
-    n_rows: int = Field(description="Number of rows (individuals); public.")
+    n_rows: int = Field(description="Number of rows (individuals) in all batches so far; public.")
+    n_batches: int = Field(
+        description=(
+            "Number of batches: the upload is batch 0, each `POST /v1/datasets/{id}/rows` adds "
+            "one; public."
+        )
+    )
     n_cols: int = Field(description="Number of columns (dimension d); public.")
     row_norm_bound: float | None = Field(
         description="Public bound C on row norms declared by the owner, used as default clip norm."
     )
     budget: Budget = Field(description="Current budget.")
     created_at: datetime = Field(description="Upload time (UTC).")
+
+
+class DatasetBatch(Schema):
+    """A batch of rows appended to a dataset (`POST /v1/datasets/{id}/rows`)."""
+
+    dataset_id: UUID = Field(description="The dataset the batch belongs to.")
+    seq: int = Field(
+        description="The batch's sequence number: 0 is the upload, appends count 1, 2, ..."
+    )
+    n_rows: int = Field(description="Rows in this batch; public.")
+    n_rows_total: int = Field(description="Rows in the dataset with this batch; public.")
+    n_batches: int = Field(description="Batches in the dataset with this batch.")
+    created_at: datetime = Field(description="When the batch was committed (UTC).")
 
 
 class DatasetList(Schema):

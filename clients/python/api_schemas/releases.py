@@ -70,6 +70,46 @@ class ReleaseResult(Schema):
     )
 
 
+class EpochSummary(Schema):
+    """One epoch of a continual release, without its basis."""
+
+    epoch: int = Field(description="Epoch number t (1-based): released after batch t - 1.")
+    batch_seq: int = Field(description="The batch whose arrival this epoch follows (0: upload).")
+    n_rows_read: int = Field(description="Rows of that batch (public).")
+    basis_sha256: str | None = Field(
+        default=None,
+        description="SHA-256 of the epoch's basis as stored; also in its `release_epoch` event.",
+    )
+
+
+class Epoch(EpochSummary):
+    """One epoch of a continual release: the top-k subspace of the noisy prefix sum after its
+    batch. Every epoch is post-processing of the one charged release."""
+
+    basis: list[list[float]] | None = Field(
+        default=None, description="Orthonormal basis, `d` lists of `k` floats."
+    )
+    extras: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further outputs: `epoch`, `noise_sigma`, `prefix_entry_std`, noisy "
+        "`eigenvalues`, ...",
+    )
+    created_at: datetime | None = Field(
+        default=None,
+        description="When the epoch was stored. Owners and auditors only; null for analysts.",
+    )
+
+
+class EpochList(Schema):
+    """A page of a continual release's epochs, oldest first."""
+
+    items: list[Epoch] = Field(description="The epochs on this page.")
+    total: int = Field(description="How many epochs the release has released so far.")
+    next: str | None = Field(
+        description="Opaque cursor of the next page (pass it as `cursor`); null on the last page."
+    )
+
+
 class Release(Schema):
     """A release job and, once finished, its result."""
 
@@ -85,7 +125,9 @@ class Release(Schema):
     status: ReleaseStatus = Field(
         description=(
             "`queued`, `running`, `succeeded`, `no_result` (the mechanism declined; "
-            "charged) or `failed`. Analysts see `queued` until `visible_at`."
+            "charged) or `failed`. Analysts see `queued` until `visible_at`. A continual "
+            "release is `running` while it follows its dataset (one epoch per batch) and "
+            "`succeeded` after its horizon's last epoch."
         )
     )
     reason: str | None = Field(
@@ -100,6 +142,37 @@ class Release(Schema):
     result: ReleaseResult | None = Field(
         default=None,
         description="Present when `status` is `succeeded` (and extras for `no_result`).",
+    )
+    n_rows_read: int | None = Field(
+        default=None,
+        description=(
+            "One-shot releases: the rows they read, those present when they were requested "
+            "(batches appended later are not read). Null for continual releases (see `epochs`)."
+        ),
+    )
+    batches_read: int | None = Field(
+        default=None,
+        description=(
+            "One-shot releases: how many batches they read (batches 0 .. batches_read - 1)."
+        ),
+    )
+    epochs_done: int | None = Field(
+        default=None,
+        description=(
+            "Continual releases: how many epochs were released so far (at most the horizon); "
+            "null for one-shot releases."
+        ),
+    )
+    latest_epoch: Epoch | None = Field(
+        default=None,
+        description="Continual releases: the newest epoch, with its basis (null before the first).",
+    )
+    epochs: list[EpochSummary] | None = Field(
+        default=None,
+        description=(
+            "Continual releases: every epoch so far, oldest first, without bases (page through "
+            "`GET /v1/releases/{id}/epochs` for them)."
+        ),
     )
     created_at: datetime = Field(description="Request time (UTC).")
     visible_at: datetime | None = Field(

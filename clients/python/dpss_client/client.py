@@ -34,12 +34,12 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
 from api_schemas.audit import AuditEvent, AuditPage
-from api_schemas.datasets import Budget, Dataset, DatasetList
+from api_schemas.datasets import Budget, Dataset, DatasetBatch, DatasetList
 from api_schemas.grants import Grant, GrantList
 from api_schemas.history import ReleasePage
 from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
 from api_schemas.mechanisms import MechanismInfo, MechanismList
-from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
+from api_schemas.releases import Epoch, EpochList, Release, ReleasePreview, ReleaseStatus
 
 __all__ = [
     "AuthError",
@@ -484,6 +484,39 @@ class Client:
                 )
         return _parse(response, Dataset)
 
+    def append_rows(
+        self,
+        dataset_id: UUID | str,
+        data: str | os.PathLike[str] | NDArray[Any],
+        *,
+        progress: UploadProgress | None = None,
+    ) -> DatasetBatch:
+        """Append a batch of rows to a dataset (owner key); returns the batch with its sequence
+        number. ``data`` is a ``.csv``/``.npy``/``.parquet`` path or a 2-D array, as for
+        :meth:`upload`, with the dataset's number of columns. All of it is appended or none."""
+        path = f"/v1/datasets/{dataset_id}/rows"
+        if isinstance(data, np.ndarray):
+            if data.ndim != 2:
+                raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")
+            with NpyStream(data) as stream:
+                total = stream.seek(0, os.SEEK_END)
+                stream.seek(0)
+                body: Any = stream if progress is None else _Reporting(stream, total, progress)
+                response = self._request(
+                    "POST", path, files={"file": ("rows.npy", body, "application/octet-stream")}
+                )
+        else:
+            file_path = Path(data)
+            content_type = _CONTENT_TYPES.get(file_path.suffix.lower(), "application/octet-stream")
+            with file_path.open("rb") as fh:
+                sent: Any = fh
+                if progress is not None:
+                    sent = _Reporting(fh, os.fstat(fh.fileno()).st_size, progress)
+                response = self._request(
+                    "POST", path, files={"file": (file_path.name, sent, content_type)}
+                )
+        return _parse(response, DatasetBatch)
+
     def datasets(self) -> list[Dataset]:
         """Every dataset this key can see (metadata only), newest first, over all pages."""
         return list(self._pages("/v1/datasets", DatasetList, {}, None))
@@ -846,6 +879,70 @@ class ReleaseHandle:
                 f"release {info.id}: the basis received does not match basis_sha256 {expected}",
             )
         return basis
+
+    def epoch_records(
+        self,
+        *,
+        timeout: float | None = 600.0,
+        poll_interval: float = 0.5,
+        max_poll_interval: float = 10.0,
+        after: int = 0,
+    ) -> Iterator[Epoch]:
+        """Each epoch of a continual release after epoch ``after``, as it is released, oldest
+        first; ends when the release has finished and every epoch was yielded.
+
+        Polls politely: the pause grows from ``poll_interval`` to ``max_poll_interval`` while
+        nothing new arrives and starts over at each new epoch. :class:`WaitTimeoutError` when
+        ``timeout`` seconds (``None``: forever) pass without a new epoch; raises like
+        :meth:`raise_for_outcome` when the release ends ``no_result`` or ``failed``.
+        """
+        seen = after
+        interval = poll_interval
+        quiet_since = time.monotonic()
+        while True:
+            page = self._client._get(
+                f"/v1/releases/{self.id}/epochs",
+                EpochList,
+                params={"after": str(seen)},
+            )
+            fresh = [epoch for epoch in page.items if epoch.epoch > seen]
+            for epoch in fresh:
+                yield epoch
+                seen = epoch.epoch
+            if fresh:
+                interval, quiet_since = poll_interval, time.monotonic()
+                if page.next is not None:
+                    continue  # more on the next page: ask again after the last one seen
+            self.refresh()
+            if self.done:
+                if page.total > seen:
+                    continue  # epochs stored just before the end
+                self.raise_for_outcome()
+                return
+            waited = time.monotonic() - quiet_since
+            if timeout is not None and waited >= timeout:
+                raise WaitTimeoutError(
+                    "timeout", f"release {self.id}: no new epoch after {waited:.1f} s"
+                )
+            pause = interval if timeout is None else min(interval, timeout - waited)
+            _sleep(max(pause, 0.0))
+            interval = min(interval * 1.5, max_poll_interval)
+
+    def epochs(self, **wait: Any) -> Iterator[NDArray[np.float64]]:
+        """``for basis in handle.epochs(): ...``: each epoch's ``d x k`` basis of a continual
+        release as it is released (checked against its SHA-256); options as
+        :meth:`epoch_records`."""
+        for epoch in self.epoch_records(**wait):
+            if epoch.basis is None:
+                continue
+            basis = np.asarray(epoch.basis, dtype=np.float64).reshape(-1, self.info.k)
+            if epoch.basis_sha256 is not None and basis_sha256(basis) != epoch.basis_sha256:
+                raise ServerError(
+                    "integrity",
+                    f"release {self.id} epoch {epoch.epoch}: the basis received does not match "
+                    f"basis_sha256 {epoch.basis_sha256}",
+                )
+            yield basis
 
     def wait(
         self,

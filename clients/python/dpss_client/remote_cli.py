@@ -363,6 +363,39 @@ def datasets_upload(
         out.print(_budget_table(ds.budget))
 
 
+@datasets_app.command("append")
+def datasets_append(
+    dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="A .csv, .npy or .parquet file with the dataset's number of columns.",
+        ),
+    ],
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Append FILE's rows to a dataset as its next batch (owner key): all of them or none.
+    Continual releases of the dataset release their next epoch from it."""
+    with _service_errors(as_json), _client(url, api_key) as client, _upload_bar() as report:
+        batch = client.append_rows(dataset_id, file, progress=report)
+        if as_json:
+            _print_json(_dump(batch))
+            return
+        rows = [
+            ("dataset", str(batch.dataset_id)),
+            ("batch", str(batch.seq)),
+            ("rows in batch", str(batch.n_rows)),
+            ("rows in dataset", str(batch.n_rows_total)),
+            ("batches", str(batch.n_batches)),
+        ]
+        _stdout().print(_kv_table("batch appended", rows))
+
+
 @datasets_app.command("list")
 def datasets_list(
     url: UrlOption = DEFAULT_URL,
