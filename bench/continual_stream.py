@@ -46,7 +46,7 @@ from scripts.harness import (  # noqa: E402
     table,
     wait_http,
 )
-from service.client import Client  # noqa: E402
+from dpss_client.client import Client  # noqa: E402
 from service.db.engine import make_engine  # noqa: E402
 from service.db.models import AuditEvent, LedgerEntry, Release, ReleaseEpoch  # noqa: E402
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import service.client as client_module
-from service.client import Client, InvalidRequestError, WaitTimeoutError
+import dpss_client.client as client_module
+from dpss_client.client import Client, InvalidRequestError, WaitTimeoutError
 from tests.client.test_remote_cli import Dpss, _json, _upload, dpss  # noqa: F401
 
 D = 4
