@@ -57,13 +57,18 @@ def _analyze_gauss(n: int, d: int, k: int, params: Params) -> float:
     return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
 
 
+def _centring(n: int, d: int, params: Params) -> float:
+    # A private mean's clipped pass and the second clip per row: 2 n d.
+    return 2.0 * n * d if params.get("center", "none") != "none" else 0.0
+
+
 def _gap_perturbation(n: int, d: int, k: int, params: Params) -> float:
     # eigh of H, then eigh of the noisy projector W.
-    return _gram(n, d) + 2 * _eig(d)
+    return _gram(n, d) + 2 * _eig(d) + _centring(n, d, params)
 
 
 def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
-    return _gram(n, d) + _eig(d) + 4.0 * d * k * k
+    return _gram(n, d) + _eig(d) + 4.0 * d * k * k + _centring(n, d, params)
 
 
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
