@@ -104,7 +104,16 @@ def _exact_gapmax(n: int, d: int, k: int, params: Params) -> float:
     return candidates * n0 * d + _eig(d)
 
 
+def _auto(n: int, d: int, k: int, params: Params) -> float:
+    # The structure test (Gram and all eigenvalues), then the costlier of the two candidates it
+    # chooses between (the choice is private, so the padding covers either). For delta = 0 this
+    # overestimates smooth_sensitivity's work, which only lengthens the padding.
+    test = _gram(n, d) + _eig(d)
+    return test + max(_analyze_gauss(n, d, k, {}), _friendly_aggregate(n, d, k, {}))
+
+
 WORK_MODELS: dict[str, WorkModel] = {
+    "auto": _auto,
     "analyze_gauss": _analyze_gauss,
     "gap_perturbation": _gap_perturbation,
     "smooth_sensitivity": _smooth_sensitivity,
@@ -122,6 +131,8 @@ WORK_MODELS: dict[str, WorkModel] = {
 #: exact_gapmax 1.2e8 on rows in general position (its worst case; the exact-arithmetic
 #: version is slower per unit: recalibrate after changing it).
 DEFAULT_RATES: dict[str, float] = {
+    # The slower of its candidates' rates (analyze_gauss), applied to the larger work.
+    "auto": 5e8,
     "analyze_gauss": 5e8,
     "gap_perturbation": 5e8,
     "smooth_sensitivity": 5e8,
