@@ -172,7 +172,9 @@ def _aggregator(
                 "friendly_aggregate", ctx, k, epsilon, delta, {"aggregator": aggregator}
             )
         except InvalidParameter as refusal:
-            notes.append(f"friendly_aggregate ({aggregator}) refused: {refusal.message}")
+            note = f"friendly_aggregate refused at this budget: {refusal.message}"
+            if note not in notes:  # both aggregators share most refusals (t, n)
+                notes.append(note)
             continue
         t = getattr(choice.params, "t", None) or 1
         if (
@@ -244,18 +246,26 @@ def tail_and_trace(data: FloatArray, k: int, clip_norm: float) -> tuple[float, f
     return float(values[k:].sum()), float(values.sum())
 
 
+def noisy_tail_and_trace(
+    data: FloatArray, k: int, clip_norm: float, test_epsilon: float, rng: np.random.Generator
+) -> tuple[float, float]:
+    """``(tail + Lap(b), trace + Lap(b))``, ``b = 2 C^2/eps_s``: each has sensitivity ``C^2``
+    and gets ``eps_s/2``, so the pair is ``(eps_s, 0)``-DP (see the module docstring)."""
+    tail, trace = tail_and_trace(data, k, clip_norm)
+    scale = structure_noise_scale(clip_norm, test_epsilon)
+    return tail + float(laplace(scale, rng)), trace + float(laplace(scale, rng))
+
+
 def structure_test(
     data: FloatArray, k: int, clip_norm: float, test_epsilon: float, rng: np.random.Generator
 ) -> bool:
-    """``True`` (choose the aggregator) iff ``(tail + Lap(b))/(trace + Lap(b)) < threshold``,
-    ``b = 2 C^2/eps_s``; ``(eps_s, 0)``-DP (see the module docstring)."""
-    tail, trace = tail_and_trace(data, k, clip_norm)
-    scale = structure_noise_scale(clip_norm, test_epsilon)
-    noisy = tail + float(laplace(scale, rng)), trace + float(laplace(scale, rng))
-    # A trace below the noise says nothing about structure: choose the default.
-    if noisy[1] <= scale:
+    """``True`` (choose the aggregator) iff ``tail_hat/trace_hat < TAIL_RATIO_THRESHOLD``:
+    post-processing of :func:`noisy_tail_and_trace`, so ``(eps_s, 0)``-DP."""
+    tail_hat, trace_hat = noisy_tail_and_trace(data, k, clip_norm, test_epsilon, rng)
+    # A trace below one noise scale says nothing about structure: keep the default.
+    if trace_hat <= structure_noise_scale(clip_norm, test_epsilon):
         return False
-    return noisy[0] / noisy[1] < TAIL_RATIO_THRESHOLD
+    return tail_hat / trace_hat < TAIL_RATIO_THRESHOLD
 
 
 class Auto(Mechanism[AutoParams]):
