@@ -46,6 +46,20 @@ DISTANCES = (1e-1, 1e-3, 1e-5)
 ROWS = (5_000, 50_000)
 EPSILONS = (0.1, 1.0)
 MEMORY_LIMIT_BYTES = 6144 * 1024 * 1024
+HEADER = [
+    "d",
+    "distance",
+    "n",
+    "epsilon",
+    "k",
+    "delta",
+    "mechanism",
+    "seed",
+    "status",
+    "error",
+    "seconds",
+    "note",
+]
 
 #: (label, registered mechanism, params). ``random`` is handled separately.
 CONFIGS: list[tuple[str, str, dict[str, Any]]] = [
@@ -145,10 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     with args.out.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(
-            ["d", "distance", "n", "epsilon", "k", "delta", "mechanism", "seed", "status"]
-            + ["error", "seconds", "note"]
-        )
+        writer.writerow(HEADER)
         for d, distance, n, epsilon in cells(only):
             seeds = args.seeds_large if d >= 1000 else args.seeds
             for seed in range(seeds):
@@ -162,16 +173,14 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     rows.append((label, run_one(name, params, data, basis, epsilon, seed)))
                 for label, outcome in rows:
-                    writer.writerow(
-                        [d, distance, n, epsilon, K, DELTA, label, seed, outcome.status]
-                        + [f"{outcome.error:.6g}", f"{outcome.seconds:.3f}", outcome.note]
-                    )
+                    cell = [d, distance, n, epsilon, K, DELTA, label, seed, outcome.status]
+                    figures = [f"{outcome.error:.6g}", f"{outcome.seconds:.3f}", outcome.note]
+                    writer.writerow([*cell, *figures])
                     if outcome.status in ("succeeded", "no_result"):
                         medians[(d, distance, n, epsilon)][label].append(outcome.error)
                 handle.flush()
-            summary = {
-                label: float(np.median(v)) for label, v in medians[(d, distance, n, epsilon)].items()
-            }
+            errors = medians[(d, distance, n, epsilon)]
+            summary = {label: float(np.median(v)) for label, v in errors.items()}
             line = " ".join(f"{lab}={err:.3g}" for lab, err in summary.items())
             print(f"d={d} dist={distance:g} n={n} eps={epsilon:g}: {line}", flush=True)
     print(f"wrote {args.out}", file=sys.stderr)
