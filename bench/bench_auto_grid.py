@@ -137,6 +137,31 @@ def cells(only_dims: Iterable[int] | None) -> list[tuple[int, float, int, float]
     return list(itertools.product(dims, DISTANCES, ROWS, EPSILONS))
 
 
+def summarize(paths: list[Path]) -> str:
+    """A Markdown table from result CSVs: per cell, each mechanism's median error (``-`` when
+    refused or skipped), the best real mechanism, ``auto`` and its ratio to the best."""
+    errors: dict[tuple[str, ...], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for path in paths:
+        with path.open() as handle:
+            for row in csv.DictReader(handle):
+                if row["status"] in ("succeeded", "no_result"):
+                    cell = (row["d"], row["distance"], row["n"], row["epsilon"])
+                    errors[cell][row["mechanism"]].append(float(row["error"]))
+    labels = ["random"] + [label for label, _, _ in CONFIGS]
+    short = {"friendly_projection": "fa_proj", "friendly_reference": "fa_ref"}
+    head = ["d", "dist", "n", "eps", *(short.get(x, x) for x in labels), "best", "auto/best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell in sorted(errors, key=lambda c: tuple(float(x) for x in c)):
+        med = {label: float(np.median(v)) for label, v in errors[cell].items()}
+        real = {k: v for k, v in med.items() if k not in ("random", "auto")}
+        best = min(real, key=real.__getitem__)
+        beats = real[best] < 0.9 * med["random"]
+        ratio = f"{med['auto'] / real[best]:.2f}" if "auto" in med and beats else "-"
+        values = [f"{med[label]:.3g}" if label in med else "-" for label in labels]
+        lines.append("| " + " | ".join([*cell, *values, best if beats else "none", ratio]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds per cell for d < 1000")
@@ -146,7 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="d in {10, 50}, one seed")
     parser.add_argument("--all", action="store_true", help="also the projection at d >= 300")
     parser.add_argument("--out", type=Path, default=RESULTS / "auto_grid.csv")
+    parser.add_argument("--summarize", nargs="+", type=Path, help="print a table of CSVs")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(summarize(args.summarize))
+        return
     only = [int(x) for x in args.only.split(",") if x] or None
     if args.quick:
         only, args.seeds = only or [10, 50], 1
