@@ -201,8 +201,9 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         "Tests privately (eps/2, Laplace) that the k-th eigengap of the clipped X^T X exceeds "
         "C^2, then adds Gaussian noise (eps/2, delta/2) scaled to 2C^2/(gap - C^2) to the top-k "
         "projector. Assumes a row norm bound and a large eigengap (about C^2 (1 + 4 ln(1/delta)"
-        "/eps) or more); very accurate when the gap is large. Otherwise ends with no_result, "
-        "which is charged."
+        "/eps) or more); otherwise ends with no_result, which is charged. Never more accurate "
+        "than analyze_gauss (at least 2.8x worse where both run; docs/mechanisms.md): kept for "
+        "reproducing the paper, never chosen by auto."
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
 

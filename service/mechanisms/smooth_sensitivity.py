@@ -210,7 +210,9 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         "releases the thin-QR basis. Gaussian noise when delta > 0 (epsilon <= 1 only, the range "
         "its theorem proves); with delta = 0, Cauchy noise "
         "and a pure (epsilon, 0) guarantee (heavy tails: judge it by the median over releases). "
-        "Assumes a row norm bound; always returns a result, useless when the gap is small."
+        "Assumes a row norm bound; always returns a result, useless when the gap is small. Use "
+        "it for delta = 0 only: with delta > 0 it is at least 9x worse than analyze_gauss "
+        "(docs/mechanisms.md), and auto never chooses it then."
     )
     cost_rule: ClassVar[str] = (
         "Charges exactly the requested (epsilon, delta); delta = 0 selects the pure Cauchy "
