@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="", help="comma-separated d values, e.g. 10,50")
     parser.add_argument("--mechanisms", default="", help="comma-separated labels to run")
     parser.add_argument("--quick", action="store_true", help="d in {10, 50}, one seed")
+    parser.add_argument("--first-seed", type=int, default=0, help="to add seeds to a run")
+    parser.add_argument("--cells", default="", help="only cells 'distance:n:eps', comma-separated")
     parser.add_argument("--all", action="store_true", help="also the projection at d >= 300")
     parser.add_argument("--out", type=Path, default=RESULTS / "auto_grid.csv")
     parser.add_argument("--summarize", nargs="+", type=Path, help="print a table of CSVs")
@@ -189,9 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     with args.out.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(HEADER)
+        wanted = {tuple(float(x) for x in c.split(":")) for c in args.cells.split(",") if c}
         for d, distance, n, epsilon in cells(only):
+            if wanted and (distance, float(n), epsilon) not in wanted:
+                continue
             seeds = args.seeds_large if d >= 1000 else args.seeds
-            for seed in range(seeds):
+            for seed in range(args.first_seed, args.first_seed + seeds):
                 data, basis = near_subspace(n, d, K, distance, seed)
                 rows: list[tuple[str, Outcome]] = [
                     ("random", Outcome("succeeded", random_error(d, basis, seed), 0.0))
