@@ -63,15 +63,18 @@ def _continual_gauss(n: int, d: int, k: int, params: Params) -> float:
     # and the eigensolver.
     levels = max(1, _int_param(params, "horizon", 1)).bit_length()
     return _gram(n, d) + _eig(d) + 8.0 * levels * d * d
+def _centring(n: int, d: int, params: Params) -> float:
+    # A private mean's clipped pass and the second clip per row: 2 n d.
+    return 2.0 * n * d if params.get("center", "none") != "none" else 0.0
 
 
 def _gap_perturbation(n: int, d: int, k: int, params: Params) -> float:
     # eigh of H, then eigh of the noisy projector W.
-    return _gram(n, d) + 2 * _eig(d)
+    return _gram(n, d) + 2 * _eig(d) + _centring(n, d, params)
 
 
 def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
-    return _gram(n, d) + _eig(d) + 4.0 * d * k * k
+    return _gram(n, d) + _eig(d) + 4.0 * d * k * k + _centring(n, d, params)
 
 
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
@@ -107,7 +110,16 @@ def _exact_gapmax(n: int, d: int, k: int, params: Params) -> float:
     return candidates * n0 * d + _eig(d)
 
 
+def _auto(n: int, d: int, k: int, params: Params) -> float:
+    # The structure test (Gram and all eigenvalues), then the costlier of the two candidates it
+    # chooses between (the choice is private, so the padding covers either). For delta = 0 this
+    # overestimates smooth_sensitivity's work, which only lengthens the padding.
+    test = _gram(n, d) + _eig(d)
+    return test + max(_analyze_gauss(n, d, k, {}), _friendly_aggregate(n, d, k, {}))
+
+
 WORK_MODELS: dict[str, WorkModel] = {
+    "auto": _auto,
     "analyze_gauss": _analyze_gauss,
     "continual_gauss": _continual_gauss,
     "gap_perturbation": _gap_perturbation,
@@ -126,6 +138,8 @@ WORK_MODELS: dict[str, WorkModel] = {
 #: exact_gapmax 1.2e8 on rows in general position (its worst case; the exact-arithmetic
 #: version is slower per unit: recalibrate after changing it).
 DEFAULT_RATES: dict[str, float] = {
+    # The slower of its candidates' rates (analyze_gauss), applied to the larger work.
+    "auto": 5e8,
     "analyze_gauss": 5e8,
     # Per epoch (each epoch is padded on its own batch): Gram and eigh; an epoch measured 1.2x
     # one analyze_gauss run on the same batch (docs/mechanisms.md, continual_gauss).

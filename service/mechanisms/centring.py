@@ -1,4 +1,5 @@
-"""Centring for the Gram mechanisms (PCA semantics): ``analyze_gauss`` and ``spectrum``.
+"""Centring for the Gram mechanisms (PCA semantics): ``analyze_gauss``, ``spectrum``,
+``gap_perturbation`` and ``smooth_sensitivity``.
 
 ``center = "private"``: a share ``s`` of the budget releases
 ``mu_hat = mean_i clip_C(x_i) + N(0, sigma_mu^2 I)``, ``sigma_mu`` the analytic-Gaussian scale
@@ -11,6 +12,13 @@ sensitivity is still ``sqrt(2) C^2``. Sequential (adaptive) composition: the tot
 (which would quadruple the noise): centred rows are usually shorter than uncentred ones, so
 the second clip rarely bites. A public centre (``d`` numbers of norm ``<= C``, chosen without
 the data) costs nothing; all the budget goes to the Gram step.
+
+Pure variant (``delta = 0``, only ``smooth_sensitivity``): the mean's share is ``(s eps, 0)`` and
+its noise is Laplace, ``Lap(b)`` per coordinate with ``b = 2 C sqrt(d)/(n s eps)``: the l1 norm
+of ``(a - b)/n`` is at most ``sqrt(d)`` times its l2 norm, so at most ``2 C sqrt(d)/n`` (attained
+up to the factor by ``a = -b = C (1, .., 1)/sqrt(d)``), and the Laplace mechanism with l1
+sensitivity ``D1`` and scale ``D1/eps`` is ``(eps, 0)``-DP. Sequential composition of two pure
+stages is pure: the total is ``(eps, 0)``.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from service.mechanisms.base import (
     resolve_clip_norm,
 )
 from service.mechanisms.linalg import FloatArray, clipped_sum
-from service.mechanisms.noise import GRID_DIVISOR, analytic_gaussian_sigma, round_to_grid
+from service.mechanisms.noise import GRID_DIVISOR, analytic_gaussian_sigma, laplace, round_to_grid
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -104,6 +112,47 @@ def mean_sigma(clip_norm: float, n_rows: int, epsilon: float, delta: float) -> f
     return analytic_gaussian_sigma(mean_sensitivity(clip_norm, n_rows), epsilon, delta)
 
 
+def mean_l1_sensitivity(clip_norm: float, n_rows: int, n_cols: int) -> float:
+    """l1 sensitivity of the mean of rows clipped to ``C``: ``2 C sqrt(d)/n`` (Cauchy-Schwarz)."""
+    return 2.0 * clip_norm * math.sqrt(n_cols) / n_rows
+
+
+def mean_laplace_scale(clip_norm: float, n_rows: int, n_cols: int, epsilon: float) -> float:
+    """Per-coordinate Laplace scale ``b = 2 C sqrt(d)/(n eps)`` of the pure private mean."""
+    return mean_l1_sensitivity(clip_norm, n_rows, n_cols) / epsilon
+
+
+def mean_noise_scale(clip_norm: float, n_rows: int, n_cols: int, split: BudgetSplit) -> float:
+    """The private mean's per-coordinate noise scale at ``split``: the Gaussian ``sigma_mu``
+    when ``split.mean_delta > 0``, else the Laplace scale of the pure variant."""
+    if split.mean_delta > 0:
+        return mean_sigma(clip_norm, n_rows, split.mean_epsilon, split.mean_delta)
+    return mean_laplace_scale(clip_norm, n_rows, n_cols, split.mean_epsilon)
+
+
+def private_center_pure(
+    data: FloatArray, clip_norm: float, epsilon: float, rng: np.random.Generator
+) -> FloatArray:
+    """``mu_hat = mean_i clip_C(x_i) + Lap(2 C sqrt(d)/(n eps))^d``, ``(epsilon, 0)``-DP.
+
+    Parameters
+    ----------
+    data : (n, d) array, ``n >= 1``
+    clip_norm, epsilon : float
+        ``C`` and this stage's epsilon.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    (d,) array
+        The noisy mean, rounded to multiples of ``b / 1000`` (it is released directly).
+    """
+    n, d = data.shape
+    scale = mean_laplace_scale(clip_norm, n, d, epsilon)
+    mean = clipped_sum(data, clip_norm) / n
+    return round_to_grid(mean + laplace(scale, rng, size=d), scale / GRID_DIVISOR)
+
+
 def private_center(
     data: FloatArray, clip_norm: float, epsilon: float, delta: float, rng: np.random.Generator
 ) -> FloatArray:
@@ -148,7 +197,7 @@ def with_center_multiples(
     """
     if params.center != "private":
         return low, high
-    unit_mu = mean_sigma(1.0, max(1, ctx.n_rows), split.mean_epsilon, split.mean_delta)
+    unit_mu = mean_noise_scale(1.0, max(1, ctx.n_rows), ctx.n_cols, split)
     return min(low, (unit_mu / GRID_DIVISOR) ** 2), max(high, (1.0 + 64.0 * unit_mu) ** 2)
 
 
@@ -178,7 +227,12 @@ def center_for_run(
     """The centre the Gram step uses, and the extras it adds (the private mean, when drawn)."""
     assert params.clip_norm is not None  # resolved by prepare
     if params.center == "private":
-        center = private_center(data, params.clip_norm, split.mean_epsilon, split.mean_delta, rng)
+        if split.mean_delta > 0:
+            center = private_center(
+                data, params.clip_norm, split.mean_epsilon, split.mean_delta, rng
+            )
+        else:
+            center = private_center_pure(data, params.clip_norm, split.mean_epsilon, rng)
         return center, {"center": center.tolist()}
     if isinstance(params.center, list):
         return np.asarray(params.center, dtype=np.float64), {}
@@ -197,7 +251,21 @@ def center_preview(
         "gram_delta": split.gram_delta,
     }
     meaning: list[str] = []
-    if kind == "private":
+    if kind == "private" and split.mean_delta == 0:
+        scale = mean_noise_scale(params.clip_norm, ctx.n_rows, ctx.n_cols, split)
+        scales.update(
+            center_laplace_scale=scale,
+            center_grid=scale / GRID_DIVISOR,
+            center_epsilon=split.mean_epsilon,
+            center_delta=0.0,
+        )
+        meaning.append(
+            f"The mean of the clipped rows (l1 sensitivity 2C sqrt(d)/n) gets Laplace noise of "
+            f"scale {scale:.4g} per coordinate (pure DP), paid with {params.center_share:g} of "
+            "epsilon; rows are centred on it and clipped to C again, and the rest uses the "
+            "remainder."
+        )
+    elif kind == "private":
         mu_sigma = mean_sigma(params.clip_norm, ctx.n_rows, split.mean_epsilon, split.mean_delta)
         scales.update(
             center_sigma=mu_sigma,

@@ -10,6 +10,12 @@ bounds ``||P(X) - P(X')||_F`` by ``s = 2 C^2/(g_low - C^2)``, so ``E(sigma)`` fo
 ``(s, eps2, delta2)`` makes ``P + E`` private; a failed test is a private output too.
 Cost: ``(eps, delta)`` with ``eps1 = eps2 = eps/2``, ``delta1 = delta2 = delta/2``.
 
+Centring (``center``): a private mean with a share ``s`` of ``(eps, delta)`` (Gaussian, see
+:mod:`service.mechanisms.centring`) or a public centre; the test and the release then split
+``(1 - s)(eps, delta)`` in halves. Centred rows are clipped to ``C`` again, so the gap's
+sensitivity ``2 C^2`` and the Davis-Kahan bound are unchanged given the (released) centre, and
+sequential composition gives exactly ``(eps, delta)``.
+
 Floating point: clipping is right at every finite scale (power-of-two rescaling); clip norms
 for which ``n C^2`` or the Laplace scale is not a comfortable double are refused before charging,
 which also keeps ``s`` finite (``g_low - C^2``, when positive, is at least an ulp of ``C^2``, so
@@ -25,13 +31,21 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
-    ClipParams,
     ClippingMechanism,
     MechanismOutput,
     Preview,
     PublicContext,
     ReleaseSpec,
 )
+from service.mechanisms.centring import (
+    CenterParams,
+    center_for_run,
+    center_preview,
+    check_center_shape,
+    prepare_centred,
+    with_center_multiples,
+)
+from service.mechanisms.centring import budget_split as center_split
 from service.mechanisms.linalg import (
     FloatArray,
     clipped_gram,
@@ -46,8 +60,8 @@ from service.mechanisms.noise import analytic_gaussian_sigma, laplace, symmetric
 GAP_TOO_SMALL = "eigengap too small for this budget"
 
 
-class GapPerturbationParams(ClipParams):
-    """Params of ``gap_perturbation``: only the clip norm."""
+class GapPerturbationParams(CenterParams):
+    """Params of ``gap_perturbation``: the clip norm and the centring."""
 
 
 def top_k_with_gap(gram: FloatArray, k: int) -> tuple[FloatArray, float]:
@@ -138,6 +152,7 @@ def gap_perturbation(
     delta: float,
     clip_norm: float,
     rng: np.random.Generator,
+    center: FloatArray | None = None,
 ) -> FloatArray | None:
     """Release a basis of the top-k eigenvectors of ``U_k U_k^T + E(sigma)``, or ``None``.
 
@@ -154,6 +169,9 @@ def gap_perturbation(
         Public row norm bound ``C``.
     rng : numpy.random.Generator
         The release's generator.
+    center : (d,) array, optional
+        A public (or already released) centre: rows are centred on it and clipped to ``C``
+        again before ``X^T X``.
 
     Returns
     -------
@@ -161,7 +179,7 @@ def gap_perturbation(
         Orthonormal basis of the released subspace; ``None`` when the gap test fails.
     """
     split = budget_split(epsilon, delta)
-    gram = clipped_gram(data, clip_norm)
+    gram = clipped_gram(data, clip_norm, center=center)
     vectors, gap = top_k_with_gap(gram, k)
     test = gap_test(gap, clip_norm, split.epsilon1, split.delta1, rng)
     if not test.passed:
@@ -183,23 +201,50 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         "Tests privately (eps/2, Laplace) that the k-th eigengap of the clipped X^T X exceeds "
         "C^2, then adds Gaussian noise (eps/2, delta/2) scaled to 2C^2/(gap - C^2) to the top-k "
         "projector. Assumes a row norm bound and a large eigengap (about C^2 (1 + 4 ln(1/delta)"
-        "/eps) or more); very accurate when the gap is large. Otherwise ends with no_result, "
-        "which is charged."
+        "/eps) or more); otherwise ends with no_result, which is charged. Never more accurate "
+        "than analyze_gauss (at least 2.8x worse where both run; docs/mechanisms.md): kept for "
+        "reproducing the paper, never chosen by auto."
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
+
+    def check_specific(self, ctx: PublicContext, k: int, params: GapPerturbationParams) -> None:
+        check_center_shape(ctx, params)
 
     def c2_multiples(
         self, ctx: PublicContext, k: int, epsilon: float, delta: float
     ) -> tuple[float, float]:
+        return self._c2_multiples(ctx, epsilon, delta, GapPerturbationParams())
+
+    def _c2_multiples(
+        self, ctx: PublicContext, epsilon: float, delta: float, params: GapPerturbationParams
+    ) -> tuple[float, float]:
         # Per unit C^2: eigenvalues <= d n; the Laplace scale b = 4/eps, its draws (<= 64 b) and
-        # the shift b ln(1/delta) that makes g_low.
-        scale = 4.0 / epsilon
-        return min(1.0, scale), ctx.n_cols * ctx.n_rows + scale * (64.0 + math.log(1.0 / delta))
+        # the shift b ln(1/delta) that makes g_low (eps, delta: the Gram step's share).
+        split = center_split(epsilon, delta, params)
+        scale = 4.0 / split.gram_epsilon
+        low = min(1.0, scale)
+        high = ctx.n_cols * ctx.n_rows + scale * (64.0 + math.log(1.0 / split.gram_delta))
+        return with_center_multiples(ctx, split, params, low, high)
+
+    def prepare(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: GapPerturbationParams,
+    ) -> GapPerturbationParams:
+        self.check_common(ctx, k, epsilon, delta)
+        multiples = self._c2_multiples(ctx, epsilon, delta, params)
+        clip_norm = prepare_centred(ctx, params, multiples)
+        return params.model_copy(update={"clip_norm": clip_norm})
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]) -> Preview:
         assert spec.params.clip_norm is not None  # resolved by prepare
         c2 = spec.params.clip_norm**2
-        split = budget_split(spec.epsilon, spec.delta)
+        centring = center_split(spec.epsilon, spec.delta, spec.params)
+        centre_scales, centre_meaning = center_preview(ctx, spec.params, centring)
+        split = budget_split(centring.gram_epsilon, centring.gram_delta)
         scale = gap_noise_scale(spec.params.clip_norm, split.epsilon1)
         shift = gap_shift(scale, split.delta1)
         # P[Lap(b) < -b ln 10] = 0.05: a gap this far above the median threshold passes w.p. 0.95.
@@ -213,6 +258,7 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
                 "no_result_gap": c2 + shift,
                 "gap_for_95_percent_pass": sure,
                 "projector_sigma_per_unit_sensitivity": sigma_per_s,
+                **centre_scales,
             },
             meaning=[
                 f"Gap test (epsilon/2): g_low = gap + Laplace({scale:.4g}) - {shift:.4g}; the "
@@ -223,6 +269,7 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
                 f"When it passes, Gaussian noise of sigma = {sigma_per_s:.4g} * 2 C^2 / "
                 "(g_low - C^2) is added to each entry of the top-k projector: the larger the "
                 "gap, the smaller the noise.",
+                *centre_meaning,
             ],
         )
 
@@ -230,9 +277,9 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         d, k = ctx.n_cols, spec.k
         # The Gram matrix stays alive throughout; then the projector beside E(sigma)'s four
         # d x d arrays and their sum (measured: just over 6 d^2; 7 leaves room); then the noisy
-        # matrix and its eigensolver.
+        # matrix and its eigensolver. The private mean's pass needs less than the centred Gram.
         return max(
-            clipped_gram_memory(ctx.n_rows, d),
+            clipped_gram_memory(ctx.n_rows, d, centred=spec.params.center != "none"),
             8 * d * d + eigh_memory(d, k + 1) + 8 * 2 * d * (k + 1),
             8 * (7 * d * d),
             8 * (2 * d * d) + eigh_memory(d, k),
@@ -244,10 +291,22 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         spec: ReleaseSpec[GapPerturbationParams],
         rng: np.random.Generator,
     ) -> MechanismOutput:
-        assert spec.params.clip_norm is not None  # resolved by prepare
-        basis = gap_perturbation(data, spec.k, spec.epsilon, spec.delta, spec.params.clip_norm, rng)
-        # Extras stay empty: the gap, g_low and the noise scale (a function of g_low) would be
-        # raw Laplace-noised doubles, exactly the floating-point leak the docs warn about.
+        params = spec.params
+        assert params.clip_norm is not None  # resolved by prepare
+        split = center_split(spec.epsilon, spec.delta, params)
+        center, extras = center_for_run(data, params, split, rng)
+        basis = gap_perturbation(
+            data,
+            spec.k,
+            split.gram_epsilon,
+            split.gram_delta,
+            params.clip_norm,
+            rng,
+            center=center,
+        )
+        # Beyond the private centre (rounded to its grid), extras stay empty: the gap, g_low and
+        # the noise scale (a function of g_low) would be raw Laplace-noised doubles, exactly the
+        # floating-point leak the docs warn about.
         if basis is None:
-            return MechanismOutput.no_result(GAP_TOO_SMALL)
-        return MechanismOutput(basis=basis)
+            return MechanismOutput.no_result(GAP_TOO_SMALL, **extras)
+        return MechanismOutput(basis=basis, extras=extras)

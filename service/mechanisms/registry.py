@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.mechanisms.analyze_gauss import AnalyzeGauss
+from service.mechanisms.auto import Auto
 from service.mechanisms.base import Mechanism
 from service.mechanisms.continual_gauss import ContinualGauss
 from service.mechanisms.exact_gapmax import ExactGapMax
@@ -18,6 +19,7 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
     mechanism.name: mechanism
     for mechanism in (
         AnalyzeGauss(),
+        Auto(),
         ContinualGauss(),
         ExactGapMax(),
         FriendlyAggregate(),

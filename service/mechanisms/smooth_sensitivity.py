@@ -21,6 +21,13 @@ charging. The Cauchy variant's argument needs no such condition: per coordinate,
 ``a`` scales costs at most ``2 asinh(a/2) <= a`` and a change of scale by ``e^{+-beta}`` at most
 ``beta``, so the loss is at most ``eps/6 + D beta = eps/3`` for every ``epsilon``.
 
+Centring (``center``): a private mean with a share ``s`` of the budget, or a public centre
+(:mod:`service.mechanisms.centring`). With ``delta > 0`` the mean is Gaussian at
+``s (eps, delta)``; with ``delta = 0`` it is Laplace at ``(s eps, 0)`` (l1 sensitivity
+``2 C sqrt(d)/n``), so the pure variant stays pure. The basis step runs at ``(1 - s)`` of the
+budget on rows centred on the released mean and clipped to ``C`` again: the gap's sensitivity
+``2 C^2`` and ``A(j)`` are unchanged, and sequential composition gives exactly the request.
+
 Floating point: clipping is right at every finite scale (power-of-two rescaling), clip norms for
 which ``n C^2`` is not a comfortable double are refused before charging, and the eigensolver and
 QR have fixed public fallbacks (:mod:`service.mechanisms.linalg`).
@@ -34,13 +41,22 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from service.mechanisms.base import (
-    ClipParams,
     ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
     Preview,
     PublicContext,
     ReleaseSpec,
+)
+from service.mechanisms.centring import (
+    BudgetSplit,
+    CenterParams,
+    budget_split,
+    center_for_run,
+    center_preview,
+    check_center_shape,
+    prepare_centred,
+    with_center_multiples,
 )
 from service.mechanisms.gap_perturbation import top_k_with_gap
 from service.mechanisms.linalg import (
@@ -59,8 +75,9 @@ Variant = Literal["gaussian", "cauchy"]
 GAUSSIAN_MAX_EPSILON = 1.0
 
 
-class SmoothSensitivityParams(ClipParams):
-    """Params of ``smooth_sensitivity``: only the clip norm (the variant follows from delta)."""
+class SmoothSensitivityParams(CenterParams):
+    """Params of ``smooth_sensitivity``: the clip norm and the centring (the variant follows
+    from delta)."""
 
 
 def local_bound(gap: float, k: int, clip_norm: float, j: FloatArray | float) -> FloatArray:
@@ -132,6 +149,7 @@ def smooth_sensitivity(
     delta: float,
     clip_norm: float,
     rng: np.random.Generator,
+    center: FloatArray | None = None,
 ) -> tuple[FloatArray, Variant]:
     """Release the thin-QR basis of ``U_k R + noise``.
 
@@ -149,6 +167,9 @@ def smooth_sensitivity(
         Public row norm bound ``C``.
     rng : numpy.random.Generator
         The release's generator (also draws the Haar rotation).
+    center : (d,) array, optional
+        A public (or already released) centre: rows are centred on it and clipped to ``C``
+        again before ``X^T X``.
 
     Returns
     -------
@@ -157,7 +178,7 @@ def smooth_sensitivity(
     variant : {"gaussian", "cauchy"}
         Which noise was used (a function of ``delta`` only).
     """
-    gram = clipped_gram(data, clip_norm)
+    gram = clipped_gram(data, clip_norm, center=center)
     d = gram.shape[0]
     dim = d * k
     vectors, gap = top_k_with_gap(gram, k)
@@ -189,7 +210,9 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         "releases the thin-QR basis. Gaussian noise when delta > 0 (epsilon <= 1 only, the range "
         "its theorem proves); with delta = 0, Cauchy noise "
         "and a pure (epsilon, 0) guarantee (heavy tails: judge it by the median over releases). "
-        "Assumes a row norm bound; always returns a result, useless when the gap is small."
+        "Assumes a row norm bound; always returns a result, useless when the gap is small. Use "
+        "it for delta = 0 only: with delta > 0 it is at least 9x worse than analyze_gauss "
+        "(docs/mechanisms.md), and auto never chooses it then."
     )
     cost_rule: ClassVar[str] = (
         "Charges exactly the requested (epsilon, delta); delta = 0 selects the pure Cauchy "
@@ -206,36 +229,54 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         delta: float,
         params: SmoothSensitivityParams,
     ) -> SmoothSensitivityParams:
-        resolved = super().prepare(ctx, k, epsilon, delta, params)
-        if delta > 0 and epsilon > GAUSSIAN_MAX_EPSILON:
+        self.check_common(ctx, k, epsilon, delta)
+        split = budget_split(epsilon, delta, params)
+        if delta > 0 and split.gram_epsilon > GAUSSIAN_MAX_EPSILON:
+            spent = "" if params.center != "private" else " on the basis (after the centre)"
             raise InvalidParameter(
                 "epsilon",
-                f"must be <= {GAUSSIAN_MAX_EPSILON:g} for the Gaussian variant (delta > 0), got "
-                f"{epsilon:g}: its calibration (seed 004, Theorem 9) is proved only for epsilon "
-                "in (0, 1], and at large epsilon it exceeds delta; use delta = 0 (the Cauchy "
-                "variant), a smaller epsilon, or analyze_gauss / gap_perturbation",
+                f"must be <= {GAUSSIAN_MAX_EPSILON:g}{spent} for the Gaussian variant "
+                f"(delta > 0), got {split.gram_epsilon:g}: its calibration (seed 004, "
+                "Theorem 9) is proved only for epsilon in (0, 1], and at large epsilon it "
+                "exceeds delta; use delta = 0 (the Cauchy variant), a smaller epsilon, or "
+                "analyze_gauss",
             )
-        return resolved
+        multiples = self._c2_multiples(ctx, k, split, params)
+        clip_norm = prepare_centred(ctx, params, multiples)
+        return params.model_copy(update={"clip_norm": clip_norm})
+
+    def check_specific(self, ctx: PublicContext, k: int, params: SmoothSensitivityParams) -> None:
+        check_center_shape(ctx, params)
 
     def c2_multiples(
         self, ctx: PublicContext, k: int, epsilon: float, delta: float
     ) -> tuple[float, float]:
+        params = SmoothSensitivityParams()
+        return self._c2_multiples(ctx, k, budget_split(epsilon, delta, params), params)
+
+    def _c2_multiples(
+        self, ctx: PublicContext, k: int, split: BudgetSplit, params: SmoothSensitivityParams
+    ) -> tuple[float, float]:
         # Per unit C^2: eigenvalues and the gap <= n, (2j+1) <= n + 3 in A(j), and the cap's
-        # threshold sqrt(2/k). The noise scales do not involve C.
-        return min(1.0, math.sqrt(2.0 / k)), ctx.n_cols * (ctx.n_rows + 4.0)
+        # threshold sqrt(2/k). The noise scales do not involve C; the private mean's do.
+        low, high = min(1.0, math.sqrt(2.0 / k)), ctx.n_cols * (ctx.n_rows + 4.0)
+        return with_center_multiples(ctx, split, params, low, high)
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> Preview:
         k, dim = spec.k, ctx.n_cols * spec.k
         cap = math.sqrt(2.0 * k)  # A(j) never exceeds it, so neither does S
+        split = budget_split(spec.epsilon, spec.delta, spec.params)
+        eps, delta = split.gram_epsilon, split.gram_delta
         if spec.delta > 0:
-            beta = gaussian_beta(spec.epsilon, spec.delta, dim)
-            per_s = gaussian_noise_scale(1.0, spec.epsilon, spec.delta)
+            beta = gaussian_beta(eps, delta, dim)
+            per_s = gaussian_noise_scale(1.0, eps, delta)
             kind = "Gaussian standard deviation"
         else:
-            beta = cauchy_beta(spec.epsilon, dim)
-            per_s = cauchy_noise_scale(math.sqrt(dim), spec.epsilon)
+            beta = cauchy_beta(eps, dim)
+            per_s = cauchy_noise_scale(math.sqrt(dim), eps)
             kind = "Cauchy scale"
         assert spec.params.clip_norm is not None  # resolved by prepare
+        centre_scales, centre_meaning = center_preview(ctx, spec.params, split)
         half_gap = half_noise_gap(spec.params.clip_norm, k, beta)
         return Preview(
             scales={
@@ -245,6 +286,7 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
                 "smooth_bound_cap": cap,
                 "noise_at_cap": per_s * cap,
                 "half_noise_gap": half_gap,
+                **centre_scales,
             },
             meaning=[
                 f"Each of the d x k entries of the rotated basis gets noise of {kind} "
@@ -256,6 +298,7 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
                 f"While the k-th eigengap of the clipped X^T X is below {half_gap:.4g}, S is at "
                 f"least half the cap (noise >= {per_s * cap / 2:.4g}): the smoothing keeps S "
                 "near the cap until the gap is of order C^2 / beta.",
+                *centre_meaning,
             ],
         )
 
@@ -265,7 +308,7 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         # eigenvectors, their rotation, the noise, the sum, its scaled copy and Q) and QR's
         # workspace.
         return max(
-            clipped_gram_memory(ctx.n_rows, d),
+            clipped_gram_memory(ctx.n_rows, d, centred=spec.params.center != "none"),
             8 * d * d + eigh_memory(d, k + 1) + 8 * 2 * d * (k + 1),
             8 * d * d + 8 * (10 * d * k + 4 * k * k + 64 * d),
         )
@@ -276,10 +319,19 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
         spec: ReleaseSpec[SmoothSensitivityParams],
         rng: np.random.Generator,
     ) -> MechanismOutput:
-        assert spec.params.clip_norm is not None  # resolved by prepare
+        params = spec.params
+        assert params.clip_norm is not None  # resolved by prepare
+        split = budget_split(spec.epsilon, spec.delta, params)
+        center, extras = center_for_run(data, params, split, rng)
         basis, variant = smooth_sensitivity(
-            data, spec.k, spec.epsilon, spec.delta, spec.params.clip_norm, rng
+            data,
+            spec.k,
+            split.gram_epsilon,
+            split.gram_delta,
+            params.clip_norm,
+            rng,
+            center=center,
         )
-        # Only the variant (a function of the public delta): S and the noise scale derive from
-        # the raw gap and are not private.
-        return MechanismOutput(basis=basis, extras={"variant": variant})
+        # The variant (a function of the public delta) and the private centre, if any: S and
+        # the noise scale derive from the raw gap and are not private.
+        return MechanismOutput(basis=basis, extras={"variant": variant, **extras})

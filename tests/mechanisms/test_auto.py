@@ -1,0 +1,293 @@
+"""``auto``: the rule table from public facts, the cost split (sequential composition), the
+structure test's sensitivity, calibration and audit, and the grid criterion (auto within 1.5x of
+the best mechanism wherever one beats a random subspace)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.bench_auto_grid import near_subspace
+from service.mechanisms import auto as auto_module
+from service.mechanisms.auto import (
+    DEFAULT_STRUCTURE_SHARE,
+    TAIL_RATIO_THRESHOLD,
+    Auto,
+    AutoParams,
+    noisy_tail_and_trace,
+    plan,
+    structure_noise_scale,
+    tail_and_trace,
+)
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.linalg import clip_rows, subspace_distance
+from service.mechanisms.registry import MECHANISMS
+from tests.mechanisms.privacy_audit import audit
+
+AUTO = Auto()
+
+
+def ctx(n: int, d: int, bound: float | None = 1.0) -> PublicContext:
+    return PublicContext(n_rows=n, n_cols=d, row_norm_bound=bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rule table (public facts only)
+
+
+def test_pure_dp_chooses_smooth_sensitivity_with_the_whole_budget() -> None:
+    the_plan = plan(ctx(5_000, 10), 3, 1.0, 0.0, AutoParams(clip_norm=1.0))
+    assert the_plan.default.name == "smooth_sensitivity" and the_plan.aggregator is None
+    assert (the_plan.default.epsilon, the_plan.default.delta) == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(("n", "eps"), [(5_000, 1.0), (50_000, 0.1), (5_000, 0.1)])
+def test_where_no_aggregator_runs_analyze_gauss_gets_everything(n: int, eps: float) -> None:
+    the_plan = plan(ctx(n, 10), 3, eps, 1e-6, AutoParams(clip_norm=1.0))
+    assert the_plan.aggregator is None and the_plan.test_epsilon == 0.0
+    assert the_plan.default.name == "analyze_gauss"
+    assert (the_plan.default.epsilon, the_plan.default.delta) == (eps, 1e-6)
+    assert "analyze_gauss" in the_plan.reason
+
+
+def test_where_the_aggregator_runs_a_structure_test_splits_epsilon() -> None:
+    the_plan = plan(ctx(50_000, 10), 3, 1.0, 1e-6, AutoParams(clip_norm=1.0))
+    assert the_plan.aggregator is not None
+    assert the_plan.aggregator.name == "friendly_aggregate"
+    assert the_plan.aggregator.params.aggregator == "projection"  # type: ignore[attr-defined]
+    share = DEFAULT_STRUCTURE_SHARE
+    assert the_plan.test_epsilon == share * 1.0
+    for choice in (the_plan.default, the_plan.aggregator):
+        # Sequential composition: test (s eps, 0) + chosen ((1 - s) eps, delta) = (eps, delta).
+        assert choice.epsilon + the_plan.test_epsilon == pytest.approx(1.0, rel=1e-15)
+        assert choice.delta == 1e-6
+
+
+def test_a_zero_share_disables_the_test() -> None:
+    the_plan = plan(ctx(50_000, 10), 3, 1.0, 1e-6, AutoParams(clip_norm=1.0, structure_share=0.0))
+    assert the_plan.aggregator is None and the_plan.default.name == "analyze_gauss"
+    assert the_plan.default.epsilon == 1.0
+
+
+def test_large_d_uses_reference_points_or_nothing() -> None:
+    the_plan = plan(ctx(50_000, 300), 3, 1.0, 1e-6, AutoParams(clip_norm=1.0))
+    assert the_plan.aggregator is not None
+    assert the_plan.aggregator.params.aggregator == "reference_points"  # type: ignore[attr-defined]
+
+
+def test_gap_perturbation_and_gaussian_smooth_sensitivity_are_never_chosen() -> None:
+    names = set()
+    for n in (100, 5_000, 50_000, 500_000):
+        for d in (5, 10, 50, 300):
+            for eps in (0.1, 0.5, 1.0, 10.0):
+                the_plan = plan(ctx(n, d), 3, eps, 1e-6, AutoParams(clip_norm=1.0))
+                names.add(the_plan.default.name)
+                if the_plan.aggregator is not None:
+                    names.add(the_plan.aggregator.name)
+    assert names == {"analyze_gauss", "friendly_aggregate"}
+
+
+def test_prepare_refuses_without_a_clip_norm_and_bad_shares() -> None:
+    with pytest.raises(InvalidParameter) as error:
+        AUTO.prepare(ctx(100, 5, bound=None), 2, 1.0, 1e-6, AutoParams())
+    assert error.value.field == "clip_norm"
+    for raw in ({"structure_share": 0.6}, {"structure_share": -0.1}, {"method": "x"}):
+        with pytest.raises(ValueError):
+            AUTO.parse_params(raw)
+    with pytest.raises(InvalidParameter) as error:
+        AUTO.prepare(ctx(100, 5), 6, 1.0, 1e-6, AutoParams())
+    assert error.value.field == "k"
+
+
+def test_preview_names_the_choice_and_the_candidates_scales() -> None:
+    c = ctx(50_000, 10)
+    params = AUTO.prepare(c, 3, 1.0, 1e-6, AutoParams())
+    shown = AUTO.preview(c, ReleaseSpec(3, 1.0, 1e-6, params))
+    assert shown.scales["auto_choice"] == "friendly_aggregate or analyze_gauss (structure test)"
+    assert shown.scales["structure_epsilon"] == 0.1
+    assert shown.scales["structure_noise_scale"] == structure_noise_scale(1.0, 0.1) == 20.0
+    assert shown.scales["tail_ratio_threshold"] == TAIL_RATIO_THRESHOLD
+    assert "analyze_gauss.sigma" in shown.scales and "friendly_aggregate.t" in shown.scales
+    assert any("Structure test" in line for line in shown.meaning)
+    small = ctx(5_000, 10)
+    params = AUTO.prepare(small, 3, 1.0, 1e-6, AutoParams())
+    shown = AUTO.preview(small, ReleaseSpec(3, 1.0, 1e-6, params))
+    assert shown.scales["auto_choice"] == "analyze_gauss"
+    assert shown.scales["structure_test"] is False
+    assert "friendly_aggregate refused" in str(shown.scales["auto_reason"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The run: one charge, split as declared
+
+
+@pytest.mark.parametrize(("n", "distance", "expected"), [(50_000, 1e-5, "friendly_aggregate")])
+def test_run_composes_test_and_choice_to_the_request(
+    monkeypatch: pytest.MonkeyPatch, n: int, distance: float, expected: str
+) -> None:
+    data, basis = near_subspace(n, 10, 3, distance, seed=1)
+    c = ctx(n, 10)
+    params = AUTO.prepare(c, 3, 1.0, 1e-6, AutoParams())
+    tests: list[float] = []
+    runs: list[tuple[str, float, float]] = []
+    real_test = auto_module.noisy_tail_and_trace
+
+    def spy_test(data: Any, k: int, clip: float, eps: float, rng: Any) -> Any:
+        tests.append(eps)
+        return real_test(data, k, clip, eps, rng)
+
+    monkeypatch.setattr(auto_module, "noisy_tail_and_trace", spy_test)
+    for name in ("analyze_gauss", "friendly_aggregate"):
+        mechanism = MECHANISMS[name]
+        real_run = type(mechanism).run
+
+        def spy_run(self: Any, data: Any, spec: Any, rng: Any, _real: Any = real_run) -> Any:
+            runs.append((self.name, spec.epsilon, spec.delta))
+            return _real(self, data, spec, rng)
+
+        monkeypatch.setattr(type(mechanism), "run", spy_run)
+    out = AUTO.run(data, ReleaseSpec(3, 1.0, 1e-6, params), np.random.default_rng(2))
+    assert tests == [0.1]
+    assert len(runs) == 1 and runs[0][0] == expected
+    assert runs[0][1] + tests[0] == pytest.approx(1.0, rel=1e-15) and runs[0][2] == 1e-6
+    assert out.extras["auto_choice"] == expected and "structure test" in out.extras["auto_reason"]
+    assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-3
+
+
+def test_far_from_low_rank_it_runs_analyze_gauss() -> None:
+    data, basis = near_subspace(50_000, 10, 3, 1e-1, seed=3)
+    c = ctx(50_000, 10)
+    params = AUTO.prepare(c, 3, 1.0, 1e-6, AutoParams())
+    out = AUTO.run(data, ReleaseSpec(3, 1.0, 1e-6, params), np.random.default_rng(4))
+    assert out.extras["auto_choice"] == "analyze_gauss"
+    assert len(out.extras["eigenvalues"]) == 3  # the chosen mechanism's own extras are kept
+    assert out.basis is not None and subspace_distance(out.basis, basis) < 0.02
+
+
+def test_pure_run_is_cauchy_smooth_sensitivity() -> None:
+    data, _ = near_subspace(2_000, 5, 2, 1e-3, seed=5)
+    c = ctx(2_000, 5)
+    params = AUTO.prepare(c, 2, 1.0, 0.0, AutoParams())
+    out = AUTO.run(data, ReleaseSpec(2, 1.0, 0.0, params), np.random.default_rng(6))
+    assert out.extras["auto_choice"] == "smooth_sensitivity"
+    assert out.extras["variant"] == "cauchy"
+
+
+# ---------------------------------------------------------------------------------------------
+# The structure test: sensitivity, calibration, audit
+
+
+def test_tail_and_trace_move_by_at_most_c2_under_replacement() -> None:
+    rng = np.random.default_rng(7)
+    worst_tail = worst_trace = 0.0
+    for _ in range(300):
+        n, d, k = 6, 4, int(rng.integers(1, 4))
+        rows = rng.standard_normal((n + 1, d)) * rng.choice([0.1, 1.0, 5.0])
+        a = tail_and_trace(rows[:n], k, 1.0)
+        b = tail_and_trace(np.vstack([rows[: n - 1], rows[n:]]), k, 1.0)
+        worst_tail = max(worst_tail, abs(a[0] - b[0]))
+        worst_trace = max(worst_trace, abs(a[1] - b[1]))
+    assert worst_tail <= 1.0 + 1e-9 and worst_trace <= 1.0 + 1e-9
+    # Attained: a row in the subspace replaced by a unit row orthogonal to it.
+    assert tail_and_trace(PAIR[1], 1, 1.0)[0] - tail_and_trace(PAIR[0], 1, 1.0)[0] == (
+        pytest.approx(1.0)
+    )
+
+
+def test_tail_is_the_residual_of_the_best_k_subspace() -> None:
+    data, _ = near_subspace(500, 8, 2, 1e-2, seed=8)
+    tail, trace = tail_and_trace(data, 2, 1.0)
+    clipped = clip_rows(data, 1.0)
+    # Every row is exactly 1e-2 from the generating subspace, one candidate of the minimum.
+    assert 0.98 * 500 * 1e-4 <= tail <= 500 * 1e-4 * (1 + 1e-9)
+    assert trace == pytest.approx(float(np.sum(clipped**2)), rel=1e-12)
+
+
+def test_noise_scale_is_2c2_over_test_epsilon() -> None:
+    assert structure_noise_scale(1.0, 0.1) == 20.0
+    assert structure_noise_scale(3.0, 0.5) == 36.0
+    data = np.zeros((10, 3))
+    draws = np.array(
+        [noisy_tail_and_trace(data, 1, 1.0, 1.0, np.random.default_rng(s))[0] for s in range(1000)]
+    )
+    # Lap(2) has mean absolute deviation 2 (|X| ~ Exp(2): the mean of 1000 is within 12%).
+    assert float(np.mean(np.abs(draws))) == pytest.approx(2.0, rel=0.12)
+
+
+# Worst case for the tail: k = 1, nine rows e1; the tenth is e1 on one side (tail 0) and e2 on
+# the other (tail C^2 = 1). The noisy tail at eps_s/2 each: event "tail_hat > 1" has ratio e^{1/2}.
+EPS_S = 1.0
+BASE = np.tile([1.0, 0.0], (9, 1))
+PAIR = (np.vstack([BASE, [1.0, 0.0]]), np.vstack([BASE, [0.0, 1.0]]))
+
+
+def tail_release(data: np.ndarray, rng: np.random.Generator) -> float:
+    return noisy_tail_and_trace(data, 1, 1.0, EPS_S, rng)[0]
+
+
+def test_structure_test_audit_passes() -> None:
+    result = audit(tail_release, *PAIR, lambda tail: tail > 1.0, 2000, 0.0, seed=9)
+    assert result.eps_lower_bound <= EPS_S / 2
+
+
+def test_structure_test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = auto_module.structure_noise_scale
+    monkeypatch.setattr(auto_module, "structure_noise_scale", lambda *a: real(*a) / 10)
+    result = audit(tail_release, *PAIR, lambda tail: tail > 1.0, 2000, 0.0, seed=10)
+    assert result.eps_lower_bound > EPS_S / 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid criterion: auto within 1.5x of the best wherever one beats a random subspace
+
+CANDIDATES: list[tuple[str, dict[str, Any]]] = [
+    ("analyze_gauss", {}),
+    ("gap_perturbation", {}),
+    ("smooth_sensitivity", {}),
+    ("friendly_aggregate", {"aggregator": "projection"}),
+    ("friendly_aggregate", {"aggregator": "reference_points"}),
+]
+
+
+def cell_errors(
+    n: int, d: int, distance: float, eps: float, seeds: int, candidates: list[Any]
+) -> tuple[float, list[float], float]:
+    """Median errors of auto, of each candidate that runs, and of a random subspace."""
+    from bench.bench_auto_grid import random_error, run_one
+
+    auto, rand = [], []
+    others: dict[int, list[float]] = {}
+    for seed in range(seeds):
+        data, basis = near_subspace(n, d, 3, distance, seed)
+        rand.append(random_error(d, basis, seed))
+        auto.append(run_one("auto", {}, data, basis, eps, seed).error)
+        for i, (name, params) in enumerate(candidates):
+            outcome = run_one(name, params, data, basis, eps, seed)
+            if outcome.status in ("succeeded", "no_result"):
+                others.setdefault(i, []).append(outcome.error)
+    medians = [float(np.median(v)) for v in others.values()]
+    return float(np.median(auto)), medians, float(np.median(rand))
+
+
+def check_cell(n: int, d: int, distance: float, eps: float, seeds: int, cands: Any) -> None:
+    auto, others, rand = cell_errors(n, d, distance, eps, seeds, cands)
+    best = min(others)
+    if best < 0.9 * rand:
+        assert auto <= 1.5 * best, (n, d, distance, eps, auto, best)
+
+
+@pytest.mark.parametrize("distance", [1e-1, 1e-5])
+def test_auto_is_within_1_5x_of_the_best_short(distance: float) -> None:
+    check_cell(50_000, 10, distance, 1.0, 1, CANDIDATES[:1] + CANDIDATES[3:4])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [10, 50])
+@pytest.mark.parametrize("distance", [1e-1, 1e-3, 1e-5])
+@pytest.mark.parametrize(("n", "eps"), [(5_000, 0.1), (5_000, 1.0), (50_000, 0.1), (50_000, 1.0)])
+def test_auto_is_within_1_5x_of_the_best_on_the_small_grid(
+    d: int, distance: float, n: int, eps: float
+) -> None:
+    check_cell(n, d, distance, eps, 3, CANDIDATES)
