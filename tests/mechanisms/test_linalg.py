@@ -79,6 +79,11 @@ def test_clip_rows_equals_the_previous_implementation(clip_norm: float) -> None:
     assert got is not rows and np.array_equal(got, expected)
     assert np.any(np.all(got == rows, axis=1)) or clip_norm < 1e-100  # some rows kept
     assert clip_norm > 1e150 or np.any(np.any(got != rows, axis=1))  # and some clipped
+    # Few rows over C (gathered) and most rows over C (whole-block arithmetic): same bits.
+    for fraction in (0.05, 0.9):
+        near = rng.standard_normal((2000, 7)) * (0.1 * clip_norm)  # norms ~0.26 C
+        near[rng.random(2000) < fraction] *= 100.0  # norms ~26 C
+        assert np.array_equal(clip_rows(near, clip_norm), previous_clip_rows(near, clip_norm))
 
 
 def test_clipped_gram_skips_the_copy_and_equals_the_previous_gram(tmp_path: Path) -> None:
