@@ -49,15 +49,16 @@ def power_of_two_exponent(magnitude: FloatArray | float) -> IntArray:
 SAFE_SQUARED_NORMS = (2.0**-960, 2.0**960)
 
 
-def _scaled_norms(block: FloatArray) -> tuple[FloatArray, IntArray]:
-    """``(||x 2^-e||, e)`` per row, ``e`` bringing the row's largest entry into ``[0.5, 1)``."""
+def _scaled_rows(block: FloatArray) -> tuple[FloatArray, FloatArray, IntArray]:
+    """``(x 2^-e, ||x 2^-e||, e)`` per row, ``e`` bringing the row's largest entry into
+    ``[0.5, 1)`` (so the norm can neither overflow nor underflow)."""
     # max(max, -min): no temporary of |block|
     peak = np.maximum(np.max(block, axis=1), -np.min(block, axis=1))
     exponent = power_of_two_exponent(peak)
     with np.errstate(over="ignore", under="ignore"):
         scaled = np.ldexp(block, -exponent[:, None])
         norms = np.linalg.norm(scaled, axis=1)
-    return norms, exponent
+    return scaled, norms, exponent
 
 
 def _clip_rows(block: FloatArray, clip_norm: float) -> FloatArray:
@@ -79,7 +80,7 @@ def _clip_rows(block: FloatArray, clip_norm: float) -> FloatArray:
     over = safe & (squares > clip_norm * clip_norm)  # C^2 is finite: C < 2^481
     unsafe = np.flatnonzero(~safe)
     if unsafe.size:
-        norms, exponent = _scaled_norms(block[unsafe])
+        _, norms, exponent = _scaled_rows(block[unsafe])
         with np.errstate(over="ignore", under="ignore"):
             # C 2^{-e} overflows to inf for tiny rows (kept) and underflows towards 0 for huge
             # rows (clipped): both sides of the comparison are right, as r lies in
@@ -92,17 +93,15 @@ def _clip_rows(block: FloatArray, clip_norm: float) -> FloatArray:
     if 4 * rows.size > block.shape[0]:
         # Many rows to clip: whole-block arithmetic is faster than gathering them (the same
         # per-row formulas, so the same bits).
-        norms, exponent = _scaled_norms(block)
-        with np.errstate(over="ignore", under="ignore"):
-            scaled = np.ldexp(block, -exponent[:, None])
+        scaled, norms, _ = _scaled_rows(block)
+        with np.errstate(under="ignore"):
             scaled *= np.where(over, clip_norm / np.where(over, norms, 1.0), 0.0)[:, None]
-        return np.asarray(np.where(over[:, None], scaled, block), dtype=np.float64)
-    norms, exponent = _scaled_norms(block[rows])
-    clipped = block.copy()
-    with np.errstate(over="ignore", under="ignore"):
-        scaled = block[rows]
-        np.ldexp(scaled, -exponent[:, None], out=scaled)
+        np.copyto(scaled, block, where=~over[:, None])
+        return scaled
+    scaled, norms, _ = _scaled_rows(block[rows])
+    with np.errstate(under="ignore"):
         scaled *= (clip_norm / norms)[:, None]
+    clipped = block.copy()
     clipped[rows] = scaled
     return clipped
 
