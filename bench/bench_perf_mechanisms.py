@@ -225,7 +225,7 @@ def main() -> None:
     args = parser.parse_args()
     CLOCK["clock"] = args.clock
     if args.clock == "cpu":
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
         threadpool_limits(limits=1)
     names = [n for n in PARAMS if not args.only or n.split("[")[0] in args.only.split(",")]
