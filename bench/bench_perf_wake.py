@@ -196,7 +196,18 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=400)
     parser.add_argument("--releases", type=int, default=5)
     parser.add_argument("--backends", default="sqlite,postgresql")
+    parser.add_argument(
+        "--blas-threads",
+        type=int,
+        default=1,
+        help="BLAS threads of this process and the service's (default 1: on a shared machine "
+        "spinning BLAS threads made the same call vary 3x in wall time)",
+    )
     args = parser.parse_args()
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(args.blas_threads)
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+    threadpool_limits(limits=args.blas_threads)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -217,7 +228,7 @@ def main() -> None:
 
         print(
             f"analyze_gauss, {args.rows} x {args.cols}, k = 5; {args.releases} releases per "
-            "setting; wall-clock seconds, median (min-max)",
+            f"setting; {args.blas_threads} BLAS thread(s); wall-clock seconds, median (min-max)",
             flush=True,
         )
         for backend in args.backends.split(","):
