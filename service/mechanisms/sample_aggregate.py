@@ -206,6 +206,16 @@ def gather_rows(
         out[slots] = np.asarray(data[rows[slots]], dtype=np.float64)
 
 
+def take_rows(
+    data: npt.NDArray[Any], rows: IntArray, out: FloatArray, chunk_rows: int = GROUP_ROWS
+) -> None:
+    """``out[i] = data[rows[i]]`` in the given order (one copy, no sort): for data that one pass
+    covers, where the ascending sweep of :func:`gather_rows` would only add a second copy."""
+    for start in range(0, rows.shape[0], chunk_rows):
+        stop = min(rows.shape[0], start + chunk_rows)
+        out[start:stop] = np.asarray(data[rows[start:stop]], dtype=np.float64)
+
+
 def pass_subsets(t: int, m: int, d: int, per_group: int, pass_bytes: int) -> int:
     """Subsets gathered per sequential pass: whole groups of ``per_group`` subsets whose rows
     (``m d`` doubles per subset) fit ``pass_bytes``, at least one group, at most all ``t``."""
@@ -229,7 +239,9 @@ def subset_bases(
     decomposed from that buffer in groups of ``group_rows // m``. The partition is uniformly
     random, so every subset has rows all over the file; gathering group by group (as before)
     read the file at random once per group, and a file larger than the page cache then thrashed.
-    Now it is read front to back ``ceil(t m d 8 / pass_bytes)`` times at most. Which rows form
+    Now it is read front to back ``ceil(t m d 8 / pass_bytes)`` times at most. (When one pass
+    holds every subset, the rows are simply taken in subset order: the data then fits the pass
+    budget, and the ascending sweep would only cost a second copy.) Which rows form
     subset ``j``, their order, and the batches LAPACK sees are unchanged, so every ``U_j`` is
     the same, bit for bit, whatever ``pass_bytes``.
 
@@ -263,7 +275,12 @@ def subset_bases(
     for first in range(0, t, per_pass):
         last = min(t, first + per_pass)
         rows = buffer[: (last - first) * m]
-        gather_rows(data, partition[first:last].ravel(), rows)
+        if per_pass < t:
+            gather_rows(data, partition[first:last].ravel(), rows)
+        else:
+            # One pass holds every subset: the data fits the pass budget, and is read at most
+            # once in any order (no sort, no second copy).
+            take_rows(data, partition.ravel(), rows)
         for start in range(first, last, per_group):
             stop = min(last, start + per_group)
             block = rows[(start - first) * m : (stop - first) * m].reshape(stop - start, m, d)
