@@ -121,7 +121,7 @@ def safe_top_right_singular_vectors(matrix: FloatArray, k: int) -> FloatArray:
     return basis if _is_orthonormal(basis) else fallback_basis(d, k)
 
 
-def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
+def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False) -> FloatArray:
     """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
 
     Each block is first scaled by its own power of two (:func:`power_of_two_exponents`): the
@@ -146,13 +146,18 @@ def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
     ----------
     blocks : (g, m, d) array of finite values
     k : int, ``k <= min(m, d)``
+    overwrite : bool
+        Scale ``blocks`` in place (they are then left scaled).
 
     Returns
     -------
     (g, d, k) array with orthonormal columns, in order of decreasing singular value.
     """
     g, m, d = blocks.shape
-    scaled = np.ldexp(blocks, -power_of_two_exponents(blocks)[:, None, None])
+    exponents = -power_of_two_exponents(blocks)[:, None, None]
+    # In place when the caller's blocks are scratch (subset_bases' pass buffer): one pass over
+    # the rows and no allocation of their size, the same values.
+    scaled = np.ldexp(blocks, exponents, out=blocks) if overwrite else np.ldexp(blocks, exponents)
     bases = np.empty((g, d, k), dtype=np.float64)
     try:
         if m > d:
@@ -284,7 +289,7 @@ def subset_bases(
         for start in range(first, last, per_group):
             stop = min(last, start + per_group)
             block = rows[(start - first) * m : (stop - first) * m].reshape(stop - start, m, d)
-            bases[start:stop] = _top_k_right_singular(block, k)
+            bases[start:stop] = _top_k_right_singular(block, k, overwrite=True)
     return bases
 
 
