@@ -206,9 +206,13 @@ def gather_rows(
         Rows fetched per step (temporary memory ``O(chunk_rows d)``).
     """
     order = np.argsort(rows, kind="stable")
+    fetched = np.empty((min(chunk_rows, order.shape[0]), out.shape[1]), dtype=np.float64)
     for start in range(0, order.shape[0], chunk_rows):
         slots = order[start : start + chunk_rows]
-        out[slots] = np.asarray(data[rows[slots]], dtype=np.float64)
+        chunk = fetched[: slots.shape[0]]
+        # mode="clip" (the indices are valid) lets numpy write into ``chunk`` unbuffered.
+        np.take(data, rows[slots], axis=0, out=chunk, mode="clip")
+        out[slots] = chunk
 
 
 def take_rows(
@@ -218,7 +222,7 @@ def take_rows(
     covers, where the ascending sweep of :func:`gather_rows` would only add a second copy."""
     for start in range(0, rows.shape[0], chunk_rows):
         stop = min(rows.shape[0], start + chunk_rows)
-        out[start:stop] = np.asarray(data[rows[start:stop]], dtype=np.float64)
+        np.take(data, rows[start:stop], axis=0, out=out[start:stop], mode="clip")
 
 
 def pass_subsets(t: int, m: int, d: int, per_group: int, pass_bytes: int) -> int:
@@ -245,8 +249,8 @@ def subset_bases(
     random, so every subset has rows all over the file; gathering group by group (as before)
     read the file at random once per group, and a file larger than the page cache then thrashed.
     Now it is read front to back ``ceil(t m d 8 / pass_bytes)`` times at most. (When one pass
-    holds every subset, the rows are simply taken in subset order: the data then fits the pass
-    budget, and the ascending sweep would only cost a second copy.) Which rows form
+    holds every subset, the data fits the pass budget: each group's rows are then simply taken
+    in subset order into one reused group buffer, as cheap as before.) Which rows form
     subset ``j``, their order, and the batches LAPACK sees are unchanged, so every ``U_j`` is
     the same, bit for bit, whatever ``pass_bytes``.
 
@@ -276,16 +280,23 @@ def subset_bases(
     per_group = max(1, group_rows // m)
     per_pass = pass_subsets(t, m, d, per_group, PASS_BYTES if pass_bytes is None else pass_bytes)
     bases = np.empty((t, d, k), dtype=np.float64)
+    if per_pass >= t:
+        # The data fits one pass: take each group's rows in subset order into one reused group
+        # buffer (no sort, no second copy; the ascending sweep pays off only over several
+        # passes), then decompose it in place.
+        buffer = np.empty((min(t, per_group) * m, d), dtype=np.float64)
+        for start in range(0, t, per_group):
+            stop = min(t, start + per_group)
+            rows = buffer[: (stop - start) * m]
+            take_rows(data, partition[start:stop].ravel(), rows)
+            block = rows.reshape(stop - start, m, d)
+            bases[start:stop] = _top_k_right_singular(block, k, overwrite=True)
+        return bases
     buffer = np.empty((per_pass * m, d), dtype=np.float64)
     for first in range(0, t, per_pass):
         last = min(t, first + per_pass)
         rows = buffer[: (last - first) * m]
-        if per_pass < t:
-            gather_rows(data, partition[first:last].ravel(), rows)
-        else:
-            # One pass holds every subset: the data fits the pass budget, and is read at most
-            # once in any order (no sort, no second copy).
-            take_rows(data, partition.ravel(), rows)
+        gather_rows(data, partition[first:last].ravel(), rows)
         for start in range(first, last, per_group):
             stop = min(last, start + per_group)
             block = rows[(start - first) * m : (stop - first) * m].reshape(stop - start, m, d)
@@ -345,21 +356,25 @@ def subset_bases_bytes(
 ) -> int:
     """Peak bytes of :func:`subset_bases`, from its own allocations (public facts only).
 
-    The bases (``t d k``), the pass buffer (``p m d`` for ``p`` subsets per pass), the
-    gather's sort order and one fetched chunk (``r + GROUP_ROWS d`` for the ``r = p m`` rows of
-    a pass, and its index arrays), plus, per group of ``g`` subsets of ``m`` rows: the rows'
-    power-of-two scaled copy (``g m d``), the Gram matrices, their eigenvectors, LAPACK's copy
-    and a contiguous copy of the top eigenvectors (``4 g s^2``, ``s = min(m, d)``), the
-    eigenvalues, and the lifted vectors (``3 g d k``: the product, the good blocks' copy and
-    the division's result); an SVD fallback of one block is smaller than the group's rows.
-    Doubles, 8 bytes each.
+    The bases (``t d k``), the pass buffer (``p m d`` for ``p`` subsets per pass; one group's
+    ``g m d`` when one pass holds all ``t``), the gather's sort order and one fetched chunk
+    (``r + GROUP_ROWS d`` for the ``r = p m`` rows of a pass, and its index arrays), plus, per
+    group of ``g`` subsets of ``m`` rows: a scaled copy of its rows (``g m d``; the pass
+    buffer is now scaled in place, so this is slack), the Gram matrices, their eigenvectors,
+    LAPACK's copy and a contiguous copy of the top eigenvectors (``4 g s^2``, ``s = min(m,
+    d)``), the eigenvalues, and the lifted vectors (``3 g d k``: the product, the good blocks'
+    copy and the division's result); an SVD fallback of one block is smaller than the group's
+    rows. Doubles, 8 bytes each.
     """
     g = group_shape(t, m, group_rows)
     per_pass = PASS_BYTES if pass_bytes is None else pass_bytes
     p = pass_subsets(t, m, d, max(1, group_rows // m), per_pass)
     s = min(m, d)
-    gather = 2 * p * m + GROUP_ROWS * d + 2 * GROUP_ROWS
-    floats = t * d * k + p * m * d + gather + g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
+    if p >= t:  # one pass: one reused group buffer, no sort
+        buffer, gather = g * m * d, GROUP_ROWS
+    else:
+        buffer, gather = p * m * d, 2 * p * m + GROUP_ROWS * d + 2 * GROUP_ROWS
+    floats = t * d * k + buffer + gather + g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
     return 8 * floats
 
 
