@@ -137,6 +137,14 @@ class Settings(BaseSettings):
     worker_poll_seconds: float = Field(
         default=1.0, gt=0, description="How often an idle worker looks for queued jobs."
     )
+    worker_wake: bool = Field(
+        default=True,
+        description=(
+            "Wake idle workers as soon as a release is queued (PostgreSQL LISTEN/NOTIFY; a wake "
+            "file in the data directory with SQLite) instead of at their next poll. Wake-ups "
+            "are hints: with false, or when they fail, workers find jobs by polling."
+        ),
+    )
     worker_max_attempts: int = Field(
         default=3, ge=1, description="Claims of one job before it is marked failed."
     )

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import canonical_decimal
 from api_schemas.releases import ReleaseRequest
-from service import audit, grants, ledger
+from service import audit, grants, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
@@ -271,6 +271,8 @@ def request_release(
             "grant_id": grant_id,
         },
     )
+    # Idle workers learn of the job when this transaction commits (a hint: they also poll).
+    wake.announce(session, settings)
     return release
 
 

@@ -70,7 +70,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger
+from service import audit, ledger, wake
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.errors import safe_traceback
@@ -534,6 +534,16 @@ class Worker:
         """Poll for jobs until :attr:`stop` is set. Nothing but the stop ends the loop: database
         outages are waited out, and any other error is logged as a bug and the loop goes on."""
         log.info("worker %s started", self.worker_id)
+        bind = self.session_factory.kw.get("bind")
+        # Woken when a release is queued (service.wake); the poll interval stays the fallback.
+        waker = wake.waker_for(bind if isinstance(bind, Engine) else None, self.settings, self.stop)
+        try:
+            self._loop(waker)
+        finally:
+            waker.close()
+        log.info("worker %s stopped", self.worker_id)
+
+    def _loop(self, waker: wake.Waker) -> None:
         while not self.stop.is_set():
             try:
                 job = self.with_db_retry("claim", self.claim)
@@ -543,7 +553,7 @@ class Worker:
                 log.error("BUG: claim: %s", safe_traceback(exc))
                 job = None
             if job is None:
-                self.stop.wait(self.settings.worker_poll_seconds)
+                waker.wait(self.settings.worker_poll_seconds)
                 continue
             log.info(
                 "release %s: running %s (attempt %d)", job.release_id, job.mechanism, job.attempt
@@ -555,4 +565,3 @@ class Worker:
                 self.stop.wait(self.settings.worker_poll_seconds)
                 continue
             log.info("release %s: %s", job.release_id, status)
-        log.info("worker %s stopped", self.worker_id)

@@ -341,7 +341,16 @@ def projection_distance_block(bases: FloatArray) -> BlockFn:
     self_overlap = np.square(np.matmul(bases.transpose(0, 2, 1), bases)).sum(axis=(1, 2))
 
     def block(start: int, stop: int) -> FloatArray:
-        cross = stacked[:, start * k : stop * k].T @ stacked[:, start * k :]
+        # One triangle of the cross-Gram: the block's own square part as ``A^T A`` of one
+        # buffer (numpy hands that to BLAS syrk, which computes one triangle and mirrors it,
+        # so each of its entries is still one dot product of two columns), and the pairs with
+        # later points as a plain product. Without the split a block holding all t points
+        # computed both triangles, twice the work. Pairs left of the block are never formed.
+        own = stacked[:, start * k : stop * k]
+        cross = np.empty(((stop - start) * k, (t - start) * k), dtype=np.float64)
+        cross[:, : (stop - start) * k] = own.T @ own
+        if stop < t:
+            np.matmul(own.T, stacked[:, stop * k :], out=cross[:, (stop - start) * k :])
         overlap = np.square(cross.reshape(stop - start, k, t - start, k)).sum(axis=(1, 3))
         dist2 = self_overlap[start:stop, None] + self_overlap[None, start:] - 2.0 * overlap
         np.maximum(dist2, 0.0, out=dist2)
@@ -524,6 +533,34 @@ def weighted_mean(points: FloatArray, weights: FloatArray, total: float) -> Floa
     return np.asarray(anchor + acc / total, dtype=np.float64)
 
 
+def projection_mean(bases: FloatArray, weights: FloatArray, total: float) -> FloatArray:
+    """``sum_j w_j U_j U_j^T / W`` over the subsets of positive weight (zero when ``W = 0``).
+
+    One symmetric rank-``tk`` update ``B B^T`` with ``B = [sqrt(w_j / W) U_j]`` (``d x tk``):
+    numpy hands ``B @ B.T`` of one buffer to BLAS syrk, which computes one triangle, half the
+    work of the general product ``(S diag(w/W)) S^T``. Taking ``sqrt`` and squaring again
+    changes each weight by at most 2 ulps, far inside :func:`projection_mean_rounding`.
+
+    Parameters
+    ----------
+    bases : (t, d, k) array
+    weights : (t,) array of non-negative weights
+    total : float
+        ``W = sum_j w_j``.
+
+    Returns
+    -------
+    (d, d) symmetric array
+    """
+    _, d, k = bases.shape
+    used = weights > 0
+    if not used.any() or not total > 0:
+        return np.zeros((d, d), dtype=np.float64)
+    root = np.sqrt(np.repeat(weights[used] / total, k))
+    factor = bases[used].transpose(1, 0, 2).reshape(d, -1) * root  # (d, k * used)
+    return np.asarray(factor @ factor.T, dtype=np.float64)
+
+
 def safe_top_k_eigh(matrix: FloatArray, k: int) -> FloatArray:
     """Top-k eigenvectors of a symmetric matrix, or :func:`fallback_basis` if LAPACK fails or
     returns non-finite vectors (total on every input; the matrix is scaled by a power of two)."""
@@ -689,14 +726,7 @@ def friendly_aggregate(
         noisy = mean + rng.normal(0.0, sigma, size=mean.shape)
         basis = safe_top_right_singular_vectors(noisy.reshape(-1, d), k)
     else:
-        # sum_j w_j U_j U_j^T / W as one (d x tk) @ (tk x d) product over the used subsets
-        used = weights > 0
-        mean_proj = np.zeros((d, d), dtype=np.float64)
-        if used.any() and total > 0:
-            stacked = bases[used].transpose(1, 0, 2).reshape(d, -1)
-            scale = np.repeat(weights[used] / total, k)
-            mean_proj = (stacked * scale) @ stacked.T
-        noisy = mean_proj + rng.normal(0.0, sigma, size=(d, d))
+        noisy = projection_mean(bases, weights, total) + rng.normal(0.0, sigma, size=(d, d))
         basis = safe_top_k_eigh(0.5 * (noisy + noisy.T), k)
     return FriendlyResult(basis, radius, radius_exponent, w_low, sigma)
 

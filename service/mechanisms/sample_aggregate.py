@@ -9,9 +9,12 @@ Privacy: nothing here is private by itself. The partition and the reference poin
 randomness drawn from the release's generator, and replacing one row of the data changes the rows
 of exactly one subset, hence exactly one ``U_j`` and one ``y_j``; the aggregators rely on that.
 
-Memory: the data is read one group of subsets at a time by fancy-indexing (a memory map stays a
-memory map), so beyond the data itself memory is ``O(t d k)`` for the bases and ``O(t q d)`` for
-the points, never ``O(n d)``; :func:`step_one_bytes` bounds it from public facts.
+Memory and I/O: the data is read in sequential passes (:func:`subset_bases`): each pass gathers
+the rows of as many subsets as fit :data:`PASS_BYTES` in one ascending sweep (a memory map stays a
+memory map and is read front to back, never at random, so a dataset larger than memory does not
+thrash the page cache); beyond the data itself memory is ``O(t d k)`` for the bases, the pass
+buffer, and ``O(t q d)`` for the points, never ``O(n d)``; :func:`subset_bases_bytes` bounds it
+from public facts.
 
 Floating point and totality: each subset's rows are scaled by a power of two of their own
 before any Gram matrix or SVD, so the computed ``U_j`` is a function of subset ``j``'s rows only
@@ -31,8 +34,11 @@ from service.mechanisms.linalg import FloatArray
 
 IntArray = npt.NDArray[np.int64]
 
-#: Rows read per group of subsets: 8192 rows of d = 1000 doubles is 64 MB.
+#: Rows decomposed per group of subsets: 8192 rows of d = 1000 doubles is 64 MB.
 GROUP_ROWS = 8192
+#: Bytes of rows gathered per sequential pass over the data (:func:`subset_bases`): a dataset of
+#: ``B`` bytes is read front to back about ``B / PASS_BYTES`` times, never at random.
+PASS_BYTES = 512 << 20
 
 
 def random_partition(n: int, t: int, rng: np.random.Generator) -> IntArray:
@@ -115,7 +121,7 @@ def safe_top_right_singular_vectors(matrix: FloatArray, k: int) -> FloatArray:
     return basis if _is_orthonormal(basis) else fallback_basis(d, k)
 
 
-def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
+def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False) -> FloatArray:
     """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
 
     Each block is first scaled by its own power of two (:func:`power_of_two_exponents`): the
@@ -140,13 +146,18 @@ def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
     ----------
     blocks : (g, m, d) array of finite values
     k : int, ``k <= min(m, d)``
+    overwrite : bool
+        Scale ``blocks`` in place (they are then left scaled).
 
     Returns
     -------
     (g, d, k) array with orthonormal columns, in order of decreasing singular value.
     """
     g, m, d = blocks.shape
-    scaled = np.ldexp(blocks, -power_of_two_exponents(blocks)[:, None, None])
+    exponents = -power_of_two_exponents(blocks)[:, None, None]
+    # In place when the caller's blocks are scratch (subset_bases' pass buffer): one pass over
+    # the rows and no allocation of their size, the same values.
+    scaled = np.ldexp(blocks, exponents, out=blocks) if overwrite else np.ldexp(blocks, exponents)
     bases = np.empty((g, d, k), dtype=np.float64)
     try:
         if m > d:
@@ -177,21 +188,85 @@ def _top_k_right_singular(blocks: FloatArray, k: int) -> FloatArray:
     return bases
 
 
+def gather_rows(
+    data: npt.NDArray[Any], rows: IntArray, out: FloatArray, chunk_rows: int = GROUP_ROWS
+) -> None:
+    """``out[i] = data[rows[i]]``, reading ``data`` in one ascending sweep.
+
+    The rows are fetched in increasing row order (at most ``chunk_rows`` at a time), so a
+    memory-mapped file is read front to back once, skipping only the rows not asked for: the
+    kernel's read-ahead serves it, and a file larger than memory is never read at random.
+
+    Parameters
+    ----------
+    data : (n, d) array or memory map
+    rows : (r,) int array of row indices (any order, no repeats needed)
+    out : (r, d) float64 array, written in place
+    chunk_rows : int
+        Rows fetched per step (temporary memory ``O(chunk_rows d)``).
+    """
+    order = np.argsort(rows, kind="stable")
+    fetched = np.empty((min(chunk_rows, order.shape[0]), out.shape[1]), dtype=np.float64)
+    for start in range(0, order.shape[0], chunk_rows):
+        slots = order[start : start + chunk_rows]
+        chunk = fetched[: slots.shape[0]]
+        # mode="clip" (the indices are valid) lets numpy write into ``chunk`` unbuffered.
+        np.take(data, rows[slots], axis=0, out=chunk, mode="clip")
+        out[slots] = chunk
+
+
+def take_rows(
+    data: npt.NDArray[Any], rows: IntArray, out: FloatArray, chunk_rows: int = GROUP_ROWS
+) -> None:
+    """``out[i] = data[rows[i]]`` in the given order (one copy, no sort): for data that one pass
+    covers, where the ascending sweep of :func:`gather_rows` would only add a second copy."""
+    for start in range(0, rows.shape[0], chunk_rows):
+        stop = min(rows.shape[0], start + chunk_rows)
+        np.take(data, rows[start:stop], axis=0, out=out[start:stop], mode="clip")
+
+
+def pass_subsets(t: int, m: int, d: int, per_group: int, pass_bytes: int) -> int:
+    """Subsets gathered per sequential pass: whole groups of ``per_group`` subsets whose rows
+    (``m d`` doubles per subset) fit ``pass_bytes``, at least one group, at most all ``t``."""
+    groups = max(1, pass_bytes // max(1, 8 * per_group * m * d))
+    return min(t, groups * per_group)
+
+
 def subset_bases(
-    data: npt.NDArray[Any], partition: IntArray, k: int, *, group_rows: int = GROUP_ROWS
+    data: npt.NDArray[Any],
+    partition: IntArray,
+    k: int,
+    *,
+    group_rows: int = GROUP_ROWS,
+    pass_bytes: int | None = None,
 ) -> FloatArray:
     """``U_j``: the top-k right singular vectors of each subset's rows (no clipping needed).
+
+    Sequential passes: the subsets are taken in passes of :func:`pass_subsets` subsets whose
+    rows fit ``pass_bytes``; each pass gathers its rows in one ascending sweep over the data
+    (:func:`gather_rows`) into a buffer laid out subset by subset, and the subsets are then
+    decomposed from that buffer in groups of ``group_rows // m``. The partition is uniformly
+    random, so every subset has rows all over the file; gathering group by group (as before)
+    read the file at random once per group, and a file larger than the page cache then thrashed.
+    Now it is read front to back ``ceil(t m d 8 / pass_bytes)`` times at most. (When one pass
+    holds every subset, the data fits the pass budget: each group's rows are then simply taken
+    in subset order into one reused group buffer, as cheap as before.) Which rows form
+    subset ``j``, their order, and the batches LAPACK sees are unchanged, so every ``U_j`` is
+    the same, bit for bit, whatever ``pass_bytes``.
 
     Parameters
     ----------
     data : (n, d) array
-        The rows; may be a read-only memory map, read one group of subsets at a time.
+        The rows; may be a read-only memory map.
     partition : (t, m) int array
         From :func:`random_partition`; ``m >= k``.
     k : int
         Subspace dimension.
     group_rows : int
-        Rows read at once (memory ``O(group_rows d)``).
+        Rows decomposed at once (memory ``O(group_rows d)`` for the decompositions).
+    pass_bytes : int, optional
+        Bytes of rows gathered per pass (the buffer; at least one group is always gathered);
+        default :data:`PASS_BYTES`.
 
     Returns
     -------
@@ -203,11 +278,29 @@ def subset_bases(
     if not 1 <= k <= min(m, d):
         raise ValueError(f"need 1 <= k <= min(m, d) = {min(m, d)}, got k={k}")
     per_group = max(1, group_rows // m)
+    per_pass = pass_subsets(t, m, d, per_group, PASS_BYTES if pass_bytes is None else pass_bytes)
     bases = np.empty((t, d, k), dtype=np.float64)
-    for start in range(0, t, per_group):
-        idx = partition[start : start + per_group]
-        rows = np.asarray(data[idx.ravel()], dtype=np.float64).reshape(idx.shape[0], m, d)
-        bases[start : start + idx.shape[0]] = _top_k_right_singular(rows, k)
+    if per_pass >= t:
+        # The data fits one pass: take each group's rows in subset order into one reused group
+        # buffer (no sort, no second copy; the ascending sweep pays off only over several
+        # passes), then decompose it in place.
+        buffer = np.empty((min(t, per_group) * m, d), dtype=np.float64)
+        for start in range(0, t, per_group):
+            stop = min(t, start + per_group)
+            rows = buffer[: (stop - start) * m]
+            take_rows(data, partition[start:stop].ravel(), rows)
+            block = rows.reshape(stop - start, m, d)
+            bases[start:stop] = _top_k_right_singular(block, k, overwrite=True)
+        return bases
+    buffer = np.empty((per_pass * m, d), dtype=np.float64)
+    for first in range(0, t, per_pass):
+        last = min(t, first + per_pass)
+        rows = buffer[: (last - first) * m]
+        gather_rows(data, partition[first:last].ravel(), rows)
+        for start in range(first, last, per_group):
+            stop = min(last, start + per_group)
+            block = rows[(start - first) * m : (stop - first) * m].reshape(stop - start, m, d)
+            bases[start:stop] = _top_k_right_singular(block, k, overwrite=True)
     return bases
 
 
@@ -258,19 +351,30 @@ def group_shape(t: int, m: int, group_rows: int = GROUP_ROWS) -> int:
     return min(t, max(1, group_rows // m))
 
 
-def subset_bases_bytes(t: int, m: int, d: int, k: int, group_rows: int = GROUP_ROWS) -> int:
+def subset_bases_bytes(
+    t: int, m: int, d: int, k: int, group_rows: int = GROUP_ROWS, pass_bytes: int | None = None
+) -> int:
     """Peak bytes of :func:`subset_bases`, from its own allocations (public facts only).
 
-    The bases (``t d k``) plus, per group of ``g`` subsets of ``m`` rows: the rows read and
-    their power-of-two scaled copy (``2 g m d``), the Gram matrices, their eigenvectors,
+    The bases (``t d k``), the pass buffer (``p m d`` for ``p`` subsets per pass; one group's
+    ``g m d`` when one pass holds all ``t``), the gather's sort order and one fetched chunk
+    (``r + GROUP_ROWS d`` for the ``r = p m`` rows of a pass, and its index arrays), plus, per
+    group of ``g`` subsets of ``m`` rows: a scaled copy of its rows (``g m d``; the pass
+    buffer is now scaled in place, so this is slack), the Gram matrices, their eigenvectors,
     LAPACK's copy and a contiguous copy of the top eigenvectors (``4 g s^2``, ``s = min(m,
     d)``), the eigenvalues, and the lifted vectors (``3 g d k``: the product, the good blocks'
     copy and the division's result); an SVD fallback of one block is smaller than the group's
     rows. Doubles, 8 bytes each.
     """
     g = group_shape(t, m, group_rows)
+    per_pass = PASS_BYTES if pass_bytes is None else pass_bytes
+    p = pass_subsets(t, m, d, max(1, group_rows // m), per_pass)
     s = min(m, d)
-    floats = t * d * k + 2 * g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
+    if p >= t:  # one pass: one reused group buffer, no sort
+        buffer, gather = g * m * d, GROUP_ROWS
+    else:
+        buffer, gather = p * m * d, 2 * p * m + GROUP_ROWS * d + 2 * GROUP_ROWS
+    floats = t * d * k + buffer + gather + g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
     return 8 * floats
 
 

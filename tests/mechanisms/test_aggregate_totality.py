@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import tracemalloc
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from service.mechanisms import sample_aggregate as sa
 from service.mechanisms.base import MechanismOutput, PublicContext, ReleaseSpec
 from service.mechanisms.friendly_aggregate import FriendlyAggregate, FriendlyAggregateParams
 from service.mechanisms.histogram_aggregate import HistogramAggregate, HistogramAggregateParams
@@ -150,6 +152,81 @@ def test_one_row_changes_only_its_own_subsets_basis() -> None:
         others = np.arange(40) != 3
         assert np.array_equal(before[others], after[others])
         assert np.allclose(after[3].T @ after[3], np.eye(2), atol=1e-8)
+
+
+def previous_subset_bases(data: np.ndarray, partition: np.ndarray, k: int) -> np.ndarray:
+    """subset_bases before sequential passes: each group of subsets gathered at random."""
+    t, m = partition.shape
+    per_group = max(1, 8192 // m)
+    out = np.empty((t, data.shape[1], k))
+    for start in range(0, t, per_group):
+        idx = partition[start : start + per_group]
+        rows = np.asarray(data[idx.ravel()], dtype=np.float64).reshape(idx.shape[0], m, -1)
+        out[start : start + idx.shape[0]] = sa._top_k_right_singular(rows, k)
+    return out
+
+
+def test_gather_rows_reads_in_one_ascending_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    fetched: list[int] = []
+    take = np.take
+
+    def recording(a: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
+        fetched.extend(np.asarray(indices).tolist())
+        return take(a, indices, *args, **kwargs)
+
+    data = np.arange(50 * 3, dtype=np.float64).reshape(50, 3)
+    rows = np.random.default_rng(1).permutation(50)[:37]
+    out = np.empty((37, 3))
+    monkeypatch.setattr(np, "take", recording)
+    sa.gather_rows(data, rows, out, chunk_rows=8)
+    monkeypatch.undo()
+    assert np.array_equal(out, data[rows])
+    assert fetched == sorted(rows.tolist())  # front to back, each row once
+
+
+@pytest.mark.parametrize("pass_bytes", [1, 8 * 40 * 12 * 3, 1 << 30])
+def test_sequential_passes_give_the_same_bases_bit_for_bit(pass_bytes: int, tmp_path: Path) -> None:
+    # One group per pass, three groups per pass, or everything in one pass: the same U_j as
+    # gathering group by group, from an array or a memory map.
+    data = _base(4800, 12, 3, seed=7) * np.exp(np.random.default_rng(8).normal(size=(4800, 1)))
+    path = tmp_path / "x.npy"
+    np.save(path, data)
+    mapped = np.load(path, mmap_mode="r")
+    partition = random_partition(4800, 120, np.random.default_rng(9))  # m = 40
+    expected = previous_subset_bases(data, partition, 3)
+    for source in (data, mapped):
+        got = subset_bases(source, partition, 3, group_rows=100, pass_bytes=pass_bytes)
+        assert np.array_equal(got, previous_subset_bases(source, partition, 3))
+        assert np.array_equal(got, expected)
+    assert sa.pass_subsets(120, 40, 12, 2, pass_bytes) in (2, 6, 120)
+
+
+def test_memmap_passes_release_what_the_array_releases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both aggregators, fixed seed: the memory-mapped file read in many small passes releases
+    exactly what the in-memory array releases."""
+    from service.mechanisms.friendly_aggregate import friendly_aggregate
+    from service.mechanisms.histogram_aggregate import histogram_aggregate
+
+    data = _base(6000, 20, 2, seed=10)
+    path = tmp_path / "x.npy"
+    np.save(path, data)
+    mapped = np.load(path, mmap_mode="r")
+    monkeypatch.setattr(sa, "PASS_BYTES", 8 * 20 * 40 * 5)  # five subsets of 40 rows a pass
+    f_mapped = friendly_aggregate(mapped, 2, 8.0, 1e-3, np.random.default_rng(11), t=150)
+    h_mapped = histogram_aggregate(
+        mapped, 2, 8.0, 1e-3, 150, 4, 0.05, "center", np.random.default_rng(12)
+    )
+    monkeypatch.undo()
+    f_array = friendly_aggregate(data, 2, 8.0, 1e-3, np.random.default_rng(11), t=150)
+    h_array = histogram_aggregate(
+        data, 2, 8.0, 1e-3, 150, 4, 0.05, "center", np.random.default_rng(12)
+    )
+    assert f_array.basis is not None and f_mapped.basis is not None
+    assert np.array_equal(f_array.basis, f_mapped.basis)
+    assert h_array[0] is not None and h_mapped[0] is not None
+    assert np.array_equal(h_array[0], h_mapped[0])
 
 
 def test_scaled_bases_match_the_unscaled_svd() -> None:

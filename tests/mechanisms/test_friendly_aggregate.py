@@ -208,6 +208,41 @@ def test_projection_distances_match_direct() -> None:
     assert np.allclose(projection_distances(bases), direct, atol=1e-12)
 
 
+def test_projection_blocks_compute_one_triangle_and_match_direct() -> None:
+    # Each block holds its own square part (its cross products computed as one triangle and
+    # mirrored) and the pairs with later points; any blocking gives the direct distances of
+    # exactly those pairs, and the same counts.
+    rng = np.random.default_rng(9)
+    t = 23
+    bases = np.stack([np.linalg.qr(rng.standard_normal((11, 3)))[0] for _ in range(t)])
+    proj = np.einsum("tdk,tek->tde", bases, bases)
+    direct = np.linalg.norm(proj[:, None] - proj[None, :], axis=(2, 3))
+    block = fa.projection_distance_block(bases)
+    for rows in (t, 7, 1):
+        for start in range(0, t, rows):
+            stop = min(t, start + rows)
+            got = block(start, stop)
+            assert got.shape == (stop - start, t - start)
+            assert np.allclose(got, direct[start:stop, start:], atol=1e-7)
+    radii = radius_grid(math.sqrt(6.0), 17)
+    single = fa.count_friends(block, t, radii, rows=t)
+    assert np.array_equal(single, fa.count_friends(block, t, radii, rows=5))
+    assert np.array_equal(single, np.stack([friend_counts(direct, r) for r in radii], axis=1))
+
+
+def test_projection_mean_is_the_weighted_projector_average() -> None:
+    rng = np.random.default_rng(10)
+    bases = np.stack([np.linalg.qr(rng.standard_normal((8, 2)))[0] for _ in range(15)])
+    weights = rng.uniform(0.0, 1.0, 15)
+    weights[[2, 5]] = 0.0
+    total = float(weights.sum())
+    expected = np.einsum("t,tdk,tek->de", weights / total, bases, bases)
+    got = fa.projection_mean(bases, weights, total)
+    assert np.allclose(got, expected, rtol=0, atol=1e-14)
+    assert np.array_equal(got, got.T)
+    assert np.array_equal(fa.projection_mean(bases, np.zeros(15), 0.0), np.zeros((8, 8)))
+
+
 def test_reference_embeddings_are_projected_points() -> None:
     rng = np.random.default_rng(9)
     data = rng.standard_normal((200, 15))

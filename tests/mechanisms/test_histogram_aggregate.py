@@ -15,6 +15,7 @@ from service.mechanisms.histogram_aggregate import (
     HistogramAggregate,
     HistogramAggregateParams,
     boost_groups,
+    cell_counts,
     count_noise_scale,
     min_subsets,
     select_boosted,
@@ -120,6 +121,54 @@ def test_stability_histogram_heavy_and_empty() -> None:
     assert np.all((lower <= same[0]) & (same[0] < lower + 0.5))
     scattered = rng.standard_normal((100, 6)) * 100  # one point per cell
     assert stability_histogram(scattered, 0.5, EPS, DELTA, rng) is None
+
+
+def unique_reference(cells: np.ndarray) -> dict[tuple[float, ...], int]:
+    """The grouping the mechanism used before :func:`cell_counts`: ``np.unique(axis=0)``."""
+    occupied, counts = np.unique(cells, axis=0, return_counts=True)
+    return {tuple(row.tolist()): int(c) for row, c in zip(occupied, counts, strict=True)}
+
+
+def grouped(cells: np.ndarray) -> dict[tuple[float, ...], int]:
+    first, counts = cell_counts(cells)
+    assert counts.sum() == cells.shape[0] and np.all(counts >= 1)
+    assert np.all(np.diff(first) > 0)  # first occurrences, in order
+    return {tuple(cells[i].tolist()): int(c) for i, c in zip(first, counts, strict=True)}
+
+
+@pytest.mark.parametrize("case", ["random", "duplicates", "one_cell", "all_distinct", "extreme"])
+def test_cell_counts_equal_np_unique(case: str) -> None:
+    rng = np.random.default_rng(11)
+    t, dim = 300, 40
+    if case == "random":  # a few cells per coordinate, many collisions of whole rows unlikely
+        cells = np.floor(rng.standard_normal((t, dim)) * 0.3)
+    elif case == "duplicates":  # heavy cells of repeated rows, interleaved, and some singletons
+        pool = np.floor(rng.standard_normal((7, dim)) * 3)
+        cells = pool[rng.integers(0, 7, size=t)]
+        cells[::10] = np.floor(rng.standard_normal((len(cells[::10]), dim)) * 100)
+    elif case == "one_cell":
+        cells = np.zeros((t, dim))
+    elif case == "all_distinct":  # rows differing in the last coordinate only
+        cells = np.zeros((t, dim))
+        cells[:, -1] = np.arange(t)
+    else:  # the clamped extremes and the smallest steps
+        values = np.array([-(2.0**62), 2.0**62, -1.0, 0.0, 1.0, 2.0**52, 2.0**52 + 1])
+        cells = values[rng.integers(0, values.size, size=(t, dim))]
+        cells[: t // 2, 1:] = 0.0  # many rows share all but the first coordinate
+    assert grouped(cells) == unique_reference(cells)
+
+
+def test_cell_counts_negative_zero_shares_the_cell_of_zero() -> None:
+    # np.unique compares values, so -0.0 and 0.0 were one cell; bytes differ, so cell_counts
+    # must canonicalise. A floored -0.0 arises from a tiny negative quotient that underflows.
+    with np.errstate(under="ignore"):
+        quotient = np.floor(np.array([[-1e-300, 1.0], [0.0, 1.0], [-0.0, 1.0]]) / 1e300)
+    assert np.signbit(quotient[0, 0]) and not np.signbit(quotient[1, 0])
+    assert cell_counts(quotient)[1].tolist() == [3]
+    assert grouped(quotient) == unique_reference(quotient) == {(0.0, 0.0): 3}
+    mixed = np.array([[-0.0, -0.0], [0.0, 0.0], [0.0, -0.0], [-1.0, 0.0], [-1.0, -0.0]])
+    assert grouped(mixed) == unique_reference(mixed)
+    assert sorted(cell_counts(mixed)[1].tolist()) == [2, 3]
 
 
 def test_select_boosted() -> None:

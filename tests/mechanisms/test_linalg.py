@@ -12,11 +12,13 @@ from hypothesis import strategies as st
 
 from service.mechanisms import linalg
 from service.mechanisms.linalg import (
+    _clip_rows,
     clip_rows,
     clipped_gram,
     eigenvalues_desc,
     iter_row_chunks,
     orthonormal_basis,
+    power_of_two_exponent,
     projector,
     subspace_distance,
     top_k_eigh,
@@ -39,6 +41,68 @@ def test_clip_rows_scales_only_long_rows() -> None:
     cosines = np.sum(clipped[~short] * rows[~short], axis=1) / (clipped_norms * norms)[~short]
     assert cosines == pytest.approx(np.ones((~short).sum()))
     assert np.array_equal(clipped[0], np.zeros(5))
+
+
+def previous_clip_rows(rows: np.ndarray, clip_norm: float) -> np.ndarray:
+    """clip_rows as it was before the einsum fast path (every row scaled, always a copy)."""
+    block = np.asarray(rows, dtype=np.float64)
+    exponent = power_of_two_exponent(np.max(np.abs(block), axis=1))
+    with np.errstate(over="ignore", under="ignore"):
+        scaled = np.ldexp(block, -exponent[:, None])
+        norms = np.linalg.norm(scaled, axis=1)
+        limit = np.ldexp(clip_norm, -exponent)
+    keep = norms <= limit
+    factor = np.where(keep, 0.0, clip_norm / np.where(keep, 1.0, norms))
+    scaled *= factor[:, None]
+    return np.asarray(np.where(keep[:, None], block, scaled))
+
+
+def mixed_scale_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """Rows of norms spread around 1, plus rows at extreme scales and zero rows."""
+    rows = rng.standard_normal((n, d)) * rng.uniform(0.0, 2.0, size=(n, 1))
+    scales = 10.0 ** rng.choice([-300.0, -200.0, -150.0, -100.0, 100.0, 150.0, 200.0, 300.0], n)
+    extreme = rng.random(n) < 0.2
+    rows[extreme] *= scales[extreme, None]
+    rows[rng.random(n) < 0.05] = 0.0
+    return rows
+
+
+@pytest.mark.parametrize("clip_norm", [1e-200, 1e-3, 1.0, 2.5, 1e100, 1e200])
+def test_clip_rows_equals_the_previous_implementation(clip_norm: float) -> None:
+    # The fast path only changes which norm decides (sqrt of an einsum instead of the scaled
+    # norm); kept rows are the input and clipped rows the same formula, so the outputs agree
+    # bit for bit except for a row whose norm is within rounding of C (none here).
+    rng = np.random.default_rng(2)
+    rows = mixed_scale_rows(rng, 2000, 7)
+    expected = previous_clip_rows(rows, clip_norm)
+    got = clip_rows(rows, clip_norm)
+    assert got is not rows and np.array_equal(got, expected)
+    assert np.any(np.all(got == rows, axis=1)) or clip_norm < 1e-100  # some rows kept
+    assert clip_norm > 1e150 or np.any(np.any(got != rows, axis=1))  # and some clipped
+    # Few rows over C (gathered) and most rows over C (whole-block arithmetic): same bits.
+    for fraction in (0.05, 0.9):
+        near = rng.standard_normal((2000, 7)) * (0.1 * clip_norm)  # norms ~0.26 C
+        near[rng.random(2000) < fraction] *= 100.0  # norms ~26 C
+        assert np.array_equal(clip_rows(near, clip_norm), previous_clip_rows(near, clip_norm))
+
+
+def test_clipped_gram_skips_the_copy_and_equals_the_previous_gram(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    inside = rng.standard_normal((500, 9)) * 0.2  # every row below C = 3
+    assert _clip_rows(inside, 3.0) is inside  # no copy
+    some_over = inside.copy()
+    some_over[::50] *= 100.0
+    for data in (inside, some_over, mixed_scale_rows(rng, 500, 9)):
+        path = tmp_path / "data.npy"
+        np.save(path, data)
+        mapped = np.load(path, mmap_mode="r")
+        for chunk_rows in (1, 64, 10_000):
+            expected = np.zeros((9, 9))
+            with np.errstate(under="ignore", over="ignore"):
+                for start in range(0, 500, chunk_rows):
+                    block = previous_clip_rows(data[start : start + chunk_rows], 3.0)
+                    expected += block.T @ block
+            assert np.array_equal(clipped_gram(mapped, 3.0, chunk_rows=chunk_rows), expected)
 
 
 def test_iter_row_chunks_covers_every_row_once() -> None:

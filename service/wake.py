@@ -1,0 +1,260 @@
+"""Wake idle workers when a release is queued, instead of letting them find it at their next poll.
+
+A wake-up is a **hint**: a worker that misses one still finds the job at its next poll
+(``DPSS_WORKER_POLL_SECONDS``), so nothing here can lose or duplicate a job, and every failure
+in here is logged and waited out, never raised into the API or the worker loop.
+
+* **PostgreSQL**: the transaction that queues a release also runs ``NOTIFY dpss_release_queued``
+  (:func:`announce`). PostgreSQL delivers a notification only when that transaction commits, so
+  a woken worker always finds the committed job, and a refused (rolled back) request wakes
+  nobody. Each worker process keeps one dedicated connection (outside the pool) in
+  ``LISTEN``, read by a background thread (:class:`PostgresListener`); scaled-out workers on other
+  machines are woken the same way. That connection holds no transaction and no lock; it is
+  checked every :data:`LISTEN_CHECK_SECONDS` and, when the database goes away, closed and
+  reopened with capped exponential backoff (the worker's own retry settings). After every
+  (re)connection the worker claims once, since notifications sent while nobody listened are
+  lost.
+* **SQLite (embedded mode)**: API and workers share the data directory on one machine. After
+  the queueing transaction commits, the API replaces the file ``<data dir>/wake/queued`` (a new
+  file renamed over the old one: a new inode, so a change is seen even where modification
+  times are coarse). An idle worker looks at that file's inode and modification time every
+  :data:`FILE_CHECK_SECONDS` (one ``stat``: no socket, no port, works for any number of API and
+  worker processes, and nothing to clean up after a crash) and claims as soon as they change.
+  A failed write or ``stat`` (read-only or full disk) only means the worker polls as before.
+
+The worker calls :meth:`Waker.wait` only while idle and holding no database connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy import Engine, event, text
+from sqlalchemy.orm import Session
+
+from service.config import Settings
+
+log = logging.getLogger("dpss.wake")
+
+#: The PostgreSQL notification channel (a fixed identifier: no quoting, no data in it).
+CHANNEL = "dpss_release_queued"
+#: How often an idle worker looks at the wake file (SQLite mode), seconds.
+FILE_CHECK_SECONDS = 0.02
+#: How often the listener's connection is checked with a trivial query while idle, seconds: a
+#: connection that died without a reset (a server gone from the network) is noticed this fast.
+LISTEN_CHECK_SECONDS = 5.0
+#: Key in ``Session.info`` that marks a transaction which queued a release (SQLite mode).
+_PENDING = "dpss_wake_file"
+
+
+def wake_file(settings: Settings) -> Path:
+    """The file an API replaces after queueing a release (SQLite mode)."""
+    return settings.data_dir / "wake" / "queued"
+
+
+def touch(path: Path) -> None:
+    """Replace ``path`` by a new file (new inode and modification time); errors are logged."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".queued-")
+        os.close(handle)
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.warning("could not signal the workers through %s (%s); they will poll", path, exc)
+
+
+def announce(session: Session, settings: Settings) -> None:
+    """Wake the workers once the current transaction (which queues a release) commits.
+
+    PostgreSQL: ``NOTIFY`` inside the transaction (delivered at commit, dropped on rollback).
+    SQLite: the wake file is replaced after the commit (:func:`_after_commit`). Other dialects:
+    nothing; the workers poll.
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(text(f"NOTIFY {CHANNEL}"))
+    elif dialect == "sqlite":
+        session.info[_PENDING] = wake_file(settings)
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    path = session.info.pop(_PENDING, None)
+    if path is not None:
+        touch(path)
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(session: Session) -> None:
+    session.info.pop(_PENDING, None)
+
+
+# -- the worker's side ----------------------------------------------------------------------------
+
+
+class Waker(Protocol):
+    def wait(self, timeout: float) -> None:
+        """Return after ``timeout`` seconds, on a wake-up, or when the worker is told to stop."""
+
+    def close(self) -> None:
+        """Release what the waker holds (a connection, a thread)."""
+
+
+class NoWake:
+    """Polling only (other databases, or no way to be woken)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def wait(self, timeout: float) -> None:
+        self.stop.wait(timeout)
+
+    def close(self) -> None:
+        pass
+
+
+class FileWatch:
+    """Wakes when the wake file's inode or modification time changes (SQLite mode)."""
+
+    def __init__(self, path: Path, stop: threading.Event) -> None:
+        self.path = path
+        self.stop = stop
+        self.seen = self._signature()
+
+    def _signature(self) -> tuple[int, int] | None:
+        try:
+            status = os.stat(self.path)
+        except OSError:
+            return None
+        return status.st_ino, status.st_mtime_ns
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self._signature()
+            if current != self.seen:
+                # Remember before the worker claims: a later change wakes the next wait.
+                self.seen = current
+                return
+            left = deadline - time.monotonic()
+            if left <= 0 or self.stop.wait(min(FILE_CHECK_SECONDS, left)):
+                return
+
+    def close(self) -> None:
+        pass
+
+
+class PostgresListener:
+    """A thread holding one dedicated ``LISTEN`` connection; sets an event per notification.
+
+    Parameters
+    ----------
+    conninfo : str
+        A libpq connection string or URI (the worker's database).
+    stop : threading.Event
+        The worker's stop event: ends the thread and any wait.
+    retry_initial, retry_max : float
+        Backoff between reconnection attempts (doubling, capped, jittered).
+    """
+
+    def __init__(
+        self, conninfo: str, stop: threading.Event, retry_initial: float, retry_max: float
+    ) -> None:
+        self.conninfo = conninfo
+        self.stop = stop
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.woken = threading.Event()
+        #: Set while a connection is listening (tests and diagnostics).
+        self.listening = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dpss-listen", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float) -> None:
+        # A stop ends the thread, which sets ``woken`` on its way out (within 0.5 s).
+        self.woken.wait(timeout)
+        if not self._ended():
+            self.woken.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        self.woken.set()
+        self._thread.join(timeout=LISTEN_CHECK_SECONDS + 5)
+
+    def _ended(self) -> bool:
+        return self._closed.is_set() or self.stop.is_set()
+
+    def _run(self) -> None:
+        import psycopg
+
+        failures = 0
+        while not self._ended():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    if failures:
+                        log.warning("listening for queued releases again")
+                    failures = 0
+                    self.listening.set()
+                    # Notifications sent while nobody listened are lost: claim once now.
+                    self.woken.set()
+                    self._listen(conn)
+            except Exception as exc:  # any failure of the hint channel: reconnect later
+                self.listening.clear()
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "not listening for queued releases (%s); polling until reconnected",
+                        type(exc).__name__,
+                    )
+                ceiling = min(self.retry_max, self.retry_initial * 2 ** min(failures - 1, 30))
+                self._pause(random.uniform(ceiling / 2, ceiling))
+        self.listening.clear()
+        self.woken.set()  # a worker waiting now returns to see its stop request
+
+    def _listen(self, conn: Any) -> None:
+        last_check = time.monotonic()
+        while not self._ended():
+            for _ in conn.notifies(timeout=0.5):
+                self.woken.set()
+                if self._ended():
+                    return
+            if time.monotonic() - last_check >= LISTEN_CHECK_SECONDS:
+                conn.execute("SELECT 1")  # raises on a dead connection: reconnect
+                last_check = time.monotonic()
+
+    def _pause(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self._ended() and (left := deadline - time.monotonic()) > 0:
+            self._closed.wait(min(left, 0.5))
+
+
+def libpq_conninfo(engine: Engine) -> str:
+    """The engine's PostgreSQL URL as a libpq URI (the SQLAlchemy driver suffix removed)."""
+    url = engine.url.set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
+
+
+def waker_for(engine: Engine | None, settings: Settings, stop: threading.Event) -> Waker:
+    """The waker that fits the worker's database (see the module docstring)."""
+    if engine is None or not settings.worker_wake:
+        return NoWake(stop)
+    dialect = engine.dialect.name
+    if dialect == "postgresql":
+        return PostgresListener(
+            libpq_conninfo(engine),
+            stop,
+            settings.worker_db_retry_initial_seconds,
+            settings.worker_db_retry_max_seconds,
+        )
+    if dialect == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        return FileWatch(wake_file(settings), stop)
+    return NoWake(stop)

@@ -1,0 +1,242 @@
+"""Workers are woken when a release is queued (service/wake.py): NOTIFY on PostgreSQL, a wake
+file in embedded (SQLite) mode. The poll interval is set to a minute here, so a job that ends in
+seconds was started by a wake-up, not by a poll. Wake-ups are hints: a rolled-back request wakes
+nobody, and the PostgreSQL listener comes back after an outage."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from scripts.harness import PrivatePostgres
+from service import auth, wake
+from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine, make_session_factory
+from service.store import DatasetStore
+from service.worker import Worker
+from tests.conftest import bearer, npy_bytes
+from tests.test_worker_outages import (  # noqa: F401 (fixtures)
+    cluster,
+    needs_cluster,
+    pg_url,
+    status_of,
+    wait_for,
+)
+
+#: Far longer than any wait below: only a wake-up can start a job this early.
+SLOW_POLL = 60.0
+
+
+def wake_settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": tmp_path / "data",
+        "database_url": url,
+        "admin_api_key": None,
+        "worker_poll_seconds": SLOW_POLL,
+        "worker_heartbeat_seconds": 3600,
+        "worker_db_retry_initial_seconds": 0.05,
+        "worker_db_retry_max_seconds": 0.2,
+        "release_padding_floor_seconds": 0,
+        "release_padding_multiplier": 0,
+        "rate_limit_per_second": 0,
+        **overrides,
+    }
+    return Settings(**values)
+
+
+class Service:
+    """An API (TestClient) and a worker thread on one database, with an owner and an analyst."""
+
+    def __init__(self, settings: Settings, factory: sessionmaker[Session]) -> None:
+        self.settings, self.factory = settings, factory
+        with factory.begin() as session:
+            _, self.owner = auth.create_key(session, "owner", "o", None)
+            _, self.analyst = auth.create_key(session, "analyst", "a", None)
+        store = DatasetStore(settings.datasets_dir)
+        store.ensure()
+        self.worker = Worker(factory, store, settings, worker_id="wake-worker")
+        self.thread = threading.Thread(target=self.worker.run_forever, daemon=True)
+        self.client = TestClient(create_app(settings, session_factory=factory))
+
+    def __enter__(self) -> Service:
+        self.client.__enter__()
+        data = np.random.default_rng(1).normal(size=(60, 5)) * 0.2
+        self.dataset = self.client.post(
+            "/v1/datasets",
+            headers=bearer(self.owner),
+            files={"file": ("x.npy", npy_bytes(data), "application/octet-stream")},
+            data={"name": "d", "epsilon_budget": "5", "delta_budget": "1e-4"},
+        ).json()["id"]
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.worker.stop.set()
+        self.thread.join(timeout=30)
+        self.client.__exit__(None, None, None)
+        assert not self.thread.is_alive()
+
+    def request(self, **body: Any) -> Any:
+        payload = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-6"}
+        payload.update(params={"clip_norm": 1.0}, **body)
+        return self.client.post(
+            f"/v1/datasets/{self.dataset}/releases", headers=bearer(self.analyst), json=payload
+        )
+
+    def release_finishes_without_a_poll(self) -> float:
+        """Queue a release; seconds until it succeeded (fails if a poll would be needed)."""
+        start = time.monotonic()
+        response = self.request()
+        assert response.status_code == 202, response.text
+        release_id = uuid.UUID(response.json()["id"])
+        wait_for(
+            lambda: status_of(self.factory, release_id) == "succeeded",
+            timeout=SLOW_POLL / 3,
+            what="a woken worker",
+        )
+        return time.monotonic() - start
+
+
+def idle_with_no_connection(engine: Engine) -> None:
+    """The idle worker holds no pooled connection while it waits to be woken."""
+    wait_for(lambda: engine.pool.checkedout() == 0, timeout=10, what="connections returned")  # type: ignore[attr-defined]
+
+
+# -- embedded mode -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    from service.migrate import upgrade_to_head
+
+    url = f"sqlite:///{tmp_path / 'dpss.sqlite3'}"
+    upgrade_to_head(url)
+    return url
+
+
+def test_the_wake_file_changes_on_commit_only(tmp_path: Path, sqlite_url: str) -> None:
+    settings = wake_settings(tmp_path, sqlite_url)
+    factory = make_session_factory(make_engine(sqlite_url))
+    path = wake.wake_file(settings)
+    stop = threading.Event()
+    watch = wake.FileWatch(path, stop)
+    with factory() as session:
+        session.begin()
+        wake.announce(session, settings)
+        session.rollback()
+    start = time.monotonic()
+    watch.wait(0.3)
+    assert time.monotonic() - start >= 0.29 and not path.exists()  # rolled back: no wake
+    for _ in range(3):  # each commit is seen, however close together
+        with factory.begin() as session:
+            wake.announce(session, settings)
+        start = time.monotonic()
+        watch.wait(10)
+        assert time.monotonic() - start < 1.0
+    stop.set()
+    start = time.monotonic()
+    watch.wait(10)
+    assert time.monotonic() - start < 1.0  # a stop ends the wait
+
+
+def test_an_embedded_worker_is_woken_by_a_request(tmp_path: Path, sqlite_url: str) -> None:
+    settings = wake_settings(tmp_path, sqlite_url)
+    engine = make_engine(sqlite_url)
+    with Service(settings, make_session_factory(engine)) as service:
+        for _ in range(2):
+            idle_with_no_connection(engine)
+            assert service.release_finishes_without_a_poll() < 10
+        # A refused request (422) wakes nobody and changes nothing.
+        before = wake.FileWatch(wake.wake_file(settings), threading.Event()).seen
+        assert service.request(k=50).status_code == 422
+        assert wake.FileWatch(wake.wake_file(settings), threading.Event()).seen == before
+
+
+def test_a_failing_wake_file_only_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    wake.touch(blocked / "wake" / "queued")  # parent is a file: OSError, logged, not raised
+    assert "they will poll" in caplog.text
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_engine(committed_db: tuple[str, sessionmaker[Session]], backend: str) -> Iterator[Engine]:
+    if backend != "postgresql":
+        pytest.skip("PostgreSQL only")
+    engine = make_engine(committed_db[0])
+    yield engine
+    engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_notify_is_delivered_on_commit_only(pg_engine: Engine, tmp_path: Path) -> None:
+    settings = wake_settings(tmp_path, str(pg_engine.url))
+    stop = threading.Event()
+    listener = wake.PostgresListener(wake.libpq_conninfo(pg_engine), stop, 0.05, 0.2)
+    try:
+        assert listener.listening.wait(10)
+        listener.wait(5)  # the wake-up every (re)connection gives
+        factory = make_session_factory(pg_engine)
+        with factory() as session:
+            session.begin()
+            wake.announce(session, settings)
+            session.rollback()
+        start = time.monotonic()
+        listener.wait(0.5)
+        assert time.monotonic() - start >= 0.49  # rolled back: nothing delivered
+        with factory.begin() as session:
+            wake.announce(session, settings)
+        start = time.monotonic()
+        listener.wait(10)
+        assert time.monotonic() - start < 2.0
+    finally:
+        stop.set()
+        listener.close()
+    assert not listener.listening.is_set()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_postgres_worker_is_woken_by_a_request(pg_engine: Engine, tmp_path: Path) -> None:
+    settings = wake_settings(tmp_path, str(pg_engine.url))
+    with Service(settings, make_session_factory(pg_engine)) as service:
+        time.sleep(0.5)  # let the listener connect (and spend its first wake-up)
+        for _ in range(2):
+            idle_with_no_connection(pg_engine)
+            assert service.release_finishes_without_a_poll() < 10
+
+
+@needs_cluster
+def test_the_listener_reconnects_after_an_outage(
+    cluster: PrivatePostgres,  # noqa: F811
+    pg_url: str,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = wake_settings(tmp_path, pg_url)
+    engine = make_engine(pg_url)
+    with Service(settings, make_session_factory(engine)) as service:
+        time.sleep(0.5)
+        assert service.release_finishes_without_a_poll() < 10
+        cluster.stop()
+        wait_for(lambda: "not listening for queued releases" in caplog.text, what="the outage")
+        time.sleep(0.5)
+        assert service.thread.is_alive()
+        cluster.start()
+        wait_for(lambda: "listening for queued releases again" in caplog.text, what="reconnect")
+        idle_with_no_connection(engine)
+        assert service.release_finishes_without_a_poll() < 10
+    engine.dispose()
