@@ -9,8 +9,9 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetCreate
-from service import audit, ledger
+from service import audit, ledger, wake
 from service.auth import Principal, require_role
+from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, utcnow
 from service.errors import DatasetGone, InvalidInput, NotFound
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
@@ -125,6 +126,7 @@ def append_batch(
     principal: Principal,
     dataset_id: uuid.UUID,
     batch: StoredMatrix,
+    settings: Settings,
 ) -> DatasetBatch:
     """Append an ingested batch (``store.ingest(..., batch=True)``) to the owner's dataset.
 
@@ -163,6 +165,9 @@ def append_batch(
         dataset_id=dataset.id,
         details={"seq": row.seq, "n_rows": batch.n_rows, "n_rows_total": dataset.n_rows},
     )
+    # A continual release waiting for this batch is a job again: wake idle workers at commit
+    # (a hint, as for a queued release; without it they find the batch at their next poll).
+    wake.announce(session, settings)
     session.flush()
     return row
 

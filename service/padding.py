@@ -63,6 +63,8 @@ def _continual_gauss(n: int, d: int, k: int, params: Params) -> float:
     # and the eigensolver.
     levels = max(1, _int_param(params, "horizon", 1)).bit_length()
     return _gram(n, d) + _eig(d) + 8.0 * levels * d * d
+
+
 def _centring(n: int, d: int, params: Params) -> float:
     # A private mean's clipped pass and the second clip per row: 2 n d.
     return 2.0 * n * d if params.get("center", "none") != "none" else 0.0

@@ -89,7 +89,7 @@ class Service:
 
     def request(self, **body: Any) -> Any:
         payload = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-6"}
-        payload.update(params={"clip_norm": 1.0}, **body)
+        payload.update({"params": {"clip_norm": 1.0}, **body})
         return self.client.post(
             f"/v1/datasets/{self.dataset}/releases", headers=bearer(self.analyst), json=payload
         )
@@ -240,3 +240,31 @@ def test_the_listener_reconnects_after_an_outage(
         idle_with_no_connection(engine)
         assert service.release_finishes_without_a_poll() < 10
     engine.dispose()
+
+
+def test_an_append_wakes_a_worker_for_the_next_epoch(tmp_path: Path, sqlite_url: str) -> None:
+    """A continual release waiting for its next batch is woken by the append, not a poll."""
+    settings = wake_settings(tmp_path, sqlite_url)
+    with Service(settings, make_session_factory(make_engine(sqlite_url))) as service:
+        response = service.request(
+            mechanism="continual_gauss", params={"clip_norm": 1.0, "horizon": 3}
+        )
+        assert response.status_code == 202, response.text
+        url = f"/v1/releases/{response.json()['id']}"
+
+        def epochs_done() -> int:
+            return int(
+                service.client.get(url, headers=bearer(service.analyst)).json()["epochs_done"]
+            )
+
+        wait_for(lambda: epochs_done() == 1, timeout=SLOW_POLL / 3, what="the first epoch")
+        batch = np.random.default_rng(2).normal(size=(40, 5)) * 0.2
+        appended = service.client.post(
+            f"/v1/datasets/{service.dataset}/rows",
+            headers=bearer(service.owner),
+            files={"file": ("b.npy", npy_bytes(batch), "application/octet-stream")},
+        )
+        assert appended.status_code in (200, 201), appended.text
+        start = time.monotonic()
+        wait_for(lambda: epochs_done() == 2, timeout=SLOW_POLL / 3, what="a woken worker")
+        assert time.monotonic() - start < 10

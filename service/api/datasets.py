@@ -244,7 +244,7 @@ async def append_rows(
         form.discard()
 
     def append(session: Session, principal: Principal) -> DatasetBatch:
-        row = datasets.append_batch(session, store, principal, dataset_id, stored)
+        row = datasets.append_batch(session, store, principal, dataset_id, stored, settings)
         dataset = datasets.get_dataset(session, principal, dataset_id)
         return DatasetBatch(
             dataset_id=dataset_id,
