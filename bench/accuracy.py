@@ -23,6 +23,7 @@ from bench.core import (
     Progress,
     Reference,
     Row,
+    SlowGuard,
     basis_mechanisms,
     call,
     captured,
@@ -52,6 +53,10 @@ class SyntheticGrid:
     #: ``(d, n)`` cells where the peers also run (all distances and epsilons of the grid).
     peer_cells: tuple[tuple[int, int], ...] = ()
     peer_limit: float = 60.0
+    #: Repetitions on which the peers run (their fits are slow; all of ``reps`` when larger).
+    peer_reps: int = 1
+    #: See :class:`bench.core.SlowGuard`.
+    slow_limit: float = 5.0
 
 
 def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
@@ -60,7 +65,8 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
     cells = [(d, n, dist) for d in grid.ds for n in grid.ns for dist in grid.distances]
     progress = Progress(len(cells) * grid.reps, "synthetic")
     rows: list[Row] = []
-    pending: list[tuple[Row, Fit, str, FloatArray, Reference, FloatArray]] = []
+    pending: list[tuple[Row, Fit, str, FloatArray, Reference, FloatArray | None]] = []
+    guard = SlowGuard.for_section(grid.slow_limit)
     for d, n, dist in cells:
         for rep in range(grid.reps):
             data, planted = near_subspace(n, d, grid.k, dist, seed_of("syn", d, n, dist, rep))
@@ -79,9 +85,13 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
             for epsilon in grid.epsilons:
                 for name in mechanisms:
                     seed = seed_of("run", name, d, n, dist, rep, epsilon)
-                    outcome = call(name, data, grid.k, epsilon, grid.delta, seed, ref)
+                    # The guard's cell leaves out the distance and the repetition: a mechanism
+                    # that spent its compute cap on a fruitless run is run once per (d, n, eps).
+                    outcome = guard.call(
+                        name, (d, n, epsilon), data, grid.k, epsilon, grid.delta, seed, ref
+                    )
                     rows.append(score(row(name, epsilon), outcome, data, ref, planted))
-                if peers is not None and (d, n) in grid.peer_cells:
+                if peers is not None and (d, n) in grid.peer_cells and rep < grid.peer_reps:
                     for peer in ("diffprivlib", "opendp"):
                         fit = Fit(data, grid.k, epsilon, CLIP, True, seed_of(peer, rep))
                         peer_row = row(peer, epsilon)
@@ -166,6 +176,7 @@ def real(
     rows: list[Row] = []
     pending: list[tuple[Row, Fit, str, FloatArray, Reference, FloatArray | None]] = []
     sets = real_datasets(names)
+    guard = SlowGuard.for_section(5.0)
     progress = Progress(len(sets) * 2, "real")
     for dataset, (data, clip) in sets.items():
         n, d = data.shape
@@ -191,7 +202,10 @@ def real(
                             continue
                         extra: dict[str, Any] = {"center": "private"} if centred else {}
                         seed = seed_of("real", name, dataset, tag, epsilon, rep)
-                        outcome = call(name, data, k, epsilon, delta, seed, ref, clip, extra)
+                        outcome = guard.call(
+                            name, (dataset, tag, epsilon), data, k, epsilon, delta, seed, ref,
+                            clip, extra,
+                        )  # fmt: skip
                         # Scored on the data as the reference sees it (centred on its mean).
                         rows.append(score(row(name, epsilon, rep), outcome, scored, ref, None))
                     if peers is not None and epsilon in peer_epsilons:
@@ -256,6 +270,7 @@ def downstream(
     mechanisms = basis_mechanisms()
     rows: list[Row] = []
     progress = Progress(len(ds) * reps, "downstream")
+    guard = SlowGuard.for_section(5.0)
     for d in ds:
         for rep in range(reps):
             data, planted = near_subspace(n, d, k, distance, seed_of("mean", d, rep))
@@ -278,7 +293,9 @@ def downstream(
             rows.append(row("oracle", "succeeded", float(np.linalg.norm(oracle - truth))))
             for name in mechanisms:
                 seed = seed_of("mean-run", name, d, rep)
-                outcome: Outcome = call(name, data, k, epsilon / 2, delta / 2, seed, ref)
+                outcome: Outcome = guard.call(
+                    name, (d,), data, k, epsilon / 2, delta / 2, seed, ref
+                )
                 if outcome.basis is None:
                     made = row(name, outcome.status, math.nan, outcome.seconds)
                     made.reason, made.params = outcome.reason[:200], outcome.params

@@ -218,6 +218,50 @@ def call(
     return Outcome("succeeded", out.basis, seconds, params=label, memory_bytes=memory)
 
 
+class SlowGuard:
+    """Keeps one slow, fruitless mechanism from eating the run's time budget.
+
+    When a mechanism's first repetition in a cell took longer than ``limit`` seconds and gave no
+    basis (``exact_gapmax`` on data that is not exactly low-rank spends its whole compute cap to
+    end ``no_result``), its later repetitions of that cell are recorded as ``skipped`` with the
+    reason, not run. The tables show the split (for example ``1/3 no_result, 2/3 skipped``).
+    """
+
+    #: ``--quick`` sets one guard for the whole run that ignores cells: a slow, fruitless
+    #: mechanism then runs once per run, not once per cell.
+    shared: SlowGuard | None = None
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._slow: dict[tuple[object, ...], str] = {}
+
+    @classmethod
+    def for_section(cls, limit: float) -> SlowGuard:
+        return cls.shared or cls(limit)
+
+    def _key(self, name: str, cell: tuple[object, ...]) -> tuple[object, ...]:
+        return (name,) if self is SlowGuard.shared else (name, *cell)
+
+    def skip(self, name: str, cell: tuple[object, ...]) -> str:
+        """Why ``name`` is not run again in ``cell`` (empty: run it)."""
+        return self._slow.get(self._key(name, cell), "")
+
+    def record(self, name: str, cell: tuple[object, ...], outcome: Outcome) -> Outcome:
+        if outcome.status != "succeeded" and outcome.seconds > self.limit:
+            self._slow[self._key(name, cell)] = (
+                f"not repeated: the first run took {outcome.seconds:.0f} s and ended "
+                f"{outcome.status}"
+            )
+        return outcome
+
+    def call(self, name: str, cell: tuple[object, ...], *args: Any, **kwargs: Any) -> Outcome:
+        """:func:`call`, unless this cell already showed ``name`` slow and fruitless."""
+        reason = self.skip(name, cell)
+        if reason:
+            return Outcome("skipped", reason=reason)
+        return self.record(name, cell, call(name, *args, **kwargs))
+
+
 # ---------------------------------------------------------------------------------------------
 # Results: one row per (section, cell, mechanism, repetition)
 

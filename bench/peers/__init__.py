@@ -17,6 +17,7 @@ private mean that takes part of the budget.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ import numpy as np
 
 from bench.core import ROOT, Outcome
 
-PEER_DIR = ROOT / "bench" / ".peers"
+#: Where the environments are cached (``DPSS_BENCH_PEERS_DIR`` moves them, e.g. out of a clone).
+PEER_DIR = Path(os.environ.get("DPSS_BENCH_PEERS_DIR", ROOT / "bench" / ".peers"))
 WORKER = Path(__file__).resolve().parent / "worker.py"
 
 #: pip requirements of each peer's environment (pinned: the figures are for these versions).
@@ -91,8 +93,11 @@ class PeerEnvs:
         except subprocess.TimeoutExpired:
             self._envs[peer] = Env(None, f"environment not built in {self.build_timeout:.0f} s")
         except subprocess.CalledProcessError as error:
-            tail = (error.stderr or "").strip().splitlines()[-1:] or ["pip failed"]
+            stderr = error.stderr if isinstance(error.stderr, str) else ""
+            tail = stderr.strip().splitlines()[-1:] or ["pip failed"]
             self._envs[peer] = Env(None, f"environment could not be built: {tail[0][:150]}")
+        except OSError as error:
+            self._envs[peer] = Env(None, f"environment could not be built: {error}")
 
     def get(self, peer: str) -> Env:
         self._threads[peer].join()

@@ -1,0 +1,1 @@
+"""The benchmark harness (``python -m bench``) and the calibration scripts it keeps beside it."""

@@ -1,0 +1,152 @@
+"""``python -m bench``: the benchmark harness (accuracy and speed, the service against its peers).
+
+    python -m bench --quick            # small subset, prints the tables (CI; about 2 minutes)
+    python -m bench                    # full run: bench/results/*.csv, docs/benchmarks.md, plots
+    python -m bench --sections speed,http      # some sections only (their CSVs are rewritten)
+    python -m bench --report           # rebuild docs/benchmarks.md and plots from the CSVs
+
+Fixed seeds; every figure a median with its spread over repetitions; every timing a ratio to a
+baseline measured in the same process on the same data. Progress goes to stderr, one line per
+cell. See docs/benchmarks.md for what the sections measure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import report
+from bench.accuracy import SyntheticGrid, downstream, real, synthetic
+from bench.core import RESULTS, Row, SlowGuard, read_csv, write_csv
+from bench.peers import PeerEnvs
+from bench.speed import SpeedGrid, http_release, load_test, memory, speed
+
+SECTIONS = ("synthetic", "real", "downstream", "speed", "memory", "http", "load")
+
+
+@dataclass(frozen=True)
+class Config:
+    synthetic: SyntheticGrid
+    real_sets: tuple[str, ...]
+    real_epsilons: tuple[float, ...]
+    real_reps: int
+    real_peer_epsilons: tuple[float, ...]
+    downstream_ds: tuple[int, ...]
+    downstream_reps: int
+    speed: SpeedGrid
+    memory_shape: tuple[int, int]
+    http_shape: tuple[int, int]
+    http_reps: int
+    peer_limit: float
+    peer_build_timeout: float
+    load: tuple[int, float] | None
+    sections: tuple[str, ...] = field(default=SECTIONS)
+
+
+QUICK = Config(
+    synthetic=SyntheticGrid(
+        ds=(10, 50), distances=(1e-1, 1e-5), ns=(5_000,), epsilons=(1.0,), reps=2,
+        peer_cells=((10, 5_000),), peer_limit=20.0, peer_reps=1,
+    ),
+    real_sets=("wine",), real_epsilons=(1.0,), real_reps=2, real_peer_epsilons=(),
+    downstream_ds=(100,), downstream_reps=1,
+    speed=SpeedGrid(n=10_000, ds=(50, 100), reps=2, n_sweep=(5_000,), n_sweep_d=100),
+    memory_shape=(5_000, 50), http_shape=(5_000, 50), http_reps=1,
+    peer_limit=20.0, peer_build_timeout=240.0, load=None,
+)  # fmt: skip
+
+FULL = Config(
+    synthetic=SyntheticGrid(
+        ds=(10, 50, 300), distances=(1e-1, 1e-3, 1e-5), ns=(5_000, 50_000),
+        epsilons=(0.1, 1.0), reps=3, peer_cells=((10, 5_000), (50, 5_000)), peer_limit=60.0,
+        peer_reps=1,
+    ),
+    real_sets=("digits", "breast_cancer", "wine"), real_epsilons=(0.1, 0.3, 1.0, 3.0),
+    real_reps=5, real_peer_epsilons=(1.0,),
+    downstream_ds=(100, 300, 1000), downstream_reps=3,
+    speed=SpeedGrid(n=50_000, ds=(100, 400, 1000), reps=3, n_sweep=(12_500, 25_000, 50_000),
+                    n_sweep_d=400),
+    memory_shape=(50_000, 400), http_shape=(50_000, 400), http_reps=3,
+    peer_limit=60.0, peer_build_timeout=900.0, load=(20, 10.0),
+)  # fmt: skip
+
+
+def run(config: Config, quick: bool) -> dict[str, list[Row]]:
+    """Run the configured sections; returns their rows by section."""
+    wants_peers = any(s in config.sections for s in ("synthetic", "real"))
+    peers = PeerEnvs(config.peer_build_timeout) if wants_peers else None
+    results: dict[str, list[Row]] = {}
+    sc = config.synthetic
+    if "synthetic" in config.sections:
+        results["synthetic"] = synthetic(sc, peers)
+    if "real" in config.sections:
+        results["real"] = real(
+            config.real_sets, config.real_epsilons, config.real_reps, peers,
+            config.real_peer_epsilons, config.peer_limit,
+        )  # fmt: skip
+    if "downstream" in config.sections:
+        results["downstream"] = downstream(config.downstream_ds, config.downstream_reps)
+    if "speed" in config.sections:
+        results["speed"] = speed(config.speed)
+    if "memory" in config.sections:
+        results["memory"] = memory(*config.memory_shape)
+    if "http" in config.sections:
+        results["http"] = http_release(*config.http_shape, config.http_reps)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small subset, tables to stdout")
+    parser.add_argument("--sections", help=f"comma-separated subset of {','.join(SECTIONS)}")
+    parser.add_argument("--report", action="store_true", help="only rebuild the docs from CSVs")
+    parser.add_argument("--no-peers", action="store_true", help="skip diffprivlib and OpenDP")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="CSV directory")
+    args = parser.parse_args(argv)
+    config = QUICK if args.quick else FULL
+    if args.quick:
+        SlowGuard.shared = SlowGuard(5.0)
+    if args.sections:
+        chosen = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+        unknown = sorted(set(chosen) - set(SECTIONS))
+        if unknown:
+            parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
+        config = Config(**{**config.__dict__, "sections": chosen})
+    if args.no_peers:
+        grid = SyntheticGrid(**{**config.synthetic.__dict__, "peer_cells": ()})
+        config = Config(**{**config.__dict__, "synthetic": grid, "real_peer_epsilons": ()})
+    started = time.perf_counter()
+    if not args.report:
+        results = run(config, args.quick)
+        if config.load is not None and "load" in config.sections:
+            text = load_test(*config.load)
+            if not args.quick:
+                (args.results / "load_test.txt").parent.mkdir(parents=True, exist_ok=True)
+                (args.results / "load_test.txt").write_text(text)
+        if args.quick:
+            print(report.tables(results, quick=True))
+            print(f"\n(quick run: {time.perf_counter() - started:.0f} s on {platform.node()})")
+            return 0
+        for section, rows in results.items():
+            write_csv(args.results / f"{section}.csv", rows)
+    loaded = {
+        section: read_csv(args.results / f"{section}.csv")
+        for section in SECTIONS
+        if (args.results / f"{section}.csv").exists()
+    }
+    load_text = (args.results / "load_test.txt")
+    report.write(loaded, load_text.read_text() if load_text.exists() else "", FULL)
+    print(report.tables(loaded, quick=False))
+    print(f"\n(wrote docs/benchmarks.md and docs/img/*.png in "
+          f"{time.perf_counter() - started:.0f} s)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
