@@ -203,7 +203,7 @@ def real(
                         extra: dict[str, Any] = {"center": "private"} if centred else {}
                         seed = seed_of("real", name, dataset, tag, epsilon, rep)
                         outcome = guard.call(
-                            name, (dataset, tag, epsilon), data, k, epsilon, delta, seed, ref,
+                            name, (dataset,), data, k, epsilon, delta, seed, ref,
                             clip, extra,
                         )  # fmt: skip
                         # Scored on the data as the reference sees it (centred on its mean).
