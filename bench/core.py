@@ -333,9 +333,12 @@ def read_csv(path: Path) -> list[Row]:
             values: dict[str, Any] = {}
             for f in fields(Row):
                 raw = record[f.name]
-                values[f.name] = (
-                    int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
-                )
+                if f.type == "int":
+                    values[f.name] = int(raw)
+                elif f.type == "float":
+                    values[f.name] = float(raw) if raw else math.nan
+                else:
+                    values[f.name] = raw
             out.append(Row(**values))
     return out
 
