@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         for section in SECTIONS
         if (args.results / f"{section}.csv").exists()
     }
-    load_text = (args.results / "load_test.txt")
+    load_text = args.results / "load_test.txt"
     report.write(loaded, load_text.read_text() if load_text.exists() else "", FULL)
     print(report.tables(loaded, quick=False))
     print(f"\n(wrote docs/benchmarks.md and docs/img/*.png in "

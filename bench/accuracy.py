@@ -25,7 +25,6 @@ from bench.core import (
     Row,
     SlowGuard,
     basis_mechanisms,
-    call,
     captured,
     near_subspace,
     reference,
@@ -72,7 +71,10 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
             data, planted = near_subspace(n, d, grid.k, dist, seed_of("syn", d, n, dist, rep))
             ref = reference(data, grid.k)
 
-            def row(mechanism: str, epsilon: float, status: str = "") -> Row:
+            def row(
+                mechanism: str, epsilon: float, status: str = "",
+                d: int = d, n: int = n, dist: float = dist, rep: int = rep,
+            ) -> Row:  # fmt: skip
                 return Row(
                     "synthetic", mechanism, "near_subspace", d, n, dist, epsilon, grid.delta,
                     grid.k, rep, status,
@@ -185,10 +187,13 @@ def real(
             ref = reference(scored, k)
             tag = "yes" if centred else "no"
 
-            def row(mechanism: str, epsilon: float, rep: int, status: str = "") -> Row:
+            def row(
+                mechanism: str, epsilon: float, rep: int, status: str = "",
+                dataset: str = dataset, d: int = d, n: int = n, tag: str = tag,
+            ) -> Row:  # fmt: skip
                 return Row(
                     "real", mechanism, dataset, d, n, math.nan, epsilon, delta, k, rep, status,
-                    centered=tag,  # noqa: B023
+                    centered=tag,
                 )  # fmt: skip
 
             floor = row(NONPRIVATE, math.nan, 0, "succeeded")
@@ -278,10 +283,13 @@ def downstream(
             ref = reference(data, k)
             rng = np.random.default_rng(seed_of("mean-noise", d, rep))
 
-            def row(mechanism: str, status: str, error: float, seconds: float = math.nan) -> Row:
+            def row(
+                mechanism: str, status: str, error: float, seconds: float = math.nan,
+                d: int = d, rep: int = rep,
+            ) -> Row:  # fmt: skip
                 made = Row(
                     "downstream", mechanism, "near_subspace", d, n, distance, epsilon, delta,
-                    k, rep, status,  # noqa: B023
+                    k, rep, status,
                 )  # fmt: skip
                 made.error_planted, made.seconds = error, seconds
                 return made

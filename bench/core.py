@@ -192,8 +192,9 @@ def call(
         oracle = FALLBACK_PARAMS[name](ref)
         candidates.append(({**(extra or {}), **oracle}, "oracle " + ",".join(oracle)))
     spec, reason, label = None, "", ""
-    for raw, label in candidates:
+    for raw, tried in candidates:
         spec, reason = prepare(mech, ctx, k, epsilon, delta, raw)
+        label = tried
         if spec is not None:
             break
     if spec is None:

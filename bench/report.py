@@ -62,7 +62,9 @@ def synthetic_tables(rows: list[Row], metric: str = "error_planted") -> str:
     """One table per (n, epsilon): rows d x distance, columns the mechanisms."""
     names = _order(rows)
     private = [r for r in rows if r.mechanism != NONPRIVATE]
-    floors = _group([r for r in rows if r.mechanism == NONPRIVATE], lambda r: (r.d, r.n, r.distance))
+    floors = _group(
+        [r for r in rows if r.mechanism == NONPRIVATE], lambda r: (r.d, r.n, r.distance)
+    )
     parts = []
     for (n, eps), group in sorted(_group(private, lambda r: (r.n, r.epsilon)).items()):
         cells = _group(group, lambda r: (r.d, r.distance))
@@ -78,8 +80,7 @@ def synthetic_tables(rows: list[Row], metric: str = "error_planted") -> str:
                  "captured": "captured variance / non-private PCA's"}[metric]  # fmt: skip
         parts.append(
             f"**n = {n:,}, epsilon = {_eps(eps)}** ({label}; the service's mechanisms at "
-            "delta = 1e-6, the peers at delta = 0)\n\n"
-            + table(["d", "distance", *names], body)
+            "delta = 1e-6, the peers at delta = 0)\n\n" + table(["d", "distance", *names], body)
         )
     return "\n\n".join(parts)
 
@@ -165,7 +166,10 @@ def speed_table(rows: list[Row]) -> tuple[str, str]:
     body = []
     for mech in _order(ratios):
         runs = _group([r for r in ratios if r.mechanism == mech and r.n == n_grid], lambda r: r.d)
-        line: list[Any] = [mech, (runs.get(ds[0]) or [Row("", "", "", 0, 0, 0, 0, 0, 0, 0, "")])[0].params]
+        line: list[Any] = [
+            mech,
+            (runs.get(ds[0]) or [Row("", "", "", 0, 0, 0, 0, 0, 0, 0, "")])[0].params,
+        ]
         for d in ds:
             line.append(cell_summary(runs.get(d, []), "ratio"))
         body.append(line)
@@ -218,7 +222,9 @@ def http_table(rows: list[Row]) -> str:
         ("http_over_direct", "HTTP release over the direct call"),
     ):
         runs = [r for r in rows if r.mechanism == name]
-        body.append([label, show([r.ratio for r in runs]), show([r.seconds for r in runs], unit=" s")])
+        body.append(
+            [label, show([r.ratio for r in runs]), show([r.seconds for r in runs], unit=" s")]
+        )
     return (
         f"analyze_gauss on {first.n:,} x {first.d}, through the ASGI app in process (SQLite, one "
         "worker thread at the default poll interval; the privacy padding is not counted: the "
@@ -230,7 +236,7 @@ def tables(results: dict[str, list[Row]], quick: bool) -> str:
     """All tables as Markdown text (the quick run prints this)."""
     parts: list[str] = []
     notes = skipped_mechanisms()
-    if "synthetic" in results and results["synthetic"]:
+    if results.get("synthetic"):
         rows = results["synthetic"]
         parts.append("## Accuracy on synthetic data near a k-dim subspace\n")
         parts.append(synthetic_tables(rows))
@@ -245,18 +251,18 @@ def tables(results: dict[str, list[Row]], quick: bool) -> str:
             "\nNot in the accuracy tables: "
             + "; ".join(f"`{name}`: {why}" for name, why in notes.items())
         )
-    if "real" in results and results["real"]:
+    if results.get("real"):
         parts.append("\n## Real data (scikit-learn's bundled sets): captured variance / PCA's\n")
         parts.append(real_table(results["real"]))
-    if "downstream" in results and results["downstream"]:
+    if results.get("downstream"):
         parts.append("\n## Downstream: private mean near a subspace (seed 001, Section 6)\n")
         parts.append(downstream_table(results["downstream"]))
-    if "speed" in results and results["speed"]:
+    if results.get("speed"):
         speed_md, exp_md = speed_table(results["speed"])
         parts.append("\n## Speed\n\n" + speed_md + "\n\n" + exp_md)
-    if "memory" in results and results["memory"]:
+    if results.get("memory"):
         parts.append("\n## Memory\n\n" + memory_table(results["memory"]))
-    if "http" in results and results["http"]:
+    if results.get("http"):
         parts.append("\n## End to end over HTTP\n\n" + http_table(results["http"]))
     return "\n".join(parts)
 
@@ -300,7 +306,9 @@ def plots(results: dict[str, list[Row]]) -> list[tuple[str, str]]:
         d_max = max(r.d for r in syn)
         for eps in sorted({r.epsilon for r in syn if not math.isnan(r.epsilon)}):
             fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-            sel = [r for r in syn if r.n == n_max and (r.epsilon == eps or r.mechanism == NONPRIVATE)]
+            sel = [
+                r for r in syn if r.n == n_max and (r.epsilon == eps or r.mechanism == NONPRIVATE)
+            ]
             for mech in _order(sel):
                 mine = [r for r in sel if r.mechanism == mech]
                 _series(axes[0], _group([r for r in mine if r.d == d_max], lambda r: r.distance),
@@ -351,8 +359,13 @@ def plots(results: dict[str, list[Row]]) -> list[tuple[str, str]]:
         ]:
             _series(ax, _group([r for r in down if r.mechanism == mech], lambda r: r.d),
                     mech, "error_planted")  # fmt: skip
-        ax.set(xscale="log", yscale="log", xlabel="d", ylabel="||mu_hat - mean||_2",
-               title="Private mean near a 3-dim subspace (n = 30,000, distance 1e-5, eps = 1)")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="d",
+            ylabel="||mu_hat - mean||_2",
+            title="Private mean near a 3-dim subspace (n = 30,000, distance 1e-5, eps = 1)",
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -402,8 +415,10 @@ def machine() -> str:
 
         info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
         if info:
-            blas = f"{info[0].get('internal_api')} {info[0].get('version')} " \
-                   f"({info[0].get('architecture')}, {info[0].get('num_threads')} threads)"
+            blas = (
+                f"{info[0].get('internal_api')} {info[0].get('version')} "
+                f"({info[0].get('architecture')}, {info[0].get('num_threads')} threads)"
+            )
     except ImportError:
         pass
     return (

@@ -235,9 +235,7 @@ def http_release(n: int, d: int, reps: int) -> list[Row]:
                 floor = gram_floor(data)
                 direct = call("analyze_gauss", data, K, EPSILON, DELTA, seed_of("http", rep))
                 start = time.perf_counter()
-                made = client.post(
-                    f"/v1/datasets/{dataset}/releases", headers=analyst_h, json=body
-                )
+                made = client.post(f"/v1/datasets/{dataset}/releases", headers=analyst_h, json=body)
                 made.raise_for_status()
                 release = made.json()["id"]
                 status = "queued"

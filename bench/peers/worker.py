@@ -83,9 +83,7 @@ def main() -> int:
         status, reason = "succeeded", ""
         signal.setitimer(signal.ITIMER_REAL, float(job["limit"]))
         try:
-            basis = fit(
-                data, job["k"], job["epsilon"], job["norm"], job["centered"], job["seed"]
-            )
+            basis = fit(data, job["k"], job["epsilon"], job["norm"], job["centered"], job["seed"])
         except FitTimeout:
             status, reason = "timeout", f"no fit within {job['limit']:g} s"
         except Exception as error:  # reported as such, in the results
