@@ -13,6 +13,7 @@ cell. See docs/benchmarks.md for what the sections measure.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -99,6 +100,15 @@ def run(config: Config, quick: bool) -> dict[str, list[Row]]:
     return results
 
 
+def limit_blas(threads: int) -> None:
+    """Same BLAS thread count for every mechanism, floor and peer (subprocesses inherit it)."""
+    from threadpoolctl import threadpool_limits
+
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[name] = str(threads)
+    threadpool_limits(limits=threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="only rebuild the docs from CSVs")
     parser.add_argument("--no-peers", action="store_true", help="skip diffprivlib and OpenDP")
     parser.add_argument("--results", type=Path, default=RESULTS, help="CSV directory")
+    parser.add_argument(
+        "--blas-threads", type=int, default=1,
+        help="BLAS threads for the whole run, peers included (default 1: on a shared machine "
+        "a threaded BLAS under oversubscription makes X^T X 20-50x slower and erratic)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    limit_blas(args.blas_threads)
     config = QUICK if args.quick else FULL
     if args.quick:
         SlowGuard.shared = SlowGuard(5.0)
