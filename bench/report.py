@@ -220,6 +220,7 @@ def http_table(rows: list[Row]) -> str:
         ("http_release", "HTTP release, request to final status, over X^T X + eigh"),
         ("direct_call", "direct analyze_gauss call, over X^T X + eigh"),
         ("http_over_direct", "HTTP release over the direct call"),
+        ("http_upload", "upload of the dataset (.npy) over np.load + np.save of it"),
     ):
         runs = [r for r in rows if r.mechanism == name]
         body.append(
