@@ -49,15 +49,14 @@ class Config:
 
 
 QUICK = Config(
-    synthetic=SyntheticGrid(
-        ds=(10, 50), distances=(1e-1, 1e-5), ns=(5_000,), epsilons=(1.0,), reps=2,
-        peer_cells=((10, 5_000),), peer_limit=20.0, peer_reps=1,
-    ),
-    real_sets=("wine",), real_epsilons=(1.0,), real_reps=2, real_peer_epsilons=(),
+    synthetic=SyntheticGrid(ds=(10, 50), distances=(1e-1, 1e-5), ns=(5_000,), epsilons=(1.0,),
+                            reps=2),
+    # The peers on one tiny cell (wine, 178 x 13, epsilon 1, one repetition), 15 s per fit.
+    real_sets=("wine",), real_epsilons=(1.0,), real_reps=1, real_peer_epsilons=(1.0,),
     downstream_ds=(100,), downstream_reps=1,
     speed=SpeedGrid(n=10_000, ds=(50, 100), reps=2, n_sweep=(5_000,), n_sweep_d=100),
     memory_shape=(5_000, 50), http_shape=(5_000, 50), http_reps=1,
-    peer_limit=20.0, peer_build_timeout=240.0, load=None,
+    peer_limit=15.0, peer_build_timeout=150.0, load=None,
 )  # fmt: skip
 
 FULL = Config(

@@ -159,13 +159,14 @@ def memory(n: int, d: int) -> list[Row]:
     size = data.nbytes
     rows: list[Row] = []
     progress = Progress(len(MECHANISMS), "memory")
+    guard = SlowGuard.for_section(5.0)
     for name, mech in MECHANISMS.items():
         if getattr(mech, "continual", False):
             rows.append(_row(name, n, d, 0, "skipped", reason="continual release"))
             progress.step(name)
             continue
         tracemalloc.start()
-        outcome: Outcome = call(name, data, K, EPSILON, DELTA, seed_of("memory", name))
+        outcome: Outcome = guard.call(name, (n, d), data, K, EPSILON, DELTA, seed_of("mem", name))
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         row = _row(name, n, d, 0, outcome.status, outcome.seconds, reason=outcome.reason)
