@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class Config:
     real_epsilons: tuple[float, ...]
     real_reps: int
     real_peer_epsilons: tuple[float, ...]
+    real_peer_reps: int
     downstream_ds: tuple[int, ...]
     downstream_reps: int
     speed: SpeedGrid
@@ -53,6 +55,7 @@ QUICK = Config(
                             reps=2),
     # The peers on one tiny cell (wine, 178 x 13, epsilon 1, one repetition), 15 s per fit.
     real_sets=("wine",), real_epsilons=(1.0,), real_reps=1, real_peer_epsilons=(1.0,),
+    real_peer_reps=1,
     downstream_ds=(100,), downstream_reps=1,
     speed=SpeedGrid(n=10_000, ds=(50, 100), reps=2, n_sweep=(5_000,), n_sweep_d=100),
     memory_shape=(5_000, 50), http_shape=(5_000, 50), http_reps=1,
@@ -62,40 +65,41 @@ QUICK = Config(
 FULL = Config(
     synthetic=SyntheticGrid(
         ds=(10, 50, 300), distances=(1e-1, 1e-3, 1e-5), ns=(5_000, 50_000),
-        epsilons=(0.1, 1.0), reps=3, peer_cells=((10, 5_000), (50, 5_000)), peer_limit=60.0,
-        peer_reps=1,
+        epsilons=(0.1, 1.0), reps=3, peer_cells=((10, 5_000),), peer_limit=30.0, peer_reps=1,
     ),
     real_sets=("digits", "breast_cancer", "wine"), real_epsilons=(0.1, 0.3, 1.0, 3.0),
-    real_reps=5, real_peer_epsilons=(1.0,),
+    real_reps=5, real_peer_epsilons=(1.0,), real_peer_reps=2,
     downstream_ds=(100, 300, 1000), downstream_reps=3,
     speed=SpeedGrid(n=50_000, ds=(100, 400, 1000), reps=3, n_sweep=(12_500, 25_000, 50_000),
                     n_sweep_d=400),
     memory_shape=(50_000, 400), http_shape=(50_000, 400), http_reps=3,
-    peer_limit=60.0, peer_build_timeout=900.0, load=(20, 10.0),
+    peer_limit=30.0, peer_build_timeout=900.0, load=(20, 10.0),
 )  # fmt: skip
 
 
-def run(config: Config, quick: bool) -> dict[str, list[Row]]:
-    """Run the configured sections; returns their rows by section."""
+def run(config: Config, save: Path | None) -> dict[str, list[Row]]:
+    """Run the configured sections; returns their rows by section. With ``save``, each
+    section's CSV is written there as soon as the section ends (a cut run keeps what it did)."""
     wants_peers = any(s in config.sections for s in ("synthetic", "real"))
     peers = PeerEnvs(config.peer_build_timeout) if wants_peers else None
-    results: dict[str, list[Row]] = {}
     sc = config.synthetic
-    if "synthetic" in config.sections:
-        results["synthetic"] = synthetic(sc, peers)
-    if "real" in config.sections:
-        results["real"] = real(
+    jobs: dict[str, Callable[[], list[Row]]] = {
+        "synthetic": lambda: synthetic(sc, peers),
+        "real": lambda: real(
             config.real_sets, config.real_epsilons, config.real_reps, peers,
-            config.real_peer_epsilons, config.peer_limit,
-        )  # fmt: skip
-    if "downstream" in config.sections:
-        results["downstream"] = downstream(config.downstream_ds, config.downstream_reps)
-    if "speed" in config.sections:
-        results["speed"] = speed(config.speed)
-    if "memory" in config.sections:
-        results["memory"] = memory(*config.memory_shape)
-    if "http" in config.sections:
-        results["http"] = http_release(*config.http_shape, config.http_reps)
+            config.real_peer_epsilons, config.peer_limit, peer_reps=config.real_peer_reps,
+        ),
+        "downstream": lambda: downstream(config.downstream_ds, config.downstream_reps),
+        "speed": lambda: speed(config.speed),
+        "memory": lambda: memory(*config.memory_shape),
+        "http": lambda: http_release(*config.http_shape, config.http_reps),
+    }  # fmt: skip
+    results: dict[str, list[Row]] = {}
+    for section, job in jobs.items():
+        if section in config.sections:
+            results[section] = job()
+            if save is not None:
+                write_csv(save / f"{section}.csv", results[section])
     return results
 
 
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         config = Config(**{**config.__dict__, "synthetic": grid, "real_peer_epsilons": ()})
     started = time.perf_counter()
     if not args.report:
-        results = run(config, args.quick)
+        results = run(config, None if args.quick else args.results)
         if config.load is not None and "load" in config.sections:
             text = load_test(*config.load)
             if not args.quick:
@@ -148,8 +152,6 @@ def main(argv: list[str] | None = None) -> int:
             print(report.tables(results, quick=True))
             print(f"\n(quick run: {time.perf_counter() - started:.0f} s on {platform.node()})")
             return 0
-        for section, rows in results.items():
-            write_csv(args.results / f"{section}.csv", rows)
     loaded = {
         section: read_csv(args.results / f"{section}.csv")
         for section in SECTIONS

@@ -167,6 +167,7 @@ def real(
     peer_limit: float,
     k: int = 3,
     delta: float = 1e-6,
+    peer_reps: int = 1,
 ) -> list[Row]:
     """Captured variance against epsilon on real data, centred (PCA) and not (second moment).
 
@@ -213,7 +214,7 @@ def real(
                         )  # fmt: skip
                         # Scored on the data as the reference sees it (centred on its mean).
                         rows.append(score(row(name, epsilon, rep), outcome, scored, ref, None))
-                    if peers is not None and epsilon in peer_epsilons:
+                    if peers is not None and epsilon in peer_epsilons and rep < peer_reps:
                         for peer in ("diffprivlib", "opendp"):
                             if peer == "opendp" and not centred:
                                 rows.append(skipped(row(peer, epsilon, rep), "always centres"))
