@@ -48,18 +48,24 @@ FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
 
 def near_subspace(
-    n: int, d: int, k: int, distance: float, seed: int
+    n: int, d: int, k: int, distance: float, seed: int, mean_norm: float = 0.0
 ) -> tuple[FloatArray, FloatArray]:
     """``n x d`` rows within exactly ``distance`` of a random ``k``-dim subspace (seed 001, Sec. 6).
 
-    Each row is a point of the subspace (a random direction, norm uniform in [0.2, 0.9]) plus a
-    residual orthogonal to it of norm exactly ``distance``, so every row has norm below 1 = the
-    public bound ``CLIP``. Returns the rows and the planted ``d x k`` orthonormal basis.
+    Each row is a point of the subspace (a random direction, norm uniform in [0.2, 0.9], times
+    ``1 - mean_norm``, plus a fixed point of the subspace of norm ``mean_norm``, so that the
+    data's mean is not ~0 when ``mean_norm > 0``) plus a residual orthogonal to the subspace of
+    norm exactly ``distance``: every row has norm below 1 = the public bound ``CLIP``. Returns
+    the rows and the planted ``d x k`` orthonormal basis.
     """
     rng = np.random.default_rng(seed)
     basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
     coords = rng.standard_normal((n, k))
-    coords *= rng.uniform(0.2, 0.9, (n, 1)) / np.linalg.norm(coords, axis=1, keepdims=True)
+    radius = rng.uniform(0.2, 0.9, (n, 1)) * (1.0 - mean_norm)
+    coords *= radius / np.linalg.norm(coords, axis=1, keepdims=True)
+    if mean_norm > 0:
+        centre = rng.standard_normal(k)
+        coords += mean_norm * centre / np.linalg.norm(centre)
     rows = rng.standard_normal((n, d))
     rows -= (rows @ basis) @ basis.T
     rows *= distance / np.linalg.norm(rows, axis=1, keepdims=True)
@@ -383,6 +389,9 @@ def cell_summary(rows: Sequence[Row], metric: str) -> str:
         if r.status != "succeeded":
             counts[r.status] = counts.get(r.status, 0) + 1
     text = show(ok) if ok else ""
+    reasons = {r.reason for r in rows if r.status != "succeeded"}
+    if not ok and len(counts) == 1 and len(reasons) == 1 and 0 < len(next(iter(reasons))) <= 20:
+        return next(iter(reasons))  # e.g. "cannot centre": clearer than "5/5 skipped"
     others = ", ".join(f"{c}/{len(rows)} {s}" for s, c in sorted(counts.items()))
     if others:
         text = f"{text} ({others})" if text else others

@@ -40,6 +40,9 @@ def test_near_subspace_rows_are_at_the_stated_distance_and_within_the_bound() ->
     ref = reference(data, 3)
     assert subspace_distance(ref.top, basis) < 1e-2
     assert 0 < ref.gamma < 0.05
+    shifted, basis = near_subspace(2_000, 20, 3, 1e-3, seed=1, mean_norm=0.5)
+    assert np.linalg.norm(shifted.mean(axis=0)) > 0.4
+    assert np.linalg.norm(shifted, axis=1).max() <= 1.0
 
 
 def test_every_registered_mechanism_is_benchmarked_or_explained() -> None:
