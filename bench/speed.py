@@ -25,6 +25,7 @@ import numpy as np
 
 from bench.accuracy import seed_of
 from bench.core import (
+    FALLBACK_PARAMS,
     ROOT,
     FloatArray,
     Outcome,
@@ -69,6 +70,10 @@ def subsets_of(name: str, n: int, d: int) -> int | None:
     """The ``t`` a mechanism resolves for this shape (public facts), if it partitions."""
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
     spec, _ = prepare(MECHANISMS[name], ctx, K, EPSILON, DELTA, {})
+    if spec is None and name in FALLBACK_PARAMS:  # as call() does (histogram_aggregate)
+        spec, _ = prepare(
+            MECHANISMS[name], ctx, K, EPSILON, DELTA, FALLBACK_PARAMS[name](GIVEN_GAP)
+        )
     t = getattr(spec.params, "t", None) if spec is not None else None
     return int(t) if t else None
 
