@@ -281,6 +281,18 @@ def _plt() -> Any:
     return plt
 
 
+def _colour(name: str) -> str:
+    """One colour per mechanism in every plot (tab10, then tab20's light shades)."""
+    from service.mechanisms.registry import MECHANISMS
+
+    fixed = [NONPRIVATE, "plain_gaussian", "oracle", *MECHANISMS, *PEERS]
+    palette = [f"C{i}" for i in range(10)] + [
+        "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
+    ]  # fmt: skip
+    index = fixed.index(name) if name in fixed else len(fixed) + sum(map(ord, name))
+    return palette[index % len(palette)]
+
+
 def _series(ax: Any, xs_rows: dict[float, list[Row]], label: str, metric: str) -> None:
     xs, med, lo, hi = [], [], [], []
     for x in sorted(xs_rows):
@@ -293,7 +305,9 @@ def _series(ax: Any, xs_rows: dict[float, list[Row]], label: str, metric: str) -
         lo.append(m - a)
         hi.append(b - m)
     if xs:
-        ax.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=label)
+        ax.errorbar(
+            xs, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=_colour(label)
+        )
 
 
 def plots(results: dict[str, list[Row]]) -> list[tuple[str, str]]:
@@ -347,8 +361,13 @@ def plots(results: dict[str, list[Row]]) -> list[tuple[str, str]]:
                        title=f"{dataset}, centred = {centred}")  # fmt: skip
                 ax.grid(True, alpha=0.3)
             axes[0][j].set_ylabel("captured variance / PCA's")
-        axes[0][-1].legend(fontsize=7, loc="lower right")
-        fig.tight_layout()
+        handles: dict[str, Any] = {}
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, handle)
+        fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+                   fontsize=8)  # fmt: skip
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
         fig.savefig(IMG / "real_captured.png", dpi=110)
         plt.close(fig)
         made.append(("real_captured.png", "Captured variance against epsilon on real data"))
