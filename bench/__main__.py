@@ -105,7 +105,7 @@ def run(config: Config, save: Path | None) -> dict[str, list[Row]]:
 
 def limit_blas(threads: int) -> None:
     """Same BLAS thread count for every mechanism, floor and peer (subprocesses inherit it)."""
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[name] = str(threads)

@@ -138,7 +138,7 @@ def real_datasets(names: tuple[str, ...]) -> dict[str, tuple[FloatArray, float]]
     bounds (as diffprivlib's ``bounds`` do); a real deployment would declare them. Every row then
     has norm at most ``sqrt(d)``, the bound ``C`` the mechanisms clip to.
     """
-    from sklearn import datasets
+    from sklearn import datasets  # type: ignore[import-untyped]
 
     out: dict[str, tuple[FloatArray, float]] = {}
     for name in names:
