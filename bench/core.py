@@ -144,7 +144,10 @@ FALLBACK_PARAMS: dict[str, Callable[[Reference], dict[str, Any]]] = {
     "histogram_aggregate": lambda ref: {"gamma": max(ref.gamma, 1e-12)},
 }
 
-_WORKER_MEMORY = int(Settings().worker_memory_mb * 2**20)
+
+def worker_memory() -> int:
+    """The service's per-release memory limit (``DPSS_WORKER_MEMORY_MB``), in bytes."""
+    return int(Settings().worker_memory_mb * 2**20)
 
 
 def prepare(
@@ -168,7 +171,7 @@ def prepare(
         memory = mech.memory_bytes(ctx, spec)
     except NotImplementedError:
         memory = 0
-    if memory > _WORKER_MEMORY:
+    if memory > worker_memory():
         return None, f"memory estimate {memory / 2**20:.0f} MiB > DPSS_WORKER_MEMORY_MB"
     return spec, ""
 
