@@ -77,7 +77,7 @@ FULL = Config(
 )  # fmt: skip
 
 
-def run(config: Config, save: Path | None) -> dict[str, list[Row]]:
+def run(config: Config, save: Path | None, tag: str = "") -> dict[str, list[Row]]:
     """Run the configured sections; returns their rows by section. With ``save``, each
     section's CSV is written there as soon as the section ends (a cut run keeps what it did)."""
     wants_peers = any(s in config.sections for s in ("synthetic", "real"))
@@ -99,7 +99,7 @@ def run(config: Config, save: Path | None) -> dict[str, list[Row]]:
         if section in config.sections:
             results[section] = job()
             if save is not None:
-                write_csv(save / f"{section}.csv", results[section])
+                write_csv(save / f"{section}{'_' + tag if tag else ''}.csv", results[section])
     return results
 
 
@@ -126,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         help="BLAS threads for the whole run, peers included (default 1: on a shared machine "
         "a threaded BLAS under oversubscription makes X^T X 20-50x slower and erratic)",
     )  # fmt: skip
+    parser.add_argument("--ds", help="override the synthetic grid's d values, e.g. 1000")
+    parser.add_argument("--reps", type=int, help="override the synthetic grid's repetitions")
+    parser.add_argument(
+        "--tag", default="", help="suffix of the CSV names (<section>_<tag>.csv), so that an "
+        "extra run adds to the results instead of replacing them; the report reads them all",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     limit_blas(args.blas_threads)
     config = QUICK if args.quick else FULL
@@ -137,12 +143,19 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown sections {unknown}; choose from {', '.join(SECTIONS)}")
         config = Config(**{**config.__dict__, "sections": chosen})
+    if args.ds or args.reps:
+        grid = SyntheticGrid(**{
+            **config.synthetic.__dict__,
+            **({"ds": tuple(int(d) for d in args.ds.split(","))} if args.ds else {}),
+            **({"reps": args.reps} if args.reps else {}),
+        })  # fmt: skip
+        config = Config(**{**config.__dict__, "synthetic": grid})
     if args.no_peers:
         grid = SyntheticGrid(**{**config.synthetic.__dict__, "peer_cells": ()})
         config = Config(**{**config.__dict__, "synthetic": grid, "real_peer_epsilons": ()})
     started = time.perf_counter()
     if not args.report:
-        results = run(config, None if args.quick else args.results)
+        results = run(config, None if args.quick else args.results, args.tag)
         if config.load is not None and "load" in config.sections:
             text = load_test(*config.load)
             if not args.quick:
@@ -152,11 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             print(report.tables(results, quick=True))
             print(f"\n(quick run: {time.perf_counter() - started:.0f} s on {platform.node()})")
             return 0
-    loaded = {
-        section: read_csv(args.results / f"{section}.csv")
-        for section in SECTIONS
-        if (args.results / f"{section}.csv").exists()
-    }
+    loaded: dict[str, list[Row]] = {}
+    for section in SECTIONS:
+        for path in sorted(args.results.glob(f"{section}*.csv")):
+            loaded.setdefault(section, []).extend(read_csv(path))
     load_text = args.results / "load_test.txt"
     report.write(loaded, load_text.read_text() if load_text.exists() else "", FULL)
     print(report.tables(loaded, quick=False))
