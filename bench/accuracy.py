@@ -87,10 +87,10 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
             for epsilon in grid.epsilons:
                 for name in mechanisms:
                     seed = seed_of("run", name, d, n, dist, rep, epsilon)
-                    # The guard's cell leaves out the distance and the repetition: a mechanism
-                    # that spent its compute cap on a fruitless run is run once per (d, n, eps).
+                    # The guard's cell leaves out the repetition: a mechanism that spent its
+                    # compute cap on a fruitless run is run once per (d, n, distance, eps).
                     outcome = guard.call(
-                        name, (d, n, epsilon), data, grid.k, epsilon, grid.delta, seed, ref
+                        name, (d, n, dist, epsilon), data, grid.k, epsilon, grid.delta, seed, ref
                     )
                     rows.append(score(row(name, epsilon), outcome, data, ref, planted))
                 if peers is not None and (d, n) in grid.peer_cells and rep < grid.peer_reps:
