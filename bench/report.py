@@ -477,6 +477,7 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "```sh",
         "python -m bench --quick     # CI: a small subset, tables on stdout (about 2 minutes)",
         "python -m bench             # this page: every section, CSVs, plots",
+        "python -m bench --sections synthetic --ds 1000 --reps 2 --no-peers --tag d1000",
         "python -m bench --sections synthetic,real --no-peers   # some sections only",
         "python -m bench --report    # rebuild this page from bench/results/*.csv",
         "```",
@@ -493,11 +494,13 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "Errors are `||Pi_hat - Pi||_2` (1 is a random subspace; the non-private floor is "
         "`nonprivate_pca`); captured variance is `||X U||_F^2` over the non-private top-k's. "
         "A mechanism that spent more than 5 s to end without a result is not repeated in "
-        "its cell (`skipped` with the reason in the CSV). The grid of this run: d in "
-        "{10, 50, 300}, distance in {0.1, 1e-3, 1e-5}, n in {5,000, 50,000}, epsilon in "
-        "{0.1, 1}, 3 repetitions (issue 16's d = 1,000 is left to a longer run; it is in the "
-        "downstream and speed sections); the peers on the d = 10, n = 5,000 cells (one "
-        "repetition, 30 s per fit) and on the real sets at epsilon = 1 (two repetitions).",
+        "its cell (`skipped` with the reason in the CSV; in the d <= 300 run the cell was "
+        "(d, n, epsilon), so `exact_gapmax`, the only mechanism this hit, ran once per d and n "
+        "at epsilon = 1 and was skipped at the other distances). The grid: d in {10, 50, 300} "
+        "with 3 repetitions, and d = 1,000 with 2 (`--ds 1000 --reps 2 --tag d1000`); "
+        "distance in {0.1, 1e-3, 1e-5}, n in {5,000, 50,000}, epsilon in {0.1, 1}. The peers "
+        "ran on the d = 10, n = 5,000 cells (one repetition, 30 s per fit) and on the real "
+        "sets at epsilon = 1 (two repetitions).",
         "",
     ]
     for name, caption in images:
