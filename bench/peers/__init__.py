@@ -1,0 +1,167 @@
+"""The peers a user would pick instead: IBM diffprivlib's PCA and OpenDP's PCA.
+
+Each runs in its own virtual environment under ``bench/.peers/<peer>`` (gitignored), which the
+harness creates on first use with pip (diffprivlib 0.6.6 imports only with scikit-learn 1.6,
+which the service's environment does not have). Fits run in a subprocess
+(``bench/peers/worker.py``) with a per-fit time limit; a time-out or an error is a result
+(``timeout``, ``failed``), and an environment that cannot be built (no network) makes the peer
+``unavailable`` rather than failing the run.
+
+Privacy of the peers at equal epsilon: both are **pure** epsilon-DP (delta = 0), where the
+service's mechanisms run at ``delta = 1e-6``. diffprivlib's PCA samples eigenvectors with
+Amin et al.'s Bingham sampler (rejection sampling; its run time grows quickly with the
+spectrum's concentration and with d); OpenDP's is the same algorithm, and always centres on a
+private mean that takes part of the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench.core import ROOT, Outcome
+
+#: Where the environments are cached (``DPSS_BENCH_PEERS_DIR`` moves them, e.g. out of a clone).
+PEER_DIR = Path(os.environ.get("DPSS_BENCH_PEERS_DIR", ROOT / "bench" / ".peers"))
+WORKER = Path(__file__).resolve().parent / "worker.py"
+
+#: pip requirements of each peer's environment (pinned: the figures are for these versions).
+REQUIREMENTS: dict[str, list[str]] = {
+    "diffprivlib": ["diffprivlib==0.6.6", "scikit-learn==1.6.*"],
+    "opendp": ["opendp[scikit-learn]==0.16.0"],
+}
+#: How each peer's privacy differs from the service's at the same epsilon.
+PRIVACY = {
+    "diffprivlib": "pure epsilon-DP (delta = 0); Bingham sampler (Amin et al. 2019)",
+    "opendp": "pure epsilon-DP (delta = 0); Amin et al. 2019, always centred on a private mean",
+}
+
+
+@dataclass
+class Env:
+    """A peer's environment: its python, or why it is unavailable."""
+
+    python: Path | None
+    reason: str = ""
+
+
+class PeerEnvs:
+    """Builds the peers' environments in background threads (they install while the service's
+    mechanisms run) and hands each out when it is needed."""
+
+    def __init__(self, build_timeout: float) -> None:
+        self.build_timeout = build_timeout
+        self._envs: dict[str, Env] = {}
+        self._threads = {
+            peer: threading.Thread(target=self._build, args=(peer,), daemon=True)
+            for peer in REQUIREMENTS
+        }
+        for thread in self._threads.values():
+            thread.start()
+
+    def _build(self, peer: str) -> None:
+        target = PEER_DIR / peer
+        python = target / "bin" / "python"
+        marker = target / "requirements.txt"
+        wanted = "\n".join(REQUIREMENTS[peer]) + "\n"
+        if python.exists() and marker.exists() and marker.read_text() == wanted:
+            self._envs[peer] = Env(python)
+            return
+        try:
+            shutil.rmtree(target, ignore_errors=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--clear", str(target)],
+                check=True, capture_output=True, timeout=self.build_timeout,
+            )  # fmt: skip
+            subprocess.run(
+                [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                 *REQUIREMENTS[peer]],
+                check=True, capture_output=True, timeout=self.build_timeout, text=True,
+            )  # fmt: skip
+            marker.write_text(wanted)
+            self._envs[peer] = Env(python)
+        except subprocess.TimeoutExpired:
+            self._envs[peer] = Env(None, f"environment not built in {self.build_timeout:.0f} s")
+        except subprocess.CalledProcessError as error:
+            stderr = error.stderr if isinstance(error.stderr, str) else ""
+            tail = stderr.strip().splitlines()[-1:] or ["pip failed"]
+            self._envs[peer] = Env(None, f"environment could not be built: {tail[0][:150]}")
+        except OSError as error:
+            self._envs[peer] = Env(None, f"environment could not be built: {error}")
+
+    def get(self, peer: str) -> Env:
+        self._threads[peer].join()
+        return self._envs[peer]
+
+
+@dataclass
+class Fit:
+    """One peer fit to run."""
+
+    data: np.ndarray
+    k: int
+    epsilon: float
+    norm: float
+    centered: bool
+    seed: int
+
+
+def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]:
+    """Run ``fits`` with ``peer`` in one subprocess, each with ``limit`` seconds."""
+    if env.python is None:
+        return [Outcome("unavailable", reason=env.reason) for _ in fits]
+    with tempfile.TemporaryDirectory(prefix="dpss-peer-") as tmp:
+        work = Path(tmp)
+        jobs = []
+        saved: dict[int, str] = {}
+        for i, fit in enumerate(fits):
+            key = id(fit.data)
+            if key not in saved:
+                saved[key] = str(work / f"data{len(saved)}.npy")
+                np.save(saved[key], fit.data)
+            jobs.append(
+                {"id": i, "data": saved[key], "k": fit.k, "epsilon": fit.epsilon,
+                 "norm": fit.norm, "centered": fit.centered, "seed": fit.seed,
+                 "limit": limit, "out": str(work / f"out{i}.npy")}
+            )  # fmt: skip
+        (work / "jobs.json").write_text(json.dumps(jobs))
+        results = work / "results.jsonl"
+        reason = ""
+        try:
+            # The per-fit alarm interrupts Python-level loops; a fit stuck inside one long C
+            # call is caught by this outer limit (import time and slack included).
+            subprocess.run(
+                [str(env.python), str(WORKER), peer, str(work / "jobs.json"), str(results)],
+                capture_output=True, timeout=60 + 1.5 * limit * len(fits), check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            reason = "killed past the outer time limit"
+        records: dict[int, dict[str, object]] = {}
+        if results.exists():
+            for line in results.read_text().splitlines():
+                record = json.loads(line)
+                records[int(record["id"])] = record
+        outcomes = []
+        for i in range(len(fits)):
+            if i not in records:
+                outcomes.append(Outcome("timeout", reason=reason or "worker ended early"))
+                continue
+            record = records[i]
+            outcome = Outcome(
+                str(record["status"]), seconds=float(str(record["seconds"])),
+                reason=str(record["reason"]),
+            )  # fmt: skip
+            if outcome.status == "succeeded":
+                outcome.basis = np.load(work / f"out{i}.npy")
+            outcomes.append(outcome)
+        return outcomes

@@ -1,0 +1,108 @@
+"""Peer PCA fits, run inside the peer's own virtual environment (a subprocess of the harness).
+
+    python worker.py PEER JOBS.json RESULTS.jsonl
+
+``PEER`` is ``diffprivlib`` or ``opendp``. ``JOBS.json`` is a list of fits
+``{"id", "data" (.npy path), "k", "epsilon", "norm", "centered", "seed", "limit", "out"}``; each
+fit runs under its own time limit (``SIGALRM``) and appends one JSON line to ``RESULTS.jsonl``
+(``{"id", "status", "seconds", "reason"}``, status ``succeeded``, ``timeout`` or ``failed``) and,
+when it succeeded, saves the ``d x k`` components to ``out``. One process for many fits, so the
+peer's import time is paid once. Standalone on purpose: it imports neither the service nor the
+harness, only numpy and the peer library (the versions the service pins cannot coexist with
+diffprivlib's).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+
+class FitTimeout(Exception):
+    """The fit ran past its limit."""
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise FitTimeout
+
+
+def fit_diffprivlib(
+    data: np.ndarray, k: int, epsilon: float, norm: float, centered: bool, seed: int
+) -> np.ndarray:
+    from diffprivlib.models import PCA
+
+    d = data.shape[1]
+    # centered=True: no budget on a mean, the uncentred second-moment matrix (as our Gram
+    # mechanisms without centring); centered=False: diffprivlib spends part of epsilon on a
+    # private mean, for which it needs per-feature bounds: [-norm, norm] follows from the row
+    # norm bound.
+    bounds = None if centered else (np.full(d, -norm), np.full(d, norm))
+    model = PCA(
+        n_components=k,
+        epsilon=epsilon,
+        data_norm=norm,
+        centered=centered,
+        bounds=bounds,
+        random_state=seed,
+    )
+    model.fit(data)
+    return np.asarray(model.components_).T
+
+
+def fit_opendp(
+    data: np.ndarray, k: int, epsilon: float, norm: float, centered: bool, seed: int
+) -> np.ndarray:
+    import opendp.prelude as dp
+    from opendp.extras.sklearn.decomposition import PCA
+
+    dp.enable_features("contrib", "floating-point", "honest-but-curious", "idealized-numerics")
+    # OpenDP's PCA always centres on a private mean (part of epsilon), so ``centered`` is
+    # ignored; its randomness comes from OpenDP's own CSPRNG (``seed`` cannot fix it).
+    n, d = data.shape
+    model = PCA(epsilon=epsilon, row_norm=norm, n_samples=n, n_features=d, n_components=k)
+    model.fit(data)
+    return np.asarray(model.components_).T
+
+
+def main() -> int:
+    peer, jobs_path, results_path = sys.argv[1:4]
+    fit = {"diffprivlib": fit_diffprivlib, "opendp": fit_opendp}[peer]
+    warnings.simplefilter("ignore")
+    signal.signal(signal.SIGALRM, _alarm)
+    with open(jobs_path) as handle:
+        jobs = json.load(handle)
+    for job in jobs:
+        data = np.load(job["data"])
+        start = time.perf_counter()
+        status, reason = "succeeded", ""
+        signal.setitimer(signal.ITIMER_REAL, float(job["limit"]))
+        try:
+            basis = fit(data, job["k"], job["epsilon"], job["norm"], job["centered"], job["seed"])
+        except FitTimeout:
+            status, reason = "timeout", f"no fit within {job['limit']:g} s"
+        except Exception as error:  # reported as such, in the results
+            if time.perf_counter() - start >= 0.99 * float(job["limit"]):
+                # The alarm fired inside a library callback, which wrapped it (OpenDP does).
+                status, reason = "timeout", f"no fit within {job['limit']:g} s"
+            else:
+                status, reason = "failed", f"{type(error).__name__}: {error}"[:200]
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        seconds = time.perf_counter() - start
+        if status == "succeeded":
+            # Orthonormalise (both return orthonormal rows already, up to rounding).
+            np.save(job["out"], np.linalg.qr(basis)[0])
+        with open(results_path, "a") as out:
+            record = {"id": job["id"], "status": status, "seconds": seconds, "reason": reason}
+            out.write(json.dumps(record) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

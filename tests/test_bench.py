@@ -1,0 +1,115 @@
+"""The benchmark harness's own pieces: data, one call, results, statistics (fast; CI also runs
+``python -m bench --quick``)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.accuracy import gaussian_mean
+from bench.core import (
+    Outcome,
+    Row,
+    SlowGuard,
+    basis_mechanisms,
+    call,
+    near_subspace,
+    read_csv,
+    reference,
+    score,
+    show,
+    skipped_mechanisms,
+    spread,
+    write_csv,
+)
+from bench.speed import exponents
+from service.mechanisms.linalg import subspace_distance
+from service.mechanisms.noise import analytic_gaussian_sigma
+from service.mechanisms.registry import MECHANISMS
+
+
+def test_near_subspace_rows_are_at_the_stated_distance_and_within_the_bound() -> None:
+    data, basis = near_subspace(500, 20, 3, 1e-3, seed=1)
+    residual = data - (data @ basis) @ basis.T
+    assert np.allclose(np.linalg.norm(residual, axis=1), 1e-3, rtol=1e-9)
+    assert np.linalg.norm(data, axis=1).max() <= 1.0
+    assert np.allclose(basis.T @ basis, np.eye(3), atol=1e-12)
+    ref = reference(data, 3)
+    assert subspace_distance(ref.top, basis) < 1e-2
+    assert 0 < ref.gamma < 0.05
+    shifted, basis = near_subspace(2_000, 20, 3, 1e-3, seed=1, mean_norm=0.5)
+    assert np.linalg.norm(shifted.mean(axis=0)) > 0.4
+    assert np.linalg.norm(shifted, axis=1).max() <= 1.0
+
+
+def test_every_registered_mechanism_is_benchmarked_or_explained() -> None:
+    scored, noted = set(basis_mechanisms()), set(skipped_mechanisms())
+    assert scored | noted == set(MECHANISMS)
+    assert not scored & noted
+    assert "analyze_gauss" in scored and "spectrum" in noted
+
+
+def test_call_runs_through_the_public_interface_and_scores() -> None:
+    data, basis = near_subspace(4_000, 10, 2, 1e-2, seed=2)
+    ref = reference(data, 2)
+    outcome = call("analyze_gauss", data, 2, 1.0, 1e-6, seed=3, ref=ref)
+    assert outcome.status == "succeeded" and outcome.basis is not None
+    row = score(Row("t", "analyze_gauss", "x", 10, 4_000, 1e-2, 1.0, 1e-6, 2, 0, ""),
+                outcome, data, ref, basis)  # fmt: skip
+    assert row.error_planted < 0.5 and row.error_nonprivate < 0.5
+    assert 0.5 < row.captured <= 1.0 + 1e-12
+
+
+def test_a_refusal_is_recorded_as_refused_without_running() -> None:
+    data, _ = near_subspace(100, 5, 2, 1e-2, seed=4)
+    outcome = call("analyze_gauss", data, 6, 1.0, 1e-6, seed=5)  # k > d: the service's 422
+    assert outcome.status == "refused" and outcome.reason.startswith("k:")
+    assert outcome.basis is None
+
+
+def test_slow_guard_skips_only_slow_fruitless_cells() -> None:
+    guard = SlowGuard(limit=1.0)
+    guard.record("m", ("a",), Outcome("no_result", seconds=2.0))
+    guard.record("m", ("b",), Outcome("succeeded", seconds=5.0))
+    guard.record("m", ("c",), Outcome("no_result", seconds=0.5))
+    assert "not repeated" in guard.skip("m", ("a",))
+    assert guard.skip("m", ("b",)) == "" and guard.skip("m", ("c",)) == ""
+    assert guard.skip("other", ("a",)) == ""
+
+
+def test_spread_is_the_median_with_iqr_or_min_max() -> None:
+    assert spread([3.0, 1.0, 2.0]) == (2.0, 1.0, 3.0)
+    median, q1, q3 = spread([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert (median, q1, q3) == (3.0, 2.0, 4.0)
+    assert math.isnan(spread([math.nan])[0])
+    assert show([0.5]) == "0.5" and show([]) == "—"
+
+
+def test_csv_round_trip(tmp_path: Path) -> None:
+    row = Row("s", "m", "d", 10, 100, 1e-5, 0.1, 1e-6, 3, 1, "no_result", reason="why, exactly")
+    write_csv(tmp_path / "r.csv", [row])
+    (back,) = read_csv(tmp_path / "r.csv")
+    assert back.status == "no_result" and back.d == 10 and back.distance == 1e-5
+    assert math.isnan(back.error_planted) and back.reason == "why, exactly"
+
+
+def test_exponents_recover_a_power_law() -> None:
+    rows = []
+    for n in (1_000, 2_000, 4_000):
+        for d in (10, 20, 40):
+            r = Row("speed", "m", "x", d, n, 0, 1, 1e-6, 3, 0, "succeeded")
+            r.seconds = 1e-9 * n * d**2
+            rows.append(r)
+    in_n, in_d = exponents(rows, n=4_000, d_fixed=20)["m"]
+    assert in_n == pytest.approx(1.0, abs=1e-9) and in_d == pytest.approx(2.0, abs=1e-9)
+
+
+def test_gaussian_mean_noise_has_the_calibrated_scale() -> None:
+    n, dim = 1_000, 400
+    points = np.zeros((n, dim))
+    noisy = gaussian_mean(points, 1.0, 1.0, 1e-6, np.random.default_rng(6))
+    sigma = analytic_gaussian_sigma(2.0 / n, 1.0, 1e-6)
+    assert np.std(noisy) == pytest.approx(sigma, rel=0.15)
