@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dpss_client.client import Client  # noqa: E402
 from scripts.harness import (  # noqa: E402
     Checks,
     Services,
@@ -46,7 +47,6 @@ from scripts.harness import (  # noqa: E402
     table,
     wait_http,
 )
-from dpss_client.client import Client  # noqa: E402
 from service.db.engine import make_engine  # noqa: E402
 from service.db.models import AuditEvent, LedgerEntry, Release, ReleaseEpoch  # noqa: E402
 
