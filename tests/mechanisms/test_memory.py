@@ -81,6 +81,10 @@ def test_memory_estimate_bounds_the_measured_peak(
     estimate = mechanism.memory_bytes(ctx, spec)
     peak = measured_peak(mechanism, mapped, spec)
     assert estimate >= peak, f"{name}: estimate {estimate} below measured peak {peak}"
+    if getattr(mechanism, "continual", False):
+        # The estimate covers the worst epoch of the horizon (all L levels held), this run only
+        # the first; tests/mechanisms/test_continual_gauss.py checks it against the worst epoch.
+        return
     assert estimate <= RATIO * peak + CONSTANT, f"{name}: estimate {estimate}, peak {peak}"
 
 
