@@ -902,3 +902,22 @@ def test_projection_calibration_covers_its_rounding() -> None:
     d_cal = fa.calibrated_sensitivity(1e-4, 400, 100.0, 300.0, "projection", 1000, 5)
     assert d_cal >= mean_sensitivity(1e-4 + bound, 400, 100.0, 300.0)
     assert d_cal < 1.1 * mean_sensitivity(1e-4, 400, 100.0, 300.0)
+
+
+def test_preview_shows_t_t_min_ramp_and_why() -> None:
+    mech = FriendlyAggregate()
+    ctx = PublicContext(50_000, 50, None)
+    params = mech.prepare(ctx, 3, 0.1, 1e-6, FriendlyAggregateParams())
+    shown = mech.preview(ctx, ReleaseSpec(3, 0.1, 1e-6, params))
+    scales = shown.scales
+    assert scales["t"] == scales["t_default"] == 1666 and scales["t_min"] == 1663
+    assert scales["ramp_width"] == 1666 / 2 - 1 and scales["aggregator"] == "projection"
+    assert scales["weight_sensitivity"] == pytest.approx(1 + 1665 / 832)
+    assert "floor(n/(10k))" in str(scales["t_reason"])
+    # barely above t_min: the test fails about half the time even if every subset agrees
+    assert 0.4 < float(scales["ptr_no_result_if_agreeing"]) < 0.5  # type: ignore[arg-type]
+    assert any("t_min = 1663" in line for line in shown.meaning)
+    given_ = mech.prepare(ctx, 3, 1.0, 1e-6, FriendlyAggregateParams(t=300))
+    shown = mech.preview(ctx, ReleaseSpec(3, 1.0, 1e-6, given_))
+    assert shown.scales["t_reason"] == "given in the request"
+    assert float(shown.scales["ptr_no_result_if_agreeing"]) < 1e-3  # type: ignore[arg-type]
