@@ -98,7 +98,8 @@ RADIUS_STEPS = 26
 #: The same for the projection aggregator, whose distances ``sqrt(2k - 2||U_j^T U_l||_F^2)``
 #: carry an absolute rounding of ``~ 2e-8 r_max``: floor ``r_max 2^{-17} ~ 7.6e-6 r_max``.
 PROJECTION_RADIUS_STEPS = 17
-#: AboveThreshold stops at the first radius whose total weight exceeds this fraction of ``t``.
+#: AboveThreshold stops at the first radius whose total weight exceeds this fraction of ``t``
+#: (or the weight the test needs, if larger: :func:`radius_search_threshold`).
 THRESHOLD_FRACTION = 0.75
 
 
@@ -398,6 +399,19 @@ def ptr_no_result_if_agreeing(t: int, eps1: float, delta1: float) -> float:
     if margin >= 0:
         return 0.5 * math.exp(-margin / scale)
     return 1.0 - 0.5 * math.exp(margin / scale)
+
+
+def radius_search_threshold(t: int, eps1: float, delta1: float) -> float:
+    """``max(0.75 t, Delta_W + 1 + (Delta_W/eps1) ln(1/(2 delta1)))``: the search's threshold.
+
+    The second term is the total weight the PTR test needs (its floor plus its shift); a radius
+    with less weight is a certain no-result, so stopping there wastes the release. It matters
+    only near ``t_min`` (small epsilon), where ``0.75 t`` is below it. A public function of
+    ``t`` and the budget, so AboveThreshold's guarantee is unchanged.
+    """
+    sens = weight_sensitivity(t, ramp_width(t))
+    needed = weight_floor(sens) + weight_shift(sens, eps1, delta1)
+    return max(THRESHOLD_FRACTION * t, needed)
 
 
 def radius_grid(r_max: float, steps: int = RADIUS_STEPS) -> FloatArray:
@@ -711,12 +725,14 @@ def search_radius(
     *,
     rows: int,
     workers: int = 1,
+    threshold: float | None = None,
 ) -> tuple[int | None, FloatArray]:
     """The private radius search: AboveThreshold over ``W(r_i)``, smallest radius first.
 
     Queries ``W(r_i)`` (sensitivity ``Delta_W``: the counts come from per-pair distances, so one
     moved point changes its own weight by at most 1 and each other weight by at most ``1/b``)
-    against the threshold ``0.75 t``, ``eps0``-DP.
+    against the public ``threshold`` (default ``0.75 t``; the mechanism passes
+    :func:`radius_search_threshold`), ``eps0``-DP.
 
     Parameters
     ----------
@@ -736,7 +752,8 @@ def search_radius(
     weights = weights_from_counts(counts, t, b)
     totals = np.array([total_weight(column) for column in weights.T])
     sens = weight_sensitivity(t, b)
-    return above_threshold(totals, THRESHOLD_FRACTION * t, sens, eps0, rng), weights
+    bar = THRESHOLD_FRACTION * t if threshold is None else threshold
+    return above_threshold(totals, bar, sens, eps0, rng), weights
 
 
 def friendly_aggregate(
@@ -800,7 +817,14 @@ def friendly_aggregate(
     if radius is None:
         radii = radius_grid(r_max, steps)
         stop, weights_by_radius = search_radius(
-            block, t, radii, split.eps0, rng, rows=rows, workers=workers
+            block,
+            t,
+            radii,
+            split.eps0,
+            rng,
+            rows=rows,
+            workers=workers,
+            threshold=radius_search_threshold(t, split.eps1, split.delta1),
         )
         radius_index = steps if stop is None else stop  # none above: r = r_max
         radius_exponent = None if stop is None else steps - stop
@@ -1068,9 +1092,12 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             f"{floor + shift:.4g}.",
         ]
         if params.radius is None:
+            bar = radius_search_threshold(t, split.eps1, split.delta1)
+            scales["radius_search_threshold"] = bar
             meaning.append(
                 f"The radius is chosen privately (epsilon0 = {split.eps0:.4g}) on the grid "
-                f"r_max 2^-i, i = {steps}..0, {where}."
+                f"r_max 2^-i, i = {steps}..0, {where}: the smallest radius whose noisy total "
+                f"weight reaches {bar:.4g} (the larger of 0.75 t and the weight the test needs)."
             )
         else:
             meaning.append(

@@ -921,3 +921,28 @@ def test_preview_shows_t_t_min_ramp_and_why() -> None:
     shown = mech.preview(ctx, ReleaseSpec(3, 1.0, 1e-6, given_))
     assert shown.scales["t_reason"] == "given in the request"
     assert float(shown.scales["ptr_no_result_if_agreeing"]) < 1e-3  # type: ignore[arg-type]
+
+
+def test_radius_search_threshold_is_the_larger_of_three_quarters_and_the_tests_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Near t_min (eps 0.1, t = 1666) the test needs W > 1662.5, above 0.75 t = 1249.5: the
+    search asks for that (a public function of t and the budget); at eps 1 it stays 0.75 t."""
+    split = budget_split(0.1, 1e-6, radius_given=False)
+    sens = weight_sensitivity(1666, ramp_width(1666))
+    needed = weight_floor(sens) + fa.weight_shift(sens, split.eps1, split.delta1)
+    assert fa.radius_search_threshold(1666, split.eps1, split.delta1) == needed > 0.75 * 1666
+    split1 = budget_split(1.0, 1e-6, radius_given=False)
+    assert fa.radius_search_threshold(1666, split1.eps1, split1.delta1) == 0.75 * 1666
+    seen: list[float] = []
+    real = fa.above_threshold
+
+    def recording(answers: Any, threshold: float, *args: Any) -> Any:
+        seen.append(threshold)
+        return real(answers, threshold, *args)
+
+    monkeypatch.setattr(fa, "above_threshold", recording)
+    data, _ = near_subspace(3000, 6, 1, 1e-6, seed=60)
+    friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(61), t=100)
+    split4 = budget_split(4.0, 1e-3, radius_given=False)
+    assert seen == [fa.radius_search_threshold(100, split4.eps1, split4.delta1)]
