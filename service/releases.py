@@ -102,8 +102,11 @@ class Prepared:
     params: dict[str, Any]
 
 
-def _prepare(body: ReleaseRequest, dataset: Dataset) -> Prepared:
-    """Validate the request against the mechanism using public facts only."""
+def _prepare(
+    body: ReleaseRequest, dataset: Dataset, memory_limit_bytes: int | None = None
+) -> Prepared:
+    """Validate the request against the mechanism using public facts only (the worker memory
+    limit is public configuration: a mechanism may size a default parameter to it)."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
         raise InvalidInput(
@@ -114,7 +117,10 @@ def _prepare(body: ReleaseRequest, dataset: Dataset) -> Prepared:
     except ValidationError as exc:
         raise InvalidInput.from_validation(exc, prefix="params") from None
     context = PublicContext(
-        n_rows=dataset.n_rows, n_cols=dataset.n_cols, row_norm_bound=dataset.row_norm_bound
+        n_rows=dataset.n_rows,
+        n_cols=dataset.n_cols,
+        row_norm_bound=dataset.row_norm_bound,
+        memory_limit_bytes=memory_limit_bytes,
     )
     epsilon, delta = float_not_above(body.epsilon), float_not_above(body.delta)
     try:
@@ -160,7 +166,7 @@ def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
 def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
     mechanism, params (via ``prepare``: clip norm, k, ...) and the memory gate."""
-    prepared = _prepare(body, dataset)
+    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB))
     check_memory(prepared, settings.worker_memory_mb)
     return prepared
 

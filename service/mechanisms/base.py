@@ -58,13 +58,28 @@ P = TypeVar("P", bound=MechanismParams)
 CP = TypeVar("CP", bound=ClipParams)
 
 
+#: Working memory a release may use when the context does not say (the default of
+#: ``DPSS_WORKER_MEMORY_MB``, 6144 MiB): mechanisms that size a parameter to memory use it.
+DEFAULT_MEMORY_LIMIT_BYTES = 6144 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class PublicContext:
-    """What is public about a dataset: its shape and the owner's declared row norm bound."""
+    """What is public about a dataset: its shape and the owner's declared row norm bound; and
+    the operator's worker memory limit (bytes; ``None``: :data:`DEFAULT_MEMORY_LIMIT_BYTES`),
+    which a mechanism may use to size a default parameter (it is public configuration)."""
 
     n_rows: int
     n_cols: int
     row_norm_bound: float | None
+    memory_limit_bytes: int | None = None
+
+    @property
+    def memory_limit(self) -> int:
+        """The worker memory limit in bytes."""
+        if self.memory_limit_bytes is None:
+            return DEFAULT_MEMORY_LIMIT_BYTES
+        return self.memory_limit_bytes
 
 
 @dataclass(frozen=True)

@@ -74,10 +74,12 @@ from service.mechanisms.sample_aggregate import (
 
 Aggregator = Literal["reference_points", "projection"]
 
-#: Default ``t`` keeps ``m = floor(n/t) >= ROWS_PER_DIMENSION * k`` rows per subset ...
+#: Default ``t`` keeps ``m = floor(n/t) >= ROWS_PER_DIMENSION * k`` rows per subset.
 ROWS_PER_DIMENSION = 10
-#: ... and at most this many subsets (the pairwise step costs ``O(t^2 q d)``).
-DEFAULT_T_CAP = 2000
+#: The preview reports the smallest ``t`` whose all-agreeing total weight clears the PTR floor
+#: with this many Laplace scales of the noisy weight to spare (then a charged no-result on data
+#: whose subsets all agree has probability ``<= exp(-3)/2 ~ 2.5%``).
+SPARE_NOISE_SCALES = 3.0
 #: Largest ``t`` accepted at all: the ``t x t`` distance matrix is 800 MB at 10,000.
 MAX_T = 10_000
 #: Largest ``t q d`` accepted (the stacked points, 8 bytes each: 2 GB).
@@ -96,7 +98,8 @@ RADIUS_STEPS = 26
 #: The same for the projection aggregator, whose distances ``sqrt(2k - 2||U_j^T U_l||_F^2)``
 #: carry an absolute rounding of ``~ 2e-8 r_max``: floor ``r_max 2^{-17} ~ 7.6e-6 r_max``.
 PROJECTION_RADIUS_STEPS = 17
-#: AboveThreshold stops at the first radius whose total weight exceeds this fraction of ``t``.
+#: AboveThreshold stops at the first radius whose total weight exceeds this fraction of ``t``
+#: (or the weight the test needs, if larger: :func:`radius_search_threshold`).
 THRESHOLD_FRACTION = 0.75
 
 
@@ -105,10 +108,12 @@ class FriendlyAggregateParams(MechanismParams):
 
     t: int | None = Field(
         default=None,
-        ge=2,
+        ge=3,
         description=(
-            "Number of subsets of the random partition. Default: min(floor(n/(10k)), 2000), so "
-            "each subset has at least 10k rows."
+            "Number of subsets of the random partition (>= 3: the weight ramp is t/2 - 1 wide). "
+            "Default: the largest t that keeps floor(n/t) >= 10k rows per subset, fits the "
+            "worker memory (DPSS_WORKER_MEMORY_MB) and is at most 10,000; refused when that is "
+            "below t_min, the least t whose test can pass."
         ),
     )
     q: int | None = Field(
@@ -116,11 +121,13 @@ class FriendlyAggregateParams(MechanismParams):
         ge=1,
         description="Number of Gaussian reference points (reference_points only); default 2k.",
     )
-    aggregator: Aggregator = Field(
-        default="reference_points",
+    aggregator: Aggregator | None = Field(
+        default=None,
         description=(
             "reference_points: average P U_j U_j^T for q public Gaussian points P (any d). "
-            "projection: average the d x d projectors U_j U_j^T (d <= 1000)."
+            "projection: average the d x d projectors U_j U_j^T (d <= 1000). Default: "
+            "projection when d <= 1000 and q is not given (about 2x more accurate), else "
+            "reference_points."
         ),
     )
     radius: float | None = Field(
@@ -169,8 +176,15 @@ def budget_split(epsilon: float, delta: float, radius_given: bool) -> BudgetSpli
 
 
 def ramp_width(t: int) -> float:
-    """``b = t/4``: weights ramp from 0 at ``c = t/2 + 1`` friends to 1 at ``3t/4 + 1``."""
-    return t / 4.0
+    """``b = t/2 - 1``: weights ramp from 0 at ``c = t/2 + 1`` friends to 1 at ``c = t``.
+
+    The widest ramp that still reaches 1 (a point cannot have more than ``t`` friends), so
+    ``Delta_W = 1 + (t-1)/b`` is smallest (``~3`` instead of ``~5`` for ``t/4``); derivation F1 in
+    ``docs/mechanisms.md``. Needs ``t >= 3`` (``b > 0``).
+    """
+    if t < 3:
+        raise ValueError(f"t = {t}: the ramp t/2 - 1 needs t >= 3")
+    return t / 2.0 - 1.0
 
 
 def weight_sensitivity(t: int, b: float) -> float:
@@ -239,30 +253,165 @@ def weight_floor(sens: float) -> float:
     return sens + 1.0
 
 
+def rows_cap_t(n: int, k: int) -> int:
+    """``floor(n/(10k))``: the most subsets that keep ``m >= 10k`` rows each."""
+    return n // (ROWS_PER_DIMENSION * k)
+
+
 def default_t(n: int, k: int) -> int:
-    """``min(floor(n/(10k)), 2000)``."""
-    return min(n // (ROWS_PER_DIMENSION * k), DEFAULT_T_CAP)
+    """``floor(n/(10k))`` (the row cap alone; :func:`choose_t` applies the budget and memory)."""
+    return rows_cap_t(n, k)
+
+
+def ptr_margin(t: int, eps1: float, delta1: float, spare: float = 0.0) -> float:
+    """``t - spare Delta_W/eps1 - (Delta_W/eps1) ln(1/(2 delta1)) - (Delta_W + 1)``: how far
+    all-ones weights (``W = t``), lowered by ``spare`` Laplace scales, clear the PTR floor.
+
+    Increasing in ``t`` (``Delta_W = 1 + 2(t-1)/(t-2)`` decreases), so the boundary can be found
+    by bisection. ``-inf`` for ``t < 3``.
+    """
+    if t < 3:
+        return -math.inf
+    sens = weight_sensitivity(t, ramp_width(t))
+    shifted = float(t) - spare * weight_noise_scale(sens, eps1)
+    return weight_lower_bound(shifted, sens, eps1, delta1) - weight_floor(sens)
 
 
 def ptr_feasible(t: int, eps1: float, delta1: float) -> bool:
     """Whether all-ones weights (``W = t``, noise-free) would clear the PTR floor."""
-    sens = weight_sensitivity(t, ramp_width(t))
-    return weight_lower_bound(float(t), sens, eps1, delta1) >= weight_floor(sens)
+    return ptr_margin(t, eps1, delta1) >= 0.0
+
+
+def _smallest_t(holds: Callable[[int], bool]) -> int:
+    """Smallest ``t >= 3`` with ``holds(t)``, for a predicate monotone in ``t`` (doubling, then
+    bisection on the exact condition)."""
+    high = 3
+    while not holds(high):
+        high *= 2
+    low = high // 2  # holds(low) is false (or low < 3)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if mid >= 3 and holds(mid):
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 def min_feasible_t(eps1: float, delta1: float) -> int:
-    """Smallest ``t`` for which :func:`ptr_feasible` holds.
+    """``t_min``: smallest ``t`` for which :func:`ptr_feasible` holds, by bisection on the exact
+    floor condition ``t - (Delta_W/eps1) ln(1/(2 delta1)) >= Delta_W + 1``."""
+    return _smallest_t(lambda t: ptr_feasible(t, eps1, delta1))
 
-    With ``b = t/4``, ``Delta_W = 5 - 4/t`` and the condition is ``t - c (5 - 4/t) - 1 >= 0`` for
-    ``c = 1 + ln(1/(2 delta1))/eps1``, i.e. ``t^2 - (5c + 1) t + 4c >= 0``: start at the larger
-    root and correct for rounding.
+
+def comfortable_t(eps1: float, delta1: float, spare: float = SPARE_NOISE_SCALES) -> int:
+    """Smallest ``t`` whose all-ones weights clear the PTR floor with ``spare`` Laplace scales
+    of the noisy weight to spare: on data whose subsets all agree, PTR then fails with
+    probability ``<= exp(-spare)/2``."""
+    return _smallest_t(lambda t: ptr_margin(t, eps1, delta1, spare) >= 0.0)
+
+
+def memory_cap_t(
+    n: int,
+    d: int,
+    k: int,
+    q: int | None,
+    aggregator: Aggregator,
+    radius: float | None,
+    limit_bytes: int,
+    high: int,
+    low: int = 3,
+) -> int:
+    """Largest ``t`` in ``[low, high]`` whose :func:`friendly_memory_bytes` fits
+    ``limit_bytes``; 0 when none does.
+
+    The estimate is not monotone in ``t`` (few subsets mean large ``m x m`` subset Gram
+    matrices, many subsets large distance blocks and points), so the range is scanned from the
+    top; each estimate is a few arithmetic operations on public facts.
     """
-    c = 1.0 + math.log(1.0 / (2.0 * delta1)) / eps1
-    disc = (5.0 * c + 1.0) ** 2 - 16.0 * c
-    t = max(2, math.floor(((5.0 * c + 1.0) + math.sqrt(disc)) / 2.0) - 2)
-    while not ptr_feasible(t, eps1, delta1):
-        t += 1
-    return t
+    for t in range(high, max(3, low) - 1, -1):
+        if friendly_memory_bytes(n, d, k, t, q, aggregator, radius) <= limit_bytes:
+            return t
+    return 0
+
+
+@dataclass(frozen=True)
+class TChoice:
+    """How the default ``t`` was chosen (all from public facts)."""
+
+    t: int
+    t_min: int
+    t_comfortable: int
+    rows_cap: int
+    #: largest ``t`` in ``[t_min, min(rows_cap, MAX_T)]`` that fits the memory limit, or 0
+    memory_cap: int
+    reason: str
+
+
+def choose_t(
+    n: int,
+    d: int,
+    k: int,
+    epsilon: float,
+    delta: float,
+    q: int | None,
+    aggregator: Aggregator,
+    radius: float | None,
+    limit_bytes: int,
+) -> TChoice:
+    """The default ``t``: the largest ``t`` that keeps ``m >= 10k`` rows per subset, fits the
+    worker memory and :data:`MAX_T`; ``t < t_min`` means refuse.
+
+    The largest, not the smallest that passes the test: the mean's noise is
+    ``r (4(t-1)/b + 6)/W_low ~ 14 r/(t - shift)``, so more subsets lower it (about ``1/t``
+    once the radius reaches the grid's floor), and they make both the test and the radius
+    search more reliable (measured in ``bench/bench_small_budgets.py``).
+    """
+    split = budget_split(epsilon, delta, radius is not None)
+    t_min = min_feasible_t(split.eps1, split.delta1)
+    t_comf = comfortable_t(split.eps1, split.delta1)
+    rows_cap = rows_cap_t(n, k)
+    upper = min(rows_cap, MAX_T)
+    if upper < t_min:  # too few rows: refused whatever the memory
+        return TChoice(upper, t_min, t_comf, rows_cap, 0, "too few rows")
+    # the largest t in [t_min, upper] that fits (0: none does, refused)
+    mem_cap = memory_cap_t(n, d, k, q, aggregator, radius, limit_bytes, upper, t_min)
+    t = mem_cap
+    if t == 0:
+        reason = "no t >= t_min fits the worker memory"
+    elif t == rows_cap:
+        reason = f"the largest t that keeps m >= 10k rows per subset, floor(n/(10k)) = {t}"
+    elif t == MAX_T:
+        reason = f"the largest t accepted, {MAX_T}"
+    else:
+        reason = f"the largest t that fits the worker memory (DPSS_WORKER_MEMORY_MB), {t}"
+    return TChoice(t, t_min, t_comf, rows_cap, mem_cap, reason)
+
+
+def ptr_no_result_if_agreeing(t: int, eps1: float, delta1: float) -> float:
+    """Probability that PTR ends in no result when every subset agrees (``W = t``):
+    ``P[Lap(scale) < -margin]`` for the margin of :func:`ptr_margin` and the scale
+    ``Delta_W/eps1``, i.e. ``exp(-margin/scale)/2`` when the margin is positive."""
+    margin = ptr_margin(t, eps1, delta1)
+    if margin == -math.inf:
+        return 1.0
+    scale = weight_noise_scale(weight_sensitivity(t, ramp_width(t)), eps1)
+    if margin >= 0:
+        return 0.5 * math.exp(-margin / scale)
+    return 1.0 - 0.5 * math.exp(margin / scale)
+
+
+def radius_search_threshold(t: int, eps1: float, delta1: float) -> float:
+    """``max(0.75 t, Delta_W + 1 + (Delta_W/eps1) ln(1/(2 delta1)))``: the search's threshold.
+
+    The second term is the total weight the PTR test needs (its floor plus its shift); a radius
+    with less weight is a certain no-result, so stopping there wastes the release. It matters
+    only near ``t_min`` (small epsilon), where ``0.75 t`` is below it. A public function of
+    ``t`` and the budget, so AboveThreshold's guarantee is unchanged.
+    """
+    sens = weight_sensitivity(t, ramp_width(t))
+    needed = weight_floor(sens) + weight_shift(sens, eps1, delta1)
+    return max(THRESHOLD_FRACTION * t, needed)
 
 
 def radius_grid(r_max: float, steps: int = RADIUS_STEPS) -> FloatArray:
@@ -613,12 +762,14 @@ def search_radius(
     *,
     rows: int,
     workers: int = 1,
+    threshold: float | None = None,
 ) -> tuple[int | None, FloatArray]:
     """The private radius search: AboveThreshold over ``W(r_i)``, smallest radius first.
 
     Queries ``W(r_i)`` (sensitivity ``Delta_W``: the counts come from per-pair distances, so one
     moved point changes its own weight by at most 1 and each other weight by at most ``1/b``)
-    against the threshold ``0.75 t``, ``eps0``-DP.
+    against the public ``threshold`` (default ``0.75 t``; the mechanism passes
+    :func:`radius_search_threshold`), ``eps0``-DP.
 
     Parameters
     ----------
@@ -638,7 +789,8 @@ def search_radius(
     weights = weights_from_counts(counts, t, b)
     totals = np.array([total_weight(column) for column in weights.T])
     sens = weight_sensitivity(t, b)
-    return above_threshold(totals, THRESHOLD_FRACTION * t, sens, eps0, rng), weights
+    bar = THRESHOLD_FRACTION * t if threshold is None else threshold
+    return above_threshold(totals, bar, sens, eps0, rng), weights
 
 
 def friendly_aggregate(
@@ -702,7 +854,14 @@ def friendly_aggregate(
     if radius is None:
         radii = radius_grid(r_max, steps)
         stop, weights_by_radius = search_radius(
-            block, t, radii, split.eps0, rng, rows=rows, workers=workers
+            block,
+            t,
+            radii,
+            split.eps0,
+            rng,
+            rows=rows,
+            workers=workers,
+            threshold=radius_search_threshold(t, split.eps1, split.delta1),
         )
         radius_index = steps if stop is None else stop  # none above: r = r_max
         radius_exponent = None if stop is None else steps - stop
@@ -780,6 +939,17 @@ def friendly_memory_bytes(
     return allowance(partition + max(subset_step, distance_step, release_step))
 
 
+def resolve_aggregator(params: FriendlyAggregateParams, d: int) -> Aggregator:
+    """The given aggregator, else ``projection`` when ``d <= 1000`` and ``q`` is not given (it
+    was about 2x more accurate than ``reference_points`` where both run), else
+    ``reference_points``."""
+    if params.aggregator is not None:
+        return params.aggregator
+    if params.q is None and d <= PROJECTION_MAX_D:
+        return "projection"
+    return "reference_points"
+
+
 # ---------------------------------------------------------------------------------------------
 # The service's mechanism
 
@@ -813,8 +983,9 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         self.check_common(ctx, k, epsilon, delta)
         n, d = ctx.n_rows, ctx.n_cols
         split = budget_split(epsilon, delta, params.radius is not None)
+        aggregator = resolve_aggregator(params, d)
 
-        if params.aggregator == "projection":
+        if aggregator == "projection":
             if params.q is not None:
                 raise InvalidParameter("q", "q applies only to aggregator 'reference_points'")
             if d > PROJECTION_MAX_D:
@@ -825,30 +996,38 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                     "costly: use 'reference_points' (error does not grow with d^2)",
                 )
         q = params.q if params.q is not None else 2 * k
-        if params.aggregator == "reference_points" and q < k:
+        if aggregator == "reference_points" and q < k:
             raise InvalidParameter("q", f"must be >= k = {k} (the q x d average has rank <= q)")
+        q_used = q if aggregator == "reference_points" else None
 
-        t_min = min_feasible_t(split.eps1, split.delta1)
         budget = f"epsilon = {epsilon:g}, delta = {delta:g}"
         if params.t is None:
-            t = default_t(n, k)
-            if t < t_min:
+            choice = choose_t(
+                n, d, k, epsilon, delta, q_used, aggregator, params.radius, ctx.memory_limit
+            )
+            t = choice.t
+            if t < choice.t_min:
                 rows = ROWS_PER_DIMENSION * k
-                if t_min <= DEFAULT_T_CAP:
-                    need = f"n >= {t_min * rows} rows (t = {t_min} subsets of {rows})"
-                else:
-                    need = (
-                        f"t = {t_min} subsets, above the default cap {DEFAULT_T_CAP}: pass t "
-                        f"explicitly (needs n >= {t_min * k}) or raise epsilon"
+                if choice.rows_cap >= choice.t_min:
+                    raise InvalidParameter(
+                        "t",
+                        f"at {budget} the propose-test-release check needs t >= {choice.t_min} "
+                        "subsets even if every subset agreed, but none of "
+                        f"t = {choice.t_min}..{min(choice.rows_cap, MAX_T)} fits "
+                        "the worker memory (DPSS_WORKER_MEMORY_MB): try a smaller q, or a "
+                        "larger epsilon or delta",
                     )
                 raise InvalidParameter(
                     "t",
-                    f"n = {n} rows give the default t = {t} subsets of {rows} rows, but at "
-                    f"{budget} the propose-test-release check needs t >= {t_min} even if every "
-                    f"subset agreed; needs {need}, or a larger epsilon or delta",
+                    f"n = {n} rows give at most t = {choice.rows_cap} subsets of {rows} rows, "
+                    f"but at {budget} the propose-test-release check needs t >= "
+                    f"{choice.t_min} even if every subset agreed; needs n >= "
+                    f"{choice.t_min * rows} rows (t = {choice.t_min} subsets of {rows}), or a "
+                    "larger epsilon or delta",
                 )
         else:
             t = params.t
+            t_min = min_feasible_t(split.eps1, split.delta1)
             if t < t_min:
                 raise InvalidParameter(
                     "t",
@@ -863,22 +1042,33 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             )
         if t > MAX_T:
             raise InvalidParameter("t", f"must be <= {MAX_T} (t x t pairwise distances)")
-        if params.aggregator == "reference_points" and t * q * d > MAX_POINT_FLOATS:
+        if aggregator == "reference_points" and t * q * d > MAX_POINT_FLOATS:
             raise InvalidParameter(
                 "t",
                 f"t q d = {t * q * d} exceeds {MAX_POINT_FLOATS} (memory of the stacked "
                 "points); lower t or q",
             )
-        if params.aggregator == "projection":
-            return params.model_copy(update={"t": t})
-        return params.model_copy(update={"t": t, "q": q})
+        return params.model_copy(update={"t": t, "q": q_used, "aggregator": aggregator})
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]) -> Preview:
         params = spec.params
-        assert params.t is not None  # resolved by prepare
+        assert params.t is not None and params.aggregator is not None  # resolved by prepare
         t, k = params.t, spec.k
         split = budget_split(spec.epsilon, spec.delta, params.radius is not None)
-        sens = weight_sensitivity(t, ramp_width(t))
+        ramp = ramp_width(t)
+        sens = weight_sensitivity(t, ramp)
+        choice = choose_t(
+            ctx.n_rows,
+            ctx.n_cols,
+            k,
+            spec.epsilon,
+            spec.delta,
+            params.q,
+            params.aggregator,
+            params.radius,
+            ctx.memory_limit,
+        )
+        no_result = ptr_no_result_if_agreeing(t, split.eps1, split.delta1)
         floor = weight_floor(sens)
         scale = weight_noise_scale(sens, split.eps1)
         shift = weight_shift(sens, split.eps1, split.delta1)
@@ -896,6 +1086,14 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             )
         scales: dict[str, PreviewValue] = {
             "t": t,
+            "t_min": choice.t_min,
+            "t_default": choice.t,
+            "t_reason": choice.reason if t == choice.t else "given in the request",
+            "t_comfortable": choice.t_comfortable,
+            "ptr_no_result_if_agreeing": no_result,
+            "ramp_width": ramp,
+            "weight_sensitivity": sens,
+            "aggregator": params.aggregator,
             "m": ctx.n_rows // t,
             "weight_noise_scale": scale,
             "weight_shift": shift,
@@ -904,18 +1102,32 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             "radius_steps": steps,
             "r_max": r_max,
         }
+        chosen = (
+            f"t = {t} is {choice.reason}"
+            if t == choice.t
+            else f"t = {t} as given (the default would be {choice.t}: {choice.reason})"
+        )
         meaning = [
             f"The rows are split into t = {t} subsets of {ctx.n_rows // t} rows; each gives a "
-            "top-k subspace, weighted by how many others lie within the radius.",
+            "top-k subspace, weighted by how many others lie within the radius: a subset with "
+            f"c friends gets weight clip((c - t/2 - 1)/{ramp:.4g}, 0, 1) (ramp b = t/2 - 1), "
+            f"so the total weight moves by at most Delta_W = {sens:.4g} when one row changes.",
+            f"{chosen}; t_min = {choice.t_min} is the least t for which even full agreement "
+            f"can pass the test, and t >= {choice.t_comfortable} passes it with "
+            f"{SPARE_NOISE_SCALES:g} noise scales to spare. At t = {t}, if every subset agrees "
+            f"the test still ends in no_result with probability {no_result:.2g}.",
             f"Test (epsilon1 = {split.eps1:.4g}): W_low = W + Laplace({scale:.4g}) - "
             f"{shift:.4g}; the release ends in no_result (charged) when W_low < {floor:.4g}. "
             f"W is at most t = {t}, so the total weight of agreeing subsets must be above about "
             f"{floor + shift:.4g}.",
         ]
         if params.radius is None:
+            bar = radius_search_threshold(t, split.eps1, split.delta1)
+            scales["radius_search_threshold"] = bar
             meaning.append(
                 f"The radius is chosen privately (epsilon0 = {split.eps0:.4g}) on the grid "
-                f"r_max 2^-i, i = {steps}..0, {where}."
+                f"r_max 2^-i, i = {steps}..0, {where}: the smallest radius whose noisy total "
+                f"weight reaches {bar:.4g} (the larger of 0.75 t and the weight the test needs)."
             )
         else:
             meaning.append(
@@ -927,7 +1139,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]) -> int:
         """Peak bytes of :meth:`run` from its own allocations (``n``, ``d``, ``k``, params)."""
         params = spec.params
-        assert params.t is not None
+        assert params.t is not None and params.aggregator is not None
         return friendly_memory_bytes(
             ctx.n_rows, ctx.n_cols, spec.k, params.t, params.q, params.aggregator, params.radius
         )
@@ -939,7 +1151,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         rng: np.random.Generator,
     ) -> MechanismOutput:
         params = spec.params
-        assert params.t is not None  # resolved by prepare
+        assert params.t is not None and params.aggregator is not None  # resolved by prepare
         result = friendly_aggregate(
             data,
             spec.k,

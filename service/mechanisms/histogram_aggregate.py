@@ -68,6 +68,15 @@ from service.mechanisms.sample_aggregate import (
     subset_bases,
     subset_bases_bytes,
 )
+from service.mechanisms.width_selection import (
+    WIDTH_STEPS,
+    query_noise_scale,
+    search_memory_bytes,
+    search_split,
+    search_threshold,
+    search_width,
+    threshold_noise_scale,
+)
 
 #: ``c2`` of the width rule, fixed by simulation (``bench/simulate_gamma_width.py``).
 C2_WIDTH = 40.0
@@ -87,14 +96,20 @@ class HistogramAggregateParams(MechanismParams):
     )
     q: int | None = Field(default=None, ge=1, description="Reference points; default 2k, >= k.")
     cell_width: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="Grid cell width w (or give gamma)."
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Grid cell width w. With neither cell_width nor gamma the width is chosen privately "
+            "(a quarter of epsilon) on the grid ||P||_F 2^-i, i = 26..0."
+        ),
     )
     gamma: float | None = Field(
         default=None,
         gt=0,
         allow_inf_nan=False,
-        description="Assumed gap sqrt(lambda_{k+1}/lambda_k); sets the cell width (or give "
-        "cell_width).",
+        description="Assumed gap sqrt(lambda_{k+1}/lambda_k); sets the cell width (give at most "
+        "one of cell_width and gamma; neither: the width is searched privately).",
     )
     point: Literal["center", "uniform"] = Field(
         default="center", description="Point of the chosen cell: its centre or a uniform point."
@@ -126,6 +141,14 @@ def width_from_gamma(gamma: float, d: int, k: int, t: int, m: int, c2: float = C
     return (
         c2 * gamma * math.sqrt(d * k) * (math.sqrt(k) + math.sqrt(math.log(k * t))) / math.sqrt(m)
     )
+
+
+def histogram_epsilon(params: HistogramAggregateParams, epsilon: float) -> float:
+    """The histogram's epsilon: all of it with a given width (``cell_width`` or ``gamma``),
+    ``3 eps/4`` when the width is searched (the search spends ``eps/4``)."""
+    if params.cell_width is None and params.gamma is None:
+        return search_split(epsilon)[1]
+    return epsilon
 
 
 def boost_groups(beta: float) -> int:
@@ -178,7 +201,12 @@ def cell_counts(cells: FloatArray) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
 
 
 def stability_histogram(
-    points: FloatArray, width: float, epsilon: float, delta: float, rng: np.random.Generator
+    points: FloatArray,
+    width: float,
+    epsilon: float,
+    delta: float,
+    rng: np.random.Generator,
+    offsets: FloatArray | None = None,
 ) -> tuple[FloatArray, FloatArray] | None:
     """The heavy cell of a randomly shifted grid, or ``None``.
 
@@ -191,7 +219,9 @@ def stability_histogram(
     epsilon, delta : float
         Budget of the histogram.
     rng : numpy.random.Generator
-        Draws the offsets (uniform on ``[0, w)``, one per coordinate) and the noise.
+        Draws the offsets (uniform on ``[0, w)``, one per coordinate) unless given, and the noise.
+    offsets : (D,) array, optional
+        Public offsets already drawn (the width search's grid at the chosen width).
 
     Returns
     -------
@@ -199,7 +229,8 @@ def stability_histogram(
         The lower corner of the kept cell with the largest noisy count, and the grid offsets;
         ``None`` when no cell's ``count + Lap(2/eps)`` exceeds ``T``.
     """
-    offsets = rng.uniform(0.0, width, size=points.shape[1])
+    if offsets is None:
+        offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
     # A point's cell is a function of that point alone, so clamping the (public-width) cell
     # index to a finite range keeps the histogram's sensitivity and keeps a tiny width from
     # overflowing to infinite cells.
@@ -225,10 +256,10 @@ def histogram_aggregate_once(
     delta: float,
     t: int,
     q: int,
-    width: float,
+    width: float | None,
     point: str,
     rng: np.random.Generator,
-) -> FloatArray | None:
+) -> tuple[FloatArray | None, dict[str, Any]]:
     """Algorithm 2 on the rows ``rows`` of ``data`` (all rows when ``None``).
 
     Parameters
@@ -238,24 +269,40 @@ def histogram_aggregate_once(
     rows : (n_g,) sorted int array or None
         The rows this run may use (a boosting group).
     k, epsilon, delta, t, q, width, point
-        As resolved by ``prepare``; ``m = floor(n_g / t) >= k``.
+        As resolved by ``prepare``; ``m = floor(n_g / t) >= k``. ``width = None``: searched
+        privately (:mod:`width_selection`) with ``eps/4``, the histogram gets ``3 eps/4``.
     rng : numpy.random.Generator
-        Draw order: partition, reference points, grid offsets, count noise, uniform point.
+        Draw order: partition, reference points, [search offsets and noise], grid offsets
+        (unless searched), count noise, uniform point.
 
     Returns
     -------
-    (d, k) array or None
+    basis : (d, k) array or None
         Top-k right singular vectors of the chosen cell's point reshaped to ``q x d``.
+    info : dict
+        With a searched width: ``cell_width`` and ``width_exponent`` (``None`` when no width
+        reached the threshold).
     """
     d = data.shape[1]
     partition = random_partition(data.shape[0] if rows is None else rows.shape[0], t, rng)
     if rows is not None:
         partition = rows[partition]
     bases = subset_bases(data, partition, k)
-    embedded = reference_embeddings(bases, reference_points(q, d, rng))  # (t, q d)
-    found = stability_histogram(embedded, width, epsilon, delta, rng)
+    ref = reference_points(q, d, rng)
+    embedded = reference_embeddings(bases, ref)  # (t, q d)
+    info: dict[str, Any] = {}
+    offsets: FloatArray | None = None
+    if width is None:
+        eps0, epsilon = search_split(epsilon)
+        # ||P U U^T||_F <= ||P||_F bounds every coordinate of every point: a public scale
+        found_width = search_width(embedded, float(np.linalg.norm(ref)), eps0, rng)
+        info = {"cell_width": found_width.width, "width_exponent": found_width.exponent}
+        if found_width.width is None:
+            return None, info
+        width, offsets = found_width.width, found_width.offsets
+    found = stability_histogram(embedded, width, epsilon, delta, rng, offsets)
     if found is None:
-        return None
+        return None, info
     lower, _ = found
     with np.errstate(over="ignore", invalid="ignore"):
         if point == "uniform":
@@ -264,7 +311,7 @@ def histogram_aggregate_once(
             chosen = lower + width / 2.0
     # Total: scaled by a power of two, and a public fallback basis if the point is not finite
     # (only possible for widths near the largest double) or LAPACK fails.
-    return safe_top_right_singular_vectors(chosen.reshape(q, d), k)
+    return safe_top_right_singular_vectors(chosen.reshape(q, d), k), info
 
 
 def select_boosted(bases: list[FloatArray | None], alpha: float) -> tuple[int, int] | None:
@@ -294,7 +341,7 @@ def histogram_aggregate(
     delta: float,
     t: int,
     q: int,
-    width: float,
+    width: float | None,
     point: str,
     rng: np.random.Generator,
     boost: tuple[float, float] | None = None,
@@ -305,7 +352,8 @@ def histogram_aggregate(
     ----------
     data : (n, d) array
     k, epsilon, delta : subspace dimension and budget.
-    t, q, width, point : resolved parameters (``t`` subsets per run).
+    t, q, width, point : resolved parameters (``t`` subsets per run; ``width = None``: each
+        run searches it privately, see :func:`histogram_aggregate_once`).
     rng : numpy.random.Generator
     boost : (beta, alpha) or None
 
@@ -313,23 +361,26 @@ def histogram_aggregate(
     -------
     basis : (d, k) array or None
     info : dict
-        ``agreeing`` (boosting only; a post-processing of private outputs) or a failure note.
+        ``agreeing`` (boosting only; a post-processing of private outputs) or a failure note;
+        with a searched width, the chosen ``cell_width`` and ``width_exponent`` (boosting: of
+        the released group).
     """
     if boost is None:
-        return histogram_aggregate_once(data, None, k, epsilon, delta, t, q, width, point, rng), {}
+        return histogram_aggregate_once(data, None, k, epsilon, delta, t, q, width, point, rng)
     beta, alpha = boost
     n_groups = boost_groups(beta)
     size = data.shape[0] // n_groups
     groups = np.sort(rng.permutation(data.shape[0])[: n_groups * size].reshape(n_groups, size))
-    outputs = [
+    runs = [
         histogram_aggregate_once(data, g, k, epsilon, delta, t, q, width, point, rng)
         for g in groups.astype(np.int64)
     ]
+    outputs = [basis for basis, _ in runs]
     picked = select_boosted(outputs, alpha)
     if picked is None:
         return None, {"groups_with_result": sum(o is not None for o in outputs)}
     index, agreeing = picked
-    return outputs[index], {"agreeing": agreeing}
+    return outputs[index], {**runs[index][1], "agreeing": agreeing}
 
 
 class HistogramAggregate(Mechanism[HistogramAggregateParams]):
@@ -342,7 +393,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         "For data very close to a k-dimensional subspace in moderate dimension: splits the rows "
         "into t subsets, projects public Gaussian reference points onto each subset's top-k "
         "subspace, and releases the subspace of the heaviest cell of a randomly shifted grid "
-        "(stability histogram). Needs cell_width or the assumed gap gamma. No clipping."
+        "(stability histogram). The cell width is given (cell_width), derived from an assumed "
+        "gap gamma, or else chosen privately with a quarter of epsilon. No clipping."
     )
     params_model: ClassVar[type[HistogramAggregateParams]] = HistogramAggregateParams
 
@@ -355,9 +407,11 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         params: HistogramAggregateParams,
     ) -> HistogramAggregateParams:
         self.check_common(ctx, k, epsilon, delta)
-        if (params.cell_width is None) == (params.gamma is None):
+        if params.cell_width is not None and params.gamma is not None:
             raise InvalidParameter(
-                "cell_width", "give exactly one of cell_width and gamma (the assumed gap)"
+                "cell_width",
+                "give at most one of cell_width and gamma (the assumed gap); with neither the "
+                "width is chosen privately",
             )
         if (params.boost_beta is None) != (params.boost_alpha is None):
             raise InvalidParameter(
@@ -369,7 +423,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         n_groups = 1 if params.boost_beta is None else boost_groups(params.boost_beta)
         rows = ctx.n_rows // n_groups
         where = "" if n_groups == 1 else f" in each of the {n_groups} boosting groups"
-        t_min = min_subsets(epsilon, delta)
+        # with a searched width the histogram has 3 eps/4 (the search eps/4)
+        t_min = min_subsets(histogram_epsilon(params, epsilon), delta)
         if params.t is not None:
             t = params.t
             if t < t_min:
@@ -397,7 +452,7 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
                 )
         resolved = params.model_copy(update={"t": t, "q": q})
         width, _ = self.cell_width_for(resolved, ctx.n_rows, ctx.n_cols, k)
-        if not 0.0 < width < math.inf:
+        if width is not None and not 0.0 < width < math.inf:
             raise InvalidParameter(
                 "gamma",
                 f"gives a cell width of {width:g}: the width must be a positive finite number "
@@ -408,39 +463,66 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
     @staticmethod
     def cell_width_for(
         params: HistogramAggregateParams, n: int, d: int, k: int
-    ) -> tuple[float, int]:
-        """The public cell width and the rows per subset ``m`` for resolved ``params``."""
+    ) -> tuple[float | None, int]:
+        """The public cell width (``None``: searched privately at run time) and the rows per
+        subset ``m`` for resolved ``params``."""
         assert params.t is not None
         n_groups = 1 if params.boost_beta is None else boost_groups(params.boost_beta)
         m = (n // n_groups) // params.t
         if params.cell_width is not None:
             return params.cell_width, m
-        assert params.gamma is not None
+        if params.gamma is None:
+            return None, m
         return width_from_gamma(params.gamma, d, k, params.t, m), m
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[HistogramAggregateParams]) -> Preview:
         params = spec.params
         assert params.t is not None and params.q is not None  # resolved by prepare
         width, m = self.cell_width_for(params, ctx.n_rows, ctx.n_cols, spec.k)
-        bar = threshold(spec.epsilon, spec.delta)
-        scale = count_noise_scale(spec.epsilon)
+        eps_h = histogram_epsilon(params, spec.epsilon)
+        bar = threshold(eps_h, spec.delta)
+        scale = count_noise_scale(eps_h)
         scales: dict[str, PreviewValue] = {
             "t": params.t,
             "m": m,
             "q": params.q,
             "cell_width": width,
+            "width_searched": width is None,
             "threshold": bar,
             "count_noise_scale": scale,
         }
+        grid = "a grid of cell width " + (
+            f"{width:.4g}." if width is not None else "a privately chosen width (below)."
+        )
         meaning = [
             f"The rows are split into t = {params.t} subsets of m = {m} rows; each subset's "
-            f"top-k subspace maps {params.q} public reference points to a point of a grid of "
-            f"cell width {width:.4g}.",
+            f"top-k subspace maps {params.q} public reference points to a point of {grid}",
             f"Each cell count gets Laplace({scale:.4g}) noise; the heaviest cell is released "
             f"only if its noisy count exceeds T = {bar:.4g}, otherwise no_result (charged). "
             f"So about {math.ceil(bar)} or more of the {params.t} subsets must agree within "
             "one cell.",
         ]
+        if width is None:
+            eps0, _ = search_split(spec.epsilon)
+            scales.update(
+                {
+                    "width_search_epsilon": eps0,
+                    "width_search_threshold": search_threshold(params.t),
+                    "width_threshold_noise_scale": threshold_noise_scale(eps0),
+                    "width_query_noise_scale": query_noise_scale(eps0),
+                    "width_steps": WIDTH_STEPS,
+                }
+            )
+            meaning.append(
+                f"The width is chosen privately (epsilon0 = {eps0:.4g}; the histogram gets "
+                f"the remaining {eps_h:.4g}) by AboveThreshold over ||P||_F 2^-i, "
+                f"i = {WIDTH_STEPS}..0 (||P||_F, the norm of the reference points, is about "
+                f"sqrt(q d) = {math.sqrt(params.q * ctx.n_cols):.4g}), smallest first: the first "
+                f"width whose largest cell holds about {search_threshold(params.t):.4g} of the "
+                f"{params.t} points (threshold noise Laplace({threshold_noise_scale(eps0):.4g}),"
+                f" query noise Laplace({query_noise_scale(eps0):.4g})); if none does, "
+                "no_result (charged)."
+            )
         if params.boost_beta is not None:
             scales["groups"] = boost_groups(params.boost_beta)
             meaning.append(
@@ -469,6 +551,12 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         partition = 8 * (2 * n + t * m)  # the permutation and the partition (and its copy)
         bases_step = subset_bases_bytes(t, m, d, k)
         histogram_step = 8 * t * d * k + embeddings_bytes(t, q, d, k) + 8 * 5 * t * q * d
+        if params.cell_width is None and params.gamma is None:
+            # the width search's query (one width at a time) next to the points and bases
+            search_step = (
+                8 * t * d * k + embeddings_bytes(t, q, d, k) + search_memory_bytes(t, q * d)
+            )
+            histogram_step = max(histogram_step, search_step)
         return allowance(boost + partition + max(bases_step, histogram_step))
 
     def run(
@@ -503,17 +591,26 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             "m": m,
             "q": params.q,
             "cell_width": width,
-            "threshold": threshold(spec.epsilon, spec.delta),
+            "threshold": threshold(histogram_epsilon(params, spec.epsilon), spec.delta),
             **info,
         }
+        if width is None:
+            extras["width_searched"] = True
+            extras.setdefault("width_exponent", None)
         if boost is not None:
             extras["groups"] = boost_groups(boost[0])
         if basis is None:
-            reason = (
-                "no histogram cell's noisy count exceeded the threshold: the subsets' subspaces "
-                "do not agree at this cell width"
-                if boost is None
-                else "too few boosting groups agreed within 2 boost_alpha"
-            )
+            if boost is not None:
+                reason = "too few boosting groups agreed within 2 boost_alpha"
+            elif width is None and extras.get("width_exponent") is None:
+                reason = (
+                    "the private width search found no cell width at which three quarters of "
+                    "the subsets' points share a cell: the subsets' subspaces do not agree"
+                )
+            else:
+                reason = (
+                    "no histogram cell's noisy count exceeded the threshold: the subsets' "
+                    "subspaces do not agree at this cell width"
+                )
             return MechanismOutput.no_result(reason, **extras)
         return MechanismOutput(basis=basis, extras=extras)

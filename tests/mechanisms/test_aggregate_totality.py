@@ -63,6 +63,9 @@ def _all_mechanisms(data: np.ndarray, k: int, seed: int) -> None:
         (HISTOGRAM, HistogramAggregateParams(t=30, cell_width=1e-3)),
         (HISTOGRAM, HistogramAggregateParams(t=30, cell_width=1e-300, point="uniform")),
         (HISTOGRAM, HistogramAggregateParams(t=10, gamma=1e-6, boost_beta=0.5, boost_alpha=0.1)),
+        # the width searched privately (issue 16): 2T(3 eps/4) = 12 subsets at least
+        (HISTOGRAM, HistogramAggregateParams(t=30)),
+        (HISTOGRAM, HistogramAggregateParams(t=12, boost_beta=0.5, boost_alpha=0.1)),
     ]
     for mech, params in cases:
         _check(_run(mech, data, k, params, seed), d, k)
@@ -278,6 +281,7 @@ def _measured_peak(mech: Any, data: np.ndarray, spec: ReleaseSpec[Any]) -> int:
         (FRIENDLY, FriendlyAggregateParams(t=2400), 12_000, 20),
         (FRIENDLY, FriendlyAggregateParams(aggregator="projection"), 12_000, 150),
         (HISTOGRAM, HistogramAggregateParams(gamma=1e-6), 20_000, 40),
+        (HISTOGRAM, HistogramAggregateParams(), 20_000, 40),
         (HISTOGRAM, HistogramAggregateParams(cell_width=1e-3, t=100), 20_000, 300),
         (
             HISTOGRAM,
@@ -292,6 +296,7 @@ def _measured_peak(mech: Any, data: np.ndarray, spec: ReleaseSpec[Any]) -> int:
         "friendly-blocks",
         "friendly-projection",
         "hist",
+        "hist-searched",
         "hist-wide",
         "hist-boost",
     ],

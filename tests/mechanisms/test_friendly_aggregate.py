@@ -78,10 +78,18 @@ def test_budget_split_sums_to_request() -> None:
 def test_sensitivity_formulas() -> None:
     t = 400
     b = ramp_width(t)
-    assert b == 100.0
-    assert weight_sensitivity(t, b) == pytest.approx(1 + 399 / 100)
-    assert weight_floor(weight_sensitivity(t, b)) == pytest.approx(2 + 399 / 100)
-    assert mean_sensitivity(0.5, t, b, 300.0) == pytest.approx(0.5 * (4 * 399 / 100 + 6) / 300)
+    assert b == 199.0  # t/2 - 1 (derivation F1 in docs/mechanisms.md)
+    assert weight_sensitivity(t, b) == pytest.approx(1 + 399 / 199)
+    assert weight_floor(weight_sensitivity(t, b)) == pytest.approx(2 + 399 / 199)
+    assert mean_sensitivity(0.5, t, b, 300.0) == pytest.approx(0.5 * (4 * 399 / 199 + 6) / 300)
+    # the ramp ends exactly at c = t: only a point every subset agrees with has weight 1
+    counts = np.array([t // 2 + 1, t // 2 + 2, t - 1, t])
+    assert fa.weights_from_counts(counts, t, b).tolist() == pytest.approx(
+        [0.0, 1 / 199, 198 / 199, 1.0]
+    )
+    with pytest.raises(ValueError):
+        ramp_width(2)
+    assert not ptr_feasible(2, 100.0, 0.4)
     assert weight_lower_bound(350.0, 4.99, 0.25, 5e-7) == pytest.approx(
         350 - (4.99 / 0.25) * math.log(1 / 1e-6)
     )
@@ -103,6 +111,30 @@ def test_min_feasible_t_is_the_boundary(eps1: float, delta1: float) -> None:
     assert not ptr_feasible(t_min - 1, eps1, delta1)
     sens = weight_sensitivity(t_min, ramp_width(t_min))
     assert t_min - (sens / eps1) * math.log(1 / (2 * delta1)) >= sens + 1
+
+
+def test_t_min_figures_and_the_closed_form() -> None:
+    """With ``b = t/2 - 1``, ``Delta_W = 1 + 2(t-1)/(t-2) ~ 3``, so ``t_min ~ 3c + 1`` for
+    ``c = 1 + ln(1/(2 delta1))/eps1``, against ``5c + 1`` for ``b = t/4``: 1,663 subsets at
+    ``eps = 0.1`` (was 2,769) and 171 at ``eps = 1`` (was 282), ``delta = 1e-6``."""
+    for eps, expected in [(0.1, 1663), (1.0, 171)]:
+        split = budget_split(eps, 1e-6, radius_given=False)
+        t_min = min_feasible_t(split.eps1, split.delta1)
+        assert t_min == expected
+        c = 1 + math.log(1 / (2 * split.delta1)) / split.eps1
+        assert abs(t_min - (3 * c + 1)) <= 3
+
+
+@pytest.mark.parametrize(("eps1", "delta1"), [(0.25, 5e-7), (0.025, 5e-7), (2.0, 1e-4)])
+def test_comfortable_t_has_three_noise_scales_to_spare(eps1: float, delta1: float) -> None:
+    t = fa.comfortable_t(eps1, delta1)
+    sens = weight_sensitivity(t, ramp_width(t))
+    scale = sens / eps1
+    assert weight_lower_bound(t - 3 * scale, sens, eps1, delta1) >= weight_floor(sens)
+    sens_1 = weight_sensitivity(t - 1, ramp_width(t - 1))
+    scale_1 = sens_1 / eps1
+    assert weight_lower_bound(t - 1 - 3 * scale_1, sens_1, eps1, delta1) < weight_floor(sens_1)
+    assert t > min_feasible_t(eps1, delta1)
 
 
 def test_radius_grid_ascending_powers_of_two() -> None:
@@ -155,7 +187,7 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     eps, delta, t = 2.0, 1e-6, 300
     result = friendly_aggregate(data, 2, eps, delta, np.random.default_rng(4), t=t)
     assert result.basis is not None and result.noise_sigma is not None
-    sens_w = weight_sensitivity(t, t / 4)
+    sens_w = weight_sensitivity(t, t / 2 - 1)
     assert laplace_scales == [
         pytest.approx(2 * sens_w / (eps / 4)),
         pytest.approx(4 * sens_w / (eps / 4)),
@@ -163,7 +195,7 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     ]
     (sens, eps2, delta2) = gauss_args[0]
     assert (eps2, delta2) == (eps / 2, delta / 2)
-    expected = mean_sensitivity(result.radius, t, t / 4, result.weight_low)
+    expected = mean_sensitivity(result.radius, t, t / 2 - 1, result.weight_low)
     # ALGORITHMS.md M6's D, plus the stated allowance of 2^-16 for rounding (reference points)
     assert sens == pytest.approx(expected * (1 + 2.0**-16), rel=1e-12)
     assert sens > expected
@@ -186,7 +218,7 @@ def test_given_radius_skips_search_and_splits_eps_in_halves(
     data, _ = near_subspace(3000, 10, 1, 1e-4, seed=5)
     result = friendly_aggregate(data, 1, 1.0, 1e-6, np.random.default_rng(6), t=300, radius=0.1)
     assert result.radius == 0.1 and result.radius_exponent is None
-    assert laplace_scales == [pytest.approx(weight_sensitivity(300, 75) / 0.5)]
+    assert laplace_scales == [pytest.approx(weight_sensitivity(300, 149) / 0.5)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -401,8 +433,8 @@ def test_done_scenario_at_mechanism_level() -> None:
     error = subspace_distance(out.basis, basis)
     assert error < 0.01
     assert error * 10 < subspace_distance(gauss, basis)
-    assert out.extras["radius_searched"] is True and out.extras["t"] == 666
-    assert out.extras["q"] == 6
+    assert out.extras["radius_searched"] is True and out.extras["t"] == params.t == 666
+    assert out.extras["aggregator"] == "projection" and "q" not in out.extras
 
 
 def test_memmap_input_matches_array(tmp_path: Any) -> None:
@@ -451,12 +483,60 @@ def test_search_on_isotropic_data_gives_no_result_or_a_large_radius() -> None:
 
 def test_prepare_resolves_defaults() -> None:
     mech = FriendlyAggregate()
+    # d <= 1000 and no q: the projection aggregator; t = the largest with m >= 10k rows (no
+    # fixed cap at 2000 any more: memory caps it)
     params = mech.prepare(
-        PublicContext(100_000, 1000, None), 5, 1.0, 1e-6, FriendlyAggregateParams()
+        PublicContext(200_000, 1000, None), 5, 1.0, 1e-6, FriendlyAggregateParams()
     )
-    assert params.t == 2000 and params.q == 10 and params.aggregator == "reference_points"
-    params = mech.prepare(PublicContext(20_000, 300, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
-    assert params.t == default_t(20_000, 3) == 666
+    assert params.aggregator == "projection" and params.q is None
+    assert params.t == default_t(200_000, 5) == 4000
+    # a q (or d > 1000) keeps reference points
+    params = mech.prepare(
+        PublicContext(100_000, 1000, None), 5, 1.0, 1e-6, FriendlyAggregateParams(q=10)
+    )
+    assert params.aggregator == "reference_points" and params.q == 10
+    params = mech.prepare(
+        PublicContext(100_000, 1001, None), 5, 1.0, 1e-6, FriendlyAggregateParams()
+    )
+    assert params.aggregator == "reference_points" and params.q == 10
+
+
+def test_default_t_between_t_min_and_the_row_cap() -> None:
+    """The done-when of issue 16: eps 0.1 at n = 50,000 runs, with t capped by m >= 10k."""
+    mech = FriendlyAggregate()
+    params = mech.prepare(PublicContext(50_000, 50, None), 3, 0.1, 1e-6, FriendlyAggregateParams())
+    assert params.t == 50_000 // 30 == 1666
+    assert min_feasible_t(0.025, 5e-7) <= params.t < fa.comfortable_t(0.025, 5e-7)
+    choice = fa.choose_t(50_000, 50, 3, 0.1, 1e-6, None, "projection", None, 6 << 30)
+    assert choice.t == 1666 and "floor(n/(10k))" in choice.reason
+
+
+def test_memory_caps_the_default_t() -> None:
+    """A small worker memory lowers the default t to the largest that fits, and refuses (before
+    charging) when not even t_min fits; the estimate of the chosen t fits the limit."""
+    mech = FriendlyAggregate()
+    n, d, k = 200_000, 1000, 3
+    full = fa.choose_t(n, d, k, 0.1, 1e-6, 6, "reference_points", None, 6 << 30)
+    assert full.t == full.rows_cap == 6666
+    need = fa.friendly_memory_bytes(n, d, k, 1800, 6, "reference_points", None)
+    ctx = PublicContext(n, d, None, memory_limit_bytes=need)
+    params = mech.prepare(ctx, k, 0.1, 1e-6, FriendlyAggregateParams(q=6))
+    assert params.t is not None and full.t_min <= params.t < full.t
+    assert fa.friendly_memory_bytes(n, d, k, params.t, 6, "reference_points", None) <= need
+    assert fa.friendly_memory_bytes(n, d, k, params.t + 1, 6, "reference_points", None) > need
+    small = -1 + min(
+        fa.friendly_memory_bytes(n, d, k, t, 6, "reference_points", None)
+        for t in range(full.t_min, full.rows_cap + 1)
+    )
+    with pytest.raises(InvalidParameter) as info:
+        mech.prepare(
+            PublicContext(n, d, None, memory_limit_bytes=small),
+            k,
+            0.1,
+            1e-6,
+            FriendlyAggregateParams(q=6),
+        )
+    assert info.value.field == "t" and "memory" in info.value.message
 
 
 def test_prepare_refuses_too_few_rows_and_names_enough() -> None:
@@ -531,7 +611,7 @@ def _ptr_pair(t: int, centre: int) -> tuple[np.ndarray, np.ndarray]:
     return data, neighbour
 
 
-AUDIT_T, AUDIT_CENTRE, AUDIT_EPS, AUDIT_DELTA = 101, 33, 1.0, 1e-3
+AUDIT_T, AUDIT_CENTRE, AUDIT_EPS, AUDIT_DELTA = 101, 27, 1.0, 1e-3
 
 
 def _audit_mechanism(data: np.ndarray, rng: np.random.Generator) -> bool:
@@ -563,8 +643,10 @@ def _run_audit(runs: int, seed: int) -> float:
 
 
 def test_audit_pair_straddles_the_ptr_threshold() -> None:
-    """The pair is tight for Delta_W up to the centre rows, and its totals straddle the PTR
-    threshold W_low >= Delta_W + 1, so noise divided by 10 makes the decision near-certain."""
+    """The pair is tight for Delta_W (with the ramp ending at c = t, the centre rows, which
+    lose one friend, lose 1/b too), and its totals straddle the PTR threshold
+    W_low >= Delta_W + 1 by about 1.5 each side, so noise divided by 10 makes the decision
+    near-certain."""
     data, neighbour = _ptr_pair(AUDIT_T, AUDIT_CENTRE)
     split = budget_split(AUDIT_EPS, AUDIT_DELTA, radius_given=True)
     b = ramp_width(AUDIT_T)
@@ -575,7 +657,8 @@ def test_audit_pair_straddles_the_ptr_threshold() -> None:
         totals.append(float(friendly_weights(projection_distances(basis), 1.0, b).sum()))
     needed = weight_floor(sens) - weight_lower_bound(0.0, sens, split.eps1, split.delta1)
     assert totals[1] < needed < totals[0]
-    assert totals[0] - totals[1] == pytest.approx(1 + (AUDIT_T - 1 - AUDIT_CENTRE) / b)
+    assert totals[0] - totals[1] == pytest.approx(sens)
+    assert min(totals[0] - needed, needed - totals[1]) > 1.4
 
 
 def test_audit_passes() -> None:
@@ -725,7 +808,7 @@ def test_radius_floor_applies_to_given_and_searched_radii() -> None:
 # Audits of the radius search alone and of the full pipeline (search + PTR + Gaussian)
 
 
-CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 53, math.radians(16.6), 4.0, 1e-3
+CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 47, math.radians(15.23), 4.0, 3.5e-5
 #: ``r* = r_max / 2`` on the projection grid (``r_max = sqrt(2)``): where the pair straddles
 #: AboveThreshold's threshold.
 CONE_EXPONENT = 1
@@ -735,12 +818,14 @@ def _cone_pair() -> tuple[np.ndarray, np.ndarray]:
     """A worst case for ``W(r*)`` with one-row subsets in R^3 (``U_j`` = the row's direction,
     projector distances ``sqrt(2) sin(angle)``).
 
-    Row 0 is ``e3``; the other ``t - 1`` rows lie on the cone of half-angle 16.6 degrees around
-    it at equally spaced azimuths, so at ``r* = sqrt(2)/2`` row 0 is everyone's friend and each
-    cone row sees 69% of the others: every weight is on the ramp. The neighbour moves row 0 to
-    ``e1``, out of everyone's reach at ``r*``: its weight drops from 1 to 0 and every other
-    weight by ``1/b``, so ``W(r*)`` drops by exactly ``Delta_W``, from ``T + 2.46`` to
-    ``T - 2.46`` (``T = 0.75 t``). Below ``r*`` no weight is positive; at ``r_max`` all are 1.
+    Row 0 is ``e3``; the other ``t - 1`` rows lie on the cone of half-angle 15.23 degrees
+    around it at equally spaced azimuths, so at ``r* = sqrt(2)/2`` row 0 is everyone's friend
+    and each cone row sees all but 6 of the others: every weight is on the ramp
+    (``b = t/2 - 1``). The neighbour moves row 0 to ``e1``, out of everyone's reach at ``r*``:
+    its weight drops from 1 to 0 and every other weight by ``1/b``, so ``W(r*)`` drops by
+    exactly ``Delta_W``, from ``T + 1.53`` to ``T - 1.52`` (``T = 0.75 t``; t = 47 and the angle
+    were searched for the most even straddle, the ramp moves ``W`` in steps of ``2(t-1)/b``).
+    Below ``r*`` no weight is positive; at ``r_max`` all are 1.
     """
     cone = CONE_T - 1
     phi = 2 * np.pi * np.arange(cone) / cone
@@ -771,7 +856,7 @@ def test_cone_pair_is_tight_and_straddles_the_search_threshold() -> None:
     threshold = fa.THRESHOLD_FRACTION * CONE_T
     sens = weight_sensitivity(CONE_T, ramp_width(CONE_T))
     assert totals[star] - totals_nb[star] == pytest.approx(sens)  # tight for Delta_W
-    assert totals_nb[star] + 2 < threshold < totals[star] - 2
+    assert totals_nb[star] + 1.5 < threshold < totals[star] - 1.5
     assert np.all(totals[:star] == 0) and np.all(totals_nb[:star] == 0)
     assert totals[-1] == totals_nb[-1] == CONE_T
 
@@ -852,3 +937,47 @@ def test_projection_calibration_covers_its_rounding() -> None:
     d_cal = fa.calibrated_sensitivity(1e-4, 400, 100.0, 300.0, "projection", 1000, 5)
     assert d_cal >= mean_sensitivity(1e-4 + bound, 400, 100.0, 300.0)
     assert d_cal < 1.1 * mean_sensitivity(1e-4, 400, 100.0, 300.0)
+
+
+def test_preview_shows_t_t_min_ramp_and_why() -> None:
+    mech = FriendlyAggregate()
+    ctx = PublicContext(50_000, 50, None)
+    params = mech.prepare(ctx, 3, 0.1, 1e-6, FriendlyAggregateParams())
+    shown = mech.preview(ctx, ReleaseSpec(3, 0.1, 1e-6, params))
+    scales = shown.scales
+    assert scales["t"] == scales["t_default"] == 1666 and scales["t_min"] == 1663
+    assert scales["ramp_width"] == 1666 / 2 - 1 and scales["aggregator"] == "projection"
+    assert scales["weight_sensitivity"] == pytest.approx(1 + 1665 / 832)
+    assert "floor(n/(10k))" in str(scales["t_reason"])
+    # barely above t_min: the test fails about half the time even if every subset agrees
+    assert 0.4 < float(scales["ptr_no_result_if_agreeing"]) < 0.5  # type: ignore[arg-type]
+    assert any("t_min = 1663" in line for line in shown.meaning)
+    given_ = mech.prepare(ctx, 3, 1.0, 1e-6, FriendlyAggregateParams(t=300))
+    shown = mech.preview(ctx, ReleaseSpec(3, 1.0, 1e-6, given_))
+    assert shown.scales["t_reason"] == "given in the request"
+    assert float(shown.scales["ptr_no_result_if_agreeing"]) < 1e-3  # type: ignore[arg-type]
+
+
+def test_radius_search_threshold_is_the_larger_of_three_quarters_and_the_tests_need(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Near t_min (eps 0.1, t = 1666) the test needs W > 1662.5, above 0.75 t = 1249.5: the
+    search asks for that (a public function of t and the budget); at eps 1 it stays 0.75 t."""
+    split = budget_split(0.1, 1e-6, radius_given=False)
+    sens = weight_sensitivity(1666, ramp_width(1666))
+    needed = weight_floor(sens) + fa.weight_shift(sens, split.eps1, split.delta1)
+    assert fa.radius_search_threshold(1666, split.eps1, split.delta1) == needed > 0.75 * 1666
+    split1 = budget_split(1.0, 1e-6, radius_given=False)
+    assert fa.radius_search_threshold(1666, split1.eps1, split1.delta1) == 0.75 * 1666
+    seen: list[float] = []
+    real = fa.above_threshold
+
+    def recording(answers: Any, threshold: float, *args: Any) -> Any:
+        seen.append(threshold)
+        return real(answers, threshold, *args)
+
+    monkeypatch.setattr(fa, "above_threshold", recording)
+    data, _ = near_subspace(3000, 6, 1, 1e-6, seed=60)
+    friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(61), t=100)
+    split4 = budget_split(4.0, 1e-3, radius_given=False)
+    assert seen == [fa.radius_search_threshold(100, split4.eps1, split4.delta1)]

@@ -88,7 +88,6 @@ def test_prepare_defaults_and_refusals() -> None:
     )
     assert big.t == MAX_DEFAULT_SUBSETS
     refusals = [
-        (HistogramAggregateParams(), "cell_width"),
         (HistogramAggregateParams(gamma=1e-6, cell_width=1.0), "cell_width"),
         (HistogramAggregateParams(gamma=1e-6, boost_beta=0.1), "boost_beta"),
         (HistogramAggregateParams(gamma=1e-6, q=1), "q"),

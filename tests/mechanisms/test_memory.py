@@ -37,8 +37,14 @@ CASES: dict[str, list[tuple[int, int, int, float, float, dict[str, Any]]]] = {
     "smooth_sensitivity": [(20_000, 40, 3, 1.0, 1e-6, {}), (2_000, 250, 3, 1.0, 0.0, {})],
     "spectrum": [(20_000, 40, 20, 1.0, 1e-6, {}), (2_000, 250, 50, 1.0, 1e-6, {})],
     "exact_gapmax": [(2_000, 10, 2, 1.0, 1e-6, {"sample_rows": 200})],
-    "histogram_aggregate": [(20_000, 20, 3, 1.0, 1e-6, {"gamma": 0.01})],
-    "friendly_aggregate": [(20_000, 40, 3, 1.0, 1e-6, {})],
+    "histogram_aggregate": [
+        (20_000, 20, 3, 1.0, 1e-6, {"gamma": 0.01}),
+        (20_000, 20, 3, 1.0, 1e-6, {}),  # width searched privately (issue 16)
+    ],
+    "friendly_aggregate": [
+        (20_000, 40, 3, 1.0, 1e-6, {}),  # projection by default (d <= 1000)
+        (20_000, 40, 3, 1.0, 1e-6, {"aggregator": "reference_points"}),
+    ],
     # auto: the structure test and friendly_aggregate (projection) at n = 50,000; analyze_gauss
     # alone at n = 2,000.
     "auto": [(50_000, 10, 3, 1.0, 1e-6, {}), (2_000, 250, 3, 1.0, 1e-6, {})],
