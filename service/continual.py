@@ -150,8 +150,7 @@ def claim_continual(worker: Worker) -> ClaimedJob | None:
     deleted, to end it); ``None`` if there is none. The lease and attempt count work as for any
     claim; a waiting release has ``attempts`` reset, so the limit counts claims since the last
     time it had nothing left to do."""
-    from service.releases import float_not_above
-    from service.worker import ABANDONED_REASON, ClaimedJob, Outcome
+    from service.worker import ABANDONED_REASON, Outcome, take_lease
 
     names = continual_names()
     if not names:
@@ -179,22 +178,7 @@ def claim_continual(worker: Worker) -> ClaimedJob | None:
                 release.lease_owner = worker.worker_id
                 worker._record(session, release, Outcome.failed(ABANDONED_REASON))
                 continue
-            dataset = session.get(Dataset, release.dataset_id)
-            release.attempts += 1
-            release.lease_owner = worker.worker_id
-            release.lease_expires_at = now + lease
-            release.started_at = now
-            return ClaimedJob(
-                release_id=release.id,
-                dataset_id=release.dataset_id,
-                mechanism=release.mechanism,
-                k=release.k,
-                epsilon=float_not_above(release.epsilon),
-                delta=float_not_above(release.delta),
-                params=dict(release.params),
-                file_name=dataset.file_name if dataset is not None else None,
-                attempt=release.attempts,
-            )
+            return take_lease(session, release, worker.worker_id, now, lease, None)
 
 
 # -- processing ----------------------------------------------------------------------------------

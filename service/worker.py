@@ -59,7 +59,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from multiprocessing.connection import Connection
 from typing import Any, Literal, TypeVar
 
@@ -108,6 +108,35 @@ class ClaimedJob:
     #: The prefix of the dataset a one-shot release reads (rows present at its request); null
     #: for releases made before datasets could grow (they read the upload's rows).
     n_rows: int | None = None
+
+
+def take_lease(
+    session: Session,
+    release: Release,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    n_rows: int | None,
+) -> ClaimedJob:
+    """Lease ``release`` (locked by the caller's claim query) to ``worker_id`` and describe the
+    job; one more attempt is counted. Shared by one-shot and continual claims."""
+    dataset = session.get(Dataset, release.dataset_id)
+    release.attempts += 1
+    release.lease_owner = worker_id
+    release.lease_expires_at = now + lease
+    release.started_at = now
+    return ClaimedJob(
+        release_id=release.id,
+        dataset_id=release.dataset_id,
+        mechanism=release.mechanism,
+        k=release.k,
+        epsilon=float_not_above(release.epsilon),
+        delta=float_not_above(release.delta),
+        params=dict(release.params),
+        file_name=dataset.file_name if dataset is not None else None,
+        attempt=release.attempts,
+        n_rows=n_rows,
+    )
 
 
 @dataclass(frozen=True)
@@ -307,24 +336,8 @@ class Worker:
                     release.lease_owner = self.worker_id
                     self._record(session, release, Outcome.failed(ABANDONED_REASON))
                     continue
-                dataset = session.get(Dataset, release.dataset_id)
                 release.status = "running"
-                release.attempts += 1
-                release.lease_owner = self.worker_id
-                release.lease_expires_at = now + lease
-                release.started_at = now
-                return ClaimedJob(
-                    release_id=release.id,
-                    dataset_id=release.dataset_id,
-                    mechanism=release.mechanism,
-                    k=release.k,
-                    epsilon=float_not_above(release.epsilon),
-                    delta=float_not_above(release.delta),
-                    params=dict(release.params),
-                    file_name=dataset.file_name if dataset is not None else None,
-                    attempt=release.attempts,
-                    n_rows=release.n_rows_read,
-                )
+                return take_lease(session, release, self.worker_id, now, lease, release.n_rows_read)
 
     def heartbeat(self, job: ClaimedJob) -> bool:
         """Extend this worker's lease on ``job``; false if the lease was lost."""
