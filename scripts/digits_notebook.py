@@ -78,9 +78,10 @@ print(Z.shape, "explained variance ratio", pca.explained_variance_ratio_.round(3
     ),
     (
         "markdown",
-        """The ratios are the released noisy eigenvalues over the noisy trace: the noise adds about
-its spectral norm (the preview's figure) to each top eigenvalue, so they overstate what the
-components explain, and may add up to more than 1. How good is the private subspace? On the
+        """The ratios are the released noisy eigenvalues over the noisy trace, with the upward shift
+the noise gives the top eigenvalues undone from the noise scale the release states
+(`dpss_client.pca.debias_eigenvalues`); they stay noisy, and a component buried in the noise
+reads 0. How good is the private subspace? On the
 analyst's public copy (an evaluation only public data allows): the share of the centred digits'
 variance it keeps, against 0.745 for exact (non-private) PCA with 10 components.""",
     ),

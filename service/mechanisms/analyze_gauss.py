@@ -287,4 +287,9 @@ class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
         )
         extras["eigenvalues"] = release.eigenvalues.tolist()
         extras["trace"] = release.trace
+        # Public (a function of the clip norm and the Gram step's budget): lets a client undo the
+        # upward shift of the top noisy eigenvalues (PrivatePCA's explained variance).
+        extras["gram_noise_std"] = noise_sigma(
+            params.clip_norm, split.gram_epsilon, split.gram_delta
+        )
         return MechanismOutput(basis=release.basis, extras=extras)

@@ -9,7 +9,7 @@ import pytest
 
 import dpss_client.client as client_module
 from dpss_client.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
-from dpss_client.pca import NotFittedError, PrivatePCA
+from dpss_client.pca import NotFittedError, PrivatePCA, debias_eigenvalues
 from tests.client.data import isotropic_rows, low_rank_rows
 
 
@@ -122,6 +122,32 @@ def test_bad_params_raise_before_any_request(change: dict[str, Any], message: st
         pca.fit()
 
 
+def test_debiasing_undoes_the_noise_shift_of_the_top_eigenvalues() -> None:
+    # Spiked Wigner: H = diag(spikes, 0...), E symmetric with N(0, 1) entries, d = 400, so the
+    # edge is 2 sqrt(d) = 40 and a spike lam > 20 shows at about lam + d / lam.
+    rng = np.random.default_rng(3)
+    d, spikes = 400, np.array([200.0, 80.0, 45.0])
+    errors_raw, errors_debiased = [], []
+    for _ in range(5):
+        upper = np.triu(rng.normal(size=(d, d)))
+        noisy = np.diag(np.concatenate([spikes, np.zeros(d - 3)])) + upper + np.triu(upper, 1).T
+        top = np.linalg.eigvalsh(noisy)[::-1][:4]
+        debiased = debias_eigenvalues(top, 1.0, d)
+        errors_raw.append(np.abs(top[:3] / spikes - 1))
+        errors_debiased.append(np.abs(debiased[:3] / spikes - 1))
+        # A pure-noise eigenvalue (near the edge, 40) maps to at most about edge / 2.
+        assert debiased[3] < 30
+    # Raw: +1% / +6% / +20% (d / lam^2); debiased within a few percent.
+    assert np.median(errors_raw, axis=0)[2] > 0.1
+    assert np.all(np.median(errors_debiased, axis=0) < 0.05)
+
+
+def test_debiasing_leaves_values_far_above_the_noise_and_zeroes_those_below() -> None:
+    out = debias_eigenvalues(np.array([1e6, 39.0, -5.0]), 1.0, 400)
+    assert out[0] == pytest.approx(1e6 - 400 / 1e6, rel=1e-12)
+    assert out[1] == 0 and out[2] == 0
+
+
 # --------------------------------------------------------------------------------------------
 # Against the live app
 
@@ -148,7 +174,9 @@ def test_fit_uncentred_against_a_live_release(
     np.testing.assert_array_equal(pca.mean_, np.zeros(d))
     release = analyst.get_release(pca.release_id_)
     assert release.status == "succeeded"
-    values = np.asarray(release.extras["eigenvalues"])
+    values = debias_eigenvalues(
+        np.asarray(release.extras["eigenvalues"]), release.extras["gram_noise_std"], d
+    )
     assert pca.explained_variance_ is not None
     np.testing.assert_allclose(pca.explained_variance_, values / (n - 1))
     if "trace" in release.extras:

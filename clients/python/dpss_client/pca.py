@@ -60,6 +60,37 @@ class _Request(BaseModel):
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
+def debias_eigenvalues(noisy: FloatArray, noise_std: float, dim: int) -> FloatArray:
+    """Undo the upward shift of the top eigenvalues of ``H + E(noise_std)`` (post-processing).
+
+    ``E`` is a symmetric ``dim x dim`` Gaussian matrix with entries of std ``noise_std``. For an
+    eigenvalue ``lam`` of ``H`` above ``noise_std sqrt(dim)``, the matching eigenvalue of
+    ``H + E`` concentrates at ``lam + noise_std^2 dim / lam`` (the spiked Wigner model, Baik, Ben
+    Arous & Peche); below that threshold it sticks to the spectrum's edge ``2 noise_std
+    sqrt(dim)``. Inverting: ``lam = (v + sqrt(v^2 - edge^2)) / 2`` for ``v`` above the edge, and
+    ``0`` (not distinguishable from the noise) otherwise. Without it the released ratios
+    overstate what the components explain, and can add up to more than 1.
+
+    Parameters
+    ----------
+    noisy : ndarray of shape (k,)
+        Released noisy eigenvalues.
+    noise_std : float
+        The per-entry noise std of the release (public; extras ``gram_noise_std``).
+    dim : int
+        ``d``, the side of the noisy matrix.
+
+    Returns
+    -------
+    ndarray of shape (k,)
+    """
+    edge = 2.0 * noise_std * math.sqrt(dim)
+    above = noisy > edge
+    debiased = np.zeros_like(noisy)
+    debiased[above] = (noisy[above] + np.sqrt(noisy[above] ** 2 - edge**2)) / 2.0
+    return debiased
+
+
 class PrivatePCA:
     """Principal components of a dataset held by the service, released under ``(epsilon, delta)``
     differential privacy.
@@ -99,11 +130,12 @@ class PrivatePCA:
         The released private centre, the public centre, or zeros.
     explained_variance_ : ndarray of shape (n_components,) or None
         The noisy eigenvalues of the (centred) second-moment matrix divided by ``n - 1``, when
-        the mechanism releases eigenvalues (they are noisy, so they may be out of order or
-        negative for components buried in the noise).
+        the mechanism releases eigenvalues, with the noise's upward shift undone when the
+        release states its noise (:func:`debias_eigenvalues`; components buried in the noise
+        get 0). They stay noisy: treat small values as "not distinguishable from noise".
     explained_variance_ratio_ : ndarray of shape (n_components,) or None
-        The noisy eigenvalues divided by the noisy trace, when both are released and the trace
-        is positive.
+        Those eigenvalues divided by the noisy trace (unbiased: the noise has mean zero), when
+        both are released and the trace is positive.
     n_components_ : int
     n_features_in_ : int
     release_id_ : UUID
@@ -254,6 +286,9 @@ class PrivatePCA:
                 raise ValueError(f"center: expected {d} numbers, got {mean.shape[0]}")
         eigenvalues = extras.get("eigenvalues")
         values = None if eigenvalues is None else np.asarray(eigenvalues, dtype=np.float64)
+        noise_std = extras.get("gram_noise_std")
+        if values is not None and isinstance(noise_std, int | float) and math.isfinite(noise_std):
+            values = debias_eigenvalues(values, float(noise_std), d)
         variance = None
         ratio = None
         if values is not None:
