@@ -70,6 +70,7 @@ from service.mechanisms.sample_aggregate import (
 )
 from service.mechanisms.width_selection import (
     WIDTH_STEPS,
+    cell_counts,
     query_noise_scale,
     search_memory_bytes,
     search_split,
@@ -163,41 +164,6 @@ def min_subsets(epsilon: float, delta: float) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # The mechanism
-
-
-def cell_counts(cells: FloatArray) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Group equal rows of ``cells``: one representative row and a count per distinct row.
-
-    Rows are grouped by hashing their bytes (a dict keyed by each row's 8 D bytes), ``O(t D)``
-    work, where ``np.unique(cells, axis=0)`` sorts ``t`` rows of ``D`` structured fields
-    (two thirds of a release at ``t = 1000``, ``q d = 10^4``). Equality is that of the values,
-    as before: ``+ 0.0`` turns ``-0.0`` (a floored ``-0.0`` or a tiny negative quotient that
-    underflowed) into ``+0.0`` first, so the two zeros share a cell, and the cells are finite
-    (clamped indices of finite points), so no NaN payload can split a cell.
-
-    Parameters
-    ----------
-    cells : (t, D) array of finite cell indices
-
-    Returns
-    -------
-    first : (u,) int array
-        For each distinct row, the index of its first occurrence (in order of first occurrence;
-        the noise is i.i.d., so the order in which cells receive it changes nothing).
-    counts : (u,) int array
-        How many rows equal it; ``sum(counts) = t``.
-    """
-    canonical = np.ascontiguousarray(cells, dtype=np.float64) + 0.0
-    slot: dict[bytes, int] = {}
-    first: list[int] = []
-    label = np.empty(canonical.shape[0], dtype=np.int64)
-    for i, row in enumerate(canonical):
-        j = slot.setdefault(row.tobytes(), len(first))
-        if j == len(first):
-            first.append(i)
-        label[i] = j
-    counts = np.bincount(label, minlength=len(first)).astype(np.int64)
-    return np.asarray(first, dtype=np.int64), counts
 
 
 def stability_histogram(
