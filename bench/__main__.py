@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--ds", help="override the synthetic grid's d values, e.g. 1000")
     parser.add_argument("--reps", type=int, help="override the synthetic grid's repetitions")
+    parser.add_argument("--real-reps", type=int, help="override the real section's repetitions")
+    parser.add_argument(
+        "--downstream-reps", type=int, help="override the downstream section's repetitions"
+    )
     parser.add_argument(
         "--tag", default="", help="suffix of the CSV names (<section>_<tag>.csv), so that an "
         "extra run adds to the results instead of replacing them; the report reads them all",
@@ -150,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             **({"reps": args.reps} if args.reps else {}),
         })  # fmt: skip
         config = Config(**{**config.__dict__, "synthetic": grid})
+    if args.real_reps:
+        config = Config(**{**config.__dict__, "real_reps": args.real_reps})
+    if args.downstream_reps:
+        config = Config(**{**config.__dict__, "downstream_reps": args.downstream_reps})
     if args.no_peers:
         grid = SyntheticGrid(**{**config.synthetic.__dict__, "peer_cells": ()})
         config = Config(**{**config.__dict__, "synthetic": grid, "real_peer_epsilons": ()})
@@ -168,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded: dict[str, list[Row]] = {}
     for section in SECTIONS:
         for path in sorted(args.results.glob(f"{section}*.csv")):
-            loaded.setdefault(section, []).extend(read_csv(path))
+            loaded.setdefault(section, []).extend(report.label_oracle(read_csv(path)))
     load_text = args.results / "load_test.txt"
     report.write(loaded, load_text.read_text() if load_text.exists() else "", FULL)
     print(report.tables(loaded, quick=False))

@@ -137,12 +137,11 @@ def skipped_mechanisms() -> dict[str, str]:
 
 
 #: Params a mechanism gets in the benchmark beyond its defaults, tried in order: the first the
-#: mechanism accepts runs. ``histogram_aggregate`` needs a cell width or the gap ``gamma``
-#: unless it learns to choose one privately; the harness then gives it the *true* gap (an
-#: oracle a user does not have), and the params column of the results says so.
-FALLBACK_PARAMS: dict[str, Callable[[Reference], dict[str, Any]]] = {
-    "histogram_aggregate": lambda ref: {"gamma": max(ref.gamma, 1e-12)},
-}
+#: mechanism accepts runs. Empty since ``histogram_aggregate`` searches its cell width privately
+#: when no ``gamma`` is given: it used to get the *true* gap here (an oracle a user does not
+#: have); rows from those runs say ``oracle gamma`` in their params column and the report labels
+#: them ``histogram_aggregate (oracle gamma)``.
+FALLBACK_PARAMS: dict[str, Callable[[Reference], dict[str, Any]]] = {}
 
 
 def worker_memory() -> int:

@@ -43,6 +43,16 @@ def _order(rows: Sequence[Row]) -> list[str]:
     return [n for n in names if n in present]
 
 
+def label_oracle(rows: list[Row]) -> list[Row]:
+    """Rows of a mechanism that was given the true gap (params ``oracle gamma``, from runs
+    before ``histogram_aggregate`` searched its width privately) under their own name,
+    ``histogram_aggregate (oracle gamma)``, so that no table mixes them with default runs."""
+    for r in rows:
+        if r.params.startswith("oracle") and not r.mechanism.endswith(")"):
+            r.mechanism = f"{r.mechanism} ({r.params})"
+    return rows
+
+
 def _group(rows: Sequence[Row], key: Callable[[Row], Any]) -> dict[Any, list[Row]]:
     out: dict[Any, list[Row]] = {}
     for r in rows:
@@ -481,6 +491,12 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "python -m bench             # this page: every section, CSVs, plots",
         "python -m bench --sections synthetic --ds 1000 --reps 2 --no-peers --tag d1000",
         "python -m bench --sections synthetic,real --no-peers   # some sections only",
+        "# the re-run behind this page (one core, peers kept from the previous run):",
+        "taskset -c 0 python -m bench --no-peers --sections speed,http",
+        "taskset -c 0 python -m bench --no-peers --sections synthetic --ds 10 --reps 2 --tag d10",
+        "#   (and --ds 50 --tag d50, --ds 300 --tag d300; --ds 1000 --reps 1 --tag d1000)",
+        "taskset -c 0 python -m bench --no-peers --sections real --real-reps 2",
+        "taskset -c 0 python -m bench --no-peers --sections downstream --downstream-reps 2",
         "python -m bench --report    # rebuild this page from bench/results/*.csv",
         "```",
         "",
@@ -488,21 +504,25 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "(seed 001, Section 6; row norms <= 1 = the public clip bound). Every registered "
         "mechanism runs through its public interface (params, `prepare`, `run`) with its "
         "default params at the same (epsilon, delta = 1e-6); `refused` is the 422 the service "
-        "answers before charging; `histogram_aggregate` needs a cell width or the gap gamma, "
-        "and gets the *true* gap (an oracle no user has; the params column of the CSV says "
-        "`oracle gamma`). The peers (diffprivlib 0.6.6 and OpenDP 0.16.0 PCA, each in its own "
+        "answers before charging; `histogram_aggregate` runs with its defaults too (its cell "
+        "width searched privately; rows of an earlier run that gave it the *true* gap, an oracle "
+        "no user has, would show as `histogram_aggregate (oracle gamma)`). The peers "
+        "(diffprivlib 0.6.6 and OpenDP 0.16.0 PCA, each in its own "
         "virtual environment, a per-fit time limit) are **pure** epsilon-DP (delta = 0) at the "
         "same epsilon; OpenDP always centres on a private mean. Seeds are fixed per cell. "
         "Errors are `||Pi_hat - Pi||_2` (1 is a random subspace; the non-private floor is "
         "`nonprivate_pca`); captured variance is `||X U||_F^2` over the non-private top-k's. "
         "A mechanism that spent more than 5 s to end without a result is not repeated in "
-        "its cell (`skipped` with the reason in the CSV; in the d <= 300 run the cell was "
-        "(d, n, epsilon), so `exact_gapmax`, the only mechanism this hit, ran once per d and n "
-        "at epsilon = 1 and was skipped at the other distances). The grid: d in {10, 50, 300} "
-        "with 3 repetitions, and d = 1,000 with 2 (`--ds 1000 --reps 2 --tag d1000`); "
-        "distance in {0.1, 1e-3, 1e-5}, n in {5,000, 50,000}, epsilon in {0.1, 1}. The peers "
-        "ran on the d = 10, n = 5,000 cells (one repetition, 30 s per fit) and on the real "
-        "sets at epsilon = 1 (two repetitions).",
+        "its cell (`skipped` with the reason in the CSV). The grid: d in {10, 50, 300} with 2 "
+        "repetitions and d = 1,000 with 1 (the full configuration has 3 and 2; cut to fit a "
+        "re-run on one shared core), distance in {0.1, 1e-3, 1e-5}, n in {5,000, 50,000}, "
+        "epsilon in {0.1, 1}; real sets and the downstream task with 2 repetitions (full: 5 "
+        "and 3); speed and HTTP with the full configuration (3). The peers were not re-run "
+        "(their virtual environments were not built on the machine at the time): their rows "
+        "(`synthetic_peers.csv`, `real_peers.csv`) are from the previous full run, on the d = 10, "
+        "n = 5,000 cells (one repetition, 30 s per fit) and on the real "
+        "sets at epsilon = 1 (two repetitions). The memory section and the load test were not "
+        "re-run either: `memory.csv` and `load_test.txt` are from the previous full run.",
         "",
     ]
     for name, caption in images:

@@ -70,6 +70,24 @@ def test_a_refusal_is_recorded_as_refused_without_running() -> None:
     assert outcome.basis is None
 
 
+def test_histogram_runs_without_the_oracle_gap_and_old_oracle_rows_are_labelled() -> None:
+    from bench.report import label_oracle
+
+    data, _ = near_subspace(20_000, 5, 2, 1e-6, seed=6)
+    ref = reference(data, 2)
+    outcome = call("histogram_aggregate", data, 2, 1.0, 1e-6, seed=7, ref=ref)
+    assert outcome.params == "defaults"  # no gamma passed, even with the true gap at hand
+    assert outcome.status in ("succeeded", "no_result")
+    old = Row("synthetic", "histogram_aggregate", "x", 5, 1, 0.0, 1.0, 1e-6, 2, 0, "succeeded",
+              params="oracle gamma")  # fmt: skip
+    new = Row("synthetic", "histogram_aggregate", "x", 5, 1, 0.0, 1.0, 1e-6, 2, 0, "succeeded",
+              params="defaults")  # fmt: skip
+    labelled = label_oracle(label_oracle([old, new]))  # idempotent: read twice, labelled once
+    assert [r.mechanism for r in labelled] == [
+        "histogram_aggregate (oracle gamma)", "histogram_aggregate",
+    ]  # fmt: skip
+
+
 def test_slow_guard_skips_only_slow_fruitless_cells() -> None:
     guard = SlowGuard(limit=1.0)
     guard.record("m", ("a",), Outcome("no_result", seconds=2.0))
