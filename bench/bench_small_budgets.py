@@ -93,7 +93,7 @@ def boundary_table() -> None:
     print("| epsilon | t_min before | smallest n before | t_min after | smallest n after |")
     print("|---|---|---|---|---|")
     for eps in (0.1, 1.0):
-        split = fa.budget_split(eps, DELTA, radius_given=False)
+        split = fa.standard_split(eps, DELTA, radius_given=False)
         before = old_t_min(split.eps1, split.delta1)
         n_before = (
             f"{before * 10 * K:,}"
@@ -125,7 +125,7 @@ Runner = Callable[[np.ndarray, float, np.random.Generator], "np.ndarray | None"]
 def friendly_before(data: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray | None:
     n = data.shape[0]
     t = min(n // (10 * K), OLD_T_CAP)
-    split = fa.budget_split(eps, DELTA, radius_given=False)
+    split = fa.standard_split(eps, DELTA, radius_given=False)
     if t < old_t_min(split.eps1, split.delta1):
         raise InvalidParameter("t", "refused")
     with old_ramp():
