@@ -100,7 +100,7 @@ def boundary_table() -> None:
             if before <= OLD_T_CAP
             else f"never (t_min > the cap {OLD_T_CAP:,})"
         )
-        after = fa.min_feasible_t(split.eps1, split.delta1)
+        after = fa.t_min_for(eps, DELTA, radius_given=False)
         print(f"| {eps:g} | {before:,} | {n_before} | {after:,} | {smallest_n(eps):,} |")
 
 

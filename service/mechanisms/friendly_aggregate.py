@@ -191,18 +191,40 @@ def ptr_heavy_split(epsilon: float, delta: float, radius_given: bool) -> BudgetS
 def budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int | None) -> BudgetSplit:
     """The split for ``t`` subsets, a public function of ``(t, epsilon, delta, radius_given)``.
 
-    :func:`standard_split` when its test clears the floor on all-agreeing subsets with
-    :data:`SPARE_NOISE_SCALES` Laplace scales to spare (``t >= comfortable_t`` of that split),
-    else :func:`ptr_heavy_split` (derivation F2 in ``docs/mechanisms.md``): near ``t_min`` the
-    standard test fails about half the time even when every subset agrees, and doubling
-    ``eps1`` roughly halves ``t_min`` and buys the test many noise scales, for about twice the
-    mean's noise. Either way it is the sequential composition of the same three steps with
-    public shares summing to ``(epsilon, delta)``. ``t = None``: the standard split.
+    :func:`ptr_heavy_split` when ``t`` is below the ``t`` from which :func:`standard_split`'s
+    test clears the floor on all-agreeing subsets with :data:`SPARE_NOISE_SCALES` Laplace
+    scales to spare, or when its mean's noise on all-agreeing subsets is smaller
+    (:func:`agreeing_noise`); else the standard split (derivation F2 in
+    ``docs/mechanisms.md``). Near ``t_min`` the standard test fails about half the time even
+    when every subset agrees, and when it passes ``W_low`` is small, so the mean's noise is
+    large; doubling ``eps1`` halves the test's shift, which both makes the test pass and
+    raises ``W_low`` by more than the halved ``eps2`` costs. Either way it is the sequential
+    composition of the same three steps with public shares summing to ``(epsilon, delta)``.
+    ``t = None``: the standard split.
     """
     standard = standard_split(epsilon, delta, radius_given)
-    if t is None or t >= comfortable_t(standard.eps1, standard.delta1):
+    if t is None:
         return standard
-    return ptr_heavy_split(epsilon, delta, radius_given)
+    heavy = ptr_heavy_split(epsilon, delta, radius_given)
+    if t < comfortable_t(standard.eps1, standard.delta1):
+        return heavy
+    if agreeing_noise(t, heavy) < agreeing_noise(t, standard):
+        return heavy
+    return standard
+
+
+def agreeing_noise(t: int, split: BudgetSplit) -> float:
+    """The mean's Gaussian ``sigma`` per unit radius when every subset agrees and the Laplace
+    noise is zero: ``D = (4(t-1)/b + 6)/W_low`` at ``W_low = t - shift`` (the median
+    ``W_low``), ``inf`` when that fails the floor. Public (``t`` and the shares only); the
+    rounding allowances of :func:`calibrated_sensitivity` are left out (tiny, and the same for
+    both splits)."""
+    b = ramp_width(t)
+    sens = weight_sensitivity(t, b)
+    w_low = weight_lower_bound(float(t), sens, split.eps1, split.delta1)
+    if w_low < weight_floor(sens):
+        return math.inf
+    return analytic_gaussian_sigma(mean_sensitivity(1.0, t, b, w_low), split.eps2, split.delta2)
 
 
 def t_min_for(epsilon: float, delta: float, radius_given: bool) -> int:
@@ -1173,9 +1195,9 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 + (
                     "the standard split of ALGORITHMS.md M6."
                     if split_name == "standard"
-                    else "t is below the t from which the standard split's test has "
-                    f"{SPARE_NOISE_SCALES:g} noise scales to spare, so a quarter of epsilon "
-                    "moved from the mean's noise to the test (derivation F2)."
+                    else "at this t the standard split's test would fail often even on "
+                    "agreeing subsets and leave a small W_low (a noisier mean), so a quarter "
+                    "of epsilon moved from the mean to the test (derivation F2)."
                 )
             ),
             f"Test (epsilon1 = {split.eps1:.4g}): W_low = W + Laplace({scale:.4g}) - "

@@ -80,28 +80,54 @@ def test_budget_split_sums_to_request() -> None:
         assert split.delta1 == split.delta2 == 5e-7
 
 
-@pytest.mark.parametrize(("eps", "delta", "given"), [(0.1, 1e-6, False), (1.0, 1e-6, True)])
-def test_budget_split_switches_where_the_standard_test_has_three_scales_to_spare(
+@pytest.mark.parametrize(
+    ("eps", "delta", "given"), [(0.1, 1e-6, False), (1.0, 1e-6, True), (4.0, 1e-3, False)]
+)
+def test_budget_split_switches_once_where_the_standard_split_wins(
     eps: float, delta: float, given: bool
 ) -> None:
-    """The rule is public: the standard split from the t at which its test has 3 Laplace
-    scales to spare on all-agreeing subsets, the test-heavy one below it."""
+    """The rule is public and has one switch: the test-heavy split below it (where the
+    standard test has fewer than 3 Laplace scales to spare, or the mean's noise on agreeing
+    subsets is larger under the standard split), the standard split from it on."""
     standard = fa.standard_split(eps, delta, given)
-    switch = fa.comfortable_t(standard.eps1, standard.delta1)
-    assert budget_split(eps, delta, given, t=switch) == standard
-    assert budget_split(eps, delta, given, t=10 * switch) == standard
     heavy = fa.ptr_heavy_split(eps, delta, given)
-    for t in (switch - 1, fa.t_min_for(eps, delta, given)):
-        assert budget_split(eps, delta, given, t=t) == heavy
-    # Just below the switch the test-heavy test fails far less often than the standard one
-    # would (which has < 3 scales to spare there), and everywhere from t_min on it can pass.
-    below = switch - 1
+    comfortable = fa.comfortable_t(standard.eps1, standard.delta1)
+    t_min = fa.t_min_for(eps, delta, given)
+    chosen = [budget_split(eps, delta, given, t=t) for t in range(t_min, 10 * comfortable)]
+    switch = t_min + chosen.index(standard)
+    assert all(split == heavy for split in chosen[: switch - t_min])
+    assert all(split == standard for split in chosen[switch - t_min :])
+    assert switch >= comfortable
+    assert fa.agreeing_noise(switch, standard) <= fa.agreeing_noise(switch, heavy)
+    assert fa.agreeing_noise(switch - 1, heavy) < fa.agreeing_noise(switch - 1, standard)
+    # Just below the standard split's comfortable t, the test-heavy test fails far less often
+    # than the standard one would (which has < 3 scales to spare there); from t_min on it can
+    # pass, and not below.
+    below = comfortable - 1
     assert fa.ptr_no_result_if_agreeing(below, heavy.eps1, heavy.delta1) < 1e-4
     assert fa.ptr_no_result_if_agreeing(below, standard.eps1, standard.delta1) > 0.02
-    t_min = fa.t_min_for(eps, delta, given)
     assert ptr_feasible(t_min, heavy.eps1, heavy.delta1)
     assert not ptr_feasible(t_min - 1, heavy.eps1, heavy.delta1)
-    assert fa.t_comfortable_for(eps, delta, given) < switch
+    assert fa.t_comfortable_for(eps, delta, given) < comfortable
+    assert budget_split(eps, delta, given, t=None) == standard
+
+
+def test_agreeing_noise_formula() -> None:
+    """``sigma(D, eps2, delta2)`` for ``D = (4(t-1)/b + 6)/W_low``, ``W_low = t - shift``:
+    at eps 0.1, t = 1666 the standard split's W_low is ~7 (sigma/r ~ 136), the test-heavy
+    one's ~837 (sigma/r ~ 2.3)."""
+    t = 1666
+    b = ramp_width(t)
+    sens = weight_sensitivity(t, b)
+    for split, expected in [
+        (fa.standard_split(0.1, 1e-6, False), 136.0),
+        (fa.ptr_heavy_split(0.1, 1e-6, False), 2.32),
+    ]:
+        w_low = t - (sens / split.eps1) * math.log(1 / (2 * split.delta1))
+        sigma = analytic_gaussian_sigma((4 * (t - 1) / b + 6) / w_low, split.eps2, split.delta2)
+        assert fa.agreeing_noise(t, split) == pytest.approx(sigma, rel=1e-12)
+        assert sigma == pytest.approx(expected, rel=0.01)
+    assert fa.agreeing_noise(1000, fa.standard_split(0.1, 1e-6, False)) == math.inf
 
 
 def test_sensitivity_formulas() -> None:
@@ -225,7 +251,8 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
         pytest.approx(4 * sens_w / (eps / 4)),
         pytest.approx(sens_w / (eps / 4)),
     ]
-    (sens, eps2, delta2) = gauss_args[0]
+    # the last calibration is the release's (budget_split's agreeing_noise calls come first)
+    (sens, eps2, delta2) = gauss_args[-1]
     assert (eps2, delta2) == (eps / 2, delta / 2)
     expected = mean_sensitivity(result.radius, t, t / 2 - 1, result.weight_low)
     # ALGORITHMS.md M6's D, plus the stated allowance of 2^-16 for rounding (reference points)
@@ -847,7 +874,10 @@ def test_radius_floor_applies_to_given_and_searched_radii() -> None:
 # Audits of the radius search alone and of the full pipeline (search + PTR + Gaussian)
 
 
-CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 47, math.radians(15.23), 4.0, 3.5e-5
+# At t = 47 the budget split is the test-heavy one (eps1 = eps/2 = 2): delta = (3.5e-5)^2 gives
+# it the same shift (Delta_W/2) ln(1/delta) as the standard split had with 3.5e-5, so the PTR
+# floor still falls between the pair's weights 0.75 t +- 1.52.
+CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 47, math.radians(15.23), 4.0, 3.5e-5**2
 #: ``r* = r_max / 2`` on the projection grid (``r_max = sqrt(2)``): where the pair straddles
 #: AboveThreshold's threshold.
 CONE_EXPONENT = 1
