@@ -14,6 +14,7 @@ Prints Markdown tables:
    ``gamma = 1e-5``, and ``analyze_gauss`` (``C = 1``), all on the same datasets.
 
     PYTHONPATH=. .venv/bin/python bench/bench_small_budgets.py [--repeats 5] [--quick]
+        [--friendly-only] [--eps 1 0.1]
 """
 
 from __future__ import annotations
@@ -93,14 +94,14 @@ def boundary_table() -> None:
     print("| epsilon | t_min before | smallest n before | t_min after | smallest n after |")
     print("|---|---|---|---|---|")
     for eps in (0.1, 1.0):
-        split = fa.budget_split(eps, DELTA, radius_given=False)
+        split = fa.standard_split(eps, DELTA, radius_given=False)
         before = old_t_min(split.eps1, split.delta1)
         n_before = (
             f"{before * 10 * K:,}"
             if before <= OLD_T_CAP
             else f"never (t_min > the cap {OLD_T_CAP:,})"
         )
-        after = fa.min_feasible_t(split.eps1, split.delta1)
+        after = fa.t_min_for(eps, DELTA, radius_given=False)
         print(f"| {eps:g} | {before:,} | {n_before} | {after:,} | {smallest_n(eps):,} |")
 
 
@@ -125,7 +126,7 @@ Runner = Callable[[np.ndarray, float, np.random.Generator], "np.ndarray | None"]
 def friendly_before(data: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray | None:
     n = data.shape[0]
     t = min(n // (10 * K), OLD_T_CAP)
-    split = fa.budget_split(eps, DELTA, radius_given=False)
+    split = fa.standard_split(eps, DELTA, radius_given=False)
     if t < old_t_min(split.eps1, split.delta1):
         raise InvalidParameter("t", "refused")
     with old_ramp():
@@ -149,7 +150,13 @@ def gauss(data: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray 
     return basis
 
 
-def error_table(n: int, distance: float, repeats: int) -> None:
+def error_table(
+    n: int,
+    distance: float,
+    repeats: int,
+    friendly_only: bool = False,
+    epsilons: tuple[float, ...] = (1.0, 0.1),
+) -> None:
     runners: dict[str, Runner] = {
         "friendly_aggregate before (b = t/4, reference points, t <= 2000)": friendly_before,
         "friendly_aggregate after (defaults)": mechanism_runner(
@@ -163,6 +170,8 @@ def error_table(n: int, distance: float, repeats: int) -> None:
         ),
         "analyze_gauss (C = 1)": gauss,
     }
+    if friendly_only:  # derivation F2's before/after: the current defaults alone
+        runners = {name: run for name, run in runners.items() if "after" in name}
     print(
         f"\nn = {n:,}, d = {D}, k = {K}, delta = {DELTA:g}, distance {distance:g}, "
         f"{repeats} datasets; median error over runs with a result (no_result counted apart)\n"
@@ -170,7 +179,7 @@ def error_table(n: int, distance: float, repeats: int) -> None:
     print("| mechanism | epsilon | median error | no_result | seconds per run |")
     print("|---|---|---|---|---|")
     datasets = [near_subspace(n, D, K, distance, seed) for seed in range(repeats)]
-    for eps in (1.0, 0.1):
+    for eps in epsilons:
         for name, runner in runners.items():
             errors: list[float] = []
             none = 0
@@ -194,12 +203,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="n = 20,000 and 2 repeats")
+    parser.add_argument(
+        "--friendly-only",
+        action="store_true",
+        help="only friendly_aggregate with the current defaults (same datasets and seeds)",
+    )
+    parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.1])
     args = parser.parse_args()
     boundary_table()
     if args.quick:
         error_table(20_000, 1e-5, 2)
     else:
-        error_table(50_000, 1e-5, args.repeats)
+        error_table(50_000, 1e-5, args.repeats, args.friendly_only, tuple(args.eps))
 
 
 if __name__ == "__main__":

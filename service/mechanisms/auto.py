@@ -10,8 +10,8 @@ The rule table comes from the benchmark grid (``bench/bench_auto_grid.py``,
   ``friendly_aggregate`` is 1-480x better than ``analyze_gauss`` when the rows are that close to
   a subspace (``eps = 1``, ``n = 50,000``), and worse beyond. When it can run at the reduced
   budget (its own ``prepare`` accepts it) and ``structure_share > 0``, a **private structure
-  test** decides between the two. Where it runs only with the whole budget (``eps = 0.1``,
-  ``n = 50,000``) no test is affordable and ``analyze_gauss`` is kept (docs, section ``auto``).
+  test** decides between the two. Where no test is affordable (``eps = 0.1``, ``n = 50,000``:
+  the test's noise would swamp its threshold) ``analyze_gauss`` is kept (docs, section ``auto``).
 
 Structure test: ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the smallest
 residual ``min_P sum_i ||(I - P) x_i||^2`` over rank-k projectors ``P``, and each term lies in

@@ -8,7 +8,10 @@ over ``W(r_i)`` (sensitivity ``Delta_W = 1 + (t-1)/b``), ``eps0``-DP. The weight
 most ``r (4(t-1)/b + 6)/W``; PTR releases ``W_low``, a lower bound on ``W`` except with probability
 ``delta1`` (``(eps1, 0)`` for the Laplace count), and Gaussian noise for ``D = r(4(t-1)/b+6)/W_low``
 is ``(eps2, delta2)``-DP on the good event, exactly as M2. Total ``(eps0+eps1+eps2, delta1+delta2)``
-``= (eps, delta)``; everything after the noisy mean is post-processing.
+``= (eps, delta)`` by sequential composition; everything after the noisy mean is post-processing.
+The shares are a public function of ``(t, eps, delta, radius given)`` (:func:`budget_split`):
+M6's split, or near ``t_min`` one giving the test ``eps/2`` and the mean ``eps/4``; the
+composition argument is the same for any public shares.
 
 What the guarantee assumes in floating point (and how the code meets it):
 
@@ -168,11 +171,77 @@ class FriendlyResult:
 # Calibration (each formula of ALGORITHMS.md M6 as a function, so tests can check it)
 
 
-def budget_split(epsilon: float, delta: float, radius_given: bool) -> BudgetSplit:
-    """``eps0 = eps1 = eps/4, eps2 = eps/2``; ``eps0 = 0, eps1 = eps2 = eps/2`` with a radius."""
+def standard_split(epsilon: float, delta: float, radius_given: bool) -> BudgetSplit:
+    """ALGORITHMS.md M6: ``eps0 = eps1 = eps/4, eps2 = eps/2``; ``eps0 = 0, eps1 = eps2 = eps/2``
+    with a radius; ``delta1 = delta2 = delta/2``."""
     if radius_given:
         return BudgetSplit(0.0, epsilon / 2, epsilon / 2, delta / 2, delta / 2)
     return BudgetSplit(epsilon / 4, epsilon / 4, epsilon / 2, delta / 2, delta / 2)
+
+
+def ptr_heavy_split(epsilon: float, delta: float, radius_given: bool) -> BudgetSplit:
+    """The split near ``t_min``: ``eps/4`` moves from the Gaussian step to the test,
+    ``eps0 = eps/4, eps1 = eps/2, eps2 = eps/4``; with a radius ``eps1 = 3 eps/4, eps2 = eps/4``;
+    ``delta1 = delta2 = delta/2``."""
+    if radius_given:
+        return BudgetSplit(0.0, 3 * epsilon / 4, epsilon / 4, delta / 2, delta / 2)
+    return BudgetSplit(epsilon / 4, epsilon / 2, epsilon / 4, delta / 2, delta / 2)
+
+
+def budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int | None) -> BudgetSplit:
+    """The split for ``t`` subsets, a public function of ``(t, epsilon, delta, radius_given)``.
+
+    :func:`ptr_heavy_split` when ``t`` is below the ``t`` from which :func:`standard_split`'s
+    test clears the floor on all-agreeing subsets with :data:`SPARE_NOISE_SCALES` Laplace
+    scales to spare, or when its mean's noise on all-agreeing subsets is smaller
+    (:func:`agreeing_noise`); else the standard split (derivation F2 in
+    ``docs/mechanisms.md``). Near ``t_min`` the standard test fails about half the time even
+    when every subset agrees, and when it passes ``W_low`` is small, so the mean's noise is
+    large; doubling ``eps1`` halves the test's shift, which both makes the test pass and
+    raises ``W_low`` by more than the halved ``eps2`` costs. Either way it is the sequential
+    composition of the same three steps with public shares summing to ``(epsilon, delta)``.
+    ``t = None``: the standard split.
+    """
+    standard = standard_split(epsilon, delta, radius_given)
+    if t is None:
+        return standard
+    heavy = ptr_heavy_split(epsilon, delta, radius_given)
+    if t < comfortable_t(standard.eps1, standard.delta1):
+        return heavy
+    if agreeing_noise(t, heavy) < agreeing_noise(t, standard):
+        return heavy
+    return standard
+
+
+def agreeing_noise(t: int, split: BudgetSplit) -> float:
+    """The mean's Gaussian ``sigma`` per unit radius when every subset agrees and the Laplace
+    noise is zero: ``D = (4(t-1)/b + 6)/W_low`` at ``W_low = t - shift`` (the median
+    ``W_low``), ``inf`` when that fails the floor. Public (``t`` and the shares only); the
+    rounding allowances of :func:`calibrated_sensitivity` are left out (tiny, and the same for
+    both splits)."""
+    b = ramp_width(t)
+    sens = weight_sensitivity(t, b)
+    w_low = weight_lower_bound(float(t), sens, split.eps1, split.delta1)
+    if w_low < weight_floor(sens):
+        return math.inf
+    return analytic_gaussian_sigma(mean_sensitivity(1.0, t, b, w_low), split.eps2, split.delta2)
+
+
+def t_min_for(epsilon: float, delta: float, radius_given: bool) -> int:
+    """``t_min``: the least ``t`` whose test can pass on all-agreeing subsets under
+    :func:`budget_split`. Below the standard split's ``comfortable_t`` the split is the
+    test-heavy one, whose ``t_min`` is smaller, and feasibility is monotone in ``t`` within each
+    split (and certain above the switch), so ``t_min`` is the test-heavy split's."""
+    heavy = ptr_heavy_split(epsilon, delta, radius_given)
+    return min_feasible_t(heavy.eps1, heavy.delta1)
+
+
+def t_comfortable_for(epsilon: float, delta: float, radius_given: bool) -> int:
+    """The least ``t`` from which the test has :data:`SPARE_NOISE_SCALES` to spare under
+    :func:`budget_split` (the test-heavy split's ``comfortable_t``; from the switch on the
+    standard split has them by construction)."""
+    heavy = ptr_heavy_split(epsilon, delta, radius_given)
+    return comfortable_t(heavy.eps1, heavy.delta1)
 
 
 def ramp_width(t: int) -> float:
@@ -367,9 +436,8 @@ def choose_t(
     once the radius reaches the grid's floor), and they make both the test and the radius
     search more reliable (measured in ``bench/bench_small_budgets.py``).
     """
-    split = budget_split(epsilon, delta, radius is not None)
-    t_min = min_feasible_t(split.eps1, split.delta1)
-    t_comf = comfortable_t(split.eps1, split.delta1)
+    t_min = t_min_for(epsilon, delta, radius is not None)
+    t_comf = t_comfortable_for(epsilon, delta, radius is not None)
     rows_cap = rows_cap_t(n, k)
     upper = min(rows_cap, MAX_T)
     if upper < t_min:  # too few rows: refused whatever the memory
@@ -832,7 +900,7 @@ def friendly_aggregate(
         ``basis`` ``(d, k)`` orthonormal, or ``None`` when the PTR test fails.
     """
     d = data.shape[1]
-    split = budget_split(epsilon, delta, radius is not None)
+    split = budget_split(epsilon, delta, radius is not None, t=t)
     _, bases = partition_and_bases(data, t, k, rng)
     b = ramp_width(t)
     sens_w = weight_sensitivity(t, b)
@@ -982,7 +1050,6 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
     ) -> FriendlyAggregateParams:
         self.check_common(ctx, k, epsilon, delta)
         n, d = ctx.n_rows, ctx.n_cols
-        split = budget_split(epsilon, delta, params.radius is not None)
         aggregator = resolve_aggregator(params, d)
 
         if aggregator == "projection":
@@ -1027,7 +1094,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 )
         else:
             t = params.t
-            t_min = min_feasible_t(split.eps1, split.delta1)
+            t_min = t_min_for(epsilon, delta, params.radius is not None)
             if t < t_min:
                 raise InvalidParameter(
                     "t",
@@ -1054,7 +1121,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         params = spec.params
         assert params.t is not None and params.aggregator is not None  # resolved by prepare
         t, k = params.t, spec.k
-        split = budget_split(spec.epsilon, spec.delta, params.radius is not None)
+        split = budget_split(spec.epsilon, spec.delta, params.radius is not None, t=t)
         ramp = ramp_width(t)
         sens = weight_sensitivity(t, ramp)
         choice = choose_t(
@@ -1069,6 +1136,8 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             ctx.memory_limit,
         )
         no_result = ptr_no_result_if_agreeing(t, split.eps1, split.delta1)
+        standard = standard_split(spec.epsilon, spec.delta, params.radius is not None)
+        split_name = "standard" if split == standard else "test_heavy"
         floor = weight_floor(sens)
         scale = weight_noise_scale(sens, split.eps1)
         shift = weight_shift(sens, split.eps1, split.delta1)
@@ -1091,6 +1160,10 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             "t_reason": choice.reason if t == choice.t else "given in the request",
             "t_comfortable": choice.t_comfortable,
             "ptr_no_result_if_agreeing": no_result,
+            "budget_split": split_name,
+            "epsilon0": split.eps0,
+            "epsilon1": split.eps1,
+            "epsilon2": split.eps2,
             "ramp_width": ramp,
             "weight_sensitivity": sens,
             "aggregator": params.aggregator,
@@ -1116,6 +1189,17 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             f"can pass the test, and t >= {choice.t_comfortable} passes it with "
             f"{SPARE_NOISE_SCALES:g} noise scales to spare. At t = {t}, if every subset agrees "
             f"the test still ends in no_result with probability {no_result:.2g}.",
+            (
+                f"Budget split {split_name}: epsilon0 = {split.eps0:.4g} (radius search), "
+                f"epsilon1 = {split.eps1:.4g} (test), epsilon2 = {split.eps2:.4g} (mean); "
+                + (
+                    "the standard split of ALGORITHMS.md M6."
+                    if split_name == "standard"
+                    else "at this t the standard split's test would fail often even on "
+                    "agreeing subsets and leave a small W_low (a noisier mean), so a quarter "
+                    "of epsilon moved from the mean to the test (derivation F2)."
+                )
+            ),
             f"Test (epsilon1 = {split.eps1:.4g}): W_low = W + Laplace({scale:.4g}) - "
             f"{shift:.4g}; the release ends in no_result (charged) when W_low < {floor:.4g}. "
             f"W is at most t = {t}, so the total weight of agreeing subsets must be above about "

@@ -111,7 +111,7 @@ def test_preview_names_the_choice_and_the_candidates_scales() -> None:
     assert shown.scales["tail_ratio_threshold"] == TAIL_RATIO_THRESHOLD
     assert "analyze_gauss.sigma" in shown.scales and "friendly_aggregate.t" in shown.scales
     assert any("Structure test" in line for line in shown.meaning)
-    small = ctx(5_000, 10)
+    small = ctx(2_000, 10)  # below 10 k t_min (t_min ~ 100 at the aggregator's share)
     params = AUTO.prepare(small, 3, 1.0, 1e-6, AutoParams())
     shown = AUTO.preview(small, ReleaseSpec(3, 1.0, 1e-6, params))
     assert shown.scales["auto_choice"] == "analyze_gauss"

@@ -66,13 +66,68 @@ def near_subspace(
 
 
 def test_budget_split_sums_to_request() -> None:
-    searched = budget_split(1.2, 1e-6, radius_given=False)
+    searched = budget_split(1.2, 1e-6, radius_given=False, t=None)
     assert (searched.eps0, searched.eps1, searched.eps2) == (0.3, 0.3, 0.6)
-    given = budget_split(1.2, 1e-6, radius_given=True)
+    given = budget_split(1.2, 1e-6, radius_given=True, t=None)
     assert (given.eps0, given.eps1, given.eps2) == (0.0, 0.6, 0.6)
-    for split in (searched, given):
+    heavy = fa.ptr_heavy_split(1.2, 1e-6, radius_given=False)
+    assert (heavy.eps0, heavy.eps1, heavy.eps2) == (0.3, 0.6, 0.3)
+    heavy_given = fa.ptr_heavy_split(1.2, 1e-6, radius_given=True)
+    assert (heavy_given.eps0, heavy_given.eps1) == (0.0, pytest.approx(0.9))
+    assert heavy_given.eps2 == pytest.approx(0.3)
+    for split in (searched, given, heavy, heavy_given):
         assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(1.2)
         assert split.delta1 == split.delta2 == 5e-7
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "given"), [(0.1, 1e-6, False), (1.0, 1e-6, True), (4.0, 1e-3, False)]
+)
+def test_budget_split_switches_once_where_the_standard_split_wins(
+    eps: float, delta: float, given: bool
+) -> None:
+    """The rule is public and has one switch: the test-heavy split below it (where the
+    standard test has fewer than 3 Laplace scales to spare, or the mean's noise on agreeing
+    subsets is larger under the standard split), the standard split from it on."""
+    standard = fa.standard_split(eps, delta, given)
+    heavy = fa.ptr_heavy_split(eps, delta, given)
+    comfortable = fa.comfortable_t(standard.eps1, standard.delta1)
+    t_min = fa.t_min_for(eps, delta, given)
+    chosen = [budget_split(eps, delta, given, t=t) for t in range(t_min, 10 * comfortable)]
+    switch = t_min + chosen.index(standard)
+    assert all(split == heavy for split in chosen[: switch - t_min])
+    assert all(split == standard for split in chosen[switch - t_min :])
+    assert switch >= comfortable
+    assert fa.agreeing_noise(switch, standard) <= fa.agreeing_noise(switch, heavy)
+    assert fa.agreeing_noise(switch - 1, heavy) < fa.agreeing_noise(switch - 1, standard)
+    # Just below the standard split's comfortable t, the test-heavy test fails far less often
+    # than the standard one would (which has < 3 scales to spare there); from t_min on it can
+    # pass, and not below.
+    below = comfortable - 1
+    assert fa.ptr_no_result_if_agreeing(below, heavy.eps1, heavy.delta1) < 1e-4
+    assert fa.ptr_no_result_if_agreeing(below, standard.eps1, standard.delta1) > 0.02
+    assert ptr_feasible(t_min, heavy.eps1, heavy.delta1)
+    assert not ptr_feasible(t_min - 1, heavy.eps1, heavy.delta1)
+    assert fa.t_comfortable_for(eps, delta, given) < comfortable
+    assert budget_split(eps, delta, given, t=None) == standard
+
+
+def test_agreeing_noise_formula() -> None:
+    """``sigma(D, eps2, delta2)`` for ``D = (4(t-1)/b + 6)/W_low``, ``W_low = t - shift``:
+    at eps 0.1, t = 1666 the standard split's W_low is ~7 (sigma/r ~ 136), the test-heavy
+    one's ~837 (sigma/r ~ 2.3)."""
+    t = 1666
+    b = ramp_width(t)
+    sens = weight_sensitivity(t, b)
+    for split, expected in [
+        (fa.standard_split(0.1, 1e-6, False), 136.0),
+        (fa.ptr_heavy_split(0.1, 1e-6, False), 2.32),
+    ]:
+        w_low = t - (sens / split.eps1) * math.log(1 / (2 * split.delta1))
+        sigma = analytic_gaussian_sigma((4 * (t - 1) / b + 6) / w_low, split.eps2, split.delta2)
+        assert fa.agreeing_noise(t, split) == pytest.approx(sigma, rel=1e-12)
+        assert sigma == pytest.approx(expected, rel=0.01)
+    assert fa.agreeing_noise(1000, fa.standard_split(0.1, 1e-6, False)) == math.inf
 
 
 def test_sensitivity_formulas() -> None:
@@ -118,11 +173,14 @@ def test_t_min_figures_and_the_closed_form() -> None:
     ``c = 1 + ln(1/(2 delta1))/eps1``, against ``5c + 1`` for ``b = t/4``: 1,663 subsets at
     ``eps = 0.1`` (was 2,769) and 171 at ``eps = 1`` (was 282), ``delta = 1e-6``."""
     for eps, expected in [(0.1, 1663), (1.0, 171)]:
-        split = budget_split(eps, 1e-6, radius_given=False)
+        split = fa.standard_split(eps, 1e-6, radius_given=False)
         t_min = min_feasible_t(split.eps1, split.delta1)
         assert t_min == expected
         c = 1 + math.log(1 / (2 * split.delta1)) / split.eps1
         assert abs(t_min - (3 * c + 1)) <= 3
+    # the t_min the service applies is the test-heavy split's (eps1 = eps/2): about half
+    for eps, expected in [(0.1, 834), (1.0, 88)]:
+        assert fa.t_min_for(eps, 1e-6, radius_given=False) == expected
 
 
 @pytest.mark.parametrize(("eps1", "delta1"), [(0.25, 5e-7), (0.025, 5e-7), (2.0, 1e-4)])
@@ -193,7 +251,8 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
         pytest.approx(4 * sens_w / (eps / 4)),
         pytest.approx(sens_w / (eps / 4)),
     ]
-    (sens, eps2, delta2) = gauss_args[0]
+    # the last calibration is the release's (budget_split's agreeing_noise calls come first)
+    (sens, eps2, delta2) = gauss_args[-1]
     assert (eps2, delta2) == (eps / 2, delta / 2)
     expected = mean_sensitivity(result.radius, t, t / 2 - 1, result.weight_low)
     # ALGORITHMS.md M6's D, plus the stated allowance of 2^-16 for rounding (reference points)
@@ -507,6 +566,12 @@ def test_default_t_between_t_min_and_the_row_cap() -> None:
     params = mech.prepare(PublicContext(50_000, 50, None), 3, 0.1, 1e-6, FriendlyAggregateParams())
     assert params.t == 50_000 // 30 == 1666
     assert min_feasible_t(0.025, 5e-7) <= params.t < fa.comfortable_t(0.025, 5e-7)
+    # there the standard test would fail ~49% of the time on agreeing subsets: the split is
+    # the test-heavy one, whose test then essentially never fails
+    split = budget_split(0.1, 1e-6, radius_given=False, t=params.t)
+    assert split == fa.ptr_heavy_split(0.1, 1e-6, radius_given=False)
+    assert fa.ptr_no_result_if_agreeing(1666, 0.025, 5e-7) > 0.45
+    assert fa.ptr_no_result_if_agreeing(1666, split.eps1, split.delta1) < 1e-6
     choice = fa.choose_t(50_000, 50, 3, 0.1, 1e-6, None, "projection", None, 6 << 30)
     assert choice.t == 1666 and "floor(n/(10k))" in choice.reason
 
@@ -542,9 +607,10 @@ def test_memory_caps_the_default_t() -> None:
 def test_prepare_refuses_too_few_rows_and_names_enough() -> None:
     mech = FriendlyAggregate()
     with pytest.raises(InvalidParameter) as info:
-        mech.prepare(PublicContext(5000, 50, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
+        mech.prepare(PublicContext(2000, 50, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
     assert info.value.field == "t"
-    t_min = min_feasible_t(0.25, 5e-7)
+    t_min = fa.t_min_for(1.0, 1e-6, radius_given=False)
+    assert t_min == min_feasible_t(0.5, 5e-7)  # the test-heavy split's eps1 = eps/2
     needed = t_min * 30
     assert f"n >= {needed}" in info.value.message
     mech.prepare(PublicContext(needed, 50, None), 3, 1.0, 1e-6, FriendlyAggregateParams())
@@ -557,7 +623,7 @@ def test_prepare_refusals() -> None:
     ctx = PublicContext(50_000, 2000, None)
     cases: list[tuple[dict[str, Any], str]] = [
         ({"aggregator": "projection"}, "aggregator"),
-        ({"t": 100}, "t"),
+        ({"t": 50}, "t"),
         ({"t": 20_000}, "t"),
         ({"q": 1}, "q"),
     ]
@@ -648,7 +714,7 @@ def test_audit_pair_straddles_the_ptr_threshold() -> None:
     W_low >= Delta_W + 1 by about 1.5 each side, so noise divided by 10 makes the decision
     near-certain."""
     data, neighbour = _ptr_pair(AUDIT_T, AUDIT_CENTRE)
-    split = budget_split(AUDIT_EPS, AUDIT_DELTA, radius_given=True)
+    split = budget_split(AUDIT_EPS, AUDIT_DELTA, radius_given=True, t=AUDIT_T)
     b = ramp_width(AUDIT_T)
     sens = weight_sensitivity(AUDIT_T, b)
     totals = []
@@ -697,7 +763,7 @@ def _computed_weight(data: np.ndarray, radius: float, q: int, seed: int) -> tupl
     Laplace noise set to zero (``W_low = W - (Delta_W/eps1) ln(1/(2 delta1))``); one-row subsets
     (``t = n``, ``k = 1``), the radius given."""
     t = data.shape[0]
-    split = budget_split(W_EPS, W_DELTA, radius_given=True)
+    split = budget_split(W_EPS, W_DELTA, radius_given=True, t=t)
     sens = weight_sensitivity(t, ramp_width(t))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(fa, "laplace", lambda scale, rng, size=None: np.zeros(size) if size else 0.0)
@@ -808,7 +874,10 @@ def test_radius_floor_applies_to_given_and_searched_radii() -> None:
 # Audits of the radius search alone and of the full pipeline (search + PTR + Gaussian)
 
 
-CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 47, math.radians(15.23), 4.0, 3.5e-5
+# At t = 47 the budget split is the test-heavy one (eps1 = eps/2 = 2): delta = (3.5e-5)^2 gives
+# it the same shift (Delta_W/2) ln(1/delta) as the standard split had with 3.5e-5, so the PTR
+# floor still falls between the pair's weights 0.75 t +- 1.52.
+CONE_T, CONE_THETA, CONE_EPS, CONE_DELTA = 47, math.radians(15.23), 4.0, 3.5e-5**2
 #: ``r* = r_max / 2`` on the projection grid (``r_max = sqrt(2)``): where the pair straddles
 #: AboveThreshold's threshold.
 CONE_EXPONENT = 1
@@ -865,7 +934,7 @@ def _search_only(rows: np.ndarray, rng: np.random.Generator) -> bool:
     """The radius search alone (``eps0 = eps/4``), as ``friendly_aggregate`` runs it on the
     subsets' bases; the event is "stopped at ``r*``"."""
     _, bases = partition_and_bases(rows, CONE_T, 1, rng)
-    split = budget_split(CONE_EPS, CONE_DELTA, radius_given=False)
+    split = budget_split(CONE_EPS, CONE_DELTA, radius_given=False, t=CONE_T)
     radii = radius_grid(math.sqrt(2.0), fa.PROJECTION_RADIUS_STEPS)
     block = fa.projection_distance_block(bases)
     stop, _ = fa.search_radius(block, CONE_T, radii, split.eps0, rng, rows=CONE_T)
@@ -945,30 +1014,37 @@ def test_preview_shows_t_t_min_ramp_and_why() -> None:
     params = mech.prepare(ctx, 3, 0.1, 1e-6, FriendlyAggregateParams())
     shown = mech.preview(ctx, ReleaseSpec(3, 0.1, 1e-6, params))
     scales = shown.scales
-    assert scales["t"] == scales["t_default"] == 1666 and scales["t_min"] == 1663
+    assert scales["t"] == scales["t_default"] == 1666 and scales["t_min"] == 834
     assert scales["ramp_width"] == 1666 / 2 - 1 and scales["aggregator"] == "projection"
     assert scales["weight_sensitivity"] == pytest.approx(1 + 1665 / 832)
     assert "floor(n/(10k))" in str(scales["t_reason"])
-    # barely above t_min: the test fails about half the time even if every subset agrees
-    assert 0.4 < float(scales["ptr_no_result_if_agreeing"]) < 0.5  # type: ignore[arg-type]
-    assert any("t_min = 1663" in line for line in shown.meaning)
+    # barely above the standard split's t_min (1663), where its test would fail about half the
+    # time even if every subset agreed: the test-heavy split, whose test essentially never does
+    assert scales["budget_split"] == "test_heavy"
+    assert (scales["epsilon0"], scales["epsilon1"], scales["epsilon2"]) == (0.025, 0.05, 0.025)
+    assert float(scales["ptr_no_result_if_agreeing"]) < 1e-6  # type: ignore[arg-type]
+    assert any("t_min = 834" in line for line in shown.meaning)
+    assert any("derivation F2" in line for line in shown.meaning)
     given_ = mech.prepare(ctx, 3, 1.0, 1e-6, FriendlyAggregateParams(t=300))
     shown = mech.preview(ctx, ReleaseSpec(3, 1.0, 1e-6, given_))
     assert shown.scales["t_reason"] == "given in the request"
+    assert shown.scales["budget_split"] == "standard"
     assert float(shown.scales["ptr_no_result_if_agreeing"]) < 1e-3  # type: ignore[arg-type]
 
 
 def test_radius_search_threshold_is_the_larger_of_three_quarters_and_the_tests_need(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Near t_min (eps 0.1, t = 1666) the test needs W > 1662.5, above 0.75 t = 1249.5: the
-    search asks for that (a public function of t and the budget); at eps 1 it stays 0.75 t."""
-    split = budget_split(0.1, 1e-6, radius_given=False)
-    sens = weight_sensitivity(1666, ramp_width(1666))
+    """Near t_min (eps 0.1, t = 900, test-heavy split) the test needs W > 833, above
+    0.75 t = 675: the search asks for that (a public function of t and the budget); at
+    t = 1666 (also test-heavy) and at eps 1 it stays 0.75 t."""
+    split = budget_split(0.1, 1e-6, radius_given=False, t=900)
+    sens = weight_sensitivity(900, ramp_width(900))
     needed = weight_floor(sens) + fa.weight_shift(sens, split.eps1, split.delta1)
-    assert fa.radius_search_threshold(1666, split.eps1, split.delta1) == needed > 0.75 * 1666
-    split1 = budget_split(1.0, 1e-6, radius_given=False)
-    assert fa.radius_search_threshold(1666, split1.eps1, split1.delta1) == 0.75 * 1666
+    assert fa.radius_search_threshold(900, split.eps1, split.delta1) == needed > 0.75 * 900
+    for eps in (0.1, 1.0):
+        split1 = budget_split(eps, 1e-6, radius_given=False, t=1666)
+        assert fa.radius_search_threshold(1666, split1.eps1, split1.delta1) == 0.75 * 1666
     seen: list[float] = []
     real = fa.above_threshold
 
@@ -979,5 +1055,5 @@ def test_radius_search_threshold_is_the_larger_of_three_quarters_and_the_tests_n
     monkeypatch.setattr(fa, "above_threshold", recording)
     data, _ = near_subspace(3000, 6, 1, 1e-6, seed=60)
     friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(61), t=100)
-    split4 = budget_split(4.0, 1e-3, radius_given=False)
+    split4 = budget_split(4.0, 1e-3, radius_given=False, t=100)
     assert seen == [fa.radius_search_threshold(100, split4.eps1, split4.delta1)]

@@ -152,8 +152,9 @@ def test_friendly_aggregate_preview_weight_test_is_the_runs(monkeypatch, rng, ra
     mechanism.run(data, spec, np.random.default_rng(1))
     # The weight test's Laplace draw is the last before the Gaussian mean noise.
     assert calls[-1][0] == shown.scales["weight_noise_scale"]
-    noisy, sens, _, _ = floors[0]
-    assert noisy - friendly_aggregate.weight_lower_bound(*floors[0]) == pytest.approx(
+    # the PTR step's call is the last (budget_split's agreeing_noise calls it first)
+    noisy, sens, _, _ = floors[-1]
+    assert noisy - friendly_aggregate.weight_lower_bound(*floors[-1]) == pytest.approx(
         shown.scales["weight_shift"], rel=1e-12
     )
     assert friendly_aggregate.weight_floor(sens) == shown.scales["ptr_floor"]
