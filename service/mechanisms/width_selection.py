@@ -150,7 +150,14 @@ def largest_cell_count(points: FloatArray, width: float, offsets: FloatArray) ->
     return int(counts.max())
 
 
-def largest_class_count(index: npt.NDArray[np.int64]) -> int:
+def fingerprint_coefficients(dim: int) -> npt.NDArray[np.uint64]:
+    """``(dim, 2)`` public odd multipliers from a fixed seed: they depend on nothing private."""
+    return np.random.default_rng(0x5EEDCE11).integers(
+        1, 2**63, size=(dim, 2), dtype=np.uint64
+    ) | np.uint64(1)
+
+
+def largest_class_count(index: npt.NDArray[np.int64], coefficients: npt.NDArray[np.uint64]) -> int:
     """Largest number of rows of ``index`` with the same 128-bit fingerprint.
 
     The fingerprint of a row is two wrapping linear hashes of its integer entries: a function of
@@ -159,10 +166,6 @@ def largest_class_count(index: npt.NDArray[np.int64]) -> int:
     distinct cells share a fingerprint with probability far below ``2^-30`` per pair, which could
     only merge two cells (utility), never break privacy.
     """
-    # Public odd multipliers from a fixed seed: they depend on nothing private.
-    coefficients = np.random.default_rng(0x5EEDCE11).integers(
-        1, 2**63, size=(index.shape[1], 2), dtype=np.uint64
-    ) | np.uint64(1)
     with np.errstate(over="ignore"):
         prints = index.view(np.uint64) @ coefficients
     _, counts = np.unique(prints, axis=0, return_counts=True)
@@ -189,8 +192,12 @@ def largest_cell_counts(points: FloatArray, widths: FloatArray, unit: FloatArray
     (R,) array of counts (integral doubles)
     """
     finest = cells(points, float(widths[0]), unit * float(widths[-1])).astype(np.int64)
+    coefficients = fingerprint_coefficients(points.shape[1])
     return np.array(
-        [float(largest_class_count(np.right_shift(finest, j))) for j in range(widths.shape[0])],
+        [
+            float(largest_class_count(np.right_shift(finest, j), coefficients))
+            for j in range(widths.shape[0])
+        ],
         dtype=np.float64,
     )
 
