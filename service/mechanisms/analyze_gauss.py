@@ -28,7 +28,6 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
-    ClippingMechanism,
     MechanismOutput,
     Preview,
     PublicContext,
@@ -38,13 +37,12 @@ from service.mechanisms.centring import (
     DEFAULT_CENTER_SHARE,
     BudgetSplit,
     CenterParams,
+    CentredGramMechanism,
     budget_split,
     center_for_run,
     center_preview,
-    check_center_shape,
     mean_sensitivity,
     mean_sigma,
-    prepare_centred,
     private_center,
     with_center_multiples,
 )
@@ -181,7 +179,7 @@ def analyze_gauss(
     return release.basis, release.eigenvalues
 
 
-class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
+class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
     name: ClassVar[str] = "analyze_gauss"
     title: ClassVar[str] = "Analyze Gauss (Gaussian noise on X^T X)"
     paper: ClassVar[str] = (
@@ -196,16 +194,13 @@ class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
     )
     params_model: ClassVar[type[AnalyzeGaussParams]] = AnalyzeGaussParams
 
-    def check_specific(self, ctx: PublicContext, k: int, params: AnalyzeGaussParams) -> None:
-        check_center_shape(ctx, params)
-
-    def c2_multiples(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float
-    ) -> tuple[float, float]:
-        return self._c2_multiples(ctx, epsilon, delta, AnalyzeGaussParams())
-
-    def _c2_multiples(
-        self, ctx: PublicContext, epsilon: float, delta: float, params: AnalyzeGaussParams
+    def centred_multiples(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: AnalyzeGaussParams,
     ) -> tuple[float, float]:
         # Per unit C^2: Gram entries <= n, noise draws <= 64 sigma, eigenvalues and the trace
         # <= d times the largest entry; the smallest is the rounding grid sigma / GRID_DIVISOR.
@@ -214,19 +209,6 @@ class AnalyzeGauss(ClippingMechanism[AnalyzeGaussParams]):
         low = min(1.0, unit_sigma / GRID_DIVISOR)
         high = ctx.n_cols * (ctx.n_rows + 64.0 * unit_sigma)
         return with_center_multiples(ctx, split, params, low, high)
-
-    def prepare(
-        self,
-        ctx: PublicContext,
-        k: int,
-        epsilon: float,
-        delta: float,
-        params: AnalyzeGaussParams,
-    ) -> AnalyzeGaussParams:
-        self.check_common(ctx, k, epsilon, delta)
-        multiples = self._c2_multiples(ctx, epsilon, delta, params)
-        clip_norm = prepare_centred(ctx, params, multiples)
-        return params.model_copy(update={"clip_norm": clip_norm})
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> Preview:
         params = spec.params

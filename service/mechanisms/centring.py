@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from service.mechanisms.base import (
     ClipParams,
+    ClippingMechanism,
     InvalidParameter,
     PreviewValue,
     PublicContext,
@@ -284,3 +285,43 @@ def center_preview(
             "Rows are centred on the given public centre (no budget) and clipped to C again."
         )
     return scales, meaning
+
+
+CentredP = TypeVar("CentredP", bound=CenterParams)
+
+
+class CentredGramMechanism(ClippingMechanism[CentredP]):
+    """A Gram mechanism with ``center``: the shape checks, the clip-norm scale check widened by
+    the private mean's multiples, and a public centre's norm check, shared by ``prepare``.
+
+    Subclasses give :meth:`centred_multiples` (their own multiples of ``C^2`` at the request's
+    params, see :meth:`ClippingMechanism.c2_multiples`) and may refuse further public facts in
+    :meth:`check_budget` before anything else is resolved.
+    """
+
+    def centred_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: CentredP
+    ) -> tuple[float, float]:
+        """``(smallest, largest)`` multiple of ``C^2`` the run computes with these params."""
+        raise NotImplementedError
+
+    def check_budget(self, k: int, epsilon: float, delta: float, params: CentredP) -> None:
+        """Refusals that depend on the budget and params (none by default)."""
+
+    def check_specific(self, ctx: PublicContext, k: int, params: CentredP) -> None:
+        check_center_shape(ctx, params)
+
+    def c2_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float
+    ) -> tuple[float, float]:
+        return self.centred_multiples(ctx, k, epsilon, delta, self.parse_params({}))
+
+    def prepare(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: CentredP
+    ) -> CentredP:
+        self.check_common(ctx, k, epsilon, delta)
+        self.check_specific(ctx, k, params)
+        self.check_budget(k, epsilon, delta, params)
+        multiples = self.centred_multiples(ctx, k, epsilon, delta, params)
+        clip_norm = prepare_centred(ctx, params, multiples)
+        return params.model_copy(update={"clip_norm": clip_norm})

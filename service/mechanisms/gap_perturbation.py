@@ -31,7 +31,6 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
-    ClippingMechanism,
     MechanismOutput,
     Preview,
     PublicContext,
@@ -39,10 +38,9 @@ from service.mechanisms.base import (
 )
 from service.mechanisms.centring import (
     CenterParams,
+    CentredGramMechanism,
     center_for_run,
     center_preview,
-    check_center_shape,
-    prepare_centred,
     with_center_multiples,
 )
 from service.mechanisms.centring import budget_split as center_split
@@ -190,7 +188,7 @@ def gap_perturbation(
     return basis
 
 
-class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
+class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
     name: ClassVar[str] = "gap_perturbation"
     title: ClassVar[str] = "Subspace perturbation with propose-test-release on the eigengap"
     paper: ClassVar[str] = (
@@ -207,16 +205,13 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
 
-    def check_specific(self, ctx: PublicContext, k: int, params: GapPerturbationParams) -> None:
-        check_center_shape(ctx, params)
-
-    def c2_multiples(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float
-    ) -> tuple[float, float]:
-        return self._c2_multiples(ctx, epsilon, delta, GapPerturbationParams())
-
-    def _c2_multiples(
-        self, ctx: PublicContext, epsilon: float, delta: float, params: GapPerturbationParams
+    def centred_multiples(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: GapPerturbationParams,
     ) -> tuple[float, float]:
         # Per unit C^2: eigenvalues <= d n; the Laplace scale b = 4/eps, its draws (<= 64 b) and
         # the shift b ln(1/delta) that makes g_low (eps, delta: the Gram step's share).
@@ -225,19 +220,6 @@ class GapPerturbation(ClippingMechanism[GapPerturbationParams]):
         low = min(1.0, scale)
         high = ctx.n_cols * ctx.n_rows + scale * (64.0 + math.log(1.0 / split.gram_delta))
         return with_center_multiples(ctx, split, params, low, high)
-
-    def prepare(
-        self,
-        ctx: PublicContext,
-        k: int,
-        epsilon: float,
-        delta: float,
-        params: GapPerturbationParams,
-    ) -> GapPerturbationParams:
-        self.check_common(ctx, k, epsilon, delta)
-        multiples = self._c2_multiples(ctx, epsilon, delta, params)
-        clip_norm = prepare_centred(ctx, params, multiples)
-        return params.model_copy(update={"clip_norm": clip_norm})
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]) -> Preview:
         assert spec.params.clip_norm is not None  # resolved by prepare

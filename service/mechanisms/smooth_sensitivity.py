@@ -41,7 +41,6 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from service.mechanisms.base import (
-    ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
     Preview,
@@ -49,13 +48,11 @@ from service.mechanisms.base import (
     ReleaseSpec,
 )
 from service.mechanisms.centring import (
-    BudgetSplit,
     CenterParams,
+    CentredGramMechanism,
     budget_split,
     center_for_run,
     center_preview,
-    check_center_shape,
-    prepare_centred,
     with_center_multiples,
 )
 from service.mechanisms.gap_perturbation import top_k_with_gap
@@ -197,7 +194,7 @@ def smooth_sensitivity(
     return orthonormal_basis(rotated + noise), variant
 
 
-class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
+class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
     name: ClassVar[str] = "smooth_sensitivity"
     title: ClassVar[str] = "Smooth-sensitivity output perturbation of the top-k basis"
     paper: ClassVar[str] = (
@@ -221,15 +218,9 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
     params_model: ClassVar[type[SmoothSensitivityParams]] = SmoothSensitivityParams
     allows_pure_dp: ClassVar[bool] = True
 
-    def prepare(
-        self,
-        ctx: PublicContext,
-        k: int,
-        epsilon: float,
-        delta: float,
-        params: SmoothSensitivityParams,
-    ) -> SmoothSensitivityParams:
-        self.check_common(ctx, k, epsilon, delta)
+    def check_budget(
+        self, k: int, epsilon: float, delta: float, params: SmoothSensitivityParams
+    ) -> None:
         split = budget_split(epsilon, delta, params)
         if delta > 0 and split.gram_epsilon > GAUSSIAN_MAX_EPSILON:
             spent = "" if params.center != "private" else " on the basis (after the centre)"
@@ -241,24 +232,18 @@ class SmoothSensitivity(ClippingMechanism[SmoothSensitivityParams]):
                 "exceeds delta; use delta = 0 (the Cauchy variant), a smaller epsilon, or "
                 "analyze_gauss",
             )
-        multiples = self._c2_multiples(ctx, k, split, params)
-        clip_norm = prepare_centred(ctx, params, multiples)
-        return params.model_copy(update={"clip_norm": clip_norm})
 
-    def check_specific(self, ctx: PublicContext, k: int, params: SmoothSensitivityParams) -> None:
-        check_center_shape(ctx, params)
-
-    def c2_multiples(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float
-    ) -> tuple[float, float]:
-        params = SmoothSensitivityParams()
-        return self._c2_multiples(ctx, k, budget_split(epsilon, delta, params), params)
-
-    def _c2_multiples(
-        self, ctx: PublicContext, k: int, split: BudgetSplit, params: SmoothSensitivityParams
+    def centred_multiples(
+        self,
+        ctx: PublicContext,
+        k: int,
+        epsilon: float,
+        delta: float,
+        params: SmoothSensitivityParams,
     ) -> tuple[float, float]:
         # Per unit C^2: eigenvalues and the gap <= n, (2j+1) <= n + 3 in A(j), and the cap's
         # threshold sqrt(2/k). The noise scales do not involve C; the private mean's do.
+        split = budget_split(epsilon, delta, params)
         low, high = min(1.0, math.sqrt(2.0 / k)), ctx.n_cols * (ctx.n_rows + 4.0)
         return with_center_multiples(ctx, split, params, low, high)
 

@@ -33,7 +33,6 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
-    ClippingMechanism,
     InvalidParameter,
     MechanismOutput,
     Preview,
@@ -42,11 +41,11 @@ from service.mechanisms.base import (
 )
 from service.mechanisms.centring import (
     CenterParams,
+    CentredGramMechanism,
     budget_split,
     center_for_run,
     center_preview,
     check_center_shape,
-    prepare_centred,
     with_center_multiples,
 )
 from service.mechanisms.linalg import (
@@ -158,7 +157,7 @@ def spectrum(
     return released, suggest_k(released, signal_threshold(std, m)), std
 
 
-class Spectrum(ClippingMechanism[SpectrumParams]):
+class Spectrum(CentredGramMechanism[SpectrumParams]):
     name: ClassVar[str] = "spectrum"
     title: ClassVar[str] = "Noisy eigenvalues of X^T X, for choosing k"
     paper: ClassVar[str] = (
@@ -185,13 +184,8 @@ class Spectrum(ClippingMechanism[SpectrumParams]):
             )
         check_center_shape(ctx, params)
 
-    def c2_multiples(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float
-    ) -> tuple[float, float]:
-        return self._c2_multiples(ctx, epsilon, delta, SpectrumParams())
-
-    def _c2_multiples(
-        self, ctx: PublicContext, epsilon: float, delta: float, params: SpectrumParams
+    def centred_multiples(
+        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: SpectrumParams
     ) -> tuple[float, float]:
         # Per unit C^2: eigenvalues <= trace <= n, noise draws <= 64 sigma; the smallest is the
         # rounding grid sigma / GRID_DIVISOR.
@@ -199,15 +193,6 @@ class Spectrum(ClippingMechanism[SpectrumParams]):
         unit_sigma = noise_std(1.0, split.gram_epsilon, split.gram_delta)
         low, high = min(1.0, unit_sigma / GRID_DIVISOR), ctx.n_rows + 64.0 * unit_sigma
         return with_center_multiples(ctx, split, params, low, high)
-
-    def prepare(
-        self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: SpectrumParams
-    ) -> SpectrumParams:
-        self.check_common(ctx, k, epsilon, delta)
-        self.check_specific(ctx, k, params)
-        multiples = self._c2_multiples(ctx, epsilon, delta, params)
-        clip_norm = prepare_centred(ctx, params, multiples)
-        return params.model_copy(update={"clip_norm": clip_norm})
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[SpectrumParams]) -> Preview:
         assert spec.params.clip_norm is not None  # resolved by prepare
