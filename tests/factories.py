@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from alembic import command
+from sqlalchemy import Engine, MetaData, create_engine, insert
+
+from service.migrate import alembic_config
 
 
 def near_subspace(
@@ -16,3 +24,42 @@ def near_subspace(
     rows += rng.normal(size=(n, d)) * noise / np.sqrt(d)
     norms = np.linalg.norm(rows, axis=1, keepdims=True)
     return rows * np.minimum(1.0, norm / norms), basis
+
+
+@dataclass(frozen=True)
+class OldSchema:
+    """A SQLite database migrated only to ``revision``, holding one dataset and one queued
+    release inserted through the reflected (old) tables."""
+
+    url: str
+    engine: Engine
+    tables: MetaData
+    dataset_id: uuid.UUID
+    release_id: uuid.UUID
+    created_at: datetime
+
+
+def old_schema_with_release(tmp_path: Path, revision: str) -> OldSchema:
+    """Build :class:`OldSchema` at ``revision`` (for tests of the migrations after it)."""
+    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
+    command.upgrade(alembic_config(url), revision)
+    engine = create_engine(url)
+    tables = MetaData()
+    tables.reflect(engine)
+    dataset_id, release_id = uuid.uuid4(), uuid.uuid4()
+    now = datetime(2026, 11, 1)
+    with engine.begin() as connection:
+        connection.execute(
+            insert(tables.tables["datasets"]).values(
+                id=dataset_id.hex, name="d", n_rows=3, n_cols=2, epsilon_total="1",
+                delta_total="0.00001", file_name="x.npy", created_at=now,
+            )
+        )  # fmt: skip
+        connection.execute(
+            insert(tables.tables["releases"]).values(
+                id=release_id.hex, dataset_id=dataset_id.hex, mechanism="analyze_gauss", k=1,
+                epsilon="0.1", delta="0.0000001", params="{}", request_hash="0" * 64,
+                status="queued", refunded=False, attempts=0, created_at=now,
+            )
+        )  # fmt: skip
+    return OldSchema(url, engine, tables, dataset_id, release_id, now)

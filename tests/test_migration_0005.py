@@ -3,40 +3,19 @@ release into a reader of that batch, and goes back down."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime
-
 from alembic import command
-from sqlalchemy import MetaData, create_engine, insert, select
+from sqlalchemy import MetaData, create_engine, select
 
 from service.db.engine import make_session_factory
 from service.db.models import Dataset, DatasetBatch, Release
 from service.migrate import alembic_config
+from tests.factories import old_schema_with_release
 
 
 def test_0005_backfills_batch_zero_and_downgrades(tmp_path):
-    url = f"sqlite:///{tmp_path / 'old.sqlite3'}"
-    command.upgrade(alembic_config(url), "0004")
-    engine = create_engine(url)
-    tables = MetaData()
-    tables.reflect(engine)
-    dataset_id, release_id = uuid.uuid4(), uuid.uuid4()
-    now = datetime(2026, 11, 1)
-    with engine.begin() as connection:
-        connection.execute(
-            insert(tables.tables["datasets"]).values(
-                id=dataset_id.hex, name="d", n_rows=3, n_cols=2, epsilon_total="1",
-                delta_total="0.00001", file_name="x.npy", created_at=now,
-            )
-        )  # fmt: skip
-        connection.execute(
-            insert(tables.tables["releases"]).values(
-                id=release_id.hex, dataset_id=dataset_id.hex, mechanism="analyze_gauss", k=1,
-                epsilon="0.1", delta="0.0000001", params="{}", request_hash="0" * 64,
-                status="queued", refunded=False, attempts=0, created_at=now,
-            )
-        )  # fmt: skip
-    engine.dispose()
+    old = old_schema_with_release(tmp_path, "0004")
+    url, dataset_id = old.url, old.dataset_id
+    old.engine.dispose()
     command.upgrade(alembic_config(url), "head")
     factory = make_session_factory(create_engine(url))
     with factory() as session:
