@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from service.mechanisms import friendly_aggregate as fa
 from service.mechanisms import histogram_aggregate as mod
+from service.mechanisms import width_selection as ws
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.histogram_aggregate import (
     C2_WIDTH,
@@ -287,3 +289,67 @@ def test_audit_negative_control(monkeypatch: pytest.MonkeyPatch) -> None:
     real = mod.count_noise_scale
     monkeypatch.setattr(mod, "count_noise_scale", lambda eps: real(eps) / 10)
     assert run_audit(300) > EPS
+
+
+# ---------------------------------------------------------------------------------------------
+# Empirical audit of the whole release with the width searched (no gamma, no cell_width)
+
+SEARCH_AUDIT_T, SEARCH_AUDIT_EPS = 38, 4.0  # search eps/4 = 1, histogram 3 eps/4 = 3
+
+
+def searched_pair() -> tuple[np.ndarray, np.ndarray]:
+    """38 one-row subsets (k = 1, d = 2): 29 rows on the x-axis (one point ``P e_1 e_1^T``,
+    the same cell at every width) and 9 at distinct angles; the neighbour turns one axis row.
+
+    At the smallest widths the largest cell holds 29 points against 28 for the neighbour,
+    straddling the search's threshold ``0.75 t = 28.5``; the histogram's threshold at
+    ``3 eps/4`` is far below both, so whether the release stops at the smallest width is
+    decided by the search and the event below is as sensitive as a full release can be.
+    """
+    rng = np.random.default_rng(31)
+    angles = np.r_[np.zeros(29), rng.uniform(0.3, np.pi - 0.3, SEARCH_AUDIT_T - 29)]
+    data = np.c_[np.cos(angles), np.sin(angles)] * rng.uniform(0.5, 1.0, (SEARCH_AUDIT_T, 1))
+    neighbour = data.copy()
+    neighbour[0] = [math.cos(1.1), math.sin(1.1)]
+    return data, neighbour
+
+
+def run_searched_audit(runs: int, seed: int) -> float:
+    data, neighbour = searched_pair()
+    ctx = PublicContext(SEARCH_AUDIT_T, 2, None)
+    params = MECH.prepare(
+        ctx, 1, SEARCH_AUDIT_EPS, DELTA, HistogramAggregateParams(t=SEARCH_AUDIT_T)
+    )
+    assert params.cell_width is None and params.gamma is None  # the width is searched
+    spec = ReleaseSpec(1, SEARCH_AUDIT_EPS, DELTA, params)
+
+    def mechanism(x: np.ndarray, rng: np.random.Generator) -> bool:
+        out = MECH.run(x, spec, rng)
+        return out.basis is not None and out.extras.get("width_exponent") == ws.WIDTH_STEPS
+
+    return audit(mechanism, data, neighbour, bool, runs, DELTA, seed=seed).eps_lower_bound
+
+
+def test_searched_pair_straddles_the_search_threshold() -> None:
+    data, neighbour = searched_pair()
+    on_axis = [int(np.sum(x[:, 1] == 0.0)) for x in (data, neighbour)]
+    assert on_axis == [29, 28]  # one row replaced
+    assert threshold(0.75 * SEARCH_AUDIT_EPS, DELTA) < 28  # the histogram always passes
+    assert ws.search_threshold(SEARCH_AUDIT_T) == 28.5
+
+
+def test_searched_width_release_audit() -> None:
+    assert run_searched_audit(runs=1000, seed=32) <= SEARCH_AUDIT_EPS
+
+
+@pytest.mark.slow
+def test_searched_width_release_audit_long() -> None:
+    assert run_searched_audit(runs=20_000, seed=33) <= SEARCH_AUDIT_EPS
+
+
+def test_searched_width_release_audit_negative_control(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The search's Laplace draws a hundredth of their scale: the event then all but decides
+    # between the neighbours, and the audit must see far more than the declared epsilon.
+    real = fa.laplace
+    monkeypatch.setattr(fa, "laplace", lambda scale, rng, size=None: real(scale / 100, rng, size))
+    assert run_searched_audit(runs=1000, seed=34) > SEARCH_AUDIT_EPS
