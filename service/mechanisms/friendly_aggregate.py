@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 from scipy.spatial.distance import cdist
+from scipy.special import ndtr, ndtri
 
 from service.mechanisms.base import (
     InvalidParameter,
@@ -61,6 +62,7 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
+from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import FloatArray, top_k_eigh
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace
 from service.mechanisms.sample_aggregate import (
@@ -76,6 +78,13 @@ from service.mechanisms.sample_aggregate import (
 )
 
 Aggregator = Literal["reference_points", "projection"]
+#: ``basic``: sequential composition of the three steps' ``(eps_i, delta_i)`` with a Laplace test
+#: (M6, derivations F1, F2). ``gdp``: a Gaussian test and the exact composition (derivation F3).
+Accounting = Literal["basic", "gdp"]
+#: The accounting the release uses. ``basic`` until the body of :func:`friendly_aggregate` calls
+#: the split-aware helpers (:func:`release_split`, :func:`noisy_weight_lower_bound`,
+#: :func:`split_search_threshold`, :func:`split_mean_sigma`); see derivation F3.
+ACCOUNTING: Accounting = "basic"
 
 #: Default ``t`` keeps ``m = floor(n/t) >= ROWS_PER_DIMENSION * k`` rows per subset.
 ROWS_PER_DIMENSION = 10
@@ -213,33 +222,43 @@ def budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int | N
     return standard
 
 
-def agreeing_noise(t: int, split: BudgetSplit) -> float:
-    """The mean's Gaussian ``sigma`` per unit radius when every subset agrees and the Laplace
+def agreeing_noise(t: int, split: AnySplit) -> float:
+    """The mean's Gaussian ``sigma`` per unit radius when every subset agrees and the test's
     noise is zero: ``D = (4(t-1)/b + 6)/W_low`` at ``W_low = t - shift`` (the median
     ``W_low``), ``inf`` when that fails the floor. Public (``t`` and the shares only); the
     rounding allowances of :func:`calibrated_sensitivity` are left out (tiny, and the same for
-    both splits)."""
+    every split). Either accounting (:func:`split_shift`, :func:`split_mean_sigma`)."""
     b = ramp_width(t)
     sens = weight_sensitivity(t, b)
-    w_low = weight_lower_bound(float(t), sens, split.eps1, split.delta1)
+    w_low = float(t) - split_shift(split, sens)
     if w_low < weight_floor(sens):
         return math.inf
-    return analytic_gaussian_sigma(mean_sensitivity(1.0, t, b, w_low), split.eps2, split.delta2)
+    return split_mean_sigma(mean_sensitivity(1.0, t, b, w_low), split)
 
 
-def t_min_for(epsilon: float, delta: float, radius_given: bool) -> int:
+def t_min_for(
+    epsilon: float, delta: float, radius_given: bool, *, accounting: Accounting | None = None
+) -> int:
     """``t_min``: the least ``t`` whose test can pass on all-agreeing subsets under
-    :func:`budget_split`. Below the standard split's ``comfortable_t`` the split is the
-    test-heavy one, whose ``t_min`` is smaller, and feasibility is monotone in ``t`` within each
-    split (and certain above the switch), so ``t_min`` is the test-heavy split's."""
+    :func:`release_split`. Basic accounting: below the standard split's ``comfortable_t`` the
+    split is the test-heavy one, whose ``t_min`` is smaller, and feasibility is monotone in
+    ``t`` within each split (and certain above the switch), so ``t_min`` is the test-heavy
+    split's. ``gdp``: the least ``t`` feasible with the largest test share
+    (:func:`gdp_t_min`)."""
+    if resolve_accounting(accounting) == "gdp":
+        return gdp_t_min(epsilon, delta, radius_given)
     heavy = ptr_heavy_split(epsilon, delta, radius_given)
     return min_feasible_t(heavy.eps1, heavy.delta1)
 
 
-def t_comfortable_for(epsilon: float, delta: float, radius_given: bool) -> int:
+def t_comfortable_for(
+    epsilon: float, delta: float, radius_given: bool, *, accounting: Accounting | None = None
+) -> int:
     """The least ``t`` from which the test has :data:`SPARE_NOISE_SCALES` to spare under
-    :func:`budget_split` (the test-heavy split's ``comfortable_t``; from the switch on the
-    standard split has them by construction)."""
+    :func:`release_split` (basic: the test-heavy split's ``comfortable_t``; from the switch on
+    the standard split has them by construction; ``gdp``: with the largest test share)."""
+    if resolve_accounting(accounting) == "gdp":
+        return gdp_t_min(epsilon, delta, radius_given, spare=GDP_SPARE_SCALES)
     heavy = ptr_heavy_split(epsilon, delta, radius_given)
     return comfortable_t(heavy.eps1, heavy.delta1)
 
@@ -480,6 +499,174 @@ def radius_search_threshold(t: int, eps1: float, delta1: float) -> float:
     sens = weight_sensitivity(t, ramp_width(t))
     needed = weight_floor(sens) + weight_shift(sens, eps1, delta1)
     return max(THRESHOLD_FRACTION * t, needed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivation F3: a Gaussian test and the exact composition of the three steps
+#
+# Basic accounting (M6, F1, F2) sums (eps0, 0) + (eps1, delta1) + (eps2, delta2). "gdp" keeps
+# AboveThreshold (eps0-DP), puts Gaussian noise on W (mu1-GDP, failure delta1 by the Gaussian
+# tail) and on the mean (mu2-GDP), and computes the exact privacy profile of the composition
+# (service.mechanisms.composition): mu1^2 + mu2^2 = mu^2 with mu the largest for which
+# randomized response (eps0) composed with N(0,1) vs N(mu,1) is (epsilon, delta - delta1)-DP.
+# The body of friendly_aggregate() calls these through release_split, noisy_weight_lower_bound,
+# split_search_threshold and split_mean_sigma; each reproduces the basic accounting's
+# arithmetic (and draws) exactly for a BudgetSplit.
+
+
+@dataclass(frozen=True)
+class GdpSplit:
+    """Derivation F3's shares: ``eps0`` for the search (pure), a Gaussian test of ``ptr_mu``
+    (noise ``Delta_W/ptr_mu``) failing with probability ``delta1``, and a Gaussian mean of
+    ``mean_mu`` (noise ``D/mean_mu``); ``ptr_mu^2 + mean_mu^2 = mu^2``
+    (:func:`~service.mechanisms.composition.gaussian_total_mu`), ``fraction = ptr_mu^2/mu^2``."""
+
+    eps0: float
+    delta1: float
+    ptr_mu: float
+    mean_mu: float
+    fraction: float
+
+
+AnySplit = BudgetSplit | GdpSplit
+
+#: The test's share ``mu1^2/mu^2`` is chosen from these (a public grid).
+GDP_FRACTIONS: tuple[float, ...] = tuple(i / 20 for i in range(1, 20))
+#: The no-result probability on all-agreeing subsets that the basic accounting's
+#: ``t_comfortable`` allows (``exp(-3)/2 ~ 2.5%``, three Laplace scales to spare); F3 chooses
+#: its fraction among those within it.
+COMFORTABLE_NO_RESULT = 0.5 * math.exp(-SPARE_NOISE_SCALES)
+#: The Gaussian scales to spare for the same probability (``Phi^{-1}(1 - exp(-3)/2) ~ 1.96``).
+GDP_SPARE_SCALES = float(-ndtri(COMFORTABLE_NO_RESULT))
+
+
+def resolve_accounting(accounting: Accounting | None) -> Accounting:
+    """``accounting``, or the module default :data:`ACCOUNTING` when ``None``."""
+    return ACCOUNTING if accounting is None else accounting
+
+
+def gdp_split(epsilon: float, delta: float, radius_given: bool, fraction: float) -> GdpSplit:
+    """F3's split with the test's share ``fraction`` of ``mu^2``: ``eps0 = eps/4`` (0 with a
+    radius, as in the basic splits), ``delta1 = delta/2``, ``mu`` the largest that composes
+    with ``eps0`` to ``(epsilon, delta - delta1)`` exactly."""
+    eps0 = 0.0 if radius_given else epsilon / 4
+    delta1 = delta / 2
+    mu = gaussian_total_mu(epsilon, delta, eps0, delta1)
+    return GdpSplit(
+        eps0, delta1, mu * math.sqrt(fraction), mu * math.sqrt(1.0 - fraction), fraction
+    )
+
+
+def gdp_budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int) -> GdpSplit:
+    """F3's split for ``t`` subsets: among the fractions of :data:`GDP_FRACTIONS` whose test
+    fails on all-agreeing subsets with probability at most :data:`COMFORTABLE_NO_RESULT`, the
+    one whose mean's noise there (:func:`agreeing_noise`) is smallest; when none is, the
+    largest fraction (the test's best chance). Public facts only."""
+    best = gdp_split(epsilon, delta, radius_given, GDP_FRACTIONS[-1])
+    if t < 3 or split_no_result_if_agreeing(t, best) > COMFORTABLE_NO_RESULT:
+        return best
+    best_noise = agreeing_noise(t, best)
+    for fraction in GDP_FRACTIONS[:-1]:
+        split = gdp_split(epsilon, delta, radius_given, fraction)
+        if split_no_result_if_agreeing(t, split) > COMFORTABLE_NO_RESULT:
+            continue
+        noise = agreeing_noise(t, split)
+        if noise < best_noise:
+            best, best_noise = split, noise
+    return best
+
+
+def gdp_t_min(epsilon: float, delta: float, radius_given: bool, spare: float = 0.0) -> int:
+    """The least ``t`` whose all-agreeing weight ``t`` clears floor and shift (and ``spare``
+    Gaussian noise scales) under F3's split with the largest test share; monotone in ``t``
+    (``Delta_W`` decreases), so bisected. ``spare = 0`` gives F3's ``t_min`` (below it no
+    fraction of the grid can pass), ``spare = GDP_SPARE_SCALES`` its ``t_comfortable``."""
+    split = gdp_split(epsilon, delta, radius_given, GDP_FRACTIONS[-1])
+    return _smallest_t(lambda t: split_margin(t, split, spare) >= 0.0)
+
+
+def release_split(
+    epsilon: float,
+    delta: float,
+    radius_given: bool,
+    *,
+    t: int | None,
+    accounting: Accounting | None = None,
+) -> AnySplit:
+    """The split a release of ``t`` subsets uses: :func:`budget_split` (basic accounting) or
+    :func:`gdp_budget_split` (F3), by :data:`ACCOUNTING` unless ``accounting`` is given."""
+    if resolve_accounting(accounting) == "gdp" and t is not None:
+        return gdp_budget_split(epsilon, delta, radius_given, t=t)
+    return budget_split(epsilon, delta, radius_given, t=t)
+
+
+def gaussian_tail_quantile(delta1: float) -> float:
+    """``z`` with ``P[N(0,1) > z] = delta1`` (``-Phi^{-1}(delta1)``)."""
+    return float(-ndtri(delta1))
+
+
+def split_noise_scale(split: AnySplit, sens: float) -> float:
+    """The test's noise scale: Laplace ``Delta_W/eps1`` or Gaussian ``Delta_W/ptr_mu``."""
+    if isinstance(split, GdpSplit):
+        return sens / split.ptr_mu
+    return weight_noise_scale(sens, split.eps1)
+
+
+def split_shift(split: AnySplit, sens: float) -> float:
+    """Subtracted from the noisy weight so that ``P[W_low > W] = delta1``: Laplace
+    ``(Delta_W/eps1) ln(1/(2 delta1))``; Gaussian ``(Delta_W/ptr_mu) z`` with
+    ``P[N(0,1) > z] = delta1``."""
+    if isinstance(split, GdpSplit):
+        return split_noise_scale(split, sens) * gaussian_tail_quantile(split.delta1)
+    return weight_shift(sens, split.eps1, split.delta1)
+
+
+def split_margin(t: int, split: AnySplit, spare: float = 0.0) -> float:
+    """:func:`ptr_margin` for either accounting: ``t - spare scale - shift - (Delta_W + 1)``."""
+    if t < 3:
+        return -math.inf
+    sens = weight_sensitivity(t, ramp_width(t))
+    scale = split_noise_scale(split, sens)
+    return float(t) - spare * scale - split_shift(split, sens) - weight_floor(sens)
+
+
+def split_no_result_if_agreeing(t: int, split: AnySplit) -> float:
+    """Probability that the test ends in no result when every subset agrees (``W = t``):
+    :func:`ptr_no_result_if_agreeing`, or ``Phi(-margin/scale)`` for the Gaussian test."""
+    if not isinstance(split, GdpSplit):
+        return ptr_no_result_if_agreeing(t, split.eps1, split.delta1)
+    margin = split_margin(t, split)
+    if margin == -math.inf:
+        return 1.0
+    scale = split_noise_scale(split, weight_sensitivity(t, ramp_width(t)))
+    return float(ndtr(-margin / scale))
+
+
+def split_search_threshold(t: int, split: AnySplit) -> float:
+    """:func:`radius_search_threshold` for either accounting:
+    ``max(0.75 t, Delta_W + 1 + shift)``."""
+    sens = weight_sensitivity(t, ramp_width(t))
+    return max(THRESHOLD_FRACTION * t, weight_floor(sens) + split_shift(split, sens))
+
+
+def split_mean_sigma(sens_mean: float, split: AnySplit) -> float:
+    """The mean's noise: analytic Gaussian for ``(eps2, delta2)`` (basic) or ``D/mean_mu``
+    (F3: ``mean_mu``-GDP for sensitivity ``D``)."""
+    if isinstance(split, GdpSplit):
+        return sens_mean / split.mean_mu
+    return analytic_gaussian_sigma(sens_mean, split.eps2, split.delta2)
+
+
+def noisy_weight_lower_bound(
+    total: float, sens: float, split: AnySplit, rng: np.random.Generator
+) -> float:
+    """The test's ``W_low = W + noise - shift``: Laplace noise for a :class:`BudgetSplit` (the
+    same draw and arithmetic as the basic code), ``N(0, (Delta_W/ptr_mu)^2)`` for F3."""
+    if isinstance(split, GdpSplit):
+        scale = split_noise_scale(split, sens)
+        return total + float(rng.normal(0.0, scale)) - split_shift(split, sens)
+    noisy_total = total + float(laplace(weight_noise_scale(sens, split.eps1), rng))
+    return weight_lower_bound(noisy_total, sens, split.eps1, split.delta1)
 
 
 def radius_grid(r_max: float, steps: int = RADIUS_STEPS) -> FloatArray:
