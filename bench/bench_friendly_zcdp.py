@@ -97,49 +97,68 @@ def fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def release_sigma(t: int, split: fa.AnySplit) -> float:
+    """``sigma`` per unit radius at the searched release's typical weight, ignoring the
+    no-result cap of ``release_noise`` (reported apart)."""
+    b = fa.ramp_width(t)
+    sens = fa.weight_sensitivity(t, b)
+    w_low = fa.release_weight(t, split, False) - fa.split_shift(split, sens)
+    if w_low < fa.weight_floor(sens):
+        return math.inf
+    return fa.split_mean_sigma(fa.mean_sensitivity(1.0, t, b, w_low), split)
+
+
 def main() -> None:
     memory = int(Settings().worker_memory_mb * 2**20)
     print(
-        f"delta = {DELTA:g}, k = {K}, d = {D} (projection), radius searched; t from choose_t; "
-        "sigma per unit radius and no-result probability on all-agreeing subsets\n"
+        f"delta = {DELTA:g}, k = {K}, d = {D} (projection), radius searched; t from choose_t. "
+        "sigma: the mean's noise per unit radius at the median W_low, with W = t (all subsets "
+        "agree) and with W = the search threshold (where a searched release typically "
+        "stops); no-result: the test's failure probability at W = t. gdp = F3's "
+        "Gaussian-test split (its best test share); chosen = what release_split picks under "
+        "ACCOUNTING = gdp\n"
     )
     print(
-        "| eps | n | t | t_min basic / gdp / zCDP-CKS | sigma basic / tight-Laplace / gdp / "
-        "zCDP-CKS | basic / gdp sigma ratio | no-result basic / gdp / zCDP-CKS | "
-        "gdp test share | search eps0 basic = gdp / zCDP-CKS |"
+        "| eps | n | t | t_min basic / gdp / zCDP-CKS | sigma at W = t: basic / tight-Laplace / "
+        "gdp / zCDP-CKS | basic / gdp | sigma at the threshold: basic / gdp | "
+        "no-result at W = t: basic / gdp / zCDP-CKS | gdp test share | chosen | "
+        "search eps0 basic = gdp / zCDP-CKS |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for eps in EPSILONS:
         t_mins = (
             fa.t_min_for(eps, DELTA, False, accounting="basic"),
-            fa.t_min_for(eps, DELTA, False, accounting="gdp"),
+            fa.gdp_t_min(eps, DELTA, False),
             cks_t_min(eps, DELTA),
         )
         for n in NS:
             choice = fa.choose_t(n, D, K, eps, DELTA, None, "projection", None, memory)
-            t = choice.t if choice.t >= 3 else 3
+            t = max(3, choice.t)
             basic = fa.release_split(eps, DELTA, False, t=t, accounting="basic")
-            gdp = fa.release_split(eps, DELTA, False, t=t, accounting="gdp")
-            assert isinstance(basic, fa.BudgetSplit) and isinstance(gdp, fa.GdpSplit)
+            assert isinstance(basic, fa.BudgetSplit)
+            gdp = fa.gdp_budget_split(eps, DELTA, False, t=t)
+            chosen = fa.release_split(eps, DELTA, False, t=t, accounting="gdp")
             cks = cks_split(eps, DELTA, t)
             sig = (
-                fa.agreeing_noise(t, basic) if t >= t_mins[0] else math.inf,
-                tight_laplace_noise(t, basic, eps, DELTA) if t >= t_mins[0] else math.inf,
-                fa.agreeing_noise(t, gdp) if t >= t_mins[1] else math.inf,
-                fa.agreeing_noise(t, cks) if t >= t_mins[2] else math.inf,
+                fa.agreeing_noise(t, basic),
+                tight_laplace_noise(t, basic, eps, DELTA),
+                fa.agreeing_noise(t, gdp),
+                fa.agreeing_noise(t, cks),
             )
+            at_threshold = (release_sigma(t, basic), release_sigma(t, gdp))
             fail = (
                 fa.split_no_result_if_agreeing(t, basic),
                 fa.split_no_result_if_agreeing(t, gdp),
                 fa.split_no_result_if_agreeing(t, cks),
             )
-            ratio = sig[0] / sig[2] if math.isfinite(sig[2]) and math.isfinite(sig[0]) else "-"
+            ratio = f"{sig[0] / sig[2]:.2f}" if math.isfinite(sig[0] / sig[2]) else "-"
             shown_t = f"{t:,}" if t >= min(t_mins) else f"{t} (rows cap)"
             print(
                 f"| {eps:g} | {n:,} | {shown_t} | {' / '.join(f'{x:,}' for x in t_mins)} | "
-                f"{' / '.join(fmt(x) for x in sig)} | "
-                f"{ratio if isinstance(ratio, str) else f'{ratio:.2f}'} | "
+                f"{' / '.join(fmt(x) for x in sig)} | {ratio} | "
+                f"{' / '.join(fmt(x) for x in at_threshold)} | "
                 f"{' / '.join(f'{x:.2g}' for x in fail)} | {gdp.fraction:g} | "
+                f"{'gdp' if isinstance(chosen, fa.GdpSplit) else 'basic'} | "
                 f"{gdp.eps0:.3g} / {cks.eps0:.3g} |"
             )
 

@@ -243,12 +243,14 @@ def t_min_for(
     :func:`release_split`. Basic accounting: below the standard split's ``comfortable_t`` the
     split is the test-heavy one, whose ``t_min`` is smaller, and feasibility is monotone in
     ``t`` within each split (and certain above the switch), so ``t_min`` is the test-heavy
-    split's. ``gdp``: the least ``t`` feasible with the largest test share
-    (:func:`gdp_t_min`)."""
-    if resolve_accounting(accounting) == "gdp":
-        return gdp_t_min(epsilon, delta, radius_given)
+    split's. ``gdp``: the smaller of that and :func:`gdp_t_min` (the least ``t`` feasible with
+    the largest Gaussian-test share): between the two only one split can pass, and
+    :func:`prefer_gdp` picks it."""
     heavy = ptr_heavy_split(epsilon, delta, radius_given)
-    return min_feasible_t(heavy.eps1, heavy.delta1)
+    basic = min_feasible_t(heavy.eps1, heavy.delta1)
+    if resolve_accounting(accounting) == "gdp":
+        return min(basic, gdp_t_min(epsilon, delta, radius_given))
+    return basic
 
 
 def t_comfortable_for(
@@ -256,11 +258,12 @@ def t_comfortable_for(
 ) -> int:
     """The least ``t`` from which the test has :data:`SPARE_NOISE_SCALES` to spare under
     :func:`release_split` (basic: the test-heavy split's ``comfortable_t``; from the switch on
-    the standard split has them by construction; ``gdp``: with the largest test share)."""
-    if resolve_accounting(accounting) == "gdp":
-        return gdp_t_min(epsilon, delta, radius_given, spare=GDP_SPARE_SCALES)
+    the standard split has them by construction; ``gdp``: the smaller of that and F3's)."""
     heavy = ptr_heavy_split(epsilon, delta, radius_given)
-    return comfortable_t(heavy.eps1, heavy.delta1)
+    basic = comfortable_t(heavy.eps1, heavy.delta1)
+    if resolve_accounting(accounting) == "gdp":
+        return min(basic, gdp_t_min(epsilon, delta, radius_given, spare=GDP_SPARE_SCALES))
+    return basic
 
 
 def ramp_width(t: int) -> float:
@@ -557,23 +560,70 @@ def gdp_split(epsilon: float, delta: float, radius_given: bool, fraction: float)
     )
 
 
+def release_weight(t: int, split: AnySplit, radius_given: bool) -> float:
+    """The total weight a release on data near a subspace typically tests: ``t`` with a given
+    radius (every subset agrees), else ``min(t, split_search_threshold)``: the search stops at
+    the first radius whose weight reaches about its threshold, which can be well below ``t``
+    when ``t`` is small (``m = n/t`` rows give rougher subset estimates). Public."""
+    if radius_given:
+        return float(t)
+    return min(float(t), split_search_threshold(t, split))
+
+
+def no_result_at(t: int, split: AnySplit, weight: float) -> float:
+    """Probability that the test ends in no result at total weight ``weight``."""
+    if t < 3:
+        return 1.0
+    sens = weight_sensitivity(t, ramp_width(t))
+    margin = weight - split_shift(split, sens) - weight_floor(sens)
+    scale = split_noise_scale(split, sens)
+    if isinstance(split, GdpSplit):
+        return float(ndtr(-margin / scale))
+    if margin >= 0:
+        return 0.5 * math.exp(-margin / scale)
+    return 1.0 - 0.5 * math.exp(margin / scale)
+
+
+def release_noise(t: int, split: AnySplit, radius_given: bool) -> float:
+    """The mean's ``sigma`` per unit radius at :func:`release_weight` with the test's noise at
+    zero; ``inf`` when the test there fails the floor or fails with probability above
+    :data:`COMFORTABLE_NO_RESULT`. The criterion of derivation F3's choices (public)."""
+    if t < 3:
+        return math.inf
+    weight = release_weight(t, split, radius_given)
+    if no_result_at(t, split, weight) > COMFORTABLE_NO_RESULT:
+        return math.inf
+    b = ramp_width(t)
+    sens = weight_sensitivity(t, b)
+    w_low = weight - split_shift(split, sens)
+    if w_low < weight_floor(sens):
+        return math.inf
+    return split_mean_sigma(mean_sensitivity(1.0, t, b, w_low), split)
+
+
 def gdp_budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int) -> GdpSplit:
-    """F3's split for ``t`` subsets: among the fractions of :data:`GDP_FRACTIONS` whose test
-    fails on all-agreeing subsets with probability at most :data:`COMFORTABLE_NO_RESULT`, the
-    one whose mean's noise there (:func:`agreeing_noise`) is smallest; when none is, the
-    largest fraction (the test's best chance). Public facts only."""
+    """F3's Gaussian-test split for ``t`` subsets: the fraction of :data:`GDP_FRACTIONS` with
+    the smallest :func:`release_noise`; when every fraction's is ``inf``, the one whose test
+    fails least on all-agreeing subsets (the largest fraction). Public facts only."""
     best = gdp_split(epsilon, delta, radius_given, GDP_FRACTIONS[-1])
-    if t < 3 or split_no_result_if_agreeing(t, best) > COMFORTABLE_NO_RESULT:
-        return best
-    best_noise = agreeing_noise(t, best)
+    best_noise = release_noise(t, best, radius_given)
     for fraction in GDP_FRACTIONS[:-1]:
         split = gdp_split(epsilon, delta, radius_given, fraction)
-        if split_no_result_if_agreeing(t, split) > COMFORTABLE_NO_RESULT:
-            continue
-        noise = agreeing_noise(t, split)
+        noise = release_noise(t, split, radius_given)
         if noise < best_noise:
             best, best_noise = split, noise
     return best
+
+
+def prefer_gdp(t: int, basic: BudgetSplit, gdp: GdpSplit, radius_given: bool) -> bool:
+    """F3's public choice between the accountings: the Gaussian-test split when its
+    :func:`release_noise` is smaller than the basic split's, or, when both are ``inf`` (near
+    ``t_min``), when its test fails less often on all-agreeing subsets."""
+    basic_noise = release_noise(t, basic, radius_given)
+    gdp_noise = release_noise(t, gdp, radius_given)
+    if math.isfinite(basic_noise) or math.isfinite(gdp_noise):
+        return gdp_noise < basic_noise
+    return split_no_result_if_agreeing(t, gdp) < split_no_result_if_agreeing(t, basic)
 
 
 def gdp_t_min(epsilon: float, delta: float, radius_given: bool, spare: float = 0.0) -> int:
@@ -593,11 +643,15 @@ def release_split(
     t: int | None,
     accounting: Accounting | None = None,
 ) -> AnySplit:
-    """The split a release of ``t`` subsets uses: :func:`budget_split` (basic accounting) or
-    :func:`gdp_budget_split` (F3), by :data:`ACCOUNTING` unless ``accounting`` is given."""
-    if resolve_accounting(accounting) == "gdp" and t is not None:
-        return gdp_budget_split(epsilon, delta, radius_given, t=t)
-    return budget_split(epsilon, delta, radius_given, t=t)
+    """The split a release of ``t`` subsets uses. ``basic``: :func:`budget_split`. ``gdp``:
+    :func:`gdp_budget_split` where :func:`prefer_gdp` says it is better, else
+    :func:`budget_split` (both are within the request, so either may be chosen by a public
+    rule). :data:`ACCOUNTING` unless ``accounting`` is given."""
+    basic = budget_split(epsilon, delta, radius_given, t=t)
+    if resolve_accounting(accounting) != "gdp" or t is None:
+        return basic
+    gdp = gdp_budget_split(epsilon, delta, radius_given, t=t)
+    return gdp if prefer_gdp(t, basic, gdp, radius_given) else basic
 
 
 def gaussian_tail_quantile(delta1: float) -> float:
