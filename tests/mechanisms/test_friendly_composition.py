@@ -23,7 +23,7 @@ from service.mechanisms.composition import (
     gaussian_total_mu,
     largest_mean_mu,
 )
-from service.mechanisms.noise import analytic_gaussian_sigma
+from service.mechanisms.noise import analytic_gaussian_sigma, laplace
 
 #: Loss grid of the independent computation.
 STEP = 2e-5
@@ -155,7 +155,7 @@ def test_split_helpers_reproduce_the_basic_arithmetic() -> None:
         )
         assert fa.release_split(0.7, 1e-6, False, t=t, accounting="basic") == split
         old_rng, new_rng = np.random.default_rng(t), np.random.default_rng(t)
-        noisy = 250.0 + float(fa.laplace(fa.weight_noise_scale(sens, split.eps1), old_rng))
+        noisy = 250.0 + float(laplace(fa.weight_noise_scale(sens, split.eps1), old_rng))
         old = fa.weight_lower_bound(noisy, sens, split.eps1, split.delta1)
         assert fa.noisy_weight_lower_bound(250.0, sens, split, new_rng) == old
 
