@@ -1362,7 +1362,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         params = spec.params
         assert params.t is not None and params.aggregator is not None  # resolved by prepare
         t, k = params.t, spec.k
-        split = budget_split(spec.epsilon, spec.delta, params.radius is not None, t=t)
+        split = release_split(spec.epsilon, spec.delta, params.radius is not None, t=t)
         ramp = ramp_width(t)
         sens = weight_sensitivity(t, ramp)
         choice = choose_t(
@@ -1376,12 +1376,15 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             params.radius,
             ctx.memory_limit,
         )
-        no_result = ptr_no_result_if_agreeing(t, split.eps1, split.delta1)
+        no_result = split_no_result_if_agreeing(t, split)
         standard = standard_split(spec.epsilon, spec.delta, params.radius is not None)
-        split_name = "standard" if split == standard else "test_heavy"
+        if isinstance(split, GdpSplit):
+            split_name = "gaussian_test"
+        else:
+            split_name = "standard" if split == standard else "test_heavy"
         floor = weight_floor(sens)
-        scale = weight_noise_scale(sens, split.eps1)
-        shift = weight_shift(sens, split.eps1, split.delta1)
+        scale = split_noise_scale(split, sens)
+        shift = split_shift(split, sens)
         steps = radius_steps(params.aggregator)
         # Projections lie within sqrt(2k) of each other; the reference points' r_max is the
         # norm of the q x d Gaussian points drawn at run time (about sqrt(q d)).
@@ -1403,8 +1406,6 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             "ptr_no_result_if_agreeing": no_result,
             "budget_split": split_name,
             "epsilon0": split.eps0,
-            "epsilon1": split.eps1,
-            "epsilon2": split.eps2,
             "ramp_width": ramp,
             "weight_sensitivity": sens,
             "aggregator": params.aggregator,
@@ -1416,6 +1417,36 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             "radius_steps": steps,
             "r_max": r_max,
         }
+        if isinstance(split, GdpSplit):
+            scales["test_mu"] = split.ptr_mu
+            scales["mean_mu"] = split.mean_mu
+            scales["test_share"] = split.fraction
+            shares = (
+                f"Budget split gaussian_test (derivation F3): epsilon0 = {split.eps0:.4g} "
+                f"(radius search, pure); a Gaussian test of mu1 = {split.ptr_mu:.4g} and a "
+                f"Gaussian mean of mu2 = {split.mean_mu:.4g} (Gaussian DP), composed exactly "
+                f"with the search to ({spec.epsilon:g}, {spec.delta:g}) including the test's "
+                f"failure probability {split.delta1:.3g}; chosen because its mean's noise is "
+                "smaller here than the basic split's."
+            )
+            test_noise = f"N(0, {scale:.4g}^2)"
+            test_budget = f"mu1 = {split.ptr_mu:.4g}"
+        else:
+            scales["epsilon1"] = split.eps1
+            scales["epsilon2"] = split.eps2
+            shares = (
+                f"Budget split {split_name}: epsilon0 = {split.eps0:.4g} (radius search), "
+                f"epsilon1 = {split.eps1:.4g} (test), epsilon2 = {split.eps2:.4g} (mean); "
+                + (
+                    "the standard split of ALGORITHMS.md M6."
+                    if split_name == "standard"
+                    else "at this t the standard split's test would fail often even on "
+                    "agreeing subsets and leave a small W_low (a noisier mean), so a quarter "
+                    "of epsilon moved from the mean to the test (derivation F2)."
+                )
+            )
+            test_noise = f"Laplace({scale:.4g})"
+            test_budget = f"epsilon1 = {split.eps1:.4g}"
         chosen = (
             f"t = {t} is {choice.reason}"
             if t == choice.t
@@ -1428,26 +1459,17 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             f"so the total weight moves by at most Delta_W = {sens:.4g} when one row changes.",
             f"{chosen}; t_min = {choice.t_min} is the least t for which even full agreement "
             f"can pass the test, and t >= {choice.t_comfortable} passes it with "
-            f"{SPARE_NOISE_SCALES:g} noise scales to spare. At t = {t}, if every subset agrees "
+            "a chance of failing on all-agreeing subsets of at most "
+            f"{COMFORTABLE_NO_RESULT:.2g}. At t = {t}, if every subset agrees "
             f"the test still ends in no_result with probability {no_result:.2g}.",
-            (
-                f"Budget split {split_name}: epsilon0 = {split.eps0:.4g} (radius search), "
-                f"epsilon1 = {split.eps1:.4g} (test), epsilon2 = {split.eps2:.4g} (mean); "
-                + (
-                    "the standard split of ALGORITHMS.md M6."
-                    if split_name == "standard"
-                    else "at this t the standard split's test would fail often even on "
-                    "agreeing subsets and leave a small W_low (a noisier mean), so a quarter "
-                    "of epsilon moved from the mean to the test (derivation F2)."
-                )
-            ),
-            f"Test (epsilon1 = {split.eps1:.4g}): W_low = W + Laplace({scale:.4g}) - "
+            shares,
+            f"Test ({test_budget}): W_low = W + {test_noise} - "
             f"{shift:.4g}; the release ends in no_result (charged) when W_low < {floor:.4g}. "
             f"W is at most t = {t}, so the total weight of agreeing subsets must be above about "
             f"{floor + shift:.4g}.",
         ]
         if params.radius is None:
-            bar = radius_search_threshold(t, split.eps1, split.delta1)
+            bar = split_search_threshold(t, split)
             scales["radius_search_threshold"] = bar
             meaning.append(
                 f"The radius is chosen privately (epsilon0 = {split.eps0:.4g}) on the grid "
