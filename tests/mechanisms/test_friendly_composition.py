@@ -24,6 +24,7 @@ from service.mechanisms.composition import (
     largest_mean_mu,
 )
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace
+from tests.mechanisms.privacy_audit import audit
 
 #: Loss grid of the independent computation.
 STEP = 2e-5
@@ -228,3 +229,34 @@ def test_default_accounting_is_basic_until_wired() -> None:
     basic until it calls the split-aware helpers (bench/results/friendly_zcdp_wiring.patch)."""
     assert fa.ACCOUNTING == "basic"
     assert isinstance(fa.release_split(0.1, 1e-6, False, t=1666), fa.BudgetSplit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Empirical audit of the Gaussian test (the step F3 changes), on a pair that straddles its
+# threshold by Delta_W/2 on each side: W and W - Delta_W (derivation F1's tight pair).
+
+GAUSS_EPS, GAUSS_DELTA, GAUSS_T = 1.0, 1e-3, 101
+
+
+def _gaussian_test_runs(divisor: float, runs: int, seed: int) -> float:
+    """Audit the event "the test passes" (``W_low >= Delta_W + 1``); ``divisor`` divides the
+    test's noise (negative control) while its threshold ``floor + shift`` stays the real one."""
+    real = fa.gdp_split(GAUSS_EPS, GAUSS_DELTA, True, fa.GDP_FRACTIONS[-1])
+    split = fa.GdpSplit(real.eps0, real.delta1, real.ptr_mu * divisor, real.mean_mu, real.fraction)
+    sens = fa.weight_sensitivity(GAUSS_T, fa.ramp_width(GAUSS_T))
+    needed = fa.weight_floor(sens) + fa.split_shift(real, sens)
+    totals = (needed + sens / 2, needed - sens / 2)
+
+    def test_passes(which: np.ndarray, rng: np.random.Generator) -> bool:
+        w_low = fa.noisy_weight_lower_bound(totals[int(which[0])], sens, split, rng)
+        # divisor 1: exactly the release's decision w_low >= floor
+        return w_low + fa.split_shift(split, sens) >= needed
+
+    return audit(
+        test_passes, np.array([0]), np.array([1]), bool, runs, GAUSS_DELTA, seed=seed
+    ).eps_lower_bound
+
+
+def test_gaussian_test_audit_passes_and_its_negative_control_fails() -> None:
+    assert _gaussian_test_runs(1.0, runs=3000, seed=30) <= GAUSS_EPS
+    assert _gaussian_test_runs(10.0, runs=3000, seed=31) > GAUSS_EPS
