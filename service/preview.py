@@ -29,6 +29,7 @@ from service.auth import Principal
 from service.config import Settings
 from service.errors import InvalidInput
 from service.mechanisms.base import PreviewValue
+from service.mechanisms.dominance import DominanceWarning, dominance_warnings
 
 DRY_RUN_IDEMPOTENCY_KEY = (
     "a dry run creates and charges nothing, so it takes no Idempotency-Key; omit the header"
@@ -53,6 +54,7 @@ class ReleasePreview:
     memory_mb: float
     scales: dict[str, PreviewValue]
     meaning: list[str]
+    warnings: list[DominanceWarning]
 
 
 def _finite(value: PreviewValue) -> PreviewValue:
@@ -122,4 +124,5 @@ def preview_release(
         memory_mb=memory,
         scales={name: _finite(value) for name, value in shown.scales.items()},
         meaning=list(shown.meaning),
+        warnings=dominance_warnings(body.mechanism, float(body.delta), dataset.n_cols),
     )

@@ -166,6 +166,7 @@ RESPONSES: dict[str, Any] = {
             "of the clipped X^T X must be at least about 501.4 (Davis-Kahan with Weyl: "
             "error <= ||E|| / (gap - ||E||)).",
         ],
+        "warnings": [],
     },
     "Grant": _GRANT,
     "GrantList": {"items": [_GRANT], "total": 1, "next": None},

@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 from scipy.spatial.distance import cdist
+from scipy.special import ndtr, ndtri
 
 from service.mechanisms.base import (
     InvalidParameter,
@@ -61,6 +62,7 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
+from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import FloatArray, top_k_eigh
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace
 from service.mechanisms.sample_aggregate import (
@@ -76,6 +78,13 @@ from service.mechanisms.sample_aggregate import (
 )
 
 Aggregator = Literal["reference_points", "projection"]
+#: ``basic``: sequential composition of the three steps' ``(eps_i, delta_i)`` with a Laplace test
+#: (M6, derivations F1, F2). ``gdp``: a Gaussian test and the exact composition (derivation F3).
+Accounting = Literal["basic", "gdp"]
+#: The accounting the release uses. ``basic`` until the body of :func:`friendly_aggregate` calls
+#: the split-aware helpers (:func:`release_split`, :func:`noisy_weight_lower_bound`,
+#: :func:`split_search_threshold`, :func:`split_mean_sigma`); see derivation F3.
+ACCOUNTING: Accounting = "basic"
 
 #: Default ``t`` keeps ``m = floor(n/t) >= ROWS_PER_DIMENSION * k`` rows per subset.
 ROWS_PER_DIMENSION = 10
@@ -213,35 +222,48 @@ def budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int | N
     return standard
 
 
-def agreeing_noise(t: int, split: BudgetSplit) -> float:
-    """The mean's Gaussian ``sigma`` per unit radius when every subset agrees and the Laplace
+def agreeing_noise(t: int, split: AnySplit) -> float:
+    """The mean's Gaussian ``sigma`` per unit radius when every subset agrees and the test's
     noise is zero: ``D = (4(t-1)/b + 6)/W_low`` at ``W_low = t - shift`` (the median
     ``W_low``), ``inf`` when that fails the floor. Public (``t`` and the shares only); the
     rounding allowances of :func:`calibrated_sensitivity` are left out (tiny, and the same for
-    both splits)."""
+    every split). Either accounting (:func:`split_shift`, :func:`split_mean_sigma`)."""
     b = ramp_width(t)
     sens = weight_sensitivity(t, b)
-    w_low = weight_lower_bound(float(t), sens, split.eps1, split.delta1)
+    w_low = float(t) - split_shift(split, sens)
     if w_low < weight_floor(sens):
         return math.inf
-    return analytic_gaussian_sigma(mean_sensitivity(1.0, t, b, w_low), split.eps2, split.delta2)
+    return split_mean_sigma(mean_sensitivity(1.0, t, b, w_low), split)
 
 
-def t_min_for(epsilon: float, delta: float, radius_given: bool) -> int:
+def t_min_for(
+    epsilon: float, delta: float, radius_given: bool, *, accounting: Accounting | None = None
+) -> int:
     """``t_min``: the least ``t`` whose test can pass on all-agreeing subsets under
-    :func:`budget_split`. Below the standard split's ``comfortable_t`` the split is the
-    test-heavy one, whose ``t_min`` is smaller, and feasibility is monotone in ``t`` within each
-    split (and certain above the switch), so ``t_min`` is the test-heavy split's."""
+    :func:`release_split`. Basic accounting: below the standard split's ``comfortable_t`` the
+    split is the test-heavy one, whose ``t_min`` is smaller, and feasibility is monotone in
+    ``t`` within each split (and certain above the switch), so ``t_min`` is the test-heavy
+    split's. ``gdp``: the smaller of that and :func:`gdp_t_min` (the least ``t`` feasible with
+    the largest Gaussian-test share): between the two only one split can pass, and
+    :func:`prefer_gdp` picks it."""
     heavy = ptr_heavy_split(epsilon, delta, radius_given)
-    return min_feasible_t(heavy.eps1, heavy.delta1)
+    basic = min_feasible_t(heavy.eps1, heavy.delta1)
+    if resolve_accounting(accounting) == "gdp":
+        return min(basic, gdp_t_min(epsilon, delta, radius_given))
+    return basic
 
 
-def t_comfortable_for(epsilon: float, delta: float, radius_given: bool) -> int:
+def t_comfortable_for(
+    epsilon: float, delta: float, radius_given: bool, *, accounting: Accounting | None = None
+) -> int:
     """The least ``t`` from which the test has :data:`SPARE_NOISE_SCALES` to spare under
-    :func:`budget_split` (the test-heavy split's ``comfortable_t``; from the switch on the
-    standard split has them by construction)."""
+    :func:`release_split` (basic: the test-heavy split's ``comfortable_t``; from the switch on
+    the standard split has them by construction; ``gdp``: the smaller of that and F3's)."""
     heavy = ptr_heavy_split(epsilon, delta, radius_given)
-    return comfortable_t(heavy.eps1, heavy.delta1)
+    basic = comfortable_t(heavy.eps1, heavy.delta1)
+    if resolve_accounting(accounting) == "gdp":
+        return min(basic, gdp_t_min(epsilon, delta, radius_given, spare=GDP_SPARE_SCALES))
+    return basic
 
 
 def ramp_width(t: int) -> float:
@@ -480,6 +502,225 @@ def radius_search_threshold(t: int, eps1: float, delta1: float) -> float:
     sens = weight_sensitivity(t, ramp_width(t))
     needed = weight_floor(sens) + weight_shift(sens, eps1, delta1)
     return max(THRESHOLD_FRACTION * t, needed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivation F3: a Gaussian test and the exact composition of the three steps
+#
+# Basic accounting (M6, F1, F2) sums (eps0, 0) + (eps1, delta1) + (eps2, delta2). "gdp" keeps
+# AboveThreshold (eps0-DP), puts Gaussian noise on W (mu1-GDP, failure delta1 by the Gaussian
+# tail) and on the mean (mu2-GDP), and computes the exact privacy profile of the composition
+# (service.mechanisms.composition): mu1^2 + mu2^2 = mu^2 with mu the largest for which
+# randomized response (eps0) composed with N(0,1) vs N(mu,1) is (epsilon, delta - delta1)-DP.
+# The body of friendly_aggregate() calls these through release_split, noisy_weight_lower_bound,
+# split_search_threshold and split_mean_sigma; each reproduces the basic accounting's
+# arithmetic (and draws) exactly for a BudgetSplit.
+
+
+@dataclass(frozen=True)
+class GdpSplit:
+    """Derivation F3's shares: ``eps0`` for the search (pure), a Gaussian test of ``ptr_mu``
+    (noise ``Delta_W/ptr_mu``) failing with probability ``delta1``, and a Gaussian mean of
+    ``mean_mu`` (noise ``D/mean_mu``); ``ptr_mu^2 + mean_mu^2 = mu^2``
+    (:func:`~service.mechanisms.composition.gaussian_total_mu`), ``fraction = ptr_mu^2/mu^2``."""
+
+    eps0: float
+    delta1: float
+    ptr_mu: float
+    mean_mu: float
+    fraction: float
+
+
+AnySplit = BudgetSplit | GdpSplit
+
+#: The test's share ``mu1^2/mu^2`` is chosen from these (a public grid).
+GDP_FRACTIONS: tuple[float, ...] = tuple(i / 20 for i in range(1, 20))
+#: The no-result probability on all-agreeing subsets that the basic accounting's
+#: ``t_comfortable`` allows (``exp(-3)/2 ~ 2.5%``, three Laplace scales to spare); F3 chooses
+#: its fraction among those within it.
+COMFORTABLE_NO_RESULT = 0.5 * math.exp(-SPARE_NOISE_SCALES)
+#: The Gaussian scales to spare for the same probability (``Phi^{-1}(1 - exp(-3)/2) ~ 1.96``).
+GDP_SPARE_SCALES = float(-ndtri(COMFORTABLE_NO_RESULT))
+
+
+def resolve_accounting(accounting: Accounting | None) -> Accounting:
+    """``accounting``, or the module default :data:`ACCOUNTING` when ``None``."""
+    return ACCOUNTING if accounting is None else accounting
+
+
+def gdp_split(epsilon: float, delta: float, radius_given: bool, fraction: float) -> GdpSplit:
+    """F3's split with the test's share ``fraction`` of ``mu^2``: ``eps0 = eps/4`` (0 with a
+    radius, as in the basic splits), ``delta1 = delta/2``, ``mu`` the largest that composes
+    with ``eps0`` to ``(epsilon, delta - delta1)`` exactly."""
+    eps0 = 0.0 if radius_given else epsilon / 4
+    delta1 = delta / 2
+    mu = gaussian_total_mu(epsilon, delta, eps0, delta1)
+    return GdpSplit(
+        eps0, delta1, mu * math.sqrt(fraction), mu * math.sqrt(1.0 - fraction), fraction
+    )
+
+
+def release_weight(t: int, split: AnySplit, radius_given: bool) -> float:
+    """The total weight a release on data near a subspace typically tests: ``t`` with a given
+    radius (every subset agrees), else ``min(t, split_search_threshold)``: the search stops at
+    the first radius whose weight reaches about its threshold, which can be well below ``t``
+    when ``t`` is small (``m = n/t`` rows give rougher subset estimates). Public."""
+    if radius_given:
+        return float(t)
+    return min(float(t), split_search_threshold(t, split))
+
+
+def no_result_at(t: int, split: AnySplit, weight: float) -> float:
+    """Probability that the test ends in no result at total weight ``weight``."""
+    if t < 3:
+        return 1.0
+    sens = weight_sensitivity(t, ramp_width(t))
+    margin = weight - split_shift(split, sens) - weight_floor(sens)
+    scale = split_noise_scale(split, sens)
+    if isinstance(split, GdpSplit):
+        return float(ndtr(-margin / scale))
+    if margin >= 0:
+        return 0.5 * math.exp(-margin / scale)
+    return 1.0 - 0.5 * math.exp(margin / scale)
+
+
+def release_noise(t: int, split: AnySplit, radius_given: bool) -> float:
+    """The mean's ``sigma`` per unit radius at :func:`release_weight` with the test's noise at
+    zero; ``inf`` when the test there fails the floor or fails with probability above
+    :data:`COMFORTABLE_NO_RESULT`. The criterion of derivation F3's choices (public)."""
+    if t < 3:
+        return math.inf
+    weight = release_weight(t, split, radius_given)
+    if no_result_at(t, split, weight) > COMFORTABLE_NO_RESULT:
+        return math.inf
+    b = ramp_width(t)
+    sens = weight_sensitivity(t, b)
+    w_low = weight - split_shift(split, sens)
+    if w_low < weight_floor(sens):
+        return math.inf
+    return split_mean_sigma(mean_sensitivity(1.0, t, b, w_low), split)
+
+
+def gdp_budget_split(epsilon: float, delta: float, radius_given: bool, *, t: int) -> GdpSplit:
+    """F3's Gaussian-test split for ``t`` subsets: the fraction of :data:`GDP_FRACTIONS` with
+    the smallest :func:`release_noise`; when every fraction's is ``inf``, the one whose test
+    fails least on all-agreeing subsets (the largest fraction). Public facts only."""
+    best = gdp_split(epsilon, delta, radius_given, GDP_FRACTIONS[-1])
+    best_noise = release_noise(t, best, radius_given)
+    for fraction in GDP_FRACTIONS[:-1]:
+        split = gdp_split(epsilon, delta, radius_given, fraction)
+        noise = release_noise(t, split, radius_given)
+        if noise < best_noise:
+            best, best_noise = split, noise
+    return best
+
+
+def prefer_gdp(t: int, basic: BudgetSplit, gdp: GdpSplit, radius_given: bool) -> bool:
+    """F3's public choice between the accountings: the Gaussian-test split when its
+    :func:`release_noise` is smaller than the basic split's, or, when both are ``inf`` (near
+    ``t_min``), when its test fails less often on all-agreeing subsets."""
+    basic_noise = release_noise(t, basic, radius_given)
+    gdp_noise = release_noise(t, gdp, radius_given)
+    if math.isfinite(basic_noise) or math.isfinite(gdp_noise):
+        return gdp_noise < basic_noise
+    return split_no_result_if_agreeing(t, gdp) < split_no_result_if_agreeing(t, basic)
+
+
+def gdp_t_min(epsilon: float, delta: float, radius_given: bool, spare: float = 0.0) -> int:
+    """The least ``t`` whose all-agreeing weight ``t`` clears floor and shift (and ``spare``
+    Gaussian noise scales) under F3's split with the largest test share; monotone in ``t``
+    (``Delta_W`` decreases), so bisected. ``spare = 0`` gives F3's ``t_min`` (below it no
+    fraction of the grid can pass), ``spare = GDP_SPARE_SCALES`` its ``t_comfortable``."""
+    split = gdp_split(epsilon, delta, radius_given, GDP_FRACTIONS[-1])
+    return _smallest_t(lambda t: split_margin(t, split, spare) >= 0.0)
+
+
+def release_split(
+    epsilon: float,
+    delta: float,
+    radius_given: bool,
+    *,
+    t: int | None,
+    accounting: Accounting | None = None,
+) -> AnySplit:
+    """The split a release of ``t`` subsets uses. ``basic``: :func:`budget_split`. ``gdp``:
+    :func:`gdp_budget_split` where :func:`prefer_gdp` says it is better, else
+    :func:`budget_split` (both are within the request, so either may be chosen by a public
+    rule). :data:`ACCOUNTING` unless ``accounting`` is given."""
+    basic = budget_split(epsilon, delta, radius_given, t=t)
+    if resolve_accounting(accounting) != "gdp" or t is None:
+        return basic
+    gdp = gdp_budget_split(epsilon, delta, radius_given, t=t)
+    return gdp if prefer_gdp(t, basic, gdp, radius_given) else basic
+
+
+def gaussian_tail_quantile(delta1: float) -> float:
+    """``z`` with ``P[N(0,1) > z] = delta1`` (``-Phi^{-1}(delta1)``)."""
+    return float(-ndtri(delta1))
+
+
+def split_noise_scale(split: AnySplit, sens: float) -> float:
+    """The test's noise scale: Laplace ``Delta_W/eps1`` or Gaussian ``Delta_W/ptr_mu``."""
+    if isinstance(split, GdpSplit):
+        return sens / split.ptr_mu
+    return weight_noise_scale(sens, split.eps1)
+
+
+def split_shift(split: AnySplit, sens: float) -> float:
+    """Subtracted from the noisy weight so that ``P[W_low > W] = delta1``: Laplace
+    ``(Delta_W/eps1) ln(1/(2 delta1))``; Gaussian ``(Delta_W/ptr_mu) z`` with
+    ``P[N(0,1) > z] = delta1``."""
+    if isinstance(split, GdpSplit):
+        return split_noise_scale(split, sens) * gaussian_tail_quantile(split.delta1)
+    return weight_shift(sens, split.eps1, split.delta1)
+
+
+def split_margin(t: int, split: AnySplit, spare: float = 0.0) -> float:
+    """:func:`ptr_margin` for either accounting: ``t - spare scale - shift - (Delta_W + 1)``."""
+    if t < 3:
+        return -math.inf
+    sens = weight_sensitivity(t, ramp_width(t))
+    scale = split_noise_scale(split, sens)
+    return float(t) - spare * scale - split_shift(split, sens) - weight_floor(sens)
+
+
+def split_no_result_if_agreeing(t: int, split: AnySplit) -> float:
+    """Probability that the test ends in no result when every subset agrees (``W = t``):
+    :func:`ptr_no_result_if_agreeing`, or ``Phi(-margin/scale)`` for the Gaussian test."""
+    if not isinstance(split, GdpSplit):
+        return ptr_no_result_if_agreeing(t, split.eps1, split.delta1)
+    margin = split_margin(t, split)
+    if margin == -math.inf:
+        return 1.0
+    scale = split_noise_scale(split, weight_sensitivity(t, ramp_width(t)))
+    return float(ndtr(-margin / scale))
+
+
+def split_search_threshold(t: int, split: AnySplit) -> float:
+    """:func:`radius_search_threshold` for either accounting:
+    ``max(0.75 t, Delta_W + 1 + shift)``."""
+    sens = weight_sensitivity(t, ramp_width(t))
+    return max(THRESHOLD_FRACTION * t, weight_floor(sens) + split_shift(split, sens))
+
+
+def split_mean_sigma(sens_mean: float, split: AnySplit) -> float:
+    """The mean's noise: analytic Gaussian for ``(eps2, delta2)`` (basic) or ``D/mean_mu``
+    (F3: ``mean_mu``-GDP for sensitivity ``D``)."""
+    if isinstance(split, GdpSplit):
+        return sens_mean / split.mean_mu
+    return analytic_gaussian_sigma(sens_mean, split.eps2, split.delta2)
+
+
+def noisy_weight_lower_bound(
+    total: float, sens: float, split: AnySplit, rng: np.random.Generator
+) -> float:
+    """The test's ``W_low = W + noise - shift``: Laplace noise for a :class:`BudgetSplit` (the
+    same draw and arithmetic as the basic code), ``N(0, (Delta_W/ptr_mu)^2)`` for F3."""
+    if isinstance(split, GdpSplit):
+        scale = split_noise_scale(split, sens)
+        return total + float(rng.normal(0.0, scale)) - split_shift(split, sens)
+    noisy_total = total + float(laplace(weight_noise_scale(sens, split.eps1), rng))
+    return weight_lower_bound(noisy_total, sens, split.eps1, split.delta1)
 
 
 def radius_grid(r_max: float, steps: int = RADIUS_STEPS) -> FloatArray:
@@ -1121,7 +1362,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         params = spec.params
         assert params.t is not None and params.aggregator is not None  # resolved by prepare
         t, k = params.t, spec.k
-        split = budget_split(spec.epsilon, spec.delta, params.radius is not None, t=t)
+        split = release_split(spec.epsilon, spec.delta, params.radius is not None, t=t)
         ramp = ramp_width(t)
         sens = weight_sensitivity(t, ramp)
         choice = choose_t(
@@ -1135,12 +1376,15 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             params.radius,
             ctx.memory_limit,
         )
-        no_result = ptr_no_result_if_agreeing(t, split.eps1, split.delta1)
+        no_result = split_no_result_if_agreeing(t, split)
         standard = standard_split(spec.epsilon, spec.delta, params.radius is not None)
-        split_name = "standard" if split == standard else "test_heavy"
+        if isinstance(split, GdpSplit):
+            split_name = "gaussian_test"
+        else:
+            split_name = "standard" if split == standard else "test_heavy"
         floor = weight_floor(sens)
-        scale = weight_noise_scale(sens, split.eps1)
-        shift = weight_shift(sens, split.eps1, split.delta1)
+        scale = split_noise_scale(split, sens)
+        shift = split_shift(split, sens)
         steps = radius_steps(params.aggregator)
         # Projections lie within sqrt(2k) of each other; the reference points' r_max is the
         # norm of the q x d Gaussian points drawn at run time (about sqrt(q d)).
@@ -1162,8 +1406,6 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             "ptr_no_result_if_agreeing": no_result,
             "budget_split": split_name,
             "epsilon0": split.eps0,
-            "epsilon1": split.eps1,
-            "epsilon2": split.eps2,
             "ramp_width": ramp,
             "weight_sensitivity": sens,
             "aggregator": params.aggregator,
@@ -1175,6 +1417,36 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             "radius_steps": steps,
             "r_max": r_max,
         }
+        if isinstance(split, GdpSplit):
+            scales["test_mu"] = split.ptr_mu
+            scales["mean_mu"] = split.mean_mu
+            scales["test_share"] = split.fraction
+            shares = (
+                f"Budget split gaussian_test (derivation F3): epsilon0 = {split.eps0:.4g} "
+                f"(radius search, pure); a Gaussian test of mu1 = {split.ptr_mu:.4g} and a "
+                f"Gaussian mean of mu2 = {split.mean_mu:.4g} (Gaussian DP), composed exactly "
+                f"with the search to ({spec.epsilon:g}, {spec.delta:g}) including the test's "
+                f"failure probability {split.delta1:.3g}; chosen because its mean's noise is "
+                "smaller here than the basic split's."
+            )
+            test_noise = f"N(0, {scale:.4g}^2)"
+            test_budget = f"mu1 = {split.ptr_mu:.4g}"
+        else:
+            scales["epsilon1"] = split.eps1
+            scales["epsilon2"] = split.eps2
+            shares = (
+                f"Budget split {split_name}: epsilon0 = {split.eps0:.4g} (radius search), "
+                f"epsilon1 = {split.eps1:.4g} (test), epsilon2 = {split.eps2:.4g} (mean); "
+                + (
+                    "the standard split of ALGORITHMS.md M6."
+                    if split_name == "standard"
+                    else "at this t the standard split's test would fail often even on "
+                    "agreeing subsets and leave a small W_low (a noisier mean), so a quarter "
+                    "of epsilon moved from the mean to the test (derivation F2)."
+                )
+            )
+            test_noise = f"Laplace({scale:.4g})"
+            test_budget = f"epsilon1 = {split.eps1:.4g}"
         chosen = (
             f"t = {t} is {choice.reason}"
             if t == choice.t
@@ -1187,26 +1459,17 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             f"so the total weight moves by at most Delta_W = {sens:.4g} when one row changes.",
             f"{chosen}; t_min = {choice.t_min} is the least t for which even full agreement "
             f"can pass the test, and t >= {choice.t_comfortable} passes it with "
-            f"{SPARE_NOISE_SCALES:g} noise scales to spare. At t = {t}, if every subset agrees "
+            "a chance of failing on all-agreeing subsets of at most "
+            f"{COMFORTABLE_NO_RESULT:.2g}. At t = {t}, if every subset agrees "
             f"the test still ends in no_result with probability {no_result:.2g}.",
-            (
-                f"Budget split {split_name}: epsilon0 = {split.eps0:.4g} (radius search), "
-                f"epsilon1 = {split.eps1:.4g} (test), epsilon2 = {split.eps2:.4g} (mean); "
-                + (
-                    "the standard split of ALGORITHMS.md M6."
-                    if split_name == "standard"
-                    else "at this t the standard split's test would fail often even on "
-                    "agreeing subsets and leave a small W_low (a noisier mean), so a quarter "
-                    "of epsilon moved from the mean to the test (derivation F2)."
-                )
-            ),
-            f"Test (epsilon1 = {split.eps1:.4g}): W_low = W + Laplace({scale:.4g}) - "
+            shares,
+            f"Test ({test_budget}): W_low = W + {test_noise} - "
             f"{shift:.4g}; the release ends in no_result (charged) when W_low < {floor:.4g}. "
             f"W is at most t = {t}, so the total weight of agreeing subsets must be above about "
             f"{floor + shift:.4g}.",
         ]
         if params.radius is None:
-            bar = radius_search_threshold(t, split.eps1, split.delta1)
+            bar = split_search_threshold(t, split)
             scales["radius_search_threshold"] = bar
             meaning.append(
                 f"The radius is chosen privately (epsilon0 = {split.eps0:.4g}) on the grid "

@@ -199,9 +199,11 @@ class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
         "Tests privately (eps/2, Laplace) that the k-th eigengap of the clipped X^T X exceeds "
         "C^2, then adds Gaussian noise (eps/2, delta/2) scaled to 2C^2/(gap - C^2) to the top-k "
         "projector. Assumes a row norm bound and a large eigengap (about C^2 (1 + 4 ln(1/delta)"
-        "/eps) or more); otherwise ends with no_result, which is charged. Never more accurate "
-        "than analyze_gauss (at least 2.8x worse where both run; docs/mechanisms.md): kept for "
-        "reproducing the paper, never chosen by auto."
+        "/eps) or more); otherwise ends with no_result, which is charged. Dominated "
+        "everywhere: never more accurate than analyze_gauss (about 3x, at least 2.8x, worse "
+        "wherever both run; docs/mechanisms.md, section gap_perturbation), which takes the "
+        "same params and always runs. Kept for reproducing the paper; never chosen by auto, "
+        "and a dry run carries a warning."
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
 

@@ -207,9 +207,11 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
         "releases the thin-QR basis. Gaussian noise when delta > 0 (epsilon <= 1 only, the range "
         "its theorem proves); with delta = 0, Cauchy noise "
         "and a pure (epsilon, 0) guarantee (heavy tails: judge it by the median over releases). "
-        "Assumes a row norm bound; always returns a result, useless when the gap is small. Use "
-        "it for delta = 0 only: with delta > 0 it is at least 9x worse than analyze_gauss "
-        "(docs/mechanisms.md), and auto never chooses it then."
+        "Assumes a row norm bound; always returns a result, useless when the gap is small. "
+        "Dominated when delta > 0: then at least 9x less accurate than analyze_gauss (same "
+        "params, always runs) and no better than a random subspace at d >= 50 "
+        "(docs/mechanisms.md, section smooth_sensitivity); use it for delta = 0 only. auto "
+        "never chooses it then, and a dry run with delta > 0 carries a warning."
     )
     cost_rule: ClassVar[str] = (
         "Charges exactly the requested (epsilon, delta); delta = 0 selects the pure Cauchy "

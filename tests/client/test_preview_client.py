@@ -42,6 +42,8 @@ def test_preview_release_charges_nothing(clients: tuple[Client, Client]) -> None
     assert shown.params == {"clip_norm": 1.0}
     assert shown.scales["no_result_gap"] > 1.0
     assert any("no_result" in line for line in shown.meaning)
+    # dominated: the preview says so and names the better mechanism (issue 16)
+    assert [w.better_mechanism for w in shown.warnings] == ["analyze_gauss"]
     too_much = analyst.preview_release(ds.id, "analyze_gauss", 2, "5", "1e-6")
     assert not too_much.affordable and too_much.epsilon_remaining == Decimal(1)
     assert analyst.budget(ds.id).epsilon_spent == 0
@@ -80,6 +82,12 @@ def test_cli_dry_run(
     assert table.exit_code == ExitCode.OK, table.output
     assert "nothing charged" in table.stdout and "sigma" in table.stdout
     assert "Davis-Kahan" in table.stdout
+    assert "warning:" not in table.stdout
+    dominated = dpss(*[a if a != "analyze_gauss" else "gap_perturbation" for a in args],
+                     key=analyst)  # fmt: skip
+    assert dominated.exit_code == ExitCode.OK, dominated.output
+    assert "warning: gap_perturbation is never more accurate" in dominated.stdout
+    assert "Use analyze_gauss" in dominated.stdout
     as_json = dpss(*args, "--json", key=analyst)
     assert as_json.exit_code == ExitCode.OK, as_json.output
     body = json.loads(as_json.stdout)

@@ -227,6 +227,23 @@ class BudgetExceeded(Schema):
     )
 
 
+class PreviewWarning(Schema):
+    """A warning of a dry run: the requested mechanism is dominated here (public facts only)."""
+
+    code: Literal["dominated_mechanism"] = Field(
+        description=(
+            "`dominated_mechanism`: the measured rule table (docs/mechanisms.md, 'Choosing a "
+            "mechanism') has another mechanism, which runs on this request, more accurate at "
+            "the same (epsilon, delta) wherever both run."
+        )
+    )
+    message: str = Field(description="What was measured and what to do, in plain words.")
+    better_mechanism: str = Field(
+        description="The mechanism to request instead (takes the same params)."
+    )
+    docs: str = Field(description="The documentation section with the derivation and figures.")
+
+
 class ReleasePreview(Schema):
     """What a release would cost and use (`?dry_run=true`); nothing was charged or created.
 
@@ -276,4 +293,13 @@ class ReleasePreview(Schema):
     )
     meaning: list[str] = Field(
         description="What those numbers imply for the result, in plain sentences."
+    )
+    warnings: list[PreviewWarning] = Field(
+        default_factory=list,
+        description=(
+            "Public-facts warnings: empty unless the requested mechanism is dominated here "
+            "(smooth_sensitivity with delta > 0, gap_perturbation), each naming the better "
+            "mechanism and the docs section. A warning refuses nothing: the release may still "
+            "be requested."
+        ),
     )

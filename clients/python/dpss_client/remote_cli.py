@@ -713,6 +713,12 @@ def releases_create(
                 console.print(_kv_table("preview (nothing charged)", _preview_rows(shown)))
                 for line in shown.meaning:
                     console.print(f"- {line}", markup=False)
+                for warning in shown.warnings:
+                    console.print(
+                        f"warning: {warning.message} Use {warning.better_mechanism} "
+                        f"(see {warning.docs}).",
+                        markup=False,
+                    )
             return
         if out is not None:
             # Refuse before anything is charged when the result could not be saved anyway.
