@@ -117,6 +117,15 @@ class Settings(BaseSettings):
             "Retry-After header and the body's retry_after field."
         ),
     )
+    release_wait_max_waiters: int = Field(
+        default=100,
+        ge=0,
+        description=(
+            "Requests of an API process that may wait at once in a long poll "
+            "(GET /v1/releases/{id}?wait=...); beyond it a request is answered at once, as "
+            "without wait. Waiting holds no connection, slot or thread, only the socket."
+        ),
+    )
     max_cols: int = Field(
         default=10_000,
         ge=1,
