@@ -197,3 +197,24 @@ def test_a_waiting_long_poll_holds_no_database_slot(
     assert other.status_code == 200, other.text  # answered, not 503
     assert took < 1.0, took
     assert waited.status_code == 200 and waited.json()["status"] == "queued"
+
+
+def test_the_client_waits_with_the_long_poll(make_service: Callable[..., Service]) -> None:
+    from dpss_client import Client
+
+    service = make_service()
+    gets: list[httpx.Request] = []
+    service.client.event_hooks["request"].append(
+        lambda request: gets.append(request) if request.method == "GET" else None
+    )
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7")
+    worker = service.run_later(0.3)
+    start = time.monotonic()
+    basis = handle.wait()
+    elapsed = time.monotonic() - start
+    worker.join()
+    assert basis.shape == (6, 2)
+    assert elapsed < 1.5, elapsed
+    # One long poll, answered when the worker stored the outcome.
+    assert [request.url.params.get("wait") for request in gets] == ["25"]
