@@ -55,10 +55,6 @@ STEPS = [
     ("seen", "client sees the result"),
 ]
 K, EPSILON, DELTA = 3, 1.0, 1e-6
-#: Whether this client has the long poll (the figures before it were taken without).
-LONG_POLL_CLIENT = "long_poll" in __import__("inspect").signature(
-    __import__("dpss_client").client.ReleaseHandle.wait_finished
-).parameters
 
 
 @contextmanager
@@ -134,7 +130,7 @@ def one_release(client: Any, dataset: str, mode: str, trace: Path) -> dict[str, 
     if mode == "longpoll":
         handle.wait_finished()
     elif mode == "poll":
-        handle.wait_finished(**({"long_poll": 0} if LONG_POLL_CLIENT else {}))
+        handle.wait_finished(long_poll=0)
     else:
         while not handle.done:
             time.sleep(0.005)

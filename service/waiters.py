@@ -27,7 +27,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,17 +54,13 @@ class Waiter:
 
     async def wait(self, seconds: float) -> None:
         """Return on a hint or after ``seconds``; the hint is consumed."""
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(self.event.wait(), timeout=max(seconds, 0.0))
-        except TimeoutError:
-            pass
         self.event.clear()
 
     def wake(self) -> None:
-        try:
+        with suppress(RuntimeError):  # its loop has closed: the request is gone
             self.loop.call_soon_threadsafe(self.event.set)
-        except RuntimeError:  # its loop has closed: the request is gone
-            pass
 
 
 class ReleaseWaiters:
