@@ -76,7 +76,7 @@ class ReleaseWaiters:
         self._stop = threading.Event()
         self._anyone = threading.Event()
         self._source: threading.Thread | wake.PostgresListener | None = None
-        wake.add_local_listener(self._local)
+        self._listening_locally = False
 
     @property
     def count(self) -> int:
@@ -145,7 +145,12 @@ class ReleaseWaiters:
             self.notify(release_id)
 
     def _start_source(self) -> None:
-        """Start, on the first wait, the listener that fits the database (once per process)."""
+        """Start, on the first wait, the listeners: this process's commits, and the one that
+        fits the database (other processes'). Apps that never wait register nothing."""
+        with self._lock:
+            if not self._listening_locally and not self._stop.is_set():
+                self._listening_locally = True
+                wake.add_local_listener(self._local)
         if self._source is not None or self.engine is None or not self.settings.worker_wake:
             return
         with self._lock:

@@ -130,6 +130,7 @@ def test_the_long_poll_answers_at_its_bound(make_service: Callable[..., Service]
     start = time.monotonic()
     assert service.get(release, wait=10).json()["status"] == "succeeded"
     assert time.monotonic() - start < 1.0
+    assert service.client.app.state.release_waiters.count == 0  # every waiter left
 
 
 def test_the_analyst_sees_nothing_before_visible_at(make_service: Callable[..., Service]) -> None:
