@@ -219,3 +219,14 @@ def test_the_client_waits_with_the_long_poll(make_service: Callable[..., Service
     assert elapsed < 1.5, elapsed
     # One long poll, answered when the worker stored the outcome.
     assert [request.url.params.get("wait") for request in gets] == ["25"]
+
+
+def test_wait_is_described_in_the_openapi_document(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    operation = service.client.get("/openapi.json").json()["paths"]["/v1/releases/{release_id}"]
+    (wait,) = [p for p in operation["get"]["parameters"] if p["name"] == "wait"]
+    assert wait["in"] == "query" and not wait.get("required", False)
+    assert "long poll" in wait["description"].lower()
+    schema = wait["schema"]
+    bounds = [s for s in schema.get("anyOf", [schema]) if s.get("type") == "number"]
+    assert bounds and bounds[0]["maximum"] == 30 and bounds[0]["minimum"] == 0
