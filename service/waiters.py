@@ -18,18 +18,27 @@ connection for milliseconds, never while waiting). What wakes it:
 At most ``DPSS_RELEASE_WAIT_MAX_WAITERS`` requests wait at once per API process; a request
 beyond that is answered at once, as without ``wait`` (the client then polls), so a flood of
 long polls holds sockets and small coroutines only, never threads, slots or connections.
+
+**Stopping.** uvicorn answers the requests in hand before it exits, and tells the app nothing
+until they are done, so a waiting long poll would hold a SIGTERM up to its bound. When the
+server handles SIGTERM and SIGINT in the main thread (``dpss api``, ``dpss serve``), the first
+wait chains a handler in front of the server's: on either signal every waiting request is
+answered at once with the release's current state (the client then polls), and no new wait
+begins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -77,11 +86,17 @@ class ReleaseWaiters:
         self._anyone = threading.Event()
         self._source: threading.Thread | wake.PostgresListener | None = None
         self._listening_locally = False
+        self._exit_hooked = False
 
     @property
     def count(self) -> int:
         """Requests waiting now."""
         return self._count
+
+    @property
+    def closing(self) -> bool:
+        """True once the process is stopping: waits end, and none begins."""
+        return self._stop.is_set()
 
     @contextmanager
     def waiting(self, release_id: uuid.UUID) -> Iterator[Waiter | None]:
@@ -102,6 +117,7 @@ class ReleaseWaiters:
         if not admitted:
             yield None
             return
+        self._hook_exit_signals()
         self._start_source()
         try:
             yield waiter
@@ -137,6 +153,31 @@ class ReleaseWaiters:
             source.close()
         elif isinstance(source, threading.Thread):
             source.join(timeout=5)
+
+    def begin_shutdown(self) -> None:
+        """Answer every waiting request now and admit no new wait (thread- and signal-safe:
+        no lock is taken here; the waiters are woken from their own event loops)."""
+        self._stop.set()
+        for group in list(self._waiters.values()):
+            for waiter in list(group):
+                waiter.wake()
+
+    def _hook_exit_signals(self) -> None:
+        """See "Stopping" in the module docstring. Only in the main thread (where signal
+        handlers live) and only in front of a Python handler: a default disposition is kept."""
+        if self._exit_hooked or threading.current_thread() is not threading.main_thread():
+            return
+        self._exit_hooked = True
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(signum)
+            if not callable(previous):
+                continue
+
+            def handler(sig: int, frame: object, previous: Any = previous) -> None:
+                self.begin_shutdown()
+                previous(sig, frame)
+
+            signal.signal(signum, handler)
 
     # -- hint sources --------------------------------------------------------------------------
 

@@ -175,7 +175,7 @@ async def get_release(
         read = await uow(work)
         if waiter is None:
             return read.shown
-        while read.shown.status not in FINISHED:
+        while read.shown.status not in FINISHED and not hub.closing:
             left = deadline - anyio.current_time()
             if left <= 0:
                 break

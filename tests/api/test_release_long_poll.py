@@ -230,3 +230,20 @@ def test_wait_is_described_in_the_openapi_document(make_service: Callable[..., S
     schema = wait["schema"]
     bounds = [s for s in schema.get("anyOf", [schema]) if s.get("type") == "number"]
     assert bounds and bounds[0]["maximum"] == 30 and bounds[0]["minimum"] == 0
+
+
+def test_a_stopping_process_answers_its_long_polls_at_once(
+    make_service: Callable[..., Service],
+) -> None:
+    # What the SIGTERM/SIGINT handler chained in front of uvicorn's does (service/waiters.py).
+    service = make_service()
+    release = service.request()
+    hub = service.client.app.state.release_waiters
+    threading.Timer(0.3, hub.begin_shutdown).start()
+    start = time.monotonic()
+    answer = service.get(release, wait=20)
+    assert answer.status_code == 200 and answer.json()["status"] == "queued"
+    assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert service.get(release, wait=20).status_code == 200  # no new wait begins
+    assert time.monotonic() - start < 1.0
