@@ -242,6 +242,8 @@ class PostgresListener:
         self.conninfo = conninfo
         self.channel = channel
         self.on_notify = on_notify
+        #: What the log says is being listened for.
+        self._what = "queued releases" if channel == CHANNEL else "finished releases"
         self.stop = stop
         self.retry_initial = retry_initial
         self.retry_max = retry_max
@@ -275,7 +277,7 @@ class PostgresListener:
                 with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {self.channel}")
                     if failures:
-                        log.warning("listening for queued releases again")
+                        log.warning("listening for %s again", self._what)
                     failures = 0
                     self.listening.set()
                     # Notifications sent while nobody listened are lost: claim once now.
@@ -288,7 +290,8 @@ class PostgresListener:
                 failures += 1
                 if failures == 1:
                     log.warning(
-                        "not listening for queued releases (%s); polling until reconnected",
+                        "not listening for %s (%s); polling until reconnected",
+                        self._what,
                         type(exc).__name__,
                     )
                 ceiling = min(self.retry_max, self.retry_initial * 2 ** min(failures - 1, 30))
