@@ -72,7 +72,7 @@ FULL = Config(
     downstream_ds=(100, 300, 1000), downstream_reps=3,
     speed=SpeedGrid(n=50_000, ds=(100, 400, 1000), reps=3, n_sweep=(12_500, 25_000, 50_000),
                     n_sweep_d=400),
-    memory_shape=(50_000, 400), http_shape=(50_000, 400), http_reps=3,
+    memory_shape=(50_000, 400), http_shape=(50_000, 400), http_reps=5,
     peer_limit=30.0, peer_build_timeout=900.0, load=(20, 10.0),
 )  # fmt: skip
 

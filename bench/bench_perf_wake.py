@@ -14,6 +14,10 @@ random phase of its 1 s interval, as a user would meet it.
 Baselines, measured in this process on the same ``.npy`` file (memory-mapped, as the worker
 reads it) and interleaved with the releases: the direct call ``AnalyzeGauss().run`` and the
 floor ``X^T X + eigh``. Wall-clock seconds (a latency); medians with min and max.
+
+The client here asks every 10 ms, to isolate the worker's side. How a user waits (the Python
+client's long poll, ``GET /v1/releases/{id}?wait=``) and where each step's time goes:
+``python -m bench.bench_http_latency``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from service.api.openapi import install_openapi, reject_unknown_query_parameters
 from service.config import Settings
 from service.db.engine import make_pooled_engine, make_session_factory
 from service.store import DatasetStore
+from service.waiters import ReleaseWaiters
 
 DESCRIPTION = """
 Keeps sensitive datasets and releases only **differentially private low-dimensional
@@ -81,6 +82,8 @@ def create_app(
     audit_log.use_hmac_key(session_factory, settings.audit_hmac_key)
     store = DatasetStore(settings.datasets_dir, max_cols=settings.max_cols)
     database = Database(session_factory, settings)
+    bind = session_factory.kw.get("bind")
+    waiters = ReleaseWaiters(bind.engine if bind is not None else None, settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +93,7 @@ def create_app(
             with session_factory.begin() as session:
                 auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
         yield
+        waiters.close()
         if engine is not None:
             engine.dispose()
 
@@ -108,6 +112,7 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.database = database
     app.state.store = store
+    app.state.release_waiters = waiters
     install_error_handlers(app)
     for router in (
         health.router,

@@ -23,8 +23,9 @@ class Settings(BaseSettings):
     a client or a file. Requests beyond that wait up to ``db_wait_seconds`` without a connection,
     then get 503. ``api_threads`` serves the other blocking work (parsing uploads) and never
     holds a connection. Across a deployment, ``(api processes) x (db_pool_size +
-    db_max_overflow)`` plus the workers' connections must stay below the server's
-    ``max_connections``.
+    db_max_overflow + 1)`` plus the workers' connections must stay below the server's
+    ``max_connections`` (the one: the API's ``LISTEN`` connection for long polls, see
+    :mod:`service.waiters`).
     """
 
     model_config = SettingsConfigDict(env_prefix="DPSS_", extra="ignore")
@@ -115,6 +116,15 @@ class Settings(BaseSettings):
         description=(
             "Seconds a 503 (database busy or unreachable) asks the client to wait, in the "
             "Retry-After header and the body's retry_after field."
+        ),
+    )
+    release_wait_max_waiters: int = Field(
+        default=100,
+        ge=0,
+        description=(
+            "Requests of an API process that may wait at once in a long poll "
+            "(GET /v1/releases/{id}?wait=...); beyond it a request is answered at once, as "
+            "without wait. Waiting holds no connection, slot or thread, only the socket."
         ),
     )
     max_cols: int = Field(

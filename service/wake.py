@@ -23,6 +23,13 @@ in here is logged and waited out, never raised into the API or the worker loop.
   A failed write or ``stat`` (read-only or full disk) only means the worker polls as before.
 
 The worker calls :meth:`Waker.wait` only while idle and holding no database connection.
+
+**The other direction: a release finished.** The transaction that stores a release's outcome
+calls :func:`announce_finished`: ``NOTIFY dpss_release_finished, '<release id>'`` on PostgreSQL,
+the file ``<data dir>/wake/finished`` replaced after the commit on SQLite, and in either case the
+release's id handed after the commit to this process's listeners (:func:`add_local_listener`).
+The API's long poll (``GET /v1/releases/{id}?wait=``, :mod:`service.waiters`) waits on these;
+they are hints there too: a long poll also re-reads on its own every 2 s.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ import random
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,13 +59,25 @@ FILE_CHECK_SECONDS = 0.02
 #: How often the listener's connection is checked with a trivial query while idle, seconds: a
 #: connection that died without a reset (a server gone from the network) is noticed this fast.
 LISTEN_CHECK_SECONDS = 5.0
-#: Key in ``Session.info`` that marks a transaction which queued a release (SQLite mode).
-_PENDING = "dpss_wake_file"
+#: The PostgreSQL channel on which a stored outcome is announced (payload: the release id).
+FINISHED_CHANNEL = "dpss_release_finished"
+#: Key in ``Session.info``: the wake files to replace once the transaction commits (SQLite).
+_PENDING = "dpss_wake_files"
+#: Key in ``Session.info``: the releases whose outcome the transaction stores (local listeners).
+_FINISHED = "dpss_finished_releases"
+#: Called after a commit with the ids of the releases it finished (this process only).
+_local_listeners: list[Callable[[list[uuid.UUID]], None]] = []
+_local_lock = threading.Lock()
 
 
 def wake_file(settings: Settings) -> Path:
     """The file an API replaces after queueing a release (SQLite mode)."""
     return settings.data_dir / "wake" / "queued"
+
+
+def finished_file(settings: Settings) -> Path:
+    """The file a worker replaces after storing a release's outcome (SQLite mode)."""
+    return settings.data_dir / "wake" / "finished"
 
 
 def touch(path: Path) -> None:
@@ -81,19 +102,58 @@ def announce(session: Session, settings: Settings) -> None:
     if dialect == "postgresql":
         session.execute(text(f"NOTIFY {CHANNEL}"))
     elif dialect == "sqlite":
-        session.info[_PENDING] = wake_file(settings)
+        session.info.setdefault(_PENDING, set()).add(wake_file(settings))
+
+
+def announce_finished(session: Session, settings: Settings, release_id: uuid.UUID) -> None:
+    """Tell long polls that ``release_id`` has an outcome, once the current transaction commits.
+
+    PostgreSQL: ``NOTIFY`` with the id as payload (delivered at commit, dropped on rollback).
+    SQLite: the finished file is replaced after the commit. Always: this process's local
+    listeners get the id after the commit (an API and a worker in one process, and tests).
+    """
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        session.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": FINISHED_CHANNEL, "payload": str(release_id)},
+        )
+    elif dialect == "sqlite":
+        session.info.setdefault(_PENDING, set()).add(finished_file(settings))
+    session.info.setdefault(_FINISHED, []).append(release_id)
+
+
+def add_local_listener(listener: Callable[[list[uuid.UUID]], None]) -> None:
+    """Call ``listener(ids)`` after every commit in this process that finished releases."""
+    with _local_lock:
+        _local_listeners.append(listener)
+
+
+def remove_local_listener(listener: Callable[[list[uuid.UUID]], None]) -> None:
+    with _local_lock:
+        if listener in _local_listeners:
+            _local_listeners.remove(listener)
 
 
 @event.listens_for(Session, "after_commit")
 def _after_commit(session: Session) -> None:
-    path = session.info.pop(_PENDING, None)
-    if path is not None:
+    for path in sorted(session.info.pop(_PENDING, ())):
         touch(path)
+    finished = session.info.pop(_FINISHED, None)
+    if finished:
+        with _local_lock:
+            listeners = list(_local_listeners)
+        for listener in listeners:
+            try:
+                listener(finished)
+            except Exception as exc:  # a hint: never fail the commit's caller
+                log.warning("a finished-release listener failed (%s)", type(exc).__name__)
 
 
 @event.listens_for(Session, "after_rollback")
 def _after_rollback(session: Session) -> None:
     session.info.pop(_PENDING, None)
+    session.info.pop(_FINISHED, None)
 
 
 # -- the worker's side ----------------------------------------------------------------------------
@@ -162,12 +222,28 @@ class PostgresListener:
         The worker's stop event: ends the thread and any wait.
     retry_initial, retry_max : float
         Backoff between reconnection attempts (doubling, capped, jittered).
+    channel : str
+        The channel to listen on (default: queued releases).
+    on_notify : callable, optional
+        Called from the thread with each notification's payload, and with ``None`` after every
+        (re)connection (notifications sent while nobody listened are lost).
     """
 
     def __init__(
-        self, conninfo: str, stop: threading.Event, retry_initial: float, retry_max: float
+        self,
+        conninfo: str,
+        stop: threading.Event,
+        retry_initial: float,
+        retry_max: float,
+        *,
+        channel: str = CHANNEL,
+        on_notify: Callable[[str | None], None] | None = None,
     ) -> None:
         self.conninfo = conninfo
+        self.channel = channel
+        self.on_notify = on_notify
+        #: What the log says is being listened for.
+        self._what = "queued releases" if channel == CHANNEL else "finished releases"
         self.stop = stop
         self.retry_initial = retry_initial
         self.retry_max = retry_max
@@ -199,20 +275,23 @@ class PostgresListener:
         while not self._ended():
             try:
                 with psycopg.connect(self.conninfo, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {self.channel}")
                     if failures:
-                        log.warning("listening for queued releases again")
+                        log.warning("listening for %s again", self._what)
                     failures = 0
                     self.listening.set()
                     # Notifications sent while nobody listened are lost: claim once now.
                     self.woken.set()
+                    if self.on_notify is not None:
+                        self.on_notify(None)
                     self._listen(conn)
             except Exception as exc:  # any failure of the hint channel: reconnect later
                 self.listening.clear()
                 failures += 1
                 if failures == 1:
                     log.warning(
-                        "not listening for queued releases (%s); polling until reconnected",
+                        "not listening for %s (%s); polling until reconnected",
+                        self._what,
                         type(exc).__name__,
                     )
                 ceiling = min(self.retry_max, self.retry_initial * 2 ** min(failures - 1, 30))
@@ -223,8 +302,10 @@ class PostgresListener:
     def _listen(self, conn: Any) -> None:
         last_check = time.monotonic()
         while not self._ended():
-            for _ in conn.notifies(timeout=0.5):
+            for note in conn.notifies(timeout=0.5):
                 self.woken.set()
+                if self.on_notify is not None:
+                    self.on_notify(note.payload)
                 if self._ended():
                     return
             if time.monotonic() - last_check >= LISTEN_CHECK_SECONDS:

@@ -532,6 +532,8 @@ class Worker:
             release_id=release.id,
             details=details,
         )
+        # Long polls waiting on this release return once this transaction commits.
+        wake.announce_finished(session, self.settings, release.id)
 
     # -- loops ----------------------------------------------------------------------------------
 

@@ -268,3 +268,26 @@ def test_an_append_wakes_a_worker_for_the_next_epoch(tmp_path: Path, sqlite_url:
         start = time.monotonic()
         wait_for(lambda: epochs_done() == 2, timeout=SLOW_POLL / 3, what="a woken worker")
         assert time.monotonic() - start < 10
+
+
+def test_a_finished_release_is_announced_on_commit_only(tmp_path: Path, sqlite_url: str) -> None:
+    """The hints long polls wait on (service/waiters.py): the finished file and this process's
+    listeners hear of a stored outcome when its transaction commits, never on a rollback."""
+    settings = wake_settings(tmp_path, sqlite_url)
+    factory = make_session_factory(make_engine(sqlite_url))
+    heard: list[uuid.UUID] = []
+    wake.add_local_listener(heard.extend)
+    try:
+        watch = wake.FileWatch(wake.finished_file(settings), threading.Event())
+        release_id = uuid.uuid4()
+        with factory() as session:
+            session.begin()
+            wake.announce_finished(session, settings, release_id)
+            session.rollback()
+        assert heard == [] and watch._signature() == watch.seen
+        with factory.begin() as session:
+            wake.announce_finished(session, settings, release_id)
+        assert heard == [release_id]
+        assert watch._signature() != watch.seen
+    finally:
+        wake.remove_local_listener(heard.extend)

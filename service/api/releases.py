@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query
+import anyio
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
@@ -24,6 +26,10 @@ from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db.models import utcnow
 from service.mechanisms.continual_gauss import MAX_HORIZON
+from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters
+
+#: How long after ``visible_at`` a long poll looks again at an outcome hidden until then.
+VISIBLE_MARGIN_SECONDS = 0.005
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
 
@@ -101,22 +107,86 @@ async def create_release(
     return await uow(work)
 
 
+#: Statuses after which a release changes no more.
+FINISHED = frozenset({"succeeded", "no_result", "failed"})
+
+Wait = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="Long poll: answer as soon as the release, as you may see it, has finished "
+        "(`succeeded`, `no_result` or `failed`), or after this many seconds (at most "
+        f"{MAX_WAIT_SECONDS:g}) with its state then, whichever comes first. An analyst's "
+        "outcome shows from `visible_at` on, as without `wait`. Omitted or 0: answer at once. "
+        "When too many requests already wait, the answer comes at once.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class _Read:
+    """One read of a release: what the caller sees, and when that may change by itself."""
+
+    shown: Release
+    #: Seconds until an outcome stored but not yet visible to the caller becomes visible.
+    visible_in: float | None
+
+
 @router.get(
     "/releases/{release_id}",
     response_model=Release,
     summary="A release's status and, when finished, its result.",
     description=(
         "For a continual release also `epochs_done`, the `latest_epoch` with its basis and "
-        "the list of `epochs` (without bases)."
+        "the list of `epochs` (without bases). With `?wait=<seconds>`, a long poll: the answer "
+        "comes when the release has finished or the seconds have passed; waiting holds no "
+        "database connection."
     ),
-    responses={404: {"model": ErrorBody, "description": "No such release (or not yours)."}},
+    responses={
+        404: {"model": ErrorBody, "description": "No such release (or not yours)."},
+        422: {"model": ErrorBody, "description": "`wait` is not a number from 0 to 30."},
+    },
 )
-async def get_release(release_id: uuid.UUID, uow: UnitOfWorkDep) -> Release:
-    def work(session: Session, principal: Principal) -> Release:
+async def get_release(
+    release_id: uuid.UUID, uow: UnitOfWorkDep, request: Request, wait: Wait = None
+) -> Release:
+    def work(session: Session, principal: Principal) -> _Read:
         release = releases.get_release(session, principal, release_id)
-        return release_out(release, principal, session=session)
+        now = utcnow()
+        shown = release_out(release, principal, now=now, session=session)
+        visible_in = None
+        if (
+            release.status in FINISHED
+            and shown.status not in FINISHED
+            and release.visible_at is not None
+            and release.visible_at > now
+        ):
+            visible_in = (release.visible_at - now).total_seconds()
+        return _Read(shown, visible_in)
 
-    return await uow(work)
+    if not wait:
+        return (await uow(work)).shown
+    hub: ReleaseWaiters = request.app.state.release_waiters
+    deadline = anyio.current_time() + wait
+    # Registered before the first read, so that an outcome stored between the read and the
+    # wait still wakes it. Each read is its own short unit of work; nothing is held between.
+    with hub.waiting(release_id) as waiter:
+        read = await uow(work)
+        if waiter is None:
+            return read.shown
+        while read.shown.status not in FINISHED and not hub.closing:
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                break
+            pause = min(left, RECHECK_SECONDS)
+            if read.visible_in is not None:
+                # Stored but hidden until visible_at (the analyst's padding): look again then,
+                # just after, so the answer never comes before visible_at.
+                pause = min(left, read.visible_in + VISIBLE_MARGIN_SECONDS)
+            await waiter.wait(pause)
+            read = await uow(work)
+    return read.shown
 
 
 @router.get(

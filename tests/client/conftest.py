@@ -42,7 +42,8 @@ def analyst(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
 @pytest.fixture
 def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
     """Make the client's waits (``ReleaseHandle.wait``, ``--wait``) run the in-process worker
-    where they would have slept."""
+    where they would have slept (no long polls: no worker would end them)."""
+    monkeypatch.setattr(client_module, "LONG_POLL_SECONDS", 0.0)
     monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
 
 

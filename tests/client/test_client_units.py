@@ -135,3 +135,89 @@ def test_parse_params() -> None:
         "flag": True,
         "xs": [1, 2],
     }
+
+
+# -- waiting for a release: long polls, and polls against a service without them -------------
+
+RELEASE_ID = "0b0e5a52-4c1e-4a43-9c0e-5d8f0d6c3a11"
+
+
+def _release_json(status: str) -> dict[str, Any]:
+    return {
+        "id": RELEASE_ID,
+        "dataset_id": "5e0d7b84-7c39-4a3e-9b7e-1f5d29e3a0c2",
+        "mechanism": "analyze_gauss",
+        "k": 1,
+        "epsilon": "1",
+        "delta": "1e-6",
+        "params": {},
+        "status": status,
+        "result": {"basis": [[1.0]], "basis_sha256": None, "extras": {}}
+        if status == "succeeded"
+        else None,
+        "created_at": "2026-01-01T00:00:00Z",
+    }
+
+
+def _handle(answer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any], list[float]]:
+    import dpss_client.client as client_module
+    from api_schemas.releases import Release
+    from dpss_client.client import ReleaseHandle
+
+    seen: list[httpx.Request] = []
+    slept: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answer(request, len(seen))
+
+    monkeypatch.setattr(client_module, "_sleep", slept.append)
+    http = httpx.Client(transport=httpx.MockTransport(handler), timeout=60)
+    client = Client("http://dpss.test", "key", http=http)
+    handle = ReleaseHandle(client, Release.model_validate(_release_json("queued")))
+    return handle, seen, slept
+
+
+def test_wait_uses_the_long_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    def answer(request: httpx.Request, count: int) -> httpx.Response:
+        # A long poll that ends at its bound, then one that ends with the outcome.
+        return httpx.Response(200, json=_release_json("running" if count == 1 else "succeeded"))
+
+    import dpss_client.client as client_module
+
+    handle, seen, slept = _handle(answer, monkeypatch)
+    # Each long poll takes its whole 25 s (30 s on this clock): none ended early.
+    clock = iter(range(0, 1000, 30))
+    monkeypatch.setattr(client_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
+    assert handle.wait_finished().status == "succeeded"
+    assert [r.url.params.get("wait") for r in seen] == ["25", "25"]
+    assert slept == []
+
+
+def test_wait_polls_a_service_without_long_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    def answer(request: httpx.Request, count: int) -> httpx.Response:
+        if "wait" in request.url.params:
+            return httpx.Response(
+                422, json={"error": "invalid_parameter", "detail": "wait: unknown parameter"}
+            )
+        return httpx.Response(200, json=_release_json("succeeded" if count >= 3 else "queued"))
+
+    handle, seen, slept = _handle(answer, monkeypatch)
+    assert handle.wait_finished(poll_interval=0.2).status == "succeeded"
+    # One refused long poll, then polls only (the client remembers).
+    assert [r.url.params.get("wait") for r in seen] == ["25", None, None]
+    assert slept == [0.2, 0.30000000000000004]
+    assert handle._client._no_long_poll
+
+
+def test_a_long_poll_answered_at_once_falls_back_to_a_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def answer(request: httpx.Request, count: int) -> httpx.Response:
+        # Too many waiting: the service answers at once, unfinished.
+        return httpx.Response(200, json=_release_json("succeeded" if count >= 3 else "queued"))
+
+    handle, seen, slept = _handle(answer, monkeypatch)
+    assert handle.wait_finished(poll_interval=0.5).status == "succeeded"
+    assert slept == [0.5]
+    assert [r.url.params.get("wait") for r in seen] == ["25", None, "25"]

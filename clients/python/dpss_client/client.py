@@ -67,6 +67,8 @@ _Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage)
 
 #: How ``ReleaseHandle.wait`` pauses between polls; tests swap in one that runs the worker.
 _sleep: Callable[[float], None] = time.sleep
+#: The longest long poll ``ReleaseHandle.wait`` asks for, seconds (the service allows 30).
+LONG_POLL_SECONDS: float = 25.0
 Number = Decimal | str | int | float
 
 
@@ -383,6 +385,16 @@ class Client:
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._owns_http = http is None
         self._http = http if http is not None else httpx.Client(timeout=timeout)
+        #: Set when the service refused a long poll (a version without them): poll instead.
+        self._no_long_poll = False
+
+    def _timeout_plus(self, seconds: float) -> httpx.Timeout:
+        """This client's timeouts with ``seconds`` more to read the answer (a long poll)."""
+        base = getattr(self._http, "timeout", None)
+        if not isinstance(base, httpx.Timeout):
+            base = httpx.Timeout(30.0)
+        read = None if base.read is None else base.read + seconds
+        return httpx.Timeout(base.connect, read=read, write=base.write, pool=base.pool)
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -806,8 +818,18 @@ class ReleaseHandle:
         """The mechanism's further outputs (e.g. noisy eigenvalues), once finished."""
         return self.info.result.extras if self.info.result is not None else {}
 
-    def refresh(self) -> Release:
-        self.info = self._client._get(f"/v1/releases/{self.id}", Release)
+    def refresh(self, wait: float | None = None) -> Release:
+        """Fetch the release's state; with ``wait`` seconds, a long poll (see
+        :meth:`wait_finished`): the answer comes when it has finished or after ``wait``."""
+        if not wait:
+            self.info = self._client._get(f"/v1/releases/{self.id}", Release)
+            return self.info
+        self.info = self._client._get(
+            f"/v1/releases/{self.id}",
+            Release,
+            params={"wait": f"{wait:g}"},
+            timeout=self._client._timeout_plus(wait),
+        )
         return self.info
 
     def wait_finished(
@@ -817,10 +839,20 @@ class ReleaseHandle:
         timeout: float | None = None,
         poll_interval: float = 0.2,
         max_poll_interval: float = 2.0,
+        long_poll: float | None = None,
     ) -> Release:
-        """Poll until the release has finished and return it, whatever its outcome."""
+        """Wait until the release has finished and return it, whatever its outcome.
+
+        Long polls (``GET /v1/releases/{id}?wait=...``, ``long_poll`` seconds each, default
+        :data:`LONG_POLL_SECONDS`): the service answers as soon as the release has finished, so
+        the result is seen as soon as it is visible. Against a server without long polls, with
+        ``long_poll=0``, or when the service answered a long poll at once (too many waiting),
+        it polls instead, pausing ``poll_interval`` seconds growing x1.5 up to
+        ``max_poll_interval``.
+        """
         start = time.monotonic()
         interval = poll_interval
+        bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
         with _Progress(self, start, enabled=progress) as shown:
             while not self.done:
                 elapsed = time.monotonic() - start
@@ -829,7 +861,26 @@ class ReleaseHandle:
                         "timeout",
                         f"release {self.id} still {self.status} after {elapsed:.1f} s",
                     )
-                pause = interval if timeout is None else min(interval, timeout - elapsed)
+                left = None if timeout is None else timeout - elapsed
+                if bound > 0 and not self._client._no_long_poll:
+                    # With a progress display, wake up every second to redraw the time.
+                    wait = min(bound, 1.0) if shown.enabled else bound
+                    wait = wait if left is None else min(wait, left)
+                    asked = time.monotonic()
+                    try:
+                        self.refresh(wait=max(wait, 0.001))
+                    except InvalidRequestError as exc:
+                        if exc.status != 422:
+                            raise
+                        # A service from before long polls refuses the unknown parameter.
+                        self._client._no_long_poll = True
+                        continue
+                    answered_early = time.monotonic() - asked < wait * 0.9
+                    if self.done or not answered_early:
+                        shown.update()
+                        continue
+                    # Answered at once, unfinished: the service is too busy to hold the wait.
+                pause = interval if left is None else min(interval, left)
                 _sleep(max(pause, 0.0))
                 interval = min(interval * 1.5, max_poll_interval)
                 self.refresh()
@@ -951,8 +1002,10 @@ class ReleaseHandle:
         timeout: float | None = None,
         poll_interval: float = 0.2,
         max_poll_interval: float = 2.0,
+        long_poll: float | None = None,
     ) -> NDArray[np.float64]:
-        """Poll until the release finishes and return its basis as a ``d x k`` array.
+        """Wait until the release finishes and return its basis as a ``d x k`` array (long
+        polls, or polls against an older service: see :meth:`wait_finished`).
 
         Raises :class:`ReleaseNoResult` or :class:`ReleaseFailed` for those outcomes,
         :class:`NoBasisError` for mechanisms that release no basis (use :meth:`wait_finished`
@@ -964,6 +1017,7 @@ class ReleaseHandle:
             timeout=timeout,
             poll_interval=poll_interval,
             max_poll_interval=max_poll_interval,
+            long_poll=long_poll,
         )
         return self.basis()
 
@@ -975,7 +1029,8 @@ class _Progress:
         self._handle = handle
         self._start = start
         self._status: Any = None
-        if enabled and sys.stderr.isatty():
+        self.enabled = enabled and sys.stderr.isatty()
+        if self.enabled:
             from rich.console import Console
 
             self._status = Console(stderr=True).status(self._text())

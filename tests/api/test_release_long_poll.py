@@ -1,0 +1,249 @@
+"""``GET /v1/releases/{id}?wait=``: the long poll returns when the release finishes (as the
+caller may see it), honours its bound and ``visible_at``, and holds no database slot while it
+waits. Real commits (``committed_db``): the worker runs in another thread, as it would run in
+another process."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import auth, wake
+from service.app import create_app
+from service.config import Settings
+from service.store import DatasetStore
+from service.worker import Worker
+from tests.conftest import bearer, npy_bytes
+from tests.factories import near_subspace
+
+BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
+
+
+class Service:
+    """The app on a committed database, its keys, one dataset, and a worker to run now."""
+
+    def __init__(
+        self, factory: sessionmaker[Session], settings: Settings, client: TestClient
+    ) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.client = client
+        self.keys: dict[str, str] = {}
+        with factory.begin() as session:
+            for role in ("owner", "analyst"):
+                _, self.keys[role] = auth.create_key(session, role, role, actor_key_id=None)
+        data, _ = near_subspace(np.random.default_rng(3), 200, 6, 2)
+        response = client.post(
+            "/v1/datasets",
+            headers=bearer(self.keys["owner"]),
+            files={"file": ("data.npy", npy_bytes(data), "application/octet-stream")},
+            data={"name": "t", "epsilon_budget": "10", "delta_budget": "1e-3",
+                  "row_norm_bound": "1"},
+        )  # fmt: skip
+        assert response.status_code == 201, response.text
+        self.dataset = response.json()["id"]
+        store = DatasetStore(settings.datasets_dir)
+        self.worker = Worker(factory, store, settings, worker_id="long-poll-worker")
+
+    def request(self) -> str:
+        made = self.client.post(
+            f"/v1/datasets/{self.dataset}/releases", headers=bearer(self.keys["analyst"]), json=BODY
+        )
+        assert made.status_code == 202, made.text
+        return str(made.json()["id"])
+
+    def run_later(self, seconds: float) -> threading.Thread:
+        def run() -> None:
+            time.sleep(seconds)
+            self.worker.run_pending()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def get(self, release: str, role: str = "analyst", **params: Any) -> httpx.Response:
+        return self.client.get(
+            f"/v1/releases/{release}", headers=bearer(self.keys[role]), params=params
+        )
+
+
+@pytest.fixture
+def make_service(
+    committed_db: tuple[str, sessionmaker[Session]], settings: Settings
+) -> Iterator[Callable[..., Service]]:
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> Service:
+        _, factory = committed_db
+        configured = settings.model_copy(update=overrides)
+        client = TestClient(create_app(configured, session_factory=factory))
+        client.__enter__()
+        clients.append(client)
+        return Service(factory, configured, client)
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("hint", ["local", "database"])
+def test_the_long_poll_returns_when_the_release_finishes(
+    make_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch, hint: str
+) -> None:
+    service = make_service()
+    if hint == "database":
+        # Only what a worker in another process sends: NOTIFY (PostgreSQL) or the wake file.
+        monkeypatch.setattr(wake, "_local_listeners", [])
+    release = service.request()
+    worker = service.run_later(0.4)
+    start = time.monotonic()
+    answer = service.get(release, wait=10)
+    elapsed = time.monotonic() - start
+    worker.join()
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "succeeded"
+    assert answer.json()["result"]["basis"] is not None
+    # Woken by the hint, not by the 2 s re-read nor the 10 s bound.
+    assert 0.35 <= elapsed < 1.5, elapsed
+
+
+def test_the_long_poll_answers_at_its_bound(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    release = service.request()
+    start = time.monotonic()
+    answer = service.get(release, wait=0.5)
+    elapsed = time.monotonic() - start
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "queued"
+    assert 0.5 <= elapsed < 1.5, elapsed
+    # A finished release is answered at once, wait or not.
+    service.worker.run_pending()
+    start = time.monotonic()
+    assert service.get(release, wait=10).json()["status"] == "succeeded"
+    assert time.monotonic() - start < 1.0
+    assert service.client.app.state.release_waiters.count == 0  # every waiter left
+
+
+def test_the_analyst_sees_nothing_before_visible_at(make_service: Callable[..., Service]) -> None:
+    service = make_service(release_padding_floor_seconds=1.5)
+    release = service.request()
+    service.worker.run_pending()
+    # The owner sees the stored outcome at once; the analyst only from visible_at on.
+    assert service.get(release, role="owner", wait=5).json()["status"] == "succeeded"
+    early = service.get(release, wait=0.3).json()
+    assert early["status"] == "queued" and early["result"] is None
+    answer = service.get(release, wait=10)
+    seen_at = time.time()
+    body = answer.json()
+    assert body["status"] == "succeeded"
+    visible_at = np.datetime64(body["visible_at"].replace("Z", "")).astype("datetime64[us]")
+    assert np.datetime64(int(seen_at * 1e6), "us") >= visible_at
+
+
+@pytest.mark.parametrize("wait", ["31", "-1", "soon", "nan", "inf"])
+def test_a_bad_wait_is_a_422_naming_the_field(
+    make_service: Callable[..., Service], wait: str
+) -> None:
+    service = make_service()
+    release = service.request()
+    answer = service.get(release, wait=wait)
+    assert answer.status_code == 422
+    assert "wait" in answer.text
+
+
+def test_beyond_the_waiter_limit_the_answer_comes_at_once(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(release_wait_max_waiters=0)
+    release = service.request()
+    start = time.monotonic()
+    assert service.get(release, wait=5).json()["status"] == "queued"
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_waiting_long_poll_holds_no_database_slot(
+    make_service: Callable[..., Service],
+) -> None:
+    # One slot in all: a waiting long poll that held it would make the other request wait
+    # db_wait_seconds and get 503.
+    service = make_service(db_pool_size=1, db_max_overflow=0, db_wait_seconds=3)
+    release = service.request()
+    app = service.client.app
+    headers = bearer(service.keys["analyst"])
+
+    async def both() -> tuple[httpx.Response, httpx.Response, float]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            waiting = asyncio.create_task(
+                http.get(f"/v1/releases/{release}", headers=headers, params={"wait": "2"})
+            )
+            await asyncio.sleep(0.3)
+            start = time.monotonic()
+            other = await http.get(
+                f"/v1/datasets/{service.dataset}", headers=bearer(service.keys["owner"])
+            )
+            took = time.monotonic() - start
+            return await waiting, other, took
+
+    waited, other, took = asyncio.run(both())
+    assert other.status_code == 200, other.text  # answered, not 503
+    assert took < 1.0, took
+    assert waited.status_code == 200 and waited.json()["status"] == "queued"
+
+
+def test_the_client_waits_with_the_long_poll(make_service: Callable[..., Service]) -> None:
+    from dpss_client import Client
+
+    service = make_service()
+    gets: list[httpx.Request] = []
+    service.client.event_hooks["request"].append(
+        lambda request: gets.append(request) if request.method == "GET" else None
+    )
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7")
+    worker = service.run_later(0.3)
+    start = time.monotonic()
+    basis = handle.wait()
+    elapsed = time.monotonic() - start
+    worker.join()
+    assert basis.shape == (6, 2)
+    assert elapsed < 1.5, elapsed
+    # One long poll, answered when the worker stored the outcome.
+    assert [request.url.params.get("wait") for request in gets] == ["25"]
+
+
+def test_wait_is_described_in_the_openapi_document(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    operation = service.client.get("/openapi.json").json()["paths"]["/v1/releases/{release_id}"]
+    (wait,) = [p for p in operation["get"]["parameters"] if p["name"] == "wait"]
+    assert wait["in"] == "query" and not wait.get("required", False)
+    assert "long poll" in wait["description"].lower()
+    schema = wait["schema"]
+    bounds = [s for s in schema.get("anyOf", [schema]) if s.get("type") == "number"]
+    assert bounds and bounds[0]["maximum"] == 30 and bounds[0]["minimum"] == 0
+
+
+def test_a_stopping_process_answers_its_long_polls_at_once(
+    make_service: Callable[..., Service],
+) -> None:
+    # What the SIGTERM/SIGINT handler chained in front of uvicorn's does (service/waiters.py).
+    service = make_service()
+    release = service.request()
+    hub = service.client.app.state.release_waiters
+    threading.Timer(0.3, hub.begin_shutdown).start()
+    start = time.monotonic()
+    answer = service.get(release, wait=20)
+    assert answer.status_code == 200 and answer.json()["status"] == "queued"
+    assert time.monotonic() - start < 2.0
+    start = time.monotonic()
+    assert service.get(release, wait=20).status_code == 200  # no new wait begins
+    assert time.monotonic() - start < 1.0
