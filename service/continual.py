@@ -50,7 +50,7 @@ from randomgen import ChaCha
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from service import audit
+from service import audit, wake
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.errors import safe_traceback
 from service.mechanisms.base import InvalidParameter, ReleaseSpec
@@ -442,8 +442,10 @@ def _store_epoch(worker: Worker, job: ClaimedJob, step: EpochInput, computed: Ep
             },
         )
         if step.epoch >= step.horizon:
-            worker._record(session, release, outcome)
+            worker._record(session, release, outcome)  # announces the outcome too
             return release.status
+        # Long polls waiting for this release's next epoch return once this commits.
+        wake.announce_finished(session, worker.settings, release.id)
         return STORED
 
 
@@ -486,6 +488,19 @@ def epoch_summaries(
         .order_by(ReleaseEpoch.epoch)
     ).all()
     return [(row[0], row[1], row[2], row[3]) for row in rows]
+
+
+def next_visible_at(
+    session: Session, release_id: object, after: int, visible_by: datetime
+) -> datetime | None:
+    """When the first stored epoch after ``after`` that is hidden at ``visible_by`` shows."""
+    return session.execute(
+        select(func.min(ReleaseEpoch.visible_at)).where(
+            ReleaseEpoch.release_id == release_id,
+            ReleaseEpoch.epoch > after,
+            ReleaseEpoch.visible_at > visible_by,
+        )
+    ).scalar_one_or_none()
 
 
 def page_epochs(

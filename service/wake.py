@@ -106,7 +106,8 @@ def announce(session: Session, settings: Settings) -> None:
 
 
 def announce_finished(session: Session, settings: Settings, release_id: uuid.UUID) -> None:
-    """Tell long polls that ``release_id`` has an outcome, once the current transaction commits.
+    """Tell long polls that ``release_id`` has news (an outcome, or a continual release's new
+    epoch), once the current transaction commits; its waiters re-read it.
 
     PostgreSQL: ``NOTIFY`` with the id as payload (delivered at commit, dropped on rollback).
     SQLite: the finished file is replaced after the commit. Always: this process's local

@@ -189,18 +189,51 @@ async def get_release(
     return read.shown
 
 
+EpochWait = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="Long poll (with `after`, without `cursor`): when no epoch after `after` "
+        "is visible yet, answer as soon as one is, or the release has finished, or after this "
+        f"many seconds (at most {MAX_WAIT_SECONDS:g}), whichever comes first. An analyst sees "
+        "each epoch from its own `visible_at` on, as without `wait`. Omitted or 0: answer at "
+        "once.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class _EpochRead:
+    """One read of a page of epochs, whether more can come, and when a hidden one shows."""
+
+    page: EpochList
+    finished: bool
+    #: Seconds until the next stored epoch the caller cannot see yet becomes visible.
+    visible_in: float | None
+
+
 @router.get(
     "/releases/{release_id}/epochs",
     response_model=EpochList,
     summary="The epochs of a continual release, oldest first, with their bases.",
+    description=(
+        "Pages with `cursor`, or the epochs after epoch number `after`. With `after` and "
+        "`?wait=<seconds>`, a long poll for the next epoch: waiting holds no database "
+        "connection."
+    ),
     responses={
         404: {"model": ErrorBody, "description": "No such release (or not yours)."},
-        422: {"model": ErrorBody, "description": "Not a cursor this service issued."},
+        422: {
+            "model": ErrorBody,
+            "description": "Not a cursor this service issued, or `wait` not from 0 to 30.",
+        },
     },
 )
 async def list_epochs(
     release_id: uuid.UUID,
     uow: UnitOfWorkDep,
+    request: Request,
     limit: Limit = 100,
     cursor: Cursor = None,
     after: Annotated[
@@ -212,19 +245,45 @@ async def list_epochs(
             "client polling for new epochs asks for those it has not seen.",
         ),
     ] = 0,
+    wait: EpochWait = None,
 ) -> EpochList:
-    def work(session: Session, principal: Principal) -> EpochList:
+    def work(session: Session, principal: Principal) -> _EpochRead:
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
+        finished = release.status in FINISHED
         if not releases.outcome_visible(release, principal, now):
-            return EpochList(items=[], total=0, next=None)
+            return _EpochRead(EpochList(items=[], total=0, next=None), finished, None)
         # Analysts see each epoch from its own visible_at on (see service.continual).
         visible_by = now if principal.role == "analyst" else None
         page = continual.page_epochs(session, release.id, limit, cursor, after, visible_by)
-        return EpochList(
+        visible_in = None
+        if visible_by is not None and not page.items:
+            hidden = continual.next_visible_at(session, release.id, after, visible_by)
+            visible_in = None if hidden is None else (hidden - now).total_seconds()
+        shown = EpochList(
             items=[epoch_out(epoch, principal) for epoch in page.items],
             total=page.total,
             next=page.next,
         )
+        return _EpochRead(shown, finished and visible_in is None, visible_in)
 
-    return await uow(work)
+    if not wait or cursor is not None:
+        return (await uow(work)).page
+    hub: ReleaseWaiters = request.app.state.release_waiters
+    deadline = anyio.current_time() + wait
+    # As get_release: registered before the first read; each read its own short unit of work.
+    # The worker announces every stored epoch as it does an outcome.
+    with hub.waiting(release_id) as waiter:
+        read = await uow(work)
+        if waiter is None:
+            return read.page
+        while not read.page.items and not read.finished and not hub.closing:
+            left = deadline - anyio.current_time()
+            if left <= 0:
+                break
+            pause = min(left, RECHECK_SECONDS)
+            if read.visible_in is not None:
+                pause = min(left, read.visible_in + VISIBLE_MARGIN_SECONDS)
+            await waiter.wait(pause)
+            read = await uow(work)
+    return read.page

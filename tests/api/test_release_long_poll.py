@@ -247,3 +247,89 @@ def test_a_stopping_process_answers_its_long_polls_at_once(
     start = time.monotonic()
     assert service.get(release, wait=20).status_code == 200  # no new wait begins
     assert time.monotonic() - start < 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Continual releases: GET /v1/releases/{id}/epochs?after=N&wait=
+
+
+def _continual(service: Service, horizon: int = 3) -> str:
+    body = {"mechanism": "continual_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-6",
+            "params": {"horizon": horizon}}  # fmt: skip
+    made = service.client.post(
+        f"/v1/datasets/{service.dataset}/releases",
+        headers=bearer(service.keys["analyst"]),
+        json=body,
+    )
+    assert made.status_code == 202, made.text
+    return str(made.json()["id"])
+
+
+def _epochs(service: Service, release: str, **params: Any) -> httpx.Response:
+    return service.client.get(
+        f"/v1/releases/{release}/epochs", headers=bearer(service.keys["analyst"]), params=params
+    )
+
+
+def _append(service: Service) -> None:
+    rows = near_subspace(np.random.default_rng(4), 50, 6, 2)[0]
+    added = service.client.post(
+        f"/v1/datasets/{service.dataset}/rows",
+        headers=bearer(service.keys["owner"]),
+        files={"file": ("more.npy", npy_bytes(rows), "application/octet-stream")},
+    )
+    assert added.status_code == 201, added.text
+
+
+@pytest.mark.parametrize("hint", ["local", "database"])
+def test_the_epoch_long_poll_returns_when_the_next_epoch_is_stored(
+    make_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch, hint: str
+) -> None:
+    service = make_service()
+    if hint == "database":
+        monkeypatch.setattr(wake, "_local_listeners", [])
+    release = _continual(service)
+    worker = service.run_later(0.4)
+    start = time.monotonic()
+    first = _epochs(service, release, after=0, wait=10)
+    elapsed = time.monotonic() - start
+    worker.join()
+    assert first.status_code == 200, first.text
+    assert [e["epoch"] for e in first.json()["items"]] == [1]
+    assert 0.35 <= elapsed < 1.5, elapsed  # woken by the epoch's announcement
+    # The next epoch needs a batch: appended, then the worker runs again, a little later.
+    _append(service)
+    worker = service.run_later(0.4)
+    start = time.monotonic()
+    second = _epochs(service, release, after=1, wait=10)
+    elapsed = time.monotonic() - start
+    worker.join()
+    assert [e["epoch"] for e in second.json()["items"]] == [2]
+    assert 0.35 <= elapsed < 1.5, elapsed
+
+
+def test_the_epoch_long_poll_answers_at_its_bound_and_at_once_with_a_cursor(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    release = _continual(service)
+    service.worker.run_pending()
+    start = time.monotonic()
+    empty = _epochs(service, release, after=1, wait=0.5)
+    assert 0.45 <= time.monotonic() - start < 2.0
+    assert empty.status_code == 200 and empty.json()["items"] == []
+    # Epochs already there: at once, whatever the wait.
+    start = time.monotonic()
+    assert len(_epochs(service, release, after=0, wait=10).json()["items"]) == 1
+    assert time.monotonic() - start < 1.0
+
+
+@pytest.mark.parametrize("bad", ["31", "-1", "soon", "nan"])
+def test_a_bad_epoch_wait_is_a_422_naming_the_field(
+    make_service: Callable[..., Service], bad: str
+) -> None:
+    service = make_service()
+    release = _continual(service)
+    answer = _epochs(service, release, after=0, wait=bad)
+    assert answer.status_code == 422
+    assert "wait" in answer.text

@@ -221,3 +221,33 @@ def test_a_long_poll_answered_at_once_falls_back_to_a_pause(
     assert handle.wait_finished(poll_interval=0.5).status == "succeeded"
     assert slept == [0.5]
     assert [r.url.params.get("wait") for r in seen] == ["25", None, "25"]
+
+
+def test_epoch_records_long_poll_for_the_next_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    epoch = {"epoch": 1, "batch_seq": 0, "n_rows_read": 3, "basis": [[1.0]]}
+
+    polls: list[int] = []
+
+    def answer(request: httpx.Request, count: int) -> httpx.Response:
+        if request.url.path.endswith("/epochs"):
+            # A long poll that ends at its bound empty, then one that brings epoch 1; the
+            # release has then finished.
+            polls.append(count)
+            items = [epoch] if len(polls) == 2 else []
+            return httpx.Response(200, json={"items": items, "total": 1, "next": None})
+        return httpx.Response(200, json=_release_json("running" if len(polls) < 2 else "succeeded"))
+
+    import dpss_client.client as client_module
+
+    handle, seen, slept = _handle(answer, monkeypatch)
+    clock = iter(range(0, 1000, 30))  # every request takes 30 s: no long poll ended early
+    monkeypatch.setattr(client_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
+    records = list(handle.epoch_records(timeout=None))
+    assert [r.epoch for r in records] == [1]
+    epochs = [r for r in seen if r.url.path.endswith("/epochs")]
+    # The release finished with epoch 1, its total: no poll after it.
+    assert [(r.url.params["after"], r.url.params.get("wait")) for r in epochs] == [
+        ("0", "25"),
+        ("0", "25"),
+    ]
+    assert slept == []  # held polls, no client-side pauses

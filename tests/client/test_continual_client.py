@@ -51,7 +51,7 @@ def test_epochs_yields_each_basis_as_it_is_released(
             owner.append_rows(dataset_id, pending.pop())
 
     monkeypatch.setattr(client_module, "_sleep", sleep)
-    bases = list(handle.epochs(timeout=60, poll_interval=0.01))
+    bases = list(handle.epochs(timeout=60, poll_interval=0.01, long_poll=0))
     assert len(bases) == 4
     for basis in bases:
         assert basis.shape == (D, 2)
@@ -70,7 +70,7 @@ def test_epochs_times_out_when_no_batch_arrives(
     monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
     seen = []
     with pytest.raises(WaitTimeoutError, match="no new epoch"):
-        for basis in handle.epochs(timeout=0.3, poll_interval=0.01):
+        for basis in handle.epochs(timeout=0.3, poll_interval=0.01, long_poll=0):
             seen.append(basis)
     assert len(seen) == 1
 

@@ -938,24 +938,45 @@ class ReleaseHandle:
         poll_interval: float = 0.5,
         max_poll_interval: float = 10.0,
         after: int = 0,
+        long_poll: float | None = None,
     ) -> Iterator[Epoch]:
         """Each epoch of a continual release after epoch ``after``, as it is released, oldest
         first; ends when the release has finished and every epoch was yielded.
 
-        Polls politely: the pause grows from ``poll_interval`` to ``max_poll_interval`` while
-        nothing new arrives and starts over at each new epoch. :class:`WaitTimeoutError` when
-        ``timeout`` seconds (``None``: forever) pass without a new epoch; raises like
-        :meth:`raise_for_outcome` when the release ends ``no_result`` or ``failed``.
+        Long polls (``GET /v1/releases/{id}/epochs?after=...&wait=...``, ``long_poll`` seconds
+        each, default :data:`LONG_POLL_SECONDS`): the service answers as soon as a new epoch is
+        visible. Against a server without them or with ``long_poll=0`` it polls politely: the
+        pause grows from ``poll_interval`` to ``max_poll_interval`` while nothing new arrives
+        and starts over at each new epoch. :class:`WaitTimeoutError` when ``timeout`` seconds
+        (``None``: forever) pass without a new epoch; raises like :meth:`raise_for_outcome`
+        when the release ends ``no_result`` or ``failed``.
         """
         seen = after
         interval = poll_interval
         quiet_since = time.monotonic()
+        bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
         while True:
-            page = self._client._get(
-                f"/v1/releases/{self.id}/epochs",
-                EpochList,
-                params={"after": str(seen)},
-            )
+            wait = 0.0
+            if bound > 0 and not self._client._no_long_poll:
+                waited = time.monotonic() - quiet_since
+                wait = bound if timeout is None else max(min(bound, timeout - waited), 0.0)
+            params = {"after": str(seen)}
+            if wait > 0:
+                params["wait"] = f"{wait:g}"
+            asked = time.monotonic()
+            try:
+                page = self._client._get(
+                    f"/v1/releases/{self.id}/epochs",
+                    EpochList,
+                    params=params,
+                    timeout=self._client._timeout_plus(wait),
+                )
+            except InvalidRequestError as exc:
+                if exc.status != 422 or "wait" not in params:
+                    raise
+                # A service from before epoch long polls refuses the unknown parameter.
+                self._client._no_long_poll = True
+                continue
             fresh = [epoch for epoch in page.items if epoch.epoch > seen]
             for epoch in fresh:
                 yield epoch
@@ -975,6 +996,8 @@ class ReleaseHandle:
                 raise WaitTimeoutError(
                     "timeout", f"release {self.id}: no new epoch after {waited:.1f} s"
                 )
+            if wait > 0 and time.monotonic() - asked >= wait * 0.9:
+                continue  # the service held the poll for its whole bound: ask again at once
             pause = interval if timeout is None else min(interval, timeout - waited)
             _sleep(max(pause, 0.0))
             interval = min(interval * 1.5, max_poll_interval)
