@@ -124,6 +124,26 @@ GAUSS_ERROR_FACTOR = 3.0
 #: noise matrix's spectral norm over the eigengap 1. Measured/predicted 0.3-1.3 on the grid.
 FRIENDLY_RADIUS_TERM = 0.5
 
+#: Where friendly_aggregate's own radius search would stop spuriously (no subsets agreeing at
+#: all) with probability above this (:func:`spurious_stop_probability`; 0.44 at t = 166,
+#: eps = 1 and at t = 1666, eps = 0.1), the staged regime is replaced by the agreement test.
+SPURIOUS_STOP_LIMIT = 0.1
+
+#: Share of epsilon of the agreement test (at most ``structure_share``).
+AGREEMENT_SHARE = 0.05
+
+#: The agreement test's cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*`` the
+#: radius below which friendly_aggregate is predicted to beat analyze_gauss: points
+#: ``y_j = P U_j U_j^T`` of subsets whose projectors are ``r`` apart differ by about ``r/sqrt(d)``
+#: per coordinate (``q d`` coordinates, ``||P M||_F ~ sqrt(q) ||M||_F``). Measured on the grid
+#: (2 seeds, d = 10..1000): at factor 8 the largest cell holds 1-10 of the t points at distance
+#: 1e-1, 0.45-1.0 t at 1e-3 and all t at 1e-5.
+AGREEMENT_WIDTH_FACTOR = 8.0
+
+#: The agreement test chooses friendly_aggregate iff the noisy largest cell count reaches this
+#: fraction of ``t``.
+AGREEMENT_FRACTION = 0.5
+
 #: histogram_aggregate's error at cell width ``w`` is predicted as ``w sqrt(d)/4`` (the cell
 #: width dominates; its noise is in the choice of cell): measured/predicted 0.5-1.5 on the grid
 #: at d = 10..1000.
@@ -184,6 +204,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     staged: Choice | None = None
     ptr_fallback: Choice | None = None
+    #: Agreement regime: the test's epsilon, ``t`` and width (``staged`` is then friendly at
+    #: ``(1 - s) eps``, always continued; ``default`` analyze_gauss at ``(1 - s) eps``).
+    agreement_epsilon: float = 0.0
+    agreement_t: int = 0
+    agreement_width: float = 0.0
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -291,6 +316,92 @@ def predicted_histogram_error(width: float, d: int) -> float:
     return HISTOGRAM_WIDTH_FACTOR * width * math.sqrt(d)
 
 
+def spurious_stop_probability(
+    threshold: float, sensitivity: float, epsilon: float, queries: int
+) -> float:
+    """Probability that AboveThreshold (threshold noise ``Lap(2 D/eps)``, query noise
+    ``Lap(4 D/eps)``) stops on one of ``queries`` answers that are all 0: ``E_Y[1 - (1 -
+    P(X >= T + Y))^m]``, by quadrature over the threshold noise ``Y`` (public facts only)."""
+    b = 4.0 * sensitivity / epsilon
+    y = np.linspace(-40.0 * b / 2, 40.0 * b / 2, 20_001)
+    density = np.exp(-np.abs(y) / (b / 2)) / b
+    level = threshold + y
+    above = np.where(
+        level > 0,
+        0.5 * np.exp(-np.maximum(level, 0) / b),
+        1 - 0.5 * np.exp(np.minimum(level, 0) / b),
+    )
+    stop = 1.0 - (1.0 - above) ** queries
+    return float(np.clip(np.sum(stop * density) * (y[1] - y[0]), 0.0, 1.0))
+
+
+def friendly_spurious_stop_probability(choice: Choice) -> float:
+    """:func:`spurious_stop_probability` of friendly_aggregate's radius search for ``choice``."""
+    from service.mechanisms.friendly_aggregate import (
+        budget_split,
+        radius_search_threshold,
+        radius_steps,
+        ramp_width,
+        weight_sensitivity,
+    )
+
+    params: Any = choice.params
+    t = params.t
+    split = budget_split(choice.epsilon, choice.delta, params.radius is not None, t=t)
+    if params.radius is not None or split.eps0 <= 0:
+        return 0.0
+    bar = radius_search_threshold(t, split.eps1, split.delta1)
+    sens = weight_sensitivity(t, ramp_width(t))
+    return spurious_stop_probability(bar, sens, split.eps0, radius_steps(params.aggregator) + 1)
+
+
+def agreement_width(
+    friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
+) -> float:
+    """``AGREEMENT_WIDTH_FACTOR sqrt(d) r*``, ``r*`` the radius at which friendly's predicted
+    error equals analyze_gauss's at ``gauss_epsilon`` (public)."""
+    params: Any = friendly.params
+    gauss = predicted_gauss_error(n, d, k, clip_norm, gauss_epsilon, friendly.delta)
+    per_unit = predicted_friendly_error(params, 1.0, d, k, friendly.epsilon, friendly.delta)
+    return AGREEMENT_WIDTH_FACTOR * math.sqrt(d) * gauss / per_unit
+
+
+def agreement_memory_bytes(n: int, d: int, k: int, t: int) -> int:
+    """Peak bytes of :func:`noisy_agreement_count` (the model of ``histogram_aggregate``'s
+    points and one width's query, ``q = 2k``)."""
+    from service.mechanisms.sample_aggregate import (
+        allowance,
+        embeddings_bytes,
+        subset_bases_bytes,
+    )
+    from service.mechanisms.width_selection import search_memory_bytes
+
+    q, m = 2 * k, n // t
+    partition = 8 * (2 * n + t * m)
+    points = 8 * t * d * k + embeddings_bytes(t, q, d, k) + search_memory_bytes(t, q * d)
+    return allowance(partition + max(subset_bases_bytes(t, m, d, k), points))
+
+
+def noisy_agreement_count(
+    data: FloatArray, k: int, t: int, width: float, test_epsilon: float, rng: np.random.Generator
+) -> float:
+    """The largest cell count of the ``t`` subsets' points ``y_j = P U_j U_j^T`` (``q = 2k``
+    public reference points, public random partition) on a grid of the public ``width`` with a
+    public uniform offset, plus ``Lap(1/eps_a)``.
+
+    Replacing one row changes one subset, hence one point, hence every cell count by at most
+    1 and the largest by at most 1 (``width_selection``'s argument; the point's cell is a
+    function of the point alone): the count has sensitivity 1, so this is ``(eps_a, 0)``-DP.
+    """
+    from service.mechanisms.histogram_aggregate import histogram_points
+    from service.mechanisms.width_selection import largest_cell_count
+
+    points, _ = histogram_points(data, None, k, t, 2 * k, rng)
+    offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
+    count = largest_cell_count(points, width, offsets)
+    return float(count) + float(laplace(1.0 / test_epsilon, rng))
+
+
 @dataclass(frozen=True)
 class StagedDecision:
     """The staged regime's decision: post-processing of the search's output and public facts."""
@@ -396,6 +507,14 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         staged = _aggregator(ctx, k, epsilon, delta, notes) or _histogram(
             ctx, k, epsilon, delta, notes
         )
+        if (
+            staged is not None
+            and staged.name == "friendly_aggregate"
+            and friendly_spurious_stop_probability(staged) > SPURIOUS_STOP_LIMIT
+        ):
+            agreement = _agreement_plan(ctx, k, epsilon, delta, clip, share, staged, notes)
+            if agreement is not None:
+                return agreement
         if staged is not None:
             rest = (1.0 - SEARCH_SHARE) * epsilon
             default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
@@ -426,6 +545,55 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         0.0,
         "analyze_gauss: the dependable default; no aggregator can run here (" + why + ")",
         notes,
+    )
+
+
+def _agreement_plan(
+    ctx: PublicContext,
+    k: int,
+    epsilon: float,
+    delta: float,
+    clip: float,
+    share: float,
+    staged: Choice,
+    notes: list[str],
+) -> Plan | None:
+    """The agreement regime, or ``None`` if friendly_aggregate is refused at ``(1 - s) eps``."""
+    from service.mechanisms.friendly_aggregate import budget_split
+
+    test_epsilon = min(share, AGREEMENT_SHARE) * epsilon
+    rest = epsilon - test_epsilon
+    friendly = _aggregator(ctx, k, rest, delta, notes)
+    if friendly is None:
+        return None
+    params: Any = friendly.params
+    t = int(params.t)
+    if (ctx.n_rows // t) < k:
+        return None
+    spurious = friendly_spurious_stop_probability(staged)
+    notes.append(
+        f"friendly_aggregate's radius search would stop spuriously on unstructured data with "
+        f"probability {spurious:.2f}: a one-query agreement test decides instead"
+    )
+    gram_raw = {"clip_norm": clip}
+    default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
+    split = budget_split(rest, delta, False, t=t)
+    ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
+    width = agreement_width(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
+    return Plan(
+        default,
+        None,
+        0.0,
+        f"friendly_aggregate can run, but its own radius search is unreliable here (spurious "
+        f"stop probability {spurious:.2f}): a private agreement test (epsilon "
+        f"{test_epsilon:.4g}, the noisy largest cell count of the {t} subsets' points at a "
+        "public width) chooses friendly_aggregate when most subsets agree, else analyze_gauss",
+        notes,
+        staged=friendly,
+        ptr_fallback=ptr_fallback,
+        agreement_epsilon=test_epsilon,
+        agreement_t=t,
+        agreement_width=width,
     )
 
 
@@ -508,7 +676,9 @@ class Auto(Mechanism[AutoParams]):
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]) -> Preview:
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         assert spec.params.clip_norm is not None  # resolved by prepare
-        if the_plan.staged is not None:
+        if the_plan.agreement_epsilon > 0 and the_plan.staged is not None:
+            choice = f"{the_plan.staged.name} or {the_plan.default.name} (agreement test)"
+        elif the_plan.staged is not None:
             choice = (
                 f"{the_plan.staged.name} or {the_plan.default.name} "
                 f"(decided by {the_plan.staged.name}'s private search)"
@@ -521,7 +691,8 @@ class Auto(Mechanism[AutoParams]):
             "auto_choice": choice,
             "auto_reason": the_plan.reason,
             "structure_test": the_plan.aggregator is not None,
-            "staged_search": the_plan.staged is not None,
+            "staged_search": the_plan.staged is not None and the_plan.agreement_epsilon == 0,
+            "agreement_test": the_plan.agreement_epsilon > 0,
         }
         meaning = [f"auto chooses {choice}: {the_plan.reason}."]
         if the_plan.aggregator is not None:
@@ -538,7 +709,25 @@ class Auto(Mechanism[AutoParams]):
                 f"{TAIL_RATIO_THRESHOLD:g}, else analyze_gauss, each with epsilon "
                 f"{the_plan.default.epsilon:.4g} and all of delta."
             )
-        if the_plan.staged is not None:
+        if the_plan.agreement_epsilon > 0:
+            bar = AGREEMENT_FRACTION * the_plan.agreement_t
+            scales.update(
+                agreement_epsilon=the_plan.agreement_epsilon,
+                agreement_width=the_plan.agreement_width,
+                agreement_threshold=bar,
+                agreement_noise_scale=1.0 / the_plan.agreement_epsilon,
+            )
+            meaning.append(
+                f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
+                f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
+                f"subspace maps {2 * spec.k} public Gaussian reference points to a point; the "
+                f"largest number of points sharing a cell of the public width "
+                f"{the_plan.agreement_width:.4g} gets Laplace noise of scale "
+                f"{1.0 / the_plan.agreement_epsilon:.4g}; friendly_aggregate runs if it reaches "
+                f"{bar:.4g}, else analyze_gauss, each with epsilon "
+                f"{the_plan.default.epsilon:.4g} and all of delta."
+            )
+        elif the_plan.staged is not None:
             scales.update(self._staged_preview(ctx, spec, the_plan.staged, the_plan, meaning))
         for choice_, inner in self._specs(the_plan, spec.k):
             shown = _registered(choice_.name).preview(ctx, inner)
@@ -598,6 +787,9 @@ class Auto(Mechanism[AutoParams]):
         inner = max(
             _registered(c.name).memory_bytes(ctx, s) for c, s in self._specs(the_plan, spec.k)
         )
+        if the_plan.agreement_epsilon > 0:
+            # The agreement test's points are freed before the chosen mechanism runs.
+            return max(inner, agreement_memory_bytes(ctx.n_rows, d, spec.k, the_plan.agreement_t))
         if the_plan.aggregator is None:
             return inner
         # The test's Gram matrix and its eigenvalues are freed before the chosen mechanism runs.
@@ -612,6 +804,8 @@ class Auto(Mechanism[AutoParams]):
         # The plan is a function of public facts: the shape, the resolved clip norm, the request.
         ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=params.clip_norm)
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, params)
+        if the_plan.agreement_epsilon > 0:
+            return self._run_agreement(data, spec, the_plan, rng)
         if the_plan.staged is not None:
             return self._run_staged(data, spec, the_plan, rng)
         chosen, reason = the_plan.default, the_plan.reason
@@ -622,6 +816,65 @@ class Auto(Mechanism[AutoParams]):
             else:
                 reason = "the private structure test found the rows not near a k-dim subspace"
         return _labelled(_run_choice(chosen, data, spec.k, rng), chosen, reason)
+
+    def _run_agreement(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        the_plan: Plan,
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """Agreement regime: the one-query test ``(eps_a, 0)``, then friendly_aggregate at
+        ``((1 - s) eps, delta)`` (analyze_gauss at its unspent ``(eps2, delta2)`` if its test
+        fails) or analyze_gauss at ``((1 - s) eps, delta)``."""
+        friendly = the_plan.staged
+        assert friendly is not None
+        noisy = noisy_agreement_count(
+            data,
+            spec.k,
+            the_plan.agreement_t,
+            the_plan.agreement_width,
+            the_plan.agreement_epsilon,
+            rng,
+        )
+        bar = AGREEMENT_FRACTION * the_plan.agreement_t
+        agreed = noisy >= bar
+        test = {
+            "test": "agreement",
+            "epsilon": the_plan.agreement_epsilon,
+            "width": the_plan.agreement_width,
+            "t": the_plan.agreement_t,
+            "threshold": bar,
+            "agreed": agreed,
+        }
+        if not agreed:
+            reason = (
+                "the private agreement test found fewer than half of the subsets' subspaces "
+                "within the public cell width: analyze_gauss"
+            )
+            out = _run_choice(the_plan.default, data, spec.k, rng)
+            return _labelled(out, the_plan.default, reason, test)
+        reason = (
+            "the private agreement test found most of the subsets' subspaces within the public "
+            "cell width: friendly_aggregate"
+        )
+        mechanism = _registered(friendly.name)
+        from service.mechanisms.friendly_aggregate import FriendlyAggregate
+
+        assert isinstance(mechanism, FriendlyAggregate)
+        inner = ReleaseSpec(
+            k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
+        )
+        output = mechanism.finish(mechanism.search(data, inner, rng), inner, rng)
+        if output.basis is not None or the_plan.ptr_fallback is None:
+            return _labelled(output, friendly, reason, test)
+        fallback = the_plan.ptr_fallback
+        reason += (
+            "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
+            "budget of its mean step"
+        )
+        out = _run_choice(fallback, data, spec.k, rng)
+        return _labelled(out, fallback, reason, {**test, "ptr_failed": True})
 
     def _run_staged(
         self,

@@ -1,0 +1,292 @@
+"""``auto``'s staged regime: the aggregator's own private search is the structure test.
+
+Checked here: continuing gives bit-identical output to the aggregator's own run (same seed);
+the decision is a function of public facts and the released exponent only; a stop sends exactly
+``(3 eps/4, delta)`` to analyze_gauss and a failed friendly test exactly ``(eps2, delta2)``; the
+declared cost is the request; extreme inputs end succeeded or no_result; and on a seeded small
+grid auto continues the aggregator on data within 1e-5 of a subspace and runs analyze_gauss on
+isotropic data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.bench_auto_grid import near_subspace
+from service.mechanisms import auto as auto_module
+from service.mechanisms.auto import (
+    SEARCH_SHARE,
+    Auto,
+    AutoParams,
+    plan,
+    predicted_friendly_error,
+    predicted_gauss_error,
+    staged_decision,
+)
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.friendly_aggregate import (
+    FriendlyAggregate,
+    budget_split,
+    radius_grid,
+    radius_steps,
+)
+from service.mechanisms.histogram_aggregate import HistogramAggregate
+from service.mechanisms.linalg import subspace_distance
+from service.mechanisms.registry import MECHANISMS
+
+AUTO = Auto()
+K, DELTA = 3, 1e-6
+
+
+def ctx(n: int, d: int) -> PublicContext:
+    return PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+
+
+def auto_spec(n: int, d: int, eps: float) -> ReleaseSpec[AutoParams]:
+    return ReleaseSpec(K, eps, DELTA, AUTO.prepare(ctx(n, d), K, eps, DELTA, AutoParams()))
+
+
+def isotropic(n: int, d: int, seed: int) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((n, d))
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan (public facts)
+
+
+@pytest.mark.parametrize(("n", "eps"), [(5_000, 1.0), (50_000, 0.1)])
+def test_where_the_tail_test_is_unaffordable_the_aggregator_is_staged(n: int, eps: float) -> None:
+    the_plan = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0))
+    assert the_plan.aggregator is None and the_plan.test_epsilon == 0.0
+    assert the_plan.staged is not None and the_plan.staged.name == "friendly_aggregate"
+    # the aggregator gets the whole request: its own run, its own split
+    assert (the_plan.staged.epsilon, the_plan.staged.delta) == (eps, DELTA)
+    assert the_plan.staged.params.aggregator == "projection"  # type: ignore[attr-defined]
+    # after a stop: analyze_gauss with exactly the unspent (3/4 eps, delta)
+    assert the_plan.default.name == "analyze_gauss"
+    assert (the_plan.default.epsilon, the_plan.default.delta) == ((1 - SEARCH_SHARE) * eps, DELTA)
+    # after a failed test: analyze_gauss with exactly friendly's (eps2, delta2), and the three
+    # steps search + test + that fallback compose to the request
+    t = the_plan.staged.params.t  # type: ignore[attr-defined]
+    split = budget_split(eps, DELTA, False, t=t)
+    assert the_plan.ptr_fallback is not None
+    assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
+        split.eps2,
+        split.delta2,
+    )
+    assert split.eps0 == SEARCH_SHARE * eps
+    assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    assert split.delta1 + split.delta2 == pytest.approx(DELTA, rel=1e-15)
+
+
+def test_histogram_is_staged_when_friendly_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto_module, "_aggregator", lambda *args: None)
+    the_plan = plan(ctx(5_000, 10), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    assert the_plan.staged is not None and the_plan.staged.name == "histogram_aggregate"
+    assert the_plan.ptr_fallback is None
+    assert the_plan.default.epsilon == 0.75
+
+
+def test_a_zero_share_disables_the_staged_choice_too() -> None:
+    the_plan = plan(ctx(5_000, 10), K, 1.0, DELTA, AutoParams(clip_norm=1.0, structure_share=0))
+    assert the_plan.staged is None and the_plan.default.epsilon == 1.0
+
+
+def test_declared_cost_is_the_request() -> None:
+    spec = auto_spec(5_000, 10, 1.0)
+    assert AUTO.cost_rule.startswith("Charges exactly the requested")
+    shown = AUTO.preview(ctx(5_000, 10), spec)
+    assert shown.scales["staged_search"] is True
+    assert shown.scales["search_epsilon"] == 0.25
+    assert "friendly_aggregate.t" in shown.scales and "analyze_gauss.sigma" in shown.scales
+    assert any("radius search" in line for line in shown.meaning)
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision: public facts and the released exponent only
+
+
+def test_the_decision_is_monotone_in_the_radius_and_data_free() -> None:
+    the_plan = plan(ctx(5_000, 50), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    staged = the_plan.staged
+    assert staged is not None
+    radii = radius_grid(np.sqrt(2.0 * K), radius_steps("projection"))
+    steps = radius_steps("projection")
+    decisions = [
+        staged_decision(staged, ctx(5_000, 50), K, 1.0, steps - i, float(radii[i])).proceed
+        for i in range(steps + 1)
+    ]
+    # small radii (large exponents) continue, large radii stop, with one switch in between
+    assert decisions[0] and not decisions[-1]
+    assert decisions == sorted(decisions, reverse=True)
+    assert not staged_decision(staged, ctx(5_000, 50), K, 1.0, None, None).proceed
+    gauss = predicted_gauss_error(5_000, 50, K, 1.0, 0.75, DELTA)
+    params: Any = staged.params
+    for i, go in enumerate(decisions):
+        predicted = predicted_friendly_error(params, float(radii[i]), 50, K, 1.0, DELTA)
+        assert go == (predicted < gauss)
+
+
+@pytest.mark.parametrize("exponent", [15, 4])
+def test_same_exponent_different_data_same_decision(
+    monkeypatch: pytest.MonkeyPatch, exponent: int
+) -> None:
+    real_search = FriendlyAggregate.search
+    steps = radius_steps("projection")
+    radius = float(radius_grid(np.sqrt(2.0 * K), steps)[steps - exponent])
+
+    def forced(self: Any, data: Any, spec: Any, rng: Any) -> Any:
+        state = real_search(self, data, spec, rng)
+        return dataclasses.replace(state, radius_exponent=exponent, radius=radius)
+
+    monkeypatch.setattr(FriendlyAggregate, "search", forced)
+    spec = auto_spec(5_000, 10, 1.0)
+    near, _ = near_subspace(5_000, 10, K, 1e-5, seed=1)
+    outcomes = []
+    for data in (near, isotropic(5_000, 10, 2)):
+        out = AUTO.run(data, spec, np.random.default_rng(3))
+        outcomes.append({k: v for k, v in out.extras["auto_search"].items() if k != "ptr_failed"})
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["exponent"] == exponent
+    assert outcomes[0]["continued"] is (exponent == 15)
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs: bit-identical continuation, exact budgets
+
+
+def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, float]]:
+    runs: list[tuple[str, float, float]] = []
+    for name in ("analyze_gauss", "friendly_aggregate", "histogram_aggregate"):
+        mechanism = MECHANISMS[name]
+        real_run = type(mechanism).run
+
+        def spy(self: Any, data: Any, spec: Any, rng: Any, _real: Any = real_run) -> Any:
+            runs.append((self.name, spec.epsilon, spec.delta))
+            return _real(self, data, spec, rng)
+
+        monkeypatch.setattr(type(mechanism), "run", spy)
+    return runs
+
+
+def test_continuing_friendly_is_bit_identical_to_its_own_run() -> None:
+    data, basis = near_subspace(5_000, 10, K, 1e-5, seed=4)
+    spec = auto_spec(5_000, 10, 1.0)
+    out = AUTO.run(data, spec, np.random.default_rng(11))
+    assert out.extras["auto_choice"] == "friendly_aggregate"
+    assert out.extras["auto_search"]["continued"] is True
+    staged = plan(ctx(5_000, 10), K, 1.0, DELTA, spec.params).staged
+    assert staged is not None
+    own = MECHANISMS["friendly_aggregate"].run(
+        data, ReleaseSpec(K, 1.0, DELTA, staged.params), np.random.default_rng(11)
+    )
+    assert own.basis is not None and out.basis is not None
+    assert np.array_equal(out.basis, own.basis)
+    for key, value in own.extras.items():
+        assert out.extras[key] == value
+    assert subspace_distance(out.basis, basis) < 1e-2
+
+
+def test_continuing_histogram_is_bit_identical_to_its_own_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto_module, "_aggregator", lambda *args: None)
+    data, _ = near_subspace(5_000, 10, K, 1e-5, seed=5)
+    spec = auto_spec(5_000, 10, 1.0)
+    out = AUTO.run(data, spec, np.random.default_rng(12))
+    assert out.extras["auto_choice"] == "histogram_aggregate"
+    assert out.extras["auto_search"]["continued"] is True
+    staged = plan(ctx(5_000, 10), K, 1.0, DELTA, spec.params).staged
+    assert staged is not None
+    own = MECHANISMS["histogram_aggregate"].run(
+        data, ReleaseSpec(K, 1.0, DELTA, staged.params), np.random.default_rng(12)
+    )
+    assert own.basis is not None and out.basis is not None
+    assert np.array_equal(out.basis, own.basis)
+    # and the staged phases equal the whole run on their own as well
+    histogram = MECHANISMS["histogram_aggregate"]
+    assert isinstance(histogram, HistogramAggregate)
+    inner = ReleaseSpec(K, 1.0, DELTA, staged.params)
+    rng = np.random.default_rng(12)
+    again = histogram.finish(histogram.search(data, inner, rng), inner, rng, 5_000)
+    assert again.basis is not None and np.array_equal(again.basis, own.basis)
+
+
+def test_a_stop_gives_analyze_gauss_exactly_three_quarters(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _spy_runs(monkeypatch)
+    data = isotropic(5_000, 10, 6)
+    spec = auto_spec(5_000, 10, 1.0)
+    # seed 0 of this dataset: the search stops at a large radius (or finds none)
+    for seed in range(20):
+        runs.clear()
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        if not out.extras["auto_search"]["continued"]:
+            break
+    else:
+        pytest.fail("no stop in 20 seeds")
+    assert runs == [("analyze_gauss", 0.75, DELTA)]
+    assert out.extras["auto_choice"] == "analyze_gauss"
+    assert (out.extras["auto_epsilon"], out.extras["auto_delta"]) == (0.75, DELTA)
+
+
+def test_a_failed_test_gives_analyze_gauss_exactly_eps2(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _spy_runs(monkeypatch)
+    data = isotropic(5_000, 10, 7)
+    spec = auto_spec(5_000, 10, 1.0)
+    staged = plan(ctx(5_000, 10), K, 1.0, DELTA, spec.params).staged
+    assert staged is not None
+    split = budget_split(1.0, DELTA, False, t=staged.params.t)  # type: ignore[attr-defined]
+    for seed in range(40):  # a spurious stop (~44% of runs on far data) then a failed test
+        runs.clear()
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        if out.extras["auto_search"].get("ptr_failed"):
+            break
+    else:
+        pytest.fail("no failed test in 40 seeds")
+    assert runs == [("analyze_gauss", split.eps2, split.delta2)]
+    assert out.basis is not None and out.extras["auto_choice"] == "analyze_gauss"
+
+
+# ---------------------------------------------------------------------------------------------
+# Totality and the seeded small grid
+
+
+@pytest.mark.parametrize("kind", ["tiny", "huge", "duplicates", "zeros", "mixed"])
+def test_extreme_values_end_succeeded_or_no_result(kind: str) -> None:
+    n, d = 5_000, 10
+    rng = np.random.default_rng(13)
+    rows = rng.standard_normal((n, d))
+    if kind == "tiny":
+        data = rows * 1e-300
+    elif kind == "huge":
+        data = rows * 1e300
+    elif kind == "duplicates":
+        data = np.tile(rows[:1], (n, 1))
+    elif kind == "zeros":
+        data = np.zeros((n, d))
+    else:
+        data = rows * np.where(rng.random((n, 1)) < 0.5, 1e-300, 1e300)
+    spec = auto_spec(n, d, 1.0)
+    for seed in range(2):
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        assert out.basis is not None or out.no_result_reason is not None
+        if out.basis is not None:
+            assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
+
+
+@pytest.mark.parametrize(("n", "eps", "d"), [(5_000, 1.0, 10), (5_000, 1.0, 50), (50_000, 0.1, 10)])
+def test_seeded_grid_aggregator_near_a_subspace_gauss_on_isotropic(
+    n: int, eps: float, d: int
+) -> None:
+    spec = auto_spec(n, d, eps)
+    near, basis = near_subspace(n, d, K, 1e-5, seed=0)
+    out = AUTO.run(near, spec, np.random.default_rng(20))
+    assert out.extras["auto_choice"] == "friendly_aggregate"
+    assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
+    out = AUTO.run(isotropic(n, d, 1), spec, np.random.default_rng(21))
+    assert out.extras["auto_choice"] == "analyze_gauss"
