@@ -90,7 +90,8 @@ def test_gap_perturbation_and_gaussian_smooth_sensitivity_are_never_chosen() -> 
                 for other in (the_plan.aggregator, the_plan.staged, the_plan.ptr_fallback):
                     if other is not None:
                         names.add(other.name)
-    assert names == {"analyze_gauss", "friendly_aggregate"}
+    # histogram_aggregate only as a staged aggregator where friendly_aggregate is refused
+    assert names == {"analyze_gauss", "friendly_aggregate", "histogram_aggregate"}
 
 
 def test_prepare_refuses_without_a_clip_norm_and_bad_shares() -> None:
