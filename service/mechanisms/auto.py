@@ -862,7 +862,7 @@ class Auto(Mechanism[AutoParams]):
         from service.mechanisms.friendly_aggregate import FriendlyAggregate
 
         assert isinstance(mechanism, FriendlyAggregate)
-        inner = ReleaseSpec(
+        inner: ReleaseSpec[Any] = ReleaseSpec(
             k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
         )
         output = mechanism.finish(mechanism.search(data, inner, rng), inner, rng)
@@ -888,7 +888,7 @@ class Auto(Mechanism[AutoParams]):
         assert staged is not None and spec.params.clip_norm is not None
         n, d = data.shape
         ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
-        inner = ReleaseSpec(
+        inner: ReleaseSpec[Any] = ReleaseSpec(
             k=spec.k, epsilon=staged.epsilon, delta=staged.delta, params=staged.params
         )
         exponent: int | None
