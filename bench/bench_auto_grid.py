@@ -11,7 +11,10 @@ largest principal-angle sine); a ``no_result`` is recorded with error 1 (what an
 must fall back to a random subspace gets). ``random`` is a Haar-random subspace.
 
 Writes one row per (cell, mechanism, seed) to ``bench/results/auto_grid.csv`` and prints, per
-cell, the median error of each mechanism. Fewer seeds at d = 1000 (``--seeds-large``), and the
+cell, the median error of each mechanism (the note column keeps ``auto``'s choice and the
+released search exponents, which calibrate ``auto``'s staged rule; ``friendly`` and
+``histogram`` are those mechanisms with their own defaults). Fewer seeds at d = 1000
+(``--seeds-large``), and the
 most expensive configurations (``friendly_aggregate`` with the projection aggregator at
 d >= 300, whose t x t distances are in R^{d^2}) are skipped unless ``--all`` is given.
 
