@@ -749,9 +749,14 @@ class Auto(Mechanism[AutoParams]):
             scales.update(self._staged_preview(ctx, spec, the_plan.staged, the_plan, meaning))
         for choice_, inner in self._specs(the_plan, spec.k):
             shown = _registered(choice_.name).preview(ctx, inner)
+            # the fallback after a failed friendly test is analyze_gauss at a smaller budget:
+            # its own prefix, so it does not overwrite the main candidate's scales
+            label = (
+                f"ptr_fallback.{choice_.name}" if choice_ is the_plan.ptr_fallback else choice_.name
+            )
             for key, value in shown.scales.items():
-                scales[f"{choice_.name}.{key}"] = value
-            meaning.extend(f"{choice_.name}: {line}" for line in shown.meaning)
+                scales[f"{label}.{key}"] = value
+            meaning.extend(f"{label}: {line}" for line in shown.meaning)
         return Preview(scales=scales, meaning=meaning)
 
     @staticmethod

@@ -174,6 +174,11 @@ def test_declared_cost_is_the_request() -> None:
     assert shown.scales["agreement_test"] is True and shown.scales["agreement_epsilon"] == 0.05
     assert shown.scales["agreement_noise_scale"] == 20.0
     assert any("Agreement test" in line for line in shown.meaning)
+    # the main analyze_gauss (eps - eps_a) and the fallback (friendly's eps2) are shown apart
+    main_sigma = shown.scales["analyze_gauss.sigma"]
+    fallback_sigma = shown.scales["ptr_fallback.analyze_gauss.sigma"]
+    assert isinstance(main_sigma, float) and isinstance(fallback_sigma, float)
+    assert fallback_sigma > 2 * main_sigma
 
 
 # ---------------------------------------------------------------------------------------------
