@@ -34,12 +34,17 @@ section ``auto``):
      spuriously on unstructured data with probability above ``SPURIOUS_STOP_LIMIT``, computed
      from public facts by :func:`spurious_stop_probability`: 0.51 at ``t = 166, eps = 1`` and
      ``t = 1666, eps = 0.1``, where a spurious stop ends in a failed test and the mean's quarter
-     of the budget): a one-query test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure) counts
-     the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell of a
-     public width (:func:`agreement_width`), plus ``Lap(1/eps_a)`` (sensitivity 1); at least
-     ``t/2`` chooses ``friendly_aggregate``, else ``analyze_gauss``, each at
-     ``(eps - eps_a, delta)``; a failed friendly test again hands its ``(eps2, delta2)`` to
-     ``analyze_gauss``.
+     of the budget): a two-count test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure)
+     counts the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell
+     of a public coarse width ``w_c = AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` and of a public fine
+     width ``w_c/FINE_WIDTH_RATIO``, each plus ``Lap(2/eps_a)`` (sensitivity 1 each,
+     :func:`noisy_agreement_counts`). Fine count at least ``t/2``: ``friendly_aggregate`` with
+     its whole radius grid; else coarse count at least ``t/2``: ``friendly_aggregate`` whose
+     AboveThreshold radius search asks only the radii ``r_max 2^{-i}``,
+     ``i <= floor(log2(COARSE_RADIUS_DIVISOR r_max/r*))`` (:func:`coarse_radius_steps`; the
+     subsets do not agree at the fine width, so the small radii would have weight ~0 and are
+     where the search stops spuriously); else ``analyze_gauss``; each at ``(eps - eps_a,
+     delta)``; a failed friendly test again hands its ``(eps2, delta2)`` to ``analyze_gauss``.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -57,9 +62,14 @@ continuation its output selects: the aggregator's remaining steps (friendly: the
 ``(eps1, delta1)`` and the mean ``(eps2, delta2)``, ``eps1 + eps2 = 3 eps/4``,
 ``delta1 + delta2 = delta``; histogram: the stability histogram ``(3 eps/4, delta)``), or
 ``analyze_gauss`` at ``(3 eps/4, delta)``; after a failed friendly test, ``analyze_gauss`` at
-``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (its
-partition, reference points and offsets are public randomness) then the chosen mechanism at
-``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above).
+``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (two
+counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
+reference points and offsets are public randomness) then the chosen mechanism at
+``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above). The
+restricted radius grid is a function of public facts (``r*``, ``r_max``, the plan) and the
+test's released outcome only, fixed before friendly's search runs; a search over any public
+grid is AboveThreshold with the same ``eps0`` (its guarantee does not depend on the number of
+queries), so friendly's split ``eps0 + eps1 + eps2 = eps - eps_a`` is unchanged.
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
@@ -145,7 +155,7 @@ SPURIOUS_STOP_LIMIT = 0.1
 
 #: Share of epsilon of the agreement test (at most ``structure_share``): its two counts get
 #: half each.
-AGREEMENT_SHARE = 0.1
+AGREEMENT_SHARE = 0.05
 
 #: The agreement test's (coarse) cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*``
 #: the radius below which friendly_aggregate is predicted to beat analyze_gauss: points
@@ -157,19 +167,20 @@ AGREEMENT_SHARE = 0.1
 AGREEMENT_WIDTH_FACTOR = 16.0
 
 #: The agreement test's fine cell width is the coarse width over this. Measured (2 seeds,
-#: d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/32`` the largest cell holds 0.95-1.0 t at
-#: distance 1e-5 (radius exponent 15-16) and 0-0.02 t at 1e-3 (exponent 10); half the subsets
-#: share a cell there at about exponent 13.
-FINE_WIDTH_RATIO = 64.0
+#: d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/16`` the largest cell holds 0.95-1.0 t at
+#: distance 1e-5 (radius exponent 15-16) and 0.01-0.25 t at 1e-3 (exponent 10); half the
+#: subsets share a cell there at about exponent 12.
+FINE_WIDTH_RATIO = 32.0
 
 #: When the fine count misses and the coarse one passes, friendly_aggregate searches only the
 #: radii ``r_max 2^{-i}`` at or above ``r*/COARSE_RADIUS_DIVISOR`` (``i <=
-#: floor(log2(COARSE_RADIUS_DIVISOR r_max/r*))``, 13 on the grid): the subsets do not agree at
-#: the fine width, so their radius is at least about that (exponent ~13), and the radii below
-#: it, where the total weight is ~0, are the queries on which AboveThreshold stops spuriously
-#: (``radius_steps + 1 = 18`` queries: 7 zero queries before exponent 10 at distance 1e-3,
-#: spurious-stop probability 0.29; 3 with the restricted grid: 0.16).
-COARSE_RADIUS_DIVISOR = 16.0
+#: floor(log2(COARSE_RADIUS_DIVISOR r_max/r*))``, 12 on the grid): the subsets do not agree at
+#: the fine width, so their radius is at least about that (exponent ~12), and the radii below
+#: it, where the total weight is ~0, are the queries on which AboveThreshold stops spuriously.
+#: At distance 1e-3 the weight is 0 up to exponent 11 and ~t from 10 on (d = 10..300), so the
+#: whole grid (18 queries) asks 7 zero queries first: simulated PTR failure 0.32 at t = 1666,
+#: eps = 0.09 (0.17 with the grid to exponent 13, 0.12 to 12).
+COARSE_RADIUS_DIVISOR = 8.0
 
 #: The agreement test chooses friendly_aggregate iff the noisy largest cell count reaches this
 #: fraction of ``t``.

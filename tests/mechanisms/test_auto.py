@@ -253,6 +253,8 @@ CANDIDATES: list[tuple[str, dict[str, Any]]] = [
     ("smooth_sensitivity", {}),
     ("friendly_aggregate", {"aggregator": "projection"}),
     ("friendly_aggregate", {"aggregator": "reference_points"}),
+    ("friendly_aggregate", {}),
+    ("histogram_aggregate", {}),
 ]
 
 
