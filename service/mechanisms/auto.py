@@ -34,17 +34,12 @@ section ``auto``):
      spuriously on unstructured data with probability above ``SPURIOUS_STOP_LIMIT``, computed
      from public facts by :func:`spurious_stop_probability`: 0.51 at ``t = 166, eps = 1`` and
      ``t = 1666, eps = 0.1``, where a spurious stop ends in a failed test and the mean's quarter
-     of the budget): a two-count test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure)
-     counts the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell
-     of a public coarse width ``w_c = AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` and of a public fine
-     width ``w_c/FINE_WIDTH_RATIO``, each plus ``Lap(2/eps_a)`` (sensitivity 1 each,
-     :func:`noisy_agreement_counts`). Fine count at least ``t/2``: ``friendly_aggregate`` with
-     its whole radius grid; else coarse count at least ``t/2``: ``friendly_aggregate`` whose
-     AboveThreshold radius search asks only the radii ``r_max 2^{-i}``,
-     ``i <= floor(log2(COARSE_RADIUS_DIVISOR r_max/r*))`` (:func:`coarse_radius_steps`; the
-     subsets do not agree at the fine width, so the small radii would have weight ~0 and are
-     where the search stops spuriously); else ``analyze_gauss``; each at ``(eps - eps_a,
-     delta)``; a failed friendly test again hands its ``(eps2, delta2)`` to ``analyze_gauss``.
+     of the budget): a one-query test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure) counts
+     the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell of a
+     public width (:func:`agreement_width`), plus ``Lap(1/eps_a)`` (sensitivity 1); at least
+     ``t/2`` chooses ``friendly_aggregate``, else ``analyze_gauss``, each at
+     ``(eps - eps_a, delta)``; a failed friendly test again hands its ``(eps2, delta2)`` to
+     ``analyze_gauss``.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -62,14 +57,9 @@ continuation its output selects: the aggregator's remaining steps (friendly: the
 ``(eps1, delta1)`` and the mean ``(eps2, delta2)``, ``eps1 + eps2 = 3 eps/4``,
 ``delta1 + delta2 = delta``; histogram: the stability histogram ``(3 eps/4, delta)``), or
 ``analyze_gauss`` at ``(3 eps/4, delta)``; after a failed friendly test, ``analyze_gauss`` at
-``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (two
-counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
-reference points and offsets are public randomness) then the chosen mechanism at
-``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above). The
-restricted radius grid is a function of public facts (``r*``, ``r_max``, the plan) and the
-test's released outcome only, fixed before friendly's search runs; a search over any public
-grid is AboveThreshold with the same ``eps0`` (its guarantee does not depend on the number of
-queries), so friendly's split ``eps0 + eps1 + eps2 = eps - eps_a`` is unchanged.
+``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (its
+partition, reference points and offsets are public randomness) then the chosen mechanism at
+``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above).
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
@@ -153,34 +143,16 @@ FRIENDLY_RADIUS_TERM = 0.5
 #: eps = 1 and at t = 1666, eps = 0.1), the staged regime is replaced by the agreement test.
 SPURIOUS_STOP_LIMIT = 0.1
 
-#: Share of epsilon of the agreement test (at most ``structure_share``): its two counts get
-#: half each.
+#: Share of epsilon of the agreement test (at most ``structure_share``).
 AGREEMENT_SHARE = 0.05
 
-#: The agreement test's (coarse) cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*``
-#: the radius below which friendly_aggregate is predicted to beat analyze_gauss: points
+#: The agreement test's cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*`` the
+#: radius below which friendly_aggregate is predicted to beat analyze_gauss: points
 #: ``y_j = P U_j U_j^T`` of subsets whose projectors are ``r`` apart differ by about ``r/sqrt(d)``
 #: per coordinate (``q d`` coordinates, ``||P M||_F ~ sqrt(q) ||M||_F``). Measured on the grid
 #: (2 seeds, d = 10..1000): at factor 8 the largest cell holds 1-10 of the t points at distance
-#: 1e-1, 0.35-1.0 t at 1e-3 and all t at 1e-5; at factor 16, 0 at 1e-1 (d = 50), 0.80-1.0 t at
-#: 1e-3 (v3; at 8 the test missed 3 of 9 seeds at d = 50, distance 1e-3, eps = 0.1, n = 50k).
-AGREEMENT_WIDTH_FACTOR = 16.0
-
-#: The agreement test's fine cell width is the coarse width over this. Measured (2 seeds,
-#: d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/16`` the largest cell holds 0.95-1.0 t at
-#: distance 1e-5 (radius exponent 15-16) and 0.01-0.25 t at 1e-3 (exponent 10); half the
-#: subsets share a cell there at about exponent 12.
-FINE_WIDTH_RATIO = 32.0
-
-#: When the fine count misses and the coarse one passes, friendly_aggregate searches only the
-#: radii ``r_max 2^{-i}`` at or above ``r*/COARSE_RADIUS_DIVISOR`` (``i <=
-#: floor(log2(COARSE_RADIUS_DIVISOR r_max/r*))``, 12 on the grid): the subsets do not agree at
-#: the fine width, so their radius is at least about that (exponent ~12), and the radii below
-#: it, where the total weight is ~0, are the queries on which AboveThreshold stops spuriously.
-#: At distance 1e-3 the weight is 0 up to exponent 11 and ~t from 10 on (d = 10..300), so the
-#: whole grid (18 queries) asks 7 zero queries first: simulated PTR failure 0.32 at t = 1666,
-#: eps = 0.09 (0.17 with the grid to exponent 13, 0.12 to 12).
-COARSE_RADIUS_DIVISOR = 8.0
+#: 1e-1, 0.45-1.0 t at 1e-3 and all t at 1e-5.
+AGREEMENT_WIDTH_FACTOR = 8.0
 
 #: The agreement test chooses friendly_aggregate iff the noisy largest cell count reaches this
 #: fraction of ``t``.
@@ -252,9 +224,6 @@ class Plan:
     agreement_epsilon: float = 0.0
     agreement_t: int = 0
     agreement_width: float = 0.0
-    #: The fine width, and friendly's radius steps after a coarse-only agreement (public).
-    agreement_fine_width: float = 0.0
-    agreement_steps: int = 0
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -401,42 +370,15 @@ def friendly_spurious_stop_probability(choice: Choice) -> float:
     return spurious_stop_probability(bar, sens, split.eps0, radius_steps(params.aggregator) + 1)
 
 
-def break_even_radius(
-    friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
-) -> float:
-    """``r*``: the radius at which friendly's predicted error equals analyze_gauss's at
-    ``gauss_epsilon`` (public)."""
-    params: Any = friendly.params
-    gauss = predicted_gauss_error(n, d, k, clip_norm, gauss_epsilon, friendly.delta)
-    per_unit = predicted_friendly_error(params, 1.0, d, k, friendly.epsilon, friendly.delta)
-    return gauss / per_unit
-
-
 def agreement_width(
     friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
 ) -> float:
-    """``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` (:func:`break_even_radius`; public)."""
-    r_star = break_even_radius(friendly, n, d, k, clip_norm, gauss_epsilon)
-    return AGREEMENT_WIDTH_FACTOR * math.sqrt(d) * r_star
-
-
-def coarse_radius_steps(friendly: Choice, r_star: float, d: int, k: int) -> int:
-    """friendly's radius steps after a coarse-only agreement: the largest ``i`` with
-    ``r_max 2^{-i} >= r*/COARSE_RADIUS_DIVISOR``, within ``[0, radius_steps]`` (public: ``r_max``
-    is ``sqrt(2k)`` for projections, and its typical ``sqrt(q d)`` for reference points, whose
-    ``||P||_F`` is public randomness drawn later; only the integer matters)."""
-    from service.mechanisms.friendly_aggregate import radius_steps
-
+    """``AGREEMENT_WIDTH_FACTOR sqrt(d) r*``, ``r*`` the radius at which friendly's predicted
+    error equals analyze_gauss's at ``gauss_epsilon`` (public)."""
     params: Any = friendly.params
-    full = radius_steps(params.aggregator)
-    if params.aggregator == "projection":
-        r_max = math.sqrt(2.0 * k)
-    else:
-        r_max = math.sqrt((params.q or 2 * k) * d)
-    if not (r_star > 0 and math.isfinite(r_star)):
-        return full
-    steps = math.floor(math.log2(COARSE_RADIUS_DIVISOR * r_max / r_star))
-    return int(min(full, max(0, steps)))
+    gauss = predicted_gauss_error(n, d, k, clip_norm, gauss_epsilon, friendly.delta)
+    per_unit = predicted_friendly_error(params, 1.0, d, k, friendly.epsilon, friendly.delta)
+    return AGREEMENT_WIDTH_FACTOR * math.sqrt(d) * gauss / per_unit
 
 
 def agreement_memory_bytes(n: int, d: int, k: int, t: int) -> int:
@@ -455,41 +397,24 @@ def agreement_memory_bytes(n: int, d: int, k: int, t: int) -> int:
     return allowance(partition + max(subset_bases_bytes(t, m, d, k), points))
 
 
-def noisy_agreement_counts(
-    data: FloatArray,
-    k: int,
-    t: int,
-    widths: tuple[float, ...],
-    test_epsilon: float,
-    rng: np.random.Generator,
-) -> list[float]:
-    """For each public width ``w`` of ``widths``: the largest cell count of the ``t`` subsets'
-    points ``y_j = P U_j U_j^T`` (``q = 2k`` public reference points, public random partition)
-    on a grid of width ``w`` with a public uniform offset, plus ``Lap(m/eps_a)``, ``m`` the
-    number of widths.
+def noisy_agreement_count(
+    data: FloatArray, k: int, t: int, width: float, test_epsilon: float, rng: np.random.Generator
+) -> float:
+    """The largest cell count of the ``t`` subsets' points ``y_j = P U_j U_j^T`` (``q = 2k``
+    public reference points, public random partition) on a grid of the public ``width`` with a
+    public uniform offset, plus ``Lap(1/eps_a)``.
 
     Replacing one row changes one subset, hence one point, hence every cell count by at most
     1 and the largest by at most 1 (``width_selection``'s argument; the point's cell is a
-    function of the point alone): each count has sensitivity 1 and gets ``eps_a/m``, so the
-    ``m`` of them are ``(eps_a, 0)``-DP (sequential composition).
+    function of the point alone): the count has sensitivity 1, so this is ``(eps_a, 0)``-DP.
     """
     from service.mechanisms.histogram_aggregate import histogram_points
     from service.mechanisms.width_selection import largest_cell_count
 
     points, _ = histogram_points(data, None, k, t, 2 * k, rng)
-    noisy: list[float] = []
-    for width in widths:
-        offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
-        count = largest_cell_count(points, width, offsets)
-        noisy.append(float(count) + float(laplace(len(widths) / test_epsilon, rng)))
-    return noisy
-
-
-def noisy_agreement_count(
-    data: FloatArray, k: int, t: int, width: float, test_epsilon: float, rng: np.random.Generator
-) -> float:
-    """:func:`noisy_agreement_counts` at one width: the count plus ``Lap(1/eps_a)``."""
-    return noisy_agreement_counts(data, k, t, (width,), test_epsilon, rng)[0]
+    offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
+    count = largest_cell_count(points, width, offsets)
+    return float(count) + float(laplace(1.0 / test_epsilon, rng))
 
 
 @dataclass(frozen=True)
@@ -669,60 +594,22 @@ def _agreement_plan(
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
     split = budget_split(rest, delta, False, t=t)
     ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
-    r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
-    width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
+    width = agreement_width(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
     return Plan(
         default,
         None,
         0.0,
         f"friendly_aggregate can run, but its own radius search is unreliable here (spurious "
         f"stop probability {spurious:.2f}): a private agreement test (epsilon "
-        f"{test_epsilon:.4g}, the noisy largest cell counts of the {t} subsets' points at a "
-        "fine and a coarse public width) chooses friendly_aggregate when most subsets agree "
-        "(at the fine width: its whole radius grid; only at the coarse one: the radii above "
-        "the fine width's), else analyze_gauss",
+        f"{test_epsilon:.4g}, the noisy largest cell count of the {t} subsets' points at a "
+        "public width) chooses friendly_aggregate when most subsets agree, else analyze_gauss",
         notes,
         staged=friendly,
         ptr_fallback=ptr_fallback,
         agreement_epsilon=test_epsilon,
         agreement_t=t,
         agreement_width=width,
-        agreement_fine_width=width / FINE_WIDTH_RATIO,
-        agreement_steps=coarse_radius_steps(friendly, r_star, ctx.n_cols, k),
     )
-
-
-def agreement_decision(
-    the_plan: Plan, fine: float, coarse: float
-) -> tuple[int | None, dict[str, Any]]:
-    """The agreement regime's decision from the two released noisy counts and the plan (public):
-    friendly's radius steps (``None``: analyze_gauss) and the released test outcome.
-
-    At least ``AGREEMENT_FRACTION t`` at the fine width: friendly's whole grid
-    (``radius_steps``); else at the coarse width: ``plan.agreement_steps``; else ``None``.
-    """
-    from service.mechanisms.friendly_aggregate import radius_steps
-
-    assert the_plan.staged is not None
-    bar = AGREEMENT_FRACTION * the_plan.agreement_t
-    agreed_fine, agreed_coarse = fine >= bar, coarse >= bar
-    steps: int | None = None
-    if agreed_fine:
-        steps = radius_steps(getattr(the_plan.staged.params, "aggregator", "projection"))
-    elif agreed_coarse:
-        steps = the_plan.agreement_steps
-    test: dict[str, Any] = {
-        "test": "agreement",
-        "epsilon": the_plan.agreement_epsilon,
-        "width": the_plan.agreement_width,
-        "fine_width": the_plan.agreement_fine_width,
-        "t": the_plan.agreement_t,
-        "threshold": bar,
-        "agreed": steps is not None,
-        "agreed_fine": agreed_fine,
-        "radius_steps": steps,
-    }
-    return steps, test
 
 
 def tail_and_trace(data: FloatArray, k: int, clip_norm: float) -> tuple[float, float]:
@@ -842,25 +729,20 @@ class Auto(Mechanism[AutoParams]):
             )
         if the_plan.agreement_epsilon > 0:
             bar = AGREEMENT_FRACTION * the_plan.agreement_t
-            noise = 2.0 / the_plan.agreement_epsilon
             scales.update(
                 agreement_epsilon=the_plan.agreement_epsilon,
                 agreement_width=the_plan.agreement_width,
-                agreement_fine_width=the_plan.agreement_fine_width,
                 agreement_threshold=bar,
-                agreement_noise_scale=noise,
-                agreement_coarse_radius_steps=the_plan.agreement_steps,
+                agreement_noise_scale=1.0 / the_plan.agreement_epsilon,
             )
             meaning.append(
                 f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
                 f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
                 f"subspace maps {2 * spec.k} public Gaussian reference points to a point; the "
-                f"largest numbers of points sharing a cell of the public fine width "
-                f"{the_plan.agreement_fine_width:.4g} and coarse width "
-                f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
-                f"friendly_aggregate runs if the fine count reaches {bar:.4g} (its whole radius "
-                f"grid) or else the coarse one does (only the radii r_max 2^-i, "
-                f"i <= {the_plan.agreement_steps}), else analyze_gauss, each with epsilon "
+                f"largest number of points sharing a cell of the public width "
+                f"{the_plan.agreement_width:.4g} gets Laplace noise of scale "
+                f"{1.0 / the_plan.agreement_epsilon:.4g}; friendly_aggregate runs if it reaches "
+                f"{bar:.4g}, else analyze_gauss, each with epsilon "
                 f"{the_plan.default.epsilon:.4g} and all of delta."
             )
         elif the_plan.staged is not None:
@@ -965,36 +847,39 @@ class Auto(Mechanism[AutoParams]):
         the_plan: Plan,
         rng: np.random.Generator,
     ) -> MechanismOutput:
-        """Agreement regime: the two-count test ``(eps_a, 0)``, then friendly_aggregate at
-        ``((1 - s) eps, delta)`` (its whole radius grid after a fine agreement, the radii at or
-        above ``r*/COARSE_RADIUS_DIVISOR`` after a coarse-only one; analyze_gauss at its
-        unspent ``(eps2, delta2)`` if its test fails) or analyze_gauss at
-        ``((1 - s) eps, delta)``."""
+        """Agreement regime: the one-query test ``(eps_a, 0)``, then friendly_aggregate at
+        ``((1 - s) eps, delta)`` (analyze_gauss at its unspent ``(eps2, delta2)`` if its test
+        fails) or analyze_gauss at ``((1 - s) eps, delta)``."""
         friendly = the_plan.staged
         assert friendly is not None
-        fine, coarse = noisy_agreement_counts(
+        noisy = noisy_agreement_count(
             data,
             spec.k,
             the_plan.agreement_t,
-            (the_plan.agreement_fine_width, the_plan.agreement_width),
+            the_plan.agreement_width,
             the_plan.agreement_epsilon,
             rng,
         )
-        steps, test = agreement_decision(the_plan, fine, coarse)
-        if steps is None:
+        bar = AGREEMENT_FRACTION * the_plan.agreement_t
+        agreed = noisy >= bar
+        test = {
+            "test": "agreement",
+            "epsilon": the_plan.agreement_epsilon,
+            "width": the_plan.agreement_width,
+            "t": the_plan.agreement_t,
+            "threshold": bar,
+            "agreed": agreed,
+        }
+        if not agreed:
             reason = (
                 "the private agreement test found fewer than half of the subsets' subspaces "
-                "within the public cell widths: analyze_gauss"
+                "within the public cell width: analyze_gauss"
             )
             out = _run_choice(the_plan.default, data, spec.k, rng)
             return _labelled(out, the_plan.default, reason, test)
         reason = (
-            "the private agreement test found most of the subsets' subspaces within the fine "
-            "public cell width: friendly_aggregate with its whole radius grid"
-            if test["agreed_fine"]
-            else "the private agreement test found most of the subsets' subspaces within the "
-            "coarse public cell width but not the fine one: friendly_aggregate searching the "
-            f"radii r_max 2^-i, i <= {steps}"
+            "the private agreement test found most of the subsets' subspaces within the public "
+            "cell width: friendly_aggregate"
         )
         mechanism = _registered(friendly.name)
         from service.mechanisms.friendly_aggregate import FriendlyAggregate
@@ -1003,7 +888,7 @@ class Auto(Mechanism[AutoParams]):
         inner: ReleaseSpec[Any] = ReleaseSpec(
             k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
         )
-        output = mechanism.finish(mechanism.search(data, inner, rng, steps), inner, rng)
+        output = mechanism.finish(mechanism.search(data, inner, rng), inner, rng)
         if output.basis is not None or the_plan.ptr_fallback is None:
             return _labelled(output, friendly, reason, test)
         fallback = the_plan.ptr_fallback

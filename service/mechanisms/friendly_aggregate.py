@@ -938,15 +938,10 @@ def friendly_search(
     q: int | None = None,
     aggregator: Aggregator = "reference_points",
     radius: float | None = None,
-    steps: int | None = None,
 ) -> FriendlySearch:
     """The first phase of :func:`friendly_aggregate` (same parameters): the partition, the
     subset bases, the reference points and the radius search with ``eps0`` (or the weights at
-    the given radius), drawing from ``rng`` exactly as :func:`friendly_aggregate` does.
-
-    ``steps`` (public, ``0 <= steps <= radius_steps(aggregator)``; default the latter) searches
-    only the radii ``r_max 2^{-i}``, ``i = steps, ..., 0``: still AboveThreshold over a public
-    grid, so ``(eps0, 0)``-DP; the exponent keeps its meaning (``radius = r_max 2^{-i}``)."""
+    the given radius), drawing from ``rng`` exactly as :func:`friendly_aggregate` does."""
     d = data.shape[1]
     split = budget_split(epsilon, delta, radius is not None, t=t)
     _, bases = partition_and_bases(data, t, k, rng)
@@ -963,11 +958,7 @@ def friendly_search(
         block = projection_distance_block(bases)
         r_max = math.sqrt(2.0 * k)
         rows, workers = block_rows(t, k * k), 1
-    full_steps = radius_steps(aggregator)
-    if steps is None:
-        steps = full_steps
-    elif not 0 <= steps <= full_steps:
-        raise ValueError(f"steps = {steps}: must be in [0, {full_steps}]")
+    steps = radius_steps(aggregator)
 
     radius_exponent: int | None = None
     if radius is None:
@@ -1297,10 +1288,8 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         data: FloatArray,
         spec: ReleaseSpec[FriendlyAggregateParams],
         rng: np.random.Generator,
-        steps: int | None = None,
     ) -> FriendlySearch:
-        """The first phase of :meth:`run` (:func:`friendly_search`; ``steps``: a public
-        restriction of the radius grid, default the whole grid); :meth:`finish` ends it."""
+        """The first phase of :meth:`run` (:func:`friendly_search`); :meth:`finish` ends it."""
         params = spec.params
         assert params.t is not None and params.aggregator is not None  # resolved by prepare
         return friendly_search(
@@ -1313,7 +1302,6 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             q=params.q,
             aggregator=params.aggregator,
             radius=params.radius,
-            steps=steps,
         )
 
     def run(

@@ -20,17 +20,12 @@ import pytest
 from bench.bench_auto_grid import near_subspace
 from service.mechanisms import auto as auto_module
 from service.mechanisms.auto import (
-    AGREEMENT_FRACTION,
     AGREEMENT_SHARE,
-    FINE_WIDTH_RATIO,
     SEARCH_SHARE,
     Auto,
     AutoParams,
-    agreement_decision,
-    coarse_radius_steps,
     friendly_spurious_stop_probability,
     noisy_agreement_count,
-    noisy_agreement_counts,
     plan,
     predicted_friendly_error,
     predicted_gauss_error,
@@ -121,8 +116,6 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(n: int, 
     )
     assert s + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
     assert the_plan.agreement_t == t and the_plan.agreement_width > 0
-    assert the_plan.agreement_fine_width == the_plan.agreement_width / FINE_WIDTH_RATIO
-    assert 0 < the_plan.agreement_steps < radius_steps("projection")
 
 
 def test_spurious_stop_probability_matches_simulation() -> None:
@@ -179,9 +172,7 @@ def test_declared_cost_is_the_request() -> None:
     assert any("radius search" in line for line in shown.meaning)
     shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
     assert shown.scales["agreement_test"] is True and shown.scales["agreement_epsilon"] == 0.05
-    # two counts, each with eps_a/2: Lap(2/eps_a) = Lap(40)
-    assert shown.scales["agreement_noise_scale"] == 40.0
-    assert shown.scales["agreement_coarse_radius_steps"] == 12
+    assert shown.scales["agreement_noise_scale"] == 20.0
     assert any("Agreement test" in line for line in shown.meaning)
     # the main analyze_gauss (eps - eps_a) and the fallback (friendly's eps2) are shown apart
     main_sigma = shown.scales["analyze_gauss.sigma"]
@@ -386,135 +377,3 @@ def test_seeded_grid_aggregator_near_a_subspace_gauss_on_isotropic(
     assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
     out = AUTO.run(isotropic(n, d, 1), spec, np.random.default_rng(21))
     assert out.extras["auto_choice"] == "analyze_gauss"
-
-
-# ---------------------------------------------------------------------------------------------
-# The agreement regime's restricted radius grid (v3)
-
-
-def test_the_two_counts_each_have_sensitivity_one_and_scale_two_over_eps() -> None:
-    rng = np.random.default_rng(2)
-    near, _ = near_subspace(600, 6, 2, 1e-4, seed=2)
-    widths = (0.002, 0.05)
-    worst = 0.0
-    for trial in range(30):
-        other = near.copy()
-        other[int(rng.integers(600))] = rng.standard_normal(6) * rng.choice([1e-3, 1.0, 1e3])
-        a = noisy_agreement_counts(near, 2, 60, widths, 1e12, np.random.default_rng(trial))
-        b = noisy_agreement_counts(other, 2, 60, widths, 1e12, np.random.default_rng(trial))
-        worst = max(worst, *(abs(x - y) for x, y in zip(a, b, strict=True)))
-    assert worst <= 1.0 + 1e-9
-    zeros = np.zeros((600, 6))
-    draws = np.array(
-        [
-            noisy_agreement_counts(zeros, 2, 60, widths, 0.5, np.random.default_rng(s))
-            for s in range(800)
-        ]
-    )
-    # each count gets eps_a/2: Lap(2/eps_a) = Lap(4), mean absolute deviation 4
-    for column in draws.T:
-        assert float(np.mean(np.abs(column - 60.0))) == pytest.approx(4.0, rel=0.15)
-
-
-def test_the_agreement_decision_is_a_function_of_the_released_counts_only() -> None:
-    the_plan = plan(ctx(50_000, 50), K, 0.1, DELTA, AutoParams(clip_norm=1.0))
-    bar = AGREEMENT_FRACTION * the_plan.agreement_t
-    full = radius_steps("projection")
-    assert agreement_decision(the_plan, bar, bar)[0] == full
-    assert agreement_decision(the_plan, bar, 0.0)[0] == full
-    assert agreement_decision(the_plan, bar - 1e-9, bar)[0] == the_plan.agreement_steps
-    assert agreement_decision(the_plan, bar - 1e-9, bar - 1e-9)[0] is None
-    steps, test = agreement_decision(the_plan, 0.0, bar + 5.0)
-    assert test["agreed"] is True and test["agreed_fine"] is False
-    assert test["radius_steps"] == steps == the_plan.agreement_steps
-    # the released outcome carries no noisy count
-    assert set(test) == {
-        "test",
-        "epsilon",
-        "width",
-        "fine_width",
-        "t",
-        "threshold",
-        "agreed",
-        "agreed_fine",
-        "radius_steps",
-    }
-
-
-def test_the_coarse_grid_is_public_and_clipped() -> None:
-    the_plan = plan(ctx(50_000, 50), K, 0.1, DELTA, AutoParams(clip_norm=1.0))
-    friendly = the_plan.staged
-    assert friendly is not None
-    full = radius_steps("projection")
-    r_max = np.sqrt(2.0 * K)
-    # r* at grid exponent 9 -> the radii down to exponent 12 (r*/8)
-    assert coarse_radius_steps(friendly, float(r_max * 2.0**-9), 50, K) == 12
-    assert coarse_radius_steps(friendly, float(r_max * 2.0**-9) * 0.99, 50, K) == 12
-    assert coarse_radius_steps(friendly, float(r_max * 2.0**-9) * 1.01, 50, K) == 11
-    assert coarse_radius_steps(friendly, 1e-30, 50, K) == full
-    assert coarse_radius_steps(friendly, 1e30, 50, K) == 0
-    assert coarse_radius_steps(friendly, float("inf"), 50, K) == full
-
-
-@pytest.mark.parametrize("agreed_fine", [True, False])
-def test_friendly_searches_the_grid_the_outcome_selects_with_exact_budgets(
-    monkeypatch: pytest.MonkeyPatch, agreed_fine: bool
-) -> None:
-    n, d, eps = 5_000, 10, 1.0
-    spec = auto_spec(n, d, eps)
-    the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
-    bar = AGREEMENT_FRACTION * the_plan.agreement_t
-    counts = [bar if agreed_fine else 0.0, bar]
-    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: list(counts))
-    seen: list[tuple[Any, float, float]] = []
-    real_search = FriendlyAggregate.search
-
-    def spy(self: Any, data: Any, inner: Any, rng: Any, steps: Any = None) -> Any:
-        seen.append((steps, inner.epsilon, inner.delta))
-        state = real_search(self, data, inner, rng, steps)
-        if state.radius_exponent is not None:
-            assert state.radius_exponent <= (radius_steps("projection") if steps is None else steps)
-        return state
-
-    monkeypatch.setattr(FriendlyAggregate, "search", spy)
-    expected = radius_steps("projection") if agreed_fine else the_plan.agreement_steps
-    # different data, same released counts: the same grid (the plan sees no data)
-    for data in (near_subspace(n, d, K, 1e-5, seed=3)[0], isotropic(n, d, 4)):
-        out = AUTO.run(data, spec, np.random.default_rng(5))
-        assert out.extras["auto_search"]["radius_steps"] == expected
-    assert [s for s, _, _ in seen] == [expected, expected]
-    # test (eps_a, 0) + friendly (eps - eps_a, delta) = the request
-    for _, epsilon, delta in seen:
-        assert epsilon + the_plan.agreement_epsilon == pytest.approx(eps, rel=1e-15)
-        assert delta == DELTA
-
-
-def test_a_restricted_search_asks_only_its_radii() -> None:
-    from service.mechanisms.friendly_aggregate import friendly_search
-
-    data, _ = near_subspace(3_000, 10, K, 1e-5, seed=6)
-    full = radius_steps("projection")
-    whole = friendly_search(
-        data, K, 1.0, DELTA, np.random.default_rng(1), t=100, aggregator="projection"
-    )
-    same = friendly_search(
-        data, K, 1.0, DELTA, np.random.default_rng(1), t=100, aggregator="projection", steps=full
-    )
-    assert whole.radius == same.radius and np.array_equal(whole.weights, same.weights)
-    part = friendly_search(
-        data, K, 1.0, DELTA, np.random.default_rng(1), t=100, aggregator="projection", steps=5
-    )
-    assert part.weights.shape == whole.weights.shape
-    assert part.radius >= np.sqrt(2.0 * K) * 2.0**-5
-    assert part.radius_exponent is None or part.radius_exponent <= 5
-    with pytest.raises(ValueError):
-        friendly_search(
-            data,
-            K,
-            1.0,
-            DELTA,
-            np.random.default_rng(1),
-            t=100,
-            aggregator="projection",
-            steps=full + 1,
-        )
