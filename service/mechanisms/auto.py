@@ -34,12 +34,16 @@ section ``auto``):
      spuriously on unstructured data with probability above ``SPURIOUS_STOP_LIMIT``, computed
      from public facts by :func:`spurious_stop_probability`: 0.51 at ``t = 166, eps = 1`` and
      ``t = 1666, eps = 0.1``, where a spurious stop ends in a failed test and the mean's quarter
-     of the budget): a one-query test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure) counts
-     the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell of a
-     public width (:func:`agreement_width`), plus ``Lap(1/eps_a)`` (sensitivity 1); at least
-     ``t/2`` chooses ``friendly_aggregate``, else ``analyze_gauss``, each at
-     ``(eps - eps_a, delta)``; a failed friendly test again hands its ``(eps2, delta2)`` to
-     ``analyze_gauss``.
+     of the budget): a two-count test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure)
+     counts the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell
+     of a public coarse width ``w_c = AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` and of a public fine
+     width ``w_c/FINE_WIDTH_RATIO``, each plus ``Lap(2/eps_a)`` (sensitivity 1 each,
+     :func:`noisy_agreement_counts`). Fine count at least ``t/2``: ``friendly_aggregate`` with
+     its own radius search; else coarse count at least ``t/2``: ``friendly_aggregate`` with the
+     public radius ``GIVEN_RADIUS_FACTOR r*`` given (no search, so none of its spurious stops:
+     at distance 1e-3 its radius search stops at a radius of weight ~0 in ~1/3 of runs and
+     one radius too high in ~1/6); else ``analyze_gauss``; each at ``(eps - eps_a, delta)``; a
+     failed friendly test hands its unspent ``(eps2, delta2)`` to ``analyze_gauss``.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -57,9 +61,15 @@ continuation its output selects: the aggregator's remaining steps (friendly: the
 ``(eps1, delta1)`` and the mean ``(eps2, delta2)``, ``eps1 + eps2 = 3 eps/4``,
 ``delta1 + delta2 = delta``; histogram: the stability histogram ``(3 eps/4, delta)``), or
 ``analyze_gauss`` at ``(3 eps/4, delta)``; after a failed friendly test, ``analyze_gauss`` at
-``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (its
-partition, reference points and offsets are public randomness) then the chosen mechanism at
-``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above).
+``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (two
+counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
+reference points and offsets are public randomness) then the chosen mechanism at
+``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above; with
+the given radius its own radius-given split ``eps1 + eps2 = eps - eps_a``,
+``delta1 + delta2 = delta``, and the fallback at its ``(eps2, delta2)``). The given radius
+is a public function of public facts (``r*``: ``n, d, k, C``, the budget), fixed before the
+test runs; which of the two friendly runs happens is post-processing of the test's released
+outcome.
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
@@ -143,16 +153,34 @@ FRIENDLY_RADIUS_TERM = 0.5
 #: eps = 1 and at t = 1666, eps = 0.1), the staged regime is replaced by the agreement test.
 SPURIOUS_STOP_LIMIT = 0.1
 
-#: Share of epsilon of the agreement test (at most ``structure_share``).
+#: Share of epsilon of the agreement test (at most ``structure_share``): its two counts get
+#: half each.
 AGREEMENT_SHARE = 0.05
 
-#: The agreement test's cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*`` the
-#: radius below which friendly_aggregate is predicted to beat analyze_gauss: points
+#: The agreement test's (coarse) cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*``
+#: the radius below which friendly_aggregate is predicted to beat analyze_gauss: points
 #: ``y_j = P U_j U_j^T`` of subsets whose projectors are ``r`` apart differ by about ``r/sqrt(d)``
 #: per coordinate (``q d`` coordinates, ``||P M||_F ~ sqrt(q) ||M||_F``). Measured on the grid
 #: (2 seeds, d = 10..1000): at factor 8 the largest cell holds 1-10 of the t points at distance
-#: 1e-1, 0.45-1.0 t at 1e-3 and all t at 1e-5.
-AGREEMENT_WIDTH_FACTOR = 8.0
+#: 1e-1, 0.35-1.0 t at 1e-3 and all t at 1e-5; at factor 16, 0 at 1e-1 (d = 50), 0.80-1.0 t at
+#: 1e-3 (v3; at 8 the test missed 3 of 9 seeds at d = 50, distance 1e-3, eps = 0.1, n = 50k).
+AGREEMENT_WIDTH_FACTOR = 32.0
+
+#: The agreement test's fine cell width is the coarse width over this. Measured (2 seeds,
+#: d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/16`` the largest cell holds 0.95-1.0 t at
+#: distance 1e-5 (radius exponent 15-16) and 0.01-0.25 t at 1e-3 (exponent 10); half the
+#: subsets share a cell there at about exponent 12.
+FINE_WIDTH_RATIO = 64.0
+
+
+#: After a coarse-only agreement (the subsets agree at the coarse width but not the fine one),
+#: friendly_aggregate runs with the given radius ``GIVEN_RADIUS_FACTOR r*`` (public; no
+#: search, so ``eps0 = 0`` and no spurious stop; its radius-given split puts ``eps/2`` on the
+#: mean instead of ``eps/4``). Subsets agreeing within ``r*`` pass its test and its error is
+#: about ``pred_friendly(r*)``, at most analyze_gauss's; wider ones fail it and analyze_gauss
+#: gets the unspent ``(eps2, delta2)``. Measured at d = 50, distance 1e-3, n = 50k, eps = 0.1
+#: (20 seeds): 0.026 vs friendly_aggregate's own 0.033.
+GIVEN_RADIUS_FACTOR = 1.0
 
 #: The agreement test chooses friendly_aggregate iff the noisy largest cell count reaches this
 #: fraction of ``t``.
@@ -224,6 +252,12 @@ class Plan:
     agreement_epsilon: float = 0.0
     agreement_t: int = 0
     agreement_width: float = 0.0
+    #: The fine width (public).
+    agreement_fine_width: float = 0.0
+    #: After a coarse-only agreement: friendly_aggregate with the public radius ``r*`` given
+    #: (no search) at ``(1 - s) eps``, and analyze_gauss at its unspent ``(eps2, delta2)``.
+    coarse: Choice | None = None
+    coarse_fallback: Choice | None = None
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -370,15 +404,23 @@ def friendly_spurious_stop_probability(choice: Choice) -> float:
     return spurious_stop_probability(bar, sens, split.eps0, radius_steps(params.aggregator) + 1)
 
 
-def agreement_width(
+def break_even_radius(
     friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
 ) -> float:
-    """``AGREEMENT_WIDTH_FACTOR sqrt(d) r*``, ``r*`` the radius at which friendly's predicted
-    error equals analyze_gauss's at ``gauss_epsilon`` (public)."""
+    """``r*``: the radius at which friendly's predicted error equals analyze_gauss's at
+    ``gauss_epsilon`` (public)."""
     params: Any = friendly.params
     gauss = predicted_gauss_error(n, d, k, clip_norm, gauss_epsilon, friendly.delta)
     per_unit = predicted_friendly_error(params, 1.0, d, k, friendly.epsilon, friendly.delta)
-    return AGREEMENT_WIDTH_FACTOR * math.sqrt(d) * gauss / per_unit
+    return gauss / per_unit
+
+
+def agreement_width(
+    friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
+) -> float:
+    """``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` (:func:`break_even_radius`; public)."""
+    r_star = break_even_radius(friendly, n, d, k, clip_norm, gauss_epsilon)
+    return AGREEMENT_WIDTH_FACTOR * math.sqrt(d) * r_star
 
 
 def agreement_memory_bytes(n: int, d: int, k: int, t: int) -> int:
@@ -397,24 +439,41 @@ def agreement_memory_bytes(n: int, d: int, k: int, t: int) -> int:
     return allowance(partition + max(subset_bases_bytes(t, m, d, k), points))
 
 
-def noisy_agreement_count(
-    data: FloatArray, k: int, t: int, width: float, test_epsilon: float, rng: np.random.Generator
-) -> float:
-    """The largest cell count of the ``t`` subsets' points ``y_j = P U_j U_j^T`` (``q = 2k``
-    public reference points, public random partition) on a grid of the public ``width`` with a
-    public uniform offset, plus ``Lap(1/eps_a)``.
+def noisy_agreement_counts(
+    data: FloatArray,
+    k: int,
+    t: int,
+    widths: tuple[float, ...],
+    test_epsilon: float,
+    rng: np.random.Generator,
+) -> list[float]:
+    """For each public width ``w`` of ``widths``: the largest cell count of the ``t`` subsets'
+    points ``y_j = P U_j U_j^T`` (``q = 2k`` public reference points, public random partition)
+    on a grid of width ``w`` with a public uniform offset, plus ``Lap(m/eps_a)``, ``m`` the
+    number of widths.
 
     Replacing one row changes one subset, hence one point, hence every cell count by at most
     1 and the largest by at most 1 (``width_selection``'s argument; the point's cell is a
-    function of the point alone): the count has sensitivity 1, so this is ``(eps_a, 0)``-DP.
+    function of the point alone): each count has sensitivity 1 and gets ``eps_a/m``, so the
+    ``m`` of them are ``(eps_a, 0)``-DP (sequential composition).
     """
     from service.mechanisms.histogram_aggregate import histogram_points
     from service.mechanisms.width_selection import largest_cell_count
 
     points, _ = histogram_points(data, None, k, t, 2 * k, rng)
-    offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
-    count = largest_cell_count(points, width, offsets)
-    return float(count) + float(laplace(1.0 / test_epsilon, rng))
+    noisy: list[float] = []
+    for width in widths:
+        offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
+        count = largest_cell_count(points, width, offsets)
+        noisy.append(float(count) + float(laplace(len(widths) / test_epsilon, rng)))
+    return noisy
+
+
+def noisy_agreement_count(
+    data: FloatArray, k: int, t: int, width: float, test_epsilon: float, rng: np.random.Generator
+) -> float:
+    """:func:`noisy_agreement_counts` at one width: the count plus ``Lap(1/eps_a)``."""
+    return noisy_agreement_counts(data, k, t, (width,), test_epsilon, rng)[0]
 
 
 @dataclass(frozen=True)
@@ -594,22 +653,72 @@ def _agreement_plan(
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
     split = budget_split(rest, delta, False, t=t)
     ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
-    width = agreement_width(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
+    r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
+    width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
+    coarse: Choice | None = None
+    coarse_fallback: Choice | None = None
+    try:
+        coarse = _prepare(
+            "friendly_aggregate",
+            ctx,
+            k,
+            rest,
+            delta,
+            {"radius": GIVEN_RADIUS_FACTOR * r_star, "t": t, "aggregator": params.aggregator},
+        )
+    except InvalidParameter as refusal:
+        notes.append(f"friendly_aggregate with a given radius refused: {refusal.message}")
+    if coarse is not None:
+        given = budget_split(rest, delta, True, t=t)
+        coarse_fallback = _prepare("analyze_gauss", ctx, k, given.eps2, given.delta2, gram_raw)
     return Plan(
         default,
         None,
         0.0,
         f"friendly_aggregate can run, but its own radius search is unreliable here (spurious "
         f"stop probability {spurious:.2f}): a private agreement test (epsilon "
-        f"{test_epsilon:.4g}, the noisy largest cell count of the {t} subsets' points at a "
-        "public width) chooses friendly_aggregate when most subsets agree, else analyze_gauss",
+        f"{test_epsilon:.4g}, the noisy largest cell counts of the {t} subsets' points at a "
+        "fine and a coarse public width) chooses friendly_aggregate when most subsets agree "
+        "(at the fine width: its whole radius grid; only at the coarse one: the radii above "
+        "the fine width's), else analyze_gauss",
         notes,
         staged=friendly,
         ptr_fallback=ptr_fallback,
         agreement_epsilon=test_epsilon,
         agreement_t=t,
         agreement_width=width,
+        agreement_fine_width=width / FINE_WIDTH_RATIO,
+        coarse=coarse,
+        coarse_fallback=coarse_fallback,
     )
+
+
+def agreement_decision(
+    the_plan: Plan, fine: float, coarse: float
+) -> tuple[Choice | None, dict[str, Any]]:
+    """The agreement regime's choice from the two released noisy counts and the plan (public):
+    friendly with its own search (fine count at least ``AGREEMENT_FRACTION t``, or the coarse
+    one when no given-radius run was planned), friendly with the given radius (coarse count
+    only), or ``None`` (analyze_gauss); and the released test outcome (no noisy count)."""
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    agreed_fine, agreed_coarse = fine >= bar, coarse >= bar
+    chosen: Choice | None = None
+    if agreed_fine or (agreed_coarse and the_plan.coarse is None):
+        chosen = the_plan.staged
+    elif agreed_coarse:
+        chosen = the_plan.coarse
+    test: dict[str, Any] = {
+        "test": "agreement",
+        "epsilon": the_plan.agreement_epsilon,
+        "width": the_plan.agreement_width,
+        "fine_width": the_plan.agreement_fine_width,
+        "t": the_plan.agreement_t,
+        "threshold": bar,
+        "agreed": chosen is not None,
+        "agreed_fine": agreed_fine,
+        "radius_given": chosen is not None and chosen is the_plan.coarse,
+    }
+    return chosen, test
 
 
 def tail_and_trace(data: FloatArray, k: int, clip_norm: float) -> tuple[float, float]:
@@ -684,7 +793,15 @@ class Auto(Mechanism[AutoParams]):
 
     def _specs(self, plan_: Plan, k: int) -> list[tuple[Choice, ReleaseSpec[Any]]]:
         choices = [plan_.default] + [
-            c for c in (plan_.aggregator, plan_.staged, plan_.ptr_fallback) if c is not None
+            c
+            for c in (
+                plan_.aggregator,
+                plan_.staged,
+                plan_.ptr_fallback,
+                plan_.coarse,
+                plan_.coarse_fallback,
+            )
+            if c is not None
         ]
         return [
             (c, ReleaseSpec(k=k, epsilon=c.epsilon, delta=c.delta, params=c.params))
@@ -729,20 +846,29 @@ class Auto(Mechanism[AutoParams]):
             )
         if the_plan.agreement_epsilon > 0:
             bar = AGREEMENT_FRACTION * the_plan.agreement_t
+            noise = 2.0 / the_plan.agreement_epsilon
             scales.update(
                 agreement_epsilon=the_plan.agreement_epsilon,
                 agreement_width=the_plan.agreement_width,
+                agreement_fine_width=the_plan.agreement_fine_width,
                 agreement_threshold=bar,
-                agreement_noise_scale=1.0 / the_plan.agreement_epsilon,
+                agreement_noise_scale=noise,
             )
+            given = math.nan
+            if the_plan.coarse is not None:
+                given = float(getattr(the_plan.coarse.params, "radius", math.nan))
+                scales["agreement_given_radius"] = given
             meaning.append(
                 f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
                 f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
                 f"subspace maps {2 * spec.k} public Gaussian reference points to a point; the "
-                f"largest number of points sharing a cell of the public width "
-                f"{the_plan.agreement_width:.4g} gets Laplace noise of scale "
-                f"{1.0 / the_plan.agreement_epsilon:.4g}; friendly_aggregate runs if it reaches "
-                f"{bar:.4g}, else analyze_gauss, each with epsilon "
+                f"largest numbers of points sharing a cell of the public fine width "
+                f"{the_plan.agreement_fine_width:.4g} and coarse width "
+                f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
+                f"friendly_aggregate runs if the fine count reaches {bar:.4g} (with its own "
+                f"radius search) or else the coarse one does (with the public radius "
+                f"{given:.4g} given, "
+                f"no search), else analyze_gauss, each with epsilon "
                 f"{the_plan.default.epsilon:.4g} and all of delta."
             )
         elif the_plan.staged is not None:
@@ -751,9 +877,12 @@ class Auto(Mechanism[AutoParams]):
             shown = _registered(choice_.name).preview(ctx, inner)
             # the fallback after a failed friendly test is analyze_gauss at a smaller budget:
             # its own prefix, so it does not overwrite the main candidate's scales
-            label = (
-                f"ptr_fallback.{choice_.name}" if choice_ is the_plan.ptr_fallback else choice_.name
-            )
+            prefixes = {
+                id(the_plan.ptr_fallback): "ptr_fallback.",
+                id(the_plan.coarse): "radius_given.",
+                id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
+            }
+            label = prefixes.get(id(choice_), "") + choice_.name
             for key, value in shown.scales.items():
                 scales[f"{label}.{key}"] = value
             meaning.extend(f"{label}: {line}" for line in shown.meaning)
@@ -847,51 +976,46 @@ class Auto(Mechanism[AutoParams]):
         the_plan: Plan,
         rng: np.random.Generator,
     ) -> MechanismOutput:
-        """Agreement regime: the one-query test ``(eps_a, 0)``, then friendly_aggregate at
-        ``((1 - s) eps, delta)`` (analyze_gauss at its unspent ``(eps2, delta2)`` if its test
-        fails) or analyze_gauss at ``((1 - s) eps, delta)``."""
+        """Agreement regime: the two-count test ``(eps_a, 0)``, then friendly_aggregate at
+        ``((1 - s) eps, delta)`` (its own radius search after a fine agreement, the given
+        public radius after a coarse-only one; analyze_gauss at its unspent ``(eps2, delta2)``
+        if its test fails) or analyze_gauss at ``((1 - s) eps, delta)``."""
         friendly = the_plan.staged
         assert friendly is not None
-        noisy = noisy_agreement_count(
+        fine, coarse = noisy_agreement_counts(
             data,
             spec.k,
             the_plan.agreement_t,
-            the_plan.agreement_width,
+            (the_plan.agreement_fine_width, the_plan.agreement_width),
             the_plan.agreement_epsilon,
             rng,
         )
-        bar = AGREEMENT_FRACTION * the_plan.agreement_t
-        agreed = noisy >= bar
-        test = {
-            "test": "agreement",
-            "epsilon": the_plan.agreement_epsilon,
-            "width": the_plan.agreement_width,
-            "t": the_plan.agreement_t,
-            "threshold": bar,
-            "agreed": agreed,
-        }
-        if not agreed:
+        chosen, test = agreement_decision(the_plan, fine, coarse)
+        if chosen is None:
             reason = (
                 "the private agreement test found fewer than half of the subsets' subspaces "
-                "within the public cell width: analyze_gauss"
+                "within the public cell widths: analyze_gauss"
             )
             out = _run_choice(the_plan.default, data, spec.k, rng)
             return _labelled(out, the_plan.default, reason, test)
-        reason = (
-            "the private agreement test found most of the subsets' subspaces within the public "
-            "cell width: friendly_aggregate"
-        )
-        mechanism = _registered(friendly.name)
-        from service.mechanisms.friendly_aggregate import FriendlyAggregate
-
-        assert isinstance(mechanism, FriendlyAggregate)
-        inner: ReleaseSpec[Any] = ReleaseSpec(
-            k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
-        )
-        output = mechanism.finish(mechanism.search(data, inner, rng), inner, rng)
-        if output.basis is not None or the_plan.ptr_fallback is None:
-            return _labelled(output, friendly, reason, test)
-        fallback = the_plan.ptr_fallback
+        if chosen is friendly:
+            fallback_ = the_plan.ptr_fallback
+            reason = (
+                "the private agreement test found most of the subsets' subspaces within the "
+                "public cell width: friendly_aggregate with its own radius search"
+            )
+        else:
+            fallback_ = the_plan.coarse_fallback
+            given = getattr(chosen.params, "radius", None)
+            reason = (
+                "the private agreement test found most of the subsets' subspaces within the "
+                "coarse public cell width but not the fine one: friendly_aggregate with the "
+                f"public radius {given:.4g} (no search)"
+            )
+        output = _run_choice(chosen, data, spec.k, rng)
+        if output.basis is not None or fallback_ is None:
+            return _labelled(output, chosen, reason, test)
+        fallback = fallback_
         reason += (
             "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
             "budget of its mean step"

@@ -20,12 +20,18 @@ import pytest
 from bench.bench_auto_grid import near_subspace
 from service.mechanisms import auto as auto_module
 from service.mechanisms.auto import (
+    AGREEMENT_FRACTION,
     AGREEMENT_SHARE,
+    FINE_WIDTH_RATIO,
+    GIVEN_RADIUS_FACTOR,
     SEARCH_SHARE,
     Auto,
     AutoParams,
+    agreement_decision,
+    break_even_radius,
     friendly_spurious_stop_probability,
     noisy_agreement_count,
+    noisy_agreement_counts,
     plan,
     predicted_friendly_error,
     predicted_gauss_error,
@@ -116,6 +122,18 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(n: int, 
     )
     assert s + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
     assert the_plan.agreement_t == t and the_plan.agreement_width > 0
+    assert the_plan.agreement_fine_width == the_plan.agreement_width / FINE_WIDTH_RATIO
+    # the given-radius friendly (after a coarse-only agreement): public radius, exact budget
+    coarse, fallback = the_plan.coarse, the_plan.coarse_fallback
+    assert coarse is not None and fallback is not None
+    r_star = break_even_radius(the_plan.staged, n, 10, K, 1.0, eps - s)
+    assert coarse.params.radius == GIVEN_RADIUS_FACTOR * r_star  # type: ignore[attr-defined]
+    assert coarse.params.t == t  # type: ignore[attr-defined]
+    assert coarse.epsilon + s == pytest.approx(eps, rel=1e-15) and coarse.delta == DELTA
+    given = budget_split(eps - s, DELTA, True, t=t)
+    assert given.eps0 == 0.0
+    assert given.eps1 + given.eps2 == pytest.approx(eps - s, rel=1e-15)
+    assert (fallback.epsilon, fallback.delta) == (given.eps2, given.delta2)
 
 
 def test_spurious_stop_probability_matches_simulation() -> None:
@@ -172,7 +190,12 @@ def test_declared_cost_is_the_request() -> None:
     assert any("radius search" in line for line in shown.meaning)
     shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
     assert shown.scales["agreement_test"] is True and shown.scales["agreement_epsilon"] == 0.05
-    assert shown.scales["agreement_noise_scale"] == 20.0
+    # two counts, each with eps_a/2: Lap(2/eps_a) = Lap(40)
+    assert shown.scales["agreement_noise_scale"] == 40.0
+    given = shown.scales["agreement_given_radius"]
+    assert isinstance(given, float) and given > 0
+    assert shown.scales["radius_given.friendly_aggregate.epsilon0"] == 0.0
+    assert "radius_given.ptr_fallback.analyze_gauss.sigma" in shown.scales
     assert any("Agreement test" in line for line in shown.meaning)
     # the main analyze_gauss (eps - eps_a) and the fallback (friendly's eps2) are shown apart
     main_sigma = shown.scales["analyze_gauss.sigma"]
@@ -377,3 +400,98 @@ def test_seeded_grid_aggregator_near_a_subspace_gauss_on_isotropic(
     assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
     out = AUTO.run(isotropic(n, d, 1), spec, np.random.default_rng(21))
     assert out.extras["auto_choice"] == "analyze_gauss"
+
+
+# ---------------------------------------------------------------------------------------------
+# The agreement regime's restricted radius grid (v3)
+
+
+def test_the_two_counts_each_have_sensitivity_one_and_scale_two_over_eps() -> None:
+    rng = np.random.default_rng(2)
+    near, _ = near_subspace(600, 6, 2, 1e-4, seed=2)
+    widths = (0.002, 0.05)
+    worst = 0.0
+    for trial in range(30):
+        other = near.copy()
+        other[int(rng.integers(600))] = rng.standard_normal(6) * rng.choice([1e-3, 1.0, 1e3])
+        a = noisy_agreement_counts(near, 2, 60, widths, 1e12, np.random.default_rng(trial))
+        b = noisy_agreement_counts(other, 2, 60, widths, 1e12, np.random.default_rng(trial))
+        worst = max(worst, *(abs(x - y) for x, y in zip(a, b, strict=True)))
+    assert worst <= 1.0 + 1e-9
+    zeros = np.zeros((600, 6))
+    draws = np.array(
+        [
+            noisy_agreement_counts(zeros, 2, 60, widths, 0.5, np.random.default_rng(s))
+            for s in range(800)
+        ]
+    )
+    # each count gets eps_a/2: Lap(2/eps_a) = Lap(4), mean absolute deviation 4
+    for column in draws.T:
+        assert float(np.mean(np.abs(column - 60.0))) == pytest.approx(4.0, rel=0.15)
+
+
+def test_the_agreement_decision_is_a_function_of_the_released_counts_only() -> None:
+    the_plan = plan(ctx(50_000, 50), K, 0.1, DELTA, AutoParams(clip_norm=1.0))
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    assert the_plan.coarse is not None
+    assert agreement_decision(the_plan, bar, bar)[0] is the_plan.staged
+    assert agreement_decision(the_plan, bar, 0.0)[0] is the_plan.staged
+    assert agreement_decision(the_plan, bar - 1e-9, bar)[0] is the_plan.coarse
+    assert agreement_decision(the_plan, bar - 1e-9, bar - 1e-9)[0] is None
+    chosen, test = agreement_decision(the_plan, 0.0, bar + 5.0)
+    assert test["agreed"] is True and test["agreed_fine"] is False
+    assert test["radius_given"] is True and chosen is the_plan.coarse
+    # the released outcome carries no noisy count
+    assert set(test) == {
+        "test",
+        "epsilon",
+        "width",
+        "fine_width",
+        "t",
+        "threshold",
+        "agreed",
+        "agreed_fine",
+        "radius_given",
+    }
+    # without a given-radius run (refused), a coarse agreement runs friendly's own search
+    bare = dataclasses.replace(the_plan, coarse=None, coarse_fallback=None)
+    assert agreement_decision(bare, 0.0, bar)[0] is bare.staged
+
+
+@pytest.mark.parametrize("agreed_fine", [True, False])
+def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
+    monkeypatch: pytest.MonkeyPatch, agreed_fine: bool
+) -> None:
+    n, d, eps = 5_000, 10, 1.0
+    spec = auto_spec(n, d, eps)
+    the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
+    assert the_plan.coarse is not None
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    counts = [bar if agreed_fine else 0.0, bar]
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: list(counts))
+    runs = _spy_runs(monkeypatch)
+    seen: list[Any] = []
+    real_run = FriendlyAggregate.run
+
+    def spy(self: Any, data: Any, inner: Any, rng: Any) -> Any:
+        seen.append(inner.params.radius)
+        return real_run(self, data, inner, rng)
+
+    monkeypatch.setattr(FriendlyAggregate, "run", spy)
+    expected = None if agreed_fine else the_plan.coarse.params.radius  # type: ignore[attr-defined]
+    # different data, same released counts: the same run (the plan sees no data)
+    for data in (near_subspace(n, d, K, 1e-5, seed=3)[0], isotropic(n, d, 4)):
+        out = AUTO.run(data, spec, np.random.default_rng(5))
+        assert out.extras["auto_search"]["radius_given"] is (not agreed_fine)
+    assert seen == [expected, expected]
+    # test (eps_a, 0) + friendly (eps - eps_a, delta) (+ its own fallback) = the request
+    friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
+    assert len(friendly_runs) == 2
+    for _, epsilon, delta in friendly_runs:
+        assert epsilon + the_plan.agreement_epsilon == pytest.approx(eps, rel=1e-15)
+        assert delta == DELTA
+    fallbacks = [r for r in runs if r[0] == "analyze_gauss"]
+    chosen_fallback = the_plan.ptr_fallback if agreed_fine else the_plan.coarse_fallback
+    assert chosen_fallback is not None
+    for fallback in fallbacks:  # after a failed friendly test only
+        assert fallback[1:] == (chosen_fallback.epsilon, chosen_fallback.delta)
