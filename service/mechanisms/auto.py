@@ -163,11 +163,13 @@ AGREEMENT_SHARE = 0.05
 #: per coordinate (``q d`` coordinates, ``||P M||_F ~ sqrt(q) ||M||_F``). Measured on the grid
 #: (2 seeds, d = 10..1000): at factor 8 the largest cell holds 1-10 of the t points at distance
 #: 1e-1, 0.35-1.0 t at 1e-3 and all t at 1e-5; at factor 16, 0 at 1e-1 (d = 50), 0.80-1.0 t at
-#: 1e-3 (v3; at 8 the test missed 3 of 9 seeds at d = 50, distance 1e-3, eps = 0.1, n = 50k).
+#: 1e-3 (v3; at 8 the test missed 3 of 9 seeds at d = 50, distance 1e-3, eps = 0.1, n = 50k;
+#: with two counts at Lap(2/eps_a), factor 16 missed 3 of 20 seeds there, factor 32 1 of 20).
 AGREEMENT_WIDTH_FACTOR = 32.0
 
-#: The agreement test's fine cell width is the coarse width over this. Measured (2 seeds,
-#: d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/16`` the largest cell holds 0.95-1.0 t at
+#: The agreement test's fine cell width is the coarse width over this (``sqrt(d) r*/2``).
+#: Measured (2 seeds, d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/16 = sqrt(d) r*/2``
+#: the largest cell holds 0.95-1.0 t at
 #: distance 1e-5 (radius exponent 15-16) and 0.01-0.25 t at 1e-3 (exponent 10); half the
 #: subsets share a cell there at about exponent 12.
 FINE_WIDTH_RATIO = 64.0
@@ -647,7 +649,7 @@ def _agreement_plan(
     spurious = friendly_spurious_stop_probability(staged)
     notes.append(
         f"friendly_aggregate's radius search would stop spuriously on unstructured data with "
-        f"probability {spurious:.2f}: a one-query agreement test decides instead"
+        f"probability {spurious:.2f}: a two-count agreement test decides instead"
     )
     gram_raw = {"clip_norm": clip}
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
@@ -764,7 +766,7 @@ class Auto(Mechanism[AutoParams]):
         "Chooses the mechanism from public facts (n, d, k, epsilon, delta, C) and, when an "
         "aggregator can run, a private structure test: a noisy tail ratio of X^T X "
         "(structure_share of epsilon), friendly_aggregate's own radius search (a quarter of "
-        "epsilon, continued or handed to analyze_gauss), or a one-query subset agreement test "
+        "epsilon, continued or handed to analyze_gauss), or a two-count subset agreement test "
         "(5% of epsilon) where that search is unreliable: friendly_aggregate (or "
         "histogram_aggregate) when the rows are very near a k-dim subspace, else "
         "analyze_gauss; smooth_sensitivity (Cauchy) when delta = 0. The result's extras and "

@@ -1,5 +1,6 @@
 """``auto``'s staged regime (the aggregator's own private search is the structure test) and its
-agreement regime (a one-query agreement test where that search is unreliable).
+agreement regime (a two-count agreement test where that search is unreliable; after a
+coarse-only agreement friendly_aggregate runs with a public radius given).
 
 Checked here: continuing gives bit-identical output to the aggregator's own run (same seed);
 the decision is a function of public facts and the released exponent only; a stop sends exactly
