@@ -496,3 +496,29 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
     assert chosen_fallback is not None
     for fallback in fallbacks:  # after a failed friendly test only
         assert fallback[1:] == (chosen_fallback.epsilon, chosen_fallback.delta)
+
+
+@pytest.mark.parametrize("kind", ["tiny", "huge", "duplicates", "zeros", "mixed"])
+def test_the_given_radius_run_is_total_on_extreme_values(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    n, d = 5_000, 10
+    spec = auto_spec(n, d, 1.0)
+    the_plan = plan(ctx(n, d), K, 1.0, DELTA, spec.params)
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    # force the coarse-only outcome: friendly_aggregate with the public radius given
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [0.0, bar])
+    rows = np.random.default_rng(14).standard_normal((n, d))
+    data = {
+        "tiny": rows * 1e-300,
+        "huge": rows * 1e300,
+        "duplicates": np.tile(rows[:1], (n, 1)),
+        "zeros": np.zeros((n, d)),
+        "mixed": rows * np.where(np.random.default_rng(15).random((n, 1)) < 0.5, 1e-300, 1e300),
+    }[kind]
+    for seed in range(2):
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        assert out.extras["auto_search"]["radius_given"] is True
+        assert out.basis is not None or out.no_result_reason is not None
+        if out.basis is not None:
+            assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
