@@ -11,7 +11,10 @@ largest principal-angle sine); a ``no_result`` is recorded with error 1 (what an
 must fall back to a random subspace gets). ``random`` is a Haar-random subspace.
 
 Writes one row per (cell, mechanism, seed) to ``bench/results/auto_grid.csv`` and prints, per
-cell, the median error of each mechanism. Fewer seeds at d = 1000 (``--seeds-large``), and the
+cell, the median error of each mechanism (the note column keeps ``auto``'s choice and the
+released search exponents, which calibrate ``auto``'s staged rule; ``friendly`` and
+``histogram`` are those mechanisms with their own defaults). Fewer seeds at d = 1000
+(``--seeds-large``), and the
 most expensive configurations (``friendly_aggregate`` with the projection aggregator at
 d >= 300, whose t x t distances are in R^{d^2}) are skipped unless ``--all`` is given.
 
@@ -68,6 +71,8 @@ CONFIGS: list[tuple[str, str, dict[str, Any]]] = [
     ("smooth_sensitivity", "smooth_sensitivity", {}),
     ("friendly_projection", "friendly_aggregate", {"aggregator": "projection"}),
     ("friendly_reference", "friendly_aggregate", {"aggregator": "reference_points"}),
+    ("friendly", "friendly_aggregate", {}),
+    ("histogram", "histogram_aggregate", {}),
     ("auto", "auto", {}),
 ]
 
@@ -120,7 +125,9 @@ def run_one(
     start = time.perf_counter()
     output = mechanism.run(data, spec, np.random.default_rng(10_000 + seed))
     seconds = time.perf_counter() - start
-    note = str(output.extras.get("auto_choice", ""))
+    # the choice of auto and the released search exponents (for calibrating auto's rule)
+    keys = ("auto_choice", "auto_search", "radius_exponent", "width_exponent", "t")
+    note = " ".join(f"{key}={output.extras[key]}" for key in keys if key in output.extras)
     if output.basis is None:
         return Outcome("no_result", 1.0, seconds, note)
     return Outcome("succeeded", subspace_distance(output.basis, basis), seconds, note)
@@ -148,7 +155,7 @@ def summarize(paths: list[Path]) -> str:
                     cell = (row["d"], row["distance"], row["n"], row["epsilon"])
                     errors[cell][row["mechanism"]].append(float(row["error"]))
     labels = ["random"] + [label for label, _, _ in CONFIGS]
-    short = {"friendly_projection": "fa_proj", "friendly_reference": "fa_ref"}
+    short = {"friendly_projection": "fa_proj", "friendly_reference": "fa_ref", "friendly": "fa"}
     head = ["d", "dist", "n", "eps", *(short.get(x, x) for x in labels), "best", "auto/best"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cell in sorted(errors, key=lambda c: tuple(float(x) for x in c)):

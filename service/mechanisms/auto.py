@@ -1,39 +1,89 @@
 """``auto``: the service chooses the mechanism and its params (issue 16, item 1).
 
 The rule table comes from the benchmark grid (``bench/bench_auto_grid.py``,
-``bench/results/auto_grid.csv``; ``docs/mechanisms.md``, section ``auto``):
+``bench/results/auto_grid.csv``, ``bench/results/auto_grid_v2_*.csv``; ``docs/mechanisms.md``,
+section ``auto``):
 
 - ``delta = 0``: ``smooth_sensitivity`` (Cauchy), the only pure mechanism.
-- ``delta > 0``: ``analyze_gauss`` wins wherever the data is not within about 1e-2 of a
+- ``delta > 0``: ``analyze_gauss`` wins wherever the data is not within about 1e-3 of a
   k-dimensional subspace (relative to the row norms), and ``gap_perturbation`` and the
   Gaussian ``smooth_sensitivity`` never beat it (derivation in the docs), so neither is chosen.
-  ``friendly_aggregate`` is 1-480x better than ``analyze_gauss`` when the rows are that close to
-  a subspace (``eps = 1``, ``n = 50,000``), and worse beyond. When it can run at the reduced
-  budget (its own ``prepare`` accepts it) and ``structure_share > 0``, a **private structure
-  test** decides between the two. Where no test is affordable (``eps = 0.1``, ``n = 50,000``:
-  the test's noise would swamp its threshold) ``analyze_gauss`` is kept (docs, section ``auto``).
+  ``friendly_aggregate`` (with its own default aggregator) is 1-480x better than
+  ``analyze_gauss`` when the rows are that close to a subspace, and worse beyond. Three regimes,
+  chosen from public facts (``n``, ``d``, ``k``, ``epsilon``, ``delta``, ``C``, params):
 
-Structure test: ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the smallest
-residual ``min_P sum_i ||(I - P) x_i||^2`` over rank-k projectors ``P``, and each term lies in
-``[0, C^2]``: replacing one row moves every ``P``'s objective by at most ``C^2``, hence the
+  1. **Tail test** (``friendly_aggregate`` runs at ``(1 - s) eps`` and the test is useful, e.g.
+     ``eps = 1``, ``n = 50,000``): a private structure test with ``s = structure_share`` of
+     epsilon picks ``friendly_aggregate`` or ``analyze_gauss``, each at ``((1 - s) eps, delta)``.
+  2. **Staged aggregator** (the tail test is not useful, but an aggregator runs at the whole
+     budget: ``friendly_aggregate`` when its own ``prepare`` accepts it, else
+     ``histogram_aggregate``; e.g. ``eps = 1, n = 5,000`` and ``eps = 0.1, n = 50,000``): the
+     aggregator's own private search (friendly: the radius search; histogram: the width search;
+     both AboveThreshold with ``eps/4``, pure) is the structure test. Its partition, subset
+     bases and search run exactly as in the aggregator's own run (same draws, same order), and
+     from the released stop exponent and public facts auto either **continues** the aggregator
+     (its remaining steps with its remaining budget: the output has exactly the aggregator's
+     own distribution) or **stops** and runs ``analyze_gauss`` with ``(3 eps/4, delta)``. A
+     search that found nothing also stops. Continue iff the aggregator's predicted error at the
+     found radius/width is below ``analyze_gauss``'s predicted error at ``3 eps/4``
+     (:func:`predicted_gauss_error`, :func:`predicted_friendly_error`,
+     :func:`predicted_histogram_error`; calibrated on the grid, figures in the docs). When
+     ``friendly_aggregate`` continues and its propose-test-release check fails, the unspent
+     ``(eps2, delta2)`` of its split goes to ``analyze_gauss`` instead of a no result.
+  2b. **Agreement test** (as 2, but friendly_aggregate's own radius search would stop
+     spuriously on unstructured data with probability above ``SPURIOUS_STOP_LIMIT``, computed
+     from public facts by :func:`spurious_stop_probability`: 0.51 at ``t = 166, eps = 1`` and
+     ``t = 1666, eps = 0.1``, where a spurious stop ends in a failed test and the mean's quarter
+     of the budget): a two-count test with ``eps_a = min(s, AGREEMENT_SHARE) eps`` (pure)
+     counts the largest number of the ``t`` subsets' points ``y_j = P U_j U_j^T`` sharing a cell
+     of a public coarse width ``w_c = AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` and of a public fine
+     width ``w_c/FINE_WIDTH_RATIO``, each plus ``Lap(2/eps_a)`` (sensitivity 1 each,
+     :func:`noisy_agreement_counts`). Fine count at least ``t/2``: ``friendly_aggregate`` with
+     its own radius search; else coarse count at least ``t/2``: ``friendly_aggregate`` with the
+     public radius ``GIVEN_RADIUS_FACTOR r*`` given (no search, so none of its spurious stops:
+     at distance 1e-3 its radius search stops at a radius of weight ~0 in ~1/3 of runs and
+     one radius too high in ~1/6); else ``analyze_gauss``; each at ``(eps - eps_a, delta)``; a
+     failed friendly test hands its unspent ``(eps2, delta2)`` to ``analyze_gauss``.
+  3. Otherwise ``analyze_gauss`` with the whole budget.
+
+Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
+smallest residual ``min_P sum_i ||(I - P) x_i||^2`` over rank-k projectors ``P``, and each term
+lies in ``[0, C^2]``: replacing one row moves every ``P``'s objective by at most ``C^2``, hence the
 minimum too; ``trace(H) = sum_i ||x_i||^2`` likewise. Each gets ``Lap(2 C^2/eps_s)`` with
 ``eps_s = structure_share * epsilon`` (``eps_s/2`` each: pure ``(eps_s, 0)``-DP). The ratio
 ``rho = tail_hat/trace_hat`` (post-processing) is the mean squared relative distance of the
 rows to the best k-dim subspace; the aggregator is chosen iff ``rho < TAIL_RATIO_THRESHOLD``.
 
-Privacy: sequential (adaptive) composition of the test ``(s eps, 0)`` and the chosen mechanism
-run at ``((1 - s) eps, delta)``; the choice is post-processing of the test and of public facts
-(``n``, ``d``, ``k``, ``epsilon``, ``delta``, ``C``, params). Total exactly ``(eps, delta)``,
-declared before the run. Without a test (``structure_share = 0``, ``delta = 0``, or the
-aggregator refused from public facts) the chosen mechanism gets all of ``(eps, delta)``.
-Only the choice (one of two names, and a fixed reason string) is released beside the chosen
-mechanism's own output: no noisy statistic of the test.
+Privacy. Regime 1: sequential (adaptive) composition of the test ``(s eps, 0)`` and the chosen
+mechanism at ``((1 - s) eps, delta)``. Regime 2: adaptive sequential composition of the search
+``(eps/4, 0)`` (the partition and reference points are public randomness) and whichever
+continuation its output selects: the aggregator's remaining steps (friendly: the test
+``(eps1, delta1)`` and the mean ``(eps2, delta2)``, ``eps1 + eps2 = 3 eps/4``,
+``delta1 + delta2 = delta``; histogram: the stability histogram ``(3 eps/4, delta)``), or
+``analyze_gauss`` at ``(3 eps/4, delta)``; after a failed friendly test, ``analyze_gauss`` at
+``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (two
+counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
+reference points and offsets are public randomness) then the chosen mechanism at
+``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above; with
+the given radius its own radius-given split ``eps1 + eps2 = eps - eps_a``,
+``delta1 + delta2 = delta``, and the fallback at its ``(eps2, delta2)``). The given radius
+is a public function of public facts (``r*``: ``n, d, k, C``, the budget), fixed before the
+test runs; which of the two friendly runs happens is post-processing of the test's released
+outcome.
+The choice is post-processing of the released exponent
+(or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
+charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
+aggregator accepted from public facts) the chosen mechanism gets all of ``(eps, delta)``.
+Released beside the chosen mechanism's own output: the choice, a reason, and in regime 2 the
+search's exponent and the two predictions (public functions of it), in regime 2b whether the
+test agreed; no noisy statistic of either test.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from pydantic import Field
@@ -59,6 +109,9 @@ from service.mechanisms.linalg import (
 )
 from service.mechanisms.noise import laplace
 
+if TYPE_CHECKING:
+    from service.mechanisms.friendly_aggregate import FriendlyAggregateParams
+
 #: Default share of epsilon spent on the structure test when it runs.
 DEFAULT_STRUCTURE_SHARE = 0.1
 
@@ -77,9 +130,68 @@ MAX_TEST_NOISE_FRACTION = 0.25
 #: aggregator or to analyze_gauss rather than have the whole release refused by the memory gate.
 AGGREGATOR_MEMORY_CAP = 2 * 1024**3
 
-#: ``t^2 d^2`` above which the projection aggregator's pairwise distances (in ``R^{d^2}``) are
-#: too slow; the reference-points aggregator (``R^{2k d}``) is used instead.
-PROJECTION_WORK_CAP = 2e10
+#: Share of epsilon of the aggregators' private searches (both spend ``eps/4``, pure): in the
+#: staged regime a stop sends the remaining ``(1 - SEARCH_SHARE) eps`` and all of delta to
+#: analyze_gauss.
+SEARCH_SHARE = 0.25
+
+#: analyze_gauss's error over its lower bound ``sigma sqrt(d) k/(n C^2)``, measured on the grid
+#: (rows of norm uniform in [0.2, 0.9] C, k = 3): 2.74-3.11 in all 10 cells measured
+#: (``bench/results/auto_grid_v2_base_*.csv``). Rows of norm ~C would make it ~3x smaller:
+#: the prediction then favours the aggregator, whose own error does not depend on the norms.
+GAUSS_ERROR_FACTOR = 3.0
+
+#: friendly_aggregate's error at radius ``r`` is predicted as ``r (FRIENDLY_RADIUS_TERM +
+#: sqrt(d) s)`` with ``s`` the mean's noise per unit radius on agreeing subsets
+#: (:func:`~service.mechanisms.friendly_aggregate.agreeing_noise`): the subsets' spread plus the
+#: noise matrix's spectral norm over the eigengap 1. Measured/predicted 0.51-1.31 (median 0.75)
+#: over the 46 successful projection runs at distance <= 1e-3 of ``auto_grid_v2_base_*.csv``.
+FRIENDLY_RADIUS_TERM = 0.5
+
+#: Where friendly_aggregate's own radius search would stop spuriously (no subsets agreeing at
+#: all) with probability above this (:func:`spurious_stop_probability`; 0.44 at t = 166,
+#: eps = 1 and at t = 1666, eps = 0.1), the staged regime is replaced by the agreement test.
+SPURIOUS_STOP_LIMIT = 0.1
+
+#: Share of epsilon of the agreement test (at most ``structure_share``): its two counts get
+#: half each.
+AGREEMENT_SHARE = 0.05
+
+#: The agreement test's (coarse) cell width is ``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` with ``r*``
+#: the radius below which friendly_aggregate is predicted to beat analyze_gauss: points
+#: ``y_j = P U_j U_j^T`` of subsets whose projectors are ``r`` apart differ by about ``r/sqrt(d)``
+#: per coordinate (``q d`` coordinates, ``||P M||_F ~ sqrt(q) ||M||_F``). Measured on the grid
+#: (2 seeds, d = 10..1000): at factor 8 the largest cell holds 1-10 of the t points at distance
+#: 1e-1, 0.35-1.0 t at 1e-3 and all t at 1e-5; at factor 16, 0 at 1e-1 (d = 50), 0.80-1.0 t at
+#: 1e-3 (v3; at 8 the test missed 3 of 9 seeds at d = 50, distance 1e-3, eps = 0.1, n = 50k;
+#: with two counts at Lap(2/eps_a), factor 16 missed 3 of 20 seeds there, factor 32 1 of 20).
+AGREEMENT_WIDTH_FACTOR = 32.0
+
+#: The agreement test's fine cell width is the coarse width over this (``sqrt(d) r*/2``).
+#: Measured (2 seeds, d = 10, 50, 300, n = 5k and 50k): at ``8 sqrt(d) r*/16 = sqrt(d) r*/2``
+#: the largest cell holds 0.95-1.0 t at
+#: distance 1e-5 (radius exponent 15-16) and 0.01-0.25 t at 1e-3 (exponent 10); half the
+#: subsets share a cell there at about exponent 12.
+FINE_WIDTH_RATIO = 64.0
+
+
+#: After a coarse-only agreement (the subsets agree at the coarse width but not the fine one),
+#: friendly_aggregate runs with the given radius ``GIVEN_RADIUS_FACTOR r*`` (public; no
+#: search, so ``eps0 = 0`` and no spurious stop; its radius-given split puts ``eps/2`` on the
+#: mean instead of ``eps/4``). Subsets agreeing within ``r*`` pass its test and its error is
+#: about ``pred_friendly(r*)``, at most analyze_gauss's; wider ones fail it and analyze_gauss
+#: gets the unspent ``(eps2, delta2)``. Measured at d = 50, distance 1e-3, n = 50k, eps = 0.1
+#: (20 seeds): 0.026 vs friendly_aggregate's own 0.033.
+GIVEN_RADIUS_FACTOR = 1.0
+
+#: The agreement test chooses friendly_aggregate iff the noisy largest cell count reaches this
+#: fraction of ``t``.
+AGREEMENT_FRACTION = 0.5
+
+#: histogram_aggregate's error at cell width ``w`` is predicted as ``w sqrt(d)/4`` (the cell
+#: width dominates; its noise is in the choice of cell): measured/predicted median 0.8, 10-90%
+#: 0.18-1.52 over 54 runs at distance <= 1e-3, d = 10..1000 (``auto_grid_v2_base_*.csv``).
+HISTOGRAM_WIDTH_FACTOR = 0.25
 
 
 class AutoParams(MechanismParams):
@@ -101,9 +213,10 @@ class AutoParams(MechanismParams):
         allow_inf_nan=False,
         description=(
             "Share s of epsilon spent on a private structure test (noisy tail ratio of X^T X, "
-            "pure DP) that decides between analyze_gauss and friendly_aggregate; the chosen "
-            "mechanism gets (1 - s) epsilon and all of delta. Spent only when both can run; "
-            "0 disables the test (analyze_gauss then)."
+            "pure DP) that decides between analyze_gauss and friendly_aggregate where it is "
+            "informative (the chosen mechanism gets (1 - s) epsilon and all of delta); "
+            "elsewhere the aggregator's own search or a subset agreement test costing "
+            "min(s, 0.05) epsilon decides. 0 disables every private choice (analyze_gauss)."
         ),
     )
 
@@ -122,8 +235,11 @@ class Choice:
 class Plan:
     """What ``auto`` runs, from public facts only.
 
-    ``aggregator`` is ``None`` when no structure test runs; then ``default`` runs with the
-    whole budget. Otherwise the test spends ``test_epsilon`` and picks one of the two.
+    Regime 1 (tail test): ``aggregator`` is set, the test spends ``test_epsilon`` and picks
+    ``aggregator`` or ``default``. Regime 2 (staged): ``staged`` is the aggregator at the whole
+    budget, ``default`` is analyze_gauss at ``3 eps/4`` (after a stop), ``ptr_fallback``
+    analyze_gauss at friendly's ``(eps2, delta2)`` (after a failed test). Regime 3: only
+    ``default``, with the whole budget.
     """
 
     default: Choice
@@ -131,6 +247,19 @@ class Plan:
     test_epsilon: float
     reason: str
     notes: list[str] = field(default_factory=list)
+    staged: Choice | None = None
+    ptr_fallback: Choice | None = None
+    #: Agreement regime: the test's epsilon, ``t`` and width (``staged`` is then friendly at
+    #: ``(1 - s) eps``, always continued; ``default`` analyze_gauss at ``(1 - s) eps``).
+    agreement_epsilon: float = 0.0
+    agreement_t: int = 0
+    agreement_width: float = 0.0
+    #: The fine width (public).
+    agreement_fine_width: float = 0.0
+    #: After a coarse-only agreement: friendly_aggregate with the public radius ``r*`` given
+    #: (no search) at ``(1 - s) eps``, and analyze_gauss at its unspent ``(eps2, delta2)``.
+    coarse: Choice | None = None
+    coarse_fallback: Choice | None = None
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -162,35 +291,260 @@ def structure_test_useful(n_rows: int, test_epsilon: float) -> bool:
     return 2.0 / (test_epsilon * max(1, n_rows)) <= MAX_TEST_NOISE_FRACTION * TAIL_RATIO_THRESHOLD
 
 
+def _within_memory(choice: Choice, ctx: PublicContext, k: int, notes: list[str]) -> bool:
+    spec = ReleaseSpec(k=k, epsilon=choice.epsilon, delta=choice.delta, params=choice.params)
+    if _registered(choice.name).memory_bytes(ctx, spec) > AGGREGATOR_MEMORY_CAP:
+        notes.append(f"{choice.name} skipped: memory above the cap")
+        return False
+    return True
+
+
 def _aggregator(
     ctx: PublicContext, k: int, epsilon: float, delta: float, notes: list[str]
 ) -> Choice | None:
-    """``friendly_aggregate`` at ``(epsilon, delta)`` with the best aggregator that its own
-    ``prepare`` accepts and that fits the memory and work caps; ``None`` if none does."""
-    mechanism = _registered("friendly_aggregate")
-    for aggregator in ("projection", "reference_points"):
+    """``friendly_aggregate`` at ``(epsilon, delta)`` with its own default aggregator (the
+    projection for ``d <= 1000``), else reference points, if its own ``prepare`` accepts it and
+    it fits the memory cap; ``None`` if neither does."""
+    for raw in ({}, {"aggregator": "reference_points"}):
         try:
-            choice = _prepare(
-                "friendly_aggregate", ctx, k, epsilon, delta, {"aggregator": aggregator}
-            )
+            choice = _prepare("friendly_aggregate", ctx, k, epsilon, delta, raw)
         except InvalidParameter as refusal:
             note = f"friendly_aggregate refused at this budget: {refusal.message}"
             if note not in notes:  # both aggregators share most refusals (t, n)
                 notes.append(note)
             continue
-        t = getattr(choice.params, "t", None) or 1
-        if (
-            aggregator == "projection"
-            and float(t) ** 2 * float(ctx.n_cols) ** 2 > PROJECTION_WORK_CAP
-        ):
-            notes.append("projection aggregator skipped: t^2 d^2 above the work cap")
-            continue
-        spec = ReleaseSpec(k=k, epsilon=epsilon, delta=delta, params=choice.params)
-        if mechanism.memory_bytes(ctx, spec) > AGGREGATOR_MEMORY_CAP:
-            notes.append(f"friendly_aggregate ({aggregator}) skipped: memory above the cap")
-            continue
-        return choice
+        if _within_memory(choice, ctx, k, notes):
+            return choice
     return None
+
+
+def _histogram(
+    ctx: PublicContext, k: int, epsilon: float, delta: float, notes: list[str]
+) -> Choice | None:
+    """``histogram_aggregate`` with its defaults (searched width) at ``(epsilon, delta)``."""
+    try:
+        choice = _prepare("histogram_aggregate", ctx, k, epsilon, delta, {})
+    except InvalidParameter as refusal:
+        notes.append(f"histogram_aggregate refused at this budget: {refusal.message}")
+        return None
+    return choice if _within_memory(choice, ctx, k, notes) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The staged regime's predictions (public functions of public facts and the released exponent)
+
+
+def predicted_gauss_error(
+    n: int, d: int, k: int, clip_norm: float, eps: float, delta: float
+) -> float:
+    """``GAUSS_ERROR_FACTOR sigma sqrt(d) k/(n C^2)``: analyze_gauss's noise ``E(sigma)`` has
+    spectral norm about ``sigma sqrt(d)`` (times 2, semicircle), over the k-th eigenvalue, at
+    most ``n C^2/k`` when the rows span k dimensions evenly; the factor is measured."""
+    from service.mechanisms.analyze_gauss import noise_sigma
+
+    sigma = noise_sigma(clip_norm, eps, delta)
+    return GAUSS_ERROR_FACTOR * sigma * math.sqrt(d) * k / (max(1, n) * clip_norm**2)
+
+
+def predicted_friendly_error(
+    params: FriendlyAggregateParams, radius: float, d: int, k: int, eps: float, delta: float
+) -> float:
+    """``r (FRIENDLY_RADIUS_TERM + sqrt(d) s)`` (``r / sqrt(q)`` for reference points, whose
+    ``q x d`` mean has singular values about ``sqrt(q)``), ``s`` the mean's noise per unit
+    radius when every subset agrees at this ``t`` and budget split."""
+    from service.mechanisms.friendly_aggregate import agreeing_noise, budget_split
+
+    assert params.t is not None
+    noise = agreeing_noise(
+        params.t, budget_split(eps, delta, params.radius is not None, t=params.t)
+    )
+    scale = radius if params.aggregator == "projection" else radius / math.sqrt(params.q or 2 * k)
+    return scale * (FRIENDLY_RADIUS_TERM + math.sqrt(d) * noise)
+
+
+def predicted_histogram_error(width: float, d: int) -> float:
+    """``HISTOGRAM_WIDTH_FACTOR w sqrt(d)``."""
+    return HISTOGRAM_WIDTH_FACTOR * width * math.sqrt(d)
+
+
+def spurious_stop_probability(
+    threshold: float, sensitivity: float, epsilon: float, queries: int
+) -> float:
+    """Probability that AboveThreshold (threshold noise ``Lap(2 D/eps)``, query noise
+    ``Lap(4 D/eps)``) stops on one of ``queries`` answers that are all 0: ``E_Y[1 - (1 -
+    P(X >= T + Y))^m]``, by quadrature over the threshold noise ``Y`` (public facts only)."""
+    b = 4.0 * sensitivity / epsilon
+    y = np.linspace(-40.0 * b / 2, 40.0 * b / 2, 20_001)
+    density = np.exp(-np.abs(y) / (b / 2)) / b
+    level = threshold + y
+    above = np.where(
+        level > 0,
+        0.5 * np.exp(-np.maximum(level, 0) / b),
+        1 - 0.5 * np.exp(np.minimum(level, 0) / b),
+    )
+    stop = 1.0 - (1.0 - above) ** queries
+    return float(np.clip(np.sum(stop * density) * (y[1] - y[0]), 0.0, 1.0))
+
+
+def friendly_spurious_stop_probability(choice: Choice) -> float:
+    """:func:`spurious_stop_probability` of friendly_aggregate's radius search for ``choice``."""
+    from service.mechanisms.friendly_aggregate import (
+        budget_split,
+        radius_search_threshold,
+        radius_steps,
+        ramp_width,
+        weight_sensitivity,
+    )
+
+    params: Any = choice.params
+    t = params.t
+    split = budget_split(choice.epsilon, choice.delta, params.radius is not None, t=t)
+    if params.radius is not None or split.eps0 <= 0:
+        return 0.0
+    bar = radius_search_threshold(t, split.eps1, split.delta1)
+    sens = weight_sensitivity(t, ramp_width(t))
+    return spurious_stop_probability(bar, sens, split.eps0, radius_steps(params.aggregator) + 1)
+
+
+def break_even_radius(
+    friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
+) -> float:
+    """``r*``: the radius at which friendly's predicted error equals analyze_gauss's at
+    ``gauss_epsilon`` (public)."""
+    params: Any = friendly.params
+    gauss = predicted_gauss_error(n, d, k, clip_norm, gauss_epsilon, friendly.delta)
+    per_unit = predicted_friendly_error(params, 1.0, d, k, friendly.epsilon, friendly.delta)
+    return gauss / per_unit
+
+
+def agreement_width(
+    friendly: Choice, n: int, d: int, k: int, clip_norm: float, gauss_epsilon: float
+) -> float:
+    """``AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` (:func:`break_even_radius`; public)."""
+    r_star = break_even_radius(friendly, n, d, k, clip_norm, gauss_epsilon)
+    return AGREEMENT_WIDTH_FACTOR * math.sqrt(d) * r_star
+
+
+def agreement_memory_bytes(n: int, d: int, k: int, t: int) -> int:
+    """Peak bytes of :func:`noisy_agreement_count` (the model of ``histogram_aggregate``'s
+    points and one width's query, ``q = 2k``)."""
+    from service.mechanisms.sample_aggregate import (
+        allowance,
+        embeddings_bytes,
+        subset_bases_bytes,
+    )
+    from service.mechanisms.width_selection import search_memory_bytes
+
+    q, m = 2 * k, n // t
+    partition = 8 * (2 * n + t * m)
+    points = 8 * t * d * k + embeddings_bytes(t, q, d, k) + search_memory_bytes(t, q * d)
+    return allowance(partition + max(subset_bases_bytes(t, m, d, k), points))
+
+
+def noisy_agreement_counts(
+    data: FloatArray,
+    k: int,
+    t: int,
+    widths: tuple[float, ...],
+    test_epsilon: float,
+    rng: np.random.Generator,
+) -> list[float]:
+    """For each public width ``w`` of ``widths``: the largest cell count of the ``t`` subsets'
+    points ``y_j = P U_j U_j^T`` (``q = 2k`` public reference points, public random partition)
+    on a grid of width ``w`` with a public uniform offset, plus ``Lap(m/eps_a)``, ``m`` the
+    number of widths.
+
+    Replacing one row changes one subset, hence one point, hence every cell count by at most
+    1 and the largest by at most 1 (``width_selection``'s argument; the point's cell is a
+    function of the point alone): each count has sensitivity 1 and gets ``eps_a/m``, so the
+    ``m`` of them are ``(eps_a, 0)``-DP (sequential composition).
+    """
+    from service.mechanisms.histogram_aggregate import histogram_points
+    from service.mechanisms.width_selection import largest_cell_count
+
+    points, _ = histogram_points(data, None, k, t, 2 * k, rng)
+    noisy: list[float] = []
+    for width in widths:
+        offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
+        count = largest_cell_count(points, width, offsets)
+        noisy.append(float(count) + float(laplace(len(widths) / test_epsilon, rng)))
+    return noisy
+
+
+def noisy_agreement_count(
+    data: FloatArray, k: int, t: int, width: float, test_epsilon: float, rng: np.random.Generator
+) -> float:
+    """:func:`noisy_agreement_counts` at one width: the count plus ``Lap(1/eps_a)``."""
+    return noisy_agreement_counts(data, k, t, (width,), test_epsilon, rng)[0]
+
+
+@dataclass(frozen=True)
+class StagedDecision:
+    """The staged regime's decision: post-processing of the search's output and public facts."""
+
+    proceed: bool
+    exponent: int | None
+    predicted: float | None
+    predicted_gauss: float
+    reason: str
+
+    def extras(self, mechanism: str) -> dict[str, Any]:
+        return {
+            "mechanism": mechanism,
+            "exponent": self.exponent,
+            "continued": self.proceed,
+            "predicted_error": self.predicted,
+            "predicted_analyze_gauss_error": self.predicted_gauss,
+        }
+
+
+def staged_decision(
+    staged: Choice,
+    ctx: PublicContext,
+    k: int,
+    clip_norm: float,
+    exponent: int | None,
+    scale: float | None,
+) -> StagedDecision:
+    """Continue the aggregator iff its search stopped (``exponent`` not ``None``) and its
+    predicted error at the found radius or width ``scale`` is below analyze_gauss's predicted
+    error at ``(1 - SEARCH_SHARE) eps``. A function of public facts and the release only."""
+    d, eps, delta = ctx.n_cols, staged.epsilon, staged.delta
+    gauss = predicted_gauss_error(ctx.n_rows, d, k, clip_norm, (1 - SEARCH_SHARE) * eps, delta)
+    what = "radius" if staged.name == "friendly_aggregate" else "cell width"
+    if exponent is None or scale is None:
+        return StagedDecision(
+            False,
+            None,
+            None,
+            gauss,
+            f"{staged.name}'s private {what} search found no {what} at which the subsets agree: "
+            "analyze_gauss with the unspent 3/4 of epsilon and all of delta",
+        )
+    if staged.name == "friendly_aggregate":
+        params: Any = staged.params
+        predicted = predicted_friendly_error(params, scale, d, k, eps, delta)
+    else:
+        predicted = predicted_histogram_error(scale, d)
+    if predicted < gauss:
+        return StagedDecision(
+            True,
+            exponent,
+            predicted,
+            gauss,
+            f"{staged.name}'s private {what} search stopped at {what} {scale:.3g} (exponent "
+            f"{exponent}): its predicted error {predicted:.3g} is below analyze_gauss's "
+            f"{gauss:.3g}, so {staged.name} continues with its remaining budget",
+        )
+    return StagedDecision(
+        False,
+        exponent,
+        predicted,
+        gauss,
+        f"{staged.name}'s private {what} search stopped at {what} {scale:.3g} (exponent "
+        f"{exponent}): its predicted error {predicted:.3g} is not below analyze_gauss's "
+        f"{gauss:.3g}, so analyze_gauss runs with the unspent 3/4 of epsilon and all of delta",
+    )
 
 
 def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoParams) -> Plan:
@@ -211,12 +565,7 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     if share > 0:
         main_epsilon = (1.0 - share) * epsilon
         aggregator = _aggregator(ctx, k, main_epsilon, delta, notes)
-        if aggregator is not None and not structure_test_useful(ctx.n_rows, share * epsilon):
-            notes.append(
-                "friendly_aggregate could run, but at this n and epsilon the structure test's "
-                "noise would swamp its threshold"
-            )
-        elif aggregator is not None:
+        if aggregator is not None and structure_test_useful(ctx.n_rows, share * epsilon):
             default = _prepare("analyze_gauss", ctx, k, main_epsilon, delta, gram_raw)
             return Plan(
                 default,
@@ -227,6 +576,43 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
                 "k-dimensional subspace, else analyze_gauss",
                 notes,
             )
+        if aggregator is not None:
+            notes.append(
+                "at this n and epsilon the tail-ratio test's noise would swamp its threshold"
+            )
+        staged = _aggregator(ctx, k, epsilon, delta, notes) or _histogram(
+            ctx, k, epsilon, delta, notes
+        )
+        if (
+            staged is not None
+            and staged.name == "friendly_aggregate"
+            and friendly_spurious_stop_probability(staged) > SPURIOUS_STOP_LIMIT
+        ):
+            agreement = _agreement_plan(ctx, k, epsilon, delta, clip, share, staged, notes)
+            if agreement is not None:
+                return agreement
+        if staged is not None:
+            rest = (1.0 - SEARCH_SHARE) * epsilon
+            default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
+            ptr_fallback = None
+            if staged.name == "friendly_aggregate":
+                from service.mechanisms.friendly_aggregate import budget_split
+
+                t = getattr(staged.params, "t", None)
+                split = budget_split(epsilon, delta, False, t=t)
+                ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
+            return Plan(
+                default,
+                None,
+                0.0,
+                f"{staged.name} can run with the whole budget: its own private search "
+                f"(epsilon/4) is the structure test; {staged.name} continues when its predicted "
+                "error at the found scale is below analyze_gauss's, else analyze_gauss runs "
+                "with the unspent 3/4 of epsilon",
+                notes,
+                staged=staged,
+                ptr_fallback=ptr_fallback,
+            )
     default = _prepare("analyze_gauss", ctx, k, epsilon, delta, gram_raw)
     why = "; ".join(notes) if notes else "structure test disabled (structure_share = 0)"
     return Plan(
@@ -236,6 +622,105 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         "analyze_gauss: the dependable default; no aggregator can run here (" + why + ")",
         notes,
     )
+
+
+def _agreement_plan(
+    ctx: PublicContext,
+    k: int,
+    epsilon: float,
+    delta: float,
+    clip: float,
+    share: float,
+    staged: Choice,
+    notes: list[str],
+) -> Plan | None:
+    """The agreement regime, or ``None`` if friendly_aggregate is refused at ``(1 - s) eps``."""
+    from service.mechanisms.friendly_aggregate import budget_split
+
+    test_epsilon = min(share, AGREEMENT_SHARE) * epsilon
+    rest = epsilon - test_epsilon
+    friendly = _aggregator(ctx, k, rest, delta, notes)
+    if friendly is None:
+        return None
+    params: Any = friendly.params
+    t = int(params.t)
+    if (ctx.n_rows // t) < k:
+        return None
+    spurious = friendly_spurious_stop_probability(staged)
+    notes.append(
+        f"friendly_aggregate's radius search would stop spuriously on unstructured data with "
+        f"probability {spurious:.2f}: a two-count agreement test decides instead"
+    )
+    gram_raw = {"clip_norm": clip}
+    default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
+    split = budget_split(rest, delta, False, t=t)
+    ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
+    r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
+    width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
+    coarse: Choice | None = None
+    coarse_fallback: Choice | None = None
+    try:
+        coarse = _prepare(
+            "friendly_aggregate",
+            ctx,
+            k,
+            rest,
+            delta,
+            {"radius": GIVEN_RADIUS_FACTOR * r_star, "t": t, "aggregator": params.aggregator},
+        )
+    except InvalidParameter as refusal:
+        notes.append(f"friendly_aggregate with a given radius refused: {refusal.message}")
+    if coarse is not None:
+        given = budget_split(rest, delta, True, t=t)
+        coarse_fallback = _prepare("analyze_gauss", ctx, k, given.eps2, given.delta2, gram_raw)
+    return Plan(
+        default,
+        None,
+        0.0,
+        f"friendly_aggregate can run, but its own radius search is unreliable here (spurious "
+        f"stop probability {spurious:.2f}): a private agreement test (epsilon "
+        f"{test_epsilon:.4g}, the noisy largest cell counts of the {t} subsets' points at a "
+        "fine and a coarse public width) chooses friendly_aggregate when most subsets agree "
+        "(at the fine width: its whole radius grid; only at the coarse one: the radii above "
+        "the fine width's), else analyze_gauss",
+        notes,
+        staged=friendly,
+        ptr_fallback=ptr_fallback,
+        agreement_epsilon=test_epsilon,
+        agreement_t=t,
+        agreement_width=width,
+        agreement_fine_width=width / FINE_WIDTH_RATIO,
+        coarse=coarse,
+        coarse_fallback=coarse_fallback,
+    )
+
+
+def agreement_decision(
+    the_plan: Plan, fine: float, coarse: float
+) -> tuple[Choice | None, dict[str, Any]]:
+    """The agreement regime's choice from the two released noisy counts and the plan (public):
+    friendly with its own search (fine count at least ``AGREEMENT_FRACTION t``, or the coarse
+    one when no given-radius run was planned), friendly with the given radius (coarse count
+    only), or ``None`` (analyze_gauss); and the released test outcome (no noisy count)."""
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    agreed_fine, agreed_coarse = fine >= bar, coarse >= bar
+    chosen: Choice | None = None
+    if agreed_fine or (agreed_coarse and the_plan.coarse is None):
+        chosen = the_plan.staged
+    elif agreed_coarse:
+        chosen = the_plan.coarse
+    test: dict[str, Any] = {
+        "test": "agreement",
+        "epsilon": the_plan.agreement_epsilon,
+        "width": the_plan.agreement_width,
+        "fine_width": the_plan.agreement_fine_width,
+        "t": the_plan.agreement_t,
+        "threshold": bar,
+        "agreed": chosen is not None,
+        "agreed_fine": agreed_fine,
+        "radius_given": chosen is not None and chosen is the_plan.coarse,
+    }
+    return chosen, test
 
 
 def tail_and_trace(data: FloatArray, k: int, clip_norm: float) -> tuple[float, float]:
@@ -278,15 +763,18 @@ class Auto(Mechanism[AutoParams]):
         "structure test follows seed 001's idea of a private low-rank test"
     )
     summary: ClassVar[str] = (
-        "Chooses the mechanism from public facts (n, d, k, epsilon, delta, C) and, when "
-        "friendly_aggregate can run, a private structure test with structure_share of epsilon: "
-        "friendly_aggregate when the rows are very near a k-dim subspace, else analyze_gauss; "
-        "smooth_sensitivity (Cauchy) when delta = 0. The result's extras and the dry run say "
-        "what was chosen and why (auto_choice, auto_reason)."
+        "Chooses the mechanism from public facts (n, d, k, epsilon, delta, C) and, when an "
+        "aggregator can run, a private structure test: a noisy tail ratio of X^T X "
+        "(structure_share of epsilon), friendly_aggregate's own radius search (a quarter of "
+        "epsilon, continued or handed to analyze_gauss), or a two-count subset agreement test "
+        "(5% of epsilon) where that search is unreliable: friendly_aggregate (or "
+        "histogram_aggregate) when the rows are very near a k-dim subspace, else "
+        "analyze_gauss; smooth_sensitivity (Cauchy) when delta = 0. The result's extras and "
+        "the dry run say what was chosen and why (auto_choice, auto_reason, auto_search)."
     )
     cost_rule: ClassVar[str] = (
-        "Charges exactly the requested (epsilon, delta): the structure test (structure_share * "
-        "epsilon, 0) and the chosen mechanism (the rest) compose sequentially."
+        "Charges exactly the requested (epsilon, delta): the test or search and the chosen "
+        "mechanism (the rest) compose sequentially."
     )
     params_model: ClassVar[type[AutoParams]] = AutoParams
     allows_pure_dp: ClassVar[bool] = True
@@ -306,7 +794,17 @@ class Auto(Mechanism[AutoParams]):
         return resolved
 
     def _specs(self, plan_: Plan, k: int) -> list[tuple[Choice, ReleaseSpec[Any]]]:
-        choices = [plan_.default] + ([plan_.aggregator] if plan_.aggregator else [])
+        choices = [plan_.default] + [
+            c
+            for c in (
+                plan_.aggregator,
+                plan_.staged,
+                plan_.ptr_fallback,
+                plan_.coarse,
+                plan_.coarse_fallback,
+            )
+            if c is not None
+        ]
         return [
             (c, ReleaseSpec(k=k, epsilon=c.epsilon, delta=c.delta, params=c.params))
             for c in choices
@@ -315,15 +813,23 @@ class Auto(Mechanism[AutoParams]):
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]) -> Preview:
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         assert spec.params.clip_norm is not None  # resolved by prepare
-        choice = (
-            the_plan.default.name
-            if the_plan.aggregator is None
-            else f"{the_plan.aggregator.name} or {the_plan.default.name} (structure test)"
-        )
+        if the_plan.agreement_epsilon > 0 and the_plan.staged is not None:
+            choice = f"{the_plan.staged.name} or {the_plan.default.name} (agreement test)"
+        elif the_plan.staged is not None:
+            choice = (
+                f"{the_plan.staged.name} or {the_plan.default.name} "
+                f"(decided by {the_plan.staged.name}'s private search)"
+            )
+        elif the_plan.aggregator is not None:
+            choice = f"{the_plan.aggregator.name} or {the_plan.default.name} (structure test)"
+        else:
+            choice = the_plan.default.name
         scales: dict[str, PreviewValue] = {
             "auto_choice": choice,
             "auto_reason": the_plan.reason,
             "structure_test": the_plan.aggregator is not None,
+            "staged_search": the_plan.staged is not None and the_plan.agreement_epsilon == 0,
+            "agreement_test": the_plan.agreement_epsilon > 0,
         }
         meaning = [f"auto chooses {choice}: {the_plan.reason}."]
         if the_plan.aggregator is not None:
@@ -340,19 +846,104 @@ class Auto(Mechanism[AutoParams]):
                 f"{TAIL_RATIO_THRESHOLD:g}, else analyze_gauss, each with epsilon "
                 f"{the_plan.default.epsilon:.4g} and all of delta."
             )
+        if the_plan.agreement_epsilon > 0:
+            bar = AGREEMENT_FRACTION * the_plan.agreement_t
+            noise = 2.0 / the_plan.agreement_epsilon
+            scales.update(
+                agreement_epsilon=the_plan.agreement_epsilon,
+                agreement_width=the_plan.agreement_width,
+                agreement_fine_width=the_plan.agreement_fine_width,
+                agreement_threshold=bar,
+                agreement_noise_scale=noise,
+            )
+            given = math.nan
+            if the_plan.coarse is not None:
+                given = float(getattr(the_plan.coarse.params, "radius", math.nan))
+                scales["agreement_given_radius"] = given
+            meaning.append(
+                f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
+                f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
+                f"subspace maps {2 * spec.k} public Gaussian reference points to a point; the "
+                f"largest numbers of points sharing a cell of the public fine width "
+                f"{the_plan.agreement_fine_width:.4g} and coarse width "
+                f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
+                f"friendly_aggregate runs if the fine count reaches {bar:.4g} (with its own "
+                f"radius search) or else the coarse one does (with the public radius "
+                f"{given:.4g} given, "
+                f"no search), else analyze_gauss, each with epsilon "
+                f"{the_plan.default.epsilon:.4g} and all of delta."
+            )
+        elif the_plan.staged is not None:
+            scales.update(self._staged_preview(ctx, spec, the_plan.staged, the_plan, meaning))
         for choice_, inner in self._specs(the_plan, spec.k):
             shown = _registered(choice_.name).preview(ctx, inner)
+            # the fallback after a failed friendly test is analyze_gauss at a smaller budget:
+            # its own prefix, so it does not overwrite the main candidate's scales
+            prefixes = {
+                id(the_plan.ptr_fallback): "ptr_fallback.",
+                id(the_plan.coarse): "radius_given.",
+                id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
+            }
+            label = prefixes.get(id(choice_), "") + choice_.name
             for key, value in shown.scales.items():
-                scales[f"{choice_.name}.{key}"] = value
-            meaning.extend(f"{choice_.name}: {line}" for line in shown.meaning)
+                scales[f"{label}.{key}"] = value
+            meaning.extend(f"{label}: {line}" for line in shown.meaning)
         return Preview(scales=scales, meaning=meaning)
+
+    @staticmethod
+    def _staged_preview(
+        ctx: PublicContext,
+        spec: ReleaseSpec[AutoParams],
+        staged: Choice,
+        the_plan: Plan,
+        meaning: list[str],
+    ) -> dict[str, PreviewValue]:
+        """The staged regime's public rule: the largest radius or width at which the aggregator
+        continues (its prediction is linear in the scale)."""
+        assert spec.params.clip_norm is not None
+        d, k = ctx.n_cols, spec.k
+        rest = the_plan.default.epsilon
+        gauss = predicted_gauss_error(ctx.n_rows, d, k, spec.params.clip_norm, rest, spec.delta)
+        if staged.name == "friendly_aggregate":
+            params: Any = staged.params
+            per_unit = predicted_friendly_error(params, 1.0, d, k, spec.epsilon, spec.delta)
+            what = "radius"
+        else:
+            per_unit = predicted_histogram_error(1.0, d)
+            what = "cell width"
+        largest = gauss / per_unit
+        meaning.append(
+            f"{staged.name}'s private {what} search (epsilon {spec.epsilon * SEARCH_SHARE:.4g}, "
+            f"pure) runs first; {staged.name} continues with its remaining budget if the found "
+            f"{what} is below {largest:.4g} (predicted error {per_unit:.4g} per unit {what} vs "
+            f"analyze_gauss's {gauss:.4g} at epsilon {rest:.4g}), else analyze_gauss runs with "
+            f"epsilon {rest:.4g} and all of delta."
+            + (
+                ""
+                if the_plan.ptr_fallback is None
+                else f" If friendly_aggregate's test then fails, analyze_gauss runs with its "
+                f"unspent epsilon {the_plan.ptr_fallback.epsilon:.4g} and delta "
+                f"{the_plan.ptr_fallback.delta:.4g} instead of no result."
+            )
+        )
+        return {
+            "search_mechanism": staged.name,
+            "search_epsilon": spec.epsilon * SEARCH_SHARE,
+            "continue_below": largest,
+            "predicted_analyze_gauss_error": gauss,
+        }
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]) -> int:
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         d = ctx.n_cols
+        # Staged regime: the aggregator's own model covers its search and its continuation; its
+        # state is dropped before analyze_gauss runs, so the peak is the larger of the two.
         inner = max(
             _registered(c.name).memory_bytes(ctx, s) for c, s in self._specs(the_plan, spec.k)
         )
+        if the_plan.agreement_epsilon > 0:
+            # The agreement test's points are freed before the chosen mechanism runs.
+            return max(inner, agreement_memory_bytes(ctx.n_rows, d, spec.k, the_plan.agreement_t))
         if the_plan.aggregator is None:
             return inner
         # The test's Gram matrix and its eigenvalues are freed before the chosen mechanism runs.
@@ -367,6 +958,10 @@ class Auto(Mechanism[AutoParams]):
         # The plan is a function of public facts: the shape, the resolved clip norm, the request.
         ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=params.clip_norm)
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, params)
+        if the_plan.agreement_epsilon > 0:
+            return self._run_agreement(data, spec, the_plan, rng)
+        if the_plan.staged is not None:
+            return self._run_staged(data, spec, the_plan, rng)
         chosen, reason = the_plan.default, the_plan.reason
         if the_plan.aggregator is not None:
             if structure_test(data, spec.k, params.clip_norm, the_plan.test_epsilon, rng):
@@ -374,14 +969,144 @@ class Auto(Mechanism[AutoParams]):
                 reason = "the private structure test found the rows very near a k-dim subspace"
             else:
                 reason = "the private structure test found the rows not near a k-dim subspace"
-        inner = ReleaseSpec(
-            k=spec.k, epsilon=chosen.epsilon, delta=chosen.delta, params=chosen.params
+        return _labelled(_run_choice(chosen, data, spec.k, rng), chosen, reason)
+
+    def _run_agreement(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        the_plan: Plan,
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """Agreement regime: the two-count test ``(eps_a, 0)``, then friendly_aggregate at
+        ``((1 - s) eps, delta)`` (its own radius search after a fine agreement, the given
+        public radius after a coarse-only one; analyze_gauss at its unspent ``(eps2, delta2)``
+        if its test fails) or analyze_gauss at ``((1 - s) eps, delta)``."""
+        friendly = the_plan.staged
+        assert friendly is not None
+        fine, coarse = noisy_agreement_counts(
+            data,
+            spec.k,
+            the_plan.agreement_t,
+            (the_plan.agreement_fine_width, the_plan.agreement_width),
+            the_plan.agreement_epsilon,
+            rng,
         )
-        output = _registered(chosen.name).run(data, inner, rng)
-        output.extras = {
-            **output.extras,
-            "auto_choice": chosen.name,
-            "auto_reason": reason,
-            "auto_params": chosen.params.model_dump(mode="json"),
-        }
-        return output
+        chosen, test = agreement_decision(the_plan, fine, coarse)
+        if chosen is None:
+            reason = (
+                "the private agreement test found fewer than half of the subsets' subspaces "
+                "within the public cell widths: analyze_gauss"
+            )
+            out = _run_choice(the_plan.default, data, spec.k, rng)
+            return _labelled(out, the_plan.default, reason, test)
+        if chosen is friendly:
+            fallback_ = the_plan.ptr_fallback
+            reason = (
+                "the private agreement test found most of the subsets' subspaces within the "
+                "public cell width: friendly_aggregate with its own radius search"
+            )
+        else:
+            fallback_ = the_plan.coarse_fallback
+            given = getattr(chosen.params, "radius", None)
+            reason = (
+                "the private agreement test found most of the subsets' subspaces within the "
+                "coarse public cell width but not the fine one: friendly_aggregate with the "
+                f"public radius {given:.4g} (no search)"
+            )
+        output = _run_choice(chosen, data, spec.k, rng)
+        if output.basis is not None or fallback_ is None:
+            return _labelled(output, chosen, reason, test)
+        fallback = fallback_
+        reason += (
+            "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
+            "budget of its mean step"
+        )
+        out = _run_choice(fallback, data, spec.k, rng)
+        return _labelled(out, fallback, reason, {**test, "ptr_failed": True})
+
+    def _run_staged(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        the_plan: Plan,
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """Regime 2: the aggregator's search, then its continuation or analyze_gauss."""
+        staged = the_plan.staged
+        assert staged is not None and spec.params.clip_norm is not None
+        n, d = data.shape
+        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
+        inner: ReleaseSpec[Any] = ReleaseSpec(
+            k=spec.k, epsilon=staged.epsilon, delta=staged.delta, params=staged.params
+        )
+        exponent: int | None
+        scale: float | None
+        if staged.name == "friendly_aggregate":
+            from service.mechanisms.friendly_aggregate import FriendlyAggregate
+
+            friendly = _registered(staged.name)
+            assert isinstance(friendly, FriendlyAggregate)
+            f_state = friendly.search(data, inner, rng)
+            exponent = f_state.radius_exponent
+            scale = None if exponent is None else f_state.radius
+            decision = staged_decision(staged, ctx, spec.k, spec.params.clip_norm, exponent, scale)
+            searched = decision.extras(staged.name)
+            if decision.proceed:
+                output = friendly.finish(f_state, inner, rng)
+                del f_state
+                if output.basis is not None or the_plan.ptr_fallback is None:
+                    return _labelled(output, staged, decision.reason, searched)
+                # The test (eps1, delta1) failed: the unspent (eps2, delta2) goes to
+                # analyze_gauss instead of the mean (sequential composition, same total).
+                fallback = the_plan.ptr_fallback
+                reason = (
+                    decision.reason + "; its propose-test-release check then failed, so "
+                    "analyze_gauss ran with the unspent budget of its mean step"
+                )
+                out = _run_choice(fallback, data, spec.k, rng)
+                return _labelled(out, fallback, reason, {**searched, "ptr_failed": True})
+            del f_state
+        else:
+            from service.mechanisms.histogram_aggregate import HistogramAggregate
+
+            histogram = _registered(staged.name)
+            assert isinstance(histogram, HistogramAggregate)
+            h_state = histogram.search(data, inner, rng)
+            exponent, scale = h_state.search.exponent, h_state.search.width
+            decision = staged_decision(staged, ctx, spec.k, spec.params.clip_norm, exponent, scale)
+            searched = decision.extras(staged.name)
+            if decision.proceed:
+                output = histogram.finish(h_state, inner, rng, n)
+                return _labelled(output, staged, decision.reason, searched)
+            del h_state
+        output = _run_choice(the_plan.default, data, spec.k, rng)
+        return _labelled(output, the_plan.default, decision.reason, searched)
+
+
+def _run_choice(
+    chosen: Choice, data: FloatArray, k: int, rng: np.random.Generator
+) -> MechanismOutput:
+    inner = ReleaseSpec(k=k, epsilon=chosen.epsilon, delta=chosen.delta, params=chosen.params)
+    return _registered(chosen.name).run(data, inner, rng)
+
+
+def _labelled(
+    output: MechanismOutput,
+    chosen: Choice,
+    reason: str,
+    search: dict[str, Any] | None = None,
+) -> MechanismOutput:
+    """The chosen mechanism's output with auto's choice, reason and (staged) search outcome."""
+    extras = {
+        **output.extras,
+        "auto_choice": chosen.name,
+        "auto_reason": reason,
+        "auto_params": chosen.params.model_dump(mode="json"),
+        "auto_epsilon": chosen.epsilon,
+        "auto_delta": chosen.delta,
+    }
+    if search is not None:
+        extras["auto_search"] = search
+    output.extras = extras
+    return output

@@ -1140,11 +1140,53 @@ def friendly_aggregate(
     FriendlyResult
         ``basis`` ``(d, k)`` orthonormal, or ``None`` when the PTR test fails.
     """
+    state = friendly_search(
+        data, k, epsilon, delta, rng, t=t, q=q, aggregator=aggregator, radius=radius
+    )
+    return friendly_continue(state, rng)
+
+
+@dataclass(frozen=True)
+class FriendlySearch:
+    """The state of :func:`friendly_aggregate` after its radius search (or given radius).
+
+    Holds private intermediate values (bases, points, weights): only ``radius`` and
+    ``radius_exponent`` are released (the search's ``(eps0, 0)``-DP output, or
+    public when the radius is given); the rest must go through :func:`friendly_continue`.
+    """
+
+    split: BudgetSplit
+    t: int
+    k: int
+    d: int
+    aggregator: Aggregator
+    bases: FloatArray
+    points: FloatArray | None
+    radius: float
+    #: ``i`` with ``radius = r_max 2^{-i}`` when AboveThreshold stopped; ``None`` otherwise.
+    radius_exponent: int | None
+    weights: FloatArray
+
+
+def friendly_search(
+    data: npt.NDArray[Any],
+    k: int,
+    epsilon: float,
+    delta: float,
+    rng: np.random.Generator,
+    *,
+    t: int,
+    q: int | None = None,
+    aggregator: Aggregator = "reference_points",
+    radius: float | None = None,
+) -> FriendlySearch:
+    """The first phase of :func:`friendly_aggregate` (same parameters): the partition, the
+    subset bases, the reference points and the radius search with ``eps0`` (or the weights at
+    the given radius), drawing from ``rng`` exactly as :func:`friendly_aggregate` does."""
     d = data.shape[1]
     split = budget_split(epsilon, delta, radius is not None, t=t)
     _, bases = partition_and_bases(data, t, k, rng)
     b = ramp_width(t)
-    sens_w = weight_sensitivity(t, b)
 
     points: FloatArray | None = None
     if aggregator == "reference_points":
@@ -1181,6 +1223,19 @@ def friendly_aggregate(
         counts = count_friends(block, t, np.array([radius]), rows=rows, workers=workers)
         weights = weights_from_counts(counts[:, 0], t, b)
 
+    return FriendlySearch(
+        split, t, k, d, aggregator, bases, points, radius, radius_exponent, weights
+    )
+
+
+def friendly_continue(state: FriendlySearch, rng: np.random.Generator) -> FriendlyResult:
+    """The second phase of :func:`friendly_aggregate`: the PTR test (``eps1, delta1``) and the
+    noisy mean (``eps2, delta2``) at the searched radius."""
+    split, t, d, k = state.split, state.t, state.d, state.k
+    radius, radius_exponent, weights = state.radius, state.radius_exponent, state.weights
+    points, bases, aggregator = state.points, state.bases, state.aggregator
+    b = ramp_width(t)
+    sens_w = weight_sensitivity(t, b)
     total = total_weight(weights)
     noisy_total = total + float(laplace(weight_noise_scale(sens_w, split.eps1), rng))
     w_low = weight_lower_bound(noisy_total, sens_w, split.eps1, split.delta1)
@@ -1491,15 +1546,16 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             ctx.n_rows, ctx.n_cols, spec.k, params.t, params.q, params.aggregator, params.radius
         )
 
-    def run(
+    def search(
         self,
         data: FloatArray,
         spec: ReleaseSpec[FriendlyAggregateParams],
         rng: np.random.Generator,
-    ) -> MechanismOutput:
+    ) -> FriendlySearch:
+        """The first phase of :meth:`run` (:func:`friendly_search`); :meth:`finish` ends it."""
         params = spec.params
         assert params.t is not None and params.aggregator is not None  # resolved by prepare
-        result = friendly_aggregate(
+        return friendly_search(
             data,
             spec.k,
             spec.epsilon,
@@ -1510,6 +1566,25 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             aggregator=params.aggregator,
             radius=params.radius,
         )
+
+    def run(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[FriendlyAggregateParams],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        return self.finish(self.search(data, spec, rng), spec, rng)
+
+    def finish(
+        self,
+        state: FriendlySearch,
+        spec: ReleaseSpec[FriendlyAggregateParams],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """The second phase of :meth:`run`: PTR, noisy mean and the output."""
+        params = spec.params
+        assert params.t is not None and params.aggregator is not None  # resolved by prepare
+        result = friendly_continue(state, rng)
         # Raw noisy doubles (W_low, and sigma, which is a function of it) are not returned: see
         # the floating-point note in noise.py. The radius is a point of the public grid.
         extras: dict[str, Any] = {

@@ -40,6 +40,7 @@ Choices the paper leaves open (fixed here)
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -70,6 +71,7 @@ from service.mechanisms.sample_aggregate import (
 )
 from service.mechanisms.width_selection import (
     WIDTH_STEPS,
+    WidthSearch,
     cell_counts,
     query_noise_scale,
     search_memory_bytes,
@@ -249,6 +251,40 @@ def histogram_aggregate_once(
         With a searched width: ``cell_width`` and ``width_exponent`` (``None`` when no width
         reached the threshold).
     """
+    embedded, r_max = histogram_points(data, rows, k, t, q, rng)
+    if width is None:
+        state = histogram_search(embedded, r_max, q, data.shape[1], epsilon, rng)
+        return histogram_continue(state, k, delta, point, rng)
+    found = stability_histogram(embedded, width, epsilon, delta, rng)
+    return _released_basis(found, width, q, data.shape[1], k, point, rng), {}
+
+
+@dataclass(frozen=True)
+class HistogramSearch:
+    """The state of a width-searched :func:`histogram_aggregate_once` after its search.
+
+    ``points`` are private (go through :func:`histogram_continue`); ``search.width`` and
+    ``search.exponent`` are the search's ``(eps0, 0)``-DP output; ``epsilon`` is the
+    histogram's remaining ``3 eps/4``.
+    """
+
+    points: FloatArray
+    q: int
+    d: int
+    epsilon: float
+    search: WidthSearch
+
+
+def histogram_points(
+    data: npt.NDArray[Any],
+    rows: npt.NDArray[np.int64] | None,
+    k: int,
+    t: int,
+    q: int,
+    rng: np.random.Generator,
+) -> tuple[FloatArray, float]:
+    """The ``t`` points ``y_j = P U_j U_j^T`` (``(t, q d)``) and ``||P||_F``: partition, subset
+    bases, public reference points ``P``, drawn from ``rng`` in that order."""
     d = data.shape[1]
     partition = random_partition(data.shape[0] if rows is None else rows.shape[0], t, rng)
     if rows is not None:
@@ -256,19 +292,46 @@ def histogram_aggregate_once(
     bases = subset_bases(data, partition, k)
     ref = reference_points(q, d, rng)
     embedded = reference_embeddings(bases, ref)  # (t, q d)
-    info: dict[str, Any] = {}
-    offsets: FloatArray | None = None
-    if width is None:
-        eps0, epsilon = search_split(epsilon)
-        # ||P U U^T||_F <= ||P||_F bounds every coordinate of every point: a public scale
-        found_width = search_width(embedded, float(np.linalg.norm(ref)), eps0, rng)
-        info = {"cell_width": found_width.width, "width_exponent": found_width.exponent}
-        if found_width.width is None:
-            return None, info
-        width, offsets = found_width.width, found_width.offsets
-    found = stability_histogram(embedded, width, epsilon, delta, rng, offsets)
-    if found is None:
+    # ||P U U^T||_F <= ||P||_F bounds every coordinate of every point: a public scale (the
+    # search's r_max)
+    return embedded, float(np.linalg.norm(ref))
+
+
+def histogram_search(
+    embedded: FloatArray, r_max: float, q: int, d: int, epsilon: float, rng: np.random.Generator
+) -> HistogramSearch:
+    """The width search (``eps/4``) on the points of :func:`histogram_points`."""
+    eps0, eps_h = search_split(epsilon)
+    return HistogramSearch(embedded, q, d, eps_h, search_width(embedded, r_max, eps0, rng))
+
+
+def histogram_continue(
+    state: HistogramSearch, k: int, delta: float, point: str, rng: np.random.Generator
+) -> tuple[FloatArray | None, dict[str, Any]]:
+    """The stability histogram (``3 eps/4, delta``) at the searched width and the release;
+    ``(None, info)`` when the search found no width (no result)."""
+    found_width = state.search
+    info: dict[str, Any] = {"cell_width": found_width.width, "width_exponent": found_width.exponent}
+    if found_width.width is None:
         return None, info
+    found = stability_histogram(
+        state.points, found_width.width, state.epsilon, delta, rng, found_width.offsets
+    )
+    return _released_basis(found, found_width.width, state.q, state.d, k, point, rng), info
+
+
+def _released_basis(
+    found: tuple[FloatArray, FloatArray] | None,
+    width: float,
+    q: int,
+    d: int,
+    k: int,
+    point: str,
+    rng: np.random.Generator,
+) -> FloatArray | None:
+    """The top-k subspace of the chosen cell's point (centre or uniform), ``None`` if none."""
+    if found is None:
+        return None
     lower, _ = found
     with np.errstate(over="ignore", invalid="ignore"):
         if point == "uniform":
@@ -277,7 +340,7 @@ def histogram_aggregate_once(
             chosen = lower + width / 2.0
     # Total: scaled by a power of two, and a public fallback basis if the point is not finite
     # (only possible for widths near the largest double) or LAPACK fails.
-    return safe_top_right_singular_vectors(chosen.reshape(q, d), k), info
+    return safe_top_right_singular_vectors(chosen.reshape(q, d), k)
 
 
 def select_boosted(bases: list[FloatArray | None], alpha: float) -> tuple[int, int] | None:
@@ -534,7 +597,7 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         params = spec.params
         assert params.t is not None and params.q is not None  # resolved by prepare
         n, d = data.shape
-        width, m = self.cell_width_for(params, n, d, spec.k)
+        width, _ = self.cell_width_for(params, n, d, spec.k)
         boost = (
             None
             if params.boost_beta is None or params.boost_alpha is None
@@ -552,6 +615,46 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             rng,
             boost,
         )
+        return self._output(basis, info, spec, n, d)
+
+    def search(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[HistogramAggregateParams],
+        rng: np.random.Generator,
+    ) -> HistogramSearch:
+        """The first phase of :meth:`run` when the width is searched and there is no boosting
+        (the points and the width search); :meth:`finish` ends it. Same draws as :meth:`run`."""
+        params = spec.params
+        assert params.t is not None and params.q is not None  # resolved by prepare
+        if params.cell_width is not None or params.gamma is not None or params.boost_beta:
+            raise ValueError("the staged run needs a searched width and no boosting")
+        embedded, r_max = histogram_points(data, None, spec.k, params.t, params.q, rng)
+        return histogram_search(embedded, r_max, params.q, data.shape[1], spec.epsilon, rng)
+
+    def finish(
+        self,
+        state: HistogramSearch,
+        spec: ReleaseSpec[HistogramAggregateParams],
+        rng: np.random.Generator,
+        n: int,
+    ) -> MechanismOutput:
+        """The second phase of :meth:`run` (``n`` rows): the histogram and the output."""
+        basis, info = histogram_continue(state, spec.k, spec.delta, spec.params.point, rng)
+        return self._output(basis, info, spec, n, state.d)
+
+    def _output(
+        self,
+        basis: FloatArray | None,
+        info: dict[str, Any],
+        spec: ReleaseSpec[HistogramAggregateParams],
+        n: int,
+        d: int,
+    ) -> MechanismOutput:
+        params = spec.params
+        assert params.t is not None and params.q is not None  # resolved by prepare
+        width, m = self.cell_width_for(params, n, d, spec.k)
+        boost = params.boost_beta
         extras: dict[str, Any] = {
             "t": params.t,
             "m": m,
@@ -564,7 +667,7 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             extras["width_searched"] = True
             extras.setdefault("width_exponent", None)
         if boost is not None:
-            extras["groups"] = boost_groups(boost[0])
+            extras["groups"] = boost_groups(boost)
         if basis is None:
             if boost is not None:
                 reason = "too few boosting groups agreed within 2 boost_alpha"

@@ -1,0 +1,524 @@
+"""``auto``'s staged regime (the aggregator's own private search is the structure test) and its
+agreement regime (a two-count agreement test where that search is unreliable; after a
+coarse-only agreement friendly_aggregate runs with a public radius given).
+
+Checked here: continuing gives bit-identical output to the aggregator's own run (same seed);
+the decision is a function of public facts and the released exponent only; a stop sends exactly
+``(3 eps/4, delta)`` to analyze_gauss and a failed friendly test exactly ``(eps2, delta2)``; the
+declared cost is the request; extreme inputs end succeeded or no_result; and on a seeded small
+grid auto continues the aggregator on data within 1e-5 of a subspace and runs analyze_gauss on
+isotropic data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.bench_auto_grid import near_subspace
+from service.mechanisms import auto as auto_module
+from service.mechanisms.auto import (
+    AGREEMENT_FRACTION,
+    AGREEMENT_SHARE,
+    FINE_WIDTH_RATIO,
+    GIVEN_RADIUS_FACTOR,
+    SEARCH_SHARE,
+    Auto,
+    AutoParams,
+    agreement_decision,
+    break_even_radius,
+    friendly_spurious_stop_probability,
+    noisy_agreement_count,
+    noisy_agreement_counts,
+    plan,
+    predicted_friendly_error,
+    predicted_gauss_error,
+    spurious_stop_probability,
+    staged_decision,
+)
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.friendly_aggregate import (
+    FriendlyAggregate,
+    budget_split,
+    radius_grid,
+    radius_steps,
+)
+from service.mechanisms.histogram_aggregate import HistogramAggregate
+from service.mechanisms.linalg import subspace_distance
+from service.mechanisms.registry import MECHANISMS
+
+AUTO = Auto()
+K, DELTA = 3, 1e-6
+#: A staged cell: friendly's search is reliable (t = 666, eps0 = 0.25: spurious stops 4e-4)
+#: and the tail test is not useful (2/(0.1 n) = 1e-3 > 7.5e-4).
+N = 20_000
+
+
+def ctx(n: int, d: int) -> PublicContext:
+    return PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+
+
+def auto_spec(n: int, d: int, eps: float) -> ReleaseSpec[AutoParams]:
+    return ReleaseSpec(K, eps, DELTA, AUTO.prepare(ctx(n, d), K, eps, DELTA, AutoParams()))
+
+
+def isotropic(n: int, d: int, seed: int) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((n, d))
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan (public facts)
+
+
+@pytest.mark.parametrize(("n", "eps"), [(N, 1.0), (200_000, 0.1)])
+def test_where_the_tail_test_is_unaffordable_the_aggregator_is_staged(n: int, eps: float) -> None:
+    the_plan = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0))
+    assert the_plan.aggregator is None and the_plan.test_epsilon == 0.0
+    assert the_plan.agreement_epsilon == 0.0
+    assert the_plan.staged is not None and the_plan.staged.name == "friendly_aggregate"
+    # the aggregator gets the whole request: its own run, its own split
+    assert (the_plan.staged.epsilon, the_plan.staged.delta) == (eps, DELTA)
+    assert the_plan.staged.params.aggregator == "projection"  # type: ignore[attr-defined]
+    # after a stop: analyze_gauss with exactly the unspent (3/4 eps, delta)
+    assert the_plan.default.name == "analyze_gauss"
+    assert (the_plan.default.epsilon, the_plan.default.delta) == ((1 - SEARCH_SHARE) * eps, DELTA)
+    # after a failed test: analyze_gauss with exactly friendly's (eps2, delta2), and the three
+    # steps search + test + that fallback compose to the request
+    t = the_plan.staged.params.t  # type: ignore[attr-defined]
+    split = budget_split(eps, DELTA, False, t=t)
+    assert the_plan.ptr_fallback is not None
+    assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
+        split.eps2,
+        split.delta2,
+    )
+    assert split.eps0 == SEARCH_SHARE * eps
+    assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    assert split.delta1 + split.delta2 == pytest.approx(DELTA, rel=1e-15)
+
+
+@pytest.mark.parametrize(("n", "eps"), [(5_000, 1.0), (50_000, 0.1)])
+def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(n: int, eps: float) -> None:
+    the_plan = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0))
+    full = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0, structure_share=0.0))
+    assert full.staged is None  # share 0: no data-dependent choice at all
+    assert the_plan.staged is not None and the_plan.staged.name == "friendly_aggregate"
+    s = the_plan.agreement_epsilon
+    assert s == pytest.approx(AGREEMENT_SHARE * eps, rel=1e-15)
+    # friendly's own search here stops on unstructured data about half the time
+    own = dataclasses.replace(the_plan.staged, epsilon=eps)
+    assert friendly_spurious_stop_probability(own) > 0.4
+    # test (s, 0) + either choice ((eps - s), delta) = the request
+    for choice in (the_plan.staged, the_plan.default):
+        assert choice.epsilon + s == pytest.approx(eps, rel=1e-15) and choice.delta == DELTA
+    t = the_plan.staged.params.t  # type: ignore[attr-defined]
+    split = budget_split(eps - s, DELTA, False, t=t)
+    assert the_plan.ptr_fallback is not None
+    assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
+        split.eps2,
+        split.delta2,
+    )
+    assert s + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    assert the_plan.agreement_t == t and the_plan.agreement_width > 0
+    assert the_plan.agreement_fine_width == the_plan.agreement_width / FINE_WIDTH_RATIO
+    # the given-radius friendly (after a coarse-only agreement): public radius, exact budget
+    coarse, fallback = the_plan.coarse, the_plan.coarse_fallback
+    assert coarse is not None and fallback is not None
+    r_star = break_even_radius(the_plan.staged, n, 10, K, 1.0, eps - s)
+    assert coarse.params.radius == GIVEN_RADIUS_FACTOR * r_star  # type: ignore[attr-defined]
+    assert coarse.params.t == t  # type: ignore[attr-defined]
+    assert coarse.epsilon + s == pytest.approx(eps, rel=1e-15) and coarse.delta == DELTA
+    given = budget_split(eps - s, DELTA, True, t=t)
+    assert given.eps0 == 0.0
+    assert given.eps1 + given.eps2 == pytest.approx(eps - s, rel=1e-15)
+    assert (fallback.epsilon, fallback.delta) == (given.eps2, given.delta2)
+
+
+def test_spurious_stop_probability_matches_simulation() -> None:
+    rng = np.random.default_rng(0)
+    bar, sens, eps0, m = 124.5, 3.0, 0.25, 18
+    threshold = bar + rng.laplace(0.0, 2 * sens / eps0, 100_000)
+    queries = rng.laplace(0.0, 4 * sens / eps0, (100_000, m))
+    simulated = float(np.mean(queries.max(axis=1) >= threshold))
+    assert spurious_stop_probability(bar, sens, eps0, m) == pytest.approx(simulated, abs=0.01)
+    assert spurious_stop_probability(bar, sens, 10 * eps0, m) < 1e-6
+
+
+def test_the_agreement_count_has_sensitivity_one() -> None:
+    rng = np.random.default_rng(1)
+    near, _ = near_subspace(600, 6, 2, 1e-4, seed=1)
+    worst = 0.0
+    for trial in range(30):
+        other = near.copy()
+        other[int(rng.integers(600))] = rng.standard_normal(6) * rng.choice([1e-3, 1.0, 1e3])
+        # the test's public randomness (partition, reference points, offsets) is shared, so
+        # compare the noiseless counts: eps huge makes the Laplace draw negligible but equal
+        a = noisy_agreement_count(near, 2, 60, 0.05, 1e12, np.random.default_rng(trial))
+        b = noisy_agreement_count(other, 2, 60, 0.05, 1e12, np.random.default_rng(trial))
+        worst = max(worst, abs(a - b))
+    assert worst <= 1.0 + 1e-9
+    # and the noise has scale 1/eps_a: mean absolute deviation of Lap(b) is b
+    zeros = np.zeros((600, 6))
+    draws = [
+        noisy_agreement_count(zeros, 2, 60, 0.05, 0.5, np.random.default_rng(s)) for s in range(800)
+    ]
+    assert float(np.mean(np.abs(np.array(draws) - 60.0))) == pytest.approx(2.0, rel=0.15)
+
+
+def test_histogram_is_staged_when_friendly_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auto_module, "_aggregator", lambda *args: None)
+    the_plan = plan(ctx(N, 10), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    assert the_plan.staged is not None and the_plan.staged.name == "histogram_aggregate"
+    assert the_plan.ptr_fallback is None
+    assert the_plan.default.epsilon == 0.75
+
+
+def test_a_zero_share_disables_the_staged_choice_too() -> None:
+    the_plan = plan(ctx(N, 10), K, 1.0, DELTA, AutoParams(clip_norm=1.0, structure_share=0))
+    assert the_plan.staged is None and the_plan.default.epsilon == 1.0
+
+
+def test_declared_cost_is_the_request() -> None:
+    spec = auto_spec(N, 10, 1.0)
+    assert AUTO.cost_rule.startswith("Charges exactly the requested")
+    shown = AUTO.preview(ctx(N, 10), spec)
+    assert shown.scales["staged_search"] is True and shown.scales["agreement_test"] is False
+    assert shown.scales["search_epsilon"] == 0.25
+    assert "friendly_aggregate.t" in shown.scales and "analyze_gauss.sigma" in shown.scales
+    assert any("radius search" in line for line in shown.meaning)
+    shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
+    assert shown.scales["agreement_test"] is True and shown.scales["agreement_epsilon"] == 0.05
+    # two counts, each with eps_a/2: Lap(2/eps_a) = Lap(40)
+    assert shown.scales["agreement_noise_scale"] == 40.0
+    given = shown.scales["agreement_given_radius"]
+    assert isinstance(given, float) and given > 0
+    assert shown.scales["radius_given.friendly_aggregate.epsilon0"] == 0.0
+    assert "radius_given.ptr_fallback.analyze_gauss.sigma" in shown.scales
+    assert any("Agreement test" in line for line in shown.meaning)
+    # the main analyze_gauss (eps - eps_a) and the fallback (friendly's eps2) are shown apart
+    main_sigma = shown.scales["analyze_gauss.sigma"]
+    fallback_sigma = shown.scales["ptr_fallback.analyze_gauss.sigma"]
+    assert isinstance(main_sigma, float) and isinstance(fallback_sigma, float)
+    assert fallback_sigma > 2 * main_sigma
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision: public facts and the released exponent only
+
+
+def test_the_decision_is_monotone_in_the_radius_and_data_free() -> None:
+    the_plan = plan(ctx(N, 50), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    staged = the_plan.staged
+    assert staged is not None
+    radii = radius_grid(np.sqrt(2.0 * K), radius_steps("projection"))
+    steps = radius_steps("projection")
+    decisions = [
+        staged_decision(staged, ctx(N, 50), K, 1.0, steps - i, float(radii[i])).proceed
+        for i in range(steps + 1)
+    ]
+    # small radii (large exponents) continue, large radii stop, with one switch in between
+    assert decisions[0] and not decisions[-1]
+    assert decisions == sorted(decisions, reverse=True)
+    assert not staged_decision(staged, ctx(N, 50), K, 1.0, None, None).proceed
+    gauss = predicted_gauss_error(N, 50, K, 1.0, 0.75, DELTA)
+    params: Any = staged.params
+    for i, go in enumerate(decisions):
+        predicted = predicted_friendly_error(params, float(radii[i]), 50, K, 1.0, DELTA)
+        assert go == (predicted < gauss)
+
+
+@pytest.mark.parametrize("exponent", [15, 2])
+def test_same_exponent_different_data_same_decision(
+    monkeypatch: pytest.MonkeyPatch, exponent: int
+) -> None:
+    real_search = FriendlyAggregate.search
+    steps = radius_steps("projection")
+    radius = float(radius_grid(np.sqrt(2.0 * K), steps)[steps - exponent])
+
+    def forced(self: Any, data: Any, spec: Any, rng: Any) -> Any:
+        state = real_search(self, data, spec, rng)
+        return dataclasses.replace(state, radius_exponent=exponent, radius=radius)
+
+    monkeypatch.setattr(FriendlyAggregate, "search", forced)
+    spec = auto_spec(N, 10, 1.0)
+    near, _ = near_subspace(N, 10, K, 1e-5, seed=1)
+    outcomes = []
+    for data in (near, isotropic(N, 10, 2)):
+        out = AUTO.run(data, spec, np.random.default_rng(3))
+        outcomes.append({k: v for k, v in out.extras["auto_search"].items() if k != "ptr_failed"})
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0]["exponent"] == exponent
+    assert outcomes[0]["continued"] is (exponent == 15)
+    assert outcomes[0]["continued"] is (
+        outcomes[0]["predicted_error"] < outcomes[0]["predicted_analyze_gauss_error"]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs: bit-identical continuation, exact budgets
+
+
+def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, float]]:
+    runs: list[tuple[str, float, float]] = []
+    for name in ("analyze_gauss", "friendly_aggregate", "histogram_aggregate"):
+        mechanism = MECHANISMS[name]
+        real_run = type(mechanism).run
+
+        def spy(self: Any, data: Any, spec: Any, rng: Any, _real: Any = real_run) -> Any:
+            runs.append((self.name, spec.epsilon, spec.delta))
+            return _real(self, data, spec, rng)
+
+        monkeypatch.setattr(type(mechanism), "run", spy)
+    return runs
+
+
+def test_continuing_friendly_is_bit_identical_to_its_own_run() -> None:
+    data, basis = near_subspace(N, 10, K, 1e-5, seed=4)
+    spec = auto_spec(N, 10, 1.0)
+    out = AUTO.run(data, spec, np.random.default_rng(11))
+    assert out.extras["auto_choice"] == "friendly_aggregate"
+    assert out.extras["auto_search"]["continued"] is True
+    staged = plan(ctx(N, 10), K, 1.0, DELTA, spec.params).staged
+    assert staged is not None
+    own = MECHANISMS["friendly_aggregate"].run(
+        data, ReleaseSpec(K, 1.0, DELTA, staged.params), np.random.default_rng(11)
+    )
+    assert own.basis is not None and out.basis is not None
+    assert np.array_equal(out.basis, own.basis)
+    for key, value in own.extras.items():
+        assert out.extras[key] == value
+    assert subspace_distance(out.basis, basis) < 1e-2
+
+
+def test_continuing_histogram_is_bit_identical_to_its_own_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(auto_module, "_aggregator", lambda *args: None)
+    data, _ = near_subspace(N, 10, K, 1e-5, seed=5)
+    spec = auto_spec(N, 10, 1.0)
+    out = AUTO.run(data, spec, np.random.default_rng(12))
+    assert out.extras["auto_choice"] == "histogram_aggregate"
+    assert out.extras["auto_search"]["continued"] is True
+    staged = plan(ctx(N, 10), K, 1.0, DELTA, spec.params).staged
+    assert staged is not None
+    own = MECHANISMS["histogram_aggregate"].run(
+        data, ReleaseSpec(K, 1.0, DELTA, staged.params), np.random.default_rng(12)
+    )
+    assert own.basis is not None and out.basis is not None
+    assert np.array_equal(out.basis, own.basis)
+    # and the staged phases equal the whole run on their own as well
+    histogram = MECHANISMS["histogram_aggregate"]
+    assert isinstance(histogram, HistogramAggregate)
+    inner = ReleaseSpec(K, 1.0, DELTA, staged.params)
+    rng = np.random.default_rng(12)
+    again = histogram.finish(histogram.search(data, inner, rng), inner, rng, N)
+    assert again.basis is not None and np.array_equal(again.basis, own.basis)
+
+
+def test_a_stop_gives_analyze_gauss_exactly_three_quarters(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _spy_runs(monkeypatch)
+    data = isotropic(N, 10, 6)
+    spec = auto_spec(N, 10, 1.0)
+    for seed in range(20):  # the search stops at a large radius (or finds none)
+        runs.clear()
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        if not out.extras["auto_search"]["continued"]:
+            break
+    else:
+        pytest.fail("no stop in 20 seeds")
+    assert runs == [("analyze_gauss", 0.75, DELTA)]
+    assert out.extras["auto_choice"] == "analyze_gauss"
+    assert (out.extras["auto_epsilon"], out.extras["auto_delta"]) == (0.75, DELTA)
+
+
+def test_a_failed_test_gives_analyze_gauss_exactly_eps2(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_search = FriendlyAggregate.search
+    steps = radius_steps("projection")
+    radius = float(radius_grid(np.sqrt(2.0 * K), steps)[0])
+
+    def spurious(self: Any, data: Any, spec: Any, rng: Any) -> Any:
+        # what a spurious stop looks like: the smallest radius, where no subset has friends
+        state = real_search(self, data, spec, rng)
+        weights = np.zeros_like(state.weights)
+        return dataclasses.replace(state, radius_exponent=steps, radius=radius, weights=weights)
+
+    monkeypatch.setattr(FriendlyAggregate, "search", spurious)
+    runs = _spy_runs(monkeypatch)
+    spec = auto_spec(N, 10, 1.0)
+    staged = plan(ctx(N, 10), K, 1.0, DELTA, spec.params).staged
+    assert staged is not None
+    split = budget_split(1.0, DELTA, False, t=staged.params.t)  # type: ignore[attr-defined]
+    out = AUTO.run(isotropic(N, 10, 7), spec, np.random.default_rng(8))
+    assert out.extras["auto_search"]["continued"] is True
+    assert out.extras["auto_search"]["ptr_failed"] is True
+    assert runs == [("analyze_gauss", split.eps2, split.delta2)]
+    assert out.basis is not None and out.extras["auto_choice"] == "analyze_gauss"
+    assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(1.0, rel=1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# Totality and the seeded small grid
+
+
+@pytest.mark.parametrize("n", [5_000, N])
+@pytest.mark.parametrize("kind", ["tiny", "huge", "duplicates", "zeros", "mixed"])
+def test_extreme_values_end_succeeded_or_no_result(kind: str, n: int) -> None:
+    d = 10
+    rng = np.random.default_rng(13)
+    rows = rng.standard_normal((n, d))
+    data: np.ndarray
+    if kind == "tiny":
+        data = rows * 1e-300
+    elif kind == "huge":
+        data = rows * 1e300
+    elif kind == "duplicates":
+        data = np.tile(rows[:1], (n, 1))
+    elif kind == "zeros":
+        data = np.zeros((n, d))
+    else:
+        data = rows * np.where(rng.random((n, 1)) < 0.5, 1e-300, 1e300)
+    spec = auto_spec(n, d, 1.0)
+    for seed in range(2):
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        assert out.basis is not None or out.no_result_reason is not None
+        if out.basis is not None:
+            assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
+
+
+@pytest.mark.parametrize(
+    ("n", "eps", "d"), [(5_000, 1.0, 10), (5_000, 1.0, 50), (50_000, 0.1, 10), (N, 1.0, 10)]
+)
+def test_seeded_grid_aggregator_near_a_subspace_gauss_on_isotropic(
+    n: int, eps: float, d: int
+) -> None:
+    spec = auto_spec(n, d, eps)
+    near, basis = near_subspace(n, d, K, 1e-5, seed=0)
+    out = AUTO.run(near, spec, np.random.default_rng(20))
+    assert out.extras["auto_choice"] == "friendly_aggregate"
+    assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
+    out = AUTO.run(isotropic(n, d, 1), spec, np.random.default_rng(21))
+    assert out.extras["auto_choice"] == "analyze_gauss"
+
+
+# ---------------------------------------------------------------------------------------------
+# The agreement regime's restricted radius grid (v3)
+
+
+def test_the_two_counts_each_have_sensitivity_one_and_scale_two_over_eps() -> None:
+    rng = np.random.default_rng(2)
+    near, _ = near_subspace(600, 6, 2, 1e-4, seed=2)
+    widths = (0.002, 0.05)
+    worst = 0.0
+    for trial in range(30):
+        other = near.copy()
+        other[int(rng.integers(600))] = rng.standard_normal(6) * rng.choice([1e-3, 1.0, 1e3])
+        a = noisy_agreement_counts(near, 2, 60, widths, 1e12, np.random.default_rng(trial))
+        b = noisy_agreement_counts(other, 2, 60, widths, 1e12, np.random.default_rng(trial))
+        worst = max(worst, *(abs(x - y) for x, y in zip(a, b, strict=True)))
+    assert worst <= 1.0 + 1e-9
+    zeros = np.zeros((600, 6))
+    draws = np.array(
+        [
+            noisy_agreement_counts(zeros, 2, 60, widths, 0.5, np.random.default_rng(s))
+            for s in range(800)
+        ]
+    )
+    # each count gets eps_a/2: Lap(2/eps_a) = Lap(4), mean absolute deviation 4
+    for column in draws.T:
+        assert float(np.mean(np.abs(column - 60.0))) == pytest.approx(4.0, rel=0.15)
+
+
+def test_the_agreement_decision_is_a_function_of_the_released_counts_only() -> None:
+    the_plan = plan(ctx(50_000, 50), K, 0.1, DELTA, AutoParams(clip_norm=1.0))
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    assert the_plan.coarse is not None
+    assert agreement_decision(the_plan, bar, bar)[0] is the_plan.staged
+    assert agreement_decision(the_plan, bar, 0.0)[0] is the_plan.staged
+    assert agreement_decision(the_plan, bar - 1e-9, bar)[0] is the_plan.coarse
+    assert agreement_decision(the_plan, bar - 1e-9, bar - 1e-9)[0] is None
+    chosen, test = agreement_decision(the_plan, 0.0, bar + 5.0)
+    assert test["agreed"] is True and test["agreed_fine"] is False
+    assert test["radius_given"] is True and chosen is the_plan.coarse
+    # the released outcome carries no noisy count
+    assert set(test) == {
+        "test",
+        "epsilon",
+        "width",
+        "fine_width",
+        "t",
+        "threshold",
+        "agreed",
+        "agreed_fine",
+        "radius_given",
+    }
+    # without a given-radius run (refused), a coarse agreement runs friendly's own search
+    bare = dataclasses.replace(the_plan, coarse=None, coarse_fallback=None)
+    assert agreement_decision(bare, 0.0, bar)[0] is bare.staged
+
+
+@pytest.mark.parametrize("agreed_fine", [True, False])
+def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
+    monkeypatch: pytest.MonkeyPatch, agreed_fine: bool
+) -> None:
+    n, d, eps = 5_000, 10, 1.0
+    spec = auto_spec(n, d, eps)
+    the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
+    assert the_plan.coarse is not None
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    counts = [bar if agreed_fine else 0.0, bar]
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: list(counts))
+    runs = _spy_runs(monkeypatch)
+    seen: list[Any] = []
+    real_run = FriendlyAggregate.run
+
+    def spy(self: Any, data: Any, inner: Any, rng: Any) -> Any:
+        seen.append(inner.params.radius)
+        return real_run(self, data, inner, rng)
+
+    monkeypatch.setattr(FriendlyAggregate, "run", spy)
+    expected = None if agreed_fine else the_plan.coarse.params.radius  # type: ignore[attr-defined]
+    # different data, same released counts: the same run (the plan sees no data)
+    for data in (near_subspace(n, d, K, 1e-5, seed=3)[0], isotropic(n, d, 4)):
+        out = AUTO.run(data, spec, np.random.default_rng(5))
+        assert out.extras["auto_search"]["radius_given"] is (not agreed_fine)
+    assert seen == [expected, expected]
+    # test (eps_a, 0) + friendly (eps - eps_a, delta) (+ its own fallback) = the request
+    friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
+    assert len(friendly_runs) == 2
+    for _, epsilon, delta in friendly_runs:
+        assert epsilon + the_plan.agreement_epsilon == pytest.approx(eps, rel=1e-15)
+        assert delta == DELTA
+    fallbacks = [r for r in runs if r[0] == "analyze_gauss"]
+    chosen_fallback = the_plan.ptr_fallback if agreed_fine else the_plan.coarse_fallback
+    assert chosen_fallback is not None
+    for fallback in fallbacks:  # after a failed friendly test only
+        assert fallback[1:] == (chosen_fallback.epsilon, chosen_fallback.delta)
+
+
+@pytest.mark.parametrize("kind", ["tiny", "huge", "duplicates", "zeros", "mixed"])
+def test_the_given_radius_run_is_total_on_extreme_values(
+    monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    n, d = 5_000, 10
+    spec = auto_spec(n, d, 1.0)
+    the_plan = plan(ctx(n, d), K, 1.0, DELTA, spec.params)
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    # force the coarse-only outcome: friendly_aggregate with the public radius given
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [0.0, bar])
+    rows = np.random.default_rng(14).standard_normal((n, d))
+    data = {
+        "tiny": rows * 1e-300,
+        "huge": rows * 1e300,
+        "duplicates": np.tile(rows[:1], (n, 1)),
+        "zeros": np.zeros((n, d)),
+        "mixed": rows * np.where(np.random.default_rng(15).random((n, 1)) < 0.5, 1e-300, 1e300),
+    }[kind]
+    for seed in range(2):
+        out = AUTO.run(data, spec, np.random.default_rng(seed))
+        assert out.extras["auto_search"]["radius_given"] is True
+        assert out.basis is not None or out.no_result_reason is not None
+        if out.basis is not None:
+            assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
