@@ -110,7 +110,7 @@ from service.mechanisms.linalg import (
 from service.mechanisms.noise import laplace
 
 if TYPE_CHECKING:
-    from service.mechanisms.friendly_aggregate import FriendlyAggregateParams
+    from service.mechanisms.friendly_aggregate import AnySplit, FriendlyAggregateParams
 
 #: Default share of epsilon spent on the structure test when it runs.
 DEFAULT_STRUCTURE_SHARE = 0.1
@@ -352,11 +352,11 @@ def predicted_friendly_error(
     """``r (FRIENDLY_RADIUS_TERM + sqrt(d) s)`` (``r / sqrt(q)`` for reference points, whose
     ``q x d`` mean has singular values about ``sqrt(q)``), ``s`` the mean's noise per unit
     radius when every subset agrees at this ``t`` and budget split."""
-    from service.mechanisms.friendly_aggregate import agreeing_noise, budget_split
+    from service.mechanisms.friendly_aggregate import agreeing_noise, release_split
 
     assert params.t is not None
     noise = agreeing_noise(
-        params.t, budget_split(eps, delta, params.radius is not None, t=params.t)
+        params.t, release_split(eps, delta, params.radius is not None, t=params.t)
     )
     scale = radius if params.aggregator == "projection" else radius / math.sqrt(params.q or 2 * k)
     return scale * (FRIENDLY_RADIUS_TERM + math.sqrt(d) * noise)
@@ -389,21 +389,54 @@ def spurious_stop_probability(
 def friendly_spurious_stop_probability(choice: Choice) -> float:
     """:func:`spurious_stop_probability` of friendly_aggregate's radius search for ``choice``."""
     from service.mechanisms.friendly_aggregate import (
-        budget_split,
-        radius_search_threshold,
         radius_steps,
         ramp_width,
+        release_split,
+        split_search_threshold,
         weight_sensitivity,
     )
 
     params: Any = choice.params
     t = params.t
-    split = budget_split(choice.epsilon, choice.delta, params.radius is not None, t=t)
+    split = release_split(choice.epsilon, choice.delta, params.radius is not None, t=t)
     if params.radius is not None or split.eps0 <= 0:
         return 0.0
-    bar = radius_search_threshold(t, split.eps1, split.delta1)
+    bar = split_search_threshold(t, split)
     sens = weight_sensitivity(t, ramp_width(t))
     return spurious_stop_probability(bar, sens, split.eps0, radius_steps(params.aggregator) + 1)
+
+
+def ptr_fallback_budget(split: AnySplit) -> tuple[float, float]:
+    """The ``(epsilon, delta)`` analyze_gauss runs with when friendly_aggregate's test fails:
+    the unspent mean step's.
+
+    Basic split: ``(eps2, delta2)``, sequential composition. F3's split: the mean would have
+    been ``mean_mu``-GDP (Gaussian noise ``D/mean_mu``); analyze_gauss is a Gaussian mechanism
+    too (sensitivity ``sqrt(2) C^2``), and calibrated by the analytic Gaussian to ``(eps_f,
+    delta_f)`` with ``delta_f`` at most ``delta_G(mean_mu, eps_f)`` (the exact profile of a
+    ``mean_mu``-GDP Gaussian, which the analytic calibration inverts) its noise is at least
+    ``sqrt(2) C^2/mean_mu``: it is ``mean_mu``-GDP, so it takes the mean's place in F3's exact
+    composition, whose total stays within the request. ``eps_f`` is chosen so that
+    ``delta_f = delta1`` (any choice on the profile is equally valid; this one reads like the
+    basic split's ``delta2``), and ``delta_f`` is shaded down by ``1e-9`` relative, so that
+    rounding can only enlarge the noise.
+    """
+    from service.mechanisms.composition import gaussian_profile
+    from service.mechanisms.friendly_aggregate import GdpSplit
+
+    if not isinstance(split, GdpSplit):
+        return split.eps2, split.delta2
+    target = split.delta1
+    low, high = 0.0, 1.0
+    while gaussian_profile(split.mean_mu, high) > target:
+        low, high = high, 2.0 * high
+    for _ in range(200):  # gaussian_profile decreases in eps
+        mid = 0.5 * (low + high)
+        if gaussian_profile(split.mean_mu, mid) > target:
+            low = mid
+        else:
+            high = mid
+    return high, gaussian_profile(split.mean_mu, high) * (1.0 - 1e-9)
 
 
 def break_even_radius(
@@ -596,11 +629,13 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
             default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
             ptr_fallback = None
             if staged.name == "friendly_aggregate":
-                from service.mechanisms.friendly_aggregate import budget_split
+                from service.mechanisms.friendly_aggregate import release_split
 
                 t = getattr(staged.params, "t", None)
-                split = budget_split(epsilon, delta, False, t=t)
-                ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
+                split = release_split(epsilon, delta, False, t=t)
+                ptr_fallback = _prepare(
+                    "analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw
+                )
             return Plan(
                 default,
                 None,
@@ -635,7 +670,7 @@ def _agreement_plan(
     notes: list[str],
 ) -> Plan | None:
     """The agreement regime, or ``None`` if friendly_aggregate is refused at ``(1 - s) eps``."""
-    from service.mechanisms.friendly_aggregate import budget_split
+    from service.mechanisms.friendly_aggregate import release_split
 
     test_epsilon = min(share, AGREEMENT_SHARE) * epsilon
     rest = epsilon - test_epsilon
@@ -653,8 +688,8 @@ def _agreement_plan(
     )
     gram_raw = {"clip_norm": clip}
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
-    split = budget_split(rest, delta, False, t=t)
-    ptr_fallback = _prepare("analyze_gauss", ctx, k, split.eps2, split.delta2, gram_raw)
+    split = release_split(rest, delta, False, t=t)
+    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
     r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
     width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
     coarse: Choice | None = None
@@ -671,8 +706,8 @@ def _agreement_plan(
     except InvalidParameter as refusal:
         notes.append(f"friendly_aggregate with a given radius refused: {refusal.message}")
     if coarse is not None:
-        given = budget_split(rest, delta, True, t=t)
-        coarse_fallback = _prepare("analyze_gauss", ctx, k, given.eps2, given.delta2, gram_raw)
+        given = release_split(rest, delta, True, t=t)
+        coarse_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(given), gram_raw)
     return Plan(
         default,
         None,

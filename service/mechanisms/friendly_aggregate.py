@@ -9,9 +9,14 @@ most ``r (4(t-1)/b + 6)/W``; PTR releases ``W_low``, a lower bound on ``W`` exce
 ``delta1`` (``(eps1, 0)`` for the Laplace count), and Gaussian noise for ``D = r(4(t-1)/b+6)/W_low``
 is ``(eps2, delta2)``-DP on the good event, exactly as M2. Total ``(eps0+eps1+eps2, delta1+delta2)``
 ``= (eps, delta)`` by sequential composition; everything after the noisy mean is post-processing.
-The shares are a public function of ``(t, eps, delta, radius given)`` (:func:`budget_split`):
+The shares are a public function of ``(t, eps, delta, radius given)`` (:func:`release_split`):
 M6's split, or near ``t_min`` one giving the test ``eps/2`` and the mean ``eps/4``; the
-composition argument is the same for any public shares.
+composition argument is the same for any public shares. Where a public rule prefers it
+(:func:`prefer_gdp`), derivation F3 replaces the Laplace test by a Gaussian one
+(``W + N(0, (Delta_W/mu1)^2)`` shifted by ``(Delta_W/mu1) z_{delta1}``) and accounts the search
+(pure ``eps0``), the test (``mu1``-GDP) and the mean (``mu2``-GDP) by their exact composition
+(:mod:`service.mechanisms.composition`), plus ``delta1`` for the test's failure event: still
+exactly within ``(eps, delta)``.
 
 What the guarantee assumes in floating point (and how the code meets it):
 
@@ -81,10 +86,9 @@ Aggregator = Literal["reference_points", "projection"]
 #: ``basic``: sequential composition of the three steps' ``(eps_i, delta_i)`` with a Laplace test
 #: (M6, derivations F1, F2). ``gdp``: a Gaussian test and the exact composition (derivation F3).
 Accounting = Literal["basic", "gdp"]
-#: The accounting the release uses. ``basic`` until the body of :func:`friendly_aggregate` calls
-#: the split-aware helpers (:func:`release_split`, :func:`noisy_weight_lower_bound`,
-#: :func:`split_search_threshold`, :func:`split_mean_sigma`); see derivation F3.
-ACCOUNTING: Accounting = "basic"
+#: The accounting releases use: ``gdp``, i.e. :func:`release_split` picks F3's Gaussian-test
+#: split where a public rule says its mean's noise is smaller, else the basic one (derivation F3).
+ACCOUNTING: Accounting = "gdp"
 
 #: Default ``t`` keeps ``m = floor(n/t) >= ROWS_PER_DIMENSION * k`` rows per subset.
 ROWS_PER_DIMENSION = 10
@@ -1155,7 +1159,7 @@ class FriendlySearch:
     public when the radius is given); the rest must go through :func:`friendly_continue`.
     """
 
-    split: BudgetSplit
+    split: AnySplit
     t: int
     k: int
     d: int
@@ -1184,7 +1188,7 @@ def friendly_search(
     subset bases, the reference points and the radius search with ``eps0`` (or the weights at
     the given radius), drawing from ``rng`` exactly as :func:`friendly_aggregate` does."""
     d = data.shape[1]
-    split = budget_split(epsilon, delta, radius is not None, t=t)
+    split = release_split(epsilon, delta, radius is not None, t=t)
     _, bases = partition_and_bases(data, t, k, rng)
     b = ramp_width(t)
 
@@ -1212,7 +1216,7 @@ def friendly_search(
             rng,
             rows=rows,
             workers=workers,
-            threshold=radius_search_threshold(t, split.eps1, split.delta1),
+            threshold=split_search_threshold(t, split),
         )
         radius_index = steps if stop is None else stop  # none above: r = r_max
         radius_exponent = None if stop is None else steps - stop
@@ -1237,13 +1241,12 @@ def friendly_continue(state: FriendlySearch, rng: np.random.Generator) -> Friend
     b = ramp_width(t)
     sens_w = weight_sensitivity(t, b)
     total = total_weight(weights)
-    noisy_total = total + float(laplace(weight_noise_scale(sens_w, split.eps1), rng))
-    w_low = weight_lower_bound(noisy_total, sens_w, split.eps1, split.delta1)
+    w_low = noisy_weight_lower_bound(total, sens_w, split, rng)
     if w_low < weight_floor(sens_w):
         return FriendlyResult(None, radius, radius_exponent, w_low, None)
 
     sens_mean = calibrated_sensitivity(radius, t, b, w_low, aggregator, d, k)
-    sigma = analytic_gaussian_sigma(sens_mean, split.eps2, split.delta2)
+    sigma = split_mean_sigma(sens_mean, split)
     if points is not None:
         mean = weighted_mean(points, weights, total)
         noisy = mean + rng.normal(0.0, sigma, size=mean.shape)

@@ -91,7 +91,9 @@ def test_gap_perturbation_and_gaussian_smooth_sensitivity_are_never_chosen() -> 
                     if other is not None:
                         names.add(other.name)
     # histogram_aggregate only as a staged aggregator where friendly_aggregate is refused
-    assert names == {"analyze_gauss", "friendly_aggregate", "histogram_aggregate"}
+    # (since F3's smaller t_min, nowhere on this grid)
+    assert {"analyze_gauss", "friendly_aggregate"} <= names
+    assert names <= {"analyze_gauss", "friendly_aggregate", "histogram_aggregate"}
 
 
 def test_prepare_refuses_without_a_clip_norm_and_bad_shares() -> None:

@@ -20,6 +20,7 @@ import pytest
 
 from bench.bench_auto_grid import near_subspace
 from service.mechanisms import auto as auto_module
+from service.mechanisms.analyze_gauss import noise_sigma
 from service.mechanisms.auto import (
     AGREEMENT_FRACTION,
     AGREEMENT_SHARE,
@@ -36,15 +37,18 @@ from service.mechanisms.auto import (
     plan,
     predicted_friendly_error,
     predicted_gauss_error,
+    ptr_fallback_budget,
     spurious_stop_probability,
     staged_decision,
 )
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.friendly_aggregate import (
     FriendlyAggregate,
+    GdpSplit,
     budget_split,
     radius_grid,
     radius_steps,
+    release_split,
 )
 from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.linalg import subspace_distance
@@ -75,7 +79,9 @@ def isotropic(n: int, d: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("n", "eps"), [(N, 1.0), (200_000, 0.1)])
-def test_where_the_tail_test_is_unaffordable_the_aggregator_is_staged(n: int, eps: float) -> None:
+def test_where_the_tail_test_is_unaffordable_the_aggregator_is_staged(
+    n: int, eps: float, basic_accounting: None
+) -> None:
     the_plan = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0))
     assert the_plan.aggregator is None and the_plan.test_epsilon == 0.0
     assert the_plan.agreement_epsilon == 0.0
@@ -101,7 +107,9 @@ def test_where_the_tail_test_is_unaffordable_the_aggregator_is_staged(n: int, ep
 
 
 @pytest.mark.parametrize(("n", "eps"), [(5_000, 1.0), (50_000, 0.1)])
-def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(n: int, eps: float) -> None:
+def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
+    n: int, eps: float, basic_accounting: None
+) -> None:
     the_plan = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0))
     full = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0, structure_share=0.0))
     assert full.staged is None  # share 0: no data-dependent choice at all
@@ -334,7 +342,9 @@ def test_a_stop_gives_analyze_gauss_exactly_three_quarters(monkeypatch: pytest.M
     assert (out.extras["auto_epsilon"], out.extras["auto_delta"]) == (0.75, DELTA)
 
 
-def test_a_failed_test_gives_analyze_gauss_exactly_eps2(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_test_gives_analyze_gauss_exactly_eps2(
+    monkeypatch: pytest.MonkeyPatch, basic_accounting: None
+) -> None:
     real_search = FriendlyAggregate.search
     steps = radius_steps("projection")
     radius = float(radius_grid(np.sqrt(2.0 * K), steps)[0])
@@ -522,3 +532,31 @@ def test_the_given_radius_run_is_total_on_extreme_values(
         assert out.basis is not None or out.no_result_reason is not None
         if out.basis is not None:
             assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
+
+
+@pytest.mark.parametrize(("n", "eps", "radius_given"), [(N, 1.0, False), (50_000, 0.1, False),
+                                                        (50_000, 0.1, True)])  # fmt: skip
+def test_under_f3_the_fallback_is_at_least_as_noisy_as_the_mean_it_replaces(
+    n: int, eps: float, radius_given: bool
+) -> None:
+    # F3 accounts the mean as a mean_mu-GDP Gaussian; analyze_gauss (a Gaussian mechanism of
+    # sensitivity sqrt(2) C^2) at the fallback budget must be mean_mu-GDP or less, i.e. its
+    # noise at least sqrt(2) C^2/mean_mu, so it can take the mean's place in the composition.
+    t = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0)).staged.params.t  # type: ignore[union-attr]
+    split = release_split(eps, DELTA, radius_given, t=t, accounting="gdp")
+    assert isinstance(split, GdpSplit)
+    fallback_eps, fallback_delta = ptr_fallback_budget(split)
+    assert fallback_delta <= split.delta1
+    assert fallback_delta == pytest.approx(split.delta1, rel=1e-6)
+    for clip in (1.0, 3.0, 1e-3):
+        sigma = noise_sigma(clip, fallback_eps, fallback_delta)
+        assert sigma >= np.sqrt(2.0) * clip**2 / split.mean_mu
+        assert sigma == pytest.approx(np.sqrt(2.0) * clip**2 / split.mean_mu, rel=1e-6)
+    # and the plan uses exactly that budget
+    the_plan = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0))
+    if not radius_given and the_plan.agreement_epsilon == 0.0:
+        assert the_plan.ptr_fallback is not None
+        assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
+            fallback_eps,
+            fallback_delta,
+        )

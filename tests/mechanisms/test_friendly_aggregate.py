@@ -83,6 +83,7 @@ def test_budget_split_sums_to_request() -> None:
 @pytest.mark.parametrize(
     ("eps", "delta", "given"), [(0.1, 1e-6, False), (1.0, 1e-6, True), (4.0, 1e-3, False)]
 )
+@pytest.mark.usefixtures("basic_accounting")
 def test_budget_split_switches_once_where_the_standard_split_wins(
     eps: float, delta: float, given: bool
 ) -> None:
@@ -168,6 +169,7 @@ def test_min_feasible_t_is_the_boundary(eps1: float, delta1: float) -> None:
     assert t_min - (sens / eps1) * math.log(1 / (2 * delta1)) >= sens + 1
 
 
+@pytest.mark.usefixtures("basic_accounting")
 def test_t_min_figures_and_the_closed_form() -> None:
     """With ``b = t/2 - 1``, ``Delta_W = 1 + 2(t-1)/(t-2) ~ 3``, so ``t_min ~ 3c + 1`` for
     ``c = 1 + ln(1/(2 delta1))/eps1``, against ``5c + 1`` for ``b = t/4``: 1,663 subsets at
@@ -225,6 +227,7 @@ def test_above_threshold_stops_at_first_clear_crossing() -> None:
     assert above_threshold(np.zeros(4), 500.0, 1.0, 1.0, rng) is None
 
 
+@pytest.mark.usefixtures("basic_accounting")
 def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -> None:
     """Record the Laplace scales and the Gaussian calibration of a full run with radius search."""
     laplace_scales: list[float] = []
@@ -263,6 +266,7 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     assert gaussian_delta(0.99 * result.noise_sigma, sens, eps2) > delta2
 
 
+@pytest.mark.usefixtures("basic_accounting")
 def test_given_radius_skips_search_and_splits_eps_in_halves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -731,6 +735,7 @@ def test_audit_passes() -> None:
     assert _run_audit(runs=1500, seed=20) <= AUDIT_EPS
 
 
+@pytest.mark.usefixtures("basic_accounting")
 def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     real = fa.laplace
     monkeypatch.setattr(fa, "laplace", lambda scale, rng, size=None: real(scale / 10, rng, size))
@@ -1008,6 +1013,7 @@ def test_projection_calibration_covers_its_rounding() -> None:
     assert d_cal < 1.1 * mean_sensitivity(1e-4, 400, 100.0, 300.0)
 
 
+@pytest.mark.usefixtures("basic_accounting")
 def test_preview_shows_t_t_min_ramp_and_why() -> None:
     mech = FriendlyAggregate()
     ctx = PublicContext(50_000, 50, None)

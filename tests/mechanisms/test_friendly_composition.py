@@ -224,11 +224,25 @@ def test_release_split_picks_gdp_where_it_wins(eps: float, t: int, expected: str
         assert chosen == basic
 
 
-def test_default_accounting_is_basic_until_wired() -> None:
-    """friendly_aggregate()'s body still draws a Laplace test: the module default must stay
-    basic until it calls the split-aware helpers (bench/results/friendly_zcdp_wiring.patch)."""
-    assert fa.ACCOUNTING == "basic"
-    assert isinstance(fa.release_split(0.1, 1e-6, False, t=1666), fa.BudgetSplit)
+def test_releases_use_f3_where_its_rule_prefers_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default accounting is F3's rule, and a release with a Gaussian-test split draws the
+    Gaussian test (not the Laplace one) through the split-aware helpers."""
+    assert fa.ACCOUNTING == "gdp"
+    split = fa.release_split(0.1, 1e-6, False, t=1666)
+    assert isinstance(split, fa.GdpSplit)
+    seen: list[object] = []
+    real = fa.noisy_weight_lower_bound
+
+    def spy(total: float, sens: float, used: fa.AnySplit, rng: np.random.Generator) -> float:
+        seen.append(used)
+        return real(total, sens, used, rng)
+
+    monkeypatch.setattr(fa, "noisy_weight_lower_bound", spy)
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((2_000, 6)) / 6.0
+    fa.friendly_aggregate(data, 1, 2.0, 1e-6, np.random.default_rng(6), t=200)
+    assert len(seen) == 1
+    assert seen[0] == fa.release_split(2.0, 1e-6, False, t=200)
 
 
 # ---------------------------------------------------------------------------------------------

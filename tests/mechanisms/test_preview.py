@@ -142,6 +142,7 @@ def test_histogram_aggregate_preview_is_the_runs(rng, boost):
         assert extras[name] == shown.scales[name]
 
 
+@pytest.mark.usefixtures("basic_accounting")
 @pytest.mark.parametrize("radius", [None, 0.5])
 def test_friendly_aggregate_preview_weight_test_is_the_runs(monkeypatch, rng, radius):
     data = unit_rows(rng, 800, 3)
