@@ -3,9 +3,10 @@
 Each runs in its own virtual environment under ``bench/.peers/<peer>`` (gitignored), which the
 harness creates on first use with pip (diffprivlib 0.6.6 imports only with scikit-learn 1.6,
 which the service's environment does not have). Fits run in a subprocess
-(``bench/peers/worker.py``) with a per-fit time limit; a time-out or an error is a result
-(``timeout``, ``failed``), and an environment that cannot be built (no network) makes the peer
-``unavailable`` rather than failing the run.
+(``bench/peers/worker.py``) with a per-fit limit on CPU time (not wall time: on a shared core a
+wall-clock limit would time out fits that only waited for the CPU); a time-out or an error is a
+result (``timeout``, ``failed``), and an environment that cannot be built (no network) makes the
+peer ``unavailable`` rather than failing the run.
 
 Privacy of the peers at equal epsilon: both are **pure** epsilon-DP (delta = 0), where the
 service's mechanisms run at ``delta = 1e-6``. diffprivlib's PCA samples eigenvectors with
@@ -138,11 +139,12 @@ def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]
         results = work / "results.jsonl"
         reason = ""
         try:
-            # The per-fit alarm interrupts Python-level loops; a fit stuck inside one long C
-            # call is caught by this outer limit (import time and slack included).
+            # The per-fit CPU-time alarm interrupts Python-level loops; a fit stuck inside one
+            # long C call is caught by this outer wall-clock limit (import time and slack
+            # included; 4x: the fits may get a quarter of a shared core).
             subprocess.run(
                 [str(env.python), str(WORKER), peer, str(work / "jobs.json"), str(results)],
-                capture_output=True, timeout=60 + 1.5 * limit * len(fits), check=False,
+                capture_output=True, timeout=60 + 4 * limit * len(fits), check=False,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             reason = "killed past the outer time limit"
