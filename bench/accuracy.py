@@ -99,7 +99,10 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
                     rows.append(score(row(name, epsilon), outcome, data, ref, planted))
                 if peers is not None and (d, n) in grid.peer_cells and rep < grid.peer_reps:
                     for peer in ("diffprivlib", "opendp"):
-                        fit = Fit(data, grid.k, epsilon, CLIP, True, seed_of(peer, rep))
+                        fit = Fit(
+                            data, grid.k, epsilon, CLIP, True, seed_of(peer, rep),
+                            group=f"{d}-{n}-{dist}-{epsilon}",
+                        )  # fmt: skip
                         peer_row = row(peer, epsilon)
                         peer_row.delta = 0.0
                         pending.append((peer_row, fit, peer, data, ref, planted))
@@ -228,7 +231,10 @@ def real(
                                 continue
                             # diffprivlib: centered=True means "already centred": no mean is
                             # spent, the uncentred second moment; False: a private mean first.
-                            fit = Fit(data, k, epsilon, clip, not centred, seed_of(peer, rep))
+                            fit = Fit(
+                                data, k, epsilon, clip, not centred, seed_of(peer, rep),
+                                group=f"{dataset}-{tag}-{epsilon}",
+                            )  # fmt: skip
                             peer_row = row(peer, epsilon, rep)
                             peer_row.delta = 0.0
                             pending.append((peer_row, fit, peer, scored, ref, None))

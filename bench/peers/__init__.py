@@ -115,6 +115,8 @@ class Fit:
     norm: float
     centered: bool
     seed: int
+    #: Fits of one cell (its repetitions) share a group: after a time-out the rest are skipped.
+    group: str = ""
 
 
 def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]:
@@ -133,7 +135,7 @@ def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]
             jobs.append(
                 {"id": i, "data": saved[key], "k": fit.k, "epsilon": fit.epsilon,
                  "norm": fit.norm, "centered": fit.centered, "seed": fit.seed,
-                 "limit": limit, "out": str(work / f"out{i}.npy")}
+                 "limit": limit, "out": str(work / f"out{i}.npy"), "group": fit.group}
             )  # fmt: skip
         (work / "jobs.json").write_text(json.dumps(jobs))
         results = work / "results.jsonl"

@@ -9,10 +9,11 @@ user + system time, so that the limit means the same on an idle machine and on a
 where the fit gets a fraction of it) and appends one JSON line to ``RESULTS.jsonl``
 (``{"id", "status", "seconds", "reason"}``, ``seconds`` the fit's CPU time, status
 ``succeeded``, ``timeout`` or ``failed``) and, when it succeeded, saves the ``d x k`` components
-to ``out``. One process for many fits, so the
-peer's import time is paid once. Standalone on purpose: it imports neither the service nor the
-harness, only numpy and the peer library (the versions the service pins cannot coexist with
-diffprivlib's).
+to ``out``. Fits with the same non-empty ``"group"`` (one cell's repetitions) after one that
+timed out are not run: ``skipped``, as the harness's ``SlowGuard`` does for the mechanisms. One
+process for many fits, so the peer's import time is paid once. Standalone on purpose: it
+imports neither the service nor the harness, only numpy and the peer library (the versions the
+service pins cannot coexist with diffprivlib's).
 """
 
 from __future__ import annotations
@@ -80,7 +81,15 @@ def main() -> int:
     signal.signal(signal.SIGPROF, _alarm)
     with open(jobs_path) as handle:
         jobs = json.load(handle)
+    timed_out: set[str] = set()
     for job in jobs:
+        group = str(job.get("group", ""))
+        if group and group in timed_out:
+            with open(results_path, "a") as out:
+                record = {"id": job["id"], "status": "skipped", "seconds": float("nan"),
+                          "reason": "not repeated: an earlier repetition timed out"}  # fmt: skip
+                out.write(json.dumps(record) + "\n")
+            continue
         data = np.load(job["data"])
         start = time.process_time()
         status, reason = "succeeded", ""
@@ -98,6 +107,8 @@ def main() -> int:
         finally:
             signal.setitimer(signal.ITIMER_PROF, 0)
         seconds = time.process_time() - start
+        if status == "timeout" and group:
+            timed_out.add(group)
         if status == "succeeded":
             # Orthonormalise (both return orthonormal rows already, up to rounding).
             np.save(job["out"], np.linalg.qr(basis)[0])
