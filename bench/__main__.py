@@ -52,6 +52,8 @@ class Config:
     sections: tuple[str, ...] = field(default=SECTIONS)
     #: Only the peers' rows in the accuracy sections (``--peers-only``).
     peers_only: bool = False
+    #: Which peers run (``--peers``).
+    peers: tuple[str, ...] = ("diffprivlib", "opendp")
 
 
 QUICK = Config(
@@ -92,7 +94,7 @@ def run(config: Config, save: Path | None, tag: str = "") -> dict[str, list[Row]
         "real": lambda: real(
             config.real_sets, config.real_epsilons, config.real_reps, peers,
             config.real_peer_epsilons, config.peer_limit, peer_reps=config.real_peer_reps,
-            peers_only=config.peers_only,
+            peers_only=config.peers_only, peer_names=config.peers,
         ),
         "downstream": lambda: downstream(config.downstream_ds, config.downstream_reps),
         "speed": lambda: speed(config.speed),
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--report", action="store_true", help="only rebuild the docs from CSVs")
     parser.add_argument("--no-peers", action="store_true", help="skip diffprivlib and OpenDP")
+    parser.add_argument("--peers", help="comma-separated subset of diffprivlib,opendp")
     parser.add_argument(
         "--peers-only", action="store_true",
         help="only diffprivlib and OpenDP in the accuracy sections, on every synthetic (d, n) cell "
@@ -186,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             "real_peer_epsilons": config.real_epsilons, "real_peer_reps": config.real_reps,
         })  # fmt: skip
         args.tag = args.tag or "peers"
+    if args.peers:
+        names = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+        if not set(names) <= {"diffprivlib", "opendp"}:
+            parser.error("--peers: choose from diffprivlib, opendp")
+        grid = SyntheticGrid(**{**config.synthetic.__dict__, "peers": names})
+        config = Config(**{**config.__dict__, "synthetic": grid, "peers": names})
     started = time.perf_counter()
     if not args.report:
         results = run(config, None if args.quick else args.results, args.tag)

@@ -59,6 +59,8 @@ class SyntheticGrid:
     #: Only the peers (no floor, no registered mechanism): their rows alone, for a
     #: ``synthetic_<tag>.csv`` next to the mechanisms' (``--peers-only``).
     peers_only: bool = False
+    #: Which peers run (``--peers``).
+    peers: tuple[str, ...] = ("diffprivlib", "opendp")
 
 
 def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
@@ -98,7 +100,7 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
                     )
                     rows.append(score(row(name, epsilon), outcome, data, ref, planted))
                 if peers is not None and (d, n) in grid.peer_cells and rep < grid.peer_reps:
-                    for peer in ("diffprivlib", "opendp"):
+                    for peer in grid.peers:
                         fit = Fit(
                             data, grid.k, epsilon, CLIP, True, seed_of(peer, rep),
                             group=f"{d}-{n}-{dist}-{epsilon}",
@@ -176,6 +178,7 @@ def real(
     delta: float = 1e-6,
     peer_reps: int = 1,
     peers_only: bool = False,
+    peer_names: tuple[str, ...] = ("diffprivlib", "opendp"),
 ) -> list[Row]:
     """Captured variance against epsilon on real data, centred (PCA) and not (second moment).
 
@@ -225,7 +228,7 @@ def real(
                         # Scored on the data as the reference sees it (centred on its mean).
                         rows.append(score(row(name, epsilon, rep), outcome, scored, ref, None))
                     if peers is not None and epsilon in peer_epsilons and rep < peer_reps:
-                        for peer in ("diffprivlib", "opendp"):
+                        for peer in peer_names:
                             if peer == "opendp" and not centred:
                                 rows.append(skipped(row(peer, epsilon, rep), "always centres"))
                                 continue

@@ -19,6 +19,7 @@ service pins cannot coexist with diffprivlib's).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -89,7 +90,21 @@ def main() -> int:
     with open(jobs_path) as handle:
         jobs = json.load(handle)
     timed_out: set[str] = set()
+    finished: set[int] = set()
+    # A restarted worker (the harness kills one stuck inside a library call) resumes: the fits
+    # already in the results are not run again, and their time-outs still skip their groups.
+    if os.path.exists(results_path):
+        groups = {int(job["id"]): str(job.get("group", "")) for job in jobs}
+        with open(results_path) as handle:
+            for line in handle:
+                if line.strip():
+                    record = json.loads(line)
+                    finished.add(int(record["id"]))
+                    if record["status"] == "timeout" and groups.get(int(record["id"])):
+                        timed_out.add(groups[int(record["id"])])
     for job in jobs:
+        if int(job["id"]) in finished:
+            continue
         group = str(job.get("group", ""))
         if group and group in timed_out:
             with open(results_path, "a") as out:
