@@ -4,6 +4,8 @@
     python -m bench                    # full run: bench/results/*.csv, docs/benchmarks.md, plots
     python -m bench --sections speed,http      # some sections only (their CSVs are rewritten)
     python -m bench --report           # rebuild docs/benchmarks.md and plots from the CSVs
+    python -m bench --sections synthetic,real --peers-only --ds 10,50 --reps 2 --real-reps 2
+                                       # the peers alone: synthetic_peers.csv, real_peers.csv
 
 Fixed seeds; every figure a median with its spread over repetitions; every timing a ratio to a
 baseline measured in the same process on the same data. Progress goes to stderr, one line per
@@ -48,6 +50,10 @@ class Config:
     peer_build_timeout: float
     load: tuple[int, float] | None
     sections: tuple[str, ...] = field(default=SECTIONS)
+    #: Only the peers' rows in the accuracy sections (``--peers-only``).
+    peers_only: bool = False
+    #: Which peers run (``--peers``).
+    peers: tuple[str, ...] = ("diffprivlib", "opendp")
 
 
 QUICK = Config(
@@ -88,6 +94,7 @@ def run(config: Config, save: Path | None, tag: str = "") -> dict[str, list[Row]
         "real": lambda: real(
             config.real_sets, config.real_epsilons, config.real_reps, peers,
             config.real_peer_epsilons, config.peer_limit, peer_reps=config.real_peer_reps,
+            peers_only=config.peers_only, peer_names=config.peers,
         ),
         "downstream": lambda: downstream(config.downstream_ds, config.downstream_reps),
         "speed": lambda: speed(config.speed),
@@ -120,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", help=f"comma-separated subset of {','.join(SECTIONS)}")
     parser.add_argument("--report", action="store_true", help="only rebuild the docs from CSVs")
     parser.add_argument("--no-peers", action="store_true", help="skip diffprivlib and OpenDP")
+    parser.add_argument("--peers", help="comma-separated subset of diffprivlib,opendp")
+    parser.add_argument(
+        "--peers-only", action="store_true",
+        help="only diffprivlib and OpenDP in the accuracy sections, on every synthetic (d, n) cell "
+        "and repetition of the grid (--ds, --reps) and every real epsilon and repetition "
+        "(--real-reps); their rows go to <section>_peers.csv (or --tag), next to the mechanisms'",
+    )  # fmt: skip
     parser.add_argument("--results", type=Path, default=RESULTS, help="CSV directory")
     parser.add_argument(
         "--blas-threads", type=int, default=1,
@@ -137,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "extra run adds to the results instead of replacing them; the report reads them all",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.peers_only and args.no_peers:
+        parser.error("--peers-only and --no-peers exclude each other")
     limit_blas(args.blas_threads)
     config = QUICK if args.quick else FULL
     if args.quick:
@@ -161,6 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_peers:
         grid = SyntheticGrid(**{**config.synthetic.__dict__, "peer_cells": ()})
         config = Config(**{**config.__dict__, "synthetic": grid, "real_peer_epsilons": ()})
+    if args.peers_only:
+        # The peers wherever the grid goes, instead of the config's few cells; the floor and
+        # the mechanisms are left out, so the CSVs only add the peers' rows to the report.
+        grid = SyntheticGrid(**{
+            **config.synthetic.__dict__, "peers_only": True, "peer_reps": config.synthetic.reps,
+            "peer_cells": tuple((d, n) for d in config.synthetic.ds for n in config.synthetic.ns),
+        })  # fmt: skip
+        config = Config(**{
+            **config.__dict__, "synthetic": grid, "peers_only": True,
+            "real_peer_epsilons": config.real_epsilons, "real_peer_reps": config.real_reps,
+        })  # fmt: skip
+        args.tag = args.tag or "peers"
+    if args.peers:
+        names = tuple(p.strip() for p in args.peers.split(",") if p.strip())
+        if not set(names) <= {"diffprivlib", "opendp"}:
+            parser.error("--peers: choose from diffprivlib, opendp")
+        grid = SyntheticGrid(**{**config.synthetic.__dict__, "peers": names})
+        config = Config(**{**config.__dict__, "synthetic": grid, "peers": names})
     started = time.perf_counter()
     if not args.report:
         results = run(config, None if args.quick else args.results, args.tag)

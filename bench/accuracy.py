@@ -56,11 +56,16 @@ class SyntheticGrid:
     peer_reps: int = 1
     #: See :class:`bench.core.SlowGuard`.
     slow_limit: float = 5.0
+    #: Only the peers (no floor, no registered mechanism): their rows alone, for a
+    #: ``synthetic_<tag>.csv`` next to the mechanisms' (``--peers-only``).
+    peers_only: bool = False
+    #: Which peers run (``--peers``).
+    peers: tuple[str, ...] = ("diffprivlib", "opendp")
 
 
 def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
     """The grid of issue 16: error and captured variance per mechanism, epsilon and repetition."""
-    mechanisms = basis_mechanisms()
+    mechanisms = {} if grid.peers_only else basis_mechanisms()
     cells = [(d, n, dist) for d in grid.ds for n in grid.ns for dist in grid.distances]
     progress = Progress(len(cells) * grid.reps, "synthetic")
     rows: list[Row] = []
@@ -80,10 +85,11 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
                     grid.k, rep, status,
                 )  # fmt: skip
 
-            floor = row(NONPRIVATE, math.nan, "succeeded")
-            floor.error_planted = subspace_distance(ref.top, planted)
-            floor.error_nonprivate, floor.captured = 0.0, 1.0
-            rows.append(floor)
+            if not grid.peers_only:
+                floor = row(NONPRIVATE, math.nan, "succeeded")
+                floor.error_planted = subspace_distance(ref.top, planted)
+                floor.error_nonprivate, floor.captured = 0.0, 1.0
+                rows.append(floor)
             for epsilon in grid.epsilons:
                 for name in mechanisms:
                     seed = seed_of("run", name, d, n, dist, rep, epsilon)
@@ -94,8 +100,11 @@ def synthetic(grid: SyntheticGrid, peers: PeerEnvs | None) -> list[Row]:
                     )
                     rows.append(score(row(name, epsilon), outcome, data, ref, planted))
                 if peers is not None and (d, n) in grid.peer_cells and rep < grid.peer_reps:
-                    for peer in ("diffprivlib", "opendp"):
-                        fit = Fit(data, grid.k, epsilon, CLIP, True, seed_of(peer, rep))
+                    for peer in grid.peers:
+                        fit = Fit(
+                            data, grid.k, epsilon, CLIP, True, seed_of(peer, rep),
+                            group=f"{d}-{n}-{dist}-{epsilon}",
+                        )  # fmt: skip
                         peer_row = row(peer, epsilon)
                         peer_row.delta = 0.0
                         pending.append((peer_row, fit, peer, data, ref, planted))
@@ -168,14 +177,17 @@ def real(
     k: int = 3,
     delta: float = 1e-6,
     peer_reps: int = 1,
+    peers_only: bool = False,
+    peer_names: tuple[str, ...] = ("diffprivlib", "opendp"),
 ) -> list[Row]:
     """Captured variance against epsilon on real data, centred (PCA) and not (second moment).
 
     Centred: the mechanisms that can centre get ``center: "private"`` (a share of the budget on
     a private mean); the reference is the non-private PCA of the data centred on its own mean.
     A mechanism without centring is ``skipped`` there. Uncentred: the top-k of ``X^T X``.
+    ``peers_only``: the peers' rows alone (no floor, no registered mechanism).
     """
-    mechanisms = basis_mechanisms()
+    mechanisms = {} if peers_only else basis_mechanisms()
     rows: list[Row] = []
     pending: list[tuple[Row, Fit, str, FloatArray, Reference, FloatArray | None]] = []
     sets = real_datasets(names)
@@ -197,9 +209,10 @@ def real(
                     centered=tag,
                 )  # fmt: skip
 
-            floor = row(NONPRIVATE, math.nan, 0, "succeeded")
-            floor.error_nonprivate, floor.captured = 0.0, 1.0
-            rows.append(floor)
+            if not peers_only:
+                floor = row(NONPRIVATE, math.nan, 0, "succeeded")
+                floor.error_nonprivate, floor.captured = 0.0, 1.0
+                rows.append(floor)
             for epsilon in epsilons:
                 for rep in range(reps):
                     for name in mechanisms:
@@ -215,13 +228,16 @@ def real(
                         # Scored on the data as the reference sees it (centred on its mean).
                         rows.append(score(row(name, epsilon, rep), outcome, scored, ref, None))
                     if peers is not None and epsilon in peer_epsilons and rep < peer_reps:
-                        for peer in ("diffprivlib", "opendp"):
+                        for peer in peer_names:
                             if peer == "opendp" and not centred:
                                 rows.append(skipped(row(peer, epsilon, rep), "always centres"))
                                 continue
                             # diffprivlib: centered=True means "already centred": no mean is
                             # spent, the uncentred second moment; False: a private mean first.
-                            fit = Fit(data, k, epsilon, clip, not centred, seed_of(peer, rep))
+                            fit = Fit(
+                                data, k, epsilon, clip, not centred, seed_of(peer, rep),
+                                group=f"{dataset}-{tag}-{epsilon}",
+                            )  # fmt: skip
                             peer_row = row(peer, epsilon, rep)
                             peer_row.delta = 0.0
                             pending.append((peer_row, fit, peer, scored, ref, None))

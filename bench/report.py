@@ -497,12 +497,18 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "python -m bench             # this page: every section, CSVs, plots",
         "python -m bench --sections synthetic --ds 1000 --reps 2 --no-peers --tag d1000",
         "python -m bench --sections synthetic,real --no-peers   # some sections only",
-        "# the re-run behind this page (one core, peers kept from the previous run):",
+        "# the re-run behind this page (one core):",
         "taskset -c 0 python -m bench --no-peers --sections speed,http",
         "taskset -c 0 python -m bench --no-peers --sections synthetic --ds 10 --reps 2 --tag d10",
         "#   (and --ds 50 --tag d50, --ds 300 --tag d300; --ds 1000 --reps 1 --tag d1000)",
         "taskset -c 0 python -m bench --no-peers --sections real --real-reps 2",
         "taskset -c 0 python -m bench --no-peers --sections downstream --downstream-reps 2",
+        "taskset -c 1 python -m bench --peers-only --sections synthetic --ds 10 --reps 2 "
+        "--tag peers_d10",
+        "#   (and --ds 50 --tag peers_d50, --ds 300 --tag peers_d300; merged: synthetic_peers.csv)",
+        "taskset -c 1 python -m bench --peers-only --sections real --real-reps 2",
+        "taskset -c 1 python -m bench --sections memory",
+        "python -m bench --sections load   # both cores",
         "python -m bench --report    # rebuild this page from bench/results/*.csv",
         "```",
         "",
@@ -523,12 +529,15 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "repetitions and d = 1,000 with 1 (the full configuration has 3 and 2; cut to fit a "
         "re-run on one shared core), distance in {0.1, 1e-3, 1e-5}, n in {5,000, 50,000}, "
         "epsilon in {0.1, 1}; real sets and the downstream task with 2 repetitions (full: 5 "
-        "and 3); speed and HTTP with the full configuration (3). The peers were not re-run "
-        "(their virtual environments were not built on the machine at the time): their rows "
-        "(`synthetic_peers.csv`, `real_peers.csv`) are from the previous full run, on the d = 10, "
-        "n = 5,000 cells (one repetition, 30 s per fit) and on the real "
-        "sets at epsilon = 1 (two repetitions). The memory section and the load test were not "
-        "re-run either: `memory.csv` and `load_test.txt` are from the previous full run.",
+        "and 3); speed and HTTP with the full configuration (3). The peers were re-run alone "
+        "(`--peers-only`, rows in `synthetic_peers.csv` and `real_peers.csv`) on every synthetic "
+        "cell with d in {10, 50, 300} and on the real sets at every epsilon of the real grid, "
+        "centred and not, 2 repetitions each, with a limit of 30 s of CPU time per fit (CPU, "
+        "not wall clock: the core was shared with other jobs, load average 4-7 on 2 cores); "
+        "after a time-out the cell's second repetition was not run (`skipped`), except at "
+        "d = 10, where both ran. The memory section (one core) and the load test (API, workers, "
+        "PostgreSQL and clients on the machine's 2 cores, shared; `load_test.txt` gives the "
+        "load average) were re-run on the merged code too.",
         "",
     ]
     for name, caption in images:

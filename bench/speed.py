@@ -11,6 +11,7 @@ same repetition (interleaved, so that a burst of load from the rest of the machi
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -300,6 +301,14 @@ def load_test(clients: int, duration: float) -> str:
     an empty string when it cannot run here (no PostgreSQL)."""
     command = [sys.executable, "-m", "scripts.load_test", "--clients", str(clients),
                "--duration", str(duration)]  # fmt: skip
+    # Requests per second depend on the cores the API, the workers, PostgreSQL and the clients
+    # share (all on this machine), and on what else runs there: both go with the figures.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    header = (
+        f"machine: {os.cpu_count()} cores, {cores} usable by the run (API, workers, clients "
+        f"and PostgreSQL share them); load average {load} at the start\n"
+    )
     try:
         done = subprocess.run(
             command, cwd=ROOT, capture_output=True, text=True, timeout=duration + 300,
@@ -308,7 +317,7 @@ def load_test(clients: int, duration: float) -> str:
     except subprocess.TimeoutExpired:
         return ""
     print("[load] scripts/load_test.py exit", done.returncode, file=sys.stderr, flush=True)
-    return done.stdout if done.returncode == 0 else ""
+    return header + done.stdout if done.returncode == 0 else ""
 
 
 __all__: list[Any] = ["SpeedGrid", "exponents", "http_release", "load_test", "memory", "speed"]

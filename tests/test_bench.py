@@ -131,3 +131,83 @@ def test_gaussian_mean_noise_has_the_calibrated_scale() -> None:
     noisy = gaussian_mean(points, 1.0, 1.0, 1e-6, np.random.default_rng(6))
     sigma = analytic_gaussian_sigma(2.0 / n, 1.0, 1e-6)
     assert np.std(noisy) == pytest.approx(sigma, rel=0.15)
+
+
+def test_peers_only_runs_neither_the_floor_nor_the_mechanisms() -> None:
+    from bench.accuracy import SyntheticGrid, synthetic
+
+    grid = SyntheticGrid(
+        ds=(10,), distances=(1e-3,), ns=(500,), epsilons=(1.0,), reps=1, peers_only=True
+    )
+    assert synthetic(grid, None) == []  # no peer environments: nothing at all
+
+
+def _run_peer_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, behaviour: dict[int, str], done: str = ""
+) -> dict[int, dict[str, object]]:
+    """The peer worker on three fits (groups a, a, b) with a fake library: ``behaviour`` says
+    per fit whether it ``succeeds``, hits its ``alarm``, or has the alarm ``wrapped``."""
+    import json
+    import sys
+
+    from bench.peers import _read_results, worker
+
+    np.save(tmp_path / "x.npy", np.eye(4))
+    jobs = [
+        {"id": i, "data": str(tmp_path / "x.npy"), "k": 1, "epsilon": 1.0, "norm": 1.0,
+         "centered": True, "seed": i, "limit": 30.0, "out": str(tmp_path / f"o{i}.npy"),
+         "group": group}
+        for i, group in enumerate("aab")
+    ]  # fmt: skip
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    results = tmp_path / "results.jsonl"
+    results.write_text(done)
+
+    def fake(
+        data: np.ndarray, k: int, eps: float, norm: float, centred: bool, seed: int
+    ) -> np.ndarray:
+        if behaviour[seed] == "alarm":
+            raise worker.FitTimeout
+        if behaviour[seed] == "wrapped":  # the library caught the alarm and raised its own
+            worker._fired = True
+            raise RuntimeError("Exception in user-defined function")
+        return np.eye(4)[:, :1]
+
+    monkeypatch.setattr(worker, "fit_diffprivlib", fake)
+    args = ["worker.py", "diffprivlib", str(tmp_path / "jobs.json"), str(results)]
+    monkeypatch.setattr(sys, "argv", args)
+    worker.main()
+    return _read_results(results)
+
+
+def test_peer_worker_skips_a_cells_later_repetitions_after_a_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got = _run_peer_worker(tmp_path, monkeypatch, {0: "wrapped", 1: "ok", 2: "ok"})
+    assert [got[i]["status"] for i in range(3)] == ["timeout", "skipped", "succeeded"]
+
+
+def test_peer_worker_resumes_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The harness killed the worker stuck in fit 0 and wrote its time-out: fit 0 is not run
+    # again, fit 1 (same cell) is skipped, fit 2 runs.
+    done = '{"id": 0, "status": "timeout", "seconds": 61.0, "reason": "stuck"}\n'
+    got = _run_peer_worker(tmp_path, monkeypatch, {0: "ok", 1: "ok", 2: "alarm"}, done)
+    assert got[0]["reason"] == "stuck"
+    assert [got[i]["status"] for i in range(3)] == ["timeout", "skipped", "timeout"]
+
+
+def test_a_peer_worker_stuck_without_results_is_killed_after_its_cpu_allowance(
+    tmp_path: Path,
+) -> None:
+    import sys
+    import time
+
+    from bench.peers import _run_worker
+
+    spin = [sys.executable, "-c", "while True: pass"]
+    stuck = _run_worker(spin, tmp_path / "none.jsonl", 0, 0.5, time.monotonic() + 60)
+    assert stuck is not None and stuck > 0.5
+    quiet = [sys.executable, "-c", "pass"]
+    assert _run_worker(quiet, tmp_path / "none.jsonl", 0, 0.5, time.monotonic() + 60) is None

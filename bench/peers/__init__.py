@@ -3,9 +3,10 @@
 Each runs in its own virtual environment under ``bench/.peers/<peer>`` (gitignored), which the
 harness creates on first use with pip (diffprivlib 0.6.6 imports only with scikit-learn 1.6,
 which the service's environment does not have). Fits run in a subprocess
-(``bench/peers/worker.py``) with a per-fit time limit; a time-out or an error is a result
-(``timeout``, ``failed``), and an environment that cannot be built (no network) makes the peer
-``unavailable`` rather than failing the run.
+(``bench/peers/worker.py``) with a per-fit limit on CPU time (not wall time: on a shared core a
+wall-clock limit would time out fits that only waited for the CPU); a time-out or an error is a
+result (``timeout``, ``failed``), and an environment that cannot be built (no network) makes the
+peer ``unavailable`` rather than failing the run.
 
 Privacy of the peers at equal epsilon: both are **pure** epsilon-DP (delta = 0), where the
 service's mechanisms run at ``delta = 1e-6``. diffprivlib's PCA samples eigenvectors with
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +116,8 @@ class Fit:
     norm: float
     centered: bool
     seed: int
+    #: Fits of one cell (its repetitions) share a group: after a time-out the rest are skipped.
+    group: str = ""
 
 
 def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]:
@@ -132,25 +136,35 @@ def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]
             jobs.append(
                 {"id": i, "data": saved[key], "k": fit.k, "epsilon": fit.epsilon,
                  "norm": fit.norm, "centered": fit.centered, "seed": fit.seed,
-                 "limit": limit, "out": str(work / f"out{i}.npy")}
+                 "limit": limit, "out": str(work / f"out{i}.npy"), "group": fit.group}
             )  # fmt: skip
         (work / "jobs.json").write_text(json.dumps(jobs))
         results = work / "results.jsonl"
+        command = [str(env.python), str(WORKER), peer, str(work / "jobs.json"), str(results)]
+        # Outer wall-clock limit of the whole batch (import time and slack included; 4x: the
+        # fits may get a quarter of a shared core).
+        deadline = time.monotonic() + 60 + 4 * limit * len(fits)
         reason = ""
-        try:
-            # The per-fit alarm interrupts Python-level loops; a fit stuck inside one long C
-            # call is caught by this outer limit (import time and slack included).
-            subprocess.run(
-                [str(env.python), str(WORKER), peer, str(work / "jobs.json"), str(results)],
-                capture_output=True, timeout=60 + 1.5 * limit * len(fits), check=False,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            reason = "killed past the outer time limit"
-        records: dict[int, dict[str, object]] = {}
-        if results.exists():
-            for line in results.read_text().splitlines():
-                record = json.loads(line)
-                records[int(record["id"])] = record
+        while True:
+            done = _read_results(results)
+            if len(done) == len(fits):
+                break
+            if time.monotonic() > deadline:
+                reason = "killed past the outer time limit"
+                break
+            stuck = _run_worker(command, results, len(done), 2 * limit + 30, deadline)
+            if stuck is None:
+                break  # ended (or died) on its own: fits without a record are reported below
+            # The per-fit CPU-time alarm only interrupts Python code: this fit sat inside one
+            # library call past twice its limit. It is a time-out; the worker is restarted on
+            # the fits after it (it resumes from the results file).
+            missing = min(set(range(len(fits))) - set(_read_results(results)))
+            with results.open("a") as out:
+                record = {"id": missing, "status": "timeout", "seconds": stuck,
+                          "reason": f"no fit within {limit:g} s of CPU (stuck inside one "
+                          "library call, worker restarted)"}  # fmt: skip
+                out.write(json.dumps(record) + "\n")
+        records = _read_results(results)
         outcomes = []
         for i in range(len(fits)):
             if i not in records:
@@ -165,3 +179,49 @@ def fit_all(env: Env, peer: str, fits: list[Fit], limit: float) -> list[Outcome]
                 outcome.basis = np.load(work / f"out{i}.npy")
             outcomes.append(outcome)
         return outcomes
+
+
+def _read_results(path: Path) -> dict[int, dict[str, object]]:
+    records: dict[int, dict[str, object]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[int(record["id"])] = record
+    return records
+
+
+def _run_worker(
+    command: list[str], results: Path, done: int, stuck_cpu: float, deadline: float
+) -> float | None:
+    """Run the worker until it ends (``None``) or spends ``stuck_cpu`` seconds of CPU without
+    writing a result (killed; returns that CPU time). Past ``deadline`` it is killed too."""
+    import psutil
+
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watched = psutil.Process(process.pid)
+    try:
+        since, seen = 0.0, done
+        while process.poll() is None:
+            time.sleep(0.5)
+            try:
+                times = watched.cpu_times()
+            except psutil.Error:
+                continue
+            cpu = times.user + times.system
+            now = len(_read_results(results))
+            if now != seen:
+                since, seen = cpu, now
+            elif cpu - since > stuck_cpu:
+                process.kill()
+                process.wait()
+                return cpu - since
+            if time.monotonic() > deadline:
+                process.kill()
+                process.wait()
+                return None
+        return None
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
