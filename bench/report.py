@@ -521,7 +521,7 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "no user has, would show as `histogram_aggregate (oracle gamma)`). The peers "
         "(diffprivlib 0.6.6 and OpenDP 0.16.0 PCA, each in its own "
         "virtual environment, a per-fit time limit) are **pure** epsilon-DP (delta = 0) at the "
-        "same epsilon; OpenDP always centres on a private mean. Seeds are fixed per cell. "
+        "same epsilon; OpenDP always centres on a private mean. Seeds are fixed per cell, and within a cell and repetition every mechanism draws from the same generator (common random numbers: `auto` running `analyze_gauss` with the whole budget releases exactly its result). "
         "Errors are `||Pi_hat - Pi||_2` (1 is a random subspace; the non-private floor is "
         "`nonprivate_pca`); captured variance is `||X U||_F^2` over the non-private top-k's. "
         "A mechanism that spent more than 5 s to end without a result is not repeated in "
