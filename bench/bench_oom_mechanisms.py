@@ -92,6 +92,11 @@ print(json.dumps({
 """
 
 
+def outcome(result: dict[str, object]) -> str:
+    """``succeeded``, or ``no_result: <reason>``."""
+    return "succeeded" if result["no_result"] is None else f"no_result: {result['no_result']}"
+
+
 def run_child(
     name: str, path: Path, limit: int, out: Path, procs: str | None, timeout: float
 ) -> dict[str, object] | None:
@@ -150,6 +155,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None, help="an existing .npy to use")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=Path, default=None, help="append rows to this CSV")
+    parser.add_argument("--label", default="", help="the CSV's run column (code version)")
     args = parser.parse_args()
     limit = args.memory_mb << 20
     try:
@@ -199,6 +205,9 @@ def measure(
         return
     if "refused" in base:
         print(f"  {name:<20} refused: {base['refused']}", flush=True)
+        append_row(
+            args, [name, n, d, args.memory_mb, "", "", "", "", f"refused: {base['refused']}"]
+        )
         return
     drop_from_cache(path)
     out = tmp / f"{name}_cgroup.npy"
@@ -214,7 +223,7 @@ def measure(
             f"  {name:<20} in memory {base_s:7.1f} s; cgroup did not finish in {waited:.0f} s",
             flush=True,
         )
-        row = [name, n, d, args.memory_mb, f"{base_s:.2f}", "", "", "", base["no_result"]]
+        row = [name, n, d, args.memory_mb, f"{base_s:.2f}", "", "", "", outcome(base)]
     else:
         cold_s = float(cold["seconds"])  # type: ignore[arg-type]
         same = bool(np.array_equal(np.load(out), np.load(reference))) and (
@@ -237,27 +246,35 @@ def measure(
             f"{cold_s:.2f}",
             f"{cold_s / base_s:.2f}",
             same,
-            base["no_result"],
+            outcome(base),
         ]
-    if args.out is not None:
-        new = not args.out.exists()
-        with args.out.open("a", newline="") as handle:
-            writer = csv.writer(handle)
-            if new:
-                writer.writerow(
-                    [
-                        "mechanism",
-                        "n",
-                        "d",
-                        "memory_limit_mib",
-                        "in_memory_s",
-                        "cgroup_s",
-                        "ratio",
-                        "same_output",
-                        "no_result",
-                    ]
-                )
-            writer.writerow(row)
+    append_row(args, row)
+
+
+HEADER = [
+    "run",
+    "mechanism",
+    "n",
+    "d",
+    "memory_limit_mib",
+    "in_memory_s",
+    "cgroup_s",
+    "ratio",
+    "same_output",
+    "outcome",
+]
+
+
+def append_row(args: argparse.Namespace, row: list[object]) -> None:
+    """Append ``row`` (after the ``--label`` column) to ``--out``, with a header if new."""
+    if args.out is None:
+        return
+    new = not args.out.exists()
+    with args.out.open("a", newline="") as handle:
+        writer = csv.writer(handle)
+        if new:
+            writer.writerow(HEADER)
+        writer.writerow([args.label, *row])
 
 
 if __name__ == "__main__":
