@@ -234,7 +234,7 @@ def measure(
             f"ratio {cold_s / base_s:5.2f}x  same output {same}  "
             f"cgroup peak {peak / 2**20:,.0f} MiB  memory_bytes "
             f"{int(base['memory_bytes']) / 2**20:,.0f} MiB  "  # type: ignore[call-overload]
-            f"no_result {base['no_result']}",
+            f"no_result {base['no_result']}  extras {str(base['extras'])[:160]}",
             flush=True,
         )
         row = [
