@@ -184,6 +184,18 @@ class ReadAhead:
                 self.fd, offset, (stop_row - first_row) * self.row_bytes, os.POSIX_FADV_WILLNEED
             )
 
+    def rows(self, indices: npt.NDArray[np.int64]) -> None:
+        """Hint the rows ``indices`` (ascending) one run of consecutive rows at a time: only
+        their pages are requested, all at once, so the disk serves many small reads in flight
+        instead of one page fault's window at a time."""
+        if self.fd is None or indices.shape[0] == 0:
+            return
+        breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+        starts = np.concatenate(([0], breaks))
+        stops = np.concatenate((breaks, [indices.shape[0]]))
+        for first, last in zip(indices[starts].tolist(), indices[stops - 1].tolist(), strict=True):
+            self(first, last + 1)
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)

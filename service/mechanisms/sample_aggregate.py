@@ -39,10 +39,11 @@ GROUP_ROWS = 8192
 #: Bytes of rows gathered per sequential pass over the data (:func:`subset_bases`): a dataset of
 #: ``B`` bytes is read front to back about ``B / PASS_BYTES`` times, never at random.
 PASS_BYTES = 512 << 20
-#: Wanted rows per read-ahead hint in :func:`gather_rows` (0: no hints). A pass wants about one
+#: Wanted rows per read-ahead step in :func:`gather_rows` (0: no hints). A pass wants about one
 #: row in ``size / PASS_BYTES`` spread over the whole file; without a hint each page fault reads
-#: a small window around itself and waits for it. The hint asks for the file span of the next
-#: 512 wanted rows (tens of MB) at once, so the disk streams it while the current rows are copied.
+#: a window around itself and waits for it. Hinting the next 512 wanted rows' own pages (not the
+#: span between them) keeps many reads in flight and reads only what is wanted: a cold 1/8
+#: gather of 500,000 x 1,000 took 1.6 s instead of 3-4 s (the span between them: 3.8-4.1 s).
 READ_AHEAD_ROWS = 512
 
 
@@ -221,11 +222,9 @@ def gather_rows(
             wanted = rows[slots]  # ascending
             for first in range(0, wanted.shape[0], step):
                 if ahead is not None:
-                    # The file span of the next ``step`` wanted rows (the next chunk's first
-                    # ones at the end of this chunk): requested now, read while these are copied.
-                    upcoming = rows[order[start + first + step : start + first + 2 * step]]
-                    if upcoming.shape[0]:
-                        ahead(int(upcoming[0]), int(upcoming[-1]) + 1)
+                    # The next ``step`` wanted rows (the next chunk's first ones at the end of
+                    # this chunk): requested now, read while these are copied.
+                    ahead.rows(rows[order[start + first + step : start + first + 2 * step]])
                 # mode="clip" (the indices are valid) lets numpy write into ``chunk`` unbuffered.
                 np.take(
                     data,
