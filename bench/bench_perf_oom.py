@@ -13,7 +13,7 @@ Each run is a child process reading the dataset as a memory map (as the worker d
    the rows were read before (each group's rows scattered over the whole file).
 
 The cgroup is a child of this process's own memory cgroup (cgroup v1:
-``/sys/fs/cgroup/memory/<own>/dpss-bench-oom``, ``memory.limit_in_bytes``; cgroup v2:
+``/sys/fs/cgroup/memory/<own>/dpss-bench-oom-<pid>``, ``memory.limit_in_bytes``; cgroup v2:
 ``memory.max``), created and removed here; if none can be created, the script says so and stops.
 Page cache used by the child is charged to the cgroup, so the file cannot stay cached.
 Wall-clock seconds; the ratio is each run over the in-memory run of the same release (same
@@ -66,7 +66,8 @@ def make_cgroup(limit_bytes: int) -> tuple[Path, str]:
     parent = own_memory_cgroup()
     if parent is None or not parent.is_dir():
         raise RuntimeError("no memory cgroup found for this process")
-    group = parent / "dpss-bench-oom"
+    # One group per benchmark process: two runs at once must not share (and remove) one group.
+    group = parent / f"dpss-bench-oom-{os.getpid()}"
     group.mkdir(exist_ok=True)
     if (group / "memory.limit_in_bytes").exists():  # cgroup v1
         (group / "memory.limit_in_bytes").write_text(str(limit_bytes))

@@ -21,6 +21,8 @@ kept finite by a refusal at prepare time (:meth:`ClippingMechanism.prepare`), no
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any
 
 import numpy as np
@@ -142,10 +144,79 @@ def clip_rows(rows: npt.NDArray[Any], clip_norm: float) -> FloatArray:
     return clipped.copy() if clipped is block else clipped
 
 
+class ReadAhead:
+    """Asks the kernel to start reading rows of a memory-mapped file before they are needed.
+
+    A pass over a dataset larger than memory otherwise alternates reading a chunk (waiting on
+    the disk) and computing on it; with ``POSIX_FADV_WILLNEED`` on the next chunk, issued before
+    the current one is processed, the disk works while the CPU does. Only a hint: the values
+    read are the same, and with anything but a C-ordered memory map of a regular file (an
+    in-memory array, a view with strides) it does nothing. Never raises.
+    """
+
+    def __init__(self, data: npt.NDArray[Any]) -> None:
+        self.fd: int | None = None
+        self.start = 0
+        self.row_bytes = 0
+        root: Any = data
+        while isinstance(root, np.memmap) and isinstance(root.base, np.ndarray):
+            root = root.base
+        filename = getattr(root, "filename", None)
+        if not isinstance(root, np.memmap) or filename is None or data.ndim != 2:
+            return
+        if not (data.flags.c_contiguous and root.flags.c_contiguous):
+            return
+        try:
+            self.fd = os.open(filename, os.O_RDONLY)
+        except OSError:
+            return
+        # ``root.offset`` is where ``root``'s first element sits in the file.
+        self.start = int(root.offset) + (data.ctypes.data - root.ctypes.data)
+        self.row_bytes = data.shape[1] * data.itemsize
+
+    def __call__(self, first_row: int, stop_row: int) -> None:
+        """Hint that rows ``[first_row, stop_row)`` are read soon."""
+        if self.fd is None or stop_row <= first_row:
+            return
+        offset = self.start + first_row * self.row_bytes
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(
+                self.fd, offset, (stop_row - first_row) * self.row_bytes, os.POSIX_FADV_WILLNEED
+            )
+
+    def rows(self, indices: npt.NDArray[np.int64]) -> None:
+        """Hint the rows ``indices`` (ascending) one run of consecutive rows at a time: only
+        their pages are requested, all at once, so the disk serves many small reads in flight
+        instead of one page fault's window at a time."""
+        if self.fd is None or indices.shape[0] == 0:
+            return
+        breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+        starts = np.concatenate(([0], breaks))
+        stops = np.concatenate((breaks, [indices.shape[0]]))
+        for first, last in zip(indices[starts].tolist(), indices[stops - 1].tolist(), strict=True):
+            self(first, last + 1)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def iter_row_chunks(data: npt.NDArray[Any], chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Any:
-    """Yield consecutive row blocks of ``data`` (copies of at most ``chunk_rows`` rows)."""
-    for start in range(0, data.shape[0], chunk_rows):
-        yield np.asarray(data[start : start + chunk_rows], dtype=np.float64)
+    """Yield consecutive row blocks of ``data`` (copies of at most ``chunk_rows`` rows).
+
+    A memory map is read ahead one chunk (:class:`ReadAhead`): the next chunk's pages are on
+    their way while the caller computes on this one (the chunks themselves are unchanged).
+    """
+    n = data.shape[0]
+    ahead = ReadAhead(data)
+    try:
+        ahead(0, min(n, chunk_rows))
+        for start in range(0, n, chunk_rows):
+            ahead(start + chunk_rows, min(n, start + 2 * chunk_rows))
+            yield np.asarray(data[start : start + chunk_rows], dtype=np.float64)
+    finally:
+        ahead.close()
 
 
 def clipped_gram(

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.mechanisms.linalg import FloatArray
+from service.mechanisms.linalg import FloatArray, ReadAhead
 
 IntArray = npt.NDArray[np.int64]
 
@@ -39,6 +39,12 @@ GROUP_ROWS = 8192
 #: Bytes of rows gathered per sequential pass over the data (:func:`subset_bases`): a dataset of
 #: ``B`` bytes is read front to back about ``B / PASS_BYTES`` times, never at random.
 PASS_BYTES = 512 << 20
+#: Wanted rows per read-ahead step in :func:`gather_rows` (0: no hints). A pass wants about one
+#: row in ``size / PASS_BYTES`` spread over the whole file; without a hint each page fault reads
+#: a window around itself and waits for it. Hinting the next 512 wanted rows' own pages (not the
+#: span between them) keeps many reads in flight and reads only what is wanted: a cold 1/8
+#: gather of 500,000 x 1,000 took 1.6 s instead of 3-4 s (the span between them: 3.8-4.1 s).
+READ_AHEAD_ROWS = 512
 
 
 def random_partition(n: int, t: int, rng: np.random.Generator) -> IntArray:
@@ -207,12 +213,30 @@ def gather_rows(
     """
     order = np.argsort(rows, kind="stable")
     fetched = np.empty((min(chunk_rows, order.shape[0]), out.shape[1]), dtype=np.float64)
-    for start in range(0, order.shape[0], chunk_rows):
-        slots = order[start : start + chunk_rows]
-        chunk = fetched[: slots.shape[0]]
-        # mode="clip" (the indices are valid) lets numpy write into ``chunk`` unbuffered.
-        np.take(data, rows[slots], axis=0, out=chunk, mode="clip")
-        out[slots] = chunk
+    ahead = ReadAhead(data) if READ_AHEAD_ROWS > 0 else None
+    step = READ_AHEAD_ROWS if ahead is not None else chunk_rows
+    try:
+        for start in range(0, order.shape[0], chunk_rows):
+            slots = order[start : start + chunk_rows]
+            chunk = fetched[: slots.shape[0]]
+            wanted = rows[slots]  # ascending
+            for first in range(0, wanted.shape[0], step):
+                if ahead is not None:
+                    # The next ``step`` wanted rows (the next chunk's first ones at the end of
+                    # this chunk): requested now, read while these are copied.
+                    ahead.rows(rows[order[start + first + step : start + first + 2 * step]])
+                # mode="clip" (the indices are valid) lets numpy write into ``chunk`` unbuffered.
+                np.take(
+                    data,
+                    wanted[first : first + step],
+                    axis=0,
+                    out=chunk[first : first + step],
+                    mode="clip",
+                )
+            out[slots] = chunk
+    finally:
+        if ahead is not None:
+            ahead.close()
 
 
 def take_rows(

@@ -187,6 +187,36 @@ def test_gather_rows_reads_in_one_ascending_sweep(monkeypatch: pytest.MonkeyPatc
     assert fetched == sorted(rows.tolist())  # front to back, each row once
 
 
+def test_gather_rows_hints_the_next_rows_of_a_memory_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a memory map, each step hints the next few wanted rows (runs of consecutive rows
+    at once; so the disk reads ahead), the hints cover every wanted row after the first step
+    and nothing else, and the rows gathered are the same."""
+    from service.mechanisms import linalg
+
+    data = np.arange(50 * 3, dtype=np.float64).reshape(50, 3)
+    path = tmp_path / "x.npy"
+    np.save(path, data)
+    mapped = np.load(path, mmap_mode="r")
+    rows = np.random.default_rng(1).permutation(50)[:37]
+    hinted: list[tuple[int, int]] = []
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        first = (offset - mapped.offset) // 24
+        hinted.append((first, first + length // 24))
+
+    monkeypatch.setattr(linalg.os, "posix_fadvise", record)
+    monkeypatch.setattr(sa, "READ_AHEAD_ROWS", 3)
+    out = np.empty((37, 3))
+    sa.gather_rows(mapped, rows, out, chunk_rows=8)
+    assert np.array_equal(out, data[rows])
+    wanted = sorted(rows.tolist())
+    assert all(first in wanted and stop - 1 in wanted for first, stop in hinted)
+    covered = {row for first, stop in hinted for row in range(first, stop)}
+    assert set(wanted[3:]) <= covered <= set(wanted)
+
+
 @pytest.mark.parametrize("pass_bytes", [1, 8 * 40 * 12 * 3, 1 << 30])
 def test_sequential_passes_give_the_same_bases_bit_for_bit(pass_bytes: int, tmp_path: Path) -> None:
     # One group per pass, three groups per pass, or everything in one pass: the same U_j as

@@ -112,6 +112,40 @@ def test_iter_row_chunks_covers_every_row_once() -> None:
     assert np.array_equal(np.concatenate(chunks), data)
 
 
+def test_read_ahead_hints_the_right_file_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint covers exactly the chunk's rows in the file (a view's offset included); a
+    non-mapped or strided array gets no hint; the chunks are the same either way."""
+    data = np.arange(40 * 3, dtype=np.float64).reshape(40, 3)
+    path = tmp_path / "data.npy"
+    np.save(path, data)
+    mapped = np.load(path, mmap_mode="r")
+    hints: list[tuple[int, int]] = []
+    real = linalg.os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        hints.append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(linalg.os, "posix_fadvise", record)
+    view = mapped[10:]
+    chunks = list(iter_row_chunks(view, 8))
+    assert np.array_equal(np.concatenate(chunks), data[10:])
+    header = mapped.offset
+    rows = [(offset - header) // 24 for offset, _ in hints]
+    assert rows == [10, 18, 26, 34]  # the first chunk, then one ahead of each chunk read
+    raw = path.read_bytes()
+    for offset, length in hints:
+        first = (offset - header) // 24
+        expected = data[first : first + length // 24].tobytes()
+        assert raw[offset : offset + length] == expected
+    hints.clear()
+    list(iter_row_chunks(data, 8))
+    list(iter_row_chunks(mapped[:, :2], 8))
+    assert hints == []
+
+
 @pytest.mark.parametrize("chunk_rows", [1, 7, 100, 10_000])
 def test_clipped_gram_equals_gram_of_clipped_rows(chunk_rows: int, tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
