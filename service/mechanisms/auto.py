@@ -100,6 +100,7 @@ from service.mechanisms.base import (
     check_clip_scale,
     resolve_clip_norm,
 )
+from service.mechanisms.centring import CenterParams
 from service.mechanisms.linalg import (
     FloatArray,
     clipped_gram,
@@ -194,18 +195,15 @@ AGREEMENT_FRACTION = 0.5
 HISTOGRAM_WIDTH_FACTOR = 0.25
 
 
-class AutoParams(MechanismParams):
-    """Params of ``auto``: the clip norm and the share of epsilon for the structure test."""
+class AutoParams(CenterParams):
+    """Params of ``auto``: the clip norm, the centring (PCA semantics) and the share of epsilon
+    for the structure test.
 
-    clip_norm: float | None = Field(
-        default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description=(
-            "Public row norm bound C (for analyze_gauss, smooth_sensitivity and the structure "
-            "test). Defaults to the dataset's row_norm_bound. Never computed from the data."
-        ),
-    )
+    With ``center`` other than ``"none"`` only the Gram mechanisms apply (the aggregators do not
+    centre): ``analyze_gauss`` (``delta > 0``) or ``smooth_sensitivity`` (``delta = 0``), each
+    with the same ``center`` and ``center_share``, and no structure test.
+    """
+
     structure_share: float = Field(
         default=DEFAULT_STRUCTURE_SHARE,
         ge=0,
@@ -584,7 +582,10 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     """The choice from public facts (raises :class:`InvalidParameter` like the chosen
     mechanism's ``prepare`` would). Deterministic: ``run`` recomputes it from the same facts."""
     clip = resolve_clip_norm(params.clip_norm, ctx)
-    gram_raw = {"clip_norm": clip}
+    gram_raw: dict[str, Any] = {"clip_norm": clip}
+    centred = params.center != "none"
+    if centred:
+        gram_raw.update(center=params.center, center_share=params.center_share)
     if delta == 0:
         choice = _prepare("smooth_sensitivity", ctx, k, epsilon, delta, gram_raw)
         return Plan(
@@ -592,6 +593,15 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
             None,
             0.0,
             "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism",
+        )
+    if centred:
+        choice = _prepare("analyze_gauss", ctx, k, epsilon, delta, gram_raw)
+        return Plan(
+            choice,
+            None,
+            0.0,
+            "centring requested: of the mechanisms that centre (the Gram mechanisms), "
+            "analyze_gauss is the most accurate wherever it runs; the aggregators do not centre",
         )
     notes: list[str] = []
     share = params.structure_share
@@ -804,7 +814,8 @@ class Auto(Mechanism[AutoParams]):
         "epsilon, continued or handed to analyze_gauss), or a two-count subset agreement test "
         "(5% of epsilon) where that search is unreliable: friendly_aggregate (or "
         "histogram_aggregate) when the rows are very near a k-dim subspace, else "
-        "analyze_gauss; smooth_sensitivity (Cauchy) when delta = 0. The result's extras and "
+        "analyze_gauss; smooth_sensitivity (Cauchy) when delta = 0; with center (PCA "
+        "semantics) analyze_gauss or smooth_sensitivity centred alike. The result's extras and "
         "the dry run say what was chosen and why (auto_choice, auto_reason, auto_search)."
     )
     cost_rule: ClassVar[str] = (

@@ -44,7 +44,7 @@ def test_mechanisms_lists_auto_with_its_params(client, keys):
     auto = next(item for item in items if item["name"] == "auto")
     assert auto["allows_pure_dp"] is True and auto["releases_basis"] is True
     properties = auto["params_schema"]["properties"]
-    assert set(properties) == {"clip_norm", "structure_share"}
+    assert set(properties) == {"clip_norm", "center", "center_share", "structure_share"}
     assert all(prop.get("description") for prop in properties.values())
 
 

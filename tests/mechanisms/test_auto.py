@@ -303,3 +303,39 @@ def test_auto_is_within_1_5x_of_the_best_on_the_small_grid(
     # n = 5,000, eps = 1, distance 1e-1 and 1e-3 were xfail (spurious radius-search stops);
     # they pass since the two-count agreement test (v3).
     check_cell(n, d, distance, eps, 3, CANDIDATES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Centring: only the Gram mechanisms centre
+
+
+@pytest.mark.parametrize("delta", [1e-6, 0.0])
+def test_a_centred_request_runs_the_gram_mechanism_with_the_same_centring(delta: float) -> None:
+    params = AUTO.prepare(
+        ctx(50_000, 10), 3, 1.0, delta, AutoParams(center="private", center_share=0.2)
+    )
+    the_plan = plan(ctx(50_000, 10), 3, 1.0, delta, params)
+    expected = "analyze_gauss" if delta > 0 else "smooth_sensitivity"
+    assert the_plan.default.name == expected
+    assert the_plan.aggregator is None and the_plan.staged is None  # no test, whole budget
+    assert (the_plan.default.epsilon, the_plan.default.delta) == (1.0, delta)
+    chosen: Any = the_plan.default.params
+    assert chosen.center == "private" and chosen.center_share == 0.2
+    if delta > 0:  # uncentred, the same facts would have a private choice of mechanism
+        uncentred = plan(ctx(50_000, 10), 3, 1.0, delta, AutoParams(clip_norm=1.0))
+        assert uncentred.aggregator is not None or uncentred.staged is not None
+
+
+def test_a_centred_release_returns_the_private_centre_and_a_centred_subspace() -> None:
+    rng = np.random.default_rng(40)
+    data, basis = near_subspace(20_000, 8, 2, 1e-3, 41)
+    shift = np.full(8, 0.05)
+    spec_params = AUTO.prepare(ctx(20_000, 8), 2, 2.0, 1e-6, AutoParams(center="private"))
+    out = AUTO.run(data * 0.9 + shift, ReleaseSpec(2, 2.0, 1e-6, spec_params), rng)
+    assert out.extras["auto_choice"] == "analyze_gauss"
+    assert len(out.extras["center"]) == 8
+    assert out.basis is not None and subspace_distance(out.basis, basis) < 0.2
+    # a public centre costs nothing and is passed through as given
+    public = AUTO.prepare(ctx(20_000, 8), 2, 2.0, 1e-6, AutoParams(center=list(shift)))
+    chosen: Any = plan(ctx(20_000, 8), 2, 2.0, 1e-6, public).default.params
+    assert chosen.center == list(shift)
