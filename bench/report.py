@@ -310,7 +310,9 @@ def _colour(name: str) -> str:
     """One colour per mechanism in every plot (tab10, then tab20's light shades)."""
     from service.mechanisms.registry import MECHANISMS
 
-    fixed = [NONPRIVATE, "plain_gaussian", "oracle", *MECHANISMS, *PEERS, "random"]
+    if name == "random":
+        return "black"  # the baseline, drawn apart from every mechanism
+    fixed = [NONPRIVATE, "plain_gaussian", "oracle", *MECHANISMS, *PEERS]
     palette = [f"C{i}" for i in range(10)] + [
         "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2",
     ]  # fmt: skip
@@ -331,7 +333,14 @@ def _series(ax: Any, xs_rows: dict[float, list[Row]], label: str, metric: str) -
         hi.append(b - m)
     if xs:
         ax.errorbar(
-            xs, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=_colour(label)
+            xs,
+            med,
+            yerr=[lo, hi],
+            marker="o",
+            capsize=3,
+            label=label,
+            color=_colour(label),
+            linestyle="--" if label == "random" else "-",
         )
 
 
