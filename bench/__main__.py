@@ -86,7 +86,11 @@ FULL = Config(
 def run(config: Config, save: Path | None, tag: str = "") -> dict[str, list[Row]]:
     """Run the configured sections; returns their rows by section. With ``save``, each
     section's CSV is written there as soon as the section ends (a cut run keeps what it did)."""
-    wants_peers = any(s in config.sections for s in ("synthetic", "real"))
+    # With --no-peers no cell asks for them: building their environments (a pip install in
+    # background threads) would only take CPU from the mechanisms being timed.
+    wants_peers = ("synthetic" in config.sections and bool(config.synthetic.peer_cells)) or (
+        "real" in config.sections and bool(config.real_peer_epsilons)
+    )
     peers = PeerEnvs(config.peer_build_timeout) if wants_peers else None
     sc = config.synthetic
     jobs: dict[str, Callable[[], list[Row]]] = {

@@ -167,6 +167,22 @@ def real_datasets(names: tuple[str, ...]) -> dict[str, tuple[FloatArray, float]]
     return out
 
 
+#: The real section's baseline: a Haar-random ``k``-dim subspace (no data, no budget).
+RANDOM = "random"
+
+
+def haar_basis(d: int, k: int, seed: int) -> FloatArray:
+    """An orthonormal ``d x k`` basis of a uniformly (Haar) distributed ``k``-dim subspace.
+
+    ``Q`` of the QR of a standard Gaussian ``d x k`` matrix, with the signs of ``R``'s diagonal
+    moved into ``Q``'s columns, is Haar-distributed on the Stiefel manifold; its span is then
+    uniform on the Grassmannian.
+    """
+    gauss = np.random.default_rng(seed).standard_normal((d, k))
+    q, r = np.linalg.qr(gauss)
+    return np.asarray(q * np.where(np.diag(r) < 0, -1.0, 1.0))
+
+
 def supports_centring(name: str) -> bool:
     from service.mechanisms.registry import MECHANISMS
 
@@ -221,6 +237,17 @@ def real(
                 rows.append(floor)
             for epsilon in epsilons:
                 for rep in range(reps):
+                    if not peers_only:
+                        # The baseline a mechanism must beat: a subspace drawn without looking
+                        # at the data (free of privacy cost), the same draw at every epsilon.
+                        basis = haar_basis(d, k, seed_of("random", dataset, tag, rep))
+                        rows.append(
+                            score(
+                                row(RANDOM, epsilon, rep),
+                                Outcome("succeeded", basis, params="Haar-random"),
+                                scored, ref, None,
+                            )
+                        )  # fmt: skip
                     for name in mechanisms:
                         if centred and not supports_centring(name):
                             rows.append(skipped(row(name, epsilon, rep), "cannot centre"))
@@ -344,4 +371,12 @@ def downstream(
     return rows
 
 
-__all__ = ["SyntheticGrid", "captured", "downstream", "real", "synthetic"]
+__all__ = [
+    "RANDOM",
+    "SyntheticGrid",
+    "captured",
+    "downstream",
+    "haar_basis",
+    "real",
+    "synthetic",
+]

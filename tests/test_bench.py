@@ -142,6 +142,46 @@ def test_peers_only_runs_neither_the_floor_nor_the_mechanisms() -> None:
     assert synthetic(grid, None) == []  # no peer environments: nothing at all
 
 
+def test_haar_basis_is_orthonormal_seeded_and_uniform() -> None:
+    from bench.accuracy import haar_basis
+
+    basis = haar_basis(20, 3, 7)
+    assert np.allclose(basis.T @ basis, np.eye(3))
+    assert np.array_equal(basis, haar_basis(20, 3, 7))
+    # Uniform on the Grassmannian: E ||P x||^2 = k/d for a fixed unit x.
+    e1 = np.eye(20)[0]
+    share = np.mean([np.sum((haar_basis(20, 3, s).T @ e1) ** 2) for s in range(2000)])
+    assert share == pytest.approx(3 / 20, abs=0.02)
+
+
+def test_real_section_has_a_random_baseline_row_per_epsilon_and_repetition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import accuracy
+
+    monkeypatch.setattr(accuracy, "basis_mechanisms", lambda: {})  # the baseline alone
+    rows = accuracy.real(("wine",), (0.5, 1.0), 2, None, (), 15.0)
+    random_rows = [r for r in rows if r.mechanism == accuracy.RANDOM]
+    assert len(random_rows) == 2 * 2 * 2  # centred or not, 2 epsilons, 2 repetitions
+    assert all(r.status == "succeeded" and 0 < r.captured < 1 for r in random_rows)
+
+
+def test_no_peers_builds_no_peer_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.__main__ as harness
+    from bench.accuracy import SyntheticGrid
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("PeerEnvs built with --no-peers")
+
+    monkeypatch.setattr(harness, "PeerEnvs", refuse)
+    grid = SyntheticGrid(ds=(10,), distances=(1e-3,), ns=(500,), epsilons=(1.0,), reps=1)
+    config = harness.Config(**{
+        **harness.QUICK.__dict__, "synthetic": grid, "sections": ("synthetic",),
+        "real_peer_epsilons": (),
+    })  # fmt: skip
+    assert harness.run(config, None)["synthetic"]
+
+
 def _run_peer_worker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, behaviour: dict[int, str], done: str = ""
 ) -> dict[int, dict[str, object]]:
