@@ -512,7 +512,7 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "python -m bench --sections synthetic --ds 1000 --reps 2 --no-peers --tag d1000",
         "python -m bench --sections synthetic,real --no-peers   # some sections only",
         "# the re-run behind this page (one core, one BLAS thread):",
-        "taskset -c 1 nice -n 5 python -m bench --no-peers --sections real --real-reps 5",
+        "taskset -c 1 nice -n 5 python -m bench --no-peers --sections real --real-reps 15",
         "taskset -c 1 nice -n 5 python -m bench --no-peers --sections downstream "
         "--downstream-reps 3",
         "taskset -c 1 nice -n 5 python -m bench --no-peers --sections synthetic --ds 10 "
@@ -552,7 +552,7 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "its cell (`skipped` with the reason in the CSV). The grid: d in {10, 50, 300} with 2 "
         "repetitions and d = 1,000 with 1 (the full configuration has 3 and 2; cut to fit a "
         "re-run on one shared core), distance in {0.1, 1e-3, 1e-5}, n in {5,000, 50,000}, "
-        "epsilon in {0.1, 1}; real sets (5 repetitions), the downstream task (3) and speed (3) "
+        "epsilon in {0.1, 1}; real sets (15 repetitions), the downstream task (3) and speed (3) "
         "with the full configuration, on one core with one BLAS thread; HTTP (5 repetitions, "
         "the client's long poll) from its run earlier the same day. The peers were re-run alone "
         "(`--peers-only`, rows in `synthetic_peers.csv` and `real_peers.csv`) on every synthetic "
