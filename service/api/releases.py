@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import anyio
 from fastapi import APIRouter, Header, Query, Request
@@ -167,26 +168,46 @@ async def get_release(
 
     if not wait:
         return (await uow(work)).shown
+    read = await _long_poll(
+        request, release_id, wait, lambda: uow(work), lambda r: r.shown.status in FINISHED
+    )
+    return read.shown
+
+
+_R = TypeVar("_R", bound="_Read | _EpochRead")
+
+
+async def _long_poll(
+    request: Request,
+    release_id: uuid.UUID,
+    wait: float,
+    read_once: Callable[[], Awaitable[_R]],
+    done: Callable[[_R], bool],
+) -> _R:
+    """Read until ``done`` or ``wait`` seconds have passed, waiting between reads on this
+    release's hints (:mod:`service.waiters`) without holding anything.
+
+    Registered before the first read, so that news stored between a read and the wait still
+    wakes it. Each read is its own short unit of work; nothing is held between. A read that
+    found something stored but hidden until ``visible_at`` (the analyst's padding) is repeated
+    just after that moment, so the answer never comes before ``visible_at``.
+    """
     hub: ReleaseWaiters = request.app.state.release_waiters
     deadline = anyio.current_time() + wait
-    # Registered before the first read, so that an outcome stored between the read and the
-    # wait still wakes it. Each read is its own short unit of work; nothing is held between.
     with hub.waiting(release_id) as waiter:
-        read = await uow(work)
+        read = await read_once()
         if waiter is None:
-            return read.shown
-        while read.shown.status not in FINISHED and not hub.closing:
+            return read
+        while not done(read) and not hub.closing:
             left = deadline - anyio.current_time()
             if left <= 0:
                 break
             pause = min(left, RECHECK_SECONDS)
             if read.visible_in is not None:
-                # Stored but hidden until visible_at (the analyst's padding): look again then,
-                # just after, so the answer never comes before visible_at.
                 pause = min(left, read.visible_in + VISIBLE_MARGIN_SECONDS)
             await waiter.wait(pause)
-            read = await uow(work)
-    return read.shown
+            read = await read_once()
+    return read
 
 
 EpochWait = Annotated[
@@ -269,21 +290,8 @@ async def list_epochs(
 
     if not wait or cursor is not None:
         return (await uow(work)).page
-    hub: ReleaseWaiters = request.app.state.release_waiters
-    deadline = anyio.current_time() + wait
-    # As get_release: registered before the first read; each read its own short unit of work.
     # The worker announces every stored epoch as it does an outcome.
-    with hub.waiting(release_id) as waiter:
-        read = await uow(work)
-        if waiter is None:
-            return read.page
-        while not read.page.items and not read.finished and not hub.closing:
-            left = deadline - anyio.current_time()
-            if left <= 0:
-                break
-            pause = min(left, RECHECK_SECONDS)
-            if read.visible_in is not None:
-                pause = min(left, read.visible_in + VISIBLE_MARGIN_SECONDS)
-            await waiter.wait(pause)
-            read = await uow(work)
+    read = await _long_poll(
+        request, release_id, wait, lambda: uow(work), lambda r: bool(r.page.items) or r.finished
+    )
     return read.page
