@@ -26,21 +26,20 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
-from bench.bench_perf_wake import free_port, postgres_database, wait_ready
+from bench.bench_perf_wake import free_port, postgres_database, stop_all, wait_ready
 
 #: Worker events in order (see bench/traced_worker.py) and the step each one ends.
 STEPS = [
@@ -78,7 +77,7 @@ def running_service(backend: str, workdir: Path, trace: Path) -> Iterator[tuple[
     }
     env.pop("DPSS_DATABASE_URL", None)
     started: list[subprocess.Popen[bytes]] = []
-    with postgres_database() if backend == "postgresql" else _nothing() as url:
+    with postgres_database() if backend == "postgresql" else nullcontext() as url:
         try:
             if url is not None:
                 env["DPSS_DATABASE_URL"] = url
@@ -93,19 +92,7 @@ def running_service(backend: str, workdir: Path, trace: Path) -> Iterator[tuple[
             wait_ready(base)
             yield base, admin_key
         finally:
-            for process in started:
-                process.send_signal(signal.SIGTERM)
-            for process in started:
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
+            stop_all(started)
 
 
 def events_since(trace: Path, start: float) -> dict[str, float]:

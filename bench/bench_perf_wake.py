@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_all(processes: list[subprocess.Popen[bytes]], timeout: float = 30) -> None:
+    """SIGTERM every process, then wait for each (killed after ``timeout`` seconds)."""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def wait_ready(base: str, timeout: float = 120) -> None:
@@ -105,7 +117,7 @@ def service(backend: str, wake: bool, workdir: Path) -> Iterator[tuple[str, str]
     env.pop("DPSS_DATABASE_URL", None)
     python = [sys.executable, "-m", "service"]
     started: list[subprocess.Popen[bytes]] = []
-    with postgres_database() if backend == "postgresql" else _nothing() as url:
+    with postgres_database() if backend == "postgresql" else nullcontext() as url:
         try:
             if url is None:
                 started.append(subprocess.Popen([*python, "serve", "--port", str(port)], env=env))
@@ -118,19 +130,7 @@ def service(backend: str, wake: bool, workdir: Path) -> Iterator[tuple[str, str]
             wait_ready(base)
             yield base, admin_key
         finally:
-            for process in started:
-                process.send_signal(signal.SIGTERM)
-            for process in started:
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
+            stop_all(started)
 
 
 def keys(http: httpx.Client, admin_key: str) -> tuple[str, str]:

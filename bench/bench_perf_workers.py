@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,15 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from bench_perf_wake import BODY, free_port, keys, postgres_database, upload, wait_ready
+from bench_perf_wake import (
+    BODY,
+    free_port,
+    keys,
+    postgres_database,
+    stop_all,
+    upload,
+    wait_ready,
+)
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from service.mechanisms.analyze_gauss import AnalyzeGauss
@@ -65,14 +72,7 @@ def cluster(workers: int, workdir: Path) -> Iterator[tuple[str, str]]:
             wait_ready(base)
             yield base, admin_key
         finally:
-            for process in started:
-                process.send_signal(signal.SIGTERM)
-            for process in started:
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_all(started)
 
 
 def throughput(http: httpx.Client, analyst: str, dataset: str, releases: int) -> float:
