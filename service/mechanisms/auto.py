@@ -39,11 +39,17 @@ section ``auto``):
      of a public coarse width ``w_c = AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` and of a public fine
      width ``w_c/FINE_WIDTH_RATIO``, each plus ``Lap(2/eps_a)`` (sensitivity 1 each,
      :func:`noisy_agreement_counts`). Fine count at least ``t/2``: ``friendly_aggregate`` with
-     its own radius search; else coarse count at least ``t/2``: ``friendly_aggregate`` with the
-     public radius ``GIVEN_RADIUS_FACTOR r*`` given (no search, so none of its spurious stops:
-     at distance 1e-3 its radius search stops at a radius of weight ~0 in ~1/3 of runs and
-     one radius too high in ~1/6); else ``analyze_gauss``; each at ``(eps - eps_a, delta)``; a
-     failed friendly test hands its unspent ``(eps2, delta2)`` to ``analyze_gauss``.
+     its own radius search at ``(eps - eps_a, delta)``; else coarse count at least ``t/2``:
+     ``friendly_aggregate`` with a public radius given (no search, so none of its spurious
+     stops: at distance 1e-3 its radius search stops at a radius of weight ~0 in ~1/3 of runs
+     and one radius too high in ~1/6), the narrow ``r*/2`` iff friendly's total weight at
+     ``r*/2`` plus ``Lap(Delta_W/eps_w)`` (``eps_w = RADIUS_TEST_SHARE eps``, pure,
+     :func:`noisy_total_weight`) reaches the weight its search needs
+     (:func:`radius_test_threshold`), else the wide ``r*``, at ``(eps - eps_a - eps_w,
+     delta)`` (``GIVEN_RADIUS_FACTORS``: the private scale at which the subsets agree picks
+     the radius; no constant fits both agreement regimes); else ``analyze_gauss`` at ``(eps -
+     eps_a, delta)``; a failed friendly test hands its unspent ``(eps2, delta2)`` to
+     ``analyze_gauss``.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -65,18 +71,24 @@ continuation its output selects: the aggregator's remaining steps (friendly: the
 counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
 reference points and offsets are public randomness) then the chosen mechanism at
 ``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above; with
-the given radius its own radius-given split ``eps1 + eps2 = eps - eps_a``,
-``delta1 + delta2 = delta``, and the fallback at its ``(eps2, delta2)``). The given radius
-is a public function of public facts (``r*``: ``n, d, k, C``, the budget), fixed before the
-test runs; which of the two friendly runs happens is post-processing of the test's released
-outcome.
+a given radius: the noisy total weight ``(eps_w, 0)`` then friendly's radius-given split
+``eps1 + eps2 = eps - eps_a - eps_w``, ``delta1 + delta2 = delta``, and the fallback at its
+``(eps2, delta2)``). The noisy weight is friendly's own statistic: on its public partition and
+at a public radius the total weight has sensitivity ``Delta_W = 1 + (t - 1)/b`` (one replaced
+row moves one subset's point: its own weight by at most 1, every other by at most ``1/b``), so
+``W + Lap(Delta_W/eps_w)`` is ``(eps_w, 0)``-DP; the narrow run continues on the same
+partition (public randomness), the wide one draws its own. Both radii are public functions of
+public facts (``r*``: ``n, d, k, C``, the budget), fixed before the test runs; which friendly
+run happens, and at which radius, is post-processing of the released counts and weight
+(sequential, adaptive composition: every path totals ``eps_a + (eps - eps_a)`` or
+``eps_a + eps_w + (eps - eps_a - eps_w)``).
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
 aggregator accepted from public facts) the chosen mechanism gets all of ``(eps, delta)``.
 Released beside the chosen mechanism's own output: the choice, a reason, and in regime 2 the
 search's exponent and the two predictions (public functions of it), in regime 2b whether the
-test agreed; no noisy statistic of either test.
+test agreed and which radius was given; no noisy statistic of any test.
 """
 
 from __future__ import annotations
@@ -929,10 +941,22 @@ class Auto(Mechanism[AutoParams]):
                 agreement_threshold=bar,
                 agreement_noise_scale=noise,
             )
-            given = math.nan
-            if the_plan.coarse is not None:
+            given, wide, weight_bar, weight_noise = math.nan, math.nan, math.nan, math.nan
+            if the_plan.coarse is not None and the_plan.coarse_wide is not None:
+                from service.mechanisms.friendly_aggregate import ramp_width, weight_sensitivity
+
                 given = float(getattr(the_plan.coarse.params, "radius", math.nan))
-                scales["agreement_given_radius"] = given
+                wide = float(getattr(the_plan.coarse_wide.params, "radius", math.nan))
+                weight_bar = radius_test_threshold(the_plan.coarse)
+                t = the_plan.agreement_t
+                weight_noise = weight_sensitivity(t, ramp_width(t)) / the_plan.radius_test_epsilon
+                scales.update(
+                    agreement_given_radius=given,
+                    agreement_wide_radius=wide,
+                    radius_test_epsilon=the_plan.radius_test_epsilon,
+                    radius_test_threshold=weight_bar,
+                    radius_test_noise_scale=weight_noise,
+                )
             meaning.append(
                 f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
                 f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
@@ -941,10 +965,13 @@ class Auto(Mechanism[AutoParams]):
                 f"{the_plan.agreement_fine_width:.4g} and coarse width "
                 f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
                 f"friendly_aggregate runs if the fine count reaches {bar:.4g} (with its own "
-                f"radius search) or else the coarse one does (with the public radius "
-                f"{given:.4g} given, "
-                f"no search), else analyze_gauss, each with epsilon "
-                f"{the_plan.default.epsilon:.4g} and all of delta."
+                f"radius search, epsilon {the_plan.default.epsilon:.4g}) or else the coarse one "
+                f"does (with a public radius given, no search: {given:.4g} if its total "
+                f"weight at that radius plus Laplace noise of scale {weight_noise:.4g}, epsilon "
+                f"{the_plan.radius_test_epsilon:.4g}, reaches {weight_bar:.4g}, else "
+                f"{wide:.4g}; epsilon {the_plan.default.epsilon - the_plan.radius_test_epsilon:.4g}"
+                f"), else analyze_gauss with epsilon {the_plan.default.epsilon:.4g}; all of "
+                "delta in each case."
             )
         elif the_plan.staged is not None:
             scales.update(self._staged_preview(ctx, spec, the_plan.staged, the_plan, meaning))

@@ -637,3 +637,16 @@ def test_under_f3_the_fallback_is_at_least_as_noisy_as_the_mean_it_replaces(
             fallback_eps,
             fallback_delta,
         )
+
+
+def test_the_preview_shows_both_given_radii_and_the_weights_noise() -> None:
+    shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
+    narrow, wide = shown.scales["agreement_given_radius"], shown.scales["agreement_wide_radius"]
+    assert isinstance(narrow, float) and isinstance(wide, float) and wide == 2 * narrow
+    assert shown.scales["radius_test_epsilon"] == pytest.approx(RADIUS_TEST_SHARE, rel=1e-15)
+    from service.mechanisms.friendly_aggregate import ramp_width, weight_sensitivity
+
+    t = plan(ctx(5_000, 10), K, 1.0, DELTA, AutoParams(clip_norm=1.0)).agreement_t
+    scale = shown.scales["radius_test_noise_scale"]
+    assert scale == pytest.approx(weight_sensitivity(t, ramp_width(t)) / RADIUS_TEST_SHARE)
+    assert "radius_given_wide.friendly_aggregate.epsilon0" in shown.scales
