@@ -39,11 +39,17 @@ section ``auto``):
      of a public coarse width ``w_c = AGREEMENT_WIDTH_FACTOR sqrt(d) r*`` and of a public fine
      width ``w_c/FINE_WIDTH_RATIO``, each plus ``Lap(2/eps_a)`` (sensitivity 1 each,
      :func:`noisy_agreement_counts`). Fine count at least ``t/2``: ``friendly_aggregate`` with
-     its own radius search; else coarse count at least ``t/2``: ``friendly_aggregate`` with the
-     public radius ``GIVEN_RADIUS_FACTOR r*`` given (no search, so none of its spurious stops:
-     at distance 1e-3 its radius search stops at a radius of weight ~0 in ~1/3 of runs and
-     one radius too high in ~1/6); else ``analyze_gauss``; each at ``(eps - eps_a, delta)``; a
-     failed friendly test hands its unspent ``(eps2, delta2)`` to ``analyze_gauss``.
+     its own radius search at ``(eps - eps_a, delta)``; else coarse count at least ``t/2``:
+     ``friendly_aggregate`` with a public radius given (no search, so none of its spurious
+     stops: at distance 1e-3 its radius search stops at a radius of weight ~0 in ~1/3 of runs
+     and one radius too high in ~1/6), the narrow ``r*/2`` iff friendly's total weight at
+     ``r*/2`` plus ``Lap(Delta_W/eps_w)`` (``eps_w = RADIUS_TEST_SHARE eps``, pure,
+     :func:`noisy_total_weight`) reaches the weight its search needs
+     (:func:`radius_test_threshold`), else the wide ``r*``, at ``(eps - eps_a - eps_w,
+     delta)`` (``GIVEN_RADIUS_FACTORS``: the private scale at which the subsets agree picks
+     the radius; no constant fits both agreement regimes); else ``analyze_gauss`` at ``(eps -
+     eps_a, delta)``; a failed friendly test hands its unspent ``(eps2, delta2)`` to
+     ``analyze_gauss``.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -65,18 +71,24 @@ continuation its output selects: the aggregator's remaining steps (friendly: the
 counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
 reference points and offsets are public randomness) then the chosen mechanism at
 ``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above; with
-the given radius its own radius-given split ``eps1 + eps2 = eps - eps_a``,
-``delta1 + delta2 = delta``, and the fallback at its ``(eps2, delta2)``). The given radius
-is a public function of public facts (``r*``: ``n, d, k, C``, the budget), fixed before the
-test runs; which of the two friendly runs happens is post-processing of the test's released
-outcome.
+a given radius: the noisy total weight ``(eps_w, 0)`` then friendly's radius-given split
+``eps1 + eps2 = eps - eps_a - eps_w``, ``delta1 + delta2 = delta``, and the fallback at its
+``(eps2, delta2)``). The noisy weight is friendly's own statistic: on its public partition and
+at a public radius the total weight has sensitivity ``Delta_W = 1 + (t - 1)/b`` (one replaced
+row moves one subset's point: its own weight by at most 1, every other by at most ``1/b``), so
+``W + Lap(Delta_W/eps_w)`` is ``(eps_w, 0)``-DP; the narrow run continues on the same
+partition (public randomness), the wide one draws its own. Both radii are public functions of
+public facts (``r*``: ``n, d, k, C``, the budget), fixed before the test runs; which friendly
+run happens, and at which radius, is post-processing of the released counts and weight
+(sequential, adaptive composition: every path totals ``eps_a + (eps - eps_a)`` or
+``eps_a + eps_w + (eps - eps_a - eps_w)``).
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
 aggregator accepted from public facts) the chosen mechanism gets all of ``(eps, delta)``.
 Released beside the chosen mechanism's own output: the choice, a reason, and in regime 2 the
 search's exponent and the two predictions (public functions of it), in regime 2b whether the
-test agreed; no noisy statistic of either test.
+test agreed and which radius was given; no noisy statistic of any test.
 """
 
 from __future__ import annotations
@@ -177,13 +189,25 @@ FINE_WIDTH_RATIO = 64.0
 
 
 #: After a coarse-only agreement (the subsets agree at the coarse width but not the fine one),
-#: friendly_aggregate runs with the given radius ``GIVEN_RADIUS_FACTOR r*`` (public; no
-#: search, so ``eps0 = 0`` and no spurious stop; its radius-given split puts ``eps/2`` on the
-#: mean instead of ``eps/4``). Subsets agreeing within ``r*`` pass its test and its error is
-#: about ``pred_friendly(r*)``, at most analyze_gauss's; wider ones fail it and analyze_gauss
-#: gets the unspent ``(eps2, delta2)``. Measured at d = 50, distance 1e-3, n = 50k, eps = 0.1
-#: (20 seeds): 0.026 vs friendly_aggregate's own 0.033.
-GIVEN_RADIUS_FACTOR = 1.0
+#: friendly_aggregate runs with a public radius given, ``f r*`` for ``f`` one of these
+#: (narrow, wide; no search, so ``eps0 = 0`` and no spurious stop; its radius-given split puts
+#: ``eps/2`` on the mean instead of ``eps/4``): the narrow one iff a noisy total weight at it
+#: reaches what friendly's search needs (:func:`noisy_total_weight`), else the wide one.
+#: Subsets agreeing within the radius pass its test and its error is about
+#: ``pred_friendly(f r*)``; wider ones fail it and analyze_gauss gets the unspent
+#: ``(eps2, delta2)``. No constant serves both agreement regimes: at distance 1e-3 the subsets
+#: (30 rows each in both) agree within ~0.0024 while ``r*`` is 0.0059 at n = 50k, eps = 0.1
+#: (given ``r*``: 1.66-1.94x the best) and 0.0037 at n = 5k, eps = 1 (given ``r*/2``: the test
+#: fails, 1.6-1.8x); the weight at ``r*/2`` is 0.98-1.0 t there and 0.00-0.07 t here
+#: (non-private, bench seeds).
+GIVEN_RADIUS_FACTORS: tuple[float, float] = (0.5, 1.0)
+
+#: Share of epsilon of that noisy total weight (sensitivity ``Delta_W ~ 3``, pure), spent only
+#: after a coarse-only agreement (the given-radius run gets ``eps - eps_a - eps_w``): at
+#: ``t = 1666, eps = 0.1`` its noise ``Lap(300)`` misses a weight of ``t`` against the bar
+#: ``0.75 t`` with probability 0.12, and at ``t = 166, eps = 1`` (``Lap(30)``) passes a weight
+#: of ``0.07 t`` with probability 0.01.
+RADIUS_TEST_SHARE = 0.1
 
 #: The agreement test chooses friendly_aggregate iff the noisy largest cell count reaches this
 #: fraction of ``t``.
@@ -254,10 +278,14 @@ class Plan:
     agreement_width: float = 0.0
     #: The fine width (public).
     agreement_fine_width: float = 0.0
-    #: After a coarse-only agreement: friendly_aggregate with the public radius ``r*`` given
-    #: (no search) at ``(1 - s) eps``, and analyze_gauss at its unspent ``(eps2, delta2)``.
+    #: After a coarse-only agreement: friendly_aggregate with the narrow public radius
+    #: ``r*/2`` given (no search) at ``eps - eps_a - eps_w``, the same with the wide one
+    #: ``r*``, analyze_gauss at their unspent ``(eps2, delta2)``, and the epsilon ``eps_w`` of
+    #: the noisy total weight that picks the radius.
     coarse: Choice | None = None
     coarse_fallback: Choice | None = None
+    coarse_wide: Choice | None = None
+    radius_test_epsilon: float = 0.0
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -703,20 +731,27 @@ def _agreement_plan(
     r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
     width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
     coarse: Choice | None = None
+    coarse_wide: Choice | None = None
     coarse_fallback: Choice | None = None
+    radius_epsilon = RADIUS_TEST_SHARE * epsilon
+    given_rest = rest - radius_epsilon
     try:
-        coarse = _prepare(
-            "friendly_aggregate",
-            ctx,
-            k,
-            rest,
-            delta,
-            {"radius": GIVEN_RADIUS_FACTOR * r_star, "t": t, "aggregator": params.aggregator},
+        coarse, coarse_wide = (
+            _prepare(
+                "friendly_aggregate",
+                ctx,
+                k,
+                given_rest,
+                delta,
+                {"radius": factor * r_star, "t": t, "aggregator": params.aggregator},
+            )
+            for factor in GIVEN_RADIUS_FACTORS
         )
     except InvalidParameter as refusal:
+        coarse = coarse_wide = None
         notes.append(f"friendly_aggregate with a given radius refused: {refusal.message}")
     if coarse is not None:
-        given = release_split(rest, delta, True, t=t)
+        given = release_split(given_rest, delta, True, t=t)
         coarse_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(given), gram_raw)
     return Plan(
         default,
@@ -726,8 +761,9 @@ def _agreement_plan(
         f"stop probability {spurious:.2f}): a private agreement test (epsilon "
         f"{test_epsilon:.4g}, the noisy largest cell counts of the {t} subsets' points at a "
         "fine and a coarse public width) chooses friendly_aggregate when most subsets agree "
-        "(at the fine width: its whole radius grid; only at the coarse one: the radii above "
-        "the fine width's), else analyze_gauss",
+        "(at the fine width: with its own radius search; only at the coarse one: with a "
+        "public radius given, r*/2 or r* as a noisy total weight at r*/2 says), else "
+        "analyze_gauss",
         notes,
         staged=friendly,
         ptr_fallback=ptr_fallback,
@@ -737,6 +773,8 @@ def _agreement_plan(
         agreement_fine_width=width / FINE_WIDTH_RATIO,
         coarse=coarse,
         coarse_fallback=coarse_fallback,
+        coarse_wide=coarse_wide,
+        radius_test_epsilon=radius_epsilon if coarse is not None else 0.0,
     )
 
 
@@ -847,6 +885,7 @@ class Auto(Mechanism[AutoParams]):
                 plan_.staged,
                 plan_.ptr_fallback,
                 plan_.coarse,
+                plan_.coarse_wide,
                 plan_.coarse_fallback,
             )
             if c is not None
@@ -902,10 +941,22 @@ class Auto(Mechanism[AutoParams]):
                 agreement_threshold=bar,
                 agreement_noise_scale=noise,
             )
-            given = math.nan
-            if the_plan.coarse is not None:
+            given, wide, weight_bar, weight_noise = math.nan, math.nan, math.nan, math.nan
+            if the_plan.coarse is not None and the_plan.coarse_wide is not None:
+                from service.mechanisms.friendly_aggregate import ramp_width, weight_sensitivity
+
                 given = float(getattr(the_plan.coarse.params, "radius", math.nan))
-                scales["agreement_given_radius"] = given
+                wide = float(getattr(the_plan.coarse_wide.params, "radius", math.nan))
+                weight_bar = radius_test_threshold(the_plan.coarse)
+                t = the_plan.agreement_t
+                weight_noise = weight_sensitivity(t, ramp_width(t)) / the_plan.radius_test_epsilon
+                scales.update(
+                    agreement_given_radius=given,
+                    agreement_wide_radius=wide,
+                    radius_test_epsilon=the_plan.radius_test_epsilon,
+                    radius_test_threshold=weight_bar,
+                    radius_test_noise_scale=weight_noise,
+                )
             meaning.append(
                 f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
                 f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
@@ -914,10 +965,13 @@ class Auto(Mechanism[AutoParams]):
                 f"{the_plan.agreement_fine_width:.4g} and coarse width "
                 f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
                 f"friendly_aggregate runs if the fine count reaches {bar:.4g} (with its own "
-                f"radius search) or else the coarse one does (with the public radius "
-                f"{given:.4g} given, "
-                f"no search), else analyze_gauss, each with epsilon "
-                f"{the_plan.default.epsilon:.4g} and all of delta."
+                f"radius search, epsilon {the_plan.default.epsilon:.4g}) or else the coarse one "
+                f"does (with a public radius given, no search: {given:.4g} if its total "
+                f"weight at that radius plus Laplace noise of scale {weight_noise:.4g}, epsilon "
+                f"{the_plan.radius_test_epsilon:.4g}, reaches {weight_bar:.4g}, else "
+                f"{wide:.4g}; epsilon {the_plan.default.epsilon - the_plan.radius_test_epsilon:.4g}"
+                f"), else analyze_gauss with epsilon {the_plan.default.epsilon:.4g}; all of "
+                "delta in each case."
             )
         elif the_plan.staged is not None:
             scales.update(self._staged_preview(ctx, spec, the_plan.staged, the_plan, meaning))
@@ -928,6 +982,7 @@ class Auto(Mechanism[AutoParams]):
             prefixes = {
                 id(the_plan.ptr_fallback): "ptr_fallback.",
                 id(the_plan.coarse): "radius_given.",
+                id(the_plan.coarse_wide): "radius_given_wide.",
                 id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
             }
             label = prefixes.get(id(choice_), "") + choice_.name
@@ -1054,22 +1109,23 @@ class Auto(Mechanism[AutoParams]):
             )
         else:
             fallback_ = the_plan.coarse_fallback
+            output, chosen, narrow = _run_given_radius(the_plan, data, spec.k, rng)
+            test = {**test, "radius_narrow": narrow}
             given = getattr(chosen.params, "radius", None)
             reason = (
                 "the private agreement test found most of the subsets' subspaces within the "
                 "coarse public cell width but not the fine one: friendly_aggregate with the "
-                f"public radius {given:.4g} (no search)"
+                f"public radius {given:.4g} given (no search; the "
+                f"{'narrow' if narrow else 'wide'} one, as the noisy total weight at the narrow "
+                "one said)"
             )
+            if output.basis is not None or fallback_ is None:
+                return _labelled(output, chosen, reason, test)
+            return _after_failed_test(fallback_, data, spec.k, reason, test, rng)
         output = _run_choice(chosen, data, spec.k, rng)
         if output.basis is not None or fallback_ is None:
             return _labelled(output, chosen, reason, test)
-        fallback = fallback_
-        reason += (
-            "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
-            "budget of its mean step"
-        )
-        out = _run_choice(fallback, data, spec.k, rng)
-        return _labelled(out, fallback, reason, {**test, "ptr_failed": True})
+        return _after_failed_test(fallback_, data, spec.k, reason, test, rng)
 
     def _run_staged(
         self,
@@ -1128,6 +1184,89 @@ class Auto(Mechanism[AutoParams]):
             del h_state
         output = _run_choice(the_plan.default, data, spec.k, rng)
         return _labelled(output, the_plan.default, decision.reason, searched)
+
+
+def _after_failed_test(
+    fallback: Choice,
+    data: FloatArray,
+    k: int,
+    reason: str,
+    test: dict[str, Any],
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """analyze_gauss at the unspent ``(eps2, delta2)`` after a failed friendly test."""
+    reason += (
+        "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
+        "budget of its mean step"
+    )
+    out = _run_choice(fallback, data, k, rng)
+    return _labelled(out, fallback, reason, {**test, "ptr_failed": True})
+
+
+def noisy_total_weight(
+    total: float, t: int, weight_epsilon: float, rng: np.random.Generator
+) -> float:
+    """``W + Lap(Delta_W/eps_w)``: friendly_aggregate's total weight at a public radius has
+    sensitivity ``Delta_W = 1 + (t - 1)/b`` (its own bound: replacing one row changes one
+    subset's point, its own weight by at most 1 and every other by at most ``1/b``), so this is
+    ``(eps_w, 0)``-DP."""
+    from service.mechanisms.friendly_aggregate import ramp_width, weight_sensitivity
+
+    sens = weight_sensitivity(t, ramp_width(t))
+    return total + float(laplace(sens / weight_epsilon, rng))
+
+
+def radius_test_threshold(narrow: Choice) -> float:
+    """The bar of the noisy weight at the narrow radius: the weight friendly's own search
+    needs to stop (:func:`~service.mechanisms.friendly_aggregate.split_search_threshold` of the
+    given-radius split: ``0.75 t`` where the test's own need is below it); public."""
+    from service.mechanisms.friendly_aggregate import release_split, split_search_threshold
+
+    params: Any = narrow.params
+    split = release_split(narrow.epsilon, narrow.delta, True, t=params.t)
+    return split_search_threshold(params.t, split)
+
+
+def _run_given_radius(
+    the_plan: Plan, data: FloatArray, k: int, rng: np.random.Generator
+) -> tuple[MechanismOutput, Choice, bool]:
+    """After a coarse-only agreement: friendly_aggregate's partition, bases and weights at the
+    narrow public radius, a noisy total weight ``(eps_w, 0)``, then its run at the narrow
+    radius (continuing on the same partition) if that reaches :func:`radius_test_threshold`,
+    else its run at the wide radius (a fresh partition: public randomness). Returns the
+    output, the run's Choice and whether it was the narrow one."""
+    from service.mechanisms.friendly_aggregate import (
+        FriendlyAggregate,
+        friendly_search,
+        total_weight,
+    )
+
+    narrow, wide = the_plan.coarse, the_plan.coarse_wide
+    assert narrow is not None and wide is not None
+    friendly = _registered(narrow.name)
+    assert isinstance(friendly, FriendlyAggregate)
+    params: Any = narrow.params
+    state = friendly_search(
+        data,
+        k,
+        narrow.epsilon,
+        narrow.delta,
+        rng,
+        t=params.t,
+        q=params.q,
+        aggregator=params.aggregator,
+        radius=params.radius,
+    )
+    noisy = noisy_total_weight(
+        total_weight(state.weights), params.t, the_plan.radius_test_epsilon, rng
+    )
+    if noisy >= radius_test_threshold(narrow):
+        inner: ReleaseSpec[Any] = ReleaseSpec(
+            k=k, epsilon=narrow.epsilon, delta=narrow.delta, params=params
+        )
+        return friendly.finish(state, inner, rng), narrow, True
+    del state
+    return _run_choice(wide, data, k, rng), wide, False
 
 
 def _run_choice(

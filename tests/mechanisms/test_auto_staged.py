@@ -25,7 +25,8 @@ from service.mechanisms.auto import (
     AGREEMENT_FRACTION,
     AGREEMENT_SHARE,
     FINE_WIDTH_RATIO,
-    GIVEN_RADIUS_FACTOR,
+    GIVEN_RADIUS_FACTORS,
+    RADIUS_TEST_SHARE,
     SEARCH_SHARE,
     Auto,
     AutoParams,
@@ -49,6 +50,7 @@ from service.mechanisms.friendly_aggregate import (
     radius_grid,
     radius_steps,
     release_split,
+    split_search_threshold,
 )
 from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.linalg import subspace_distance
@@ -132,16 +134,22 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
     assert s + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
     assert the_plan.agreement_t == t and the_plan.agreement_width > 0
     assert the_plan.agreement_fine_width == the_plan.agreement_width / FINE_WIDTH_RATIO
-    # the given-radius friendly (after a coarse-only agreement): public radius, exact budget
-    coarse, fallback = the_plan.coarse, the_plan.coarse_fallback
-    assert coarse is not None and fallback is not None
+    # the given-radius friendly runs (after a coarse-only agreement): public radii r*/2 and
+    # r*, exact budget: test (s, 0) + noisy weight (eps_w, 0) + friendly (eps - s - eps_w)
+    coarse, wide, fallback = the_plan.coarse, the_plan.coarse_wide, the_plan.coarse_fallback
+    assert coarse is not None and wide is not None and fallback is not None
+    w = the_plan.radius_test_epsilon
+    assert w == pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15)
     r_star = break_even_radius(the_plan.staged, n, 10, K, 1.0, eps - s)
-    assert coarse.params.radius == GIVEN_RADIUS_FACTOR * r_star  # type: ignore[attr-defined]
-    assert coarse.params.t == t  # type: ignore[attr-defined]
-    assert coarse.epsilon + s == pytest.approx(eps, rel=1e-15) and coarse.delta == DELTA
-    given = budget_split(eps - s, DELTA, True, t=t)
+    assert GIVEN_RADIUS_FACTORS == (0.5, 1.0)
+    assert coarse.params.radius == 0.5 * r_star  # type: ignore[attr-defined]
+    assert wide.params.radius == r_star  # type: ignore[attr-defined]
+    for run in (coarse, wide):
+        assert run.params.t == t  # type: ignore[attr-defined]
+        assert run.epsilon + s + w == pytest.approx(eps, rel=1e-15) and run.delta == DELTA
+    given = budget_split(eps - s - w, DELTA, True, t=t)
     assert given.eps0 == 0.0
-    assert given.eps1 + given.eps2 == pytest.approx(eps - s, rel=1e-15)
+    assert given.eps1 + given.eps2 == pytest.approx(eps - s - w, rel=1e-15)
     assert (fallback.epsilon, fallback.delta) == (given.eps2, given.delta2)
 
 
@@ -469,43 +477,110 @@ def test_the_agreement_decision_is_a_function_of_the_released_counts_only() -> N
     assert agreement_decision(bare, 0.0, bar)[0] is bare.staged
 
 
-@pytest.mark.parametrize("agreed_fine", [True, False])
+@pytest.mark.parametrize("outcome", ["fine", "narrow", "wide"])
 def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
-    monkeypatch: pytest.MonkeyPatch, agreed_fine: bool
+    monkeypatch: pytest.MonkeyPatch, outcome: str
 ) -> None:
     n, d, eps = 5_000, 10, 1.0
     spec = auto_spec(n, d, eps)
     the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
-    assert the_plan.coarse is not None
+    assert the_plan.coarse is not None and the_plan.coarse_wide is not None
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
-    counts = [bar if agreed_fine else 0.0, bar]
+    counts = [bar if outcome == "fine" else 0.0, bar]
     monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: list(counts))
+    # the radius is picked from the released noisy weight alone: pin it on either side of the
+    # public bar, whatever the data
+    bar_w = auto_module.radius_test_threshold(the_plan.coarse)
+    released = bar_w if outcome == "narrow" else bar_w - 1e-9
+    weights_seen: list[float] = []
+
+    def noisy_weight(total: float, t: int, eps_w: float, rng: Any) -> float:
+        weights_seen.append(eps_w)
+        return released
+
+    monkeypatch.setattr(auto_module, "noisy_total_weight", noisy_weight)
     runs = _spy_runs(monkeypatch)
-    seen: list[Any] = []
-    real_run = FriendlyAggregate.run
+    seen: list[tuple[float, float | None]] = []
+    from service.mechanisms import friendly_aggregate as fa
 
-    def spy(self: Any, data: Any, inner: Any, rng: Any) -> Any:
-        seen.append(inner.params.radius)
-        return real_run(self, data, inner, rng)
+    real_search = fa.friendly_search
 
-    monkeypatch.setattr(FriendlyAggregate, "run", spy)
-    expected = None if agreed_fine else the_plan.coarse.params.radius  # type: ignore[attr-defined]
-    # different data, same released counts: the same run (the plan sees no data)
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append((args[2], kwargs["radius"]))
+        return real_search(*args, **kwargs)
+
+    monkeypatch.setattr(fa, "friendly_search", spy)
+    s, w = the_plan.agreement_epsilon, the_plan.radius_test_epsilon
+    narrow = the_plan.coarse.params.radius  # type: ignore[attr-defined]
+    wide = the_plan.coarse_wide.params.radius  # type: ignore[attr-defined]
+    # different data, same released values: the same runs (the plan sees no data)
     for data in (near_subspace(n, d, K, 1e-5, seed=3)[0], isotropic(n, d, 4)):
         out = AUTO.run(data, spec, np.random.default_rng(5))
-        assert out.extras["auto_search"]["radius_given"] is (not agreed_fine)
-    assert seen == [expected, expected]
-    # test (eps_a, 0) + friendly (eps - eps_a, delta) (+ its own fallback) = the request
+        test = out.extras["auto_search"]
+        assert test["radius_given"] is (outcome != "fine")
+        assert test.get("radius_narrow") is {"fine": None, "narrow": True, "wide": False}[outcome]
+    if outcome == "fine":
+        # test (eps_a, 0) + friendly's own search run (eps - eps_a, delta)
+        assert seen == [(eps - s, None)] * 2 and weights_seen == []
+    else:
+        # test (eps_a, 0) + weight (eps_w, 0) + given-radius run (eps - eps_a - eps_w, delta);
+        # the narrow run continues the weight's partition, the wide one draws its own
+        assert weights_seen == [w, w]
+        first = (eps - s - w, narrow)
+        expected = [first] if outcome == "narrow" else [first, (eps - s - w, wide)]
+        assert [(pytest.approx(e, rel=1e-15), r) for e, r in seen] == expected * 2
     friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
-    assert len(friendly_runs) == 2
+    assert len(friendly_runs) == (0 if outcome == "narrow" else 2)
     for _, epsilon, delta in friendly_runs:
-        assert epsilon + the_plan.agreement_epsilon == pytest.approx(eps, rel=1e-15)
-        assert delta == DELTA
+        spent = s if outcome == "fine" else s + w
+        assert epsilon + spent == pytest.approx(eps, rel=1e-15) and delta == DELTA
     fallbacks = [r for r in runs if r[0] == "analyze_gauss"]
-    chosen_fallback = the_plan.ptr_fallback if agreed_fine else the_plan.coarse_fallback
+    chosen_fallback = the_plan.ptr_fallback if outcome == "fine" else the_plan.coarse_fallback
     assert chosen_fallback is not None
     for fallback in fallbacks:  # after a failed friendly test only
         assert fallback[1:] == (chosen_fallback.epsilon, chosen_fallback.delta)
+
+
+def test_the_noisy_weight_has_friendlys_sensitivity_and_scale() -> None:
+    from service.mechanisms.friendly_aggregate import (
+        friendly_search,
+        ramp_width,
+        total_weight,
+        weight_sensitivity,
+    )
+
+    t = 60
+    sens = weight_sensitivity(t, ramp_width(t))
+    rng = np.random.default_rng(2)
+    near, _ = near_subspace(600, 6, 2, 1e-3, seed=2)
+    worst = 0.0
+    for trial in range(20):
+        other = near.copy()
+        other[int(rng.integers(600))] = rng.standard_normal(6) * rng.choice([1e-3, 1.0, 1e3])
+        totals = []
+        for rows in (near, other):  # same public randomness (partition), one row replaced
+            state = friendly_search(
+                rows, 2, 1.0, DELTA, np.random.default_rng(trial), t=t,
+                aggregator="projection", radius=0.05,
+            )  # fmt: skip
+            totals.append(total_weight(state.weights))
+        worst = max(worst, abs(totals[0] - totals[1]))
+    assert 0 < worst <= sens + 1e-9
+    # the noise has scale Delta_W/eps_w: mean absolute deviation of Lap(b) is b
+    draws = np.array(
+        [auto_module.noisy_total_weight(10.0, t, 0.5, np.random.default_rng(s)) for s in range(800)]
+    )
+    assert float(np.mean(np.abs(draws - 10.0))) == pytest.approx(sens / 0.5, rel=0.15)
+
+
+def test_the_radius_bar_is_what_friendlys_search_needs() -> None:
+    the_plan = plan(ctx(50_000, 50), K, 0.1, DELTA, AutoParams(clip_norm=1.0))
+    narrow = the_plan.coarse
+    assert narrow is not None
+    t = narrow.params.t  # type: ignore[attr-defined]
+    split = release_split(narrow.epsilon, DELTA, True, t=t)
+    expected = split_search_threshold(t, split)
+    assert auto_module.radius_test_threshold(narrow) == expected >= 0.75 * t
 
 
 @pytest.mark.parametrize("kind", ["tiny", "huge", "duplicates", "zeros", "mixed"])
@@ -516,7 +591,8 @@ def test_the_given_radius_run_is_total_on_extreme_values(
     spec = auto_spec(n, d, 1.0)
     the_plan = plan(ctx(n, d), K, 1.0, DELTA, spec.params)
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
-    # force the coarse-only outcome: friendly_aggregate with the public radius given
+    # force the coarse-only outcome: friendly_aggregate with a public radius given (the noisy
+    # weight is real here, so either radius may run)
     monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [0.0, bar])
     rows = np.random.default_rng(14).standard_normal((n, d))
     data = {
@@ -529,6 +605,7 @@ def test_the_given_radius_run_is_total_on_extreme_values(
     for seed in range(2):
         out = AUTO.run(data, spec, np.random.default_rng(seed))
         assert out.extras["auto_search"]["radius_given"] is True
+        assert isinstance(out.extras["auto_search"]["radius_narrow"], bool)
         assert out.basis is not None or out.no_result_reason is not None
         if out.basis is not None:
             assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
@@ -560,3 +637,16 @@ def test_under_f3_the_fallback_is_at_least_as_noisy_as_the_mean_it_replaces(
             fallback_eps,
             fallback_delta,
         )
+
+
+def test_the_preview_shows_both_given_radii_and_the_weights_noise() -> None:
+    shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
+    narrow, wide = shown.scales["agreement_given_radius"], shown.scales["agreement_wide_radius"]
+    assert isinstance(narrow, float) and isinstance(wide, float) and wide == 2 * narrow
+    assert shown.scales["radius_test_epsilon"] == pytest.approx(RADIUS_TEST_SHARE, rel=1e-15)
+    from service.mechanisms.friendly_aggregate import ramp_width, weight_sensitivity
+
+    t = plan(ctx(5_000, 10), K, 1.0, DELTA, AutoParams(clip_norm=1.0)).agreement_t
+    scale = shown.scales["radius_test_noise_scale"]
+    assert scale == pytest.approx(weight_sensitivity(t, ramp_width(t)) / RADIUS_TEST_SHARE)
+    assert "radius_given_wide.friendly_aggregate.epsilon0" in shown.scales
