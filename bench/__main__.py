@@ -144,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         help="BLAS threads for the whole run, peers included (default 1: on a shared machine "
         "a threaded BLAS under oversubscription makes X^T X 20-50x slower and erratic)",
     )  # fmt: skip
+    parser.add_argument(
+        "--mechanisms", help="comma-separated registered mechanisms for the accuracy sections "
+        "(default: all); with --results elsewhere, to re-measure one and splice its rows",
+    )  # fmt: skip
     parser.add_argument("--ds", help="override the synthetic grid's d values, e.g. 1000")
     parser.add_argument("--reps", type=int, help="override the synthetic grid's repetitions")
     parser.add_argument("--real-reps", type=int, help="override the real section's repetitions")
@@ -158,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.peers_only and args.no_peers:
         parser.error("--peers-only and --no-peers exclude each other")
     limit_blas(args.blas_threads)
+    if args.mechanisms:
+        from bench import core
+
+        core.ONLY_MECHANISMS = frozenset(m.strip() for m in args.mechanisms.split(",") if m)
     config = QUICK if args.quick else FULL
     if args.quick:
         SlowGuard.shared = SlowGuard(5.0)

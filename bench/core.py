@@ -116,12 +116,19 @@ class Outcome:
     memory_bytes: int | None = None
 
 
+#: ``--mechanisms``: run only these in the accuracy sections (``None``: every one), e.g. to
+#: re-measure one changed mechanism and splice its rows into an earlier run's CSVs.
+ONLY_MECHANISMS: frozenset[str] | None = None
+
+
 def basis_mechanisms() -> dict[str, Mechanism[Any]]:
     """Registered mechanisms that release a basis from one dataset (the accuracy tables)."""
     return {
         name: mech
         for name, mech in MECHANISMS.items()
-        if mech.releases_basis and not getattr(mech, "continual", False)
+        if mech.releases_basis
+        and not getattr(mech, "continual", False)
+        and (ONLY_MECHANISMS is None or name in ONLY_MECHANISMS)
     }
 
 

@@ -286,6 +286,10 @@ class Plan:
     coarse_fallback: Choice | None = None
     coarse_wide: Choice | None = None
     radius_test_epsilon: float = 0.0
+    #: Agreement regime, after a fine agreement: analyze_gauss at the unspent ``3/4`` of
+    #: friendly's ``(eps - eps_a)`` and all of delta, when friendly's own radius search stops
+    #: where its predicted error is not below analyze_gauss's (as in regime 2).
+    agreement_stop: Choice | None = None
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -753,6 +757,8 @@ def _agreement_plan(
     if coarse is not None:
         given = release_split(given_rest, delta, True, t=t)
         coarse_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(given), gram_raw)
+    # friendly's search is pure (eps0 = 1/4 of its budget, under either split)
+    agreement_stop = _prepare("analyze_gauss", ctx, k, (1 - SEARCH_SHARE) * rest, delta, gram_raw)
     return Plan(
         default,
         None,
@@ -775,6 +781,7 @@ def _agreement_plan(
         coarse_fallback=coarse_fallback,
         coarse_wide=coarse_wide,
         radius_test_epsilon=radius_epsilon if coarse is not None else 0.0,
+        agreement_stop=agreement_stop,
     )
 
 
@@ -887,6 +894,7 @@ class Auto(Mechanism[AutoParams]):
                 plan_.coarse,
                 plan_.coarse_wide,
                 plan_.coarse_fallback,
+                plan_.agreement_stop,
             )
             if c is not None
         ]
@@ -984,6 +992,7 @@ class Auto(Mechanism[AutoParams]):
                 id(the_plan.coarse): "radius_given.",
                 id(the_plan.coarse_wide): "radius_given_wide.",
                 id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
+                id(the_plan.agreement_stop): "search_stop.",
             }
             label = prefixes.get(id(choice_), "") + choice_.name
             for key, value in shown.scales.items():
@@ -1102,11 +1111,7 @@ class Auto(Mechanism[AutoParams]):
             out = _run_choice(the_plan.default, data, spec.k, rng)
             return _labelled(out, the_plan.default, reason, test)
         if chosen is friendly:
-            fallback_ = the_plan.ptr_fallback
-            reason = (
-                "the private agreement test found most of the subsets' subspaces within the "
-                "public cell width: friendly_aggregate with its own radius search"
-            )
+            return self._run_agreed_search(data, spec, the_plan, test, rng)
         else:
             fallback_ = the_plan.coarse_fallback
             output, chosen, narrow = _run_given_radius(the_plan, data, spec.k, rng)
@@ -1122,10 +1127,50 @@ class Auto(Mechanism[AutoParams]):
             if output.basis is not None or fallback_ is None:
                 return _labelled(output, chosen, reason, test)
             return _after_failed_test(fallback_, data, spec.k, reason, test, rng)
-        output = _run_choice(chosen, data, spec.k, rng)
-        if output.basis is not None or fallback_ is None:
-            return _labelled(output, chosen, reason, test)
-        return _after_failed_test(fallback_, data, spec.k, reason, test, rng)
+
+    def _run_agreed_search(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        the_plan: Plan,
+        test: dict[str, Any],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """After a fine agreement: friendly_aggregate's own radius search at
+        ``(eps - eps_a)/4``, then, as in regime 2, its continuation when its predicted error at
+        the found radius is below analyze_gauss's, else analyze_gauss at the unspent
+        ``3 (eps - eps_a)/4`` and all of delta (a false agreement on data far from any subspace
+        lets the search stop at a radius where every subset is everyone's friend, whose average
+        is a random-level subspace). Continuing is bit-identical to friendly's own run."""
+        from service.mechanisms.friendly_aggregate import FriendlyAggregate
+
+        friendly, stop = the_plan.staged, the_plan.agreement_stop
+        assert friendly is not None and stop is not None and spec.params.clip_norm is not None
+        n, d = data.shape
+        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
+        mechanism = _registered(friendly.name)
+        assert isinstance(mechanism, FriendlyAggregate)
+        inner: ReleaseSpec[Any] = ReleaseSpec(
+            k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
+        )
+        state = mechanism.search(data, inner, rng)
+        exponent = state.radius_exponent
+        scale = None if exponent is None else state.radius
+        decision = staged_decision(friendly, ctx, spec.k, spec.params.clip_norm, exponent, scale)
+        test = {**test, "searched": decision.extras(friendly.name)}
+        reason = (
+            "the private agreement test found most of the subsets' subspaces within the public "
+            "cell width; " + decision.reason
+        )
+        if not decision.proceed:
+            del state
+            out = _run_choice(stop, data, spec.k, rng)
+            return _labelled(out, stop, reason, test)
+        output = mechanism.finish(state, inner, rng)
+        del state
+        if output.basis is not None or the_plan.ptr_fallback is None:
+            return _labelled(output, friendly, reason, test)
+        return _after_failed_test(the_plan.ptr_fallback, data, spec.k, reason, test, rng)
 
     def _run_staged(
         self,

@@ -529,16 +529,21 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
         first = (eps - s - w, narrow)
         expected = [first] if outcome == "narrow" else [first, (eps - s - w, wide)]
         assert [(pytest.approx(e, rel=1e-15), r) for e, r in seen] == expected * 2
+    # the narrow run and the fine path continue a search (search + finish, no run call)
     friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
-    assert len(friendly_runs) == (0 if outcome == "narrow" else 2)
+    assert len(friendly_runs) == (2 if outcome == "wide" else 0)
     for _, epsilon, delta in friendly_runs:
         spent = s if outcome == "fine" else s + w
         assert epsilon + spent == pytest.approx(eps, rel=1e-15) and delta == DELTA
     fallbacks = [r for r in runs if r[0] == "analyze_gauss"]
     chosen_fallback = the_plan.ptr_fallback if outcome == "fine" else the_plan.coarse_fallback
     assert chosen_fallback is not None
-    for fallback in fallbacks:  # after a failed friendly test only
-        assert fallback[1:] == (chosen_fallback.epsilon, chosen_fallback.delta)
+    allowed = {(chosen_fallback.epsilon, chosen_fallback.delta)}
+    if outcome == "fine":  # or after a search that stopped too wide
+        assert the_plan.agreement_stop is not None
+        allowed.add((the_plan.agreement_stop.epsilon, the_plan.agreement_stop.delta))
+    for fallback in fallbacks:  # after a failed friendly test (or a wide stop) only
+        assert fallback[1:] in allowed
 
 
 def test_the_noisy_weight_has_friendlys_sensitivity_and_scale() -> None:
@@ -650,3 +655,32 @@ def test_the_preview_shows_both_given_radii_and_the_weights_noise() -> None:
     scale = shown.scales["radius_test_noise_scale"]
     assert scale == pytest.approx(weight_sensitivity(t, ramp_width(t)) / RADIUS_TEST_SHARE)
     assert "radius_given_wide.friendly_aggregate.epsilon0" in shown.scales
+
+
+def test_after_a_fine_agreement_a_search_stopping_wide_gives_analyze_gauss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A false fine agreement on data far from any subspace: friendly's own search then stops
+    # at a radius where every subset is everyone's friend (a random-level average). As in
+    # regime 2 its predicted error there decides: analyze_gauss at the unspent 3/4 of
+    # (eps - eps_a) and all of delta. On data near a subspace the same path continues friendly.
+    n, d, eps = 5_000, 10, 1.0
+    spec = auto_spec(n, d, eps)
+    the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
+    stop = the_plan.agreement_stop
+    assert stop is not None and stop.name == "analyze_gauss"
+    s = the_plan.agreement_epsilon
+    assert (stop.epsilon, stop.delta) == ((1 - SEARCH_SHARE) * (eps - s), DELTA)
+    bar = AGREEMENT_FRACTION * the_plan.agreement_t
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [bar, bar])
+    runs = _spy_runs(monkeypatch)
+    far = AUTO.run(isotropic(n, d, 21), spec, np.random.default_rng(22))
+    searched = far.extras["auto_search"]["searched"]
+    assert searched["continued"] is False
+    assert far.extras["auto_choice"] == "analyze_gauss"
+    assert runs == [("analyze_gauss", stop.epsilon, stop.delta)]
+    runs.clear()
+    near = AUTO.run(near_subspace(n, d, K, 1e-5, seed=23)[0], spec, np.random.default_rng(24))
+    assert near.extras["auto_search"]["searched"]["continued"] is True
+    assert near.extras["auto_choice"] == "friendly_aggregate"
+    assert near.basis is not None
