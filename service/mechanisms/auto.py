@@ -123,7 +123,12 @@ from service.mechanisms.linalg import (
 from service.mechanisms.noise import laplace
 
 if TYPE_CHECKING:
-    from service.mechanisms.friendly_aggregate import AnySplit, FriendlyAggregateParams
+    from service.mechanisms.friendly_aggregate import (
+        AnySplit,
+        FriendlyAggregate,
+        FriendlyAggregateParams,
+        FriendlySearch,
+    )
 
 #: Default share of epsilon spent on the structure test when it runs.
 DEFAULT_STRUCTURE_SHARE = 0.1
@@ -1142,21 +1147,9 @@ class Auto(Mechanism[AutoParams]):
         ``3 (eps - eps_a)/4`` and all of delta (a false agreement on data far from any subspace
         lets the search stop at a radius where every subset is everyone's friend, whose average
         is a random-level subspace). Continuing is bit-identical to friendly's own run."""
-        from service.mechanisms.friendly_aggregate import FriendlyAggregate
-
         friendly, stop = the_plan.staged, the_plan.agreement_stop
-        assert friendly is not None and stop is not None and spec.params.clip_norm is not None
-        n, d = data.shape
-        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
-        mechanism = _registered(friendly.name)
-        assert isinstance(mechanism, FriendlyAggregate)
-        inner: ReleaseSpec[Any] = ReleaseSpec(
-            k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
-        )
-        state = mechanism.search(data, inner, rng)
-        exponent = state.radius_exponent
-        scale = None if exponent is None else state.radius
-        decision = staged_decision(friendly, ctx, spec.k, spec.params.clip_norm, exponent, scale)
+        assert friendly is not None and stop is not None
+        mechanism, inner, state, decision = _friendly_search(friendly, data, spec, rng)
         test = {**test, "searched": decision.extras(friendly.name)}
         reason = (
             "the private agreement test found most of the subsets' subspaces within the public "
@@ -1190,14 +1183,7 @@ class Auto(Mechanism[AutoParams]):
         exponent: int | None
         scale: float | None
         if staged.name == "friendly_aggregate":
-            from service.mechanisms.friendly_aggregate import FriendlyAggregate
-
-            friendly = _registered(staged.name)
-            assert isinstance(friendly, FriendlyAggregate)
-            f_state = friendly.search(data, inner, rng)
-            exponent = f_state.radius_exponent
-            scale = None if exponent is None else f_state.radius
-            decision = staged_decision(staged, ctx, spec.k, spec.params.clip_norm, exponent, scale)
+            friendly, inner, f_state, decision = _friendly_search(staged, data, spec, rng)
             searched = decision.extras(staged.name)
             if decision.proceed:
                 output = friendly.finish(f_state, inner, rng)
@@ -1229,6 +1215,28 @@ class Auto(Mechanism[AutoParams]):
             del h_state
         output = _run_choice(the_plan.default, data, spec.k, rng)
         return _labelled(output, the_plan.default, decision.reason, searched)
+
+
+def _friendly_search(
+    friendly: Choice, data: FloatArray, spec: ReleaseSpec[AutoParams], rng: np.random.Generator
+) -> tuple[FriendlyAggregate, ReleaseSpec[Any], FriendlySearch, StagedDecision]:
+    """friendly_aggregate's own radius search for ``friendly`` (its first phase, drawing from
+    ``rng`` as its run would) and regime 2's decision on the released radius."""
+    from service.mechanisms.friendly_aggregate import FriendlyAggregate
+
+    assert spec.params.clip_norm is not None  # resolved by prepare
+    n, d = data.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
+    mechanism = _registered(friendly.name)
+    assert isinstance(mechanism, FriendlyAggregate)
+    inner: ReleaseSpec[Any] = ReleaseSpec(
+        k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
+    )
+    state = mechanism.search(data, inner, rng)
+    exponent = state.radius_exponent
+    scale = None if exponent is None else state.radius
+    decision = staged_decision(friendly, ctx, spec.k, spec.params.clip_norm, exponent, scale)
+    return mechanism, inner, state, decision
 
 
 def _after_failed_test(
