@@ -13,6 +13,7 @@ isotropic data.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import numpy as np
@@ -588,17 +589,20 @@ def test_the_radius_bar_is_what_friendlys_search_needs() -> None:
     assert auto_module.radius_test_threshold(narrow) == expected >= 0.75 * t
 
 
+@pytest.mark.parametrize("outcome", ["coarse", "fine"])
 @pytest.mark.parametrize("kind", ["tiny", "huge", "duplicates", "zeros", "mixed"])
-def test_the_given_radius_run_is_total_on_extreme_values(
-    monkeypatch: pytest.MonkeyPatch, kind: str
+def test_the_agreed_runs_are_total_on_extreme_values(
+    monkeypatch: pytest.MonkeyPatch, kind: str, outcome: str
 ) -> None:
     n, d = 5_000, 10
     spec = auto_spec(n, d, 1.0)
     the_plan = plan(ctx(n, d), K, 1.0, DELTA, spec.params)
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
-    # force the coarse-only outcome: friendly_aggregate with a public radius given (the noisy
-    # weight is real here, so either radius may run)
-    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [0.0, bar])
+    # force the outcome: coarse only, friendly_aggregate with a public radius given (the noisy
+    # weight is real here, so either radius may run); fine, friendly's own search, then its
+    # continuation or analyze_gauss as the released radius says
+    counts = [0.0, bar] if outcome == "coarse" else [bar, bar]
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: list(counts))
     rows = np.random.default_rng(14).standard_normal((n, d))
     data = {
         "tiny": rows * 1e-300,
@@ -609,8 +613,12 @@ def test_the_given_radius_run_is_total_on_extreme_values(
     }[kind]
     for seed in range(2):
         out = AUTO.run(data, spec, np.random.default_rng(seed))
-        assert out.extras["auto_search"]["radius_given"] is True
-        assert isinstance(out.extras["auto_search"]["radius_narrow"], bool)
+        assert out.extras["auto_search"]["radius_given"] is (outcome == "coarse")
+        if outcome == "coarse":
+            assert isinstance(out.extras["auto_search"]["radius_narrow"], bool)
+        else:
+            assert isinstance(out.extras["auto_search"]["searched"]["continued"], bool)
+        json.dumps(out.extras, allow_nan=False)  # nothing non-finite reaches a client
         assert out.basis is not None or out.no_result_reason is not None
         if out.basis is not None:
             assert out.basis.shape == (d, K) and np.all(np.isfinite(out.basis))
