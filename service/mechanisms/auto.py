@@ -257,6 +257,10 @@ class Choice:
     epsilon: float
     delta: float
 
+    def spec(self, k: int) -> ReleaseSpec[Any]:
+        """The release spec the chosen mechanism runs with."""
+        return ReleaseSpec(k=k, epsilon=self.epsilon, delta=self.delta, params=self.params)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -327,7 +331,7 @@ def structure_test_useful(n_rows: int, test_epsilon: float) -> bool:
 
 
 def _within_memory(choice: Choice, ctx: PublicContext, k: int, notes: list[str]) -> bool:
-    spec = ReleaseSpec(k=k, epsilon=choice.epsilon, delta=choice.delta, params=choice.params)
+    spec = choice.spec(k)
     if _registered(choice.name).memory_bytes(ctx, spec) > AGGREGATOR_MEMORY_CAP:
         notes.append(f"{choice.name} skipped: memory above the cap")
         return False
@@ -903,10 +907,7 @@ class Auto(Mechanism[AutoParams]):
             )
             if c is not None
         ]
-        return [
-            (c, ReleaseSpec(k=k, epsilon=c.epsilon, delta=c.delta, params=c.params))
-            for c in choices
-        ]
+        return [(c, c.spec(k)) for c in choices]
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]) -> Preview:
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
@@ -1177,9 +1178,7 @@ class Auto(Mechanism[AutoParams]):
         assert staged is not None and spec.params.clip_norm is not None
         n, d = data.shape
         ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
-        inner: ReleaseSpec[Any] = ReleaseSpec(
-            k=spec.k, epsilon=staged.epsilon, delta=staged.delta, params=staged.params
-        )
+        inner = staged.spec(spec.k)
         exponent: int | None
         scale: float | None
         if staged.name == "friendly_aggregate":
@@ -1229,9 +1228,7 @@ def _friendly_search(
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=spec.params.clip_norm)
     mechanism = _registered(friendly.name)
     assert isinstance(mechanism, FriendlyAggregate)
-    inner: ReleaseSpec[Any] = ReleaseSpec(
-        k=spec.k, epsilon=friendly.epsilon, delta=friendly.delta, params=friendly.params
-    )
+    inner = friendly.spec(spec.k)
     state = mechanism.search(data, inner, rng)
     exponent = state.radius_exponent
     scale = None if exponent is None else state.radius
@@ -1263,10 +1260,14 @@ def noisy_total_weight(
     sensitivity ``Delta_W = 1 + (t - 1)/b`` (its own bound: replacing one row changes one
     subset's point, its own weight by at most 1 and every other by at most ``1/b``), so this is
     ``(eps_w, 0)``-DP."""
-    from service.mechanisms.friendly_aggregate import ramp_width, weight_sensitivity
+    from service.mechanisms.friendly_aggregate import (
+        ramp_width,
+        weight_noise_scale,
+        weight_sensitivity,
+    )
 
     sens = weight_sensitivity(t, ramp_width(t))
-    return total + float(laplace(sens / weight_epsilon, rng))
+    return total + float(laplace(weight_noise_scale(sens, weight_epsilon), rng))
 
 
 def radius_test_threshold(narrow: Choice) -> float:
@@ -1288,35 +1289,18 @@ def _run_given_radius(
     radius (continuing on the same partition) if that reaches :func:`radius_test_threshold`,
     else its run at the wide radius (a fresh partition: public randomness). Returns the
     output, the run's Choice and whether it was the narrow one."""
-    from service.mechanisms.friendly_aggregate import (
-        FriendlyAggregate,
-        friendly_search,
-        total_weight,
-    )
+    from service.mechanisms.friendly_aggregate import FriendlyAggregate, total_weight
 
     narrow, wide = the_plan.coarse, the_plan.coarse_wide
     assert narrow is not None and wide is not None
     friendly = _registered(narrow.name)
     assert isinstance(friendly, FriendlyAggregate)
-    params: Any = narrow.params
-    state = friendly_search(
-        data,
-        k,
-        narrow.epsilon,
-        narrow.delta,
-        rng,
-        t=params.t,
-        q=params.q,
-        aggregator=params.aggregator,
-        radius=params.radius,
-    )
+    inner = narrow.spec(k)
+    state = friendly.search(data, inner, rng)
     noisy = noisy_total_weight(
-        total_weight(state.weights), params.t, the_plan.radius_test_epsilon, rng
+        total_weight(state.weights), state.t, the_plan.radius_test_epsilon, rng
     )
     if noisy >= radius_test_threshold(narrow):
-        inner: ReleaseSpec[Any] = ReleaseSpec(
-            k=k, epsilon=narrow.epsilon, delta=narrow.delta, params=params
-        )
         return friendly.finish(state, inner, rng), narrow, True
     del state
     return _run_choice(wide, data, k, rng), wide, False
@@ -1325,8 +1309,7 @@ def _run_given_radius(
 def _run_choice(
     chosen: Choice, data: FloatArray, k: int, rng: np.random.Generator
 ) -> MechanismOutput:
-    inner = ReleaseSpec(k=k, epsilon=chosen.epsilon, delta=chosen.delta, params=chosen.params)
-    return _registered(chosen.name).run(data, inner, rng)
+    return _registered(chosen.name).run(data, chosen.spec(k), rng)
 
 
 def _labelled(
