@@ -396,6 +396,25 @@ class Client:
         read = None if base.read is None else base.read + seconds
         return httpx.Timeout(base.connect, read=read, write=base.write, pool=base.pool)
 
+    def _long_get(
+        self, path: str, model: type[_M], wait: float, params: dict[str, str] | None = None
+    ) -> _M | None:
+        """``GET path`` as a long poll of ``wait`` seconds; ``None`` when the service refuses
+        the ``wait`` parameter (422: a version without long polls), after which this client
+        polls instead and never asks it again."""
+        try:
+            return self._get(
+                path,
+                model,
+                params={**(params or {}), "wait": f"{wait:g}"},
+                timeout=self._timeout_plus(wait),
+            )
+        except InvalidRequestError as exc:
+            if exc.status != 422:
+                raise
+            self._no_long_poll = True
+            return None
+
     # Lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -867,14 +886,12 @@ class ReleaseHandle:
                     wait = min(bound, 1.0) if shown.enabled else bound
                     wait = wait if left is None else min(wait, left)
                     asked = time.monotonic()
-                    try:
-                        self.refresh(wait=max(wait, 0.001))
-                    except InvalidRequestError as exc:
-                        if exc.status != 422:
-                            raise
-                        # A service from before long polls refuses the unknown parameter.
-                        self._client._no_long_poll = True
+                    info = self._client._long_get(
+                        f"/v1/releases/{self.id}", Release, max(wait, 0.001)
+                    )
+                    if info is None:  # a service from before long polls: poll instead
                         continue
+                    self.info = info
                     answered_early = time.monotonic() - asked < wait * 0.9
                     if self.done or not answered_early:
                         shown.update()
@@ -960,23 +977,15 @@ class ReleaseHandle:
             if bound > 0 and not self._client._no_long_poll:
                 waited = time.monotonic() - quiet_since
                 wait = bound if timeout is None else max(min(bound, timeout - waited), 0.0)
-            params = {"after": str(seen)}
-            if wait > 0:
-                params["wait"] = f"{wait:g}"
+            path, params = f"/v1/releases/{self.id}/epochs", {"after": str(seen)}
             asked = time.monotonic()
-            try:
-                page = self._client._get(
-                    f"/v1/releases/{self.id}/epochs",
-                    EpochList,
-                    params=params,
-                    timeout=self._client._timeout_plus(wait),
-                )
-            except InvalidRequestError as exc:
-                if exc.status != 422 or "wait" not in params:
-                    raise
-                # A service from before epoch long polls refuses the unknown parameter.
-                self._client._no_long_poll = True
-                continue
+            if wait > 0:
+                long_page = self._client._long_get(path, EpochList, wait, params)
+                if long_page is None:  # a service from before epoch long polls: poll instead
+                    continue
+                page = long_page
+            else:
+                page = self._client._get(path, EpochList, params=params)
             fresh = [epoch for epoch in page.items if epoch.epoch > seen]
             for epoch in fresh:
                 yield epoch
