@@ -11,7 +11,6 @@ import json
 import math
 import uuid
 from dataclasses import dataclass, replace
-from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -295,17 +294,6 @@ def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -
         if visible:
             return release
     raise NotFound(f"no release {release_id}")
-
-
-def outcome_visible(release: Release, principal: Principal, now: datetime) -> bool:
-    """Whether ``principal`` may see the release's real status and result at ``now``.
-
-    Analysts see it from ``visible_at`` on; owners (who hold the data anyway) and auditors
-    always. Releases made before ``visible_at`` existed have none and are visible.
-    """
-    if principal.role != "analyst":
-        return True
-    return release.visible_at is None or now >= release.visible_at
 
 
 def shows_timing(principal: Principal) -> bool:

@@ -12,8 +12,13 @@ connection for milliseconds, never while waiting). What wakes it:
   clients); in either case a worker in this same process calls :meth:`ReleaseWaiters.notify`
   directly after its commit;
 - its own timer: every :data:`RECHECK_SECONDS` (a missed hint costs at most that), at the
-  release's ``visible_at`` when an analyst waits for an outcome that is stored but not yet
-  visible, and at the end of the wait.
+  ``visible_at`` of a continual epoch stored but not yet visible to the analyst, and at the
+  end of the wait.
+
+An analyst waiting on a release before its ``visible_at`` is not woken by hints at all: what
+they may see cannot change before then, so the wait sleeps until ``visible_at`` (or its end)
+and reads again then, the same whether or not the worker has stored anything
+(:func:`service.api.releases._long_poll`).
 
 At most ``DPSS_RELEASE_WAIT_MAX_WAITERS`` requests wait at once per API process; a request
 beyond that is answered at once, as without ``wait`` (the client then polls), so a flood of
@@ -34,7 +39,7 @@ import logging
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +71,15 @@ class Waiter:
         with suppress(TimeoutError):
             await asyncio.wait_for(self.event.wait(), timeout=max(seconds, 0.0))
         self.event.clear()
+
+    async def sleep(self, seconds: float, until: Callable[[], bool]) -> None:
+        """Sleep ``seconds`` deaf to hints: a hint is consumed and ignored, and only ``until()``
+        (checked at each wake-up: the process stopping) ends the sleep early."""
+        end = self.loop.time() + seconds
+        while (left := end - self.loop.time()) > 0:
+            await self.wait(left)
+            if until():
+                return
 
     def wake(self) -> None:
         with suppress(RuntimeError):  # its loop has closed: the request is gone

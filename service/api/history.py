@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
 from api_schemas.history import ReleasePage
-from api_schemas.releases import Release, ReleaseStatus
+from api_schemas.releases import ReleaseStatus
 from service import history
 from service.api.deps import Cursor, UnitOfWorkDep
 from service.api.presenters import release_out
@@ -113,14 +113,7 @@ def _page(
     now: datetime,
     with_basis: bool,
 ) -> ReleasePage:
-    items: list[Release] = []
-    for row in page.items:
-        shown = release_out(row, principal, now, session=session)
-        if shown.result is not None and not with_basis:
-            shown.result = shown.result.model_copy(update={"basis": None})
-        if shown.latest_epoch is not None and not with_basis:
-            shown.latest_epoch = shown.latest_epoch.model_copy(update={"basis": None})
-        items.append(shown)
+    items = [release_out(row, principal, session, now, with_basis) for row in page.items]
     return ReleasePage(items=items, total=page.total, next=page.next)
 
 

@@ -10,9 +10,8 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import continual, ledger, releases
+from service import ledger, releases, visibility
 from service.auth import Principal
-from service.continual import is_continual
 from service.db import models
 from service.db.models import utcnow
 from service.releases import decode_basis
@@ -55,10 +54,10 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
     ]
 
 
-def epoch_out(epoch: models.ReleaseEpoch, principal: Principal) -> Epoch:
+def epoch_out(epoch: models.ReleaseEpoch, principal: Principal, with_basis: bool = True) -> Epoch:
     """An epoch as ``principal`` may see it (its time for owners and auditors only)."""
     basis = None
-    if epoch.basis is not None and epoch.basis_shape is not None:
+    if with_basis and epoch.basis is not None and epoch.basis_shape is not None:
         rows, cols = epoch.basis_shape
         basis = np.frombuffer(epoch.basis, dtype="<f8").reshape(rows, cols).tolist()
     return Epoch(
@@ -75,47 +74,37 @@ def epoch_out(epoch: models.ReleaseEpoch, principal: Principal) -> Epoch:
 def release_out(
     release: models.Release,
     principal: Principal,
+    session: Session,
     now: datetime | None = None,
-    session: Session | None = None,
+    with_basis: bool = True,
+    shown: visibility.View | None = None,
 ) -> Release:
-    """The release as ``principal`` may see it at ``now``.
+    """The release as ``principal`` may see it at ``now`` (:func:`service.visibility.view`).
 
-    Before ``visible_at`` an analyst sees it ``queued`` with no outcome, whatever its real state:
-    even the moment a worker claims it would tell when the job before it finished. Timing fields
-    are for owners and auditors only.
+    Timing fields are for owners and auditors only. The basis is read (a deferred column) only
+    when shown and asked for. ``shown``: the view, if the caller has it already.
     """
     now = now if now is not None else utcnow()
     timing = releases.shows_timing(principal)
-    if not releases.outcome_visible(release, principal, now):
-        status, reason, refunded, result = "queued", None, False, None
-    else:
-        status, reason, refunded = release.status, release.reason, release.refunded
-        result = None
-        if release.status in ("succeeded", "no_result"):
-            basis = decode_basis(release)
-            result = ReleaseResult(
-                basis=basis.tolist() if basis is not None else None,
-                basis_sha256=release.result_sha256,
-                extras=release.result_extras or {},
-            )
+    if shown is None:
+        shown = visibility.view(session, release, principal, now)
+    result = None
+    if shown.shows_result:
+        basis = decode_basis(release) if with_basis else None
+        result = ReleaseResult(
+            basis=basis.tolist() if basis is not None else None,
+            basis_sha256=release.result_sha256,
+            extras=release.result_extras or {},
+        )
     following: dict[str, object] = {}
-    if session is not None and is_continual(release.mechanism):
-        # Epochs are outcomes: an analyst sees each from its own visible_at on (and none before
-        # the release's), and the release's end only once its last epoch is visible.
-        analyst = principal.role == "analyst"
-        hidden = analyst and not releases.outcome_visible(release, principal, now)
-        visible_by = now if analyst else None
-        summaries = [] if hidden else continual.epoch_summaries(session, release.id, visible_by)
-        latest = None if hidden else continual.latest_epoch(session, release.id, visible_by)
-        finished = ("succeeded", "no_result", "failed")
-        if analyst and len(summaries) < release.epochs_done and status in finished:
-            status, reason, refunded, result = "running", None, False, None
+    if shown.epochs is not None:
+        latest = shown.latest_epoch
         following = {
-            "epochs_done": len(summaries),
-            "latest_epoch": epoch_out(latest, principal) if latest is not None else None,
+            "epochs_done": len(shown.epochs),
+            "latest_epoch": epoch_out(latest, principal, with_basis) if latest else None,
             "epochs": [
                 EpochSummary(epoch=e, batch_seq=s, n_rows_read=n, basis_sha256=h)
-                for e, s, n, h in summaries
+                for e, s, n, h in shown.epochs
             ],
         }
     return Release(
@@ -126,9 +115,9 @@ def release_out(
         epsilon=release.epsilon,
         delta=release.delta,
         params=release.params,
-        status=status,
-        reason=reason,
-        refunded=refunded,
+        status=shown.status,
+        reason=shown.reason,
+        refunded=shown.refunded,
         result=result,
         n_rows_read=release.n_rows_read,
         batches_read=release.batches_read,

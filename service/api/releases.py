@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, TypeVar
 
 import anyio
@@ -20,13 +21,14 @@ from api_schemas.releases import (
     ReleasePreview,
     ReleaseRequest,
 )
-from service import continual, preview, releases
+from service import continual, preview, releases, visibility
 from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
 from service.api.presenters import epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db.models import utcnow
 from service.mechanisms.continual_gauss import MAX_HORIZON
+from service.visibility import FINISHED
 from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters
 
 #: How long after ``visible_at`` a long poll looks again at an outcome hidden until then.
@@ -103,13 +105,10 @@ async def create_release(
         release = releases.request_release(
             session, principal, dataset_id, body, idempotency_key, settings
         )
-        return release_out(release, principal)
+        return release_out(release, principal, session)
 
     return await uow(work)
 
-
-#: Statuses after which a release changes no more.
-FINISHED = frozenset({"succeeded", "no_result", "failed"})
 
 Wait = Annotated[
     float | None,
@@ -127,11 +126,14 @@ Wait = Annotated[
 
 @dataclass(frozen=True)
 class _Read:
-    """One read of a release: what the caller sees, and when that may change by itself."""
+    """One read of a release: what the caller sees, and when that may change."""
 
     shown: Release
-    #: Seconds until an outcome stored but not yet visible to the caller becomes visible.
-    visible_in: float | None
+    #: When something stored but hidden from the caller becomes visible (a wake-up then).
+    shows_at: datetime | None
+    #: Until when nothing the caller sees can change, whatever a worker stores: the long poll
+    #: sleeps until then without listening to the workers' announcements.
+    sealed_until: datetime | None
 
 
 @router.get(
@@ -155,16 +157,13 @@ async def get_release(
     def work(session: Session, principal: Principal) -> _Read:
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
-        shown = release_out(release, principal, now=now, session=session)
-        visible_in = None
-        if (
-            release.status in FINISHED
-            and shown.status not in FINISHED
-            and release.visible_at is not None
-            and release.visible_at > now
-        ):
-            visible_in = (release.visible_at - now).total_seconds()
-        return _Read(shown, visible_in)
+        seen = visibility.view(session, release, principal, now)
+        shows_at = None
+        if seen.epochs_visible_by is not None and seen.epochs is not None and not seen.finished:
+            # A continual release shown running while its next epochs are hidden.
+            shows_at = continual.next_visible_at(session, release.id, len(seen.epochs), now)
+        shown = release_out(release, principal, session, now, shown=seen)
+        return _Read(shown, shows_at, seen.sealed_until)
 
     if not wait:
         return (await uow(work)).shown
@@ -188,9 +187,15 @@ async def _long_poll(
     release's hints (:mod:`service.waiters`) without holding anything.
 
     Registered before the first read, so that news stored between a read and the wait still
-    wakes it. Each read is its own short unit of work; nothing is held between. A read that
-    found something stored but hidden until ``visible_at`` (the analyst's padding) is repeated
-    just after that moment, so the answer never comes before ``visible_at``.
+    wakes it. Each read is its own short unit of work; nothing is held between.
+
+    An analyst's answer must not depend on when a worker stored anything before the release's
+    ``visible_at`` (its padding), neither in content nor in moment. So while a read is sealed
+    (:attr:`service.visibility.View.sealed_until`) the wait does not listen to hints at all: it
+    sleeps until the seal ends (or the wait's end, or the process stops) and reads again then.
+    After that, a read that found something stored but hidden (a continual epoch before its own
+    ``visible_at``) wakes at that moment: hints only tell it when to look, the answer comes
+    when the epoch is visible.
     """
     hub: ReleaseWaiters = request.app.state.release_waiters
     deadline = anyio.current_time() + wait
@@ -202,12 +207,20 @@ async def _long_poll(
             left = deadline - anyio.current_time()
             if left <= 0:
                 break
-            pause = min(left, RECHECK_SECONDS)
-            if read.visible_in is not None:
-                pause = min(left, read.visible_in + VISIBLE_MARGIN_SECONDS)
-            await waiter.wait(pause)
+            if read.sealed_until is not None:
+                pause = min(left, _seconds_until(read.sealed_until) + VISIBLE_MARGIN_SECONDS)
+                await waiter.sleep(pause, until=lambda: hub.closing)
+            else:
+                pause = min(left, RECHECK_SECONDS)
+                if read.shows_at is not None:
+                    pause = min(pause, _seconds_until(read.shows_at) + VISIBLE_MARGIN_SECONDS)
+                await waiter.wait(pause)
             read = await read_once()
     return read
+
+
+def _seconds_until(moment: datetime) -> float:
+    return max((moment - utcnow()).total_seconds(), 0.0)
 
 
 EpochWait = Annotated[
@@ -226,12 +239,12 @@ EpochWait = Annotated[
 
 @dataclass(frozen=True)
 class _EpochRead:
-    """One read of a page of epochs, whether more can come, and when a hidden one shows."""
+    """One read of a page of epochs, whether more can come, and when that may change."""
 
     page: EpochList
     finished: bool
-    #: Seconds until the next stored epoch the caller cannot see yet becomes visible.
-    visible_in: float | None
+    shows_at: datetime | None
+    sealed_until: datetime | None
 
 
 @router.get(
@@ -271,22 +284,23 @@ async def list_epochs(
     def work(session: Session, principal: Principal) -> _EpochRead:
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
-        finished = release.status in FINISHED
-        if not releases.outcome_visible(release, principal, now):
-            return _EpochRead(EpochList(items=[], total=0, next=None), finished, None)
-        # Analysts see each epoch from its own visible_at on (see service.continual).
-        visible_by = now if principal.role == "analyst" else None
+        shown = visibility.view(session, release, principal, now)
+        if shown.sealed_until is not None or shown.epochs is None:
+            # Hidden (or one-shot: no epochs ever): the same empty page before and after the
+            # worker stores anything.
+            empty = EpochList(items=[], total=0, next=None)
+            return _EpochRead(empty, shown.finished, None, shown.sealed_until)
+        visible_by = shown.epochs_visible_by
         page = continual.page_epochs(session, release.id, limit, cursor, after, visible_by)
-        visible_in = None
+        shows_at = None
         if visible_by is not None and not page.items:
-            hidden = continual.next_visible_at(session, release.id, after, visible_by)
-            visible_in = None if hidden is None else (hidden - now).total_seconds()
-        shown = EpochList(
+            shows_at = continual.next_visible_at(session, release.id, after, visible_by)
+        listed = EpochList(
             items=[epoch_out(epoch, principal) for epoch in page.items],
             total=page.total,
             next=page.next,
         )
-        return _EpochRead(shown, finished and visible_in is None, visible_in)
+        return _EpochRead(listed, shown.finished, shows_at, None)
 
     if not wait or cursor is not None:
         return (await uow(work)).page

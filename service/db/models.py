@@ -152,8 +152,11 @@ class Release(Base):
     visible_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
-    #: The released basis, little-endian float64 row-major ``d x k``; written once.
-    result_basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    #: The released basis, little-endian float64 row-major ``d x k``; written once. Deferred
+    #: (like the continual state and key below): a read of the row does not load it, so that
+    #: reading a release whose outcome an analyst may not see yet takes the same time before
+    #: and after a large basis is stored (see docs/reliability.md, threat model).
+    result_basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     result_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
     result_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     result_extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
@@ -164,10 +167,10 @@ class Release(Base):
     #: Continual releases: epochs released so far, and the serialized mechanism state (the
     #: tree's closed nodes with their noise). Private: never in a response, log or event.
     epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
     #: SHA-256(key, t), so an epoch computed again after a crash draws the same noise.
-    continual_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    continual_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),

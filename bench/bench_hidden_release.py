@@ -1,0 +1,150 @@
+"""Does an analyst's read of a release get slower once a large result is stored (issue 22, 0b)?
+
+    python -m bench.bench_hidden_release [--reps 300] [--mb 5] [--backends sqlite,postgresql]
+
+In this process (the app through ``TestClient``, no network), on a fresh SQLite file or a fresh
+database of the local PostgreSQL server (``DPSS_BENCH_POSTGRES_URL``): an analyst requests a
+release padded by an hour, then reads it ``--reps`` times per endpoint (``GET
+/v1/releases/{id}``, its ``/epochs``, ``GET /v1/releases``), interleaved. Then the outcome is
+stored as the worker stores it (``succeeded``, a ``--mb`` MB basis, 2,560 x k float64) and the
+reads are repeated, still before ``visible_at``. Printed per endpoint: the median latency
+before, after, and their ratio, next to the ratio of two halves of the *before* reads (the noise
+floor of this machine right now). Before the fix the basis was loaded on every read: 5 MB gave
+a ratio near 1.9 for ``GET /v1/releases/{id}``; with it the ratio stays within the noise floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+from fastapi.testclient import TestClient
+from sqlalchemy import update
+
+from bench.bench_perf_wake import postgres_database
+from service import auth
+from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine, make_session_factory
+from service.db.models import Release, utcnow
+from service.migrate import upgrade_to_head
+from service.releases import encode_basis
+
+
+@contextmanager
+def database(backend: str, workdir: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield f"sqlite:///{workdir / 'bench.db'}"
+    else:
+        with postgres_database() as url:
+            yield url
+
+
+def seconds(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def run(backend: str, reps: int, megabytes: float) -> None:
+    with tempfile.TemporaryDirectory() as tmp, database(backend, Path(tmp)) as url:
+        settings = Settings(
+            data_dir=Path(tmp) / "data",
+            database_url=url,
+            admin_api_key=None,
+            rate_limit_per_second=0,
+            release_padding_floor_seconds=3600,
+            release_padding_multiplier=1.0,
+            worker_wake=False,
+        )
+        upgrade_to_head(url)
+        engine = make_engine(url)
+        factory = make_session_factory(engine)
+        with factory.begin() as session:
+            _, owner = auth.create_key(session, "owner", "owner", actor_key_id=None)
+            _, analyst = auth.create_key(session, "analyst", "analyst", actor_key_id=None)
+        with TestClient(create_app(settings)) as client:
+            rows = np.random.default_rng(0).normal(size=(200, 6)) / 10
+            buffer = io.BytesIO()
+            np.save(buffer, rows)
+            made = client.post(
+                "/v1/datasets",
+                headers={"Authorization": f"Bearer {owner}"},
+                files={"file": ("d.npy", buffer.getvalue(), "application/octet-stream")},
+                data={"name": "b", "epsilon_budget": "10", "delta_budget": "1e-3",
+                      "row_norm_bound": "1"},
+            )  # fmt: skip
+            made.raise_for_status()
+            headers = {"Authorization": f"Bearer {analyst}"}
+            body = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
+            release = client.post(
+                f"/v1/datasets/{made.json()['id']}/releases", headers=headers, json=body
+            ).json()["id"]
+            paths = {
+                "release": f"/v1/releases/{release}",
+                "epochs": f"/v1/releases/{release}/epochs",
+                "history": "/v1/releases",
+            }
+
+            def measure() -> dict[str, list[float]]:
+                out: dict[str, list[float]] = {name: [] for name in paths}
+                for _ in range(reps):
+                    for name, path in paths.items():
+                        out[name].append(seconds(lambda p=path: client.get(p, headers=headers)))
+                return out
+
+            measure()  # warm up
+            before = measure()
+            k = max(1, int(megabytes * 1e6 / (2560 * 8)))
+            basis = np.random.default_rng(1).normal(size=(2560, k))
+            data, shape, sha = encode_basis(basis)
+            with factory.begin() as session:
+                session.execute(
+                    update(Release)
+                    .where(Release.id == uuid.UUID(release))
+                    .values(
+                        status="succeeded",
+                        result_basis=data,
+                        result_shape=shape,
+                        result_sha256=sha,
+                        result_extras={},
+                        finished_at=utcnow(),
+                        visible_at=utcnow() + timedelta(hours=1),
+                    )
+                )
+            assert client.get(paths["release"], headers=headers).json()["status"] == "queued"
+            after = measure()
+        engine.dispose()
+    print(f"{backend}: {len(data) / 1e6:.1f} MB basis, {reps} reads per endpoint and phase")
+    print(f"  {'endpoint':<9} {'before ms':>9} {'after ms':>9} {'ratio':>6} {'noise':>6}")
+    for name in paths:
+        b, a = before[name], after[name]
+        half = len(b) // 2
+        noise = statistics.median(b[half:]) / statistics.median(b[:half])
+        b_ms, a_ms = statistics.median(b) * 1e3, statistics.median(a) * 1e3
+        print(f"  {name:<9} {b_ms:9.2f} {a_ms:9.2f} {a_ms / b_ms:6.2f} {noise:6.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--mb", type=float, default=5.0)
+    parser.add_argument("--backends", default="sqlite,postgresql")
+    args = parser.parse_args()
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for backend in args.backends.split(","):
+        run(backend, args.reps, args.mb)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""What a caller may see of a release at a moment: the one projection every read goes through.
+
+Analysts must learn nothing of a job's run time within its padding (:mod:`service.padding`).
+So, for an analyst, until the release's ``visible_at``:
+
+- the release is ``queued`` with no reason, refund or result, whatever its real state (even the
+  moment a worker claims it would tell when the job before it finished);
+- no epoch is shown, and epochs are shown each from its own ``visible_at`` on;
+- a continual release that ended is shown ``running`` until its last epoch is visible (its end
+  would tell when the last epoch was computed).
+
+Nothing else an analyst can call may depend on the real state before then: not a status filter
+or a count (:mod:`service.history` mirrors these rules in SQL), not a long poll's answer or its
+moment (:attr:`View.sealed_until`), not the time a read takes. For the last, the large columns
+(the basis, the continual state and key) are deferred in :mod:`service.db.models` and loaded
+only here, for a result the caller may see.
+
+Owners (who hold the data anyway) and auditors see the real state at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from service import continual
+from service.auth import Principal
+from service.db.models import Release, ReleaseEpoch
+
+#: Statuses after which a release changes no more.
+FINISHED = frozenset({"succeeded", "no_result", "failed"})
+
+
+@dataclass(frozen=True)
+class View:
+    """A release as one caller may see it at one moment."""
+
+    status: str
+    reason: str | None
+    refunded: bool
+    #: Whether the result (basis, extras) is shown.
+    shows_result: bool
+    #: Continual releases: ``(epoch, batch_seq, n_rows_read, basis_sha256)`` of the epochs
+    #: shown, oldest first, and the latest shown; ``None`` and ``None`` for one-shot releases.
+    epochs: list[tuple[int, int, int, str | None]] | None
+    latest_epoch: ReleaseEpoch | None
+    #: The caller sees the epochs visible by this moment (``None``: every stored epoch).
+    epochs_visible_by: datetime | None
+    #: Until this moment nothing this caller is shown of the release can change, whatever a
+    #: worker stores meanwhile (an analyst's release before its ``visible_at``). A long poll
+    #: sleeps until then without listening to the workers' announcements.
+    sealed_until: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED
+
+
+def outcome_visible(release: Release, principal: Principal, now: datetime) -> bool:
+    """Whether ``principal`` may see the release's real status and result at ``now``.
+
+    Analysts see it from ``visible_at`` on; owners (who hold the data anyway) and auditors
+    always. Releases made before ``visible_at`` existed have none and are visible.
+    """
+    if principal.role != "analyst":
+        return True
+    return release.visible_at is None or now >= release.visible_at
+
+
+def view(session: Session, release: Release, principal: Principal, now: datetime) -> View:
+    """``release`` as ``principal`` may see it at ``now`` (see the module docstring).
+
+    Reads no large column, and for an analyst's release before ``visible_at`` nothing a worker
+    writes: the same statements, the same rows, before and after the job ends.
+    """
+    analyst = principal.role == "analyst"
+    is_continual = continual.is_continual(release.mechanism)
+    if not outcome_visible(release, principal, now):
+        return View(
+            status="queued",
+            reason=None,
+            refunded=False,
+            shows_result=False,
+            epochs=[] if is_continual else None,
+            latest_epoch=None,
+            epochs_visible_by=now,
+            sealed_until=release.visible_at,
+        )
+    status, reason, refunded = release.status, release.reason, release.refunded
+    epochs, latest = None, None
+    visible_by = now if analyst else None
+    if is_continual:
+        epochs = continual.epoch_summaries(session, release.id, visible_by)
+        latest = continual.latest_epoch(session, release.id, visible_by)
+        if analyst and status in FINISHED and len(epochs) < release.epochs_done:
+            status, reason, refunded = "running", None, False
+    return View(
+        status=status,
+        reason=reason,
+        refunded=refunded,
+        shows_result=status in ("succeeded", "no_result"),
+        epochs=epochs,
+        latest_epoch=latest,
+        epochs_visible_by=visible_by,
+        sealed_until=None,
+    )
