@@ -184,3 +184,55 @@ def test_unknown_form_fields_are_refused(client, keys, settings):
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith("row_norm_bnd: Extra inputs are not permitted")
     assert stored_files(settings) == []
+
+
+def post_raw(client, key, path, text):
+    return client.post(
+        path, headers={**bearer(key), "content-type": "application/json"}, content=text.encode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        (
+            '{"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "epsilon": "0.01", '
+            '"delta": "1e-9"}',
+            "epsilon",
+        ),
+        (
+            '{"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-9", '
+            '"params": {"a": 1, "a": 2}}',
+            "a",
+        ),
+        ('[{"x": 1}, {"y": 1, "y": 1}]', "y"),  # not even an object at the top: still refused
+    ],
+)
+def test_a_key_given_twice_in_any_json_object_is_refused(
+    client, keys, dataset_id, session_factory, body, key
+):
+    response = post_raw(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422, response.text
+    assert response.json() == {
+        "error": "invalid_input",
+        "detail": f"body: the key '{key}' appears twice in one object; send it once",
+    }
+    assert charges(session_factory) == 0
+
+
+def test_a_duplicated_role_creates_no_key(client, keys, session_factory):
+    with session_factory() as session:
+        before = session.scalar(select(func.count()).select_from(ApiKey))
+    body = '{"role": "analyst", "name": "n", "role": "admin"}'
+    response = post_raw(client, keys.admin, "/v1/keys", body)
+    assert response.status_code == 422, response.text
+    assert "'role' appears twice" in response.json()["detail"]
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(ApiKey)) == before
+
+
+def test_grant_bodies_refuse_duplicate_keys_too(client, keys, dataset_id):
+    body = '{"epsilon": "0.5", "delta": "1e-9", "delta": "1e-8"}'
+    response = post_raw(client, keys.owner, f"/v1/datasets/{dataset_id}/grants", body)
+    assert response.status_code == 422, response.text
+    assert "'delta' appears twice" in response.json()["detail"]
