@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
+from api_schemas.common import unknown_name
 from api_schemas.datasets import DatasetCreate
 from service.api import examples
 from service.errors import InvalidInput
@@ -234,8 +235,7 @@ def reject_unknown_query_parameters(request: Request) -> None:
     for name in request.query_params:
         if name not in declared:
             shown = name if name.isprintable() and len(name) <= 40 else "(unprintable or long)"
-            accepted = ", ".join(sorted(declared)) or "none"
-            raise InvalidInput(f"query.{shown}", f"unknown query parameter (accepted: {accepted})")
+            raise InvalidInput(f"query.{shown}", unknown_name(name, sorted(declared), "parameter"))
 
 
 def install_openapi(app: FastAPI) -> None:
