@@ -136,6 +136,16 @@ class Settings(BaseSettings):
             "bounded by this limit, not by the file."
         ),
     )
+    max_dataset_bytes: int = Field(
+        default=2 * 1024**3,
+        ge=16,
+        description=(
+            "Largest decoded dataset, in bytes of float64 (rows x columns x 8), for an upload "
+            "and for a dataset with an appended batch; public. Checked while decoding (from the "
+            ".npy header or the Parquet footer before any row, as CSV rows are converted), so "
+            "a small, highly compressible file cannot become a huge dataset: refused with 413."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,

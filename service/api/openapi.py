@@ -62,7 +62,8 @@ DESCRIPTIONS = {
     409: "The request conflicts with the resource's state.",
     413: "The body is larger than its limit.",
     422: "A parameter, field or file is invalid (the detail names it). Nothing was changed.",
-    429: "Too many requests for this key; retry after `Retry-After` seconds.",
+    429: "Too many requests for this key (or without a known key, from this address or in "
+    "total); retry after `Retry-After` seconds.",
     503: "The database is unavailable or busy; retry after `Retry-After` seconds.",
     507: "The server's disk is full; nothing was kept.",
 }
