@@ -80,7 +80,9 @@ def create_app(
         engine = make_pooled_engine(settings)
         session_factory = make_session_factory(engine)
     audit_log.use_hmac_key(session_factory, settings.audit_hmac_key)
-    store = DatasetStore(settings.datasets_dir, max_cols=settings.max_cols)
+    store = DatasetStore(
+        settings.datasets_dir, max_cols=settings.max_cols, max_bytes=settings.max_dataset_bytes
+    )
     database = Database(session_factory, settings)
     bind = session_factory.kw.get("bind")
     waiters = ReleaseWaiters(bind.engine if bind is not None else None, settings)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Literal
@@ -20,11 +19,11 @@ from sqlalchemy.orm import Session
 from service import audit, logs
 from service.db.models import ApiKey, utcnow
 from service.errors import Forbidden, NotFound, Unauthenticated
+from service.keyformat import generate_secret
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 
 Role = Literal["admin", "owner", "analyst", "auditor"]
 ROLES: tuple[Role, ...] = ("admin", "owner", "analyst", "auditor")
-KEY_PREFIX = "dpss_"
 
 
 @dataclass(frozen=True)
@@ -34,10 +33,6 @@ class Principal:
     key_id: uuid.UUID
     role: Role
     name: str
-
-
-def generate_secret() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
 def hash_secret(secret: str) -> str:

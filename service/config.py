@@ -136,6 +136,16 @@ class Settings(BaseSettings):
             "bounded by this limit, not by the file."
         ),
     )
+    max_dataset_bytes: int = Field(
+        default=2 * 1024**3,
+        ge=16,
+        description=(
+            "Largest decoded dataset, in bytes of float64 (rows x columns x 8), for an upload "
+            "and for a dataset with an appended batch; public. Checked while decoding (from the "
+            ".npy header or the Parquet footer before any row, as CSV rows are converted), so "
+            "a small, highly compressible file cannot become a huge dataset: refused with 413."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,
@@ -253,6 +263,30 @@ class Settings(BaseSettings):
         default=100,
         ge=1,
         description="Requests a key may make at once before the per-second rate applies.",
+    )
+    rate_limit_unverified_per_second: float = Field(
+        default=5,
+        ge=0,
+        description=(
+            "Sustained requests per second per client address on /v1 without a key this API "
+            "process has seen authenticate (no key, an unknown, random or revoked one, or a "
+            "valid key's first request), in each API process; 0: no such limit. Checked before "
+            "the body is read and before the key is looked up."
+        ),
+    )
+    rate_limit_unverified_burst: int = Field(
+        default=20,
+        ge=1,
+        description="Such requests a client address may make at once before its rate applies.",
+    )
+    rate_limit_unverified_global_per_second: float = Field(
+        default=50,
+        ge=0,
+        description=(
+            "Sustained requests per second on /v1 without a known key from all addresses "
+            "together, in each API process (burst: one second's worth); 0: no such limit. "
+            "Keys already seen to authenticate are not affected."
+        ),
     )
     cors_allow_origins: list[str] = Field(
         default_factory=list,

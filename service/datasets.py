@@ -130,7 +130,8 @@ def append_batch(
 ) -> DatasetBatch:
     """Append an ingested batch (``store.ingest(..., batch=True)``) to the owner's dataset.
 
-    Under the dataset's lock: the width is checked (422 naming ``file``), the rows are written
+    Under the dataset's lock: the width is checked (422 naming ``file``) and the decoded size of
+    the dataset with the batch (413, ``DPSS_MAX_DATASET_BYTES``), the rows are written
     after the committed ones and fsynced, then the batch row, the new ``n_rows``/``n_batches``
     and a ``dataset_rows_appended`` event are added to the caller's transaction. A batch is
     visible to nobody until that commits; if it does not, :func:`trim_uncommitted` cuts the
@@ -143,6 +144,9 @@ def append_batch(
                 "file",
                 f"the batch has {batch.n_cols} columns; this dataset has {dataset.n_cols}",
             )
+        store.limits.check_size(
+            dataset.n_rows + batch.n_rows, dataset.n_cols, "the dataset with this batch"
+        )
         assert dataset.file_name is not None  # checked by the lock
         store.append(dataset.file_name, batch.file_name, dataset.n_rows)
     finally:

@@ -25,11 +25,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.errors import safe_traceback
+from service.keyformat import looks_like_key
 
 REQUEST_ID_HEADER = "X-Request-ID"
-#: An incoming request id is reused only if it is short and plain, so that a client cannot
-#: write arbitrary text (or a secret by mistake) into the log through it.
-_WELL_FORMED_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}")
+#: An incoming request id is reused only if it is short and plain (and not shaped like a key,
+#: :func:`service.keyformat.looks_like_key`), so that a client cannot write arbitrary text, or
+#: a key sent there by mistake, into the log and the response through it.
+_WELL_FORMED_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 #: Fields a call may attach with ``extra=`` that reach the log line; anything else is dropped.
 EXTRA_FIELDS = ("method", "path", "status", "duration_ms", "release_id", "worker_id")
 
@@ -47,8 +49,13 @@ _current: ContextVar[RequestLogContext | None] = ContextVar("dpss_request_log", 
 
 
 def request_id_from(header: str | None) -> str:
-    """The client's ``X-Request-ID`` if well formed, else a fresh random one."""
-    if header is not None and _WELL_FORMED_REQUEST_ID.fullmatch(header):
+    """The client's ``X-Request-ID`` if well formed, else a fresh random one (the refused value
+    is neither logged nor echoed)."""
+    if (
+        header is not None
+        and _WELL_FORMED_REQUEST_ID.fullmatch(header)
+        and not looks_like_key(header)
+    ):
         return header
     return uuid.uuid4().hex
 

@@ -10,6 +10,12 @@ Memory is bounded by the public column limit (``DPSS_MAX_COLS``), not by the fil
 read from the CSV's first row, the ``.npy`` header or the Parquet schema and refused above the
 limit before any row is converted, and a block holds at most :data:`BLOCK_VALUES` values.
 
+The decoded size (``n x d x 8`` bytes of float64) is bounded by ``DPSS_MAX_DATASET_BYTES``, not
+by the upload's size: a small, highly compressible file (a 522 KB Parquet file of one repeated
+value decoded into 960 MB) is refused with 413 from the ``.npy`` header's or the Parquet
+footer's row and column counts before any row is decoded, and a CSV file (whose rows are known
+only as they are read) as soon as the rows converted so far exceed it.
+
 Raw rows never outlive a request outside the store's own files. Each process writes its uploads
 in its own ``incoming/<session>/`` directory and holds an exclusive ``flock`` on its lock file
 while it lives; at start-up (:meth:`DatasetStore.ensure`) every session directory whose lock can
@@ -39,7 +45,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from service.errors import InsufficientStorage, InvalidInput
+from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
 
 SUPPORTED_SUFFIXES = (".csv", ".npy", ".parquet")
 #: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
@@ -53,6 +59,8 @@ MAX_PARQUET_FOOTER_BYTES = 64 * 1024 * 1024
 MAX_PARQUET_CHUNK_BYTES = 256 * 1024 * 1024
 #: The default of ``DPSS_MAX_COLS``.
 DEFAULT_MAX_COLS = 10_000
+#: The default of ``DPSS_MAX_DATASET_BYTES`` (2 GiB of float64).
+DEFAULT_MAX_DATASET_BYTES = 2 * 1024**3
 #: Errors of a full disk or quota: the client is told 507, never 422 or 500.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -101,6 +109,23 @@ def _check_width(n_cols: int, max_cols: int) -> None:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The public bounds an upload is decoded under."""
+
+    max_cols: int = DEFAULT_MAX_COLS
+    #: Most bytes of the decoded float64 matrix, ``n x d x 8``.
+    max_bytes: int = DEFAULT_MAX_DATASET_BYTES
+
+    def check_size(self, n_rows: int, n_cols: int, what: str = "the data") -> None:
+        """:class:`PayloadTooLarge` if ``n_rows x n_cols`` float64 values exceed ``max_bytes``."""
+        if n_rows * n_cols * 8 > self.max_bytes:
+            raise PayloadTooLarge(
+                f"file: {what} would decode to more than {self.max_bytes} bytes "
+                f"({n_rows} rows x {n_cols} columns x 8 bytes; DPSS_MAX_DATASET_BYTES)"
+            )
+
+
+@dataclass(frozen=True)
 class StoredMatrix:
     """A dataset file in the store and its public shape."""
 
@@ -112,8 +137,9 @@ class StoredMatrix:
 class _MatrixWriter:
     """Appends validated float64 row blocks to a raw file, then writes the ``.npy``."""
 
-    def __init__(self, raw_path: Path) -> None:
+    def __init__(self, raw_path: Path, limits: Limits) -> None:
         self.raw_path = raw_path
+        self.limits = limits
         self.raw: BinaryIO = create_private(raw_path)
         self.n_rows = 0
         self.n_cols: int | None = None
@@ -131,6 +157,8 @@ class _MatrixWriter:
                 f"rows have inconsistent widths (expected {self.n_cols} columns, "
                 f"got {block.shape[1]} near row {self.n_rows + 1})",
             )
+        # Before the block is converted or written: the bound holds while decoding.
+        self.limits.check_size(self.n_rows + block.shape[0], self.n_cols, "the data so far")
         values = np.ascontiguousarray(block, dtype="<f8")
         finite = np.isfinite(values)
         if not finite.all():
@@ -158,7 +186,7 @@ class _MatrixWriter:
         self.raw.close()
 
 
-def _npy_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
+def _npy_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
@@ -175,7 +203,8 @@ def _npy_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
         raise InvalidInput("file", f"the .npy array must be numeric (its dtype is {array.dtype})")
     if array.shape[1] < 1:
         raise InvalidInput("file", "the data has no columns")
-    _check_width(array.shape[1], max_cols)
+    _check_width(array.shape[1], limits.max_cols)
+    limits.check_size(array.shape[0], array.shape[1])
     rows = _rows_per_block(array.shape[1])
     for start in range(0, array.shape[0], rows):
         yield np.asarray(array[start : start + rows], dtype=np.float64)
@@ -219,11 +248,11 @@ def _csv_first_row(path: Path, max_cols: int) -> tuple[int, bool]:
     return table.num_columns, not all(numeric)
 
 
-def _csv_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
-    width, header = _csv_first_row(path, max_cols)
+def _csv_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
+    width, header = _csv_first_row(path, limits.max_cols)
     if width < 1:
         raise InvalidInput("file", "the CSV file is empty")
-    _check_width(width, max_cols)
+    _check_width(width, limits.max_cols)
     names = [f"c{i}" for i in range(width)]
     read_options = pa_csv.ReadOptions(
         column_names=names, skip_rows=1 if header else 0, block_size=CSV_BLOCK_BYTES
@@ -280,7 +309,7 @@ def _parquet_footer_bytes(path: Path) -> int:
     return int.from_bytes(tail[:4], "little")
 
 
-def _parquet_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]:
+def _parquet_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
     if _parquet_footer_bytes(path) > MAX_PARQUET_FOOTER_BYTES:
         raise InvalidInput(
             "file",
@@ -293,13 +322,15 @@ def _parquet_blocks(path: Path, max_cols: int) -> Iterator[np.ndarray[Any, Any]]
     schema = parquet.schema_arrow
     if len(schema) < 1:
         raise InvalidInput("file", "the data has no columns")
-    _check_width(len(schema), max_cols)
+    _check_width(len(schema), limits.max_cols)
     for field in schema:
         if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
             raise InvalidInput(
                 "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
             )
     metadata = parquet.metadata
+    # The footer's row count, before a value is decoded (the writer checks again as it goes).
+    limits.check_size(metadata.num_rows, len(schema))
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for column in range(row_group.num_columns):
@@ -334,7 +365,7 @@ def _npy_layout(path: Path) -> tuple[int, int, int]:
         return handle.tell(), int(shape[0]), int(shape[1])
 
 
-_READERS: dict[str, Callable[[Path, int], Iterator[np.ndarray[Any, Any]]]] = {
+_READERS: dict[str, Callable[[Path, Limits], Iterator[np.ndarray[Any, Any]]]] = {
     ".csv": _csv_blocks,
     ".npy": _npy_blocks,
     ".parquet": _parquet_blocks,
@@ -344,10 +375,15 @@ _READERS: dict[str, Callable[[Path, int], Iterator[np.ndarray[Any, Any]]]] = {
 class DatasetStore:
     """The directory of dataset files (``<data_dir>/datasets``)."""
 
-    def __init__(self, root: Path, max_cols: int = DEFAULT_MAX_COLS) -> None:
+    def __init__(
+        self,
+        root: Path,
+        max_cols: int = DEFAULT_MAX_COLS,
+        max_bytes: int = DEFAULT_MAX_DATASET_BYTES,
+    ) -> None:
         self.root = root
         self.incoming = root / "incoming"
-        self.max_cols = max_cols
+        self.limits = Limits(max_cols=max_cols, max_bytes=max_bytes)
         self._session: Path | None = None
         self._session_lock: int | None = None
 
@@ -412,8 +448,10 @@ class DatasetStore:
         """Validate and convert an uploaded file into a float64 ``.npy`` in the store.
 
         The upload file is removed in every case; on failure nothing is left behind. A full disk
-        raises :class:`InsufficientStorage`. With ``batch=True`` (an append) the ``.npy`` stays
-        in this process's ``incoming/`` directory, to be copied to the end of the dataset's file
+        raises :class:`InsufficientStorage`; data that decodes to more than the store's
+        ``max_bytes`` raises :class:`PayloadTooLarge` (while decoding, not after). With
+        ``batch=True`` (an append) the ``.npy`` stays in this process's ``incoming/``
+        directory, to be copied to the end of the dataset's file
         by :meth:`append` and then removed (a killed process leaves it to :meth:`ensure`);
         ``file_name`` is then that path relative to the store.
         """
@@ -432,8 +470,8 @@ class DatasetStore:
         writer: _MatrixWriter | None = None
         try:
             with disk_space_errors():
-                writer = _MatrixWriter(upload_path.with_suffix(".raw"))
-                for block in _READERS[suffix](upload_path, self.max_cols):
+                writer = _MatrixWriter(upload_path.with_suffix(".raw"), self.limits)
+                for block in _READERS[suffix](upload_path, self.limits):
                     writer.append(block)
                 n_rows, n_cols = writer.finish(partial, final_path)
         except BaseException:

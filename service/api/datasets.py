@@ -69,7 +69,12 @@ UPLOAD_BODY = {
     responses={
         **ERRORS,
         408: {"model": ErrorBody, "description": "Body not received within the body timeout."},
-        413: {"model": ErrorBody, "description": "Larger than DPSS_MAX_UPLOAD_MB."},
+        413: {
+            "model": ErrorBody,
+            "description": (
+                "Larger than DPSS_MAX_UPLOAD_MB, or decodes past DPSS_MAX_DATASET_BYTES."
+            ),
+        },
         422: {"model": ErrorBody, "description": "Invalid file or form field; nothing is kept."},
     },
 )
@@ -212,7 +217,12 @@ APPEND_BODY = {
         **ERRORS,
         408: {"model": ErrorBody, "description": "Body not received within the body timeout."},
         409: {"model": ErrorBody, "description": "`dataset_deleted`: the dataset's rows are gone."},
-        413: {"model": ErrorBody, "description": "Larger than DPSS_MAX_UPLOAD_MB."},
+        413: {
+            "model": ErrorBody,
+            "description": (
+                "Larger than DPSS_MAX_UPLOAD_MB, or decodes past DPSS_MAX_DATASET_BYTES."
+            ),
+        },
         422: {
             "model": ErrorBody,
             "description": "Invalid file, or a column count other than the dataset's (field "

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -153,6 +153,11 @@ def bearer_secret(request: Request) -> str | None:
     return secret.strip() if scheme.lower() == "bearer" else None
 
 
+#: Set in a request's ASGI scope once its key authenticated: the rate limiter
+#: (:class:`service.api.middleware.RateLimitMiddleware`) then gives the key its own bucket.
+KEY_AUTHENTICATED = "dpss.key_authenticated"
+
+
 class UnitOfWork:
     """One request's access to the database, as the principal of its key.
 
@@ -160,15 +165,21 @@ class UnitOfWork:
     is checked in the same transaction as the work, so a key revoked a moment ago does nothing.
     """
 
-    def __init__(self, database: Database, secret: str | None) -> None:
+    def __init__(
+        self, database: Database, secret: str | None, scope: MutableMapping[str, Any] | None = None
+    ) -> None:
         self.database = database
         self.secret = secret
+        self.scope = scope
 
     async def __call__(self, work: Callable[[Session, Principal], T]) -> T:
-        secret = self.secret
+        secret, scope = self.secret, self.scope
 
         def transaction(session: Session) -> T:
-            return work(session, authenticate(session, secret))
+            principal = authenticate(session, secret)
+            if scope is not None:
+                scope[KEY_AUTHENTICATED] = True
+            return work(session, principal)
 
         return await self.database.run(transaction)
 
@@ -183,7 +194,7 @@ def database_of(request: Request) -> Database:
 
 
 def unit_of_work_for(request: Request) -> UnitOfWork:
-    return UnitOfWork(database_of(request), bearer_secret(request))
+    return UnitOfWork(database_of(request), bearer_secret(request), request.scope)
 
 
 # Dependencies are async so that resolving them costs no thread call.

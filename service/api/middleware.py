@@ -27,6 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.deps import KEY_AUTHENTICATED
 from service.api.docs import DOCS_PAGES
 from service.config import Settings
 from service.logs import REQUEST_ID_HEADER, request_context, request_id_from
@@ -195,29 +196,15 @@ class _Bucket:
     updated: float
 
 
-class RateLimitMiddleware:
-    """Token bucket per API key on ``/v1``: ``burst`` requests at once, refilled at ``rate``
-    per second; beyond it 429 with ``Retry-After``. Decided before the body is read and before
-    any database work. A key is told apart by the SHA-256 of the presented secret (the value
-    the key table stores), a request without a key by its client address.
+class TokenBuckets:
+    """Token buckets by identity: ``burst`` at once, refilled at ``rate`` per second; bounded
+    (the least recently seen beyond ``max_buckets`` are dropped, i.e. refilled)."""
 
-    State is per API process (``dpss api --workers N`` allows N times the rate in total) and
-    bounded: the least recently seen buckets are dropped beyond ``max_buckets``.
-    """
-
-    def __init__(self, app: ASGIApp, rate: float, burst: int, max_buckets: int = 100_000) -> None:
-        self.app = app
+    def __init__(self, rate: float, burst: int, max_buckets: int = 100_000) -> None:
         self.rate = rate
         self.burst = burst
         self.max_buckets = max_buckets
         self.buckets: OrderedDict[str, _Bucket] = OrderedDict()
-
-    def _identity(self, scope: Scope) -> str:
-        scheme, _, secret = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and secret.strip():
-            return "key:" + hashlib.sha256(secret.strip().encode("utf-8")).hexdigest()
-        client = scope.get("client")
-        return "addr:" + (str(client[0]) if client else "unknown")
 
     def retry_after(self, identity: str, now: float) -> float:
         """Take a token for ``identity``; 0 if allowed, else seconds until one is available."""
@@ -235,31 +222,117 @@ class RateLimitMiddleware:
             return 0.0
         return (1 - bucket.tokens) / self.rate
 
+
+class RateLimitMiddleware:
+    """Rate limits on ``/v1``, decided before the body is read and before any database work;
+    beyond them 429 with ``Retry-After``.
+
+    - A key this process has seen authenticate (its request's unit of work set
+      :data:`~service.api.deps.KEY_AUTHENTICATED`) has its own bucket, told apart by the SHA-256
+      of the presented secret (the value the key table stores).
+    - Any other request (no key, an unknown, random or revoked one) is counted against its
+      client address and against one bucket shared by all of them: a flood with a fresh random
+      token per request no longer gets a fresh bucket each time, and cannot crowd out the keys
+      already known. A valid key's first request in a process counts there too.
+
+    State is per API process (``dpss api --workers N`` allows N times the rates in total) and
+    bounded; a key's known status is dropped when it is refused with 401 (revoked).
+    """
+
+    def __init__(self, app: ASGIApp, settings: Settings, max_buckets: int = 100_000) -> None:
+        self.app = app
+        self.keys = TokenBuckets(
+            settings.rate_limit_per_second, settings.rate_limit_burst, max_buckets
+        )
+        unverified = settings.rate_limit_unverified_per_second
+        self.addresses = (
+            TokenBuckets(unverified, settings.rate_limit_unverified_burst, max_buckets)
+            if unverified > 0
+            else None
+        )
+        everyone = settings.rate_limit_unverified_global_per_second
+        self.everyone = (
+            TokenBuckets(everyone, max(1, math.ceil(everyone))) if everyone > 0 else None
+        )
+        self.max_buckets = max_buckets
+        self.known: OrderedDict[str, None] = OrderedDict()
+
+    @staticmethod
+    def _key_digest(scope: Scope) -> str | None:
+        scheme, _, secret = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and secret.strip():
+            return hashlib.sha256(secret.strip().encode("utf-8")).hexdigest()
+        return None
+
+    def _unverified_wait(self, scope: Scope, now: float) -> tuple[float, str]:
+        client = scope.get("client")
+        address = str(client[0]) if client else "unknown"
+        if self.addresses is not None:
+            wait = self.addresses.retry_after(address, now)
+            if wait > 0:
+                return wait, "without a valid key from this address"
+        if self.everyone is not None:
+            wait = self.everyone.retry_after("*", now)
+            if wait > 0:
+                return wait, "without a valid key"
+        return 0.0, ""
+
+    def _learn(self, digest: str, authenticated: bool, status: int) -> None:
+        if authenticated:
+            if digest not in self.known:
+                # The request that made the key known counts in its bucket too.
+                self.keys.retry_after(digest, time.monotonic())
+            self.known[digest] = None
+            self.known.move_to_end(digest)
+            while len(self.known) > self.max_buckets:
+                self.known.popitem(last=False)
+        elif status == 401:
+            self.known.pop(digest, None)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = _route_path(scope) if scope["type"] == "http" else ""
         if not (path == "/v1" or path.startswith("/v1/")):
             await self.app(scope, receive, send)
             return
-        wait = self.retry_after(self._identity(scope), time.monotonic())
-        if wait <= 0:
+        now = time.monotonic()
+        digest = self._key_digest(scope)
+        if digest is not None and digest in self.known:
+            wait, whose = self.keys.retry_after(digest, now), "for this key"
+        else:
+            wait, whose = self._unverified_wait(scope, now)
+        if wait > 0:
+            seconds = max(1, math.ceil(wait))
+            response = JSONResponse(
+                {
+                    "error": "rate_limited",
+                    "detail": f"too many requests {whose}; retry after {seconds} s",
+                },
+                status_code=429,
+                headers={"Retry-After": str(seconds)},
+            )
+            await response(scope, receive, send)
+            return
+        if digest is None:
             await self.app(scope, receive, send)
             return
-        seconds = max(1, math.ceil(wait))
-        response = JSONResponse(
-            {
-                "error": "rate_limited",
-                "detail": f"too many requests for this key; retry after {seconds} s",
-            },
-            status_code=429,
-            headers={"Retry-After": str(seconds)},
-        )
-        await response(scope, receive, send)
+        status = 500
+
+        async def send_noting_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            self._learn(digest, bool(scope.get(KEY_AUTHENTICATED)), status)
 
 
 def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
     """Wrap the application in the layers above, as ``settings`` configure them."""
     if settings.rate_limit_per_second > 0:
-        app = RateLimitMiddleware(app, settings.rate_limit_per_second, settings.rate_limit_burst)
+        app = RateLimitMiddleware(app, settings)
     if settings.cors_allow_origins:
         app = CORSMiddleware(
             app,

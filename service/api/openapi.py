@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
+from api_schemas.common import unknown_name
 from api_schemas.datasets import DatasetCreate
 from service.api import examples
 from service.errors import InvalidInput
@@ -61,7 +62,8 @@ DESCRIPTIONS = {
     409: "The request conflicts with the resource's state.",
     413: "The body is larger than its limit.",
     422: "A parameter, field or file is invalid (the detail names it). Nothing was changed.",
-    429: "Too many requests for this key; retry after `Retry-After` seconds.",
+    429: "Too many requests for this key (or without a known key, from this address or in "
+    "total); retry after `Retry-After` seconds.",
     503: "The database is unavailable or busy; retry after `Retry-After` seconds.",
     507: "The server's disk is full; nothing was kept.",
 }
@@ -234,8 +236,7 @@ def reject_unknown_query_parameters(request: Request) -> None:
     for name in request.query_params:
         if name not in declared:
             shown = name if name.isprintable() and len(name) <= 40 else "(unprintable or long)"
-            accepted = ", ".join(sorted(declared)) or "none"
-            raise InvalidInput(f"query.{shown}", f"unknown query parameter (accepted: {accepted})")
+            raise InvalidInput(f"query.{shown}", unknown_name(name, sorted(declared), "parameter"))
 
 
 def install_openapi(app: FastAPI) -> None:

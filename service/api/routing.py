@@ -7,8 +7,10 @@ wraps FastAPI's handler instead:
 - a route with a JSON body checks the key first, in a short transaction of its own (401 before a
   byte of the body is read); then it reads the body with no session open, refusing it with 413
   as soon as its ``Content-Length`` or the bytes received exceed ``DPSS_MAX_JSON_BYTES``, and
-  only then hands it to FastAPI to parse and validate. The route's unit of work checks the key
-  again, in the same transaction as the work. (Starlette's own body limit answers in plain text,
+  only then parses it (:func:`parse_json_body`: a key given twice in any object, nested ones
+  included, is refused with 422 naming it, where ``json.loads`` would keep the last) and hands
+  the parsed value to FastAPI to validate. The route's unit of work checks the key again, in the
+  same transaction as the work. (Starlette's own body limit answers in plain text,
   outside the service's error format, and has no deadline.)
 - every body (JSON, or the multipart upload that its route streams itself) must arrive within
   ``DPSS_BODY_TIMEOUT_SECONDS`` of the first read. A read past the deadline fails, and whatever
@@ -17,6 +19,8 @@ wraps FastAPI's handler instead:
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -24,11 +28,11 @@ import anyio
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope
 
 from service.api.deps import unit_of_work_for
 from service.config import Settings
-from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout
+from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout, printable
 
 
 class BodyDeadline:
@@ -86,6 +90,54 @@ def _too_large(limit: int) -> str:
     return f"body: larger than the limit of {limit} bytes (DPSS_MAX_JSON_BYTES)"
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # ``object_pairs_hook``: called for every object, innermost first, with its pairs in order.
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def parse_json_body(body: bytes) -> Any:
+    """``body`` parsed as JSON with every object's keys unique; ``ValueError`` (or
+    ``RecursionError``) if it is not JSON at all, left for FastAPI to answer as before.
+
+    Raises
+    ------
+    InvalidInput
+        A key appears twice in one object (the last would silently win: ``epsilon`` given
+        twice charged the second, a duplicated ``role`` changed the created key's role).
+    """
+    try:
+        return json.loads(body, object_pairs_hook=_unique_keys)
+    except DuplicateKey as exc:
+        raise InvalidInput(
+            "body", f"the key '{printable(exc.key)}' appears twice in one object; send it once"
+        ) from None
+
+
+class ParsedJsonRequest(Request):
+    """A request whose body was read and parsed already: FastAPI's ``await request.json()``
+    gets the value :func:`parse_json_body` made."""
+
+    def __init__(self, scope: Scope, receive: Receive, parsed: Any) -> None:
+        super().__init__(scope, receive)
+        self._parsed = parsed
+
+    async def json(self) -> Any:
+        return self._parsed
+
+
 def _replay(body: bytes, then: Receive) -> Receive:
     """The body already read, as one message; then the connection's own messages."""
     sent = False
@@ -116,6 +168,13 @@ class GuardedRoute(APIRoute):
                     await unit_of_work_for(request).principal()
                     body = await read_json_body(bounded, settings.max_json_bytes)
                     bounded = Request(request.scope, _replay(body, deadline.receive))
+                    if body:
+                        # Not JSON (or nested too deep): FastAPI parses it and answers as ever.
+                        with contextlib.suppress(ValueError, RecursionError):
+                            parsed = parse_json_body(body)
+                            bounded = ParsedJsonRequest(
+                                request.scope, _replay(body, deadline.receive), parsed
+                            )
                 return await handler(bounded)
             except Exception:
                 if deadline.expired:

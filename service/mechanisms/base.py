@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from api_schemas.common import NamesValidFields
 from service.mechanisms.linalg import FloatArray
 
 
@@ -33,9 +34,10 @@ class InvalidParameter(ValueError):
         self.message = message
 
 
-class MechanismParams(BaseModel):
-    """Base of every params schema: unknown keys are refused rather than silently ignored, and
-    values are strict (JSON ``true`` is not the integer 1, ``"2"`` is not a number)."""
+class MechanismParams(NamesValidFields):
+    """Base of every params schema: unknown keys are refused rather than silently ignored (the
+    refusal names the valid keys and the nearest), and values are strict (JSON ``true`` is not
+    the integer 1, ``"2"`` is not a number)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 

@@ -69,6 +69,6 @@ def test_tol_is_refused_with_a_clear_message(client, keys, upload_dataset):
         json={"mechanism": "exact_gapmax", **BUDGET, "params": {"tol": 1e-9}},
     )
     assert response.status_code == 422, response.text
-    assert response.json()["detail"] == "params.tol: Extra inputs are not permitted"
+    assert response.json()["detail"].startswith("params.tol: unknown field; valid fields: ")
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.analyst))
     assert budget.json()["epsilon_spent"] == "0"

@@ -485,3 +485,84 @@ def test_making_an_engine_leaves_the_locks_of_open_connections_alone(tmp_path):
         held.commit()
         assert held.exec_driver_sql("SELECT count(*) FROM t").scalar() == 2
     engine.dispose()
+
+
+# --- the decoded size --------------------------------------------------------------------------
+
+#: 1 MiB: 131,072 float64 values. Each file below is small and decodes past it.
+DECODED_LIMIT = 1024 * 1024
+
+
+@pytest.fixture
+def small_client(settings, session_factory):
+    limited = settings.model_copy(update={"max_dataset_bytes": DECODED_LIMIT})
+    with TestClient(create_app(limited, session_factory=session_factory)) as client:
+        yield client
+
+
+def _compressible_parquet(rows: int) -> bytes:
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"a": np.zeros(rows), "b": np.ones(rows)}), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+COMPRESSIBLE = {
+    # 400,000 values in a few KiB: 3.2 MB of float64.
+    "parquet": ("x.parquet", _compressible_parquet(200_000)),
+    # One byte a value: 8 times as large decoded.
+    "npy": ("x.npy", npy_bytes(np.zeros((100_000, 2), dtype=np.int8))),
+    # Two bytes a value: 4 times as large decoded, known only as the rows are converted.
+    "csv": ("x.csv", b"0,1\n" * 100_000),
+}
+
+
+@pytest.mark.parametrize("case", list(COMPRESSIBLE))
+def test_an_upload_that_decodes_past_max_dataset_bytes_is_refused(
+    small_client, keys, settings, session_factory, case, monkeypatch
+):
+    name, content = COMPRESSIBLE[case]
+    assert len(content) <= 400_000
+    if case == "parquet":
+        # Refused from the footer: not one value is decoded.
+        def no_decoding(batch):
+            raise AssertionError("decoded")
+
+        monkeypatch.setattr(store_module, "_batch_to_matrix", no_decoding)
+    response = post_file(small_client, keys.owner, name, content)
+    assert response.status_code == 413, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("file: ") and f"more than {DECODED_LIMIT} bytes" in detail
+    assert "DPSS_MAX_DATASET_BYTES" in detail
+    assert_nothing_kept(settings, session_factory)
+    monkeypatch.undo()
+    # The same shape within the limit is accepted.
+    fits = post_file(small_client, keys.owner, "x.csv", b"0,1\n" * 60_000)
+    assert fits.status_code == 201, fits.text
+
+
+@pytest.mark.parametrize("case", list(COMPRESSIBLE))
+def test_an_append_that_decodes_past_max_dataset_bytes_is_refused(
+    small_client, keys, settings, case
+):
+    first = post_file(small_client, keys.owner, "x.csv", b"0,1\n" * 50_000)  # 800 kB decoded
+    assert first.status_code == 201, first.text
+    dataset = first.json()["id"]
+
+    def append(name, content):
+        return small_client.post(
+            f"/v1/datasets/{dataset}/rows",
+            headers=bearer(keys.owner),
+            files={"file": (name, content, "application/octet-stream")},
+        )
+
+    name, content = COMPRESSIBLE[case]
+    too_large = append(name, content)  # too large on its own
+    assert too_large.status_code == 413, too_large.text
+    assert "DPSS_MAX_DATASET_BYTES" in too_large.json()["detail"]
+    # 20,000 rows fit on their own (320 kB) but not with the dataset's 800 kB.
+    together = append("rows.csv", b"0,1\n" * 20_000)
+    assert together.status_code == 413, together.text
+    assert "the dataset with this batch" in together.json()["detail"]
+    assert append("rows.csv", b"0,1\n" * 10_000).status_code == 201
+    meta = small_client.get(f"/v1/datasets/{dataset}", headers=bearer(keys.owner)).json()
+    assert (meta["n_rows"], meta["n_batches"]) == (60_000, 2)

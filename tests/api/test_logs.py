@@ -193,3 +193,39 @@ def test_the_formatter_keeps_only_type_and_location_of_an_exception(service_logg
     assert line["message"] == "failed while doing work"
     assert line["exception"].startswith("KeyError at test_logs.py:")
     assert DATA_VALUE not in err and FAKE_SECRET not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        "dpss_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v",  # a whole key
+        "DPSS_anything",  # the prefix, any case
+        "req.dpss_x",
+        "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8S9t0U1v",  # a key's secret part, prefix cut
+        "trace-Zq8_rT2mW9xYv4Lk",  # a 16-character mixed-case base64 run
+        "trace:abc",  # a colon is not plain
+        "x" * 65,
+    ],
+)
+def test_a_request_id_shaped_like_a_key_or_not_plain_is_replaced_never_logged(
+    client, service_logging, capfd, refused
+):
+    response = client.get("/v1/mechanisms", headers={"X-Request-ID": refused})
+    assert response.headers["X-Request-ID"] != refused
+    assert len(response.headers["X-Request-ID"]) == 32
+    out, err = capfd.readouterr()
+    assert refused not in service_logging.getvalue() + out + err + response.text
+
+
+@pytest.mark.parametrize(
+    "kept",
+    [
+        "3f2b9c4e-8d1a-4b7e-9f0c-2a6d5e8b1c3f",  # a UUID
+        "4bf92f3577b34da6a3ce929d0e0e4736",  # a hex trace id
+        "01ARZ3NDEKTSV4RRFFQ69G5FAV",  # a ULID
+        "req-42.retry_1",
+        "a" * 64,
+    ],
+)
+def test_plain_request_ids_are_kept(client, kept):
+    assert client.get("/healthz", headers={"X-Request-ID": kept}).headers["X-Request-ID"] == kept

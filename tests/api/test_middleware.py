@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import releases as releases_module
-from service.api.middleware import RateLimitMiddleware
+from service.api.middleware import TokenBuckets
 from service.app import create_app
 from service.cli import _uvicorn_options
 from service.db.engine import make_engine
@@ -149,7 +149,7 @@ def test_a_key_over_its_rate_gets_429_with_retry_after(keys, settings, session_f
 
 
 def test_the_token_bucket_refills_at_the_rate():
-    bucket = RateLimitMiddleware(app=None, rate=2.0, burst=2)  # type: ignore[arg-type]
+    bucket = TokenBuckets(rate=2.0, burst=2)
     assert [bucket.retry_after("k", 0.0) for _ in range(2)] == [0.0, 0.0]
     assert bucket.retry_after("k", 0.0) == pytest.approx(0.5)
     assert bucket.retry_after("k", 0.5) == 0.0  # one token back after 1/rate seconds
@@ -160,7 +160,7 @@ def test_the_token_bucket_refills_at_the_rate():
 
 
 def test_bucket_state_is_bounded():
-    bucket = RateLimitMiddleware(app=None, rate=1.0, burst=1, max_buckets=3)  # type: ignore[arg-type]
+    bucket = TokenBuckets(rate=1.0, burst=1, max_buckets=3)
     for i in range(10):
         bucket.retry_after(f"key-{i}", 0.0)
     assert list(bucket.buckets) == ["key-7", "key-8", "key-9"]
@@ -218,3 +218,89 @@ def test_the_middleware_passes_a_streamed_body_through_chunk_by_chunk(app):
     start = next(m for m in sent if m["type"] == "http.response.start")
     headers = {k.decode().lower(): v.decode() for k, v in start["headers"]}
     assert headers["cache-control"] == "no-store" and headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_flood_of_random_tokens_is_limited_and_a_known_key_keeps_its_own_rate(
+    keys, settings, session_factory
+):
+    with app_client(
+        settings,
+        session_factory,
+        rate_limit_per_second=0.01,
+        rate_limit_burst=30,
+        rate_limit_unverified_per_second=0.01,
+        rate_limit_unverified_burst=5,
+        rate_limit_unverified_global_per_second=0,
+    ) as limited:
+        assert limited.get("/v1/datasets", headers=bearer(keys.owner)).status_code == 200
+        flood = [
+            limited.get("/v1/datasets", headers=bearer(f"dpss_{uuid.uuid4().hex}"))
+            for _ in range(40)
+        ]
+        # A fresh token per request used to get a fresh bucket each time: 40 x 401, 0 x 429.
+        assert [r.status_code for r in flood[:4]] == [401] * 4  # the owner's first request + 4
+        assert {r.status_code for r in flood[4:]} == {429}
+        assert all(int(r.headers["Retry-After"]) >= 1 for r in flood[4:])
+        assert "without a valid key" in flood[-1].json()["detail"]
+        # So are requests without a key at all.
+        assert limited.get("/v1/datasets").status_code == 429
+        # The known key has its own bucket: 29 more of its 30 go through, then its own 429.
+        owner = [limited.get("/v1/datasets", headers=bearer(keys.owner)) for _ in range(30)]
+        assert [r.status_code for r in owner] == [200] * 29 + [429]
+        assert "for this key" in owner[-1].json()["detail"]
+
+
+async def _call(middleware, address, token):
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/v1/datasets",
+        "root_path": "",
+        "headers": [(b"authorization", f"Bearer {token}".encode())],
+        "client": (address, 1234),
+    }
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    await middleware(scope, receive, send)
+    return sent[0]["status"]
+
+
+def test_unknown_keys_from_many_addresses_share_one_global_bucket(settings):
+    import anyio
+
+    from service.api.deps import KEY_AUTHENTICATED
+    from service.api.middleware import RateLimitMiddleware
+
+    valid = "dpss_valid"
+
+    async def app(scope, receive, send):
+        ok = scope["headers"][0][1].endswith(valid.encode())
+        scope[KEY_AUTHENTICATED] = ok
+        await send({"type": "http.response.start", "status": 200 if ok else 401, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    limits = settings.model_copy(
+        update={
+            "rate_limit_per_second": 1,
+            "rate_limit_burst": 10,
+            "rate_limit_unverified_per_second": 1,
+            "rate_limit_unverified_burst": 2,
+            "rate_limit_unverified_global_per_second": 10,
+        }
+    )
+    middleware = RateLimitMiddleware(app, limits)
+
+    async def scenario():
+        assert await _call(middleware, "10.0.0.1", valid) == 200  # now a known key
+        statuses = [await _call(middleware, f"10.1.{i}.1", uuid.uuid4().hex) for i in range(30)]
+        # Each address is new (its own burst of 2), yet all together get one second's worth.
+        assert statuses.count(401) == 9 and statuses.count(429) == 21
+        assert [await _call(middleware, "10.0.0.1", valid) for _ in range(9)] == [200] * 9
+
+    anyio.run(scenario)

@@ -110,6 +110,6 @@ def test_a_405_lists_every_method_of_the_path(client, keys):
 def test_unknown_query_parameters_are_refused(client, keys):
     response = client.get("/v1/datasets", params={"limt": "5"}, headers=bearer(keys.owner))
     assert response.status_code == 422
-    assert response.json()["detail"].startswith("query.limt: unknown query parameter")
+    assert response.json()["detail"].startswith("query.limt: unknown parameter")
     assert "limit, offset" in response.json()["detail"]
     assert client.get("/v1/datasets", params={"limit": "5"}, headers=bearer(keys.owner)).is_success

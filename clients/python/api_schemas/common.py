@@ -8,6 +8,7 @@ NUL and lone surrogates are refused in every string.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from decimal import (
@@ -20,7 +21,7 @@ from decimal import (
     Overflow,
     Rounded,
 )
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import (
     AfterValidator,
@@ -28,11 +29,15 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PlainSerializer,
     StrictBool,
     StrictInt,
+    ValidationError,
     WithJsonSchema,
+    model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 #: Budgets and costs are stored as NUMERIC(38, 30) (service/db/types.py): at most 38 significant
 #: digits, 30 of them after the point, so at most 8 before it.
@@ -213,6 +218,7 @@ __all__ = [
     "ExactDecimal",
     "IdempotencyKey",
     "Name",
+    "NamesValidFields",
     "RequestSchema",
     "SafeStr",
     "Schema",
@@ -223,6 +229,7 @@ __all__ = [
     "budget_storable",
     "canonical_decimal",
     "number_schema",
+    "unknown_name",
 ]
 
 
@@ -232,9 +239,51 @@ class Schema(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
-class RequestSchema(Schema):
+def unknown_name(name: str, valid: list[str], what: str = "field") -> str:
+    """The message for an unknown ``name``: the nearest valid one (difflib's ratio of at least
+    0.6), then every valid one, so a misspelling can be fixed from the answer alone."""
+    nearest = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean '{nearest[0]}'?)" if nearest else ""
+    return f"unknown {what}{hint}; valid {what}s: {', '.join(sorted(valid)) or 'none'}"
+
+
+class NamesValidFields(BaseModel):
+    """A model with ``extra="forbid"`` whose refusal of an unknown field names the valid fields
+    and the nearest one, instead of pydantic's bare "Extra inputs are not permitted"; wherever
+    it is validated (a JSON body, a form, nested in another model). The unknown name itself
+    stays in the error's location, as with any field."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_valid_fields(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            errors = exc.errors()
+            # Only this model's own unknown keys (location of length 1); nested models named
+            # theirs already.
+            if not any(e["type"] == "extra_forbidden" and len(e["loc"]) == 1 for e in errors):
+                raise
+            valid = [info.alias or name for name, info in cls.model_fields.items()]
+            rebuilt: list[InitErrorDetails] = []
+            for error in errors:
+                message = error["msg"]
+                if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+                    message = unknown_name(str(error["loc"][0]), valid)
+                # Messages are kept as they were made (a rebuilt error would restate the default).
+                rebuilt.append(
+                    InitErrorDetails(
+                        type=PydanticCustomError(error["type"], message),
+                        loc=error["loc"],
+                        input=error["input"],
+                    )
+                )
+            raise ValidationError.from_exception_data(exc.title, rebuilt) from None
+
+
+class RequestSchema(Schema, NamesValidFields):
     """Base of request bodies and forms: an unknown field (a misspelt ``epsilonn``) is refused,
-    not silently ignored."""
+    not silently ignored, with the valid fields and the nearest one named."""
 
     model_config = ConfigDict(from_attributes=True, extra="forbid")
 
