@@ -56,6 +56,7 @@ from service.errors import safe_traceback
 from service.jobs import (
     ABANDONED_REASON,
     DATASET_DELETED_REASON,
+    DATASET_FILE_FAULT_REASON,
     FINISHED,
     NO_RELEASE_REASON,
     REFUSED_AT_RUN_REASON,
@@ -319,7 +320,17 @@ def compute_epoch(
     release_label: object = None,
 ) -> EpochOutput:
     """Advance the state with batch ``step.batch_seq`` (a slice of the memory map: no copy)."""
-    rows = store.open(step.file_name, step.row_offset + step.n_rows)[step.row_offset :]
+    # A missing or short file ends the release at once, refunded when no epoch was released
+    # (nothing was read); it would otherwise fail every attempt until abandoned, charged.
+    refund = step.epoch == 1
+    fault = store.fault(step.file_name, step.row_offset + step.n_rows, step.n_cols)
+    if fault is not None:
+        log.error("release %s: its dataset file %s", release_label, fault)
+        return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
+    try:
+        rows = store.open(step.file_name, step.row_offset + step.n_rows)[step.row_offset :]
+    except FileNotFoundError:
+        return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
     try:
         state = (
             ContinualState.from_bytes(step.state)

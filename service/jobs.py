@@ -35,6 +35,11 @@ T = TypeVar("T")
 #: The one reason of a release whose mechanism raised (a bug): fixed, so it carries no data.
 NO_RELEASE_REASON = "the mechanism produced no release"
 DATASET_DELETED_REASON = "the dataset was deleted before the release ran"
+#: A fault of the data directory (a restore, a lost volume), not of the data: the file is
+#: missing, or shorter than the database says, so nothing was read and the cost is refunded.
+DATASET_FILE_FAULT_REASON = (
+    "the dataset's file is missing or incomplete in the data directory; nothing was read"
+)
 REFUSED_AT_RUN_REASON = "the release's parameters were refused when it ran"
 NO_MECHANISM_REASON = "this service no longer has the mechanism"
 ABANDONED_REASON = "the release stopped its worker repeatedly and was abandoned"

@@ -73,6 +73,7 @@ from service.errors import safe_traceback
 from service.jobs import (
     ABANDONED_REASON,
     DATASET_DELETED_REASON,
+    DATASET_FILE_FAULT_REASON,
     FINISHED,
     NO_MECHANISM_REASON,
     NO_RELEASE_REASON,
@@ -274,8 +275,8 @@ class Worker:
         try:
             data = self.store.open(job.file_name, job.n_rows)
         except FileNotFoundError:
-            # Deleted between the claim and the open: nothing was read.
-            return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+            # Deleted (or lost) between the claim and the open: nothing was read.
+            return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
         try:
             return Outcome.of(mechanism.run(data, spec, secure_generator()))
         except InvalidParameter:
@@ -295,8 +296,13 @@ class Worker:
         :mod:`service.continual`) and returns ``"waiting"`` or its final status."""
         if is_continual(job.mechanism):
             return process_continual(self, job)
-        if job.file_name is None or not self.store.exists(job.file_name):
+        if job.file_name is None:
             return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
+        fault = self.store.fault(job.file_name, job.n_rows)
+        if fault is not None:
+            # Not a fault of the data: ended at once (no retries), refunded, nothing read.
+            log.error("release %s: its dataset file %s", job.release_id, fault)
+            return self.finish(job, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True))
         done = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)
         beat.start()
