@@ -527,14 +527,14 @@ class DatasetStore:
         the row count), never a row, so the answer does not depend on the data."""
         path = self.path_of(file_name)
         if not path.is_file():
-            return "missing"
+            return "is missing"
         try:
             offset, header_rows, cols = _npy_layout(path)
             size = path.stat().st_size
         except FileNotFoundError:
-            return "missing"
+            return "is missing"
         except (OSError, ValueError, EOFError):
-            return "not a dataset file of the store"
+            return "is not a dataset file of the store"
         if n_cols is not None and cols != n_cols:
             return f"has {cols} columns, the database says {n_cols}"
         rows = header_rows if n_rows is None else n_rows
