@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
@@ -153,6 +154,7 @@ def worker(
 ) -> None:
     """Run a worker: claim queued releases from the database and compute them."""
     from service import audit
+    from service.anchors import AnchorWriter
     from service.db.engine import make_engine, make_session_factory
     from service.store import DatasetStore
     from service.worker import Worker
@@ -168,6 +170,9 @@ def worker(
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
     store = DatasetStore(settings.datasets_dir)
     store.ensure()
+    # The audit head, kept outside the database: a restore from an older backup shows.
+    anchor_writer = AnchorWriter(session_factory, settings)
+    threading.Thread(target=anchor_writer.run, args=(stop,), daemon=True).start()
     Worker(session_factory, store, settings, stop=stop, isolate=True).run_forever()
 
 
@@ -269,8 +274,6 @@ def _local_database(*, must_exist: bool = True) -> Iterator[sessionmaker[Session
     try:
         parsed = make_url(url)
         if must_exist and parsed.get_backend_name() == "sqlite":
-            from pathlib import Path
-
             database = parsed.database or ""
             if database not in ("", ":memory:") and not Path(database).is_file():
                 _database_failure(url, "no such file (run `dpss migrate` to create it)")
@@ -393,7 +396,6 @@ def _reader_engine(url: str) -> Engine:
     ``REPEATABLE READ, READ ONLY``.
     """
     import sqlite3
-    from pathlib import Path
     from urllib.request import pathname2url
 
     from sqlalchemy import create_engine, event
@@ -431,8 +433,9 @@ def _reader_engine(url: str) -> Engine:
     return engine
 
 
-def _audit_report(head: str | None) -> audit_module.VerifyReport:
-    """Verify the configured database; exits 2 when the check cannot be made."""
+def _audit_report(head: str | None, anchors: Path | None = None) -> audit_module.VerifyReport:
+    """Verify the configured database, its anchors and its data directory; exits 2 when the
+    check cannot be made. Says first which database, data directory and anchor file it reads."""
     from alembic.migration import MigrationContext
     from alembic.script import ScriptDirectory
     from pydantic import ValidationError
@@ -440,9 +443,11 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
     from sqlalchemy.orm import Session
 
-    from service import audit
+    from service import anchors as anchors_module
+    from service import audit, datadir
     from service.db.models import Base
     from service.migrate import alembic_config
+    from service.store import DatasetStore
 
     try:
         settings = Settings()
@@ -457,14 +462,25 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
         except ValueError as exc:
             _cannot_check(f"--head / DPSS_AUDIT_ANCHOR: {exc}")
     key = settings.audit_hmac_key
+    key_bytes = key.get_secret_value().encode("utf-8") if key is not None else None
     url = settings.resolved_database_url
+    anchor_path = anchors or settings.resolved_audit_anchor_path
     where = f"cannot read the database at {_shown_url(url)}"
     try:
         engine = _reader_engine(url)
     except (ArgumentError, ImportError) as exc:
         _cannot_check(f"{where}: {type(exc).__name__}")
     except FileNotFoundError as exc:
-        _cannot_check(f"{where}: {exc}")
+        looked = "" if settings.database_url else f" (now {settings.data_dir.resolve()})"
+        _cannot_check(f"{where}: {exc}; {DATABASE_HINT}{looked}")
+    anchor_file = None
+    if anchor_path.is_file():
+        try:
+            anchor_file = anchors_module.read(anchor_path, key_bytes)
+        except OSError as exc:
+            _cannot_check(f"cannot read the anchor file {anchor_path}: {type(exc).__name__}")
+    elif anchors is not None:
+        _cannot_check(f"no anchor file at {anchors}")
     try:
         with Session(engine) as session, session.begin():
             inspector = inspect(session.connection())
@@ -479,11 +495,29 @@ def _audit_report(head: str | None) -> audit_module.VerifyReport:
                     f"{where}: the schema is at revision {current}, this version reads "
                     f"{newest} (run `dpss migrate`)"
                 )
-            return audit.verify(
-                session,
-                anchor=anchor,
-                hmac_key=key.get_secret_value().encode("utf-8") if key is not None else None,
+            report = audit.verify(session, anchor=anchor, hmac_key=key_bytes)
+            if anchor_file is None:
+                report.notes.append(
+                    f"no anchor file at {anchor_path}: a restore from an older backup goes "
+                    "unseen (the workers write it every DPSS_AUDIT_ANCHOR_INTERVAL_SECONDS; "
+                    "point DPSS_AUDIT_ANCHOR_PATH or --anchors at it)"
+                )
+            else:
+                report.problems.extend(anchor_file.problems)
+                report.notes.extend(anchor_file.notes)
+                problems, notes = anchors_module.check(session, anchor_file.anchors, report.head)
+                report.problems.extend(problems)
+                report.notes.extend(notes)
+            problems, notes = datadir.check(session, DatasetStore(settings.datasets_dir))
+            report.problems.extend(problems)
+            report.notes.extend(notes)
+            report.notes.insert(
+                0,
+                f"read the database {_shown_url(url)}, the data directory "
+                f"{settings.data_dir.resolve()} and the anchor file {anchor_path.resolve()} "
+                "(elsewhere: DPSS_DATABASE_URL, DPSS_DATA_DIR, DPSS_AUDIT_ANCHOR_PATH)",
             )
+            return report
     except SQLAlchemyError as exc:
         _cannot_check(f"{where}: {_driver_reason(exc)}")
     finally:
@@ -500,15 +534,30 @@ HeadOption = Annotated[
 ]
 
 
-@audit_app.command("verify")
-def audit_verify(head: HeadOption = None) -> None:
-    """Check the audit chain and reconcile the ledger, budgets, releases and keys with it.
+AnchorsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--anchors",
+        dir_okay=False,
+        help="The anchor file the workers append to (default: DPSS_AUDIT_ANCHOR_PATH, else "
+        "<data dir>/audit-anchors.jsonl).",
+        show_default=False,
+    ),
+]
 
-    Exit 0: intact. Exit 1: altered, removed or missing (each problem is printed, naming a table
-    or event and an id). Exit 2: the check could not be made (database unreadable, wrong URL,
-    missing tables, another schema version, malformed --head or setting).
+
+@audit_app.command("verify")
+def audit_verify(head: HeadOption = None, anchors: AnchorsOption = None) -> None:
+    """Check the audit chain against its anchors, reconcile the ledger, budgets, releases and
+    keys with it, and check the data directory's files against the datasets.
+
+    Exit 0: intact. Exit 1: altered, removed, restored from an older backup, or missing (each
+    problem is printed, naming a table, event, anchor or file and an id). Exit 2: the check
+    could not be made (database unreadable, wrong URL or data directory, missing tables,
+    another schema version, malformed --head or setting). The first lines (stderr) say which
+    database, data directory and anchor file were read.
     """
-    report = _audit_report(head)
+    report = _audit_report(head, anchors)
     for note in report.notes:
         typer.echo(f"note: {note}")
     for problem in report.problems:
@@ -524,13 +573,13 @@ def audit_verify(head: HeadOption = None) -> None:
 
 
 @audit_app.command("head")
-def audit_head(head: HeadOption = None) -> None:
+def audit_head(head: HeadOption = None, anchors: AnchorsOption = None) -> None:
     """Verify, then print the chain's head (SEQ:HASH) alone on stdout, to keep outside the database.
 
     Later, `dpss audit verify --head SEQ:HASH` fails if the chain no longer contains it. Nothing
     is printed when the verification fails (exit 1) or cannot be made (exit 2).
     """
-    report = _audit_report(head)
+    report = _audit_report(head, anchors)
     for problem in report.problems:
         typer.echo(f"FAIL {problem}", err=True)
     if not report.ok:

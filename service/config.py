@@ -211,7 +211,33 @@ class Settings(BaseSettings):
         ),
     )
 
-    @field_validator("audit_hmac_key", "audit_anchor", mode="before")
+    audit_anchor_path: Path | None = Field(
+        default=None,
+        description=(
+            "File the workers append the audit head to (JSON lines: time, seq, hash and, with "
+            "`DPSS_AUDIT_HMAC_KEY`, a MAC) every `DPSS_AUDIT_ANCHOR_INTERVAL_SECONDS` when it "
+            "changed; `dpss audit verify` checks the chain against every anchor in it, so a "
+            "database restored from an older backup fails. Default: "
+            "<data_dir>/audit-anchors.jsonl; put it on another volume than the database."
+        ),
+    )
+    audit_anchor_url: str | None = Field(
+        default=None,
+        description=(
+            "If set, each anchor line is also POSTed (JSON) to this URL (a log collector "
+            "outside the host): a copy an operator who restores the host cannot roll back."
+        ),
+    )
+    audit_anchor_interval_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How often a worker anchors the audit head, seconds; 0 turns anchoring off.",
+    )
+
+    @field_validator(
+        "audit_hmac_key", "audit_anchor", "audit_anchor_url", "audit_anchor_path", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # Compose passes `${VAR:-}` as an empty string when the operator sets nothing.
@@ -321,6 +347,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'dpss.sqlite3').resolve()}"
+
+    @property
+    def resolved_audit_anchor_path(self) -> Path:
+        return self.audit_anchor_path or self.data_dir / "audit-anchors.jsonl"
 
     @property
     def datasets_dir(self) -> Path:

@@ -42,7 +42,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -53,6 +53,20 @@ from sqlalchemy.orm import Session
 from service import audit, wake
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.errors import safe_traceback
+from service.jobs import (
+    ABANDONED_REASON,
+    DATASET_DELETED_REASON,
+    DATASET_FILE_FAULT_REASON,
+    FINISHED,
+    NO_RELEASE_REASON,
+    REFUSED_AT_RUN_REASON,
+    ClaimedJob,
+    JobRunner,
+    Outcome,
+    WorkerStopping,
+    die_with_parent,
+    take_lease,
+)
 from service.mechanisms.base import InvalidParameter, ReleaseSpec
 from service.mechanisms.continual_gauss import (
     ContinualGauss,
@@ -63,9 +77,6 @@ from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding import PaddingModel
 from service.pagination import Page, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
-
-if TYPE_CHECKING:
-    from service.worker import ClaimedJob, Outcome, Worker
 
 log = logging.getLogger("dpss.worker")
 
@@ -145,13 +156,11 @@ class EpochOutput:
 # -- claiming ------------------------------------------------------------------------------------
 
 
-def claim_continual(worker: Worker) -> ClaimedJob | None:
+def claim_continual(worker: JobRunner) -> ClaimedJob | None:
     """Claim a waiting continual release that has a batch to process (or whose dataset was
     deleted, to end it); ``None`` if there is none. The lease and attempt count work as for any
     claim; a waiting release has ``attempts`` reset, so the limit counts claims since the last
     time it had nothing left to do."""
-    from service.worker import ABANDONED_REASON, Outcome, take_lease
-
     names = continual_names()
     if not names:
         return None
@@ -184,14 +193,12 @@ def claim_continual(worker: Worker) -> ClaimedJob | None:
 # -- processing ----------------------------------------------------------------------------------
 
 
-def process_continual(worker: Worker, job: ClaimedJob) -> str:
+def process_continual(worker: JobRunner, job: ClaimedJob) -> str:
     """Release every epoch whose batch is present, then wait (give the lease up) or end.
 
     Returns ``"waiting"``, a terminal status, ``"lost"`` (another worker owns the release now)
     or ``"unstored"`` (a stop, or a run that died: the lease expires and another worker goes on).
     """
-    from service.worker import REFUSED_AT_RUN_REASON, Outcome, WorkerStopping
-
     mechanism = get_mechanism(job.mechanism)
     if not isinstance(mechanism, ContinualGauss):
         raise TypeError(f"{job.mechanism} is not a continual mechanism this worker knows")
@@ -225,7 +232,7 @@ def process_continual(worker: Worker, job: ClaimedJob) -> str:
     return "unstored"
 
 
-def _give_up_lease(worker: Worker, job: ClaimedJob) -> None:
+def _give_up_lease(worker: JobRunner, job: ClaimedJob) -> None:
     """On a stop request: hand the release back at once (another worker may continue it now
     rather than after the lease). One try: if the database is away the lease expires anyway."""
     try:
@@ -243,7 +250,7 @@ def _give_up_lease(worker: Worker, job: ClaimedJob) -> None:
 
 
 def _storing(
-    worker: Worker, job: ClaimedJob, step: EpochInput, computed: EpochOutput
+    worker: JobRunner, job: ClaimedJob, step: EpochInput, computed: EpochOutput
 ) -> Callable[[], str]:
     return lambda: _store_epoch(worker, job, step, computed)
 
@@ -253,14 +260,12 @@ def on_epoch_stored(job: ClaimedJob, epoch: int) -> None:
     log.info("release %s: epoch %d stored", job.release_id, epoch)
 
 
-def _ours(worker: Worker, job: ClaimedJob, release: Release) -> bool:
+def _ours(worker: JobRunner, job: ClaimedJob, release: Release) -> bool:
     return release.lease_owner == worker.worker_id and release.attempts == job.attempt
 
 
-def _next_input(worker: Worker, job: ClaimedJob) -> EpochInput | str:
+def _next_input(worker: JobRunner, job: ClaimedJob) -> EpochInput | str:
     """The next epoch's input, or what ends this claim (one transaction)."""
-    from service.worker import DATASET_DELETED_REASON, Outcome
-
     with worker.session_factory.begin() as session:
         release = session.execute(
             select(Release).where(Release.id == job.release_id).with_for_update()
@@ -315,9 +320,17 @@ def compute_epoch(
     release_label: object = None,
 ) -> EpochOutput:
     """Advance the state with batch ``step.batch_seq`` (a slice of the memory map: no copy)."""
-    from service.worker import NO_RELEASE_REASON, REFUSED_AT_RUN_REASON, Outcome
-
-    rows = store.open(step.file_name, step.row_offset + step.n_rows)[step.row_offset :]
+    # A missing or short file ends the release at once, refunded when no epoch was released
+    # (nothing was read); it would otherwise fail every attempt until abandoned, charged.
+    refund = step.epoch == 1
+    fault = store.fault(step.file_name, step.row_offset + step.n_rows, step.n_cols)
+    if fault is not None:
+        log.error("release %s: its dataset file %s", release_label, fault)
+        return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
+    try:
+        rows = store.open(step.file_name, step.row_offset + step.n_rows)[step.row_offset :]
+    except FileNotFoundError:
+        return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
     try:
         state = (
             ContinualState.from_bytes(step.state)
@@ -344,7 +357,7 @@ def compute_epoch(
 
 
 def _compute(
-    worker: Worker,
+    worker: JobRunner,
     mechanism: ContinualGauss,
     spec: ReleaseSpec[ContinualGaussParams],
     step: EpochInput,
@@ -355,16 +368,14 @@ def _compute(
     return run_isolated(worker, work) if worker.isolate else work()
 
 
-def run_isolated(worker: Worker, work: Callable[[], T]) -> T | None:
+def run_isolated(worker: JobRunner, work: Callable[[], T]) -> T | None:
     """``work()`` in a forked child (as the worker's isolated runs); ``None`` if it died."""
-    from service.worker import _die_with_parent
-
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     parent = os.getpid()
 
     def child() -> None:
-        _die_with_parent(parent)
+        die_with_parent(parent)
         receiver.close()
         bind = worker.session_factory.kw.get("bind")
         if bind is not None:
@@ -387,10 +398,10 @@ def run_isolated(worker: Worker, work: Callable[[], T]) -> T | None:
     return result
 
 
-def _store_epoch(worker: Worker, job: ClaimedJob, step: EpochInput, computed: EpochOutput) -> str:
+def _store_epoch(
+    worker: JobRunner, job: ClaimedJob, step: EpochInput, computed: EpochOutput
+) -> str:
     """Store epoch ``step.epoch`` with its state in one transaction, if still ours and next."""
-    from service.worker import FINISHED
-
     outcome = computed.outcome
     with worker.session_factory.begin() as session:
         release = session.execute(

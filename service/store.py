@@ -558,6 +558,38 @@ class DatasetStore:
     def exists(self, file_name: str) -> bool:
         return self.path_of(file_name).is_file()
 
+    def fault(self, file_name: str, n_rows: int | None, n_cols: int | None = None) -> str | None:
+        """What is wrong with the dataset file ``file_name`` for reading its first ``n_rows``
+        rows (all of batch 0's when ``None``) of ``n_cols`` columns, or ``None`` when it can
+        be read. Only the file's presence, header and size are looked at (public facts, like
+        the row count), never a row, so the answer does not depend on the data."""
+        path = self.path_of(file_name)
+        if not path.is_file():
+            return "is missing"
+        try:
+            offset, header_rows, cols = _npy_layout(path)
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return "is missing"
+        except (OSError, ValueError, EOFError):
+            return "is not a dataset file of the store"
+        if n_cols is not None and cols != n_cols:
+            return f"has {cols} columns, the database says {n_cols}"
+        rows = header_rows if n_rows is None else n_rows
+        if size < offset + 8 * cols * rows:
+            return f"holds fewer rows than the database says ({rows})"
+        return None
+
+    def stored_files(self) -> list[str]:
+        """The names of the dataset files in the store (``incoming/`` excluded), sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in self.root.iterdir()
+            if entry.name != self.incoming.name and not entry.is_dir()
+        )
+
     def purge(self, file_name: str) -> None:
         """Delete a dataset file."""
         with contextlib.suppress(FileNotFoundError):

@@ -45,25 +45,20 @@ retries; the unstored outcome is then discarded and the job runs again once its 
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import math
 import multiprocessing
 import os
 import random
-import signal
 import socket
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -72,124 +67,31 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit, ledger, wake
 from service.config import Settings
-from service.db.models import Dataset, Release, utcnow
+from service.continual import claim_continual, is_continual, process_continual
+from service.db.models import Release, utcnow
 from service.errors import safe_traceback
-from service.mechanisms.base import InvalidParameter, MechanismOutput, ReleaseSpec
+from service.jobs import (
+    ABANDONED_REASON,
+    DATASET_DELETED_REASON,
+    DATASET_FILE_FAULT_REASON,
+    FINISHED,
+    NO_MECHANISM_REASON,
+    NO_RELEASE_REASON,
+    REFUSED_AT_RUN_REASON,
+    ClaimedJob,
+    Outcome,
+    WorkerStopping,
+    die_with_parent,
+    take_lease,
+)
+from service.mechanisms.base import InvalidParameter, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
-from service.releases import encode_basis, float_not_above
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
 
 T = TypeVar("T")
-
-#: The one reason of a release whose mechanism raised (a bug): fixed, so it carries no data.
-NO_RELEASE_REASON = "the mechanism produced no release"
-DATASET_DELETED_REASON = "the dataset was deleted before the release ran"
-REFUSED_AT_RUN_REASON = "the release's parameters were refused when it ran"
-NO_MECHANISM_REASON = "this service no longer has the mechanism"
-ABANDONED_REASON = "the release stopped its worker repeatedly and was abandoned"
-
-FINISHED = ("succeeded", "no_result", "failed")
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    release_id: uuid.UUID
-    dataset_id: uuid.UUID
-    mechanism: str
-    k: int
-    epsilon: float
-    delta: float
-    params: dict[str, Any]
-    file_name: str | None
-    attempt: int
-    #: The prefix of the dataset a one-shot release reads (rows present at its request); null
-    #: for releases made before datasets could grow (they read the upload's rows).
-    n_rows: int | None = None
-
-
-def take_lease(
-    session: Session,
-    release: Release,
-    worker_id: str,
-    now: datetime,
-    lease: timedelta,
-    n_rows: int | None,
-) -> ClaimedJob:
-    """Lease ``release`` (locked by the caller's claim query) to ``worker_id`` and describe the
-    job; one more attempt is counted. Shared by one-shot and continual claims."""
-    dataset = session.get(Dataset, release.dataset_id)
-    release.attempts += 1
-    release.lease_owner = worker_id
-    release.lease_expires_at = now + lease
-    release.started_at = now
-    return ClaimedJob(
-        release_id=release.id,
-        dataset_id=release.dataset_id,
-        mechanism=release.mechanism,
-        k=release.k,
-        epsilon=float_not_above(release.epsilon),
-        delta=float_not_above(release.delta),
-        params=dict(release.params),
-        file_name=dataset.file_name if dataset is not None else None,
-        attempt=release.attempts,
-        n_rows=n_rows,
-    )
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a run ends with, ready to store: computed once, kept while the database is away."""
-
-    status: Literal["succeeded", "no_result", "failed"]
-    reason: str | None = None
-    refund: bool = False
-    #: ``(bytes, shape, sha256)`` of the basis, encoded before any transaction opens.
-    basis: tuple[bytes, list[int], str] | None = None
-    extras: dict[str, Any] | None = None
-
-    @classmethod
-    def failed(cls, reason: str, *, refund: bool = False) -> Outcome:
-        return cls(status="failed", reason=reason, refund=refund)
-
-    @classmethod
-    def of(cls, output: MechanismOutput) -> Outcome:
-        extras = _json_safe(output.extras)
-        if output.no_result_reason is not None:
-            return cls(status="no_result", reason=output.no_result_reason, extras=extras)
-        basis = encode_basis(output.basis) if output.basis is not None else None
-        return cls(status="succeeded", basis=basis, extras=extras)
-
-
-class WorkerStopping(Exception):
-    """A stop was requested while a database operation was being retried."""
-
-
-def _json_safe(value: Any) -> Any:
-    """Extras as JSON values: numpy to Python, non-finite floats to null."""
-    if isinstance(value, dict):
-        return {str(key): _json_safe(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(item) for item in value]
-    if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
-    if isinstance(value, np.generic):
-        return _json_safe(value.item())
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-def _die_with_parent(parent: int) -> None:
-    """Make this (forked) process end when its parent does: a SIGKILLed worker must not leave
-    a run computing on (Linux: ``PR_SET_PDEATHSIG``; elsewhere the run ends at its result)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the call above
-        os._exit(1)
 
 
 def is_transient_db_error(exc: BaseException) -> bool:
@@ -294,8 +196,6 @@ class Worker:
         job = self.claim_queued()
         if job is not None:
             return job
-        from service.continual import claim_continual
-
         return claim_continual(self)
 
     def claim_queued(self) -> ClaimedJob | None:
@@ -375,8 +275,8 @@ class Worker:
         try:
             data = self.store.open(job.file_name, job.n_rows)
         except FileNotFoundError:
-            # Deleted between the claim and the open: nothing was read.
-            return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+            # Deleted (or lost) between the claim and the open: nothing was read.
+            return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
         try:
             return Outcome.of(mechanism.run(data, spec, secure_generator()))
         except InvalidParameter:
@@ -394,12 +294,15 @@ class Worker:
         """Run a claimed job to the end and record the outcome; returns the final status.
         A continual release instead releases the epochs of the batches present (see
         :mod:`service.continual`) and returns ``"waiting"`` or its final status."""
-        from service.continual import is_continual, process_continual
-
         if is_continual(job.mechanism):
             return process_continual(self, job)
-        if job.file_name is None or not self.store.exists(job.file_name):
+        if job.file_name is None:
             return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
+        fault = self.store.fault(job.file_name, job.n_rows)
+        if fault is not None:
+            # Not a fault of the data: ended at once (no retries), refunded, nothing read.
+            log.error("release %s: its dataset file %s", job.release_id, fault)
+            return self.finish(job, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True))
         done = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)
         beat.start()
@@ -441,7 +344,7 @@ class Worker:
     def _child(
         self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
     ) -> None:
-        _die_with_parent(parent)
+        die_with_parent(parent)
         # Only the parent reads: with this end closed here, a send to a dead parent fails
         # instead of blocking on a full pipe.
         receiver.close()

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from service import audit
 from service.app import create_app
+from service.cli import DATABASE_HINT
 from service.cli import app as cli_app
 from service.db.models import AuditEvent
 from service.migrate import alembic_config
@@ -43,8 +44,12 @@ def dpss(*args: str, url: str, **env: str) -> Result:
 
 
 @pytest.fixture
-def service(committed_db, settings, store) -> Iterator[tuple[str, sessionmaker[Session], Any]]:
+def service(
+    committed_db, settings, store, monkeypatch
+) -> Iterator[tuple[str, sessionmaker[Session], Any]]:
     url, factory = committed_db
+    # `dpss audit verify` checks this data directory's files (and anchors) too.
+    monkeypatch.setenv("DPSS_DATA_DIR", str(settings.data_dir))
 
     def run_worker() -> int:
         return Worker(factory, store, settings, worker_id="cli-test").run_pending()
@@ -103,6 +108,7 @@ def test_the_hmac_key_is_used_by_the_service_and_checked_by_verify(
     committed_db, settings, store, upload_dataset, monkeypatch
 ):
     url, factory = committed_db
+    monkeypatch.setenv("DPSS_DATA_DIR", str(settings.data_dir))
     keyed = settings.model_copy(update={"audit_hmac_key": SecretStr(HMAC_KEY)})
     with TestClient(create_app(keyed, session_factory=factory)) as client:
         populate(
@@ -187,9 +193,22 @@ def test_a_missing_sqlite_file_exits_2_and_is_not_created(tmp_path):
     assert result.exit_code == 2
     assert result.stderr.strip() == (
         f"error: cannot read the database at sqlite:///{path}: "
-        "the SQLite database file does not exist"
+        f"the SQLite database file does not exist; {DATABASE_HINT}"
     )
     assert not path.exists()
+
+
+def test_verify_from_the_wrong_directory_says_where_it_looked(tmp_path, monkeypatch):
+    """No DPSS_DATABASE_URL, run outside the service's directory: the error names the data
+    directory it looked in and how to point it elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DPSS_DATA_DIR", raising=False)
+    result = CliRunner().invoke(
+        cli_app, ["audit", "verify"], env={"DPSS_DATABASE_URL": "", "DPSS_DATA_DIR": None}
+    )
+    assert result.exit_code == 2
+    assert "DPSS_DATA_DIR" in result.stderr
+    assert f"(now {tmp_path.resolve() / 'dpss-data'})" in result.stderr
 
 
 def test_an_unmigrated_sqlite_file_exits_2(tmp_path):

@@ -5,10 +5,12 @@ slim client's ``dpss-remote`` against ``dpss``: the same remote commands, nothin
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import click
+import pytest
 import typer.main
 
 from dpss_client.remote_cli import make_app
@@ -107,3 +109,64 @@ def test_dpss_remote_has_the_remote_commands_of_dpss_with_the_same_options():
     remote = live_commands(make_app())
     assert set(server) - set(remote) == OPERATOR
     assert remote == {path: options for path, options in server.items() if path not in OPERATOR}
+
+
+#: Every page whose shell examples must run as written.
+PAGES = [
+    DOC.parents[1] / "README.md",
+    DOC.parents[1] / "clients" / "python" / "README.md",
+    *sorted(DOC.parent.glob("*.md")),
+]
+_COMMAND = re.compile(r"(?:^|\bexec -T \w+ )(?:[\w./-]*/)?(dpss-remote|dpss)\s+(.*)$")
+
+
+def example_command_lines() -> list[tuple[str, str, str]]:
+    """``(page, program, arguments)`` of every ``dpss``/``dpss-remote`` line in a fenced block
+    of the pages, synopsis lines (``[--option X]``, upper-case placeholders) excepted."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                match = _COMMAND.search(line.strip())
+                if match is None:
+                    continue
+                program, rest = match.groups()
+                # Up to a comment, a redirection, a pipe or an aligned description.
+                rest = re.split(r"\s+(?:#|>>|>|\|)\s|\s{2,}", f"{rest} ")[0]
+                if "[" in rest or re.search(r"(?<![$\w])[A-Z][A-Z_]+\b", rest):
+                    continue  # a synopsis (checked by the tests above)
+                found.append((page.name, program, rest.strip()))
+    return found
+
+
+def parse_as_the_shell_would(program: str, arguments: str) -> None:
+    """Resolve ``arguments`` through the live command tree as click would, without running the
+    command; raises click's usage errors (an unknown option, a missing argument)."""
+    words = shlex.split(re.sub(r"\"?\$(\([^)]*\)|\{?\w+\}?)\"?", "x", arguments))
+    cli = make_app() if program == "dpss-remote" else app
+    command: Any = typer.main.get_command(cli)
+    context = command.make_context(program, words)
+    while hasattr(command, "list_commands"):
+        rest = [*context._protected_args, *context.args]
+        name, command, rest = command.resolve_command(context, rest)
+        context = command.make_context(name, rest, parent=context)
+
+
+def test_every_example_command_in_the_docs_parses_as_written():
+    lines = example_command_lines()
+    programs = {program for _, program, _ in lines}
+    assert programs == {"dpss", "dpss-remote"}  # the README's slim-client line is among them
+    for page, program, arguments in lines:
+        try:
+            parse_as_the_shell_would(program, arguments)
+        except typer.TyperException as error:  # typer's own (vendored) click's usage errors
+            message = f"{page}: `{program} {arguments}`: {error}"
+            raise AssertionError(message) from None
+
+
+def test_the_parse_check_refuses_what_the_shell_would():
+    """``--url`` after a group name is an unknown option there (only commands take it)."""
+    with pytest.raises(typer.TyperException, match="No such option: --url"):
+        parse_as_the_shell_would("dpss-remote", "datasets --url http://h list")
+    parse_as_the_shell_would("dpss-remote", '--url http://h --api-key "$K" datasets list')

@@ -65,6 +65,8 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
             if time.monotonic() > deadline or server.poll() is not None:
                 pytest.fail("dpss serve did not become ready")
             time.sleep(0.2)
+        # The analyst key, for the slim client's line below (stderr: stdout is checked whole).
+        script += '\necho "$ANALYST" >&2\n'
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
             cwd=tmp_path,
@@ -79,6 +81,26 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
         assert '"epsilon_spent":"0.6"' in out
         assert '"error":"budget_exceeded"' in out
         assert out.strip().endswith("release_succeeded")
+        # The slim client's line, as written (its venv's bin is this venv's: on PATH).
+        client_line = next(
+            line for block in bash_blocks() for line in block.splitlines() if "dpss-remote" in line
+        )
+        remote = subprocess.run(
+            [
+                "bash",
+                "-euo",
+                "pipefail",
+                "-c",
+                client_line.replace("client-venv/bin/", "").replace(":8000", f":{port}"),
+            ],
+            cwd=tmp_path,
+            env={**env, "ANALYST": result.stderr.strip().splitlines()[-1]},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert remote.returncode == 0, remote.stdout + remote.stderr
+        assert "demo" in remote.stdout and "1 dataset" in remote.stdout
         verify = subprocess.run(
             [str(bin_dir / "dpss"), "audit", "verify"],
             cwd=tmp_path,

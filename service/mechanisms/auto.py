@@ -113,6 +113,7 @@ from service.mechanisms.base import (
     resolve_clip_norm,
 )
 from service.mechanisms.centring import CenterParams
+from service.mechanisms.components import component
 from service.mechanisms.linalg import (
     FloatArray,
     clipped_gram,
@@ -302,12 +303,7 @@ class Plan:
 
 
 def _registered(name: str) -> Mechanism[Any]:
-    # Imported here: the registry imports this module.
-    from service.mechanisms.registry import get_mechanism
-
-    mechanism = get_mechanism(name)
-    assert mechanism is not None, name
-    return mechanism
+    return component(name)
 
 
 def _prepare(

@@ -949,8 +949,47 @@ def audit_list(
 # Registration
 
 
+def _global_options(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            help="Service base URL for the remote command that follows (as its own --url).",
+            show_default=False,
+        ),
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="API key for the remote command that follows (as its own --api-key).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """``--url`` and ``--api-key`` before the command (``dpss-remote --url U datasets list``),
+    as docs/cli.md writes them: they stand in for ``DPSS_URL`` and ``DPSS_API_KEY`` for this
+    one command (its own options still win), and the environment is put back when it ends."""
+    given = {"DPSS_URL": url, "DPSS_API_KEY": api_key}
+    saved = {name: os.environ.get(name) for name, value in given.items() if value is not None}
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    for name in saved:
+        os.environ[name] = str(given[name])
+    ctx.call_on_close(restore)
+
+
 def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
-    """Add the remote commands to the ``dpss`` app and ``list`` to its ``audit`` group."""
+    """Add the remote commands to the ``dpss`` app and ``list`` to its ``audit`` group, and the
+    global ``--url`` and ``--api-key`` options (before the command) to the app."""
+    app.callback()(_global_options)
     app.add_typer(datasets_app, name="datasets")
     app.command("budget")(budget)
     app.add_typer(grants_app, name="grants")

@@ -1,0 +1,289 @@
+"""Audit anchors: the chain's head, kept outside the database, so that a restore is noticed.
+
+A database restored from an older backup is a consistent, valid chain that simply ends earlier:
+every revoked key is live again and every budget spent since the backup is back. Nothing inside
+the database can show that, so the workers append the head to a place outside it (an
+*anchor*): a file, best on another volume than the database (``DPSS_AUDIT_ANCHOR_PATH``), one
+JSON line per anchor::
+
+    {"time": "2026-11-26T14:00:00+00:00", "seq": 812, "hash": "<64 hex>", "mac": "<64 hex>"}
+
+and, with ``DPSS_AUDIT_ANCHOR_URL``, the same line POSTed to a collector. A line is written every
+``DPSS_AUDIT_ANCHOR_INTERVAL_SECONDS`` when the head changed (idle services write nothing). With
+``DPSS_AUDIT_HMAC_KEY`` the line carries ``HMAC-SHA256(key, "dpss audit anchor" | time | seq |
+hash)``, so that whoever can write the file but not read the key cannot add anchors that verify.
+
+:func:`check` (run by ``dpss audit verify``) compares the chain with *every* anchor, not only the
+last one: a worker restarted on a restored database anchors its shorter chain too, and that
+newer line must not hide the older, longer one. A chain that ends before an anchored event, or
+holds another hash there, is a restore (or a rewrite) and fails the verification.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.audit import Head
+from service.config import Settings
+from service.db.models import AuditEvent, AuditHead
+
+log = logging.getLogger("dpss.audit")
+
+MAC_LABEL = "dpss audit anchor"
+#: Anchor lines at most this long are read; a longer line is damage, not an anchor.
+MAX_LINE_CHARS = 512
+#: Seconds a POST to ``DPSS_AUDIT_ANCHOR_URL`` may take.
+POST_TIMEOUT_SECONDS = 5.0
+
+
+def anchor_mac(key: bytes, time: str, seq: int, digest: str) -> str:
+    message = f"{MAC_LABEL}|{time}|{seq}|{digest}".encode("ascii")
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """One anchor line: the head ``seq``/``hash`` at ``time``; ``line`` numbers it in its file."""
+
+    time: str
+    seq: int
+    hash: str
+    mac: str | None = None
+    line: int = 0
+
+    @property
+    def head(self) -> Head:
+        return Head(self.seq, self.hash)
+
+    def to_json(self) -> str:
+        body = {"time": self.time, "seq": self.seq, "hash": self.hash, "mac": self.mac}
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def of(cls, head: Head, key: bytes | None, now: datetime | None = None) -> Anchor:
+        time = (now or datetime.now(UTC)).isoformat(timespec="seconds")
+        mac = anchor_mac(key, time, head.seq, head.hash) if key is not None else None
+        return cls(time=time, seq=head.seq, hash=head.hash, mac=mac)
+
+
+@dataclass
+class AnchorFile:
+    """The anchors read from a file, and what was wrong with its other lines."""
+
+    path: Path
+    anchors: list[Anchor] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def append(path: Path, anchor: Anchor) -> None:
+    """Append ``anchor`` as one line (``0600``, ``O_APPEND`` under an exclusive ``flock``, so
+    lines of several workers never interleave) and ``fsync`` it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        os.write(descriptor, (anchor.to_json() + "\n").encode("ascii"))
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _parse(text: str, number: int) -> Anchor:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not an object")
+    seq, digest, time, mac = (
+        value.get("seq"),
+        value.get("hash"),
+        value.get("time"),
+        value.get("mac"),
+    )
+    Head.parse(f"{seq}:{digest}")  # the same bounds as a head given by hand
+    if not isinstance(seq, int) or not isinstance(digest, str) or not isinstance(time, str):
+        raise ValueError("seq, hash and time are required")
+    if mac is not None and not isinstance(mac, str):
+        raise ValueError("mac is not a string")
+    return Anchor(time=time, seq=seq, hash=digest, mac=mac, line=number)
+
+
+def read(path: Path, key: bytes | None) -> AnchorFile:
+    """Every anchor in ``path`` whose line is well formed (and, given ``key``, whose MAC is
+    right). A malformed last line is a write cut short (noted); any other bad line, or a wrong
+    MAC, is a problem: the file was edited."""
+    result = AnchorFile(path)
+    with open(path, encoding="ascii", errors="replace") as handle:
+        lines = handle.read().split("\n")
+    ending = lines.pop() if lines else ""  # text after the last newline: a cut-short write
+    numbered = [(number, line) for number, line in enumerate(lines, start=1) if line.strip()]
+    if ending.strip():
+        result.notes.append(f"{path}: the last line is incomplete (a write cut short); ignored")
+    unmacced = 0
+    for number, line in numbered:
+        try:
+            if len(line) > MAX_LINE_CHARS:
+                raise ValueError("too long")
+            anchor = _parse(line, number)
+        except ValueError:
+            result.problems.append(f"{path}: line {number} is not an anchor")
+            continue
+        if key is not None:
+            if anchor.mac is None:
+                unmacced += 1
+            elif not hmac.compare_digest(
+                anchor.mac, anchor_mac(key, anchor.time, anchor.seq, anchor.hash)
+            ):
+                result.problems.append(
+                    f"{path}: line {number}: the MAC does not match (forged, or another key)"
+                )
+                continue
+        result.anchors.append(anchor)
+    if unmacced:
+        result.notes.append(f"{path}: {unmacced} anchors carry no MAC (written without the key)")
+    return result
+
+
+def check(session: Session, anchors: Iterable[Anchor], last: Head) -> tuple[list[str], list[str]]:
+    """Problems and notes of the chain ending at ``last`` against ``anchors``.
+
+    Every anchor must name an event the chain holds, with the hash the chain holds: a chain that
+    is shorter than an anchor or diverges from one was restored from an older backup (or cut
+    and rewritten). The problem names the newest (highest) anchor that fails, when it was
+    written, and how many others fail with it.
+    """
+    anchors = list(anchors)
+    if not anchors:
+        return [], []
+    wanted = sorted({a.seq for a in anchors if 0 < a.seq <= last.seq})
+    stored: dict[int, str] = {}
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        rows = session.execute(
+            select(AuditEvent.seq, AuditEvent.hash).where(AuditEvent.seq.in_(chunk))
+        )
+        stored.update({int(seq): str(digest) for seq, digest in rows})
+    failing: list[tuple[Anchor, str]] = []
+    for anchor in anchors:
+        if anchor.seq > last.seq:
+            failing.append(
+                (
+                    anchor,
+                    f"the chain ends at event {last.seq} but the anchor of {anchor.time} "
+                    f"(line {anchor.line}) names event {anchor.seq}: the database was restored "
+                    "from a backup older than that anchor (revoked keys live again, spent "
+                    "budget handed back) or its newest events were removed",
+                )
+            )
+        elif anchor.seq == 0:
+            continue
+        elif anchor.seq not in stored:
+            failing.append((anchor, f"event {anchor.seq}, named by an anchor, is missing"))
+        elif not hmac.compare_digest(stored[anchor.seq], anchor.hash):
+            failing.append(
+                (
+                    anchor,
+                    f"event {anchor.seq} differs from the anchor of {anchor.time} (line "
+                    f"{anchor.line}): the database was restored from an older backup and has "
+                    "recorded other events since, or the chain was rewritten",
+                )
+            )
+    newest = max(anchors, key=lambda a: a.seq)
+    if not failing:
+        return [], [
+            f"the chain holds all {len(anchors)} anchors (newest: event {newest.seq}, "
+            f"{newest.time})"
+        ]
+    _, message = max(failing, key=lambda item: item[0].seq)
+    if len(failing) > 1:
+        message += f" ({len(failing) - 1} older anchors fail too)"
+    return ["restore detected: " + message], []
+
+
+class AnchorWriter:
+    """Appends the audit head to the anchor file (and URL) when it changed since the last time.
+
+    One runs in each worker process (``dpss worker``; ``dpss serve`` starts one); with several
+    workers the file gets a few more lines, never a torn one. At start it compares the database
+    with the newest anchor in the file and logs an error when the chain is behind it.
+    """
+
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings) -> None:
+        self.session_factory = session_factory
+        self.path = settings.resolved_audit_anchor_path
+        self.url = settings.audit_anchor_url
+        self.interval = settings.audit_anchor_interval_seconds
+        key = settings.audit_hmac_key
+        self._key = key.get_secret_value().encode("utf-8") if key is not None else None
+        self._last: Head | None = None
+
+    def head(self) -> Head | None:
+        with self.session_factory() as session:
+            row = session.execute(select(AuditHead).where(AuditHead.id == 1)).scalar_one_or_none()
+            return Head(row.last_seq, row.last_hash) if row is not None else None
+
+    def write_once(self, now: datetime | None = None) -> Anchor | None:
+        """Anchor the current head if it changed since this writer's last anchor."""
+        head = self.head()
+        if head is None or head == self._last or head.seq == 0:
+            return None
+        anchor = Anchor.of(head, self._key, now)
+        append(self.path, anchor)
+        if self.url:
+            try:
+                httpx.post(
+                    self.url,
+                    content=anchor.to_json(),
+                    timeout=POST_TIMEOUT_SECONDS,
+                    headers={"content-type": "application/json"},
+                )
+            except httpx.HTTPError as exc:
+                log.warning(
+                    "audit anchor: POST to DPSS_AUDIT_ANCHOR_URL failed (%s)", type(exc).__name__
+                )
+        self._last = head
+        return anchor
+
+    def check_at_start(self) -> list[str]:
+        """Problems of the database against the anchor file (logged as errors)."""
+        if not self.path.is_file():
+            return []
+        anchors = read(self.path, self._key).anchors
+        head = self.head()
+        if head is None or not anchors:
+            return []
+        with self.session_factory() as session:
+            problems, _ = check(session, anchors, head)
+        for problem in problems:
+            log.error("audit anchor: %s; run `dpss audit verify`", problem)
+        return problems
+
+    def run(self, stop: threading.Event) -> None:
+        """Anchor now and then every ``interval`` seconds until ``stop`` is set; errors (the
+        database or the file away) are logged and the next round tries again."""
+        if self.interval <= 0:
+            return
+        try:
+            self.check_at_start()
+        except Exception as exc:
+            log.warning("audit anchors not checked at start (%s)", type(exc).__name__)
+        while True:
+            try:
+                self.write_once()
+            except Exception as exc:
+                log.warning("audit anchor not written (%s)", type(exc).__name__)
+            if stop.wait(self.interval):
+                return

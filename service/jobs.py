@@ -1,0 +1,169 @@
+"""What a claimed job is and what it ends with: the layer under :mod:`service.worker` and
+:mod:`service.continual`.
+
+The worker claims and runs one-shot releases and hands continual ones to
+:mod:`service.continual`; both describe a job with :class:`ClaimedJob`, end it with an
+:class:`Outcome` and read the fixed reasons below. :class:`JobRunner` is what the continual code
+needs of a worker, so neither module imports the other in a cycle.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol, TypeVar
+
+import numpy as np
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.db.models import Dataset, Release
+from service.mechanisms.base import MechanismOutput
+from service.releases import encode_basis, float_not_above
+from service.store import DatasetStore
+
+T = TypeVar("T")
+
+#: The one reason of a release whose mechanism raised (a bug): fixed, so it carries no data.
+NO_RELEASE_REASON = "the mechanism produced no release"
+DATASET_DELETED_REASON = "the dataset was deleted before the release ran"
+#: A fault of the data directory (a restore, a lost volume), not of the data: the file is
+#: missing, or shorter than the database says, so nothing was read and the cost is refunded.
+DATASET_FILE_FAULT_REASON = (
+    "the dataset's file is missing or incomplete in the data directory; nothing was read"
+)
+REFUSED_AT_RUN_REASON = "the release's parameters were refused when it ran"
+NO_MECHANISM_REASON = "this service no longer has the mechanism"
+ABANDONED_REASON = "the release stopped its worker repeatedly and was abandoned"
+
+FINISHED = ("succeeded", "no_result", "failed")
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    release_id: uuid.UUID
+    dataset_id: uuid.UUID
+    mechanism: str
+    k: int
+    epsilon: float
+    delta: float
+    params: dict[str, Any]
+    file_name: str | None
+    attempt: int
+    #: The prefix of the dataset a one-shot release reads (rows present at its request); null
+    #: for releases made before datasets could grow (they read the upload's rows).
+    n_rows: int | None = None
+
+
+def take_lease(
+    session: Session,
+    release: Release,
+    worker_id: str,
+    now: datetime,
+    lease: timedelta,
+    n_rows: int | None,
+) -> ClaimedJob:
+    """Lease ``release`` (locked by the caller's claim query) to ``worker_id`` and describe the
+    job; one more attempt is counted. Shared by one-shot and continual claims."""
+    dataset = session.get(Dataset, release.dataset_id)
+    release.attempts += 1
+    release.lease_owner = worker_id
+    release.lease_expires_at = now + lease
+    release.started_at = now
+    return ClaimedJob(
+        release_id=release.id,
+        dataset_id=release.dataset_id,
+        mechanism=release.mechanism,
+        k=release.k,
+        epsilon=float_not_above(release.epsilon),
+        delta=float_not_above(release.delta),
+        params=dict(release.params),
+        file_name=dataset.file_name if dataset is not None else None,
+        attempt=release.attempts,
+        n_rows=n_rows,
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run ends with, ready to store: computed once, kept while the database is away."""
+
+    status: Literal["succeeded", "no_result", "failed"]
+    reason: str | None = None
+    refund: bool = False
+    #: ``(bytes, shape, sha256)`` of the basis, encoded before any transaction opens.
+    basis: tuple[bytes, list[int], str] | None = None
+    extras: dict[str, Any] | None = None
+
+    @classmethod
+    def failed(cls, reason: str, *, refund: bool = False) -> Outcome:
+        return cls(status="failed", reason=reason, refund=refund)
+
+    @classmethod
+    def of(cls, output: MechanismOutput) -> Outcome:
+        extras = json_safe(output.extras)
+        if output.no_result_reason is not None:
+            return cls(status="no_result", reason=output.no_result_reason, extras=extras)
+        basis = encode_basis(output.basis) if output.basis is not None else None
+        return cls(status="succeeded", basis=basis, extras=extras)
+
+
+class WorkerStopping(Exception):
+    """A stop was requested while a database operation was being retried."""
+
+
+def json_safe(value: Any) -> Any:
+    """Extras as JSON values: numpy to Python, non-finite floats to null."""
+    if isinstance(value, dict):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return json_safe(value.tolist())
+    if isinstance(value, np.generic):
+        return json_safe(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this (forked) process end when its parent does: a SIGKILLed worker must not leave
+    a run computing on (Linux: ``PR_SET_PDEATHSIG``; elsewhere the run ends at its result)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
+class JobRunner(Protocol):
+    """What :mod:`service.continual` uses of a :class:`service.worker.Worker`."""
+
+    session_factory: sessionmaker[Session]
+    store: DatasetStore
+    settings: Settings
+    worker_id: str
+    stop: threading.Event
+    isolate: bool
+
+    def with_db_retry(
+        self,
+        operation: str,
+        attempt: Callable[[], T],
+        wait: Callable[[float], bool] | None = None,
+    ) -> T: ...
+
+    def finish(self, job: ClaimedJob, outcome: Outcome) -> str: ...
+
+    def _beat(self, job: ClaimedJob, done: threading.Event) -> None: ...
+
+    def _record(self, session: Session, release: Release, outcome: Outcome) -> None: ...

@@ -1,0 +1,97 @@
+"""A release whose dataset file is missing or incomplete in the data directory (a restore, a lost
+volume) ends ``failed`` at once, refunded: the fault does not depend on the data and nothing was
+read. Before, the open raised in every attempt until the job was abandoned, charged."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from sqlalchemy import select
+
+from service.db.models import Dataset, LedgerEntry, Release
+from service.jobs import DATASET_FILE_FAULT_REASON
+from service.worker import Worker
+from tests.conftest import bearer, post_release
+from tests.continual.test_continual_service import grow, start
+
+
+def _truncate(path: os.PathLike[str]) -> None:
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.truncate(size - 8)  # one value short of the last row
+
+
+FAULTS = {"missing": os.remove, "truncated": _truncate}
+
+
+def _file_of(session_factory, dataset_id: str, store):
+    with session_factory() as session:
+        dataset = session.execute(
+            select(Dataset).where(Dataset.id == uuid.UUID(dataset_id))
+        ).scalar_one()
+        return store.path_of(dataset.file_name)
+
+
+def _ledger_kinds(session_factory, release_id: str) -> list[str]:
+    with session_factory() as session:
+        query = select(LedgerEntry.kind).where(LedgerEntry.release_id == uuid.UUID(release_id))
+        return sorted(session.execute(query).scalars())
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_a_one_shot_release_of_a_lost_file_fails_at_once_refunded(
+    client, keys, upload_dataset, rng, session_factory, store, settings, fault, isolate
+):
+    dataset = upload_dataset(client, keys.owner, rng.normal(size=(50, 4)) * 0.2, row_norm_bound=1.0)
+    FAULTS[fault](_file_of(session_factory, dataset["id"], store))
+    release_id = post_release(
+        client, keys.analyst, dataset["id"], mechanism="analyze_gauss", k=2,
+        epsilon="0.25", delta="1e-6",
+    )  # fmt: skip
+    worker = Worker(session_factory, store, settings, worker_id="w", isolate=isolate)
+    assert worker.run_pending() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert (body["status"], body["reason"], body["refunded"]) == (
+        "failed",
+        DATASET_FILE_FAULT_REASON,
+        True,
+    )
+    with session_factory() as session:
+        assert session.get(Release, uuid.UUID(release_id)).attempts == 1
+    assert _ledger_kinds(session_factory, release_id) == ["charge", "refund"]
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    assert budget["epsilon_spent"] == "0"
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_continual_release_of_a_lost_file_fails_at_once(
+    client, keys, upload_dataset, rng, session_factory, store, run_worker, fault
+):
+    """Refunded when no epoch was released; charged once one was (the data was read)."""
+    dataset, first = start(client, keys, upload_dataset, rng)
+    path = _file_of(session_factory, dataset["id"], store)
+    FAULTS[fault](path)
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{first}", headers=bearer(keys.owner)).json()
+    assert (body["status"], body["reason"], body["refunded"]) == (
+        "failed",
+        DATASET_FILE_FAULT_REASON,
+        True,
+    )
+    assert body["epochs_done"] == 0
+
+
+def test_a_continual_release_that_read_an_epoch_is_not_refunded(
+    client, keys, upload_dataset, rng, session_factory, store, run_worker
+):
+    dataset, release_id = start(client, keys, upload_dataset, rng)
+    assert run_worker() == 1  # epoch 1 released
+    grow(client, keys, dataset["id"], rng)
+    _truncate(_file_of(session_factory, dataset["id"], store))
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert (body["status"], body["reason"]) == ("failed", DATASET_FILE_FAULT_REASON)
+    assert body["refunded"] is False and body["epochs_done"] == 1
