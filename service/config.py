@@ -102,6 +102,17 @@ class Settings(BaseSettings):
             "db_max_overflow database slots of its process before it gets 503 with Retry-After."
         ),
     )
+    db_max_queue_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Longest expected wait for a database slot a request may queue for. When every slot "
+            "is taken and the requests queued ahead of it (shared among the slots, times the "
+            "recent mean time a unit of work holds one) would make it wait longer, it gets 503 "
+            "with Retry-After at once instead of after db_wait_seconds: overload is shed "
+            "immediately. 0 sheds whenever every slot is taken."
+        ),
+    )
     api_threads: int = Field(
         default=40,
         ge=1,

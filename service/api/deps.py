@@ -9,7 +9,11 @@ a deadlock that only the pool timeout broke (500s, connections left "idle in tra
 Here routes are ``async`` and touch the database only through :meth:`Database.run`:
 
 1. the request waits, holding nothing, for one of ``db_pool_size + db_max_overflow`` slots
-   (an anyio semaphore); after ``db_wait_seconds`` it gets 503 with ``Retry-After``;
+   (an anyio semaphore, first come first served); after ``db_wait_seconds`` it gets 503 with
+   ``Retry-After``. When every slot is taken and its expected wait (the requests queued ahead
+   of it, divided among the slots, times the recent mean time a unit of work holds a slot)
+   exceeds ``db_max_queue_seconds``, it gets that 503 at once instead: under overload a client
+   learns in microseconds, not after ``db_wait_seconds``, that it should back off;
 2. one thread call, on a limiter with as many threads as slots (so it never waits for a
    thread), opens the session, checks the key, does the work, builds the response body and
    commits; the connection is held only inside that call, and the pool always has one for it.
@@ -23,7 +27,9 @@ A database that cannot serve (down, unreachable, restarting, pool exhausted) bec
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
@@ -61,12 +67,35 @@ Cursor = Annotated[
 ]
 
 
-@dataclass(frozen=True)
+#: Weight of the newest unit of work in the mean time a unit holds a slot (about the last 20).
+SERVICE_TIME_WEIGHT = 0.05
+
+
+@dataclass
 class _Gate:
-    """One event loop's admission control: ``slots`` units of work, as many threads."""
+    """One event loop's admission control: ``slots`` units of work, as many threads, and what
+    the shedding decision needs (touched only from the loop's own thread: no lock)."""
 
     slots: anyio.Semaphore
     threads: anyio.CapacityLimiter
+    #: Requests waiting for a slot now.
+    waiting: int = 0
+    #: Moving mean of the seconds a unit of work holds a slot (0 until one has run).
+    service_seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Fold one unit of work's time holding a slot into the moving mean."""
+        if self.service_seconds == 0.0:
+            self.service_seconds = seconds
+        else:
+            self.service_seconds += SERVICE_TIME_WEIGHT * (seconds - self.service_seconds)
+
+    def expected_wait(self, size: int) -> float:
+        """Seconds a request arriving now would wait for a slot: 0 while one is free, else the
+        requests ahead of it and itself, shared among ``size`` slots, times the mean hold."""
+        if self.slots.value > 0:
+            return 0.0
+        return (self.waiting + 1) * self.service_seconds / size
 
 
 class Database:
@@ -76,6 +105,7 @@ class Database:
         self.session_factory = session_factory
         self.size = settings.db_slots
         self.wait_seconds = settings.db_wait_seconds
+        self.max_queue_seconds = settings.db_max_queue_seconds
         self.retry_after = settings.retry_after_seconds
         self.api_threads = settings.api_threads
         # Semaphores belong to one event loop; tests run one app under several (one per
@@ -99,19 +129,33 @@ class Database:
     async def run(self, work: Callable[[Session], T]) -> T:
         """``work(session)`` in one transaction in one thread call, committed before returning.
 
-        Raises :class:`ServiceUnavailable` if no slot frees up within ``db_wait_seconds`` or the
-        database cannot serve; whatever ``work`` raises otherwise, after a rollback.
+        Raises :class:`ServiceUnavailable` at once if the expected wait for a slot exceeds
+        ``db_max_queue_seconds`` (see :meth:`_Gate.expected_wait`), if no slot frees up within
+        ``db_wait_seconds``, or if the database cannot serve; whatever ``work`` raises otherwise,
+        after a rollback.
         """
         gate = self.gate()
-        with anyio.move_on_after(self.wait_seconds) as waited:
-            await gate.slots.acquire()
+        expected = gate.expected_wait(self.size)
+        if expected > self.max_queue_seconds:
+            # Shed before queueing: the client would wait longer than we allow and likely time
+            # out anyway, and a queue that only grows makes every later request slower too.
+            retry_after = max(self.retry_after, math.ceil(expected))
+            raise ServiceUnavailable("the service is overloaded; retry shortly", retry_after)
+        gate.waiting += 1
+        try:
+            with anyio.move_on_after(self.wait_seconds) as waited:
+                await gate.slots.acquire()
+        finally:
+            gate.waiting -= 1
         if waited.cancelled_caught:
             raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
+        started = time.monotonic()
         try:
             # Not abandoned on cancellation: the slot is released only when the thread (and
             # its connection) is done, so slots never outnumber connections.
             return await anyio.to_thread.run_sync(self._transaction, work, limiter=gate.threads)
         finally:
+            gate.observe(time.monotonic() - started)
             gate.slots.release()
 
     def _transaction(self, work: Callable[[Session], T]) -> T:

@@ -204,6 +204,81 @@ def test_a_request_that_cannot_get_a_database_slot_in_time_gets_503(
     assert after.status_code == 200
 
 
+def test_overload_is_shed_at_once_when_the_expected_wait_exceeds_the_bound(
+    settings, session_factory, make_key
+):
+    # The pool timeout and the slot wait are huge: a request that queued would not come back
+    # within the guard below. The answer must come from the shedding path, not from a timeout.
+    app = create_app(
+        _with(
+            settings,
+            db_pool_size=2,
+            db_max_overflow=0,
+            db_wait_seconds=10**6,
+            db_pool_timeout_seconds=10**6,
+            db_max_queue_seconds=1.0,
+            retry_after_seconds=2,
+        ),
+        session_factory=session_factory,
+    )
+    owner = bearer(make_key("owner"))
+    database = app.state.database
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, float, float]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            assert (await http.get("/v1/datasets", headers=owner)).status_code == 200
+            gate = database.gate()
+            free = gate.expected_wait(database.size)
+            for _ in range(2):  # every slot taken, as by units of work holding them
+                await gate.slots.acquire()
+            gate.service_seconds = 3.0  # each holds its slot about 3 s
+            full = gate.expected_wait(database.size)  # 1 request (itself) / 2 slots * 3 s
+            try:
+                with anyio.fail_after(60):  # a guard against hanging, not a timing assertion
+                    shed = await http.get("/v1/datasets", headers=owner)
+            finally:
+                for _ in range(2):
+                    gate.slots.release()
+            assert gate.waiting == 0  # it never queued
+            return shed, await http.get("/v1/datasets", headers=owner), free, full
+
+    shed, after, free, full = anyio.run(scenario)
+    assert (free, full) == (0.0, 1.5)
+    assert shed.status_code == 503
+    assert shed.headers["retry-after"] == "2"
+    assert shed.json()["error"] == "service_unavailable"
+    assert after.status_code == 200
+
+
+def test_a_short_expected_wait_queues_instead_of_shedding(settings, session_factory, make_key):
+    app = create_app(
+        _with(settings, db_pool_size=1, db_max_overflow=0, db_max_queue_seconds=1.0),
+        session_factory=session_factory,
+    )
+    owner = bearer(make_key("owner"))
+
+    async def scenario() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            gate = app.state.database.gate()
+            await gate.slots.acquire()
+            gate.service_seconds = 0.5  # expected wait 0.5 s: within the bound, so it queues
+            async with anyio.create_task_group() as tasks:
+                statuses: list[int] = []
+
+                async def request() -> None:
+                    statuses.append((await http.get("/v1/datasets", headers=owner)).status_code)
+
+                tasks.start_soon(request)
+                while gate.waiting == 0:
+                    await anyio.sleep(0.01)
+                gate.slots.release()
+            return statuses[0]
+
+    assert anyio.run(scenario) == 200
+
+
 def test_the_body_deadline_covers_the_body_and_ends_with_it():
     async def scenario(first_chunk_after: float) -> tuple[str, bool]:
         messages = [{"type": "http.request", "body": b"x", "more_body": False}]
