@@ -113,6 +113,26 @@ class Settings(BaseSettings):
             "immediately. 0 sheds whenever every slot is taken."
         ),
     )
+    api_max_loop_lag_seconds: float = Field(
+        default=0.25,
+        ge=0,
+        description=(
+            "Longest pass of an API process's event loop under which /v1 requests are served; "
+            "above it (the process is CPU-bound) a request gets 503 with Retry-After at once, "
+            "before any database work. 0 turns this off."
+        ),
+    )
+    auth_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "How long an API process may reuse its verification of a key for reads (GET), "
+            "saving a lookup per request. Writes always check the key in their own transaction. "
+            "A revoked key stops working for reads at once in the API process that revoked it "
+            "and at most this long later in every other one (other --workers, other hosts, "
+            "`dpss keys revoke`). 0 checks the key on every request."
+        ),
+    )
     api_threads: int = Field(
         default=40,
         ge=1,

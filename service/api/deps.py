@@ -40,7 +40,7 @@ from anyio.lowlevel import RunVar
 from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.auth import Principal, authenticate
+from service.auth import Principal, VerifiedKeys, authenticate_cached
 from service.config import Settings
 from service.db.engine import database_unavailable
 from service.errors import ServiceUnavailable
@@ -108,6 +108,7 @@ class Database:
         self.max_queue_seconds = settings.db_max_queue_seconds
         self.retry_after = settings.retry_after_seconds
         self.api_threads = settings.api_threads
+        self.verified_keys = VerifiedKeys(settings.auth_cache_seconds)
         # Semaphores belong to one event loop; tests run one app under several (one per
         # TestClient), so each loop gets its own gate.
         self._gates: RunVar[_Gate] = RunVar("dpss_database_gate")
@@ -197,22 +198,29 @@ def bearer_secret(request: Request) -> str | None:
     return secret.strip() if scheme.lower() == "bearer" else None
 
 
+#: Methods that change nothing: their key check may come from :class:`VerifiedKeys`.
+READ_METHODS = frozenset({"GET", "HEAD"})
+
+
 class UnitOfWork:
     """One request's access to the database, as the principal of its key.
 
-    ``await uow(work)`` runs ``work(session, principal)`` through :meth:`Database.run`: the key
-    is checked in the same transaction as the work, so a key revoked a moment ago does nothing.
+    ``await uow(work)`` runs ``work(session, principal)`` through :meth:`Database.run`. For a
+    write the key is checked in the same transaction as the work, so a key revoked a moment ago
+    does nothing; a read may use the process's recent verification of the key (at most
+    ``DPSS_AUTH_CACHE_SECONDS`` old, see :class:`service.auth.VerifiedKeys`).
     """
 
-    def __init__(self, database: Database, secret: str | None) -> None:
+    def __init__(self, database: Database, secret: str | None, read_only: bool = False) -> None:
         self.database = database
         self.secret = secret
+        self.read_only = read_only
 
     async def __call__(self, work: Callable[[Session, Principal], T]) -> T:
-        secret = self.secret
+        secret, verified, read_only = self.secret, self.database.verified_keys, self.read_only
 
         def transaction(session: Session) -> T:
-            return work(session, authenticate(session, secret))
+            return work(session, authenticate_cached(session, secret, verified, read_only))
 
         return await self.database.run(transaction)
 
@@ -227,7 +235,7 @@ def database_of(request: Request) -> Database:
 
 
 def unit_of_work_for(request: Request) -> UnitOfWork:
-    return UnitOfWork(database_of(request), bearer_secret(request))
+    return UnitOfWork(database_of(request), bearer_secret(request), request.method in READ_METHODS)
 
 
 # Dependencies are async so that resolving them costs no thread call.
