@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import threading
+import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,6 +52,70 @@ def authenticate(session: Session, secret: str | None) -> Principal:
         raise Unauthenticated("invalid or revoked API key")
     logs.bind_key_id(key.id)
     return Principal(key_id=key.id, role=key.role, name=key.name)  # type: ignore[arg-type]
+
+
+class VerifiedKeys:
+    """Keys this API process verified in the last ``ttl_seconds``, for reads only.
+
+    A read (GET) with a key verified here less than ``ttl_seconds`` ago skips the key lookup,
+    one of the few statements of a budget or release read. Writes always check the key in
+    their own transaction, so a revoked key never charges, creates or changes anything.
+
+    Revocation: the process that revokes a key forgets every entry at once (:meth:`clear`);
+    every other API process (``dpss api --workers N``, other hosts, ``dpss keys revoke``) stops
+    accepting the key for reads at most ``ttl_seconds`` later, when the entry expires. Bounded:
+    at most ``max_entries`` keys, least recently used dropped first; unknown or revoked keys are
+    never stored, so a flood of random tokens cannot evict the real ones. Entries are keyed by
+    the secret's SHA-256 (what the key table stores), never the secret.
+    """
+
+    def __init__(self, ttl_seconds: float, max_entries: int = 1024) -> None:
+        self.ttl_seconds = ttl_seconds
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+        self._lock = threading.Lock()  # filled from database threads, read from the loop
+
+    def get(self, digest: str) -> Principal | None:
+        if self.ttl_seconds <= 0:
+            return None
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            if time.monotonic() - entry[0] >= self.ttl_seconds:
+                del self._entries[digest]
+                return None
+            self._entries.move_to_end(digest)
+            return entry[1]
+
+    def put(self, digest: str, principal: Principal) -> None:
+        if self.ttl_seconds <= 0:
+            return
+        with self._lock:
+            self._entries[digest] = (time.monotonic(), principal)
+            self._entries.move_to_end(digest)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def authenticate_cached(
+    session: Session, secret: str | None, verified: VerifiedKeys, read_only: bool
+) -> Principal:
+    """:func:`authenticate`, answered from ``verified`` for a read whose key it holds."""
+    if secret and read_only:
+        digest = hash_secret(secret)
+        principal = verified.get(digest)
+        if principal is None:
+            principal = authenticate(session, secret)
+            verified.put(digest, principal)
+        else:
+            logs.bind_key_id(principal.key_id)
+        return principal
+    return authenticate(session, secret)
 
 
 def require_role(principal: Principal, *roles: Role) -> None:

@@ -102,6 +102,37 @@ class Settings(BaseSettings):
             "db_max_overflow database slots of its process before it gets 503 with Retry-After."
         ),
     )
+    db_max_queue_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Longest expected wait for a database slot a request may queue for. When every slot "
+            "is taken and the requests queued ahead of it (shared among the slots, times the "
+            "recent mean time a unit of work holds one) would make it wait longer, it gets 503 "
+            "with Retry-After at once instead of after db_wait_seconds: overload is shed "
+            "immediately. 0 sheds whenever every slot is taken."
+        ),
+    )
+    api_max_loop_lag_seconds: float = Field(
+        default=0.25,
+        ge=0,
+        description=(
+            "Longest pass of an API process's event loop under which /v1 requests are served; "
+            "above it (the process is CPU-bound) a request gets 503 with Retry-After at once, "
+            "before any database work. 0 turns this off."
+        ),
+    )
+    auth_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description=(
+            "How long an API process may reuse its verification of a key for reads (GET), "
+            "saving a lookup per request. Writes always check the key in their own transaction. "
+            "A revoked key stops working for reads at once in the API process that revoked it "
+            "and at most this long later in every other one (other --workers, other hosts, "
+            "`dpss keys revoke`). 0 checks the key on every request."
+        ),
+    )
     api_threads: int = Field(
         default=40,
         ge=1,

@@ -9,7 +9,11 @@ a deadlock that only the pool timeout broke (500s, connections left "idle in tra
 Here routes are ``async`` and touch the database only through :meth:`Database.run`:
 
 1. the request waits, holding nothing, for one of ``db_pool_size + db_max_overflow`` slots
-   (an anyio semaphore); after ``db_wait_seconds`` it gets 503 with ``Retry-After``;
+   (an anyio semaphore, first come first served); after ``db_wait_seconds`` it gets 503 with
+   ``Retry-After``. When every slot is taken and its expected wait (the requests queued ahead
+   of it, divided among the slots, times the recent mean time a unit of work holds a slot)
+   exceeds ``db_max_queue_seconds``, it gets that 503 at once instead: under overload a client
+   learns in microseconds, not after ``db_wait_seconds``, that it should back off;
 2. one thread call, on a limiter with as many threads as slots (so it never waits for a
    thread), opens the session, checks the key, does the work, builds the response body and
    commits; the connection is held only inside that call, and the pool always has one for it.
@@ -23,7 +27,9 @@ A database that cannot serve (down, unreachable, restarting, pool exhausted) bec
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -34,7 +40,7 @@ from anyio.lowlevel import RunVar
 from fastapi import Depends, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.auth import Principal, authenticate
+from service.auth import Principal, VerifiedKeys, authenticate_cached
 from service.config import Settings
 from service.db.engine import database_unavailable
 from service.errors import ServiceUnavailable
@@ -61,12 +67,35 @@ Cursor = Annotated[
 ]
 
 
-@dataclass(frozen=True)
+#: Weight of the newest unit of work in the mean time a unit holds a slot (about the last 20).
+SERVICE_TIME_WEIGHT = 0.05
+
+
+@dataclass
 class _Gate:
-    """One event loop's admission control: ``slots`` units of work, as many threads."""
+    """One event loop's admission control: ``slots`` units of work, as many threads, and what
+    the shedding decision needs (touched only from the loop's own thread: no lock)."""
 
     slots: anyio.Semaphore
     threads: anyio.CapacityLimiter
+    #: Requests waiting for a slot now.
+    waiting: int = 0
+    #: Moving mean of the seconds a unit of work holds a slot (0 until one has run).
+    service_seconds: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Fold one unit of work's time holding a slot into the moving mean."""
+        if self.service_seconds == 0.0:
+            self.service_seconds = seconds
+        else:
+            self.service_seconds += SERVICE_TIME_WEIGHT * (seconds - self.service_seconds)
+
+    def expected_wait(self, size: int) -> float:
+        """Seconds a request arriving now would wait for a slot: 0 while one is free, else the
+        requests ahead of it and itself, shared among ``size`` slots, times the mean hold."""
+        if self.slots.value > 0:
+            return 0.0
+        return (self.waiting + 1) * self.service_seconds / size
 
 
 class Database:
@@ -76,8 +105,10 @@ class Database:
         self.session_factory = session_factory
         self.size = settings.db_slots
         self.wait_seconds = settings.db_wait_seconds
+        self.max_queue_seconds = settings.db_max_queue_seconds
         self.retry_after = settings.retry_after_seconds
         self.api_threads = settings.api_threads
+        self.verified_keys = VerifiedKeys(settings.auth_cache_seconds)
         # Semaphores belong to one event loop; tests run one app under several (one per
         # TestClient), so each loop gets its own gate.
         self._gates: RunVar[_Gate] = RunVar("dpss_database_gate")
@@ -99,19 +130,33 @@ class Database:
     async def run(self, work: Callable[[Session], T]) -> T:
         """``work(session)`` in one transaction in one thread call, committed before returning.
 
-        Raises :class:`ServiceUnavailable` if no slot frees up within ``db_wait_seconds`` or the
-        database cannot serve; whatever ``work`` raises otherwise, after a rollback.
+        Raises :class:`ServiceUnavailable` at once if the expected wait for a slot exceeds
+        ``db_max_queue_seconds`` (see :meth:`_Gate.expected_wait`), if no slot frees up within
+        ``db_wait_seconds``, or if the database cannot serve; whatever ``work`` raises otherwise,
+        after a rollback.
         """
         gate = self.gate()
-        with anyio.move_on_after(self.wait_seconds) as waited:
-            await gate.slots.acquire()
+        expected = gate.expected_wait(self.size)
+        if expected > self.max_queue_seconds:
+            # Shed before queueing: the client would wait longer than we allow and likely time
+            # out anyway, and a queue that only grows makes every later request slower too.
+            retry_after = max(self.retry_after, math.ceil(expected))
+            raise ServiceUnavailable("the service is overloaded; retry shortly", retry_after)
+        gate.waiting += 1
+        try:
+            with anyio.move_on_after(self.wait_seconds) as waited:
+                await gate.slots.acquire()
+        finally:
+            gate.waiting -= 1
         if waited.cancelled_caught:
             raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
+        started = time.monotonic()
         try:
             # Not abandoned on cancellation: the slot is released only when the thread (and
             # its connection) is done, so slots never outnumber connections.
             return await anyio.to_thread.run_sync(self._transaction, work, limiter=gate.threads)
         finally:
+            gate.observe(time.monotonic() - started)
             gate.slots.release()
 
     def _transaction(self, work: Callable[[Session], T]) -> T:
@@ -157,26 +202,37 @@ def bearer_secret(request: Request) -> str | None:
 #: (:class:`service.api.middleware.RateLimitMiddleware`) then gives the key its own bucket.
 KEY_AUTHENTICATED = "dpss.key_authenticated"
 
+#: Methods that change nothing: their key check may come from :class:`VerifiedKeys`.
+READ_METHODS = frozenset({"GET", "HEAD"})
+
 
 class UnitOfWork:
     """One request's access to the database, as the principal of its key.
 
-    ``await uow(work)`` runs ``work(session, principal)`` through :meth:`Database.run`: the key
-    is checked in the same transaction as the work, so a key revoked a moment ago does nothing.
+    ``await uow(work)`` runs ``work(session, principal)`` through :meth:`Database.run`. For a
+    write the key is checked in the same transaction as the work, so a key revoked a moment ago
+    does nothing; a read may use the process's recent verification of the key (at most
+    ``DPSS_AUTH_CACHE_SECONDS`` old, see :class:`service.auth.VerifiedKeys`).
     """
 
     def __init__(
-        self, database: Database, secret: str | None, scope: MutableMapping[str, Any] | None = None
+        self,
+        database: Database,
+        secret: str | None,
+        scope: MutableMapping[str, Any] | None = None,
+        read_only: bool = False,
     ) -> None:
         self.database = database
         self.secret = secret
         self.scope = scope
+        self.read_only = read_only
 
     async def __call__(self, work: Callable[[Session, Principal], T]) -> T:
         secret, scope = self.secret, self.scope
+        verified, read_only = self.database.verified_keys, self.read_only
 
         def transaction(session: Session) -> T:
-            principal = authenticate(session, secret)
+            principal = authenticate_cached(session, secret, verified, read_only)
             if scope is not None:
                 scope[KEY_AUTHENTICATED] = True
             return work(session, principal)
@@ -194,7 +250,12 @@ def database_of(request: Request) -> Database:
 
 
 def unit_of_work_for(request: Request) -> UnitOfWork:
-    return UnitOfWork(database_of(request), bearer_secret(request), request.scope)
+    return UnitOfWork(
+        database_of(request),
+        bearer_secret(request),
+        request.scope,
+        read_only=request.method in READ_METHODS,
+    )
 
 
 # Dependencies are async so that resolving them costs no thread call.

@@ -56,4 +56,6 @@ async def revoke_key(key_id: uuid.UUID, uow: UnitOfWorkDep) -> Response:
         auth.revoke_key(session, key_id, principal.key_id)
 
     await uow(work)
+    # This process stops accepting the key at once; others within DPSS_AUTH_CACHE_SECONDS.
+    uow.database.verified_keys.clear()
     return Response(status_code=204)

@@ -6,7 +6,7 @@ Starlette's ``ServerErrorMiddleware``, so that even a 500 carries the request id
 headers, and its access line is written.
 
 Order, outermost first: request id and access log, security headers, CORS (only when
-configured), rate limit, then the application.
+configured), rate limit, overload shedding, then the application.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import math
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import anyio
 from fastapi import FastAPI
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware.cors import CORSMiddleware
@@ -329,8 +331,60 @@ class RateLimitMiddleware:
             self._learn(digest, bool(scope.get(KEY_AUTHENTICATED)), status)
 
 
+async def event_loop_lag() -> float:
+    """Seconds the event loop takes to come back to a task that yields now: one pass over
+    every callback ready before it (requests parsed, threads' results, timers due)."""
+    started = time.perf_counter()
+    await anyio.sleep(0)
+    return time.perf_counter() - started
+
+
+class OverloadMiddleware:
+    """Answer ``/v1`` with 503 and ``Retry-After`` at once while the event loop is saturated.
+
+    Every await of a request (its database slot, its thread's result, each response message)
+    waits one pass of the loop; when one pass takes longer than ``max_lag`` seconds (CPU-bound:
+    more requests than the process can parse and answer), a request would wait several of
+    them. Refusing it here costs microseconds and no database work, so the process drains
+    instead of queueing ever longer (the database slots' own queue is shed in
+    :meth:`service.api.deps.Database.run`). Probed per request, so no background task.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_lag: float,
+        retry_after: int,
+        probe: Callable[[], Awaitable[float]] = event_loop_lag,
+    ) -> None:
+        self.app = app
+        self.max_lag = max_lag
+        self.retry_after = retry_after
+        self.probe = probe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = _route_path(scope) if scope["type"] == "http" else ""
+        if not (path == "/v1" or path.startswith("/v1/")) or await self.probe() <= self.max_lag:
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {
+                "error": "service_unavailable",
+                "detail": "the service is overloaded; retry shortly",
+                "retry_after": self.retry_after,
+            },
+            status_code=503,
+            headers={"Retry-After": str(self.retry_after)},
+        )
+        await response(scope, receive, send)
+
+
 def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
     """Wrap the application in the layers above, as ``settings`` configure them."""
+    if settings.api_max_loop_lag_seconds > 0:
+        app = OverloadMiddleware(
+            app, settings.api_max_loop_lag_seconds, settings.retry_after_seconds
+        )
     if settings.rate_limit_per_second > 0:
         app = RateLimitMiddleware(app, settings)
     if settings.cors_allow_origins:
