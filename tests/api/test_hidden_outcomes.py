@@ -20,12 +20,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import auth
 from service.app import create_app
 from service.config import Settings
-from service.store import DatasetStore
-from service.worker import Worker
-from tests.conftest import bearer, npy_bytes
+from tests.api.conftest import Service
+from tests.conftest import bearer
 from tests.factories import near_subspace
 
 HOUR = 3600.0
@@ -184,50 +182,8 @@ def test_no_answer_changes_when_the_job_finishes_before_visible_at(
 # -- long polls: real commits, the worker in another thread ---------------------------------------
 
 
-class Service:
-    def __init__(self, factory: sessionmaker[Session], settings: Settings) -> None:
-        self.client = TestClient(create_app(settings, session_factory=factory))
-        self.client.__enter__()
-        self.keys: dict[str, str] = {}
-        with factory.begin() as session:
-            for role in ("owner", "analyst"):
-                _, self.keys[role] = auth.create_key(session, role, role, actor_key_id=None)
-        data, _ = near_subspace(np.random.default_rng(3), 200, 6, 2)
-        made = self.client.post(
-            "/v1/datasets",
-            headers=bearer(self.keys["owner"]),
-            files={"file": ("d.npy", npy_bytes(data), "application/octet-stream")},
-            data={"name": "t", "epsilon_budget": "10", "delta_budget": "1e-3",
-                  "row_norm_bound": "1"},
-        )  # fmt: skip
-        assert made.status_code == 201, made.text
-        self.dataset = made.json()["id"]
-        self.worker = Worker(factory, DatasetStore(settings.datasets_dir), settings, "w")
-
-    def request(self, body: dict[str, Any]) -> str:
-        made = self.client.post(
-            f"/v1/datasets/{self.dataset}/releases", headers=bearer(self.keys["analyst"]), json=body
-        )
-        assert made.status_code == 202, made.text
-        return str(made.json()["id"])
-
-
-@pytest.fixture
-def live(
-    committed_db: tuple[str, sessionmaker[Session]], settings: Settings
-) -> Iterator[Callable[[float], Service]]:
-    made: list[Service] = []
-
-    def make(padding: float) -> Service:
-        configured = settings.model_copy(
-            update={"release_padding_floor_seconds": padding, "release_padding_multiplier": 1.0}
-        )
-        made.append(Service(committed_db[1], configured))
-        return made[-1]
-
-    yield make
-    for service in made:
-        service.client.__exit__(None, None, None)
+def _paths(*releases: str) -> list[str]:
+    return [f"/v1/releases/{r}{tail}" for r in releases for tail in ("", "/epochs")]
 
 
 def _polls(service: Service, paths: list[str], wait: float) -> list[tuple[httpx.Response, float]]:
@@ -253,17 +209,12 @@ def _polls(service: Service, paths: list[str], wait: float) -> list[tuple[httpx.
 
 
 def test_long_polls_do_not_answer_when_the_job_finishes_before_visible_at(
-    live: Callable[[float], Service],
+    make_service: Callable[..., Service],
 ) -> None:
-    service = live(HOUR)
+    service = make_service(release_padding_floor_seconds=HOUR, release_padding_multiplier=1.0)
     one_shot = service.request(ONE_SHOT)
     running = service.request({**CONTINUAL, "params": {"horizon": 3}})
-    paths = [
-        f"/v1/releases/{one_shot}",
-        f"/v1/releases/{one_shot}/epochs",
-        f"/v1/releases/{running}",
-        f"/v1/releases/{running}/epochs",
-    ]
+    paths = _paths(one_shot, running)
     headers = bearer(service.keys["analyst"])
     before = [service.client.get(path, headers=headers).content for path in paths]
     start = time.time()
@@ -279,16 +230,13 @@ def test_long_polls_do_not_answer_when_the_job_finishes_before_visible_at(
         assert response.content == was, path
 
 
-def test_long_polls_answer_at_visible_at_not_before(live: Callable[[float], Service]) -> None:
-    service = live(1.5)
+def test_long_polls_answer_at_visible_at_not_before(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(release_padding_floor_seconds=1.5, release_padding_multiplier=1.0)
     one_shot = service.request(ONE_SHOT)
     continual = service.request({**CONTINUAL, "params": {"horizon": 1}})
-    paths = [
-        f"/v1/releases/{one_shot}",
-        f"/v1/releases/{one_shot}/epochs",
-        f"/v1/releases/{continual}",
-        f"/v1/releases/{continual}/epochs",
-    ]
+    paths = _paths(one_shot, continual)
     answers = _polls(service, paths, wait=20.0)
     headers = bearer(service.keys["analyst"])
     for path, (response, at) in zip(paths, answers, strict=True):
