@@ -31,7 +31,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pydantic import SecretBytes, SecretStr
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, literal, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api_schemas.common import BUDGET_CONTEXT
@@ -43,6 +43,7 @@ from service.db.models import (
     Grant,
     LedgerEntry,
     Release,
+    ReleaseBasis,
     ReleaseEpoch,
     utcnow,
 )
@@ -576,15 +577,49 @@ def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[st
                 f"releases {release_id}: event {outcome.seq} records an outcome, "
                 "but no event requested it"
             )
-    # The stored basis itself, against the hash that reconciled with the event above.
-    bases = session.execute(
-        select(Release.id, Release.result_basis, Release.result_sha256)
-        .where(Release.result_basis.is_not(None))
-        .execution_options(yield_per=64)
+    # The stored bases themselves, against the hashes that reconciled with the events.
+    _check_bases(session, problems)
+
+
+def _check_bases(session: Session, problems: list[str]) -> None:
+    """Every stored basis (``release_bases``) matches the hash stored with its release (epoch
+    0) or its epoch, and every such hash has its basis."""
+    results = (
+        select(Release.id, literal(0), Release.result_sha256, ReleaseBasis.basis)
+        .outerjoin(
+            ReleaseBasis, and_(ReleaseBasis.release_id == Release.id, ReleaseBasis.epoch == 0)
+        )
+        .where(Release.result_sha256.is_not(None))
     )
-    for release_id, basis, digest in bases:
-        if basis is not None and hashlib.sha256(basis).hexdigest() != digest:
-            problems.append(f"releases {release_id}: result_basis does not match result_sha256")
+    epochs = (
+        select(
+            ReleaseEpoch.release_id,
+            ReleaseEpoch.epoch,
+            ReleaseEpoch.basis_sha256,
+            ReleaseBasis.basis,
+        )
+        .outerjoin(
+            ReleaseBasis,
+            and_(
+                ReleaseBasis.release_id == ReleaseEpoch.release_id,
+                ReleaseBasis.epoch == ReleaseEpoch.epoch,
+            ),
+        )
+        .where(ReleaseEpoch.basis_sha256.is_not(None))
+    )
+    for query in (results, epochs):
+        for release_id, epoch, digest, basis in session.execute(
+            query.execution_options(yield_per=64)
+        ):
+            where = (
+                f"releases {release_id}"
+                if epoch == 0
+                else f"release_epochs {release_id} epoch {epoch}"
+            )
+            if basis is None:
+                problems.append(f"{where}: the basis is missing")
+            elif hashlib.sha256(basis).hexdigest() != digest:
+                problems.append(f"{where}: the basis does not match its sha256")
 
 
 def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]) -> None:

@@ -51,7 +51,14 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit, wake
-from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
+from service.db.models import (
+    Dataset,
+    DatasetBatch,
+    Release,
+    ReleaseBasis,
+    ReleaseEpoch,
+    utcnow,
+)
 from service.errors import safe_traceback
 from service.jobs import (
     ABANDONED_REASON,
@@ -426,7 +433,6 @@ def _store_epoch(
                 epoch=step.epoch,
                 batch_seq=step.batch_seq,
                 n_rows_read=step.n_rows,
-                basis=basis,
                 basis_shape=shape,
                 basis_sha256=sha256,
                 extras=outcome.extras,
@@ -434,6 +440,8 @@ def _store_epoch(
                 visible_at=step.visible_at,
             )
         )
+        if basis is not None:
+            session.add(ReleaseBasis(release_id=release.id, epoch=step.epoch, basis=basis))
         release.continual_state = computed.state
         release.epochs_done = step.epoch
         release.lease_expires_at = utcnow() + timedelta(
@@ -512,6 +520,18 @@ def next_visible_at(
             ReleaseEpoch.visible_at > visible_by,
         )
     ).scalar_one_or_none()
+
+
+def epoch_bases(session: Session, release_id: object, epochs: list[int]) -> dict[int, bytes]:
+    """The stored bases of these epochs of ``release_id`` (one statement)."""
+    if not epochs:
+        return {}
+    rows = session.execute(
+        select(ReleaseBasis.epoch, ReleaseBasis.basis).where(
+            ReleaseBasis.release_id == release_id, ReleaseBasis.epoch.in_(epochs)
+        )
+    )
+    return {epoch: basis for epoch, basis in rows}
 
 
 def page_epochs(

@@ -25,7 +25,7 @@ from api_schemas.releases import ReleaseRequest
 from service import audit, grants, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
-from service.db.models import Dataset, Release, utcnow
+from service.db.models import Dataset, Release, ReleaseBasis, utcnow
 from service.errors import (
     BudgetExceeded,
     DatasetGone,
@@ -302,12 +302,20 @@ def shows_timing(principal: Principal) -> bool:
     return principal.role != "analyst"
 
 
-def decode_basis(release: Release) -> np.ndarray[Any, np.dtype[np.float64]] | None:
-    """The stored basis as a ``d x k`` array."""
-    if release.result_basis is None or release.result_shape is None:
+def decode_basis(
+    data: bytes | None, shape: list[int] | None
+) -> np.ndarray[Any, np.dtype[np.float64]] | None:
+    """A stored basis (``release_bases.basis``) as a ``d x k`` array."""
+    if data is None or shape is None:
         return None
-    rows, cols = release.result_shape
-    return np.frombuffer(release.result_basis, dtype="<f8").reshape(rows, cols)
+    rows, cols = shape
+    return np.frombuffer(data, dtype="<f8").reshape(rows, cols)
+
+
+def stored_basis(session: Session, release: Release) -> bytes | None:
+    """The release's result basis (read only to be shown: see :class:`ReleaseBasis`)."""
+    found = session.get(ReleaseBasis, (release.id, 0))
+    return found.basis if found is not None else None
 
 
 def encode_basis(basis: np.ndarray[Any, Any]) -> tuple[bytes, list[int], str]:

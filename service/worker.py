@@ -68,7 +68,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit, ledger, wake
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
-from service.db.models import Release, utcnow
+from service.db.models import Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.jobs import (
     ABANDONED_REASON,
@@ -412,7 +412,8 @@ class Worker:
         release.lease_expires_at = None
         release.result_extras = outcome.extras
         if outcome.basis is not None:
-            release.result_basis, release.result_shape, release.result_sha256 = outcome.basis
+            basis, release.result_shape, release.result_sha256 = outcome.basis
+            session.add(ReleaseBasis(release_id=release.id, epoch=0, basis=basis))
         if outcome.refund:
             ledger.refund(session, release.dataset_id, release.id, release.epsilon, release.delta)
             release.refunded = True

@@ -23,7 +23,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit, auth
 from service.app import create_app
-from service.db.models import ApiKey, AuditEvent, AuditHead, Dataset, LedgerEntry, Release
+from service.db.models import (
+    ApiKey,
+    AuditEvent,
+    AuditHead,
+    Dataset,
+    LedgerEntry,
+    Release,
+    ReleaseBasis,
+)
 from service.mechanisms.base import MechanismOutput
 from service.worker import Outcome, Worker
 from tests.conftest import bearer, post_release
@@ -181,8 +189,19 @@ def _edit_release(**values: Any) -> Callable[[str], Tampering]:
     return on
 
 
+def _edit_basis(basis: bytes | None) -> Tampering:
+    def tamper(session: Session, ledger: Ledger) -> Any:
+        stored = ReleaseBasis.release_id == rid(ledger.succeeded)
+        if basis is None:
+            return session.execute(delete(ReleaseBasis).where(stored))
+        return session.execute(update(ReleaseBasis).where(stored).values(basis=basis))
+
+    return tamper
+
+
 def _remove_release(session: Session, ledger: Ledger) -> Any:
     session.execute(delete(LedgerEntry).where(LedgerEntry.release_id == rid(ledger.succeeded)))
+    session.execute(delete(ReleaseBasis).where(ReleaseBasis.release_id == rid(ledger.succeeded)))
     return session.execute(delete(Release).where(Release.id == rid(ledger.succeeded)))
 
 
@@ -220,8 +239,12 @@ TAMPERINGS: dict[str, tuple[Tampering, str]] = {
         "releases {succeeded}: result_sha256 differs from release_succeeded event",
     ),
     "edit a result basis": (
-        _edit_release(result_basis=b"\0" * 24)("succeeded"),
-        "releases {succeeded}: result_basis does not match result_sha256",
+        _edit_basis(b"\0" * 24),
+        "releases {succeeded}: the basis does not match its sha256",
+    ),
+    "remove a result basis": (
+        _edit_basis(None),
+        "releases {succeeded}: the basis is missing",
     ),
     "re-queue a failed release": (
         _edit_release(status="queued")("failed"),

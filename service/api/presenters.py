@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-import numpy as np
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import ledger, releases, visibility
+from service import continual, ledger, releases, visibility
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
@@ -54,18 +53,18 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
     ]
 
 
-def epoch_out(epoch: models.ReleaseEpoch, principal: Principal, with_basis: bool = True) -> Epoch:
-    """An epoch as ``principal`` may see it (its time for owners and auditors only)."""
-    basis = None
-    if with_basis and epoch.basis is not None and epoch.basis_shape is not None:
-        rows, cols = epoch.basis_shape
-        basis = np.frombuffer(epoch.basis, dtype="<f8").reshape(rows, cols).tolist()
+def epoch_out(
+    epoch: models.ReleaseEpoch, principal: Principal, stored: bytes | None = None
+) -> Epoch:
+    """An epoch as ``principal`` may see it (its time for owners and auditors only), with its
+    basis when given (``stored``, from :func:`service.continual.epoch_bases`)."""
+    basis = decode_basis(stored, epoch.basis_shape)
     return Epoch(
         epoch=epoch.epoch,
         batch_seq=epoch.batch_seq,
         n_rows_read=epoch.n_rows_read,
         basis_sha256=epoch.basis_sha256,
-        basis=basis,
+        basis=basis.tolist() if basis is not None else None,
         extras=epoch.extras or {},
         created_at=epoch.created_at if releases.shows_timing(principal) else None,
     )
@@ -90,7 +89,8 @@ def release_out(
         shown = visibility.view(session, release, principal, now)
     result = None
     if shown.shows_result:
-        basis = decode_basis(release) if with_basis else None
+        stored = releases.stored_basis(session, release) if with_basis else None
+        basis = decode_basis(stored, release.result_shape)
         result = ReleaseResult(
             basis=basis.tolist() if basis is not None else None,
             basis_sha256=release.result_sha256,
@@ -98,10 +98,17 @@ def release_out(
         )
     following: dict[str, object] = {}
     if shown.epochs is not None:
-        latest = shown.latest_epoch
+        latest, latest_out = shown.latest_epoch, None
+        if latest is not None:
+            stored = None
+            if with_basis:
+                stored = continual.epoch_bases(session, release.id, [latest.epoch]).get(
+                    latest.epoch
+                )
+            latest_out = epoch_out(latest, principal, stored)
         following = {
             "epochs_done": len(shown.epochs),
-            "latest_epoch": epoch_out(latest, principal, with_basis) if latest else None,
+            "latest_epoch": latest_out,
             "epochs": [
                 EpochSummary(epoch=e, batch_seq=s, n_rows_read=n, basis_sha256=h)
                 for e, s, n, h in shown.epochs

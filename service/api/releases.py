@@ -295,8 +295,9 @@ async def list_epochs(
         shows_at = None
         if visible_by is not None and not page.items:
             shows_at = continual.next_visible_at(session, release.id, after, visible_by)
+        bases = continual.epoch_bases(session, release.id, [epoch.epoch for epoch in page.items])
         listed = EpochList(
-            items=[epoch_out(epoch, principal) for epoch in page.items],
+            items=[epoch_out(epoch, principal, bases.get(epoch.epoch)) for epoch in page.items],
             total=page.total,
             next=page.next,
         )

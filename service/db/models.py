@@ -152,10 +152,7 @@ class Release(Base):
     visible_at: Mapped[datetime | None] = mapped_column(default=None)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
-    #: The released basis, little-endian float64 row-major ``d x k``; written once. Deferred
-    #: (like the continual state and key below): a read of the row does not load it, so that
-    #: reading a release whose outcome an analyst may not see yet takes the same time before
-    #: and after a large basis is stored (see docs/reliability.md, threat model).
+    #: Emptied by migration 0007 and no longer written: the basis is in ``release_bases``.
     result_basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     result_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
     result_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
@@ -166,6 +163,8 @@ class Release(Base):
     batches_read: Mapped[int | None] = mapped_column(Integer, default=None)
     #: Continual releases: epochs released so far, and the serialized mechanism state (the
     #: tree's closed nodes with their noise). Private: never in a response, log or event.
+    #: The state and the key are deferred (not loaded with the row): the state grows as epochs
+    #: are stored, and an analyst's read must take the same time before an epoch is visible.
     epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
@@ -187,8 +186,8 @@ class ReleaseEpoch(Base):
     epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     batch_seq: Mapped[int] = mapped_column(Integer)
     n_rows_read: Mapped[int] = mapped_column(BigInteger)
-    #: Little-endian float64 row-major ``d x k``, as ``releases.result_basis``.
-    basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    #: Emptied by migration 0007 and no longer written: the basis is in ``release_bases``.
+    basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     basis_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
     basis_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
@@ -197,6 +196,23 @@ class ReleaseEpoch(Base):
     #: public facts (and not before the release's ``visible_at``), so that polling does not
     #: reveal how long the epoch took.
     visible_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ReleaseBasis(Base):
+    """A released basis, little-endian float64 row-major ``d x k``, written once.
+
+    Kept apart from ``releases`` and ``release_epochs``, whose rows every read of a release
+    touches: a large value stored in them made those reads slower once a worker stored it
+    (SQLite reaches the columns after a large value by walking its overflow pages), which told
+    an analyst when the job finished before ``visible_at``. A basis is read only when shown.
+    """
+
+    __tablename__ = "release_bases"
+
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    #: 0: the release's result; ``t >= 1``: epoch ``t`` of a continual release.
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    basis: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class AuditEvent(Base):

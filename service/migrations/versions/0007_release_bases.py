@@ -1,0 +1,61 @@
+"""Released bases in their own table, ``release_bases`` (issue 22, item 0).
+
+A basis (up to megabytes) stored in the ``releases`` or ``release_epochs`` row made every read
+of that row slower once the worker stored it, even a read that does not select the basis:
+SQLite reaches a column stored after a large value by walking the value's overflow pages. An
+analyst could so time a release's finish before its ``visible_at``. Now the rows an analyst's
+reads touch stay small, and a basis is read only when it is shown.
+
+``release_bases`` holds one row per released basis: ``epoch`` 0 is a release's result, ``t >= 1``
+epoch ``t`` of a continual release. Existing bases move there (same bytes, same hashes); the old
+columns ``releases.result_basis`` and ``release_epochs.basis`` are kept, emptied, and no longer
+written.
+
+Revision ID: 0007
+Revises: 0005
+Create Date: 2026-11-26 14:50:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0007"
+down_revision: str | None = "0005"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "release_bases",
+        sa.Column("release_id", sa.Uuid(), nullable=False),
+        sa.Column("epoch", sa.Integer(), autoincrement=False, nullable=False),
+        sa.Column("basis", sa.LargeBinary(), nullable=False),
+        sa.ForeignKeyConstraint(["release_id"], ["releases.id"]),
+        sa.PrimaryKeyConstraint("release_id", "epoch"),
+    )
+    op.execute(
+        "INSERT INTO release_bases (release_id, epoch, basis) "
+        "SELECT id, 0, result_basis FROM releases WHERE result_basis IS NOT NULL"
+    )
+    op.execute(
+        "INSERT INTO release_bases (release_id, epoch, basis) "
+        "SELECT release_id, epoch, basis FROM release_epochs WHERE basis IS NOT NULL"
+    )
+    op.execute("UPDATE releases SET result_basis = NULL WHERE result_basis IS NOT NULL")
+    op.execute("UPDATE release_epochs SET basis = NULL WHERE basis IS NOT NULL")
+
+
+def downgrade() -> None:
+    op.execute(
+        "UPDATE releases SET result_basis = (SELECT basis FROM release_bases "
+        "WHERE release_bases.release_id = releases.id AND release_bases.epoch = 0)"
+    )
+    op.execute(
+        "UPDATE release_epochs SET basis = (SELECT basis FROM release_bases "
+        "WHERE release_bases.release_id = release_epochs.release_id "
+        "AND release_bases.epoch = release_epochs.epoch)"
+    )
+    op.drop_table("release_bases")

@@ -1,0 +1,95 @@
+"""Fixtures of the API tests that need real commits: the app on a committed database with its
+keys, one dataset, and a worker to run now (in this thread or another, as it would run in
+another process)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import auth
+from service.app import create_app
+from service.config import Settings
+from service.store import DatasetStore
+from service.worker import Worker
+from tests.conftest import bearer, npy_bytes
+from tests.factories import near_subspace
+
+BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
+
+
+class Service:
+    """The app on a committed database, its keys, one dataset, and a worker to run now."""
+
+    def __init__(
+        self, factory: sessionmaker[Session], settings: Settings, client: TestClient
+    ) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.client = client
+        self.keys: dict[str, str] = {}
+        with factory.begin() as session:
+            for role in ("owner", "analyst"):
+                _, self.keys[role] = auth.create_key(session, role, role, actor_key_id=None)
+        data, _ = near_subspace(np.random.default_rng(3), 200, 6, 2)
+        response = client.post(
+            "/v1/datasets",
+            headers=bearer(self.keys["owner"]),
+            files={"file": ("data.npy", npy_bytes(data), "application/octet-stream")},
+            data={"name": "t", "epsilon_budget": "10", "delta_budget": "1e-3",
+                  "row_norm_bound": "1"},
+        )  # fmt: skip
+        assert response.status_code == 201, response.text
+        self.dataset = response.json()["id"]
+        store = DatasetStore(settings.datasets_dir)
+        self.worker = Worker(factory, store, settings, worker_id="long-poll-worker")
+
+    def request(self, body: dict[str, Any] | None = None) -> str:
+        made = self.client.post(
+            f"/v1/datasets/{self.dataset}/releases",
+            headers=bearer(self.keys["analyst"]),
+            json=body or BODY,
+        )
+        assert made.status_code == 202, made.text
+        return str(made.json()["id"])
+
+    def run_later(self, seconds: float) -> threading.Thread:
+        def run() -> None:
+            time.sleep(seconds)
+            self.worker.run_pending()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def get(self, release: str, role: str = "analyst", **params: Any) -> httpx.Response:
+        return self.client.get(
+            f"/v1/releases/{release}", headers=bearer(self.keys[role]), params=params
+        )
+
+
+@pytest.fixture
+def make_service(
+    committed_db: tuple[str, sessionmaker[Session]], settings: Settings
+) -> Iterator[Callable[..., Service]]:
+    clients: list[TestClient] = []
+
+    def make(**overrides: Any) -> Service:
+        _, factory = committed_db
+        configured = settings.model_copy(update=overrides)
+        client = TestClient(create_app(configured, session_factory=factory))
+        client.__enter__()
+        clients.append(client)
+        return Service(factory, configured, client)
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)

@@ -1,0 +1,251 @@
+"""Nothing an analyst can call about a release changes before its ``visible_at`` when the job
+finishes (issue 22, item 0): every release route (enumerated from the app, so a new one fails
+here until it is covered), its answers (status, headers, body), its long polls, and the SQL an
+analyst's read runs (no basis, no continual state: a read takes the same time)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.app import create_app
+from service.config import Settings
+from tests.api.conftest import Service
+from tests.conftest import bearer
+from tests.factories import near_subspace
+
+HOUR = 3600.0
+ONE_SHOT = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
+CONTINUAL = {"mechanism": "continual_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-6"}
+#: Headers that differ between any two answers whatever the release (or that other layers add
+#: per request, such as rate-limit counters).
+PER_REQUEST_HEADERS = ("date", "x-request-id")
+#: What a release's large values live in: an analyst's read of a hidden release touches none.
+LARGE = ("release_bases", "continual_state", "continual_key", "result_basis", ".basis,")
+
+Call = tuple[str, str, dict[str, Any]]
+
+
+def release_routes(app: Any) -> set[tuple[str, str]]:
+    """Every (method, path) of the app about releases or epochs: its routes, those of the
+    routers it includes, and (for any route built otherwise) its OpenAPI document."""
+    found: set[tuple[str, str]] = set()
+
+    def walk(routes: list[Any]) -> None:
+        for route in routes:
+            if hasattr(route, "original_router"):
+                walk(route.original_router.routes)
+            elif isinstance(route, APIRoute):
+                found.update((method, route.path) for method in route.methods - {"HEAD"})
+
+    walk(app.routes)
+    for path, operations in app.openapi()["paths"].items():
+        found.update((method.upper(), path) for method in operations)
+    return {(m, p) for m, p in found if "releases" in p or "epochs" in p}
+
+
+def calls(dataset: str, release: str, idempotency: str, body: dict[str, Any]) -> list[Call]:
+    """Analyst calls about ``release`` covering every release route, with the parameters that
+    could show its state (status filters, totals, cursors, bases, waits, retries)."""
+    one = f"/v1/releases/{release}"
+    lists = [
+        {},
+        {"with_basis": "true"},
+        {"limit": "1"},
+        {"dataset_id": dataset},
+        {"mechanism": body["mechanism"]},
+    ] + [{"status": status} for status in ("queued", "running", "succeeded", "no_result", "failed")]
+    return [
+        ("GET", one, {}),
+        ("GET", one, {"params": {"wait": "0"}}),
+        ("GET", f"{one}/epochs", {}),
+        ("GET", f"{one}/epochs", {"params": {"after": "0", "limit": "1"}}),
+        *[("GET", "/v1/releases", {"params": params}) for params in lists],
+        *[("GET", f"/v1/datasets/{dataset}/releases", {"params": params}) for params in lists],
+        ("POST", f"/v1/datasets/{dataset}/releases", {"json": body, "key": idempotency}),
+        ("POST", f"/v1/datasets/{dataset}/releases", {"json": body, "dry": True}),
+        ("GET", f"/v1/datasets/{dataset}", {}),
+        ("GET", f"/v1/datasets/{dataset}/budget", {}),
+    ]
+
+
+COVERED = {
+    ("GET", "/v1/releases"),
+    ("GET", "/v1/releases/{release_id}"),
+    ("GET", "/v1/releases/{release_id}/epochs"),
+    ("GET", "/v1/datasets/{dataset_id}/releases"),
+    ("POST", "/v1/datasets/{dataset_id}/releases"),
+}
+
+
+def answer(client: TestClient, key: str, call: Call) -> tuple[int, dict[str, str], bytes]:
+    method, path, options = call
+    headers = bearer(key)
+    if "key" in options:
+        headers["Idempotency-Key"] = options["key"]
+    params = dict(options.get("params", {}))
+    if options.get("dry"):
+        params["dry_run"] = "true"
+    response = client.request(
+        method, path, headers=headers, params=params, json=options.get("json")
+    )
+    kept = {
+        name: value
+        for name, value in response.headers.items()
+        if name not in PER_REQUEST_HEADERS and "ratelimit" not in name
+    }
+    return response.status_code, kept, response.content
+
+
+@pytest.fixture
+def padded(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[TestClient]:
+    configured = settings.model_copy(
+        update={"release_padding_floor_seconds": HOUR, "release_padding_multiplier": 1.0}
+    )
+    with TestClient(create_app(configured, session_factory=session_factory)) as client:
+        yield client
+
+
+def test_every_release_route_is_covered(padded: TestClient) -> None:
+    assert release_routes(padded.app) == COVERED
+
+
+@pytest.mark.parametrize(
+    "body",
+    [ONE_SHOT, {**CONTINUAL, "params": {"horizon": 1}}, {**CONTINUAL, "params": {"horizon": 3}}],
+    ids=["one-shot", "continual-ended", "continual-running"],
+)
+def test_no_answer_changes_when_the_job_finishes_before_visible_at(
+    padded: TestClient,
+    keys: Any,
+    upload_dataset: Callable[..., dict[str, Any]],
+    run_worker: Callable[[], int],
+    session_factory: sessionmaker[Session],
+    body: dict[str, Any],
+) -> None:
+    data, _ = near_subspace(np.random.default_rng(5), 120, 5, 2)
+    dataset = upload_dataset(padded, keys.owner, data, row_norm_bound=1.0)["id"]
+    made = padded.post(
+        f"/v1/datasets/{dataset}/releases",
+        headers={**bearer(keys.analyst), "Idempotency-Key": "hidden-1"},
+        json=body,
+    )
+    assert made.status_code == 202, made.text
+    release = made.json()["id"]
+    every = calls(dataset, release, "hidden-1", body)
+    assert {(m, p.replace(dataset, "{dataset_id}").replace(release, "{release_id}"))
+            for m, p, _ in every} >= COVERED  # fmt: skip
+    owner_call: Call = ("GET", f"/v1/releases/{release}", {})
+    owner_before = answer(padded, keys.owner, owner_call)
+
+    statements: list[str] = []
+    bind = session_factory.kw["bind"]
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(re.sub(r"sa_savepoint_\d+", "sa_savepoint", statement))
+
+    event.listen(bind.engine, "before_cursor_execute", seen)
+    try:
+        before = [answer(padded, keys.analyst, call) for call in every]
+        before_sql = list(statements)
+        assert run_worker() == 1
+        statements.clear()
+        after = [answer(padded, keys.analyst, call) for call in every]
+        after_sql = list(statements)
+    finally:
+        event.remove(bind.engine, "before_cursor_execute", seen)
+
+    # The job did finish: its owner (who may) sees it at once, so the comparison could fail.
+    owner_after = answer(padded, keys.owner, owner_call)
+    assert owner_after != owner_before
+    for call, was, now in zip(every, before, after, strict=True):
+        assert now == was, call
+    # The same statements, none of which reads a basis or the continual state: a read costs
+    # the same before and after a large value is stored.
+    assert after_sql == before_sql
+    touching = [s for s in after_sql if any(name in s for name in LARGE)]
+    assert touching == []
+
+
+# -- long polls: real commits, the worker in another thread ---------------------------------------
+
+
+def _paths(*releases: str) -> list[str]:
+    return [f"/v1/releases/{r}{tail}" for r in releases for tail in ("", "/epochs")]
+
+
+def _polls(service: Service, paths: list[str], wait: float) -> list[tuple[httpx.Response, float]]:
+    """Start a long poll on each path, then run the worker until the queue is empty while they
+    wait; each answer with the wall-clock moment it came."""
+    headers = bearer(service.keys["analyst"])
+
+    async def run() -> list[tuple[httpx.Response, float]]:
+        transport = httpx.ASGITransport(app=service.client.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+
+            async def poll(path: str) -> tuple[httpx.Response, float]:
+                response = await http.get(path, headers=headers, params={"wait": str(wait)})
+                return response, time.time()
+
+            tasks = [asyncio.create_task(poll(path)) for path in paths]
+            await asyncio.sleep(0.2)  # every poll is waiting
+            while await asyncio.to_thread(service.worker.run_pending):
+                pass
+            return list(await asyncio.gather(*tasks))
+
+    return asyncio.run(run())
+
+
+def test_long_polls_do_not_answer_when_the_job_finishes_before_visible_at(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(release_padding_floor_seconds=HOUR, release_padding_multiplier=1.0)
+    one_shot = service.request(ONE_SHOT)
+    running = service.request({**CONTINUAL, "params": {"horizon": 3}})
+    paths = _paths(one_shot, running)
+    headers = bearer(service.keys["analyst"])
+    before = [service.client.get(path, headers=headers).content for path in paths]
+    start = time.time()
+    answers = _polls(service, paths, wait=2.0)
+    owner = bearer(service.keys["owner"])
+    assert service.client.get(paths[0], headers=owner).json()["status"] == "succeeded"
+    assert service.client.get(paths[2], headers=owner).json()["epochs_done"] == 1
+    for path, was, (response, at) in zip(paths, before, answers, strict=True):
+        # Answered at the wait's end (never earlier, however fast or slow this machine is),
+        # with what it showed before the job ran.
+        assert response.status_code == 200, response.text
+        assert at - start >= 2.0, path
+        assert response.content == was, path
+
+
+def test_long_polls_answer_at_visible_at_not_before(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(release_padding_floor_seconds=1.5, release_padding_multiplier=1.0)
+    one_shot = service.request(ONE_SHOT)
+    continual = service.request({**CONTINUAL, "params": {"horizon": 1}})
+    paths = _paths(one_shot, continual)
+    answers = _polls(service, paths, wait=20.0)
+    headers = bearer(service.keys["analyst"])
+    for path, (response, at) in zip(paths, answers, strict=True):
+        shown = service.client.get(path.removesuffix("/epochs"), headers=headers).json()
+        visible_at = datetime.fromisoformat(shown["visible_at"]).timestamp()
+        assert at >= visible_at, path
+        assert response.status_code == 200
+        if path.endswith("/epochs"):
+            expected = [] if path.startswith(f"/v1/releases/{one_shot}") else [1]
+            assert [e["epoch"] for e in response.json()["items"]] == expected
+        else:
+            assert response.json()["status"] == "succeeded"
