@@ -47,9 +47,10 @@ PortOption = Annotated[int, typer.Option(help="Port to listen on.")]
 
 
 def _configure_logging(settings: Settings) -> None:
-    from service.logs import log_config
+    from service.logs import log_config, log_what_python_prints
 
     logging.config.dictConfig(log_config(settings.log_level))
+    log_what_python_prints()
 
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:
