@@ -75,8 +75,8 @@ def migrate() -> None:
 
     settings = Settings()
     url = settings.resolved_database_url
+    _secure_data_dir(settings)
     try:
-        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         upgrade_to_head(url)
     except (ArgumentError, ImportError) as exc:
         _database_failure(url, type(exc).__name__)
@@ -167,6 +167,7 @@ def worker(
         threading.Thread(target=_watch_parent, args=(parent_pid, stop), daemon=True).start()
     session_factory = make_session_factory(make_engine(settings.resolved_database_url))
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
+    _secure_data_dir(settings)
     store = DatasetStore(settings.datasets_dir)
     store.ensure()
     Worker(session_factory, store, settings, stop=stop, isolate=True).run_forever()
@@ -209,7 +210,7 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     settings = Settings()
     _configure_logging(settings)
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _secure_data_dir(settings)
     upgrade_to_head(settings.resolved_database_url)
     # uvicorn handles SIGTERM/SIGINT itself, then restores the handlers it found and raises the
     # signal again. Finding these, the raised signal lands here instead of killing the process
@@ -368,6 +369,15 @@ def keys_revoke(
             typer.echo(f"error: no API key {parsed}", err=True)
             raise typer.Exit(3) from None
     typer.echo(f"revoked {parsed}")
+
+
+def _secure_data_dir(settings: Settings) -> None:
+    from service.store import secure_data_dir
+
+    try:
+        secure_data_dir(settings.data_dir)
+    except OSError as exc:
+        _cannot_check(exc.strerror or str(exc))
 
 
 def _cannot_check(message: str) -> NoReturn:

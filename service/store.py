@@ -83,6 +83,28 @@ def make_private_dir(path: Path) -> None:
     os.chmod(path, DIR_MODE)
 
 
+def secure_data_dir(path: Path) -> None:
+    """Create the data directory ``0700``, or make an existing one ``0700`` (one made by hand
+    or by a container image before ``dpss migrate`` kept ``0755``): it holds the SQLite
+    database, the dataset store and the wake files. Every process that uses it calls this at
+    start (``dpss migrate``, ``dpss serve``, the API, ``dpss worker``).
+
+    Raises
+    ------
+    PermissionError
+        The directory belongs to another user and cannot be tightened: the process refuses to
+        start rather than keep data in a directory others can list.
+    """
+    try:
+        make_private_dir(path)
+    except PermissionError as exc:
+        raise PermissionError(
+            exc.errno,
+            f"the data directory {path} cannot be made private (mode 0700): {exc.strerror}; "
+            "run the service as its owner or fix its mode",
+        ) from None
+
+
 @contextlib.contextmanager
 def disk_space_errors() -> Iterator[None]:
     """Turn a full disk (or quota) into :class:`InsufficientStorage`."""
