@@ -59,8 +59,8 @@ MAX_PARQUET_FOOTER_BYTES = 64 * 1024 * 1024
 MAX_PARQUET_CHUNK_BYTES = 256 * 1024 * 1024
 #: The default of ``DPSS_MAX_COLS``.
 DEFAULT_MAX_COLS = 10_000
-#: The default of ``DPSS_MAX_DATASET_BYTES`` (2 GiB of float64).
-DEFAULT_MAX_DATASET_BYTES = 2 * 1024**3
+#: The default of ``DPSS_MAX_DATASET_BYTES`` (512 MiB of float64).
+DEFAULT_MAX_DATASET_BYTES = 512 * 1024**2
 #: Errors of a full disk or quota: the client is told 507, never 422 or 500.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _UTF8_BOM = b"\xef\xbb\xbf"

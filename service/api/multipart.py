@@ -150,6 +150,9 @@ class _Receiver:
             self.handle = None
         elif self.part_name is not None:
             field = printable(self.part_name)
+            if self.part_name in self.form.fields:
+                # As with a JSON key given twice: neither value silently wins.
+                raise InvalidInput(field, "given twice; send each form field once")
             self.form.fields[self.part_name] = _utf8(bytes(self.buffer), field, "the value")
 
     def on_end(self) -> None:

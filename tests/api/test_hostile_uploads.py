@@ -623,3 +623,25 @@ def test_an_existing_data_directory_is_made_private_at_migrate_and_start(
     os.chmod(settings.data_dir, 0o755)
     with TestClient(create_app(settings, session_factory=session_factory)):
         assert mode(settings.data_dir) == 0o700
+
+
+def test_the_default_limit_refuses_a_small_parquet_file_of_half_a_gigabyte_from_its_footer(
+    tmp_path, monkeypatch
+):
+    from service.errors import PayloadTooLarge
+    from service.store import DEFAULT_MAX_DATASET_BYTES
+
+    assert Settings().max_dataset_bytes == DEFAULT_MAX_DATASET_BYTES
+    path = tmp_path / "zeros.upload"
+    # Float64 columns of nulls: cheap to write, and refused before anything reads a value.
+    block = pa.table({f"c{i}": pa.nulls(1_000_000, pa.float64()) for i in range(9)})
+    with pq.ParquetWriter(path, block.schema, compression="zstd") as writer:
+        for _ in range(8):  # 72,000,000 values: 576 MB as float64
+            writer.write_table(block)
+    assert path.stat().st_size < 2_000_000
+    monkeypatch.setattr(store_module, "_batch_to_matrix", lambda batch: pytest.fail("decoded"))
+    store = DatasetStore(tmp_path / "store")
+    store.ensure()
+    with pytest.raises(PayloadTooLarge, match="8000000 rows x 9 columns"):
+        store.ingest(path, ".parquet")
+    assert not path.exists()
