@@ -117,7 +117,7 @@ def test_mechanism_names_and_idempotency_keys_refuse_bad_text(
         response = post_json(client, keys.analyst, path, {**GOOD_RELEASE, "mechanism": value})
         assert response.status_code == 422, response.text
         assert response.json()["detail"].startswith("mechanism")
-    for value in ["a\x00b", "two\nlines", "sp ace", "é", "x" * 201]:
+    for value in ["a\x00b", "two\nlines", "sp ace", "é", "x" * 201, keys.analyst, "DPSS_x"]:
         # Raw header bytes (latin-1): how a header value reaches the application.
         response = client.post(
             path,
