@@ -19,7 +19,7 @@ from service.api.middleware import ServiceApp
 from service.api.openapi import install_openapi, reject_unknown_query_parameters
 from service.config import Settings
 from service.db.engine import make_pooled_engine, make_session_factory
-from service.store import DatasetStore
+from service.store import DatasetStore, secure_data_dir
 from service.waiters import ReleaseWaiters
 
 DESCRIPTION = """
@@ -90,6 +90,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         database.gate()
+        secure_data_dir(settings.data_dir)
         store.ensure()
         if settings.admin_api_key is not None:
             with session_factory.begin() as session:

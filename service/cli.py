@@ -48,9 +48,10 @@ PortOption = Annotated[int, typer.Option(help="Port to listen on.")]
 
 
 def _configure_logging(settings: Settings) -> None:
-    from service.logs import log_config
+    from service.logs import log_config, log_what_python_prints
 
     logging.config.dictConfig(log_config(settings.log_level))
+    log_what_python_prints()
 
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -75,8 +76,8 @@ def migrate() -> None:
 
     settings = Settings()
     url = settings.resolved_database_url
+    _secure_data_dir(settings)
     try:
-        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         upgrade_to_head(url)
     except (ArgumentError, ImportError) as exc:
         _database_failure(url, type(exc).__name__)
@@ -168,6 +169,7 @@ def worker(
         threading.Thread(target=_watch_parent, args=(parent_pid, stop), daemon=True).start()
     session_factory = make_session_factory(make_engine(settings.resolved_database_url))
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
+    _secure_data_dir(settings)
     store = DatasetStore(settings.datasets_dir)
     store.ensure()
     # The audit head, kept outside the database: a restore from an older backup shows.
@@ -213,7 +215,7 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     settings = Settings()
     _configure_logging(settings)
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _secure_data_dir(settings)
     upgrade_to_head(settings.resolved_database_url)
     # uvicorn handles SIGTERM/SIGINT itself, then restores the handlers it found and raises the
     # signal again. Finding these, the raised signal lands here instead of killing the process
@@ -370,6 +372,15 @@ def keys_revoke(
             typer.echo(f"error: no API key {parsed}", err=True)
             raise typer.Exit(3) from None
     typer.echo(f"revoked {parsed}")
+
+
+def _secure_data_dir(settings: Settings) -> None:
+    from service.store import secure_data_dir
+
+    try:
+        secure_data_dir(settings.data_dir)
+    except OSError as exc:
+        _cannot_check(exc.strerror or str(exc))
 
 
 def _cannot_check(message: str) -> NoReturn:

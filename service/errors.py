@@ -102,6 +102,13 @@ class GrantRequired(Forbidden):
     code = "grant_required"
 
 
+class GrantRevoked(Forbidden):
+    """The grant that would apply to this key was revoked, and no newer one exists (403);
+    ``grant_id`` names it. Revocation stops charges: nothing falls back to another budget."""
+
+    code = "grant_revoked"
+
+
 class NotFound(DomainError):
     """No such resource, or not visible to this key (404)."""
 

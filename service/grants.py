@@ -9,8 +9,14 @@ Policy (documented in the README, section "Grants"):
 - Which grant applies: the analyst's own active grant on the dataset if there is one, else the
   dataset's active all-analysts grant, else none. There is no fallback from an exhausted
   personal grant to the all-analysts grant: a personal grant is the owner's limit for that key.
-- Without an applicable grant the analyst spends the dataset's budget directly, unless
-  ``DPSS_GRANTS_REQUIRED`` is true, in which case the request is refused (403).
+- Revocation means no further charges for the keys the grant covered, and nothing falls back:
+  a key whose personal grant on the dataset was revoked (and that has no newer one) is refused
+  with 403 ``grant_revoked``, as is every analyst without a personal grant once the
+  all-analysts grant was revoked (and none newer is active). A revoked share is the owner
+  taking the right to spend away, not the owner returning the key to the dataset's budget or
+  to the all-analysts grant; a new grant restores it.
+- Without an applicable grant (and none revoked) the analyst spends the dataset's budget
+  directly, unless ``DPSS_GRANTS_REQUIRED`` is true, in which case the request is refused (403).
 - Grants may together exceed the dataset's budget (oversubscription, as with quotas): since every
   release is also charged to the dataset, the dataset can never be overspent, and an owner can
   hand out shares that are not all used without reserving them. One grant may not exceed the
@@ -31,7 +37,14 @@ from sqlalchemy.orm import Session
 from service import audit, ledger
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
-from service.errors import Conflict, DatasetGone, GrantRequired, InvalidInput, NotFound
+from service.errors import (
+    Conflict,
+    DatasetGone,
+    GrantRequired,
+    GrantRevoked,
+    InvalidInput,
+    NotFound,
+)
 
 __all__ = [
     "GrantView",
@@ -79,6 +92,22 @@ def _active(session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID | None) -
         select(Grant)
         .where(Grant.dataset_id == dataset_id, key_match, Grant.revoked_at.is_(None))
         .order_by(Grant.created_at)
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def _current(session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID | None) -> Grant | None:
+    """The active grant of ``key_id`` (every analyst if None) on the dataset, else its most
+    recently revoked one, else None. (A new grant needs the old one revoked, so an active grant
+    is always the newest.)"""
+    active = _active(session, dataset_id, key_id)
+    if active is not None:
+        return active
+    key_match = Grant.analyst_key_id.is_(None) if key_id is None else Grant.analyst_key_id == key_id
+    return session.execute(
+        select(Grant)
+        .where(Grant.dataset_id == dataset_id, key_match)
+        .order_by(Grant.revoked_at.desc(), Grant.id)
         .limit(1)
     ).scalar_one_or_none()
 
@@ -174,10 +203,19 @@ def applicable_grant(
 ) -> Grant | None:
     """The grant a release by ``key_id`` is charged to: personal first, then all-analysts.
 
-    Called under the dataset's lock, so no grant is created or revoked meanwhile. With
-    ``required``, no grant is a :class:`GrantRequired` refusal.
+    Called under the dataset's lock, so no grant is created or revoked meanwhile. A revoked
+    grant that would apply (the key's own, else the all-analysts one) is a
+    :class:`GrantRevoked` refusal: nothing falls back after a revocation (module docstring).
+    With ``required``, no grant is a :class:`GrantRequired` refusal.
     """
-    grant = _active(session, dataset_id, key_id) or _active(session, dataset_id, None)
+    grant = _current(session, dataset_id, key_id) or _current(session, dataset_id, None)
+    if grant is not None and grant.revoked_at is not None:
+        whose = "this key's grant" if grant.analyst_key_id is not None else "the all-analysts grant"
+        raise GrantRevoked(
+            f"{whose} {grant.id} on this dataset was revoked: no further charges until the "
+            "dataset's owner gives a new grant",
+            grant_id=grant.id,
+        )
     if grant is None and required:
         raise GrantRequired(
             "this service requires a grant (DPSS_GRANTS_REQUIRED) and this key has none on "

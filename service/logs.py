@@ -8,7 +8,9 @@ SQLAlchemy put into it are dropped, since they may quote data values or secrets.
 carries a request body or a key: the key id (a UUID) identifies the caller.
 
 Every process configures logging through :func:`log_config` (uvicorn's own handlers, its access
-log and SQLAlchemy's statement echo are replaced or silenced there).
+log and SQLAlchemy's statement echo are replaced or silenced there). What Python would print
+around the handlers (an uncaught exception's traceback, in a thread or a forked run, and a
+warning's text) goes through them too, as type and location only (:func:`log_what_python_prints`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
+import threading
+import types
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -109,6 +115,62 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[1] is not None:
             entry["exception"] = safe_traceback(record.exc_info[1])
         return json.dumps(entry, default=str, ensure_ascii=True)
+
+
+_uncaught = logging.getLogger("dpss.uncaught")
+
+
+def log_exception(
+    what: str, exc_type: type[BaseException], exc: BaseException | None, tb: Any
+) -> None:
+    """Log an exception nobody caught as one JSON line: its type and location, never its
+    message or traceback text (both may quote data values)."""
+    if exc is None:
+        exc = exc_type()
+    if exc.__traceback__ is None and isinstance(tb, types.TracebackType):
+        exc = exc.with_traceback(tb)
+    _uncaught.error("%s: %s", what, safe_traceback(exc))
+
+
+def _excepthook(
+    exc_type: type[BaseException], exc: BaseException, tb: types.TracebackType | None
+) -> None:
+    log_exception("uncaught exception", exc_type, exc, tb)
+
+
+def _thread_excepthook(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    log_exception(
+        "uncaught exception in a thread", args.exc_type, args.exc_value, args.exc_traceback
+    )
+
+
+def _showwarning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    # A warning's text may quote a value computed from data (SciPy's "Ill-conditioned matrix
+    # (rcond=...)"): its category and location only.
+    where = f"{filename.rsplit('/', 1)[-1]}:{lineno}"
+    logging.getLogger("py.warnings").warning("%s at %s", category.__name__, where)
+
+
+def log_what_python_prints() -> None:
+    """Route what Python writes to stderr by itself (uncaught exceptions in the main thread and
+    in other threads, warnings, a failing handler's report) through the logging configuration,
+    as type and location only (or not at all).
+    Called with :func:`log_config` in every process the CLI starts; a forked child inherits it."""
+    sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
+    warnings.showwarning = _showwarning
+    # A handler that fails would print "--- Logging error ---" with a raw traceback and the
+    # record's arguments: drop the record instead.
+    logging.raiseExceptions = False
 
 
 def log_config(level: str = "INFO") -> dict[str, Any]:

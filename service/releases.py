@@ -33,6 +33,7 @@ from service.errors import (
     InvalidInput,
     NotFound,
 )
+from service.keyformat import KEY_PREFIX
 from service.mechanisms.base import InvalidParameter, Mechanism, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS
 from service.mechanisms.registry import MECHANISMS, get_mechanism
@@ -203,6 +204,12 @@ def request_release(
     check_request_fields(principal, body)
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise InvalidInput("Idempotency-Key", "must be 1 to 200 characters")
+    if idempotency_key is not None and KEY_PREFIX in idempotency_key.lower():
+        # It would be stored with the release (and in every backup): an API key pasted here
+        # by mistake must not be.
+        raise InvalidInput(
+            "Idempotency-Key", f"must not contain an API key ('{KEY_PREFIX}...'); send a UUID"
+        )
     fingerprint = request_hash(dataset_id, body)
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:

@@ -59,8 +59,8 @@ MAX_PARQUET_FOOTER_BYTES = 64 * 1024 * 1024
 MAX_PARQUET_CHUNK_BYTES = 256 * 1024 * 1024
 #: The default of ``DPSS_MAX_COLS``.
 DEFAULT_MAX_COLS = 10_000
-#: The default of ``DPSS_MAX_DATASET_BYTES`` (2 GiB of float64).
-DEFAULT_MAX_DATASET_BYTES = 2 * 1024**3
+#: The default of ``DPSS_MAX_DATASET_BYTES`` (512 MiB of float64).
+DEFAULT_MAX_DATASET_BYTES = 512 * 1024**2
 #: Errors of a full disk or quota: the client is told 507, never 422 or 500.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _UTF8_BOM = b"\xef\xbb\xbf"
@@ -81,6 +81,28 @@ def make_private_dir(path: Path) -> None:
     if not path.is_dir():
         path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     os.chmod(path, DIR_MODE)
+
+
+def secure_data_dir(path: Path) -> None:
+    """Create the data directory ``0700``, or make an existing one ``0700`` (one made by hand
+    or by a container image before ``dpss migrate`` kept ``0755``): it holds the SQLite
+    database, the dataset store and the wake files. Every process that uses it calls this at
+    start (``dpss migrate``, ``dpss serve``, the API, ``dpss worker``).
+
+    Raises
+    ------
+    PermissionError
+        The directory belongs to another user and cannot be tightened: the process refuses to
+        start rather than keep data in a directory others can list.
+    """
+    try:
+        make_private_dir(path)
+    except PermissionError as exc:
+        raise PermissionError(
+            exc.errno,
+            f"the data directory {path} cannot be made private (mode 0700): {exc.strerror}; "
+            "run the service as its owner or fix its mode",
+        ) from None
 
 
 @contextlib.contextmanager

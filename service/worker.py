@@ -344,16 +344,28 @@ class Worker:
     def _child(
         self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
     ) -> None:
-        die_with_parent(parent)
-        # Only the parent reads: with this end closed here, a send to a dead parent fails
-        # instead of blocking on a full pipe.
-        receiver.close()
-        # The parent's pooled connections must never be used (or closed) from here.
-        bind = self.session_factory.kw.get("bind")
-        if isinstance(bind, Engine):
-            bind.dispose(close=False)
-        sender.send(self.execute(job))
-        sender.close()
+        try:
+            die_with_parent(parent)
+            # Only the parent reads: with this end closed here, a send to a dead parent fails
+            # instead of blocking on a full pipe.
+            receiver.close()
+            # The parent's pooled connections must never be used (or closed) from here.
+            bind = self.session_factory.kw.get("bind")
+            if isinstance(bind, Engine):
+                bind.dispose(close=False)
+            sender.send(self.execute(job))
+            sender.close()
+        except BaseException as exc:
+            # multiprocessing would print the raw traceback, message and all, to stderr: log it
+            # as the parent does (JSON, type and location), then end without an outcome, which
+            # the parent reports and leaves to the lease.
+            log.error(
+                "BUG: release %s: the run's process failed: %s",
+                job.release_id,
+                safe_traceback(exc),
+            )
+            logging.shutdown()
+            os._exit(1)
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
         while not done.wait(self.settings.worker_heartbeat_seconds):

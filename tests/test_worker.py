@@ -436,3 +436,93 @@ def test_an_isolated_run_that_kills_its_process_leaves_the_worker_and_the_job(
     assert worker.process(retry) == "succeeded"
     with factory() as session:
         assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 1
+
+
+SECRET_IN_MESSAGE = "271828.18284-row-value"
+
+
+@pytest.fixture
+def json_logging_to_stderr():
+    """A function installing the service's logging configuration (as ``dpss worker`` does) on
+    the test's stderr (call it in the test: capture replaces stderr per phase); restored after."""
+    import logging
+    import logging.config
+    import threading
+    import warnings
+
+    from service.logs import log_config, log_what_python_prints
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers), sys.excepthook, threading.excepthook)
+    saved_warnings = (warnings.showwarning, logging.raiseExceptions)
+
+    def install():
+        logging.config.dictConfig(log_config("INFO"))
+        log_what_python_prints()
+
+    yield install
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    sys.excepthook, threading.excepthook = saved[2], saved[3]
+    warnings.showwarning, logging.raiseExceptions = saved_warnings
+
+
+def _json_lines(text: str) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_an_exception_in_the_forked_run_is_logged_as_json_type_and_location_only(
+    committed_db, settings, monkeypatch, capfd, json_logging_to_stderr
+):
+    # An exception that escapes execute (here: the dataset file cannot be opened) used to reach
+    # multiprocessing, which printed "Process ForkProcess-1:" and the raw traceback, message
+    # included, around the JSON log.
+    _, factory = committed_db
+    release_id = _seed_committed(factory, settings)
+
+    def unreadable(*_args, **_kwargs):
+        raise ValueError(f"not a dataset file: {SECRET_IN_MESSAGE}")
+
+    monkeypatch.setattr(DatasetStore, "open", unreadable)
+    json_logging_to_stderr()
+    worker = Worker(factory, DatasetStore(settings.datasets_dir), settings, isolate=True)
+    job = worker.claim()
+    assert job is not None and job.release_id == release_id
+    capfd.readouterr()
+    assert worker.process(job) == "unstored"  # left to its lease, as a run that died
+    out, err = capfd.readouterr()
+    assert SECRET_IN_MESSAGE not in out + err
+    assert "Traceback" not in out + err
+    lines = _json_lines(err)  # every line is JSON
+    child = next(line for line in lines if "the run's process failed" in line["message"])
+    assert child["level"] == "ERROR" and child["logger"] == "dpss.worker"
+    assert "ValueError at test_worker.py:" in child["message"]
+    assert any("ended without an outcome (exit code 1)" in line["message"] for line in lines)
+
+
+def test_uncaught_exceptions_and_warnings_are_logged_as_type_and_location(
+    capfd, json_logging_to_stderr
+):
+    import threading
+    import warnings
+
+    json_logging_to_stderr()
+
+    def fail():
+        raise KeyError(SECRET_IN_MESSAGE)
+
+    thread = threading.Thread(target=fail)
+    thread.start()
+    thread.join()
+    try:
+        fail()
+    except KeyError:
+        sys.excepthook(*sys.exc_info())
+    warnings.warn(f"Ill-conditioned matrix (rcond={SECRET_IN_MESSAGE})", RuntimeWarning, 1)
+    out, err = capfd.readouterr()
+    assert SECRET_IN_MESSAGE not in out + err and "Traceback" not in out + err
+    messages = [line["message"] for line in _json_lines(err)]
+    assert sum("KeyError at test_worker.py:" in m for m in messages) == 2
+    assert any(m.startswith("RuntimeWarning at test_worker.py:") for m in messages)

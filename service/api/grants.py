@@ -82,6 +82,11 @@ async def list_grants(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> GrantList:
     "/{dataset_id}/grants/{grant_id}",
     response_model=Grant,
     summary="Revoke a grant (owner): no further charges; what it spent stays spent.",
+    description=(
+        "The keys the grant covered are refused (403 `grant_revoked`) from now on, until a new "
+        "grant covers them: they do not fall back to the dataset's budget or, for a personal "
+        "grant, to the all-analysts grant. Repeating the revocation changes nothing."
+    ),
     responses={404: {"model": ErrorBody, "description": "No such grant on a dataset of yours."}},
 )
 async def revoke_grant(dataset_id: uuid.UUID, grant_id: uuid.UUID, uow: UnitOfWorkDep) -> Grant:

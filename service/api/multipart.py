@@ -67,6 +67,15 @@ def file_suffix(filename: bytes) -> str:
     return suffix
 
 
+def _utf8(raw: bytes, field: str, what: str) -> str:
+    """``raw`` as UTF-8, refused (422 naming ``field``) rather than repaired: a name with
+    replacement characters is not the name the client meant."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(field, f"{what} is not valid UTF-8") from None
+
+
 class _Receiver:
     def __init__(self, store: DatasetStore, max_bytes: int) -> None:
         self.store = store
@@ -108,7 +117,7 @@ class _Receiver:
     def on_headers_finished(self) -> None:
         _, options = parse_options_header(self.headers.get(b"content-disposition", b""))
         name = options.get(b"name")
-        self.part_name = name.decode("utf-8", "replace") if name is not None else None
+        self.part_name = _utf8(name, "body", "a form field's name") if name is not None else None
         if self.part_name == "file":
             if self.form.file_path is not None:
                 raise InvalidInput("file", "send exactly one file part")
@@ -140,7 +149,11 @@ class _Receiver:
                 self.handle.close()
             self.handle = None
         elif self.part_name is not None:
-            self.form.fields[self.part_name] = self.buffer.decode("utf-8", "replace")
+            field = printable(self.part_name)
+            if self.part_name in self.form.fields:
+                # As with a JSON key given twice: neither value silently wins.
+                raise InvalidInput(field, "given twice; send each form field once")
+            self.form.fields[self.part_name] = _utf8(bytes(self.buffer), field, "the value")
 
     def on_end(self) -> None:
         # Called only when the closing boundary ("--boundary--") has been parsed.

@@ -228,15 +228,21 @@ def _declared_query(route: APIRoute) -> frozenset[str]:
 
 def reject_unknown_query_parameters(request: Request) -> None:
     """Refuse query parameters an operation does not declare (a misspelt ``limt=5`` is an
-    error, not silently the default): the document's parameter lists are closed, and true."""
+    error, not silently the default): the document's parameter lists are closed, and true.
+    A parameter given twice is refused too (every one is a single value)."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
     declared = _declared_query(route)
-    for name in request.query_params:
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
+        shown = name if name.isprintable() and len(name) <= 40 else "(unprintable or long)"
         if name not in declared:
-            shown = name if name.isprintable() and len(name) <= 40 else "(unprintable or long)"
             raise InvalidInput(f"query.{shown}", unknown_name(name, sorted(declared), "parameter"))
+        if name in seen:
+            # Every parameter is a single value: neither of two silently wins.
+            raise InvalidInput(f"query.{shown}", "given twice; send each parameter once")
+        seen.add(name)
 
 
 def install_openapi(app: FastAPI) -> None:

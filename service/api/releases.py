@@ -57,7 +57,9 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
         403: {
             "model": ErrorBody,
             "description": "Only analysts request releases; `grant_required` when "
-            "DPSS_GRANTS_REQUIRED is set and the key has no grant on the dataset.",
+            "DPSS_GRANTS_REQUIRED is set and the key has no grant on the dataset; "
+            "`grant_revoked` (with its `grant_id`) when the grant that would apply was revoked "
+            "and no newer one exists: nothing falls back to another budget.",
         },
         404: {"model": ErrorBody, "description": "No such dataset."},
         409: {

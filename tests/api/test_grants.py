@@ -128,13 +128,17 @@ def test_revocation_stops_charges_and_keeps_what_was_spent(client, world, sessio
     # Revoking again changes nothing and records nothing.
     again = client.delete(f"{world['grants']}/{created['id']}", headers=bearer(world["owner"]))
     assert again.status_code == 200 and again.json()["revoked_at"] == revoked.json()["revoked_at"]
-    # Default policy: without a grant Bob spends the dataset's budget directly.
-    assert release(client, world["bob"], world).status_code == 202
+    # "No further charges" holds: Bob does not fall back to the dataset's budget (he did).
+    refused = release(client, world["bob"], world)
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"] == "grant_revoked"
+    assert refused.json()["grant_id"] == created["id"]
+    assert created["id"] in refused.json()["detail"]
     with session_factory() as session:
         entries = session.execute(select(LedgerEntry.grant_id).order_by(LedgerEntry.id)).all()
         events = list(session.scalars(select(AuditEvent.event_type).order_by(AuditEvent.seq)))
         report = audit.verify(session)
-    assert [row[0] for row in entries] == [uuid.UUID(created["id"]), None]
+    assert [row[0] for row in entries] == [uuid.UUID(created["id"])]
     assert events.count("grant_created") == 1 and events.count("grant_revoked") == 1
     assert report.ok, report.problems
 
@@ -253,3 +257,30 @@ def test_a_dry_run_reports_the_grant_a_release_would_be_charged_to(client, world
     # Bob has no grant: his preview is of the dataset's budget.
     bobs = preview(world["bob"])
     assert bobs["budget"] == "dataset" and bobs["grant_id"] is None and bobs["affordable"]
+
+
+def test_a_revoked_personal_grant_does_not_fall_back_until_a_new_grant(
+    client, world, session_factory
+):
+    personal = grant(client, world, analyst_key_id=world["alice_id"], epsilon="0.5", delta="1e-6")
+    grant(client, world, epsilon="0.5", delta="1e-6")  # every analyst
+    path = f"{world['grants']}/{personal['id']}"
+    assert client.delete(path, headers=bearer(world["owner"])).status_code == 200
+    # Neither the all-analysts grant nor the dataset's budget: refused, also as a dry run.
+    for dry_run in (False, True):
+        refused = client.post(
+            world["releases"] + ("?dry_run=true" if dry_run else ""),
+            headers=bearer(world["alice"]),
+            json=RELEASE,
+        )
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["grant_id"] == personal["id"]
+    assert budget(client, world)["epsilon_spent"] == "0"
+    # Bob never had a personal grant: the all-analysts grant still applies to him.
+    assert release(client, world["bob"], world).status_code == 202
+    # A new personal grant restores Alice, charged to it.
+    renewed = grant(client, world, analyst_key_id=world["alice_id"], epsilon="0.2", delta="1e-6")
+    assert release(client, world["alice"], world).status_code == 202
+    with session_factory() as session:
+        charged = session.scalars(select(LedgerEntry.grant_id).order_by(LedgerEntry.id)).all()
+    assert charged[-1] == uuid.UUID(renewed["id"])

@@ -73,7 +73,12 @@ def test_no_sequence_of_accepted_requests_overspends_a_grant_or_the_dataset(
                 alice_revoked = True
             continue
         who, cost = step
-        key_id = alice_id if who == 0 and not alice_revoked and alice_id in shares else None
+        if who == 0 and alice_revoked:
+            # Revoked: no further charges, and no fallback to the all-analysts grant.
+            response = release(client, alice, dataset_id, format(cost, "f"))
+            assert response.status_code == 403 and response.json()["error"] == "grant_revoked"
+            continue
+        key_id = alice_id if who == 0 and alice_id in shares else None
         grant = shares.get(key_id)
         response = release(client, (alice, bob)[who], dataset_id, format(cost, "f"))
         grant_short = grant is not None and cost > grant[1]

@@ -566,3 +566,82 @@ def test_an_append_that_decodes_past_max_dataset_bytes_is_refused(
     assert append("rows.csv", b"0,1\n" * 10_000).status_code == 201
     meta = small_client.get(f"/v1/datasets/{dataset}", headers=bearer(keys.owner)).json()
     assert (meta["n_rows"], meta["n_batches"]) == (60_000, 2)
+
+
+# --- invalid UTF-8 and an existing data directory ----------------------------------------------
+
+
+def _raw_form(name: bytes, value: bytes) -> bytes:
+    fields = {k: v for k, v in FORM.items() if k.encode() != name}
+    body = multipart(b"x.csv", CSV, fields)
+    extra = (
+        f"--{BOUNDARY}\r\n".encode()
+        + b'Content-Disposition: form-data; name="'
+        + name
+        + b'"\r\n\r\n'
+        + value
+        + b"\r\n"
+    )
+    return extra + body
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "detail"),
+    [
+        (b"name", b"caf\xe9", "name: the value is not valid UTF-8"),
+        (b"name", b"\xff\xfe", "name: the value is not valid UTF-8"),
+        (b"epsilon_budget", b"1\xc0", "epsilon_budget: the value is not valid UTF-8"),
+        (b"na\xefme", b"x", "body: a form field's name is not valid UTF-8"),
+    ],
+)
+def test_invalid_utf8_in_a_form_field_is_refused_not_replaced(
+    client, keys, settings, session_factory, name, value, detail
+):
+    response = send(client, keys.owner, _raw_form(name, value))
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == detail
+    assert_nothing_kept(settings, session_factory)
+
+
+def test_an_existing_data_directory_is_made_private_at_migrate_and_start(
+    tmp_path, monkeypatch, settings, session_factory
+):
+    from typer.testing import CliRunner
+
+    from service.cli import app as cli_app
+
+    data_dir = tmp_path / "made-by-hand"
+    data_dir.mkdir(mode=0o755)
+    os.chmod(data_dir, 0o755)
+    monkeypatch.setenv("DPSS_DATA_DIR", str(data_dir))
+    monkeypatch.delenv("DPSS_DATABASE_URL", raising=False)
+    result = CliRunner().invoke(cli_app, ["migrate"])
+    assert result.exit_code == 0, result.output
+    assert mode(data_dir) == 0o700
+    # The API at start (e.g. a data directory opened up after migrate, or never migrated).
+    settings.data_dir.mkdir(exist_ok=True)
+    os.chmod(settings.data_dir, 0o755)
+    with TestClient(create_app(settings, session_factory=session_factory)):
+        assert mode(settings.data_dir) == 0o700
+
+
+def test_the_default_limit_refuses_a_small_parquet_file_of_half_a_gigabyte_from_its_footer(
+    tmp_path, monkeypatch
+):
+    from service.errors import PayloadTooLarge
+    from service.store import DEFAULT_MAX_DATASET_BYTES
+
+    assert Settings().max_dataset_bytes == DEFAULT_MAX_DATASET_BYTES
+    path = tmp_path / "zeros.upload"
+    # Float64 columns of nulls: cheap to write, and refused before anything reads a value.
+    block = pa.table({f"c{i}": pa.nulls(1_000_000, pa.float64()) for i in range(9)})
+    with pq.ParquetWriter(path, block.schema, compression="zstd") as writer:
+        for _ in range(8):  # 72,000,000 values: 576 MB as float64
+            writer.write_table(block)
+    assert path.stat().st_size < 2_000_000
+    monkeypatch.setattr(store_module, "_batch_to_matrix", lambda batch: pytest.fail("decoded"))
+    store = DatasetStore(tmp_path / "store")
+    store.ensure()
+    with pytest.raises(PayloadTooLarge, match="8000000 rows x 9 columns"):
+        store.ingest(path, ".parquet")
+    assert not path.exists()

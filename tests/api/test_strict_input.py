@@ -117,7 +117,7 @@ def test_mechanism_names_and_idempotency_keys_refuse_bad_text(
         response = post_json(client, keys.analyst, path, {**GOOD_RELEASE, "mechanism": value})
         assert response.status_code == 422, response.text
         assert response.json()["detail"].startswith("mechanism")
-    for value in ["a\x00b", "two\nlines", "sp ace", "é", "x" * 201]:
+    for value in ["a\x00b", "two\nlines", "sp ace", "é", "x" * 201, keys.analyst, "DPSS_x"]:
         # Raw header bytes (latin-1): how a header value reaches the application.
         response = client.post(
             path,
@@ -258,3 +258,19 @@ def test_a_misspelt_field_is_answered_with_the_nearest_and_every_valid_name(
     assert detail.startswith("params.clip_nrom: unknown field (did you mean 'clip_norm'?)")
     detail = client.get("/v1/datasets?limt=5", headers=bearer(keys.analyst)).json()["detail"]
     assert detail.startswith("query.limt: unknown parameter (did you mean 'limit'?)")
+
+
+def test_a_form_field_or_query_parameter_given_twice_is_refused(client, keys, settings):
+    body = [("name", "a"), ("epsilon_budget", "1"), ("epsilon_budget", "9"), ("delta_budget", "0")]
+    response = client.post(
+        "/v1/datasets",
+        headers=bearer(keys.owner),
+        files=[("file", ("x.npy", npy_bytes(DATA), "application/octet-stream"))]
+        + [(name, (None, value)) for name, value in body],
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "epsilon_budget: given twice; send each form field once"
+    assert stored_files(settings) == []
+    response = client.get("/v1/datasets?limit=5&limit=1000", headers=bearer(keys.owner))
+    assert response.status_code == 422
+    assert response.json()["detail"] == "query.limit: given twice; send each parameter once"

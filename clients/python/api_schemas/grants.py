@@ -52,7 +52,10 @@ class Grant(Schema):
     )
     created_at: datetime = Field(description="Creation time (UTC).")
     revoked_at: datetime | None = Field(
-        description="Revocation time (UTC), if revoked: no further charges; spent stays spent."
+        description=(
+            "Revocation time (UTC), if revoked: no further charges (the keys it covered are "
+            "refused with 403 `grant_revoked` until a new grant); spent stays spent."
+        )
     )
 
 
