@@ -57,6 +57,7 @@ from pydantic import Field
 from scipy.spatial.distance import cdist
 from scipy.special import ndtr, ndtri
 
+from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     Mechanism,
@@ -1366,7 +1367,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             raise InvalidParameter("q", f"must be >= k = {k} (the q x d average has rank <= q)")
         q_used = q if aggregator == "reference_points" else None
 
-        budget = f"epsilon = {epsilon:g}, delta = {delta:g}"
+        budget = f"epsilon = {format_budget(epsilon)}, delta = {format_budget(delta)}"
         if params.t is None:
             choice = choose_t(
                 n, d, k, epsilon, delta, q_used, aggregator, params.radius, ctx.memory_limit
@@ -1483,7 +1484,8 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 f"Budget split gaussian_test (derivation F3): epsilon0 = {split.eps0:.4g} "
                 f"(radius search, pure); a Gaussian test of mu1 = {split.ptr_mu:.4g} and a "
                 f"Gaussian mean of mu2 = {split.mean_mu:.4g} (Gaussian DP), composed exactly "
-                f"with the search to ({spec.epsilon:g}, {spec.delta:g}) including the test's "
+                f"with the search to ({format_budget(spec.epsilon)}, "
+                f"{format_budget(spec.delta)}) including the test's "
                 f"failure probability {split.delta1:.3g}; chosen because its mean's noise is "
                 "smaller here than the basic split's."
             )

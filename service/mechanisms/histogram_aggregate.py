@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
+from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     Mechanism,
@@ -459,7 +460,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             if t < t_min:
                 raise InvalidParameter(
                     "t",
-                    f"is {t}, below 2T = {t_min} for epsilon={epsilon:g}, delta={delta:g} "
+                    f"is {t}, below 2T = {t_min} for epsilon={format_budget(epsilon)}, "
+                    f"delta={format_budget(delta)} "
                     f"(short by {t_min - t}): no cell could clear T reliably",
                 )
             if rows // t < k:
@@ -475,7 +477,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
                 raise InvalidParameter(
                     "n_rows",
                     f"the dataset has {ctx.n_rows} rows; {t_min} subsets (2T for "
-                    f"epsilon={epsilon:g}, delta={delta:g}) of 10k = {10 * k} rows{where} need "
+                    f"epsilon={format_budget(epsilon)}, "
+                    f"delta={format_budget(delta)}) of 10k = {10 * k} rows{where} need "
                     f"{needed} (short by {needed - ctx.n_rows}); raise epsilon or delta"
                     + ("" if n_groups == 1 else " or boost_beta"),
                 )
