@@ -461,7 +461,7 @@ def choose_t(
     The largest, not the smallest that passes the test: the mean's noise is
     ``r (4(t-1)/b + 6)/W_low ~ 14 r/(t - shift)``, so more subsets lower it (about ``1/t``
     once the radius reaches the grid's floor), and they make both the test and the radius
-    search more reliable (measured in ``bench/bench_small_budgets.py``).
+    search more reliable (measured in ``bench/experiments/bench_small_budgets.py``).
     """
     t_min = t_min_for(epsilon, delta, radius is not None)
     t_comf = t_comfortable_for(epsilon, delta, radius is not None)
