@@ -112,7 +112,10 @@ def test_a_slow_upload_holds_no_connection_and_is_cut_by_the_body_timeout(commit
     try:
         with serving(app) as base:
             upload = _open(base, "/v1/datasets", headers, _upload_start())
-            time.sleep(0.3)
+            # However long the machine takes to start it, the upload streams into incoming/.
+            ends = time.monotonic() + 30
+            while not _incoming_files(store) and time.monotonic() < ends:
+                time.sleep(0.02)
             assert _incoming_files(store), "the upload is streaming into incoming/"
             # The pool's only connection is free while the upload streams (checked on the pool,
             # not by timing another request: a busy machine is slow either way).
