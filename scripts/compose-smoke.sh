@@ -129,11 +129,20 @@ dump_logs() {
   fi
 }
 
+project_leftovers() {
+  # Containers and volumes of the project, one per line.
+  "$engine" ps -aq --filter "label=com.docker.compose.project=$project"
+  "$engine" volume ls -q --filter "label=com.docker.compose.project=$project"
+}
+
 remove_stack() {
-  # Containers first with their anonymous volumes (the image declares its data directory a
-  # volume; podman-compose's `down -v` removes only the named ones), then volumes and network.
+  # Containers first with their anonymous volumes: podman-compose's `down` removes only the
+  # replicas the compose file declares (not those added by --scale) and `-v` only the named
+  # volumes. Then `down -v` for the network and named volumes, then any volume it missed.
   "$engine" ps -aq --filter "label=com.docker.compose.project=$project" | xargs -r "$engine" rm -f -v >/dev/null 2>&1
   "${compose[@]}" down -v --remove-orphans >>"$work/compose.log" 2>&1
+  "$engine" volume ls -q --filter "label=com.docker.compose.project=$project" | xargs -r "$engine" volume rm -f >/dev/null 2>&1
+  return 0
 }
 
 teardown() {
@@ -146,6 +155,11 @@ teardown() {
   else
     phase "tear down"
     remove_stack
+    left=$(project_leftovers 2>/dev/null | wc -l)
+    if ((left)); then
+      log "FAIL: $left containers or volumes of project $project left after the teardown" >&2
+      ((rc == 0)) && rc=1
+    fi
     rm -rf "$work"
   fi
   phase ""

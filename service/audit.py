@@ -34,7 +34,7 @@ from pydantic import SecretBytes, SecretStr
 from sqlalchemy import and_, func, literal, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api_schemas.common import BUDGET_CONTEXT
+from api_schemas.common import BUDGET_CONTEXT, format_budget
 from service.db.models import (
     ApiKey,
     AuditEvent,
@@ -55,7 +55,9 @@ TERMINAL_EVENTS = ("release_succeeded", "release_no_result", "release_failed")
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, Decimal | uuid.UUID):
+    if isinstance(value, Decimal):
+        return format_budget(value)  # "0.0000001" as everywhere else, never "1E-7"
+    if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, datetime):
         return value.isoformat()

@@ -330,11 +330,11 @@ def keys_list(
         typer.echo(json.dumps({"items": [key.model_dump(mode="json") for key in keys]}, indent=2))
         return
     table = Table(title=f"{len(keys)} key(s)", title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("role", no_wrap=True)
+    table.add_column("id", overflow="fold")
+    table.add_column("role", overflow="fold")
     table.add_column("name", overflow="fold")
-    table.add_column("created (UTC)", no_wrap=True)
-    table.add_column("revoked (UTC)", no_wrap=True)
+    table.add_column("created (UTC)", overflow="fold")
+    table.add_column("revoked (UTC)", overflow="fold")
     for key in keys:
         table.add_row(
             str(key.id),

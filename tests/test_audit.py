@@ -92,8 +92,9 @@ def test_audit_pagination(client, keys, chain):
     assert rest["items"][0]["seq"] == 4 and rest["next_after"] is None
 
 
-def test_dpss_audit_verify_exit_codes(committed_db, monkeypatch):
+def test_dpss_audit_verify_exit_codes(committed_db, monkeypatch, tmp_path):
     url, factory = committed_db
+    monkeypatch.setenv("DPSS_DATA_DIR", str(tmp_path))  # its anchors and files, not ./dpss-data
     with factory.begin() as session:
         auth.create_key(session, "owner", "o", None)
         auth.create_key(session, "owner", "p", None)

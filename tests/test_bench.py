@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +252,24 @@ def test_a_peer_worker_stuck_without_results_is_killed_after_its_cpu_allowance(
     assert stuck is not None and stuck > 0.5
     quiet = [sys.executable, "-c", "pass"]
     assert _run_worker(quiet, tmp_path / "none.jsonl", 0, 0.5, time.monotonic() + 60) is None
+
+
+def test_every_bench_script_is_described_and_every_cited_one_exists() -> None:
+    """bench/README.md names each script of bench/ and bench/experiments/, and every
+    ``bench/...py`` path the docs, the README and CI cite is there."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "bench" / "README.md").read_text()
+    scripts = [
+        p
+        for p in [*(root / "bench").glob("*.py"), *(root / "bench" / "experiments").glob("*.py")]
+        if p.name != "__init__.py"
+    ]
+    assert [p.name for p in scripts if f"`{p.name}`" not in readme] == []
+    pages = [
+        root / "README.md",
+        root / ".ci" / "run",
+        *(root / "docs").glob("*.md"),
+        root / "bench" / "README.md",
+    ]
+    cited = {m for page in pages for m in re.findall(r"bench/[\w/]+\.py", page.read_text())}
+    assert sorted(c for c in cited if not (root / c).is_file()) == []

@@ -106,7 +106,7 @@ def test_serve_stops_its_worker_on_a_signal(
     try:
         server.send_signal(signum)
         server.wait(timeout=20)
-        left = wait_gone([worker_pid], timeout=5) + group_members(server.pid)
+        left = wait_gone([worker_pid], timeout=30) + group_members(server.pid)
         assert left == [], f"processes left after {signum.name}: {left}"
         # It still ends as the signal would have ended it.
         assert server.returncode == -signum
@@ -158,7 +158,7 @@ def test_api_with_two_workers_serves_from_two_processes(
         assert all(process.is_running() for process in servers)
         api.send_signal(signal.SIGTERM)
         api.wait(timeout=30)
-        assert wait_gone([process.pid for process in servers], timeout=5) == []
+        assert wait_gone([process.pid for process in servers], timeout=30) == []
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(api.pid, signal.SIGKILL)

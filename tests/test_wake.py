@@ -35,7 +35,10 @@ from tests.test_worker_outages import (  # noqa: F401 (fixtures)
 )
 
 #: Far longer than any wait below: only a wake-up can start a job this early.
-SLOW_POLL = 60.0
+SLOW_POLL = 300.0
+#: How long a wait for something that must happen may take before the test fails: a guard
+#: against a hang, far beyond any delay a loaded machine adds, never a speed requirement.
+HANG_GUARD = 60.0
 
 
 def wake_settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
@@ -94,9 +97,9 @@ class Service:
             f"/v1/datasets/{self.dataset}/releases", headers=bearer(self.analyst), json=payload
         )
 
-    def release_finishes_without_a_poll(self) -> float:
-        """Queue a release; seconds until it succeeded (fails if a poll would be needed)."""
-        start = time.monotonic()
+    def release_finishes_without_a_poll(self) -> None:
+        """Queue a release and see it succeed well before the workers' poll (SLOW_POLL): only a
+        wake-up can have started it. Its own duration does not matter."""
         response = self.request()
         assert response.status_code == 202, response.text
         release_id = uuid.UUID(response.json()["id"])
@@ -105,7 +108,6 @@ class Service:
             timeout=SLOW_POLL / 3,
             what="a woken worker",
         )
-        return time.monotonic() - start
 
 
 def idle_with_no_connection(engine: Engine) -> None:
@@ -135,19 +137,20 @@ def test_the_wake_file_changes_on_commit_only(tmp_path: Path, sqlite_url: str) -
         session.begin()
         wake.announce(session, settings)
         session.rollback()
-    start = time.monotonic()
+    # What woke a wait is read from the watch (the signature it saw), not from the clock.
+    seen = watch.seen
     watch.wait(0.3)
-    assert time.monotonic() - start >= 0.29 and not path.exists()  # rolled back: no wake
+    assert watch.seen == seen and not path.exists()  # rolled back: no wake
     for _ in range(3):  # each commit is seen, however close together
         with factory.begin() as session:
             wake.announce(session, settings)
-        start = time.monotonic()
-        watch.wait(10)
-        assert time.monotonic() - start < 1.0
+        watch.wait(HANG_GUARD)
+        assert watch.seen != seen, "the commit's wake-up was missed"
+        seen = watch.seen
     stop.set()
     start = time.monotonic()
-    watch.wait(10)
-    assert time.monotonic() - start < 1.0  # a stop ends the wait
+    watch.wait(HANG_GUARD)
+    assert watch.seen == seen and time.monotonic() - start < HANG_GUARD / 2  # a stop ends it
 
 
 def test_an_embedded_worker_is_woken_by_a_request(tmp_path: Path, sqlite_url: str) -> None:
@@ -156,7 +159,7 @@ def test_an_embedded_worker_is_woken_by_a_request(tmp_path: Path, sqlite_url: st
     with Service(settings, make_session_factory(engine)) as service:
         for _ in range(2):
             idle_with_no_connection(engine)
-            assert service.release_finishes_without_a_poll() < 10
+            service.release_finishes_without_a_poll()
         # A refused request (422) wakes nobody and changes nothing.
         before = wake.FileWatch(wake.wake_file(settings), threading.Event()).seen
         assert service.request(k=50).status_code == 422
@@ -195,14 +198,11 @@ def test_notify_is_delivered_on_commit_only(pg_engine: Engine, tmp_path: Path) -
             session.begin()
             wake.announce(session, settings)
             session.rollback()
-        start = time.monotonic()
-        listener.wait(0.5)
-        assert time.monotonic() - start >= 0.49  # rolled back: nothing delivered
+        # The listener's event says whether a notification came, whatever the machine's speed.
+        assert not listener.woken.wait(0.5)  # rolled back: nothing delivered
         with factory.begin() as session:
             wake.announce(session, settings)
-        start = time.monotonic()
-        listener.wait(10)
-        assert time.monotonic() - start < 2.0
+        assert listener.woken.wait(HANG_GUARD), "the commit's notification was missed"
     finally:
         stop.set()
         listener.close()
@@ -216,7 +216,7 @@ def test_a_postgres_worker_is_woken_by_a_request(pg_engine: Engine, tmp_path: Pa
         time.sleep(0.5)  # let the listener connect (and spend its first wake-up)
         for _ in range(2):
             idle_with_no_connection(pg_engine)
-            assert service.release_finishes_without_a_poll() < 10
+            service.release_finishes_without_a_poll()
 
 
 @needs_cluster
@@ -230,7 +230,7 @@ def test_the_listener_reconnects_after_an_outage(
     engine = make_engine(pg_url)
     with Service(settings, make_session_factory(engine)) as service:
         time.sleep(0.5)
-        assert service.release_finishes_without_a_poll() < 10
+        service.release_finishes_without_a_poll()
         cluster.stop()
         wait_for(lambda: "not listening for queued releases" in caplog.text, what="the outage")
         time.sleep(0.5)
@@ -238,7 +238,7 @@ def test_the_listener_reconnects_after_an_outage(
         cluster.start()
         wait_for(lambda: "listening for queued releases again" in caplog.text, what="reconnect")
         idle_with_no_connection(engine)
-        assert service.release_finishes_without_a_poll() < 10
+        service.release_finishes_without_a_poll()
     engine.dispose()
 
 
@@ -265,9 +265,7 @@ def test_an_append_wakes_a_worker_for_the_next_epoch(tmp_path: Path, sqlite_url:
             files={"file": ("b.npy", npy_bytes(batch), "application/octet-stream")},
         )
         assert appended.status_code in (200, 201), appended.text
-        start = time.monotonic()
         wait_for(lambda: epochs_done() == 2, timeout=SLOW_POLL / 3, what="a woken worker")
-        assert time.monotonic() - start < 10
 
 
 def test_a_finished_release_is_announced_on_commit_only(tmp_path: Path, sqlite_url: str) -> None:

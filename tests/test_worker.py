@@ -318,7 +318,7 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
         runs = psutil.Process(process.pid).children()
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
-        assert _wait_for(lambda: not any(run.is_running() for run in runs), timeout=5), (
+        assert _wait_for(lambda: not any(run.is_running() for run in runs), timeout=30), (
             "the run outlived its killed worker"
         )
     finally:
@@ -370,7 +370,7 @@ def _seed_committed(factory, settings):
 
 def _gil_holding_sum(seconds: float) -> int:
     """How many terms make ``sum(range(n))`` (one C call: it never yields the interpreter
-    lock) last about ``seconds`` here."""
+    lock) last about ``seconds`` here (only sizes the work; nothing is asserted on time)."""
     start = time.perf_counter()
     sum(range(10**6))
     per_term = (time.perf_counter() - start) / 10**6
@@ -378,22 +378,29 @@ def _gil_holding_sum(seconds: float) -> int:
 
 
 def test_an_isolated_run_holding_the_interpreter_lock_does_not_starve_the_heartbeat(
-    committed_db, settings, monkeypatch
+    committed_db, settings, monkeypatch, tmp_path
 ):
     """SciPy's LAPACK wrappers hold the interpreter lock for a whole call: run in the worker's
     own process, a long call stopped the heartbeat thread and the lease expired under a live
-    job (which then ran again, and was finally abandoned as failed)."""
+    job (which then ran again, and was finally abandoned as failed).
+
+    Speed-independent: the run writes when its lock-holding call began and ended (the
+    monotonic clock is the machine's, shared by the processes), and the heartbeats must fall
+    inside that window. Starved, none could: the count, not a gap, is asserted."""
     from service.mechanisms import analyze_gauss
 
     _, factory = committed_db
     settings.worker_heartbeat_seconds = 0.05
     settings.worker_lease_seconds = 60
     release_id = _seed_committed(factory, settings)
-    terms = _gil_holding_sum(1.5)
+    terms = _gil_holding_sum(1.0)
     original = analyze_gauss.gauss_release
+    window = tmp_path / "window"
 
     def hold_the_lock(*args, **kwargs):
+        began = time.monotonic()
         sum(range(terms))
+        window.write_text(f"{began} {time.monotonic()}")
         return original(*args, **kwargs)
 
     monkeypatch.setattr(analyze_gauss, "gauss_release", hold_the_lock)
@@ -410,8 +417,10 @@ def test_an_isolated_run_holding_the_interpreter_lock_does_not_starve_the_heartb
     job = worker.claim()
     assert job is not None and job.release_id == release_id
     assert worker.process(job) == "succeeded"
-    longest = max(np.diff(beats), default=float("inf"))
-    assert len(beats) >= 10 and longest < 0.75, f"{len(beats)} beats, longest gap {longest} s"
+    began, ended = map(float, window.read_text().split())
+    during = [beat for beat in beats if began < beat < ended]
+    # At least 3 beats while the lock was held: the heartbeat kept running through the call.
+    assert len(during) >= 3, f"{len(during)} of {len(beats)} beats in {ended - began:.2f} s"
     with factory() as session:
         assert session.get(Release, release_id).attempts == 1
 

@@ -1,6 +1,6 @@
 """``auto``: the service chooses the mechanism and its params (issue 16, item 1).
 
-The rule table comes from the benchmark grid (``bench/bench_auto_grid.py``,
+The rule table comes from the benchmark grid (``bench/experiments/bench_auto_grid.py``,
 ``bench/results/auto_grid.csv``, ``bench/results/auto_grid_v2_*.csv``; ``docs/mechanisms.md``,
 section ``auto``):
 

@@ -80,7 +80,7 @@ work is one rank per competitive candidate (``|s| x d`` entries of ``<= 2098`` b
 ``k >= 3`` its ``C(|s|, k-1)`` strict subsets also go through the filter) plus, in the worst
 case (every k-subset singular mod p, e.g. points spread over several (k-1)-dim subspaces, so
 that no union of a batch has rank below k), one exact ``k x d`` rank per k-subset. Figures:
-``bench/bench_exact_gapmax.py`` and docs/mechanisms.md.
+``bench/experiments/bench_exact_gapmax.py`` and docs/mechanisms.md.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ import numpy.typing as npt
 from flint import fmpz, fmpz_mat
 from pydantic import Field
 
+from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     Mechanism,
@@ -717,14 +718,16 @@ class ExactGapMax(Mechanism[ExactGapMaxParams]):
                 raise InvalidParameter(
                     "sample_rows",
                     f"is {n0}, below the {needed} rows that Lemma 3.5 needs for l={robustness}, "
-                    f"epsilon={epsilon:g}, delta={delta:g} (short by {needed - n0})",
+                    f"epsilon={format_budget(epsilon)}, "
+                    f"delta={format_budget(delta)} (short by {needed - n0})",
                 )
         else:
             if n < needed:
                 raise InvalidParameter(
                     "n_rows",
                     f"the dataset has {n} rows, below the {needed} that Lemma 3.5 needs for "
-                    f"l={robustness}, epsilon={epsilon:g}, delta={delta:g} (short by "
+                    f"l={robustness}, epsilon={format_budget(epsilon)}, "
+                    f"delta={format_budget(delta)} (short by "
                     f"{needed - n}); raise epsilon or delta",
                 )
             n0 = default_sample_rows(n, k, d)

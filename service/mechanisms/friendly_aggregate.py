@@ -57,6 +57,7 @@ from pydantic import Field
 from scipy.spatial.distance import cdist
 from scipy.special import ndtr, ndtri
 
+from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     Mechanism,
@@ -460,7 +461,7 @@ def choose_t(
     The largest, not the smallest that passes the test: the mean's noise is
     ``r (4(t-1)/b + 6)/W_low ~ 14 r/(t - shift)``, so more subsets lower it (about ``1/t``
     once the radius reaches the grid's floor), and they make both the test and the radius
-    search more reliable (measured in ``bench/bench_small_budgets.py``).
+    search more reliable (measured in ``bench/experiments/bench_small_budgets.py``).
     """
     t_min = t_min_for(epsilon, delta, radius is not None)
     t_comf = t_comfortable_for(epsilon, delta, radius is not None)
@@ -1366,7 +1367,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             raise InvalidParameter("q", f"must be >= k = {k} (the q x d average has rank <= q)")
         q_used = q if aggregator == "reference_points" else None
 
-        budget = f"epsilon = {epsilon:g}, delta = {delta:g}"
+        budget = f"epsilon = {format_budget(epsilon)}, delta = {format_budget(delta)}"
         if params.t is None:
             choice = choose_t(
                 n, d, k, epsilon, delta, q_used, aggregator, params.radius, ctx.memory_limit
@@ -1483,7 +1484,8 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 f"Budget split gaussian_test (derivation F3): epsilon0 = {split.eps0:.4g} "
                 f"(radius search, pure); a Gaussian test of mu1 = {split.ptr_mu:.4g} and a "
                 f"Gaussian mean of mu2 = {split.mean_mu:.4g} (Gaussian DP), composed exactly "
-                f"with the search to ({spec.epsilon:g}, {spec.delta:g}) including the test's "
+                f"with the search to ({format_budget(spec.epsilon)}, "
+                f"{format_budget(spec.delta)}) including the test's "
                 f"failure probability {split.delta1:.3g}; chosen because its mean's noise is "
                 "smaller here than the basic split's."
             )

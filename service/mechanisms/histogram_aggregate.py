@@ -24,7 +24,8 @@ params. The noise samplers are the textbook ones on doubles (see ``noise.py``).
 Choices the paper leaves open (fixed here)
 ------------------------------------------
 * ``c2`` of the width rule ``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` is
-  :data:`C2_WIDTH` = 40, fixed by ``bench/simulate_gamma_width.py`` under the paper's model (rows
+  :data:`C2_WIDTH` = 40, fixed by ``bench/experiments/simulate_gamma_width.py`` under the
+  paper's model (rows
   ``N(0, Sigma)``, ``lambda_{k+1} = gamma^2 lambda_k``, ``q = 2k``): it is the smallest round
   value for which, in every setting simulated (``d <= 20``, ``k <= 3``, ``m in {10k, 40k}``),
   some cell holds ``>= t/2`` of the points with probability ``>= 0.9`` over the offsets (needed
@@ -47,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import Field
 
+from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     Mechanism,
@@ -81,7 +83,7 @@ from service.mechanisms.width_selection import (
     threshold_noise_scale,
 )
 
-#: ``c2`` of the width rule, fixed by simulation (``bench/simulate_gamma_width.py``).
+#: ``c2`` of the width rule, fixed by simulation (``bench/experiments/simulate_gamma_width.py``).
 C2_WIDTH = 40.0
 #: Cap on the default number of subsets (memory ``O(t q d)``; more subsets shrink ``m``).
 MAX_DEFAULT_SUBSETS = 2000
@@ -459,7 +461,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             if t < t_min:
                 raise InvalidParameter(
                     "t",
-                    f"is {t}, below 2T = {t_min} for epsilon={epsilon:g}, delta={delta:g} "
+                    f"is {t}, below 2T = {t_min} for epsilon={format_budget(epsilon)}, "
+                    f"delta={format_budget(delta)} "
                     f"(short by {t_min - t}): no cell could clear T reliably",
                 )
             if rows // t < k:
@@ -475,7 +478,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
                 raise InvalidParameter(
                     "n_rows",
                     f"the dataset has {ctx.n_rows} rows; {t_min} subsets (2T for "
-                    f"epsilon={epsilon:g}, delta={delta:g}) of 10k = {10 * k} rows{where} need "
+                    f"epsilon={format_budget(epsilon)}, "
+                    f"delta={format_budget(delta)}) of 10k = {10 * k} rows{where} need "
                     f"{needed} (short by {needed - ctx.n_rows}); raise epsilon or delta"
                     + ("" if n_groups == 1 else " or boost_beta"),
                 )

@@ -40,6 +40,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     MechanismOutput,
@@ -229,7 +230,7 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
             raise InvalidParameter(
                 "epsilon",
                 f"must be <= {GAUSSIAN_MAX_EPSILON:g}{spent} for the Gaussian variant "
-                f"(delta > 0), got {split.gram_epsilon:g}: its calibration (seed 004, "
+                f"(delta > 0), got {format_budget(split.gram_epsilon)}: its calibration (seed 004, "
                 "Theorem 9) is proved only for epsilon in (0, 1], and at large epsilon it "
                 "exceeds delta; use delta = 0 (the Cauchy variant), a smaller epsilon, or "
                 "analyze_gauss",

@@ -15,10 +15,23 @@ import httpx
 import numpy as np
 import pytest
 
-from service import wake
+from service import waiters, wake
 from tests.api.conftest import Service
 from tests.conftest import bearer, npy_bytes
 from tests.factories import near_subspace
+
+#: Within this a long poll of 30 s (the most) that should end early must have ended: far from
+#: its bound, far beyond any delay a loaded machine adds. No test here asserts a speed.
+EARLY = 20.0
+
+
+def no_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting requests re-read their release only at their bound, so that one answered early
+    was answered by a hint."""
+    import service.api.releases
+
+    for module in (waiters, service.api.releases):
+        monkeypatch.setattr(module, "RECHECK_SECONDS", waiters.MAX_WAIT_SECONDS, raising=False)
 
 
 @pytest.mark.parametrize("hint", ["local", "database"])
@@ -29,17 +42,18 @@ def test_the_long_poll_returns_when_the_release_finishes(
     if hint == "database":
         # Only what a worker in another process sends: NOTIFY (PostgreSQL) or the wake file.
         monkeypatch.setattr(wake, "_local_listeners", [])
+    no_recheck(monkeypatch)
     release = service.request()
     worker = service.run_later(0.4)
     start = time.monotonic()
-    answer = service.get(release, wait=10)
+    answer = service.get(release, wait=30)
     elapsed = time.monotonic() - start
     worker.join()
     assert answer.status_code == 200
     assert answer.json()["status"] == "succeeded"
     assert answer.json()["result"]["basis"] is not None
-    # Woken by the hint, not by the 2 s re-read nor the 10 s bound.
-    assert 0.35 <= elapsed < 1.5, elapsed
+    # Woken by the hint (no re-read before the bound), long before the 30 s bound.
+    assert 0.35 <= elapsed < EARLY, elapsed
 
 
 def test_the_long_poll_answers_at_its_bound(make_service: Callable[..., Service]) -> None:
@@ -50,12 +64,12 @@ def test_the_long_poll_answers_at_its_bound(make_service: Callable[..., Service]
     elapsed = time.monotonic() - start
     assert answer.status_code == 200
     assert answer.json()["status"] == "queued"
-    assert 0.5 <= elapsed < 1.5, elapsed
+    assert elapsed >= 0.5, elapsed
     # A finished release is answered at once, wait or not.
     service.worker.run_pending()
     start = time.monotonic()
-    assert service.get(release, wait=10).json()["status"] == "succeeded"
-    assert time.monotonic() - start < 1.0
+    assert service.get(release, wait=30).json()["status"] == "succeeded"
+    assert time.monotonic() - start < EARLY
     assert service.client.app.state.release_waiters.count == 0  # every waiter left
 
 
@@ -92,8 +106,8 @@ def test_beyond_the_waiter_limit_the_answer_comes_at_once(
     service = make_service(release_wait_max_waiters=0)
     release = service.request()
     start = time.monotonic()
-    assert service.get(release, wait=5).json()["status"] == "queued"
-    assert time.monotonic() - start < 1.0
+    assert service.get(release, wait=30).json()["status"] == "queued"
+    assert time.monotonic() - start < EARLY
 
 
 def test_a_waiting_long_poll_holds_no_database_slot(
@@ -106,23 +120,25 @@ def test_a_waiting_long_poll_holds_no_database_slot(
     app = service.client.app
     headers = bearer(service.keys["analyst"])
 
-    async def both() -> tuple[httpx.Response, httpx.Response, float]:
+    async def both() -> tuple[httpx.Response, httpx.Response, bool]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             waiting = asyncio.create_task(
-                http.get(f"/v1/releases/{release}", headers=headers, params={"wait": "2"})
+                http.get(f"/v1/releases/{release}", headers=headers, params={"wait": "30"})
             )
             await asyncio.sleep(0.3)
-            start = time.monotonic()
             other = await http.get(
                 f"/v1/datasets/{service.dataset}", headers=bearer(service.keys["owner"])
             )
-            took = time.monotonic() - start
-            return await waiting, other, took
+            # Answered while the long poll still waits: it did not need the poll's slot (had
+            # the poll held it, the other request would have had 503 after db_wait_seconds).
+            still_waiting = not waiting.done()
+            app.state.release_waiters.begin_shutdown()  # ends the poll now (queued)
+            return await waiting, other, still_waiting
 
-    waited, other, took = asyncio.run(both())
+    waited, other, still_waiting = asyncio.run(both())
     assert other.status_code == 200, other.text  # answered, not 503
-    assert took < 1.0, took
+    assert still_waiting
     assert waited.status_code == 200 and waited.json()["status"] == "queued"
 
 
@@ -137,12 +153,9 @@ def test_the_client_waits_with_the_long_poll(make_service: Callable[..., Service
     analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
     handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7")
     worker = service.run_later(0.3)
-    start = time.monotonic()
     basis = handle.wait()
-    elapsed = time.monotonic() - start
     worker.join()
     assert basis.shape == (6, 2)
-    assert elapsed < 1.5, elapsed
     # One long poll, answered when the worker stored the outcome.
     assert [request.url.params.get("wait") for request in gets] == ["25"]
 
@@ -167,12 +180,12 @@ def test_a_stopping_process_answers_its_long_polls_at_once(
     hub = service.client.app.state.release_waiters
     threading.Timer(0.3, hub.begin_shutdown).start()
     start = time.monotonic()
-    answer = service.get(release, wait=20)
+    answer = service.get(release, wait=30)
     assert answer.status_code == 200 and answer.json()["status"] == "queued"
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < EARLY
     start = time.monotonic()
-    assert service.get(release, wait=20).status_code == 200  # no new wait begins
-    assert time.monotonic() - start < 1.0
+    assert service.get(release, wait=30).status_code == 200  # no new wait begins
+    assert time.monotonic() - start < EARLY
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,24 +227,25 @@ def test_the_epoch_long_poll_returns_when_the_next_epoch_is_stored(
     service = make_service()
     if hint == "database":
         monkeypatch.setattr(wake, "_local_listeners", [])
+    no_recheck(monkeypatch)
     release = _continual(service)
     worker = service.run_later(0.4)
     start = time.monotonic()
-    first = _epochs(service, release, after=0, wait=10)
+    first = _epochs(service, release, after=0, wait=30)
     elapsed = time.monotonic() - start
     worker.join()
     assert first.status_code == 200, first.text
     assert [e["epoch"] for e in first.json()["items"]] == [1]
-    assert 0.35 <= elapsed < 1.5, elapsed  # woken by the epoch's announcement
+    assert 0.35 <= elapsed < EARLY, elapsed  # woken by the epoch's announcement
     # The next epoch needs a batch: appended, then the worker runs again, a little later.
     _append(service)
     worker = service.run_later(0.4)
     start = time.monotonic()
-    second = _epochs(service, release, after=1, wait=10)
+    second = _epochs(service, release, after=1, wait=30)
     elapsed = time.monotonic() - start
     worker.join()
     assert [e["epoch"] for e in second.json()["items"]] == [2]
-    assert 0.35 <= elapsed < 1.5, elapsed
+    assert 0.35 <= elapsed < EARLY, elapsed
 
 
 def test_the_epoch_long_poll_answers_at_its_bound_and_at_once_with_a_cursor(
@@ -242,12 +256,12 @@ def test_the_epoch_long_poll_answers_at_its_bound_and_at_once_with_a_cursor(
     service.worker.run_pending()
     start = time.monotonic()
     empty = _epochs(service, release, after=1, wait=0.5)
-    assert 0.45 <= time.monotonic() - start < 2.0
+    assert time.monotonic() - start >= 0.45
     assert empty.status_code == 200 and empty.json()["items"] == []
     # Epochs already there: at once, whatever the wait.
     start = time.monotonic()
-    assert len(_epochs(service, release, after=0, wait=10).json()["items"]) == 1
-    assert time.monotonic() - start < 1.0
+    assert len(_epochs(service, release, after=0, wait=30).json()["items"]) == 1
+    assert time.monotonic() - start < EARLY
 
 
 @pytest.mark.parametrize("bad", ["31", "-1", "soon", "nan"])

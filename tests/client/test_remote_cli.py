@@ -29,9 +29,9 @@ def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Dpss:
     monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
     runner = CliRunner()
 
-    def run(*args: str, key: str | None) -> Result:
+    def run(*args: str, key: str | None, columns: int = 200) -> Result:
         # A fixed wide terminal: pytest-xdist workers inherit COLUMNS=80 otherwise.
-        env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key, "COLUMNS": "200"}
+        env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key, "COLUMNS": str(columns)}
         return runner.invoke(app, list(args), env=env)
 
     return run
@@ -244,3 +244,42 @@ def test_out_for_a_mechanism_without_basis_is_refused_before_charging(
     )  # fmt: skip
     assert result.exit_code == ExitCode.USAGE, result.output
     assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+
+
+@pytest.mark.parametrize("columns", [50, 130])
+def test_tables_fold_on_a_narrow_terminal_and_write_budgets_as_the_json_does(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, worker_sleep: None, columns: int
+) -> None:
+    """No cell is cut short ("..."), whatever the width, and a delta is "0.0000001" in every
+    table as in the JSON, never "1E-7"."""
+    owner, analyst, auditor = make_key("owner"), make_key("analyst"), make_key("auditor")
+    np.save(tmp_path / "x.npy", low_rank_rows(120, 4, 1, seed=24))
+    uploaded = dpss(
+        "datasets", "upload", str(tmp_path / "x.npy"), "--epsilon-budget", "1",
+        "--delta-budget", "1e-7", "--row-norm-bound", "1", "--name", "a-rather-long-name-" * 3,
+        "--json", key=owner,
+    )  # fmt: skip
+    dataset = _json(uploaded)["id"]
+    created = dpss(
+        "releases", "create", dataset, "--mechanism", "analyze_gauss", "--k", "1",
+        "--epsilon", "0.5", "--delta", "1e-8", "--wait", "--json", key=analyst,
+    )  # fmt: skip
+    release = _json(created)["id"]
+    outputs = [
+        dpss("datasets", "list", key=owner, columns=columns),
+        dpss("datasets", "show", dataset, key=owner, columns=columns),
+        dpss("budget", dataset, key=analyst, columns=columns),
+        dpss("releases", "list", key=analyst, columns=columns),
+        dpss("releases", "show", release, key=analyst, columns=columns),
+        dpss("mechanisms", key=analyst, columns=columns),
+        dpss("audit", "list", key=auditor, columns=columns),
+    ]
+    for result in outputs:
+        assert result.exit_code == 0, result.output
+        assert "\u2026" not in result.stdout and "..." not in result.stdout, result.stdout
+        assert "E-" not in result.stdout and "e-0" not in result.stdout, result.stdout
+        assert max(map(len, result.stdout.splitlines())) <= columns
+    assert "0.0000001" in outputs[2].stdout  # the delta budget
+    assert "0.00000001" in outputs[4].stdout  # the release's delta
+    # Folded on a narrow terminal (line by line in its column), whole on a wide one.
+    assert (dataset if columns > 100 else dataset[:4]) in outputs[0].stdout

@@ -71,6 +71,18 @@ def canonical_decimal(value: Decimal) -> str:
     return "0" if text in ("-0", "0") else text
 
 
+def format_budget(value: Decimal | float | int) -> str:
+    """How every text writes an epsilon or a delta (CLI tables, API messages and reasons): the
+    plain notation of the JSON ("0.0000001", "0.5"), never "1E-7" (``str`` of a Decimal) or
+    "1e-07" (``:g`` of a float). A float (a mechanism's share of a budget, rounded down to a
+    float) is written to 6 significant digits, as ``:g`` would: 0.09999999999999999 is "0.1"."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return repr(value)
+        value = Decimal(f"{value:.6g}")
+    return canonical_decimal(Decimal(value))
+
+
 def budget_storable(value: Decimal) -> str | None:
     """Why the ledger cannot store ``value`` exactly, or None if it can."""
     if not value.is_finite():
@@ -228,6 +240,7 @@ __all__ = [
     "StrictInt",
     "budget_storable",
     "canonical_decimal",
+    "format_budget",
     "number_schema",
     "unknown_name",
 ]

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from decimal import Decimal
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Any, get_args
@@ -40,6 +41,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from api_schemas.common import format_budget
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.grants import Grant
 from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
@@ -194,27 +196,34 @@ def _service_errors(as_json: bool) -> Iterator[None]:
 # Rendering
 
 
+def _text(value: Any) -> str:
+    """A table cell: budgets in the JSON's plain notation (never "1E-7"), the rest as ``str``."""
+    if value is None:
+        return ""
+    return format_budget(value) if isinstance(value, Decimal) else str(value)
+
+
 def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
-    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("field", style="bold", overflow="fold")
     table.add_column("value", overflow="fold")
     for key, value in rows:
-        table.add_row(key, "" if value is None else str(value))
+        table.add_row(key, _text(value))
     return table
 
 
 def _budget_table(budget: Budget, title: str = "budget") -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("", "total", "spent", "remaining"):
-        table.add_column(column, justify="right" if column else "left", no_wrap=True)
+        table.add_column(column, justify="right" if column else "left", overflow="fold")
     table.add_row(
         "epsilon",
-        str(budget.epsilon_total),
-        str(budget.epsilon_spent),
-        str(budget.epsilon_remaining),
+        _text(budget.epsilon_total),
+        _text(budget.epsilon_spent),
+        _text(budget.epsilon_remaining),
     )
     table.add_row(
-        "delta", str(budget.delta_total), str(budget.delta_spent), str(budget.delta_remaining)
+        "delta", _text(budget.delta_total), _text(budget.delta_spent), _text(budget.delta_remaining)
     )
     return table
 
@@ -409,21 +418,20 @@ def datasets_list(
             _print_json({"items": [_dump(ds) for ds in items], "total": len(items), "next": None})
             return
         table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
-        table.add_column("id", no_wrap=True, min_width=36)
-        longest = max((len(ds.name) for ds in items), default=4)
-        table.add_column("name", overflow="fold", min_width=min(longest, 40))
-        table.add_column("rows x cols", justify="right", no_wrap=True)
-        table.add_column("C", justify="right", no_wrap=True)
-        table.add_column("eps left", justify="right", no_wrap=True)
-        table.add_column("delta left", justify="right", no_wrap=True)
+        table.add_column("id", overflow="fold")
+        table.add_column("name", overflow="fold")
+        table.add_column("rows x cols", justify="right", overflow="fold")
+        table.add_column("C", justify="right", overflow="fold")
+        table.add_column("eps left", justify="right", overflow="fold")
+        table.add_column("delta left", justify="right", overflow="fold")
         for ds in items:
             table.add_row(
                 str(ds.id),
                 ds.name,
                 f"{ds.n_rows} x {ds.n_cols}",
                 "" if ds.row_norm_bound is None else f"{ds.row_norm_bound:g}",
-                str(ds.budget.epsilon_remaining),
-                str(ds.budget.delta_remaining),
+                _text(ds.budget.epsilon_remaining),
+                _text(ds.budget.delta_remaining),
             )
         _stdout().print(table)
 
@@ -496,8 +504,8 @@ grants_app = typer.Typer(
 
 def _grants_table(items: list[Grant], title: str) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
-    table.add_column("id", no_wrap=True, min_width=36)
-    table.add_column("analyst key", no_wrap=True)
+    table.add_column("id", overflow="fold")
+    table.add_column("analyst key", overflow="fold")
     for column in (
         "eps total",
         "eps spent",
@@ -506,18 +514,18 @@ def _grants_table(items: list[Grant], title: str) -> Table:
         "delta spent",
         "delta left",
     ):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("revoked", no_wrap=True)
+        table.add_column(column, justify="right", overflow="fold")
+    table.add_column("revoked", overflow="fold")
     for grant in items:
         table.add_row(
             str(grant.id),
             "every analyst" if grant.analyst_key_id is None else str(grant.analyst_key_id),
-            str(grant.epsilon_total),
-            str(grant.epsilon_spent),
-            str(grant.epsilon_remaining),
-            str(grant.delta_total),
-            str(grant.delta_spent),
-            str(grant.delta_remaining),
+            _text(grant.epsilon_total),
+            _text(grant.epsilon_spent),
+            _text(grant.epsilon_remaining),
+            _text(grant.delta_total),
+            _text(grant.delta_spent),
+            _text(grant.delta_remaining),
             "" if grant.revoked_at is None else grant.revoked_at.isoformat(timespec="seconds"),
         )
     return table
@@ -832,22 +840,22 @@ def releases_list(
             padding=(0, 1),
             pad_edge=False,
         )
-        table.add_column("id", no_wrap=True, min_width=36)
-        table.add_column("dataset", no_wrap=True)
-        table.add_column("mechanism", no_wrap=True)
-        table.add_column("k", justify="right", no_wrap=True)
-        table.add_column("epsilon", justify="right", no_wrap=True)
-        table.add_column("delta", justify="right", no_wrap=True)
-        table.add_column("status", no_wrap=True)
-        table.add_column("created (UTC)", no_wrap=True)
+        table.add_column("id", overflow="fold")
+        table.add_column("dataset", overflow="fold")
+        table.add_column("mechanism", overflow="fold")
+        table.add_column("k", justify="right", overflow="fold")
+        table.add_column("epsilon", justify="right", overflow="fold")
+        table.add_column("delta", justify="right", overflow="fold")
+        table.add_column("status", overflow="fold")
+        table.add_column("created (UTC)", overflow="fold")
         for r in items:
             table.add_row(
                 str(r.id),
                 str(r.dataset_id)[:8],
                 r.mechanism,
                 str(r.k),
-                str(r.epsilon),
-                str(r.delta),
+                _text(r.epsilon),
+                _text(r.delta),
                 r.status,
                 r.created_at.strftime("%Y-%m-%d %H:%M"),
             )
@@ -873,11 +881,11 @@ def mechanisms(
             _print_json({"items": [_dump(m) for m in items]})
             return
         table = Table(title=f"{len(items)} mechanism(s)", title_justify="left", box=box.SIMPLE_HEAD)
-        table.add_column("name", no_wrap=True, style="bold")
+        table.add_column("name", overflow="fold", style="bold")
         table.add_column("title", overflow="fold")
         table.add_column("cost", overflow="fold")
-        table.add_column("pure DP", justify="center", no_wrap=True)
-        table.add_column("basis", justify="center", no_wrap=True)
+        table.add_column("pure DP", justify="center", overflow="fold")
+        table.add_column("basis", justify="center", overflow="fold")
         table.add_column("params", overflow="fold")
         for m in items:
             props = m.params_schema.get("properties", {})
@@ -924,9 +932,9 @@ def audit_list(
         table = Table(
             title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
         )
-        table.add_column("seq", justify="right", no_wrap=True)
-        table.add_column("time (UTC)", no_wrap=True)
-        table.add_column("event", no_wrap=True)
+        table.add_column("seq", justify="right", overflow="fold")
+        table.add_column("time (UTC)", overflow="fold")
+        table.add_column("event", overflow="fold")
         table.add_column("dataset", overflow="fold")
         table.add_column("release", overflow="fold")
         table.add_column("details", overflow="fold")

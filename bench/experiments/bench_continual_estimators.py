@@ -16,7 +16,7 @@ a 3-dimensional subspace of R^50, one continual release with ``epsilon = 1``, ``
 epoch against a baseline in the same process (one ``analyze_gauss`` run on one batch) and the
 state's size.
 
-Run: ``.venv/bin/python bench/bench_continual_estimators.py`` (about half a minute).
+Run: ``.venv/bin/python bench/experiments/bench_continual_estimators.py`` (about half a minute).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ under four accountings:
   ``rho`` (``eps0 = sqrt(rho/2)``): ``eps/4`` pure would alone exceed the whole ``rho`` at
   ``eps <= 1``.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_friendly_zcdp.py
+    PYTHONPATH=. .venv/bin/python bench/experiments/bench_friendly_zcdp.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Aggregators on a dataset larger than the worker's memory: sequential passes vs random gathers.
 
-    python bench/bench_perf_oom.py [--rows 100000] [--cols 1000] [--memory-mb 320]
+    python bench/experiments/bench_perf_oom.py [--rows 100000] [--cols 1000] [--memory-mb 320]
                                    [--pass-mb 128] [--t 1000] [--timeout 600]
 
 Each run is a child process reading the dataset as a memory map (as the worker does):

@@ -1,6 +1,7 @@
 """Every registered mechanism on a dataset larger than the worker's memory (issue 15 item 4).
 
-    python -m bench.bench_oom_mechanisms [--rows 500000] [--cols 1000] [--memory-mb 1536]
+    python -m bench.experiments.bench_oom_mechanisms [--rows 500000] [--cols 1000]
+        [--memory-mb 1536]
         [--mechanisms analyze_gauss,...] [--data PATH] [--timeout 900] [--out CSV]
 
 For each mechanism, two releases with the same seed, each in a child process reading the
@@ -8,9 +9,10 @@ dataset as a read-only memory map (as the worker does), one right after the othe
 see the same load on the shared machine:
 
 1. **in memory**: no memory limit, the file warm in the page cache (read once just before);
-2. **cgroup**: in a memory cgroup of ``--memory-mb`` (see ``bench/bench_perf_oom.py`` for how it
-   is made; page cache is charged to it, so the file cannot stay cached), the file's pages
-   dropped first with ``posix_fadvise(DONTNEED)`` (cold start).
+2. **cgroup**: in a memory cgroup of ``--memory-mb`` (see
+   ``bench/experiments/bench_perf_oom.py`` for how it is made; page cache is charged to it, so
+   the file cannot stay cached), the file's pages dropped first with
+   ``posix_fadvise(DONTNEED)`` (cold start).
 
 The release is ``k = 3``, ``epsilon = 1``, ``delta = 1e-6``, the dataset's declared row norm
 bound 1 (so ``clip_norm = 1``), every other parameter at its default (``continual_gauss``:
@@ -38,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_perf_oom import drop_from_cache, make_cgroup
+from bench.experiments.bench_perf_oom import drop_from_cache, make_cgroup
 
 MECHANISMS = (
     "analyze_gauss",

@@ -9,7 +9,7 @@ the released top singular values. Both routes are computed in the same process o
 data; the old route is reimplemented here from its last shipped version (noise N(0, sigma(2C))
 on sqrt(lambda_i), clamp, sort, first drop by half above a 2 sigma floor).
 
-    .venv/bin/python bench/compare_spectrum_routes.py [--repeats 50]
+    .venv/bin/python bench/experiments/compare_spectrum_routes.py [--repeats 50]
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ differences in cache-sized tiles, counted against the whole radius grid in block
 the rounding of every pair) and against the same direct differences without tiling, and the
 direct counts are checked against the Gram-route distances.
 
-    .venv/bin/python bench/bench_friendly_aggregate.py [--n 100000 --d 1000 --k 5 --repeat 3]
+    .venv/bin/python bench/experiments/bench_friendly_aggregate.py \
+        [--n 100000 --d 1000 --k 5 --repeat 3]
 
 A benchmark, not a test: it asserts nothing.
 """

@@ -1,6 +1,7 @@
 """Each mechanism's release time over its linear-algebra floor, in one process on the same data.
 
-    python bench/bench_perf_mechanisms.py [--rows 50000] [--cols 1000] [--k 5] [--repeat 3]
+    python bench/experiments/bench_perf_mechanisms.py [--rows 50000] [--cols 1000] [--k 5]
+        [--repeat 3]
                                           [--only friendly_aggregate,histogram_aggregate]
 
 Times are process CPU seconds with one BLAS thread by default (``--clock wall`` for wall-clock

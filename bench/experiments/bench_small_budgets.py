@@ -13,7 +13,7 @@ Prints Markdown tables:
    and after (defaults), ``histogram_aggregate`` with the width searched (no ``gamma``) and with
    ``gamma = 1e-5``, and ``analyze_gauss`` (``C = 1``), all on the same datasets.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_small_budgets.py [--repeats 5] [--quick]
+    PYTHONPATH=. .venv/bin/python bench/experiments/bench_small_budgets.py [--repeats 5] [--quick]
         [--friendly-only] [--eps 1 0.1]
 """
 

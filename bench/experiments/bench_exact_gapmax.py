@@ -8,7 +8,7 @@ run the whole mechanism on ``n0`` sampled rows: scoring plus GAP-MAX. Cases: ``k
 position ("general": every k-subset is scored, the worst case of both). The float version sees
 the exact data as exact up to ``tol``; the exact version decides membership over the rationals.
 
-Both sides run with one BLAS thread. Run: ``.venv/bin/python bench/bench_exact_gapmax.py
+Both sides run with one BLAS thread. Run: ``.venv/bin/python bench/experiments/bench_exact_gapmax.py
 [--quick]``
 """
 

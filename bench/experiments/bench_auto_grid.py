@@ -18,7 +18,7 @@ released search exponents, which calibrate ``auto``'s staged rule; ``friendly`` 
 most expensive configurations (``friendly_aggregate`` with the projection aggregator at
 d >= 300, whose t x t distances are in R^{d^2}) are skipped unless ``--all`` is given.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_auto_grid.py [--seeds 3] [--seeds-large 1]
+    PYTHONPATH=. .venv/bin/python bench/experiments/bench_auto_grid.py [--seeds 3] [--seeds-large 1]
         [--quick] [--only d=10,50] [--out bench/results/auto_grid.csv]
 """
 
@@ -42,7 +42,7 @@ from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import subspace_distance
 from service.mechanisms.registry import get_mechanism
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 K, DELTA, CLIP = 3, 1e-6, 1.0
 DIMS = (10, 50, 300, 1000)
 DISTANCES = (1e-1, 1e-3, 1e-5)

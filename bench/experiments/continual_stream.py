@@ -10,7 +10,8 @@ basis hash, the subspace error falls from the first epoch to the last, and ``dps
 verify`` passes. Prints the error per epoch (the table in docs/mechanisms.md) and exits non-zero
 if a check fails.
 
-    python bench/continual_stream.py [--database sqlite|postgres] [--batches 64] [--rows 2000]
+    python bench/experiments/continual_stream.py [--database sqlite|postgres] [--batches 64]
+        [--rows 2000]
 
 The client sees only what any analyst sees; the script also reads the database directly, for the
 checks only (counts, epoch hashes), never printing a row or the release's private state.
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import Executable, func, select
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -16,7 +16,7 @@ points, with probability 0.9 over ``OFFSETS`` random offsets. ``C2_WIDTH`` is ch
 the worst "half" value over ``d <= 20``, ``k <= 3``; the "all" values (5-15 times larger, and
 growing like ``sqrt(qd)``) are printed for comparison. Takes a few minutes on one core.
 
-Run: ``.venv/bin/python bench/simulate_gamma_width.py``
+Run: ``.venv/bin/python bench/experiments/simulate_gamma_width.py``
 """
 
 from __future__ import annotations
