@@ -77,7 +77,7 @@ function svg(tag, attrs, ...children) {
 
 function fill(id, ...nodes) {
   const target = document.getElementById(id);
-  if (target) target.replaceChildren(...nodes);
+  if (target) target.replaceChildren(...nodes.filter((node) => node !== null && node !== undefined));
 }
 
 function failure(error) {
@@ -279,7 +279,7 @@ async function analystView() {
   fill("releases", releases instanceof Node ? releases : table([
     ...releaseColumns,
     ["dataset", (r) => names.get(r.dataset_id) || short(r.dataset_id)],
-    ["basis", (r) => (r.status === "succeeded" && r.result
+    ["basis", (r) => (r.status === "succeeded" && r.result && r.result.basis_sha256
       ? el("button", { type: "button", class: "download", "data-release": r.id }, "Download CSV")
       : "")],
   ], releases.items, { class: "releases" }));
@@ -291,7 +291,7 @@ async function analystView() {
 
 async function auditorView() {
   const verification = api("/v1/audit/verification").then((v) => {
-    const banner = el("p", { class: `verdict ${v.ok ? "ok" : "broken"}`, "data-ok": v.ok },
+    const banner = el("p", { class: `verdict ${v.ok ? "ok" : "broken"}`, "data-ok": String(v.ok) },
       v.ok ? `Chain verified: ${v.checked} events, no problem found.` : `Chain BROKEN: ${v.problems.length} problem(s) in ${v.checked} events.`);
     const anchor = v.anchor
       ? el("p", { class: `anchor ${v.anchor_found ? "ok" : "broken"}` }, `Anchored head ${v.anchor}: ${v.anchor_found ? "found in the chain" : "NOT found in the chain"}.`)
