@@ -127,3 +127,40 @@ def test_pool_figures_when_the_app_owns_its_engine(
     assert value(samples, "dpss_db_pool_size") == 3
     assert value(samples, "dpss_db_slots") == settings.db_slots
     assert value(samples, "dpss_db_pool_checked_out") >= 0
+
+
+COUNT_ONE = """
+import sys
+from service import metrics
+metrics.observe_request("GET", "/v1/mechanisms", int(sys.argv[1]), 0.01)
+"""
+SHOW = """
+from service import metrics
+from service.operations import Figures
+print(metrics.exposition(Figures(), None).decode())
+"""
+
+
+def test_several_api_processes_add_up_in_multiprocess_mode(tmp_path: Path) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR (what `dpss api --workers N` sets), a scrape answered by
+    one process counts the requests of all."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for status in ("200", "200", "429"):
+        subprocess.run([sys.executable, "-c", COUNT_ONE, status], env=env, check=True)
+    shown = subprocess.run(
+        [sys.executable, "-c", SHOW], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(shown)
+        for s in family.samples
+    }
+    route = {"method": "GET", "route": "/v1/mechanisms"}
+    assert value(samples, "dpss_http_requests_total", status="200", **route) == 2
+    assert value(samples, "dpss_http_requests_total", status="429", **route) == 1
+    assert value(samples, "dpss_http_refused_total", reason="rate_limited") == 1
+    assert value(samples, "dpss_http_request_duration_seconds_count", **route) == 3
