@@ -34,24 +34,13 @@ from service.db.engine import make_engine, make_session_factory
 from service.migrate import upgrade_to_head
 from service.store import DatasetStore
 from service.worker import Worker
+from tests import browser
 from tests.api.live import serving
+from tests.browser import Browser, cells
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") or (
-    "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+pytestmark = pytest.mark.skipif(
+    not browser.available(), reason="chromium or Playwright is not installed"
 )
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
-
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ADMIN = "dashboard-test-admin-key"
 SCREENSHOTS = os.environ.get("DPSS_DASHBOARD_SCREENSHOTS")
 
@@ -152,59 +141,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     engine.dispose()
 
 
-@dataclass
-class Browser:
-    browser: Any
-    world: World
-    off_origin: list[str] = field(default_factory=list)
-    urls: list[str] = field(default_factory=list)
-
-    def page(self) -> Any:
-        """A fresh tab in its own context (its own sessionStorage); every request intercepted."""
-        context = self.browser.new_context(
-            viewport={"width": 1100, "height": 900}, accept_downloads=True
-        )
-
-        def route(route: Any) -> None:
-            url = route.request.url
-            self.urls.append(url)
-            if url.startswith(self.world.base + "/") or url.startswith("blob:" + self.world.base):
-                route.continue_()
-            else:
-                self.off_origin.append(url)
-                route.abort()
-
-        context.route("**/*", route)
-        return context.new_page()
-
-    def sign_in(self, role: str) -> Any:
-        page = self.page()
-        page.goto(self.world.base + "/")
-        assert page.url == self.world.base + "/dashboard"
-        page.fill("#api-key", self.world.keys[role])
-        page.click("#sign-in button[type=submit]")
-        view = role.rstrip("2")
-        page.wait_for_url(f"{self.world.base}/dashboard/{view}")
-        page.wait_for_selector("body[data-ready=true]")
-        assert page.evaluate("document.cookie") == ""
-        assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") == self.world.keys[role]
-        return page
-
-    def visit(self, page: Any, view: str) -> None:
-        page.goto(f"{self.world.base}/dashboard/{view}")
-        page.wait_for_selector("body[data-ready=true]")
-
-
 @pytest.fixture(scope="module")
 def chromium(world: World) -> Iterator[Browser]:
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        driver = Browser(browser, world)
+    with browser.chromium(world.base, list(world.keys.values())) as driver:
         yield driver
-        browser.close()
-    assert driver.off_origin == []
-    for url in driver.urls:
-        assert all(key not in url for key in world.keys.values()), url
+
+
+def sign_in(driver: Browser, world: World, role: str) -> Any:
+    return driver.sign_in(world.keys[role], role.rstrip("2"))
 
 
 def screenshot(page: Any, tmp_path: Path, name: str) -> None:
@@ -219,19 +163,10 @@ def screenshot(page: Any, tmp_path: Path, name: str) -> None:
     assert 5_000 < size < 100_000, (name, size)
 
 
-def cells(page: Any, selector: str, column: int) -> list[str]:
-    return [
-        str(text).strip()
-        for text in page.eval_on_selector_all(
-            f"{selector} tbody tr", f"rows => rows.map(r => r.cells[{column}].textContent)"
-        )
-    ]
-
-
 def test_owner_sees_budget_spending_chart_grants_and_releases(
     chromium: Browser, world: World, tmp_path: Path
 ) -> None:
-    page = chromium.sign_in("owner")
+    page = sign_in(chromium, world, "owner")
     budget = world.api("owner", f"/v1/datasets/{world.dataset}/budget")
     ledger = world.api("owner", f"/v1/datasets/{world.dataset}/ledger")["items"]
     card = f"section[data-dataset='{world.dataset}']"
@@ -270,7 +205,7 @@ def test_owner_sees_budget_spending_chart_grants_and_releases(
 def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
     chromium: Browser, world: World, tmp_path: Path
 ) -> None:
-    page = chromium.sign_in("analyst")
+    page = sign_in(chromium, world, "analyst")
     assert cells(page, "#grants table", 0) == ["demo"]
     assert cells(page, "#grants table", 5) == ["0.15"]  # epsilon remaining: 0.5 - 0.35
     mine = world.api("analyst", "/v1/releases")["items"]
@@ -298,7 +233,7 @@ def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
 def test_auditor_sees_the_chain_verified_and_the_log(
     chromium: Browser, world: World, tmp_path: Path
 ) -> None:
-    page = chromium.sign_in("auditor")
+    page = sign_in(chromium, world, "auditor")
     verdict = page.locator("#verification .verdict")
     assert verdict.get_attribute("data-ok") == "true"
     assert page.inner_text("#verification .verdict").startswith("Chain verified")
@@ -316,7 +251,7 @@ def test_auditor_sees_the_chain_verified_and_the_log(
 def test_admin_sees_keys_workers_and_the_queue(
     chromium: Browser, world: World, tmp_path: Path
 ) -> None:
-    page = chromium.sign_in("admin")
+    page = sign_in(chromium, world, "admin")
     keys = world.api("admin", "/v1/keys")
     assert cells(page, "#keys table", 2) == [k["name"] for k in keys["items"]]
     assert page.locator("#workers .counts").get_attribute("data-alive") == "1"
