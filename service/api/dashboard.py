@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
-from typing import Literal
 
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
+
+from service.errors import NotFound
 
 DASHBOARD_URL = "/dashboard"
 STATIC_URL = "/dashboard/static"
@@ -71,5 +72,7 @@ def install_dashboard(app: FastAPI) -> None:
         return render("signin", "Sign in")
 
     @app.get(DASHBOARD_URL + "/{view}", include_in_schema=False)
-    async def role_view(view: Literal["owner", "analyst", "auditor", "admin"]) -> HTMLResponse:
+    async def role_view(view: str) -> HTMLResponse:
+        if view not in VIEWS:
+            raise NotFound(f"no dashboard view {view!r}; the views are {', '.join(VIEWS)}")
         return render(view, VIEWS[view])

@@ -285,3 +285,19 @@ def test_a_bad_key_is_refused_and_pages_send_a_strict_policy(
     fresh = chromium.page()
     fresh.goto(world.base + "/dashboard/owner")
     fresh.wait_for_url(world.base + "/dashboard")
+
+
+def test_pages_and_redirect_without_a_browser(world: World) -> None:
+    """The shells carry no data and no inline script; unknown views are 404."""
+    root = httpx.get(world.base + "/", follow_redirects=False)
+    assert root.status_code == 307 and root.headers["location"] == "/dashboard"
+    for view in ("", "/owner", "/analyst", "/auditor", "/admin"):
+        page = httpx.get(f"{world.base}/dashboard{view}")
+        assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
+        assert "<script>" not in page.text and "style=" not in page.text
+        assert world.dataset not in page.text
+    missing = httpx.get(world.base + "/dashboard/nobody")
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    script = httpx.get(world.base + "/dashboard/static/dashboard.js")
+    assert script.status_code == 200 and "sessionStorage" in script.text
+    assert "http://" not in script.text.replace("http://www.w3.org/2000/svg", "")
