@@ -11,11 +11,23 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit as audit_log
 from service import auth
-from service.api import audit, datasets, grants, health, history, keys, mechanisms, releases
+from service.api import (
+    audit,
+    datasets,
+    grants,
+    health,
+    history,
+    keys,
+    mechanisms,
+    operations,
+    releases,
+)
+from service.api import metrics as metrics_api
+from service.api.dashboard import install_dashboard
 from service.api.deps import Database
 from service.api.docs import install_docs
 from service.api.errors import install_error_handlers
-from service.api.middleware import ServiceApp
+from service.api.observability import ObservedApp
 from service.api.openapi import install_openapi, reject_unknown_query_parameters
 from service.config import Settings
 from service.db.engine import make_pooled_engine, make_session_factory
@@ -62,6 +74,11 @@ TAGS = [
         "name": "audit",
         "description": "The hash-chained audit log of every key, upload, grant and release.",
     },
+    {
+        "name": "operations",
+        "description": "Read-only views for the dashboard and operators: who a key is, "
+        "workers, the queue, a dataset's ledger, an analyst's grants, the chain's verification.",
+    },
 ]
 
 
@@ -100,7 +117,7 @@ def create_app(
         if engine is not None:
             engine.dispose()
 
-    app = ServiceApp(
+    app = ObservedApp(
         title="dp-subspace-service",
         version="0.1.0",
         description=DESCRIPTION,
@@ -115,6 +132,8 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.database = database
     app.state.store = store
+    #: The app's own engine (None when a test hands it a session factory): /metrics reads its pool.
+    app.state.engine = engine
     app.state.release_waiters = waiters
     install_error_handlers(app)
     for router in (
@@ -126,8 +145,11 @@ def create_app(
         history.router,
         mechanisms.router,
         audit.router,
+        operations.router,
+        metrics_api.router,
     ):
         app.include_router(router)
     install_docs(app)
+    install_dashboard(app)
     install_openapi(app)
     return app

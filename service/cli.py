@@ -91,10 +91,12 @@ def migrate() -> None:
 def api_app() -> FastAPI:
     """The API for ``uvicorn --factory``: each API process builds its own app (and its own
     engine and pool) from the environment."""
+    from service import tracing
     from service.app import create_app
 
     settings = Settings()
     _configure_logging(settings)
+    tracing.configure("dpss-api")
     return create_app(settings)
 
 
@@ -115,6 +117,8 @@ def api(
 
     settings = Settings()
     _configure_logging(settings)
+    if workers > 1:
+        _share_metrics_between(workers, settings)
     if settings.admin_api_key is not None:
         # Once here, before the API processes start: N processes bootstrapping the same key at
         # once would race on its unique hash (each then finds it and does nothing).
@@ -137,6 +141,24 @@ def api(
     )
 
 
+def _share_metrics_between(workers: int, settings: Settings) -> None:
+    """Several API processes: each writes its request metrics to one directory and a scrape
+    adds them up (prometheus-client's multiprocess mode), unless the operator chose the
+    directory (``PROMETHEUS_MULTIPROC_DIR``). Emptied at start: old processes' files would
+    count twice. Must be set before the processes import prometheus-client."""
+    import shutil
+
+    from service.metrics import MULTIPROCESS_VARIABLE
+
+    if os.environ.get(MULTIPROCESS_VARIABLE):
+        return
+    directory = settings.data_dir / "metrics"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(mode=0o700, parents=True)
+    os.environ[MULTIPROCESS_VARIABLE] = str(directory)
+    logging.getLogger("dpss").info("%d API processes share metrics in %s", workers, directory)
+
+
 def _watch_parent(parent_pid: int, stop: threading.Event) -> None:
     """Stop when the process that started this one is gone (even if it was SIGKILLed and could
     not stop its children)."""
@@ -154,7 +176,7 @@ def worker(
     ] = None,
 ) -> None:
     """Run a worker: claim queued releases from the database and compute them."""
-    from service import audit
+    from service import audit, tracing
     from service.anchors import AnchorWriter
     from service.db.engine import make_engine, make_session_factory
     from service.store import DatasetStore
@@ -162,6 +184,7 @@ def worker(
 
     settings = Settings()
     _configure_logging(settings)
+    tracing.configure("dpss-worker")
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -210,12 +233,14 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     """
     import uvicorn
 
+    from service import tracing
     from service.app import create_app
     from service.migrate import upgrade_to_head
 
     settings = Settings()
     _configure_logging(settings)
     _secure_data_dir(settings)
+    tracing.configure("dpss-api")
     upgrade_to_head(settings.resolved_database_url)
     # uvicorn handles SIGTERM/SIGINT itself, then restores the handlers it found and raises the
     # signal again. Finding these, the raised signal lands here instead of killing the process

@@ -61,6 +61,10 @@ class ClaimedJob:
     #: The prefix of the dataset a one-shot release reads (rows present at its request); null
     #: for releases made before datasets could grow (they read the upload's rows).
     n_rows: int | None = None
+    #: The request's trace context and times, for the worker's spans (service.tracing).
+    traceparent: str | None = None
+    queued_at: datetime | None = None
+    claimed_at: datetime | None = None
 
 
 def take_lease(
@@ -89,6 +93,9 @@ def take_lease(
         file_name=dataset.file_name if dataset is not None else None,
         attempt=release.attempts,
         n_rows=n_rows,
+        traceparent=release.traceparent,
+        queued_at=release.created_at,
+        claimed_at=now,
     )
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import canonical_decimal
 from api_schemas.releases import ReleaseRequest
-from service import audit, grants, ledger, wake
+from service import audit, grants, ledger, tracing, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, ReleaseBasis, utcnow
@@ -255,6 +255,8 @@ def request_release(
         refunded=False,
         created_at=created_at,
         visible_at=created_at + padding,
+        # The request's trace (when tracing is on), continued by the worker that runs it.
+        traceparent=tracing.current_traceparent(),
     )
     if not prepared.mechanism.continual:
         # The rows a one-shot release reads: the batches present now, whose public n its

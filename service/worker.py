@@ -65,7 +65,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, wake
+from service import audit, ledger, operations, tracing, wake
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
 from service.db.models import Release, ReleaseBasis, utcnow
@@ -293,7 +293,18 @@ class Worker:
     def process(self, job: ClaimedJob) -> str:
         """Run a claimed job to the end and record the outcome; returns the final status.
         A continual release instead releases the epochs of the batches present (see
-        :mod:`service.continual`) and returns ``"waiting"`` or its final status."""
+        :mod:`service.continual`) and returns ``"waiting"`` or its final status.
+
+        Traced (when tracing is on) as spans of the request's trace: ``release.queue_wait``
+        from the request to the claim, and ``release.job`` with ``release.run`` and
+        ``release.store``; attributes are ids, the mechanism, ``k``, the attempt and the status.
+        """
+        with tracing.job_spans(job) as traced:
+            status = self._process(job, traced)
+            traced.finished(status)
+            return status
+
+    def _process(self, job: ClaimedJob, traced: tracing.JobSpans) -> str:
         if is_continual(job.mechanism):
             return process_continual(self, job)
         if job.file_name is None:
@@ -307,13 +318,15 @@ class Worker:
         beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)
         beat.start()
         try:
-            outcome = self._execute_isolated(job) if self.isolate else self.execute(job)
+            with traced.step("release.run"):
+                outcome = self._execute_isolated(job) if self.isolate else self.execute(job)
         finally:
             done.set()
             beat.join()
         if outcome is None:
             return "unstored"
-        return self.finish(job, outcome)
+        with traced.step("release.store"):
+            return self.finish(job, outcome)
 
     def _execute_isolated(self, job: ClaimedJob) -> Outcome | None:
         """:meth:`execute` in a forked child; ``None`` if the child died without an outcome."""
@@ -465,6 +478,8 @@ class Worker:
         """Poll for jobs until :attr:`stop` is set. Nothing but the stop ends the loop: database
         outages are waited out, and any other error is logged as a bug and the loop goes on."""
         log.info("worker %s started", self.worker_id)
+        presence = threading.Thread(target=self._presence, daemon=True)
+        presence.start()
         bind = self.session_factory.kw.get("bind")
         # Woken when a release is queued (service.wake); the poll interval stays the fallback.
         waker = wake.waker_for(bind if isinstance(bind, Engine) else None, self.settings, self.stop)
@@ -472,7 +487,31 @@ class Worker:
             self._loop(waker)
         finally:
             waker.close()
+            presence.join(timeout=5)
         log.info("worker %s stopped", self.worker_id)
+
+    def note_alive(self) -> None:
+        """Renew this worker's heartbeat row (read by the admins' views and /metrics)."""
+        with self.session_factory.begin() as session:
+            operations.note_worker_alive(session, self.worker_id, utcnow())
+
+    def _presence(self) -> None:
+        """Beat every ``worker_heartbeat_seconds`` until stopped, then remove the row. Best
+        effort: a beat lost to a database outage only makes the worker look idle-dead for a
+        moment (the claim loop logs outages), so failures are not retried or logged here."""
+        while True:
+            try:
+                self.note_alive()
+            except Exception as exc:
+                if not is_transient_db_error(exc):
+                    log.error("BUG: worker heartbeat: %s", safe_traceback(exc))
+            if self.stop.wait(self.settings.worker_heartbeat_seconds):
+                break
+        try:
+            with self.session_factory.begin() as session:
+                operations.forget_worker(session, self.worker_id)
+        except Exception:
+            log.debug("worker %s: heartbeat row left behind (database away)", self.worker_id)
 
     def _loop(self, waker: wake.Waker) -> None:
         while not self.stop.is_set():

@@ -56,6 +56,7 @@ TABLES = (
     "datasets",
     "audit_events",
     "api_keys",
+    "worker_heartbeats",
 )
 
 

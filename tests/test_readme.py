@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from service.config import Settings
+from tests import browser
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -65,7 +66,9 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
             if time.monotonic() > deadline or server.poll() is not None:
                 pytest.fail("dpss serve did not become ready")
             time.sleep(0.2)
-        # The analyst key, for the slim client's line below (stderr: stdout is checked whole).
+        # The keys, for the dashboard check and the slim client's line below (on stderr: stdout
+        # is the walkthrough's, checked whole).
+        script += '\necho "DASHBOARD_KEYS $OWNER $AUDITOR" >&2\n'
         script += '\necho "$ANALYST" >&2\n'
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
@@ -110,6 +113,12 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
             timeout=60,
         )
         assert verify.returncode == 0 and "audit chain OK" in verify.stdout
+        if browser.available():
+            keys = re.search(r"DASHBOARD_KEYS (\S+) (\S+)", result.stderr)
+            assert keys is not None
+            browser.check_walkthrough_dashboard(
+                f"http://127.0.0.1:{port}", keys.group(1), keys.group(2), "change-me"
+            )
         # No file the service wrote outside its data directory, and no raw rows in it but the store.
         written = {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*") if p.is_file()}
         assert written <= {"data.csv", "dpss-data"}

@@ -217,6 +217,71 @@ RESPONSES: dict[str, Any] = {
     },
 }
 
+_WORKER_ID = "worker-1:4242:a1b2c3"
+_OPERATIONS: dict[str, Any] = {
+    "Whoami": {"id": OWNER_KEY_ID, "role": "owner", "name": "survey owners"},
+    "WorkerList": {
+        "items": [
+            {
+                "worker_id": _WORKER_ID,
+                "started_at": CREATED,
+                "last_seen_at": "2026-11-23T01:05:00Z",
+                "alive": True,
+                "running_release_id": RELEASE_ID,
+            }
+        ],
+        "total": 1,
+        "alive": 1,
+    },
+    "QueueState": {
+        "queued": 0,
+        "running": 1,
+        "oldest_queued_at": None,
+        "oldest_queued_age_seconds": None,
+        "items": [
+            {
+                "release_id": RELEASE_ID,
+                "dataset_id": DATASET_ID,
+                "mechanism": "analyze_gauss",
+                "k": 2,
+                "status": "running",
+                "attempts": 1,
+                "created_at": CREATED,
+                "lease_owner": _WORKER_ID,
+                "lease_expires_at": "2026-11-23T01:00:40Z",
+            }
+        ],
+    },
+    "LedgerPage": {
+        "items": [
+            {
+                "id": 1,
+                "release_id": RELEASE_ID,
+                "kind": "charge",
+                "epsilon": "0.5",
+                "delta": "0.000001",
+                "grant_id": GRANT_ID,
+                "created_at": CREATED,
+            }
+        ],
+        "total": 1,
+        "next": None,
+    },
+    "MyGrantList": {"items": [_GRANT], "total": 1},
+    "AuditVerification": {
+        "ok": True,
+        "checked": 12,
+        "problems": [],
+        "notes": ["the chain contains the anchored event 10"],
+        "head": "12:" + "5" * 64,
+        "anchor": "10:" + "4" * 64,
+        "anchor_found": True,
+        "macs_checked": False,
+        "verified_at": "2026-11-23T02:00:00Z",
+    },
+}
+RESPONSES.update(_OPERATIONS)
+
 #: Error bodies by status.
 ERRORS: dict[int, dict[str, Any]] = {
     400: {"error": "bad_request", "detail": "the body is not valid UTF-8 JSON"},

@@ -170,6 +170,10 @@ class Release(Base):
     #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
     #: SHA-256(key, t), so an epoch computed again after a crash draws the same noise.
     continual_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
+    #: The W3C ``traceparent`` of the request that queued the release (random trace and span
+    #: ids, nothing else), so that the worker's spans join the request's trace; null when
+    #: tracing is off. Never in a response.
+    traceparent: Mapped[str | None] = mapped_column(String(55), default=None)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
@@ -213,6 +217,18 @@ class ReleaseBasis(Base):
     #: 0: the release's result; ``t >= 1``: epoch ``t`` of a continual release.
     epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     basis: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class WorkerHeartbeat(Base):
+    """One worker process, renewed every ``DPSS_WORKER_HEARTBEAT_SECONDS`` while it runs
+    (busy or idle) and removed when it stops; a row not renewed within the lease time is a
+    worker that died. Read by the admins' workers view and the ``dpss_workers_alive`` metric."""
+
+    __tablename__ = "worker_heartbeats"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class AuditEvent(Base):

@@ -1,0 +1,128 @@
+"""Read-only views for the dashboard and operators: who a key is, the workers, the queue, a
+dataset's ledger, the grants that apply to an analyst and the audit chain's verification."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+from uuid import UUID
+
+from pydantic import Field
+
+from api_schemas.common import ExactDecimal, Schema
+from api_schemas.grants import Grant
+from api_schemas.keys import Role
+
+
+class Whoami(Schema):
+    """The key that made the request (any role)."""
+
+    id: UUID = Field(description="Key id.")
+    role: Role = Field(description="The key's role: which views and operations it may use.")
+    name: str = Field(description="The key's label.")
+
+
+class WorkerInfo(Schema):
+    """A worker process, from the heartbeat it renews while it runs (busy or idle)."""
+
+    worker_id: str = Field(description="The worker's id: host, process id and a random suffix.")
+    started_at: datetime = Field(description="When the worker started (UTC).")
+    last_seen_at: datetime = Field(description="Its last heartbeat (UTC).")
+    alive: bool = Field(
+        description="Whether it beat within `DPSS_WORKER_LEASE_SECONDS` (else it died unseen)."
+    )
+    running_release_id: UUID | None = Field(
+        description="The release it holds the lease of, if it is running one."
+    )
+
+
+class WorkerList(Schema):
+    """The workers seen in the last day, newest heartbeat first."""
+
+    items: list[WorkerInfo] = Field(description="The workers.")
+    total: int = Field(description="How many are listed.")
+    alive: int = Field(description="How many of them are alive.")
+
+
+class QueuedJob(Schema):
+    """A release waiting for or held by a worker (no parameters, no result)."""
+
+    release_id: UUID = Field(description="Release id.")
+    dataset_id: UUID = Field(description="The dataset it reads.")
+    mechanism: str = Field(description="Mechanism name.")
+    k: int = Field(description="Requested dimension.")
+    status: Literal["queued", "running"] = Field(description="Waiting, or held by a worker.")
+    attempts: int = Field(description="Claims so far (a retry after a lost worker adds one).")
+    created_at: datetime = Field(description="Request time (UTC).")
+    lease_owner: str | None = Field(description="The worker holding it, if running.")
+    lease_expires_at: datetime | None = Field(
+        description="When the lease runs out unless renewed (UTC), if running."
+    )
+
+
+class QueueState(Schema):
+    """The job queue (the releases table) now."""
+
+    queued: int = Field(description="Releases waiting for a worker.")
+    running: int = Field(description="Releases held by a worker (continual ones included).")
+    oldest_queued_at: datetime | None = Field(
+        description="Request time of the oldest waiting release (UTC); null if none waits."
+    )
+    oldest_queued_age_seconds: float | None = Field(
+        description="How long the oldest waiting release has waited, in seconds."
+    )
+    items: list[QueuedJob] = Field(description="The oldest jobs, at most 100, oldest first.")
+
+
+class LedgerEntry(Schema):
+    """One charge or refund of a dataset's budget."""
+
+    id: int = Field(description="Entry id, increasing in time.")
+    release_id: UUID = Field(description="The release charged or refunded.")
+    kind: Literal["charge", "refund"] = Field(description="A charge, or a refund of one.")
+    epsilon: ExactDecimal = Field(description="Epsilon charged or refunded.")
+    delta: ExactDecimal = Field(description="Delta charged or refunded.")
+    grant_id: UUID | None = Field(
+        description="The grant it is also charged to; null: the dataset's budget directly."
+    )
+    created_at: datetime = Field(description="When it was written (UTC).")
+
+
+class LedgerPage(Schema):
+    """A dataset's ledger, oldest first."""
+
+    items: list[LedgerEntry] = Field(description="The entries on this page.")
+    total: int = Field(description="How many entries the dataset's ledger holds.")
+    next: str | None = Field(
+        description="Pass as `cursor` for the next page; null on the last page."
+    )
+
+
+class MyGrantList(Schema):
+    """For each dataset on which one applies, the grant an analyst's releases are charged to."""
+
+    items: list[Grant] = Field(
+        description="The caller's own active grant on a dataset, else its all-analysts grant."
+    )
+    total: int = Field(description="How many are listed.")
+
+
+class AuditVerification(Schema):
+    """`dpss audit verify` run by the service now, in one consistent snapshot."""
+
+    ok: bool = Field(description="True when no problem was found.")
+    checked: int = Field(description="Events read.")
+    problems: list[str] = Field(
+        description="What is wrong, naming tables, events and ids (never a stored value)."
+    )
+    notes: list[str] = Field(description="What was checked beyond the chain, or could not be.")
+    head: str = Field(description="The chain's last event as `SEQ:HASH` (`dpss audit head`).")
+    anchor: str | None = Field(
+        description="The anchored head (`DPSS_AUDIT_ANCHOR`), if the service has one."
+    )
+    anchor_found: bool | None = Field(
+        description="Whether the chain still contains the anchored event with its hash; "
+        "null without an anchor."
+    )
+    macs_checked: bool = Field(description="Whether event MACs were checked (the key is set).")
+    verified_at: datetime = Field(description="When this check ran (UTC).")

@@ -1,0 +1,412 @@
+// The dashboard's one script: it calls this service's JSON API with the key kept in this tab's
+// sessionStorage (sent as a bearer header, never in a URL or a cookie) and renders what the API
+// answers. It builds the page with DOM calls and textContent only (no HTML from data), and the
+// charts as inline SVG from the API's numbers. Nothing is loaded from another host.
+"use strict";
+
+const KEY = "dpss.apiKey";
+const SVG = "http://www.w3.org/2000/svg";
+const PAGE_LIMIT = 200;
+const MAX_PAGES = 50;
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super(`${status} ${body && body.detail ? body.detail : "request failed"}`);
+    this.status = status;
+  }
+}
+
+function storedKey() {
+  return sessionStorage.getItem(KEY);
+}
+
+async function api(path) {
+  const response = await fetch(path, {
+    headers: { Authorization: `Bearer ${storedKey()}`, Accept: "application/json" },
+    cache: "no-store",
+    credentials: "omit",
+  });
+  let body = null;
+  try {
+    body = await response.json();
+  } catch (error) {
+    body = null;
+  }
+  if (!response.ok) throw new ApiError(response.status, body);
+  return body;
+}
+
+// Every page of a cursor-paginated list (bounded).
+async function allPages(path) {
+  const items = [];
+  let cursor = null;
+  for (let page = 0; page < MAX_PAGES; page += 1) {
+    const sep = path.includes("?") ? "&" : "?";
+    const url = `${path}${sep}limit=${PAGE_LIMIT}${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`;
+    const body = await api(url);
+    items.push(...body.items);
+    if (!body.next) break;
+    cursor = body.next;
+  }
+  return items;
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "class") node.className = value;
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function fill(id, ...nodes) {
+  const target = document.getElementById(id);
+  if (target) target.replaceChildren(...nodes.filter((node) => node !== null && node !== undefined));
+}
+
+function failure(error) {
+  const text = error instanceof ApiError ? `The API refused: ${error.message}` : String(error);
+  return el("p", { class: "error", role: "alert" }, text);
+}
+
+const humanize = (name) => name.replaceAll("_", " ");
+const when = (value) => (value ? new Date(value).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "–");
+const short = (value) => (value ? String(value).slice(0, 8) : "–");
+const num = (value) => Number.parseFloat(value);
+const fmt = (value) => {
+  const x = num(value);
+  return Number.isFinite(x) ? String(Number(x.toPrecision(6))) : String(value);
+};
+
+function table(columns, rows, attrs) {
+  if (!rows.length) return el("p", { class: "empty" }, "None.");
+  return el(
+    "table",
+    attrs || {},
+    el("thead", {}, el("tr", {}, columns.map(([label]) => el("th", { scope: "col" }, label)))),
+    el("tbody", {}, rows.map((row) => el("tr", {}, columns.map(([, cell]) => el("td", {}, cell(row)))))),
+  );
+}
+
+// Every field the budget JSON has, whatever they are (new fields render without a change here).
+function budgetTable(budget) {
+  return el(
+    "table",
+    { class: "budget" },
+    el("tbody", {}, Object.entries(budget).map(([name, value]) =>
+      el("tr", { "data-field": name }, el("th", { scope: "row" }, humanize(name)),
+        el("td", {}, typeof value === "object" ? JSON.stringify(value) : fmt(value))))),
+  );
+}
+
+function budgetBar(budget) {
+  const total = num(budget.epsilon_total);
+  const spent = num(budget.epsilon_spent);
+  const share = total > 0 ? Math.min(1, spent / total) : 0;
+  const width = 320;
+  return svg(
+    "svg",
+    { class: "bar", width, height: 22, viewBox: `0 0 ${width} 22`, role: "img",
+      "aria-label": `epsilon spent ${fmt(spent)} of ${fmt(total)}`, "data-spent": spent, "data-total": total },
+    svg("rect", { x: 0, y: 2, width, height: 18, class: "bar-total" }),
+    svg("rect", { x: 0, y: 2, width: share * width, height: 18, class: "bar-spent" }),
+    svg("title", {}, `epsilon spent ${fmt(spent)} of ${fmt(total)}`),
+  );
+}
+
+// Cumulative epsilon spent over time from the ledger (charges add, refunds subtract): a step line.
+function spendingChart(entries, total) {
+  const width = 560;
+  const height = 200;
+  const pad = { left: 48, right: 12, top: 12, bottom: 28 };
+  let running = 0;
+  const points = entries.map((entry) => {
+    running += (entry.kind === "refund" ? -1 : 1) * num(entry.epsilon);
+    return { t: new Date(entry.created_at).getTime(), y: running };
+  });
+  const chart = svg("svg", {
+    class: "chart spending", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+    "aria-label": "epsilon spent over time", "data-final": running, "data-points": points.length,
+  });
+  const top = Math.max(total, running, 1e-12);
+  const t0 = points.length ? points[0].t : 0;
+  const t1 = points.length ? points[points.length - 1].t : 1;
+  const span = Math.max(t1 - t0, 1);
+  const x = (t) => pad.left + ((t - t0) / span) * (width - pad.left - pad.right);
+  const y = (v) => height - pad.bottom - (v / top) * (height - pad.top - pad.bottom);
+  chart.append(
+    svg("line", { x1: pad.left, y1: y(0), x2: width - pad.right, y2: y(0), class: "axis" }),
+    svg("line", { x1: pad.left, y1: y(0), x2: pad.left, y2: pad.top, class: "axis" }),
+    svg("line", { x1: pad.left, y1: y(total), x2: width - pad.right, y2: y(total), class: "limit" }),
+    svg("text", { x: pad.left - 6, y: y(total) + 4, class: "tick", "text-anchor": "end" }, fmt(total)),
+    svg("text", { x: pad.left - 6, y: y(0) + 4, class: "tick", "text-anchor": "end" }, "0"),
+  );
+  if (!points.length) {
+    chart.append(svg("text", { x: width / 2, y: height / 2, class: "tick", "text-anchor": "middle" }, "nothing spent yet"));
+    return chart;
+  }
+  let path = `M ${x(t0)} ${y(0)}`;
+  let previous = 0;
+  for (const point of points) {
+    path += ` L ${x(point.t)} ${y(previous)} L ${x(point.t)} ${y(point.y)}`;
+    previous = point.y;
+  }
+  path += ` L ${width - pad.right} ${y(previous)}`;
+  chart.append(svg("path", { d: path, class: "line" }));
+  for (const point of points) {
+    chart.append(svg("circle", { cx: x(point.t), cy: y(point.y), r: 3, class: "point", "data-epsilon": point.y },
+      svg("title", {}, `${when(new Date(point.t).toISOString())}: ${fmt(point.y)}`)));
+  }
+  chart.append(
+    svg("text", { x: pad.left, y: height - 8, class: "tick" }, when(new Date(t0).toISOString())),
+    svg("text", { x: width - pad.right, y: height - 8, class: "tick", "text-anchor": "end" }, when(new Date(t1).toISOString())),
+  );
+  return chart;
+}
+
+// Net epsilon by grant (and spent without one), from the same ledger entries: horizontal bars.
+function byGrantChart(entries, grants) {
+  const labels = new Map(grants.map((g) => [g.id, g.analyst_key_id ? `grant ${short(g.id)} (analyst ${short(g.analyst_key_id)})` : `grant ${short(g.id)} (all analysts)`]));
+  const sums = new Map();
+  for (const entry of entries) {
+    const id = entry.grant_id || "";
+    sums.set(id, (sums.get(id) || 0) + (entry.kind === "refund" ? -1 : 1) * num(entry.epsilon));
+  }
+  const rows = [...sums.entries()];
+  const width = 560;
+  const rowHeight = 24;
+  const height = Math.max(1, rows.length) * rowHeight + 8;
+  const chart = svg("svg", { class: "chart by-grant", width, height, viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "epsilon spent by grant" });
+  const top = Math.max(1e-12, ...rows.map(([, v]) => v));
+  rows.forEach(([id, value], index) => {
+    const label = id ? labels.get(id) || `grant ${short(id)}` : "no grant (dataset budget)";
+    const barWidth = (Math.max(0, value) / top) * 220;
+    chart.append(
+      svg("text", { x: 0, y: index * rowHeight + 17, class: "tick" }, label),
+      svg("rect", { x: 300, y: index * rowHeight + 4, width: barWidth, height: 16, class: "bar-spent", "data-grant": id || "none", "data-epsilon": value }),
+      svg("text", { x: 306 + barWidth, y: index * rowHeight + 17, class: "tick" }, fmt(value)),
+    );
+  });
+  if (!rows.length) chart.append(svg("text", { x: 0, y: 17, class: "tick" }, "nothing spent yet"));
+  return chart;
+}
+
+const releaseColumns = [
+  ["created", (r) => when(r.created_at)],
+  ["release", (r) => short(r.id)],
+  ["mechanism", (r) => r.mechanism],
+  ["k", (r) => r.k],
+  ["epsilon", (r) => fmt(r.epsilon)],
+  ["delta", (r) => fmt(r.delta)],
+  ["status", (r) => el("span", { class: `status ${r.status}` }, r.status)],
+  ["reason", (r) => r.reason || ""],
+];
+
+const grantColumns = [
+  ["grant", (g) => short(g.id)],
+  ["analyst", (g) => (g.analyst_key_id ? short(g.analyst_key_id) : "all analysts")],
+  ["epsilon total", (g) => fmt(g.epsilon_total)],
+  ["epsilon spent", (g) => fmt(g.epsilon_spent)],
+  ["epsilon remaining", (g) => fmt(g.epsilon_remaining)],
+  ["delta remaining", (g) => fmt(g.delta_remaining)],
+  ["revoked", (g) => (g.revoked_at ? when(g.revoked_at) : "")],
+];
+
+async function ownerView() {
+  const datasets = await allPages("/v1/datasets");
+  if (!datasets.length) return fill("datasets", el("p", { class: "empty" }, "You have no datasets."));
+  const cards = await Promise.all(datasets.map(async (dataset) => {
+    const base = `/v1/datasets/${dataset.id}`;
+    const [budget, ledger, grants, releases] = await Promise.all([
+      api(`${base}/budget`), allPages(`${base}/ledger`), api(`${base}/grants`), api(`${base}/releases?limit=50`),
+    ]);
+    return el("section", { class: "card dataset", "data-dataset": dataset.id },
+      el("h2", {}, dataset.name),
+      el("p", { class: "meta" }, `${dataset.n_rows} rows × ${dataset.n_cols} columns · ${dataset.n_batches} batch(es) · created ${when(dataset.created_at)} · id ${dataset.id}`),
+      el("div", { class: "row" },
+        el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget)),
+        el("div", {}, el("h3", {}, "Epsilon spent over time"), spendingChart(ledger, num(budget.epsilon_total)))),
+      el("h3", {}, "Epsilon spent by grant"), byGrantChart(ledger, grants.items),
+      el("h3", {}, `Grants (${grants.total})`), table(grantColumns, grants.items, { class: "grants" }),
+      el("h3", {}, `Releases (${releases.total})`), table(releaseColumns, releases.items, { class: "releases" }));
+  }));
+  fill("datasets", ...cards);
+}
+
+function download(name, text) {
+  const url = URL.createObjectURL(new Blob([text], { type: "text/csv" }));
+  const link = el("a", { href: url, download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+async function downloadBasis(release) {
+  const full = await api(`/v1/releases/${release.id}`);
+  const basis = (full.result && full.result.basis) || [];
+  download(`release-${release.id}-basis.csv`, basis.map((row) => row.join(",")).join("\n") + "\n");
+}
+
+async function analystView() {
+  const [grants, datasets, releases] = await Promise.all([
+    api("/v1/grants").catch(failure), allPages("/v1/datasets").catch(failure), api("/v1/releases?limit=50").catch(failure),
+  ]);
+  const names = new Map(Array.isArray(datasets) ? datasets.map((d) => [d.id, d.name]) : []);
+  fill("grants", grants instanceof Node ? grants : table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }));
+  fill("budgets", datasets instanceof Node ? datasets : table([
+    ["dataset", (d) => d.name],
+    ["epsilon remaining", (d) => fmt(d.budget.epsilon_remaining)],
+    ["delta remaining", (d) => fmt(d.budget.delta_remaining)],
+    ["spent", (d) => budgetBar(d.budget)],
+  ], datasets, { class: "budgets" }));
+  fill("releases", releases instanceof Node ? releases : table([
+    ...releaseColumns,
+    ["dataset", (r) => names.get(r.dataset_id) || short(r.dataset_id)],
+    ["basis", (r) => (r.status === "succeeded" && r.result && r.result.basis_sha256
+      ? el("button", { type: "button", class: "download", "data-release": r.id }, "Download CSV")
+      : "")],
+  ], releases.items, { class: "releases" }));
+  for (const button of document.querySelectorAll("button.download")) {
+    const release = releases.items.find((r) => r.id === button.dataset.release);
+    button.addEventListener("click", () => downloadBasis(release).catch((e) => button.after(failure(e))));
+  }
+}
+
+async function auditorView() {
+  const verification = api("/v1/audit/verification").then((v) => {
+    const banner = el("p", { class: `verdict ${v.ok ? "ok" : "broken"}`, "data-ok": String(v.ok) },
+      v.ok ? `Chain verified: ${v.checked} events, no problem found.` : `Chain BROKEN: ${v.problems.length} problem(s) in ${v.checked} events.`);
+    const anchor = v.anchor
+      ? el("p", { class: `anchor ${v.anchor_found ? "ok" : "broken"}` }, `Anchored head ${v.anchor}: ${v.anchor_found ? "found in the chain" : "NOT found in the chain"}.`)
+      : el("p", { class: "anchor" }, "No anchored head configured (DPSS_AUDIT_ANCHOR).");
+    return [banner,
+      el("p", {}, "Head: ", el("code", { class: "head" }, v.head)), anchor,
+      el("p", { class: "meta" }, `Checked ${when(v.verified_at)}; event MACs ${v.macs_checked ? "checked" : "not checked (no DPSS_AUDIT_HMAC_KEY)"}.`),
+      v.problems.length ? el("ul", { class: "problems" }, v.problems.map((p) => el("li", {}, p))) : null,
+      v.notes.length ? el("ul", { class: "notes" }, v.notes.map((n) => el("li", {}, n))) : null];
+  }).catch((e) => [failure(e)]);
+  const log = api("/v1/audit?limit=1").then(async (first) => {
+    const after = Math.max(0, first.total - 100);
+    const page = await api(`/v1/audit?after=${after}&limit=100`);
+    return [el("p", { class: "meta" }, `${first.total} events; the newest ${page.items.length} shown.`),
+      table([
+        ["seq", (e) => e.seq],
+        ["time", (e) => when(e.created_at)],
+        ["event", (e) => e.event_type],
+        ["actor key", (e) => short(e.actor_key_id)],
+        ["dataset", (e) => short(e.dataset_id)],
+        ["release", (e) => short(e.release_id)],
+        ["details", (e) => el("code", {}, JSON.stringify(e.details))],
+        ["hash", (e) => el("code", { title: e.hash }, e.hash.slice(0, 12))],
+      ], page.items.slice().reverse(), { class: "audit" })];
+  }).catch((e) => [failure(e)]);
+  const [verdict, events] = await Promise.all([verification, log]);
+  fill("verification", ...verdict);
+  fill("audit", ...events);
+}
+
+async function adminView() {
+  const [queue, workers, keys] = await Promise.all([
+    api("/v1/queue").catch(failure), api("/v1/workers").catch(failure), allPages("/v1/keys").catch(failure),
+  ]);
+  fill("queue", ...(queue instanceof Node ? [queue] : [
+    el("p", { class: "counts", "data-queued": queue.queued, "data-running": queue.running },
+      `${queue.queued} queued, ${queue.running} running; oldest wait ${queue.oldest_queued_age_seconds === null ? "–" : `${queue.oldest_queued_age_seconds.toFixed(1)} s`}.`),
+    table([
+      ["release", (j) => short(j.release_id)], ["mechanism", (j) => j.mechanism], ["k", (j) => j.k],
+      ["status", (j) => j.status], ["attempts", (j) => j.attempts], ["requested", (j) => when(j.created_at)],
+      ["worker", (j) => j.lease_owner || ""], ["lease until", (j) => when(j.lease_expires_at)],
+    ], queue.items, { class: "queue" })]));
+  fill("workers", ...(workers instanceof Node ? [workers] : [
+    el("p", { class: "counts", "data-alive": workers.alive }, `${workers.alive} alive of ${workers.total} seen in the last day.`),
+    table([
+      ["worker", (w) => w.worker_id], ["alive", (w) => (w.alive ? "yes" : "no")],
+      ["started", (w) => when(w.started_at)], ["last heartbeat", (w) => when(w.last_seen_at)],
+      ["running", (w) => short(w.running_release_id)],
+    ], workers.items, { class: "workers" })]));
+  fill("keys", keys instanceof Node ? keys : table([
+    ["key", (k) => short(k.id)], ["role", (k) => k.role], ["name", (k) => k.name],
+    ["created", (k) => when(k.created_at)], ["revoked", (k) => (k.revoked_at ? when(k.revoked_at) : "")],
+  ], keys, { class: "keys" }));
+}
+
+const VIEWS = { owner: ownerView, analyst: analystView, auditor: auditorView, admin: adminView };
+
+function signOut() {
+  sessionStorage.removeItem(KEY);
+  window.location.assign("/dashboard");
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const input = document.getElementById("api-key");
+  const error = document.getElementById("sign-in-error");
+  sessionStorage.setItem(KEY, input.value.trim());
+  input.value = "";
+  try {
+    const me = await api("/v1/whoami");
+    window.location.assign(`/dashboard/${me.role}`);
+  } catch (failed) {
+    sessionStorage.removeItem(KEY);
+    error.textContent = failed instanceof ApiError && failed.status === 401 ? "That key is not valid (or was revoked)." : `Sign-in failed: ${failed.message}`;
+    error.hidden = false;
+  }
+}
+
+async function start() {
+  const view = document.body.dataset.view;
+  const form = document.getElementById("sign-in");
+  if (form) form.addEventListener("submit", signIn);
+  document.getElementById("sign-out").addEventListener("click", signOut);
+  if (!storedKey()) {
+    if (view !== "signin") window.location.replace("/dashboard");
+    return;
+  }
+  let me;
+  try {
+    me = await api("/v1/whoami");
+  } catch (error) {
+    sessionStorage.removeItem(KEY);
+    if (view !== "signin") window.location.replace("/dashboard");
+    return;
+  }
+  if (view === "signin") {
+    window.location.replace(`/dashboard/${me.role}`);
+    return;
+  }
+  document.getElementById("who-name").textContent = `${me.name} (${me.role})`;
+  document.getElementById("who").hidden = false;
+  if (me.role !== view) {
+    const notice = document.getElementById("notice");
+    notice.textContent = `This view is for ${view} keys; yours is an ${me.role} key. What follows is what the API lets your key read here.`;
+    notice.hidden = false;
+  }
+  try {
+    await VIEWS[view]();
+  } catch (error) {
+    for (const id of ["datasets", "grants", "budgets", "releases", "verification", "audit", "queue", "workers", "keys"]) {
+      const target = document.getElementById(id);
+      if (target && target.querySelector(".loading")) target.replaceChildren(failure(error));
+    }
+  }
+  document.body.dataset.ready = "true";
+}
+
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,298 @@
+"""Read-only views for operators and the dashboard: workers, the queue, a dataset's ledger, the
+grants that apply to an analyst, the audit chain's verification, and the figures ``/metrics``
+exports. Each function checks the role it serves; routes stay thin.
+
+Worker presence: each worker process upserts its row of ``worker_heartbeats`` every
+``DPSS_WORKER_HEARTBEAT_SECONDS`` (idle or busy) and removes it when it stops. A row not renewed
+within ``DPSS_WORKER_LEASE_SECONDS`` (the time after which its jobs are reclaimable anyway) is a
+worker that died without saying so; rows older than a day are forgotten.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import Float, cast, delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from service import audit
+from service.auth import Principal, require_role
+from service.config import Settings
+from service.db.models import (
+    ApiKey,
+    AuditEvent,
+    Dataset,
+    Grant,
+    LedgerEntry,
+    Release,
+    WorkerHeartbeat,
+)
+from service.errors import NotFound
+from service.grants import GrantView, grant_budget
+from service.pagination import Page, parse_seq_cursor, seq_cursor
+
+#: Rows of workers not seen for this long are deleted by the next heartbeat of any worker.
+FORGET_WORKERS_AFTER = timedelta(days=1)
+#: The queue view lists at most this many jobs.
+QUEUE_ITEMS = 100
+LEDGER_CURSOR = "ledger"
+
+
+# -- workers --------------------------------------------------------------------------------
+
+
+def note_worker_alive(session: Session, worker_id: str, now: datetime) -> None:
+    """Renew (or create) ``worker_id``'s heartbeat; forget workers silent for a day."""
+    renewed = session.execute(
+        update(WorkerHeartbeat)
+        .where(WorkerHeartbeat.worker_id == worker_id)
+        .values(last_seen_at=now)
+    )
+    if getattr(renewed, "rowcount", 0) != 1:
+        session.add(WorkerHeartbeat(worker_id=worker_id, started_at=now, last_seen_at=now))
+    session.execute(
+        delete(WorkerHeartbeat).where(WorkerHeartbeat.last_seen_at < now - FORGET_WORKERS_AFTER)
+    )
+
+
+def forget_worker(session: Session, worker_id: str) -> None:
+    """A worker stopping cleanly removes its heartbeat."""
+    session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.worker_id == worker_id))
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    heartbeat: WorkerHeartbeat
+    alive: bool
+    running_release_id: uuid.UUID | None
+
+
+def _alive_since(settings: Settings, now: datetime) -> datetime:
+    return now - timedelta(seconds=settings.worker_lease_seconds)
+
+
+def list_workers(
+    session: Session, principal: Principal, settings: Settings, now: datetime
+) -> list[WorkerView]:
+    """The workers known, newest heartbeat first, with the release each is running (admin)."""
+    require_role(principal, "admin")
+    rows = list(
+        session.execute(
+            select(WorkerHeartbeat).order_by(
+                WorkerHeartbeat.last_seen_at.desc(), WorkerHeartbeat.worker_id
+            )
+        ).scalars()
+    )
+    running: dict[str | None, uuid.UUID] = {
+        owner: release_id
+        for owner, release_id in session.execute(
+            select(Release.lease_owner, Release.id).where(
+                Release.status == "running", Release.lease_owner.is_not(None)
+            )
+        )
+    }
+    since = _alive_since(settings, now)
+    return [WorkerView(row, row.last_seen_at >= since, running.get(row.worker_id)) for row in rows]
+
+
+# -- the queue ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueView:
+    queued: int
+    running: int
+    oldest_queued_at: datetime | None
+    jobs: list[Release]
+
+
+def _queue_counts(session: Session) -> tuple[dict[str, int], datetime | None]:
+    counts: dict[str, int] = {
+        status: count
+        for status, count in session.execute(
+            select(Release.status, func.count())
+            .where(Release.status.in_(("queued", "running")))
+            .group_by(Release.status)
+        )
+    }
+    oldest = session.execute(
+        select(func.min(Release.created_at)).where(Release.status == "queued")
+    ).scalar_one_or_none()
+    return counts, oldest
+
+
+def queue_state(session: Session, principal: Principal) -> QueueView:
+    """How many releases wait and run, the oldest wait, and the oldest jobs (admin)."""
+    require_role(principal, "admin")
+    counts, oldest = _queue_counts(session)
+    jobs = list(
+        session.execute(
+            select(Release)
+            .where(Release.status.in_(("queued", "running")))
+            .order_by(Release.created_at, Release.id)
+            .limit(QUEUE_ITEMS)
+        ).scalars()
+    )
+    return QueueView(counts.get("queued", 0), counts.get("running", 0), oldest, jobs)
+
+
+# -- a dataset's ledger, an analyst's grants ------------------------------------------------
+
+
+def page_ledger(
+    session: Session, principal: Principal, dataset_id: uuid.UUID, limit: int, cursor: str | None
+) -> Page[LedgerEntry]:
+    """A dataset's charges and refunds, oldest first (its owner only; 404 for anyone else,
+    as for its grants)."""
+    require_role(principal, "owner")
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None or dataset.owner_key_id != principal.key_id:
+        raise NotFound(f"no dataset {dataset_id}")
+    after = parse_seq_cursor(cursor, LEDGER_CURSOR) if cursor is not None else 0
+    total = session.execute(
+        select(func.count()).select_from(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)
+    ).scalar_one()
+    rows = list(
+        session.execute(
+            select(LedgerEntry)
+            .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.id > after)
+            .order_by(LedgerEntry.id)
+            .limit(limit + 1)
+        ).scalars()
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    following = seq_cursor(LEDGER_CURSOR, rows[-1].id) if more and rows else None
+    return Page(items=rows, total=total, next=following)
+
+
+def my_grants(session: Session, principal: Principal) -> list[GrantView]:
+    """For each live dataset, the grant an analyst's release there would be charged to (their
+    own active grant, else the dataset's active all-analysts grant), with what it has left.
+    The rule is :func:`service.grants.applicable_grant`'s, applied to every dataset at once."""
+    require_role(principal, "analyst")
+    grants = session.execute(
+        select(Grant)
+        .join(Dataset, Dataset.id == Grant.dataset_id)
+        .where(
+            Grant.revoked_at.is_(None),
+            Dataset.deleted_at.is_(None),
+            or_(Grant.analyst_key_id == principal.key_id, Grant.analyst_key_id.is_(None)),
+        )
+        .order_by(Grant.created_at, Grant.id)
+    ).scalars()
+    chosen: dict[uuid.UUID, Grant] = {}
+    for grant in grants:
+        if grant.dataset_id not in chosen or grant.analyst_key_id is not None:
+            chosen[grant.dataset_id] = grant
+    return [GrantView(grant, grant_budget(session, grant)) for grant in chosen.values()]
+
+
+# -- the audit chain --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verification:
+    report: audit.VerifyReport
+    anchor: audit.Head | None
+    #: Whether the chain holds the anchored event with the anchored hash (None: no anchor).
+    anchor_found: bool | None
+
+
+def verify_audit(session: Session, principal: Principal, settings: Settings) -> Verification:
+    """`dpss audit verify` with the service's anchor and MAC key (auditors and admins)."""
+    require_role(principal, "auditor", "admin")
+    anchor = audit.Head.parse(settings.audit_anchor) if settings.audit_anchor else None
+    key = settings.audit_hmac_key
+    report = audit.verify(
+        session,
+        anchor=anchor,
+        hmac_key=key.get_secret_value().encode("utf-8") if key is not None else None,
+    )
+    found = None
+    if anchor is not None:
+        event = session.get(AuditEvent, anchor.seq)
+        expected = audit.GENESIS_HASH if anchor.seq == 0 else (event.hash if event else None)
+        found = expected == anchor.hash
+    return Verification(report, anchor, found)
+
+
+def key_info(session: Session, principal: Principal) -> ApiKey:
+    """The caller's own key row."""
+    key = session.get(ApiKey, principal.key_id)
+    assert key is not None  # authenticated in this transaction
+    return key
+
+
+# -- figures for /metrics ---------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    """What ``/metrics`` reads from the database at each scrape (shared by every process).
+
+    Only counts, ages and declared costs: no figure depends on a dataset's values.
+    """
+
+    queued: int = 0
+    running: int = 0
+    oldest_queued_age_seconds: float = 0.0
+    workers_alive: int = 0
+    workers_known: int = 0
+    releases: dict[tuple[str, str], int] = field(default_factory=dict)
+    ledger_entries: dict[str, int] = field(default_factory=dict)
+    ledger_epsilon: dict[str, float] = field(default_factory=dict)
+    ledger_delta: dict[str, float] = field(default_factory=dict)
+
+
+def figures(session: Session, settings: Settings, now: datetime) -> Figures:
+    """The database's side of the metrics (the caller checks that the key is an admin's)."""
+    counts, oldest = _queue_counts(session)
+    result = Figures(queued=counts.get("queued", 0), running=counts.get("running", 0))
+    if oldest is not None:
+        result.oldest_queued_age_seconds = max(0.0, (now - oldest).total_seconds())
+    since = _alive_since(settings, now)
+    count_workers = select(func.count()).select_from(WorkerHeartbeat)
+    result.workers_known = session.execute(count_workers).scalar_one()
+    result.workers_alive = session.execute(
+        count_workers.where(WorkerHeartbeat.last_seen_at >= since)
+    ).scalar_one()
+    for mechanism, status, count in session.execute(
+        select(Release.mechanism, Release.status, func.count()).group_by(
+            Release.mechanism, Release.status
+        )
+    ):
+        result.releases[(mechanism, status)] = count
+    # Floats: a metric is a float, and these sums are for graphs (the exact budgets are the
+    # ledger's, in service.ledger).
+    for kind, count, epsilon, delta in session.execute(
+        select(
+            LedgerEntry.kind,
+            func.count(),
+            func.sum(cast(LedgerEntry.epsilon, Float)),
+            func.sum(cast(LedgerEntry.delta, Float)),
+        ).group_by(LedgerEntry.kind)
+    ):
+        result.ledger_entries[kind] = count
+        result.ledger_epsilon[kind] = float(epsilon or 0.0)
+        result.ledger_delta[kind] = float(delta or 0.0)
+    return result
+
+
+__all__ = [
+    "Figures",
+    "QueueView",
+    "Verification",
+    "WorkerView",
+    "figures",
+    "forget_worker",
+    "key_info",
+    "list_workers",
+    "my_grants",
+    "note_worker_alive",
+    "page_ledger",
+    "queue_state",
+    "verify_audit",
+]

@@ -1,0 +1,303 @@
+"""The dashboard in a real browser: Debian's headless chromium, driven by Playwright, through
+every view for each role, against one live server (uvicorn on 127.0.0.1) for the module.
+
+Checked: each role's view shows what the API gives that key and the API's refusals elsewhere
+(the dashboard has no authorization of its own); the charts are drawn from the API's numbers;
+no request leaves the service's origin (every request is intercepted; any other host fails the
+test); the key is never in a URL or a cookie. Screenshots of each view are taken (set
+``DPSS_DASHBOARD_SCREENSHOTS=docs/img`` to refresh the committed ones).
+
+SQLite only: the views are the API's, whose code paths run on both databases in
+tests/api/test_operations.py and the other API tests.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine, make_session_factory
+from service.migrate import upgrade_to_head
+from service.store import DatasetStore
+from service.worker import Worker
+from tests import browser
+from tests.api.live import serving
+from tests.browser import Browser, cells
+
+pytestmark = pytest.mark.skipif(
+    not browser.available(), reason="chromium or Playwright is not installed"
+)
+ADMIN = "dashboard-test-admin-key"
+SCREENSHOTS = os.environ.get("DPSS_DASHBOARD_SCREENSHOTS")
+
+
+@dataclass
+class World:
+    base: str
+    keys: dict[str, str]
+    key_ids: dict[str, str]
+    dataset: str
+    grant: str
+    releases: dict[str, str] = field(default_factory=dict)
+
+    def api(self, role: str, path: str) -> Any:
+        response = httpx.get(
+            self.base + path, headers={"Authorization": f"Bearer {self.keys[role]}"}, timeout=30
+        )
+        assert response.status_code == 200, (path, response.text)
+        return response.json()
+
+
+def _post(base: str, key: str, path: str, **kwargs: Any) -> Any:
+    response = httpx.post(
+        base + path, headers={"Authorization": f"Bearer {key}"}, timeout=30, **kwargs
+    )
+    assert response.is_success, (path, response.text)
+    return response.json()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root = tmp_path_factory.mktemp("dashboard")
+    settings = Settings(
+        data_dir=root / "data",
+        database_url=f"sqlite:///{root / 'dpss.sqlite3'}",
+        admin_api_key=ADMIN,
+        release_padding_floor_seconds=0,
+        release_padding_multiplier=0,
+        rate_limit_per_second=0,
+        worker_heartbeat_seconds=3600,
+    )
+    settings.data_dir.mkdir(mode=0o700, parents=True)
+    upgrade_to_head(settings.resolved_database_url)
+    engine = make_engine(settings.resolved_database_url)
+    factory = make_session_factory(engine)
+    store = DatasetStore(settings.datasets_dir)
+    store.ensure()
+    worker = Worker(factory, store, settings, worker_id="dashboard-host:4242:abc123")
+    with serving(create_app(settings)) as base:
+        keys = {"admin": ADMIN}
+        key_ids: dict[str, str] = {}
+        for role, name in (
+            ("owner", "alice"),
+            ("analyst", "bob"),
+            ("analyst2", "dave"),
+            ("auditor", "carol"),
+        ):
+            made = _post(base, ADMIN, "/v1/keys", json={"role": role.rstrip("2"), "name": name})
+            keys[role], key_ids[role] = made["key"], made["id"]
+        rng = np.random.default_rng(3)
+        basis, _ = np.linalg.qr(rng.normal(size=(6, 2)))
+        rows = rng.normal(size=(400, 2)) @ basis.T * 0.3 + rng.normal(size=(400, 6)) * 0.01
+        rows /= np.maximum(1, np.linalg.norm(rows, axis=1, keepdims=True))
+        buffer = io.BytesIO()
+        np.save(buffer, rows)
+        dataset = _post(
+            base,
+            keys["owner"],
+            "/v1/datasets",
+            files={"file": ("demo.npy", buffer.getvalue(), "application/octet-stream")},
+            data={
+                "name": "demo",
+                "epsilon_budget": "1.0",
+                "delta_budget": "1e-5",
+                "row_norm_bound": "1",
+            },
+        )["id"]
+        grant = _post(
+            base,
+            keys["owner"],
+            f"/v1/datasets/{dataset}/grants",
+            json={"analyst_key_id": key_ids["analyst"], "epsilon": "0.5", "delta": "1e-6"},
+        )["id"]
+        world = World(base, keys, key_ids, dataset, grant)
+        releases = f"/v1/datasets/{dataset}/releases"
+        for name, role, body in (
+            ("spectrum", "analyst", {"mechanism": "spectrum", "k": 3, "epsilon": "0.1"}),
+            ("gauss", "analyst", {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.25"}),
+            ("other", "analyst2", {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.15"}),
+        ):
+            made = _post(base, keys[role], releases, json={"delta": "1e-7", **body})
+            world.releases[name] = made["id"]
+        assert worker.run_pending() == 3
+        worker.note_alive()
+        queued = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.05", "delta": "1e-7"}
+        world.releases["queued"] = _post(base, keys["analyst2"], releases, json=queued)["id"]
+        yield world
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def chromium(world: World) -> Iterator[Browser]:
+    with browser.chromium(world.base, list(world.keys.values())) as driver:
+        yield driver
+
+
+def sign_in(driver: Browser, world: World, role: str) -> Any:
+    return driver.sign_in(world.keys[role], role.rstrip("2"))
+
+
+def screenshot(page: Any, tmp_path: Path, name: str) -> None:
+    path = tmp_path / f"dashboard-{name}.png"
+    page.screenshot(path=str(path), full_page=True, animations="disabled")
+    # A 64-colour palette keeps a page of text and a chart legible at a few tens of kB.
+    with Image.open(path) as shot:
+        shot.convert("RGB").quantize(colors=64).save(path, optimize=True)
+    if SCREENSHOTS:
+        shutil.copy(path, Path(SCREENSHOTS) / path.name)
+    size = path.stat().st_size
+    assert 5_000 < size < 100_000, (name, size)
+
+
+def test_owner_sees_budget_spending_chart_grants_and_releases(
+    chromium: Browser, world: World, tmp_path: Path
+) -> None:
+    page = sign_in(chromium, world, "owner")
+    budget = world.api("owner", f"/v1/datasets/{world.dataset}/budget")
+    ledger = world.api("owner", f"/v1/datasets/{world.dataset}/ledger")["items"]
+    card = f"section[data-dataset='{world.dataset}']"
+    assert page.inner_text(f"{card} h2") == "demo"
+    for name, value in budget.items():
+        shown = page.inner_text(f"{card} table.budget tr[data-field={name}] td")
+        assert Decimal(shown) == Decimal(value), name
+    assert Decimal(budget["epsilon_spent"]) == Decimal("0.55")
+    chart = page.locator(f"{card} svg.spending")
+    assert float(chart.get_attribute("data-final")) == pytest.approx(0.55)
+    points = [
+        float(p)
+        for p in chart.locator("circle").evaluate_all("cs => cs.map(c => c.dataset.epsilon)")
+    ]
+    expected = np.cumsum([float(e["epsilon"]) for e in ledger])
+    assert points == pytest.approx(list(expected)) and len(points) == 4
+    by_grant = page.locator(f"{card} svg.by-grant")
+    granted = by_grant.locator(f"rect[data-grant='{world.grant}']").get_attribute("data-epsilon")
+    assert float(granted) == pytest.approx(0.35)
+    direct = by_grant.locator("rect[data-grant=none]").get_attribute("data-epsilon")
+    assert float(direct) == pytest.approx(0.2)
+    assert cells(page, f"{card} table.grants", 4) == ["0.15"]
+    statuses = cells(page, f"{card} table.releases", 6)
+    api_releases = world.api("owner", f"/v1/datasets/{world.dataset}/releases")["items"]
+    assert statuses == [r["status"] for r in api_releases]
+    assert sorted(statuses) == ["queued", "succeeded", "succeeded", "succeeded"]
+    screenshot(page, tmp_path, "owner")
+    # What an owner may not read: the API refuses, and the page says so.
+    chromium.visit(page, "admin")
+    assert "403" in page.inner_text("#keys") and "dashboard-host" not in page.content()
+    chromium.visit(page, "auditor")
+    assert "403" in page.inner_text("#verification")
+    assert page.locator("#audit table").count() == 0
+
+
+def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
+    chromium: Browser, world: World, tmp_path: Path
+) -> None:
+    page = sign_in(chromium, world, "analyst")
+    assert cells(page, "#grants table", 0) == ["demo"]
+    assert cells(page, "#grants table", 5) == ["0.15"]  # epsilon remaining: 0.5 - 0.35
+    mine = world.api("analyst", "/v1/releases")["items"]
+    assert cells(page, "#releases table", 6) == [r["status"] for r in mine]
+    assert cells(page, "#releases table", 1) == [r["id"][:8] for r in mine]
+    assert world.releases["other"][:8] not in page.inner_text("#releases")
+    # A spectrum release has no basis to download; the rank-2 one has.
+    assert (
+        page.locator(f"button.download[data-release='{world.releases['spectrum']}']").count() == 0
+    )
+    screenshot(page, tmp_path, "analyst")
+    with page.expect_download() as download_info:
+        page.click(f"button.download[data-release='{world.releases['gauss']}']")
+    text = Path(download_info.value.path()).read_text()
+    downloaded = [[float(x) for x in row] for row in csv.reader(io.StringIO(text))]
+    basis = world.api("analyst", f"/v1/releases/{world.releases['gauss']}")["result"]["basis"]
+    assert downloaded == basis and len(basis) == 6 and len(basis[0]) == 2
+    # An analyst reads no ledger, no audit log, no keys: the API's 403 is shown.
+    chromium.visit(page, "owner")
+    assert "403" in page.inner_text("#datasets") and "svg" not in page.inner_html("#datasets")
+    chromium.visit(page, "admin")
+    assert "403" in page.inner_text("#keys") and "403" in page.inner_text("#queue")
+
+
+def test_auditor_sees_the_chain_verified_and_the_log(
+    chromium: Browser, world: World, tmp_path: Path
+) -> None:
+    page = sign_in(chromium, world, "auditor")
+    verdict = page.locator("#verification .verdict")
+    assert verdict.get_attribute("data-ok") == "true"
+    assert page.inner_text("#verification .verdict").startswith("Chain verified")
+    verification = world.api("auditor", "/v1/audit/verification")
+    assert page.inner_text("#verification code.head") == verification["head"]
+    assert "No anchored head configured" in page.inner_text("#verification")
+    assert "null" not in page.inner_text("#verification")
+    events = world.api("auditor", "/v1/audit?limit=100")
+    assert cells(page, "#audit table", 0) == [str(e["seq"]) for e in reversed(events["items"])]
+    screenshot(page, tmp_path, "auditor")
+    chromium.visit(page, "owner")
+    assert "403" in page.inner_text("#datasets")
+
+
+def test_admin_sees_keys_workers_and_the_queue(
+    chromium: Browser, world: World, tmp_path: Path
+) -> None:
+    page = sign_in(chromium, world, "admin")
+    keys = world.api("admin", "/v1/keys")
+    assert cells(page, "#keys table", 2) == [k["name"] for k in keys["items"]]
+    assert page.locator("#workers .counts").get_attribute("data-alive") == "1"
+    assert cells(page, "#workers table", 0) == ["dashboard-host:4242:abc123"]
+    assert page.locator("#queue .counts").get_attribute("data-queued") == "1"
+    assert cells(page, "#queue table", 0) == [world.releases["queued"][:8]]
+    page_text = page.content()
+    assert all(key not in page_text for key in world.keys.values())
+    screenshot(page, tmp_path, "admin")
+    # Signing out forgets the key.
+    page.click("#sign-out")
+    page.wait_for_url(world.base + "/dashboard")
+    assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") is None
+
+
+def test_a_bad_key_is_refused_and_pages_send_a_strict_policy(
+    chromium: Browser, world: World, tmp_path: Path
+) -> None:
+    page = chromium.page()
+    response = page.goto(world.base + "/dashboard")
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "connect-src 'self'" in policy
+    assert "unsafe-inline" not in policy and "form-action 'none'" in policy
+    page.fill("#api-key", "dpss_not-a-key")
+    page.click("#sign-in button[type=submit]")
+    page.wait_for_selector("#sign-in-error:not([hidden])")
+    assert "not valid" in page.inner_text("#sign-in-error")
+    assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") is None
+    screenshot(page, tmp_path, "signin")
+    # A view without a key sends the visitor to sign in.
+    fresh = chromium.page()
+    fresh.goto(world.base + "/dashboard/owner")
+    fresh.wait_for_url(world.base + "/dashboard")
+
+
+def test_pages_and_redirect_without_a_browser(world: World) -> None:
+    """The shells carry no data and no inline script; unknown views are 404."""
+    root = httpx.get(world.base + "/", follow_redirects=False)
+    assert root.status_code == 307 and root.headers["location"] == "/dashboard"
+    for view in ("", "/owner", "/analyst", "/auditor", "/admin"):
+        page = httpx.get(f"{world.base}/dashboard{view}")
+        assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
+        assert "<script>" not in page.text and "style=" not in page.text
+        assert world.dataset not in page.text
+    missing = httpx.get(world.base + "/dashboard/nobody")
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    script = httpx.get(world.base + "/dashboard/static/dashboard.js")
+    assert script.status_code == 200 and "sessionStorage" in script.text
+    assert "http://" not in script.text.replace("http://www.w3.org/2000/svg", "")
