@@ -120,18 +120,7 @@ async def ledger(
     def work(session: Session, principal: Principal) -> LedgerPage:
         page = operations.page_ledger(session, principal, dataset_id, limit, cursor)
         return LedgerPage(
-            items=[
-                LedgerEntry(
-                    id=entry.id,
-                    release_id=entry.release_id,
-                    kind=entry.kind,
-                    epsilon=entry.epsilon,
-                    delta=entry.delta,
-                    grant_id=entry.grant_id,
-                    created_at=entry.created_at,
-                )
-                for entry in page.items
-            ],
+            items=[LedgerEntry.model_validate(entry) for entry in page.items],
             total=page.total,
             next=page.next,
         )

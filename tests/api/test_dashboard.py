@@ -17,8 +17,10 @@ import csv
 import io
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -27,10 +29,12 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
+from sqlalchemy import update
 
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
+from service.db.models import Release, utcnow
 from service.migrate import upgrade_to_head
 from service.store import DatasetStore
 from service.worker import Worker
@@ -135,6 +139,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             world.releases[name] = made["id"]
         assert worker.run_pending() == 3
         worker.note_alive()
+        # As if the spectrum release's padding ran for another hour: analysts see it queued.
+        with factory.begin() as session:
+            session.execute(
+                update(Release)
+                .where(Release.id == uuid.UUID(world.releases["spectrum"]))
+                .values(visible_at=utcnow() + timedelta(hours=1))
+            )
         queued = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.05", "delta": "1e-7"}
         world.releases["queued"] = _post(base, keys["analyst2"], releases, json=queued)["id"]
         yield world
@@ -210,9 +221,13 @@ def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
     assert cells(page, "#grants table", 5) == ["0.15"]  # epsilon remaining: 0.5 - 0.35
     mine = world.api("analyst", "/v1/releases")["items"]
     assert cells(page, "#releases table", 6) == [r["status"] for r in mine]
+    # Exactly as the API shows them: the padded spectrum release reads queued (its owner sees
+    # it succeeded), with no result and no times.
+    assert sorted(r["status"] for r in mine) == ["queued", "succeeded"]
+    assert "started" not in page.inner_text("#releases thead")
     assert cells(page, "#releases table", 1) == [r["id"][:8] for r in mine]
     assert world.releases["other"][:8] not in page.inner_text("#releases")
-    # A spectrum release has no basis to download; the rank-2 one has.
+    # A queued (padded) release has nothing to download; the succeeded one has.
     assert (
         page.locator(f"button.download[data-release='{world.releases['spectrum']}']").count() == 0
     )
@@ -225,7 +240,8 @@ def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
     assert downloaded == basis and len(basis) == 6 and len(basis[0]) == 2
     # An analyst reads no ledger, no audit log, no keys: the API's 403 is shown.
     chromium.visit(page, "owner")
-    assert "403" in page.inner_text("#datasets") and "svg" not in page.inner_html("#datasets")
+    refused = page.inner_text("#datasets")  # the ledger's 403 or the releases' 404, first
+    assert refused.startswith("The API refused: 40") and "svg" not in page.inner_html("#datasets")
     chromium.visit(page, "admin")
     assert "403" in page.inner_text("#keys") and "403" in page.inner_text("#queue")
 

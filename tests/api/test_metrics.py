@@ -164,3 +164,26 @@ def test_several_api_processes_add_up_in_multiprocess_mode(tmp_path: Path) -> No
     assert value(samples, "dpss_http_requests_total", status="429", **route) == 1
     assert value(samples, "dpss_http_refused_total", reason="rate_limited") == 1
     assert value(samples, "dpss_http_request_duration_seconds_count", **route) == 3
+
+
+def test_unavailable_answers_are_counted(settings: Settings) -> None:
+    """A database that refuses connections: every request is a 503, counted as `unavailable`
+    (read from the registry: the scrape itself needs the database)."""
+    from service import metrics
+    from service.db.engine import make_engine, make_session_factory
+
+    down = "postgresql+psycopg://nobody@127.0.0.1:9/none?connect_timeout=1"
+    factory = make_session_factory(make_engine(down))
+    app = create_app(settings.model_copy(update={"database_url": down}), factory)
+
+    def unavailable() -> float:
+        sample = metrics.REGISTRY.get_sample_value(
+            "dpss_http_refused_total", {"reason": "unavailable"}
+        )
+        return sample or 0.0
+
+    before = unavailable()
+    with TestClient(app) as client:
+        statuses = [client.get("/v1/mechanisms", headers=bearer("k")).status_code for _ in range(2)]
+    assert statuses == [503, 503]
+    assert unavailable() - before == 2

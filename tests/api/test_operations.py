@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -192,3 +193,31 @@ def test_verification_reports_the_anchor(
             body = get(client, keys.auditor, "/v1/audit/verification").json()
         assert body["anchor"] == token and body["anchor_found"] is found
         assert body["ok"] is found
+
+
+def test_verification_reads_a_snapshot_and_leaves_the_pool_writable(
+    committed_db: tuple[str, sessionmaker[Session]], settings: Settings
+) -> None:
+    """On the app's own engine (PostgreSQL: REPEATABLE READ, READ ONLY for the check), with one
+    pooled connection: a write after the check still works, so the connection went back to the
+    pool as it was."""
+    url, _ = committed_db
+    own = settings.model_copy(
+        update={
+            "database_url": url,
+            "admin_api_key": SecretStr("verify-admin"),
+            "db_pool_size": 1,
+            "db_max_overflow": 0,
+        }
+    )
+    with TestClient(create_app(own)) as client:
+        first = get(client, "verify-admin", "/v1/audit/verification").json()["checked"]
+        for step in range(2):
+            body = get(client, "verify-admin", "/v1/audit/verification").json()
+            assert body["ok"] is True and body["checked"] == first + step
+            made = client.post(
+                "/v1/keys", headers=bearer("verify-admin"), json={"role": "auditor", "name": "a"}
+            )
+            assert made.status_code == 201, made.text
+        last = get(client, made.json()["key"], "/v1/audit/verification").json()
+        assert last["ok"] is True and last["checked"] == first + 2

@@ -279,6 +279,7 @@ async function analystView() {
   fill("releases", releases instanceof Node ? releases : table([
     ...releaseColumns,
     ["dataset", (r) => names.get(r.dataset_id) || short(r.dataset_id)],
+    ["visible at", (r) => when(r.visible_at)],
     ["basis", (r) => (r.status === "succeeded" && r.result && r.result.basis_sha256
       ? el("button", { type: "button", class: "download", "data-release": r.id }, "Download CSV")
       : "")],
@@ -313,7 +314,11 @@ async function auditorView() {
         ["actor key", (e) => short(e.actor_key_id)],
         ["dataset", (e) => short(e.dataset_id)],
         ["release", (e) => short(e.release_id)],
-        ["details", (e) => el("code", {}, JSON.stringify(e.details))],
+        ["details", (e) => {
+          // The whole JSON on hover; the table shows its start.
+          const text = JSON.stringify(e.details);
+          return el("code", { title: text }, text.length > 90 ? `${text.slice(0, 90)}…` : text);
+        }],
         ["hash", (e) => el("code", { title: e.hash }, e.hash.slice(0, 12))],
       ], page.items.slice().reverse(), { class: "audit" })];
   }).catch((e) => [failure(e)]);
