@@ -36,6 +36,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("releases") as batch:
-        batch.drop_column("traceparent")
+    # A plain DROP COLUMN (SQLite >= 3.35), not a batch copy of ``releases``: the copy would
+    # drop a table that ``release_bases`` (0007) references.
+    op.drop_column("releases", "traceparent")
     op.drop_table("worker_heartbeats")
