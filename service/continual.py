@@ -53,6 +53,7 @@ from sqlalchemy.orm import Session
 from service import audit, wake
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.errors import safe_traceback
+from service.logs import forked_child_failures
 from service.mechanisms.base import InvalidParameter, ReleaseSpec
 from service.mechanisms.continual_gauss import (
     ContinualGauss,
@@ -364,13 +365,14 @@ def run_isolated(worker: Worker, work: Callable[[], T]) -> T | None:
     parent = os.getpid()
 
     def child() -> None:
-        _die_with_parent(parent)
-        receiver.close()
-        bind = worker.session_factory.kw.get("bind")
-        if bind is not None:
-            bind.dispose(close=False)
-        sender.send(work())
-        sender.close()
+        with forked_child_failures("a continual epoch"):
+            _die_with_parent(parent)
+            receiver.close()
+            bind = worker.session_factory.kw.get("bind")
+            if bind is not None:
+                bind.dispose(close=False)
+            sender.send(work())
+            sender.close()
 
     process = context.Process(target=child, daemon=True)
     process.start()

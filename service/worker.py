@@ -74,6 +74,7 @@ from service import audit, ledger, wake
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.errors import safe_traceback
+from service.logs import forked_child_failures
 from service.mechanisms.base import InvalidParameter, MechanismOutput, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
@@ -441,7 +442,7 @@ class Worker:
     def _child(
         self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
     ) -> None:
-        try:
+        with forked_child_failures(f"release {job.release_id}"):
             _die_with_parent(parent)
             # Only the parent reads: with this end closed here, a send to a dead parent fails
             # instead of blocking on a full pipe.
@@ -452,17 +453,6 @@ class Worker:
                 bind.dispose(close=False)
             sender.send(self.execute(job))
             sender.close()
-        except BaseException as exc:
-            # multiprocessing would print the raw traceback, message and all, to stderr: log it
-            # as the parent does (JSON, type and location), then end without an outcome, which
-            # the parent reports and leaves to the lease.
-            log.error(
-                "BUG: release %s: the run's process failed: %s",
-                job.release_id,
-                safe_traceback(exc),
-            )
-            logging.shutdown()
-            os._exit(1)
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
         while not done.wait(self.settings.worker_heartbeat_seconds):
