@@ -74,6 +74,7 @@ from service.jobs import (
     die_with_parent,
     take_lease,
 )
+from service.logs import forked_child_failures
 from service.mechanisms.base import InvalidParameter, ReleaseSpec
 from service.mechanisms.continual_gauss import (
     ContinualGauss,
@@ -382,13 +383,14 @@ def run_isolated(worker: JobRunner, work: Callable[[], T]) -> T | None:
     parent = os.getpid()
 
     def child() -> None:
-        die_with_parent(parent)
-        receiver.close()
-        bind = worker.session_factory.kw.get("bind")
-        if bind is not None:
-            bind.dispose(close=False)
-        sender.send(work())
-        sender.close()
+        with forked_child_failures("a continual epoch"):
+            die_with_parent(parent)
+            receiver.close()
+            bind = worker.session_factory.kw.get("bind")
+            if bind is not None:
+                bind.dispose(close=False)
+            sender.send(work())
+            sender.close()
 
     process = context.Process(target=child, daemon=True)
     process.start()

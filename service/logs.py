@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -158,6 +159,22 @@ def _showwarning(
     # (rcond=...)"): its category and location only.
     where = f"{filename.rsplit('/', 1)[-1]}:{lineno}"
     logging.getLogger("py.warnings").warning("%s at %s", category.__name__, where)
+
+
+@contextmanager
+def forked_child_failures(what: str) -> Iterator[None]:
+    """The body of a forked child (a worker's isolated run): whatever escapes it is logged as
+    the parent logs (one JSON line, type and location), and the child ends with exit code 1
+    and no outcome, which the parent reports. Otherwise multiprocessing would print the raw
+    traceback, message included, to stderr."""
+    try:
+        yield
+    except BaseException as exc:
+        logging.getLogger("dpss.worker").error(
+            "BUG: %s: the run's process failed: %s", what, safe_traceback(exc)
+        )
+        logging.shutdown()
+        os._exit(1)
 
 
 def log_what_python_prints() -> None:

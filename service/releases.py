@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api_schemas.common import canonical_decimal
+from api_schemas.common import canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
 from service import audit, grants, ledger, tracing, wake
 from service.auth import Principal, require_role
@@ -109,9 +109,7 @@ def _prepare(
     limit is public configuration: a mechanism may size a default parameter to it)."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
-        raise InvalidInput(
-            "mechanism", f"unknown mechanism '{body.mechanism}'; one of {', '.join(MECHANISMS)}"
-        )
+        raise InvalidInput("mechanism", unknown_name(body.mechanism, list(MECHANISMS), "mechanism"))
     try:
         params = mechanism.parse_params(body.params)
     except ValidationError as exc:

@@ -84,6 +84,7 @@ from service.jobs import (
     die_with_parent,
     take_lease,
 )
+from service.logs import forked_child_failures
 from service.mechanisms.base import InvalidParameter, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
@@ -357,7 +358,7 @@ class Worker:
     def _child(
         self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
     ) -> None:
-        try:
+        with forked_child_failures(f"release {job.release_id}"):
             die_with_parent(parent)
             # Only the parent reads: with this end closed here, a send to a dead parent fails
             # instead of blocking on a full pipe.
@@ -368,17 +369,6 @@ class Worker:
                 bind.dispose(close=False)
             sender.send(self.execute(job))
             sender.close()
-        except BaseException as exc:
-            # multiprocessing would print the raw traceback, message and all, to stderr: log it
-            # as the parent does (JSON, type and location), then end without an outcome, which
-            # the parent reports and leaves to the lease.
-            log.error(
-                "BUG: release %s: the run's process failed: %s",
-                job.release_id,
-                safe_traceback(exc),
-            )
-            logging.shutdown()
-            os._exit(1)
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
         while not done.wait(self.settings.worker_heartbeat_seconds):

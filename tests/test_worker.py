@@ -535,3 +535,26 @@ def test_uncaught_exceptions_and_warnings_are_logged_as_type_and_location(
     messages = [line["message"] for line in _json_lines(err)]
     assert sum("KeyError at test_worker.py:" in m for m in messages) == 2
     assert any(m.startswith("RuntimeWarning at test_worker.py:") for m in messages)
+
+
+def test_a_continual_epochs_forked_run_logs_its_exception_the_same_way(
+    capfd, json_logging_to_stderr
+):
+    from types import SimpleNamespace
+
+    from service.continual import run_isolated
+
+    json_logging_to_stderr()
+    worker = SimpleNamespace(session_factory=SimpleNamespace(kw={}))
+
+    def epoch():
+        raise ArithmeticError(SECRET_IN_MESSAGE)
+
+    assert run_isolated(worker, epoch) is None
+    out, err = capfd.readouterr()
+    assert SECRET_IN_MESSAGE not in out + err and "Traceback" not in out + err
+    messages = [line["message"] for line in _json_lines(err)]
+    assert any(
+        "a continual epoch: the run's process failed: ArithmeticError at test_worker.py:" in m
+        for m in messages
+    )

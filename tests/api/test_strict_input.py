@@ -256,6 +256,9 @@ def test_a_misspelt_field_is_answered_with_the_nearest_and_every_valid_name(
     body = {**GOOD_RELEASE, "params": {"clip_nrom": 1.0}}
     detail = post_json(client, keys.analyst, path, body).json()["detail"]
     assert detail.startswith("params.clip_nrom: unknown field (did you mean 'clip_norm'?)")
+    body = {**GOOD_RELEASE, "mechanism": "analyse_gauss"}
+    detail = post_json(client, keys.analyst, path, body).json()["detail"]
+    assert detail.startswith("mechanism: unknown mechanism (did you mean 'analyze_gauss'?)")
     detail = client.get("/v1/datasets?limt=5", headers=bearer(keys.analyst)).json()["detail"]
     assert detail.startswith("query.limt: unknown parameter (did you mean 'limit'?)")
 
