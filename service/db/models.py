@@ -163,13 +163,18 @@ class Release(Base):
     batches_read: Mapped[int | None] = mapped_column(Integer, default=None)
     #: Continual releases: epochs released so far, and the serialized mechanism state (the
     #: tree's closed nodes with their noise). Private: never in a response, log or event.
-    #: The state and the key are deferred (not loaded with the row): the state grows as epochs
-    #: are stored, and an analyst's read must take the same time before an epoch is visible.
+    #: The state lives in ``release_states`` (this column was emptied by migration 0007): it
+    #: grows as epochs are stored, and an analyst's read of the row must take the same time
+    #: before an epoch is visible. The key is not loaded with the row either.
     epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
     #: SHA-256(key, t), so an epoch computed again after a crash draws the same noise.
     continual_key: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
+    #: Continual releases: analysts see the release's end no earlier than this (the moment the
+    #: epoch it ended at would have become visible, fixed from public facts before it ran);
+    #: null: from ``visible_at`` and once every stored epoch is visible.
+    outcome_visible_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
@@ -213,6 +218,16 @@ class ReleaseBasis(Base):
     #: 0: the release's result; ``t >= 1``: epoch ``t`` of a continual release.
     epoch: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     basis: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ReleaseState(Base):
+    """A continual release's private state after its latest epoch (see
+    :mod:`service.continual`), apart from ``releases`` for the reason :class:`ReleaseBasis` is."""
+
+    __tablename__ = "release_states"
+
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class AuditEvent(Base):
