@@ -37,9 +37,10 @@ CONTINUAL = {"mechanism": "continual_gauss", "k": 2, "epsilon": "0.5", "delta": 
 #: Headers that differ between any two answers whatever the release (or that other layers add
 #: per request, such as rate-limit counters).
 PER_REQUEST_HEADERS = ("date", "x-request-id")
-#: What a release's large values live in: an analyst's read of a hidden release touches none.
-BASES = ("release_bases", "result_basis", ".basis,")
-LARGE = (*BASES, "release_states", "continual_")
+#: Where a release's large values live (patterns): an analyst's read of a hidden release
+#: touches none.
+BASES = (r"release_bases", r"result_basis", r"\.basis\b")
+LARGE = (*BASES, r"release_states", r"continual_state", r"continual_key")
 
 Call = tuple[str, str, dict[str, Any]]
 OCTETS = "application/octet-stream"
@@ -224,7 +225,7 @@ def assert_unchanged(
     # the same before and after a large value is stored.
     assert after_sql == before_sql
     never = [name for name in LARGE if not (shown_bases and name in BASES)]
-    assert [s for s in after_sql if any(name in s for name in never)] == []
+    assert [s for s in after_sql if any(re.search(name, s) for name in never)] == []
 
 
 def test_a_continual_end_without_a_new_epoch_shows_at_that_epochs_visible_at(
