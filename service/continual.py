@@ -28,8 +28,13 @@ release: a worker that recomputes epoch ``t`` after a crash draws exactly the sa
 stores exactly the epoch the dead worker would have stored. Distinct epochs use independent
 keys (SHA-256 as a PRF), so the draws are as independent as fresh ones.
 
-The state and the key are private: they live in ``releases.continual_state`` and
+The state and the key are private: they live in ``release_states`` and
 ``releases.continual_key`` and are never in a response, log or audit event.
+
+Analysts see each epoch from its own ``visible_at`` on, and the release's end (after its horizon,
+or earlier without a new epoch: a refusal, a deleted dataset, an abandoned job) from
+``releases.outcome_visible_at`` on: the moment the epoch it ended at would have become visible,
+fixed before that epoch ran (:func:`pending_visible_at`).
 """
 
 from __future__ import annotations
@@ -51,12 +56,14 @@ from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit, wake
+from service.config import Settings
 from service.db.models import (
     Dataset,
     DatasetBatch,
     Release,
     ReleaseBasis,
     ReleaseEpoch,
+    ReleaseState,
     utcnow,
 )
 from service.errors import safe_traceback
@@ -148,6 +155,49 @@ def epoch_visible_at(
     return max(moment for moment in candidates if moment is not None)
 
 
+def pending_visible_at(
+    session: Session, settings: Settings, release: Release, dataset: Dataset
+) -> datetime:
+    """When analysts may see what epoch ``epochs_done + 1`` brings (the epoch, or the release's
+    end without it): :func:`epoch_visible_at` from its batch's commit, or the dataset's deletion
+    if later (which ends the release), plus one epoch's padding. Public facts only, so it is
+    fixed before the epoch runs and says nothing about how long it ran."""
+    batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
+    n_rows = batch.n_rows if batch is not None else dataset.n_rows
+    started = batch.created_at if batch is not None else None
+    moments = [moment for moment in (started, dataset.deleted_at) if moment is not None]
+    padding = PaddingModel.from_settings(settings).padding(
+        release.mechanism, n_rows, dataset.n_cols, release.k, release.params
+    )
+    previous = latest_epoch(session, release.id)
+    return epoch_visible_at(
+        release.visible_at,
+        max(moments) if moments else utcnow(),
+        padding,
+        previous.visible_at if previous is not None else None,
+    )
+
+
+def end(
+    worker: JobRunner,
+    session: Session,
+    release: Release,
+    outcome: Outcome,
+    visible_at: datetime | None = None,
+) -> None:
+    """Record the release's end, shown to analysts from ``visible_at`` (by default, as
+    :func:`pending_visible_at` says) on."""
+    if visible_at is None:
+        dataset = session.get(Dataset, release.dataset_id)
+        visible_at = (
+            pending_visible_at(session, worker.settings, release, dataset)
+            if dataset is not None
+            else release.visible_at
+        )
+    release.outcome_visible_at = visible_at
+    worker._record(session, release, outcome)
+
+
 def new_release_key() -> bytes:
     """256 bits from the OS CSPRNG."""
     return os.urandom(32)
@@ -193,7 +243,7 @@ def claim_continual(worker: JobRunner) -> ClaimedJob | None:
                 return None
             if release.attempts >= worker.settings.worker_max_attempts:
                 release.lease_owner = worker.worker_id
-                worker._record(session, release, Outcome.failed(ABANDONED_REASON))
+                end(worker, session, release, Outcome.failed(ABANDONED_REASON))
                 continue
             return take_lease(session, release, worker.worker_id, now, lease, None)
 
@@ -284,7 +334,7 @@ def _next_input(worker: JobRunner, job: ClaimedJob) -> EpochInput | str:
         if dataset is None or dataset.file_name is None:
             # Refunded only when no epoch was released (as a one-shot release deleted first).
             refund = release.epochs_done == 0
-            worker._record(session, release, Outcome.failed(DATASET_DELETED_REASON, refund=refund))
+            end(worker, session, release, Outcome.failed(DATASET_DELETED_REASON, refund=refund))
             return release.status
         horizon = int(release.params["horizon"])
         if release.epochs_done >= min(dataset.n_batches, horizon):
@@ -297,25 +347,17 @@ def _next_input(worker: JobRunner, job: ClaimedJob) -> EpochInput | str:
         if release.continual_key is None:
             # Drawn once per release and committed before any epoch reads the data.
             release.continual_key = new_release_key()
-        padding = PaddingModel.from_settings(worker.settings).padding(
-            release.mechanism, batch.n_rows, dataset.n_cols, release.k, release.params
-        )
-        previous = latest_epoch(session, release.id)
+        state = session.get(ReleaseState, release.id)
         return EpochInput(
             epoch=release.epochs_done + 1,
-            visible_at=epoch_visible_at(
-                release.visible_at,
-                batch.created_at,
-                padding,
-                previous.visible_at if previous is not None else None,
-            ),
+            visible_at=pending_visible_at(session, worker.settings, release, dataset),
             horizon=horizon,
             batch_seq=batch.seq,
             row_offset=batch.row_offset,
             n_rows=batch.n_rows,
             n_cols=dataset.n_cols,
             file_name=dataset.file_name,
-            state=release.continual_state,
+            state=state.state if state is not None else None,
             key=release.continual_key,
         )
 
@@ -426,7 +468,7 @@ def _store_epoch(
             return LOST
         if outcome.status != "succeeded" or computed.state is None:
             # A refusal or a bug ends the release (no epoch for it); earlier epochs stay.
-            worker._record(session, release, outcome)
+            end(worker, session, release, outcome, step.visible_at)
             return release.status
         basis, shape, sha256 = outcome.basis if outcome.basis is not None else (None, None, None)
         session.add(
@@ -444,7 +486,7 @@ def _store_epoch(
         )
         if basis is not None:
             session.add(ReleaseBasis(release_id=release.id, epoch=step.epoch, basis=basis))
-        release.continual_state = computed.state
+        session.merge(ReleaseState(release_id=release.id, state=computed.state))
         release.epochs_done = step.epoch
         release.lease_expires_at = utcnow() + timedelta(
             seconds=worker.settings.worker_lease_seconds
@@ -463,7 +505,7 @@ def _store_epoch(
             },
         )
         if step.epoch >= step.horizon:
-            worker._record(session, release, outcome)  # announces the outcome too
+            end(worker, session, release, outcome, step.visible_at)  # announces it too
             return release.status
         # Long polls waiting for this release's next epoch return once this commits.
         wake.announce_finished(session, worker.settings, release.id)

@@ -57,11 +57,12 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
     if status == "queued":
         return or_(not_(visible), Release.status == "queued")
     # A continual release that ended is shown running while one of its epochs is not yet
-    # visible (its end would tell when the last epoch was computed).
-    epoch_hidden = (
+    # visible, or before its outcome_visible_at (service.visibility.end_visible).
+    epoch_hidden = or_(
         select(ReleaseEpoch.epoch)
         .where(ReleaseEpoch.release_id == Release.id, ReleaseEpoch.visible_at > now)
-        .exists()
+        .exists(),
+        and_(Release.outcome_visible_at.is_not(None), Release.outcome_visible_at > now),
     )
     if status == "running":
         return and_(visible, or_(Release.status == "running", epoch_hidden))

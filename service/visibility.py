@@ -6,8 +6,9 @@ So, for an analyst, until the release's ``visible_at``:
 - the release is ``queued`` with no reason, refund or result, whatever its real state (even the
   moment a worker claims it would tell when the job before it finished);
 - no epoch is shown, and epochs are shown each from its own ``visible_at`` on;
-- a continual release that ended is shown ``running`` until its last epoch is visible (its end
-  would tell when the last epoch was computed).
+- a continual release that ended is shown ``running`` until its last epoch is visible and until
+  its ``outcome_visible_at`` (its end would tell when the last epoch was computed, or how long
+  the epoch it ended at ran).
 
 Nothing else an analyst can call may depend on the real state before then: not a status filter
 or a count (:mod:`service.history` mirrors these rules in SQL), not a long poll's answer or its
@@ -69,6 +70,16 @@ def outcome_visible(release: Release, principal: Principal, now: datetime) -> bo
     return release.visible_at is None or now >= release.visible_at
 
 
+def end_visible(
+    release: Release, epochs: list[tuple[int, int, int, str | None]] | None, now: datetime
+) -> bool:
+    """Whether an analyst who sees ``epochs`` (of a continual release) may see its end at
+    ``now``: once every stored epoch and ``outcome_visible_at`` have passed."""
+    if epochs is not None and len(epochs) < release.epochs_done:
+        return False
+    return release.outcome_visible_at is None or now >= release.outcome_visible_at
+
+
 def view(session: Session, release: Release, principal: Principal, now: datetime) -> View:
     """``release`` as ``principal`` may see it at ``now`` (see the module docstring).
 
@@ -94,8 +105,8 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
     if is_continual:
         epochs = continual.epoch_summaries(session, release.id, visible_by)
         latest = continual.latest_epoch(session, release.id, visible_by)
-        if analyst and status in FINISHED and len(epochs) < release.epochs_done:
-            status, reason, refunded = "running", None, False
+    if analyst and status in FINISHED and not end_visible(release, epochs, now):
+        status, reason, refunded = "running", None, False
     return View(
         status=status,
         reason=reason,

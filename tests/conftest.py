@@ -49,6 +49,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 TABLES = (
     "ledger_entries",
     "release_bases",
+    "release_states",
     "release_epochs",
     "dataset_batches",
     "releases",

@@ -26,6 +26,7 @@ from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
 from service.api.presenters import epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
+from service.db import models
 from service.db.models import utcnow
 from service.mechanisms.continual_gauss import MAX_HORIZON
 from service.visibility import FINISHED
@@ -161,9 +162,8 @@ async def get_release(
         now = utcnow()
         seen = visibility.view(session, release, principal, now)
         shows_at = None
-        if seen.epochs_visible_by is not None and seen.epochs is not None and not seen.finished:
-            # A continual release shown running while its next epochs are hidden.
-            shows_at = continual.next_visible_at(session, release.id, len(seen.epochs), now)
+        if not seen.finished:
+            shows_at = _shows_at(session, release, seen, len(seen.epochs or ()), now)
         shown = release_out(release, principal, session, now, shown=seen)
         return _Read(shown, shows_at, seen.sealed_until)
 
@@ -173,6 +173,24 @@ async def get_release(
         request, release_id, wait, lambda: uow(work), lambda r: r.shown.status in FINISHED
     )
     return read.shown
+
+
+def _shows_at(
+    session: Session,
+    release: models.Release,
+    seen: visibility.View,
+    after: int,
+    now: datetime,
+) -> datetime | None:
+    """For an analyst after ``visible_at``: when the next thing stored but hidden shows (an
+    epoch after ``after``, or the release's end), so that a long poll wakes exactly then and
+    not at a moment that depends on when the worker stored it."""
+    if seen.sealed_until is not None or seen.epochs_visible_by is None:
+        return None
+    moments = [release.outcome_visible_at]
+    if seen.epochs is not None:
+        moments.append(continual.next_visible_at(session, release.id, after, now))
+    return min((m for m in moments if m is not None and m > now), default=None)
 
 
 _R = TypeVar("_R", bound="_Read | _EpochRead")
@@ -295,8 +313,8 @@ async def list_epochs(
         visible_by = shown.epochs_visible_by
         page = continual.page_epochs(session, release.id, limit, cursor, after, visible_by)
         shows_at = None
-        if visible_by is not None and not page.items:
-            shows_at = continual.next_visible_at(session, release.id, after, visible_by)
+        if not page.items and not shown.finished:
+            shows_at = _shows_at(session, release, shown, after, now)
         bases = continual.epoch_bases(session, release.id, [epoch.epoch for epoch in page.items])
         listed = EpochList(
             items=[epoch_out(epoch, principal, bases.get(epoch.epoch)) for epoch in page.items],

@@ -163,8 +163,9 @@ class Release(Base):
     batches_read: Mapped[int | None] = mapped_column(Integer, default=None)
     #: Continual releases: epochs released so far, and the serialized mechanism state (the
     #: tree's closed nodes with their noise). Private: never in a response, log or event.
-    #: The state and the key are deferred (not loaded with the row): the state grows as epochs
-    #: are stored, and an analyst's read must take the same time before an epoch is visible.
+    #: The state lives in ``release_states`` (this column was emptied by migration 0007): it
+    #: grows as epochs are stored, and an analyst's read of the row must take the same time
+    #: before an epoch is visible. The key is not loaded with the row either.
     epochs_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     continual_state: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     #: The 256-bit key of the release's CSPRNG: epoch t draws from ChaCha20 keyed with
@@ -174,6 +175,10 @@ class Release(Base):
     #: ids, nothing else), so that the worker's spans join the request's trace; null when
     #: tracing is off. Never in a response.
     traceparent: Mapped[str | None] = mapped_column(String(55), default=None)
+    #: Continual releases: analysts see the release's end no earlier than this (the moment the
+    #: epoch it ended at would have become visible, fixed from public facts before it ran);
+    #: null: from ``visible_at`` and once every stored epoch is visible.
+    outcome_visible_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
@@ -229,6 +234,16 @@ class WorkerHeartbeat(Base):
     worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ReleaseState(Base):
+    """A continual release's private state after its latest epoch (see
+    :mod:`service.continual`), apart from ``releases`` for the reason :class:`ReleaseBasis` is."""
+
+    __tablename__ = "release_states"
+
+    release_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("releases.id"), primary_key=True)
+    state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class AuditEvent(Base):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -17,13 +18,17 @@ import numpy as np
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from sqlalchemy import event
+from sqlalchemy import event, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import continual
 from service.app import create_app
 from service.config import Settings
+from service.db.models import Release, ReleaseEpoch, utcnow
+from service.store import DatasetStore
+from service.worker import Outcome, Worker
 from tests.api.conftest import Service
-from tests.conftest import bearer
+from tests.conftest import bearer, npy_bytes
 from tests.factories import near_subspace
 
 HOUR = 3600.0
@@ -32,10 +37,13 @@ CONTINUAL = {"mechanism": "continual_gauss", "k": 2, "epsilon": "0.5", "delta": 
 #: Headers that differ between any two answers whatever the release (or that other layers add
 #: per request, such as rate-limit counters).
 PER_REQUEST_HEADERS = ("date", "x-request-id")
-#: What a release's large values live in: an analyst's read of a hidden release touches none.
-LARGE = ("release_bases", "continual_state", "continual_key", "result_basis", ".basis,")
+#: Where a release's large values live (patterns): an analyst's read of a hidden release
+#: touches none.
+BASES = (r"release_bases", r"result_basis", r"\.basis\b")
+LARGE = (*BASES, r"release_states", r"continual_state", r"continual_key")
 
 Call = tuple[str, str, dict[str, Any]]
+OCTETS = "application/octet-stream"
 
 
 def release_routes(app: Any) -> set[tuple[str, str]]:
@@ -110,12 +118,26 @@ def answer(client: TestClient, key: str, call: Call) -> tuple[int, dict[str, str
 
 
 @pytest.fixture
-def padded(settings: Settings, session_factory: sessionmaker[Session]) -> Iterator[TestClient]:
-    configured = settings.model_copy(
+def padded_settings(settings: Settings) -> Settings:
+    return settings.model_copy(
         update={"release_padding_floor_seconds": HOUR, "release_padding_multiplier": 1.0}
     )
-    with TestClient(create_app(configured, session_factory=session_factory)) as client:
+
+
+@pytest.fixture
+def padded(
+    padded_settings: Settings, session_factory: sessionmaker[Session]
+) -> Iterator[TestClient]:
+    with TestClient(create_app(padded_settings, session_factory=session_factory)) as client:
         yield client
+
+
+@pytest.fixture
+def run_padded(
+    padded_settings: Settings, session_factory: sessionmaker[Session], store: DatasetStore
+) -> Callable[[], int]:
+    """A worker with the same padding as the app (it pads each continual epoch)."""
+    return Worker(session_factory, store, padded_settings, worker_id="padded").run_pending
 
 
 def test_every_release_route_is_covered(padded: TestClient) -> None:
@@ -131,24 +153,51 @@ def test_no_answer_changes_when_the_job_finishes_before_visible_at(
     padded: TestClient,
     keys: Any,
     upload_dataset: Callable[..., dict[str, Any]],
-    run_worker: Callable[[], int],
+    run_padded: Callable[[], int],
     session_factory: sessionmaker[Session],
     body: dict[str, Any],
 ) -> None:
-    data, _ = near_subspace(np.random.default_rng(5), 120, 5, 2)
-    dataset = upload_dataset(padded, keys.owner, data, row_norm_bound=1.0)["id"]
-    made = padded.post(
+    dataset, release = requested(padded, keys, upload_dataset, body, np.random.default_rng(5))
+    assert_unchanged(padded, keys, session_factory, dataset, release, body, run_padded)
+
+
+def requested(
+    client: TestClient,
+    keys: Any,
+    upload_dataset: Callable[..., dict[str, Any]],
+    body: dict[str, Any],
+    rng: np.random.Generator,
+) -> tuple[str, str]:
+    """A new dataset and the analyst's release of it (with an ``Idempotency-Key``)."""
+    rows = near_subspace(rng, 120, 5, 2)[0]
+    dataset = str(upload_dataset(client, keys.owner, rows, row_norm_bound=1.0)["id"])
+    made = client.post(
         f"/v1/datasets/{dataset}/releases",
         headers={**bearer(keys.analyst), "Idempotency-Key": "hidden-1"},
         json=body,
     )
     assert made.status_code == 202, made.text
-    release = made.json()["id"]
+    return dataset, str(made.json()["id"])
+
+
+def assert_unchanged(
+    client: TestClient,
+    keys: Any,
+    session_factory: sessionmaker[Session],
+    dataset: str,
+    release: str,
+    body: dict[str, Any],
+    finish: Callable[[], int],
+    shown_bases: bool = False,
+) -> None:
+    """Every analyst call about ``release`` answers the same, with the same SQL reading no
+    large value (but the bases already shown, if ``shown_bases``), before and after
+    ``finish()`` runs the job, which its owner sees at once."""
     every = calls(dataset, release, "hidden-1", body)
     assert {(m, p.replace(dataset, "{dataset_id}").replace(release, "{release_id}"))
             for m, p, _ in every} >= COVERED  # fmt: skip
     owner_call: Call = ("GET", f"/v1/releases/{release}", {})
-    owner_before = answer(padded, keys.owner, owner_call)
+    owner_before = answer(client, keys.owner, owner_call)
 
     statements: list[str] = []
     bind = session_factory.kw["bind"]
@@ -158,25 +207,80 @@ def test_no_answer_changes_when_the_job_finishes_before_visible_at(
 
     event.listen(bind.engine, "before_cursor_execute", seen)
     try:
-        before = [answer(padded, keys.analyst, call) for call in every]
+        before = [answer(client, keys.analyst, call) for call in every]
         before_sql = list(statements)
-        assert run_worker() == 1
+        assert finish() == 1
         statements.clear()
-        after = [answer(padded, keys.analyst, call) for call in every]
+        after = [answer(client, keys.analyst, call) for call in every]
         after_sql = list(statements)
     finally:
         event.remove(bind.engine, "before_cursor_execute", seen)
 
     # The job did finish: its owner (who may) sees it at once, so the comparison could fail.
-    owner_after = answer(padded, keys.owner, owner_call)
+    owner_after = answer(client, keys.owner, owner_call)
     assert owner_after != owner_before
     for call, was, now in zip(every, before, after, strict=True):
         assert now == was, call
     # The same statements, none of which reads a basis or the continual state: a read costs
     # the same before and after a large value is stored.
     assert after_sql == before_sql
-    touching = [s for s in after_sql if any(name in s for name in LARGE)]
-    assert touching == []
+    never = [name for name in LARGE if not (shown_bases and name in BASES)]
+    assert [s for s in after_sql if any(re.search(name, s) for name in never)] == []
+
+
+def test_a_continual_end_without_a_new_epoch_shows_at_that_epochs_visible_at(
+    padded: TestClient,
+    keys: Any,
+    upload_dataset: Callable[..., dict[str, Any]],
+    run_padded: Callable[[], int],
+    session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The release is visible, epoch 1 too; a new batch's epoch ends it (no_result) at once:
+    analysts see it running, unchanged, until the epoch would have shown."""
+    body = {**CONTINUAL, "params": {"horizon": 3}}
+    rng = np.random.default_rng(6)
+    dataset, release = requested(padded, keys, upload_dataset, body, rng)
+    assert run_padded() == 1
+    past = utcnow() - timedelta(seconds=1)
+    with session_factory.begin() as session:
+        session.execute(
+            update(Release).where(Release.id == uuid.UUID(release)).values(visible_at=past)
+        )
+        session.execute(update(ReleaseEpoch).values(visible_at=past))
+    added = padded.post(
+        f"/v1/datasets/{dataset}/rows",
+        headers=bearer(keys.owner),
+        files={
+            "file": (
+                "more.npy",
+                npy_bytes(near_subspace(rng, 40, 5, 2)[0]),
+                "application/octet-stream",
+            )
+        },
+    )
+    assert added.status_code == 201, added.text
+    shown = padded.get(f"/v1/releases/{release}", headers=bearer(keys.analyst)).json()
+    assert (shown["status"], shown["epochs_done"]) == ("running", 1)
+
+    def no_result(*args: Any, **kwargs: Any) -> continual.EpochOutput:
+        return continual.EpochOutput(None, Outcome(status="no_result", reason="x", extras={}))
+
+    monkeypatch.setattr(continual, "compute_epoch", no_result)
+    assert_unchanged(
+        padded, keys, session_factory, dataset, release, body, run_padded, shown_bases=True
+    )
+    with session_factory.begin() as session:
+        ended = session.get(Release, uuid.UUID(release))
+        assert ended is not None and ended.outcome_visible_at is not None
+        assert ended.outcome_visible_at >= utcnow() + timedelta(seconds=HOUR / 2)
+        ended.outcome_visible_at = past
+    shown = padded.get(f"/v1/releases/{release}", headers=bearer(keys.analyst)).json()
+    assert shown["status"] == "no_result"
+    listed = padded.get(
+        "/v1/releases", params={"status": "no_result"}, headers=bearer(keys.analyst)
+    )
+    assert [item["id"] for item in listed.json()["items"]] == [release]
 
 
 # -- long polls: real commits, the worker in another thread ---------------------------------------

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from service import auth
 from service.app import create_app
-from service.db.models import Dataset, LedgerEntry, Release, ReleaseEpoch
+from service.db.models import Dataset, LedgerEntry, Release, ReleaseEpoch, ReleaseState
 from service.mechanisms.continual_gauss import ContinualState
 from service.store import DatasetStore
 from service.worker import Worker
@@ -60,7 +60,8 @@ def _state(factory, release_id) -> tuple[int, bytes, dict[int, str | None]]:
                 ReleaseEpoch.release_id == release_id
             )
         ).all()
-        return release.epochs_done, release.continual_state, dict(epochs)
+        state = session.get(ReleaseState, release_id)
+        return release.epochs_done, state.state if state else None, dict(epochs)
 
 
 @pytest.mark.parametrize(("estimator", "mode"), [("tree", "between"), ("honaker", "in_flight")])

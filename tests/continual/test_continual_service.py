@@ -9,7 +9,7 @@ import numpy as np
 from sqlalchemy import func, select
 
 from service import audit
-from service.db.models import AuditEvent, LedgerEntry, Release, ReleaseEpoch
+from service.db.models import AuditEvent, LedgerEntry, Release, ReleaseEpoch, ReleaseState
 from tests.api.test_append_rows import append
 from tests.conftest import bearer, npy_bytes, post_release
 
@@ -100,7 +100,7 @@ def test_the_state_is_kept_with_the_release_and_never_shown(
     _, release_id = start(client, keys, upload_dataset, rng)
     run_worker()
     with session_factory() as session:
-        state = session.execute(select(Release.continual_state)).scalar_one()
+        state = session.execute(select(ReleaseState.state)).scalar_one()
     assert state is not None and len(state) > 8 * D * D
     for key in (keys.analyst, keys.owner, keys.auditor):
         response = client.get(f"/v1/releases/{release_id}", headers=bearer(key))
