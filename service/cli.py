@@ -396,6 +396,7 @@ def keys_revoke(
         except NotFound:
             typer.echo(f"error: no API key {parsed}", err=True)
             raise typer.Exit(3) from None
+        _anchor_now(factory)
     typer.echo(f"revoked {parsed}")
 
 
@@ -406,6 +407,20 @@ def _secure_data_dir(settings: Settings) -> None:
         secure_data_dir(settings.data_dir)
     except OSError as exc:
         _cannot_check(exc.strerror or str(exc))
+
+
+def _anchor_now(factory: sessionmaker[Session]) -> None:
+    """Anchor the audit head at once after a key event (a restore must not bring the key back
+    unnoticed in the minute before the workers' next anchor); a failure is only a warning."""
+    from service.anchors import AnchorWriter
+
+    settings = Settings()
+    if settings.audit_anchor_interval_seconds <= 0:
+        return
+    try:
+        AnchorWriter(factory, settings).write_once()
+    except OSError as exc:
+        typer.echo(f"warning: audit head not anchored ({type(exc).__name__})", err=True)
 
 
 def _cannot_check(message: str) -> NoReturn:

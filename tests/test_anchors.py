@@ -161,3 +161,14 @@ def test_the_wrong_data_directory_is_one_problem_naming_the_setting(service, tmp
     assert result.exit_code == 1
     assert "DPSS_DATA_DIR is not the service's data directory" in result.stderr
     assert result.stderr.count("FAIL") == 1
+
+
+def test_revoking_a_key_from_the_cli_anchors_the_head_at_once(service, settings):
+    url, factory, _ = service
+    with factory.begin() as session:
+        key, _ = auth.create_key(session, "analyst", "leaver", actor_key_id=None)
+    revoked = dpss("keys", "revoke", str(key.id), url=url)
+    assert revoked.exit_code == 0, revoked.output
+    (anchor,) = read(settings.resolved_audit_anchor_path, None).anchors
+    head = dpss("audit", "head", url=url).stdout.strip()
+    assert anchor.head.token() == head  # the revocation's event is anchored

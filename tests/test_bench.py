@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench import core
 from bench.accuracy import gaussian_mean
 from bench.core import (
     Outcome,
@@ -175,6 +176,8 @@ def test_no_peers_builds_no_peer_environment(monkeypatch: pytest.MonkeyPatch) ->
         raise AssertionError("PeerEnvs built with --no-peers")
 
     monkeypatch.setattr(harness, "PeerEnvs", refuse)
+    # One mechanism is enough to run the section (all of them took 20 s, asserting nothing more).
+    monkeypatch.setattr(core, "ONLY_MECHANISMS", frozenset({"analyze_gauss"}))
     grid = SyntheticGrid(ds=(10,), distances=(1e-3,), ns=(500,), epsilons=(1.0,), reps=1)
     config = harness.Config(**{
         **harness.QUICK.__dict__, "synthetic": grid, "sections": ("synthetic",),

@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -270,8 +271,9 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
     with factory.begin() as session:
         _, owner = auth.create_key(session, "owner", "o", None)
         _, analyst = auth.create_key(session, "analyst", "a", None)
-    # Wide enough that the eigendecomposition takes a moment, so the kill lands mid-job.
-    wide = np.random.default_rng(3).normal(size=(1500, 1800)) / 60
+    # The killed worker's run blocks (tests/blocking_worker.py): the kill lands mid-job on any
+    # machine, and the data can be small.
+    wide = np.random.default_rng(3).normal(size=(60, 6)) / 10
     with TestClient(create_app(settings, session_factory=factory)) as client:
         dataset = client.post(
             "/v1/datasets",
@@ -287,7 +289,7 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
         release = client.post(
             f"/v1/datasets/{dataset['id']}/releases",
             headers=bearer(analyst),
-            json={"mechanism": "analyze_gauss", "k": 1800, "epsilon": "0.5", "delta": "1e-6"},
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-6"},
         ).json()
 
     def status() -> tuple[str, str | None]:
@@ -307,7 +309,8 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
         "DPSS_WORKER_HEARTBEAT_SECONDS": "0.5",
         "DPSS_WORKER_POLL_SECONDS": "0.05",
     }
-    process = subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env)
+    root = Path(__file__).resolve().parents[1]
+    process = subprocess.Popen([sys.executable, "-m", "tests.blocking_worker"], env=env, cwd=root)
     try:
         assert _wait_for(lambda: status()[0] == "running", timeout=60), (
             "worker never claimed the job"
@@ -324,7 +327,7 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
     finally:
         if process.poll() is None:
             process.kill()
-    assert status() == ("running", killed_owner), "the job finished before the kill; make it slower"
+    assert status() == ("running", killed_owner)
     store = DatasetStore(settings.datasets_dir)
     replacement = Worker(factory, store, settings, worker_id="replacement")
     with factory() as session:
