@@ -250,6 +250,8 @@ class Worker:
         self.stop = stop or threading.Event()
         self.isolate = isolate
         self._outage = _OutageLog()
+        #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
+        self._calibrated_at: float | None = None
 
     # -- database retries -----------------------------------------------------------------------
 
@@ -558,6 +560,27 @@ class Worker:
             waker.close()
         log.info("worker %s stopped", self.worker_id)
 
+    def calibrate_if_due(self) -> bool:
+        """Re-time the mechanisms on public random data and store the rates for the padding
+        (:mod:`service.calibration`) at start and then every ``worker_calibrate_seconds``;
+        called while idle, so it never delays a job already queued. True if it calibrated."""
+        every = self.settings.worker_calibrate_seconds
+        now = time.monotonic()
+        if every <= 0 or (self._calibrated_at is not None and now - self._calibrated_at < every):
+            return False
+        from service import calibration
+
+        self._calibrated_at = now
+        rates = calibration.measure()
+
+        def save() -> None:
+            with self.session_factory.begin() as session:
+                calibration.store(session, self.worker_id, rates)
+
+        self.with_db_retry("calibrate", save)
+        log.info("worker %s calibrated %d rates", self.worker_id, len(rates))
+        return True
+
     def _loop(self, waker: wake.Waker) -> None:
         while not self.stop.is_set():
             try:
@@ -568,6 +591,13 @@ class Worker:
                 log.error("BUG: claim: %s", safe_traceback(exc))
                 job = None
             if job is None:
+                try:
+                    if self.calibrate_if_due():
+                        continue  # a job may have been queued meanwhile
+                except WorkerStopping:
+                    break
+                except Exception as exc:
+                    log.error("BUG: calibrate: %s", safe_traceback(exc))
                 waker.wait(self.settings.worker_poll_seconds)
                 continue
             log.info(

@@ -55,6 +55,7 @@ TABLES = (
     "datasets",
     "audit_events",
     "api_keys",
+    "machine_rates",
 )
 
 
