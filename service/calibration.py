@@ -24,11 +24,12 @@ from sqlalchemy.orm import Session
 from service.db.models import MachineRate, utcnow
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.registry import MECHANISMS
-from service.padding import CalibratedRates, work_units
+from service.padding import DATA_DEPENDENT_FACTOR, CalibratedRates, work_units
 
-#: Shapes (n, d, k) timed per mechanism: a small and a larger dimension, the model's rate being
-#: interpolated between them (:class:`service.padding.CalibratedRates`). Each run takes well
-#: under a second on a 2-core machine, so a calibration takes a few seconds.
+#: Shapes (n, d, k) timed per mechanism: a small and larger dimensions (BLAS runs faster per
+#: flop at larger d), the model's rate being interpolated between them
+#: (:class:`service.padding.CalibratedRates`). Each run takes well under a second on a quiet
+#: 2-core machine, so a calibration takes about 10 s (22 s under a load average of 16).
 SHAPES: dict[str, tuple[tuple[int, int, int], ...]] = {
     "exact_gapmax": ((200, 10, 2), (200, 50, 2)),
     "histogram_aggregate": ((4_000, 20, 2), (4_000, 200, 2)),
@@ -36,7 +37,7 @@ SHAPES: dict[str, tuple[tuple[int, int, int], ...]] = {
     "auto": ((2_000, 20, 2), (2_000, 200, 2)),
     "gap_perturbation": ((20_000, 50, 3), (2_000, 200, 3)),
 }
-DEFAULT_SHAPES = ((20_000, 50, 3), (2_000, 300, 3))
+DEFAULT_SHAPES = ((20_000, 50, 3), (2_000, 300, 3), (1_000, 800, 3))
 #: Params other than the defaults: a bounded sample keeps exact_gapmax's run short.
 PARAMS: dict[str, dict[str, object]] = {
     "exact_gapmax": {"sample_rows": 150},
@@ -46,12 +47,15 @@ PARAMS: dict[str, dict[str, object]] = {
 STALE_AFTER = timedelta(days=1)
 
 
-def _rows(n: int, d: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    # Rows near a k-dimensional subspace with a little noise in every direction: in general
-    # position, the worst case of exact_gapmax (no candidate is skipped), and a clear structure
-    # for the mechanisms that test for one (auto takes its costlier branch's time either way).
-    basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
-    rows = rng.standard_normal((n, k)) @ basis.T * 0.3 + rng.standard_normal((n, d)) * 1e-3
+def _rows(n: int, d: int, k: int, rng: np.random.Generator, structured: bool) -> np.ndarray:
+    # Structured: rows near a k-dimensional subspace with a little noise in every direction (in
+    # general position: exact_gapmax's worst case, no candidate skipped; auto's private test
+    # finds the structure). Isotropic: no structure (auto's other branch, many occupied cells).
+    if structured:
+        basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
+        rows = rng.standard_normal((n, k)) @ basis.T * 0.3 + rng.standard_normal((n, d)) * 1e-3
+    else:
+        rows = rng.standard_normal((n, d)) / np.sqrt(d)
     scaled: np.ndarray = rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
     return scaled
 
@@ -70,11 +74,14 @@ def measure(mechanisms: Mapping[str, object] | None = None) -> dict[tuple[str, i
                 params = mechanism.prepare(ctx, k, 1.0, 1e-6, mechanism.parse_params(raw))
             except InvalidParameter:
                 continue
-            data = _rows(n, d, k, rng)
             spec = ReleaseSpec(k=k, epsilon=1.0, delta=1e-6, params=params)
-            started = time.perf_counter()
-            mechanism.run(data, spec, np.random.default_rng(0))
-            seconds = max(time.perf_counter() - started, 1e-6)
+            kinds = (True, False) if name in DATA_DEPENDENT_FACTOR else (True,)
+            seconds = 1e-6
+            for structured in kinds:  # the slower kind of data, for data-dependent run times
+                data = _rows(n, d, k, rng, structured)
+                started = time.perf_counter()
+                mechanism.run(data, spec, np.random.default_rng(0))
+                seconds = max(seconds, time.perf_counter() - started)
             work = work_units(name, n, d, k, params.model_dump(mode="json"))
             rates[(name, d)] = work / seconds
     return rates

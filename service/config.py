@@ -286,7 +286,7 @@ class Settings(BaseSettings):
         description="Constant part of a calibrated padding, seconds (start-up and storing).",
     )
     release_padding_calibrated_multiplier: float = Field(
-        default=2.5,
+        default=2.0,
         ge=1,
         description=(
             "Safety factor on the measured run time in a calibrated padding (covers load "
@@ -294,7 +294,7 @@ class Settings(BaseSettings):
         ),
     )
     worker_calibrate_seconds: float = Field(
-        default=600,
+        default=300,
         ge=0,
         description=(
             "How often an idle worker re-times the mechanisms on public random data (also at "

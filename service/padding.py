@@ -25,9 +25,10 @@ with ``rate(mechanism, d)`` the slowest recent worker's, interpolated in ``log d
 calibrated dimensions (clamped outside them); ``queue`` the modelled run time of the one-shot
 jobs queued or running when the release is requested, times the multiplier, shared among the
 calibrated workers; and ``factor`` 1, except for a mechanism whose operation count depends on
-the data (``exact_gapmax``: calibrated on its worst case, rows in general position, and given
-:data:`DATA_DEPENDENT_FACTOR` on top). Every input is public: shapes, params, other jobs'
-shapes and params, and the machine's speed on random data. ``visible_at`` is computed once, when
+the data (``exact_gapmax``, ``auto``, ``histogram_aggregate``: calibrated on the slower of
+rows near a subspace and isotropic rows, and given :data:`DATA_DEPENDENT_FACTOR` on top). Every
+input is public: shapes, params, other jobs' shapes and params, and the machine's speed on
+random data. ``visible_at`` is computed once, when
 the release is requested, and stored: a later calibration never moves it.
 """
 
@@ -171,9 +172,15 @@ DEFAULT_RATES: dict[str, float] = {
 }
 #: For a mechanism with neither a model nor a rate (a newly added one): Gram plus eigh, slowly.
 FALLBACK_RATE = 1e8
-#: Extra safety on a calibrated padding for mechanisms whose run time depends on the data: the
-#: calibration times their worst case, and a late job would reveal something about the data.
-DATA_DEPENDENT_FACTOR: dict[str, float] = {"exact_gapmax": 2.0}
+#: Extra safety on a calibrated padding for mechanisms whose run time depends on the data (the
+#: candidates exact_gapmax scores, the branch auto's private test picks, the occupied cells of
+#: histogram_aggregate's grid): the calibration times them on two kinds of data and keeps the
+#: slower, and a late job would reveal something about the data.
+DATA_DEPENDENT_FACTOR: dict[str, float] = {
+    "exact_gapmax": 2.0,
+    "auto": 2.0,
+    "histogram_aggregate": 2.0,
+}
 
 
 def work_units(mechanism: str, n: int, d: int, k: int, params: Params) -> float:
@@ -215,7 +222,7 @@ class PaddingModel:
     rates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
     calibrated: CalibratedRates = field(default_factory=CalibratedRates)
     calibrated_floor_seconds: float = 1.5
-    calibrated_multiplier: float = 2.5
+    calibrated_multiplier: float = 2.0
 
     @classmethod
     def from_settings(
