@@ -14,11 +14,11 @@ job; it says nothing about a dataset).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db.models import MachineRate, utcnow
@@ -60,13 +60,22 @@ def _rows(n: int, d: int, k: int, rng: np.random.Generator, structured: bool) ->
     return scaled
 
 
-def measure(mechanisms: Mapping[str, object] | None = None) -> dict[tuple[str, int], float]:
-    """``{(mechanism, d): work units per second}`` timed on this machine now."""
+def measure(
+    mechanisms: Mapping[str, object] | None = None,
+    interrupted: Callable[[], bool] = lambda: False,
+) -> dict[tuple[str, int], float]:
+    """``{(mechanism, d): work units per second}`` timed on this machine now.
+
+    ``interrupted()`` is asked before each mechanism: when it says true (a job is waiting), the
+    rates measured so far are returned, so that a calibration delays a job by one mechanism's
+    timing at most."""
     rng = np.random.default_rng(20261126)
     rates: dict[tuple[str, int], float] = {}
     for name, mechanism in sorted(MECHANISMS.items()):
         if mechanism.continual or (mechanisms is not None and name not in mechanisms):
             continue
+        if interrupted():
+            break
         for n, d, k in SHAPES.get(name, DEFAULT_SHAPES):
             ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
             raw = dict(PARAMS.get(name, {}))
@@ -87,14 +96,39 @@ def measure(mechanisms: Mapping[str, object] | None = None) -> dict[tuple[str, i
     return rates
 
 
-def store(session: Session, worker_id: str, rates: Mapping[tuple[str, int], float]) -> None:
-    """Replace ``worker_id``'s rates with ``rates``."""
-    session.execute(delete(MachineRate).where(MachineRate.worker_id == worker_id))
+def store(
+    session: Session,
+    worker_id: str,
+    rates: Mapping[tuple[str, int], float],
+    keep_for: timedelta = timedelta(minutes=15),
+) -> None:
+    """Record ``worker_id``'s rates for the mechanisms in ``rates``: the slower of each new rate
+    and the one stored less than ``keep_for`` ago. One timing is a sample of a machine whose
+    load varies: a slowdown applies at once, a speed-up only when it lasts past ``keep_for``."""
     now = utcnow()
-    session.add_all(
-        MachineRate(worker_id=worker_id, mechanism=name, d=d, rate=rate, measured_at=now)
-        for (name, d), rate in rates.items()
-    )
+    names = {name for name, _ in rates}
+    stored = {
+        (row.mechanism, row.d): row
+        for row in session.execute(
+            select(MachineRate).where(
+                MachineRate.worker_id == worker_id, MachineRate.mechanism.in_(names)
+            )
+        ).scalars()
+    }
+    for key, rate in rates.items():
+        row = stored.pop(key, None)
+        if row is None:
+            session.add(
+                MachineRate(
+                    worker_id=worker_id, mechanism=key[0], d=key[1], rate=rate, measured_at=now
+                )
+            )
+            continue
+        if row.measured_at >= now - keep_for:
+            rate = min(rate, row.rate)
+        row.rate, row.measured_at = rate, now
+    for row in stored.values():  # a shape no longer calibrated
+        session.delete(row)
 
 
 def current_rates(session: Session, now: datetime | None = None) -> CalibratedRates:

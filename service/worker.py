@@ -563,7 +563,8 @@ class Worker:
     def calibrate_if_due(self) -> bool:
         """Re-time the mechanisms on public random data and store the rates for the padding
         (:mod:`service.calibration`) at start and then every ``worker_calibrate_seconds``;
-        called while idle, so it never delays a job already queued. True if it calibrated."""
+        called while idle, and it stops between mechanisms as soon as a job is queued, so a job
+        waits for one mechanism's timing at most. True if it calibrated."""
         every = self.settings.worker_calibrate_seconds
         now = time.monotonic()
         if every <= 0 or (self._calibrated_at is not None and now - self._calibrated_at < every):
@@ -571,7 +572,15 @@ class Worker:
         from service import calibration
 
         self._calibrated_at = now
-        rates = calibration.measure()
+
+        def job_waiting() -> bool:
+            with self.session_factory() as session:
+                queued = select(Release.id).where(Release.status == "queued").limit(1)
+                return session.execute(queued).first() is not None
+
+        rates = calibration.measure(interrupted=job_waiting)
+        if not rates:
+            return False
 
         def save() -> None:
             with self.session_factory.begin() as session:

@@ -74,11 +74,19 @@ def test_operators_rates_and_switching_off_win_over_the_calibration(monkeypatch)
     )
 
 
-def test_measure_times_public_random_data(monkeypatch) -> None:
+def test_measure_times_public_random_data_and_stops_when_a_job_waits(monkeypatch) -> None:
     monkeypatch.setattr(calibration, "DEFAULT_SHAPES", ((300, 8, 2), (200, 16, 2)))
     rates = calibration.measure({"analyze_gauss": None, "spectrum": None})
     assert set(rates) == {(m, d) for m in ("analyze_gauss", "spectrum") for d in (8, 16)}
     assert all(rate > 0 and math.isfinite(rate) for rate in rates.values())
+    asked: list[int] = []
+
+    def waiting() -> bool:  # a job arrives after the first mechanism
+        asked.append(1)
+        return len(asked) > 1
+
+    partial = calibration.measure({"analyze_gauss": None, "spectrum": None}, waiting)
+    assert set(partial) == {("analyze_gauss", 8), ("analyze_gauss", 16)}
 
 
 @pytest.fixture
@@ -89,11 +97,10 @@ def calibrated_settings(settings: Settings) -> Settings:
 def test_the_worker_calibrates_at_start_and_when_due_and_keeps_one_set(
     session_factory: Any, store: Any, calibrated_settings: Settings, monkeypatch
 ) -> None:
-    runs: list[int] = []
+    measured = [2e9, 1e9]
 
-    def fake_measure() -> dict[tuple[str, int], float]:
-        runs.append(1)
-        return {("analyze_gauss", 50): 1e9 * len(runs)}
+    def fake_measure(**_: object) -> dict[tuple[str, int], float]:
+        return {("analyze_gauss", 50): measured.pop(0)}
 
     monkeypatch.setattr(calibration, "measure", fake_measure)
     worker = Worker(session_factory, store, calibrated_settings, worker_id="w1")
@@ -102,14 +109,28 @@ def test_the_worker_calibrates_at_start_and_when_due_and_keeps_one_set(
     assert worker.calibrate_if_due()
     with session_factory() as session:
         rows = session.execute(select(MachineRate.worker_id, MachineRate.rate)).all()
-        assert rows == [("w1", 2e9)]
-        assert calibration.current_rates(session).rate("analyze_gauss", 50) == 2e9
+        assert rows == [("w1", 1e9)]  # the slowdown applies at once
+        assert calibration.current_rates(session).rate("analyze_gauss", 50) == 1e9
     off = Worker(
         session_factory,
         store,
         calibrated_settings.model_copy(update={"worker_calibrate_seconds": 0}),
     )
     assert not off.calibrate_if_due()
+
+
+def test_a_speed_up_counts_only_once_it_lasts(session_factory: Any) -> None:
+    key = ("spectrum", 50)
+    _store_rates(session_factory, "w", {key: 1e9})
+    _store_rates(session_factory, "w", {key: 5e9})  # one fast sample: the slower stays
+    with session_factory() as session:
+        assert calibration.current_rates(session).rate(*key) == 1e9
+    with session_factory.begin() as session:
+        row = session.get(MachineRate, ("w", "spectrum", 50))
+        row.measured_at -= timedelta(hours=1)  # the slow sample is old now
+    _store_rates(session_factory, "w", {key: 5e9})
+    with session_factory() as session:
+        assert calibration.current_rates(session).rate(*key) == 5e9
 
 
 def _store_rates(session_factory: Any, worker_id: str, rates: dict[tuple[str, int], float]) -> None:
