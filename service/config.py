@@ -309,6 +309,36 @@ class Settings(BaseSettings):
             "hardware and a longer padding."
         ),
     )
+    release_padding_calibrated: bool = Field(
+        default=True,
+        description=(
+            "Whether the padding tracks the rates workers measured on this machine (public "
+            "random data, table machine_rates) once there are any: padding = calibrated floor "
+            "+ queue + calibrated multiplier * work / measured rate. False: the defaults only. "
+            "Mechanisms named in DPSS_RELEASE_PADDING_RATES always use the operator's rate."
+        ),
+    )
+    release_padding_calibrated_floor_seconds: float = Field(
+        default=1.5,
+        ge=0,
+        description="Constant part of a calibrated padding, seconds (start-up and storing).",
+    )
+    release_padding_calibrated_multiplier: float = Field(
+        default=2.0,
+        ge=1,
+        description=(
+            "Safety factor on the measured run time in a calibrated padding (covers load "
+            "beyond the calibration's and the model's error between calibrated shapes)."
+        ),
+    )
+    worker_calibrate_seconds: float = Field(
+        default=300,
+        ge=0,
+        description=(
+            "How often an idle worker re-times the mechanisms on public random data (also at "
+            "start) and stores the rates for the padding; 0 never calibrates."
+        ),
+    )
     rate_limit_per_second: float = Field(
         default=50,
         ge=0,

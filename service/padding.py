@@ -14,10 +14,27 @@ The padding is a run-time model with a safety factor and a floor::
 ``rate`` converts them to seconds on the service's hardware (defaults below, measured with
 ``bench/bench_padding.py``; operators override them per mechanism with
 ``DPSS_RELEASE_PADDING_RATES``). A job slower than its padding still reveals that it was late.
+
+**Calibrated.** Once a worker has calibrated this machine (:mod:`service.calibration`: every
+mechanism timed on public random data at a small and a larger ``d``, stored in
+``machine_rates``), the padding tracks the measured rates instead of the conservative defaults::
+
+    padding = calibrated_floor + queue + calibrated_multiplier * factor * work / rate(mechanism, d)
+
+with ``rate(mechanism, d)`` the slowest recent worker's, interpolated in ``log d`` between the
+calibrated dimensions (clamped outside them); ``queue`` the modelled run time of the one-shot
+jobs queued or running when the release is requested, times the multiplier, shared among the
+calibrated workers; and ``factor`` 1, except for a mechanism whose operation count depends on
+the data (``exact_gapmax``, ``auto``, ``histogram_aggregate``: calibrated on the slower of
+rows near a subspace and isotropic rows, and given :data:`DATA_DEPENDENT_FACTOR` on top). Every
+input is public: shapes, params, other jobs' shapes and params, and the machine's speed on
+random data. ``visible_at`` is computed once, when
+the release is requested, and stored: a later calibration never moves it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -155,6 +172,45 @@ DEFAULT_RATES: dict[str, float] = {
 }
 #: For a mechanism with neither a model nor a rate (a newly added one): Gram plus eigh, slowly.
 FALLBACK_RATE = 1e8
+#: Extra safety on a calibrated padding for mechanisms whose run time depends on the data (the
+#: candidates exact_gapmax scores, the branch auto's private test picks, the occupied cells of
+#: histogram_aggregate's grid): the calibration times them on two kinds of data and keeps the
+#: slower, and a late job would reveal something about the data.
+DATA_DEPENDENT_FACTOR: dict[str, float] = {
+    "exact_gapmax": 2.0,
+    "auto": 2.0,
+    "histogram_aggregate": 2.0,
+}
+
+
+def work_units(mechanism: str, n: int, d: int, k: int, params: Params) -> float:
+    """Modelled work units of one run (about floating-point operations)."""
+    return WORK_MODELS.get(mechanism, _analyze_gauss)(n, d, k, params)
+
+
+@dataclass(frozen=True)
+class CalibratedRates:
+    """Measured rates ``{(mechanism, d): work units per second}`` and how many workers measured
+    them (the slowest worker's rate per key; see :func:`service.calibration.current_rates`)."""
+
+    rates: Mapping[tuple[str, int], float] = field(default_factory=dict)
+    workers: int = 0
+
+    def rate(self, mechanism: str, d: int) -> float | None:
+        """The rate at ``d``: interpolated in ``log d`` between the calibrated dimensions,
+        the nearest one's outside them; ``None`` if the mechanism was not calibrated."""
+        points = sorted(
+            (dim, rate) for (name, dim), rate in self.rates.items() if name == mechanism
+        )
+        if not points:
+            return None
+        if d <= points[0][0]:
+            return points[0][1]
+        for (d0, r0), (d1, r1) in itertools.pairwise(points):
+            if d <= d1:
+                t = (math.log(d) - math.log(d0)) / (math.log(d1) - math.log(d0))
+                return math.exp((1 - t) * math.log(r0) + t * math.log(r1))
+        return points[-1][1]
 
 
 @dataclass(frozen=True)
@@ -164,25 +220,66 @@ class PaddingModel:
     floor_seconds: float
     multiplier: float
     rates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
+    calibrated: CalibratedRates = field(default_factory=CalibratedRates)
+    calibrated_floor_seconds: float = 1.5
+    calibrated_multiplier: float = 2.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> PaddingModel:
+    def from_settings(
+        cls, settings: Settings, calibrated: CalibratedRates | None = None
+    ) -> PaddingModel:
         return cls(
             floor_seconds=settings.release_padding_floor_seconds,
             multiplier=settings.release_padding_multiplier,
             rates={**DEFAULT_RATES, **settings.release_padding_rates},
+            # Operators' explicit rates win over the calibration; so does turning it off.
+            calibrated=(
+                calibrated
+                if calibrated is not None and settings.release_padding_calibrated
+                else CalibratedRates()
+            ),
+            calibrated_floor_seconds=settings.release_padding_calibrated_floor_seconds,
+            calibrated_multiplier=settings.release_padding_calibrated_multiplier,
         )
 
     def work(self, mechanism: str, n: int, d: int, k: int, params: Params) -> float:
         """Modelled work units of one run (about floating-point operations)."""
-        model = WORK_MODELS.get(mechanism, _analyze_gauss)
-        return model(n, d, k, params)
+        return work_units(mechanism, n, d, k, params)
 
-    def padding(self, mechanism: str, n: int, d: int, k: int, params: Params) -> timedelta:
-        """The delay after the request before an analyst may see the outcome."""
-        rate = self.rates.get(mechanism, FALLBACK_RATE)
-        modelled = self.multiplier * self.work(mechanism, n, d, k, params) / rate
+    def _calibrated_rate(self, mechanism: str, d: int) -> float | None:
+        return None if mechanism in self.overridden else self.calibrated.rate(mechanism, d)
+
+    @property
+    def overridden(self) -> set[str]:
+        return {name for name, rate in self.rates.items() if DEFAULT_RATES.get(name) != rate}
+
+    def run_seconds(self, mechanism: str, n: int, d: int, k: int, params: Params) -> float:
+        """The modelled run time on this machine: calibrated if it can be, else the default."""
+        rate = self._calibrated_rate(mechanism, d) or self.rates.get(mechanism, FALLBACK_RATE)
+        return self.work(mechanism, n, d, k, params) / rate
+
+    def padding(
+        self, mechanism: str, n: int, d: int, k: int, params: Params, queue_seconds: float = 0.0
+    ) -> timedelta:
+        """The delay after the request before an analyst may see the outcome.
+
+        ``queue_seconds``: the modelled time of the jobs ahead (:meth:`queue_seconds`), used
+        with a calibration only (the defaults' multiplier and floor already cover a queue).
+        """
+        rate = self._calibrated_rate(mechanism, d)
+        work = self.work(mechanism, n, d, k, params)
+        if rate is not None:
+            factor = self.calibrated_multiplier * DATA_DEPENDENT_FACTOR.get(mechanism, 1.0)
+            seconds = self.calibrated_floor_seconds + queue_seconds + factor * work / rate
+        else:
+            rate = self.rates.get(mechanism, FALLBACK_RATE)
+            seconds = max(self.floor_seconds, self.multiplier * work / rate)
         # Capped at 30 days: a timedelta cannot hold arbitrary floats, and a job that needs a
         # month is refused by the memory gate or the mechanisms' compute caps long before.
-        seconds = min(max(self.floor_seconds, modelled), 30 * 24 * 3600.0)
-        return timedelta(seconds=seconds)
+        return timedelta(seconds=min(seconds, 30 * 24 * 3600.0))
+
+    def queue_seconds(self, ahead: list[tuple[str, int, int, int, Params]]) -> float:
+        """Time the calibrated workers need for the jobs ``ahead`` (mechanism, n, d, k,
+        params), each at its padding's multiple of its modelled run, shared among them."""
+        total = sum(self.calibrated_multiplier * self.run_seconds(*job) for job in ahead)
+        return total / max(self.calibrated.workers, 1)

@@ -11,6 +11,7 @@ import json
 import math
 import uuid
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
-from service import audit, grants, ledger, tracing, wake
+from service import audit, calibration, grants, ledger, tracing, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, ReleaseBasis, utcnow
@@ -186,6 +187,43 @@ def _idempotent_match(
     return existing
 
 
+def _padding(
+    session: Session,
+    settings: Settings,
+    mechanism: str,
+    dataset: Dataset,
+    k: int,
+    params: dict[str, Any],
+) -> timedelta:
+    """This release's padding from public facts only: its shape and params, the machine's
+    calibrated rates (:mod:`service.calibration`) and the shapes and params of the one-shot jobs
+    queued or running now (their modelled run times, never their actual ones)."""
+    calibrated = calibration.current_rates(session) if settings.release_padding_calibrated else None
+    model = PaddingModel.from_settings(settings, calibrated)
+    queue = 0.0
+    if model.calibrated.rates:
+        ahead = session.execute(
+            select(
+                Release.mechanism,
+                Release.n_rows_read,
+                Dataset.n_rows,
+                Dataset.n_cols,
+                Release.k,
+                Release.params,
+            )
+            .join(Dataset, Dataset.id == Release.dataset_id)
+            .where(Release.status.in_(("queued", "running")))
+        ).all()
+        queue = model.queue_seconds(
+            [
+                (name, n_read if n_read is not None else n, d, k_, job_params or {})
+                for name, n_read, n, d, k_, job_params in ahead
+                if name in MECHANISMS and not MECHANISMS[name].continual
+            ]
+        )
+    return model.padding(mechanism, dataset.n_rows, dataset.n_cols, k, params, queue)
+
+
 def request_release(
     session: Session,
     principal: Principal,
@@ -234,9 +272,7 @@ def request_release(
     if not budget.affords(body.epsilon, body.delta):
         raise BudgetExceeded(budget.epsilon_remaining, budget.delta_remaining)
     created_at = utcnow()
-    padding = PaddingModel.from_settings(settings).padding(
-        body.mechanism, dataset.n_rows, dataset.n_cols, body.k, params
-    )
+    padding = _padding(session, settings, body.mechanism, dataset, body.k, params)
     release = Release(
         id=uuid.uuid4(),
         dataset_id=dataset.id,

@@ -153,6 +153,8 @@ class Worker:
         self.stop = stop or threading.Event()
         self.isolate = isolate
         self._outage = _OutageLog()
+        #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
+        self._calibrated_at: float | None = None
 
     # -- database retries -----------------------------------------------------------------------
 
@@ -503,6 +505,36 @@ class Worker:
         except Exception:
             log.debug("worker %s: heartbeat row left behind (database away)", self.worker_id)
 
+    def calibrate_if_due(self) -> bool:
+        """Re-time the mechanisms on public random data and store the rates for the padding
+        (:mod:`service.calibration`) at start and then every ``worker_calibrate_seconds``;
+        called while idle, and it stops between mechanisms as soon as a job is queued, so a job
+        waits for one mechanism's timing at most. True if it calibrated."""
+        every = self.settings.worker_calibrate_seconds
+        now = time.monotonic()
+        if every <= 0 or (self._calibrated_at is not None and now - self._calibrated_at < every):
+            return False
+        from service import calibration
+
+        self._calibrated_at = now
+
+        def job_waiting() -> bool:
+            with self.session_factory() as session:
+                queued = select(Release.id).where(Release.status == "queued").limit(1)
+                return session.execute(queued).first() is not None
+
+        rates = calibration.measure(interrupted=job_waiting)
+        if not rates:
+            return False
+
+        def save() -> None:
+            with self.session_factory.begin() as session:
+                calibration.store(session, self.worker_id, rates)
+
+        self.with_db_retry("calibrate", save)
+        log.info("worker %s calibrated %d rates", self.worker_id, len(rates))
+        return True
+
     def _loop(self, waker: wake.Waker) -> None:
         while not self.stop.is_set():
             try:
@@ -513,6 +545,13 @@ class Worker:
                 log.error("BUG: claim: %s", safe_traceback(exc))
                 job = None
             if job is None:
+                try:
+                    if self.calibrate_if_due():
+                        continue  # a job may have been queued meanwhile
+                except WorkerStopping:
+                    break
+                except Exception as exc:
+                    log.error("BUG: calibrate: %s", safe_traceback(exc))
                 waker.wait(self.settings.worker_poll_seconds)
                 continue
             log.info(

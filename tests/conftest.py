@@ -58,6 +58,7 @@ TABLES = (
     "audit_events",
     "api_keys",
     "worker_heartbeats",
+    "machine_rates",
 )
 
 

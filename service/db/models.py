@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -274,3 +275,17 @@ class AuditHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     last_seq: Mapped[int] = mapped_column(SeqInteger)
     last_hash: Mapped[str] = mapped_column(String(64))
+
+
+class MachineRate(Base):
+    """A worker's measured speed for one mechanism at one dimension: work units (see
+    :mod:`service.padding`) per second, timed on public random data, never on a dataset. The
+    API reads the slowest recent rate of every worker to set a new release's ``visible_at``."""
+
+    __tablename__ = "machine_rates"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    mechanism: Mapped[str] = mapped_column(String(40), primary_key=True)
+    d: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rate: Mapped[float] = mapped_column(Float)
+    measured_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,147 @@
+"""Calibrate the padding's run-time model on this machine, from public random data only.
+
+A worker times every one-shot mechanism at a few public shapes on random rows (never a dataset)
+at start and again every ``DPSS_WORKER_CALIBRATE_SECONDS`` while idle, and stores the rates (work
+units per second, :mod:`service.padding`) in ``machine_rates``. The API reads the slowest recent
+rate of any worker when it fixes a new release's ``visible_at`` (:func:`current_rates`); a
+release already requested keeps its ``visible_at`` whatever is calibrated later.
+
+Every input of a calibration is public: the mechanism, a shape fixed here, random data from a
+fixed seed, and the machine's speed at that moment (which other jobs affect, as they affect any
+job; it says nothing about a dataset).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from service.db.models import MachineRate, utcnow
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.registry import MECHANISMS
+from service.padding import DATA_DEPENDENT_FACTOR, CalibratedRates, work_units
+
+#: Shapes (n, d, k) timed per mechanism: a small and larger dimensions (BLAS runs faster per
+#: flop at larger d), the model's rate being interpolated between them
+#: (:class:`service.padding.CalibratedRates`). Each run takes well under a second on a quiet
+#: 2-core machine, so a calibration takes about 10 s (22 s under a load average of 16).
+SHAPES: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "exact_gapmax": ((200, 10, 2), (200, 50, 2)),
+    "histogram_aggregate": ((4_000, 20, 2), (4_000, 200, 2)),
+    "friendly_aggregate": ((4_000, 20, 2), (4_000, 200, 2)),
+    "auto": ((2_000, 20, 2), (2_000, 200, 2)),
+    "gap_perturbation": ((20_000, 50, 3), (2_000, 200, 3)),
+}
+DEFAULT_SHAPES = ((20_000, 50, 3), (2_000, 300, 3), (1_000, 800, 3))
+#: Params other than the defaults: a bounded sample keeps exact_gapmax's run short.
+PARAMS: dict[str, dict[str, object]] = {
+    "exact_gapmax": {"sample_rows": 150},
+    "histogram_aggregate": {"cell_width": 0.1},
+}
+#: Rates older than this are ignored (a worker that stopped calibrating is gone).
+STALE_AFTER = timedelta(days=1)
+
+
+def _rows(n: int, d: int, k: int, rng: np.random.Generator, structured: bool) -> np.ndarray:
+    # Structured: rows near a k-dimensional subspace with a little noise in every direction (in
+    # general position: exact_gapmax's worst case, no candidate skipped; auto's private test
+    # finds the structure). Isotropic: no structure (auto's other branch, many occupied cells).
+    if structured:
+        basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
+        rows = rng.standard_normal((n, k)) @ basis.T * 0.3 + rng.standard_normal((n, d)) * 1e-3
+    else:
+        rows = rng.standard_normal((n, d)) / np.sqrt(d)
+    scaled: np.ndarray = rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
+    return scaled
+
+
+def measure(
+    mechanisms: Mapping[str, object] | None = None,
+    interrupted: Callable[[], bool] = lambda: False,
+) -> dict[tuple[str, int], float]:
+    """``{(mechanism, d): work units per second}`` timed on this machine now.
+
+    ``interrupted()`` is asked before each mechanism: when it says true (a job is waiting), the
+    rates measured so far are returned, so that a calibration delays a job by one mechanism's
+    timing at most."""
+    rng = np.random.default_rng(20261126)
+    rates: dict[tuple[str, int], float] = {}
+    for name, mechanism in sorted(MECHANISMS.items()):
+        if mechanism.continual or (mechanisms is not None and name not in mechanisms):
+            continue
+        if interrupted():
+            break
+        for n, d, k in SHAPES.get(name, DEFAULT_SHAPES):
+            ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+            raw = dict(PARAMS.get(name, {}))
+            try:
+                params = mechanism.prepare(ctx, k, 1.0, 1e-6, mechanism.parse_params(raw))
+            except InvalidParameter:
+                continue
+            spec = ReleaseSpec(k=k, epsilon=1.0, delta=1e-6, params=params)
+            kinds = (True, False) if name in DATA_DEPENDENT_FACTOR else (True,)
+            seconds = 1e-6
+            for structured in kinds:  # the slower kind of data, for data-dependent run times
+                data = _rows(n, d, k, rng, structured)
+                started = time.perf_counter()
+                mechanism.run(data, spec, np.random.default_rng(0))
+                seconds = max(seconds, time.perf_counter() - started)
+            work = work_units(name, n, d, k, params.model_dump(mode="json"))
+            rates[(name, d)] = work / seconds
+    return rates
+
+
+def store(
+    session: Session,
+    worker_id: str,
+    rates: Mapping[tuple[str, int], float],
+    keep_for: timedelta = timedelta(minutes=15),
+) -> None:
+    """Record ``worker_id``'s rates for the mechanisms in ``rates``: the slower of each new rate
+    and the one stored less than ``keep_for`` ago. One timing is a sample of a machine whose
+    load varies: a slowdown applies at once, a speed-up only when it lasts past ``keep_for``."""
+    now = utcnow()
+    names = {name for name, _ in rates}
+    stored = {
+        (row.mechanism, row.d): row
+        for row in session.execute(
+            select(MachineRate).where(
+                MachineRate.worker_id == worker_id, MachineRate.mechanism.in_(names)
+            )
+        ).scalars()
+    }
+    for key, rate in rates.items():
+        row = stored.pop(key, None)
+        if row is None:
+            session.add(
+                MachineRate(
+                    worker_id=worker_id, mechanism=key[0], d=key[1], rate=rate, measured_at=now
+                )
+            )
+            continue
+        if row.measured_at >= now - keep_for:
+            rate = min(rate, row.rate)
+        row.rate, row.measured_at = rate, now
+    for row in stored.values():  # a shape no longer calibrated
+        session.delete(row)
+
+
+def current_rates(session: Session, now: datetime | None = None) -> CalibratedRates:
+    """The slowest recent rate of any worker per (mechanism, d): any of them may run the job."""
+    since = (now or utcnow()) - STALE_AFTER
+    rows = session.execute(
+        select(MachineRate.mechanism, MachineRate.d, func.min(MachineRate.rate))
+        .where(MachineRate.measured_at >= since)
+        .group_by(MachineRate.mechanism, MachineRate.d)
+    ).all()
+    workers = session.execute(
+        select(func.count(func.distinct(MachineRate.worker_id))).where(
+            MachineRate.measured_at >= since
+        )
+    ).scalar_one()
+    return CalibratedRates({(name, d): rate for name, d, rate in rows}, workers=workers)
