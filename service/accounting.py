@@ -270,6 +270,11 @@ def rho_of_mu(mu: Decimal) -> Decimal:
     return round_up(_CONTEXT.multiply(_CONTEXT.multiply(mu, mu), Decimal("0.5")))
 
 
+def rho_of_mu_exact(mu: Decimal) -> Decimal:
+    """``mu^2/2`` exactly (``mu`` has at most 30 places, so at most 61 digits)."""
+    return _CONTEXT.multiply(_CONTEXT.multiply(mu, mu), Decimal("0.5"))
+
+
 def budget_rho_of_mu(mu: Decimal) -> Decimal:
     """``mu^2/2`` rounded down: a ``gaussian`` dataset's (or grant's) budget in the ledger."""
     return round_down(_CONTEXT.multiply(_CONTEXT.multiply(mu, mu), Decimal("0.5")))

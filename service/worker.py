@@ -511,7 +511,7 @@ class Worker:
         if outcome.basis is not None:
             release.result_basis, release.result_shape, release.result_sha256 = outcome.basis
         if outcome.refund:
-            ledger.refund(session, release.dataset_id, release.id, release.epsilon, release.delta)
+            ledger.refund(session, release.dataset_id, release.id)
             release.refunded = True
         details: dict[str, Any] = {
             "mechanism": release.mechanism,

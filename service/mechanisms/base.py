@@ -176,6 +176,11 @@ class Mechanism(ABC, Generic[P]):
     params_model: ClassVar[type[MechanismParams]]
     allows_pure_dp: ClassVar[bool] = False
     releases_basis: ClassVar[bool] = True
+    #: The accountings whose filter can charge this mechanism: ``basic`` always; ``zcdp`` and
+    #: ``gaussian`` only where :meth:`privacy_steps` declares a proven profile (every step
+    #: Gaussian for ``gaussian``). A dataset of another accounting refuses it with 422 before
+    #: anything is prepared or charged.
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic"})
     #: A continual mechanism follows a growing dataset: the worker calls ``start`` once and
     #: ``advance`` per batch (one epoch each) instead of ``run``.
     continual: ClassVar[bool] = False
