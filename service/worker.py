@@ -60,6 +60,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from multiprocessing.connection import Connection
 from typing import Any, Literal, TypeVar
 
@@ -137,6 +138,22 @@ def take_lease(
         attempt=release.attempts,
         n_rows=n_rows,
     )
+
+
+def outcome_cost(release: Release) -> dict[str, Any]:
+    """A release's cost in its outcome event: ``(epsilon, delta)`` as before, plus ``(rho,
+    zcdp_delta)`` where the dataset's accounting charged those."""
+    cost: dict[str, Any] = {"epsilon": release.epsilon, "delta": release.delta}
+    if release.cost_rho is not None:
+        cost.update(rho=release.cost_rho, zcdp_delta=release.cost_delta)
+    return cost
+
+
+def refund_details(release: Release) -> dict[str, Any]:
+    """What a refund gave back, as the ledger moved it (the charge's amounts)."""
+    if release.cost_rho is None:
+        return {"epsilon": release.epsilon, "delta": release.delta}
+    return {"epsilon": Decimal(0), "delta": release.cost_delta, "rho": release.cost_rho}
 
 
 @dataclass(frozen=True)
@@ -516,14 +533,14 @@ class Worker:
         details: dict[str, Any] = {
             "mechanism": release.mechanism,
             "k": release.k,
-            "cost": {"epsilon": release.epsilon, "delta": release.delta},
+            "cost": outcome_cost(release),
             "attempts": release.attempts,
             "basis_sha256": release.result_sha256,
         }
         if outcome.reason is not None:
             details["reason"] = outcome.reason
         if outcome.refund:
-            details["refunded"] = {"epsilon": release.epsilon, "delta": release.delta}
+            details["refunded"] = refund_details(release)
         audit.record(
             session,
             f"release_{outcome.status}",

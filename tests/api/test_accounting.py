@@ -9,9 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
-from service import accounting
+from service import accounting, audit
 from service.config import Settings
+from service.db.models import LedgerEntry
 from service.mechanisms.analyze_gauss import noise_sigma
 from tests.conftest import bearer
 
@@ -154,7 +156,7 @@ def test_done_when_sigma_ratios_against_basic(client, keys, upload_dataset, data
 
 @pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
 def test_m_releases_fit_exactly_and_the_next_is_refused(
-    client, keys, upload_dataset, data, run_worker, kind
+    client, keys, upload_dataset, data, run_worker, session_factory, kind
 ):
     m = 4
     dataset = upload_dataset(
@@ -185,6 +187,16 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
     assert low < Decimal(after["epsilon_spent"]) <= Decimal(1)
     if kind == "gaussian":
         assert Decimal(after["mu_spent"]) <= Decimal(after["mu_total"])
+    # The audit chain's budget_set and release_requested events reconcile with the ledger.
+    with session_factory() as session:
+        report = audit.verify(session)
+    assert report.ok, report.problems
+    with session_factory.begin() as session:
+        entry = session.scalars(select(LedgerEntry).where(LedgerEntry.kind == "charge")).first()
+        entry.rho += Decimal("1e-30")
+    with session_factory() as session:
+        tampered = audit.verify(session)
+    assert any("rho differs" in problem for problem in tampered.problems)
 
 
 def test_epsilon_requests_are_calibrated_as_one_release_and_charged_in_rho(
