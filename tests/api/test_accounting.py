@@ -265,3 +265,33 @@ def test_costs_in_the_wrong_currency_are_refused(
     response = ask(client, keys.analyst, dataset, **cost)
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith(field) or field in response.text
+
+
+def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload_dataset, data):
+    dataset = upload_dataset(
+        client,
+        keys.owner,
+        data,
+        epsilon_budget="1",
+        delta_budget="1e-6",
+        accounting="zcdp",
+        row_norm_bound=1.0,
+    )
+    body = {"mechanism": "gap_perturbation", "k": 2, "rho": "0.01", "delta": "1e-8"}
+    response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
+    assert response.status_code == 202, response.text
+    release = response.json()
+    # Calibrated to the target: rho just under it, the approximate delta at most the given one.
+    assert Decimal("0.00999") < Decimal(release["rho"]) <= Decimal("0.01")
+    assert Decimal("0.99e-8") < Decimal(release["cost_delta"]) <= Decimal("1e-8")
+    spent = budget(client, keys.owner, dataset)
+    assert Decimal(spent["rho_spent"]) == Decimal(release["rho"])
+    assert Decimal(spent["delta_spent"]) == Decimal(release["cost_delta"])
+    friendly = {"mechanism": "friendly_aggregate", "k": 1, "epsilon": "0.5", "delta": "2e-7"}
+    preview = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=friendly
+    )
+    assert preview.status_code in (200, 422), preview.text
+    if preview.status_code == 200:
+        shown = preview.json()
+        assert shown["mu"] is None and Decimal(shown["zcdp_delta"]) > 0
