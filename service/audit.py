@@ -240,6 +240,9 @@ class _Request:
     delta: Decimal
     #: The grant the release was charged to, or None (spent the dataset's budget directly).
     grant_id: uuid.UUID | None = None
+    #: What the ledger moved, ``(epsilon, delta, rho)``: the cost on ``basic`` datasets; ``(0,
+    #: zcdp_delta, rho)`` on ``gaussian``/``zcdp`` ones (events carry the accounting).
+    charge: tuple[Decimal, Decimal, Decimal] = (Decimal(0), Decimal(0), Decimal(0))
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,7 @@ class _GrantCreated:
     analyst_key_id: uuid.UUID | None
     epsilon: Decimal
     delta: Decimal
+    rho: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,41 @@ class _Outcome:
     status: str
     basis_sha256: Any
     reason: Any
-    refund: tuple[Decimal, Decimal] | None
+    refund: tuple[Decimal, Decimal, Decimal] | None
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """A ``budget_set`` event: the totals, and for ``gaussian``/``zcdp`` the filter's rho and
+    the delta mechanisms may spend (``delta_total - delta_conversion``; 0 for gaussian)."""
+
+    seq: int
+    epsilon: Decimal
+    delta: Decimal
+    accounting: str = "basic"
+    rho: Decimal = Decimal(0)
+    delta_limit: Decimal = Decimal(0)
+
+    def exceeded_by(self, spent: tuple[Decimal, Decimal, Decimal]) -> bool:
+        if self.accounting == "basic":
+            return spent[0] > self.epsilon or spent[1] > self.delta
+        return spent[1] > self.delta_limit or spent[2] > self.rho
+
+
+def _money(details: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
+    """``(epsilon, delta, rho)`` of a refund's details (``rho`` 0 when absent)."""
+    return (
+        Decimal(details["epsilon"]),
+        Decimal(details["delta"]),
+        Decimal(details.get("rho", 0)),
+    )
+
+
+def _charge_of(cost: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
+    """What a ``release_requested`` cost moved in the ledger."""
+    if "accounting" in cost:
+        return (Decimal(0), Decimal(cost["zcdp_delta"]), Decimal(cost["rho"]))
+    return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(0))
 
 
 @dataclass
@@ -265,7 +303,7 @@ class _Recorded:
     """What the events say the tables must hold."""
 
     created: dict[uuid.UUID, int] = field(default_factory=dict)
-    budgets: dict[uuid.UUID, tuple[int, Decimal, Decimal]] = field(default_factory=dict)
+    budgets: dict[uuid.UUID, _Budget] = field(default_factory=dict)
     deleted: dict[uuid.UUID, int] = field(default_factory=dict)
     requests: dict[uuid.UUID, _Request] = field(default_factory=dict)
     outcomes: dict[uuid.UUID, _Outcome] = field(default_factory=dict)
@@ -287,10 +325,14 @@ class _Recorded:
         if kind == "dataset_created" and event.dataset_id is not None:
             self.created[event.dataset_id] = seq
         elif kind == "budget_set" and event.dataset_id is not None:
-            self.budgets[event.dataset_id] = (
-                seq,
-                Decimal(details["epsilon_total"]),
-                Decimal(details["delta_total"]),
+            epsilon, delta = Decimal(details["epsilon_total"]), Decimal(details["delta_total"])
+            kind_of = details.get("accounting", "basic")
+            limit = Decimal(0)
+            if kind_of == "zcdp":
+                limit = BUDGET_CONTEXT.subtract(delta, Decimal(details["delta_conversion"]))
+            rho = details.get("rho_total")
+            self.budgets[event.dataset_id] = _Budget(
+                seq, epsilon, delta, kind_of, Decimal(rho or 0), limit
             )
         elif kind == "dataset_deleted" and event.dataset_id is not None:
             self.deleted[event.dataset_id] = seq
@@ -309,6 +351,7 @@ class _Recorded:
                 Decimal(cost["epsilon"]),
                 Decimal(cost["delta"]),
                 None if grant_id is None else uuid.UUID(grant_id),
+                _charge_of(cost),
             )
         elif kind in TERMINAL_EVENTS and event.release_id is not None:
             if event.release_id in self.outcomes:
@@ -319,9 +362,7 @@ class _Recorded:
                 kind.removeprefix("release_"),
                 details.get("basis_sha256"),
                 details.get("reason"),
-                None
-                if refunded is None
-                else (Decimal(refunded["epsilon"]), Decimal(refunded["delta"])),
+                None if refunded is None else _money(refunded),
             )
         elif kind == "release_epoch" and event.release_id is not None:
             epoch = (event.release_id, int(details["epoch"]))
@@ -348,6 +389,7 @@ class _Recorded:
                 None if analyst is None else uuid.UUID(analyst),
                 Decimal(details["epsilon"]),
                 Decimal(details["delta"]),
+                Decimal(details.get("rho", 0)),
             )
         elif kind == "grant_revoked":
             self.grants_revoked[uuid.UUID(details["grant_id"])] = seq
@@ -483,9 +525,16 @@ def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]
 def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
     seen: set[uuid.UUID] = set()
     rows = session.execute(
-        select(Dataset.id, Dataset.epsilon_total, Dataset.delta_total, Dataset.deleted_at)
+        select(
+            Dataset.id,
+            Dataset.epsilon_total,
+            Dataset.delta_total,
+            Dataset.deleted_at,
+            Dataset.accounting,
+            Dataset.rho_total,
+        )
     )
-    for dataset_id, epsilon_total, delta_total, deleted_at in rows:
+    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total in rows:
         seen.add(dataset_id)
         where = f"datasets {dataset_id}"
         if dataset_id not in recorded.created:
@@ -494,10 +543,21 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
         if budget is None:
             problems.append(f"{where}: no budget_set event")
         else:
-            if epsilon_total != budget[1]:
-                problems.append(f"{where}: epsilon_total differs from budget_set event {budget[0]}")
-            if delta_total != budget[2]:
-                problems.append(f"{where}: delta_total differs from budget_set event {budget[0]}")
+            stored = {
+                "epsilon_total": epsilon_total,
+                "delta_total": delta_total,
+                "accounting": kind,
+                "rho_total": rho_total or Decimal(0),
+            }
+            recorded_budget = {
+                "epsilon_total": budget.epsilon,
+                "delta_total": budget.delta,
+                "accounting": budget.accounting,
+                "rho_total": budget.rho,
+            }
+            for name, value in stored.items():
+                if value != recorded_budget[name]:
+                    problems.append(f"{where}: {name} differs from budget_set event {budget.seq}")
         if (deleted_at is not None) != (dataset_id in recorded.deleted):
             problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
     for dataset_id, seq in recorded.created.items():
@@ -635,10 +695,11 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             LedgerEntry.kind,
             LedgerEntry.epsilon,
             LedgerEntry.delta,
+            LedgerEntry.rho,
             LedgerEntry.grant_id,
         ).order_by(LedgerEntry.id)
     )
-    for entry_id, dataset_id, release_id, kind, epsilon, delta, grant_id in rows:
+    for entry_id, dataset_id, release_id, kind, epsilon, delta, rho, grant_id in rows:
         where = f"ledger_entries {entry_id}"
         request = recorded.requests.get(release_id)
         if kind == "charge":
@@ -648,7 +709,7 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             if request is None:
                 problems.append(f"{where}: a charge that no release_requested event records")
                 continue
-            expected = (request.epsilon, request.delta)
+            expected = request.charge
             event = f"release_requested event {request.seq}"
         elif kind == "refund":
             if release_id in refunded:
@@ -671,6 +732,8 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"{where}: epsilon differs from {event}")
         if delta != expected[1]:
             problems.append(f"{where}: delta differs from {event}")
+        if rho != expected[2]:
+            problems.append(f"{where}: rho differs from {event}")
     for release_id, request in recorded.requests.items():
         if release_id not in charged:
             problems.append(
@@ -714,34 +777,34 @@ def _grant_of(request: _Request) -> uuid.UUID | None:
 
 def _recorded_spend(
     recorded: _Recorded, budget_of: Callable[[_Request], uuid.UUID | None]
-) -> dict[uuid.UUID, tuple[Decimal, Decimal]]:
-    """What the recorded releases spend (costs less refunds) per budget, keyed by
-    ``budget_of(request)`` (a dataset or a grant; ``None``: not charged to one)."""
-    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
+) -> dict[uuid.UUID, tuple[Decimal, Decimal, Decimal]]:
+    """What the recorded releases spend (charges less refunds), ``(epsilon, delta, rho)``, per
+    budget, keyed by ``budget_of(request)`` (a dataset or a grant; ``None``: not charged)."""
+    zero = (Decimal(0), Decimal(0), Decimal(0))
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal, Decimal]] = {}
     for release_id, request in recorded.requests.items():
         key = budget_of(request)
         if key is None:
             continue
-        epsilon, delta = spent.get(key, (Decimal(0), Decimal(0)))
+        total = spent.get(key, zero)
         outcome = recorded.outcomes.get(release_id)
-        if outcome is not None and outcome.refund is not None:
-            epsilon = BUDGET_CONTEXT.subtract(epsilon, outcome.refund[0])
-            delta = BUDGET_CONTEXT.subtract(delta, outcome.refund[1])
+        refund = zero if outcome is None or outcome.refund is None else outcome.refund
         spent[key] = (
-            BUDGET_CONTEXT.add(epsilon, request.epsilon),
-            BUDGET_CONTEXT.add(delta, request.delta),
+            BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(total[0], request.charge[0]), refund[0]),
+            BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(total[1], request.charge[1]), refund[1]),
+            BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(total[2], request.charge[2]), refund[2]),
         )
     return spent
 
 
 def _check_spending(recorded: _Recorded, problems: list[str]) -> None:
     """No dataset's recorded releases may spend more than its recorded budget."""
-    for dataset_id, (epsilon, delta) in _recorded_spend(recorded, _dataset_of).items():
+    for dataset_id, spent in _recorded_spend(recorded, _dataset_of).items():
         budget = recorded.budgets.get(dataset_id)
-        if budget is not None and (epsilon > budget[1] or delta > budget[2]):
+        if budget is not None and budget.exceeded_by(spent):
             problems.append(
                 f"datasets {dataset_id}: its recorded releases spend more than "
-                f"budget_set event {budget[0]} allows"
+                f"budget_set event {budget.seq} allows"
             )
 
 
@@ -754,10 +817,11 @@ def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]
             Grant.analyst_key_id,
             Grant.epsilon,
             Grant.delta,
+            Grant.rho,
             Grant.revoked_at,
         )
     )
-    for grant_id, dataset_id, analyst_key_id, epsilon, delta, revoked_at in rows:
+    for grant_id, dataset_id, analyst_key_id, epsilon, delta, rho, revoked_at in rows:
         seen.add(grant_id)
         where = f"grants {grant_id}"
         created = recorded.grants.get(grant_id)
@@ -765,9 +829,15 @@ def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"{where}: no grant_created event")
         else:
             event = f"grant_created event {created.seq}"
-            stored = (dataset_id, analyst_key_id, epsilon, delta)
-            expected = (created.dataset_id, created.analyst_key_id, created.epsilon, created.delta)
-            names = ("dataset_id", "analyst_key_id", "epsilon", "delta")
+            stored = (dataset_id, analyst_key_id, epsilon, delta, rho)
+            expected = (
+                created.dataset_id,
+                created.analyst_key_id,
+                created.epsilon,
+                created.delta,
+                created.rho,
+            )
+            names = ("dataset_id", "analyst_key_id", "epsilon", "delta", "rho")
             for name, value, recorded_value in zip(names, stored, expected, strict=True):
                 if value != recorded_value:
                     problems.append(f"{where}: {name} differs from {event}")
@@ -803,9 +873,11 @@ def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]
 
 def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
     """No grant's recorded releases may spend more than its grant_created event gave it."""
-    for grant_id, (epsilon, delta) in _recorded_spend(recorded, _grant_of).items():
+    for grant_id, (epsilon, delta, rho) in _recorded_spend(recorded, _grant_of).items():
         granted = recorded.grants.get(grant_id)
-        if granted is not None and (epsilon > granted.epsilon or delta > granted.delta):
+        if granted is not None and (
+            epsilon > granted.epsilon or delta > granted.delta or rho > granted.rho
+        ):
             problems.append(
                 f"grants {grant_id}: its recorded releases spend more than "
                 f"grant_created event {granted.seq} allows"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from api_schemas.common import BUDGET_CONTEXT
 from api_schemas.datasets import DatasetCreate
-from service import audit, ledger, wake
+from service import accounting, audit, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, utcnow
@@ -38,11 +41,82 @@ def create_dataset(
     return register_dataset(session, store, principal, form, store.ingest(upload_path, suffix))
 
 
-def check_budgets(form: DatasetCreate) -> None:
+@dataclass(frozen=True)
+class BudgetTerms:
+    """A dataset's accounting and its derived budget (see :mod:`service.accounting`)."""
+
+    accounting: str
+    rho_total: Decimal | None = None
+    mu_total: Decimal | None = None
+    delta_conversion: Decimal | None = None
+
+
+def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> BudgetTerms:
     """Refuse budgets the ledger could not store exactly (they would be rounded), before any
-    file is parsed; :class:`InvalidInput` names the field."""
-    ledger.check_storable("epsilon_budget", form.epsilon_budget)
-    ledger.check_storable("delta_budget", form.delta_budget)
+    file is parsed, and derive the accounting's budget; :class:`InvalidInput` names the field.
+
+    ``gaussian``: ``mu_total`` is the largest ``mu`` (30 places, rounded down) with
+    ``delta_G(mu, epsilon_budget) <= delta_budget``, or the owner's ``mu_budget`` if it is not
+    larger. ``zcdp``: ``delta_conversion`` (default half of ``delta_budget``) and the largest
+    ``rho`` whose CKS conversion is within ``(epsilon_budget, delta_conversion)``, or the owner's
+    ``rho_budget`` if not larger. Pure budgets (``delta_budget = 0``) are ``basic``.
+    """
+    fields = [
+        ("epsilon_budget", form.epsilon_budget),
+        ("delta_budget", form.delta_budget),
+        ("mu_budget", form.mu_budget),
+        ("rho_budget", form.rho_budget),
+        ("delta_conversion", form.delta_conversion),
+    ]
+    for name, value in fields:
+        if value is not None:
+            ledger.check_storable(name, value)
+    chosen = form.accounting
+    if chosen is None:
+        chosen = "basic" if form.delta_budget == 0 else default_accounting  # type: ignore[assignment]
+    if chosen != "gaussian" and form.mu_budget is not None:
+        raise InvalidInput("mu_budget", "only with accounting gaussian")
+    if chosen != "zcdp":
+        for name, value in (
+            ("rho_budget", form.rho_budget),
+            ("delta_conversion", form.delta_conversion),
+        ):
+            if value is not None:
+                raise InvalidInput(name, "only with accounting zcdp")
+    if chosen == "basic":
+        return BudgetTerms("basic")
+    if form.delta_budget == 0:
+        raise InvalidInput(
+            "accounting",
+            f"{chosen} needs delta_budget > 0 (a pure budget composes exactly under basic)",
+        )
+    if chosen == "gaussian":
+        mu = accounting.mu_budget(form.epsilon_budget, form.delta_budget)
+        if form.mu_budget is not None:
+            if form.mu_budget > mu:
+                raise InvalidInput(
+                    "mu_budget",
+                    f"must be at most {mu}, the largest mu within (epsilon_budget, delta_budget)",
+                )
+            mu = form.mu_budget
+        return BudgetTerms("gaussian", accounting.budget_rho_of_mu(mu), mu_total=mu)
+    conversion = form.delta_conversion
+    if conversion is None:
+        conversion = accounting.round_down(
+            BUDGET_CONTEXT.multiply(form.delta_budget, accounting.DEFAULT_CONVERSION_SHARE)
+        )
+    if not 0 < conversion <= form.delta_budget:
+        raise InvalidInput("delta_conversion", "must be > 0 and at most delta_budget")
+    rho = accounting.rho_budget(form.epsilon_budget, conversion)
+    if form.rho_budget is not None:
+        if form.rho_budget > rho:
+            raise InvalidInput(
+                "rho_budget",
+                f"must be at most {rho}, the largest rho whose conversion is within "
+                "(epsilon_budget, delta_conversion)",
+            )
+        rho = form.rho_budget
+    return BudgetTerms("zcdp", rho, delta_conversion=conversion)
 
 
 def register_dataset(
@@ -51,10 +125,11 @@ def register_dataset(
     principal: Principal,
     form: DatasetCreate,
     stored: StoredMatrix,
+    default_accounting: str = "basic",
 ) -> Dataset:
     """Register a file already in the store with its budget; the file is removed on failure."""
-    check_budgets(form)
     try:
+        terms = check_budgets(form, default_accounting)
         require_role(principal, "owner")
         dataset = Dataset(
             id=uuid.uuid4(),
@@ -65,6 +140,10 @@ def register_dataset(
             row_norm_bound=form.row_norm_bound,
             epsilon_total=form.epsilon_budget,
             delta_total=form.delta_budget,
+            accounting=terms.accounting,
+            rho_total=terms.rho_total,
+            mu_total=terms.mu_total,
+            delta_conversion=terms.delta_conversion,
             file_name=stored.file_name,
         )
         session.add(dataset)
@@ -96,7 +175,14 @@ def register_dataset(
             "budget_set",
             actor_key_id=principal.key_id,
             dataset_id=dataset.id,
-            details={"epsilon_total": form.epsilon_budget, "delta_total": form.delta_budget},
+            details={
+                "epsilon_total": form.epsilon_budget,
+                "delta_total": form.delta_budget,
+                "accounting": terms.accounting,
+                "rho_total": terms.rho_total,
+                "mu_total": terms.mu_total,
+                "delta_conversion": terms.delta_conversion,
+            },
         )
     except BaseException:
         store.purge(stored.file_name)

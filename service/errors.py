@@ -149,14 +149,18 @@ class BudgetExceeded(Conflict):
         *,
         budget: str = "dataset",
         grant_id: uuid.UUID | None = None,
+        rho_remaining: Decimal | None = None,
     ) -> None:
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
+        # rho only where the budget is in rho (gaussian, zcdp): basic bodies stay as they were.
+        extra = {} if rho_remaining is None else {"rho_remaining": rho_remaining}
         super().__init__(
             f"this release costs more than {which} remaining budget",
             epsilon_remaining=epsilon_remaining,
             delta_remaining=delta_remaining,
             budget=budget,
             grant_id=grant_id,
+            **extra,
         )
 
 

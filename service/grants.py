@@ -34,7 +34,7 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import audit, ledger
+from service import accounting, audit, ledger
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
 from service.errors import (
@@ -65,14 +65,32 @@ class GrantView:
 
 
 def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
-    """A grant's budget from the ledger entries that name it (exact, summed in Python)."""
+    """A grant's budget from the ledger entries that name it (exact, summed in Python), in its
+    dataset's currency."""
     rows = session.execute(
-        select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta).where(
+        select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta, LedgerEntry.rho).where(
             LedgerEntry.grant_id == grant.id
         )
     ).all()
-    epsilon_spent, delta_spent = ledger.spent(rows)
-    return ledger.BudgetState(grant.epsilon, grant.delta, epsilon_spent, delta_spent)
+    dataset = session.get(Dataset, grant.dataset_id)
+    assert dataset is not None  # a grant's dataset row is never removed
+    return _grant_state(dataset, grant, *ledger.spent_of(rows))
+
+
+def _grant_state(
+    dataset: Dataset, grant: Grant, epsilon_spent: Decimal, delta_spent: Decimal, rho_spent: Decimal
+) -> ledger.BudgetState:
+    """A grant's share as a budget of its dataset's accounting: ``(epsilon, delta)``
+    (``basic``), ``rho`` (``gaussian``, ``mu^2/2``) or ``(rho, delta)`` (``zcdp``)."""
+    return ledger.BudgetState(
+        grant.epsilon,
+        grant.delta,
+        epsilon_spent,
+        delta_spent,
+        accounting=dataset.accounting,
+        rho_total=grant.rho if dataset.accounting != "basic" else None,
+        rho_spent=rho_spent,
+    )
 
 
 def _own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
@@ -117,23 +135,26 @@ def create_grant(
     principal: Principal,
     dataset_id: uuid.UUID,
     analyst_key_id: uuid.UUID | None,
-    epsilon: Decimal,
-    delta: Decimal,
+    epsilon: Decimal | None,
+    delta: Decimal | None,
+    *,
+    rho: Decimal | None = None,
+    mu: Decimal | None = None,
 ) -> GrantView:
-    """Give ``analyst_key_id`` (every analyst if None) a share of the dataset's budget."""
-    ledger.check_storable("epsilon", epsilon)
-    ledger.check_storable("delta", delta)
+    """Give ``analyst_key_id`` (every analyst if None) a share of the dataset's budget, in the
+    dataset's currency: ``(epsilon, delta)`` (``basic``), ``mu`` or ``rho`` (``gaussian``),
+    ``rho`` and ``delta`` (``zcdp``)."""
+    for name, value in (("epsilon", epsilon), ("delta", delta), ("rho", rho), ("mu", mu)):
+        if value is not None:
+            ledger.check_storable(name, value)
     dataset = _own_dataset(session, principal, dataset_id)
+    epsilon, delta, rho = _share(dataset, epsilon, delta, rho, mu)
     if dataset.deleted_at is not None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; it can grant nothing")
     if analyst_key_id is not None:
         key = session.get(ApiKey, analyst_key_id)
         if key is None or key.role != "analyst" or key.revoked_at is not None:
             raise InvalidInput("analyst_key_id", "must be the id of an active analyst key")
-    if ledger.BUDGET_CONTEXT.compare(epsilon, dataset.epsilon_total) > 0:
-        raise InvalidInput("epsilon", "must not exceed the dataset's total epsilon budget")
-    if ledger.BUDGET_CONTEXT.compare(delta, dataset.delta_total) > 0:
-        raise InvalidInput("delta", "must not exceed the dataset's total delta budget")
     existing = _active(session, dataset.id, analyst_key_id)
     if existing is not None:
         who = "this analyst key" if analyst_key_id is not None else "every analyst"
@@ -146,6 +167,7 @@ def create_grant(
         analyst_key_id=analyst_key_id,
         epsilon=epsilon,
         delta=delta,
+        rho=rho,
         created_by_key_id=principal.key_id,
         created_at=utcnow(),
     )
@@ -160,10 +182,63 @@ def create_grant(
             "analyst_key_id": analyst_key_id,
             "epsilon": epsilon,
             "delta": delta,
+            # Only on gaussian and zcdp datasets: basic grants' events read as before.
+            **(
+                {}
+                if dataset.accounting == "basic"
+                else {"accounting": dataset.accounting, "rho": rho}
+            ),
         },
     )
     session.flush()
-    return GrantView(grant, ledger.BudgetState(epsilon, delta, Decimal(0), Decimal(0)))
+    zero = Decimal(0)
+    return GrantView(grant, _grant_state(dataset, grant, zero, zero, zero))
+
+
+def _share(
+    dataset: Dataset,
+    epsilon: Decimal | None,
+    delta: Decimal | None,
+    rho: Decimal | None,
+    mu: Decimal | None,
+) -> tuple[Decimal, Decimal, Decimal]:
+    """The grant's ``(epsilon, delta, rho)`` in the dataset's currency, each at most the
+    dataset's total; :class:`InvalidInput` names the field that does not fit."""
+    compare = ledger.BUDGET_CONTEXT.compare
+    zero = Decimal(0)
+    if dataset.accounting == "basic":
+        for name, value in (("rho", rho), ("mu", mu)):
+            if value is not None:
+                raise InvalidInput(name, "this dataset's accounting is basic: give epsilon, delta")
+        if epsilon is None or delta is None:
+            raise InvalidInput("epsilon" if epsilon is None else "delta", "required")
+        if compare(epsilon, dataset.epsilon_total) > 0:
+            raise InvalidInput("epsilon", "must not exceed the dataset's total epsilon budget")
+        if compare(delta, dataset.delta_total) > 0:
+            raise InvalidInput("delta", "must not exceed the dataset's total delta budget")
+        return epsilon, delta, zero
+    if epsilon is not None:
+        raise InvalidInput(
+            "epsilon", f"this dataset's accounting is {dataset.accounting}: grant rho or mu"
+        )
+    if mu is not None and rho is not None:
+        raise InvalidInput("mu", "give mu or rho, not both")
+    if mu is not None:
+        if dataset.accounting != "gaussian":
+            raise InvalidInput("mu", "only gaussian accounting grants mu; give rho and delta")
+        rho = accounting.budget_rho_of_mu(mu)
+    if rho is None:
+        raise InvalidInput("rho", f"required (or mu) on a {dataset.accounting} dataset")
+    assert dataset.rho_total is not None  # set for every non-basic dataset
+    if compare(rho, dataset.rho_total) > 0:
+        raise InvalidInput("rho" if mu is None else "mu", "must not exceed the dataset's budget")
+    delta = zero if delta is None else delta
+    if dataset.accounting == "gaussian" and delta > 0:
+        raise InvalidInput("delta", "gaussian accounting spends no delta; grant mu only")
+    limit = ledger.state_of(dataset, zero, zero, zero).delta_remaining
+    if compare(delta, limit) > 0:
+        raise InvalidInput("delta", "must not exceed the dataset's delta for mechanisms")
+    return zero, delta, rho
 
 
 def list_grants(session: Session, principal: Principal, dataset_id: uuid.UUID) -> list[GrantView]:

@@ -29,12 +29,14 @@ from service.errors import InvalidInput
 __all__ = [
     "BUDGET_CONTEXT",
     "BudgetState",
+    "Charge",
     "budget_of",
     "budgets_of",
     "charge",
     "check_storable",
     "refund",
-    "spent",
+    "spent_of",
+    "state_of",
 ]
 
 
@@ -46,11 +48,35 @@ def check_storable(field: str, value: Decimal) -> None:
 
 
 @dataclass(frozen=True)
+class Charge:
+    """What one release moves in the ledger: ``(epsilon, delta)`` on a ``basic`` dataset,
+    ``(rho, delta)`` on a ``zcdp`` one (approximate zCDP), ``rho = mu^2/2`` on a ``gaussian``
+    one (see :mod:`service.accounting`). Exact decimals at the ledger's 30 places."""
+
+    epsilon: Decimal
+    delta: Decimal
+    rho: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
 class BudgetState:
+    """A budget (a dataset's or a grant's) and what its ledger entries spent.
+
+    ``basic``: ``epsilon``/``delta`` totals and sums. ``gaussian``: ``rho_total = mu_B^2/2`` and
+    the sum of ``rho = mu_i^2/2``; no delta is spent. ``zcdp``: ``rho_total`` and
+    ``delta_limit`` (``delta_total - delta_conversion``) against the sums of ``rho`` and
+    ``delta``."""
+
     epsilon_total: Decimal
     delta_total: Decimal
     epsilon_spent: Decimal
     delta_spent: Decimal
+    accounting: str = "basic"
+    rho_total: Decimal | None = None
+    rho_spent: Decimal = Decimal(0)
+    #: The delta mechanisms may spend: ``delta_total`` (``basic``), ``delta_total -
+    #: delta_conversion`` (``zcdp``), 0 (``gaussian``).
+    delta_limit: Decimal | None = None
 
     @property
     def epsilon_remaining(self) -> Decimal:
@@ -58,13 +84,42 @@ class BudgetState:
 
     @property
     def delta_remaining(self) -> Decimal:
-        return BUDGET_CONTEXT.subtract(self.delta_total, self.delta_spent)
+        limit = self.delta_total if self.delta_limit is None else self.delta_limit
+        return BUDGET_CONTEXT.subtract(limit, self.delta_spent)
 
-    def affords(self, epsilon: Decimal, delta: Decimal) -> bool:
-        return (
-            BUDGET_CONTEXT.compare(epsilon, self.epsilon_remaining) <= 0
-            and BUDGET_CONTEXT.compare(delta, self.delta_remaining) <= 0
-        )
+    @property
+    def rho_remaining(self) -> Decimal:
+        total = Decimal(0) if self.rho_total is None else self.rho_total
+        return BUDGET_CONTEXT.subtract(total, self.rho_spent)
+
+    def affords(self, charge: Charge) -> bool:
+        """Whether the filter lets ``charge`` through (exact comparisons)."""
+        delta_ok = BUDGET_CONTEXT.compare(charge.delta, self.delta_remaining) <= 0
+        if self.accounting == "basic":
+            epsilon_ok = BUDGET_CONTEXT.compare(charge.epsilon, self.epsilon_remaining) <= 0
+            return epsilon_ok and delta_ok
+        return BUDGET_CONTEXT.compare(charge.rho, self.rho_remaining) <= 0 and delta_ok
+
+
+def state_of(
+    dataset: Dataset, epsilon_spent: Decimal, delta_spent: Decimal, rho_spent: Decimal
+) -> BudgetState:
+    """The dataset's budget state from its totals and its ledger sums."""
+    limit: Decimal | None = None
+    if dataset.accounting == "gaussian":
+        limit = Decimal(0)
+    elif dataset.accounting == "zcdp" and dataset.delta_conversion is not None:
+        limit = BUDGET_CONTEXT.subtract(dataset.delta_total, dataset.delta_conversion)
+    return BudgetState(
+        dataset.epsilon_total,
+        dataset.delta_total,
+        epsilon_spent,
+        delta_spent,
+        accounting=dataset.accounting,
+        rho_total=dataset.rho_total,
+        rho_spent=rho_spent,
+        delta_limit=limit,
+    )
 
 
 def budget_of(session: Session, dataset: Dataset) -> BudgetState:
@@ -81,7 +136,7 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
     summed here in :data:`BUDGET_CONTEXT` (exact, but proportional to the ledger).
     """
     ids = [dataset.id for dataset in datasets]
-    spent: dict[uuid.UUID, tuple[Decimal, Decimal]] = {}
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal, Decimal]] = {}
     if ids and session.get_bind().dialect.name == "postgresql":
         sign = case((LedgerEntry.kind == "charge", 1), else_=-1)
         sums = session.execute(
@@ -89,47 +144,53 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
                 LedgerEntry.dataset_id,
                 func.sum(sign * LedgerEntry.epsilon),
                 func.sum(sign * LedgerEntry.delta),
+                func.sum(sign * LedgerEntry.rho),
             )
             .where(LedgerEntry.dataset_id.in_(ids))
             .group_by(LedgerEntry.dataset_id)
         ).all()
-        spent = {dataset_id: (Decimal(eps), Decimal(delta)) for dataset_id, eps, delta in sums}
+        spent = {
+            dataset_id: (Decimal(eps), Decimal(delta), Decimal(rho))
+            for dataset_id, eps, delta, rho in sums
+        }
     elif ids:
         rows = session.execute(
             select(
-                LedgerEntry.dataset_id, LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta
+                LedgerEntry.dataset_id,
+                LedgerEntry.kind,
+                LedgerEntry.epsilon,
+                LedgerEntry.delta,
+                LedgerEntry.rho,
             ).where(LedgerEntry.dataset_id.in_(ids))
         ).all()
-        for dataset_id, kind, epsilon, delta in rows:
-            step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
-            eps_sum, delta_sum = spent.get(dataset_id, (Decimal(0), Decimal(0)))
-            spent[dataset_id] = (step(eps_sum, epsilon), step(delta_sum, delta))
-    zero = (Decimal(0), Decimal(0))
-    return {
-        dataset.id: BudgetState(
-            dataset.epsilon_total, dataset.delta_total, *spent.get(dataset.id, zero)
-        )
-        for dataset in datasets
-    }
+        by_dataset: dict[uuid.UUID, list[tuple[str, Decimal, Decimal, Decimal]]] = {}
+        for dataset_id, *entry in rows:
+            by_dataset.setdefault(dataset_id, []).append(tuple(entry))  # type: ignore[arg-type]
+        spent = {dataset_id: spent_of(entries) for dataset_id, entries in by_dataset.items()}
+    zero = (Decimal(0), Decimal(0), Decimal(0))
+    return {dataset.id: state_of(dataset, *spent.get(dataset.id, zero)) for dataset in datasets}
 
 
-def spent(rows: Iterable[Row[str, Decimal, Decimal]]) -> tuple[Decimal, Decimal]:
-    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta)`` rows, exactly."""
+def spent_of(
+    rows: Iterable[Row[str, Decimal, Decimal, Decimal] | tuple[str, Decimal, Decimal, Decimal]],
+) -> tuple[Decimal, Decimal, Decimal]:
+    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta, rho)`` rows, exactly."""
     epsilon_spent = Decimal(0)
     delta_spent = Decimal(0)
-    for kind, epsilon, delta in rows:
+    rho_spent = Decimal(0)
+    for kind, epsilon, delta, rho in rows:
         step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
         epsilon_spent = step(epsilon_spent, epsilon)
         delta_spent = step(delta_spent, delta)
-    return epsilon_spent, delta_spent
+        rho_spent = step(rho_spent, rho)
+    return epsilon_spent, delta_spent, rho_spent
 
 
 def charge(
     session: Session,
     dataset_id: uuid.UUID,
     release_id: uuid.UUID,
-    epsilon: Decimal,
-    delta: Decimal,
+    amount: Charge,
     grant_id: uuid.UUID | None = None,
 ) -> None:
     """Append a charge (at most one per release: a unique constraint enforces it), to the
@@ -139,30 +200,30 @@ def charge(
             dataset_id=dataset_id,
             release_id=release_id,
             kind="charge",
-            epsilon=epsilon,
-            delta=delta,
+            epsilon=amount.epsilon,
+            delta=amount.delta,
+            rho=amount.rho,
             grant_id=grant_id,
         )
     )
 
 
-def refund(
-    session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID, epsilon: Decimal, delta: Decimal
-) -> None:
-    """Append a refund; only for a release that provably never read the data. It goes back to
-    the grant the charge named, if any."""
-    grant_id = session.execute(
-        select(LedgerEntry.grant_id).where(
+def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> None:
+    """Append a refund of exactly the release's charge (every currency it moved); only for a
+    release that provably never read the data. It goes back to the grant the charge named."""
+    charged = session.execute(
+        select(LedgerEntry).where(
             LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
         )
-    ).scalar_one_or_none()
+    ).scalar_one()
     session.add(
         LedgerEntry(
             dataset_id=dataset_id,
             release_id=release_id,
             kind="refund",
-            epsilon=epsilon,
-            delta=delta,
-            grant_id=grant_id,
+            epsilon=charged.epsilon,
+            delta=charged.delta,
+            rho=charged.rho,
+            grant_id=charged.grant_id,
         )
     )

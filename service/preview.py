@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import audit, grants, ledger, releases
+from service import accounting, audit, grants, ledger, releases
 from service.auth import Principal
 from service.config import Settings
 from service.errors import InvalidInput
@@ -46,6 +46,12 @@ class ReleasePreview:
     epsilon: Decimal
     delta: Decimal
     params: dict[str, Any]
+    accounting: str
+    mu: Decimal | None
+    rho: Decimal | None
+    zcdp_delta: Decimal | None
+    rho_remaining: Decimal | None
+    releases_remaining: int | None
     affordable: bool
     epsilon_remaining: Decimal
     delta_remaining: Decimal
@@ -63,6 +69,20 @@ def _finite(value: PreviewValue) -> PreviewValue:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def releases_remaining(budget: ledger.BudgetState, charge: ledger.Charge) -> int | None:
+    """How many more releases of ``charge`` the remaining budget buys (``None``: unlimited)."""
+    counts = [
+        accounting.releases_affordable(remaining, cost)
+        for remaining, cost in (
+            (budget.rho_remaining, charge.rho),
+            (budget.delta_remaining, charge.delta),
+            (budget.epsilon_remaining, charge.epsilon),
+        )
+    ]
+    finite = [count for count in counts if count is not None]
+    return min(finite) if finite else None
 
 
 def preview_release(
@@ -85,15 +105,16 @@ def preview_release(
     grant = grants.applicable_grant(
         session, dataset.id, principal.key_id, required=settings.grants_required
     )
+    charge = prepared.charge
     budget = ledger.budget_of(session, dataset)
-    affordable = budget.affords(body.epsilon, body.delta)
+    affordable = budget.affords(charge)
     charged_to: Literal["dataset", "grant"] = "dataset"
     if grant is not None:
         share = grants.grant_budget(session, grant)
-        if share.affords(body.epsilon, body.delta) or affordable:
+        if share.affords(charge) or affordable:
             # The analyst's own limit is the grant's (when both afford it, or the grant is short).
             charged_to, budget = "grant", share
-        affordable = affordable and share.affords(body.epsilon, body.delta)
+        affordable = affordable and share.affords(charge)
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
     memory = prepared.mechanism.memory_bytes(prepared.context, prepared.spec) / releases.MIB
     audit.record(
@@ -105,7 +126,7 @@ def preview_release(
             "mechanism": body.mechanism,
             "k": body.k,
             "params": prepared.params,
-            "cost": {"epsilon": body.epsilon, "delta": body.delta},
+            "cost": releases.cost_details(dataset.accounting, prepared),
             "affordable": affordable,
         },
     )
@@ -113,9 +134,15 @@ def preview_release(
         dataset_id=dataset.id,
         mechanism=body.mechanism,
         k=body.k,
-        epsilon=body.epsilon,
-        delta=body.delta,
+        epsilon=prepared.epsilon,
+        delta=prepared.delta,
         params=prepared.params,
+        accounting=dataset.accounting,
+        mu=prepared.costs.mu,
+        rho=prepared.costs.rho,
+        zcdp_delta=prepared.costs.delta,
+        rho_remaining=None if dataset.accounting == "basic" else budget.rho_remaining,
+        releases_remaining=releases_remaining(budget, charge),
         affordable=affordable,
         epsilon_remaining=budget.epsilon_remaining,
         delta_remaining=budget.delta_remaining,
@@ -124,5 +151,5 @@ def preview_release(
         memory_mb=memory,
         scales={name: _finite(value) for name, value in shown.scales.items()},
         meaning=list(shown.meaning),
-        warnings=dominance_warnings(body.mechanism, float(body.delta), dataset.n_cols),
+        warnings=dominance_warnings(body.mechanism, float(prepared.delta), dataset.n_cols),
     )

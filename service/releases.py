@@ -12,7 +12,7 @@ import math
 import uuid
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Context, Decimal
 from typing import Any
 
 import numpy as np
@@ -21,9 +21,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api_schemas.common import canonical_decimal, unknown_name
+from api_schemas.common import BUDGET_CONTEXT, canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
-from service import audit, calibration, grants, ledger, tracing, wake
+from service import accounting, audit, calibration, grants, ledger, tracing, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, ReleaseBasis, utcnow
@@ -57,6 +57,15 @@ def float_not_above(value: Decimal) -> float:
     return math.nextafter(result, -math.inf) if Decimal(result) > value else result
 
 
+def _canonical(value: Decimal | None) -> str | None:
+    return None if value is None else canonical_decimal(value)
+
+
+def given_currency(body: ReleaseRequest) -> dict[str, Decimal]:
+    """The request's ``mu`` and ``rho``, those that were given."""
+    return {name: value for name, value in (("mu", body.mu), ("rho", body.rho)) if value}
+
+
 def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
     """Fingerprint of a request, to tell an idempotent retry from a different request."""
     canonical = json.dumps(
@@ -64,9 +73,11 @@ def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
             "dataset_id": str(dataset_id),
             "mechanism": body.mechanism,
             "k": body.k,
-            "epsilon": canonical_decimal(body.epsilon),
-            "delta": canonical_decimal(body.delta),
+            "epsilon": _canonical(body.epsilon),
+            "delta": _canonical(body.delta),
             "params": body.params,
+            # Only when given, so that a request in (epsilon, delta) hashes as before.
+            **{name: canonical_decimal(value) for name, value in given_currency(body).items()},
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -101,13 +112,160 @@ class Prepared:
     spec: ReleaseSpec[Any]
     #: The resolved params as stored and shown (JSON values).
     params: dict[str, Any]
+    #: The single-release ``(epsilon, delta)`` the mechanism is calibrated to (exact decimals
+    #: whose ``float_not_above`` are ``spec.epsilon``/``spec.delta``): what ``basic`` charges.
+    epsilon: Decimal
+    delta: Decimal
+    #: The release's cost from its declared steps in the other currencies.
+    costs: accounting.StepCosts
+    #: What the ledger is charged, in the dataset's currency.
+    charge: ledger.Charge
+
+
+def _context(dataset: Dataset, memory_limit_bytes: int | None) -> PublicContext:
+    return PublicContext(
+        n_rows=dataset.n_rows,
+        n_cols=dataset.n_cols,
+        row_norm_bound=dataset.row_norm_bound,
+        memory_limit_bytes=memory_limit_bytes,
+    )
+
+
+def _resolve(
+    mechanism: Mechanism[Any],
+    context: PublicContext,
+    k: int,
+    epsilon: float,
+    delta: float,
+    params: Any,
+) -> ReleaseSpec[Any]:
+    """``prepare`` at ``(epsilon, delta)``; :class:`InvalidInput` names the field."""
+    try:
+        resolved = mechanism.prepare(context, k, epsilon, delta, params)
+    except InvalidParameter as exc:
+        field = exc.field if exc.field in {"k", "epsilon", "delta"} else f"params.{exc.field}"
+        raise InvalidInput(field, exc.message) from None
+    return ReleaseSpec(k=k, epsilon=epsilon, delta=delta, params=resolved)
+
+
+def _costs(
+    mechanism: Mechanism[Any], context: PublicContext, spec: ReleaseSpec[Any]
+) -> accounting.StepCosts:
+    return accounting.step_costs(mechanism.privacy_steps(context, spec))
+
+
+#: Significant digits of a calibrated single-release epsilon (the ledger keeps it exactly).
+CALIBRATION_DIGITS = 15
+#: The range a calibrated single-release epsilon is searched in.
+CALIBRATION_RANGE = (1e-9, 1e5)
+
+
+def _decimal_down(value: float) -> Decimal:
+    """``value`` rounded down to :data:`CALIBRATION_DIGITS` significant digits."""
+    exponent = math.floor(math.log10(value)) - CALIBRATION_DIGITS + 1
+    return Decimal(value).quantize(Decimal(1).scaleb(exponent), rounding=ROUND_FLOOR)
+
+
+def _calibrate(
+    mechanism: Mechanism[Any],
+    context: PublicContext,
+    body: ReleaseRequest,
+    params: Any,
+    dataset: Dataset,
+    target_rho: Decimal,
+    target_delta: Decimal,
+) -> tuple[Decimal, Decimal, ReleaseSpec[Any], accounting.StepCosts]:
+    """The largest single-release epsilon (at the delta below) whose declared cost is within
+    ``(target_rho, target_delta)``: the release asked for in the dataset's currency.
+
+    The delta: for a purely Gaussian release any delta reaches every rho (only
+    ``epsilon``'s search moves the noise), so the dataset's ``delta_total`` is used and the
+    release reads as a single ``(epsilon, delta_total)`` release; a release with approximate
+    steps spends a fixed fraction of its delta on them, so its delta is that fraction's inverse
+    times ``target_delta``. The declared rho increases with epsilon: bisection on ``log eps``.
+    Every candidate is an exact decimal whose ``float_not_above`` is what the worker runs with.
+    """
+    field = "mu" if body.mu is not None else "rho"
+
+    def attempt(eps: Decimal, delta: Decimal) -> tuple[ReleaseSpec[Any], accounting.StepCosts]:
+        spec = _resolve(
+            mechanism, context, body.k, float_not_above(eps), float_not_above(delta), params
+        )
+        return spec, _costs(mechanism, context, spec)
+
+    delta = dataset.delta_total
+    probe_spec, probe = attempt(Decimal(1), delta)
+    if probe.rho is None:
+        raise InvalidInput("accounting", _not_admitted(mechanism, dataset.accounting))
+    if probe.delta:
+        if not target_delta:
+            raise InvalidInput(
+                "delta",
+                f"{mechanism.name} has approximate steps: give the delta they may spend with rho",
+            )
+        fraction = BUDGET_CONTEXT.divide(probe.delta, delta) if delta else Decimal(1)
+        delta = accounting.round_down(Context(prec=60).divide(target_delta, fraction))
+        for _ in range(8):
+            if not 0 < delta < 1:
+                raise InvalidInput("delta", "too large for this mechanism's approximate steps")
+            _, costs = attempt(Decimal(1), delta)
+            if costs.delta is not None and costs.delta <= target_delta:
+                break
+            delta = accounting.round_down(BUDGET_CONTEXT.multiply(delta, Decimal("0.999999")))
+    elif target_delta:
+        raise InvalidInput("delta", f"{mechanism.name} is purely Gaussian: it spends no delta")
+
+    def fits(eps: float) -> tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None:
+        candidate = _decimal_down(eps)
+        try:
+            spec, costs = attempt(candidate, delta)
+        except InvalidInput:
+            return None
+        if costs.rho is None or costs.rho > target_rho:
+            return None
+        return spec, costs, candidate
+
+    low, high = math.log(CALIBRATION_RANGE[0]), math.log(CALIBRATION_RANGE[1])
+    best = fits(math.exp(low))
+    if best is None:
+        raise InvalidInput(field, "too small for this mechanism and dataset")
+    if (top := fits(math.exp(high))) is not None:
+        best, low = top, high
+    for _ in range(80):
+        if high - low < 1e-14:
+            break
+        mid = (low + high) / 2
+        found = fits(math.exp(mid))
+        if found is None:
+            high = mid
+        else:
+            best, low = found, mid
+    spec, costs, eps = best
+    del probe_spec
+    return eps, delta, spec, costs
+
+
+def _not_admitted(mechanism: Mechanism[Any], accounting_name: str) -> str:
+    if accounting_name == "gaussian":
+        return (
+            f"{mechanism.name} is not purely Gaussian (or its profile is not proven), so this "
+            "dataset's gaussian accounting cannot charge it; only analyze_gauss, spectrum and "
+            "continual_gauss run here"
+        )
+    return (
+        f"{mechanism.name} has no proven zCDP profile, so this dataset's zcdp accounting cannot "
+        "charge it (never at a guessed rate); see docs/mechanisms.md, 'Accounting across "
+        "releases'"
+    )
 
 
 def _prepare(
     body: ReleaseRequest, dataset: Dataset, memory_limit_bytes: int | None = None
 ) -> Prepared:
     """Validate the request against the mechanism using public facts only (the worker memory
-    limit is public configuration: a mechanism may size a default parameter to it)."""
+    limit is public configuration: a mechanism may size a default parameter to it), calibrate
+    it (to the request's ``(epsilon, delta)`` as a single release, or to its ``mu``/``rho``)
+    and work out its charge in the dataset's currency."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
         raise InvalidInput("mechanism", unknown_name(body.mechanism, list(MECHANISMS), "mechanism"))
@@ -115,21 +273,71 @@ def _prepare(
         params = mechanism.parse_params(body.params)
     except ValidationError as exc:
         raise InvalidInput.from_validation(exc, prefix="params") from None
-    context = PublicContext(
-        n_rows=dataset.n_rows,
-        n_cols=dataset.n_cols,
-        row_norm_bound=dataset.row_norm_bound,
-        memory_limit_bytes=memory_limit_bytes,
+    context = _context(dataset, memory_limit_bytes)
+    kind = dataset.accounting
+    if kind not in mechanism.accountings:
+        raise InvalidInput("accounting", _not_admitted(mechanism, kind))
+    _check_currency(body, kind)
+    if body.epsilon is not None:
+        assert body.delta is not None  # _check_currency
+        epsilon, delta = body.epsilon, body.delta
+        spec = _resolve(
+            mechanism, context, body.k, float_not_above(epsilon), float_not_above(delta), params
+        )
+        costs = (
+            _costs(mechanism, context, spec)
+            if kind != "basic"
+            else accounting.StepCosts(None, None, False)
+        )
+    else:
+        target_delta = body.delta or Decimal(0)
+        target = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)
+        assert target is not None  # _check_currency
+        epsilon, delta, spec, costs = _calibrate(
+            mechanism, context, body, params, dataset, target, target_delta
+        )
+    if kind == "gaussian" and not costs.gaussian:
+        raise InvalidInput("accounting", _not_admitted(mechanism, kind))
+    if kind == "zcdp" and costs.rho is None:
+        raise InvalidInput("accounting", _not_admitted(mechanism, kind))
+    if kind == "basic":
+        charge = ledger.Charge(epsilon, delta)
+    else:
+        assert costs.rho is not None and costs.delta is not None
+        charge = ledger.Charge(Decimal(0), costs.delta, costs.rho)
+    dumped: dict[str, Any] = spec.params.model_dump(mode="json")
+    return Prepared(
+        mechanism=mechanism,
+        context=context,
+        spec=spec,
+        params=dumped,
+        epsilon=epsilon,
+        delta=delta,
+        costs=costs,
+        charge=charge,
     )
-    epsilon, delta = float_not_above(body.epsilon), float_not_above(body.delta)
-    try:
-        resolved = mechanism.prepare(context, body.k, epsilon, delta, params)
-    except InvalidParameter as exc:
-        field = exc.field if exc.field in {"k", "epsilon", "delta"} else f"params.{exc.field}"
-        raise InvalidInput(field, exc.message) from None
-    spec = ReleaseSpec(k=body.k, epsilon=epsilon, delta=delta, params=resolved)
-    dumped: dict[str, Any] = resolved.model_dump(mode="json")
-    return Prepared(mechanism=mechanism, context=context, spec=spec, params=dumped)
+
+
+def _check_currency(body: ReleaseRequest, kind: str) -> None:
+    """Exactly one way of stating the cost, and one the dataset's accounting takes."""
+    if body.epsilon is not None:
+        for name in given_currency(body):
+            raise InvalidInput(name, f"give {name} or epsilon, not both")
+        if body.delta is None:
+            raise InvalidInput("delta", "required with epsilon")
+        return
+    if body.mu is None and body.rho is None:
+        needs = {"basic": "epsilon and delta", "gaussian": "mu (or epsilon and delta)"}
+        raise InvalidInput("epsilon", f"required: {needs.get(kind, 'rho (or epsilon and delta)')}")
+    if kind == "basic":
+        name = "mu" if body.mu is not None else "rho"
+        raise InvalidInput(name, "this dataset's accounting is basic: give epsilon and delta")
+    if body.mu is not None and body.rho is not None:
+        raise InvalidInput("mu", "give mu or rho, not both")
+    if kind == "zcdp" and body.mu is not None:
+        raise InvalidInput("mu", "this dataset's accounting is zcdp: give rho (and delta)")
+    if kind == "gaussian" and body.rho is not None:
+        raise InvalidInput("rho", "this dataset's accounting is gaussian: give mu")
 
 
 def check_memory(prepared: Prepared, limit_mb: float) -> None:
@@ -158,8 +366,11 @@ def check_memory(prepared: Prepared, limit_mb: float) -> None:
 def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
     """The checks of a request that need no dataset: role and storable costs."""
     require_role(principal, "analyst")
-    _check_places("epsilon", body.epsilon)
-    _check_places("delta", body.delta)
+    for name, value in (("epsilon", body.epsilon), ("delta", body.delta)):
+        if value is not None:
+            _check_places(name, value)
+    for name, value in given_currency(body).items():
+        _check_places(name, value)
 
 
 def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
@@ -264,13 +475,11 @@ def request_release(
     )
     if grant is not None:
         share = grants.grant_budget(session, grant)
-        if not share.affords(body.epsilon, body.delta):
-            raise BudgetExceeded(
-                share.epsilon_remaining, share.delta_remaining, budget="grant", grant_id=grant.id
-            )
+        if not share.affords(prepared.charge):
+            raise budget_exceeded(share, budget="grant", grant_id=grant.id)
     budget = ledger.budget_of(session, dataset)
-    if not budget.affords(body.epsilon, body.delta):
-        raise BudgetExceeded(budget.epsilon_remaining, budget.delta_remaining)
+    if not budget.affords(prepared.charge):
+        raise budget_exceeded(budget)
     created_at = utcnow()
     padding = _padding(session, settings, body.mechanism, dataset, body.k, params)
     release = Release(
@@ -279,8 +488,10 @@ def request_release(
         requester_key_id=principal.key_id,
         mechanism=body.mechanism,
         k=body.k,
-        epsilon=body.epsilon,
-        delta=body.delta,
+        epsilon=prepared.epsilon,
+        delta=prepared.delta,
+        cost_rho=None if dataset.accounting == "basic" else prepared.charge.rho,
+        cost_delta=None if dataset.accounting == "basic" else prepared.charge.delta,
         params=params,
         idempotency_key=idempotency_key,
         request_hash=fingerprint,
@@ -304,7 +515,7 @@ def request_release(
         # The same key raced in for another dataset (a different request): refuse, charge nothing.
         raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
     grant_id = grant.id if grant is not None else None
-    ledger.charge(session, dataset.id, release.id, body.epsilon, body.delta, grant_id)
+    ledger.charge(session, dataset.id, release.id, prepared.charge, grant_id)
     audit.record(
         session,
         "release_requested",
@@ -315,13 +526,38 @@ def request_release(
             "mechanism": body.mechanism,
             "k": body.k,
             "params": params,
-            "cost": {"epsilon": body.epsilon, "delta": body.delta},
+            "cost": cost_details(dataset.accounting, prepared),
             "grant_id": grant_id,
         },
     )
     # Idle workers learn of the job when this transaction commits (a hint: they also poll).
     wake.announce(session, settings)
     return release
+
+
+def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:
+    """A release's cost as its audit events record it: ``(epsilon, delta)`` on ``basic`` (as
+    before), plus the accounting and the ``(rho, delta)`` charged on the others."""
+    details: dict[str, Any] = {"epsilon": prepared.epsilon, "delta": prepared.delta}
+    if kind != "basic":
+        details["accounting"] = kind
+        details["rho"] = prepared.charge.rho
+        details["zcdp_delta"] = prepared.charge.delta
+    return details
+
+
+def budget_exceeded(
+    state: ledger.BudgetState, budget: str = "dataset", grant_id: uuid.UUID | None = None
+) -> BudgetExceeded:
+    """The 409 for a budget the charge does not fit, with what remains in its currency."""
+    rho = None if state.accounting == "basic" else state.rho_remaining
+    return BudgetExceeded(
+        state.epsilon_remaining,
+        state.delta_remaining,
+        budget=budget,
+        grant_id=grant_id,
+        rho_remaining=rho,
+    )
 
 
 def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -> Release:

@@ -56,6 +56,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
@@ -93,6 +94,22 @@ from service.store import DatasetStore
 log = logging.getLogger("dpss.worker")
 
 T = TypeVar("T")
+
+
+def outcome_cost(release: Release) -> dict[str, Any]:
+    """A release's cost in its outcome event: ``(epsilon, delta)`` as before, plus ``(rho,
+    zcdp_delta)`` where the dataset's accounting charged those."""
+    cost: dict[str, Any] = {"epsilon": release.epsilon, "delta": release.delta}
+    if release.cost_rho is not None:
+        cost.update(rho=release.cost_rho, zcdp_delta=release.cost_delta)
+    return cost
+
+
+def refund_details(release: Release) -> dict[str, Any]:
+    """What a refund gave back, as the ledger moved it (the charge's amounts)."""
+    if release.cost_rho is None:
+        return {"epsilon": release.epsilon, "delta": release.delta}
+    return {"epsilon": Decimal(0), "delta": release.cost_delta, "rho": release.cost_rho}
 
 
 def is_transient_db_error(exc: BaseException) -> bool:
@@ -432,19 +449,19 @@ class Worker:
             basis, release.result_shape, release.result_sha256 = outcome.basis
             session.add(ReleaseBasis(release_id=release.id, epoch=0, basis=basis))
         if outcome.refund:
-            ledger.refund(session, release.dataset_id, release.id, release.epsilon, release.delta)
+            ledger.refund(session, release.dataset_id, release.id)
             release.refunded = True
         details: dict[str, Any] = {
             "mechanism": release.mechanism,
             "k": release.k,
-            "cost": {"epsilon": release.epsilon, "delta": release.delta},
+            "cost": outcome_cost(release),
             "attempts": release.attempts,
             "basis_sha256": release.result_sha256,
         }
         if outcome.reason is not None:
             details["reason"] = outcome.reason
         if outcome.refund:
-            details["refunded"] = {"epsilon": release.epsilon, "delta": release.delta}
+            details["refunded"] = refund_details(release)
         audit.record(
             session,
             f"release_{outcome.status}",

@@ -98,7 +98,7 @@ async def create_dataset(
             fields = DatasetCreate.model_validate(form.fields)
         except ValidationError as exc:
             raise InvalidInput.from_validation(exc, fallback="form") from None
-        datasets.check_budgets(fields)
+        datasets.check_budgets(fields, settings.default_accounting)
         assert form.file_path is not None
         stored = await anyio.to_thread.run_sync(store.ingest, form.file_path, form.file_suffix)
     finally:
@@ -106,7 +106,10 @@ async def create_dataset(
 
     def register(session: Session, principal: Principal) -> Dataset:
         return dataset_out(
-            session, datasets.register_dataset(session, store, principal, fields, stored)
+            session,
+            datasets.register_dataset(
+                session, store, principal, fields, stored, settings.default_accounting
+            ),
         )
 
     try:

@@ -31,6 +31,12 @@ def grant_out(view: grants.GrantView) -> Grant:
         delta_spent=budget.delta_spent,
         epsilon_remaining=Decimal(0) if revoked else budget.epsilon_remaining,
         delta_remaining=Decimal(0) if revoked else budget.delta_remaining,
+        accounting=budget.accounting,
+        rho_total=None if budget.accounting == "basic" else grant.rho,
+        rho_spent=None if budget.accounting == "basic" else budget.rho_spent,
+        rho_remaining=None
+        if budget.accounting == "basic"
+        else (Decimal(0) if revoked else budget.rho_remaining),
         created_at=grant.created_at,
         revoked_at=grant.revoked_at,
     )
@@ -57,7 +63,14 @@ def grant_out(view: grants.GrantView) -> Grant:
 async def create_grant(dataset_id: uuid.UUID, body: GrantCreate, uow: UnitOfWorkDep) -> Grant:
     def work(session: Session, principal: Principal) -> Grant:
         view = grants.create_grant(
-            session, principal, dataset_id, body.analyst_key_id, body.epsilon, body.delta
+            session,
+            principal,
+            dataset_id,
+            body.analyst_key_id,
+            body.epsilon,
+            body.delta,
+            rho=body.rho,
+            mu=body.mu,
         )
         return grant_out(view)
 

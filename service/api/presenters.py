@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import continual, ledger, releases, visibility
+from service import accounting, continual, ledger, releases, visibility
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
@@ -17,18 +18,56 @@ from service.releases import decode_basis
 
 
 def budget_out(session: Session, dataset: models.Dataset) -> Budget:
-    return _budget(ledger.budget_of(session, dataset))
+    return _budget(dataset, ledger.budget_of(session, dataset))
 
 
-def _budget(state: ledger.BudgetState) -> Budget:
+def _budget(dataset: models.Dataset, state: ledger.BudgetState) -> Budget:
+    """The budget in the dataset's currency; on ``gaussian`` and ``zcdp`` datasets
+    ``epsilon_spent`` is what the spent amount amounts to at ``delta_total``."""
+    if state.accounting == "basic":
+        return Budget(
+            epsilon_total=state.epsilon_total,
+            delta_total=state.delta_total,
+            epsilon_spent=state.epsilon_spent,
+            delta_spent=state.delta_spent,
+            epsilon_remaining=state.epsilon_remaining,
+            delta_remaining=state.delta_remaining,
+        )
+    used = spent_epsilon(dataset, state)
+    mu: dict[str, Decimal | None] = {}
+    if state.accounting == "gaussian":
+        mu = {
+            "mu_total": dataset.mu_total,
+            "mu_spent": accounting.sqrt_up(2 * state.rho_spent),
+            "mu_remaining": accounting.sqrt_down(2 * state.rho_remaining),
+        }
     return Budget(
+        accounting=state.accounting,
         epsilon_total=state.epsilon_total,
         delta_total=state.delta_total,
-        epsilon_spent=state.epsilon_spent,
+        epsilon_spent=used,
         delta_spent=state.delta_spent,
-        epsilon_remaining=state.epsilon_remaining,
+        epsilon_remaining=max(Decimal(0), state.epsilon_total - used),
         delta_remaining=state.delta_remaining,
+        rho_total=state.rho_total,
+        rho_spent=state.rho_spent,
+        rho_remaining=state.rho_remaining,
+        delta_conversion=dataset.delta_conversion,
+        **mu,
     )
+
+
+def spent_epsilon(dataset: models.Dataset, state: ledger.BudgetState) -> Decimal:
+    """The smallest epsilon at which what was spent is ``(epsilon, delta_total)``-DP: GDP's
+    curve at ``mu_spent`` (``gaussian``), CKS's conversion of ``rho_spent`` at ``delta_total -
+    delta_spent`` (``zcdp``: the approximate steps' delta adds up)."""
+    if state.rho_spent <= 0:
+        return Decimal(0)
+    if state.accounting == "gaussian":
+        return accounting.gdp_epsilon(accounting.sqrt_up(2 * state.rho_spent), dataset.delta_total)
+    spare = dataset.delta_total - state.delta_spent
+    converted = accounting.zcdp_epsilon(state.rho_spent, spare)
+    return dataset.epsilon_total if converted is None else converted
 
 
 def dataset_out(session: Session, dataset: models.Dataset) -> Dataset:
@@ -46,7 +85,7 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
             n_cols=dataset.n_cols,
             n_batches=dataset.n_batches,
             row_norm_bound=dataset.row_norm_bound,
-            budget=_budget(states[dataset.id]),
+            budget=_budget(dataset, states[dataset.id]),
             created_at=dataset.created_at,
         )
         for dataset in datasets
@@ -121,6 +160,8 @@ def release_out(
         k=release.k,
         epsilon=release.epsilon,
         delta=release.delta,
+        rho=release.cost_rho,
+        cost_delta=release.cost_delta,
         params=release.params,
         status=shown.status,
         reason=shown.reason,

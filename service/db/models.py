@@ -70,6 +70,16 @@ class Dataset(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
     #: Batches so far (the upload is batch 0, each append one more); ``n_rows`` counts them all.
     n_batches: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: ``basic`` (sums of epsilon and delta), ``gaussian`` (sums of mu^2, kept as rho = mu^2/2)
+    #: or ``zcdp`` (sums of rho and delta); see :mod:`service.accounting`.
+    accounting: Mapped[str] = mapped_column(String(10), default="basic", server_default="basic")
+    #: The filter's rho budget (``gaussian``: ``mu_total^2/2`` rounded down); null for ``basic``.
+    rho_total: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    #: ``gaussian``: the GDP budget ``mu_B`` derived from (or within) the stated target.
+    mu_total: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    #: ``zcdp``: the share of ``delta_total`` reserved for converting ``rho_total`` to
+    #: ``(epsilon_total, delta)``; mechanisms' approximate steps may spend the rest.
+    delta_conversion: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
 
 
 class DatasetBatch(Base):
@@ -100,6 +110,9 @@ class LedgerEntry(Base):
     kind: Mapped[str] = mapped_column(String(10))  # "charge" | "refund"
     epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
     delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    #: The zCDP rho (``gaussian`` datasets: ``mu^2/2``); 0 on ``basic`` datasets, whose
+    #: entries move ``epsilon`` and ``delta``. On the others ``epsilon`` is 0.
+    rho: Mapped[Decimal] = mapped_column(BudgetNumeric, default=Decimal(0), server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     #: The grant this entry is also charged to (or refunded to); null for a release that spent
     #: the dataset's budget directly. One entry moves both budgets, so they cannot disagree.
@@ -121,6 +134,8 @@ class Grant(Base):
     analyst_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
     epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
     delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
+    #: The share in the dataset's currency when it is not ``basic`` (``gaussian``: ``mu^2/2``).
+    rho: Mapped[Decimal] = mapped_column(BudgetNumeric, default=Decimal(0), server_default="0")
     created_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -139,6 +154,11 @@ class Release(Base):
     epsilon: Mapped[Decimal] = mapped_column(BudgetNumeric)
     delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    #: What the release was charged on a ``gaussian`` or ``zcdp`` dataset (null on ``basic``,
+    #: where ``epsilon``/``delta`` are the charge; otherwise they are the single-release target
+    #: the mechanism was calibrated to, i.e. what a ``basic`` dataset would charge).
+    cost_rho: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    cost_delta: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default="queued")

@@ -28,8 +28,10 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
+    GaussianStep,
     MechanismOutput,
     Preview,
+    PrivacyStep,
     PublicContext,
     ReleaseSpec,
 )
@@ -41,6 +43,7 @@ from service.mechanisms.centring import (
     budget_split,
     center_for_run,
     center_preview,
+    center_steps,
     mean_sensitivity,
     mean_sigma,
     private_center,
@@ -181,6 +184,7 @@ def analyze_gauss(
 
 class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
     name: ClassVar[str] = "analyze_gauss"
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
     title: ClassVar[str] = "Analyze Gauss (Gaussian noise on X^T X)"
     paper: ClassVar[str] = (
         "Dwork, Talwar, Thakurta & Zhang, Analyze Gauss: Optimal Bounds for "
@@ -238,6 +242,21 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
                 *centring_meaning,
             ],
         )
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]
+    ) -> list[PrivacyStep]:
+        """Purely Gaussian: the private mean's step (if centred) and ``E(sigma)`` on the Gram
+        matrix, sensitivity ``sqrt(2) C^2``: ``mu^2 = sum (Delta/sigma)^2`` over both, ``rho =
+        mu^2/2`` (the same sigma :meth:`run` draws)."""
+        params = spec.params
+        assert params.clip_norm is not None  # resolved by prepare
+        split = budget_split(spec.epsilon, spec.delta, params)
+        gram = GaussianStep(
+            gram_sensitivity(params.clip_norm),
+            noise_sigma(params.clip_norm, split.gram_epsilon, split.gram_delta),
+        )
+        return [*center_steps(ctx, params, split), gram]
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> int:
         d = ctx.n_cols

@@ -9,6 +9,14 @@ A release goes through two steps:
 
 The privacy cost of a release is the request's ``(epsilon, delta)``: each mechanism splits it
 internally into fixed fractions, so the cost is known before the mechanism runs.
+
+Costs in the other currencies (``service.accounting``): a mechanism whose privacy argument is a
+sequence of steps of known kinds declares them with :meth:`Mechanism.privacy_steps`, from the
+prepared spec (public facts) alone: a Gaussian step of sensitivity ``D`` and noise ``sigma`` is
+``D/sigma``-GDP and ``D^2/(2 sigma^2)``-zCDP; a pure ``eps``-step is ``eps^2/2``-zCDP; a step
+that is ``eps``-DP outside an event of probability ``delta`` is ``delta``-approximately
+``eps^2/2``-zCDP. Steps compose by summing ``rho`` and ``delta`` (``mu^2`` for all-Gaussian
+releases). A mechanism that declares none is admitted only by ``basic`` accounting.
 """
 
 from __future__ import annotations
@@ -129,6 +137,36 @@ class Preview:
     meaning: list[str]
 
 
+@dataclass(frozen=True)
+class GaussianStep:
+    """Gaussian noise of standard deviation ``sigma`` on a query of l2 sensitivity
+    ``sensitivity`` (only the ratio matters: a data-dependent sensitivity bound, as in a PTR
+    release, may be declared as ``1`` and ``sigma/sensitivity``)."""
+
+    sensitivity: float
+    sigma: float
+
+
+@dataclass(frozen=True)
+class PureStep:
+    """A step that is ``epsilon``-DP (Laplace, AboveThreshold, exponential mechanism)."""
+
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class ApproximateStep:
+    """A step that is ``epsilon``-DP outside an event of probability at most ``delta`` (a PTR
+    test's failure, truncated Laplace, a stability histogram's unseen cell): ``delta``-
+    approximately ``epsilon^2/2``-zCDP. The mechanism's docstring names the event."""
+
+    epsilon: float
+    delta: float
+
+
+PrivacyStep = GaussianStep | PureStep | ApproximateStep
+
+
 class Mechanism(ABC, Generic[P]):
     """A differentially private release of a subspace (or of a statistic used to choose one)."""
 
@@ -140,6 +178,11 @@ class Mechanism(ABC, Generic[P]):
     params_model: ClassVar[type[MechanismParams]]
     allows_pure_dp: ClassVar[bool] = False
     releases_basis: ClassVar[bool] = True
+    #: The accountings whose filter can charge this mechanism: ``basic`` always; ``zcdp`` and
+    #: ``gaussian`` only where :meth:`privacy_steps` declares a proven profile (every step
+    #: Gaussian for ``gaussian``). A dataset of another accounting refuses it with 422 before
+    #: anything is prepared or charged.
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic"})
     #: A continual mechanism follows a growing dataset: the worker calls ``start`` once and
     #: ``advance`` per batch (one epoch each) instead of ``run``.
     continual: ClassVar[bool] = False
@@ -178,6 +221,13 @@ class Mechanism(ABC, Generic[P]):
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> Preview:
         """The noise scales and thresholds :meth:`run` would use with ``spec`` (the params
         returned by :meth:`prepare`), and what they mean. Public facts only: never the data."""
+
+    def privacy_steps(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> list[PrivacyStep] | None:
+        """The steps whose adaptive composition is this release's privacy argument, from the
+        prepared spec (public facts only), or ``None`` when no per-step profile is proven (then
+        only ``basic`` accounting admits the mechanism). The steps must be exactly the ones
+        :meth:`run` performs with ``spec``: the ledger charges their sum."""
+        return None
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> int:
         """Peak working memory of :meth:`run` in bytes, beyond the (memory-mapped) data.

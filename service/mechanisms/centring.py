@@ -33,9 +33,12 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
+    GaussianStep,
     InvalidParameter,
     PreviewValue,
+    PrivacyStep,
     PublicContext,
+    PureStep,
     check_clip_scale,
     resolve_clip_norm,
 )
@@ -175,6 +178,23 @@ def private_center(
     sigma = mean_sigma(clip_norm, n, epsilon, delta)
     mean = clipped_sum(data, clip_norm) / n
     return round_to_grid(mean + rng.normal(0.0, sigma, size=d), sigma / GRID_DIVISOR)
+
+
+def center_steps(ctx: PublicContext, params: CenterParams, split: BudgetSplit) -> list[PrivacyStep]:
+    """The private mean's step, if any: Gaussian of sensitivity ``2C/n`` and ``sigma_mu``
+    (``(2C/n)^2/(2 sigma_mu^2)``-zCDP), or the pure variant's ``(s eps)``-DP Laplace. Composed
+    with the Gram step by summing ``rho`` (``mu^2`` for two Gaussians)."""
+    if params.center != "private":
+        return []
+    assert params.clip_norm is not None  # resolved by prepare
+    if split.mean_delta > 0:
+        return [
+            GaussianStep(
+                mean_sensitivity(params.clip_norm, ctx.n_rows),
+                mean_sigma(params.clip_norm, ctx.n_rows, split.mean_epsilon, split.mean_delta),
+            )
+        ]
+    return [PureStep(split.mean_epsilon)]
 
 
 def check_center_shape(ctx: PublicContext, params: CenterParams) -> None:

@@ -71,8 +71,10 @@ from pydantic import Field
 from service.mechanisms.base import (
     ClipParams,
     ClippingMechanism,
+    GaussianStep,
     MechanismOutput,
     Preview,
+    PrivacyStep,
     PublicContext,
     ReleaseSpec,
 )
@@ -308,6 +310,7 @@ def _advance_state(
 
 class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
     name: ClassVar[str] = "continual_gauss"
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
     title: ClassVar[str] = "Continual Analyze Gauss (tree aggregation over a growing dataset)"
     paper: ClassVar[str] = (
         "Dwork, Talwar, Thakurta & Zhang, Analyze Gauss: Optimal Bounds for "
@@ -335,6 +338,20 @@ class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
         low = min(1.0, noise_sigma(1.0, epsilon, delta, 1) / GRID_DIVISOR)
         high = ctx.n_cols * (MAX_STREAM_ROWS + 64.0 * levels(MAX_HORIZON) * unit_sigma)
         return low, high
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[ContinualGaussParams]
+    ) -> list[PrivacyStep]:
+        """The whole tree, charged once: one Gaussian mechanism on the vector of every node's
+        upper triangle over the horizon, l2 sensitivity ``sqrt(L) sqrt(2) C^2``."""
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        horizon = spec.params.horizon
+        return [
+            GaussianStep(
+                tree_sensitivity(spec.params.clip_norm, horizon),
+                noise_sigma(spec.params.clip_norm, spec.epsilon, spec.delta, horizon),
+            )
+        ]
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[ContinualGaussParams]) -> Preview:
         params = spec.params

@@ -59,13 +59,17 @@ from scipy.special import ndtr, ndtri
 
 from api_schemas.common import format_budget
 from service.mechanisms.base import (
+    ApproximateStep,
+    GaussianStep,
     InvalidParameter,
     Mechanism,
     MechanismOutput,
     MechanismParams,
     Preview,
     PreviewValue,
+    PrivacyStep,
     PublicContext,
+    PureStep,
     ReleaseSpec,
 )
 from service.mechanisms.composition import gaussian_total_mu
@@ -1322,8 +1326,32 @@ def resolve_aggregator(params: FriendlyAggregateParams, d: int) -> Aggregator:
 # The service's mechanism
 
 
+def split_steps(split: AnySplit) -> list[PrivacyStep]:
+    """The release's steps at ``split`` (approximate zCDP, ALGORITHMS.md "Accounting across
+    releases"): AboveThreshold ``eps0``-DP (pure, when the radius is searched); the test, whose
+    failure event ``W_low > W`` has probability ``delta1`` and outside which the mean's
+    sensitivity bound holds (basic split: the Laplace count, ``eps1``-DP, hence ``delta1``-
+    approximately ``eps1^2/2``; F3: a Gaussian count of ``ptr_mu``); the Gaussian mean of
+    ``mu = D/sigma`` (basic: the analytic-Gaussian ratio at ``(eps2, delta2)``; F3:
+    ``mean_mu``). Not purely Gaussian, so ``gaussian`` accounting refuses it."""
+    steps: list[PrivacyStep] = [PureStep(split.eps0)] if split.eps0 > 0 else []
+    if isinstance(split, GdpSplit):
+        steps += [
+            GaussianStep(1.0, 1.0 / split.ptr_mu),
+            ApproximateStep(0.0, split.delta1),
+            GaussianStep(1.0, 1.0 / split.mean_mu),
+        ]
+    else:
+        steps += [
+            ApproximateStep(split.eps1, split.delta1),
+            GaussianStep(1.0, split_mean_sigma(1.0, split)),
+        ]
+    return steps
+
+
 class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
     name: ClassVar[str] = "friendly_aggregate"
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "zcdp"})
     title: ClassVar[str] = "Friendly aggregation of subset subspaces (sample and aggregate)"
     paper: ClassVar[str] = (
         "Tsfadia, On Differentially Private Subspace Estimation in a Distribution-Free "
@@ -1416,6 +1444,15 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 "points); lower t or q",
             )
         return params.model_copy(update={"t": t, "q": q_used, "aggregator": aggregator})
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]
+    ) -> list[PrivacyStep]:
+        """:func:`split_steps` of the split :meth:`run` uses (public: ``t``, epsilon, delta)."""
+        params = spec.params
+        assert params.t is not None  # resolved by prepare
+        radius_given = params.radius is not None
+        return split_steps(release_split(spec.epsilon, spec.delta, radius_given, t=params.t))
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]) -> Preview:
         params = spec.params

@@ -31,8 +31,11 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
+    ApproximateStep,
+    GaussianStep,
     MechanismOutput,
     Preview,
+    PrivacyStep,
     PublicContext,
     ReleaseSpec,
 )
@@ -41,6 +44,7 @@ from service.mechanisms.centring import (
     CentredGramMechanism,
     center_for_run,
     center_preview,
+    center_steps,
     with_center_multiples,
 )
 from service.mechanisms.centring import budget_split as center_split
@@ -206,6 +210,22 @@ class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
         "and a dry run carries a warning."
     )
     params_model: ClassVar[type[GapPerturbationParams]] = GapPerturbationParams
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "zcdp"})
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]
+    ) -> list[PrivacyStep]:
+        """The private mean's step (if centred); the gap test, ``eps1``-DP, whose event
+        ``g_low > g`` (probability ``delta1``) is the only one where the projector's
+        sensitivity bound fails: ``delta1``-approximately ``eps1^2/2``-zCDP; the projector's
+        Gaussian noise, ``sigma/s`` the analytic-Gaussian ratio at ``(eps2, delta2)``."""
+        centring = center_split(spec.epsilon, spec.delta, spec.params)
+        split = budget_split(centring.gram_epsilon, centring.gram_delta)
+        return [
+            *center_steps(ctx, spec.params, centring),
+            ApproximateStep(split.epsilon1, split.delta1),
+            GaussianStep(1.0, analytic_gaussian_sigma(1.0, split.epsilon2, split.delta2)),
+        ]
 
     def centred_multiples(
         self,

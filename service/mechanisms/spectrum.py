@@ -33,9 +33,11 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
+    GaussianStep,
     InvalidParameter,
     MechanismOutput,
     Preview,
+    PrivacyStep,
     PublicContext,
     ReleaseSpec,
 )
@@ -45,6 +47,7 @@ from service.mechanisms.centring import (
     budget_split,
     center_for_run,
     center_preview,
+    center_steps,
     check_center_shape,
     with_center_multiples,
 )
@@ -159,6 +162,7 @@ def spectrum(
 
 class Spectrum(CentredGramMechanism[SpectrumParams]):
     name: ClassVar[str] = "spectrum"
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
     title: ClassVar[str] = "Noisy eigenvalues of X^T X, for choosing k"
     paper: ClassVar[str] = (
         "Tsfadia, On Differentially Private Subspace Estimation in a Distribution-Free "
@@ -223,6 +227,19 @@ class Spectrum(CentredGramMechanism[SpectrumParams]):
         return max(
             clipped_gram_memory(ctx.n_rows, d, centred=centred), 8 * d * d + eigh_memory(d, 0)
         )
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[SpectrumParams]
+    ) -> list[PrivacyStep]:
+        """Purely Gaussian: the private mean's step (if centred) and the eigenvalue vector's
+        noise, l2 sensitivity ``sqrt(2) C^2`` (Hoffman-Wielandt)."""
+        assert spec.params.clip_norm is not None  # resolved by prepare
+        split = budget_split(spec.epsilon, spec.delta, spec.params)
+        values = GaussianStep(
+            spectrum_sensitivity(spec.params.clip_norm),
+            noise_std(spec.params.clip_norm, split.gram_epsilon, split.gram_delta),
+        )
+        return [*center_steps(ctx, spec.params, split), values]
 
     def run(
         self, data: FloatArray, spec: ReleaseSpec[SpectrumParams], rng: np.random.Generator

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES
 from service.db.types import ExactDecimal as ExactColumn
-from service.ledger import BudgetState
+from service.ledger import BudgetState, Charge
 from tests.api.test_datasets import stored_files
 from tests.conftest import bearer, npy_bytes
 
@@ -60,7 +60,7 @@ def test_a_budget_just_under_one_does_not_afford_one_in_any_ambient_context():
     with localcontext() as ambient:
         ambient.prec = 28  # Python's default; the ledger must not depend on it
         assert state.epsilon_remaining == Decimal(JUST_UNDER_ONE)
-        assert not state.affords(Decimal(1), Decimal(0))
+        assert not state.affords(Charge(Decimal(1), Decimal(0)))
 
 
 def test_a_budget_just_under_one_refuses_a_release_of_one(client, keys):

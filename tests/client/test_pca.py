@@ -54,6 +54,8 @@ def test_get_params_round_trip_and_clone_like_rebuild() -> None:
         "center": [0.1, 0.2],
         "center_share": 0.3,
         "timeout": None,
+        "mu": None,
+        "rho": None,
         "clip_norm": 2.0,
     }
     assert pca.get_params(deep=False) == params

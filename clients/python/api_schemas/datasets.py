@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 from uuid import UUID
 
 from pydantic import Field
@@ -18,16 +18,74 @@ from api_schemas.common import (
     number_schema,
 )
 
+Accounting = Literal["basic", "gaussian", "zcdp"]
+
 
 class Budget(Schema):
-    """A dataset's privacy budget. Values are exact decimals serialised as strings."""
+    """A dataset's privacy budget. Values are exact decimals serialised as strings.
 
+    ``basic`` accounting sums ``(epsilon, delta)``. ``gaussian`` sums ``mu^2`` against
+    ``mu_total^2`` (a Gaussian-DP filter); ``zcdp`` sums ``rho`` and ``delta`` against
+    ``rho_total`` and ``delta_total - delta_conversion`` (an approximate-zCDP filter). On those
+    two, ``epsilon_spent`` is the epsilon that what was spent amounts to at ``delta_total``.
+    """
+
+    accounting: Accounting = Field(
+        default="basic", description="How releases compose: `basic`, `gaussian` or `zcdp`."
+    )
     epsilon_total: ExactDecimal = Field(description="Total epsilon the owner granted.")
     delta_total: ExactDecimal = Field(description="Total delta the owner granted.")
-    epsilon_spent: ExactDecimal = Field(description="Epsilon charged by releases (net of refunds).")
-    delta_spent: ExactDecimal = Field(description="Delta charged by releases (net of refunds).")
+    epsilon_spent: ExactDecimal = Field(
+        description=(
+            "basic: epsilon charged by releases (net of refunds). gaussian, zcdp: the smallest "
+            "epsilon at which everything spent so far is (epsilon, delta_total)-DP (rounded up)."
+        )
+    )
+    delta_spent: ExactDecimal = Field(
+        description="Delta charged by releases (net of refunds); 0 under gaussian accounting."
+    )
     epsilon_remaining: ExactDecimal = Field(description="epsilon_total - epsilon_spent.")
-    delta_remaining: ExactDecimal = Field(description="delta_total - delta_spent.")
+    delta_remaining: ExactDecimal = Field(
+        description=(
+            "Delta releases may still spend: delta_total - delta_spent (basic); delta_total - "
+            "delta_conversion - delta_spent (zcdp); 0 (gaussian)."
+        )
+    )
+    rho_total: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "zcdp: the largest rho whose conversion (Canonne, Kamath & Steinke 2020) is within "
+            "(epsilon_total, delta_conversion), rounded down. gaussian: mu_total^2/2. Null for "
+            "basic."
+        ),
+    )
+    rho_spent: ExactDecimal | None = Field(
+        default=None, description="Rho charged by releases (net of refunds); null for basic."
+    )
+    rho_remaining: ExactDecimal | None = Field(
+        default=None, description="rho_total - rho_spent; null for basic."
+    )
+    mu_total: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian: the largest mu whose Gaussian-DP curve is within (epsilon_total, "
+            "delta_total), rounded down. Null otherwise."
+        ),
+    )
+    mu_spent: ExactDecimal | None = Field(
+        default=None, description="gaussian: sqrt(sum of the releases' mu^2), rounded up."
+    )
+    mu_remaining: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian: sqrt(mu_total^2 - mu_spent^2), rounded down: the largest mu one more "
+            "release may use."
+        ),
+    )
+    delta_conversion: ExactDecimal | None = Field(
+        default=None,
+        description="zcdp: the share of delta_total reserved for converting rho_total.",
+    )
 
 
 class Dataset(Schema):
@@ -95,5 +153,38 @@ class DatasetCreate(RequestSchema):
         description=(
             "Public bound C on row norms, the default clip norm of releases. Declare it from "
             "domain knowledge; it must not be computed from the data."
+        ),
+    )
+    accounting: Accounting | None = Field(
+        default=None,
+        description=(
+            "How releases compose: `basic` (sums of epsilon and delta), `gaussian` (a Gaussian-"
+            "DP filter: only purely Gaussian mechanisms; never more noise than basic) or `zcdp` "
+            "(an approximate-zCDP filter: every mechanism with a proven profile). Default: "
+            "`basic` when delta_budget is 0, else the service's DPSS_DEFAULT_ACCOUNTING "
+            "(`zcdp` unless the operator changed it)."
+        ),
+    )
+    mu_budget: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "gaussian: a mu budget stated directly; at most the largest mu whose curve is "
+            "within (epsilon_budget, delta_budget) (derived when absent)."
+        ),
+    )
+    rho_budget: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(
+        default=None,
+        description=(
+            "zcdp: a rho budget stated directly; at most the largest rho whose conversion is "
+            "within (epsilon_budget, delta_conversion) (derived when absent)."
+        ),
+    )
+    delta_conversion: (
+        Annotated[StrictDecimal, Field(gt=0, lt=1), number_schema(gt=0, lt=1)] | None
+    ) = Field(
+        default=None,
+        description=(
+            "zcdp: the share of delta_budget reserved for converting rho to (epsilon, "
+            "delta); releases' approximate steps may spend the rest. Default: half."
         ),
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 from uuid import UUID
 
 from pydantic import Field
@@ -21,14 +21,28 @@ class GrantCreate(RequestSchema):
             "of their own on this dataset."
         ),
     )
-    epsilon: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] = Field(
+    epsilon: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = (
+        Field(
+            default=None,
+            description=(
+                "basic datasets: epsilon the grant may spend, at most the dataset's total: a JSON "
+                "number or a decimal string in ASCII digits, at most 30 decimal places."
+            ),
+        )
+    )
+    delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] | None = Field(
+        default=None,
         description=(
-            "Epsilon the grant may spend, at most the dataset's total: a JSON number or a "
-            "decimal string in ASCII digits, at most 30 decimal places."
+            "Delta the grant may spend (basic: at most the dataset's total; zcdp: with rho, "
+            "at most the dataset's delta for mechanisms); at most 30 places."
         ),
     )
-    delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] = Field(
-        description="Delta the grant may spend, at most the dataset's total; at most 30 places.",
+    mu: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(
+        default=None,
+        description="gaussian datasets: the grant's mu (charged as mu^2/2 of the dataset's rho).",
+    )
+    rho: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(
+        default=None, description="gaussian and zcdp datasets: the grant's rho."
     )
 
 
@@ -49,6 +63,18 @@ class Grant(Schema):
     )
     delta_remaining: ExactDecimal = Field(
         description="Delta the grant could still spend (none once revoked)."
+    )
+    accounting: Literal["basic", "gaussian", "zcdp"] = Field(
+        default="basic", description="The dataset's accounting: the grant's currency."
+    )
+    rho_total: ExactDecimal | None = Field(
+        default=None, description="gaussian and zcdp: rho granted (gaussian: mu^2/2)."
+    )
+    rho_spent: ExactDecimal | None = Field(
+        default=None, description="gaussian and zcdp: rho charged to the grant, less refunds."
+    )
+    rho_remaining: ExactDecimal | None = Field(
+        default=None, description="gaussian and zcdp: rho the grant could still spend."
     )
     created_at: datetime = Field(description="Creation time (UTC).")
     revoked_at: datetime | None = Field(

@@ -32,17 +32,41 @@ class ReleaseRequest(RequestSchema):
             "Dimension of the released subspace (for `spectrum`: how many singular values)."
         ),
     )
-    epsilon: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] = Field(
+    epsilon: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = (
+        Field(
+            default=None,
+            description=(
+                "Privacy cost epsilon: a JSON number or a decimal string in ASCII digits, at "
+                "most 30 decimal places. On a `basic` dataset the charge; on `gaussian` and "
+                "`zcdp` datasets the single-release target the mechanism is calibrated to, "
+                "charged its own cost in the dataset's currency. Required unless `mu` or `rho` "
+                "is given."
+            ),
+        )
+    )
+    delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] | None = Field(
+        default=None,
         description=(
-            "Privacy cost epsilon charged for this release: a JSON number or a decimal string "
-            "in ASCII digits, at most 30 decimal places."
+            "Privacy cost delta, with `epsilon` (0 only for pure-DP mechanisms); with `rho` on a "
+            "`zcdp` dataset, the approximate-zCDP delta of mechanisms with approximate steps "
+            "(0 or absent for purely Gaussian ones). At most 30 decimal places."
         ),
     )
-    delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] = Field(
+    mu: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = Field(
+        default=None,
         description=(
-            "Privacy cost delta charged for this release (0 only for pure-DP mechanisms); "
-            "at most 30 decimal places."
+            "`gaussian` datasets: the release's Gaussian-DP cost mu (the mechanism's steps "
+            "use noise sigma_j with sum (Delta_j/sigma_j)^2 <= mu^2). Instead of epsilon."
         ),
+    )
+    rho: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = (
+        Field(
+            default=None,
+            description=(
+                "`zcdp` datasets: the release's zCDP cost rho (with `delta` for mechanisms with "
+                "approximate steps). Instead of epsilon."
+            ),
+        )
     )
     params: dict[str, Any] = Field(
         default_factory=dict,
@@ -117,8 +141,24 @@ class Release(Schema):
     dataset_id: UUID = Field(description="The dataset released from.")
     mechanism: str = Field(description="Mechanism name.")
     k: int = Field(description="Requested dimension.")
-    epsilon: ExactDecimal = Field(description="Epsilon charged.")
-    delta: ExactDecimal = Field(description="Delta charged.")
+    epsilon: ExactDecimal = Field(
+        description=(
+            "Epsilon charged (basic datasets); on gaussian and zcdp datasets the single-release "
+            "epsilon the mechanism was calibrated to."
+        )
+    )
+    delta: ExactDecimal = Field(description="Delta charged (basic); else as `epsilon`.")
+    rho: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian and zcdp datasets: the rho charged (gaussian: mu^2/2), rounded up; "
+            "null on basic datasets."
+        ),
+    )
+    cost_delta: ExactDecimal | None = Field(
+        default=None,
+        description="zcdp datasets: the approximate-zCDP delta charged; null on basic datasets.",
+    )
     params: dict[str, Any] = Field(
         description="Parameters as resolved before running (defaults filled in from public facts)."
     )
@@ -225,6 +265,13 @@ class BudgetExceeded(Schema):
     grant_id: UUID | None = Field(
         default=None, description="The grant that is short, when `budget` is `grant`."
     )
+    rho_remaining: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian and zcdp datasets: rho still available in that budget (gaussian: "
+            "mu_remaining^2/2). Absent for basic."
+        ),
+    )
 
 
 class PreviewWarning(Schema):
@@ -255,10 +302,46 @@ class ReleasePreview(Schema):
     dataset_id: UUID = Field(description="The dataset the release would read.")
     mechanism: str = Field(description="Mechanism name.")
     k: int = Field(description="Requested dimension.")
-    epsilon: ExactDecimal = Field(description="Epsilon a real request would charge.")
-    delta: ExactDecimal = Field(description="Delta a real request would charge.")
+    epsilon: ExactDecimal = Field(
+        description=(
+            "Epsilon of the single release the mechanism is calibrated to: what the same "
+            "request costs on a `basic` dataset (there, the charge)."
+        )
+    )
+    delta: ExactDecimal = Field(description="Delta of that single release (basic: the charge).")
     params: dict[str, Any] = Field(
         description="Parameters as a real request would resolve them (defaults filled in)."
+    )
+    accounting: Literal["basic", "gaussian", "zcdp"] = Field(
+        default="basic", description="The dataset's accounting, which says what is charged."
+    )
+    mu: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "The release's Gaussian-DP cost (rounded up), when every step is Gaussian: what a "
+            "`gaussian` dataset charges (as mu^2/2)."
+        ),
+    )
+    rho: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "The release's zCDP cost rho from its declared steps (rounded up): what a `zcdp` "
+            "dataset charges (gaussian: mu^2/2). Null when the mechanism has no proven profile."
+        ),
+    )
+    zcdp_delta: ExactDecimal | None = Field(
+        default=None,
+        description="The approximate-zCDP delta of its approximate steps (0 if purely Gaussian).",
+    )
+    rho_remaining: ExactDecimal | None = Field(
+        default=None, description="gaussian and zcdp: rho left in the budget named by `budget`."
+    )
+    releases_remaining: int | None = Field(
+        default=None,
+        description=(
+            "How many more releases exactly like this one the remaining budget buys (this one "
+            "included); null when it costs nothing."
+        ),
     )
     affordable: bool = Field(
         description=(

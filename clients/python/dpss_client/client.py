@@ -328,6 +328,13 @@ class _Reporting(io.RawIOBase):
 # Helpers
 
 
+def cost_fields(**amounts: Number | None) -> dict[str, str]:
+    """The cost fields of a request or grant, those given, as exact decimal text: ``epsilon``
+    and ``delta`` (a ``basic`` dataset, or a single-release target elsewhere), ``mu``
+    (``gaussian`` datasets) or ``rho`` with ``delta`` (``zcdp`` datasets)."""
+    return {name: _decimal_str(value, name) for name, value in amounts.items() if value is not None}
+
+
 def _decimal_str(value: Number, field: str) -> str:
     """Exact decimal text for epsilon/delta/budgets (floats go through their shortest repr)."""
     if isinstance(value, bool):
@@ -468,6 +475,10 @@ class Client:
         delta_budget: Number,
         row_norm_bound: float | None = None,
         progress: UploadProgress | None = None,
+        accounting: str | None = None,
+        mu_budget: Number | None = None,
+        rho_budget: Number | None = None,
+        delta_conversion: Number | None = None,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata.
 
@@ -475,11 +486,19 @@ class Client:
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
         a temporary file). ``name`` defaults to the file's stem and is required for arrays.
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
+        ``accounting`` (``basic``, ``gaussian`` or ``zcdp``; default: the service's) says how
+        releases compose; ``mu_budget``/``rho_budget`` state the derived budget directly and
+        ``delta_conversion`` the zcdp split (see the service's ``DatasetCreate``).
         """
-        form: dict[str, str] = {
-            "epsilon_budget": _decimal_str(epsilon_budget, "epsilon_budget"),
-            "delta_budget": _decimal_str(delta_budget, "delta_budget"),
-        }
+        form: dict[str, str] = cost_fields(
+            epsilon_budget=epsilon_budget,
+            delta_budget=delta_budget,
+            mu_budget=mu_budget,
+            rho_budget=rho_budget,
+            delta_conversion=delta_conversion,
+        )
+        if accounting is not None:
+            form["accounting"] = accounting
         if row_norm_bound is not None:
             form["row_norm_bound"] = repr(float(row_norm_bound))
         if isinstance(data, np.ndarray):
@@ -567,16 +586,19 @@ class Client:
     def create_grant(
         self,
         dataset_id: UUID | str,
-        epsilon: Number,
-        delta: Number,
+        epsilon: Number | None = None,
+        delta: Number | None = None,
         *,
+        mu: Number | None = None,
+        rho: Number | None = None,
         analyst_key_id: UUID | str | None = None,
     ) -> Grant:
         """Give an analyst key (every analyst if ``analyst_key_id`` is None) a share of a
-        dataset's budget (owner key). Releases are then charged to the grant and the dataset."""
+        dataset's budget (owner key), in its currency: ``epsilon, delta`` (basic), ``mu=`` or
+        ``rho=`` (gaussian), ``rho=`` with ``delta`` (zcdp). Releases are then charged to the
+        grant and the dataset."""
         body: dict[str, Any] = {
-            "epsilon": _decimal_str(epsilon, "epsilon"),
-            "delta": _decimal_str(delta, "delta"),
+            **cost_fields(epsilon=epsilon, delta=delta, mu=mu, rho=rho),
             "analyst_key_id": None if analyst_key_id is None else str(analyst_key_id),
         }
         response = self._request("POST", f"/v1/datasets/{dataset_id}/grants", json=body)
@@ -598,13 +620,20 @@ class Client:
         dataset_id: UUID | str,
         mechanism: str,
         k: int,
-        epsilon: Number,
-        delta: Number,
+        epsilon: Number | None = None,
+        delta: Number | None = None,
         *,
+        mu: Number | None = None,
+        rho: Number | None = None,
         idempotency_key: str | None = None,
         **params: Any,
     ) -> ReleaseHandle:
         """Request a release (analyst key); it is queued, and the cost charged, at once.
+
+        The cost: ``epsilon, delta`` (on a ``basic`` dataset the charge; elsewhere the single
+        release the mechanism is calibrated to, charged its own cost), or ``mu=`` on a
+        ``gaussian`` dataset, or ``rho=`` (with ``delta`` for approximate steps) on a ``zcdp``
+        one.
 
         Keyword arguments other than ``idempotency_key`` are the mechanism's parameters (see
         :meth:`mechanisms`). The request carries an ``Idempotency-Key`` (random unless given),
@@ -613,8 +642,7 @@ class Client:
         body = {
             "mechanism": mechanism,
             "k": k,
-            "epsilon": _decimal_str(epsilon, "epsilon"),
-            "delta": _decimal_str(delta, "delta"),
+            **cost_fields(epsilon=epsilon, delta=delta, mu=mu, rho=rho),
             "params": params,
         }
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
@@ -631,8 +659,11 @@ class Client:
         dataset_id: UUID | str,
         mechanism: str,
         k: int,
-        epsilon: Number,
-        delta: Number,
+        epsilon: Number | None = None,
+        delta: Number | None = None,
+        *,
+        mu: Number | None = None,
+        rho: Number | None = None,
         **params: Any,
     ) -> ReleasePreview:
         """What :meth:`release` would cost and use, charging nothing (analyst key).
@@ -645,8 +676,7 @@ class Client:
         body = {
             "mechanism": mechanism,
             "k": k,
-            "epsilon": _decimal_str(epsilon, "epsilon"),
-            "delta": _decimal_str(delta, "delta"),
+            **cost_fields(epsilon=epsilon, delta=delta, mu=mu, rho=rho),
             "params": params,
         }
         response = self._request(

@@ -41,6 +41,8 @@ _NAMED: Final = (
     "center",
     "center_share",
     "timeout",
+    "mu",
+    "rho",
 )
 
 
@@ -103,8 +105,13 @@ class PrivatePCA:
         The dataset in the service; the rows never leave it.
     n_components : int
         ``k``, the number of components released.
-    epsilon, delta : Decimal, str, int or float
-        The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget.
+    epsilon, delta : Decimal, str, int or float, optional
+        The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget
+        (on a ``gaussian`` or ``zcdp`` dataset: the single release calibrated to, charged its
+        own cost in the dataset's currency).
+    mu, rho : Decimal, str, int or float, optional
+        The cost in the dataset's currency instead: ``mu`` on a ``gaussian`` dataset, ``rho``
+        (with ``delta`` for mechanisms with approximate steps) on a ``zcdp`` one.
     mechanism : str
         A mechanism releasing a basis (default ``"analyze_gauss"``, which also releases the
         noisy eigenvalues and trace used for the explained variance).
@@ -147,15 +154,19 @@ class PrivatePCA:
         client: Client,
         dataset_id: UUID | str,
         n_components: int,
-        epsilon: Number,
-        delta: Number,
+        epsilon: Number | None = None,
+        delta: Number | None = None,
         mechanism: str = "analyze_gauss",
         center: CenterArg = "private",
         center_share: float | None = None,
         timeout: float | None = None,
+        mu: Number | None = None,
+        rho: Number | None = None,
         **params: Any,
     ) -> None:
         # scikit-learn's convention: store the arguments untouched, validate in fit.
+        self.mu = mu
+        self.rho = rho
         self.client = client
         self.dataset_id = dataset_id
         self.n_components = n_components
@@ -261,6 +272,8 @@ class PrivatePCA:
             k=checked.n_components,
             epsilon=self.epsilon,
             delta=self.delta,
+            mu=self.mu,
+            rho=self.rho,
             **params,
         )
         handle.wait_finished(timeout=checked.timeout)

@@ -166,7 +166,7 @@ def _exit_code_for(error: DpssError) -> ExitCode:
 
 
 #: What a budget_exceeded error adds: which budget is short (grant or dataset) and its remainder.
-_ERROR_EXTRAS = ("budget", "grant_id", "epsilon_remaining", "delta_remaining")
+_ERROR_EXTRAS = ("budget", "grant_id", "epsilon_remaining", "delta_remaining", "rho_remaining")
 
 
 @contextmanager
@@ -225,6 +225,16 @@ def _budget_table(budget: Budget, title: str = "budget") -> Table:
     table.add_row(
         "delta", _text(budget.delta_total), _text(budget.delta_spent), _text(budget.delta_remaining)
     )
+    # The filter's own currency on gaussian and zcdp datasets (there epsilon_spent is what the
+    # spent amount amounts to at delta_total).
+    if budget.mu_total is not None:
+        table.add_row("mu", str(budget.mu_total), str(budget.mu_spent), str(budget.mu_remaining))
+    if budget.rho_total is not None:
+        table.add_row(
+            "rho", str(budget.rho_total), str(budget.rho_spent), str(budget.rho_remaining)
+        )
+    if budget.accounting != "basic":
+        table.title = f"{title} ({budget.accounting} accounting)"
     return table
 
 
@@ -251,6 +261,15 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
         ("delta_remaining", info.delta_remaining),
         ("memory", f"{info.memory_mb:,.1f} MiB"),
     ]
+    if info.accounting != "basic":
+        rows += [
+            ("accounting", info.accounting),
+            ("mu", info.mu),
+            ("rho", info.rho),
+            ("zcdp_delta", info.zcdp_delta),
+            ("rho_remaining", info.rho_remaining),
+            ("releases_remaining", info.releases_remaining),
+        ]
     rows += [
         (name, f"{value:.6g}" if isinstance(value, float) else value)
         for name, value in info.scales.items()
@@ -346,6 +365,23 @@ def datasets_upload(
         float | None,
         typer.Option("--row-norm-bound", help="Public bound C on row norms (default clip norm)."),
     ] = None,
+    accounting: Annotated[
+        str | None,
+        typer.Option(
+            "--accounting",
+            help="basic, gaussian or zcdp (default: the service's; basic for delta 0).",
+        ),
+    ] = None,
+    mu_budget: Annotated[
+        str | None, typer.Option("--mu-budget", help="gaussian: a mu budget stated directly.")
+    ] = None,
+    rho_budget: Annotated[
+        str | None, typer.Option("--rho-budget", help="zcdp: a rho budget stated directly.")
+    ] = None,
+    delta_conversion: Annotated[
+        str | None,
+        typer.Option("--delta-conversion", help="zcdp: delta kept for the conversion."),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -361,6 +397,10 @@ def datasets_upload(
                 delta_budget=delta_budget,
                 row_norm_bound=row_norm_bound,
                 progress=report,
+                accounting=accounting,
+                mu_budget=mu_budget,
+                rho_budget=rho_budget,
+                delta_conversion=delta_conversion,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
@@ -534,8 +574,14 @@ def _grants_table(items: list[Grant], title: str) -> Table:
 @grants_app.command("create")
 def grants_create(
     dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
-    epsilon: Annotated[str, typer.Option("--epsilon", help="Epsilon granted, e.g. 0.5.")],
-    delta: Annotated[str, typer.Option("--delta", help="Delta granted, e.g. 1e-6.")],
+    epsilon: Annotated[
+        str | None, typer.Option("--epsilon", help="basic: epsilon granted, e.g. 0.5.")
+    ] = None,
+    delta: Annotated[
+        str | None, typer.Option("--delta", help="Delta granted, e.g. 1e-6 (basic, zcdp).")
+    ] = None,
+    mu: Annotated[str | None, typer.Option("--mu", help="gaussian: mu granted.")] = None,
+    rho: Annotated[str | None, typer.Option("--rho", help="gaussian, zcdp: rho granted.")] = None,
     analyst_key_id: Annotated[
         str | None,
         typer.Option("--analyst-key-id", help="The analyst key's id; omit for every analyst."),
@@ -547,7 +593,9 @@ def grants_create(
     """Grant an analyst key (or every analyst) a share of DATASET_ID's budget."""
     with _service_errors(as_json), _client(url, api_key) as client:
         try:
-            grant = client.create_grant(dataset_id, epsilon, delta, analyst_key_id=analyst_key_id)
+            grant = client.create_grant(
+                dataset_id, epsilon, delta, mu=mu, rho=rho, analyst_key_id=analyst_key_id
+            )
         except (ValueError, TypeError) as exc:
             raise typer.BadParameter(str(exc)) from exc
         if as_json:
@@ -673,8 +721,23 @@ def releases_create(
     dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
     mechanism: Annotated[str, typer.Option("--mechanism", help="See `dpss mechanisms`.")],
     k: Annotated[int, typer.Option("--k", min=1, help="Dimension of the released subspace.")],
-    epsilon: Annotated[str, typer.Option("--epsilon", help="Epsilon charged, e.g. 0.5.")],
-    delta: Annotated[str, typer.Option("--delta", help="Delta charged, e.g. 1e-6 (0: pure DP).")],
+    epsilon: Annotated[
+        str | None,
+        typer.Option(
+            "--epsilon",
+            help="Epsilon, e.g. 0.5 (basic: charged; else the single release calibrated to).",
+        ),
+    ] = None,
+    delta: Annotated[
+        str | None, typer.Option("--delta", help="Delta, e.g. 1e-6 (0: pure DP).")
+    ] = None,
+    mu: Annotated[
+        str | None, typer.Option("--mu", help="gaussian datasets: the release's mu.")
+    ] = None,
+    rho: Annotated[
+        str | None,
+        typer.Option("--rho", help="zcdp datasets: the release's rho (with --delta if needed)."),
+    ] = None,
     param: Annotated[
         list[str] | None,
         typer.Option("--param", help="Mechanism parameter key=value (repeatable)."),
@@ -711,7 +774,9 @@ def releases_create(
     with _service_errors(as_json), _client(url, api_key) as client:
         if dry_run:
             try:
-                shown = client.preview_release(dataset_id, mechanism, k, epsilon, delta, **params)
+                shown = client.preview_release(
+                    dataset_id, mechanism, k, epsilon, delta, mu=mu, rho=rho, **params
+                )
             except (ValueError, TypeError) as exc:
                 raise typer.BadParameter(str(exc)) from exc
             if as_json:
@@ -742,6 +807,8 @@ def releases_create(
                 k,
                 epsilon,
                 delta,
+                mu=mu,
+                rho=rho,
                 idempotency_key=idempotency_key,
                 **params,
             )

@@ -1,0 +1,107 @@
+"""Each mechanism's declared steps match its calibration: the costs the ledger charges in the
+gaussian and zcdp currencies come from the very sigmas and shares ``run`` uses."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import pytest
+
+from service import accounting
+from service.mechanisms.analyze_gauss import AnalyzeGauss, noise_sigma
+from service.mechanisms.base import (
+    ApproximateStep,
+    GaussianStep,
+    Mechanism,
+    PublicContext,
+    PureStep,
+    ReleaseSpec,
+)
+from service.mechanisms.centring import mean_sigma
+from service.mechanisms.continual_gauss import ContinualGauss, tree_sensitivity
+from service.mechanisms.friendly_aggregate import FriendlyAggregate, release_split
+from service.mechanisms.gap_perturbation import GapPerturbation
+from service.mechanisms.noise import analytic_gaussian_sigma
+from service.mechanisms.registry import MECHANISMS
+from service.mechanisms.spectrum import Spectrum, noise_std
+
+CTX = PublicContext(n_rows=5000, n_cols=20, row_norm_bound=2.0)
+
+
+def spec_for(mechanism, epsilon: float, delta: float, k: int = 3, **params):
+    resolved = mechanism.prepare(CTX, k, epsilon, delta, mechanism.parse_params(params))
+    return ReleaseSpec(k=k, epsilon=epsilon, delta=delta, params=resolved)
+
+
+def test_analyze_gauss_is_one_gaussian_and_sigma_round_trips_through_rho():
+    mechanism = AnalyzeGauss()
+    spec = spec_for(mechanism, 0.7, 1e-6)
+    steps = mechanism.privacy_steps(CTX, spec)
+    sigma = noise_sigma(2.0, 0.7, 1e-6)
+    assert steps == [GaussianStep(math.sqrt(2.0) * 4.0, sigma)]
+    costs = accounting.step_costs(steps)
+    rho = float(costs.rho)
+    # sigma from rho and back: the Gaussian with rho = D^2/(2 sigma^2) has exactly this sigma.
+    assert math.sqrt(2.0) * 4.0 / math.sqrt(2.0 * rho) == pytest.approx(sigma, rel=1e-12)
+    assert costs.gaussian and costs.delta == 0
+
+
+def test_centring_composes_two_gaussians():
+    mechanism = AnalyzeGauss()
+    spec = spec_for(mechanism, 1.0, 1e-6, center="private", center_share=0.25)
+    steps = mechanism.privacy_steps(CTX, spec)
+    assert steps == [
+        GaussianStep(2 * 2.0 / 5000, mean_sigma(2.0, 5000, 0.25, 0.25e-6)),
+        GaussianStep(math.sqrt(2.0) * 4.0, noise_sigma(2.0, 0.75, 0.75e-6)),
+    ]
+    mu2 = sum((step.sensitivity / step.sigma) ** 2 for step in steps)
+    assert float(accounting.step_costs(steps).rho) == pytest.approx(mu2 / 2, rel=1e-12)
+
+
+def test_spectrum_and_continual_gauss_declare_their_noise():
+    spectrum = Spectrum()
+    spec = spec_for(spectrum, 0.5, 1e-7)
+    assert spectrum.privacy_steps(CTX, spec) == [
+        GaussianStep(math.sqrt(2.0) * 4.0, noise_std(2.0, 0.5, 1e-7))
+    ]
+    continual = ContinualGauss()
+    spec = spec_for(continual, 0.5, 1e-7, horizon=8)
+    (step,) = continual.privacy_steps(CTX, spec)
+    # The whole tree: sqrt(L) sqrt(2) C^2 with L = log2(8) + 1 = 4 levels.
+    assert step.sensitivity == tree_sensitivity(2.0, 8) == pytest.approx(2 * math.sqrt(2) * 4)
+
+
+def test_gap_perturbation_is_approximate_zcdp():
+    mechanism = GapPerturbation()
+    spec = spec_for(mechanism, 1.0, 1e-6)
+    steps = mechanism.privacy_steps(CTX, spec)
+    assert steps == [
+        ApproximateStep(0.5, 0.5e-6),
+        GaussianStep(1.0, analytic_gaussian_sigma(1.0, 0.5, 0.5e-6)),
+    ]
+    costs = accounting.step_costs(steps)
+    # The double 0.5e-6 is charged exactly as the double it is, rounded up.
+    assert costs.delta == accounting.round_up(Decimal(float("0.5e-6"))) and not costs.gaussian
+
+
+@pytest.mark.parametrize("radius", [None, 0.5])
+def test_friendly_aggregate_steps_follow_its_split(radius):
+    mechanism = FriendlyAggregate()
+    spec = spec_for(mechanism, 1.0, 1e-6, k=2, radius=radius)
+    steps = mechanism.privacy_steps(CTX, spec)
+    split = release_split(1.0, 1e-6, radius is not None, t=spec.params.t)
+    assert (split.eps0 > 0) == (radius is None)
+    assert any(isinstance(step, PureStep) for step in steps) == (radius is None)
+    approximate = [step for step in steps if isinstance(step, ApproximateStep)]
+    assert [step.delta for step in approximate] == [split.delta1]
+    assert isinstance(steps[-1], GaussianStep)
+
+
+def test_every_declared_profile_matches_the_admitted_accountings():
+    for mechanism in MECHANISMS.values():
+        if "gaussian" in mechanism.accountings:
+            assert "zcdp" in mechanism.accountings, mechanism.name
+        if mechanism.accountings == frozenset({"basic"}):
+            continue
+        assert type(mechanism).privacy_steps is not Mechanism.privacy_steps, mechanism.name
