@@ -108,7 +108,9 @@ def test_mechanism_run_and_prepare() -> None:
     assert out.basis.T @ out.basis == pytest.approx(np.eye(2), abs=1e-10)
     assert len(out.extras["eigenvalues"]) == 2 and out.no_result_reason is None
     # Released eigenvalues sit on the public grid sigma/1000 (floating-point mitigation).
-    grid = module.noise_sigma(1.0, 1.0, 1e-6) / 1000
+    sigma = module.gram_sensitivity(1.0) / module.gauss_split(1.0, 1e-6, params).gram_mu
+    assert out.extras["gram_noise_std"] == sigma
+    grid = sigma / 1000
     steps = np.asarray(out.extras["eigenvalues"]) / grid
     assert np.allclose(steps, np.round(steps), rtol=0, atol=1e-6)
 
