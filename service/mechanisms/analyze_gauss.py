@@ -281,7 +281,8 @@ def explained_variance(
     each) and the bias bound (``0.995``) hold together with probability at least
     ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
     in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
-    the captured part among the components.
+    the captured part among the components. When either debiased sum is not positive the point
+    estimate is the interval's midpoint.
     """
     z = float(norm.ppf(0.98))
     k = weights.shape[0]
@@ -296,7 +297,12 @@ def explained_variance(
     r_high = max(0.0, residual + z * noise_std)
     low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
     high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
-    ratio_total = min(max(c_point / total if total > 0 else 0.0, low), high)
+    if c_point > 0 and r_point > 0:
+        ratio_total = min(max(c_point / total, low), high)
+    else:
+        # A sum at or below 0: the noise hides it, so its share says nothing; the middle of
+        # the interval is the least misleading point (its end would read as certainty).
+        ratio_total = 0.5 * (low + high)
     return ExplainedVariance(
         per_component=ratio_total * total * shares,
         ratio=ratio_total * shares,
