@@ -289,6 +289,22 @@ def gram_row_norms(
     return np.concatenate(parts)
 
 
+def count_rows_above(
+    data: npt.NDArray[Any], bound: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> int:
+    """How many rows have a norm above ``bound`` (norms after a power-of-two rescaling, so
+    right at every finite scale)."""
+    count = 0
+    for block in iter_row_chunks(data, chunk_rows):
+        if block.size == 0:
+            continue
+        _, norms, exponent = _scaled_rows(block)
+        with np.errstate(over="ignore", under="ignore"):
+            # Compare ||x 2^-e|| with bound 2^-e: no overflow whatever the scale.
+            count += int(np.count_nonzero(norms > np.ldexp(bound, -exponent)))
+    return count
+
+
 def captured_energy(
     data: npt.NDArray[Any],
     basis: FloatArray,
