@@ -410,6 +410,7 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             "variance_noise_std": gram_sensitivity(clip) / split.variance_mu,
             "smallest_recoverable_eigenvalue_share": forecast.threshold_share,
             "forecast_power_law_captured_share": forecast.power_law_share,
+            "forecast_rows_for_k_components": forecast.rows_needed,
             "center": params.center if isinstance(params.center, str) else "public",
         }
         meaning = [
@@ -518,6 +519,7 @@ class Forecast:
 
     threshold_share: float
     power_law_share: float
+    rows_needed: int
     meaning: str
 
 
@@ -536,14 +538,18 @@ def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float)
     top = spectrum[:k]
     overlap = np.clip(1.0 - (threshold / top) ** 2, 0.0, 1.0)
     captured = float(np.sum(top * overlap) / total) if total > 0 else 0.0
+    # Rows at which the k-th power-law eigenvalue n C^2 w_k / sum(w) reaches the threshold
+    # (sigma does not depend on n); for the budget, sigma scales about as 1/epsilon.
+    needed = math.ceil(threshold * float(weights.sum()) / (float(weights[k - 1]) * clip_norm**2))
     meaning = (
         f"Forecast: an eigenvalue of the clipped X^T X below {threshold:.4g} "
         f"({share:.3g} of n C^2) is lost in the noise; with a 1/i spectrum over d and rows at "
         f"the bound, k = {k} released components would capture about {captured:.3g} of the "
-        f"variance (non-private PCA: {float(top.sum() / total):.3g}). The threshold falls "
-        "as n or epsilon grows and as sqrt(d) shrinks."
+        f"variance (non-private PCA: {float(top.sum() / total):.3g}). All k components stand "
+        f"out of the noise from about n = {needed} rows at this budget; the threshold share "
+        "falls as 1/n and about as 1/epsilon, and grows as sqrt(d)."
     )
-    return Forecast(share, captured, meaning)
+    return Forecast(share, captured, needed, meaning)
 
 
 def variance_extras(
