@@ -33,8 +33,8 @@ def captured(rows: np.ndarray[Any, Any], basis: np.ndarray[Any, Any], clip: floa
 
 
 def run(name: str, rows: np.ndarray[Any, Any], bound: float, eps: float, params: dict[str, Any],
-        reps: int) -> tuple[float, float, float]:  # fmt: skip
-    truth, stated, hits = [], [], 0
+        reps: int) -> tuple[float, float, float, str]:  # fmt: skip
+    truth, stated, hits, lows, highs = [], [], 0, [], []
     rng = np.random.default_rng(0)
     for rep in range(reps):
         train = rows[rng.permutation(len(rows))[: int(0.7 * len(rows))]]
@@ -51,11 +51,16 @@ def run(name: str, rows: np.ndarray[Any, Any], bound: float, eps: float, params:
             stated.append(sum(out.extras["explained_variance_ratio"]))
             low, high = out.extras["explained_variance_ratio_interval"]
             hits += low <= share <= high
-    return float(np.mean(truth)), float(np.mean(stated)) if stated else float("nan"), hits / reps
+            lows.append(low)
+            highs.append(high)
+    interval = f"[{np.mean(lows):.2f}, {np.mean(highs):.2f}]" if lows else "-"
+    mean_stated = float(np.mean(stated)) if stated else float("nan")
+    return float(np.mean(truth)), mean_stated, hits / reps, interval
 
 
-def row(data: str, eps: float, what: str, truth: float, stated: float, cover: float) -> None:
-    print(f"| {data} | {eps} | {what} | {truth:.3f} | {stated:.3f} | {cover:.2f} |")
+def row(data: str, eps: float, what: str, figures: tuple[float, float, float, str]) -> None:
+    truth, stated, cover, interval = figures
+    print(f"| {data} | {eps} | {what} | {truth:.3f} | {stated:.3f} | {interval} | {cover:.2f} |")
 
 
 def main() -> None:
@@ -77,18 +82,20 @@ def main() -> None:
         ("analyze_gauss", {"center": "private", "clip_quantile": 0.5}),
         ("auto", {"center": "private"}),
     ]
-    print("| data | eps | mechanism, params | captured (truth) | stated | 90% interval covers |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| data | eps | mechanism, params | captured (truth) | stated | mean 90% interval "
+        "| covers |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for eps in (1.0, 0.3):
         for data_name, rows in unit.items():
             for name, params in variants:
-                truth, stated, cover = run(name, rows, 1.0, eps, params, reps)
-                row(f"{data_name} (norm 1)", eps, f"{name} {params}", truth, stated, cover)
+                figures = run(name, rows, 1.0, eps, params, reps)
+                row(f"{data_name} (norm 1)", eps, f"{name} {params}", figures)
         for data_name, (rows, bound) in raw.items():
             for params in ({"center": "private"}, {"center": "private", "clip_quantile": 0.5}):
-                truth, stated, cover = run("analyze_gauss", rows, bound, eps, params, reps)
-                what = f"{data_name} (raw, C = {bound:.4g})"
-                row(what, eps, f"analyze_gauss {params}", truth, stated, cover)
+                figures = run("analyze_gauss", rows, bound, eps, params, reps)
+                row(f"{data_name} (raw, C = {bound:.4g})", eps, f"analyze_gauss {params}", figures)
     for data_name, rows in unit.items():
         y = rows - rows.mean(axis=0)
         values = np.linalg.eigvalsh(y.T @ y)[::-1]
