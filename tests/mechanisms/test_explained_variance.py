@@ -4,15 +4,18 @@ digits and on synthetic data with known power-law spectra, centred and not."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits
 
+from service.mechanisms import analyze_gauss as module
 from service.mechanisms.analyze_gauss import AnalyzeGauss, explained_variance
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows
+from tests.mechanisms.privacy_audit import audit
 
 MECHANISM = AnalyzeGauss()
 
@@ -90,3 +93,42 @@ def test_ratios_stay_in_the_unit_interval_whatever_the_noise() -> None:
         assert np.all(est.ratio >= 0) and est.ratio.sum() <= 1.0
         low, high = est.interval
         assert 0.0 <= low <= est.ratio.sum() <= high <= 1.0
+
+
+# Empirical audit of the fresh (captured, residual) estimate for a fixed basis U = e1: the
+# worst pair puts one row inside span(U) on one side and orthogonal to it on the other (the
+# sums move by (C^2, -C^2), l2 sqrt(2) C^2). The released sums are all that depends on the data.
+AUDIT_BASE = np.zeros((9, 2))
+AUDIT_PAIR = (np.vstack([AUDIT_BASE, [1.0, 0.0]]), np.vstack([AUDIT_BASE, [0.0, 1.0]]))
+
+
+def variance_noise(divisor: float) -> float:
+    split = module.gauss_split(1.0, 1e-5, module.AnalyzeGaussParams())
+    return module.gram_sensitivity(1.0) / split.variance_mu / divisor
+
+
+def variance_release(
+    rows: np.ndarray[Any, Any], rng: np.random.Generator, divisor: float = 1.0
+) -> float:
+    release = module.GaussRelease(np.array([[1.0], [0.0]]), np.array([5.0]), 5.0)
+    noise = (variance_noise(divisor), 1.0, 0.0)
+    extras = module.variance_extras(rows, release, 1.0, None, noise, rng)
+    return float(extras["captured_sum_of_squares"] - extras["residual_sum_of_squares"])
+
+
+def one_sd_above_the_first(divisor: float) -> Any:
+    # captured - residual has mean 1 on the first side, -1 on the other, sd sqrt(2) noise.
+    return lambda v: v > 1.0 + math.sqrt(2.0) * variance_noise(divisor)
+
+
+def test_variance_estimate_audit_passes() -> None:
+    result = audit(variance_release, *AUDIT_PAIR, one_sd_above_the_first(1.0), 3000, 1e-5, seed=7)
+    assert result.eps_lower_bound <= 1.0
+
+
+def test_variance_estimate_audit_negative_control_fails() -> None:
+    def weak(rows: np.ndarray[Any, Any], rng: np.random.Generator) -> float:
+        return variance_release(rows, rng, divisor=10.0)
+
+    result = audit(weak, *AUDIT_PAIR, one_sd_above_the_first(10.0), 3000, 1e-5, seed=8)
+    assert result.eps_lower_bound > 1.0
