@@ -578,8 +578,14 @@ def variance_extras(
     bias_high = 0.0
     if mean_noise > 0:
         per_dim = n * mean_noise**2
-        bias = (per_dim * k, per_dim * (d - k))
         bias_high = per_dim * float(chi2.ppf(0.995, d))
+        # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
+        # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
+        # captured sum), below it only its share k/d falls inside U on average.
+        if per_dim * d > expected_noise_norm(gram_sigma, d):
+            bias = (per_dim * d, 0.0)
+        else:
+            bias = (per_dim * k, per_dim * (d - k))
     weights = spiked_debias(release.eigenvalues, gram_sigma, d)
     estimate = explained_variance(
         float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high
