@@ -1345,9 +1345,14 @@ def _labelled(
 
 
 def summarise_reason(chosen: str, reason: str) -> tuple[str, list[str]]:
-    """One plain sentence naming what ran and the first reason, and every clause of the full
-    reasoning (joined by ``"; "`` where it is built) as a list for ``auto_details``."""
+    """At most two plain sentences: what ran and the first reason, then the decisive last step
+    when there was more than one; and every clause of the full reasoning (joined by ``"; "``
+    where it is built) as a list for ``auto_details``."""
     clauses = [clause.strip() for clause in reason.split("; ") if clause.strip()]
     head = clauses[0] if clauses else "chosen from public facts"
     sentence = head if head.startswith(chosen) else f"{chosen}: {head}"
-    return sentence.rstrip(".") + ".", clauses
+    summary = sentence.rstrip(".") + "."
+    # The decisive step, when the reasoning ends in one ("..., so X ran/runs ...").
+    if len(clauses) > 1 and ", so " in clauses[-1]:
+        summary += " Then " + clauses[-1].rstrip(".") + "."
+    return summary, clauses

@@ -124,7 +124,7 @@ def test_preview_names_the_choice_and_the_candidates_scales() -> None:
     assert shown.scales["auto_choice"] == "analyze_gauss"
     assert shown.scales["structure_test"] is False
     assert "friendly_aggregate refused" in str(shown.scales["auto_details"])
-    assert len(str(shown.scales["auto_reason"])) < 200
+    assert len(str(shown.scales["auto_reason"])) < 400
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,6 +353,8 @@ def test_the_reason_is_one_sentence_and_the_details_keep_every_clause() -> None:
         "unspent budget of its mean step"
     )
     summary, details = summarise_reason("analyze_gauss", long)
-    assert summary.startswith("analyze_gauss: the private agreement test") and len(summary) < 200
-    assert summary.endswith(".") and summary.count(". ") == 0
+    assert summary.startswith("analyze_gauss: the private agreement test") and len(summary) < 400
+    # Two sentences: the first reason and the decisive last step; the rest is in the details.
+    assert summary.endswith("mean step.") and summary.count(". ") == 1
+    assert "predicted error" not in summary
     assert len(details) == 3 and "propose-test-release" in details[2]
