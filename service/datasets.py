@@ -17,6 +17,7 @@ from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, utcnow
 from service.errors import DatasetGone, InvalidInput, NotFound
+from service.mechanisms.linalg import count_rows_above
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 from service.store import DatasetStore, StoredMatrix
 
@@ -39,6 +40,14 @@ def create_dataset(
     require_role(principal, "owner")
     check_budgets(form)
     return register_dataset(session, store, principal, form, store.ingest(upload_path, suffix))
+
+
+def rows_above_bound(store: DatasetStore, stored: StoredMatrix, bound: float | None) -> int | None:
+    """How many stored rows exceed the declared bound (for the uploading owner only; never
+    stored or logged), or None without a bound."""
+    if bound is None or stored.n_rows == 0:
+        return None if bound is None else 0
+    return count_rows_above(store.open(stored.file_name), bound)
 
 
 @dataclass(frozen=True)

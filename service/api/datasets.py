@@ -13,7 +13,14 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
-from api_schemas.datasets import Budget, Dataset, DatasetBatch, DatasetCreate, DatasetList
+from api_schemas.datasets import (
+    Budget,
+    Dataset,
+    DatasetBatch,
+    DatasetCreate,
+    DatasetCreated,
+    DatasetList,
+)
 from service import datasets
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
@@ -63,7 +70,7 @@ UPLOAD_BODY = {
 @router.post(
     "",
     status_code=201,
-    response_model=Dataset,
+    response_model=DatasetCreated,
     summary="Upload a dataset with its privacy budget (owner).",
     openapi_extra=UPLOAD_BODY,
     responses={
@@ -80,7 +87,7 @@ UPLOAD_BODY = {
 )
 async def create_dataset(
     request: Request, uow: UnitOfWorkDep, store: StoreDep, settings: SettingsDep
-) -> Dataset:
+) -> DatasetCreated:
     """Four steps, none holding a connection while it waits for anything else:
 
     1. the key and its role are checked in a short transaction, before a byte of the body is
@@ -103,14 +110,22 @@ async def create_dataset(
         stored = await anyio.to_thread.run_sync(store.ingest, form.file_path, form.file_suffix)
     finally:
         form.discard()
+    try:
+        above = await anyio.to_thread.run_sync(
+            datasets.rows_above_bound, store, stored, fields.row_norm_bound
+        )
+    except BaseException:
+        store.purge(stored.file_name)
+        raise
 
-    def register(session: Session, principal: Principal) -> Dataset:
-        return dataset_out(
+    def register(session: Session, principal: Principal) -> DatasetCreated:
+        out = dataset_out(
             session,
             datasets.register_dataset(
                 session, store, principal, fields, stored, settings.default_accounting
             ),
         )
+        return DatasetCreated(**out.model_dump(), rows_above_bound=above)
 
     try:
         return await uow(register)

@@ -124,6 +124,7 @@ RESPONSES: dict[str, Any] = {
     },
     "KeyPage": {"items": [_KEY_INFO], "total": 1, "next": None},
     "Dataset": _DATASET,
+    "DatasetCreated": {**_DATASET, "rows_above_bound": 3},
     "DatasetList": {"items": [_DATASET], "total": 1, "next": None},
     "DatasetBatch": {
         "dataset_id": DATASET_ID,

@@ -9,9 +9,29 @@ Adding a symmetric Gaussian matrix whose upper-triangle entries have the analyti
 ``sigma`` for ``D = sqrt(2) C^2`` makes ``H_hat`` ``(eps, delta)``-DP; the top-k eigenvectors and
 eigenvalues of ``H_hat`` are post-processing. Cost: exactly ``(eps, delta)``.
 
-Centring (PCA semantics, ``center``): a private mean with a share of the budget, or a public
-centre; rows are centred and clipped to ``C`` again, so the sensitivity above is unchanged and
-the total cost is still exactly ``(eps, delta)`` (proof in :mod:`service.mechanisms.centring`).
+Every step of a release is a Gaussian mechanism, so the steps share the budget in Gaussian
+differential privacy (Dong, Roth & Su 2022): the request's ``(eps, delta)`` is exactly ``mu``-GDP
+for the ``mu`` with ``delta_G(mu, eps) = delta`` (the analytic Gaussian's curve, rounded down),
+and steps of ``mu_1, .., mu_m`` with ``sum mu_j^2 <= mu^2`` compose to it. Without centring or a
+clip quantile the Gram step gets ``mu_G^2 = (1 - VARIANCE_SHARE) mu^2``:
+
+- Centring (``center``): a private mean of the rows clipped to ``C`` (l2 sensitivity ``2C/n``)
+  with ``center_share mu^2``, or a public centre (free); rows are centred and clipped to ``C``
+  again, a fixed per-row map given the released centre (see :mod:`service.mechanisms.centring`).
+- Clip quantile (``clip_quantile``, issue 24 item 3): a noisy histogram of the Gram rows' norms
+  (sensitivity ``sqrt(2)``) with ``CLIP_SHARE mu^2`` releases ``C2 <= C``
+  (:mod:`service.mechanisms.clip_quantile`); the rows are then clipped to ``C2`` too and the
+  Gram's sensitivity is ``sqrt(2) C2^2``.
+- Explained variance (issue 24 item 1): after the basis ``U`` is chosen, the vector
+  ``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)`` over the rows ``y_i`` clipped to ``C``
+  (centred as above, not clipped to ``C2``) gets fresh noise with ``VARIANCE_SHARE mu^2``: each
+  row adds a point of the simplex ``{a, b >= 0, a + b <= C^2}``, whose l2 diameter is
+  ``sqrt(2) C^2``. Being fresh noise, independent of ``U``, it is unbiased for what ``U``
+  captures (the eigenvalues of ``H + E`` are not: the top ones are inflated by the noise they
+  were selected on); the ratio and its 90% interval are post-processing with the public scales.
+
+Cost: exactly ``(eps, delta)``; Gaussian profile ``mu``-GDP with ``mu`` as above (zCDP
+``rho = mu^2/2``), steps as listed.
 
 Floating point: rows are clipped after a power-of-two rescaling, so clipping is right at every
 finite scale; clip norms for which ``n C^2`` or the noise scale is not a comfortable double are
@@ -23,12 +43,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import Field
+from scipy.stats import chi2, norm
 
 from service.mechanisms.base import (
     GaussianStep,
+    InvalidParameter,
     MechanismOutput,
     Preview,
     PrivacyStep,
@@ -41,19 +64,20 @@ from service.mechanisms.centring import (
     CenterParams,
     CentredGramMechanism,
     budget_split,
-    center_for_run,
-    center_preview,
-    center_steps,
     mean_sensitivity,
     mean_sigma,
     private_center,
-    with_center_multiples,
+    private_center_sigma,
 )
+from service.mechanisms.clip_quantile import private_clip_norm, quantile_edges
+from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import (
     FloatArray,
+    captured_energy,
     clipped_gram,
     clipped_gram_memory,
     eigh_memory,
+    gram_row_norms,
     top_k_eigh,
 )
 from service.mechanisms.noise import (
@@ -83,8 +107,65 @@ __all__ = [
 ]
 
 
+#: Share of ``mu^2`` of the fresh explained-variance estimate (every release).
+VARIANCE_SHARE = 0.1
+
+#: Share of ``mu^2`` of the private clip quantile (when ``clip_quantile`` is set).
+CLIP_SHARE = 0.05
+
+#: Coverage of the released explained-variance ratio interval.
+INTERVAL_COVERAGE = 0.9
+
+
 class AnalyzeGaussParams(CenterParams):
-    """Params of ``analyze_gauss``: the clip norm and the centring."""
+    """Params of ``analyze_gauss``: the clip norm, the centring and the clip quantile."""
+
+    clip_quantile: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description=(
+            "When set (e.g. 0.5), the rows X^T X is computed from (after centring) are clipped "
+            "at a private q-quantile of their norms, an edge of a public grid C 2^(-j/4) below "
+            "clip_norm, released in extras.row_clip_norm; it costs a small share of the "
+            "budget and saves noise when most rows are much shorter than clip_norm (raw "
+            "features, centred rows). None: clip at clip_norm only."
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class GaussSplit:
+    """The GDP parameters of a release's steps (``mean_mu``/``clip_mu`` 0 when unused);
+    ``mean_mu^2 + clip_mu^2 + variance_mu^2 + gram_mu^2 = total_mu^2``."""
+
+    total_mu: float
+    mean_mu: float
+    clip_mu: float
+    variance_mu: float
+    gram_mu: float
+
+
+def gauss_split(epsilon: float, delta: float, params: AnalyzeGaussParams) -> GaussSplit:
+    """The request's ``mu`` (largest with ``delta_G(mu, eps) <= delta``) shared as documented
+    in the module."""
+    total = gaussian_total_mu(epsilon, delta, 0.0, 0.0)
+    mean = params.center_share if params.center == "private" else 0.0
+    clip = CLIP_SHARE if params.clip_quantile is not None else 0.0
+    gram = 1.0 - mean - clip - VARIANCE_SHARE
+    if gram <= 0:
+        raise InvalidParameter(
+            "center_share",
+            f"must leave a share for X^T X: at most {1 - clip - VARIANCE_SHARE:g} here",
+        )
+    return GaussSplit(
+        total,
+        math.sqrt(mean) * total,
+        math.sqrt(clip) * total,
+        math.sqrt(VARIANCE_SHARE) * total,
+        math.sqrt(gram) * total,
+    )
 
 
 def gram_sensitivity(clip_norm: float) -> float:
@@ -133,18 +214,103 @@ def gauss_release(
     clip_norm: float,
     rng: np.random.Generator,
     center: FloatArray | None = None,
+    *,
+    sigma: float | None = None,
+    row_clip: float | None = None,
 ) -> GaussRelease:
     """The top-k eigenpairs and the trace of ``H + E(sigma)``, ``H`` the Gram matrix of the
-    rows clipped to ``C`` (centred on ``center`` and clipped again when given, see
-    :func:`~service.mechanisms.linalg.clipped_gram`). Everything is post-processing of
-    ``H + E``: ``(epsilon, delta)``-DP as a whole."""
-    gram = clipped_gram(data, clip_norm, center=center)
-    sigma = noise_sigma(clip_norm, epsilon, delta)
+    rows clipped to ``C`` (centred on ``center`` and clipped again when given, then clipped to
+    ``row_clip`` when given, see :func:`~service.mechanisms.linalg.gram_rows`). ``sigma``
+    defaults to the analytic-Gaussian scale at ``(epsilon, delta)`` for ``sqrt(2) C^2``; a
+    caller giving it is responsible for its calibration. Everything is post-processing of
+    ``H + E``."""
+    gram = clipped_gram(data, clip_norm, center=center, row_clip=row_clip)
+    if sigma is None:
+        sigma = noise_sigma(clip_norm, epsilon, delta)
     noisy = gram + symmetric_gaussian(gram.shape[0], sigma, rng)
     values, vectors = top_k_eigh(noisy, k)
     grid = sigma / GRID_DIVISOR
     trace = float(round_to_grid(np.asarray([np.trace(noisy)]), grid)[0])
     return GaussRelease(vectors, round_to_grid(values, grid), trace)
+
+
+def spiked_debias(noisy: FloatArray, sigma: float, d: int) -> FloatArray:
+    """Invert the upward shift of the top eigenvalues of ``H + E(sigma)`` (spiked Wigner model,
+    Baik, Ben Arous & Peche): ``lam = (v + sqrt(v^2 - edge^2))/2`` above the edge
+    ``2 sigma sqrt(d)``, 0 below it. Used only to share the captured variance among the
+    components (post-processing)."""
+    edge = expected_noise_norm(sigma, d)
+    out = np.zeros_like(noisy)
+    above = noisy > edge
+    # v (1 + sqrt(1 - (edge/v)^2))/2: no square of v, so no overflow at any accepted scale.
+    ratio = edge / noisy[above]
+    out[above] = noisy[above] * (1.0 + np.sqrt(1.0 - ratio * ratio)) / 2.0
+    return out
+
+
+@dataclass(frozen=True)
+class ExplainedVariance:
+    """Explained variance from the fresh noisy ``(captured, residual)`` sums of squares.
+
+    ``per_component``: the captured sum of squares shared among the components in proportion
+    to their debiased eigenvalues; ``ratio``: per component, each in ``[0, 1]``, summing to at
+    most 1; ``interval``: ``(low, high)`` for the total captured share, coverage at least
+    :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares.
+    """
+
+    per_component: FloatArray
+    ratio: FloatArray
+    interval: tuple[float, float]
+    total: float
+
+
+def explained_variance(
+    captured: float,
+    residual: float,
+    noise_std: float,
+    weights: FloatArray,
+    mean_bias: tuple[float, float] = (0.0, 0.0),
+    mean_bias_high: float = 0.0,
+) -> ExplainedVariance:
+    """Post-processing of the noisy sums ``captured, residual`` (each ``+ N(0, noise_std^2)``).
+
+    With a private centre the rows were centred on ``mu_hat = mu + delta``: the sums exceed the
+    centred ones by ``n ||U^T delta||^2`` and ``n ||(I - U U^T) delta||^2``, together
+    ``n ||delta||^2`` (below ``mean_bias_high`` with probability ``0.995``), split between them
+    in a way that depends on how far ``U`` leans towards ``delta``. The point estimate removes
+    ``mean_bias`` (the expected bias of each sum if ``U`` did not depend on ``delta``); the
+    interval allows any split. Coverage: each sum within ``z noise_std`` (two-sided ``0.96``
+    each) and the bias bound (``0.995``) hold together with probability at least
+    ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
+    in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
+    the captured part among the components. When either debiased sum is not positive the point
+    estimate is the interval's midpoint.
+    """
+    z = float(norm.ppf(0.98))
+    k = weights.shape[0]
+    total_weight = float(weights.sum())
+    shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
+    c_point = max(0.0, captured - mean_bias[0])
+    r_point = max(0.0, residual - mean_bias[1])
+    total = c_point + r_point
+    c_low = max(0.0, captured - z * noise_std - mean_bias_high)
+    c_high = max(0.0, captured + z * noise_std)
+    r_low = max(0.0, residual - z * noise_std - mean_bias_high)
+    r_high = max(0.0, residual + z * noise_std)
+    low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
+    high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
+    if c_point > 0 and r_point > 0:
+        ratio_total = min(max(c_point / total, low), high)
+    else:
+        # A sum at or below 0: the noise hides it, so its share says nothing; the middle of
+        # the interval is the least misleading point (its end would read as certainty).
+        ratio_total = 0.5 * (low + high)
+    return ExplainedVariance(
+        per_component=ratio_total * total * shares,
+        ratio=ratio_total * shares,
+        interval=(low, high),
+        total=total,
+    )
 
 
 def analyze_gauss(
@@ -198,6 +364,12 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
     )
     params_model: ClassVar[type[AnalyzeGaussParams]] = AnalyzeGaussParams
 
+    def check_budget(
+        self, k: int, epsilon: float, delta: float, params: AnalyzeGaussParams
+    ) -> None:
+        if params.center == "private" or params.clip_quantile is not None:
+            gauss_split(epsilon, delta, params)  # refuses a share that leaves no Gram budget
+
     def centred_multiples(
         self,
         ctx: PublicContext,
@@ -207,65 +379,111 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         params: AnalyzeGaussParams,
     ) -> tuple[float, float]:
         # Per unit C^2: Gram entries <= n, noise draws <= 64 sigma, eigenvalues and the trace
-        # <= d times the largest entry; the smallest is the rounding grid sigma / GRID_DIVISOR.
-        split = budget_split(epsilon, delta, params)
-        unit_sigma = noise_sigma(1.0, split.gram_epsilon, split.gram_delta)
-        low = min(1.0, unit_sigma / GRID_DIVISOR)
-        high = ctx.n_cols * (ctx.n_rows + 64.0 * unit_sigma)
-        return with_center_multiples(ctx, split, params, low, high)
+        # <= d times the largest entry; the smallest is the rounding grid sigma / GRID_DIVISOR,
+        # times the smallest row clip of the quantile grid (squared). The private mean is
+        # linear in C: its largest value and grid enter squared.
+        split = gauss_split(epsilon, delta, params)
+        unit_sigma = gram_sensitivity(1.0) / split.gram_mu
+        unit_variance = gram_sensitivity(1.0) / split.variance_mu
+        smallest_clip = float(quantile_edges(1.0)[0]) ** 2 if params.clip_quantile else 1.0
+        low = min(1.0, smallest_clip * unit_sigma / GRID_DIVISOR, unit_variance / GRID_DIVISOR)
+        high = ctx.n_cols * (ctx.n_rows + 64.0 * max(unit_sigma, unit_variance))
+        if params.center == "private":
+            unit_mu = mean_sensitivity(1.0, max(1, ctx.n_rows)) / split.mean_mu
+            low = min(low, (unit_mu / GRID_DIVISOR) ** 2)
+            high = max(high, (1.0 + 64.0 * unit_mu) ** 2)
+        return low, high
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> Preview:
         params = spec.params
         assert params.clip_norm is not None  # resolved by prepare
-        split = budget_split(spec.epsilon, spec.delta, params)
-        sigma = noise_sigma(params.clip_norm, split.gram_epsilon, split.gram_delta)
-        norm = expected_noise_norm(sigma, ctx.n_cols)
-        gap = gap_for_error(norm, TARGET_SUBSPACE_ERROR)
-        centring, centring_meaning = center_preview(ctx, params, split)
-        return Preview(
-            scales={
-                "sigma": sigma,
-                "noise_spectral_norm": norm,
-                "gap_for_error_0_1": gap,
-                "eigenvalue_grid": sigma / GRID_DIVISOR,
-                **centring,
-            },
-            meaning=[
-                f"Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
-                f"standard deviation sigma = {sigma:.4g}.",
-                f"The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = "
-                f"{norm:.4g}; each released eigenvalue is within about that much of the true "
-                "one (Weyl).",
-                f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
-                f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
-                "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||)).",
-                *centring_meaning,
-            ],
-        )
+        split = gauss_split(spec.epsilon, spec.delta, params)
+        clip = params.clip_norm
+        sigma = gram_sensitivity(clip) / split.gram_mu
+        norm_ = expected_noise_norm(sigma, ctx.n_cols)
+        gap = gap_for_error(norm_, TARGET_SUBSPACE_ERROR)
+        forecast = recoverable_forecast(sigma, ctx.n_rows, ctx.n_cols, spec.k, clip)
+        scales: dict[str, Any] = {
+            "sigma": sigma,
+            "noise_spectral_norm": norm_,
+            "gap_for_error_0_1": gap,
+            "eigenvalue_grid": sigma / GRID_DIVISOR,
+            "total_mu": split.total_mu,
+            "gram_mu": split.gram_mu,
+            "variance_noise_std": gram_sensitivity(clip) / split.variance_mu,
+            "smallest_recoverable_eigenvalue_share": forecast.threshold_share,
+            "forecast_power_law_captured_share": forecast.power_law_share,
+            "forecast_rows_for_k_components": forecast.rows_needed,
+            "center": params.center if isinstance(params.center, str) else "public",
+        }
+        meaning = [
+            f"The release is {split.total_mu:.4g}-GDP (exactly the requested (epsilon, delta)); "
+            f"X^T X gets mu = {split.gram_mu:.4g} of it, the explained-variance estimate "
+            f"{split.variance_mu:.4g}.",
+            f"Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
+            f"standard deviation sigma = {sigma:.4g}"
+            + (
+                " (at most: rows are clipped at a private quantile below C)."
+                if params.clip_quantile
+                else "."
+            ),
+            f"The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = "
+            f"{norm_:.4g}; each released eigenvalue is within about that much of the true "
+            "one (Weyl).",
+            f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
+            f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
+            "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||)).",
+            forecast.meaning,
+        ]
+        if params.center == "private":
+            mu_sigma = mean_sensitivity(clip, ctx.n_rows) / split.mean_mu
+            bias = ctx.n_rows * ctx.n_cols * mu_sigma**2
+            scales.update(
+                center_sigma=mu_sigma,
+                center_grid=mu_sigma / GRID_DIVISOR,
+                center_mu=split.mean_mu,
+                center_rank_one_bias=bias,
+            )
+            meaning.append(
+                f"The mean of the clipped rows (l2 sensitivity 2C/n) gets Gaussian noise of "
+                f"standard deviation {mu_sigma:.4g} per coordinate (mu = {split.mean_mu:.4g}); "
+                f"centring on it adds n ||mu - mu_hat||^2, about {bias:.4g}, along one random "
+                "direction of the centred X^T X; rows are clipped to C again."
+            )
+        elif isinstance(params.center, list):
+            meaning.append(
+                "Rows are centred on the given public centre (no budget) and clipped to C again."
+            )
+        if params.clip_quantile is not None:
+            scales.update(clip_quantile=params.clip_quantile, clip_mu=split.clip_mu)
+            meaning.append(
+                f"A noisy histogram of the row norms (mu = {split.clip_mu:.4g}) picks the clip "
+                f"norm near their {params.clip_quantile:g}-quantile on the grid C 2^(-j/4); the "
+                "noise above scales with its square."
+            )
+        return Preview(scales=scales, meaning=meaning)
 
     def privacy_steps(
         self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]
     ) -> list[PrivacyStep]:
-        """Purely Gaussian: the private mean's step (if centred) and ``E(sigma)`` on the Gram
-        matrix, sensitivity ``sqrt(2) C^2``: ``mu^2 = sum (Delta/sigma)^2`` over both, ``rho =
-        mu^2/2`` (the same sigma :meth:`run` draws)."""
-        params = spec.params
-        assert params.clip_norm is not None  # resolved by prepare
-        split = budget_split(spec.epsilon, spec.delta, params)
-        gram = GaussianStep(
-            gram_sensitivity(params.clip_norm),
-            noise_sigma(params.clip_norm, split.gram_epsilon, split.gram_delta),
-        )
-        return [*center_steps(ctx, params, split), gram]
+        """Purely Gaussian: the steps :meth:`run` draws, each declared by its GDP parameter
+        (``GaussianStep(1, 1/mu_j)``: only ``Delta/sigma`` matters): the private mean (if
+        centred), the clip quantile's histogram (if asked), ``E(sigma)`` on the Gram matrix and
+        the explained-variance sums, with ``sum mu_j^2 = total_mu^2`` (:func:`gauss_split`);
+        ``rho = total_mu^2 / 2``."""
+        split = gauss_split(spec.epsilon, spec.delta, spec.params)
+        shares = (split.mean_mu, split.clip_mu, split.variance_mu, split.gram_mu)
+        return [GaussianStep(1.0, 1.0 / mu) for mu in shares if mu > 0]
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> int:
         d = ctx.n_cols
         # The Gram matrix stays alive throughout; E(sigma) builds the draw, its upper triangle,
         # the strict upper triangle and their sum (4 d^2), then H + E; then the eigensolver.
-        # The private mean's pass needs less than the centred Gram pass it precedes.
+        # The private mean's pass and the row norms (8 n bytes) precede the Gram pass.
         centred = spec.params.center != "none"
+        norms = 8 * ctx.n_rows if spec.params.clip_quantile is not None else 0
         return max(
-            clipped_gram_memory(ctx.n_rows, d, centred=centred),
+            clipped_gram_memory(ctx.n_rows, d, centred=centred) + norms,
             8 * (5 * d * d),
             8 * (2 * d * d) + eigh_memory(d, spec.k),
         )
@@ -274,23 +492,134 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         self, data: FloatArray, spec: ReleaseSpec[AnalyzeGaussParams], rng: np.random.Generator
     ) -> MechanismOutput:
         params = spec.params
-        assert params.clip_norm is not None  # resolved by prepare
-        split = budget_split(spec.epsilon, spec.delta, params)
-        center, extras = center_for_run(data, params, split, rng)
+        clip = params.clip_norm
+        assert clip is not None  # resolved by prepare
+        n = data.shape[0]
+        split = gauss_split(spec.epsilon, spec.delta, params)
+        extras: dict[str, Any] = {}
+        center: FloatArray | None = None
+        mean_noise = 0.0
+        if params.center == "private":
+            mean_noise = mean_sensitivity(clip, n) / split.mean_mu
+            center = private_center_sigma(data, clip, mean_noise, rng)
+            extras["center"] = center.tolist()
+        elif isinstance(params.center, list):
+            center = np.asarray(params.center, dtype=np.float64)
+        row_clip: float | None = None
+        if params.clip_quantile is not None:
+            norms = gram_row_norms(data, clip, center)
+            row_clip = private_clip_norm(norms, clip, params.clip_quantile, split.clip_mu, rng)
+            del norms
+            extras["row_clip_norm"] = row_clip
+        effective = clip if row_clip is None else row_clip
+        sigma = gram_sensitivity(effective) / split.gram_mu
         release = gauss_release(
-            data,
-            spec.k,
-            split.gram_epsilon,
-            split.gram_delta,
-            params.clip_norm,
-            rng,
-            center=center,
+            data, spec.k, 0.0, 0.0, clip, rng, center=center, sigma=sigma, row_clip=row_clip
         )
         extras["eigenvalues"] = release.eigenvalues.tolist()
         extras["trace"] = release.trace
-        # Public (a function of the clip norm and the Gram step's budget): lets a client undo the
-        # upward shift of the top noisy eigenvalues (PrivatePCA's explained variance).
-        extras["gram_noise_std"] = noise_sigma(
-            params.clip_norm, split.gram_epsilon, split.gram_delta
+        # Public (a function of the clip norms and the Gram step's mu): lets a client undo the
+        # upward shift of the top noisy eigenvalues.
+        extras["gram_noise_std"] = sigma
+        variance_noise = gram_sensitivity(clip) / split.variance_mu
+        extras.update(
+            variance_extras(data, release, clip, center, (variance_noise, sigma, mean_noise), rng)
         )
         return MechanismOutput(basis=release.basis, extras=extras)
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What the noise leaves recoverable, from public facts (issue 24, item 6)."""
+
+    threshold_share: float
+    power_law_share: float
+    rows_needed: int
+    meaning: str
+
+
+def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float) -> Forecast:
+    """The smallest eigenvalue of ``X^T X`` that stands out of ``E(sigma)``, as a share of the
+    largest possible trace ``n C^2``: ``sigma sqrt(d)`` (below it the top eigenvector of a
+    spiked Wigner matrix carries no information about the spike, Baik, Ben Arous & Peche; above
+    it the squared overlap is ``1 - sigma^2 d/lambda^2``); and the expected share of the
+    variance that k released components capture when the spectrum follows a power law
+    ``lambda_i ~ 1/i`` over ``d`` with the rows at the bound (trace ``n C^2``)."""
+    threshold = sigma * math.sqrt(d)
+    total = n * clip_norm**2
+    share = threshold / total if total > 0 else math.inf
+    weights = 1.0 / np.arange(1, d + 1, dtype=np.float64)
+    spectrum = total * weights / weights.sum()
+    top = spectrum[:k]
+    overlap = np.clip(1.0 - (threshold / top) ** 2, 0.0, 1.0)
+    captured = float(np.sum(top * overlap) / total) if total > 0 else 0.0
+    # Rows at which the k-th power-law eigenvalue n C^2 w_k / sum(w) reaches the threshold
+    # (sigma does not depend on n); for the budget, sigma scales about as 1/epsilon.
+    needed = math.ceil(threshold * float(weights.sum()) / (float(weights[k - 1]) * clip_norm**2))
+    meaning = (
+        f"Forecast: an eigenvalue of the clipped X^T X below {threshold:.4g} "
+        f"({share:.3g} of n C^2) is lost in the noise; with a 1/i spectrum over d and rows at "
+        f"the bound, k = {k} released components would capture about {captured:.3g} of the "
+        f"variance (non-private PCA: {float(top.sum() / total):.3g}). All k components stand "
+        f"out of the noise from about n = {needed} rows at this budget; the threshold share "
+        "falls as 1/n and about as 1/epsilon, and grows as sqrt(d)."
+    )
+    return Forecast(share, captured, needed, meaning)
+
+
+def variance_extras(
+    data: FloatArray,
+    release: GaussRelease,
+    clip_norm: float,
+    center: FloatArray | None,
+    noise: tuple[float, float, float],
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The fresh explained-variance estimate and what is computed from it and public facts.
+
+    ``noise`` is ``(variance_noise_std, gram_sigma, mean_sigma)`` (public; ``mean_sigma`` 0
+    without a private centre). The noisy ``(captured, residual)`` sums are released (rounded to
+    ``variance_noise_std / 1000``); from them: ratios in ``[0, 1]`` summing to at most 1, a
+    90% interval for their sum, and a warning when the released components do not stand out
+    of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
+    """
+    n, d = data.shape
+    k = release.basis.shape[1]
+    noise_std, gram_sigma, mean_noise = noise
+    captured, residual = captured_energy(data, release.basis, clip_norm, center)
+    noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
+    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR)
+    bias = (0.0, 0.0)
+    bias_high = 0.0
+    if mean_noise > 0:
+        per_dim = n * mean_noise**2
+        bias_high = per_dim * float(chi2.ppf(0.995, d))
+        # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
+        # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
+        # captured sum), below it only its share k/d falls inside U on average.
+        if per_dim * d > expected_noise_norm(gram_sigma, d):
+            bias = (per_dim * d, 0.0)
+        else:
+            bias = (per_dim * k, per_dim * (d - k))
+    weights = spiked_debias(release.eigenvalues, gram_sigma, d)
+    estimate = explained_variance(
+        float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high
+    )
+    above = int(np.count_nonzero(weights > 0))
+    extras: dict[str, Any] = {
+        "captured_sum_of_squares": float(noisy[0]),
+        "residual_sum_of_squares": float(noisy[1]),
+        "variance_noise_std": noise_std,
+        "explained_sum_of_squares": estimate.per_component.tolist(),
+        "total_sum_of_squares": estimate.total,
+        "explained_variance_ratio": estimate.ratio.tolist(),
+        "explained_variance_ratio_interval": list(estimate.interval),
+        "components_above_noise": above,
+    }
+    if above < k:
+        extras["warning"] = (
+            f"only {above} of the {k} released components have a noisy eigenvalue above the "
+            f"noise's edge 2 sigma sqrt(d) = {expected_noise_norm(gram_sigma, d):.4g}: the "
+            "others are indistinguishable from random directions at this budget"
+        )
+    return extras

@@ -85,6 +85,9 @@ class CenterParams(ClipParams):
             data.pop("center", None)
         if self.center != "private":
             data.pop("center_share", None)
+        # analyze_gauss's clip quantile, likewise recorded only when used.
+        if data.get("clip_quantile", 0) is None:
+            data.pop("clip_quantile")
         return data
 
 
@@ -174,8 +177,17 @@ def private_center(
     (d,) array
         The noisy mean, rounded to multiples of ``sigma_mu / 1000`` (it is released directly).
     """
+    return private_center_sigma(
+        data, clip_norm, mean_sigma(clip_norm, data.shape[0], epsilon, delta), rng
+    )
+
+
+def private_center_sigma(
+    data: FloatArray, clip_norm: float, sigma: float, rng: np.random.Generator
+) -> FloatArray:
+    """``mu_hat = mean_i clip_C(x_i) + N(0, sigma^2 I)``: ``(2C/n)/sigma``-GDP; rounded to
+    multiples of ``sigma / 1000`` (it is released directly)."""
     n, d = data.shape
-    sigma = mean_sigma(clip_norm, n, epsilon, delta)
     mean = clipped_sum(data, clip_norm) / n
     return round_to_grid(mean + rng.normal(0.0, sigma, size=d), sigma / GRID_DIVISOR)
 

@@ -183,6 +183,9 @@ class FriendlyResult:
     radius_exponent: int | None
     weight_low: float
     noise_sigma: float | None
+    #: How many of the noisy mean's top-k singular values (projections: eigenvalues) stand
+    #: out (:func:`components_above_noise`; post-processing of the noisy mean).
+    components_above_noise: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1255,11 +1258,47 @@ def friendly_continue(state: FriendlySearch, rng: np.random.Generator) -> Friend
     if points is not None:
         mean = weighted_mean(points, weights, total)
         noisy = mean + rng.normal(0.0, sigma, size=mean.shape)
-        basis = safe_top_right_singular_vectors(noisy.reshape(-1, d), k)
+        matrix = noisy.reshape(-1, d)
+        basis = safe_top_right_singular_vectors(matrix, k)
+        values = _top_values(matrix, k + 1, symmetric=False)
     else:
         noisy = projection_mean(bases, weights, total) + rng.normal(0.0, sigma, size=(d, d))
         basis = safe_top_k_eigh(0.5 * (noisy + noisy.T), k)
-    return FriendlyResult(basis, radius, radius_exponent, w_low, sigma)
+        values = _top_values(0.5 * (noisy + noisy.T), k + 1, symmetric=True)
+    q = 0 if points is None else points.shape[1] // d
+    above = components_above_noise(values, k, noise_norm(aggregator, sigma, d, q))
+    return FriendlyResult(basis, radius, radius_exponent, w_low, sigma, above)
+
+
+def noise_norm(aggregator: Aggregator, sigma: float, d: int, q: int) -> float:
+    """Spectral norm of the mean's noise: ``sigma (sqrt(q) + sqrt(d))`` for the ``q x d``
+    reference-point matrix, ``2 sigma sqrt(d)`` for the symmetrised ``d x d`` projection."""
+    if aggregator == "projection":
+        return 2.0 * sigma * math.sqrt(d)
+    return sigma * (math.sqrt(q) + math.sqrt(d))
+
+
+def components_above_noise(values: FloatArray, k: int, noise: float) -> int:
+    """How many of the top-k singular values (eigenvalues) of the noisy mean stand out (issue 24,
+    item 5): above the noise's spectral norm and above twice the ``(k+1)``-th. Subsets that
+    agree average to a rank-k matrix plus noise (a clear gap after the k-th value); subsets
+    whose subspaces do not agree average to about ``k/d`` times the reference points, whose
+    singular values decay slowly (no gap), so their top-k directions are random-like."""
+    beyond = float(values[k]) if values.shape[0] > k else 0.0
+    return int(np.count_nonzero(values[:k] > max(noise, 2.0 * beyond)))
+
+
+def _top_values(matrix: FloatArray, k: int, symmetric: bool) -> FloatArray:
+    """Top-k singular values (or eigenvalues) of a noisy matrix, zeros where it cannot be
+    decomposed (a non-finite or failing input: no claim that anything stands out)."""
+    if not np.all(np.isfinite(matrix)):
+        return np.zeros(k)
+    try:
+        if symmetric:
+            return np.asarray(np.linalg.eigvalsh(matrix)[::-1][:k], dtype=np.float64)
+        return np.asarray(np.linalg.svd(matrix, compute_uv=False)[:k], dtype=np.float64)
+    except np.linalg.LinAlgError:
+        return np.zeros(k)
 
 
 def friendly_memory_bytes(
@@ -1646,5 +1685,13 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 f" (data not close enough to a {spec.k}-dimensional subspace, or too few rows "
                 "for this budget)",
                 **extras,
+            )
+        extras["components_above_noise"] = result.components_above_noise
+        if result.components_above_noise < spec.k:
+            extras["warning"] = (
+                f"only {result.components_above_noise} of the {spec.k} directions of the noisy "
+                "average stand above its noise and clearly above the next one: the subsets' "
+                "subspaces do not agree at this radius, and the others are indistinguishable "
+                "from random directions"
             )
         return MechanismOutput(basis=result.basis, extras=extras)

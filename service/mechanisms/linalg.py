@@ -224,12 +224,15 @@ def clipped_gram(
     clip_norm: float,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     center: FloatArray | None = None,
+    row_clip: float | None = None,
 ) -> FloatArray:
     """``H = X^T X`` of the clipped rows, accumulated in row chunks: memory ``O(d^2 + chunk d)``.
 
     With a ``center`` ``c`` (shape ``(d,)``, public, finite), each row is
     ``clip_C(clip_C(x) - c)``: clipped to ``C``, centred, and clipped to ``C`` again, so every
     row of the centred matrix still has norm ``<= C`` and the sensitivity of ``H`` is unchanged.
+    With ``row_clip`` ``C2`` (public, e.g. a released private quantile), rows are then clipped
+    to ``C2`` as well (:func:`gram_rows`): the sensitivity becomes ``sqrt(2) C2^2``.
     ``clip_C(x) - c`` cannot overflow: the mechanisms keep ``C`` and ``|c|`` below ``2^481``.
 
     Entries are at most ``n C^2`` in magnitude; the mechanisms refuse clip norms for which that
@@ -243,11 +246,89 @@ def clipped_gram(
                 continue
             # No copy of the block when no row exceeds C (the common case of a declared bound);
             # ``X^T X`` of the same buffer is one symmetric rank-k update (numpy calls syrk).
-            clipped = _clip_rows(block, clip_norm)
-            if center is not None:
-                clipped = _clip_rows(clipped - center, clip_norm)
+            clipped = gram_rows(block, clip_norm, center, row_clip)
             gram += clipped.T @ clipped
     return gram
+
+
+def gram_rows(
+    block: npt.NDArray[Any],
+    clip_norm: float,
+    center: FloatArray | None = None,
+    row_clip: float | None = None,
+) -> FloatArray:
+    """The rows a Gram mechanism uses: ``clip_C(x)``, then (with a ``center``)
+    ``clip_C(clip_C(x) - c)``, then (with ``row_clip`` ``C2 <= C``) clipped to ``C2`` as well.
+    Each step is a fixed per-row map into a ball, so every row has norm ``<= min(C, C2)``."""
+    clipped = _clip_rows(block, clip_norm)
+    if center is not None:
+        clipped = _clip_rows(clipped - center, clip_norm)
+    if row_clip is not None:
+        clipped = _clip_rows(clipped, row_clip)
+    return clipped
+
+
+def gram_row_norms(
+    data: npt.NDArray[Any],
+    clip_norm: float,
+    center: FloatArray | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> FloatArray:
+    """Norms of :func:`gram_rows` (no ``row_clip``), shape ``(n,)``, in row chunks; each is
+    in ``[0, C]`` (computed after a power-of-two rescaling, so finite at every scale)."""
+    parts = []
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk_rows):
+            if block.size == 0:
+                continue
+            _, norms, exponent = _scaled_rows(gram_rows(block, clip_norm, center))
+            with np.errstate(over="ignore"):
+                parts.append(np.minimum(np.ldexp(norms, exponent), clip_norm))
+    if not parts:
+        return np.zeros(0, dtype=np.float64)
+    return np.concatenate(parts)
+
+
+def count_rows_above(
+    data: npt.NDArray[Any], bound: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> int:
+    """How many rows have a norm above ``bound`` (norms after a power-of-two rescaling, so
+    right at every finite scale)."""
+    count = 0
+    for block in iter_row_chunks(data, chunk_rows):
+        if block.size == 0:
+            continue
+        _, norms, exponent = _scaled_rows(block)
+        with np.errstate(over="ignore", under="ignore"):
+            # Compare ||x 2^-e|| with bound 2^-e: no overflow whatever the scale.
+            count += int(np.count_nonzero(norms > np.ldexp(bound, -exponent)))
+    return count
+
+
+def captured_energy(
+    data: npt.NDArray[Any],
+    basis: FloatArray,
+    clip_norm: float,
+    center: FloatArray | None = None,
+    row_clip: float | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> tuple[float, float]:
+    """``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)`` over the Gram rows ``y_i``
+    (:func:`gram_rows`); ``basis`` ``U`` is ``d x k`` orthonormal. Each row adds a point of the
+    simplex ``{(a, b) >= 0, a + b <= min(C, C2)^2}``; the residual is the row's squared norm
+    minus its captured part, floored at 0 (rounding)."""
+    captured = 0.0
+    residual = 0.0
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk_rows):
+            if block.size == 0:
+                continue
+            rows = gram_rows(block, clip_norm, center, row_clip)
+            inside = np.einsum("ij,ij->i", rows @ basis, rows @ basis)
+            total = np.einsum("ij,ij->i", rows, rows)
+            captured += float(np.sum(inside))
+            residual += float(np.sum(np.maximum(total - inside, 0.0)))
+    return captured, residual
 
 
 def clipped_sum(

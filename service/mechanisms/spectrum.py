@@ -42,6 +42,7 @@ from service.mechanisms.base import (
     ReleaseSpec,
 )
 from service.mechanisms.centring import (
+    BudgetSplit,
     CenterParams,
     CentredGramMechanism,
     budget_split,
@@ -49,6 +50,7 @@ from service.mechanisms.centring import (
     center_preview,
     center_steps,
     check_center_shape,
+    mean_noise_scale,
     with_center_multiples,
 )
 from service.mechanisms.linalg import (
@@ -160,6 +162,29 @@ def spectrum(
     return released, suggest_k(released, signal_threshold(std, m)), std
 
 
+def rank_one_bias(n: int, d: int, params: SpectrumParams, split: BudgetSplit) -> float:
+    """``n d s^2``: the expected size of the rank-one term ``n (mu_hat - mu)(mu_hat - mu)^T``
+    that centring on a private mean with per-coordinate noise ``s`` adds to the centred
+    ``X^T X`` (issue 24, item 2); 0 without a private mean. Public."""
+    if params.center != "private" or params.clip_norm is None:
+        return 0.0
+    noise = mean_noise_scale(params.clip_norm, n, d, split)
+    # Laplace noise of scale b has variance 2 b^2 per coordinate.
+    variance = noise**2 if split.mean_delta > 0 else 2.0 * noise**2
+    return n * d * variance
+
+
+def without_rank_one(values: FloatArray, bias: float) -> FloatArray:
+    """The released eigenvalues with the expected rank-one term removed from the largest (where
+    it sits once it exceeds the others: the direction of the mean's noise is one of the top
+    eigenvectors), re-sorted: post-processing, used only to suggest k, so that the mean's noise
+    does not read as a dominant component."""
+    adjusted = np.asarray(values, dtype=np.float64).copy()
+    if adjusted.size:
+        adjusted[0] = max(0.0, adjusted[0] - bias)
+    return np.sort(adjusted)[::-1]
+
+
 class Spectrum(CentredGramMechanism[SpectrumParams]):
     name: ClassVar[str] = "spectrum"
     accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
@@ -256,6 +281,10 @@ class Spectrum(CentredGramMechanism[SpectrumParams]):
             rng,
             center=center,
         )
+        bias = rank_one_bias(data.shape[0], data.shape[1], spec.params, split)
+        if bias > 0:
+            centre_extras["center_rank_one_bias"] = bias
+            suggested = suggest_k(without_rank_one(values, bias), signal_threshold(std, spec.k))
         return MechanismOutput(
             basis=None,
             extras={

@@ -54,7 +54,8 @@ def test_dry_run_shows_the_choice_and_why_and_charges_nothing(client, keys, data
     body = response.json()
     assert body["params"] == {"clip_norm": 1.0, "structure_share": 0.1}
     assert body["scales"]["auto_choice"] == "analyze_gauss"
-    assert "friendly_aggregate refused" in body["scales"]["auto_reason"]
+    assert "friendly_aggregate refused" in body["scales"]["auto_details"]
+    assert len(body["scales"]["auto_reason"]) < 400
     assert "analyze_gauss.sigma" in body["scales"]
     assert budget(client, keys, dataset)["epsilon_remaining"] == "1"
 
@@ -65,6 +66,10 @@ def test_release_reports_the_choice_and_is_charged_once(client, keys, dataset, r
     extras = body["result"]["extras"]
     assert extras["auto_choice"] == "analyze_gauss"
     assert extras["auto_reason"].startswith("analyze_gauss")
+    # At most two plain sentences; the full reasoning is a list in auto_details (issue 22,
+    # item 14).
+    assert len(extras["auto_reason"]) < 400 and extras["auto_reason"].count(". ") <= 1
+    assert isinstance(extras["auto_details"], list) and extras["auto_details"]
     assert extras["auto_params"]["clip_norm"] == 1.0
     assert len(extras["eigenvalues"]) == 2
     assert subspace_distance(np.array(body["result"]["basis"]), dataset["basis"]) < 0.5

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from service.mechanisms.analyze_gauss import mean_sigma, noise_sigma
+from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.spectrum import noise_std as spectrum_noise_std
 from tests.conftest import bearer, release_and_wait
 from tests.factories import near_subspace
@@ -44,8 +46,10 @@ def test_preview_of_a_private_centre_states_the_split(client, keys, dataset):
     assert body["params"] == {"clip_norm": 1.0, "center": "private", "center_share": 0.25}
     scales = body["scales"]
     assert scales["center"] == "private"
-    assert scales["center_sigma"] == mean_sigma(1.0, 200, 0.25 * 0.5, 0.25 * 1e-7)
-    assert scales["sigma"] == noise_sigma(1.0, 0.75 * 0.5, 0.75 * 1e-7)
+    # GDP shares of the request's mu: 0.25 for the mean, 0.1 for the explained variance.
+    mu = gaussian_total_mu(0.5, 1e-7, 0.0, 0.0)
+    assert scales["center_sigma"] == pytest.approx(2.0 / 200 / (math.sqrt(0.25) * mu))
+    assert scales["sigma"] == pytest.approx(math.sqrt(2.0) / (math.sqrt(0.65) * mu))
 
 
 def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
@@ -58,6 +62,9 @@ def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
     extras = body["result"]["extras"]
     assert len(extras["center"]) == 6 and len(extras["eigenvalues"]) == 2
     assert extras["trace"] > 0
+    ratios = extras["explained_variance_ratio"]
+    low, high = extras["explained_variance_ratio_interval"]
+    assert len(ratios) == 2 and min(ratios) >= 0 and 0 <= low <= sum(ratios) <= high <= 1
     # Charged exactly the request, not more for the extra stage.
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
     assert budget["epsilon_remaining"] == "0.5"

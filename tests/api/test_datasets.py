@@ -86,6 +86,21 @@ def test_metadata_never_carries_values(client, keys):
         assert "123.45" not in text
 
 
+def test_the_upload_tells_its_owner_how_many_rows_exceed_the_bound(client, keys):
+    rows = np.array([[0.6, 0.8], [3.0, 4.0], [1e300, 1e300], [0.0, 0.0], [0.3, 0.1]])
+    response = post(client, keys.owner, "x.npy", npy_bytes(rows), row_norm_bound="1.0")
+    assert response.status_code == 201, response.text
+    # 0.6/0.8 has norm 1 (not above); 3/4 and the huge row are above; decided at any scale.
+    assert response.json()["rows_above_bound"] == 2
+    dataset_id = response.json()["id"]
+    # Shown once, to the owner: not in the metadata anyone reads afterwards.
+    for key in (keys.owner, keys.analyst):
+        for path in ("/v1/datasets", f"/v1/datasets/{dataset_id}"):
+            assert "rows_above_bound" not in client.get(path, headers=bearer(key)).text
+    unbounded = post(client, keys.owner, "y.npy", npy_bytes(rows[:2]))
+    assert unbounded.status_code == 201 and unbounded.json()["rows_above_bound"] is None
+
+
 BAD_UPLOADS = {
     "csv_ragged": ("x.csv", b"1,2,3\n4,5\n", "inconsistent widths"),
     "csv_too_wide": ("x.csv", b"1,2\n3,4,5\n", "inconsistent widths"),

@@ -10,7 +10,12 @@ from sqlalchemy import func, select
 
 from service import audit
 from service.db.models import AuditEvent, LedgerEntry, Release
-from service.mechanisms.analyze_gauss import expected_noise_norm, noise_sigma
+from service.mechanisms.analyze_gauss import (
+    AnalyzeGaussParams,
+    expected_noise_norm,
+    gauss_split,
+    gram_sensitivity,
+)
 from service.mechanisms.base import Preview
 from service.mechanisms.registry import get_mechanism
 from tests.conftest import bearer
@@ -56,7 +61,7 @@ def test_dry_run_charges_nothing_creates_nothing_and_writes_one_event(
     assert (body["epsilon"], body["delta"]) == ("0.1", "0.0000001")
     assert body["epsilon_remaining"] == "1"
     assert body["params"] == {"clip_norm": 1.0}
-    sigma = noise_sigma(1.0, 0.1, 1e-7)
+    sigma = gram_sensitivity(1.0) / gauss_split(0.1, 1e-7, AnalyzeGaussParams()).gram_mu
     assert body["scales"]["sigma"] == sigma
     assert body["scales"]["noise_spectral_norm"] == expected_noise_norm(sigma, 6)
     assert body["meaning"] and all(isinstance(line, str) for line in body["meaning"])

@@ -176,17 +176,20 @@ def test_fit_uncentred_against_a_live_release(
     np.testing.assert_array_equal(pca.mean_, np.zeros(d))
     release = analyst.get_release(pca.release_id_)
     assert release.status == "succeeded"
-    values = debias_eigenvalues(
-        np.asarray(release.extras["eigenvalues"]), release.extras["gram_noise_std"], d
+    # The fresh explained-variance estimate: per component, never negative, at most 1 in
+    # total, with the release's 90% interval around the total (which is ~1 here: the rows lie
+    # in the planted subspace).
+    assert pca.explained_variance_ is not None and pca.explained_variance_ratio_ is not None
+    sums = np.asarray(release.extras["explained_sum_of_squares"])
+    np.testing.assert_allclose(pca.explained_variance_, sums / (n - 1))
+    np.testing.assert_allclose(
+        pca.explained_variance_ratio_, release.extras["explained_variance_ratio"]
     )
-    assert pca.explained_variance_ is not None
-    np.testing.assert_allclose(pca.explained_variance_, values / (n - 1))
-    if "trace" in release.extras:
-        assert pca.explained_variance_ratio_ is not None
-        np.testing.assert_allclose(pca.explained_variance_ratio_, values / release.extras["trace"])
-        assert 0.9 < pca.explained_variance_ratio_.sum() <= 1.01
-    else:
-        assert pca.explained_variance_ratio_ is None
+    assert np.all(pca.explained_variance_ratio_ >= 0)
+    assert 0.9 < pca.explained_variance_ratio_.sum() <= 1.0
+    assert pca.explained_variance_ratio_interval_ is not None
+    low, high = pca.explained_variance_ratio_interval_
+    assert low <= pca.explained_variance_ratio_.sum() <= high <= 1.0
     z = pca.transform(np.eye(d))
     assert z.shape == (d, k)
     assert analyst.budget(ds.id).epsilon_remaining == 0

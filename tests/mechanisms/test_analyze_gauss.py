@@ -108,7 +108,9 @@ def test_mechanism_run_and_prepare() -> None:
     assert out.basis.T @ out.basis == pytest.approx(np.eye(2), abs=1e-10)
     assert len(out.extras["eigenvalues"]) == 2 and out.no_result_reason is None
     # Released eigenvalues sit on the public grid sigma/1000 (floating-point mitigation).
-    grid = module.noise_sigma(1.0, 1.0, 1e-6) / 1000
+    sigma = module.gram_sensitivity(1.0) / module.gauss_split(1.0, 1e-6, params).gram_mu
+    assert out.extras["gram_noise_std"] == sigma
+    grid = sigma / 1000
     steps = np.asarray(out.extras["eigenvalues"]) / grid
     assert np.allclose(steps, np.round(steps), rtol=0, atol=1e-6)
 
@@ -157,3 +159,30 @@ def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch, runs: int
 @pytest.mark.slow
 def test_audit_passes_long() -> None:
     test_audit_passes(runs=20_000)
+
+
+def test_the_preview_forecasts_what_the_noise_leaves_recoverable() -> None:
+    # Issue 24 item 6: d = 784 at n = 3,500 and eps 0.3 keeps almost nothing; more rows or
+    # budget move the threshold down and the forecast up.
+    mechanism = AnalyzeGauss()
+
+    def forecast(n: int, d: int, eps: float) -> tuple[float, float]:
+        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+        params = mechanism.prepare(ctx, 10, eps, 1e-6, AnalyzeGaussParams())
+        scales = mechanism.preview(ctx, ReleaseSpec(10, eps, 1e-6, params)).scales
+        share, captured = (
+            scales["smallest_recoverable_eigenvalue_share"],
+            scales["forecast_power_law_captured_share"],
+        )
+        assert isinstance(share, float) and isinstance(captured, float)
+        sigma = scales["sigma"]
+        assert isinstance(sigma, float)
+        assert share == pytest.approx(sigma * math.sqrt(d) / n)
+        needed = scales["forecast_rows_for_k_components"]
+        assert isinstance(needed, int) and (needed > n) == (captured < 0.2)
+        return share, captured
+
+    small_share, small_captured = forecast(3_500, 784, 0.3)
+    assert small_share > 0.03 and small_captured < 0.05
+    big_share, big_captured = forecast(50_000, 784, 1.0)
+    assert big_share < small_share / 30 and big_captured > 5 * small_captured

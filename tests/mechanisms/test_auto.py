@@ -123,7 +123,8 @@ def test_preview_names_the_choice_and_the_candidates_scales() -> None:
     shown = AUTO.preview(small, ReleaseSpec(3, 1.0, 1e-6, params))
     assert shown.scales["auto_choice"] == "analyze_gauss"
     assert shown.scales["structure_test"] is False
-    assert "friendly_aggregate refused" in str(shown.scales["auto_reason"])
+    assert "friendly_aggregate refused" in str(shown.scales["auto_details"])
+    assert len(str(shown.scales["auto_reason"])) < 400
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,3 +340,21 @@ def test_a_centred_release_returns_the_private_centre_and_a_centred_subspace() -
     public = AUTO.prepare(ctx(20_000, 8), 2, 2.0, 1e-6, AutoParams(center=list(shift)))
     chosen: Any = plan(ctx(20_000, 8), 2, 2.0, 1e-6, public).default.params
     assert chosen.center == list(shift)
+
+
+def test_the_reason_is_one_sentence_and_the_details_keep_every_clause() -> None:
+    from service.mechanisms.auto import summarise_reason
+
+    long = (
+        "the private agreement test found most of the subsets' subspaces within the public "
+        "cell width; friendly_aggregate's private radius search stopped at radius 0.001 "
+        "(exponent 10): its predicted error 0.01 is below analyze_gauss's 0.02, so it "
+        "continues; its propose-test-release check failed, so analyze_gauss ran with the "
+        "unspent budget of its mean step"
+    )
+    summary, details = summarise_reason("analyze_gauss", long)
+    assert summary.startswith("analyze_gauss: the private agreement test") and len(summary) < 400
+    # Two sentences: the first reason and the decisive last step; the rest is in the details.
+    assert summary.endswith("mean step.") and summary.count(". ") == 1
+    assert "predicted error" not in summary
+    assert len(details) == 3 and "propose-test-release" in details[2]

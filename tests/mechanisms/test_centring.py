@@ -14,13 +14,12 @@ from service.mechanisms import centring
 from service.mechanisms.analyze_gauss import (
     AnalyzeGauss,
     AnalyzeGaussParams,
-    budget_split,
     mean_sensitivity,
     mean_sigma,
-    noise_sigma,
     private_center,
 )
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.composition import gaussian_profile, gaussian_total_mu
 from service.mechanisms.linalg import clip_rows, clipped_gram, subspace_distance
 from service.mechanisms.noise import analytic_gaussian_sigma
 from service.mechanisms.spectrum import Spectrum
@@ -72,31 +71,34 @@ def test_run_spends_share_on_the_mean_and_the_rest_on_the_gram(
 ) -> None:
     data = np.random.default_rng(1).standard_normal((80, 4)) * 0.3 + 0.4
     mechanism, ctx, spec = prepared(data, 2, 0.8, 1e-6, center="private", center_share=share)
-    mean_calls: list[tuple[Any, ...]] = []
+    mean_sigmas: list[float] = []
     gram_sigmas: list[float] = []
-    real_center, real_noise = centring.private_center, module.symmetric_gaussian
+    real_center, real_noise = module.private_center_sigma, module.symmetric_gaussian
 
     def spy_center(*args: Any) -> Any:
-        mean_calls.append(args[1:4])
+        mean_sigmas.append(args[2])
         return real_center(*args)
 
     def spy_noise(dim: int, sigma: float, rng: np.random.Generator) -> Any:
         gram_sigmas.append(sigma)
         return real_noise(dim, sigma, rng)
 
-    monkeypatch.setattr(centring, "private_center", spy_center)
+    monkeypatch.setattr(module, "private_center_sigma", spy_center)
     monkeypatch.setattr(module, "symmetric_gaussian", spy_noise)
     out = mechanism.run(data, spec, np.random.default_rng(2))
-    assert mean_calls == [(1.0, share * 0.8, share * 1e-6)]
-    assert gram_sigmas == [noise_sigma(1.0, (1 - share) * 0.8, (1 - share) * 1e-6)]
-    # Sequential composition: the two stages add up to the request.
-    split = budget_split(0.8, 1e-6, spec.params)
-    assert split.mean_epsilon + split.gram_epsilon == pytest.approx(0.8, rel=1e-15)
-    assert split.mean_delta + split.gram_delta == pytest.approx(1e-6, rel=1e-15)
+    # GDP composition: the request is exactly mu-GDP; the steps' mu^2 add up to mu^2.
+    mu = gaussian_total_mu(0.8, 1e-6, 0.0, 0.0)
+    assert gaussian_profile(mu, 0.8) <= 1e-6 < gaussian_profile(mu * (1 + 1e-6), 0.8)
+    split = module.gauss_split(0.8, 1e-6, spec.params)
+    assert split.mean_mu == pytest.approx(math.sqrt(share) * mu, rel=1e-12)
+    parts = split.mean_mu**2 + split.gram_mu**2 + split.variance_mu**2 + split.clip_mu**2
+    assert parts == pytest.approx(mu**2, rel=1e-12)
+    assert mean_sigmas == [pytest.approx(2.0 / 80 / split.mean_mu, rel=1e-12)]
+    assert gram_sigmas == [pytest.approx(math.sqrt(2.0) / split.gram_mu, rel=1e-12)]
     # The preview states the same scales.
     shown = mechanism.preview(ctx, spec)
     assert shown.scales["sigma"] == gram_sigmas[0]
-    assert shown.scales["center_sigma"] == mean_sigma(1.0, 80, share * 0.8, share * 1e-6)
+    assert shown.scales["center_sigma"] == mean_sigmas[0]
     assert len(out.extras["center"]) == 4 and len(out.extras["eigenvalues"]) == 2
 
 
@@ -112,12 +114,16 @@ def test_uncentred_and_public_centre_spend_everything_on_the_gram(
         return real(dim, sigma, rng)
 
     monkeypatch.setattr(module, "symmetric_gaussian", spy)
+    # All but the explained-variance estimate's share of mu^2 goes to X^T X.
+    expected = math.sqrt(2.0) / (
+        math.sqrt(1 - module.VARIANCE_SHARE) * gaussian_total_mu(0.5, 1e-6, 0.0, 0.0)
+    )
     for center in ("none", [0.1, 0.0, -0.2]):
         mechanism, ctx, spec = prepared(data, 1, 0.5, 1e-6, center=center)
         out = mechanism.run(data, spec, np.random.default_rng(4))
         assert "center" not in out.extras
-        assert mechanism.preview(ctx, spec).scales["sigma"] == noise_sigma(1.0, 0.5, 1e-6)
-    assert sigmas == [noise_sigma(1.0, 0.5, 1e-6)] * 2
+        assert mechanism.preview(ctx, spec).scales["sigma"] == pytest.approx(expected)
+    assert sigmas == [pytest.approx(expected)] * 2
 
 
 def test_private_mean_noise_has_the_stated_std() -> None:

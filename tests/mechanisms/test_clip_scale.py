@@ -9,7 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from service.mechanisms.analyze_gauss import AnalyzeGauss, noise_sigma
+from service.mechanisms.analyze_gauss import (
+    AnalyzeGauss,
+    AnalyzeGaussParams,
+    gauss_split,
+)
 from service.mechanisms.base import (
     MAX_MAGNITUDE_LOG2,
     MIN_MAGNITUDE_LOG2,
@@ -72,9 +76,11 @@ def test_squares_that_overflow_or_underflow_are_refused(
 
 def test_analyze_gauss_multiples_follow_its_calibration() -> None:
     low, high = AnalyzeGauss().c2_multiples(CTX, 3, 0.5, 1e-8)
-    unit = noise_sigma(1.0, 0.5, 1e-8)
+    split = gauss_split(0.5, 1e-8, AnalyzeGaussParams())
+    unit = math.sqrt(2.0) / split.gram_mu
+    variance = math.sqrt(2.0) / split.variance_mu  # the larger: a smaller share of mu^2
     assert low == pytest.approx(min(1.0, unit / 1000))
-    assert high == pytest.approx(50 * (100_000 + 64 * unit))
+    assert high == pytest.approx(50 * (100_000 + 64 * variance))
     # The refusal is exactly where C^2 high crosses 2^MAX (and C^2 low crosses 2^MIN).
     c_min, c_max = clip_norm_range(low, high)
     assert math.log2(c_max**2 * high) == pytest.approx(MAX_MAGNITUDE_LOG2)

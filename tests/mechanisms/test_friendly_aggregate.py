@@ -1063,3 +1063,33 @@ def test_radius_search_threshold_is_the_larger_of_three_quarters_and_the_tests_n
     friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(61), t=100)
     split4 = budget_split(4.0, 1e-3, radius_given=False, t=100)
     assert seen == [fa.radius_search_threshold(100, split4.eps1, split4.delta1)]
+
+
+def test_components_above_noise_needs_a_gap_after_the_kth_value() -> None:
+    # Agreeing subsets: k clear values then noise; disagreeing: a slowly decaying spectrum.
+    assert fa.components_above_noise(np.array([3.0, 2.5, 0.1]), 2, 0.5) == 2
+    assert fa.components_above_noise(np.array([1.0, 0.9, 0.85]), 2, 0.1) == 0
+    assert fa.components_above_noise(np.array([3.0, 0.4, 0.1]), 2, 0.5) == 1
+
+
+@pytest.mark.parametrize("aggregator", ["reference_points", "projection"])
+def test_a_release_from_disagreeing_subsets_carries_a_warning(aggregator: str) -> None:
+    # Isotropic rows at a given radius as large as any distance: every subset is everyone's
+    # friend, the test passes and the average is random-like; the release says so.
+    n, d, k = 6_000, 40, 2
+    data = np.random.default_rng(3).standard_normal((n, d)) / math.sqrt(d)
+    mech = FriendlyAggregate()
+    ctx = PublicContext(n, d, 1.0)
+    r_max = 2.0 * math.sqrt(2 * k) if aggregator == "projection" else 100.0
+    raw = FriendlyAggregateParams(aggregator=aggregator, radius=r_max)  # type: ignore[arg-type]
+    params = mech.prepare(ctx, k, 1.0, 1e-6, raw)
+    out = mech.run(data, ReleaseSpec(k, 1.0, 1e-6, params), np.random.default_rng(4))
+    assert out.basis is not None
+    assert out.extras["components_above_noise"] < k and "random" in out.extras["warning"]
+    # Near a subspace, the radius searched: the subsets agree and nothing is flagged.
+    near, _ = near_subspace(n, d, k, 1e-5, seed=5)
+    searched = FriendlyAggregateParams(aggregator=aggregator)  # type: ignore[arg-type]
+    params = mech.prepare(ctx, k, 1.0, 1e-6, searched)
+    out = mech.run(near, ReleaseSpec(k, 1.0, 1e-6, params), np.random.default_rng(6))
+    assert out.basis is not None
+    assert out.extras["components_above_noise"] == k and "warning" not in out.extras

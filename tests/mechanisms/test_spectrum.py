@@ -270,3 +270,27 @@ def test_digits_spectrum_is_visible_on_eigenvalues() -> None:
         values, _, std = spectrum(data, 20, 1.0, 1e-6, 1.0, rng)
         assert np.count_nonzero(values > signal_threshold(std, 20)) >= 6
         assert np.abs(np.sqrt(values[:3]) - truth[:3]).max() / truth[2] < 0.1
+
+
+def test_the_private_means_rank_one_term_does_not_read_as_a_component() -> None:
+    # Issue 24 item 2: centring on a noisy mean adds n (mu_hat - mu)(mu_hat - mu)^T, of
+    # expected size n d s^2, along one direction: the suggestion discounts it.
+    from service.mechanisms.centring import budget_split
+    from service.mechanisms.spectrum import (
+        SpectrumParams,
+        rank_one_bias,
+        suggest_k,
+        without_rank_one,
+    )
+
+    params = SpectrumParams(clip_norm=1.0, center="private")
+    split = budget_split(0.5, 1e-6, params)
+    bias = rank_one_bias(1000, 50, params, split)
+    sigma = 2.0 / 1000 / 1  # sensitivity 2C/n; the analytic scale is above it
+    assert bias > 1000 * 50 * sigma**2
+    assert rank_one_bias(1000, 50, SpectrumParams(clip_norm=1.0), split) == 0.0
+    values = np.array([bias + 60.0, 50.0, 45.0, 5.0, 4.0])
+    assert suggest_k(values, 20.0) == 1  # the inflated top alone looks dominant
+    adjusted = without_rank_one(values, bias)
+    assert adjusted[:3] == pytest.approx([60.0, 50.0, 45.0])
+    assert suggest_k(adjusted, 20.0) == 3

@@ -108,6 +108,20 @@ class Dataset(Schema):
     created_at: datetime = Field(description="Upload time (UTC).")
 
 
+class DatasetCreated(Dataset):
+    """The upload's answer: the dataset's metadata, and what only its owner sees once."""
+
+    rows_above_bound: int | None = Field(
+        default=None,
+        description=(
+            "How many uploaded rows have a norm above row_norm_bound: every clipping mechanism "
+            "scales them down to it (issue 24). A fact about the owner's own rows, shown only "
+            "in this response to the owner who uploaded them; never stored, logged or shown "
+            "again. Null without a bound."
+        ),
+    )
+
+
 class DatasetBatch(Schema):
     """A batch of rows appended to a dataset (`POST /v1/datasets/{id}/rows`)."""
 

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
 from api_schemas.audit import AuditEvent, AuditPage
-from api_schemas.datasets import Budget, Dataset, DatasetBatch, DatasetList
+from api_schemas.datasets import Budget, Dataset, DatasetBatch, DatasetCreated, DatasetList
 from api_schemas.grants import Grant, GrantList
 from api_schemas.history import ReleasePage
 from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
@@ -480,7 +480,8 @@ class Client:
         rho_budget: Number | None = None,
         delta_conversion: Number | None = None,
     ) -> Dataset:
-        """Upload a dataset (owner key) and return its metadata.
+        """Upload a dataset (owner key) and return its metadata (with ``rows_above_bound``:
+        how many of the rows exceed the declared ``row_norm_bound``, shown only here).
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
@@ -532,7 +533,7 @@ class Client:
                     data=form,
                     files={"file": (path.name, sent, content_type)},
                 )
-        return _parse(response, Dataset)
+        return _parse(response, DatasetCreated)
 
     def append_rows(
         self,

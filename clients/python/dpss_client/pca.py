@@ -136,13 +136,22 @@ class PrivatePCA:
     mean_ : ndarray of shape (n_features,)
         The released private centre, the public centre, or zeros.
     explained_variance_ : ndarray of shape (n_components,) or None
-        The noisy eigenvalues of the (centred) second-moment matrix divided by ``n - 1``, when
-        the mechanism releases eigenvalues, with the noise's upward shift undone when the
-        release states its noise (:func:`debias_eigenvalues`; components buried in the noise
-        get 0). They stay noisy: treat small values as "not distinguishable from noise".
+        The (centred) sum of squares each released component captures, divided by ``n - 1``.
+        With ``analyze_gauss``: a fresh private estimate made after the components were
+        chosen (unbiased for what they capture, the private mean's known bias removed; the
+        noisy eigenvalues are not: the top ones are inflated by the noise they were selected
+        on), shared among the components by their debiased eigenvalues; never negative.
+        Other mechanisms that release eigenvalues: the eigenvalues with the noise's upward
+        shift undone (:func:`debias_eigenvalues`).
     explained_variance_ratio_ : ndarray of shape (n_components,) or None
-        Those eigenvalues divided by the noisy trace (unbiased: the noise has mean zero), when
-        both are released and the trace is positive.
+        The share of the total (centred) variance of the rows clipped to the clip norm that
+        each component captures: each in ``[0, 1]``, summing to at most 1.
+    explained_variance_ratio_interval_ : (float, float) or None
+        A 90% interval for the total captured share ``sum(explained_variance_ratio_)``, from
+        the release's public noise scales (``analyze_gauss``; None otherwise).
+    warning_ : str or None
+        The release's own warning, e.g. when some components do not stand above the noise
+        (computed from public noise scales and released values only).
     n_components_ : int
     n_features_in_ : int
     release_id_ : UUID
@@ -297,27 +306,46 @@ class PrivatePCA:
             mean = np.asarray(params["center"], dtype=np.float64)
             if mean.shape != (d,):
                 raise ValueError(f"center: expected {d} numbers, got {mean.shape[0]}")
-        eigenvalues = extras.get("eigenvalues")
-        values = None if eigenvalues is None else np.asarray(eigenvalues, dtype=np.float64)
-        noise_std = extras.get("gram_noise_std")
-        if values is not None and isinstance(noise_std, int | float) and math.isfinite(noise_std):
-            values = debias_eigenvalues(values, float(noise_std), d)
-        variance = None
-        ratio = None
-        if values is not None:
-            n_rows = self._n_rows()
-            if n_rows is not None and n_rows > 1:
-                variance = values / (n_rows - 1)
-            trace = extras.get("trace")
-            if isinstance(trace, int | float) and math.isfinite(trace) and trace > 0:
-                ratio = values / float(trace)
+        variance, ratio, interval = self._explained(extras, d)
         self.components_: FloatArray = np.ascontiguousarray(basis.T)
         self.mean_: FloatArray = mean
         self.explained_variance_: FloatArray | None = variance
         self.explained_variance_ratio_: FloatArray | None = ratio
+        self.explained_variance_ratio_interval_: tuple[float, float] | None = interval
+        self.warning_: str | None = extras.get("warning")
         self.n_components_: int = k
         self.n_features_in_: int = d
         self.release_id_: UUID = handle.id
+
+    def _explained(
+        self, extras: dict[str, Any], d: int
+    ) -> tuple[FloatArray | None, FloatArray | None, tuple[float, float] | None]:
+        """Explained variance, its ratio and the ratio's 90% interval from the release.
+
+        Releases with a fresh explained-variance estimate (``analyze_gauss``) state them; for
+        others, the noisy eigenvalues with the noise's shift undone, over the noisy trace,
+        capped to ``[0, 1]`` in total (no interval: those figures carry the selection bias).
+        """
+        n_rows = self._n_rows()
+        scale = None if n_rows is None or n_rows <= 1 else 1.0 / (n_rows - 1)
+        if "explained_variance_ratio" in extras:
+            sums = np.asarray(extras["explained_sum_of_squares"], dtype=np.float64)
+            ratio = np.asarray(extras["explained_variance_ratio"], dtype=np.float64)
+            low, high = (float(v) for v in extras["explained_variance_ratio_interval"])
+            return (None if scale is None else sums * scale), ratio, (low, high)
+        eigenvalues = extras.get("eigenvalues")
+        if eigenvalues is None:
+            return None, None, None
+        values = np.asarray(eigenvalues, dtype=np.float64)
+        noise_std = extras.get("gram_noise_std")
+        if isinstance(noise_std, int | float) and math.isfinite(noise_std):
+            values = debias_eigenvalues(values, float(noise_std), d)
+        values = np.maximum(values, 0.0)
+        shares: FloatArray | None = None
+        trace = extras.get("trace")
+        if isinstance(trace, int | float) and math.isfinite(trace) and trace > 0:
+            shares = values / max(float(trace), float(values.sum()))
+        return (None if scale is None else values * scale), shares, None
 
     def _n_rows(self) -> int | None:
         """``n``, a public fact of the dataset, or None when this key may not read it."""
