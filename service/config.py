@@ -118,8 +118,9 @@ class Settings(BaseSettings):
         ge=0,
         description=(
             "Longest pass of an API process's event loop under which /v1 requests are served; "
-            "above it (the process is CPU-bound) a request gets 503 with Retry-After at once, "
-            "before any database work. 0 turns this off."
+            "above it, while at least 8 /v1 requests are in flight in the process (it is "
+            "CPU-bound), a request gets 503 with Retry-After at once, before any database work "
+            "(a slow pass with fewer is the host, not overload). 0 turns this off."
         ),
     )
     auth_cache_seconds: float = Field(

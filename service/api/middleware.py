@@ -348,6 +348,10 @@ class OverloadMiddleware:
     them. Refusing it here costs microseconds and no database work, so the process drains
     instead of queueing ever longer (the database slots' own queue is shed in
     :meth:`service.api.deps.Database.run`). Probed per request, so no background task.
+
+    Only while at least ``min_in_flight`` ``/v1`` requests are in this process: a slow pass with
+    few requests is the machine (another process, a pause), not this process's overload, and
+    shedding then would refuse a lone client on a busy host.
     """
 
     def __init__(
@@ -356,16 +360,27 @@ class OverloadMiddleware:
         max_lag: float,
         retry_after: int,
         probe: Callable[[], Awaitable[float]] = event_loop_lag,
+        min_in_flight: int = 8,
     ) -> None:
         self.app = app
         self.max_lag = max_lag
         self.retry_after = retry_after
         self.probe = probe
+        self.min_in_flight = min_in_flight
+        #: ``/v1`` requests of this process now (touched only from its event loop).
+        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = _route_path(scope) if scope["type"] == "http" else ""
-        if not (path == "/v1" or path.startswith("/v1/")) or await self.probe() <= self.max_lag:
+        if not (path == "/v1" or path.startswith("/v1/")):
             await self.app(scope, receive, send)
+            return
+        if self.in_flight < self.min_in_flight or await self.probe() <= self.max_lag:
+            self.in_flight += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.in_flight -= 1
             return
         response = JSONResponse(
             {

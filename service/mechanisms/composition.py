@@ -42,14 +42,15 @@ def gaussian_profile(mu: float, epsilon: float) -> float:
     """``delta_G(mu, eps)``: the hockey-stick divergence of ``N(0,1)`` and ``N(mu,1)`` at
     ``e^eps`` (any real ``eps``; ``mu = 0`` gives ``max(0, 1 - e^eps)``)."""
     if mu <= 0.0:
-        return max(0.0, -math.expm1(epsilon))
+        # 1 - e^eps < 0 for eps >= 0 (and expm1 would overflow for eps above ~709).
+        return 0.0 if epsilon >= 0.0 else -math.expm1(epsilon)
     return gaussian_delta(1.0, mu, epsilon)
 
 
 def gaussian_profiles(mu: float, epsilons: FloatArray) -> FloatArray:
     """:func:`gaussian_profile` elementwise (log space, as ``noise.gaussian_delta``)."""
     if mu <= 0.0:
-        return np.asarray(np.maximum(0.0, -np.expm1(epsilons)), dtype=np.float64)
+        return np.asarray(-np.expm1(np.minimum(epsilons, 0.0)), dtype=np.float64)
     log_first = log_ndtr(mu / 2.0 - epsilons / mu)
     log_second = epsilons + log_ndtr(-mu / 2.0 - epsilons / mu)
     gap = np.minimum(log_second - log_first, 0.0)

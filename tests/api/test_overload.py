@@ -114,7 +114,9 @@ def test_a_saturated_event_loop_sheds_v1_requests_before_the_app_runs():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    busy = TestClient(OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(2.0)))
+    busy = TestClient(
+        OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(2.0), min_in_flight=0)
+    )
     shed = busy.get("/v1/datasets")
     assert shed.status_code == 503
     assert shed.headers["retry-after"] == "3"
@@ -124,9 +126,23 @@ def test_a_saturated_event_loop_sheds_v1_requests_before_the_app_runs():
         "retry_after": 3,
     }
     assert busy.get("/healthz").status_code == 200  # health and docs are never shed
-    idle = TestClient(OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(0.001)))
+    idle = TestClient(
+        OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(0.001), min_in_flight=0)
+    )
     assert idle.get("/v1/datasets").status_code == 200
     assert reached == ["/healthz", "/v1/datasets"]
+
+
+def test_a_slow_loop_with_few_requests_in_flight_is_not_shed():
+    """A lone client on a busy host (a slow pass, few requests) is served: only this process's
+    own backlog is overload."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    lone = TestClient(OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(2.0)))
+    assert [lone.get("/v1/datasets").status_code for _ in range(20)] == [200] * 20
 
 
 def test_the_app_has_the_overload_layer_unless_turned_off(settings, session_factory, keys):
