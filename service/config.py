@@ -136,6 +136,35 @@ class Settings(BaseSettings):
             "bounded by this limit, not by the file."
         ),
     )
+    reference_roots: str = Field(
+        default="",
+        description=(
+            "Comma-separated roots a dataset registered by reference may lie under: "
+            "s3://bucket/prefix and absolute paths of a filesystem the API, the workers and any "
+            "Dask workers share. Empty (the default): registration by reference is off."
+        ),
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description=(
+            "Endpoint of the S3-compatible object storage of datasets by reference (e.g. "
+            "http://minio:9000); unset: AWS. Credentials are never a setting: botocore reads "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a role from the environment."
+        ),
+    )
+    dask_scheduler: str | None = Field(
+        default=None,
+        description=(
+            "Address of a Dask scheduler (tcp://host:8786): the heavy passes of releases on "
+            "datasets by reference run there. Unset: in the worker process."
+        ),
+    )
+    dask_retries: int = Field(
+        default=2, ge=0, description="Retries of a failed Dask task before the release fails."
+    )
+    dask_connect_timeout_seconds: float = Field(
+        default=10, gt=0, description="How long a worker waits to reach the Dask scheduler."
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,
@@ -200,6 +229,11 @@ class Settings(BaseSettings):
             "removed tail, a rewritten chain, a restore from an older backup)."
         ),
     )
+
+    @property
+    def reference_root_list(self) -> list[str]:
+        """:attr:`reference_roots` split at commas, blanks dropped."""
+        return [root.strip() for root in self.reference_roots.split(",") if root.strip()]
 
     @field_validator("audit_hmac_key", "audit_anchor", mode="before")
     @classmethod

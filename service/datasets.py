@@ -8,13 +8,14 @@ from pathlib import Path
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from api_schemas.datasets import DatasetCreate
+from api_schemas.datasets import DatasetCreate, DatasetReferenceCreate
 from service import audit, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, utcnow
 from service.errors import DatasetGone, InvalidInput, NotFound
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+from service.reference import REFERENCE_FILE_NAME, Reference
 from service.store import DatasetStore, StoredMatrix
 
 
@@ -104,6 +105,31 @@ def register_dataset(
     return dataset
 
 
+def register_reference(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    form: DatasetReferenceCreate,
+    reference: Reference,
+) -> Dataset:
+    """Register a Parquet dataset by reference (already read and checked by
+    :func:`service.reference.inspect`): no file in the store, the objects stay the owner's."""
+    n_rows, n_cols = reference.shape
+    budgets = DatasetCreate.model_validate(form.model_dump(include=set(DatasetCreate.model_fields)))
+    stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
+    dataset = register_dataset(session, store, principal, budgets, stored)
+    dataset.reference = reference.to_json()
+    audit.record(
+        session,
+        "dataset_referenced",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={"uri": reference.uri, "columns": reference.columns, "objects": reference.objects},
+    )
+    session.flush()
+    return dataset
+
+
 def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
     """The owner's live dataset, locked (``FOR UPDATE``; SQLite: the write lock): appends and
     releases of one dataset are serialised, so each sees a whole number of batches."""
@@ -142,6 +168,10 @@ def append_batch(
             raise InvalidInput(
                 "file",
                 f"the batch has {batch.n_cols} columns; this dataset has {dataset.n_cols}",
+            )
+        if dataset.reference is not None:
+            raise InvalidInput(
+                "file", "a dataset registered by reference cannot grow: register a new one"
             )
         assert dataset.file_name is not None  # checked by the lock
         store.append(dataset.file_name, batch.file_name, dataset.n_rows)
@@ -237,7 +267,8 @@ def page_datasets(
 def delete_dataset(
     session: Session, store: DatasetStore, principal: Principal, dataset_id: uuid.UUID
 ) -> None:
-    """Purge the rows; the ledger and the audit log stay.
+    """Purge the rows; the ledger and the audit log stay. A dataset by reference loses its
+    reference only: the owner's objects are not touched (the event's ``objects_kept`` says so).
 
     The file is removed before the transaction commits: if the commit then failed, the row would
     point at a missing file and any queued release would fail with a refund, which is safe; the
@@ -246,6 +277,9 @@ def delete_dataset(
     require_role(principal, "owner")
     dataset = get_dataset(session, principal, dataset_id)
     file_name = dataset.file_name
+    # By reference: the service forgets where the objects are; it never deletes them.
+    referenced = None if dataset.reference is None else str(dataset.reference["uri"])
+    dataset.reference = None
     dataset.deleted_at = utcnow()
     dataset.file_name = None
     session.execute(
@@ -256,8 +290,9 @@ def delete_dataset(
         "dataset_deleted",
         actor_key_id=principal.key_id,
         dataset_id=dataset.id,
-        details={"name": dataset.name},
+        details={"name": dataset.name}
+        | ({} if referenced is None else {"objects_kept": referenced}),
     )
     session.flush()
-    if file_name:
+    if file_name and referenced is None:
         store.purge(file_name)

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import canonical_decimal
 from api_schemas.releases import ReleaseRequest
-from service import audit, grants, ledger, wake
+from service import audit, grants, ledger, reference, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
@@ -166,6 +166,8 @@ def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
 def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
     mechanism, params (via ``prepare``: clip norm, k, ...) and the memory gate."""
+    if dataset.reference is not None:
+        reference.mechanism_allowed(body.mechanism)
     prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB))
     check_memory(prepared, settings.worker_memory_mb)
     return prepared

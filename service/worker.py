@@ -70,11 +70,11 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, wake
+from service import audit, ledger, reference, wake
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.errors import safe_traceback
-from service.mechanisms.base import InvalidParameter, MechanismOutput, ReleaseSpec
+from service.mechanisms.base import InvalidParameter, Mechanism, MechanismOutput, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
 from service.releases import encode_basis, float_not_above
@@ -108,6 +108,8 @@ class ClaimedJob:
     #: The prefix of the dataset a one-shot release reads (rows present at its request); null
     #: for releases made before datasets could grow (they read the upload's rows).
     n_rows: int | None = None
+    #: ``datasets.reference`` of a dataset registered by reference (:mod:`service.reference`).
+    reference: dict[str, Any] | None = None
 
 
 def take_lease(
@@ -136,6 +138,7 @@ def take_lease(
         file_name=dataset.file_name if dataset is not None else None,
         attempt=release.attempts,
         n_rows=n_rows,
+        reference=dataset.reference if dataset is not None else None,
     )
 
 
@@ -372,16 +375,46 @@ class Worker:
         spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
         if job.file_name is None:
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+        if job.reference is not None:
+            return self._execute_reference(job, mechanism, spec)
         try:
             data = self.store.open(job.file_name, job.n_rows)
         except FileNotFoundError:
             # Deleted between the claim and the open: nothing was read.
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+        return self._run(job, mechanism, data, spec)
+
+    def _execute_reference(
+        self, job: ClaimedJob, mechanism: Mechanism[Any], spec: ReleaseSpec[Any]
+    ) -> Outcome:
+        """A dataset by reference: its objects checked unchanged before and after the run, the
+        heavy passes on Dask or in process; a :class:`~service.reference.ReferenceFault` (a
+        changed object, a failed cluster: nothing released) is ``failed`` and refunded."""
+        assert job.reference is not None
+        try:
+            with reference.open_rows(job.reference, self.settings) as rows:
+                outcome = self._run(job, mechanism, rows, spec, reraise=reference.ReferenceFault)
+                rows.check_unchanged()
+                return outcome
+        except reference.ReferenceFault as fault:
+            log.warning("release %s: %s", job.release_id, fault.reason)
+            return Outcome.failed(fault.reason, refund=True)
+
+    def _run(
+        self,
+        job: ClaimedJob,
+        mechanism: Mechanism[Any],
+        data: Any,
+        spec: ReleaseSpec[Any],
+        reraise: type[Exception] | None = None,
+    ) -> Outcome:
         try:
             return Outcome.of(mechanism.run(data, spec, secure_generator()))
         except InvalidParameter:
             return Outcome.failed(REFUSED_AT_RUN_REASON)
         except Exception as exc:
+            if reraise is not None and isinstance(exc, reraise):
+                raise
             log.error(
                 "BUG: release %s: mechanism %s raised %s; recorded as no_result",
                 job.release_id,
@@ -398,7 +431,9 @@ class Worker:
 
         if is_continual(job.mechanism):
             return process_continual(self, job)
-        if job.file_name is None or not self.store.exists(job.file_name):
+        if job.file_name is None or (
+            job.reference is None and not self.store.exists(job.file_name)
+        ):
             return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
         done = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)

@@ -13,8 +13,15 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
-from api_schemas.datasets import Budget, Dataset, DatasetBatch, DatasetCreate, DatasetList
-from service import datasets
+from api_schemas.datasets import (
+    Budget,
+    Dataset,
+    DatasetBatch,
+    DatasetCreate,
+    DatasetList,
+    DatasetReferenceCreate,
+)
+from service import datasets, reference
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
@@ -110,6 +117,40 @@ async def create_dataset(
         # Also when the commit itself failed: no stored rows without their dataset.
         store.purge(stored.file_name)
         raise
+
+
+@router.post(
+    "/by-reference",
+    status_code=201,
+    response_model=Dataset,
+    summary="Register a Parquet dataset by reference, with its privacy budget (owner).",
+    description=(
+        "The objects stay where they are (S3-compatible storage or a shared filesystem, under "
+        "DPSS_REFERENCE_ROOTS) and are read with the deployment's credentials. Every value of "
+        "the chosen columns is checked before the dataset exists; each object's ETag (or "
+        "version, or size and modification time) is recorded and checked before every "
+        "release. Deleting the dataset removes the reference, never the objects."
+    ),
+    responses={
+        **ERRORS,
+        422: {"model": ErrorBody, "description": "Invalid field, URI, column or value."},
+    },
+)
+async def register_reference(
+    body: DatasetReferenceCreate, uow: UnitOfWorkDep, store: StoreDep, settings: SettingsDep
+) -> Dataset:
+    """The role is checked first; the objects are read and checked in a thread with no
+    session open (one bounded batch in memory at a time); one short transaction registers."""
+    require_role(await uow.principal(), "owner")
+    datasets.check_budgets(body)
+    found = await anyio.to_thread.run_sync(reference.inspect, body.uri, body.columns, settings)
+
+    def register(session: Session, principal: Principal) -> Dataset:
+        return dataset_out(
+            session, datasets.register_reference(session, store, principal, body, found)
+        )
+
+    return await uow(register)
 
 
 @router.get(

@@ -69,6 +69,9 @@ class Dataset(Base):
     deleted_at: Mapped[datetime | None] = mapped_column(default=None)
     #: Batches so far (the upload is batch 0, each append one more); ``n_rows`` counts them all.
     n_batches: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: A dataset registered by reference (:mod:`service.reference`): its URI, columns, row
+    #: groups and the objects' ETags/versions and sizes; null for an uploaded dataset.
+    reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class DatasetBatch(Base):
