@@ -110,9 +110,10 @@ class Location:
         if self.protocol == "s3":
             import s3fs
 
-            return s3fs.S3FileSystem(
-                endpoint_url=self.endpoint_url, anon=False, skip_instance_cache=True
-            )
+            # fsspec's instance cache: one client per process (and endpoint), since building
+            # one loads botocore's service models (about a second). Identities are read with
+            # refresh=True, never from its listing cache.
+            return s3fs.S3FileSystem(endpoint_url=self.endpoint_url, anon=False)
         import fsspec
 
         return fsspec.filesystem("file")
@@ -175,6 +176,8 @@ def _allowed_root(uri: str, settings: Settings) -> tuple[Location, str]:
         raise InvalidInput("uri", "registration by reference is off (DPSS_REFERENCE_ROOTS)")
     if uri.startswith("s3://"):
         path = uri[len("s3://") :].strip("/")
+        if any(part in ("", ".", "..") for part in path.split("/")):
+            raise InvalidInput("uri", "must not contain empty, '.' or '..' segments")
         location = Location("s3", settings.s3_endpoint_url)
         allowed = [r[len("s3://") :].strip("/") for r in roots if r.startswith("s3://")]
     else:

@@ -29,12 +29,12 @@ def _settings(tmp_path: Path, endpoint: str, bucket: str, scheduler: str | None)
 
 @pytest.fixture
 def stored(s3_endpoint: str, bucket: str) -> tuple[np.ndarray[Any, Any], list[str]]:
-    """600 x 6 rows (some beyond the clip norm) in two objects of 50-row row groups."""
+    """600 x 6 rows (some beyond the clip norm) in two objects of 120-row row groups."""
     rows, _ = near_subspace(np.random.default_rng(3), 600, 6, 2, noise=0.05)
     rows[::7] *= 3.0
     fs = s3fs_for(s3_endpoint)
-    names = write_parquet(fs, f"{bucket}/data/part-0.parquet", rows[:350], 50)
-    write_parquet(fs, f"{bucket}/data/part-1.parquet", rows[350:], 50)
+    names = write_parquet(fs, f"{bucket}/data/part-0.parquet", rows[:350], 120)
+    write_parquet(fs, f"{bucket}/data/part-1.parquet", rows[350:], 120)
     return rows, names
 
 
