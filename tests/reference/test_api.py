@@ -7,6 +7,11 @@ a refund, deletion keeping the objects, and the credentials in no response or lo
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -189,3 +194,80 @@ def test_changed_object_fails_refunded_and_credentials_stay_out(
     assert any("changed since registration" in r.getMessage() for r in caplog.records)
     for text in seen:
         assert SECRET_KEY not in text and ACCESS_KEY not in text
+
+
+def test_a_killed_dask_worker_mid_release_is_recomputed(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    bucket: str,
+    s3_endpoint: str,
+    worker: Worker,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+    dask_scheduler: str,
+) -> None:
+    """SIGKILL of a Dask worker process while the release's Gram tasks run: the scheduler
+    recomputes its tasks elsewhere (its nanny restarts it) and the release ends as the
+    in-process run on the same seed does, bit for bit."""
+    from distributed import Client
+
+    names = write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/many.parquet", rows, 40)
+    dataset = register(client, keys.owner, f"s3://{bucket}/lake/many.parquet", names).json()
+    expected = _release(client, keys, dataset["id"], worker, mechanism="analyze_gauss")
+    on_dask = Worker(
+        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
+    )
+    release_id = post_release(
+        client, keys.analyst, dataset["id"], mechanism="analyze_gauss", **RELEASE
+    )
+    killed: list[int] = []
+    with Client(dask_scheduler, set_as_default=False) as watcher:
+        pids = watcher.run(os.getpid)
+        runner = threading.Thread(target=_run, args=(on_dask, 77))
+        runner.start()
+        deadline = time.monotonic() + 60
+        while not killed and runner.is_alive() and time.monotonic() < deadline:
+            busy = [w for w, keys_ in watcher.processing().items() if keys_]
+            done = watcher.run_on_scheduler(
+                lambda dask_scheduler: sum(
+                    ts.state == "memory" and "_piece_gram" in str(ts.key)
+                    for ts in dask_scheduler.tasks.values()
+                )
+            )
+            if busy and done:
+                os.kill(pids[busy[0]], signal.SIGKILL)
+                killed.append(pids[busy[0]])
+            time.sleep(0.01)
+        runner.join(120)
+        watcher.wait_for_workers(2, timeout=60)
+    assert killed, "the release finished before a worker could be killed"
+    release = fetch_release(client, keys.analyst, release_id)
+    assert release["status"] == "succeeded", release
+    assert release["result"] == expected["result"]
+
+
+def test_an_unreachable_cluster_fails_the_release_refunded(
+    client: TestClient,
+    keys: Keys,
+    columns: list[str],
+    bucket: str,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+) -> None:
+    dataset = register(client, keys.owner, f"s3://{bucket}/lake", columns).json()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    nowhere = settings.model_copy(
+        update={"dask_scheduler": closed, "dask_connect_timeout_seconds": 1.0}
+    )
+    release = _release(
+        client, keys, dataset["id"], Worker(session_factory, store, nowhere), mechanism="spectrum"
+    )
+    assert release["status"] == "failed" and release["refunded"] is True, release
+    assert release["reason"].startswith("the Dask cluster failed")
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
+    assert budget.json()["epsilon_spent"] == "0"
