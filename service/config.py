@@ -235,7 +235,9 @@ class Settings(BaseSettings):
         """:attr:`reference_roots` split at commas, blanks dropped."""
         return [root.strip() for root in self.reference_roots.split(",") if root.strip()]
 
-    @field_validator("audit_hmac_key", "audit_anchor", mode="before")
+    @field_validator(
+        "audit_hmac_key", "audit_anchor", "dask_scheduler", "s3_endpoint_url", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # Compose passes `${VAR:-}` as an empty string when the operator sets nothing.

@@ -30,6 +30,9 @@ from service.auth import Principal, require_role
 from service.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=GuardedRoute)
+#: ``POST /v1/dataset-references``: not under ``/v1/datasets/``, whose ``/{dataset_id}`` routes
+#: would also match a fixed name there.
+references = APIRouter(prefix="/v1/dataset-references", tags=["datasets"], route_class=GuardedRoute)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or invalid API key."},
@@ -119,8 +122,8 @@ async def create_dataset(
         raise
 
 
-@router.post(
-    "/by-reference",
+@references.post(
+    "",
     status_code=201,
     response_model=Dataset,
     summary="Register a Parquet dataset by reference, with its privacy budget (owner).",

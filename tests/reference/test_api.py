@@ -61,7 +61,7 @@ def columns(rows: np.ndarray[Any, Any], s3_endpoint: str, bucket: str) -> list[s
 
 def register(client: TestClient, key: str, uri: str, columns: list[str]) -> Any:
     return client.post(
-        "/v1/datasets/by-reference",
+        "/v1/dataset-references",
         headers=bearer(key),
         json={**BUDGET, "uri": uri, "columns": columns},
     )

@@ -51,7 +51,7 @@ class Dataset(Schema):
     reference: str | None = Field(
         default=None,
         description=(
-            "For a dataset registered by reference (`POST /v1/datasets/by-reference`): the "
+            "For a dataset registered by reference (`POST /v1/dataset-references`): the "
             "URI of its Parquet objects, which the service reads but does not own. Null for "
             "an uploaded dataset."
         ),
@@ -108,7 +108,7 @@ class DatasetCreate(RequestSchema):
 
 
 class DatasetReferenceCreate(DatasetCreate):
-    """JSON body of `POST /v1/datasets/by-reference`: a Parquet dataset that stays where it
+    """JSON body of `POST /v1/dataset-references`: a Parquet dataset that stays where it
     is (object storage or a shared filesystem), with the budget fields of an upload.
 
     The service reads the objects with the deployment's credentials (never sent here), checks
