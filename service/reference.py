@@ -300,6 +300,7 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
         raise InvalidInput("columns", f"at most {settings.max_cols} are accepted (DPSS_MAX_COLS)")
     location, path = _allowed_root(uri, settings)
     fs = location.filesystem()
+    fs.invalidate_cache()  # a listing cached by an earlier registration may be stale
     objects = _list_objects(fs, location, path)
     reference = Reference(uri=uri, location=location, columns=list(columns), objects=[])
     offset = 0
@@ -488,6 +489,7 @@ class ParquetRows:
         naming the first difference."""
         ref = self.reference
         fs = ref.location.filesystem()
+        fs.invalidate_cache()
         for recorded in ref.objects:
             path = recorded["path"]
             try:

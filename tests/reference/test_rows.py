@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from service.config import Settings
+from service.errors import InvalidInput
 from service.mechanisms.linalg import clipped_gram, clipped_sum, subspace_distance
 from service.mechanisms.sample_aggregate import random_partition, subset_bases
 from service.reference import ParquetRows, ReferenceFault, inspect
@@ -88,3 +89,45 @@ def test_a_changed_or_removed_object_is_named(
     fs.rm(f"{bucket}/data/part-0.parquet")
     with pytest.raises(ReferenceFault, match=f"{bucket}/data/part-0.parquet changed"):
         source.check_unchanged()
+
+
+def test_a_shared_path_under_a_root_and_refusals(tmp_path: Path) -> None:
+    """A directory under DPSS_REFERENCE_ROOTS registers (size and mtime recorded) and passes;
+    a path outside every root, a symlink leading out, a NaN and a text column are refused
+    naming the field."""
+    import fsspec
+
+    fs = fsspec.filesystem("file")
+    root, outside = tmp_path / "shared", tmp_path / "private"
+    (root / "set").mkdir(parents=True)
+    outside.mkdir()
+    rows = np.random.default_rng(4).normal(size=(300, 3)) / 4
+    names = write_parquet(fs, str(root / "set" / "a.parquet"), rows, 100)
+    write_parquet(fs, str(outside / "b.parquet"), rows, 100)
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    reference = inspect(str(root / "set"), names, settings)
+    assert reference.shape == (300, 3) and reference.objects[0]["mtime_ns"] > 0
+    source = ParquetRows(reference, settings)
+    np.testing.assert_allclose(source.clipped_gram(1.0, None), clipped_gram(rows, 1.0), rtol=1e-12)
+    (root / "set" / "escape.parquet").symlink_to(outside / "b.parquet")
+    assert len(inspect(str(root / "set"), names, settings).objects) == 1  # the link is skipped
+    bad = rows.copy()
+    bad[150, 1] = np.nan
+    write_parquet(fs, str(root / "nan.parquet"), bad, 100)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"c0": ["x", "y"]}), str(root / "text.parquet"))
+    for uri, columns, field, words in [
+        (str(outside), names, "uri", "not under any of the roots"),
+        (f"{root}/../private", names, "uri", "not under any of the roots"),
+        ("relative/path", names, "uri", "absolute path"),
+        (str(root / "nan.parquet"), names, "uri", "non-finite value (NaN or infinity) in row 151"),
+        (str(root / "text.parquet"), ["c0"], "columns", "is not numeric"),
+        (str(root / "set"), ["c0", "c0"], "columns", "named twice"),
+    ]:
+        with pytest.raises(InvalidInput) as refused:
+            inspect(uri, columns, settings)
+        assert refused.value.field == field and words in refused.value.detail
+    with pytest.raises(InvalidInput, match="off"):
+        inspect(str(root), names, Settings(data_dir=tmp_path))
