@@ -115,9 +115,8 @@ def register_reference(
     """Register a Parquet dataset by reference (already read and checked by
     :func:`service.reference.inspect`): no file in the store, the objects stay the owner's."""
     n_rows, n_cols = reference.shape
-    budgets = DatasetCreate.model_validate(form.model_dump(include=set(DatasetCreate.model_fields)))
     stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
-    dataset = register_dataset(session, store, principal, budgets, stored)
+    dataset = register_dataset(session, store, principal, form, stored)
     dataset.reference = reference.to_json()
     audit.record(
         session,

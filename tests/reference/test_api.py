@@ -59,6 +59,19 @@ def columns(rows: np.ndarray[Any, Any], s3_endpoint: str, bucket: str) -> list[s
     return write_parquet(fs, f"{bucket}/lake/b.parquet", rows[1800:], 900)
 
 
+@pytest.fixture
+def on_dask(
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+    dask_scheduler: str,
+) -> Worker:
+    """A worker whose heavy passes run on the session's LocalCluster."""
+    return Worker(
+        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
+    )
+
+
 def register(client: TestClient, key: str, uri: str, columns: list[str]) -> Any:
     return client.post(
         "/v1/dataset-references",
@@ -90,7 +103,21 @@ def _numbers(value: Any) -> list[float]:
     return [float(value)] if isinstance(value, int | float) and not isinstance(value, bool) else []
 
 
+#: The done-when pair in the default suite; the other mechanisms that accept a dataset by
+#: reference in the slow one (the same check).
+SWEEP = [
+    pytest.param(("analyze_gauss", "friendly_aggregate"), id="done-when"),
+    pytest.param(
+        tuple(sorted(MECHANISMS - {"analyze_gauss", "friendly_aggregate"})),
+        id="others",
+        marks=pytest.mark.slow,
+    ),
+]
+
+
+@pytest.mark.parametrize("mechanisms", SWEEP)
 def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
+    mechanisms: tuple[str, ...],
     client: TestClient,
     keys: Keys,
     upload_dataset: Callable[..., dict[str, Any]],
@@ -98,10 +125,7 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     columns: list[str],
     bucket: str,
     worker: Worker,
-    session_factory: sessionmaker[Session],
-    store: DatasetStore,
-    settings: Settings,
-    dask_scheduler: str,
+    on_dask: Worker,
 ) -> None:
     response = register(client, keys.owner, f"s3://{bucket}/lake/", columns)
     assert response.status_code == 201, response.text
@@ -109,10 +133,7 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     assert (referenced["n_rows"], referenced["n_cols"]) == (3000, 4)
     assert referenced["reference"] == f"s3://{bucket}/lake/"
     uploaded = upload_dataset(client, keys.owner, rows, **BUDGET)
-    on_dask = Worker(
-        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
-    )
-    for mechanism in sorted(MECHANISMS):
+    for mechanism in mechanisms:
         results = [
             _release(client, keys, uploaded["id"], worker, mechanism=mechanism),
             _release(client, keys, referenced["id"], worker, mechanism=mechanism),
@@ -203,9 +224,7 @@ def test_a_killed_dask_worker_mid_release_is_recomputed(
     bucket: str,
     s3_endpoint: str,
     worker: Worker,
-    session_factory: sessionmaker[Session],
-    store: DatasetStore,
-    settings: Settings,
+    on_dask: Worker,
     dask_scheduler: str,
 ) -> None:
     """SIGKILL of a Dask worker process while the release's Gram tasks run: the scheduler
@@ -213,12 +232,9 @@ def test_a_killed_dask_worker_mid_release_is_recomputed(
     in-process run on the same seed does, bit for bit."""
     from distributed import Client
 
-    names = write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/many.parquet", rows, 40)
+    names = write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/many.parquet", rows, 100)
     dataset = register(client, keys.owner, f"s3://{bucket}/lake/many.parquet", names).json()
     expected = _release(client, keys, dataset["id"], worker, mechanism="analyze_gauss")
-    on_dask = Worker(
-        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
-    )
     release_id = post_release(
         client, keys.analyst, dataset["id"], mechanism="analyze_gauss", **RELEASE
     )
