@@ -36,8 +36,9 @@ DASK_SECTION = (
     "A Parquet dataset larger than each Dask worker's memory limit on a local S3 endpoint "
     "(moto's server mode), released by 2 Dask worker processes (LocalCluster, 1 thread each); "
     "a slice released in process and on Dask with one seed (the same tasks added in the same "
-    "order, one BLAS thread as in Dask's workers: equal bits); peak RSS per worker; the Gram pass on 1 and 2 workers and a model for "
-    "more from the measured per-task time. The output as printed (2 shared cores):"
+    "order, one BLAS thread as in Dask's workers: equal bits); peak RSS per worker; the Gram "
+    "pass on 1 and 2 workers and a model for more from the measured per-task time. The "
+    "output as printed (2 shared cores):"
 )
 
 
