@@ -29,7 +29,8 @@ URL or a header).
 task per row group computes a ``d x d`` clipped Gram matrix, a clipped column sum or the rows
 of a group of random subsets; the partial results are added in row-group order, so a run on
 Dask (``DPSS_DASK_SCHEDULER``) and one in process (Dask's synchronous scheduler) give the same
-bits. Only ``d x d``-sized results (and the ``t x d x k`` subset bases) reach the worker.
+bits when the BLAS uses one thread in both (Dask's nanny sets it for its workers), and agree up
+to the BLAS kernels' summation order otherwise. Only ``d x d``-sized results (and the ``t x d x k`` subset bases) reach the worker.
 
 **Faults.** Tasks are retried (``DPSS_DASK_RETRIES``) and the scheduler recomputes the tasks of
 a lost worker; if the cluster still fails (unreachable scheduler, a task that killed its workers
