@@ -21,6 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import audit
 from service import worker as worker_module
 from service.config import Settings
 from service.db.models import AuditEvent
@@ -210,6 +211,8 @@ def test_changed_object_fails_refunded_and_credentials_stay_out(
         kept = [e.details for e in events if e.event_type == "dataset_deleted"]
         assert kept[0]["objects_kept"] == f"s3://{bucket}/lake"
         seen += [str(e.details) for e in events]
+        report = audit.verify(session)
+        assert report.ok, report.problems  # the refund and the deletion reconcile
     # Every logger at INFO (the service's level; botocore's DEBUG lines sign requests).
     seen += [record.getMessage() for record in caplog.records]
     assert any("changed since registration" in r.getMessage() for r in caplog.records)
