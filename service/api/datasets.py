@@ -206,6 +206,10 @@ async def get_budget(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Budget:
     "/{dataset_id}",
     status_code=204,
     summary="Delete a dataset's rows (owner); the ledger and audit log stay.",
+    description=(
+        "A dataset registered by reference loses its reference only: the service never deletes "
+        "the owner's objects (the `dataset_deleted` audit event names them in `objects_kept`)."
+    ),
     responses=ERRORS,
 )
 async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: StoreDep) -> Response:
