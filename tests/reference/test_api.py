@@ -21,6 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from dpss_client.client import Client
 from service import audit
 from service import worker as worker_module
 from service.config import Settings
@@ -128,9 +129,15 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     worker: Worker,
     on_dask: Worker,
 ) -> None:
-    response = register(client, keys.owner, f"s3://{bucket}/lake/", columns)
-    assert response.status_code == 201, response.text
-    referenced = response.json()
+    owner = Client(str(client.base_url), keys.owner, http=client)  # the Python client's call
+    referenced = owner.register_reference(
+        f"s3://{bucket}/lake/",
+        columns,
+        name="lake",
+        epsilon_budget="1000",
+        delta_budget="0.5",
+        row_norm_bound=1.0,
+    ).model_dump(mode="json")
     assert (referenced["n_rows"], referenced["n_cols"]) == (3000, 4)
     assert referenced["reference"] == f"s3://{bucket}/lake/"
     uploaded = upload_dataset(client, keys.owner, rows, **BUDGET)
