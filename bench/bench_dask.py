@@ -142,6 +142,9 @@ def main() -> None:
     parser.add_argument("--slice-rows", type=int, default=100_000)
     parser.add_argument("--speedup-rows", type=int, default=200_000)
     parser.add_argument("--skip-friendly", action="store_true")
+    parser.add_argument(
+        "--tag", default="", help="figures go to bench/results/dask<tag>.txt (default: dask.txt)"
+    )
     args = parser.parse_args()
 
     os.environ.update(
@@ -264,12 +267,12 @@ def main() -> None:
             figures[f"gram_{workers}w_tasks"] = len(tasks)
             figures[f"gram_{workers}w_add_s"] = float(np.sum(adds)) if adds else 0.0
     server.stop()
-    report(figures, len(prefix.pieces))
+    report(figures, len(prefix.pieces), args.tag)
 
 
-def report(figures: dict[str, Any], blocks: int) -> None:
+def report(figures: dict[str, Any], blocks: int, tag: str = "") -> None:
     """Print the figures and keep them in ``bench/results/dask.txt`` (docs/benchmarks.md)."""
-    lines: list[str] = []
+    lines: list[str] = ["command: python bench/bench_dask.py " + " ".join(sys.argv[1:])]
     say = lines.append
     gib = figures["bytes"] / 2**30
     limit = figures["worker_limit"]
@@ -305,7 +308,7 @@ def report(figures: dict[str, Any], blocks: int) -> None:
         say(f"  model, {workers} workers: {model:.1f} s (speed-up {one / model:.1f}x)")
     text = "\n".join(lines)
     sys.stdout.write(text + "\n")
-    (ROOT / "bench" / "results" / "dask.txt").write_text(text + "\n")
+    (ROOT / "bench" / "results" / f"dask{tag}.txt").write_text(text + "\n")
 
 
 if __name__ == "__main__":

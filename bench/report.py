@@ -591,9 +591,11 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
             load_text.strip(),
             "```",
         ]
-    dask_results = ROOT / "bench" / "results" / "dask.txt"
-    if dask_results.exists():
-        doc += ["", DASK_SECTION, "", "```", dask_results.read_text().strip(), "```"]
+    dask_results = sorted((ROOT / "bench" / "results").glob("dask*.txt"))
+    if dask_results:
+        doc += ["", DASK_SECTION]
+        for path in dask_results:
+            doc += ["", f"`{path.name}`:", "", "```", path.read_text().strip(), "```"]
     doc += [
         "",
         "## Raw results",
