@@ -250,6 +250,8 @@ def test_a_killed_dask_worker_mid_release_is_recomputed(
     )
     killed: list[int] = []
     with Client(dask_scheduler, set_as_default=False) as watcher:
+        # Both workers up (a worker killed by an earlier run is restarted by its nanny).
+        watcher.wait_for_workers(2, timeout=120)
         pids = watcher.run(os.getpid)
         runner = threading.Thread(target=_run, args=(on_dask, 77))
         runner.start()
@@ -267,7 +269,6 @@ def test_a_killed_dask_worker_mid_release_is_recomputed(
                 killed.append(pids[busy[0]])
             time.sleep(0.01)
         runner.join(120)
-        watcher.wait_for_workers(2, timeout=60)
     assert killed, "the release finished before a worker could be killed"
     release = fetch_release(client, keys.analyst, release_id)
     assert release["status"] == "succeeded", release
