@@ -30,7 +30,9 @@ task per row group computes a ``d x d`` clipped Gram matrix, a clipped column su
 of a group of random subsets; the partial results are added in row-group order, so a run on
 Dask (``DPSS_DASK_SCHEDULER``) and one in process (Dask's synchronous scheduler) give the same
 bits when the BLAS uses one thread in both (Dask's nanny sets it for its workers), and agree up
-to the BLAS kernels' summation order otherwise. Only ``d x d``-sized results (and the ``t x d x k`` subset bases) reach the worker.
+to the BLAS kernels' summation order otherwise. Only ``d x d``-sized results (and the
+``t x d x k`` subset bases) reach the worker; :func:`worker_bytes` adds what the worker holds
+besides to the memory gate.
 
 **Faults.** Tasks are retried (``DPSS_DASK_RETRIES``) and the scheduler recomputes the tasks of
 a lost worker; if the cluster still fails (unreachable scheduler, a task that killed its workers
@@ -44,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -532,6 +533,11 @@ def mechanism_allowed(mechanism: str) -> None:
         )
 
 
-def row_group_rows_hint(d: int) -> int:
-    """Rows per row group that keep one under :data:`MAX_ROW_GROUP_BYTES` (docs, bench)."""
-    return max(1, math.floor(MAX_ROW_GROUP_BYTES / (8 * d)) // 4)
+def worker_bytes(raw: dict[str, Any]) -> int:
+    """Memory a release on this dataset needs in the worker beyond the mechanism's own estimate
+    (public facts only): the subsets' slot per row (``8 n``), and, when the passes run in
+    process, one row group as Arrow columns, as a float64 matrix and its clipped copy."""
+    pieces = raw["pieces"]
+    n = sum(int(piece[3]) for piece in pieces)
+    largest = max((int(piece[3]) for piece in pieces), default=0)
+    return 8 * n + 3 * 8 * largest * len(raw["columns"])

@@ -14,7 +14,7 @@ from service.config import Settings
 from service.errors import InvalidInput
 from service.mechanisms.linalg import clipped_gram, clipped_sum, subspace_distance
 from service.mechanisms.sample_aggregate import random_partition, subset_bases
-from service.reference import ParquetRows, ReferenceFault, inspect
+from service.reference import ParquetRows, ReferenceFault, inspect, worker_bytes
 from tests.factories import near_subspace
 from tests.reference.conftest import s3fs_for, write_parquet
 
@@ -51,6 +51,8 @@ def test_passes_equal_in_process_on_dask_and_on_the_array(
     reference = inspect(f"s3://{bucket}/data/", names, local)
     assert reference.shape == (600, 6)
     assert len(reference.objects) == 2 and all(o["etag"] for o in reference.objects)
+    # The memory gate's addition: a slot per row, one 120-row group three times.
+    assert worker_bytes(reference.to_json()) == 8 * 600 + 3 * 8 * 120 * 6
     in_process = ParquetRows(reference, local)
     on_dask = ParquetRows(reference, _settings(tmp_path, s3_endpoint, bucket, dask_scheduler))
     try:
