@@ -45,6 +45,15 @@ RUN site=$(/opt/dpss/bin/python -c 'import sysconfig; print(sysconfig.get_path("
     && /opt/dpss/bin/python -m pip uninstall --yes --quiet pip setuptools \
     && /opt/dpss/bin/dpss --help >/dev/null
 
+# ---- object-store stage (docker compose --profile dask only): a local S3 endpoint ----------------
+# moto's server mode, a stand-in for the deployment's bucket in trials; never the default target.
+FROM python:3.11-slim-bookworm AS object-store
+RUN pip install --no-cache-dir 'moto[server]>=5.0' \
+    && useradd --system --uid 10002 --no-create-home moto
+USER moto
+EXPOSE 9000
+ENTRYPOINT ["moto_server", "-H", "0.0.0.0", "-p", "9000"]
+
 # ---- final stage: the interpreter, the virtualenv and an unprivileged user; no compilers -------
 FROM python:3.11-slim-bookworm
 

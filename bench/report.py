@@ -30,6 +30,16 @@ from bench.core import (
 )
 
 PEERS = ("diffprivlib", "opendp")
+#: The heading of ``bench/bench_dask.py``'s figures (``bench/results/dask.txt``, as printed).
+DASK_SECTION = (
+    "## Datasets by reference on Dask (`bench/bench_dask.py`)\n\n"
+    "A Parquet dataset larger than each Dask worker's memory limit on a local S3 endpoint "
+    "(moto's server mode), released by 2 Dask worker processes (LocalCluster, 1 thread each); "
+    "a slice released in process and on Dask with one seed (the same tasks added in the same "
+    "order, one BLAS thread as in Dask's workers: equal bits); peak RSS per worker; the Gram "
+    "pass on 1 and 2 workers and a model for more from the measured per-task time. The "
+    "output as printed (2 shared cores):"
+)
 
 
 def _order(rows: Sequence[Row]) -> list[str]:
@@ -581,6 +591,11 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
             load_text.strip(),
             "```",
         ]
+    dask_results = sorted((ROOT / "bench" / "results").glob("dask*.txt"))
+    if dask_results:
+        doc += ["", DASK_SECTION]
+        for path in dask_results:
+            doc += ["", f"`{path.name}`:", "", "```", path.read_text().strip(), "```"]
     doc += [
         "",
         "## Raw results",

@@ -140,6 +140,7 @@ def create_app(
         health.router,
         keys.router,
         datasets.router,
+        datasets.references,
         releases.router,
         grants.router,
         history.router,

@@ -180,6 +180,35 @@ class Settings(BaseSettings):
             "datasets (a float64 .npy decodes to its own size)."
         ),
     )
+    reference_roots: str = Field(
+        default="",
+        description=(
+            "Comma-separated roots a dataset registered by reference may lie under: "
+            "s3://bucket/prefix and absolute paths of a filesystem the API, the workers and any "
+            "Dask workers share. Empty (the default): registration by reference is off."
+        ),
+    )
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description=(
+            "Endpoint of the S3-compatible object storage of datasets by reference (e.g. "
+            "http://minio:9000); unset: AWS. Credentials are never a setting: botocore reads "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile or a role from the environment."
+        ),
+    )
+    dask_scheduler: str | None = Field(
+        default=None,
+        description=(
+            "Address of a Dask scheduler (tcp://host:8786): the heavy passes of releases on "
+            "datasets by reference run there. Unset: in the worker process."
+        ),
+    )
+    dask_retries: int = Field(
+        default=2, ge=0, description="Retries of a failed Dask task before the release fails."
+    )
+    dask_connect_timeout_seconds: float = Field(
+        default=10, gt=0, description="How long a worker waits to reach the Dask scheduler."
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,
@@ -269,8 +298,19 @@ class Settings(BaseSettings):
         description="How often a worker anchors the audit head, seconds; 0 turns anchoring off.",
     )
 
+    @property
+    def reference_root_list(self) -> list[str]:
+        """:attr:`reference_roots` split at commas, blanks dropped."""
+        return [root.strip() for root in self.reference_roots.split(",") if root.strip()]
+
     @field_validator(
-        "audit_hmac_key", "audit_anchor", "audit_anchor_url", "audit_anchor_path", mode="before"
+        "audit_hmac_key",
+        "audit_anchor",
+        "audit_anchor_url",
+        "audit_anchor_path",
+        "dask_scheduler",
+        "s3_endpoint_url",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:

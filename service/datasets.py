@@ -11,7 +11,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
-from api_schemas.datasets import DatasetCreate
+from api_schemas.datasets import DatasetCreate, DatasetReferenceCreate
 from service import accounting, audit, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
@@ -19,6 +19,7 @@ from service.db.models import Dataset, DatasetBatch, utcnow
 from service.errors import DatasetGone, InvalidInput, NotFound
 from service.mechanisms.linalg import count_rows_above
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+from service.reference import REFERENCE_FILE_NAME, Reference
 from service.store import DatasetStore, StoredMatrix
 
 
@@ -199,6 +200,30 @@ def register_dataset(
     return dataset
 
 
+def register_reference(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    form: DatasetReferenceCreate,
+    reference: Reference,
+) -> Dataset:
+    """Register a Parquet dataset by reference (already read and checked by
+    :func:`service.reference.inspect`): no file in the store, the objects stay the owner's."""
+    n_rows, n_cols = reference.shape
+    stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
+    dataset = register_dataset(session, store, principal, form, stored)
+    dataset.reference = reference.to_json()
+    audit.record(
+        session,
+        "dataset_referenced",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={"uri": reference.uri, "columns": reference.columns, "objects": reference.objects},
+    )
+    session.flush()
+    return dataset
+
+
 def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
     """The owner's live dataset, locked (``FOR UPDATE``; SQLite: the write lock): appends and
     releases of one dataset are serialised, so each sees a whole number of batches."""
@@ -238,6 +263,10 @@ def append_batch(
             raise InvalidInput(
                 "file",
                 f"the batch has {batch.n_cols} columns; this dataset has {dataset.n_cols}",
+            )
+        if dataset.reference is not None:
+            raise InvalidInput(
+                "file", "a dataset registered by reference cannot grow: register a new one"
             )
         store.limits.check_size(
             dataset.n_rows + batch.n_rows, dataset.n_cols, "the dataset with this batch"
@@ -336,7 +365,8 @@ def page_datasets(
 def delete_dataset(
     session: Session, store: DatasetStore, principal: Principal, dataset_id: uuid.UUID
 ) -> None:
-    """Purge the rows; the ledger and the audit log stay.
+    """Purge the rows; the ledger and the audit log stay. A dataset by reference loses its
+    reference only: the owner's objects are not touched (the event's ``objects_kept`` says so).
 
     The file is removed before the transaction commits: if the commit then failed, the row would
     point at a missing file and any queued release would fail with a refund, which is safe; the
@@ -345,6 +375,9 @@ def delete_dataset(
     require_role(principal, "owner")
     dataset = get_dataset(session, principal, dataset_id)
     file_name = dataset.file_name
+    # By reference: the service forgets where the objects are; it never deletes them.
+    referenced = None if dataset.reference is None else str(dataset.reference["uri"])
+    dataset.reference = None
     dataset.deleted_at = utcnow()
     dataset.file_name = None
     session.execute(
@@ -355,8 +388,9 @@ def delete_dataset(
         "dataset_deleted",
         actor_key_id=principal.key_id,
         dataset_id=dataset.id,
-        details={"name": dataset.name},
+        details={"name": dataset.name}
+        | ({} if referenced is None else {"objects_kept": referenced}),
     )
     session.flush()
-    if file_name:
+    if file_name and referenced is None:
         store.purge(file_name)

@@ -61,6 +61,8 @@ class ClaimedJob:
     #: The prefix of the dataset a one-shot release reads (rows present at its request); null
     #: for releases made before datasets could grow (they read the upload's rows).
     n_rows: int | None = None
+    #: ``datasets.reference`` of a dataset registered by reference (:mod:`service.reference`).
+    reference: dict[str, Any] | None = None
     #: The request's trace context and times, for the worker's spans (service.tracing).
     traceparent: str | None = None
     queued_at: datetime | None = None
@@ -93,6 +95,7 @@ def take_lease(
         file_name=dataset.file_name if dataset is not None else None,
         attempt=release.attempts,
         n_rows=n_rows,
+        reference=dataset.reference if dataset is not None else None,
         traceparent=release.traceparent,
         queued_at=release.created_at,
         claimed_at=now,

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, calibration, grants, ledger, tracing, wake
+from service import accounting, audit, calibration, grants, ledger, reference, tracing, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, ReleaseBasis, utcnow
@@ -340,7 +340,7 @@ def _check_currency(body: ReleaseRequest, kind: str) -> None:
         raise InvalidInput("rho", "this dataset's accounting is gaussian: give mu")
 
 
-def check_memory(prepared: Prepared, limit_mb: float) -> None:
+def check_memory(prepared: Prepared, limit_mb: float, extra_bytes: int = 0) -> None:
     """Refuse a release whose working memory, a function of public facts, exceeds the limit.
 
     Checked before charging: a worker that ran out of memory would turn a public refusal into a
@@ -350,7 +350,7 @@ def check_memory(prepared: Prepared, limit_mb: float) -> None:
     if prepared.mechanism.continual:
         # Later batches are not known yet: the chunked Gram pass's worst case, a full chunk.
         context = replace(context, n_rows=max(context.n_rows, DEFAULT_CHUNK_ROWS))
-    estimate = prepared.mechanism.memory_bytes(context, prepared.spec)
+    estimate = prepared.mechanism.memory_bytes(context, prepared.spec) + extra_bytes
     limit = limit_mb * MIB
     if estimate > limit:
         ctx = prepared.context
@@ -376,8 +376,12 @@ def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
 def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
     mechanism, params (via ``prepare``: clip norm, k, ...) and the memory gate."""
+    extra = 0
+    if dataset.reference is not None:
+        reference.mechanism_allowed(body.mechanism)
+        extra = reference.worker_bytes(dataset.reference)
     prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB))
-    check_memory(prepared, settings.worker_memory_mb)
+    check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
 
 

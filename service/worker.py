@@ -66,7 +66,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, operations, tracing, wake
+from service import audit, ledger, operations, reference, tracing, wake
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
 from service.db.models import Release, ReleaseBasis, utcnow
@@ -86,7 +86,7 @@ from service.jobs import (
     take_lease,
 )
 from service.logs import forked_child_failures
-from service.mechanisms.base import InvalidParameter, ReleaseSpec
+from service.mechanisms.base import InvalidParameter, Mechanism, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
 from service.store import DatasetStore
@@ -292,16 +292,46 @@ class Worker:
         spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
         if job.file_name is None:
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+        if job.reference is not None:
+            return self._execute_reference(job, mechanism, spec)
         try:
             data = self.store.open(job.file_name, job.n_rows)
         except FileNotFoundError:
             # Deleted (or lost) between the claim and the open: nothing was read.
             return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
+        return self._run(job, mechanism, data, spec)
+
+    def _execute_reference(
+        self, job: ClaimedJob, mechanism: Mechanism[Any], spec: ReleaseSpec[Any]
+    ) -> Outcome:
+        """A dataset by reference: its objects checked unchanged before and after the run, the
+        heavy passes on Dask or in process; a :class:`~service.reference.ReferenceFault` (a
+        changed object, a failed cluster: nothing released) is ``failed`` and refunded."""
+        assert job.reference is not None
+        try:
+            with reference.open_rows(job.reference, self.settings) as rows:
+                outcome = self._run(job, mechanism, rows, spec, reraise=reference.ReferenceFault)
+                rows.check_unchanged()
+                return outcome
+        except reference.ReferenceFault as fault:
+            log.warning("release %s: %s", job.release_id, fault.reason)
+            return Outcome.failed(fault.reason, refund=True)
+
+    def _run(
+        self,
+        job: ClaimedJob,
+        mechanism: Mechanism[Any],
+        data: Any,
+        spec: ReleaseSpec[Any],
+        reraise: type[Exception] | None = None,
+    ) -> Outcome:
         try:
             return Outcome.of(mechanism.run(data, spec, secure_generator()))
         except InvalidParameter:
             return Outcome.failed(REFUSED_AT_RUN_REASON)
         except Exception as exc:
+            if reraise is not None and isinstance(exc, reraise):
+                raise
             log.error(
                 "BUG: release %s: mechanism %s raised %s; recorded as no_result",
                 job.release_id,
@@ -329,7 +359,7 @@ class Worker:
             return process_continual(self, job)
         if job.file_name is None:
             return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
-        fault = self.store.fault(job.file_name, job.n_rows)
+        fault = None if job.reference is not None else self.store.fault(job.file_name, job.n_rows)
         if fault is not None:
             # Not a fault of the data: ended at once (no retries), refunded, nothing read.
             log.error("release %s: its dataset file %s", job.release_id, fault)

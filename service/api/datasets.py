@@ -20,8 +20,9 @@ from api_schemas.datasets import (
     DatasetCreate,
     DatasetCreated,
     DatasetList,
+    DatasetReferenceCreate,
 )
-from service import datasets
+from service import datasets, reference
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
@@ -30,6 +31,9 @@ from service.auth import Principal, require_role
 from service.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=GuardedRoute)
+#: ``POST /v1/dataset-references``: not under ``/v1/datasets/``, whose ``/{dataset_id}`` routes
+#: would also match a fixed name there.
+references = APIRouter(prefix="/v1/dataset-references", tags=["datasets"], route_class=GuardedRoute)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "Missing or invalid API key."},
@@ -135,6 +139,40 @@ async def create_dataset(
         raise
 
 
+@references.post(
+    "",
+    status_code=201,
+    response_model=Dataset,
+    summary="Register a Parquet dataset by reference, with its privacy budget (owner).",
+    description=(
+        "The objects stay where they are (S3-compatible storage or a shared filesystem, under "
+        "DPSS_REFERENCE_ROOTS) and are read with the deployment's credentials. Every value of "
+        "the chosen columns is checked before the dataset exists; each object's ETag (or "
+        "version, or size and modification time) is recorded and checked before every "
+        "release. Deleting the dataset removes the reference, never the objects."
+    ),
+    responses={
+        **ERRORS,
+        422: {"model": ErrorBody, "description": "Invalid field, URI, column or value."},
+    },
+)
+async def register_reference(
+    body: DatasetReferenceCreate, uow: UnitOfWorkDep, store: StoreDep, settings: SettingsDep
+) -> Dataset:
+    """The role is checked first; the objects are read and checked in a thread with no
+    session open (one bounded batch in memory at a time); one short transaction registers."""
+    require_role(await uow.principal(), "owner")
+    datasets.check_budgets(body)
+    found = await anyio.to_thread.run_sync(reference.inspect, body.uri, body.columns, settings)
+
+    def register(session: Session, principal: Principal) -> Dataset:
+        return dataset_out(
+            session, datasets.register_reference(session, store, principal, body, found)
+        )
+
+    return await uow(register)
+
+
 @router.get(
     "",
     response_model=DatasetList,
@@ -185,6 +223,10 @@ async def get_budget(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Budget:
     "/{dataset_id}",
     status_code=204,
     summary="Delete a dataset's rows (owner); the ledger and audit log stay.",
+    description=(
+        "A dataset registered by reference loses its reference only: the service never deletes "
+        "the owner's objects (the `dataset_deleted` audit event names them in `objects_kept`)."
+    ),
     responses=ERRORS,
 )
 async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: StoreDep) -> Response:

@@ -87,6 +87,7 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
             row_norm_bound=dataset.row_norm_bound,
             budget=_budget(dataset, states[dataset.id]),
             created_at=dataset.created_at,
+            reference=None if dataset.reference is None else str(dataset.reference["uri"]),
         )
         for dataset in datasets
     ]

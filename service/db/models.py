@@ -80,6 +80,9 @@ class Dataset(Base):
     #: ``zcdp``: the share of ``delta_total`` reserved for converting ``rho_total`` to
     #: ``(epsilon_total, delta)``; mechanisms' approximate steps may spend the rest.
     delta_conversion: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    #: A dataset registered by reference (:mod:`service.reference`): its URI, columns, row
+    #: groups and the objects' ETags/versions and sizes; null for an uploaded dataset.
+    reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
 class DatasetBatch(Base):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,33 @@ IntArray = npt.NDArray[np.int64]
 
 #: Rows per chunk when streaming a memory-mapped dataset: 8192 rows of d = 1000 is 64 MB.
 DEFAULT_CHUNK_ROWS = 8192
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """Rows that are not a local array: the one data-access interface of the heavy passes.
+
+    Mechanisms receive either an ``n x d`` array (a memory map of an uploaded dataset) or a
+    ``RowSource`` (a Parquet dataset registered by reference, see :mod:`service.reference`),
+    and reach the rows only through :func:`clipped_gram`, :func:`clipped_sum` and
+    :func:`~service.mechanisms.sample_aggregate.subset_bases`, which hand a ``RowSource`` the
+    whole pass. A source returns only ``d x d``-sized results (and the ``t x d x k`` subset
+    bases); noise is added by the caller, in the worker. The per-block work is these same
+    functions on array blocks, so the results equal the array path's up to summation order.
+    """
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(n, d)``: public."""
+
+    def clipped_gram(self, clip_norm: float, center: FloatArray | None) -> FloatArray:
+        """:func:`clipped_gram` of all rows."""
+
+    def clipped_sum(self, clip_norm: float) -> FloatArray:
+        """:func:`clipped_sum` of all rows."""
+
+    def subset_bases(self, partition: IntArray, k: int) -> FloatArray:
+        """:func:`~service.mechanisms.sample_aggregate.subset_bases` of ``partition``."""
 
 
 def power_of_two_exponent(magnitude: FloatArray | float) -> IntArray:
@@ -237,7 +264,10 @@ def clipped_gram(
 
     Entries are at most ``n C^2`` in magnitude; the mechanisms refuse clip norms for which that
     (or any other multiple of ``C^2`` they compute) is not a comfortably finite double.
+    A :class:`RowSource` computes it as a whole pass of its own.
     """
+    if isinstance(data, RowSource):
+        return data.clipped_gram(clip_norm, center)
     d = data.shape[1]
     gram = np.zeros((d, d), dtype=np.float64)
     with np.errstate(under="ignore"):
@@ -335,6 +365,8 @@ def clipped_sum(
     data: npt.NDArray[Any], clip_norm: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
 ) -> FloatArray:
     """``sum_i clip_C(x_i)``, shape ``(d,)``, accumulated in row chunks (norm ``<= n C``)."""
+    if isinstance(data, RowSource):
+        return data.clipped_sum(clip_norm)
     total = np.zeros(data.shape[1], dtype=np.float64)
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk_rows):

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.mechanisms.linalg import FloatArray, ReadAhead
+from service.mechanisms.linalg import FloatArray, ReadAhead, RowSource
 
 IntArray = npt.NDArray[np.int64]
 
@@ -295,8 +295,11 @@ def subset_bases(
     Returns
     -------
     (t, d, k) array
-        ``U_j`` for each subset, orthonormal columns.
+        ``U_j`` for each subset, orthonormal columns. A :class:`RowSource` computes them itself
+        (the same groups, so the same ``U_j``).
     """
+    if isinstance(data, RowSource):
+        return data.subset_bases(partition, k)
     t, m = partition.shape
     d = data.shape[1]
     if not 1 <= k <= min(m, d):

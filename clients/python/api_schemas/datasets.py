@@ -106,6 +106,14 @@ class Dataset(Schema):
     )
     budget: Budget = Field(description="Current budget.")
     created_at: datetime = Field(description="Upload time (UTC).")
+    reference: str | None = Field(
+        default=None,
+        description=(
+            "For a dataset registered by reference (`POST /v1/dataset-references`): the "
+            "URI of its Parquet objects, which the service reads but does not own. Null for "
+            "an uploaded dataset."
+        ),
+    )
 
 
 class DatasetCreated(Dataset):
@@ -201,4 +209,29 @@ class DatasetCreate(RequestSchema):
             "zcdp: the share of delta_budget reserved for converting rho to (epsilon, "
             "delta); releases' approximate steps may spend the rest. Default: half."
         ),
+    )
+
+
+class DatasetReferenceCreate(DatasetCreate):
+    """JSON body of `POST /v1/dataset-references`: a Parquet dataset that stays where it
+    is (object storage or a shared filesystem), with the budget fields of an upload.
+
+    The service reads the objects with the deployment's credentials (never sent here), checks
+    every value, and records each object's ETag (or version, or size and modification time);
+    a release finding an object changed ends `failed` and is refunded.
+    """
+
+    uri: str = Field(
+        min_length=1,
+        max_length=1000,
+        description=(
+            "`s3://bucket/prefix/` (every `*.parquet` object under it, in key order; the "
+            "endpoint is the deployment's) or an absolute path of a directory or file on a "
+            "filesystem the service shares; it must lie under one of the service's "
+            "DPSS_REFERENCE_ROOTS."
+        ),
+    )
+    columns: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+        min_length=1,
+        description="The numeric columns to use, in this order: the dataset's d columns.",
     )

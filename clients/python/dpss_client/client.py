@@ -535,6 +535,30 @@ class Client:
                 )
         return _parse(response, DatasetCreated)
 
+    def register_reference(
+        self,
+        uri: str,
+        columns: list[str],
+        *,
+        name: str,
+        epsilon_budget: Number,
+        delta_budget: Number,
+        row_norm_bound: float | None = None,
+    ) -> Dataset:
+        """Register a Parquet dataset where it lives (owner key): ``s3://bucket/prefix/`` or a
+        shared path under the service's ``DPSS_REFERENCE_ROOTS``, and its numeric ``columns``.
+        The service reads it with its own credentials; nothing is uploaded."""
+        body: dict[str, Any] = {
+            "name": name,
+            "uri": uri,
+            "columns": list(columns),
+            "epsilon_budget": _decimal_str(epsilon_budget, "epsilon_budget"),
+            "delta_budget": _decimal_str(delta_budget, "delta_budget"),
+        }
+        if row_norm_bound is not None:
+            body["row_norm_bound"] = float(row_norm_bound)
+        return _parse(self._request("POST", "/v1/dataset-references", json=body), Dataset)
+
     def append_rows(
         self,
         dataset_id: UUID | str,
