@@ -57,7 +57,14 @@ import pyarrow.parquet as pq
 
 from service.config import Settings
 from service.errors import InvalidInput
-from service.mechanisms.linalg import FloatArray, IntArray, clipped_gram, clipped_sum
+from service.mechanisms.linalg import (
+    FloatArray,
+    IntArray,
+    captured_energy,
+    clipped_gram,
+    clipped_sum,
+    gram_norm_counts,
+)
 from service.mechanisms.sample_aggregate import (
     GROUP_ROWS,
     PASS_BYTES,
@@ -339,8 +346,34 @@ def _piece_gram(
     columns: Sequence[str],
     clip_norm: float,
     center: FloatArray | None,
+    row_clip: float | None = None,
 ) -> FloatArray:
-    return clipped_gram(_read_piece(location, piece, columns), clip_norm, center=center)
+    return clipped_gram(
+        _read_piece(location, piece, columns), clip_norm, center=center, row_clip=row_clip
+    )
+
+
+def _piece_energy(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    basis: FloatArray,
+    clip_norm: float,
+    center: FloatArray | None,
+) -> FloatArray:
+    rows = _read_piece(location, piece, columns)
+    return np.asarray(captured_energy(rows, basis, clip_norm, center), dtype=np.float64)
+
+
+def _piece_norm_counts(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    clip_norm: float,
+    center: FloatArray | None,
+    edges: FloatArray,
+) -> FloatArray:
+    return gram_norm_counts(_read_piece(location, piece, columns), clip_norm, center, edges)
 
 
 def _piece_sum(
@@ -439,8 +472,21 @@ class ParquetRows:
         (result,) = self._compute(total)
         return np.asarray(result, dtype=np.float64)
 
-    def clipped_gram(self, clip_norm: float, center: FloatArray | None) -> FloatArray:
-        return self._reduce(_piece_gram, clip_norm, center)
+    def clipped_gram(
+        self, clip_norm: float, center: FloatArray | None, row_clip: float | None = None
+    ) -> FloatArray:
+        return self._reduce(_piece_gram, clip_norm, center, row_clip)
+
+    def captured_energy(
+        self, basis: FloatArray, clip_norm: float, center: FloatArray | None
+    ) -> tuple[float, float]:
+        captured, residual = self._reduce(_piece_energy, basis, clip_norm, center)
+        return float(captured), float(residual)
+
+    def gram_norm_counts(
+        self, clip_norm: float, center: FloatArray | None, edges: FloatArray
+    ) -> FloatArray:
+        return self._reduce(_piece_norm_counts, clip_norm, center, edges)
 
     def clipped_sum(self, clip_norm: float) -> FloatArray:
         return self._reduce(_piece_sum, clip_norm)

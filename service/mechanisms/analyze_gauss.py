@@ -69,7 +69,7 @@ from service.mechanisms.centring import (
     private_center,
     private_center_sigma,
 )
-from service.mechanisms.clip_quantile import private_clip_norm, quantile_edges
+from service.mechanisms.clip_quantile import clip_from_counts, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import (
     FloatArray,
@@ -77,7 +77,7 @@ from service.mechanisms.linalg import (
     clipped_gram,
     clipped_gram_memory,
     eigh_memory,
-    gram_row_norms,
+    gram_norm_counts,
     top_k_eigh,
 )
 from service.mechanisms.noise import (
@@ -507,9 +507,8 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             center = np.asarray(params.center, dtype=np.float64)
         row_clip: float | None = None
         if params.clip_quantile is not None:
-            norms = gram_row_norms(data, clip, center)
-            row_clip = private_clip_norm(norms, clip, params.clip_quantile, split.clip_mu, rng)
-            del norms
+            counts = gram_norm_counts(data, clip, center, quantile_edges(clip))
+            row_clip = clip_from_counts(counts, n, clip, params.clip_quantile, split.clip_mu, rng)
             extras["row_clip_norm"] = row_clip
         effective = clip if row_clip is None else row_clip
         sigma = gram_sensitivity(effective) / split.gram_mu

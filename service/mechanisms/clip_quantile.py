@@ -68,9 +68,24 @@ def private_clip_norm(
     # Bin j holds the norms in (edge_{j-1}, edge_j]; bin 0 everything up to edge_0.
     bins = np.minimum(np.searchsorted(edges, norms, side="left"), GRID_STEPS - 1)
     counts = np.bincount(bins, minlength=GRID_STEPS).astype(np.float64)
+    return clip_from_counts(counts, norms.shape[0], clip_norm, quantile, mu, rng)
+
+
+def clip_from_counts(
+    counts: FloatArray,
+    n_rows: int,
+    clip_norm: float,
+    quantile: float,
+    mu: float,
+    rng: np.random.Generator,
+) -> float:
+    """:func:`private_clip_norm` from the bins' exact counts (shape ``(GRID_STEPS,)``, as
+    :func:`service.mechanisms.linalg.gram_norm_counts` gives them on the grid of
+    :func:`quantile_edges`) and the public ``n``: the same noise, the same choice."""
+    edges = quantile_edges(clip_norm)
     noisy = counts + rng.normal(0.0, count_noise_std(mu), size=GRID_STEPS)
     # above[j]: noisy number of rows with norm > edge_j (bins j+1 and up), summed from the top.
     above = np.concatenate([np.cumsum(noisy[::-1])[::-1][1:], [0.0]])
-    allowed = (1.0 - quantile) * norms.shape[0]
+    allowed = (1.0 - quantile) * n_rows
     fits = np.flatnonzero(above <= allowed)
     return float(edges[fits[0]]) if fits.size else float(clip_norm)

@@ -42,7 +42,8 @@ class RowSource(Protocol):
 
     Mechanisms receive either an ``n x d`` array (a memory map of an uploaded dataset) or a
     ``RowSource`` (a Parquet dataset registered by reference, see :mod:`service.reference`),
-    and reach the rows only through :func:`clipped_gram`, :func:`clipped_sum` and
+    and reach the rows only through :func:`clipped_gram`, :func:`clipped_sum`,
+    :func:`captured_energy`, :func:`gram_norm_counts` and
     :func:`~service.mechanisms.sample_aggregate.subset_bases`, which hand a ``RowSource`` the
     whole pass. A source returns only ``d x d``-sized results (and the ``t x d x k`` subset
     bases); noise is added by the caller, in the worker. The per-block work is these same
@@ -53,8 +54,20 @@ class RowSource(Protocol):
     def shape(self) -> tuple[int, int]:
         """``(n, d)``: public."""
 
-    def clipped_gram(self, clip_norm: float, center: FloatArray | None) -> FloatArray:
+    def clipped_gram(
+        self, clip_norm: float, center: FloatArray | None, row_clip: float | None = None
+    ) -> FloatArray:
         """:func:`clipped_gram` of all rows."""
+
+    def captured_energy(
+        self, basis: FloatArray, clip_norm: float, center: FloatArray | None
+    ) -> tuple[float, float]:
+        """:func:`captured_energy` of all rows."""
+
+    def gram_norm_counts(
+        self, clip_norm: float, center: FloatArray | None, edges: FloatArray
+    ) -> FloatArray:
+        """:func:`gram_norm_counts` of all rows."""
 
     def clipped_sum(self, clip_norm: float) -> FloatArray:
         """:func:`clipped_sum` of all rows."""
@@ -267,7 +280,7 @@ def clipped_gram(
     A :class:`RowSource` computes it as a whole pass of its own.
     """
     if isinstance(data, RowSource):
-        return data.clipped_gram(clip_norm, center)
+        return data.clipped_gram(clip_norm, center, row_clip)
     d = data.shape[1]
     gram = np.zeros((d, d), dtype=np.float64)
     with np.errstate(under="ignore"):
@@ -347,6 +360,8 @@ def captured_energy(
     (:func:`gram_rows`); ``basis`` ``U`` is ``d x k`` orthonormal. Each row adds a point of the
     simplex ``{(a, b) >= 0, a + b <= min(C, C2)^2}``; the residual is the row's squared norm
     minus its captured part, floored at 0 (rounding)."""
+    if isinstance(data, RowSource):
+        return data.captured_energy(basis, clip_norm, center)
     captured = 0.0
     residual = 0.0
     with np.errstate(under="ignore"):
@@ -359,6 +374,30 @@ def captured_energy(
             captured += float(np.sum(inside))
             residual += float(np.sum(np.maximum(total - inside, 0.0)))
     return captured, residual
+
+
+def gram_norm_counts(
+    data: npt.NDArray[Any],
+    clip_norm: float,
+    center: FloatArray | None,
+    edges: FloatArray,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> FloatArray:
+    """How many :func:`gram_row_norms` fall in each bin of the ascending public ``edges``:
+    bin ``j`` holds the norms in ``(edges[j-1], edges[j]]``, bin 0 everything up to
+    ``edges[0]`` (the last bin also anything above, which cannot occur: norms are ``<= C``).
+    Shape ``(len(edges),)``; a :class:`RowSource` counts in a pass of its own."""
+    if isinstance(data, RowSource):
+        return data.gram_norm_counts(clip_norm, center, edges)
+    counts = np.zeros(edges.shape[0], dtype=np.float64)
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk_rows):
+            if block.size == 0:
+                continue
+            norms = gram_row_norms(block, clip_norm, center, chunk_rows)
+            bins = np.minimum(np.searchsorted(edges, norms, side="left"), edges.shape[0] - 1)
+            counts += np.bincount(bins, minlength=edges.shape[0])
+    return counts
 
 
 def clipped_sum(

@@ -19,6 +19,7 @@ from service.mechanisms.clip_quantile import (
     quantile_edges,
 )
 from service.mechanisms.composition import gaussian_total_mu
+from service.mechanisms.linalg import gram_row_norms
 from tests.mechanisms.privacy_audit import audit
 
 
@@ -54,13 +55,20 @@ def test_analyze_gauss_clips_at_it_and_calibrates_to_it(monkeypatch: pytest.Monk
     params = mechanism.prepare(ctx, 2, 1.0, 1e-6, mechanism.parse_params({"clip_quantile": 0.5}))
     split = gauss_split(1.0, 1e-6, params)
     mus: list[float] = []
-    real = module.private_clip_norm
+    real = module.clip_from_counts
 
-    def spy(norms: Any, clip: float, q: float, mu: float, rng: np.random.Generator) -> float:
+    def spy(
+        counts: Any, n: int, clip: float, q: float, mu: float, rng: np.random.Generator
+    ) -> float:
         mus.append(mu)
-        return real(norms, clip, q, mu, rng)
+        # The counts a row source would give: the same bins as the norms' own.
+        norms = gram_row_norms(rows, clip)
+        edges = quantile_edges(clip)
+        bins = np.minimum(np.searchsorted(edges, norms, side="left"), edges.shape[0] - 1)
+        np.testing.assert_array_equal(counts, np.bincount(bins, minlength=edges.shape[0]))
+        return real(counts, n, clip, q, mu, rng)
 
-    monkeypatch.setattr("service.mechanisms.analyze_gauss.private_clip_norm", spy)
+    monkeypatch.setattr("service.mechanisms.analyze_gauss.clip_from_counts", spy)
     out = mechanism.run(rows, ReleaseSpec(2, 1.0, 1e-6, params), np.random.default_rng(3))
     row_clip = out.extras["row_clip_norm"]
     assert mus == [split.clip_mu] and row_clip in quantile_edges(1.0)

@@ -109,6 +109,11 @@ def _numbers(value: Any) -> list[float]:
 #: reference in the slow one (the same check).
 SWEEP = [
     pytest.param(("analyze_gauss", "friendly_aggregate"), id="done-when"),
+    # Every pass analyze_gauss makes (private mean, clip quantile's norm counts, Gram clipped
+    # to the released quantile, explained-variance sums) goes through the row source too.
+    pytest.param(
+        (("analyze_gauss", {"center": "private", "clip_quantile": 0.9}),), id="every-pass"
+    ),
     pytest.param(
         tuple(sorted(MECHANISMS - {"analyze_gauss", "friendly_aggregate"})),
         id="others",
@@ -119,7 +124,7 @@ SWEEP = [
 
 @pytest.mark.parametrize("mechanisms", SWEEP)
 def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
-    mechanisms: tuple[str, ...],
+    mechanisms: tuple[str | tuple[str, dict[str, Any]], ...],
     client: TestClient,
     keys: Keys,
     upload_dataset: Callable[..., dict[str, Any]],
@@ -141,11 +146,13 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     assert (referenced["n_rows"], referenced["n_cols"]) == (3000, 4)
     assert referenced["reference"] == f"s3://{bucket}/lake/"
     uploaded = upload_dataset(client, keys.owner, rows, **BUDGET)
-    for mechanism in mechanisms:
+    for entry in mechanisms:
+        mechanism, params = (entry, {}) if isinstance(entry, str) else entry
+        body = {"mechanism": mechanism, "params": params}
         results = [
-            _release(client, keys, uploaded["id"], worker, mechanism=mechanism),
-            _release(client, keys, referenced["id"], worker, mechanism=mechanism),
-            _release(client, keys, referenced["id"], on_dask, mechanism=mechanism),
+            _release(client, keys, uploaded["id"], worker, **body),
+            _release(client, keys, referenced["id"], worker, **body),
+            _release(client, keys, referenced["id"], on_dask, **body),
         ]
         statuses = {r["status"] for r in results}
         assert len(statuses) == 1 and statuses <= {"succeeded", "no_result"}, results
