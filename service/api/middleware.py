@@ -268,11 +268,14 @@ class OverloadMiddleware:
     :meth:`service.api.deps.Database.run`).
 
     The lag is measured without making anyone wait: a request schedules a callback (one in
-    flight at a time) and the callback records how late it ran; the decision uses the latest
-    measurement, ignored once it is older than :attr:`FRESH_SECONDS` (an idle loop).
+    flight at a time) and the callback records how late it ran, in a moving mean (one slow
+    pass, a large response serialised on the loop, does not shed by itself); the decision uses
+    it until it is older than :attr:`FRESH_SECONDS` (an idle loop).
     """
 
     FRESH_SECONDS = 1.0
+    #: Weight of the newest measurement in the moving mean.
+    WEIGHT = 0.3
 
     def __init__(self, app: ASGIApp, max_lag: float, retry_after: int) -> None:
         self.app = app
@@ -291,7 +294,10 @@ class OverloadMiddleware:
 
         def ran() -> None:
             now = time.perf_counter()
-            self.lag, self.lag_measured_at, self._probing = now - scheduled, now, False
+            fresh = now - self.lag_measured_at < self.FRESH_SECONDS
+            lag = now - scheduled
+            self.lag = self.lag + self.WEIGHT * (lag - self.lag) if fresh else lag
+            self.lag_measured_at, self._probing = now, False
 
         asyncio.get_running_loop().call_soon(ran)
 
