@@ -114,13 +114,14 @@ class Settings(BaseSettings):
         ),
     )
     api_max_loop_lag_seconds: float = Field(
-        default=0.25,
+        default=1.0,
         ge=0,
         description=(
-            "Longest pass of an API process's event loop under which /v1 requests are served; "
-            "above it, while at least 8 /v1 requests are in flight in the process (it is "
-            "CPU-bound), a request gets 503 with Retry-After at once, before any database work "
-            "(a slow pass with fewer is the host, not overload). 0 turns this off."
+            "Longest pass of an API process's event loop (a moving mean, measured on requests) "
+            "under which /v1 requests are served; above it, while at least 8 /v1 requests are "
+            "in flight in the process (it is CPU-bound), a request gets 503 with Retry-After at "
+            "once, before any database work (a slow pass with fewer is the host, not overload). "
+            "0 turns this off."
         ),
     )
     auth_cache_seconds: float = Field(

@@ -556,7 +556,7 @@ class Worker:
         """Re-time the mechanisms on public random data and store the rates for the padding
         (:mod:`service.calibration`) at start and then every ``worker_calibrate_seconds``;
         called while idle, and it stops between mechanisms as soon as a job is queued, so a job
-        waits for one mechanism's timing at most. True if it calibrated."""
+        waits for one mechanism's timing at most (so does a stop). True if it calibrated."""
         every = self.settings.worker_calibrate_seconds
         now = time.monotonic()
         if every <= 0 or (self._calibrated_at is not None and now - self._calibrated_at < every):
@@ -566,6 +566,8 @@ class Worker:
         self._calibrated_at = now
 
         def job_waiting() -> bool:
+            if self.stop.is_set():
+                return True
             with self.session_factory() as session:
                 queued = select(Release.id).where(Release.status == "queued").limit(1)
                 return session.execute(queued).first() is not None

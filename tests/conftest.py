@@ -152,6 +152,9 @@ def settings(tmp_path: Path, database_urls: dict[str, str], backend: str) -> Set
         # The suite's budgets and their figures predate accounting choices: uploads that name
         # none stay basic here (the product default, zcdp, has its own tests).
         default_accounting="basic",
+        # Shedding on event-loop lag would depend on how busy the machine is; it has its own
+        # tests (tests/api/test_overload.py) that set the lag by hand.
+        api_max_loop_lag_seconds=0,
     )
 
 

@@ -27,7 +27,6 @@ A database that cannot serve (down, unreachable, restarting, pool exhausted) bec
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, MutableMapping
@@ -140,8 +139,7 @@ class Database:
         if expected > self.max_queue_seconds:
             # Shed before queueing: the client would wait longer than we allow and likely time
             # out anyway, and a queue that only grows makes every later request slower too.
-            retry_after = max(self.retry_after, math.ceil(expected))
-            raise ServiceUnavailable("the service is overloaded; retry shortly", retry_after)
+            raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
         gate.waiting += 1
         try:
             with anyio.move_on_after(self.wait_seconds) as waited:

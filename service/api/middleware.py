@@ -11,6 +11,7 @@ configured), rate limit, overload shedding, then the application.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import logging
@@ -18,10 +19,8 @@ import math
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import anyio
 from fastapi import FastAPI
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware.cors import CORSMiddleware
@@ -331,14 +330,6 @@ class RateLimitMiddleware:
             self._learn(digest, bool(scope.get(KEY_AUTHENTICATED)), status)
 
 
-async def event_loop_lag() -> float:
-    """Seconds the event loop takes to come back to a task that yields now: one pass over
-    every callback ready before it (requests parsed, threads' results, timers due)."""
-    started = time.perf_counter()
-    await anyio.sleep(0)
-    return time.perf_counter() - started
-
-
 class OverloadMiddleware:
     """Answer ``/v1`` with 503 and ``Retry-After`` at once while the event loop is saturated.
 
@@ -347,35 +338,62 @@ class OverloadMiddleware:
     more requests than the process can parse and answer), a request would wait several of
     them. Refusing it here costs microseconds and no database work, so the process drains
     instead of queueing ever longer (the database slots' own queue is shed in
-    :meth:`service.api.deps.Database.run`). Probed per request, so no background task.
+    :meth:`service.api.deps.Database.run`).
+
+    The lag is measured without making anyone wait: a request schedules a callback (one in
+    flight at a time) and the callback records how late it ran, in a moving mean (one slow
+    pass, a large response serialised on the loop, does not shed by itself); the decision uses
+    it until it is older than :attr:`FRESH_SECONDS` (an idle loop).
 
     Only while at least ``min_in_flight`` ``/v1`` requests are in this process: a slow pass with
     few requests is the machine (another process, a pause), not this process's overload, and
     shedding then would refuse a lone client on a busy host.
     """
 
+    FRESH_SECONDS = 1.0
+    #: Weight of the newest measurement in the moving mean.
+    WEIGHT = 0.3
+
     def __init__(
-        self,
-        app: ASGIApp,
-        max_lag: float,
-        retry_after: int,
-        probe: Callable[[], Awaitable[float]] = event_loop_lag,
-        min_in_flight: int = 8,
+        self, app: ASGIApp, max_lag: float, retry_after: int, min_in_flight: int = 8
     ) -> None:
         self.app = app
         self.max_lag = max_lag
         self.retry_after = retry_after
-        self.probe = probe
         self.min_in_flight = min_in_flight
         #: ``/v1`` requests of this process now (touched only from its event loop).
         self.in_flight = 0
+        #: The latest loop pass measured, seconds, and when it was measured (perf_counter).
+        self.lag = 0.0
+        self.lag_measured_at = -math.inf
+        self._probing = False
+
+    def _probe(self) -> None:
+        if self._probing:
+            return
+        self._probing = True
+        scheduled = time.perf_counter()
+
+        def ran() -> None:
+            now = time.perf_counter()
+            fresh = now - self.lag_measured_at < self.FRESH_SECONDS
+            lag = now - scheduled
+            self.lag = self.lag + self.WEIGHT * (lag - self.lag) if fresh else lag
+            self.lag_measured_at, self._probing = now, False
+
+        asyncio.get_running_loop().call_soon(ran)
+
+    def overloaded(self) -> bool:
+        fresh = time.perf_counter() - self.lag_measured_at < self.FRESH_SECONDS
+        return fresh and self.lag > self.max_lag
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = _route_path(scope) if scope["type"] == "http" else ""
         if not (path == "/v1" or path.startswith("/v1/")):
             await self.app(scope, receive, send)
             return
-        if self.in_flight < self.min_in_flight or await self.probe() <= self.max_lag:
+        self._probe()
+        if self.in_flight < self.min_in_flight or not self.overloaded():
             self.in_flight += 1
             try:
                 await self.app(scope, receive, send)

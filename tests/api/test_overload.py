@@ -7,6 +7,7 @@ within the guard) and the estimates are set by hand.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -67,7 +68,11 @@ def test_overload_is_shed_at_once_when_the_expected_wait_exceeds_the_bound(
     assert (free, full) == (0.0, 1.5)
     assert shed.status_code == 503
     assert shed.headers["retry-after"] == "2"
-    assert shed.json()["error"] == "service_unavailable"
+    assert shed.json() == {
+        "error": "service_unavailable",
+        "detail": "the database is busy; retry shortly",
+        "retry_after": 2,
+    }
     assert after.status_code == 200
 
 
@@ -99,13 +104,6 @@ def test_a_short_expected_wait_queues_instead_of_shedding(settings, session_fact
     assert anyio.run(scenario) == 200
 
 
-def _lag(seconds: float) -> Any:
-    async def probe() -> float:
-        return seconds
-
-    return probe
-
-
 def test_a_saturated_event_loop_sheds_v1_requests_before_the_app_runs():
     reached: list[str] = []
 
@@ -114,10 +112,13 @@ def test_a_saturated_event_loop_sheds_v1_requests_before_the_app_runs():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    busy = TestClient(
-        OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(2.0), min_in_flight=0)
-    )
-    shed = busy.get("/v1/datasets")
+    layer = OverloadMiddleware(app, max_lag=0.25, retry_after=3, min_in_flight=0)
+    client = TestClient(layer)
+    assert client.get("/v1/datasets").status_code == 200  # an idle loop: measured, served
+    assert 0 <= layer.lag < 0.25 and not layer.overloaded()
+    layer.lag, layer.lag_measured_at = 2.0, time.perf_counter() + 3600  # a saturated loop
+    layer._probing = True  # (no new measurement arrives meanwhile)
+    shed = client.get("/v1/datasets")
     assert shed.status_code == 503
     assert shed.headers["retry-after"] == "3"
     assert shed.json() == {
@@ -125,12 +126,10 @@ def test_a_saturated_event_loop_sheds_v1_requests_before_the_app_runs():
         "detail": "the service is overloaded; retry shortly",
         "retry_after": 3,
     }
-    assert busy.get("/healthz").status_code == 200  # health and docs are never shed
-    idle = TestClient(
-        OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(0.001), min_in_flight=0)
-    )
-    assert idle.get("/v1/datasets").status_code == 200
-    assert reached == ["/healthz", "/v1/datasets"]
+    assert client.get("/healthz").status_code == 200  # health and docs are never shed
+    layer.lag_measured_at = time.perf_counter() - 2 * layer.FRESH_SECONDS  # an old measurement
+    assert client.get("/v1/datasets").status_code == 200
+    assert reached == ["/v1/datasets", "/healthz", "/v1/datasets"]
 
 
 def test_a_slow_loop_with_few_requests_in_flight_is_not_shed():
@@ -141,14 +140,18 @@ def test_a_slow_loop_with_few_requests_in_flight_is_not_shed():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    lone = TestClient(OverloadMiddleware(app, max_lag=0.25, retry_after=3, probe=_lag(2.0)))
+    layer = OverloadMiddleware(app, max_lag=0.25, retry_after=3)
+    lone = TestClient(layer)
+    layer.lag, layer.lag_measured_at = 2.0, time.perf_counter() + 3600  # a saturated loop
+    layer._probing = True  # (no new measurement arrives meanwhile)
     assert [lone.get("/v1/datasets").status_code for _ in range(20)] == [200] * 20
 
 
 def test_the_app_has_the_overload_layer_unless_turned_off(settings, session_factory, keys):
-    with TestClient(create_app(settings, session_factory=session_factory)) as client:
+    on = _with(settings, api_max_loop_lag_seconds=0.5)
+    with TestClient(create_app(on, session_factory=session_factory)) as client:
         assert client.get("/v1/datasets", headers=bearer(keys.owner)).status_code == 200
-    stack = create_app(settings, session_factory=session_factory).build_middleware_stack()
+    stack = create_app(on, session_factory=session_factory).build_middleware_stack()
     off = _with(settings, api_max_loop_lag_seconds=0)
     bare = create_app(off, session_factory=session_factory).build_middleware_stack()
 
