@@ -70,8 +70,10 @@ class CenterParams(ClipParams):
         lt=1,
         allow_inf_nan=False,
         description=(
-            'Share s of (epsilon, delta) spent on the private mean when center is "private"; '
-            "the Gram step gets (1 - s). Ignored otherwise."
+            'Share s of the budget spent on the private mean when center is "private": of '
+            "mu^2 for analyze_gauss (its steps compose in Gaussian DP; the explained-variance "
+            "estimate and a clip quantile take their own shares first), of (epsilon, delta) "
+            "for the others (the Gram step gets 1 - s). Ignored otherwise."
         ),
     )
 

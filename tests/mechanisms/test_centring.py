@@ -300,3 +300,17 @@ def test_spectrum_splits_the_budget_and_reports_centred_eigenvalues(
     top = out.extras["eigenvalues"]
     assert 350 < top[1] <= top[0] < 550 and top[2] < 60
     assert len(out.extras["center"]) == 20
+
+
+def test_a_mean_share_that_leaves_no_gram_budget_is_refused_before_charging() -> None:
+    # GDP shares of mu^2: 0.1 for the explained variance (and 0.05 for a clip quantile) come
+    # first, so center_share must leave the Gram something.
+    data = np.zeros((10, 3))
+    for raw in (
+        {"center": "private", "center_share": 0.9},
+        {"center": "private", "center_share": 0.86, "clip_quantile": 0.5},
+    ):
+        with pytest.raises(InvalidParameter) as error:
+            prepared(data, 1, 1.0, 1e-6, **raw)
+        assert error.value.field == "center_share"
+    prepared(data, 1, 1.0, 1e-6, center="private", center_share=0.85)
