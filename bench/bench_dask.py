@@ -142,6 +142,9 @@ def main() -> None:
     parser.add_argument("--slice-rows", type=int, default=100_000)
     parser.add_argument("--speedup-rows", type=int, default=200_000)
     parser.add_argument("--skip-friendly", action="store_true")
+    parser.add_argument("--skip-gauss", action="store_true")
+    parser.add_argument("--skip-speedup", action="store_true")
+    parser.add_argument("--dask-pass-mb", type=float, default=512)
     parser.add_argument(
         "--tag", default="", help="figures go to bench/results/dask<tag>.txt (default: dask.txt)"
     )
@@ -194,12 +197,14 @@ def main() -> None:
             memory_limit=f"{args.worker_memory_mb}MiB",
         )
 
-    mechanisms = [("analyze_gauss", AnalyzeGauss(), 0.5, 1e-6)]
+    mechanisms = [] if args.skip_gauss else [("analyze_gauss", AnalyzeGauss(), 0.5, 1e-6)]
     if not args.skip_friendly:
         mechanisms.append(("friendly_aggregate", FriendlyAggregate(), 1.0, 1e-6))
     with cluster(2) as two, Client(two) as client:
         pids = list(client.run(os.getpid).values())
-        on_dask = settings.model_copy(update={"dask_scheduler": two.scheduler_address})
+        on_dask = settings.model_copy(
+            update={"dask_scheduler": two.scheduler_address, "dask_pass_mb": args.dask_pass_mb}
+        )
         for name, mechanism, eps, delta in mechanisms:
             here = release(ParquetRows(part, settings), mechanism, 3, eps, delta, 11)
             there_rows = ParquetRows(part, on_dask)
@@ -234,7 +239,7 @@ def main() -> None:
         objects=full.objects,
         pieces=[p for p in full.pieces if p.offset < args.speedup_rows],
     )
-    for workers in (1, 2):
+    for workers in () if args.skip_speedup else (1, 2):
         with cluster(workers) as lc, Client(lc) as client:
             rows = ParquetRows(
                 prefix, settings.model_copy(update={"dask_scheduler": lc.scheduler_address})
@@ -295,17 +300,18 @@ def report(figures: dict[str, Any], blocks: int, tag: str = "") -> None:
             f"{figures[f'{name}_full_status']}; slice in process vs on Dask: "
             f"{figures[f'{name}_slice_equal']}; peak RSS per worker: {peaks}"
         )
-    one, two = figures["gram_1w_s"], figures["gram_2w_s"]
-    task = figures["gram_1w_task_s"]
-    serial = max(0.0, one - blocks * task)  # submission, reduction chain, transfers
-    say(
-        f"gram pass on {blocks} row groups: 1 worker {one:.1f} s, 2 workers {two:.1f} s "
-        f"(speed-up {one / two:.2f}x); median task {task * 1000:.0f} ms; "
-        f"not divided by workers: {serial:.1f} s"
-    )
-    for workers in (8, 32, 128):
-        model = serial + blocks * task / workers
-        say(f"  model, {workers} workers: {model:.1f} s (speed-up {one / model:.1f}x)")
+    if "gram_1w_s" in figures:  # not --skip-speedup
+        one, two = figures["gram_1w_s"], figures["gram_2w_s"]
+        task = figures["gram_1w_task_s"]
+        serial = max(0.0, one - blocks * task)  # submission, reduction chain, transfers
+        say(
+            f"gram pass on {blocks} row groups: 1 worker {one:.1f} s, 2 workers {two:.1f} s "
+            f"(speed-up {one / two:.2f}x); median task {task * 1000:.0f} ms; "
+            f"not divided by workers: {serial:.1f} s"
+        )
+        for workers in (8, 32, 128):
+            model = serial + blocks * task / workers
+            say(f"  model, {workers} workers: {model:.1f} s (speed-up {one / model:.1f}x)")
     text = "\n".join(lines)
     sys.stdout.write(text + "\n")
     (ROOT / "bench" / "results" / f"dask{tag}.txt").write_text(text + "\n")

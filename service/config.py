@@ -204,6 +204,15 @@ class Settings(BaseSettings):
             "datasets by reference run there. Unset: in the worker process."
         ),
     )
+    dask_pass_mb: float = Field(
+        default=512,
+        gt=0,
+        description=(
+            "Rows of the aggregators' subsets gathered per pass on the Dask cluster, MiB (spread "
+            "over its workers, spilled by Dask beyond their memory target); each pass reads the "
+            "dataset once. In process the pass is the worker's (512 MiB)."
+        ),
+    )
     dask_retries: int = Field(
         default=2, ge=0, description="Retries of a failed Dask task before the release fails."
     )

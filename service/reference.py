@@ -493,14 +493,17 @@ class ParquetRows:
 
     def subset_bases(self, partition: IntArray, k: int) -> FloatArray:
         """Passes of :func:`~service.mechanisms.sample_aggregate.pass_subsets` subsets (rows of
-        at most :data:`PASS_BYTES` on the cluster at once); per pass one task per row group
+        at most ``DPSS_DASK_PASS_MB`` on the cluster, :data:`PASS_BYTES` in process, at once;
+        the groups, hence every ``U_j``, do not depend on it); per pass one task per row group
         splits its rows by group of subsets, and one task per group decomposes them."""
         from dask.delayed import delayed
 
         t, m = partition.shape
         n, d = self.shape
         per_group = max(1, GROUP_ROWS // m)
-        per_pass = pass_subsets(t, m, d, per_group, PASS_BYTES)
+        on_cluster = self.settings.dask_scheduler is not None
+        pass_bytes = int(self.settings.dask_pass_mb * 2**20) if on_cluster else PASS_BYTES
+        per_pass = pass_subsets(t, m, d, per_group, pass_bytes)
         # slot[i] = j m + p for row i at position p of subset j; -1: in no subset. O(n) ints,
         # drawn from the release's generator in the worker (the partition is public randomness).
         slot = np.full(n, -1, dtype=np.int64)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from service import reference as reference_module
 from service.config import Settings
 from service.errors import InvalidInput
 from service.mechanisms.linalg import clipped_gram, clipped_sum, subspace_distance
@@ -45,6 +46,7 @@ def test_passes_equal_in_process_on_dask_and_on_the_array(
     bucket: str,
     dask_scheduler: str,
     stored: tuple[np.ndarray[Any, Any], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rows, names = stored
     local = _settings(tmp_path, s3_endpoint, bucket, None)
@@ -73,6 +75,13 @@ def test_passes_equal_in_process_on_dask_and_on_the_array(
             assert bases.shape == (12, 6, 2)
             worst = max(subspace_distance(a, b) for a, b in zip(bases, bases_array, strict=True))
             assert worst < 1e-9
+        # Groups of 2 subsets, one group per pass on the cluster: 6 passes, the same U_j.
+        monkeypatch.setattr(reference_module, "GROUP_ROWS", 100)
+        on_dask.settings = on_dask.settings.model_copy(update={"dask_pass_mb": 1e-6})
+        np.testing.assert_array_equal(
+            subset_bases(on_dask, partition, 2),  # type: ignore[arg-type]
+            subset_bases(in_process, partition, 2),  # type: ignore[arg-type]
+        )
     finally:
         on_dask.close()
 
