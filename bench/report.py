@@ -581,6 +581,10 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
             load_text.strip(),
             "```",
         ]
+    # bench/bench_accounting.py's section (deterministic, written by that script).
+    accounting_md = ROOT / "bench" / "results" / "accounting.md"
+    if accounting_md.exists():
+        doc += ["", accounting_md.read_text().strip()]
     doc += [
         "",
         "## Raw results",

@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import ROUND_FLOOR, Context, Decimal
@@ -193,7 +194,7 @@ def _calibrate(
         return spec, _costs(mechanism, context, spec)
 
     delta = dataset.delta_total
-    probe_spec, probe = attempt(Decimal(1), delta)
+    probe = _probe(attempt, delta)
     if probe.rho is None:
         raise InvalidInput("accounting", _not_admitted(mechanism, dataset.accounting))
     if probe.delta:
@@ -207,7 +208,7 @@ def _calibrate(
         for _ in range(8):
             if not 0 < delta < 1:
                 raise InvalidInput("delta", "too large for this mechanism's approximate steps")
-            _, costs = attempt(Decimal(1), delta)
+            costs = _probe(attempt, delta)
             if costs.delta is not None and costs.delta <= target_delta:
                 break
             delta = accounting.round_down(BUDGET_CONTEXT.multiply(delta, Decimal("0.999999")))
@@ -215,33 +216,56 @@ def _calibrate(
         raise InvalidInput("delta", f"{mechanism.name} is purely Gaussian: it spends no delta")
 
     def fits(eps: float) -> tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None:
+        """The prepared release at ``eps`` if its cost is within the target, else ``None``.
+        A refusal by ``prepare`` propagates: the caller treats it as a budget too small for
+        the mechanism's params (their refusals are of too little budget: t, PTR floors)."""
         candidate = _decimal_down(eps)
-        try:
-            spec, costs = attempt(candidate, delta)
-        except InvalidInput:
-            return None
+        spec, costs = attempt(candidate, delta)
         if costs.rho is None or costs.rho > target_rho:
             return None
         return spec, costs, candidate
 
     low, high = math.log(CALIBRATION_RANGE[0]), math.log(CALIBRATION_RANGE[1])
-    best = fits(math.exp(low))
-    if best is None:
-        raise InvalidInput(field, "too small for this mechanism and dataset")
-    if (top := fits(math.exp(high))) is not None:
-        best, low = top, high
-    for _ in range(80):
+    best: tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None = None
+    refusal: InvalidInput | None = None
+    for _ in range(100):
         if high - low < 1e-14:
             break
         mid = (low + high) / 2
-        found = fits(math.exp(mid))
+        try:
+            found = fits(math.exp(mid))
+        except InvalidInput as exc:
+            # Refused at this epsilon: too little budget for the params; look higher.
+            refusal, low = exc, mid
+            continue
         if found is None:
             high = mid
         else:
             best, low = found, mid
+    if best is None:
+        raise (
+            refusal
+            if refusal is not None
+            else InvalidInput(field, "too small for this mechanism and dataset")
+        )
     spec, costs, eps = best
-    del probe_spec
     return eps, delta, spec, costs
+
+
+def _probe(
+    attempt: Callable[[Decimal, Decimal], tuple[ReleaseSpec[Any], accounting.StepCosts]],
+    delta: Decimal,
+) -> accounting.StepCosts:
+    """The costs at some single-release epsilon the mechanism accepts (its step kinds and the
+    share of delta its approximate steps spend do not depend on which)."""
+    error: InvalidInput | None = None
+    for epsilon in ("1", "10", "100", "0.1"):
+        try:
+            return attempt(Decimal(epsilon), delta)[1]
+        except InvalidInput as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
 def _not_admitted(mechanism: Mechanism[Any], accounting_name: str) -> str:

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from service import accounting, audit
+from api_schemas.datasets import DatasetCreate
+from service import accounting, audit, datasets
 from service.config import Settings
 from service.db.models import LedgerEntry
 from service.mechanisms.analyze_gauss import noise_sigma
@@ -77,8 +78,13 @@ def test_zcdp_budget_and_its_split(client, keys, upload_dataset, data):
     assert Decimal(custom["budget"]["rho_total"]) > Decimal(shown["rho_total"])
 
 
-def test_the_product_default_is_zcdp_and_pure_budgets_stay_basic(tmp_path):
+def test_the_product_default_is_zcdp_and_pure_budgets_stay_basic(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPSS_DEFAULT_ACCOUNTING", raising=False)
     assert Settings(data_dir=tmp_path).default_accounting == "zcdp"
+    form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal(0))
+    assert datasets.check_budgets(form, "zcdp").accounting == "basic"
+    form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal("1e-6"))
+    assert datasets.check_budgets(form, "zcdp").accounting == "zcdp"
 
 
 @pytest.mark.parametrize(
