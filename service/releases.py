@@ -300,6 +300,7 @@ def _prepare(
         raise InvalidInput.from_validation(exc, prefix="params") from None
     context = _context(dataset, memory_limit_bytes)
     kind = dataset.accounting
+    mechanism, params = admitted_choice(mechanism, params, kind)
     if kind not in mechanism.accountings:
         raise InvalidInput("accounting", _not_admitted(mechanism, kind))
     _check_currency(body, kind)
@@ -341,6 +342,30 @@ def _prepare(
         costs=costs,
         charge=charge,
     )
+
+
+#: What ``auto`` runs on a dataset whose accounting is not ``basic``: among its candidates the
+#: one such accountings admit that it can choose from public facts alone (its private structure
+#: tests and searches have no declared zCDP profile, and the aggregators need them).
+AUTO_UNDER_FILTERS = "analyze_gauss"
+
+
+def admitted_choice(
+    mechanism: Mechanism[Any], params: Any, kind: str
+) -> tuple[Mechanism[Any], Any]:
+    """``auto`` chooses only among the mechanisms the dataset's accounting admits: under
+    ``gaussian`` and ``zcdp`` that is :data:`AUTO_UNDER_FILTERS`, with auto's clip norm and
+    centring (the release is recorded as that mechanism). Any other mechanism is unchanged."""
+    if mechanism.name != "auto" or kind == "basic":
+        return mechanism, params
+    chosen = MECHANISMS[AUTO_UNDER_FILTERS]
+    shared = {name: getattr(params, name) for name in ("clip_norm", "center", "center_share")}
+    try:
+        return chosen, chosen.parse_params(
+            {name: value for name, value in shared.items() if value is not None}
+        )
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, prefix="params") from None
 
 
 def _check_currency(body: ReleaseRequest, kind: str) -> None:
@@ -464,13 +489,13 @@ def request_release(
         raise budget_exceeded(budget)
     created_at = utcnow()
     padding = PaddingModel.from_settings(settings).padding(
-        body.mechanism, dataset.n_rows, dataset.n_cols, body.k, params
+        prepared.mechanism.name, dataset.n_rows, dataset.n_cols, body.k, params
     )
     release = Release(
         id=uuid.uuid4(),
         dataset_id=dataset.id,
         requester_key_id=principal.key_id,
-        mechanism=body.mechanism,
+        mechanism=prepared.mechanism.name,
         k=body.k,
         epsilon=prepared.epsilon,
         delta=prepared.delta,
@@ -505,7 +530,7 @@ def request_release(
         dataset_id=dataset.id,
         release_id=release.id,
         details={
-            "mechanism": body.mechanism,
+            "mechanism": prepared.mechanism.name,
             "k": body.k,
             "params": params,
             "cost": cost_details(dataset.accounting, prepared),

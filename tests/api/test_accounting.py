@@ -301,3 +301,26 @@ def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload
     if preview.status_code == 200:
         shown = preview.json()
         assert shown["mu"] is None and Decimal(shown["zcdp_delta"]) > 0
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_auto_chooses_only_what_the_accounting_admits(client, keys, upload_dataset, data, kind):
+    dataset = upload_dataset(
+        client,
+        keys.owner,
+        data,
+        epsilon_budget="1",
+        delta_budget="1e-6",
+        accounting=kind,
+        row_norm_bound=1.0,
+    )
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    body = {"mechanism": "auto", "k": 2, **cost}
+    preview = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=body
+    )
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["mechanism"] == "analyze_gauss"
+    response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
+    assert response.status_code == 202, response.text
+    assert response.json()["mechanism"] == "analyze_gauss"

@@ -102,6 +102,6 @@ def test_every_declared_profile_matches_the_admitted_accountings():
     for mechanism in MECHANISMS.values():
         if "gaussian" in mechanism.accountings:
             assert "zcdp" in mechanism.accountings, mechanism.name
-        if mechanism.accountings == frozenset({"basic"}):
-            continue
+        if mechanism.accountings == frozenset({"basic"}) or mechanism.name == "auto":
+            continue  # auto never runs itself under a filter (releases.admitted_choice)
         assert type(mechanism).privacy_steps is not Mechanism.privacy_steps, mechanism.name
