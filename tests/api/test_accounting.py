@@ -324,3 +324,44 @@ def test_auto_chooses_only_what_the_accounting_admits(client, keys, upload_datas
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 202, response.text
     assert response.json()["mechanism"] == "analyze_gauss"
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_grants_in_the_dataset_currency(
+    client, keys, make_key, session_factory, upload_dataset, data, run_worker, kind
+):
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind
+    )
+    grants_url = f"/v1/datasets/{dataset['id']}/grants"
+    # The wrong currency is refused naming the field; a share above the dataset's too.
+    wrong = client.post(
+        grants_url, headers=bearer(keys.owner), json={"epsilon": "0.5", "delta": "1e-7"}
+    )
+    assert wrong.status_code == 422 and "epsilon" in wrong.text
+    share = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005", "delta": "1e-8"}
+    too_big = {"mu": "1"} if kind == "gaussian" else {"rho": "5"}
+    assert client.post(grants_url, headers=bearer(keys.owner), json=too_big).status_code == 422
+    created = client.post(grants_url, headers=bearer(keys.owner), json=share)
+    assert created.status_code == 201, created.text
+    shown = created.json()
+    assert shown["accounting"] == kind
+    granted = Decimal(shown["rho_total"])
+    expected = (
+        accounting.budget_rho_of_mu(Decimal("0.1")) if kind == "gaussian" else Decimal("0.005")
+    )
+    assert granted == expected
+    # Two releases of half the grant fit; a third is refused by the grant (409 naming it).
+    half = (
+        {"mu": str(accounting.round_down(Decimal("0.1") / Decimal(2).sqrt()))}
+        if kind == "gaussian"
+        else {"rho": "0.0025"}
+    )
+    for _ in range(2):
+        assert ask(client, keys.analyst, dataset, **half).status_code == 202
+    refused = ask(client, keys.analyst, dataset, **half)
+    assert refused.status_code == 409 and refused.json()["budget"] == "grant"
+    listed = client.get(grants_url, headers=bearer(keys.owner)).json()["items"][0]
+    assert Decimal(listed["rho_spent"]) <= granted
+    with session_factory() as session:
+        assert audit.verify(session).ok
