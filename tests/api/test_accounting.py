@@ -28,6 +28,14 @@ def data() -> np.ndarray[Any, Any]:
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
+def upload(upload_dataset, client, keys, data, kind: str, **form: Any) -> dict[str, Any]:
+    """A dataset of (1, 1e-6) in accounting ``kind`` (more form fields as given)."""
+    result: dict[str, Any] = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind, **form
+    )
+    return result
+
+
 def releases_url(dataset: dict[str, Any]) -> str:
     return f"/v1/datasets/{dataset['id']}/releases"
 
@@ -46,9 +54,7 @@ def budget(client: Any, key: str, dataset: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_gaussian_budget_is_derived_exactly_and_shown(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="gaussian"
-    )
+    dataset = upload(upload_dataset, client, keys, data, "gaussian")
     shown = dataset["budget"]
     assert shown["accounting"] == "gaussian"
     mu = Decimal(shown["mu_total"])
@@ -59,22 +65,12 @@ def test_gaussian_budget_is_derived_exactly_and_shown(client, keys, upload_datas
 
 
 def test_zcdp_budget_and_its_split(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="zcdp"
-    )
+    dataset = upload(upload_dataset, client, keys, data, "zcdp")
     shown = dataset["budget"]
     assert Decimal(shown["delta_conversion"]) == Decimal("5e-7")
     assert Decimal(shown["rho_total"]) == accounting.rho_budget(Decimal(1), Decimal("5e-7"))
     assert Decimal(shown["delta_remaining"]) == Decimal("5e-7")
-    custom = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting="zcdp",
-        delta_conversion="9e-7",
-    )
+    custom = upload(upload_dataset, client, keys, data, "zcdp", delta_conversion="9e-7")
     assert Decimal(custom["budget"]["rho_total"]) > Decimal(shown["rho_total"])
 
 
@@ -113,15 +109,7 @@ def test_upload_refuses_budgets_that_do_not_fit(client, keys, data, form, field)
 
 
 def test_a_stated_mu_budget_below_the_derived_one_is_kept(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting="gaussian",
-        mu_budget="0.2",
-    )
+    dataset = upload(upload_dataset, client, keys, data, "gaussian", mu_budget="0.2")
     assert Decimal(dataset["budget"]["mu_total"]) == Decimal("0.2")
 
 
@@ -145,9 +133,7 @@ def sigma_of(client, keys, dataset, **cost) -> float:
 def test_done_when_sigma_ratios_against_basic(client, keys, upload_dataset, data, kind, n, bound):
     """N equal analyze_gauss releases on (1, 1e-6): each gets basic's sigma divided by at least
     the issue's factor (gaussian: equal at N = 1)."""
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind)
     basic_sigma = noise_sigma(1.0, 1.0 / n, 1e-6 / n)
     total = dataset["budget"]
     if kind == "gaussian":
@@ -165,9 +151,7 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
     client, keys, upload_dataset, data, run_worker, session_factory, kind
 ):
     m = 4
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind)
     total = dataset["budget"]
     if kind == "gaussian":
         cost = {"mu": str(accounting.round_down(Decimal(total["mu_total"]) / 2))}
@@ -208,9 +192,7 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
 def test_epsilon_requests_are_calibrated_as_one_release_and_charged_in_rho(
     client, keys, upload_dataset, data
 ):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="gaussian"
-    )
+    dataset = upload(upload_dataset, client, keys, data, "gaussian")
     response = ask(client, keys.analyst, dataset, epsilon="0.5", delta="1e-7")
     assert response.status_code == 202, response.text
     release = response.json()
@@ -234,15 +216,7 @@ def test_epsilon_requests_are_calibrated_as_one_release_and_charged_in_rho(
 def test_mechanisms_without_a_proven_profile_are_refused_naming_accounting(
     client, keys, upload_dataset, data, kind, mechanism, cost
 ):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting=kind,
-        row_norm_bound=1.0,
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
     body = {"mechanism": mechanism, "k": 2, "params": {}, **cost}
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 422, response.text
@@ -274,15 +248,7 @@ def test_costs_in_the_wrong_currency_are_refused(
 
 
 def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting="zcdp",
-        row_norm_bound=1.0,
-    )
+    dataset = upload(upload_dataset, client, keys, data, "zcdp", row_norm_bound=1.0)
     body = {"mechanism": "gap_perturbation", "k": 2, "rho": "0.01", "delta": "1e-8"}
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 202, response.text
@@ -305,15 +271,7 @@ def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload
 
 @pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
 def test_auto_chooses_only_what_the_accounting_admits(client, keys, upload_dataset, data, kind):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting=kind,
-        row_norm_bound=1.0,
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
     cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
     body = {"mechanism": "auto", "k": 2, **cost}
     preview = client.post(
@@ -330,9 +288,7 @@ def test_auto_chooses_only_what_the_accounting_admits(client, keys, upload_datas
 def test_grants_in_the_dataset_currency(
     client, keys, make_key, session_factory, upload_dataset, data, run_worker, kind
 ):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind)
     grants_url = f"/v1/datasets/{dataset['id']}/grants"
     # The wrong currency is refused naming the field; a share above the dataset's too.
     wrong = client.post(
