@@ -162,13 +162,19 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
     assert preview["accounting"] == kind
     assert Decimal(preview["rho"]) <= Decimal(total["rho_total"]) / m
     assert Decimal(preview["epsilon"]) > 0  # the single-release equivalent
+    accepted = []
     for _ in range(m):
         response = ask(client, keys.analyst, dataset, **cost)
         assert response.status_code == 202, response.text
+        accepted.append(response.json()["id"])
     refused = ask(client, keys.analyst, dataset, **cost)
     assert refused.status_code == 409, refused.text
     assert "rho_remaining" in refused.json()
     run_worker()
+    # The released extras carry the very sigma the dry run showed.
+    released = client.get(f"/v1/releases/{accepted[0]}", headers=bearer(keys.analyst)).json()
+    assert released["status"] == "succeeded", released
+    assert released["result"]["extras"]["gram_noise_std"] == preview["scales"]["sigma"]
     after = budget(client, keys.analyst, dataset)
     assert Decimal(after["rho_spent"]) <= Decimal(after["rho_total"])
     # What was spent amounts to (almost) the whole stated epsilon at delta_total (zcdp: less,
@@ -321,3 +327,11 @@ def test_grants_in_the_dataset_currency(
     assert Decimal(listed["rho_spent"]) <= granted
     with session_factory() as session:
         assert audit.verify(session).ok
+
+
+def test_the_mechanism_list_names_each_mechanisms_accountings(client, keys):
+    items = client.get("/v1/mechanisms", headers=bearer(keys.analyst)).json()["items"]
+    by_name = {item["name"]: set(item["accountings"]) for item in items}
+    assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp"}
+    assert by_name["friendly_aggregate"] == {"basic", "zcdp"}
+    assert by_name["smooth_sensitivity"] == {"basic"}
