@@ -310,11 +310,9 @@ def _prepare(
         spec = _resolve(
             mechanism, context, body.k, float_not_above(epsilon), float_not_above(delta), params
         )
-        costs = (
-            _costs(mechanism, context, spec)
-            if kind != "basic"
-            else accounting.StepCosts(None, None, False)
-        )
+        # Also on basic datasets: the dry run shows what the release would cost in the other
+        # currencies (the ledger charges (epsilon, delta) there).
+        costs = _costs(mechanism, context, spec)
     else:
         target_delta = body.delta or Decimal(0)
         target = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)

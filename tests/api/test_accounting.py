@@ -335,3 +335,25 @@ def test_the_mechanism_list_names_each_mechanisms_accountings(client, keys):
     assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp"}
     assert by_name["friendly_aggregate"] == {"basic", "zcdp"}
     assert by_name["smooth_sensitivity"] == {"basic"}
+
+
+def test_a_basic_dry_run_also_shows_the_other_currencies(client, keys, upload_dataset, data):
+    dataset = upload_dataset(client, keys.owner, data, accounting="basic")
+    shown = ask(client, keys.analyst, dataset, dry=True, epsilon="0.5", delta="1e-7").json()
+    assert shown["accounting"] == "basic" and Decimal(shown["epsilon"]) == Decimal("0.5")
+    sigma = noise_sigma(1.0, 0.5, 1e-7)
+    assert float(shown["mu"]) == pytest.approx(math.sqrt(2.0) / sigma, rel=1e-12)
+    assert shown["releases_remaining"] == 20  # epsilon 10 / 0.5 (the fixture's budget)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_continual_gauss_is_charged_its_whole_tree(client, keys, upload_dataset, data, kind):
+    dataset = upload(upload_dataset, client, keys, data, kind)
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    body = {"mechanism": "continual_gauss", "k": 2, "params": {"clip_norm": 1.0, "horizon": 8}}
+    response = client.post(
+        releases_url(dataset), headers=bearer(keys.analyst), json={**body, **cost}
+    )
+    assert response.status_code == 202, response.text
+    target = Decimal("0.005")
+    assert target * Decimal("0.999999") < Decimal(response.json()["rho"]) <= target
