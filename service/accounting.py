@@ -136,6 +136,7 @@ def mu_budget(epsilon: Decimal, delta: Decimal) -> Decimal:
     return mu
 
 
+@functools.lru_cache(maxsize=4096)
 def gdp_epsilon(mu: Decimal, delta: Decimal) -> Decimal:
     """The smallest ``epsilon`` (30 places, rounded up) at which a ``mu``-GDP interaction is
     ``(epsilon, delta)``-DP: what a spent ``mu`` amounts to at the dataset's ``delta``."""
@@ -220,6 +221,7 @@ def rho_budget(epsilon: Decimal, delta_conversion: Decimal) -> Decimal:
     return rho
 
 
+@functools.lru_cache(maxsize=4096)
 def zcdp_epsilon(rho: Decimal, delta: Decimal) -> Decimal | None:
     """The smallest ``epsilon`` (rounded up) at which ``rho``-zCDP converts (CKS) to
     ``(epsilon, delta)``: ``inf_a a rho + (log[(1-1/a)^(a-1)/a] - log delta)/(a-1)``;

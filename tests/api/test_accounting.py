@@ -357,3 +357,26 @@ def test_continual_gauss_is_charged_its_whole_tree(client, keys, upload_dataset,
     assert response.status_code == 202, response.text
     target = Decimal("0.005")
     assert target * Decimal("0.999999") < Decimal(response.json()["rho"]) <= target
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
+    client, keys, upload_dataset, data, run_worker, session_factory, kind
+):
+    dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    release = ask(client, keys.analyst, dataset, **cost).json()
+    # The rows go before the job runs: it provably never read them, so it is refunded.
+    deleted = client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["refunded"] is True
+    with session_factory() as session:
+        entries = session.scalars(select(LedgerEntry).order_by(LedgerEntry.id)).all()
+        assert [(e.kind, e.rho) for e in entries] == [
+            ("charge", Decimal(release["rho"])),
+            ("refund", Decimal(release["rho"])),
+        ]
+        report = audit.verify(session)
+    assert report.ok, report.problems
