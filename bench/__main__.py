@@ -4,6 +4,7 @@
     python -m bench                    # full run: bench/results/*.csv, docs/benchmarks.md, plots
     python -m bench --sections speed,http      # some sections only (their CSVs are rewritten)
     python -m bench --report           # rebuild docs/benchmarks.md and plots from the CSVs
+    python -m bench --sections accounting      # the accounting table (bench_accounting.py)
     python -m bench --sections synthetic,real --peers-only --ds 10,50 --reps 2 --real-reps 2
                                        # the peers alone: synthetic_peers.csv, real_peers.csv
 
@@ -23,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import report
+from bench import bench_accounting, report
 from bench.accuracy import SyntheticGrid, downstream, real, synthetic
 from bench.core import RESULTS, Row, SlowGuard, read_csv, write_csv
 from bench.peers import PeerEnvs
 from bench.speed import SpeedGrid, http_release, load_test, memory, speed
 
-SECTIONS = ("synthetic", "real", "downstream", "speed", "memory", "http", "load")
+SECTIONS = ("synthetic", "real", "downstream", "speed", "memory", "http", "load", "accounting")
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             if not args.quick:
                 (args.results / "load_test.txt").parent.mkdir(parents=True, exist_ok=True)
                 (args.results / "load_test.txt").write_text(text)
+        if "accounting" in config.sections:
+            # Deterministic figures (no timing): bench/bench_accounting.py's table, kept in
+            # results/accounting.md for the report.
+            table = bench_accounting.table(args.quick)
+            if args.quick:
+                print(table)
+            else:
+                bench_accounting.publish(bench_accounting.section(table))
         if args.quick:
             print(report.tables(results, quick=True))
             print(f"\n(quick run: {time.perf_counter() - started:.0f} s on {platform.node()})")

@@ -596,6 +596,10 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         doc += ["", DASK_SECTION]
         for path in dask_results:
             doc += ["", f"`{path.name}`:", "", "```", path.read_text().strip(), "```"]
+    # bench/bench_accounting.py's section (deterministic, written by that script).
+    accounting_md = ROOT / "bench" / "results" / "accounting.md"
+    if accounting_md.exists():
+        doc += ["", accounting_md.read_text().strip()]
     doc += [
         "",
         "## Raw results",

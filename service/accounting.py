@@ -49,10 +49,10 @@ PRECISION_BITS = 200
 SAFETY = Decimal("1e-45")
 
 #: The default share of ``delta_budget`` that a ``zcdp`` dataset reserves for the CKS
-#: conversion; the rest is what mechanisms' approximate steps may spend. Measured (bench/
-#: bench_accounting.py, docs/mechanisms.md "Accounting across releases"): at ``(1, 1e-6)`` a
-#: half/half split loses 1.3% of the Gaussian noise's budget against 9/10 for the conversion,
-#: and leaves room for ~1,000 approximate steps of delta ``5e-10``.
+#: conversion; the rest is what mechanisms' approximate steps may spend. Measured at
+#: ``(1, 1e-6)``: 9/10 for the conversion would give 2.5% less Gaussian noise, all of it 3.0%
+#: (and no approximate step could run); half leaves room for a thousand steps of ``5e-10``
+#: (docs/mechanisms.md, "Accounting across releases").
 DEFAULT_CONVERSION_SHARE = Decimal("0.5")
 
 _QUANTUM = Decimal(1).scaleb(-BUDGET_PLACES)
@@ -136,6 +136,7 @@ def mu_budget(epsilon: Decimal, delta: Decimal) -> Decimal:
     return mu
 
 
+@functools.lru_cache(maxsize=4096)
 def gdp_epsilon(mu: Decimal, delta: Decimal) -> Decimal:
     """The smallest ``epsilon`` (30 places, rounded up) at which a ``mu``-GDP interaction is
     ``(epsilon, delta)``-DP: what a spent ``mu`` amounts to at the dataset's ``delta``."""
@@ -220,6 +221,7 @@ def rho_budget(epsilon: Decimal, delta_conversion: Decimal) -> Decimal:
     return rho
 
 
+@functools.lru_cache(maxsize=4096)
 def zcdp_epsilon(rho: Decimal, delta: Decimal) -> Decimal | None:
     """The smallest ``epsilon`` (rounded up) at which ``rho``-zCDP converts (CKS) to
     ``(epsilon, delta)``: ``inf_a a rho + (log[(1-1/a)^(a-1)/a] - log delta)/(a-1)``;

@@ -132,7 +132,7 @@ def preview_release(
     )
     return ReleasePreview(
         dataset_id=dataset.id,
-        mechanism=body.mechanism,
+        mechanism=prepared.mechanism.name,
         k=body.k,
         epsilon=prepared.epsilon,
         delta=prepared.delta,

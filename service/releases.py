@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from decimal import ROUND_FLOOR, Context, Decimal
@@ -194,7 +195,7 @@ def _calibrate(
         return spec, _costs(mechanism, context, spec)
 
     delta = dataset.delta_total
-    probe_spec, probe = attempt(Decimal(1), delta)
+    probe = _probe(attempt, delta)
     if probe.rho is None:
         raise InvalidInput("accounting", _not_admitted(mechanism, dataset.accounting))
     if probe.delta:
@@ -208,7 +209,7 @@ def _calibrate(
         for _ in range(8):
             if not 0 < delta < 1:
                 raise InvalidInput("delta", "too large for this mechanism's approximate steps")
-            _, costs = attempt(Decimal(1), delta)
+            costs = _probe(attempt, delta)
             if costs.delta is not None and costs.delta <= target_delta:
                 break
             delta = accounting.round_down(BUDGET_CONTEXT.multiply(delta, Decimal("0.999999")))
@@ -216,33 +217,56 @@ def _calibrate(
         raise InvalidInput("delta", f"{mechanism.name} is purely Gaussian: it spends no delta")
 
     def fits(eps: float) -> tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None:
+        """The prepared release at ``eps`` if its cost is within the target, else ``None``.
+        A refusal by ``prepare`` propagates: the caller treats it as a budget too small for
+        the mechanism's params (their refusals are of too little budget: t, PTR floors)."""
         candidate = _decimal_down(eps)
-        try:
-            spec, costs = attempt(candidate, delta)
-        except InvalidInput:
-            return None
+        spec, costs = attempt(candidate, delta)
         if costs.rho is None or costs.rho > target_rho:
             return None
         return spec, costs, candidate
 
     low, high = math.log(CALIBRATION_RANGE[0]), math.log(CALIBRATION_RANGE[1])
-    best = fits(math.exp(low))
-    if best is None:
-        raise InvalidInput(field, "too small for this mechanism and dataset")
-    if (top := fits(math.exp(high))) is not None:
-        best, low = top, high
-    for _ in range(80):
+    best: tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None = None
+    refusal: InvalidInput | None = None
+    for _ in range(100):
         if high - low < 1e-14:
             break
         mid = (low + high) / 2
-        found = fits(math.exp(mid))
+        try:
+            found = fits(math.exp(mid))
+        except InvalidInput as exc:
+            # Refused at this epsilon: too little budget for the params; look higher.
+            refusal, low = exc, mid
+            continue
         if found is None:
             high = mid
         else:
             best, low = found, mid
+    if best is None:
+        raise (
+            refusal
+            if refusal is not None
+            else InvalidInput(field, "too small for this mechanism and dataset")
+        )
     spec, costs, eps = best
-    del probe_spec
     return eps, delta, spec, costs
+
+
+def _probe(
+    attempt: Callable[[Decimal, Decimal], tuple[ReleaseSpec[Any], accounting.StepCosts]],
+    delta: Decimal,
+) -> accounting.StepCosts:
+    """The costs at some single-release epsilon the mechanism accepts (its step kinds and the
+    share of delta its approximate steps spend do not depend on which)."""
+    error: InvalidInput | None = None
+    for epsilon in ("1", "10", "100", "0.1"):
+        try:
+            return attempt(Decimal(epsilon), delta)[1]
+        except InvalidInput as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
 def _not_admitted(mechanism: Mechanism[Any], accounting_name: str) -> str:
@@ -275,6 +299,7 @@ def _prepare(
         raise InvalidInput.from_validation(exc, prefix="params") from None
     context = _context(dataset, memory_limit_bytes)
     kind = dataset.accounting
+    mechanism, params = admitted_choice(mechanism, params, kind)
     if kind not in mechanism.accountings:
         raise InvalidInput("accounting", _not_admitted(mechanism, kind))
     _check_currency(body, kind)
@@ -284,11 +309,9 @@ def _prepare(
         spec = _resolve(
             mechanism, context, body.k, float_not_above(epsilon), float_not_above(delta), params
         )
-        costs = (
-            _costs(mechanism, context, spec)
-            if kind != "basic"
-            else accounting.StepCosts(None, None, False)
-        )
+        # Also on basic datasets: the dry run shows what the release would cost in the other
+        # currencies (the ledger charges (epsilon, delta) there).
+        costs = _costs(mechanism, context, spec)
     else:
         target_delta = body.delta or Decimal(0)
         target = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)
@@ -316,6 +339,30 @@ def _prepare(
         costs=costs,
         charge=charge,
     )
+
+
+#: What ``auto`` runs on a dataset whose accounting is not ``basic``: among its candidates the
+#: one such accountings admit that it can choose from public facts alone (its private structure
+#: tests and searches have no declared zCDP profile, and the aggregators need them).
+AUTO_UNDER_FILTERS = "analyze_gauss"
+
+
+def admitted_choice(
+    mechanism: Mechanism[Any], params: Any, kind: str
+) -> tuple[Mechanism[Any], Any]:
+    """``auto`` chooses only among the mechanisms the dataset's accounting admits: under
+    ``gaussian`` and ``zcdp`` that is :data:`AUTO_UNDER_FILTERS`, with auto's clip norm and
+    centring (the release is recorded as that mechanism). Any other mechanism is unchanged."""
+    if mechanism.name != "auto" or kind == "basic":
+        return mechanism, params
+    chosen = MECHANISMS[AUTO_UNDER_FILTERS]
+    shared = {name: getattr(params, name) for name in ("clip_norm", "center", "center_share")}
+    try:
+        return chosen, chosen.parse_params(
+            {name: value for name, value in shared.items() if value is not None}
+        )
+    except ValidationError as exc:
+        raise InvalidInput.from_validation(exc, prefix="params") from None
 
 
 def _check_currency(body: ReleaseRequest, kind: str) -> None:
@@ -485,12 +532,12 @@ def request_release(
     if not budget.affords(prepared.charge):
         raise budget_exceeded(budget)
     created_at = utcnow()
-    padding = _padding(session, settings, body.mechanism, dataset, body.k, params)
+    padding = _padding(session, settings, prepared.mechanism.name, dataset, body.k, params)
     release = Release(
         id=uuid.uuid4(),
         dataset_id=dataset.id,
         requester_key_id=principal.key_id,
-        mechanism=body.mechanism,
+        mechanism=prepared.mechanism.name,
         k=body.k,
         epsilon=prepared.epsilon,
         delta=prepared.delta,
@@ -527,7 +574,7 @@ def request_release(
         dataset_id=dataset.id,
         release_id=release.id,
         details={
-            "mechanism": body.mechanism,
+            "mechanism": prepared.mechanism.name,
             "k": body.k,
             "params": params,
             "cost": cost_details(dataset.accounting, prepared),

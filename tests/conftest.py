@@ -40,6 +40,10 @@ POSTGRES_URL = os.environ.get(
     "DPSS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 SKIP_POSTGRES = os.environ.get("DPSS_TEST_SKIP_POSTGRES") == "1"
+# Services the tests start in subprocesses (dpss serve, workers) read their settings from the
+# environment: the suite's uploads that name no accounting stay basic there too (the product
+# default, zcdp, has its own tests).
+os.environ.setdefault("DPSS_DEFAULT_ACCOUNTING", "basic")
 BACKENDS = ["sqlite"] if SKIP_POSTGRES else ["sqlite", "postgresql"]
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One BLAS thread per xdist worker: threaded BLAS in each of several workers on few cores

@@ -114,3 +114,17 @@ def test_step_costs() -> None:
     assert third is not None and exact < third < exact + Decimal("1e-30")
     assert mixed.mu is None
     assert accounting.step_costs(None).rho is None
+
+
+@pytest.mark.parametrize(("rho", "epsilon"), [(0.01, 1.0), (0.2, 3.0), (1.5, 8.0)])
+def test_the_exact_conversion_agrees_with_friendlys_grid_version(
+    rho: float, epsilon: float
+) -> None:
+    # composition.cks_delta (friendly_aggregate's F3 comparison) minimises on a grid of orders:
+    # never below the infimum, so never below this one, and close to it.
+    from service.mechanisms.composition import cks_delta as grid_cks_delta
+
+    ours = float(accounting.cks_delta(Decimal(repr(rho)), Decimal(repr(epsilon))))
+    grid = grid_cks_delta(rho, epsilon)
+    assert ours <= grid * (1 + 1e-9)
+    assert ours >= grid * (1 - 1e-2)

@@ -29,6 +29,7 @@ async def list_mechanisms(uow: UnitOfWorkDep) -> MechanismList:
                 cost_rule=mechanism.cost_rule,
                 allows_pure_dp=mechanism.allows_pure_dp,
                 releases_basis=mechanism.releases_basis,
+                accountings=sorted(mechanism.accountings),
                 params_schema=mechanism.params_model.model_json_schema(),
             )
             for mechanism in MECHANISMS.values()

@@ -881,6 +881,10 @@ class Auto(Mechanism[AutoParams]):
     )
     params_model: ClassVar[type[AutoParams]] = AutoParams
     allows_pure_dp: ClassVar[bool] = True
+    #: Under gaussian and zcdp accounting auto chooses only among the mechanisms they admit
+    #: (``service.releases.admitted_choice``: analyze_gauss, as its tests have no declared
+    #: zCDP profile); it never runs itself there.
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
 
     def prepare(
         self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoParams

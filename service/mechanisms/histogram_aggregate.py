@@ -50,13 +50,16 @@ from pydantic import Field
 
 from api_schemas.common import format_budget
 from service.mechanisms.base import (
+    ApproximateStep,
     InvalidParameter,
     Mechanism,
     MechanismOutput,
     MechanismParams,
     Preview,
     PreviewValue,
+    PrivacyStep,
     PublicContext,
+    PureStep,
     ReleaseSpec,
 )
 from service.mechanisms.linalg import FloatArray, subspace_distance
@@ -416,6 +419,7 @@ def histogram_aggregate(
 
 class HistogramAggregate(Mechanism[HistogramAggregateParams]):
     name: ClassVar[str] = "histogram_aggregate"
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "zcdp"})
     title: ClassVar[str] = "Subsample-and-aggregate with a stability histogram"
     paper: ClassVar[str] = (
         "Singhal & Steinke, Privately Learning Subspaces, NeurIPS 2021, Algorithms 2 and 3"
@@ -507,6 +511,21 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         if params.gamma is None:
             return None, m
         return width_from_gamma(params.gamma, d, k, params.t, m), m
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[HistogramAggregateParams]
+    ) -> list[PrivacyStep]:
+        """The width search (AboveThreshold, ``eps0``-DP, when the width is searched) and the
+        stability histogram: outside the event that a cell present on one side only (count 1;
+        at most two such cells, each passing ``T`` with probability ``<= delta/2``) survives,
+        the kept noisy counts are ``eps_h``-DP (two counts move by 1 under ``Lap(2/eps_h)``),
+        so ``delta``-approximately ``eps_h^2/2``-zCDP; the released point is post-processing.
+        Boosting's groups are disjoint rows (parallel composition): the same steps."""
+        eps_h = histogram_epsilon(spec.params, spec.epsilon)
+        steps: list[PrivacyStep] = []
+        if spec.params.cell_width is None and spec.params.gamma is None:
+            steps.append(PureStep(search_split(spec.epsilon)[0]))
+        return [*steps, ApproximateStep(eps_h, spec.delta)]
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[HistogramAggregateParams]) -> Preview:
         params = spec.params

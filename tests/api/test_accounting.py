@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from service import accounting, audit
+from api_schemas.datasets import DatasetCreate
+from service import accounting, audit, datasets
 from service.config import Settings
 from service.db.models import LedgerEntry
 from service.mechanisms.analyze_gauss import noise_sigma
@@ -25,6 +26,14 @@ def data() -> np.ndarray[Any, Any]:
     rng = np.random.default_rng(7)
     rows = rng.normal(size=(200, D))
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def upload(upload_dataset, client, keys, data, kind: str, **form: Any) -> dict[str, Any]:
+    """A dataset of (1, 1e-6) in accounting ``kind`` (more form fields as given)."""
+    result: dict[str, Any] = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind, **form
+    )
+    return result
 
 
 def releases_url(dataset: dict[str, Any]) -> str:
@@ -45,9 +54,7 @@ def budget(client: Any, key: str, dataset: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_gaussian_budget_is_derived_exactly_and_shown(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="gaussian"
-    )
+    dataset = upload(upload_dataset, client, keys, data, "gaussian")
     shown = dataset["budget"]
     assert shown["accounting"] == "gaussian"
     mu = Decimal(shown["mu_total"])
@@ -58,27 +65,22 @@ def test_gaussian_budget_is_derived_exactly_and_shown(client, keys, upload_datas
 
 
 def test_zcdp_budget_and_its_split(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="zcdp"
-    )
+    dataset = upload(upload_dataset, client, keys, data, "zcdp")
     shown = dataset["budget"]
     assert Decimal(shown["delta_conversion"]) == Decimal("5e-7")
     assert Decimal(shown["rho_total"]) == accounting.rho_budget(Decimal(1), Decimal("5e-7"))
     assert Decimal(shown["delta_remaining"]) == Decimal("5e-7")
-    custom = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting="zcdp",
-        delta_conversion="9e-7",
-    )
+    custom = upload(upload_dataset, client, keys, data, "zcdp", delta_conversion="9e-7")
     assert Decimal(custom["budget"]["rho_total"]) > Decimal(shown["rho_total"])
 
 
-def test_the_product_default_is_zcdp_and_pure_budgets_stay_basic(tmp_path):
+def test_the_product_default_is_zcdp_and_pure_budgets_stay_basic(tmp_path, monkeypatch):
+    monkeypatch.delenv("DPSS_DEFAULT_ACCOUNTING", raising=False)
     assert Settings(data_dir=tmp_path).default_accounting == "zcdp"
+    form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal(0))
+    assert datasets.check_budgets(form, "zcdp").accounting == "basic"
+    form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal("1e-6"))
+    assert datasets.check_budgets(form, "zcdp").accounting == "zcdp"
 
 
 @pytest.mark.parametrize(
@@ -107,15 +109,7 @@ def test_upload_refuses_budgets_that_do_not_fit(client, keys, data, form, field)
 
 
 def test_a_stated_mu_budget_below_the_derived_one_is_kept(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting="gaussian",
-        mu_budget="0.2",
-    )
+    dataset = upload(upload_dataset, client, keys, data, "gaussian", mu_budget="0.2")
     assert Decimal(dataset["budget"]["mu_total"]) == Decimal("0.2")
 
 
@@ -139,9 +133,7 @@ def sigma_of(client, keys, dataset, **cost) -> float:
 def test_done_when_sigma_ratios_against_basic(client, keys, upload_dataset, data, kind, n, bound):
     """N equal analyze_gauss releases on (1, 1e-6): each gets basic's sigma divided by at least
     the issue's factor (gaussian: equal at N = 1)."""
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind)
     basic_sigma = noise_sigma(1.0, 1.0 / n, 1e-6 / n)
     total = dataset["budget"]
     if kind == "gaussian":
@@ -159,9 +151,7 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
     client, keys, upload_dataset, data, run_worker, session_factory, kind
 ):
     m = 4
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting=kind
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind)
     total = dataset["budget"]
     if kind == "gaussian":
         cost = {"mu": str(accounting.round_down(Decimal(total["mu_total"]) / 2))}
@@ -172,13 +162,19 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
     assert preview["accounting"] == kind
     assert Decimal(preview["rho"]) <= Decimal(total["rho_total"]) / m
     assert Decimal(preview["epsilon"]) > 0  # the single-release equivalent
+    accepted = []
     for _ in range(m):
         response = ask(client, keys.analyst, dataset, **cost)
         assert response.status_code == 202, response.text
+        accepted.append(response.json()["id"])
     refused = ask(client, keys.analyst, dataset, **cost)
     assert refused.status_code == 409, refused.text
     assert "rho_remaining" in refused.json()
     run_worker()
+    # The released extras carry the very sigma the dry run showed.
+    released = client.get(f"/v1/releases/{accepted[0]}", headers=bearer(keys.analyst)).json()
+    assert released["status"] == "succeeded", released
+    assert released["result"]["extras"]["gram_noise_std"] == preview["scales"]["sigma"]
     after = budget(client, keys.analyst, dataset)
     assert Decimal(after["rho_spent"]) <= Decimal(after["rho_total"])
     # What was spent amounts to (almost) the whole stated epsilon at delta_total (zcdp: less,
@@ -202,9 +198,7 @@ def test_m_releases_fit_exactly_and_the_next_is_refused(
 def test_epsilon_requests_are_calibrated_as_one_release_and_charged_in_rho(
     client, keys, upload_dataset, data
 ):
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="gaussian"
-    )
+    dataset = upload(upload_dataset, client, keys, data, "gaussian")
     response = ask(client, keys.analyst, dataset, epsilon="0.5", delta="1e-7")
     assert response.status_code == 202, response.text
     release = response.json()
@@ -228,15 +222,7 @@ def test_epsilon_requests_are_calibrated_as_one_release_and_charged_in_rho(
 def test_mechanisms_without_a_proven_profile_are_refused_naming_accounting(
     client, keys, upload_dataset, data, kind, mechanism, cost
 ):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting=kind,
-        row_norm_bound=1.0,
-    )
+    dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
     body = {"mechanism": mechanism, "k": 2, "params": {}, **cost}
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 422, response.text
@@ -268,15 +254,7 @@ def test_costs_in_the_wrong_currency_are_refused(
 
 
 def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload_dataset, data):
-    dataset = upload_dataset(
-        client,
-        keys.owner,
-        data,
-        epsilon_budget="1",
-        delta_budget="1e-6",
-        accounting="zcdp",
-        row_norm_bound=1.0,
-    )
+    dataset = upload(upload_dataset, client, keys, data, "zcdp", row_norm_bound=1.0)
     body = {"mechanism": "gap_perturbation", "k": 2, "rho": "0.01", "delta": "1e-8"}
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 202, response.text
@@ -295,3 +273,110 @@ def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload
     if preview.status_code == 200:
         shown = preview.json()
         assert shown["mu"] is None and Decimal(shown["zcdp_delta"]) > 0
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_auto_chooses_only_what_the_accounting_admits(client, keys, upload_dataset, data, kind):
+    dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    body = {"mechanism": "auto", "k": 2, **cost}
+    preview = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=body
+    )
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["mechanism"] == "analyze_gauss"
+    response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
+    assert response.status_code == 202, response.text
+    assert response.json()["mechanism"] == "analyze_gauss"
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_grants_in_the_dataset_currency(
+    client, keys, make_key, session_factory, upload_dataset, data, run_worker, kind
+):
+    dataset = upload(upload_dataset, client, keys, data, kind)
+    grants_url = f"/v1/datasets/{dataset['id']}/grants"
+    # The wrong currency is refused naming the field; a share above the dataset's too.
+    wrong = client.post(
+        grants_url, headers=bearer(keys.owner), json={"epsilon": "0.5", "delta": "1e-7"}
+    )
+    assert wrong.status_code == 422 and "epsilon" in wrong.text
+    share = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005", "delta": "1e-8"}
+    too_big = {"mu": "1"} if kind == "gaussian" else {"rho": "5"}
+    assert client.post(grants_url, headers=bearer(keys.owner), json=too_big).status_code == 422
+    created = client.post(grants_url, headers=bearer(keys.owner), json=share)
+    assert created.status_code == 201, created.text
+    shown = created.json()
+    assert shown["accounting"] == kind
+    granted = Decimal(shown["rho_total"])
+    expected = (
+        accounting.budget_rho_of_mu(Decimal("0.1")) if kind == "gaussian" else Decimal("0.005")
+    )
+    assert granted == expected
+    # Two releases of half the grant fit; a third is refused by the grant (409 naming it).
+    half = (
+        {"mu": str(accounting.round_down(Decimal("0.1") / Decimal(2).sqrt()))}
+        if kind == "gaussian"
+        else {"rho": "0.0025"}
+    )
+    for _ in range(2):
+        assert ask(client, keys.analyst, dataset, **half).status_code == 202
+    refused = ask(client, keys.analyst, dataset, **half)
+    assert refused.status_code == 409 and refused.json()["budget"] == "grant"
+    listed = client.get(grants_url, headers=bearer(keys.owner)).json()["items"][0]
+    assert Decimal(listed["rho_spent"]) <= granted
+    with session_factory() as session:
+        assert audit.verify(session).ok
+
+
+def test_the_mechanism_list_names_each_mechanisms_accountings(client, keys):
+    items = client.get("/v1/mechanisms", headers=bearer(keys.analyst)).json()["items"]
+    by_name = {item["name"]: set(item["accountings"]) for item in items}
+    assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp"}
+    assert by_name["friendly_aggregate"] == {"basic", "zcdp"}
+    assert by_name["smooth_sensitivity"] == {"basic"}
+
+
+def test_a_basic_dry_run_also_shows_the_other_currencies(client, keys, upload_dataset, data):
+    dataset = upload_dataset(client, keys.owner, data, accounting="basic")
+    shown = ask(client, keys.analyst, dataset, dry=True, epsilon="0.5", delta="1e-7").json()
+    assert shown["accounting"] == "basic" and Decimal(shown["epsilon"]) == Decimal("0.5")
+    sigma = noise_sigma(1.0, 0.5, 1e-7)
+    assert float(shown["mu"]) == pytest.approx(math.sqrt(2.0) / sigma, rel=1e-12)
+    assert shown["releases_remaining"] == 20  # epsilon 10 / 0.5 (the fixture's budget)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_continual_gauss_is_charged_its_whole_tree(client, keys, upload_dataset, data, kind):
+    dataset = upload(upload_dataset, client, keys, data, kind)
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    body = {"mechanism": "continual_gauss", "k": 2, "params": {"clip_norm": 1.0, "horizon": 8}}
+    response = client.post(
+        releases_url(dataset), headers=bearer(keys.analyst), json={**body, **cost}
+    )
+    assert response.status_code == 202, response.text
+    target = Decimal("0.005")
+    assert target * Decimal("0.999999") < Decimal(response.json()["rho"]) <= target
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
+    client, keys, upload_dataset, data, run_worker, session_factory, kind
+):
+    dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    release = ask(client, keys.analyst, dataset, **cost).json()
+    # The rows go before the job runs: it provably never read them, so it is refunded.
+    deleted = client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["refunded"] is True
+    with session_factory() as session:
+        entries = session.scalars(select(LedgerEntry).order_by(LedgerEntry.id)).all()
+        assert [(e.kind, e.rho) for e in entries] == [
+            ("charge", Decimal(release["rho"])),
+            ("refund", Decimal(release["rho"])),
+        ]
+        report = audit.verify(session)
+    assert report.ok, report.problems

@@ -98,6 +98,32 @@ def test_ten_releases_of_a_tenth_fit_a_budget_of_one(
     assert caught.value.delta_remaining == Decimal("0.000009")
 
 
+@pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
+def test_mu_and_rho_wherever_epsilon_is_accepted(
+    owner: Client, analyst: Client, run_worker: Callable[[], int], kind: str
+) -> None:
+    ds = owner.upload(
+        low_rank_rows(200, 4, 1, seed=6),
+        name=f"filter-{kind}",
+        epsilon_budget="1",
+        delta_budget="1e-6",
+        row_norm_bound=1.0,
+        accounting=kind,
+        **({"mu_budget": "0.2"} if kind == "gaussian" else {"rho_budget": "0.02"}),
+    )
+    assert ds.budget.accounting == kind
+    cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
+    shown = analyst.preview_release(ds.id, "analyze_gauss", 1, **cost)
+    assert shown.releases_remaining == 4 and shown.mu is not None
+    for _ in range(4):
+        analyst.release(ds.id, "analyze_gauss", 1, **cost)
+    with pytest.raises(BudgetExceededError) as caught:
+        analyst.release(ds.id, "analyze_gauss", 1, **cost)
+    assert caught.value.rho_remaining is not None and caught.value.rho_remaining < Decimal("0.005")
+    budget = analyst.budget(ds.id)
+    assert budget.rho_spent is not None and budget.rho_spent <= budget.rho_total
+
+
 def test_budget_exceeded_charges_nothing(owner: Client, analyst: Client) -> None:
     ds = owner.upload(
         low_rank_rows(100, 4, 1, seed=5),

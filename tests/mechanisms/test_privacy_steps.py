@@ -22,9 +22,11 @@ from service.mechanisms.centring import mean_sigma
 from service.mechanisms.continual_gauss import ContinualGauss, tree_sensitivity
 from service.mechanisms.friendly_aggregate import FriendlyAggregate, release_split
 from service.mechanisms.gap_perturbation import GapPerturbation
+from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.noise import analytic_gaussian_sigma
 from service.mechanisms.registry import MECHANISMS
 from service.mechanisms.spectrum import Spectrum, noise_std
+from service.mechanisms.width_selection import search_split
 
 CTX = PublicContext(n_rows=5000, n_cols=20, row_norm_bound=2.0)
 
@@ -102,6 +104,18 @@ def test_every_declared_profile_matches_the_admitted_accountings():
     for mechanism in MECHANISMS.values():
         if "gaussian" in mechanism.accountings:
             assert "zcdp" in mechanism.accountings, mechanism.name
-        if mechanism.accountings == frozenset({"basic"}):
-            continue
+        if mechanism.accountings == frozenset({"basic"}) or mechanism.name == "auto":
+            continue  # auto never runs itself under a filter (releases.admitted_choice)
         assert type(mechanism).privacy_steps is not Mechanism.privacy_steps, mechanism.name
+
+
+@pytest.mark.parametrize("width", [None, 0.5])
+def test_histogram_aggregate_is_the_search_and_an_approximate_histogram(width):
+    mechanism = HistogramAggregate()
+    spec = spec_for(mechanism, 1.0, 1e-6, k=2, cell_width=width)
+    steps = mechanism.privacy_steps(CTX, spec)
+    if width is None:
+        eps0, eps_h = search_split(1.0)
+        assert steps == [PureStep(eps0), ApproximateStep(eps_h, 1e-6)]
+    else:
+        assert steps == [ApproximateStep(1.0, 1e-6)]

@@ -19,6 +19,14 @@ class MechanismInfo(Schema):
     cost_rule: str = Field(description="What a release is charged.")
     allows_pure_dp: bool = Field(description="Whether `delta = 0` is accepted.")
     releases_basis: bool = Field(description="Whether the result holds a basis.")
+    accountings: list[str] = Field(
+        default_factory=lambda: ["basic"],
+        description=(
+            "The dataset accountings that can charge it: `basic` always; `zcdp` and `gaussian` "
+            "where its steps have a proven profile (docs/mechanisms.md, 'Accounting across "
+            "releases'); elsewhere a request is refused with 422 naming `accounting`."
+        ),
+    )
     params_schema: dict[str, Any] = Field(description="JSON Schema of the `params` object.")
 
 

@@ -119,14 +119,17 @@ class BudgetExceededError(ConflictError):
         delta_remaining: Decimal | None,
         budget: str = "dataset",
         grant_id: UUID | None = None,
+        rho_remaining: Decimal | None = None,
     ) -> None:
         super().__init__(code, detail, status)
         #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
-        #: ``grant_id`` names it) or ``"dataset"``.
+        #: ``grant_id`` names it) or ``"dataset"``; ``rho_remaining`` on gaussian and zcdp
+        #: datasets (their currency; gaussian: mu_remaining^2/2).
         self.epsilon_remaining = epsilon_remaining
         self.delta_remaining = delta_remaining
         self.budget = budget
         self.grant_id = grant_id
+        self.rho_remaining = rho_remaining
 
 
 class ServerError(DpssError):
@@ -211,6 +214,7 @@ def error_from_response(response: httpx.Response) -> DpssError:
             _decimal_or_none(body.get("delta_remaining")),
             budget=str(body.get("budget", "dataset")),
             grant_id=_uuid_or_none(body.get("grant_id")),
+            rho_remaining=_decimal_or_none(body.get("rho_remaining")),
         )
     if status == 409:
         return ConflictError(code, detail, status)
