@@ -69,7 +69,7 @@ def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
     dataset's currency."""
     rows = session.execute(
         select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta, LedgerEntry.rho).where(
-            LedgerEntry.grant_id == grant.id
+            LedgerEntry.grant_id == grant.id, ledger.in_effect()
         )
     ).all()
     dataset = session.get(Dataset, grant.dataset_id)

@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from sqlalchemy import Row, case, func, select
+from sqlalchemy import ColumnElement, Row, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
-from service.db.models import Dataset, LedgerEntry
+from service.db.models import Dataset, LedgerEntry, Release, utcnow
 from service.errors import InvalidInput
 
 __all__ = [
@@ -122,6 +122,12 @@ def state_of(
     )
 
 
+def in_effect() -> ColumnElement[bool]:
+    """Entries that count now: every charge, and a refund once its ``created_at`` (the moment
+    its release's outcome becomes visible to analysts, see :func:`refund`) has passed."""
+    return or_(LedgerEntry.kind == "charge", LedgerEntry.created_at <= utcnow())
+
+
 def budget_of(session: Session, dataset: Dataset) -> BudgetState:
     """The dataset's budget from its ledger."""
     return budgets_of(session, [dataset])[dataset.id]
@@ -146,7 +152,7 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
                 func.sum(sign * LedgerEntry.delta),
                 func.sum(sign * LedgerEntry.rho),
             )
-            .where(LedgerEntry.dataset_id.in_(ids))
+            .where(LedgerEntry.dataset_id.in_(ids), in_effect())
             .group_by(LedgerEntry.dataset_id)
         ).all()
         spent = {
@@ -161,7 +167,7 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
                 LedgerEntry.epsilon,
                 LedgerEntry.delta,
                 LedgerEntry.rho,
-            ).where(LedgerEntry.dataset_id.in_(ids))
+            ).where(LedgerEntry.dataset_id.in_(ids), in_effect())
         ).all()
         by_dataset: dict[uuid.UUID, list[tuple[str, Decimal, Decimal, Decimal]]] = {}
         for dataset_id, *entry in rows:
@@ -210,7 +216,20 @@ def charge(
 
 def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> None:
     """Append a refund of exactly the release's charge (every currency it moved); only for a
-    release that provably never read the data. It goes back to the grant the charge named."""
+    release that provably never read the data. It goes back to the grant the charge named.
+
+    It takes effect (its ``created_at``) when the release's outcome becomes visible to analysts
+    (``outcome_visible_at`` or ``visible_at``), not when the worker records it: a budget that
+    grew back before then would tell an analyst that the job had ended, and when, through the
+    padding (the budget endpoint, or a request accepted only thanks to the refund). Until
+    then the charge stands, which only makes the ledger stricter.
+    """
+    release = session.get(Release, release_id)
+    effective = utcnow()
+    if release is not None:
+        shown = release.outcome_visible_at or release.visible_at
+        if shown is not None and shown > effective:
+            effective = shown
     charged = session.execute(
         select(LedgerEntry).where(
             LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
@@ -225,5 +244,6 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> No
             delta=charged.delta,
             rho=charged.rho,
             grant_id=charged.grant_id,
+            created_at=effective,
         )
     )

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import uuid
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
 
+import service.ledger
 from service.db.models import Dataset, LedgerEntry, Release
 from service.jobs import DATASET_FILE_FAULT_REASON
 from service.worker import Worker
@@ -95,3 +97,44 @@ def test_a_continual_release_that_read_an_epoch_is_not_refunded(
     body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
     assert (body["status"], body["reason"]) == ("failed", DATASET_FILE_FAULT_REASON)
     assert body["refunded"] is False and body["epochs_done"] == 1
+
+
+def test_a_refund_counts_only_once_the_outcome_is_visible(
+    client, keys, upload_dataset, rng, session_factory, store, settings, monkeypatch
+):
+    """Before ``visible_at`` the budget (and a request that only the refund would afford) must
+    not tell an analyst that the job ended: the refund takes effect at ``visible_at``."""
+    dataset = upload_dataset(
+        client, keys.owner, rng.normal(size=(50, 4)) * 0.2, row_norm_bound=1.0,
+        epsilon_budget="0.25",
+    )  # fmt: skip
+    os.remove(_file_of(session_factory, dataset["id"], store))
+    body = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.25", "delta": "1e-6"}
+    release_id = post_release(client, keys.analyst, dataset["id"], **body)
+    budget_path = f"/v1/datasets/{dataset['id']}/budget"
+    before = client.get(budget_path, headers=bearer(keys.analyst)).json()
+    with session_factory.begin() as session:  # as a padding of an hour would have set it
+        hidden = session.get(Release, uuid.UUID(release_id))
+        hidden.visible_at = hidden.created_at + timedelta(hours=1)
+    Worker(session_factory, store, settings, worker_id="w").run_pending()
+    assert _ledger_kinds(session_factory, release_id) == ["charge", "refund"]
+    # Within the padding: the same budget, and the whole budget still spent.
+    assert client.get(budget_path, headers=bearer(keys.analyst)).json() == before
+    assert before["epsilon_remaining"] == "0"
+    again = client.post(
+        f"/v1/datasets/{dataset['id']}/releases", headers=bearer(keys.analyst), json=body
+    )
+    assert again.status_code == 409
+    with session_factory() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        refund = session.execute(
+            select(LedgerEntry).where(
+                LedgerEntry.release_id == release.id, LedgerEntry.kind == "refund"
+            )
+        ).scalar_one()
+        assert refund.created_at == release.visible_at
+        shown = release.visible_at
+    # After visible_at the refund counts.
+    monkeypatch.setattr(service.ledger, "utcnow", lambda: shown + timedelta(seconds=1))
+    after = client.get(budget_path, headers=bearer(keys.analyst)).json()
+    assert after["epsilon_spent"] == "0"
