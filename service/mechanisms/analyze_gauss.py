@@ -69,7 +69,7 @@ from service.mechanisms.centring import (
     private_center,
     private_center_sigma,
 )
-from service.mechanisms.clip_quantile import clip_from_counts, quantile_edges
+from service.mechanisms.clip_quantile import clip_from_counts, count_noise_std, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import (
     FloatArray,
@@ -466,14 +466,26 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
     def privacy_steps(
         self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]
     ) -> list[PrivacyStep]:
-        """Purely Gaussian: the steps :meth:`run` draws, each declared by its GDP parameter
-        (``GaussianStep(1, 1/mu_j)``: only ``Delta/sigma`` matters): the private mean (if
-        centred), the clip quantile's histogram (if asked), ``E(sigma)`` on the Gram matrix and
-        the explained-variance sums, with ``sum mu_j^2 = total_mu^2`` (:func:`gauss_split`);
-        ``rho = total_mu^2 / 2``."""
-        split = gauss_split(spec.epsilon, spec.delta, spec.params)
-        shares = (split.mean_mu, split.clip_mu, split.variance_mu, split.gram_mu)
-        return [GaussianStep(1.0, 1.0 / mu) for mu in shares if mu > 0]
+        """Purely Gaussian, the steps :meth:`run` draws, in its order, each with its l2
+        sensitivity and noise: the private mean (if centred; ``2C/n``), the clip quantile's
+        counts (if asked; ``sqrt(2)``), ``E(sigma)`` on the Gram matrix (``sqrt(2) C^2``; with a
+        released ``C2`` both scale by ``(C2/C)^2``, the ratio stays) and the explained-variance
+        sums (``sqrt(2) C^2``). ``Delta_j/sigma_j = mu_j`` with ``sum mu_j^2 = total_mu^2``
+        (:func:`gauss_split`); ``rho = total_mu^2 / 2``."""
+        params = spec.params
+        clip = params.clip_norm
+        assert clip is not None  # resolved by prepare
+        split = gauss_split(spec.epsilon, spec.delta, params)
+        gram = gram_sensitivity(clip)
+        steps: list[PrivacyStep] = []
+        if split.mean_mu > 0:
+            mean = mean_sensitivity(clip, max(1, ctx.n_rows))
+            steps.append(GaussianStep(mean, mean / split.mean_mu))
+        if split.clip_mu > 0:
+            steps.append(GaussianStep(math.sqrt(2.0), count_noise_std(split.clip_mu)))
+        steps.append(GaussianStep(gram, gram / split.gram_mu))
+        steps.append(GaussianStep(gram, gram / split.variance_mu))
+        return steps
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> int:
         d = ctx.n_cols

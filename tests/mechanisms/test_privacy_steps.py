@@ -18,7 +18,6 @@ from service.mechanisms.base import (
     PureStep,
     ReleaseSpec,
 )
-from service.mechanisms.centring import mean_sigma
 from service.mechanisms.continual_gauss import ContinualGauss, tree_sensitivity
 from service.mechanisms.friendly_aggregate import FriendlyAggregate, release_split
 from service.mechanisms.gap_perturbation import GapPerturbation
@@ -36,29 +35,38 @@ def spec_for(mechanism, epsilon: float, delta: float, k: int = 3, **params):
     return ReleaseSpec(k=k, epsilon=epsilon, delta=delta, params=resolved)
 
 
-def test_analyze_gauss_is_one_gaussian_and_sigma_round_trips_through_rho():
+def test_analyze_gauss_steps_are_gaussian_and_sigma_round_trips_through_rho():
     mechanism = AnalyzeGauss()
     spec = spec_for(mechanism, 0.7, 1e-6)
     steps = mechanism.privacy_steps(CTX, spec)
-    sigma = noise_sigma(2.0, 0.7, 1e-6)
-    assert steps == [GaussianStep(math.sqrt(2.0) * 4.0, sigma)]
+    gram, variance = steps
+    d = math.sqrt(2.0) * 4.0  # sqrt(2) C^2 at C = 2
+    # The Gram step's sigma is the one the preview states (and run draws).
+    assert gram == GaussianStep(d, mechanism.preview(CTX, spec).scales["sigma"])
+    assert variance.sensitivity == d and variance.sigma > gram.sigma
+    # Together exactly the request's (epsilon, delta) as one Gaussian: mu of the analytic sigma.
+    mu2 = sum((step.sensitivity / step.sigma) ** 2 for step in steps)
+    assert math.sqrt(mu2) == pytest.approx(d / noise_sigma(2.0, 0.7, 1e-6), rel=1e-8)
     costs = accounting.step_costs(steps)
     rho = float(costs.rho)
-    # sigma from rho and back: the Gaussian with rho = D^2/(2 sigma^2) has exactly this sigma.
-    assert math.sqrt(2.0) * 4.0 / math.sqrt(2.0 * rho) == pytest.approx(sigma, rel=1e-12)
+    assert rho == pytest.approx(mu2 / 2, rel=1e-12)
+    # sigma from rho and back: a single Gaussian with rho = D^2/(2 sigma^2).
+    assert d / math.sqrt(2.0 * rho) == pytest.approx(d / math.sqrt(mu2), rel=1e-12)
     assert costs.gaussian and costs.delta == 0
 
 
-def test_centring_composes_two_gaussians():
+def test_centring_and_the_clip_quantile_compose_as_gaussians():
     mechanism = AnalyzeGauss()
-    spec = spec_for(mechanism, 1.0, 1e-6, center="private", center_share=0.25)
+    spec = spec_for(mechanism, 1.0, 1e-6, center="private", center_share=0.25, clip_quantile=0.9)
     steps = mechanism.privacy_steps(CTX, spec)
-    assert steps == [
-        GaussianStep(2 * 2.0 / 5000, mean_sigma(2.0, 5000, 0.25, 0.25e-6)),
-        GaussianStep(math.sqrt(2.0) * 4.0, noise_sigma(2.0, 0.75, 0.75e-6)),
-    ]
-    mu2 = sum((step.sensitivity / step.sigma) ** 2 for step in steps)
-    assert float(accounting.step_costs(steps).rho) == pytest.approx(mu2 / 2, rel=1e-12)
+    mean, counts, _, _ = steps
+    assert mean.sensitivity == pytest.approx(2 * 2.0 / 5000)
+    assert counts.sensitivity == pytest.approx(math.sqrt(2.0))
+    mus = [step.sensitivity / step.sigma for step in steps]
+    total = math.sqrt(sum(mu**2 for mu in mus))
+    assert total == pytest.approx(math.sqrt(2.0) * 4.0 / noise_sigma(2.0, 1.0, 1e-6), rel=1e-8)
+    assert (mus[0] / total) ** 2 == pytest.approx(0.25)  # center_share is a share of mu^2
+    assert float(accounting.step_costs(steps).rho) == pytest.approx(total**2 / 2, rel=1e-12)
 
 
 def test_spectrum_and_continual_gauss_declare_their_noise():
