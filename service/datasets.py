@@ -206,12 +206,13 @@ def register_reference(
     principal: Principal,
     form: DatasetReferenceCreate,
     reference: Reference,
+    default_accounting: str = "basic",
 ) -> Dataset:
     """Register a Parquet dataset by reference (already read and checked by
     :func:`service.reference.inspect`): no file in the store, the objects stay the owner's."""
     n_rows, n_cols = reference.shape
     stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
-    dataset = register_dataset(session, store, principal, form, stored)
+    dataset = register_dataset(session, store, principal, form, stored, default_accounting)
     dataset.reference = reference.to_json()
     audit.record(
         session,

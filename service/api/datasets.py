@@ -162,12 +162,15 @@ async def register_reference(
     """The role is checked first; the objects are read and checked in a thread with no
     session open (one bounded batch in memory at a time); one short transaction registers."""
     require_role(await uow.principal(), "owner")
-    datasets.check_budgets(body)
+    datasets.check_budgets(body, settings.default_accounting)
     found = await anyio.to_thread.run_sync(reference.inspect, body.uri, body.columns, settings)
 
     def register(session: Session, principal: Principal) -> Dataset:
         return dataset_out(
-            session, datasets.register_reference(session, store, principal, body, found)
+            session,
+            datasets.register_reference(
+                session, store, principal, body, found, settings.default_accounting
+            ),
         )
 
     return await uow(register)

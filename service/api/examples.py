@@ -27,6 +27,15 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
         "delta_budget": "1e-5",
         "row_norm_bound": "1",
     },
+    ("post", "/v1/dataset-references"): {
+        "name": "lake",
+        "epsilon_budget": "3",
+        "delta_budget": "1e-5",
+        "row_norm_bound": "1",
+        "accounting": "zcdp",
+        "uri": "s3://analytics-lake/survey/",
+        "columns": ["x0", "x1", "x2"],
+    },
     ("post", "/v1/datasets/{dataset_id}/rows"): {"file": "survey-week-2.csv"},
     ("post", "/v1/datasets/{dataset_id}/releases"): {
         "mechanism": "analyze_gauss",
