@@ -29,7 +29,9 @@ def check(session: Session, store: DatasetStore) -> tuple[list[str], list[str]]:
     live = list(
         session.execute(
             select(Dataset.id, Dataset.file_name, Dataset.n_rows, Dataset.n_cols).where(
-                Dataset.file_name.is_not(None)
+                Dataset.file_name.is_not(None),
+                # By reference: no file here (the objects are checked before each release).
+                Dataset.reference.is_(None),
             )
         )
     )

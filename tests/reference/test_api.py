@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpss_client.client import Client
-from service import audit
+from service import audit, datadir
 from service import worker as worker_module
 from service.config import Settings
 from service.db.models import AuditEvent
@@ -133,6 +133,8 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     bucket: str,
     worker: Worker,
     on_dask: Worker,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
 ) -> None:
     owner = Client(str(client.base_url), keys.owner, http=client)  # the Python client's call
     referenced = owner.register_reference(
@@ -169,6 +171,10 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
             rtol=1e-9,
             atol=1e-12,
         )
+    # The data directory check (dpss audit verify) knows a dataset by reference has no file.
+    with session_factory() as session:
+        problems, notes = datadir.check(session, store)
+    assert problems == [] and notes[0].startswith("1 dataset files checked")  # the upload
 
 
 def test_changed_object_fails_refunded_and_credentials_stay_out(
