@@ -75,8 +75,9 @@ def gauss_sigma(row: Dataset, n: int) -> float:
         assert row.rho_total is not None
         cost = {"rho": accounting.round_down(row.rho_total / n)}
     shown = prepared(row, "analyze_gauss", K, {"clip_norm": 1.0}, **cost)
-    (step,) = shown.mechanism.privacy_steps(shown.context, shown.spec)
-    return float(step.sigma)
+    # The Gram step's noise (analyze_gauss also draws the explained-variance sums, with their
+    # own share of the same mu: the ratio between accountings is the same for every step).
+    return float(shown.mechanism.preview(shown.context, shown.spec).scales["sigma"])
 
 
 def friendly_noise(row: Dataset, n: int) -> float:
