@@ -318,7 +318,7 @@ def walkthrough():
         norm = max(1.0, sum(v * v for v in row) ** 0.5)
         values.extend(v / norm for v in row)
     ds = upload(keys["owner"], "smoke walkthrough", "walk.npy", npy_bytes(n, d, values),
-                {"epsilon_budget": "1.0", "delta_budget": "0.00001", "row_norm_bound": "1.0"})
+                {"epsilon_budget": "1.0", "delta_budget": "0.00001", "row_norm_bound": "1.0", "accounting": "basic"})
     check(ds["n_rows"] == n and ds["n_cols"] == d, f"dataset shape wrong: {ds}")
     check(dec(ds["budget"]["epsilon_remaining"]) == Decimal("1.0"), f"fresh budget wrong: {ds['budget']}")
     call("POST", "/v1/datasets", keys["analyst"], raw=b"", ctype="multipart/form-data; boundary=x",
@@ -390,7 +390,7 @@ def start_long():
     values = [(rng.random() - 0.5) * scale for _ in range(n * d)]
     t = time.monotonic()
     ds = upload(state["keys"]["owner"], "smoke long", "long.npy", npy_bytes(n, d, values),
-                {"epsilon_budget": "2", "delta_budget": "0.0001", "row_norm_bound": "1"})
+                {"epsilon_budget": "2", "delta_budget": "0.0001", "row_norm_bound": "1", "accounting": "basic"})
     print(f"  uploaded {n}x{d} dataset ({n * d * 8 / 2**20:.0f} MiB) in {time.monotonic() - t:.1f}s", file=sys.stderr, flush=True)
     req = {"mechanism": "analyze_gauss", "k": 5, "epsilon": "0.7", "delta": "0.000001", "params": {}}
     _, rel = call("POST", f"/v1/datasets/{ds['id']}/releases", state["keys"]["analyst"], body=req, expect=202)

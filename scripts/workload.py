@@ -291,11 +291,15 @@ def ledger_check(database_url: str, recorder: Recorder | None, checks: Checks) -
         over = connection.execute(
             text(
                 "SELECT d.id FROM datasets d LEFT JOIN ledger_entries l ON l.dataset_id = d.id"
-                " GROUP BY d.id, d.epsilon_total, d.delta_total HAVING"
+                " GROUP BY d.id, d.epsilon_total, d.delta_total, d.rho_total HAVING"
                 " COALESCE(SUM(CASE WHEN l.kind = 'charge' THEN l.epsilon ELSE -l.epsilon END), 0)"
                 " > d.epsilon_total OR"
                 " COALESCE(SUM(CASE WHEN l.kind = 'charge' THEN l.delta ELSE -l.delta END), 0)"
-                " > d.delta_total"
+                " > d.delta_total OR"
+                # gaussian and zcdp datasets (the default) are charged in rho.
+                " (d.rho_total IS NOT NULL AND"
+                " COALESCE(SUM(CASE WHEN l.kind = 'charge' THEN l.rho ELSE -l.rho END), 0)"
+                " > d.rho_total)"
             )
         ).all()
         stuck = int(

@@ -184,7 +184,12 @@ def test_owner_sees_budget_spending_chart_grants_and_releases(
     assert page.inner_text(f"{card} h2") == "demo"
     for name, value in budget.items():
         shown = page.inner_text(f"{card} table.budget tr[data-field={name}] td")
-        assert Decimal(shown) == Decimal(value), name
+        if value is None:  # a currency this dataset's accounting does not use
+            assert shown == "—", name
+        elif isinstance(value, str) and not value[:1].isdigit():  # the accounting's name
+            assert shown == value, name
+        else:  # numbers to 6 significant digits
+            assert float(shown) == pytest.approx(float(Decimal(value)), rel=1e-5), name
     assert Decimal(budget["epsilon_spent"]) == Decimal("0.55")
     chart = page.locator(f"{card} svg.spending")
     assert float(chart.get_attribute("data-final")) == pytest.approx(0.55)

@@ -119,7 +119,10 @@ def test_dpss_releases_list(dpss: Callable[..., Result], history: dict[str, Any]
 
 
 def _local(database_url: str, *args: str) -> Result:
-    return CliRunner().invoke(app, list(args), env={"DPSS_DATABASE_URL": database_url})
+    # A wide terminal whatever the one running the tests (the tables fold cells to fit it; how
+    # they fold is tests/client/test_remote_cli.py's).
+    env = {"DPSS_DATABASE_URL": database_url, "COLUMNS": "200"}
+    return CliRunner().invoke(app, list(args), env=env)
 
 
 @pytest.fixture

@@ -111,7 +111,7 @@ function budgetTable(budget) {
     { class: "budget" },
     el("tbody", {}, Object.entries(budget).map(([name, value]) =>
       el("tr", { "data-field": name }, el("th", { scope: "row" }, humanize(name)),
-        el("td", {}, typeof value === "object" ? JSON.stringify(value) : fmt(value))))),
+        el("td", {}, value === null ? "—" : typeof value === "object" ? JSON.stringify(value) : fmt(value))))),
   );
 }
 
