@@ -38,6 +38,9 @@ def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Dpss:
     return run
 
 
+UUID_PATTERN = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+
+
 def _json(result: Result) -> Any:
     assert result.stdout, result.output
     return json.loads(result.stdout)
