@@ -61,7 +61,9 @@ def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
     assert body["status"] == "succeeded"
     extras = body["result"]["extras"]
     assert len(extras["center"]) == 6 and len(extras["eigenvalues"]) == 2
-    assert extras["trace"] > 0
+    # The noisy trace of H + E: released as drawn, so it may be negative at n = 200 (its noise
+    # has standard deviation sqrt(d) sigma, about the size of the trace here).
+    assert isinstance(extras["trace"], float) and math.isfinite(extras["trace"])
     ratios = extras["explained_variance_ratio"]
     low, high = extras["explained_variance_ratio_interval"]
     assert len(ratios) == 2 and min(ratios) >= 0 and 0 <= low <= sum(ratios) <= high <= 1
