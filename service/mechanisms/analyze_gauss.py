@@ -264,6 +264,10 @@ class ExplainedVariance:
     total: float
 
 
+#: The prior share's weight in the explained-variance point estimate, in noise sds.
+PRIOR_WEIGHT_SDS = 2.0
+
+
 def explained_variance(
     captured: float,
     residual: float,
@@ -271,6 +275,7 @@ def explained_variance(
     weights: FloatArray,
     mean_bias: tuple[float, float] = (0.0, 0.0),
     mean_bias_high: float = 0.0,
+    prior_share: float = 0.5,
 ) -> ExplainedVariance:
     """Post-processing of the noisy sums ``captured, residual`` (each ``+ N(0, noise_std^2)``).
 
@@ -283,8 +288,10 @@ def explained_variance(
     each) and the bias bound (``0.995``) hold together with probability at least
     ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
     in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
-    the captured part among the components. When either debiased sum is not positive the point
-    estimate is the interval's midpoint.
+    the captured part among the components. When either debiased sum is not positive the noise
+    hides it and the point estimate is ``prior_share`` clamped into the interval: the caller
+    passes ``k/d``, what a uniformly random rank-k subspace captures in expectation
+    (``E tr(P A)/tr(A) = k/d`` for any ``A``), since a release the noise hides is close to one.
     """
     z = float(norm.ppf(0.98))
     k = weights.shape[0]
@@ -300,11 +307,17 @@ def explained_variance(
     low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
     high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
     if c_point > 0 and r_point > 0:
-        ratio_total = min(max(c_point / total, low), high)
+        # Shrunk towards the prior by a pseudo-sum of squares of PRIOR_WEIGHT_SDS noise sds:
+        # c/(c + r) alone is biased up wherever the noise is comparable to c (only draws with
+        # c > 0 get here), and is the plain ratio once the sums dwarf the noise.
+        pseudo = PRIOR_WEIGHT_SDS * noise_std
+        shrunk = (c_point + prior_share * pseudo) / (total + pseudo)
+        ratio_total = min(max(shrunk, low), high)
     else:
-        # A sum at or below 0: the noise hides it, so its share says nothing; the middle of
-        # the interval is the least misleading point (its end would read as certainty).
-        ratio_total = 0.5 * (low + high)
+        # A sum at or below 0: the noise hides it, so its share says nothing, and neither
+        # does the interval's middle (0.5 whatever the data: the audit saw 0.50 stated for
+        # 0.03 captured); a subspace the noise hides is about a random one, which keeps k/d.
+        ratio_total = min(max(prior_share, low), high)
     return ExplainedVariance(
         per_component=ratio_total * total * shares,
         ratio=ratio_total * shares,
@@ -614,7 +627,7 @@ def variance_extras(
             bias = (per_dim * k, per_dim * (d - k))
     weights = spiked_debias(release.eigenvalues, gram_sigma, d)
     estimate = explained_variance(
-        float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high
+        float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high, k / d
     )
     above = int(np.count_nonzero(weights > 0))
     extras: dict[str, Any] = {

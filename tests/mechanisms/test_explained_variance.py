@@ -95,6 +95,31 @@ def test_ratios_stay_in_the_unit_interval_whatever_the_noise() -> None:
         assert 0.0 <= low <= est.ratio.sum() <= high <= 1.0
 
 
+def test_a_hidden_release_states_what_a_random_subspace_keeps_not_half() -> None:
+    # Isotropic rows at a budget whose noise hides everything: the release is about a random
+    # subspace (true share about k/d = 10/50). The interval's midpoint (0.5 whatever the data)
+    # and the unshrunk c/(c + r) of the draws with c > 0 stated 0.39 on average here.
+    rows = np.random.default_rng(3).standard_normal((400, 50))
+    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    ctx = PublicContext(n_rows=400, n_cols=50, row_norm_bound=1.0)
+    resolved = MECHANISM.prepare(ctx, 10, 0.05, 1e-6, MECHANISM.parse_params({}))
+    spec = ReleaseSpec(k=10, epsilon=0.05, delta=1e-6, params=resolved)
+    stated, truth = [], []
+    for seed in range(40):
+        out = MECHANISM.run(rows, spec, np.random.default_rng(seed))
+        assert out.basis is not None
+        stated.append(sum(out.extras["explained_variance_ratio"]))
+        truth.append(true_share(rows, out.basis, centred=False))
+    assert abs(np.mean(truth) - 0.2) < 0.03
+    assert abs(np.mean(stated) - np.mean(truth)) < 0.06, (np.mean(stated), np.mean(truth))
+
+
+def test_a_hidden_sum_falls_back_to_the_prior_share_inside_the_interval() -> None:
+    est = explained_variance(-5.0, 40.0, 3.0, np.ones(2), prior_share=0.04)
+    low, high = est.interval
+    assert est.ratio.sum() == pytest.approx(min(max(0.04, low), high))
+
+
 # Empirical audit of the fresh (captured, residual) estimate for a fixed basis U = e1: the
 # worst pair puts one row inside span(U) on one side and orthogonal to it on the other (the
 # sums move by (C^2, -C^2), l2 sqrt(2) C^2). The released sums are all that depends on the data.
