@@ -69,10 +69,18 @@ from service.mechanisms.centring import (
     private_center,
     private_center_sigma,
 )
+from service.mechanisms.centring_choice import (
+    PROBE_SENSITIVITY,
+    choose_centring,
+    mean_route_clip,
+    paired_differences,
+    probe_quantiles,
+)
 from service.mechanisms.clip_quantile import clip_from_counts, count_noise_std, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import (
     FloatArray,
+    RowSource,
     captured_energy,
     clipped_gram,
     clipped_gram_memory,
@@ -481,7 +489,10 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         if split.mean_mu > 0:
             mean = mean_sensitivity(clip, max(1, ctx.n_rows))
             steps.append(GaussianStep(mean, mean / split.mean_mu))
-        if split.clip_mu > 0:
+        if split.clip_mu > 0 and chooses_centring(params):
+            # The probe's two histograms (uncentred rows, pairs): sensitivity 2.
+            steps.append(GaussianStep(PROBE_SENSITIVITY, PROBE_SENSITIVITY / split.clip_mu))
+        elif split.clip_mu > 0:
             steps.append(GaussianStep(math.sqrt(2.0), count_noise_std(split.clip_mu)))
         steps.append(GaussianStep(gram, gram / split.gram_mu))
         steps.append(GaussianStep(gram, gram / split.variance_mu))
@@ -508,9 +519,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         assert clip is not None  # resolved by prepare
         n = data.shape[0]
         split = gauss_split(spec.epsilon, spec.delta, params)
+        if chooses_centring(params) and n >= 2 and not isinstance(data, RowSource):
+            return chosen_centring_run(data, spec, split, rng)
         extras: dict[str, Any] = {}
         center: FloatArray | None = None
         mean_noise = 0.0
+        if chooses_centring(params):
+            # Reference data (or a single row): the mean route, its clip from the centred rows'
+            # histogram, drawn at the probe's noise (2/mu_Q per count: sensitivity sqrt(2) <= 2).
+            extras["centring"] = "mean"
         if params.center == "private":
             mean_noise = mean_sensitivity(clip, n) / split.mean_mu
             center = private_center_sigma(data, clip, mean_noise, rng)
@@ -520,7 +537,8 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         row_clip: float | None = None
         if params.clip_quantile is not None:
             counts = gram_norm_counts(data, clip, center, quantile_edges(clip))
-            row_clip = clip_from_counts(counts, n, clip, params.clip_quantile, split.clip_mu, rng)
+            count_mu = split.clip_mu / math.sqrt(2.0) if chooses_centring(params) else split.clip_mu
+            row_clip = clip_from_counts(counts, n, clip, params.clip_quantile, count_mu, rng)
             extras["row_clip_norm"] = row_clip
         effective = clip if row_clip is None else row_clip
         sigma = gram_sensitivity(effective) / split.gram_mu
@@ -585,6 +603,7 @@ def variance_extras(
     center: FloatArray | None,
     noise: tuple[float, float, float],
     rng: np.random.Generator,
+    scale: float = 1.0,
 ) -> dict[str, Any]:
     """The fresh explained-variance estimate and what is computed from it and public facts.
 
@@ -593,13 +612,17 @@ def variance_extras(
     ``variance_noise_std / 1000``); from them: ratios in ``[0, 1]`` summing to at most 1, a
     90% interval for their sum, and a warning when the released components do not stand out
     of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
+    ``scale`` multiplies the released sums and their noise (post-processing): ``n/m`` for the
+    ``m`` paired differences, whose sums estimate half the centred rows'. ``gram_sigma`` is
+    then already scaled, like the release's eigenvalues.
     """
     n, d = data.shape
     k = release.basis.shape[1]
     noise_std, gram_sigma, mean_noise = noise
     captured, residual = captured_energy(data, release.basis, clip_norm, center)
     noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
-    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR)
+    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR) * scale
+    noise_std *= scale
     bias = (0.0, 0.0)
     bias_high = 0.0
     if mean_noise > 0:
@@ -634,3 +657,77 @@ def variance_extras(
             "others are indistinguishable from random directions at this budget"
         )
     return extras
+
+
+def chooses_centring(params: AnalyzeGaussParams) -> bool:
+    """Whether a release chooses its centring (:mod:`service.mechanisms.centring_choice`):
+    a private centre with a clip quantile (the probe is the quantile's step)."""
+    return params.center == "private" and params.clip_quantile is not None
+
+
+def chosen_centring_run(
+    data: FloatArray,
+    spec: ReleaseSpec[AnalyzeGaussParams],
+    split: GaussSplit,
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """``analyze_gauss`` with the centring chosen by the probe: the mean route (private mean,
+    rows centred on it, clipped at :func:`mean_route_clip`), pairs (the Gram of the ``m``
+    paired differences clipped at ``C_p``, eigenvalues, trace and sums scaled by ``n/m``) or
+    none (the uncentred rows clipped at ``C_u``). ``n >= 2`` rows in an array.
+
+    Extras: ``centring`` (the route), ``centring_scores``, ``uncentred_clip_norm`` and
+    ``pair_clip_norm`` (the probe's released quantiles), ``row_clip_norm`` (the clip the Gram
+    used), ``center`` on the mean route only (the client subtracts it; the other routes
+    release no centre and the client subtracts none).
+    """
+    params = spec.params
+    clip = params.clip_norm
+    quantile = params.clip_quantile
+    assert clip is not None and quantile is not None  # resolved by prepare; chooses_centring
+    n, d = data.shape
+    pairs = paired_differences(data, clip)
+    uncentred_clip, pair_clip = probe_quantiles(data, pairs, clip, quantile, split.clip_mu, rng)
+    choice = choose_centring(uncentred_clip, pair_clip, n, d, clip, split.mean_mu, split.gram_mu)
+    rest_mu = math.hypot(split.mean_mu, split.gram_mu)
+    extras: dict[str, Any] = {
+        "centring": choice.route,
+        "centring_scores": choice.scores,
+        "uncentred_clip_norm": uncentred_clip,
+        "pair_clip_norm": pair_clip,
+    }
+    center: FloatArray | None = None
+    mean_noise = 0.0
+    rows: FloatArray = data
+    scale = 1.0
+    if choice.route == "mean":
+        mean_noise = mean_sensitivity(clip, n) / split.mean_mu
+        center = private_center_sigma(data, clip, mean_noise, rng)
+        extras["center"] = center.tolist()
+        row_clip = mean_route_clip(clip, pair_clip, d, mean_noise)
+        gram_mu = split.gram_mu
+    elif choice.route == "pairs":
+        rows = pairs
+        scale = n / pairs.shape[0]
+        row_clip = pair_clip
+        gram_mu = rest_mu
+    else:
+        row_clip = uncentred_clip
+        gram_mu = rest_mu
+    extras["row_clip_norm"] = row_clip
+    sigma = gram_sensitivity(row_clip) / gram_mu
+    release = gauss_release(
+        rows, spec.k, 0.0, 0.0, clip, rng, center=center, sigma=sigma, row_clip=row_clip
+    )
+    # Scaled by n/m for pairs (post-processing): the figures estimate the centred n-row Gram.
+    release = GaussRelease(release.basis, release.eigenvalues * scale, release.trace * scale)
+    extras["eigenvalues"] = release.eigenvalues.tolist()
+    extras["trace"] = release.trace
+    extras["gram_noise_std"] = sigma * scale
+    variance_noise = gram_sensitivity(clip) / split.variance_mu
+    extras.update(
+        variance_extras(
+            rows, release, clip, center, (variance_noise, sigma * scale, mean_noise), rng, scale
+        )
+    )
+    return MechanismOutput(basis=release.basis, extras=extras)

@@ -1,0 +1,164 @@
+"""Choosing how ``analyze_gauss`` centres (issue 24, item 2): a private mean, differences of
+publicly paired rows, or no centring, decided from public facts and released values only.
+
+Why: centring on a private mean ``mu_hat = mu + delta`` adds ``n delta delta^T`` to the
+centred Gram, a rank-one term of expected size ``n d sigma_mu^2 = 4 C^2 d/(n mu_M^2)`` along a
+random direction, and lengthens every centred row from ``||y||`` to about
+``sqrt(||y||^2 + d sigma_mu^2)``. Where the rows' spread is small against the mean's noise
+(unit-norm breast_cancer: centred norms ~0.05, ``d sigma_mu^2`` ~0.8 at eps 0.3) the centred
+rows are mostly that noise and the released subspace follows it. Two alternatives need no
+mean: **pairs**, ``p_j = (clip_C(x_2j) - clip_C(x_2j+1))/sqrt(2)`` (``j < m = floor(n/2)``,
+the public row order pairs them), whose second moment is the covariance ``Sigma`` (``m``
+rows: half the signal, no mean noise); and **none**, the uncentred rows (the mean's direction
+takes a slot, the rows are longer).
+
+The choice (:func:`choose_centring`): a probe releases, with ``CLIP_SHARE`` of ``mu^2``, two
+noisy histograms on the clip grid ``C 2^(-j/4)``: the norms of ``clip_C(x_i)`` and those of
+``p_j`` (clipped to ``C``). Replacing one row moves one count of each by one down and one up
+(it is in one pair): l2 sensitivity 2, noise ``N(0, (2/mu_Q)^2)`` per count: ``mu_Q``-GDP.
+Their ``q``-quantiles are ``C_u`` and ``C_p`` (released). Each route's signal-to-noise
+(signal over the Gram noise ``sqrt(2) c^2/mu``) is then
+
+- none: ``n mu_R / C_u^2``;
+- pairs: ``m mu_R / C_p^2``;
+- mean: ``n mu_G / c_M^2``, ``c_M^2 = min(C^2, C_p^2 + d sigma_mu^2)``,
+  ``sigma_mu = 2C/(n mu_M)``, the centred rows' expected squared norm (``C_p`` estimates
+  the centred norm: ``E||p_j||^2 = E||y||^2``);
+
+with ``mu_R^2 = mu_M^2 + mu_G^2`` (a route without a mean gives the mean's share to the Gram).
+The largest wins (ties: mean, then pairs). A function of the released quantiles and public
+facts only: post-processing.
+
+Privacy: the probe is ``mu_Q``-GDP; given its output the rest is one of three blocks, each
+``mu_R``-GDP (the mean ``mu_M`` then the Gram ``mu_G``, or one Gram at ``mu_R``; pairs: a
+replaced row changes one ``p_j``, sensitivity ``sqrt(2) C_p^2`` as for rows); then the
+explained-variance step ``mu_V``. Adaptive composition of GDP mechanisms with fixed
+parameters (Dong, Roth & Su 2022, Theorem 3.2): ``sqrt(mu_Q^2 + mu_R^2 + mu_V^2) = mu``, the
+same total as declared. The declared steps (:meth:`AnalyzeGauss.privacy_steps`) list the mean
+route's; their ``rho`` sum equals every route's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from service.mechanisms.clip_quantile import quantile_edges
+from service.mechanisms.linalg import FloatArray, clip_rows, gram_norm_counts, iter_row_chunks
+
+Route = Literal["mean", "pairs", "none"]
+
+#: Probe histograms' l2 sensitivity: one replaced row moves two counts in each of the two.
+PROBE_SENSITIVITY = 2.0
+
+
+def paired_differences(data: Any, clip_norm: float) -> FloatArray:
+    """``p_j = (clip_C(x_2j) - clip_C(x_2j+1))/sqrt(2)``, ``j < m = floor(n/2)``, shape
+    ``(m, d)``, each of norm ``<= sqrt(2) C`` (the Gram step clips them to ``C`` and below).
+    A row changes one ``p_j``. Built in row chunks of even length (pairs never straddle)."""
+    n, d = data.shape
+    m = n // 2
+    out = np.empty((m, d), dtype=np.float64)
+    start = 0
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data[: 2 * m], 8192):
+            if block.size == 0:
+                continue
+            clipped = clip_rows(block, clip_norm)
+            count = clipped.shape[0] // 2
+            out[start : start + count] = (clipped[0::2] - clipped[1::2]) / math.sqrt(2.0)
+            start += count
+    return out
+
+
+@dataclass(frozen=True)
+class CentringChoice:
+    """The route, the released quantiles ``C_u`` (uncentred rows) and ``C_p`` (pairs), and
+    each route's signal-to-noise score (public given the quantiles)."""
+
+    route: Route
+    uncentred_clip: float
+    pair_clip: float
+    scores: dict[str, float]
+
+
+def choose_centring(
+    uncentred_clip: float,
+    pair_clip: float,
+    n_rows: int,
+    n_cols: int,
+    clip_norm: float,
+    mean_mu: float,
+    gram_mu: float,
+) -> CentringChoice:
+    """The route with the largest signal-to-noise score (module docstring) from the released
+    quantiles and public facts only. ``n_rows < 2``: no pairs."""
+    rest = math.hypot(mean_mu, gram_mu)
+    sigma_mu = 2.0 * clip_norm / (max(1, n_rows) * mean_mu)
+    mean_norm2 = min(clip_norm**2, pair_clip**2 + n_cols * sigma_mu**2)
+    pairs = n_rows // 2
+    scores = {
+        "mean": n_rows * gram_mu / mean_norm2,
+        "pairs": pairs * rest / pair_clip**2 if pairs > 0 else 0.0,
+        "none": n_rows * rest / uncentred_clip**2,
+    }
+    route: Route = "mean"
+    for candidate in ("pairs", "none"):
+        if scores[candidate] > scores[route]:
+            route = candidate
+    return CentringChoice(route, uncentred_clip, pair_clip, scores)
+
+
+def top_down_quantile(
+    counts: FloatArray,
+    n_rows: int,
+    clip_norm: float,
+    quantile: float,
+    noise_std: float,
+    rng: np.random.Generator,
+) -> float:
+    """A grid edge near the ``q``-quantile of the norms counted in ``counts`` (bins of
+    :func:`~service.mechanisms.clip_quantile.quantile_edges`), each count ``+ N(0,
+    noise_std^2)``: scanning down from ``C``, the edge above the first one with more than
+    ``(1 - q) n`` noisy rows above it (``C`` when the top one already has). The noise in a
+    count above an edge grows with the number of bins summed, so reading from the top keeps
+    it to the few bins above the quantile (the bottom-up rule of ``clip_quantile`` can stop at
+    a far too small edge when the noise is large against ``n``)."""
+    edges = quantile_edges(clip_norm)
+    noisy = counts + rng.normal(0.0, noise_std, size=counts.shape[0])
+    above = np.concatenate([np.cumsum(noisy[::-1])[::-1][1:], [0.0]])
+    allowed = (1.0 - quantile) * n_rows
+    over = np.flatnonzero(above > allowed)
+    if over.size == 0:
+        return float(edges[0])
+    last = int(over[-1])
+    return float(edges[min(last + 1, edges.shape[0] - 1)])
+
+
+def probe_quantiles(
+    data: Any,
+    pairs: FloatArray,
+    clip_norm: float,
+    quantile: float,
+    probe_mu: float,
+    rng: np.random.Generator,
+) -> tuple[float, float]:
+    """``(C_u, C_p)``: :func:`top_down_quantile` of the uncentred rows' and the pairs' norms,
+    each count ``+ N(0, (2/probe_mu)^2)`` (the two histograms together have l2 sensitivity 2:
+    ``probe_mu``-GDP)."""
+    edges = quantile_edges(clip_norm)
+    std = PROBE_SENSITIVITY / probe_mu
+    counts_u = gram_norm_counts(data, clip_norm, None, edges)
+    counts_p = gram_norm_counts(pairs, clip_norm, None, edges)
+    uncentred = top_down_quantile(counts_u, data.shape[0], clip_norm, quantile, std, rng)
+    paired = top_down_quantile(counts_p, pairs.shape[0], clip_norm, quantile, std, rng)
+    return uncentred, paired
+
+
+def mean_route_clip(clip_norm: float, pair_clip: float, n_cols: int, sigma_mu: float) -> float:
+    """The mean route's row clip: ``min(C, sqrt(C_p^2 + d sigma_mu^2))``, the centred rows'
+    expected norm at the pairs' quantile (public given ``C_p``)."""
+    return min(clip_norm, math.sqrt(pair_clip**2 + n_cols * sigma_mu**2))
