@@ -687,14 +687,18 @@ def chosen_centring_run(
     assert clip is not None and quantile is not None  # resolved by prepare; chooses_centring
     n, d = data.shape
     pairs = paired_differences(data, clip)
-    uncentred_clip, pair_clip = probe_quantiles(data, pairs, clip, quantile, split.clip_mu, rng)
-    choice = choose_centring(uncentred_clip, pair_clip, n, d, clip, split.mean_mu, split.gram_mu)
+    probe = probe_quantiles(data, pairs, clip, quantile, split.clip_mu, rng)
+    choice = choose_centring(
+        probe.uncentred_high, probe.pair_high, n, d, clip, split.mean_mu, split.gram_mu
+    )
     rest_mu = math.hypot(split.mean_mu, split.gram_mu)
     extras: dict[str, Any] = {
         "centring": choice.route,
         "centring_scores": choice.scores,
-        "uncentred_clip_norm": uncentred_clip,
-        "pair_clip_norm": pair_clip,
+        "probe_quantiles": {
+            "uncentred": [probe.uncentred_low, probe.uncentred_high],
+            "pairs": [probe.pair_low, probe.pair_high],
+        },
     }
     center: FloatArray | None = None
     mean_noise = 0.0
@@ -704,15 +708,15 @@ def chosen_centring_run(
         mean_noise = mean_sensitivity(clip, n) / split.mean_mu
         center = private_center_sigma(data, clip, mean_noise, rng)
         extras["center"] = center.tolist()
-        row_clip = mean_route_clip(clip, pair_clip, d, mean_noise)
+        row_clip = mean_route_clip(clip, probe.pair_low, d, mean_noise)
         gram_mu = split.gram_mu
     elif choice.route == "pairs":
         rows = pairs
         scale = n / pairs.shape[0]
-        row_clip = pair_clip
+        row_clip = probe.pair_low
         gram_mu = rest_mu
     else:
-        row_clip = uncentred_clip
+        row_clip = probe.uncentred_low
         gram_mu = rest_mu
     extras["row_clip_norm"] = row_clip
     sigma = gram_sensitivity(row_clip) / gram_mu

@@ -46,13 +46,23 @@ from typing import Any, Literal
 
 import numpy as np
 
-from service.mechanisms.clip_quantile import quantile_edges
 from service.mechanisms.linalg import FloatArray, clip_rows, gram_norm_counts, iter_row_chunks
 
 Route = Literal["mean", "pairs", "none"]
 
+#: The probe's grid: ``C 2^(-j/PROBE_STEPS_PER_OCTAVE)``, ``j < PROBE_GRID_STEPS``; coarser than
+#: the clip quantile's (fewer bins: less noise summed into a count above an edge).
+PROBE_STEPS_PER_OCTAVE = 2
+PROBE_GRID_STEPS = 24
+
 #: Probe histograms' l2 sensitivity: one replaced row moves two counts in each of the two.
 PROBE_SENSITIVITY = 2.0
+
+
+def probe_edges(clip_norm: float) -> FloatArray:
+    """The probe's public grid ``C 2^(-j/PROBE_STEPS_PER_OCTAVE)``, ascending, ending at ``C``."""
+    exponents = -np.arange(PROBE_GRID_STEPS - 1, -1, -1, dtype=np.float64)
+    return np.asarray(clip_norm * np.exp2(exponents / PROBE_STEPS_PER_OCTAVE), dtype=np.float64)
 
 
 def paired_differences(data: Any, clip_norm: float) -> FloatArray:
@@ -112,30 +122,56 @@ def choose_centring(
     return CentringChoice(route, uncentred_clip, pair_clip, scores)
 
 
-def top_down_quantile(
-    counts: FloatArray,
-    n_rows: int,
-    clip_norm: float,
-    quantile: float,
-    noise_std: float,
-    rng: np.random.Generator,
-) -> float:
-    """A grid edge near the ``q``-quantile of the norms counted in ``counts`` (bins of
-    :func:`~service.mechanisms.clip_quantile.quantile_edges`), each count ``+ N(0,
-    noise_std^2)``: scanning down from ``C``, the edge above the first one with more than
-    ``(1 - q) n`` noisy rows above it (``C`` when the top one already has). The noise in a
-    count above an edge grows with the number of bins summed, so reading from the top keeps
-    it to the few bins above the quantile (the bottom-up rule of ``clip_quantile`` can stop at
-    a far too small edge when the noise is large against ``n``)."""
-    edges = quantile_edges(clip_norm)
-    noisy = counts + rng.normal(0.0, noise_std, size=counts.shape[0])
+@dataclass(frozen=True)
+class ProbeQuantiles:
+    """Two readings of each noisy histogram (:func:`read_quantiles`): ``*_high`` (top-down)
+    for the choice, ``*_low`` (bottom-up) for the clip."""
+
+    uncentred_high: float
+    uncentred_low: float
+    pair_high: float
+    pair_low: float
+
+
+def read_quantiles(
+    noisy: FloatArray, n_rows: int, clip_norm: float, quantile: float
+) -> tuple[float, float]:
+    """``(high, low)`` readings of the ``q``-quantile from noisy counts on the grid of
+    :func:`probe_edges`, ``low <= high``.
+
+    ``above[j]``, the noisy number of rows above edge ``j``, sums the bins above it, so its
+    noise grows with their number. ``high``: scanning down from ``C``, the edge above the
+    first with ``above > (1 - q) n`` (few bins summed, so rarely far below the quantile; where
+    the noise is large against ``n`` it errs upwards). ``low``: the smallest edge with
+    ``above <= (1 - q) n`` (the rule of ``clip_quantile``; errs downwards). The choice reads
+    ``high`` (a clip that is too small reads as a spread that is too small); the Gram clips at
+    ``low``: a clip below most norms costs little (the rows become their directions, whose
+    second moment has the same top eigenvectors for elliptical data, and signal and noise
+    both scale with the clip's square) while one far above them multiplies the noise.
+    """
+    edges = probe_edges(clip_norm)
     above = np.concatenate([np.cumsum(noisy[::-1])[::-1][1:], [0.0]])
     allowed = (1.0 - quantile) * n_rows
     over = np.flatnonzero(above > allowed)
-    if over.size == 0:
+    high = interpolate(edges, above, allowed, int(over[-1]) + 1) if over.size else edges[0]
+    fits = np.flatnonzero(above <= allowed)
+    low = interpolate(edges, above, allowed, int(fits[0])) if fits.size else clip_norm
+    return float(high), float(min(low, high))
+
+
+def interpolate(edges: FloatArray, above: FloatArray, allowed: float, j: int) -> float:
+    """Where between edges ``j - 1`` and ``j`` the noisy count above crosses ``allowed``, with
+    the rows spread evenly in ``log`` norm within the bin: ``edge_j`` itself when ``j`` is 0 or
+    past the grid, or when the noisy counts do not decrease there."""
+    if j <= 0:
         return float(edges[0])
-    last = int(over[-1])
-    return float(edges[min(last + 1, edges.shape[0] - 1)])
+    if j >= edges.shape[0]:
+        return float(edges[-1])
+    drop = float(above[j - 1] - above[j])
+    if drop <= 0:
+        return float(edges[j])
+    t = min(max((float(above[j - 1]) - allowed) / drop, 0.0), 1.0)
+    return float(edges[j - 1] * (edges[j] / edges[j - 1]) ** t)
 
 
 def probe_quantiles(
@@ -145,17 +181,19 @@ def probe_quantiles(
     quantile: float,
     probe_mu: float,
     rng: np.random.Generator,
-) -> tuple[float, float]:
-    """``(C_u, C_p)``: :func:`top_down_quantile` of the uncentred rows' and the pairs' norms,
-    each count ``+ N(0, (2/probe_mu)^2)`` (the two histograms together have l2 sensitivity 2:
+) -> ProbeQuantiles:
+    """:func:`read_quantiles` of the uncentred rows' and the pairs' norms, each count
+    ``+ N(0, (2/probe_mu)^2)`` (the two histograms together have l2 sensitivity 2:
     ``probe_mu``-GDP)."""
-    edges = quantile_edges(clip_norm)
+    edges = probe_edges(clip_norm)
     std = PROBE_SENSITIVITY / probe_mu
     counts_u = gram_norm_counts(data, clip_norm, None, edges)
     counts_p = gram_norm_counts(pairs, clip_norm, None, edges)
-    uncentred = top_down_quantile(counts_u, data.shape[0], clip_norm, quantile, std, rng)
-    paired = top_down_quantile(counts_p, pairs.shape[0], clip_norm, quantile, std, rng)
-    return uncentred, paired
+    noisy_u = counts_u + rng.normal(0.0, std, size=edges.shape[0])
+    noisy_p = counts_p + rng.normal(0.0, std, size=edges.shape[0])
+    u_high, u_low = read_quantiles(noisy_u, data.shape[0], clip_norm, quantile)
+    p_high, p_low = read_quantiles(noisy_p, pairs.shape[0], clip_norm, quantile)
+    return ProbeQuantiles(u_high, u_low, p_high, p_low)
 
 
 def mean_route_clip(clip_norm: float, pair_clip: float, n_cols: int, sigma_mu: float) -> float:
