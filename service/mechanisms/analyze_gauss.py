@@ -475,8 +475,10 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]
     ) -> list[PrivacyStep]:
         """Purely Gaussian, the steps :meth:`run` draws, in its order, each with its l2
-        sensitivity and noise: the private mean (if centred; ``2C/n``), the clip quantile's
-        counts (if asked; ``sqrt(2)``), ``E(sigma)`` on the Gram matrix (``sqrt(2) C^2``; with a
+        sensitivity and noise: with a private centre and a clip quantile, the centring probe's
+        counts (``2``, :mod:`~service.mechanisms.centring_choice`) first; the private mean (if
+        centred; ``2C/n``), the clip quantile's counts (if asked without a private centre;
+        ``sqrt(2)``), ``E(sigma)`` on the Gram matrix (``sqrt(2) C^2``; with a
         released ``C2`` both scale by ``(C2/C)^2``, the ratio stays) and the explained-variance
         sums (``sqrt(2) C^2``). ``Delta_j/sigma_j = mu_j`` with ``sum mu_j^2 = total_mu^2``
         (:func:`gauss_split`); ``rho = total_mu^2 / 2``."""
@@ -486,13 +488,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         split = gauss_split(spec.epsilon, spec.delta, params)
         gram = gram_sensitivity(clip)
         steps: list[PrivacyStep] = []
+        if chooses_centring(params):
+            # The probe (two histograms, uncentred rows and pairs: sensitivity 2) runs first;
+            # the mean route's mean and Gram follow (the other routes' single Gram at
+            # sqrt(mean_mu^2 + gram_mu^2) has the same rho, see centring_choice).
+            steps.append(GaussianStep(PROBE_SENSITIVITY, PROBE_SENSITIVITY / split.clip_mu))
         if split.mean_mu > 0:
             mean = mean_sensitivity(clip, max(1, ctx.n_rows))
             steps.append(GaussianStep(mean, mean / split.mean_mu))
-        if split.clip_mu > 0 and chooses_centring(params):
-            # The probe's two histograms (uncentred rows, pairs): sensitivity 2.
-            steps.append(GaussianStep(PROBE_SENSITIVITY, PROBE_SENSITIVITY / split.clip_mu))
-        elif split.clip_mu > 0:
+        if split.clip_mu > 0 and not chooses_centring(params):
             steps.append(GaussianStep(math.sqrt(2.0), count_noise_std(split.clip_mu)))
         steps.append(GaussianStep(gram, gram / split.gram_mu))
         steps.append(GaussianStep(gram, gram / split.variance_mu))
@@ -505,6 +509,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         # The private mean's pass and the row norms (8 n bytes) precede the Gram pass.
         centred = spec.params.center != "none"
         norms = 8 * ctx.n_rows if spec.params.clip_quantile is not None else 0
+        if chooses_centring(spec.params):
+            # The paired differences (m = n/2 rows) stay alive through the Gram and the
+            # explained-variance pass, which take their own chunk copies on top.
+            pairs = 8 * (ctx.n_rows // 2) * d
+            return pairs + max(
+                clipped_gram_memory(ctx.n_rows, d, centred=True) + norms,
+                8 * (5 * d * d),
+                8 * (2 * d * d) + eigh_memory(d, spec.k),
+            )
         return max(
             clipped_gram_memory(ctx.n_rows, d, centred=centred) + norms,
             8 * (5 * d * d),
