@@ -742,9 +742,23 @@ def chosen_centring_run(
     extras["trace"] = release.trace
     extras["gram_noise_std"] = sigma * scale
     variance_noise = gram_sensitivity(clip) / split.variance_mu
+    scored, score_scale = rows, scale
+    if choice.route != "mean":
+        # Without a mean the sums are over paired differences, so they estimate the centred
+        # rows' (what the caller asked for), also when the route is "none". After the pairs
+        # route the other pairing (x_(2j+1), x_(2j+2)): see paired_differences.
+        offset = 1 if choice.route == "pairs" and n >= 3 else 0
+        scored = paired_differences(data, clip, offset=offset)
+        score_scale = n / scored.shape[0]
     extras.update(
         variance_extras(
-            rows, release, clip, center, (variance_noise, sigma * scale, mean_noise), rng, scale
+            scored,
+            release,
+            clip,
+            center,
+            (variance_noise, sigma * scale, mean_noise),
+            rng,
+            score_scale,
         )
     )
     return MechanismOutput(basis=release.basis, extras=extras)

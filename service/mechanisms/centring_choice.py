@@ -65,16 +65,24 @@ def probe_edges(clip_norm: float) -> FloatArray:
     return np.asarray(clip_norm * np.exp2(exponents / PROBE_STEPS_PER_OCTAVE), dtype=np.float64)
 
 
-def paired_differences(data: Any, clip_norm: float) -> FloatArray:
-    """``p_j = (clip_C(x_2j) - clip_C(x_2j+1))/sqrt(2)``, ``j < m = floor(n/2)``, shape
-    ``(m, d)``, each of norm ``<= sqrt(2) C`` (the Gram step clips them to ``C`` and below).
-    A row changes one ``p_j``. Built in row chunks of even length (pairs never straddle)."""
+def paired_differences(data: Any, clip_norm: float, offset: int = 0) -> FloatArray:
+    """``p_j = (clip_C(x_(2j+o)) - clip_C(x_(2j+o+1)))/sqrt(2)``, ``o = offset`` (0 or 1),
+    ``j < m = floor((n - o)/2)``, shape ``(m, d)``, each of norm ``<= sqrt(2) C`` (the Gram
+    step clips them to ``C`` and below). A row changes one ``p_j``. Built in row chunks of
+    even length (pairs never straddle).
+
+    The Gram step uses ``o = 0``; the explained-variance step ``o = 1``: its pairs share no
+    cross term ``x_a x_b^T`` with the Gram's, so the basis, fitted to the Gram's pairs, is not
+    also scored on them (on the same pairs the captured share is biased upwards against the
+    rows' centred share, by what the basis fitted of that pairing's own fluctuation)."""
     n, d = data.shape
-    m = n // 2
-    out = np.empty((m, d), dtype=np.float64)
+    m = (n - offset) // 2
+    out = np.empty((max(m, 0), d), dtype=np.float64)
+    if m <= 0:
+        return out
     start = 0
     with np.errstate(under="ignore"):
-        for block in iter_row_chunks(data[: 2 * m], 8192):
+        for block in iter_row_chunks(data[offset : offset + 2 * m], 8192):
             if block.size == 0:
                 continue
             clipped = clip_rows(block, clip_norm)
