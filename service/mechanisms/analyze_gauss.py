@@ -462,6 +462,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             meaning.append(
                 "Rows are centred on the given public centre (no budget) and clipped to C again."
             )
+        if chooses_centring(params):
+            meaning.append(
+                f"The centring is chosen at run time (extras.centring): a probe (mu = "
+                f"{split.clip_mu:.4g}) releases the {params.clip_quantile:g}-quantiles of the "
+                "norms of the rows and of the differences of publicly paired rows; from them "
+                "and public facts, the route with the largest signal-to-noise runs: the "
+                "private mean above, differences of paired rows (no mean, n/2 rows, the mean's "
+                "share goes to X^T X), or no centring. Only the mean route releases a centre."
+            )
         if params.clip_quantile is not None:
             scales.update(clip_quantile=params.clip_quantile, clip_mu=split.clip_mu)
             meaning.append(
