@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -127,6 +127,17 @@ INTERVAL_COVERAGE = 0.9
 
 class AnalyzeGaussParams(CenterParams):
     """Params of ``analyze_gauss``: the clip norm, the centring and the clip quantile."""
+
+    center_route: Literal["auto", "mean"] = Field(
+        default="auto",
+        description=(
+            'With center "private" and a clip_quantile: "auto" chooses the private mean, '
+            "differences of publicly paired rows or no centring from a probe of the row "
+            'norms (extras.centring; only the mean route releases a centre); "mean" always '
+            "centres on the private mean (as before the choice existed). Data registered by "
+            "reference always take the mean route."
+        ),
+    )
 
     clip_quantile: float | None = Field(
         default=None,
@@ -684,7 +695,11 @@ def variance_extras(
 def chooses_centring(params: AnalyzeGaussParams) -> bool:
     """Whether a release chooses its centring (:mod:`service.mechanisms.centring_choice`):
     a private centre with a clip quantile (the probe is the quantile's step)."""
-    return params.center == "private" and params.clip_quantile is not None
+    return (
+        params.center == "private"
+        and params.clip_quantile is not None
+        and params.center_route == "auto"
+    )
 
 
 def chosen_centring_run(
