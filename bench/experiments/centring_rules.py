@@ -13,12 +13,13 @@ C = 1, centred on their exact mean) that the released k = 10 subspace captures, 
 - ``private s``: a private mean with share ``s`` of ``mu^2``, rows centred on it.
 - ``private s, deflate``: as ``private s``, then the top-k of the noisy Gram with the
   eigenvector the mean's noise made dropped (rule: the public spike ``n d sigma_mu^2`` above
-  the noise edge, the released top eigenvalue within its predicted range; see the module
-  ``service.mechanisms.centring``).
+  the noise edge, the released top eigenvalue within its predicted range: ``spike_rule``).
 - ``pairs``: differences of publicly paired rows over ``sqrt(2)`` (covariance ``Sigma``, no
   mean; n/2 rows), clipped at their private median.
 - ``oracle mean``: the exact mean for free, the Gram step as ``private 0.2`` (a bound, not
   private).
+- ``chosen (service)``: ``analyze_gauss`` with ``center: "private", clip_quantile: 0.5``,
+  which chooses mean, pairs or none from its probe (``service.mechanisms.centring_choice``).
 """
 
 from __future__ import annotations
