@@ -12,12 +12,14 @@ the public row order pairs them), whose second moment is the covariance ``Sigma`
 rows: half the signal, no mean noise); and **none**, the uncentred rows (the mean's direction
 takes a slot, the rows are longer).
 
-The choice (:func:`choose_centring`): a probe releases, with ``CLIP_SHARE`` of ``mu^2``, two
-noisy histograms on the clip grid ``C 2^(-j/4)``: the norms of ``clip_C(x_i)`` and those of
-``p_j`` (clipped to ``C``). Replacing one row moves one count of each by one down and one up
-(it is in one pair): l2 sensitivity 2, noise ``N(0, (2/mu_Q)^2)`` per count: ``mu_Q``-GDP.
-Their ``q``-quantiles are ``C_u`` and ``C_p`` (released). Each route's signal-to-noise
-(signal over the Gram noise ``sqrt(2) c^2/mu``) is then
+The choice (:func:`choose_centring`): a probe releases, with ``CLIP_SHARE`` of ``mu^2`` (the
+clip quantile's step, which it replaces), two noisy histograms on the half-octave grid
+:func:`probe_edges`: the norms of ``clip_C(x_i)`` and those of ``p_j`` (clipped to ``C``).
+Replacing one row moves one count of each by one down and one up (it is in one pair): l2
+sensitivity 2, noise ``N(0, (2/mu_Q)^2)`` per count: ``mu_Q``-GDP. Each histogram is read
+twice (:func:`read_quantiles`): a top-down ``q``-quantile for the choice (``C_u``, ``C_p``)
+and a bottom-up one for the clip. Each route's signal-to-noise (signal over the Gram noise
+``sqrt(2) c^2/mu``) is then
 
 - none: ``n mu_R / C_u^2``;
 - pairs: ``m mu_R / C_p^2``;
@@ -31,9 +33,10 @@ facts only: post-processing.
 
 Privacy: the probe is ``mu_Q``-GDP; given its output the rest is one of three blocks, each
 ``mu_R``-GDP (the mean ``mu_M`` then the Gram ``mu_G``, or one Gram at ``mu_R``; pairs: a
-replaced row changes one ``p_j``, sensitivity ``sqrt(2) C_p^2`` as for rows); then the
-explained-variance step ``mu_V``. Adaptive composition of GDP mechanisms with fixed
-parameters (Dong, Roth & Su 2022, Theorem 3.2): ``sqrt(mu_Q^2 + mu_R^2 + mu_V^2) = mu``, the
+replaced row changes one ``p_j``, sensitivity ``sqrt(2) c^2`` at the clip ``c`` as for rows);
+then the explained-variance step ``mu_V`` (without a mean, over paired differences: a replaced
+row changes one, sensitivity ``sqrt(2) C^2`` as for rows). Adaptive composition of GDP
+mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2): ``sqrt(mu_Q^2 + mu_R^2 + mu_V^2) = mu``, the
 same total as declared. The declared steps (:meth:`AnalyzeGauss.privacy_steps`) list the mean
 route's; their ``rho`` sum equals every route's.
 """

@@ -201,3 +201,30 @@ def test_center_route_is_recorded_only_where_it_applies() -> None:
     dumped = params(center="private", clip_quantile=0.5, center_route="mean").model_dump()
     assert dumped["center_route"] == "mean"
     assert params.model_validate(dumped).center_route == "mean"
+
+
+class _RecordingRng:
+    """A generator that records the scale of every normal draw (and draws zeros)."""
+
+    def __init__(self) -> None:
+        self.scales: list[float] = []
+
+    def normal(self, loc: float, scale: float, size: int) -> np.ndarray[Any, Any]:
+        self.scales.append(float(scale))
+        return np.zeros(size)
+
+
+def test_the_probe_draws_the_declared_noise() -> None:
+    # Each count gets N(0, (2/mu_Q)^2), the declared GaussianStep(2, 2/mu_Q); the clip
+    # quantile's sqrt(2)/mu_Q would under-noise the two histograms (negative control).
+    rows = _offset_plane(200, 5, seed=0)
+    pairs = cc.paired_differences(rows, 1.0)
+    rng = _RecordingRng()
+    cc.probe_quantiles(rows, pairs, 1.0, 0.5, 0.05, rng)  # type: ignore[arg-type]
+    assert rng.scales == [pytest.approx(2.0 / 0.05)] * 2
+    assert all(scale != pytest.approx(math.sqrt(2.0) / 0.05) for scale in rng.scales)
+    spec_params = ag.AnalyzeGaussParams(center="private", clip_quantile=0.5, clip_norm=1.0)
+    ctx = PublicContext(n_rows=200, n_cols=5, row_norm_bound=1.0)
+    probe = AnalyzeGauss().privacy_steps(ctx, ReleaseSpec(K, 1.0, 1e-6, spec_params))[0]
+    split = gauss_split(1.0, 1e-6, spec_params)
+    assert probe.sensitivity == 2.0 and probe.sigma == pytest.approx(2.0 / split.clip_mu)
