@@ -36,9 +36,10 @@ Privacy: the probe is ``mu_Q``-GDP; given its output the rest is one of three bl
 replaced row changes one ``p_j``, sensitivity ``sqrt(2) c^2`` at the clip ``c`` as for rows);
 then the explained-variance step ``mu_V`` (without a mean, over paired differences: a replaced
 row changes one, sensitivity ``sqrt(2) C^2`` as for rows). Adaptive composition of GDP
-mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2): ``sqrt(mu_Q^2 + mu_R^2 + mu_V^2) = mu``, the
-same total as declared. The declared steps (:meth:`AnalyzeGauss.privacy_steps`) list the mean
-route's; their ``rho`` sum equals every route's.
+mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2):
+``sqrt(mu_Q^2 + mu_R^2 + mu_V^2) = mu``, the same total as declared. The declared steps
+(:meth:`AnalyzeGauss.privacy_steps`) list the mean route's; their ``rho`` sum equals every
+route's.
 """
 
 from __future__ import annotations
