@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -69,10 +69,18 @@ from service.mechanisms.centring import (
     private_center,
     private_center_sigma,
 )
+from service.mechanisms.centring_choice import (
+    PROBE_SENSITIVITY,
+    choose_centring,
+    mean_route_clip,
+    paired_differences,
+    probe_quantiles,
+)
 from service.mechanisms.clip_quantile import clip_from_counts, count_noise_std, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import (
     FloatArray,
+    RowSource,
     captured_energy,
     clipped_gram,
     clipped_gram_memory,
@@ -119,6 +127,17 @@ INTERVAL_COVERAGE = 0.9
 
 class AnalyzeGaussParams(CenterParams):
     """Params of ``analyze_gauss``: the clip norm, the centring and the clip quantile."""
+
+    center_route: Literal["auto", "mean"] = Field(
+        default="auto",
+        description=(
+            'With center "private" and a clip_quantile: "auto" chooses the private mean, '
+            "differences of publicly paired rows or no centring from a probe of the row "
+            'norms (extras.centring; only the mean route releases a centre); "mean" always '
+            "centres on the private mean (as before the choice existed). Data registered by "
+            "reference always take the mean route."
+        ),
+    )
 
     clip_quantile: float | None = Field(
         default=None,
@@ -467,6 +486,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             meaning.append(
                 "Rows are centred on the given public centre (no budget) and clipped to C again."
             )
+        if chooses_centring(params):
+            meaning.append(
+                f"The centring is chosen at run time (extras.centring): a probe (mu = "
+                f"{split.clip_mu:.4g}) releases the {params.clip_quantile:g}-quantiles of the "
+                "norms of the rows and of the differences of publicly paired rows; from them "
+                "and public facts, the route with the largest signal-to-noise runs: the "
+                "private mean above, differences of paired rows (no mean, n/2 rows, the mean's "
+                "share goes to X^T X), or no centring. Only the mean route releases a centre."
+            )
         if params.clip_quantile is not None:
             scales.update(clip_quantile=params.clip_quantile, clip_mu=split.clip_mu)
             meaning.append(
@@ -480,8 +508,10 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]
     ) -> list[PrivacyStep]:
         """Purely Gaussian, the steps :meth:`run` draws, in its order, each with its l2
-        sensitivity and noise: the private mean (if centred; ``2C/n``), the clip quantile's
-        counts (if asked; ``sqrt(2)``), ``E(sigma)`` on the Gram matrix (``sqrt(2) C^2``; with a
+        sensitivity and noise: with a private centre and a clip quantile, the centring probe's
+        counts (``2``, :mod:`~service.mechanisms.centring_choice`) first; the private mean (if
+        centred; ``2C/n``), the clip quantile's counts (if asked without a private centre;
+        ``sqrt(2)``), ``E(sigma)`` on the Gram matrix (``sqrt(2) C^2``; with a
         released ``C2`` both scale by ``(C2/C)^2``, the ratio stays) and the explained-variance
         sums (``sqrt(2) C^2``). ``Delta_j/sigma_j = mu_j`` with ``sum mu_j^2 = total_mu^2``
         (:func:`gauss_split`); ``rho = total_mu^2 / 2``."""
@@ -491,10 +521,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         split = gauss_split(spec.epsilon, spec.delta, params)
         gram = gram_sensitivity(clip)
         steps: list[PrivacyStep] = []
+        if chooses_centring(params):
+            # The probe (two histograms, uncentred rows and pairs: sensitivity 2) runs first;
+            # the mean route's mean and Gram follow (the other routes' single Gram at
+            # sqrt(mean_mu^2 + gram_mu^2) has the same rho, see centring_choice).
+            steps.append(GaussianStep(PROBE_SENSITIVITY, PROBE_SENSITIVITY / split.clip_mu))
         if split.mean_mu > 0:
             mean = mean_sensitivity(clip, max(1, ctx.n_rows))
             steps.append(GaussianStep(mean, mean / split.mean_mu))
-        if split.clip_mu > 0:
+        if split.clip_mu > 0 and not chooses_centring(params):
             steps.append(GaussianStep(math.sqrt(2.0), count_noise_std(split.clip_mu)))
         steps.append(GaussianStep(gram, gram / split.gram_mu))
         steps.append(GaussianStep(gram, gram / split.variance_mu))
@@ -507,6 +542,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         # The private mean's pass and the row norms (8 n bytes) precede the Gram pass.
         centred = spec.params.center != "none"
         norms = 8 * ctx.n_rows if spec.params.clip_quantile is not None else 0
+        if chooses_centring(spec.params):
+            # The paired differences (m = n/2 rows) stay alive through the Gram and the
+            # explained-variance pass, which take their own chunk copies on top.
+            pairs = 8 * (ctx.n_rows // 2) * d
+            return pairs + max(
+                clipped_gram_memory(ctx.n_rows, d, centred=True) + norms,
+                8 * (5 * d * d),
+                8 * (2 * d * d) + eigh_memory(d, spec.k),
+            )
         return max(
             clipped_gram_memory(ctx.n_rows, d, centred=centred) + norms,
             8 * (5 * d * d),
@@ -521,9 +565,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         assert clip is not None  # resolved by prepare
         n = data.shape[0]
         split = gauss_split(spec.epsilon, spec.delta, params)
+        if chooses_centring(params) and n >= 2 and not isinstance(data, RowSource):
+            return chosen_centring_run(data, spec, split, rng)
         extras: dict[str, Any] = {}
         center: FloatArray | None = None
         mean_noise = 0.0
+        if chooses_centring(params):
+            # Reference data (or a single row): the mean route, its clip from the centred rows'
+            # histogram, drawn at the probe's noise (2/mu_Q per count: sensitivity sqrt(2) <= 2).
+            extras["centring"] = "mean"
         if params.center == "private":
             mean_noise = mean_sensitivity(clip, n) / split.mean_mu
             center = private_center_sigma(data, clip, mean_noise, rng)
@@ -533,7 +583,8 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         row_clip: float | None = None
         if params.clip_quantile is not None:
             counts = gram_norm_counts(data, clip, center, quantile_edges(clip))
-            row_clip = clip_from_counts(counts, n, clip, params.clip_quantile, split.clip_mu, rng)
+            count_mu = split.clip_mu / math.sqrt(2.0) if chooses_centring(params) else split.clip_mu
+            row_clip = clip_from_counts(counts, n, clip, params.clip_quantile, count_mu, rng)
             extras["row_clip_norm"] = row_clip
         effective = clip if row_clip is None else row_clip
         sigma = gram_sensitivity(effective) / split.gram_mu
@@ -598,6 +649,7 @@ def variance_extras(
     center: FloatArray | None,
     noise: tuple[float, float, float],
     rng: np.random.Generator,
+    scale: float = 1.0,
 ) -> dict[str, Any]:
     """The fresh explained-variance estimate and what is computed from it and public facts.
 
@@ -606,13 +658,17 @@ def variance_extras(
     ``variance_noise_std / 1000``); from them: ratios in ``[0, 1]`` summing to at most 1, a
     90% interval for their sum, and a warning when the released components do not stand out
     of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
+    ``scale`` multiplies the released sums and their noise (post-processing): ``n/m`` for the
+    ``m`` paired differences, whose sums estimate half the centred rows'. ``gram_sigma`` is
+    then already scaled, like the release's eigenvalues.
     """
     n, d = data.shape
     k = release.basis.shape[1]
     noise_std, gram_sigma, mean_noise = noise
     captured, residual = captured_energy(data, release.basis, clip_norm, center)
     noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
-    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR)
+    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR) * scale
+    noise_std *= scale
     bias = (0.0, 0.0)
     bias_high = 0.0
     if mean_noise > 0:
@@ -647,3 +703,99 @@ def variance_extras(
             "others are indistinguishable from random directions at this budget"
         )
     return extras
+
+
+def chooses_centring(params: AnalyzeGaussParams) -> bool:
+    """Whether a release chooses its centring (:mod:`service.mechanisms.centring_choice`):
+    a private centre with a clip quantile (the probe is the quantile's step)."""
+    return (
+        params.center == "private"
+        and params.clip_quantile is not None
+        and params.center_route == "auto"
+    )
+
+
+def chosen_centring_run(
+    data: FloatArray,
+    spec: ReleaseSpec[AnalyzeGaussParams],
+    split: GaussSplit,
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """``analyze_gauss`` with the centring chosen by the probe: the mean route (private mean,
+    rows centred on it, clipped at :func:`mean_route_clip`), pairs (the Gram of the ``m``
+    paired differences clipped at ``C_p``, eigenvalues, trace and sums scaled by ``n/m``) or
+    none (the uncentred rows clipped at ``C_u``). ``n >= 2`` rows in an array.
+
+    Extras: ``centring`` (the route), ``centring_scores``, ``uncentred_clip_norm`` and
+    ``pair_clip_norm`` (the probe's released quantiles), ``row_clip_norm`` (the clip the Gram
+    used), ``center`` on the mean route only (the client subtracts it; the other routes
+    release no centre and the client subtracts none).
+    """
+    params = spec.params
+    clip = params.clip_norm
+    quantile = params.clip_quantile
+    assert clip is not None and quantile is not None  # resolved by prepare; chooses_centring
+    n, d = data.shape
+    pairs = paired_differences(data, clip)
+    probe = probe_quantiles(data, pairs, clip, quantile, split.clip_mu, rng)
+    choice = choose_centring(
+        probe.uncentred_high, probe.pair_high, n, d, clip, split.mean_mu, split.gram_mu
+    )
+    rest_mu = math.hypot(split.mean_mu, split.gram_mu)
+    extras: dict[str, Any] = {
+        "centring": choice.route,
+        "centring_scores": choice.scores,
+        "probe_quantiles": {
+            "uncentred": [probe.uncentred_low, probe.uncentred_high],
+            "pairs": [probe.pair_low, probe.pair_high],
+        },
+    }
+    center: FloatArray | None = None
+    mean_noise = 0.0
+    rows: FloatArray = data
+    scale = 1.0
+    if choice.route == "mean":
+        mean_noise = mean_sensitivity(clip, n) / split.mean_mu
+        center = private_center_sigma(data, clip, mean_noise, rng)
+        extras["center"] = center.tolist()
+        row_clip = mean_route_clip(clip, probe.pair_low, d, mean_noise)
+        gram_mu = split.gram_mu
+    elif choice.route == "pairs":
+        rows = pairs
+        scale = n / pairs.shape[0]
+        row_clip = probe.pair_low
+        gram_mu = rest_mu
+    else:
+        row_clip = probe.uncentred_low
+        gram_mu = rest_mu
+    extras["row_clip_norm"] = row_clip
+    sigma = gram_sensitivity(row_clip) / gram_mu
+    release = gauss_release(
+        rows, spec.k, 0.0, 0.0, clip, rng, center=center, sigma=sigma, row_clip=row_clip
+    )
+    # Scaled by n/m for pairs (post-processing): the figures estimate the centred n-row Gram.
+    release = GaussRelease(release.basis, release.eigenvalues * scale, release.trace * scale)
+    extras["eigenvalues"] = release.eigenvalues.tolist()
+    extras["trace"] = release.trace
+    extras["gram_noise_std"] = sigma * scale
+    variance_noise = gram_sensitivity(clip) / split.variance_mu
+    scored, score_scale = rows, scale
+    if choice.route != "mean":
+        # Without a mean the sums are over paired differences, so they estimate the centred
+        # rows' (what the caller asked for), also when the route is "none". After the pairs
+        # route the other pairing (x_(2j+1), x_(2j+2)): see paired_differences.
+        offset = 1 if choice.route == "pairs" and n >= 3 else 0
+        scored = paired_differences(data, clip, offset=offset)
+        score_scale = n / scored.shape[0]
+    extras.update(
+        variance_extras(
+            scored,
+            release,
+            clip,
+            center,
+            (variance_noise, sigma * scale, mean_noise),
+            rng,
+            score_scale,
+        )
+    )
+    return MechanismOutput(basis=release.basis, extras=extras)

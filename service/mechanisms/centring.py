@@ -90,6 +90,9 @@ class CenterParams(ClipParams):
         # analyze_gauss's clip quantile, likewise recorded only when used.
         if data.get("clip_quantile", 0) is None:
             data.pop("clip_quantile")
+        # analyze_gauss's centring route, recorded only where it applies.
+        if "center_route" in data and (self.center != "private" or "clip_quantile" not in data):
+            data.pop("center_route")
         return data
 
 

@@ -268,3 +268,39 @@ def test_fit_raises_on_no_result_and_timeout(
     with pytest.raises(WaitTimeoutError, match="still queued"):
         pca.set_params(mechanism="analyze_gauss", timeout=0.01).fit()
     assert not hasattr(pca, "components_")
+
+
+class _StubInfo:
+    mechanism = "analyze_gauss"
+
+
+class _StubHandle:
+    """What ``_set_fitted`` reads of a finished release."""
+
+    def __init__(self, extras: dict[str, Any]) -> None:
+        self.extras = extras
+        self.id = "00000000-0000-0000-0000-000000000000"
+        self.info = _StubInfo()
+
+
+@pytest.mark.parametrize(
+    ("extras", "expected"),
+    [
+        ({"centring": "pairs"}, [0.0, 0.0, 0.0]),
+        ({"centring": "none"}, [0.0, 0.0, 0.0]),
+        ({"centring": "mean", "center": [0.5, -0.25, 0.125]}, [0.5, -0.25, 0.125]),
+        ({"center": [0.5, -0.25, 0.125]}, [0.5, -0.25, 0.125]),
+    ],
+)
+def test_transform_subtracts_only_the_centre_the_release_used(
+    monkeypatch: pytest.MonkeyPatch, extras: dict[str, Any], expected: list[float]
+) -> None:
+    # A release that chose paired differences or no centring released no mean: the client
+    # must subtract none (issue 24, item 2); the mean route's released centre is subtracted.
+    pca = PrivatePCA(_offline(), "ds", 1, "1", "1e-6", center="private", clip_quantile=0.5)
+    monkeypatch.setattr(pca, "_n_rows", lambda: None)
+    basis = np.eye(3)[:, :1]
+    pca._set_fitted(_StubHandle(extras), basis, {"center": "private"})  # type: ignore[arg-type]
+    np.testing.assert_array_equal(pca.mean_, expected)
+    x = np.asarray([[1.0, 2.0, 3.0]])
+    np.testing.assert_allclose(pca.transform(x), [[1.0 - expected[0]]])

@@ -59,9 +59,15 @@ def test_centring_and_the_clip_quantile_compose_as_gaussians():
     mechanism = AnalyzeGauss()
     spec = spec_for(mechanism, 1.0, 1e-6, center="private", center_share=0.25, clip_quantile=0.9)
     steps = mechanism.privacy_steps(CTX, spec)
-    mean, counts, _, _ = steps
+    # With a private centre the clip quantile's step is the centring probe (issue 24 item 2):
+    # two histograms, sensitivity 2, drawn first; the same share of mu^2.
+    counts, mean, _, _ = steps
     assert mean.sensitivity == pytest.approx(2 * 2.0 / 5000)
-    assert counts.sensitivity == pytest.approx(math.sqrt(2.0))
+    assert counts.sensitivity == pytest.approx(2.0)
+    assert (counts.sensitivity / counts.sigma) ** 2 == pytest.approx(
+        0.05 * (mean.sensitivity / mean.sigma) ** 2 / 0.25
+    )
+    steps = [mean, counts, *steps[2:]]
     mus = [step.sensitivity / step.sigma for step in steps]
     total = math.sqrt(sum(mu**2 for mu in mus))
     assert total == pytest.approx(math.sqrt(2.0) * 4.0 / noise_sigma(2.0, 1.0, 1e-6), rel=1e-8)

@@ -117,7 +117,10 @@ class PrivatePCA:
         noisy eigenvalues and trace used for the explained variance).
     center : "private", "none" or array-like of shape (d,)
         PCA centring. ``"private"``: the service releases a private mean with ``center_share``
-        of the budget and centres on it (``mean_`` is that released mean). ``"none"``: no
+        of the budget and centres on it (``mean_`` is that released mean); with
+        ``clip_quantile`` set, ``analyze_gauss`` may instead choose differences of paired rows
+        or no centring (extras ``centring``), release no mean, and ``mean_`` is zeros.
+        ``"none"``: no
         centring (components of the second-moment matrix; ``mean_`` is zeros). An array: a
         public centre chosen without looking at the data (costs nothing; ``mean_`` is it).
     center_share : float in (0, 1) or None
@@ -294,6 +297,11 @@ class PrivatePCA:
         extras = handle.extras
         d, k = basis.shape
         if "center" not in params:
+            mean = np.zeros(d)
+        elif params["center"] == "private" and extras.get("centring") in ("pairs", "none"):
+            # The release chose a route without a mean (differences of paired rows, or none):
+            # it released no centre, so none is subtracted. With pairs the components are those
+            # of the centred data and scores are offset by the (unreleased) mean's projection.
             mean = np.zeros(d)
         elif params["center"] == "private":
             if "center" not in extras:
