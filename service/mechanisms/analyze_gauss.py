@@ -736,7 +736,9 @@ def chosen_centring_run(
     quantile = params.clip_quantile
     assert clip is not None and quantile is not None  # resolved by prepare; chooses_centring
     n, d = data.shape
-    pairs = paired_differences(data, clip)
+    # Public randomness, drawn before anything reads the data: which rows are paired.
+    order = rng.permutation(n)
+    pairs = paired_differences(data, clip, order=order)
     probe = probe_quantiles(data, pairs, clip, quantile, split.clip_mu, rng)
     choice = choose_centring(
         probe.uncentred_high, probe.pair_high, n, d, clip, split.mean_mu, split.gram_mu
@@ -785,7 +787,7 @@ def chosen_centring_run(
         # rows' (what the caller asked for), also when the route is "none". After the pairs
         # route the other pairing (x_(2j+1), x_(2j+2)): see paired_differences.
         offset = 1 if choice.route == "pairs" and n >= 3 else 0
-        scored = paired_differences(data, clip, offset=offset)
+        scored = paired_differences(data, clip, offset=offset, order=order)
         score_scale = n / scored.shape[0]
     extras.update(
         variance_extras(

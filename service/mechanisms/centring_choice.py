@@ -7,10 +7,11 @@ random direction, and lengthens every centred row from ``||y||`` to about
 ``sqrt(||y||^2 + d sigma_mu^2)``. Where the rows' spread is small against the mean's noise
 (unit-norm breast_cancer: centred norms ~0.05, ``d sigma_mu^2`` ~0.8 at eps 0.3) the centred
 rows are mostly that noise and the released subspace follows it. Two alternatives need no
-mean: **pairs**, ``p_j = (clip_C(x_2j) - clip_C(x_2j+1))/sqrt(2)`` (``j < m = floor(n/2)``,
-the public row order pairs them), whose second moment is the covariance ``Sigma`` (``m``
-rows: half the signal, no mean noise); and **none**, the uncentred rows (the mean's direction
-takes a slot, the rows are longer).
+mean: **pairs**, ``p_j = (clip_C(x_r(2j)) - clip_C(x_r(2j+1)))/sqrt(2)`` (``j < m =
+floor(n/2)``, ``r`` a permutation drawn from the run's CSPRNG before the data is read: public
+randomness; the stored order would pair alike rows where the owner sorted them), whose
+second moment is the covariance ``Sigma`` (``m`` rows: half the signal, no mean noise); and
+**none**, the uncentred rows (the mean's direction takes a slot, the rows are longer).
 
 The choice (:func:`choose_centring`): a probe releases, with ``CLIP_SHARE`` of ``mu^2`` (the
 clip quantile's step, which it replaces), two noisy histograms on the half-octave grid
@@ -49,8 +50,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from service.mechanisms.linalg import FloatArray, clip_rows, gram_norm_counts, iter_row_chunks
+from service.mechanisms.linalg import FloatArray, clip_rows, gram_norm_counts
 
 Route = Literal["mean", "pairs", "none"]
 
@@ -69,11 +71,17 @@ def probe_edges(clip_norm: float) -> FloatArray:
     return np.asarray(clip_norm * np.exp2(exponents / PROBE_STEPS_PER_OCTAVE), dtype=np.float64)
 
 
-def paired_differences(data: Any, clip_norm: float, offset: int = 0) -> FloatArray:
-    """``p_j = (clip_C(x_(2j+o)) - clip_C(x_(2j+o+1)))/sqrt(2)``, ``o = offset`` (0 or 1),
+def paired_differences(
+    data: Any, clip_norm: float, offset: int = 0, order: npt.NDArray[np.intp] | None = None
+) -> FloatArray:
+    """``p_j = (clip_C(x_(r(2j+o))) - clip_C(x_(r(2j+o+1))))/sqrt(2)``, ``o = offset`` (0 or 1),
     ``j < m = floor((n - o)/2)``, shape ``(m, d)``, each of norm ``<= sqrt(2) C`` (the Gram
-    step clips them to ``C`` and below). A row changes one ``p_j``. Built in row chunks of
-    even length (pairs never straddle).
+    step clips them to ``C`` and below), with ``r = order`` (shape ``(n,)``, a permutation of
+    the row indices; the identity when None). A row changes one ``p_j`` whatever ``r`` is.
+
+    The caller passes a permutation drawn from the run's CSPRNG, independent of the data: the
+    rows' stored order is the owner's (sorted by label, by time, by site...) and pairing
+    neighbours in it would pair alike rows, whose differences miss the variance between them.
 
     The Gram step uses ``o = 0``; the explained-variance step ``o = 1``: its pairs share no
     cross term ``x_a x_b^T`` with the Gram's, so the basis, fitted to the Gram's pairs, is not
@@ -84,15 +92,22 @@ def paired_differences(data: Any, clip_norm: float, offset: int = 0) -> FloatArr
     out = np.empty((max(m, 0), d), dtype=np.float64)
     if m <= 0:
         return out
-    start = 0
+    index = np.arange(n) if order is None else np.asarray(order)
+    chosen = index[offset : offset + 2 * m]
+    # Chunks of an even number of rows: pairs never straddle two chunks.
+    chunk = 8192
     with np.errstate(under="ignore"):
-        for block in iter_row_chunks(data[offset : offset + 2 * m], 8192):
-            if block.size == 0:
-                continue
-            clipped = clip_rows(block, clip_norm)
-            count = clipped.shape[0] // 2
-            out[start : start + count] = (clipped[0::2] - clipped[1::2]) / math.sqrt(2.0)
-            start += count
+        for start in range(0, 2 * m, chunk):
+            rows = np.sort(chosen[start : start + chunk])
+            block = np.asarray(data[rows], dtype=np.float64)
+            # data[rows] reads in ascending order (a memory map reads forward); put the rows
+            # back in the permuted order.
+            where = np.searchsorted(rows, chosen[start : start + chunk])
+            clipped = clip_rows(block[where], clip_norm)
+            first = start // 2
+            out[first : first + clipped.shape[0] // 2] = (
+                clipped[0::2] - clipped[1::2]
+            ) / math.sqrt(2.0)
     return out
 
 

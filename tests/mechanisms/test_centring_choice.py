@@ -228,3 +228,43 @@ def test_the_probe_draws_the_declared_noise() -> None:
     probe = AnalyzeGauss().privacy_steps(ctx, ReleaseSpec(K, 1.0, 1e-6, spec_params))[0]
     split = gauss_split(1.0, 1e-6, spec_params)
     assert probe.sensitivity == 2.0 and probe.sigma == pytest.approx(2.0 / split.clip_mu)
+
+
+def _sorted_clusters(n: int, d: int, seed: int, offset: float = 0.3, half_gap: float = 0.5) -> Any:
+    """Two tight clusters at +-half_gap e_1 (plus offset e_0 for all), stored sorted by cluster:
+    the covariance's top direction is e_1, and every neighbour in the stored order is alike."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.0, 0.01, size=(n, d))
+    x[:, 0] += offset
+    x[: n // 2, 1] += half_gap
+    x[n // 2 :, 1] -= half_gap
+    return x
+
+
+def test_pairs_follow_a_random_order_not_the_stored_one() -> None:
+    rows = _sorted_clusters(2000, 10, seed=1)
+    in_stored_order = cc.paired_differences(rows, 1.0)
+    shuffled = cc.paired_differences(rows, 1.0, order=np.random.default_rng(2).permutation(2000))
+    # Stored order: one pair of 1,000 straddles the clusters, so e_1 carries almost nothing.
+    assert np.mean(in_stored_order[:, 1] ** 2) < 0.01
+    # A random pairing crosses clusters half the time: E p_1^2 = Var(x_1) = 0.25.
+    assert abs(np.mean(shuffled[:, 1] ** 2) - 0.25) < 0.05
+    # Each row is in exactly one pair, whatever the order: the differences are a permutation's.
+    order = np.random.default_rng(3).permutation(2000)
+    by_hand = (rows[order[0::2]] - rows[order[1::2]]) / math.sqrt(2.0)
+    np.testing.assert_allclose(cc.paired_differences(rows, 1.0, order=order), by_hand)
+
+
+def test_the_pairs_route_on_rows_sorted_by_cluster_finds_the_cluster_axis() -> None:
+    # Far from the origin and short centred rows: the probe picks pairs in most runs here.
+    rows = _sorted_clusters(1000, 10, seed=4, offset=0.9, half_gap=0.1)
+    on_pairs = 0
+    for seed in range(6):
+        basis, extras = _run(rows, 0.3, seed, center="private", clip_quantile=0.9)
+        if extras["centring"] != "pairs":
+            continue
+        on_pairs += 1
+        # e_1 (the clusters' axis) lies in the released plane; pairs of neighbours in the
+        # stored order carry none of it.
+        assert np.linalg.norm(basis[1]) > 0.8
+    assert on_pairs >= 2
