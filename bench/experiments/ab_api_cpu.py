@@ -1,7 +1,8 @@
 """CPU per authenticated read: this tree's code against another checkout's (the old path).
 
     git archive <old commit> | tar -x -C /tmp/old
-    .venv/bin python -m bench.experiments.ab_api_cpu --baseline /tmp/old [--rounds 6]
+    .venv/bin/python -m bench.experiments.ab_api_cpu --baseline /tmp/old [--rounds 6] \
+        [--candidate /tmp/new]
 
 Two child processes, one importing ``service`` from ``--baseline`` and one from this tree,
 each with its own app and PostgreSQL database (``dpss_ab_<pid>``, dropped at the end) holding
@@ -148,6 +149,9 @@ class Child:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path)
+    parser.add_argument(
+        "--candidate", type=Path, default=ROOT, help="the new code (default: this tree)"
+    )
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--child", action="store_true")
@@ -157,7 +161,10 @@ def main() -> int:
         return 0
     if args.baseline is None:
         parser.error("--baseline is required")
-    old, new = Child(args.baseline.resolve(), args.requests), Child(ROOT, args.requests)
+    old, new = (
+        Child(args.baseline.resolve(), args.requests),
+        Child(args.candidate.resolve(), args.requests),
+    )
     try:
         rows = []
         for case, name in enumerate(CASES):
