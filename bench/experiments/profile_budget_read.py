@@ -20,6 +20,7 @@ import cProfile
 import io
 import os
 import pstats
+import re
 import shutil
 import sys
 import tempfile
@@ -36,29 +37,33 @@ from service.app import create_app
 from service.config import Settings
 from service.migrate import upgrade_to_head
 
-#: Layers of a budget read, by a function (``file:function`` substring) on the stack; a sample
-#: counts under each layer whose marker it holds (inclusive time).
+#: Layers of a budget read, by a frame (``file:qualified function``, as py-spy names them) on
+#: the stack; a sample counts under each layer whose frame it holds (inclusive time).
 LAYERS = {
-    "httpx client (the bench's own)": "httpx/_client.py:send",
-    "ObservabilityMiddleware (metrics, span)": "observability.py:__call__",
-    "  metrics.observe_request": "metrics.py:observe_request",
-    "  tracing span": "opentelemetry",
-    "RequestLogMiddleware": "middleware.py:__call__",
-    "  access log line": "logging/__init__.py:info",
-    "starlette routing": "starlette/routing.py:app",
-    "fastapi request handler (deps, validation, serialisation)": "fastapi/routing.py:app",
+    "httpx client (the bench's own, event loop)": "httpx/_client.py:AsyncClient.request",
+    "  the app, through ASGI": "httpx/_transports/asgi.py:ASGITransport.handle_async_request",
+    "ObservabilityMiddleware (metrics, span)": "observability.py:ObservabilityMiddleware.__call__",
+    "RequestLogMiddleware (request id, access line)": "middleware.py:RequestLogMiddleware.__call__",
+    "Starlette's router": "starlette/routing.py:Router.__call__",
+    "FastAPI's handler (deps, endpoint, serialisation)": "get_request_handler.<locals>.app",
     "  dependencies": "fastapi/dependencies/utils.py:solve_dependencies",
     "  response serialisation": "fastapi/routing.py:serialize_response",
-    "Database.run (gate, thread hop)": "deps.py:run",
-    "  the transaction (database thread)": "deps.py:_transaction",
-    "  authenticate_cached": "auth.py:authenticate_cached",
-    "  get_dataset": "datasets.py:get_dataset",
-    "  budget_of": "ledger.py:budgets_of",
-    "  Budget model": "presenters.py:_budget",
-    "  session begin/commit/close": "orm/session.py:commit",
-    "  psycopg": "psycopg/",
-    "  sqlalchemy compile": "sql/compiler.py",
+    "  Database.run on the loop (gate, thread hand-off)": "deps.py:Database.run",
+    "database thread": "anyio/_backends/_asyncio.py:WorkerThread.run",
+    "  the unit of work (session, key, work, commit)": "deps.py:Database._transaction",
+    "  the route's work": "datasets.py:get_budget.<locals>.work",
+    "  SQLAlchemy execute": "sqlalchemy/orm/session.py:Session.execute",
+    "  psycopg execute": "psycopg/cursor.py:Cursor.execute",
+    "  commit": "sqlalchemy/orm/session.py:SessionTransaction.commit",
 }
+#: Leaves where a thread waits (py-spy samples them too): not CPU.
+IDLE = (
+    "threading.py:Condition.wait",
+    "psycopg/connection.py:Connection.wait",
+    "selectors.py:EpollSelector.select",
+)
+#: Frames of the setup (migrations, imports, the upload), not of the reads.
+SETUP = ("upgrade_to_head", "_find_and_load", "upload", "create_key")
 
 
 def summarise(raw: Path) -> None:
@@ -66,20 +71,23 @@ def summarise(raw: Path) -> None:
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, number = line.rpartition(" ")
-        n = int(number)
-        # py-spy's idle threads (waiting in a selector or a queue) are not CPU.
-        if "select (selectors.py" in stack or "wait (threading.py" in stack:
+        if any(marker in stack for marker in SETUP):
             continue
-        total += n
-        frames = stack.split(";")
-        keys = [f"{f.split('(')[1].split(':')[0]}:{f.split(' (')[0]}" for f in frames if "(" in f]
-        joined = ";".join(keys) + ";" + stack
+        frames = []
+        for frame in stack.split(";"):
+            found = re.match(r"(.*) \((.*):\d+\)$", frame)
+            if found:
+                frames.append(f"{found.group(2)}:{found.group(1)}")
+        if not frames or frames[-1] in IDLE:
+            continue
+        total += int(number)
+        joined = ";".join(frames)
         for layer, marker in LAYERS.items():
             if marker in joined:
-                counts[layer] += n
-    print(f"{total} busy samples")
+                counts[layer] += int(number)
+    print(f"{total} busy samples; share of them under each layer (inclusive)")
     for layer in LAYERS:
-        print(f"{layer:60s} {counts[layer] / total:6.1%}")
+        print(f"{layer:56s} {counts[layer] / max(total, 1):6.1%}")
 
 
 async def _loop(app: object, path: str, headers: dict[str, str], seconds: float) -> int:
