@@ -18,8 +18,7 @@ from service.releases import decode_basis
 
 
 def budget_out(totals: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
-    """The budget in the dataset's currency; on ``gaussian`` and ``zcdp`` datasets
-    ``epsilon_spent`` is what the spent amount amounts to at ``delta_total``."""
+    """A budget read's answer, from :func:`service.datasets.get_budget` (see :func:`_budget`)."""
     return _budget(totals, state)
 
 
