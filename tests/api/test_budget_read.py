@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import ledger
+from service import auth, ledger
 from service.api.presenters import budget_out
+from service.app import create_app
 from service.config import Settings
 from service.db.models import Dataset, LedgerEntry, utcnow
 from tests.api.test_read_cost import counted
@@ -160,3 +161,65 @@ def test_the_budget_read_shows_what_the_metadata_shows(
     assert deleted.status_code == 204
     for key in (keys.owner, keys.analyst):
         assert client.get(budget_url(dataset), headers=bearer(key)).status_code == 404
+
+
+def _autocommit(connection: Any) -> bool:
+    """Whether a statement on ``connection`` runs outside a transaction (called before it)."""
+    dbapi = connection.connection.dbapi_connection
+    if connection.dialect.name == "postgresql":
+        return bool(dbapi.autocommit)
+    return not dbapi.in_transaction  # SQLite: the service's own BEGIN IMMEDIATE came first
+
+
+def test_only_the_budget_read_runs_outside_a_transaction_and_the_pool_stays_transactional(
+    committed_db: tuple[str, sessionmaker[Session]],
+    settings: Settings,
+    backend: str,
+    upload_dataset: Callable[..., Any],
+) -> None:
+    """On the app's own engine with one pooled connection: on PostgreSQL the budget read's
+    statements run in autocommit (no BEGIN and COMMIT round trips); every other unit of work on
+    the same connection afterwards, reads and writes, is a transaction again. SQLite (in
+    process, no round trips) keeps a transaction for every unit of work."""
+    url, factory = committed_db
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+        _, analyst = auth.create_key(session, "analyst", "a", None)
+    own = settings.model_copy(update={"database_url": url, "db_pool_size": 1, "db_max_overflow": 0})
+    with TestClient(create_app(own)) as client:
+        engine = client.app.state.engine  # type: ignore[attr-defined]
+        seen: list[tuple[str, bool]] = []
+
+        def record(connection: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+            if not statement.upper().startswith("BEGIN"):
+                seen.append((statement.split()[0].upper(), _autocommit(connection)))
+
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            dataset = upload_dataset(client, owner, DATA, row_norm_bound="1")["id"]
+            for _ in range(2):
+                seen.clear()
+                post_release(
+                    client,
+                    analyst,
+                    dataset,
+                    mechanism="analyze_gauss",
+                    k=1,
+                    epsilon="0.5",
+                    delta="1e-9",
+                )
+                assert seen and not any(flag for _, flag in seen), seen
+                seen.clear()
+                response = client.get(budget_url(dataset), headers=bearer(analyst))
+                assert response.status_code == 200, response.text
+                outside = backend == "postgresql"
+                assert seen and all(flag is outside for _, flag in seen), seen
+                seen.clear()
+                assert (
+                    client.get(f"/v1/datasets/{dataset}", headers=bearer(analyst)).status_code
+                    == 200
+                )
+                assert seen and not any(flag for _, flag in seen), seen
+            assert Decimal(response.json()["epsilon_spent"]) == Decimal("1.0")
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
