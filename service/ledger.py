@@ -17,9 +17,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Row, case, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Row,
+    Select,
+    and_,
+    bindparam,
+    case,
+    func,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
@@ -29,8 +41,11 @@ from service.errors import InvalidInput
 __all__ = [
     "BUDGET_CONTEXT",
     "BudgetState",
+    "BudgetTotals",
     "Charge",
     "budget_of",
+    "budget_row_of",
+    "budget_select",
     "budgets_of",
     "charge",
     "check_storable",
@@ -101,8 +116,26 @@ class BudgetState:
         return BUDGET_CONTEXT.compare(charge.rho, self.rho_remaining) <= 0 and delta_ok
 
 
+class BudgetTotals(Protocol):
+    """What a budget is made of: a dataset row (:class:`~service.db.models.Dataset`) or the
+    columns :func:`budget_select` reads of it."""
+
+    @property
+    def accounting(self) -> str: ...
+    @property
+    def epsilon_total(self) -> Decimal: ...
+    @property
+    def delta_total(self) -> Decimal: ...
+    @property
+    def rho_total(self) -> Decimal | None: ...
+    @property
+    def mu_total(self) -> Decimal | None: ...
+    @property
+    def delta_conversion(self) -> Decimal | None: ...
+
+
 def state_of(
-    dataset: Dataset, epsilon_spent: Decimal, delta_spent: Decimal, rho_spent: Decimal
+    dataset: BudgetTotals, epsilon_spent: Decimal, delta_spent: Decimal, rho_spent: Decimal
 ) -> BudgetState:
     """The dataset's budget state from its totals and its ledger sums."""
     limit: Decimal | None = None
@@ -122,10 +155,12 @@ def state_of(
     )
 
 
-def in_effect() -> ColumnElement[bool]:
-    """Entries that count now: every charge, and a refund once its ``created_at`` (the moment
-    its release's outcome becomes visible to analysts, see :func:`refund`) has passed."""
-    return or_(LedgerEntry.kind == "charge", LedgerEntry.created_at <= utcnow())
+def in_effect(now: datetime | ColumnElement[Any] | None = None) -> ColumnElement[bool]:
+    """Entries that count at ``now`` (default: the current time; may be a bound parameter):
+    every charge, and a refund once its ``created_at`` (the moment its release's outcome
+    becomes visible to analysts, see :func:`refund`) has passed."""
+    entries = LedgerEntry.__table__.c
+    return or_(entries.kind == "charge", entries.created_at <= (utcnow() if now is None else now))
 
 
 def budget_of(session: Session, dataset: Dataset) -> BudgetState:
@@ -175,6 +210,79 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
         spent = {dataset_id: spent_of(entries) for dataset_id, entries in by_dataset.items()}
     zero = (Decimal(0), Decimal(0), Decimal(0))
     return {dataset.id: state_of(dataset, *spent.get(dataset.id, zero)) for dataset in datasets}
+
+
+#: The columns of a dataset that make its budget (:class:`BudgetTotals`), in this order.
+TOTALS = ("accounting", "epsilon_total", "delta_total", "rho_total", "mu_total", "delta_conversion")
+
+
+def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[Any]:
+    """One statement for one dataset's budget: its :data:`TOTALS` and what its ledger spent,
+    for the dataset (at most one) that ``where`` selects, with entries in effect at the bound
+    parameter ``now`` (:func:`in_effect`). Core, not ORM: built once and kept, so a read pays
+    neither for building it nor for loading an ORM object (read it with
+    :func:`budget_row_of`).
+
+    On PostgreSQL the database sums (one row; sums null without entries), as in
+    :func:`budgets_of`; on SQLite one row per entry in effect (one with null entry columns
+    without any), summed exactly by :func:`budget_row_of`. The ledger is joined (left), so a
+    dataset with no entries still answers.
+    """
+    datasets, entries = Dataset.__table__, LedgerEntry.__table__
+    totals = [datasets.c[name] for name in TOTALS]
+    joined = datasets.outerjoin(
+        entries,
+        and_(
+            entries.c.dataset_id == datasets.c.id,
+            in_effect(bindparam("now")),
+        ),
+    )
+    if dialect == "postgresql":
+        sign = case((entries.c.kind == "charge", 1), else_=-1)
+        return (
+            select(
+                *totals,
+                func.sum(sign * entries.c.epsilon),
+                func.sum(sign * entries.c.delta),
+                func.sum(sign * entries.c.rho),
+            )
+            .select_from(joined)
+            .where(*where)
+            .group_by(datasets.c.id, *totals)
+        )
+    return (
+        select(*totals, entries.c.kind, entries.c.epsilon, entries.c.delta, entries.c.rho)
+        .select_from(joined)
+        .where(*where)
+    )
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A dataset's :class:`BudgetTotals` as :func:`budget_select` read them."""
+
+    accounting: str
+    epsilon_total: Decimal
+    delta_total: Decimal
+    rho_total: Decimal | None
+    mu_total: Decimal | None
+    delta_conversion: Decimal | None
+
+
+def budget_row_of(dialect: str, rows: Sequence[Row[Any]]) -> tuple[Totals, BudgetState] | None:
+    """The totals and budget state from :func:`budget_select`'s rows; ``None`` if there are
+    none (no such dataset, or not one the statement's conditions let through)."""
+    if not rows:
+        return None
+    totals = Totals(*rows[0][: len(TOTALS)])
+    width = len(TOTALS)
+    if dialect == "postgresql":
+        sums = rows[0][width:]
+        spent = tuple(Decimal(0) if value is None else Decimal(value) for value in sums)
+    else:
+        entries = [row[width:] for row in rows if row[width] is not None]
+        spent = spent_of(entries)
+    return totals, state_of(totals, *spent)
 
 
 def spent_of(

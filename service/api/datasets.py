@@ -217,9 +217,9 @@ async def get_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Dataset:
 )
 async def get_budget(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Budget:
     def work(session: Session, principal: Principal) -> Budget:
-        return budget_out(session, datasets.get_dataset(session, principal, dataset_id))
+        return budget_out(*datasets.get_budget(session, principal, dataset_id))
 
-    return await uow(work)
+    return await uow(work, single_statement=True)
 
 
 @router.delete(

@@ -82,13 +82,13 @@ WithBasis = Annotated[
 ]
 
 
-def release_filters(
+async def release_filters(
     status: StatusFilter = None,
     mechanism: MechanismFilter = None,
     created_after: After = None,
     created_before: Before = None,
 ) -> history.ReleaseFilters:
-    """The filters both history routes take, as query parameters."""
+    """The filters both history routes take, as query parameters (``async``: no thread hop)."""
     return history.ReleaseFilters(
         status=status,
         mechanism=mechanism,

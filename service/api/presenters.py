@@ -17,11 +17,12 @@ from service.db.models import utcnow
 from service.releases import decode_basis
 
 
-def budget_out(session: Session, dataset: models.Dataset) -> Budget:
-    return _budget(dataset, ledger.budget_of(session, dataset))
+def budget_out(totals: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
+    """A budget read's answer, from :func:`service.datasets.get_budget` (see :func:`_budget`)."""
+    return _budget(totals, state)
 
 
-def _budget(dataset: models.Dataset, state: ledger.BudgetState) -> Budget:
+def _budget(dataset: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
     """The budget in the dataset's currency; on ``gaussian`` and ``zcdp`` datasets
     ``epsilon_spent`` is what the spent amount amounts to at ``delta_total``."""
     if state.accounting == "basic":
@@ -57,7 +58,7 @@ def _budget(dataset: models.Dataset, state: ledger.BudgetState) -> Budget:
     )
 
 
-def spent_epsilon(dataset: models.Dataset, state: ledger.BudgetState) -> Decimal:
+def spent_epsilon(dataset: ledger.BudgetTotals, state: ledger.BudgetState) -> Decimal:
     """The smallest epsilon at which what was spent is ``(epsilon, delta_total)``-DP: GDP's
     curve at ``mu_spent`` (``gaussian``), CKS's conversion of ``rho_spent`` at ``delta_total -
     delta_spent`` (``zcdp``: the approximate steps' delta adds up)."""
