@@ -395,6 +395,17 @@ class Settings(BaseSettings):
             "under twice the cores' load took up to 1.8x its calibrated time)."
         ),
     )
+    worker_blas_threads: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "BLAS threads of a worker's runs and calibration (0: the library's default, one per "
+            "core). One: under contention a threaded OpenBLAS eigendecomposition waits for its "
+            "descheduled threads (d = 784: 23-33 s against 4 s single-threaded at load 16 on 2 "
+            "cores), which no padding calibrated at another moment covers; scale out with "
+            "worker processes instead."
+        ),
+    )
     worker_calibrate_seconds: float = Field(
         default=300,
         ge=0,

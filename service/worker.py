@@ -82,6 +82,7 @@ from service.jobs import (
     ClaimedJob,
     Outcome,
     WorkerStopping,
+    blas_threads,
     die_with_parent,
     take_lease,
 )
@@ -92,6 +93,7 @@ from service.mechanisms.registry import get_mechanism
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
+
 
 T = TypeVar("T")
 
@@ -427,7 +429,9 @@ class Worker:
             bind = self.session_factory.kw.get("bind")
             if isinstance(bind, Engine):
                 bind.dispose(close=False)
-            sender.send(work())
+            with blas_threads(self.settings):
+                result = work()
+            sender.send(result)
             sender.close()
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
@@ -583,7 +587,8 @@ class Worker:
                 queued = select(Release.id).where(Release.status == "queued").limit(1)
                 return session.execute(queued).first() is not None
 
-        rates = calibration.measure(interrupted=job_waiting)
+        with blas_threads(self.settings):
+            rates = calibration.measure(interrupted=job_waiting)
         # The per-job overhead, through this worker's own path (forked when it isolates runs),
         # the probe file in this process's incoming directory (removed with it if it dies).
         probe = self.store.new_incoming_path().with_suffix(".npy")

@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 from sqlalchemy import select
+from threadpoolctl import threadpool_info
 
 from service import calibration
 from service.config import Settings
 from service.db.models import MachineRate, Release
+from service.jobs import blas_threads
 from service.padding import (
     DATA_DEPENDENT_FACTOR,
     OVERHEAD,
@@ -297,3 +299,17 @@ def test_a_later_overhead_probe_never_moves_a_visible_at(
     later = post_release(client, keys.analyst, data["id"], **body)
     # 0.9 s more overhead at the multiplier 2, plus the first job's in the queue term.
     assert _padding_of(session_factory, later) > padding + 1.8
+
+
+def test_runs_and_calibration_use_the_configured_blas_threads() -> None:
+    # One thread by default: a threaded BLAS waiting for descheduled threads under contention
+    # is a slowdown the calibration, taken at another moment, would not see.
+    def blas() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas()
+    with blas_threads(Settings()):
+        assert all(threads == 1 for threads in blas())
+    assert blas() == before
+    with blas_threads(Settings(worker_blas_threads=0)):
+        assert blas() == before
