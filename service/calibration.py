@@ -9,7 +9,8 @@ release already requested keeps its ``visible_at`` whatever is calibrated later.
 The per-job overhead is calibrated too (:func:`measure_overhead`): a probe goes through the
 path of a real job -- a database round trip as the claim, a forked child (the worker's
 :meth:`~service.worker.Worker.isolated`) that opens a public random dataset file as the store
-does (a read-only memory map) and reads every row, the result back through the pipe, and a
+does (a read-only memory map), reads every row and makes a run's first BLAS, LAPACK and noise
+calls (set up again in every forked child), the result back through the pipe, and a
 second round trip as the outcome's store -- a few times, and the slowest is kept. It is
 stored in ``machine_rates`` as two pseudo-mechanisms at ``d = 0`` (no migration): ``_overhead``
 with ``rate = 1 / seconds`` (so that the slower rate kept by :func:`store` and
@@ -28,11 +29,13 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import scipy.linalg
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db.models import MachineRate, utcnow
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import MECHANISMS
 from service.padding import (
     DATA_DEPENDENT_FACTOR,
@@ -126,11 +129,20 @@ def write_probe(path: Path) -> None:
 
 def read_probe(path: Path) -> float:
     """In the probe's child: open ``path`` as the store opens a dataset (a read-only memory map)
-    and read every row, as a run's first pass does; the seconds the read took."""
+    and read every row, as a run's first pass does; the seconds the read took. Then the first
+    calls a run makes in a fresh process, whose fixed cost is part of the overhead: the noise
+    generator, and BLAS and LAPACK (NumPy's and SciPy's), which set themselves up again after a
+    fork (about 0.08 s on the reference machine against 0.016 s for a whole 3,000 x 200
+    ``analyze_gauss`` in a warm process)."""
     started = time.perf_counter()
     rows = np.load(path, mmap_mode="r")
     float(np.asarray(rows).sum())  # pages every row in
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    gram = np.asarray(rows[:1000]).T @ np.asarray(rows[:1000])
+    np.linalg.eigh(gram)
+    scipy.linalg.eigh(gram, subset_by_index=[gram.shape[0] - 2, gram.shape[0] - 1])
+    secure_generator().standard_normal(gram.shape[0])
+    return seconds
 
 
 def measure_overhead(
