@@ -6,6 +6,16 @@ units per second, :mod:`service.padding`) in ``machine_rates``. The API reads th
 rate of any worker when it fixes a new release's ``visible_at`` (:func:`current_rates`); a
 release already requested keeps its ``visible_at`` whatever is calibrated later.
 
+The per-job overhead is calibrated too (:func:`measure_overhead`): a probe goes through the
+path of a real job -- a database round trip as the claim, a forked child (the worker's
+:meth:`~service.worker.Worker.isolated`) that opens a public random dataset file as the store
+does (a read-only memory map), reads every row and makes a run's first BLAS, LAPACK and noise
+calls (set up again in every forked child), the result back through the pipe, and a
+second round trip as the outcome's store -- a few times, and the slowest is kept. It is
+stored in ``machine_rates`` as two pseudo-mechanisms at ``d = 0`` (no migration): ``_overhead``
+with ``rate = 1 / seconds`` (so that the slower rate kept by :func:`store` and
+:func:`current_rates` is the longer overhead) and ``_read``, the bytes read per second.
+
 Every input of a calibration is public: the mechanism, a shape fixed here, random data from a
 fixed seed, and the machine's speed at that moment (which other jobs affect, as they affect any
 job; it says nothing about a dataset).
@@ -16,15 +26,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import numpy as np
+import scipy.linalg
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from service.db.models import MachineRate, utcnow
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import MECHANISMS
-from service.padding import DATA_DEPENDENT_FACTOR, CalibratedRates, work_units
+from service.padding import (
+    DATA_DEPENDENT_FACTOR,
+    OVERHEAD,
+    READ,
+    CalibratedRates,
+    work_units,
+)
 
 #: Shapes (n, d, k) timed per mechanism: a small and larger dimensions (BLAS runs faster per
 #: flop at larger d), the model's rate being interpolated between them
@@ -43,6 +62,10 @@ PARAMS: dict[str, dict[str, object]] = {
     "exact_gapmax": {"sample_rows": 150},
     "histogram_aggregate": {"cell_width": 0.1},
 }
+#: The overhead probe's public random dataset (n x d float64: 3.2 MB) and how many probes a
+#: calibration times (the slowest counts: scheduling delays under load are heavy-tailed).
+PROBE_SHAPE = (4_000, 100)
+PROBES = 3
 #: Rates older than this are ignored (a worker that stopped calibrating is gone).
 STALE_AFTER = timedelta(days=1)
 
@@ -66,17 +89,16 @@ def measure(
 ) -> dict[tuple[str, int], float]:
     """``{(mechanism, d): work units per second}`` timed on this machine now.
 
-    ``interrupted()`` is asked before each mechanism: when it says true (a job is waiting), the
-    rates measured so far are returned, so that a calibration delays a job by one mechanism's
-    timing at most."""
+    ``interrupted()`` is asked before each timed run: when it says true (a job is waiting), the
+    rates measured so far are returned, so that a calibration delays a job by one run at most."""
     rng = np.random.default_rng(20261126)
     rates: dict[tuple[str, int], float] = {}
     for name, mechanism in sorted(MECHANISMS.items()):
         if mechanism.continual or (mechanisms is not None and name not in mechanisms):
             continue
-        if interrupted():
-            break
         for n, d, k in SHAPES.get(name, DEFAULT_SHAPES):
+            if interrupted():
+                return rates
             ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
             raw = dict(PARAMS.get(name, {}))
             try:
@@ -87,6 +109,8 @@ def measure(
             kinds = (True, False) if name in DATA_DEPENDENT_FACTOR else (True,)
             seconds = 1e-6
             for structured in kinds:  # the slower kind of data, for data-dependent run times
+                if structured is False and interrupted():
+                    return rates
                 data = _rows(n, d, k, rng, structured)
                 started = time.perf_counter()
                 mechanism.run(data, spec, np.random.default_rng(0))
@@ -94,6 +118,63 @@ def measure(
             work = work_units(name, n, d, k, params.model_dump(mode="json"))
             rates[(name, d)] = work / seconds
     return rates
+
+
+def write_probe(path: Path) -> None:
+    """The overhead probe's dataset file: public random rows from a fixed seed, as ``.npy``."""
+    n, d = PROBE_SHAPE
+    with path.open("wb") as out:
+        np.save(out, _rows(n, d, 2, np.random.default_rng(20261126), structured=False))
+
+
+def read_probe(path: Path) -> float:
+    """In the probe's child: open ``path`` as the store opens a dataset (a read-only memory map)
+    and read every row, as a run's first pass does; the seconds the read took. Then the first
+    calls a run makes in a fresh process, whose fixed cost is part of the overhead: the noise
+    generator, and BLAS and LAPACK (NumPy's and SciPy's), which set themselves up again after a
+    fork (about 0.08 s on the reference machine against 0.016 s for a whole 3,000 x 200
+    ``analyze_gauss`` in a warm process)."""
+    started = time.perf_counter()
+    rows = np.load(path, mmap_mode="r")
+    float(np.asarray(rows).sum())  # pages every row in
+    seconds = time.perf_counter() - started
+    gram = np.asarray(rows[:1000]).T @ np.asarray(rows[:1000])
+    np.linalg.eigh(gram)
+    scipy.linalg.eigh(gram, subset_by_index=[gram.shape[0] - 2, gram.shape[0] - 1])
+    secure_generator().standard_normal(gram.shape[0])
+    return seconds
+
+
+def measure_overhead(
+    path: Path,
+    isolated: Callable[[Callable[[], float]], float | None],
+    round_trip: Callable[[], None],
+    interrupted: Callable[[], bool] = lambda: False,
+) -> dict[tuple[str, int], float]:
+    """The per-job overhead of this machine now: ``{(OVERHEAD, 0): 1 / seconds, (READ, 0):
+    bytes per second}``, the slowest of :data:`PROBES` probes (fewer when ``interrupted()``).
+
+    A probe is a job's path without its mechanism: ``round_trip()`` (a database transaction, as
+    the claim), ``isolated(work)`` (``work`` in a forked child, its result back through the
+    pipe: :meth:`service.worker.Worker.isolated`) reading the probe file ``path``
+    (:func:`write_probe`) with :func:`read_probe`, and ``round_trip()`` again (the outcome's
+    store). Empty if no probe completed."""
+    size = float(path.stat().st_size)
+    overhead, read = 0.0, 0.0
+    for _ in range(PROBES):
+        if interrupted():
+            break
+        started = time.perf_counter()
+        round_trip()
+        seconds = isolated(lambda: read_probe(path))
+        round_trip()
+        if seconds is None:
+            continue
+        overhead = max(overhead, time.perf_counter() - started)
+        read = max(read, seconds, 1e-6)
+    if overhead <= 0:
+        return {}
+    return {(OVERHEAD, 0): 1.0 / overhead, (READ, 0): size / read}
 
 
 def store(

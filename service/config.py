@@ -370,16 +370,40 @@ class Settings(BaseSettings):
         ),
     )
     release_padding_calibrated_floor_seconds: float = Field(
-        default=1.5,
+        default=0.25,
         ge=0,
-        description="Constant part of a calibrated padding, seconds (start-up and storing).",
+        description=(
+            "Constant part of a calibrated padding, seconds: what the workers' overhead probe "
+            "does not time (an idle worker's wake-up). Start-up, loading and storing are timed "
+            "by the probe (DPSS_RELEASE_PADDING_OVERHEAD_MULTIPLIER)."
+        ),
     )
-    release_padding_calibrated_multiplier: float = Field(
+    release_padding_overhead_multiplier: float = Field(
         default=2.0,
         ge=1,
         description=(
+            "Safety factor on the per-job overhead the workers time on public random data "
+            "(fork, reading the dataset file, database round trips) in a calibrated padding."
+        ),
+    )
+    release_padding_calibrated_multiplier: float = Field(
+        default=2.5,
+        ge=1,
+        description=(
             "Safety factor on the measured run time in a calibrated padding (covers load "
-            "beyond the calibration's and the model's error between calibrated shapes)."
+            "beyond the calibration's and the model's error between calibrated shapes: a run "
+            "under twice the cores' load took up to 1.8x its calibrated time)."
+        ),
+    )
+    worker_blas_threads: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "BLAS threads of a worker's runs and calibration (0: the library's default, one per "
+            "core). One: under contention a threaded OpenBLAS eigendecomposition waits for its "
+            "descheduled threads (d = 784: 23-33 s against 4 s single-threaded at load 16 on 2 "
+            "cores), which no padding calibrated at another moment covers; scale out with "
+            "worker processes instead."
         ),
     )
     worker_calibrate_seconds: float = Field(

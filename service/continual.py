@@ -78,6 +78,7 @@ from service.jobs import (
     JobRunner,
     Outcome,
     WorkerStopping,
+    blas_threads,
     die_with_parent,
     take_lease,
 )
@@ -431,7 +432,9 @@ def run_isolated(worker: JobRunner, work: Callable[[], T]) -> T | None:
             bind = worker.session_factory.kw.get("bind")
             if bind is not None:
                 bind.dispose(close=False)
-            sender.send(work())
+            with blas_threads(worker.settings):
+                result = work()
+            sender.send(result)
             sender.close()
 
     process = context.Process(target=child, daemon=True)

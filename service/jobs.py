@@ -16,13 +16,15 @@ import signal
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 from sqlalchemy.orm import Session, sessionmaker
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from service.config import Settings
 from service.db.models import Dataset, Release
@@ -153,6 +155,16 @@ def die_with_parent(parent: int) -> None:
         ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the call above
         os._exit(1)
+
+
+@contextmanager
+def blas_threads(settings: Settings) -> Iterator[None]:
+    """BLAS limited to ``DPSS_WORKER_BLAS_THREADS`` threads (0: unchanged) while inside: in a
+    worker's isolated runs and in its calibration alike, so that the padding's model
+    (:mod:`service.padding`) is timed as the runs it covers are run."""
+    threads = settings.worker_blas_threads
+    with threadpool_limits(limits=threads, user_api="blas") if threads > 0 else nullcontext():
+        yield
 
 
 class JobRunner(Protocol):

@@ -19,14 +19,20 @@ The padding is a run-time model with a safety factor and a floor::
 mechanism timed on public random data at a small and a larger ``d``, stored in
 ``machine_rates``), the padding tracks the measured rates instead of the conservative defaults::
 
-    padding = calibrated_floor + queue + calibrated_multiplier * factor * work / rate(mechanism, d)
+    padding = calibrated_floor + overhead_multiplier * (overhead + 8 n d / read_rate)
+              + queue + calibrated_multiplier * factor * work / rate(mechanism, d)
 
-with ``rate(mechanism, d)`` the slowest recent worker's, interpolated in ``log d`` between the
-calibrated dimensions (clamped outside them); ``queue`` the modelled run time of the one-shot
-jobs queued or running when the release is requested, times the multiplier, shared among the
-calibrated workers; and ``factor`` 1, except for a mechanism whose operation count depends on
-the data (``exact_gapmax``, ``auto``, ``histogram_aggregate``: calibrated on the slower of
-rows near a subspace and isotropic rows, and given :data:`DATA_DEPENDENT_FACTOR` on top). Every
+with ``overhead`` the slowest recent worker's per-job overhead and ``read_rate`` its rate of
+reading a dataset file (both timed by a probe through the isolated path of a real job: database
+round trips, a forked child reading public random rows from a file, the result back through the
+pipe; :func:`service.calibration.measure_overhead`); ``calibrated_floor`` a small constant for
+what the probe does not see (an idle worker's wake-up); ``rate(mechanism, d)`` the slowest
+recent worker's, interpolated in ``log d`` between the calibrated dimensions (clamped outside
+them); ``queue`` the modelled time (overhead and run, each with its multiplier) of the one-shot
+jobs queued or running when the release is requested, shared among the calibrated workers; and
+``factor`` 1, except for a mechanism whose operation count depends on the data
+(``exact_gapmax``, ``auto``, ``histogram_aggregate``: calibrated on the slower of rows near a
+subspace and isotropic rows, and given :data:`DATA_DEPENDENT_FACTOR` on top). Every
 input is public: shapes, params, other jobs' shapes and params, and the machine's speed on
 random data. ``visible_at`` is computed once, when
 the release is requested, and stored: a later calibration never moves it.
@@ -183,6 +189,19 @@ DATA_DEPENDENT_FACTOR: dict[str, float] = {
 }
 
 
+#: Pseudo-mechanisms of ``machine_rates`` (at ``d = 0``): the per-job overhead of the isolated
+#: path, stored as ``1 / seconds`` (the slower rate is the longer overhead), and the rate of
+#: reading a dataset file, bytes per second (:func:`service.calibration.measure_overhead`).
+OVERHEAD = "_overhead"
+READ = "_read"
+#: The per-job overhead assumed while no worker has timed it (workers calibrated before the
+#: probe existed), with the overhead multiplier: 0.25 + 2 x 0.75 s, the former constant's 1.5 s
+#: and a little more.
+UNCALIBRATED_OVERHEAD_SECONDS = 0.75
+#: The read rate assumed while no worker has timed it, bytes per second (a slow disk).
+UNCALIBRATED_READ_RATE = 1e8
+
+
 def work_units(mechanism: str, n: int, d: int, k: int, params: Params) -> float:
     """Modelled work units of one run (about floating-point operations)."""
     return WORK_MODELS.get(mechanism, _analyze_gauss)(n, d, k, params)
@@ -195,6 +214,17 @@ class CalibratedRates:
 
     rates: Mapping[tuple[str, int], float] = field(default_factory=dict)
     workers: int = 0
+
+    @property
+    def overhead_seconds(self) -> float | None:
+        """The slowest recent worker's per-job overhead; ``None`` if none was timed."""
+        rate = self.rates.get((OVERHEAD, 0))
+        return None if rate is None else 1.0 / rate
+
+    @property
+    def read_rate(self) -> float | None:
+        """The slowest recent worker's rate of reading a dataset file, bytes per second."""
+        return self.rates.get((READ, 0))
 
     def rate(self, mechanism: str, d: int) -> float | None:
         """The rate at ``d``: interpolated in ``log d`` between the calibrated dimensions,
@@ -215,14 +245,16 @@ class CalibratedRates:
 
 @dataclass(frozen=True)
 class PaddingModel:
-    """``padding = max(floor, multiplier * work / rate)``; every input is public."""
+    """``padding = max(floor, multiplier * work / rate)`` uncalibrated; calibrated, the sum in
+    the module's docstring. Every input is public."""
 
     floor_seconds: float
     multiplier: float
     rates: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_RATES))
     calibrated: CalibratedRates = field(default_factory=CalibratedRates)
-    calibrated_floor_seconds: float = 1.5
-    calibrated_multiplier: float = 2.0
+    calibrated_floor_seconds: float = 0.25
+    calibrated_multiplier: float = 2.5
+    overhead_multiplier: float = 2.0
 
     @classmethod
     def from_settings(
@@ -240,6 +272,7 @@ class PaddingModel:
             ),
             calibrated_floor_seconds=settings.release_padding_calibrated_floor_seconds,
             calibrated_multiplier=settings.release_padding_calibrated_multiplier,
+            overhead_multiplier=settings.release_padding_overhead_multiplier,
         )
 
     def work(self, mechanism: str, n: int, d: int, k: int, params: Params) -> float:
@@ -258,6 +291,15 @@ class PaddingModel:
         rate = self._calibrated_rate(mechanism, d) or self.rates.get(mechanism, FALLBACK_RATE)
         return self.work(mechanism, n, d, k, params) / rate
 
+    def overhead_seconds(self, n: int, d: int) -> float:
+        """The modelled per-job overhead of a run on ``n x d`` rows: the probe's overhead plus
+        reading ``8 n d`` bytes at the probe's read rate (assumed values while uncalibrated)."""
+        overhead = self.calibrated.overhead_seconds
+        read_rate = self.calibrated.read_rate or UNCALIBRATED_READ_RATE
+        if overhead is None:
+            overhead = UNCALIBRATED_OVERHEAD_SECONDS
+        return overhead + 8.0 * n * d / read_rate
+
     def padding(
         self, mechanism: str, n: int, d: int, k: int, params: Params, queue_seconds: float = 0.0
     ) -> timedelta:
@@ -270,7 +312,10 @@ class PaddingModel:
         work = self.work(mechanism, n, d, k, params)
         if rate is not None:
             factor = self.calibrated_multiplier * DATA_DEPENDENT_FACTOR.get(mechanism, 1.0)
-            seconds = self.calibrated_floor_seconds + queue_seconds + factor * work / rate
+            overhead = self.overhead_multiplier * self.overhead_seconds(n, d)
+            seconds = (
+                self.calibrated_floor_seconds + overhead + queue_seconds + factor * work / rate
+            )
         else:
             rate = self.rates.get(mechanism, FALLBACK_RATE)
             seconds = max(self.floor_seconds, self.multiplier * work / rate)
@@ -280,6 +325,11 @@ class PaddingModel:
 
     def queue_seconds(self, ahead: list[tuple[str, int, int, int, Params]]) -> float:
         """Time the calibrated workers need for the jobs ``ahead`` (mechanism, n, d, k,
-        params), each at its padding's multiple of its modelled run, shared among them."""
-        total = sum(self.calibrated_multiplier * self.run_seconds(*job) for job in ahead)
+        params), each at its padding's multiples of its modelled overhead and run, shared among
+        them."""
+        total = sum(
+            self.overhead_multiplier * self.overhead_seconds(job[1], job[2])
+            + self.calibrated_multiplier * self.run_seconds(*job)
+            for job in ahead
+        )
         return total / max(self.calibrated.workers, 1)

@@ -82,6 +82,7 @@ from service.jobs import (
     ClaimedJob,
     Outcome,
     WorkerStopping,
+    blas_threads,
     die_with_parent,
     take_lease,
 )
@@ -92,6 +93,7 @@ from service.mechanisms.registry import get_mechanism
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
+
 
 T = TypeVar("T")
 
@@ -380,34 +382,45 @@ class Worker:
 
     def _execute_isolated(self, job: ClaimedJob) -> Outcome | None:
         """:meth:`execute` in a forked child; ``None`` if the child died without an outcome."""
+        return self.isolated(f"release {job.release_id}", lambda: self.execute(job))
+
+    def isolated(self, what: str, work: Callable[[], T]) -> T | None:
+        """``work()`` in a forked child, its result back through a pipe; ``None`` if the child
+        died without one. The path of every isolated run, and of the calibration's probe of
+        this path (:func:`service.calibration.measure_overhead`)."""
         context = multiprocessing.get_context("fork")
         receiver, sender = context.Pipe(duplex=False)
         child = context.Process(
-            target=self._child, args=(job, receiver, sender, os.getpid()), daemon=True
+            target=self._child, args=(what, work, receiver, sender, os.getpid()), daemon=True
         )
         child.start()
         sender.close()
         try:
             # Waiting here holds no lock: the heartbeat thread runs whatever the child does.
-            outcome: Outcome = receiver.recv()
+            result: T = receiver.recv()
         except EOFError:
             child.join()
             log.error(
-                "release %s: the run's process ended without an outcome (exit code %s); "
+                "%s: the run's process ended without an outcome (exit code %s); "
                 "the job is left to its lease",
-                job.release_id,
+                what,
                 child.exitcode,
             )
             return None
         finally:
             receiver.close()
         child.join()
-        return outcome
+        return result
 
     def _child(
-        self, job: ClaimedJob, receiver: Connection, sender: Connection, parent: int
+        self,
+        what: str,
+        work: Callable[[], Any],
+        receiver: Connection,
+        sender: Connection,
+        parent: int,
     ) -> None:
-        with forked_child_failures(f"release {job.release_id}"):
+        with forked_child_failures(what):
             die_with_parent(parent)
             # Only the parent reads: with this end closed here, a send to a dead parent fails
             # instead of blocking on a full pipe.
@@ -416,7 +429,9 @@ class Worker:
             bind = self.session_factory.kw.get("bind")
             if isinstance(bind, Engine):
                 bind.dispose(close=False)
-            sender.send(self.execute(job))
+            with blas_threads(self.settings):
+                result = work()
+            sender.send(result)
             sender.close()
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
@@ -572,7 +587,25 @@ class Worker:
                 queued = select(Release.id).where(Release.status == "queued").limit(1)
                 return session.execute(queued).first() is not None
 
-        rates = calibration.measure(interrupted=job_waiting)
+        with blas_threads(self.settings):
+            rates = calibration.measure(interrupted=job_waiting)
+        # The per-job overhead, through this worker's own path (forked when it isolates runs),
+        # the probe file in this process's incoming directory (removed with it if it dies).
+        probe = self.store.new_incoming_path().with_suffix(".npy")
+        try:
+            calibration.write_probe(probe)
+            rates.update(
+                calibration.measure_overhead(
+                    probe,
+                    (lambda work: self.isolated("calibration probe", work))
+                    if self.isolate
+                    else (lambda work: work()),
+                    lambda: self.with_db_retry("calibrate", self.note_alive),
+                    job_waiting,
+                )
+            )
+        finally:
+            probe.unlink(missing_ok=True)
         if not rates:
             return False
 

@@ -12,11 +12,21 @@ from typing import Any
 import numpy as np
 import pytest
 from sqlalchemy import select
+from threadpoolctl import threadpool_info
 
 from service import calibration
 from service.config import Settings
 from service.db.models import MachineRate, Release
-from service.padding import DATA_DEPENDENT_FACTOR, CalibratedRates, PaddingModel, work_units
+from service.jobs import blas_threads
+from service.padding import (
+    DATA_DEPENDENT_FACTOR,
+    OVERHEAD,
+    READ,
+    UNCALIBRATED_OVERHEAD_SECONDS,
+    CalibratedRates,
+    PaddingModel,
+    work_units,
+)
 from service.worker import Worker
 from tests.conftest import post_release
 
@@ -37,26 +47,29 @@ def test_a_calibrated_padding_is_floor_plus_queue_plus_multiple_of_the_measured_
     settings = Settings(
         release_padding_calibrated_floor_seconds=1.5, release_padding_calibrated_multiplier=2.5
     )
-    model = PaddingModel.from_settings(settings, CalibratedRates(RATES, workers=2))
+    # The per-job overhead timed by the probe: 0.3 s, and 1e9 bytes/s read.
+    rates = {**RATES, (OVERHEAD, 0): 1 / 0.3, (READ, 0): 1e9}
+    model = PaddingModel.from_settings(settings, CalibratedRates(rates, workers=2))
     work = work_units("analyze_gauss", 3500, 400, 3, {})
+    overhead = 2 * (0.3 + 8 * 3500 * 400 / 1e9)
     assert model.padding("analyze_gauss", 3500, 400, 3, {}, queue_seconds=4) == timedelta(
-        seconds=1.5 + 4 + 2.5 * work / 4e9
+        seconds=1.5 + overhead + 4 + 2.5 * work / 4e9
     )
-    # Within 3x the modelled run plus 2 s whenever the run is as modelled and nothing is queued.
     run = work / 4e9
-    assert model.padding("analyze_gauss", 3500, 400, 3, {}).total_seconds() <= 3 * run + 2
     # The data-dependent mechanism keeps extra margin; an uncalibrated one keeps the defaults.
     gap = work_units("exact_gapmax", 200, 10, 2, {"sample_rows": 150})
     assert model.padding("exact_gapmax", 200, 10, 2, {"sample_rows": 150}) == timedelta(
-        seconds=1.5 + 2.5 * DATA_DEPENDENT_FACTOR["exact_gapmax"] * gap / 1e7
+        seconds=1.5
+        + 2 * (0.3 + 8 * 200 * 10 / 1e9)
+        + 2.5 * DATA_DEPENDENT_FACTOR["exact_gapmax"] * gap / 1e7
     )
     default = PaddingModel.from_settings(settings)
     assert model.padding("spectrum", 3500, 400, 3, {}) == default.padding(
         "spectrum", 3500, 400, 3, {}
     )
-    # Two jobs ahead, two workers: each worker takes one, at its padding's multiple.
+    # Two jobs ahead, two workers: each worker takes one, at its padding's multiples.
     assert model.queue_seconds([("analyze_gauss", 3500, 400, 3, {})] * 2) == pytest.approx(
-        2 * 2.5 * run / 2
+        2 * (overhead + 2.5 * run) / 2
     )
 
 
@@ -81,9 +94,9 @@ def test_measure_times_public_random_data_and_stops_when_a_job_waits(monkeypatch
     assert all(rate > 0 and math.isfinite(rate) for rate in rates.values())
     asked: list[int] = []
 
-    def waiting() -> bool:  # a job arrives after the first mechanism
+    def waiting() -> bool:  # a job arrives after the first mechanism's two shapes
         asked.append(1)
-        return len(asked) > 1
+        return len(asked) > 2
 
     partial = calibration.measure({"analyze_gauss": None, "spectrum": None}, waiting)
     assert set(partial) == {("analyze_gauss", 8), ("analyze_gauss", 16)}
@@ -108,8 +121,15 @@ def test_the_worker_calibrates_at_start_and_when_due_and_keeps_one_set(
     worker._calibrated_at = -1e9  # due again (as after worker_calibrate_seconds)
     assert worker.calibrate_if_due()
     with session_factory() as session:
-        rows = session.execute(select(MachineRate.worker_id, MachineRate.rate)).all()
+        rows = session.execute(
+            select(MachineRate.worker_id, MachineRate.rate).where(
+                MachineRate.mechanism == "analyze_gauss"
+            )
+        ).all()
         assert rows == [("w1", 1e9)]  # the slowdown applies at once
+        # The per-job overhead was probed too (in process: this worker does not isolate).
+        overhead = calibration.current_rates(session).overhead_seconds
+        assert overhead is not None and 0 < overhead < math.inf
         assert calibration.current_rates(session).rate("analyze_gauss", 50) == 1e9
     off = Worker(
         session_factory,
@@ -172,3 +192,124 @@ def test_visible_at_uses_the_slowest_worker_is_public_and_never_moves(
     assert _padding_of(session_factory, release) == padding
     later = post_release(client, keys.analyst, first["id"], **body)
     assert _padding_of(session_factory, later) > padding
+
+
+def test_the_overhead_probe_reads_a_public_file_through_the_given_path(tmp_path: Any) -> None:
+    path = tmp_path / "probe.npy"
+    calibration.write_probe(path)
+    rows = np.load(path)
+    assert rows.shape == calibration.PROBE_SHAPE
+    # Public random rows from a fixed seed: the same file every time, never a dataset's.
+    again = tmp_path / "again.npy"
+    calibration.write_probe(again)
+    assert np.array_equal(np.load(again), rows)
+    paths: list[str] = []
+    trips: list[int] = []
+
+    def isolated(work: Any) -> float | None:  # in process here; the worker forks
+        paths.append("isolated")
+        result: float = work()
+        return result
+
+    rates = calibration.measure_overhead(path, isolated, lambda: trips.append(1))
+    assert set(rates) == {(OVERHEAD, 0), (READ, 0)}
+    assert all(0 < rate < math.inf for rate in rates.values())
+    # Each probe: a round trip as the claim, the child, a round trip as the store.
+    assert len(paths) == calibration.PROBES and len(trips) == 2 * calibration.PROBES
+    # A child that died gives no figure; a job waiting stops the probes.
+    assert calibration.measure_overhead(path, lambda work: None, lambda: None) == {}
+    assert calibration.measure_overhead(path, isolated, lambda: None, lambda: True) == {}
+
+
+def test_the_overhead_probe_goes_through_the_workers_forked_path(
+    session_factory: Any, store: Any, calibrated_settings: Settings, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(calibration, "measure", lambda **_: {})
+    forked: list[str] = []
+    worker = Worker(session_factory, store, calibrated_settings, worker_id="w", isolate=True)
+    real = worker.isolated
+
+    def spy(what: str, work: Any) -> Any:
+        forked.append(what)
+        return real(what, work)
+
+    monkeypatch.setattr(worker, "isolated", spy)
+    assert worker.calibrate_if_due()
+    assert forked == ["calibration probe"] * calibration.PROBES
+    with session_factory() as session:
+        stored = {row.mechanism: row.d for row in session.execute(select(MachineRate)).scalars()}
+    assert stored == {OVERHEAD: 0, READ: 0}
+    assert not list(store.incoming.rglob("*.npy"))  # the probe file is removed
+
+
+def test_the_slowest_workers_overhead_counts_and_the_padding_grows_with_it(
+    session_factory: Any, settings: Settings
+) -> None:
+    _store_rates(session_factory, "quiet", {(OVERHEAD, 0): 1 / 0.1, (READ, 0): 2e9})
+    _store_rates(session_factory, "loaded", {(OVERHEAD, 0): 1 / 0.8, (READ, 0): 5e8})
+    with session_factory() as session:
+        rates = calibration.current_rates(session)
+    assert rates.overhead_seconds == pytest.approx(0.8) and rates.read_rate == 5e8
+    base = {("analyze_gauss", 50): 1e9}
+    padding = PaddingModel.from_settings(settings, CalibratedRates({**base, **rates.rates}, 2))
+    quiet = PaddingModel.from_settings(
+        settings, CalibratedRates({**base, (OVERHEAD, 0): 10.0, (READ, 0): 2e9}, 2)
+    )
+    for n, d in ((100, 5), (3_000, 200), (100_000, 50)):
+        assert padding.padding("analyze_gauss", n, d, 2, {}) > quiet.padding(
+            "analyze_gauss", n, d, 2, {}
+        )
+
+
+@pytest.mark.parametrize(
+    "calibrated",
+    [
+        {},  # not probed yet: the assumed overhead and read rate
+        {(OVERHEAD, 0): 1 / 0.2, (READ, 0): 1e9},
+    ],
+)
+def test_the_overhead_term_is_public_and_monotone(calibrated: dict[Any, float]) -> None:
+    rates = CalibratedRates({("analyze_gauss", 50): 1e9, **calibrated}, workers=1)
+    model = PaddingModel.from_settings(Settings(), rates)
+    # A function of the public shape only (and the probe's figures): no data, no params.
+    overheads = [model.overhead_seconds(n, d) for n, d in ((10, 5), (10_000, 5), (10_000, 500))]
+    assert overheads == sorted(overheads) and overheads[0] < overheads[-1]
+    if not calibrated:
+        assert overheads[0] >= UNCALIBRATED_OVERHEAD_SECONDS
+    paddings = [model.padding("analyze_gauss", n, 50, 2, {}) for n in (10, 10_000, 1_000_000)]
+    assert paddings == sorted(paddings)
+    heavier = PaddingModel.from_settings(Settings(release_padding_overhead_multiplier=3), rates)
+    assert heavier.padding("analyze_gauss", 10, 50, 2, {}) > model.padding(
+        "analyze_gauss", 10, 50, 2, {}
+    )
+
+
+def test_a_later_overhead_probe_never_moves_a_visible_at(
+    client: Any, keys: Any, upload_dataset: Any, session_factory: Any
+) -> None:
+    data = upload_dataset(client, keys.owner, np.full((40, 6), 0.1), row_norm_bound="1")
+    _store_rates(
+        session_factory, "w", {("analyze_gauss", 6): 1e9, (OVERHEAD, 0): 10.0, (READ, 0): 1e9}
+    )
+    body = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-8"}
+    release = post_release(client, keys.analyst, data["id"], **body)
+    padding = _padding_of(session_factory, release)
+    _store_rates(session_factory, "w", {(OVERHEAD, 0): 1.0})  # 1 s now, under load
+    assert _padding_of(session_factory, release) == padding
+    later = post_release(client, keys.analyst, data["id"], **body)
+    # 0.9 s more overhead at the multiplier 2, plus the first job's in the queue term.
+    assert _padding_of(session_factory, later) > padding + 1.8
+
+
+def test_runs_and_calibration_use_the_configured_blas_threads() -> None:
+    # One thread by default: a threaded BLAS waiting for descheduled threads under contention
+    # is a slowdown the calibration, taken at another moment, would not see.
+    def blas() -> list[int]:
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas()
+    with blas_threads(Settings()):
+        assert all(threads == 1 for threads in blas())
+    assert blas() == before
+    with blas_threads(Settings(worker_blas_threads=0)):
+        assert blas() == before

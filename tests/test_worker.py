@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 
 from service import auth
 from service.app import create_app
+from service.config import Settings
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
 from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
@@ -548,7 +549,7 @@ def test_a_continual_epochs_forked_run_logs_its_exception_the_same_way(
     from service.continual import run_isolated
 
     json_logging_to_stderr()
-    worker = SimpleNamespace(session_factory=SimpleNamespace(kw={}))
+    worker = SimpleNamespace(session_factory=SimpleNamespace(kw={}), settings=Settings())
 
     def epoch():
         raise ArithmeticError(SECRET_IN_MESSAGE)
