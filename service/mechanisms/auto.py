@@ -305,6 +305,12 @@ class Plan:
     #: friendly's ``(eps - eps_a)`` and all of delta, when friendly's own radius search stops
     #: where its predicted error is not below analyze_gauss's (as in regime 2).
     agreement_stop: Choice | None = None
+    #: Agreement regime, after a fine agreement and a search that continues: the epsilon
+    #: ``eps_w`` of a noisy total weight at the searched radius (0: no such check) and
+    #: analyze_gauss at everything still unspent when it falls below what friendly's test needs
+    #: (``staged`` then runs at ``eps - eps_a - eps_w``).
+    search_weight_epsilon: float = 0.0
+    search_weight_stop: Choice | None = None
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -742,8 +748,6 @@ def _agreement_plan(
     )
     gram_raw = {"clip_norm": clip, "clip_quantile": AUTO_CLIP_QUANTILE}
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
-    split = release_split(rest, delta, False, t=t)
-    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
     r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
     width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
     coarse: Choice | None = None
@@ -751,6 +755,31 @@ def _agreement_plan(
     coarse_fallback: Choice | None = None
     radius_epsilon = RADIUS_TEST_SHARE * epsilon
     given_rest = rest - radius_epsilon
+    # After a fine agreement friendly's own search runs; where it stops spuriously (every
+    # weight 0 at the found radius: the reason for this regime) its test would fail and leave
+    # analyze_gauss only the mean's share (0.15-0.24 of epsilon). A noisy total weight at the
+    # found radius (eps_w, pure, as after a coarse agreement) first checks that the test can
+    # pass; below its bar analyze_gauss gets the unspent 3/4 of friendly's budget.
+    search_weight_epsilon = 0.0
+    search_weight_stop: Choice | None = None
+    try:
+        searched = _prepare(
+            "friendly_aggregate",
+            ctx,
+            k,
+            given_rest,
+            delta,
+            {"t": t, "aggregator": params.aggregator},
+        )
+    except InvalidParameter as refusal:
+        notes.append(f"friendly_aggregate refused after a weight check: {refusal.message}")
+    else:
+        friendly = searched
+        search_weight_epsilon = radius_epsilon
+        eps0 = release_split(given_rest, delta, False, t=t).eps0
+        search_weight_stop = _prepare("analyze_gauss", ctx, k, given_rest - eps0, delta, gram_raw)
+    split = release_split(friendly.epsilon, delta, False, t=t)
+    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
     try:
         coarse, coarse_wide = (
             _prepare(
@@ -769,8 +798,10 @@ def _agreement_plan(
     if coarse is not None:
         given = release_split(given_rest, delta, True, t=t)
         coarse_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(given), gram_raw)
-    # friendly's search is pure (eps0 = 1/4 of its budget, under either split)
-    agreement_stop = _prepare("analyze_gauss", ctx, k, (1 - SEARCH_SHARE) * rest, delta, gram_raw)
+    # friendly's search is pure (eps0 = 1/4 of its budget, under either split); a stop leaves
+    # everything but eps_a and eps0 unspent (the weight check runs only after a continue)
+    searched_eps0 = release_split(friendly.epsilon, delta, False, t=t).eps0
+    agreement_stop = _prepare("analyze_gauss", ctx, k, rest - searched_eps0, delta, gram_raw)
     return Plan(
         default,
         None,
@@ -794,6 +825,8 @@ def _agreement_plan(
         coarse_wide=coarse_wide,
         radius_test_epsilon=radius_epsilon if coarse is not None else 0.0,
         agreement_stop=agreement_stop,
+        search_weight_epsilon=search_weight_epsilon,
+        search_weight_stop=search_weight_stop,
     )
 
 
@@ -911,6 +944,7 @@ class Auto(Mechanism[AutoParams]):
                 plan_.coarse_wide,
                 plan_.coarse_fallback,
                 plan_.agreement_stop,
+                plan_.search_weight_stop,
             )
             if c is not None
         ]
@@ -1008,6 +1042,7 @@ class Auto(Mechanism[AutoParams]):
                 id(the_plan.coarse_wide): "radius_given_wide.",
                 id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
                 id(the_plan.agreement_stop): "search_stop.",
+                id(the_plan.search_weight_stop): "weight_check_stop.",
             }
             label = prefixes.get(id(choice_), "") + choice_.name
             for key, value in shown.scales.items():
@@ -1169,6 +1204,24 @@ class Auto(Mechanism[AutoParams]):
             del state
             out = _run_choice(stop, data, spec.k, rng)
             return _labelled(out, stop, reason, test)
+        weight_stop = the_plan.search_weight_stop
+        if weight_stop is not None:
+            from service.mechanisms.friendly_aggregate import total_weight
+
+            noisy = noisy_total_weight(
+                total_weight(state.weights), state.t, the_plan.search_weight_epsilon, rng
+            )
+            passed = noisy >= search_weight_threshold(friendly)
+            test = {**test, "weight_check_passed": passed}
+            if not passed:
+                del state
+                reason += (
+                    "; the noisy total weight at the searched radius is below what its test "
+                    "needs, so analyze_gauss runs with the unspent 3/4 of its budget and all of "
+                    "delta"
+                )
+                out = _run_choice(weight_stop, data, spec.k, rng)
+                return _labelled(out, weight_stop, reason, test)
         output = mechanism.finish(state, inner, rng)
         del state
         if output.basis is not None or the_plan.ptr_fallback is None:
@@ -1280,14 +1333,34 @@ def noisy_total_weight(
 
 
 def radius_test_threshold(narrow: Choice) -> float:
-    """The bar of the noisy weight at the narrow radius: the weight friendly's own search
-    needs to stop (:func:`~service.mechanisms.friendly_aggregate.split_search_threshold` of the
-    given-radius split: ``0.75 t`` where the test's own need is below it); public."""
+    """The bar of a noisy total weight before friendly's test (at the narrow given radius, or
+    at the searched one): the weight friendly's own search needs to stop
+    (:func:`~service.mechanisms.friendly_aggregate.split_search_threshold` of ``narrow``'s
+    split: ``0.75 t`` where the test's own need is below it); public."""
     from service.mechanisms.friendly_aggregate import release_split, split_search_threshold
 
     params: Any = narrow.params
-    split = release_split(narrow.epsilon, narrow.delta, True, t=params.t)
+    split = release_split(narrow.epsilon, narrow.delta, params.radius is not None, t=params.t)
     return split_search_threshold(params.t, split)
+
+
+def search_weight_threshold(searched: Choice) -> float:
+    """The bar of the noisy total weight at friendly's searched radius: the weight at which its
+    test passes with probability 1/2 (its floor plus its shift,
+    :func:`~service.mechanisms.friendly_aggregate.split_shift`); below it the test more likely
+    fails than passes, and a spurious stop (weight 0) is far below it. Public."""
+    from service.mechanisms.friendly_aggregate import (
+        ramp_width,
+        release_split,
+        split_shift,
+        weight_floor,
+        weight_sensitivity,
+    )
+
+    params: Any = searched.params
+    split = release_split(searched.epsilon, searched.delta, False, t=params.t)
+    sens = weight_sensitivity(params.t, ramp_width(params.t))
+    return weight_floor(sens) + split_shift(split, sens)
 
 
 def _run_given_radius(

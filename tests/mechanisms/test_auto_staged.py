@@ -122,17 +122,32 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
     # friendly's own search here stops on unstructured data about half the time
     own = dataclasses.replace(the_plan.staged, epsilon=eps)
     assert friendly_spurious_stop_probability(own) > 0.4
-    # test (s, 0) + either choice ((eps - s), delta) = the request
-    for choice in (the_plan.staged, the_plan.default):
-        assert choice.epsilon + s == pytest.approx(eps, rel=1e-15) and choice.delta == DELTA
+    # test (s, 0) + analyze_gauss ((eps - s), delta) = the request; friendly's own search run
+    # leaves eps_w for the noisy weight at its searched radius (before its test), when its
+    # prepare accepts the smaller budget
+    ws = the_plan.search_weight_epsilon
+    assert ws in (0.0, pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15))
+    assert the_plan.default.epsilon + s == pytest.approx(eps, rel=1e-15)
+    assert the_plan.staged.epsilon + s + ws == pytest.approx(eps, rel=1e-15)
+    assert the_plan.default.delta == the_plan.staged.delta == DELTA
     t = the_plan.staged.params.t  # type: ignore[attr-defined]
-    split = budget_split(eps - s, DELTA, False, t=t)
+    split = budget_split(eps - s - ws, DELTA, False, t=t)
     assert the_plan.ptr_fallback is not None
     assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
         split.eps2,
         split.delta2,
     )
-    assert s + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    assert s + ws + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    stop, weight_stop = the_plan.agreement_stop, the_plan.search_weight_stop
+    assert stop is not None
+    # a stop after the search: everything but the test and the search
+    assert stop.epsilon + s + split.eps0 == pytest.approx(eps, rel=1e-15)
+    if ws > 0:
+        # a weight below the bar: everything but the test, the search and the weight
+        assert weight_stop is not None and weight_stop.delta == DELTA
+        assert weight_stop.epsilon + s + split.eps0 + ws == pytest.approx(eps, rel=1e-15)
+    else:
+        assert weight_stop is None
     assert the_plan.agreement_t == t and the_plan.agreement_width > 0
     assert the_plan.agreement_fine_width == the_plan.agreement_width / FINE_WIDTH_RATIO
     # the given-radius friendly runs (after a coarse-only agreement): public radii r*/2 and
@@ -141,7 +156,9 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
     assert coarse is not None and wide is not None and fallback is not None
     w = the_plan.radius_test_epsilon
     assert w == pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15)
-    r_star = break_even_radius(the_plan.staged, n, 10, K, 1.0, eps - s)
+    # r* is calibrated on friendly at (eps - s), as before the weight check existed
+    at_rest = dataclasses.replace(the_plan.staged, epsilon=eps - s)
+    r_star = break_even_radius(at_rest, n, 10, K, 1.0, eps - s)
     assert GIVEN_RADIUS_FACTORS == (0.5, 1.0)
     assert coarse.params.radius == 0.5 * r_star  # type: ignore[attr-defined]
     assert wide.params.radius == r_star  # type: ignore[attr-defined]
