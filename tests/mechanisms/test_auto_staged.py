@@ -538,8 +538,11 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
         assert test["radius_given"] is (outcome != "fine")
         assert test.get("radius_narrow") is {"fine": None, "narrow": True, "wide": False}[outcome]
     if outcome == "fine":
-        # test (eps_a, 0) + friendly's own search run (eps - eps_a, delta)
-        assert seen == [(eps - s, None)] * 2 and weights_seen == []
+        # test (eps_a, 0) + friendly's own search run (eps - eps_a - eps_w, delta); its noisy
+        # weight at the searched radius (eps_w) is drawn by the module's own function
+        ws = the_plan.search_weight_epsilon
+        assert [(pytest.approx(e, rel=1e-15), r) for e, r in seen] == [(eps - s - ws, None)] * 2
+        assert weights_seen in ([], [ws], [ws, ws])
     else:
         # test (eps_a, 0) + weight (eps_w, 0) + given-radius run (eps - eps_a - eps_w, delta);
         # the narrow run continues the weight's partition, the wide one draws its own
@@ -551,15 +554,18 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
     friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
     assert len(friendly_runs) == (2 if outcome == "wide" else 0)
     for _, epsilon, delta in friendly_runs:
-        spent = s if outcome == "fine" else s + w
+        spent = s + w
         assert epsilon + spent == pytest.approx(eps, rel=1e-15) and delta == DELTA
     fallbacks = [r for r in runs if r[0] == "analyze_gauss"]
     chosen_fallback = the_plan.ptr_fallback if outcome == "fine" else the_plan.coarse_fallback
     assert chosen_fallback is not None
     allowed = {(chosen_fallback.epsilon, chosen_fallback.delta)}
-    if outcome == "fine":  # or after a search that stopped too wide
+    if outcome == "fine":  # or after a search that stopped too wide, or a low weight
         assert the_plan.agreement_stop is not None
         allowed.add((the_plan.agreement_stop.epsilon, the_plan.agreement_stop.delta))
+        if the_plan.search_weight_stop is not None:
+            stop_ = the_plan.search_weight_stop
+            allowed.add((stop_.epsilon, stop_.delta))
     for fallback in fallbacks:  # after a failed friendly test (or a wide stop) only
         assert fallback[1:] in allowed
 
@@ -694,8 +700,10 @@ def test_after_a_fine_agreement_a_search_stopping_wide_gives_analyze_gauss(
     the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
     stop = the_plan.agreement_stop
     assert stop is not None and stop.name == "analyze_gauss"
-    s = the_plan.agreement_epsilon
-    assert (stop.epsilon, stop.delta) == ((1 - SEARCH_SHARE) * (eps - s), DELTA)
+    s, ws = the_plan.agreement_epsilon, the_plan.search_weight_epsilon
+    # everything but the test and friendly's search (a quarter of its eps - s - eps_w)
+    assert stop.epsilon == pytest.approx(eps - s - SEARCH_SHARE * (eps - s - ws), rel=1e-15)
+    assert stop.delta == DELTA
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
     monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [bar, bar])
     runs = _spy_runs(monkeypatch)
