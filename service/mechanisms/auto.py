@@ -311,6 +311,13 @@ class Plan:
     #: (``staged`` then runs at ``eps - eps_a - eps_w``).
     search_weight_epsilon: float = 0.0
     search_weight_stop: Choice | None = None
+    #: After a coarse-only agreement whose narrow weight fell short: the wide run
+    #: (``coarse_wide``) then gets ``eps - eps_a - 2 eps_w`` and its own noisy total weight at
+    #: ``r*`` (``radius_test_epsilon``) first; below its test's need analyze_gauss runs with
+    #: that budget (``wide_weight_stop``); after its failed test, analyze_gauss at its unspent
+    #: ``(eps2, delta2)`` (``coarse_wide_fallback``). ``None``: the wide run as before.
+    wide_weight_stop: Choice | None = None
+    coarse_wide_fallback: Choice | None = None
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -795,9 +802,35 @@ def _agreement_plan(
     except InvalidParameter as refusal:
         coarse = coarse_wide = None
         notes.append(f"friendly_aggregate with a given radius refused: {refusal.message}")
+    wide_weight_stop: Choice | None = None
+    coarse_wide_fallback: Choice | None = None
     if coarse is not None:
         given = release_split(given_rest, delta, True, t=t)
         coarse_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(given), gram_raw)
+        # The wide run's test fails whenever the subsets do not agree within r* either (then
+        # analyze_gauss got only the mean's 0.21-0.31 of epsilon): its own noisy weight at r*
+        # decides first, as the narrow one's does.
+        wide_rest = given_rest - radius_epsilon
+        try:
+            checked_wide = _prepare(
+                "friendly_aggregate",
+                ctx,
+                k,
+                wide_rest,
+                delta,
+                {"radius": r_star, "t": t, "aggregator": params.aggregator},
+            )
+        except InvalidParameter as refusal:
+            notes.append(
+                f"friendly_aggregate refused after a second weight check: {refusal.message}"
+            )
+        else:
+            coarse_wide = checked_wide
+            wide_weight_stop = _prepare("analyze_gauss", ctx, k, wide_rest, delta, gram_raw)
+            wide_split = release_split(wide_rest, delta, True, t=t)
+            coarse_wide_fallback = _prepare(
+                "analyze_gauss", ctx, k, *ptr_fallback_budget(wide_split), gram_raw
+            )
     # friendly's search is pure (eps0 = 1/4 of its budget, under either split); a stop leaves
     # everything but eps_a and eps0 unspent (the weight check runs only after a continue)
     searched_eps0 = release_split(friendly.epsilon, delta, False, t=t).eps0
@@ -827,6 +860,8 @@ def _agreement_plan(
         agreement_stop=agreement_stop,
         search_weight_epsilon=search_weight_epsilon,
         search_weight_stop=search_weight_stop,
+        wide_weight_stop=wide_weight_stop,
+        coarse_wide_fallback=coarse_wide_fallback,
     )
 
 
@@ -945,6 +980,8 @@ class Auto(Mechanism[AutoParams]):
                 plan_.coarse_fallback,
                 plan_.agreement_stop,
                 plan_.search_weight_stop,
+                plan_.wide_weight_stop,
+                plan_.coarse_wide_fallback,
             )
             if c is not None
         ]
@@ -1043,6 +1080,8 @@ class Auto(Mechanism[AutoParams]):
                 id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
                 id(the_plan.agreement_stop): "search_stop.",
                 id(the_plan.search_weight_stop): "weight_check_stop.",
+                id(the_plan.wide_weight_stop): "radius_given_wide.weight_check_stop.",
+                id(the_plan.coarse_wide_fallback): "radius_given_wide.ptr_fallback.",
             }
             label = prefixes.get(id(choice_), "") + choice_.name
             for key, value in shown.scales.items():
@@ -1163,10 +1202,10 @@ class Auto(Mechanism[AutoParams]):
         if chosen is friendly:
             return self._run_agreed_search(data, spec, the_plan, test, rng)
         else:
-            fallback_ = the_plan.coarse_fallback
             output, chosen, narrow = _run_given_radius(the_plan, data, spec.k, rng)
             test = {**test, "radius_narrow": narrow}
-            given = getattr(chosen.params, "radius", None)
+            run = the_plan.coarse if narrow else the_plan.coarse_wide
+            given = math.nan if run is None else getattr(run.params, "radius", math.nan)
             reason = (
                 "the private agreement test found most of the subsets' subspaces within the "
                 "coarse public cell width but not the fine one: friendly_aggregate with the "
@@ -1174,6 +1213,16 @@ class Auto(Mechanism[AutoParams]):
                 f"{'narrow' if narrow else 'wide'} one, as the noisy total weight at the narrow "
                 "one said)"
             )
+            if chosen is the_plan.wide_weight_stop:
+                test = {**test, "weight_check_passed": False}
+                reason += (
+                    "; the noisy total weight at the wide radius is below what its test needs, "
+                    "so analyze_gauss runs with the budget of that run"
+                )
+                return _labelled(output, chosen, reason, test)
+            fallback_ = the_plan.coarse_fallback
+            if not narrow and the_plan.coarse_wide_fallback is not None:
+                fallback_ = the_plan.coarse_wide_fallback
             if output.basis is not None or fallback_ is None:
                 return _labelled(output, chosen, reason, test)
             return _after_failed_test(fallback_, data, spec.k, reason, test, rng)
@@ -1345,7 +1394,8 @@ def radius_test_threshold(narrow: Choice) -> float:
 
 
 def search_weight_threshold(searched: Choice) -> float:
-    """The bar of the noisy total weight at friendly's searched radius: the weight at which its
+    """The bar of the noisy total weight at friendly's searched (or given wide) radius: the
+    weight at which its
     test passes with probability 1/2 (its floor plus its shift,
     :func:`~service.mechanisms.friendly_aggregate.split_shift`); below it the test more likely
     fails than passes, and a spurious stop (weight 0) is far below it. Public."""
@@ -1358,7 +1408,8 @@ def search_weight_threshold(searched: Choice) -> float:
     )
 
     params: Any = searched.params
-    split = release_split(searched.epsilon, searched.delta, False, t=params.t)
+    given = params.radius is not None
+    split = release_split(searched.epsilon, searched.delta, given, t=params.t)
     sens = weight_sensitivity(params.t, ramp_width(params.t))
     return weight_floor(sens) + split_shift(split, sens)
 
@@ -1385,7 +1436,20 @@ def _run_given_radius(
     if noisy >= radius_test_threshold(narrow):
         return friendly.finish(state, inner, rng), narrow, True
     del state
-    return _run_choice(wide, data, k, rng), wide, False
+    stop = the_plan.wide_weight_stop
+    if stop is None:
+        return _run_choice(wide, data, k, rng), wide, False
+    # The wide run's own noisy total weight at r* (eps_w, pure, on its fresh partition) before
+    # its test: below the weight at which that test passes with probability 1/2, analyze_gauss.
+    inner = wide.spec(k)
+    state = friendly.search(data, inner, rng)
+    noisy = noisy_total_weight(
+        total_weight(state.weights), state.t, the_plan.radius_test_epsilon, rng
+    )
+    if noisy >= search_weight_threshold(wide):
+        return friendly.finish(state, inner, rng), wide, False
+    del state
+    return _run_choice(stop, data, k, rng), stop, False
 
 
 def _run_choice(
