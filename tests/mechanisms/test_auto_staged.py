@@ -162,13 +162,25 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
     assert GIVEN_RADIUS_FACTORS == (0.5, 1.0)
     assert coarse.params.radius == 0.5 * r_star  # type: ignore[attr-defined]
     assert wide.params.radius == r_star  # type: ignore[attr-defined]
-    for run in (coarse, wide):
+    # the wide run spends a second eps_w on its own weight when its prepare accepts that
+    wide_checks = 2 if the_plan.wide_weight_stop is not None else 1
+    for run, checks in ((coarse, 1), (wide, wide_checks)):
         assert run.params.t == t  # type: ignore[attr-defined]
-        assert run.epsilon + s + w == pytest.approx(eps, rel=1e-15) and run.delta == DELTA
+        assert run.epsilon + s + checks * w == pytest.approx(eps, rel=1e-15)
+        assert run.delta == DELTA
     given = budget_split(eps - s - w, DELTA, True, t=t)
     assert given.eps0 == 0.0
     assert given.eps1 + given.eps2 == pytest.approx(eps - s - w, rel=1e-15)
     assert (fallback.epsilon, fallback.delta) == (given.eps2, given.delta2)
+    if the_plan.wide_weight_stop is not None:
+        stop_w, wide_fallback = the_plan.wide_weight_stop, the_plan.coarse_wide_fallback
+        assert wide_fallback is not None
+        assert (stop_w.epsilon, stop_w.delta) == (wide.epsilon, DELTA)
+        wide_split = budget_split(wide.epsilon, DELTA, True, t=t)
+        assert (wide_fallback.epsilon, wide_fallback.delta) == (
+            wide_split.eps2,
+            wide_split.delta2,
+        )
 
 
 def test_spurious_stop_probability_matches_simulation() -> None:
@@ -546,13 +558,20 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
     else:
         # test (eps_a, 0) + weight (eps_w, 0) + given-radius run (eps - eps_a - eps_w, delta);
         # the narrow run continues the weight's partition, the wide one draws its own
-        assert weights_seen == [w, w]
+        # the wide run, when its budget allows, first gets its own noisy weight at r* (eps_w on
+        # its fresh partition) and runs at eps - eps_a - 2 eps_w
+        checked = the_plan.wide_weight_stop is not None
+        per_data = 2 if outcome == "wide" and checked else 1
+        assert weights_seen == [w] * (2 * per_data)
         first = (eps - s - w, narrow)
-        expected = [first] if outcome == "narrow" else [first, (eps - s - w, wide)]
+        second = (eps - s - (2 * w if checked else w), wide)
+        expected = [first] if outcome == "narrow" else [first, second]
         assert [(pytest.approx(e, rel=1e-15), r) for e, r in seen] == expected * 2
-    # the narrow run and the fine path continue a search (search + finish, no run call)
+    # the narrow run, the checked wide run and the fine path continue a search (search +
+    # finish, no run call)
     friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
-    assert len(friendly_runs) == (2 if outcome == "wide" else 0)
+    unchecked_wide = outcome == "wide" and the_plan.wide_weight_stop is None
+    assert len(friendly_runs) == (2 if unchecked_wide else 0)
     for _, epsilon, delta in friendly_runs:
         spent = s + w
         assert epsilon + spent == pytest.approx(eps, rel=1e-15) and delta == DELTA
@@ -560,6 +579,10 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
     chosen_fallback = the_plan.ptr_fallback if outcome == "fine" else the_plan.coarse_fallback
     assert chosen_fallback is not None
     allowed = {(chosen_fallback.epsilon, chosen_fallback.delta)}
+    if outcome == "wide":  # a wide weight below its need, or the wide run's failed test
+        for other in (the_plan.wide_weight_stop, the_plan.coarse_wide_fallback):
+            if other is not None:
+                allowed.add((other.epsilon, other.delta))
     if outcome == "fine":  # or after a search that stopped too wide, or a low weight
         assert the_plan.agreement_stop is not None
         allowed.add((the_plan.agreement_stop.epsilon, the_plan.agreement_stop.delta))
