@@ -740,3 +740,40 @@ def test_after_a_fine_agreement_a_search_stopping_wide_gives_analyze_gauss(
     assert near.extras["auto_search"]["searched"]["continued"] is True
     assert near.extras["auto_choice"] == "friendly_aggregate"
     assert near.basis is not None
+
+
+def test_a_weight_below_the_tests_need_after_the_search_gives_analyze_gauss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 24 item 5, the starved fallback: after a fine agreement friendly's search can stop
+    # spuriously (weight 0 at the found radius); its test would then fail and leave
+    # analyze_gauss only the mean's share. The noisy weight at the searched radius decides
+    # first, from the released value and the public bar alone.
+    n, d, eps = 5_000, 10, 1.0
+    spec = auto_spec(n, d, eps)
+    the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
+    stop = the_plan.search_weight_stop
+    assert stop is not None and the_plan.staged is not None
+    ws = the_plan.search_weight_epsilon
+    assert ws == pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15)
+    bar = auto_module.search_weight_threshold(the_plan.staged)
+    # the bar is the weight at which the test passes with probability 1/2: far above 0
+    t = the_plan.agreement_t
+    assert 0.3 * t < bar < t
+    agreement = AGREEMENT_FRACTION * t
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *a: [agreement] * 2)
+    data = near_subspace(n, d, K, 1e-5, seed=23)[0]
+    for released, passes in ((bar - 1e-9, False), (bar, True)):
+        monkeypatch.setattr(auto_module, "noisy_total_weight", lambda *a, v=released: v)
+        runs = _spy_runs(monkeypatch)
+        out = AUTO.run(data, spec, np.random.default_rng(24))
+        test = out.extras["auto_search"]
+        assert test["searched"]["continued"] is True
+        assert test["weight_check_passed"] is passes
+        if passes:
+            assert out.extras["auto_choice"] == "friendly_aggregate" and runs == []
+        else:
+            assert out.extras["auto_choice"] == "analyze_gauss"
+            assert runs == [("analyze_gauss", stop.epsilon, stop.delta)]
+            # everything but the test, the search and the weight: 3/4 of friendly's budget
+            assert stop.epsilon == pytest.approx(0.75 * the_plan.staged.epsilon, rel=1e-12)
