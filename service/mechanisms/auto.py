@@ -49,7 +49,14 @@ section ``auto``):
      delta)`` (``GIVEN_RADIUS_FACTORS``: the private scale at which the subsets agree picks
      the radius; no constant fits both agreement regimes); else ``analyze_gauss`` at ``(eps -
      eps_a, delta)``; a failed friendly test hands its unspent ``(eps2, delta2)`` to
-     ``analyze_gauss``.
+     ``analyze_gauss``. No starved fallback (issue 24, item 5): where friendly's ``prepare``
+     accepts ``eps - eps_a - eps_w``, its searched run gets that budget and, after a
+     continuing search, friendly's total weight at the searched radius plus
+     ``Lap(Delta_W/eps_w)`` must reach the weight at which its test passes with probability
+     1/2 (:func:`search_weight_threshold`; a spurious stop has weight 0), else
+     ``analyze_gauss`` runs with the unspent ``3/4`` of ``eps - eps_a - eps_w``; likewise the
+     wide given-radius run gets ``eps - eps_a - 2 eps_w`` and its own noisy weight at ``r*``
+     first (below its test's need: ``analyze_gauss`` at ``eps - eps_a - 2 eps_w``).
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -81,7 +88,9 @@ partition (public randomness), the wide one draws its own. Both radii are public
 public facts (``r*``: ``n, d, k, C``, the budget), fixed before the test runs; which friendly
 run happens, and at which radius, is post-processing of the released counts and weight
 (sequential, adaptive composition: every path totals ``eps_a + (eps - eps_a)`` or
-``eps_a + eps_w + (eps - eps_a - eps_w)``).
+``eps_a + eps_w + (eps - eps_a - eps_w)``; with the weight checks ``eps_a + eps0 + eps_w +
+(eps - eps_a - eps0 - eps_w)`` after a search, ``eps_a + 2 eps_w + (eps - eps_a - 2 eps_w)``
+for the wide run: each check is friendly's own total weight, sensitivity ``Delta_W``, pure).
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
