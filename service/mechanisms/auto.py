@@ -1060,6 +1060,8 @@ class Auto(Mechanism[AutoParams]):
                     radius_test_threshold=weight_bar,
                     radius_test_noise_scale=weight_noise,
                 )
+            searched = the_plan.staged
+            searched_epsilon = (searched or the_plan.default).epsilon
             meaning.append(
                 f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
                 f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
@@ -1068,7 +1070,15 @@ class Auto(Mechanism[AutoParams]):
                 f"{the_plan.agreement_fine_width:.4g} and coarse width "
                 f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
                 f"friendly_aggregate runs if the fine count reaches {bar:.4g} (with its own "
-                f"radius search, epsilon {the_plan.default.epsilon:.4g}) or else the coarse one "
+                f"radius search, epsilon {searched_epsilon:.4g}"
+                + (
+                    f", then a noisy total weight at the found radius, epsilon "
+                    f"{the_plan.search_weight_epsilon:.4g}, below the weight its test needs: "
+                    "analyze_gauss with the rest"
+                    if the_plan.search_weight_stop is not None
+                    else ""
+                )
+                + ") or else the coarse one "
                 f"does (with a public radius given, no search: {given:.4g} if its total "
                 f"weight at that radius plus Laplace noise of scale {weight_noise:.4g}, epsilon "
                 f"{the_plan.radius_test_epsilon:.4g}, reaches {weight_bar:.4g}, else "
