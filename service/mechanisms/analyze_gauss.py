@@ -94,6 +94,7 @@ from service.mechanisms.noise import (
     round_to_grid,
     symmetric_gaussian,
 )
+from service.mechanisms.usefulness import WARNING_CODE
 
 __all__ = [
     "DEFAULT_CENTER_SHARE",
@@ -702,6 +703,7 @@ def variance_extras(
             f"noise's edge 2 sigma sqrt(d) = {expected_noise_norm(gram_sigma, d):.4g}: the "
             "others are indistinguishable from random directions at this budget"
         )
+        extras["warning_code"] = WARNING_CODE
     return extras
 
 

@@ -49,7 +49,14 @@ section ``auto``):
      delta)`` (``GIVEN_RADIUS_FACTORS``: the private scale at which the subsets agree picks
      the radius; no constant fits both agreement regimes); else ``analyze_gauss`` at ``(eps -
      eps_a, delta)``; a failed friendly test hands its unspent ``(eps2, delta2)`` to
-     ``analyze_gauss``.
+     ``analyze_gauss``. No starved fallback (issue 24, item 5): where friendly's ``prepare``
+     accepts ``eps - eps_a - eps_w``, its searched run gets that budget and, after a
+     continuing search, friendly's total weight at the searched radius plus
+     ``Lap(Delta_W/eps_w)`` must reach the weight at which its test passes with probability
+     1/2 (:func:`search_weight_threshold`; a spurious stop has weight 0), else
+     ``analyze_gauss`` runs with the unspent ``3/4`` of ``eps - eps_a - eps_w``; likewise the
+     wide given-radius run gets ``eps - eps_a - 2 eps_w`` and its own noisy weight at ``r*``
+     first (below its test's need: ``analyze_gauss`` at ``eps - eps_a - 2 eps_w``).
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -81,7 +88,9 @@ partition (public randomness), the wide one draws its own. Both radii are public
 public facts (``r*``: ``n, d, k, C``, the budget), fixed before the test runs; which friendly
 run happens, and at which radius, is post-processing of the released counts and weight
 (sequential, adaptive composition: every path totals ``eps_a + (eps - eps_a)`` or
-``eps_a + eps_w + (eps - eps_a - eps_w)``).
+``eps_a + eps_w + (eps - eps_a - eps_w)``; with the weight checks ``eps_a + eps0 + eps_w +
+(eps - eps_a - eps0 - eps_w)`` after a search, ``eps_a + 2 eps_w + (eps - eps_a - 2 eps_w)``
+for the wide run: each check is friendly's own total weight, sensitivity ``Delta_W``, pure).
 The choice is post-processing of the released exponent
 (or test result) and public facts. Every path totals exactly ``(eps, delta)``, declared and
 charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, or no
@@ -305,6 +314,19 @@ class Plan:
     #: friendly's ``(eps - eps_a)`` and all of delta, when friendly's own radius search stops
     #: where its predicted error is not below analyze_gauss's (as in regime 2).
     agreement_stop: Choice | None = None
+    #: Agreement regime, after a fine agreement and a search that continues: the epsilon
+    #: ``eps_w`` of a noisy total weight at the searched radius (0: no such check) and
+    #: analyze_gauss at everything still unspent when it falls below what friendly's test needs
+    #: (``staged`` then runs at ``eps - eps_a - eps_w``).
+    search_weight_epsilon: float = 0.0
+    search_weight_stop: Choice | None = None
+    #: After a coarse-only agreement whose narrow weight fell short: the wide run
+    #: (``coarse_wide``) then gets ``eps - eps_a - 2 eps_w`` and its own noisy total weight at
+    #: ``r*`` (``radius_test_epsilon``) first; below its test's need analyze_gauss runs with
+    #: that budget (``wide_weight_stop``); after its failed test, analyze_gauss at its unspent
+    #: ``(eps2, delta2)`` (``coarse_wide_fallback``). ``None``: the wide run as before.
+    wide_weight_stop: Choice | None = None
+    coarse_wide_fallback: Choice | None = None
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -742,8 +764,6 @@ def _agreement_plan(
     )
     gram_raw = {"clip_norm": clip, "clip_quantile": AUTO_CLIP_QUANTILE}
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
-    split = release_split(rest, delta, False, t=t)
-    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
     r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
     width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
     coarse: Choice | None = None
@@ -751,6 +771,31 @@ def _agreement_plan(
     coarse_fallback: Choice | None = None
     radius_epsilon = RADIUS_TEST_SHARE * epsilon
     given_rest = rest - radius_epsilon
+    # After a fine agreement friendly's own search runs; where it stops spuriously (every
+    # weight 0 at the found radius: the reason for this regime) its test would fail and leave
+    # analyze_gauss only the mean's share (0.15-0.24 of epsilon). A noisy total weight at the
+    # found radius (eps_w, pure, as after a coarse agreement) first checks that the test can
+    # pass; below its bar analyze_gauss gets the unspent 3/4 of friendly's budget.
+    search_weight_epsilon = 0.0
+    search_weight_stop: Choice | None = None
+    try:
+        searched = _prepare(
+            "friendly_aggregate",
+            ctx,
+            k,
+            given_rest,
+            delta,
+            {"t": t, "aggregator": params.aggregator},
+        )
+    except InvalidParameter as refusal:
+        notes.append(f"friendly_aggregate refused after a weight check: {refusal.message}")
+    else:
+        friendly = searched
+        search_weight_epsilon = radius_epsilon
+        eps0 = release_split(given_rest, delta, False, t=t).eps0
+        search_weight_stop = _prepare("analyze_gauss", ctx, k, given_rest - eps0, delta, gram_raw)
+    split = release_split(friendly.epsilon, delta, False, t=t)
+    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
     try:
         coarse, coarse_wide = (
             _prepare(
@@ -766,11 +811,39 @@ def _agreement_plan(
     except InvalidParameter as refusal:
         coarse = coarse_wide = None
         notes.append(f"friendly_aggregate with a given radius refused: {refusal.message}")
+    wide_weight_stop: Choice | None = None
+    coarse_wide_fallback: Choice | None = None
     if coarse is not None:
         given = release_split(given_rest, delta, True, t=t)
         coarse_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(given), gram_raw)
-    # friendly's search is pure (eps0 = 1/4 of its budget, under either split)
-    agreement_stop = _prepare("analyze_gauss", ctx, k, (1 - SEARCH_SHARE) * rest, delta, gram_raw)
+        # The wide run's test fails whenever the subsets do not agree within r* either (then
+        # analyze_gauss got only the mean's 0.21-0.31 of epsilon): its own noisy weight at r*
+        # decides first, as the narrow one's does.
+        wide_rest = given_rest - radius_epsilon
+        try:
+            checked_wide = _prepare(
+                "friendly_aggregate",
+                ctx,
+                k,
+                wide_rest,
+                delta,
+                {"radius": r_star, "t": t, "aggregator": params.aggregator},
+            )
+        except InvalidParameter as refusal:
+            notes.append(
+                f"friendly_aggregate refused after a second weight check: {refusal.message}"
+            )
+        else:
+            coarse_wide = checked_wide
+            wide_weight_stop = _prepare("analyze_gauss", ctx, k, wide_rest, delta, gram_raw)
+            wide_split = release_split(wide_rest, delta, True, t=t)
+            coarse_wide_fallback = _prepare(
+                "analyze_gauss", ctx, k, *ptr_fallback_budget(wide_split), gram_raw
+            )
+    # friendly's search is pure (eps0 = 1/4 of its budget, under either split); a stop leaves
+    # everything but eps_a and eps0 unspent (the weight check runs only after a continue)
+    searched_eps0 = release_split(friendly.epsilon, delta, False, t=t).eps0
+    agreement_stop = _prepare("analyze_gauss", ctx, k, rest - searched_eps0, delta, gram_raw)
     return Plan(
         default,
         None,
@@ -794,6 +867,10 @@ def _agreement_plan(
         coarse_wide=coarse_wide,
         radius_test_epsilon=radius_epsilon if coarse is not None else 0.0,
         agreement_stop=agreement_stop,
+        search_weight_epsilon=search_weight_epsilon,
+        search_weight_stop=search_weight_stop,
+        wide_weight_stop=wide_weight_stop,
+        coarse_wide_fallback=coarse_wide_fallback,
     )
 
 
@@ -911,6 +988,9 @@ class Auto(Mechanism[AutoParams]):
                 plan_.coarse_wide,
                 plan_.coarse_fallback,
                 plan_.agreement_stop,
+                plan_.search_weight_stop,
+                plan_.wide_weight_stop,
+                plan_.coarse_wide_fallback,
             )
             if c is not None
         ]
@@ -980,6 +1060,8 @@ class Auto(Mechanism[AutoParams]):
                     radius_test_threshold=weight_bar,
                     radius_test_noise_scale=weight_noise,
                 )
+            searched = the_plan.staged
+            searched_epsilon = (searched or the_plan.default).epsilon
             meaning.append(
                 f"Agreement test (epsilon {the_plan.agreement_epsilon:.4g}, pure): the rows are "
                 f"split into {the_plan.agreement_t} random subsets; each subset's top-k "
@@ -988,7 +1070,15 @@ class Auto(Mechanism[AutoParams]):
                 f"{the_plan.agreement_fine_width:.4g} and coarse width "
                 f"{the_plan.agreement_width:.4g} each get Laplace noise of scale {noise:.4g}; "
                 f"friendly_aggregate runs if the fine count reaches {bar:.4g} (with its own "
-                f"radius search, epsilon {the_plan.default.epsilon:.4g}) or else the coarse one "
+                f"radius search, epsilon {searched_epsilon:.4g}"
+                + (
+                    f", then a noisy total weight at the found radius, epsilon "
+                    f"{the_plan.search_weight_epsilon:.4g}, below the weight its test needs: "
+                    "analyze_gauss with the rest"
+                    if the_plan.search_weight_stop is not None
+                    else ""
+                )
+                + ") or else the coarse one "
                 f"does (with a public radius given, no search: {given:.4g} if its total "
                 f"weight at that radius plus Laplace noise of scale {weight_noise:.4g}, epsilon "
                 f"{the_plan.radius_test_epsilon:.4g}, reaches {weight_bar:.4g}, else "
@@ -1008,6 +1098,9 @@ class Auto(Mechanism[AutoParams]):
                 id(the_plan.coarse_wide): "radius_given_wide.",
                 id(the_plan.coarse_fallback): "radius_given.ptr_fallback.",
                 id(the_plan.agreement_stop): "search_stop.",
+                id(the_plan.search_weight_stop): "weight_check_stop.",
+                id(the_plan.wide_weight_stop): "radius_given_wide.weight_check_stop.",
+                id(the_plan.coarse_wide_fallback): "radius_given_wide.ptr_fallback.",
             }
             label = prefixes.get(id(choice_), "") + choice_.name
             for key, value in shown.scales.items():
@@ -1128,10 +1221,10 @@ class Auto(Mechanism[AutoParams]):
         if chosen is friendly:
             return self._run_agreed_search(data, spec, the_plan, test, rng)
         else:
-            fallback_ = the_plan.coarse_fallback
             output, chosen, narrow = _run_given_radius(the_plan, data, spec.k, rng)
             test = {**test, "radius_narrow": narrow}
-            given = getattr(chosen.params, "radius", None)
+            run = the_plan.coarse if narrow else the_plan.coarse_wide
+            given = math.nan if run is None else getattr(run.params, "radius", math.nan)
             reason = (
                 "the private agreement test found most of the subsets' subspaces within the "
                 "coarse public cell width but not the fine one: friendly_aggregate with the "
@@ -1139,6 +1232,16 @@ class Auto(Mechanism[AutoParams]):
                 f"{'narrow' if narrow else 'wide'} one, as the noisy total weight at the narrow "
                 "one said)"
             )
+            if chosen is the_plan.wide_weight_stop:
+                test = {**test, "weight_check_passed": False}
+                reason += (
+                    "; the noisy total weight at the wide radius is below what its test needs, "
+                    "so analyze_gauss runs with the budget of that run"
+                )
+                return _labelled(output, chosen, reason, test)
+            fallback_ = the_plan.coarse_fallback
+            if not narrow and the_plan.coarse_wide_fallback is not None:
+                fallback_ = the_plan.coarse_wide_fallback
             if output.basis is not None or fallback_ is None:
                 return _labelled(output, chosen, reason, test)
             return _after_failed_test(fallback_, data, spec.k, reason, test, rng)
@@ -1169,6 +1272,24 @@ class Auto(Mechanism[AutoParams]):
             del state
             out = _run_choice(stop, data, spec.k, rng)
             return _labelled(out, stop, reason, test)
+        weight_stop = the_plan.search_weight_stop
+        if weight_stop is not None:
+            from service.mechanisms.friendly_aggregate import total_weight
+
+            noisy = noisy_total_weight(
+                total_weight(state.weights), state.t, the_plan.search_weight_epsilon, rng
+            )
+            passed = noisy >= search_weight_threshold(friendly)
+            test = {**test, "weight_check_passed": passed}
+            if not passed:
+                del state
+                reason += (
+                    "; the noisy total weight at the searched radius is below what its test "
+                    "needs, so analyze_gauss runs with the unspent 3/4 of its budget and all of "
+                    "delta"
+                )
+                out = _run_choice(weight_stop, data, spec.k, rng)
+                return _labelled(out, weight_stop, reason, test)
         output = mechanism.finish(state, inner, rng)
         del state
         if output.basis is not None or the_plan.ptr_fallback is None:
@@ -1280,14 +1401,36 @@ def noisy_total_weight(
 
 
 def radius_test_threshold(narrow: Choice) -> float:
-    """The bar of the noisy weight at the narrow radius: the weight friendly's own search
-    needs to stop (:func:`~service.mechanisms.friendly_aggregate.split_search_threshold` of the
-    given-radius split: ``0.75 t`` where the test's own need is below it); public."""
+    """The bar of a noisy total weight before friendly's test (at the narrow given radius, or
+    at the searched one): the weight friendly's own search needs to stop
+    (:func:`~service.mechanisms.friendly_aggregate.split_search_threshold` of ``narrow``'s
+    split: ``0.75 t`` where the test's own need is below it); public."""
     from service.mechanisms.friendly_aggregate import release_split, split_search_threshold
 
     params: Any = narrow.params
-    split = release_split(narrow.epsilon, narrow.delta, True, t=params.t)
+    split = release_split(narrow.epsilon, narrow.delta, params.radius is not None, t=params.t)
     return split_search_threshold(params.t, split)
+
+
+def search_weight_threshold(searched: Choice) -> float:
+    """The bar of the noisy total weight at friendly's searched (or given wide) radius: the
+    weight at which its
+    test passes with probability 1/2 (its floor plus its shift,
+    :func:`~service.mechanisms.friendly_aggregate.split_shift`); below it the test more likely
+    fails than passes, and a spurious stop (weight 0) is far below it. Public."""
+    from service.mechanisms.friendly_aggregate import (
+        ramp_width,
+        release_split,
+        split_shift,
+        weight_floor,
+        weight_sensitivity,
+    )
+
+    params: Any = searched.params
+    given = params.radius is not None
+    split = release_split(searched.epsilon, searched.delta, given, t=params.t)
+    sens = weight_sensitivity(params.t, ramp_width(params.t))
+    return weight_floor(sens) + split_shift(split, sens)
 
 
 def _run_given_radius(
@@ -1312,7 +1455,20 @@ def _run_given_radius(
     if noisy >= radius_test_threshold(narrow):
         return friendly.finish(state, inner, rng), narrow, True
     del state
-    return _run_choice(wide, data, k, rng), wide, False
+    stop = the_plan.wide_weight_stop
+    if stop is None:
+        return _run_choice(wide, data, k, rng), wide, False
+    # The wide run's own noisy total weight at r* (eps_w, pure, on its fresh partition) before
+    # its test: below the weight at which that test passes with probability 1/2, analyze_gauss.
+    inner = wide.spec(k)
+    state = friendly.search(data, inner, rng)
+    noisy = noisy_total_weight(
+        total_weight(state.weights), state.t, the_plan.radius_test_epsilon, rng
+    )
+    if noisy >= search_weight_threshold(wide):
+        return friendly.finish(state, inner, rng), wide, False
+    del state
+    return _run_choice(stop, data, k, rng), stop, False
 
 
 def _run_choice(

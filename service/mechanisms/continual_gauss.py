@@ -91,6 +91,7 @@ from service.mechanisms.noise import (
     round_to_grid,
     symmetric_gaussian,
 )
+from service.mechanisms.usefulness import count_above, usefulness_extras, wigner_edge
 
 __all__ = [
     "MAX_HORIZON",
@@ -449,15 +450,26 @@ class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
         new_state = _advance_state(state, leaf, sigma, params.estimator, rng)
         values, basis = top_k_eigh(prefix_estimate(new_state), spec.k)
         t = new_state.leaves_done
+        prefix_std = sigma * math.sqrt(prefix_variance(t, params.horizon, params.estimator))
+        rounded = round_to_grid(values, sigma / GRID_DIVISOR)
         extras = {
             "epoch": t,
             "horizon": params.horizon,
             "estimator": params.estimator,
             "noise_sigma": sigma,
-            "prefix_entry_std": sigma
-            * math.sqrt(prefix_variance(t, params.horizon, params.estimator)),
-            "eigenvalues": round_to_grid(values, sigma / GRID_DIVISOR).tolist(),
+            "prefix_entry_std": prefix_std,
+            "eigenvalues": rounded.tolist(),
         }
+        # Issue 24, item 5: the released eigenvalues against the prefix noise's edge
+        # 2 std sqrt(d) (public scale; post-processing).
+        above = count_above(rounded, spec.k, wigner_edge(prefix_std, state.d))
+        extras.update(
+            usefulness_extras(
+                above,
+                spec.k,
+                "released eigenvalues against the prefix noise's edge 2 std sqrt(d)",
+            )
+        )
         return new_state, MechanismOutput(basis=basis, extras=extras)
 
     def run(

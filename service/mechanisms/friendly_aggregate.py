@@ -86,6 +86,7 @@ from service.mechanisms.sample_aggregate import (
     safe_top_right_singular_vectors,
     subset_bases_bytes,
 )
+from service.mechanisms.usefulness import WARNING_CODE
 
 Aggregator = Literal["reference_points", "projection"]
 #: ``basic``: sequential composition of the three steps' ``(eps_i, delta_i)`` with a Laplace test
@@ -1694,4 +1695,5 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
                 "subspaces do not agree at this radius, and the others are indistinguishable "
                 "from random directions"
             )
+            extras["warning_code"] = WARNING_CODE
         return MechanismOutput(basis=result.basis, extras=extras)

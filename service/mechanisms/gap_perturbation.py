@@ -57,6 +57,7 @@ from service.mechanisms.linalg import (
     top_k_eigh,
 )
 from service.mechanisms.noise import analytic_gaussian_sigma, laplace, symmetric_gaussian
+from service.mechanisms.usefulness import count_above, usefulness_extras, wigner_edge
 
 #: The reason a failed propose-test-release reports (public wording, no data-derived number).
 GAP_TOO_SMALL = "eigengap too small for this budget"
@@ -180,6 +181,33 @@ def gap_perturbation(
     basis : (d, k) array or None
         Orthonormal basis of the released subspace; ``None`` when the gap test fails.
     """
+    release = gap_perturbation_release(data, k, epsilon, delta, clip_norm, rng, center)
+    return None if release is None else release.basis
+
+
+@dataclass(frozen=True)
+class GapRelease:
+    """A passed test's release: the basis and how many of its directions stand out of the
+    projector's noise (:func:`~service.mechanisms.usefulness.count_above`)."""
+
+    basis: FloatArray
+    components_above_noise: int
+
+
+def gap_perturbation_release(
+    data: FloatArray,
+    k: int,
+    epsilon: float,
+    delta: float,
+    clip_norm: float,
+    rng: np.random.Generator,
+    center: FloatArray | None = None,
+) -> GapRelease | None:
+    """:func:`gap_perturbation` (same parameters and draws), also counting the released
+    directions whose noisy eigenvalue of ``P + E(sigma)`` is above the noise's edge
+    ``2 sigma sqrt(d)``: the projector's eigenvalues are 1, so with ``2 sigma sqrt(d)`` near 1 or
+    above the top-k eigenvectors are random-like (issue 24, item 5). ``sigma`` is a function of
+    the released ``g_low``, the eigenvalues of the released ``P + E``: post-processing."""
     split = budget_split(epsilon, delta)
     gram = clipped_gram(data, clip_norm, center=center)
     vectors, gap = top_k_with_gap(gram, k)
@@ -188,8 +216,9 @@ def gap_perturbation(
         return None
     sigma = projector_sigma(test.gap_low, clip_norm, split.epsilon2, split.delta2)
     noisy = projector(vectors) + symmetric_gaussian(gram.shape[0], sigma, rng)
-    _, basis = top_k_eigh(noisy, k)
-    return basis
+    values, basis = top_k_eigh(noisy, k)
+    above = count_above(values, k, wigner_edge(sigma, gram.shape[0]))
+    return GapRelease(basis, above)
 
 
 class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
@@ -299,7 +328,7 @@ class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
         assert params.clip_norm is not None  # resolved by prepare
         split = center_split(spec.epsilon, spec.delta, params)
         center, extras = center_for_run(data, params, split, rng)
-        basis = gap_perturbation(
+        release = gap_perturbation_release(
             data,
             spec.k,
             split.gram_epsilon,
@@ -308,9 +337,18 @@ class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
             rng,
             center=center,
         )
-        # Beyond the private centre (rounded to its grid), extras stay empty: the gap, g_low and
-        # the noise scale (a function of g_low) would be raw Laplace-noised doubles, exactly the
-        # floating-point leak the docs warn about.
-        if basis is None:
+        # Beyond the private centre (rounded to its grid) and the usefulness check, no extras:
+        # the gap, g_low and the noise scale (a function of g_low) would be raw Laplace-noised
+        # doubles, exactly the floating-point leak the docs warn about.
+        if release is None:
             return MechanismOutput.no_result(GAP_TOO_SMALL, **extras)
-        return MechanismOutput(basis=basis, extras=extras)
+        # An integer and a fixed sentence (post-processing of P + E and g_low): no raw double.
+        extras.update(
+            usefulness_extras(
+                release.components_above_noise,
+                spec.k,
+                "noisy eigenvalues of the projector plus noise against the noise's edge "
+                "2 sigma sqrt(d), sigma set by the noisy gap",
+            )
+        )
+        return MechanismOutput(basis=release.basis, extras=extras)

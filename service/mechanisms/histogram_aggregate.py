@@ -74,6 +74,12 @@ from service.mechanisms.sample_aggregate import (
     subset_bases,
     subset_bases_bytes,
 )
+from service.mechanisms.usefulness import (
+    count_above,
+    rectangular_edge,
+    top_singular_values,
+    usefulness_extras,
+)
 from service.mechanisms.width_selection import (
     WIDTH_STEPS,
     WidthSearch,
@@ -261,7 +267,8 @@ def histogram_aggregate_once(
         state = histogram_search(embedded, r_max, q, data.shape[1], epsilon, rng)
         return histogram_continue(state, k, delta, point, rng)
     found = stability_histogram(embedded, width, epsilon, delta, rng)
-    return _released_basis(found, width, q, data.shape[1], k, point, rng), {}
+    basis, above = _released_basis(found, width, q, data.shape[1], k, point, rng)
+    return basis, ({} if basis is None else {"components_above_noise": above})
 
 
 @dataclass(frozen=True)
@@ -322,7 +329,10 @@ def histogram_continue(
     found = stability_histogram(
         state.points, found_width.width, state.epsilon, delta, rng, found_width.offsets
     )
-    return _released_basis(found, found_width.width, state.q, state.d, k, point, rng), info
+    basis, above = _released_basis(found, found_width.width, state.q, state.d, k, point, rng)
+    if basis is not None:
+        info["components_above_noise"] = above
+    return basis, info
 
 
 def _released_basis(
@@ -333,10 +343,16 @@ def _released_basis(
     k: int,
     point: str,
     rng: np.random.Generator,
-) -> FloatArray | None:
-    """The top-k subspace of the chosen cell's point (centre or uniform), ``None`` if none."""
+) -> tuple[FloatArray | None, int]:
+    """The top-k subspace of the chosen cell's point (centre or uniform), ``None`` if none;
+    and how many of its top-k singular values stand out of the cell's spread (issue 24, item
+    5): the point differs from the subsets' points in the cell by up to ``w/2`` per
+    coordinate, about uniform (the grid's offsets are uniform), a ``q x d`` matrix of entry
+    scale ``w/sqrt(12)`` whose edge is :func:`~service.mechanisms.usefulness.rectangular_edge`;
+    a cell wider than the points' own singular values pins no subspace. Post-processing of the
+    released point and width."""
     if found is None:
-        return None
+        return None, 0
     lower, _ = found
     with np.errstate(over="ignore", invalid="ignore"):
         if point == "uniform":
@@ -345,7 +361,10 @@ def _released_basis(
             chosen = lower + width / 2.0
     # Total: scaled by a power of two, and a public fallback basis if the point is not finite
     # (only possible for widths near the largest double) or LAPACK fails.
-    return safe_top_right_singular_vectors(chosen.reshape(q, d), k)
+    matrix = chosen.reshape(q, d)
+    edge = rectangular_edge(width / math.sqrt(12.0), q, d)
+    above = count_above(top_singular_values(matrix, k), k, edge)
+    return safe_top_right_singular_vectors(matrix, k), above
 
 
 def select_boosted(bases: list[FloatArray | None], alpha: float) -> tuple[int, int] | None:
@@ -705,4 +724,12 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
                     "subspaces do not agree at this cell width"
                 )
             return MechanismOutput.no_result(reason, **extras)
+        extras.update(
+            usefulness_extras(
+                int(extras.pop("components_above_noise", spec.k)),
+                spec.k,
+                "singular values of the released cell's point against the edge of the cell's "
+                "spread, width/sqrt(12) per coordinate",
+            )
+        )
         return MechanismOutput(basis=basis, extras=extras)

@@ -65,6 +65,7 @@ from service.mechanisms.linalg import (
     orthonormal_basis,
 )
 from service.mechanisms.noise import cauchy, haar_orthogonal
+from service.mechanisms.usefulness import rectangular_edge, usefulness_extras
 
 Variant = Literal["gaussian", "cauchy"]
 
@@ -176,6 +177,22 @@ def smooth_sensitivity(
     variant : {"gaussian", "cauchy"}
         Which noise was used (a function of ``delta`` only).
     """
+    basis, variant, _ = smooth_sensitivity_release(data, k, epsilon, delta, clip_norm, rng, center)
+    return basis, variant
+
+
+def smooth_sensitivity_release(
+    data: FloatArray,
+    k: int,
+    epsilon: float,
+    delta: float,
+    clip_norm: float,
+    rng: np.random.Generator,
+    center: FloatArray | None = None,
+) -> tuple[FloatArray, Variant, bool]:
+    """:func:`smooth_sensitivity` (same parameters and draws), and whether the released
+    directions stand out of the noise (:func:`noisy_basis_stands_out`, post-processing of the
+    noisy matrix)."""
     gram = clipped_gram(data, clip_norm, center=center)
     d = gram.shape[0]
     dim = d * k
@@ -192,7 +209,32 @@ def smooth_sensitivity(
         variant = "cauchy"
         smooth_l1 = math.sqrt(dim) * smooth_bound(gap, k, clip_norm, cauchy_beta(epsilon, dim))
         noise = cauchy(rng, size=(d, k)) * cauchy_noise_scale(smooth_l1, epsilon)
-    return orthonormal_basis(rotated + noise), variant
+    noisy = rotated + noise
+    return orthonormal_basis(noisy), variant, noisy_basis_stands_out(noisy, variant)
+
+
+#: ``median |Z|`` of a standard normal: the median absolute entry of a Gaussian matrix over it
+#: estimates the entry scale (for a standard Cauchy ``median |Z|`` is 1).
+GAUSSIAN_MEDIAN_ABS = 0.6744897501960817
+
+
+def noisy_basis_stands_out(noisy: FloatArray, variant: Variant) -> bool:
+    """Whether the noise of ``U R + noise`` (``d x k``; ``U R`` has orthonormal columns, every
+    singular value 1) is below the signal: its entry scale, estimated from the noisy matrix
+    alone (median absolute entry, over ``median |Z|`` of the noise law; for the Gaussian the
+    signal's own entry variance ``1/d`` is removed), gives the noise's edge
+    ``s (sqrt(d) + sqrt(k))``, which must be below 1 (issue 24, item 5). A function of the
+    released noisy matrix only: the noise scale itself derives from the raw gap and is not
+    private, so it is never read."""
+    d, k = noisy.shape
+    if not np.all(np.isfinite(noisy)):
+        return False
+    median = float(np.median(np.abs(noisy)))
+    if variant == "gaussian":
+        scale = math.sqrt(max(0.0, (median / GAUSSIAN_MEDIAN_ABS) ** 2 - 1.0 / d))
+    else:
+        scale = median
+    return rectangular_edge(scale, d, k) < 1.0
 
 
 class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
@@ -311,7 +353,7 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
         assert params.clip_norm is not None  # resolved by prepare
         split = budget_split(spec.epsilon, spec.delta, params)
         center, extras = center_for_run(data, params, split, rng)
-        basis, variant = smooth_sensitivity(
+        basis, variant, stands_out = smooth_sensitivity_release(
             data,
             spec.k,
             split.gram_epsilon,
@@ -322,4 +364,12 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
         )
         # The variant (a function of the public delta) and the private centre, if any: S and
         # the noise scale derive from the raw gap and are not private.
+        extras.update(
+            usefulness_extras(
+                spec.k if stands_out else 0,
+                spec.k,
+                "the noise's edge s (sqrt(d) + sqrt(k)), s estimated from the noisy basis "
+                "before orthonormalisation, against the signal's singular values 1",
+            )
+        )
         return MechanismOutput(basis=basis, extras={"variant": variant, **extras})

@@ -41,7 +41,8 @@ def test_gaussian_variant_succeeds_with_small_error(client, keys, upload_dataset
     assert run_worker() == 1
     result = fetch_release(client, keys.analyst, release_id)
     assert result["status"] == "succeeded", result
-    assert result["result"]["extras"] == {"variant": "gaussian"}
+    # the variant and the usefulness check (issue 24 item 5): no raw noisy double
+    assert result["result"]["extras"] == {"variant": "gaussian", "components_above_noise": 3}
     # A faithful implementation gives ~0.04 here.
     assert subspace_distance(np.array(result["result"]["basis"]), basis) < 0.08
 
@@ -71,7 +72,9 @@ def test_pure_cauchy_variant_median_error_is_small_and_charged_pure(
     for release_id in ids:
         result = fetch_release(client, keys.analyst, release_id)
         assert result["status"] == "succeeded", result
-        assert result["result"]["extras"] == {"variant": "cauchy"}
+        extras = result["result"]["extras"]
+        assert extras["variant"] == "cauchy"
+        assert set(extras) <= {"variant", "components_above_noise", "warning", "warning_code"}
         assert result["delta"] == "0"
         errors.append(subspace_distance(np.array(result["result"]["basis"]), basis))
     # Heavy tails: over 2000 simulated releases the quartiles were 0.045, 0.079, 0.17 and 10%

@@ -122,17 +122,32 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
     # friendly's own search here stops on unstructured data about half the time
     own = dataclasses.replace(the_plan.staged, epsilon=eps)
     assert friendly_spurious_stop_probability(own) > 0.4
-    # test (s, 0) + either choice ((eps - s), delta) = the request
-    for choice in (the_plan.staged, the_plan.default):
-        assert choice.epsilon + s == pytest.approx(eps, rel=1e-15) and choice.delta == DELTA
+    # test (s, 0) + analyze_gauss ((eps - s), delta) = the request; friendly's own search run
+    # leaves eps_w for the noisy weight at its searched radius (before its test), when its
+    # prepare accepts the smaller budget
+    ws = the_plan.search_weight_epsilon
+    assert ws in (0.0, pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15))
+    assert the_plan.default.epsilon + s == pytest.approx(eps, rel=1e-15)
+    assert the_plan.staged.epsilon + s + ws == pytest.approx(eps, rel=1e-15)
+    assert the_plan.default.delta == the_plan.staged.delta == DELTA
     t = the_plan.staged.params.t  # type: ignore[attr-defined]
-    split = budget_split(eps - s, DELTA, False, t=t)
+    split = budget_split(eps - s - ws, DELTA, False, t=t)
     assert the_plan.ptr_fallback is not None
     assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
         split.eps2,
         split.delta2,
     )
-    assert s + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    assert s + ws + split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    stop, weight_stop = the_plan.agreement_stop, the_plan.search_weight_stop
+    assert stop is not None
+    # a stop after the search: everything but the test and the search
+    assert stop.epsilon + s + split.eps0 == pytest.approx(eps, rel=1e-15)
+    if ws > 0:
+        # a weight below the bar: everything but the test, the search and the weight
+        assert weight_stop is not None and weight_stop.delta == DELTA
+        assert weight_stop.epsilon + s + split.eps0 + ws == pytest.approx(eps, rel=1e-15)
+    else:
+        assert weight_stop is None
     assert the_plan.agreement_t == t and the_plan.agreement_width > 0
     assert the_plan.agreement_fine_width == the_plan.agreement_width / FINE_WIDTH_RATIO
     # the given-radius friendly runs (after a coarse-only agreement): public radii r*/2 and
@@ -141,17 +156,31 @@ def test_where_friendlys_search_is_unreliable_an_agreement_test_decides(
     assert coarse is not None and wide is not None and fallback is not None
     w = the_plan.radius_test_epsilon
     assert w == pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15)
-    r_star = break_even_radius(the_plan.staged, n, 10, K, 1.0, eps - s)
+    # r* is calibrated on friendly at (eps - s), as before the weight check existed
+    at_rest = dataclasses.replace(the_plan.staged, epsilon=eps - s)
+    r_star = break_even_radius(at_rest, n, 10, K, 1.0, eps - s)
     assert GIVEN_RADIUS_FACTORS == (0.5, 1.0)
     assert coarse.params.radius == 0.5 * r_star  # type: ignore[attr-defined]
     assert wide.params.radius == r_star  # type: ignore[attr-defined]
-    for run in (coarse, wide):
+    # the wide run spends a second eps_w on its own weight when its prepare accepts that
+    wide_checks = 2 if the_plan.wide_weight_stop is not None else 1
+    for run, checks in ((coarse, 1), (wide, wide_checks)):
         assert run.params.t == t  # type: ignore[attr-defined]
-        assert run.epsilon + s + w == pytest.approx(eps, rel=1e-15) and run.delta == DELTA
+        assert run.epsilon + s + checks * w == pytest.approx(eps, rel=1e-15)
+        assert run.delta == DELTA
     given = budget_split(eps - s - w, DELTA, True, t=t)
     assert given.eps0 == 0.0
     assert given.eps1 + given.eps2 == pytest.approx(eps - s - w, rel=1e-15)
     assert (fallback.epsilon, fallback.delta) == (given.eps2, given.delta2)
+    if the_plan.wide_weight_stop is not None:
+        stop_w, wide_fallback = the_plan.wide_weight_stop, the_plan.coarse_wide_fallback
+        assert wide_fallback is not None
+        assert (stop_w.epsilon, stop_w.delta) == (wide.epsilon, DELTA)
+        wide_split = budget_split(wide.epsilon, DELTA, True, t=t)
+        assert (wide_fallback.epsilon, wide_fallback.delta) == (
+            wide_split.eps2,
+            wide_split.delta2,
+        )
 
 
 def test_spurious_stop_probability_matches_simulation() -> None:
@@ -521,28 +550,45 @@ def test_friendly_runs_as_the_outcome_selects_with_exact_budgets(
         assert test["radius_given"] is (outcome != "fine")
         assert test.get("radius_narrow") is {"fine": None, "narrow": True, "wide": False}[outcome]
     if outcome == "fine":
-        # test (eps_a, 0) + friendly's own search run (eps - eps_a, delta)
-        assert seen == [(eps - s, None)] * 2 and weights_seen == []
+        # test (eps_a, 0) + friendly's own search run (eps - eps_a - eps_w, delta); its noisy
+        # weight at the searched radius (eps_w) is drawn by the module's own function
+        ws = the_plan.search_weight_epsilon
+        assert [(pytest.approx(e, rel=1e-15), r) for e, r in seen] == [(eps - s - ws, None)] * 2
+        assert weights_seen in ([], [ws], [ws, ws])
     else:
         # test (eps_a, 0) + weight (eps_w, 0) + given-radius run (eps - eps_a - eps_w, delta);
         # the narrow run continues the weight's partition, the wide one draws its own
-        assert weights_seen == [w, w]
+        # the wide run, when its budget allows, first gets its own noisy weight at r* (eps_w on
+        # its fresh partition) and runs at eps - eps_a - 2 eps_w
+        checked = the_plan.wide_weight_stop is not None
+        per_data = 2 if outcome == "wide" and checked else 1
+        assert weights_seen == [w] * (2 * per_data)
         first = (eps - s - w, narrow)
-        expected = [first] if outcome == "narrow" else [first, (eps - s - w, wide)]
+        second = (eps - s - (2 * w if checked else w), wide)
+        expected = [first] if outcome == "narrow" else [first, second]
         assert [(pytest.approx(e, rel=1e-15), r) for e, r in seen] == expected * 2
-    # the narrow run and the fine path continue a search (search + finish, no run call)
+    # the narrow run, the checked wide run and the fine path continue a search (search +
+    # finish, no run call)
     friendly_runs = [r for r in runs if r[0] == "friendly_aggregate"]
-    assert len(friendly_runs) == (2 if outcome == "wide" else 0)
+    unchecked_wide = outcome == "wide" and the_plan.wide_weight_stop is None
+    assert len(friendly_runs) == (2 if unchecked_wide else 0)
     for _, epsilon, delta in friendly_runs:
-        spent = s if outcome == "fine" else s + w
+        spent = s + w
         assert epsilon + spent == pytest.approx(eps, rel=1e-15) and delta == DELTA
     fallbacks = [r for r in runs if r[0] == "analyze_gauss"]
     chosen_fallback = the_plan.ptr_fallback if outcome == "fine" else the_plan.coarse_fallback
     assert chosen_fallback is not None
     allowed = {(chosen_fallback.epsilon, chosen_fallback.delta)}
-    if outcome == "fine":  # or after a search that stopped too wide
+    if outcome == "wide":  # a wide weight below its need, or the wide run's failed test
+        for other in (the_plan.wide_weight_stop, the_plan.coarse_wide_fallback):
+            if other is not None:
+                allowed.add((other.epsilon, other.delta))
+    if outcome == "fine":  # or after a search that stopped too wide, or a low weight
         assert the_plan.agreement_stop is not None
         allowed.add((the_plan.agreement_stop.epsilon, the_plan.agreement_stop.delta))
+        if the_plan.search_weight_stop is not None:
+            stop_ = the_plan.search_weight_stop
+            allowed.add((stop_.epsilon, stop_.delta))
     for fallback in fallbacks:  # after a failed friendly test (or a wide stop) only
         assert fallback[1:] in allowed
 
@@ -677,8 +723,10 @@ def test_after_a_fine_agreement_a_search_stopping_wide_gives_analyze_gauss(
     the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
     stop = the_plan.agreement_stop
     assert stop is not None and stop.name == "analyze_gauss"
-    s = the_plan.agreement_epsilon
-    assert (stop.epsilon, stop.delta) == ((1 - SEARCH_SHARE) * (eps - s), DELTA)
+    s, ws = the_plan.agreement_epsilon, the_plan.search_weight_epsilon
+    # everything but the test and friendly's search (a quarter of its eps - s - eps_w)
+    assert stop.epsilon == pytest.approx(eps - s - SEARCH_SHARE * (eps - s - ws), rel=1e-15)
+    assert stop.delta == DELTA
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
     monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *args: [bar, bar])
     runs = _spy_runs(monkeypatch)
@@ -692,3 +740,40 @@ def test_after_a_fine_agreement_a_search_stopping_wide_gives_analyze_gauss(
     assert near.extras["auto_search"]["searched"]["continued"] is True
     assert near.extras["auto_choice"] == "friendly_aggregate"
     assert near.basis is not None
+
+
+def test_a_weight_below_the_tests_need_after_the_search_gives_analyze_gauss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 24 item 5, the starved fallback: after a fine agreement friendly's search can stop
+    # spuriously (weight 0 at the found radius); its test would then fail and leave
+    # analyze_gauss only the mean's share. The noisy weight at the searched radius decides
+    # first, from the released value and the public bar alone.
+    n, d, eps = 5_000, 10, 1.0
+    spec = auto_spec(n, d, eps)
+    the_plan = plan(ctx(n, d), K, eps, DELTA, spec.params)
+    stop = the_plan.search_weight_stop
+    assert stop is not None and the_plan.staged is not None
+    ws = the_plan.search_weight_epsilon
+    assert ws == pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15)
+    bar = auto_module.search_weight_threshold(the_plan.staged)
+    # the bar is the weight at which the test passes with probability 1/2: far above 0
+    t = the_plan.agreement_t
+    assert 0.3 * t < bar < t
+    agreement = AGREEMENT_FRACTION * t
+    monkeypatch.setattr(auto_module, "noisy_agreement_counts", lambda *a: [agreement] * 2)
+    data = near_subspace(n, d, K, 1e-5, seed=23)[0]
+    for released, passes in ((bar - 1e-9, False), (bar, True)):
+        monkeypatch.setattr(auto_module, "noisy_total_weight", lambda *a, v=released: v)
+        runs = _spy_runs(monkeypatch)
+        out = AUTO.run(data, spec, np.random.default_rng(24))
+        test = out.extras["auto_search"]
+        assert test["searched"]["continued"] is True
+        assert test["weight_check_passed"] is passes
+        if passes:
+            assert out.extras["auto_choice"] == "friendly_aggregate" and runs == []
+        else:
+            assert out.extras["auto_choice"] == "analyze_gauss"
+            assert runs == [("analyze_gauss", stop.epsilon, stop.delta)]
+            # everything but the test, the search and the weight: 3/4 of friendly's budget
+            assert stop.epsilon == pytest.approx(0.75 * the_plan.staged.epsilon, rel=1e-12)

@@ -145,7 +145,8 @@ def test_success_exposes_no_data_derived_extras() -> None:
     data, _ = near_subspace(20_000, 20, 3, seed=9)
     out = mechanism.run(data, ReleaseSpec(3, 1.0, 1e-6, params), np.random.default_rng(10))
     assert out.basis is not None and out.basis.shape == (20, 3)
-    assert out.extras == {} and out.no_result_reason is None
+    # only the usefulness check's integer (issue 24 item 5): no raw noisy double
+    assert out.extras == {"components_above_noise": 3} and out.no_result_reason is None
 
 
 @pytest.mark.parametrize(

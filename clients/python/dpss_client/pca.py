@@ -154,7 +154,9 @@ class PrivatePCA:
         the release's public noise scales (``analyze_gauss``; None otherwise).
     warning_ : str or None
         The release's own warning, e.g. when some components do not stand above the noise
-        (computed from public noise scales and released values only).
+        (computed from public noise scales and released values only; every mechanism that
+        releases a basis carries it then, with ``components_above_noise`` and
+        ``warning_code`` in the release's extras).
     n_components_ : int
     n_features_in_ : int
     release_id_ : UUID
