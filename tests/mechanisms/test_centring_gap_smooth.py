@@ -90,7 +90,7 @@ def test_gap_perturbation_spends_share_on_the_mean(
     )
     means: list[tuple[Any, ...]] = []
     stages: list[tuple[float, float, bool]] = []
-    real_center, real_gp = centring.private_center, gp_module.gap_perturbation
+    real_center, real_gp = centring.private_center, gp_module.gap_perturbation_release
 
     def spy_center(*args: Any) -> Any:
         means.append(args[1:4])
@@ -101,7 +101,7 @@ def test_gap_perturbation_spends_share_on_the_mean(
         return real_gp(data, k, eps, delta, *rest, **kw)
 
     monkeypatch.setattr(centring, "private_center", spy_center)
-    monkeypatch.setattr(gp_module, "gap_perturbation", spy_gp)
+    monkeypatch.setattr(gp_module, "gap_perturbation_release", spy_gp)
     out = mechanism.run(data, spec, np.random.default_rng(4))
     assert means == [(1.0, share * 0.8, share * 1e-6)]
     assert stages == [((1 - share) * 0.8, (1 - share) * 1e-6, True)]
@@ -125,7 +125,7 @@ def test_smooth_sensitivity_spends_share_on_the_mean(
     laplace_means: list[tuple[Any, ...]] = []
     stages: list[tuple[float, float]] = []
     real_g, real_l = centring.private_center, centring.private_center_pure
-    real_ss = ss_module.smooth_sensitivity
+    real_ss = ss_module.smooth_sensitivity_release
 
     def spy_g(*args: Any) -> Any:
         gaussian_means.append(args[1:4])
@@ -141,7 +141,7 @@ def test_smooth_sensitivity_spends_share_on_the_mean(
 
     monkeypatch.setattr(centring, "private_center", spy_g)
     monkeypatch.setattr(centring, "private_center_pure", spy_l)
-    monkeypatch.setattr(ss_module, "smooth_sensitivity", spy_ss)
+    monkeypatch.setattr(ss_module, "smooth_sensitivity_release", spy_ss)
     out = mechanism.run(data, spec, np.random.default_rng(6))
     assert stages == [(0.75 * 0.8, 0.75 * delta)]
     shown = mechanism.preview(ctx, spec).scales
@@ -163,14 +163,15 @@ def test_uncentred_and_public_centre_spend_everything_on_the_basis(
 ) -> None:
     data = np.random.default_rng(7).standard_normal((50, 3)) * 0.2
     module = gp_module if name == "gap_perturbation" else ss_module
-    real = getattr(module, name)
+    # The mechanisms' runs call the *_release functions (basis and usefulness count).
+    real = getattr(module, f"{name}_release")
     stages: list[tuple[float, float]] = []
 
     def spy(data: Any, k: int, eps: float, delta: float, *rest: Any, **kw: Any) -> Any:
         stages.append((eps, delta))
         return real(data, k, eps, delta, *rest, **kw)
 
-    monkeypatch.setattr(module, name, spy)
+    monkeypatch.setattr(module, f"{name}_release", spy)
     for center in ("none", [0.1, 0.0, -0.2]):
         mechanism, _, spec = prepared(name, 50, 3, 1, 0.5, 1e-6, center=center)
         out = mechanism.run(data, spec, np.random.default_rng(8))
