@@ -327,6 +327,9 @@ class Plan:
     #: ``(eps2, delta2)`` (``coarse_wide_fallback``). ``None``: the wide run as before.
     wide_weight_stop: Choice | None = None
     coarse_wide_fallback: Choice | None = None
+    #: Agreement regime where friendly refuses the budget left after a weight check: a fine
+    #: agreement runs the given-radius path too (``staged`` is then never run).
+    fine_radius_given: bool = False
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -390,6 +393,84 @@ def _histogram(
         notes.append(f"histogram_aggregate refused at this budget: {refusal.message}")
         return None
     return choice if _within_memory(choice, ctx, k, notes) else None
+
+
+@dataclass(frozen=True)
+class GuardedSearch:
+    """friendly_aggregate with its own radius search at ``B - eps_w`` and the analyze_gauss run
+    of each of its ends short of a result (issue 24, item 5: no starved fallback).
+
+    ``B`` is the budget friendly's path has in its regime, ``eps_w`` the noisy total weight's
+    (pure). ``search_stop``: its search found no radius (or a radius where it is predicted to
+    lose): ``B - eps0``. ``weight_stop``: the noisy total weight at the found radius is below
+    what its test needs: ``B - eps0 - eps_w``. ``ptr_fallback``: its test failed anyway: the
+    mean's unspent ``(eps2, delta2)`` (only when the weight check passed, so rarely)."""
+
+    searched: Choice
+    weight_epsilon: float
+    search_stop: Choice
+    weight_stop: Choice
+    ptr_fallback: Choice
+
+
+def guarded_search(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    weight_epsilon: float,
+    delta: float,
+    friendly: Choice,
+    gram_raw: dict[str, Any],
+    notes: list[str],
+) -> GuardedSearch | None:
+    """:class:`GuardedSearch` for ``friendly``'s ``t`` and aggregator at ``budget``, or ``None``
+    if friendly's ``prepare`` refuses ``budget - weight_epsilon`` (its path then is not taken:
+    without the check a spurious stop would leave analyze_gauss the mean's sliver)."""
+    from service.mechanisms.friendly_aggregate import release_split
+
+    params: Any = friendly.params
+    t = int(params.t)
+    try:
+        searched = _prepare(
+            "friendly_aggregate",
+            ctx,
+            k,
+            budget - weight_epsilon,
+            delta,
+            {"t": t, "aggregator": params.aggregator},
+        )
+    except InvalidParameter as refusal:
+        notes.append(f"friendly_aggregate refused after a weight check: {refusal.message}")
+        return None
+    split = release_split(searched.epsilon, delta, False, t=t)
+    return GuardedSearch(
+        searched,
+        weight_epsilon,
+        _prepare("analyze_gauss", ctx, k, budget - split.eps0, delta, gram_raw),
+        _prepare("analyze_gauss", ctx, k, searched.epsilon - split.eps0, delta, gram_raw),
+        _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw),
+    )
+
+
+def fallback_budgets(the_plan: Plan) -> dict[str, tuple[float, float]]:
+    """The ``(epsilon, delta)`` analyze_gauss gets on each path of ``the_plan`` where a test
+    chose friendly_aggregate and friendly then ends short of a result (a pure function of the
+    plan, so the split is testable without running): ``search_stop`` (its search found no
+    radius, or one where it is predicted to lose), ``weight_check`` (the noisy total weight
+    before its test is too low), ``wide_weight_check`` (the same for the wide given-radius run),
+    ``ptr_failed`` / ``radius_given_ptr_failed`` / ``radius_given_wide_ptr_failed`` (its test
+    failed after the weight check passed: the mean's unspent share)."""
+    paths = {
+        "search_stop": the_plan.agreement_stop,
+        "weight_check": the_plan.search_weight_stop,
+        "wide_weight_check": the_plan.wide_weight_stop,
+        "ptr_failed": the_plan.ptr_fallback,
+        "radius_given_ptr_failed": the_plan.coarse_fallback,
+        "radius_given_wide_ptr_failed": the_plan.coarse_wide_fallback,
+    }
+    if the_plan.staged is not None and the_plan.agreement_epsilon == 0:
+        paths["search_stop"] = the_plan.default  # regime 2: a stop runs the default
+    return {name: (c.epsilon, c.delta) for name, c in paths.items() if c is not None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,7 +695,7 @@ def staged_decision(
             None,
             gauss,
             f"{staged.name}'s private {what} search found no {what} at which the subsets agree: "
-            "analyze_gauss with the unspent 3/4 of epsilon and all of delta",
+            "analyze_gauss with the unspent rest of epsilon and all of delta",
         )
     if staged.name == "friendly_aggregate":
         params: Any = staged.params
@@ -638,7 +719,7 @@ def staged_decision(
         gauss,
         f"{staged.name}'s private {what} search stopped at {what} {scale:.3g} (exponent "
         f"{exponent}): its predicted error {predicted:.3g} is not below analyze_gauss's "
-        f"{gauss:.3g}, so analyze_gauss runs with the unspent 3/4 of epsilon and all of delta",
+        f"{gauss:.3g}, so analyze_gauss runs with the unspent rest of epsilon and all of delta",
     )
 
 
@@ -673,19 +754,30 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     share = params.structure_share
     if share > 0:
         main_epsilon = (1.0 - share) * epsilon
+        weight_epsilon = RADIUS_TEST_SHARE * epsilon
         aggregator = _aggregator(ctx, k, main_epsilon, delta, notes)
-        if aggregator is not None and structure_test_useful(ctx.n_rows, share * epsilon):
+        useful = structure_test_useful(ctx.n_rows, share * epsilon)
+        guarded = (
+            guarded_search(ctx, k, main_epsilon, weight_epsilon, delta, aggregator, gram_raw, notes)
+            if aggregator is not None and useful
+            else None
+        )
+        if guarded is not None:
             default = _prepare("analyze_gauss", ctx, k, main_epsilon, delta, gram_raw)
             return Plan(
                 default,
-                aggregator,
+                guarded.searched,
                 share * epsilon,
                 "friendly_aggregate can run: a private structure test (noisy tail ratio of "
                 "X^T X) chooses it when the rows are within about 5% (relative) of a "
                 "k-dimensional subspace, else analyze_gauss",
                 notes,
+                ptr_fallback=guarded.ptr_fallback,
+                agreement_stop=guarded.search_stop,
+                search_weight_epsilon=weight_epsilon,
+                search_weight_stop=guarded.weight_stop,
             )
-        if aggregator is not None:
+        if aggregator is not None and not useful:
             notes.append(
                 "at this n and epsilon the tail-ratio test's noise would swamp its threshold"
             )
@@ -700,18 +792,24 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
             agreement = _agreement_plan(ctx, k, epsilon, delta, clip, share, staged, notes)
             if agreement is not None:
                 return agreement
+        staged_guard: GuardedSearch | None = None
+        if staged is not None and staged.name == "friendly_aggregate":
+            # friendly's search at (eps - eps_w)/4, then a noisy total weight (eps_w) before
+            # its test: a failed test would leave analyze_gauss only the mean's share
+            staged_guard = guarded_search(
+                ctx, k, epsilon, weight_epsilon, delta, staged, gram_raw, notes
+            )
+            staged = (
+                staged_guard.searched
+                if staged_guard is not None
+                else _histogram(ctx, k, epsilon, delta, notes)
+            )
         if staged is not None:
-            rest = (1.0 - SEARCH_SHARE) * epsilon
-            default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
-            ptr_fallback = None
-            if staged.name == "friendly_aggregate":
-                from service.mechanisms.friendly_aggregate import release_split
-
-                t = getattr(staged.params, "t", None)
-                split = release_split(epsilon, delta, False, t=t)
-                ptr_fallback = _prepare(
-                    "analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw
-                )
+            if staged_guard is not None:
+                default = staged_guard.search_stop
+            else:
+                rest = (1.0 - SEARCH_SHARE) * epsilon
+                default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
             return Plan(
                 default,
                 None,
@@ -719,10 +817,12 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
                 f"{staged.name} can run with the whole budget: its own private search "
                 f"(epsilon/4) is the structure test; {staged.name} continues when its predicted "
                 "error at the found scale is below analyze_gauss's, else analyze_gauss runs "
-                "with the unspent 3/4 of epsilon",
+                "with the unspent rest of epsilon",
                 notes,
                 staged=staged,
-                ptr_fallback=ptr_fallback,
+                ptr_fallback=None if staged_guard is None else staged_guard.ptr_fallback,
+                search_weight_epsilon=0.0 if staged_guard is None else weight_epsilon,
+                search_weight_stop=None if staged_guard is None else staged_guard.weight_stop,
             )
     default = _prepare("analyze_gauss", ctx, k, epsilon, delta, gram_raw)
     why = "; ".join(notes) if notes else "structure test disabled (structure_share = 0)"
@@ -776,26 +876,7 @@ def _agreement_plan(
     # analyze_gauss only the mean's share (0.15-0.24 of epsilon). A noisy total weight at the
     # found radius (eps_w, pure, as after a coarse agreement) first checks that the test can
     # pass; below its bar analyze_gauss gets the unspent 3/4 of friendly's budget.
-    search_weight_epsilon = 0.0
-    search_weight_stop: Choice | None = None
-    try:
-        searched = _prepare(
-            "friendly_aggregate",
-            ctx,
-            k,
-            given_rest,
-            delta,
-            {"t": t, "aggregator": params.aggregator},
-        )
-    except InvalidParameter as refusal:
-        notes.append(f"friendly_aggregate refused after a weight check: {refusal.message}")
-    else:
-        friendly = searched
-        search_weight_epsilon = radius_epsilon
-        eps0 = release_split(given_rest, delta, False, t=t).eps0
-        search_weight_stop = _prepare("analyze_gauss", ctx, k, given_rest - eps0, delta, gram_raw)
-    split = release_split(friendly.epsilon, delta, False, t=t)
-    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
+    guarded = guarded_search(ctx, k, rest, radius_epsilon, delta, friendly, gram_raw, notes)
     try:
         coarse, coarse_wide = (
             _prepare(
@@ -841,9 +922,12 @@ def _agreement_plan(
                 "analyze_gauss", ctx, k, *ptr_fallback_budget(wide_split), gram_raw
             )
     # friendly's search is pure (eps0 = 1/4 of its budget, under either split); a stop leaves
-    # everything but eps_a and eps0 unspent (the weight check runs only after a continue)
-    searched_eps0 = release_split(friendly.epsilon, delta, False, t=t).eps0
-    agreement_stop = _prepare("analyze_gauss", ctx, k, rest - searched_eps0, delta, gram_raw)
+    # everything but eps_a and eps0 unspent (the weight check runs only after a continue).
+    # Where friendly refuses the budget left after a weight check, a fine agreement runs the
+    # given-radius path (checked) instead of an unchecked search: never the mean's sliver.
+    if guarded is None and coarse is None:
+        notes.append("no friendly_aggregate run with a weight check: no agreement test")
+        return None
     return Plan(
         default,
         None,
@@ -856,8 +940,8 @@ def _agreement_plan(
         "public radius given, r*/2 or r* as a noisy total weight at r*/2 says), else "
         "analyze_gauss",
         notes,
-        staged=friendly,
-        ptr_fallback=ptr_fallback,
+        staged=friendly if guarded is None else guarded.searched,
+        ptr_fallback=None if guarded is None else guarded.ptr_fallback,
         agreement_epsilon=test_epsilon,
         agreement_t=t,
         agreement_width=width,
@@ -866,9 +950,10 @@ def _agreement_plan(
         coarse_fallback=coarse_fallback,
         coarse_wide=coarse_wide,
         radius_test_epsilon=radius_epsilon if coarse is not None else 0.0,
-        agreement_stop=agreement_stop,
-        search_weight_epsilon=search_weight_epsilon,
-        search_weight_stop=search_weight_stop,
+        agreement_stop=None if guarded is None else guarded.search_stop,
+        search_weight_epsilon=0.0 if guarded is None else radius_epsilon,
+        search_weight_stop=None if guarded is None else guarded.weight_stop,
+        fine_radius_given=guarded is None,
         wide_weight_stop=wide_weight_stop,
         coarse_wide_fallback=coarse_wide_fallback,
     )
@@ -884,7 +969,9 @@ def agreement_decision(
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
     agreed_fine, agreed_coarse = fine >= bar, coarse >= bar
     chosen: Choice | None = None
-    if agreed_fine or (agreed_coarse and the_plan.coarse is None):
+    if the_plan.fine_radius_given and (agreed_fine or agreed_coarse):
+        chosen = the_plan.coarse
+    elif agreed_fine or (agreed_coarse and the_plan.coarse is None):
         chosen = the_plan.staged
     elif agreed_coarse:
         chosen = the_plan.coarse
@@ -1183,10 +1270,18 @@ class Auto(Mechanism[AutoParams]):
         chosen, reason = the_plan.default, the_plan.reason
         if the_plan.aggregator is not None:
             if structure_test(data, spec.k, params.clip_norm, the_plan.test_epsilon, rng):
-                chosen = the_plan.aggregator
                 reason = "the private structure test found the rows very near a k-dim subspace"
-            else:
-                reason = "the private structure test found the rows not near a k-dim subspace"
+                return self._run_guarded_search(
+                    data,
+                    spec,
+                    the_plan,
+                    the_plan.aggregator,
+                    the_plan.agreement_stop,
+                    reason,
+                    {"test": "structure"},
+                    rng,
+                )
+            reason = "the private structure test found the rows not near a k-dim subspace"
         return _labelled(_run_choice(chosen, data, spec.k, rng), chosen, reason)
 
     def _run_agreement(
@@ -1254,20 +1349,44 @@ class Auto(Mechanism[AutoParams]):
         test: dict[str, Any],
         rng: np.random.Generator,
     ) -> MechanismOutput:
-        """After a fine agreement: friendly_aggregate's own radius search at
-        ``(eps - eps_a)/4``, then, as in regime 2, its continuation when its predicted error at
-        the found radius is below analyze_gauss's, else analyze_gauss at the unspent
-        ``3 (eps - eps_a)/4`` and all of delta (a false agreement on data far from any subspace
-        lets the search stop at a radius where every subset is everyone's friend, whose average
-        is a random-level subspace). Continuing is bit-identical to friendly's own run."""
-        friendly, stop = the_plan.staged, the_plan.agreement_stop
-        assert friendly is not None and stop is not None
+        """After a fine agreement: :meth:`_run_guarded_search` of ``staged`` (a false agreement
+        on data far from any subspace lets the search stop at a radius where every subset is
+        everyone's friend, whose average is a random-level subspace)."""
+        assert the_plan.staged is not None
+        return self._run_guarded_search(
+            data,
+            spec,
+            the_plan,
+            the_plan.staged,
+            the_plan.agreement_stop,
+            "the private agreement test found most of the subsets' subspaces within the public "
+            "cell width",
+            test,
+            rng,
+        )
+
+    def _run_guarded_search(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        the_plan: Plan,
+        friendly: Choice,
+        stop: Choice | None,
+        reason: str,
+        test: dict[str, Any],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """friendly_aggregate's own radius search at ``eps0 = B/4`` of its budget ``B``, then,
+        as in regime 2, analyze_gauss with everything unspent (``stop``) when its predicted
+        error at the found radius is not below analyze_gauss's; else the noisy total weight at
+        that radius (``search_weight_epsilon``, pure) and, below what friendly's test needs,
+        analyze_gauss with the unspent ``3 B/4`` (``search_weight_stop``); else friendly's own
+        continuation (bit-identical to its run), and after its failed test analyze_gauss at
+        its unspent ``(eps2, delta2)`` (``ptr_fallback``)."""
+        assert stop is not None
         mechanism, inner, state, decision = _friendly_search(friendly, data, spec, rng)
         test = {**test, "searched": decision.extras(friendly.name)}
-        reason = (
-            "the private agreement test found most of the subsets' subspaces within the public "
-            "cell width; " + decision.reason
-        )
+        reason = f"{reason}; {decision.reason}" if reason else decision.reason
         if not decision.proceed:
             del state
             out = _run_choice(stop, data, spec.k, rng)
@@ -1312,23 +1431,13 @@ class Auto(Mechanism[AutoParams]):
         exponent: int | None
         scale: float | None
         if staged.name == "friendly_aggregate":
-            friendly, inner, f_state, decision = _friendly_search(staged, data, spec, rng)
-            searched = decision.extras(staged.name)
-            if decision.proceed:
-                output = friendly.finish(f_state, inner, rng)
-                del f_state
-                if output.basis is not None or the_plan.ptr_fallback is None:
-                    return _labelled(output, staged, decision.reason, searched)
-                # The test (eps1, delta1) failed: the unspent (eps2, delta2) goes to
-                # analyze_gauss instead of the mean (sequential composition, same total).
-                fallback = the_plan.ptr_fallback
-                reason = (
-                    decision.reason + "; its propose-test-release check then failed, so "
-                    "analyze_gauss ran with the unspent budget of its mean step"
-                )
-                out = _run_choice(fallback, data, spec.k, rng)
-                return _labelled(out, fallback, reason, {**searched, "ptr_failed": True})
-            del f_state
+            out = self._run_guarded_search(
+                data, spec, the_plan, staged, the_plan.default, "", {}, rng
+            )
+            # regime 2's search outcome is the released test itself (flat, as before)
+            search = dict(out.extras.get("auto_search", {}))
+            out.extras["auto_search"] = {**search.pop("searched", {}), **search}
+            return out
         else:
             from service.mechanisms.histogram_aggregate import HistogramAggregate
 
