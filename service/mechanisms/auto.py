@@ -12,24 +12,42 @@ section ``auto``):
   ``analyze_gauss`` when the rows are that close to a subspace, and worse beyond. Three regimes,
   chosen from public facts (``n``, ``d``, ``k``, ``epsilon``, ``delta``, ``C``, params):
 
-  1. **Tail test** (``friendly_aggregate`` runs at ``(1 - s) eps`` and the test is useful, e.g.
-     ``eps = 1``, ``n = 50,000``): a private structure test with ``s = structure_share`` of
-     epsilon picks ``friendly_aggregate`` or ``analyze_gauss``, each at ``((1 - s) eps, delta)``.
+  1. **Tail test** (``friendly_aggregate`` runs at ``(1 - s) eps - eps_w`` and the test is
+     useful, e.g. ``eps = 1``, ``n = 50,000``): a private structure test with ``s =
+     structure_share`` of epsilon picks ``analyze_gauss`` at ``((1 - s) eps, delta)`` or
+     ``friendly_aggregate``'s guarded search (below) at ``B = (1 - s) eps``.
   2. **Staged aggregator** (the tail test is not useful, but an aggregator runs at the whole
      budget: ``friendly_aggregate`` when its own ``prepare`` accepts it, else
      ``histogram_aggregate``; e.g. ``eps = 1, n = 5,000`` and ``eps = 0.1, n = 50,000``): the
      aggregator's own private search (friendly: the radius search; histogram: the width search;
-     both AboveThreshold with ``eps/4``, pure) is the structure test. Its partition, subset
-     bases and search run exactly as in the aggregator's own run (same draws, same order), and
-     from the released stop exponent and public facts auto either **continues** the aggregator
-     (its remaining steps with its remaining budget: the output has exactly the aggregator's
-     own distribution) or **stops** and runs ``analyze_gauss`` with ``(3 eps/4, delta)``. A
-     search that found nothing also stops. Continue iff the aggregator's predicted error at the
-     found radius/width is below ``analyze_gauss``'s predicted error at ``3 eps/4``
-     (:func:`predicted_gauss_error`, :func:`predicted_friendly_error`,
-     :func:`predicted_histogram_error`; calibrated on the grid, figures in the docs). When
-     ``friendly_aggregate`` continues and its propose-test-release check fails, the unspent
-     ``(eps2, delta2)`` of its split goes to ``analyze_gauss`` instead of a no result.
+     both AboveThreshold with a quarter of the aggregator's budget, pure) is the structure
+     test. Its partition, subset bases and search run exactly as in the aggregator's own run
+     (same draws, same order), and from the released stop exponent and public facts auto either
+     **continues** the aggregator (its remaining steps with its remaining budget) or **stops**
+     and runs ``analyze_gauss`` with everything unspent and all of delta. A search that found
+     nothing also stops. Continue iff the aggregator's predicted error at the found
+     radius/width is below ``analyze_gauss``'s predicted error at 3/4 of the aggregator's
+     budget (:func:`predicted_gauss_error`, :func:`predicted_friendly_error`,
+     :func:`predicted_histogram_error`; calibrated on the grid, figures in the docs).
+     ``friendly_aggregate`` runs as the guarded search (below) at ``B = eps``;
+     ``histogram_aggregate`` (only where friendly is refused) at ``eps``, a stop leaving
+     ``3 eps/4``.
+
+  **Guarded search** (regimes 1 and 2, and 2b after a fine agreement; issue 24, item 5: no
+  starved fallback). ``friendly_aggregate`` with its own radius search at ``B - eps_w``
+  (``eps_w = RADIUS_TEST_SHARE eps``; :func:`guarded_search`): its search (``eps0 = (B -
+  eps_w)/4``), then regime 2's continue-or-stop (stop: ``analyze_gauss`` at ``B - eps0``), then
+  friendly's total weight at the found radius plus ``Lap(Delta_W/eps_w)``
+  (:func:`noisy_total_weight`, pure) against the weight at which its test passes with
+  probability 1/2 (:func:`search_weight_threshold`; a spurious stop has weight 0): below it
+  ``analyze_gauss`` at ``B - eps0 - eps_w`` (``3/4`` of friendly's budget), else friendly's
+  test and mean, and after a failed test ``analyze_gauss`` at the mean's unspent ``(eps2,
+  delta2)``. So a friendly path that ends short of a result before its test leaves
+  ``analyze_gauss`` at least 0.6 of epsilon (:func:`fallback_budgets`; regime 1: ``0.9 - 0.1 -
+  0.2``), not the mean's 0.13-0.45; a check passes on weight 0 with probability at most 5%.
+  Where friendly refuses ``B - eps_w``, its path is not taken: regime 1 is skipped (regime 2 or
+  3 decides), regime 2 stages ``histogram_aggregate`` or none, and in 2b a fine agreement takes
+  the (checked) given-radius path.
   2b. **Agreement test** (as 2, but friendly_aggregate's own radius search would stop
      spuriously on unstructured data with probability above ``SPURIOUS_STOP_LIMIT``, computed
      from public facts by :func:`spurious_stop_probability`: 0.51 at ``t = 166, eps = 1`` and
@@ -49,14 +67,11 @@ section ``auto``):
      delta)`` (``GIVEN_RADIUS_FACTORS``: the private scale at which the subsets agree picks
      the radius; no constant fits both agreement regimes); else ``analyze_gauss`` at ``(eps -
      eps_a, delta)``; a failed friendly test hands its unspent ``(eps2, delta2)`` to
-     ``analyze_gauss``. No starved fallback (issue 24, item 5): where friendly's ``prepare``
-     accepts ``eps - eps_a - eps_w``, its searched run gets that budget and, after a
-     continuing search, friendly's total weight at the searched radius plus
-     ``Lap(Delta_W/eps_w)`` must reach the weight at which its test passes with probability
-     1/2 (:func:`search_weight_threshold`; a spurious stop has weight 0), else
-     ``analyze_gauss`` runs with the unspent ``3/4`` of ``eps - eps_a - eps_w``; likewise the
-     wide given-radius run gets ``eps - eps_a - 2 eps_w`` and its own noisy weight at ``r*``
-     first (below its test's need: ``analyze_gauss`` at ``eps - eps_a - 2 eps_w``).
+     ``analyze_gauss``. After a fine agreement friendly runs as the guarded search at ``B = eps
+     - eps_a``; the wide given-radius run gets ``eps - eps_a - 2 eps_w`` and its own noisy
+     weight at ``r*`` first (below its test's need: ``analyze_gauss`` at ``eps - eps_a - 2
+     eps_w``). Where friendly refuses ``eps - eps_a - eps_w`` with its search (``t = 100``:
+     ``n = 5,000``, ``k = 5``), a fine agreement runs the given-radius path too.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -67,17 +82,21 @@ minimum too; ``trace(H) = sum_i ||x_i||^2`` likewise. Each gets ``Lap(2 C^2/eps_
 ``rho = tail_hat/trace_hat`` (post-processing) is the mean squared relative distance of the
 rows to the best k-dim subspace; the aggregator is chosen iff ``rho < TAIL_RATIO_THRESHOLD``.
 
-Privacy. Regime 1: sequential (adaptive) composition of the test ``(s eps, 0)`` and the chosen
-mechanism at ``((1 - s) eps, delta)``. Regime 2: adaptive sequential composition of the search
-``(eps/4, 0)`` (the partition and reference points are public randomness) and whichever
-continuation its output selects: the aggregator's remaining steps (friendly: the test
-``(eps1, delta1)`` and the mean ``(eps2, delta2)``, ``eps1 + eps2 = 3 eps/4``,
-``delta1 + delta2 = delta``; histogram: the stability histogram ``(3 eps/4, delta)``), or
-``analyze_gauss`` at ``(3 eps/4, delta)``; after a failed friendly test, ``analyze_gauss`` at
-``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (two
+Privacy. Regime 1: sequential (adaptive) composition of the test ``(s eps, 0)`` and either
+``analyze_gauss`` at ``((1 - s) eps, delta)`` or the guarded search with ``B = (1 - s) eps``.
+The guarded search is the adaptive sequential composition of friendly's search ``(eps0, 0)``
+(its partition and reference points are public randomness) and what its output selects:
+``analyze_gauss`` at ``(B - eps0, delta)``, or the noisy weight ``(eps_w, 0)`` (friendly's own
+total weight at the released radius, sensitivity ``Delta_W``, below) and then either
+``analyze_gauss`` at ``(B - eps0 - eps_w, delta)`` or friendly's test ``(eps1, delta1)`` and its
+mean ``(eps2, delta2)`` (or ``analyze_gauss`` at ``(eps2, delta2)`` in its place), with
+``eps0 + eps1 + eps2 = B - eps_w``, ``delta1 + delta2 = delta``: every path totals ``(B,
+delta)``. Regime 2: the guarded search with ``B = eps`` (histogram: its search ``(eps/4, 0)``
+and the stability histogram ``(3 eps/4, delta)`` or ``analyze_gauss`` at ``(3 eps/4,
+delta)``). Regime 2b: the agreement test ``(eps_a, 0)`` (two
 counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
 reference points and offsets are public randomness) then the chosen mechanism at
-``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above; with
+``(eps - eps_a, delta)`` (friendly: the guarded search with ``B = eps - eps_a``; with
 a given radius: the noisy total weight ``(eps_w, 0)`` then friendly's radius-given split
 ``eps1 + eps2 = eps - eps_a - eps_w``, ``delta1 + delta2 = delta``, and the fallback at its
 ``(eps2, delta2)``). The noisy weight is friendly's own statistic: on its public partition and
@@ -97,7 +116,8 @@ charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, 
 aggregator accepted from public facts) the chosen mechanism gets all of ``(eps, delta)``.
 Released beside the chosen mechanism's own output: the choice, a reason, and in regime 2 the
 search's exponent and the two predictions (public functions of it), in regime 2b whether the
-test agreed and which radius was given; no noisy statistic of any test.
+test agreed and which radius was given, after a guarded search whether its weight check passed;
+no noisy statistic of any test.
 """
 
 from __future__ import annotations
@@ -281,11 +301,13 @@ class Choice:
 class Plan:
     """What ``auto`` runs, from public facts only.
 
-    Regime 1 (tail test): ``aggregator`` is set, the test spends ``test_epsilon`` and picks
-    ``aggregator`` or ``default``. Regime 2 (staged): ``staged`` is the aggregator at the whole
-    budget, ``default`` is analyze_gauss at ``3 eps/4`` (after a stop), ``ptr_fallback``
-    analyze_gauss at friendly's ``(eps2, delta2)`` (after a failed test). Regime 3: only
-    ``default``, with the whole budget.
+    Regime 1 (tail test): ``aggregator`` is set (friendly at ``(1 - s) eps - eps_w``), the test
+    spends ``test_epsilon`` and picks ``aggregator`` (guarded: ``agreement_stop``,
+    ``search_weight_stop``, ``ptr_fallback``) or ``default``. Regime 2 (staged): ``staged`` is
+    the aggregator (friendly at ``eps - eps_w``, guarded; histogram at ``eps``), ``default``
+    analyze_gauss with everything unspent after a stop, ``search_weight_stop`` after a low
+    noisy weight, ``ptr_fallback`` at friendly's ``(eps2, delta2)`` after a failed test.
+    Regime 3: only ``default``, with the whole budget. :func:`fallback_budgets` lists them.
     """
 
     default: Choice
@@ -1118,8 +1140,11 @@ class Auto(Mechanism[AutoParams]):
                 f"Structure test (epsilon {the_plan.test_epsilon:.4g}, pure): the tail "
                 f"sum_(i>k) lambda_i and the trace of the clipped X^T X each get Laplace noise "
                 f"of scale {scale:.4g}; friendly_aggregate runs if their ratio is below "
-                f"{TAIL_RATIO_THRESHOLD:g}, else analyze_gauss, each with epsilon "
-                f"{the_plan.default.epsilon:.4g} and all of delta."
+                f"{TAIL_RATIO_THRESHOLD:g} (epsilon {the_plan.aggregator.epsilon:.4g}: its "
+                f"radius search, then a noisy total weight at the found radius, epsilon "
+                f"{the_plan.search_weight_epsilon:.4g}, before its test; a stop or a weight "
+                f"below its test's need runs analyze_gauss with everything unspent), else "
+                f"analyze_gauss with epsilon {the_plan.default.epsilon:.4g}; all of delta."
             )
         if the_plan.agreement_epsilon > 0:
             bar = AGREEMENT_FRACTION * the_plan.agreement_t
@@ -1208,21 +1233,32 @@ class Auto(Mechanism[AutoParams]):
         assert spec.params.clip_norm is not None
         d, k = ctx.n_cols, spec.k
         rest = the_plan.default.epsilon
-        gauss = predicted_gauss_error(ctx.n_rows, d, k, spec.params.clip_norm, rest, spec.delta)
+        # as staged_decision: analyze_gauss's prediction at the aggregator's unsearched 3/4
+        compared = (1 - SEARCH_SHARE) * staged.epsilon
+        gauss = predicted_gauss_error(ctx.n_rows, d, k, spec.params.clip_norm, compared, spec.delta)
         if staged.name == "friendly_aggregate":
             params: Any = staged.params
-            per_unit = predicted_friendly_error(params, 1.0, d, k, spec.epsilon, spec.delta)
+            per_unit = predicted_friendly_error(params, 1.0, d, k, staged.epsilon, spec.delta)
             what = "radius"
         else:
             per_unit = predicted_histogram_error(1.0, d)
             what = "cell width"
         largest = gauss / per_unit
+        weight_stop = the_plan.search_weight_stop
         meaning.append(
-            f"{staged.name}'s private {what} search (epsilon {spec.epsilon * SEARCH_SHARE:.4g}, "
-            f"pure) runs first; {staged.name} continues with its remaining budget if the found "
-            f"{what} is below {largest:.4g} (predicted error {per_unit:.4g} per unit {what} vs "
-            f"analyze_gauss's {gauss:.4g} at epsilon {rest:.4g}), else analyze_gauss runs with "
-            f"epsilon {rest:.4g} and all of delta."
+            f"{staged.name}'s private {what} search (epsilon "
+            f"{staged.epsilon * SEARCH_SHARE:.4g}, pure) runs first; {staged.name} continues "
+            f"with its remaining budget if the found {what} is below {largest:.4g} (predicted "
+            f"error {per_unit:.4g} per unit {what} vs analyze_gauss's {gauss:.4g} at epsilon "
+            f"{compared:.4g}), else analyze_gauss runs with epsilon {rest:.4g} and all of delta."
+            + (
+                ""
+                if weight_stop is None
+                else f" Before friendly_aggregate's test a noisy total weight at the found "
+                f"radius (epsilon {the_plan.search_weight_epsilon:.4g}, pure) must reach "
+                f"{search_weight_threshold(staged):.4g}, else analyze_gauss runs with epsilon "
+                f"{weight_stop.epsilon:.4g} and all of delta."
+            )
             + (
                 ""
                 if the_plan.ptr_fallback is None
@@ -1233,7 +1269,7 @@ class Auto(Mechanism[AutoParams]):
         )
         return {
             "search_mechanism": staged.name,
-            "search_epsilon": spec.epsilon * SEARCH_SHARE,
+            "search_epsilon": staged.epsilon * SEARCH_SHARE,
             "continue_below": largest,
             "predicted_analyze_gauss_error": gauss,
         }
