@@ -246,7 +246,10 @@ def test_declared_cost_is_the_request() -> None:
     assert AUTO.cost_rule.startswith("Charges exactly the requested")
     shown = AUTO.preview(ctx(N, 10), spec)
     assert shown.scales["staged_search"] is True and shown.scales["agreement_test"] is False
-    assert shown.scales["search_epsilon"] == 0.25
+    # a quarter of friendly's eps - eps_w (the noisy weight check before its test)
+    assert shown.scales["search_epsilon"] == pytest.approx(0.25 * (1 - RADIUS_TEST_SHARE))
+    assert "weight_check_stop.analyze_gauss.sigma" in shown.scales
+    assert any("noisy total weight" in line for line in shown.meaning)
     assert "friendly_aggregate.t" in shown.scales and "analyze_gauss.sigma" in shown.scales
     assert any("radius search" in line for line in shown.meaning)
     shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
