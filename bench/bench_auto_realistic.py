@@ -8,7 +8,9 @@ of ``--ks``; the rows do not depend on k: 5 spikes whatever k is asked):
 ``power_law`` (Gaussian rows, covariance eigenvalues ~ 1/i, random rotation), ``heavy_tailed``
 (the same, times a Student-t radius with 3 degrees of freedom), ``spiked_outliers`` (k spikes of
 variance 1 over an isotropic floor of 0.05, plus 1% of rows at the bound in random
-directions). Per cell: the share of the (clipped, uncentred) sum of squares the released
+directions); not by default, ``near_low_rank`` (K spikes over a floor of variance 1e-4: rows
+at relative distance ~0.03-0.1 of a K-dim subspace, where auto's tests may choose
+friendly_aggregate). Per cell: the share of the (clipped, uncentred) sum of squares the released
 subspace captures, over non-private PCA's (1 = as good as PCA), for analyze_gauss, auto and a
 random subspace, the ratio of their deficits ``(1 - auto)/(1 - analyze_gauss)`` and auto's
 choices. delta = 1e-6.
@@ -34,6 +36,9 @@ def rows(kind: str, n: int, d: int, seed: int) -> np.ndarray[Any, Any]:
     rotation, _ = np.linalg.qr(rng.standard_normal((d, d)))
     if kind == "spiked_outliers":
         scales = np.full(d, np.sqrt(0.05))
+        scales[:K] = 1.0
+    elif kind == "near_low_rank":  # K spikes over a floor of variance 1e-4: near a subspace
+        scales = np.full(d, 1e-2)
         scales[:K] = 1.0
     else:
         scales = 1.0 / np.sqrt(np.arange(1, d + 1))
