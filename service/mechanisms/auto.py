@@ -12,24 +12,42 @@ section ``auto``):
   ``analyze_gauss`` when the rows are that close to a subspace, and worse beyond. Three regimes,
   chosen from public facts (``n``, ``d``, ``k``, ``epsilon``, ``delta``, ``C``, params):
 
-  1. **Tail test** (``friendly_aggregate`` runs at ``(1 - s) eps`` and the test is useful, e.g.
-     ``eps = 1``, ``n = 50,000``): a private structure test with ``s = structure_share`` of
-     epsilon picks ``friendly_aggregate`` or ``analyze_gauss``, each at ``((1 - s) eps, delta)``.
+  1. **Tail test** (``friendly_aggregate`` runs at ``(1 - s) eps - eps_w`` and the test is
+     useful, e.g. ``eps = 1``, ``n = 50,000``): a private structure test with ``s =
+     structure_share`` of epsilon picks ``analyze_gauss`` at ``((1 - s) eps, delta)`` or
+     ``friendly_aggregate``'s guarded search (below) at ``B = (1 - s) eps``.
   2. **Staged aggregator** (the tail test is not useful, but an aggregator runs at the whole
      budget: ``friendly_aggregate`` when its own ``prepare`` accepts it, else
      ``histogram_aggregate``; e.g. ``eps = 1, n = 5,000`` and ``eps = 0.1, n = 50,000``): the
      aggregator's own private search (friendly: the radius search; histogram: the width search;
-     both AboveThreshold with ``eps/4``, pure) is the structure test. Its partition, subset
-     bases and search run exactly as in the aggregator's own run (same draws, same order), and
-     from the released stop exponent and public facts auto either **continues** the aggregator
-     (its remaining steps with its remaining budget: the output has exactly the aggregator's
-     own distribution) or **stops** and runs ``analyze_gauss`` with ``(3 eps/4, delta)``. A
-     search that found nothing also stops. Continue iff the aggregator's predicted error at the
-     found radius/width is below ``analyze_gauss``'s predicted error at ``3 eps/4``
-     (:func:`predicted_gauss_error`, :func:`predicted_friendly_error`,
-     :func:`predicted_histogram_error`; calibrated on the grid, figures in the docs). When
-     ``friendly_aggregate`` continues and its propose-test-release check fails, the unspent
-     ``(eps2, delta2)`` of its split goes to ``analyze_gauss`` instead of a no result.
+     both AboveThreshold with a quarter of the aggregator's budget, pure) is the structure
+     test. Its partition, subset bases and search run exactly as in the aggregator's own run
+     (same draws, same order), and from the released stop exponent and public facts auto either
+     **continues** the aggregator (its remaining steps with its remaining budget) or **stops**
+     and runs ``analyze_gauss`` with everything unspent and all of delta. A search that found
+     nothing also stops. Continue iff the aggregator's predicted error at the found
+     radius/width is below ``analyze_gauss``'s predicted error at 3/4 of the aggregator's
+     budget (:func:`predicted_gauss_error`, :func:`predicted_friendly_error`,
+     :func:`predicted_histogram_error`; calibrated on the grid, figures in the docs).
+     ``friendly_aggregate`` runs as the guarded search (below) at ``B = eps``;
+     ``histogram_aggregate`` (only where friendly is refused) at ``eps``, a stop leaving
+     ``3 eps/4``.
+
+  **Guarded search** (regimes 1 and 2, and 2b after a fine agreement; issue 24, item 5: no
+  starved fallback). ``friendly_aggregate`` with its own radius search at ``B - eps_w``
+  (``eps_w = RADIUS_TEST_SHARE eps``; :func:`guarded_search`): its search (``eps0 = (B -
+  eps_w)/4``), then regime 2's continue-or-stop (stop: ``analyze_gauss`` at ``B - eps0``), then
+  friendly's total weight at the found radius plus ``Lap(Delta_W/eps_w)``
+  (:func:`noisy_total_weight`, pure) against the weight at which its test passes with
+  probability 1/2 (:func:`search_weight_threshold`; a spurious stop has weight 0): below it
+  ``analyze_gauss`` at ``B - eps0 - eps_w`` (``3/4`` of friendly's budget), else friendly's
+  test and mean, and after a failed test ``analyze_gauss`` at the mean's unspent ``(eps2,
+  delta2)``. So a friendly path that ends short of a result before its test leaves
+  ``analyze_gauss`` at least 0.6 of epsilon (:func:`fallback_budgets`; regime 1: ``0.9 - 0.1 -
+  0.2``), not the mean's 0.13-0.45; a check passes on weight 0 with probability at most 5%.
+  Where friendly refuses ``B - eps_w``, its path is not taken: regime 1 is skipped (regime 2 or
+  3 decides), regime 2 stages ``histogram_aggregate`` or none, and in 2b a fine agreement takes
+  the (checked) given-radius path.
   2b. **Agreement test** (as 2, but friendly_aggregate's own radius search would stop
      spuriously on unstructured data with probability above ``SPURIOUS_STOP_LIMIT``, computed
      from public facts by :func:`spurious_stop_probability`: 0.51 at ``t = 166, eps = 1`` and
@@ -49,14 +67,11 @@ section ``auto``):
      delta)`` (``GIVEN_RADIUS_FACTORS``: the private scale at which the subsets agree picks
      the radius; no constant fits both agreement regimes); else ``analyze_gauss`` at ``(eps -
      eps_a, delta)``; a failed friendly test hands its unspent ``(eps2, delta2)`` to
-     ``analyze_gauss``. No starved fallback (issue 24, item 5): where friendly's ``prepare``
-     accepts ``eps - eps_a - eps_w``, its searched run gets that budget and, after a
-     continuing search, friendly's total weight at the searched radius plus
-     ``Lap(Delta_W/eps_w)`` must reach the weight at which its test passes with probability
-     1/2 (:func:`search_weight_threshold`; a spurious stop has weight 0), else
-     ``analyze_gauss`` runs with the unspent ``3/4`` of ``eps - eps_a - eps_w``; likewise the
-     wide given-radius run gets ``eps - eps_a - 2 eps_w`` and its own noisy weight at ``r*``
-     first (below its test's need: ``analyze_gauss`` at ``eps - eps_a - 2 eps_w``).
+     ``analyze_gauss``. After a fine agreement friendly runs as the guarded search at ``B = eps
+     - eps_a``; the wide given-radius run gets ``eps - eps_a - 2 eps_w`` and its own noisy
+     weight at ``r*`` first (below its test's need: ``analyze_gauss`` at ``eps - eps_a - 2
+     eps_w``). Where friendly refuses ``eps - eps_a - eps_w`` with its search (``t = 100``:
+     ``n = 5,000``, ``k = 5``), a fine agreement runs the given-radius path too.
   3. Otherwise ``analyze_gauss`` with the whole budget.
 
 Structure test (regime 1): ``tail = sum_{i>k} lambda_i(H)`` of the clipped ``H = X^T X`` is the
@@ -67,17 +82,21 @@ minimum too; ``trace(H) = sum_i ||x_i||^2`` likewise. Each gets ``Lap(2 C^2/eps_
 ``rho = tail_hat/trace_hat`` (post-processing) is the mean squared relative distance of the
 rows to the best k-dim subspace; the aggregator is chosen iff ``rho < TAIL_RATIO_THRESHOLD``.
 
-Privacy. Regime 1: sequential (adaptive) composition of the test ``(s eps, 0)`` and the chosen
-mechanism at ``((1 - s) eps, delta)``. Regime 2: adaptive sequential composition of the search
-``(eps/4, 0)`` (the partition and reference points are public randomness) and whichever
-continuation its output selects: the aggregator's remaining steps (friendly: the test
-``(eps1, delta1)`` and the mean ``(eps2, delta2)``, ``eps1 + eps2 = 3 eps/4``,
-``delta1 + delta2 = delta``; histogram: the stability histogram ``(3 eps/4, delta)``), or
-``analyze_gauss`` at ``(3 eps/4, delta)``; after a failed friendly test, ``analyze_gauss`` at
-``(eps2, delta2)`` in place of the mean. Regime 2b: the agreement test ``(eps_a, 0)`` (two
+Privacy. Regime 1: sequential (adaptive) composition of the test ``(s eps, 0)`` and either
+``analyze_gauss`` at ``((1 - s) eps, delta)`` or the guarded search with ``B = (1 - s) eps``.
+The guarded search is the adaptive sequential composition of friendly's search ``(eps0, 0)``
+(its partition and reference points are public randomness) and what its output selects:
+``analyze_gauss`` at ``(B - eps0, delta)``, or the noisy weight ``(eps_w, 0)`` (friendly's own
+total weight at the released radius, sensitivity ``Delta_W``, below) and then either
+``analyze_gauss`` at ``(B - eps0 - eps_w, delta)`` or friendly's test ``(eps1, delta1)`` and its
+mean ``(eps2, delta2)`` (or ``analyze_gauss`` at ``(eps2, delta2)`` in its place), with
+``eps0 + eps1 + eps2 = B - eps_w``, ``delta1 + delta2 = delta``: every path totals ``(B,
+delta)``. Regime 2: the guarded search with ``B = eps`` (histogram: its search ``(eps/4, 0)``
+and the stability histogram ``(3 eps/4, delta)`` or ``analyze_gauss`` at ``(3 eps/4,
+delta)``). Regime 2b: the agreement test ``(eps_a, 0)`` (two
 counts of sensitivity 1 with ``Lap(2/eps_a)`` each: ``eps_a/2 + eps_a/2``; its partition,
 reference points and offsets are public randomness) then the chosen mechanism at
-``(eps - eps_a, delta)`` (friendly: search, test and mean or the fallback, as above; with
+``(eps - eps_a, delta)`` (friendly: the guarded search with ``B = eps - eps_a``; with
 a given radius: the noisy total weight ``(eps_w, 0)`` then friendly's radius-given split
 ``eps1 + eps2 = eps - eps_a - eps_w``, ``delta1 + delta2 = delta``, and the fallback at its
 ``(eps2, delta2)``). The noisy weight is friendly's own statistic: on its public partition and
@@ -97,7 +116,8 @@ charged before the run. Without a test (``structure_share = 0``, ``delta = 0``, 
 aggregator accepted from public facts) the chosen mechanism gets all of ``(eps, delta)``.
 Released beside the chosen mechanism's own output: the choice, a reason, and in regime 2 the
 search's exponent and the two predictions (public functions of it), in regime 2b whether the
-test agreed and which radius was given; no noisy statistic of any test.
+test agreed and which radius was given, after a guarded search whether its weight check passed;
+no noisy statistic of any test.
 """
 
 from __future__ import annotations
@@ -281,11 +301,13 @@ class Choice:
 class Plan:
     """What ``auto`` runs, from public facts only.
 
-    Regime 1 (tail test): ``aggregator`` is set, the test spends ``test_epsilon`` and picks
-    ``aggregator`` or ``default``. Regime 2 (staged): ``staged`` is the aggregator at the whole
-    budget, ``default`` is analyze_gauss at ``3 eps/4`` (after a stop), ``ptr_fallback``
-    analyze_gauss at friendly's ``(eps2, delta2)`` (after a failed test). Regime 3: only
-    ``default``, with the whole budget.
+    Regime 1 (tail test): ``aggregator`` is set (friendly at ``(1 - s) eps - eps_w``), the test
+    spends ``test_epsilon`` and picks ``aggregator`` (guarded: ``agreement_stop``,
+    ``search_weight_stop``, ``ptr_fallback``) or ``default``. Regime 2 (staged): ``staged`` is
+    the aggregator (friendly at ``eps - eps_w``, guarded; histogram at ``eps``), ``default``
+    analyze_gauss with everything unspent after a stop, ``search_weight_stop`` after a low
+    noisy weight, ``ptr_fallback`` at friendly's ``(eps2, delta2)`` after a failed test.
+    Regime 3: only ``default``, with the whole budget. :func:`fallback_budgets` lists them.
     """
 
     default: Choice
@@ -327,6 +349,9 @@ class Plan:
     #: ``(eps2, delta2)`` (``coarse_wide_fallback``). ``None``: the wide run as before.
     wide_weight_stop: Choice | None = None
     coarse_wide_fallback: Choice | None = None
+    #: Agreement regime where friendly refuses the budget left after a weight check: a fine
+    #: agreement runs the given-radius path too (``staged`` is then never run).
+    fine_radius_given: bool = False
 
 
 def _registered(name: str) -> Mechanism[Any]:
@@ -390,6 +415,84 @@ def _histogram(
         notes.append(f"histogram_aggregate refused at this budget: {refusal.message}")
         return None
     return choice if _within_memory(choice, ctx, k, notes) else None
+
+
+@dataclass(frozen=True)
+class GuardedSearch:
+    """friendly_aggregate with its own radius search at ``B - eps_w`` and the analyze_gauss run
+    of each of its ends short of a result (issue 24, item 5: no starved fallback).
+
+    ``B`` is the budget friendly's path has in its regime, ``eps_w`` the noisy total weight's
+    (pure). ``search_stop``: its search found no radius (or a radius where it is predicted to
+    lose): ``B - eps0``. ``weight_stop``: the noisy total weight at the found radius is below
+    what its test needs: ``B - eps0 - eps_w``. ``ptr_fallback``: its test failed anyway: the
+    mean's unspent ``(eps2, delta2)`` (only when the weight check passed, so rarely)."""
+
+    searched: Choice
+    weight_epsilon: float
+    search_stop: Choice
+    weight_stop: Choice
+    ptr_fallback: Choice
+
+
+def guarded_search(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    weight_epsilon: float,
+    delta: float,
+    friendly: Choice,
+    gram_raw: dict[str, Any],
+    notes: list[str],
+) -> GuardedSearch | None:
+    """:class:`GuardedSearch` for ``friendly``'s ``t`` and aggregator at ``budget``, or ``None``
+    if friendly's ``prepare`` refuses ``budget - weight_epsilon`` (its path then is not taken:
+    without the check a spurious stop would leave analyze_gauss the mean's sliver)."""
+    from service.mechanisms.friendly_aggregate import release_split
+
+    params: Any = friendly.params
+    t = int(params.t)
+    try:
+        searched = _prepare(
+            "friendly_aggregate",
+            ctx,
+            k,
+            budget - weight_epsilon,
+            delta,
+            {"t": t, "aggregator": params.aggregator},
+        )
+    except InvalidParameter as refusal:
+        notes.append(f"friendly_aggregate refused after a weight check: {refusal.message}")
+        return None
+    split = release_split(searched.epsilon, delta, False, t=t)
+    return GuardedSearch(
+        searched,
+        weight_epsilon,
+        _prepare("analyze_gauss", ctx, k, budget - split.eps0, delta, gram_raw),
+        _prepare("analyze_gauss", ctx, k, searched.epsilon - split.eps0, delta, gram_raw),
+        _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw),
+    )
+
+
+def fallback_budgets(the_plan: Plan) -> dict[str, tuple[float, float]]:
+    """The ``(epsilon, delta)`` analyze_gauss gets on each path of ``the_plan`` where a test
+    chose friendly_aggregate and friendly then ends short of a result (a pure function of the
+    plan, so the split is testable without running): ``search_stop`` (its search found no
+    radius, or one where it is predicted to lose), ``weight_check`` (the noisy total weight
+    before its test is too low), ``wide_weight_check`` (the same for the wide given-radius run),
+    ``ptr_failed`` / ``radius_given_ptr_failed`` / ``radius_given_wide_ptr_failed`` (its test
+    failed after the weight check passed: the mean's unspent share)."""
+    paths = {
+        "search_stop": the_plan.agreement_stop,
+        "weight_check": the_plan.search_weight_stop,
+        "wide_weight_check": the_plan.wide_weight_stop,
+        "ptr_failed": the_plan.ptr_fallback,
+        "radius_given_ptr_failed": the_plan.coarse_fallback,
+        "radius_given_wide_ptr_failed": the_plan.coarse_wide_fallback,
+    }
+    if the_plan.staged is not None and the_plan.agreement_epsilon == 0:
+        paths["search_stop"] = the_plan.default  # regime 2: a stop runs the default
+    return {name: (c.epsilon, c.delta) for name, c in paths.items() if c is not None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,7 +717,7 @@ def staged_decision(
             None,
             gauss,
             f"{staged.name}'s private {what} search found no {what} at which the subsets agree: "
-            "analyze_gauss with the unspent 3/4 of epsilon and all of delta",
+            "analyze_gauss with the unspent rest of epsilon and all of delta",
         )
     if staged.name == "friendly_aggregate":
         params: Any = staged.params
@@ -638,7 +741,7 @@ def staged_decision(
         gauss,
         f"{staged.name}'s private {what} search stopped at {what} {scale:.3g} (exponent "
         f"{exponent}): its predicted error {predicted:.3g} is not below analyze_gauss's "
-        f"{gauss:.3g}, so analyze_gauss runs with the unspent 3/4 of epsilon and all of delta",
+        f"{gauss:.3g}, so analyze_gauss runs with the unspent rest of epsilon and all of delta",
     )
 
 
@@ -673,19 +776,30 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     share = params.structure_share
     if share > 0:
         main_epsilon = (1.0 - share) * epsilon
+        weight_epsilon = RADIUS_TEST_SHARE * epsilon
         aggregator = _aggregator(ctx, k, main_epsilon, delta, notes)
-        if aggregator is not None and structure_test_useful(ctx.n_rows, share * epsilon):
+        useful = structure_test_useful(ctx.n_rows, share * epsilon)
+        guarded = (
+            guarded_search(ctx, k, main_epsilon, weight_epsilon, delta, aggregator, gram_raw, notes)
+            if aggregator is not None and useful
+            else None
+        )
+        if guarded is not None:
             default = _prepare("analyze_gauss", ctx, k, main_epsilon, delta, gram_raw)
             return Plan(
                 default,
-                aggregator,
+                guarded.searched,
                 share * epsilon,
                 "friendly_aggregate can run: a private structure test (noisy tail ratio of "
                 "X^T X) chooses it when the rows are within about 5% (relative) of a "
                 "k-dimensional subspace, else analyze_gauss",
                 notes,
+                ptr_fallback=guarded.ptr_fallback,
+                agreement_stop=guarded.search_stop,
+                search_weight_epsilon=weight_epsilon,
+                search_weight_stop=guarded.weight_stop,
             )
-        if aggregator is not None:
+        if aggregator is not None and not useful:
             notes.append(
                 "at this n and epsilon the tail-ratio test's noise would swamp its threshold"
             )
@@ -700,18 +814,24 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
             agreement = _agreement_plan(ctx, k, epsilon, delta, clip, share, staged, notes)
             if agreement is not None:
                 return agreement
+        staged_guard: GuardedSearch | None = None
+        if staged is not None and staged.name == "friendly_aggregate":
+            # friendly's search at (eps - eps_w)/4, then a noisy total weight (eps_w) before
+            # its test: a failed test would leave analyze_gauss only the mean's share
+            staged_guard = guarded_search(
+                ctx, k, epsilon, weight_epsilon, delta, staged, gram_raw, notes
+            )
+            staged = (
+                staged_guard.searched
+                if staged_guard is not None
+                else _histogram(ctx, k, epsilon, delta, notes)
+            )
         if staged is not None:
-            rest = (1.0 - SEARCH_SHARE) * epsilon
-            default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
-            ptr_fallback = None
-            if staged.name == "friendly_aggregate":
-                from service.mechanisms.friendly_aggregate import release_split
-
-                t = getattr(staged.params, "t", None)
-                split = release_split(epsilon, delta, False, t=t)
-                ptr_fallback = _prepare(
-                    "analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw
-                )
+            if staged_guard is not None:
+                default = staged_guard.search_stop
+            else:
+                rest = (1.0 - SEARCH_SHARE) * epsilon
+                default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
             return Plan(
                 default,
                 None,
@@ -719,10 +839,12 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
                 f"{staged.name} can run with the whole budget: its own private search "
                 f"(epsilon/4) is the structure test; {staged.name} continues when its predicted "
                 "error at the found scale is below analyze_gauss's, else analyze_gauss runs "
-                "with the unspent 3/4 of epsilon",
+                "with the unspent rest of epsilon",
                 notes,
                 staged=staged,
-                ptr_fallback=ptr_fallback,
+                ptr_fallback=None if staged_guard is None else staged_guard.ptr_fallback,
+                search_weight_epsilon=0.0 if staged_guard is None else weight_epsilon,
+                search_weight_stop=None if staged_guard is None else staged_guard.weight_stop,
             )
     default = _prepare("analyze_gauss", ctx, k, epsilon, delta, gram_raw)
     why = "; ".join(notes) if notes else "structure test disabled (structure_share = 0)"
@@ -776,26 +898,7 @@ def _agreement_plan(
     # analyze_gauss only the mean's share (0.15-0.24 of epsilon). A noisy total weight at the
     # found radius (eps_w, pure, as after a coarse agreement) first checks that the test can
     # pass; below its bar analyze_gauss gets the unspent 3/4 of friendly's budget.
-    search_weight_epsilon = 0.0
-    search_weight_stop: Choice | None = None
-    try:
-        searched = _prepare(
-            "friendly_aggregate",
-            ctx,
-            k,
-            given_rest,
-            delta,
-            {"t": t, "aggregator": params.aggregator},
-        )
-    except InvalidParameter as refusal:
-        notes.append(f"friendly_aggregate refused after a weight check: {refusal.message}")
-    else:
-        friendly = searched
-        search_weight_epsilon = radius_epsilon
-        eps0 = release_split(given_rest, delta, False, t=t).eps0
-        search_weight_stop = _prepare("analyze_gauss", ctx, k, given_rest - eps0, delta, gram_raw)
-    split = release_split(friendly.epsilon, delta, False, t=t)
-    ptr_fallback = _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(split), gram_raw)
+    guarded = guarded_search(ctx, k, rest, radius_epsilon, delta, friendly, gram_raw, notes)
     try:
         coarse, coarse_wide = (
             _prepare(
@@ -841,9 +944,12 @@ def _agreement_plan(
                 "analyze_gauss", ctx, k, *ptr_fallback_budget(wide_split), gram_raw
             )
     # friendly's search is pure (eps0 = 1/4 of its budget, under either split); a stop leaves
-    # everything but eps_a and eps0 unspent (the weight check runs only after a continue)
-    searched_eps0 = release_split(friendly.epsilon, delta, False, t=t).eps0
-    agreement_stop = _prepare("analyze_gauss", ctx, k, rest - searched_eps0, delta, gram_raw)
+    # everything but eps_a and eps0 unspent (the weight check runs only after a continue).
+    # Where friendly refuses the budget left after a weight check, a fine agreement runs the
+    # given-radius path (checked) instead of an unchecked search: never the mean's sliver.
+    if guarded is None and coarse is None:
+        notes.append("no friendly_aggregate run with a weight check: no agreement test")
+        return None
     return Plan(
         default,
         None,
@@ -856,8 +962,8 @@ def _agreement_plan(
         "public radius given, r*/2 or r* as a noisy total weight at r*/2 says), else "
         "analyze_gauss",
         notes,
-        staged=friendly,
-        ptr_fallback=ptr_fallback,
+        staged=friendly if guarded is None else guarded.searched,
+        ptr_fallback=None if guarded is None else guarded.ptr_fallback,
         agreement_epsilon=test_epsilon,
         agreement_t=t,
         agreement_width=width,
@@ -866,9 +972,10 @@ def _agreement_plan(
         coarse_fallback=coarse_fallback,
         coarse_wide=coarse_wide,
         radius_test_epsilon=radius_epsilon if coarse is not None else 0.0,
-        agreement_stop=agreement_stop,
-        search_weight_epsilon=search_weight_epsilon,
-        search_weight_stop=search_weight_stop,
+        agreement_stop=None if guarded is None else guarded.search_stop,
+        search_weight_epsilon=0.0 if guarded is None else radius_epsilon,
+        search_weight_stop=None if guarded is None else guarded.weight_stop,
+        fine_radius_given=guarded is None,
         wide_weight_stop=wide_weight_stop,
         coarse_wide_fallback=coarse_wide_fallback,
     )
@@ -884,7 +991,9 @@ def agreement_decision(
     bar = AGREEMENT_FRACTION * the_plan.agreement_t
     agreed_fine, agreed_coarse = fine >= bar, coarse >= bar
     chosen: Choice | None = None
-    if agreed_fine or (agreed_coarse and the_plan.coarse is None):
+    if the_plan.fine_radius_given and (agreed_fine or agreed_coarse):
+        chosen = the_plan.coarse
+    elif agreed_fine or (agreed_coarse and the_plan.coarse is None):
         chosen = the_plan.staged
     elif agreed_coarse:
         chosen = the_plan.coarse
@@ -1031,8 +1140,11 @@ class Auto(Mechanism[AutoParams]):
                 f"Structure test (epsilon {the_plan.test_epsilon:.4g}, pure): the tail "
                 f"sum_(i>k) lambda_i and the trace of the clipped X^T X each get Laplace noise "
                 f"of scale {scale:.4g}; friendly_aggregate runs if their ratio is below "
-                f"{TAIL_RATIO_THRESHOLD:g}, else analyze_gauss, each with epsilon "
-                f"{the_plan.default.epsilon:.4g} and all of delta."
+                f"{TAIL_RATIO_THRESHOLD:g} (epsilon {the_plan.aggregator.epsilon:.4g}: its "
+                f"radius search, then a noisy total weight at the found radius, epsilon "
+                f"{the_plan.search_weight_epsilon:.4g}, before its test; a stop or a weight "
+                f"below its test's need runs analyze_gauss with everything unspent), else "
+                f"analyze_gauss with epsilon {the_plan.default.epsilon:.4g}; all of delta."
             )
         if the_plan.agreement_epsilon > 0:
             bar = AGREEMENT_FRACTION * the_plan.agreement_t
@@ -1121,21 +1233,32 @@ class Auto(Mechanism[AutoParams]):
         assert spec.params.clip_norm is not None
         d, k = ctx.n_cols, spec.k
         rest = the_plan.default.epsilon
-        gauss = predicted_gauss_error(ctx.n_rows, d, k, spec.params.clip_norm, rest, spec.delta)
+        # as staged_decision: analyze_gauss's prediction at the aggregator's unsearched 3/4
+        compared = (1 - SEARCH_SHARE) * staged.epsilon
+        gauss = predicted_gauss_error(ctx.n_rows, d, k, spec.params.clip_norm, compared, spec.delta)
         if staged.name == "friendly_aggregate":
             params: Any = staged.params
-            per_unit = predicted_friendly_error(params, 1.0, d, k, spec.epsilon, spec.delta)
+            per_unit = predicted_friendly_error(params, 1.0, d, k, staged.epsilon, spec.delta)
             what = "radius"
         else:
             per_unit = predicted_histogram_error(1.0, d)
             what = "cell width"
         largest = gauss / per_unit
+        weight_stop = the_plan.search_weight_stop
         meaning.append(
-            f"{staged.name}'s private {what} search (epsilon {spec.epsilon * SEARCH_SHARE:.4g}, "
-            f"pure) runs first; {staged.name} continues with its remaining budget if the found "
-            f"{what} is below {largest:.4g} (predicted error {per_unit:.4g} per unit {what} vs "
-            f"analyze_gauss's {gauss:.4g} at epsilon {rest:.4g}), else analyze_gauss runs with "
-            f"epsilon {rest:.4g} and all of delta."
+            f"{staged.name}'s private {what} search (epsilon "
+            f"{staged.epsilon * SEARCH_SHARE:.4g}, pure) runs first; {staged.name} continues "
+            f"with its remaining budget if the found {what} is below {largest:.4g} (predicted "
+            f"error {per_unit:.4g} per unit {what} vs analyze_gauss's {gauss:.4g} at epsilon "
+            f"{compared:.4g}), else analyze_gauss runs with epsilon {rest:.4g} and all of delta."
+            + (
+                ""
+                if weight_stop is None
+                else f" Before friendly_aggregate's test a noisy total weight at the found "
+                f"radius (epsilon {the_plan.search_weight_epsilon:.4g}, pure) must reach "
+                f"{search_weight_threshold(staged):.4g}, else analyze_gauss runs with epsilon "
+                f"{weight_stop.epsilon:.4g} and all of delta."
+            )
             + (
                 ""
                 if the_plan.ptr_fallback is None
@@ -1146,7 +1269,7 @@ class Auto(Mechanism[AutoParams]):
         )
         return {
             "search_mechanism": staged.name,
-            "search_epsilon": spec.epsilon * SEARCH_SHARE,
+            "search_epsilon": staged.epsilon * SEARCH_SHARE,
             "continue_below": largest,
             "predicted_analyze_gauss_error": gauss,
         }
@@ -1183,10 +1306,18 @@ class Auto(Mechanism[AutoParams]):
         chosen, reason = the_plan.default, the_plan.reason
         if the_plan.aggregator is not None:
             if structure_test(data, spec.k, params.clip_norm, the_plan.test_epsilon, rng):
-                chosen = the_plan.aggregator
                 reason = "the private structure test found the rows very near a k-dim subspace"
-            else:
-                reason = "the private structure test found the rows not near a k-dim subspace"
+                return self._run_guarded_search(
+                    data,
+                    spec,
+                    the_plan,
+                    the_plan.aggregator,
+                    the_plan.agreement_stop,
+                    reason,
+                    {"test": "structure"},
+                    rng,
+                )
+            reason = "the private structure test found the rows not near a k-dim subspace"
         return _labelled(_run_choice(chosen, data, spec.k, rng), chosen, reason)
 
     def _run_agreement(
@@ -1254,20 +1385,44 @@ class Auto(Mechanism[AutoParams]):
         test: dict[str, Any],
         rng: np.random.Generator,
     ) -> MechanismOutput:
-        """After a fine agreement: friendly_aggregate's own radius search at
-        ``(eps - eps_a)/4``, then, as in regime 2, its continuation when its predicted error at
-        the found radius is below analyze_gauss's, else analyze_gauss at the unspent
-        ``3 (eps - eps_a)/4`` and all of delta (a false agreement on data far from any subspace
-        lets the search stop at a radius where every subset is everyone's friend, whose average
-        is a random-level subspace). Continuing is bit-identical to friendly's own run."""
-        friendly, stop = the_plan.staged, the_plan.agreement_stop
-        assert friendly is not None and stop is not None
+        """After a fine agreement: :meth:`_run_guarded_search` of ``staged`` (a false agreement
+        on data far from any subspace lets the search stop at a radius where every subset is
+        everyone's friend, whose average is a random-level subspace)."""
+        assert the_plan.staged is not None
+        return self._run_guarded_search(
+            data,
+            spec,
+            the_plan,
+            the_plan.staged,
+            the_plan.agreement_stop,
+            "the private agreement test found most of the subsets' subspaces within the public "
+            "cell width",
+            test,
+            rng,
+        )
+
+    def _run_guarded_search(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        the_plan: Plan,
+        friendly: Choice,
+        stop: Choice | None,
+        reason: str,
+        test: dict[str, Any],
+        rng: np.random.Generator,
+    ) -> MechanismOutput:
+        """friendly_aggregate's own radius search at ``eps0 = B/4`` of its budget ``B``, then,
+        as in regime 2, analyze_gauss with everything unspent (``stop``) when its predicted
+        error at the found radius is not below analyze_gauss's; else the noisy total weight at
+        that radius (``search_weight_epsilon``, pure) and, below what friendly's test needs,
+        analyze_gauss with the unspent ``3 B/4`` (``search_weight_stop``); else friendly's own
+        continuation (bit-identical to its run), and after its failed test analyze_gauss at
+        its unspent ``(eps2, delta2)`` (``ptr_fallback``)."""
+        assert stop is not None
         mechanism, inner, state, decision = _friendly_search(friendly, data, spec, rng)
         test = {**test, "searched": decision.extras(friendly.name)}
-        reason = (
-            "the private agreement test found most of the subsets' subspaces within the public "
-            "cell width; " + decision.reason
-        )
+        reason = f"{reason}; {decision.reason}" if reason else decision.reason
         if not decision.proceed:
             del state
             out = _run_choice(stop, data, spec.k, rng)
@@ -1312,23 +1467,13 @@ class Auto(Mechanism[AutoParams]):
         exponent: int | None
         scale: float | None
         if staged.name == "friendly_aggregate":
-            friendly, inner, f_state, decision = _friendly_search(staged, data, spec, rng)
-            searched = decision.extras(staged.name)
-            if decision.proceed:
-                output = friendly.finish(f_state, inner, rng)
-                del f_state
-                if output.basis is not None or the_plan.ptr_fallback is None:
-                    return _labelled(output, staged, decision.reason, searched)
-                # The test (eps1, delta1) failed: the unspent (eps2, delta2) goes to
-                # analyze_gauss instead of the mean (sequential composition, same total).
-                fallback = the_plan.ptr_fallback
-                reason = (
-                    decision.reason + "; its propose-test-release check then failed, so "
-                    "analyze_gauss ran with the unspent budget of its mean step"
-                )
-                out = _run_choice(fallback, data, spec.k, rng)
-                return _labelled(out, fallback, reason, {**searched, "ptr_failed": True})
-            del f_state
+            out = self._run_guarded_search(
+                data, spec, the_plan, staged, the_plan.default, "", {}, rng
+            )
+            # regime 2's search outcome is the released test itself (flat, as before)
+            search = dict(out.extras.get("auto_search", {}))
+            out.extras["auto_search"] = {**search.pop("searched", {}), **search}
+            return out
         else:
             from service.mechanisms.histogram_aggregate import HistogramAggregate
 

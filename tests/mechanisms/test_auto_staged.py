@@ -33,6 +33,7 @@ from service.mechanisms.auto import (
     AutoParams,
     agreement_decision,
     break_even_radius,
+    fallback_budgets,
     friendly_spurious_stop_probability,
     noisy_agreement_count,
     noisy_agreement_counts,
@@ -59,6 +60,10 @@ from service.mechanisms.registry import MECHANISMS
 
 AUTO = Auto()
 K, DELTA = 3, 1e-6
+#: Issue 24, item 5: where a test chose friendly_aggregate and friendly ends short of a result
+#: before its own test (no radius, a radius where it is predicted to lose, a noisy weight below
+#: its test's need), analyze_gauss gets at least this share of epsilon (less 1e-12: rounding).
+FALLBACK_SHARE_FLOOR = 0.6 - 1e-12
 #: A staged cell: friendly's search is reliable (t = 666, eps0 = 0.25: spurious stops 4e-4)
 #: and the tail test is not useful (2/(0.1 n) = 1e-3 > 7.5e-4).
 N = 20_000
@@ -89,23 +94,32 @@ def test_where_the_tail_test_is_unaffordable_the_aggregator_is_staged(
     assert the_plan.aggregator is None and the_plan.test_epsilon == 0.0
     assert the_plan.agreement_epsilon == 0.0
     assert the_plan.staged is not None and the_plan.staged.name == "friendly_aggregate"
-    # the aggregator gets the whole request: its own run, its own split
-    assert (the_plan.staged.epsilon, the_plan.staged.delta) == (eps, DELTA)
+    # the aggregator gets the request less the noisy total weight's eps_w (before its test):
+    # its own run, its own split
+    w = the_plan.search_weight_epsilon
+    assert w == pytest.approx(RADIUS_TEST_SHARE * eps, rel=1e-15)
+    assert the_plan.staged.epsilon + w == pytest.approx(eps, rel=1e-15)
+    assert the_plan.staged.delta == DELTA
     assert the_plan.staged.params.aggregator == "projection"  # type: ignore[attr-defined]
-    # after a stop: analyze_gauss with exactly the unspent (3/4 eps, delta)
-    assert the_plan.default.name == "analyze_gauss"
-    assert (the_plan.default.epsilon, the_plan.default.delta) == ((1 - SEARCH_SHARE) * eps, DELTA)
-    # after a failed test: analyze_gauss with exactly friendly's (eps2, delta2), and the three
-    # steps search + test + that fallback compose to the request
     t = the_plan.staged.params.t  # type: ignore[attr-defined]
-    split = budget_split(eps, DELTA, False, t=t)
+    split = budget_split(the_plan.staged.epsilon, DELTA, False, t=t)
+    assert split.eps0 == SEARCH_SHARE * the_plan.staged.epsilon
+    # after a stop: analyze_gauss with exactly the unspent (eps - eps0, delta)
+    assert the_plan.default.name == "analyze_gauss"
+    assert the_plan.default.delta == DELTA
+    assert the_plan.default.epsilon + split.eps0 == pytest.approx(eps, rel=1e-15)
+    # after a low noisy weight: everything but the search and the weight
+    weight_stop = the_plan.search_weight_stop
+    assert weight_stop is not None and weight_stop.delta == DELTA
+    assert weight_stop.epsilon + split.eps0 + w == pytest.approx(eps, rel=1e-15)
+    # after a failed test: analyze_gauss with exactly friendly's (eps2, delta2), and the four
+    # steps search + weight + test + that fallback compose to the request
     assert the_plan.ptr_fallback is not None
     assert (the_plan.ptr_fallback.epsilon, the_plan.ptr_fallback.delta) == (
         split.eps2,
         split.delta2,
     )
-    assert split.eps0 == SEARCH_SHARE * eps
-    assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
+    assert split.eps0 + w + split.eps1 + split.eps2 == pytest.approx(eps, rel=1e-15)
     assert split.delta1 + split.delta2 == pytest.approx(DELTA, rel=1e-15)
 
 
@@ -232,7 +246,10 @@ def test_declared_cost_is_the_request() -> None:
     assert AUTO.cost_rule.startswith("Charges exactly the requested")
     shown = AUTO.preview(ctx(N, 10), spec)
     assert shown.scales["staged_search"] is True and shown.scales["agreement_test"] is False
-    assert shown.scales["search_epsilon"] == 0.25
+    # a quarter of friendly's eps - eps_w (the noisy weight check before its test)
+    assert shown.scales["search_epsilon"] == pytest.approx(0.25 * (1 - RADIUS_TEST_SHARE))
+    assert "weight_check_stop.analyze_gauss.sigma" in shown.scales
+    assert any("noisy total weight" in line for line in shown.meaning)
     assert "friendly_aggregate.t" in shown.scales and "analyze_gauss.sigma" in shown.scales
     assert any("radius search" in line for line in shown.meaning)
     shown = AUTO.preview(ctx(5_000, 10), auto_spec(5_000, 10, 1.0))
@@ -321,16 +338,22 @@ def _spy_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float, float]]
     return runs
 
 
-def test_continuing_friendly_is_bit_identical_to_its_own_run() -> None:
+def test_continuing_friendly_is_bit_identical_to_its_own_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the noisy weight check between its search and its test draws from the same generator:
+    # without that draw (the check passed) the rest is friendly's own run, draw for draw
+    monkeypatch.setattr(auto_module, "noisy_total_weight", lambda total, *args: np.inf)
     data, basis = near_subspace(N, 10, K, 1e-5, seed=4)
     spec = auto_spec(N, 10, 1.0)
     out = AUTO.run(data, spec, np.random.default_rng(11))
     assert out.extras["auto_choice"] == "friendly_aggregate"
     assert out.extras["auto_search"]["continued"] is True
+    assert out.extras["auto_search"]["weight_check_passed"] is True
     staged = plan(ctx(N, 10), K, 1.0, DELTA, spec.params).staged
     assert staged is not None
     own = MECHANISMS["friendly_aggregate"].run(
-        data, ReleaseSpec(K, 1.0, DELTA, staged.params), np.random.default_rng(11)
+        data, ReleaseSpec(K, staged.epsilon, DELTA, staged.params), np.random.default_rng(11)
     )
     assert own.basis is not None and out.basis is not None
     assert np.array_equal(out.basis, own.basis)
@@ -364,7 +387,7 @@ def test_continuing_histogram_is_bit_identical_to_its_own_run(
     assert again.basis is not None and np.array_equal(again.basis, own.basis)
 
 
-def test_a_stop_gives_analyze_gauss_exactly_three_quarters(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stop_gives_analyze_gauss_all_but_the_search(monkeypatch: pytest.MonkeyPatch) -> None:
     runs = _spy_runs(monkeypatch)
     data = isotropic(N, 10, 6)
     spec = auto_spec(N, 10, 1.0)
@@ -375,14 +398,16 @@ def test_a_stop_gives_analyze_gauss_exactly_three_quarters(monkeypatch: pytest.M
             break
     else:
         pytest.fail("no stop in 20 seeds")
-    assert runs == [("analyze_gauss", 0.75, DELTA)]
+    rest = 1.0 - SEARCH_SHARE * (1.0 - RADIUS_TEST_SHARE)  # the search had (eps - eps_w)/4
+    assert runs == [("analyze_gauss", pytest.approx(rest, rel=1e-15), DELTA)]
     assert out.extras["auto_choice"] == "analyze_gauss"
-    assert (out.extras["auto_epsilon"], out.extras["auto_delta"]) == (0.75, DELTA)
+    assert (out.extras["auto_epsilon"], out.extras["auto_delta"]) == (
+        pytest.approx(rest, rel=1e-15),
+        DELTA,
+    )
 
 
-def test_a_failed_test_gives_analyze_gauss_exactly_eps2(
-    monkeypatch: pytest.MonkeyPatch, basic_accounting: None
-) -> None:
+def _spurious_search(monkeypatch: pytest.MonkeyPatch) -> None:
     real_search = FriendlyAggregate.search
     steps = radius_steps("projection")
     radius = float(radius_grid(np.sqrt(2.0 * K), steps)[0])
@@ -394,17 +419,46 @@ def test_a_failed_test_gives_analyze_gauss_exactly_eps2(
         return dataclasses.replace(state, radius_exponent=steps, radius=radius, weights=weights)
 
     monkeypatch.setattr(FriendlyAggregate, "search", spurious)
+
+
+def test_a_spurious_stop_gives_analyze_gauss_all_but_search_and_weight(
+    monkeypatch: pytest.MonkeyPatch, basic_accounting: None
+) -> None:
+    # regime 2's failed-test path (issue 24, item 5): a stop where no subset agrees used to
+    # end in a failed test and analyze_gauss at the mean's eps2; the noisy weight check now
+    # stops it first (weight 0 against a bar of ~0.5 t, noise Lap(~30): certain at this seed)
+    _spurious_search(monkeypatch)
+    runs = _spy_runs(monkeypatch)
+    spec = auto_spec(N, 10, 1.0)
+    the_plan = plan(ctx(N, 10), K, 1.0, DELTA, spec.params)
+    weight_stop = the_plan.search_weight_stop
+    assert weight_stop is not None
+    out = AUTO.run(isotropic(N, 10, 7), spec, np.random.default_rng(8))
+    assert out.extras["auto_search"]["continued"] is True
+    assert out.extras["auto_search"]["weight_check_passed"] is False
+    assert runs == [("analyze_gauss", weight_stop.epsilon, DELTA)]
+    assert out.basis is not None and out.extras["auto_choice"] == "analyze_gauss"
+    assert out.extras["auto_epsilon"] >= FALLBACK_SHARE_FLOOR * 1.0
+    assert fallback_budgets(the_plan)["weight_check"] == (weight_stop.epsilon, DELTA)
+
+
+def test_a_failed_test_gives_analyze_gauss_exactly_eps2(
+    monkeypatch: pytest.MonkeyPatch, basic_accounting: None
+) -> None:
+    # the weight check passed (forced) and the test failed anyway: the mean's unspent share
+    _spurious_search(monkeypatch)
+    monkeypatch.setattr(auto_module, "noisy_total_weight", lambda total, *args: np.inf)
     runs = _spy_runs(monkeypatch)
     spec = auto_spec(N, 10, 1.0)
     staged = plan(ctx(N, 10), K, 1.0, DELTA, spec.params).staged
     assert staged is not None
-    split = budget_split(1.0, DELTA, False, t=staged.params.t)  # type: ignore[attr-defined]
+    split = budget_split(staged.epsilon, DELTA, False, t=staged.params.t)  # type: ignore[attr-defined]
     out = AUTO.run(isotropic(N, 10, 7), spec, np.random.default_rng(8))
     assert out.extras["auto_search"]["continued"] is True
     assert out.extras["auto_search"]["ptr_failed"] is True
     assert runs == [("analyze_gauss", split.eps2, split.delta2)]
     assert out.basis is not None and out.extras["auto_choice"] == "analyze_gauss"
-    assert split.eps0 + split.eps1 + split.eps2 == pytest.approx(1.0, rel=1e-15)
+    assert split.eps0 + split.eps1 + split.eps2 + RADIUS_TEST_SHARE == pytest.approx(1.0, rel=1e-15)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -678,8 +732,11 @@ def test_under_f3_the_fallback_is_at_least_as_noisy_as_the_mean_it_replaces(
     # F3 accounts the mean as a mean_mu-GDP Gaussian; analyze_gauss (a Gaussian mechanism of
     # sensitivity sqrt(2) C^2) at the fallback budget must be mean_mu-GDP or less, i.e. its
     # noise at least sqrt(2) C^2/mean_mu, so it can take the mean's place in the composition.
-    t = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0)).staged.params.t  # type: ignore[union-attr]
-    split = release_split(eps, DELTA, radius_given, t=t, accounting="gdp")
+    staged = plan(ctx(n, 10), K, eps, DELTA, AutoParams(clip_norm=1.0)).staged
+    assert staged is not None
+    t = staged.params.t  # type: ignore[attr-defined]
+    budget = eps if radius_given else staged.epsilon
+    split = release_split(budget, DELTA, radius_given, t=t, accounting="gdp")
     assert isinstance(split, GdpSplit)
     fallback_eps, fallback_delta = ptr_fallback_budget(split)
     assert fallback_delta <= split.delta1
