@@ -94,7 +94,7 @@ from service.mechanisms.noise import (
     round_to_grid,
     symmetric_gaussian,
 )
-from service.mechanisms.usefulness import WARNING_CODE
+from service.mechanisms.usefulness import usefulness_extras
 
 __all__ = [
     "DEFAULT_CENTER_SHARE",
@@ -695,15 +695,13 @@ def variance_extras(
         "total_sum_of_squares": estimate.total,
         "explained_variance_ratio": estimate.ratio.tolist(),
         "explained_variance_ratio_interval": list(estimate.interval),
-        "components_above_noise": above,
     }
-    if above < k:
-        extras["warning"] = (
-            f"only {above} of the {k} released components have a noisy eigenvalue above the "
-            f"noise's edge 2 sigma sqrt(d) = {expected_noise_norm(gram_sigma, d):.4g}: the "
-            "others are indistinguishable from random directions at this budget"
+    edge = expected_noise_norm(gram_sigma, d)
+    extras.update(
+        usefulness_extras(
+            above, k, f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
         )
-        extras["warning_code"] = WARNING_CODE
+    )
     return extras
 
 
