@@ -87,11 +87,15 @@ class CenterParams(ClipParams):
             data.pop("center", None)
         if self.center != "private":
             data.pop("center_share", None)
-        # analyze_gauss's clip quantile, likewise recorded only when used.
-        if data.get("clip_quantile", 0) is None:
+        # analyze_gauss's clip quantile, likewise recorded only when used, and its opt-out
+        # ("none") only where it opts out of a default (under a private centre).
+        quantile = data.get("clip_quantile", 0)
+        if quantile is None or (quantile == "none" and self.center != "private"):
             data.pop("clip_quantile")
         # analyze_gauss's centring route, recorded only where it applies.
-        if "center_route" in data and (self.center != "private" or "clip_quantile" not in data):
+        if "center_route" in data and (
+            self.center != "private" or data.get("clip_quantile") in (None, "none")
+        ):
             data.pop("center_route")
         return data
 

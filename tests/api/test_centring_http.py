@@ -39,11 +39,17 @@ def test_preview_of_a_private_centre_states_the_split(client, keys, dataset):
         keys.analyst,
         dataset["id"],
         True,
-        params={"center": "private", "center_share": 0.25},
+        params={"center": "private", "center_share": 0.25, "clip_quantile": None},
     )
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["params"] == {"clip_norm": 1.0, "center": "private", "center_share": 0.25}
+    # Opted out of the default clip quantile: recorded, so the worker runs the same split.
+    assert body["params"] == {
+        "clip_norm": 1.0,
+        "center": "private",
+        "center_share": 0.25,
+        "clip_quantile": "none",
+    }
     scales = body["scales"]
     assert scales["center"] == "private"
     # GDP shares of the request's mu: 0.25 for the mean, 0.1 for the explained variance.
@@ -56,7 +62,12 @@ def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
     client, keys, dataset, run_worker
 ):
     body = release_and_wait(
-        client, keys.analyst, dataset["id"], run_worker, **BODY, params={"center": "private"}
+        client,
+        keys.analyst,
+        dataset["id"],
+        run_worker,
+        **BODY,
+        params={"center": "private", "clip_quantile": "none"},
     )
     assert body["status"] == "succeeded"
     extras = body["result"]["extras"]
@@ -72,6 +83,34 @@ def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
     assert budget["epsilon_remaining"] == "0.5"
 
 
+def test_a_default_private_centre_gets_and_records_the_best_settings(
+    client, keys, dataset, run_worker
+):
+    # Issue 32, item 1: nothing but center "private" gets the default clip quantile and the
+    # centring choice; the dry run says so and what the other setting would give; the stored
+    # release records them.
+    preview = post(client, keys.analyst, dataset["id"], True, params={"center": "private"})
+    assert preview.status_code == 200, preview.text
+    recorded = {
+        "clip_norm": 1.0,
+        "center": "private",
+        "center_share": 0.2,
+        "center_route": "auto",
+        "clip_quantile": 0.3,
+    }
+    assert preview.json()["params"] == recorded
+    scales = preview.json()["scales"]
+    assert scales["clip_quantile_source"] == "default"
+    assert scales["alternative"] == "clip_quantile none"
+    assert 0 < scales["alternative_sigma"] < scales["sigma"]
+    assert any("Chosen by default" in line for line in preview.json()["meaning"])
+    body = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, **BODY, params={"center": "private"}
+    )
+    assert body["status"] == "succeeded" and body["params"] == recorded
+    assert body["result"]["extras"]["centring"] in ("mean", "pairs", "none")
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
@@ -79,6 +118,8 @@ def test_a_private_centre_release_returns_centre_eigenvalues_and_trace(
         ({"center": [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]}, "params.center"),
         ({"center": "mean"}, "params.center"),
         ({"center": "private", "center_share": 1.0}, "params.center_share"),
+        ({"center": "private", "clip_quantile": "median"}, "params.clip_quantile"),
+        ({"center": "private", "clip_quantile": 0}, "params.clip_quantile"),
     ],
 )
 def test_bad_centres_are_422_and_charge_nothing(client, keys, dataset, params, field):

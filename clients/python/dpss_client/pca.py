@@ -116,10 +116,13 @@ class PrivatePCA:
         A mechanism releasing a basis (default ``"analyze_gauss"``, which also releases the
         noisy eigenvalues and trace used for the explained variance).
     center : "private", "none" or array-like of shape (d,)
-        PCA centring. ``"private"``: the service releases a private mean with ``center_share``
-        of the budget and centres on it (``mean_`` is that released mean); with
-        ``clip_quantile`` set, ``analyze_gauss`` may instead choose differences of paired rows
-        or no centring (extras ``centring``), release no mean, and ``mean_`` is zeros.
+        PCA centring. ``"private"`` (the default) gets the service's best known settings
+        without further params: ``analyze_gauss`` clips the rows at a private quantile of their
+        norms (``clip_quantile``, 0.3 unless given; recorded in the release's params) and
+        chooses the centring route from a private probe, all within ``(epsilon, delta)``: a
+        private mean (``mean_`` is that released mean), differences of paired rows or no
+        centring (extras ``centring``; no mean is released and ``mean_`` is zeros). Pass
+        ``clip_quantile="none"`` to opt out (clip at the bound, always the private mean).
         ``"none"``: no
         centring (components of the second-moment matrix; ``mean_`` is zeros). An array: a
         public centre chosen without looking at the data (costs nothing; ``mean_`` is it).
