@@ -70,15 +70,22 @@ from service.mechanisms.centring import (
     private_center_sigma,
 )
 from service.mechanisms.centring_choice import (
+    FUSED_ENERGY_MAX_COLS,
     PROBE_SENSITIVITY,
     choose_centring,
+    energy_of_gram,
+    fast_energy,
+    fast_gram,
     mean_route_clip,
-    paired_differences,
-    probe_quantiles,
+    paired_energy,
+    paired_gram,
+    probe_pass,
+    read_probe,
 )
 from service.mechanisms.clip_quantile import clip_from_counts, count_noise_std, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import (
+    DEFAULT_CHUNK_ROWS,
     FloatArray,
     RowSource,
     captured_energy,
@@ -294,6 +301,14 @@ def gauss_release(
     gram = clipped_gram(data, clip_norm, center=center, row_clip=row_clip)
     if sigma is None:
         sigma = noise_sigma(clip_norm, epsilon, delta)
+    return release_of_gram(gram, k, sigma, rng)
+
+
+def release_of_gram(
+    gram: FloatArray, k: int, sigma: float, rng: np.random.Generator
+) -> GaussRelease:
+    """:func:`gauss_release` from the exact Gram matrix: ``E(sigma)`` added, the top-k
+    eigenpairs and the trace of ``H + E`` (the caller calibrated ``sigma`` to ``H``)."""
     noisy = gram + symmetric_gaussian(gram.shape[0], sigma, rng)
     values, vectors = top_k_eigh(noisy, k)
     grid = sigma / GRID_DIVISOR
@@ -599,11 +614,16 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         centred = spec.params.center != "none"
         norms = 8 * ctx.n_rows if spec.params.quantile is not None else 0
         if chooses_centring(spec.params):
-            # The paired differences (m = n/2 rows) stay alive through the Gram and the
-            # explained-variance pass, which take their own chunk copies on top.
-            pairs = 8 * (ctx.n_rows // 2) * d
-            return pairs + max(
-                clipped_gram_memory(ctx.n_rows, d, centred=True) + norms,
+            # No array of pairs: every pass reads a chunk at a time. The probe's pass holds the
+            # gathered chunk, its clipped copy, the pairs' differences and their halves (6 c d)
+            # and up to three d x d matrices; the halved pairs' Gram (small d) stays alive to
+            # the end. The Gram and explained-variance passes are clipped_gram's at most.
+            chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
+            held = 8 * d * d if d <= FUSED_ENERGY_MAX_COLS else 0
+            probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8
+            return held + max(
+                probe,
+                clipped_gram_memory(ctx.n_rows, d, centred=True),
                 8 * (5 * d * d),
                 8 * (2 * d * d) + eigh_memory(d, spec.k),
             )
@@ -755,6 +775,7 @@ def variance_extras(
     noise: tuple[float, float, float],
     rng: np.random.Generator,
     scale: float = 1.0,
+    energy: tuple[float, float, int] | None = None,
 ) -> dict[str, Any]:
     """The fresh explained-variance estimate and what is computed from it and public facts.
 
@@ -765,12 +786,18 @@ def variance_extras(
     of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
     ``scale`` multiplies the released sums and their noise (post-processing): ``n/m`` for the
     ``m`` paired differences, whose sums estimate half the centred rows'. ``gram_sigma`` is
-    then already scaled, like the release's eigenvalues.
+    then already scaled, like the release's eigenvalues. ``energy``: the exact
+    ``(captured, residual, rows)`` when the caller computed them (over rows it did not
+    materialise, see :func:`~service.mechanisms.centring_choice.paired_energy`); else
+    :func:`~service.mechanisms.linalg.captured_energy` of ``data``.
     """
     n, d = data.shape
     k = release.basis.shape[1]
     noise_std, gram_sigma, mean_noise = noise
-    captured, residual = captured_energy(data, release.basis, clip_norm, center)
+    if energy is None:
+        captured, residual = captured_energy(data, release.basis, clip_norm, center)
+    else:
+        captured, residual, n = energy
     noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
     noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR) * scale
     noise_std *= scale
@@ -840,8 +867,14 @@ def chosen_centring_run(
     n, d = data.shape
     # Public randomness, drawn before anything reads the data: which rows are paired.
     order = rng.permutation(n)
-    pairs = paired_differences(data, clip, order=order)
-    probe = probe_quantiles(data, pairs, clip, quantile, split.clip_mu, rng)
+    # One pass over the rows (in chunks of the permuted order) gives both probe histograms and
+    # the clipped rows' sum for the mean: no m x d array of pairs, no separate mean pass.
+    # Small d: the explained-variance sums of the "none" route come from the Gram of the halved
+    # pairs accumulated in this pass (energy_of_gram): the same sums up to rounding, without
+    # a pass of their own.
+    fused = d <= FUSED_ENERGY_MAX_COLS
+    counts = probe_pass(data, clip, order, half_pairs_gram=fused)
+    probe = read_probe(counts, n, clip, quantile, split.clip_mu, rng)
     choice = choose_centring(
         probe.uncentred_high, probe.pair_high, n, d, clip, split.mean_mu, split.gram_mu
     )
@@ -856,35 +889,43 @@ def chosen_centring_run(
     }
     center: FloatArray | None = None
     mean_noise = 0.0
-    rows: FloatArray = data
     scale = 1.0
     if choice.route == "mean":
         mean_noise = mean_sensitivity(clip, n) / split.mean_mu
-        center = private_center_sigma(data, clip, mean_noise, rng)
+        # private_center_sigma's release from the pass's sum (the same mean up to the order
+        # of its terms, the same noise).
+        mean = counts.clipped_sum / n
+        center = round_to_grid(
+            mean + rng.normal(0.0, mean_noise, size=d), mean_noise / GRID_DIVISOR
+        )
         extras["center"] = center.tolist()
         row_clip = mean_route_clip(clip, probe.pair_low, d, mean_noise)
         gram_mu = split.gram_mu
+        gram = fast_gram(data, clip, center=center, row_clip=row_clip)
     elif choice.route == "pairs":
-        rows = pairs
-        scale = n / pairs.shape[0]
+        scale = n / counts.n_pairs
         row_clip = probe.pair_low
         gram_mu = rest_mu
+        gram = paired_gram(data, clip, order, row_clip)
     else:
         row_clip = probe.uncentred_low
         gram_mu = rest_mu
+        gram = fast_gram(data, clip, row_clip=row_clip)
     extras["row_clip_norm"] = row_clip
     sigma = gram_sensitivity(row_clip) / gram_mu
-    release = gauss_release(
-        rows, spec.k, 0.0, 0.0, clip, rng, center=center, sigma=sigma, row_clip=row_clip
-    )
+    release = release_of_gram(gram, spec.k, sigma, rng)
     # Scaled by n/m for pairs (post-processing): the figures estimate the centred n-row Gram.
     release = GaussRelease(release.basis, release.eigenvalues * scale, release.trace * scale)
     extras["eigenvalues"] = release.eigenvalues.tolist()
     extras["trace"] = release.trace
     extras["gram_noise_std"] = sigma * scale
     variance_noise = gram_sensitivity(clip) / split.variance_mu
-    scored, score_scale = rows, scale
-    if choice.route != "mean":
+    noise = (variance_noise, sigma * scale, mean_noise)
+    if choice.route == "mean":
+        captured, residual = fast_energy(data, release.basis, clip, center)
+        energy = (captured, residual, n)
+        extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
+    else:
         # Without a mean the sums are over paired differences, so they estimate the centred
         # rows' (what the caller asked for), also when the route is "none". After the pairs
         # route the other pairing (x_(2j+1), x_(2j+2)): see paired_differences.
@@ -894,17 +935,11 @@ def chosen_centring_run(
         # 0.55-0.58 with 90% intervals missing the true 0.62 in 15 of 20 runs). Their second
         # moment is Sigma/2, hence the factor 2 in the scale.
         offset = 1 if choice.route == "pairs" and n >= 3 else 0
-        scored = paired_differences(data, clip, offset=offset, order=order) / math.sqrt(2.0)
-        score_scale = 2.0 * n / scored.shape[0]
-    extras.update(
-        variance_extras(
-            scored,
-            release,
-            clip,
-            center,
-            (variance_noise, sigma * scale, mean_noise),
-            rng,
-            score_scale,
-        )
-    )
+        if offset == 0 and counts.half_pairs_gram is not None:
+            half = energy_of_gram(counts.half_pairs_gram, release.basis)
+            energy = (half[0], half[1], counts.n_pairs)
+        else:
+            energy = paired_energy(data, clip, order, offset, release.basis)
+        score_scale = 2.0 * n / energy[2]
+        extras.update(variance_extras(data, release, clip, None, noise, rng, score_scale, energy))
     return MechanismOutput(basis=release.basis, extras=extras)

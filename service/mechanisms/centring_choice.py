@@ -41,6 +41,17 @@ mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2):
 ``sqrt(mu_Q^2 + mu_R^2 + mu_V^2) = mu``, the same total as declared. The declared steps
 (:meth:`AnalyzeGauss.privacy_steps`) list the mean route's; their ``rho`` sum equals every
 route's.
+
+Computation order (issue 32, item 5): the run computes the same exact statistics as separate
+passes would, in fewer passes and without an ``m x d`` array of pairs: one pass over the rows
+in chunks of the permuted order (:func:`probe_pass`) gives both histograms' counts, the
+clipped rows' sum (the mean route's mean, noised only if that route is taken) and, for small
+``d``, the Gram of the halved pairs (the "none" route's explained-variance sums,
+:func:`energy_of_gram`); the Gram and explained-variance passes merge consecutive clips into
+one (:func:`fast_gram_rows`: the same per-row map) and build pairs a chunk at a time
+(:func:`paired_gram`, :func:`paired_energy`). Only floating-point summation order and
+rounding change; every noise draw, its scale and the order of the draws are as before, so
+the released values are identically distributed and the privacy argument above is unchanged.
 """
 
 from __future__ import annotations
@@ -52,7 +63,17 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from service.mechanisms.linalg import FloatArray, clip_rows, gram_norm_counts
+from service.mechanisms.linalg import (
+    DEFAULT_CHUNK_ROWS,
+    SAFE_SQUARED_NORMS,
+    FloatArray,
+    RowSource,
+    _clip_rows,
+    _scaled_rows,
+    gram_norm_counts,
+    gram_rows,
+    iter_row_chunks,
+)
 
 Route = Literal["mean", "pairs", "none"]
 
@@ -90,25 +111,294 @@ def paired_differences(
     n, d = data.shape
     m = (n - offset) // 2
     out = np.empty((max(m, 0), d), dtype=np.float64)
+    for first, diffs in pair_chunks(data, clip_norm, offset, order):
+        out[first : first + diffs.shape[0]] = diffs
+    return out
+
+
+def _gathered(data: Any, indices: npt.NDArray[np.intp]) -> tuple[FloatArray, npt.NDArray[np.intp]]:
+    """``(block, where)``: the rows ``indices`` read in ascending order (a memory map reads
+    forward), and where each of ``indices`` sits in ``block`` (``block[where]`` is the rows
+    in the order of ``indices``)."""
+    rows = np.sort(indices)
+    block = np.asarray(data[rows], dtype=np.float64)
+    where = np.searchsorted(rows, indices)
+    return block, where
+
+
+def pair_chunks(
+    data: Any,
+    clip_norm: float,
+    offset: int = 0,
+    order: npt.NDArray[np.intp] | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> Any:
+    """Yield ``(first, p)``: consecutive blocks of the paired differences of
+    :func:`paired_differences` (``p`` holds ``p_first, p_first+1, ..``), computed a chunk of
+    rows at a time: memory ``O(chunk d)``, never the ``m x d`` array."""
+    n = data.shape[0]
+    m = (n - offset) // 2
     if m <= 0:
-        return out
+        return
     index = np.arange(n) if order is None else np.asarray(order)
     chosen = index[offset : offset + 2 * m]
     # Chunks of an even number of rows: pairs never straddle two chunks.
-    chunk = 8192
+    step = max(2, chunk_rows - chunk_rows % 2)
     with np.errstate(under="ignore"):
-        for start in range(0, 2 * m, chunk):
-            rows = np.sort(chosen[start : start + chunk])
-            block = np.asarray(data[rows], dtype=np.float64)
-            # data[rows] reads in ascending order (a memory map reads forward); put the rows
-            # back in the permuted order.
-            where = np.searchsorted(rows, chosen[start : start + chunk])
-            clipped = clip_rows(block[where], clip_norm)
-            first = start // 2
-            out[first : first + clipped.shape[0] // 2] = (
-                clipped[0::2] - clipped[1::2]
-            ) / math.sqrt(2.0)
-    return out
+        for start in range(0, 2 * m, step):
+            block, where = _gathered(data, chosen[start : start + step])
+            clipped = fast_gram_rows(block, clip_norm)
+            yield start // 2, (clipped[where[0::2]] - clipped[where[1::2]]) / math.sqrt(2.0)
+
+
+def row_norms(rows: FloatArray) -> FloatArray:
+    """``||y_i||`` of each row: from one ``einsum`` pass where the squared norm is in
+    :data:`~service.mechanisms.linalg.SAFE_SQUARED_NORMS` (no term overflowed, none that
+    underflowed matters), after the power-of-two rescaling of
+    :func:`~service.mechanisms.linalg.gram_row_norms` for the other rows: right at every
+    finite scale."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        squares = np.einsum("ij,ij->i", rows, rows)
+    low, high = SAFE_SQUARED_NORMS
+    norms = np.sqrt(np.where((squares >= low) & (squares <= high), squares, 0.0))
+    unsafe = np.flatnonzero(~((squares >= low) & (squares <= high)))
+    if unsafe.size:
+        _, scaled_norms, exponent = _scaled_rows(rows[unsafe])
+        with np.errstate(over="ignore", under="ignore"):
+            norms[unsafe] = np.ldexp(scaled_norms, exponent)
+    return norms
+
+
+def _safe_squares(rows: FloatArray, bound: float) -> FloatArray | None:
+    """``||y_i||^2`` of every row when each is either in ``SAFE_SQUARED_NORMS`` (its square
+    root is then the norm to a few ulps) or below it while ``bound^2`` is well above it (the
+    row is then shorter than ``bound`` whatever underflowed, so it is kept: a zero row, or a
+    tiny one); else None (the caller takes the rescaled route)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        squares = np.asarray(np.einsum("ij,ij->i", rows, rows), dtype=np.float64)
+        tiny_kept = bound * bound >= 4.0 * SAFE_SQUARED_NORMS[0]
+    low, high = SAFE_SQUARED_NORMS
+    if bool(np.all((squares <= high) & ((squares >= low) | tiny_kept))):
+        return squares
+    return None
+
+
+def _scale_to(
+    rows: FloatArray, squares: FloatArray, bound: float, *, own: bool = False
+) -> FloatArray:
+    """``y min(1, bound/||y||)`` per row from its safe squared norm: one multiplication, where
+    :func:`~service.mechanisms.linalg.gram_rows` rescales by a power of two first (needed
+    only outside the safe range). A scaled row may exceed ``bound`` by a few ulps, as a row
+    kept by the norm test there may: the sensitivity holds for ``bound (1 + 1e-13)``, a
+    change of the privacy loss far below anything the calibration resolves. ``rows`` itself
+    when no row is scaled (callers must not write into the result); scaled in place when the
+    caller ``own``s ``rows``."""
+    with np.errstate(divide="ignore", over="ignore"):
+        # A zero (or underflowed) row: bound/0 = inf, factor 1, the row kept.
+        factor = np.minimum(1.0, bound / np.sqrt(squares))
+    if bool(np.all(factor == 1.0)):
+        return rows
+    if own:
+        rows *= factor[:, None]
+        return rows
+    return rows * factor[:, None]
+
+
+def fast_gram_rows(
+    block: FloatArray,
+    clip_norm: float,
+    center: FloatArray | None = None,
+    row_clip: float | None = None,
+) -> FloatArray:
+    """:func:`~service.mechanisms.linalg.gram_rows` with the clips merged: ``clip_C``, then
+    (with a ``center``) ``clip_b(clip_C(x) - c)``, else ``clip_b(x)``, ``b = min(C, C2)``.
+    The same per-row map (clipping to ``C`` and then to ``C2 <= C`` is clipping to ``C2``;
+    rounding aside), so the same sensitivity; one pass per clip instead of two, without the
+    power-of-two rescaling of the rows that need clipping. Falls back to ``gram_rows`` for a
+    block with a squared norm outside the safe range."""
+    bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
+    squares = _safe_squares(block, min(bound, clip_norm))
+    if squares is None:
+        return gram_rows(block, clip_norm, center, row_clip)
+    if center is None:
+        return _scale_to(block, squares, bound)
+    centred = _scale_to(block, squares, clip_norm) - center
+    squares = _safe_squares(centred, bound)
+    if squares is None:
+        return gram_rows(block, clip_norm, center, row_clip)
+    return _scale_to(centred, squares, bound, own=True)
+
+
+#: Up to this many columns the "none" route computes its explained-variance sums from the Gram
+#: of the halved pairs accumulated in the probe's pass (:func:`energy_of_gram`) instead of a
+#: pass of their own (a second gather of the pairs): a rank-chunk update costs ``chunk d^2``
+#: against the pass's ``chunk d k`` plus several copies of the chunk, so it is cheaper for
+#: small ``d`` only (50,000 x 100: 1.21x the default's CPU against 1.59x). A public rule.
+FUSED_ENERGY_MAX_COLS = 256
+
+
+def fast_gram(
+    data: Any,
+    clip_norm: float,
+    center: FloatArray | None = None,
+    row_clip: float | None = None,
+) -> FloatArray:
+    """:func:`~service.mechanisms.linalg.clipped_gram` of an array with :func:`fast_gram_rows`
+    (a :class:`~service.mechanisms.linalg.RowSource` computes its own)."""
+    if isinstance(data, RowSource):
+        return data.clipped_gram(clip_norm, center, row_clip)
+    d = data.shape[1]
+    gram = np.zeros((d, d), dtype=np.float64)
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data):
+            if block.size:
+                rows = fast_gram_rows(block, clip_norm, center, row_clip)
+                gram += rows.T @ rows
+    return gram
+
+
+def energy_of_gram(gram: FloatArray, basis: FloatArray) -> tuple[float, float]:
+    """``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)`` from ``G = sum_i y_i y_i^T``:
+    ``tr(U^T G U)`` and ``tr(G)`` minus it (floored at 0: rounding). The same sums as
+    :func:`~service.mechanisms.linalg.captured_energy` over the rows ``y_i`` (each row's
+    residual is not negative there either), up to rounding."""
+    captured = float(np.sum((gram @ basis) * basis))
+    return captured, max(float(np.trace(gram)) - captured, 0.0)
+
+
+def fast_energy(
+    data: Any, basis: FloatArray, clip_norm: float, center: FloatArray | None
+) -> tuple[float, float]:
+    """:func:`~service.mechanisms.linalg.captured_energy` with :func:`fast_gram_rows`."""
+    if isinstance(data, RowSource):
+        return data.captured_energy(basis, clip_norm, center)
+    captured = 0.0
+    residual = 0.0
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data):
+            if block.size:
+                c, r = _energy(fast_gram_rows(block, clip_norm, center), basis)
+                captured += c
+                residual += r
+    return captured, residual
+
+
+def _energy(rows: FloatArray, basis: FloatArray) -> tuple[float, float]:
+    projected = rows @ basis
+    inside = np.einsum("ij,ij->i", projected, projected)
+    total = np.einsum("ij,ij->i", rows, rows)
+    return float(np.sum(inside)), float(np.sum(np.maximum(total - inside, 0.0)))
+
+
+def _count(norms: FloatArray, edges: FloatArray, clip_norm: float) -> FloatArray:
+    """Counts of ``min(norms, C)`` in the bins of :func:`gram_norm_counts`."""
+    bins = np.minimum(
+        np.searchsorted(edges, np.minimum(norms, clip_norm), side="left"), edges.shape[0] - 1
+    )
+    return np.bincount(bins, minlength=edges.shape[0]).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class ProbePass:
+    """What one pass over the rows gives the probe and the mean route: the exact counts of the
+    norms of ``clip_C(x_i)`` and of the pairs ``p_j`` (clipped to ``C``) on
+    :func:`probe_edges`, and ``sum_i clip_C(x_i)``. Nothing here is released: the probe adds
+    its noise to the counts (:func:`read_probe`), the mean route to the sum."""
+
+    counts_u: FloatArray
+    counts_p: FloatArray
+    clipped_sum: FloatArray
+    n_pairs: int
+    half_pairs_gram: FloatArray | None = None
+
+
+def probe_pass(
+    data: Any,
+    clip_norm: float,
+    order: npt.NDArray[np.intp],
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    *,
+    half_pairs_gram: bool = False,
+) -> ProbePass:
+    """:class:`ProbePass` in one pass over the rows in chunks of the permuted order ``order``
+    (the pairs ``(x_r(2j), x_r(2j+1))`` of :func:`paired_differences`, offset 0): each chunk is
+    read once, clipped once, and gives its rows' norms, their sum and its pairs' norms. Equal
+    to :func:`gram_norm_counts` of the rows and of :func:`paired_differences`, and to
+    :func:`~service.mechanisms.linalg.clipped_sum`, up to the order of the sum's terms."""
+    n, d = data.shape
+    edges = probe_edges(clip_norm)
+    counts_u = np.zeros(edges.shape[0], dtype=np.float64)
+    counts_p = np.zeros(edges.shape[0], dtype=np.float64)
+    total = np.zeros(d, dtype=np.float64)
+    halves = np.zeros((d, d), dtype=np.float64) if half_pairs_gram else None
+    step = max(2, chunk_rows - chunk_rows % 2)
+    m = n // 2
+    with np.errstate(under="ignore"):
+        # Chunks of an even number of rows (pairs never straddle two); the last row of an odd
+        # n is in no pair and counts only among the rows.
+        for start in range(0, n, step):
+            block, where = _gathered(data, np.asarray(order[start : start + step]))
+            squares = _safe_squares(block, clip_norm)
+            if squares is None:
+                clipped = _clip_rows(block, clip_norm)
+                norms = row_norms(clipped)
+            else:
+                clipped = _scale_to(block, squares, clip_norm)
+                norms = np.sqrt(squares)
+            counts_u += _count(norms, edges, clip_norm)
+            total += clipped.sum(axis=0)
+            paired = min(block.shape[0], 2 * m - start) // 2 * 2
+            if paired > 0:
+                diffs = (clipped[where[0:paired:2]] - clipped[where[1:paired:2]]) / math.sqrt(2.0)
+                counts_p += _count(row_norms(diffs), edges, clip_norm)
+                if halves is not None:
+                    # The explained-variance rows of the "none" route: these pairs halved.
+                    half = fast_gram_rows(diffs / math.sqrt(2.0), clip_norm)
+                    halves += half.T @ half
+    return ProbePass(counts_u, counts_p, total, m, halves)
+
+
+def paired_gram(
+    data: Any,
+    clip_norm: float,
+    order: npt.NDArray[np.intp],
+    row_clip: float | None,
+    offset: int = 0,
+) -> FloatArray:
+    """``sum_j q_j q_j^T`` over the pairs ``p_j`` of :func:`paired_differences` made Gram rows
+    (:func:`~service.mechanisms.linalg.gram_rows`: clipped to ``C``, then to ``row_clip``), a
+    chunk at a time: equal to ``clipped_gram(paired_differences(..), C, row_clip=..)`` up to
+    the order of the sum's terms, without the ``m x d`` copy."""
+    d = data.shape[1]
+    gram = np.zeros((d, d), dtype=np.float64)
+    with np.errstate(under="ignore"):
+        for _, diffs in pair_chunks(data, clip_norm, offset, order):
+            rows = fast_gram_rows(diffs, clip_norm, None, row_clip)
+            gram += rows.T @ rows
+    return gram
+
+
+def paired_energy(
+    data: Any,
+    clip_norm: float,
+    order: npt.NDArray[np.intp],
+    offset: int,
+    basis: FloatArray,
+) -> tuple[float, float, int]:
+    """``(captured, residual, m)`` of :func:`~service.mechanisms.linalg.captured_energy` over
+    the halved pairs ``p_j/sqrt(2)`` (norm ``<= C``) of :func:`paired_differences` at
+    ``offset``, a chunk at a time, and their number ``m``."""
+    captured = 0.0
+    residual = 0.0
+    count = 0
+    with np.errstate(under="ignore"):
+        for _, diffs in pair_chunks(data, clip_norm, offset, order):
+            rows = fast_gram_rows(diffs / math.sqrt(2.0), clip_norm)
+            c, r = _energy(rows, basis)
+            captured += c
+            residual += r
+            count += rows.shape[0]
+    return captured, residual, count
 
 
 @dataclass(frozen=True)
@@ -201,6 +491,26 @@ def interpolate(edges: FloatArray, above: FloatArray, allowed: float, j: int) ->
     return float(edges[j - 1] * (edges[j] / edges[j - 1]) ** t)
 
 
+def read_probe(
+    counts: ProbePass,
+    n_rows: int,
+    clip_norm: float,
+    quantile: float,
+    probe_mu: float,
+    rng: np.random.Generator,
+) -> ProbeQuantiles:
+    """:func:`read_quantiles` of the two exact histograms of ``counts``, each count
+    ``+ N(0, (2/probe_mu)^2)`` (together l2 sensitivity 2: ``probe_mu``-GDP); the rows'
+    histogram's noise is drawn first."""
+    std = PROBE_SENSITIVITY / probe_mu
+    size = counts.counts_u.shape[0]
+    noisy_u = counts.counts_u + rng.normal(0.0, std, size=size)
+    noisy_p = counts.counts_p + rng.normal(0.0, std, size=size)
+    u_high, u_low = read_quantiles(noisy_u, n_rows, clip_norm, quantile)
+    p_high, p_low = read_quantiles(noisy_p, counts.n_pairs, clip_norm, quantile)
+    return ProbeQuantiles(u_high, u_low, p_high, p_low)
+
+
 def probe_quantiles(
     data: Any,
     pairs: FloatArray,
@@ -211,16 +521,16 @@ def probe_quantiles(
 ) -> ProbeQuantiles:
     """:func:`read_quantiles` of the uncentred rows' and the pairs' norms, each count
     ``+ N(0, (2/probe_mu)^2)`` (the two histograms together have l2 sensitivity 2:
-    ``probe_mu``-GDP)."""
+    ``probe_mu``-GDP), from ``pairs`` already built (the run uses :func:`probe_pass`, which
+    gives the same counts without the pairs' array)."""
     edges = probe_edges(clip_norm)
-    std = PROBE_SENSITIVITY / probe_mu
-    counts_u = gram_norm_counts(data, clip_norm, None, edges)
-    counts_p = gram_norm_counts(pairs, clip_norm, None, edges)
-    noisy_u = counts_u + rng.normal(0.0, std, size=edges.shape[0])
-    noisy_p = counts_p + rng.normal(0.0, std, size=edges.shape[0])
-    u_high, u_low = read_quantiles(noisy_u, data.shape[0], clip_norm, quantile)
-    p_high, p_low = read_quantiles(noisy_p, pairs.shape[0], clip_norm, quantile)
-    return ProbeQuantiles(u_high, u_low, p_high, p_low)
+    counts = ProbePass(
+        gram_norm_counts(data, clip_norm, None, edges),
+        gram_norm_counts(pairs, clip_norm, None, edges),
+        np.zeros(0, dtype=np.float64),
+        pairs.shape[0],
+    )
+    return read_probe(counts, data.shape[0], clip_norm, quantile, probe_mu, rng)
 
 
 def mean_route_clip(clip_norm: float, pair_clip: float, n_cols: int, sigma_mu: float) -> float:

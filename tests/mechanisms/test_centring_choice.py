@@ -80,7 +80,7 @@ def test_same_released_quantiles_give_the_same_route_whatever_the_rows(
     # The run reads the rows only through the probe: with its released values fixed, two very
     # different data sets get the same route.
     fixed = cc.ProbeQuantiles(1.0, 1.0, 0.5, 0.5)
-    monkeypatch.setattr(ag, "probe_quantiles", lambda *args, **kwargs: fixed)
+    monkeypatch.setattr(ag, "read_probe", lambda *args, **kwargs: fixed)
     rng = np.random.default_rng(3)
     routes = set()
     for rows in (_offset_plane(600, 8, seed=1), rng.normal(0, 0.1, size=(600, 8))):

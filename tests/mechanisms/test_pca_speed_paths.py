@@ -1,0 +1,125 @@
+"""The recommended settings at the default's speed (issue 32, item 5): the chosen-centring run
+shares its passes over the rows (one probe pass gives both histograms and the mean's sum), keeps
+no array of pairs unless the pairs route is taken, and computes the same statistics as the
+separate passes did (so the release is distributed as before, the privacy argument unchanged).
+Speed itself is measured in ``bench/bench_pca_speed.py``, never here."""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.mechanisms import centring_choice as cc
+from service.mechanisms.analyze_gauss import AnalyzeGauss
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.linalg import (
+    captured_energy,
+    clipped_gram,
+    clipped_sum,
+    gram_norm_counts,
+    top_k_eigh,
+)
+
+Rows = np.ndarray[Any, Any]
+
+
+def offset_rows(n: int, d: int, seed: int, spread: float = 0.15) -> Rows:
+    rng = np.random.default_rng(seed)
+    x = spread * rng.standard_normal((n, d)) / np.sqrt(d) + 0.8 * np.ones(d) / np.sqrt(d)
+    x[:: max(1, n // 7)] *= 3.0  # some rows above C = 1
+    x[1] = 0.0  # a zero row
+    return x
+
+
+def mixed_scale_rows(n: int, d: int, seed: int) -> Rows:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d))
+    x[::5] *= 1e-170  # squares underflow
+    x[::7] *= 1e160  # squares overflow
+    return x
+
+
+@pytest.mark.parametrize("rows", [offset_rows(301, 6, 0), mixed_scale_rows(200, 5, 1)])
+@pytest.mark.parametrize("clip", [1.0, 1e-3])
+@pytest.mark.parametrize("chunk", [8, 8192])
+def test_the_probe_pass_gives_the_separate_passes_statistics(
+    rows: Rows, clip: float, chunk: int
+) -> None:
+    n = rows.shape[0]
+    order = np.random.default_rng(5).permutation(n)
+    edges = cc.probe_edges(clip)
+    got = cc.probe_pass(rows, clip, order, chunk, half_pairs_gram=True)
+    pairs = cc.paired_differences(rows, clip, order=order)
+    np.testing.assert_array_equal(got.counts_u, gram_norm_counts(rows, clip, None, edges))
+    np.testing.assert_array_equal(got.counts_p, gram_norm_counts(pairs, clip, None, edges))
+    np.testing.assert_allclose(got.clipped_sum, clipped_sum(rows, clip), rtol=1e-12, atol=0)
+    assert got.n_pairs == n // 2 == pairs.shape[0]
+    halves = clipped_gram(pairs / np.sqrt(2.0), clip)
+    assert got.half_pairs_gram is not None
+    np.testing.assert_allclose(got.half_pairs_gram, halves, rtol=1e-11, atol=1e-14 * clip**2)
+
+
+@pytest.mark.parametrize("rows", [offset_rows(301, 6, 2), mixed_scale_rows(200, 5, 3)])
+def test_the_merged_clips_are_the_same_gram_rows(rows: Rows) -> None:
+    clip = 1.0
+    center = np.full(rows.shape[1], 0.2)
+    basis = top_k_eigh(clipped_gram(rows, clip), 2)[1]
+    for c, row_clip in ((None, None), (None, 0.4), (center, None), (center, 0.3)):
+        expected = clipped_gram(rows, clip, center=c, row_clip=row_clip)
+        got = cc.fast_gram(rows, clip, c, row_clip)
+        np.testing.assert_allclose(got, expected, rtol=1e-11, atol=1e-13)
+        np.testing.assert_allclose(
+            cc.fast_energy(rows, basis, clip, c), captured_energy(rows, basis, clip, c), rtol=1e-11
+        )
+    order = np.random.default_rng(4).permutation(rows.shape[0])
+    pairs = cc.paired_differences(rows, clip, order=order)
+    np.testing.assert_allclose(
+        cc.paired_gram(rows, clip, order, 0.5), clipped_gram(pairs, clip, row_clip=0.5), rtol=1e-11
+    )
+    shifted = cc.paired_differences(rows, clip, offset=1, order=order) / np.sqrt(2.0)
+    captured, residual, m = cc.paired_energy(rows, clip, order, 1, basis)
+    assert m == shifted.shape[0]
+    np.testing.assert_allclose(
+        (captured, residual), captured_energy(shifted, basis, clip), rtol=1e-11
+    )
+    gram = clipped_gram(shifted, clip)
+    np.testing.assert_allclose(
+        cc.energy_of_gram(gram, basis), captured_energy(shifted, basis, clip), rtol=1e-10
+    )
+
+
+def peak_bytes(rows: Rows, route_seed: int) -> tuple[int, str]:
+    mechanism = AnalyzeGauss()
+    n, d = rows.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    params = mechanism.prepare(ctx, 3, 1.0, 1e-6, mechanism.parse_params({"center": "private"}))
+    spec = ReleaseSpec(3, 1.0, 1e-6, params)
+    tracemalloc.start()
+    try:
+        out = mechanism.run(rows, spec, np.random.default_rng(route_seed))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert mechanism.memory_bytes(ctx, spec) >= peak
+    return peak, str(out.extras["centring"])
+
+
+@pytest.mark.parametrize("kind", ["mean", "none"])
+def test_no_array_of_pairs_unless_the_pairs_route_is_taken(kind: str) -> None:
+    # 200,000 x 20 rows (32 MB); the m x d pairs alone would be 16 MB. Chunks are 8,192 rows:
+    # a pass holds a few chunk copies (1.3 MB each), never the pairs (before: the pairs, and
+    # for the explained variance a second array of them).
+    n, d = 200_000, 20
+    rng = np.random.default_rng(7)
+    if kind == "mean":
+        rows = offset_rows(n, d, 7)
+    else:
+        rows = rng.standard_normal((n, d)) / np.sqrt(np.arange(1, d + 1)) / 4.0
+    rows /= np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
+    peak, route = peak_bytes(rows, 0)
+    assert route == kind
+    pairs_bytes = 8 * (n // 2) * d
+    assert peak < pairs_bytes
