@@ -70,10 +70,8 @@ from service.mechanisms.centring import (
     private_center_sigma,
 )
 from service.mechanisms.centring_choice import (
-    FUSED_ENERGY_MAX_COLS,
     PROBE_SENSITIVITY,
     choose_centring,
-    energy_of_gram,
     fast_energy,
     fast_gram,
     mean_route_clip,
@@ -615,13 +613,11 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         norms = 8 * ctx.n_rows if spec.params.quantile is not None else 0
         if chooses_centring(spec.params):
             # No array of pairs: every pass reads a chunk at a time. The probe's pass holds the
-            # gathered chunk, its clipped copy, the pairs' differences and their halves (6 c d)
-            # and up to three d x d matrices; the halved pairs' Gram (small d) stays alive to
-            # the end. The Gram and explained-variance passes are clipped_gram's at most.
+            # gathered chunk, its clipped copy and the pairs' differences (at most 6 c d) and a
+            # d-vector. The Gram and explained-variance passes are clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
-            held = 8 * d * d if d <= FUSED_ENERGY_MAX_COLS else 0
             probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8
-            return held + max(
+            return max(
                 probe,
                 clipped_gram_memory(ctx.n_rows, d, centred=True),
                 8 * (5 * d * d),
@@ -869,11 +865,7 @@ def chosen_centring_run(
     order = rng.permutation(n)
     # One pass over the rows (in chunks of the permuted order) gives both probe histograms and
     # the clipped rows' sum for the mean: no m x d array of pairs, no separate mean pass.
-    # Small d: the explained-variance sums of the "none" route come from the Gram of the halved
-    # pairs accumulated in this pass (energy_of_gram): the same sums up to rounding, without
-    # a pass of their own.
-    fused = d <= FUSED_ENERGY_MAX_COLS
-    counts = probe_pass(data, clip, order, half_pairs_gram=fused)
+    counts = probe_pass(data, clip, order)
     probe = read_probe(counts, n, clip, quantile, split.clip_mu, rng)
     choice = choose_centring(
         probe.uncentred_high, probe.pair_high, n, d, clip, split.mean_mu, split.gram_mu
@@ -935,11 +927,7 @@ def chosen_centring_run(
         # 0.55-0.58 with 90% intervals missing the true 0.62 in 15 of 20 runs). Their second
         # moment is Sigma/2, hence the factor 2 in the scale.
         offset = 1 if choice.route == "pairs" and n >= 3 else 0
-        if offset == 0 and counts.half_pairs_gram is not None:
-            half = energy_of_gram(counts.half_pairs_gram, release.basis)
-            energy = (half[0], half[1], counts.n_pairs)
-        else:
-            energy = paired_energy(data, clip, order, offset, release.basis)
+        energy = paired_energy(data, clip, order, offset, release.basis)
         score_scale = 2.0 * n / energy[2]
         extras.update(variance_extras(data, release, clip, None, noise, rng, score_scale, energy))
     return MechanismOutput(basis=release.basis, extras=extras)

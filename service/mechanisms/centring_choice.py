@@ -44,14 +44,13 @@ route's.
 
 Computation order (issue 32, item 5): the run computes the same exact statistics as separate
 passes would, in fewer passes and without an ``m x d`` array of pairs: one pass over the rows
-in chunks of the permuted order (:func:`probe_pass`) gives both histograms' counts, the
-clipped rows' sum (the mean route's mean, noised only if that route is taken) and, for small
-``d``, the Gram of the halved pairs (the "none" route's explained-variance sums,
-:func:`energy_of_gram`); the Gram and explained-variance passes merge consecutive clips into
-one (:func:`fast_gram_rows`: the same per-row map) and build pairs a chunk at a time
-(:func:`paired_gram`, :func:`paired_energy`). Only floating-point summation order and
-rounding change; every noise draw, its scale and the order of the draws are as before, so
-the released values are identically distributed and the privacy argument above is unchanged.
+in chunks of the permuted order (:func:`probe_pass`) gives both histograms' counts and the
+clipped rows' sum (the mean route's mean, noised only if that route is taken); the Gram and
+explained-variance passes merge consecutive clips into one (:func:`fast_gram_rows`: the same
+per-row map) and build pairs a chunk at a time (:func:`paired_gram`, :func:`paired_energy`).
+Only floating-point summation order and rounding change; every noise draw, its scale and the
+order of the draws are as before, so the released values are identically distributed and the
+privacy argument above is unchanged.
 """
 
 from __future__ import annotations
@@ -229,14 +228,6 @@ def fast_gram_rows(
     return _scale_to(centred, squares, bound, own=True)
 
 
-#: Up to this many columns the "none" route computes its explained-variance sums from the Gram
-#: of the halved pairs accumulated in the probe's pass (:func:`energy_of_gram`) instead of a
-#: pass of their own (a second gather of the pairs): a rank-chunk update costs ``chunk d^2``
-#: against the pass's ``chunk d k`` plus several copies of the chunk, so it is cheaper for
-#: small ``d`` only (50,000 x 100: 1.21x the default's CPU against 1.59x). A public rule.
-FUSED_ENERGY_MAX_COLS = 256
-
-
 def fast_gram(
     data: Any,
     clip_norm: float,
@@ -255,15 +246,6 @@ def fast_gram(
                 rows = fast_gram_rows(block, clip_norm, center, row_clip)
                 gram += rows.T @ rows
     return gram
-
-
-def energy_of_gram(gram: FloatArray, basis: FloatArray) -> tuple[float, float]:
-    """``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)`` from ``G = sum_i y_i y_i^T``:
-    ``tr(U^T G U)`` and ``tr(G)`` minus it (floored at 0: rounding). The same sums as
-    :func:`~service.mechanisms.linalg.captured_energy` over the rows ``y_i`` (each row's
-    residual is not negative there either), up to rounding."""
-    captured = float(np.sum((gram @ basis) * basis))
-    return captured, max(float(np.trace(gram)) - captured, 0.0)
 
 
 def fast_energy(
@@ -309,7 +291,6 @@ class ProbePass:
     counts_p: FloatArray
     clipped_sum: FloatArray
     n_pairs: int
-    half_pairs_gram: FloatArray | None = None
 
 
 def probe_pass(
@@ -317,8 +298,6 @@ def probe_pass(
     clip_norm: float,
     order: npt.NDArray[np.intp],
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    *,
-    half_pairs_gram: bool = False,
 ) -> ProbePass:
     """:class:`ProbePass` in one pass over the rows in chunks of the permuted order ``order``
     (the pairs ``(x_r(2j), x_r(2j+1))`` of :func:`paired_differences`, offset 0): each chunk is
@@ -330,7 +309,6 @@ def probe_pass(
     counts_u = np.zeros(edges.shape[0], dtype=np.float64)
     counts_p = np.zeros(edges.shape[0], dtype=np.float64)
     total = np.zeros(d, dtype=np.float64)
-    halves = np.zeros((d, d), dtype=np.float64) if half_pairs_gram else None
     step = max(2, chunk_rows - chunk_rows % 2)
     m = n // 2
     with np.errstate(under="ignore"):
@@ -343,7 +321,8 @@ def probe_pass(
                 clipped = _clip_rows(block, clip_norm)
                 norms = row_norms(clipped)
             else:
-                clipped = _scale_to(block, squares, clip_norm)
+                # block is this pass's own gathered copy: scaled in place.
+                clipped = _scale_to(block, squares, clip_norm, own=True)
                 norms = np.sqrt(squares)
             counts_u += _count(norms, edges, clip_norm)
             total += clipped.sum(axis=0)
@@ -351,11 +330,7 @@ def probe_pass(
             if paired > 0:
                 diffs = (clipped[where[0:paired:2]] - clipped[where[1:paired:2]]) / math.sqrt(2.0)
                 counts_p += _count(row_norms(diffs), edges, clip_norm)
-                if halves is not None:
-                    # The explained-variance rows of the "none" route: these pairs halved.
-                    half = fast_gram_rows(diffs / math.sqrt(2.0), clip_norm)
-                    halves += half.T @ half
-    return ProbePass(counts_u, counts_p, total, m, halves)
+    return ProbePass(counts_u, counts_p, total, m)
 
 
 def paired_gram(

@@ -51,15 +51,12 @@ def test_the_probe_pass_gives_the_separate_passes_statistics(
     n = rows.shape[0]
     order = np.random.default_rng(5).permutation(n)
     edges = cc.probe_edges(clip)
-    got = cc.probe_pass(rows, clip, order, chunk, half_pairs_gram=True)
+    got = cc.probe_pass(rows, clip, order, chunk)
     pairs = cc.paired_differences(rows, clip, order=order)
     np.testing.assert_array_equal(got.counts_u, gram_norm_counts(rows, clip, None, edges))
     np.testing.assert_array_equal(got.counts_p, gram_norm_counts(pairs, clip, None, edges))
     np.testing.assert_allclose(got.clipped_sum, clipped_sum(rows, clip), rtol=1e-12, atol=0)
     assert got.n_pairs == n // 2 == pairs.shape[0]
-    halves = clipped_gram(pairs / np.sqrt(2.0), clip)
-    assert got.half_pairs_gram is not None
-    np.testing.assert_allclose(got.half_pairs_gram, halves, rtol=1e-11, atol=1e-14 * clip**2)
 
 
 @pytest.mark.parametrize("rows", [offset_rows(301, 6, 2), mixed_scale_rows(200, 5, 3)])
@@ -84,10 +81,6 @@ def test_the_merged_clips_are_the_same_gram_rows(rows: Rows) -> None:
     assert m == shifted.shape[0]
     np.testing.assert_allclose(
         (captured, residual), captured_energy(shifted, basis, clip), rtol=1e-11
-    )
-    gram = clipped_gram(shifted, clip)
-    np.testing.assert_allclose(
-        cc.energy_of_gram(gram, basis), captured_energy(shifted, basis, clip), rtol=1e-10
     )
 
 
