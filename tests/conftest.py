@@ -36,6 +36,10 @@ from service.migrate import upgrade_to_head
 from service.store import DatasetStore
 from service.worker import Worker
 
+# The sandbox (HOME, DPSS_DATA_DIR in a temporary directory) and the guard that fails the run
+# when a test writes outside its temporary directories; and the loud summary of what skipped.
+pytest_plugins = ["tests.sandbox"]
+
 POSTGRES_URL = os.environ.get(
     "DPSS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
