@@ -338,6 +338,8 @@ def csv_dialect_hint(path: Path) -> str | None:
         lines = lines[:-1]  # the last line may be cut
     lines = [_QUOTED_FIELD.sub(b"", line.encode()).decode().strip() for line in lines[:200]]
     lines = [line for line in lines if line]
+    if not lines:
+        return None
     for separator, name in _FOREIGN_SEPARATORS:
         counts = {line.count(separator) for line in lines[1:]} or {lines[0].count(separator)}
         if len(counts) != 1 or 0 in counts:

@@ -205,7 +205,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.line(line, red=True, bold=True)
         terminalreporter.line(
             f"{len(written)} path(s) written outside the tests' temporary directories: "
-            "a test must use tmp_path (or the sandbox's DPSS_DATA_DIR / HOME); this run fails.",
+            "a test must use tmp_path (or the sandbox's DPSS_DATA_DIR / HOME); this run fails. "
+            "(Files you edited yourself while the suite ran count too.)",
             red=True,
             bold=True,
         )
