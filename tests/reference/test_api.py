@@ -160,6 +160,7 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
         epsilon_budget="1000",
         delta_budget="0.5",
         row_norm_bound=1.0,
+        allow_large_delta=True,
     ).model_dump(mode="json")
     assert (referenced["n_rows"], referenced["n_cols"]) == (3000, 4)
     assert referenced["reference"] == f"s3://{bucket}/lake/"
