@@ -50,6 +50,7 @@ def populate(factory: sessionmaker[Session], settings: Settings, count: int) -> 
             epsilon_budget=Decimal(count),
             delta_budget=Decimal("0.5"),
             row_norm_bound=1.0,
+            allow_large_delta=True,
         )
         with factory.begin() as session:
             ids.append(datasets.create_dataset(session, store, owner, form, upload, ".npy").id)

@@ -152,7 +152,12 @@ def upload(http: httpx.Client, owner: str, path: Path) -> str:
             "/v1/datasets",
             headers={"Authorization": f"Bearer {owner}"},
             files={"file": ("data.npy", handle, "application/octet-stream")},
-            data={"name": "bench", "epsilon_budget": "1000", "delta_budget": "0.5"},
+            data={
+                "name": "bench",
+                "epsilon_budget": "1000",
+                "delta_budget": "0.5",
+                "allow_large_delta": "true",  # a bench: many releases, not protection
+            },
             timeout=600,
         )
     response.raise_for_status()

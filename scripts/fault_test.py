@@ -190,7 +190,7 @@ def worker_kill(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) -> li
             headers={"Authorization": f"Bearer {seeded.owner_key}"},
             files={"file": ("wide.npy", npy(data), "application/octet-stream")},
             data={"name": "wide", "epsilon_budget": "1", "delta_budget": "1e-4",
-                  "row_norm_bound": "1"},
+                  "row_norm_bound": "1", "allow_large_delta": "true"},
         )  # fmt: skip
         dataset.raise_for_status()
     body = {"mechanism": "analyze_gauss", "k": cols, "epsilon": "0.5", "delta": "1e-6"}

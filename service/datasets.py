@@ -130,6 +130,23 @@ def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> Bud
     return BudgetTerms("zcdp", rho, delta_conversion=conversion)
 
 
+def check_delta_bound(form: DatasetCreate, n_rows: int) -> None:
+    """Refuse ``delta_budget > 1/n`` (:class:`InvalidInput` naming ``delta_budget``) unless
+    ``allow_large_delta``: a mechanism that publishes one of the ``n`` rows at random is
+    ``(0, 1/n)``-DP, so such a delta allows releasing whole rows. ``n`` is the rows at upload
+    or registration (appends do not re-check it)."""
+    if form.allow_large_delta or n_rows < 1:
+        return
+    if form.delta_budget * n_rows > 1:
+        raise InvalidInput(
+            "delta_budget",
+            f"{form.delta_budget} is above 1/n = 1/{n_rows} (n: the dataset's rows): a delta "
+            "that large offers no protection (publishing one row in n at random is "
+            "(0, 1/n)-DP); use a delta well below 1/n (e.g. 1/n^2 or 1e-6), or send "
+            "allow_large_delta=true to accept it anyway",
+        )
+
+
 def register_dataset(
     session: Session,
     store: DatasetStore,
@@ -141,6 +158,7 @@ def register_dataset(
     """Register a file already in the store with its budget; the file is removed on failure."""
     try:
         terms = check_budgets(form, default_accounting)
+        check_delta_bound(form, stored.n_rows)
         require_role(principal, "owner")
         dataset = Dataset(
             id=uuid.uuid4(),
@@ -193,6 +211,8 @@ def register_dataset(
                 "rho_total": terms.rho_total,
                 "mu_total": terms.mu_total,
                 "delta_conversion": terms.delta_conversion,
+                # The owner's override of the 1/n bound, on the record when used.
+                **({"allow_large_delta": True} if form.allow_large_delta else {}),
             },
         )
     except BaseException:

@@ -309,6 +309,56 @@ def _describe_csv_error(message: str) -> str:
     return "not a readable numeric CSV file"
 
 
+#: A number with a decimal point, and one with a decimal comma (European spreadsheets).
+_DOT_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_COMMA_NUMBER = re.compile(r"[+-]?(?:\d+(?:,\d*)?|,\d+)(?:[eE][+-]?\d+)?")
+#: Separators a spreadsheet may have written instead of commas, and their names.
+_FOREIGN_SEPARATORS = ((";", "semicolon"), ("\t", "tab"), ("|", "pipe"))
+#: How much of a refused CSV is looked at to name its separator.
+_SNIFF_BYTES = 64 * 1024
+
+
+def csv_dialect_hint(path: Path) -> str | None:
+    """Why a CSV that failed to parse probably did, when it is written with another separator
+    (``;``, tab or ``|``) and possibly decimal commas: the message says which, and what the
+    service reads. Looks at the first 64 KiB only; the message carries no value of the file.
+
+    A separator is named when every line sampled (after a possible header) has the same number
+    (at least 1) of it and every cell between them is a number, with decimal points or commas.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_SNIFF_BYTES + 1)
+    except OSError:
+        return None
+    if head.startswith(_UTF8_BOM):
+        head = head[len(_UTF8_BOM) :]
+    lines = head[:_SNIFF_BYTES].decode("utf-8", errors="replace").splitlines()
+    if len(head) > _SNIFF_BYTES:
+        lines = lines[:-1]  # the last line may be cut
+    lines = [_QUOTED_FIELD.sub(b"", line.encode()).decode().strip() for line in lines[:200]]
+    lines = [line for line in lines if line]
+    if not lines:
+        return None
+    for separator, name in _FOREIGN_SEPARATORS:
+        counts = {line.count(separator) for line in lines[1:]} or {lines[0].count(separator)}
+        if len(counts) != 1 or 0 in counts:
+            continue
+        cells = [cell.strip() for line in lines for cell in line.split(separator)]
+        data = cells[len(lines[0].split(separator)) :] if len(lines) > 1 else cells
+        if not data or not all(
+            _COMMA_NUMBER.fullmatch(c) or _DOT_NUMBER.fullmatch(c) for c in data
+        ):
+            continue
+        decimal_commas = any("," in cell for cell in data)
+        written = f"{name}-separated" + (" with decimal commas" if decimal_commas else "")
+        return (
+            f"the CSV file looks {written}; the service reads ',' as the separator and '.' as "
+            "the decimal point: export it again with those (or upload .npy or .parquet)"
+        )
+    return None
+
+
 def _batch_to_matrix(batch: pa.RecordBatch) -> np.ndarray[Any, Any]:
     columns = []
     for index, column in enumerate(batch.columns):
@@ -496,12 +546,17 @@ class DatasetStore:
                 for block in _READERS[suffix](upload_path, self.limits):
                     writer.append(block)
                 n_rows, n_cols = writer.finish(partial, final_path)
-        except BaseException:
+        except BaseException as exc:
             if writer is not None:
                 writer.abort()
             for leftover in (final_path, partial):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
+            # "Inconsistent widths" or "non-numeric" says nothing useful about a CSV written
+            # with semicolons and decimal commas (a spreadsheet's export in many locales).
+            hint = csv_dialect_hint(upload_path) if suffix == ".csv" else None
+            if isinstance(exc, InvalidInput) and hint is not None:
+                raise InvalidInput("file", hint) from None
             raise
         finally:
             for temporary in (upload_path, upload_path.with_suffix(".raw")):

@@ -5,7 +5,9 @@ Real commits and separate connections (``committed_db``).
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal
@@ -13,6 +15,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text
 
@@ -109,11 +112,24 @@ def _idle_in_transaction(factory: Any) -> int:
         )
 
 
-def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, settings, backend):
+@pytest.mark.parametrize("max_queue_seconds", [1.0, 0.0], ids=["default", "shed-at-once"])
+def test_thirty_clients_on_two_connections_all_get_an_answer(
+    committed_db, settings, backend, max_queue_seconds
+):
     """The issue's deadlock, scaled down: 2 connections, 4 threads, 30 concurrent clients.
 
     Before the fix requests held a connection while they waited for a thread and every thread
     waited for a connection: requests hung until the pool timeout, then 500.
+
+    The clients behave as the API asks: a 503 is retried after its ``Retry-After`` (plus a
+    random fraction of a second, so retries do not come back in step), up to
+    ``ATTEMPTS`` times. What is asserted holds however busy the machine (how many requests are
+    shed first depends on it, and is not asserted): every attempt gets an answer (200, 202 or
+    503 with Retry-After, never a 500, a hang or a dropped connection), every request is
+    served within its attempts, no connection is left idle in a transaction, and the ledger
+    has exactly one charge per 202. ``shed-at-once`` (503 whenever both connections are taken)
+    stands for a machine so busy that most first tries are shed: 343 of 360 were, and the
+    assertion this test had then ("more than half answered 200 or 202") failed.
     """
     url, factory = committed_db
     small = Settings(
@@ -124,7 +140,9 @@ def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, setti
         db_pool_timeout_seconds=5,
         api_threads=THREADS,
         db_wait_seconds=20,
+        db_max_queue_seconds=max_queue_seconds,
         max_upload_mb=5,
+        retry_after_seconds=1,
         # One key for 30 clients: the per-key rate limit would answer 429 before the pool is
         # ever exhausted, which is not what this test is about.
         rate_limit_per_second=0,
@@ -138,6 +156,7 @@ def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, setti
         _, analyst = auth.create_key(session, "analyst", "a", None)
     clients, rounds = 30, 4
     answers: list[tuple[str, int | str, dict[str, str], Any]] = []
+    served: list[tuple[str, int | str]] = []
     lock = threading.Lock()
     try:
         with serving(app, threads=THREADS) as base:
@@ -151,13 +170,27 @@ def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, setti
                     "delta_budget": "1e-3",
                     "row_norm_bound": "1",
                 },
-                timeout=30,
+                timeout=60,
             ).json()
             dataset_path = f"/v1/datasets/{dataset['id']}"
             barrier = threading.Barrier(clients)
 
+            def attempt(http: httpx.Client, method: str, path: str, body: Any) -> int | str:
+                try:
+                    response = http.request(method, path, json=body)
+                    answer = (path, response.status_code, dict(response.headers))
+                    parsed = response.json()
+                except httpx.HTTPError as exc:
+                    answer, parsed = (path, type(exc).__name__, {}), None
+                with lock:
+                    answers.append((*answer, parsed))
+                status = answer[1]
+                if status == 503 and "retry-after" in answer[2]:
+                    time.sleep(int(answer[2]["retry-after"]) + random.random())
+                return status
+
             def client() -> None:
-                with httpx.Client(base_url=base, headers=bearer(analyst), timeout=30) as http:
+                with httpx.Client(base_url=base, headers=bearer(analyst), timeout=60) as http:
                     barrier.wait()
                     for _ in range(rounds):
                         for method, path, body in (
@@ -165,14 +198,12 @@ def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, setti
                             ("GET", "/v1/datasets?limit=5", None),
                             ("POST", f"{dataset_path}/releases", RELEASE_SMALL),
                         ):
-                            try:
-                                response = http.request(method, path, json=body)
-                                answer = (path, response.status_code, dict(response.headers))
-                                parsed = response.json()
-                            except httpx.HTTPError as exc:
-                                answer, parsed = (path, type(exc).__name__, {}), None
+                            for _ in range(ATTEMPTS):
+                                status = attempt(http, method, path, body)
+                                if status != 503:
+                                    break
                             with lock:
-                                answers.append((*answer, parsed))
+                                served.append((path, status))
 
             threads = [threading.Thread(target=client) for _ in range(clients)]
             for thread in threads:
@@ -184,18 +215,22 @@ def test_thirty_clients_on_two_connections_all_get_an_answer(committed_db, setti
     finally:
         engine.dispose()
     statuses = Counter(status for _, status, _, _ in answers)
-    assert len(answers) == clients * rounds * 3
     assert set(statuses) <= {200, 202, 503}, statuses
     for _, status, headers, body in answers:
         if status == 503:
             assert int(headers["retry-after"]) >= 1
             assert body["error"] == "service_unavailable"
             assert body["retry_after"] == int(headers["retry-after"])
-    assert statuses[200] + statuses[202] > len(answers) // 2, statuses
+    assert len(served) == clients * rounds * 3
+    finals = Counter(status for _, status in served)
+    assert finals == {200: clients * rounds * 2, 202: clients * rounds}, (finals, statuses)
     with factory() as session:
         charged = session.scalar(select(func.count()).select_from(LedgerEntry))
-    assert charged == statuses[202]
+    assert charged == statuses[202] == clients * rounds
 
 
+#: Tries per request (each 503 waits its Retry-After, 1 s here): a bound on the test's time
+#: (a client spends at most 12 x 20 x 2 s sleeping), not a figure the service must meet.
+ATTEMPTS = 20
 THREADS = 4
 RELEASE_SMALL = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.01", "delta": "1e-6"}

@@ -82,6 +82,7 @@ def child(requests: int) -> None:  # pragma: no cover - run in a subprocess
                         "epsilon_budget": "5",
                         "delta_budget": "1e-3",
                         "row_norm_bound": "1",
+                        "allow_large_delta": "true",
                     },
                 )
                 dataset = str(made.raise_for_status().json()["id"])

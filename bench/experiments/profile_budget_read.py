@@ -122,7 +122,12 @@ def run(url: str, work: Path, seconds: float, profile: bool) -> None:
                 "/v1/datasets",
                 headers={"Authorization": f"Bearer {owner}"},
                 files={"file": ("d.npy", buffer.getvalue(), "application/octet-stream")},
-                data={"name": "b", "epsilon_budget": "5", "delta_budget": "1e-3"},
+                data={
+                    "name": "b",
+                    "epsilon_budget": "5",
+                    "delta_budget": "1e-3",
+                    "allow_large_delta": "true",
+                },
             )
             return str(made.raise_for_status().json()["id"])
 

@@ -125,7 +125,10 @@ def _clip_rows(block: FloatArray, clip_norm: float) -> FloatArray:
         squares = np.einsum("ij,ij->i", block, block)
     low, high = SAFE_SQUARED_NORMS
     safe = (squares >= low) & (squares <= high)
-    over = safe & (squares > clip_norm * clip_norm)  # C^2 is finite: C < 2^481
+    with np.errstate(over="ignore"):
+        # C^2 is inf for C above 2^512 (the API caps C lower; this function is total): then
+        # no safe row (squares <= 2^960) exceeds it, which the comparison with inf says.
+        over = safe & (squares > clip_norm * clip_norm)
     unsafe = np.flatnonzero(~safe)
     if unsafe.size:
         _, norms, exponent = _scaled_rows(block[unsafe])

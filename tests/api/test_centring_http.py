@@ -135,9 +135,14 @@ def test_spectrum_centres_the_same_way(client, keys, dataset, run_worker):
     preview = post(client, keys.analyst, dataset["id"], True, **body)
     assert preview.status_code == 200, preview.text
     assert preview.json()["scales"]["center"] == "private"
-    assert preview.json()["scales"]["noise_std"] == spectrum_noise_std(
-        1.0, (1 - 0.2) * 0.5, (1 - 0.2) * 1e-7
+    # 200 rows at eps 0.5: the private mean's rank-one term would exceed the eigenvalues'
+    # noise, so they are read from paired rows, scaled by (n - 1)/m (issue 30, item 15).
+    assert preview.json()["scales"]["center_route"] == "pairs"
+    assert preview.json()["scales"]["noise_std"] == pytest.approx(
+        spectrum_noise_std(1.0, (1 - 0.2) * 0.5, (1 - 0.2) * 1e-7) * 199 / 100
     )
     done = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **body)
     assert done["status"] == "succeeded"
     assert len(done["result"]["extras"]["center"]) == 6
+    assert done["result"]["extras"]["center_route"] == "pairs"
+    assert done["result"]["extras"]["noise_std"] == preview.json()["scales"]["noise_std"]

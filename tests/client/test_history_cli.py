@@ -4,6 +4,7 @@ local-database commands when the database cannot be opened."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -118,10 +119,12 @@ def test_dpss_releases_list(dpss: Callable[..., Result], history: dict[str, Any]
     assert dpss("releases", "list", key=history["owner"] + "x").exit_code == ExitCode.REFUSED
 
 
-def _local(database_url: str, *args: str) -> Result:
+def _local_in(database_url: str, *args: str, data_dir: Path) -> Result:
     # A wide terminal whatever the one running the tests (the tables fold cells to fit it; how
-    # they fold is tests/client/test_remote_cli.py's).
-    env = {"DPSS_DATABASE_URL": database_url, "COLUMNS": "200"}
+    # they fold is tests/client/test_remote_cli.py's). The data directory is the test's own: a
+    # revocation anchors the audit head there (with only the database URL set it went to
+    # ./dpss-data of whoever ran the suite, the README's own service among them).
+    env = {"DPSS_DATABASE_URL": database_url, "DPSS_DATA_DIR": str(data_dir), "COLUMNS": "200"}
     return CliRunner().invoke(app, list(args), env=env)
 
 
@@ -134,9 +137,12 @@ def committed_client(settings: Any, committed_db: Any) -> Iterator[tuple[str, Te
 
 
 def test_dpss_keys_list_and_revoke_on_the_local_database(
-    committed_client: tuple[str, TestClient],
+    committed_client: tuple[str, TestClient], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, client = committed_client
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "data"
+    _local = functools.partial(_local_in, data_dir=data)
     created = _local(url, "keys", "create", "--role", "owner", "--name", "team-a")
     assert created.exit_code == 0, created.output
     key_id = created.stdout.split()[1]
@@ -163,6 +169,9 @@ def test_dpss_keys_list_and_revoke_on_the_local_database(
     missing = _local(url, "keys", "revoke", "00000000-0000-0000-0000-000000000000")
     assert missing.exit_code == 3 and "no API key" in missing.stderr
     assert _local(url, "keys", "revoke", "not-an-id").exit_code == 2
+    # What the commands wrote is in the data directory they were given, nothing in the cwd.
+    assert (data / "audit-anchors.jsonl").is_file()
+    assert [path.name for path in tmp_path.iterdir()] == ["data"]
 
 
 @pytest.mark.parametrize(
@@ -178,7 +187,7 @@ def test_local_database_commands_say_where_they_looked_in_one_line(
     tmp_path: Path, args: tuple[str, ...]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'nowhere' / 'dpss.sqlite3'}"
-    result = _local(url, *args)
+    result = _local_in(url, *args, data_dir=tmp_path / "data")
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.output, result.output
@@ -188,7 +197,9 @@ def test_local_database_commands_say_where_they_looked_in_one_line(
 
 
 def test_migrate_says_where_it_looked_when_the_database_is_unreachable(tmp_path: Path) -> None:
-    result = _local("postgresql+psycopg://nobody@127.0.0.1:1/none", "migrate")
+    result = _local_in(
+        "postgresql+psycopg://nobody@127.0.0.1:1/none", "migrate", data_dir=tmp_path / "data"
+    )
     assert result.exit_code == 2, result.output
     [line] = result.stderr.strip().splitlines()
     assert "postgresql+psycopg://nobody@127.0.0.1:1/none" in line and "DPSS_DATABASE_URL" in line

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
+import warnings
+from decimal import Decimal, localcontext
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from service.mechanisms import linalg
@@ -221,35 +222,58 @@ def test_subspace_distance_extremes_and_shape_check() -> None:
 # Totality: right at every finite scale, never raising
 
 
+def _exact_norm(row: list[float]) -> Decimal:
+    """``||x||`` to 60 digits: decimal arithmetic has no overflow or underflow at any float."""
+    with localcontext() as context:
+        context.prec = 60
+        return sum((Decimal(value) ** 2 for value in row), Decimal(0)).sqrt()
+
+
 def reference_clip(row: np.ndarray, clip: float) -> np.ndarray:
-    """``x min(1, C/||x||)`` with the norm from math.hypot, which scales internally."""
-    norm = math.hypot(*row.tolist())
-    if norm <= clip:
+    """``x min(1, C/||x||)`` in 60-digit decimal arithmetic, each entry rounded once to float
+    (``math.hypot`` scales internally but still overflows on norms above the largest float:
+    ``[5, 10, 10, 10] 1e307`` has norm ``1.8e308``)."""
+    values = row.tolist()
+    norm = _exact_norm(values)
+    if norm <= Decimal(clip):
         return row.copy()
-    return np.array([(value / norm) * clip for value in row.tolist()])
+    with localcontext() as context:
+        context.prec = 60
+        return np.array([float(Decimal(value) * Decimal(clip) / norm) for value in values])
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     mantissas=st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=6),
     exponent=st.integers(-307, 307),
-    clip_exponent=st.integers(-150, 150),
+    clip=st.one_of(
+        st.builds(lambda e: 1.5 * 10.0**e, st.integers(-150, 150)),
+        # Any positive finite C, the subnormal and the largest floats among them.
+        st.floats(min_value=5e-324, max_value=1.7976931348623157e308),
+    ),
 )
+@example(mantissas=[5.0, 10.0, 10.0, 10.0], exponent=307, clip=1.5)
+@example(mantissas=[5.0, 10.0, 10.0, 10.0], exponent=307, clip=1.7976931348623157e308)
+@example(mantissas=[10.0, 10.0], exponent=307, clip=1.7976931348623157e308)
+@example(mantissas=[8.98846567431158], exponent=307, clip=8.98846567431157e307)
+@example(mantissas=[1.0, 1.0], exponent=-307, clip=5e-324)
 def test_clip_rows_is_right_at_every_finite_scale(
-    mantissas: list[float], exponent: int, clip_exponent: int
+    mantissas: list[float], exponent: int, clip: float
 ) -> None:
     row = np.array(mantissas) * 10.0**exponent
     assume(np.all(np.isfinite(row)))
-    clip = 1.5 * 10.0**clip_exponent
-    got = clip_rows(row[None, :], clip)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # total and silent: no RuntimeWarning at any scale
+        got = clip_rows(row[None, :], clip)[0]
     expected = reference_clip(row, clip)
     assert np.all(np.isfinite(got))
     # Relative precision per entry, except where an entry (or an intermediate of either
     # computation) is subnormal: there the absolute error is allowed up to 1e-15 of the row's
     # norm, far below anything a Gram matrix of the clipped rows can resolve.
-    slack = max(1e-321, 1e-15 * math.hypot(*expected.tolist()))
+    slack = max(1e-321, 1e-15 * float(_exact_norm(expected.tolist())))
     assert got == pytest.approx(expected, rel=1e-12, abs=slack)
-    assert math.hypot(*got.tolist()) <= clip * (1 + 1e-12)
+    bound = Decimal(clip) * Decimal("1.000000000001") + Decimal("1e-321")
+    assert _exact_norm(got.tolist()) <= bound
 
 
 def test_clip_rows_examples_the_old_norm_got_wrong() -> None:

@@ -6,19 +6,32 @@ from datetime import datetime
 from typing import Annotated, Literal
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from api_schemas.common import (
     ExactDecimal,
     Name,
     RequestSchema,
     Schema,
+    StrictBool,
     StrictDecimal,
     StrictFloat,
     number_schema,
 )
 
 Accounting = Literal["basic", "gaussian", "zcdp"]
+
+
+def _form_bool(value: object) -> object:
+    """A multipart form sends text: exactly "true" or "false" (any case) is a boolean there;
+    anything else goes on to strict validation, which accepts only a JSON boolean."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
+
+
+#: A boolean as a JSON value or as the form text "true"/"false" (never "1", "yes", "on").
+FormBool = Annotated[StrictBool, BeforeValidator(_form_bool)]
 
 
 class Budget(Schema):
@@ -208,6 +221,16 @@ class DatasetCreate(RequestSchema):
         description=(
             "zcdp: the share of delta_budget reserved for converting rho to (epsilon, "
             "delta); releases' approximate steps may spend the rest. Default: half."
+        ),
+    )
+    allow_large_delta: FormBool = Field(
+        default=False,
+        description=(
+            "Accept a delta_budget above 1/n (n: the rows at upload or registration). Such a "
+            "delta offers no protection (a mechanism that publishes one row in n at random is "
+            "(0, 1/n)-DP), so it is refused (422 naming delta_budget) unless this is true. "
+            "Appends do not re-check it: the bound is on the n at upload. A form field "
+            '"true" or "false" (a JSON boolean for references).'
         ),
     )
 

@@ -483,9 +483,12 @@ class Client:
         mu_budget: Number | None = None,
         rho_budget: Number | None = None,
         delta_conversion: Number | None = None,
+        allow_large_delta: bool = False,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata (with ``rows_above_bound``:
         how many of the rows exceed the declared ``row_norm_bound``, shown only here).
+        ``allow_large_delta``: accept a ``delta_budget`` above ``1/n`` (refused otherwise: such
+        a delta offers no protection).
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
@@ -504,6 +507,8 @@ class Client:
         )
         if accounting is not None:
             form["accounting"] = accounting
+        if allow_large_delta:
+            form["allow_large_delta"] = "true"
         if row_norm_bound is not None:
             form["row_norm_bound"] = repr(float(row_norm_bound))
         if isinstance(data, np.ndarray):
@@ -548,10 +553,12 @@ class Client:
         epsilon_budget: Number,
         delta_budget: Number,
         row_norm_bound: float | None = None,
+        allow_large_delta: bool = False,
     ) -> Dataset:
         """Register a Parquet dataset where it lives (owner key): ``s3://bucket/prefix/`` or a
         shared path under the service's ``DPSS_REFERENCE_ROOTS``, and its numeric ``columns``.
-        The service reads it with its own credentials; nothing is uploaded."""
+        The service reads it with its own credentials; nothing is uploaded.
+        ``allow_large_delta``: accept a ``delta_budget`` above ``1/n`` (refused otherwise)."""
         body: dict[str, Any] = {
             "name": name,
             "uri": uri,
@@ -561,6 +568,8 @@ class Client:
         }
         if row_norm_bound is not None:
             body["row_norm_bound"] = float(row_norm_bound)
+        if allow_large_delta:
+            body["allow_large_delta"] = True
         return _parse(self._request("POST", "/v1/dataset-references", json=body), Dataset)
 
     def append_rows(

@@ -382,12 +382,21 @@ def datasets_upload(
         str | None,
         typer.Option("--delta-conversion", help="zcdp: delta kept for the conversion."),
     ] = None,
+    allow_large_delta: Annotated[
+        bool,
+        typer.Option(
+            "--allow-large-delta",
+            help="Accept a delta budget above 1/n (refused otherwise: it offers no protection).",
+        ),
+    ] = False,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Upload FILE as a new dataset with a privacy budget (owner key). On a terminal, stderr
-    shows the bytes sent and the rate."""
+    shows the bytes sent and the rate. The output shows rows_above_bound (rows whose norm
+    exceeds --row-norm-bound: every clipping mechanism scales them down to it), with a
+    warning on stderr when they are ROWS_ABOVE_BOUND_WARNING of the rows or more."""
     with _service_errors(as_json), _client(url, api_key) as client, _upload_bar() as report:
         try:
             ds = client.upload(
@@ -401,15 +410,43 @@ def datasets_upload(
                 mu_budget=mu_budget,
                 rho_budget=rho_budget,
                 delta_conversion=delta_conversion,
+                allow_large_delta=allow_large_delta,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
+        above: int | None = getattr(ds, "rows_above_bound", None)
+        warning = _rows_above_bound_warning(above, ds.n_rows, ds.row_norm_bound)
+        if warning is not None:
+            # On stderr in both formats: --json keeps stdout machine-readable.
+            _stderr().print(warning, markup=False)
         if as_json:
             _print_json(_dump(ds))
             return
         out = _stdout()
-        out.print(_kv_table("dataset uploaded", _dataset_rows(ds)))
+        rows = _dataset_rows(ds)
+        if above is not None:
+            share = above / ds.n_rows if ds.n_rows else 0.0
+            rows.append(("rows_above_bound", f"{above} of {ds.n_rows} ({share:.0%})"))
+        out.print(_kv_table("dataset uploaded", rows))
         out.print(_budget_table(ds.budget))
+
+
+#: The share of uploaded rows above row_norm_bound from which the upload warns: the bound is
+#: meant to hold for (nearly) every row; a tenth of them clipped usually means raw units or a
+#: bound guessed too small.
+ROWS_ABOVE_BOUND_WARNING = 0.1
+
+
+def _rows_above_bound_warning(above: int | None, n_rows: int, bound: float | None) -> str | None:
+    """The warning for an upload with many rows above its bound, or None."""
+    if above is None or n_rows == 0 or above < ROWS_ABOVE_BOUND_WARNING * n_rows:
+        return None
+    return (
+        f"warning: {above} of {n_rows} rows ({above / n_rows:.0%}) have a norm above "
+        f"row_norm_bound {bound:g}; every clipping mechanism scales them down to it, so "
+        "releases describe the clipped rows. If the data is in raw units, rescale it (e.g. to "
+        "unit norm) or declare a bound from domain knowledge that holds for the rows."
+    )
 
 
 @datasets_app.command("append")
