@@ -118,6 +118,13 @@ def authenticate_cached(
     return authenticate(session, secret)
 
 
+def valid_key_digests(session: Session) -> set[str]:
+    """The SHA-256 of every key not revoked (what :class:`service.api.deps.KeyDirectory`
+    holds)."""
+    query = select(ApiKey.key_hash).where(ApiKey.revoked_at.is_(None))
+    return set(session.execute(query).scalars())
+
+
 def require_role(principal: Principal, *roles: Role) -> None:
     if principal.role not in roles:
         raise Forbidden(f"role '{principal.role}' may not do this (needs {' or '.join(roles)})")

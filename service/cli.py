@@ -56,14 +56,21 @@ def _configure_logging(settings: Settings) -> None:
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     """JSON logs in every API process; no uvicorn access log (the service writes its own,
-    with path templates) and no uvicorn ``server`` header (the service sets a version-free one)."""
+    with path templates) and no uvicorn ``server`` header (the service sets a version-free one).
+
+    Forwarding headers only from ``DPSS_TRUSTED_PROXIES``: uvicorn's default believes
+    ``X-Forwarded-For`` from 127.0.0.1 (or ``$FORWARDED_ALLOW_IPS``), so any local client could
+    name its own address and so its own rate-limit bucket."""
     from service.logs import log_config
 
+    proxies = settings.trusted_proxy_list
     return {
         "log_config": log_config(settings.log_level),
         "log_level": settings.log_level.lower(),
         "access_log": False,
         "server_header": False,
+        "proxy_headers": bool(proxies),
+        "forwarded_allow_ips": proxies,
     }
 
 

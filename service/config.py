@@ -309,6 +309,11 @@ class Settings(BaseSettings):
     )
 
     @property
+    def trusted_proxy_list(self) -> list[str]:
+        """:attr:`trusted_proxies` split at commas, blanks dropped."""
+        return [proxy.strip() for proxy in self.trusted_proxies.split(",") if proxy.strip()]
+
+    @property
     def reference_root_list(self) -> list[str]:
         """:attr:`reference_roots` split at commas, blanks dropped."""
         return [root.strip() for root in self.reference_roots.split(",") if root.strip()]
@@ -432,10 +437,9 @@ class Settings(BaseSettings):
         default=5,
         ge=0,
         description=(
-            "Sustained requests per second per client address on /v1 without a key this API "
-            "process has seen authenticate (no key, an unknown, random or revoked one, or a "
-            "valid key's first request), in each API process; 0: no such limit. Checked before "
-            "the body is read and before the key is looked up."
+            "Sustained requests per second per client address on /v1 without a valid key (no "
+            "key, an unknown, random or revoked one), in each API process; 0: no such limit. "
+            "Checked before the body is read, against the valid keys' digests held in memory."
         ),
     )
     rate_limit_unverified_burst: int = Field(
@@ -450,6 +454,17 @@ class Settings(BaseSettings):
             "Sustained requests per second on /v1 without a known key from all addresses "
             "together, in each API process (burst: one second's worth); 0: no such limit. "
             "Keys already seen to authenticate are not affected."
+        ),
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description=(
+            "Comma-separated addresses (or CIDR ranges) of reverse proxies whose "
+            "X-Forwarded-For / X-Forwarded-Proto headers the API believes; the client address "
+            "of a request (its rate-limit identity) is then the one the proxy forwarded. Empty "
+            "(the default): no forwarding header is believed, from anyone, not even 127.0.0.1, "
+            "so a client cannot choose its own address with a header. Set it to the proxy's "
+            "address when one fronts the API (e.g. the Compose network's proxy)."
         ),
     )
     cors_allow_origins: list[str] = Field(

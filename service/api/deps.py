@@ -40,7 +40,7 @@ from fastapi import Depends, Query, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.auth import Principal, VerifiedKeys, authenticate_cached
+from service.auth import Principal, VerifiedKeys, authenticate_cached, valid_key_digests
 from service.config import Settings
 from service.db.engine import database_unavailable
 from service.errors import ServiceUnavailable
@@ -119,6 +119,7 @@ class Database:
         self.retry_after = settings.retry_after_seconds
         self.api_threads = settings.api_threads
         self.verified_keys = VerifiedKeys(settings.auth_cache_seconds)
+        self.key_directory = KeyDirectory(self)
         # Semaphores belong to one event loop; tests run one app under several (one per
         # TestClient), so each loop gets its own gate.
         self._gates: RunVar[_Gate] = RunVar("dpss_database_gate")
@@ -209,6 +210,72 @@ class Database:
                 return
             self._outage = False
         log.warning("database available again")
+
+
+class KeyDirectory:
+    """The digests of the valid (not revoked) keys, in memory, so that the rate limiter tells a
+    valid key from a random token without a database statement per request
+    (:class:`service.api.middleware.RateLimitMiddleware`).
+
+    Why: a key is otherwise "unverified" until this process has seen it authenticate, and a
+    flood of random tokens exhausts the unverified buckets, so a valid key new to this process
+    (created elsewhere, or any key after a restart) could never start. Here:
+
+    - a key created through this process is added at once (:meth:`add`);
+    - a digest not held makes the directory reload the whole set (one statement, through
+      :meth:`Database.run`, so bounded by the slots like any unit of work), at most once per
+      :attr:`MIN_RELOAD_SECONDS`, one reload at a time; every miss arriving while a reload is
+      in flight awaits that same reload (32 parallel first requests of a new key are all
+      recognised), a miss after it counts as unverified. A random-token flood therefore costs
+      at most one reload a second, and a key created anywhere is recognised at most that long
+      after its creation: a client obeying ``Retry-After`` gets in on its next try;
+    - a key answered 401 (revoked) is dropped (:meth:`discard`) until the next reload.
+
+    This is only the rate limiter's classification: every request still authenticates its key
+    against the key table (:func:`service.auth.authenticate`).
+    """
+
+    MIN_RELOAD_SECONDS = 1.0
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self.digests: set[str] = set()
+        #: When the last reload started (monotonic); digests added since it started.
+        self.reloaded_at = -float("inf")
+        self._added_during_reload: set[str] = set()
+        self._reload: anyio.Event | None = None
+
+    def add(self, digest: str) -> None:
+        self.digests.add(digest)
+        self._added_during_reload.add(digest)
+
+    def discard(self, digest: str) -> None:
+        self.digests.discard(digest)
+        self._added_during_reload.discard(digest)
+
+    async def is_valid(self, digest: str, now: float | None = None) -> bool:
+        """Whether ``digest`` is a valid key's, reloading (or awaiting a reload) on a miss."""
+        if digest in self.digests:
+            return True
+        if self._reload is not None:
+            await self._reload.wait()
+            return digest in self.digests
+        now = time.monotonic() if now is None else now
+        if now - self.reloaded_at < self.MIN_RELOAD_SECONDS:
+            return False
+        self.reloaded_at = now
+        self._reload = done = anyio.Event()
+        self._added_during_reload = set()
+        try:
+            digests = await self.database.run(valid_key_digests, autocommit=True)
+            # A key created while the statement ran may be missing from its snapshot.
+            self.digests = digests | self._added_during_reload
+        except ServiceUnavailable:
+            pass  # keep what we had; the next miss after MIN_RELOAD_SECONDS tries again
+        finally:
+            self._reload = None
+            done.set()
+        return digest in self.digests
 
 
 def bearer_secret(request: Request) -> str | None:
