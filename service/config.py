@@ -291,7 +291,9 @@ class Settings(BaseSettings):
             "`DPSS_AUDIT_HMAC_KEY`, a MAC) every `DPSS_AUDIT_ANCHOR_INTERVAL_SECONDS` when it "
             "changed; `dpss audit verify` checks the chain against every anchor in it, so a "
             "database restored from an older backup fails. Default: "
-            "<data_dir>/audit-anchors.jsonl; put it on another volume than the database."
+            "<data_dir>-state/audit-anchors.jsonl, a sibling of the data directory, so that a "
+            "backup of the data directory does not carry (and a restore of it does not roll "
+            "back) the anchors; best on another volume than the database and its backups."
         ),
     )
     audit_anchor_url: str | None = Field(
@@ -514,7 +516,18 @@ class Settings(BaseSettings):
 
     @property
     def resolved_audit_anchor_path(self) -> Path:
-        return self.audit_anchor_path or self.data_dir / "audit-anchors.jsonl"
+        if self.audit_anchor_path is not None:
+            return self.audit_anchor_path
+        # Outside the data directory: a copy of it taken as a backup must not hold the anchors,
+        # or restoring it would restore anchors as old as the database and hide the restore.
+        data_dir = self.data_dir.resolve()
+        return data_dir.parent / f"{data_dir.name}-state" / "audit-anchors.jsonl"
+
+    @property
+    def legacy_audit_anchor_path(self) -> Path:
+        """Where the anchors were by default before they left the data directory: still read
+        (never written), so that an upgrade keeps their history."""
+        return self.data_dir / "audit-anchors.jsonl"
 
     @property
     def datasets_dir(self) -> Path:

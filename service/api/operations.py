@@ -175,6 +175,7 @@ async def audit_verification(request: Request, settings: SettingsDep) -> AuditVe
             anchor=verification.anchor.token() if verification.anchor else None,
             anchor_found=verification.anchor_found,
             macs_checked=settings.audit_hmac_key is not None,
+            restore_unaccepted=verification.restore_unaccepted,
             verified_at=utcnow(),
         )
 

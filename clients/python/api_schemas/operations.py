@@ -125,4 +125,10 @@ class AuditVerification(Schema):
         "null without an anchor."
     )
     macs_checked: bool = Field(description="Whether event MACs were checked (the key is set).")
+    restore_unaccepted: str | None = Field(
+        default=None,
+        description="A restore from an older backup detected against the audit anchors and "
+        "not yet accepted by an admin (`dpss audit accept-restore`): what was found. While set, "
+        "the API refuses charges and key use (503 `restore_unaccepted`). Null: none.",
+    )
     verified_at: datetime = Field(description="When this check ran (UTC).")
