@@ -58,7 +58,8 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     """JSON logs in every API process; no uvicorn access log (the service writes its own,
     with path templates) and no uvicorn ``server`` header (the service sets a version-free one).
 
-    Forwarding headers only from ``DPSS_TRUSTED_PROXIES``: uvicorn's default believes
+    Idle connections stay open ``DPSS_API_KEEP_ALIVE_SECONDS``. Forwarding headers only from
+    ``DPSS_TRUSTED_PROXIES``: uvicorn's default believes
     ``X-Forwarded-For`` from 127.0.0.1 (or ``$FORWARDED_ALLOW_IPS``), so any local client could
     name its own address and so its own rate-limit bucket."""
     from service.logs import log_config
@@ -71,6 +72,9 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
         "server_header": False,
         "proxy_headers": bool(proxies),
         "forwarded_allow_ips": proxies,
+        # See Settings.api_keep_alive_seconds: the server must never be the side that closes
+        # an idle connection just as a client reuses it.
+        "timeout_keep_alive": settings.api_keep_alive_seconds,
     }
 
 

@@ -124,6 +124,19 @@ class Settings(BaseSettings):
             "0 turns this off."
         ),
     )
+    api_keep_alive_seconds: float = Field(
+        default=75.0,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds an API process keeps an idle keep-alive connection open. Longer than any "
+            "Retry-After the service sends plus the event loop's lag under load, and than the "
+            "idle timeout of a proxy in front (commonly 60 s): a connection the server closes "
+            "while the client is sending its next request on it ends with no response at all "
+            "(uvicorn's default of 5 s did so to clients coming back after a 503's Retry-After "
+            "while the loop was seconds behind)."
+        ),
+    )
     auth_cache_seconds: float = Field(
         default=2.0,
         ge=0,
