@@ -375,6 +375,10 @@ class AnchorWriter:
         head = self.head()
         if head is None or head == self._last or head.seq == 0:
             return None
+        if self._last is not None and not self._still_holds(self._last):
+            # The chain no longer holds what this writer anchored: the database was restored
+            # (or cut) under a running worker. Hold the service now, not at the next start.
+            detect_restore(self.session_factory, self.settings, self._key)
         anchor = Anchor.of(head, self._key, now)
         append(self.path, anchor)
         if self.url:
@@ -391,6 +395,13 @@ class AnchorWriter:
                 )
         self._last = head
         return anchor
+
+    def _still_holds(self, anchored: Head) -> bool:
+        with self.session_factory() as session:
+            stored = session.execute(
+                select(AuditEvent.hash).where(AuditEvent.seq == anchored.seq)
+            ).scalar_one_or_none()
+        return stored is not None and hmac.compare_digest(stored, anchored.hash)
 
     def check_at_start(self) -> list[str]:
         """Problems of the database against the anchor files: a restore holds the service

@@ -137,3 +137,23 @@ def test_a_detected_restore_holds_the_service_until_an_admin_accepts_it(
     finally:
         if not restored.startswith("sqlite"):
             _admin_execute(f'DROP DATABASE IF EXISTS "{make_url(restored).database}" WITH (FORCE)')
+
+
+def test_a_restore_under_a_running_worker_holds_the_service_at_its_next_anchor(
+    service, settings, ledger
+) -> None:
+    """The database rolled back (consistently, one release shorter) and then grew again while
+    a worker ran: its next anchor round notices and holds the service, without a restart."""
+    from tests.test_audit_money import _drop_last_release
+
+    _, factory, (client, _) = service
+    writer = AnchorWriter(factory, settings)
+    assert writer.write_once() is not None
+    with factory.begin() as session:
+        _drop_last_release(session, ledger)
+    _key(factory, "analyst")  # new events after the cut
+    assert writer.write_once() is not None
+    assert "restore_detected" in _events(factory)
+    client.app.state.database.restore_gate.forget()
+    refused = client.get("/v1/datasets", headers=bearer(ledger.analyst))
+    assert refused.status_code == 503 and refused.json()["error"] == "restore_unaccepted"
