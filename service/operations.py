@@ -232,6 +232,12 @@ def verify_audit(session: Session, principal: Principal, settings: Settings) -> 
     return Verification(report, anchor, found, restore)
 
 
+def restore_unaccepted(session: Session) -> str | None:
+    """The restore detected and not yet accepted, if any (``restore_hold``)."""
+    hold = session.get(RestoreHold, 1)
+    return hold.problem if hold is not None else None
+
+
 def key_info(session: Session, principal: Principal) -> ApiKey:
     """The caller's own key row."""
     key = session.get(ApiKey, principal.key_id)

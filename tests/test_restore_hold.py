@@ -115,6 +115,9 @@ def test_a_detected_restore_holds_the_service_until_an_admin_accepts_it(
             assert shown["restore_unaccepted"] and not shown["ok"]
             assert "restore detected" in shown["problems"][0]
             assert client.get("/v1/audit?limit=5", headers=bearer(admin)).status_code == 200
+            # Every page of the dashboard asks whoami first: admins see the restore there.
+            me = client.get("/v1/whoami", headers=bearer(admin)).json()
+            assert me["role"] == "admin" and me["restore_unaccepted"] == shown["restore_unaccepted"]
             restored_factory = make_session_factory(make_engine(restored))
             assert _events(restored_factory).count("restore_detected") == 1
 
@@ -127,6 +130,8 @@ def test_a_detected_restore_holds_the_service_until_an_admin_accepts_it(
             assert client.get("/v1/datasets", headers=bearer(leaver)).status_code == 200
             shown = client.get("/v1/audit/verification", headers=bearer(auditor)).json()
             assert shown["restore_unaccepted"] is None
+            me = client.get("/v1/whoami", headers=bearer(admin)).json()
+            assert me["restore_unaccepted"] is None
         # Accepted: the anchors of the history given up no longer fail the verification, and a
         # restarted process does not hold the service again.
         verified = dpss("audit", "verify", url=restored)

@@ -41,7 +41,12 @@ FORBIDDEN: dict[int | str, dict[str, Any]] = {
 async def whoami(uow: UnitOfWorkDep) -> Whoami:
     def work(session: Session, principal: Principal) -> Whoami:
         key = operations.key_info(session, principal)
-        return Whoami(id=key.id, role=principal.role, name=key.name)
+        return Whoami(
+            id=key.id,
+            role=principal.role,
+            name=key.name,
+            restore_unaccepted=operations.restore_unaccepted(session),
+        )
 
     return await uow(work)
 

@@ -20,6 +20,13 @@ class Whoami(Schema):
     id: UUID = Field(description="Key id.")
     role: Role = Field(description="The key's role: which views and operations it may use.")
     name: str = Field(description="The key's label.")
+    restore_unaccepted: str | None = Field(
+        default=None,
+        description="A restore from an older backup detected and not yet accepted "
+        "(`dpss audit accept-restore`): what was found. Only admin and auditor keys get an "
+        "answer meanwhile (every other key use is refused with 503 `restore_unaccepted`). "
+        "Null: none.",
+    )
 
 
 class WorkerInfo(Schema):

@@ -402,10 +402,18 @@ async function start() {
   }
   document.getElementById("who-name").textContent = `${me.name} (${me.role})`;
   document.getElementById("who").hidden = false;
+  const notices = [];
+  if (me.restore_unaccepted) {
+    notices.push(`Restore detected and not accepted: the API refuses charges and key use until an admin runs \`dpss audit accept-restore\`. ${me.restore_unaccepted}`);
+  }
   if (me.role !== view) {
+    notices.push(`This view is for ${view} keys; yours is an ${me.role} key. What follows is what the API lets your key read here.`);
+  }
+  if (notices.length) {
     const notice = document.getElementById("notice");
-    notice.textContent = `This view is for ${view} keys; yours is an ${me.role} key. What follows is what the API lets your key read here.`;
+    notice.textContent = notices.join(" ");
     notice.hidden = false;
+    if (me.restore_unaccepted) notice.dataset.restore = "unaccepted";
   }
   try {
     await VIEWS[view]();
