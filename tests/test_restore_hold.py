@@ -126,7 +126,7 @@ def test_a_detected_restore_holds_the_service_until_an_admin_accepts_it(
             assert "restore accepted" in accepted.stdout
             events = _events(restored_factory)
             assert events.index("restore_accepted") > events.index("restore_detected")
-            app.state.database.restore_gate.forget()  # as after its TTL
+            app.state.database.verified_keys.clear()  # as DPSS_AUTH_CACHE_SECONDS later
             assert client.get("/v1/datasets", headers=bearer(leaver)).status_code == 200
             shown = client.get("/v1/audit/verification", headers=bearer(auditor)).json()
             assert shown["restore_unaccepted"] is None
@@ -159,6 +159,6 @@ def test_a_restore_under_a_running_worker_holds_the_service_at_its_next_anchor(
     _key(factory, "analyst")  # new events after the cut
     assert writer.write_once() is not None
     assert "restore_detected" in _events(factory)
-    client.app.state.database.restore_gate.forget()
+    client.app.state.database.verified_keys.clear()
     refused = client.get("/v1/datasets", headers=bearer(ledger.analyst))
     assert refused.status_code == 503 and refused.json()["error"] == "restore_unaccepted"

@@ -43,7 +43,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.auth import Principal, VerifiedKeys, authenticate_cached, valid_key_digests
 from service.config import Settings
 from service.db.engine import database_unavailable
-from service.db.models import RestoreHold
 from service.errors import RestoreUnaccepted, ServiceUnavailable
 from service.pagination import MAX_CURSOR_LENGTH
 from service.store import DatasetStore
@@ -124,7 +123,6 @@ class Database:
         self.api_threads = settings.api_threads
         self.verified_keys = VerifiedKeys(settings.auth_cache_seconds)
         self.key_directory = KeyDirectory(self)
-        self.restore_gate = RestoreGate()
         # Semaphores belong to one event loop; tests run one app under several (one per
         # TestClient), so each loop gets its own gate.
         self._gates: RunVar[_Gate] = RunVar("dpss_database_gate")
@@ -229,35 +227,20 @@ class Database:
         log.warning("database available again")
 
 
-class RestoreGate:
-    """Refuses charges and key use while a detected restore is not accepted (``restore_hold``,
+def refuse_while_restore_held(principal: Principal, read_only: bool) -> None:
+    """Refuse charges and key use while a detected restore is not accepted (``restore_hold``,
     :mod:`service.anchors`): after a restore from an older backup, revoked keys are live again
     and spent budget is back, so the service must not act on that state until an admin has
     looked (``dpss audit accept-restore``).
 
     Only admins' and auditors' reads pass (the dashboard and the audit log show the restore).
-    The hold is read in the request's own transaction at most every :attr:`TTL_SECONDS` per
-    process: a hold set by another process (a worker's check at start) applies here within
-    that time, as does its acceptance.
+    The hold is read with the key (:func:`service.auth.authenticate`, no statement of its own):
+    a hold set by another process (a worker's anchor round) applies to every write at once and
+    to reads within ``DPSS_AUTH_CACHE_SECONDS`` (a read's key check may be that old); so does
+    its acceptance.
     """
-
-    TTL_SECONDS = 1.0
-
-    def __init__(self) -> None:
-        self.held = False
-        self.checked_at = -float("inf")
-
-    def check(self, session: Session, principal: Principal, read_only: bool) -> None:
-        now = time.monotonic()
-        if now - self.checked_at >= self.TTL_SECONDS:
-            self.held = session.get(RestoreHold, 1) is not None
-            self.checked_at = now
-        if self.held and not (read_only and principal.role in ("admin", "auditor")):
-            raise RestoreUnaccepted()
-
-    def forget(self) -> None:
-        """Read the hold again on the next request (after this process changed it)."""
-        self.checked_at = -float("inf")
+    if principal.restore_held and not (read_only and principal.role in ("admin", "auditor")):
+        raise RestoreUnaccepted()
 
 
 class KeyDirectory:
@@ -369,11 +352,9 @@ class UnitOfWork:
         secret, scope = self.secret, self.scope
         verified, read_only = self.database.verified_keys, self.read_only
 
-        gate = self.database.restore_gate
-
         def transaction(session: Session) -> T:
             principal = authenticate_cached(session, secret, verified, read_only)
-            gate.check(session, principal, read_only)
+            refuse_while_restore_held(principal, read_only)
             if scope is not None:
                 scope[KEY_AUTHENTICATED] = True
             return work(session, principal)
