@@ -60,7 +60,7 @@ FROM python:3.11-slim-bookworm
 RUN groupadd --system --gid 10001 dpss \
     && useradd --system --uid 10001 --gid dpss --home-dir /var/lib/dpss --no-create-home \
         --shell /usr/sbin/nologin dpss \
-    && mkdir -p /var/lib/dpss/data \
+    && mkdir -p /var/lib/dpss/data /var/lib/dpss/data-state \
     && chown -R dpss:dpss /var/lib/dpss
 
 COPY --from=build /opt/dpss /opt/dpss
@@ -75,7 +75,9 @@ WORKDIR /var/lib/dpss
 
 # Dataset files (and, in the embedded mode, the SQLite database) live here. Declared after the
 # chown so that a fresh named volume starts owned by the dpss user.
-VOLUME ["/var/lib/dpss/data"]
+# The audit anchors (DPSS_AUDIT_ANCHOR_PATH default) live beside the data directory, not in it:
+# a backup of the data volume must not carry them (a restore would roll them back too).
+VOLUME ["/var/lib/dpss/data", "/var/lib/dpss/data-state"]
 
 EXPOSE 8000
 

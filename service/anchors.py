@@ -17,6 +17,18 @@ hash)``, so that whoever can write the file but not read the key cannot add anch
 last one: a worker restarted on a restored database anchors its shorter chain too, and that
 newer line must not hide the older, longer one. A chain that ends before an anchored event, or
 holds another hash there, is a restore (or a rewrite) and fails the verification.
+
+A restore detected by a worker or an API process at start (:func:`detect_restore`) is recorded
+in the audit log (``restore_detected``) and *holds* the service (``restore_hold``): the API
+refuses charges and key use until an admin runs ``dpss audit accept-restore``
+(:func:`accept_restore`), which records ``restore_accepted`` with the time before which the
+anchors describe the history given up. From then on anchors older than that are not checked
+(they name the lost history), while any later restore, to a backup older than the acceptance
+itself, no longer holds the acceptance and is caught against every anchor again.
+
+The default anchor file is outside the data directory
+(:attr:`service.config.Settings.resolved_audit_anchor_path`), so that a backup of the data
+directory does not carry it.
 """
 
 from __future__ import annotations
@@ -35,11 +47,13 @@ from pathlib import Path
 
 import httpx
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import audit
 from service.audit import Head
 from service.config import Settings
-from service.db.models import AuditEvent, AuditHead
+from service.db.models import AuditEvent, AuditHead, RestoreHold, utcnow
 
 log = logging.getLogger("dpss.audit")
 
@@ -166,6 +180,19 @@ def check(session: Session, anchors: Iterable[Anchor], last: Head) -> tuple[list
     written, and how many others fail with it.
     """
     anchors = list(anchors)
+    cutoff = accepted_before(session)
+    if cutoff is not None:
+        kept = [a for a in anchors if not _written_before(a, cutoff)]
+        skipped = len(anchors) - len(kept)
+        anchors = kept
+        if skipped:
+            accepted_note = (
+                f"{skipped} anchors written before the restore accepted at "
+                f"{cutoff.isoformat(timespec='seconds')} were not checked (they describe the "
+                "history given up)"
+            )
+            problems, notes = check(session, anchors, last) if anchors else ([], [])
+            return problems, [*notes, accepted_note]
     if not anchors:
         return [], []
     wanted = sorted({a.seq for a in anchors if 0 < a.seq <= last.seq})
@@ -213,6 +240,113 @@ def check(session: Session, anchors: Iterable[Anchor], last: Head) -> tuple[list
     return ["restore detected: " + message], []
 
 
+ACCEPTED = "restore_accepted"
+DETECTED = "restore_detected"
+
+
+def accepted_before(session: Session) -> datetime | None:
+    """The cutoff of the newest ``restore_accepted`` event the chain holds, if any."""
+    details = session.execute(
+        select(AuditEvent.details)
+        .where(AuditEvent.event_type == ACCEPTED)
+        .order_by(AuditEvent.seq.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    if not details:
+        return None
+    try:
+        return _as_utc(datetime.fromisoformat(str(details["anchors_before"])))
+    except (KeyError, ValueError):
+        return None
+
+
+def _as_utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _written_before(anchor: Anchor, cutoff: datetime) -> bool:
+    try:
+        return _as_utc(datetime.fromisoformat(anchor.time)) <= cutoff
+    except ValueError:
+        return False  # an unreadable time is checked, never skipped
+
+
+def anchor_paths(settings: Settings) -> list[Path]:
+    """The anchor files to check: the configured (or default) one, and the one in the data
+    directory that earlier versions wrote by default, if it is there."""
+    paths = [settings.resolved_audit_anchor_path]
+    legacy = settings.legacy_audit_anchor_path
+    if settings.audit_anchor_path is None and legacy.resolve() != paths[0].resolve():
+        paths.append(legacy)
+    return [path for path in paths if path.is_file()]
+
+
+def restore_problem(
+    session_factory: sessionmaker[Session], settings: Settings, key: bytes | None
+) -> str | None:
+    """The restore the anchor files show against the database, if any (not recorded)."""
+    anchors = [anchor for path in anchor_paths(settings) for anchor in read(path, key).anchors]
+    if not anchors:
+        return None
+    with session_factory() as session:
+        row = session.execute(select(AuditHead).where(AuditHead.id == 1)).scalar_one_or_none()
+        if row is None:
+            return None
+        problems, _ = check(session, anchors, Head(row.last_seq, row.last_hash))
+    return problems[0] if problems else None
+
+
+def hold(session: Session, problem: str) -> bool:
+    """Record a detected restore and hold the service; False if it was already held."""
+    if session.get(RestoreHold, 1) is not None:
+        return False
+    shown = problem[:2000]
+    session.add(RestoreHold(id=1, problem=shown))
+    session.flush()
+    audit.record(session, DETECTED, actor_key_id=None, details={"problem": shown})
+    return True
+
+
+def detect_restore(
+    session_factory: sessionmaker[Session], settings: Settings, key: bytes | None
+) -> str | None:
+    """Check the database against the anchor files; on a restore, hold the service (logged
+    as an error, recorded once in the audit log). Returns the problem, if any."""
+    problem = restore_problem(session_factory, settings, key)
+    if problem is None:
+        return None
+    try:
+        with session_factory.begin() as session:
+            held = hold(session, problem)
+    except IntegrityError:
+        held = False  # another process recorded it at the same moment
+    log.error(
+        "audit anchor: %s; the API refuses charges and key use until an admin runs "
+        "`dpss audit accept-restore`%s",
+        problem,
+        "" if held else " (already held)",
+    )
+    return problem
+
+
+def accept_restore(session: Session, now: datetime | None = None) -> str | None:
+    """An admin's acceptance of the restore held (or found): lift the hold, and record which
+    anchors describe the history given up (those written until now). Returns the problem
+    accepted, ``None`` when nothing was held."""
+    now = now or utcnow()
+    row = session.get(RestoreHold, 1)
+    problem = row.problem if row is not None else None
+    if row is not None:
+        session.delete(row)
+    audit.record(
+        session,
+        ACCEPTED,
+        actor_key_id=None,
+        details={"problem": problem, "anchors_before": now.isoformat(timespec="seconds")},
+    )
+    return problem
+
+
 class AnchorWriter:
     """Appends the audit head to the anchor file (and URL) when it changed since the last time.
 
@@ -223,6 +357,7 @@ class AnchorWriter:
 
     def __init__(self, session_factory: sessionmaker[Session], settings: Settings) -> None:
         self.session_factory = session_factory
+        self.settings = settings
         self.path = settings.resolved_audit_anchor_path
         self.url = settings.audit_anchor_url
         self.interval = settings.audit_anchor_interval_seconds
@@ -240,6 +375,10 @@ class AnchorWriter:
         head = self.head()
         if head is None or head == self._last or head.seq == 0:
             return None
+        if self._last is not None and not self._still_holds(self._last):
+            # The chain no longer holds what this writer anchored: the database was restored
+            # (or cut) under a running worker. Hold the service now, not at the next start.
+            detect_restore(self.session_factory, self.settings, self._key)
         anchor = Anchor.of(head, self._key, now)
         append(self.path, anchor)
         if self.url:
@@ -257,19 +396,21 @@ class AnchorWriter:
         self._last = head
         return anchor
 
-    def check_at_start(self) -> list[str]:
-        """Problems of the database against the anchor file (logged as errors)."""
-        if not self.path.is_file():
-            return []
-        anchors = read(self.path, self._key).anchors
-        head = self.head()
-        if head is None or not anchors:
-            return []
+    def _still_holds(self, anchored: Head) -> bool:
         with self.session_factory() as session:
-            problems, _ = check(session, anchors, head)
-        for problem in problems:
-            log.error("audit anchor: %s; run `dpss audit verify`", problem)
-        return problems
+            stored = session.execute(
+                select(AuditEvent.hash).where(AuditEvent.seq == anchored.seq)
+            ).scalar_one_or_none()
+        return stored is not None and hmac.compare_digest(stored, anchored.hash)
+
+    def check_at_start(self) -> list[str]:
+        """Problems of the database against the anchor files: a restore holds the service
+        (:func:`detect_restore`)."""
+        log.info(
+            "audit anchors: %s (outside the data directory unless configured there)", self.path
+        )
+        problem = detect_restore(self.session_factory, self.settings, self._key)
+        return [problem] if problem is not None else []
 
     def run(self, stop: threading.Event) -> None:
         """Anchor now and then every ``interval`` seconds until ``stop`` is set; errors (the

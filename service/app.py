@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from service import anchors, auth
 from service import audit as audit_log
-from service import auth
 from service.api import (
     audit,
     datasets,
@@ -33,6 +34,8 @@ from service.config import Settings
 from service.db.engine import make_pooled_engine, make_session_factory
 from service.store import DatasetStore, secure_data_dir
 from service.waiters import ReleaseWaiters
+
+log = logging.getLogger("dpss.api")
 
 DESCRIPTION = """
 Keeps sensitive datasets and releases only **differentially private low-dimensional
@@ -109,6 +112,18 @@ def create_app(
         database.gate()
         secure_data_dir(settings.data_dir)
         store.ensure()
+        # Before serving: a database restored from an older backup must not be served as if
+        # nothing happened (the hold refuses charges and key use until accepted).
+        anchor_key = settings.audit_hmac_key
+        log.info("audit anchors: %s", settings.resolved_audit_anchor_path)
+        try:
+            anchors.detect_restore(
+                session_factory,
+                settings,
+                anchor_key.get_secret_value().encode("utf-8") if anchor_key is not None else None,
+            )
+        except (OSError, SQLAlchemyError) as exc:
+            log.warning("audit anchors not checked at start (%s)", type(exc).__name__)
         if settings.admin_api_key is not None:
             with session_factory.begin() as session:
                 auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())

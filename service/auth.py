@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit, logs
-from service.db.models import ApiKey, utcnow
+from service.db.models import ApiKey, RestoreHold, utcnow
 from service.errors import Forbidden, NotFound, Unauthenticated
 from service.keyformat import generate_secret
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
@@ -36,6 +36,9 @@ class Principal:
     key_id: uuid.UUID
     role: Role
     name: str
+    #: Whether a detected restore was unaccepted when the key was looked up (``restore_hold``,
+    #: read in the same statement as the key, so the check costs no statement of its own).
+    restore_held: bool = False
 
 
 def hash_secret(secret: str) -> str:
@@ -47,11 +50,18 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     if not secret:
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
     digest = hash_secret(secret)
-    key = session.execute(select(ApiKey).where(ApiKey.key_hash == digest)).scalar_one_or_none()
+    held = select(RestoreHold.id).where(RestoreHold.id == 1).exists().label("restore_held")
+    row = session.execute(select(ApiKey, held).where(ApiKey.key_hash == digest)).one_or_none()
+    key = row[0] if row is not None else None
     if key is None or not hmac.compare_digest(key.key_hash, digest) or key.revoked_at is not None:
         raise Unauthenticated("invalid or revoked API key")
     logs.bind_key_id(key.id)
-    return Principal(key_id=key.id, role=key.role, name=key.name)  # type: ignore[arg-type]
+    return Principal(
+        key_id=key.id,
+        role=key.role,  # type: ignore[arg-type]
+        name=key.name,
+        restore_held=bool(row[1]) if row is not None else False,
+    )
 
 
 class VerifiedKeys:
@@ -116,6 +126,13 @@ def authenticate_cached(
             logs.bind_key_id(principal.key_id)
         return principal
     return authenticate(session, secret)
+
+
+def valid_key_digests(session: Session) -> set[str]:
+    """The SHA-256 of every key not revoked (what :class:`service.api.deps.KeyDirectory`
+    holds)."""
+    query = select(ApiKey.key_hash).where(ApiKey.revoked_at.is_(None))
+    return set(session.execute(query).scalars())
 
 
 def require_role(principal: Principal, *roles: Role) -> None:

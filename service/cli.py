@@ -56,14 +56,25 @@ def _configure_logging(settings: Settings) -> None:
 
 def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     """JSON logs in every API process; no uvicorn access log (the service writes its own,
-    with path templates) and no uvicorn ``server`` header (the service sets a version-free one)."""
+    with path templates) and no uvicorn ``server`` header (the service sets a version-free one).
+
+    Idle connections stay open ``DPSS_API_KEEP_ALIVE_SECONDS``. Forwarding headers only from
+    ``DPSS_TRUSTED_PROXIES``: uvicorn's default believes
+    ``X-Forwarded-For`` from 127.0.0.1 (or ``$FORWARDED_ALLOW_IPS``), so any local client could
+    name its own address and so its own rate-limit bucket."""
     from service.logs import log_config
 
+    proxies = settings.trusted_proxy_list
     return {
         "log_config": log_config(settings.log_level),
         "log_level": settings.log_level.lower(),
         "access_log": False,
         "server_header": False,
+        "proxy_headers": bool(proxies),
+        "forwarded_allow_ips": proxies,
+        # See Settings.api_keep_alive_seconds: the server must never be the side that closes
+        # an idle connection just as a client reuses it.
+        "timeout_keep_alive": settings.api_keep_alive_seconds,
     }
 
 
@@ -532,6 +543,24 @@ def _audit_report(head: str | None, anchors: Path | None = None) -> audit_module
             _cannot_check(f"cannot read the anchor file {anchor_path}: {type(exc).__name__}")
     elif anchors is not None:
         _cannot_check(f"no anchor file at {anchors}")
+    legacy = settings.legacy_audit_anchor_path
+    if (
+        anchors is None
+        and settings.audit_anchor_path is None
+        and legacy.is_file()
+        and legacy.resolve() != anchor_path.resolve()
+    ):
+        # Anchors an earlier version wrote into the data directory: their history still counts.
+        try:
+            older = anchors_module.read(legacy, key_bytes)
+        except OSError as exc:
+            _cannot_check(f"cannot read the anchor file {legacy}: {type(exc).__name__}")
+        if anchor_file is None:
+            anchor_file = older
+        else:
+            anchor_file.anchors += older.anchors
+            anchor_file.problems += older.problems
+            anchor_file.notes += older.notes
     try:
         with Session(engine) as session, session.begin():
             inspector = inspect(session.connection())
@@ -591,7 +620,7 @@ AnchorsOption = Annotated[
         "--anchors",
         dir_okay=False,
         help="The anchor file the workers append to (default: DPSS_AUDIT_ANCHOR_PATH, else "
-        "<data dir>/audit-anchors.jsonl).",
+        "<data dir>-state/audit-anchors.jsonl).",
         show_default=False,
     ),
 ]
@@ -637,6 +666,37 @@ def audit_head(head: HeadOption = None, anchors: AnchorsOption = None) -> None:
         typer.echo("audit chain BROKEN: no head printed", err=True)
         raise typer.Exit(1)
     typer.echo(report.head.token())
+
+
+@audit_app.command("accept-restore")
+def audit_accept_restore() -> None:
+    """Accept that the database was restored from an older backup, and serve again.
+
+    After a restore the audit anchors show the database is behind them: revoked keys may be
+    live again and spent budget back. The API then refuses charges and key use (503
+    restore_unaccepted) until an admin, having looked (`dpss audit verify`), runs this. It
+    records the acceptance in the audit log (`restore_accepted`); anchors written until now
+    describe the history given up and are not checked any more. Exit 0 also when there was
+    nothing to accept.
+    """
+    from service import anchors
+    from service.db.models import RestoreHold
+
+    settings = Settings()
+    secret = settings.audit_hmac_key
+    key = secret.get_secret_value().encode("utf-8") if secret is not None else None
+    with _local_database() as factory:
+        try:
+            found = anchors.restore_problem(factory, settings, key)
+        except OSError as exc:
+            _cannot_check(f"cannot read the anchor files: {type(exc).__name__}")
+        with factory.begin() as session:
+            if session.get(RestoreHold, 1) is None and found is None:
+                typer.echo("no restore detected: nothing to accept")
+                return
+            accepted = anchors.accept_restore(session) or found
+        _anchor_now(factory)
+    typer.echo(f"restore accepted (recorded in the audit log): {accepted}")
 
 
 # The remote commands come from the slim client package (a dependency of the server), so that

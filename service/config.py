@@ -124,6 +124,19 @@ class Settings(BaseSettings):
             "0 turns this off."
         ),
     )
+    api_keep_alive_seconds: float = Field(
+        default=75.0,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds an API process keeps an idle keep-alive connection open. Longer than any "
+            "Retry-After the service sends plus the event loop's lag under load, and than the "
+            "idle timeout of a proxy in front (commonly 60 s): a connection the server closes "
+            "while the client is sending its next request on it ends with no response at all "
+            "(uvicorn's default of 5 s did so to clients coming back after a 503's Retry-After "
+            "while the loop was seconds behind)."
+        ),
+    )
     auth_cache_seconds: float = Field(
         default=2.0,
         ge=0,
@@ -291,7 +304,9 @@ class Settings(BaseSettings):
             "`DPSS_AUDIT_HMAC_KEY`, a MAC) every `DPSS_AUDIT_ANCHOR_INTERVAL_SECONDS` when it "
             "changed; `dpss audit verify` checks the chain against every anchor in it, so a "
             "database restored from an older backup fails. Default: "
-            "<data_dir>/audit-anchors.jsonl; put it on another volume than the database."
+            "<data_dir>-state/audit-anchors.jsonl, a sibling of the data directory, so that a "
+            "backup of the data directory does not carry (and a restore of it does not roll "
+            "back) the anchors; best on another volume than the database and its backups."
         ),
     )
     audit_anchor_url: str | None = Field(
@@ -307,6 +322,11 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="How often a worker anchors the audit head, seconds; 0 turns anchoring off.",
     )
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """:attr:`trusted_proxies` split at commas, blanks dropped."""
+        return [proxy.strip() for proxy in self.trusted_proxies.split(",") if proxy.strip()]
 
     @property
     def reference_root_list(self) -> list[str]:
@@ -432,10 +452,9 @@ class Settings(BaseSettings):
         default=5,
         ge=0,
         description=(
-            "Sustained requests per second per client address on /v1 without a key this API "
-            "process has seen authenticate (no key, an unknown, random or revoked one, or a "
-            "valid key's first request), in each API process; 0: no such limit. Checked before "
-            "the body is read and before the key is looked up."
+            "Sustained requests per second per client address on /v1 without a valid key (no "
+            "key, an unknown, random or revoked one), in each API process; 0: no such limit. "
+            "Checked before the body is read, against the valid keys' digests held in memory."
         ),
     )
     rate_limit_unverified_burst: int = Field(
@@ -450,6 +469,17 @@ class Settings(BaseSettings):
             "Sustained requests per second on /v1 without a known key from all addresses "
             "together, in each API process (burst: one second's worth); 0: no such limit. "
             "Keys already seen to authenticate are not affected."
+        ),
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description=(
+            "Comma-separated addresses (or CIDR ranges) of reverse proxies whose "
+            "X-Forwarded-For / X-Forwarded-Proto headers the API believes; the client address "
+            "of a request (its rate-limit identity) is then the one the proxy forwarded. Empty "
+            "(the default): no forwarding header is believed, from anyone, not even 127.0.0.1, "
+            "so a client cannot choose its own address with a header. Set it to the proxy's "
+            "address when one fronts the API (e.g. the Compose network's proxy)."
         ),
     )
     cors_allow_origins: list[str] = Field(
@@ -499,7 +529,18 @@ class Settings(BaseSettings):
 
     @property
     def resolved_audit_anchor_path(self) -> Path:
-        return self.audit_anchor_path or self.data_dir / "audit-anchors.jsonl"
+        if self.audit_anchor_path is not None:
+            return self.audit_anchor_path
+        # Outside the data directory: a copy of it taken as a backup must not hold the anchors,
+        # or restoring it would restore anchors as old as the database and hide the restore.
+        data_dir = self.data_dir.resolve()
+        return data_dir.parent / f"{data_dir.name}-state" / "audit-anchors.jsonl"
+
+    @property
+    def legacy_audit_anchor_path(self) -> Path:
+        """Where the anchors were by default before they left the data directory: still read
+        (never written), so that an upgrade keeps their history."""
+        return self.data_dir / "audit-anchors.jsonl"
 
     @property
     def datasets_dir(self) -> Path:

@@ -78,6 +78,23 @@ class ServiceUnavailable(DomainError):
         self.retry_after = retry_after
 
 
+class RestoreUnaccepted(ServiceUnavailable):
+    """The database was restored from an older backup (the audit anchors show it) and no admin
+    has accepted that yet: charges and key use are refused (503) until
+    ``dpss audit accept-restore``; nothing was done."""
+
+    code = "restore_unaccepted"
+    RETRY_AFTER = 60
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the service's database was restored from an older backup (revoked keys and spent "
+            "budget may have come back); it refuses this until an administrator runs "
+            "`dpss audit accept-restore`",
+            self.RETRY_AFTER,
+        )
+
+
 class InsufficientStorage(DomainError):
     """The disk (or quota) holding the dataset store is full (507); nothing was kept."""
 

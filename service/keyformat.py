@@ -33,3 +33,20 @@ def looks_like_key(text: str) -> bool:
         any(c.islower() for c in run) and any(c.isupper() for c in run)
         for run in _BASE64_RUN.findall(text)
     )
+
+
+#: The prefix (any case) and whatever key characters follow it.
+_PREFIXED = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]*", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+
+def _redact_run(match: re.Match[str]) -> str:
+    run = match.group(0)
+    mixed = any(c.islower() for c in run) and any(c.isupper() for c in run)
+    return REDACTED if mixed else run
+
+
+def redact_keys(text: str) -> str:
+    """``text`` with every key, or sizable piece of one (what :func:`looks_like_key` finds),
+    replaced by :data:`REDACTED`; the rest (UUIDs, hex ids, words) unchanged."""
+    return _BASE64_RUN.sub(_redact_run, _PREFIXED.sub(REDACTED, text))

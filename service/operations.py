@@ -27,6 +27,7 @@ from service.db.models import (
     Grant,
     LedgerEntry,
     Release,
+    RestoreHold,
     WorkerHeartbeat,
 )
 from service.errors import NotFound
@@ -199,6 +200,8 @@ class Verification:
     anchor: audit.Head | None
     #: Whether the chain holds the anchored event with the anchored hash (None: no anchor).
     anchor_found: bool | None
+    #: The restore detected and not yet accepted (``dpss audit accept-restore``), if any.
+    restore_unaccepted: str | None = None
 
 
 def verify_audit(session: Session, principal: Principal, settings: Settings) -> Verification:
@@ -216,7 +219,23 @@ def verify_audit(session: Session, principal: Principal, settings: Settings) -> 
         event = session.get(AuditEvent, anchor.seq)
         expected = audit.GENESIS_HASH if anchor.seq == 0 else (event.hash if event else None)
         found = expected == anchor.hash
-    return Verification(report, anchor, found)
+    hold = session.get(RestoreHold, 1)
+    restore = None
+    if hold is not None:
+        restore = hold.problem
+        report.problems.insert(
+            0,
+            f"restore detected at {hold.detected_at.isoformat(timespec='seconds')} and not "
+            f"accepted (charges and key use refused until `dpss audit accept-restore`): "
+            f"{hold.problem}",
+        )
+    return Verification(report, anchor, found, restore)
+
+
+def restore_unaccepted(session: Session) -> str | None:
+    """The restore detected and not yet accepted, if any (``restore_hold``)."""
+    hold = session.get(RestoreHold, 1)
+    return hold.problem if hold is not None else None
 
 
 def key_info(session: Session, principal: Principal) -> ApiKey:

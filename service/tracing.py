@@ -19,16 +19,23 @@ from analysts: traces are for operators (see docs/reliability.md, "What operator
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Link, Span, SpanKind, Status, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import Attributes, AttributeValue
+
+from service.keyformat import REDACTED, redact_keys
 
 TRACER_NAME = "dpss"
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -54,14 +61,99 @@ def configure(service_name: str) -> bool:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        # Someone configured the SDK first (``opentelemetry-instrument``): its exporters are
+        # not ours to wrap, and spans would leave unredacted. Say so rather than pretend.
+        logging.getLogger("dpss.tracing").warning(
+            "a tracer provider was configured outside the service (opentelemetry-instrument?); "
+            "its spans are not redacted: run the service without it"
+        )
+        return False
     name = os.environ.get("OTEL_SERVICE_NAME") or service_name
     provider = TracerProvider(resource=Resource.create({"service.name": name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    provider.add_span_processor(export_pipeline(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _configured = True
     return True
+
+
+def export_pipeline(exporter: SpanExporter, batch: bool = True) -> SpanProcessor:
+    """The processor through which every span of the service leaves the process: ``exporter``
+    sees only redacted copies (:class:`RedactingSpanExporter`). ``batch=False`` exports each
+    span as it ends (tests)."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+
+    redacting = RedactingSpanExporter(exporter)
+    return BatchSpanProcessor(redacting) if batch else SimpleSpanProcessor(redacting)
+
+
+#: Attributes that hold a query string: dropped whole (any parameter may be a secret).
+_QUERY_ATTRIBUTES = frozenset({"url.query", "http.query", "http.query_string"})
+#: Attributes that hold a URL or request target: kept without their query and fragment.
+_URL_ATTRIBUTES = frozenset({"url.full", "http.url", "http.target", "url.original"})
+#: Words naming an attribute whose value is a credential (headers, cookies, parameters).
+_SECRET_NAME = re.compile(r"authorization|cookie|key|token|secret|password|session", re.I)
+
+
+def _redact_value(name: str, value: AttributeValue) -> AttributeValue:
+    if name in _QUERY_ATTRIBUTES or (_SECRET_NAME.search(name) and not name.startswith("dpss.")):
+        return REDACTED
+    if isinstance(value, str):
+        if name in _URL_ATTRIBUTES:
+            value = value.split("?", 1)[0].split("#", 1)[0]
+        return redact_keys(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        return [redact_keys(str(item)) for item in value]
+    return value
+
+
+def redact_attributes(attributes: Attributes) -> dict[str, AttributeValue]:
+    """``attributes`` safe to export (see the module docstring)."""
+    return {
+        redact_keys(name): _redact_value(name, value) for name, value in (attributes or {}).items()
+    }
+
+
+def redact_span(span: ReadableSpan) -> ReadableSpan:
+    """A copy of ``span`` with its name, status, attributes, events and links redacted."""
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, redact_keys(status.description))
+    return ReadableSpan(
+        name=redact_keys(span.name),
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=redact_attributes(span.attributes),
+        events=[
+            Event(redact_keys(event.name), redact_attributes(event.attributes), event.timestamp)
+            for event in span.events
+        ],
+        links=[Link(link.context, redact_attributes(link.attributes)) for link in span.links],
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+class RedactingSpanExporter(SpanExporter):
+    """Hands ``exporter`` redacted copies of the spans (:func:`redact_span`)."""
+
+    def __init__(self, exporter: SpanExporter) -> None:
+        self.exporter = exporter
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.exporter.export([redact_span(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
 
 
 def tracer() -> Tracer:

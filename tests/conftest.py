@@ -68,6 +68,7 @@ TABLES = (
     "api_keys",
     "worker_heartbeats",
     "machine_rates",
+    "restore_hold",
 )
 
 

@@ -31,6 +31,7 @@ OPERATOR = {
     "keys list",
     "keys revoke",
     "audit verify",
+    "audit accept-restore",
     "audit head",
 }
 

@@ -129,9 +129,11 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
                 "check did not run",
                 stacklevel=1,
             )
-        # No file the service wrote outside its data directory, and no raw rows in it but the store.
+        # No file the service wrote outside its data directory and its state directory beside it
+        # (the audit anchors, which a backup of the data directory must not carry), and no raw
+        # rows in them but the store.
         written = {p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob("*") if p.is_file()}
-        assert written <= {"data.csv", "dpss-data"}
+        assert written <= {"data.csv", "dpss-data", "dpss-data-state"}
     finally:
         server.terminate()
         server.wait(timeout=30)

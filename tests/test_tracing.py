@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -41,7 +40,7 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
     """A provider of this test's own (the process's global provider stays the no-op one)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(tracing.export_pipeline(exporter, batch=False))
     monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer(tracing.TRACER_NAME))
     yield exporter
     provider.shutdown()
@@ -123,3 +122,55 @@ def test_tracing_is_off_without_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> 
     assert tracing.configure("dpss-test") is False
     assert tracing.current_traceparent() is None
     assert tracing.enabled_by_environment({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+
+
+def test_no_key_leaves_the_process_whatever_a_span_carries(
+    spans: InMemorySpanExporter, client: TestClient, keys: Keys
+) -> None:
+    """What an instrumentation library (``opentelemetry-instrument``, FastAPI's or httpx's
+    instrumentor) records of a request: its query, raw path, full URL, headers, an exception
+    event quoting the key. None of it may be exported with a key in it."""
+    secret = keys.analyst
+    bare = secret.removeprefix("dpss_")
+    assert client.get(f"/v1/mechanisms?api_key={secret}").status_code == 422
+    with tracing.tracer().start_as_current_span(
+        f"GET /v1/{secret}",
+        kind=SpanKind.SERVER,
+        attributes={
+            "url.query": f"api_key={secret}",
+            "http.query": "token=" + bare,
+            "url.path": f"/v1/datasets/{secret}/x",
+            "http.target": f"/v1/{bare}?api_key={secret}",
+            "url.full": f"http://h/v1/{bare}?k={secret}#{secret}",
+            "http.request.header.authorization": [f"Bearer {secret}"],
+            "http.request.header.x-api-key": [bare],
+            "http.request.header.cookie": "s=1",
+            "db.statement.parameters": f"('{bare}',)",
+            "http.route": "/v1/mechanisms",
+        },
+    ) as span:
+        span.add_event("exception", {"exception.message": f"bad key {secret}"})
+        span.add_event(f"seen {bare}")
+        span.set_status(Status(StatusCode.ERROR, f"refused {secret}"))
+    finished = spans.get_finished_spans()
+    assert finished
+    for exported in finished:
+        shown = repr(
+            (
+                exported.name,
+                dict(exported.attributes or {}),
+                [(event.name, dict(event.attributes or {})) for event in exported.events],
+                [dict(link.attributes or {}) for link in exported.links],
+                exported.status.description,
+            )
+        )
+        for value in (secret, bare, bare[:16], "api_key=", "token=", "s=1"):
+            assert value not in shown, (exported.name, value, shown)
+    (instrumented,) = [
+        s for s in finished if s.kind is SpanKind.SERVER and "url.path" in (s.attributes or {})
+    ]
+    attributes = dict(instrumented.attributes or {})
+    # What carries no secret is kept, so traces stay useful.
+    assert attributes["http.route"] == "/v1/mechanisms"
+    assert attributes["url.path"] == "/v1/datasets/[redacted]/x"
+    assert attributes["url.full"] == "http://h/v1/[redacted]"

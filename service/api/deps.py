@@ -40,10 +40,10 @@ from fastapi import Depends, Query, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from service.auth import Principal, VerifiedKeys, authenticate_cached
+from service.auth import Principal, VerifiedKeys, authenticate_cached, valid_key_digests
 from service.config import Settings
 from service.db.engine import database_unavailable
-from service.errors import ServiceUnavailable
+from service.errors import RestoreUnaccepted, ServiceUnavailable
 from service.pagination import MAX_CURSOR_LENGTH
 from service.store import DatasetStore
 
@@ -67,6 +67,9 @@ Cursor = Annotated[
 ]
 
 
+#: The clock of units of work (a name of this module's, so a test can step it by hand).
+clock = time.monotonic
+
 #: Weight of the newest unit of work in the mean time a unit holds a slot (about the last 20).
 SERVICE_TIME_WEIGHT = 0.05
 
@@ -80,7 +83,7 @@ class _Gate:
     threads: anyio.CapacityLimiter
     #: Requests waiting for a slot now.
     waiting: int = 0
-    #: Moving mean of the seconds a unit of work holds a slot (0 until one has run).
+    #: Moving mean of the seconds a unit of work runs in its thread (0 until one has run).
     service_seconds: float = 0.0
 
     def observe(self, seconds: float) -> None:
@@ -119,6 +122,7 @@ class Database:
         self.retry_after = settings.retry_after_seconds
         self.api_threads = settings.api_threads
         self.verified_keys = VerifiedKeys(settings.auth_cache_seconds)
+        self.key_directory = KeyDirectory(self)
         # Semaphores belong to one event loop; tests run one app under several (one per
         # TestClient), so each loop gets its own gate.
         self._gates: RunVar[_Gate] = RunVar("dpss_database_gate")
@@ -164,15 +168,27 @@ class Database:
             gate.waiting -= 1
         if waited.cancelled_caught:
             raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
-        started = time.monotonic()
+        worked: list[float] = []
+
+        def timed() -> T:
+            started = clock()
+            try:
+                return self._transaction(work, autocommit)
+            finally:
+                worked.append(clock() - started)
+
         try:
             # Not abandoned on cancellation: the slot is released only when the thread (and
             # its connection) is done, so slots never outnumber connections.
-            return await anyio.to_thread.run_sync(
-                self._transaction, work, autocommit, limiter=gate.threads
-            )
+            return await anyio.to_thread.run_sync(timed, limiter=gate.threads)
         finally:
-            gate.observe(time.monotonic() - started)
+            # The unit of work's own time, measured in its thread: not the loop's lag in
+            # resuming this request afterwards. A lagging loop is OverloadMiddleware's to shed;
+            # counted here too, it made every slot look busy for a whole loop pass, and
+            # requests were shed for a database that was idle (35% 503 at 200 clients with
+            # loop shedding off).
+            if worked:
+                gate.observe(worked[0])
             gate.slots.release()
 
     def _transaction(self, work: Callable[[Session], T], autocommit: bool = False) -> T:
@@ -209,6 +225,88 @@ class Database:
                 return
             self._outage = False
         log.warning("database available again")
+
+
+def refuse_while_restore_held(principal: Principal, read_only: bool) -> None:
+    """Refuse charges and key use while a detected restore is not accepted (``restore_hold``,
+    :mod:`service.anchors`): after a restore from an older backup, revoked keys are live again
+    and spent budget is back, so the service must not act on that state until an admin has
+    looked (``dpss audit accept-restore``).
+
+    Only admins' and auditors' reads pass (the dashboard and the audit log show the restore).
+    The hold is read with the key (:func:`service.auth.authenticate`, no statement of its own):
+    a hold set by another process (a worker's anchor round) applies to every write at once and
+    to reads within ``DPSS_AUTH_CACHE_SECONDS`` (a read's key check may be that old); so does
+    its acceptance.
+    """
+    if principal.restore_held and not (read_only and principal.role in ("admin", "auditor")):
+        raise RestoreUnaccepted()
+
+
+class KeyDirectory:
+    """The digests of the valid (not revoked) keys, in memory, so that the rate limiter tells a
+    valid key from a random token without a database statement per request
+    (:class:`service.api.middleware.RateLimitMiddleware`).
+
+    Why: a key is otherwise "unverified" until this process has seen it authenticate, and a
+    flood of random tokens exhausts the unverified buckets, so a valid key new to this process
+    (created elsewhere, or any key after a restart) could never start. Here:
+
+    - a key created through this process is added at once (:meth:`add`);
+    - a digest not held makes the directory reload the whole set (one statement, through
+      :meth:`Database.run`, so bounded by the slots like any unit of work), at most once per
+      :attr:`MIN_RELOAD_SECONDS`, one reload at a time; every miss arriving while a reload is
+      in flight awaits that same reload (32 parallel first requests of a new key are all
+      recognised), a miss after it counts as unverified. A random-token flood therefore costs
+      at most one reload a second, and a key created anywhere is recognised at most that long
+      after its creation: a client obeying ``Retry-After`` gets in on its next try;
+    - a key answered 401 (revoked) is dropped (:meth:`discard`) until the next reload.
+
+    This is only the rate limiter's classification: every request still authenticates its key
+    against the key table (:func:`service.auth.authenticate`).
+    """
+
+    MIN_RELOAD_SECONDS = 1.0
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self.digests: set[str] = set()
+        #: When the last reload started (monotonic); digests added since it started.
+        self.reloaded_at = -float("inf")
+        self._added_during_reload: set[str] = set()
+        self._reload: anyio.Event | None = None
+
+    def add(self, digest: str) -> None:
+        self.digests.add(digest)
+        self._added_during_reload.add(digest)
+
+    def discard(self, digest: str) -> None:
+        self.digests.discard(digest)
+        self._added_during_reload.discard(digest)
+
+    async def is_valid(self, digest: str, now: float | None = None) -> bool:
+        """Whether ``digest`` is a valid key's, reloading (or awaiting a reload) on a miss."""
+        if digest in self.digests:
+            return True
+        if self._reload is not None:
+            await self._reload.wait()
+            return digest in self.digests
+        now = time.monotonic() if now is None else now
+        if now - self.reloaded_at < self.MIN_RELOAD_SECONDS:
+            return False
+        self.reloaded_at = now
+        self._reload = done = anyio.Event()
+        self._added_during_reload = set()
+        try:
+            digests = await self.database.run(valid_key_digests, autocommit=True)
+            # A key created while the statement ran may be missing from its snapshot.
+            self.digests = digests | self._added_during_reload
+        except ServiceUnavailable:
+            pass  # keep what we had; the next miss after MIN_RELOAD_SECONDS tries again
+        finally:
+            self._reload = None
+            done.set()
+        return digest in self.digests
 
 
 def bearer_secret(request: Request) -> str | None:
@@ -256,6 +354,7 @@ class UnitOfWork:
 
         def transaction(session: Session) -> T:
             principal = authenticate_cached(session, secret, verified, read_only)
+            refuse_while_restore_held(principal, read_only)
             if scope is not None:
                 scope[KEY_AUTHENTICATED] = True
             return work(session, principal)

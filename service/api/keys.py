@@ -28,7 +28,10 @@ async def create_key(body: KeyCreate, uow: UnitOfWorkDep) -> KeyCreated:
         key, secret = auth.create_key(session, body.role, body.name, principal.key_id)
         return KeyCreated(id=key.id, role=body.role, name=key.name, key=secret)
 
-    return await uow(work)
+    created = await uow(work)
+    # Committed: the rate limiter treats the new key as valid from its first request.
+    uow.database.key_directory.add(auth.hash_secret(created.key))
+    return created
 
 
 @router.get(

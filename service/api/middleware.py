@@ -19,6 +19,7 @@ import math
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -28,7 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import KEY_AUTHENTICATED
+from service.api.deps import KEY_AUTHENTICATED, KeyDirectory
 from service.api.docs import DOCS_PAGES
 from service.config import Settings
 from service.logs import REQUEST_ID_HEADER, request_context, request_id_from
@@ -228,20 +229,33 @@ class RateLimitMiddleware:
     """Rate limits on ``/v1``, decided before the body is read and before any database work;
     beyond them 429 with ``Retry-After``.
 
-    - A key this process has seen authenticate (its request's unit of work set
-      :data:`~service.api.deps.KEY_AUTHENTICATED`) has its own bucket, told apart by the SHA-256
-      of the presented secret (the value the key table stores).
+    - A valid key has its own bucket, told apart by the SHA-256 of the presented secret (the
+      value the key table stores): one this process has seen authenticate (its request's unit
+      of work set :data:`~service.api.deps.KEY_AUTHENTICATED`), or one the
+      :class:`~service.api.deps.KeyDirectory` holds, so that a valid key new to this process
+      (created elsewhere, or after a restart) starts even during a flood.
     - Any other request (no key, an unknown, random or revoked one) is counted against its
       client address and against one bucket shared by all of them: a flood with a fresh random
-      token per request no longer gets a fresh bucket each time, and cannot crowd out the keys
-      already known. A valid key's first request in a process counts there too.
+      token per request no longer gets a fresh bucket each time, and cannot crowd out valid
+      keys.
+
+    The client address is the TCP peer's, or the forwarded one only from a proxy in
+    ``DPSS_TRUSTED_PROXIES`` (uvicorn's ``forwarded_allow_ips``, :func:`service.cli
+    ._uvicorn_options`): otherwise a client would choose its own address with a header.
 
     State is per API process (``dpss api --workers N`` allows N times the rates in total) and
     bounded; a key's known status is dropped when it is refused with 401 (revoked).
     """
 
-    def __init__(self, app: ASGIApp, settings: Settings, max_buckets: int = 100_000) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: Settings,
+        max_buckets: int = 100_000,
+        directory: Callable[[], KeyDirectory | None] | None = None,
+    ) -> None:
         self.app = app
+        self.directory = directory or (lambda: None)
         self.keys = TokenBuckets(
             settings.rate_limit_per_second, settings.rate_limit_burst, max_buckets
         )
@@ -278,17 +292,31 @@ class RateLimitMiddleware:
                 return wait, "without a valid key"
         return 0.0, ""
 
+    def _remember(self, digest: str) -> None:
+        self.known[digest] = None
+        self.known.move_to_end(digest)
+        while len(self.known) > self.max_buckets:
+            self.known.popitem(last=False)
+
     def _learn(self, digest: str, authenticated: bool, status: int) -> None:
         if authenticated:
             if digest not in self.known:
                 # The request that made the key known counts in its bucket too.
                 self.keys.retry_after(digest, time.monotonic())
-            self.known[digest] = None
-            self.known.move_to_end(digest)
-            while len(self.known) > self.max_buckets:
-                self.known.popitem(last=False)
+            self._remember(digest)
         elif status == 401:
             self.known.pop(digest, None)
+            directory = self.directory()
+            if directory is not None:
+                directory.discard(digest)
+
+    async def _valid(self, digest: str | None) -> bool:
+        if digest is None:
+            return False
+        if digest in self.known:
+            return True
+        directory = self.directory()
+        return directory is not None and await directory.is_valid(digest)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = _route_path(scope) if scope["type"] == "http" else ""
@@ -297,7 +325,8 @@ class RateLimitMiddleware:
             return
         now = time.monotonic()
         digest = self._key_digest(scope)
-        if digest is not None and digest in self.known:
+        if digest is not None and await self._valid(digest):
+            self._remember(digest)
             wait, whose = self.keys.retry_after(digest, now), "for this key"
         else:
             wait, whose = self._unverified_wait(scope, now)
@@ -419,7 +448,12 @@ def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
             app, settings.api_max_loop_lag_seconds, settings.retry_after_seconds
         )
     if settings.rate_limit_per_second > 0:
-        app = RateLimitMiddleware(app, settings)
+
+        def directory() -> KeyDirectory | None:
+            database = getattr(fastapi_app.state, "database", None)
+            return getattr(database, "key_directory", None)
+
+        app = RateLimitMiddleware(app, settings, directory=directory)
     if settings.cors_allow_origins:
         app = CORSMiddleware(
             app,

@@ -41,7 +41,12 @@ FORBIDDEN: dict[int | str, dict[str, Any]] = {
 async def whoami(uow: UnitOfWorkDep) -> Whoami:
     def work(session: Session, principal: Principal) -> Whoami:
         key = operations.key_info(session, principal)
-        return Whoami(id=key.id, role=principal.role, name=key.name)
+        return Whoami(
+            id=key.id,
+            role=principal.role,
+            name=key.name,
+            restore_unaccepted=operations.restore_unaccepted(session),
+        )
 
     return await uow(work)
 
@@ -175,6 +180,7 @@ async def audit_verification(request: Request, settings: SettingsDep) -> AuditVe
             anchor=verification.anchor.token() if verification.anchor else None,
             anchor_found=verification.anchor_found,
             macs_checked=settings.audit_hmac_key is not None,
+            restore_unaccepted=verification.restore_unaccepted,
             verified_at=utcnow(),
         )
 

@@ -289,6 +289,18 @@ class AuditEvent(Base):
     mac: Mapped[str | None] = mapped_column(String(64), default=None)
 
 
+class RestoreHold(Base):
+    """At most one row (``id`` 1): a restore from an older backup was detected against the
+    audit anchors and no admin has accepted it yet (``dpss audit accept-restore``). While it
+    exists the API refuses charges and key use (:class:`service.errors.RestoreUnaccepted`)."""
+
+    __tablename__ = "restore_hold"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    detected_at: Mapped[datetime] = mapped_column(default=utcnow)
+    problem: Mapped[str] = mapped_column(String(2000))
+
+
 class AuditHead(Base):
     """One row: the chain's last ``seq`` and ``hash``. Locking it serialises appends, and it
     lets ``verify`` notice a removed tail."""

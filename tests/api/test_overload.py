@@ -164,3 +164,34 @@ def test_the_app_has_the_overload_layer_unless_turned_off(settings, session_fact
 
     assert "OverloadMiddleware" in layers(stack)
     assert "OverloadMiddleware" not in layers(bare)
+
+
+def test_the_mean_slot_time_counts_the_unit_of_work_not_the_loops_lag_after_it(
+    settings, session_factory, monkeypatch
+):
+    """The expected-wait estimate is the database's: a unit of work's own time in its thread.
+    The event loop's lag in resuming the request afterwards (OverloadMiddleware's to shed) used
+    to be counted too, so a lagging loop made an idle database look full and shed requests it
+    could serve. Not timed: the clock is stepped by hand, 10 s per reading on the loop's
+    thread (a huge lag) and 1 ms per reading in the unit of work's thread."""
+    import threading
+
+    from service.api import deps
+
+    database = deps.Database(session_factory, settings)
+    loop_thread = threading.get_ident()
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 10.0 if threading.get_ident() == loop_thread else 0.001
+        return now[0]
+
+    async def scenario() -> float:
+        monkeypatch.setattr(deps, "clock", clock)
+        try:
+            assert await database.run(lambda session: 1) == 1
+        finally:
+            monkeypatch.undo()
+        return database.gate().service_seconds
+
+    assert anyio.run(scenario) == 0.001

@@ -20,6 +20,13 @@ class Whoami(Schema):
     id: UUID = Field(description="Key id.")
     role: Role = Field(description="The key's role: which views and operations it may use.")
     name: str = Field(description="The key's label.")
+    restore_unaccepted: str | None = Field(
+        default=None,
+        description="A restore from an older backup detected and not yet accepted "
+        "(`dpss audit accept-restore`): what was found. Only admin and auditor keys get an "
+        "answer meanwhile (every other key use is refused with 503 `restore_unaccepted`). "
+        "Null: none.",
+    )
 
 
 class WorkerInfo(Schema):
@@ -125,4 +132,10 @@ class AuditVerification(Schema):
         "null without an anchor."
     )
     macs_checked: bool = Field(description="Whether event MACs were checked (the key is set).")
+    restore_unaccepted: str | None = Field(
+        default=None,
+        description="A restore from an older backup detected against the audit anchors and "
+        "not yet accepted by an admin (`dpss audit accept-restore`): what was found. While set, "
+        "the API refuses charges and key use (503 `restore_unaccepted`). Null: none.",
+    )
     verified_at: datetime = Field(description="When this check ran (UTC).")

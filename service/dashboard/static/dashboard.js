@@ -297,7 +297,11 @@ async function auditorView() {
     const anchor = v.anchor
       ? el("p", { class: `anchor ${v.anchor_found ? "ok" : "broken"}` }, `Anchored head ${v.anchor}: ${v.anchor_found ? "found in the chain" : "NOT found in the chain"}.`)
       : el("p", { class: "anchor" }, "No anchored head configured (DPSS_AUDIT_ANCHOR).");
-    return [banner,
+    const restore = v.restore_unaccepted
+      ? el("p", { class: "verdict broken restore", "data-restore": "unaccepted" },
+        "Restore detected and not accepted: the API refuses charges and key use until an admin runs `dpss audit accept-restore`. ", el("code", {}, v.restore_unaccepted))
+      : null;
+    return [restore, banner,
       el("p", {}, "Head: ", el("code", { class: "head" }, v.head)), anchor,
       el("p", { class: "meta" }, `Checked ${when(v.verified_at)}; event MACs ${v.macs_checked ? "checked" : "not checked (no DPSS_AUDIT_HMAC_KEY)"}.`),
       v.problems.length ? el("ul", { class: "problems" }, v.problems.map((p) => el("li", {}, p))) : null,
@@ -398,10 +402,18 @@ async function start() {
   }
   document.getElementById("who-name").textContent = `${me.name} (${me.role})`;
   document.getElementById("who").hidden = false;
+  const notices = [];
+  if (me.restore_unaccepted) {
+    notices.push(`Restore detected and not accepted: the API refuses charges and key use until an admin runs \`dpss audit accept-restore\`. ${me.restore_unaccepted}`);
+  }
   if (me.role !== view) {
+    notices.push(`This view is for ${view} keys; yours is an ${me.role} key. What follows is what the API lets your key read here.`);
+  }
+  if (notices.length) {
     const notice = document.getElementById("notice");
-    notice.textContent = `This view is for ${view} keys; yours is an ${me.role} key. What follows is what the API lets your key read here.`;
+    notice.textContent = notices.join(" ");
     notice.hidden = false;
+    if (me.restore_unaccepted) notice.dataset.restore = "unaccepted";
   }
   try {
     await VIEWS[view]();
