@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from service.app import create_app
-from service.db.models import LedgerEntry, Release, utcnow
+from service.db.models import DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
+from service.worker import Worker
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
 
@@ -23,10 +24,14 @@ BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
 
 
 @pytest.fixture
-def padded(settings, session_factory):
-    padded_settings = settings.model_copy(
+def padded_settings(settings):
+    return settings.model_copy(
         update={"release_padding_floor_seconds": HOUR, "release_padding_multiplier": 1.0}
     )
+
+
+@pytest.fixture
+def padded(padded_settings, session_factory):
     app = create_app(padded_settings, session_factory=session_factory)
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
@@ -159,3 +164,32 @@ def test_lateness_is_counted_for_the_operator(padded, keys, dataset, run_worker,
     assert 'dpss_release_late_total{mechanism="analyze_gauss"} 1.0' in metrics
     # Analysts have neither.
     assert padded.get("/v1/queue", headers=bearer(keys.analyst)).status_code == 403
+
+
+def test_a_late_continual_epoch_shows_at_the_next_step_of_its_schedule(
+    padded, padded_settings, keys, upload_dataset, rng, session_factory, store
+):
+    dataset = upload_dataset(padded, keys.owner, rng.normal(size=(40, 5)), row_norm_bound=3)
+    release_id = post_release(
+        padded, keys.analyst, dataset["id"], mechanism="continual_gauss", k=2,
+        epsilon="1", delta="1e-6", params={"horizon": 2},
+    )  # fmt: skip
+    # Its first batch committed 90 minutes ago, the epoch padded an hour: 30 minutes late.
+    ago = timedelta(minutes=90)
+    with session_factory.begin() as session:
+        for batch in session.execute(
+            select(DatasetBatch).where(DatasetBatch.dataset_id == uuid.UUID(dataset["id"]))
+        ).scalars():
+            batch.created_at -= ago
+    padding_passed(session_factory, release_id)
+    before = utcnow()
+    assert Worker(session_factory, store, padded_settings, worker_id="w").run_pending() == 1
+    with session_factory() as session:
+        [epoch] = session.execute(select(ReleaseEpoch)).scalars().all()
+        # Fixed before it ran: created_at of the batch + 1 h (30 minutes ago); late, so the
+        # next step: + 2 h.
+        assert epoch.visible_at >= before + timedelta(minutes=29)
+    seen = fetch_release(padded, keys.analyst, release_id)
+    assert seen["epochs_done"] == 0 and seen["latest_epoch"] is None
+    epochs = padded.get(f"/v1/releases/{release_id}/epochs", headers=bearer(keys.analyst))
+    assert epochs.json()["total"] == 0
