@@ -281,7 +281,7 @@ def main() -> int:
                 burner.wait()
         loaded = [
             [
-                f"{m} {n}x{d} k={k}{' PCA' if p else ''} {kind}",
+                f"{m} {n}x{d} k={k}{' PCA' if 'center' in p else ''} {kind}",
                 str(done[i]),
                 str(late[i]),
                 f"{worst[i]:.2f}",
