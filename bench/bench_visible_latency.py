@@ -12,11 +12,14 @@ SQLite database in a temporary directory. The worker calibrates this machine fir
    (``visible_at - created_at``) against the bound ``3 x run + 2 s``, and the padding the former
    uncalibrated defaults would have given (the baseline, same process).
 2. **Exceedances under load**: ``--load-factor`` x cores busy processes (pure-Python loops)
-   start, the worker re-calibrates under that load (as its periodic re-check does, every
-   ``DPSS_WORKER_CALIBRATE_SECONDS`` while idle; ``--no-recalibrate`` keeps the quiet
-   calibration: the worst case, a load arriving just after a check), and every one-shot
-   mechanism is requested ``--runs`` times at a moderate shape, one at a time; a run exceeds
-   its padding when ``finished_at > visible_at``.
+   start; the worker keeps its quiet calibration (workers calibrate only at start since issue
+   30: the worst case, a load arriving after the start; ``--recalibrate`` restarts the worker
+   under the load, as an operator would), and every one-shot mechanism is requested ``--runs``
+   times at a moderate shape, one at a time, with ``exact_gapmax`` on two kinds of rows whose
+   run times differ (near a subspace and isotropic) and ``analyze_gauss`` with the recommended
+   PCA settings (private centre, clip quantile 0.9). A run is late when
+   ``finished_at > visible_at``; its outcome shows at step ``j`` of the public schedule
+   (:func:`service.padding.late_schedule`), reported as the largest ``j``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from service.app import create_app
 from service.config import Settings
 from service.db.models import Release
 from service.migrate import upgrade_to_head
-from service.padding import DATA_DEPENDENT_FACTOR, PaddingModel
+from service.padding import DATA_DEPENDENT_FACTOR, PaddingModel, late_schedule
 from service.worker import Worker
 
 #: (mechanism, n, d, k, params) for the time to visible: the audit's cases.
@@ -54,16 +57,19 @@ VISIBLE: list[tuple[str, int, int, int, dict[str, Any]]] = [
     ("auto", 3500, 784, 5, {}),
     ("exact_gapmax", 400, 20, 2, {"sample_rows": 250}),
 ]
-#: Moderate shapes for the exceedance count, one per one-shot mechanism.
-LOADED: list[tuple[str, int, int, int, dict[str, Any]]] = [
-    ("analyze_gauss", 3000, 200, 3, {}),
-    ("spectrum", 3000, 200, 3, {}),
-    ("smooth_sensitivity", 3000, 200, 3, {}),
-    ("gap_perturbation", 3000, 200, 3, {}),
-    ("auto", 2000, 100, 2, {}),
-    ("friendly_aggregate", 4000, 50, 2, {}),
-    ("histogram_aggregate", 4000, 50, 2, {"cell_width": 0.1}),
-    ("exact_gapmax", 300, 20, 2, {"sample_rows": 150}),
+#: Moderate shapes for the exceedance count, one per one-shot mechanism, and the kind of rows
+#: (``iso``: isotropic; ``near``: near a k-dimensional subspace, exact_gapmax's slow neighbour).
+LOADED: list[tuple[str, int, int, int, dict[str, Any], str]] = [
+    ("analyze_gauss", 3000, 200, 3, {}, "iso"),
+    ("analyze_gauss", 3000, 200, 3, {"center": "private", "clip_quantile": 0.9}, "iso"),
+    ("spectrum", 3000, 200, 3, {}, "iso"),
+    ("smooth_sensitivity", 3000, 200, 3, {}, "iso"),
+    ("gap_perturbation", 3000, 200, 3, {}, "iso"),
+    ("auto", 2000, 100, 2, {}, "iso"),
+    ("friendly_aggregate", 4000, 50, 2, {}, "iso"),
+    ("histogram_aggregate", 4000, 50, 2, {"cell_width": 0.1}, "iso"),
+    ("exact_gapmax", 300, 20, 2, {"sample_rows": 150}, "iso"),
+    ("exact_gapmax", 300, 20, 2, {"sample_rows": 150}, "near"),
 ]
 
 
@@ -73,8 +79,11 @@ def _npy(rows: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _rows(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
+def _rows(n: int, d: int, rng: np.random.Generator, kind: str = "iso") -> np.ndarray:
     rows = rng.standard_normal((n, d))
+    if kind == "near":
+        basis, _ = np.linalg.qr(rng.standard_normal((d, 2)))
+        rows = rng.standard_normal((n, 2)) @ basis.T + rng.standard_normal((n, d)) * 1e-3
     scaled: np.ndarray = rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
     return scaled
 
@@ -99,7 +108,7 @@ class Bench:
             _, self.owner = auth.create_key(session, "owner", "bench", None)
             _, self.analyst = auth.create_key(session, "analyst", "bench", None)
         self.worker = Worker(factory, self.app.state.store, self.settings, "bench", isolate=True)
-        self.datasets: dict[tuple[int, int], str] = {}
+        self.datasets: dict[tuple[int, int, str], str] = {}
         self.rng = np.random.default_rng(7)
 
     def probed(self) -> str:
@@ -111,14 +120,16 @@ class Bench:
             return "overhead not probed"
         return f"per-job overhead {overhead:.3f} s, read {read / 1e9:.2f} GB/s"
 
-    def dataset(self, n: int, d: int) -> str:
-        if (n, d) not in self.datasets:
+    def dataset(self, n: int, d: int, kind: str = "iso") -> str:
+        if (n, d, kind) not in self.datasets:
             made = self.client.post(
                 "/v1/datasets",
                 headers={"Authorization": f"Bearer {self.owner}"},
-                files={"file": ("d.npy", _npy(_rows(n, d, self.rng)), "application/octet-stream")},
+                files={
+                    "file": ("d.npy", _npy(_rows(n, d, self.rng, kind)), "application/octet-stream")
+                },
                 data={
-                    "name": f"{n}x{d}",
+                    "name": f"{n}x{d} {kind}",
                     "epsilon_budget": "100000",
                     "delta_budget": "0.5",
                     "row_norm_bound": "1",
@@ -126,13 +137,15 @@ class Bench:
                 },
             )
             made.raise_for_status()
-            self.datasets[(n, d)] = str(made.json()["id"])
-        return self.datasets[(n, d)]
+            self.datasets[(n, d, kind)] = str(made.json()["id"])
+        return self.datasets[(n, d, kind)]
 
-    def run(self, mechanism: str, n: int, d: int, k: int, params: dict[str, Any]) -> Release:
+    def run(
+        self, mechanism: str, n: int, d: int, k: int, params: dict[str, Any], kind: str = "iso"
+    ) -> Release:
         """Request one release, let the worker run it; the stored row."""
         response = self.client.post(
-            f"/v1/datasets/{self.dataset(n, d)}/releases",
+            f"/v1/datasets/{self.dataset(n, d, kind)}/releases",
             headers={"Authorization": f"Bearer {self.analyst}"},
             json={
                 "mechanism": mechanism,
@@ -160,10 +173,10 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per mechanism under load")
     parser.add_argument("--load-factor", type=float, default=2, help="busy processes per core")
     parser.add_argument(
-        "--no-recalibrate",
-        dest="recalibrate",
-        action="store_false",
-        help="keep the quiet calibration under load (the worst case before the re-check)",
+        "--recalibrate",
+        action="store_true",
+        help="restart the worker under the load (it calibrates at start); default: keep the "
+        "quiet calibration, as a worker started before the load does",
     )
     parser.add_argument("--visible-runs", type=int, default=1, help="runs per no-load case")
     parser.add_argument("--csv", help="write every loaded run to this CSV file")
@@ -175,6 +188,10 @@ def main() -> int:
         bench.worker.calibrate_if_due()
         print(f"calibrated in {time.monotonic() - started:.1f} s; {bench.probed()}")
         default = PaddingModel.from_settings(bench.settings)
+        # The padding a fresh service gives before its worker has calibrated (public defaults).
+        for mechanism, n, d, k, params in VISIBLE:
+            seconds = default.padding(mechanism, n, d, k, params).total_seconds()
+            print(f"uncalibrated padding {mechanism} {n}x{d} k={k}: {seconds:.1f} s")
 
         rows = []
         for mechanism, n, d, k, params in VISIBLE * args.visible_runs:
@@ -220,30 +237,36 @@ def main() -> int:
         late = dict.fromkeys(range(len(LOADED)), 0)
         worst = dict.fromkeys(range(len(LOADED)), 0.0)
         done = dict.fromkeys(range(len(LOADED)), 0)
+        step = dict.fromkeys(range(len(LOADED)), 0)
         csv = open(args.csv, "w") if args.csv else None  # noqa: SIM115 (closed below)
         if csv is not None:
             csv.write("round,mechanism,n,d,k,used_s,padding_s,ratio,late,overhead_s\n")
         try:
             if args.recalibrate:
                 time.sleep(2)
-                bench.worker._calibrated_at = None  # as the periodic re-check does while idle
+                bench.worker = Worker(
+                    bench.factory, bench.app.state.store, bench.settings, "bench", isolate=True
+                )  # a restart: it calibrates at start
                 bench.worker.calibrate_if_due()
                 print(f"re-calibrated under load; {bench.probed()}")
             # Round-robin over the mechanisms, so that a run cut short still covers all of them.
             for round_ in range(args.runs):
-                # The worker's periodic re-check (every DPSS_WORKER_CALIBRATE_SECONDS, 300 s),
-                # between jobs as when it is idle.
-                bench.worker.calibrate_if_due()
                 with bench.factory() as session:
                     overhead = calibration.current_rates(session).overhead_seconds or 0.0
-                for index, (mechanism, n, d, k, params) in enumerate(LOADED):
-                    release = bench.run(mechanism, n, d, k, params)
+                for index, (mechanism, n, d, k, params, kind) in enumerate(LOADED):
+                    release = bench.run(mechanism, n, d, k, params, kind)
                     assert release.visible_at is not None and release.finished_at is not None
                     used = _seconds(release.finished_at, release.created_at)
                     padding = _seconds(release.visible_at, release.created_at)
                     is_late = release.finished_at > release.visible_at
                     late[index] += is_late
                     worst[index] = max(worst[index], used / padding)
+                    step[index] = max(
+                        step[index],
+                        late_schedule(release.created_at, release.visible_at, release.finished_at)[
+                            1
+                        ],
+                    )
                     done[index] += 1
                     if csv is not None:
                         csv.write(
@@ -258,12 +281,27 @@ def main() -> int:
                 burner.kill()
                 burner.wait()
         loaded = [
-            [f"{m} {n}x{d} k={k}", str(done[i]), str(late[i]), f"{worst[i]:.2f}"]
-            for i, (m, n, d, k, _) in enumerate(LOADED)
+            [
+                f"{m} {n}x{d} k={k}{' PCA' if 'center' in p else ''} {kind}",
+                str(done[i]),
+                str(late[i]),
+                f"{worst[i]:.2f}",
+                str(step[i]),
+            ]
+            for i, (m, n, d, k, p, kind) in enumerate(LOADED)
         ]
         print(f"under load: {len(burners)} busy processes on {cores} cores")
         print(
-            table(loaded, ["case", "runs", "after padding", "worst (finish - request) / padding"])
+            table(
+                loaded,
+                [
+                    "case",
+                    "runs",
+                    "after padding",
+                    "worst (finish - request) / padding",
+                    "largest schedule step j",
+                ],
+            )
         )
         bench.client.__exit__(None, None, None)
     return 0

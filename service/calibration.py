@@ -1,8 +1,13 @@
 """Calibrate the padding's run-time model on this machine, from public random data only.
 
 A worker times every one-shot mechanism at a few public shapes on random rows (never a dataset)
-at start and again every ``DPSS_WORKER_CALIBRATE_SECONDS`` while idle, and stores the rates (work
-units per second, :mod:`service.padding`) in ``machine_rates``. The API reads the slowest recent
+once, at its start, before it claims any job, and stores the rates (work units per second,
+:mod:`service.padding`) in ``machine_rates``. Only then: a worker that recalibrated whenever it
+was idle (as it once did every ``DPSS_WORKER_CALIBRATE_SECONDS``), or that cut a calibration
+short when a job was queued, changed the padding of new releases at moments set by when other
+jobs really ended, an oracle for their run times (issue 30). A worker that runs for days keeps
+its start's rates; restart it to recalibrate (a slower machine makes jobs late, which
+:func:`service.padding.late_schedule` bounds). The API reads the slowest recent
 rate of any worker when it fixes a new release's ``visible_at`` (:func:`current_rates`); a
 release already requested keeps its ``visible_at`` whatever is calibrated later.
 
@@ -17,8 +22,14 @@ with ``rate = 1 / seconds`` (so that the slower rate kept by :func:`store` and
 :func:`current_rates` is the longer overhead) and ``_read``, the bytes read per second.
 
 Every input of a calibration is public: the mechanism, a shape fixed here, random data from a
-fixed seed, and the machine's speed at that moment (which other jobs affect, as they affect any
-job; it says nothing about a dataset).
+fixed seed, and the machine's speed at that moment, a moment the operator chose (a worker's
+start). Other workers' jobs running at that moment slow it, as they slow any job: a residual
+that an analyst can neither time nor repeat (they do not start workers).
+
+A calibration that cannot write its probe file (a full disk: ``OSError``) is an operational
+condition, not a bug: the worker logs a warning, keeps the rates measured in memory and the
+previous (or default) overhead rates, and retries the probe a few times at start
+(:data:`PROBE_RETRIES`, :data:`PROBE_RETRY_SECONDS`) before it claims jobs.
 """
 
 from __future__ import annotations
@@ -30,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 import scipy.linalg
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from service.db.models import MachineRate, utcnow
+from service.db.models import MachineRate, WorkerHeartbeat, utcnow
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import MECHANISMS
@@ -66,7 +77,11 @@ PARAMS: dict[str, dict[str, object]] = {
 #: calibration times (the slowest counts: scheduling delays under load are heavy-tailed).
 PROBE_SHAPE = (4_000, 100)
 PROBES = 3
-#: Rates older than this are ignored (a worker that stopped calibrating is gone).
+#: How often a calibration's probe is tried when it cannot write its file (a full disk), and
+#: the pause between tries, seconds: at start only, before the worker claims any job.
+PROBE_RETRIES = 3
+PROBE_RETRY_SECONDS = 10.0
+#: Rates of a worker without a heartbeat row older than this are ignored (it is gone).
 STALE_AFTER = timedelta(days=1)
 
 
@@ -213,16 +228,23 @@ def store(
 
 
 def current_rates(session: Session, now: datetime | None = None) -> CalibratedRates:
-    """The slowest recent rate of any worker per (mechanism, d): any of them may run the job."""
+    """The slowest rate of any current worker per (mechanism, d): any of them may run the job.
+
+    A worker's rates count while it lives (its heartbeat row, written by a thread of its own,
+    whatever its jobs do, and removed when it stops) and for :data:`STALE_AFTER` after they
+    were measured. Workers measure only at their start (:mod:`service.worker`), so what this
+    returns changes when an operator starts or stops a worker, never when a job ends."""
     since = (now or utcnow()) - STALE_AFTER
+    current = or_(
+        MachineRate.measured_at >= since,
+        MachineRate.worker_id.in_(select(WorkerHeartbeat.worker_id)),
+    )
     rows = session.execute(
         select(MachineRate.mechanism, MachineRate.d, func.min(MachineRate.rate))
-        .where(MachineRate.measured_at >= since)
+        .where(current)
         .group_by(MachineRate.mechanism, MachineRate.d)
     ).all()
     workers = session.execute(
-        select(func.count(func.distinct(MachineRate.worker_id))).where(
-            MachineRate.measured_at >= since
-        )
+        select(func.count(func.distinct(MachineRate.worker_id))).where(current)
     ).scalar_one()
     return CalibratedRates({(name, d): rate for name, d, rate in rows}, workers=workers)

@@ -430,8 +430,11 @@ class Settings(BaseSettings):
         default=300,
         ge=0,
         description=(
-            "How often an idle worker re-times the mechanisms on public random data (also at "
-            "start) and stores the rates for the padding; 0 never calibrates."
+            "0: workers never calibrate (the padding keeps the public default rates). Any other "
+            "value: each worker times the mechanisms on public random data once, at its start, "
+            "before it claims a job, and stores the rates for the padding (restart it to "
+            "recalibrate). No longer periodic: an idle worker's recalibration changed new "
+            "releases' padding when other jobs ended (issue 30)."
         ),
     )
     rate_limit_per_second: float = Field(

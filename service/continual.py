@@ -90,7 +90,7 @@ from service.mechanisms.continual_gauss import (
     ContinualState,
 )
 from service.mechanisms.registry import MECHANISMS, get_mechanism
-from service.padding import PaddingModel
+from service.padding import PaddingModel, late_schedule
 from service.pagination import Page, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
@@ -455,12 +455,20 @@ def run_isolated(worker: JobRunner, work: Callable[[], T]) -> T | None:
 def _store_epoch(
     worker: JobRunner, job: ClaimedJob, step: EpochInput, computed: EpochOutput
 ) -> str:
-    """Store epoch ``step.epoch`` with its state in one transaction, if still ours and next."""
+    """Store epoch ``step.epoch`` with its state in one transaction, if still ours and next.
+
+    An epoch stored after its ``step.visible_at`` (late) shows at the next step of its public
+    schedule (:func:`service.padding.late_schedule` with the epoch's own padding), as a late
+    one-shot release does, not at the moment it was stored."""
     outcome = computed.outcome
     with worker.session_factory.begin() as session:
         release = session.execute(
             select(Release).where(Release.id == job.release_id).with_for_update()
         ).scalar_one()
+        padding = PaddingModel.from_settings(worker.settings).padding(
+            release.mechanism, step.n_rows, step.n_cols, release.k, release.params
+        )
+        shows_at, _ = late_schedule(step.visible_at - padding, step.visible_at, utcnow())
         ours = _ours(worker, job, release)
         if ours and release.status in FINISHED:
             return release.status  # committed earlier; the answer was lost
@@ -471,7 +479,7 @@ def _store_epoch(
             return LOST
         if outcome.status != "succeeded" or computed.state is None:
             # A refusal or a bug ends the release (no epoch for it); earlier epochs stay.
-            end(worker, session, release, outcome, step.visible_at)
+            end(worker, session, release, outcome, shows_at)
             return release.status
         basis, shape, sha256 = outcome.basis if outcome.basis is not None else (None, None, None)
         session.add(
@@ -484,7 +492,7 @@ def _store_epoch(
                 basis_sha256=sha256,
                 extras=outcome.extras,
                 created_at=utcnow(),
-                visible_at=step.visible_at,
+                visible_at=shows_at,
             )
         )
         if basis is not None:
@@ -508,7 +516,7 @@ def _store_epoch(
             },
         )
         if step.epoch >= step.horizon:
-            end(worker, session, release, outcome, step.visible_at)  # announces it too
+            end(worker, session, release, outcome, shows_at)  # announces it too
             return release.status
         # Long polls waiting for this release's next epoch return once this commits.
         wake.announce_finished(session, worker.settings, release.id)

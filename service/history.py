@@ -4,7 +4,9 @@ Visibility is the same as for one release (:func:`service.releases.get_release`)
 lists the releases they requested, an owner the releases of the datasets they uploaded (deleted
 ones included: the ledger and the audit log keep them too). Lists obey the side-channel rules
 of single reads: an analyst's ``status`` filter matches the status the analyst is shown, so a
-release before its ``visible_at`` is ``queued`` to them in the filter, the count and the row.
+release before its ``visible_at`` is ``queued`` to them in the filter, the count and the row,
+and one past it whose outcome does not show yet (late: :func:`service.padding.late_schedule`)
+is ``running``.
 """
 
 from __future__ import annotations
@@ -50,14 +52,20 @@ def _visible(principal: Principal) -> ColumnElement[bool]:
 
 
 def _status_as_shown(principal: Principal, status: str, now: datetime) -> ColumnElement[bool]:
-    """Releases ``principal`` is shown with ``status`` at ``now`` (see ``release_out``)."""
+    """Releases ``principal`` is shown with ``status`` at ``now`` (the rules of
+    :func:`service.visibility.view`, in SQL)."""
     if principal.role != "analyst":
         return Release.status == status
+    # service.visibility.padded: a zero padding (switched off) hides nothing.
+    padded = and_(Release.visible_at.is_not(None), Release.visible_at > Release.created_at)
     visible = or_(Release.visible_at.is_(None), Release.visible_at <= now)
     if status == "queued":
-        return or_(not_(visible), Release.status == "queued")
-    # A continual release that ended is shown running while one of its epochs is not yet
-    # visible, or before its outcome_visible_at (service.visibility.end_visible).
+        # Before visible_at every release; after it none (an unfinished release is shown
+        # running then, whatever its real state), except those made before visible_at existed.
+        return or_(not_(visible), and_(not_(padded), Release.status == "queued"))
+    # A release that ended is shown running before its outcome_visible_at (a one-shot release's
+    # step of the late schedule, or a continual release's end) or while one of its epochs is
+    # not yet visible (service.visibility.end_visible).
     epoch_hidden = or_(
         select(ReleaseEpoch.epoch)
         .where(ReleaseEpoch.release_id == Release.id, ReleaseEpoch.visible_at > now)
@@ -65,7 +73,8 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
         and_(Release.outcome_visible_at.is_not(None), Release.outcome_visible_at > now),
     )
     if status == "running":
-        return and_(visible, or_(Release.status == "running", epoch_hidden))
+        unfinished = or_(Release.status == "running", and_(padded, Release.status == "queued"))
+        return and_(visible, or_(unfinished, epoch_hidden))
     return and_(visible, Release.status == status, not_(epoch_hidden))
 
 

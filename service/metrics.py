@@ -14,7 +14,10 @@ Two kinds:
   pool and the request slots are those of the process that answers.
 
 Every figure is a count, a time, a declared cost or a pool size: none depends on a dataset's
-values (see docs/reliability.md, "What operators can see").
+values (see docs/reliability.md, "What operators can see"). But the figures move when jobs
+really start and end (the queue's depth, releases by status, ``dpss_release_late_total``): a
+scrape, and any Grafana on it, shows run times that the padding hides from analysts, so it is
+as sensitive as those run times (docs/deployment.md, "Metrics").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from service.operations import Figures
 
@@ -122,6 +125,15 @@ class _Snapshot:
         for (mechanism, status), count in sorted(f.releases.items()):
             releases.add_metric([mechanism, status], count)
         yield releases
+        late = CounterMetricFamily(
+            "dpss_release_late",
+            "One-shot releases that ended after their visible_at, by mechanism: shown at the next "
+            "step of their public schedule. Moves when a job really ends (as every figure here).",
+            labels=["mechanism"],
+        )
+        for mechanism, count in sorted(f.late.items()):
+            late.add_metric([mechanism], count)
+        yield late
         entries = GaugeMetricFamily(
             "dpss_ledger_entries", "Ledger entries by kind (charge, refund).", labels=["kind"]
         )

@@ -32,6 +32,7 @@ from service.db.models import (
 )
 from service.errors import NotFound
 from service.grants import GrantView, grant_budget
+from service.mechanisms.registry import MECHANISMS
 from service.pagination import Page, parse_seq_cursor, seq_cursor
 
 #: Rows of workers not seen for this long are deleted by the next heartbeat of any worker.
@@ -107,6 +108,8 @@ class QueueView:
     running: int
     oldest_queued_at: datetime | None
     jobs: list[Release]
+    #: Late one-shot releases by mechanism (:func:`late_counts`).
+    late: dict[str, int] = field(default_factory=dict)
 
 
 def _queue_counts(session: Session) -> tuple[dict[str, int], datetime | None]:
@@ -136,7 +139,29 @@ def queue_state(session: Session, principal: Principal) -> QueueView:
             .limit(QUEUE_ITEMS)
         ).scalars()
     )
-    return QueueView(counts.get("queued", 0), counts.get("running", 0), oldest, jobs)
+    return QueueView(
+        counts.get("queued", 0), counts.get("running", 0), oldest, jobs, late_counts(session)
+    )
+
+
+def late_counts(session: Session) -> dict[str, int]:
+    """One-shot releases that ended after their ``visible_at``, by mechanism (continual releases
+    run past it by design). Operators only: it moves when a job really ends
+    (:func:`service.padding.late_schedule` bounds what analysts learn of lateness)."""
+    rows = session.execute(
+        select(Release.mechanism, func.count())
+        .where(
+            Release.visible_at.is_not(None),
+            Release.finished_at.is_not(None),
+            Release.finished_at > Release.visible_at,
+        )
+        .group_by(Release.mechanism)
+    )
+    return {
+        name: count
+        for name, count in rows
+        if not (name in MECHANISMS and MECHANISMS[name].continual)
+    }
 
 
 # -- a dataset's ledger, an analyst's grants ------------------------------------------------
@@ -264,6 +289,7 @@ class Figures:
     ledger_entries: dict[str, int] = field(default_factory=dict)
     ledger_epsilon: dict[str, float] = field(default_factory=dict)
     ledger_delta: dict[str, float] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)
 
 
 def figures(session: Session, settings: Settings, now: datetime) -> Figures:
@@ -275,6 +301,7 @@ def figures(session: Session, settings: Settings, now: datetime) -> Figures:
     since = _alive_since(settings, now)
     count_workers = select(func.count()).select_from(WorkerHeartbeat)
     result.workers_known = session.execute(count_workers).scalar_one()
+    result.late = late_counts(session)
     result.workers_alive = session.execute(
         count_workers.where(WorkerHeartbeat.last_seen_at >= since)
     ).scalar_one()

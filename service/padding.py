@@ -3,17 +3,20 @@
 A mechanism's run time can depend on the data (``exact_gapmax`` took 0.1-0.5 s on one dataset
 and 0.6-3.3 s on a neighbour differing in one row), and no noise covers it. So an analyst sees
 no start or finish time and no outcome before ``visible_at``, and the padding is a function of
-public facts only: the mechanism, ``n``, ``d``, ``k`` and the resolved params. Polling then
-reveals nothing about the run time as long as the job ends within its padding.
+public facts fixed when the release is requested (the list below). Polling then reveals nothing
+about the run time as long as the job ends within its padding; a job that ends later shows
+only at a step of a fixed public schedule (:func:`late_schedule`).
 
-The padding is a run-time model with a safety factor and a floor::
+**Uncalibrated** (no worker has calibrated this machine yet, or calibration is off)::
 
-    padding = max(floor, multiplier * work(mechanism, n, d, k, params) / rate[mechanism])
+    padding = max(floor, multiplier * work(mechanism, n, d, k, params) / rate(mechanism, d))
 
-``work`` counts roughly the floating-point operations of the mechanism's dominant steps;
-``rate`` converts them to seconds on the service's hardware (defaults below, measured with
-``bench/bench_padding.py``; operators override them per mechanism with
-``DPSS_RELEASE_PADDING_RATES``). A job slower than its padding still reveals that it was late.
+``work`` counts roughly the floating-point operations of the mechanism's dominant steps
+(centring and a clip quantile included: the recommended PCA settings run 1.1-5x longer than the
+defaults); ``rate`` converts them to seconds on the service's hardware: the public constants
+:data:`DEFAULT_RATE_POINTS` (interpolated in ``log d``, measured on the reference class of
+machine: 2 shared cores under load) or :data:`DEFAULT_RATES`; operators override them per
+mechanism with ``DPSS_RELEASE_PADDING_RATES`` (one rate at every ``d``).
 
 **Calibrated.** Once a worker has calibrated this machine (:mod:`service.calibration`: every
 mechanism timed on public random data at a small and a larger ``d``, stored in
@@ -22,20 +25,51 @@ mechanism timed on public random data at a small and a larger ``d``, stored in
     padding = calibrated_floor + overhead_multiplier * (overhead + 8 n d / read_rate)
               + queue + calibrated_multiplier * factor * work / rate(mechanism, d)
 
-with ``overhead`` the slowest recent worker's per-job overhead and ``read_rate`` its rate of
-reading a dataset file (both timed by a probe through the isolated path of a real job: database
-round trips, a forked child reading public random rows from a file, the result back through the
-pipe; :func:`service.calibration.measure_overhead`); ``calibrated_floor`` a small constant for
+with ``overhead`` the slowest worker's per-job overhead and ``read_rate`` its rate of
+reading a dataset file (both timed by a probe through the isolated path of a real job:
+:func:`service.calibration.measure_overhead`); ``calibrated_floor`` a small constant for
 what the probe does not see (an idle worker's wake-up); ``rate(mechanism, d)`` the slowest
-recent worker's, interpolated in ``log d`` between the calibrated dimensions (clamped outside
-them); ``queue`` the modelled time (overhead and run, each with its multiplier) of the one-shot
-jobs queued or running when the release is requested, shared among the calibrated workers; and
-``factor`` 1, except for a mechanism whose operation count depends on the data
-(``exact_gapmax``, ``auto``, ``histogram_aggregate``: calibrated on the slower of rows near a
-subspace and isotropic rows, and given :data:`DATA_DEPENDENT_FACTOR` on top). Every
-input is public: shapes, params, other jobs' shapes and params, and the machine's speed on
-random data. ``visible_at`` is computed once, when
-the release is requested, and stored: a later calibration never moves it.
+worker's, interpolated in ``log d`` between the calibrated dimensions (clamped outside
+them); ``queue`` the modelled time (overhead and run, each with its multiplier) of the
+one-shot jobs *requested* before this one and not yet past their own ``visible_at``, shared
+among the calibrated workers; and ``factor`` 1, except for a mechanism whose run time depends
+on the data (``exact_gapmax``, ``auto``, ``histogram_aggregate``), which is padded from its
+worst case at that shape as far as the model allows: ``work`` counts every candidate
+``exact_gapmax`` may score (rows in general position, none skipped) and the costlier branch
+``auto`` may choose, the calibration times them on the slower of rows near a subspace and
+isotropic rows, and :data:`DATA_DEPENDENT_FACTOR` adds margin on top.
+
+**Every input, and why it is public** (fixed when the release is requested; none is a real
+status, start, finish or run time of any job):
+
+- this release's mechanism, ``k`` and resolved params, and the dataset's ``n`` (rows present
+  at the request, which a one-shot release reads) and ``d``: public shape, the requester's own
+  choices;
+- the settings (floor, multipliers, operator rates) and the constants of this module: public;
+- the calibrated rates (``machine_rates``): random public data timed by each worker **once, at
+  its start, before it claims any job**, and not interrupted by the queue
+  (:meth:`service.worker.Worker.calibrate_if_due`). They change only when an operator starts
+  or stops a worker, never when a job ends (an idle worker recalibrating, or a calibration
+  cut short by a queued job, would have published when jobs really ended). They are kept
+  while the worker lives (its heartbeat row) and for :data:`service.calibration.STALE_AFTER`
+  after; the number of calibrated workers counts the same rows;
+- the queue term: the mechanism, shape and params of other one-shot releases with
+  ``created_at <= now < visible_at``, both moments fixed when *they* were requested. Their
+  real status (queued, running, finished), lease, start and finish are never read: a probe
+  release's padding is the same whether another job is still running or already finished.
+
+``visible_at`` is computed once, when the release is requested, and stored: a later
+calibration never moves it.
+
+**Late jobs.** A job may still end after its ``visible_at`` (a loaded machine, a long queue).
+What an analyst then sees is fixed by :func:`late_schedule`: the outcome of a job that ends
+after ``visible_at`` is shown from the first step ``created_at + padding * 2^j`` (``j >= 1``)
+at or after its real end, and until then the release is shown ``running`` (a fixed answer,
+whatever the real state: not even the moment a worker claimed it shows). So lateness reveals
+only ``j``, the number of doublings of the padding the job needed: at most
+``log2(log2(cap / padding) + 1)`` bits (under 5 bits for any padding of a second or more and
+the 30-day cap), and, as for any job, nothing at all when it ends within its padding.
+Lateness is counted (``dpss_release_late_total`` by mechanism, and the operator's dashboard).
 """
 
 from __future__ import annotations
@@ -44,7 +78,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from service.config import Settings
@@ -74,10 +108,34 @@ def _subset_svds(n: int, d: int, t: int) -> float:
     return t * 4.0 * m * d * min(m, d)
 
 
+#: Work units per element of an elementwise pass over the rows (a clip, a centring, a copy, a
+#: norm): such passes run far below the Gram's BLAS rate the rates are calibrated on. Measured
+#: on the reference machine (``bench/bench_visible_latency.py`` cases ``pca``): a private centre
+#: added 0.11 s and a clip quantile 0.24 s more to a 0.14 s 20,000 x 50 ``analyze_gauss``.
+ELEMENTWISE_WORK = 50.0
+
+
+def _centring(n: int, d: int, params: Params) -> float:
+    # A private mean's clipped pass, the centred copy and its second clip: elementwise passes.
+    return ELEMENTWISE_WORK * n * d if params.get("center", "none") != "none" else 0.0
+
+
+def _clip_quantile(n: int, d: int, params: Params) -> float:
+    # The private clip quantile: the rows' norms over the quantile grid's probe histograms, the
+    # pairing copy clipped to the chosen norm (two elementwise passes) and the second Gram pass
+    # on it.
+    if params.get("clip_quantile") is None:
+        return 0.0
+    return 2.0 * ELEMENTWISE_WORK * n * d + _gram(n, d)
+
+
+def _pca_options(n: int, d: int, params: Params) -> float:
+    return _centring(n, d, params) + _clip_quantile(n, d, params)
+
+
 def _analyze_gauss(n: int, d: int, k: int, params: Params) -> float:
-    # Centring adds a clipped pass for the private mean and a second clip per row: 2 n d.
-    centred = params.get("center", "none") != "none"
-    return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
+    # The Gram pass and the eigensolver, plus the centring and the clip quantile when asked for.
+    return _gram(n, d) + _eig(d) + _pca_options(n, d, params)
 
 
 def _continual_gauss(n: int, d: int, k: int, params: Params) -> float:
@@ -88,23 +146,17 @@ def _continual_gauss(n: int, d: int, k: int, params: Params) -> float:
     return _gram(n, d) + _eig(d) + 8.0 * levels * d * d
 
 
-def _centring(n: int, d: int, params: Params) -> float:
-    # A private mean's clipped pass and the second clip per row: 2 n d.
-    return 2.0 * n * d if params.get("center", "none") != "none" else 0.0
-
-
 def _gap_perturbation(n: int, d: int, k: int, params: Params) -> float:
     # eigh of H, then eigh of the noisy projector W.
-    return _gram(n, d) + 2 * _eig(d) + _centring(n, d, params)
+    return _gram(n, d) + 2 * _eig(d) + _pca_options(n, d, params)
 
 
 def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
-    return _gram(n, d) + _eig(d) + 4.0 * d * k * k + _centring(n, d, params)
+    return _gram(n, d) + _eig(d) + 4.0 * d * k * k + _pca_options(n, d, params)
 
 
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
-    centred = params.get("center", "none") != "none"
-    return _gram(n, d) + _eig(d) + (2.0 * n * d if centred else 0.0)
+    return _gram(n, d) + _eig(d) + _pca_options(n, d, params)
 
 
 def _histogram_aggregate(n: int, d: int, k: int, params: Params) -> float:
@@ -139,8 +191,11 @@ def _auto(n: int, d: int, k: int, params: Params) -> float:
     # The structure test (Gram and all eigenvalues), then the costlier of the two candidates it
     # chooses between (the choice is private, so the padding covers either). For delta = 0 this
     # overestimates smooth_sensitivity's work, which only lengthens the padding.
+    # Its Gram candidate always runs with a clip quantile (service.mechanisms.auto), and with
+    # the centring asked for.
+    gram = _analyze_gauss(n, d, k, {**params, "clip_quantile": True})
     test = _gram(n, d) + _eig(d)
-    return test + max(_analyze_gauss(n, d, k, {}), _friendly_aggregate(n, d, k, {}))
+    return test + max(gram, _friendly_aggregate(n, d, k, {}))
 
 
 WORK_MODELS: dict[str, WorkModel] = {
@@ -162,19 +217,34 @@ WORK_MODELS: dict[str, WorkModel] = {
 #: subset); friendly_aggregate 4.5e9 to 1.2e10 (the 64-step term is an upper bound);
 #: exact_gapmax 1.2e8 on rows in general position (its worst case; the exact-arithmetic
 #: version is slower per unit: recalibrate after changing it).
+#: The Gram mechanisms' rate grows with ``d`` (BLAS-3 at large ``d``, memory-bound at small):
+#: their rates are :data:`DEFAULT_RATE_POINTS`, and the value here is the one at large ``d``.
 DEFAULT_RATES: dict[str, float] = {
     # The slower of its candidates' rates (analyze_gauss), applied to the larger work.
-    "auto": 5e8,
-    "analyze_gauss": 5e8,
+    "auto": 1e9,
+    "analyze_gauss": 2e9,
     # Per epoch (each epoch is padded on its own batch): Gram and eigh; an epoch measured 1.2x
     # one analyze_gauss run on the same batch (docs/mechanisms.md, continual_gauss).
     "continual_gauss": 5e8,
-    "gap_perturbation": 5e8,
-    "smooth_sensitivity": 5e8,
-    "spectrum": 5e8,
+    "gap_perturbation": 2e9,
+    "smooth_sensitivity": 2e9,
+    "spectrum": 2e9,
     "histogram_aggregate": 5e7,
     "friendly_aggregate": 1e9,
     "exact_gapmax": 2e7,
+}
+#: ``(d, rate)`` points of the uncalibrated rate, interpolated in ``log d`` as calibrated rates
+#: are (clamped outside them). Measured on the reference class of machine (2 shared cores under
+#: a load average of 4.5, ``analyze_gauss``): 3.6e8 work/s at 20,000 x 50, 2.9e9 at 2,000 x 300,
+#: 3.1e9 at 3,500 x 784 (2.1 s, against 0.5 s quiet), then lowered. So a fresh service's first
+#: release at 3,500 x 784 waits 13 s for its outcome rather than 52 s under the former flat
+#: 5e8, and a 20,000 x 50 one the 5 s floor; a small ``d`` gets a lower rate than before.
+DEFAULT_RATE_POINTS: dict[str, tuple[tuple[int, float], ...]] = {
+    **{
+        name: ((10, 5e7), (50, 2e8), (300, 1e9), (800, 2e9))
+        for name in ("analyze_gauss", "gap_perturbation", "smooth_sensitivity", "spectrum")
+    },
+    "auto": ((10, 5e7), (50, 2e8), (300, 1e9)),
 }
 #: For a mechanism with neither a model nor a rate (a newly added one): Gram plus eigh, slowly.
 FALLBACK_RATE = 1e8
@@ -200,6 +270,49 @@ READ = "_read"
 UNCALIBRATED_OVERHEAD_SECONDS = 0.75
 #: The read rate assumed while no worker has timed it, bytes per second (a slow disk).
 UNCALIBRATED_READ_RATE = 1e8
+
+
+#: The longest padding: a timedelta cannot hold arbitrary floats, and a job that needs a month
+#: is refused by the memory gate or the mechanisms' compute caps long before.
+MAX_PADDING_SECONDS = 30 * 24 * 3600.0
+
+
+def late_schedule(
+    created_at: datetime, visible_at: datetime, ended_at: datetime
+) -> tuple[datetime, int]:
+    """When an analyst may see the outcome of a job requested at ``created_at``, padded to
+    ``visible_at``, that really ended at ``ended_at``; and the step ``j`` it shows at.
+
+    ``visible_at`` (``j = 0``) if it ended by then; else the first step
+    ``created_at + padding * 2^j`` (``j >= 1``) at or after ``ended_at``, a schedule fixed at
+    the request from public facts only. So a late job reveals ``j`` and nothing finer: at most
+    ``log2(J + 1)`` bits for ``J`` steps within reach. A zero padding (padding switched off)
+    hides nothing: the outcome shows when it ends.
+    """
+    padding = visible_at - created_at
+    if ended_at <= visible_at:
+        return visible_at, 0
+    if padding <= timedelta(0):
+        return ended_at, 0
+    # The smallest j >= 1 with created_at + padding * 2^j >= ended_at, from the float estimate
+    # then corrected by exact timedelta comparisons (float rounding must not show a step early).
+    ratio = (ended_at - created_at) / padding
+    step = max(1, math.ceil(math.log2(ratio)) - 1)
+    while created_at + padding * 2**step < ended_at:
+        step += 1
+    while step > 1 and created_at + padding * 2 ** (step - 1) >= ended_at:
+        step -= 1
+    return created_at + padding * 2**step, step
+
+
+def next_late_step(created_at: datetime, visible_at: datetime, now: datetime) -> datetime:
+    """The first step of the late schedule (:func:`late_schedule`) strictly after ``now``: until
+    then, what an analyst is shown of a release past its ``visible_at`` cannot change."""
+    padding = visible_at - created_at
+    if padding <= timedelta(0):
+        return now  # nothing is hidden
+    shown, _ = late_schedule(created_at, visible_at, now)
+    return shown if shown > now else late_schedule(created_at, visible_at, now + padding)[0]
 
 
 def work_units(mechanism: str, n: int, d: int, k: int, params: Params) -> float:
@@ -286,9 +399,21 @@ class PaddingModel:
     def overridden(self) -> set[str]:
         return {name for name, rate in self.rates.items() if DEFAULT_RATES.get(name) != rate}
 
+    def default_rate(self, mechanism: str, d: int) -> float:
+        """The uncalibrated rate at ``d``: the operator's if set, else the public constants
+        (:data:`DEFAULT_RATE_POINTS` interpolated in ``log d``, or :data:`DEFAULT_RATES`)."""
+        points = DEFAULT_RATE_POINTS.get(mechanism)
+        if points is not None and mechanism not in self.overridden:
+            rate = CalibratedRates({(mechanism, dim): value for dim, value in points}).rate(
+                mechanism, max(d, 1)
+            )
+            assert rate is not None  # the points are not empty
+            return rate
+        return self.rates.get(mechanism, FALLBACK_RATE)
+
     def run_seconds(self, mechanism: str, n: int, d: int, k: int, params: Params) -> float:
         """The modelled run time on this machine: calibrated if it can be, else the default."""
-        rate = self._calibrated_rate(mechanism, d) or self.rates.get(mechanism, FALLBACK_RATE)
+        rate = self._calibrated_rate(mechanism, d) or self.default_rate(mechanism, d)
         return self.work(mechanism, n, d, k, params) / rate
 
     def overhead_seconds(self, n: int, d: int) -> float:
@@ -317,11 +442,12 @@ class PaddingModel:
                 self.calibrated_floor_seconds + overhead + queue_seconds + factor * work / rate
             )
         else:
-            rate = self.rates.get(mechanism, FALLBACK_RATE)
-            seconds = max(self.floor_seconds, self.multiplier * work / rate)
+            seconds = max(
+                self.floor_seconds, self.multiplier * work / self.default_rate(mechanism, d)
+            )
         # Capped at 30 days: a timedelta cannot hold arbitrary floats, and a job that needs a
         # month is refused by the memory gate or the mechanisms' compute caps long before.
-        return timedelta(seconds=min(seconds, 30 * 24 * 3600.0))
+        return timedelta(seconds=min(seconds, MAX_PADDING_SECONDS))
 
     def queue_seconds(self, ahead: list[tuple[str, int, int, int, Params]]) -> float:
         """Time the calibrated workers need for the jobs ``ahead`` (mechanism, n, d, k,

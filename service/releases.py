@@ -12,7 +12,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Context, Decimal
 from typing import Any
 
@@ -456,11 +456,17 @@ def _padding(
     dataset: Dataset,
     k: int,
     params: dict[str, Any],
+    now: datetime,
 ) -> timedelta:
-    """This release's padding from public facts only: its shape and params, the machine's
-    calibrated rates (:mod:`service.calibration`) and the shapes and params of the one-shot jobs
-    queued or running now (their modelled run times, never their actual ones)."""
-    calibrated = calibration.current_rates(session) if settings.release_padding_calibrated else None
+    """This release's padding from public facts fixed at ``now`` only (each input and why it
+    is public: :mod:`service.padding`): its shape and params, the machine's calibrated rates
+    (:mod:`service.calibration`) and the shapes and params of the one-shot releases requested
+    by ``now`` and not yet past their own ``visible_at`` (their modelled run times). Never a
+    real status, lease, start or finish: the padding of a probe release is the same whether
+    another job is still queued, running or already ended."""
+    calibrated = (
+        calibration.current_rates(session, now) if settings.release_padding_calibrated else None
+    )
     model = PaddingModel.from_settings(settings, calibrated)
     queue = 0.0
     if model.calibrated.rates:
@@ -474,10 +480,16 @@ def _padding(
                 Release.params,
             )
             .join(Dataset, Dataset.id == Release.dataset_id)
-            .where(Release.status.in_(("queued", "running")))
+            .where(
+                Release.created_at <= now,
+                Release.visible_at.is_not(None),
+                Release.visible_at > now,
+            )
         ).all()
         queue = model.queue_seconds(
             [
+                # n_rows_read is fixed at the request for one-shot releases (the rows present
+                # then); Dataset.n_rows only for rows stored before that column existed.
                 (name, n_read if n_read is not None else n, d, k_, job_params or {})
                 for name, n_read, n, d, k_, job_params in ahead
                 if name in MECHANISMS and not MECHANISMS[name].continual
@@ -532,7 +544,9 @@ def request_release(
     if not budget.affords(prepared.charge):
         raise budget_exceeded(budget)
     created_at = utcnow()
-    padding = _padding(session, settings, prepared.mechanism.name, dataset, body.k, params)
+    padding = _padding(
+        session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
+    )
     release = Release(
         id=uuid.uuid4(),
         dataset_id=dataset.id,

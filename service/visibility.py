@@ -10,6 +10,16 @@ So, for an analyst, until the release's ``visible_at``:
   its ``outcome_visible_at`` (its end would tell when the last epoch was computed, or how long
   the epoch it ended at ran).
 
+After ``visible_at``, a job's end shows only at a step of the fixed public schedule of
+:func:`service.padding.late_schedule` (``visible_at``, then ``created_at + padding * 2^j``):
+
+- a one-shot release's outcome shows from its ``outcome_visible_at``, the schedule's first step
+  at or after its real end, stored by the worker with the outcome
+  (:meth:`service.worker.Worker._record`); so does its refund (:func:`service.ledger.refund`);
+- until then the release is shown ``running``, whatever its real state: neither the moment a
+  worker claimed it (which tells when the job before it ended) nor its end shows between two
+  steps, and a long poll sleeps until the next step (:attr:`View.sealed_until`).
+
 Nothing else an analyst can call may depend on the real state before then: not a status filter
 or a count (:mod:`service.history` mirrors these rules in SQL), not a long poll's answer or its
 moment (:attr:`View.sealed_until`), not the time a read takes. For the last, the large columns
@@ -29,6 +39,7 @@ from sqlalchemy.orm import Session
 from service import continual
 from service.auth import Principal
 from service.db.models import Release, ReleaseEpoch
+from service.padding import late_schedule, next_late_step
 
 #: Statuses after which a release changes no more.
 FINISHED = frozenset({"succeeded", "no_result", "failed"})
@@ -105,8 +116,15 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
     if is_continual:
         epochs = continual.epoch_summaries(session, release.id, visible_by)
         latest = continual.latest_epoch(session, release.id, visible_by)
+    hidden = analyst and status not in FINISHED and padded(release)
     if analyst and status in FINISHED and not end_visible(release, epochs, now):
+        hidden = True
+    sealed_until = None
+    if hidden:
+        # Late (or its end not yet shown): a fixed answer until the schedule's next step.
         status, reason, refunded = "running", None, False
+        if not is_continual and release.visible_at is not None:  # padded: not None
+            sealed_until = next_late_step(release.created_at, release.visible_at, now)
     return View(
         status=status,
         reason=reason,
@@ -115,5 +133,26 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         epochs=epochs,
         latest_epoch=latest,
         epochs_visible_by=visible_by,
-        sealed_until=None,
+        sealed_until=sealed_until,
     )
+
+
+def padded(release: Release) -> bool:
+    """Whether the release has a padding to keep (a zero padding, switched off, hides nothing:
+    the real state shows, as :func:`service.padding.late_schedule` shows a late outcome at
+    once then)."""
+    return release.visible_at is not None and release.visible_at > release.created_at
+
+
+def shown_at(release: Release, ended_at: datetime) -> datetime | None:
+    """When analysts may see the outcome of ``release`` (one-shot) that really ended at
+    ``ended_at``: ``visible_at``, or the late schedule's next step
+    (:func:`service.padding.late_schedule`); ``None`` for a release without ``visible_at``."""
+    if release.visible_at is None:
+        return None
+    return late_schedule(release.created_at, release.visible_at, ended_at)[0]
+
+
+def is_late(release: Release, ended_at: datetime) -> bool:
+    """Whether a one-shot release ending at ``ended_at`` ends after its ``visible_at``."""
+    return release.visible_at is not None and ended_at > release.visible_at

@@ -45,6 +45,7 @@ retries; the unstored outcome is then discarded and the job runs again once its 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -66,7 +67,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, operations, reference, tracing, wake
+from service import audit, ledger, operations, reference, tracing, visibility, wake
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
 from service.db.models import Release, ReleaseBasis, utcnow
@@ -488,6 +489,18 @@ class Worker:
         release.status = outcome.status
         release.reason = outcome.reason
         release.finished_at = utcnow()
+        if not is_continual(release.mechanism):
+            # Late or not, analysts see the outcome (and the refund) only at a step of the
+            # release's public schedule (service.visibility); a continual release's end has its
+            # own moment, set by service.continual.end before this.
+            release.outcome_visible_at = visibility.shown_at(release, release.finished_at)
+            if visibility.is_late(release, release.finished_at):
+                log.warning(
+                    "release %s: %s ended after its visible_at (late; shown at the next step "
+                    "of its schedule)",
+                    release.id,
+                    release.mechanism,
+                )
         release.lease_expires_at = None
         release.result_extras = outcome.extras
         if outcome.basis is not None:
@@ -568,44 +581,44 @@ class Worker:
             log.debug("worker %s: heartbeat row left behind (database away)", self.worker_id)
 
     def calibrate_if_due(self) -> bool:
-        """Re-time the mechanisms on public random data and store the rates for the padding
-        (:mod:`service.calibration`) at start and then every ``worker_calibrate_seconds``;
-        called while idle, and it stops between mechanisms as soon as a job is queued, so a job
-        waits for one mechanism's timing at most (so does a stop). True if it calibrated."""
-        every = self.settings.worker_calibrate_seconds
-        now = time.monotonic()
-        if every <= 0 or (self._calibrated_at is not None and now - self._calibrated_at < every):
+        """Time the mechanisms on public random data and store the rates for the padding
+        (:mod:`service.calibration`), once: at this worker's start, before it claims any job.
+        True if it calibrated now.
+
+        Once only, and not cut short by a queued job (a stop ends it between mechanisms): the
+        rates read for a new release's padding must not change when another job ends, and a
+        worker recalibrating whenever it is idle, or stopping early when a job waits, would
+        change them exactly then (:mod:`service.padding`, "Every input"). A probe that cannot
+        write its file (a full disk) is an operational condition: a warning, the rates measured
+        in memory are stored, the previous or default overhead rates stay, and the probe is
+        tried again at start (:func:`service.calibration.PROBE_RETRIES` times)."""
+        if self.settings.worker_calibrate_seconds <= 0 or self._calibrated_at is not None:
             return False
         from service import calibration
 
-        self._calibrated_at = now
-
-        def job_waiting() -> bool:
-            if self.stop.is_set():
-                return True
-            with self.session_factory() as session:
-                queued = select(Release.id).where(Release.status == "queued").limit(1)
-                return session.execute(queued).first() is not None
-
+        self._calibrated_at = time.monotonic()
+        stopping = self.stop.is_set
         with blas_threads(self.settings):
-            rates = calibration.measure(interrupted=job_waiting)
-        # The per-job overhead, through this worker's own path (forked when it isolates runs),
-        # the probe file in this process's incoming directory (removed with it if it dies).
-        probe = self.store.new_incoming_path().with_suffix(".npy")
-        try:
-            calibration.write_probe(probe)
-            rates.update(
-                calibration.measure_overhead(
-                    probe,
-                    (lambda work: self.isolated("calibration probe", work))
-                    if self.isolate
-                    else (lambda work: work()),
-                    lambda: self.with_db_retry("calibrate", self.note_alive),
-                    job_waiting,
+            rates = calibration.measure(interrupted=stopping)
+        for attempt in range(1, calibration.PROBE_RETRIES + 1):
+            try:
+                rates.update(self._probe_overhead(stopping))
+                break
+            except OSError as exc:
+                # Disk full, a read-only or missing data directory: the operator's to fix.
+                log.warning(
+                    "worker %s: calibration: cannot write the overhead probe (%s: %s); "
+                    "attempt %d of %d, keeping the previous or default overhead rates",
+                    self.worker_id,
+                    type(exc).__name__,
+                    exc.strerror or exc,
+                    attempt,
+                    calibration.PROBE_RETRIES,
                 )
-            )
-        finally:
-            probe.unlink(missing_ok=True)
+                if attempt == calibration.PROBE_RETRIES or self.stop.wait(
+                    calibration.PROBE_RETRY_SECONDS
+                ):
+                    break
         if not rates:
             return False
 
@@ -617,7 +630,46 @@ class Worker:
         log.info("worker %s calibrated %d rates", self.worker_id, len(rates))
         return True
 
+    def _probe_overhead(self, stopping: Callable[[], bool]) -> dict[tuple[str, int], float]:
+        """The per-job overhead, through this worker's own path (forked when it isolates runs),
+        the probe file in this process's incoming directory (removed with it if it dies)."""
+        from service import calibration
+
+        probe = self.store.new_incoming_path().with_suffix(".npy")
+        try:
+            calibration.write_probe(probe)
+            return calibration.measure_overhead(
+                probe,
+                (lambda work: self.isolated("calibration probe", work))
+                if self.isolate
+                else (lambda work: work()),
+                lambda: self.with_db_retry("calibrate", self.note_alive),
+                stopping,
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink(missing_ok=True)
+
+    def _calibrate_at_start(self) -> None:
+        """:meth:`calibrate_if_due` before the first claim; a failure leaves the previous (or
+        default) rates and never stops the worker."""
+        try:
+            self.calibrate_if_due()
+        except WorkerStopping:
+            return
+        except OSError as exc:
+            log.warning(
+                "worker %s: calibration failed (%s: %s); keeping the previous or default rates "
+                "until this worker restarts",
+                self.worker_id,
+                type(exc).__name__,
+                exc.strerror or exc,
+            )
+        except Exception as exc:
+            log.error("BUG: calibrate: %s", safe_traceback(exc))
+
     def _loop(self, waker: wake.Waker) -> None:
+        self._calibrate_at_start()
         while not self.stop.is_set():
             try:
                 job = self.with_db_retry("claim", self.claim)
@@ -627,13 +679,6 @@ class Worker:
                 log.error("BUG: claim: %s", safe_traceback(exc))
                 job = None
             if job is None:
-                try:
-                    if self.calibrate_if_due():
-                        continue  # a job may have been queued meanwhile
-                except WorkerStopping:
-                    break
-                except Exception as exc:
-                    log.error("BUG: calibrate: %s", safe_traceback(exc))
                 waker.wait(self.settings.worker_poll_seconds)
                 continue
             log.info(

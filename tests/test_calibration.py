@@ -107,9 +107,11 @@ def calibrated_settings(settings: Settings) -> Settings:
     return settings.model_copy(update={"worker_calibrate_seconds": 3600})
 
 
-def test_the_worker_calibrates_at_start_and_when_due_and_keeps_one_set(
+def test_the_worker_calibrates_once_at_start_and_a_restart_keeps_one_set(
     session_factory: Any, store: Any, calibrated_settings: Settings, monkeypatch
 ) -> None:
+    # Issue 30: only at start. A recalibration when idle (once "due") would change new
+    # releases' padding at a moment set by when other jobs ended.
     measured = [2e9, 1e9]
 
     def fake_measure(**_: object) -> dict[tuple[str, int], float]:
@@ -118,8 +120,10 @@ def test_the_worker_calibrates_at_start_and_when_due_and_keeps_one_set(
     monkeypatch.setattr(calibration, "measure", fake_measure)
     worker = Worker(session_factory, store, calibrated_settings, worker_id="w1")
     assert worker.calibrate_if_due() and not worker.calibrate_if_due()
-    worker._calibrated_at = -1e9  # due again (as after worker_calibrate_seconds)
-    assert worker.calibrate_if_due()
+    worker._calibrated_at = -1e9  # long after its start: still not again
+    assert not worker.calibrate_if_due()
+    restarted = Worker(session_factory, store, calibrated_settings, worker_id="w1")
+    assert restarted.calibrate_if_due()
     with session_factory() as session:
         rows = session.execute(
             select(MachineRate.worker_id, MachineRate.rate).where(
@@ -313,3 +317,81 @@ def test_runs_and_calibration_use_the_configured_blas_threads() -> None:
     assert blas() == before
     with blas_threads(Settings(worker_blas_threads=0)):
         assert blas() == before
+
+
+def test_a_calibration_is_not_cut_short_by_a_queued_job(
+    client: Any,
+    keys: Any,
+    upload_dataset: Any,
+    session_factory: Any,
+    store: Any,
+    calibrated_settings: Settings,
+    monkeypatch,
+) -> None:
+    """Issue 30: which rates a calibration stored depended on whether a job was queued (the
+    real status of other jobs), and so did the padding of the next release."""
+    data = upload_dataset(client, keys.owner, np.full((40, 6), 0.1), row_norm_bound="1")
+    body = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-8"}
+    post_release(client, keys.analyst, data["id"], **body)  # queued: no worker has run it
+    asked: list[bool] = []
+
+    def fake_measure(interrupted: Any = None, **_: object) -> dict[tuple[str, int], float]:
+        asked.append(interrupted())
+        return {("analyze_gauss", 6): 1e9}
+
+    monkeypatch.setattr(calibration, "measure", fake_measure)
+    worker = Worker(session_factory, store, calibrated_settings, worker_id="w1")
+    assert worker.calibrate_if_due()
+    assert asked == [False]
+    with session_factory() as session:
+        assert calibration.current_rates(session).rate("analyze_gauss", 6) == 1e9
+
+
+def test_a_full_disk_during_calibration_is_a_warning_and_keeps_the_rates(
+    session_factory: Any, store: Any, calibrated_settings: Settings, monkeypatch, caplog
+) -> None:
+    """Issue 30 item 17: the probe file cannot be written (ENOSPC): not a bug. The rates measured
+    in memory are stored, the previous overhead stays, the probe is tried again."""
+    _store_rates(session_factory, "w1", {(OVERHEAD, 0): 1 / 0.4, (READ, 0): 5e8})
+    monkeypatch.setattr(
+        calibration, "measure", lambda **_: {("analyze_gauss", 50): 2e9}, raising=True
+    )
+    tries: list[int] = []
+
+    def full_disk(path: Any) -> None:
+        tries.append(1)
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(calibration, "write_probe", full_disk)
+    monkeypatch.setattr(calibration, "PROBE_RETRY_SECONDS", 0.0)
+    worker = Worker(session_factory, store, calibrated_settings, worker_id="w1")
+    with caplog.at_level("WARNING", logger="dpss"):
+        assert worker.calibrate_if_due()  # raised OSError before (logged "BUG: calibrate")
+    assert len(tries) == calibration.PROBE_RETRIES
+    messages = [record.getMessage() for record in caplog.records]
+    assert not any("BUG" in message for message in messages)
+    assert any("No space left on device" in m and "overhead" in m for m in messages)
+    assert all(record.levelname == "WARNING" for record in caplog.records)
+    with session_factory() as session:
+        rates = calibration.current_rates(session)
+    assert rates.rate("analyze_gauss", 50) == 2e9
+    assert rates.overhead_seconds == pytest.approx(0.4) and rates.read_rate == 5e8
+    # No stray probe file is left in the store's incoming directory.
+    assert not list(store.incoming.glob("*.npy"))
+
+
+def test_a_calibration_failing_on_the_disk_never_stops_the_worker(
+    session_factory: Any, store: Any, calibrated_settings: Settings, monkeypatch, caplog
+) -> None:
+    def no_space(**_: object) -> dict[tuple[str, int], float]:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(calibration, "measure", no_space)
+    worker = Worker(session_factory, store, calibrated_settings, worker_id="w2")
+    with caplog.at_level("WARNING", logger="dpss"):
+        worker._calibrate_at_start()
+    messages = [record.getMessage() for record in caplog.records]
+    assert not any("BUG" in message for message in messages)
+    assert any("calibration failed" in m and "No space left" in m for m in messages)
+    with session_factory() as session:
+        assert calibration.current_rates(session).rates == {}

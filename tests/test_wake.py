@@ -53,6 +53,8 @@ def wake_settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
         "release_padding_floor_seconds": 0,
         "release_padding_multiplier": 0,
         "rate_limit_per_second": 0,
+        # Workers calibrate before their first claim (issue 30); these tests time wake-ups.
+        "worker_calibrate_seconds": 0,
         **overrides,
     }
     return Settings(**values)

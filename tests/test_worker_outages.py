@@ -78,6 +78,8 @@ def outage_settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
         "worker_lease_seconds": 120,
         "worker_db_retry_initial_seconds": 0.05,
         "worker_db_retry_max_seconds": 0.2,
+        # Workers calibrate before their first claim (issue 30); these tests time outages.
+        "worker_calibrate_seconds": 0,
         **overrides,
     }
     return Settings(**values)

@@ -109,7 +109,7 @@ def main() -> int:
         rows = []
         try:
             time.sleep(2)
-            worker.calibrate_if_due()  # under the load, as the periodic re-check
+            worker.calibrate_if_due()  # under the load, as a worker started under it
             with bench.factory() as session:
                 model = PaddingModel.from_settings(
                     bench.settings, calibration.current_rates(session)

@@ -105,6 +105,7 @@ async def queue(uow: UnitOfWorkDep) -> QueueState:
                 )
                 for job in view.jobs
             ],
+            late=view.late,
         )
 
     return await uow(work)

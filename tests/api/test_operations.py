@@ -145,6 +145,7 @@ def test_the_queue_for_admins_only(
         "oldest_queued_at": None,
         "oldest_queued_age_seconds": None,
         "items": [],
+        "late": {},  # issue 30: late releases by mechanism
     }
     release_id = post_release(client, keys.analyst, dataset, **RELEASE)
     body = get(client, keys.admin, "/v1/queue").json()

@@ -195,7 +195,11 @@ def test_visible_releases_show_their_outcome_but_never_timing(
         session.execute(
             update(Release)
             .where(Release.id == uuid.UUID(release_id))
-            .values(visible_at=utcnow() - timedelta(seconds=1))
+            # The outcome's step of its schedule too (issue 30: stored with the outcome).
+            .values(
+                visible_at=utcnow() - timedelta(seconds=1),
+                outcome_visible_at=utcnow() - timedelta(seconds=1),
+            )
         )
     [item] = listing(padded_client, keys.analyst, status="succeeded")["items"]
     assert item["result"]["basis_sha256"] and all(item[name] is None for name in TIMING)

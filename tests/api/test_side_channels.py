@@ -52,7 +52,11 @@ def make_visible(session_factory, release_id):
         session.execute(
             update(Release)
             .where(Release.id == uuid.UUID(release_id))
-            .values(visible_at=utcnow() - timedelta(seconds=1))
+            # The outcome's step of its schedule too (issue 30: stored with the outcome).
+            .values(
+                visible_at=utcnow() - timedelta(seconds=1),
+                outcome_visible_at=utcnow() - timedelta(seconds=1),
+            )
         )
 
 

@@ -79,6 +79,16 @@ class QueueState(Schema):
         description="How long the oldest waiting release has waited, in seconds."
     )
     items: list[QueuedJob] = Field(description="The oldest jobs, at most 100, oldest first.")
+    late: dict[str, int] = Field(
+        default_factory=dict,
+        description=(
+            "One-shot releases that ended after their visible_at (late), by mechanism, since the "
+            "database began: their outcome showed at the next step of their public schedule "
+            "(visible_at, then created_at + padding * 2^j). Many late releases mean a padding "
+            "too short for this machine's load: restart the workers to recalibrate, or raise "
+            "DPSS_RELEASE_PADDING_CALIBRATED_MULTIPLIER."
+        ),
+    )
 
 
 class LedgerEntry(Schema):

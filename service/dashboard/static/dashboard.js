@@ -338,6 +338,10 @@ async function adminView() {
   fill("queue", ...(queue instanceof Node ? [queue] : [
     el("p", { class: "counts", "data-queued": queue.queued, "data-running": queue.running },
       `${queue.queued} queued, ${queue.running} running; oldest wait ${queue.oldest_queued_age_seconds === null ? "–" : `${queue.oldest_queued_age_seconds.toFixed(1)} s`}.`),
+    el("p", { class: "late", "data-late": Object.values(queue.late || {}).reduce((a, b) => a + b, 0) },
+      Object.keys(queue.late || {}).length
+        ? `Late releases (ended after visible_at; shown at the next step of their schedule): ${Object.entries(queue.late).map(([m, c]) => `${m} ${c}`).join(", ")}.`
+        : "Late releases: none."),
     table([
       ["release", (j) => short(j.release_id)], ["mechanism", (j) => j.mechanism], ["k", (j) => j.k],
       ["status", (j) => j.status], ["attempts", (j) => j.attempts], ["requested", (j) => when(j.created_at)],
