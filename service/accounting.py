@@ -148,6 +148,23 @@ def gdp_epsilon(mu: Decimal, delta: Decimal) -> Decimal:
     return round_up(low)
 
 
+def pure_mu(epsilon: Decimal) -> Decimal:
+    """``mu = -2 Phi^-1(1/(1 + e^eps))`` rounded up: an ``eps``-DP step is ``mu``-GDP. The
+    tradeoff curve of ``eps``-DP is the two chords of ``G_mu`` through its symmetric point
+    ``(a, a)``, ``a = 1/(1 + e^eps) = Phi(-mu/2)``, and ``G_mu`` is convex, so it lies below
+    them (Dong, Roth & Su 2022, Section 2). Not used by a filter: the ``gaussian`` filter's
+    fully adaptive theorem (Smith & Thakurta 2022) is applied here to Gaussian steps only."""
+    with mpmath.workprec(PRECISION_BITS):
+        a = 1 / (1 + mpmath.exp(_mp(epsilon)))
+        return round_up(-2 * mpmath.sqrt(2) * mpmath.erfinv(2 * a - 1))
+
+
+def pure_rho(epsilon: Decimal) -> Decimal:
+    """``eps^2/2`` rounded up: an ``eps``-DP step is ``eps^2/2``-zCDP (Bun & Steinke 2016,
+    Proposition 1.4)."""
+    return round_up(_CONTEXT.multiply(_CONTEXT.multiply(epsilon, epsilon), Decimal("0.5")))
+
+
 # ---------------------------------------------------------------------------------------------
 # zCDP and its conversion
 

@@ -272,14 +272,17 @@ def _probe(
 def _not_admitted(mechanism: Mechanism[Any], accounting_name: str) -> str:
     if accounting_name == "gaussian":
         return (
-            f"{mechanism.name} is not purely Gaussian (or its profile is not proven), so this "
-            "dataset's gaussian accounting cannot charge it; only analyze_gauss, spectrum and "
-            "continual_gauss run here"
+            f"{mechanism.name} has steps that are not Gaussian with these params, so this "
+            "dataset's gaussian accounting (a Gaussian-DP filter) cannot charge it: a pure or "
+            "approximate step is not admitted there, as no fully adaptive theorem for a GDP "
+            "filter mixing such steps is cited; only analyze_gauss, spectrum, continual_gauss "
+            "and auto (without its tests) run here (docs/mechanisms.md, 'Accounting across "
+            "releases')"
         )
     return (
-        f"{mechanism.name} has no proven zCDP profile, so this dataset's zcdp accounting cannot "
-        "charge it (never at a guessed rate); see docs/mechanisms.md, 'Accounting across "
-        "releases'"
+        f"{mechanism.name} has no proven zCDP profile with these params, so this dataset's "
+        "zcdp accounting cannot charge it (never at a guessed rate); see docs/mechanisms.md, "
+        "'Accounting across releases'"
     )
 
 
@@ -299,10 +302,10 @@ def _prepare(
         raise InvalidInput.from_validation(exc, prefix="params") from None
     context = _context(dataset, memory_limit_bytes)
     kind = dataset.accounting
-    mechanism, params = admitted_choice(mechanism, params, kind)
     if kind not in mechanism.accountings:
         raise InvalidInput("accounting", _not_admitted(mechanism, kind))
     _check_currency(body, kind)
+    params = mechanism.for_accounting(kind, params)
     if body.epsilon is not None:
         assert body.delta is not None  # _check_currency
         epsilon, delta = body.epsilon, body.delta
@@ -339,30 +342,6 @@ def _prepare(
         costs=costs,
         charge=charge,
     )
-
-
-#: What ``auto`` runs on a dataset whose accounting is not ``basic``: among its candidates the
-#: one such accountings admit that it can choose from public facts alone (its private structure
-#: tests and searches have no declared zCDP profile, and the aggregators need them).
-AUTO_UNDER_FILTERS = "analyze_gauss"
-
-
-def admitted_choice(
-    mechanism: Mechanism[Any], params: Any, kind: str
-) -> tuple[Mechanism[Any], Any]:
-    """``auto`` chooses only among the mechanisms the dataset's accounting admits: under
-    ``gaussian`` and ``zcdp`` that is :data:`AUTO_UNDER_FILTERS`, with auto's clip norm and
-    centring (the release is recorded as that mechanism). Any other mechanism is unchanged."""
-    if mechanism.name != "auto" or kind == "basic":
-        return mechanism, params
-    chosen = MECHANISMS[AUTO_UNDER_FILTERS]
-    shared = {name: getattr(params, name) for name in ("clip_norm", "center", "center_share")}
-    try:
-        return chosen, chosen.parse_params(
-            {name: value for name, value in shared.items() if value is not None}
-        )
-    except ValidationError as exc:
-        raise InvalidInput.from_validation(exc, prefix="params") from None
 
 
 def _check_currency(body: ReleaseRequest, kind: str) -> None:

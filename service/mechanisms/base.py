@@ -222,6 +222,13 @@ class Mechanism(ABC, Generic[P]):
         """The noise scales and thresholds :meth:`run` would use with ``spec`` (the params
         returned by :meth:`prepare`), and what they mean. Public facts only: never the data."""
 
+    def for_accounting(self, accounting: str, params: P) -> P:
+        """``params`` adapted to the dataset's accounting before :meth:`prepare` (public: the
+        accounting is a fact of the dataset): a mechanism with a variant only ``basic`` can
+        charge picks, by default, one the filter can. Identity unless overridden; never
+        overrides a value the request gave."""
+        return params
+
     def privacy_steps(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> list[PrivacyStep] | None:
         """The steps whose adaptive composition is this release's privacy argument, from the
         prepared spec (public facts only), or ``None`` when no per-step profile is proven (then
