@@ -1587,10 +1587,10 @@ def _without_delta(step: PrivacyStep) -> PrivacyStep:
 def _worst_tests(the_plan: Plan) -> list[PrivacyStep]:
     """The pure tests of the plan's costliest path (see :meth:`Auto.privacy_steps`)."""
     pure = [PureStep(the_plan.test_epsilon), PureStep(the_plan.agreement_epsilon)]
-    after_search = [PureStep(the_plan.search_weight_epsilon)]
-    radius_checks = [PureStep(the_plan.radius_test_epsilon)] * 2
+    after_search: list[PrivacyStep] = [PureStep(the_plan.search_weight_epsilon)]
+    radius_checks: list[PrivacyStep] = [PureStep(the_plan.radius_test_epsilon)] * 2
     checks = max(after_search, radius_checks, key=_rho_of)
-    return [step for step in (*pure, *checks) if step.epsilon > 0]
+    return [step for step in (*pure, *checks) if isinstance(step, PureStep) and step.epsilon > 0]
 
 
 def _friendly_search(
