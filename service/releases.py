@@ -216,33 +216,56 @@ def _calibrate(
     elif target_delta:
         raise InvalidInput("delta", f"{mechanism.name} is purely Gaussian: it spends no delta")
 
-    def fits(eps: float) -> tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None:
+    def fits(
+        eps: float, delta: Decimal
+    ) -> tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None:
         """The prepared release at ``eps`` if its cost is within the target, else ``None``.
         A refusal by ``prepare`` propagates: the caller treats it as a budget too small for
-        the mechanism's params (their refusals are of too little budget: t, PTR floors)."""
+        the mechanism's params (their refusals are of too little budget: t, PTR floors).
+        Both the rho and the approximate delta grow with epsilon (a Laplace test's delta is
+        ``e^eps1 delta1``), so the condition is monotone."""
         candidate = _decimal_down(eps)
         spec, costs = attempt(candidate, delta)
         if costs.rho is None or costs.rho > target_rho:
             return None
+        if target_delta and costs.delta is not None and costs.delta > target_delta:
+            return None
         return spec, costs, candidate
 
-    low, high = math.log(CALIBRATION_RANGE[0]), math.log(CALIBRATION_RANGE[1])
-    best: tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None = None
-    refusal: InvalidInput | None = None
-    for _ in range(100):
-        if high - low < 1e-14:
-            break
-        mid = (low + high) / 2
-        try:
-            found = fits(math.exp(mid))
-        except InvalidInput as exc:
-            # Refused at this epsilon: too little budget for the params; look higher.
-            refusal, low = exc, mid
-            continue
-        if found is None:
-            high = mid
-        else:
-            best, low = found, mid
+    def search(
+        delta: Decimal,
+    ) -> tuple[tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None, InvalidInput | None]:
+        low, high = math.log(CALIBRATION_RANGE[0]), math.log(CALIBRATION_RANGE[1])
+        best: tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None = None
+        refusal: InvalidInput | None = None
+        for _ in range(100):
+            if high - low < 1e-14:
+                break
+            mid = (low + high) / 2
+            try:
+                found = fits(math.exp(mid), delta)
+            except InvalidInput as exc:
+                # Refused at this epsilon: too little budget for the params; look higher.
+                refusal, low = exc, mid
+                continue
+            if found is None:
+                high = mid
+            else:
+                best, low = found, mid
+        return best, refusal
+
+    best, refusal = search(delta)
+    if best is not None and probe.delta and target_delta:
+        # The approximate steps' share of delta may depend on epsilon (a Laplace test's
+        # e^eps1): once more with the share at the epsilon found, if that spends more of the
+        # target (still within it: fits checks).
+        at = best[1].delta
+        if at is not None and 0 < at < target_delta:
+            scaled = accounting.round_down(Context(prec=60).divide(target_delta * delta, at))
+            if 0 < scaled < 1:
+                again, _ = search(scaled)
+                if again is not None and (again[1].delta or 0) <= target_delta:
+                    best, delta = again, scaled
     if best is None:
         raise (
             refusal

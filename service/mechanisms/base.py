@@ -167,6 +167,27 @@ class ApproximateStep:
 PrivacyStep = GaussianStep | PureStep | ApproximateStep
 
 
+def laplace_test_step(epsilon: float, delta: float) -> ApproximateStep | None:
+    """The profile of a propose-test-release test that releases a Laplace lower bound
+    ``L = S + Lap(D/eps) - shift`` of a statistic ``S`` of sensitivity ``D``, with ``P[L > S] =
+    delta``, when the next step's sensitivity bound needs ``L <= S`` (``gap_perturbation``'s
+    ``g_low``, ``friendly_aggregate``'s ``W_low``).
+
+    The event must be one set of outputs for both neighbours (per-side events ``L <= S(x)`` and
+    ``L <= S(x')`` give the two conditioned laws different supports, an infinite divergence):
+    ``I = {L <= min(S, S')}``. Outside it each side has mass at most ``P[Lap > shift - D] <=
+    e^eps delta`` (``shift >= 0``; for ``shift < D`` use ``cosh >= 1``). On ``I`` both laws
+    are Laplace densities with ratio at most ``e^{|S - S'|/(D/eps)} <= e^eps``, renormalised by
+    ``P[I]`` in ``[1 - e^eps delta, 1]``, so the conditioned pair is ``eps'``-DP both ways with
+    ``eps' = eps + ln(1/(1 - e^eps delta))``; and on ``I`` the next step's bound holds for both
+    sides. Hence ``e^eps delta``-approximately ``eps'^2/2``-zCDP (Bun & Steinke 2016,
+    Definition 8.1, Proposition 1.4). ``None`` (no profile) when ``e^eps delta >= 1/2``."""
+    spill = math.exp(epsilon) * delta
+    if not spill < 0.5:
+        return None
+    return ApproximateStep(epsilon - math.log1p(-spill), spill)
+
+
 class Mechanism(ABC, Generic[P]):
     """A differentially private release of a subspace (or of a statistic used to choose one)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
 from service import accounting
@@ -17,9 +18,10 @@ from service.mechanisms.base import (
     PublicContext,
     PureStep,
     ReleaseSpec,
+    laplace_test_step,
 )
 from service.mechanisms.continual_gauss import ContinualGauss, tree_sensitivity
-from service.mechanisms.friendly_aggregate import FriendlyAggregate, release_split
+from service.mechanisms.friendly_aggregate import FriendlyAggregate, GdpSplit, release_split
 from service.mechanisms.gap_perturbation import GapPerturbation
 from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.noise import analytic_gaussian_sigma
@@ -92,13 +94,16 @@ def test_gap_perturbation_is_approximate_zcdp():
     mechanism = GapPerturbation()
     spec = spec_for(mechanism, 1.0, 1e-6)
     steps = mechanism.privacy_steps(CTX, spec)
+    # The test through the common event g_low <= min(g, g'): e^eps1 delta1, eps1 plus the
+    # renormalisation (laplace_test_step).
+    spill = math.exp(0.5) * 0.5e-6
     assert steps == [
-        ApproximateStep(0.5, 0.5e-6),
+        ApproximateStep(0.5 - math.log1p(-spill), spill),
         GaussianStep(1.0, analytic_gaussian_sigma(1.0, 0.5, 0.5e-6)),
     ]
     costs = accounting.step_costs(steps)
-    # The double 0.5e-6 is charged exactly as the double it is, rounded up.
-    assert costs.delta == accounting.round_up(Decimal(float("0.5e-6"))) and not costs.gaussian
+    # The double spill is charged exactly as the double it is, rounded up.
+    assert costs.delta == accounting.round_up(Decimal(spill)) and not costs.gaussian
 
 
 @pytest.mark.parametrize("radius", [None, 0.5])
@@ -110,7 +115,8 @@ def test_friendly_aggregate_steps_follow_its_split(radius):
     assert (split.eps0 > 0) == (radius is None)
     assert any(isinstance(step, PureStep) for step in steps) == (radius is None)
     approximate = [step for step in steps if isinstance(step, ApproximateStep)]
-    assert [step.delta for step in approximate] == [split.delta1]
+    expected = split.delta1 if isinstance(split, GdpSplit) else math.exp(split.eps1) * split.delta1
+    assert [step.delta for step in approximate] == [expected]
     assert isinstance(steps[-1], GaussianStep)
 
 
@@ -133,3 +139,34 @@ def test_histogram_aggregate_is_the_search_and_an_approximate_histogram(width):
         assert steps == [PureStep(eps0), ApproximateStep(eps_h, 1e-6)]
     else:
         assert steps == [ApproximateStep(1.0, 1e-6)]
+
+
+@pytest.mark.parametrize(("epsilon", "delta"), [(0.1, 1e-9), (0.5, 1e-6), (2.0, 1e-3)])
+def test_laplace_test_step_against_the_laplace_laws(epsilon, delta):
+    """The common event ``I = {L <= min(S, S')}`` of a Laplace PTR test, checked against
+    scipy's Laplace law for the worst shift ``|S - S'| = D``: each side's mass outside ``I``
+    is at most the declared delta, and on ``I`` the renormalised densities' ratio is at most
+    ``e^eps'`` at every point of a grid."""
+    from scipy.stats import laplace
+
+    step = laplace_test_step(epsilon, delta)
+    assert step is not None
+    sensitivity = 2.0
+    scale = sensitivity / epsilon
+    shift = scale * math.log(1.0 / (2.0 * delta))  # P[L > S] = delta
+    s_low, s_high = 0.0, sensitivity  # S(x), S(x')
+    low = laplace(loc=s_low - shift, scale=scale)
+    high = laplace(loc=s_high - shift, scale=scale)
+    top = min(s_low, s_high)
+    outside = (low.sf(top), high.sf(top))
+    assert max(outside) <= step.delta * (1 + 1e-9)
+    grid = np.linspace(top - 40 * scale, top, 2001)
+    ratio = (low.pdf(grid) / low.cdf(top)) / (high.pdf(grid) / high.cdf(top))
+    bound = math.exp(step.epsilon) * (1 + 1e-9)
+    assert np.all(ratio <= bound) and np.all(1 / ratio <= bound)
+    # The per-side events would not do: the high side has mass above the low side's S.
+    assert high.sf(s_low) > 0
+
+
+def test_laplace_test_step_refuses_a_useless_profile():
+    assert laplace_test_step(10.0, 1e-4) is None
