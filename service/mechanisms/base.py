@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from pydantic import ConfigDict, Field
+from scipy.special import ndtr, ndtri
 
 from api_schemas.common import NamesValidFields
 from service.mechanisms.linalg import FloatArray
@@ -165,6 +166,24 @@ class ApproximateStep:
 
 
 PrivacyStep = GaussianStep | PureStep | ApproximateStep
+
+
+def gaussian_test_event_delta(mu: float, delta: float) -> float:
+    """The approximate-zCDP ``delta`` of a propose-test-release test that releases a Gaussian
+    lower bound ``L = S + N(0, s^2) - s z`` of a statistic ``S`` of sensitivity ``D = mu s``,
+    ``z = Phi^-1(1 - delta)`` (so ``P[L > S] = delta``), when the next step needs ``L <= S``.
+
+    The event is one set of outputs for both neighbours, ``I = {L <= min(S, S')}``; outside it
+    each side has mass at most ``P[N(0,1) > z - mu] = Phi(mu - z)``, returned here. On ``I``
+    the test stays ``mu``-GDP-like in Renyi divergence: for Gaussians ``P, Q`` of means ``a, b``
+    and the half-line ``I``, ``D_alpha(P_I || Q_I) = alpha (a-b)^2/(2 s^2) + ln[P_m(I) /
+    (P_a(I)^alpha P_b(I)^(1-alpha))]/(alpha - 1)`` with ``m = alpha a + (1 - alpha) b``; ``m ->
+    ln P_m(I)`` is concave (Prekopa: a Gaussian is log-concave, ``I`` convex), and ``a`` is the
+    convex combination ``m/alpha + (1 - 1/alpha) b``, so the logarithm is ``<= 0``: the
+    conditioned pair is ``mu^2/2``-zCDP, the test's own ``rho``. On ``I`` the next step's
+    bound holds for both sides."""
+    z = float(-ndtri(delta))
+    return float(ndtr(mu - z))
 
 
 def laplace_test_step(epsilon: float, delta: float) -> ApproximateStep | None:

@@ -18,6 +18,7 @@ from service.mechanisms.base import (
     PublicContext,
     PureStep,
     ReleaseSpec,
+    gaussian_test_event_delta,
     laplace_test_step,
 )
 from service.mechanisms.continual_gauss import ContinualGauss, tree_sensitivity
@@ -115,7 +116,10 @@ def test_friendly_aggregate_steps_follow_its_split(radius):
     assert (split.eps0 > 0) == (radius is None)
     assert any(isinstance(step, PureStep) for step in steps) == (radius is None)
     approximate = [step for step in steps if isinstance(step, ApproximateStep)]
-    expected = split.delta1 if isinstance(split, GdpSplit) else math.exp(split.eps1) * split.delta1
+    if isinstance(split, GdpSplit):
+        expected = gaussian_test_event_delta(split.ptr_mu, split.delta1)
+    else:
+        expected = math.exp(split.eps1) * split.delta1
     assert [step.delta for step in approximate] == [expected]
     assert isinstance(steps[-1], GaussianStep)
 
@@ -170,3 +174,34 @@ def test_laplace_test_step_against_the_laplace_laws(epsilon, delta):
 
 def test_laplace_test_step_refuses_a_useless_profile():
     assert laplace_test_step(10.0, 1e-4) is None
+
+
+@pytest.mark.parametrize(("mu", "delta"), [(0.1, 1e-7), (0.5, 1e-6), (1.5, 1e-3)])
+def test_gaussian_test_event_against_truncated_gaussians(mu, delta):
+    """F3's Gaussian PTR test on the common event ``I = {L <= min(S, S')}``: the mass outside
+    it is the declared delta (scipy), and the Renyi divergence of the two truncated laws,
+    integrated numerically in both directions at several orders, stays within ``alpha
+    mu^2/2`` (the log-concavity argument in the docstring)."""
+    from scipy import integrate
+    from scipy.stats import norm
+
+    declared = gaussian_test_event_delta(mu, delta)
+    s = 1.0
+    z = norm.isf(delta)
+    means = (0.0 - s * z, mu * s - s * z)  # S = 0 and S' = D = mu s, shifted by s z
+    top = 0.0  # min(S, S')
+    masses = [norm.cdf(top, loc=m, scale=s) for m in means]
+    assert max(1 - mass for mass in masses) <= declared * (1 + 1e-9)
+    assert declared >= delta
+    for alpha in (1.01, 1.5, 2.0, 8.0):
+        for a, b, pa, pb in ((0, 1, masses[0], masses[1]), (1, 0, masses[1], masses[0])):
+
+            def integrand(y, a=a, b=b, pa=pa, pb=pb, alpha=alpha):
+                log_p = norm.logpdf(y, loc=means[a], scale=s) - math.log(pa)
+                log_q = norm.logpdf(y, loc=means[b], scale=s) - math.log(pb)
+                return math.exp(alpha * log_p + (1 - alpha) * log_q)
+
+            lowest = min(means) - 40.0 * s
+            value, _ = integrate.quad(integrand, lowest, top, limit=400, epsabs=0, epsrel=1e-12)
+            divergence = math.log(value) / (alpha - 1)
+            assert divergence <= alpha * mu**2 / 2 * (1 + 1e-6) + 1e-12
