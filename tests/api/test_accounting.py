@@ -416,3 +416,26 @@ def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
         ]
         report = audit.verify(session)
     assert report.ok, report.problems
+
+
+def test_a_zcdp_dry_run_of_a_gaussian_release_states_what_gaussian_accounting_would_save(
+    client, keys, upload_dataset, data
+):
+    dataset = upload(upload_dataset, client, keys, data, "zcdp", row_norm_bound=1.0)
+    shown = ask(client, keys.analyst, dataset, dry=True, rho="0.005").json()
+    notes = [line for line in shown["meaning"] if "accounting gaussian" in line]
+    # At (1, 1e-6): sqrt(rho_B / (mu_B^2/2)) = 1/1.105, so 9.5% less noise.
+    mu = accounting.mu_budget(Decimal(1), Decimal("1e-6"))
+    rho = Decimal(dataset["budget"]["rho_total"])
+    saving = 1 - math.sqrt(float(rho) / (float(mu) ** 2 / 2))
+    assert 0.09 < saving < 0.10 and len(notes) == 1 and f"{saving:.1%}" in notes[0]
+    # Not for a release that is not purely Gaussian, nor on a gaussian dataset.
+    friendly = {"mechanism": "friendly_aggregate", "k": 1, "epsilon": "0.5", "delta": "2e-7"}
+    other = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=friendly
+    )
+    if other.status_code == 200:
+        assert not [line for line in other.json()["meaning"] if "accounting gaussian" in line]
+    gaussian = upload(upload_dataset, client, keys, data, "gaussian", row_norm_bound=1.0)
+    plain = ask(client, keys.analyst, gaussian, dry=True, mu="0.1").json()
+    assert not [line for line in plain["meaning"] if "accounting gaussian" in line]
