@@ -60,7 +60,10 @@ _CONTEXT = Context(prec=120)
 
 
 def _mp(value: Decimal | float | int | str) -> mpmath.mpf:
-    return mpmath.mpf(str(value)) if isinstance(value, Decimal) else mpmath.mpf(value)
+    # At the working precision whatever the caller's context: a decimal read at mpmath's
+    # global 53 bits could round up past the budget it states.
+    with mpmath.workprec(PRECISION_BITS):
+        return mpmath.mpf(str(value)) if isinstance(value, Decimal) else mpmath.mpf(value)
 
 
 def _decimal(value: mpmath.mpf | Decimal, margin: Decimal) -> Decimal:

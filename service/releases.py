@@ -217,7 +217,7 @@ def _calibrate(
         raise InvalidInput("delta", f"{mechanism.name} is purely Gaussian: it spends no delta")
 
     def fits(
-        eps: float, delta: Decimal
+        eps: float, delta: Decimal, check_delta: bool = True
     ) -> tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None:
         """The prepared release at ``eps`` if its cost is within the target, else ``None``.
         A refusal by ``prepare`` propagates: the caller treats it as a budget too small for
@@ -228,22 +228,23 @@ def _calibrate(
         spec, costs = attempt(candidate, delta)
         if costs.rho is None or costs.rho > target_rho:
             return None
-        if target_delta and costs.delta is not None and costs.delta > target_delta:
+        over = target_delta and costs.delta is not None and costs.delta > target_delta
+        if check_delta and over:
             return None
         return spec, costs, candidate
 
     def search(
-        delta: Decimal,
+        delta: Decimal, check_delta: bool = True, tolerance: float = 1e-14
     ) -> tuple[tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None, InvalidInput | None]:
         low, high = math.log(CALIBRATION_RANGE[0]), math.log(CALIBRATION_RANGE[1])
         best: tuple[ReleaseSpec[Any], accounting.StepCosts, Decimal] | None = None
         refusal: InvalidInput | None = None
         for _ in range(100):
-            if high - low < 1e-14:
+            if high - low < tolerance:
                 break
             mid = (low + high) / 2
             try:
-                found = fits(math.exp(mid), delta)
+                found = fits(math.exp(mid), delta, check_delta)
             except InvalidInput as exc:
                 # Refused at this epsilon: too little budget for the params; look higher.
                 refusal, low = exc, mid
@@ -256,16 +257,35 @@ def _calibrate(
 
     best, refusal = search(delta)
     if best is not None and probe.delta and target_delta:
-        # The approximate steps' share of delta may depend on epsilon (a Laplace test's
-        # e^eps1): once more with the share at the epsilon found, if that spends more of the
-        # target (still within it: fits checks).
-        at = best[1].delta
-        if at is not None and 0 < at < target_delta:
-            scaled = accounting.round_down(Context(prec=60).divide(target_delta * delta, at))
-            if 0 < scaled < 1:
-                again, _ = search(scaled)
-                if again is not None and (again[1].delta or 0) <= target_delta:
-                    best, delta = again, scaled
+        # The approximate steps' delta may grow with epsilon (a PTR test's common event:
+        # e^eps1 delta1, Phi(mu1 - z)), so at the delta first tried it may bind long before
+        # rho does. Fixed point: where rho binds, rescale delta so that the approximate delta
+        # meets its target there; a few rounds, then the checked search at the delta reached.
+        # Whatever is kept satisfies both targets (fits checks both).
+        trial = delta
+        for _ in range(6):
+            # a coarser epsilon (1e-6 relative) is enough to steer delta
+            at_rho, _ = search(trial, check_delta=False, tolerance=1e-6)
+            at = None if at_rho is None else at_rho[1].delta
+            if at is None or at <= 0:
+                break
+            # shaded by 1e-5 so that delta lands just under its target and rho binds
+            ratio = Context(prec=60).divide(target_delta * Decimal("0.99999"), at)
+            trial = accounting.round_down(Context(prec=60).multiply(trial, ratio))
+            if not 0 < trial < 1 or abs(ratio - 1) < Decimal("1e-4"):
+                break
+        if 0 < trial < 1 and trial != delta:
+            again, _ = search(trial)
+            gained = (
+                again is not None
+                and again[1].rho is not None
+                and best[1].rho is not None
+                # as much rho (to the search's resolution), and delta nearer its target
+                and again[1].rho >= best[1].rho * Decimal("0.999999")
+            )
+            if gained:
+                assert again is not None
+                best, delta = again, trial
     if best is None:
         raise (
             refusal

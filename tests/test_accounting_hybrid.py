@@ -33,7 +33,7 @@ def test_hybrid_budget_is_each_filters_own_rounded_down(epsilon, delta):
     assert delta_a + sum(parts) <= delta
     assert budget.mu_total == accounting.mu_budget(epsilon, delta_a)
     assert accounting.gdp_delta(budget.mu_total, epsilon) <= accounting._mp(delta_a)
-    assert budget.rho_gaussian <= budget.mu_total**2 / 2
+    assert budget.rho_gaussian <= accounting.rho_of_mu_exact(budget.mu_total)
     assert budget.rho_total == accounting.rho_budget(epsilon, budget.delta_conversion)
     assert accounting.cks_delta(budget.rho_total, epsilon) <= accounting._mp(
         budget.delta_conversion

@@ -134,14 +134,14 @@ def test_exact_gapmax_event_outside_the_common_support_has_mass_delta(epsilon, d
     delta (numerical integration of the truncated density, independent of the closed form),
     and each side loses the same mass, so the conditioned densities share a normaliser."""
     lam, bound = truncated_laplace_params(GAP_SENSITIVITY, epsilon, delta)
-    mpmath.mp.dps = 40
 
     def density(z):
         return mpmath.exp(-abs(z) / lam)
 
-    total = mpmath.quad(density, [-bound, 0, bound])
-    top = mpmath.quad(density, [bound - GAP_SENSITIVITY, bound]) / total
-    bottom = mpmath.quad(density, [-bound, -bound + GAP_SENSITIVITY]) / total
+    with mpmath.workdps(40):  # never the global precision: other tests share it
+        total = mpmath.quad(density, [-bound, 0, bound])
+        top = mpmath.quad(density, [bound - GAP_SENSITIVITY, bound]) / total
+        bottom = mpmath.quad(density, [-bound, -bound + GAP_SENSITIVITY]) / total
     assert float(top) == pytest.approx(delta, rel=1e-9)
     assert float(bottom) == pytest.approx(float(top), rel=1e-12)
 
@@ -279,3 +279,34 @@ def test_auto_under_gaussian_is_analyze_gauss_with_its_settings():
     asked = prepared(mechanism, ctx, 2, 1.0, 1e-6, accounting_name="gaussian", structure_share=0.1)
     costs = accounting.step_costs(mechanism.privacy_steps(ctx, asked))
     assert not costs.gaussian
+
+
+def test_rho_calibration_spends_rho_when_the_test_delta_grows_with_epsilon():
+    """friendly_aggregate's PTR test charges a delta that grows with epsilon (its common
+    event): a request for (rho, delta) on a zcdp dataset still gets a release spending about
+    all of rho, within both targets (before, delta bound first and rho was 5% used)."""
+    import uuid
+
+    from api_schemas.releases import ReleaseRequest
+    from service import releases
+    from service.db.models import Dataset
+
+    row = Dataset(
+        id=uuid.uuid4(), name="calibration", n_rows=200_000, n_cols=50, row_norm_bound=1.0,
+        epsilon_total=Decimal(8), delta_total=Decimal("1e-6"), accounting="zcdp", n_batches=1,
+    )  # fmt: skip
+    row.delta_conversion = Decimal("5e-7")
+    row.rho_total = accounting.rho_budget(Decimal(8), row.delta_conversion)
+    target_rho, target_delta = Decimal("0.5"), Decimal("5e-7")
+    body = ReleaseRequest(
+        mechanism="friendly_aggregate",
+        k=1,
+        params={"t": 1000, "radius": 0.5},
+        rho=target_rho,
+        delta=target_delta,
+    )
+    prepared = releases._prepare(body, row)
+    assert prepared.costs.rho is not None and prepared.costs.delta is not None
+    assert target_rho * Decimal("0.999") < prepared.costs.rho <= target_rho
+    assert prepared.costs.delta <= target_delta
+    assert prepared.charge.rho == prepared.costs.rho
