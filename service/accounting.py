@@ -60,7 +60,10 @@ _CONTEXT = Context(prec=120)
 
 
 def _mp(value: Decimal | float | int | str) -> mpmath.mpf:
-    return mpmath.mpf(str(value)) if isinstance(value, Decimal) else mpmath.mpf(value)
+    # At the working precision whatever the caller's context: a decimal read at mpmath's
+    # global 53 bits could round up past the budget it states.
+    with mpmath.workprec(PRECISION_BITS):
+        return mpmath.mpf(str(value)) if isinstance(value, Decimal) else mpmath.mpf(value)
 
 
 def _decimal(value: mpmath.mpf | Decimal, margin: Decimal) -> Decimal:
@@ -146,6 +149,23 @@ def gdp_epsilon(mu: Decimal, delta: Decimal) -> Decimal:
     # delta_G decreases in epsilon: the largest epsilon that does NOT fit bounds the answer.
     low = _largest(lambda e: gdp_delta(mu, e) > target, mpmath.mpf(1))
     return round_up(low)
+
+
+def pure_mu(epsilon: Decimal) -> Decimal:
+    """``mu = -2 Phi^-1(1/(1 + e^eps))`` rounded up: an ``eps``-DP step is ``mu``-GDP. The
+    tradeoff curve of ``eps``-DP is the two chords of ``G_mu`` through its symmetric point
+    ``(a, a)``, ``a = 1/(1 + e^eps) = Phi(-mu/2)``, and ``G_mu`` is convex, so it lies below
+    them (Dong, Roth & Su 2022, Section 2). Not used by a filter: the ``gaussian`` filter's
+    fully adaptive theorem (Smith & Thakurta 2022) is applied here to Gaussian steps only."""
+    with mpmath.workprec(PRECISION_BITS):
+        a = 1 / (1 + mpmath.exp(_mp(epsilon)))
+        return round_up(-2 * mpmath.sqrt(2) * mpmath.erfinv(2 * a - 1))
+
+
+def pure_rho(epsilon: Decimal) -> Decimal:
+    """``eps^2/2`` rounded up: an ``eps``-DP step is ``eps^2/2``-zCDP (Bun & Steinke 2016,
+    Proposition 1.4)."""
+    return round_up(_CONTEXT.multiply(_CONTEXT.multiply(epsilon, epsilon), Decimal("0.5")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,3 +345,147 @@ def sqrt_up(value: Decimal) -> Decimal:
     """``sqrt(value)`` rounded up at 30 places (a spent ``mu`` for display)."""
     with mpmath.workprec(PRECISION_BITS):
         return round_up(mpmath.sqrt(_mp(max(value, Decimal(0))))) if value > 0 else Decimal(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Either of three filters (issue 31, item 5): the rule, not yet a dataset accounting
+
+
+@dataclass(frozen=True)
+class HybridShares:
+    """How a hybrid budget splits ``delta_B`` between its filters (fractions summing to 1):
+    ``gaussian`` (filter A's ``delta_A``), ``conversion`` and ``mechanisms`` (filter B, zCDP:
+    the CKS conversion's share and its approximate steps' share) and ``basic`` (filter C's)."""
+
+    gaussian: Decimal
+    conversion: Decimal
+    mechanisms: Decimal
+    basic: Decimal
+
+    def __post_init__(self) -> None:
+        parts = (self.gaussian, self.conversion, self.mechanisms, self.basic)
+        if any(part < 0 for part in parts) or sum(parts) != 1:
+            raise ValueError("the shares of delta must be >= 0 and sum to 1")
+
+
+#: The measured default (bench/bench_accounting_hybrid.py, docs/benchmarks.md): filter A gets
+#: 95% of delta, so a single Gaussian release is within 1% of ``basic`` for every budget
+#: measured (``delta <= 1e-3``); the rest is split between B and C.
+DEFAULT_HYBRID_SHARES = HybridShares(
+    Decimal("0.95"), Decimal("0.02"), Decimal("0.02"), Decimal("0.01")
+)
+
+
+@dataclass(frozen=True)
+class HybridBudget:
+    """The three filters' budgets of a stated ``(epsilon, delta)``: A, ``gaussian`` on
+    ``(epsilon, delta_A)`` (``mu_total``, stored as ``rho_gaussian = mu^2/2`` rounded down);
+    B, ``zcdp`` (``rho_total`` at ``delta_conversion``, approximate steps up to
+    ``delta_mechanisms``); C, ``basic`` on ``(epsilon, delta_basic)``."""
+
+    epsilon: Decimal
+    delta: Decimal
+    mu_total: Decimal
+    rho_gaussian: Decimal
+    rho_total: Decimal
+    delta_conversion: Decimal
+    delta_mechanisms: Decimal
+    delta_basic: Decimal
+
+
+def hybrid_budget(
+    epsilon: Decimal, delta: Decimal, shares: HybridShares = DEFAULT_HYBRID_SHARES
+) -> HybridBudget:
+    """The filters' budgets, each share of ``delta`` rounded down (their sum stays within
+    ``delta``), each derived budget rounded down as the filter's own."""
+    delta_a = round_down(_CONTEXT.multiply(delta, shares.gaussian))
+    conversion = round_down(_CONTEXT.multiply(delta, shares.conversion))
+    mechanisms = round_down(_CONTEXT.multiply(delta, shares.mechanisms))
+    basic = round_down(_CONTEXT.multiply(delta, shares.basic))
+    mu = mu_budget(epsilon, delta_a) if delta_a > 0 else Decimal(0)
+    rho = rho_budget(epsilon, conversion) if conversion > 0 else Decimal(0)
+    return HybridBudget(
+        epsilon, delta, mu, budget_rho_of_mu(mu), rho, conversion, mechanisms, basic
+    )
+
+
+@dataclass(frozen=True)
+class ReleaseCost:
+    """What one release costs under each filter: ``(epsilon, delta)``, the single release it
+    is calibrated as (C); ``rho``/``zcdp_delta`` from its declared steps (B; ``None``: no
+    profile); ``gaussian`` whether every step is Gaussian (A charges ``rho = mu^2/2``)."""
+
+    epsilon: Decimal
+    delta: Decimal
+    rho: Decimal | None
+    zcdp_delta: Decimal | None
+    gaussian: bool
+
+
+@dataclass(frozen=True)
+class HybridState:
+    """What the admitted releases spent, per filter, and which filters still hold.
+
+    Admit a release iff A, B or C would admit the whole sequence including it. Why the result
+    is ``(epsilon, delta)``-DP, fully adaptively (ALGORITHMS.md, "Either of two filters",
+    generalised to ``k`` filters): each filter's condition ``cond_j`` on a sequence of costs is
+    **monotone** (sums only grow and the "every step Gaussian / profiled" flags only fall: once
+    false, false for every longer sequence). Costs are public, so ``cond_j`` of the admitted
+    sequence is a function of the transcript (refusals included). Partition the transcripts:
+    ``T_j`` is "``j`` is the first of A, B, C whose condition holds on the final admitted
+    sequence" (some does: the last admission was allowed by some filter on exactly that
+    sequence; with no admission, A holds). On ``T_j``, ``cond_j`` holds on every prefix
+    (monotone), so ``j`` alone would have admitted every release the ledger admitted, and it
+    refuses whatever the ledger refused (the ledger refuses only what every filter refuses):
+    step by step the ledger and filter ``j`` alone make the same decision given the same
+    history, and the mechanisms' outputs have the same conditional laws, so every transcript in
+    ``T_j`` has the same probability under both. Hence for any event ``S``: ``P[M(x) in S, T_j]
+    = P[M_j(x) in S, T_j] <= e^eps P[M_j(x') in S, T_j] + delta_j = e^eps P[M(x') in S, T_j] +
+    delta_j``, by filter ``j``'s own fully adaptive theorem (Smith & Thakurta 2022; Whitehouse,
+    Ramdas, Rogers & Wu 2023; Rogers, Roth, Ullman & Vadhan 2016). Summing over the partition:
+    ``(epsilon, delta_A + delta_B + delta_C)``-DP. Every filter's sums include every admitted
+    release, whichever filter let it in (the argument is about each filter's condition on the
+    whole sequence).
+    """
+
+    budget: HybridBudget
+    epsilon_spent: Decimal = Decimal(0)
+    delta_spent: Decimal = Decimal(0)
+    rho_spent: Decimal = Decimal(0)
+    zcdp_delta_spent: Decimal = Decimal(0)
+    all_gaussian: bool = True
+    all_profiled: bool = True
+
+    def _a(self, cost: ReleaseCost) -> bool:
+        if not (self.all_gaussian and cost.gaussian and cost.rho is not None):
+            return False
+        return _CONTEXT.add(self.rho_spent, cost.rho) <= self.budget.rho_gaussian
+
+    def _b(self, cost: ReleaseCost) -> bool:
+        if not self.all_profiled or cost.rho is None or cost.zcdp_delta is None:
+            return False
+        rho_ok = _CONTEXT.add(self.rho_spent, cost.rho) <= self.budget.rho_total
+        delta = _CONTEXT.add(self.zcdp_delta_spent, cost.zcdp_delta)
+        return rho_ok and delta <= self.budget.delta_mechanisms
+
+    def _c(self, cost: ReleaseCost) -> bool:
+        epsilon_ok = _CONTEXT.add(self.epsilon_spent, cost.epsilon) <= self.budget.epsilon
+        return epsilon_ok and _CONTEXT.add(self.delta_spent, cost.delta) <= self.budget.delta_basic
+
+    def admits(self, cost: ReleaseCost) -> bool:
+        """Whether A, B or C admits the sequence with ``cost`` appended (each checks the
+        whole sequence: its sums include every admitted release, whichever filter let it in)."""
+        return self._a(cost) or self._b(cost) or self._c(cost)
+
+    def after(self, cost: ReleaseCost) -> HybridState:
+        """The state once ``cost`` is admitted: every filter's sums move (each filter's
+        condition is about the whole sequence)."""
+        return HybridState(
+            self.budget,
+            _CONTEXT.add(self.epsilon_spent, cost.epsilon),
+            _CONTEXT.add(self.delta_spent, cost.delta),
+            _CONTEXT.add(self.rho_spent, cost.rho or Decimal(0)),
+            _CONTEXT.add(self.zcdp_delta_spent, cost.zcdp_delta or Decimal(0)),
+            self.all_gaussian and cost.gaussian,
+            self.all_profiled and cost.rho is not None,
+        )

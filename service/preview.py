@@ -27,6 +27,7 @@ from api_schemas.releases import ReleaseRequest
 from service import accounting, audit, grants, ledger, releases
 from service.auth import Principal
 from service.config import Settings
+from service.db.models import Dataset
 from service.errors import InvalidInput
 from service.mechanisms.base import PreviewValue
 from service.mechanisms.dominance import DominanceWarning, dominance_warnings
@@ -150,6 +151,27 @@ def preview_release(
         grant_id=grant.id if grant is not None else None,
         memory_mb=memory,
         scales={name: _finite(value) for name, value in shown.scales.items()},
-        meaning=list(shown.meaning),
+        meaning=[*shown.meaning, *accounting_note(dataset, prepared.costs)],
         warnings=dominance_warnings(body.mechanism, float(prepared.delta), dataset.n_cols),
     )
+
+
+def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:
+    """On a ``zcdp`` dataset, for a purely Gaussian release: how much less noise the same share
+    of the same ``(epsilon, delta)`` carries under ``gaussian`` accounting (a public function
+    of the dataset's budget: ``sqrt(rho_B / (mu_B^2/2))``), so an owner who plans only
+    Gaussian releases can choose it at upload (issue 31, item 5)."""
+    if dataset.accounting != "zcdp" or not costs.gaussian or dataset.rho_total is None:
+        return []
+    if dataset.delta_total <= 0:
+        return []
+    mu = accounting.mu_budget(dataset.epsilon_total, dataset.delta_total)
+    if mu <= 0 or dataset.rho_total <= 0:
+        return []
+    ratio = math.sqrt(float(dataset.rho_total) / (float(mu) ** 2 / 2.0))
+    return [
+        f"This release is purely Gaussian: on a dataset of the same (epsilon, delta) with "
+        f"accounting gaussian the same share of the budget would carry {1.0 - ratio:.1%} less "
+        "noise (zcdp pays for its conversion to (epsilon, delta) and the delta it reserves; "
+        "it admits every mechanism with a proven profile, gaussian only Gaussian ones)."
+    ]

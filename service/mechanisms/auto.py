@@ -118,6 +118,19 @@ Released beside the chosen mechanism's own output: the choice, a reason, and in 
 search's exponent and the two predictions (public functions of it), in regime 2b whether the
 test agreed and which radius was given, after a guarded search whether its weight check passed;
 no noisy statistic of any test.
+
+Profiles under the accountings (ALGORITHMS.md, "Accounting across releases"). Every test is a
+pure ``eps_t``-DP step, ``eps_t^2/2``-zCDP (Bun & Steinke 2016, Proposition 1.4); each choice
+declares its own steps (analyze_gauss Gaussian; friendly_aggregate and histogram_aggregate
+pure searches, approximate tests with their stated events, Gaussian means; smooth_sensitivity's
+Cauchy variant pure). Which path runs is decided inside the release from released outputs, so
+the release is charged a bound that holds on every path (:meth:`Auto.privacy_steps`): zCDP
+composes adaptively by summing ``rho`` and, for approximate zCDP, ``delta`` (Bun & Steinke,
+Section 8, composition of approximate zCDP), and a step of ``rho' <= rho`` is also
+``rho``-zCDP, so padding every path to the bound is sound. Under ``gaussian`` accounting a
+pure test has no place in a GDP filter (no fully adaptive theorem for mixing is cited), so
+there the structure share defaults to 0 and auto runs analyze_gauss with its own settings
+(clip quantile, centring), all Gaussian steps.
 """
 
 from __future__ import annotations
@@ -130,13 +143,17 @@ import numpy as np
 from pydantic import Field
 
 from service.mechanisms.base import (
+    ApproximateStep,
+    GaussianStep,
     InvalidParameter,
     Mechanism,
     MechanismOutput,
     MechanismParams,
     Preview,
     PreviewValue,
+    PrivacyStep,
     PublicContext,
+    PureStep,
     ReleaseSpec,
     check_clip_scale,
     resolve_clip_norm,
@@ -847,7 +864,12 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
                 search_weight_stop=None if staged_guard is None else staged_guard.weight_stop,
             )
     default = _prepare("analyze_gauss", ctx, k, epsilon, delta, gram_raw)
-    why = "; ".join(notes) if notes else "structure test disabled (structure_share = 0)"
+    why = (
+        "; ".join(notes)
+        if notes
+        else "structure test disabled (structure_share = 0; the default on a gaussian dataset, "
+        "whose Gaussian-DP filter cannot charge the tests' pure steps)"
+    )
     return Plan(
         default,
         None,
@@ -1063,14 +1085,64 @@ class Auto(Mechanism[AutoParams]):
     )
     cost_rule: ClassVar[str] = (
         "Charges exactly the requested (epsilon, delta): the test or search and the chosen "
-        "mechanism (the rest) compose sequentially."
+        "mechanism (the rest) compose sequentially. zcdp: the rho (and approximate delta) of "
+        "its costliest path, tests included. gaussian: no tests by default (analyze_gauss "
+        "with auto's settings, charged its mu); a request with structure_share is refused "
+        "there."
     )
     params_model: ClassVar[type[AutoParams]] = AutoParams
     allows_pure_dp: ClassVar[bool] = True
-    #: Under gaussian and zcdp accounting auto chooses only among the mechanisms they admit
-    #: (``service.releases.admitted_choice``: analyze_gauss, as its tests have no declared
-    #: zCDP profile); it never runs itself there.
+    #: zcdp charges :meth:`privacy_steps` (its tests and choices, the worst path); gaussian
+    #: admits the plans whose every step is Gaussian: :meth:`for_accounting` sets
+    #: ``structure_share = 0`` there by default (the tests are pure steps), so auto runs
+    #: analyze_gauss with its own settings and says so.
     accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
+
+    def for_accounting(self, accounting: str, params: AutoParams) -> AutoParams:
+        """On a ``gaussian`` dataset the structure test is off unless the request sets its
+        share (its tests are pure steps, which the Gaussian-DP filter cannot charge: a
+        request that sets a share is then refused with 422, naming the accounting)."""
+        if accounting != "gaussian" or "structure_share" in params.model_fields_set:
+            return params
+        return params.model_copy(update={"structure_share": 0.0})
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]
+    ) -> list[PrivacyStep] | None:
+        """Steps whose composition bounds every path of the plan :meth:`run` follows (the
+        choice between paths is adaptive, inside the release: each path is padded to the
+        bound, which is what is charged; ALGORITHMS.md, "Accounting across releases").
+
+        A path is: some of its regime's pure tests (regime 1: the structure test and the
+        weight check; regime 2: the weight check; 2b: the agreement test and either the weight
+        check after a search or the two radius checks), then at most one aggregator's steps
+        before its last one (friendly: search, test; histogram: search), then one terminal:
+        that aggregator's last step (friendly's Gaussian mean, the stability histogram) or an
+        analyze_gauss / smooth_sensitivity run. The bound is the largest test sum, plus the
+        largest aggregator prefix, plus the largest terminal, in ``rho``; its ``delta`` the
+        largest any one aggregator declares (analyze_gauss's steps are Gaussian, so a path's
+        approximate delta is its aggregator's). ``None`` when a choice has no profile."""
+        the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
+        aggregators: list[list[PrivacyStep]] = []
+        terminals: list[list[PrivacyStep]] = []
+        for choice, inner in self._specs(the_plan, spec.k):
+            steps = _registered(choice.name).privacy_steps(ctx, inner)
+            if steps is None:
+                return None
+            if choice.name in ("friendly_aggregate", "histogram_aggregate"):
+                aggregators.append(steps)
+            else:
+                terminals.append(steps)
+        tests = _worst_tests(the_plan)
+        prefixes = [steps[:-1] for steps in aggregators]
+        terminals += [steps[-1:] for steps in aggregators]
+        prefix = max(prefixes, key=_rho_of, default=[])
+        terminal = max(terminals, key=_rho_of)
+        delta = max((_delta_of(steps) for steps in aggregators), default=0.0)
+        bound = [_without_delta(step) for step in (*prefix, *terminal)]
+        if delta > 0:
+            bound.append(ApproximateStep(0.0, delta))
+        return [*tests, *bound]
 
     def prepare(
         self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoParams
@@ -1489,6 +1561,36 @@ class Auto(Mechanism[AutoParams]):
             del h_state
         output = _run_choice(the_plan.default, data, spec.k, rng)
         return _labelled(output, the_plan.default, decision.reason, searched)
+
+
+def _rho_of(steps: list[PrivacyStep]) -> float:
+    """``sum rho`` of ``steps`` in doubles: only to pick the largest (the ledger sums the
+    chosen steps exactly, rounded up)."""
+    total = 0.0
+    for step in steps:
+        if isinstance(step, GaussianStep):
+            total += (step.sensitivity / step.sigma) ** 2 / 2.0
+        else:
+            total += step.epsilon**2 / 2.0
+    return total
+
+
+def _delta_of(steps: list[PrivacyStep]) -> float:
+    return sum(step.delta for step in steps if isinstance(step, ApproximateStep))
+
+
+def _without_delta(step: PrivacyStep) -> PrivacyStep:
+    """An approximate step's ``rho`` alone (its delta is counted once, as the path's)."""
+    return PureStep(step.epsilon) if isinstance(step, ApproximateStep) else step
+
+
+def _worst_tests(the_plan: Plan) -> list[PrivacyStep]:
+    """The pure tests of the plan's costliest path (see :meth:`Auto.privacy_steps`)."""
+    pure = [PureStep(the_plan.test_epsilon), PureStep(the_plan.agreement_epsilon)]
+    after_search: list[PrivacyStep] = [PureStep(the_plan.search_weight_epsilon)]
+    radius_checks: list[PrivacyStep] = [PureStep(the_plan.radius_test_epsilon)] * 2
+    checks = max(after_search, radius_checks, key=_rho_of)
+    return [step for step in (*pure, *checks) if isinstance(step, PureStep) and step.epsilon > 0]
 
 
 def _friendly_search(

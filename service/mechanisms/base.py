@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 from pydantic import ConfigDict, Field
+from scipy.special import ndtr, ndtri
 
 from api_schemas.common import NamesValidFields
 from service.mechanisms.linalg import FloatArray
@@ -167,6 +168,45 @@ class ApproximateStep:
 PrivacyStep = GaussianStep | PureStep | ApproximateStep
 
 
+def gaussian_test_event_delta(mu: float, delta: float) -> float:
+    """The approximate-zCDP ``delta`` of a propose-test-release test that releases a Gaussian
+    lower bound ``L = S + N(0, s^2) - s z`` of a statistic ``S`` of sensitivity ``D = mu s``,
+    ``z = Phi^-1(1 - delta)`` (so ``P[L > S] = delta``), when the next step needs ``L <= S``.
+
+    The event is one set of outputs for both neighbours, ``I = {L <= min(S, S')}``; outside it
+    each side has mass at most ``P[N(0,1) > z - mu] = Phi(mu - z)``, returned here. On ``I``
+    the test stays ``mu``-GDP-like in Renyi divergence: for Gaussians ``P, Q`` of means ``a, b``
+    and the half-line ``I``, ``D_alpha(P_I || Q_I) = alpha (a-b)^2/(2 s^2) + ln[P_m(I) /
+    (P_a(I)^alpha P_b(I)^(1-alpha))]/(alpha - 1)`` with ``m = alpha a + (1 - alpha) b``; ``m ->
+    ln P_m(I)`` is concave (Prekopa: a Gaussian is log-concave, ``I`` convex), and ``a`` is the
+    convex combination ``m/alpha + (1 - 1/alpha) b``, so the logarithm is ``<= 0``: the
+    conditioned pair is ``mu^2/2``-zCDP, the test's own ``rho``. On ``I`` the next step's
+    bound holds for both sides."""
+    z = float(-ndtri(delta))
+    return float(ndtr(mu - z))
+
+
+def laplace_test_step(epsilon: float, delta: float) -> ApproximateStep | None:
+    """The profile of a propose-test-release test that releases a Laplace lower bound
+    ``L = S + Lap(D/eps) - shift`` of a statistic ``S`` of sensitivity ``D``, with ``P[L > S] =
+    delta``, when the next step's sensitivity bound needs ``L <= S`` (``gap_perturbation``'s
+    ``g_low``, ``friendly_aggregate``'s ``W_low``).
+
+    The event must be one set of outputs for both neighbours (per-side events ``L <= S(x)`` and
+    ``L <= S(x')`` give the two conditioned laws different supports, an infinite divergence):
+    ``I = {L <= min(S, S')}``. Outside it each side has mass at most ``P[Lap > shift - D] <=
+    e^eps delta`` (``shift >= 0``; for ``shift < D`` use ``cosh >= 1``). On ``I`` both laws
+    are Laplace densities with ratio at most ``e^{|S - S'|/(D/eps)} <= e^eps``, renormalised by
+    ``P[I]`` in ``[1 - e^eps delta, 1]``, so the conditioned pair is ``eps'``-DP both ways with
+    ``eps' = eps + ln(1/(1 - e^eps delta))``; and on ``I`` the next step's bound holds for both
+    sides. Hence ``e^eps delta``-approximately ``eps'^2/2``-zCDP (Bun & Steinke 2016,
+    Definition 8.1, Proposition 1.4). ``None`` (no profile) when ``e^eps delta >= 1/2``."""
+    spill = math.exp(epsilon) * delta
+    if not spill < 0.5:
+        return None
+    return ApproximateStep(epsilon - math.log1p(-spill), spill)
+
+
 class Mechanism(ABC, Generic[P]):
     """A differentially private release of a subspace (or of a statistic used to choose one)."""
 
@@ -221,6 +261,13 @@ class Mechanism(ABC, Generic[P]):
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> Preview:
         """The noise scales and thresholds :meth:`run` would use with ``spec`` (the params
         returned by :meth:`prepare`), and what they mean. Public facts only: never the data."""
+
+    def for_accounting(self, accounting: str, params: P) -> P:
+        """``params`` adapted to the dataset's accounting before :meth:`prepare` (public: the
+        accounting is a fact of the dataset): a mechanism with a variant only ``basic`` can
+        charge picks, by default, one the filter can. Identity unless overridden; never
+        overrides a value the request gave."""
+        return params
 
     def privacy_steps(self, ctx: PublicContext, spec: ReleaseSpec[P]) -> list[PrivacyStep] | None:
         """The steps whose adaptive composition is this release's privacy argument, from the

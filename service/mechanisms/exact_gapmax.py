@@ -14,6 +14,25 @@ sample is public randomness (one replaced row changes at most one sampled row). 
 delta)``. **Assumption**: membership is exact rational membership of the doubles as stored;
 floating point enters only after the choice, to turn the exact basis into doubles.
 
+Profile under the accountings (ALGORITHMS.md, "Accounting across releases"): ``delta``-
+approximately ``(eps^2/2)``-zCDP (Bun & Steinke 2016, Definition 8.1 and Proposition 1.4).
+Fix the public row sample and a neighbouring pair ``x, x'``; let ``s*`` be the one candidate
+with a positive gap on either side, ``g, g'`` its gaps (``|g - g'| <= 2 = D``; 0 where it has
+none), and ``y = g + xi`` the noisy gap (``xi ~ TLap`` on ``[-A, A]``, density proportional to
+``exp(-|z|/lam)``, ``lam = D/eps``). The output (``s*`` iff ``y > A``, else no result) is a
+function of ``y`` and public facts. **The event** is ``y in I = [max(g, g') - A, min(g, g') + A]``,
+the intersection of the two supports: one set of outputs that serves both neighbours. Outside
+it lies a band of width ``|g - g'| <= D`` at one end of each side's support, of mass at most
+``e^{-A/lam} (e^eps - 1) / (2 (1 - e^{-A/lam}))``, which is exactly ``delta`` at
+``A = lam ln(1 + (e^eps - 1)/(2 delta))``
+(:func:`service.mechanisms.noise.truncated_laplace_params`; tested). The two bands have
+equal mass (the noise is symmetric), so conditioned on ``I`` both sides are Laplace
+densities on ``I`` with the same normaliser, whose ratio is at most
+``e^{|g - g'|/lam} <= e^eps``: pure ``eps``-DP both ways, hence ``eps^2/2`` in every Renyi
+divergence, and post-processing keeps it. Declared as one ``ApproximateStep(eps, delta)``. The
+``gaussian`` accounting refuses the mechanism (not a Gaussian step; no fully adaptive theorem
+for mixing is cited).
+
 Exact membership
 ----------------
 A double is an odd integer times a power of two, so a row is, up to a positive scale (which
@@ -97,11 +116,13 @@ from pydantic import Field
 
 from api_schemas.common import format_budget
 from service.mechanisms.base import (
+    ApproximateStep,
     InvalidParameter,
     Mechanism,
     MechanismOutput,
     MechanismParams,
     Preview,
+    PrivacyStep,
     PublicContext,
     ReleaseSpec,
 )
@@ -692,6 +713,14 @@ class ExactGapMax(Mechanism[ExactGapMaxParams]):
         "subspace) returns no result. No clipping."
     )
     params_model: ClassVar[type[ExactGapMaxParams]] = ExactGapMaxParams
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "zcdp"})
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[ExactGapMaxParams]
+    ) -> list[PrivacyStep]:
+        """One step: ``eps``-DP outside the event that the noisy gap leaves the intersection of
+        the neighbours' truncation intervals (probability ``<= delta``; module docstring)."""
+        return [ApproximateStep(spec.epsilon, spec.delta)]
 
     def prepare(
         self, ctx: PublicContext, k: int, epsilon: float, delta: float, params: ExactGapMaxParams

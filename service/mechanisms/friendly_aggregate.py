@@ -71,6 +71,8 @@ from service.mechanisms.base import (
     PublicContext,
     PureStep,
     ReleaseSpec,
+    gaussian_test_event_delta,
+    laplace_test_step,
 )
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import FloatArray, top_k_eigh
@@ -1366,26 +1368,29 @@ def resolve_aggregator(params: FriendlyAggregateParams, d: int) -> Aggregator:
 # The service's mechanism
 
 
-def split_steps(split: AnySplit) -> list[PrivacyStep]:
+def split_steps(split: AnySplit) -> list[PrivacyStep] | None:
     """The release's steps at ``split`` (approximate zCDP, ALGORITHMS.md "Accounting across
-    releases"): AboveThreshold ``eps0``-DP (pure, when the radius is searched); the test, whose
-    failure event ``W_low > W`` has probability ``delta1`` and outside which the mean's
-    sensitivity bound holds (basic split: the Laplace count, ``eps1``-DP, hence ``delta1``-
-    approximately ``eps1^2/2``; F3: a Gaussian count of ``ptr_mu``); the Gaussian mean of
-    ``mu = D/sigma`` (basic: the analytic-Gaussian ratio at ``(eps2, delta2)``; F3:
-    ``mean_mu``). Not purely Gaussian, so ``gaussian`` accounting refuses it."""
+    releases"): AboveThreshold ``eps0``-DP (pure, when the radius is searched); the test
+    through the event ``W_low <= min(W, W')``, one set of outputs for both neighbours, on which
+    the mean's sensitivity bound holds on both sides (basic split: the Laplace count,
+    :func:`~service.mechanisms.base.laplace_test_step`, ``e^eps1 delta1``-approximately; F3: a
+    Gaussian count of ``ptr_mu``, still ``ptr_mu^2/2`` on the event, which has mass
+    :func:`~service.mechanisms.base.gaussian_test_event_delta`); the Gaussian mean of ``mu =
+    D/sigma`` (basic: the analytic-Gaussian ratio at ``(eps2, delta2)``; F3: ``mean_mu``). Not
+    purely Gaussian, so ``gaussian`` accounting refuses it. ``None`` (basic only) when the
+    Laplace test has no profile."""
     steps: list[PrivacyStep] = [PureStep(split.eps0)] if split.eps0 > 0 else []
     if isinstance(split, GdpSplit):
         steps += [
             GaussianStep(1.0, 1.0 / split.ptr_mu),
-            ApproximateStep(0.0, split.delta1),
+            ApproximateStep(0.0, gaussian_test_event_delta(split.ptr_mu, split.delta1)),
             GaussianStep(1.0, 1.0 / split.mean_mu),
         ]
     else:
-        steps += [
-            ApproximateStep(split.eps1, split.delta1),
-            GaussianStep(1.0, split_mean_sigma(1.0, split)),
-        ]
+        test = laplace_test_step(split.eps1, split.delta1)
+        if test is None:
+            return None
+        steps += [test, GaussianStep(1.0, split_mean_sigma(1.0, split))]
     return steps
 
 
@@ -1487,7 +1492,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
 
     def privacy_steps(
         self, ctx: PublicContext, spec: ReleaseSpec[FriendlyAggregateParams]
-    ) -> list[PrivacyStep]:
+    ) -> list[PrivacyStep] | None:
         """:func:`split_steps` of the split :meth:`run` uses (public: ``t``, epsilon, delta)."""
         params = spec.params
         assert params.t is not None  # resolved by prepare

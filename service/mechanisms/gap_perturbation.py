@@ -31,13 +31,13 @@ from typing import ClassVar
 import numpy as np
 
 from service.mechanisms.base import (
-    ApproximateStep,
     GaussianStep,
     MechanismOutput,
     Preview,
     PrivacyStep,
     PublicContext,
     ReleaseSpec,
+    laplace_test_step,
 )
 from service.mechanisms.centring import (
     CenterParams,
@@ -243,16 +243,21 @@ class GapPerturbation(CentredGramMechanism[GapPerturbationParams]):
 
     def privacy_steps(
         self, ctx: PublicContext, spec: ReleaseSpec[GapPerturbationParams]
-    ) -> list[PrivacyStep]:
-        """The private mean's step (if centred); the gap test, ``eps1``-DP, whose event
-        ``g_low > g`` (probability ``delta1``) is the only one where the projector's
-        sensitivity bound fails: ``delta1``-approximately ``eps1^2/2``-zCDP; the projector's
-        Gaussian noise, ``sigma/s`` the analytic-Gaussian ratio at ``(eps2, delta2)``."""
+    ) -> list[PrivacyStep] | None:
+        """The private mean's step (if centred); the gap test through the event ``g_low <=
+        min(g, g')``, one set of outputs for both neighbours, on which the projector's
+        sensitivity bound holds on both sides (:func:`~service.mechanisms.base.laplace_test_step`:
+        ``e^eps1 delta1``-approximately, ``eps1 + ln(1/(1 - e^eps1 delta1))`` pure); the
+        projector's Gaussian noise, ``sigma/s`` the analytic-Gaussian ratio at ``(eps2,
+        delta2)``. ``None`` (basic only) when ``e^eps1 delta1 >= 1/2``."""
         centring = center_split(spec.epsilon, spec.delta, spec.params)
         split = budget_split(centring.gram_epsilon, centring.gram_delta)
+        test = laplace_test_step(split.epsilon1, split.delta1)
+        if test is None:
+            return None
         return [
             *center_steps(ctx, spec.params, centring),
-            ApproximateStep(split.epsilon1, split.delta1),
+            test,
             GaussianStep(1.0, analytic_gaussian_sigma(1.0, split.epsilon2, split.delta2)),
         ]
 

@@ -539,6 +539,10 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         at most two such cells, each passing ``T`` with probability ``<= delta/2``) survives,
         the kept noisy counts are ``eps_h``-DP (two counts move by 1 under ``Lap(2/eps_h)``),
         so ``delta``-approximately ``eps_h^2/2``-zCDP; the released point is post-processing.
+        The events (one per side: its own one-sided cells dropped) serve both directions: they
+        concern only the one-sided cells' noise, independent of the common cells', so each
+        conditioned law is the common cells' unconditioned one (same support, no
+        renormalisation), and those differ by ``e^eps_h`` at most both ways.
         Boosting's groups are disjoint rows (parallel composition): the same steps."""
         eps_h = histogram_epsilon(spec.params, spec.epsilon)
         steps: list[PrivacyStep] = []

@@ -21,6 +21,17 @@ charging. The Cauchy variant's argument needs no such condition: per coordinate,
 ``a`` scales costs at most ``2 asinh(a/2) <= a`` and a change of scale by ``e^{+-beta}`` at most
 ``beta``, so the loss is at most ``eps/6 + D beta = eps/3`` for every ``epsilon``.
 
+Profiles under the accountings (ALGORITHMS.md, "Accounting across releases"). The Cauchy
+variant is pure ``eps_b``-DP, hence ``(eps_b^2/2)``-zCDP (Bun & Steinke 2016, Proposition 1.4:
+max-divergence ``eps`` both ways bounds every Renyi divergence by ``alpha eps^2/2``) and
+``mu``-GDP with ``mu = -2 Phi^-1(1/(1 + e^eps_b))`` (``service.accounting.pure_mu``). The
+Gaussian variant is ``(eps, delta)``-DP through NRS's smooth-sensitivity lemmas, which give no
+event of probability ``1 - delta`` on which it is pure, so it has no zCDP profile here: only
+``basic`` admits it, and ``params.noise`` defaults to ``cauchy`` on a ``zcdp`` dataset (a
+request in epsilon is then charged the Cauchy variant's ``rho``, and a private centre's
+Gaussian step). The ``gaussian`` accounting refuses the mechanism: no fully adaptive theorem for
+a GDP filter mixing pure and Gaussian steps is cited here.
+
 Centring (``center``): a private mean with a share ``s`` of the budget, or a public centre
 (:mod:`service.mechanisms.centring`). With ``delta > 0`` the mean is Gaussian at
 ``s (eps, delta)``; with ``delta = 0`` it is Laplace at ``(s eps, 0)`` (l1 sensitivity
@@ -39,13 +50,16 @@ import math
 from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
 from api_schemas.common import format_budget
 from service.mechanisms.base import (
     InvalidParameter,
     MechanismOutput,
     Preview,
+    PrivacyStep,
     PublicContext,
+    PureStep,
     ReleaseSpec,
 )
 from service.mechanisms.centring import (
@@ -54,6 +68,7 @@ from service.mechanisms.centring import (
     budget_split,
     center_for_run,
     center_preview,
+    center_steps,
     with_center_multiples,
 )
 from service.mechanisms.gap_perturbation import top_k_with_gap
@@ -75,8 +90,25 @@ GAUSSIAN_MAX_EPSILON = 1.0
 
 
 class SmoothSensitivityParams(CenterParams):
-    """Params of ``smooth_sensitivity``: the clip norm and the centring (the variant follows
-    from delta)."""
+    """Params of ``smooth_sensitivity``: the clip norm, the centring and the noise variant."""
+
+    noise: Variant | None = Field(
+        default=None,
+        description=(
+            "The basis noise: `gaussian` ((epsilon, delta)-DP, needs delta > 0 and epsilon <= "
+            "1; admitted only by basic accounting, its smooth-sensitivity argument has no zCDP "
+            "profile) or `cauchy` (pure epsilon-DP, any epsilon; any delta is then spent by the "
+            "private centre only). Default: `gaussian` when delta > 0 on a basic dataset, "
+            "`cauchy` otherwise (delta = 0, or a zcdp dataset)."
+        ),
+    )
+
+
+def resolved_variant(params: SmoothSensitivityParams, delta: float) -> Variant:
+    """The variant a release runs: the requested one, else Gaussian iff ``delta > 0``."""
+    if params.noise is not None:
+        return params.noise
+    return "gaussian" if delta > 0 else "cauchy"
 
 
 def local_bound(gap: float, k: int, clip_norm: float, j: FloatArray | float) -> FloatArray:
@@ -258,16 +290,29 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
     )
     cost_rule: ClassVar[str] = (
         "Charges exactly the requested (epsilon, delta); delta = 0 selects the pure Cauchy "
-        "variant, charged (epsilon, 0)."
+        "variant, charged (epsilon, 0). zcdp: the Cauchy variant (its default there), its "
+        "basis epsilon_b charged epsilon_b^2/2 and a private centre's Gaussian step "
+        "Delta^2/(2 sigma^2); gaussian accounting refuses it (not purely Gaussian)."
     )
     params_model: ClassVar[type[SmoothSensitivityParams]] = SmoothSensitivityParams
     allows_pure_dp: ClassVar[bool] = True
+    #: zcdp charges the Cauchy variant (the default there); gaussian refuses it (a pure step
+    #: is mu-GDP, but no fully adaptive theorem for a filter mixing it with Gaussian steps is
+    #: cited, so the GDP filter admits only Gaussian steps).
+    accountings: ClassVar[frozenset[str]] = frozenset({"basic", "zcdp"})
 
     def check_budget(
         self, k: int, epsilon: float, delta: float, params: SmoothSensitivityParams
     ) -> None:
         split = budget_split(epsilon, delta, params)
-        if delta > 0 and split.gram_epsilon > GAUSSIAN_MAX_EPSILON:
+        variant = resolved_variant(params, delta)
+        if variant == "gaussian" and delta == 0:
+            raise InvalidParameter(
+                "params.noise",
+                "gaussian needs delta > 0 (its guarantee is (epsilon, delta)-DP); use cauchy "
+                "for delta = 0",
+            )
+        if variant == "gaussian" and split.gram_epsilon > GAUSSIAN_MAX_EPSILON:
             spent = "" if params.center != "private" else " on the basis (after the centre)"
             raise InvalidParameter(
                 "epsilon",
@@ -297,7 +342,8 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
         cap = math.sqrt(2.0 * k)  # A(j) never exceeds it, so neither does S
         split = budget_split(spec.epsilon, spec.delta, spec.params)
         eps, delta = split.gram_epsilon, split.gram_delta
-        if spec.delta > 0:
+        variant = resolved_variant(spec.params, spec.delta)
+        if variant == "gaussian":
             beta = gaussian_beta(eps, delta, dim)
             per_s = gaussian_noise_scale(1.0, eps, delta)
             kind = "Gaussian standard deviation"
@@ -310,7 +356,7 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
         half_gap = half_noise_gap(spec.params.clip_norm, k, beta)
         return Preview(
             scales={
-                "variant": "gaussian" if spec.delta > 0 else "cauchy",
+                "variant": variant,
                 "beta": beta,
                 "noise_per_unit_smooth_bound": per_s,
                 "smooth_bound_cap": cap,
@@ -331,6 +377,27 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
                 *centre_meaning,
             ],
         )
+
+    def for_accounting(
+        self, accounting: str, params: SmoothSensitivityParams
+    ) -> SmoothSensitivityParams:
+        """Under a filter the default variant is the pure Cauchy one (the Gaussian variant has
+        no zCDP profile: NRS's smooth-sensitivity argument gives ``(eps, delta)``-DP with no
+        event of probability ``1 - delta`` on which it is pure)."""
+        if accounting == "basic" or params.noise is not None:
+            return params
+        return params.model_copy(update={"noise": "cauchy"})
+
+    def privacy_steps(
+        self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]
+    ) -> list[PrivacyStep] | None:
+        """The private centre's step (if any) and, for the Cauchy variant, the basis's pure
+        ``eps_b``-DP step (seed 004, Theorem 9.2; ``eps_b^2/2``-zCDP by Bun & Steinke 2016,
+        Proposition 1.4). The Gaussian variant declares none: only ``basic`` admits it."""
+        if resolved_variant(spec.params, spec.delta) == "gaussian":
+            return None
+        split = budget_split(spec.epsilon, spec.delta, spec.params)
+        return [*center_steps(ctx, spec.params, split), PureStep(split.gram_epsilon)]
 
     def memory_bytes(self, ctx: PublicContext, spec: ReleaseSpec[SmoothSensitivityParams]) -> int:
         d, k = ctx.n_cols, spec.k
@@ -357,7 +424,8 @@ class SmoothSensitivity(CentredGramMechanism[SmoothSensitivityParams]):
             data,
             spec.k,
             split.gram_epsilon,
-            split.gram_delta,
+            # The Cauchy variant is pure: delta (if any) is the private centre's alone.
+            split.gram_delta if resolved_variant(params, spec.delta) == "gaussian" else 0.0,
             params.clip_norm,
             rng,
             center=center,

@@ -216,22 +216,31 @@ def test_epsilon_requests_are_calibrated_as_one_release_and_charged_in_rho(
 
 
 @pytest.mark.parametrize(
-    ("kind", "mechanism", "cost"),
+    ("kind", "mechanism", "cost", "params"),
     [
-        ("gaussian", "gap_perturbation", {"mu": "0.1"}),
-        ("gaussian", "friendly_aggregate", {"epsilon": "0.5", "delta": "1e-7"}),
-        ("zcdp", "smooth_sensitivity", {"rho": "0.001", "delta": "1e-8"}),
-        ("zcdp", "exact_gapmax", {"epsilon": "0.5", "delta": "1e-7"}),
+        ("gaussian", "gap_perturbation", {"mu": "0.1"}, {}),
+        ("gaussian", "friendly_aggregate", {"epsilon": "0.5", "delta": "1e-7"}, {}),
+        ("gaussian", "smooth_sensitivity", {"epsilon": "0.5", "delta": "1e-7"}, {}),
+        ("gaussian", "exact_gapmax", {"epsilon": "0.5", "delta": "1e-7"}, {}),
+        # at delta = 0 auto's choice is the pure Cauchy smooth_sensitivity
+        ("gaussian", "auto", {"epsilon": "0.5", "delta": "0"}, {}),
+        # the Gaussian smooth-sensitivity variant has no zCDP profile
+        ("zcdp", "smooth_sensitivity", {"epsilon": "0.5", "delta": "1e-7"}, {"noise": "gaussian"}),
     ],
 )
 def test_mechanisms_without_a_proven_profile_are_refused_naming_accounting(
-    client, keys, upload_dataset, data, kind, mechanism, cost
+    client, keys, upload_dataset, data, kind, mechanism, cost, params
 ):
     dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
-    body = {"mechanism": mechanism, "k": 2, "params": {}, **cost}
+    body = {"mechanism": mechanism, "k": 2, "params": params, **cost}
+    # The dry run says so before anyone spends, with the same refusal.
+    dry = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=body
+    )
+    assert dry.status_code == 422, dry.text
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 422, response.text
-    assert "accounting" in response.text
+    assert "accounting" in response.text and response.json() == dry.json()
     assert Decimal(budget(client, keys.owner, dataset)["rho_spent"]) == 0
 
 
@@ -281,18 +290,38 @@ def test_zcdp_charges_approximate_steps_their_rho_and_delta(client, keys, upload
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
-def test_auto_chooses_only_what_the_accounting_admits(client, keys, upload_dataset, data, kind):
+def test_auto_runs_itself_under_every_accounting_and_keeps_its_settings(
+    client, keys, upload_dataset, data, kind
+):
     dataset = upload(upload_dataset, client, keys, data, kind, row_norm_bound=1.0)
     cost = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005"}
-    body = {"mechanism": "auto", "k": 2, **cost}
+    body = {"mechanism": "auto", "k": 2, "params": {"center": "private"}, **cost}
     preview = client.post(
         releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=body
     )
     assert preview.status_code == 200, preview.text
-    assert preview.json()["mechanism"] == "analyze_gauss"
+    shown = preview.json()
+    # It stays auto, says what it will run, and keeps its settings (centring, the clip norm).
+    assert shown["mechanism"] == "auto" and "analyze_gauss" in shown["scales"]["auto_choice"]
+    assert shown["params"]["center"] == "private" and shown["params"]["clip_norm"] == 1.0
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 202, response.text
-    assert response.json()["mechanism"] == "analyze_gauss"
+    assert response.json()["mechanism"] == "auto"
+    target = Decimal("0.005")
+    assert target * Decimal("0.999999") < Decimal(response.json()["rho"]) <= target
+
+
+def test_auto_dry_run_on_a_gaussian_dataset_says_its_tests_are_off(
+    client, keys, upload_dataset, data
+):
+    dataset = upload(upload_dataset, client, keys, data, "gaussian", row_norm_bound=1.0)
+    body = {"mechanism": "auto", "k": 2, "epsilon": "0.5", "delta": "1e-7"}
+    shown = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=body
+    ).json()
+    assert shown["mechanism"] == "auto" and shown["params"]["structure_share"] == 0
+    assert "gaussian dataset" in shown["scales"]["auto_details"]
+    assert shown["mu"] is not None
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
@@ -339,7 +368,9 @@ def test_the_mechanism_list_names_each_mechanisms_accountings(client, keys):
     by_name = {item["name"]: set(item["accountings"]) for item in items}
     assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp"}
     assert by_name["friendly_aggregate"] == {"basic", "zcdp"}
-    assert by_name["smooth_sensitivity"] == {"basic"}
+    assert by_name["smooth_sensitivity"] == {"basic", "zcdp"}
+    assert by_name["exact_gapmax"] == {"basic", "zcdp"}
+    assert by_name["auto"] == {"basic", "gaussian", "zcdp"}
 
 
 def test_a_basic_dry_run_also_shows_the_other_currencies(client, keys, upload_dataset, data):
@@ -385,3 +416,26 @@ def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
         ]
         report = audit.verify(session)
     assert report.ok, report.problems
+
+
+def test_a_zcdp_dry_run_of_a_gaussian_release_states_what_gaussian_accounting_would_save(
+    client, keys, upload_dataset, data
+):
+    dataset = upload(upload_dataset, client, keys, data, "zcdp", row_norm_bound=1.0)
+    shown = ask(client, keys.analyst, dataset, dry=True, rho="0.005").json()
+    notes = [line for line in shown["meaning"] if "accounting gaussian" in line]
+    # At (1, 1e-6): sqrt(rho_B / (mu_B^2/2)) = 1/1.105, so 9.5% less noise.
+    mu = accounting.mu_budget(Decimal(1), Decimal("1e-6"))
+    rho = Decimal(dataset["budget"]["rho_total"])
+    saving = 1 - math.sqrt(float(rho) / (float(mu) ** 2 / 2))
+    assert 0.09 < saving < 0.10 and len(notes) == 1 and f"{saving:.1%}" in notes[0]
+    # Not for a release that is not purely Gaussian, nor on a gaussian dataset.
+    friendly = {"mechanism": "friendly_aggregate", "k": 1, "epsilon": "0.5", "delta": "2e-7"}
+    other = client.post(
+        releases_url(dataset) + "?dry_run=true", headers=bearer(keys.analyst), json=friendly
+    )
+    if other.status_code == 200:
+        assert not [line for line in other.json()["meaning"] if "accounting gaussian" in line]
+    gaussian = upload(upload_dataset, client, keys, data, "gaussian", row_norm_bound=1.0)
+    plain = ask(client, keys.analyst, gaussian, dry=True, mu="0.1").json()
+    assert not [line for line in plain["meaning"] if "accounting gaussian" in line]

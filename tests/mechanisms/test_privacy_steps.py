@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
 from service import accounting
@@ -17,9 +18,11 @@ from service.mechanisms.base import (
     PublicContext,
     PureStep,
     ReleaseSpec,
+    gaussian_test_event_delta,
+    laplace_test_step,
 )
 from service.mechanisms.continual_gauss import ContinualGauss, tree_sensitivity
-from service.mechanisms.friendly_aggregate import FriendlyAggregate, release_split
+from service.mechanisms.friendly_aggregate import FriendlyAggregate, GdpSplit, release_split
 from service.mechanisms.gap_perturbation import GapPerturbation
 from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.noise import analytic_gaussian_sigma
@@ -92,13 +95,16 @@ def test_gap_perturbation_is_approximate_zcdp():
     mechanism = GapPerturbation()
     spec = spec_for(mechanism, 1.0, 1e-6)
     steps = mechanism.privacy_steps(CTX, spec)
+    # The test through the common event g_low <= min(g, g'): e^eps1 delta1, eps1 plus the
+    # renormalisation (laplace_test_step).
+    spill = math.exp(0.5) * 0.5e-6
     assert steps == [
-        ApproximateStep(0.5, 0.5e-6),
+        ApproximateStep(0.5 - math.log1p(-spill), spill),
         GaussianStep(1.0, analytic_gaussian_sigma(1.0, 0.5, 0.5e-6)),
     ]
     costs = accounting.step_costs(steps)
-    # The double 0.5e-6 is charged exactly as the double it is, rounded up.
-    assert costs.delta == accounting.round_up(Decimal(float("0.5e-6"))) and not costs.gaussian
+    # The double spill is charged exactly as the double it is, rounded up.
+    assert costs.delta == accounting.round_up(Decimal(spill)) and not costs.gaussian
 
 
 @pytest.mark.parametrize("radius", [None, 0.5])
@@ -110,7 +116,11 @@ def test_friendly_aggregate_steps_follow_its_split(radius):
     assert (split.eps0 > 0) == (radius is None)
     assert any(isinstance(step, PureStep) for step in steps) == (radius is None)
     approximate = [step for step in steps if isinstance(step, ApproximateStep)]
-    assert [step.delta for step in approximate] == [split.delta1]
+    if isinstance(split, GdpSplit):
+        expected = gaussian_test_event_delta(split.ptr_mu, split.delta1)
+    else:
+        expected = math.exp(split.eps1) * split.delta1
+    assert [step.delta for step in approximate] == [expected]
     assert isinstance(steps[-1], GaussianStep)
 
 
@@ -133,3 +143,65 @@ def test_histogram_aggregate_is_the_search_and_an_approximate_histogram(width):
         assert steps == [PureStep(eps0), ApproximateStep(eps_h, 1e-6)]
     else:
         assert steps == [ApproximateStep(1.0, 1e-6)]
+
+
+@pytest.mark.parametrize(("epsilon", "delta"), [(0.1, 1e-9), (0.5, 1e-6), (2.0, 1e-3)])
+def test_laplace_test_step_against_the_laplace_laws(epsilon, delta):
+    """The common event ``I = {L <= min(S, S')}`` of a Laplace PTR test, checked against
+    scipy's Laplace law for the worst shift ``|S - S'| = D``: each side's mass outside ``I``
+    is at most the declared delta, and on ``I`` the renormalised densities' ratio is at most
+    ``e^eps'`` at every point of a grid."""
+    from scipy.stats import laplace
+
+    step = laplace_test_step(epsilon, delta)
+    assert step is not None
+    sensitivity = 2.0
+    scale = sensitivity / epsilon
+    shift = scale * math.log(1.0 / (2.0 * delta))  # P[L > S] = delta
+    s_low, s_high = 0.0, sensitivity  # S(x), S(x')
+    low = laplace(loc=s_low - shift, scale=scale)
+    high = laplace(loc=s_high - shift, scale=scale)
+    top = min(s_low, s_high)
+    outside = (low.sf(top), high.sf(top))
+    assert max(outside) <= step.delta * (1 + 1e-9)
+    grid = np.linspace(top - 40 * scale, top, 2001)
+    ratio = (low.pdf(grid) / low.cdf(top)) / (high.pdf(grid) / high.cdf(top))
+    bound = math.exp(step.epsilon) * (1 + 1e-9)
+    assert np.all(ratio <= bound) and np.all(1 / ratio <= bound)
+    # The per-side events would not do: the high side has mass above the low side's S.
+    assert high.sf(s_low) > 0
+
+
+def test_laplace_test_step_refuses_a_useless_profile():
+    assert laplace_test_step(10.0, 1e-4) is None
+
+
+@pytest.mark.parametrize(("mu", "delta"), [(0.1, 1e-7), (0.5, 1e-6), (1.5, 1e-3)])
+def test_gaussian_test_event_against_truncated_gaussians(mu, delta):
+    """F3's Gaussian PTR test on the common event ``I = {L <= min(S, S')}``: the mass outside
+    it is the declared delta (scipy), and the Renyi divergence of the two truncated laws,
+    integrated numerically in both directions at several orders, stays within ``alpha
+    mu^2/2`` (the log-concavity argument in the docstring)."""
+    from scipy import integrate
+    from scipy.stats import norm
+
+    declared = gaussian_test_event_delta(mu, delta)
+    s = 1.0
+    z = norm.isf(delta)
+    means = (0.0 - s * z, mu * s - s * z)  # S = 0 and S' = D = mu s, shifted by s z
+    top = 0.0  # min(S, S')
+    masses = [norm.cdf(top, loc=m, scale=s) for m in means]
+    assert max(1 - mass for mass in masses) <= declared * (1 + 1e-9)
+    assert declared >= delta
+    for alpha in (1.01, 1.5, 2.0, 8.0):
+        for a, b, pa, pb in ((0, 1, masses[0], masses[1]), (1, 0, masses[1], masses[0])):
+
+            def integrand(y, a=a, b=b, pa=pa, pb=pb, alpha=alpha):
+                log_p = norm.logpdf(y, loc=means[a], scale=s) - math.log(pa)
+                log_q = norm.logpdf(y, loc=means[b], scale=s) - math.log(pb)
+                return math.exp(alpha * log_p + (1 - alpha) * log_q)
+
+            lowest = min(means) - 40.0 * s
+            value, _ = integrate.quad(integrand, lowest, top, limit=400, epsabs=0, epsrel=1e-12)
+            divergence = math.log(value) / (alpha - 1)
+            assert divergence <= alpha * mu**2 / 2 * (1 + 1e-6) + 1e-12
