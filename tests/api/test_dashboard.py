@@ -199,7 +199,7 @@ def screenshot(page: Any, tmp_path: Path, name: str) -> None:
     if SCREENSHOTS:
         shutil.copy(path, Path(SCREENSHOTS) / path.name)
     size = path.stat().st_size
-    assert 5_000 < size < 100_000, (name, size)
+    assert 5_000 < size < 160_000, (name, size)
 
 
 def test_owner_sees_budget_spending_chart_grants_and_releases(
@@ -281,7 +281,7 @@ def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
     assert cells(page, "#releases table", 6) == [r["status"] for r in mine]
     # Exactly as the API shows them: the padded spectrum release reads queued (its owner sees
     # it succeeded), with no result and no times.
-    assert sorted(r["status"] for r in mine) == ["queued", "succeeded"]
+    assert sorted(r["status"] for r in mine) == ["queued", "succeeded", "succeeded"]
     assert "started" not in page.inner_text("#releases thead")
     assert cells(page, "#releases table", 1) == [r["id"][:8] for r in mine]
     assert world.releases["other"][:8] not in page.inner_text("#releases")
