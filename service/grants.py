@@ -99,8 +99,13 @@ def _grant_state(
         accounting=dataset.accounting,
         rho_total=grant.rho if dataset.accounting != "basic" else None,
         rho_spent=rho_spent,
-        # Stated (service.spend) at the dataset's delta, its epsilon converted from its rho.
+        # Stated (service.spend) at the dataset's delta: a grant given in epsilon by that
+        # epsilon (its spend is (epsilon, delta)-DP, delta <= delta_total), else its rho
+        # converted.
         stated_delta=dataset.delta_total,
+        epsilon_stated=grant.epsilon
+        if dataset.accounting != "basic" and grant.epsilon > 0
+        else None,
         epsilon_ceiling=dataset.epsilon_total,
         delta_conversion=dataset.delta_conversion,
     )
@@ -288,7 +293,8 @@ def _epsilon_share(
     conversion and lets its mechanisms spend ``delta - c``; its ``rho`` is the largest whose CKS
     conversion is within ``(epsilon, c)``. Either way what the grant spends is
     ``(epsilon, delta)``-DP; both are capped at the dataset's own budget (a grant of the whole
-    ``(epsilon_total, delta_total)`` is the whole budget)."""
+    ``(epsilon_total, delta_total)`` is the whole budget). The epsilon is kept as the grant's
+    stated total (:mod:`service.spend`)."""
     compare = ledger.BUDGET_CONTEXT.compare
     for name, value in (("rho", rho), ("mu", mu)):
         if value is not None:
@@ -314,7 +320,9 @@ def _epsilon_share(
         conversion = min(delta, dataset.delta_conversion)
         mechanisms = ledger.BUDGET_CONTEXT.subtract(delta, conversion)
         rho = accounting.rho_budget(epsilon, conversion)
-    return zero, mechanisms, min(rho, dataset.rho_total)
+    # The epsilon asked is kept (the grant's epsilon column; the filter charges rho only): its
+    # spend is (epsilon, delta)-DP with delta <= delta_total, which is how it is stated.
+    return epsilon, mechanisms, min(rho, dataset.rho_total)
 
 
 def list_grants(session: Session, principal: Principal, dataset_id: uuid.UUID) -> list[GrantView]:

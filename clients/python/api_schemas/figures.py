@@ -31,5 +31,5 @@ def shown(value: Decimal | str | None, *, up: bool = False, digits: int = SIGNIF
         return "0"
     quantum = Decimal(1).scaleb(number.adjusted() - digits + 1)
     rounded = number.quantize(quantum, rounding=ROUND_CEILING if up else ROUND_FLOOR)
-    # Plain notation down to 1e-6 (budgets people type); smaller figures in exponent form.
-    return format(rounded.normalize(), "f" if number.adjusted() >= -6 else "E")
+    # Plain notation always, as the JSON writes budgets ("0.0000001", never "1E-7").
+    return format(rounded.normalize(), "f")
