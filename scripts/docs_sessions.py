@@ -48,7 +48,7 @@ _KEY = re.compile(r"dpss_[A-Za-z0-9_-]{20,}")
 _SHA = re.compile(r"\b[0-9a-f]{64}\b")
 _CURSOR = re.compile(r"\bWy[A-Za-z0-9_-]{20,}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d(:\d\d(\.\d+)?)?(Z|[+-]\d\d:\d\d)?")
-_NUMBER = re.compile(r"-?\d+(\.\d+)?([eE][-+]?\d+)?")
+_NUMBER = re.compile(r"-?\d+\.?\d*([eE][-+]?\d+)?")
 _URL = re.compile(r"http://127\.0\.0\.1:\d+")
 _RULE = re.compile(r"[─━═┄╌-]{2,}")
 #: A line showing a noisy output: every number on it is masked.

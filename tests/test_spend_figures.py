@@ -69,3 +69,30 @@ def test_the_budget_table_prints_four_digits_and_the_delta_held_for_the_conversi
     assert "delta held for the conversion" in text and "0.000005" in text
     assert "0.02213" in text and "0.01661" in text
     assert "docs/mechanisms.md#reading-a-budget" in text
+
+
+def test_rho_and_mu_are_explained_in_one_text_that_the_docs_and_the_dashboard_show():
+    from pathlib import Path
+
+    from fastapi.testclient import TestClient
+
+    from api_schemas.figures import READING_A_BUDGET
+    from service.api.dashboard import install_dashboard
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "mechanisms.md").read_text()
+    section = docs.split("## Reading a budget", 1)[1].split("\n## ", 1)[0]
+    flat = " ".join(section.split())
+    for heading, text in READING_A_BUDGET:
+        assert f"**{heading}.** {text}" in flat, heading
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    install_dashboard(app)
+    with TestClient(app) as client:
+        page = client.get("/dashboard/reading-a-budget")
+        assert page.status_code == 200
+        for heading, _ in READING_A_BUDGET:
+            assert heading in page.text
+        # Every screen links to it.
+        for view in ("", "/owner", "/analyst", "/auditor", "/admin"):
+            assert 'href="/dashboard/reading-a-budget"' in client.get(f"/dashboard{view}").text

@@ -586,12 +586,12 @@ grants_app = typer.Typer(
 
 def _grants_table(items: list[Grant], title: str) -> Table:
     """Each grant in (epsilon, delta) with its native figure beside it; the analyst key by
-    name and the start of its id (exact values, whole ids and times: --json)."""
+    name and the start of its id (exact values and times: --json)."""
     table = Table(
         title=title,
         title_justify="left",
         box=box.SIMPLE_HEAD,
-        caption="whole ids and exact values: --json",
+        caption="exact values: --json",
     )
     table.add_column("id", overflow="fold")
     table.add_column("analyst key", overflow="fold")
@@ -609,7 +609,7 @@ def _grants_table(items: list[Grant], title: str) -> Table:
         elif grant.rho_remaining is not None:
             native = f"rho {_figure(grant.rho_remaining)}"
         table.add_row(
-            str(grant.id)[:8],
+            str(grant.id),
             who,
             _figure(grant.epsilon_total),
             _figure(grant.epsilon_spent, up=True),

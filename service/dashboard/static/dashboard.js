@@ -399,6 +399,11 @@ async function signIn(event) {
 
 async function start() {
   const view = document.body.dataset.view;
+  // The explanation of rho and mu is text only: no key, no API call.
+  if (view === "reading-a-budget") {
+    document.body.dataset.ready = "true";
+    return;
+  }
   const form = document.getElementById("sign-in");
   if (form) form.addEventListener("submit", signIn);
   document.getElementById("sign-out").addEventListener("click", signOut);
