@@ -8,6 +8,10 @@ script rewrites the file, outputs included, from a real run:
     DPSS_URL=http://127.0.0.1:8000 DPSS_OWNER_KEY=... DPSS_ANALYST_KEY=... \\
         python -m scripts.digits_notebook docs/notebooks/digits_pca.ipynb
 
+The service must run with the product's defaults (no ``DPSS_DEFAULT_ACCOUNTING``; the test
+suite's is ``basic``): the test compares every recorded output with a run up to ids and noise
+(``scripts.docs_sessions.normalise``), and ``scripts.docs_sessions.serve`` starts such a service.
+
 The runner executes code cells in order in one namespace, as a kernel would: what a cell prints
 is a ``stream`` output, and the value of a final expression (if not ``None``) an
 ``execute_result``, as in Jupyter.
