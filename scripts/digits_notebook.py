@@ -8,6 +8,10 @@ script rewrites the file, outputs included, from a real run:
     DPSS_URL=http://127.0.0.1:8000 DPSS_OWNER_KEY=... DPSS_ANALYST_KEY=... \\
         python -m scripts.digits_notebook docs/notebooks/digits_pca.ipynb
 
+The service must run with the product's defaults (no ``DPSS_DEFAULT_ACCOUNTING``; the test
+suite's is ``basic``): the test compares every recorded output with a run up to ids and noise
+(``scripts.docs_sessions.normalise``), and ``scripts.docs_sessions.serve`` starts such a service.
+
 The runner executes code cells in order in one namespace, as a kernel would: what a cell prints
 is a ``stream`` output, and the value of a final expression (if not ``None``) an
 ``execute_result``, as in Jupyter.
@@ -44,6 +48,7 @@ neighbours), and every row then has norm 1, the public `row_norm_bound` the mech
         """import os
 import numpy as np
 from sklearn.datasets import load_digits
+from api_schemas.figures import shown
 from dpss_client import Client, PrivatePCA
 
 X = load_digits().data
@@ -78,26 +83,32 @@ print(Z.shape, "explained variance ratio", pca.explained_variance_ratio_.round(3
     ),
     (
         "markdown",
-        """The ratios are the released noisy eigenvalues over the noisy trace, with the upward shift
-the noise gives the top eigenvalues undone from the noise scale the release states
-(`dpss_client.pca.debias_eigenvalues`); they stay noisy, and a component buried in the noise
-reads 0. How good is the private subspace? On the
-analyst's public copy (an evaluation only public data allows): the share of the centred digits'
-variance it keeps, against 0.745 for exact (non-private) PCA with 10 components.""",
+        """The ratios come from a fresh private estimate, made after the components were chosen, of
+the variance each released component captures (part of the same release and its budget): each
+is in [0, 1], they sum to at most 1, and `pca.explained_variance_ratio_interval_` is a 90%
+interval for their sum. They stay noisy, and a component buried in the noise reads 0. How good
+is the private subspace? On the analyst's public copy (an evaluation only public data allows):
+the share of the centred digits' variance it keeps, against 0.745 for exact (non-private) PCA
+with 10 components.""",
     ),
     (
         "code",
-        """Xc = X - X.mean(axis=0)
-print(round(np.linalg.norm(Xc @ pca.components_.T) ** 2 / np.linalg.norm(Xc) ** 2, 3))""",
+        """Xc, V = X - X.mean(axis=0), pca.components_.T
+print("variance kept", round(np.linalg.norm(Xc @ V) ** 2 / np.linalg.norm(Xc) ** 2, 3))""",
     ),
     (
         "markdown",
-        "The release, found again in the analyst's history (and the budget it spent):",
+        """The release, found again in the analyst's history, and the budget it spent: stated in
+epsilon at the dataset's delta, 4 significant digits rounded up (`shown`; the exact decimal is
+`dpss.budget(digits.id).epsilon_spent`). The dataset has the default accounting, `zcdp`, which
+charges the release its rho (`dpss.budget(digits.id).rho_spent`): one release of epsilon 2
+amounts to a little less than 2 at the dataset's delta (docs/mechanisms.md, "Reading a
+budget").""",
     ),
     (
         "code",
-        """found = [r for r in dpss.list_releases(dataset_id=digits.id) if r.id == pca.release_id_]
-print(found[0].mechanism, found[0].status, "spent", dpss.budget(digits.id).epsilon_spent)""",
+        """r = next(r for r in dpss.list_releases(dataset_id=digits.id) if r.id == pca.release_id_)
+print(r.mechanism, r.status, "spent", shown(dpss.budget(digits.id).epsilon_spent, up=True))""",
     ),
 ]
 

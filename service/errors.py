@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import traceback
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -161,23 +162,21 @@ class BudgetExceeded(Conflict):
 
     def __init__(
         self,
-        epsilon_remaining: Decimal,
-        delta_remaining: Decimal,
+        remaining: Mapping[str, Decimal],
         *,
         budget: str = "dataset",
         grant_id: uuid.UUID | None = None,
-        rho_remaining: Decimal | None = None,
     ) -> None:
+        """``remaining``: the budget's remaining figures as :mod:`service.spend` states them
+        (``epsilon_remaining``, ``delta_remaining``, and the native ``rho_remaining`` /
+        ``mu_remaining`` / ``delta_reserved_for_conversion`` where the accounting has them): the
+        same figures ``GET .../budget`` (or the grant) shows."""
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
-        # rho only where the budget is in rho (gaussian, zcdp): basic bodies stay as they were.
-        extra = {} if rho_remaining is None else {"rho_remaining": rho_remaining}
         super().__init__(
             f"this release costs more than {which} remaining budget",
-            epsilon_remaining=epsilon_remaining,
-            delta_remaining=delta_remaining,
+            **remaining,
             budget=budget,
             grant_id=grant_id,
-            **extra,
         )
 
 

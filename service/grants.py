@@ -34,7 +34,7 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import accounting, audit, ledger
+from service import accounting, audit, ledger, spend
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
 from service.errors import (
@@ -53,6 +53,7 @@ __all__ = [
     "grant_budget",
     "list_grants",
     "revoke_grant",
+    "view_of",
 ]
 
 
@@ -62,6 +63,14 @@ class GrantView:
 
     grant: Grant
     budget: ledger.BudgetState
+    #: The analyst key's name (None for an all-analysts grant), for people reading a list.
+    key_name: str | None = None
+
+
+def view_of(session: Session, grant: Grant) -> GrantView:
+    """A grant with its budget from the ledger and its key's name."""
+    key = session.get(ApiKey, grant.analyst_key_id) if grant.analyst_key_id is not None else None
+    return GrantView(grant, grant_budget(session, grant), None if key is None else key.name)
 
 
 def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
@@ -90,6 +99,15 @@ def _grant_state(
         accounting=dataset.accounting,
         rho_total=grant.rho if dataset.accounting != "basic" else None,
         rho_spent=rho_spent,
+        # Stated (service.spend) at the dataset's delta: a grant given in epsilon by that
+        # epsilon (its spend is (epsilon, delta)-DP, delta <= delta_total), else its rho
+        # converted.
+        stated_delta=dataset.delta_total,
+        epsilon_stated=grant.epsilon
+        if dataset.accounting != "basic" and grant.epsilon > 0
+        else None,
+        epsilon_ceiling=dataset.epsilon_total,
+        delta_conversion=dataset.delta_conversion,
     )
 
 
@@ -172,6 +190,8 @@ def create_grant(
         created_at=utcnow(),
     )
     session.add(grant)
+    zero = Decimal(0)
+    state = _grant_state(dataset, grant, zero, zero, zero)
     audit.record(
         session,
         "grant_created",
@@ -186,13 +206,19 @@ def create_grant(
             **(
                 {}
                 if dataset.accounting == "basic"
-                else {"accounting": dataset.accounting, "rho": rho}
+                else {
+                    "accounting": dataset.accounting,
+                    "rho": rho,
+                    # The user's currency beside the native one (service.spend).
+                    "epsilon_stated": spend.statement(state).epsilon_total,
+                    "stated_at_delta": dataset.delta_total,
+                }
             ),
         },
     )
     session.flush()
-    zero = Decimal(0)
-    return GrantView(grant, _grant_state(dataset, grant, zero, zero, zero))
+    named = session.get(ApiKey, analyst_key_id) if analyst_key_id is not None else None
+    return GrantView(grant, state, None if named is None else named.name)
 
 
 def _share(
@@ -218,9 +244,7 @@ def _share(
             raise InvalidInput("delta", "must not exceed the dataset's total delta budget")
         return epsilon, delta, zero
     if epsilon is not None:
-        raise InvalidInput(
-            "epsilon", f"this dataset's accounting is {dataset.accounting}: grant rho or mu"
-        )
+        return _epsilon_share(dataset, epsilon, delta, rho, mu)
     if mu is not None and rho is not None:
         raise InvalidInput("mu", "give mu or rho, not both")
     if mu is not None:
@@ -228,17 +252,77 @@ def _share(
             raise InvalidInput("mu", "only gaussian accounting grants mu; give rho and delta")
         rho = accounting.budget_rho_of_mu(mu)
     if rho is None:
-        raise InvalidInput("rho", f"required (or mu) on a {dataset.accounting} dataset")
+        raise InvalidInput("rho", f"required (or mu, or epsilon) on a {dataset.accounting} dataset")
     assert dataset.rho_total is not None  # set for every non-basic dataset
     if compare(rho, dataset.rho_total) > 0:
-        raise InvalidInput("rho" if mu is None else "mu", "must not exceed the dataset's budget")
+        total = dataset.rho_total if mu is None else dataset.mu_total
+        raise InvalidInput(
+            "rho" if mu is None else "mu", f"must not exceed the dataset's budget ({total})"
+        )
     delta = zero if delta is None else delta
     if dataset.accounting == "gaussian" and delta > 0:
         raise InvalidInput("delta", "gaussian accounting spends no delta; grant mu only")
     limit = ledger.state_of(dataset, zero, zero, zero).delta_remaining
     if compare(delta, limit) > 0:
-        raise InvalidInput("delta", "must not exceed the dataset's delta for mechanisms")
+        raise InvalidInput("delta", _mechanism_delta_limit(dataset, limit))
     return zero, delta, rho
+
+
+def _mechanism_delta_limit(dataset: Dataset, limit: Decimal) -> str:
+    """Why a native grant's delta is too large, with the figures."""
+    return (
+        f"must not exceed the dataset's delta for mechanisms, {limit} (its delta_total "
+        f"{dataset.delta_total} less the {dataset.delta_conversion} held for the conversion); "
+        "or grant epsilon with delta up to delta_total"
+    )
+
+
+def _epsilon_share(
+    dataset: Dataset,
+    epsilon: Decimal,
+    delta: Decimal | None,
+    rho: Decimal | None,
+    mu: Decimal | None,
+) -> tuple[Decimal, Decimal, Decimal]:
+    """A grant given in ``(epsilon, delta)`` on a ``gaussian`` or ``zcdp`` dataset, as the
+    ``(0, mechanisms' delta, rho)`` the ledger charges, rounded the safe way (the rho down).
+
+    ``delta`` (default: the dataset's ``delta_total``) is the grant's whole delta. ``gaussian``:
+    ``rho = mu^2/2`` for the largest ``mu`` whose GDP curve is within ``(epsilon, delta)``.
+    ``zcdp``: like the dataset, the grant holds ``c = min(delta, delta_conversion)`` for the
+    conversion and lets its mechanisms spend ``delta - c``; its ``rho`` is the largest whose CKS
+    conversion is within ``(epsilon, c)``. Either way what the grant spends is
+    ``(epsilon, delta)``-DP; both are capped at the dataset's own budget (a grant of the whole
+    ``(epsilon_total, delta_total)`` is the whole budget). The epsilon is kept as the grant's
+    stated total (:mod:`service.spend`)."""
+    compare = ledger.BUDGET_CONTEXT.compare
+    for name, value in (("rho", rho), ("mu", mu)):
+        if value is not None:
+            raise InvalidInput(name, "give epsilon (with delta) or the native budget, not both")
+    if compare(epsilon, dataset.epsilon_total) > 0:
+        raise InvalidInput(
+            "epsilon", f"must not exceed the dataset's epsilon_total ({dataset.epsilon_total})"
+        )
+    delta = dataset.delta_total if delta is None else delta
+    if compare(delta, dataset.delta_total) > 0:
+        raise InvalidInput(
+            "delta", f"must not exceed the dataset's delta_total ({dataset.delta_total})"
+        )
+    if delta <= 0:
+        raise InvalidInput("delta", f"must be > 0 on a {dataset.accounting} dataset")
+    assert dataset.rho_total is not None  # set for every non-basic dataset
+    zero = Decimal(0)
+    if dataset.accounting == "gaussian":
+        rho = accounting.budget_rho_of_mu(accounting.mu_budget(epsilon, delta))
+        mechanisms = zero
+    else:
+        assert dataset.delta_conversion is not None  # set for every zcdp dataset
+        conversion = min(delta, dataset.delta_conversion)
+        mechanisms = ledger.BUDGET_CONTEXT.subtract(delta, conversion)
+        rho = accounting.rho_budget(epsilon, conversion)
+    # The epsilon asked is kept (the grant's epsilon column; the filter charges rho only): its
+    # spend is (epsilon, delta)-DP with delta <= delta_total, which is how it is stated.
+    return epsilon, mechanisms, min(rho, dataset.rho_total)
 
 
 def list_grants(session: Session, principal: Principal, dataset_id: uuid.UUID) -> list[GrantView]:
@@ -250,7 +334,7 @@ def list_grants(session: Session, principal: Principal, dataset_id: uuid.UUID) -
     grants = session.execute(
         select(Grant).where(Grant.dataset_id == dataset_id).order_by(Grant.created_at, Grant.id)
     ).scalars()
-    return [GrantView(grant, grant_budget(session, grant)) for grant in grants]
+    return [view_of(session, grant) for grant in grants]
 
 
 def revoke_grant(
@@ -270,7 +354,7 @@ def revoke_grant(
             dataset_id=dataset.id,
             details={"grant_id": grant.id},
         )
-    return GrantView(grant, grant_budget(session, grant))
+    return view_of(session, grant)
 
 
 def applicable_grant(

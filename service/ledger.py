@@ -92,6 +92,16 @@ class BudgetState:
     #: The delta mechanisms may spend: ``delta_total`` (``basic``), ``delta_total -
     #: delta_conversion`` (``zcdp``), 0 (``gaussian``).
     delta_limit: Decimal | None = None
+    #: What :mod:`service.spend` needs to state the budget in ``(epsilon, delta)``: the
+    #: dataset's ``delta_total`` the epsilon figures are at (a grant's own ``delta_total`` is
+    #: its mechanisms' share), the owner's stated epsilon (a dataset's; ``None`` for a grant,
+    #: whose epsilon is its native total converted, at most ``epsilon_ceiling``, the
+    #: dataset's), the dataset's conversion share and ``mu``.
+    stated_delta: Decimal | None = None
+    epsilon_stated: Decimal | None = None
+    epsilon_ceiling: Decimal | None = None
+    delta_conversion: Decimal | None = None
+    mu_total: Decimal | None = None
 
     @property
     def epsilon_remaining(self) -> Decimal:
@@ -152,6 +162,10 @@ def state_of(
         rho_total=dataset.rho_total,
         rho_spent=rho_spent,
         delta_limit=limit,
+        stated_delta=dataset.delta_total,
+        epsilon_stated=dataset.epsilon_total,
+        delta_conversion=dataset.delta_conversion,
+        mu_total=dataset.mu_total,
     )
 
 

@@ -36,6 +36,8 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from service import spend
+from service.accounting import ACCOUNTINGS
 from service.operations import Figures
 
 MULTIPROCESS_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
@@ -148,6 +150,7 @@ class _Snapshot:
             epsilon.add_metric([kind], f.ledger_epsilon.get(kind, 0.0))
             delta.add_metric([kind], f.ledger_delta.get(kind, 0.0))
         yield from (entries, epsilon, delta)
+        yield from self._spend()
         if self.pool is not None:
             pool = self.pool
             for name, help_text, value in (
@@ -175,6 +178,43 @@ class _Snapshot:
             ):
                 yield GaugeMetricFamily(name, help_text, value=value)
 
+    def _spend(self) -> Iterator[Metric]:
+        """Spend by accounting, stated as every budget is (:func:`service.spend.statement`):
+        epsilon at each dataset's delta_total, with the native rho beside it."""
+        labels = ["accounting"]
+        datasets = GaugeMetricFamily("dpss_datasets", "Datasets by accounting.", labels=labels)
+        spent = GaugeMetricFamily(
+            "dpss_spent_epsilon",
+            "Epsilon spent, summed over datasets, by accounting: each dataset's epsilon_spent "
+            "as GET .../budget states it (at its delta_total), net of refunds in effect.",
+            labels=labels,
+        )
+        remaining = GaugeMetricFamily(
+            "dpss_remaining_epsilon",
+            "Epsilon remaining, summed over datasets, by accounting (as GET .../budget).",
+            labels=labels,
+        )
+        rho = GaugeMetricFamily(
+            "dpss_spent_rho",
+            "Rho spent (the native figure of gaussian and zcdp; 0 for basic), summed over "
+            "datasets, by accounting.",
+            labels=labels,
+        )
+        sums: dict[str, list[float]] = {kind: [0, 0.0, 0.0, 0.0] for kind in ACCOUNTINGS}
+        for state in self.figures.budgets:
+            stated = spend.statement(state)
+            row = sums.setdefault(state.accounting, [0, 0.0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += float(stated.epsilon_spent)
+            row[2] += float(stated.epsilon_remaining)
+            row[3] += float(stated.native.rho_spent or 0)
+        for kind, (count, epsilon, left, native) in sorted(sums.items()):
+            datasets.add_metric([kind], count)
+            spent.add_metric([kind], epsilon)
+            remaining.add_metric([kind], left)
+            rho.add_metric([kind], native)
+        yield from (datasets, spent, remaining, rho)
+
 
 def _process_registry() -> CollectorRegistry:
     if os.environ.get(MULTIPROCESS_VARIABLE):
@@ -186,5 +226,6 @@ def _process_registry() -> CollectorRegistry:
 
 def exposition(figures: Figures, pool: PoolFigures | None) -> bytes:
     """The text a scrape returns: this process's (or every process's) request metrics, then
-    the scrape-time figures."""
+    the scrape-time figures. Converts each budget to epsilon (milliseconds each, cached):
+    callers run it off the event loop."""
     return generate_latest(_process_registry()) + generate_latest(_Snapshot(figures, pool))

@@ -13,11 +13,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 
 from sqlalchemy import Float, cast, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from service import audit
+from service import audit, ledger
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import (
@@ -31,7 +32,7 @@ from service.db.models import (
     WorkerHeartbeat,
 )
 from service.errors import NotFound
-from service.grants import GrantView, grant_budget
+from service.grants import GrantView, view_of
 from service.mechanisms.registry import MECHANISMS
 from service.pagination import Page, parse_seq_cursor, seq_cursor
 
@@ -167,9 +168,21 @@ def late_counts(session: Session) -> dict[str, int]:
 # -- a dataset's ledger, an analyst's grants ------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LedgerView:
+    """A page of a dataset's ledger with what :func:`service.spend.running_epsilon` needs to
+    state each entry in epsilon: the dataset's accounting and ``delta_total``, and the net
+    ``(epsilon, delta, rho)`` of the entries before the page."""
+
+    page: Page[LedgerEntry]
+    accounting: str
+    delta_total: Decimal
+    before: tuple[Decimal, Decimal, Decimal]
+
+
 def page_ledger(
     session: Session, principal: Principal, dataset_id: uuid.UUID, limit: int, cursor: str | None
-) -> Page[LedgerEntry]:
+) -> LedgerView:
     """A dataset's charges and refunds, oldest first (its owner only; 404 for anyone else,
     as for its grants)."""
     require_role(principal, "owner")
@@ -191,7 +204,21 @@ def page_ledger(
     more = len(rows) > limit
     rows = rows[:limit]
     following = seq_cursor(LEDGER_CURSOR, rows[-1].id) if more and rows else None
-    return Page(items=rows, total=total, next=following)
+    # The net spend before this page, summed exactly (ledger order: a refund counts where it is
+    # written, so the running figure is the ledger's, not the budget's at a given time).
+    before = ledger.spent_of(
+        session.execute(
+            select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta, LedgerEntry.rho).where(
+                LedgerEntry.dataset_id == dataset_id, LedgerEntry.id <= after
+            )
+        ).all()
+    )
+    return LedgerView(
+        Page(items=rows, total=total, next=following),
+        dataset.accounting,
+        dataset.delta_total,
+        before,
+    )
 
 
 def my_grants(session: Session, principal: Principal) -> list[GrantView]:
@@ -213,7 +240,7 @@ def my_grants(session: Session, principal: Principal) -> list[GrantView]:
     for grant in grants:
         if grant.dataset_id not in chosen or grant.analyst_key_id is not None:
             chosen[grant.dataset_id] = grant
-    return [GrantView(grant, grant_budget(session, grant)) for grant in chosen.values()]
+    return [view_of(session, grant) for grant in chosen.values()]
 
 
 # -- the audit chain --------------------------------------------------------------------------
@@ -290,6 +317,9 @@ class Figures:
     ledger_epsilon: dict[str, float] = field(default_factory=dict)
     ledger_delta: dict[str, float] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)
+    #: Every dataset's budget (exact ledger sums), for the spend stated per accounting
+    #: (:func:`service.spend.statement`, converted outside the unit of work).
+    budgets: list[ledger.BudgetState] = field(default_factory=list)
 
 
 def figures(session: Session, settings: Settings, now: datetime) -> Figures:
@@ -324,11 +354,14 @@ def figures(session: Session, settings: Settings, now: datetime) -> Figures:
         result.ledger_entries[kind] = count
         result.ledger_epsilon[kind] = float(epsilon or 0.0)
         result.ledger_delta[kind] = float(delta or 0.0)
+    datasets = list(session.execute(select(Dataset)).scalars())
+    result.budgets = list(ledger.budgets_of(session, datasets).values())
     return result
 
 
 __all__ = [
     "Figures",
+    "LedgerView",
     "QueueView",
     "Verification",
     "WorkerView",

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, grants, ledger, releases
+from service import accounting, audit, grants, ledger, releases, spend
 from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset
@@ -52,6 +52,8 @@ class ReleasePreview:
     rho: Decimal | None
     zcdp_delta: Decimal | None
     rho_remaining: Decimal | None
+    mu_remaining: Decimal | None
+    delta_reserved_for_conversion: Decimal | None
     releases_remaining: int | None
     affordable: bool
     epsilon_remaining: Decimal
@@ -131,6 +133,8 @@ def preview_release(
             "affordable": affordable,
         },
     )
+    # The remaining figures as GET .../budget (or the grant) states them.
+    stated = spend.statement(budget)
     return ReleasePreview(
         dataset_id=dataset.id,
         mechanism=prepared.mechanism.name,
@@ -142,11 +146,13 @@ def preview_release(
         mu=prepared.costs.mu,
         rho=prepared.costs.rho,
         zcdp_delta=prepared.costs.delta,
-        rho_remaining=None if dataset.accounting == "basic" else budget.rho_remaining,
+        rho_remaining=stated.native.rho_remaining,
+        mu_remaining=stated.native.mu_remaining,
+        delta_reserved_for_conversion=stated.delta_reserved_for_conversion,
         releases_remaining=releases_remaining(budget, charge),
         affordable=affordable,
-        epsilon_remaining=budget.epsilon_remaining,
-        delta_remaining=budget.delta_remaining,
+        epsilon_remaining=stated.epsilon_remaining,
+        delta_remaining=stated.delta_remaining,
         budget=charged_to,
         grant_id=grant.id if grant is not None else None,
         memory_mb=memory,

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, calibration, grants, ledger, reference, tracing, wake
+from service import accounting, audit, calibration, grants, ledger, reference, spend, tracing, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, ReleaseBasis, utcnow
@@ -636,14 +636,10 @@ def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:
 def budget_exceeded(
     state: ledger.BudgetState, budget: str = "dataset", grant_id: uuid.UUID | None = None
 ) -> BudgetExceeded:
-    """The 409 for a budget the charge does not fit, with what remains in its currency."""
-    rho = None if state.accounting == "basic" else state.rho_remaining
+    """The 409 for a budget the charge does not fit, with what remains stated as
+    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`)."""
     return BudgetExceeded(
-        state.epsilon_remaining,
-        state.delta_remaining,
-        budget=budget,
-        grant_id=grant_id,
-        rho_remaining=rho,
+        spend.statement(state).remaining_fields(), budget=budget, grant_id=grant_id
     )
 
 

@@ -115,7 +115,10 @@ def check_walkthrough_dashboard(base: str, owner: str, auditor: str, admin: str)
 
     with chromium(base, [owner, auditor, admin]) as driver:
         page = driver.sign_in(owner, "owner")
-        assert page.inner_text("section.dataset h2") == "demo"
+        # The name, and the start of its id (datasets with the same name are told apart).
+        heading = page.inner_text("section.dataset h2")
+        dataset_id = page.locator("section.dataset").get_attribute("data-dataset")
+        assert heading == f"demo · {dataset_id[:8]}"
         spent = page.inner_text("table.budget tr[data-field=epsilon_spent] td")
         assert spent == "0.6"
         chart = page.locator("svg.spending")

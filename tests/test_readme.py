@@ -137,3 +137,22 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_mechanism_table_states_the_accountings_each_mechanism_runs_under():
+    """The README's mechanism table says which accountings admit each mechanism, as the
+    registry (and ``GET /v1/mechanisms``) does today: a change to either fails here."""
+    from service.mechanisms.registry import MECHANISMS
+
+    text = README.read_text()
+    head = "| mechanism | use it when | paper | accountings it runs under (today) |"
+    assert head in text
+    rows = text.split(head, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
+    stated = {
+        re.match(r"\| `(\w+)` \|", row).group(1): set(  # type: ignore[union-attr]
+            re.findall(r"`(\w+)`", row.rsplit("|", 2)[1])
+        )
+        for row in rows
+    }
+    assert stated == {name: set(m.accountings) for name, m in MECHANISMS.items() if name in stated}
+    assert set(stated) == set(MECHANISMS) - {"continual_gauss"}

@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from api_schemas.figures import READING_A_BUDGET
 from service.errors import NotFound
 
 DASHBOARD_URL = "/dashboard"
@@ -47,6 +48,11 @@ def static_dir() -> Path:
     return Path(str(files("service.dashboard") / "static"))
 
 
+#: The page that explains rho, mu and the delta held for the conversion (one text:
+#: :data:`api_schemas.figures.READING_A_BUDGET`); every page's navigation links to it.
+HELP_VIEW = "reading-a-budget"
+
+
 def render(view: str, title: str) -> HTMLResponse:
     page = _environment.get_template("signin.html" if view == "signin" else f"{view}.html")
     html = page.render(
@@ -54,6 +60,8 @@ def render(view: str, title: str) -> HTMLResponse:
         title=title,
         views=[(name, label.split(":")[0]) for name, label in VIEWS.items()],
         static=STATIC_URL,
+        help_url=f"{DASHBOARD_URL}/{HELP_VIEW}",
+        sections=READING_A_BUDGET,
     )
     # The shells hold no data, but a shared cache has no business keeping them either.
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
@@ -73,6 +81,8 @@ def install_dashboard(app: FastAPI) -> None:
 
     @app.get(DASHBOARD_URL + "/{view}", include_in_schema=False)
     async def role_view(view: str) -> HTMLResponse:
+        if view == HELP_VIEW:
+            return render(HELP_VIEW, "Reading a budget")
         if view not in VIEWS:
             raise NotFound(f"no dashboard view {view!r}; the views are {', '.join(VIEWS)}")
         return render(view, VIEWS[view])

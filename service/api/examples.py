@@ -270,12 +270,18 @@ _OPERATIONS: dict[str, Any] = {
                 "kind": "charge",
                 "epsilon": "0.5",
                 "delta": "0.000001",
+                "rho": "0",
+                "mu": None,
+                "epsilon_after": "0.5",
+                "epsilon_increment": "0.5",
                 "grant_id": GRANT_ID,
                 "created_at": CREATED,
             }
         ],
         "total": 1,
         "next": None,
+        "accounting": "basic",
+        "stated_at_delta": "0.00001",
     },
     "MyGrantList": {"items": [_GRANT], "total": 1},
     "AuditVerification": {

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody
 from api_schemas.grants import Grant, GrantCreate, GrantList
-from service import grants
+from service import grants, spend
 from service.api.deps import UnitOfWorkDep
 from service.api.routing import GuardedRoute
 from service.auth import Principal
@@ -19,24 +19,33 @@ router = APIRouter(prefix="/v1/datasets", tags=["grants"], route_class=GuardedRo
 
 
 def grant_out(view: grants.GrantView) -> Grant:
-    grant, budget = view.grant, view.budget
+    """A grant stated as every budget is (:func:`service.spend.statement`): ``(epsilon, delta)``
+    at the dataset's delta with the native figures beside them; nothing remains once revoked."""
+    grant = view.grant
+    stated = spend.statement(view.budget)
+    native = stated.native
     revoked = grant.revoked_at is not None
+    zero = Decimal(0)
+    non_basic = stated.accounting != "basic"
     return Grant(
         id=grant.id,
         dataset_id=grant.dataset_id,
         analyst_key_id=grant.analyst_key_id,
-        epsilon_total=grant.epsilon,
-        delta_total=grant.delta,
-        epsilon_spent=budget.epsilon_spent,
-        delta_spent=budget.delta_spent,
-        epsilon_remaining=Decimal(0) if revoked else budget.epsilon_remaining,
-        delta_remaining=Decimal(0) if revoked else budget.delta_remaining,
-        accounting=budget.accounting,
-        rho_total=None if budget.accounting == "basic" else grant.rho,
-        rho_spent=None if budget.accounting == "basic" else budget.rho_spent,
-        rho_remaining=None
-        if budget.accounting == "basic"
-        else (Decimal(0) if revoked else budget.rho_remaining),
+        analyst_key_name=view.key_name,
+        epsilon_total=stated.epsilon_total,
+        delta_total=stated.delta_total,
+        epsilon_spent=stated.epsilon_spent,
+        delta_spent=stated.delta_spent,
+        epsilon_remaining=zero if revoked else stated.epsilon_remaining,
+        delta_remaining=zero if revoked else stated.delta_remaining,
+        accounting=stated.accounting,
+        rho_total=native.rho_total,
+        rho_spent=native.rho_spent,
+        rho_remaining=zero if revoked and non_basic else native.rho_remaining,
+        mu_total=native.mu_total,
+        mu_spent=native.mu_spent,
+        mu_remaining=zero if revoked and native.mu_remaining is not None else native.mu_remaining,
+        delta_reserved_for_conversion=stated.delta_reserved_for_conversion,
         created_at=grant.created_at,
         revoked_at=grant.revoked_at,
     )

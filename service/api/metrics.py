@@ -6,6 +6,7 @@ Not in the API manual (it is not JSON). Prometheus sends the key as a bearer tok
 
 from __future__ import annotations
 
+import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
@@ -44,5 +45,5 @@ async def prometheus_metrics(
         return operations.figures(session, settings, utcnow())
 
     figures = await uow(work)
-    body = metrics.exposition(figures, pool_figures(request))
+    body = await anyio.to_thread.run_sync(metrics.exposition, figures, pool_figures(request))
     return Response(body, media_type=metrics.CONTENT_TYPE)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import anyio.to_thread
 from fastapi import APIRouter, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
@@ -23,7 +24,7 @@ from api_schemas.operations import (
     WorkerInfo,
     WorkerList,
 )
-from service import operations
+from service import operations, spend
 from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep, bearer_secret, database_of
 from service.api.grants import grant_out
 from service.api.routing import GuardedRoute
@@ -123,15 +124,40 @@ async def queue(uow: UnitOfWorkDep) -> QueueState:
 async def ledger(
     dataset_id: uuid.UUID, uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = None
 ) -> LedgerPage:
-    def work(session: Session, principal: Principal) -> LedgerPage:
-        page = operations.page_ledger(session, principal, dataset_id, limit, cursor)
-        return LedgerPage(
-            items=[LedgerEntry.model_validate(entry) for entry in page.items],
-            total=page.total,
-            next=page.next,
-        )
+    def work(session: Session, principal: Principal) -> operations.LedgerView:
+        return operations.page_ledger(session, principal, dataset_id, limit, cursor)
 
-    return await uow(work)
+    view = await uow(work)
+    entries = [(e.kind, e.epsilon, e.delta, e.rho) for e in view.page.items]
+
+    def state() -> list[spend.Running]:
+        # Conversions cost milliseconds each: computed after the unit of work (its database
+        # connection is back in the pool) and off the event loop.
+        return spend.running_epsilon(view.accounting, view.delta_total, view.before, entries)
+
+    running = await anyio.to_thread.run_sync(state)
+    return LedgerPage(
+        items=[
+            LedgerEntry(
+                id=entry.id,
+                release_id=entry.release_id,
+                kind=entry.kind,
+                epsilon=entry.epsilon,
+                delta=entry.delta,
+                rho=entry.rho,
+                mu=shown.mu,
+                epsilon_after=shown.epsilon_after,
+                epsilon_increment=shown.epsilon_increment,
+                grant_id=entry.grant_id,
+                created_at=entry.created_at,
+            )
+            for entry, shown in zip(view.page.items, running, strict=True)
+        ],
+        total=view.page.total,
+        next=view.page.next,
+        accounting=view.accounting,
+        stated_at_delta=view.delta_total,
+    )
 
 
 @router.get(

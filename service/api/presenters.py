@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import accounting, continual, ledger, releases, visibility
+from service import continual, ledger, releases, spend, visibility
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
@@ -23,52 +23,40 @@ def budget_out(totals: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget
 
 
 def _budget(dataset: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
-    """The budget in the dataset's currency; on ``gaussian`` and ``zcdp`` datasets
-    ``epsilon_spent`` is what the spent amount amounts to at ``delta_total``."""
-    if state.accounting == "basic":
+    """The budget as :func:`service.spend.statement` states it: ``(epsilon, delta)`` at the
+    dataset's ``delta_total``, with the native figures beside them."""
+    return budget_schema(spend.statement(state), dataset.delta_conversion)
+
+
+def budget_schema(stated: spend.Statement, delta_conversion: Decimal | None = None) -> Budget:
+    """A :class:`~service.spend.Statement` as the API's :class:`Budget`."""
+    native = stated.native
+    if stated.accounting == "basic":
         return Budget(
-            epsilon_total=state.epsilon_total,
-            delta_total=state.delta_total,
-            epsilon_spent=state.epsilon_spent,
-            delta_spent=state.delta_spent,
-            epsilon_remaining=state.epsilon_remaining,
-            delta_remaining=state.delta_remaining,
+            epsilon_total=stated.epsilon_total,
+            delta_total=stated.delta_total,
+            epsilon_spent=stated.epsilon_spent,
+            delta_spent=stated.delta_spent,
+            epsilon_remaining=stated.epsilon_remaining,
+            delta_remaining=stated.delta_remaining,
         )
-    used = spent_epsilon(dataset, state)
-    mu: dict[str, Decimal | None] = {}
-    if state.accounting == "gaussian":
-        mu = {
-            "mu_total": dataset.mu_total,
-            "mu_spent": accounting.sqrt_up(2 * state.rho_spent),
-            "mu_remaining": accounting.sqrt_down(2 * state.rho_remaining),
-        }
     return Budget(
-        accounting=state.accounting,
-        epsilon_total=state.epsilon_total,
-        delta_total=state.delta_total,
-        epsilon_spent=used,
-        delta_spent=state.delta_spent,
-        epsilon_remaining=max(Decimal(0), state.epsilon_total - used),
-        delta_remaining=state.delta_remaining,
-        rho_total=state.rho_total,
-        rho_spent=state.rho_spent,
-        rho_remaining=state.rho_remaining,
-        delta_conversion=dataset.delta_conversion,
-        **mu,
+        accounting=stated.accounting,
+        epsilon_total=stated.epsilon_total,
+        delta_total=stated.delta_total,
+        epsilon_spent=stated.epsilon_spent,
+        delta_spent=stated.delta_spent,
+        epsilon_remaining=stated.epsilon_remaining,
+        delta_remaining=stated.delta_remaining,
+        rho_total=native.rho_total,
+        rho_spent=native.rho_spent,
+        rho_remaining=native.rho_remaining,
+        mu_total=native.mu_total,
+        mu_spent=native.mu_spent,
+        mu_remaining=native.mu_remaining,
+        delta_conversion=delta_conversion,
+        delta_reserved_for_conversion=stated.delta_reserved_for_conversion,
     )
-
-
-def spent_epsilon(dataset: ledger.BudgetTotals, state: ledger.BudgetState) -> Decimal:
-    """The smallest epsilon at which what was spent is ``(epsilon, delta_total)``-DP: GDP's
-    curve at ``mu_spent`` (``gaussian``), CKS's conversion of ``rho_spent`` at ``delta_total -
-    delta_spent`` (``zcdp``: the approximate steps' delta adds up)."""
-    if state.rho_spent <= 0:
-        return Decimal(0)
-    if state.accounting == "gaussian":
-        return accounting.gdp_epsilon(accounting.sqrt_up(2 * state.rho_spent), dataset.delta_total)
-    spare = dataset.delta_total - state.delta_spent
-    converted = accounting.zcdp_epsilon(state.rho_spent, spare)
-    return dataset.epsilon_total if converted is None else converted
 
 
 def dataset_out(session: Session, dataset: models.Dataset) -> Dataset:

@@ -330,11 +330,12 @@ def test_grants_in_the_dataset_currency(
 ):
     dataset = upload(upload_dataset, client, keys, data, kind)
     grants_url = f"/v1/datasets/{dataset['id']}/grants"
-    # The wrong currency is refused naming the field; a share above the dataset's too.
+    # Two currencies at once are refused naming the field (epsilon alone is accepted: see
+    # tests/api/test_spend_statement.py); a share above the dataset's too.
     wrong = client.post(
-        grants_url, headers=bearer(keys.owner), json={"epsilon": "0.5", "delta": "1e-7"}
+        grants_url, headers=bearer(keys.owner), json={"epsilon": "0.5", "rho": "0.001"}
     )
-    assert wrong.status_code == 422 and "epsilon" in wrong.text
+    assert wrong.status_code == 422 and "rho" in wrong.text
     share = {"mu": "0.1"} if kind == "gaussian" else {"rho": "0.005", "delta": "1e-8"}
     too_big = {"mu": "1"} if kind == "gaussian" else {"rho": "5"}
     assert client.post(grants_url, headers=bearer(keys.owner), json=too_big).status_code == 422

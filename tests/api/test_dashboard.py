@@ -57,6 +57,9 @@ class World:
     dataset: str
     grant: str
     releases: dict[str, str] = field(default_factory=dict)
+    #: A second dataset named "demo" under zcdp accounting, and bob's epsilon grant on it.
+    zcdp: str = ""
+    zcdp_grant: str = ""
 
     def api(self, role: str, path: str) -> Any:
         response = httpx.get(
@@ -129,6 +132,31 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             json={"analyst_key_id": key_ids["analyst"], "epsilon": "0.5", "delta": "1e-6"},
         )["id"]
         world = World(base, keys, key_ids, dataset, grant)
+        world.zcdp = _post(
+            base,
+            keys["owner"],
+            "/v1/datasets",
+            files={"file": ("demo.npy", buffer.getvalue(), "application/octet-stream")},
+            data={
+                "name": "demo",
+                "epsilon_budget": "1.0",
+                "delta_budget": "1e-5",
+                "row_norm_bound": "1",
+                "accounting": "zcdp",
+            },
+        )["id"]
+        world.zcdp_grant = _post(
+            base,
+            keys["owner"],
+            f"/v1/datasets/{world.zcdp}/grants",
+            json={"analyst_key_id": key_ids["analyst"], "epsilon": "0.5"},
+        )["id"]
+        _post(
+            base,
+            keys["analyst"],
+            f"/v1/datasets/{world.zcdp}/releases",
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.25", "delta": "1e-7"},
+        )
         releases = f"/v1/datasets/{dataset}/releases"
         for name, role, body in (
             ("spectrum", "analyst", {"mechanism": "spectrum", "k": 3, "epsilon": "0.1"}),
@@ -137,7 +165,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         ):
             made = _post(base, keys[role], releases, json={"delta": "1e-7", **body})
             world.releases[name] = made["id"]
-        assert worker.run_pending() == 3
+        assert worker.run_pending() == 4
         worker.note_alive()
         # As if the spectrum release's padding ran for another hour: analysts see it queued.
         with factory.begin() as session:
@@ -171,7 +199,7 @@ def screenshot(page: Any, tmp_path: Path, name: str) -> None:
     if SCREENSHOTS:
         shutil.copy(path, Path(SCREENSHOTS) / path.name)
     size = path.stat().st_size
-    assert 5_000 < size < 100_000, (name, size)
+    assert 5_000 < size < 160_000, (name, size)
 
 
 def test_owner_sees_budget_spending_chart_grants_and_releases(
@@ -181,7 +209,8 @@ def test_owner_sees_budget_spending_chart_grants_and_releases(
     budget = world.api("owner", f"/v1/datasets/{world.dataset}/budget")
     ledger = world.api("owner", f"/v1/datasets/{world.dataset}/ledger")["items"]
     card = f"section[data-dataset='{world.dataset}']"
-    assert page.inner_text(f"{card} h2") == "demo"
+    # Two datasets are named "demo": each heading adds its id's start.
+    assert page.inner_text(f"{card} h2") == f"demo · {world.dataset[:8]}"
     for name, value in budget.items():
         shown = page.inner_text(f"{card} table.budget tr[data-field={name}] td")
         if value is None:  # a currency this dataset's accounting does not use
@@ -210,6 +239,20 @@ def test_owner_sees_budget_spending_chart_grants_and_releases(
     assert statuses == [r["status"] for r in api_releases]
     assert sorted(statuses) == ["queued", "succeeded", "succeeded", "succeeded"]
     screenshot(page, tmp_path, "owner")
+    # The zcdp dataset is charted too: the ledger's epsilon_after, not a flat 0.
+    zcdp = f"section[data-dataset='{world.zcdp}']"
+    assert page.inner_text(f"{zcdp} h2") == f"demo · {world.zcdp[:8]}"
+    zcdp_budget = world.api("owner", f"/v1/datasets/{world.zcdp}/budget")
+    zcdp_ledger = world.api("owner", f"/v1/datasets/{world.zcdp}/ledger")["items"]
+    spent = float(Decimal(zcdp_budget["epsilon_spent"]))
+    assert spent > 0.2 and float(Decimal(zcdp_ledger[-1]["epsilon_after"])) == spent
+    zcdp_chart = page.locator(f"{zcdp} svg.spending")
+    assert float(zcdp_chart.get_attribute("data-final")) == pytest.approx(spent)
+    zcdp_bar = page.locator(f"{zcdp} svg.by-grant rect[data-grant='{world.zcdp_grant}']")
+    assert float(zcdp_bar.get_attribute("data-epsilon")) == pytest.approx(spent)
+    # Grants name their analyst key; the native figure stands beside the epsilon one.
+    assert cells(page, f"{zcdp} table.grants", 1) == [f"bob · {world.key_ids['analyst'][:8]}"]
+    assert cells(page, f"{zcdp} table.grants", 6)[0].startswith("rho ")
     # What an owner may not read: the API refuses, and the page says so.
     chromium.visit(page, "admin")
     assert "403" in page.inner_text("#keys") and "dashboard-host" not in page.content()
@@ -222,13 +265,23 @@ def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
     chromium: Browser, world: World, tmp_path: Path
 ) -> None:
     page = sign_in(chromium, world, "analyst")
-    assert cells(page, "#grants table", 0) == ["demo"]
-    assert cells(page, "#grants table", 5) == ["0.15"]  # epsilon remaining: 0.5 - 0.35
+    assert cells(page, "#grants table", 0) == [
+        f"demo · {world.dataset[:8]}",
+        f"demo · {world.zcdp[:8]}",
+    ]
+    remaining = cells(page, "#grants table", 5)
+    assert remaining[0] == "0.15"  # epsilon remaining: 0.5 - 0.35
+    # The epsilon grant on the zcdp dataset is stated in epsilon (not 0 / 0 / 0).
+    mine = {g["dataset_id"]: g for g in world.api("analyst", "/v1/grants")["items"]}
+    zcdp_grant = mine[world.zcdp]
+    assert 0.49 < float(Decimal(zcdp_grant["epsilon_total"])) <= 0.5
+    assert 0 < float(remaining[1]) < float(Decimal(zcdp_grant["epsilon_total"]))
+    assert float(remaining[1]) == pytest.approx(float(Decimal(zcdp_grant["epsilon_remaining"])))
     mine = world.api("analyst", "/v1/releases")["items"]
     assert cells(page, "#releases table", 6) == [r["status"] for r in mine]
     # Exactly as the API shows them: the padded spectrum release reads queued (its owner sees
     # it succeeded), with no result and no times.
-    assert sorted(r["status"] for r in mine) == ["queued", "succeeded"]
+    assert sorted(r["status"] for r in mine) == ["queued", "succeeded", "succeeded"]
     assert "started" not in page.inner_text("#releases thead")
     assert cells(page, "#releases table", 1) == [r["id"][:8] for r in mine]
     assert world.releases["other"][:8] not in page.inner_text("#releases")

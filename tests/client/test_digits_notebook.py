@@ -11,7 +11,17 @@ import numpy as np
 import pytest
 
 from scripts.digits_notebook import CELLS, NOTEBOOK, code_cells, run_cell
+from scripts.docs_sessions import normalise
+from service.config import Settings
 from tests.client.conftest import LiveService
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The product's default accounting (the test suite's is basic), as the notebook was
+    recorded with: its printed budget is compared with the recorded one."""
+    default = Settings.model_fields["default_accounting"].default
+    return settings.model_copy(update={"default_accounting": default})
 
 
 def test_the_committed_notebook_is_the_generators_with_outputs_of_a_run() -> None:
@@ -46,9 +56,19 @@ def test_the_notebook_runs_against_a_live_service(
     assert "(1797, 10) explained variance ratio" in printed[3]
     # The centred private subspace keeps about half of the variance (0.51 in the committed run,
     # 0.745 for exact PCA); far below would mean the centring or the release went wrong.
-    assert float(printed[4]) > 0.35
+    assert float(printed[4].split()[-1]) > 0.35
     assert np.allclose(pca.mean_, namespace["X"].mean(axis=0), atol=0.1)
     # Found again in the history, and charged once.
-    assert [r.id for r in namespace["found"]] == [pca.release_id_]
+    assert namespace["r"].id == pca.release_id_
     assert "analyze_gauss succeeded" in printed[5]
-    assert str(namespace["dpss"].budget(digits.id).epsilon_spent) == "2"
+    budget = namespace["dpss"].budget(digits.id)
+    assert budget.accounting == "zcdp" and 1.9 < float(budget.epsilon_spent) <= 2
+    # Every recorded output is what this run printed, up to ids and noise (the one rule of
+    # scripts/docs_sessions.py): a change to what the service prints fails here.
+    notebook = json.loads(NOTEBOOK.read_text())
+    recorded = [
+        "".join("".join(o["text"]) for o in cell["outputs"] if o["output_type"] == "stream")
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "code"
+    ]
+    assert [normalise(text) for text in recorded] == [normalise(text) for text in printed]

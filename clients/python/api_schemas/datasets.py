@@ -99,6 +99,14 @@ class Budget(Schema):
         default=None,
         description="zcdp: the share of delta_total reserved for converting rho_total.",
     )
+    delta_reserved_for_conversion: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "The part of delta_total held back to convert rho to (epsilon, delta): never spent "
+            "by a mechanism, so not in delta_remaining. zcdp: delta_conversion; gaussian: all "
+            "of delta_total; null for basic. See docs/mechanisms.md, 'Reading a budget'."
+        ),
+    )
 
 
 class Dataset(Schema):

@@ -25,16 +25,22 @@ class GrantCreate(RequestSchema):
         Field(
             default=None,
             description=(
-                "basic datasets: epsilon the grant may spend, at most the dataset's total: a JSON "
-                "number or a decimal string in ASCII digits, at most 30 decimal places."
+                "Epsilon the grant may spend, at most the dataset's total: a JSON number or a "
+                "decimal string in ASCII digits, at most 30 decimal places. On gaussian and zcdp "
+                "datasets it is converted to the grant's rho (mu), rounded down: the grant's "
+                "spend is then (epsilon, delta)-DP, delta being the grant's `delta` (default: "
+                "the dataset's delta_total)."
             ),
         )
     )
     delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] | None = Field(
         default=None,
         description=(
-            "Delta the grant may spend (basic: at most the dataset's total; zcdp: with rho, "
-            "at most the dataset's delta for mechanisms); at most 30 places."
+            "Delta the grant may spend, at most the dataset's delta_total; at most 30 places. "
+            "basic: its delta. With epsilon on gaussian and zcdp: the grant's whole delta, "
+            "conversion included (zcdp holds the dataset's delta_conversion of it, or all of it "
+            "if less, for the conversion; mechanisms may spend the rest). With rho (zcdp): the "
+            "delta its mechanisms may spend, at most the dataset's delta_total - delta_conversion."
         ),
     )
     mu: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(
@@ -54,9 +60,24 @@ class Grant(Schema):
     analyst_key_id: UUID | None = Field(
         description="The analyst key it is for; null: every analyst without a grant of their own."
     )
-    epsilon_total: ExactDecimal = Field(description="Epsilon granted.")
-    delta_total: ExactDecimal = Field(description="Delta granted.")
-    epsilon_spent: ExactDecimal = Field(description="Epsilon charged to the grant, less refunds.")
+    analyst_key_name: str | None = Field(
+        default=None, description="That key's name; null for an all-analysts grant."
+    )
+    epsilon_total: ExactDecimal = Field(
+        description=(
+            "Epsilon granted. gaussian, zcdp: what the grant's rho (mu) amounts to at the "
+            "dataset's delta_total (rounded down), as every budget is stated."
+        )
+    )
+    delta_total: ExactDecimal = Field(
+        description="Delta granted (gaussian, zcdp: the delta its mechanisms may spend)."
+    )
+    epsilon_spent: ExactDecimal = Field(
+        description=(
+            "Epsilon charged to the grant, less refunds (gaussian, zcdp: the smallest epsilon at "
+            "which what it spent is (epsilon, delta_total)-DP at the dataset's delta, rounded up)."
+        )
+    )
     delta_spent: ExactDecimal = Field(description="Delta charged to the grant, less refunds.")
     epsilon_remaining: ExactDecimal = Field(
         description="Epsilon the grant could still spend (none once revoked)."
@@ -75,6 +96,22 @@ class Grant(Schema):
     )
     rho_remaining: ExactDecimal | None = Field(
         default=None, description="gaussian and zcdp: rho the grant could still spend."
+    )
+    mu_total: ExactDecimal | None = Field(
+        default=None, description="gaussian: sqrt(2 rho_total), rounded down."
+    )
+    mu_spent: ExactDecimal | None = Field(
+        default=None, description="gaussian: sqrt(2 rho_spent), rounded up."
+    )
+    mu_remaining: ExactDecimal | None = Field(
+        default=None, description="gaussian: sqrt(2 rho_remaining), rounded down."
+    )
+    delta_reserved_for_conversion: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian and zcdp: the dataset's delta held back to convert rho to (epsilon, "
+            "delta); no mechanism spends it."
+        ),
     )
     created_at: datetime = Field(description="Creation time (UTC).")
     revoked_at: datetime | None = Field(

@@ -4,6 +4,7 @@ dataset's ledger, the grants that apply to an analyst and the audit chain's veri
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Literal
 from uuid import UUID
 
@@ -97,8 +98,34 @@ class LedgerEntry(Schema):
     id: int = Field(description="Entry id, increasing in time.")
     release_id: UUID = Field(description="The release charged or refunded.")
     kind: Literal["charge", "refund"] = Field(description="A charge, or a refund of one.")
-    epsilon: ExactDecimal = Field(description="Epsilon charged or refunded.")
-    delta: ExactDecimal = Field(description="Delta charged or refunded.")
+    epsilon: ExactDecimal = Field(
+        description=(
+            "basic: epsilon charged or refunded. gaussian, zcdp: 0 (they charge rho); see "
+            "epsilon_increment for the entry in epsilon."
+        )
+    )
+    delta: ExactDecimal = Field(description="Delta charged or refunded (mechanisms' delta).")
+    rho: ExactDecimal = Field(
+        default=Decimal(0),
+        description="gaussian, zcdp: rho charged or refunded (gaussian: mu^2/2); 0 for basic.",
+    )
+    mu: ExactDecimal | None = Field(
+        default=None, description="gaussian: the entry's mu, sqrt(2 rho) rounded up."
+    )
+    epsilon_after: ExactDecimal = Field(
+        description=(
+            "The dataset's net spend after this entry (ledger order) stated as its budget "
+            "states epsilon_spent: the smallest epsilon at which it is (epsilon, delta_total)-DP "
+            "at the dataset's delta_total (stated_at_delta), rounded up. basic: the running sum."
+        )
+    )
+    epsilon_increment: ExactDecimal = Field(
+        description=(
+            "epsilon_after less the previous entry's: what this entry added (negative for a "
+            "refund). Under gaussian and zcdp epsilons do not add up, so this depends on what "
+            "was spent before; it is the step the dashboard's chart draws."
+        )
+    )
     grant_id: UUID | None = Field(
         description="The grant it is also charged to; null: the dataset's budget directly."
     )
@@ -110,6 +137,13 @@ class LedgerPage(Schema):
 
     items: list[LedgerEntry] = Field(description="The entries on this page.")
     total: int = Field(description="How many entries the dataset's ledger holds.")
+    accounting: Literal["basic", "gaussian", "zcdp"] = Field(
+        default="basic", description="The dataset's accounting: the entries' native currency."
+    )
+    stated_at_delta: ExactDecimal = Field(
+        default=Decimal(0),
+        description="The delta the epsilon figures are stated at: the dataset's delta_total.",
+    )
     next: str | None = Field(
         description="Pass as `cursor` for the next page; null on the last page."
     )

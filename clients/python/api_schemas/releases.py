@@ -250,7 +250,11 @@ class BudgetExceeded(Schema):
     error: Literal["budget_exceeded"] = Field(description="Always `budget_exceeded`.")
     detail: str = Field(description="Explanation.")
     epsilon_remaining: ExactDecimal = Field(
-        description="Epsilon still available in the budget named by `budget`."
+        description=(
+            "Epsilon still available in the budget named by `budget`, stated as GET .../budget "
+            "(or the grant) states it: on gaussian and zcdp, epsilon at the dataset's "
+            "delta_total (rounded down)."
+        )
     )
     delta_remaining: ExactDecimal = Field(
         description="Delta still available in the budget named by `budget`."
@@ -270,6 +274,20 @@ class BudgetExceeded(Schema):
         description=(
             "gaussian and zcdp datasets: rho still available in that budget (gaussian: "
             "mu_remaining^2/2). Absent for basic."
+        ),
+    )
+    mu_remaining: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian: the largest mu one more release may use in that budget (rounded down), "
+            "as GET .../budget states it."
+        ),
+    )
+    delta_reserved_for_conversion: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian and zcdp: the dataset's delta held back to convert rho to (epsilon, "
+            "delta), which no mechanism spends (not in delta_remaining)."
         ),
     )
 
@@ -336,6 +354,20 @@ class ReleasePreview(Schema):
     rho_remaining: ExactDecimal | None = Field(
         default=None, description="gaussian and zcdp: rho left in the budget named by `budget`."
     )
+    mu_remaining: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian: the largest mu one more release may use in that budget (rounded down), "
+            "as GET .../budget states it."
+        ),
+    )
+    delta_reserved_for_conversion: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "gaussian and zcdp: the dataset's delta held back to convert rho to (epsilon, "
+            "delta), which no mechanism spends (not in delta_remaining)."
+        ),
+    )
     releases_remaining: int | None = Field(
         default=None,
         description=(
@@ -350,7 +382,10 @@ class ReleasePreview(Schema):
         )
     )
     epsilon_remaining: ExactDecimal = Field(
-        description="Epsilon left in the budget named by `budget`."
+        description=(
+            "Epsilon left in the budget named by `budget`, as GET .../budget (or the grant) "
+            "states it (gaussian, zcdp: at the dataset's delta_total)."
+        )
     )
     delta_remaining: ExactDecimal = Field(description="Delta left in the budget named by `budget`.")
     budget: Literal["dataset", "grant"] = Field(

@@ -120,16 +120,21 @@ class BudgetExceededError(ConflictError):
         budget: str = "dataset",
         grant_id: UUID | None = None,
         rho_remaining: Decimal | None = None,
+        mu_remaining: Decimal | None = None,
+        delta_reserved_for_conversion: Decimal | None = None,
     ) -> None:
         super().__init__(code, detail, status)
         #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
         #: ``grant_id`` names it) or ``"dataset"``; ``rho_remaining`` on gaussian and zcdp
-        #: datasets (their currency; gaussian: mu_remaining^2/2).
+        #: datasets (their currency; gaussian: mu_remaining^2/2), ``mu_remaining`` on
+        #: gaussian ones; the same figures as the budget's (``GET .../budget`` or the grant).
         self.epsilon_remaining = epsilon_remaining
         self.delta_remaining = delta_remaining
         self.budget = budget
         self.grant_id = grant_id
         self.rho_remaining = rho_remaining
+        self.mu_remaining = mu_remaining
+        self.delta_reserved_for_conversion = delta_reserved_for_conversion
 
 
 class ServerError(DpssError):
@@ -215,6 +220,10 @@ def error_from_response(response: httpx.Response) -> DpssError:
             budget=str(body.get("budget", "dataset")),
             grant_id=_uuid_or_none(body.get("grant_id")),
             rho_remaining=_decimal_or_none(body.get("rho_remaining")),
+            mu_remaining=_decimal_or_none(body.get("mu_remaining")),
+            delta_reserved_for_conversion=_decimal_or_none(
+                body.get("delta_reserved_for_conversion")
+            ),
         )
     if status == 409:
         return ConflictError(code, detail, status)

@@ -43,6 +43,7 @@ from rich.table import Table
 
 from api_schemas.common import format_budget
 from api_schemas.datasets import Budget, Dataset
+from api_schemas.figures import shown
 from api_schemas.grants import Grant
 from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 from dpss_client.client import (
@@ -166,7 +167,18 @@ def _exit_code_for(error: DpssError) -> ExitCode:
 
 
 #: What a budget_exceeded error adds: which budget is short (grant or dataset) and its remainder.
-_ERROR_EXTRAS = ("budget", "grant_id", "epsilon_remaining", "delta_remaining", "rho_remaining")
+_ERROR_EXTRAS = (
+    "budget",
+    "grant_id",
+    "epsilon_remaining",
+    "delta_remaining",
+    "rho_remaining",
+    "mu_remaining",
+    "delta_reserved_for_conversion",
+)
+#: Extras that are remaining budget figures: shown to 4 significant digits, rounded down, on
+#: stderr (exact in --json).
+_REMAINING_EXTRAS = frozenset(_ERROR_EXTRAS[2:6])
 
 
 @contextmanager
@@ -187,8 +199,10 @@ def _service_errors(as_json: bool) -> Iterator[None]:
             f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(error.detail)}"
         )
         for extra in _ERROR_EXTRAS:
-            if getattr(error, extra, None) is not None:
-                console.print(f"  {extra}: {getattr(error, extra)}", markup=False)
+            value = getattr(error, extra, None)
+            if value is not None:
+                shown = _figure(value) if extra in _REMAINING_EXTRAS else str(value)
+                console.print(f"  {extra}: {shown}", markup=False)
         raise typer.Exit(int(code)) from None
 
 
@@ -200,7 +214,32 @@ def _text(value: Any) -> str:
     """A table cell: budgets in the JSON's plain notation (never "1E-7"), the rest as ``str``."""
     if value is None:
         return ""
-    return format_budget(value) if isinstance(value, Decimal) else str(value)
+    if isinstance(value, Decimal):
+        return format_budget(value)
+    # A released float (an eigenvalue, a noise scale) to 6 significant digits: its noise is far
+    # larger; the exact double is in --json.
+    if isinstance(value, float):
+        return _six(value)
+    if isinstance(value, list) and value and all(isinstance(v, float) for v in value):
+        return "[" + ", ".join(_six(v) for v in value) + "]"
+    return str(value)
+
+
+def _six(value: float) -> str:
+    """A float to 6 significant digits in plain notation (never "1e-05")."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    return format(Decimal(f"{value:.6g}"), "f")
+
+
+def _figure(value: Decimal | None, *, up: bool = False) -> str:
+    """A budget figure for people: 4 significant digits, a spent figure or a cost rounded up,
+    a total or remaining figure down (exact values: --json)."""
+    return "" if value is None else shown(value, up=up)
+
+
+#: Where rho, mu and the delta held for the conversion are explained (one place).
+READING_A_BUDGET = "docs/mechanisms.md#reading-a-budget"
 
 
 def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
@@ -216,25 +255,22 @@ def _budget_table(budget: Budget, title: str = "budget") -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("", "total", "spent", "remaining"):
         table.add_column(column, justify="right" if column else "left", overflow="fold")
-    table.add_row(
-        "epsilon",
-        _text(budget.epsilon_total),
-        _text(budget.epsilon_spent),
-        _text(budget.epsilon_remaining),
-    )
-    table.add_row(
-        "delta", _text(budget.delta_total), _text(budget.delta_spent), _text(budget.delta_remaining)
-    )
-    # The filter's own currency on gaussian and zcdp datasets (there epsilon_spent is what the
-    # spent amount amounts to at delta_total).
-    if budget.mu_total is not None:
-        table.add_row("mu", str(budget.mu_total), str(budget.mu_spent), str(budget.mu_remaining))
-    if budget.rho_total is not None:
-        table.add_row(
-            "rho", str(budget.rho_total), str(budget.rho_spent), str(budget.rho_remaining)
-        )
+    for name, total, spent, left in (
+        ("epsilon", budget.epsilon_total, budget.epsilon_spent, budget.epsilon_remaining),
+        ("delta", budget.delta_total, budget.delta_spent, budget.delta_remaining),
+        # The filter's own currency on gaussian and zcdp datasets, beside epsilon (which there
+        # is what the spent amount amounts to at delta_total).
+        ("mu", budget.mu_total, budget.mu_spent, budget.mu_remaining),
+        ("rho", budget.rho_total, budget.rho_spent, budget.rho_remaining),
+    ):
+        if total is not None:
+            table.add_row(name, _figure(total), _figure(spent, up=True), _figure(left))
+    reserved = budget.delta_reserved_for_conversion
+    if reserved is not None:
+        table.add_row("delta held for the conversion", _figure(reserved), "-", "-")
     if budget.accounting != "basic":
         table.title = f"{title} ({budget.accounting} accounting)"
+        table.caption = f"rho, mu: {READING_A_BUDGET}"
     return table
 
 
@@ -257,17 +293,19 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
         ("delta", info.delta),
         ("params", json.dumps(info.params, sort_keys=True)),
         ("affordable", "yes" if info.affordable else "NO: the budget does not cover it"),
-        ("epsilon_remaining", info.epsilon_remaining),
-        ("delta_remaining", info.delta_remaining),
+        ("epsilon_remaining", _figure(info.epsilon_remaining)),
+        ("delta_remaining", _figure(info.delta_remaining)),
         ("memory", f"{info.memory_mb:,.1f} MiB"),
     ]
     if info.accounting != "basic":
         rows += [
             ("accounting", info.accounting),
-            ("mu", info.mu),
-            ("rho", info.rho),
-            ("zcdp_delta", info.zcdp_delta),
-            ("rho_remaining", info.rho_remaining),
+            ("mu", _figure(info.mu, up=True)),
+            ("rho", _figure(info.rho, up=True)),
+            ("zcdp_delta", _figure(info.zcdp_delta, up=True)),
+            ("rho_remaining", _figure(info.rho_remaining)),
+            ("mu_remaining", _figure(info.mu_remaining)),
+            ("delta_reserved_for_conversion", _figure(info.delta_reserved_for_conversion)),
             ("releases_remaining", info.releases_remaining),
         ]
     rows += [
@@ -306,9 +344,13 @@ def _release_rows(info: Release) -> list[tuple[str, Any]]:
             k = len(info.result.basis[0]) if d else info.k
             rows.append(("basis", f"{d} x {k} (use --out FILE.npy or --json to get it)"))
         if info.result.basis_sha256:
-            rows.append(("basis_sha256", info.result.basis_sha256))
+            # Its start names it in a table of 100 columns without folding; whole: --json.
+            rows.append(("basis_sha256", f"{info.result.basis_sha256[:16]} (whole: --json)"))
         for key, value in info.result.extras.items():
-            rows.append((key, json.dumps(value)))
+            numbers = isinstance(value, float) or (
+                isinstance(value, list) and value and all(isinstance(v, float) for v in value)
+            )
+            rows.append((key, _text(value) if numbers else json.dumps(value)))
     return rows
 
 
@@ -507,8 +549,8 @@ def datasets_list(
                 ds.name,
                 f"{ds.n_rows} x {ds.n_cols}",
                 "" if ds.row_norm_bound is None else f"{ds.row_norm_bound:g}",
-                _text(ds.budget.epsilon_remaining),
-                _text(ds.budget.delta_remaining),
+                _figure(ds.budget.epsilon_remaining),
+                _figure(ds.budget.delta_remaining),
             )
         _stdout().print(table)
 
@@ -580,30 +622,38 @@ grants_app = typer.Typer(
 
 
 def _grants_table(items: list[Grant], title: str) -> Table:
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    """Each grant in (epsilon, delta) with its native figure beside it; the analyst key by
+    name and the start of its id (exact values and times: --json)."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="exact values: --json",
+    )
     table.add_column("id", overflow="fold")
     table.add_column("analyst key", overflow="fold")
-    for column in (
-        "eps total",
-        "eps spent",
-        "eps left",
-        "delta total",
-        "delta spent",
-        "delta left",
-    ):
+    for column in ("eps total", "eps spent", "eps left", "delta left", "native left"):
         table.add_column(column, justify="right", overflow="fold")
     table.add_column("revoked", overflow="fold")
     for grant in items:
+        if grant.analyst_key_id is None:
+            who = "every analyst"
+        else:
+            who = f"{grant.analyst_key_name or ''} ({str(grant.analyst_key_id)[:8]})".lstrip()
+        native = ""
+        if grant.mu_remaining is not None:
+            native = f"mu {_figure(grant.mu_remaining)}"
+        elif grant.rho_remaining is not None:
+            native = f"rho {_figure(grant.rho_remaining)}"
         table.add_row(
             str(grant.id),
-            "every analyst" if grant.analyst_key_id is None else str(grant.analyst_key_id),
-            _text(grant.epsilon_total),
-            _text(grant.epsilon_spent),
-            _text(grant.epsilon_remaining),
-            _text(grant.delta_total),
-            _text(grant.delta_spent),
-            _text(grant.delta_remaining),
-            "" if grant.revoked_at is None else grant.revoked_at.isoformat(timespec="seconds"),
+            who,
+            _figure(grant.epsilon_total),
+            _figure(grant.epsilon_spent, up=True),
+            _figure(grant.epsilon_remaining),
+            _figure(grant.delta_remaining),
+            native,
+            "" if grant.revoked_at is None else "yes",
         )
     return table
 
@@ -612,10 +662,18 @@ def _grants_table(items: list[Grant], title: str) -> Table:
 def grants_create(
     dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
     epsilon: Annotated[
-        str | None, typer.Option("--epsilon", help="basic: epsilon granted, e.g. 0.5.")
+        str | None,
+        typer.Option(
+            "--epsilon",
+            help="Epsilon granted, e.g. 0.5 (gaussian, zcdp: converted to rho, rounded down).",
+        ),
     ] = None,
     delta: Annotated[
-        str | None, typer.Option("--delta", help="Delta granted, e.g. 1e-6 (basic, zcdp).")
+        str | None,
+        typer.Option(
+            "--delta",
+            help="Delta granted, e.g. 1e-6 (with --epsilon: default the dataset's delta).",
+        ),
     ] = None,
     mu: Annotated[str | None, typer.Option("--mu", help="gaussian: mu granted.")] = None,
     rho: Annotated[str | None, typer.Option("--rho", help="gaussian, zcdp: rho granted.")] = None,

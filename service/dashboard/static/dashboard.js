@@ -130,14 +130,15 @@ function budgetBar(budget) {
   );
 }
 
-// Cumulative epsilon spent over time from the ledger (charges add, refunds subtract): a step line.
+// Epsilon spent over time from the ledger: each entry's epsilon_after (the dataset's net spend
+// after it, stated as the budget states epsilon_spent, at its delta_total, for every accounting).
 function spendingChart(entries, total) {
   const width = 560;
   const height = 200;
   const pad = { left: 48, right: 12, top: 12, bottom: 28 };
   let running = 0;
   const points = entries.map((entry) => {
-    running += (entry.kind === "refund" ? -1 : 1) * num(entry.epsilon);
+    running = num(entry.epsilon_after);
     return { t: new Date(entry.created_at).getTime(), y: running };
   });
   const chart = svg("svg", {
@@ -181,12 +182,14 @@ function spendingChart(entries, total) {
 }
 
 // Net epsilon by grant (and spent without one), from the same ledger entries: horizontal bars.
+// Each entry counts its epsilon_increment (under gaussian and zcdp epsilons do not add up: the
+// bars share the dataset's epsilon_spent out in the order it was spent).
 function byGrantChart(entries, grants) {
-  const labels = new Map(grants.map((g) => [g.id, g.analyst_key_id ? `grant ${short(g.id)} (analyst ${short(g.analyst_key_id)})` : `grant ${short(g.id)} (all analysts)`]));
+  const labels = new Map(grants.map((g) => [g.id, `grant ${short(g.id)} (${analystName(g)})`]));
   const sums = new Map();
   for (const entry of entries) {
     const id = entry.grant_id || "";
-    sums.set(id, (sums.get(id) || 0) + (entry.kind === "refund" ? -1 : 1) * num(entry.epsilon));
+    sums.set(id, (sums.get(id) || 0) + num(entry.epsilon_increment));
   }
   const rows = [...sums.entries()];
   const width = 560;
@@ -218,13 +221,31 @@ const releaseColumns = [
   ["reason", (r) => r.reason || ""],
 ];
 
+// An analyst key by its name, with its id's start to tell two keys of one name apart.
+function analystName(g) {
+  return g.analyst_key_id ? `${g.analyst_key_name || "analyst"} · ${short(g.analyst_key_id)}` : "all analysts";
+}
+
+// The native figure beside the epsilon one (never instead of it): mu on gaussian, rho on zcdp.
+function nativeRemaining(b) {
+  if (b.mu_remaining !== null && b.mu_remaining !== undefined) return `mu ${fmt(b.mu_remaining)}`;
+  if (b.rho_remaining !== null && b.rho_remaining !== undefined) return `rho ${fmt(b.rho_remaining)}`;
+  return "—";
+}
+
+// A dataset by its name, with its id's start to tell two datasets of one name apart.
+function datasetName(d) {
+  return `${d.name} · ${short(d.id)}`;
+}
+
 const grantColumns = [
   ["grant", (g) => short(g.id)],
-  ["analyst", (g) => (g.analyst_key_id ? short(g.analyst_key_id) : "all analysts")],
+  ["analyst", (g) => analystName(g)],
   ["epsilon total", (g) => fmt(g.epsilon_total)],
   ["epsilon spent", (g) => fmt(g.epsilon_spent)],
   ["epsilon remaining", (g) => fmt(g.epsilon_remaining)],
   ["delta remaining", (g) => fmt(g.delta_remaining)],
+  ["native remaining", (g) => nativeRemaining(g)],
   ["revoked", (g) => (g.revoked_at ? when(g.revoked_at) : "")],
 ];
 
@@ -237,7 +258,7 @@ async function ownerView() {
       api(`${base}/budget`), allPages(`${base}/ledger`), api(`${base}/grants`), api(`${base}/releases?limit=50`),
     ]);
     return el("section", { class: "card dataset", "data-dataset": dataset.id },
-      el("h2", {}, dataset.name),
+      el("h2", {}, datasetName(dataset)),
       el("p", { class: "meta" }, `${dataset.n_rows} rows × ${dataset.n_cols} columns · ${dataset.n_batches} batch(es) · created ${when(dataset.created_at)} · id ${dataset.id}`),
       el("div", { class: "row" },
         el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget)),
@@ -268,12 +289,13 @@ async function analystView() {
   const [grants, datasets, releases] = await Promise.all([
     api("/v1/grants").catch(failure), allPages("/v1/datasets").catch(failure), api("/v1/releases?limit=50").catch(failure),
   ]);
-  const names = new Map(Array.isArray(datasets) ? datasets.map((d) => [d.id, d.name]) : []);
+  const names = new Map(Array.isArray(datasets) ? datasets.map((d) => [d.id, datasetName(d)]) : []);
   fill("grants", grants instanceof Node ? grants : table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }));
   fill("budgets", datasets instanceof Node ? datasets : table([
-    ["dataset", (d) => d.name],
+    ["dataset", (d) => datasetName(d)],
     ["epsilon remaining", (d) => fmt(d.budget.epsilon_remaining)],
     ["delta remaining", (d) => fmt(d.budget.delta_remaining)],
+    ["native remaining", (d) => nativeRemaining(d.budget)],
     ["spent", (d) => budgetBar(d.budget)],
   ], datasets, { class: "budgets" }));
   fill("releases", releases instanceof Node ? releases : table([
@@ -385,6 +407,11 @@ async function signIn(event) {
 
 async function start() {
   const view = document.body.dataset.view;
+  // The explanation of rho and mu is text only: no key, no API call.
+  if (view === "reading-a-budget") {
+    document.body.dataset.ready = "true";
+    return;
+  }
   const form = document.getElementById("sign-in");
   if (form) form.addEventListener("submit", signIn);
   document.getElementById("sign-out").addEventListener("click", signOut);

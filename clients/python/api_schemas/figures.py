@@ -1,0 +1,81 @@
+"""Budget figures for people: significant digits, rounded the safe way.
+
+Tables (the ``dpss`` CLI, the slim client's ``dpss-remote``) print budgets to
+:data:`SIGNIFICANT` significant digits; the API and ``--json`` keep the exact values. A spent
+figure or a cost is rounded **up** and a total or remaining figure **down**, so a shown figure
+never overstates what is left.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+
+__all__ = ["SIGNIFICANT", "shown"]
+
+#: Significant digits of a budget figure in a table.
+SIGNIFICANT = 4
+
+
+def shown(value: Decimal | str | None, *, up: bool = False, digits: int = SIGNIFICANT) -> str:
+    """``value`` to ``digits`` significant digits in plain notation, rounded up (``up``: a
+    spent figure, a cost) or down (a total, a remaining figure); ``-`` for ``None``."""
+    if value is None:
+        return "-"
+    try:
+        number = value if isinstance(value, Decimal) else Decimal(value)
+    except InvalidOperation:
+        return str(value)
+    if not number.is_finite():
+        return str(number)
+    if number == 0:
+        return "0"
+    quantum = Decimal(1).scaleb(number.adjusted() - digits + 1)
+    rounded = number.quantize(quantum, rounding=ROUND_CEILING if up else ROUND_FLOOR)
+    # Plain notation always, as the JSON writes budgets ("0.0000001", never "1E-7").
+    return format(rounded.normalize(), "f")
+
+
+#: Where rho and mu are explained: this text, the section "Reading a budget" of
+#: docs/mechanisms.md (tests/test_spend_figures.py checks they are the same) and the dashboard's
+#: page ``/dashboard/reading-a-budget``, which every dashboard screen and CLI table links to.
+READING_A_BUDGET: tuple[tuple[str, str], ...] = (
+    (
+        "Epsilon and delta, everywhere",
+        "Every budget, grant, refusal (409), dry run, ledger entry, chart and metric states "
+        "spend and what remains as (epsilon, delta) at the dataset's delta_total, the delta its "
+        "owner set at upload. epsilon_spent is the smallest epsilon at which everything spent so "
+        "far is (epsilon, delta_total)-DP, rounded up; epsilon_remaining is epsilon_total - "
+        "epsilon_spent, rounded down. A 409 states the same remaining figures as the budget.",
+    ),
+    (
+        "rho and mu, beside epsilon",
+        "Under the gaussian and zcdp accountings the ledger charges a native figure, shown "
+        "beside epsilon and never instead of it. zcdp charges rho: a release is rho-zCDP, and "
+        "rhos add up (a pure epsilon-DP step costs epsilon^2/2). gaussian charges mu^2/2: a "
+        "release is mu-GDP, and mu^2 adds up (so rho = mu^2/2 there too). Because rho and mu^2 "
+        "add up while epsilon does not, ten equal releases cost ten times the rho but far less "
+        "than ten times the epsilon: the first release of a budget looks dear in epsilon, the "
+        "later ones cheap.",
+    ),
+    (
+        "The delta held for the conversion",
+        "Turning rho (or mu) into (epsilon, delta) needs some delta. zcdp holds "
+        "delta_conversion (by default half of delta_total) for it; gaussian holds all of "
+        "delta_total. That delta is shown as delta_reserved_for_conversion: no mechanism "
+        "spends it, so delta_remaining is what mechanisms may still spend.",
+    ),
+    (
+        "Grants",
+        "A grant may be given in epsilon (with delta, by default the dataset's delta_total) on "
+        "every accounting: it is converted to the grant's rho or mu, rounded down, so what the "
+        "grant's releases spend is (epsilon, delta)-DP. Given in rho or mu, its epsilon is that "
+        "rho or mu converted at the dataset's delta_total.",
+    ),
+    (
+        "Figures for people",
+        "Tables print 4 significant digits, spent rounded up and remaining rounded down, so a "
+        "printed figure never overstates what is left; the API and --json keep the exact "
+        "values (30 decimal places). The ledger states each charge as epsilon_after (the "
+        "dataset's epsilon_spent just after it) and epsilon_increment (what it added).",
+    ),
+)

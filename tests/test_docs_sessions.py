@@ -1,0 +1,48 @@
+"""docs/cli.md's recorded sessions are what the service prints (issue 31, item 4): the page's
+commands run again against a fresh ``dpss serve`` (``scripts.docs_sessions``) and every output
+must match the recorded one up to ids and noise, normalised by the one rule stated in
+``scripts/docs_sessions.py``. A change that alters what a command prints fails here until the
+page is re-recorded (``python -m scripts.docs_sessions docs/cli.md --write``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from scripts.docs_sessions import CLI_DOC, differences, normalise, parse, record
+
+
+def test_the_normalisation_masks_ids_and_noise_but_not_budgets():
+    recorded = (
+        "│ id │ 931225ee-12d3-48bc-88e2-af6363a35507 │\n"
+        "│ created_at │ 2026-11-22T06:23:24+00:00 │\n"
+        "│ eigenvalues │ [1533.75, 1488.45] │\n"
+        "│ epsilon │ 1 │ 0.4864 │ 0.5136 │"
+    )
+    printed = (
+        "│ id   │ 0b7d2f1c-3b7a-4c51-9a0e-6f1d0c8e4e55 │\n"
+        "│ created_at │ 2026-11-28T22:31:34+00:00 │\n"
+        "│ eigenvalues │ [1096.83, 766.243] │\n"
+        "│ epsilon │ 1 │ 0.4864 │ 0.5136 │"
+    )
+    assert normalise(recorded) == normalise(printed)
+    assert normalise(recorded) != normalise(printed.replace("0.5136", "0.4"))
+
+
+def test_the_page_has_sessions_to_check():
+    page = parse(CLI_DOC.read_text())
+    assert len(page.commands) > 30
+    assert any("budget_exceeded" in command.recorded for command in page.commands)
+    assert page.python_code
+
+
+@pytest.mark.skipif(
+    shutil.which("jq") is None and not os.environ.get("CI"),
+    reason="the page's commands use jq (.ci/run installs it; CI never skips this)",
+)
+def test_every_recorded_output_of_the_cli_page_is_what_the_service_prints():
+    page, python_output = record()
+    found = differences(page, python_output)
+    assert not found, "\n\n".join(found) + "\n\nre-record: python -m scripts.docs_sessions --write"
