@@ -219,6 +219,16 @@ class Settings(BaseSettings):
     dask_connect_timeout_seconds: float = Field(
         default=10, gt=0, description="How long a worker waits to reach the Dask scheduler."
     )
+    reference_read_seconds: float = Field(
+        default=900,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Longest registration of a dataset by reference (listing, reading and digesting "
+            "every object), seconds, checked between reads: past it the registration is "
+            "refused (422 naming `uri`)."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,

@@ -46,7 +46,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import hashlib
+import io
 import os
+import stat
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,27 +98,43 @@ MAX_ROW_GROUP_BYTES = 256 * 1024 * 1024
 #: Objects a reference may name (each is checked before every release).
 MAX_OBJECTS = 10_000
 
-CHANGED_REASON = "the referenced object {path} changed since registration; nothing was read"
+CHANGED_REASON = "the referenced object {path} changed since registration; nothing was released"
 UNREADABLE_REASON = "the referenced object {path} could not be read ({kind}); nothing was released"
 CLUSTER_REASON = "the Dask cluster failed ({kind}) before anything was released; refunded"
+UNSAFE_REASON = (
+    "the referenced object {path} is no longer a regular file at its registered path under "
+    "DPSS_REFERENCE_ROOTS; nothing was released"
+)
+LEGACY_REASON = (
+    "this dataset was registered before content digests were recorded; register it again"
+)
+VALUES_REASON = "the values read from {path} differ from the registered ones; nothing was released"
+#: The largest Parquet footer read (its length is the file's claim, so it is bounded first).
+MAX_FOOTER_BYTES = 64 * 1024 * 1024
+_MAGIC = b"PAR1"
 
 
 class ReferenceFault(Exception):
-    """A release on a dataset by reference that cannot complete for a reason that does not
-    depend on the values: the worker ends it ``failed`` and refunded with :attr:`reason`."""
+    """A release on a dataset by reference that cannot complete: the worker ends it ``failed``
+    with :attr:`reason`, refunded when :attr:`refund` (nothing released and the fault decided
+    by something other than the registered values: a changed object, a lost cluster)."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+    def __init__(self, reason: str, refund: bool = True) -> None:
+        super().__init__(reason, refund)
         self.reason = reason
+        self.refund = refund
 
 
 @dataclass(frozen=True)
 class Location:
-    """Where the objects are: the protocol and the endpoint, never credentials (picklable, sent
-    to Dask workers, which read their own environment's credentials)."""
+    """Where the objects are: the protocol, the endpoint and the roots they must lie under,
+    never credentials (picklable, sent to Dask workers, which read their own environment's
+    credentials). The roots are the worker's current ``DPSS_REFERENCE_ROOTS``: containment is
+    checked at every open, not only at registration."""
 
     protocol: str  # "s3" or "file"
     endpoint_url: str | None = None
+    roots: tuple[str, ...] = ()
 
     def filesystem(self) -> Any:
         if self.protocol == "s3":
@@ -129,13 +150,36 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """The bytes of one column chunk: ``[start, start + length)`` of the object, and their
+    SHA-256 fixed at registration."""
+
+    start: int
+    length: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Piece:
-    """One row group: rows ``[offset, offset + rows)`` of the dataset."""
+    """One row group: rows ``[offset, offset + rows)`` of the dataset, read from ``chunks``
+    (one per chosen column, in the columns' order)."""
 
     path: str
     row_group: int
     offset: int
     rows: int
+    chunks: tuple[Chunk, ...] = ()
+
+
+def _roots(settings: Settings, protocol: str) -> tuple[str, ...]:
+    roots = settings.reference_root_list
+    if protocol == "s3":
+        return tuple(r[len("s3://") :].strip("/") for r in roots if r.startswith("s3://"))
+    return tuple(os.path.realpath(r) for r in roots if not r.startswith("s3://"))
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return bool(path) and any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 @dataclass
@@ -154,24 +198,239 @@ class Reference:
             "protocol": self.location.protocol,
             "columns": self.columns,
             "objects": self.objects,
-            "pieces": [[p.path, p.row_group, p.offset, p.rows] for p in self.pieces],
+            "pieces": [
+                [
+                    p.path,
+                    p.row_group,
+                    p.offset,
+                    p.rows,
+                    [[c.start, c.length, c.sha256] for c in p.chunks],
+                ]
+                for p in self.pieces
+            ],
         }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], settings: Settings) -> Reference:
         protocol = str(raw["protocol"])
         endpoint = settings.s3_endpoint_url if protocol == "s3" else None
+        pieces = []
+        for entry in raw["pieces"]:
+            chunks = tuple(
+                Chunk(int(a), int(b), str(c)) for a, b, c in (entry[4] if len(entry) > 4 else [])
+            )
+            pieces.append(Piece(str(entry[0]), int(entry[1]), int(entry[2]), int(entry[3]), chunks))
         return cls(
             uri=str(raw["uri"]),
-            location=Location(protocol, endpoint),
+            location=Location(protocol, endpoint, _roots(settings, protocol)),
             columns=[str(c) for c in raw["columns"]],
             objects=list(raw["objects"]),
-            pieces=[Piece(str(a), int(b), int(c), int(d)) for a, b, c, d in raw["pieces"]],
+            pieces=pieces,
         )
 
     @property
     def shape(self) -> tuple[int, int]:
         return sum(p.rows for p in self.pieces), len(self.columns)
+
+    @property
+    def digested(self) -> bool:
+        """Whether every object's footer and every piece's chunks carry a digest (datasets
+        registered before digests were recorded do not, and are refused at release)."""
+        return all("footer_sha256" in o for o in self.objects) and all(
+            len(p.chunks) == len(self.columns) for p in self.pieces
+        )
+
+
+# -- opening and reading one object -----------------------------------------------------------
+
+
+class NotRegular(OSError):
+    """The path is not (or no longer) a regular file at its resolved place under a root."""
+
+
+def _open_regular(path: str, roots: Sequence[str]) -> int:
+    """A descriptor of the regular file at ``path`` (a resolved path under ``roots``), opened
+    without following a symlink and without blocking (a FIFO or device answers at once, and is
+    refused): :class:`NotRegular` otherwise."""
+    if "\x00" in path or not os.path.isabs(path) or not _under(path, roots):
+        raise NotRegular(path)
+    # A directory on the way replaced by a symlink resolves elsewhere: refused before the open.
+    if os.path.realpath(path) != path:
+        raise NotRegular(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink, or a FIFO/socket
+            raise NotRegular(path) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegular(path)
+        # What was opened is where it was meant to be (a rename between the checks and the
+        # open would show here), on Linux, where the descriptor's path can be read.
+        link = f"/proc/self/fd/{fd}"
+        if os.path.islink(link) and os.readlink(link) != path:
+            raise NotRegular(path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _Object:
+    """One object opened for reading byte ranges: a local regular file (:func:`_open_regular`)
+    or an S3 object (at its recorded version when the bucket is versioned)."""
+
+    def __init__(
+        self, location: Location, path: str, version: str | None = None, size: int = -1
+    ) -> None:
+        self.location = location
+        self.path = path
+        self.version = version
+        self._fd: int | None = None
+        self._fs: Any = None
+        if location.protocol == "file":
+            self._fd = _open_regular(path, location.roots)
+            self.size = os.fstat(self._fd).st_size
+        else:
+            if not _under(path, location.roots):
+                raise NotRegular(path)
+            self._fs = location.filesystem()
+            self.size = size  # the recorded size (the ETag and version are checked apart)
+
+    def read(self, start: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        if self._fd is not None:
+            parts = []
+            done = 0
+            while done < length:
+                part = os.pread(self._fd, length - done, start + done)
+                if not part:
+                    break
+                parts.append(part)
+                done += len(part)
+            data = b"".join(parts)
+        else:
+            data = bytes(
+                self._fs.cat_file(
+                    self.path, start=start, end=start + length, version_id=self.version
+                )
+            )
+        if len(data) != length:
+            raise EOFError(self.path)
+        return data
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> _Object:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Ranges(io.RawIOBase):
+    """A file of ``size`` bytes of which only ``ranges`` (offset -> verified bytes) exist:
+    pyarrow decodes from these and nothing else, so what is decoded is what was digested. A
+    read outside them is an error (the row group is then unreadable, at registration already,
+    since registration decodes through this too)."""
+
+    def __init__(self, size: int, ranges: dict[int, bytes]) -> None:
+        super().__init__()
+        self._size = size
+        self._ranges = sorted(ranges.items())
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            size = self._size - self._pos
+        if size == 0:
+            return b""
+        for start, data in self._ranges:
+            if start <= self._pos and self._pos + size <= start + len(data):
+                out = data[self._pos - start : self._pos - start + size]
+                self._pos += size
+                return out
+        raise OSError("a read outside the column chunks recorded at registration")
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _footer(handle: _Object, size: int) -> tuple[bytes, pq.FileMetaData]:
+    """The footer's bytes (metadata, length, magic) and its parsed metadata."""
+    if size < 12:
+        raise ValueError("too short for Parquet")
+    tail = handle.read(size - 8, 8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or not 0 < length <= min(MAX_FOOTER_BYTES, size - 12):
+        raise ValueError("not a Parquet footer")
+    footer = handle.read(size - 8 - length, length + 8)
+    return footer, _parse_footer(footer)
+
+
+def _parse_footer(footer: bytes) -> pq.FileMetaData:
+    return pq.ParquetFile(pa.BufferReader(_MAGIC + footer)).metadata
+
+
+def _column_indices(metadata: pq.FileMetaData, columns: Sequence[str]) -> list[int]:
+    """The column-chunk index of each chosen column (top-level, so its path is its name)."""
+    paths = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    return [paths.index(name) for name in columns]
+
+
+def _chunk_range(column: Any) -> tuple[int, int]:
+    """Where a column chunk's pages lie (as pyarrow computes it: from the dictionary page if
+    there is one before the data pages)."""
+    start = int(column.data_page_offset)
+    dictionary = column.dictionary_page_offset
+    if column.has_dictionary_page and dictionary is not None and 0 < dictionary < start:
+        start = int(dictionary)
+    return start, int(column.total_compressed_size)
+
+
+def _decode(
+    metadata: pq.FileMetaData,
+    size: int,
+    ranges: dict[int, bytes],
+    row_group: int,
+    columns: Sequence[str],
+    batch_rows: int | None = None,
+) -> Iterator[pa.RecordBatch | pa.Table]:
+    """The row group's chosen columns decoded from the verified ``ranges`` only."""
+    parquet = pq.ParquetFile(_Ranges(size, ranges), metadata=metadata, pre_buffer=False)
+    if batch_rows is None:
+        yield parquet.read_row_group(row_group, columns=list(columns))
+        return
+    yield from parquet.iter_batches(
+        batch_size=batch_rows, row_groups=[row_group], columns=list(columns)
+    )
 
 
 # -- registration ---------------------------------------------------------------------------
@@ -180,29 +439,31 @@ class Reference:
 def _allowed_root(uri: str, settings: Settings) -> tuple[Location, str]:
     """The location and the normalised path (``bucket/prefix`` or an absolute path) of
     ``uri``, refused unless it lies under one of ``DPSS_REFERENCE_ROOTS``."""
-    roots = settings.reference_root_list
-    if not roots:
+    if not settings.reference_root_list:
         raise InvalidInput("uri", "registration by reference is off (DPSS_REFERENCE_ROOTS)")
+    if "\x00" in uri:
+        raise InvalidInput("uri", "must not contain NUL characters")
     if uri.startswith("s3://"):
         path = uri[len("s3://") :].strip("/")
         if any(part in ("", ".", "..") for part in path.split("/")):
             raise InvalidInput("uri", "must not contain empty, '.' or '..' segments")
-        location = Location("s3", settings.s3_endpoint_url)
-        allowed = [r[len("s3://") :].strip("/") for r in roots if r.startswith("s3://")]
+        location = Location("s3", settings.s3_endpoint_url, _roots(settings, "s3"))
     else:
         raw = uri[len("file://") :] if uri.startswith("file://") else uri
         if not os.path.isabs(raw):
             raise InvalidInput("uri", "must be s3://bucket/prefix or an absolute path")
         path = os.path.realpath(raw)  # symlinks and '..' resolved before the check
-        location = Location("file")
-        allowed = [os.path.realpath(r) for r in roots if not r.startswith("s3://")]
-    if not path or not any(path == r or path.startswith(r.rstrip("/") + "/") for r in allowed):
+        location = Location("file", None, _roots(settings, "file"))
+    if not _under(path, location.roots):
         raise InvalidInput("uri", "is not under any of the roots this service may read")
     return location, path
 
 
 def _identity(fs: Any, location: Location, path: str) -> dict[str, Any]:
-    """What must not change: S3's ETag (and VersionId), or a file's size and mtime."""
+    """What must not change, checked cheaply before and after every release (the digests are
+    checked as the bytes are read): S3's ETag (and VersionId), or a file's size and mtime,
+    from ``lstat`` (a file replaced by a symlink, or by anything but a regular file, has
+    changed)."""
     if location.protocol == "s3":
         info = fs.info(path, refresh=True)
         return {
@@ -211,26 +472,52 @@ def _identity(fs: Any, location: Location, path: str) -> dict[str, Any]:
             "etag": str(info.get("ETag", "")),
             "version": info.get("VersionId"),
         }
-    stat = os.stat(path)
-    return {"path": path, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    status = os.lstat(path)
+    if not stat.S_ISREG(status.st_mode):
+        raise NotRegular(path)
+    return {"path": path, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
 
 
 def _fault_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def _list_local(path: str) -> list[str]:
+    """The regular ``*.parquet`` files at or under ``path`` (resolved), by ``lstat``: nothing
+    is opened, a symlink under ``path`` is not followed (its target may lie elsewhere, or be
+    listed twice), and a non-regular ``*.parquet`` (a FIFO, a device) is refused by name."""
+    status = os.lstat(path)
+    if stat.S_ISREG(status.st_mode):
+        return [path]
+    if not stat.S_ISDIR(status.st_mode):
+        raise InvalidInput("uri", f"{path} is not a regular file or a directory")
+    found = []
+    for directory, _subdirs, names in os.walk(path, followlinks=False):
+        for name in names:
+            if not name.endswith(".parquet"):
+                continue
+            full = os.path.join(directory, name)
+            mode = os.lstat(full).st_mode
+            if stat.S_ISLNK(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                raise InvalidInput("uri", f"{full} is not a regular file")
+            found.append(full)
+    return sorted(found)
+
+
 def _list_objects(fs: Any, location: Location, path: str) -> list[str]:
     try:
-        if location.protocol == "file" and os.path.isfile(path):
-            return [path]
-        if location.protocol == "s3" and fs.isfile(path):
-            return [path]
-        found = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+        if location.protocol == "file":
+            found = _list_local(path)
+        elif fs.isfile(path):
+            found = [path]
+        else:
+            found = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+    except InvalidInput:
+        raise
     except Exception as exc:
         raise InvalidInput("uri", f"could not be listed ({_fault_name(exc)})") from None
-    if location.protocol == "file":
-        # A symlink inside the root must not lead out of it.
-        found = [p for p in found if os.path.realpath(p).startswith(path.rstrip("/") + "/")]
     if not found:
         raise InvalidInput("uri", "holds no .parquet objects")
     if len(found) > MAX_OBJECTS:
@@ -257,45 +544,94 @@ def _matrix(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> FloatAr
     )
 
 
-def _validate_object(
-    fs: Any, path: str, columns: Sequence[str], offset: int, max_cols: int
-) -> list[Piece]:
-    """The row groups of one object, its values checked batch by batch."""
+def _bad_values(batch: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> tuple[str, str] | None:
+    """What registration refuses in a batch, as ``(field, message)`` with the batch's row
+    (from 1) of a non-finite value, or None; the same check runs on every row group a release
+    reads."""
+    for name in columns:
+        if batch.column(name).null_count:
+            return "columns", f"{name!r} has a missing value"
+    finite = np.isfinite(_matrix(batch, columns))
+    if not finite.all():
+        row = int(np.argwhere(~finite)[0][0]) + 1
+        return "uri", f"non-finite value (NaN or infinity) in row {row}"
+    return None
+
+
+class _Deadline:
+    """``DPSS_REFERENCE_READ_SECONDS`` for one registration, checked between reads."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise InvalidInput(
+                "uri",
+                f"could not be read within {self.seconds:g} s (DPSS_REFERENCE_READ_SECONDS)",
+            )
+
+
+def _register_object(
+    fs: Any,
+    location: Location,
+    path: str,
+    columns: Sequence[str],
+    offset: int,
+    deadline: _Deadline,
+) -> tuple[dict[str, Any], list[Piece]]:
+    """One object's record (identity, footer digest) and row groups (chunk digests), every
+    value decoded from exactly the digested bytes and checked batch by batch."""
+    record = _identity(fs, location, path)
     pieces: list[Piece] = []
-    with fs.open(path, "rb") as handle:
-        parquet = pq.ParquetFile(handle)
-        _check_schema(parquet.schema_arrow, columns, path)
-        metadata = parquet.metadata
-        indices = [parquet.schema_arrow.get_field_index(c) for c in columns]
+    with _Object(location, path, record.get("version"), record["size"]) as handle:
+        size = int(record["size"])
+        if handle.size != size:
+            raise InvalidInput("uri", f"{path} changed while it was read")
+        footer, metadata = _footer(handle, size)
+        record["footer_sha256"] = _sha256(footer)
+        record["footer_length"] = len(footer)
+        _check_schema(metadata.schema.to_arrow_schema(), columns, path)
+        indices = _column_indices(metadata, columns)
+        data_end = size - len(footer)
+        batch_rows = max(1, BLOCK_VALUES // max(1, len(columns)))
+        file_rows = 0
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
-            decoded = sum(row_group.column(i).total_uncompressed_size for i in indices)
-            if decoded > MAX_ROW_GROUP_BYTES or 8 * row_group.num_rows * len(columns) > (
-                MAX_ROW_GROUP_BYTES
-            ):
+            chosen = [row_group.column(i) for i in indices]
+            decoded = sum(c.total_uncompressed_size for c in chosen)
+            stored = sum(c.total_compressed_size for c in chosen)
+            if max(decoded, stored, 8 * row_group.num_rows * len(columns)) > MAX_ROW_GROUP_BYTES:
                 raise InvalidInput(
                     "uri",
                     f"{path}: row group {group + 1} is larger than "
                     f"{MAX_ROW_GROUP_BYTES >> 20} MiB decoded; write smaller row groups",
                 )
-            if row_group.num_rows:
-                pieces.append(Piece(path, group, offset, row_group.num_rows))
-            offset += row_group.num_rows
-        batch_rows = max(1, BLOCK_VALUES // max(1, len(columns)))
-        row = 0
-        for batch in parquet.iter_batches(batch_size=batch_rows, columns=list(columns)):
-            for name in columns:
-                if batch.column(name).null_count:
-                    raise InvalidInput("columns", f"{name!r} has a missing value in {path}")
-            values = _matrix(batch, columns)
-            finite = np.isfinite(values)
-            if not finite.all():
-                bad = int(np.argwhere(~finite)[0][0]) + row + 1
-                raise InvalidInput(
-                    "uri", f"{path}: non-finite value (NaN or infinity) in row {bad}"
-                )
-            row += batch.num_rows
-    return pieces
+            chunks: list[Chunk] = []
+            ranges: dict[int, bytes] = {}
+            for column in chosen:
+                start, length = _chunk_range(column)
+                if not (len(_MAGIC) <= start and length > 0 and start + length <= data_end):
+                    raise ValueError("a column chunk outside the data")
+                deadline.check()
+                data = handle.read(start, length)
+                ranges[start] = data
+                chunks.append(Chunk(start, length, _sha256(data)))
+            rows = 0
+            for batch in _decode(metadata, size, ranges, group, columns, batch_rows):
+                bad = _bad_values(batch, columns)
+                if bad is not None and bad[0] == "columns":
+                    raise InvalidInput("columns", f"{bad[1]} in {path}")
+                if bad is not None:  # the row counted from the object's first row
+                    row = file_rows + rows + int(bad[1].rsplit(" ", 1)[1])
+                    raise InvalidInput("uri", f"{path}: {bad[1].rsplit(' ', 1)[0]} {row}")
+                rows += batch.num_rows
+                deadline.check()
+            if rows:
+                pieces.append(Piece(path, group, offset + file_rows, rows, tuple(chunks)))
+            file_rows += rows
+    return record, pieces
 
 
 def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
@@ -307,6 +643,7 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
         raise InvalidInput("columns", "a column is named twice")
     if len(columns) > settings.max_cols:
         raise InvalidInput("columns", f"at most {settings.max_cols} are accepted (DPSS_MAX_COLS)")
+    deadline = _Deadline(settings.reference_read_seconds)
     location, path = _allowed_root(uri, settings)
     fs = location.filesystem()
     fs.invalidate_cache()  # a listing cached by an earlier registration may be stale
@@ -314,15 +651,18 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
     reference = Reference(uri=uri, location=location, columns=list(columns), objects=[])
     offset = 0
     for name in objects:
+        deadline.check()
         try:
-            reference.objects.append(_identity(fs, location, name))
-            pieces = _validate_object(fs, name, columns, offset, settings.max_cols)
+            record, pieces = _register_object(fs, location, name, columns, offset, deadline)
         except InvalidInput:
             raise
+        except NotRegular:
+            raise InvalidInput("uri", f"{name} is not a regular file") from None
         except Exception as exc:
             raise InvalidInput(
                 "uri", f"{name} is not a readable Parquet object ({_fault_name(exc)})"
             ) from None
+        reference.objects.append(record)
         reference.pieces.extend(pieces)
         offset += sum(p.rows for p in pieces)
     if offset < 2:
@@ -333,10 +673,44 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
 # -- the heavy passes -------------------------------------------------------------------------
 
 
-def _read_piece(location: Location, piece: Piece, columns: Sequence[str]) -> FloatArray:
-    fs = location.filesystem()
-    with fs.open(piece.path, "rb") as handle:
-        table = pq.ParquetFile(handle).read_row_group(piece.row_group, columns=list(columns))
+def _read_piece(
+    location: Location, piece: Piece, columns: Sequence[str], record: dict[str, Any]
+) -> FloatArray:
+    """The row group's rows, decoded only from bytes whose SHA-256 is the registered one, from
+    a regular file opened at its registered place under the current roots (S3: the recorded
+    version), and checked as registration checked them: else :class:`ReferenceFault`."""
+    path = piece.path
+    size = int(record["size"])
+    length = int(record["footer_length"])
+    try:
+        with _Object(location, path, record.get("version"), size) as handle:
+            if handle.size != size:
+                raise ReferenceFault(CHANGED_REASON.format(path=path))
+            footer = handle.read(size - length, length)
+            if _sha256(footer) != record["footer_sha256"]:
+                raise ReferenceFault(CHANGED_REASON.format(path=path))
+            ranges: dict[int, bytes] = {}
+            for chunk in piece.chunks:
+                data = handle.read(chunk.start, chunk.length)
+                if _sha256(data) != chunk.sha256:
+                    raise ReferenceFault(CHANGED_REASON.format(path=path))
+                ranges[chunk.start] = data
+    except ReferenceFault:
+        raise
+    except NotRegular:
+        raise ReferenceFault(UNSAFE_REASON.format(path=path)) from None
+    except (FileNotFoundError, EOFError):
+        raise ReferenceFault(CHANGED_REASON.format(path=path)) from None
+    except Exception as exc:
+        raise ReferenceFault(UNREADABLE_REASON.format(path=path, kind=_fault_name(exc))) from None
+    # From here on the bytes are the registered ones: a failure would depend on them, so it is
+    # not refunded (it cannot happen unless this pyarrow decodes them unlike registration's).
+    try:
+        (table,) = _decode(_parse_footer(footer), size, ranges, piece.row_group, columns)
+    except Exception:
+        raise ReferenceFault(VALUES_REASON.format(path=path), refund=False) from None
+    if table.num_rows != piece.rows or _bad_values(table, columns) is not None:
+        raise ReferenceFault(VALUES_REASON.format(path=path), refund=False)
     return _matrix(table, columns)
 
 
@@ -344,12 +718,13 @@ def _piece_gram(
     location: Location,
     piece: Piece,
     columns: Sequence[str],
+    record: dict[str, Any],
     clip_norm: float,
     center: FloatArray | None,
     row_clip: float | None = None,
 ) -> FloatArray:
     return clipped_gram(
-        _read_piece(location, piece, columns), clip_norm, center=center, row_clip=row_clip
+        _read_piece(location, piece, columns, record), clip_norm, center=center, row_clip=row_clip
     )
 
 
@@ -357,11 +732,12 @@ def _piece_energy(
     location: Location,
     piece: Piece,
     columns: Sequence[str],
+    record: dict[str, Any],
     basis: FloatArray,
     clip_norm: float,
     center: FloatArray | None,
 ) -> FloatArray:
-    rows = _read_piece(location, piece, columns)
+    rows = _read_piece(location, piece, columns, record)
     return np.asarray(captured_energy(rows, basis, clip_norm, center), dtype=np.float64)
 
 
@@ -369,29 +745,35 @@ def _piece_norm_counts(
     location: Location,
     piece: Piece,
     columns: Sequence[str],
+    record: dict[str, Any],
     clip_norm: float,
     center: FloatArray | None,
     edges: FloatArray,
 ) -> FloatArray:
-    return gram_norm_counts(_read_piece(location, piece, columns), clip_norm, center, edges)
+    return gram_norm_counts(_read_piece(location, piece, columns, record), clip_norm, center, edges)
 
 
 def _piece_sum(
-    location: Location, piece: Piece, columns: Sequence[str], clip_norm: float
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    record: dict[str, Any],
+    clip_norm: float,
 ) -> FloatArray:
-    return clipped_sum(_read_piece(location, piece, columns), clip_norm)
+    return clipped_sum(_read_piece(location, piece, columns, record), clip_norm)
 
 
 def _piece_subsets(
     location: Location,
     piece: Piece,
     columns: Sequence[str],
+    record: dict[str, Any],
     slots: IntArray,
     bounds: Sequence[tuple[int, int]],
 ) -> list[tuple[IntArray, FloatArray]]:
     """Per group of subsets (slot range ``[lo, hi)``), this row group's rows in it and their
     slots (``slot = j m + position`` of the row in subset ``j``)."""
-    rows = _read_piece(location, piece, columns)
+    rows = _read_piece(location, piece, columns, record)
     out = []
     for lo, hi in bounds:
         chosen = np.flatnonzero((slots >= lo) & (slots < hi))
@@ -422,6 +804,8 @@ class ParquetRows:
     def __init__(self, reference: Reference, settings: Settings) -> None:
         self.reference = reference
         self.settings = settings
+        #: Each object's record (identity and footer digest) by path, for the tasks.
+        self.records = {str(o["path"]): o for o in reference.objects}
         self._client: Any = None
 
     @property
@@ -467,7 +851,8 @@ class ParquetRows:
         ref = self.reference
         total: Any = None
         for piece in ref.pieces:
-            part = delayed(task, pure=False)(ref.location, piece, ref.columns, *args)
+            record = self.records[piece.path]
+            part = delayed(task, pure=False)(ref.location, piece, ref.columns, record, *args)
             total = part if total is None else delayed(_add, pure=False)(total, part)
         (result,) = self._compute(total)
         return np.asarray(result, dtype=np.float64)
@@ -520,7 +905,12 @@ class ParquetRows:
                 if np.any((piece_slots >= first * m) & (piece_slots < last * m)):
                     split.append(
                         delayed(_piece_subsets, nout=len(bounds), pure=False)(
-                            ref.location, piece, ref.columns, piece_slots, bounds
+                            ref.location,
+                            piece,
+                            ref.columns,
+                            self.records[piece.path],
+                            piece_slots,
+                            bounds,
                         )
                     )
             graphs = [
@@ -537,21 +927,26 @@ class ParquetRows:
 
     def check_unchanged(self) -> None:
         """Every recorded object as recorded, and no object added: else :class:`ReferenceFault`
-        naming the first difference."""
+        naming the first difference. A cheap check of identities before and after the run; the
+        bytes themselves are checked against their digests as each task reads them."""
         ref = self.reference
+        if not ref.digested:
+            raise ReferenceFault(LEGACY_REASON)
         fs = ref.location.filesystem()
         fs.invalidate_cache()
         for recorded in ref.objects:
             path = recorded["path"]
             try:
                 current = _identity(fs, ref.location, path)
+            except NotRegular:
+                raise ReferenceFault(UNSAFE_REASON.format(path=path)) from None
             except FileNotFoundError:
                 raise ReferenceFault(CHANGED_REASON.format(path=path)) from None
             except Exception as exc:
                 raise ReferenceFault(
                     UNREADABLE_REASON.format(path=path, kind=_fault_name(exc))
                 ) from None
-            if current != recorded:
+            if any(recorded.get(key) != value for key, value in current.items()):
                 raise ReferenceFault(CHANGED_REASON.format(path=path))
 
     def close(self) -> None:

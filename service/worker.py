@@ -317,7 +317,7 @@ class Worker:
                 return outcome
         except reference.ReferenceFault as fault:
             log.warning("release %s: %s", job.release_id, fault.reason)
-            return Outcome.failed(fault.reason, refund=True)
+            return Outcome.failed(fault.reason, refund=fault.refund)
 
     def _run(
         self,

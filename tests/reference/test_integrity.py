@@ -1,0 +1,239 @@
+"""What a release on a dataset by reference reads is provably the registered data (issue 30):
+content digests fixed at registration and checked as the bytes are read, containment and
+regular-file checks at every open, registration's value checks repeated on what is read, row
+counts that cannot be forged in a footer, non-regular files refused without hanging, a total
+size bound, and no object covered by two live datasets. Every case ends ``failed`` or 4xx
+with nothing released from data other than what was registered; on both databases."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fastapi.testclient import TestClient
+
+from service import reference as reference_module
+from service.config import Settings
+from service.reference import ParquetRows, Reference, ReferenceFault, inspect
+from service.worker import Worker
+from tests.conftest import Keys, bearer, fetch_release, post_release
+from tests.reference.conftest import s3fs_for, write_parquet
+
+BUDGET = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1.0}
+RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "1", "delta": "1e-5"}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "shared"
+    (path / "set").mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def settings(settings: Settings, root: Path) -> Settings:
+    return settings.model_copy(update={"reference_roots": str(root)})
+
+
+@pytest.fixture
+def rows() -> np.ndarray[Any, Any]:
+    return np.random.default_rng(8).normal(size=(400, 3)) / 4
+
+
+def plain_parquet(path: Path, rows: np.ndarray[Any, Any], row_group_rows: int = 100) -> list[str]:
+    """Uncompressed, plain-encoded columns ``c0..``: each value's 8 bytes stand in the file."""
+    names = [f"c{i}" for i in range(rows.shape[1])]
+    table = pa.table({name: rows[:, i] for i, name in enumerate(names)})
+    pq.write_table(
+        table, path, row_group_size=row_group_rows, compression="none", use_dictionary=False
+    )
+    return names
+
+
+def register(client: TestClient, key: str, uri: str, columns: list[str]) -> Any:
+    return client.post(
+        "/v1/dataset-references",
+        headers=bearer(key),
+        json={**BUDGET, "uri": uri, "columns": columns},
+    )
+
+
+def release(client: TestClient, keys: Keys, dataset: str, worker: Worker) -> Any:
+    release_id = post_release(client, keys.analyst, dataset, **RELEASE)
+    assert worker.run_pending() == 1
+    return fetch_release(client, keys.analyst, release_id)
+
+
+def forge_in_place(path: Path, old: float, new: bytes) -> None:
+    """Overwrite the 8 bytes of value ``old`` with ``new``: same size, mtime put back."""
+    status = path.stat()
+    data = path.read_bytes()
+    at = data.index(struct.pack("<d", old))
+    path.write_bytes(data[:at] + new + data[at + 8 :])
+    os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert path.stat().st_size == status.st_size
+    assert path.stat().st_mtime_ns == status.st_mtime_ns
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param(lambda v: struct.pack("<d", -v), id="negated"),
+        pytest.param(lambda v: struct.pack("<d", float("nan")), id="nan"),
+        pytest.param(lambda v: struct.pack("<d", 1e300), id="huge"),
+    ],
+)
+def test_a_file_rewritten_in_place_with_its_mtime_put_back_fails_the_release(
+    forged: Any,
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+) -> None:
+    target = root / "set" / "a.parquet"
+    names = plain_parquet(target, rows)
+    dataset = register(client, keys.owner, str(root / "set"), names)
+    assert dataset.status_code == 201, dataset.text
+    forge_in_place(target, float(rows[250, 1]), forged(float(rows[250, 1])))
+    outcome = release(client, keys, dataset.json()["id"], worker)
+    assert outcome["status"] == "failed", outcome
+    assert outcome.get("result") is None
+    assert "changed since registration" in outcome["reason"]
+    # Decided by the digest, not by a value: refunded, as a changed object always was.
+    assert outcome["refunded"] is True
+
+
+def test_a_file_swapped_for_a_symlink_out_of_the_roots_is_not_read(
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    tmp_path: Path,
+    rows: np.ndarray[Any, Any],
+) -> None:
+    """The link's target has the registered file's size and mtime (what was compared before),
+    even its bytes: it lies outside DPSS_REFERENCE_ROOTS, so it is never opened."""
+    target = root / "set" / "a.parquet"
+    names = plain_parquet(target, rows)
+    dataset = register(client, keys.owner, str(target), names).json()
+    outside = tmp_path / "private.parquet"
+    shutil.copy2(target, outside)
+    target.unlink()
+    target.symlink_to(outside)
+    outcome = release(client, keys, dataset["id"], worker)
+    assert outcome["status"] == "failed", outcome
+    assert "no longer a regular file" in outcome["reason"]
+
+
+def _piece_reader(reference: Any, settings: Settings) -> Any:
+    rows = ParquetRows(reference, settings)
+    piece = reference.pieces[0]
+    return lambda: reference_module._read_piece(
+        rows.reference.location, piece, reference.columns, rows.records[piece.path]
+    )
+
+
+def test_every_open_checks_containment_and_regular_file(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    """Between the identity check and a task's open anything may be swapped: each open
+    refuses a symlink, a directory on the way swapped for a symlink, a FIFO, and a path no
+    longer under the roots."""
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    target = root / "set" / "a.parquet"
+    names = plain_parquet(target, rows)
+    reference = inspect(str(root / "set"), names, settings)
+    read = _piece_reader(reference, settings)
+    assert read().shape == (100, 3)
+    moved = tmp_path / "moved"
+    shutil.copytree(root / "set", moved, copy_function=shutil.copy2)
+    for swap in ("file-link", "directory-link", "fifo"):
+        if (root / "set").is_symlink():
+            (root / "set").unlink()
+        shutil.rmtree(root / "set", ignore_errors=True)
+        if swap == "directory-link":
+            (root / "set").symlink_to(moved)
+        else:
+            (root / "set").mkdir()
+            if swap == "file-link":
+                target.symlink_to(moved / "a.parquet")
+            else:
+                os.mkfifo(target)
+        with pytest.raises(ReferenceFault, match="no longer a regular file") as fault:
+            read()
+        assert fault.value.refund
+    shutil.rmtree(root / "set")
+    shutil.copytree(moved, root / "set", copy_function=shutil.copy2)
+    assert read().shape == (100, 3)
+    elsewhere = Settings(data_dir=tmp_path, reference_roots=str(tmp_path / "other"))
+    with pytest.raises(ReferenceFault, match="no longer a regular file"):
+        _piece_reader(Reference.from_json(reference.to_json(), elsewhere), elsewhere)()
+
+
+def test_an_s3_object_read_is_checked_against_its_digest(
+    tmp_path: Path, s3_endpoint: str, bucket: str, rows: np.ndarray[Any, Any]
+) -> None:
+    """A task reading an overwritten object (past the ETag check) refuses its bytes."""
+    settings = Settings(
+        data_dir=tmp_path, reference_roots=f"s3://{bucket}", s3_endpoint_url=s3_endpoint
+    )
+    fs = s3fs_for(s3_endpoint)
+    names = write_parquet(fs, f"{bucket}/d/a.parquet", rows, 100)
+    reference = inspect(f"s3://{bucket}/d", names, settings)
+    assert all(len(o["footer_sha256"]) == 64 for o in reference.objects)
+    read = _piece_reader(reference, settings)
+    np.testing.assert_array_equal(read(), rows[:100])
+    write_parquet(fs, f"{bucket}/d/a.parquet", -rows, 100)
+    with pytest.raises(ReferenceFault, match="changed since registration"):
+        read()
+
+
+def test_values_are_checked_again_as_they_are_read(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Were the digest ever to pass on other bytes (a collision, simulated here), a NaN read
+    still ends the release failed, and unrefunded: that failure would depend on a value."""
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    target = root / "set" / "a.parquet"
+    names = plain_parquet(target, rows)
+    reference = inspect(str(target), names, settings)
+    forge_in_place(target, float(rows[10, 0]), struct.pack("<d", float("nan")))
+    monkeypatch.setattr(reference_module, "_sha256", lambda data: "collision")
+    for record in reference.objects:
+        record["footer_sha256"] = "collision"
+    reference.pieces = [
+        reference_module.Piece(
+            p.path,
+            p.row_group,
+            p.offset,
+            p.rows,
+            tuple(reference_module.Chunk(c.start, c.length, "collision") for c in p.chunks),
+        )
+        for p in reference.pieces
+    ]
+    with pytest.raises(ReferenceFault, match="differ from the registered ones") as fault:
+        _piece_reader(reference, settings)()
+    assert fault.value.refund is False
+
+
+def test_a_reference_registered_before_digests_fails_refunded(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    raw = inspect(str(root / "set"), names, settings).to_json()
+    raw["pieces"] = [piece[:4] for piece in raw["pieces"]]  # as 0012 stored them
+    with (
+        pytest.raises(ReferenceFault, match="before content digests") as fault,
+        reference_module.open_rows(raw, settings),
+    ):
+        pass
+    assert fault.value.refund
