@@ -433,6 +433,127 @@ def _decode(
     )
 
 
+# -- counting what the pages hold -------------------------------------------------------------
+#
+# A footer's row counts are claims: pyarrow decodes as many rows as the footer says and ignores
+# what the pages hold beyond them. Registration therefore walks every chosen column chunk's page
+# headers (Thrift compact protocol) and counts the values they hold; a count other than the
+# footer's refuses the object.
+
+_DATA_PAGE, _DATA_PAGE_V2 = 0, 3
+_MAX_DEPTH = 16
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("a truncated page header")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _zigzag(value: int) -> int:
+    return (value >> 1) ^ -(value & 1)
+
+
+def _skip(data: bytes, pos: int, kind: int, depth: int) -> int:
+    """Past one compact-protocol value of type ``kind`` (booleans in containers: one byte)."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("a page header nested too deep")
+    if kind in (1, 2, 3):
+        return pos + 1
+    if kind in (4, 5, 6):
+        return _varint(data, pos)[1]
+    if kind == 7:
+        return pos + 8
+    if kind == 8:
+        length, pos = _varint(data, pos)
+        return pos + length
+    if kind in (9, 10):
+        if pos >= len(data):
+            raise ValueError("a truncated page header")
+        header = data[pos]
+        size, element = header >> 4, header & 0x0F
+        pos += 1
+        if size == 15:
+            size, pos = _varint(data, pos)
+        for _ in range(size):
+            pos = _skip(data, pos, element, depth + 1)
+        return pos
+    if kind == 11:
+        size, pos = _varint(data, pos)
+        if size:
+            if pos >= len(data):
+                raise ValueError("a truncated page header")
+            key, value = data[pos] >> 4, data[pos] & 0x0F
+            pos += 1
+            for _ in range(size):
+                pos = _skip(data, _skip(data, pos, key, depth + 1), value, depth + 1)
+        return pos
+    if kind == 12:
+        return _struct(data, pos, depth + 1)[1]
+    raise ValueError("an unknown type in a page header")
+
+
+def _struct(data: bytes, pos: int, depth: int = 0) -> tuple[dict[int, Any], int]:
+    """A compact-protocol struct's integer and struct fields by id, and the position after it."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("a page header nested too deep")
+    fields: dict[int, Any] = {}
+    last = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("a truncated page header")
+        byte = data[pos]
+        pos += 1
+        if byte == 0:
+            return fields, pos
+        kind, delta = byte & 0x0F, byte >> 4
+        if delta:
+            last += delta
+        else:
+            raw, pos = _varint(data, pos)
+            last = _zigzag(raw)
+        if kind in (4, 5, 6):
+            raw, pos = _varint(data, pos)
+            fields[last] = _zigzag(raw)
+        elif kind == 12:
+            fields[last], pos = _struct(data, pos, depth + 1)
+        elif kind in (1, 2):
+            fields[last] = kind == 1
+        else:
+            pos = _skip(data, pos, kind, depth)
+
+
+def page_rows(chunk: bytes) -> int:
+    """The rows the data pages of one (flat) column chunk hold, by their headers; the pages must
+    fill the chunk exactly (``ValueError`` otherwise)."""
+    pos = total = 0
+    while pos < len(chunk):
+        header, pos = _struct(chunk, pos)
+        kind, compressed = header.get(1), header.get(3)
+        if not isinstance(compressed, int) or compressed < 0:
+            raise ValueError("a page header without its size")
+        if kind == _DATA_PAGE:
+            count = header.get(5, {}).get(1)
+        elif kind == _DATA_PAGE_V2:
+            count = header.get(8, {}).get(3)  # num_rows
+        else:
+            count = 0
+        if not isinstance(count, int) or count < 0:
+            raise ValueError("a data page without its count")
+        total += count
+        pos += compressed
+    if pos != len(chunk):
+        raise ValueError("pages running past their column chunk")
+    return total
+
+
 # -- registration ---------------------------------------------------------------------------
 
 
@@ -616,6 +737,9 @@ def _register_object(
                     raise ValueError("a column chunk outside the data")
                 deadline.check()
                 data = handle.read(start, length)
+                held = page_rows(data)
+                if held != row_group.num_rows:
+                    raise InvalidInput("uri", _count_mismatch(path, group, row_group, held))
                 ranges[start] = data
                 chunks.append(Chunk(start, length, _sha256(data)))
             rows = 0
@@ -628,10 +752,24 @@ def _register_object(
                     raise InvalidInput("uri", f"{path}: {bad[1].rsplit(' ', 1)[0]} {row}")
                 rows += batch.num_rows
                 deadline.check()
+            if rows != row_group.num_rows:
+                raise InvalidInput("uri", _count_mismatch(path, group, row_group, rows))
             if rows:
                 pieces.append(Piece(path, group, offset + file_rows, rows, tuple(chunks)))
             file_rows += rows
+    if file_rows != metadata.num_rows:
+        raise InvalidInput(
+            "uri",
+            f"{path}: the footer says {metadata.num_rows} rows, its row groups hold {file_rows}",
+        )
     return record, pieces
+
+
+def _count_mismatch(path: str, group: int, row_group: Any, held: int) -> str:
+    return (
+        f"{path}: row group {group + 1}: the footer says {row_group.num_rows} rows, "
+        f"the data holds {held}; nothing is registered"
+    )
 
 
 def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:

@@ -237,3 +237,76 @@ def test_a_reference_registered_before_digests_fails_refunded(
     ):
         pass
     assert fault.value.refund
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
+
+
+def lying_footer(data: bytes, true: int, claim: int, every_count: bool) -> bytes:
+    """The file with its footer's row counts (the file's and the row group's; with
+    ``every_count`` the column chunks' value counts too) set to ``claim``: the compact
+    protocol's ``num_rows``/``num_values`` fields (i64, header byte 0x16, zigzag varint)."""
+    length = struct.unpack("<I", data[-8:-4])[0]
+    start = len(data) - 8 - length
+    footer = data[start:-8]
+    old, new = b"\x16" + _varint(2 * true), b"\x16" + _varint(2 * claim)
+    found = [i for i in range(len(footer)) if footer.startswith(old, i)]
+    assert len(found) >= 3  # the file's num_rows, each chunk's num_values, the group's num_rows
+    for at in reversed(found if every_count else [found[0], found[-1]]):
+        footer = footer[:at] + new + footer[at + len(old) :]
+    return data[:start] + footer + struct.pack("<I", len(footer)) + b"PAR1"
+
+
+@pytest.mark.parametrize("claim", [500, 999, 1001, 1_000_000])
+@pytest.mark.parametrize("every_count", [False, True], ids=["row-counts", "every-count"])
+def test_a_footer_lying_about_its_rows_is_refused(
+    claim: int, every_count: bool, tmp_path: Path, root: Path
+) -> None:
+    """pyarrow decodes as many rows as the footer says: 500 for 1,000 silently dropped half,
+    1,000,000 registered that public n for 1,000 rows. Counted from the pages, both refused."""
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    rows = np.random.default_rng(2).normal(size=(1000, 2)) / 4
+    path = root / "set" / "liar.parquet"
+    names = plain_parquet(path, rows, row_group_rows=1000)
+    path.write_bytes(lying_footer(path.read_bytes(), 1000, claim, every_count))
+    assert pq.ParquetFile(path).metadata.num_rows == claim
+    with pytest.raises(reference_module.InvalidInput) as refused:
+        inspect(str(path), names, settings)
+    assert refused.value.field == "uri"
+    assert f"the footer says {claim} rows, the data holds 1000" in refused.value.detail
+
+
+def test_a_lying_footer_answers_422_and_registers_nothing(
+    client: TestClient, keys: Keys, root: Path
+) -> None:
+    rows = np.random.default_rng(2).normal(size=(1000, 2)) / 4
+    path = root / "set" / "liar.parquet"
+    names = plain_parquet(path, rows, row_group_rows=1000)
+    path.write_bytes(lying_footer(path.read_bytes(), 1000, 1_000_000, every_count=False))
+    response = register(client, keys.owner, str(path), names)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("uri: ")
+    listed = client.get("/v1/datasets", headers=bearer(keys.owner)).json()
+    assert listed["total"] == 0
+
+
+def test_a_release_counts_the_rows_it_reads(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    """Each task compares the rows it decoded with the registered count (a record that says
+    otherwise ends the release failed, nothing released)."""
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    reference = inspect(str(root / "set"), names, settings)
+    first = reference.pieces[0]
+    reference.pieces[0] = reference_module.Piece(
+        first.path, first.row_group, first.offset, first.rows + 1, first.chunks
+    )
+    with pytest.raises(ReferenceFault, match="differ from the registered ones"):
+        _piece_reader(reference, settings)()
