@@ -7,9 +7,12 @@ with nothing released from data other than what was registered; on both database
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -310,3 +313,80 @@ def test_a_release_counts_the_rows_it_reads(
     )
     with pytest.raises(ReferenceFault, match="differ from the registered ones"):
         _piece_reader(reference, settings)()
+
+
+def _unblock(fifo: Path) -> None:
+    """Let a reader blocked on ``fifo`` go (a writer opens and closes it), if any."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _inspect_in_thread(uri: str, settings: Settings) -> BaseException | None:
+    """:func:`inspect` in a thread; what it raised, or a failure if it is still blocked after a
+    generous minute (before the fix it blocked in ``open`` for good)."""
+    outcome: list[BaseException | None] = []
+
+    def work() -> None:
+        try:
+            inspect(uri, ["c0", "c1", "c2"], settings)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(60)
+    return outcome[0] if outcome else TimeoutError("still blocked")
+
+
+def test_a_fifo_named_parquet_is_refused_at_once(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    plain_parquet(root / "set" / "a.parquet", rows)
+    fifo = root / "set" / "b.parquet"
+    os.mkfifo(fifo)
+    try:
+        for uri in (str(fifo), str(root / "set"), str(root)):
+            refused = _inspect_in_thread(uri, settings)
+            assert isinstance(refused, reference_module.InvalidInput), refused
+            assert refused.field == "uri" and "not a regular file" in refused.detail
+    finally:
+        _unblock(fifo)
+
+
+def test_registration_is_bounded_in_time(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past DPSS_REFERENCE_READ_SECONDS between two reads, the registration is refused (a
+    clock that moves a minute per reading stands in for a slow share)."""
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root), reference_read_seconds=90)
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    ticks = itertools.count()
+    monkeypatch.setattr(reference_module.time, "monotonic", lambda: 60.0 * next(ticks))
+    with pytest.raises(reference_module.InvalidInput, match="within 90 s"):
+        inspect(str(root / "set"), names, settings)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"uri": "/data/a\x00.parquet", "columns": ["c0"]}, "uri"),
+        ({"uri": "s3://bucket/a\x00b", "columns": ["c0"]}, "uri"),
+        ({"uri": "/data", "columns": ["c\x000"]}, "columns.0"),
+    ],
+)
+def test_a_nul_byte_answers_422_naming_the_field(
+    body: dict[str, Any], field: str, client: TestClient, keys: Keys
+) -> None:
+    response = client.post(
+        "/v1/dataset-references", headers=bearer(keys.owner), json={**BUDGET, **body}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(f"{field}: "), response.text
+
+
+def test_a_nul_byte_is_refused_by_the_domain_too(tmp_path: Path, root: Path) -> None:
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    with pytest.raises(reference_module.InvalidInput, match="NUL"):
+        inspect(f"{root}/a\x00b", ["c0"], settings)

@@ -12,6 +12,7 @@ from api_schemas.common import (
     ExactDecimal,
     Name,
     RequestSchema,
+    SafeStr,
     Schema,
     StrictDecimal,
     StrictFloat,
@@ -221,7 +222,7 @@ class DatasetReferenceCreate(DatasetCreate):
     a release finding an object changed ends `failed` and is refunded.
     """
 
-    uri: str = Field(
+    uri: SafeStr = Field(
         min_length=1,
         max_length=1000,
         description=(
@@ -231,7 +232,7 @@ class DatasetReferenceCreate(DatasetCreate):
             "DPSS_REFERENCE_ROOTS."
         ),
     )
-    columns: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] = Field(
         min_length=1,
         description="The numeric columns to use, in this order: the dataset's d columns.",
     )
