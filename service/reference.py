@@ -61,7 +61,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from service.config import Settings
-from service.errors import InvalidInput
+from service.errors import InvalidInput, PayloadTooLarge
 from service.mechanisms.linalg import (
     FloatArray,
     IntArray,
@@ -694,6 +694,27 @@ class _Deadline:
             )
 
 
+class _Total:
+    """``DPSS_MAX_DATASET_BYTES`` over a whole reference, row group by row group as the footers
+    are read (before their bytes): the float64 matrix (``n x d x 8``), and the chosen column
+    chunks' bytes as stored (what is read and digested) and as Parquet decodes them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.rows = self.stored = self.decoded = 0
+
+    def add(self, path: str, rows: int, cols: int, decoded: int, stored: int) -> None:
+        self.rows += rows
+        self.stored += stored
+        self.decoded += decoded
+        if max(8 * self.rows * cols, self.stored, self.decoded) > self.limit:
+            raise PayloadTooLarge(
+                f"uri: the reference, up to {path}, is larger than {self.limit} bytes "
+                f"({self.rows} rows x {cols} columns x 8 bytes decoded, {self.stored} bytes "
+                "stored in the chosen columns; DPSS_MAX_DATASET_BYTES)"
+            )
+
+
 def _register_object(
     fs: Any,
     location: Location,
@@ -701,6 +722,7 @@ def _register_object(
     columns: Sequence[str],
     offset: int,
     deadline: _Deadline,
+    total: _Total,
 ) -> tuple[dict[str, Any], list[Piece]]:
     """One object's record (identity, footer digest) and row groups (chunk digests), every
     value decoded from exactly the digested bytes and checked batch by batch."""
@@ -729,6 +751,7 @@ def _register_object(
                     f"{path}: row group {group + 1} is larger than "
                     f"{MAX_ROW_GROUP_BYTES >> 20} MiB decoded; write smaller row groups",
                 )
+            total.add(path, row_group.num_rows, len(columns), decoded, stored)
             chunks: list[Chunk] = []
             ranges: dict[int, bytes] = {}
             for column in chosen:
@@ -782,6 +805,7 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
     if len(columns) > settings.max_cols:
         raise InvalidInput("columns", f"at most {settings.max_cols} are accepted (DPSS_MAX_COLS)")
     deadline = _Deadline(settings.reference_read_seconds)
+    total = _Total(settings.max_dataset_bytes)
     location, path = _allowed_root(uri, settings)
     fs = location.filesystem()
     fs.invalidate_cache()  # a listing cached by an earlier registration may be stale
@@ -791,8 +815,8 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
     for name in objects:
         deadline.check()
         try:
-            record, pieces = _register_object(fs, location, name, columns, offset, deadline)
-        except InvalidInput:
+            record, pieces = _register_object(fs, location, name, columns, offset, deadline, total)
+        except (InvalidInput, PayloadTooLarge):
             raise
         except NotRegular:
             raise InvalidInput("uri", f"{name} is not a regular file") from None

@@ -153,6 +153,13 @@ async def create_dataset(
     ),
     responses={
         **ERRORS,
+        413: {
+            "model": ErrorBody,
+            "description": (
+                "The objects together decode (n x d x 8), or store their chosen columns, in "
+                "more than DPSS_MAX_DATASET_BYTES."
+            ),
+        },
         422: {"model": ErrorBody, "description": "Invalid field, URI, column or value."},
     },
 )

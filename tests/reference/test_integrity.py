@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 
 from service import reference as reference_module
 from service.config import Settings
+from service.errors import PayloadTooLarge
 from service.reference import ParquetRows, Reference, ReferenceFault, inspect
 from service.worker import Worker
 from tests.conftest import Keys, bearer, fetch_release, post_release
@@ -390,3 +391,21 @@ def test_a_nul_byte_is_refused_by_the_domain_too(tmp_path: Path, root: Path) -> 
     settings = Settings(data_dir=tmp_path, reference_roots=str(root))
     with pytest.raises(reference_module.InvalidInput, match="NUL"):
         inspect(f"{root}/a\x00b", ["c0"], settings)
+
+
+def test_the_total_size_of_a_reference_is_bounded(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    """Row groups each far below the per-group bound, over several objects, together above
+    DPSS_MAX_DATASET_BYTES: refused (413) before their bytes are read; at the bound, accepted."""
+    names = plain_parquet(root / "set" / "a.parquet", rows[:200], row_group_rows=50)
+    plain_parquet(root / "set" / "b.parquet", rows[200:], row_group_rows=50)
+    exact = 400 * 3 * 8
+    for limit in (exact - 8, exact // 2):
+        settings = Settings(data_dir=tmp_path, reference_roots=str(root), max_dataset_bytes=limit)
+        with pytest.raises(PayloadTooLarge) as refused:
+            inspect(str(root / "set"), names, settings)
+        assert refused.value.detail.startswith("uri: ")
+        assert "DPSS_MAX_DATASET_BYTES" in refused.value.detail
+    roomy = Settings(data_dir=tmp_path, reference_roots=str(root), max_dataset_bytes=2 * exact)
+    assert inspect(str(root / "set"), names, roomy).shape == (400, 3)
