@@ -8,7 +8,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
@@ -16,8 +17,8 @@ from api_schemas.datasets import DatasetCreate, DatasetReferenceCreate
 from service import accounting, audit, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
-from service.db.models import Dataset, DatasetBatch, utcnow
-from service.errors import DatasetGone, InvalidInput, NotFound
+from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
+from service.errors import DatasetGone, InvalidInput, NotFound, ObjectRegistered
 from service.mechanisms.linalg import count_rows_above
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 from service.reference import REFERENCE_FILE_NAME, Reference
@@ -215,6 +216,7 @@ def register_reference(
     stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
     dataset = register_dataset(session, store, principal, form, stored, default_accounting)
     dataset.reference = reference.to_json()
+    _cover(session, dataset.id, reference)
     audit.record(
         session,
         "dataset_referenced",
@@ -224,6 +226,47 @@ def register_reference(
     )
     session.flush()
     return dataset
+
+
+def _cover(session: Session, dataset_id: uuid.UUID, reference: Reference) -> None:
+    """Record the objects ``reference`` covers, refusing (409) one that another live dataset
+    covers already, by name or by content: two datasets on the same rows would double what
+    can be learned about the people in them. The unique constraints decide between
+    concurrent registrations; the query before them names the object."""
+    covered = reference.covered()
+    for start in range(0, len(covered), 400):
+        part = covered[start : start + 400]
+        keys = {key_sha: key for key, key_sha, _ in part}
+        contents = {content: key for key, _, content in part}
+        taken = session.execute(
+            select(DatasetReferenceObject.key_sha256, DatasetReferenceObject.content_sha256).where(
+                or_(
+                    DatasetReferenceObject.key_sha256.in_(keys),
+                    DatasetReferenceObject.content_sha256.in_(contents),
+                )
+            )
+        ).first()
+        if taken is not None:
+            raise _registered(keys.get(taken[0]) or contents[taken[1]])
+    session.add_all(
+        DatasetReferenceObject(
+            dataset_id=dataset_id, object_key=key, key_sha256=key_sha, content_sha256=content
+        )
+        for key, key_sha, content in covered
+    )
+    try:
+        session.flush()
+    except IntegrityError:
+        # A concurrent registration of the same objects committed first.
+        raise _registered(covered[0][0]) from None
+
+
+def _registered(key: str) -> ObjectRegistered:
+    return ObjectRegistered(
+        f"uri: {key} (or an object with the same content) is already covered by another live "
+        "dataset; one dataset per object, so that its rows have one budget (delete that dataset "
+        "first to register it again)"
+    )
 
 
 def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
@@ -422,6 +465,9 @@ def delete_dataset(
     # By reference: the service forgets where the objects are; it never deletes them.
     referenced = None if dataset.reference is None else str(dataset.reference["uri"])
     dataset.reference = None
+    session.execute(
+        delete(DatasetReferenceObject).where(DatasetReferenceObject.dataset_id == dataset.id)
+    )
     dataset.deleted_at = utcnow()
     dataset.file_name = None
     session.execute(

@@ -133,6 +133,13 @@ class DatasetGone(Conflict):
     code = "dataset_deleted"
 
 
+class ObjectRegistered(Conflict):
+    """An object (or a copy of its content) is already covered by another live dataset by
+    reference (409): its rows have one budget."""
+
+    code = "object_registered"
+
+
 class BudgetExceeded(Conflict):
     """The release would overspend the dataset's budget or its grant's (409).
 

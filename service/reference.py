@@ -5,18 +5,26 @@ An owner registers ``s3://bucket/prefix/`` (the endpoint is the deployment's
 uploading. The URI must lie under one of ``DPSS_REFERENCE_ROOTS``: the service reads with the
 deployment's credentials, so an owner may name only what the operator opened to references.
 
-**Registration** (:func:`inspect`, in the API process, in a thread): the ``*.parquet`` objects
-under the URI, sorted by key, are the dataset; row ``i`` is the ``i``-th row of their row groups
-in that order (the stable row index). The footers give ``n`` (public) and the schema; every
-value of the chosen columns is then read and checked (numeric, not null, finite) one bounded
-batch at a time (:data:`~service.store.BLOCK_VALUES` values), so the API never holds more than
-one batch. Each object's identity (S3: ETag, and VersionId when the bucket is versioned; a path:
-size and modification time in nanoseconds) and size are recorded with the dataset.
+**Registration** (:func:`inspect`, in the API process, in a thread): the regular ``*.parquet``
+objects under the URI (local: by ``lstat``, symlinks not followed, a non-regular one refused
+unopened), sorted by key, are the dataset; row ``i`` is the ``i``-th row of their row groups in
+that order (the stable row index). Per object the footer and the chosen columns' chunks are
+read as byte ranges and their SHA-256 recorded; every value is decoded from exactly those bytes
+(:class:`_Ranges`) and checked (numeric, not null, finite) one bounded batch at a time; the
+rows the data pages hold (:func:`page_rows`) and the rows decoded must equal the footer's
+count; the whole reference is bounded by ``DPSS_MAX_DATASET_BYTES``; an object another live
+dataset covers is refused by :func:`service.datasets.register_reference`. Each object's
+identity (S3: ETag, and VersionId when the bucket is versioned; a path: size and modification
+time in nanoseconds, by ``lstat``) is recorded with the digests.
 
-**Immutability.** The worker compares every object with the record before a release reads it
-and again before the outcome is stored (:meth:`ParquetRows.check_unchanged`): a changed, missing
-or added object ends the release ``failed`` and refunded, with a reason naming the object;
-nothing was released (noise is drawn in the worker, never on the cluster).
+**Immutability.** The worker compares every object's identity with the record before a release
+reads it and again before the outcome is stored (:meth:`ParquetRows.check_unchanged`), and each
+task reads its row group through :func:`_read_piece`: a regular file opened at its registered,
+resolved path under the current roots without following a symlink (S3: the recorded version),
+its footer and chunks compared with their digests, the decoded rows counted and checked as at
+registration. A changed, swapped, missing or added object ends the release ``failed`` and
+refunded, with a reason naming the object; nothing was released (noise is drawn in the worker,
+never on the cluster) and the failure is decided by digests, not by the registered values.
 
 **Credentials** come from the deployment's environment only (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, a profile or an instance role, read by botocore in the API, the
@@ -231,6 +239,22 @@ class Reference:
     @property
     def shape(self) -> tuple[int, int]:
         return sum(p.rows for p in self.pieces), len(self.columns)
+
+    def covered(self) -> list[tuple[str, str, str]]:
+        """``(object_key, key_sha256, content_sha256)`` of each object (see
+        :class:`~service.db.models.DatasetReferenceObject`): the key names the object (a
+        resolved path, or bucket and key), the content digest what its releases read (the
+        footer's digest and its row groups' chunk digests, in order)."""
+        chunks: dict[str, list[str]] = {}
+        for piece in self.pieces:
+            chunks.setdefault(piece.path, []).extend(c.sha256 for c in piece.chunks)
+        out = []
+        for record in self.objects:
+            path = str(record["path"])
+            key = f"{self.location.protocol}://{path}"
+            content = "\n".join([str(record["footer_sha256"]), *chunks.get(path, [])])
+            out.append((key, _sha256(key.encode()), _sha256(content.encode())))
+        return out
 
     @property
     def digested(self) -> bool:
@@ -829,6 +853,11 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
         offset += sum(p.rows for p in pieces)
     if offset < 2:
         raise InvalidInput("uri", "the data needs at least 2 rows")
+    first: dict[str, str] = {}
+    for (_, _, content), record in zip(reference.covered(), reference.objects, strict=True):
+        if content in first:  # a copy: its rows would count twice in one dataset
+            raise InvalidInput("uri", f"{record['path']} holds the same data as {first[content]}")
+        first[content] = str(record["path"])
     return reference
 
 

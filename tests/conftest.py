@@ -56,6 +56,7 @@ TABLES = (
     "release_states",
     "release_epochs",
     "dataset_batches",
+    "dataset_reference_objects",
     "releases",
     "grants",
     "datasets",

@@ -147,9 +147,11 @@ async def create_dataset(
     description=(
         "The objects stay where they are (S3-compatible storage or a shared filesystem, under "
         "DPSS_REFERENCE_ROOTS) and are read with the deployment's credentials. Every value of "
-        "the chosen columns is checked before the dataset exists; each object's ETag (or "
-        "version, or size and modification time) is recorded and checked before every "
-        "release. Deleting the dataset removes the reference, never the objects."
+        "the chosen columns is checked before the dataset exists, and the row counts against "
+        "the pages; each object's identity (ETag, version, or size and modification time) and "
+        "the SHA-256 of the bytes releases read are recorded and checked by every release. An "
+        "object another live dataset covers (or a copy of it) is refused with 409. Deleting "
+        "the dataset removes the reference, never the objects."
     ),
     responses={
         **ERRORS,
@@ -158,6 +160,13 @@ async def create_dataset(
             "description": (
                 "The objects together decode (n x d x 8), or store their chosen columns, in "
                 "more than DPSS_MAX_DATASET_BYTES."
+            ),
+        },
+        409: {
+            "model": ErrorBody,
+            "description": (
+                "`object_registered`: an object (or one with the same content) is covered by "
+                "another live dataset."
             ),
         },
         422: {"model": ErrorBody, "description": "Invalid field, URI, column or value."},

@@ -85,6 +85,29 @@ class Dataset(Base):
     reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
 
+class DatasetReferenceObject(Base):
+    """An object a live dataset by reference covers: one live dataset per object (its resolved
+    path, or its bucket and key) and per content (the digests of the bytes its releases read),
+    so that the same rows never get two budgets. Removed with the dataset's reference, when
+    the dataset is deleted."""
+
+    __tablename__ = "dataset_reference_objects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    #: ``file:///resolved/path`` or ``s3://bucket/key``.
+    object_key: Mapped[str] = mapped_column(Text)
+    #: SHA-256 of ``object_key`` (unique: an index on a long path would not fit a B-tree page).
+    key_sha256: Mapped[str] = mapped_column(String(64))
+    #: SHA-256 of the object's footer digest and chunk digests (what a release reads).
+    content_sha256: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        UniqueConstraint("key_sha256", name="uq_reference_objects_key"),
+        UniqueConstraint("content_sha256", name="uq_reference_objects_content"),
+    )
+
+
 class DatasetBatch(Base):
     """One batch of a dataset: rows ``[row_offset, row_offset + n_rows)`` of ``file_name``.
 

@@ -13,6 +13,8 @@ import os
 import shutil
 import struct
 import threading
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from service import reference as reference_module
 from service.config import Settings
+from service.db.models import DatasetReferenceObject
 from service.errors import PayloadTooLarge
 from service.reference import ParquetRows, Reference, ReferenceFault, inspect
 from service.worker import Worker
@@ -409,3 +414,99 @@ def test_the_total_size_of_a_reference_is_bounded(
         assert "DPSS_MAX_DATASET_BYTES" in refused.value.detail
     roomy = Settings(data_dir=tmp_path, reference_roots=str(root), max_dataset_bytes=2 * exact)
     assert inspect(str(root / "set"), names, roomy).shape == (400, 3)
+
+
+def test_an_object_covered_by_a_live_dataset_is_refused(
+    client: TestClient,
+    keys: Keys,
+    make_key: Callable[[str], str],
+    root: Path,
+    tmp_path: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    """By two owners or one, by the same path, another spelling of it, a directory holding it,
+    or a copy of its bytes: 409 while the first dataset lives; registrable again once deleted."""
+    names = plain_parquet(root / "set" / "a.parquet", rows[:200])
+    plain_parquet(root / "set" / "b.parquet", rows[200:])
+    first = register(client, keys.owner, str(root / "set" / "a.parquet"), names)
+    assert first.status_code == 201, first.text
+    other = make_key("owner")
+    (root / "copy").mkdir()
+    shutil.copy(root / "set" / "a.parquet", root / "copy" / "x.parquet")
+    (root / "alias").symlink_to(root / "set")
+    for key, uri in [
+        (other, str(root / "set" / "a.parquet")),
+        (keys.owner, str(root / "set" / "a.parquet")),
+        (other, str(root / "set")),
+        (other, f"{root}/alias/../set/a.parquet"),
+        (other, str(root / "alias")),
+        (other, str(root / "copy")),
+    ]:
+        response = register(client, key, uri, names)
+        assert response.status_code == 409, (uri, response.text)
+        body = response.json()
+        assert body["error"] == "object_registered"
+        assert body["detail"].startswith("uri: ") and "another live dataset" in body["detail"]
+    # Nothing was kept by the refusals: only the first dataset, its one object.
+    with session_factory() as session:
+        assert session.query(DatasetReferenceObject).count() == 1
+    assert register(client, other, str(root / "set" / "b.parquet"), names).status_code == 201
+    deleted = client.delete(f"/v1/datasets/{first.json()['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    again = register(client, other, str(root / "set" / "a.parquet"), names)
+    assert again.status_code == 201, again.text
+
+
+def test_the_same_s3_object_twice_is_refused(
+    client: TestClient,
+    keys: Keys,
+    make_key: Callable[[str], str],
+    settings: Settings,
+    s3_endpoint: str,
+    bucket: str,
+    rows: np.ndarray[Any, Any],
+) -> None:
+    fs = s3fs_for(s3_endpoint)
+    names = write_parquet(fs, f"{bucket}/lake/a.parquet", rows, 100)
+    settings.reference_roots = f"s3://{bucket}/lake"
+    settings.s3_endpoint_url = s3_endpoint
+    assert register(client, keys.owner, f"s3://{bucket}/lake", names).status_code == 201
+    again = register(client, make_key("owner"), f"s3://{bucket}/lake/a.parquet", names)
+    assert again.status_code == 409, again.text
+
+
+def test_copies_within_one_registration_are_refused(
+    tmp_path: Path, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    shutil.copy(root / "set" / "a.parquet", root / "set" / "b.parquet")
+    with pytest.raises(reference_module.InvalidInput, match="holds the same data as"):
+        inspect(str(root / "set"), names, settings)
+
+
+def test_the_database_refuses_a_second_live_cover(
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    """Two registrations racing past the query: the unique constraints decide."""
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    first = register(client, keys.owner, str(root / "set"), names).json()
+    with session_factory() as session:
+        (row,) = session.query(DatasetReferenceObject).all()
+        for key_sha, content in [(row.key_sha256, "0" * 64), ("0" * 64, row.content_sha256)]:
+            session.add(
+                DatasetReferenceObject(
+                    dataset_id=uuid.UUID(first["id"]),
+                    object_key="x",
+                    key_sha256=key_sha,
+                    content_sha256=content,
+                )
+            )
+            with pytest.raises(IntegrityError):
+                session.flush()
+            session.rollback()

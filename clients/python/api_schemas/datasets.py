@@ -218,8 +218,9 @@ class DatasetReferenceCreate(DatasetCreate):
     is (object storage or a shared filesystem), with the budget fields of an upload.
 
     The service reads the objects with the deployment's credentials (never sent here), checks
-    every value, and records each object's ETag (or version, or size and modification time);
-    a release finding an object changed ends `failed` and is refunded.
+    every value, and records each object's ETag (or version, or size and modification time)
+    and the SHA-256 of the bytes releases read; a release finding an object changed ends
+    `failed` and is refunded. An object another live dataset covers is refused (409).
     """
 
     uri: SafeStr = Field(
