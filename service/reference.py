@@ -59,6 +59,7 @@ import hashlib
 import io
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,16 @@ MAX_OBJECTS = 10_000
 CHANGED_REASON = "the referenced object {path} changed since registration; nothing was released"
 UNREADABLE_REASON = "the referenced object {path} could not be read ({kind}); nothing was released"
 CLUSTER_REASON = "the Dask cluster failed ({kind}) before anything was released; refunded"
+NO_WORKERS_REASON = (
+    "the Dask cluster had no worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS); nothing was "
+    "read; refunded"
+)
+LOST_WORKERS_REASON = (
+    "the Dask cluster lost every worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS) before "
+    "anything was released; refunded"
+)
+#: How often a release waiting on the cluster asks whether it still has a worker, seconds.
+WATCH_SECONDS = 2.0
 UNSAFE_REASON = (
     "the referenced object {path} is no longer a regular file at its registered path under "
     "DPSS_REFERENCE_ROOTS; nothing was released"
@@ -998,6 +1009,8 @@ class ParquetRows:
         #: Each object's record (identity and footer digest) by path, for the tasks.
         self.records = {str(o["path"]): o for o in reference.objects}
         self._client: Any = None
+        #: Whether a task of this release reached the cluster (from then on data may be read).
+        self._submitted = False
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -1025,14 +1038,71 @@ class ParquetRows:
                     timeout=self.settings.dask_connect_timeout_seconds,
                     set_as_default=False,
                 )
+            self._await_workers()
             futures = self._client.compute(list(graphs), retries=self.settings.dask_retries)
+            self._submitted = True
+            try:
+                self._watch(futures)
+            except ReferenceFault:
+                self._client.cancel(futures)
+                raise
             return tuple(self._client.gather(futures))
+        except ReferenceFault:
+            raise
         except (TimeoutError, OSError, asyncio.CancelledError) as exc:
             raise ReferenceFault(CLUSTER_REASON.format(kind=_fault_name(exc))) from None
         except Exception as exc:
             if type(exc).__module__.startswith("distributed"):  # KilledWorker and the like
                 raise ReferenceFault(CLUSTER_REASON.format(kind=_fault_name(exc))) from None
             raise
+
+    def _workers(self) -> int:
+        """Workers the scheduler has now (asked, not from a cached view)."""
+        return len(self._client.nthreads())
+
+    def _await_workers(self) -> None:
+        """At least one Dask worker within ``DPSS_DASK_WAIT_SECONDS``, before this release's
+        first task is submitted: else :class:`ReferenceFault` (refunded: nothing was read)."""
+        if self._submitted:
+            return
+        wait = self.settings.dask_wait_seconds
+        try:
+            self._client.wait_for_workers(1, timeout=wait)
+        except TimeoutError:
+            raise ReferenceFault(NO_WORKERS_REASON.format(seconds=wait)) from None
+
+    def _watch(self, futures: Any) -> None:
+        """Wait for ``futures`` however long they compute, but not while the cluster has no
+        worker for more than ``DPSS_DASK_WAIT_SECONDS`` (the scheduler would keep the tasks
+        pending until one returns, and the release ``running`` with it): then
+        :class:`ReferenceFault`, refunded as every cluster fault (nothing released; the loss
+        of every worker does not depend on the values)."""
+        limit = self.settings.dask_wait_seconds
+        poll = min(limit, WATCH_SECONDS)
+        pending = len(futures)
+        lock, finished = threading.Lock(), threading.Event()
+
+        def one_done(_: Any) -> None:
+            nonlocal pending
+            with lock:
+                pending -= 1
+                if pending <= 0:
+                    finished.set()
+
+        if not futures:
+            return
+        for future in futures:
+            future.add_done_callback(one_done)  # also on an error or a cancel
+        alone_since: float | None = None
+        while not finished.wait(poll):
+            if self._workers():
+                alone_since = None
+                continue
+            now = time.monotonic()
+            if alone_since is None:
+                alone_since = now
+            elif now - alone_since >= limit:
+                raise ReferenceFault(LOST_WORKERS_REASON.format(seconds=limit))
 
     def _reduce(self, task: Any, *args: Any) -> FloatArray:
         """``sum`` of ``task(location, piece, columns, *args)`` over the row groups, added in

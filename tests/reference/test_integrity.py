@@ -14,7 +14,7 @@ import shutil
 import struct
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from service.config import Settings
 from service.db.models import DatasetReferenceObject
 from service.errors import PayloadTooLarge
 from service.reference import ParquetRows, Reference, ReferenceFault, inspect
+from service.store import DatasetStore
 from service.worker import Worker
 from tests.conftest import Keys, bearer, fetch_release, post_release
 from tests.reference.conftest import s3fs_for, write_parquet
@@ -510,3 +511,52 @@ def test_the_database_refuses_a_second_live_cover(
             with pytest.raises(IntegrityError):
                 session.flush()
             session.rollback()
+
+
+@pytest.fixture
+def empty_cluster() -> Iterator[str]:
+    """A Dask scheduler with no worker at all."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=0, processes=False, dashboard_address=None, scheduler_port=0
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.mark.parametrize("when", ["before-the-first-task", "after-submission"])
+def test_a_cluster_without_workers_fails_the_release_refunded(
+    when: str,
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    empty_cluster: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every Dask worker gone: the release stayed ``running`` until one came back. Now it ends
+    ``failed`` and refunded after DPSS_DASK_WAIT_SECONDS, whether no worker was there before
+    its first task or every worker left with its tasks pending (the second simulated by
+    skipping the first wait)."""
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    dataset = register(client, keys.owner, str(root / "set"), names).json()
+    if when == "after-submission":
+        monkeypatch.setattr(ParquetRows, "_await_workers", lambda self: None)
+        monkeypatch.setattr(reference_module, "WATCH_SECONDS", 0.2)
+    on_empty = settings.model_copy(
+        update={"dask_scheduler": empty_cluster, "dask_wait_seconds": 1.0}
+    )
+    release_id = post_release(client, keys.analyst, dataset["id"], **RELEASE)
+    worker = Worker(session_factory, store, on_empty)
+    runner = threading.Thread(target=worker.run_pending, daemon=True)
+    runner.start()
+    runner.join(120)  # generous: before the fix it never returned
+    assert not runner.is_alive(), "the release still waits on a cluster without workers"
+    outcome = fetch_release(client, keys.analyst, release_id)
+    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert "DPSS_DASK_WAIT_SECONDS" in outcome["reason"]
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
+    assert budget.json()["epsilon_spent"] == "0"
