@@ -560,3 +560,27 @@ def test_a_cluster_without_workers_fails_the_release_refunded(
     assert "DPSS_DASK_WAIT_SECONDS" in outcome["reason"]
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
     assert budget.json()["epsilon_spent"] == "0"
+
+
+def test_a_wide_row_group_is_fetched_in_few_requests(
+    tmp_path: Path, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Digests per column chunk, but the chunks of a row group side by side are fetched in one
+    read: d requests per row group would make a wide table on S3 d times slower."""
+    wide = np.random.default_rng(5).normal(size=(300, 40)) / 20
+    names = plain_parquet(root / "set" / "w.parquet", wide, row_group_rows=100)
+    settings = Settings(data_dir=tmp_path, reference_roots=str(root))
+    reads: list[tuple[int, int]] = []
+    original = reference_module._Object.read
+
+    def counted(self: Any, start: int, length: int) -> bytes:
+        reads.append((start, length))
+        return original(self, start, length)
+
+    monkeypatch.setattr(reference_module._Object, "read", counted)
+    reference = inspect(str(root / "set"), names[::2], settings)  # every other column
+    assert len(reference.pieces) == 3 and all(len(p.chunks) == 20 for p in reference.pieces)
+    assert len(reads) == 2 + 3  # the footer's length and the footer, then one per row group
+    reads.clear()
+    np.testing.assert_array_equal(_piece_reader(reference, settings)(), wide[:100, ::2])
+    assert len(reads) == 2
