@@ -1274,8 +1274,14 @@ def mechanism_allowed(mechanism: str) -> None:
 def worker_bytes(raw: dict[str, Any]) -> int:
     """Memory a release on this dataset needs in the worker beyond the mechanism's own estimate
     (public facts only): the subsets' slot per row (``8 n``), and, when the passes run in
-    process, one row group as Arrow columns, as a float64 matrix and its clipped copy."""
+    process, one row group as Arrow columns, as a float64 matrix and its clipped copy, plus its
+    chunks' bytes as read (verified and decoded from memory), held twice while they are sliced
+    out of one coalesced read."""
     pieces = raw["pieces"]
     n = sum(int(piece[3]) for piece in pieces)
     largest = max((int(piece[3]) for piece in pieces), default=0)
-    return 8 * n + 3 * 8 * largest * len(raw["columns"])
+    stored = max(
+        (sum(int(chunk[1]) for chunk in piece[4]) for piece in pieces if len(piece) > 4),
+        default=0,
+    )
+    return 8 * n + 3 * 8 * largest * len(raw["columns"]) + 2 * stored
