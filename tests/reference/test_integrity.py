@@ -584,3 +584,27 @@ def test_a_wide_row_group_is_fetched_in_few_requests(
     reads.clear()
     np.testing.assert_array_equal(_piece_reader(reference, settings)(), wide[:100, ::2])
     assert len(reads) == 2
+
+
+def test_a_forged_file_fails_the_release_on_dask_too(
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    dask_scheduler: str,
+) -> None:
+    """The digest check runs in the Dask worker process that reads the row group; its fault
+    comes back to the release's worker as such (failed, refunded, the object named)."""
+    target = root / "set" / "a.parquet"
+    names = plain_parquet(target, rows)
+    dataset = register(client, keys.owner, str(root / "set"), names).json()
+    forge_in_place(target, float(rows[310, 2]), struct.pack("<d", -float(rows[310, 2])))
+    on_dask = Worker(
+        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
+    )
+    outcome = release(client, keys, dataset["id"], on_dask)
+    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert f"{target} changed since registration" in outcome["reason"]
