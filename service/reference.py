@@ -671,7 +671,22 @@ def _fault_name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _list_local(path: str) -> list[str]:
+class _Deadline:
+    """``DPSS_REFERENCE_READ_SECONDS`` for one registration, checked between reads."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise InvalidInput(
+                "uri",
+                f"could not be read within {self.seconds:g} s (DPSS_REFERENCE_READ_SECONDS)",
+            )
+
+
+def _list_local(path: str, deadline: _Deadline | None = None) -> list[str]:
     """The regular ``*.parquet`` files at or under ``path`` (resolved), by ``lstat``: nothing
     is opened, a symlink under ``path`` is not followed (its target may lie elsewhere, or be
     listed twice), and a non-regular ``*.parquet`` (a FIFO, a device) is refused by name."""
@@ -680,8 +695,12 @@ def _list_local(path: str) -> list[str]:
         return [path]
     if not stat.S_ISDIR(status.st_mode):
         raise InvalidInput("uri", f"{path} is not a regular file or a directory")
-    found = []
+    found: list[str] = []
     for directory, _subdirs, names in os.walk(path, followlinks=False):
+        if deadline is not None:
+            deadline.check()
+        if len(found) > MAX_OBJECTS:
+            break
         for name in names:
             if not name.endswith(".parquet"):
                 continue
@@ -695,10 +714,12 @@ def _list_local(path: str) -> list[str]:
     return sorted(found)
 
 
-def _list_objects(fs: Any, location: Location, path: str) -> list[str]:
+def _list_objects(
+    fs: Any, location: Location, path: str, deadline: _Deadline | None = None
+) -> list[str]:
     try:
         if location.protocol == "file":
-            found = _list_local(path)
+            found = _list_local(path, deadline)
         elif fs.isfile(path):
             found = [path]
         else:
@@ -745,21 +766,6 @@ def _bad_values(batch: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> tup
         row = int(np.argwhere(~finite)[0][0]) + 1
         return "uri", f"non-finite value (NaN or infinity) in row {row}"
     return None
-
-
-class _Deadline:
-    """``DPSS_REFERENCE_READ_SECONDS`` for one registration, checked between reads."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.end = time.monotonic() + seconds
-
-    def check(self) -> None:
-        if time.monotonic() > self.end:
-            raise InvalidInput(
-                "uri",
-                f"could not be read within {self.seconds:g} s (DPSS_REFERENCE_READ_SECONDS)",
-            )
 
 
 class _Total:
@@ -877,7 +883,7 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
     location, path = _allowed_root(uri, settings)
     fs = location.filesystem()
     fs.invalidate_cache()  # a listing cached by an earlier registration may be stale
-    objects = _list_objects(fs, location, path)
+    objects = _list_objects(fs, location, path, deadline)
     reference = Reference(uri=uri, location=location, columns=list(columns), objects=[])
     offset = 0
     for name in objects:
