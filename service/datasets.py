@@ -13,15 +13,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
-from api_schemas.datasets import DatasetCreate, DatasetReferenceCreate
+from api_schemas.datasets import DatasetCreate
 from service import accounting, audit, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
-from service.errors import DatasetGone, InvalidInput, NotFound, ObjectRegistered
+from service.errors import DatasetGone, DatasetNotReady, InvalidInput, NotFound, ObjectRegistered
 from service.mechanisms.linalg import count_rows_above
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
-from service.reference import REFERENCE_FILE_NAME, Reference
+from service.reference import Reference
 from service.store import DatasetStore, StoredMatrix
 
 
@@ -202,33 +202,7 @@ def register_dataset(
     return dataset
 
 
-def register_reference(
-    session: Session,
-    store: DatasetStore,
-    principal: Principal,
-    form: DatasetReferenceCreate,
-    reference: Reference,
-    default_accounting: str = "basic",
-) -> Dataset:
-    """Register a Parquet dataset by reference (already read and checked by
-    :func:`service.reference.inspect`): no file in the store, the objects stay the owner's."""
-    n_rows, n_cols = reference.shape
-    stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
-    dataset = register_dataset(session, store, principal, form, stored, default_accounting)
-    dataset.reference = reference.to_json()
-    _cover(session, dataset.id, reference)
-    audit.record(
-        session,
-        "dataset_referenced",
-        actor_key_id=principal.key_id,
-        dataset_id=dataset.id,
-        details={"uri": reference.uri, "columns": reference.columns, "objects": reference.objects},
-    )
-    session.flush()
-    return dataset
-
-
-def _cover(session: Session, dataset_id: uuid.UUID, reference: Reference) -> None:
+def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference) -> None:
     """Record the objects ``reference`` covers, refusing (409) one that another live dataset
     covers already, by name or by content: two datasets on the same rows would double what
     can be learned about the people in them. The unique constraints decide between
@@ -269,6 +243,22 @@ def _registered(key: str) -> ObjectRegistered:
     )
 
 
+def require_ready(dataset: Dataset) -> None:
+    """409 ``dataset_not_ready`` unless the dataset's registration finished ``ready``: a
+    dataset by reference has no checked rows (and no public ``n_rows``) before, and none after
+    a failed registration."""
+    if dataset.registration_status == "registering":
+        raise DatasetNotReady(
+            f"dataset {dataset.id} is still registering: a worker is reading and checking its "
+            "objects; poll GET /v1/datasets/{id} until registration_status is ready"
+        )
+    if dataset.registration_status != "ready":
+        raise DatasetNotReady(
+            f"dataset {dataset.id}'s registration failed ({dataset.registration_reason}); "
+            "delete it and register again"
+        )
+
+
 def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
     """The owner's live dataset, locked (``FOR UPDATE``; SQLite: the write lock): appends and
     releases of one dataset are serialised, so each sees a whole number of batches."""
@@ -282,6 +272,7 @@ def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.U
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; its rows are gone")
+    require_ready(dataset)
     return dataset
 
 

@@ -5,17 +5,18 @@ An owner registers ``s3://bucket/prefix/`` (the endpoint is the deployment's
 uploading. The URI must lie under one of ``DPSS_REFERENCE_ROOTS``: the service reads with the
 deployment's credentials, so an owner may name only what the operator opened to references.
 
-**Registration** (:func:`inspect`, in the API process, in a thread): the regular ``*.parquet``
-objects under the URI (local: by ``lstat``, symlinks not followed, a non-regular one refused
-unopened), sorted by key, are the dataset; row ``i`` is the ``i``-th row of their row groups in
-that order (the stable row index). Per object the footer and the chosen columns' chunks are
-read as byte ranges and their SHA-256 recorded; every value is decoded from exactly those bytes
-(:class:`_Ranges`) and checked (numeric, not null, finite) one bounded batch at a time; the
-rows the data pages hold (:func:`page_rows`) and the rows decoded must equal the footer's
-count; the whole reference is bounded by ``DPSS_MAX_DATASET_BYTES``; an object another live
-dataset covers is refused by :func:`service.datasets.register_reference`. Each object's
-identity (S3: ETag, and VersionId when the bucket is versioned; a path: size and modification
-time in nanoseconds, by ``lstat``) is recorded with the digests.
+**Registration** (:func:`inspect`, run by a worker as a job the owner polls, see
+:mod:`service.registration`; the request checks only what needs no read, :func:`check_request`):
+the regular ``*.parquet`` objects under the URI (local: by ``lstat``, symlinks not followed, a
+non-regular one refused unopened), sorted by key, are the dataset; row ``i`` is the ``i``-th row
+of their row groups in that order (the stable row index). Per object the footer and the chosen
+columns' chunks are read as byte ranges and their SHA-256 recorded; every value is decoded from
+exactly those bytes (:class:`_Ranges`) and checked (numeric, not null, finite) one bounded batch
+at a time; the rows the data pages hold (:func:`page_rows`) and the rows decoded must equal the
+footer's count; the whole reference is bounded by ``DPSS_MAX_DATASET_BYTES``; an object another
+live dataset covers is refused by :func:`service.datasets.cover_objects`. Each object's identity
+(S3: ETag, and VersionId when the bucket is versioned; a path: size and modification time in
+nanoseconds, by ``lstat``) is recorded with the digests.
 
 **Immutability.** The worker compares every object's identity with the record before a release
 reads it and again before the outcome is stored (:meth:`ParquetRows.check_unchanged`), and each
@@ -44,10 +45,15 @@ besides to the memory gate.
 
 **Faults.** Tasks are retried (``DPSS_DASK_RETRIES``) and the scheduler recomputes the tasks of
 a lost worker; if the cluster still fails (unreachable scheduler, a task that killed its workers
-repeatedly, an object that cannot be read), the release ends ``failed`` and refunded with a
-fixed reason naming the exception type. Such faults do not depend on the values: every task's
+repeatedly, every worker gone for ``DPSS_DASK_WAIT_SECONDS``), the release ends ``failed`` with
+a fixed reason naming the exception type. Such faults do not depend on the values: every task's
 memory and time are functions of the row group's public shape, and the numerical code is total
-on the finite values registration admitted. Nothing was released, so the refund is exact.
+on the finite values registration admitted. Nothing was released either way; the refund
+follows DESIGN's rule that a job is refunded only when it provably never read the data: a
+fault before the release's first task was submitted (no worker within the wait, an unreachable
+scheduler) is refunded; once a task was submitted it may have read rows (the client cannot
+tell whether a pending task had started), so the cost stays charged. An object found changed
+is refunded as before: that failure is decided by the digests, not by what was read.
 """
 
 from __future__ import annotations
@@ -110,13 +116,20 @@ MAX_OBJECTS = 10_000
 CHANGED_REASON = "the referenced object {path} changed since registration; nothing was released"
 UNREADABLE_REASON = "the referenced object {path} could not be read ({kind}); nothing was released"
 CLUSTER_REASON = "the Dask cluster failed ({kind}) before anything was released; refunded"
+#: A cluster fault once a task was submitted: a task may have read the data (DESIGN: a refund
+#: only when the job provably never read it), so the release stays charged.
+CLUSTER_CHARGED_REASON = (
+    "the Dask cluster failed ({kind}) after its tasks were submitted; nothing was released, "
+    "but a task may have read the data, so the cost stays charged"
+)
 NO_WORKERS_REASON = (
     "the Dask cluster had no worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS); nothing was "
     "read; refunded"
 )
 LOST_WORKERS_REASON = (
-    "the Dask cluster lost every worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS) before "
-    "anything was released; refunded"
+    "the Dask cluster lost every worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS) after its "
+    "tasks were submitted; nothing was released, but a task may have read the data, so the "
+    "cost stays charged"
 )
 #: How often a release waiting on the cluster asks whether it still has a worker, seconds.
 WATCH_SECONDS = 2.0
@@ -262,7 +275,7 @@ class Reference:
         out = []
         for record in self.objects:
             path = str(record["path"])
-            key = f"{self.location.protocol}://{path}"
+            key = object_key(self.location, path)
             content = "\n".join([str(record["footer_sha256"]), *chunks.get(path, [])])
             out.append((key, _sha256(key.encode()), _sha256(content.encode())))
         return out
@@ -869,18 +882,36 @@ def _count_mismatch(path: str, group: int, row_group: Any, held: int) -> str:
     )
 
 
-def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
-    """Read the footers and every value of ``columns`` under ``uri``; the :class:`Reference`
-    to store. :class:`InvalidInput` names ``uri`` or ``columns``; nothing is kept either way."""
+def check_request(uri: str, columns: list[str], settings: Settings) -> tuple[Location, str]:
+    """What a registration can refuse without reading an object (in the request, 422): the
+    columns, the URI's form, NUL bytes and containment under ``DPSS_REFERENCE_ROOTS``. The
+    location and normalised path (resolved for a local path: ``realpath`` opens nothing)."""
     if not columns:
         raise InvalidInput("columns", "name at least one column")
+    if any("\x00" in name for name in columns):
+        raise InvalidInput("columns", "must not contain NUL characters")
     if len(set(columns)) != len(columns):
         raise InvalidInput("columns", "a column is named twice")
     if len(columns) > settings.max_cols:
         raise InvalidInput("columns", f"at most {settings.max_cols} are accepted (DPSS_MAX_COLS)")
+    return _allowed_root(uri, settings)
+
+
+def object_key(location: Location, path: str) -> str:
+    """The name :meth:`Reference.covered` gives an object at ``path``."""
+    return f"{location.protocol}://{path}"
+
+
+def key_digest(key: str) -> str:
+    return _sha256(key.encode())
+
+
+def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
+    """Read the footers and every value of ``columns`` under ``uri``; the :class:`Reference`
+    to store. :class:`InvalidInput` names ``uri`` or ``columns``; nothing is kept either way."""
+    location, path = check_request(uri, columns, settings)
     deadline = _Deadline(settings.reference_read_seconds)
     total = _Total(settings.max_dataset_bytes)
-    location, path = _allowed_root(uri, settings)
     fs = location.filesystem()
     fs.invalidate_cache()  # a listing cached by an earlier registration may be stale
     objects = _list_objects(fs, location, path, deadline)
@@ -1089,11 +1120,22 @@ class ParquetRows:
         except ReferenceFault:
             raise
         except (TimeoutError, OSError, asyncio.CancelledError) as exc:
-            raise ReferenceFault(CLUSTER_REASON.format(kind=_fault_name(exc))) from None
+            raise self._cluster_fault(exc) from None
         except Exception as exc:
             if type(exc).__module__.startswith("distributed"):  # KilledWorker and the like
-                raise ReferenceFault(CLUSTER_REASON.format(kind=_fault_name(exc))) from None
+                raise self._cluster_fault(exc) from None
             raise
+
+    def _cluster_fault(self, exc: BaseException) -> ReferenceFault:
+        """A cluster fault, refunded only while no task of this release was submitted: from
+        then on a task may have started reading rows (the scheduler does not tell the client
+        whether one did), and DESIGN allows a refund only when the job provably never read the
+        data. Such a failure is still independent of the values (module docstring, Faults), so
+        charging it is conservative: the status reveals nothing, and the budget covers a read
+        that may have happened."""
+        if self._submitted:
+            return ReferenceFault(CLUSTER_CHARGED_REASON.format(kind=_fault_name(exc)), False)
+        return ReferenceFault(CLUSTER_REASON.format(kind=_fault_name(exc)))
 
     def _workers(self) -> int:
         """Workers the scheduler has now (asked, not from a cached view)."""
@@ -1114,8 +1156,10 @@ class ParquetRows:
         """Wait for ``futures`` however long they compute, but not while the cluster has no
         worker for more than ``DPSS_DASK_WAIT_SECONDS`` (the scheduler would keep the tasks
         pending until one returns, and the release ``running`` with it): then
-        :class:`ReferenceFault`, refunded as every cluster fault (nothing released; the loss
-        of every worker does not depend on the values)."""
+        :class:`ReferenceFault`, charged (not refunded): the tasks were submitted, and one
+        may have read rows before its worker left, so the job did not provably never read the
+        data. Nothing was released, and the loss of every worker does not depend on the
+        values, so the failure itself reveals nothing."""
         limit = self.settings.dask_wait_seconds
         poll = min(limit, WATCH_SECONDS)
         pending = len(futures)
@@ -1141,7 +1185,7 @@ class ParquetRows:
             if alone_since is None:
                 alone_since = now
             elif now - alone_since >= limit:
-                raise ReferenceFault(LOST_WORKERS_REASON.format(seconds=limit))
+                raise ReferenceFault(LOST_WORKERS_REASON.format(seconds=limit), refund=False)
 
     def _reduce(self, task: Any, *args: Any) -> FloatArray:
         """``sum`` of ``task(location, piece, columns, *args)`` over the row groups, added in

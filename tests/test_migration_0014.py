@@ -1,5 +1,6 @@
-"""Migration 0014 adds ``dataset_reference_objects`` (one live dataset per referenced object):
-its unique constraints hold after the upgrade, and it goes back down."""
+"""Migration 0014 adds ``dataset_reference_objects`` (one live dataset per referenced object)
+and the registration job's columns of ``datasets`` (existing datasets ``ready``): its unique
+constraints hold after the upgrade, and it goes back down."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def test_0014_adds_reference_objects_and_downgrades(tmp_path: Path) -> None:
     factory = make_session_factory(engine)
     with factory() as session:
         dataset_id: uuid.UUID = session.execute(select(Dataset.id)).scalar_one()
+        # An existing dataset is ready: it keeps taking releases.
+        status = session.execute(select(Dataset.registration_status)).scalar_one()
+        assert status == "ready"
         session.add(
             DatasetReferenceObject(
                 dataset_id=dataset_id,
@@ -51,4 +55,5 @@ def test_0014_adds_reference_objects_and_downgrades(tmp_path: Path) -> None:
     engine = create_engine(url)
     reflected.reflect(engine)
     assert "dataset_reference_objects" not in reflected.tables
+    assert not {c.name for c in reflected.tables["datasets"].columns if "registration" in c.name}
     engine.dispose()

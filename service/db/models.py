@@ -83,6 +83,19 @@ class Dataset(Base):
     #: A dataset registered by reference (:mod:`service.reference`): its URI, columns, row
     #: groups and the objects' ETags/versions and sizes; null for an uploaded dataset.
     reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: ``registering`` (a dataset by reference whose objects a worker has yet to read and
+    #: check: it refuses releases, grants and appends), ``ready`` or ``failed`` (with
+    #: :attr:`registration_reason`). Uploads are ``ready`` at once.
+    registration_status: Mapped[str] = mapped_column(
+        String(12), default="ready", server_default="ready", index=True
+    )
+    registration_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    #: While registering: ``{"uri", "columns"}`` as requested (the worker's job).
+    registration_request: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: The registration job's lease, as a release's (:mod:`service.registration`).
+    registration_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    registration_lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    registration_lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class DatasetReferenceObject(Base):

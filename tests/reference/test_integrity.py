@@ -34,6 +34,7 @@ from service.reference import ParquetRows, Reference, ReferenceFault, inspect
 from service.store import DatasetStore
 from service.worker import Worker
 from tests.conftest import Keys, bearer, fetch_release, post_release
+from tests.reference import helpers
 from tests.reference.conftest import s3fs_for, write_parquet
 
 BUDGET = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1.0}
@@ -68,11 +69,14 @@ def plain_parquet(path: Path, rows: np.ndarray[Any, Any], row_group_rows: int = 
 
 
 def register(client: TestClient, key: str, uri: str, columns: list[str]) -> Any:
-    return client.post(
-        "/v1/dataset-references",
-        headers=bearer(key),
-        json={**BUDGET, "uri": uri, "columns": columns},
-    )
+    """The POST's 4xx, or the dataset once a worker ran its registration (ready or failed)."""
+    return helpers.register(client, key, uri, columns, BUDGET)
+
+
+def registered(client: TestClient, key: str, uri: str, columns: list[str]) -> Any:
+    response = register(client, key, uri, columns)
+    assert response.json()["registration_status"] == "ready", response.text
+    return response.json()
 
 
 def release(client: TestClient, keys: Keys, dataset: str, worker: Worker) -> Any:
@@ -111,7 +115,7 @@ def test_a_file_rewritten_in_place_with_its_mtime_put_back_fails_the_release(
     target = root / "set" / "a.parquet"
     names = plain_parquet(target, rows)
     dataset = register(client, keys.owner, str(root / "set"), names)
-    assert dataset.status_code == 201, dataset.text
+    assert dataset.json()["registration_status"] == "ready", dataset.text
     forge_in_place(target, float(rows[250, 1]), forged(float(rows[250, 1])))
     outcome = release(client, keys, dataset.json()["id"], worker)
     assert outcome["status"] == "failed", outcome
@@ -133,7 +137,7 @@ def test_a_file_swapped_for_a_symlink_out_of_the_roots_is_not_read(
     even its bytes: it lies outside DPSS_REFERENCE_ROOTS, so it is never opened."""
     target = root / "set" / "a.parquet"
     names = plain_parquet(target, rows)
-    dataset = register(client, keys.owner, str(target), names).json()
+    dataset = registered(client, keys.owner, str(target), names)
     outside = tmp_path / "private.parquet"
     shutil.copy2(target, outside)
     target.unlink()
@@ -292,18 +296,20 @@ def test_a_footer_lying_about_its_rows_is_refused(
     assert f"the footer says {claim} rows, the data holds 1000" in refused.value.detail
 
 
-def test_a_lying_footer_answers_422_and_registers_nothing(
-    client: TestClient, keys: Keys, root: Path
+def test_a_lying_footer_fails_its_registration_and_registers_nothing(
+    client: TestClient, keys: Keys, root: Path, session_factory: sessionmaker[Session]
 ) -> None:
     rows = np.random.default_rng(2).normal(size=(1000, 2)) / 4
     path = root / "set" / "liar.parquet"
     names = plain_parquet(path, rows, row_group_rows=1000)
     path.write_bytes(lying_footer(path.read_bytes(), 1000, 1_000_000, every_count=False))
     response = register(client, keys.owner, str(path), names)
-    assert response.status_code == 422, response.text
-    assert response.json()["detail"].startswith("uri: ")
-    listed = client.get("/v1/datasets", headers=bearer(keys.owner)).json()
-    assert listed["total"] == 0
+    assert helpers.refusal(response).startswith("uri: "), response.text
+    assert "the footer says 1000000 rows" in helpers.refusal(response)
+    # Failed: no rows, no reference, no object covered, and no release taken.
+    assert response.json()["reference"] == str(path)
+    with session_factory() as session:
+        assert session.query(DatasetReferenceObject).count() == 0
 
 
 def test_a_release_counts_the_rows_it_reads(
@@ -431,32 +437,34 @@ def test_an_object_covered_by_a_live_dataset_is_refused(
     names = plain_parquet(root / "set" / "a.parquet", rows[:200])
     plain_parquet(root / "set" / "b.parquet", rows[200:])
     first = register(client, keys.owner, str(root / "set" / "a.parquet"), names)
-    assert first.status_code == 201, first.text
+    assert first.json()["registration_status"] == "ready", first.text
     other = make_key("owner")
     (root / "copy").mkdir()
     shutil.copy(root / "set" / "a.parquet", root / "copy" / "x.parquet")
     (root / "alias").symlink_to(root / "set")
-    for key, uri in [
-        (other, str(root / "set" / "a.parquet")),
-        (keys.owner, str(root / "set" / "a.parquet")),
-        (other, str(root / "set")),
-        (other, f"{root}/alias/../set/a.parquet"),
-        (other, str(root / "alias")),
-        (other, str(root / "copy")),
+    # The object itself (however spelt) is refused by the POST; a directory holding it, or a
+    # copy, only once read: the registration fails with the same reason.
+    for key, uri, at_once in [
+        (other, str(root / "set" / "a.parquet"), True),
+        (keys.owner, str(root / "set" / "a.parquet"), True),
+        (other, str(root / "set"), False),
+        (other, f"{root}/alias/../set/a.parquet", True),
+        (other, str(root / "alias"), False),
+        (other, str(root / "copy"), False),
     ]:
         response = register(client, key, uri, names)
-        assert response.status_code == 409, (uri, response.text)
-        body = response.json()
-        assert body["error"] == "object_registered"
-        assert body["detail"].startswith("uri: ") and "another live dataset" in body["detail"]
+        assert response.status_code == (409 if at_once else 200), (uri, response.text)
+        if at_once:
+            assert response.json()["error"] == "object_registered"
+        detail = helpers.refusal(response)
+        assert detail.startswith("uri: ") and "another live dataset" in detail, detail
     # Nothing was kept by the refusals: only the first dataset, its one object.
     with session_factory() as session:
         assert session.query(DatasetReferenceObject).count() == 1
-    assert register(client, other, str(root / "set" / "b.parquet"), names).status_code == 201
+    registered(client, other, str(root / "set" / "b.parquet"), names)
     deleted = client.delete(f"/v1/datasets/{first.json()['id']}", headers=bearer(keys.owner))
     assert deleted.status_code == 204
-    again = register(client, other, str(root / "set" / "a.parquet"), names)
-    assert again.status_code == 201, again.text
+    registered(client, other, str(root / "set" / "a.parquet"), names)
 
 
 def test_the_same_s3_object_twice_is_refused(
@@ -472,9 +480,10 @@ def test_the_same_s3_object_twice_is_refused(
     names = write_parquet(fs, f"{bucket}/lake/a.parquet", rows, 100)
     settings.reference_roots = f"s3://{bucket}/lake"
     settings.s3_endpoint_url = s3_endpoint
-    assert register(client, keys.owner, f"s3://{bucket}/lake", names).status_code == 201
+    registered(client, keys.owner, f"s3://{bucket}/lake", names)
     again = register(client, make_key("owner"), f"s3://{bucket}/lake/a.parquet", names)
     assert again.status_code == 409, again.text
+    assert again.json()["error"] == "object_registered"
 
 
 def test_copies_within_one_registration_are_refused(
@@ -496,7 +505,7 @@ def test_the_database_refuses_a_second_live_cover(
 ) -> None:
     """Two registrations racing past the query: the unique constraints decide."""
     names = plain_parquet(root / "set" / "a.parquet", rows)
-    first = register(client, keys.owner, str(root / "set"), names).json()
+    first = registered(client, keys.owner, str(root / "set"), names)
     with session_factory() as session:
         (row,) = session.query(DatasetReferenceObject).all()
         for key_sha, content in [(row.key_sha256, "0" * 64), ("0" * 64, row.content_sha256)]:
@@ -525,7 +534,7 @@ def empty_cluster() -> Iterator[str]:
 
 
 @pytest.mark.parametrize("when", ["before-the-first-task", "after-submission"])
-def test_a_cluster_without_workers_fails_the_release_refunded(
+def test_a_cluster_without_workers_fails_the_release(
     when: str,
     client: TestClient,
     keys: Keys,
@@ -538,11 +547,12 @@ def test_a_cluster_without_workers_fails_the_release_refunded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every Dask worker gone: the release stayed ``running`` until one came back. Now it ends
-    ``failed`` and refunded after DPSS_DASK_WAIT_SECONDS, whether no worker was there before
-    its first task or every worker left with its tasks pending (the second simulated by
-    skipping the first wait)."""
+    ``failed`` after DPSS_DASK_WAIT_SECONDS. Refunded only when no worker came before its
+    first task (nothing was read); once its tasks were submitted (simulated by skipping the
+    first wait) a task may have read rows, so the cost stays charged (DESIGN: a refund only
+    when the job provably never read the data)."""
     names = plain_parquet(root / "set" / "a.parquet", rows)
-    dataset = register(client, keys.owner, str(root / "set"), names).json()
+    dataset = registered(client, keys.owner, str(root / "set"), names)
     if when == "after-submission":
         monkeypatch.setattr(ParquetRows, "_await_workers", lambda self: None)
         monkeypatch.setattr(reference_module, "WATCH_SECONDS", 0.2)
@@ -556,10 +566,35 @@ def test_a_cluster_without_workers_fails_the_release_refunded(
     runner.join(120)  # generous: before the fix it never returned
     assert not runner.is_alive(), "the release still waits on a cluster without workers"
     outcome = fetch_release(client, keys.analyst, release_id)
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed", outcome
     assert "DPSS_DASK_WAIT_SECONDS" in outcome["reason"]
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
-    assert budget.json()["epsilon_spent"] == "0"
+    if when == "before-the-first-task":
+        assert outcome["refunded"] is True, outcome
+        assert "nothing was read" in outcome["reason"]
+        assert budget.json()["epsilon_spent"] == "0"
+    else:
+        assert outcome["refunded"] is False, outcome
+        assert "stays charged" in outcome["reason"]
+        assert budget.json()["epsilon_spent"] == RELEASE["epsilon"]
+
+
+def test_a_cluster_fault_after_submission_stays_charged(
+    settings: Settings, root: Path, rows: np.ndarray[Any, Any]
+) -> None:
+    """Any cluster fault (a KilledWorker, a lost connection) is refunded only while no task
+    was submitted: the class, not only the lost-workers wait."""
+    from distributed import KilledWorker
+
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    on_dask = settings.model_copy(update={"reference_roots": str(root)})
+    rows_source = ParquetRows(inspect(str(root / "set"), names, on_dask), on_dask)
+    for exc in (KilledWorker("task", "worker", 1), OSError("gone")):
+        rows_source._submitted = False
+        assert rows_source._cluster_fault(exc).refund is True
+        rows_source._submitted = True
+        fault = rows_source._cluster_fault(exc)
+        assert fault.refund is False and "stays charged" in fault.reason
 
 
 def test_a_wide_row_group_is_fetched_in_few_requests(
@@ -600,7 +635,7 @@ def test_a_forged_file_fails_the_release_on_dask_too(
     comes back to the release's worker as such (failed, refunded, the object named)."""
     target = root / "set" / "a.parquet"
     names = plain_parquet(target, rows)
-    dataset = register(client, keys.owner, str(root / "set"), names).json()
+    dataset = registered(client, keys.owner, str(root / "set"), names)
     forge_in_place(target, float(rows[310, 2]), struct.pack("<d", -float(rows[310, 2])))
     on_dask = Worker(
         session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})

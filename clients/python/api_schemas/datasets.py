@@ -115,6 +115,23 @@ class Dataset(Schema):
             "an uploaded dataset."
         ),
     )
+    registration_status: Literal["registering", "ready", "failed"] = Field(
+        default="ready",
+        description=(
+            "`registering`: a dataset by reference whose objects a worker is still reading "
+            "and checking (n_rows is 0 and n_cols the columns named until then; releases, "
+            "grants and appends are refused with 409 `dataset_not_ready`); `ready`: usable; "
+            "`failed`: the objects were refused (see `registration_reason`), nothing was "
+            "registered and the dataset can only be deleted. Uploads are `ready` at once."
+        ),
+    )
+    registration_reason: str | None = Field(
+        default=None,
+        description=(
+            "When `registration_status` is `failed`: why, naming the field (`uri` or "
+            "`columns`) as the synchronous 4xx answer did (never a data value)."
+        ),
+    )
 
 
 class DatasetCreated(Dataset):
