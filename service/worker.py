@@ -69,7 +69,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit, ledger, operations, reference, registration, tracing, wake
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
-from service.db.models import Release, ReleaseBasis, utcnow
+from service.db.models import Dataset, Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.jobs import (
     ABANDONED_REASON,
@@ -599,7 +599,22 @@ class Worker:
                 return True
             with self.session_factory() as session:
                 queued = select(Release.id).where(Release.status == "queued").limit(1)
-                return session.execute(queued).first() is not None
+                # A registration no worker holds (one leased elsewhere is not waiting).
+                registering = (
+                    select(Dataset.id)
+                    .where(
+                        Dataset.registration_status == "registering",
+                        or_(
+                            Dataset.registration_lease_owner.is_(None),
+                            Dataset.registration_lease_expires_at < utcnow(),
+                        ),
+                    )
+                    .limit(1)
+                )
+                return (
+                    session.execute(queued).first() is not None
+                    or session.execute(registering).first() is not None
+                )
 
         with blas_threads(self.settings):
             rates = calibration.measure(interrupted=job_waiting)
