@@ -253,9 +253,10 @@ def require_ready(dataset: Dataset) -> None:
             "objects; poll GET /v1/datasets/{id} until registration_status is ready"
         )
     if dataset.registration_status != "ready":
+        # Not the reason: this answer also goes to analysts, and the reason is the owner's.
         raise DatasetNotReady(
-            f"dataset {dataset.id}'s registration failed ({dataset.registration_reason}); "
-            "delete it and register again"
+            f"dataset {dataset.id}'s registration failed; its owner sees why in GET "
+            "/v1/datasets/{id} (delete it and register again)"
         )
 
 
@@ -349,12 +350,16 @@ def trim_uncommitted(session: Session, store: DatasetStore, dataset_id: uuid.UUI
 def _visible_to(
     role: str, owner_key_id: uuid.UUID | ColumnElement[Any]
 ) -> list[ColumnElement[bool]]:
-    """Owners see the datasets they uploaded; analysts see every dataset's metadata. On the
+    """Owners see the datasets they uploaded; analysts see every ready dataset's metadata. On the
     table's columns, so that a Core statement (:data:`_BUDGET_READS`) can use them too."""
     columns = Dataset.__table__.c
     conditions: list[ColumnElement[bool]] = [columns.deleted_at.is_(None)]
     if role == "owner":
         conditions.append(columns.owner_key_id == owner_key_id)
+    else:
+        # A dataset by reference reaches analysts once registered: before, it has no rows, and
+        # a failed registration's reason (a row number, an object's name) is the owner's.
+        conditions.append(columns.registration_status == "ready")
     return conditions
 
 

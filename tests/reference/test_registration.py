@@ -97,10 +97,16 @@ def test_registration_answers_at_once_and_a_worker_makes_it_ready(
         assert refused.status_code == 409, refused.text
         assert refused.json()["error"] == "dataset_not_ready"
         assert "still registering" in refused.json()["detail"]
-    assert show(client, keys.analyst, body["id"])["registration_status"] == "registering"
+    # Analysts see the dataset once it is ready (its owner all along).
+    path = f"/v1/datasets/{body['id']}"
+    assert client.get(path, headers=bearer(keys.analyst)).status_code == 404
+    assert client.get(f"{path}/budget", headers=bearer(keys.analyst)).status_code == 404
+    assert client.get("/v1/datasets", headers=bearer(keys.analyst)).json()["total"] == 0
+    assert show(client, keys.owner, body["id"])["registration_status"] == "registering"
     assert worker.run_pending() == 0  # no release ran; the registration did
     ready = show(client, keys.owner, body["id"])
     assert ready["registration_status"] == "ready" and ready["n_rows"] == 300, ready
+    assert show(client, keys.analyst, body["id"]) == ready
     release_id = post_release(client, keys.analyst, body["id"], **RELEASE)
     assert worker.run_pending() == 1
     assert fetch_release(client, keys.analyst, release_id)["status"] == "succeeded"
@@ -157,6 +163,10 @@ def test_a_refusal_found_by_reading_fails_the_registration_with_its_reason(
     assert "nan" not in reason.lower().replace("non-finite value (nan", "")  # no value quoted
     for refused in refusals(client, keys, dataset_id):
         assert refused.status_code == 409 and "registration failed" in refused.text, refused.text
+        assert reason not in refused.text
+    # The reason is the owner's: analysts do not see a failed dataset.
+    analyst_view = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.analyst))
+    assert analyst_view.status_code == 404
     with session_factory() as session:
         assert session.query(DatasetReferenceObject).count() == 0
         failed = [
