@@ -232,6 +232,26 @@ class Settings(BaseSettings):
     dask_connect_timeout_seconds: float = Field(
         default=10, gt=0, description="How long a worker waits to reach the Dask scheduler."
     )
+    dask_wait_seconds: float = Field(
+        default=60,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Longest time a release on a dataset by reference waits with no Dask worker on the "
+            "cluster (before its first task, or after every worker left): past it the release "
+            "ends failed and refunded instead of staying running until a worker returns."
+        ),
+    )
+    reference_read_seconds: float = Field(
+        default=900,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Longest registration of a dataset by reference (listing, reading and digesting "
+            "every object), seconds, checked between reads: past it the registration is "
+            "refused (422 naming `uri`)."
+        ),
+    )
     worker_lease_seconds: float = Field(
         default=30,
         gt=0,

@@ -8,19 +8,20 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
-from api_schemas.datasets import DatasetCreate, DatasetReferenceCreate
+from api_schemas.datasets import DatasetCreate
 from service import accounting, audit, ledger, wake
 from service.auth import Principal, require_role
 from service.config import Settings
-from service.db.models import Dataset, DatasetBatch, utcnow
-from service.errors import DatasetGone, InvalidInput, NotFound
+from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
+from service.errors import DatasetGone, DatasetNotReady, InvalidInput, NotFound, ObjectRegistered
 from service.mechanisms.linalg import count_rows_above
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
-from service.reference import REFERENCE_FILE_NAME, Reference
+from service.reference import Reference
 from service.store import DatasetStore, StoredMatrix
 
 
@@ -221,29 +222,62 @@ def register_dataset(
     return dataset
 
 
-def register_reference(
-    session: Session,
-    store: DatasetStore,
-    principal: Principal,
-    form: DatasetReferenceCreate,
-    reference: Reference,
-    default_accounting: str = "basic",
-) -> Dataset:
-    """Register a Parquet dataset by reference (already read and checked by
-    :func:`service.reference.inspect`): no file in the store, the objects stay the owner's."""
-    n_rows, n_cols = reference.shape
-    stored = StoredMatrix(file_name=REFERENCE_FILE_NAME, n_rows=n_rows, n_cols=n_cols)
-    dataset = register_dataset(session, store, principal, form, stored, default_accounting)
-    dataset.reference = reference.to_json()
-    audit.record(
-        session,
-        "dataset_referenced",
-        actor_key_id=principal.key_id,
-        dataset_id=dataset.id,
-        details={"uri": reference.uri, "columns": reference.columns, "objects": reference.objects},
+def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference) -> None:
+    """Record the objects ``reference`` covers, refusing (409) one that another live dataset
+    covers already, by name or by content: two datasets on the same rows would double what
+    can be learned about the people in them. The unique constraints decide between
+    concurrent registrations; the query before them names the object."""
+    covered = reference.covered()
+    for start in range(0, len(covered), 400):
+        part = covered[start : start + 400]
+        keys = {key_sha: key for key, key_sha, _ in part}
+        contents = {content: key for key, _, content in part}
+        taken = session.execute(
+            select(DatasetReferenceObject.key_sha256, DatasetReferenceObject.content_sha256).where(
+                or_(
+                    DatasetReferenceObject.key_sha256.in_(keys),
+                    DatasetReferenceObject.content_sha256.in_(contents),
+                )
+            )
+        ).first()
+        if taken is not None:
+            raise _registered(keys.get(taken[0]) or contents[taken[1]])
+    session.add_all(
+        DatasetReferenceObject(
+            dataset_id=dataset_id, object_key=key, key_sha256=key_sha, content_sha256=content
+        )
+        for key, key_sha, content in covered
     )
-    session.flush()
-    return dataset
+    try:
+        session.flush()
+    except IntegrityError:
+        # A concurrent registration of the same objects committed first.
+        raise _registered(covered[0][0]) from None
+
+
+def _registered(key: str) -> ObjectRegistered:
+    return ObjectRegistered(
+        f"uri: {key} (or an object with the same content) is already covered by another live "
+        "dataset; one dataset per object, so that its rows have one budget (delete that dataset "
+        "first to register it again)"
+    )
+
+
+def require_ready(dataset: Dataset) -> None:
+    """409 ``dataset_not_ready`` unless the dataset's registration finished ``ready``: a
+    dataset by reference has no checked rows (and no public ``n_rows``) before, and none after
+    a failed registration."""
+    if dataset.registration_status == "registering":
+        raise DatasetNotReady(
+            f"dataset {dataset.id} is still registering: a worker is reading and checking its "
+            "objects; poll GET /v1/datasets/{id} until registration_status is ready"
+        )
+    if dataset.registration_status != "ready":
+        # Not the reason: this answer also goes to analysts, and the reason is the owner's.
+        raise DatasetNotReady(
+            f"dataset {dataset.id}'s registration failed; its owner sees why in GET "
+            "/v1/datasets/{id} (delete it and register again)"
+        )
 
 
 def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
@@ -259,6 +293,7 @@ def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.U
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; its rows are gone")
+    require_ready(dataset)
     return dataset
 
 
@@ -335,12 +370,16 @@ def trim_uncommitted(session: Session, store: DatasetStore, dataset_id: uuid.UUI
 def _visible_to(
     role: str, owner_key_id: uuid.UUID | ColumnElement[Any]
 ) -> list[ColumnElement[bool]]:
-    """Owners see the datasets they uploaded; analysts see every dataset's metadata. On the
+    """Owners see the datasets they uploaded; analysts see every ready dataset's metadata. On the
     table's columns, so that a Core statement (:data:`_BUDGET_READS`) can use them too."""
     columns = Dataset.__table__.c
     conditions: list[ColumnElement[bool]] = [columns.deleted_at.is_(None)]
     if role == "owner":
         conditions.append(columns.owner_key_id == owner_key_id)
+    else:
+        # A dataset by reference reaches analysts once registered: before, it has no rows, and
+        # a failed registration's reason (a row number, an object's name) is the owner's.
+        conditions.append(columns.registration_status == "ready")
     return conditions
 
 
@@ -442,6 +481,9 @@ def delete_dataset(
     # By reference: the service forgets where the objects are; it never deletes them.
     referenced = None if dataset.reference is None else str(dataset.reference["uri"])
     dataset.reference = None
+    session.execute(
+        delete(DatasetReferenceObject).where(DatasetReferenceObject.dataset_id == dataset.id)
+    )
     dataset.deleted_at = utcnow()
     dataset.file_name = None
     session.execute(

@@ -151,6 +151,20 @@ class DatasetGone(Conflict):
     code = "dataset_deleted"
 
 
+class DatasetNotReady(Conflict):
+    """A dataset by reference still ``registering`` (or whose registration ``failed``): it has
+    no checked rows, so it takes no release, grant or batch (409)."""
+
+    code = "dataset_not_ready"
+
+
+class ObjectRegistered(Conflict):
+    """An object (or a copy of its content) is already covered by another live dataset by
+    reference (409): its rows have one budget."""
+
+    code = "object_registered"
+
+
 class BudgetExceeded(Conflict):
     """The release would overspend the dataset's budget or its grant's (409).
 

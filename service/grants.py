@@ -34,7 +34,7 @@ from decimal import Decimal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from service import accounting, audit, ledger, spend
+from service import accounting, audit, datasets, ledger, spend
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
 from service.errors import (
@@ -169,6 +169,7 @@ def create_grant(
     epsilon, delta, rho = _share(dataset, epsilon, delta, rho, mu)
     if dataset.deleted_at is not None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; it can grant nothing")
+    datasets.require_ready(dataset)
     if analyst_key_id is not None:
         key = session.get(ApiKey, analyst_key_id)
         if key is None or key.role != "analyst" or key.revoked_at is not None:

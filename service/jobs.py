@@ -168,7 +168,8 @@ def blas_threads(settings: Settings) -> Iterator[None]:
 
 
 class JobRunner(Protocol):
-    """What :mod:`service.continual` uses of a :class:`service.worker.Worker`."""
+    """What :mod:`service.continual` and :mod:`service.registration` use of a
+    :class:`service.worker.Worker`."""
 
     session_factory: sessionmaker[Session]
     store: DatasetStore
@@ -185,6 +186,8 @@ class JobRunner(Protocol):
     ) -> T: ...
 
     def finish(self, job: ClaimedJob, outcome: Outcome) -> str: ...
+
+    def isolated(self, what: str, work: Callable[[], T]) -> T | None: ...
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None: ...
 

@@ -24,7 +24,18 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, calibration, grants, ledger, reference, spend, tracing, wake
+from service import (
+    accounting,
+    audit,
+    calibration,
+    datasets,
+    grants,
+    ledger,
+    reference,
+    spend,
+    tracing,
+    wake,
+)
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, Release, ReleaseBasis, utcnow
@@ -96,6 +107,7 @@ def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; its rows are gone")
+    datasets.require_ready(dataset)
     return dataset
 
 

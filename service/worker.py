@@ -67,7 +67,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, operations, reference, tracing, visibility, wake
+from service import audit, ledger, operations, reference, registration, tracing, visibility, wake
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
 from service.db.models import Release, ReleaseBasis, utcnow
@@ -318,7 +318,7 @@ class Worker:
                 return outcome
         except reference.ReferenceFault as fault:
             log.warning("release %s: %s", job.release_id, fault.reason)
-            return Outcome.failed(fault.reason, refund=True)
+            return Outcome.failed(fault.reason, refund=fault.refund)
 
     def _run(
         self,
@@ -534,12 +534,26 @@ class Worker:
     # -- loops ----------------------------------------------------------------------------------
 
     def run_pending(self) -> int:
-        """Process every claimable job now (tests, one-shot runs); returns how many ran."""
+        """Process every claimable job now (tests, one-shot runs): releases, then datasets
+        registering by reference; returns how many releases ran."""
         count = 0
-        while (job := self.with_db_retry("claim", self.claim)) is not None:
-            self.process(job)
-            count += 1
-        return count
+        while True:
+            while (job := self.with_db_retry("claim", self.claim)) is not None:
+                self.process(job)
+                count += 1
+            if not self.run_registration():
+                return count
+
+    def run_registration(self) -> bool:
+        """Claim and run one dataset registering by reference (:mod:`service.registration`);
+        false if there was none. Releases go first: a registration may read for minutes."""
+        job = self.with_db_retry("claim registration", lambda: registration.claim(self))
+        if job is None:
+            return False
+        log.info("dataset %s: registering (attempt %d)", job.dataset_id, job.attempt)
+        status = registration.process(self, job)
+        log.info("dataset %s: registration %s", job.dataset_id, status)
+        return True
 
     def run_forever(self) -> None:
         """Poll for jobs until :attr:`stop` is set. Nothing but the stop ends the loop: database
@@ -679,6 +693,13 @@ class Worker:
                 log.error("BUG: claim: %s", safe_traceback(exc))
                 job = None
             if job is None:
+                try:
+                    if self.run_registration():
+                        continue
+                except WorkerStopping:
+                    break
+                except Exception as exc:
+                    log.error("BUG: registration: %s", safe_traceback(exc))
                 waker.wait(self.settings.worker_poll_seconds)
                 continue
             log.info(

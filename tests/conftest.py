@@ -61,6 +61,7 @@ TABLES = (
     "release_states",
     "release_epochs",
     "dataset_batches",
+    "dataset_reference_objects",
     "releases",
     "grants",
     "datasets",

@@ -22,7 +22,7 @@ from api_schemas.datasets import (
     DatasetList,
     DatasetReferenceCreate,
 )
-from service import datasets, reference
+from service import datasets, registration
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
@@ -141,39 +141,50 @@ async def create_dataset(
 
 @references.post(
     "",
-    status_code=201,
+    status_code=202,
     response_model=Dataset,
     summary="Register a Parquet dataset by reference, with its privacy budget (owner).",
     description=(
         "The objects stay where they are (S3-compatible storage or a shared filesystem, under "
-        "DPSS_REFERENCE_ROOTS) and are read with the deployment's credentials. Every value of "
-        "the chosen columns is checked before the dataset exists; each object's ETag (or "
-        "version, or size and modification time) is recorded and checked before every "
-        "release. Deleting the dataset removes the reference, never the objects."
+        "DPSS_REFERENCE_ROOTS) and are read with the deployment's credentials. The request "
+        "checks what needs no read (fields, budget, the URI's form and roots, the columns, an "
+        "object or a place already covered) and answers 202 with the dataset in "
+        "`registration_status: registering`; a worker then reads every value of the chosen "
+        "columns, counts the rows against the pages, records each object's identity (ETag, "
+        "version, or size and modification time) and the SHA-256 of the bytes releases read, "
+        "and ends it `ready` (with n_rows) or `failed` (with `registration_reason`, the "
+        "message a refusal gives: an object another live dataset covers, a non-finite value, "
+        "a size above DPSS_MAX_DATASET_BYTES...). Poll `GET /v1/datasets/{id}`. Until "
+        "`ready` the dataset takes no release, grant or batch (409 `dataset_not_ready`). "
+        "Deleting the dataset removes the reference, never the objects."
     ),
     responses={
         **ERRORS,
-        422: {"model": ErrorBody, "description": "Invalid field, URI, column or value."},
+        409: {
+            "model": ErrorBody,
+            "description": (
+                "`object_registered`: the URI is an object another live dataset covers, or it "
+                "overlaps a registration still in progress."
+            ),
+        },
+        422: {"model": ErrorBody, "description": "Invalid field, URI or column."},
     },
 )
 async def register_reference(
     body: DatasetReferenceCreate, uow: UnitOfWorkDep, store: StoreDep, settings: SettingsDep
 ) -> Dataset:
-    """The role is checked first; the objects are read and checked in a thread with no
-    session open (one bounded batch in memory at a time); one short transaction registers."""
+    """The role is checked first; one short transaction checks what needs no read and queues
+    the registration for a worker (:mod:`service.registration`)."""
     require_role(await uow.principal(), "owner")
     datasets.check_budgets(body, settings.default_accounting)
-    found = await anyio.to_thread.run_sync(reference.inspect, body.uri, body.columns, settings)
 
-    def register(session: Session, principal: Principal) -> Dataset:
+    def request(session: Session, principal: Principal) -> Dataset:
         return dataset_out(
             session,
-            datasets.register_reference(
-                session, store, principal, body, found, settings.default_accounting
-            ),
+            registration.request_registration(session, store, principal, body, settings),
         )
 
-    return await uow(register)
+    return await uow(request)
 
 
 @router.get(

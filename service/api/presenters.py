@@ -76,10 +76,21 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
             row_norm_bound=dataset.row_norm_bound,
             budget=_budget(dataset, states[dataset.id]),
             created_at=dataset.created_at,
-            reference=None if dataset.reference is None else str(dataset.reference["uri"]),
+            reference=_reference_uri(dataset),
+            registration_status=dataset.registration_status,
+            registration_reason=dataset.registration_reason,
         )
         for dataset in datasets
     ]
+
+
+def _reference_uri(dataset: models.Dataset) -> str | None:
+    """The URI of a dataset by reference, registered or still being registered."""
+    if dataset.reference is not None:
+        return str(dataset.reference["uri"])
+    if dataset.registration_request is not None:
+        return str(dataset.registration_request["uri"])
+    return None
 
 
 def epoch_out(

@@ -83,6 +83,42 @@ class Dataset(Base):
     #: A dataset registered by reference (:mod:`service.reference`): its URI, columns, row
     #: groups and the objects' ETags/versions and sizes; null for an uploaded dataset.
     reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: ``registering`` (a dataset by reference whose objects a worker has yet to read and
+    #: check: it refuses releases, grants and appends), ``ready`` or ``failed`` (with
+    #: :attr:`registration_reason`). Uploads are ``ready`` at once.
+    registration_status: Mapped[str] = mapped_column(
+        String(12), default="ready", server_default="ready", index=True
+    )
+    registration_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    #: While registering: ``{"uri", "columns"}`` as requested (the worker's job).
+    registration_request: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: The registration job's lease, as a release's (:mod:`service.registration`).
+    registration_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    registration_lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
+    registration_lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class DatasetReferenceObject(Base):
+    """An object a live dataset by reference covers: one live dataset per object (its resolved
+    path, or its bucket and key) and per content (the digests of the bytes its releases read),
+    so that the same rows never get two budgets. Removed with the dataset's reference, when
+    the dataset is deleted."""
+
+    __tablename__ = "dataset_reference_objects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    #: ``file:///resolved/path`` or ``s3://bucket/key``.
+    object_key: Mapped[str] = mapped_column(Text)
+    #: SHA-256 of ``object_key`` (unique: an index on a long path would not fit a B-tree page).
+    key_sha256: Mapped[str] = mapped_column(String(64))
+    #: SHA-256 of the object's footer digest and chunk digests (what a release reads).
+    content_sha256: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        UniqueConstraint("key_sha256", name="uq_reference_objects_key"),
+        UniqueConstraint("content_sha256", name="uq_reference_objects_content"),
+    )
 
 
 class DatasetBatch(Base):

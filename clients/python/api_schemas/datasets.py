@@ -12,6 +12,7 @@ from api_schemas.common import (
     ExactDecimal,
     Name,
     RequestSchema,
+    SafeStr,
     Schema,
     StrictBool,
     StrictDecimal,
@@ -135,6 +136,23 @@ class Dataset(Schema):
             "an uploaded dataset."
         ),
     )
+    registration_status: Literal["registering", "ready", "failed"] = Field(
+        default="ready",
+        description=(
+            "`registering`: a dataset by reference whose objects a worker is still reading "
+            "and checking (n_rows is 0 and n_cols the columns named until then; releases, "
+            "grants and appends are refused with 409 `dataset_not_ready`); `ready`: usable; "
+            "`failed`: the objects were refused (see `registration_reason`), nothing was "
+            "registered and the dataset can only be deleted. Uploads are `ready` at once."
+        ),
+    )
+    registration_reason: str | None = Field(
+        default=None,
+        description=(
+            "When `registration_status` is `failed`: why, naming the field (`uri` or "
+            "`columns`) as the synchronous 4xx answer did (never a data value)."
+        ),
+    )
 
 
 class DatasetCreated(Dataset):
@@ -248,11 +266,12 @@ class DatasetReferenceCreate(DatasetCreate):
     is (object storage or a shared filesystem), with the budget fields of an upload.
 
     The service reads the objects with the deployment's credentials (never sent here), checks
-    every value, and records each object's ETag (or version, or size and modification time);
-    a release finding an object changed ends `failed` and is refunded.
+    every value, and records each object's ETag (or version, or size and modification time)
+    and the SHA-256 of the bytes releases read; a release finding an object changed ends
+    `failed` and is refunded. An object another live dataset covers is refused (409).
     """
 
-    uri: str = Field(
+    uri: SafeStr = Field(
         min_length=1,
         max_length=1000,
         description=(
@@ -262,7 +281,7 @@ class DatasetReferenceCreate(DatasetCreate):
             "DPSS_REFERENCE_ROOTS."
         ),
     )
-    columns: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
+    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] = Field(
         min_length=1,
         description="The numeric columns to use, in this order: the dataset's d columns.",
     )

@@ -165,6 +165,10 @@ class NoBasisError(ReleaseOutcomeError):
     """The release succeeded but its mechanism (e.g. ``spectrum``) releases no basis."""
 
 
+class RegistrationFailed(DpssError):
+    """A dataset by reference whose registration ended ``failed`` (``detail`` says why)."""
+
+
 class WaitTimeoutError(DpssError):
     """``ReleaseHandle.wait(timeout=...)`` ran out of time; the release keeps running."""
 
@@ -563,11 +567,18 @@ class Client:
         delta_budget: Number,
         row_norm_bound: float | None = None,
         allow_large_delta: bool = False,
+        wait: bool = True,
+        timeout: float | None = None,
     ) -> Dataset:
         """Register a Parquet dataset where it lives (owner key): ``s3://bucket/prefix/`` or a
         shared path under the service's ``DPSS_REFERENCE_ROOTS``, and its numeric ``columns``.
         The service reads it with its own credentials; nothing is uploaded.
-        ``allow_large_delta``: accept a ``delta_budget`` above ``1/n`` (refused otherwise)."""
+        ``allow_large_delta``: accept a ``delta_budget`` above ``1/n`` (refused otherwise).
+
+        The service answers at once with the dataset ``registering`` and a worker reads and
+        checks the objects. With ``wait`` (default) this returns once it is ``ready`` (see
+        :meth:`wait_registered`, which raises :class:`RegistrationFailed` with the reason if
+        it failed); with ``wait=False``, the ``registering`` dataset at once."""
         body: dict[str, Any] = {
             "name": name,
             "uri": uri,
@@ -579,7 +590,42 @@ class Client:
             body["row_norm_bound"] = float(row_norm_bound)
         if allow_large_delta:
             body["allow_large_delta"] = True
-        return _parse(self._request("POST", "/v1/dataset-references", json=body), Dataset)
+        dataset = _parse(self._request("POST", "/v1/dataset-references", json=body), Dataset)
+        if not wait:
+            return dataset
+        return self.wait_registered(dataset.id, timeout=timeout)
+
+    def wait_registered(
+        self,
+        dataset_id: UUID | str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = 0.5,
+        max_poll_interval: float = 5.0,
+    ) -> Dataset:
+        """Poll ``GET /v1/datasets/{id}`` until the dataset's registration has ended; return it
+        when ``ready``. Raises :class:`RegistrationFailed` (with the service's reason) when it
+        failed, :class:`WaitTimeoutError` after ``timeout`` seconds (it keeps registering).
+        Pauses ``poll_interval`` seconds growing x1.5 up to ``max_poll_interval``."""
+        start = time.monotonic()
+        interval = poll_interval
+        while True:
+            dataset = self.dataset(dataset_id)
+            if dataset.registration_status == "ready":
+                return dataset
+            if dataset.registration_status == "failed":
+                raise RegistrationFailed(
+                    "registration_failed",
+                    f"dataset {dataset.id}: {dataset.registration_reason or 'no reason given'}",
+                )
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise WaitTimeoutError(
+                    "timeout", f"dataset {dataset.id} still registering after {elapsed:.1f} s"
+                )
+            pause = interval if timeout is None else min(interval, timeout - elapsed)
+            _sleep(max(pause, 0.0))
+            interval = min(interval * 1.5, max_poll_interval)
 
     def append_rows(
         self,

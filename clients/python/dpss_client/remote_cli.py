@@ -50,6 +50,7 @@ from dpss_client.client import (
     DEFAULT_URL,
     Client,
     DpssError,
+    RegistrationFailed,
     ReleaseFailed,
     ReleaseHandle,
     ReleaseNoResult,
@@ -68,7 +69,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad command line (typer/click's own code for usage errors)
     REFUSED = 3  # the service refused the request (4xx: auth, not found, invalid, budget)
     NO_RESULT = 4  # the release finished as no_result (charged, nothing released)
-    FAILED = 5  # the release job failed
+    FAILED = 5  # the release job (or a dataset's registration) failed
     UNREACHABLE = 6  # no answer from the service (connection refused, DNS, timeout)
     SERVER_ERROR = 7  # the service answered 5xx or something the client cannot read
     TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
@@ -153,7 +154,7 @@ def _dump(model: BaseModel) -> Any:
 def _exit_code_for(error: DpssError) -> ExitCode:
     if isinstance(error, ReleaseNoResult):
         return ExitCode.NO_RESULT
-    if isinstance(error, ReleaseFailed):
+    if isinstance(error, ReleaseFailed | RegistrationFailed):
         return ExitCode.FAILED
     if isinstance(error, WaitTimeoutError):
         return ExitCode.TIMEOUT
@@ -281,7 +282,21 @@ def _dataset_rows(ds: Dataset) -> list[tuple[str, Any]]:
         ("shape", f"{ds.n_rows} x {ds.n_cols}"),
         ("row_norm_bound", ds.row_norm_bound),
         ("created_at", ds.created_at.isoformat(timespec="seconds")),
+        *_registration_rows(ds),
     ]
+
+
+def _registration_rows(ds: Dataset) -> list[tuple[str, Any]]:
+    """A dataset by reference's URI and registration (nothing for an upload)."""
+    if ds.reference is None:
+        return []
+    rows: list[tuple[str, Any]] = [
+        ("reference", ds.reference),
+        ("registration", ds.registration_status),
+    ]
+    if ds.registration_reason is not None:
+        rows.append(("reason", ds.registration_reason))
+    return rows
 
 
 def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
@@ -489,6 +504,75 @@ def _rows_above_bound_warning(above: int | None, n_rows: int, bound: float | Non
         "releases describe the clipped rows. If the data is in raw units, rescale it (e.g. to "
         "unit norm) or declare a bound from domain knowledge that holds for the rows."
     )
+
+
+@datasets_app.command("register")
+def datasets_register(
+    uri: Annotated[
+        str,
+        typer.Argument(
+            help="s3://bucket/prefix/ or an absolute path under the service's "
+            "DPSS_REFERENCE_ROOTS: its *.parquet objects, in key order, are the dataset."
+        ),
+    ],
+    columns: Annotated[
+        str, typer.Option("--columns", help="The numeric columns to use, comma-separated.")
+    ],
+    epsilon_budget: Annotated[
+        str, typer.Option("--epsilon-budget", help="Total epsilon for the dataset, e.g. 1.0.")
+    ],
+    delta_budget: Annotated[
+        str, typer.Option("--delta-budget", help="Total delta for the dataset, e.g. 1e-5.")
+    ],
+    name: Annotated[str, typer.Option("--name", help="Dataset name.")],
+    row_norm_bound: Annotated[
+        float | None,
+        typer.Option("--row-norm-bound", help="Public bound C on row norms (default clip norm)."),
+    ] = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait",
+            help="Wait until the service has read and checked the objects (default), or "
+            "return the registering dataset at once (poll it with `datasets show`).",
+        ),
+    ] = True,
+    timeout: TimeoutOption = None,
+    allow_large_delta: Annotated[
+        bool,
+        typer.Option(
+            "--allow-large-delta",
+            help="Accept a delta budget above 1/n (refused otherwise: it offers no protection).",
+        ),
+    ] = False,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register Parquet objects where they are as a new dataset with a privacy budget (owner
+    key). A failed registration exits 5 with the service's reason; --timeout exits 8 (it keeps
+    registering)."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        try:
+            ds = client.register_reference(
+                uri,
+                [c.strip() for c in columns.split(",") if c.strip()],
+                name=name,
+                epsilon_budget=epsilon_budget,
+                delta_budget=delta_budget,
+                row_norm_bound=row_norm_bound,
+                allow_large_delta=allow_large_delta,
+                wait=wait,
+                timeout=timeout,
+            )
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        if as_json:
+            _print_json(_dump(ds))
+            return
+        out = _stdout()
+        out.print(_kv_table(f"dataset {ds.registration_status}", _dataset_rows(ds)))
+        out.print(_budget_table(ds.budget))
 
 
 @datasets_app.command("append")

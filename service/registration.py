@@ -1,0 +1,306 @@
+"""Registering a dataset by reference as a job the owner polls (issue 30, item 8).
+
+Reading and digesting the objects takes minutes for gigabytes (117-146 s for 3.7 GiB), too
+long for one HTTP request: a proxy time-out or a client that disconnects could cut it.
+
+**Request** (:func:`request_registration`, one short transaction in the API): what needs no
+read is checked at once and refused with 4xx, nothing kept: the fields and budgets, the URI's
+form, NUL bytes, containment under ``DPSS_REFERENCE_ROOTS``, the columns, and the duplicates
+decidable without reading (the URI is itself an object another live dataset covers, or it
+overlaps a registration still running). The dataset is created ``registering`` (``n_rows`` 0,
+``n_cols`` the columns named) with its ``dataset_created`` and ``budget_set`` events (the
+audit log's every dataset has both), and the answer is 202.
+
+**Job**: the datasets table is the queue, as the releases table is for releases. A worker
+claims a ``registering`` dataset whose lease is free or expired (``FOR UPDATE SKIP LOCKED`` on
+PostgreSQL), heartbeats its lease while :func:`service.reference.inspect` reads, digests and
+checks every object (in the forked child when the worker isolates runs), and ends it in one
+transaction, only if it still holds the lease and the dataset is live and ``registering``:
+
+- ``ready``: ``n_rows``, ``n_cols``, the reference and the objects it covers (the unique
+  constraints decide between racing registrations), with a ``dataset_referenced`` event;
+- ``failed`` with the reason the synchronous 4xx gave (``"uri: ..."``, ``"columns: ..."``),
+  never a value, with a ``dataset_registration_failed`` event. A failed dataset takes no
+  release, grant or batch (409 ``dataset_not_ready``, as a registering one); its owner sees
+  the reason and deletes it.
+
+A worker that dies mid-read leaves the job to its lease; after ``DPSS_WORKER_MAX_ATTEMPTS``
+claims it ends ``failed`` (:data:`ABANDONED_REASON`). Nothing of the data leaves this module
+but the public shape and the digests (the registration's reason names a field, an object, a
+row number or a count, as the 4xx answers did).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session
+
+from api_schemas.datasets import DatasetReferenceCreate
+from service import audit, reference, wake
+from service.auth import Principal
+from service.config import Settings
+from service.datasets import cover_objects, register_dataset
+from service.db.models import Dataset, DatasetReferenceObject, utcnow
+from service.errors import DomainError, ObjectRegistered, safe_traceback
+from service.jobs import JobRunner
+from service.store import DatasetStore, StoredMatrix
+
+log = logging.getLogger("dpss.registration")
+
+REGISTERING, READY, FAILED = "registering", "ready", "failed"
+ABANDONED_REASON = (
+    "uri: the registration was abandoned after {attempts} attempts (its worker kept stopping "
+    "while reading the objects); nothing is registered"
+)
+BUG_REASON = "uri: the objects could not be checked (an internal error); nothing is registered"
+
+
+def request_registration(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    form: DatasetReferenceCreate,
+    settings: Settings,
+) -> Dataset:
+    """Check what needs no read and create the dataset ``registering`` (module docstring)."""
+    location, path = reference.check_request(form.uri, form.columns, settings)
+    key = reference.object_key(location, path)
+    taken = session.execute(
+        select(DatasetReferenceObject.object_key).where(
+            DatasetReferenceObject.key_sha256 == reference.key_digest(key)
+        )
+    ).first()
+    if taken is not None:
+        raise ObjectRegistered(
+            f"uri: {key} is already covered by another live dataset; one dataset per object, "
+            "so that its rows have one budget (delete that dataset first to register it again)"
+        )
+    # Another registration still reading the same or an overlapping place would be refused
+    # when it ends anyway (one of the two): refused now, while the owner is waiting.
+    running = session.execute(
+        select(Dataset.registration_request).where(
+            Dataset.registration_status == REGISTERING, Dataset.deleted_at.is_(None)
+        )
+    ).scalars()
+    for request in running:
+        if request is None or request.get("key") is None:
+            continue
+        other = str(request["key"])
+        if other == key or other.startswith(key + "/") or key.startswith(other + "/"):
+            raise ObjectRegistered(
+                f"uri: {key} overlaps a registration still in progress ({other}); wait for it "
+                "to end (or delete its dataset)"
+            )
+    stored = StoredMatrix(
+        file_name=reference.REFERENCE_FILE_NAME, n_rows=0, n_cols=len(form.columns)
+    )
+    dataset = register_dataset(session, store, principal, form, stored, settings.default_accounting)
+    dataset.registration_status = REGISTERING
+    dataset.registration_request = {"uri": form.uri, "columns": list(form.columns), "key": key}
+    audit.record(
+        session,
+        "dataset_registration_requested",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={"uri": form.uri, "columns": list(form.columns)},
+    )
+    wake.announce(session, settings)  # idle workers look for jobs at commit
+    session.flush()
+    return dataset
+
+
+# -- the job ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegistrationJob:
+    dataset_id: uuid.UUID
+    attempt: int
+    uri: str
+    columns: list[str]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What reading the objects ended with: the reference to store, or the 4xx-style reason
+    (picklable: it comes back from a forked child)."""
+
+    reference: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+def claim(worker: JobRunner) -> RegistrationJob | None:
+    """The oldest ``registering`` dataset whose lease is free, expired or this worker's."""
+    lease = timedelta(seconds=worker.settings.worker_lease_seconds)
+    while True:
+        with worker.session_factory.begin() as session:
+            now = utcnow()
+            dataset = session.execute(
+                select(Dataset)
+                .where(
+                    Dataset.registration_status == REGISTERING,
+                    Dataset.deleted_at.is_(None),
+                    or_(
+                        Dataset.registration_lease_owner.is_(None),
+                        Dataset.registration_lease_expires_at < now,
+                        Dataset.registration_lease_owner == worker.worker_id,
+                    ),
+                )
+                .order_by(Dataset.created_at)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            ).scalar_one_or_none()
+            if dataset is None:
+                return None
+            if dataset.registration_attempts >= worker.settings.worker_max_attempts:
+                _fail(
+                    session,
+                    dataset,
+                    ABANDONED_REASON.format(attempts=dataset.registration_attempts),
+                )
+                continue
+            request = dataset.registration_request or {}
+            dataset.registration_attempts += 1
+            dataset.registration_lease_owner = worker.worker_id
+            dataset.registration_lease_expires_at = now + lease
+            return RegistrationJob(
+                dataset_id=dataset.id,
+                attempt=dataset.registration_attempts,
+                uri=str(request.get("uri", "")),
+                columns=[str(c) for c in request.get("columns", [])],
+            )
+
+
+def check(job: RegistrationJob, settings: Settings) -> Checked:
+    """Read, digest and check the objects (:func:`service.reference.inspect`); never raises an
+    ``Exception``: a refusal becomes its reason, a bug a fixed reason."""
+    try:
+        found = reference.inspect(job.uri, job.columns, settings)
+    except DomainError as refused:
+        return Checked(reason=refused.detail)
+    except Exception as exc:
+        log.error("BUG: registration of %s: %s", job.dataset_id, safe_traceback(exc))
+        return Checked(reason=BUG_REASON)
+    return Checked(reference=found.to_json())
+
+
+def process(worker: JobRunner, job: RegistrationJob) -> str:
+    """Run a claimed registration to its end; the status stored (or ``lost``/``unstored``)."""
+    done = threading.Event()
+    beat = threading.Thread(target=_beat, args=(worker, job, done), daemon=True)
+    beat.start()
+    try:
+        work: Callable[[], Checked] = lambda: check(job, worker.settings)  # noqa: E731
+        checked = (
+            worker.isolated(f"registration {job.dataset_id}", work) if worker.isolate else work()
+        )
+    finally:
+        done.set()
+        beat.join()
+    if checked is None:
+        return "unstored"  # the child died: left to the lease, counted as an attempt
+    try:
+        return worker.with_db_retry("registration", lambda: _finish(worker, job, checked))
+    except ObjectRegistered as refused:
+        # The objects' cover lost to a concurrent registration: a failure of its own.
+        conflict = Checked(reason=refused.detail)
+        return worker.with_db_retry("registration", lambda: _finish(worker, job, conflict))
+
+
+def _heartbeat(worker: JobRunner, job: RegistrationJob) -> bool:
+    with worker.session_factory.begin() as session:
+        result = session.execute(
+            update(Dataset)
+            .where(
+                and_(
+                    Dataset.id == job.dataset_id,
+                    Dataset.registration_lease_owner == worker.worker_id,
+                    Dataset.registration_attempts == job.attempt,
+                    Dataset.registration_status == REGISTERING,
+                )
+            )
+            .values(
+                registration_lease_expires_at=utcnow()
+                + timedelta(seconds=worker.settings.worker_lease_seconds)
+            )
+        )
+        return bool(getattr(result, "rowcount", 0) == 1)
+
+
+def _beat(worker: JobRunner, job: RegistrationJob, done: threading.Event) -> None:
+    while not done.wait(worker.settings.worker_heartbeat_seconds):
+        try:
+            held = worker.with_db_retry(
+                "registration heartbeat",
+                lambda: _heartbeat(worker, job),
+                lambda seconds: done.wait(seconds) or worker.stop.is_set(),
+            )
+        except Exception:
+            return
+        if not held:
+            return
+
+
+def _finish(worker: JobRunner, job: RegistrationJob, checked: Checked) -> str:
+    """One transaction: ``ready`` or ``failed``, if this attempt still holds the lease."""
+    with worker.session_factory.begin() as session:
+        dataset = session.execute(
+            select(Dataset).where(Dataset.id == job.dataset_id).with_for_update()
+        ).scalar_one_or_none()
+        if (
+            dataset is None
+            or dataset.deleted_at is not None
+            or dataset.registration_status != REGISTERING
+            or dataset.registration_lease_owner != worker.worker_id
+            or dataset.registration_attempts != job.attempt
+        ):
+            return "lost"
+        if checked.reference is None:
+            _fail(session, dataset, checked.reason or BUG_REASON)
+            return FAILED
+        found = reference.Reference.from_json(checked.reference, worker.settings)
+        n_rows, n_cols = found.shape
+        dataset.n_rows, dataset.n_cols = n_rows, n_cols
+        dataset.reference = checked.reference
+        cover_objects(session, dataset.id, found)  # ObjectRegistered rolls all of it back
+        _end(dataset, READY, None)
+        audit.record(
+            session,
+            "dataset_referenced",
+            actor_key_id=None,
+            dataset_id=dataset.id,
+            details={
+                "uri": found.uri,
+                "columns": found.columns,
+                "objects": found.objects,
+                "n_rows": n_rows,
+                "n_cols": n_cols,
+            },
+        )
+        return READY
+
+
+def _end(dataset: Dataset, status: str, reason: str | None) -> None:
+    dataset.registration_status = status
+    dataset.registration_reason = reason
+    dataset.registration_lease_owner = None
+    dataset.registration_lease_expires_at = None
+
+
+def _fail(session: Session, dataset: Dataset, reason: str) -> None:
+    _end(dataset, FAILED, reason)
+    audit.record(
+        session,
+        "dataset_registration_failed",
+        actor_key_id=None,
+        dataset_id=dataset.id,
+        details={"reason": reason},
+    )

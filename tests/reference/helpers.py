@@ -1,0 +1,60 @@
+"""Registering a dataset by reference in tests as an owner does: the POST (202, or a 4xx for
+what needs no read), then a worker runs the registration, then the owner reads the dataset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from service.worker import Worker
+from tests.conftest import bearer
+
+BUDGET = {"name": "lake", "epsilon_budget": "5", "delta_budget": "1e-4"}
+
+
+def run_registrations(client: TestClient) -> int:
+    """Run every registration waiting, with a worker on the app's database, store and
+    settings; how many ran."""
+    state = client.app.state  # type: ignore[attr-defined]
+    worker = Worker(state.session_factory, state.store, state.settings)
+    count = 0
+    while worker.run_registration():
+        count += 1
+    return count
+
+
+def register(
+    client: TestClient, key: str, uri: str, columns: list[str], budget: dict[str, Any] | None = None
+) -> httpx.Response:
+    """The POST's answer when it refused; else, after a worker ran the registration, the
+    owner's ``GET /v1/datasets/{id}`` (``registration_status`` ready or failed)."""
+    posted = client.post(
+        "/v1/dataset-references",
+        headers=bearer(key),
+        json={**(BUDGET if budget is None else budget), "uri": uri, "columns": columns},
+    )
+    if posted.status_code != 202:
+        return posted
+    assert posted.json()["registration_status"] == "registering", posted.text
+    run_registrations(client)
+    return client.get(f"/v1/datasets/{posted.json()['id']}", headers=bearer(key))
+
+
+def registered(client: TestClient, key: str, uri: str, columns: list[str]) -> Any:
+    """The dataset, registered ``ready``."""
+    response = register(client, key, uri, columns)
+    assert response.status_code == 200, response.text
+    assert response.json()["registration_status"] == "ready", response.text
+    return response.json()
+
+
+def refusal(response: httpx.Response) -> str:
+    """Why a registration was refused: the 4xx's detail, or the failed registration's reason."""
+    if response.status_code >= 400:
+        return str(response.json()["detail"])
+    body = response.json()
+    assert body["registration_status"] == "failed", response.text
+    assert body["n_rows"] == 0, response.text
+    return str(body["registration_reason"])
