@@ -278,7 +278,12 @@ class AutoParams(CenterParams):
 
     With ``center`` other than ``"none"`` only the Gram mechanisms apply (the aggregators do not
     centre): ``analyze_gauss`` (``delta > 0``) or ``smooth_sensitivity`` (``delta = 0``), each
-    with the same ``center`` and ``center_share``, and no structure test.
+    with the same ``center`` and ``center_share``, and no structure test. ``analyze_gauss``
+    then runs as its own default PCA request (issue 32, item 1): the clip at the private
+    ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` of the row norms and, with ``"private"``, the centring
+    route chosen from its probe. The default ``"none"`` is deliberate: the subspace of
+    ``X^T X``, as for every mechanism, and the only one the aggregators estimate; PCA users ask
+    (``PrivatePCA`` sends ``"private"``), and the dry run says which was done.
     """
 
     structure_share: float = Field(
@@ -1105,7 +1110,8 @@ class Auto(Mechanism[AutoParams]):
         "(5% of epsilon) where that search is unreliable: friendly_aggregate (or "
         "histogram_aggregate) when the rows are very near a k-dim subspace, else "
         "analyze_gauss; smooth_sensitivity (Cauchy) when delta = 0; with center (PCA "
-        "semantics) analyze_gauss or smooth_sensitivity centred alike. The result's extras and "
+        "semantics) analyze_gauss with its default PCA settings (private clip quantile, "
+        "centring route) or smooth_sensitivity centred alike. The result's extras and "
         "the dry run say what was chosen and why (auto_choice, auto_reason, auto_search)."
     )
     cost_rule: ClassVar[str] = (
