@@ -158,7 +158,13 @@ def preview_release(
         memory_mb=memory,
         scales={name: _finite(value) for name, value in shown.scales.items()},
         meaning=[*shown.meaning, *accounting_note(dataset, prepared.costs)],
-        warnings=dominance_warnings(body.mechanism, float(prepared.delta), dataset.n_cols),
+        warnings=dominance_warnings(
+            body.mechanism,
+            float(prepared.delta),
+            dataset.n_cols,
+            # the variant that runs: the accounting's default is applied to the params
+            noise=getattr(prepared.spec.params, "noise", None),
+        ),
     )
 
 

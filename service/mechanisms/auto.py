@@ -142,6 +142,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
 from service.mechanisms.base import (
     ApproximateStep,
     GaussianStep,
@@ -176,11 +177,6 @@ if TYPE_CHECKING:
         FriendlyAggregateParams,
         FriendlySearch,
     )
-
-#: Where auto runs analyze_gauss it clips the rows at this private quantile of their norms
-#: (after centring): on digits (rows of norm 1, centred norms ~0.56) the captured share of the
-#: centred variance at eps = 1 rises from 0.31 to 0.53 (``bench/bench_honest_pca.py``).
-AUTO_CLIP_QUANTILE = 0.5
 
 #: Default share of epsilon spent on the structure test when it runs.
 DEFAULT_STRUCTURE_SHARE = 0.1
@@ -282,7 +278,12 @@ class AutoParams(CenterParams):
 
     With ``center`` other than ``"none"`` only the Gram mechanisms apply (the aggregators do not
     centre): ``analyze_gauss`` (``delta > 0``) or ``smooth_sensitivity`` (``delta = 0``), each
-    with the same ``center`` and ``center_share``, and no structure test.
+    with the same ``center`` and ``center_share``, and no structure test. ``analyze_gauss``
+    then runs as its own default PCA request (issue 32, item 1): the clip at the private
+    ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` of the row norms and, with ``"private"``, the centring
+    route chosen from its probe. The default ``"none"`` is deliberate: the subspace of
+    ``X^T X``, as for every mechanism, and the only one the aggregators estimate; PCA users ask
+    (``PrivatePCA`` sends ``"private"``), and the dry run says which was done.
     """
 
     structure_share: float = Field(
@@ -771,23 +772,22 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     if centred:
         centre_raw.update(center=params.center, center_share=params.center_share)
     # analyze_gauss clips at a private quantile of the row norms (issue 24, item 3).
-    gram_raw = {**centre_raw, "clip_quantile": AUTO_CLIP_QUANTILE}
+    gram_raw = {**centre_raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
     if delta == 0:
         choice = _prepare("smooth_sensitivity", ctx, k, epsilon, delta, centre_raw)
-        return Plan(
-            choice,
-            None,
-            0.0,
-            "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism",
-        )
+        reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
+        if centred:
+            reason += "; " + centring_sentence(params, delta)
+        return Plan(choice, None, 0.0, reason)
     if centred:
         choice = _prepare("analyze_gauss", ctx, k, epsilon, delta, gram_raw)
         return Plan(
             choice,
             None,
             0.0,
-            "centring requested: of the mechanisms that centre (the Gram mechanisms), "
-            "analyze_gauss is the most accurate wherever it runs; the aggregators do not centre",
+            f"{centring_sentence(params, delta)}; of the mechanisms that centre (the Gram "
+            "mechanisms), analyze_gauss is the most accurate wherever it runs; the aggregators "
+            "do not centre",
         )
     notes: list[str] = []
     share = params.structure_share
@@ -879,6 +879,36 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     )
 
 
+def centring_sentence(params: AutoParams, delta: float) -> str:
+    """What auto's choice does about centring (issue 32, item 1: ``auto`` centres when asked
+    for PCA), for the reason and the dry run; public facts only."""
+    quantile = f"{DEFAULT_PRIVATE_CENTRE_QUANTILE:g}"
+    if params.center == "none":
+        return (
+            'not centred (center "none", the default of every mechanism): the subspace of '
+            "X^T X, the second-moment matrix, which the aggregators estimate too; for PCA send "
+            'center "private" (PrivatePCA does by default), and auto then centres'
+        )
+    if delta == 0:
+        if params.center == "private":
+            return (
+                "PCA requested: smooth_sensitivity centres on a private mean (Laplace noise, "
+                "center_share of epsilon); it has no private clip quantile"
+            )
+        return "PCA requested: smooth_sensitivity centres on the given public centre (no budget)"
+    if params.center == "private":
+        return (
+            'PCA requested (center "private"): analyze_gauss clips the rows at a private '
+            f"{quantile}-quantile of their norms and chooses the centring route (the private "
+            "mean, differences of publicly paired rows, or none) from a private probe, within "
+            "the same budget"
+        )
+    return (
+        "PCA requested (a public centre): analyze_gauss centres on it (no budget) and clips the "
+        f"centred rows at a private {quantile}-quantile of their norms"
+    )
+
+
 def _agreement_plan(
     ctx: PublicContext,
     k: int,
@@ -906,7 +936,7 @@ def _agreement_plan(
         f"friendly_aggregate's radius search would stop spuriously on unstructured data with "
         f"probability {spurious:.2f}: a two-count agreement test decides instead"
     )
-    gram_raw = {"clip_norm": clip, "clip_quantile": AUTO_CLIP_QUANTILE}
+    gram_raw = {"clip_norm": clip, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
     default = _prepare("analyze_gauss", ctx, k, rest, delta, gram_raw)
     r_star = break_even_radius(friendly, ctx.n_rows, ctx.n_cols, k, clip, rest)
     width = AGREEMENT_WIDTH_FACTOR * math.sqrt(ctx.n_cols) * r_star
@@ -1080,7 +1110,8 @@ class Auto(Mechanism[AutoParams]):
         "(5% of epsilon) where that search is unreliable: friendly_aggregate (or "
         "histogram_aggregate) when the rows are very near a k-dim subspace, else "
         "analyze_gauss; smooth_sensitivity (Cauchy) when delta = 0; with center (PCA "
-        "semantics) analyze_gauss or smooth_sensitivity centred alike. The result's extras and "
+        "semantics) analyze_gauss with its default PCA settings (private clip quantile, "
+        "centring route) or smooth_sensitivity centred alike. The result's extras and "
         "the dry run say what was chosen and why (auto_choice, auto_reason, auto_search)."
     )
     cost_rule: ClassVar[str] = (
@@ -1199,8 +1230,13 @@ class Auto(Mechanism[AutoParams]):
             "structure_test": the_plan.aggregator is not None,
             "staged_search": the_plan.staged is not None and the_plan.agreement_epsilon == 0,
             "agreement_test": the_plan.agreement_epsilon > 0,
+            "auto_centring": _centring_kind(spec.params),
+            "auto_clip_quantile": _chosen_quantile(the_plan),
         }
         meaning = [f"auto chooses {summary}"]
+        centring = centring_sentence(spec.params, spec.delta)
+        if centring not in summary:
+            meaning.append(centring[0].upper() + centring[1:] + ".")
         if the_plan.aggregator is not None:
             scale = structure_noise_scale(spec.params.clip_norm, the_plan.test_epsilon)
             scales.update(
@@ -1561,6 +1597,18 @@ class Auto(Mechanism[AutoParams]):
             del h_state
         output = _run_choice(the_plan.default, data, spec.k, rng)
         return _labelled(output, the_plan.default, decision.reason, searched)
+
+
+def _centring_kind(params: AutoParams) -> str:
+    """``"none"``, ``"private"`` or ``"public"`` (a given centre)."""
+    return params.center if isinstance(params.center, str) else "public"
+
+
+def _chosen_quantile(the_plan: Plan) -> float | None:
+    """The clip quantile analyze_gauss runs with wherever the plan runs it (None when the
+    default is smooth_sensitivity, at ``delta = 0``, which has none)."""
+    quantile: float | None = getattr(the_plan.default.params, "quantile", None)
+    return quantile
 
 
 def _rho_of(steps: list[PrivacyStep]) -> float:

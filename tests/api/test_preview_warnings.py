@@ -45,6 +45,43 @@ def test_smooth_sensitivity_with_delta_warns_and_names_analyze_gauss(client, key
     assert pure["warnings"] == []
 
 
+@pytest.mark.parametrize(("accounting", "params"), [("zcdp", {}), ("basic", {"noise": "cauchy"})])
+def test_the_warning_names_the_cauchy_variant_where_it_runs(
+    client, keys, upload_dataset, rng, accounting, params
+):
+    # On a zcdp dataset smooth_sensitivity runs its Cauchy variant by default (the Gaussian one
+    # has no zCDP profile); on basic a request may ask for it. The warning says what runs.
+    data, _ = near_subspace(rng, 2_000, 60, 2)
+    uploaded = upload_dataset(
+        client,
+        keys.owner,
+        data,
+        epsilon_budget="1.0",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+        accounting=accounting,
+    )
+    body = preview(
+        client, keys.analyst, uploaded["id"], mechanism="smooth_sensitivity", params=params
+    )
+    (warning,) = body["warnings"]
+    assert warning["code"] == "dominated_mechanism"
+    assert warning["better_mechanism"] == "analyze_gauss"
+    assert "Cauchy variant" in warning["message"]
+    assert "(its Gaussian variant)" not in warning["message"]
+    assert "d = 60" in warning["message"]
+    # explicitly the Gaussian variant on basic: the Gaussian message
+    if accounting == "basic":
+        gaussian = preview(
+            client,
+            keys.analyst,
+            uploaded["id"],
+            mechanism="smooth_sensitivity",
+            params={"noise": "gaussian"},
+        )
+        assert "(its Gaussian variant)" in gaussian["warnings"][0]["message"]
+
+
 def test_gap_perturbation_warns(client, keys, dataset):
     body = preview(client, keys.analyst, dataset["id"], mechanism="gap_perturbation")
     (warning,) = body["warnings"]
