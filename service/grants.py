@@ -1,7 +1,7 @@
 """Grants: an owner's share ``(epsilon, delta)`` of a dataset's budget for one analyst key, or for
 every analyst (a grant without a key).
 
-Policy (documented in the README, section "Grants"):
+Policy (documented in docs/service.md, section "Grants"):
 
 - A release is charged to the dataset AND to the grant that applies, by one ledger entry that
   names the grant, in the transaction that holds the dataset's lock: both budgets move together

@@ -5,10 +5,10 @@ expiry) in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLi
 writers). While the mechanism runs, a heartbeat thread extends the lease. A worker that dies
 stops heartbeating; once its lease expires the job is claimable again and runs afresh with fresh
 randomness (an output that was never stored was never seen; what the retry itself reveals is
-discussed in the README). Finishing checks that this worker still holds the lease of this
-attempt, so a produced output is stored once. The budget was charged when the release was
-requested; it is refunded only when the job provably never read the data (its dataset was
-deleted before any worker opened it).
+discussed in docs/service.md, "How it works"). Finishing checks that this worker still holds the
+lease of this attempt, so a produced output is stored once. The budget was charged when the
+release was requested; it is refunded only when the job provably never read the data (its
+dataset was deleted before any worker opened it).
 
 **Outcomes.** ``failed`` is reserved for faults that do not depend on the data, so that the
 status field can never reveal a row:

@@ -17,7 +17,9 @@ import pytest
 from service.config import Settings
 from tests import browser
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
 def bash_blocks() -> list[str]:
@@ -30,10 +32,52 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_configuration_table_lists_every_setting():
-    text = README.read_text()
+def test_configuration_table_lists_every_setting() -> None:
+    """docs/configuration.md (linked from the README) has a table row for every setting."""
+    text = (DOCS / "configuration.md").read_text()
+    rows = {m for m in re.findall(r"^\| `(DPSS_\w+)` \|", text, flags=re.M)}
     for name in Settings.model_fields:
-        assert f"`DPSS_{name.upper()}`" in text, f"DPSS_{name.upper()} missing from README"
+        assert f"DPSS_{name.upper()}" in rows, f"DPSS_{name.upper()} missing from the table"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but ``-`` and ``_`` dropped."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _outside_code(text: str) -> str:
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def test_the_readme_is_a_quickstart_that_links_every_docs_page() -> None:
+    """The README stays short (issue 33: at most about 250 lines) and its "Documentation"
+    section links every page of docs/, so the reference moved there can be found."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250
+    section = text.split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    for page in sorted(DOCS.glob("*.md")):
+        assert f"](docs/{page.name})" in section, page.name
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves() -> None:
+    """Every relative link (file and ``#anchor``) of the README and docs/*.md points at a file
+    that exists and, for a Markdown page, at one of its headings: moving a section must not
+    leave a link to where it was."""
+    broken = []
+    for page in [README, *sorted(DOCS.glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _outside_code(page.read_text())):
+            if re.match(r"(https?:|mailto:|<)", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append((page.name, target))
+            elif anchor and dest.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", _outside_code(dest.read_text()), flags=re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append((page.name, target))
+    assert broken == []
 
 
 def test_walkthrough_runs_against_dpss_serve(tmp_path):

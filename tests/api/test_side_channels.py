@@ -95,7 +95,7 @@ def test_a_release_still_running_after_visible_at_shows_as_running(
     assert worker.claim() is not None
     assert fetch_release(padded_client, keys.analyst, release_id)["status"] == "queued"
     make_visible(session_factory, release_id)
-    # Lateness beyond the padding is what remains visible (see the README's threat model).
+    # Lateness beyond the padding is what remains visible (see docs/security.md's threat model).
     assert fetch_release(padded_client, keys.analyst, release_id)["status"] == "running"
 
 
