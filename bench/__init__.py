@@ -7,6 +7,7 @@ the in-memory ``X^T X``, request cost and ingestion: the speed and HTTP sections
 
 Beside the harness: standing benchmarks re-run when what they measure changes
 (``bench_api_requests.py``, ``bench_audit_verify.py``, ``bench_padding.py``, the HTTP latency
-ones), and in ``experiments/`` one-off experiments whose figures the docs cite. bench/README.md
-says what each file is for.
+ones, ``auto``'s grid). One-off experiments leave the tree once the docs record their figures
+(the docs cite each with the commit that still has it). bench/README.md says what each file is
+for.
 """

@@ -24,8 +24,8 @@ params. The noise samplers are the textbook ones on doubles (see ``noise.py``).
 Choices the paper leaves open (fixed here)
 ------------------------------------------
 * ``c2`` of the width rule ``w = c2 gamma sqrt(dk) (sqrt(k) + sqrt(ln(kt))) / sqrt(m)`` is
-  :data:`C2_WIDTH` = 40, fixed by ``bench/experiments/simulate_gamma_width.py`` under the
-  paper's model (rows
+  :data:`C2_WIDTH` = 40, fixed by ``bench/experiments/simulate_gamma_width.py`` (removed; in
+  git history at commit ad45863) under the paper's model (rows
   ``N(0, Sigma)``, ``lambda_{k+1} = gamma^2 lambda_k``, ``q = 2k``): it is the smallest round
   value for which, in every setting simulated (``d <= 20``, ``k <= 3``, ``m in {10k, 40k}``),
   some cell holds ``>= t/2`` of the points with probability ``>= 0.9`` over the offsets (needed
@@ -92,7 +92,8 @@ from service.mechanisms.width_selection import (
     threshold_noise_scale,
 )
 
-#: ``c2`` of the width rule, fixed by simulation (``bench/experiments/simulate_gamma_width.py``).
+#: ``c2`` of the width rule, fixed by simulation (``bench/experiments/simulate_gamma_width.py``,
+#: removed; in git history at commit ad45863).
 C2_WIDTH = 40.0
 #: Cap on the default number of subsets (memory ``O(t q d)``; more subsets shrink ``m``).
 MAX_DEFAULT_SUBSETS = 2000

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.experiments.bench_auto_grid import near_subspace
+from bench.grids import near_subspace
 from service.mechanisms import auto as auto_module
 from service.mechanisms.auto import (
     DEFAULT_STRUCTURE_SHARE,
@@ -280,7 +280,7 @@ def cell_errors(
     n: int, d: int, distance: float, eps: float, seeds: int, candidates: list[Any]
 ) -> tuple[float, list[float], float]:
     """Median errors of auto, of each candidate that runs, and of a random subspace."""
-    from bench.experiments.bench_auto_grid import random_error, run_one
+    from bench.grids import random_error, run_one
 
     auto, rand = [], []
     others: dict[int, list[float]] = {}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.experiments.bench_auto_grid import near_subspace
+from bench.grids import near_subspace
 from service.mechanisms import auto as auto_module
 from service.mechanisms.analyze_gauss import noise_sigma
 from service.mechanisms.auto import (

@@ -257,7 +257,7 @@ def test_digits_spectrum_is_visible_on_eigenvalues() -> None:
     # C = 1, epsilon = 1: the old singular-value route's noise (sigma for 2C, ~8.4) exceeded
     # every singular value after the first (s_2 ~ 9.2 is within 1.1 sigma); on eigenvalues the
     # top 8 stand above the signal threshold and s_1..s_3 come out within a few percent
-    # (bench/experiments/compare_spectrum_routes.py).
+    # (bench/experiments/compare_spectrum_routes.py, removed; in git history at commit ad45863).
     from sklearn.datasets import load_digits
 
     digits = load_digits().data

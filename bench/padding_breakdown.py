@@ -1,6 +1,6 @@
 """Where a padded run's wall time goes, under load (issue 22, item 10).
 
-    .venv/bin/python -m bench.experiments.padding_breakdown [--runs 10] [--load-factor 2]
+    .venv/bin/python -m bench.padding_breakdown [--runs 10] [--load-factor 2]
 
 The same app and isolated worker as ``bench/bench_visible_latency.py`` (its ``Bench``), with
 the worker's steps timed (wall clock, across the fork): for each run, from the request's
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_visible_latency import LOADED, Bench, _seconds
 from scripts.harness import table

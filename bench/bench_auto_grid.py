@@ -2,8 +2,8 @@
 
 Grid (issue 16): d in {10, 50, 300, 1000}, distance-to-subspace in {1e-1, 1e-3, 1e-5},
 n in {5,000, 50,000}, epsilon in {0.1, 1}; k = 3, delta = 1e-6, rows of norm <= 1 within an
-exact distance of a random k-dimensional subspace (the generator of
-``bench/compare_friendly_vs_gauss.py``), clip norm 1 (public). Each mechanism is called through
+exact distance of a random k-dimensional subspace (``bench.core.near_subspace``), clip norm 1
+(public); one cell's release is ``bench.grids.run_one``. Each mechanism is called through
 the registry exactly as the service calls it: ``parse_params`` -> ``prepare`` (a refusal is
 recorded as ``refused``) -> the worker memory gate (``DPSS_WORKER_MEMORY_MB`` default, 6 GiB;
 above it ``refused``) -> ``run`` with a seeded generator. Error is ``||Pi_hat - Pi||_2`` (the
@@ -18,7 +18,7 @@ released search exponents, which calibrate ``auto``'s staged rule; ``friendly`` 
 most expensive configurations (``friendly_aggregate`` with the projection aggregator at
 d >= 300, whose t x t distances are in R^{d^2}) are skipped unless ``--all`` is given.
 
-    PYTHONPATH=. .venv/bin/python bench/experiments/bench_auto_grid.py [--seeds 3] [--seeds-large 1]
+    PYTHONPATH=. .venv/bin/python bench/bench_auto_grid.py [--seeds 3] [--seeds-large 1]
         [--quick] [--only d=10,50] [--out bench/results/auto_grid.csv]
 """
 
@@ -28,27 +28,20 @@ import argparse
 import csv
 import itertools
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
-from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
-from service.mechanisms.linalg import subspace_distance
-from service.mechanisms.registry import get_mechanism
+from bench.grids import DELTA, K, Outcome, near_subspace, random_error, run_one
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-K, DELTA, CLIP = 3, 1e-6, 1.0
+RESULTS = Path(__file__).resolve().parent / "results"
 DIMS = (10, 50, 300, 1000)
 DISTANCES = (1e-1, 1e-3, 1e-5)
 ROWS = (5_000, 50_000)
 EPSILONS = (0.1, 1.0)
-MEMORY_LIMIT_BYTES = 6144 * 1024 * 1024
 HEADER = [
     "d",
     "distance",
@@ -77,68 +70,6 @@ CONFIGS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 
-def near_subspace(
-    n: int, d: int, k: int, distance: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows ``U z + r``: ``||U z||`` uniform in [0.2, 0.9], ``r`` orthogonal to ``U`` of norm
-    exactly ``distance`` (as in ``compare_friendly_vs_gauss.py``); returns data and ``U``."""
-    rng = np.random.default_rng(seed)
-    basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
-    coords = rng.standard_normal((n, k))
-    coords *= rng.uniform(0.2, 0.9, (n, 1)) / np.linalg.norm(coords, axis=1, keepdims=True)
-    resid = rng.standard_normal((n, d))
-    resid -= (resid @ basis) @ basis.T
-    resid *= distance / np.linalg.norm(resid, axis=1, keepdims=True)
-    return coords @ basis.T + resid, basis
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: str  # succeeded, no_result, refused, skipped
-    error: float
-    seconds: float
-    note: str = ""
-
-
-def run_one(
-    name: str,
-    params: dict[str, Any],
-    data: np.ndarray,
-    basis: np.ndarray,
-    epsilon: float,
-    seed: int,
-) -> Outcome:
-    """One release through the registry, as the service runs it."""
-    mechanism = get_mechanism(name)
-    if mechanism is None:
-        return Outcome("skipped", float("nan"), 0.0, "not registered")
-    n, d = data.shape
-    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=CLIP)
-    try:
-        parsed = mechanism.parse_params(params)
-        resolved = mechanism.prepare(ctx, K, epsilon, DELTA, parsed)
-    except (InvalidParameter, ValidationError) as exc:
-        return Outcome("refused", float("nan"), 0.0, str(exc).splitlines()[0][:120])
-    spec = ReleaseSpec(k=K, epsilon=epsilon, delta=DELTA, params=resolved)
-    if mechanism.memory_bytes(ctx, spec) > MEMORY_LIMIT_BYTES:
-        return Outcome("refused", float("nan"), 0.0, "memory gate")
-    start = time.perf_counter()
-    output = mechanism.run(data, spec, np.random.default_rng(10_000 + seed))
-    seconds = time.perf_counter() - start
-    # the choice of auto and the released search exponents (for calibrating auto's rule)
-    keys = ("auto_choice", "auto_search", "radius_exponent", "width_exponent", "t")
-    note = " ".join(f"{key}={output.extras[key]}" for key in keys if key in output.extras)
-    if output.basis is None:
-        return Outcome("no_result", 1.0, seconds, note)
-    return Outcome("succeeded", subspace_distance(output.basis, basis), seconds, note)
-
-
-def random_error(d: int, basis: np.ndarray, seed: int) -> float:
-    rng = np.random.default_rng(20_000 + seed)
-    q, _ = np.linalg.qr(rng.standard_normal((d, K)))
-    return subspace_distance(q, basis)
-
-
 def cells(only_dims: Iterable[int] | None) -> list[tuple[int, float, int, float]]:
     dims = tuple(only_dims) if only_dims else DIMS
     return list(itertools.product(dims, DISTANCES, ROWS, EPSILONS))
@@ -152,7 +83,7 @@ def summarize(paths: list[Path]) -> str:
         with path.open() as handle:
             for row in csv.DictReader(handle):
                 if row["status"] in ("succeeded", "no_result"):
-                    cell = (row["d"], row["distance"], row["n"], row["epsilon"])
+                    cell: tuple[str, ...] = (row["d"], row["distance"], row["n"], row["epsilon"])
                     errors[cell][row["mechanism"]].append(float(row["error"]))
     labels = ["random"] + [label for label, _, _ in CONFIGS]
     short = {"friendly_projection": "fa_proj", "friendly_reference": "fa_ref", "friendly": "fa"}

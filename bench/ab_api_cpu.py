@@ -1,7 +1,7 @@
 """CPU per authenticated read: this tree's code against another checkout's (the old path).
 
     git archive <old commit> | tar -x -C /tmp/old
-    .venv/bin/python -m bench.experiments.ab_api_cpu --baseline /tmp/old [--rounds 6] \
+    .venv/bin/python -m bench.ab_api_cpu --baseline /tmp/old [--rounds 6] \
         [--candidate /tmp/new]
 
 Two child processes, one importing ``service`` from ``--baseline`` and one from this tree,
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CASES = ("GET /healthz", "GET /v1/datasets/{id}/budget", "GET /v1/releases/{id}")
 
 

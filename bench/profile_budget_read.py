@@ -1,9 +1,9 @@
 """Where the CPU of an authenticated budget read goes, in process.
 
-    .venv/bin/python -m bench.experiments.profile_budget_read [--seconds 20] [--cprofile]
+    .venv/bin/python -m bench.profile_budget_read [--seconds 20] [--cprofile]
     py-spy record -r 400 -f raw -o /tmp/budget.txt -- \
-        .venv/bin/python -m bench.experiments.profile_budget_read --seconds 20
-    .venv/bin/python -m bench.experiments.profile_budget_read --summarise /tmp/budget.txt
+        .venv/bin/python -m bench.profile_budget_read --seconds 20
+    .venv/bin/python -m bench.profile_budget_read --summarise /tmp/budget.txt
 
 One app with the defaults on a new PostgreSQL database (``dpss_prof_<pid>``, dropped at the
 end), driven through ASGI by an httpx client in the same process, reading one dataset's budget
