@@ -301,35 +301,3 @@ def test_the_client_waits_and_the_cli_reports_a_failure(
     )  # fmt: skip
     assert ok.exit_code == ExitCode.OK, ok.output
     assert '"registration_status": "ready"' in ok.stdout
-
-
-def test_a_waiting_registration_interrupts_an_idle_workers_calibration(
-    client: TestClient,
-    keys: Keys,
-    root: Path,
-    settings: Settings,
-    store: DatasetStore,
-    session_factory: sessionmaker[Session],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """As a queued release does, so that a registration waits for one mechanism's timing at
-    most; one another worker holds does not."""
-    from service import calibration
-
-    seen: list[bool] = []
-
-    def measure(interrupted: Any) -> dict[str, float]:
-        seen.append(bool(interrupted()))
-        return {}
-
-    monkeypatch.setattr(calibration, "measure", measure)
-    monkeypatch.setattr(calibration, "measure_overhead", lambda *args: {})
-    names = parquet(root / "set" / "a.parquet", np.random.default_rng(8).normal(size=(50, 2)))
-    assert post(client, keys.owner, str(root / "set"), names).status_code == 202
-    every = settings.model_copy(update={"worker_calibrate_seconds": 1})
-    idle = Worker(session_factory, store, every)
-    idle.calibrate_if_due()
-    assert registration.claim(Worker(session_factory, store, settings, worker_id="busy"))
-    idle._calibrated_at = None
-    idle.calibrate_if_due()
-    assert seen == [True, False]
