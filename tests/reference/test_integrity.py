@@ -220,7 +220,7 @@ def test_values_are_checked_again_as_they_are_read(
     names = plain_parquet(target, rows)
     reference = inspect(str(target), names, settings)
     forge_in_place(target, float(rows[10, 0]), struct.pack("<d", float("nan")))
-    monkeypatch.setattr(reference_module, "_sha256", lambda data: "collision")
+    monkeypatch.setattr(reference_module.reading, "_sha256", lambda data: "collision")
     for record in reference.objects:
         record["footer_sha256"] = "collision"
     reference.pieces = [
@@ -376,7 +376,7 @@ def test_registration_is_bounded_in_time(
     settings = Settings(data_dir=tmp_path, reference_roots=str(root), reference_read_seconds=90)
     names = plain_parquet(root / "set" / "a.parquet", rows)
     ticks = itertools.count()
-    monkeypatch.setattr(reference_module.time, "monotonic", lambda: 60.0 * next(ticks))
+    monkeypatch.setattr(reference_module.objects.time, "monotonic", lambda: 60.0 * next(ticks))
     with pytest.raises(reference_module.InvalidInput, match="within 90 s"):
         inspect(str(root / "set"), names, settings)
 
@@ -555,7 +555,7 @@ def test_a_cluster_without_workers_fails_the_release(
     dataset = registered(client, keys.owner, str(root / "set"), names)
     if when == "after-submission":
         monkeypatch.setattr(ParquetRows, "_await_workers", lambda self: None)
-        monkeypatch.setattr(reference_module, "WATCH_SECONDS", 0.2)
+        monkeypatch.setattr(reference_module.engine, "WATCH_SECONDS", 0.2)
     on_empty = settings.model_copy(
         update={"dask_scheduler": empty_cluster, "dask_wait_seconds": 1.0}
     )

@@ -79,7 +79,7 @@ def test_passes_equal_in_process_on_dask_and_on_the_array(
             worst = max(subspace_distance(a, b) for a, b in zip(bases, bases_array, strict=True))
             assert worst < 1e-9
         # Groups of 2 subsets, one group per pass on the cluster: 6 passes, the same U_j.
-        monkeypatch.setattr(reference_module, "GROUP_ROWS", 100)
+        monkeypatch.setattr(reference_module.engine, "GROUP_ROWS", 100)
         on_dask.settings = on_dask.settings.model_copy(update={"dask_pass_mb": 1e-6})
         np.testing.assert_array_equal(
             subset_bases(on_dask, partition, 2),  # type: ignore[arg-type]

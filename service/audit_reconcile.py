@@ -1,0 +1,603 @@
+"""Reconciling the tables that hold the money with what the audit events say.
+
+:class:`_Recorded` reads the chain, event by event, into what the tables must hold;
+:func:`_reconcile` then checks that every ledger row, dataset budget, release (cost, status,
+result and basis hashes, refund, epochs), grant and API key is exactly what the events say,
+that every event's row exists, and that no dataset or grant spends more than its events gave
+it. Guarantees: a problem names a table or an event and an id, never a stored value; an event
+whose details are not in the form this version writes is a problem, never an exception. Called
+by :func:`service.audit.verify` after the chain itself is checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from sqlalchemy import and_, literal, select
+from sqlalchemy.orm import Session
+
+from api_schemas.common import BUDGET_CONTEXT
+from service.audit_events import TERMINAL_EVENTS, to_json_value
+from service.db.models import (
+    ApiKey,
+    AuditEvent,
+    Dataset,
+    Grant,
+    LedgerEntry,
+    Release,
+    ReleaseBasis,
+    ReleaseEpoch,
+)
+
+
+@dataclass(frozen=True)
+class _Request:
+    seq: int
+    dataset_id: uuid.UUID | None
+    mechanism: Any
+    k: Any
+    params: Any
+    epsilon: Decimal
+    delta: Decimal
+    #: The grant the release was charged to, or None (spent the dataset's budget directly).
+    grant_id: uuid.UUID | None = None
+    #: What the ledger moved, ``(epsilon, delta, rho)``: the cost on ``basic`` datasets; ``(0,
+    #: zcdp_delta, rho)`` on ``gaussian``/``zcdp`` ones (events carry the accounting).
+    charge: tuple[Decimal, Decimal, Decimal] = (Decimal(0), Decimal(0), Decimal(0))
+
+
+@dataclass(frozen=True)
+class _GrantCreated:
+    seq: int
+    dataset_id: uuid.UUID | None
+    analyst_key_id: uuid.UUID | None
+    epsilon: Decimal
+    delta: Decimal
+    rho: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    seq: int
+    status: str
+    basis_sha256: Any
+    reason: Any
+    refund: tuple[Decimal, Decimal, Decimal] | None
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """A ``budget_set`` event: the totals, and for ``gaussian``/``zcdp`` the filter's rho and
+    the delta mechanisms may spend (``delta_total - delta_conversion``; 0 for gaussian)."""
+
+    seq: int
+    epsilon: Decimal
+    delta: Decimal
+    accounting: str = "basic"
+    rho: Decimal = Decimal(0)
+    delta_limit: Decimal = Decimal(0)
+
+    def exceeded_by(self, spent: tuple[Decimal, Decimal, Decimal]) -> bool:
+        if self.accounting == "basic":
+            return spent[0] > self.epsilon or spent[1] > self.delta
+        return spent[1] > self.delta_limit or spent[2] > self.rho
+
+
+def _money(details: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
+    """``(epsilon, delta, rho)`` of a refund's details (``rho`` 0 when absent)."""
+    return (
+        Decimal(details["epsilon"]),
+        Decimal(details["delta"]),
+        Decimal(details.get("rho", 0)),
+    )
+
+
+def _charge_of(cost: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
+    """What a ``release_requested`` cost moved in the ledger."""
+    if "accounting" in cost:
+        return (Decimal(0), Decimal(cost["zcdp_delta"]), Decimal(cost["rho"]))
+    return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(0))
+
+
+@dataclass
+class _Recorded:
+    """What the events say the tables must hold."""
+
+    created: dict[uuid.UUID, int] = field(default_factory=dict)
+    budgets: dict[uuid.UUID, _Budget] = field(default_factory=dict)
+    deleted: dict[uuid.UUID, int] = field(default_factory=dict)
+    requests: dict[uuid.UUID, _Request] = field(default_factory=dict)
+    outcomes: dict[uuid.UUID, _Outcome] = field(default_factory=dict)
+    keys: dict[uuid.UUID, tuple[int, Any]] = field(default_factory=dict)
+    revoked: dict[uuid.UUID, int] = field(default_factory=dict)
+    grants: dict[uuid.UUID, _GrantCreated] = field(default_factory=dict)
+    #: ``release_epoch`` events: ``(release, epoch) -> (seq, basis_sha256)``.
+    epochs: dict[tuple[uuid.UUID, int], tuple[int, Any]] = field(default_factory=dict)
+    grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
+
+    def add(self, event: AuditEvent, problems: list[str]) -> None:
+        try:
+            self._add(event, problems)
+        except (KeyError, TypeError, ValueError, InvalidOperation):
+            problems.append(f"event {event.seq}: details are not in the form this version writes")
+
+    def _add(self, event: AuditEvent, problems: list[str]) -> None:
+        kind, details, seq = event.event_type, event.details, event.seq
+        if kind == "dataset_created" and event.dataset_id is not None:
+            self.created[event.dataset_id] = seq
+        elif kind == "budget_set" and event.dataset_id is not None:
+            epsilon, delta = Decimal(details["epsilon_total"]), Decimal(details["delta_total"])
+            kind_of = details.get("accounting", "basic")
+            limit = Decimal(0)
+            if kind_of == "zcdp":
+                limit = BUDGET_CONTEXT.subtract(delta, Decimal(details["delta_conversion"]))
+            rho = details.get("rho_total")
+            self.budgets[event.dataset_id] = _Budget(
+                seq, epsilon, delta, kind_of, Decimal(rho or 0), limit
+            )
+        elif kind == "dataset_deleted" and event.dataset_id is not None:
+            self.deleted[event.dataset_id] = seq
+        elif kind == "release_requested" and event.release_id is not None:
+            if event.release_id in self.requests:
+                problems.append(f"event {seq}: release {event.release_id} was already requested")
+            cost = details["cost"]
+            # Events written before grants existed have no "grant_id": no grant.
+            grant_id = details.get("grant_id")
+            self.requests[event.release_id] = _Request(
+                seq,
+                event.dataset_id,
+                details["mechanism"],
+                details["k"],
+                details["params"],
+                Decimal(cost["epsilon"]),
+                Decimal(cost["delta"]),
+                None if grant_id is None else uuid.UUID(grant_id),
+                _charge_of(cost),
+            )
+        elif kind in TERMINAL_EVENTS and event.release_id is not None:
+            if event.release_id in self.outcomes:
+                problems.append(f"event {seq}: release {event.release_id} already had an outcome")
+            refunded = details.get("refunded")
+            self.outcomes[event.release_id] = _Outcome(
+                seq,
+                kind.removeprefix("release_"),
+                details.get("basis_sha256"),
+                details.get("reason"),
+                None if refunded is None else _money(refunded),
+            )
+        elif kind == "release_epoch" and event.release_id is not None:
+            epoch = (event.release_id, int(details["epoch"]))
+            if epoch in self.epochs:
+                problems.append(f"event {seq}: epoch {epoch[1]} of {epoch[0]} was already released")
+            self.epochs[epoch] = (seq, details["basis_sha256"])
+        elif kind == "release_previewed":
+            # A dry run moves no money and creates no release: it may name neither.
+            if event.release_id is not None:
+                problems.append(f"event {seq}: a release_previewed event names a release")
+            Decimal(details["cost"]["epsilon"]), Decimal(details["cost"]["delta"])
+        elif kind == "key_created":
+            self.keys[uuid.UUID(details["key_id"])] = (seq, details["role"])
+        elif kind == "key_revoked":
+            self.revoked[uuid.UUID(details["key_id"])] = seq
+        elif kind == "grant_created":
+            grant_id = uuid.UUID(details["grant_id"])
+            if grant_id in self.grants:
+                problems.append(f"event {seq}: grant {grant_id} was already created")
+            analyst = details["analyst_key_id"]
+            self.grants[grant_id] = _GrantCreated(
+                seq,
+                event.dataset_id,
+                None if analyst is None else uuid.UUID(analyst),
+                Decimal(details["epsilon"]),
+                Decimal(details["delta"]),
+                Decimal(details.get("rho", 0)),
+            )
+        elif kind == "grant_revoked":
+            self.grants_revoked[uuid.UUID(details["grant_id"])] = seq
+
+
+def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    _reconcile_datasets(session, recorded, problems)
+    _reconcile_releases(session, recorded, problems)
+    _reconcile_ledger(session, recorded, problems)
+    _reconcile_keys(session, recorded, problems)
+    _reconcile_grants(session, recorded, problems)
+    _reconcile_epochs(session, recorded, problems)
+    _check_spending(recorded, problems)
+    _check_grant_spending(recorded, problems)
+
+
+def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    """Every stored epoch of a continual release has its ``release_epoch`` event with the same
+    basis hash, every such event its row, and ``epochs_done`` counts them."""
+    stored = {
+        (row.release_id, row.epoch): row.basis_sha256
+        for row in session.execute(
+            select(ReleaseEpoch.release_id, ReleaseEpoch.epoch, ReleaseEpoch.basis_sha256)
+        )
+    }
+    for (release_id, epoch), sha256 in stored.items():
+        event = recorded.epochs.get((release_id, epoch))
+        where = f"release_epochs {release_id} epoch {epoch}"
+        if event is None:
+            problems.append(f"{where}: no release_epoch event")
+        elif event[1] != sha256:
+            problems.append(f"{where}: basis_sha256 differs from release_epoch event {event[0]}")
+    for (release_id, epoch), (seq, _) in recorded.epochs.items():
+        if (release_id, epoch) not in stored:
+            problems.append(f"release_epochs {release_id} epoch {epoch}: missing (event {seq})")
+    counts: dict[uuid.UUID, int] = {}
+    for release_id, _ in stored:
+        counts[release_id] = counts.get(release_id, 0) + 1
+    for release_id, done in session.execute(
+        select(Release.id, Release.epochs_done).where(Release.epochs_done > 0)
+    ):
+        if counts.get(release_id, 0) != done:
+            problems.append(f"releases {release_id}: epochs_done differs from its stored epochs")
+
+
+def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            Dataset.id,
+            Dataset.epsilon_total,
+            Dataset.delta_total,
+            Dataset.deleted_at,
+            Dataset.accounting,
+            Dataset.rho_total,
+        )
+    )
+    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total in rows:
+        seen.add(dataset_id)
+        where = f"datasets {dataset_id}"
+        if dataset_id not in recorded.created:
+            problems.append(f"{where}: no dataset_created event")
+        budget = recorded.budgets.get(dataset_id)
+        if budget is None:
+            problems.append(f"{where}: no budget_set event")
+        else:
+            stored = {
+                "epsilon_total": epsilon_total,
+                "delta_total": delta_total,
+                "accounting": kind,
+                "rho_total": rho_total or Decimal(0),
+            }
+            recorded_budget = {
+                "epsilon_total": budget.epsilon,
+                "delta_total": budget.delta,
+                "accounting": budget.accounting,
+                "rho_total": budget.rho,
+            }
+            for name, value in stored.items():
+                if value != recorded_budget[name]:
+                    problems.append(f"{where}: {name} differs from budget_set event {budget.seq}")
+        if (deleted_at is not None) != (dataset_id in recorded.deleted):
+            problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
+    for dataset_id, seq in recorded.created.items():
+        if dataset_id not in seen:
+            problems.append(f"datasets {dataset_id}: the row is missing (created by event {seq})")
+
+
+def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            Release.id,
+            Release.dataset_id,
+            Release.mechanism,
+            Release.k,
+            Release.epsilon,
+            Release.delta,
+            Release.params,
+            Release.status,
+            Release.refunded,
+            Release.result_sha256,
+            Release.reason,
+        )
+    )
+    for row in rows:
+        seen.add(row.id)
+        where = f"releases {row.id}"
+        request = recorded.requests.get(row.id)
+        if request is None:
+            problems.append(f"{where}: no release_requested event")
+        else:
+            recorded_values = {
+                "dataset_id": request.dataset_id,
+                "mechanism": request.mechanism,
+                "k": request.k,
+                "params": request.params,
+                "epsilon": request.epsilon,
+                "delta": request.delta,
+            }
+            stored_values = {
+                "dataset_id": row.dataset_id,
+                "mechanism": row.mechanism,
+                "k": row.k,
+                "params": to_json_value({"params": row.params})["params"],
+                "epsilon": row.epsilon,
+                "delta": row.delta,
+            }
+            for name, value in recorded_values.items():
+                if stored_values[name] != value:
+                    problems.append(
+                        f"{where}: {name} differs from release_requested event {request.seq}"
+                    )
+        outcome = recorded.outcomes.get(row.id)
+        if outcome is None:
+            if row.status not in ("queued", "running"):
+                problems.append(f"{where}: status is final but no event records an outcome")
+            if row.result_sha256 is not None:
+                problems.append(f"{where}: result_sha256 is set but no event records an outcome")
+            if row.refunded:
+                problems.append(f"{where}: refunded is set but no event records a refund")
+            continue
+        event = f"release_{outcome.status} event {outcome.seq}"
+        if row.status != outcome.status:
+            problems.append(f"{where}: status differs from {event}")
+        if row.result_sha256 != outcome.basis_sha256:
+            problems.append(f"{where}: result_sha256 differs from {event}")
+        if row.refunded != (outcome.refund is not None):
+            problems.append(f"{where}: refunded differs from {event}")
+        if row.reason != outcome.reason:
+            problems.append(f"{where}: reason differs from {event}")
+    for release_id, request in recorded.requests.items():
+        if release_id not in seen:
+            problems.append(
+                f"releases {release_id}: the row is missing (requested by event {request.seq})"
+            )
+    for release_id, outcome in recorded.outcomes.items():
+        if release_id not in recorded.requests:
+            problems.append(
+                f"releases {release_id}: event {outcome.seq} records an outcome, "
+                "but no event requested it"
+            )
+    # The stored bases themselves, against the hashes that reconciled with the events.
+    _check_bases(session, problems)
+
+
+def _check_bases(session: Session, problems: list[str]) -> None:
+    """Every stored basis (``release_bases``) matches the hash stored with its release (epoch
+    0) or its epoch, and every such hash has its basis."""
+    results = (
+        select(Release.id, literal(0), Release.result_sha256, ReleaseBasis.basis)
+        .outerjoin(
+            ReleaseBasis, and_(ReleaseBasis.release_id == Release.id, ReleaseBasis.epoch == 0)
+        )
+        .where(Release.result_sha256.is_not(None))
+    )
+    epochs = (
+        select(
+            ReleaseEpoch.release_id,
+            ReleaseEpoch.epoch,
+            ReleaseEpoch.basis_sha256,
+            ReleaseBasis.basis,
+        )
+        .outerjoin(
+            ReleaseBasis,
+            and_(
+                ReleaseBasis.release_id == ReleaseEpoch.release_id,
+                ReleaseBasis.epoch == ReleaseEpoch.epoch,
+            ),
+        )
+        .where(ReleaseEpoch.basis_sha256.is_not(None))
+    )
+    for query in (results, epochs):
+        for release_id, epoch, digest, basis in session.execute(
+            query.execution_options(yield_per=64)
+        ):
+            where = (
+                f"releases {release_id}"
+                if epoch == 0
+                else f"release_epochs {release_id} epoch {epoch}"
+            )
+            if basis is None:
+                problems.append(f"{where}: the basis is missing")
+            elif hashlib.sha256(basis).hexdigest() != digest:
+                problems.append(f"{where}: the basis does not match its sha256")
+
+
+def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    charged: set[uuid.UUID] = set()
+    refunded: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            LedgerEntry.id,
+            LedgerEntry.dataset_id,
+            LedgerEntry.release_id,
+            LedgerEntry.kind,
+            LedgerEntry.epsilon,
+            LedgerEntry.delta,
+            LedgerEntry.rho,
+            LedgerEntry.grant_id,
+        ).order_by(LedgerEntry.id)
+    )
+    for entry_id, dataset_id, release_id, kind, epsilon, delta, rho, grant_id in rows:
+        where = f"ledger_entries {entry_id}"
+        request = recorded.requests.get(release_id)
+        if kind == "charge":
+            if release_id in charged:
+                problems.append(f"{where}: a second charge for release {release_id}")
+            charged.add(release_id)
+            if request is None:
+                problems.append(f"{where}: a charge that no release_requested event records")
+                continue
+            expected = request.charge
+            event = f"release_requested event {request.seq}"
+        elif kind == "refund":
+            if release_id in refunded:
+                problems.append(f"{where}: a second refund for release {release_id}")
+            refunded.add(release_id)
+            outcome = recorded.outcomes.get(release_id)
+            if outcome is None or outcome.refund is None:
+                problems.append(f"{where}: a refund that no release outcome event records")
+                continue
+            expected = outcome.refund
+            event = f"release_{outcome.status} event {outcome.seq}"
+        else:
+            problems.append(f"{where}: kind is neither charge nor refund")
+            continue
+        if request is not None and dataset_id != request.dataset_id:
+            problems.append(f"{where}: dataset_id differs from {event}")
+        if request is not None and grant_id != request.grant_id:
+            problems.append(f"{where}: grant_id differs from release_requested event {request.seq}")
+        if epsilon != expected[0]:
+            problems.append(f"{where}: epsilon differs from {event}")
+        if delta != expected[1]:
+            problems.append(f"{where}: delta differs from {event}")
+        if rho != expected[2]:
+            problems.append(f"{where}: rho differs from {event}")
+    for release_id, request in recorded.requests.items():
+        if release_id not in charged:
+            problems.append(
+                f"ledger_entries: the charge for release {release_id} "
+                f"(release_requested event {request.seq}) is missing"
+            )
+    for release_id, outcome in recorded.outcomes.items():
+        if outcome.refund is not None and release_id not in refunded:
+            problems.append(
+                f"ledger_entries: the refund for release {release_id} "
+                f"(release_{outcome.status} event {outcome.seq}) is missing"
+            )
+
+
+def _reconcile_keys(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    for key_id, role, revoked_at in session.execute(
+        select(ApiKey.id, ApiKey.role, ApiKey.revoked_at)
+    ):
+        seen.add(key_id)
+        where = f"api_keys {key_id}"
+        created = recorded.keys.get(key_id)
+        if created is None:
+            problems.append(f"{where}: no key_created event")
+        elif role != created[1]:
+            problems.append(f"{where}: role differs from key_created event {created[0]}")
+        if (revoked_at is not None) != (key_id in recorded.revoked):
+            problems.append(f"{where}: revoked_at disagrees with the key_revoked events")
+    for key_id, (seq, _) in recorded.keys.items():
+        if key_id not in seen:
+            problems.append(f"api_keys {key_id}: the row is missing (created by event {seq})")
+
+
+def _dataset_of(request: _Request) -> uuid.UUID | None:
+    return request.dataset_id
+
+
+def _grant_of(request: _Request) -> uuid.UUID | None:
+    return request.grant_id
+
+
+def _recorded_spend(
+    recorded: _Recorded, budget_of: Callable[[_Request], uuid.UUID | None]
+) -> dict[uuid.UUID, tuple[Decimal, Decimal, Decimal]]:
+    """What the recorded releases spend (charges less refunds), ``(epsilon, delta, rho)``, per
+    budget, keyed by ``budget_of(request)`` (a dataset or a grant; ``None``: not charged)."""
+    zero = (Decimal(0), Decimal(0), Decimal(0))
+    spent: dict[uuid.UUID, tuple[Decimal, Decimal, Decimal]] = {}
+    for release_id, request in recorded.requests.items():
+        key = budget_of(request)
+        if key is None:
+            continue
+        total = spent.get(key, zero)
+        outcome = recorded.outcomes.get(release_id)
+        refund = zero if outcome is None or outcome.refund is None else outcome.refund
+        spent[key] = (
+            BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(total[0], request.charge[0]), refund[0]),
+            BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(total[1], request.charge[1]), refund[1]),
+            BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(total[2], request.charge[2]), refund[2]),
+        )
+    return spent
+
+
+def _check_spending(recorded: _Recorded, problems: list[str]) -> None:
+    """No dataset's recorded releases may spend more than its recorded budget."""
+    for dataset_id, spent in _recorded_spend(recorded, _dataset_of).items():
+        budget = recorded.budgets.get(dataset_id)
+        if budget is not None and budget.exceeded_by(spent):
+            problems.append(
+                f"datasets {dataset_id}: its recorded releases spend more than "
+                f"budget_set event {budget.seq} allows"
+            )
+
+
+def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    seen: set[uuid.UUID] = set()
+    rows = session.execute(
+        select(
+            Grant.id,
+            Grant.dataset_id,
+            Grant.analyst_key_id,
+            Grant.epsilon,
+            Grant.delta,
+            Grant.rho,
+            Grant.revoked_at,
+        )
+    )
+    for grant_id, dataset_id, analyst_key_id, epsilon, delta, rho, revoked_at in rows:
+        seen.add(grant_id)
+        where = f"grants {grant_id}"
+        created = recorded.grants.get(grant_id)
+        if created is None:
+            problems.append(f"{where}: no grant_created event")
+        else:
+            event = f"grant_created event {created.seq}"
+            stored = (dataset_id, analyst_key_id, epsilon, delta, rho)
+            expected = (
+                created.dataset_id,
+                created.analyst_key_id,
+                created.epsilon,
+                created.delta,
+                created.rho,
+            )
+            names = ("dataset_id", "analyst_key_id", "epsilon", "delta", "rho")
+            for name, value, recorded_value in zip(names, stored, expected, strict=True):
+                if value != recorded_value:
+                    problems.append(f"{where}: {name} differs from {event}")
+        if (revoked_at is not None) != (grant_id in recorded.grants_revoked):
+            problems.append(f"{where}: revoked_at disagrees with the grant_revoked events")
+    for grant_id, created in recorded.grants.items():
+        if grant_id not in seen:
+            problems.append(
+                f"grants {grant_id}: the row is missing (created by event {created.seq})"
+            )
+    for release_id, request in recorded.requests.items():
+        if request.grant_id is None:
+            continue
+        granted = recorded.grants.get(request.grant_id)
+        if granted is None or granted.seq > request.seq:
+            problems.append(
+                f"releases {release_id}: release_requested event {request.seq} charges grant "
+                f"{request.grant_id}, which no earlier grant_created event created"
+            )
+            continue
+        revoked = recorded.grants_revoked.get(request.grant_id)
+        if revoked is not None and revoked < request.seq:
+            problems.append(
+                f"releases {release_id}: release_requested event {request.seq} charges grant "
+                f"{request.grant_id}, revoked by event {revoked} before it"
+            )
+        if granted.dataset_id != request.dataset_id:
+            problems.append(
+                f"releases {release_id}: release_requested event {request.seq} charges grant "
+                f"{request.grant_id} of another dataset"
+            )
+
+
+def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
+    """No grant's recorded releases may spend more than its grant_created event gave it."""
+    for grant_id, (epsilon, delta, rho) in _recorded_spend(recorded, _grant_of).items():
+        granted = recorded.grants.get(grant_id)
+        if granted is not None and (
+            epsilon > granted.epsilon or delta > granted.delta or rho > granted.rho
+        ):
+            problems.append(
+                f"grants {grant_id}: its recorded releases spend more than "
+                f"grant_created event {granted.seq} allows"
+            )

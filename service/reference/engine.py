@@ -1,0 +1,445 @@
+"""The heavy passes over a dataset by reference, in process or on Dask, and their faults.
+
+Guarantees:
+
+- **Only aggregates leave a task.** :class:`ParquetRows` (a
+  :class:`~service.mechanisms.linalg.RowSource`) runs one task per row group (a clipped Gram
+  matrix, a clipped column sum, captured energy, norm counts, or the rows of a group of random
+  subsets); only ``d x d``-sized results and the ``t x d x k`` subset bases reach the worker,
+  and noise is drawn in the worker, never on the cluster.
+- **Same bits either way.** Partial results are added in row-group order (a chain), so a run
+  on Dask (``DPSS_DASK_SCHEDULER``) and one in process (Dask's synchronous scheduler) agree
+  bit for bit when the BLAS uses one thread in both, and up to its summation order otherwise.
+- **Immutability.** :meth:`ParquetRows.check_unchanged` compares every object's identity with
+  the record before a release reads and again before its outcome is stored; each task reads
+  through :func:`~service.reference.reading._read_piece`, which checks the digests.
+- **Faults end the release, never hang it.** Tasks are retried (``DPSS_DASK_RETRIES``); a
+  cluster with no worker for ``DPSS_DASK_WAIT_SECONDS`` (before the first task or while tasks
+  are pending) ends the release ``failed`` with a fixed reason naming the exception type.
+  Refunded only while no task of the release was submitted (DESIGN: a refund only when the
+  job provably never read the data); from then on the cost stays charged. Such faults do not
+  depend on the values (every task's memory and time are functions of public shapes).
+- :func:`mechanism_allowed` admits only mechanisms that reach the rows through these passes;
+  :func:`worker_bytes` is what the worker holds besides, for the memory gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from service.config import Settings
+from service.errors import InvalidInput
+from service.mechanisms.linalg import (
+    FloatArray,
+    IntArray,
+    captured_energy,
+    clipped_gram,
+    clipped_sum,
+    gram_norm_counts,
+)
+from service.mechanisms.sample_aggregate import (
+    GROUP_ROWS,
+    PASS_BYTES,
+    _top_k_right_singular,
+    pass_subsets,
+)
+from service.reference.integrity import (
+    CHANGED_REASON,
+    LEGACY_REASON,
+    UNREADABLE_REASON,
+    UNSAFE_REASON,
+    Piece,
+    Reference,
+    ReferenceFault,
+)
+from service.reference.objects import Location, NotRegular, _fault_name, _identity
+from service.reference.reading import _read_piece
+
+#: Mechanisms that reach the rows only through the RowSource passes (Gram, column sum, subset
+#: bases); the others index rows directly and are refused for a dataset by reference (422).
+MECHANISMS = frozenset(
+    {
+        "analyze_gauss",
+        "gap_perturbation",
+        "smooth_sensitivity",
+        "spectrum",
+        "friendly_aggregate",
+        "histogram_aggregate",
+    }
+)
+CLUSTER_REASON = "the Dask cluster failed ({kind}) before anything was released; refunded"
+#: A cluster fault once a task was submitted: a task may have read the data (DESIGN: a refund
+#: only when the job provably never read it), so the release stays charged.
+CLUSTER_CHARGED_REASON = (
+    "the Dask cluster failed ({kind}) after its tasks were submitted; nothing was released, "
+    "but a task may have read the data, so the cost stays charged"
+)
+NO_WORKERS_REASON = (
+    "the Dask cluster had no worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS); nothing was "
+    "read; refunded"
+)
+LOST_WORKERS_REASON = (
+    "the Dask cluster lost every worker for {seconds:g} s (DPSS_DASK_WAIT_SECONDS) after its "
+    "tasks were submitted; nothing was released, but a task may have read the data, so the "
+    "cost stays charged"
+)
+#: How often a release waiting on the cluster asks whether it still has a worker, seconds.
+WATCH_SECONDS = 2.0
+
+
+def _piece_gram(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    record: dict[str, Any],
+    clip_norm: float,
+    center: FloatArray | None,
+    row_clip: float | None = None,
+) -> FloatArray:
+    return clipped_gram(
+        _read_piece(location, piece, columns, record), clip_norm, center=center, row_clip=row_clip
+    )
+
+
+def _piece_energy(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    record: dict[str, Any],
+    basis: FloatArray,
+    clip_norm: float,
+    center: FloatArray | None,
+) -> FloatArray:
+    rows = _read_piece(location, piece, columns, record)
+    return np.asarray(captured_energy(rows, basis, clip_norm, center), dtype=np.float64)
+
+
+def _piece_norm_counts(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    record: dict[str, Any],
+    clip_norm: float,
+    center: FloatArray | None,
+    edges: FloatArray,
+) -> FloatArray:
+    return gram_norm_counts(_read_piece(location, piece, columns, record), clip_norm, center, edges)
+
+
+def _piece_sum(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    record: dict[str, Any],
+    clip_norm: float,
+) -> FloatArray:
+    return clipped_sum(_read_piece(location, piece, columns, record), clip_norm)
+
+
+def _piece_subsets(
+    location: Location,
+    piece: Piece,
+    columns: Sequence[str],
+    record: dict[str, Any],
+    slots: IntArray,
+    bounds: Sequence[tuple[int, int]],
+) -> list[tuple[IntArray, FloatArray]]:
+    """Per group of subsets (slot range ``[lo, hi)``), this row group's rows in it and their
+    slots (``slot = j m + position`` of the row in subset ``j``)."""
+    rows = _read_piece(location, piece, columns, record)
+    out = []
+    for lo, hi in bounds:
+        chosen = np.flatnonzero((slots >= lo) & (slots < hi))
+        out.append((slots[chosen], rows[chosen]))
+    return out
+
+
+def _group_bases(
+    parts: Sequence[tuple[IntArray, FloatArray]], lo: int, g: int, m: int, d: int, k: int
+) -> FloatArray:
+    """``U_j`` of the ``g`` subsets whose slots start at ``lo``: their rows put in subset
+    order (as :func:`~service.mechanisms.sample_aggregate.subset_bases` lays them out)."""
+    buffer = np.empty((g * m, d), dtype=np.float64)
+    for slots, rows in parts:
+        buffer[slots - lo] = rows
+    return _top_k_right_singular(buffer.reshape(g, m, d), k, overwrite=True)
+
+
+def _add(left: FloatArray, right: FloatArray) -> FloatArray:
+    return left + right
+
+
+class ParquetRows:
+    """A dataset by reference as a :class:`~service.mechanisms.linalg.RowSource`: the passes
+    run as Dask graphs, on the cluster named by ``DPSS_DASK_SCHEDULER`` or, without one, on
+    Dask's synchronous scheduler in this process (the same tasks, added in the same order)."""
+
+    def __init__(self, reference: Reference, settings: Settings) -> None:
+        self.reference = reference
+        self.settings = settings
+        #: Each object's record (identity and footer digest) by path, for the tasks.
+        self.records = {str(o["path"]): o for o in reference.objects}
+        self._client: Any = None
+        #: Whether a task of this release reached the cluster (from then on data may be read).
+        self._submitted = False
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.reference.shape
+
+    # -- running graphs ---------------------------------------------------------------------
+
+    def _compute(self, *graphs: Any) -> tuple[Any, ...]:
+        from dask.base import compute
+
+        address = self.settings.dask_scheduler
+        if address is None:
+            try:
+                return tuple(compute(*graphs, scheduler="sync"))
+            except (TimeoutError, OSError) as exc:
+                raise ReferenceFault(
+                    UNREADABLE_REASON.format(path=self.reference.uri, kind=_fault_name(exc))
+                ) from None
+        from distributed import Client
+
+        try:
+            if self._client is None:
+                self._client = Client(
+                    address,
+                    timeout=self.settings.dask_connect_timeout_seconds,
+                    set_as_default=False,
+                )
+            self._await_workers()
+            futures = self._client.compute(list(graphs), retries=self.settings.dask_retries)
+            self._submitted = True
+            try:
+                self._watch(futures)
+            except ReferenceFault:
+                self._client.cancel(futures)
+                raise
+            return tuple(self._client.gather(futures))
+        except ReferenceFault:
+            raise
+        except (TimeoutError, OSError, asyncio.CancelledError) as exc:
+            raise self._cluster_fault(exc) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("distributed"):  # KilledWorker and the like
+                raise self._cluster_fault(exc) from None
+            raise
+
+    def _cluster_fault(self, exc: BaseException) -> ReferenceFault:
+        """A cluster fault, refunded only while no task of this release was submitted: from
+        then on a task may have started reading rows (the scheduler does not tell the client
+        whether one did), and DESIGN allows a refund only when the job provably never read the
+        data. Such a failure is still independent of the values (module docstring, Faults), so
+        charging it is conservative: the status reveals nothing, and the budget covers a read
+        that may have happened."""
+        if self._submitted:
+            return ReferenceFault(CLUSTER_CHARGED_REASON.format(kind=_fault_name(exc)), False)
+        return ReferenceFault(CLUSTER_REASON.format(kind=_fault_name(exc)))
+
+    def _workers(self) -> int:
+        """Workers the scheduler has now (asked, not from a cached view)."""
+        return len(self._client.nthreads())
+
+    def _await_workers(self) -> None:
+        """At least one Dask worker within ``DPSS_DASK_WAIT_SECONDS``, before this release's
+        first task is submitted: else :class:`ReferenceFault` (refunded: nothing was read)."""
+        if self._submitted:
+            return
+        wait = self.settings.dask_wait_seconds
+        try:
+            self._client.wait_for_workers(1, timeout=wait)
+        except TimeoutError:
+            raise ReferenceFault(NO_WORKERS_REASON.format(seconds=wait)) from None
+
+    def _watch(self, futures: Any) -> None:
+        """Wait for ``futures`` however long they compute, but not while the cluster has no
+        worker for more than ``DPSS_DASK_WAIT_SECONDS`` (the scheduler would keep the tasks
+        pending until one returns, and the release ``running`` with it): then
+        :class:`ReferenceFault`, charged (not refunded): the tasks were submitted, and one
+        may have read rows before its worker left, so the job did not provably never read the
+        data. Nothing was released, and the loss of every worker does not depend on the
+        values, so the failure itself reveals nothing."""
+        limit = self.settings.dask_wait_seconds
+        poll = min(limit, WATCH_SECONDS)
+        pending = len(futures)
+        lock, finished = threading.Lock(), threading.Event()
+
+        def one_done(_: Any) -> None:
+            nonlocal pending
+            with lock:
+                pending -= 1
+                if pending <= 0:
+                    finished.set()
+
+        if not futures:
+            return
+        for future in futures:
+            future.add_done_callback(one_done)  # also on an error or a cancel
+        alone_since: float | None = None
+        while not finished.wait(poll):
+            if self._workers():
+                alone_since = None
+                continue
+            now = time.monotonic()
+            if alone_since is None:
+                alone_since = now
+            elif now - alone_since >= limit:
+                raise ReferenceFault(LOST_WORKERS_REASON.format(seconds=limit), refund=False)
+
+    def _reduce(self, task: Any, *args: Any) -> FloatArray:
+        """``sum`` of ``task(location, piece, columns, *args)`` over the row groups, added in
+        row-group order (a chain, so the order and the bits do not depend on the scheduler)."""
+        from dask.delayed import delayed
+
+        ref = self.reference
+        total: Any = None
+        for piece in ref.pieces:
+            record = self.records[piece.path]
+            part = delayed(task, pure=False)(ref.location, piece, ref.columns, record, *args)
+            total = part if total is None else delayed(_add, pure=False)(total, part)
+        (result,) = self._compute(total)
+        return np.asarray(result, dtype=np.float64)
+
+    def clipped_gram(
+        self, clip_norm: float, center: FloatArray | None, row_clip: float | None = None
+    ) -> FloatArray:
+        return self._reduce(_piece_gram, clip_norm, center, row_clip)
+
+    def captured_energy(
+        self, basis: FloatArray, clip_norm: float, center: FloatArray | None
+    ) -> tuple[float, float]:
+        captured, residual = self._reduce(_piece_energy, basis, clip_norm, center)
+        return float(captured), float(residual)
+
+    def gram_norm_counts(
+        self, clip_norm: float, center: FloatArray | None, edges: FloatArray
+    ) -> FloatArray:
+        return self._reduce(_piece_norm_counts, clip_norm, center, edges)
+
+    def clipped_sum(self, clip_norm: float) -> FloatArray:
+        return self._reduce(_piece_sum, clip_norm)
+
+    def subset_bases(self, partition: IntArray, k: int) -> FloatArray:
+        """Passes of :func:`~service.mechanisms.sample_aggregate.pass_subsets` subsets (rows of
+        at most ``DPSS_DASK_PASS_MB`` on the cluster, :data:`PASS_BYTES` in process, at once;
+        the groups, hence every ``U_j``, do not depend on it); per pass one task per row group
+        splits its rows by group of subsets, and one task per group decomposes them."""
+        from dask.delayed import delayed
+
+        t, m = partition.shape
+        n, d = self.shape
+        per_group = max(1, GROUP_ROWS // m)
+        on_cluster = self.settings.dask_scheduler is not None
+        pass_bytes = int(self.settings.dask_pass_mb * 2**20) if on_cluster else PASS_BYTES
+        per_pass = pass_subsets(t, m, d, per_group, pass_bytes)
+        # slot[i] = j m + p for row i at position p of subset j; -1: in no subset. O(n) ints,
+        # drawn from the release's generator in the worker (the partition is public randomness).
+        slot = np.full(n, -1, dtype=np.int64)
+        slot[partition.ravel()] = np.arange(t * m, dtype=np.int64)
+        bases = np.empty((t, d, k), dtype=np.float64)
+        ref = self.reference
+        for first in range(0, t, per_pass):
+            last = min(t, first + per_pass)
+            groups = [(s, min(last, s + per_group)) for s in range(first, last, per_group)]
+            bounds = [(s * m, e * m) for s, e in groups]
+            split = []
+            for piece in ref.pieces:
+                piece_slots = slot[piece.offset : piece.offset + piece.rows]
+                if np.any((piece_slots >= first * m) & (piece_slots < last * m)):
+                    split.append(
+                        delayed(_piece_subsets, nout=len(bounds), pure=False)(
+                            ref.location,
+                            piece,
+                            ref.columns,
+                            self.records[piece.path],
+                            piece_slots,
+                            bounds,
+                        )
+                    )
+            graphs = [
+                delayed(_group_bases, pure=False)(
+                    [parts[index] for parts in split], s * m, e - s, m, d, k
+                )
+                for index, (s, e) in enumerate(groups)
+            ]
+            for (s, e), result in zip(groups, self._compute(*graphs), strict=True):
+                bases[s:e] = result
+        return bases
+
+    # -- immutability -----------------------------------------------------------------------
+
+    def check_unchanged(self) -> None:
+        """Every recorded object as recorded, and no object added: else :class:`ReferenceFault`
+        naming the first difference. A cheap check of identities before and after the run; the
+        bytes themselves are checked against their digests as each task reads them."""
+        ref = self.reference
+        if not ref.digested:
+            raise ReferenceFault(LEGACY_REASON)
+        fs = ref.location.filesystem()
+        fs.invalidate_cache()
+        for recorded in ref.objects:
+            path = recorded["path"]
+            try:
+                current = _identity(fs, ref.location, path)
+            except NotRegular:
+                raise ReferenceFault(UNSAFE_REASON.format(path=path)) from None
+            except FileNotFoundError:
+                raise ReferenceFault(CHANGED_REASON.format(path=path)) from None
+            except Exception as exc:
+                raise ReferenceFault(
+                    UNREADABLE_REASON.format(path=path, kind=_fault_name(exc))
+                ) from None
+            if any(recorded.get(key) != value for key, value in current.items()):
+                raise ReferenceFault(CHANGED_REASON.format(path=path))
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+
+@contextlib.contextmanager
+def open_rows(raw: dict[str, Any], settings: Settings) -> Iterator[ParquetRows]:
+    """The rows of a dataset by reference for one release, checked unchanged first."""
+    rows = ParquetRows(Reference.from_json(raw, settings), settings)
+    try:
+        rows.check_unchanged()
+        yield rows
+    finally:
+        rows.close()
+
+
+def mechanism_allowed(mechanism: str) -> None:
+    """Refuse (422 naming ``mechanism``) one that indexes rows directly."""
+    if mechanism not in MECHANISMS:
+        raise InvalidInput(
+            "mechanism",
+            f"{mechanism} cannot run on a dataset registered by reference; one of "
+            f"{', '.join(sorted(MECHANISMS))}",
+        )
+
+
+def worker_bytes(raw: dict[str, Any]) -> int:
+    """Memory a release on this dataset needs in the worker beyond the mechanism's own estimate
+    (public facts only): the subsets' slot per row (``8 n``), and, when the passes run in
+    process, one row group as Arrow columns, as a float64 matrix and its clipped copy, plus its
+    chunks' bytes as read (verified and decoded from memory), held twice while they are sliced
+    out of one coalesced read."""
+    pieces = raw["pieces"]
+    n = sum(int(piece[3]) for piece in pieces)
+    largest = max((int(piece[3]) for piece in pieces), default=0)
+    stored = max(
+        (sum(int(chunk[1]) for chunk in piece[4]) for piece in pieces if len(piece) > 4),
+        default=0,
+    )
+    return 8 * n + 3 * 8 * largest * len(raw["columns"]) + 2 * stored

@@ -1,0 +1,339 @@
+"""What a dataset by reference is bound to: the digests, the counts and the values checked.
+
+Guarantees:
+
+- **The record** (:class:`Reference`, stored as ``datasets.reference``): per object its identity
+  and the SHA-256 of its footer; per row group (:class:`Piece`) the byte range and SHA-256 of
+  each chosen column chunk (:class:`Chunk`). :meth:`Reference.covered` names each object's key
+  and content by digest, so one object cannot back two live datasets.
+- **Footers are bounded before they are read** (:func:`_footer`: at most
+  :data:`MAX_FOOTER_BYTES`, inside the object, behind the Parquet magic).
+- **Counts are not taken on trust.** A footer's row counts are claims; :func:`page_rows` walks a
+  column chunk's page headers (Thrift compact protocol, depth-bounded, total on any bytes: a
+  malformed header is a ``ValueError``) and counts the rows its data pages hold, and the pages
+  must fill the chunk exactly.
+- **Values**: :func:`_check_schema` admits numeric columns only, and :func:`_bad_values` refuses
+  a null or a non-finite value; the same check runs at registration and on every row group a
+  release reads.
+- **Faults** (:class:`ReferenceFault`) carry fixed reasons that name the object, never a value,
+  and say whether the release is refunded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from service.config import Settings
+from service.errors import InvalidInput
+from service.mechanisms.linalg import FloatArray
+from service.reference.objects import Location, _Object, _roots, object_key
+
+#: ``datasets.file_name`` of a dataset by reference: not a file of the store (null still means
+#: deleted, so every check of a live dataset holds unchanged).
+REFERENCE_FILE_NAME = "(by reference)"
+CHANGED_REASON = "the referenced object {path} changed since registration; nothing was released"
+UNREADABLE_REASON = "the referenced object {path} could not be read ({kind}); nothing was released"
+UNSAFE_REASON = (
+    "the referenced object {path} is no longer a regular file at its registered path under "
+    "DPSS_REFERENCE_ROOTS; nothing was released"
+)
+LEGACY_REASON = (
+    "this dataset was registered before content digests were recorded; register it again"
+)
+VALUES_REASON = "the values read from {path} differ from the registered ones; nothing was released"
+#: The largest Parquet footer read (its length is the file's claim, so it is bounded first).
+MAX_FOOTER_BYTES = 64 * 1024 * 1024
+_MAGIC = b"PAR1"
+
+
+class ReferenceFault(Exception):
+    """A release on a dataset by reference that cannot complete: the worker ends it ``failed``
+    with :attr:`reason`, refunded when :attr:`refund` (nothing released and the fault decided
+    by something other than the registered values: a changed object, a lost cluster)."""
+
+    def __init__(self, reason: str, refund: bool = True) -> None:
+        super().__init__(reason, refund)
+        self.reason = reason
+        self.refund = refund
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The bytes of one column chunk: ``[start, start + length)`` of the object, and their
+    SHA-256 fixed at registration."""
+
+    start: int
+    length: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One row group: rows ``[offset, offset + rows)`` of the dataset, read from ``chunks``
+    (one per chosen column, in the columns' order)."""
+
+    path: str
+    row_group: int
+    offset: int
+    rows: int
+    chunks: tuple[Chunk, ...] = ()
+
+
+@dataclass
+class Reference:
+    """What ``datasets.reference`` stores (JSON)."""
+
+    uri: str
+    location: Location
+    columns: list[str]
+    objects: list[dict[str, Any]]
+    pieces: list[Piece] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uri": self.uri,
+            "protocol": self.location.protocol,
+            "columns": self.columns,
+            "objects": self.objects,
+            "pieces": [
+                [
+                    p.path,
+                    p.row_group,
+                    p.offset,
+                    p.rows,
+                    [[c.start, c.length, c.sha256] for c in p.chunks],
+                ]
+                for p in self.pieces
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], settings: Settings) -> Reference:
+        protocol = str(raw["protocol"])
+        endpoint = settings.s3_endpoint_url if protocol == "s3" else None
+        pieces = []
+        for entry in raw["pieces"]:
+            chunks = tuple(
+                Chunk(int(a), int(b), str(c)) for a, b, c in (entry[4] if len(entry) > 4 else [])
+            )
+            pieces.append(Piece(str(entry[0]), int(entry[1]), int(entry[2]), int(entry[3]), chunks))
+        return cls(
+            uri=str(raw["uri"]),
+            location=Location(protocol, endpoint, _roots(settings, protocol)),
+            columns=[str(c) for c in raw["columns"]],
+            objects=list(raw["objects"]),
+            pieces=pieces,
+        )
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return sum(p.rows for p in self.pieces), len(self.columns)
+
+    def covered(self) -> list[tuple[str, str, str]]:
+        """``(object_key, key_sha256, content_sha256)`` of each object (see
+        :class:`~service.db.models.DatasetReferenceObject`): the key names the object (a
+        resolved path, or bucket and key), the content digest what its releases read (the
+        footer's digest and its row groups' chunk digests, in order)."""
+        chunks: dict[str, list[str]] = {}
+        for piece in self.pieces:
+            chunks.setdefault(piece.path, []).extend(c.sha256 for c in piece.chunks)
+        out = []
+        for record in self.objects:
+            path = str(record["path"])
+            key = object_key(self.location, path)
+            content = "\n".join([str(record["footer_sha256"]), *chunks.get(path, [])])
+            out.append((key, _sha256(key.encode()), _sha256(content.encode())))
+        return out
+
+    @property
+    def digested(self) -> bool:
+        """Whether every object's footer and every piece's chunks carry a digest (datasets
+        registered before digests were recorded do not, and are refused at release)."""
+        return all("footer_sha256" in o for o in self.objects) and all(
+            len(p.chunks) == len(self.columns) for p in self.pieces
+        )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def key_digest(key: str) -> str:
+    return _sha256(key.encode())
+
+
+def _footer(handle: _Object, size: int) -> tuple[bytes, pq.FileMetaData]:
+    """The footer's bytes (metadata, length, magic) and its parsed metadata."""
+    if size < 12:
+        raise ValueError("too short for Parquet")
+    tail = handle.read(size - 8, 8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != _MAGIC or not 0 < length <= min(MAX_FOOTER_BYTES, size - 12):
+        raise ValueError("not a Parquet footer")
+    footer = handle.read(size - 8 - length, length + 8)
+    return footer, _parse_footer(footer)
+
+
+def _parse_footer(footer: bytes) -> pq.FileMetaData:
+    return pq.ParquetFile(pa.BufferReader(_MAGIC + footer)).metadata
+
+
+# -- counting what the pages hold -------------------------------------------------------------
+#
+# A footer's row counts are claims: pyarrow decodes as many rows as the footer says and ignores
+# what the pages hold beyond them. Registration therefore walks every chosen column chunk's page
+# headers (Thrift compact protocol) and counts the values they hold; a count other than the
+# footer's refuses the object.
+
+_DATA_PAGE, _DATA_PAGE_V2 = 0, 3
+_MAX_DEPTH = 16
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("a truncated page header")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _zigzag(value: int) -> int:
+    return (value >> 1) ^ -(value & 1)
+
+
+def _skip(data: bytes, pos: int, kind: int, depth: int) -> int:
+    """Past one compact-protocol value of type ``kind`` (booleans in containers: one byte)."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("a page header nested too deep")
+    if kind in (1, 2, 3):
+        return pos + 1
+    if kind in (4, 5, 6):
+        return _varint(data, pos)[1]
+    if kind == 7:
+        return pos + 8
+    if kind == 8:
+        length, pos = _varint(data, pos)
+        return pos + length
+    if kind in (9, 10):
+        if pos >= len(data):
+            raise ValueError("a truncated page header")
+        header = data[pos]
+        size, element = header >> 4, header & 0x0F
+        pos += 1
+        if size == 15:
+            size, pos = _varint(data, pos)
+        for _ in range(size):
+            pos = _skip(data, pos, element, depth + 1)
+        return pos
+    if kind == 11:
+        size, pos = _varint(data, pos)
+        if size:
+            if pos >= len(data):
+                raise ValueError("a truncated page header")
+            key, value = data[pos] >> 4, data[pos] & 0x0F
+            pos += 1
+            for _ in range(size):
+                pos = _skip(data, _skip(data, pos, key, depth + 1), value, depth + 1)
+        return pos
+    if kind == 12:
+        return _struct(data, pos, depth + 1)[1]
+    raise ValueError("an unknown type in a page header")
+
+
+def _struct(data: bytes, pos: int, depth: int = 0) -> tuple[dict[int, Any], int]:
+    """A compact-protocol struct's integer and struct fields by id, and the position after it."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("a page header nested too deep")
+    fields: dict[int, Any] = {}
+    last = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("a truncated page header")
+        byte = data[pos]
+        pos += 1
+        if byte == 0:
+            return fields, pos
+        kind, delta = byte & 0x0F, byte >> 4
+        if delta:
+            last += delta
+        else:
+            raw, pos = _varint(data, pos)
+            last = _zigzag(raw)
+        if kind in (4, 5, 6):
+            raw, pos = _varint(data, pos)
+            fields[last] = _zigzag(raw)
+        elif kind == 12:
+            fields[last], pos = _struct(data, pos, depth + 1)
+        elif kind in (1, 2):
+            fields[last] = kind == 1
+        else:
+            pos = _skip(data, pos, kind, depth)
+
+
+def page_rows(chunk: bytes) -> int:
+    """The rows the data pages of one (flat) column chunk hold, by their headers; the pages must
+    fill the chunk exactly (``ValueError`` otherwise)."""
+    pos = total = 0
+    while pos < len(chunk):
+        header, pos = _struct(chunk, pos)
+        kind, compressed = header.get(1), header.get(3)
+        if not isinstance(compressed, int) or compressed < 0:
+            raise ValueError("a page header without its size")
+        if kind == _DATA_PAGE:
+            count = header.get(5, {}).get(1)
+        elif kind == _DATA_PAGE_V2:
+            count = header.get(8, {}).get(3)  # num_rows
+        else:
+            count = 0
+        if not isinstance(count, int) or count < 0:
+            raise ValueError("a data page without its count")
+        total += count
+        pos += compressed
+    if pos != len(chunk):
+        raise ValueError("pages running past their column chunk")
+    return total
+
+
+def _check_schema(schema: pa.Schema, columns: Sequence[str], path: str) -> None:
+    for name in columns:
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise InvalidInput("columns", f"{name!r} is not a column of {path}")
+        kind = schema.field(index).type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            raise InvalidInput("columns", f"{name!r} is not numeric in {path} (type {kind})")
+
+
+def _matrix(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> FloatArray:
+    return np.column_stack(
+        [
+            np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+            for name in columns
+        ]
+    )
+
+
+def _bad_values(batch: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> tuple[str, str] | None:
+    """What registration refuses in a batch, as ``(field, message)`` with the batch's row
+    (from 1) of a non-finite value, or None; the same check runs on every row group a release
+    reads."""
+    for name in columns:
+        if batch.column(name).null_count:
+            return "columns", f"{name!r} has a missing value"
+    finite = np.isfinite(_matrix(batch, columns))
+    if not finite.all():
+        row = int(np.argwhere(~finite)[0][0]) + 1
+        return "uri", f"non-finite value (NaN or infinity) in row {row}"
+    return None
