@@ -46,246 +46,102 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.friendly_aggregators import (
-    FriendlyResult as FriendlyResult,
-)
-from service.mechanisms.friendly_aggregators import (
-    FriendlySearch as FriendlySearch,
-)
-from service.mechanisms.friendly_aggregators import (
-    components_above_noise as components_above_noise,
-)
-from service.mechanisms.friendly_aggregators import (
-    friendly_aggregate as friendly_aggregate,
-)
-from service.mechanisms.friendly_aggregators import (
-    friendly_continue as friendly_continue,
-)
-from service.mechanisms.friendly_aggregators import (
-    friendly_search as friendly_search,
-)
-from service.mechanisms.friendly_aggregators import (
-    projection_mean as projection_mean,
-)
-from service.mechanisms.friendly_aggregators import (
-    safe_top_k_eigh as safe_top_k_eigh,
-)
-from service.mechanisms.friendly_aggregators import (
-    weighted_mean as weighted_mean,
-)
-from service.mechanisms.friendly_ptr import (
-    COMFORTABLE_NO_RESULT as COMFORTABLE_NO_RESULT,
-)
-from service.mechanisms.friendly_ptr import (
-    GDP_FRACTIONS as GDP_FRACTIONS,
-)
-from service.mechanisms.friendly_ptr import (
-    SPARE_NOISE_SCALES as SPARE_NOISE_SCALES,
-)
-from service.mechanisms.friendly_ptr import (
-    Accounting as Accounting,
-)
-from service.mechanisms.friendly_ptr import (
-    AnySplit as AnySplit,
-)
-from service.mechanisms.friendly_ptr import (
-    BudgetSplit as BudgetSplit,
-)
-from service.mechanisms.friendly_ptr import (
-    GdpSplit as GdpSplit,
-)
-from service.mechanisms.friendly_ptr import (
-    agreeing_noise as agreeing_noise,
-)
-from service.mechanisms.friendly_ptr import (
-    budget_split as budget_split,
-)
-from service.mechanisms.friendly_ptr import (
-    comfortable_t as comfortable_t,
-)
-from service.mechanisms.friendly_ptr import (
-    gdp_budget_split as gdp_budget_split,
-)
-from service.mechanisms.friendly_ptr import (
-    gdp_split as gdp_split,
-)
-from service.mechanisms.friendly_ptr import (
-    gdp_t_min as gdp_t_min,
-)
-from service.mechanisms.friendly_ptr import (
-    min_feasible_t as min_feasible_t,
-)
-from service.mechanisms.friendly_ptr import (
-    no_result_at as no_result_at,
-)
-from service.mechanisms.friendly_ptr import (
-    noisy_weight_lower_bound as noisy_weight_lower_bound,
-)
-from service.mechanisms.friendly_ptr import (
-    ptr_feasible as ptr_feasible,
-)
-from service.mechanisms.friendly_ptr import (
-    ptr_heavy_split as ptr_heavy_split,
-)
-from service.mechanisms.friendly_ptr import (
-    ptr_margin as ptr_margin,
-)
-from service.mechanisms.friendly_ptr import (
-    ptr_no_result_if_agreeing as ptr_no_result_if_agreeing,
-)
-from service.mechanisms.friendly_ptr import (
-    radius_search_threshold as radius_search_threshold,
-)
-from service.mechanisms.friendly_ptr import (
-    release_noise as release_noise,
-)
-from service.mechanisms.friendly_ptr import (
-    release_split as release_split,
-)
-from service.mechanisms.friendly_ptr import (
-    release_weight as release_weight,
-)
-from service.mechanisms.friendly_ptr import (
-    split_margin as split_margin,
-)
-from service.mechanisms.friendly_ptr import (
-    split_mean_sigma as split_mean_sigma,
-)
-from service.mechanisms.friendly_ptr import (
-    split_no_result_if_agreeing as split_no_result_if_agreeing,
-)
-from service.mechanisms.friendly_ptr import (
-    split_noise_scale as split_noise_scale,
-)
-from service.mechanisms.friendly_ptr import (
-    split_search_threshold as split_search_threshold,
-)
-from service.mechanisms.friendly_ptr import (
-    split_shift as split_shift,
-)
-from service.mechanisms.friendly_ptr import (
-    split_steps as split_steps,
-)
-from service.mechanisms.friendly_ptr import (
-    standard_split as standard_split,
-)
-from service.mechanisms.friendly_ptr import (
-    t_comfortable_for as t_comfortable_for,
-)
-from service.mechanisms.friendly_ptr import (
-    t_min_for as t_min_for,
-)
-from service.mechanisms.friendly_ptr import (
-    weight_floor as weight_floor,
-)
-from service.mechanisms.friendly_ptr import (
-    weight_lower_bound as weight_lower_bound,
-)
-from service.mechanisms.friendly_ptr import (
-    weight_noise_scale as weight_noise_scale,
-)
-from service.mechanisms.friendly_ptr import (
-    weight_shift as weight_shift,
+
+# The parts' names, re-exported for the modules and tests that import them from here (one
+# statement per part: isort would split every ``name as name`` into its own statement).
+# isort: off
+from service.mechanisms.friendly_weights import (
+    MAX_DISTANCE_WORKERS as MAX_DISTANCE_WORKERS,
+    Aggregator as Aggregator,
+    BlockFn as BlockFn,
+    calibrated_sensitivity as calibrated_sensitivity,
+    count_friends as count_friends,
+    friend_counts as friend_counts,
+    friendly_weights as friendly_weights,
+    mean_sensitivity as mean_sensitivity,
+    pairwise_distances as pairwise_distances,
+    projection_distance_block as projection_distance_block,
+    projection_distances as projection_distances,
+    projection_rounding as projection_rounding,
+    ramp_width as ramp_width,
+    reference_distance_block as reference_distance_block,
+    total_weight as total_weight,
+    weight_sensitivity as weight_sensitivity,
+    weights_from_counts as weights_from_counts,
 )
 from service.mechanisms.friendly_radius import (
     PROJECTION_RADIUS_STEPS as PROJECTION_RADIUS_STEPS,
-)
-from service.mechanisms.friendly_radius import (
     RADIUS_STEPS as RADIUS_STEPS,
-)
-from service.mechanisms.friendly_radius import (
     THRESHOLD_FRACTION as THRESHOLD_FRACTION,
-)
-from service.mechanisms.friendly_radius import (
     above_threshold as above_threshold,
-)
-from service.mechanisms.friendly_radius import (
     radius_floor as radius_floor,
-)
-from service.mechanisms.friendly_radius import (
     radius_grid as radius_grid,
-)
-from service.mechanisms.friendly_radius import (
     radius_steps as radius_steps,
-)
-from service.mechanisms.friendly_radius import (
     search_radius as search_radius,
+)
+from service.mechanisms.friendly_ptr import (
+    COMFORTABLE_NO_RESULT as COMFORTABLE_NO_RESULT,
+    GDP_FRACTIONS as GDP_FRACTIONS,
+    SPARE_NOISE_SCALES as SPARE_NOISE_SCALES,
+    Accounting as Accounting,
+    AnySplit as AnySplit,
+    BudgetSplit as BudgetSplit,
+    GdpSplit as GdpSplit,
+    agreeing_noise as agreeing_noise,
+    budget_split as budget_split,
+    comfortable_t as comfortable_t,
+    gdp_budget_split as gdp_budget_split,
+    gdp_split as gdp_split,
+    gdp_t_min as gdp_t_min,
+    min_feasible_t as min_feasible_t,
+    no_result_at as no_result_at,
+    noisy_weight_lower_bound as noisy_weight_lower_bound,
+    ptr_feasible as ptr_feasible,
+    ptr_heavy_split as ptr_heavy_split,
+    ptr_margin as ptr_margin,
+    ptr_no_result_if_agreeing as ptr_no_result_if_agreeing,
+    radius_search_threshold as radius_search_threshold,
+    release_noise as release_noise,
+    release_split as release_split,
+    release_weight as release_weight,
+    split_margin as split_margin,
+    split_mean_sigma as split_mean_sigma,
+    split_no_result_if_agreeing as split_no_result_if_agreeing,
+    split_noise_scale as split_noise_scale,
+    split_search_threshold as split_search_threshold,
+    split_shift as split_shift,
+    split_steps as split_steps,
+    standard_split as standard_split,
+    t_comfortable_for as t_comfortable_for,
+    t_min_for as t_min_for,
+    weight_floor as weight_floor,
+    weight_lower_bound as weight_lower_bound,
+    weight_noise_scale as weight_noise_scale,
+    weight_shift as weight_shift,
+)
+from service.mechanisms.friendly_aggregators import (
+    FriendlyResult as FriendlyResult,
+    FriendlySearch as FriendlySearch,
+    components_above_noise as components_above_noise,
+    friendly_aggregate as friendly_aggregate,
+    friendly_continue as friendly_continue,
+    friendly_search as friendly_search,
+    projection_mean as projection_mean,
+    safe_top_k_eigh as safe_top_k_eigh,
+    weighted_mean as weighted_mean,
 )
 from service.mechanisms.friendly_sizing import (
     MAX_T as MAX_T,
-)
-from service.mechanisms.friendly_sizing import (
     ROWS_PER_DIMENSION as ROWS_PER_DIMENSION,
-)
-from service.mechanisms.friendly_sizing import (
     TChoice as TChoice,
-)
-from service.mechanisms.friendly_sizing import (
     choose_t as choose_t,
-)
-from service.mechanisms.friendly_sizing import (
     default_t as default_t,
-)
-from service.mechanisms.friendly_sizing import (
     friendly_memory_bytes as friendly_memory_bytes,
-)
-from service.mechanisms.friendly_sizing import (
     memory_cap_t as memory_cap_t,
-)
-from service.mechanisms.friendly_sizing import (
     rows_cap_t as rows_cap_t,
 )
-from service.mechanisms.friendly_weights import (
-    MAX_DISTANCE_WORKERS as MAX_DISTANCE_WORKERS,
-)
-from service.mechanisms.friendly_weights import (
-    Aggregator as Aggregator,
-)
-from service.mechanisms.friendly_weights import (
-    BlockFn as BlockFn,
-)
-from service.mechanisms.friendly_weights import (
-    calibrated_sensitivity as calibrated_sensitivity,
-)
-from service.mechanisms.friendly_weights import (
-    count_friends as count_friends,
-)
-from service.mechanisms.friendly_weights import (
-    friend_counts as friend_counts,
-)
-from service.mechanisms.friendly_weights import (
-    friendly_weights as friendly_weights,
-)
-from service.mechanisms.friendly_weights import (
-    mean_sensitivity as mean_sensitivity,
-)
-from service.mechanisms.friendly_weights import (
-    pairwise_distances as pairwise_distances,
-)
-from service.mechanisms.friendly_weights import (
-    projection_distance_block as projection_distance_block,
-)
-from service.mechanisms.friendly_weights import (
-    projection_distances as projection_distances,
-)
-from service.mechanisms.friendly_weights import (
-    projection_rounding as projection_rounding,
-)
-from service.mechanisms.friendly_weights import (
-    ramp_width as ramp_width,
-)
-from service.mechanisms.friendly_weights import (
-    reference_distance_block as reference_distance_block,
-)
-from service.mechanisms.friendly_weights import (
-    total_weight as total_weight,
-)
-from service.mechanisms.friendly_weights import (
-    weight_sensitivity as weight_sensitivity,
-)
-from service.mechanisms.friendly_weights import (
-    weights_from_counts as weights_from_counts,
-)
+
+# isort: on
 from service.mechanisms.linalg import FloatArray
 from service.mechanisms.usefulness import WARNING_CODE
 
