@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.mechanisms.friendly_aggregate import above_threshold
+from service.mechanisms.friendly_radius import above_threshold
 from service.mechanisms.linalg import FloatArray
 
 #: Widths searched: ``r_max 2^-i`` for ``i = WIDTH_STEPS, ..., 0`` (smallest first). The

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.mechanisms import friendly_aggregate
+from service.mechanisms import friendly_ptr
 
 
 @pytest.fixture
@@ -12,4 +12,4 @@ def basic_accounting(monkeypatch: pytest.MonkeyPatch) -> None:
     """friendly_aggregate with its basic accounting (M6, derivations F1 and F2: a Laplace test
     and sequential composition) instead of the default F3 rule: for the tests that pin the
     basic shares, draws and audits."""
-    monkeypatch.setattr(friendly_aggregate, "ACCOUNTING", "basic")
+    monkeypatch.setattr(friendly_ptr, "ACCOUNTING", "basic")

@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.mechanisms import friendly_aggregate as fa
+from service.mechanisms import friendly_ptr as fp
+from service.mechanisms import friendly_radius as fr
 from service.mechanisms.analyze_gauss import analyze_gauss
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.friendly_aggregate import (
@@ -207,13 +209,13 @@ def test_radius_grid_ascending_powers_of_two() -> None:
 def test_above_threshold_noise_scales(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dwork & Roth Algorithm 1: threshold noise Lap(2 D/eps), query noise Lap(4 D/eps)."""
     scales: list[float] = []
-    real = fa.laplace
+    real = fr.laplace
 
     def recording(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
         scales.append(scale)
         return real(scale, rng, size)
 
-    monkeypatch.setattr(fa, "laplace", recording)
+    monkeypatch.setattr(fr, "laplace", recording)
     rng = np.random.default_rng(0)
     above_threshold(np.zeros(5), 10.0, 3.0, 0.5, rng)
     assert scales == [pytest.approx(2 * 3.0 / 0.5), pytest.approx(4 * 3.0 / 0.5)]
@@ -232,7 +234,7 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     """Record the Laplace scales and the Gaussian calibration of a full run with radius search."""
     laplace_scales: list[float] = []
     gauss_args: list[tuple[float, float, float]] = []
-    real_laplace, real_sigma = fa.laplace, fa.analytic_gaussian_sigma
+    real_laplace, real_sigma = fr.laplace, fp.analytic_gaussian_sigma
 
     def rec_laplace(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
         laplace_scales.append(scale)
@@ -242,8 +244,9 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
         gauss_args.append((sens, eps, delta))
         return real_sigma(sens, eps, delta)
 
-    monkeypatch.setattr(fa, "laplace", rec_laplace)
-    monkeypatch.setattr(fa, "analytic_gaussian_sigma", rec_sigma)
+    monkeypatch.setattr(fr, "laplace", rec_laplace)
+    monkeypatch.setattr(fp, "laplace", rec_laplace)
+    monkeypatch.setattr(fp, "analytic_gaussian_sigma", rec_sigma)
     data, _ = near_subspace(6000, 20, 2, 1e-4, seed=3)
     eps, delta, t = 2.0, 1e-6, 300
     result = friendly_aggregate(data, 2, eps, delta, np.random.default_rng(4), t=t)
@@ -271,13 +274,14 @@ def test_given_radius_skips_search_and_splits_eps_in_halves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     laplace_scales: list[float] = []
-    real_laplace = fa.laplace
+    real_laplace = fr.laplace
 
     def rec_laplace(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
         laplace_scales.append(scale)
         return real_laplace(scale, rng, size)
 
-    monkeypatch.setattr(fa, "laplace", rec_laplace)
+    monkeypatch.setattr(fr, "laplace", rec_laplace)
+    monkeypatch.setattr(fp, "laplace", rec_laplace)
     data, _ = near_subspace(3000, 10, 1, 1e-4, seed=5)
     result = friendly_aggregate(data, 1, 1.0, 1e-6, np.random.default_rng(6), t=300, radius=0.1)
     assert result.radius == 0.1 and result.radius_exponent is None
@@ -737,8 +741,13 @@ def test_audit_passes() -> None:
 
 @pytest.mark.usefixtures("basic_accounting")
 def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = fa.laplace
-    monkeypatch.setattr(fa, "laplace", lambda scale, rng, size=None: real(scale / 10, rng, size))
+    real = fr.laplace
+
+    def tenth(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
+        return real(scale / 10, rng, size)
+
+    for part in (fr, fp):
+        monkeypatch.setattr(part, "laplace", tenth)
     assert _run_audit(runs=1500, seed=21) > AUDIT_EPS
 
 
@@ -749,7 +758,7 @@ def test_audit_passes_long() -> None:
 
 def test_analytic_sigma_reused_from_noise_module() -> None:
     """The mechanism calibrates with the shared analytic Gaussian, not a private copy."""
-    assert fa.analytic_gaussian_sigma is analytic_gaussian_sigma
+    assert fp.analytic_gaussian_sigma is analytic_gaussian_sigma
 
 
 # ---------------------------------------------------------------------------------------------
@@ -770,8 +779,13 @@ def _computed_weight(data: np.ndarray, radius: float, q: int, seed: int) -> tupl
     t = data.shape[0]
     split = budget_split(W_EPS, W_DELTA, radius_given=True, t=t)
     sens = weight_sensitivity(t, ramp_width(t))
+
+    def zero_noise(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
+        return np.zeros(size) if size else 0.0
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(fa, "laplace", lambda scale, rng, size=None: np.zeros(size) if size else 0.0)
+        for part in (fr, fp):
+            patch.setattr(part, "laplace", zero_noise)
         result = friendly_aggregate(
             data, 1, W_EPS, W_DELTA, np.random.default_rng(seed), t=t, q=q, radius=radius
         )
@@ -961,9 +975,14 @@ def _cone_audit(mechanism: Any, runs: int, seed: int) -> float:
 
 
 def _divide_noise_by_ten(patch: pytest.MonkeyPatch) -> None:
-    real_laplace, real_sigma = fa.laplace, fa.analytic_gaussian_sigma
-    patch.setattr(fa, "laplace", lambda scale, rng, size=None: real_laplace(scale / 10, rng, size))
-    patch.setattr(fa, "analytic_gaussian_sigma", lambda *args: real_sigma(*args) / 10)
+    real_laplace, real_sigma = fr.laplace, fp.analytic_gaussian_sigma
+
+    def tenth(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
+        return real_laplace(scale / 10, rng, size)
+
+    for part in (fr, fp):
+        patch.setattr(part, "laplace", tenth)
+    patch.setattr(fp, "analytic_gaussian_sigma", lambda *args: real_sigma(*args) / 10)
 
 
 SEARCH_EPS0 = CONE_EPS / 4
@@ -1052,13 +1071,13 @@ def test_radius_search_threshold_is_the_larger_of_three_quarters_and_the_tests_n
         split1 = budget_split(eps, 1e-6, radius_given=False, t=1666)
         assert fa.radius_search_threshold(1666, split1.eps1, split1.delta1) == 0.75 * 1666
     seen: list[float] = []
-    real = fa.above_threshold
+    real = fr.above_threshold
 
     def recording(answers: Any, threshold: float, *args: Any) -> Any:
         seen.append(threshold)
         return real(answers, threshold, *args)
 
-    monkeypatch.setattr(fa, "above_threshold", recording)
+    monkeypatch.setattr(fr, "above_threshold", recording)
     data, _ = near_subspace(3000, 6, 1, 1e-6, seed=60)
     friendly_aggregate(data, 1, 4.0, 1e-3, np.random.default_rng(61), t=100)
     split4 = budget_split(4.0, 1e-3, radius_given=False, t=100)

@@ -17,6 +17,8 @@ import pytest
 from scipy.special import ndtr
 
 from service.mechanisms import friendly_aggregate as fa
+from service.mechanisms import friendly_aggregators as fagg
+from service.mechanisms import friendly_ptr as fp
 from service.mechanisms.composition import (
     composed_delta,
     gaussian_profile,
@@ -227,7 +229,7 @@ def test_release_split_picks_gdp_where_it_wins(eps: float, t: int, expected: str
 def test_releases_use_f3_where_its_rule_prefers_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default accounting is F3's rule, and a release with a Gaussian-test split draws the
     Gaussian test (not the Laplace one) through the split-aware helpers."""
-    assert fa.ACCOUNTING == "gdp"
+    assert fp.ACCOUNTING == "gdp"
     split = fa.release_split(0.1, 1e-6, False, t=1666)
     assert isinstance(split, fa.GdpSplit)
     seen: list[object] = []
@@ -237,7 +239,7 @@ def test_releases_use_f3_where_its_rule_prefers_it(monkeypatch: pytest.MonkeyPat
         seen.append(used)
         return real(total, sens, used, rng)
 
-    monkeypatch.setattr(fa, "noisy_weight_lower_bound", spy)
+    monkeypatch.setattr(fagg, "noisy_weight_lower_bound", spy)
     rng = np.random.default_rng(5)
     data = rng.standard_normal((2_000, 6)) / 6.0
     fa.friendly_aggregate(data, 1, 2.0, 1e-6, np.random.default_rng(6), t=200)

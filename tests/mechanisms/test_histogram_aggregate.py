@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from service.mechanisms import friendly_aggregate as fa
+from service.mechanisms import friendly_radius as fr
 from service.mechanisms import histogram_aggregate as mod
 from service.mechanisms import width_selection as ws
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
@@ -350,6 +350,6 @@ def test_searched_width_release_audit_long() -> None:
 def test_searched_width_release_audit_negative_control(monkeypatch: pytest.MonkeyPatch) -> None:
     # The search's Laplace draws a hundredth of their scale: the event then all but decides
     # between the neighbours, and the audit must see far more than the declared epsilon.
-    real = fa.laplace
-    monkeypatch.setattr(fa, "laplace", lambda scale, rng, size=None: real(scale / 100, rng, size))
+    real = fr.laplace
+    monkeypatch.setattr(fr, "laplace", lambda scale, rng, size=None: real(scale / 100, rng, size))
     assert run_searched_audit(runs=1000, seed=34) > SEARCH_AUDIT_EPS

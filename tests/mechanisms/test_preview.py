@@ -11,6 +11,7 @@ import pytest
 from service.mechanisms import (
     analyze_gauss,
     friendly_aggregate,
+    friendly_ptr,
     gap_perturbation,
     smooth_sensitivity,
 )
@@ -148,8 +149,8 @@ def test_friendly_aggregate_preview_weight_test_is_the_runs(monkeypatch, rng, ra
     data = unit_rows(rng, 800, 3)
     extra = {} if radius is None else {"radius": radius}
     mechanism, spec, shown = prepared("friendly_aggregate", data, 1, 2.0, 1e-2, t=80, **extra)
-    calls = recorder(monkeypatch, friendly_aggregate, "laplace")
-    floors = recorder(monkeypatch, friendly_aggregate, "weight_lower_bound")
+    calls = recorder(monkeypatch, friendly_ptr, "laplace")
+    floors = recorder(monkeypatch, friendly_ptr, "weight_lower_bound")
     mechanism.run(data, spec, np.random.default_rng(1))
     # The weight test's Laplace draw is the last before the Gaussian mean noise.
     assert calls[-1][0] == shown.scales["weight_noise_scale"]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.mechanisms import friendly_aggregate as fa
+from service.mechanisms import friendly_radius as fr
 from service.mechanisms import histogram_aggregate as ha
 from service.mechanisms import width_selection as ws
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
@@ -75,7 +75,7 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
     """A searched run draws Lap(2/eps0) for the threshold, Lap(4/eps0) per width (27 of them),
     then the histogram's Lap(2/eps_h) per occupied cell and compares with T(eps_h, delta)."""
     scales: list[tuple[float, int]] = []
-    real_fa, real_ha = fa.laplace, ha.laplace
+    real_fa, real_ha = fr.laplace, ha.laplace
 
     def recording(real: Any) -> Any:
         def rec(scale: float, rng: np.random.Generator, size: Any = None) -> Any:
@@ -84,7 +84,7 @@ def test_every_stage_uses_the_specified_noise(monkeypatch: pytest.MonkeyPatch) -
 
         return rec
 
-    monkeypatch.setattr(fa, "laplace", recording(real_fa))
+    monkeypatch.setattr(fr, "laplace", recording(real_fa))
     monkeypatch.setattr(ha, "laplace", recording(real_ha))
     data, _ = near_subspace(6000, 8, 2, 1e-6, seed=1)
     eps, delta = 2.0, 1e-6
@@ -288,8 +288,8 @@ def test_audit_passes() -> None:
 
 
 def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = fa.laplace
-    monkeypatch.setattr(fa, "laplace", lambda scale, rng, size=None: real(scale / 10, rng, size))
+    real = fr.laplace
+    monkeypatch.setattr(fr, "laplace", lambda scale, rng, size=None: real(scale / 10, rng, size))
     assert _run_audit(runs=3000, seed=21) > AUDIT_EPS / 4
 
 

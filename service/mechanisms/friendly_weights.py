@@ -1,0 +1,321 @@
+"""Friend counts, weights and the total weight ``W`` of M6 ``friendly_aggregate``.
+
+ALGORITHMS.md M6, friendly averaging: ``c_j(r) = #{l : ||y_j - y_l|| <= r}`` (``j`` itself
+included), ``w_j = clip((c_j - t/2 - 1)/b, 0, 1)`` with the ramp ``b = t/2 - 1``
+(:func:`ramp_width`, derivation F1), ``W = sum_j w_j``; and the sensitivities the other parts
+calibrate with.
+
+Privacy argument (what the other parts rely on): a replaced row moves one of the ``t`` points
+``y_j`` (``sample_aggregate``). Its own weight moves by at most 1 and every other point's count by
+at most 1, hence its weight by at most ``1/b``: ``|W - W'| <= Delta_W = 1 + (t-1)/b``
+(:func:`weight_sensitivity`). Any two positive-weight points, in either neighbour, share a friend
+that is not the moved one, so they lie within ``2r`` of each other and the weighted mean moves by
+at most ``r (4(t-1)/b + 6)/W`` (:func:`mean_sensitivity`). Nothing here is released or draws
+randomness; the search (``friendly_radius``), the test (``friendly_ptr``) and the mean
+(``friendly_aggregators``) add the noise.
+
+Floating point: every distance is a per-pair formula, direct differences ``||y_j - y_l||``
+(scipy's ``cdist``, in tiles and blocks; never centred on a global mean, never through a Gram
+matrix of all points), or for projections the ``k x k`` cross products of the pair; counts are
+integers and ``W`` is summed exactly rounded (``math.fsum``), so one moved point changes only the
+distances of its own pairs and ``|W - W'| <= Delta_W`` holds for the *computed* weights. The
+mean's sensitivity is calibrated at the radius inflated by a public rounding allowance
+(:func:`calibrated_sensitivity`). Memory: blocks of distances and integer counts ``t x R``, never
+a ``t x t`` matrix (:func:`count_friends`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from scipy.spatial.distance import cdist
+
+from service.mechanisms.linalg import FloatArray
+
+Aggregator = Literal["reference_points", "projection"]
+
+
+def ramp_width(t: int) -> float:
+    """``b = t/2 - 1``: weights ramp from 0 at ``c = t/2 + 1`` friends to 1 at ``c = t``.
+
+    The widest ramp that still reaches 1 (a point cannot have more than ``t`` friends), so
+    ``Delta_W = 1 + (t-1)/b`` is smallest (``~3`` instead of ``~5`` for ``t/4``); derivation F1 in
+    ``docs/mechanisms.md``. Needs ``t >= 3`` (``b > 0``).
+    """
+    if t < 3:
+        raise ValueError(f"t = {t}: the ramp t/2 - 1 needs t >= 3")
+    return t / 2.0 - 1.0
+
+
+def weight_sensitivity(t: int, b: float) -> float:
+    """``Delta_W = 1 + (t-1)/b``: the replaced point's own weight moves by 1, each other by 1/b."""
+    return 1.0 + (t - 1) / b
+
+
+def mean_sensitivity(radius: float, t: int, b: float, weight: float) -> float:
+    """``r (4(t-1)/b + 6) / W``: l2 sensitivity of the weighted mean at total weight ``W``."""
+    return radius * (4.0 * (t - 1) / b + 6.0) / weight
+
+
+#: Relative allowance for rounding in the reference-point route: a computed distance is within
+#: ``(q d + 3) eps_machine`` (relative) of the distance of the computed points, and the computed
+#: mean (:func:`weighted_mean`) within ``eps_machine r_max + 3 t eps_machine r`` of the exact
+#: one, which is below ``6e-6 D`` for ``t <= 10^4`` at the radius floor (``D >= 14 r/t``).
+REFERENCE_ROUNDING = 2.0**-16
+
+
+def projection_rounding(d: int, k: int) -> float:
+    """Public bound on the absolute rounding of a computed projector distance,
+    ``4 k sqrt(d eps_machine)`` (each of the ``k^2`` entries of ``U_j^T U_l`` is a length-``d``
+    dot product; the squared distance is a difference of sums of their squares)."""
+    return 4.0 * k * math.sqrt(d * float(np.finfo(np.float64).eps))
+
+
+def projection_mean_rounding(d: int, k: int, t: int) -> float:
+    """Public bound on the Frobenius rounding of the computed ``sum_j w_j U_j U_j^T / W`` on
+    both neighbours together: ``2 d t k^2 eps_machine``."""
+    return 2.0 * d * t * k * k * float(np.finfo(np.float64).eps)
+
+
+def calibrated_sensitivity(
+    radius: float, t: int, b: float, weight: float, aggregator: Aggregator, d: int, k: int
+) -> float:
+    """The ``D`` the Gaussian noise is calibrated for: :func:`mean_sensitivity` at the radius
+    plus the public rounding allowances of the computed distances and mean.
+
+    A computed distance ``<= r`` only guarantees a distance ``<= r (1 + 2^-16)`` between the
+    computed points (reference points) or ``<= r + projection_rounding(d, k)`` (projections),
+    so the ``2r`` argument runs with that radius; the projection mean's own rounding is added.
+    """
+    if aggregator == "reference_points":
+        return mean_sensitivity(radius * (1.0 + REFERENCE_ROUNDING), t, b, weight)
+    inflated = mean_sensitivity(radius + projection_rounding(d, k), t, b, weight)
+    return inflated + projection_mean_rounding(d, k, t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Friendly averaging: distances by direct differences, counts in blocks
+
+
+#: The distance step runs on this many threads at most (scipy's distance kernels release the
+#: GIL); the memory estimate assumes all of them are busy.
+MAX_DISTANCE_WORKERS = 4
+#: Entries of one block of distances (``rows x columns``) a worker holds at once: 8 MB.
+BLOCK_FLOATS = 1 << 20
+#: Points per chunk when the weighted mean is accumulated.
+MEAN_CHUNK_FLOATS = 1 << 20
+
+#: Points per tile of the direct-difference distances (rows x columns).
+ROW_TILE, COL_TILE = 16, 32
+
+BlockFn = Callable[[int, int], FloatArray]
+
+
+def reference_distance_block(points: FloatArray) -> BlockFn:
+    """``(start, stop) -> ||y_j - y_l||`` for ``j in [start, stop)``, ``l in [start, t)``.
+
+    Direct differences: ``sqrt(sum_c (y_jc - y_lc)^2)`` pair by pair (scipy's ``cdist``, which
+    subtracts, squares and sums each pair's coordinates in a fixed order). A computed distance
+    is therefore a function of the two points alone: no centring, no Gram matrix, no norm of
+    any other point enters it, and its relative error is a few units of ``eps_machine``.
+
+    Parameters
+    ----------
+    points : (t, p) array
+    """
+
+    t = points.shape[0]
+
+    def block(start: int, stop: int) -> FloatArray:
+        out = np.zeros((stop - start, t - start), dtype=np.float64)
+        # Tiles of ROW_TILE x COL_TILE points keep both tiles in cache while every pair of them
+        # is computed (about twice as fast as whole rows at q d = 10^4); tiles left of the
+        # diagonal are skipped (the block's square part is symmetrised from its upper half).
+        for r0 in range(start, stop, ROW_TILE):
+            r1 = min(stop, r0 + ROW_TILE)
+            rows = points[r0:r1]
+            for c0 in range(r0, t, COL_TILE):
+                c1 = min(t, c0 + COL_TILE)
+                out[r0 - start : r1 - start, c0 - start : c1 - start] = cdist(rows, points[c0:c1])
+        return out
+
+    return block
+
+
+def projection_distance_block(bases: FloatArray) -> BlockFn:
+    """``(start, stop) -> ||U_j U_j^T - U_l U_l^T||_F``, as
+    ``sqrt(||U_j^T U_j||_F^2 + ||U_l^T U_l||_F^2 - 2 ||U_j^T U_l||_F^2)``.
+
+    For ``j in [start, stop)``, ``l in [start, t)``, from the ``k x k`` cross products of the
+    stacked bases (one matrix product per block, never the ``d x d`` projectors): each entry of
+    ``U_j^T U_l`` is a dot product of a column of ``U_j`` and one of ``U_l``, so the computed
+    distance is a function of the pair alone. Its absolute error is at most
+    :func:`projection_rounding` (``~ 2e-8 r_max`` measured at ``d = 1000``), hence the higher
+    radius floor of this aggregator and the allowance in :func:`calibrated_sensitivity`.
+
+    Parameters
+    ----------
+    bases : (t, d, k) array
+    """
+    t, d, k = bases.shape
+    stacked = np.ascontiguousarray(bases.transpose(1, 0, 2).reshape(d, t * k))
+    # ||U_j U_j^T||_F^2 = ||U_j^T U_j||_F^2 of the computed basis itself (k only up to its
+    # loss of orthogonality), so the formula is exact for the projectors the mean averages.
+    self_overlap = np.square(np.matmul(bases.transpose(0, 2, 1), bases)).sum(axis=(1, 2))
+
+    def block(start: int, stop: int) -> FloatArray:
+        # One triangle of the cross-Gram: the block's own square part as ``A^T A`` of one
+        # buffer (numpy hands that to BLAS syrk, which computes one triangle and mirrors it,
+        # so each of its entries is still one dot product of two columns), and the pairs with
+        # later points as a plain product. Without the split a block holding all t points
+        # computed both triangles, twice the work. Pairs left of the block are never formed.
+        own = stacked[:, start * k : stop * k]
+        cross = np.empty(((stop - start) * k, (t - start) * k), dtype=np.float64)
+        cross[:, : (stop - start) * k] = own.T @ own
+        if stop < t:
+            np.matmul(own.T, stacked[:, stop * k :], out=cross[:, (stop - start) * k :])
+        overlap = np.square(cross.reshape(stop - start, k, t - start, k)).sum(axis=(1, 3))
+        dist2 = self_overlap[start:stop, None] + self_overlap[None, start:] - 2.0 * overlap
+        np.maximum(dist2, 0.0, out=dist2)
+        return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
+
+    return block
+
+
+def block_rows(t: int, width: int = 1) -> int:
+    """Rows per block so that a ``rows x t`` block of ``width`` floats each fits
+    :data:`BLOCK_FLOATS`."""
+    return max(1, min(t, BLOCK_FLOATS // max(1, t * width)))
+
+
+def _square_part_symmetric(dist: FloatArray) -> None:
+    """Within a block's own rows, use the ``j <= l`` value for both orders and 0 on the
+    diagonal, so the pair ``(j, l)`` has one computed distance (in place)."""
+    rows = dist.shape[0]
+    square = dist[:, :rows]
+    upper = np.triu(square, 1)
+    square[...] = upper + upper.T
+
+
+def count_friends(
+    block: BlockFn, t: int, radii: FloatArray, *, rows: int, workers: int = 1
+) -> npt.NDArray[np.int64]:
+    """``c_j(r_i) = #{l : dist(j, l) <= r_i}`` (``j`` itself included) for every radius.
+
+    Each unordered pair's distance is computed once, in the block of the smaller index, and
+    counted for both points; only integer counts leave a block, so memory is
+    ``O(workers rows t + t R)`` whatever ``t``, and the counts do not depend on the blocking or
+    on the threads' schedule.
+
+    Parameters
+    ----------
+    block : callable ``(start, stop) -> (stop - start, t - start)`` distances
+    t : int
+    radii : (R,) ascending array
+    rows : int
+        Rows per block.
+    workers : int
+        Threads (blocks are dealt round-robin; each worker keeps its own counts).
+
+    Returns
+    -------
+    (t, R) int array
+    """
+    n_radii = radii.shape[0]
+    starts = list(range(0, t, rows))
+
+    def work(mine: list[int]) -> npt.NDArray[np.int64]:
+        # bins[j, l] = smallest i with dist <= radii[i] (n_radii: beyond every radius)
+        hist = np.zeros((t, n_radii + 1), dtype=np.int64)
+        for start in mine:
+            stop = min(t, start + rows)
+            dist = block(start, stop)
+            _square_part_symmetric(dist)
+            bins = np.searchsorted(radii, dist, side="left")
+            size = stop - start
+            offsets = np.arange(size, dtype=np.int64)[:, None] * (n_radii + 1)
+            hist[start:stop] += np.bincount(
+                (bins + offsets).ravel(), minlength=size * (n_radii + 1)
+            ).reshape(size, n_radii + 1)
+            if stop < t:
+                later = bins[:, size:]
+                offsets = np.arange(t - stop, dtype=np.int64)[None, :] * (n_radii + 1)
+                hist[stop:] += np.bincount(
+                    (later + offsets).ravel(), minlength=(t - stop) * (n_radii + 1)
+                ).reshape(t - stop, n_radii + 1)
+        return hist
+
+    shares = [starts[w::workers] for w in range(max(1, min(workers, len(starts))))]
+    if len(shares) == 1:
+        hist = work(shares[0])
+    else:
+        with ThreadPoolExecutor(max_workers=len(shares)) as pool:
+            hist = sum(pool.map(work, shares), np.zeros((t, n_radii + 1), dtype=np.int64))
+    return np.asarray(np.cumsum(hist, axis=1)[:, :n_radii], dtype=np.int64)
+
+
+def distance_workers() -> int:
+    """Threads for the distance step: the CPUs this process may use, at most
+    :data:`MAX_DISTANCE_WORKERS` (the counts are the same for any number)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_DISTANCE_WORKERS, cpus))
+
+
+def pairwise_distances(points: FloatArray) -> FloatArray:
+    """All distances ``||y_j - y_l||`` by direct differences, as a ``(t, t)`` array (tests and
+    small ``t``; the mechanism itself only keeps counts)."""
+    t = points.shape[0]
+    block = reference_distance_block(points)(0, t)
+    _square_part_symmetric(block)
+    return block
+
+
+def projection_distances(bases: FloatArray) -> FloatArray:
+    """All projector distances as a ``(t, t)`` array (tests and small ``t``)."""
+    t = bases.shape[0]
+    block = projection_distance_block(bases)(0, t)
+    _square_part_symmetric(block)
+    return block
+
+
+def friend_counts(distances: FloatArray, radius: float) -> npt.NDArray[np.int64]:
+    """``c_j = #{l : ||y_j - y_l|| <= r}``, the point itself included, from a full matrix."""
+    return np.asarray(np.count_nonzero(distances <= radius, axis=1), dtype=np.int64)
+
+
+def weights_from_counts(counts: npt.NDArray[np.int64], t: int, b: float) -> FloatArray:
+    """``w_j = clip((c_j - t/2 - 1)/b, 0, 1)`` elementwise (any shape of counts)."""
+    return np.asarray(np.clip((counts - t / 2.0 - 1.0) / b, 0.0, 1.0), dtype=np.float64)
+
+
+def total_weight(weights: FloatArray) -> float:
+    """``W = sum_j w_j``, correctly rounded (``math.fsum``): the sum's rounding cannot add to
+    ``|W - W'|`` beyond one rounding of each side."""
+    return math.fsum(weights.tolist())
+
+
+def friendly_weights(distances: FloatArray, radius: float, b: float) -> FloatArray:
+    """``w_j = clip((c_j - t/2 - 1)/b, 0, 1)`` from a full distance matrix.
+
+    Parameters
+    ----------
+    distances : (t, t) array
+    radius : float
+    b : float
+        Ramp width.
+
+    Returns
+    -------
+    (t,) array of weights in ``[0, 1]``.
+    """
+    t = distances.shape[0]
+    return weights_from_counts(friend_counts(distances, radius), t, b)
