@@ -119,6 +119,13 @@ OutOption = Annotated[
         help="Write the basis as a .npy file (implies --wait).",
     ),
 ]
+AllowLargeDeltaOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-large-delta",
+        help="Accept a delta budget above 1/n (refused otherwise: it offers no protection).",
+    ),
+]
 
 
 def _client(url: str, api_key: str | None) -> Client:
@@ -439,13 +446,7 @@ def datasets_upload(
         str | None,
         typer.Option("--delta-conversion", help="zcdp: delta kept for the conversion."),
     ] = None,
-    allow_large_delta: Annotated[
-        bool,
-        typer.Option(
-            "--allow-large-delta",
-            help="Accept a delta budget above 1/n (refused otherwise: it offers no protection).",
-        ),
-    ] = False,
+    allow_large_delta: AllowLargeDeltaOption = False,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -538,13 +539,7 @@ def datasets_register(
         ),
     ] = True,
     timeout: TimeoutOption = None,
-    allow_large_delta: Annotated[
-        bool,
-        typer.Option(
-            "--allow-large-delta",
-            help="Accept a delta budget above 1/n (refused otherwise: it offers no protection).",
-        ),
-    ] = False,
+    allow_large_delta: AllowLargeDeltaOption = False,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
