@@ -335,17 +335,48 @@ class ExplainedVariance:
     ``per_component``: the captured sum of squares shared among the components in proportion
     to their debiased eigenvalues; ``ratio``: per component, each in ``[0, 1]``, summing to at
     most 1; ``interval``: ``(low, high)`` for the total captured share, coverage at least
-    :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares.
+    :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares; ``hidden``: the
+    interval is at least :data:`HIDDEN_WIDTH` wide, so the noise hides the share and the point
+    estimate is not a measurement.
     """
 
     per_component: FloatArray
     ratio: FloatArray
     interval: tuple[float, float]
     total: float
+    hidden: bool = False
 
 
-#: The prior share's weight in the explained-variance point estimate, in noise sds.
-PRIOR_WEIGHT_SDS = 2.0
+#: An interval at least this wide says the noise hides the captured share (issue 32, item 4):
+#: the release is flagged and warned about rather than its point estimate read as a measurement.
+HIDDEN_WIDTH = 0.3
+
+#: The second-order bias correction of ``c/(c + r)`` is applied once ``c + r`` is at least this
+#: many noise sds (below it the Taylor expansion does not hold; such a release is hidden anyway).
+CORRECTION_MIN_SDS = 3.0
+
+#: Extras' code of the warning that the noise hides the explained variance.
+HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
+
+
+def ratio_point(captured: float, residual: float, noise_std: float) -> float | None:
+    """The bias-corrected ratio ``c/(c + r)`` of two sums each observed with independent
+    ``N(0, s^2)`` noise, or ``None`` when their total is not positive (the noise hides it).
+
+    With ``T = c + r`` and ``f(c, r) = c/T``: ``f_cc = -2r/T^3``, ``f_rr = 2c/T^3``, so
+    ``E f(c + e1, r + e2) ~ f + (s^2/2)(f_cc + f_rr) = f + s^2 (2f - 1)/T^2`` (delta method);
+    the estimate subtracts that term, evaluated at the observed ratio. Unlike a shrink towards a
+    prior share, it has no pull of order ``s/T`` (the previous estimator's, which stated 0.73
+    for 0.88 kept); its remaining bias is of order ``(s/T)^3``. The noisy sums are not clamped
+    to 0 before the ratio: a clamp adds its own upward bias where ``c`` is comparable to ``s``.
+    """
+    total = captured + residual
+    if total <= 0:
+        return None
+    share = captured / total
+    if total >= CORRECTION_MIN_SDS * noise_std:
+        share -= noise_std**2 * (2.0 * share - 1.0) / total**2
+    return share
 
 
 def explained_variance(
@@ -368,41 +399,36 @@ def explained_variance(
     each) and the bias bound (``0.995``) hold together with probability at least
     ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
     in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
-    the captured part among the components. When either debiased sum is not positive the noise
-    hides it and the point estimate is ``prior_share`` clamped into the interval: the caller
-    passes ``k/d``, what a uniformly random rank-k subspace captures in expectation
-    (``E tr(P A)/tr(A) = k/d`` for any ``A``), since a release the noise hides is close to one.
+    the captured part among the components. The point estimate is :func:`ratio_point` of the
+    debiased sums, clamped into the interval; when their total is not positive it is
+    ``prior_share`` clamped into the interval (the caller passes ``k/d``, what a uniformly
+    random rank-k subspace captures in expectation, ``E tr(P A)/tr(A) = k/d`` for any ``A``).
+    ``hidden`` when the interval is at least :data:`HIDDEN_WIDTH` wide.
     """
     z = float(norm.ppf(0.98))
     k = weights.shape[0]
     total_weight = float(weights.sum())
     shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
-    c_point = max(0.0, captured - mean_bias[0])
-    r_point = max(0.0, residual - mean_bias[1])
-    total = c_point + r_point
+    c_debiased = captured - mean_bias[0]
+    r_debiased = residual - mean_bias[1]
+    total = max(0.0, c_debiased) + max(0.0, r_debiased)
     c_low = max(0.0, captured - z * noise_std - mean_bias_high)
     c_high = max(0.0, captured + z * noise_std)
     r_low = max(0.0, residual - z * noise_std - mean_bias_high)
     r_high = max(0.0, residual + z * noise_std)
     low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
     high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
-    if c_point > 0 and r_point > 0:
-        # Shrunk towards the prior by a pseudo-sum of squares of PRIOR_WEIGHT_SDS noise sds:
-        # c/(c + r) alone is biased up wherever the noise is comparable to c (only draws with
-        # c > 0 get here), and is the plain ratio once the sums dwarf the noise.
-        pseudo = PRIOR_WEIGHT_SDS * noise_std
-        shrunk = (c_point + prior_share * pseudo) / (total + pseudo)
-        ratio_total = min(max(shrunk, low), high)
-    else:
-        # A sum at or below 0: the noise hides it, so its share says nothing, and neither
-        # does the interval's middle (0.5 whatever the data: the audit saw 0.50 stated for
-        # 0.03 captured); a subspace the noise hides is about a random one, which keeps k/d.
-        ratio_total = min(max(prior_share, low), high)
+    point = ratio_point(c_debiased, r_debiased, noise_std)
+    # No positive total: the noise hides both sums, and the interval's middle says nothing
+    # either (0.5 whatever the data: the audit saw 0.50 stated for 0.03 captured); a subspace
+    # the noise hides is about a random one, which keeps k/d.
+    ratio_total = min(max(prior_share if point is None else point, low), high)
     return ExplainedVariance(
         per_component=ratio_total * total * shares,
         ratio=ratio_total * shares,
         interval=(low, high),
         total=total,
+        hidden=high - low >= HIDDEN_WIDTH,
     )
 
 
@@ -829,6 +855,20 @@ def variance_extras(
             above, k, f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
         )
     )
+    extras["explained_variance_hidden_by_noise"] = estimate.hidden
+    if estimate.hidden:
+        low, high = estimate.interval
+        # Public words and the released interval only (post-processing of the noisy sums).
+        hidden = (
+            f"the noise hides how much variance the components keep: the 90% interval "
+            f"[{low:.2f}, {high:.2f}] is {high - low:.2f} wide, so explained_variance_ratio is a "
+            "guess, not a measurement (more rows or a larger epsilon narrow it)"
+        )
+        if "warning" in extras:
+            extras["warning"] = f"{extras['warning']}; {hidden}"
+        else:
+            extras["warning"] = hidden
+            extras["warning_code"] = HIDDEN_WARNING_CODE
     return extras
 
 

@@ -190,6 +190,11 @@ def test_fit_uncentred_against_a_live_release(
     assert pca.explained_variance_ratio_interval_ is not None
     low, high = pca.explained_variance_ratio_interval_
     assert low <= pca.explained_variance_ratio_.sum() <= high <= 1.0
+    assert pca.explained_variance_hidden_by_noise_ is (high - low >= 0.3)
+    assert (
+        pca.explained_variance_hidden_by_noise_
+        is release.extras["explained_variance_hidden_by_noise"]
+    )
     z = pca.transform(np.eye(d))
     assert z.shape == (d, k)
     assert analyst.budget(ds.id).epsilon_remaining == 0

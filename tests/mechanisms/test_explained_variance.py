@@ -95,29 +95,94 @@ def test_ratios_stay_in_the_unit_interval_whatever_the_noise() -> None:
         assert 0.0 <= low <= est.ratio.sum() <= high <= 1.0
 
 
-def test_a_hidden_release_states_what_a_random_subspace_keeps_not_half() -> None:
-    # Isotropic rows at a budget whose noise hides everything: the release is about a random
-    # subspace (true share about k/d = 10/50). The interval's midpoint (0.5 whatever the data)
-    # and the unshrunk c/(c + r) of the draws with c > 0 stated 0.39 on average here.
+def test_a_noise_dominated_release_is_flagged_hidden_and_warned_about() -> None:
+    # Isotropic rows at a budget whose noise hides everything (true share about k/d = 10/50):
+    # the stated figure cannot be a measurement here, so every run says so, in the flag and in
+    # the warning, while the interval still covers the truth.
     rows = np.random.default_rng(3).standard_normal((400, 50))
     rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
     ctx = PublicContext(n_rows=400, n_cols=50, row_norm_bound=1.0)
     resolved = MECHANISM.prepare(ctx, 10, 0.05, 1e-6, MECHANISM.parse_params({}))
     spec = ReleaseSpec(k=10, epsilon=0.05, delta=1e-6, params=resolved)
-    stated, truth = [], []
-    for seed in range(40):
+    hits = 0
+    for seed in range(20):
         out = MECHANISM.run(rows, spec, np.random.default_rng(seed))
         assert out.basis is not None
-        stated.append(sum(out.extras["explained_variance_ratio"]))
-        truth.append(true_share(rows, out.basis, centred=False))
-    assert abs(np.mean(truth) - 0.2) < 0.03
-    assert abs(np.mean(stated) - np.mean(truth)) < 0.06, (np.mean(stated), np.mean(truth))
+        low, high = out.extras["explained_variance_ratio_interval"]
+        assert high - low >= module.HIDDEN_WIDTH
+        assert out.extras["explained_variance_hidden_by_noise"] is True
+        assert "noise hides how much variance" in out.extras["warning"]
+        hits += low <= true_share(rows, out.basis, centred=False) <= high
+    assert hits >= 15
 
 
-def test_a_hidden_sum_falls_back_to_the_prior_share_inside_the_interval() -> None:
-    est = explained_variance(-5.0, 40.0, 3.0, np.ones(2), prior_share=0.04)
-    low, high = est.interval
-    assert est.ratio.sum() == pytest.approx(min(max(0.04, low), high))
+def test_a_clear_release_is_not_flagged() -> None:
+    # Power-law rows at eps 1: intervals about 0.1 wide, no flag and no hidden-variance warning.
+    rows = power_law_rows(3000, 40, seed=5)
+    ctx = PublicContext(n_rows=3000, n_cols=40, row_norm_bound=1.0)
+    resolved = MECHANISM.prepare(ctx, 10, 1.0, 1e-6, MECHANISM.parse_params({}))
+    spec = ReleaseSpec(k=10, epsilon=1.0, delta=1e-6, params=resolved)
+    out = MECHANISM.run(rows, spec, np.random.default_rng(0))
+    assert out.extras["explained_variance_hidden_by_noise"] is False
+    assert "noise hides" not in out.extras.get("warning", "")
+
+
+def test_a_non_positive_total_falls_back_to_the_prior_share_inside_the_interval() -> None:
+    est = explained_variance(-5.0, 2.0, 3.0, np.ones(2), prior_share=0.04)
+    assert est.interval == (0.0, 1.0)
+    assert est.ratio.sum() == pytest.approx(0.04)
+    assert est.hidden
+
+
+# (captured, residual, noise sd): shares 0.05 to 0.88 with intervals 0.12-0.25 wide, where the
+# previous estimator (shrunk towards k/d by a pseudo-sum of 2 sds) was 0.03-0.09 below the truth
+# (0.807 stated on average for 0.88 at (880, 120, 60)).
+NARROW_CASES = [(880.0, 120.0, 60.0), (300.0, 700.0, 60.0), (50.0, 950.0, 40.0),
+                (2000.0, 1000.0, 150.0), (880.0, 120.0, 30.0)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("captured", "residual", "noise"), NARROW_CASES)
+def test_the_point_estimate_is_unbiased_where_the_interval_is_narrow(
+    captured: float, residual: float, noise: float
+) -> None:
+    rng = np.random.default_rng(11)
+    truth = captured / (captured + residual)
+    stated, widths, hits = [], [], 0
+    for _ in range(2000):
+        est = explained_variance(
+            captured + rng.normal(0.0, noise), residual + rng.normal(0.0, noise), noise,
+            np.ones(2), prior_share=0.02,
+        )  # fmt: skip
+        low, high = est.interval
+        stated.append(est.ratio.sum())
+        widths.append(high - low)
+        hits += low <= truth <= high
+    assert np.mean(widths) < module.HIDDEN_WIDTH
+    # The bar is 0.05; the estimator's own bias is below 0.005 in every case (the
+    # mean of 2,000 draws has sd below 0.002), the old one's 0.03-0.09.
+    assert abs(np.mean(stated) - truth) < 0.015, (np.mean(stated), truth)
+    # Coverage kept: stated 90% (>= 0.915 by construction); 2,000 draws, margin 5 sds.
+    assert hits / 2000 >= 0.88
+
+
+def test_the_stated_share_matches_the_truth_on_digits_at_eps_1() -> None:
+    # Recommended settings (private centre: clip quantile 0.3, chosen route), k = 10: intervals
+    # about 0.18 wide (all 1,797 rows); the previous estimator stated 0.029 below the truth on
+    # average here.
+    rows = load_digits().data
+    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    ctx = PublicContext(n_rows=1797, n_cols=64, row_norm_bound=1.0)
+    params = MECHANISM.parse_params({"center": "private"})
+    resolved = MECHANISM.prepare(ctx, 10, 1.0, 1e-6, params)
+    spec = ReleaseSpec(k=10, epsilon=1.0, delta=1e-6, params=resolved)
+    errors = []
+    for seed in range(20):
+        out = MECHANISM.run(rows, spec, np.random.default_rng(100 + seed))
+        assert out.basis is not None
+        assert out.extras["explained_variance_hidden_by_noise"] is False
+        truth = true_share(rows, out.basis, centred=True)
+        errors.append(sum(out.extras["explained_variance_ratio"]) - truth)
+    assert abs(np.mean(errors)) < 0.015, np.mean(errors)
 
 
 # Empirical audit of the fresh (captured, residual) estimate for a fixed basis U = e1: the

@@ -25,6 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpss_client.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
 
+#: An explained-variance interval at least this wide means the noise hides the share (the
+#: service's rule, ``explained_variance_hidden_by_noise``; applied here to older releases).
+HIDDEN_WIDTH: Final = 0.3
+
 __all__ = ["NotFittedError", "PrivatePCA"]
 
 FloatArray = NDArray[np.float64]
@@ -155,6 +159,10 @@ class PrivatePCA:
     explained_variance_ratio_interval_ : (float, float) or None
         A 90% interval for the total captured share ``sum(explained_variance_ratio_)``, from
         the release's public noise scales (``analyze_gauss``; None otherwise).
+    explained_variance_hidden_by_noise_ : bool or None
+        True when that interval is at least 0.3 wide: the noise hides how much the components
+        keep, so ``explained_variance_ratio_`` is a guess, not a measurement (``warning_`` says
+        so too); False when it is narrower; None without an interval.
     warning_ : str or None
         The release's own warning, e.g. when some components do not stand above the noise
         (computed from public noise scales and released values only; every mechanism that
@@ -325,6 +333,13 @@ class PrivatePCA:
         self.explained_variance_: FloatArray | None = variance
         self.explained_variance_ratio_: FloatArray | None = ratio
         self.explained_variance_ratio_interval_: tuple[float, float] | None = interval
+        hidden = extras.get("explained_variance_hidden_by_noise")
+        if not isinstance(hidden, bool) and interval is not None:
+            # Releases made before the flag existed: the same rule from their interval.
+            hidden = interval[1] - interval[0] >= HIDDEN_WIDTH
+        self.explained_variance_hidden_by_noise_: bool | None = (
+            hidden if isinstance(hidden, bool) else None
+        )
         self.warning_: str | None = extras.get("warning")
         self.n_components_: int = k
         self.n_features_in_: int = d
