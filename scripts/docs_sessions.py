@@ -60,6 +60,9 @@ NOISY = re.compile(
 _SHORT_ID = re.compile(
     r"(?<![\w-])(?=[0-9a-f-]*[a-f])(?=[0-9a-f-]*\d)[0-9a-f][0-9a-f-]{7,}(?![\w-])"
 )
+#: A short id in parentheses after a name (a grant's key, "name · id8" labels): 8 hex digits,
+#: which may happen to be all digits (about 2% of ids), so the rule above would miss it.
+_PAREN_ID = re.compile(r"\((?:[0-9a-f]{8})\)")
 
 
 def normalise(text: str) -> str:
@@ -74,6 +77,7 @@ def normalise(text: str) -> str:
         line = _TIME.sub("<time>", line)
         if NOISY.search(line):
             line = _NUMBER.sub("<n>", line)
+        line = _PAREN_ID.sub("(<id8>)", line)
         line = _SHORT_ID.sub("<id8>", line)
         line = _RULE.sub("─", line)
         line = re.sub(r"[ \t]+", " ", line).strip()

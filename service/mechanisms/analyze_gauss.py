@@ -371,12 +371,14 @@ def ratio_point(captured: float, residual: float, noise_std: float) -> float | N
     to 0 before the ratio: a clamp adds its own upward bias where ``c`` is comparable to ``s``.
     """
     total = captured + residual
-    if total <= 0:
+    if not total > 0 or not math.isfinite(total):
         return None
     share = captured / total
     if total >= CORRECTION_MIN_SDS * noise_std:
-        share -= noise_std**2 * (2.0 * share - 1.0) / total**2
-    return share
+        # (s/T)^2, not s^2/T^2: T^2 underflows to 0 at tiny scales (totality), while
+        # s/T <= 1/CORRECTION_MIN_SDS here.
+        share -= (noise_std / total) ** 2 * (2.0 * share - 1.0)
+    return share if math.isfinite(share) else None
 
 
 def explained_variance(

@@ -222,3 +222,18 @@ def test_variance_estimate_audit_negative_control_fails() -> None:
 
     result = audit(weak, *AUDIT_PAIR, one_sd_above_the_first(10.0), 3000, 1e-5, seed=8)
     assert result.eps_lower_bound > 1.0
+
+
+@pytest.mark.parametrize("scale", [1e-199, 1e-160, 1.0, 1e150, 1e300])
+def test_the_bias_corrected_ratio_is_the_same_at_every_scale(scale: float) -> None:
+    """Totality: the correction is computed as ``(s/T)^2``, so sums near the smallest doubles
+    (``T^2`` underflows to 0; a hypothesis case had ``T = 5.7e-199``) or the largest give the
+    scale-free answer instead of a ZeroDivisionError or an overflow."""
+    from service.mechanisms.analyze_gauss import ratio_point
+
+    reference = ratio_point(3.483931596089019, 2.219967258896202, 1.8893338373584702)
+    assert reference is not None
+    at_scale = ratio_point(
+        3.483931596089019 * scale, 2.219967258896202 * scale, 1.8893338373584702 * scale
+    )
+    assert at_scale == pytest.approx(reference, rel=1e-12)
