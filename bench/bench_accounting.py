@@ -28,6 +28,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from api_schemas.releases import ReleaseRequest
+from bench.report import publish_section
 from service import accounting, releases
 from service.db.models import Dataset
 from service.errors import InvalidInput
@@ -35,7 +36,6 @@ from service.mechanisms.friendly_aggregate import GdpSplit, release_split, split
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "accounting.md"
-DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- accounting:start -->", "<!-- accounting:end -->"
 
 NS = (1, 2, 10, 100, 1000)
@@ -167,19 +167,6 @@ def section(body: str) -> str:
     )
 
 
-def publish(text: str) -> None:
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(text + "\n")
-    doc = DOC.read_text()
-    if START in doc:
-        before, rest = doc.split(START, 1)
-        after = rest.split(END, 1)[1]
-        doc = before + text + after
-    else:
-        doc = doc.replace("## Raw results", text + "\n\n## Raw results", 1)
-    DOC.write_text(doc)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="N <= 10, one budget; no files")
@@ -187,7 +174,7 @@ def main() -> None:
     body = table(args.quick)
     print(body)
     if not args.quick:
-        publish(section(body))
+        publish_section(RESULT, START, END, section(body))
 
 
 if __name__ == "__main__":

@@ -34,12 +34,12 @@ from pathlib import Path
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld
 
+from bench.report import publish_section
 from service import accounting
 from service.mechanisms.noise import analytic_gaussian_sigma
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "accounting_hybrid.md"
-DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- accounting-hybrid:start -->", "<!-- accounting-hybrid:end -->"
 
 BUDGETS = (
@@ -201,18 +201,6 @@ def section(body: str) -> str:
     )
 
 
-def publish(text: str) -> None:
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(text + "\n")
-    doc = DOC.read_text()
-    if START in doc:
-        before, rest = doc.split(START, 1)
-        doc = before + text + rest.split(END, 1)[1]
-    else:
-        doc = doc.replace("## Raw results", text + "\n\n## Raw results", 1)
-    DOC.write_text(doc)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one budget, N <= 10; no files")
@@ -220,7 +208,7 @@ def main() -> None:
     body = table(args.quick)
     print(body)
     if not args.quick:
-        publish(section(body))
+        publish_section(RESULT, START, END, section(body))
 
 
 if __name__ == "__main__":

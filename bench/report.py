@@ -596,9 +596,9 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         doc += ["", DASK_SECTION]
         for path in dask_results:
             doc += ["", f"`{path.name}`:", "", "```", path.read_text().strip(), "```"]
-    # bench/bench_accounting.py's section (deterministic, written by that script).
-    accounting_md = ROOT / "bench" / "results" / "accounting.md"
-    if accounting_md.exists():
+    # The accounting benches' sections (deterministic, written by those scripts through
+    # publish_section): accounting.md, then accounting_hybrid.md.
+    for accounting_md in sorted((ROOT / "bench" / "results").glob("accounting*.md")):
         doc += ["", accounting_md.read_text().strip()]
     doc += [
         "",
@@ -612,3 +612,20 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "",
     ]
     (DOCS / "benchmarks.md").write_text("\n".join(doc))
+
+
+def publish_section(result: Path, start: str, end: str, text: str) -> None:
+    """A standing bench's deterministic section: ``text`` (which opens with ``start`` and closes
+    with ``end``) to ``result`` under bench/results, from which :func:`write` carries it on,
+    and into docs/benchmarks.md now, in place of the section between the same markers (before
+    "## Raw results" the first time)."""
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.write_text(text + "\n")
+    doc_path = DOCS / "benchmarks.md"
+    doc = doc_path.read_text()
+    if start in doc:
+        before, rest = doc.split(start, 1)
+        doc = before + text + rest.split(end, 1)[1]
+    else:
+        doc = doc.replace("## Raw results", text + "\n\n## Raw results", 1)
+    doc_path.write_text(doc)
