@@ -223,7 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick:
                 print(table)
             else:
-                bench_accounting.publish(bench_accounting.section(table))
+                report.publish_section(
+                    bench_accounting.RESULT,
+                    bench_accounting.START,
+                    bench_accounting.END,
+                    bench_accounting.section(table),
+                )
         if args.quick:
             print(report.tables(results, quick=True))
             print(f"\n(quick run: {time.perf_counter() - started:.0f} s on {platform.node()})")
