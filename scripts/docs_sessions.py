@@ -56,13 +56,10 @@ NOISY = re.compile(
     r"eigenvalues|trace|_std\b|sum_of_squares|variance|components_above|sigma|\[\[|\de-1\d\b"
 )
 #: A short id (the first 8 hex digits of a UUID), or a piece of one a table folded: a run of
-#: hex digits and dashes, 8 long or more, with a letter and a digit in it.
-_SHORT_ID = re.compile(
-    r"(?<![\w-])(?=[0-9a-f-]*[a-f])(?=[0-9a-f-]*\d)[0-9a-f][0-9a-f-]{7,}(?![\w-])"
-)
-#: A short id in parentheses after a name (a grant's key, "name · id8" labels): 8 hex digits,
-#: which may happen to be all digits (about 2% of ids), so the rule above would miss it.
-_PAREN_ID = re.compile(r"\((?:[0-9a-f]{8})\)")
+#: hex digits and dashes, 8 long or more, with a digit in it, standing alone (not part of a word
+#: or of a decimal number). About 2% of short ids are all digits, so a letter is not required;
+#: the price is that a bare integer of 8 digits or more is masked too, which only loses a check.
+_SHORT_ID = re.compile(r"(?<![\w.-])(?=[0-9a-f-]*\d)[0-9a-f][0-9a-f-]{7,}(?![\w.-])")
 
 
 def normalise(text: str) -> str:
@@ -77,7 +74,6 @@ def normalise(text: str) -> str:
         line = _TIME.sub("<time>", line)
         if NOISY.search(line):
             line = _NUMBER.sub("<n>", line)
-        line = _PAREN_ID.sub("(<id8>)", line)
         line = _SHORT_ID.sub("<id8>", line)
         line = _RULE.sub("─", line)
         line = re.sub(r"[ \t]+", " ", line).strip()

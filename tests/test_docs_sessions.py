@@ -31,6 +31,24 @@ def test_the_normalisation_masks_ids_and_noise_but_not_budgets():
     assert normalise(recorded) != normalise(printed.replace("0.5136", "0.4"))
 
 
+@pytest.mark.parametrize(
+    ("recorded_id", "printed_id"),
+    [("3f0c9a1e", "62774309"), ("62774309", "0b7d2f1c"), ("12345678", "87654321")],
+)
+def test_a_short_id_is_masked_wherever_it_stands_even_when_all_digits(recorded_id, printed_id):
+    template = (
+        '8 <time> dataset_created {} {{"n_cols": 10}}\n'
+        "key alice ({})\n"
+        "│ {}-12d3-48bc │ 0.02839670322092541043506047 │"
+    )
+    recorded = template.format(recorded_id, recorded_id, recorded_id)
+    printed = template.format(printed_id, printed_id, printed_id)
+    assert normalise(recorded) == normalise(printed)
+    # a decimal's digits and short integers are kept
+    assert normalise(recorded) != normalise(recorded.replace("0.0283967", "0.0283968"))
+    assert normalise("n_rows 5000") != normalise("n_rows 5001")
+
+
 def test_the_page_has_sessions_to_check():
     page = parse(CLI_DOC.read_text())
     assert len(page.commands) > 30
