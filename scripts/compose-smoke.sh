@@ -91,7 +91,9 @@ else
   setup_podman
   compose=("$venv/bin/podman-compose")
 fi
-compose+=(-p "$project" -f "$root/docker-compose.yml" --env-file "$work/smoke.env")
+# The dask profile too (scheduler, two Dask workers, a local S3 endpoint): the deployment
+# docs/deployment.md describes for datasets by reference, exercised below, not only parsed.
+compose+=(-p "$project" -f "$root/docker-compose.yml" --env-file "$work/smoke.env" --profile dask)
 log "engine: $engine ($("$engine" --version 2>/dev/null | head -n1)); compose: ${compose[0]}"
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -428,9 +430,40 @@ def finish_long():
     print(f"  budget after the crash: epsilon_spent {budget['epsilon_spent']} = the release's epsilon 0.7, delta_spent {budget['delta_spent']}")
 
 
+def reference():
+    """A dataset by reference on the dask profile: register the Parquet rows the api container
+    wrote to the object store, wait for a worker to read them, release, check the charge."""
+    state = load_state()
+    owner, analyst = state["keys"]["owner"], state["keys"]["analyst"]
+    d = int(os.environ["SMOKE_REF_D"])
+    body = {"name": "smoke lake", "epsilon_budget": "2", "delta_budget": "0.00001", "row_norm_bound": "1",
+            "uri": os.environ["SMOKE_REF_URI"], "columns": [f"c{j}" for j in range(d)]}
+    _, ds = call("POST", "/v1/dataset-references", owner, body=body, expect=202)
+    check(ds["registration_status"] == "registering", f"registration {ds['registration_status']}")
+    deadline = time.monotonic() + 300
+    while ds["registration_status"] == "registering":
+        if time.monotonic() > deadline:
+            fail("reference still registering after 300s")
+        time.sleep(0.5)
+        _, ds = call("GET", f"/v1/datasets/{ds['id']}", owner, expect=200)
+    check(ds["registration_status"] == "ready", f"registration {ds['registration_status']}: {ds.get('registration_reason')}")
+    check(ds["n_rows"] == int(os.environ["SMOKE_REF_N"]), f"n_rows {ds['n_rows']}")
+    print(f"  registered {ds['n_rows']} x {ds['n_cols']} by reference: {ds['reference']}", flush=True)
+    req = {"mechanism": "analyze_gauss", "k": 3, "epsilon": "1", "delta": "0.000001", "params": {}}
+    _, rel = call("POST", f"/v1/datasets/{ds['id']}/releases", analyst, body=req, expect=202)
+    rel = wait_release(owner, rel["id"], timeout=300)
+    check(rel["status"] == "succeeded", f"release by reference ended {rel['status']}: {rel.get('reason')}")
+    basis = rel["result"]["basis"]
+    check(len(basis) == d and all(len(r) == 3 for r in basis), "basis is not d x 3")
+    _, budget = call("GET", f"/v1/datasets/{ds['id']}/budget", owner, expect=200)
+    check(dec(budget["epsilon_spent"]) > 0, f"nothing charged: {budget}")
+    print(f"  release {rel['id']} succeeded; epsilon_spent {budget['epsilon_spent']}", flush=True)
+    print(rel["id"])
+
+
 if __name__ == "__main__":
     {"walkthrough": walkthrough, "start-long": start_long, "status": status,
-     "finish-long": finish_long}[sys.argv[1]]()
+     "finish-long": finish_long, "reference": reference}[sys.argv[1]]()
 PY
 
 pg_password=$(rand_hex 24)
@@ -447,6 +480,12 @@ DPSS_WORKER_LEASE_SECONDS=$lease_seconds
 DPSS_WORKER_HEARTBEAT_SECONDS=2
 DPSS_WORKER_POLL_SECONDS=0.5
 DPSS_WORKER_MAX_ATTEMPTS=3
+DPSS_DASK_SCHEDULER=tcp://dask-scheduler:8786
+DPSS_S3_ENDPOINT_URL=http://object-store:9000
+DPSS_REFERENCE_ROOTS=s3://dpss-smoke
+AWS_ACCESS_KEY_ID=smoke
+AWS_SECRET_ACCESS_KEY=smoke-secret
+DASK_WORKER_REPLICAS=2
 EOF
 export SMOKE_BASE="http://127.0.0.1:$port" SMOKE_STATE="$work/state.json" SMOKE_ADMIN_KEY="$admin_key"
 export SMOKE_KILL_N=$kill_n SMOKE_KILL_D=$kill_d
@@ -478,7 +517,7 @@ done
 log "user $user (uid $uid), no compiler, no secret, HEALTHCHECK on /healthz"
 
 # ---- up --------------------------------------------------------------------------------------
-phase "stack up (db, migrate, api, 2 workers)"
+phase "stack up (db, migrate, api, 2 workers; dask scheduler, 2 dask workers, object store)"
 stack_up=1
 if [[ $engine == docker ]]; then
   # What a user runs: compose orders db (healthy) -> migrate (exit 0) -> api, workers.
@@ -504,6 +543,9 @@ done
 [[ $state == "exited 0" ]] || fail "migration failed ($state)"
 if [[ $engine == podman ]]; then
   "${compose[@]}" up -d --no-deps api worker >>"$work/compose.log" 2>&1 || fail "compose up api worker failed"
+  "${compose[@]}" up -d --no-deps dask-scheduler object-store >>"$work/compose.log" 2>&1 ||
+    fail "compose up dask-scheduler object-store failed"
+  "${compose[@]}" up -d --no-deps dask-worker >>"$work/compose.log" 2>&1 || fail "compose up dask-worker failed"
 fi
 [[ $(psql_db "select count(*) from alembic_version") == 1 ]] || fail "no alembic_version row after migrate"
 log "migrate ran and exited 0 (alembic head $(psql_db 'select version_num from alembic_version'))"
@@ -553,6 +595,44 @@ charges=$(psql_db "select kind || ':' || count(*) from ledger_entries where rele
 [[ $charges == "charge:1 " ]] || fail "ledger entries of the release: '$charges' (want exactly one charge, no refund)"
 log "ledger: exactly one charge for the release; $(cids worker | wc -l) worker(s) running now"
 "$engine" exec "$(cid api)" dpss audit verify >/dev/null || fail "dpss audit verify failed after the crash"
+
+# ---- the dask profile: a dataset by reference, its passes on the cluster -------------------
+phase "dataset by reference on the dask profile (scheduler, 2 dask workers, object store)"
+dask_workers=$(cids dask-worker | wc -l)
+[[ $dask_workers == 2 ]] || fail "expected 2 running dask-worker containers, found $dask_workers"
+ref_n=3000 ref_d=12
+# The object store is the deployment's: the rows are written there from inside the stack
+# (the api container has s3fs and pyarrow and the stack's credentials), never through the API.
+"$engine" exec -e SMOKE_REF_N=$ref_n -e SMOKE_REF_D=$ref_d "$(cid api)" python -c '
+import os, random
+import pyarrow as pa, pyarrow.parquet as pq, s3fs
+n, d = int(os.environ["SMOKE_REF_N"]), int(os.environ["SMOKE_REF_D"])
+fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": os.environ["DPSS_S3_ENDPOINT_URL"]})
+fs.mkdir("dpss-smoke")
+rng = random.Random(5)
+scale = 1.0 / d**0.5
+columns = {f"c{j}": [(rng.random() - 0.5) * scale * (3.0 if j < 3 else 1.0) / 3.0 for _ in range(n)] for j in range(d)}
+for part in range(2):
+    half = {k: v[part * n // 2:(part + 1) * n // 2] for k, v in columns.items()}
+    with fs.open(f"dpss-smoke/rows/part-{part}.parquet", "wb") as out:
+        pq.write_table(pa.table(half), out)
+print(sorted(fs.ls("dpss-smoke/rows")))
+' >"$work/ref-objects.log" 2>&1 || { cat "$work/ref-objects.log"; fail "could not write the Parquet objects"; }
+scheduler_transitions() {
+  "$engine" exec "$(cid api)" python -c '
+from distributed import Client
+with Client("tcp://dask-scheduler:8786", timeout=60) as client:
+    print(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter))
+'
+}
+before=$(scheduler_transitions) || fail "cannot reach the dask scheduler from the api container"
+SMOKE_REF_N=$ref_n SMOKE_REF_D=$ref_d SMOKE_REF_URI="s3://dpss-smoke/rows/" smoke_py reference >"$work/ref.out" ||
+  fail "the release by reference failed"
+cat "$work/ref.out" | head -n -1
+after=$(scheduler_transitions) || fail "cannot reach the dask scheduler after the release"
+((after > before)) || fail "the scheduler ran no task for the release by reference ($before -> $after transitions)"
+log "registration and release ran on the cluster: scheduler transitions $before -> $after"
+"$engine" exec "$(cid api)" dpss audit verify >/dev/null || fail "dpss audit verify failed after the release by reference"
 
 phase ""
 log "all checks passed"
