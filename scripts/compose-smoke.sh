@@ -4,8 +4,9 @@
 # Builds the image, brings the compose stack up under its own project name, checks the image
 # (non-root, no compilers, no secret inside), walks through the service over HTTP (keys,
 # upload, release, poll, budget, audit), then kills the worker container that holds a running
-# release and checks that the release still completes and is charged exactly once. Always tears
-# the stack down (volumes included); exits non-zero on any failure.
+# release and checks that the release still completes and is charged exactly once, then registers
+# a Parquet dataset by reference on the dask profile (scheduler, two Dask workers, a local S3
+# endpoint) and checks that its release ran on the cluster. Always tears the stack down (volumes included); exits non-zero on any failure.
 #
 # Engine: `docker compose` when a Docker engine answers (`docker info`), else podman with
 # podman-compose. Without a container registry (as on this project's machines), the stand-in
