@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from service import privacy_unit
+from service.mechanisms.registry import get_mechanism
 from tests.api.test_append_rows import append
 from tests.api.test_datasets import stored_files
 from tests.conftest import bearer, npy_bytes, post_release
@@ -252,3 +254,53 @@ def test_a_reference_with_a_unit_column_is_refused(client, keys):
     )
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith("privacy_unit_column: ")
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "rule"), [("analyze_gauss", "trace"), ("spectrum", "frobenius")]
+)
+def test_the_worker_bounds_each_person_before_the_mechanism_reads_the_rows(
+    client, keys, person_dataset, run_worker, monkeypatch, mechanism, rule
+):
+    body, _, _ = person_dataset
+    real = privacy_unit.bound_contributions
+    seen: dict[str, object] = {}
+
+    def spy(data, units, clip_norm, used_rule, **kwargs):
+        seen.update(clip_norm=clip_norm, rule=used_rule, units=np.array(units))
+        return real(data, units, clip_norm, used_rule, **kwargs)
+
+    target = get_mechanism(mechanism)
+    assert target is not None
+    real_run = type(target).run
+    fed: list[np.ndarray] = []
+
+    def run(self, data, spec, rng):
+        fed.append(np.array(data))
+        return real_run(self, data, spec, rng)
+
+    monkeypatch.setattr(privacy_unit, "bound_contributions", spy)
+    monkeypatch.setattr(type(target), "run", run)
+    release_id = post_release(
+        client,
+        keys.analyst,
+        body["id"],
+        mechanism=mechanism,
+        k=2,
+        epsilon="1",
+        delta="1e-7",
+        params={"clip_norm": 0.5},
+    )
+    assert run_worker() == 1
+    assert (
+        client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()["status"]
+        == "succeeded"
+    )
+    assert seen["rule"] == rule and seen["clip_norm"] == 0.5
+    units = seen["units"]
+    assert isinstance(units, np.ndarray) and len(set(units.tolist())) == 60
+    (data,) = fed
+    for person in range(60):
+        g = data[units == person].T @ data[units == person]
+        size = np.trace(g) if rule == "trace" else np.linalg.norm(g)
+        assert size <= 0.25 * (1 + 1e-9)
