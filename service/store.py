@@ -800,6 +800,16 @@ class DatasetStore:
             return f"holds fewer rows than the database says ({rows})"
         return None
 
+    def units_fault(self, file_name: str, n_rows: int) -> str | None:
+        """What is wrong with the unit index of a person-level dataset file, or ``None``."""
+        try:
+            self.open_units(file_name, n_rows)
+        except FileNotFoundError:
+            return "has no unit index (units/)"
+        except (OSError, ValueError, EOFError):
+            return "has a unit index shorter than its rows or unreadable"
+        return None
+
     def stored_files(self) -> list[str]:
         """The names of the dataset files in the store (``incoming/`` excluded), sorted."""
         if not self.root.is_dir():

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from service import privacy_unit
+from service import datadir, privacy_unit
 from service.mechanisms.registry import get_mechanism
 from tests.api.test_append_rows import append
 from tests.api.test_datasets import stored_files
@@ -304,3 +304,30 @@ def test_the_worker_bounds_each_person_before_the_mechanism_reads_the_rows(
         g = data[units == person].T @ data[units == person]
         size = np.trace(g) if rule == "trace" else np.linalg.norm(g)
         assert size <= 0.25 * (1 + 1e-9)
+
+
+def test_the_data_directory_check_names_a_missing_unit_index(
+    client, keys, person_dataset, settings, store, session_factory
+):
+    with session_factory() as session:
+        assert datadir.check(session, store)[0] == []
+    units_file = next(f for f in stored_files(settings) if f.parent.name == "units")
+    units_file.unlink()
+    with session_factory() as session:
+        problems, _ = datadir.check(session, store)
+    assert len(problems) == 1 and "has no unit index" in problems[0], problems
+
+
+def test_a_release_without_its_unit_index_fails_refunded_never_runs_per_row(
+    client, keys, person_dataset, settings, run_worker
+):
+    body, _, _ = person_dataset
+    next(f for f in stored_files(settings) if f.parent.name == "units").unlink()
+    release_id = post_release(
+        client, keys.analyst, body["id"], mechanism="spectrum", k=2, epsilon="1", delta="1e-7"
+    )
+    assert run_worker() == 1
+    result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert result["status"] == "failed", result
+    budget = client.get(f"/v1/datasets/{body['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "0"
