@@ -309,12 +309,16 @@ class Worker:
             return self._execute_reference(job, mechanism, spec)
         try:
             data = self.store.open(job.file_name, job.n_rows)
-            if job.person_level:
-                units = self.store.open_units(job.file_name, data.shape[0])
-        except (FileNotFoundError, ValueError):
+        except FileNotFoundError:
             # Deleted (or lost) between the claim and the open: nothing was read.
             return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
         if job.person_level:
+            try:
+                units = self.store.open_units(job.file_name, data.shape[0])
+            except (FileNotFoundError, ValueError):
+                # The unit index is lost or short (a fault of the data directory, public like
+                # the file's size): never run per row on a person-level dataset.
+                return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
             rule = privacy_unit.PERSON_LEVEL_RULES.get(mechanism.name)
             clip_norm = getattr(params, "clip_norm", None)
             if rule is None or clip_norm is None:
