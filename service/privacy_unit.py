@@ -60,6 +60,9 @@ PERSON = "person"
 
 BoundRule = Literal["trace", "frobenius"]
 
+#: Rows clipped and normalised per block (bounded memory whatever ``n``).
+CHUNK_ROWS = 65536
+
 #: Mechanisms with a person-level argument, and the rule that bounds a person for them.
 PERSON_LEVEL_RULES: dict[str, BoundRule] = {"analyze_gauss": "trace", "spectrum": "frobenius"}
 
@@ -201,11 +204,17 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
         )
 
 
-def transform_bytes(n_rows: int, n_cols: int) -> int:
-    """Working memory of :func:`bound_contributions` beyond the mapped data: the bounded rows
-    (``n x d`` float64, also the mechanism's input), the unit index, its sort order and the
-    per-unit sums, and one person's ``d x d`` Gram (``frobenius``)."""
-    return 8 * n_rows * n_cols + 40 * n_rows + 8 * n_cols * n_cols
+def transform_bytes(n_rows: int, n_cols: int, chunk_rows: int = CHUNK_ROWS) -> int:
+    """Working memory of :func:`bound_contributions` beyond the mapped data, a function of
+    public facts: the bounded rows (``n x d`` float64, also the mechanism's input); one
+    person's rows gathered (``frobenius``; at most all ``n``); a chunk of normalised rows; the
+    unit index, its sort order and the per-unit sums; one person's ``d x d`` Gram."""
+    return (
+        16 * n_rows * n_cols
+        + 16 * min(n_rows, chunk_rows) * n_cols
+        + 40 * n_rows
+        + 8 * n_cols * n_cols
+    )
 
 
 def bound_contributions(
@@ -213,7 +222,7 @@ def bound_contributions(
     units: npt.NDArray[np.int64],
     clip_norm: float,
     rule: BoundRule,
-    chunk_rows: int = 65536,
+    chunk_rows: int = CHUNK_ROWS,
 ) -> FloatArray:
     """Each row clipped to ``C``, then each person's rows scaled by one factor so that their
     contribution ``G_p`` has ``b_p <= C^2`` (``rule``: trace or Frobenius norm; see the module).
