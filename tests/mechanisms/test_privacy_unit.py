@@ -239,3 +239,24 @@ def test_spectrum_person_level_audit_and_its_row_calibrated_control(runs: int = 
 @pytest.mark.slow
 def test_person_level_audit_long() -> None:
     test_person_level_audit_stays_under_epsilon(runs=20_000)
+
+
+@pytest.mark.parametrize("people", [1, 7, 3000])
+@pytest.mark.parametrize("rule", ["trace", "frobenius"])
+def test_the_memory_estimate_bounds_the_transform(people: int, rule: Any) -> None:
+    import tracemalloc
+
+    from service.privacy_unit import transform_bytes
+
+    n, d = 3000, 40
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((n, d))
+    units = (np.arange(n) % people).astype(np.int64)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        bound_contributions(data, units, 1.0, rule, chunk_rows=1024)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= transform_bytes(n, d, chunk_rows=1024)
