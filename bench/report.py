@@ -598,8 +598,13 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
             doc += ["", f"`{path.name}`:", "", "```", path.read_text().strip(), "```"]
     # The accounting benches' sections (deterministic, written by those scripts through
     # publish_section): accounting.md, then accounting_hybrid.md.
-    for accounting_md in sorted((ROOT / "bench" / "results").glob("accounting*.md")):
-        doc += ["", accounting_md.read_text().strip()]
+    # and the privacy unit's (bench_privacy_unit.py).
+    results_dir = ROOT / "bench" / "results"
+    for section_md in [
+        *sorted(results_dir.glob("accounting*.md")),
+        *sorted(results_dir.glob("privacy_unit*.md")),
+    ]:
+        doc += ["", section_md.read_text().strip()]
     doc += [
         "",
         "## Raw results",

@@ -28,7 +28,13 @@ def check(session: Session, store: DatasetStore) -> tuple[list[str], list[str]]:
     notes: list[str] = []
     live = list(
         session.execute(
-            select(Dataset.id, Dataset.file_name, Dataset.n_rows, Dataset.n_cols).where(
+            select(
+                Dataset.id,
+                Dataset.file_name,
+                Dataset.n_rows,
+                Dataset.n_cols,
+                Dataset.privacy_unit_column.is_not(None),
+            ).where(
                 Dataset.file_name.is_not(None),
                 # By reference: no file here (the objects are checked before each release).
                 Dataset.reference.is_(None),
@@ -45,9 +51,11 @@ def check(session: Session, store: DatasetStore) -> tuple[list[str], list[str]]:
         else:
             notes.append(f"no dataset directory at {store.root} (no dataset has a file)")
         return problems, notes
-    named = {str(file_name) for _, file_name, _, _ in live}
-    for dataset_id, file_name, n_rows, n_cols in live:
+    named = {str(file_name) for _, file_name, _, _, _ in live}
+    for dataset_id, file_name, n_rows, n_cols, person_level in live:
         fault = store.fault(str(file_name), int(n_rows), int(n_cols))
+        if fault is None and person_level:
+            fault = store.units_fault(str(file_name), int(n_rows))
         if fault is not None:
             problems.append(
                 f"dataset {dataset_id}: its file {file_name} {fault} (its releases end failed, "

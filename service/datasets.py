@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
 from api_schemas.datasets import DatasetCreate
-from service import accounting, audit, ledger, wake
+from service import accounting, audit, ledger, privacy_unit, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
@@ -159,6 +159,8 @@ def register_dataset(
     """Register a file already in the store with its budget; the file is removed on failure."""
     try:
         terms = check_budgets(form, default_accounting)
+        # Also with a privacy unit: 1/n over rows is below 1/n over people, so it is the
+        # stricter bound of the two.
         check_delta_bound(form, stored.n_rows)
         require_role(principal, "owner")
         dataset = Dataset(
@@ -175,6 +177,12 @@ def register_dataset(
             mu_total=terms.mu_total,
             delta_conversion=terms.delta_conversion,
             file_name=stored.file_name,
+            privacy_unit_column=(
+                None
+                if form.privacy_unit_column is None
+                else privacy_unit.describe_column(form.privacy_unit_column)
+            ),
+            n_units=stored.n_units,
         )
         session.add(dataset)
         session.flush()
@@ -198,6 +206,9 @@ def register_dataset(
                 "n_rows": stored.n_rows,
                 "n_cols": stored.n_cols,
                 "row_norm_bound": form.row_norm_bound,
+                # The unit and how many: public facts like n_rows; never an identifier.
+                "privacy_unit": privacy_unit.ROW if stored.n_units is None else privacy_unit.PERSON,
+                **({} if stored.n_units is None else {"n_units": stored.n_units}),
             },
         )
         audit.record(
@@ -297,6 +308,16 @@ def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.U
     return dataset
 
 
+def refuse_person_level_append() -> None:
+    """422 naming ``privacy_unit_column``: appends to a person-level dataset are refused."""
+    raise InvalidInput(
+        privacy_unit.FIELD,
+        "this dataset's privacy unit is a person: a person may reappear in a later batch and "
+        "the service cannot yet bound a person's total across batches, so appends are "
+        "refused; upload the grown dataset as a new dataset",
+    )
+
+
 def append_batch(
     session: Session,
     store: DatasetStore,
@@ -316,6 +337,8 @@ def append_batch(
     """
     try:
         dataset = _lock_own_dataset(session, principal, dataset_id)
+        if dataset.privacy_unit_column is not None:
+            refuse_person_level_append()
         if batch.n_cols != dataset.n_cols:
             raise InvalidInput(
                 "file",

@@ -69,6 +69,9 @@ class ClaimedJob:
     traceparent: str | None = None
     queued_at: datetime | None = None
     claimed_at: datetime | None = None
+    #: The dataset's privacy unit is a person (``privacy_unit_column``): the worker bounds each
+    #: person's contribution before the mechanism reads the rows (:mod:`service.privacy_unit`).
+    person_level: bool = False
 
 
 def take_lease(
@@ -101,6 +104,7 @@ def take_lease(
         traceparent=release.traceparent,
         queued_at=release.created_at,
         claimed_at=now,
+        person_level=dataset is not None and dataset.privacy_unit_column is not None,
     )
 
 

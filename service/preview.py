@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, grants, ledger, releases, spend
+from service import accounting, audit, grants, ledger, privacy_unit, releases, spend
 from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset
@@ -119,7 +119,10 @@ def preview_release(
             charged_to, budget = "grant", share
         affordable = affordable and share.affords(charge)
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
-    memory = prepared.mechanism.memory_bytes(prepared.context, prepared.spec) / releases.MIB
+    memory_bytes = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
+    if dataset.privacy_unit_column is not None:
+        memory_bytes += privacy_unit.transform_bytes(dataset.n_rows, dataset.n_cols)
+    memory = memory_bytes / releases.MIB
     audit.record(
         session,
         "release_previewed",
@@ -157,7 +160,15 @@ def preview_release(
         grant_id=grant.id if grant is not None else None,
         memory_mb=memory,
         scales={name: _finite(value) for name, value in shown.scales.items()},
-        meaning=[*shown.meaning, *accounting_note(dataset, prepared.costs)],
+        meaning=[
+            *shown.meaning,
+            *privacy_unit.preview_notes(
+                dataset,
+                prepared.mechanism.name,
+                getattr(prepared.spec.params, "clip_norm", None),
+            ),
+            *accounting_note(dataset, prepared.costs),
+        ],
         warnings=dominance_warnings(
             body.mechanism,
             float(prepared.delta),

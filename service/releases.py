@@ -31,6 +31,7 @@ from service import (
     datasets,
     grants,
     ledger,
+    privacy_unit,
     reference,
     spend,
     tracing,
@@ -461,7 +462,20 @@ def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) ->
     if dataset.reference is not None:
         reference.mechanism_allowed(body.mechanism)
         extra = reference.worker_bytes(dataset.reference)
+    person_level = dataset.privacy_unit_column is not None
+    if person_level:
+        # The mechanism first, so its refusal names the unit rather than one of its params.
+        mechanism = get_mechanism(body.mechanism)
+        if mechanism is not None:
+            privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
     prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB))
+    if person_level:
+        # A person-level dataset: only mechanisms with a person-level argument, and the
+        # worker's per-person bound (privacy_unit.bound_contributions) in the memory gate.
+        privacy_unit.check_mechanism(
+            prepared.mechanism.name, prepared.spec.params, prepared.mechanism.continual
+        )
+        extra += privacy_unit.transform_bytes(dataset.n_rows, dataset.n_cols)
     check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
 

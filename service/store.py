@@ -46,6 +46,8 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
+from service.privacy_unit import FIELD as UNIT_FIELD
+from service.privacy_unit import UnitIndexer, rows_per_unit_buckets
 
 SUPPORTED_SUFFIXES = (".csv", ".npy", ".parquet")
 #: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
@@ -68,6 +70,13 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 UNLOCKED_SESSION_GRACE_SECONDS = 60.0
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+#: Subdirectory of the store holding each person-level dataset's per-row unit index (int64
+#: ``.npy`` named as the dataset's file): never listed as a dataset file, purged with it.
+UNITS_DIR = "units"
+
+#: A block of rows and, with a privacy unit column, its identifier values (never stored).
+Block = tuple[np.ndarray[Any, Any], list[Any] | np.ndarray[Any, Any] | None]
+UnitColumn = str | int | None
 
 
 def create_private(path: Path) -> BinaryIO:
@@ -149,11 +158,14 @@ class Limits:
 
 @dataclass(frozen=True)
 class StoredMatrix:
-    """A dataset file in the store and its public shape."""
+    """A dataset file in the store and its public shape; with a privacy unit column, the number
+    of units and the coarse rows-per-unit counts (for the owner's upload answer only)."""
 
     file_name: str
     n_rows: int
     n_cols: int
+    n_units: int | None = None
+    rows_per_unit: dict[str, int] | None = None
 
 
 class _MatrixWriter:
@@ -208,7 +220,36 @@ class _MatrixWriter:
         self.raw.close()
 
 
-def _npy_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
+def _unit_index(column: UnitColumn, n_cols: int, names: list[str] | None, kind: str) -> int:
+    """The 0-based position of the identifier column among ``n_cols`` columns."""
+    if isinstance(column, int):
+        if column >= n_cols:
+            raise InvalidInput(
+                UNIT_FIELD, f"column index {column} is beyond the file's {n_cols} columns"
+            )
+        position = column
+    else:
+        if names is None:
+            raise InvalidInput(
+                UNIT_FIELD, f"{kind} has no column names: give the column's 0-based index"
+            )
+        if names.count(str(column)) != 1:
+            raise InvalidInput(
+                UNIT_FIELD, "no column of that name (or several) in the file's header"
+            )
+        position = names.index(str(column))
+    if n_cols < 2:
+        raise InvalidInput(UNIT_FIELD, "the file needs a feature column besides the identifier")
+    return position
+
+
+def _split_unit(block: np.ndarray[Any, Any], position: int | None) -> Block:
+    if position is None:
+        return block, None
+    return np.delete(block, position, axis=1), block[:, position]
+
+
+def _npy_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
@@ -227,16 +268,28 @@ def _npy_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
         raise InvalidInput("file", "the data has no columns")
     _check_width(array.shape[1], limits.max_cols)
     limits.check_size(array.shape[0], array.shape[1])
+    position = None
+    if unit_column is not None:
+        position = _unit_index(unit_column, array.shape[1], None, "a .npy file")
     rows = _rows_per_block(array.shape[1])
     for start in range(0, array.shape[0], rows):
-        yield np.asarray(array[start : start + rows], dtype=np.float64)
+        block = array[start : start + rows]
+        if position is None:
+            yield np.asarray(block, dtype=np.float64), None
+        else:
+            ids = np.array(block[:, position])
+            if ids.dtype.kind == "f" and not np.isfinite(ids).all():
+                raise InvalidInput(UNIT_FIELD, "the identifier column has a NaN or infinity")
+            yield np.asarray(np.delete(block, position, axis=1), dtype=np.float64), ids
 
 
 #: A field between double quotes (quotes inside doubled): commas in it separate nothing.
 _QUOTED_FIELD = re.compile(rb'"(?:[^"]|"")*"')
 
 
-def _csv_first_row(path: Path, max_cols: int) -> tuple[int, bool]:
+def _csv_first_row(
+    path: Path, max_cols: int, unit_column: UnitColumn = None
+) -> tuple[int, bool, list[str]]:
     """The width of the first row and whether it is a header (any cell not a number).
 
     Memory is bounded by one CSV block and the column limit: the width is counted on the raw
@@ -254,7 +307,7 @@ def _csv_first_row(path: Path, max_cols: int) -> tuple[int, bool]:
     if line.startswith(_UTF8_BOM):
         line = line[len(_UTF8_BOM) :]
     if not line.strip(b"\r\n"):
-        return 0, False
+        return 0, False, []
     _check_width(_QUOTED_FIELD.sub(b"", line).count(b",") + 1, max_cols)
     try:
         table = pa_csv.read_csv(
@@ -263,29 +316,42 @@ def _csv_first_row(path: Path, max_cols: int) -> tuple[int, bool]:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         raise InvalidInput("file", "not a readable numeric CSV file") from None
     # An empty or NaN-like cell (pyarrow's null) says nothing; the data parser refuses it later.
-    numeric = (
+    # A named identifier column means a header; an identifier given by index may be text in
+    # every row, so it is left out of the test.
+    cells = [str(table.column(i)[0]) for i in range(table.num_columns)]
+    numeric = [
         pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
         for t in table.schema.types
-    )
-    return table.num_columns, not all(numeric)
+    ]
+    if isinstance(unit_column, int) and unit_column < len(numeric):
+        numeric[unit_column] = True
+    header = not all(numeric) or (isinstance(unit_column, str) and unit_column in cells)
+    return table.num_columns, header, cells
 
 
-def _csv_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
-    width, header = _csv_first_row(path, limits.max_cols)
+def _csv_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
+    width, header, first_cells = _csv_first_row(path, limits.max_cols, unit_column)
     if width < 1:
         raise InvalidInput("file", "the CSV file is empty")
     _check_width(width, limits.max_cols)
+    position = None
+    if unit_column is not None:
+        position = _unit_index(
+            unit_column, width, first_cells if header else None, "this CSV file (no header)"
+        )
     names = [f"c{i}" for i in range(width)]
+    types = {name: pa.float64() for name in names}
+    if position is not None:
+        # Identifiers are read as text: "007" and "7" are two people, as the owner wrote them.
+        types[names[position]] = pa.string()
     read_options = pa_csv.ReadOptions(
         column_names=names, skip_rows=1 if header else 0, block_size=CSV_BLOCK_BYTES
     )
-    convert_options = pa_csv.ConvertOptions(
-        column_types={name: pa.float64() for name in names}, strings_can_be_null=False
-    )
+    convert_options = pa_csv.ConvertOptions(column_types=types, strings_can_be_null=False)
     try:
         reader = pa_csv.open_csv(path, read_options=read_options, convert_options=convert_options)
         for batch in reader:
-            yield _batch_to_matrix(batch)
+            yield _batch_with_unit(batch, position)
     except InvalidInput:
         raise
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -359,6 +425,29 @@ def csv_dialect_hint(path: Path) -> str | None:
     return None
 
 
+def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
+    """The batch's feature columns as a matrix and, at ``position``, its identifiers."""
+    if position is None:
+        return _batch_to_matrix(batch), None
+    ids = batch.column(position)
+    if ids.null_count:
+        raise InvalidInput(UNIT_FIELD, "the identifier column has a missing value")
+    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+        values: list[Any] | np.ndarray[Any, Any] = ids.to_pylist()
+        if any(not value.strip() for value in values):
+            raise InvalidInput(UNIT_FIELD, "the identifier column has an empty value")
+    elif pa.types.is_integer(ids.type) or pa.types.is_floating(ids.type):
+        numbers = ids.to_numpy(zero_copy_only=False)
+        if numbers.dtype.kind == "f" and not np.isfinite(numbers).all():
+            raise InvalidInput(UNIT_FIELD, "the identifier column has a NaN or infinity")
+        values = numbers
+    else:
+        raise InvalidInput(UNIT_FIELD, "the identifier column must hold text or integers")
+    features = batch.drop_columns([batch.schema.names[position]])
+    matrix = _batch_to_matrix(features)
+    return matrix, values
+
+
 def _batch_to_matrix(batch: pa.RecordBatch) -> np.ndarray[Any, Any]:
     columns = []
     for index, column in enumerate(batch.columns):
@@ -381,7 +470,7 @@ def _parquet_footer_bytes(path: Path) -> int:
     return int.from_bytes(tail[:4], "little")
 
 
-def _parquet_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]]:
+def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
     if _parquet_footer_bytes(path) > MAX_PARQUET_FOOTER_BYTES:
         raise InvalidInput(
             "file",
@@ -395,7 +484,12 @@ def _parquet_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]
     if len(schema) < 1:
         raise InvalidInput("file", "the data has no columns")
     _check_width(len(schema), limits.max_cols)
-    for field in schema:
+    position = None
+    if unit_column is not None:
+        position = _unit_index(unit_column, len(schema), list(schema.names), "this file")
+    for index, field in enumerate(schema):
+        if index == position:
+            continue
         if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
             raise InvalidInput(
                 "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
@@ -415,7 +509,7 @@ def _parquet_blocks(path: Path, limits: Limits) -> Iterator[np.ndarray[Any, Any]
                 )
     try:
         for batch in parquet.iter_batches(batch_size=_rows_per_block(len(schema))):
-            yield _batch_to_matrix(batch)
+            yield _batch_with_unit(batch, position)
     except InvalidInput:
         raise
     except Exception:
@@ -437,7 +531,7 @@ def _npy_layout(path: Path) -> tuple[int, int, int]:
         return handle.tell(), int(shape[0]), int(shape[1])
 
 
-_READERS: dict[str, Callable[[Path, Limits], Iterator[np.ndarray[Any, Any]]]] = {
+_READERS: dict[str, Callable[[Path, Limits, UnitColumn], Iterator[Block]]] = {
     ".csv": _csv_blocks,
     ".npy": _npy_blocks,
     ".parquet": _parquet_blocks,
@@ -516,7 +610,14 @@ class DatasetStore:
         with disk_space_errors():
             return path, create_private(path)
 
-    def ingest(self, upload_path: Path, suffix: str, *, batch: bool = False) -> StoredMatrix:
+    def ingest(
+        self,
+        upload_path: Path,
+        suffix: str,
+        *,
+        batch: bool = False,
+        unit_column: UnitColumn = None,
+    ) -> StoredMatrix:
         """Validate and convert an uploaded file into a float64 ``.npy`` in the store.
 
         The upload file is removed in every case; on failure nothing is left behind. A full disk
@@ -526,7 +627,13 @@ class DatasetStore:
         directory, to be copied to the end of the dataset's file
         by :meth:`append` and then removed (a killed process leaves it to :meth:`ensure`);
         ``file_name`` is then that path relative to the store.
+
+        With ``unit_column`` (a name or 0-based index; :mod:`service.privacy_unit`) that column
+        is removed from the matrix and each row's dense unit index is written to
+        ``units/<file_name>`` (int64 ``.npy``); the identifier values themselves are dropped.
         """
+        if batch and unit_column is not None:
+            raise ValueError("appends with a privacy unit are refused before ingestion")
         suffix = suffix.lower()
         if suffix not in _READERS:
             with contextlib.suppress(FileNotFoundError):
@@ -540,16 +647,27 @@ class DatasetStore:
         final_path = self.root / file_name
         partial = upload_path.with_suffix(".partial")
         writer: _MatrixWriter | None = None
+        indexer = UnitIndexer() if unit_column is not None else None
+        unit_blocks: list[np.ndarray[Any, Any]] = []
+        units_path = self.units_path(file_name)
         try:
             with disk_space_errors():
                 writer = _MatrixWriter(upload_path.with_suffix(".raw"), self.limits)
-                for block in _READERS[suffix](upload_path, self.limits):
+                for block, ids in _READERS[suffix](upload_path, self.limits, unit_column):
                     writer.append(block)
+                    if indexer is not None and ids is not None:
+                        unit_blocks.append(indexer.add(ids))
+                if indexer is not None:
+                    # Before the matrix is moved into place: no dataset file without its units.
+                    make_private_dir(units_path.parent)
+                    units = np.concatenate(unit_blocks) if unit_blocks else np.zeros(0, np.int64)
+                    with create_private(units_path) as out:
+                        np.save(out, units, allow_pickle=False)
                 n_rows, n_cols = writer.finish(partial, final_path)
         except BaseException as exc:
             if writer is not None:
                 writer.abort()
-            for leftover in (final_path, partial):
+            for leftover in (final_path, partial, units_path):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
             # "Inconsistent widths" or "non-numeric" says nothing useful about a CSV written
@@ -562,10 +680,35 @@ class DatasetStore:
             for temporary in (upload_path, upload_path.with_suffix(".raw")):
                 with contextlib.suppress(FileNotFoundError):
                     temporary.unlink()
-        return StoredMatrix(file_name=file_name, n_rows=n_rows, n_cols=n_cols)
+        if indexer is None:
+            return StoredMatrix(file_name=file_name, n_rows=n_rows, n_cols=n_cols)
+        return StoredMatrix(
+            file_name=file_name,
+            n_rows=n_rows,
+            n_cols=n_cols,
+            n_units=indexer.n_units,
+            rows_per_unit=rows_per_unit_buckets(units),
+        )
 
     def path_of(self, file_name: str) -> Path:
         return self.root / file_name
+
+    def units_path(self, file_name: str) -> Path:
+        """Where the per-row unit index of the dataset file ``file_name`` is kept."""
+        return self.root / UNITS_DIR / Path(file_name).name
+
+    def open_units(self, file_name: str, n_rows: int | None = None) -> np.ndarray[Any, Any]:
+        """The dense unit index of the first ``n_rows`` rows (``(n,)`` int64); raises
+        ``FileNotFoundError`` when it is missing, ``ValueError`` when shorter than asked."""
+        units: np.ndarray[Any, Any] = np.load(
+            self.units_path(file_name), mmap_mode="r", allow_pickle=False
+        )
+        if units.ndim != 1 or units.dtype.kind != "i":
+            raise ValueError("not a unit index file of the store")
+        rows = units.shape[0] if n_rows is None else n_rows
+        if units.shape[0] < rows:
+            raise ValueError("the unit index holds fewer rows than the dataset")
+        return np.asarray(units[:rows], dtype=np.int64)
 
     def open(self, file_name: str, n_rows: int | None = None) -> np.ndarray[Any, Any]:
         """The dataset's first ``n_rows`` rows (all of batch 0's header when ``None``) as a
@@ -657,6 +800,16 @@ class DatasetStore:
             return f"holds fewer rows than the database says ({rows})"
         return None
 
+    def units_fault(self, file_name: str, n_rows: int) -> str | None:
+        """What is wrong with the unit index of a person-level dataset file, or ``None``."""
+        try:
+            self.open_units(file_name, n_rows)
+        except FileNotFoundError:
+            return "has no unit index (units/)"
+        except (OSError, ValueError, EOFError):
+            return "has a unit index shorter than its rows or unreadable"
+        return None
+
     def stored_files(self) -> list[str]:
         """The names of the dataset files in the store (``incoming/`` excluded), sorted."""
         if not self.root.is_dir():
@@ -668,6 +821,7 @@ class DatasetStore:
         )
 
     def purge(self, file_name: str) -> None:
-        """Delete a dataset file."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path_of(file_name).unlink()
+        """Delete a dataset file (and its unit index, if any)."""
+        for path in (self.path_of(file_name), self.units_path(file_name)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()

@@ -67,11 +67,21 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, operations, reference, registration, tracing, visibility, wake
+from service import (
+    audit,
+    ledger,
+    operations,
+    privacy_unit,
+    reference,
+    registration,
+    tracing,
+    visibility,
+    wake,
+)
 from service.config import Settings
 from service.continual import claim_continual, is_continual, process_continual
 from service.db.models import Release, ReleaseBasis, utcnow
-from service.errors import safe_traceback
+from service.errors import InvalidInput, safe_traceback
 from service.jobs import (
     ABANDONED_REASON,
     DATASET_DELETED_REASON,
@@ -302,6 +312,33 @@ class Worker:
         except FileNotFoundError:
             # Deleted (or lost) between the claim and the open: nothing was read.
             return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
+        if job.person_level:
+            try:
+                units = self.store.open_units(job.file_name, data.shape[0])
+            except (FileNotFoundError, ValueError):
+                # The unit index is lost or short (a fault of the data directory, public like
+                # the file's size): never run per row on a person-level dataset.
+                return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
+            rule = privacy_unit.PERSON_LEVEL_RULES.get(mechanism.name)
+            clip_norm = getattr(params, "clip_norm", None)
+            if rule is None or clip_norm is None:
+                # The request gate refuses these; a release queued before a change of that
+                # gate must not run per row on a person-level dataset.
+                return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+            try:
+                privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
+            except InvalidInput:
+                return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+            # A per-person map fixed by public facts (C, the rule): total on finite rows.
+            try:
+                data = privacy_unit.bound_contributions(data, units, clip_norm, rule)
+            except Exception as exc:
+                log.error(
+                    "BUG: release %s: the per-person bound raised %s; recorded as no_result",
+                    job.release_id,
+                    safe_traceback(exc),
+                )
+                return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
         return self._run(job, mechanism, data, spec)
 
     def _execute_reference(

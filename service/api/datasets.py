@@ -22,7 +22,7 @@ from api_schemas.datasets import (
     DatasetList,
     DatasetReferenceCreate,
 )
-from service import datasets, registration
+from service import datasets, privacy_unit, registration
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
@@ -110,8 +110,13 @@ async def create_dataset(
         except ValidationError as exc:
             raise InvalidInput.from_validation(exc, fallback="form") from None
         datasets.check_budgets(fields, settings.default_accounting)
+        unit_column = privacy_unit.parse_column(fields.privacy_unit_column)
         assert form.file_path is not None
-        stored = await anyio.to_thread.run_sync(store.ingest, form.file_path, form.file_suffix)
+        stored = await anyio.to_thread.run_sync(
+            functools.partial(
+                store.ingest, form.file_path, form.file_suffix, unit_column=unit_column
+            )
+        )
     finally:
         form.discard()
     try:
@@ -129,7 +134,13 @@ async def create_dataset(
                 session, store, principal, fields, stored, settings.default_accounting
             ),
         )
-        return DatasetCreated(**out.model_dump(), rows_above_bound=above)
+        person = stored.n_units is not None
+        return DatasetCreated(
+            **out.model_dump(),
+            rows_above_bound=above,
+            rows_per_unit=stored.rows_per_unit,
+            rows_dropped_by_bound=0 if person else None,
+        )
 
     try:
         return await uow(register)
@@ -177,6 +188,12 @@ async def register_reference(
     the registration for a worker (:mod:`service.registration`)."""
     require_role(await uow.principal(), "owner")
     datasets.check_budgets(body, settings.default_accounting)
+    if body.privacy_unit_column is not None:
+        raise InvalidInput(
+            privacy_unit.FIELD,
+            "not supported for datasets registered by reference yet: upload the file with "
+            "privacy_unit_column, or register it without one (the unit is then the row)",
+        )
 
     def request(session: Session, principal: Principal) -> Dataset:
         return dataset_out(
@@ -314,6 +331,15 @@ async def append_rows(
     """As an upload: the role is checked before the body is read, the file is parsed with no
     session open, then one short transaction appends it under the dataset's lock."""
     require_role(await uow.principal(), "owner")
+
+    def person_level(session: Session, principal: Principal) -> bool:
+        dataset = datasets.get_dataset(session, principal, dataset_id)
+        return dataset.privacy_unit_column is not None
+
+    # Before the body is read, so the refusal names the unit, not the identifier column's
+    # width or text (append_batch checks again under the lock).
+    if await uow(person_level):
+        datasets.refuse_person_level_append()
     form = await receive_upload(request, store, settings.max_upload_bytes)
     try:
         unknown = sorted(set(form.fields))

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import continual, ledger, releases, spend, visibility
+from service import continual, ledger, privacy_unit, releases, spend, visibility
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
@@ -79,6 +79,7 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
             reference=_reference_uri(dataset),
             registration_status=dataset.registration_status,
             registration_reason=dataset.registration_reason,
+            **privacy_unit.shown(dataset),
         )
         for dataset in datasets
     ]

@@ -96,6 +96,12 @@ class Dataset(Base):
     registration_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     registration_lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
     registration_lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: The upload's identifier column when the privacy unit is a person (issue 34): as the
+    #: owner named it (a name or a 0-based index); its values are never stored, only a dense
+    #: per-row unit index in the store (:mod:`service.privacy_unit`). Null: the unit is the row.
+    privacy_unit_column: Mapped[str | None] = mapped_column(String(200), default=None)
+    #: Distinct units (people) when ``privacy_unit_column`` is set; public, like ``n_rows``.
+    n_units: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class DatasetReferenceObject(Base):

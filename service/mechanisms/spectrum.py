@@ -10,6 +10,12 @@ Hoffman-Wielandt the vector of eigenvalues (and so its top-``m`` part) moves by 
 public grid, square roots (singular values for display) and the suggested ``k`` are
 post-processing. Cost: exactly ``(eps, delta)``.
 
+Per person (a dataset with ``privacy_unit_column``, :mod:`service.privacy_unit`): the worker
+scales each person's clipped rows together so that ``||G_p||_F <= C^2``; two PSD matrices of
+Frobenius norm ``<= C^2`` differ by ``<= sqrt(2) C^2``, so replacing a whole person moves the
+eigenvalue vector by at most ``sqrt(2) C^2`` too, and this calibration is per person. Only the
+uncentred Gram step has that argument: a centre is refused there.
+
 Centring (``center``, PCA semantics): as for ``analyze_gauss`` (:mod:`service.mechanisms.centring`):
 the eigenvalues are those of the Gram matrix of ``clip_C(clip_C(x) - c)``, rows of norm ``<= C``,
 so the sensitivity is unchanged; a private ``c`` spends ``center_share`` of the budget and the

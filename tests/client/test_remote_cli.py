@@ -291,3 +291,26 @@ def test_tables_fold_on_a_narrow_terminal_and_write_budgets_as_the_json_does(
     assert "0.00000001" in outputs[4].stdout  # the release's delta
     # Folded on a narrow terminal (line by line in its column), whole on a wide one.
     assert (dataset if columns > 100 else dataset[:4]) in outputs[0].stdout
+
+
+def test_upload_with_a_privacy_unit_column(dpss: Dpss, make_key: MakeKey, tmp_path: Path) -> None:
+    # Issue 34: the CLI passes the column; the answer and `show` state the unit, never an id.
+    owner = make_key("owner")
+    path = tmp_path / "visits.csv"
+    rows = low_rank_rows(30, 3, 2, seed=21)
+    lines = ["patient,a,b,c"] + [
+        f"id-qx{i % 7},{','.join(repr(float(v)) for v in row)}" for i, row in enumerate(rows)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    args = ("--privacy-unit-column", "patient")
+    ds = _upload(dpss, owner, path, *args)
+    assert (ds["n_cols"], ds["privacy_unit"], ds["n_units"]) == (3, "person", 7)
+    human = dpss(
+        "datasets", "upload", str(path), "--epsilon-budget", "1", "--delta-budget", "1e-5",
+        *args, key=owner,
+    )  # fmt: skip
+    assert human.exit_code == ExitCode.OK, human.output
+    assert "person (7 people)" in human.stdout and "7 with 2-5" in human.stdout
+    shown = dpss("datasets", "show", ds["id"], key=owner)
+    assert shown.exit_code == 0 and "person (7 people)" in shown.stdout
+    assert "id-qx" not in human.stdout + shown.stdout

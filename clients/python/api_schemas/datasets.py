@@ -153,6 +153,20 @@ class Dataset(Schema):
             "`columns`) as the synchronous 4xx answer did (never a data value)."
         ),
     )
+    privacy_unit: Literal["row", "person"] = Field(
+        default="row",
+        description=(
+            "What the budget protects. `row`: neighbouring datasets replace one row, so a "
+            "person with several rows is protected only at up to that many times epsilon "
+            "(group privacy). `person`: the upload named a `privacy_unit_column`; neighbouring "
+            "datasets differ in all rows of one person and every release bounds a person's "
+            "total contribution (mechanisms without that argument are refused with 422)."
+        ),
+    )
+    n_units: int | None = Field(
+        default=None,
+        description="`person`: the number of distinct people (units); public, like n_rows.",
+    )
 
 
 class DatasetCreated(Dataset):
@@ -165,6 +179,22 @@ class DatasetCreated(Dataset):
             "scales them down to it (issue 24). A fact about the owner's own rows, shown only "
             "in this response to the owner who uploaded them; never stored, logged or shown "
             "again. Null without a bound."
+        ),
+    )
+    rows_per_unit: dict[str, int] | None = Field(
+        default=None,
+        description=(
+            "With a privacy_unit_column: how many people have 1, 2-5, 6-20, 21-100 and over "
+            "100 rows (coarse buckets). Like rows_above_bound, shown only in this response to "
+            "the owner, who holds the rows; never stored, logged or shown to analysts."
+        ),
+    )
+    rows_dropped_by_bound: int | None = Field(
+        default=None,
+        description=(
+            "With a privacy_unit_column: rows the per-person bound drops. Always 0: a person's "
+            "rows are scaled down together so that their total contribution is within the "
+            "bound, never dropped."
         ),
     )
 
@@ -247,6 +277,19 @@ class DatasetCreate(RequestSchema):
         description=(
             "zcdp: the share of delta_budget reserved for converting rho to (epsilon, "
             "delta); releases' approximate steps may spend the rest. Default: half."
+        ),
+    )
+    privacy_unit_column: (
+        Annotated[str, Field(min_length=1, max_length=200)] | Annotated[int, Field(ge=0)] | None
+    ) = Field(
+        default=None,
+        description=(
+            "The column that identifies a person (the privacy unit) when a person may have "
+            "several rows: a column name (CSV header, Parquet) or a 0-based column index (text "
+            "of digits only is an index). The column is removed from the features and its "
+            "values are never stored or shown; neighbouring datasets then differ in all rows "
+            "of one person. Omitted: the unit is the row. Uploads only for now (appends to "
+            "such a dataset and references with it are refused with 422)."
         ),
     )
     allow_large_delta: FormBool = Field(

@@ -497,11 +497,14 @@ class Client:
         rho_budget: Number | None = None,
         delta_conversion: Number | None = None,
         allow_large_delta: bool = False,
+        privacy_unit_column: str | int | None = None,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata (with ``rows_above_bound``:
         how many of the rows exceed the declared ``row_norm_bound``, shown only here).
         ``allow_large_delta``: accept a ``delta_budget`` above ``1/n`` (refused otherwise: such
-        a delta offers no protection).
+        a delta offers no protection). ``privacy_unit_column``: the column naming the person
+        each row belongs to (a name, or a 0-based index); it is removed from the features and
+        the budget then protects people, not rows (the answer adds ``rows_per_unit``).
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
@@ -524,6 +527,8 @@ class Client:
             form["allow_large_delta"] = "true"
         if row_norm_bound is not None:
             form["row_norm_bound"] = repr(float(row_norm_bound))
+        if privacy_unit_column is not None:
+            form["privacy_unit_column"] = str(privacy_unit_column)
         if isinstance(data, np.ndarray):
             if data.ndim != 2:
                 raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")

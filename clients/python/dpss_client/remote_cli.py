@@ -288,9 +288,17 @@ def _dataset_rows(ds: Dataset) -> list[tuple[str, Any]]:
         ("name", ds.name),
         ("shape", f"{ds.n_rows} x {ds.n_cols}"),
         ("row_norm_bound", ds.row_norm_bound),
+        ("privacy_unit", _privacy_unit(ds)),
         ("created_at", ds.created_at.isoformat(timespec="seconds")),
         *_registration_rows(ds),
     ]
+
+
+def _privacy_unit(ds: Dataset) -> str:
+    """What the budget protects: a row, or a person (with how many people)."""
+    if ds.privacy_unit == "person":
+        return f"person ({ds.n_units} people)"
+    return "row (a person with r rows is protected at up to r epsilon)"
 
 
 def _registration_rows(ds: Dataset) -> list[tuple[str, Any]]:
@@ -447,6 +455,16 @@ def datasets_upload(
         typer.Option("--delta-conversion", help="zcdp: delta kept for the conversion."),
     ] = None,
     allow_large_delta: AllowLargeDeltaOption = False,
+    privacy_unit_column: Annotated[
+        str | None,
+        typer.Option(
+            "--privacy-unit-column",
+            help=(
+                "The column naming each row's person (a name or a 0-based index): removed "
+                "from the features; the budget then protects people, not rows."
+            ),
+        ),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -469,6 +487,7 @@ def datasets_upload(
                 rho_budget=rho_budget,
                 delta_conversion=delta_conversion,
                 allow_large_delta=allow_large_delta,
+                privacy_unit_column=privacy_unit_column,
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
@@ -485,6 +504,14 @@ def datasets_upload(
         if above is not None:
             share = above / ds.n_rows if ds.n_rows else 0.0
             rows.append(("rows_above_bound", f"{above} of {ds.n_rows} ({share:.0%})"))
+        per_unit: dict[str, int] | None = getattr(ds, "rows_per_unit", None)
+        if per_unit is not None:
+            rows.append(
+                (
+                    "rows_per_unit",
+                    ", ".join(f"{count} with {size}" for size, count in per_unit.items()),
+                )
+            )
         out.print(_kv_table("dataset uploaded", rows))
         out.print(_budget_table(ds.budget))
 

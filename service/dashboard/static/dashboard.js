@@ -249,6 +249,15 @@ const grantColumns = [
   ["revoked", (g) => (g.revoked_at ? when(g.revoked_at) : "")],
 ];
 
+// What the budget protects (issue 34): a person named by the upload's privacy_unit_column, or a
+// row, in which case a person with r rows is protected only at up to r times epsilon.
+function privacyUnit(dataset) {
+  if (dataset.privacy_unit === "person") {
+    return `Privacy unit: person (${dataset.n_units} people): every release bounds a person's total contribution.`;
+  }
+  return "Privacy unit: row. A person with several rows is protected only at up to that many times epsilon; name a privacy_unit_column at upload to protect people.";
+}
+
 async function ownerView() {
   const datasets = await allPages("/v1/datasets");
   if (!datasets.length) return fill("datasets", el("p", { class: "empty" }, "You have no datasets."));
@@ -260,6 +269,7 @@ async function ownerView() {
     return el("section", { class: "card dataset", "data-dataset": dataset.id },
       el("h2", {}, datasetName(dataset)),
       el("p", { class: "meta" }, `${dataset.n_rows} rows × ${dataset.n_cols} columns · ${dataset.n_batches} batch(es) · created ${when(dataset.created_at)} · id ${dataset.id}`),
+      el("p", { class: "meta privacy-unit" }, privacyUnit(dataset)),
       el("div", { class: "row" },
         el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget)),
         el("div", {}, el("h3", {}, "Epsilon spent over time"), spendingChart(ledger, num(budget.epsilon_total)))),

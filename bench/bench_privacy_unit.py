@@ -1,0 +1,213 @@
+"""What a person-level release keeps against a row-level one at one (epsilon, delta) (issue 34).
+
+Data with several rows per person (1 to 20, uniform), three ways of releasing at one
+``(epsilon, delta)``:
+
+- ``row``: the mechanism on the rows as they are. Its guarantee is per *row*: a person with 20
+  rows is protected only at up to 20 epsilon (group privacy). The utility ceiling, not a
+  person-level release.
+- ``person``: what the service runs with ``privacy_unit_column``: rows clipped to ``C``, each
+  person's rows scaled together to the bound (:func:`service.privacy_unit.bound_contributions`,
+  the mechanism's rule), then the same mechanism. Per-person guarantee at ``(epsilon, delta)``.
+- ``group``: the person-level alternative without the bound: at most ``m = 20`` rows per person
+  (here nobody has more), sensitivity ``m`` times one row's (the mechanism run with clip norm
+  ``C sqrt(m)`` on rows already clipped to ``C``: the same Gram matrix, ``m`` times the noise).
+  Per-person guarantee at ``(epsilon, delta)`` too.
+
+Metrics, against the rows clipped to ``C``: ``analyze_gauss``: the share of the top-k captured
+energy the released subspace captures (``||X U||_F^2 / sum of the top-k eigenvalues``);
+``spectrum``: the relative l2 error of the released top-k eigenvalue *shares* (``lambda_i`` over
+their sum: the spectrum's shape, what ``suggested_k`` reads; the bound also shrinks the
+eigenvalues themselves, reported as the energy the bound keeps, ``trace`` of the bounded Gram
+over the clipped one). Median over seeds.
+Data: digits (1,797 rows, d = 64, pixels / 16, C = 8) regrouped into people *within a digit
+class* (a person's rows alike, as repeated visits are), and synthetic rows near a 5-dim subspace
+of R^50 (n = 20,000) where each person has a latent point and their rows are that point plus
+small per-visit noise.
+
+Run: ``python -m bench.bench_privacy_unit`` (a few seconds; ``--quick`` for fewer seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from service.mechanisms.analyze_gauss import AnalyzeGauss, AnalyzeGaussParams
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.linalg import clip_rows
+from service.mechanisms.spectrum import Spectrum, SpectrumParams
+from service.privacy_unit import PERSON_LEVEL_RULES, bound_contributions
+
+EPSILON, DELTA = 1.0, 1e-6
+MAX_ROWS = 20
+
+
+def people_of(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Dense unit ids for ``n`` consecutive rows: people of 1..MAX_ROWS rows (uniform)."""
+    sizes: list[int] = []
+    while sum(sizes) < n:
+        sizes.append(int(rng.integers(1, MAX_ROWS + 1)))
+    units = np.repeat(np.arange(len(sizes)), sizes)[:n]
+    return units.astype(np.int64)
+
+
+def digits_people(seed: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+    from sklearn import datasets  # type: ignore[import-untyped]
+
+    loaded = datasets.load_digits()
+    rows = np.asarray(loaded.data, dtype=float) / 16.0
+    order = np.argsort(loaded.target, kind="stable")  # people within a class
+    rng = np.random.default_rng(seed)
+    return rows[order], people_of(rows.shape[0], rng), 8.0, 5
+
+
+def synthetic_people(seed: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+    rng = np.random.default_rng(seed)
+    n, d, k = 20_000, 50, 5
+    units = people_of(n, rng)
+    basis = np.linalg.qr(rng.standard_normal((d, k)))[0]
+    latent = rng.standard_normal((int(units.max()) + 1, k))
+    latent /= np.linalg.norm(latent, axis=1, keepdims=True)
+    visits = latent[units] + 0.2 * rng.standard_normal((n, k))
+    rows = visits @ basis.T + 0.01 * rng.standard_normal((n, d))
+    return rows, units, 1.0, k
+
+
+def run_gauss(data: np.ndarray, clip: float, k: int, rng: np.random.Generator) -> Any:
+    mechanism = AnalyzeGauss()
+    ctx = PublicContext(n_rows=data.shape[0], n_cols=data.shape[1], row_norm_bound=clip)
+    params = mechanism.prepare(ctx, k, EPSILON, DELTA, AnalyzeGaussParams())
+    return mechanism.run(data, ReleaseSpec(k, EPSILON, DELTA, params), rng).basis
+
+
+def run_spectrum(data: np.ndarray, clip: float, k: int, rng: np.random.Generator) -> Any:
+    mechanism = Spectrum()
+    ctx = PublicContext(n_rows=data.shape[0], n_cols=data.shape[1], row_norm_bound=clip)
+    params = mechanism.prepare(ctx, k, EPSILON, DELTA, SpectrumParams())
+    output = mechanism.run(data, ReleaseSpec(k, EPSILON, DELTA, params), rng)
+    return np.asarray(output.extras["eigenvalues"])
+
+
+def measure(
+    mechanism: str, rows: np.ndarray, units: np.ndarray, clip: float, k: int, seed: int
+) -> dict[str, float]:
+    clipped = clip_rows(rows, clip)
+    truth = np.sort(np.linalg.eigvalsh(clipped.T @ clipped))[::-1][:k]
+    inputs = {
+        "row": (clipped, clip),
+        "person": (bound_contributions(rows, units, clip, PERSON_LEVEL_RULES[mechanism]), clip),
+        "group": (clipped, clip * math.sqrt(MAX_ROWS)),
+    }
+    out: dict[str, float] = {}
+    for offset, (variant, (data, clip_norm)) in enumerate(inputs.items()):
+        rng = np.random.default_rng(1000 * seed + offset)
+        if mechanism == "analyze_gauss":
+            basis = run_gauss(data, clip_norm, k, rng)
+            out[variant] = float(np.sum((clipped @ basis) ** 2) / truth.sum())
+        else:
+            values = run_spectrum(data, clip_norm, k, rng)
+            shares, true_shares = values / values.sum(), truth / truth.sum()
+            out[variant] = float(np.linalg.norm(shares - true_shares) / np.linalg.norm(true_shares))
+    bounded = inputs["person"][0]
+    out["energy_kept"] = float(np.sum(bounded**2) / np.sum(clipped**2))
+    return out
+
+
+def table(seeds: int) -> str:
+    sets: dict[str, Callable[[int], tuple[np.ndarray, np.ndarray, float, int]]] = {
+        "digits (d=64, n=1797)": digits_people,
+        "synthetic (d=50, n=20000)": synthetic_people,
+    }
+    lines = [
+        "| data | people | energy the bound keeps | mechanism (metric) | row (per-row "
+        "guarantee only) | person (bound) | group (m=20, no bound) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, make in sets.items():
+        for mechanism, metric in (
+            ("analyze_gauss", "captured share, higher is better"),
+            ("spectrum", "relative error of eigenvalue shares, lower is better"),
+        ):
+            results: dict[str, list[float]] = {
+                "row": [],
+                "person": [],
+                "group": [],
+                "energy_kept": [],
+            }
+            n_people = 0
+            for seed in range(seeds):
+                rows, units, clip, k = make(seed)
+                n_people = int(units.max()) + 1
+                for variant, value in measure(mechanism, rows, units, clip, k, seed).items():
+                    results[variant].append(value)
+            med = {variant: statistics.median(values) for variant, values in results.items()}
+            lines.append(
+                f"| {name} | {n_people} | {med['energy_kept']:.3f} | {mechanism} ({metric}) | "
+                f"{med['row']:.3f} | {med['person']:.3f} | {med['group']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+START, END = "<!-- privacy-unit:start -->", "<!-- privacy-unit:end -->"
+
+
+def section(body: str, seeds: int) -> str:
+    return "\n".join(
+        [
+            START,
+            "## People, not rows: what a person-level release keeps "
+            "(`bench/bench_privacy_unit.py`)",
+            "",
+            f"epsilon = {EPSILON}, delta = {DELTA}, k = 5; people of 1 to {MAX_ROWS} rows "
+            f"(uniform); medians over {seeds} seeds. `row`: the mechanism on the rows, a "
+            "per-row guarantee only (a 20-row person is protected at up to 20 epsilon): the "
+            "ceiling. `person`: what the service runs with `privacy_unit_column` (each "
+            "person's rows scaled together to the bound, see docs/privacy-unit.md). `group`: "
+            "the person-level alternative without the bound, one row's sensitivity times "
+            f"m = {MAX_ROWS} (rows per person capped at m). `energy the bound keeps`: the "
+            "trace of the bounded Gram over the clipped one (analyze_gauss's trace rule, "
+            "spectrum's Frobenius rule). digits' people are drawn within a digit class (alike "
+            "rows); the synthetic people have a latent point each and rows near it.",
+            "",
+            body,
+            "",
+            "The bound keeps most of the subspace on digits (0.69 of the top-5 energy against "
+            "0.83 per row, where capping at 20 rows and multiplying the sensitivity keeps "
+            "0.15) and almost all of it on the synthetic set; the spectrum's shape survives "
+            "too, though its scale shrinks to the energy kept (a person's eigenvalues are "
+            "divided by their row count, roughly). Other mechanisms have no person-level "
+            "argument yet and refuse a person-level dataset with 422.",
+            END,
+        ]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 seeds instead of 9")
+    parser.add_argument(
+        "--publish",
+        action="store_true",
+        help="write the section to bench/results/privacy_unit.md and docs/benchmarks.md",
+    )
+    args = parser.parse_args()
+    seeds = 3 if args.quick else 9
+    body = table(seeds)
+    print(f"epsilon = {EPSILON}, delta = {DELTA}, k = 5, people of 1..{MAX_ROWS} rows; medians")
+    print(body)
+    if args.publish:
+        from bench.report import ROOT, publish_section
+
+        publish_section(
+            ROOT / "bench" / "results" / "privacy_unit.md", START, END, section(body, seeds)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""The privacy unit: people with several rows (issue 34).
+
+Without ``privacy_unit_column`` a dataset's unit is the row: neighbouring datasets replace one
+row. With it, the upload names an identifier column; the column is removed from the features,
+its values are never stored (nor logged, nor shown), and the store keeps beside the matrix only a
+dense per-row unit index (``0 .. n_units - 1`` in order of first appearance). Neighbouring
+datasets then differ in *all rows of one person*, and every mechanism must bound a person's
+contribution, not a row's, or refuse.
+
+Person-level argument of the Gram steps (``ALGORITHMS.md``, "Privacy unit"). Rows are clipped
+to the public ``C`` as before; then each person's rows are scaled together by one factor
+``s_p = sqrt(min(1, C^2 / b_p))`` where ``b_p`` is a public-rule size of the person's clipped
+contribution ``G_p = sum_i x_i x_i^T``:
+
+- ``frobenius``: ``b_p = ||G_p||_F``, so ``||s_p^2 G_p||_F <= C^2``. Two PSD matrices of
+  Frobenius norm at most ``B`` differ by at most ``sqrt(2) B`` in Frobenius norm (their inner
+  product is non-negative), and the upper triangle (diagonal included) of a symmetric matrix
+  has l2 norm at most its Frobenius norm; each scaled row has ``||y||^2 <= ||G_p'||_2 <= C^2``,
+  so the mechanism's own clipping leaves it unchanged. Replacing one person therefore changes
+  ``H = sum_p G_p'`` by at most ``sqrt(2) C^2`` (upper triangle, Frobenius, and by
+  Hoffman-Wielandt the eigenvalue vector): exactly one row's sensitivity, so a mechanism
+  calibrated per row on these rows is calibrated per person. Used by ``spectrum``.
+- ``trace``: ``b_p = trace(G_p) = sum_i ||x_i||^2``, so the person's rows, concatenated, have
+  norm at most ``C``. ``||G_p'||_F <= trace(G_p') <= C^2`` (PSD), so the Gram argument above
+  holds, and any step that adds a per-row point ``(a_i, b_i)`` with ``a_i + b_i = ||y_i||^2``
+  (``analyze_gauss``'s explained-variance pair) adds per person a point of the same simplex
+  ``{a, b >= 0, a + b <= C^2}``: its sensitivity is one row's too. Used by ``analyze_gauss``.
+  It can cost up to ``sqrt(rank G_p)`` more than ``frobenius`` for a person whose rows point
+  in different directions, and nothing for a person whose rows are collinear.
+
+Rows are never dropped (a person's rows are scaled down together), so the row count seen by the
+mechanism is the public ``n``, and its memory and run time bounds are unchanged. The bound holds
+whatever the replaced and the replacing person's row counts, so releases are private for any
+replacement of one person; ``n_rows`` and ``n_units`` remain public metadata, as ``n`` was. The transform
+is a per-person map fixed by public facts (``C`` and the rule), applied in the worker where the
+mechanism's input is prepared, so no mechanism's internals change.
+
+Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
+anything is charged: a centre or a clip quantile (per-row means and counts), the sample-and-
+aggregate mechanisms (their partition of rows is drawn inside them; a person's rows would fall
+in several subsets), exact membership counts and the smooth-sensitivity and gap tests (their
+local sensitivities are per row), ``auto`` (its candidates include those), continual releases
+and appends (a person may come back in a later batch and no cross-batch bound exists yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import InvalidInput
+from service.mechanisms.linalg import FloatArray, clip_rows
+
+#: The form field and API name of the identifier column.
+FIELD = "privacy_unit_column"
+#: The ``privacy_unit`` the API shows: a row, or a person named by the identifier column.
+ROW = "row"
+PERSON = "person"
+
+BoundRule = Literal["trace", "frobenius"]
+
+#: Rows clipped and normalised per block (bounded memory whatever ``n``).
+CHUNK_ROWS = 65536
+
+#: Mechanisms with a person-level argument, and the rule that bounds a person for them.
+PERSON_LEVEL_RULES: dict[str, BoundRule] = {"analyze_gauss": "trace", "spectrum": "frobenius"}
+
+#: Why the others are refused (422 before charging), by mechanism.
+_REFUSALS: dict[str, str] = {
+    "friendly_aggregate": (
+        "partitions rows into subsets inside the mechanism; a person's rows would fall in "
+        "several subsets, and a person-level partition is not built yet"
+    ),
+    "histogram_aggregate": (
+        "partitions rows into subsets inside the mechanism; a person's rows would fall in "
+        "several subsets, and a person-level partition is not built yet"
+    ),
+    "exact_gapmax": "its score counts rows exactly; one person moves it by their row count",
+    "smooth_sensitivity": "its local sensitivity is per row, not per person",
+    "gap_perturbation": "its gap test's sensitivity is per row, not per person",
+    "auto": (
+        "some of its candidates have no person-level argument; ask for analyze_gauss or "
+        "spectrum directly"
+    ),
+}
+
+#: Coarse buckets of rows per unit shown to the owner: (label, lowest, highest).
+ROWS_PER_UNIT_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
+    ("1", 1, 1),
+    ("2-5", 2, 5),
+    ("6-20", 6, 20),
+    ("21-100", 21, 100),
+    ("over 100", 101, None),
+)
+
+
+def parse_column(value: str | int | None) -> str | int | None:
+    """The identifier column as the owner named it: a 0-based index (an integer, or form text of
+    ASCII digits only) or a column name (any other non-empty text)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidInput(FIELD, "must be a column name or a 0-based column index")
+    if isinstance(value, int):
+        if value < 0:
+            raise InvalidInput(FIELD, "a column index must be >= 0 (0 is the first column)")
+        return value
+    text = value.strip()
+    if not text:
+        raise InvalidInput(FIELD, "must not be empty")
+    if len(text) > 200:
+        raise InvalidInput(FIELD, "at most 200 characters")
+    if text.isascii() and text.isdigit():
+        return int(text)
+    return text
+
+
+def describe_column(column: str | int) -> str:
+    """How the column is stored in the database (the owner's own label, never a value)."""
+    return str(column)
+
+
+class UnitIndexer:
+    """Turns identifier values into dense unit indices (order of first appearance).
+
+    Only the mapping's size outlives the upload: the indices are stored, the identifiers are
+    dropped with this object. Equal values are one person: text is compared as text (``"007"``
+    and ``"7"`` differ), numbers as numbers (``7`` and ``7.0`` are one person).
+    """
+
+    def __init__(self) -> None:
+        self._index: dict[Any, int] = {}
+
+    def add(self, identifiers: Iterable[Any]) -> npt.NDArray[np.int64]:
+        index = self._index
+        out = [index.setdefault(_key(value), len(index)) for value in identifiers]
+        return np.asarray(out, dtype=np.int64)
+
+    @property
+    def n_units(self) -> int:
+        return len(self._index)
+
+
+def _key(value: Any) -> Any:
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, (float, np.floating)):
+        as_float = float(value)
+        return ("n", int(as_float)) if as_float.is_integer() else ("n", as_float)
+    return ("n", int(value))
+
+
+def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
+    """How many units have 1, 2-5, 6-20, 21-100 and over 100 rows.
+
+    Exact counts of coarse buckets, shown only in the upload's answer to the owner who holds
+    the rows (like ``rows_above_bound``); never stored, logged or shown to analysts.
+    """
+    counts = np.bincount(units) if units.size else np.zeros(0, dtype=np.int64)
+    counts = counts[counts > 0]
+    out: dict[str, int] = {}
+    for label, low, high in ROWS_PER_UNIT_BUCKETS:
+        above = counts >= low
+        if high is not None:
+            above &= counts <= high
+        out[label] = int(np.count_nonzero(above))
+    return out
+
+
+def check_mechanism(name: str, params: Any, continual: bool) -> None:
+    """Refuse (422, field ``privacy_unit_column``) a release on a person-level dataset whose
+    mechanism or params have no person-level argument. Public facts only; before charging."""
+    if continual:
+        raise InvalidInput(
+            FIELD,
+            f"{name} is a continual release: a person may reappear in a later batch and the "
+            "service cannot yet bound a person's total across batches; this dataset's privacy "
+            "unit is a person, so it is refused",
+        )
+    if name not in PERSON_LEVEL_RULES:
+        reason = _REFUSALS.get(name, "it has no person-level privacy argument")
+        raise InvalidInput(
+            FIELD,
+            f"this dataset's privacy unit is a person (privacy_unit_column); {name} cannot "
+            f"bound a person's contribution: {reason}. Person-level mechanisms: "
+            f"{', '.join(sorted(PERSON_LEVEL_RULES))}",
+        )
+    if params is None:
+        return
+    center = getattr(params, "center", "none")
+    if center != "none":
+        raise InvalidInput(
+            FIELD,
+            "this dataset's privacy unit is a person (privacy_unit_column): centring (params."
+            "center) is per row and is refused; use center none",
+        )
+    quantile = getattr(params, "clip_quantile", None)
+    if quantile not in (None, "none"):
+        raise InvalidInput(
+            FIELD,
+            "this dataset's privacy unit is a person (privacy_unit_column): a clip quantile "
+            "(params.clip_quantile) counts rows and is refused; leave it unset",
+        )
+
+
+def transform_bytes(n_rows: int, n_cols: int, chunk_rows: int = CHUNK_ROWS) -> int:
+    """Working memory of :func:`bound_contributions` beyond the mapped data, a function of
+    public facts: the bounded rows (``n x d`` float64, also the mechanism's input); one
+    person's rows gathered (``frobenius``; at most all ``n``); a chunk of normalised rows; the
+    unit index, its sort order and the per-unit sums; one person's ``d x d`` Gram."""
+    return (
+        16 * n_rows * n_cols
+        + 16 * min(n_rows, chunk_rows) * n_cols
+        + 40 * n_rows
+        + 8 * n_cols * n_cols
+    )
+
+
+def bound_contributions(
+    data: npt.NDArray[Any],
+    units: npt.NDArray[np.int64],
+    clip_norm: float,
+    rule: BoundRule,
+    chunk_rows: int = CHUNK_ROWS,
+) -> FloatArray:
+    """Each row clipped to ``C``, then each person's rows scaled by one factor so that their
+    contribution ``G_p`` has ``b_p <= C^2`` (``rule``: trace or Frobenius norm; see the module).
+
+    Parameters
+    ----------
+    data : (n, d) array
+        The rows (possibly a read-only memory map).
+    units : (n,) int64 array
+        Dense unit index of each row.
+    clip_norm : float
+        Public ``C``.
+    rule : "trace" or "frobenius"
+
+    Returns
+    -------
+    (n, d) float64 array: same rows order, each person's ``G_p'`` within the bound, each row of
+    norm at most ``C`` (up to a few ulps).
+
+    Sizes are computed on ``z = x / C`` (norm at most 1), so nothing overflows at any finite
+    scale: ``b_p / C^2`` is at most the person's row count.
+    """
+    n, d = data.shape
+    if units.shape != (n,):
+        raise ValueError("one unit index per row is needed")
+    out = np.empty((n, d), dtype=np.float64)
+    for start in range(0, n, chunk_rows):
+        out[start : start + chunk_rows] = clip_rows(data[start : start + chunk_rows], clip_norm)
+    if n == 0:
+        return out
+    n_units = int(units.max()) + 1
+    # Normalised squared norms ||x / C||^2, each in [0, 1] (computed on x / C: no overflow).
+    squared = np.empty(n, dtype=np.float64)
+    for start in range(0, n, chunk_rows):
+        normalised = out[start : start + chunk_rows] / clip_norm
+        squared[start : start + chunk_rows] = np.einsum("ij,ij->i", normalised, normalised)
+    size: FloatArray = np.asarray(
+        np.bincount(units, weights=squared, minlength=n_units), dtype=np.float64
+    )
+    if rule == "frobenius":
+        size = _frobenius_sizes(out, clip_norm, units, size)
+    # s_p^2 = min(1, C^2 / b_p) with b_p / C^2 = size.
+    factor = np.sqrt(1.0 / np.maximum(size, 1.0))
+    # A person of one clipped row is within both bounds already (||x||^2 <= C^2 exactly; the
+    # computed size may round a hair above 1): left bit for bit, as at row level.
+    factor[np.bincount(units, minlength=n_units) == 1] = 1.0
+    out *= factor[units][:, None]
+    return out
+
+
+def _frobenius_sizes(
+    clipped: FloatArray, clip_norm: float, units: npt.NDArray[np.int64], traces: FloatArray
+) -> FloatArray:
+    """``||Z_p^T Z_p||_F`` per person (``Z_p``: the person's rows divided by ``C``). Equal to the
+    trace for one row; computed from the smaller of ``Z_p Z_p^T`` and ``Z_p^T Z_p`` otherwise
+    (both have the same non-zero eigenvalues)."""
+    sizes = traces.copy()
+    counts = np.bincount(units, minlength=traces.shape[0])
+    order = np.argsort(units, kind="stable")
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    for person in np.flatnonzero(counts > 1):
+        rows = clipped[order[bounds[person] : bounds[person + 1]]] / clip_norm
+        small = rows @ rows.T if rows.shape[0] <= rows.shape[1] else rows.T @ rows
+        sizes[person] = float(np.linalg.norm(small))
+    return sizes
+
+
+def preview_notes(dataset: Any, mechanism: str, clip_norm: float | None) -> list[str]:
+    """What the dry run says about the unit the noise protects (public facts only)."""
+    if getattr(dataset, "privacy_unit_column", None) is None:
+        return [
+            "privacy unit: row. The noise above protects one row; a person with r rows is "
+            "protected only at up to r times epsilon (group privacy). Name a "
+            "privacy_unit_column at upload to protect people."
+        ]
+    rule = PERSON_LEVEL_RULES.get(mechanism, "trace")
+    bound = "C^2" if clip_norm is None else f"C^2 = {clip_norm * clip_norm:.6g}"
+    size = "sum of squared row norms" if rule == "trace" else "Frobenius norm of sum x x^T"
+    return [
+        f"privacy unit: person ({dataset.n_units} people). Each person's rows are clipped to "
+        f"C and then scaled down together so that their {size} is at most {bound}; no row "
+        "is dropped. Replacing a whole person then moves the statistic by at most what one "
+        "row moves it, so the noise scales above are per person: every person, whatever "
+        "their number of rows, is protected at this (epsilon, delta)."
+    ]
+
+
+def shown(dataset: Any) -> Mapping[str, Any]:
+    """The API's ``privacy_unit`` and ``n_units`` of a dataset row."""
+    if getattr(dataset, "privacy_unit_column", None) is None:
+        return {"privacy_unit": ROW, "n_units": None}
+    return {"privacy_unit": PERSON, "n_units": dataset.n_units}
