@@ -21,6 +21,7 @@ from service.api import (
     keys,
     mechanisms,
     operations,
+    priors,
     releases,
 )
 from service.api import metrics as metrics_api
@@ -157,6 +158,7 @@ def create_app(
         datasets.router,
         datasets.references,
         releases.router,
+        priors.router,
         grants.router,
         history.router,
         mechanisms.router,
