@@ -43,8 +43,8 @@ from service.mechanisms.base import (
 )
 from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS, FloatArray
 
-#: Largest projected row norm handed to a mechanism: a row whose projection's norm is not a
-#: finite double (raw entries near 1e308) is scaled down to this norm along its direction.
+#: Largest projected row norm handed to a mechanism: a row whose projection's norm is larger
+#: (or not a finite double: raw entries near 1e308) is scaled down to it along its direction.
 #: Every clip norm is far below it (``C^2`` stays under ``2^960``), so after clipping the row is
 #: what it would have been with the exact, unrepresentable norm.
 MAX_PROJECTED_NORM = 1e300
@@ -64,8 +64,9 @@ def project_rows(data: Any, prior: FloatArray, chunk_rows: int = DEFAULT_CHUNK_R
 
     Each row is divided by its largest absolute entry before the product and multiplied back
     after, so finite rows of any magnitude (1e-300..1e300) project without overflow or loss to
-    subnormals; zero rows stay zero; a row whose projection's norm overflows is scaled to
-    :data:`MAX_PROJECTED_NORM` (see there). Never raises on finite data."""
+    subnormals; zero rows stay zero; a row whose projection's norm exceeds
+    :data:`MAX_PROJECTED_NORM` (or overflows) is scaled to it (see there). Never raises on
+    finite data."""
     n = int(data.shape[0])
     out = np.empty((n, prior.shape[1]), dtype=np.float64)
     for start in range(0, n, chunk_rows):
@@ -73,11 +74,13 @@ def project_rows(data: Any, prior: FloatArray, chunk_rows: int = DEFAULT_CHUNK_R
         scale = np.max(np.abs(block), axis=1) if block.shape[1] else np.zeros(len(block))
         scale[~(scale > 0)] = 1.0
         unit = (block / scale[:, None]) @ prior
+        unit_norms = np.linalg.norm(unit, axis=1)
         with np.errstate(over="ignore", invalid="ignore"):
             projected = unit * scale[:, None]
-        bad = ~np.all(np.isfinite(projected), axis=1)
+            # Rows whose norm is not a finite double, or past the cap: along their direction.
+            bad = ~(unit_norms * scale <= MAX_PROJECTED_NORM)
         if np.any(bad):
-            norms = np.linalg.norm(unit[bad], axis=1)
+            norms = unit_norms[bad]
             norms[~(norms > 0)] = 1.0
             projected[bad] = unit[bad] / norms[:, None] * MAX_PROJECTED_NORM
         out[start : start + len(block)] = projected

@@ -77,7 +77,9 @@ def test_upload_list_and_read_a_prior(client, keys, prior_matrix):
     for role in (keys.admin, keys.auditor):
         assert client.get("/v1/priors", headers=bearer(role)).status_code == 403
         assert upload_prior(client, role, prior_matrix).status_code == 403
-    missing = client.get(f"/v1/priors/{'0' * 8}-0000-0000-0000-{'0' * 12}", headers=bearer(keys.owner))
+    missing = client.get(
+        f"/v1/priors/{'0' * 8}-0000-0000-0000-{'0' * 12}", headers=bearer(keys.owner)
+    )
     assert missing.status_code == 404
 
 
@@ -227,7 +229,9 @@ def test_an_inline_prior_is_stored_once_and_a_dry_run_stores_nothing(
     first = post_release(client, keys.analyst, dataset["id"], **BODY, params=inline)
     second = post_release(client, keys.analyst, dataset["id"], **BODY, params=inline)
     assert run_worker() == 2
-    ids = {fetch_release(client, keys.analyst, made)["params"]["prior_id"] for made in (first, second)}
+    ids = {
+        fetch_release(client, keys.analyst, made)["params"]["prior_id"] for made in (first, second)
+    }
     listed = client.get("/v1/priors", headers=bearer(keys.analyst)).json()
     assert listed["total"] == 1 and {listed["items"][0]["id"]} == ids
     assert listed["items"][0]["source"] == "inline"
