@@ -64,7 +64,7 @@ DEFAULT_URL: Final = "http://127.0.0.1:8000"
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 _M = TypeVar("_M", bound=BaseModel)
-_Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage)
+_Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage, PriorList)
 
 #: How ``ReleaseHandle.wait`` pauses between polls; tests swap in one that runs the worker.
 _sleep: Callable[[float], None] = time.sleep
