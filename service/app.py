@@ -71,6 +71,11 @@ TAGS = [
         "list and fetch releases.",
     },
     {
+        "name": "priors",
+        "description": "Public priors: bases (from public data or a fixed transform, never the "
+        "private rows) a release is estimated inside, named with params.prior_id; free.",
+    },
+    {
         "name": "mechanisms",
         "description": "The mechanisms, their parameters and what they guarantee.",
     },

@@ -37,6 +37,7 @@ import numpy as np
 from service.mechanisms.base import (
     Mechanism,
     MechanismOutput,
+    Preview,
     PrivacyStep,
     PublicContext,
     ReleaseSpec,
@@ -129,7 +130,7 @@ class _OnPrior(Mechanism[Any]):
         chunk = 8 * min(ctx.n_rows, DEFAULT_CHUNK_ROWS) * (ctx.n_cols + self.dimension)
         return self.inner.memory_bytes(self.inside(ctx), spec) + projected + chunk
 
-    def preview(self, ctx: PublicContext, spec: ReleaseSpec[Any]) -> Any:
+    def preview(self, ctx: PublicContext, spec: ReleaseSpec[Any]) -> Preview:
         shown = self.inner.preview(self.inside(ctx), spec)
         scales = {**shown.scales, "prior_dimension": self.dimension, "prior_sha256": self.sha256}
         meaning = [
@@ -139,7 +140,7 @@ class _OnPrior(Mechanism[Any]):
             "prior costs nothing, and what lies outside its span is not found.",
             *shown.meaning,
         ]
-        return type(shown)(scales=scales, meaning=meaning)
+        return Preview(scales=scales, meaning=meaning)
 
     def run(self, data: Any, spec: ReleaseSpec[Any], rng: np.random.Generator) -> MechanismOutput:
         projected = project_rows(data, self.prior)
