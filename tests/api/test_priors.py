@@ -256,3 +256,24 @@ def test_other_mechanisms_run_inside_the_prior_too(
     if body["status"] == "succeeded" and body["result"].get("basis") is not None:
         basis = np.array(body["result"]["basis"])
         assert np.linalg.norm(basis - prior_matrix @ (prior_matrix.T @ basis)) < 1e-9
+
+
+def test_an_inline_prior_above_the_json_limit_is_refused_413(client, keys, dataset):
+    big = np.eye(D, M).tolist() * 300  # far above DPSS_MAX_JSON_BYTES (64 KiB)
+    refused = request(client, keys.analyst, dataset["id"], params={"prior_basis": big})
+    assert refused.status_code == 413, refused.text
+    assert spent(client, keys.analyst, dataset["id"])["epsilon_spent"] == "0"
+
+
+def test_a_prior_changed_after_the_request_fails_the_release_unread(
+    client, keys, dataset, prior_matrix, run_worker, session_factory
+):
+    prior_id = upload_prior(client, keys.analyst, prior_matrix).json()["id"]
+    made = post_release(client, keys.analyst, dataset["id"], **BODY, params={"prior_id": prior_id})
+    with session_factory.begin() as session:
+        row = session.scalars(select(Prior)).one()
+        row.basis = np.ascontiguousarray(prior_matrix[:, ::-1], dtype="<f8").tobytes()
+    assert run_worker() == 1
+    body = fetch_release(client, keys.analyst, made)
+    # The digest recorded at the request no longer matches: no row is read with another prior.
+    assert body["status"] == "failed", body
