@@ -36,6 +36,7 @@ import numpy as np
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, undefer
 
+from service import audit
 from service.auth import Principal, Role, require_role
 from service.db.models import Prior, utcnow
 from service.errors import InvalidInput, NotFound
@@ -205,6 +206,7 @@ def _store_inline(session: Session, principal: Principal, prior: PublicPrior) ->
         row = _new_row(principal, prior.matrix, prior.sha256, None, "inline")
         session.add(row)
         session.flush()
+        _record(session, principal, row)
         existing = row.id
     return PublicPrior(prior.matrix, prior.sha256, existing, prior.field)
 
@@ -266,7 +268,25 @@ def create(session: Session, principal: Principal, matrix: FloatArray, name: str
     row = _new_row(principal, matrix, digest(matrix), name, "upload")
     session.add(row)
     session.flush()
+    _record(session, principal, row)
     return row
+
+
+def _record(session: Session, principal: Principal, row: Prior) -> None:
+    """A ``prior_stored`` audit event: which key stored which bytes (their digest)."""
+    audit.record(
+        session,
+        "prior_stored",
+        actor_key_id=principal.key_id,
+        details={
+            "prior_id": row.id,
+            "name": row.name,
+            "source": row.source,
+            "d": row.n_rows,
+            "m": row.n_cols,
+            "sha256": row.sha256,
+        },
+    )
 
 
 def get(session: Session, principal: Principal, prior_id: uuid.UUID, *, with_basis: bool) -> Prior:

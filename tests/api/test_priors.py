@@ -63,7 +63,7 @@ def spent(client, key, dataset_id):
     return client.get(f"/v1/datasets/{dataset_id}/budget", headers=bearer(key)).json()
 
 
-def test_upload_list_and_read_a_prior(client, keys, prior_matrix):
+def test_upload_list_and_read_a_prior(client, keys, prior_matrix, session_factory):
     made = upload_prior(client, keys.analyst, prior_matrix, name="dct")
     assert made.status_code == 201, made.text
     body = made.json()
@@ -77,6 +77,11 @@ def test_upload_list_and_read_a_prior(client, keys, prior_matrix):
     for role in (keys.admin, keys.auditor):
         assert client.get("/v1/priors", headers=bearer(role)).status_code == 403
         assert upload_prior(client, role, prior_matrix).status_code == 403
+    with session_factory() as session:
+        stored = session.scalars(
+            select(AuditEvent).where(AuditEvent.event_type == "prior_stored")
+        ).one()
+    assert stored.details["sha256"] == body["sha256"] and stored.details["prior_id"] == body["id"]
     missing = client.get(
         f"/v1/priors/{'0' * 8}-0000-0000-0000-{'0' * 12}", headers=bearer(keys.owner)
     )
