@@ -21,6 +21,7 @@ from service.api import (
     keys,
     mechanisms,
     operations,
+    priors,
     releases,
 )
 from service.api import metrics as metrics_api
@@ -68,6 +69,11 @@ TAGS = [
         "name": "releases",
         "description": "Analysts request a private rank-k subspace; the budget is charged once; "
         "list and fetch releases.",
+    },
+    {
+        "name": "priors",
+        "description": "Public priors: bases (from public data or a fixed transform, never the "
+        "private rows) a release is estimated inside, named with params.prior_id; free.",
     },
     {
         "name": "mechanisms",
@@ -157,6 +163,7 @@ def create_app(
         datasets.router,
         datasets.references,
         releases.router,
+        priors.router,
         grants.router,
         history.router,
         mechanisms.router,

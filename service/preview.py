@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, grants, ledger, privacy_unit, releases, spend
+from service import accounting, audit, grants, ledger, priors, privacy_unit, releases, spend
 from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset
@@ -102,7 +102,8 @@ def preview_release(
     if idempotency_key is not None:
         raise InvalidInput("Idempotency-Key", DRY_RUN_IDEMPOTENCY_KEY)
     dataset = releases.lock_dataset(session, dataset_id)
-    prepared = releases.check_request(body, dataset, settings)
+    prior = priors.resolve(session, principal, body.params, persist=False)
+    prepared = releases.check_request(body, dataset, settings, prior)
     # The same budgets a real request is charged to: the applicable grant (a key without one is
     # refused the same way when grants are required), then the dataset.
     grant = grants.applicable_grant(

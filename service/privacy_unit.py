@@ -31,9 +31,9 @@ contribution ``G_p = sum_i x_i x_i^T``:
 Rows are never dropped (a person's rows are scaled down together), so the row count seen by the
 mechanism is the public ``n``, and its memory and run time bounds are unchanged. The bound holds
 whatever the replaced and the replacing person's row counts, so releases are private for any
-replacement of one person; ``n_rows`` and ``n_units`` remain public metadata, as ``n`` was. The transform
-is a per-person map fixed by public facts (``C`` and the rule), applied in the worker where the
-mechanism's input is prepared, so no mechanism's internals change.
+replacement of one person; ``n_rows`` and ``n_units`` remain public metadata, as ``n`` was.
+The transform is a per-person map fixed by public facts (``C`` and the rule), applied in the
+worker where the mechanism's input is prepared, so no mechanism's internals change.
 
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
 anything is charged: a centre or a clip quantile (per-row means and counts), the sample-and-

@@ -31,6 +31,7 @@ from service import (
     datasets,
     grants,
     ledger,
+    priors,
     privacy_unit,
     reference,
     spend,
@@ -52,6 +53,7 @@ from service.mechanisms.base import InvalidParameter, Mechanism, PublicContext, 
 from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS
 from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding import PaddingModel
+from service.prior_projection import on_prior
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
@@ -343,19 +345,32 @@ def _not_admitted(mechanism: Mechanism[Any], accounting_name: str) -> str:
 
 
 def _prepare(
-    body: ReleaseRequest, dataset: Dataset, memory_limit_bytes: int | None = None
+    body: ReleaseRequest,
+    dataset: Dataset,
+    memory_limit_bytes: int | None = None,
+    prior: priors.PublicPrior | None = None,
 ) -> Prepared:
     """Validate the request against the mechanism using public facts only (the worker memory
     limit is public configuration: a mechanism may size a default parameter to it), calibrate
     it (to the request's ``(epsilon, delta)`` as a single release, or to its ``mu``/``rho``)
-    and work out its charge in the dataset's currency."""
+    and work out its charge in the dataset's currency.
+
+    With a public ``prior`` (:mod:`service.priors`) the mechanism is wrapped to run inside its
+    span (:func:`service.prior_projection.on_prior`): prepared, calibrated, previewed and
+    charged at ``m`` columns; its params carry the prior's id and digest."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
         raise InvalidInput("mechanism", unknown_name(body.mechanism, list(MECHANISMS), "mechanism"))
+    mechanism_params, _ = priors.split_params(body.params)
     try:
-        params = mechanism.parse_params(body.params)
+        params = mechanism.parse_params(mechanism_params)
     except ValidationError as exc:
         raise InvalidInput.from_validation(exc, prefix="params") from None
+    if prior is not None:
+        priors.check_for_release(
+            prior, mechanism, dataset.n_cols, body.k, dataset.reference is not None
+        )
+        mechanism = on_prior(mechanism, prior.matrix, prior.sha256)
     context = _context(dataset, memory_limit_bytes)
     kind = dataset.accounting
     if kind not in mechanism.accountings:
@@ -388,6 +403,8 @@ def _prepare(
         assert costs.rho is not None and costs.delta is not None
         charge = ledger.Charge(Decimal(0), costs.delta, costs.rho)
     dumped: dict[str, Any] = spec.params.model_dump(mode="json")
+    if prior is not None:
+        dumped.update(prior.recorded())
     return Prepared(
         mechanism=mechanism,
         context=context,
@@ -455,9 +472,14 @@ def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
         _check_places(name, value)
 
 
-def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) -> Prepared:
+def check_request(
+    body: ReleaseRequest,
+    dataset: Dataset,
+    settings: Settings,
+    prior: priors.PublicPrior | None = None,
+) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
-    mechanism, params (via ``prepare``: clip norm, k, ...) and the memory gate."""
+    mechanism, params (via ``prepare``: clip norm, k, ...), the prior and the memory gate."""
     extra = 0
     if dataset.reference is not None:
         reference.mechanism_allowed(body.mechanism)
@@ -468,7 +490,7 @@ def check_request(body: ReleaseRequest, dataset: Dataset, settings: Settings) ->
         mechanism = get_mechanism(body.mechanism)
         if mechanism is not None:
             privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
-    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB))
+    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior)
     if person_level:
         # A person-level dataset: only mechanisms with a person-level argument, and the
         # worker's per-person bound (privacy_unit.bound_contributions) in the memory gate.
@@ -577,7 +599,10 @@ def request_release(
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
         return existing
-    prepared = check_request(body, dataset, settings)
+    # A public prior named or given inline (stored now, so the worker can read it; rolled back
+    # with the request if it is refused). It costs nothing.
+    prior = priors.resolve(session, principal, body.params, persist=True)
+    prepared = check_request(body, dataset, settings, prior)
     params = prepared.params
     # The grant is checked first: it is the analyst's own limit, and naming it is more useful
     # than the dataset's remainder when both are short. Both under the dataset's lock.

@@ -71,6 +71,7 @@ from service import (
     audit,
     ledger,
     operations,
+    priors,
     privacy_unit,
     reference,
     registration,
@@ -101,6 +102,7 @@ from service.logs import forked_child_failures
 from service.mechanisms.base import InvalidParameter, Mechanism, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
+from service.prior_projection import on_prior
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -298,10 +300,24 @@ class Worker:
         mechanism = get_mechanism(job.mechanism)
         if mechanism is None:
             return Outcome.failed(NO_MECHANISM_REASON)
+        mechanism_params, recorded = priors.split_params(job.params)
         try:
-            params = mechanism.parse_params(job.params)
+            params = mechanism.parse_params(mechanism_params)
         except (ValidationError, InvalidParameter):
             return Outcome.failed(REFUSED_AT_RUN_REASON)
+        if recorded:
+            # A public prior (service.priors): read back and its digest checked before any row
+            # is read; a prior gone or changed is a refusal missed at prepare (data-independent).
+            def load() -> priors.PublicPrior | None:
+                with self.session_factory() as session:
+                    return priors.stored_prior(session, recorded)
+
+            try:
+                prior = self.with_db_retry("read prior", load)
+            except LookupError:
+                return Outcome.failed(REFUSED_AT_RUN_REASON)
+            if prior is not None:
+                mechanism = on_prior(mechanism, prior.matrix, prior.sha256)
         spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
         if job.file_name is None:
             return Outcome.failed(DATASET_DELETED_REASON, refund=True)

@@ -65,6 +65,7 @@ TABLES = (
     "releases",
     "grants",
     "datasets",
+    "priors",
     "audit_events",
     "api_keys",
     "worker_heartbeats",

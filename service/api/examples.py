@@ -44,6 +44,7 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
         "delta": "1e-6",
         "params": {"clip_norm": 1.0},
     },
+    ("post", "/v1/priors"): {"file": "dct64.npy", "name": "2-D DCT, 64 lowest frequencies"},
     ("post", "/v1/datasets/{dataset_id}/grants"): {
         "analyst_key_id": ANALYST_KEY_ID,
         "epsilon": "1",
@@ -123,6 +124,16 @@ _KEY_INFO = {
 }
 
 #: Response bodies by the component schema a successful response refers to.
+_PRIOR = {
+    "id": "2b1c0d9e-8f7a-4b6c-9d5e-3f2a1b0c9d8e",
+    "name": "2-D DCT, 64 lowest frequencies",
+    "source": "upload",
+    "d": 784,
+    "m": 64,
+    "sha256": "5d41402abc4b2a76b9719d911017c592" * 2,
+    "created_at": CREATED,
+}
+
 RESPONSES: dict[str, Any] = {
     "Health": {"status": "ok"},
     "KeyCreated": {
@@ -135,6 +146,9 @@ RESPONSES: dict[str, Any] = {
     "Dataset": _DATASET,
     "DatasetCreated": {**_DATASET, "rows_above_bound": 3},
     "DatasetList": {"items": [_DATASET], "total": 1, "next": None},
+    "Prior": _PRIOR,
+    "PriorList": {"items": [_PRIOR], "total": 1, "next": None},
+    "PriorWithBasis": {**_PRIOR, "d": 3, "m": 2, "basis": [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]},
     "DatasetBatch": {
         "dataset_id": DATASET_ID,
         "seq": 1,

@@ -290,6 +290,28 @@ class ReleaseBasis(Base):
     basis: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class Prior(Base):
+    """A public basis (``d x m``, orthonormal columns) that releases may name with
+    ``params.prior_id``: uploaded with ``POST /v1/priors`` or stored from a request's inline
+    ``params.prior_basis`` (see :mod:`service.priors`). Public data: never derived from a
+    dataset's rows. ``basis`` is little-endian float64 row-major and ``sha256`` its digest;
+    the bytes are deferred so that listing priors never reads them."""
+
+    __tablename__ = "priors"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str | None] = mapped_column(String(200), default=None)
+    #: The key that stored it (an upload, or the analyst whose request carried it inline).
+    creator_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
+    #: ``upload`` or ``inline``.
+    source: Mapped[str] = mapped_column(String(10))
+    n_rows: Mapped[int] = mapped_column(Integer)
+    n_cols: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    basis: Mapped[bytes] = mapped_column(LargeBinary, deferred=True)
+
+
 class WorkerHeartbeat(Base):
     """One worker process, renewed every ``DPSS_WORKER_HEARTBEAT_SECONDS`` while it runs
     (busy or idle) and removed when it stops; a row not renewed within the lease time is a

@@ -56,6 +56,7 @@ def test_get_params_round_trip_and_clone_like_rebuild() -> None:
         "timeout": None,
         "mu": None,
         "rho": None,
+        "prior": None,
         "clip_norm": 2.0,
     }
     assert pca.get_params(deep=False) == params

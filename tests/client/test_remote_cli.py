@@ -314,3 +314,31 @@ def test_upload_with_a_privacy_unit_column(dpss: Dpss, make_key: MakeKey, tmp_pa
     shown = dpss("datasets", "show", ds["id"], key=owner)
     assert shown.exit_code == 0 and "person (7 people)" in shown.stdout
     assert "id-qx" not in human.stdout + shown.stdout
+
+
+def test_priors_upload_list_and_a_release_that_names_one(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    owner, analyst = make_key("owner"), make_key("analyst")
+    data = tmp_path / "rows.csv"
+    np.savetxt(data, low_rank_rows(300, 5, 2, seed=21), delimiter=",", fmt="%.17g")
+    ds = _upload(dpss, owner, data)
+    prior = tmp_path / "prior.npy"
+    np.save(prior, np.eye(5)[:, :3])
+    made = dpss("priors", "upload", str(prior), "--name", "axes", "--json", key=analyst)
+    assert made.exit_code == 0, made.output
+    stored = _json(made)
+    assert (stored["d"], stored["m"], stored["name"]) == (5, 3, "axes")
+    listed = dpss("priors", "list", key=owner)
+    assert listed.exit_code == 0 and stored["id"] in listed.stdout
+    bad = tmp_path / "bad.npy"
+    np.save(bad, 2 * np.eye(5)[:, :3])
+    refused = dpss("priors", "upload", str(bad), key=analyst)
+    assert refused.exit_code != 0 and "orthonormal" in refused.output
+    release = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "2",
+        "--epsilon", "0.5", "--delta", "1e-6", "--param", f"prior_id={stored['id']}",
+        "--json", key=analyst,
+    )  # fmt: skip
+    assert release.exit_code == 0, release.output
+    assert _json(release)["params"]["prior_sha256"] == stored["sha256"]

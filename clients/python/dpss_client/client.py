@@ -39,6 +39,7 @@ from api_schemas.grants import Grant, GrantList
 from api_schemas.history import ReleasePage
 from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
 from api_schemas.mechanisms import MechanismInfo, MechanismList
+from api_schemas.priors import Prior, PriorList, PriorWithBasis
 from api_schemas.releases import Epoch, EpochList, Release, ReleasePreview, ReleaseStatus
 
 __all__ = [
@@ -63,7 +64,7 @@ DEFAULT_URL: Final = "http://127.0.0.1:8000"
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 _M = TypeVar("_M", bound=BaseModel)
-_Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage)
+_Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage, PriorList)
 
 #: How ``ReleaseHandle.wait`` pauses between polls; tests swap in one that runs the worker.
 _sleep: Callable[[float], None] = time.sleep
@@ -678,6 +679,34 @@ class Client:
 
     def budget(self, dataset_id: UUID | str) -> Budget:
         return self._get(f"/v1/datasets/{dataset_id}/budget", Budget)
+
+    # Public priors ----------------------------------------------------------------------------
+
+    def upload_prior(self, basis: NDArray[Any], *, name: str | None = None) -> Prior:
+        """Upload a public prior (analyst or owner key): a ``d x m`` basis with orthonormal
+        columns, from public data or a fixed transform, never from the private rows. Name it in
+        a release with ``prior_id=str(prior.id)``."""
+        array = np.asarray(basis, dtype=np.float64)
+        if array.ndim != 2:
+            raise ValueError(f"the prior must be 2-D (d x m), got shape {array.shape}")
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+        form = {"name": name} if name is not None else {}
+        response = self._request(
+            "POST",
+            "/v1/priors",
+            data=form,
+            files={"file": ("prior.npy", buffer.getvalue(), "application/octet-stream")},
+        )
+        return _parse(response, Prior)
+
+    def priors(self) -> list[Prior]:
+        """Every stored public prior (metadata), newest first, over all pages."""
+        return list(self._pages("/v1/priors", PriorList, {}, None))
+
+    def prior(self, prior_id: UUID | str) -> PriorWithBasis:
+        """A prior's metadata and basis."""
+        return self._get(f"/v1/priors/{prior_id}", PriorWithBasis)
 
     # Grants ---------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ depending on scikit-learn.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any, Final, Literal
@@ -47,6 +48,7 @@ _NAMED: Final = (
     "timeout",
     "mu",
     "rho",
+    "prior",
 )
 
 
@@ -135,6 +137,15 @@ class PrivatePCA:
         service's default. Sent only with ``center="private"``.
     timeout : float or None
         Seconds ``fit`` waits for the release to finish (``None``: no limit).
+    prior : array-like of shape (n_features, m), UUID, str or None
+        A public prior: a basis with orthonormal columns (``m >= n_components``) from public
+        data or a fixed transform such as a DCT, never from the dataset's rows. The rows are
+        projected onto it and the components are estimated inside its span, with noise in
+        ``m`` dimensions instead of ``n_features`` (the cost is the same; the prior costs
+        nothing). An array is uploaded once (``POST /v1/priors``) at the first ``fit`` and
+        named by id; a UUID or string names a stored prior. Its digest is recorded with the
+        release. The explained-variance figures are then those of the rows projected onto
+        the prior's span.
     **params
         Further mechanism params sent as they are (e.g. ``clip_norm``); they are parameters of
         the estimator too (``get_params`` lists them, ``set_params`` changes them).
@@ -187,6 +198,7 @@ class PrivatePCA:
         timeout: float | None = None,
         mu: Number | None = None,
         rho: Number | None = None,
+        prior: ArrayLike | UUID | str | None = None,
         **params: Any,
     ) -> None:
         # scikit-learn's convention: store the arguments untouched, validate in fit.
@@ -201,7 +213,10 @@ class PrivatePCA:
         self.center = center
         self.center_share = center_share
         self.timeout = timeout
+        self.prior = prior
         self._params: dict[str, Any] = dict(params)
+        #: ``(prior array's SHA-256, its id in the service)``: an array is uploaded once.
+        self._uploaded_prior: tuple[str, str] | None = None
 
     # ----------------------------------------------------------------------------------------
     # scikit-learn's parameter protocol
@@ -252,7 +267,26 @@ class PrivatePCA:
                     params["center_share"] = self.center_share
         else:
             params["center"] = _public_center(center).tolist()
+        prior_id = self._prior_id()
+        if prior_id is not None:
+            params["prior_id"] = prior_id
         return params
+
+    def _prior_id(self) -> str | None:
+        """The id of :attr:`prior` in the service, uploading an array the first time."""
+        prior = self.prior
+        if prior is None:
+            return None
+        if isinstance(prior, UUID | str):
+            return str(prior)
+        array = np.asarray(prior, dtype=np.float64)
+        if array.ndim != 2:
+            raise ValueError(f"prior: expected a 2-D (d x m) basis, got shape {array.shape}")
+        digest = hashlib.sha256(np.ascontiguousarray(array, dtype="<f8").tobytes()).hexdigest()
+        if self._uploaded_prior is None or self._uploaded_prior[0] != digest:
+            stored = self.client.upload_prior(array, name="PrivatePCA prior")
+            self._uploaded_prior = (digest, str(stored.id))
+        return self._uploaded_prior[1]
 
     def fit(self, X: None = None, y: None = None) -> PrivatePCA:
         """Request the release from the service, wait for it, and set the fitted attributes.

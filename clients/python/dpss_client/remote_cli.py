@@ -1262,6 +1262,77 @@ def _global_options(
     ctx.call_on_close(restore)
 
 
+# --------------------------------------------------------------------------------------------
+# public priors
+
+priors_app = typer.Typer(
+    help="Public priors: bases a release is estimated inside (--param prior_id=ID).",
+    no_args_is_help=True,
+)
+
+
+@priors_app.command("upload")
+def priors_upload(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="A .npy d x m basis with orthonormal columns, from public data only.",
+        ),
+    ],
+    name: Annotated[str | None, typer.Option("--name", help="A label for the prior.")] = None,
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Upload a public prior (analyst or owner key); name it in a release with
+    --param prior_id=ID. It must not be derived from any dataset's private rows."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        try:
+            basis = np.load(file, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise typer.BadParameter(f"not a readable .npy array: {exc}") from exc
+        prior = client.upload_prior(basis, name=name)
+        if as_json:
+            _print_json(_dump(prior))
+            return
+        rows = [
+            ("id", str(prior.id)),
+            ("name", prior.name or ""),
+            ("d x m", f"{prior.d} x {prior.m}"),
+            ("sha256", prior.sha256),
+        ]
+        _stdout().print(_kv_table("prior stored", rows))
+
+
+@priors_app.command("list")
+def priors_list(
+    url: UrlOption = DEFAULT_URL,
+    api_key: ApiKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the stored public priors, newest first."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        items = client.priors()
+        if as_json:
+            _print_json({"items": [_dump(p) for p in items], "total": len(items), "next": None})
+            return
+        table = Table(title=f"{len(items)} prior(s)", title_justify="left", box=box.SIMPLE_HEAD)
+        for column in ("id", "name", "source", "d x m", "sha256"):
+            table.add_column(column, overflow="fold")
+        for prior in items:
+            table.add_row(
+                str(prior.id),
+                prior.name or "",
+                prior.source,
+                f"{prior.d} x {prior.m}",
+                prior.sha256[:16],
+            )
+        _stdout().print(table)
+
+
 def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
     """Add the remote commands to the ``dpss`` app and ``list`` to its ``audit`` group, and the
     global ``--url`` and ``--api-key`` options (before the command) to the app."""
@@ -1270,6 +1341,7 @@ def register_remote_commands(app: typer.Typer, audit_app: typer.Typer) -> None:
     app.command("budget")(budget)
     app.add_typer(grants_app, name="grants")
     app.add_typer(releases_app, name="releases")
+    app.add_typer(priors_app, name="priors")
     app.command("mechanisms")(mechanisms)
     audit_app.command("list")(audit_list)
 
