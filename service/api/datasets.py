@@ -129,7 +129,13 @@ async def create_dataset(
                 session, store, principal, fields, stored, settings.default_accounting
             ),
         )
-        return DatasetCreated(**out.model_dump(), rows_above_bound=above)
+        fits = datasets.recommended_accounting(fields)
+        return DatasetCreated(
+            **out.model_dump(),
+            rows_above_bound=above,
+            recommended_accounting=fits.accounting,
+            recommendation_reason=fits.reason,
+        )
 
     try:
         return await uow(register)

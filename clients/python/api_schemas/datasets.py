@@ -168,6 +168,19 @@ class DatasetCreated(Dataset):
         ),
     )
 
+    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+        default=None,
+        description=(
+            "The accounting that fits the mechanisms the upload named in planned_mechanisms "
+            "(all mechanisms when it named none; issue 31, item 5): gaussian when all are "
+            "purely Gaussian, basic when one of them only basic admits, zcdp otherwise. Advice: "
+            "the dataset keeps the accounting it was uploaded with."
+        ),
+    )
+    recommendation_reason: str | None = Field(
+        default=None, description="Why recommended_accounting fits, with the measured figures."
+    )
+
 
 class DatasetBatch(Schema):
     """A batch of rows appended to a dataset (`POST /v1/datasets/{id}/rows`)."""
@@ -247,6 +260,15 @@ class DatasetCreate(RequestSchema):
         description=(
             "zcdp: the share of delta_budget reserved for converting rho to (epsilon, "
             "delta); releases' approximate steps may spend the rest. Default: half."
+        ),
+    )
+    planned_mechanisms: SafeStr | None = Field(
+        default=None,
+        max_length=1000,
+        description=(
+            "Optional: the mechanisms the owner plans to use, comma-separated names "
+            "(`analyze_gauss,friendly_aggregate`). Changes nothing about the dataset; the "
+            "answer's recommended_accounting says which accounting fits them."
         ),
     )
     allow_large_delta: FormBool = Field(
