@@ -436,7 +436,7 @@ def get_budget(
     with no ORM object: the dataset's totals and what its ledger spent, refunds counted from
     when they take effect (:func:`service.ledger.in_effect`)."""
     require_role(principal, "owner", "analyst")
-    dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
+    dialect = ledger.dialect_of(session)
     parameters: dict[str, Any] = {"dataset_id": dataset_id, "now": utcnow()}
     if principal.role == "owner":
         parameters["owner_key_id"] = principal.key_id
