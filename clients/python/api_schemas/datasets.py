@@ -267,8 +267,9 @@ class DatasetCreate(RequestSchema):
         max_length=1000,
         description=(
             "Optional: the mechanisms the owner plans to use, comma-separated names "
-            "(`analyze_gauss,friendly_aggregate`). Changes nothing about the dataset; the "
-            "answer's recommended_accounting says which accounting fits them."
+            "(`analyze_gauss,friendly_aggregate`); an unknown name is refused (422). Changes "
+            "nothing about the dataset; an upload's answer (recommended_accounting) says which "
+            "accounting fits them."
         ),
     )
     allow_large_delta: FormBool = Field(
