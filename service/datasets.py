@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
 from api_schemas.datasets import DatasetCreate
-from service import accounting, audit, ledger, privacy_unit, wake
+from service import accounting, advice, audit, ledger, privacy_unit, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
@@ -63,6 +63,21 @@ class BudgetTerms:
     delta_conversion: Decimal | None = None
 
 
+def planned_mechanisms(form: DatasetCreate) -> list[str]:
+    """The upload's ``planned_mechanisms`` as registered names; :class:`InvalidInput` names the
+    field for an unknown one (before any file is parsed)."""
+    try:
+        return advice.parse_planned(form.planned_mechanisms)
+    except ValueError as exc:
+        raise InvalidInput("planned_mechanisms", str(exc)) from None
+
+
+def recommended_accounting(form: DatasetCreate) -> advice.Advice:
+    """The accounting that fits the mechanisms the upload says the owner plans to use
+    (:func:`service.advice.recommend`; all of them when it names none)."""
+    return advice.recommend(planned_mechanisms(form))
+
+
 def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> BudgetTerms:
     """Refuse budgets the ledger could not store exactly (they would be rounded), before any
     file is parsed, and derive the accounting's budget; :class:`InvalidInput` names the field.
@@ -83,6 +98,7 @@ def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> Bud
     for name, value in fields:
         if value is not None:
             ledger.check_storable(name, value)
+    planned_mechanisms(form)
     chosen = form.accounting
     if chosen is None:
         chosen = "basic" if form.delta_budget == 0 else default_accounting  # type: ignore[assignment]
@@ -443,7 +459,7 @@ def get_budget(
     with no ORM object: the dataset's totals and what its ledger spent, refunds counted from
     when they take effect (:func:`service.ledger.in_effect`)."""
     require_role(principal, "owner", "analyst")
-    dialect = "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
+    dialect = ledger.dialect_of(session)
     parameters: dict[str, Any] = {"dataset_id": dataset_id, "now": utcnow()}
     if principal.role == "owner":
         parameters["owner_key_id"] = principal.key_id

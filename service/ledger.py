@@ -49,7 +49,9 @@ __all__ = [
     "budgets_of",
     "charge",
     "check_storable",
+    "dialect_of",
     "refund",
+    "spent_by_dataset",
     "spent_of",
     "state_of",
 ]
@@ -183,47 +185,29 @@ def budget_of(session: Session, dataset: Dataset) -> BudgetState:
 
 
 def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID, BudgetState]:
-    """Each dataset's budget from its ledger, in one statement for all of them.
-
-    On PostgreSQL the database sums: ``NUMERIC`` addition is exact (the sum's scale is the
-    operands' and its precision unbounded), so one row per dataset comes back whatever the
-    ledger's size. SQLite would sum the decimal text as binary floats, so there the rows are
-    summed here in :data:`BUDGET_CONTEXT` (exact, but proportional to the ledger).
-    """
-    ids = [dataset.id for dataset in datasets]
-    spent: dict[uuid.UUID, tuple[Decimal, Decimal, Decimal]] = {}
-    if ids and session.get_bind().dialect.name == "postgresql":
-        sign = case((LedgerEntry.kind == "charge", 1), else_=-1)
-        sums = session.execute(
-            select(
-                LedgerEntry.dataset_id,
-                func.sum(sign * LedgerEntry.epsilon),
-                func.sum(sign * LedgerEntry.delta),
-                func.sum(sign * LedgerEntry.rho),
-            )
-            .where(LedgerEntry.dataset_id.in_(ids), in_effect())
-            .group_by(LedgerEntry.dataset_id)
-        ).all()
-        spent = {
-            dataset_id: (Decimal(eps), Decimal(delta), Decimal(rho))
-            for dataset_id, eps, delta, rho in sums
-        }
-    elif ids:
-        rows = session.execute(
-            select(
-                LedgerEntry.dataset_id,
-                LedgerEntry.kind,
-                LedgerEntry.epsilon,
-                LedgerEntry.delta,
-                LedgerEntry.rho,
-            ).where(LedgerEntry.dataset_id.in_(ids), in_effect())
-        ).all()
-        by_dataset: dict[uuid.UUID, list[tuple[str, Decimal, Decimal, Decimal]]] = {}
-        for dataset_id, *entry in rows:
-            by_dataset.setdefault(dataset_id, []).append(tuple(entry))  # type: ignore[arg-type]
-        spent = {dataset_id: spent_of(entries) for dataset_id, entries in by_dataset.items()}
+    """Each dataset's budget from its ledger, in one statement for all of them: the budget
+    read's own statement (:func:`budget_select`, for the datasets ``ids``) and its own sums
+    (:func:`spent_by_dataset`), so that this and :func:`service.datasets.get_budget` are one
+    computation of what remains, not two kept equal by a test. The totals are the ORM rows'
+    (the ones the caller holds, locked when it charges)."""
+    if not datasets:
+        return {}
+    dialect = dialect_of(session)
+    rows = session.execute(
+        _MANY_BUDGETS[dialect], {"ids": [dataset.id for dataset in datasets], "now": utcnow()}
+    ).all()
+    spent = spent_by_dataset(dialect, rows)
     zero = (Decimal(0), Decimal(0), Decimal(0))
-    return {dataset.id: state_of(dataset, *spent.get(dataset.id, zero)) for dataset in datasets}
+    return {
+        dataset.id: state_of(dataset, *spent.get(dataset.id, (None, zero))[1])
+        for dataset in datasets
+    }
+
+
+def dialect_of(session: Session) -> str:
+    """The shape of the budget statements for ``session``'s database: ``postgresql`` sums in
+    the database, anything else (SQLite) here."""
+    return "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
 
 
 #: The columns of a dataset that make its budget (:class:`BudgetTotals`), in this order.
@@ -231,16 +215,18 @@ TOTALS = ("accounting", "epsilon_total", "delta_total", "rho_total", "mu_total",
 
 
 def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[Any]:
-    """One statement for one dataset's budget: its :data:`TOTALS` and what its ledger spent,
-    for the dataset (at most one) that ``where`` selects, with entries in effect at the bound
-    parameter ``now`` (:func:`in_effect`). Core, not ORM: built once and kept, so a read pays
-    neither for building it nor for loading an ORM object (read it with
+    """The one statement of what a budget spent: each dataset ``where`` selects, its id,
+    :data:`TOTALS` and its ledger's sums, with entries in effect at the bound parameter
+    ``now`` (:func:`in_effect`). Core, not ORM: built once and kept, so a read pays neither for
+    building it nor for loading an ORM object (read it with :func:`spent_by_dataset` or
     :func:`budget_row_of`).
 
-    On PostgreSQL the database sums (one row; sums null without entries), as in
-    :func:`budgets_of`; on SQLite one row per entry in effect (one with null entry columns
-    without any), summed exactly by :func:`budget_row_of`. The ledger is joined (left), so a
-    dataset with no entries still answers.
+    On PostgreSQL the database sums: ``NUMERIC`` addition is exact (the sum's scale is the
+    operands' and its precision unbounded), so one row per dataset comes back whatever the
+    ledger's size (sums null without entries). SQLite would sum the decimal text as binary
+    floats, so there it is one row per entry in effect (one with null entry columns without
+    any), summed exactly in :data:`BUDGET_CONTEXT` by :func:`spent_by_dataset`. The ledger is
+    joined (left), so a dataset with no entries still answers.
     """
     datasets, entries = Dataset.__table__, LedgerEntry.__table__
     totals = [datasets.c[name] for name in TOTALS]
@@ -255,6 +241,7 @@ def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[
         sign = case((entries.c.kind == "charge", 1), else_=-1)
         return (
             select(
+                datasets.c.id,
                 *totals,
                 func.sum(sign * entries.c.epsilon),
                 func.sum(sign * entries.c.delta),
@@ -265,10 +252,24 @@ def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[
             .group_by(datasets.c.id, *totals)
         )
     return (
-        select(*totals, entries.c.kind, entries.c.epsilon, entries.c.delta, entries.c.rho)
+        select(
+            datasets.c.id,
+            *totals,
+            entries.c.kind,
+            entries.c.epsilon,
+            entries.c.delta,
+            entries.c.rho,
+        )
         .select_from(joined)
         .where(*where)
     )
+
+
+#: :func:`budget_select` for the datasets of the expanding bound parameter ``ids``.
+_MANY_BUDGETS = {
+    dialect: budget_select(dialect, [Dataset.__table__.c.id.in_(bindparam("ids", expanding=True))])
+    for dialect in ("postgresql", "sqlite")
+}
 
 
 @dataclass(frozen=True)
@@ -283,20 +284,39 @@ class Totals:
     delta_conversion: Decimal | None
 
 
-def budget_row_of(dialect: str, rows: Sequence[Row[Any]]) -> tuple[Totals, BudgetState] | None:
-    """The totals and budget state from :func:`budget_select`'s rows; ``None`` if there are
-    none (no such dataset, or not one the statement's conditions let through)."""
-    if not rows:
-        return None
-    totals = Totals(*rows[0][: len(TOTALS)])
-    width = len(TOTALS)
+Spent = tuple[Decimal, Decimal, Decimal]
+
+
+def spent_by_dataset(
+    dialect: str, rows: Sequence[Row[Any]]
+) -> dict[uuid.UUID, tuple[Totals, Spent]]:
+    """Each dataset's totals and ``(epsilon, delta, rho)`` spent from :func:`budget_select`'s
+    rows: the database's sums (PostgreSQL), or the entries summed exactly (SQLite)."""
+    width = 1 + len(TOTALS)
+    found: dict[uuid.UUID, tuple[Totals, Spent]] = {}
     if dialect == "postgresql":
-        sums = rows[0][width:]
-        spent = tuple(Decimal(0) if value is None else Decimal(value) for value in sums)
-    else:
-        entries = [row[width:] for row in rows if row[width] is not None]
-        spent = spent_of(entries)
-    return totals, state_of(totals, *spent)
+        for row in rows:
+            sums = row[width:]
+            spent = tuple(Decimal(0) if value is None else Decimal(value) for value in sums)
+            found[row[0]] = (Totals(*row[1:width]), spent)  # type: ignore[assignment]
+        return found
+    entries: dict[uuid.UUID, list[Any]] = {}
+    totals: dict[uuid.UUID, Totals] = {}
+    for row in rows:
+        totals.setdefault(row[0], Totals(*row[1:width]))
+        listed = entries.setdefault(row[0], [])
+        if row[width] is not None:
+            listed.append(row[width:])
+    return {key: (totals[key], spent_of(entries[key])) for key in totals}
+
+
+def budget_row_of(dialect: str, rows: Sequence[Row[Any]]) -> tuple[Totals, BudgetState] | None:
+    """The totals and budget state of the one dataset :func:`budget_select`'s rows are about;
+    ``None`` if there are none (no such dataset, or not one the statement's conditions let
+    through)."""
+    for totals, spent in spent_by_dataset(dialect, rows).values():
+        return totals, state_of(totals, *spent)
+    return None
 
 
 def spent_of(

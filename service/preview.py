@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import accounting, audit, grants, ledger, priors, privacy_unit, releases, spend
+from service import accounting, advice, audit, grants, ledger, priors, privacy_unit, releases, spend
 from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset
@@ -63,6 +63,8 @@ class ReleasePreview:
     memory_mb: float
     scales: dict[str, PreviewValue]
     meaning: list[str]
+    recommended_accounting: str
+    recommendation_reason: str
     warnings: list[DominanceWarning]
 
 
@@ -139,6 +141,7 @@ def preview_release(
     )
     # The remaining figures as GET .../budget (or the grant) states them.
     stated = spend.statement(budget)
+    fits = recommendation(dataset, body.mechanism, prepared.epsilon, prepared.costs)
     return ReleasePreview(
         dataset_id=dataset.id,
         mechanism=prepared.mechanism.name,
@@ -170,6 +173,8 @@ def preview_release(
             ),
             *accounting_note(dataset, prepared.costs),
         ],
+        recommended_accounting=fits.accounting,
+        recommendation_reason=fits.reason,
         warnings=dominance_warnings(
             body.mechanism,
             float(prepared.delta),
@@ -199,3 +204,19 @@ def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:
         "noise (zcdp pays for its conversion to (epsilon, delta) and the delta it reserves; "
         "it admits every mechanism with a proven profile, gaussian only Gaussian ones)."
     ]
+
+
+def recommendation(
+    dataset: Dataset, mechanism: str, epsilon: Decimal, costs: accounting.StepCosts
+) -> advice.Advice:
+    """The accounting that fits releases like this one (:func:`service.advice.advise`): from
+    the steps this release declares (none: only ``basic`` has a rule for it; all Gaussian:
+    ``gaussian``, except ``auto``) and how many releases of its epsilon the dataset's stated
+    epsilon holds (the plan the request implies). Public facts only."""
+    if costs.rho is None:
+        kind: advice.Kind = "unprofiled"
+    elif costs.gaussian and mechanism != "auto":
+        kind = "gaussian"
+    else:
+        kind = "mixed"
+    return advice.advise([mechanism], kind, advice.releases_of(dataset.epsilon_total, epsilon))

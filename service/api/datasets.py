@@ -135,11 +135,14 @@ async def create_dataset(
             ),
         )
         person = stored.n_units is not None
+        fits = datasets.recommended_accounting(fields)
         return DatasetCreated(
             **out.model_dump(),
             rows_above_bound=above,
             rows_per_unit=stored.rows_per_unit,
             rows_dropped_by_bound=0 if person else None,
+            recommended_accounting=fits.accounting,
+            recommendation_reason=fits.reason,
         )
 
     try:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import Result
 from fastapi.testclient import TestClient
@@ -98,3 +99,41 @@ def test_cli_dry_run(
     assert invalid.exit_code == ExitCode.REFUSED
     assert "clip_norm" in invalid.output
     assert owner.budget(ds.id).epsilon_spent == 0
+
+
+def test_the_client_and_the_cli_show_the_recommended_accounting(
+    dpss: Callable[..., Result], clients: tuple[Client, Client], make_key: MakeKey, tmp_path: Path
+) -> None:
+    """Issue 31, item 5: the upload's answer recommends for the planned mechanisms, and a dry
+    run names the accounting that fits when it is not the dataset's."""
+    owner, _ = clients
+    ds = owner.upload(
+        low_rank_rows(300, 6, 2, seed=5),
+        name="r",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+        accounting="basic",
+        planned_mechanisms=["analyze_gauss", "spectrum"],
+    )
+    assert getattr(ds, "recommended_accounting", None) == "gaussian"
+    analyst = make_key("analyst")
+    args = ("releases", "create", str(ds.id), "--mechanism", "analyze_gauss", "--k", "2",
+            "--epsilon", "0.5", "--delta", "1e-6", "--dry-run")  # fmt: skip
+    table = dpss(*args, key=analyst)
+    assert table.exit_code == ExitCode.OK, table.output
+    assert "recommended_accounting" in table.stdout
+    assert "- recommended accounting gaussian: analyze_gauss is purely Gaussian" in table.stdout
+    path = tmp_path / "rows.npy"
+    np.save(path, low_rank_rows(300, 6, 2, seed=6))
+    uploaded = dpss("datasets", "upload", str(path), "--epsilon-budget", "1",
+                    "--delta-budget", "1e-5", "--accounting", "zcdp",
+                    "--planned-mechanisms", "analyze_gauss,exact_gapmax",
+                    key=make_key("owner"))  # fmt: skip
+    assert uploaded.exit_code == ExitCode.OK, uploaded.output
+    assert "recommended_accounting" in uploaded.stdout and "zcdp" in uploaded.stdout
+    unknown = dpss("datasets", "upload", str(path), "--epsilon-budget", "1",
+                   "--delta-budget", "1e-5", "--planned-mechanisms", "pca",
+                   key=make_key("owner"))  # fmt: skip
+    assert unknown.exit_code == ExitCode.REFUSED, unknown.output
+    assert "planned_mechanisms" in unknown.output

@@ -198,6 +198,19 @@ class DatasetCreated(Dataset):
         ),
     )
 
+    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+        default=None,
+        description=(
+            "The accounting that fits the mechanisms the upload named in planned_mechanisms "
+            "(all mechanisms when it named none; issue 31, item 5): gaussian when all are "
+            "purely Gaussian, basic when one of them only basic admits, zcdp otherwise. Advice: "
+            "the dataset keeps the accounting it was uploaded with."
+        ),
+    )
+    recommendation_reason: str | None = Field(
+        default=None, description="Why recommended_accounting fits, with the measured figures."
+    )
+
 
 class DatasetBatch(Schema):
     """A batch of rows appended to a dataset (`POST /v1/datasets/{id}/rows`)."""
@@ -290,6 +303,16 @@ class DatasetCreate(RequestSchema):
             "values are never stored or shown; neighbouring datasets then differ in all rows "
             "of one person. Omitted: the unit is the row. Uploads only for now (appends to "
             "such a dataset and references with it are refused with 422)."
+        ),
+    )
+    planned_mechanisms: SafeStr | None = Field(
+        default=None,
+        max_length=1000,
+        description=(
+            "Optional: the mechanisms the owner plans to use, comma-separated names "
+            "(`analyze_gauss,friendly_aggregate`); an unknown name is refused (422). Changes "
+            "nothing about the dataset; an upload's answer (recommended_accounting) says which "
+            "accounting fits them."
         ),
     )
     allow_large_delta: FormBool = Field(

@@ -419,6 +419,18 @@ class ReleasePreview(Schema):
     meaning: list[str] = Field(
         description="What those numbers imply for the result, in plain sentences."
     )
+    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+        default=None,
+        description=(
+            "The accounting that fits releases like this one on a dataset of this budget "
+            "(issue 31, item 5): gaussian for purely Gaussian mechanisms, basic for a mechanism "
+            "only basic admits or when at most two releases of this epsilon fit, zcdp "
+            "otherwise. Advice for the owner's next upload: a dataset's accounting is fixed."
+        ),
+    )
+    recommendation_reason: str | None = Field(
+        default=None, description="Why recommended_accounting fits, with the measured figures."
+    )
     warnings: list[PreviewWarning] = Field(
         default_factory=list,
         description=(

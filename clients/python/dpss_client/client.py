@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -499,6 +499,7 @@ class Client:
         delta_conversion: Number | None = None,
         allow_large_delta: bool = False,
         privacy_unit_column: str | int | None = None,
+        planned_mechanisms: Sequence[str] | None = None,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata (with ``rows_above_bound``:
         how many of the rows exceed the declared ``row_norm_bound``, shown only here).
@@ -514,6 +515,8 @@ class Client:
         ``accounting`` (``basic``, ``gaussian`` or ``zcdp``; default: the service's) says how
         releases compose; ``mu_budget``/``rho_budget`` state the derived budget directly and
         ``delta_conversion`` the zcdp split (see the service's ``DatasetCreate``).
+        ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
+        ``recommended_accounting`` says which accounting fits them (advice only).
         """
         form: dict[str, str] = cost_fields(
             epsilon_budget=epsilon_budget,
@@ -526,6 +529,8 @@ class Client:
             form["accounting"] = accounting
         if allow_large_delta:
             form["allow_large_delta"] = "true"
+        if planned_mechanisms is not None:
+            form["planned_mechanisms"] = ",".join(planned_mechanisms)
         if row_norm_bound is not None:
             form["row_norm_bound"] = repr(float(row_norm_bound))
         if privacy_unit_column is not None:

@@ -327,6 +327,9 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
         ("delta_remaining", _figure(info.delta_remaining)),
         ("memory", f"{info.memory_mb:,.1f} MiB"),
     ]
+    if info.recommended_accounting not in (None, info.accounting):
+        # Advice for the owner's next upload, shown only when another accounting fits better.
+        rows.append(("recommended_accounting", info.recommended_accounting))
     if info.accounting != "basic":
         rows += [
             ("accounting", info.accounting),
@@ -465,6 +468,14 @@ def datasets_upload(
             ),
         ),
     ] = None,
+    planned_mechanisms: Annotated[
+        str | None,
+        typer.Option(
+            "--planned-mechanisms",
+            help="Comma-separated mechanisms you plan to use: the output then says which "
+            "accounting fits them (advice only; the dataset keeps --accounting).",
+        ),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
@@ -488,6 +499,9 @@ def datasets_upload(
                 delta_conversion=delta_conversion,
                 allow_large_delta=allow_large_delta,
                 privacy_unit_column=privacy_unit_column,
+                planned_mechanisms=None
+                if planned_mechanisms is None
+                else [name.strip() for name in planned_mechanisms.split(",")],
             )
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from exc
@@ -512,8 +526,13 @@ def datasets_upload(
                     ", ".join(f"{count} with {size}" for size, count in per_unit.items()),
                 )
             )
+        recommended = getattr(ds, "recommended_accounting", None)
+        if planned_mechanisms is not None and recommended is not None:
+            rows.append(("recommended_accounting", recommended))
         out.print(_kv_table("dataset uploaded", rows))
         out.print(_budget_table(ds.budget))
+        if planned_mechanisms is not None and recommended is not None:
+            out.print(f"- {getattr(ds, 'recommendation_reason', '')}", markup=False)
 
 
 #: The share of uploaded rows above row_norm_bound from which the upload warns: the bound is
@@ -987,6 +1006,12 @@ def releases_create(
                 console.print(_kv_table("preview (nothing charged)", _preview_rows(shown)))
                 for line in shown.meaning:
                     console.print(f"- {line}", markup=False)
+                if shown.recommended_accounting not in (None, shown.accounting):
+                    console.print(
+                        f"- recommended accounting {shown.recommended_accounting}: "
+                        f"{shown.recommendation_reason}",
+                        markup=False,
+                    )
                 for warning in shown.warnings:
                     console.print(
                         f"warning: {warning.message} Use {warning.better_mechanism} "

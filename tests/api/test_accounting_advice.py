@@ -1,0 +1,85 @@
+"""Issue 31, item 5 through the API: the upload's answer and the dry run recommend the
+accounting that fits the planned mechanisms (no sound default fits every plan: see
+docs/benchmarks.md, 'Which accounting can be the default')."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import bearer, npy_bytes
+
+
+@pytest.fixture
+def data() -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(2_000, 8))
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_the_upload_recommends_for_the_planned_mechanisms(client, keys, upload_dataset, data):
+    form = {"epsilon_budget": "1", "delta_budget": "1e-6", "accounting": "zcdp"}
+    gaussian = upload_dataset(client, keys.owner, data, planned_mechanisms="analyze_gauss", **form)
+    assert gaussian["recommended_accounting"] == "gaussian"
+    assert "PLD" in gaussian["recommendation_reason"]
+    assert gaussian["budget"]["accounting"] == "zcdp"  # advice only: the dataset keeps its own
+    mixed = upload_dataset(
+        client, keys.owner, data, planned_mechanisms="analyze_gauss,friendly_aggregate", **form
+    )
+    assert mixed["recommended_accounting"] == "zcdp"
+    silent = upload_dataset(client, keys.owner, data, **form)
+    assert silent["recommended_accounting"] == "zcdp"
+    assert "planned_mechanisms" in silent["recommendation_reason"]
+
+
+def test_an_unknown_planned_mechanism_is_refused_naming_the_field(client, keys, data):
+    response = client.post(
+        "/v1/datasets",
+        headers=bearer(keys.owner),
+        files={"file": ("data.npy", npy_bytes(data), "application/octet-stream")},
+        data={
+            "name": "x",
+            "epsilon_budget": "1",
+            "delta_budget": "1e-6",
+            "planned_mechanisms": "analyze_gauss,pca",
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert "planned_mechanisms" in response.text and "pca" in response.text
+
+
+def dry(client: Any, key: str, dataset: dict[str, Any], **body: Any) -> dict[str, Any]:
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true", headers=bearer(key), json=body
+    )
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_the_dry_run_recommends_for_the_request(client, keys, upload_dataset, data):
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", accounting="zcdp"
+    )
+    gauss = dry(
+        client,
+        keys.analyst,
+        dataset,
+        mechanism="analyze_gauss",
+        k=2,
+        epsilon="0.1",
+        delta="1e-6",
+        params={"clip_norm": 1.0},
+    )
+    assert gauss["recommended_accounting"] == "gaussian"
+    # pure steps: the whole epsilon in one release -> basic; three releases of 0.3 fit -> zcdp
+    whole = dry(
+        client, keys.analyst, dataset, mechanism="exact_gapmax", k=2, epsilon="1", delta="1e-6"
+    )
+    assert whole["recommended_accounting"] == "basic", whole["recommendation_reason"]
+    third = dry(
+        client, keys.analyst, dataset, mechanism="exact_gapmax", k=2, epsilon="0.3", delta="1e-6"
+    )
+    assert third["recommended_accounting"] == "zcdp", third["recommendation_reason"]
