@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -67,7 +68,17 @@ def test_epochs_times_out_when_no_batch_arrives(
     handle = analyst.release(
         dataset_id, "continual_gauss", k=1, epsilon="0.5", delta="1e-6", horizon=3
     )
-    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: run_worker())
+    # The client's clock advances only when it sleeps (and the worker runs then), so the
+    # timeout counts the client's pauses, never how long a loaded machine takes to answer.
+    clock = SimpleNamespace(now=0.0)
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+        run_worker()
+
+    fake_time = SimpleNamespace(monotonic=lambda: clock.now)
+    monkeypatch.setattr(client_module, "time", fake_time)
+    monkeypatch.setattr(client_module, "_sleep", sleep)
     seen = []
     with pytest.raises(WaitTimeoutError, match="no new epoch"):
         for basis in handle.epochs(timeout=0.3, poll_interval=0.01, long_poll=0):
