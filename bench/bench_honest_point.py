@@ -22,12 +22,13 @@ from typing import Any
 import numpy as np
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 
-from service.mechanisms import analyze_gauss as module
+from service.mechanisms import analyze_gauss
+from service.mechanisms import explained_variance as module
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows
 
 DELTA = 1e-6
-MECHANISM = module.AnalyzeGauss()
+MECHANISM = analyze_gauss.AnalyzeGauss()
 _calls: list[tuple[Any, ...]] = []
 _real = module.explained_variance
 

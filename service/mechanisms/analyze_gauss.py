@@ -47,7 +47,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
-from scipy.stats import chi2, norm
 
 from service.mechanisms.base import (
     GaussianStep,
@@ -82,11 +81,22 @@ from service.mechanisms.centring_choice import (
 )
 from service.mechanisms.clip_quantile import clip_from_counts, count_noise_std, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
+from service.mechanisms.explained_variance import (
+    HIDDEN_WARNING_CODE,
+    HIDDEN_WIDTH,
+    INTERVAL_COVERAGE,
+    ExplainedVariance,
+    expected_noise_norm,
+    explained_variance,
+    ratio_point,
+    spiked_debias,
+    variance_extras,
+)
+from service.mechanisms.gauss_forecast import Forecast, recoverable_forecast
 from service.mechanisms.linalg import (
     DEFAULT_CHUNK_ROWS,
     FloatArray,
     RowSource,
-    captured_energy,
     clipped_gram,
     clipped_gram_memory,
     eigh_memory,
@@ -99,18 +109,23 @@ from service.mechanisms.noise import (
     round_to_grid,
     symmetric_gaussian,
 )
-from service.mechanisms.usefulness import usefulness_extras
 
 __all__ = [
     "DEFAULT_CENTER_SHARE",
+    "HIDDEN_WARNING_CODE",
+    "HIDDEN_WIDTH",
+    "INTERVAL_COVERAGE",
     "TARGET_SUBSPACE_ERROR",
     "AnalyzeGauss",
     "AnalyzeGaussParams",
     "BudgetSplit",
+    "ExplainedVariance",
+    "Forecast",
     "GaussRelease",
     "analyze_gauss",
     "budget_split",
     "expected_noise_norm",
+    "explained_variance",
     "gap_for_error",
     "gauss_release",
     "gram_sensitivity",
@@ -118,6 +133,10 @@ __all__ = [
     "mean_sigma",
     "noise_sigma",
     "private_center",
+    "ratio_point",
+    "recoverable_forecast",
+    "spiked_debias",
+    "variance_extras",
 ]
 
 
@@ -133,9 +152,6 @@ CLIP_SHARE = 0.05
 #: breast_cancer and two synthetic power-law sets at eps 0.3 and 1 (0.530 against 0.521 for
 #: 0.5) and is within 0.02 of the best q in every cell; "none" keeps 0.09-0.34.
 DEFAULT_PRIVATE_CENTRE_QUANTILE = 0.3
-
-#: Coverage of the released explained-variance ratio interval.
-INTERVAL_COVERAGE = 0.9
 
 
 class AnalyzeGaussParams(CenterParams):
@@ -254,11 +270,6 @@ def noise_sigma(clip_norm: float, epsilon: float, delta: float) -> float:
 TARGET_SUBSPACE_ERROR = 0.1
 
 
-def expected_noise_norm(sigma: float, d: int) -> float:
-    """``2 sigma sqrt(d)``: the spectral norm of ``E(sigma)`` for large ``d`` (semicircle law)."""
-    return 2.0 * sigma * math.sqrt(d)
-
-
 def gap_for_error(noise_norm: float, error: float) -> float:
     """Eigengap ``lambda_k - lambda_{k+1}`` of ``X^T X`` that keeps ``||sin Theta|| <= error``.
 
@@ -312,126 +323,6 @@ def release_of_gram(
     grid = sigma / GRID_DIVISOR
     trace = float(round_to_grid(np.asarray([np.trace(noisy)]), grid)[0])
     return GaussRelease(vectors, round_to_grid(values, grid), trace)
-
-
-def spiked_debias(noisy: FloatArray, sigma: float, d: int) -> FloatArray:
-    """Invert the upward shift of the top eigenvalues of ``H + E(sigma)`` (spiked Wigner model,
-    Baik, Ben Arous & Peche): ``lam = (v + sqrt(v^2 - edge^2))/2`` above the edge
-    ``2 sigma sqrt(d)``, 0 below it. Used only to share the captured variance among the
-    components (post-processing)."""
-    edge = expected_noise_norm(sigma, d)
-    out = np.zeros_like(noisy)
-    above = noisy > edge
-    # v (1 + sqrt(1 - (edge/v)^2))/2: no square of v, so no overflow at any accepted scale.
-    ratio = edge / noisy[above]
-    out[above] = noisy[above] * (1.0 + np.sqrt(1.0 - ratio * ratio)) / 2.0
-    return out
-
-
-@dataclass(frozen=True)
-class ExplainedVariance:
-    """Explained variance from the fresh noisy ``(captured, residual)`` sums of squares.
-
-    ``per_component``: the captured sum of squares shared among the components in proportion
-    to their debiased eigenvalues; ``ratio``: per component, each in ``[0, 1]``, summing to at
-    most 1; ``interval``: ``(low, high)`` for the total captured share, coverage at least
-    :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares; ``hidden``: the
-    interval is at least :data:`HIDDEN_WIDTH` wide, so the noise hides the share and the point
-    estimate is not a measurement.
-    """
-
-    per_component: FloatArray
-    ratio: FloatArray
-    interval: tuple[float, float]
-    total: float
-    hidden: bool = False
-
-
-#: An interval at least this wide says the noise hides the captured share (issue 32, item 4):
-#: the release is flagged and warned about rather than its point estimate read as a measurement.
-HIDDEN_WIDTH = 0.3
-
-#: The second-order bias correction of ``c/(c + r)`` is applied once ``c + r`` is at least this
-#: many noise sds (below it the Taylor expansion does not hold; such a release is hidden anyway).
-CORRECTION_MIN_SDS = 3.0
-
-#: Extras' code of the warning that the noise hides the explained variance.
-HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
-
-
-def ratio_point(captured: float, residual: float, noise_std: float) -> float | None:
-    """The bias-corrected ratio ``c/(c + r)`` of two sums each observed with independent
-    ``N(0, s^2)`` noise, or ``None`` when their total is not positive (the noise hides it).
-
-    With ``T = c + r`` and ``f(c, r) = c/T``: ``f_cc = -2r/T^3``, ``f_rr = 2c/T^3``, so
-    ``E f(c + e1, r + e2) ~ f + (s^2/2)(f_cc + f_rr) = f + s^2 (2f - 1)/T^2`` (delta method);
-    the estimate subtracts that term, evaluated at the observed ratio. Unlike a shrink towards a
-    prior share, it has no pull of order ``s/T`` (the previous estimator's, which stated 0.73
-    for 0.88 kept); its remaining bias is of order ``(s/T)^3``. The noisy sums are not clamped
-    to 0 before the ratio: a clamp adds its own upward bias where ``c`` is comparable to ``s``.
-    """
-    total = captured + residual
-    if not total > 0 or not math.isfinite(total):
-        return None
-    share = captured / total
-    if total >= CORRECTION_MIN_SDS * noise_std:
-        # (s/T)^2, not s^2/T^2: T^2 underflows to 0 at tiny scales (totality), while
-        # s/T <= 1/CORRECTION_MIN_SDS here.
-        share -= (noise_std / total) ** 2 * (2.0 * share - 1.0)
-    return share if math.isfinite(share) else None
-
-
-def explained_variance(
-    captured: float,
-    residual: float,
-    noise_std: float,
-    weights: FloatArray,
-    mean_bias: tuple[float, float] = (0.0, 0.0),
-    mean_bias_high: float = 0.0,
-    prior_share: float = 0.5,
-) -> ExplainedVariance:
-    """Post-processing of the noisy sums ``captured, residual`` (each ``+ N(0, noise_std^2)``).
-
-    With a private centre the rows were centred on ``mu_hat = mu + delta``: the sums exceed the
-    centred ones by ``n ||U^T delta||^2`` and ``n ||(I - U U^T) delta||^2``, together
-    ``n ||delta||^2`` (below ``mean_bias_high`` with probability ``0.995``), split between them
-    in a way that depends on how far ``U`` leans towards ``delta``. The point estimate removes
-    ``mean_bias`` (the expected bias of each sum if ``U`` did not depend on ``delta``); the
-    interval allows any split. Coverage: each sum within ``z noise_std`` (two-sided ``0.96``
-    each) and the bias bound (``0.995``) hold together with probability at least
-    ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
-    in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
-    the captured part among the components. The point estimate is :func:`ratio_point` of the
-    debiased sums, clamped into the interval; when their total is not positive it is
-    ``prior_share`` clamped into the interval (the caller passes ``k/d``, what a uniformly
-    random rank-k subspace captures in expectation, ``E tr(P A)/tr(A) = k/d`` for any ``A``).
-    ``hidden`` when the interval is at least :data:`HIDDEN_WIDTH` wide.
-    """
-    z = float(norm.ppf(0.98))
-    k = weights.shape[0]
-    total_weight = float(weights.sum())
-    shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
-    c_debiased = captured - mean_bias[0]
-    r_debiased = residual - mean_bias[1]
-    total = max(0.0, c_debiased) + max(0.0, r_debiased)
-    c_low = max(0.0, captured - z * noise_std - mean_bias_high)
-    c_high = max(0.0, captured + z * noise_std)
-    r_low = max(0.0, residual - z * noise_std - mean_bias_high)
-    r_high = max(0.0, residual + z * noise_std)
-    low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
-    high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
-    point = ratio_point(c_debiased, r_debiased, noise_std)
-    # No positive total: the noise hides both sums, and the interval's middle says nothing
-    # either (0.5 whatever the data: the audit saw 0.50 stated for 0.03 captured); a subspace
-    # the noise hides is about a random one, which keeps k/d.
-    ratio_total = min(max(prior_share if point is None else point, low), high)
-    return ExplainedVariance(
-        per_component=ratio_total * total * shares,
-        ratio=ratio_total * shares,
-        interval=(low, high),
-        total=total,
-        hidden=high - low >= HIDDEN_WIDTH,
-    )
 
 
 def analyze_gauss(
@@ -750,128 +641,6 @@ def default_choice_sentence(
         f"(C2/C)^2, so it keeps more wherever the (centred) rows are mostly shorter than C. "
         f"{measured}"
     )
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """What the noise leaves recoverable, from public facts (issue 24, item 6)."""
-
-    threshold_share: float
-    power_law_share: float
-    rows_needed: int
-    meaning: str
-
-
-def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float) -> Forecast:
-    """The smallest eigenvalue of ``X^T X`` that stands out of ``E(sigma)``, as a share of the
-    largest possible trace ``n C^2``: ``sigma sqrt(d)`` (below it the top eigenvector of a
-    spiked Wigner matrix carries no information about the spike, Baik, Ben Arous & Peche; above
-    it the squared overlap is ``1 - sigma^2 d/lambda^2``); and the expected share of the
-    variance that k released components capture when the spectrum follows a power law
-    ``lambda_i ~ 1/i`` over ``d`` with the rows at the bound (trace ``n C^2``)."""
-    threshold = sigma * math.sqrt(d)
-    total = n * clip_norm**2
-    share = threshold / total if total > 0 else math.inf
-    weights = 1.0 / np.arange(1, d + 1, dtype=np.float64)
-    spectrum = total * weights / weights.sum()
-    top = spectrum[:k]
-    overlap = np.clip(1.0 - (threshold / top) ** 2, 0.0, 1.0)
-    captured = float(np.sum(top * overlap) / total) if total > 0 else 0.0
-    # Rows at which the k-th power-law eigenvalue n C^2 w_k / sum(w) reaches the threshold
-    # (sigma does not depend on n); for the budget, sigma scales about as 1/epsilon.
-    needed = math.ceil(threshold * float(weights.sum()) / (float(weights[k - 1]) * clip_norm**2))
-    meaning = (
-        f"Forecast: an eigenvalue of the clipped X^T X below {threshold:.4g} "
-        f"({share:.3g} of n C^2) is lost in the noise; with a 1/i spectrum over d and rows at "
-        f"the bound, k = {k} released components would capture about {captured:.3g} of the "
-        f"variance (non-private PCA: {float(top.sum() / total):.3g}). All k components stand "
-        f"out of the noise from about n = {needed} rows at this budget; the threshold share "
-        "falls as 1/n and about as 1/epsilon, and grows as sqrt(d)."
-    )
-    return Forecast(share, captured, needed, meaning)
-
-
-def variance_extras(
-    data: FloatArray,
-    release: GaussRelease,
-    clip_norm: float,
-    center: FloatArray | None,
-    noise: tuple[float, float, float],
-    rng: np.random.Generator,
-    scale: float = 1.0,
-    energy: tuple[float, float, int] | None = None,
-) -> dict[str, Any]:
-    """The fresh explained-variance estimate and what is computed from it and public facts.
-
-    ``noise`` is ``(variance_noise_std, gram_sigma, mean_sigma)`` (public; ``mean_sigma`` 0
-    without a private centre). The noisy ``(captured, residual)`` sums are released (rounded to
-    ``variance_noise_std / 1000``); from them: ratios in ``[0, 1]`` summing to at most 1, a
-    90% interval for their sum, and a warning when the released components do not stand out
-    of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
-    ``scale`` multiplies the released sums and their noise (post-processing): ``n/m`` for the
-    ``m`` paired differences, whose sums estimate half the centred rows'. ``gram_sigma`` is
-    then already scaled, like the release's eigenvalues. ``energy``: the exact
-    ``(captured, residual, rows)`` when the caller computed them (over rows it did not
-    materialise, see :func:`~service.mechanisms.centring_choice.paired_energy`); else
-    :func:`~service.mechanisms.linalg.captured_energy` of ``data``.
-    """
-    n, d = data.shape
-    k = release.basis.shape[1]
-    noise_std, gram_sigma, mean_noise = noise
-    if energy is None:
-        captured, residual = captured_energy(data, release.basis, clip_norm, center)
-    else:
-        captured, residual, n = energy
-    noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
-    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR) * scale
-    noise_std *= scale
-    bias = (0.0, 0.0)
-    bias_high = 0.0
-    if mean_noise > 0:
-        per_dim = n * mean_noise**2
-        bias_high = per_dim * float(chi2.ppf(0.995, d))
-        # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
-        # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
-        # captured sum), below it only its share k/d falls inside U on average.
-        if per_dim * d > expected_noise_norm(gram_sigma, d):
-            bias = (per_dim * d, 0.0)
-        else:
-            bias = (per_dim * k, per_dim * (d - k))
-    weights = spiked_debias(release.eigenvalues, gram_sigma, d)
-    estimate = explained_variance(
-        float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high, k / d
-    )
-    above = int(np.count_nonzero(weights > 0))
-    extras: dict[str, Any] = {
-        "captured_sum_of_squares": float(noisy[0]),
-        "residual_sum_of_squares": float(noisy[1]),
-        "variance_noise_std": noise_std,
-        "explained_sum_of_squares": estimate.per_component.tolist(),
-        "total_sum_of_squares": estimate.total,
-        "explained_variance_ratio": estimate.ratio.tolist(),
-        "explained_variance_ratio_interval": list(estimate.interval),
-    }
-    edge = expected_noise_norm(gram_sigma, d)
-    extras.update(
-        usefulness_extras(
-            above, k, f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
-        )
-    )
-    extras["explained_variance_hidden_by_noise"] = estimate.hidden
-    if estimate.hidden:
-        low, high = estimate.interval
-        # Public words and the released interval only (post-processing of the noisy sums).
-        hidden = (
-            f"the noise hides how much variance the components keep: the 90% interval "
-            f"[{low:.2f}, {high:.2f}] is {high - low:.2f} wide, so explained_variance_ratio is a "
-            "guess, not a measurement (more rows or a larger epsilon narrow it)"
-        )
-        if "warning" in extras:
-            extras["warning"] = f"{extras['warning']}; {hidden}"
-        else:
-            extras["warning"] = hidden
-            extras["warning_code"] = HIDDEN_WARNING_CODE
-    return extras
 
 
 def chooses_centring(params: AnalyzeGaussParams) -> bool:
