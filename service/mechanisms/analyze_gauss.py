@@ -97,7 +97,6 @@ from service.mechanisms.linalg import (
     DEFAULT_CHUNK_ROWS,
     FloatArray,
     RowSource,
-    clipped_gram,
     clipped_gram_memory,
     eigh_memory,
     gram_norm_counts,
@@ -282,11 +281,18 @@ def gap_for_error(noise_norm: float, error: float) -> float:
 @dataclass(frozen=True)
 class GaussRelease:
     """What the Gram step releases: basis ``(d, k)``, eigenvalues ``(k,)`` and the trace of
-    ``H + E`` (the sum of all its eigenvalues), both rounded to ``sigma / 1000``."""
+    ``H + E`` (the sum of all its eigenvalues), both rounded to ``sigma / 1000``.
+
+    ``exact_energy`` is not released: ``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)``
+    over the Gram's own rows ``y_i``, read off the exact ``H`` (``tr(U^T H U)`` and
+    ``tr(H)`` minus it) so that the explained-variance step, which noises exactly these sums
+    when its rows are the Gram's, needs no second pass over the rows; ``None`` when the
+    caller did not ask for it."""
 
     basis: FloatArray
     eigenvalues: FloatArray
     trace: float
+    exact_energy: tuple[float, float] | None = None
 
 
 def gauss_release(
@@ -300,17 +306,32 @@ def gauss_release(
     *,
     sigma: float | None = None,
     row_clip: float | None = None,
+    with_energy: bool = False,
 ) -> GaussRelease:
     """The top-k eigenpairs and the trace of ``H + E(sigma)``, ``H`` the Gram matrix of the
     rows clipped to ``C`` (centred on ``center`` and clipped again when given, then clipped to
-    ``row_clip`` when given, see :func:`~service.mechanisms.linalg.gram_rows`). ``sigma``
-    defaults to the analytic-Gaussian scale at ``(epsilon, delta)`` for ``sqrt(2) C^2``; a
-    caller giving it is responsible for its calibration. Everything is post-processing of
-    ``H + E``."""
-    gram = clipped_gram(data, clip_norm, center=center, row_clip=row_clip)
+    ``row_clip`` when given, see :func:`~service.mechanisms.centring_choice.fast_gram_rows`).
+    ``sigma`` defaults to the analytic-Gaussian scale at ``(epsilon, delta)`` for
+    ``sqrt(2) C^2``; a caller giving it is responsible for its calibration. Everything is
+    post-processing of ``H + E``; ``with_energy`` adds ``exact_energy`` (from ``H``, not
+    released)."""
+    gram = fast_gram(data, clip_norm, center=center, row_clip=row_clip)
     if sigma is None:
         sigma = noise_sigma(clip_norm, epsilon, delta)
-    return release_of_gram(gram, k, sigma, rng)
+    release = release_of_gram(gram, k, sigma, rng)
+    if not with_energy:
+        return release
+    energy = gram_energy(gram, release.basis)
+    return GaussRelease(release.basis, release.eigenvalues, release.trace, energy)
+
+
+def gram_energy(gram: FloatArray, basis: FloatArray) -> tuple[float, float]:
+    """``(tr(U^T H U), tr(H) - tr(U^T H U))`` for the exact Gram ``H = sum_i y_i y_i^T``: the
+    sums ``sum_i ||U^T y_i||^2`` and ``sum_i ||(I - U U^T) y_i||^2`` of
+    :func:`~service.mechanisms.linalg.captured_energy` over the same rows (equal in exact
+    arithmetic; ``O(d^2 k)`` instead of a pass over the rows)."""
+    captured = max(float(np.sum(basis * (gram @ basis))), 0.0)
+    return captured, max(float(np.trace(gram)) - captured, 0.0)
 
 
 def release_of_gram(
@@ -579,8 +600,19 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             extras["row_clip_norm"] = row_clip
         effective = clip if row_clip is None else row_clip
         sigma = gram_sensitivity(effective) / split.gram_mu
+        # Without a row clip below C the explained-variance rows are the Gram's: their sums
+        # come from H (no second pass over the rows).
         release = gauss_release(
-            data, spec.k, 0.0, 0.0, clip, rng, center=center, sigma=sigma, row_clip=row_clip
+            data,
+            spec.k,
+            0.0,
+            0.0,
+            clip,
+            rng,
+            center=center,
+            sigma=sigma,
+            row_clip=row_clip,
+            with_energy=row_clip is None,
         )
         extras["eigenvalues"] = release.eigenvalues.tolist()
         extras["trace"] = release.trace
@@ -588,9 +620,11 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         # upward shift of the top noisy eigenvalues.
         extras["gram_noise_std"] = sigma
         variance_noise = gram_sensitivity(clip) / split.variance_mu
-        extras.update(
-            variance_extras(data, release, clip, center, (variance_noise, sigma, mean_noise), rng)
-        )
+        noise = (variance_noise, sigma, mean_noise)
+        energy = None
+        if release.exact_energy is not None:
+            energy = (*release.exact_energy, n)
+        extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
         return MechanismOutput(basis=release.basis, extras=extras)
 
 
