@@ -19,7 +19,8 @@ clip quantile's step, which it replaces), two noisy histograms on the half-octav
 Replacing one row moves one count of each by one down and one up (it is in one pair): l2
 sensitivity 2, noise ``N(0, (2/mu_Q)^2)`` per count: ``mu_Q``-GDP. Each histogram is read
 twice (:func:`read_quantiles`): a top-down ``q``-quantile for the choice (``C_u``, ``C_p``)
-and a bottom-up one for the clip. Each route's signal-to-noise (signal over the Gram noise
+and a bottom-up one for the clip (the pairs' also top-down at ``VARIANCE_CLIP_QUANTILE``, the
+explained-variance step's clip). Each route's signal-to-noise (signal over the Gram noise
 ``sqrt(2) c^2/mu``) is then
 
 - none: ``n mu_R / C_u^2``;
