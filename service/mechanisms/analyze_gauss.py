@@ -81,6 +81,7 @@ from service.mechanisms.centring_choice import (
     mean_route_clip,
     paired_energy,
     paired_gram,
+    probe_paired_energy,
     probe_pass,
     read_probe,
 )
@@ -701,7 +702,12 @@ def chosen_centring_run(
         # moment is Sigma/2, hence the factor 2 in the scale. The clip at the pairs' 0.99
         # quantile shortens about 1% of them.
         offset = 1 if choice.route == "pairs" and n >= 3 else 0
-        energy = paired_energy(data, clip, order, offset, release.basis, variance_clip)
+        found = None
+        if offset == 0:
+            # The probe's own pairs: scored from its clip factors and pair norms and one
+            # sequential pass X U, not a second gathered pass (the same sums up to rounding).
+            found = probe_paired_energy(data, clip, order, counts, release.basis, variance_clip)
+        energy = found or paired_energy(data, clip, order, offset, release.basis, variance_clip)
         score_scale = 2.0 * n / energy[2]
         extras.update(variance_extras(data, release, clip, None, noise, rng, score_scale, energy))
     return MechanismOutput(basis=release.basis, extras=extras)

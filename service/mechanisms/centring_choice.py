@@ -210,6 +210,20 @@ def _safe_squares(
     return None
 
 
+def clip_factors(squares: FloatArray, bound: float) -> FloatArray | None:
+    """The factors :func:`_scale_to` multiplies the rows by (``bound/||y||`` for the rows over
+    ``bound`` beyond :data:`ROUNDING_SLACK`, else 1), or ``None`` when no row is over."""
+    with np.errstate(over="ignore"):
+        # bound^2 may overflow to inf (no row is then over) or underflow to 0 (every non-zero
+        # row is over, scaled by bound/||y|| as before).
+        over = squares > (bound * bound) * (1.0 + ROUNDING_SLACK)
+    if not bool(np.any(over)):
+        return None
+    with np.errstate(divide="ignore", over="ignore"):
+        # A zero (or underflowed) row is never over; bound/||y|| < 1 for the rows that are.
+        return np.asarray(np.where(over, bound / np.sqrt(np.where(over, squares, 1.0)), 1.0))
+
+
 def _scale_to(
     rows: FloatArray, squares: FloatArray, bound: float, *, own: bool = False
 ) -> FloatArray:
@@ -222,15 +236,9 @@ def _scale_to(
     ulps: the sensitivity holds for ``bound (1 + 1e-12)``, a change of the privacy loss far
     below anything the calibration resolves. ``rows`` itself when no row is scaled (callers
     must not write into the result); scaled in place when the caller ``own``s ``rows``."""
-    with np.errstate(over="ignore"):
-        # bound^2 may overflow to inf (no row is then over) or underflow to 0 (every non-zero
-        # row is over, scaled by bound/||y|| as before).
-        over = squares > (bound * bound) * (1.0 + ROUNDING_SLACK)
-    if not bool(np.any(over)):
+    factor = clip_factors(squares, bound)
+    if factor is None:
         return rows
-    with np.errstate(divide="ignore", over="ignore"):
-        # A zero (or underflowed) row is never over; bound/||y|| < 1 for the rows that are.
-        factor = np.where(over, bound / np.sqrt(np.where(over, squares, 1.0)), 1.0)
     if own:
         rows *= factor[:, None]
         return rows
@@ -358,6 +366,11 @@ class ProbePass:
     counts_p: FloatArray
     clipped_sum: FloatArray
     n_pairs: int
+    #: Per row (original order): the factor ``clip_C`` scaled it by, and per pair ``j`` (offset
+    #: 0) the norm of ``p_j``; ``None`` when a chunk took the rescaled route (extreme scales).
+    #: Not released: :func:`probe_paired_energy` scores a basis on the pairs from them.
+    row_factors: FloatArray | None = None
+    pair_norms: FloatArray | None = None
 
 
 def probe_pass(
@@ -378,16 +391,23 @@ def probe_pass(
     total = np.zeros(d, dtype=np.float64)
     step = max(2, chunk_rows - chunk_rows % 2)
     m = n // 2
+    factors: FloatArray | None = np.ones(n, dtype=np.float64)
+    pair_norms = np.zeros(m, dtype=np.float64)
     with np.errstate(under="ignore"):
         # Chunks of an even number of rows (pairs never straddle two); the last row of an odd
         # n is in no pair and counts only among the rows.
         for start in range(0, n, step):
-            block, where = _gathered(data, np.asarray(order[start : start + step]))
+            indices = np.asarray(order[start : start + step])
+            block, where = _gathered(data, indices)
             squares = _safe_squares(block, clip_norm)
             if squares is None:
                 clipped = _clip_rows(block, clip_norm)
                 norms = row_norms(clipped)
+                factors = None
             else:
+                factor = clip_factors(squares, clip_norm)
+                if factor is not None and factors is not None:
+                    factors[np.sort(indices)] = factor
                 # block is this pass's own gathered copy: scaled in place.
                 clipped = _scale_to(block, squares, clip_norm, own=True)
                 norms = np.sqrt(squares)
@@ -396,8 +416,48 @@ def probe_pass(
             paired = min(block.shape[0], 2 * m - start) // 2 * 2
             if paired > 0:
                 diffs = (clipped[where[0:paired:2]] - clipped[where[1:paired:2]]) / math.sqrt(2.0)
-                counts_p += _count(row_norms(diffs), edges, clip_norm)
-    return ProbePass(counts_u, counts_p, total, m)
+                diff_norms = row_norms(diffs)
+                pair_norms[start // 2 : start // 2 + paired // 2] = diff_norms
+                counts_p += _count(diff_norms, edges, clip_norm)
+    return ProbePass(
+        counts_u, counts_p, total, m, factors, pair_norms if factors is not None else None
+    )
+
+
+def probe_paired_energy(
+    data: Any,
+    clip_norm: float,
+    order: npt.NDArray[np.intp],
+    counts: ProbePass,
+    basis: FloatArray,
+    row_clip: float | None = None,
+) -> tuple[float, float, int] | None:
+    """:func:`paired_energy` at offset 0 from the probe pass's clip factors and pair norms and
+    one sequential pass ``Z = X U`` (no gathered rows): the halved pair ``q_j = (y_a - y_b)/2``
+    has ``U^T q_j = (a_a Z_a - a_b Z_b)/2`` and ``||q_j||^2 = ||p_j||^2/2``; each is clipped at
+    ``min(C, row_clip)`` as :func:`fast_gram_rows` would (:func:`clip_factors`). The same
+    sums up to rounding; ``None`` when the probe pass has no factors (extreme scales)."""
+    if counts.row_factors is None or counts.pair_norms is None:
+        return None
+    n = data.shape[0]
+    k = basis.shape[1]
+    projected = np.empty((n, k), dtype=np.float64)
+    with np.errstate(under="ignore"):
+        start = 0
+        for block in iter_row_chunks(data):
+            projected[start : start + block.shape[0]] = block @ basis
+            start += block.shape[0]
+        projected *= counts.row_factors[:, None]
+        m = counts.n_pairs
+        halved = (projected[order[0 : 2 * m : 2]] - projected[order[1 : 2 * m : 2]]) / 2.0
+        inside = row_squares(halved)
+        total = counts.pair_norms**2 / 2.0
+    bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
+    factor = clip_factors(total, bound)
+    if factor is not None:
+        inside = inside * factor**2
+        total = total * factor**2
+    return float(np.sum(inside)), float(np.sum(np.maximum(total - inside, 0.0))), m
 
 
 def paired_gram(

@@ -119,3 +119,27 @@ def test_the_forecast_from_a_release_moves_with_the_noise() -> None:
     # Far more noise: every component below the edge keeps nothing.
     assert forecast_from_release(figures, 2, 100.0) == 0.0
     assert ReleasedFigures.from_extras({"eigenvalues": [1.0]}, 25) is None
+
+
+@pytest.mark.parametrize("row_clip", [None, 0.3])
+def test_the_probe_pairs_energy_is_the_gathered_pass_energy(row_clip: float | None) -> None:
+    rows = unit_rows(3001, 30, 8)
+    rows[::4] *= 2.5  # rows above C: clip factors below 1
+    rows[2] = 0.0
+    order = np.random.default_rng(9).permutation(rows.shape[0])
+    counts = cc.probe_pass(rows, 1.0, order, chunk_rows=512)
+    basis = np.linalg.qr(np.random.default_rng(10).standard_normal((30, 4)))[0]
+    found = cc.probe_paired_energy(rows, 1.0, order, counts, basis, row_clip)
+    assert found is not None
+    expected = cc.paired_energy(rows, 1.0, order, 0, basis, row_clip)
+    assert found[2] == expected[2] == 1500
+    assert found[:2] == pytest.approx(expected[:2], rel=1e-9)
+
+
+def test_the_probe_pairs_energy_defers_at_extreme_scales() -> None:
+    rows = unit_rows(400, 10, 11)
+    rows[::3] *= 1e200  # squares beyond the safe range: the rescaled route
+    order = np.random.default_rng(12).permutation(400)
+    counts = cc.probe_pass(rows, 1.0, order)
+    basis = np.eye(10, 2)
+    assert cc.probe_paired_energy(rows, 1.0, order, counts, basis) is None
