@@ -81,6 +81,7 @@ from service.mechanisms.centring_choice import (
     mean_route_clip,
     paired_energy,
     paired_gram,
+    probe_centred_energy,
     probe_paired_energy,
     probe_pass,
     read_probe,
@@ -504,11 +505,18 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             # d-vector. The Gram and explained-variance passes are clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
             probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8
-            return max(
+            # Kept from the probe to the explained-variance step: per row its clip factor,
+            # squared norm and (per pair) norm; that step's n x k projections (pairs) and a
+            # chunk's products and vectors (probe_centred_energy, probe_paired_energy).
+            n, k = max(1, ctx.n_rows), spec.k
+            kept = 8 * 3 * n
+            energy = 8 * n * k + 8 * chunk * (4 * k + 8)
+            return kept + max(
                 probe,
                 clipped_gram_memory(ctx.n_rows, d, centred=True),
                 8 * (5 * d * d),
                 8 * (2 * d * d) + eigh_memory(d, spec.k),
+                energy + 8 * chunk * (k + 1),
             )
         return max(
             clipped_gram_memory(ctx.n_rows, d, centred=centred) + norms,
@@ -688,8 +696,12 @@ def chosen_centring_run(
     variance_noise = gram_sensitivity(variance_clip) / split.variance_mu
     noise = (variance_noise, sigma * scale, mean_noise)
     if choice.route == "mean":
-        captured, residual = fast_energy(data, release.basis, clip, center, variance_clip)
-        energy = (captured, residual, n)
+        # From the probe's factors and norms and one pass X [U, c] (the same sums).
+        assert center is not None
+        sums = probe_centred_energy(data, counts, release.basis, center, variance_clip)
+        if sums is None:
+            sums = fast_energy(data, release.basis, clip, center, variance_clip)
+        energy = (*sums, n)
         extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
     else:
         # Without a mean the sums are over paired differences, so they estimate the centred

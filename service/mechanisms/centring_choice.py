@@ -371,6 +371,8 @@ class ProbePass:
     #: Not released: :func:`probe_paired_energy` scores a basis on the pairs from them.
     row_factors: FloatArray | None = None
     pair_norms: FloatArray | None = None
+    #: Per row (original order): ``||x_i||^2`` before the clip (``None`` as above).
+    row_squares: FloatArray | None = None
 
 
 def probe_pass(
@@ -393,6 +395,7 @@ def probe_pass(
     m = n // 2
     factors: FloatArray | None = np.ones(n, dtype=np.float64)
     pair_norms = np.zeros(m, dtype=np.float64)
+    raw_squares = np.zeros(n, dtype=np.float64)
     with np.errstate(under="ignore"):
         # Chunks of an even number of rows (pairs never straddle two); the last row of an odd
         # n is in no pair and counts only among the rows.
@@ -406,8 +409,10 @@ def probe_pass(
                 factors = None
             else:
                 factor = clip_factors(squares, clip_norm)
+                sorted_indices = np.sort(indices)
+                raw_squares[sorted_indices] = squares
                 if factor is not None and factors is not None:
-                    factors[np.sort(indices)] = factor
+                    factors[sorted_indices] = factor
                 # block is this pass's own gathered copy: scaled in place.
                 clipped = _scale_to(block, squares, clip_norm, own=True)
                 norms = np.sqrt(squares)
@@ -419,9 +424,53 @@ def probe_pass(
                 diff_norms = row_norms(diffs)
                 pair_norms[start // 2 : start // 2 + paired // 2] = diff_norms
                 counts_p += _count(diff_norms, edges, clip_norm)
-    return ProbePass(
-        counts_u, counts_p, total, m, factors, pair_norms if factors is not None else None
-    )
+    if factors is None:
+        return ProbePass(counts_u, counts_p, total, m)
+    return ProbePass(counts_u, counts_p, total, m, factors, pair_norms, raw_squares)
+
+
+def probe_centred_energy(
+    data: Any,
+    counts: ProbePass,
+    basis: FloatArray,
+    center: FloatArray,
+    bound: float,
+) -> tuple[float, float] | None:
+    """:func:`fast_energy` of the rows ``clip_C(x)`` centred on ``center`` and clipped at
+    ``bound`` (``min(C, row_clip)``) from the probe pass's clip factors ``a`` and squared
+    norms ``s`` and one sequential pass ``X [U, c]``: ``U^T(a x - c) = a U^T x - U^T c`` and
+    ``||a x - c||^2 = a^2 s - 2 a x.c + ||c||^2`` (the expansion's cancellation is a few ulps
+    of ``||x||^2``, far below any noise here). The same sums up to rounding; ``None`` when
+    the probe pass has no factors (extreme scales) or a sum is not finite."""
+    if counts.row_factors is None or counts.row_squares is None:
+        return None
+    k = basis.shape[1]
+    both = np.concatenate([basis, center[:, None]], axis=1)
+    shift = basis.T @ center
+    norm_c = float(center @ center)
+    captured = 0.0
+    residual = 0.0
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+        start = 0
+        for block in iter_row_chunks(data):
+            stop = start + block.shape[0]
+            products = block @ both
+            a = counts.row_factors[start:stop]
+            projected = a[:, None] * products[:, :k] - shift[None, :]
+            centred = np.maximum(
+                a * a * counts.row_squares[start:stop] - 2.0 * a * products[:, k] + norm_c, 0.0
+            )
+            inside = row_squares(projected)
+            factor = clip_factors(centred, bound)
+            if factor is not None:
+                inside = inside * factor**2
+                centred = centred * factor**2
+            captured += float(np.sum(inside))
+            residual += float(np.sum(np.maximum(centred - inside, 0.0)))
+            start = stop
+    if not (math.isfinite(captured) and math.isfinite(residual)):
+        return None
+    return captured, residual
 
 
 def probe_paired_energy(
@@ -442,22 +491,29 @@ def probe_paired_energy(
     n = data.shape[0]
     k = basis.shape[1]
     projected = np.empty((n, k), dtype=np.float64)
+    bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
+    m = counts.n_pairs
+    captured = 0.0
+    residual = 0.0
     with np.errstate(under="ignore"):
         start = 0
         for block in iter_row_chunks(data):
             projected[start : start + block.shape[0]] = block @ basis
             start += block.shape[0]
         projected *= counts.row_factors[:, None]
-        m = counts.n_pairs
-        halved = (projected[order[0 : 2 * m : 2]] - projected[order[1 : 2 * m : 2]]) / 2.0
-        inside = row_squares(halved)
-        total = counts.pair_norms**2 / 2.0
-    bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
-    factor = clip_factors(total, bound)
-    if factor is not None:
-        inside = inside * factor**2
-        total = total * factor**2
-    return float(np.sum(inside)), float(np.sum(np.maximum(total - inside, 0.0))), m
+        for first in range(0, m, DEFAULT_CHUNK_ROWS):
+            last = min(m, first + DEFAULT_CHUNK_ROWS)
+            a = order[2 * first : 2 * last : 2]
+            b = order[2 * first + 1 : 2 * last : 2]
+            inside = row_squares((projected[a] - projected[b]) / 2.0)
+            total = counts.pair_norms[first:last] ** 2 / 2.0
+            factor = clip_factors(total, bound)
+            if factor is not None:
+                inside = inside * factor**2
+                total = total * factor**2
+            captured += float(np.sum(inside))
+            residual += float(np.sum(np.maximum(total - inside, 0.0)))
+    return captured, residual, m
 
 
 def paired_gram(

@@ -143,3 +143,18 @@ def test_the_probe_pairs_energy_defers_at_extreme_scales() -> None:
     counts = cc.probe_pass(rows, 1.0, order)
     basis = np.eye(10, 2)
     assert cc.probe_paired_energy(rows, 1.0, order, counts, basis) is None
+
+
+@pytest.mark.parametrize("bound", [1.0, 0.05])
+def test_the_probe_centred_energy_is_the_pass_energy(bound: float) -> None:
+    rng = np.random.default_rng(13)
+    rows = 0.6 * np.ones(25) / 5.0 + 0.05 * rng.standard_normal((2000, 25))
+    rows[::6] *= 3.0  # above C: clipped before centring
+    order = rng.permutation(2000)
+    counts = cc.probe_pass(rows, 1.0, order, chunk_rows=512)
+    center = rows.mean(axis=0) * 0.97
+    basis = np.linalg.qr(rng.standard_normal((25, 3)))[0]
+    found = cc.probe_centred_energy(rows, counts, basis, center, bound)
+    assert found is not None
+    expected = cc.fast_energy(rows, basis, 1.0, center, bound)
+    assert found == pytest.approx(expected, rel=1e-9)
