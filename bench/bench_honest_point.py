@@ -9,7 +9,11 @@ and 1, k 2 and 10. Per cell: the truth (share of the centred sum of squares of t
 to C = 1 that the released basis keeps), the mean signed error of the stated share (the current
 estimator, and the previous one -- shrunk towards k/d -- recomputed from the same noisy sums),
 the 90% interval's coverage and mean width, the share of runs flagged
-``explained_variance_hidden_by_noise``, and the dry run's ``forecast_power_law_captured_share``.
+``explained_variance_hidden_by_noise``, and the dry run's two forecasts: from public facts
+(``forecast_power_law_captured_share``) and from an earlier release at the same settings
+(``?forecast_from=``: ``forecast_from_release_captured_share``, the mean absolute error
+against what the release then keeps). ``--mnist``: also MNIST (4,000 unit rows of the
+5,000-image sample, ``bench/mnist.py``).
 The old estimator is applied to the very same noisy sums (the inputs are recorded), so the two
 columns differ only by the estimator.
 """
@@ -22,12 +26,13 @@ from typing import Any
 import numpy as np
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 
-from service.mechanisms import analyze_gauss as module
+from service.mechanisms import analyze_gauss
+from service.mechanisms import explained_variance as module
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows
 
 DELTA = 1e-6
-MECHANISM = module.AnalyzeGauss()
+MECHANISM = analyze_gauss.AnalyzeGauss()
 _calls: list[tuple[Any, ...]] = []
 _real = module.explained_variance
 
@@ -101,12 +106,16 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
     resolved = MECHANISM.prepare(ctx, k, eps, DELTA, params)
     spec = ReleaseSpec(k=k, epsilon=eps, delta=DELTA, params=resolved)
     forecast = MECHANISM.preview(ctx, spec).scales["forecast_power_law_captured_share"]
-    true, new, old, hits, widths, hidden = [], [], [], 0, [], 0
+    true, new, old, hits, widths, hidden, from_release = [], [], [], 0, [], 0, []
     for seed in range(reps):
+        earlier = MECHANISM.run(rows, spec, np.random.default_rng(5000 + seed))
+        found = MECHANISM.forecast_from(ctx, spec, spec, earlier.extras)
         _calls.clear()
         out = MECHANISM.run(rows, spec, np.random.default_rng(1000 + seed))
         assert out.basis is not None and len(_calls) == 1
         share = truth(rows, out.basis)
+        if found is not None:
+            from_release.append(found[0]["forecast_from_release_captured_share"] - share)
         low, high = out.extras["explained_variance_ratio_interval"]
         true.append(share)
         new.append(sum(out.extras["explained_variance_ratio"]))
@@ -124,10 +133,11 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         "width": float(np.mean(widths)),
         "hidden": hidden / reps,
         "forecast": float(forecast),
+        "from_release": float(np.mean(np.abs(from_release))) if from_release else float("nan"),
     }
 
 
-def datasets(quick: bool) -> dict[str, np.ndarray[Any, Any]]:
+def datasets(quick: bool, mnist: bool = False) -> dict[str, np.ndarray[Any, Any]]:
     sets = {
         "digits": unit(load_digits().data),
         "breast_cancer": unit(load_breast_cancer().data),
@@ -139,6 +149,13 @@ def datasets(quick: bool) -> dict[str, np.ndarray[Any, Any]]:
         sets["power-law 5000x784 (MNIST-like)"] = power_law(5000, 784, 3, exponent=1.2)
         # Flatter: the top components keep little, as on MNIST at eps 0.3 (0.017 kept).
         sets["power-law 5000x784, flat (i^-0.5)"] = power_law(5000, 784, 4, exponent=0.5)
+    if mnist:
+        from bench.mnist import load_mnist, unit_rows
+
+        loaded = load_mnist()
+        if loaded is not None:
+            order = np.random.default_rng(0).permutation(loaded[0].shape[0])
+            sets["MNIST 4000x784"] = unit_rows(loaded[0][order[:4000]])
     return sets
 
 
@@ -146,20 +163,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="leave out d = 784")
+    parser.add_argument("--mnist", action="store_true", help="add MNIST (4,000 x 784)")
+    parser.add_argument("--eps", type=float, nargs="*", default=[0.3, 1.0])
     args = parser.parse_args()
     print(
         "| data | eps | k | truth | error now | abs error now | error before | covers "
-        "| width | hidden | forecast |"
+        "| width | hidden | forecast (public facts) | forecast from a release: mean abs error |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, rows in datasets(args.quick).items():
-        for eps in (0.3, 1.0):
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, rows in datasets(args.quick, args.mnist).items():
+        for eps in args.eps:
             for k in (2, 10):
                 f = cell(rows, eps, k, args.reps)
                 print(
                     f"| {name} | {eps} | {k} | {f['truth']:.3f} | {f['new_err']:+.3f} "
                     f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
-                    f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} |",
+                    f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
+                    f"| {f['from_release']:.3f} |",
                     flush=True,
                 )
 

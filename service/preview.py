@@ -29,7 +29,8 @@ from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset
 from service.errors import InvalidInput
-from service.mechanisms.base import PreviewValue
+from service.mechanisms.analyze_gauss import AnalyzeGauss
+from service.mechanisms.base import Preview, PreviewValue, ReleaseSpec
 from service.mechanisms.dominance import DominanceWarning, dominance_warnings
 
 DRY_RUN_IDEMPOTENCY_KEY = (
@@ -97,6 +98,7 @@ def preview_release(
     body: ReleaseRequest,
     idempotency_key: str | None,
     settings: Settings,
+    forecast_from: uuid.UUID | None = None,
 ) -> ReleasePreview:
     """Validate ``body`` as :func:`service.releases.request_release` does and report what it
     would cost and use; charge nothing and record one ``release_previewed`` audit event."""
@@ -122,6 +124,8 @@ def preview_release(
             charged_to, budget = "grant", share
         affordable = affordable and share.affords(charge)
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
+    if forecast_from is not None:
+        shown = with_forecast_from(session, principal, dataset, prepared, shown, forecast_from)
     memory_bytes = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
     if dataset.privacy_unit_column is not None:
         memory_bytes += privacy_unit.transform_bytes(dataset.n_rows, dataset.n_cols)
@@ -183,6 +187,35 @@ def preview_release(
             noise=getattr(prepared.spec.params, "noise", None),
         ),
     )
+
+
+def with_forecast_from(
+    session: Session,
+    principal: Principal,
+    dataset: Dataset,
+    prepared: releases.Prepared,
+    shown: Preview,
+    forecast_from: uuid.UUID,
+) -> Preview:
+    """``shown`` with the forecast from an earlier release (``?forecast_from=``, issue 32 item
+    4): one the caller may read (:func:`service.releases.get_release`; 404 otherwise), of the
+    same dataset and mechanism, succeeded. It reads only that release's params and extras,
+    already released to the caller: no budget, no rows."""
+    earlier = releases.get_release(session, principal, forecast_from)
+    mechanism = prepared.mechanism
+    if earlier.dataset_id != dataset.id:
+        raise InvalidInput("forecast_from", "a release of another dataset")
+    if not isinstance(mechanism, AnalyzeGauss) or earlier.mechanism != mechanism.name:
+        raise InvalidInput("forecast_from", "a forecast from a release is made for analyze_gauss")
+    if earlier.status != "succeeded" or earlier.result_extras is None:
+        raise InvalidInput("forecast_from", f"release {earlier.id} has no result")
+    params = mechanism.parse_params(earlier.params)
+    spec = ReleaseSpec(earlier.k, float(earlier.epsilon), float(earlier.delta), params)
+    found = mechanism.forecast_from(prepared.context, prepared.spec, spec, earlier.result_extras)
+    if found is None:
+        raise InvalidInput("forecast_from", f"release {earlier.id} has no explained variance")
+    scales, meaning = found
+    return Preview(scales={**shown.scales, **scales}, meaning=[*shown.meaning, *meaning])
 
 
 def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:

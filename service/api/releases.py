@@ -28,6 +28,7 @@ from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
+from service.errors import InvalidInput
 from service.mechanisms.continual_gauss import MAX_HORIZON
 from service.visibility import FINISHED
 from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters
@@ -92,12 +93,22 @@ async def create_release(
         description="Preview only: validate, charge nothing, and answer 200 with the cost and "
         "the noise scales (`ReleasePreview`).",
     ),
+    forecast_from: uuid.UUID | None = Query(
+        default=None,
+        description="With `dry_run=true` and `analyze_gauss`: an earlier release of this "
+        "dataset that the caller may read; the preview adds a forecast of the share of the "
+        "centred variance this request keeps, from that release's released figures "
+        "(`scales.forecast_from_release_captured_share`; no budget). Refused (422) without "
+        "`dry_run=true`.",
+    ),
 ) -> Release | JSONResponse:
+    if forecast_from is not None and not dry_run:
+        raise InvalidInput("forecast_from", "only with dry_run=true (a preview)")
     if dry_run:
 
         def preview_work(session: Session, principal: Principal) -> ReleasePreview:
             shown = preview.preview_release(
-                session, principal, dataset_id, body, idempotency_key, settings
+                session, principal, dataset_id, body, idempotency_key, settings, forecast_from
             )
             return ReleasePreview(dry_run=True, **vars(shown))
 

