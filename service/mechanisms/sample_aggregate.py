@@ -174,10 +174,11 @@ def _subspace_iteration(
     sum_{k+1<i<=b} theta_i^2`` (plus an allowance for the rounding of these sums). A block is
     certified when that bound is at most :data:`ITERATION_TOLERANCE` (times
     ``sqrt(theta_k/theta_1)`` when the caller lifts ``X^T v / s``, which amplifies an error by at
-    most ``s_1/s_k``). Blocks without a certificate after :data:`MAX_ITERATIONS` (or without a
-    certifiable gap after two) are left to the caller's dense eigendecomposition: rows near a
-    k-dimensional subspace (where the aggregators are useful) certify in 1-3 iterations, rows
-    without a gap after ``k`` do not.
+    most ``s_1/s_k``). Blocks without a certificate after :data:`MAX_ITERATIONS` rounds (or
+    earlier, when the bound, shrinking at the Ritz values' estimate of the rate, cannot get
+    there) are left to the caller's dense eigendecomposition: rows near a k-dimensional
+    subspace (where the aggregators are useful) certify in 1-2 rounds, rows without a gap
+    after ``k`` do not (they pay about 10% more than the dense route alone).
 
     Everything is per block (batched LAPACK and BLAS decompose each matrix on its own, and the
     start is a constant), so a certified ``V_j`` is a function of subset ``j`` alone.
