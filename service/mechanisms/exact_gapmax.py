@@ -99,7 +99,8 @@ work is one rank per competitive candidate (``|s| x d`` entries of ``<= 2098`` b
 ``k >= 3`` its ``C(|s|, k-1)`` strict subsets also go through the filter) plus, in the worst
 case (every k-subset singular mod p, e.g. points spread over several (k-1)-dim subspaces, so
 that no union of a batch has rank below k), one exact ``k x d`` rank per k-subset. Figures:
-``bench/experiments/bench_exact_gapmax.py`` and docs/mechanisms.md.
+``bench/experiments/bench_exact_gapmax.py`` (removed; in git history at commit ad45863) and
+docs/mechanisms.md.
 """
 
 from __future__ import annotations
