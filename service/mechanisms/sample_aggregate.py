@@ -553,9 +553,12 @@ def subset_bases_bytes(
     LAPACK's copy and a contiguous copy of the top eigenvectors (``4 g s^2``, ``s = min(m,
     d)``), the eigenvalues, and the lifted vectors (``3 g d k``: the product, the good blocks'
     copy and the division's result); an SVD fallback of one block is smaller than the group's
-    rows. The subspace iteration adds the copies of the Grams still iterating and of those left
-    to the dense route (``2 g s^2``) and its ``s x b`` arrays (``8 g s b``: iterate, basis,
-    product, rotated basis, residual and temporaries). Doubles, 8 bytes each.
+    rows. The subspace iteration runs before the dense route, not with it: the Grams, a copy of
+    those still iterating and its ``s x b`` arrays (``8 g s b``: iterate, basis, product,
+    rotated basis, residual and temporaries), at most ``2 g s^2 + 8 g s b``; the dense route on
+    ``g'`` left-over blocks holds the Grams and ``3 g' s^2`` (their copy, eigenvectors and
+    LAPACK's copy), inside the ``4 g s^2`` above; so only ``8 g s b - 2 g s^2`` more, when
+    positive. Doubles, 8 bytes each.
     """
     g = group_shape(t, m, group_rows)
     per_pass = PASS_BYTES if pass_bytes is None else pass_bytes
@@ -566,7 +569,7 @@ def subset_bases_bytes(
     else:
         buffer, gather = p * m * d, 2 * p * m + GROUP_ROWS * d + 2 * GROUP_ROWS
     width = iteration_width(s, k)
-    iteration = 2 * g * s * s + 8 * g * s * width if width else 0
+    iteration = max(0, 8 * g * s * width - 2 * g * s * s) if width else 0
     floats = t * d * k + buffer + gather + g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
     floats += iteration
     return 8 * floats
