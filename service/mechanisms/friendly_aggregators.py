@@ -162,6 +162,27 @@ def safe_top_k_eigh(matrix: FloatArray, k: int) -> FloatArray:
     return vectors
 
 
+def safe_top_eigenpairs(matrix: FloatArray, k: int, count: int) -> tuple[FloatArray, FloatArray]:
+    """The top ``count >= k`` eigenvalues (descending) and the top-k eigenvectors of a symmetric
+    matrix, from one decomposition; total like :func:`safe_top_k_eigh` (the public fallback:
+    values 0, the first ``k`` standard basis vectors, when the matrix is not finite or LAPACK
+    fails).
+
+    Returns
+    -------
+    values : (count,) array
+    basis : (d, k) array
+    """
+    d = matrix.shape[0]
+    if not np.all(np.isfinite(matrix)):
+        return np.zeros(count), fallback_basis(d, k)
+    # top_k_eigh scales by a power of two itself and returns the unscaled eigenvalues.
+    values, vectors = top_k_eigh(matrix, count)
+    if not (np.all(np.isfinite(vectors)) and np.all(np.isfinite(values))):
+        return np.zeros(count), fallback_basis(d, k)
+    return values, np.ascontiguousarray(vectors[:, :k])
+
+
 def friendly_aggregate(
     data: npt.NDArray[Any],
     k: int,
@@ -311,8 +332,9 @@ def friendly_continue(state: FriendlySearch, rng: np.random.Generator) -> Friend
         values = _top_values(matrix, k + 1, symmetric=False)
     else:
         noisy = projection_mean(bases, weights, total) + rng.normal(0.0, sigma, size=(d, d))
-        basis = safe_top_k_eigh(0.5 * (noisy + noisy.T), k)
-        values = _top_values(0.5 * (noisy + noisy.T), k + 1, symmetric=True)
+        # One eigendecomposition gives the basis and the k+1 values (post-processing of the
+        # noisy mean; before, a full eigvalsh repeated it for the values: 0.14 s at d = 1,000).
+        values, basis = safe_top_eigenpairs(0.5 * (noisy + noisy.T), k, min(k + 1, d))
     q = 0 if points is None else points.shape[1] // d
     above = components_above_noise(values, k, noise_norm(aggregator, sigma, d, q))
     return FriendlyResult(basis, radius, radius_exponent, w_low, sigma, above)

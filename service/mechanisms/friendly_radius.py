@@ -18,6 +18,8 @@ of the distances. The same :func:`above_threshold` serves ``width_selection`` (M
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from service.mechanisms.friendly_weights import (
@@ -89,6 +91,31 @@ def above_threshold(
     query_noise = laplace(4.0 * sensitivity / epsilon, rng, size=answers.shape[0])
     above = np.flatnonzero(answers + query_noise >= noisy_threshold)
     return int(above[0]) if above.size else None
+
+
+def above_threshold_lazy(
+    answer: Callable[[int], float],
+    count: int,
+    threshold: float,
+    sensitivity: float,
+    epsilon: float,
+    rng: np.random.Generator,
+) -> int | None:
+    """:func:`above_threshold` asking the queries one at a time (``answer(i)`` for
+    ``i = 0, 1, ...``) and none after the first noisy answer above the noisy threshold.
+
+    The textbook form of the algorithm (Dwork & Roth, Algorithm 1); it draws the same noise
+    from ``rng`` in the same order as :func:`above_threshold` (the threshold's, then all
+    ``count`` queries' at once), and compares the same sums, so with the same draws it returns
+    the same index, bit for bit. For queries that are costly and whose later ones are never
+    used once the search has stopped.
+    """
+    noisy_threshold = threshold + float(laplace(2.0 * sensitivity / epsilon, rng))
+    query_noise = laplace(4.0 * sensitivity / epsilon, rng, size=count)
+    for i in range(count):
+        if answer(i) + query_noise[i] >= noisy_threshold:
+            return i
+    return None
 
 
 def search_radius(

@@ -1,0 +1,109 @@
+"""The certified subspace iteration behind the subset bases (issue 35, item 1).
+
+``sample_aggregate._gram_top_k`` takes each block's top-k eigenvectors from a subspace iteration
+when its Gram is large and the Davis-Kahan bound certifies them, else from the dense ``eigh``
+of before. What the aggregators' privacy argument needs from it: ``U_j`` is a function of
+subset ``j`` alone (one moved row leaves every other basis bit for bit), orthonormal, total at
+any scale; what their utility needs: within the tolerance of the exact top-k subspace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.mechanisms import sample_aggregate as sa
+
+
+def _near_subspace(g: int, m: int, d: int, k: int, distance: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
+    signal = rng.standard_normal((g, m, k)) @ basis.T
+    return np.asarray(signal + distance * rng.standard_normal((g, m, d)), dtype=np.float64)
+
+
+def _projectors(bases: np.ndarray) -> np.ndarray:
+    return np.asarray(np.einsum("gik,gjk->gij", bases, bases))
+
+
+def _svd_projectors(blocks: np.ndarray, k: int) -> np.ndarray:
+    out = []
+    for block in blocks:
+        _, _, vt = np.linalg.svd(block, full_matrices=False)
+        out.append(vt[:k].T @ vt[:k])
+    return np.stack(out)
+
+
+@pytest.mark.parametrize(("m", "d"), [(60, 120), (150, 60)], ids=["lifted", "direct"])
+@pytest.mark.parametrize("distance", [1e-2, 1e-5, 0.0])
+def test_iterated_bases_match_the_svd_near_a_subspace(m: int, d: int, distance: float) -> None:
+    k = 4
+    assert sa.iteration_width(min(m, d), k) > 0  # the iterative route is the one tested
+    blocks = _near_subspace(6, m, d, k, distance, seed=1)
+    s = min(m, d)
+    scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
+    gram = scaled @ scaled.transpose(0, 2, 1) if m <= d else scaled.transpose(0, 2, 1) @ scaled
+    certified, _, _ = sa._subspace_iteration(gram, k, sa.iteration_width(s, k), m <= d)
+    assert certified.all()
+    bases = sa._top_k_right_singular(blocks, k)
+    assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(k), atol=1e-12)
+    assert np.max(np.abs(_projectors(bases) - _svd_projectors(blocks, k))) < 1e-9
+
+
+def test_blocks_without_a_gap_take_the_dense_route_bit_for_bit() -> None:
+    """Isotropic rows have no gap after k: the iteration certifies nothing and the dense
+    ``eigh`` of before decides every block, the same bits as calling it directly."""
+    rng = np.random.default_rng(2)
+    blocks = rng.standard_normal((5, 40, 90))
+    scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
+    gram = scaled @ scaled.transpose(0, 2, 1)
+    certified, _, _ = sa._subspace_iteration(gram, 3, sa.iteration_width(40, 3), True)
+    assert not certified.any()
+    values, vectors, finite = sa._gram_top_k(gram, 3, lift=True)
+    dense_values, dense_vectors = np.linalg.eigh(gram)
+    assert finite.all()
+    assert np.array_equal(values, dense_values[:, ::-1][:, :3])
+    assert np.array_equal(vectors, dense_vectors[:, :, ::-1][:, :, :3])
+
+
+def test_a_moved_row_changes_only_its_own_subsets_basis_on_the_iterative_route() -> None:
+    t, m, d, k = 12, 50, 120, 3
+    data = _near_subspace(1, t * m, d, k, 1e-4, seed=3)[0]
+    partition = sa.random_partition(t * m, t, np.random.default_rng(4))
+    before = sa.subset_bases(data, partition, k, group_rows=200)
+    row = int(partition[5, 7])
+    for factor in (1e250, 1e-250, 0.0):
+        moved = data.copy()
+        moved[row] *= factor
+        after = sa.subset_bases(moved, partition, k, group_rows=200)
+        others = np.arange(t) != 5
+        assert np.array_equal(before[others], after[others])
+        assert np.allclose(after[5].T @ after[5], np.eye(k), atol=1e-8)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e300, 5e-324])
+def test_extreme_scales_give_the_same_subspace(scale: float) -> None:
+    """Per-block power-of-two scaling: rows of any binade give the bases of the unit-scale rows
+    (5e-324, the smallest subnormal, rounds every entry to 0 or 5e-324: still orthonormal)."""
+    blocks = _near_subspace(4, 40, 150, 3, 1e-3, seed=5)
+    unit = sa._top_k_right_singular(blocks, 3)
+    extreme = sa._top_k_right_singular(blocks * scale, 3)
+    assert np.all(np.isfinite(extreme))
+    assert np.allclose(np.einsum("gik,gil->gkl", extreme, extreme), np.eye(3), atol=1e-8)
+    if scale != 5e-324:
+        assert np.max(np.abs(_projectors(extreme) - _projectors(unit))) < 1e-9
+
+
+def test_zero_and_duplicate_blocks_never_raise() -> None:
+    rng = np.random.default_rng(6)
+    row = rng.standard_normal(120)
+    blocks = np.stack([np.zeros((40, 120)), np.tile(row, (40, 1)), rng.standard_normal((40, 120))])
+    bases = sa._top_k_right_singular(blocks, 3)
+    assert np.all(np.isfinite(bases))
+    assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(3), atol=1e-8)
+
+
+def test_the_start_is_a_public_constant() -> None:
+    first = sa.public_start(90, 13)
+    assert np.array_equal(first, np.random.default_rng(0x5AB5_7A27).standard_normal((90, 13)))
+    assert not first.flags.writeable
