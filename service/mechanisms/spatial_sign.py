@@ -53,6 +53,7 @@ fallback). Eigenvalues are rounded to ``sigma / 1000``; the centre to ``sigma_c 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -129,14 +130,14 @@ def gram_sensitivity(clip_norm: float) -> float:
     return math.sqrt(2.0) * clip_norm**2
 
 
+@dataclass(frozen=True)
 class SpatialSignSplit:
     """The GDP parameters of the two steps: ``mean_mu^2 + gram_mu^2 = total_mu^2``
     (``mean_mu = 0`` without a private centre)."""
 
-    def __init__(self, total_mu: float, mean_mu: float, gram_mu: float) -> None:
-        self.total_mu = total_mu
-        self.mean_mu = mean_mu
-        self.gram_mu = gram_mu
+    total_mu: float
+    mean_mu: float
+    gram_mu: float
 
 
 def spatial_sign_split(epsilon: float, delta: float, params: SpatialSignParams) -> SpatialSignSplit:
