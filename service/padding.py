@@ -155,6 +155,12 @@ def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
     return _gram(n, d) + _eig(d) + 4.0 * d * k * k + _pca_options(n, d, params)
 
 
+def _spatial_sign(n: int, d: int, k: int, params: Params) -> float:
+    # The private mean's pass, the sign Gram pass (a few elementwise passes over each chunk
+    # besides the rank update) and the eigensolver.
+    return _gram(n, d) + _eig(d) + 6.0 * n * d
+
+
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
     return _gram(n, d) + _eig(d) + _pca_options(n, d, params)
 
@@ -205,6 +211,7 @@ WORK_MODELS: dict[str, WorkModel] = {
     "gap_perturbation": _gap_perturbation,
     "smooth_sensitivity": _smooth_sensitivity,
     "spectrum": _spectrum,
+    "spatial_sign": _spatial_sign,
     "histogram_aggregate": _histogram_aggregate,
     "friendly_aggregate": _friendly_aggregate,
     "exact_gapmax": _exact_gapmax,
@@ -229,6 +236,7 @@ DEFAULT_RATES: dict[str, float] = {
     "gap_perturbation": 2e9,
     "smooth_sensitivity": 2e9,
     "spectrum": 2e9,
+    "spatial_sign": 2e9,
     "histogram_aggregate": 5e7,
     "friendly_aggregate": 1e9,
     "exact_gapmax": 2e7,
@@ -242,7 +250,13 @@ DEFAULT_RATES: dict[str, float] = {
 DEFAULT_RATE_POINTS: dict[str, tuple[tuple[int, float], ...]] = {
     **{
         name: ((10, 5e7), (50, 2e8), (300, 1e9), (800, 2e9))
-        for name in ("analyze_gauss", "gap_perturbation", "smooth_sensitivity", "spectrum")
+        for name in (
+            "analyze_gauss",
+            "gap_perturbation",
+            "smooth_sensitivity",
+            "spectrum",
+            "spatial_sign",
+        )
     },
     "auto": ((10, 5e7), (50, 2e8), (300, 1e9)),
 }

@@ -13,6 +13,7 @@ from service.mechanisms.friendly_aggregate import FriendlyAggregate
 from service.mechanisms.gap_perturbation import GapPerturbation
 from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.smooth_sensitivity import SmoothSensitivity
+from service.mechanisms.spatial_sign import SpatialSign
 from service.mechanisms.spectrum import Spectrum
 
 MECHANISMS: dict[str, Mechanism[Any]] = {
@@ -26,6 +27,7 @@ MECHANISMS: dict[str, Mechanism[Any]] = {
         GapPerturbation(),
         HistogramAggregate(),
         SmoothSensitivity(),
+        SpatialSign(),
         Spectrum(),
     )
 }

@@ -11,7 +11,13 @@ from tests.mechanisms.synthetic import near_subspace
 
 pytestmark = pytest.mark.release_seed(500)
 
-GRAM_MECHANISMS = ["analyze_gauss", "gap_perturbation", "smooth_sensitivity", "spectrum"]
+GRAM_MECHANISMS = [
+    "analyze_gauss",
+    "gap_perturbation",
+    "smooth_sensitivity",
+    "spectrum",
+    "spatial_sign",
+]
 
 
 def test_a_row_near_1e200_does_not_change_the_outcome(client, keys, upload_dataset, run_worker):

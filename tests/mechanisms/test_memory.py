@@ -36,6 +36,10 @@ CASES: dict[str, list[tuple[int, int, int, float, float, dict[str, Any]]]] = {
     ],
     "smooth_sensitivity": [(20_000, 40, 3, 1.0, 1e-6, {}), (2_000, 250, 3, 1.0, 0.0, {})],
     "spectrum": [(20_000, 40, 20, 1.0, 1e-6, {}), (2_000, 250, 50, 1.0, 1e-6, {})],
+    "spatial_sign": [
+        (20_000, 40, 3, 1.0, 1e-6, {}),
+        (2_000, 250, 3, 1.0, 1e-6, {"center": "none"}),
+    ],
     "exact_gapmax": [(2_000, 10, 2, 1.0, 1e-6, {"sample_rows": 200})],
     "histogram_aggregate": [
         (20_000, 20, 3, 1.0, 1e-6, {"gamma": 0.01}),
