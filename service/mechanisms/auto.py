@@ -27,7 +27,8 @@ even at the optimistic end of the estimate's one-sided ``1 - ALPHA`` interval
 (``T - b ln(1/(2 ALPHA))``), else friendly's *guarded search*: its own radius search (pure, a
 quarter of its budget) releases a radius ``r``, and ``analyze_gauss`` takes everything unspent
 unless ``e_F(r) < e_G`` (``g ~ S/k`` from the estimate); then a noisy total weight at ``r``
-(``RADIUS_TEST_SHARE`` of epsilon, pure) must reach the weight at which friendly's test passes
+(pure; the least epsilon at which a weight of 0 passes with probability ``ALPHA``) must reach
+the weight at which friendly's test passes
 with probability 1/2, else ``analyze_gauss`` with everything unspent (no starved fallback,
 issue 24 item 5); then friendly's test and mean, and after a failed test ``analyze_gauss`` at
 the mean's unspent budget. ``delta = 0``: ``smooth_sensitivity`` (Cauchy), the only pure
@@ -108,9 +109,10 @@ from service.mechanisms.noise import laplace
 __all__ = ["Auto", "AutoParams", "centring_sentence", "summarise_reason"]
 
 #: Default share of epsilon spent on the private estimate.
-DEFAULT_STRUCTURE_SHARE = 0.1
-#: Share of epsilon of the noisy total weight before friendly's test (sensitivity ~3, pure).
-RADIUS_TEST_SHARE = 0.1
+DEFAULT_STRUCTURE_SHARE = 0.05
+#: Largest share of epsilon the weight check may cost; where it would need more, the unsure
+#: estimate runs analyze_gauss instead.
+MAX_WEIGHT_SHARE = 0.2
 #: Error rate of the first decision: analyze_gauss is chosen outright only if friendly loses
 #: even at the estimate's optimistic end, which the true tail is below with probability ALPHA.
 ALPHA = 0.05
@@ -160,27 +162,43 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class FriendlyPath:
+    """friendly_aggregate (``run``) and analyze_gauss's budget after each of its ends short of a
+    result: ``search_stop`` (everything but its search's ``eps0``), ``weight_stop`` (also less
+    the weight check's ``weight_epsilon``; ``None``: no check), ``ptr_fallback`` (its mean's
+    unspent share after a failed test)."""
+
+    run: Choice
+    weight_epsilon: float
+    search_stop: Choice
+    weight_stop: Choice | None
+    ptr_fallback: Choice
+
+    def choices(self) -> list[Choice]:
+        stops = (self.search_stop, self.weight_stop, self.ptr_fallback)
+        return [self.run, *(c for c in stops if c is not None)]
+
+
+@dataclass(frozen=True)
 class Plan:
-    """What ``auto`` can run, from public facts only. ``default``: the mechanism run without an
-    estimate, or ``analyze_gauss`` at ``(1 - s) eps`` after it. With ``aggregator`` (friendly at
-    ``(1 - s) eps - eps_w``): the estimate's ``test_epsilon``, the weight check's
-    ``search_weight_epsilon`` and analyze_gauss's budget after each end short of a result:
-    ``search_stop`` (``- eps0``), ``search_weight_stop`` (``- eps0 - eps_w``), ``ptr_fallback``
-    (the mean's unspent share)."""
+    """What ``auto`` can run, from public facts only: ``default`` (without an estimate, or
+    analyze_gauss at ``(1 - s) eps`` after it), the estimate's ``test_epsilon``, and friendly's
+    two paths at ``(1 - s) eps``: ``sure`` (no weight check) when the estimate says friendly wins
+    at both ends, ``unsure`` (a weight check of ``eps_w`` first) when only at the optimistic
+    end."""
 
     default: Choice
     reason: str
     notes: list[str] = field(default_factory=list)
-    aggregator: Choice | None = None
     test_epsilon: float = 0.0
-    search_weight_epsilon: float = 0.0
-    search_stop: Choice | None = None
-    search_weight_stop: Choice | None = None
-    ptr_fallback: Choice | None = None
+    sure: FriendlyPath | None = None
+    unsure: FriendlyPath | None = None
+
+    def paths(self) -> list[FriendlyPath]:
+        return [p for p in (self.sure, self.unsure) if p is not None]
 
     def choices(self) -> list[Choice]:
-        runs = (self.aggregator, self.search_stop, self.search_weight_stop, self.ptr_fallback)
-        return [self.default, *(c for c in runs if c is not None)]
+        return [self.default, *(c for p in self.paths() for c in p.choices())]
 
 
 def _prepare(
@@ -191,21 +209,79 @@ def _prepare(
     return Choice(name, params, epsilon, delta)
 
 
-def _friendly(
-    ctx: PublicContext, k: int, epsilon: float, delta: float, notes: list[str]
-) -> Choice | None:
-    """friendly_aggregate at ``(epsilon, delta)``, its default aggregator else reference points,
-    if its own ``prepare`` accepts it within the memory cap."""
+def _friendly_path(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    weight_epsilon: float,
+    delta: float,
+    gram: dict[str, Any],
+    notes: list[str],
+) -> FriendlyPath | None:
+    """friendly_aggregate at ``budget - weight_epsilon`` (its default aggregator, else reference
+    points) if its own ``prepare`` accepts it within the memory cap, with its stops."""
+    friendly = None
     for raw in ({}, {"aggregator": "reference_points"}):
         try:
-            choice = _prepare("friendly_aggregate", ctx, k, epsilon, delta, raw)
+            choice = _prepare("friendly_aggregate", ctx, k, budget - weight_epsilon, delta, raw)
         except InvalidParameter as refusal:
             note = f"friendly_aggregate refused at this budget: {refusal.message}"
             notes.extend([] if note in notes else [note])
             continue
         if component(choice.name).memory_bytes(ctx, choice.spec(k)) <= AGGREGATOR_MEMORY_CAP:
-            return choice
+            friendly = choice
+            break
         notes.append("friendly_aggregate skipped: memory above the cap")
+    if friendly is None:
+        return None
+    eps0 = release_split(friendly.epsilon, delta, False, t=_t(friendly)).eps0
+    rest = budget - eps0
+    return FriendlyPath(
+        friendly,
+        weight_epsilon,
+        _prepare("analyze_gauss", ctx, k, rest, delta, gram),
+        _prepare("analyze_gauss", ctx, k, rest - weight_epsilon, delta, gram)
+        if weight_epsilon > 0
+        else None,
+        _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(friendly), gram),
+    )
+
+
+def weight_check_epsilon(friendly: Choice) -> float:
+    """``Delta_W ln(1/(2 ALPHA))/bar``: the least epsilon at which a noisy total weight of 0 (a
+    spurious stop) passes friendly's bar (:func:`search_weight_threshold`) with probability
+    at most ``ALPHA`` (``P[Lap(b) >= bar] = exp(-bar/b)/2``)."""
+    t = _t(friendly)
+    bar = search_weight_threshold(friendly)
+    sens = weight_sensitivity(t, ramp_width(t))
+    return sens * math.log(1.0 / (2.0 * ALPHA)) / bar if bar > 0 else math.inf
+
+
+def _checked_path(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    friendly: Choice,
+    delta: float,
+    gram: dict[str, Any],
+    notes: list[str],
+) -> FriendlyPath | None:
+    """friendly with a weight check whose epsilon is :func:`weight_check_epsilon` of the run it
+    guards (a fixed point: the check's budget lowers friendly's, which raises the bar's noise
+    share; a few rounds, each enlarging it by 1%, settle it); ``None`` above
+    ``MAX_WEIGHT_SHARE`` of the budget or where friendly is then refused."""
+    eps_w = weight_check_epsilon(friendly)
+    for _ in range(8):
+        if not eps_w <= MAX_WEIGHT_SHARE * budget:
+            notes.append("no weight check affordable: an unsure estimate runs analyze_gauss")
+            return None
+        path = _friendly_path(ctx, k, budget, eps_w, delta, gram, notes)
+        if path is None:
+            return None
+        needed = weight_check_epsilon(path.run)
+        if needed <= eps_w:
+            return path
+        eps_w = 1.01 * needed
     return None
 
 
@@ -228,9 +304,8 @@ def ptr_fallback_budget(friendly: Choice) -> tuple[float, float]:
         low, high = high, 2.0 * high
     for _ in range(200):  # gaussian_profile decreases in eps
         mid = 0.5 * (low + high)
-        low, high = (
-            (mid, high) if gaussian_profile(split.mean_mu, mid) > split.delta1 else (low, mid)
-        )
+        above = gaussian_profile(split.mean_mu, mid) > split.delta1
+        low, high = (mid, high) if above else (low, mid)
     return high, gaussian_profile(split.mean_mu, high) * (1.0 - 1e-9)
 
 
@@ -239,10 +314,10 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     it); raises :class:`InvalidParameter` as a chosen mechanism's ``prepare`` would."""
     clip = resolve_clip_norm(params.clip_norm, ctx)
     raw: dict[str, Any] = {"clip_norm": clip}
-    if params.center != "none":
+    centred = params.center != "none"
+    if centred:
         raw.update(center=params.center, center_share=params.center_share)
     gram = {**raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
-    centred = params.center != "none"
     if delta == 0:
         reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
         reason += "; " + centring_sentence(params, delta) if centred else ""
@@ -256,9 +331,10 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         )
     notes: list[str] = []
     share = params.structure_share
-    rest, eps_w = (1.0 - share) * epsilon, RADIUS_TEST_SHARE * epsilon
-    friendly = _friendly(ctx, k, rest - eps_w, delta, notes) if share > 0 else None
-    if friendly is None:
+    rest = (1.0 - share) * epsilon
+    sure = _friendly_path(ctx, k, rest, 0.0, delta, gram, notes) if share > 0 else None
+    unsure = None if sure is None else _checked_path(ctx, k, rest, sure.run, delta, gram, notes)
+    if sure is None:
         why = "; ".join(notes) or (
             "structure test disabled (structure_share = 0; the default on a gaussian dataset, "
             "whose Gaussian-DP filter cannot charge the tests' pure steps)"
@@ -269,18 +345,14 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
             "choice; " + why,
             notes,
         )
-    eps0 = release_split(friendly.epsilon, delta, False, t=_t(friendly)).eps0
     return Plan(
         _prepare("analyze_gauss", ctx, k, rest, delta, gram),
         "friendly_aggregate can run: a private estimate of the rows' distance to a k-dim "
         "subspace predicts its error and analyze_gauss's, and the smaller runs",
         notes,
-        aggregator=friendly,
         test_epsilon=share * epsilon,
-        search_weight_epsilon=eps_w,
-        search_stop=_prepare("analyze_gauss", ctx, k, rest - eps0, delta, gram),
-        search_weight_stop=_prepare("analyze_gauss", ctx, k, rest - eps0 - eps_w, delta, gram),
-        ptr_fallback=_prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(friendly), gram),
+        sure=sure,
+        unsure=unsure,
     )
 
 
@@ -333,19 +405,14 @@ def predicted_friendly_error(friendly: Choice, radius: float, d: int, k: int) ->
     return scale * (FRIENDLY_RADIUS_TERM + math.sqrt(d) * noise)
 
 
-def subset_radius(tail: float, head: float, gap: float, n: int, t: int, friendly: Choice) -> float:
-    """``2 sqrt(t T S/n)/g`` in friendly's metric (times ``sqrt(q)`` for reference points)."""
-    params: Any = friendly.params
-    scale = 1.0 if params.aggregator == "projection" else math.sqrt(params.q or 1)
-    return scale * 2.0 * math.sqrt(t * max(tail, 0.0) * max(head, 0.0) / max(n, 1)) / gap
-
-
 @dataclass(frozen=True)
 class Estimate:
-    """The released estimate, as the predictions use it: the optimistic tail (the one-sided
-    ``1 - ALPHA`` end), the head and the gap ``S/k`` (floored at one noise scale)."""
+    """The released estimate as the predictions use it: the tail at either end of its one-sided
+    ``1 - ALPHA`` intervals (``T_hat -+ b ln(1/(2 ALPHA))``, clamped at 0), the head ``S`` and
+    the gap ``S/k`` (each floored at one noise scale ``b``)."""
 
     tail_low: float
+    tail_high: float
     head: float
     gap: float
 
@@ -353,17 +420,30 @@ class Estimate:
     def of(cls, tail_hat: float, trace_hat: float, k: int, scale: float) -> Estimate:
         head = max(trace_hat - max(tail_hat, 0.0), scale)
         margin = scale * math.log(1.0 / (2.0 * ALPHA))
-        return cls(max(tail_hat - margin, 0.0), head, max(head / k, scale))
+        low, high = max(tail_hat - margin, 0.0), max(tail_hat + margin, 0.0)
+        return cls(low, high, head, max(head / k, scale))
 
 
-def friendly_may_win(the_plan: Plan, estimate: Estimate, n: int, d: int, k: int) -> bool:
-    """Whether friendly's prediction at the optimistic tail beats analyze_gauss's at ``(1 -
-    s) eps`` (the gap cancels; post-processing of the estimate)."""
-    friendly = the_plan.aggregator
-    assert friendly is not None
-    r = subset_radius(estimate.tail_low, estimate.head, estimate.gap, n, _t(friendly), friendly)
-    gauss = predicted_gauss_error(estimate.gap, d, k, the_plan.default)
-    return predicted_friendly_error(friendly, r, d, k) < gauss
+def friendly_wins(
+    friendly: Choice, gauss: Choice, tail: float, estimate: Estimate, n: int, d: int, k: int
+) -> bool:
+    """Whether friendly's predicted error with the subsets ``r = 2 sqrt(t T S/n)/g`` apart (in
+    its metric: times ``sqrt(q)`` for reference points) is below analyze_gauss's."""
+    params: Any = friendly.params
+    scale = 1.0 if params.aggregator == "projection" else math.sqrt(params.q or 2 * k)
+    r = scale * 2.0 * math.sqrt(params.t * tail * estimate.head / max(n, 1)) / estimate.gap
+    f_error = predicted_friendly_error(friendly, r, d, k)
+    return f_error < predicted_gauss_error(estimate.gap, d, k, gauss)
+
+
+def decide(the_plan: Plan, estimate: Estimate, n: int, d: int, k: int) -> FriendlyPath | None:
+    """The first decision (post-processing of the estimate): friendly's ``sure`` path if it is
+    predicted to win at the pessimistic tail, ``unsure`` if only at the optimistic one, else
+    ``None`` (analyze_gauss at ``(1 - s) eps``)."""
+    for path, tail in ((the_plan.sure, estimate.tail_high), (the_plan.unsure, estimate.tail_low)):
+        if path is not None and friendly_wins(path.run, the_plan.default, tail, estimate, n, d, k):
+            return path
+    return None
 
 
 def search_weight_threshold(friendly: Choice) -> float:
@@ -428,7 +508,7 @@ class Auto(Mechanism[AutoParams]):
         clip = resolve_clip_norm(params.clip_norm, ctx)
         resolved = params.model_copy(update={"clip_norm": clip})
         the_plan = plan(ctx, k, epsilon, delta, resolved)
-        if the_plan.aggregator is not None:
+        if the_plan.sure is not None:
             # tail and trace <= n C^2; the Laplace scale 2 C^2/eps_s and draws of <= 64 scales
             scale = 2.0 / the_plan.test_epsilon
             check_clip_scale(clip, min(1.0, scale), ctx.n_cols * ctx.n_rows + 64.0 * scale)
@@ -437,12 +517,14 @@ class Auto(Mechanism[AutoParams]):
     def privacy_steps(
         self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]
     ) -> list[PrivacyStep] | None:
-        """A bound on every path: the pure estimate and weight check, friendly's steps but its
-        last (search, test), then the costliest terminal (friendly's mean or an analyze_gauss
-        run), in ``rho``; the ``delta`` the largest any choice declares. Padding a path to the
-        bound is sound (a ``rho' <= rho`` step is ``rho``-zCDP); zCDP composes adaptively."""
+        """A bound on every path: the pure estimate and weight check, the larger of friendly's
+        steps but its last (search, test), then the costliest terminal (friendly's mean or an
+        analyze_gauss run), in ``rho``; the ``delta`` the largest any choice declares. Padding
+        a path to the bound is sound (a ``rho' <= rho`` step is ``rho``-zCDP); zCDP composes
+        adaptively (Bun & Steinke 2016, Section 8 for approximate zCDP)."""
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
-        prefix: list[PrivacyStep] = []
+        runs = {id(p.run) for p in the_plan.paths()}
+        prefixes: list[list[PrivacyStep]] = [[]]
         terminals: list[list[PrivacyStep]] = []
         delta = 0.0
         for choice in the_plan.choices():
@@ -450,19 +532,23 @@ class Auto(Mechanism[AutoParams]):
             if steps is None:
                 return None
             delta = max(delta, sum(s.delta for s in steps if isinstance(s, ApproximateStep)))
-            if choice is the_plan.aggregator:
-                prefix, steps = steps[:-1], steps[-1:]
+            if id(choice) in runs:
+                prefixes.append(steps[:-1])
+                steps = steps[-1:]
             terminals.append(steps)
-        tests = [the_plan.test_epsilon, the_plan.search_weight_epsilon]
-        bound = [_without_delta(s) for s in (*prefix, *max(terminals, key=_rho_of))]
+        tests = [
+            the_plan.test_epsilon,
+            max((p.weight_epsilon for p in the_plan.paths()), default=0),
+        ]
+        chosen = (*max(prefixes, key=_rho_of), *max(terminals, key=_rho_of))
         extra = [ApproximateStep(0.0, delta)] if delta > 0 else []
-        return [*(PureStep(e) for e in tests if e > 0), *bound, *extra]
+        return [*(PureStep(e) for e in tests if e > 0), *map(_without_delta, chosen), *extra]
 
     def preview(self, ctx: PublicContext, spec: ReleaseSpec[AutoParams]) -> Preview:
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
-        friendly, default = the_plan.aggregator, the_plan.default
-        choice = default.name if friendly is None else f"{friendly.name} or {default.name}"
-        choice += "" if friendly is None else " (structure test)"
+        default, sure, unsure = the_plan.default, the_plan.sure, the_plan.unsure
+        choice = default.name if sure is None else f"{sure.run.name} or {default.name}"
+        choice += "" if sure is None else " (structure test)"
         summary, details = summarise_reason(choice, the_plan.reason)
         quantile: float | None = getattr(default.params, "quantile", None)
         kind = spec.params.center if isinstance(spec.params.center, str) else "public"
@@ -470,7 +556,7 @@ class Auto(Mechanism[AutoParams]):
             "auto_choice": choice,
             "auto_reason": summary,
             "auto_details": " | ".join([*details, *the_plan.notes]),
-            "structure_test": friendly is not None,
+            "structure_test": sure is not None,
             "auto_centring": kind,
             "auto_clip_quantile": quantile,
         }
@@ -478,35 +564,42 @@ class Auto(Mechanism[AutoParams]):
         centring = centring_sentence(spec.params, spec.delta)
         if centring not in summary:
             meaning.append(centring[0].upper() + centring[1:] + ".")
-        if friendly is not None:
-            assert the_plan.search_stop is not None and the_plan.search_weight_stop is not None
-            clip = float(spec.params.clip_norm or 1.0)
-            scale = structure_noise_scale(clip, the_plan.test_epsilon)
-            bar = search_weight_threshold(friendly)
+        if sure is not None:
+            scale = structure_noise_scale(float(spec.params.clip_norm or 1), the_plan.test_epsilon)
             scales.update(
                 structure_epsilon=the_plan.test_epsilon,
                 structure_noise_scale=scale,
                 structure_alpha=ALPHA,
-                search_weight_epsilon=the_plan.search_weight_epsilon,
-                search_weight_threshold=bar,
             )
             meaning.append(
                 f"Estimate (epsilon {the_plan.test_epsilon:.4g}, pure): the tail sum_(i>k) "
                 f"lambda_i and the trace of the clipped X^T X each get Laplace noise of scale "
-                f"{scale:.4g}; analyze_gauss runs with epsilon {default.epsilon:.4g} if "
-                f"friendly_aggregate's predicted error loses even at the tail's optimistic "
-                f"{1 - ALPHA:.0%} end, else friendly_aggregate (epsilon {friendly.epsilon:.4g}"
-                f"): its radius search first, then analyze_gauss with epsilon "
-                f"{the_plan.search_stop.epsilon:.4g} if the found radius predicts a larger "
-                f"error; then a noisy total weight (epsilon {the_plan.search_weight_epsilon:.4g}"
-                f") below {bar:.4g} runs analyze_gauss with epsilon "
-                f"{the_plan.search_weight_stop.epsilon:.4g}; all of delta in each case."
+                f"{scale:.4g}; from them auto predicts friendly_aggregate's error (its subsets' "
+                "spread) and analyze_gauss's (its noise over the gap). friendly_aggregate runs "
+                f"with epsilon {sure.run.epsilon:.4g} if it wins at the tail's pessimistic "
+                f"{1 - ALPHA:.0%} end; else analyze_gauss with epsilon {default.epsilon:.4g}"
+                + (
+                    "."
+                    if unsure is None or unsure.weight_stop is None
+                    else f" unless friendly_aggregate wins at the optimistic end: then it runs "
+                    f"with epsilon {unsure.run.epsilon:.4g} after a noisy total weight "
+                    f"(epsilon {unsure.weight_epsilon:.4g}) reaches "
+                    f"{search_weight_threshold(unsure.run):.4g}, else analyze_gauss with "
+                    f"epsilon {unsure.weight_stop.epsilon:.4g}."
+                )
             )
-        labels = {
-            id(the_plan.search_stop): "search_stop.",
-            id(the_plan.search_weight_stop): "weight_check_stop.",
-            id(the_plan.ptr_fallback): "ptr_fallback.",
-        }
+            meaning.append(
+                "friendly_aggregate's radius search runs first; analyze_gauss takes everything "
+                "unspent (all of delta) if the found radius predicts a larger error than "
+                "analyze_gauss's, or if friendly's test fails (its mean's share)."
+            )
+        labels = {id(default): ""}
+        for name, path in (("", sure), ("unsure.", unsure)):
+            if path is not None:
+                labels[id(path.run)] = name
+                labels[id(path.search_stop)] = name + "search_stop."
+                labels[id(path.weight_stop)] = name + "weight_check_stop."
+                labels[id(path.ptr_fallback)] = name + "ptr_fallback."
         for c in the_plan.choices():
             shown = component(c.name).preview(ctx, c.spec(spec.k))
             label = labels.get(id(c), "") + c.name
@@ -518,7 +611,7 @@ class Auto(Mechanism[AutoParams]):
         """The largest choice's; the estimate's Gram and eigenvalues are freed before it."""
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         inner = max(component(c.name).memory_bytes(ctx, c.spec(spec.k)) for c in the_plan.choices())
-        if the_plan.aggregator is None:
+        if the_plan.sure is None:
             return inner
         d = ctx.n_cols
         return max(inner, clipped_gram_memory(ctx.n_rows, d), 8 * d * d + eigh_memory(d, d))
@@ -531,84 +624,84 @@ class Auto(Mechanism[AutoParams]):
         n, d = data.shape
         ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=clip)
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
-        if the_plan.aggregator is None:
-            return labelled(
-                _run(the_plan.default, data, spec.k, rng), the_plan.default, the_plan.reason
-            )
+        default = the_plan.default
+        if the_plan.sure is None:
+            return labelled(_run(default, data, spec.k, rng), default, the_plan.reason)
         tail_hat, trace_hat = noisy_tail_and_trace(data, spec.k, clip, the_plan.test_epsilon, rng)
         scale = structure_noise_scale(clip, the_plan.test_epsilon)
         estimate = Estimate.of(tail_hat, trace_hat, spec.k, scale)
+        path = decide(the_plan, estimate, n, d, spec.k)
         test: dict[str, Any] = {"test": "structure", "epsilon": the_plan.test_epsilon}
-        if not friendly_may_win(the_plan, estimate, n, d, spec.k):
+        if path is None:
             reason = (
                 "the private estimate puts the rows too far from a k-dim subspace: "
-                "friendly_aggregate's predicted error is above analyze_gauss's even at its "
-                "optimistic end"
+                "friendly_aggregate's predicted error is above analyze_gauss's even at the "
+                "estimate's optimistic end"
             )
-            out = _run(the_plan.default, data, spec.k, rng)
-            return labelled(out, the_plan.default, reason, {**test, "friendly_may_win": False})
-        return self._guarded_search(data, spec.k, the_plan, estimate, test, rng)
+            out = _run(default, data, spec.k, rng)
+            return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})
+        sure = path is the_plan.sure
+        test["friendly_predicted"] = "wins" if sure else "may win"
+        reason = (
+            "the private estimate puts the rows near enough a k-dim subspace for "
+            f"friendly_aggregate to win{'' if sure else ' at its optimistic end'}"
+        )
+        return _guarded(data, spec.k, path, estimate, reason, test, rng)
 
-    @staticmethod
-    def _guarded_search(
-        data: FloatArray,
-        k: int,
-        the_plan: Plan,
-        estimate: Estimate,
-        test: dict[str, Any],
-        rng: np.random.Generator,
-    ) -> MechanismOutput:
-        """friendly's radius search, the updated prediction, the weight check, its finish; each
-        end short of a result runs analyze_gauss with everything unspent."""
-        friendly, stop = the_plan.aggregator, the_plan.search_stop
-        weight_stop, fallback = the_plan.search_weight_stop, the_plan.ptr_fallback
-        assert friendly is not None and stop is not None
-        assert weight_stop is not None and fallback is not None
-        mechanism = component(friendly.name)
-        assert isinstance(mechanism, FriendlyAggregate)
-        inner = friendly.spec(k)
-        state = mechanism.search(data, inner, rng)
-        d = data.shape[1]
-        gauss = predicted_gauss_error(estimate.gap, d, k, stop)
-        test = {**test, "friendly_may_win": True, "radius_exponent": state.radius_exponent}
-        reason = "the private estimate puts the rows near enough a k-dim subspace for "
-        reason += "friendly_aggregate to win; "
-        if state.radius_exponent is None:
-            reason += "its private radius search found no radius, so analyze_gauss runs"
-            return labelled(_run(stop, data, k, rng), stop, reason, test)
-        predicted = predicted_friendly_error(friendly, state.radius, d, k)
-        if not predicted < gauss:
-            reason += (
-                f"its private radius search stopped at {state.radius:.3g}, where its predicted "
-                f"error {predicted:.3g} is not below analyze_gauss's {gauss:.3g}, so "
-                "analyze_gauss runs with the unspent rest of epsilon and all of delta"
-            )
-            return labelled(_run(stop, data, k, rng), stop, reason, {**test, "continued": False})
-        reason += (
-            f"its private radius search stopped at {state.radius:.3g}: its predicted error "
-            f"{predicted:.3g} is below analyze_gauss's {gauss:.3g}, so it continues"
-        )
-        test["continued"] = True
-        noisy = noisy_total_weight(
-            total_weight(state.weights), state.t, the_plan.search_weight_epsilon, rng
-        )
+
+def _guarded(
+    data: FloatArray,
+    k: int,
+    path: FriendlyPath,
+    estimate: Estimate,
+    reason: str,
+    test: dict[str, Any],
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """friendly's radius search, the prediction at the released radius, the weight check (if
+    the path has one), its finish; each end short of a result runs analyze_gauss with
+    everything unspent."""
+    friendly, stop = path.run, path.search_stop
+    mechanism = component(friendly.name)
+    assert isinstance(mechanism, FriendlyAggregate)
+    inner = friendly.spec(k)
+    state = mechanism.search(data, inner, rng)
+    d = data.shape[1]
+    gauss = predicted_gauss_error(estimate.gap, d, k, stop)
+    test["radius_exponent"] = state.radius_exponent
+    if state.radius_exponent is None:
+        reason += "; its private radius search found no radius, so analyze_gauss runs"
+        return labelled(_run(stop, data, k, rng), stop, reason, {**test, "continued": False})
+    predicted = predicted_friendly_error(friendly, state.radius, d, k)
+    said = (
+        f"its private radius search stopped at {state.radius:.3g}, where its predicted error "
+        f"{predicted:.3g} is {'' if predicted < gauss else 'not '}below analyze_gauss's "
+        f"{gauss:.3g}"
+    )
+    test["continued"] = bool(predicted < gauss)
+    if not test["continued"]:
+        reason += f"; {said}, so analyze_gauss runs with the unspent rest and all of delta"
+        return labelled(_run(stop, data, k, rng), stop, reason, test)
+    reason += f"; {said}, so it continues"
+    if path.weight_stop is not None:
+        noisy = noisy_total_weight(total_weight(state.weights), state.t, path.weight_epsilon, rng)
         test["weight_check_passed"] = bool(noisy >= search_weight_threshold(friendly))
         if not test["weight_check_passed"]:
             del state
             reason += (
                 "; the noisy total weight at that radius is below what its test needs, so "
-                "analyze_gauss runs with the unspent rest of epsilon and all of delta"
+                "analyze_gauss runs with the unspent rest and all of delta"
             )
-            return labelled(_run(weight_stop, data, k, rng), weight_stop, reason, test)
-        output = mechanism.finish(state, inner, rng)
-        if output.basis is not None:
-            return labelled(output, friendly, reason, test)
-        reason += (
-            "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
-            "budget of its mean step"
-        )
-        out = _run(fallback, data, k, rng)
-        return labelled(out, fallback, reason, {**test, "ptr_failed": True})
+            return labelled(_run(path.weight_stop, data, k, rng), path.weight_stop, reason, test)
+    output = mechanism.finish(state, inner, rng)
+    if output.basis is not None:
+        return labelled(output, friendly, reason, test)
+    reason += (
+        "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
+        "budget of its mean step"
+    )
+    out = _run(path.ptr_fallback, data, k, rng)
+    return labelled(out, path.ptr_fallback, reason, {**test, "ptr_failed": True})
 
 
 def _run(chosen: Choice, data: FloatArray, k: int, rng: np.random.Generator) -> MechanismOutput:
