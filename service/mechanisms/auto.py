@@ -68,13 +68,23 @@ from pydantic import Field
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE, noise_sigma
 from service.mechanisms.auto_explain import centring_sentence, labelled, summarise_reason
+from service.mechanisms.auto_guard import (
+    ALPHA,
+    Choice,
+    FriendlyPath,
+    checked_path,
+    friendly_path,
+    guarded_run,
+    predicted_friendly_error,
+    prepared,
+    run_choice,
+    search_weight_threshold,
+)
 from service.mechanisms.base import (
     ApproximateStep,
     GaussianStep,
-    InvalidParameter,
     Mechanism,
     MechanismOutput,
-    MechanismParams,
     Preview,
     PreviewValue,
     PrivacyStep,
@@ -86,17 +96,6 @@ from service.mechanisms.base import (
 )
 from service.mechanisms.centring import CenterParams
 from service.mechanisms.components import component
-from service.mechanisms.friendly_aggregate import (
-    FriendlyAggregate,
-    agreeing_noise,
-    ramp_width,
-    release_split,
-    split_shift,
-    weight_floor,
-    weight_noise_scale,
-    weight_sensitivity,
-)
-from service.mechanisms.friendly_weights import total_weight
 from service.mechanisms.linalg import (
     FloatArray,
     clipped_gram,
@@ -110,18 +109,6 @@ __all__ = ["Auto", "AutoParams", "centring_sentence", "summarise_reason"]
 
 #: Default share of epsilon spent on the private estimate.
 DEFAULT_STRUCTURE_SHARE = 0.05
-#: Largest share of epsilon the weight check may cost; where it would need more, the unsure
-#: estimate runs analyze_gauss instead.
-MAX_WEIGHT_SHARE = 0.2
-#: Error rate of the first decision: analyze_gauss is chosen outright only if friendly loses
-#: even at the estimate's optimistic end, which the true tail is below with probability ALPHA.
-ALPHA = 0.05
-#: friendly_aggregate's error at radius ``r``: ``r (FRIENDLY_RADIUS_TERM + sqrt(d) s)``, ``s``
-#: its mean's noise per unit radius; measured/predicted 0.51-1.31 (median 0.75) over 46 runs of
-#: the v2 grid (``bench/results/auto_grid_v2_base_*.csv``).
-FRIENDLY_RADIUS_TERM = 0.5
-#: Working-memory ceiling of friendly's plan (bytes): above it analyze_gauss runs.
-AGGREGATOR_MEMORY_CAP = 2 * 1024**3
 
 
 class AutoParams(CenterParams):
@@ -149,37 +136,6 @@ class AutoParams(CenterParams):
 
 
 @dataclass(frozen=True)
-class Choice:
-    """One candidate: a registered mechanism, its resolved params, its budget."""
-
-    name: str
-    params: MechanismParams
-    epsilon: float
-    delta: float
-
-    def spec(self, k: int) -> ReleaseSpec[Any]:
-        return ReleaseSpec(k=k, epsilon=self.epsilon, delta=self.delta, params=self.params)
-
-
-@dataclass(frozen=True)
-class FriendlyPath:
-    """friendly_aggregate (``run``) and analyze_gauss's budget after each of its ends short of a
-    result: ``search_stop`` (everything but its search's ``eps0``), ``weight_stop`` (also less
-    the weight check's ``weight_epsilon``; ``None``: no check), ``ptr_fallback`` (its mean's
-    unspent share after a failed test)."""
-
-    run: Choice
-    weight_epsilon: float
-    search_stop: Choice
-    weight_stop: Choice | None
-    ptr_fallback: Choice
-
-    def choices(self) -> list[Choice]:
-        stops = (self.search_stop, self.weight_stop, self.ptr_fallback)
-        return [self.run, *(c for c in stops if c is not None)]
-
-
-@dataclass(frozen=True)
 class Plan:
     """What ``auto`` can run, from public facts only: ``default`` (without an estimate, or
     analyze_gauss at ``(1 - s) eps`` after it), the estimate's ``test_epsilon``, and friendly's
@@ -201,114 +157,6 @@ class Plan:
         return [self.default, *(c for p in self.paths() for c in p.choices())]
 
 
-def _prepare(
-    name: str, ctx: PublicContext, k: int, epsilon: float, delta: float, raw: dict[str, Any]
-) -> Choice:
-    mechanism = component(name)
-    params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
-    return Choice(name, params, epsilon, delta)
-
-
-def _friendly_path(
-    ctx: PublicContext,
-    k: int,
-    budget: float,
-    weight_epsilon: float,
-    delta: float,
-    gram: dict[str, Any],
-    notes: list[str],
-) -> FriendlyPath | None:
-    """friendly_aggregate at ``budget - weight_epsilon`` (its default aggregator, else reference
-    points) if its own ``prepare`` accepts it within the memory cap, with its stops."""
-    friendly = None
-    for raw in ({}, {"aggregator": "reference_points"}):
-        try:
-            choice = _prepare("friendly_aggregate", ctx, k, budget - weight_epsilon, delta, raw)
-        except InvalidParameter as refusal:
-            note = f"friendly_aggregate refused at this budget: {refusal.message}"
-            notes.extend([] if note in notes else [note])
-            continue
-        if component(choice.name).memory_bytes(ctx, choice.spec(k)) <= AGGREGATOR_MEMORY_CAP:
-            friendly = choice
-            break
-        notes.append("friendly_aggregate skipped: memory above the cap")
-    if friendly is None:
-        return None
-    eps0 = release_split(friendly.epsilon, delta, False, t=_t(friendly)).eps0
-    rest = budget - eps0
-    return FriendlyPath(
-        friendly,
-        weight_epsilon,
-        _prepare("analyze_gauss", ctx, k, rest, delta, gram),
-        _prepare("analyze_gauss", ctx, k, rest - weight_epsilon, delta, gram)
-        if weight_epsilon > 0
-        else None,
-        _prepare("analyze_gauss", ctx, k, *ptr_fallback_budget(friendly), gram),
-    )
-
-
-def weight_check_epsilon(friendly: Choice) -> float:
-    """``Delta_W ln(1/(2 ALPHA))/bar``: the least epsilon at which a noisy total weight of 0 (a
-    spurious stop) passes friendly's bar (:func:`search_weight_threshold`) with probability
-    at most ``ALPHA`` (``P[Lap(b) >= bar] = exp(-bar/b)/2``)."""
-    t = _t(friendly)
-    bar = search_weight_threshold(friendly)
-    sens = weight_sensitivity(t, ramp_width(t))
-    return sens * math.log(1.0 / (2.0 * ALPHA)) / bar if bar > 0 else math.inf
-
-
-def _checked_path(
-    ctx: PublicContext,
-    k: int,
-    budget: float,
-    friendly: Choice,
-    delta: float,
-    gram: dict[str, Any],
-    notes: list[str],
-) -> FriendlyPath | None:
-    """friendly with a weight check whose epsilon is :func:`weight_check_epsilon` of the run it
-    guards (a fixed point: the check's budget lowers friendly's, which raises the bar's noise
-    share; a few rounds, each enlarging it by 1%, settle it); ``None`` above
-    ``MAX_WEIGHT_SHARE`` of the budget or where friendly is then refused."""
-    eps_w = weight_check_epsilon(friendly)
-    for _ in range(8):
-        if not eps_w <= MAX_WEIGHT_SHARE * budget:
-            notes.append("no weight check affordable: an unsure estimate runs analyze_gauss")
-            return None
-        path = _friendly_path(ctx, k, budget, eps_w, delta, gram, notes)
-        if path is None:
-            return None
-        needed = weight_check_epsilon(path.run)
-        if needed <= eps_w:
-            return path
-        eps_w = 1.01 * needed
-    return None
-
-
-def ptr_fallback_budget(friendly: Choice) -> tuple[float, float]:
-    """analyze_gauss's ``(epsilon, delta)`` after friendly's failed test: its unspent mean's.
-
-    Basic split: ``(eps2, delta2)``. F3's GDP split: the mean would have been ``mean_mu``-GDP;
-    analyze_gauss calibrated to a point ``(eps_f, delta_f)`` of that Gaussian's exact profile
-    (``delta_f = delta1``, shaded down ``1e-9`` relative so rounding only adds noise) is
-    ``mean_mu``-GDP too, so it takes the mean's place in F3's composition.
-    """
-    from service.mechanisms.composition import gaussian_profile
-    from service.mechanisms.friendly_aggregate import GdpSplit
-
-    split = release_split(friendly.epsilon, friendly.delta, False, t=_t(friendly))
-    if not isinstance(split, GdpSplit):
-        return split.eps2, split.delta2
-    low, high = 0.0, 1.0
-    while gaussian_profile(split.mean_mu, high) > split.delta1:
-        low, high = high, 2.0 * high
-    for _ in range(200):  # gaussian_profile decreases in eps
-        mid = 0.5 * (low + high)
-        above = gaussian_profile(split.mean_mu, mid) > split.delta1
-        low, high = (mid, high) if above else (low, mid)
-    return high, gaussian_profile(split.mean_mu, high) * (1.0 - 1e-9)
-
-
 def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoParams) -> Plan:
     """The candidates and their budgets from public facts (deterministic: ``run`` recomputes
     it); raises :class:`InvalidParameter` as a chosen mechanism's ``prepare`` would."""
@@ -321,10 +169,10 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     if delta == 0:
         reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
         reason += "; " + centring_sentence(params, delta) if centred else ""
-        return Plan(_prepare("smooth_sensitivity", ctx, k, epsilon, delta, raw), reason)
+        return Plan(prepared("smooth_sensitivity", ctx, k, epsilon, delta, raw), reason)
     if centred:
         return Plan(
-            _prepare("analyze_gauss", ctx, k, epsilon, delta, gram),
+            prepared("analyze_gauss", ctx, k, epsilon, delta, gram),
             f"{centring_sentence(params, delta)}; of the mechanisms that centre (the Gram "
             "mechanisms), analyze_gauss is the most accurate wherever it runs; the aggregators "
             "do not centre",
@@ -332,21 +180,21 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     notes: list[str] = []
     share = params.structure_share
     rest = (1.0 - share) * epsilon
-    sure = _friendly_path(ctx, k, rest, 0.0, delta, gram, notes) if share > 0 else None
-    unsure = None if sure is None else _checked_path(ctx, k, rest, sure.run, delta, gram, notes)
+    sure = friendly_path(ctx, k, rest, 0.0, delta, gram, notes) if share > 0 else None
+    unsure = None if sure is None else checked_path(ctx, k, rest, sure.run, delta, gram, notes)
     if sure is None:
         why = "; ".join(notes) or (
             "structure test disabled (structure_share = 0; the default on a gaussian dataset, "
             "whose Gaussian-DP filter cannot charge the tests' pure steps)"
         )
         return Plan(
-            _prepare("analyze_gauss", ctx, k, epsilon, delta, gram),
+            prepared("analyze_gauss", ctx, k, epsilon, delta, gram),
             "analyze_gauss: no aggregator can run here, so no estimate could change the "
             "choice; " + why,
             notes,
         )
     return Plan(
-        _prepare("analyze_gauss", ctx, k, rest, delta, gram),
+        prepared("analyze_gauss", ctx, k, rest, delta, gram),
         "friendly_aggregate can run: a private estimate of the rows' distance to a k-dim "
         "subspace predicts its error and analyze_gauss's, and the smaller runs",
         notes,
@@ -354,11 +202,6 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         sure=sure,
         unsure=unsure,
     )
-
-
-def _t(friendly: Choice) -> int:
-    params: Any = friendly.params
-    return int(params.t)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,17 +235,6 @@ def predicted_gauss_error(gap: float, d: int, k: int, gauss: Choice) -> float:
     params: Any = gauss.params
     sigma = noise_sigma(params.clip_norm, gauss.epsilon, gauss.delta)
     return sigma * (math.sqrt(max(d - k, 0)) + math.sqrt(k)) / max(gap, 1e-300)
-
-
-def predicted_friendly_error(friendly: Choice, radius: float, d: int, k: int) -> float:
-    """``r (FRIENDLY_RADIUS_TERM + sqrt(d) s)`` at radius ``r`` in friendly's own metric
-    (``r/sqrt(q)`` for reference points, whose ``q x d`` points scale distances by
-    ``sqrt(q)``), ``s`` its mean's noise per unit radius when every subset agrees."""
-    params: Any = friendly.params
-    split = release_split(friendly.epsilon, friendly.delta, params.radius is not None, t=params.t)
-    noise = agreeing_noise(params.t, split)
-    scale = radius if params.aggregator == "projection" else radius / math.sqrt(params.q or 2 * k)
-    return scale * (FRIENDLY_RADIUS_TERM + math.sqrt(d) * noise)
 
 
 @dataclass(frozen=True)
@@ -444,23 +276,6 @@ def decide(the_plan: Plan, estimate: Estimate, n: int, d: int, k: int) -> Friend
         if path is not None and friendly_wins(path.run, the_plan.default, tail, estimate, n, d, k):
             return path
     return None
-
-
-def search_weight_threshold(friendly: Choice) -> float:
-    """The weight at which friendly's test passes with probability 1/2 (its floor plus its
-    shift); a spurious stop (weight 0) is far below it. Public."""
-    params: Any = friendly.params
-    split = release_split(friendly.epsilon, friendly.delta, params.radius is not None, t=params.t)
-    sens = weight_sensitivity(params.t, ramp_width(params.t))
-    return weight_floor(sens) + split_shift(split, sens)
-
-
-def noisy_total_weight(
-    total: float, t: int, weight_epsilon: float, rng: np.random.Generator
-) -> float:
-    """``W + Lap(Delta_W/eps_w)``: ``(eps_w, 0)``-DP (friendly's own sensitivity bound)."""
-    sens = weight_sensitivity(t, ramp_width(t))
-    return total + float(laplace(weight_noise_scale(sens, weight_epsilon), rng))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,7 +441,7 @@ class Auto(Mechanism[AutoParams]):
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         default = the_plan.default
         if the_plan.sure is None:
-            return labelled(_run(default, data, spec.k, rng), default, the_plan.reason)
+            return labelled(run_choice(default, data, spec.k, rng), default, the_plan.reason)
         tail_hat, trace_hat = noisy_tail_and_trace(data, spec.k, clip, the_plan.test_epsilon, rng)
         scale = structure_noise_scale(clip, the_plan.test_epsilon)
         estimate = Estimate.of(tail_hat, trace_hat, spec.k, scale)
@@ -638,7 +453,7 @@ class Auto(Mechanism[AutoParams]):
                 "friendly_aggregate's predicted error is above analyze_gauss's even at the "
                 "estimate's optimistic end"
             )
-            out = _run(default, data, spec.k, rng)
+            out = run_choice(default, data, spec.k, rng)
             return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})
         sure = path is the_plan.sure
         test["friendly_predicted"] = "wins" if sure else "may win"
@@ -646,66 +461,8 @@ class Auto(Mechanism[AutoParams]):
             "the private estimate puts the rows near enough a k-dim subspace for "
             f"friendly_aggregate to win{'' if sure else ' at its optimistic end'}"
         )
-        return _guarded(data, spec.k, path, estimate, reason, test, rng)
-
-
-def _guarded(
-    data: FloatArray,
-    k: int,
-    path: FriendlyPath,
-    estimate: Estimate,
-    reason: str,
-    test: dict[str, Any],
-    rng: np.random.Generator,
-) -> MechanismOutput:
-    """friendly's radius search, the prediction at the released radius, the weight check (if
-    the path has one), its finish; each end short of a result runs analyze_gauss with
-    everything unspent."""
-    friendly, stop = path.run, path.search_stop
-    mechanism = component(friendly.name)
-    assert isinstance(mechanism, FriendlyAggregate)
-    inner = friendly.spec(k)
-    state = mechanism.search(data, inner, rng)
-    d = data.shape[1]
-    gauss = predicted_gauss_error(estimate.gap, d, k, stop)
-    test["radius_exponent"] = state.radius_exponent
-    if state.radius_exponent is None:
-        reason += "; its private radius search found no radius, so analyze_gauss runs"
-        return labelled(_run(stop, data, k, rng), stop, reason, {**test, "continued": False})
-    predicted = predicted_friendly_error(friendly, state.radius, d, k)
-    said = (
-        f"its private radius search stopped at {state.radius:.3g}, where its predicted error "
-        f"{predicted:.3g} is {'' if predicted < gauss else 'not '}below analyze_gauss's "
-        f"{gauss:.3g}"
-    )
-    test["continued"] = bool(predicted < gauss)
-    if not test["continued"]:
-        reason += f"; {said}, so analyze_gauss runs with the unspent rest and all of delta"
-        return labelled(_run(stop, data, k, rng), stop, reason, test)
-    reason += f"; {said}, so it continues"
-    if path.weight_stop is not None:
-        noisy = noisy_total_weight(total_weight(state.weights), state.t, path.weight_epsilon, rng)
-        test["weight_check_passed"] = bool(noisy >= search_weight_threshold(friendly))
-        if not test["weight_check_passed"]:
-            del state
-            reason += (
-                "; the noisy total weight at that radius is below what its test needs, so "
-                "analyze_gauss runs with the unspent rest and all of delta"
-            )
-            return labelled(_run(path.weight_stop, data, k, rng), path.weight_stop, reason, test)
-    output = mechanism.finish(state, inner, rng)
-    if output.basis is not None:
-        return labelled(output, friendly, reason, test)
-    reason += (
-        "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
-        "budget of its mean step"
-    )
-    out = _run(path.ptr_fallback, data, k, rng)
-    return labelled(out, path.ptr_fallback, reason, {**test, "ptr_failed": True})
-
-
-def _run(chosen: Choice, data: FloatArray, k: int, rng: np.random.Generator) -> MechanismOutput:
-    return component(chosen.name).run(data, chosen.spec(k), rng)
+        gauss = predicted_gauss_error(estimate.gap, d, spec.k, path.search_stop)
+        return guarded_run(data, spec.k, path, gauss, reason, test, rng)
 
 
 def _rho_of(steps: list[PrivacyStep]) -> float:

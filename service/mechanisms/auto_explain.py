@@ -5,16 +5,27 @@ released outputs only."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
-from service.mechanisms.base import MechanismOutput
-
-if TYPE_CHECKING:
-    from service.mechanisms.auto import AutoParams, Choice
+from service.mechanisms.base import MechanismOutput, MechanismParams
+from service.mechanisms.centring import CenterParams
 
 
-def centring_sentence(params: AutoParams, delta: float) -> str:
+class Chosen(Protocol):
+    """What ran: a registered mechanism's name, its resolved params and its budget."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def params(self) -> MechanismParams: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+
+
+def centring_sentence(params: CenterParams, delta: float) -> str:
     """What auto's choice does about centring (issue 32, item 1)."""
     quantile = f"{DEFAULT_PRIVATE_CENTRE_QUANTILE:g}"
     if params.center == "none":
@@ -56,7 +67,7 @@ def summarise_reason(chosen: str, reason: str) -> tuple[str, list[str]]:
 
 
 def labelled(
-    output: MechanismOutput, chosen: Choice, reason: str, search: dict[str, Any] | None = None
+    output: MechanismOutput, chosen: Chosen, reason: str, search: dict[str, Any] | None = None
 ) -> MechanismOutput:
     """The chosen mechanism's output with auto's choice, reason and the private steps' outcomes
     (never a noisy statistic: only decisions and released grid radii)."""

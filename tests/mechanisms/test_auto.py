@@ -21,8 +21,8 @@ from service.mechanisms.auto import (
     plan,
     structure_noise_scale,
     tail_and_trace,
-    weight_check_epsilon,
 )
+from service.mechanisms.auto_guard import weight_check_epsilon
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows, subspace_distance
 from service.mechanisms.registry import MECHANISMS

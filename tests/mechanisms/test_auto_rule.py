@@ -21,9 +21,9 @@ import pytest
 
 from bench.grids import near_subspace
 from service.mechanisms import auto as auto_module
+from service.mechanisms import auto_guard
 from service.mechanisms.analyze_gauss import noise_sigma
 from service.mechanisms.auto import (
-    ALPHA,
     Auto,
     AutoParams,
     Estimate,
@@ -32,9 +32,9 @@ from service.mechanisms.auto import (
     friendly_wins,
     plan,
     predicted_gauss_error,
-    search_weight_threshold,
     tail_and_trace,
 )
+from service.mechanisms.auto_guard import ALPHA, Choice, search_weight_threshold
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.friendly_aggregate import (
     FriendlyAggregate,
@@ -110,7 +110,7 @@ def test_the_gauss_prediction_matches_analyze_gauss_within_a_factor_2() -> None:
             assert out.basis is not None
             errors.append(subspace_distance(out.basis, basis))
         tail, trace = tail_and_trace(data, K, 1.0)
-        choice = auto_module.Choice("analyze_gauss", params, eps, DELTA)
+        choice = Choice("analyze_gauss", params, eps, DELTA)
         predicted = predicted_gauss_error((trace - tail) / K, d, K, choice)
         assert predicted == pytest.approx(
             noise_sigma(1.0, eps, DELTA) * (math.sqrt(d - K) + math.sqrt(K)) * K / (trace - tail)
@@ -206,7 +206,7 @@ def test_continuing_friendly_is_bit_identical_to_its_own_run(
     # the weight check (unsure path) draws between search and test: forced to pass without a
     # draw, the rest is friendly's own run draw for draw (after the estimate's two draws)
     _force(monkeypatch, sure)
-    monkeypatch.setattr(auto_module, "noisy_total_weight", lambda total, *args: np.inf)
+    monkeypatch.setattr(auto_guard, "noisy_total_weight", lambda total, *args: np.inf)
     monkeypatch.setattr(auto_module, "noisy_tail_and_trace", lambda *args: (0.0, 1.0))
     data, basis = near_subspace(N, 10, K, 1e-5, seed=4)
     spec = auto_spec(N, 10, 1.0)
@@ -267,7 +267,7 @@ def test_negative_control_without_the_weight_check_the_fallback_starves(
     # exactly the mean's unspent (eps2, delta2), below the floor
     _force(monkeypatch, sure=False)
     _spurious_search(monkeypatch)
-    monkeypatch.setattr(auto_module, "noisy_total_weight", lambda total, *args: np.inf)
+    monkeypatch.setattr(auto_guard, "noisy_total_weight", lambda total, *args: np.inf)
     runs = _spy_runs(monkeypatch)
     spec = auto_spec(N, 10, 1.0)
     p = plan(ctx(N, 10), K, 1.0, DELTA, spec.params)
