@@ -1,60 +1,48 @@
 """``auto``: the service chooses the mechanism, from one principle (issues 16, 33).
 
-**Principle.** Spend a stated share ``s`` of epsilon (``structure_share``, default 0.1, pure) on a
-private estimate of what decides the choice, predict each candidate's error at the remaining
-budget from first-order published bounds, and run the argmin; each later private output that
-the chosen mechanism releases anyway (friendly_aggregate's radius) updates the prediction the
-same way. Candidates: ``analyze_gauss`` (with its default private clip quantile) and
-``friendly_aggregate`` (its own default aggregator).
+**Principle.** Spend a stated share ``s`` of epsilon (``structure_share``, default 0.05, pure) on
+a private estimate of what decides the choice, predict each candidate's error at the remaining
+budget from first-order published bounds, and run the argmin; a private output the chosen
+mechanism releases anyway (friendly_aggregate's radius) updates the prediction the same way.
+Candidates: ``analyze_gauss`` (its private 0.3 clip quantile) and ``friendly_aggregate``.
 
-*What decides.* How far the rows are from a k-dimensional subspace: the tail ``T = sum_{i>k}
-lambda_i`` of the clipped ``H = X^T X`` (the smallest residual ``min_P sum ||(I - P) x_i||^2``
-over rank-k projectors) against its head ``S = trace - T``. Both bounds below are ``sin Theta``
-over the same eigengap ``g = lambda_k - lambda_{k+1}``:
+*What decides* is how far the rows are from a k-dim subspace: the tail ``T = sum_{i>k} lambda_i``
+of the clipped ``X^T X`` against its head ``S = trace - T``. Both predictions are ``sin Theta``
+over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they are compared:
 
-- ``analyze_gauss`` (first-order Davis-Kahan / Wedin): ``||sin Theta|| ~ ||P_perp E P||/g``, and
-  the ``(d - k) x k`` Gaussian block has norm ``sigma (sqrt(d - k) + sqrt(k))``
-  (Davidson-Szarek), so ``e_G = sigma (sqrt(d - k) + sqrt(k))/g``.
-- ``friendly_aggregate`` (seed 001): a subset of ``n/t`` rows has the perturbation
-  ``P_perp H_j P`` of Frobenius norm ``~ sqrt(T S/(n t))`` (incoherent cross terms) over the gap
-  ``g/t``, so two subsets' projectors lie ``r = 2 sqrt(t T S/n)/g`` apart (``sqrt(2)`` for the
-  projector distance, ``sqrt(2)`` for two independent subsets); its error at radius ``r`` is its
-  own published noise per unit radius (:func:`predicted_friendly_error`).
+- ``analyze_gauss``: ``e_G = sigma (sqrt(d - k) + sqrt(k))/g`` (first-order Davis-Kahan: the
+  ``(d - k) x k`` block of its Gaussian noise, Davidson-Szarek);
+- ``friendly_aggregate`` (seed 001): a subset of ``n/t`` rows has the cross-term perturbation
+  ``~ sqrt(T S/(n t))`` over the gap ``g/t``, so two subsets' projectors lie ``r = 2 sqrt(t T
+  S/n)/g`` apart, and its error at radius ``r`` is ``r (FRIENDLY_RADIUS_TERM + sqrt(d) s_t)``
+  with ``s_t`` its mean's published noise per unit radius.
 
-The gap cancels in the comparison. The rule: ``T`` and the trace each get ``Lap(2 C^2/eps_s)``
-(``eps_s = s eps``); ``analyze_gauss`` runs at ``(1 - s) eps`` when friendly's prediction loses
-even at the optimistic end of the estimate's one-sided ``1 - ALPHA`` interval
-(``T - b ln(1/(2 ALPHA))``), else friendly's *guarded search*: its own radius search (pure, a
-quarter of its budget) releases a radius ``r``, and ``analyze_gauss`` takes everything unspent
-unless ``e_F(r) < e_G`` (``g ~ S/k`` from the estimate); then a noisy total weight at ``r``
-(pure; the least epsilon at which a weight of 0 passes with probability ``ALPHA``) must reach
-the weight at which friendly's test passes
-with probability 1/2, else ``analyze_gauss`` with everything unspent (no starved fallback,
-issue 24 item 5); then friendly's test and mean, and after a failed test ``analyze_gauss`` at
-the mean's unspent budget. ``delta = 0``: ``smooth_sensitivity`` (Cauchy), the only pure
-mechanism; a centred (PCA) request: ``analyze_gauss`` with its default PCA settings (the
-aggregators do not centre); friendly refused at the public facts, or ``s = 0``: ``analyze_gauss``
-with everything (no estimate could change the choice). ``histogram_aggregate``,
-``gap_perturbation`` and the Gaussian ``smooth_sensitivity`` are not candidates: none was the best
-of its cell where friendly_aggregate can run (grid in docs/mechanisms.md, ``auto``).
+**Rule.** ``T`` and the trace each get ``Lap(2 C^2/(s eps))``; ``T`` at either end of its
+one-sided ``1 - ALPHA`` interval (``T_hat -+ b ln(1/(2 ALPHA))``): friendly predicted to win at
+the pessimistic end runs at ``(1 - s) eps`` (``sure``); only at the optimistic end, at ``(1 - s)
+eps - eps_w`` after a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
+neither, ``analyze_gauss`` at ``(1 - s) eps``. Friendly's own radius search then releases ``r``:
+if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) analyze_gauss takes everything unspent, as after
+a failed weight check or test (no starved fallback). Public facts first: ``delta = 0``:
+``smooth_sensitivity`` (Cauchy); a centred (PCA) request: ``analyze_gauss`` with its default PCA
+settings (the aggregators do not centre); friendly refused, or ``s = 0``: ``analyze_gauss`` with
+everything (no estimate could change the choice). ``histogram_aggregate``, ``gap_perturbation``
+and the Gaussian ``smooth_sensitivity`` never won a grid cell where friendly runs.
 
-*Constants.* ``ALPHA`` (5%) is the stated error rate of the first decision; ``ln(1/(2 ALPHA))``
-follows from the Laplace tail. ``FRIENDLY_RADIUS_TERM`` was measured on the v2 grid runs
-(``bench/results/auto_grid_v2_base_*.csv``), before this rule existed; the Gaussian and subset
-bounds are derived, not fitted. Figures: ``bench/bench_auto_grid.py``,
-``bench/bench_auto_realistic.py`` (docs/benchmarks.md, "auto from one principle").
+*Constants.* ``ALPHA`` (5%) is the stated error rate; ``ln(1/(2 ALPHA))`` and the weight check's
+epsilon follow from the Laplace tail; ``FRIENDLY_RADIUS_TERM`` was measured on the v2 grid
+(``bench/results/auto_grid_v2_base_*.csv``) before this rule existed; the bounds are derived,
+and checked on planted rows in ``tests/mechanisms/test_auto_rule.py``. Figures:
+``bench/bench_auto_cells.py`` (docs/benchmarks.md, issue 33).
 
-**Privacy.** ``T`` is a minimum over projectors of a sum of terms in ``[0, C^2]`` and the trace a
-sum of such terms: replacing a row moves each by at most ``C^2``; ``Lap(2 C^2/eps_s)`` each is
-``(eps_s/2 + eps_s/2, 0)``-DP. The noisy weight is friendly's own statistic on its public
-partition at a released radius, sensitivity ``Delta_W = 1 + (t - 1)/b``, so ``W +
-Lap(Delta_W/eps_w)`` is ``(eps_w, 0)``-DP. Every choice is post-processing of released outputs
-and public facts; sequential (adaptive) composition: every path totals ``(eps, delta)`` --
-``s eps`` + friendly at ``(1 - s) eps - eps_w`` + ``eps_w``; or ``s eps`` + ``analyze_gauss`` at
-the rest (after ``eps0`` and ``eps_w`` when spent). Under ``zcdp`` a pure ``eps``-DP step is
-``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 1.4) and the release is charged a bound on every
-path (:meth:`Auto.privacy_steps`); under ``gaussian`` the pure tests have no place in the GDP
-filter, so ``s = 0`` there by default (:meth:`Auto.for_accounting`).
+**Privacy.** ``T`` is a minimum over projectors of sums of terms in ``[0, C^2]`` and the trace a
+sum of such terms: each moves by at most ``C^2`` when a row is replaced, so the pair at ``s
+eps/2`` each is ``(s eps, 0)``-DP. Every choice is post-processing of released outputs (the
+estimate, the radius, the noisy weight, the test) and public facts; by sequential adaptive
+composition every path totals exactly ``(eps, delta)``. Under ``zcdp`` a pure ``eps``-DP step is
+``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 1.4) and the release is charged a bound covering
+every path (:meth:`Auto.privacy_steps`); under ``gaussian`` ``s = 0`` by default
+(:meth:`Auto.for_accounting`): the GDP filter cannot charge the pure estimate.
 """
 
 from __future__ import annotations
