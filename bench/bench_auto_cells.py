@@ -41,6 +41,8 @@ CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
     ("friendly_aggregate", "friendly_aggregate", {}),
     ("auto", "auto", {}),
 ]
+#: ``--share`` overrides auto's ``structure_share`` (its default when not given).
+AUTO_PARAMS: dict[str, Any] = {}
 
 
 def data_of(
@@ -93,7 +95,10 @@ def main() -> None:
         default=["power_law", "heavy_tailed", "spiked_outliers", "near_1e-05", "near_0.01"],
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--share", type=float, default=None, help="auto's structure_share")
     args = parser.parse_args()
+    if args.share is not None:
+        AUTO_PARAMS["structure_share"] = args.share
     labels = [label for label, _, _ in CANDIDATES]
     print("| data | k | d | n | eps | " + " | ".join(labels) + " | best | auto/best | auto ran |")
     print("|---" * (len(labels) + 8) + "|")
@@ -112,6 +117,7 @@ def main() -> None:
                         x, planted = data_of(kind, n, d, args.k, seed)
                         best = float(np.linalg.eigvalsh(x.T @ x)[-args.k :].sum())
                         for label, name, raw in CANDIDATES:
+                            raw = {**raw, **AUTO_PARAMS} if name == "auto" else raw
                             got = release(name, raw, x, args.k, eps, seed)
                             if got is None:
                                 continue
