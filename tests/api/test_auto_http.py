@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from service.mechanisms.auto import DEFAULT_STRUCTURE_SHARE
 from service.mechanisms.linalg import subspace_distance
 from tests.conftest import bearer, release_and_wait
 from tests.factories import near_subspace
@@ -52,7 +53,7 @@ def test_dry_run_shows_the_choice_and_why_and_charges_nothing(client, keys, data
     response = post(client, keys.analyst, dataset["id"], True)
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["params"] == {"clip_norm": 1.0, "structure_share": 0.1}
+    assert body["params"] == {"clip_norm": 1.0, "structure_share": DEFAULT_STRUCTURE_SHARE}
     assert body["scales"]["auto_choice"] == "analyze_gauss"
     assert "friendly_aggregate refused" in body["scales"]["auto_details"]
     assert len(body["scales"]["auto_reason"]) < 400

@@ -169,7 +169,9 @@ def _steps(choice, ctx, k):
 
 
 def _paths(the_plan, ctx, k):
-    """Every path the plan can run, enumerated from auto's run code (regimes 1, 2, 2b)."""
+    """Every path the plan can run, enumerated from auto's run code: the analyze_gauss-only
+    plan, or the estimate then analyze_gauss, or one of friendly's paths (its search then a
+    stop; the weight check then a stop; its whole run; its test then the fallback)."""
 
     def steps(choice):
         return _steps(choice, ctx, k)
@@ -177,46 +179,19 @@ def _paths(the_plan, ctx, k):
     def pure(epsilon):
         return [PureStep(epsilon)] if epsilon > 0 else []
 
-    def guarded(friendly, stop):
-        full = steps(friendly)
+    if the_plan.sure is None:
+        return [steps(the_plan.default)]
+    test = pure(the_plan.test_epsilon)
+    found = [test + steps(the_plan.default)]
+    for path in the_plan.paths():
+        full = steps(path.run)
         search = [full[0]] if isinstance(full[0], PureStep) else []
-        weight = pure(the_plan.search_weight_epsilon)
-        found = [search + steps(stop)]
-        if the_plan.search_weight_stop is not None:
-            found.append(search + weight + steps(the_plan.search_weight_stop))
-        found.append(weight + full)
-        if the_plan.ptr_fallback is not None:
-            found.append(weight + full[:-1] + steps(the_plan.ptr_fallback))
-        return found
-
-    if the_plan.agreement_epsilon > 0:
-        test = pure(the_plan.agreement_epsilon)
-        found = [test + steps(the_plan.default)]
-        if the_plan.staged is not None and the_plan.agreement_stop is not None:
-            found += [test + p for p in guarded(the_plan.staged, the_plan.agreement_stop)]
-        w = pure(the_plan.radius_test_epsilon)
-        for run, fallback in ((the_plan.coarse, the_plan.coarse_fallback),):
-            if run is not None:
-                found.append(test + w + steps(run))
-                if fallback is not None:
-                    found.append(test + w + steps(run)[:-1] + steps(fallback))
-        if the_plan.coarse_wide is not None:
-            wide = steps(the_plan.coarse_wide)
-            found.append(test + w + w + wide)
-            for stop in (the_plan.wide_weight_stop, the_plan.coarse_wide_fallback):
-                if stop is not None:
-                    found.append(test + w + w + wide[:-1] + steps(stop))
-        return found
-    if the_plan.staged is not None:
-        if the_plan.staged.name == "friendly_aggregate":
-            return guarded(the_plan.staged, the_plan.default)
-        hist = steps(the_plan.staged)
-        return [hist, hist[:-1] + steps(the_plan.default)]
-    found = [steps(the_plan.default)]
-    if the_plan.aggregator is not None:
-        test = pure(the_plan.test_epsilon)
-        found = [test + steps(the_plan.default)]
-        found += [test + p for p in guarded(the_plan.aggregator, the_plan.agreement_stop)]
+        weight = pure(path.weight_epsilon)
+        found.append(test + search + steps(path.search_stop))
+        if path.weight_stop is not None:
+            found.append(test + search + weight + steps(path.weight_stop))
+        found.append(test + weight + full)
+        found.append(test + weight + full[:-1] + steps(path.ptr_fallback))
     return found
 
 
@@ -245,21 +220,14 @@ def test_auto_bound_covers_every_path(ctx, k, epsilon, delta):
     assert float(declared.rho) <= 3 * max(_rho(p) for p in paths)
 
 
-def test_auto_regimes_are_all_covered_by_the_cases():
+def test_auto_paths_are_all_covered_by_the_cases():
     seen = set()
     for ctx, k, epsilon, delta in AUTO_CASES:
         spec = prepared(Auto(), ctx, k, epsilon, delta)
         p = plan(ctx, k, epsilon, delta, spec.params)
-        seen.add(
-            "2b"
-            if p.agreement_epsilon > 0
-            else "2"
-            if p.staged is not None
-            else "1"
-            if p.aggregator is not None
-            else "3"
-        )
-    assert {"1", "2b", "3"} <= seen
+        seen.add("estimate" if p.sure is not None else "default")
+        seen.update("unsure" for _ in [p.unsure] if p.unsure is not None)
+    assert seen == {"estimate", "unsure", "default"}
 
 
 def test_auto_under_gaussian_is_analyze_gauss_with_its_settings():

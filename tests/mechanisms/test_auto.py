@@ -1,6 +1,7 @@
-"""``auto``: the rule table from public facts, the cost split (sequential composition), the
-structure test's sensitivity, calibration and audit, and the grid criterion (auto within 1.5x of
-the best mechanism wherever one beats a random subspace)."""
+"""``auto``: the candidates from public facts, the cost split (sequential composition), the
+estimate's sensitivity, calibration and audit, and the grid criterion (auto within 1.5x of the
+best mechanism wherever one beats a random subspace). The decision rule itself:
+``test_auto_rule.py``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,8 @@ import pytest
 from bench.grids import near_subspace
 from service.mechanisms import auto as auto_module
 from service.mechanisms.auto import (
+    ALPHA,
     DEFAULT_STRUCTURE_SHARE,
-    RADIUS_TEST_SHARE,
-    SEARCH_SHARE,
-    TAIL_RATIO_THRESHOLD,
     Auto,
     AutoParams,
     noisy_tail_and_trace,
@@ -23,6 +22,7 @@ from service.mechanisms.auto import (
     structure_noise_scale,
     tail_and_trace,
 )
+from service.mechanisms.auto_guard import weight_check_epsilon
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows, subspace_distance
 from service.mechanisms.registry import MECHANISMS
@@ -41,15 +41,14 @@ def ctx(n: int, d: int, bound: float | None = 1.0) -> PublicContext:
 
 def test_pure_dp_chooses_smooth_sensitivity_with_the_whole_budget() -> None:
     the_plan = plan(ctx(5_000, 10), 3, 1.0, 0.0, AutoParams(clip_norm=1.0))
-    assert the_plan.default.name == "smooth_sensitivity" and the_plan.aggregator is None
+    assert the_plan.default.name == "smooth_sensitivity" and the_plan.sure is None
     assert (the_plan.default.epsilon, the_plan.default.delta) == (1.0, 0.0)
 
 
 @pytest.mark.parametrize(("n", "eps"), [(1_000, 1.0), (5_000, 0.1)])
 def test_where_no_aggregator_runs_analyze_gauss_gets_everything(n: int, eps: float) -> None:
     the_plan = plan(ctx(n, 10), 3, eps, 1e-6, AutoParams(clip_norm=1.0))
-    assert the_plan.aggregator is None and the_plan.test_epsilon == 0.0
-    assert the_plan.staged is None
+    assert the_plan.sure is None and the_plan.test_epsilon == 0.0
     assert the_plan.default.name == "analyze_gauss"
     assert (the_plan.default.epsilon, the_plan.default.delta) == (eps, 1e-6)
     assert "analyze_gauss" in the_plan.reason
@@ -57,29 +56,38 @@ def test_where_no_aggregator_runs_analyze_gauss_gets_everything(n: int, eps: flo
 
 def test_where_the_aggregator_runs_a_structure_test_splits_epsilon() -> None:
     the_plan = plan(ctx(50_000, 10), 3, 1.0, 1e-6, AutoParams(clip_norm=1.0))
-    assert the_plan.aggregator is not None
-    assert the_plan.aggregator.name == "friendly_aggregate"
-    assert the_plan.aggregator.params.aggregator == "projection"  # type: ignore[attr-defined]
+    sure, unsure = the_plan.sure, the_plan.unsure
+    assert sure is not None and unsure is not None
+    assert sure.run.name == "friendly_aggregate"
+    assert sure.run.params.aggregator == "projection"  # type: ignore[attr-defined]
     share = DEFAULT_STRUCTURE_SHARE
     assert the_plan.test_epsilon == share * 1.0
-    # Sequential composition: test (s eps, 0) + analyze_gauss ((1 - s) eps, delta) = (eps,
-    # delta); friendly leaves eps_w for the noisy total weight before its test
-    w = the_plan.search_weight_epsilon
-    assert w == pytest.approx(RADIUS_TEST_SHARE, rel=1e-15)
+    # Sequential composition: the estimate (s eps, 0) + analyze_gauss ((1 - s) eps, delta) =
+    # (eps, delta); friendly's unsure path leaves eps_w for the weight check before its test
+    w = unsure.weight_epsilon
+    assert w >= weight_check_epsilon(unsure.run) and sure.weight_epsilon == 0
     assert the_plan.default.epsilon + the_plan.test_epsilon == pytest.approx(1.0, rel=1e-15)
-    assert the_plan.aggregator.epsilon + the_plan.test_epsilon + w == pytest.approx(1.0, rel=1e-15)
-    eps0 = SEARCH_SHARE * the_plan.aggregator.epsilon  # friendly's search (pure)
-    stop, weight_stop = the_plan.agreement_stop, the_plan.search_weight_stop
-    assert stop is not None and weight_stop is not None and the_plan.ptr_fallback is not None
-    assert stop.epsilon + the_plan.test_epsilon + eps0 == pytest.approx(1.0, rel=1e-15)
-    assert weight_stop.epsilon + the_plan.test_epsilon + eps0 + w == pytest.approx(1.0, rel=1e-15)
-    for choice in (the_plan.default, the_plan.aggregator, stop, weight_stop):
-        assert choice.delta == 1e-6
+    assert sure.run.epsilon + the_plan.test_epsilon == pytest.approx(1.0, rel=1e-15)
+    assert unsure.run.epsilon + the_plan.test_epsilon + w == pytest.approx(1.0, rel=1e-15)
+    for path, checked in ((sure, 0.0), (unsure, w)):
+        eps0 = 0.25 * path.run.epsilon  # friendly's search (pure), a quarter of its budget
+        stop = path.search_stop
+        assert stop.epsilon + the_plan.test_epsilon + eps0 == pytest.approx(1.0, rel=1e-15)
+        if checked:
+            weight_stop = path.weight_stop
+            assert weight_stop is not None
+            total = weight_stop.epsilon + the_plan.test_epsilon + eps0 + w
+            assert total == pytest.approx(1.0, rel=1e-15)
+        else:
+            assert path.weight_stop is None
+        for choice in (path.run, stop):  # the fallback's: test_auto_rule.py
+            assert choice.delta == 1e-6
+    assert the_plan.default.delta == 1e-6
 
 
 def test_a_zero_share_disables_the_test() -> None:
     the_plan = plan(ctx(50_000, 10), 3, 1.0, 1e-6, AutoParams(clip_norm=1.0, structure_share=0.0))
-    assert the_plan.aggregator is None and the_plan.default.name == "analyze_gauss"
+    assert the_plan.sure is None and the_plan.default.name == "analyze_gauss"
     assert the_plan.default.epsilon == 1.0
 
 
@@ -87,8 +95,8 @@ def test_a_zero_share_disables_the_test() -> None:
 def test_the_aggregator_is_friendlys_own_default(d: int) -> None:
     # Before v2 a t^2 d^2 work cap forced reference points at d >= 300 (2.5-5x worse there).
     the_plan = plan(ctx(50_000, d), 3, 1.0, 1e-6, AutoParams(clip_norm=1.0))
-    assert the_plan.aggregator is not None
-    assert the_plan.aggregator.params.aggregator == "projection"  # type: ignore[attr-defined]
+    assert the_plan.sure is not None
+    assert the_plan.sure.run.params.aggregator == "projection"  # type: ignore[attr-defined]
 
 
 def test_gap_perturbation_and_gaussian_smooth_sensitivity_are_never_chosen() -> None:
@@ -97,14 +105,9 @@ def test_gap_perturbation_and_gaussian_smooth_sensitivity_are_never_chosen() -> 
         for d in (5, 10, 50, 300):
             for eps in (0.1, 0.5, 1.0, 10.0):
                 the_plan = plan(ctx(n, d), 3, eps, 1e-6, AutoParams(clip_norm=1.0))
-                names.add(the_plan.default.name)
-                for other in (the_plan.aggregator, the_plan.staged, the_plan.ptr_fallback):
-                    if other is not None:
-                        names.add(other.name)
-    # histogram_aggregate only as a staged aggregator where friendly_aggregate is refused
-    # (since F3's smaller t_min, nowhere on this grid)
-    assert {"analyze_gauss", "friendly_aggregate"} <= names
-    assert names <= {"analyze_gauss", "friendly_aggregate", "histogram_aggregate"}
+                names.update(choice.name for choice in the_plan.choices())
+    # histogram_aggregate is no longer a candidate (never the best where friendly can run)
+    assert names == {"analyze_gauss", "friendly_aggregate"}
 
 
 def test_prepare_refuses_without_a_clip_norm_and_bad_shares() -> None:
@@ -124,11 +127,13 @@ def test_preview_names_the_choice_and_the_candidates_scales() -> None:
     params = AUTO.prepare(c, 3, 1.0, 1e-6, AutoParams())
     shown = AUTO.preview(c, ReleaseSpec(3, 1.0, 1e-6, params))
     assert shown.scales["auto_choice"] == "friendly_aggregate or analyze_gauss (structure test)"
-    assert shown.scales["structure_epsilon"] == 0.1
-    assert shown.scales["structure_noise_scale"] == structure_noise_scale(1.0, 0.1) == 20.0
-    assert shown.scales["tail_ratio_threshold"] == TAIL_RATIO_THRESHOLD
+    assert shown.scales["structure_epsilon"] == DEFAULT_STRUCTURE_SHARE
+    scale = structure_noise_scale(1.0, DEFAULT_STRUCTURE_SHARE)
+    assert shown.scales["structure_noise_scale"] == scale == 2.0 / DEFAULT_STRUCTURE_SHARE
+    assert shown.scales["structure_alpha"] == ALPHA
     assert "analyze_gauss.sigma" in shown.scales and "friendly_aggregate.t" in shown.scales
-    assert any("Structure test" in line for line in shown.meaning)
+    assert any(line.startswith("Estimate (epsilon") for line in shown.meaning)
+    assert "unsure.weight_check_stop.analyze_gauss.sigma" in shown.scales
     small = ctx(2_000, 10)  # below 10 k t_min (t_min ~ 100 at the aggregator's share)
     params = AUTO.prepare(small, 3, 1.0, 1e-6, AutoParams())
     shown = AUTO.preview(small, ReleaseSpec(3, 1.0, 1e-6, params))
@@ -168,14 +173,19 @@ def test_run_composes_test_and_choice_to_the_request(
 
         monkeypatch.setattr(type(mechanism), "run", spy_run)
     out = AUTO.run(data, ReleaseSpec(3, 1.0, 1e-6, params), np.random.default_rng(2))
-    assert tests == [0.1]
-    # friendly runs in two phases (search, then the weight check, then its finish): no run()
+    assert tests == [DEFAULT_STRUCTURE_SHARE]
+    # friendly runs in two phases (search, then the weight check if any, then its finish)
     assert runs == []
-    eps_w = RADIUS_TEST_SHARE
+    search = out.extras["auto_search"]
+    checked = "weight_check_passed" in search
+    the_plan = plan(c, 3, 1.0, 1e-6, params)
+    assert the_plan.unsure is not None
+    eps_w = the_plan.unsure.weight_epsilon if checked else 0.0
+    assert search["friendly_predicted"] == ("may win" if checked else "wins")
     assert out.extras["auto_epsilon"] + tests[0] + eps_w == pytest.approx(1.0, rel=1e-15)
     assert out.extras["auto_delta"] == 1e-6
-    assert out.extras["auto_search"]["weight_check_passed"] is True
-    assert out.extras["auto_choice"] == expected and "structure test" in out.extras["auto_reason"]
+    assert search.get("weight_check_passed", True) is True and search["continued"] is True
+    assert out.extras["auto_choice"] == expected and "private estimate" in out.extras["auto_reason"]
     assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-3
 
 
@@ -315,17 +325,11 @@ def test_auto_is_within_1_5x_of_the_best_short(distance: float) -> None:
 @pytest.mark.parametrize("distance", [1e-1, 1e-3, 1e-5])
 @pytest.mark.parametrize(("n", "eps"), [(5_000, 0.1), (5_000, 1.0), (50_000, 0.1), (50_000, 1.0)])
 def test_auto_is_within_1_5x_of_the_best_on_the_small_grid(
-    d: int, distance: float, n: int, eps: float, request: pytest.FixtureRequest
+    d: int, distance: float, n: int, eps: float
 ) -> None:
-    # Candidates include friendly_aggregate's and histogram_aggregate's defaults. The cells at
-    # n = 5,000, eps = 1, distance 1e-1 and 1e-3 were xfail (spurious radius-search stops);
-    # they pass since the two-count agreement test (v3).
-    if (n, eps, distance) == (50_000, 0.1, 1e-5):
-        # Known regression of v8/v9 (docs/mechanisms.md, auto): friendly's search overshoots to
-        # exponents 16-17 and the weight check stops 2 of 3 seeds, so auto runs analyze_gauss
-        # (0.052, below analyze_gauss's 0.068 at the whole budget) where friendly reaches
-        # 0.00035 (d = 50) or 1.67x (d = 10). Strict: a fix makes this fail until removed.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="v8 weight check overshoot"))
+    # Candidates include friendly_aggregate's and histogram_aggregate's defaults. The cell
+    # n = 50,000, eps = 0.1, distance 1e-5 was a strict xfail under the v8/v9 weight check
+    # (12.7x behind friendly); the one-principle rule passes it (docs/benchmarks.md).
     check_cell(n, d, distance, eps, 3, CANDIDATES)
 
 
@@ -341,13 +345,13 @@ def test_a_centred_request_runs_the_gram_mechanism_with_the_same_centring(delta:
     the_plan = plan(ctx(50_000, 10), 3, 1.0, delta, params)
     expected = "analyze_gauss" if delta > 0 else "smooth_sensitivity"
     assert the_plan.default.name == expected
-    assert the_plan.aggregator is None and the_plan.staged is None  # no test, whole budget
+    assert the_plan.sure is None and the_plan.unsure is None  # no estimate, whole budget
     assert (the_plan.default.epsilon, the_plan.default.delta) == (1.0, delta)
     chosen: Any = the_plan.default.params
     assert chosen.center == "private" and chosen.center_share == 0.2
     if delta > 0:  # uncentred, the same facts would have a private choice of mechanism
         uncentred = plan(ctx(50_000, 10), 3, 1.0, delta, AutoParams(clip_norm=1.0))
-        assert uncentred.aggregator is not None or uncentred.staged is not None
+        assert uncentred.sure is not None
 
 
 def test_a_centred_release_returns_the_private_centre_and_a_centred_subspace() -> None:

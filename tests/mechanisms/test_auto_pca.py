@@ -32,9 +32,9 @@ def prepared(ctx: PublicContext, raw: dict[str, Any], k: int, eps: float, delta:
         (1_347, 64, 10, 1.0, {"center": "private"}),  # digits-sized PCA
         (1_347, 64, 10, 1.0, {"center": [0.0] * 64}),  # a public centre
         (1_347, 64, 10, 1.0, {}),  # uncentred, no aggregator: analyze_gauss
-        (50_000, 10, 3, 1.0, {}),  # regime 1: the tail test and friendly's guarded search
-        (5_000, 10, 3, 1.0, {}),  # regime 2: staged aggregator, analyze_gauss after a stop
-        (50_000, 10, 3, 0.1, {}),  # regime 2 at a small budget
+        (50_000, 10, 3, 1.0, {}),  # the estimate, friendly's paths and their stops
+        (5_000, 10, 3, 1.0, {}),  # the same at a smaller n
+        (50_000, 10, 3, 0.1, {}),  # and at a small budget
     ],
 )
 def test_every_analyze_gauss_auto_can_run_uses_the_default_quantile(
@@ -43,7 +43,7 @@ def test_every_analyze_gauss_auto_can_run_uses_the_default_quantile(
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
     params = prepared(ctx, raw, k, eps, 1e-6)
     the_plan = plan(ctx, k, eps, 1e-6, params)
-    gauss = [c for c, _ in AUTO._specs(the_plan, k) if c.name == "analyze_gauss"]
+    gauss = [c for c in the_plan.choices() if c.name == "analyze_gauss"]
     assert gauss, "every plan with delta > 0 has an analyze_gauss choice"
     for choice in gauss:
         assert choice.params.model_dump(mode="json")["clip_quantile"] == Q

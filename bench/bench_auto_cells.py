@@ -1,0 +1,141 @@
+"""``auto`` against the best single mechanism, cell by cell (issue 33, item 1).
+
+    python -m bench.bench_auto_cells [--reps 2] [--dims 50 300] [--ns 20000 50000]
+        [--eps 0.1 1 2] [--kinds power_law heavy_tailed spiked_outliers near_1e-05 near_0.001
+        near_0.01] [--k 3] [--out bench/results/auto_cells.csv]
+
+Kinds: ``power_law``, ``heavy_tailed``, ``spiked_outliers`` (``bench_auto_realistic.rows``:
+norms ~1/3, clipped at C = 1) and ``near_<distance>`` (``bench.grids.near_subspace``: every row
+exactly that far from a random k-dim subspace). Candidates, each through the registry as the
+service runs it (``parse_params`` -> ``prepare`` -> ``run``; a refusal is left out):
+``analyze_gauss`` (clip C), ``analyze_gauss`` with ``clip_quantile`` 0.3 (the clip choice),
+``friendly_aggregate`` (its defaults), and ``auto``. The error of a release: for the ``near``
+kinds ``||sin Theta||_2`` to the planted subspace (as ``bench_auto_grid.py``), for the others
+the captured-variance deficit ``1 - captured/PCA's`` (clipped, uncentred sum of squares, as
+``bench_auto_realistic.py``); a ``no_result`` counts 1. Per cell:
+each candidate's median error over ``--reps`` seeds, the best single mechanism, and
+``auto/best``. delta = 1e-6. Every figure of a row is measured in the same process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from bench.bench_auto_realistic import rows
+from bench.grids import near_subspace
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
+from service.mechanisms.linalg import subspace_distance
+from service.mechanisms.registry import get_mechanism
+
+DELTA = 1e-6
+CANDIDATES: list[tuple[str, str, dict[str, Any]]] = [
+    ("analyze_gauss", "analyze_gauss", {}),
+    ("analyze_gauss_q0.3", "analyze_gauss", {"clip_quantile": 0.3}),
+    ("friendly_aggregate", "friendly_aggregate", {}),
+    ("auto", "auto", {}),
+]
+#: ``--share`` overrides auto's ``structure_share`` (its default when not given).
+AUTO_PARAMS: dict[str, Any] = {}
+
+
+def data_of(
+    kind: str, n: int, d: int, k: int, seed: int
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+    if kind.startswith("near_"):
+        return near_subspace(n, d, k, float(kind[5:]), seed)
+    return rows(kind, n, d, seed), None
+
+
+def error(
+    x: np.ndarray[Any, Any],
+    basis: np.ndarray[Any, Any] | None,
+    planted: np.ndarray[Any, Any] | None,
+    best: float,
+) -> float:
+    """``||sin Theta||_2`` to the planted subspace, else the captured-variance deficit."""
+    if basis is None:
+        return 1.0
+    if planted is not None:
+        return subspace_distance(basis, planted)
+    return max(0.0, 1.0 - float(np.sum((x @ basis) ** 2)) / best)
+
+
+def release(
+    name: str, raw: dict[str, Any], x: np.ndarray[Any, Any], k: int, eps: float, seed: int
+) -> tuple[np.ndarray[Any, Any] | None, str] | None:
+    mechanism = get_mechanism(name)
+    assert mechanism is not None
+    n, d = x.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    try:
+        params = mechanism.prepare(ctx, k, eps, DELTA, mechanism.parse_params(raw))
+    except (InvalidParameter, ValidationError):
+        return None
+    out = mechanism.run(x, ReleaseSpec(k, eps, DELTA, params), np.random.default_rng(seed))
+    return out.basis, str(out.extras.get("auto_choice", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dims", type=int, nargs="+", default=[50, 300])
+    parser.add_argument("--ns", type=int, nargs="+", default=[20_000])
+    parser.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0, 2.0])
+    parser.add_argument("--k", type=int, default=3)
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        default=["power_law", "heavy_tailed", "spiked_outliers", "near_1e-05", "near_0.01"],
+    )
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--share", type=float, default=None, help="auto's structure_share")
+    args = parser.parse_args()
+    if args.share is not None:
+        AUTO_PARAMS["structure_share"] = args.share
+    labels = [label for label, _, _ in CANDIDATES]
+    print("| data | k | d | n | eps | " + " | ".join(labels) + " | best | auto/best | auto ran |")
+    print("|---" * (len(labels) + 8) + "|")
+    writer = None
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        writer = csv.writer(args.out.open("w", newline=""))
+        writer.writerow(["kind", "k", "d", "n", "eps", "seed", "mechanism", "error", "ran"])
+    for kind in args.kinds:
+        for d in args.dims:
+            for n in args.ns:
+                for eps in args.eps:
+                    found: dict[str, list[float]] = {label: [] for label in labels}
+                    ran: Counter[str] = Counter()
+                    for seed in range(args.reps):
+                        x, planted = data_of(kind, n, d, args.k, seed)
+                        best = float(np.linalg.eigvalsh(x.T @ x)[-args.k :].sum())
+                        for label, name, raw in CANDIDATES:
+                            raw = {**raw, **AUTO_PARAMS} if name == "auto" else raw
+                            got = release(name, raw, x, args.k, eps, seed)
+                            if got is None:
+                                continue
+                            found[label].append(error(x, got[0], planted, best))
+                            if label == "auto":
+                                ran[got[1]] += 1
+                            if writer is not None:
+                                row = [kind, args.k, d, n, eps, seed, label, found[label][-1]]
+                                writer.writerow([*row, got[1]])
+                    means = {lab: float(np.median(v)) for lab, v in found.items() if v}
+                    single = {lab: v for lab, v in means.items() if lab != "auto"}
+                    best_label = min(single, key=single.__getitem__)
+                    ratio = means["auto"] / max(single[best_label], 1e-300)
+                    shown = [f"{means[lab]:.3g}" if lab in means else "-" for lab in labels]
+                    choices = ", ".join(f"{c} {v}" for c, v in ran.items())
+                    cells = [kind, args.k, d, n, eps, *shown, best_label, f"{ratio:.2f}", choices]
+                    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

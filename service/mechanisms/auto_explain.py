@@ -1,0 +1,85 @@
+"""How ``auto`` states its choice: the centring sentence of the dry run and the reason, and the
+chosen mechanism's output labelled with ``auto_choice``, ``auto_reason`` (at most two
+sentences), ``auto_details`` (every clause) and the budget it ran with. Public facts and
+released outputs only."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
+from service.mechanisms.base import MechanismOutput, MechanismParams
+from service.mechanisms.centring import CenterParams
+
+
+class Chosen(Protocol):
+    """What ran: a registered mechanism's name, its resolved params and its budget."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def params(self) -> MechanismParams: ...
+    @property
+    def epsilon(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+
+
+def centring_sentence(params: CenterParams, delta: float) -> str:
+    """What auto's choice does about centring (issue 32, item 1)."""
+    quantile = f"{DEFAULT_PRIVATE_CENTRE_QUANTILE:g}"
+    if params.center == "none":
+        return (
+            'not centred (center "none", the default of every mechanism): the subspace of '
+            "X^T X, the second-moment matrix, which the aggregators estimate too; for PCA send "
+            'center "private" (PrivatePCA does by default), and auto then centres'
+        )
+    if delta == 0:
+        if params.center == "private":
+            return (
+                "PCA requested: smooth_sensitivity centres on a private mean (Laplace noise, "
+                "center_share of epsilon); it has no private clip quantile"
+            )
+        return "PCA requested: smooth_sensitivity centres on the given public centre (no budget)"
+    if params.center == "private":
+        return (
+            'PCA requested (center "private"): analyze_gauss clips the rows at a private '
+            f"{quantile}-quantile of their norms and chooses the centring route (the private "
+            "mean, differences of publicly paired rows, or none) from a private probe, within "
+            "the same budget"
+        )
+    return (
+        "PCA requested (a public centre): analyze_gauss centres on it (no budget) and clips the "
+        f"centred rows at a private {quantile}-quantile of their norms"
+    )
+
+
+def summarise_reason(chosen: str, reason: str) -> tuple[str, list[str]]:
+    """At most two sentences (what ran and the first reason, then the decisive last step when
+    there was more than one) and every clause of ``reason`` (joined by ``"; "``) as a list."""
+    clauses = [clause.strip() for clause in reason.split("; ") if clause.strip()]
+    head = clauses[0] if clauses else "chosen from public facts"
+    sentence = head if head.startswith(chosen) else f"{chosen}: {head}"
+    summary = sentence.rstrip(".") + "."
+    if len(clauses) > 1 and ", so " in clauses[-1]:
+        summary += " Then " + clauses[-1].rstrip(".") + "."
+    return summary, clauses
+
+
+def labelled(
+    output: MechanismOutput, chosen: Chosen, reason: str, search: dict[str, Any] | None = None
+) -> MechanismOutput:
+    """The chosen mechanism's output with auto's choice, reason and the private steps' outcomes
+    (never a noisy statistic: only decisions and released grid radii)."""
+    summary, details = summarise_reason(chosen.name, reason)
+    output.extras = {
+        **output.extras,
+        "auto_choice": chosen.name,
+        "auto_reason": summary,
+        "auto_details": details,
+        "auto_params": chosen.params.model_dump(mode="json"),
+        "auto_epsilon": chosen.epsilon,
+        "auto_delta": chosen.delta,
+        **({} if search is None else {"auto_search": search}),
+    }
+    return output

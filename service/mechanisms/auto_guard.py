@@ -1,0 +1,287 @@
+"""friendly_aggregate guarded by analyze_gauss (issue 24, item 5: no starved fallback), as ``auto``
+runs it: friendly's budget on a path, analyze_gauss's budget after each of its ends short of a
+result, the weight check between its search and its test, and the guarded run.
+
+Privacy: the noisy total weight is friendly's own statistic on its public partition at a
+released radius, sensitivity ``Delta_W = 1 + (t - 1)/b`` (one replaced row moves one subset's
+point: its own weight by at most 1, every other by at most ``1/b``), so ``W + Lap(Delta_W/eps_w)``
+is ``(eps_w, 0)``-DP; every choice below is post-processing of friendly's released radius, that
+weight and its test, and each path's budgets sum to the path's (sequential composition; the
+stops' budgets are exactly what friendly leaves unspent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.mechanisms.auto_explain import labelled
+from service.mechanisms.base import (
+    InvalidParameter,
+    MechanismOutput,
+    MechanismParams,
+    PublicContext,
+    ReleaseSpec,
+)
+from service.mechanisms.components import component
+from service.mechanisms.friendly_aggregate import (
+    FriendlyAggregate,
+    agreeing_noise,
+    ramp_width,
+    release_split,
+    split_shift,
+    weight_floor,
+    weight_noise_scale,
+    weight_sensitivity,
+)
+from service.mechanisms.friendly_weights import total_weight
+from service.mechanisms.linalg import FloatArray
+from service.mechanisms.noise import laplace
+
+#: Error rate of a check: a weight of 0 (a spurious stop) passes with at most this probability.
+ALPHA = 0.05
+#: Largest share of its budget the weight check may cost; above it the path is not offered.
+MAX_WEIGHT_SHARE = 0.2
+#: friendly_aggregate's error at radius ``r``: ``r (FRIENDLY_RADIUS_TERM + sqrt(d) s)``, ``s``
+#: its mean's noise per unit radius; measured/predicted 0.51-1.31 (median 0.75) over 46 runs of
+#: the v2 grid (``bench/results/auto_grid_v2_base_*.csv``).
+FRIENDLY_RADIUS_TERM = 0.5
+#: Working-memory ceiling of friendly's plan (bytes): above it the path is not offered.
+AGGREGATOR_MEMORY_CAP = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate: a registered mechanism, its resolved params, its budget."""
+
+    name: str
+    params: MechanismParams
+    epsilon: float
+    delta: float
+
+    def spec(self, k: int) -> ReleaseSpec[Any]:
+        return ReleaseSpec(k=k, epsilon=self.epsilon, delta=self.delta, params=self.params)
+
+
+@dataclass(frozen=True)
+class FriendlyPath:
+    """friendly_aggregate (``run``) and analyze_gauss's budget after each of its ends short of a
+    result: ``search_stop`` (everything but its search's ``eps0``), ``weight_stop`` (also less
+    the weight check's ``weight_epsilon``; ``None``: no check), ``ptr_fallback`` (its mean's
+    unspent share after a failed test)."""
+
+    run: Choice
+    weight_epsilon: float
+    search_stop: Choice
+    weight_stop: Choice | None
+    ptr_fallback: Choice
+
+    def choices(self) -> list[Choice]:
+        stops = (self.search_stop, self.weight_stop, self.ptr_fallback)
+        return [self.run, *(c for c in stops if c is not None)]
+
+
+def prepared(
+    name: str, ctx: PublicContext, k: int, epsilon: float, delta: float, raw: dict[str, Any]
+) -> Choice:
+    mechanism = component(name)
+    params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
+    return Choice(name, params, epsilon, delta)
+
+
+def friendly_path(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    weight_epsilon: float,
+    delta: float,
+    gram: dict[str, Any],
+    notes: list[str],
+) -> FriendlyPath | None:
+    """friendly_aggregate at ``budget - weight_epsilon`` (its default aggregator, else reference
+    points) if its own ``prepare`` accepts it within the memory cap, with its stops."""
+    friendly = None
+    for raw in ({}, {"aggregator": "reference_points"}):
+        try:
+            choice = prepared("friendly_aggregate", ctx, k, budget - weight_epsilon, delta, raw)
+        except InvalidParameter as refusal:
+            note = f"friendly_aggregate refused at this budget: {refusal.message}"
+            notes.extend([] if note in notes else [note])
+            continue
+        if component(choice.name).memory_bytes(ctx, choice.spec(k)) <= AGGREGATOR_MEMORY_CAP:
+            friendly = choice
+            break
+        notes.append("friendly_aggregate skipped: memory above the cap")
+    if friendly is None:
+        return None
+    eps0 = release_split(friendly.epsilon, delta, False, t=_t(friendly)).eps0
+    rest = budget - eps0
+    return FriendlyPath(
+        friendly,
+        weight_epsilon,
+        prepared("analyze_gauss", ctx, k, rest, delta, gram),
+        prepared("analyze_gauss", ctx, k, rest - weight_epsilon, delta, gram)
+        if weight_epsilon > 0
+        else None,
+        prepared("analyze_gauss", ctx, k, *ptr_fallback_budget(friendly), gram),
+    )
+
+
+def weight_check_epsilon(friendly: Choice) -> float:
+    """``Delta_W ln(1/(2 ALPHA))/bar``: the least epsilon at which a noisy total weight of 0 (a
+    spurious stop) passes friendly's bar (:func:`search_weight_threshold`) with probability
+    at most ``ALPHA`` (``P[Lap(b) >= bar] = exp(-bar/b)/2``)."""
+    t = _t(friendly)
+    bar = search_weight_threshold(friendly)
+    sens = weight_sensitivity(t, ramp_width(t))
+    return sens * math.log(1.0 / (2.0 * ALPHA)) / bar if bar > 0 else math.inf
+
+
+def checked_path(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    friendly: Choice,
+    delta: float,
+    gram: dict[str, Any],
+    notes: list[str],
+) -> FriendlyPath | None:
+    """friendly with a weight check whose epsilon is :func:`weight_check_epsilon` of the run it
+    guards (a fixed point: the check's budget lowers friendly's, which raises the bar's noise
+    share; a few rounds, each enlarging it by 1%, settle it); ``None`` above
+    ``MAX_WEIGHT_SHARE`` of the budget or where friendly is then refused."""
+    eps_w = weight_check_epsilon(friendly)
+    for _ in range(8):
+        if not eps_w <= MAX_WEIGHT_SHARE * budget:
+            notes.append("no weight check affordable: an unsure estimate runs analyze_gauss")
+            return None
+        path = friendly_path(ctx, k, budget, eps_w, delta, gram, notes)
+        if path is None:
+            return None
+        needed = weight_check_epsilon(path.run)
+        if needed <= eps_w:
+            return path
+        eps_w = 1.01 * needed
+    return None
+
+
+def ptr_fallback_budget(friendly: Choice) -> tuple[float, float]:
+    """analyze_gauss's ``(epsilon, delta)`` after friendly's failed test: its unspent mean's.
+
+    Basic split: ``(eps2, delta2)``. F3's GDP split: the mean would have been ``mean_mu``-GDP;
+    analyze_gauss calibrated to a point ``(eps_f, delta_f)`` of that Gaussian's exact profile
+    (``delta_f = delta1``, shaded down ``1e-9`` relative so rounding only adds noise) is
+    ``mean_mu``-GDP too, so it takes the mean's place in F3's composition.
+    """
+    from service.mechanisms.composition import gaussian_profile
+    from service.mechanisms.friendly_aggregate import GdpSplit
+
+    split = release_split(friendly.epsilon, friendly.delta, False, t=_t(friendly))
+    if not isinstance(split, GdpSplit):
+        return split.eps2, split.delta2
+    low, high = 0.0, 1.0
+    while gaussian_profile(split.mean_mu, high) > split.delta1:
+        low, high = high, 2.0 * high
+    for _ in range(200):  # gaussian_profile decreases in eps
+        mid = 0.5 * (low + high)
+        above = gaussian_profile(split.mean_mu, mid) > split.delta1
+        low, high = (mid, high) if above else (low, mid)
+    return high, gaussian_profile(split.mean_mu, high) * (1.0 - 1e-9)
+
+
+def _t(friendly: Choice) -> int:
+    params: Any = friendly.params
+    return int(params.t)
+
+
+def predicted_friendly_error(friendly: Choice, radius: float, d: int, k: int) -> float:
+    """``r (FRIENDLY_RADIUS_TERM + sqrt(d) s)`` at radius ``r`` in friendly's own metric
+    (``r/sqrt(q)`` for reference points, whose ``q x d`` points scale distances by
+    ``sqrt(q)``), ``s`` its mean's noise per unit radius when every subset agrees."""
+    params: Any = friendly.params
+    split = release_split(friendly.epsilon, friendly.delta, params.radius is not None, t=params.t)
+    noise = agreeing_noise(params.t, split)
+    scale = radius if params.aggregator == "projection" else radius / math.sqrt(params.q or 2 * k)
+    return scale * (FRIENDLY_RADIUS_TERM + math.sqrt(d) * noise)
+
+
+def search_weight_threshold(friendly: Choice) -> float:
+    """The weight at which friendly's test passes with probability 1/2 (its floor plus its
+    shift); a spurious stop (weight 0) is far below it. Public."""
+    params: Any = friendly.params
+    split = release_split(friendly.epsilon, friendly.delta, params.radius is not None, t=params.t)
+    sens = weight_sensitivity(params.t, ramp_width(params.t))
+    return weight_floor(sens) + split_shift(split, sens)
+
+
+def noisy_total_weight(
+    total: float, t: int, weight_epsilon: float, rng: np.random.Generator
+) -> float:
+    """``W + Lap(Delta_W/eps_w)``: ``(eps_w, 0)``-DP (friendly's own sensitivity bound)."""
+    sens = weight_sensitivity(t, ramp_width(t))
+    return total + float(laplace(weight_noise_scale(sens, weight_epsilon), rng))
+
+
+def guarded_run(
+    data: FloatArray,
+    k: int,
+    path: FriendlyPath,
+    gauss: float,
+    reason: str,
+    test: dict[str, Any],
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """friendly's radius search, its prediction at the released radius against ``gauss``
+    (analyze_gauss's predicted error at the stop's budget), the weight check (if the path has
+    one), its finish; each end short of a result runs analyze_gauss with everything unspent."""
+    friendly, stop = path.run, path.search_stop
+    mechanism = component(friendly.name)
+    assert isinstance(mechanism, FriendlyAggregate)
+    inner = friendly.spec(k)
+    state = mechanism.search(data, inner, rng)
+    d = data.shape[1]
+    test["radius_exponent"] = state.radius_exponent
+    if state.radius_exponent is None:
+        reason += "; its private radius search found no radius, so analyze_gauss runs"
+        return labelled(run_choice(stop, data, k, rng), stop, reason, {**test, "continued": False})
+    predicted = predicted_friendly_error(friendly, state.radius, d, k)
+    said = (
+        f"its private radius search stopped at {state.radius:.3g}, where its predicted error "
+        f"{predicted:.3g} is {'' if predicted < gauss else 'not '}below analyze_gauss's "
+        f"{gauss:.3g}"
+    )
+    test["continued"] = bool(predicted < gauss)
+    if not test["continued"]:
+        reason += f"; {said}, so analyze_gauss runs with the unspent rest and all of delta"
+        return labelled(run_choice(stop, data, k, rng), stop, reason, test)
+    reason += f"; {said}, so it continues"
+    if path.weight_stop is not None:
+        noisy = noisy_total_weight(total_weight(state.weights), state.t, path.weight_epsilon, rng)
+        test["weight_check_passed"] = bool(noisy >= search_weight_threshold(friendly))
+        if not test["weight_check_passed"]:
+            del state
+            reason += (
+                "; the noisy total weight at that radius is below what its test needs, so "
+                "analyze_gauss runs with the unspent rest and all of delta"
+            )
+            return labelled(
+                run_choice(path.weight_stop, data, k, rng), path.weight_stop, reason, test
+            )
+    output = mechanism.finish(state, inner, rng)
+    if output.basis is not None:
+        return labelled(output, friendly, reason, test)
+    reason += (
+        "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
+        "budget of its mean step"
+    )
+    out = run_choice(path.ptr_fallback, data, k, rng)
+    return labelled(out, path.ptr_fallback, reason, {**test, "ptr_failed": True})
+
+
+def run_choice(
+    chosen: Choice, data: FloatArray, k: int, rng: np.random.Generator
+) -> MechanismOutput:
+    return component(chosen.name).run(data, chosen.spec(k), rng)
