@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy.stats import chi2, norm
 
+from service.mechanisms.gauss_release import GaussRelease
 from service.mechanisms.linalg import FloatArray, captured_energy
 from service.mechanisms.noise import GRID_DIVISOR, round_to_grid
 from service.mechanisms.usefulness import usefulness_extras
-
-if TYPE_CHECKING:
-    from service.mechanisms.analyze_gauss import GaussRelease
 
 #: Coverage of the released explained-variance ratio interval.
 INTERVAL_COVERAGE = 0.9

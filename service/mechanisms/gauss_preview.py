@@ -8,19 +8,18 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from service.mechanisms.analyze_gauss import (
+from service.mechanisms.base import Preview, PublicContext, ReleaseSpec
+from service.mechanisms.centring import mean_sensitivity
+from service.mechanisms.explained_variance import HIDDEN_WIDTH, expected_noise_norm
+from service.mechanisms.gauss_calibration import (
     DEFAULT_PRIVATE_CENTRE_QUANTILE,
-    HIDDEN_WIDTH,
     TARGET_SUBSPACE_ERROR,
     AnalyzeGaussParams,
     chooses_centring,
-    expected_noise_norm,
     gap_for_error,
     gauss_split,
     gram_sensitivity,
 )
-from service.mechanisms.base import Preview, PublicContext, ReleaseSpec
-from service.mechanisms.centring import mean_sensitivity
 from service.mechanisms.gauss_forecast import (
     ReleasedFigures,
     forecast_from_release,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms import analyze_gauss as module
+from service.mechanisms import gauss_calibration as calibration
 from service.mechanisms.analyze_gauss import (
     AnalyzeGauss,
     AnalyzeGaussParams,
@@ -150,8 +151,8 @@ def test_audit_passes(runs: int = 1500) -> None:
 
 
 def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch, runs: int = 1500) -> None:
-    real = module.analytic_gaussian_sigma
-    monkeypatch.setattr(module, "analytic_gaussian_sigma", lambda *a, **k: real(*a, **k) / 10)
+    real = calibration.analytic_gaussian_sigma
+    monkeypatch.setattr(calibration, "analytic_gaussian_sigma", lambda *a, **k: real(*a, **k) / 10)
     result = audit(release, *PAIR, near_e1, runs, DELTA, seed=8)
     assert result.eps_lower_bound > EPS
 
