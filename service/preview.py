@@ -121,7 +121,9 @@ def preview_release(
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
     memory_bytes = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
     if dataset.privacy_unit_column is not None:
-        memory_bytes += privacy_unit.transform_bytes(dataset.n_rows, dataset.n_cols)
+        memory_bytes += privacy_unit.extra_bytes(
+            prepared.mechanism.name, dataset.n_rows, dataset.n_cols
+        )
     memory = memory_bytes / releases.MIB
     audit.record(
         session,

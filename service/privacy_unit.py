@@ -31,16 +31,29 @@ contribution ``G_p = sum_i x_i x_i^T``:
 Rows are never dropped (a person's rows are scaled down together), so the row count seen by the
 mechanism is the public ``n``, and its memory and run time bounds are unchanged. The bound holds
 whatever the replaced and the replacing person's row counts, so releases are private for any
-replacement of one person; ``n_rows`` and ``n_units`` remain public metadata, as ``n`` was. The transform
-is a per-person map fixed by public facts (``C`` and the rule), applied in the worker where the
-mechanism's input is prepared, so no mechanism's internals change.
+replacement of one person; ``n_rows`` and ``n_units`` remain public metadata, as ``n`` was.
+The transform is a per-person map fixed by public facts (``C`` and the rule), applied in the
+worker where the mechanism's input is prepared, so no mechanism's internals change.
+
+Sample-and-aggregate (``friendly_aggregate``, ``histogram_aggregate``; ``ALGORITHMS.md``,
+"Privacy unit"): the data is not transformed; the worker hands the mechanism the unit index
+and its partition is of *people*
+(:func:`~service.mechanisms.sample_aggregate.random_partition` with ``groups``): people
+permuted uniformly, ``t`` (public) subsets of ``floor(P/t)`` or ``ceil(P/t)`` people, each
+subset trimmed or cyclically padded to the public ``m = floor(n/t)`` rows by a rule reading
+that subset alone. Replacing one person changes one subset, as one row did, so each
+aggregator's argument (one ``U_j``, one point moves) holds unchanged, per person; histogram
+boosting's groups are of people too (parallel composition per person). ``t`` (times the
+boosting groups) must be at most the public ``n_units`` (:func:`check_partition`). What ``m``
+feeds (memory bound, the histogram's ``gamma`` width rule, the preview) stays exactly right
+since every subset has ``m`` rows; the width rule assumes independent rows, and rows of one
+person are not, which costs utility, never privacy (any public width is private).
 
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
-anything is charged: a centre or a clip quantile (per-row means and counts), the sample-and-
-aggregate mechanisms (their partition of rows is drawn inside them; a person's rows would fall
-in several subsets), exact membership counts and the smooth-sensitivity and gap tests (their
-local sensitivities are per row), ``auto`` (its candidates include those), continual releases
-and appends (a person may come back in a later batch and no cross-batch bound exists yet).
+anything is charged: a centre or a clip quantile (per-row means and counts), exact membership
+counts and the smooth-sensitivity and gap tests (their local sensitivities are per row),
+``auto`` (its candidates include those), continual releases and appends (a person may come
+back in a later batch and no cross-batch bound exists yet).
 """
 
 from __future__ import annotations
@@ -52,6 +65,9 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import InvalidInput
+from service.mechanisms.base import MechanismOutput, ReleaseSpec
+from service.mechanisms.friendly_aggregate import FriendlyAggregate
+from service.mechanisms.histogram_aggregate import HistogramAggregate, boost_groups
 from service.mechanisms.linalg import FloatArray, clip_rows
 
 #: The form field and API name of the identifier column.
@@ -68,22 +84,18 @@ CHUNK_ROWS = 65536
 #: Mechanisms with a person-level argument, and the rule that bounds a person for them.
 PERSON_LEVEL_RULES: dict[str, BoundRule] = {"analyze_gauss": "trace", "spectrum": "frobenius"}
 
+#: Sample-and-aggregate mechanisms: person-level by a partition of people (the worker passes
+#: the unit index to their ``run``; the rows are not transformed).
+PERSON_PARTITIONED: frozenset[str] = frozenset({"friendly_aggregate", "histogram_aggregate"})
+
 #: Why the others are refused (422 before charging), by mechanism.
 _REFUSALS: dict[str, str] = {
-    "friendly_aggregate": (
-        "partitions rows into subsets inside the mechanism; a person's rows would fall in "
-        "several subsets, and a person-level partition is not built yet"
-    ),
-    "histogram_aggregate": (
-        "partitions rows into subsets inside the mechanism; a person's rows would fall in "
-        "several subsets, and a person-level partition is not built yet"
-    ),
     "exact_gapmax": "its score counts rows exactly; one person moves it by their row count",
     "smooth_sensitivity": "its local sensitivity is per row, not per person",
     "gap_perturbation": "its gap test's sensitivity is per row, not per person",
     "auto": (
-        "some of its candidates have no person-level argument; ask for analyze_gauss or "
-        "spectrum directly"
+        "some of its candidates have no person-level argument; ask for analyze_gauss, "
+        "spectrum, friendly_aggregate or histogram_aggregate directly"
     ),
 }
 
@@ -180,13 +192,13 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
             "service cannot yet bound a person's total across batches; this dataset's privacy "
             "unit is a person, so it is refused",
         )
-    if name not in PERSON_LEVEL_RULES:
+    if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED:
         reason = _REFUSALS.get(name, "it has no person-level privacy argument")
         raise InvalidInput(
             FIELD,
             f"this dataset's privacy unit is a person (privacy_unit_column); {name} cannot "
             f"bound a person's contribution: {reason}. Person-level mechanisms: "
-            f"{', '.join(sorted(PERSON_LEVEL_RULES))}",
+            f"{', '.join(sorted({*PERSON_LEVEL_RULES, *PERSON_PARTITIONED}))}",
         )
     if params is None:
         return
@@ -204,6 +216,56 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
             "this dataset's privacy unit is a person (privacy_unit_column): a clip quantile "
             "(params.clip_quantile) counts rows and is refused; leave it unset",
         )
+
+
+def check_partition(name: str, params: Any, n_units: int) -> None:
+    """Refuse (422, field ``t``) a partition of people with more subsets than people: each
+    subset must hold a person (a boosting group of ``histogram_aggregate`` must hold ``t``).
+    Public facts only (``t``, the boosting groups, ``n_units``); before charging."""
+    if name not in PERSON_PARTITIONED or params is None:
+        return
+    t = getattr(params, "t", None)
+    if t is None:
+        return
+    beta = getattr(params, "boost_beta", None)
+    n_groups = 1 if beta is None else boost_groups(beta)
+    if t * n_groups > n_units:
+        where = "" if n_groups == 1 else f" in each of the {n_groups} boosting groups"
+        raise InvalidInput(
+            "t",
+            f"this dataset's privacy unit is a person: its subsets partition the {n_units} "
+            f"people, so t = {t} subsets{where} need at least {t * n_groups} people; use "
+            f"t <= {n_units // n_groups}",
+        )
+
+
+def run_partitioned(
+    mechanism: Any,
+    data: npt.NDArray[Any],
+    units: npt.NDArray[np.int64],
+    spec: ReleaseSpec[Any],
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """Run a sample-and-aggregate mechanism on a partition of people (``units``: the person of
+    each row); anything else is a caller's bug (the request gate admits only these)."""
+    if not isinstance(mechanism, (FriendlyAggregate, HistogramAggregate)):
+        raise TypeError(f"{mechanism.name} does not partition people")
+    return mechanism.run(data, spec, rng, units=units)
+
+
+def partition_bytes(n_rows: int) -> int:
+    """Working memory of a partition of people
+    (:func:`~service.mechanisms.sample_aggregate.random_partition` with ``groups``) beyond a
+    partition of rows: the label sort and its inverse, the row order, the rows' subsets and
+    their sort (int64, a few arrays of ``n``), and the mapped unit index itself."""
+    return 8 * 8 * n_rows
+
+
+def extra_bytes(name: str, n_rows: int, n_cols: int) -> int:
+    """What a release on a person-level dataset adds to the mechanism's memory bound."""
+    if name in PERSON_PARTITIONED:
+        return partition_bytes(n_rows)
+    return transform_bytes(n_rows, n_cols)
 
 
 def transform_bytes(n_rows: int, n_cols: int, chunk_rows: int = CHUNK_ROWS) -> int:
@@ -299,6 +361,14 @@ def preview_notes(dataset: Any, mechanism: str, clip_norm: float | None) -> list
             "privacy unit: row. The noise above protects one row; a person with r rows is "
             "protected only at up to r times epsilon (group privacy). Name a "
             "privacy_unit_column at upload to protect people."
+        ]
+    if mechanism in PERSON_PARTITIONED:
+        return [
+            f"privacy unit: person ({dataset.n_units} people). The subsets partition people, "
+            "not rows: all of a person's rows fall in one subset (each subset then trimmed or "
+            "padded with its own rows to the public m rows). Replacing a whole person then "
+            "changes one subset, as one row did, so the scales above are per person: every "
+            "person, whatever their number of rows, is protected at this (epsilon, delta)."
         ]
     rule = PERSON_LEVEL_RULES.get(mechanism, "trace")
     bound = "C^2" if clip_norm is None else f"C^2 = {clip_norm * clip_norm:.6g}"
