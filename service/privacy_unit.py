@@ -49,11 +49,18 @@ feeds (memory bound, the histogram's ``gamma`` width rule, the preview) stays ex
 since every subset has ``m`` rows; the width rule assumes independent rows, and rows of one
 person are not, which costs utility, never privacy (any public width is private).
 
+A public centre is applied by the worker before the bound (rows ``clip_C(clip_C(x) - c)``,
+then bounded per person, and the mechanism runs with ``center = "none"``: the same Gram as its
+own public centring, now per person). A private centre and a clip quantile cannot be made per
+person at this layer: the mechanism computes the mean (or the norm histogram) and the Gram
+from the same rows inside ``run``, by rows; a per-person mean needs one clipped vector per
+person and the Gram the bound *after* centring on that mean, so they need those internals.
+
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
-anything is charged: a centre or a clip quantile (per-row means and counts), exact membership
-counts and the smooth-sensitivity and gap tests (their local sensitivities are per row),
-``auto`` (its candidates include those), continual releases and appends (a person may come
-back in a later batch and no cross-batch bound exists yet).
+anything is charged: a private centre or a clip quantile (per-row means and counts), exact
+membership counts and the smooth-sensitivity and gap tests (their local sensitivities are per
+row), ``auto`` (its candidates include those), continual releases and appends (a person may
+come back in a later batch and no cross-batch bound exists yet).
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ from service.errors import InvalidInput
 from service.mechanisms.base import MechanismOutput, ReleaseSpec
 from service.mechanisms.friendly_aggregate import FriendlyAggregate
 from service.mechanisms.histogram_aggregate import HistogramAggregate, boost_groups
-from service.mechanisms.linalg import FloatArray, clip_rows
+from service.mechanisms.linalg import FloatArray, clip_rows, gram_rows
 
 #: The form field and API name of the identifier column.
 FIELD = "privacy_unit_column"
@@ -203,11 +210,12 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
     if params is None:
         return
     center = getattr(params, "center", "none")
-    if center != "none":
+    if isinstance(center, str) and center != "none":
         raise InvalidInput(
             FIELD,
-            "this dataset's privacy unit is a person (privacy_unit_column): centring (params."
-            "center) is per row and is refused; use center none",
+            "this dataset's privacy unit is a person (privacy_unit_column): a private centre "
+            "(params.center) is a mean of rows and is refused; use center none or a public "
+            "centre (a list of numbers)",
         )
     quantile = getattr(params, "clip_quantile", None)
     if quantile not in (None, "none"):
@@ -287,8 +295,10 @@ def bound_contributions(
     clip_norm: float,
     rule: BoundRule,
     chunk_rows: int = CHUNK_ROWS,
+    center: FloatArray | None = None,
 ) -> FloatArray:
-    """Each row clipped to ``C``, then each person's rows scaled by one factor so that their
+    """Each row clipped to ``C`` (with a public ``center``: ``clip_C(clip_C(x) - center)``, the
+    mechanisms' own public centring), then each person's rows scaled by one factor so that their
     contribution ``G_p`` has ``b_p <= C^2`` (``rule``: trace or Frobenius norm; see the module).
 
     Parameters
@@ -300,6 +310,11 @@ def bound_contributions(
     clip_norm : float
         Public ``C``.
     rule : "trace" or "frobenius"
+    center : (d,) array, optional
+        A public centre, applied before the bound: the bound must hold for the rows the
+        mechanism's Gram reads, and a bound made before centring would not survive it (a
+        person of ``r`` rows at the origin has trace 0, and ``r ||c||^2`` once centred). The
+        mechanism then runs with ``center = "none"`` on these rows: the same Gram.
 
     Returns
     -------
@@ -314,7 +329,11 @@ def bound_contributions(
         raise ValueError("one unit index per row is needed")
     out = np.empty((n, d), dtype=np.float64)
     for start in range(0, n, chunk_rows):
-        out[start : start + chunk_rows] = clip_rows(data[start : start + chunk_rows], clip_norm)
+        block = data[start : start + chunk_rows]
+        # The mechanisms' own per-row map (gram_rows), so a person of one row is unchanged.
+        out[start : start + chunk_rows] = (
+            clip_rows(block, clip_norm) if center is None else gram_rows(block, clip_norm, center)
+        )
     if n == 0:
         return out
     n_units = int(units.max()) + 1

@@ -342,9 +342,24 @@ class Worker:
                 privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
             except InvalidInput:
                 return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
-            # A per-person map fixed by public facts (C, the rule): total on finite rows.
+            # A per-person map fixed by public facts (C, the rule, a public centre): total on
+            # finite rows. A public centre is applied here, before the bound, and the mechanism
+            # then runs uncentred on the centred rows (the same Gram; privacy_unit).
+            center = getattr(params, "center", None)
+            public_center = (
+                np.asarray(center, dtype=np.float64) if isinstance(center, list) else None
+            )
+            if public_center is not None:
+                spec = ReleaseSpec(
+                    k=spec.k,
+                    epsilon=spec.epsilon,
+                    delta=spec.delta,
+                    params=params.model_copy(update={"center": "none"}),
+                )
             try:
-                data = privacy_unit.bound_contributions(data, units, clip_norm, rule)
+                data = privacy_unit.bound_contributions(
+                    data, units, clip_norm, rule, center=public_center
+                )
             except Exception as exc:
                 log.error(
                     "BUG: release %s: the per-person bound raised %s; recorded as no_result",

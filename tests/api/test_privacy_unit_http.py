@@ -177,7 +177,7 @@ def test_a_bad_unit_column_is_refused_naming_the_field(
         ("continual_gauss", {"horizon": 4}),
         ("analyze_gauss", {"center": "private"}),
         ("analyze_gauss", {"clip_quantile": 0.5}),
-        ("spectrum", {"center": [0.0] * 6}),
+        ("spectrum", {"center": "private"}),
     ],
 )
 def test_a_release_without_a_person_level_argument_is_refused_before_charging(
@@ -407,3 +407,43 @@ def test_more_subsets_than_people_is_refused_before_charging(client, keys, many_
     assert "250 people" in response.json()["detail"]
     budget = client.get(f"/v1/datasets/{body['id']}/budget", headers=bearer(keys.analyst))
     assert budget.json()["epsilon_spent"] == "0"
+
+
+@pytest.mark.parametrize("mechanism", ["analyze_gauss", "spectrum"])
+def test_a_public_centre_is_applied_by_the_worker_before_the_per_person_bound(
+    client, keys, person_dataset, run_worker, monkeypatch, settings, store, mechanism
+):
+    body, _, rows = person_dataset
+    center = [0.1, -0.2, 0.0, 0.3, 0.0, 0.05]
+    target = get_mechanism(mechanism)
+    assert target is not None
+    real_run = type(target).run
+    fed: list[tuple[np.ndarray, object]] = []
+
+    def run(self, data, spec, rng):
+        fed.append((np.array(data), spec.params.center))
+        return real_run(self, data, spec, rng)
+
+    monkeypatch.setattr(type(target), "run", run)
+    release_id = post_release(
+        client,
+        keys.analyst,
+        body["id"],
+        mechanism=mechanism,
+        k=2,
+        epsilon="1",
+        delta="1e-7",
+        params={"clip_norm": 0.5, "center": center},
+    )
+    assert run_worker() == 1
+    result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert result["status"] == "succeeded", result
+    assert result["params"]["center"] == center  # the request's public centre, as asked
+    ((data, used_center),) = fed
+    # The mechanism ran uncentred on rows the worker centred and then bounded per person.
+    assert used_center == "none"
+    rule = privacy_unit.PERSON_LEVEL_RULES[mechanism]
+    matrix_file = next(f for f in stored_files(settings) if f.parent == settings.datasets_dir)
+    units = store.open_units(matrix_file.name)
+    expected = privacy_unit.bound_contributions(rows, units, 0.5, rule, center=np.array(center))
+    np.testing.assert_array_equal(data, expected)
