@@ -168,6 +168,7 @@ def preview_release(
                 dataset,
                 prepared.mechanism.name,
                 getattr(prepared.spec.params, "clip_norm", None),
+                isinstance(getattr(prepared.spec.params, "center", None), list),
             ),
             *accounting_note(dataset, prepared.costs),
         ],

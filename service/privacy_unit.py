@@ -373,7 +373,9 @@ def _frobenius_sizes(
     return sizes
 
 
-def preview_notes(dataset: Any, mechanism: str, clip_norm: float | None) -> list[str]:
+def preview_notes(
+    dataset: Any, mechanism: str, clip_norm: float | None, public_center: bool = False
+) -> list[str]:
     """What the dry run says about the unit the noise protects (public facts only)."""
     if getattr(dataset, "privacy_unit_column", None) is None:
         return [
@@ -394,7 +396,8 @@ def preview_notes(dataset: Any, mechanism: str, clip_norm: float | None) -> list
     size = "sum of squared row norms" if rule == "trace" else "Frobenius norm of sum x x^T"
     return [
         f"privacy unit: person ({dataset.n_units} people). Each person's rows are clipped to "
-        f"C and then scaled down together so that their {size} is at most {bound}; no row "
+        + ("C, centred on the public centre and clipped again, " if public_center else "C ")
+        + f"and then scaled down together so that their {size} is at most {bound}; no row "
         "is dropped. Replacing a whole person then moves the statistic by at most what one "
         "row moves it, so the noise scales above are per person: every person, whatever "
         "their number of rows, is protected at this (epsilon, delta)."

@@ -424,17 +424,22 @@ def test_a_public_centre_is_applied_by_the_worker_before_the_per_person_bound(
         fed.append((np.array(data), spec.params.center))
         return real_run(self, data, spec, rng)
 
-    monkeypatch.setattr(type(target), "run", run)
-    release_id = post_release(
-        client,
-        keys.analyst,
-        body["id"],
-        mechanism=mechanism,
-        k=2,
-        epsilon="1",
-        delta="1e-7",
-        params={"clip_norm": 0.5, "center": center},
+    request = {
+        "mechanism": mechanism,
+        "k": 2,
+        "epsilon": "1",
+        "delta": "1e-7",
+        "params": {"clip_norm": 0.5, "center": center},
+    }
+    preview = client.post(
+        f"/v1/datasets/{body['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=request,
     )
+    assert preview.status_code == 200, preview.text
+    assert "centred on the public centre" in " ".join(preview.json()["meaning"])
+    monkeypatch.setattr(type(target), "run", run)
+    release_id = post_release(client, keys.analyst, body["id"], **request)
     assert run_worker() == 1
     result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
     assert result["status"] == "succeeded", result
