@@ -42,9 +42,9 @@ and its partition is of *people*
 permuted uniformly, ``t`` (public) subsets of ``floor(P/t)`` or ``ceil(P/t)`` people, each
 subset trimmed or cyclically padded to the public ``m = floor(n/t)`` rows by a rule reading
 that subset alone. Replacing one person changes one subset, as one row did, so each
-aggregator's argument (one ``U_j``, one point moves) holds unchanged, per person; histogram
-boosting's groups are of people too (parallel composition per person). ``t`` (times the
-boosting groups) must be at most the public ``n_units`` (:func:`check_partition`). What ``m``
+aggregator's argument (one ``U_j``, one point moves) holds unchanged, per person. ``t`` must
+be at most the public ``n_units``, and histogram boosting (groups of rows) is refused
+(:func:`check_partition`). What ``m``
 feeds (memory bound, the histogram's ``gamma`` width rule, the preview) stays exactly right
 since every subset has ``m`` rows; the width rule assumes independent rows, and rows of one
 person are not, which costs utility, never privacy (any public width is private).
@@ -74,7 +74,7 @@ import numpy.typing as npt
 from service.errors import InvalidInput
 from service.mechanisms.base import MechanismOutput, ReleaseSpec
 from service.mechanisms.friendly_aggregate import FriendlyAggregate
-from service.mechanisms.histogram_aggregate import HistogramAggregate, boost_groups
+from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.linalg import FloatArray, clip_rows, gram_rows
 
 #: The form field and API name of the identifier column.
@@ -227,23 +227,26 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
 
 
 def check_partition(name: str, params: Any, n_units: int) -> None:
-    """Refuse (422, field ``t``) a partition of people with more subsets than people: each
-    subset must hold a person (a boosting group of ``histogram_aggregate`` must hold ``t``).
-    Public facts only (``t``, the boosting groups, ``n_units``); before charging."""
+    """Refuse (422, field ``t``) a partition of people with more subsets than people (each
+    subset must hold a person), and (field ``boost_beta``) histogram boosting, whose groups are
+    not groups of people yet. Public facts only (``t``, ``n_units``); before charging."""
     if name not in PERSON_PARTITIONED or params is None:
         return
     t = getattr(params, "t", None)
     if t is None:
         return
-    beta = getattr(params, "boost_beta", None)
-    n_groups = 1 if beta is None else boost_groups(beta)
-    if t * n_groups > n_units:
-        where = "" if n_groups == 1 else f" in each of the {n_groups} boosting groups"
+    if getattr(params, "boost_beta", None) is not None:
+        raise InvalidInput(
+            "boost_beta",
+            "this dataset's privacy unit is a person: boosting's groups are not yet groups of "
+            "people (a group trimmed to its public size could lose whole people); leave "
+            "boost_beta and boost_alpha unset",
+        )
+    if t > n_units:
         raise InvalidInput(
             "t",
             f"this dataset's privacy unit is a person: its subsets partition the {n_units} "
-            f"people, so t = {t} subsets{where} need at least {t * n_groups} people; use "
-            f"t <= {n_units // n_groups}",
+            f"people, so t = {t} subsets need at least {t} people; use t <= {n_units}",
         )
 
 

@@ -429,14 +429,17 @@ def histogram_aggregate(
         return histogram_aggregate_once(
             data, None, k, epsilon, delta, t, q, width, point, rng, units
         )
+    if units is not None:
+        # Refused before charging (privacy_unit.check_partition): a boosting group trimmed to
+        # its public size could lose whole people and hold fewer than t.
+        raise ValueError("boosting has no partition of people")
     beta, alpha = boost
     n_groups = boost_groups(beta)
-    # Disjoint groups of rows (the same draw as random_partition's); with units, of people, so
-    # one person is in one group (parallel composition holds per person).
-    groups = random_partition(data.shape[0], n_groups, rng, units)
+    size = data.shape[0] // n_groups
+    groups = np.sort(rng.permutation(data.shape[0])[: n_groups * size].reshape(n_groups, size))
     runs = [
-        histogram_aggregate_once(data, g, k, epsilon, delta, t, q, width, point, rng, units)
-        for g in groups
+        histogram_aggregate_once(data, g, k, epsilon, delta, t, q, width, point, rng)
+        for g in groups.astype(np.int64)
     ]
     outputs = [basis for basis, _ in runs]
     picked = select_boosted(outputs, alpha)

@@ -452,3 +452,20 @@ def test_a_public_centre_is_applied_by_the_worker_before_the_per_person_bound(
     units = store.open_units(matrix_file.name)
     expected = privacy_unit.bound_contributions(rows, units, 0.5, rule, center=np.array(center))
     np.testing.assert_array_equal(data, expected)
+
+
+def test_histogram_boosting_is_refused_on_a_person_level_dataset(client, keys, many_people):
+    body, _ = many_people
+    response = client.post(
+        f"/v1/datasets/{body['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={
+            "mechanism": "histogram_aggregate",
+            "k": 1,
+            "epsilon": "2",
+            "delta": "1e-5",
+            "params": {"t": 50, "boost_beta": 0.3, "boost_alpha": 0.2},
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("boost_beta: "), response.text
