@@ -13,7 +13,7 @@ the same mechanism, same parameters, same generator seed:
 
 Metric: the share of the top-k energy the released subspace captures (``||X U||_F^2`` over the
 sum of the top-k eigenvalues; 0 for no result), median over seeds, and how many runs released.
-Run: ``python -m bench.bench_privacy_unit_partition`` (about a minute; ``--quick``: 2 seeds).
+Run: ``python -m bench.bench_privacy_unit_partition`` (a few minutes; ``--quick``: 2 seeds).
 """
 
 from __future__ import annotations
