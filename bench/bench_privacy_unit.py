@@ -181,8 +181,9 @@ def section(body: str, seeds: int) -> str:
             "0.83 per row, where capping at 20 rows and multiplying the sensitivity keeps "
             "0.15) and almost all of it on the synthetic set; the spectrum's shape survives "
             "too, though its scale shrinks to the energy kept (a person's eigenvalues are "
-            "divided by their row count, roughly). Other mechanisms have no person-level "
-            "argument yet and refuse a person-level dataset with 422.",
+            "divided by their row count, roughly). friendly_aggregate and "
+            "histogram_aggregate partition people instead (next section); the other "
+            "mechanisms have no person-level argument yet and refuse with 422.",
             END,
         ]
     )

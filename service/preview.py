@@ -128,7 +128,9 @@ def preview_release(
         shown = with_forecast_from(session, principal, dataset, prepared, shown, forecast_from)
     memory_bytes = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
     if dataset.privacy_unit_column is not None:
-        memory_bytes += privacy_unit.transform_bytes(dataset.n_rows, dataset.n_cols)
+        memory_bytes += privacy_unit.extra_bytes(
+            prepared.mechanism.name, dataset.n_rows, dataset.n_cols
+        )
     memory = memory_bytes / releases.MIB
     audit.record(
         session,
@@ -174,6 +176,7 @@ def preview_release(
                 dataset,
                 prepared.mechanism.name,
                 getattr(prepared.spec.params, "clip_norm", None),
+                isinstance(getattr(prepared.spec.params, "center", None), list),
             ),
             *accounting_note(dataset, prepared.costs),
         ],

@@ -35,12 +35,32 @@ replacement of one person; ``n_rows`` and ``n_units`` remain public metadata, as
 The transform is a per-person map fixed by public facts (``C`` and the rule), applied in the
 worker where the mechanism's input is prepared, so no mechanism's internals change.
 
+Sample-and-aggregate (``friendly_aggregate``, ``histogram_aggregate``; ``ALGORITHMS.md``,
+"Privacy unit"): the data is not transformed; the worker hands the mechanism the unit index
+and its partition is of *people*
+(:func:`~service.mechanisms.sample_aggregate.random_partition` with ``groups``): people
+permuted uniformly, ``t`` (public) subsets of ``floor(P/t)`` or ``ceil(P/t)`` people, each
+subset trimmed or cyclically padded to the public ``m = floor(n/t)`` rows by a rule reading
+that subset alone. Replacing one person changes one subset, as one row did, so each
+aggregator's argument (one ``U_j``, one point moves) holds unchanged, per person. ``t`` must
+be at most the public ``n_units``, and histogram boosting (groups of rows) is refused
+(:func:`check_partition`). What ``m``
+feeds (memory bound, the histogram's ``gamma`` width rule, the preview) stays exactly right
+since every subset has ``m`` rows; the width rule assumes independent rows, and rows of one
+person are not, which costs utility, never privacy (any public width is private).
+
+A public centre is applied by the worker before the bound (rows ``clip_C(clip_C(x) - c)``,
+then bounded per person, and the mechanism runs with ``center = "none"``: the same Gram as its
+own public centring, now per person). A private centre and a clip quantile cannot be made per
+person at this layer: the mechanism computes the mean (or the norm histogram) and the Gram
+from the same rows inside ``run``, by rows; a per-person mean needs one clipped vector per
+person and the Gram the bound *after* centring on that mean, so they need those internals.
+
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
-anything is charged: a centre or a clip quantile (per-row means and counts), the sample-and-
-aggregate mechanisms (their partition of rows is drawn inside them; a person's rows would fall
-in several subsets), exact membership counts and the smooth-sensitivity and gap tests (their
-local sensitivities are per row), ``auto`` (its candidates include those), continual releases
-and appends (a person may come back in a later batch and no cross-batch bound exists yet).
+anything is charged: a private centre or a clip quantile (per-row means and counts), exact
+membership counts and the smooth-sensitivity and gap tests (their local sensitivities are per
+row), ``auto`` (its candidates include those), continual releases and appends (a person may
+come back in a later batch and no cross-batch bound exists yet).
 """
 
 from __future__ import annotations
@@ -52,7 +72,10 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import InvalidInput
-from service.mechanisms.linalg import FloatArray, clip_rows
+from service.mechanisms.base import MechanismOutput, ReleaseSpec
+from service.mechanisms.friendly_aggregate import FriendlyAggregate
+from service.mechanisms.histogram_aggregate import HistogramAggregate
+from service.mechanisms.linalg import FloatArray, clip_rows, gram_rows
 
 #: The form field and API name of the identifier column.
 FIELD = "privacy_unit_column"
@@ -68,22 +91,18 @@ CHUNK_ROWS = 65536
 #: Mechanisms with a person-level argument, and the rule that bounds a person for them.
 PERSON_LEVEL_RULES: dict[str, BoundRule] = {"analyze_gauss": "trace", "spectrum": "frobenius"}
 
+#: Sample-and-aggregate mechanisms: person-level by a partition of people (the worker passes
+#: the unit index to their ``run``; the rows are not transformed).
+PERSON_PARTITIONED: frozenset[str] = frozenset({"friendly_aggregate", "histogram_aggregate"})
+
 #: Why the others are refused (422 before charging), by mechanism.
 _REFUSALS: dict[str, str] = {
-    "friendly_aggregate": (
-        "partitions rows into subsets inside the mechanism; a person's rows would fall in "
-        "several subsets, and a person-level partition is not built yet"
-    ),
-    "histogram_aggregate": (
-        "partitions rows into subsets inside the mechanism; a person's rows would fall in "
-        "several subsets, and a person-level partition is not built yet"
-    ),
     "exact_gapmax": "its score counts rows exactly; one person moves it by their row count",
     "smooth_sensitivity": "its local sensitivity is per row, not per person",
     "gap_perturbation": "its gap test's sensitivity is per row, not per person",
     "auto": (
-        "some of its candidates have no person-level argument; ask for analyze_gauss or "
-        "spectrum directly"
+        "some of its candidates have no person-level argument; ask for analyze_gauss, "
+        "spectrum, friendly_aggregate or histogram_aggregate directly"
     ),
 }
 
@@ -180,22 +199,23 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
             "service cannot yet bound a person's total across batches; this dataset's privacy "
             "unit is a person, so it is refused",
         )
-    if name not in PERSON_LEVEL_RULES:
+    if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED:
         reason = _REFUSALS.get(name, "it has no person-level privacy argument")
         raise InvalidInput(
             FIELD,
             f"this dataset's privacy unit is a person (privacy_unit_column); {name} cannot "
             f"bound a person's contribution: {reason}. Person-level mechanisms: "
-            f"{', '.join(sorted(PERSON_LEVEL_RULES))}",
+            f"{', '.join(sorted({*PERSON_LEVEL_RULES, *PERSON_PARTITIONED}))}",
         )
     if params is None:
         return
     center = getattr(params, "center", "none")
-    if center != "none":
+    if isinstance(center, str) and center != "none":
         raise InvalidInput(
             FIELD,
-            "this dataset's privacy unit is a person (privacy_unit_column): centring (params."
-            "center) is per row and is refused; use center none",
+            "this dataset's privacy unit is a person (privacy_unit_column): a private centre "
+            "(params.center) is a mean of rows and is refused; use center none or a public "
+            "centre (a list of numbers)",
         )
     quantile = getattr(params, "clip_quantile", None)
     if quantile not in (None, "none"):
@@ -204,6 +224,59 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
             "this dataset's privacy unit is a person (privacy_unit_column): a clip quantile "
             "(params.clip_quantile) counts rows and is refused; leave it unset",
         )
+
+
+def check_partition(name: str, params: Any, n_units: int) -> None:
+    """Refuse (422, field ``t``) a partition of people with more subsets than people (each
+    subset must hold a person), and (field ``boost_beta``) histogram boosting, whose groups are
+    not groups of people yet. Public facts only (``t``, ``n_units``); before charging."""
+    if name not in PERSON_PARTITIONED or params is None:
+        return
+    t = getattr(params, "t", None)
+    if t is None:
+        return
+    if getattr(params, "boost_beta", None) is not None:
+        raise InvalidInput(
+            "boost_beta",
+            "this dataset's privacy unit is a person: boosting's groups are not yet groups of "
+            "people (a group trimmed to its public size could lose whole people); leave "
+            "boost_beta and boost_alpha unset",
+        )
+    if t > n_units:
+        raise InvalidInput(
+            "t",
+            f"this dataset's privacy unit is a person: its subsets partition the {n_units} "
+            f"people, so t = {t} subsets need at least {t} people; use t <= {n_units}",
+        )
+
+
+def run_partitioned(
+    mechanism: Any,
+    data: npt.NDArray[Any],
+    units: npt.NDArray[np.int64],
+    spec: ReleaseSpec[Any],
+    rng: np.random.Generator,
+) -> MechanismOutput:
+    """Run a sample-and-aggregate mechanism on a partition of people (``units``: the person of
+    each row); anything else is a caller's bug (the request gate admits only these)."""
+    if not isinstance(mechanism, (FriendlyAggregate, HistogramAggregate)):
+        raise TypeError(f"{mechanism.name} does not partition people")
+    return mechanism.run(data, spec, rng, units=units)
+
+
+def partition_bytes(n_rows: int) -> int:
+    """Working memory of a partition of people
+    (:func:`~service.mechanisms.sample_aggregate.random_partition` with ``groups``) beyond a
+    partition of rows: the label sort and its inverse, the row order, the rows' subsets and
+    their sort (int64, a few arrays of ``n``), and the mapped unit index itself."""
+    return 8 * 8 * n_rows
+
+
+def extra_bytes(name: str, n_rows: int, n_cols: int) -> int:
+    """What a release on a person-level dataset adds to the mechanism's memory bound."""
+    if name in PERSON_PARTITIONED:
+        return partition_bytes(n_rows)
+    return transform_bytes(n_rows, n_cols)
 
 
 def transform_bytes(n_rows: int, n_cols: int, chunk_rows: int = CHUNK_ROWS) -> int:
@@ -225,8 +298,10 @@ def bound_contributions(
     clip_norm: float,
     rule: BoundRule,
     chunk_rows: int = CHUNK_ROWS,
+    center: FloatArray | None = None,
 ) -> FloatArray:
-    """Each row clipped to ``C``, then each person's rows scaled by one factor so that their
+    """Each row clipped to ``C`` (with a public ``center``: ``clip_C(clip_C(x) - center)``, the
+    mechanisms' own public centring), then each person's rows scaled by one factor so that their
     contribution ``G_p`` has ``b_p <= C^2`` (``rule``: trace or Frobenius norm; see the module).
 
     Parameters
@@ -238,6 +313,11 @@ def bound_contributions(
     clip_norm : float
         Public ``C``.
     rule : "trace" or "frobenius"
+    center : (d,) array, optional
+        A public centre, applied before the bound: the bound must hold for the rows the
+        mechanism's Gram reads, and a bound made before centring would not survive it (a
+        person of ``r`` rows at the origin has trace 0, and ``r ||c||^2`` once centred). The
+        mechanism then runs with ``center = "none"`` on these rows: the same Gram.
 
     Returns
     -------
@@ -252,7 +332,11 @@ def bound_contributions(
         raise ValueError("one unit index per row is needed")
     out = np.empty((n, d), dtype=np.float64)
     for start in range(0, n, chunk_rows):
-        out[start : start + chunk_rows] = clip_rows(data[start : start + chunk_rows], clip_norm)
+        block = data[start : start + chunk_rows]
+        # The mechanisms' own per-row map (gram_rows), so a person of one row is unchanged.
+        out[start : start + chunk_rows] = (
+            clip_rows(block, clip_norm) if center is None else gram_rows(block, clip_norm, center)
+        )
     if n == 0:
         return out
     n_units = int(units.max()) + 1
@@ -292,7 +376,9 @@ def _frobenius_sizes(
     return sizes
 
 
-def preview_notes(dataset: Any, mechanism: str, clip_norm: float | None) -> list[str]:
+def preview_notes(
+    dataset: Any, mechanism: str, clip_norm: float | None, public_center: bool = False
+) -> list[str]:
     """What the dry run says about the unit the noise protects (public facts only)."""
     if getattr(dataset, "privacy_unit_column", None) is None:
         return [
@@ -300,12 +386,21 @@ def preview_notes(dataset: Any, mechanism: str, clip_norm: float | None) -> list
             "protected only at up to r times epsilon (group privacy). Name a "
             "privacy_unit_column at upload to protect people."
         ]
+    if mechanism in PERSON_PARTITIONED:
+        return [
+            f"privacy unit: person ({dataset.n_units} people). The subsets partition people, "
+            "not rows: all of a person's rows fall in one subset (each subset then trimmed or "
+            "padded with its own rows to the public m rows). Replacing a whole person then "
+            "changes one subset, as one row did, so the scales above are per person: every "
+            "person, whatever their number of rows, is protected at this (epsilon, delta)."
+        ]
     rule = PERSON_LEVEL_RULES.get(mechanism, "trace")
     bound = "C^2" if clip_norm is None else f"C^2 = {clip_norm * clip_norm:.6g}"
     size = "sum of squared row norms" if rule == "trace" else "Frobenius norm of sum x x^T"
     return [
         f"privacy unit: person ({dataset.n_units} people). Each person's rows are clipped to "
-        f"C and then scaled down together so that their {size} is at most {bound}; no row "
+        + ("C, centred on the public centre and clipped again, " if public_center else "C ")
+        + f"and then scaled down together so that their {size} is at most {bound}; no row "
         "is dropped. Replacing a whole person then moves the statistic by at most what one "
         "row moves it, so the noise scales above are per person: every person, whatever "
         "their number of rows, is protected at this (epsilon, delta)."

@@ -492,12 +492,13 @@ def check_request(
             privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
     prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior)
     if person_level:
-        # A person-level dataset: only mechanisms with a person-level argument, and the
-        # worker's per-person bound (privacy_unit.bound_contributions) in the memory gate.
-        privacy_unit.check_mechanism(
-            prepared.mechanism.name, prepared.spec.params, prepared.mechanism.continual
-        )
-        extra += privacy_unit.transform_bytes(dataset.n_rows, dataset.n_cols)
+        # A person-level dataset: only mechanisms with a person-level argument, a partition of
+        # people with a person in each subset, and the worker's per-person bound
+        # (privacy_unit.bound_contributions) or partition of people in the memory gate.
+        name = prepared.mechanism.name
+        privacy_unit.check_mechanism(name, prepared.spec.params, prepared.mechanism.continual)
+        privacy_unit.check_partition(name, prepared.spec.params, dataset.n_units or 0)
+        extra += privacy_unit.extra_bytes(name, dataset.n_rows, dataset.n_cols)
     check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
 

@@ -61,6 +61,8 @@ from decimal import Decimal
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -335,6 +337,17 @@ class Worker:
                 # The unit index is lost or short (a fault of the data directory, public like
                 # the file's size): never run per row on a person-level dataset.
                 return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
+            if mechanism.name in privacy_unit.PERSON_PARTITIONED:
+                # Sample-and-aggregate: the rows as they are, the partition of people drawn
+                # inside the mechanism from the unit index (privacy_unit, random_partition).
+                try:
+                    privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
+                    privacy_unit.check_partition(
+                        mechanism.name, params, int(units.max(initial=-1)) + 1
+                    )
+                except InvalidInput:
+                    return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+                return self._run(job, mechanism, data, spec, units=units)
             rule = privacy_unit.PERSON_LEVEL_RULES.get(mechanism.name)
             clip_norm = getattr(params, "clip_norm", None)
             if rule is None or clip_norm is None:
@@ -345,9 +358,24 @@ class Worker:
                 privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
             except InvalidInput:
                 return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
-            # A per-person map fixed by public facts (C, the rule): total on finite rows.
+            # A per-person map fixed by public facts (C, the rule, a public centre): total on
+            # finite rows. A public centre is applied here, before the bound, and the mechanism
+            # then runs uncentred on the centred rows (the same Gram; privacy_unit).
+            center = getattr(params, "center", None)
+            public_center = (
+                np.asarray(center, dtype=np.float64) if isinstance(center, list) else None
+            )
+            if public_center is not None:
+                spec = ReleaseSpec(
+                    k=spec.k,
+                    epsilon=spec.epsilon,
+                    delta=spec.delta,
+                    params=params.model_copy(update={"center": "none"}),
+                )
             try:
-                data = privacy_unit.bound_contributions(data, units, clip_norm, rule)
+                data = privacy_unit.bound_contributions(
+                    data, units, clip_norm, rule, center=public_center
+                )
             except Exception as exc:
                 log.error(
                     "BUG: release %s: the per-person bound raised %s; recorded as no_result",
@@ -380,8 +408,13 @@ class Worker:
         data: Any,
         spec: ReleaseSpec[Any],
         reraise: type[Exception] | None = None,
+        units: npt.NDArray[np.int64] | None = None,
     ) -> Outcome:
         try:
+            if units is not None:
+                return Outcome.of(
+                    privacy_unit.run_partitioned(mechanism, data, units, spec, secure_generator())
+                )
             return Outcome.of(mechanism.run(data, spec, secure_generator()))
         except InvalidParameter:
             return Outcome.failed(REFUSED_AT_RUN_REASON)

@@ -32,6 +32,7 @@ import math
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import Field
 
 from api_schemas.common import format_budget
@@ -449,8 +450,10 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         data: FloatArray,
         spec: ReleaseSpec[FriendlyAggregateParams],
         rng: np.random.Generator,
+        units: npt.NDArray[np.int64] | None = None,
     ) -> FriendlySearch:
-        """The first phase of :meth:`run` (:func:`friendly_search`); :meth:`finish` ends it."""
+        """The first phase of :meth:`run` (:func:`friendly_search`); :meth:`finish` ends it.
+        ``units``: the person of each row on a person-level dataset (a partition of people)."""
         params = spec.params
         assert params.t is not None and params.aggregator is not None  # resolved by prepare
         return friendly_search(
@@ -463,6 +466,7 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
             q=params.q,
             aggregator=params.aggregator,
             radius=params.radius,
+            units=units,
         )
 
     def run(
@@ -470,8 +474,9 @@ class FriendlyAggregate(Mechanism[FriendlyAggregateParams]):
         data: FloatArray,
         spec: ReleaseSpec[FriendlyAggregateParams],
         rng: np.random.Generator,
+        units: npt.NDArray[np.int64] | None = None,
     ) -> MechanismOutput:
-        return self.finish(self.search(data, spec, rng), spec, rng)
+        return self.finish(self.search(data, spec, rng, units), spec, rng)
 
     def finish(
         self,

@@ -260,13 +260,16 @@ def friendly_search(
     q: int | None = None,
     aggregator: Aggregator = "reference_points",
     radius: float | None = None,
+    units: npt.NDArray[np.int64] | None = None,
 ) -> FriendlySearch:
     """The first phase of :func:`friendly_aggregate` (same parameters): the partition, the
     subset bases, the reference points and the radius search with ``eps0`` (or the weights at
-    the given radius), drawing from ``rng`` exactly as :func:`friendly_aggregate` does."""
+    the given radius), drawing from ``rng`` exactly as :func:`friendly_aggregate` does.
+    ``units`` (the person of each row): the partition is of people, so one person changes one
+    subset's basis as one row did (:func:`.sample_aggregate.random_partition`)."""
     d = data.shape[1]
     split = release_split(epsilon, delta, radius is not None, t=t)
-    _, bases = partition_and_bases(data, t, k, rng)
+    _, bases = partition_and_bases(data, t, k, rng, units)
     b = ramp_width(t)
 
     points: FloatArray | None = None

@@ -239,8 +239,10 @@ def histogram_aggregate_once(
     width: float | None,
     point: str,
     rng: np.random.Generator,
+    units: npt.NDArray[np.int64] | None = None,
 ) -> tuple[FloatArray | None, dict[str, Any]]:
-    """Algorithm 2 on the rows ``rows`` of ``data`` (all rows when ``None``).
+    """Algorithm 2 on the rows ``rows`` of ``data`` (all rows when ``None``); with ``units``
+    (the person of each row of ``data``) on a partition of people.
 
     Parameters
     ----------
@@ -263,7 +265,7 @@ def histogram_aggregate_once(
         With a searched width: ``cell_width`` and ``width_exponent`` (``None`` when no width
         reached the threshold).
     """
-    embedded, r_max = histogram_points(data, rows, k, t, q, rng)
+    embedded, r_max = histogram_points(data, rows, k, t, q, rng, units)
     if width is None:
         state = histogram_search(embedded, r_max, q, data.shape[1], epsilon, rng)
         return histogram_continue(state, k, delta, point, rng)
@@ -295,11 +297,14 @@ def histogram_points(
     t: int,
     q: int,
     rng: np.random.Generator,
+    units: npt.NDArray[np.int64] | None = None,
 ) -> tuple[FloatArray, float]:
     """The ``t`` points ``y_j = P U_j U_j^T`` (``(t, q d)``) and ``||P||_F``: partition, subset
-    bases, public reference points ``P``, drawn from ``rng`` in that order."""
+    bases, public reference points ``P``, drawn from ``rng`` in that order. ``units`` (the
+    person of each row of ``data``): the partition is of people."""
     d = data.shape[1]
-    partition = random_partition(data.shape[0] if rows is None else rows.shape[0], t, rng)
+    in_play = None if units is None else (units if rows is None else units[rows])
+    partition = random_partition(data.shape[0] if rows is None else rows.shape[0], t, rng, in_play)
     if rows is not None:
         partition = rows[partition]
     bases = subset_bases(data, partition, k)
@@ -399,6 +404,7 @@ def histogram_aggregate(
     point: str,
     rng: np.random.Generator,
     boost: tuple[float, float] | None = None,
+    units: npt.NDArray[np.int64] | None = None,
 ) -> tuple[FloatArray | None, dict[str, Any]]:
     """Algorithm 2, or Algorithm 3 when ``boost = (beta, alpha)``.
 
@@ -420,7 +426,13 @@ def histogram_aggregate(
         the released group).
     """
     if boost is None:
-        return histogram_aggregate_once(data, None, k, epsilon, delta, t, q, width, point, rng)
+        return histogram_aggregate_once(
+            data, None, k, epsilon, delta, t, q, width, point, rng, units
+        )
+    if units is not None:
+        # Refused before charging (privacy_unit.check_partition): a boosting group trimmed to
+        # its public size could lose whole people and hold fewer than t.
+        raise ValueError("boosting has no partition of people")
     beta, alpha = boost
     n_groups = boost_groups(beta)
     size = data.shape[0] // n_groups
@@ -640,7 +652,9 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
         data: FloatArray,
         spec: ReleaseSpec[HistogramAggregateParams],
         rng: np.random.Generator,
+        units: npt.NDArray[np.int64] | None = None,
     ) -> MechanismOutput:
+        """``units``: the person of each row on a person-level dataset (partitions of people)."""
         params = spec.params
         assert params.t is not None and params.q is not None  # resolved by prepare
         n, d = data.shape
@@ -661,6 +675,7 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             params.point,
             rng,
             boost,
+            units,
         )
         return self._output(basis, info, spec, n, d)
 

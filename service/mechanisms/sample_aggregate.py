@@ -8,6 +8,8 @@ Algorithm 2; Tsfadia, NeurIPS 2024, Section 4.1).
 Privacy: nothing here is private by itself. The partition and the reference points are public
 randomness drawn from the release's generator, and replacing one row of the data changes the rows
 of exactly one subset, hence exactly one ``U_j`` and one ``y_j``; the aggregators rely on that.
+On a person-level dataset the partition is of people (:func:`random_partition` with ``groups``),
+and replacing one person changes one subset in the same way.
 
 Memory and I/O: the data is read in sequential passes (:func:`subset_bases`): each pass gathers
 the rows of as many subsets as fit :data:`PASS_BYTES` in one ascending sweep (a memory map stays a
@@ -49,20 +51,74 @@ PASS_BYTES = 512 << 20
 READ_AHEAD_ROWS = 512
 
 
-def random_partition(n: int, t: int, rng: np.random.Generator) -> IntArray:
-    """A uniformly random partition of ``t * m`` of the ``n`` row indices, ``m = floor(n/t)``.
+def random_partition(
+    n: int, t: int, rng: np.random.Generator, groups: IntArray | None = None
+) -> IntArray:
+    """A uniformly random partition of ``t * m`` of the ``n`` row indices, ``m = floor(n/t)``;
+    with ``groups``, a random partition of the *people* (privacy unit, issue 34).
+
+    Without ``groups`` (the unit is the row): ``t`` subsets of ``m`` distinct rows; the
+    ``n - t m`` leftover rows are in no subset.
+
+    With ``groups`` (row ``i`` belongs to person ``groups[i]``; any integer labels): the ``P``
+    people are permuted uniformly (``rng.permutation(P)``) and person ``p`` goes to subset
+    ``perm[p] mod t``, so every subset gets ``floor(P/t)`` or ``ceil(P/t)`` people and all
+    rows of a person are in one subset. Subset sizes in *rows* then vary with the data, but
+    the mechanisms use ``m`` (the rows per subset of the memory bound, the histogram's width
+    rule, the preview) as public, so each subset is brought to exactly ``m`` rows by a rule
+    that reads that subset alone: its rows in a uniformly random order (the order
+    ``rng.permutation(n)`` induces on them), the first ``m`` kept if it has more, repeated
+    cyclically if fewer (a subset always has a row: ``t <= P`` is required). Public: ``t``,
+    ``m`` (from the public ``n``) and ``P``.
+
+    Argument: a uniform permutation's restrictions to disjoint sets are independent uniform
+    orders, so given which people form each subset the ``t`` subsets' row lists are
+    independent, each a function of its own people's rows and its own randomness. Replace one
+    person ``p`` by ``p'`` (any row counts): couple the people permutations so ``p'`` takes
+    ``p``'s position; every other person stays in the same subset, so the other subsets' row
+    lists have the same law and only the subset ``j`` holding ``p`` or ``p'`` differs. That is
+    what one replaced row did at row level (one ``U_j``, one point ``y_j``), so each
+    aggregator's argument holds unchanged, now for one person; mixing over the coupled
+    randomness keeps its ``(eps, delta)``. The labels' order (order of first appearance in
+    the file) does not matter: the permutation is uniform.
+
+    Parameters
+    ----------
+    n : int
+        Rows; with ``groups``, ``groups.shape == (n,)``.
+    t : int
+        Subsets: ``1 <= t <= n``, and ``t <= P`` with ``groups``.
+    rng : numpy.random.Generator
+    groups : (n,) int array, optional
+        The person of each row.
 
     Returns
     -------
     (t, m) int array
-        Row ``j`` holds the indices of subset ``j``, sorted (so a memory map is read in order).
-        The ``n - t m`` leftover rows are in no subset.
+        Row ``j`` holds the indices of subset ``j``, sorted (so a memory map is read in order);
+        with ``groups`` an index may repeat within its subset (cyclic padding).
     """
     if not 1 <= t <= n:
         raise ValueError(f"need 1 <= t <= n, got t={t}, n={n}")
     m = n // t
-    perm = rng.permutation(n)[: t * m].reshape(t, m)
-    return np.sort(perm, axis=1).astype(np.int64)
+    if groups is None:
+        perm = rng.permutation(n)[: t * m].reshape(t, m)
+        return np.sort(perm, axis=1).astype(np.int64)
+    if groups.shape != (n,):
+        raise ValueError("one group label per row is needed")
+    _, person = np.unique(groups, return_inverse=True)
+    n_people = int(person.max()) + 1
+    if t > n_people:
+        raise ValueError(f"need t <= the number of people, got t={t}, people={n_people}")
+    subset_of_person = rng.permutation(n_people) % t
+    order = rng.permutation(n)  # a uniformly random order of the rows
+    subset_in_order = subset_of_person[person.reshape(n)[order]]
+    rows_by_subset = order[np.argsort(subset_in_order, kind="stable")]
+    counts = np.bincount(subset_in_order, minlength=t)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    # Slot s of subset j: its (s mod count_j)-th row in the random order (trim or pad to m).
+    slots = starts[:, None] + np.arange(m)[None, :] % counts[:, None]
+    return np.sort(rows_by_subset[slots], axis=1).astype(np.int64)
 
 
 def power_of_two_exponents(blocks: FloatArray) -> npt.NDArray[np.int64]:
@@ -519,9 +575,15 @@ def reference_embeddings(bases: FloatArray, points: FloatArray) -> FloatArray:
 
 
 def partition_and_bases(
-    data: npt.NDArray[Any], t: int, k: int, rng: np.random.Generator
+    data: npt.NDArray[Any],
+    t: int,
+    k: int,
+    rng: np.random.Generator,
+    groups: IntArray | None = None,
 ) -> tuple[IntArray, FloatArray]:
     """Step 1 up to the bases: draw the partition from ``rng``, then compute every ``U_j``.
+    With ``groups`` (the person of each row) the partition is of people
+    (:func:`random_partition`).
 
     Draw order (fixed, so seeded runs are reproducible): partition, then whatever the caller draws
     next (reference points come after this call).
@@ -531,7 +593,7 @@ def partition_and_bases(
     partition : (t, m) int array
     bases : (t, d, k) array
     """
-    partition = random_partition(data.shape[0], t, rng)
+    partition = random_partition(data.shape[0], t, rng, groups)
     return partition, subset_bases(data, partition, k)
 
 

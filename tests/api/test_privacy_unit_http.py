@@ -1,6 +1,7 @@
 """Issue 34 through HTTP: a privacy unit column on upload (CSV by name, .npy by index, Parquet
 by name or index), the column removed and its values never stored or shown; person-level
-releases from analyze_gauss and spectrum; a clear 422 naming privacy_unit_column for every
+releases from analyze_gauss and spectrum, and from friendly_aggregate and histogram_aggregate
+on a partition of people; a clear 422 naming privacy_unit_column for every
 mechanism or step without a person-level argument, for appends and for references."""
 
 from __future__ import annotations
@@ -169,8 +170,6 @@ def test_a_bad_unit_column_is_refused_naming_the_field(
 @pytest.mark.parametrize(
     ("mechanism", "params"),
     [
-        ("friendly_aggregate", {}),
-        ("histogram_aggregate", {"gamma": 0.1}),
         ("exact_gapmax", {}),
         ("smooth_sensitivity", {}),
         ("gap_perturbation", {}),
@@ -178,7 +177,7 @@ def test_a_bad_unit_column_is_refused_naming_the_field(
         ("continual_gauss", {"horizon": 4}),
         ("analyze_gauss", {"center": "private"}),
         ("analyze_gauss", {"clip_quantile": 0.5}),
-        ("spectrum", {"center": [0.0] * 6}),
+        ("spectrum", {"center": "private"}),
     ],
 )
 def test_a_release_without_a_person_level_argument_is_refused_before_charging(
@@ -331,3 +330,142 @@ def test_a_release_without_its_unit_index_fails_refunded_never_runs_per_row(
     assert result["status"] == "failed", result
     budget = client.get(f"/v1/datasets/{body['id']}/budget", headers=bearer(keys.analyst))
     assert budget.json()["epsilon_spent"] == "0"
+
+
+@pytest.fixture
+def many_people(client, keys):
+    """250 people of 1, 3 or 8 rows (1000 rows): enough people for the default t = 100."""
+    ids, rows = people(250, [1, 3, 8], 4, seed=2)
+    response = upload(
+        client,
+        keys.owner,
+        "visits.csv",
+        csv_bytes(ids, rows),
+        privacy_unit_column="patient",
+        delta_budget="1e-4",
+    )
+    assert response.status_code == 201, response.text
+    return response.json(), ids
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "params"),
+    [("friendly_aggregate", {}), ("histogram_aggregate", {"gamma": 0.1})],
+)
+def test_sample_and_aggregate_partition_people_and_release_per_person(
+    client, keys, many_people, run_worker, monkeypatch, caplog, mechanism, params
+):
+    body, ids = many_people
+    request = {"mechanism": mechanism, "k": 2, "epsilon": "5", "delta": "1e-5", "params": params}
+    preview = client.post(
+        f"/v1/datasets/{body['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=request,
+    )
+    assert preview.status_code == 200, preview.text
+    notes = " ".join(preview.json()["meaning"])
+    assert "privacy unit: person (250 people)" in notes and "partition people" in notes
+    target = get_mechanism(mechanism)
+    assert target is not None
+    real_run = type(target).run
+    fed: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def run(self, data, spec, rng, units=None):
+        fed.append((np.array(data), np.array(units)))
+        return real_run(self, data, spec, rng, units=units)
+
+    monkeypatch.setattr(type(target), "run", run)
+    with caplog.at_level(logging.DEBUG):
+        release_id = post_release(client, keys.analyst, body["id"], **request)
+        assert run_worker() == 1
+    result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst))
+    assert result.json()["status"] == "succeeded", result.text
+    ((data, units),) = fed
+    # The rows as stored (no per-person scaling) and the unit index of every row.
+    assert data.shape == (len(ids), 4) and units.shape == (len(ids),)
+    assert len(set(units.tolist())) == 250
+    for text in (result.text, caplog.text, preview.text):
+        assert MARK not in text and "patient" not in text
+
+
+@pytest.mark.parametrize("mechanism", ["friendly_aggregate", "histogram_aggregate"])
+def test_more_subsets_than_people_is_refused_before_charging(client, keys, many_people, mechanism):
+    body, _ = many_people
+    response = client.post(
+        f"/v1/datasets/{body['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={
+            "mechanism": mechanism,
+            "k": 1,
+            "epsilon": "2",
+            "delta": "1e-5",
+            "params": {"t": 251},
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("t: "), response.text
+    assert "250 people" in response.json()["detail"]
+    budget = client.get(f"/v1/datasets/{body['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "0"
+
+
+@pytest.mark.parametrize("mechanism", ["analyze_gauss", "spectrum"])
+def test_a_public_centre_is_applied_by_the_worker_before_the_per_person_bound(
+    client, keys, person_dataset, run_worker, monkeypatch, settings, store, mechanism
+):
+    body, _, rows = person_dataset
+    center = [0.1, -0.2, 0.0, 0.3, 0.0, 0.05]
+    target = get_mechanism(mechanism)
+    assert target is not None
+    real_run = type(target).run
+    fed: list[tuple[np.ndarray, object]] = []
+
+    def run(self, data, spec, rng):
+        fed.append((np.array(data), spec.params.center))
+        return real_run(self, data, spec, rng)
+
+    request = {
+        "mechanism": mechanism,
+        "k": 2,
+        "epsilon": "1",
+        "delta": "1e-7",
+        "params": {"clip_norm": 0.5, "center": center},
+    }
+    preview = client.post(
+        f"/v1/datasets/{body['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=request,
+    )
+    assert preview.status_code == 200, preview.text
+    assert "centred on the public centre" in " ".join(preview.json()["meaning"])
+    monkeypatch.setattr(type(target), "run", run)
+    release_id = post_release(client, keys.analyst, body["id"], **request)
+    assert run_worker() == 1
+    result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert result["status"] == "succeeded", result
+    assert result["params"]["center"] == center  # the request's public centre, as asked
+    ((data, used_center),) = fed
+    # The mechanism ran uncentred on rows the worker centred and then bounded per person.
+    assert used_center == "none"
+    rule = privacy_unit.PERSON_LEVEL_RULES[mechanism]
+    matrix_file = next(f for f in stored_files(settings) if f.parent == settings.datasets_dir)
+    units = store.open_units(matrix_file.name)
+    expected = privacy_unit.bound_contributions(rows, units, 0.5, rule, center=np.array(center))
+    np.testing.assert_array_equal(data, expected)
+
+
+def test_histogram_boosting_is_refused_on_a_person_level_dataset(client, keys, many_people):
+    body, _ = many_people
+    response = client.post(
+        f"/v1/datasets/{body['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={
+            "mechanism": "histogram_aggregate",
+            "k": 1,
+            "epsilon": "2",
+            "delta": "1e-5",
+            "params": {"t": 50, "boost_beta": 0.3, "boost_alpha": 0.2},
+        },
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("boost_beta: "), response.text

@@ -260,3 +260,29 @@ def test_the_memory_estimate_bounds_the_transform(people: int, rule: Any) -> Non
     finally:
         tracemalloc.stop()
     assert peak <= transform_bytes(n, d, chunk_rows=1024)
+
+
+@pytest.mark.parametrize("rule", ["trace", "frobenius"])
+def test_a_public_centre_is_applied_before_the_bound_as_the_mechanisms_centre(rule: Any) -> None:
+    """Rows centred as the Gram mechanisms centre them (``gram_rows``), then bounded per
+    person: one row per person is exactly the mechanisms' own centred rows, and every person
+    of many rows is within the bound *after* centring (a bound made before would not be: rows
+    at the origin have trace 0 and ``r ||c||^2`` once centred)."""
+    from service.mechanisms.linalg import gram_rows
+
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal((300, 4)) * 0.2
+    center = np.array([0.5, -0.5, 0.0, 0.25])
+    single = bound_contributions(data, np.arange(300), 1.0, rule, center=center)
+    np.testing.assert_array_equal(single, gram_rows(data, 1.0, center))
+    units = (np.arange(300) % 12).astype(np.int64)
+    data[units == 0] = 0.0  # a person at the origin: nothing before centring, a lot after
+    bounded = bound_contributions(data, units, 1.0, rule, center=center)
+    for person in range(12):
+        rows = bounded[units == person]
+        g = rows.T @ rows
+        size = np.trace(g) if rule == "trace" else np.linalg.norm(g)
+        assert size <= 1.0 + 1e-9
+    before = bound_contributions(data, units, 1.0, rule)[units == 0]
+    assert np.all(before == 0.0)
+    assert np.trace(gram_rows(before, 1.0, center).T @ gram_rows(before, 1.0, center)) > 5.0
