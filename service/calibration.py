@@ -34,6 +34,7 @@ previous (or default) overhead rates, and retries the probe a few times at start
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -181,7 +182,8 @@ def measure_overhead(
             break
         started = time.perf_counter()
         round_trip()
-        seconds = isolated(lambda: read_probe(path))
+        # A picklable call: the worker's run process takes it as it takes a release's run.
+        seconds = isolated(functools.partial(read_probe, path))
         round_trip()
         if seconds is None:
             continue

@@ -32,6 +32,7 @@ row number or a count, as the 4xx answers did).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -198,7 +199,8 @@ def process(worker: JobRunner, job: RegistrationJob) -> str:
     beat = threading.Thread(target=_beat, args=(worker, job, done), daemon=True)
     beat.start()
     try:
-        work: Callable[[], Checked] = lambda: check(job, worker.settings)  # noqa: E731
+        # A picklable call (the worker's run process takes only those).
+        work: Callable[[], Checked] = functools.partial(check, job, worker.settings)
         checked = (
             worker.isolated(f"registration {job.dataset_id}", work) if worker.isolate else work()
         )
