@@ -10,14 +10,15 @@ fresh database of the local PostgreSQL server (whose own CPU is not counted). Pe
   its basis), client included; ``time.process_time`` of this process;
 - *worker*: ``Worker.run_pending`` (claim, isolated run, store) in a separate process started
   as ``dpss worker`` starts (``python -m bench.bench_release_cpu --serve``: the worker's imports
-  only, its own connection pool), told over a pipe to run; that process's CPU plus its reaped
-  children's (``RUSAGE_CHILDREN``);
+  only, its own connection pool), told over a pipe to run; that process's CPU plus its
+  children's (the run process, or the forked child of each run before it; ``/proc`` and
+  ``RUSAGE_CHILDREN``);
 - *direct*: ``mechanism.run`` on the matrix already in memory, in this process, with the same
   spec and one BLAS thread (as the worker's ``DPSS_WORKER_BLAS_THREADS=1``).
 
 Printed per shape: the medians and the ratio (API + worker) / direct, measured in this run
-(interleaved: direct, release, direct, ...). ``--profile`` makes the worker process print its
-top functions at the end (cProfile in the worker's parent process).
+(interleaved: direct, release, direct, ...). ``--profile`` prints the API's (and client's) top functions
+by CPU, and the worker process its own on stderr (cProfile with ``time.process_time``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # Run as a file: the checkout named by DPSS_BENCH_CHECKOUT (to measure another one's
+    # service), else this one.
+    sys.path.insert(
+        0, os.environ.get("DPSS_BENCH_CHECKOUT", str(Path(__file__).resolve().parents[1]))
+    )
 
 from scripts.harness import create_database, drop_database, table
 from service import auth
@@ -63,8 +68,19 @@ RELEASE: dict[str, Any] = {"mechanism": "analyze_gauss", "k": 5, "epsilon": "0.0
 
 
 def children_cpu() -> float:
+    """CPU seconds of this process's children: those reaped (``RUSAGE_CHILDREN``) and those
+    still running (the worker's long-lived run process), from ``/proc``."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    total, tick = usage.ru_utime + usage.ru_stime, os.sysconf("SC_CLK_TCK")
+    pid = os.getpid()
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        # utime, stime, cutime, cstime (clock ticks)
+        total += sum(int(value) for value in fields[11:15]) / tick
+    return total
 
 
 @contextmanager
@@ -120,7 +136,7 @@ def serve(url: str, data_dir: str, profile: bool) -> None:
     settings = settings_for(url, Path(data_dir))
     factory = make_session_factory(make_engine(settings.resolved_database_url))
     worker = Worker(factory, DatasetStore(settings.data_dir / "datasets"), settings, isolate=True)
-    profiler = cProfile.Profile() if profile else None
+    profiler = cProfile.Profile(time.process_time) if profile else None
     for line in sys.stdin:
         if line.strip() != "run":
             break
@@ -161,18 +177,20 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
     with factory.begin() as session:
         _, owner = auth.create_key(session, "owner", "bench owner", None)
         _, analyst = auth.create_key(session, "analyst", "bench analyst", None)
-    command = [sys.executable, "-m", "bench.bench_release_cpu", "--serve", url, str(work / "data")]
+    # The file itself (not -m): run against another checkout's service (PYTHONPATH), it
+    # measures that checkout's worker.
+    command = [sys.executable, str(Path(__file__).resolve()), "--serve", url, str(work / "data")]
     worker = subprocess.Popen(
         command + (["--profile"] if profile else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[1],
     )
     assert worker.stdin is not None and worker.stdout is not None
     analyst_headers = {"Authorization": f"Bearer {analyst}"}
     table_rows = []
     children: list[float] = []
+    api_profiler = cProfile.Profile(time.process_time) if profile else None
 
     def work_once() -> float:
         assert worker.stdin is not None and worker.stdout is not None
@@ -202,14 +220,22 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
 
     async def request(http: httpx.AsyncClient, dataset: str) -> tuple[str, float]:
         started = time.process_time()
+        if api_profiler is not None:
+            api_profiler.enable()
         answer = await http.post(
             f"/v1/datasets/{dataset}/releases", headers=analyst_headers, json=RELEASE
         )
+        if api_profiler is not None:
+            api_profiler.disable()
         return str(answer.raise_for_status().json()["id"]), time.process_time() - started
 
     async def read(http: httpx.AsyncClient, release: str) -> float:
         started = time.process_time()
+        if api_profiler is not None:
+            api_profiler.enable()
         answer = (await http.get(f"/v1/releases/{release}", headers=analyst_headers)).json()
+        if api_profiler is not None:
+            api_profiler.disable()
         assert answer["status"] == "succeeded", answer
         return time.process_time() - started
 
@@ -257,6 +283,9 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
     headers = ["shape", "direct s", "API s", "worker s", "of which run s", "worker / direct"]
     headers.append("(API + worker) / direct")
     print(table(table_rows, headers))
+    if api_profiler is not None:
+        print("API (and client) CPU by function:")
+        pstats.Stats(api_profiler).sort_stats("cumulative").print_stats(40)
     factory.kw["bind"].dispose()
 
 
