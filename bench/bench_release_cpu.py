@@ -17,8 +17,9 @@ fresh database of the local PostgreSQL server (whose own CPU is not counted). Pe
   spec and one BLAS thread (as the worker's ``DPSS_WORKER_BLAS_THREADS=1``).
 
 Printed per shape: the medians and the ratio (API + worker) / direct, measured in this run
-(interleaved: direct, release, direct, ...). ``--profile`` prints the API's (and client's) top functions
-by CPU, and the worker process its own on stderr (cProfile with ``time.process_time``).
+(interleaved: direct, release, direct, ...). ``--profile`` prints the API's (and client's)
+top functions by CPU, and the worker process its own on stderr (cProfile with
+``time.process_time``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,11 @@
 """Workers: claim a queued release, run its mechanism, store the result exactly once.
 
+The worker owns the job: the claim and the lease, the heartbeat, the isolated process, the
+retries, the transaction that stores a result and the recording of the outcome. What one-shot
+and continual releases do differently is their job kind (:mod:`service.oneshot`,
+:mod:`service.continual`), which the worker calls and which never calls back; a job's path
+reads straight down in :meth:`Worker._process` (the interface: :mod:`service.jobs`).
+
 The releases table is the queue. A claim sets ``status = running`` and a lease (owner, attempt,
 expiry) in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises
 writers). While the mechanism runs, a heartbeat thread extends the lease. A worker that dies
@@ -24,12 +30,13 @@ location only, never the message, which may quote data) and the release is recor
 ``no_result`` with the one fixed reason :data:`NO_RELEASE_REASON`, charged like every
 ``no_result``: its status then says nothing that a correct mechanism's ``no_result`` would not.
 
-**Isolation.** With ``isolate=True`` (``dpss worker``) each run happens in a forked child
-process and the outcome comes back through a pipe. A mechanism can then hold the interpreter
-lock for as long as one LAPACK call takes (SciPy's wrappers do not release it) without
-starving the heartbeat, which would otherwise let the lease expire under a running job, and a
-run that kills its process (out of memory) does not kill the worker: the job is left to its
-lease, counted as an attempt, and abandoned after ``DPSS_WORKER_MAX_ATTEMPTS``.
+**Isolation.** With ``isolate=True`` (``dpss worker``) each run happens in another process,
+the worker's run process (:mod:`service.isolation`: forked at the first run, serving runs one
+at a time, replaced when it dies), and the outcome comes back through a pipe. A mechanism can
+then hold the interpreter lock for as long as one LAPACK call takes (SciPy's wrappers do not
+release it) without starving the heartbeat, which would otherwise let the lease expire under a
+running job, and a run that kills its process (out of memory) does not kill the worker: the job
+is left to its lease, counted as an attempt, and abandoned after ``DPSS_WORKER_MAX_ATTEMPTS``.
 
 **Database outages.** Claim, heartbeat and finish retry transient database errors (connection
 refused or lost, the pool's timeout, SQLite's "database is locked") with capped exponential
@@ -250,8 +257,11 @@ class Worker:
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                release = session.execute(
-                    select(Release)
+                # The dataset row comes with the claim (the lease reads its file name): one
+                # statement, and no flush of the release before its lease is complete.
+                found = session.execute(
+                    select(Release, Dataset)
+                    .outerjoin(Dataset, Dataset.id == Release.dataset_id)
                     .where(
                         or_(
                             Release.status == "queued",
@@ -266,10 +276,11 @@ class Worker:
                     )
                     .order_by(Release.created_at)
                     .limit(1)
-                    .with_for_update(skip_locked=True)
-                ).scalar_one_or_none()
-                if release is None:
+                    .with_for_update(of=Release, skip_locked=True)
+                ).first()
+                if found is None:
                     return None
+                release = found[0]
                 if release.attempts >= self.settings.worker_max_attempts:
                     # The job keeps killing its workers; it may have read the data: no refund.
                     # The lease names who decided, so the last runner cannot mistake this for

@@ -23,9 +23,9 @@ from service import auth
 from service.app import create_app
 from service.config import Settings
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
+from service.jobs import NO_MECHANISM_REASON, NO_RELEASE_REASON, REFUSED_AT_RUN_REASON
 from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
-from service.jobs import NO_MECHANISM_REASON, NO_RELEASE_REASON, REFUSED_AT_RUN_REASON
 from service.worker import Worker
 from tests.conftest import bearer, npy_bytes
 
