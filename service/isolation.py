@@ -86,6 +86,9 @@ class RunProcess:
         self._lock = threading.Lock()
         self._process: BaseProcess | None = None
         self._connection: Connection | None = None
+        #: The thread that forked the process: ``PR_SET_PDEATHSIG`` fires when *that thread*
+        #: ends, so a run from another thread gets a process of its own thread.
+        self._forked_by: int | None = None
 
     def _start(self) -> Connection:
         context = multiprocessing.get_context("fork")
@@ -96,12 +99,15 @@ class RunProcess:
         process.start()
         theirs.close()
         self._process, self._connection = process, ours
+        self._forked_by = threading.get_ident()
         return ours
 
     def run(self, what: str, work: Callable[[], T]) -> T | None:
         """``work()`` in the run process, its result back; ``None`` if the process ended
         without one (it is then replaced at the next run). ``work`` must pickle."""
         with self._lock:
+            if self._connection is not None and self._forked_by != threading.get_ident():
+                self._end()
             connection = self._connection or self._start()
             try:
                 connection.send((what, work))
