@@ -523,18 +523,23 @@ class Worker:
                 return LOST
             if isinstance(result, Outcome):
                 result = End(result)
-            saved = (
-                result
-                if isinstance(result, End) or kind is None
-                else kind.save(session, release, job, work, result, self.settings)
-            )
+            if isinstance(result, End) or kind is None:
+                saved = result
+            else:
+                # The lease goes on with the job (an end clears it). Set before the kind saves:
+                # the release's row is then written once, before the audit chain's head is
+                # locked; a second write of it in this transaction would check its dataset key
+                # (PostgreSQL's foreign-key check on a row this transaction changed) while
+                # holding that head, and deadlock with an append that holds the dataset and
+                # waits for the head.
+                release.lease_expires_at = utcnow() + timedelta(
+                    seconds=self.settings.worker_lease_seconds
+                )
+                saved = kind.save(session, release, job, work, result, self.settings)
             if isinstance(saved, End):
                 self._record(session, release, saved)
                 return release.status
             if saved == STORED:
-                release.lease_expires_at = utcnow() + timedelta(
-                    seconds=self.settings.worker_lease_seconds
-                )
                 # Long polls waiting for this job's next result return once this commits.
                 wake.announce_finished(session, self.settings, release.id)
             return str(saved)
