@@ -2,15 +2,16 @@
 
     DPSS_TRACE_FILE=/tmp/trace.jsonl python -m bench.traced_worker
 
-Runs exactly what ``dpss worker`` runs (isolated runs in a forked child), with the steps below
+Runs exactly what ``dpss worker`` runs (isolated runs in its run process), with the steps below
 wrapped to append ``{"event": ..., "t": <wall clock>}`` lines to ``DPSS_TRACE_FILE`` (the parent
-and the child append to the same file; wall-clock times compare across processes on one
+and the run process append to the same file; wall-clock times compare across processes on one
 machine). Used by ``bench/bench_http_latency.py``; not part of the service.
 
 Events: ``woken`` (the idle wait returned), ``claimed`` (the claim transaction committed with a
-job), ``forked`` (the isolated run starts), ``opened`` (the dataset's memory map is open, in the
-child), ``computed`` (the mechanism returned, in the child), ``received`` (the parent has the
-outcome), ``stored`` (the outcome and its audit event committed).
+job), ``forked`` (the isolated run is sent to the worker's run process), ``opened`` (the
+dataset's memory map is open, in the run process), ``computed`` (the mechanism returned,
+there), ``received`` (the parent has the outcome), ``stored`` (the outcome and its audit event
+committed).
 """
 
 from __future__ import annotations
@@ -60,15 +61,15 @@ def install() -> None:
 
     worker.Worker.claim_queued = claim_queued  # type: ignore[method-assign]
 
-    isolated = worker.Worker._execute_isolated
+    run = worker.Worker._run
 
-    def execute_isolated(self: worker.Worker, job: worker.ClaimedJob) -> worker.Outcome | None:
+    def run_(self: worker.Worker, kind: Any, job: worker.ClaimedJob, work: Any) -> Any:
         mark("forked")
-        outcome = isolated(self, job)
+        result = run(self, kind, job, work)
         mark("received")
-        return outcome
+        return result
 
-    worker.Worker._execute_isolated = execute_isolated  # type: ignore[method-assign]
+    worker.Worker._run = run_  # type: ignore[method-assign]
 
     opener = DatasetStore.open
 
@@ -90,8 +91,8 @@ def install() -> None:
 
     finish = worker.Worker.finish
 
-    def finish_(self: worker.Worker, job: worker.ClaimedJob, outcome: worker.Outcome) -> str:
-        status = finish(self, job, outcome)
+    def finish_(self: worker.Worker, job: worker.ClaimedJob, *result: Any) -> str:
+        status = finish(self, job, *result)
         mark("stored", release=str(job.release_id), status=status)
         return status
 

@@ -12,11 +12,13 @@ rate of any worker when it fixes a new release's ``visible_at`` (:func:`current_
 release already requested keeps its ``visible_at`` whatever is calibrated later.
 
 The per-job overhead is calibrated too (:func:`measure_overhead`): a probe goes through the
-path of a real job -- a database round trip as the claim, a forked child (the worker's
-:meth:`~service.worker.Worker.isolated`) that opens a public random dataset file as the store
-does (a read-only memory map), reads every row and makes a run's first BLAS, LAPACK and noise
-calls (set up again in every forked child), the result back through the pipe, and a
-second round trip as the outcome's store -- a few times, and the slowest is kept. It is
+path of a real job -- a database round trip as the claim, the worker's run process (its
+:meth:`~service.worker.Worker.isolated`, :mod:`service.isolation`) that opens a public random
+dataset file as the store does (a read-only memory map), reads every row and makes a run's BLAS,
+LAPACK and noise calls, the result back through the pipe, and a second round trip as the
+outcome's store -- a few times, and the slowest is kept. The first probe starts the run
+process (a fork and a cold process's first calls, as the first run after a run process died
+pays), so the slowest kept covers that start too. It is
 stored in ``machine_rates`` as two pseudo-mechanisms at ``d = 0`` (no migration): ``_overhead``
 with ``rate = 1 / seconds`` (so that the slower rate kept by :func:`store` and
 :func:`current_rates` is the longer overhead) and ``_read``, the bytes read per second.
@@ -34,6 +36,7 @@ previous (or default) overhead rates, and retries the probe a few times at start
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -170,8 +173,8 @@ def measure_overhead(
     bytes per second}``, the slowest of :data:`PROBES` probes (fewer when ``interrupted()``).
 
     A probe is a job's path without its mechanism: ``round_trip()`` (a database transaction, as
-    the claim), ``isolated(work)`` (``work`` in a forked child, its result back through the
-    pipe: :meth:`service.worker.Worker.isolated`) reading the probe file ``path``
+    the claim), ``isolated(work)`` (``work`` in the worker's run process, its result back
+    through the pipe: :meth:`service.worker.Worker.isolated`) reading the probe file ``path``
     (:func:`write_probe`) with :func:`read_probe`, and ``round_trip()`` again (the outcome's
     store). Empty if no probe completed."""
     size = float(path.stat().st_size)
@@ -181,7 +184,8 @@ def measure_overhead(
             break
         started = time.perf_counter()
         round_trip()
-        seconds = isolated(lambda: read_probe(path))
+        # A picklable call: the worker's run process takes it as it takes a release's run.
+        seconds = isolated(functools.partial(read_probe, path))
         round_trip()
         if seconds is None:
             continue

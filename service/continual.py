@@ -1,4 +1,5 @@
-"""Continual releases in the worker: one epoch per batch of a growing dataset, one charge.
+"""Continual releases as a job kind (:class:`Continual`, under :mod:`service.worker`): one
+epoch per batch of a growing dataset, one charge.
 
 A continual release (a mechanism with ``continual = True``, today ``continual_gauss``) is charged
 once, when it is requested, like every release. Its leaves are the dataset's batches in order:
@@ -12,7 +13,9 @@ Lifecycle (the ``releases`` row is still the queue): ``queued`` until a worker c
 ``running`` until epoch ``T``. A worker holding the lease releases every epoch whose batch is
 present; when it runs out of batches it gives the lease up (``lease_owner`` null: *waiting*) and
 any worker claims the release again once ``epochs_done < n_batches``
-(:func:`claim_continual`).
+(:meth:`Continual.waiting_claimable`). The worker owns the lease, the heartbeat, the isolated
+process and the transactions; this module says what an epoch reads (:func:`next_input`),
+computes (:func:`compute_epoch`) and stores (:func:`store_epoch`).
 
 Exactly-once epochs and no redrawn node. Epoch ``t`` is computed from the stored state after
 ``t - 1`` (the tree's closed nodes with their noise, :class:`ContinualState`) and the rows of batch
@@ -41,13 +44,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
 import os
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
 
 import numpy as np
 from pydantic import ValidationError
@@ -55,7 +54,7 @@ from randomgen import ChaCha
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from service import audit, wake
+from service import audit
 from service.config import Settings
 from service.db.models import (
     Dataset,
@@ -71,18 +70,16 @@ from service.jobs import (
     ABANDONED_REASON,
     DATASET_DELETED_REASON,
     DATASET_FILE_FAULT_REASON,
-    FINISHED,
+    LOST,
     NO_RELEASE_REASON,
     REFUSED_AT_RUN_REASON,
+    STORED,
+    WAITING,
     ClaimedJob,
-    JobRunner,
+    End,
     Outcome,
-    WorkerStopping,
-    blas_threads,
-    die_with_parent,
-    take_lease,
+    RunContext,
 )
-from service.logs import forked_child_failures
 from service.mechanisms.base import InvalidParameter, ReleaseSpec
 from service.mechanisms.continual_gauss import (
     ContinualGauss,
@@ -96,14 +93,9 @@ from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
 
-T = TypeVar("T")
-
 EPOCH_EVENT = "release_epoch"
 EPOCH_KEY_LABEL = b"dpss continual epoch"
 EPOCH_CURSOR = "epoch"
-WAITING = "waiting"
-LOST = "lost"
-STORED = "stored"
 
 
 def continual_names() -> list[str]:
@@ -179,26 +171,6 @@ def pending_visible_at(
     )
 
 
-def end(
-    worker: JobRunner,
-    session: Session,
-    release: Release,
-    outcome: Outcome,
-    visible_at: datetime | None = None,
-) -> None:
-    """Record the release's end, shown to analysts from ``visible_at`` (by default, as
-    :func:`pending_visible_at` says) on."""
-    if visible_at is None:
-        dataset = session.get(Dataset, release.dataset_id)
-        visible_at = (
-            pending_visible_at(session, worker.settings, release, dataset)
-            if dataset is not None
-            else release.visible_at
-        )
-    release.outcome_visible_at = visible_at
-    worker._record(session, release, outcome)
-
-
 def new_release_key() -> bytes:
     """256 bits from the OS CSPRNG."""
     return os.urandom(32)
@@ -210,157 +182,6 @@ class EpochOutput:
 
     state: bytes | None
     outcome: Outcome
-
-
-# -- claiming ------------------------------------------------------------------------------------
-
-
-def claim_continual(worker: JobRunner) -> ClaimedJob | None:
-    """Claim a waiting continual release that has a batch to process (or whose dataset was
-    deleted, to end it); ``None`` if there is none. The lease and attempt count work as for any
-    claim; a waiting release has ``attempts`` reset, so the limit counts claims since the last
-    time it had nothing left to do."""
-    names = continual_names()
-    if not names:
-        return None
-    lease = timedelta(seconds=worker.settings.worker_lease_seconds)
-    while True:
-        with worker.session_factory.begin() as session:
-            now = utcnow()
-            release = session.execute(
-                select(Release)
-                .join(Dataset, Dataset.id == Release.dataset_id)
-                .where(
-                    Release.status == "running",
-                    Release.mechanism.in_(names),
-                    Release.lease_owner.is_(None),
-                    or_(Release.epochs_done < Dataset.n_batches, Dataset.file_name.is_(None)),
-                )
-                .order_by(Release.created_at)
-                .limit(1)
-                .with_for_update(of=Release, skip_locked=True)
-            ).scalar_one_or_none()
-            if release is None:
-                return None
-            if release.attempts >= worker.settings.worker_max_attempts:
-                release.lease_owner = worker.worker_id
-                end(worker, session, release, Outcome.failed(ABANDONED_REASON))
-                continue
-            return take_lease(session, release, worker.worker_id, now, lease, None)
-
-
-# -- processing ----------------------------------------------------------------------------------
-
-
-def process_continual(worker: JobRunner, job: ClaimedJob) -> str:
-    """Release every epoch whose batch is present, then wait (give the lease up) or end.
-
-    Returns ``"waiting"``, a terminal status, ``"lost"`` (another worker owns the release now)
-    or ``"unstored"`` (a stop, or a run that died: the lease expires and another worker goes on).
-    """
-    mechanism = get_mechanism(job.mechanism)
-    if not isinstance(mechanism, ContinualGauss):
-        raise TypeError(f"{job.mechanism} is not a continual mechanism this worker knows")
-    try:
-        params = mechanism.parse_params(job.params)
-    except (ValidationError, InvalidParameter):
-        return worker.finish(job, Outcome.failed(REFUSED_AT_RUN_REASON))
-    spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
-    done = threading.Event()
-    beat = threading.Thread(target=worker._beat, args=(job, done), daemon=True)
-    beat.start()
-    try:
-        while not worker.stop.is_set():
-            step = worker.with_db_retry("epoch input", lambda: _next_input(worker, job))
-            if isinstance(step, str):
-                return step
-            computed = _compute(worker, mechanism, spec, step)
-            if computed is None:
-                return "unstored"
-            stored = worker.with_db_retry("epoch", _storing(worker, job, step, computed))
-            if stored != STORED:
-                return stored
-            on_epoch_stored(job, step.epoch)
-    except WorkerStopping:
-        pass
-    finally:
-        done.set()
-        beat.join()
-    log.warning("release %s: stopping between epochs", job.release_id)
-    _give_up_lease(worker, job)
-    return "unstored"
-
-
-def _give_up_lease(worker: JobRunner, job: ClaimedJob) -> None:
-    """On a stop request: hand the release back at once (another worker may continue it now
-    rather than after the lease). One try: if the database is away the lease expires anyway."""
-    try:
-        with worker.session_factory.begin() as session:
-            release = session.execute(
-                select(Release).where(Release.id == job.release_id).with_for_update()
-            ).scalar_one()
-            if release.status == "running" and _ours(worker, job, release):
-                release.lease_owner = None
-                release.lease_expires_at = None
-    except Exception as exc:
-        log.warning(
-            "release %s: lease kept until it expires (%s)", job.release_id, type(exc).__name__
-        )
-
-
-def _storing(
-    worker: JobRunner, job: ClaimedJob, step: EpochInput, computed: EpochOutput
-) -> Callable[[], str]:
-    return lambda: _store_epoch(worker, job, step, computed)
-
-
-def on_epoch_stored(job: ClaimedJob, epoch: int) -> None:
-    """Called after each stored epoch (the fault tests replace it to kill the worker here)."""
-    log.info("release %s: epoch %d stored", job.release_id, epoch)
-
-
-def _ours(worker: JobRunner, job: ClaimedJob, release: Release) -> bool:
-    return release.lease_owner == worker.worker_id and release.attempts == job.attempt
-
-
-def _next_input(worker: JobRunner, job: ClaimedJob) -> EpochInput | str:
-    """The next epoch's input, or what ends this claim (one transaction)."""
-    with worker.session_factory.begin() as session:
-        release = session.execute(
-            select(Release).where(Release.id == job.release_id).with_for_update()
-        ).scalar_one()
-        if release.status != "running" or not _ours(worker, job, release):
-            return LOST
-        dataset = session.get(Dataset, release.dataset_id)
-        if dataset is None or dataset.file_name is None:
-            # Refunded only when no epoch was released (as a one-shot release deleted first).
-            refund = release.epochs_done == 0
-            end(worker, session, release, Outcome.failed(DATASET_DELETED_REASON, refund=refund))
-            return release.status
-        horizon = int(release.params["horizon"])
-        if release.epochs_done >= min(dataset.n_batches, horizon):
-            release.lease_owner = None
-            release.lease_expires_at = None
-            release.attempts = 0
-            return WAITING
-        batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
-        assert batch is not None  # batches 0 .. n_batches - 1 exist
-        if release.continual_key is None:
-            # Drawn once per release and committed before any epoch reads the data.
-            release.continual_key = new_release_key()
-        state = session.get(ReleaseState, release.id)
-        return EpochInput(
-            epoch=release.epochs_done + 1,
-            visible_at=pending_visible_at(session, worker.settings, release, dataset),
-            horizon=horizon,
-            batch_seq=batch.seq,
-            row_offset=batch.row_offset,
-            n_rows=batch.n_rows,
-            n_cols=dataset.n_cols,
-            file_name=dataset.file_name,
-            state=state.state if state is not None else None,
-            key=release.continual_key,
-        )
 
 
 def compute_epoch(
@@ -407,120 +228,183 @@ def compute_epoch(
     return EpochOutput(new_state.to_bytes(), Outcome.of(output))
 
 
-def _compute(
-    worker: JobRunner,
-    mechanism: ContinualGauss,
-    spec: ReleaseSpec[ContinualGaussParams],
-    step: EpochInput,
-) -> EpochOutput | None:
-    def work() -> EpochOutput:
-        return compute_epoch(worker.store, mechanism, spec, step, worker.worker_id)
+@dataclass(frozen=True)
+class Epoch:
+    """The work of one epoch: the claimed release and what the epoch reads."""
 
-    return run_isolated(worker, work) if worker.isolate else work()
+    job: ClaimedJob
+    step: EpochInput
 
 
-def run_isolated(worker: JobRunner, work: Callable[[], T]) -> T | None:
-    """``work()`` in a forked child (as the worker's isolated runs); ``None`` if it died."""
-    context = multiprocessing.get_context("fork")
-    receiver, sender = context.Pipe(duplex=False)
-    parent = os.getpid()
-
-    def child() -> None:
-        with forked_child_failures("a continual epoch"):
-            die_with_parent(parent)
-            receiver.close()
-            bind = worker.session_factory.kw.get("bind")
-            if bind is not None:
-                bind.dispose(close=False)
-            with blas_threads(worker.settings):
-                result = work()
-            sender.send(result)
-            sender.close()
-
-    process = context.Process(target=child, daemon=True)
-    process.start()
-    sender.close()
-    try:
-        result: T = receiver.recv()
-    except EOFError:
-        process.join()
-        log.error("a continual epoch's process ended without an outcome; left to its lease")
-        return None
-    finally:
-        receiver.close()
-    process.join()
-    return result
+def _end_visible_at(session: Session, settings: Settings, release: Release) -> datetime | None:
+    """When analysts may see the release's end without a new epoch (:func:`pending_visible_at`;
+    the release's own ``visible_at`` once its dataset row is gone)."""
+    dataset = session.get(Dataset, release.dataset_id)
+    if dataset is None:
+        return release.visible_at
+    return pending_visible_at(session, settings, release, dataset)
 
 
-def _store_epoch(
-    worker: JobRunner, job: ClaimedJob, step: EpochInput, computed: EpochOutput
-) -> str:
-    """Store epoch ``step.epoch`` with its state in one transaction, if still ours and next.
+def next_input(session: Session, release: Release, settings: Settings) -> EpochInput | End | str:
+    """The next epoch's input, the release's end, or :data:`WAITING` (no batch to read yet);
+    in the worker's transaction, the release locked and leased to it."""
+    dataset = session.get(Dataset, release.dataset_id)
+    if dataset is None or dataset.file_name is None:
+        # Refunded only when no epoch was released (as a one-shot release deleted first).
+        refund = release.epochs_done == 0
+        outcome = Outcome.failed(DATASET_DELETED_REASON, refund=refund)
+        return End(outcome, _end_visible_at(session, settings, release))
+    horizon = int(release.params["horizon"])
+    if release.epochs_done >= min(dataset.n_batches, horizon):
+        return WAITING
+    batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
+    assert batch is not None  # batches 0 .. n_batches - 1 exist
+    if release.continual_key is None:
+        # Drawn once per release and committed before any epoch reads the data.
+        release.continual_key = new_release_key()
+    state = session.get(ReleaseState, release.id)
+    return EpochInput(
+        epoch=release.epochs_done + 1,
+        visible_at=pending_visible_at(session, settings, release, dataset),
+        horizon=horizon,
+        batch_seq=batch.seq,
+        row_offset=batch.row_offset,
+        n_rows=batch.n_rows,
+        n_cols=dataset.n_cols,
+        file_name=dataset.file_name,
+        state=state.state if state is not None else None,
+        key=release.continual_key,
+    )
+
+
+def store_epoch(
+    session: Session, release: Release, step: EpochInput, computed: EpochOutput, settings: Settings
+) -> End | str:
+    """Store epoch ``step.epoch`` with its state, if it is the next one, in the worker's
+    transaction (the release locked and still leased to it): :data:`STORED`, :data:`LOST`, or
+    the release's end (a refusal or a bug ends it without an epoch; the epoch at the horizon
+    ends it with one).
 
     An epoch stored after its ``step.visible_at`` (late) shows at the next step of its public
     schedule (:func:`service.padding.late_schedule` with the epoch's own padding), as a late
     one-shot release does, not at the moment it was stored."""
     outcome = computed.outcome
-    with worker.session_factory.begin() as session:
-        release = session.execute(
-            select(Release).where(Release.id == job.release_id).with_for_update()
-        ).scalar_one()
-        padding = PaddingModel.from_settings(worker.settings).padding(
-            release.mechanism, step.n_rows, step.n_cols, release.k, release.params
-        )
-        shows_at, _ = late_schedule(step.visible_at - padding, step.visible_at, utcnow())
-        ours = _ours(worker, job, release)
-        if ours and release.status in FINISHED:
-            return release.status  # committed earlier; the answer was lost
-        if ours and release.epochs_done == step.epoch:
-            return STORED  # committed earlier; the answer was lost
-        if release.status != "running" or not ours or release.epochs_done != step.epoch - 1:
-            log.warning("release %s: lease lost, epoch discarded", job.release_id)
-            return LOST
-        if outcome.status != "succeeded" or computed.state is None:
-            # A refusal or a bug ends the release (no epoch for it); earlier epochs stay.
-            end(worker, session, release, outcome, shows_at)
-            return release.status
-        basis, shape, sha256 = outcome.basis if outcome.basis is not None else (None, None, None)
-        session.add(
-            ReleaseEpoch(
-                release_id=release.id,
-                epoch=step.epoch,
-                batch_seq=step.batch_seq,
-                n_rows_read=step.n_rows,
-                basis_shape=shape,
-                basis_sha256=sha256,
-                extras=outcome.extras,
-                created_at=utcnow(),
-                visible_at=shows_at,
-            )
-        )
-        if basis is not None:
-            session.add(ReleaseBasis(release_id=release.id, epoch=step.epoch, basis=basis))
-        session.merge(ReleaseState(release_id=release.id, state=computed.state))
-        release.epochs_done = step.epoch
-        release.lease_expires_at = utcnow() + timedelta(
-            seconds=worker.settings.worker_lease_seconds
-        )
-        audit.record(
-            session,
-            EPOCH_EVENT,
-            actor_key_id=None,
-            dataset_id=release.dataset_id,
+    padding = PaddingModel.from_settings(settings).padding(
+        release.mechanism, step.n_rows, step.n_cols, release.k, release.params
+    )
+    shows_at, _ = late_schedule(step.visible_at - padding, step.visible_at, utcnow())
+    if release.epochs_done == step.epoch:
+        return STORED  # committed earlier; the answer was lost
+    if release.epochs_done != step.epoch - 1:
+        log.warning("release %s: lease lost, epoch discarded", release.id)
+        return LOST
+    if outcome.status != "succeeded" or computed.state is None:
+        # A refusal or a bug ends the release (no epoch for it); earlier epochs stay.
+        return End(outcome, shows_at)
+    basis, shape, sha256 = outcome.basis if outcome.basis is not None else (None, None, None)
+    session.add(
+        ReleaseEpoch(
             release_id=release.id,
-            details={
-                "epoch": step.epoch,
-                "batch_seq": step.batch_seq,
-                "n_rows_read": step.n_rows,
-                "basis_sha256": sha256,
-            },
+            epoch=step.epoch,
+            batch_seq=step.batch_seq,
+            n_rows_read=step.n_rows,
+            basis_shape=shape,
+            basis_sha256=sha256,
+            extras=outcome.extras,
+            created_at=utcnow(),
+            visible_at=shows_at,
         )
-        if step.epoch >= step.horizon:
-            end(worker, session, release, outcome, shows_at)  # announces it too
-            return release.status
-        # Long polls waiting for this release's next epoch return once this commits.
-        wake.announce_finished(session, worker.settings, release.id)
-        return STORED
+    )
+    if basis is not None:
+        session.add(ReleaseBasis(release_id=release.id, epoch=step.epoch, basis=basis))
+    session.merge(ReleaseState(release_id=release.id, state=computed.state))
+    release.epochs_done = step.epoch
+    audit.record(
+        session,
+        EPOCH_EVENT,
+        actor_key_id=None,
+        dataset_id=release.dataset_id,
+        release_id=release.id,
+        details={
+            "epoch": step.epoch,
+            "batch_seq": step.batch_seq,
+            "n_rows_read": step.n_rows,
+            "basis_sha256": sha256,
+        },
+    )
+    if step.epoch >= step.horizon:
+        return End(outcome, shows_at)
+    return STORED
+
+
+class Continual:
+    """The job kind of continual releases: one work per epoch, waiting between batches."""
+
+    resumable = True
+
+    def first(self, job: ClaimedJob, context: RunContext) -> End | None:
+        mechanism = get_mechanism(job.mechanism)
+        if not isinstance(mechanism, ContinualGauss):
+            raise TypeError(f"{job.mechanism} is not a continual mechanism this worker knows")
+        try:
+            mechanism.parse_params(job.params)
+        except (ValidationError, InvalidParameter):
+            return End(Outcome.failed(REFUSED_AT_RUN_REASON))
+        return None
+
+    def load(
+        self, session: Session, release: Release, job: ClaimedJob, settings: Settings
+    ) -> Epoch | End | str:
+        step = next_input(session, release, settings)
+        return Epoch(job, step) if isinstance(step, EpochInput) else step
+
+    def run(self, work: Epoch, context: RunContext) -> EpochOutput:
+        mechanism = get_mechanism(work.job.mechanism)
+        assert isinstance(mechanism, ContinualGauss)  # first() checked it
+        job = work.job
+        params = mechanism.parse_params(job.params)  # first() checked it parses
+        spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
+        return compute_epoch(context.store, mechanism, spec, work.step, context.label)
+
+    def save(
+        self,
+        session: Session,
+        release: Release,
+        job: ClaimedJob,
+        work: Epoch,
+        result: EpochOutput,
+        settings: Settings,
+    ) -> End | str:
+        return store_epoch(session, release, work.step, result, settings)
+
+    def saved(self, job: ClaimedJob, work: Epoch) -> None:
+        on_epoch_stored(job, work.step.epoch)
+
+    def shown_at(self, release: Release, ended_at: datetime) -> datetime | None:
+        # A continual release's end has its own moment (End.visible_at); none is kept as is.
+        return release.outcome_visible_at
+
+    def abandoned(self, session: Session, release: Release, settings: Settings) -> End:
+        return End(Outcome.failed(ABANDONED_REASON), _end_visible_at(session, settings, release))
+
+    def waiting_claimable(self) -> list[ColumnElement[bool]] | None:
+        """A waiting release with a batch to process, or whose dataset was deleted (to end
+        it)."""
+        names = continual_names()
+        if not names:
+            return None
+        return [
+            Release.mechanism.in_(names),
+            or_(Release.epochs_done < Dataset.n_batches, Dataset.file_name.is_(None)),
+        ]
+
+
+CONTINUAL = Continual()
+
+
+def on_epoch_stored(job: ClaimedJob, epoch: int) -> None:
+    """Called after each stored epoch (the fault tests replace it to kill the worker here)."""
+    log.info("release %s: epoch %d stored", job.release_id, epoch)
 
 
 # -- reading -------------------------------------------------------------------------------------

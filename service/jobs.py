@@ -1,10 +1,26 @@
-"""What a claimed job is and what it ends with: the layer under :mod:`service.worker` and
-:mod:`service.continual`.
+"""What a claimed job is, what it ends with, and what a kind of job is: the layer under
+:mod:`service.worker` and its job kinds (:mod:`service.oneshot`, :mod:`service.continual`).
 
-The worker claims and runs one-shot releases and hands continual ones to
-:mod:`service.continual`; both describe a job with :class:`ClaimedJob`, end it with an
-:class:`Outcome` and read the fixed reasons below. :class:`JobRunner` is what the continual code
-needs of a worker, so neither module imports the other in a cycle.
+The worker owns a job from claim to end: the claim and the lease, the heartbeat, the process a
+run is isolated in, the retries while the database is away, the transaction that stores a
+result and the recording of the outcome. What differs between one-shot and continual releases
+is a :class:`JobKind`, called by the worker and never calling back (neither kind imports
+:mod:`service.worker`; ``tests/test_layers.py`` checks it). A job's path, read straight down
+in :meth:`service.worker.Worker.process`:
+
+1. ``kind.first(job)``: from the claim alone, the first work, the job's :class:`End`, or
+   ``None`` (ask :meth:`JobKind.load`);
+2. ``kind.load(session, release, job)``, in a transaction of the worker that holds the release
+   locked and leased to it: the next work, the job's end, or :data:`WAITING` (nothing to do
+   now: the worker gives the lease up);
+3. ``kind.run(work, context)``, in the isolated process (a picklable call): the result, never
+   an ``Exception``;
+4. ``kind.save(session, release, job, work, result)``, in the worker's transaction, after the
+   worker checked that it still holds the lease: :data:`STORED` (go on at 2), :data:`LOST`, or
+   the job's :class:`End`, which the worker records (status, basis, refund, audit event, wake).
+
+:class:`JobRunner` is what :mod:`service.registration` (a job on the datasets table) uses of a
+worker.
 """
 
 from __future__ import annotations
@@ -20,9 +36,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
+from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session, sessionmaker
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
@@ -47,6 +64,10 @@ NO_MECHANISM_REASON = "this service no longer has the mechanism"
 ABANDONED_REASON = "the release stopped its worker repeatedly and was abandoned"
 
 FINISHED = ("succeeded", "no_result", "failed")
+#: What :meth:`JobKind.load` and :meth:`JobKind.save` answer besides work and ends.
+WAITING = "waiting"
+LOST = "lost"
+STORED = "stored"
 
 
 @dataclass(frozen=True)
@@ -171,9 +192,87 @@ def blas_threads(settings: Settings) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True)
+class End:
+    """A job's end: ``outcome``, shown to analysts from ``visible_at`` on (``None``: when the
+    job's kind says, :meth:`JobKind.shown_at`)."""
+
+    outcome: Outcome
+    visible_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a run may use besides its work: the worker's store and settings (the isolated
+    process has them from the fork) and a label for logs."""
+
+    store: DatasetStore
+    settings: Settings
+    label: str
+
+
+W = TypeVar("W")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Run(Generic[W, R]):
+    """``kind.run(work, context)`` as a picklable call for the isolated process (the kind is a
+    module-level object, pickled by reference)."""
+
+    kind: JobKind[W, R]
+    work: W
+    context: RunContext
+
+    def __call__(self) -> R:
+        return self.kind.run(self.work, self.context)
+
+
+class JobKind(Protocol[W, R]):
+    """A kind of release job, below the worker (module docstring). ``W`` is a unit of work
+    (picklable), ``R`` what running it gives (picklable)."""
+
+    #: Whether the job can wait between works with its lease given up (continual releases).
+    resumable: bool
+
+    def first(self, job: ClaimedJob, context: RunContext) -> W | End | None: ...
+
+    def load(
+        self, session: Session, release: Release, job: ClaimedJob, settings: Settings
+    ) -> W | End | str: ...
+
+    def run(self, work: W, context: RunContext) -> R: ...
+
+    def save(
+        self,
+        session: Session,
+        release: Release,
+        job: ClaimedJob,
+        work: W,
+        result: R,
+        settings: Settings,
+    ) -> End | str: ...
+
+    def saved(self, job: ClaimedJob, work: W) -> None:
+        """After a :data:`STORED` commit (a log line; the fault tests stop a worker here)."""
+
+    def shown_at(self, release: Release, ended_at: datetime) -> datetime | None:
+        """``outcome_visible_at`` of a release of this kind ending at ``ended_at`` without a
+        moment of its own (:attr:`End.visible_at` ``None``)."""
+        ...
+
+    def abandoned(self, session: Session, release: Release, settings: Settings) -> End:
+        """The end of a job of this kind abandoned after too many attempts."""
+        ...
+
+    def waiting_claimable(self) -> list[ColumnElement[bool]] | None:
+        """Where a waiting job of this kind has work again (claim conditions on ``Release``
+        joined with ``Dataset``); ``None``: jobs of this kind never wait."""
+        ...
+
+
 class JobRunner(Protocol):
-    """What :mod:`service.continual` and :mod:`service.registration` use of a
-    :class:`service.worker.Worker`."""
+    """What :mod:`service.registration` uses of a :class:`service.worker.Worker`."""
 
     session_factory: sessionmaker[Session]
     store: DatasetStore
@@ -189,10 +288,4 @@ class JobRunner(Protocol):
         wait: Callable[[float], bool] | None = None,
     ) -> T: ...
 
-    def finish(self, job: ClaimedJob, outcome: Outcome) -> str: ...
-
     def isolated(self, what: str, work: Callable[[], T]) -> T | None: ...
-
-    def _beat(self, job: ClaimedJob, done: threading.Event) -> None: ...
-
-    def _record(self, session: Session, release: Release, outcome: Outcome) -> None: ...

@@ -14,7 +14,7 @@ audit log's every dataset has both), and the answer is 202.
 **Job**: the datasets table is the queue, as the releases table is for releases. A worker
 claims a ``registering`` dataset whose lease is free or expired (``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL), heartbeats its lease while :func:`service.reference.inspect` reads, digests and
-checks every object (in the forked child when the worker isolates runs), and ends it in one
+checks every object (in the worker's run process when it isolates runs), and ends it in one
 transaction, only if it still holds the lease and the dataset is live and ``registering``:
 
 - ``ready``: ``n_rows``, ``n_cols``, the reference and the objects it covers (the unique
@@ -32,6 +32,7 @@ row number or a count, as the 4xx answers did).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -131,7 +132,7 @@ class RegistrationJob:
 @dataclass(frozen=True)
 class Checked:
     """What reading the objects ended with: the reference to store, or the 4xx-style reason
-    (picklable: it comes back from a forked child)."""
+    (picklable: it comes back from the worker's run process)."""
 
     reference: dict[str, Any] | None = None
     reason: str | None = None
@@ -198,7 +199,8 @@ def process(worker: JobRunner, job: RegistrationJob) -> str:
     beat = threading.Thread(target=_beat, args=(worker, job, done), daemon=True)
     beat.start()
     try:
-        work: Callable[[], Checked] = lambda: check(job, worker.settings)  # noqa: E731
+        # A picklable call (the worker's run process takes only those).
+        work: Callable[[], Checked] = functools.partial(check, job, worker.settings)
         checked = (
             worker.isolated(f"registration {job.dataset_id}", work) if worker.isolate else work()
         )

@@ -1,5 +1,11 @@
 """Workers: claim a queued release, run its mechanism, store the result exactly once.
 
+The worker owns the job: the claim and the lease, the heartbeat, the isolated process, the
+retries, the transaction that stores a result and the recording of the outcome. What one-shot
+and continual releases do differently is their job kind (:mod:`service.oneshot`,
+:mod:`service.continual`), which the worker calls and which never calls back; a job's path
+reads straight down in :meth:`Worker._process` (the interface: :mod:`service.jobs`).
+
 The releases table is the queue. A claim sets ``status = running`` and a lease (owner, attempt,
 expiry) in one short transaction (``FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite serialises
 writers). While the mechanism runs, a heartbeat thread extends the lease. A worker that dies
@@ -24,12 +30,13 @@ location only, never the message, which may quote data) and the release is recor
 ``no_result`` with the one fixed reason :data:`NO_RELEASE_REASON`, charged like every
 ``no_result``: its status then says nothing that a correct mechanism's ``no_result`` would not.
 
-**Isolation.** With ``isolate=True`` (``dpss worker``) each run happens in a forked child
-process and the outcome comes back through a pipe. A mechanism can then hold the interpreter
-lock for as long as one LAPACK call takes (SciPy's wrappers do not release it) without
-starving the heartbeat, which would otherwise let the lease expire under a running job, and a
-run that kills its process (out of memory) does not kill the worker: the job is left to its
-lease, counted as an attempt, and abandoned after ``DPSS_WORKER_MAX_ATTEMPTS``.
+**Isolation.** With ``isolate=True`` (``dpss worker``) each run happens in another process,
+the worker's run process (:mod:`service.isolation`: forked at the first run, serving runs one
+at a time, replaced when it dies), and the outcome comes back through a pipe. A mechanism can
+then hold the interpreter lock for as long as one LAPACK call takes (SciPy's wrappers do not
+release it) without starving the heartbeat, which would otherwise let the lease expire under a
+running job, and a run that kills its process (out of memory) does not kill the worker: the job
+is left to its lease, counted as an attempt, and abandoned after ``DPSS_WORKER_MAX_ATTEMPTS``.
 
 **Database outages.** Claim, heartbeat and finish retry transient database errors (connection
 refused or lost, the pool's timeout, SQLite's "database is locked") with capped exponential
@@ -46,71 +53,64 @@ retries; the unstored outcome is then discarded and the job runs again once its 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import multiprocessing
 import os
 import random
 import socket
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-import numpy as np
-import numpy.typing as npt
-from pydantic import ValidationError
 from sqlalchemy import Engine, and_, or_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import (
-    audit,
-    ledger,
-    operations,
-    priors,
-    privacy_unit,
-    reference,
-    registration,
-    tracing,
-    visibility,
-    wake,
-)
+from service import audit, ledger, oneshot, operations, priors, registration, tracing, wake
 from service.config import Settings
-from service.continual import claim_continual, is_continual, process_continual
-from service.db.models import Release, ReleaseBasis, utcnow
-from service.errors import InvalidInput, safe_traceback
+from service.continual import CONTINUAL, is_continual
+from service.db.models import Dataset, Release, ReleaseBasis, utcnow
+from service.errors import safe_traceback
+from service.isolation import RunProcess
 from service.jobs import (
     ABANDONED_REASON,
-    DATASET_DELETED_REASON,
-    DATASET_FILE_FAULT_REASON,
     FINISHED,
-    NO_MECHANISM_REASON,
-    NO_RELEASE_REASON,
+    LOST,
     REFUSED_AT_RUN_REASON,
+    STORED,
+    WAITING,
     ClaimedJob,
+    End,
+    JobKind,
     Outcome,
+    Run,
+    RunContext,
     WorkerStopping,
     blas_threads,
-    die_with_parent,
     take_lease,
 )
-from service.logs import forked_child_failures
-from service.mechanisms.base import InvalidParameter, Mechanism, ReleaseSpec
-from service.mechanisms.noise import secure_generator
-from service.mechanisms.registry import get_mechanism
-from service.prior_projection import on_prior
+from service.oneshot import ONE_SHOT
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
 
 
 T = TypeVar("T")
+
+#: The job kinds under the worker; a waiting job is looked for in this order.
+KINDS: tuple[JobKind[Any, Any], ...] = (ONE_SHOT, CONTINUAL)
+
+
+def kind_of(mechanism: str) -> JobKind[Any, Any]:
+    """The job kind of a release of ``mechanism``."""
+    return CONTINUAL if is_continual(mechanism) else ONE_SHOT
 
 
 def outcome_cost(release: Release) -> dict[str, Any]:
@@ -189,6 +189,14 @@ class Worker:
         self._outage = _OutageLog()
         #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
         self._calibrated_at: float | None = None
+        bind = session_factory.kw.get("bind")
+        #: The process isolated runs happen in (:mod:`service.isolation`), started at the first.
+        self._runs = RunProcess(settings, bind if isinstance(bind, Engine) else None)
+        weakref.finalize(self, self._runs.close)
+
+    def close(self) -> None:
+        """End the run process (a new one starts if this worker runs again)."""
+        self._runs.close()
 
     # -- database retries -----------------------------------------------------------------------
 
@@ -228,12 +236,16 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------------
 
     def claim(self) -> ClaimedJob | None:
-        """The next job: a queued or expired one (:meth:`claim_queued`), else a continual
-        release waiting with a new batch (:func:`service.continual.claim_continual`)."""
+        """The next job: a queued or expired one (:meth:`claim_queued`), else a job that waited
+        and has work again (:meth:`claim_waiting`: a continual release with a new batch)."""
         job = self.claim_queued()
         if job is not None:
             return job
-        return claim_continual(self)
+        for kind in KINDS:
+            job = self.claim_waiting(kind)
+            if job is not None:
+                return job
+        return None
 
     def claim_queued(self) -> ClaimedJob | None:
         """Take the oldest queued job, or one whose lease expired; ``None`` if there is none.
@@ -246,8 +258,11 @@ class Worker:
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                release = session.execute(
-                    select(Release)
+                # The dataset row comes with the claim (the lease reads its file name): one
+                # statement, and no flush of the release before its lease is complete.
+                found = session.execute(
+                    select(Release, Dataset)
+                    .outerjoin(Dataset, Dataset.id == Release.dataset_id)
                     .where(
                         or_(
                             Release.status == "queued",
@@ -262,19 +277,48 @@ class Worker:
                     )
                     .order_by(Release.created_at)
                     .limit(1)
-                    .with_for_update(skip_locked=True)
-                ).scalar_one_or_none()
-                if release is None:
+                    .with_for_update(of=Release, skip_locked=True)
+                ).first()
+                if found is None:
                     return None
+                release = found[0]
                 if release.attempts >= self.settings.worker_max_attempts:
                     # The job keeps killing its workers; it may have read the data: no refund.
                     # The lease names who decided, so the last runner cannot mistake this for
                     # its own stored outcome.
                     release.lease_owner = self.worker_id
-                    self._record(session, release, Outcome.failed(ABANDONED_REASON))
+                    self._record(session, release, End(Outcome.failed(ABANDONED_REASON)))
                     continue
                 release.status = "running"
                 return take_lease(session, release, self.worker_id, now, lease, release.n_rows_read)
+
+    def claim_waiting(self, kind: JobKind[Any, Any]) -> ClaimedJob | None:
+        """Claim a job of ``kind`` that waits with its lease given up and has work again (the
+        kind says when); ``None`` if there is none. The lease and attempt count work as for any
+        claim; a waiting job has ``attempts`` reset, so the limit counts claims since the last
+        time it had nothing left to do."""
+        ready = kind.waiting_claimable()
+        if ready is None:
+            return None
+        lease = timedelta(seconds=self.settings.worker_lease_seconds)
+        while True:
+            with self.session_factory.begin() as session:
+                now = utcnow()
+                release = session.execute(
+                    select(Release)
+                    .join(Dataset, Dataset.id == Release.dataset_id)
+                    .where(Release.status == "running", Release.lease_owner.is_(None), *ready)
+                    .order_by(Release.created_at)
+                    .limit(1)
+                    .with_for_update(of=Release, skip_locked=True)
+                ).scalar_one_or_none()
+                if release is None:
+                    return None
+                if release.attempts >= self.settings.worker_max_attempts:
+                    release.lease_owner = self.worker_id
+                    self._record(session, release, kind.abandoned(session, release, self.settings))
+                    continue
+                return take_lease(session, release, self.worker_id, now, lease, None)
 
     def heartbeat(self, job: ClaimedJob) -> bool:
         """Extend this worker's lease on ``job``; false if the lease was lost."""
@@ -296,20 +340,18 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------------
 
+    def context(self) -> RunContext:
+        """What a run uses besides its work (the run process has it from the fork)."""
+        return RunContext(store=self.store, settings=self.settings, label=self.worker_id)
+
     def execute(self, job: ClaimedJob) -> Outcome:
-        """Run the mechanism and turn whatever happens into an :class:`Outcome` (never raises
-        an ``Exception``); see the module docstring for which faults are ``failed``."""
-        mechanism = get_mechanism(job.mechanism)
-        if mechanism is None:
-            return Outcome.failed(NO_MECHANISM_REASON)
-        mechanism_params, recorded = priors.split_params(job.params)
-        try:
-            params = mechanism.parse_params(mechanism_params)
-        except (ValidationError, InvalidParameter):
-            return Outcome.failed(REFUSED_AT_RUN_REASON)
+        """Run a one-shot job's mechanism here and turn whatever happens into an
+        :class:`Outcome` (never raises an ``Exception``): :func:`service.oneshot.execute`, with
+        the public prior its params name read first (as :meth:`OneShot.load` does)."""
+        recorded = priors.split_params(job.params)[1]
+        prior = None
         if recorded:
-            # A public prior (service.priors): read back and its digest checked before any row
-            # is read; a prior gone or changed is a refusal missed at prepare (data-independent).
+
             def load() -> priors.PublicPrior | None:
                 with self.session_factory() as session:
                     return priors.stored_prior(session, recorded)
@@ -318,121 +360,13 @@ class Worker:
                 prior = self.with_db_retry("read prior", load)
             except LookupError:
                 return Outcome.failed(REFUSED_AT_RUN_REASON)
-            if prior is not None:
-                mechanism = on_prior(mechanism, prior.matrix, prior.sha256)
-        spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
-        if job.file_name is None:
-            return Outcome.failed(DATASET_DELETED_REASON, refund=True)
-        if job.reference is not None:
-            return self._execute_reference(job, mechanism, spec)
-        try:
-            data = self.store.open(job.file_name, job.n_rows)
-        except FileNotFoundError:
-            # Deleted (or lost) between the claim and the open: nothing was read.
-            return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
-        if job.person_level:
-            try:
-                units = self.store.open_units(job.file_name, data.shape[0])
-            except (FileNotFoundError, ValueError):
-                # The unit index is lost or short (a fault of the data directory, public like
-                # the file's size): never run per row on a person-level dataset.
-                return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
-            if mechanism.name in privacy_unit.PERSON_PARTITIONED:
-                # Sample-and-aggregate: the rows as they are, the partition of people drawn
-                # inside the mechanism from the unit index (privacy_unit, random_partition).
-                try:
-                    privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
-                    privacy_unit.check_partition(
-                        mechanism.name, params, int(units.max(initial=-1)) + 1
-                    )
-                except InvalidInput:
-                    return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
-                return self._run(job, mechanism, data, spec, units=units)
-            rule = privacy_unit.PERSON_LEVEL_RULES.get(mechanism.name)
-            clip_norm = getattr(params, "clip_norm", None)
-            if rule is None or clip_norm is None:
-                # The request gate refuses these; a release queued before a change of that
-                # gate must not run per row on a person-level dataset.
-                return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
-            try:
-                privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
-            except InvalidInput:
-                return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
-            # A per-person map fixed by public facts (C, the rule, a public centre): total on
-            # finite rows. A public centre is applied here, before the bound, and the mechanism
-            # then runs uncentred on the centred rows (the same Gram; privacy_unit).
-            center = getattr(params, "center", None)
-            public_center = (
-                np.asarray(center, dtype=np.float64) if isinstance(center, list) else None
-            )
-            if public_center is not None:
-                spec = ReleaseSpec(
-                    k=spec.k,
-                    epsilon=spec.epsilon,
-                    delta=spec.delta,
-                    params=params.model_copy(update={"center": "none"}),
-                )
-            try:
-                data = privacy_unit.bound_contributions(
-                    data, units, clip_norm, rule, center=public_center
-                )
-            except Exception as exc:
-                log.error(
-                    "BUG: release %s: the per-person bound raised %s; recorded as no_result",
-                    job.release_id,
-                    safe_traceback(exc),
-                )
-                return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
-        return self._run(job, mechanism, data, spec)
-
-    def _execute_reference(
-        self, job: ClaimedJob, mechanism: Mechanism[Any], spec: ReleaseSpec[Any]
-    ) -> Outcome:
-        """A dataset by reference: its objects checked unchanged before and after the run, the
-        heavy passes on Dask or in process; a :class:`~service.reference.ReferenceFault` (a
-        changed object, a failed cluster: nothing released) is ``failed`` and refunded."""
-        assert job.reference is not None
-        try:
-            with reference.open_rows(job.reference, self.settings) as rows:
-                outcome = self._run(job, mechanism, rows, spec, reraise=reference.ReferenceFault)
-                rows.check_unchanged()
-                return outcome
-        except reference.ReferenceFault as fault:
-            log.warning("release %s: %s", job.release_id, fault.reason)
-            return Outcome.failed(fault.reason, refund=fault.refund)
-
-    def _run(
-        self,
-        job: ClaimedJob,
-        mechanism: Mechanism[Any],
-        data: Any,
-        spec: ReleaseSpec[Any],
-        reraise: type[Exception] | None = None,
-        units: npt.NDArray[np.int64] | None = None,
-    ) -> Outcome:
-        try:
-            if units is not None:
-                return Outcome.of(
-                    privacy_unit.run_partitioned(mechanism, data, units, spec, secure_generator())
-                )
-            return Outcome.of(mechanism.run(data, spec, secure_generator()))
-        except InvalidParameter:
-            return Outcome.failed(REFUSED_AT_RUN_REASON)
-        except Exception as exc:
-            if reraise is not None and isinstance(exc, reraise):
-                raise
-            log.error(
-                "BUG: release %s: mechanism %s raised %s; recorded as no_result",
-                job.release_id,
-                job.mechanism,
-                safe_traceback(exc),
-            )
-            return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
+        return oneshot.execute(job, self.context(), prior)
 
     def process(self, job: ClaimedJob) -> str:
-        """Run a claimed job to the end and record the outcome; returns the final status.
-        A continual release instead releases the epochs of the batches present (see
-        :mod:`service.continual`) and returns ``"waiting"`` or its final status.
+        """Run a claimed job to the end (or, for a job that waits between works, until it has
+        nothing to do now) and record the outcome; returns the final status, ``"waiting"``,
+        ``"lost"`` (another worker owns the job now) or ``"unstored"`` (a stop, or a run that
+        died: the lease expires and the job runs again).
 
         Traced (when tracing is on) as spans of the request's trace: ``release.queue_wait``
         from the request to the claim, and ``release.job`` with ``release.run`` and
@@ -444,82 +378,101 @@ class Worker:
             return status
 
     def _process(self, job: ClaimedJob, traced: tracing.JobSpans) -> str:
-        if is_continual(job.mechanism):
-            return process_continual(self, job)
-        if job.file_name is None:
-            return self.finish(job, Outcome.failed(DATASET_DELETED_REASON, refund=True))
-        fault = None if job.reference is not None else self.store.fault(job.file_name, job.n_rows)
-        if fault is not None:
-            # Not a fault of the data: ended at once (no retries), refunded, nothing read.
-            log.error("release %s: its dataset file %s", job.release_id, fault)
-            return self.finish(job, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True))
+        """The job's path, straight down (:mod:`service.jobs`): the kind's first work or end,
+        then load, run (isolated), save, until the kind ends the job or waits."""
+        kind = kind_of(job.mechanism)
+        work = kind.first(job, self.context())
+        if isinstance(work, End):
+            return self.finish(job, work)
         done = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, done), daemon=True)
         beat.start()
         try:
-            with traced.step("release.run"):
-                outcome = self._execute_isolated(job) if self.isolate else self.execute(job)
+            while True:
+                if work is None:
+                    if self.stop.is_set():
+                        break
+                    loaded = self.with_db_retry("load", functools.partial(self._load, kind, job))
+                    if isinstance(loaded, str):
+                        return loaded
+                    work = loaded
+                with traced.step("release.run"):
+                    result = self._run(kind, job, work)
+                if result is None:
+                    return "unstored"
+                if not kind.resumable:
+                    # The job ends with this result: the heartbeat's work is done.
+                    done.set()
+                    beat.join()
+                with traced.step("release.store"):
+                    status = self.finish(job, result, kind, work)
+                if status != STORED:
+                    if status == "unstored" and kind.resumable and self.stop.is_set():
+                        break
+                    return status
+                kind.saved(job, work)
+                work = None
+        except WorkerStopping:
+            pass
         finally:
             done.set()
             beat.join()
-        if outcome is None:
-            return "unstored"
-        with traced.step("release.store"):
-            return self.finish(job, outcome)
+        log.warning("release %s: stopping between its works", job.release_id)
+        self._give_up_lease(job)
+        return "unstored"
 
-    def _execute_isolated(self, job: ClaimedJob) -> Outcome | None:
-        """:meth:`execute` in a forked child; ``None`` if the child died without an outcome."""
-        return self.isolated(f"release {job.release_id}", lambda: self.execute(job))
+    def _run(self, kind: JobKind[Any, Any], job: ClaimedJob, work: Any) -> Any:
+        """``kind.run(work)``, in the run process when isolating; ``None`` if it died."""
+        call = Run(kind, work, self.context())
+        return self.isolated(f"release {job.release_id}", call) if self.isolate else call()
 
     def isolated(self, what: str, work: Callable[[], T]) -> T | None:
-        """``work()`` in a forked child, its result back through a pipe; ``None`` if the child
-        died without one. The path of every isolated run, and of the calibration's probe of
-        this path (:func:`service.calibration.measure_overhead`)."""
-        context = multiprocessing.get_context("fork")
-        receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(
-            target=self._child, args=(what, work, receiver, sender, os.getpid()), daemon=True
-        )
-        child.start()
-        sender.close()
-        try:
-            # Waiting here holds no lock: the heartbeat thread runs whatever the child does.
-            result: T = receiver.recv()
-        except EOFError:
-            child.join()
-            log.error(
-                "%s: the run's process ended without an outcome (exit code %s); "
-                "the job is left to its lease",
-                what,
-                child.exitcode,
-            )
-            return None
-        finally:
-            receiver.close()
-        child.join()
-        return result
+        """``work()`` (picklable) in the worker's run process (:mod:`service.isolation`), its
+        result back through a pipe; ``None`` if the process died without one. The path of every
+        isolated run, and of the calibration's probe of this path
+        (:func:`service.calibration.measure_overhead`)."""
+        return self._runs.run(what, work)
 
-    def _child(
-        self,
-        what: str,
-        work: Callable[[], Any],
-        receiver: Connection,
-        sender: Connection,
-        parent: int,
-    ) -> None:
-        with forked_child_failures(what):
-            die_with_parent(parent)
-            # Only the parent reads: with this end closed here, a send to a dead parent fails
-            # instead of blocking on a full pipe.
-            receiver.close()
-            # The parent's pooled connections must never be used (or closed) from here.
-            bind = self.session_factory.kw.get("bind")
-            if isinstance(bind, Engine):
-                bind.dispose(close=False)
-            with blas_threads(self.settings):
-                result = work()
-            sender.send(result)
-            sender.close()
+    def _ours(self, job: ClaimedJob, release: Release) -> bool:
+        return release.lease_owner == self.worker_id and release.attempts == job.attempt
+
+    def _locked(self, session: Session, job: ClaimedJob) -> Release:
+        return session.execute(
+            select(Release).where(Release.id == job.release_id).with_for_update()
+        ).scalar_one()
+
+    def _load(self, kind: JobKind[Any, Any], job: ClaimedJob) -> Any:
+        """The job's next work from its kind, or what ends this claim (one transaction): the
+        end recorded, the lease given up while the job waits, or ``"lost"``."""
+        with self.session_factory.begin() as session:
+            release = self._locked(session, job)
+            if release.status != "running" or not self._ours(job, release):
+                return LOST
+            loaded = kind.load(session, release, job, self.settings)
+            if isinstance(loaded, End):
+                self._record(session, release, loaded)
+                return release.status
+            if loaded == WAITING:
+                release.lease_owner = None
+                release.lease_expires_at = None
+                release.attempts = 0
+                return WAITING
+            return loaded
+
+    def _give_up_lease(self, job: ClaimedJob) -> None:
+        """On a stop request between a resumable job's works: hand it back at once (another
+        worker may continue it now rather than after the lease). One try: if the database is
+        away the lease expires anyway."""
+        try:
+            with self.session_factory.begin() as session:
+                release = self._locked(session, job)
+                if release.status == "running" and self._ours(job, release):
+                    release.lease_owner = None
+                    release.lease_expires_at = None
+        except Exception as exc:
+            log.warning(
+                "release %s: lease kept until it expires (%s)", job.release_id, type(exc).__name__
+            )
 
     def _beat(self, job: ClaimedJob, done: threading.Event) -> None:
         while not done.wait(self.settings.worker_heartbeat_seconds):
@@ -541,52 +494,82 @@ class Worker:
 
     # -- finishing ------------------------------------------------------------------------------
 
-    def finish(self, job: ClaimedJob, outcome: Outcome) -> str:
-        """Store ``outcome`` if this worker still holds the lease, retrying while the database
-        is away. Returns the status stored, ``"lost"`` when another worker now owns the job
-        (this outcome is discarded), or ``"unstored"`` when a stop request or a non-transient
-        error ended the retries (the job runs again once its lease expires; :meth:`process`
-        also returns it when an isolated run died)."""
+    def finish(
+        self,
+        job: ClaimedJob,
+        result: Any,
+        kind: JobKind[Any, Any] | None = None,
+        work: Any = None,
+    ) -> str:
+        """Store ``result`` (an :class:`Outcome` or :class:`End` that ends the job, or what
+        ``kind.run(work)`` gave, saved by ``kind``) if this worker still holds the lease,
+        retrying while the database is away. Returns the status stored, ``"stored"`` (the job
+        goes on), ``"lost"`` when another worker now owns the job (this result is discarded),
+        or ``"unstored"`` when a stop request or a non-transient error ended the retries (the
+        job runs again once its lease expires; :meth:`process` also returns it when an
+        isolated run died)."""
         try:
-            return self.with_db_retry("finish", lambda: self._store(job, outcome))
+            return self.with_db_retry(
+                "finish", functools.partial(self._store, job, result, kind, work)
+            )
         except WorkerStopping:
             log.warning("release %s: stopping before its outcome was stored", job.release_id)
         except Exception as exc:
             log.error("BUG: release %s: finish: %s", job.release_id, safe_traceback(exc))
         return "unstored"
 
-    def _store(self, job: ClaimedJob, outcome: Outcome) -> str:
-        """One attempt at storing ``outcome`` (one transaction)."""
+    def _store(
+        self,
+        job: ClaimedJob,
+        result: Any,
+        kind: JobKind[Any, Any] | None = None,
+        work: Any = None,
+    ) -> str:
+        """One attempt at storing ``result`` (one transaction; see :meth:`finish`)."""
         with self.session_factory.begin() as session:
-            release = session.execute(
-                select(Release).where(Release.id == job.release_id).with_for_update()
-            ).scalar_one()
-            ours = release.lease_owner == self.worker_id and release.attempts == job.attempt
+            release = self._locked(session, job)
+            ours = self._ours(job, release)
             if ours and release.status in FINISHED:
                 # An earlier attempt committed but its answer was lost on the way back.
                 return release.status
             if release.status != "running" or not ours:
                 log.warning("release %s: lease lost, outcome discarded", job.release_id)
-                return "lost"
-            self._record(session, release, outcome)
-            return release.status
+                return LOST
+            if isinstance(result, Outcome):
+                result = End(result)
+            if isinstance(result, End) or kind is None:
+                saved = result
+            else:
+                # The lease goes on with the job (an end clears it). Set before the kind saves:
+                # the release's row is then written once, before the audit chain's head is
+                # locked; a second write of it in this transaction would check its dataset key
+                # (PostgreSQL's foreign-key check on a row this transaction changed) while
+                # holding that head, and deadlock with an append that holds the dataset and
+                # waits for the head.
+                release.lease_expires_at = utcnow() + timedelta(
+                    seconds=self.settings.worker_lease_seconds
+                )
+                saved = kind.save(session, release, job, work, result, self.settings)
+            if isinstance(saved, End):
+                self._record(session, release, saved)
+                return release.status
+            if saved == STORED:
+                # Long polls waiting for this job's next result return once this commits.
+                wake.announce_finished(session, self.settings, release.id)
+            return str(saved)
 
-    def _record(self, session: Session, release: Release, outcome: Outcome) -> None:
+    def _record(self, session: Session, release: Release, end: End) -> None:
+        """Record a job's end: status, reason, when analysts see it, its result, refund and
+        audit event, and the wake-up of the long polls waiting on it."""
+        outcome = end.outcome
         release.status = outcome.status
         release.reason = outcome.reason
         release.finished_at = utcnow()
-        if not is_continual(release.mechanism):
-            # Late or not, analysts see the outcome (and the refund) only at a step of the
-            # release's public schedule (service.visibility); a continual release's end has its
-            # own moment, set by service.continual.end before this.
-            release.outcome_visible_at = visibility.shown_at(release, release.finished_at)
-            if visibility.is_late(release, release.finished_at):
-                log.warning(
-                    "release %s: %s ended after its visible_at (late; shown at the next step "
-                    "of its schedule)",
-                    release.id,
-                    release.mechanism,
-                )
+        release.outcome_visible_at = (
+            end.visible_at
+            if end.visible_at is not None
+            else kind_of(release.mechanism).shown_at(release, release.finished_at)
+        )
         release.lease_expires_at = None
         release.result_extras = outcome.extras
         if outcome.basis is not None:
@@ -654,6 +637,7 @@ class Worker:
             self._loop(waker)
         finally:
             waker.close()
+            self.close()
             presence.join(timeout=5)
         log.info("worker %s stopped", self.worker_id)
 

@@ -33,7 +33,8 @@ from service.db.models import (
     ReleaseBasis,
 )
 from service.mechanisms.base import MechanismOutput
-from service.worker import Outcome, Worker
+from service.oneshot import OneShot
+from service.worker import Outcome
 from tests.conftest import bearer, post_release
 
 HMAC_KEY = "k" * 16 + "0123456789abcdef"
@@ -82,14 +83,14 @@ def populate(
     assert run_worker() == 1
     # The worker's no_result path, whichever mechanism declines (a real decline costs seconds).
     with monkeypatch.context() as patch:
-        patch.setattr(Worker, "execute", _decline)
+        patch.setattr(OneShot, "run", _decline)
         no_result = post_release(client, analyst, dataset, **gauss)
         assert run_worker() == 1
     refunded = post_release(client, analyst, emptied, **gauss)
     assert client.delete(f"/v1/datasets/{emptied}", headers=bearer(owner)).status_code == 204
     assert run_worker() == 1
     with monkeypatch.context() as patch:
-        patch.setattr(Worker, "execute", _boom)
+        patch.setattr(OneShot, "run", _boom)
         failed = post_release(client, analyst, dataset, **gauss)
         assert run_worker() == 1
     queued = post_release(client, analyst, dataset, **gauss)

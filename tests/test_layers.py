@@ -83,3 +83,34 @@ def test_the_check_sees_deferred_imports() -> None:
     """A cycle closed by an import inside a function (as worker <-> continual was) is found."""
     tree = ast.parse("def f():\n    from service.worker import Worker\n")
     assert imported(tree, "service.continual", False, {"service.worker"}) == {"service.worker"}
+
+
+#: The job kinds under the worker (issue 33, item 4) and the layer they share with it.
+JOB_KINDS = ("service.oneshot", "service.continual")
+JOB_LAYER = ("service.jobs", "service.isolation", "service.registration")
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for target in graph[stack.pop()]:
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def test_a_job_kind_never_calls_back_into_the_worker() -> None:
+    """The worker calls a job kind (claim, lease, heartbeat, isolated run, store, outcome are
+    its own); a job kind never imports the worker, not even through another module."""
+    graph = import_graph()
+    for name in (*JOB_KINDS, *JOB_LAYER):
+        assert "service.worker" not in reachable(graph, name), name
+    assert set(JOB_KINDS) <= graph["service.worker"]
+
+
+def test_the_reachability_check_sees_an_indirect_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": set()}
+    assert reachable(graph, "a") == {"b", "c"} and reachable(graph, "c") == set()

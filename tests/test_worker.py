@@ -23,14 +23,10 @@ from service import auth
 from service.app import create_app
 from service.config import Settings
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
+from service.jobs import NO_MECHANISM_REASON, NO_RELEASE_REASON, REFUSED_AT_RUN_REASON
 from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
-from service.worker import (
-    NO_MECHANISM_REASON,
-    NO_RELEASE_REASON,
-    REFUSED_AT_RUN_REASON,
-    Worker,
-)
+from service.worker import Worker
 from tests.conftest import bearer, npy_bytes
 
 
@@ -196,9 +192,9 @@ class LostAnswer:
         self.calls = 0
         original = Worker._store
 
-        def store_then_fail(worker, job, outcome):
+        def store_then_fail(worker, job, *result):
             self.calls += 1
-            status = original(worker, job, outcome)
+            status = original(worker, job, *result)
             if self.calls == 1:
                 raise OperationalError("COMMIT", {}, ConnectionError("connection closed"))
             return status
@@ -546,17 +542,14 @@ def test_uncaught_exceptions_and_warnings_are_logged_as_type_and_location(
 def test_a_continual_epochs_forked_run_logs_its_exception_the_same_way(
     capfd, json_logging_to_stderr
 ):
-    from types import SimpleNamespace
-
-    from service.continual import run_isolated
+    from service.isolation import run_forked
 
     json_logging_to_stderr()
-    worker = SimpleNamespace(session_factory=SimpleNamespace(kw={}), settings=Settings())
 
     def epoch():
         raise ArithmeticError(SECRET_IN_MESSAGE)
 
-    assert run_isolated(worker, epoch) is None
+    assert run_forked("a continual epoch", epoch, Settings()) is None
     out, err = capfd.readouterr()
     assert SECRET_IN_MESSAGE not in out + err and "Traceback" not in out + err
     messages = [line["message"] for line in _json_lines(err)]

@@ -28,18 +28,20 @@ def main() -> None:
         if epoch == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    store_epoch = continual._store_epoch
+    store_epoch = continual.store_epoch
 
-    def kill_before_storing(worker: Worker, job: ClaimedJob, step: Any, computed: Any) -> str:
+    def kill_before_storing(
+        session: Any, release: Any, step: Any, computed: Any, settings: Any
+    ) -> Any:
         if step.epoch == kill_at:
             Path(os.environ["DPSS_TEST_DUMP"]).write_bytes(computed.state)
             os.kill(os.getpid(), signal.SIGKILL)
-        return store_epoch(worker, job, step, computed)
+        return store_epoch(session, release, step, computed, settings)
 
     if mode == "between":
         continual.on_epoch_stored = kill_between_epochs
     else:
-        continual._store_epoch = kill_before_storing
+        continual.store_epoch = kill_before_storing
     settings = Settings()
     factory = make_session_factory(make_engine(settings.database_url))
     store = DatasetStore(settings.datasets_dir)

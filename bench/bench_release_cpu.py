@@ -1,0 +1,294 @@
+"""CPU of one release through HTTP (API + worker) against the direct mechanism call (issue 35).
+
+    python -m bench.bench_release_cpu [--reps 5] [--backend sqlite|postgresql] [--profile]
+
+In this process: the app driven through ASGI by an httpx client, and a :class:`Worker` that
+isolates its runs as ``dpss worker`` does (a forked child per run), on a fresh SQLite file or a
+fresh database of the local PostgreSQL server (whose own CPU is not counted). Per release:
+
+- *API*: ``POST /v1/datasets/{id}/releases`` and ``GET /v1/releases/{id}`` (the result, with
+  its basis), client included; ``time.process_time`` of this process;
+- *worker*: ``Worker.run_pending`` (claim, isolated run, store) in a separate process started
+  as ``dpss worker`` starts (``python -m bench.bench_release_cpu --serve``: the worker's imports
+  only, its own connection pool), told over a pipe to run; that process's CPU plus its
+  children's (the run process, or the forked child of each run before it; ``/proc`` and
+  ``RUSAGE_CHILDREN``);
+- *direct*: ``mechanism.run`` on the matrix already in memory, in this process, with the same
+  spec and one BLAS thread (as the worker's ``DPSS_WORKER_BLAS_THREADS=1``).
+
+Printed per shape: the medians and the ratio (API + worker) / direct, measured in this run
+(interleaved: direct, release, direct, ...). ``--profile`` prints the API's (and client's)
+top functions by CPU, and the worker process its own on stderr (cProfile with
+``time.process_time``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+if __package__ in (None, ""):
+    # Run as a file: the checkout named by DPSS_BENCH_CHECKOUT (to measure another one's
+    # service), else this one.
+    sys.path.insert(
+        0, os.environ.get("DPSS_BENCH_CHECKOUT", str(Path(__file__).resolve().parents[1]))
+    )
+
+from scripts.harness import create_database, drop_database, table
+from service import auth
+from service.app import create_app
+from service.config import Settings
+from service.db.engine import make_engine, make_session_factory
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.noise import secure_generator
+from service.mechanisms.registry import get_mechanism
+from service.migrate import upgrade_to_head
+from service.store import DatasetStore
+from service.worker import Worker
+
+SHAPES = [(3_500, 784), (50_000, 100)]
+RELEASE: dict[str, Any] = {"mechanism": "analyze_gauss", "k": 5, "epsilon": "0.01", "delta": "1e-9"}
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children: those reaped (``RUSAGE_CHILDREN``) and those
+    still running (the worker's long-lived run process), from ``/proc``."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total, tick = usage.ru_utime + usage.ru_stime, os.sysconf("SC_CLK_TCK")
+    pid = os.getpid()
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        # utime, stime, cutime, cstime (clock ticks)
+        total += sum(int(value) for value in fields[11:15]) / tick
+    return total
+
+
+@contextmanager
+def database(backend: str, work: Path) -> Iterator[str]:
+    if backend == "sqlite":
+        yield f"sqlite:///{work / 'bench.db'}"
+        return
+    name = f"dpss_release_cpu_{os.getpid()}"
+    url = create_database(name)
+    try:
+        yield url
+    finally:
+        drop_database(name)
+
+
+def rows_of(n: int, d: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+    rng = np.random.default_rng(n + d)
+    rows = rng.normal(size=(n, d)) / np.sqrt(d)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows / np.maximum(norms, 1.0)  # row norms <= 1, the public bound
+
+
+def direct_cpu(rows: np.ndarray[Any, Any], n: int, d: int) -> float:
+    """CPU seconds of the mechanism's own run on rows in memory (the floor)."""
+    mechanism = get_mechanism(RELEASE["mechanism"])
+    assert mechanism is not None
+    context = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    epsilon, delta = float(RELEASE["epsilon"]), float(RELEASE["delta"])
+    params = mechanism.prepare(context, RELEASE["k"], epsilon, delta, mechanism.parse_params({}))
+    spec = ReleaseSpec(k=RELEASE["k"], epsilon=epsilon, delta=delta, params=params)
+    with threadpool_limits(limits=1, user_api="blas"):
+        started = time.process_time()
+        mechanism.run(rows, spec, secure_generator())
+        return time.process_time() - started
+
+
+def settings_for(url: str, data_dir: Path) -> Settings:
+    return Settings(
+        data_dir=data_dir,
+        database_url=url,
+        log_level="ERROR",
+        rate_limit_per_second=0,
+        release_padding_floor_seconds=0,
+        release_padding_multiplier=0,
+        release_padding_calibrated=False,
+        worker_blas_threads=1,
+    )
+
+
+def serve(url: str, data_dir: str, profile: bool) -> None:
+    """The worker process: one ``run_pending`` per line read, answering with its CPU seconds
+    (this process and its reaped children)."""
+    settings = settings_for(url, Path(data_dir))
+    factory = make_session_factory(make_engine(settings.resolved_database_url))
+    worker = Worker(factory, DatasetStore(settings.data_dir / "datasets"), settings, isolate=True)
+    profiler = cProfile.Profile(time.process_time) if profile else None
+    for line in sys.stdin:
+        if line.strip() != "run":
+            break
+        started, children = time.process_time(), children_cpu()
+        if profiler is not None:
+            profiler.enable()
+        ran = worker.run_pending()
+        if profiler is not None:
+            profiler.disable()
+        own, child = time.process_time() - started, children_cpu() - children
+        print(f"{ran} {own + child} {child}", flush=True)
+    if profiler is not None:
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--serve", nargs=2, metavar=("URL", "DATA_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(*args.serve, args.profile)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        with database(args.backend, work) as url:
+            run(url, work, args.reps, args.profile, args.backend)
+
+
+def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
+    upgrade_to_head(url)
+    settings = settings_for(url, work / "data")
+    app = create_app(settings)
+    app.state.store.ensure()
+    factory = app.state.session_factory
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "bench owner", None)
+        _, analyst = auth.create_key(session, "analyst", "bench analyst", None)
+    # The file itself (not -m): run against another checkout's service (PYTHONPATH), it
+    # measures that checkout's worker.
+    command = [sys.executable, str(Path(__file__).resolve()), "--serve", url, str(work / "data")]
+    worker = subprocess.Popen(
+        command + (["--profile"] if profile else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert worker.stdin is not None and worker.stdout is not None
+    analyst_headers = {"Authorization": f"Bearer {analyst}"}
+    table_rows = []
+    children: list[float] = []
+    api_profiler = cProfile.Profile(time.process_time) if profile else None
+
+    def work_once() -> float:
+        assert worker.stdin is not None and worker.stdout is not None
+        worker.stdin.write("run\n")
+        worker.stdin.flush()
+        ran, seconds, child = worker.stdout.readline().split()
+        assert ran == "1", ran
+        children.append(float(child))
+        return float(seconds)
+
+    async def upload(rows: np.ndarray[Any, Any], http: httpx.AsyncClient) -> str:
+        buffer = io.BytesIO()
+        np.save(buffer, rows)
+        made = await http.post(
+            "/v1/datasets",
+            headers={"Authorization": f"Bearer {owner}"},
+            files={"file": ("d.npy", buffer.getvalue(), "application/octet-stream")},
+            data={
+                "name": "bench",
+                "epsilon_budget": "100",
+                "delta_budget": "1e-3",
+                "row_norm_bound": "1",
+                "allow_large_delta": "true",  # a bench: many releases, not protection
+            },
+        )
+        return str(made.raise_for_status().json()["id"])
+
+    async def request(http: httpx.AsyncClient, dataset: str) -> tuple[str, float]:
+        started = time.process_time()
+        if api_profiler is not None:
+            api_profiler.enable()
+        answer = await http.post(
+            f"/v1/datasets/{dataset}/releases", headers=analyst_headers, json=RELEASE
+        )
+        if api_profiler is not None:
+            api_profiler.disable()
+        return str(answer.raise_for_status().json()["id"]), time.process_time() - started
+
+    async def read(http: httpx.AsyncClient, release: str) -> float:
+        started = time.process_time()
+        if api_profiler is not None:
+            api_profiler.enable()
+        answer = (await http.get(f"/v1/releases/{release}", headers=analyst_headers)).json()
+        if api_profiler is not None:
+            api_profiler.disable()
+        assert answer["status"] == "succeeded", answer
+        return time.process_time() - started
+
+    async def drive() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+            for n, d in SHAPES:
+                rows = rows_of(n, d)
+                dataset = await upload(rows, http)
+                # Warm-up: first imports, first queries, the mechanism's first call.
+                release, _ = await request(http, dataset)
+                work_once()
+                await read(http, release)
+                direct_cpu(rows, n, d)
+                directs, apis, workers = [], [], []
+                children.clear()
+                for _ in range(reps):
+                    directs.append(direct_cpu(rows, n, d))
+                    release, api = await request(http, dataset)
+                    workers.append(work_once())
+                    apis.append(api + await read(http, release))
+                floor = statistics.median(directs)
+                api_s, worker_s = statistics.median(apis), statistics.median(workers)
+                table_rows.append(
+                    [
+                        f"{n:,} x {d}",
+                        f"{floor:.3f}",
+                        f"{api_s:.3f}",
+                        f"{worker_s:.3f}",
+                        f"{statistics.median(children):.3f}",
+                        f"{worker_s / floor:.2f}",
+                        f"{(api_s + worker_s) / floor:.2f}",
+                    ]
+                )
+
+    try:
+        asyncio.run(drive())
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=60)
+    print(
+        f"CPU seconds per release, medians of {reps} ({backend}; {RELEASE['mechanism']} "
+        f"k={RELEASE['k']}; one BLAS thread; API includes the in-process client)"
+    )
+    headers = ["shape", "direct s", "API s", "worker s", "of which run s", "worker / direct"]
+    headers.append("(API + worker) / direct")
+    print(table(table_rows, headers))
+    if api_profiler is not None:
+        print("API (and client) CPU by function:")
+        pstats.Stats(api_profiler).sort_stats("cumulative").print_stats(40)
+    factory.kw["bind"].dispose()
+
+
+if __name__ == "__main__":
+    main()

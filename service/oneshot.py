@@ -1,0 +1,261 @@
+"""One-shot releases as a job kind (:class:`service.jobs.JobKind`): one run, one outcome.
+
+The work is the claimed job itself: its mechanism runs once on the rows present at the request
+(``n_rows``), in the worker's isolated process, and the outcome ends the job. Which faults are
+``failed`` (refunded or not) and why any other exception is a ``no_result`` with a fixed reason
+is the worker's module docstring, "Outcomes".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement
+from sqlalchemy.orm import Session
+
+from service import priors, privacy_unit, reference, visibility
+from service.config import Settings
+from service.db.models import Release
+from service.errors import InvalidInput, safe_traceback
+from service.jobs import (
+    ABANDONED_REASON,
+    DATASET_DELETED_REASON,
+    DATASET_FILE_FAULT_REASON,
+    NO_MECHANISM_REASON,
+    NO_RELEASE_REASON,
+    REFUSED_AT_RUN_REASON,
+    ClaimedJob,
+    End,
+    Outcome,
+    RunContext,
+)
+from service.mechanisms.base import InvalidParameter, Mechanism, ReleaseSpec
+from service.mechanisms.noise import secure_generator
+from service.mechanisms.registry import get_mechanism
+from service.prior_projection import on_prior
+
+log = logging.getLogger("dpss.worker")
+
+
+@dataclass(frozen=True)
+class OneShotWork:
+    """A one-shot job's one work: the claimed job and, when its params name one, the public
+    prior read back (digest checked) in the worker's transaction (:meth:`OneShot.load`): the
+    run process never reaches the database."""
+
+    job: ClaimedJob
+    prior: priors.PublicPrior | None = None
+
+
+def execute(
+    job: ClaimedJob, context: RunContext, prior: priors.PublicPrior | None = None
+) -> Outcome:
+    """Run the mechanism and turn whatever happens into an :class:`Outcome` (never raises an
+    ``Exception``). ``prior``: the public prior the job's params name (:mod:`service.priors`),
+    already read and checked; the mechanism then runs inside its span
+    (:func:`service.prior_projection.on_prior`)."""
+    mechanism = get_mechanism(job.mechanism)
+    if mechanism is None:
+        return Outcome.failed(NO_MECHANISM_REASON)
+    mechanism_params, recorded = priors.split_params(job.params)
+    try:
+        params = mechanism.parse_params(mechanism_params)
+    except (ValidationError, InvalidParameter):
+        return Outcome.failed(REFUSED_AT_RUN_REASON)
+    if recorded and prior is None:
+        # The params name a prior that was not read: a refusal missed at prepare.
+        return Outcome.failed(REFUSED_AT_RUN_REASON)
+    if prior is not None:
+        mechanism = on_prior(mechanism, prior.matrix, prior.sha256)
+    spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
+    if job.file_name is None:
+        return Outcome.failed(DATASET_DELETED_REASON, refund=True)
+    if job.reference is not None:
+        return _execute_reference(job, mechanism, spec, context)
+    try:
+        data = context.store.open(job.file_name, job.n_rows)
+    except FileNotFoundError:
+        # Deleted (or lost) between the claim and the open: nothing was read.
+        return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
+    if job.person_level:
+        return _execute_person_level(job, mechanism, params, spec, data, context)
+    return _run(job, mechanism, data, spec)
+
+
+def _execute_person_level(
+    job: ClaimedJob,
+    mechanism: Mechanism[Any],
+    params: Any,
+    spec: ReleaseSpec[Any],
+    data: Any,
+    context: RunContext,
+) -> Outcome:
+    """A person-level dataset (:mod:`service.privacy_unit`): the people partitioned inside a
+    sample-and-aggregate mechanism, or each person's contribution bounded before the run."""
+    assert job.file_name is not None
+    try:
+        units = context.store.open_units(job.file_name, data.shape[0])
+    except (FileNotFoundError, ValueError):
+        # The unit index is lost or short (a fault of the data directory, public like the
+        # file's size): never run per row on a person-level dataset.
+        return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
+    if mechanism.name in privacy_unit.PERSON_PARTITIONED:
+        # Sample-and-aggregate: the rows as they are, the partition of people drawn inside
+        # the mechanism from the unit index (privacy_unit, random_partition).
+        try:
+            privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
+            privacy_unit.check_partition(mechanism.name, params, int(units.max(initial=-1)) + 1)
+        except InvalidInput:
+            return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+        return _run(job, mechanism, data, spec, units=units)
+    rule = privacy_unit.PERSON_LEVEL_RULES.get(mechanism.name)
+    clip_norm = getattr(params, "clip_norm", None)
+    if rule is None or clip_norm is None:
+        # The request gate refuses these; a release queued before a change of that gate
+        # must not run per row on a person-level dataset.
+        return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+    try:
+        privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
+    except InvalidInput:
+        return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+    # A per-person map fixed by public facts (C, the rule, a public centre): total on finite
+    # rows. A public centre is applied here, before the bound, and the mechanism then runs
+    # uncentred on the centred rows (the same Gram; privacy_unit).
+    center = getattr(params, "center", None)
+    public_center = np.asarray(center, dtype=np.float64) if isinstance(center, list) else None
+    if public_center is not None:
+        spec = ReleaseSpec(
+            k=spec.k,
+            epsilon=spec.epsilon,
+            delta=spec.delta,
+            params=params.model_copy(update={"center": "none"}),
+        )
+    try:
+        data = privacy_unit.bound_contributions(data, units, clip_norm, rule, center=public_center)
+    except Exception as exc:
+        log.error(
+            "BUG: release %s: the per-person bound raised %s; recorded as no_result",
+            job.release_id,
+            safe_traceback(exc),
+        )
+        return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
+    return _run(job, mechanism, data, spec)
+
+
+def _execute_reference(
+    job: ClaimedJob, mechanism: Mechanism[Any], spec: ReleaseSpec[Any], context: RunContext
+) -> Outcome:
+    """A dataset by reference: its objects checked unchanged before and after the run, the
+    heavy passes on Dask or in process; a :class:`~service.reference.ReferenceFault` (a
+    changed object, a failed cluster: nothing released) is ``failed`` and refunded."""
+    assert job.reference is not None
+    try:
+        with reference.open_rows(job.reference, context.settings) as rows:
+            outcome = _run(job, mechanism, rows, spec, reraise=reference.ReferenceFault)
+            rows.check_unchanged()
+            return outcome
+    except reference.ReferenceFault as fault:
+        log.warning("release %s: %s", job.release_id, fault.reason)
+        return Outcome.failed(fault.reason, refund=fault.refund)
+
+
+def _run(
+    job: ClaimedJob,
+    mechanism: Mechanism[Any],
+    data: Any,
+    spec: ReleaseSpec[Any],
+    reraise: type[Exception] | None = None,
+    units: npt.NDArray[np.int64] | None = None,
+) -> Outcome:
+    try:
+        if units is not None:
+            return Outcome.of(
+                privacy_unit.run_partitioned(mechanism, data, units, spec, secure_generator())
+            )
+        return Outcome.of(mechanism.run(data, spec, secure_generator()))
+    except InvalidParameter:
+        return Outcome.failed(REFUSED_AT_RUN_REASON)
+    except Exception as exc:
+        if reraise is not None and isinstance(exc, reraise):
+            raise
+        log.error(
+            "BUG: release %s: mechanism %s raised %s; recorded as no_result",
+            job.release_id,
+            job.mechanism,
+            safe_traceback(exc),
+        )
+        return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
+
+
+class OneShot:
+    """The job kind of every release whose mechanism is not continual."""
+
+    resumable = False
+
+    def first(self, job: ClaimedJob, context: RunContext) -> OneShotWork | End | None:
+        if job.file_name is None:
+            return End(Outcome.failed(DATASET_DELETED_REASON, refund=True))
+        if job.reference is None:
+            fault = context.store.fault(job.file_name, job.n_rows)
+            if fault is not None:
+                # Not a fault of the data: ended at once (no retries), refunded, nothing read.
+                log.error("release %s: its dataset file %s", job.release_id, fault)
+                return End(Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True))
+        if priors.split_params(job.params)[1]:
+            return None  # a prior to read first, in the worker's transaction (load)
+        return OneShotWork(job)
+
+    def load(
+        self, session: Session, release: Release, job: ClaimedJob, settings: Settings
+    ) -> OneShotWork | End | str:
+        """The public prior the params name, read back and its digest checked before any row
+        is read; a prior gone or changed is a refusal missed at prepare (data-independent)."""
+        try:
+            prior = priors.stored_prior(session, priors.split_params(job.params)[1])
+        except LookupError:
+            return End(Outcome.failed(REFUSED_AT_RUN_REASON))
+        return OneShotWork(job, prior)
+
+    def run(self, work: OneShotWork, context: RunContext) -> Outcome:
+        return execute(work.job, context, work.prior)
+
+    def save(
+        self,
+        session: Session,
+        release: Release,
+        job: ClaimedJob,
+        work: OneShotWork,
+        result: Outcome,
+        settings: Settings,
+    ) -> End:
+        return End(result)
+
+    def saved(self, job: ClaimedJob, work: OneShotWork) -> None:
+        return None
+
+    def shown_at(self, release: Release, ended_at: datetime) -> datetime | None:
+        """Late or not, analysts see the outcome (and the refund) only at a step of the
+        release's public schedule (:mod:`service.visibility`)."""
+        if visibility.is_late(release, ended_at):
+            log.warning(
+                "release %s: %s ended after its visible_at (late; shown at the next step "
+                "of its schedule)",
+                release.id,
+                release.mechanism,
+            )
+        return visibility.shown_at(release, ended_at)
+
+    def abandoned(self, session: Session, release: Release, settings: Settings) -> End:
+        return End(Outcome.failed(ABANDONED_REASON))
+
+    def waiting_claimable(self) -> list[ColumnElement[bool]] | None:
+        return None
+
+
+ONE_SHOT = OneShot()
