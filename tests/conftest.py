@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from threadpoolctl import threadpool_limits
 
 from service import auth
-from service import worker as worker_module
+from service import oneshot as oneshot_module
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine
@@ -257,7 +257,7 @@ def _seeded_releases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
         return
     seeds = itertools.count(marker.args[0])
     monkeypatch.setattr(
-        worker_module, "secure_generator", lambda: np.random.default_rng(next(seeds))
+        oneshot_module, "secure_generator", lambda: np.random.default_rng(next(seeds))
     )
 
 
