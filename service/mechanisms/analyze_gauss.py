@@ -74,6 +74,7 @@ from service.mechanisms.centring_choice import (
     choose_centring,
     fast_energy,
     fast_gram,
+    gram_chunk_rows,
     mean_route_clip,
     paired_energy,
     paired_gram,
@@ -378,8 +379,12 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
                 8 * (2 * d * d) + eigh_memory(d, spec.k),
                 energy + 8 * chunk * (k + 1),
             )
+        # Uncentred without a quantile, the Gram pass is the only pass over the rows and reads
+        # them in gram_chunk_rows(d) chunks; any other pass reads the default chunk.
+        plain = not centred and spec.params.quantile is None
+        chunk = gram_chunk_rows(d) if plain else DEFAULT_CHUNK_ROWS
         return max(
-            clipped_gram_memory(ctx.n_rows, d, centred=centred) + norms,
+            clipped_gram_memory(ctx.n_rows, d, chunk, centred=centred) + norms,
             8 * (5 * d * d),
             8 * (2 * d * d) + eigh_memory(d, spec.k),
         )

@@ -4,7 +4,7 @@ values are never stored, only a dense per-row unit index in the store) and count
 Additive: null means the unit is the row, as before.
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-11-29 01:10:00
 """
 
@@ -20,12 +20,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("datasets") as batch:
-        batch.add_column(sa.Column("privacy_unit_column", sa.String(length=200), nullable=True))
-        batch.add_column(sa.Column("n_units", sa.BigInteger(), nullable=True))
+    # Plain ADD/DROP COLUMN (SQLite >= 3.35), no batch rebuild: a rebuild of ``datasets`` would
+    # drop a table other tables' foreign keys point at (as in 0014).
+    op.add_column(
+        "datasets", sa.Column("privacy_unit_column", sa.String(length=200), nullable=True)
+    )
+    op.add_column("datasets", sa.Column("n_units", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("datasets") as batch:
-        batch.drop_column("n_units")
-        batch.drop_column("privacy_unit_column")
+    op.drop_column("datasets", "n_units")
+    op.drop_column("datasets", "privacy_unit_column")
