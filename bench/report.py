@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -605,6 +606,7 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         *sorted(results_dir.glob("privacy_unit*.md")),
     ]:
         doc += ["", section_md.read_text().strip()]
+    doc += carried_sections("\n".join(doc))
     doc += [
         "",
         "## Raw results",
@@ -617,6 +619,29 @@ def write(results: dict[str, list[Row]], load_text: str, config: Any) -> None:
         "",
     ]
     (DOCS / "benchmarks.md").write_text("\n".join(doc))
+
+
+def carried_sections(new_doc: str) -> list[str]:
+    """The ``## `` sections of the current docs/benchmarks.md that ``new_doc`` does not have
+    (a standing bench's section written there by its own script, e.g. ``bench_prior.py``),
+    each with any ``<!-- ...:start/end -->`` markers around it: a full run keeps them as they
+    are rather than dropping them."""
+    path = DOCS / "benchmarks.md"
+    if not path.exists():
+        return []
+    old = path.read_text()
+    if "\n## Raw results" in old:
+        old = old.split("\n## Raw results", 1)[0]
+    have = set(re.findall(r"^## .*$", new_doc, flags=re.M))
+    kept: list[str] = []
+    # A section starts at its heading, or at the start marker just above it.
+    pieces = re.split(r"(?=^<!-- [\w-]+:start -->\n## )|(?<!:start -->\n)(?=^## )", old, flags=re.M)
+    for piece in pieces:
+        heading = re.search(r"^## .*$", piece, flags=re.M)
+        if heading is None or heading.group(0) in have:
+            continue
+        kept += ["", piece.strip()]
+    return kept
 
 
 def publish_section(result: Path, start: str, end: str, text: str) -> None:

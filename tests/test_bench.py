@@ -319,3 +319,24 @@ def _in_commit(root: Path, commit: str, path: str) -> bool:
         ["git", "-C", str(root), "cat-file", "-e", f"{commit}:{path}"], capture_output=True
     )
     return found.returncode == 0
+
+
+def test_a_full_run_keeps_the_sections_standing_benches_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m bench`` rewrites docs/benchmarks.md: a section a standing bench wrote there
+    itself (bench_prior.py, bench_highdim.py, ...) is carried as it is, markers included,
+    and a section the run produces again is not doubled."""
+    from bench import report
+
+    page = (
+        "# Benchmarks\n\n## Speed\n\nold speed\n\n"
+        "<!-- prior:start -->\n## A public prior\n\n| a | b |\n<!-- prior:end -->\n\n"
+        "## High dimension\n\nfigures\n\n## Raw results\n\ncsv\n"
+    )
+    (tmp_path / "benchmarks.md").write_text(page)
+    monkeypatch.setattr(report, "DOCS", tmp_path)
+    kept = "\n".join(report.carried_sections("## Speed\n\nnew speed"))
+    assert "<!-- prior:start -->\n## A public prior\n\n| a | b |\n<!-- prior:end -->" in kept
+    assert "## High dimension\n\nfigures" in kept
+    assert "old speed" not in kept and "Raw results" not in kept
