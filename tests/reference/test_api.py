@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpss_client.client import Client
 from service import audit, datadir
-from service import worker as worker_module
+from service import oneshot as oneshot_module
 from service.config import Settings
 from service.db.models import AuditEvent
 from service.mechanisms.linalg import subspace_distance
@@ -96,12 +96,12 @@ def registered(client: TestClient, key: str, uri: str, columns: list[str]) -> An
 
 
 def _run(worker: Worker, seed: int) -> None:
-    original = worker_module.secure_generator
-    worker_module.secure_generator = lambda: np.random.default_rng(seed)  # type: ignore[assignment]
+    original = oneshot_module.secure_generator
+    oneshot_module.secure_generator = lambda: np.random.default_rng(seed)  # type: ignore[assignment]
     try:
         assert worker.run_pending() == 1
     finally:
-        worker_module.secure_generator = original
+        oneshot_module.secure_generator = original
 
 
 def _release(client: TestClient, keys: Keys, dataset: str, worker: Worker, **body: Any) -> Any:
