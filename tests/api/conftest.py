@@ -26,6 +26,28 @@ from tests.factories import near_subspace
 BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
 
 
+#: A padding floor no test outlives: every outcome stays behind its ``visible_at``.
+PADDING_HOUR = 3600.0
+
+
+@pytest.fixture
+def padded_settings(settings: Settings) -> Settings:
+    """The test settings with an hour's padding (``visible_at`` an hour after the request)."""
+    return settings.model_copy(
+        update={"release_padding_floor_seconds": PADDING_HOUR, "release_padding_multiplier": 1.0}
+    )
+
+
+@pytest.fixture
+def padded_client(
+    padded_settings: Settings, session_factory: sessionmaker[Session]
+) -> Iterator[TestClient]:
+    """The app with :func:`padded_settings`, on the test's session (rolled back)."""
+    app = create_app(padded_settings, session_factory=session_factory)
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
 class Service:
     """The app on a committed database, its keys, one dataset, and a worker to run now."""
 

@@ -10,37 +10,20 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from service.app import create_app
 from service.db.models import DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
 from service.worker import Worker
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
 
-HOUR = 3600.0
 BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
 
 
 @pytest.fixture
-def padded_settings(settings):
-    return settings.model_copy(
-        update={"release_padding_floor_seconds": HOUR, "release_padding_multiplier": 1.0}
-    )
-
-
-@pytest.fixture
-def padded(padded_settings, session_factory):
-    app = create_app(padded_settings, session_factory=session_factory)
-    with TestClient(app, raise_server_exceptions=False) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def dataset(padded, keys, upload_dataset, rng):
+def dataset(padded_client, keys, upload_dataset, rng):
     data, _ = near_subspace(rng, 120, 5, 2)
-    return upload_dataset(padded, keys.owner, data, row_norm_bound=1.0)
+    return upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)
 
 
 def shift(session_factory, release_id, by: timedelta) -> None:
@@ -78,9 +61,9 @@ def listed(client, key, status) -> int:
 
 
 def test_a_late_outcome_shows_at_the_next_step_of_its_schedule_on_every_route(
-    padded, keys, dataset, run_worker, session_factory
+    padded_client, keys, dataset, run_worker, session_factory
 ):
-    release_id = post_release(padded, keys.analyst, dataset["id"], **BODY)
+    release_id = post_release(padded_client, keys.analyst, dataset["id"], **BODY)
     padding_passed(session_factory, release_id)
     assert run_worker() == 1  # ends now, 30 minutes late
     with session_factory() as session:
@@ -91,33 +74,33 @@ def test_a_late_outcome_shows_at_the_next_step_of_its_schedule_on_every_route(
             release.visible_at - release.created_at
         )
     # The owner sees it at once; the analyst a fixed "running", on every route.
-    assert fetch_release(padded, keys.owner, release_id)["status"] == "succeeded"
-    seen = fetch_release(padded, keys.analyst, release_id)
+    assert fetch_release(padded_client, keys.owner, release_id)["status"] == "succeeded"
+    seen = fetch_release(padded_client, keys.analyst, release_id)
     assert (seen["status"], seen["result"], seen["reason"]) == ("running", None, None)
-    assert listed(padded, keys.analyst, "running") == 1
-    assert listed(padded, keys.analyst, "succeeded") == 0
-    [item] = padded.get("/v1/releases", headers=bearer(keys.analyst)).json()["items"]
+    assert listed(padded_client, keys.analyst, "running") == 1
+    assert listed(padded_client, keys.analyst, "succeeded") == 0
+    [item] = padded_client.get("/v1/releases", headers=bearer(keys.analyst)).json()["items"]
     assert item["status"] == "running" and item["result"] is None
     # A long poll is not answered at the real end: it sleeps to the next step (or its bound).
     started = time.monotonic()
-    waited = padded.get(
+    waited = padded_client.get(
         f"/v1/releases/{release_id}", headers=bearer(keys.analyst), params={"wait": 0.5}
     )
     assert waited.json()["status"] == "running" and time.monotonic() - started >= 0.5
     # 31 minutes later, past the step: shown everywhere.
     shift(session_factory, release_id, timedelta(minutes=31))
-    seen = fetch_release(padded, keys.analyst, release_id)
+    seen = fetch_release(padded_client, keys.analyst, release_id)
     assert seen["status"] == "succeeded" and len(seen["result"]["basis"]) == 5
-    assert listed(padded, keys.analyst, "succeeded") == 1
-    assert listed(padded, keys.analyst, "running") == 0
+    assert listed(padded_client, keys.analyst, "succeeded") == 1
+    assert listed(padded_client, keys.analyst, "running") == 0
 
 
 def test_an_unfinished_release_past_its_visible_at_shows_running_not_its_real_state(
-    padded, keys, dataset, worker, session_factory
+    padded_client, keys, dataset, worker, session_factory
 ):
     # Queued or claimed: the claim's moment would tell when the job before it ended.
-    waiting = post_release(padded, keys.analyst, dataset["id"], **BODY)
-    claimed = post_release(padded, keys.analyst, dataset["id"], **BODY)
+    waiting = post_release(padded_client, keys.analyst, dataset["id"], **BODY)
+    claimed = post_release(padded_client, keys.analyst, dataset["id"], **BODY)
     padding_passed(session_factory, waiting)
     padding_passed(session_factory, claimed)
     with session_factory.begin() as session:
@@ -125,18 +108,18 @@ def test_an_unfinished_release_past_its_visible_at_shows_running_not_its_real_st
             update(Release).where(Release.id == uuid.UUID(claimed)).values(status="running")
         )
     for release_id in (waiting, claimed):
-        assert fetch_release(padded, keys.analyst, release_id)["status"] == "running"
-    assert listed(padded, keys.analyst, "queued") == 0
-    assert listed(padded, keys.analyst, "running") == 2
-    assert fetch_release(padded, keys.owner, waiting)["status"] == "queued"
+        assert fetch_release(padded_client, keys.analyst, release_id)["status"] == "running"
+    assert listed(padded_client, keys.analyst, "queued") == 0
+    assert listed(padded_client, keys.analyst, "running") == 2
+    assert fetch_release(padded_client, keys.owner, waiting)["status"] == "queued"
 
 
 def test_a_late_refund_takes_effect_at_the_step_not_at_the_real_end(
-    padded, keys, dataset, run_worker, session_factory
+    padded_client, keys, dataset, run_worker, session_factory
 ):
-    release_id = post_release(padded, keys.analyst, dataset["id"], **BODY)
+    release_id = post_release(padded_client, keys.analyst, dataset["id"], **BODY)
     padding_passed(session_factory, release_id)
-    deleted = padded.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    deleted = padded_client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
     assert deleted.status_code in (200, 204)
     before = utcnow()
     run_worker()  # failed, refunded: nothing was read
@@ -149,32 +132,34 @@ def test_a_late_refund_takes_effect_at_the_step_not_at_the_real_end(
             )
         ).scalar_one()
         assert refund.created_at == release.outcome_visible_at > before + timedelta(minutes=29)
-    seen = fetch_release(padded, keys.analyst, release_id)
+    seen = fetch_release(padded_client, keys.analyst, release_id)
     assert (seen["status"], seen["refunded"]) == ("running", False)
 
 
-def test_lateness_is_counted_for_the_operator(padded, keys, dataset, run_worker, session_factory):
-    late = post_release(padded, keys.analyst, dataset["id"], **BODY)
-    post_release(padded, keys.analyst, dataset["id"], **BODY)  # on time
+def test_lateness_is_counted_for_the_operator(
+    padded_client, keys, dataset, run_worker, session_factory
+):
+    late = post_release(padded_client, keys.analyst, dataset["id"], **BODY)
+    post_release(padded_client, keys.analyst, dataset["id"], **BODY)  # on time
     padding_passed(session_factory, late)
     assert run_worker() == 2
-    queue = padded.get("/v1/queue", headers=bearer(keys.admin))
+    queue = padded_client.get("/v1/queue", headers=bearer(keys.admin))
     assert queue.status_code == 200 and queue.json()["late"] == {"analyze_gauss": 1}
-    metrics = padded.get("/metrics", headers=bearer(keys.admin)).text
+    metrics = padded_client.get("/metrics", headers=bearer(keys.admin)).text
     assert 'dpss_release_late_total{mechanism="analyze_gauss"} 1.0' in metrics
     # Analysts have neither.
-    assert padded.get("/v1/queue", headers=bearer(keys.analyst)).status_code == 403
+    assert padded_client.get("/v1/queue", headers=bearer(keys.analyst)).status_code == 403
 
 
 def test_a_late_continual_epoch_shows_at_the_next_step_of_its_schedule(
-    padded, padded_settings, keys, upload_dataset, rng, session_factory, store
+    padded_client, padded_settings, keys, upload_dataset, rng, session_factory, store
 ):
-    dataset = upload_dataset(padded, keys.owner, rng.normal(size=(40, 5)), row_norm_bound=3)
+    dataset = upload_dataset(padded_client, keys.owner, rng.normal(size=(40, 5)), row_norm_bound=3)
     release_id = post_release(
-        padded, keys.analyst, dataset["id"], mechanism="continual_gauss", k=2,
+        padded_client, keys.analyst, dataset["id"], mechanism="continual_gauss", k=2,
         epsilon="1", delta="1e-6", params={"horizon": 2},
     )  # fmt: skip
-    # Its first batch committed 90 minutes ago, the epoch padded an hour: 30 minutes late.
+    # Its first batch committed 90 minutes ago, the epoch padded_client an hour: 30 minutes late.
     ago = timedelta(minutes=90)
     with session_factory.begin() as session:
         for batch in session.execute(
@@ -189,7 +174,7 @@ def test_a_late_continual_epoch_shows_at_the_next_step_of_its_schedule(
         # Fixed before it ran: created_at of the batch + 1 h (30 minutes ago); late, so the
         # next step: + 2 h.
         assert epoch.visible_at >= before + timedelta(minutes=29)
-    seen = fetch_release(padded, keys.analyst, release_id)
+    seen = fetch_release(padded_client, keys.analyst, release_id)
     assert seen["epochs_done"] == 0 and seen["latest_epoch"] is None
-    epochs = padded.get(f"/v1/releases/{release_id}/epochs", headers=bearer(keys.analyst))
+    epochs = padded_client.get(f"/v1/releases/{release_id}/epochs", headers=bearer(keys.analyst))
     assert epochs.json()["total"] == 0

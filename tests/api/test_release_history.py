@@ -15,7 +15,6 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from service.app import create_app
 from service.db.models import Release, utcnow
 from tests.conftest import bearer, post_release
 from tests.factories import near_subspace
@@ -157,15 +156,6 @@ def test_list_items_show_what_a_single_read_shows_but_the_basis(
     assert {**item, "result": None} == {**single, "result": None}
     [full] = listing(client, keys.analyst, with_basis="true")["items"]
     assert full == single
-
-
-@pytest.fixture
-def padded_client(settings, session_factory):
-    padded = settings.model_copy(
-        update={"release_padding_floor_seconds": 3600.0, "release_padding_multiplier": 1.0}
-    )
-    with TestClient(create_app(padded, session_factory=session_factory)) as test_client:
-        yield test_client
 
 
 def test_side_channels_hold_in_lists(padded_client, keys, upload_dataset, data, run_worker):

@@ -13,26 +13,12 @@ from sqlalchemy import func, select, update
 from service.app import create_app
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
 from service.mechanisms.analyze_gauss import AnalyzeGauss
+from tests.api.conftest import PADDING_HOUR
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
 
-HOUR = 3600.0
 TIMING = ("started_at", "finished_at", "attempts")
 BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
-
-
-@pytest.fixture
-def padded_settings(settings):
-    return settings.model_copy(
-        update={"release_padding_floor_seconds": HOUR, "release_padding_multiplier": 1.0}
-    )
-
-
-@pytest.fixture
-def padded_client(padded_settings, session_factory):
-    app = create_app(padded_settings, session_factory=session_factory)
-    with TestClient(app, raise_server_exceptions=False) as test_client:
-        yield test_client
 
 
 @pytest.fixture
@@ -70,7 +56,7 @@ def test_before_visible_at_an_analyst_sees_a_finished_release_as_queued_without_
     assert seen["result"] is None and seen["reason"] is None
     assert all(seen[name] is None for name in TIMING)
     created = datetime.fromisoformat(seen["created_at"])
-    assert datetime.fromisoformat(seen["visible_at"]) - created == timedelta(seconds=HOUR)
+    assert datetime.fromisoformat(seen["visible_at"]) - created == timedelta(seconds=PADDING_HOUR)
     # The owner (who holds the data anyway) sees the real state and its times at once.
     owned = fetch_release(padded_client, keys.owner, release_id)
     assert owned["status"] == "succeeded" and owned["result"]["basis"] is not None
@@ -136,7 +122,7 @@ def test_padding_depends_on_public_facts_only(padded_client, keys, upload_datase
         ).json()
         created = datetime.fromisoformat(response["created_at"])
         paddings.append(datetime.fromisoformat(response["visible_at"]) - created)
-    assert paddings[0] == paddings[1] >= timedelta(seconds=HOUR)
+    assert paddings[0] == paddings[1] >= timedelta(seconds=PADDING_HOUR)
 
 
 # -- memory gate -------------------------------------------------------------------------------
