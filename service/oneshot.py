@@ -53,6 +53,17 @@ class OneShotWork:
     prior: priors.PublicPrior | None = None
 
 
+def with_prior(session: Session, job: ClaimedJob) -> OneShotWork | End:
+    """The job's work with the public prior its params name, read back and its digest checked
+    before any row is read; a prior gone or changed is a refusal missed at prepare
+    (data-independent)."""
+    try:
+        prior = priors.stored_prior(session, priors.split_params(job.params)[1])
+    except LookupError:
+        return End(Outcome.failed(REFUSED_AT_RUN_REASON))
+    return OneShotWork(job, prior)
+
+
 def execute(
     job: ClaimedJob, context: RunContext, prior: priors.PublicPrior | None = None
 ) -> Outcome:
@@ -214,13 +225,7 @@ class OneShot:
     def load(
         self, session: Session, release: Release, job: ClaimedJob, settings: Settings
     ) -> OneShotWork | End | str:
-        """The public prior the params name, read back and its digest checked before any row
-        is read; a prior gone or changed is a refusal missed at prepare (data-independent)."""
-        try:
-            prior = priors.stored_prior(session, priors.split_params(job.params)[1])
-        except LookupError:
-            return End(Outcome.failed(REFUSED_AT_RUN_REASON))
-        return OneShotWork(job, prior)
+        return with_prior(session, job)
 
     def run(self, work: OneShotWork, context: RunContext) -> Outcome:
         return execute(work.job, context, work.prior)

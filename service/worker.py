@@ -83,7 +83,6 @@ from service.jobs import (
     ABANDONED_REASON,
     FINISHED,
     LOST,
-    REFUSED_AT_RUN_REASON,
     STORED,
     WAITING,
     ClaimedJob,
@@ -347,20 +346,18 @@ class Worker:
     def execute(self, job: ClaimedJob) -> Outcome:
         """Run a one-shot job's mechanism here and turn whatever happens into an
         :class:`Outcome` (never raises an ``Exception``): :func:`service.oneshot.execute`, with
-        the public prior its params name read first (as :meth:`OneShot.load` does)."""
-        recorded = priors.split_params(job.params)[1]
-        prior = None
-        if recorded:
+        the public prior its params name read first (:func:`service.oneshot.with_prior`)."""
+        work: oneshot.OneShotWork | End = oneshot.OneShotWork(job)
+        if priors.split_params(job.params)[1]:
 
-            def load() -> priors.PublicPrior | None:
+            def load() -> oneshot.OneShotWork | End:
                 with self.session_factory() as session:
-                    return priors.stored_prior(session, recorded)
+                    return oneshot.with_prior(session, job)
 
-            try:
-                prior = self.with_db_retry("read prior", load)
-            except LookupError:
-                return Outcome.failed(REFUSED_AT_RUN_REASON)
-        return oneshot.execute(job, self.context(), prior)
+            work = self.with_db_retry("read prior", load)
+        if isinstance(work, End):
+            return work.outcome
+        return oneshot.execute(work.job, self.context(), work.prior)
 
     def process(self, job: ClaimedJob) -> str:
         """Run a claimed job to the end (or, for a job that waits between works, until it has
