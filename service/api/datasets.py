@@ -24,7 +24,7 @@ from api_schemas.datasets import (
 )
 from service import datasets, privacy_unit, registration
 from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
-from service.api.multipart import receive_upload
+from service.api.multipart import form_body, receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
@@ -41,34 +41,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such dataset (or not yours)."},
 }
 
-UPLOAD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file", "name", "epsilon_budget", "delta_budget"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": (
-                                "The matrix, one row per individual: .csv (numeric, header "
-                                "optional), .npy (2-D numeric, no pickles) or .parquet (numeric "
-                                "columns). The file name's suffix selects the format."
-                            ),
-                        },
-                        **{
-                            name: {"type": "string", "description": info.description}
-                            for name, info in DatasetCreate.model_fields.items()
-                        },
-                    },
-                }
-            }
-        },
-    }
-}
+UPLOAD_BODY = form_body(
+    "The matrix, one row per individual: .csv (numeric, header optional), .npy (2-D numeric, "
+    "no pickles) or .parquet (numeric columns). The file name's suffix selects the format.",
+    {name: info.description for name, info in DatasetCreate.model_fields.items()},
+    required=("file", "name", "epsilon_budget", "delta_budget"),
+)
 
 
 @router.post(
@@ -271,30 +249,11 @@ async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: Store
     return Response(status_code=204)
 
 
-APPEND_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": (
-                                "The rows to append, in the formats and with the checks of an "
-                                "upload (.csv, .npy or .parquet, at least 2 rows), with the "
-                                "dataset's number of columns."
-                            ),
-                        },
-                    },
-                }
-            }
-        },
-    }
-}
+APPEND_BODY = form_body(
+    "The rows to append, in the formats and with the checks of an upload (.csv, .npy or "
+    ".parquet, at least 2 rows), with the dataset's number of columns.",
+    {},
+)
 
 
 @router.post(

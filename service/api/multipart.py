@@ -16,9 +16,10 @@ lines of its part.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
@@ -225,3 +226,24 @@ async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) 
     if receiver.form.file_path is None:
         raise InvalidInput("file", "missing: send the data as a multipart part named 'file'")
     return receiver.form
+
+
+def form_body(
+    file_description: str,
+    fields: Mapping[str, str | None],
+    required: Sequence[str] = ("file",),
+) -> dict[str, Any]:
+    """The ``openapi_extra`` of a route that reads a multipart form (:func:`receive_upload`):
+    a binary ``file`` part described by ``file_description`` and text fields ``{name:
+    description}``."""
+    properties: dict[str, Any] = {
+        "file": {"type": "string", "format": "binary", "description": file_description},
+        **{name: {"type": "string", "description": text} for name, text in fields.items()},
+    }
+    schema = {"type": "object", "required": list(required), "properties": properties}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"multipart/form-data": {"schema": schema}},
+        }
+    }

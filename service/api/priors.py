@@ -14,7 +14,7 @@ from api_schemas.common import ErrorBody
 from api_schemas.priors import Prior, PriorCreate, PriorList, PriorWithBasis
 from service import priors
 from service.api.deps import Cursor, Limit, SettingsDep, StoreDep, UnitOfWorkDep
-from service.api.multipart import receive_upload
+from service.api.multipart import form_body, receive_upload
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
 from service.db import models
@@ -27,32 +27,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorBody, "description": "Only analyst and owner keys use priors."},
 }
 
-UPLOAD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": (
-                                "The basis as a .npy file: a 2-D d x m float array with "
-                                "orthonormal columns (max |P^T P - I| <= 1e-6), 1 <= m <= d, "
-                                "no pickles. Public data only: never derived from a dataset's "
-                                "private rows."
-                            ),
-                        },
-                        "name": {"type": "string", "description": "A label (optional)."},
-                    },
-                }
-            }
-        },
-    }
-}
+UPLOAD_BODY = form_body(
+    "The basis as a .npy file: a 2-D d x m float array with orthonormal columns "
+    "(max |P^T P - I| <= 1e-6), 1 <= m <= d, no pickles. Public data only: never derived from "
+    "a dataset's private rows.",
+    {"name": "A label (optional)."},
+)
 
 
 def prior_out(row: models.Prior) -> Prior:
