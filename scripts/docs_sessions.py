@@ -77,6 +77,8 @@ def normalise(text: str) -> str:
         line = _SHORT_ID.sub("<id8>", line)
         line = _RULE.sub("─", line)
         line = re.sub(r"[ \t]+", " ", line).strip()
+        # NumPy pads array elements to one width ("0.02 ]" beside "0.023]"): brackets hug.
+        line = re.sub(r"\[ | \]", lambda m: m.group(0).strip(), line)
         lines.append(line)
     while lines and not lines[-1]:
         lines.pop()
