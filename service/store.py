@@ -29,43 +29,32 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import io
 import os
-import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
 
-from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge
-from service.privacy_unit import FIELD as UNIT_FIELD
+from service.errors import InsufficientStorage, InvalidInput
 from service.privacy_unit import UnitIndexer, rows_per_unit_buckets
+from service.upload_formats import (
+    DEFAULT_MAX_COLS,
+    DEFAULT_MAX_DATASET_BYTES,
+    READERS,
+    Limits,
+    UnitColumn,
+    csv_dialect_hint,
+    npy_layout,
+)
 
 SUPPORTED_SUFFIXES = (".csv", ".npy", ".parquet")
-#: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
-BLOCK_VALUES = 4 * 1024 * 1024
-#: Larger CSV blocks make pyarrow faster; this bounds one block's raw text, and so one row.
-CSV_BLOCK_BYTES = 16 * 1024 * 1024
-#: The largest Parquet footer (schema and row-group metadata) read into memory.
-MAX_PARQUET_FOOTER_BYTES = 64 * 1024 * 1024
-#: The largest decoded Parquet column chunk (one column of one row group), as the file declares
-#: it: a small, highly compressed chunk could otherwise decode into gigabytes.
-MAX_PARQUET_CHUNK_BYTES = 256 * 1024 * 1024
-#: The default of ``DPSS_MAX_COLS``.
-DEFAULT_MAX_COLS = 10_000
-#: The default of ``DPSS_MAX_DATASET_BYTES`` (512 MiB of float64).
-DEFAULT_MAX_DATASET_BYTES = 512 * 1024**2
 #: Errors of a full disk or quota: the client is told 507, never 422 or 500.
 _NO_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_UTF8_BOM = b"\xef\xbb\xbf"
 #: How long a session directory may lack its lock file before it counts as abandoned.
 UNLOCKED_SESSION_GRACE_SECONDS = 60.0
 FILE_MODE = 0o600
@@ -73,10 +62,6 @@ DIR_MODE = 0o700
 #: Subdirectory of the store holding each person-level dataset's per-row unit index (int64
 #: ``.npy`` named as the dataset's file): never listed as a dataset file, purged with it.
 UNITS_DIR = "units"
-
-#: A block of rows and, with a privacy unit column, its identifier values (never stored).
-Block = tuple[np.ndarray[Any, Any], list[Any] | np.ndarray[Any, Any] | None]
-UnitColumn = str | int | None
 
 
 def create_private(path: Path) -> BinaryIO:
@@ -125,35 +110,6 @@ def disk_space_errors() -> Iterator[None]:
                 "the server has no space left for this upload; nothing was kept"
             ) from None
         raise
-
-
-def _rows_per_block(n_cols: int) -> int:
-    return max(1, BLOCK_VALUES // max(1, n_cols))
-
-
-def _check_width(n_cols: int, max_cols: int) -> None:
-    if n_cols > max_cols:
-        raise InvalidInput(
-            "file",
-            f"the data has {n_cols} columns; at most {max_cols} are accepted (DPSS_MAX_COLS)",
-        )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The public bounds an upload is decoded under."""
-
-    max_cols: int = DEFAULT_MAX_COLS
-    #: Most bytes of the decoded float64 matrix, ``n x d x 8``.
-    max_bytes: int = DEFAULT_MAX_DATASET_BYTES
-
-    def check_size(self, n_rows: int, n_cols: int, what: str = "the data") -> None:
-        """:class:`PayloadTooLarge` if ``n_rows x n_cols`` float64 values exceed ``max_bytes``."""
-        if n_rows * n_cols * 8 > self.max_bytes:
-            raise PayloadTooLarge(
-                f"file: {what} would decode to more than {self.max_bytes} bytes "
-                f"({n_rows} rows x {n_cols} columns x 8 bytes; DPSS_MAX_DATASET_BYTES)"
-            )
 
 
 @dataclass(frozen=True)
@@ -218,324 +174,6 @@ class _MatrixWriter:
 
     def abort(self) -> None:
         self.raw.close()
-
-
-def _unit_index(column: UnitColumn, n_cols: int, names: list[str] | None, kind: str) -> int:
-    """The 0-based position of the identifier column among ``n_cols`` columns."""
-    if isinstance(column, int):
-        if column >= n_cols:
-            raise InvalidInput(
-                UNIT_FIELD, f"column index {column} is beyond the file's {n_cols} columns"
-            )
-        position = column
-    else:
-        if names is None:
-            raise InvalidInput(
-                UNIT_FIELD, f"{kind} has no column names: give the column's 0-based index"
-            )
-        if names.count(str(column)) != 1:
-            raise InvalidInput(
-                UNIT_FIELD, "no column of that name (or several) in the file's header"
-            )
-        position = names.index(str(column))
-    if n_cols < 2:
-        raise InvalidInput(UNIT_FIELD, "the file needs a feature column besides the identifier")
-    return position
-
-
-def _split_unit(block: np.ndarray[Any, Any], position: int | None) -> Block:
-    if position is None:
-        return block, None
-    return np.delete(block, position, axis=1), block[:, position]
-
-
-def _npy_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        if "pickle" in str(exc) or "object" in str(exc):
-            raise InvalidInput(
-                "file", "not a .npy array file, or it holds Python objects (refused: no pickles)"
-            ) from None
-        raise InvalidInput("file", "not a readable .npy file") from None
-    except Exception:
-        raise InvalidInput("file", "not a readable .npy file") from None
-    if array.ndim != 2:
-        raise InvalidInput("file", f"the .npy array must be 2-D (it has {array.ndim} dimensions)")
-    if array.dtype.kind not in "biuf":
-        raise InvalidInput("file", f"the .npy array must be numeric (its dtype is {array.dtype})")
-    if array.shape[1] < 1:
-        raise InvalidInput("file", "the data has no columns")
-    _check_width(array.shape[1], limits.max_cols)
-    limits.check_size(array.shape[0], array.shape[1])
-    position = None
-    if unit_column is not None:
-        position = _unit_index(unit_column, array.shape[1], None, "a .npy file")
-    rows = _rows_per_block(array.shape[1])
-    for start in range(0, array.shape[0], rows):
-        block = array[start : start + rows]
-        if position is None:
-            yield np.asarray(block, dtype=np.float64), None
-        else:
-            ids = np.array(block[:, position])
-            if ids.dtype.kind == "f" and not np.isfinite(ids).all():
-                raise InvalidInput(UNIT_FIELD, "the identifier column has a NaN or infinity")
-            yield np.asarray(np.delete(block, position, axis=1), dtype=np.float64), ids
-
-
-#: A field between double quotes (quotes inside doubled): commas in it separate nothing.
-_QUOTED_FIELD = re.compile(rb'"(?:[^"]|"")*"')
-
-
-def _csv_first_row(
-    path: Path, max_cols: int, unit_column: UnitColumn = None
-) -> tuple[int, bool, list[str]]:
-    """The width of the first row and whether it is a header (any cell not a number).
-
-    Memory is bounded by one CSV block and the column limit: the width is counted on the raw
-    line (commas outside quotes) before any cell is built, so a row of hundreds of thousands of
-    columns is refused without making them; the cells are then parsed by pyarrow, the parser of
-    the data (no field-size limit like the csv module's). A UTF-8 byte-order mark is not part
-    of the first cell.
-    """
-    with open(path, "rb") as handle:
-        line = handle.readline(CSV_BLOCK_BYTES + 1)
-    if len(line) > CSV_BLOCK_BYTES:
-        raise InvalidInput(
-            "file", f"the first row is longer than {CSV_BLOCK_BYTES // (1024 * 1024)} MiB"
-        )
-    if line.startswith(_UTF8_BOM):
-        line = line[len(_UTF8_BOM) :]
-    if not line.strip(b"\r\n"):
-        return 0, False, []
-    _check_width(_QUOTED_FIELD.sub(b"", line).count(b",") + 1, max_cols)
-    try:
-        table = pa_csv.read_csv(
-            io.BytesIO(line), read_options=pa_csv.ReadOptions(autogenerate_column_names=True)
-        )
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        raise InvalidInput("file", "not a readable numeric CSV file") from None
-    # An empty or NaN-like cell (pyarrow's null) says nothing; the data parser refuses it later.
-    # A named identifier column means a header; an identifier given by index may be text in
-    # every row, so it is left out of the test.
-    cells = [str(table.column(i)[0]) for i in range(table.num_columns)]
-    numeric = [
-        pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
-        for t in table.schema.types
-    ]
-    if isinstance(unit_column, int) and unit_column < len(numeric):
-        numeric[unit_column] = True
-    header = not all(numeric) or (isinstance(unit_column, str) and unit_column in cells)
-    return table.num_columns, header, cells
-
-
-def _csv_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
-    width, header, first_cells = _csv_first_row(path, limits.max_cols, unit_column)
-    if width < 1:
-        raise InvalidInput("file", "the CSV file is empty")
-    _check_width(width, limits.max_cols)
-    position = None
-    if unit_column is not None:
-        position = _unit_index(
-            unit_column, width, first_cells if header else None, "this CSV file (no header)"
-        )
-    names = [f"c{i}" for i in range(width)]
-    types = {name: pa.float64() for name in names}
-    if position is not None:
-        # Identifiers are read as text: "007" and "7" are two people, as the owner wrote them.
-        types[names[position]] = pa.string()
-    read_options = pa_csv.ReadOptions(
-        column_names=names, skip_rows=1 if header else 0, block_size=CSV_BLOCK_BYTES
-    )
-    convert_options = pa_csv.ConvertOptions(column_types=types, strings_can_be_null=False)
-    try:
-        reader = pa_csv.open_csv(path, read_options=read_options, convert_options=convert_options)
-        for batch in reader:
-            yield _batch_with_unit(batch, position)
-    except InvalidInput:
-        raise
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise InvalidInput("file", _describe_csv_error(str(exc))) from None
-    except StopIteration:
-        return
-
-
-def _describe_csv_error(message: str) -> str:
-    """Turn pyarrow's CSV error into a message without any of the file's contents."""
-    widths = re.search(r"Expected (\d+) columns, got (\d+)", message)
-    if widths:
-        return f"rows have inconsistent widths (expected {widths[1]} columns, got {widths[2]})"
-    column = re.search(r"column #(\d+)", message)
-    if column and ("conversion error" in message or "invalid value" in message):
-        return f"non-numeric value in column {int(column[1]) + 1}"
-    if "Empty CSV" in message:
-        return "the CSV file is empty"
-    if "straddling" in message or "block" in message:
-        return f"a row is longer than {CSV_BLOCK_BYTES // (1024 * 1024)} MiB"
-    return "not a readable numeric CSV file"
-
-
-#: A number with a decimal point, and one with a decimal comma (European spreadsheets).
-_DOT_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-_COMMA_NUMBER = re.compile(r"[+-]?(?:\d+(?:,\d*)?|,\d+)(?:[eE][+-]?\d+)?")
-#: Separators a spreadsheet may have written instead of commas, and their names.
-_FOREIGN_SEPARATORS = ((";", "semicolon"), ("\t", "tab"), ("|", "pipe"))
-#: How much of a refused CSV is looked at to name its separator.
-_SNIFF_BYTES = 64 * 1024
-
-
-def csv_dialect_hint(path: Path) -> str | None:
-    """Why a CSV that failed to parse probably did, when it is written with another separator
-    (``;``, tab or ``|``) and possibly decimal commas: the message says which, and what the
-    service reads. Looks at the first 64 KiB only; the message carries no value of the file.
-
-    A separator is named when every line sampled (after a possible header) has the same number
-    (at least 1) of it and every cell between them is a number, with decimal points or commas.
-    """
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(_SNIFF_BYTES + 1)
-    except OSError:
-        return None
-    if head.startswith(_UTF8_BOM):
-        head = head[len(_UTF8_BOM) :]
-    lines = head[:_SNIFF_BYTES].decode("utf-8", errors="replace").splitlines()
-    if len(head) > _SNIFF_BYTES:
-        lines = lines[:-1]  # the last line may be cut
-    lines = [_QUOTED_FIELD.sub(b"", line.encode()).decode().strip() for line in lines[:200]]
-    lines = [line for line in lines if line]
-    if not lines:
-        return None
-    for separator, name in _FOREIGN_SEPARATORS:
-        counts = {line.count(separator) for line in lines[1:]} or {lines[0].count(separator)}
-        if len(counts) != 1 or 0 in counts:
-            continue
-        cells = [cell.strip() for line in lines for cell in line.split(separator)]
-        data = cells[len(lines[0].split(separator)) :] if len(lines) > 1 else cells
-        if not data or not all(
-            _COMMA_NUMBER.fullmatch(c) or _DOT_NUMBER.fullmatch(c) for c in data
-        ):
-            continue
-        decimal_commas = any("," in cell for cell in data)
-        written = f"{name}-separated" + (" with decimal commas" if decimal_commas else "")
-        return (
-            f"the CSV file looks {written}; the service reads ',' as the separator and '.' as "
-            "the decimal point: export it again with those (or upload .npy or .parquet)"
-        )
-    return None
-
-
-def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
-    """The batch's feature columns as a matrix and, at ``position``, its identifiers."""
-    if position is None:
-        return _batch_to_matrix(batch), None
-    ids = batch.column(position)
-    if ids.null_count:
-        raise InvalidInput(UNIT_FIELD, "the identifier column has a missing value")
-    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
-        values: list[Any] | np.ndarray[Any, Any] = ids.to_pylist()
-        if any(not value.strip() for value in values):
-            raise InvalidInput(UNIT_FIELD, "the identifier column has an empty value")
-    elif pa.types.is_integer(ids.type) or pa.types.is_floating(ids.type):
-        numbers = ids.to_numpy(zero_copy_only=False)
-        if numbers.dtype.kind == "f" and not np.isfinite(numbers).all():
-            raise InvalidInput(UNIT_FIELD, "the identifier column has a NaN or infinity")
-        values = numbers
-    else:
-        raise InvalidInput(UNIT_FIELD, "the identifier column must hold text or integers")
-    features = batch.drop_columns([batch.schema.names[position]])
-    matrix = _batch_to_matrix(features)
-    return matrix, values
-
-
-def _batch_to_matrix(batch: pa.RecordBatch) -> np.ndarray[Any, Any]:
-    columns = []
-    for index, column in enumerate(batch.columns):
-        if column.null_count:
-            raise InvalidInput("file", f"missing or NaN value in column {index + 1}")
-        columns.append(column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False))
-    return np.column_stack(columns) if columns else np.empty((0, 0))
-
-
-def _parquet_footer_bytes(path: Path) -> int:
-    """The footer's declared length: the last 8 bytes are its length and ``PAR1``."""
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        if handle.tell() < 12:
-            raise InvalidInput("file", "not a readable Parquet file")
-        handle.seek(-8, os.SEEK_END)
-        tail = handle.read(8)
-    if tail[4:] != b"PAR1":
-        raise InvalidInput("file", "not a readable Parquet file")
-    return int.from_bytes(tail[:4], "little")
-
-
-def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
-    if _parquet_footer_bytes(path) > MAX_PARQUET_FOOTER_BYTES:
-        raise InvalidInput(
-            "file",
-            f"the Parquet metadata is larger than {MAX_PARQUET_FOOTER_BYTES // (1024 * 1024)} MiB",
-        )
-    try:
-        parquet = pq.ParquetFile(path)
-    except Exception:
-        raise InvalidInput("file", "not a readable Parquet file") from None
-    schema = parquet.schema_arrow
-    if len(schema) < 1:
-        raise InvalidInput("file", "the data has no columns")
-    _check_width(len(schema), limits.max_cols)
-    position = None
-    if unit_column is not None:
-        position = _unit_index(unit_column, len(schema), list(schema.names), "this file")
-    for index, field in enumerate(schema):
-        if index == position:
-            continue
-        if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
-            raise InvalidInput(
-                "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
-            )
-    metadata = parquet.metadata
-    # The footer's row count, before a value is decoded (the writer checks again as it goes).
-    limits.check_size(metadata.num_rows, len(schema))
-    for group in range(metadata.num_row_groups):
-        row_group = metadata.row_group(group)
-        for column in range(row_group.num_columns):
-            if row_group.column(column).total_uncompressed_size > MAX_PARQUET_CHUNK_BYTES:
-                raise InvalidInput(
-                    "file",
-                    f"Parquet row group {group + 1} holds a column larger than "
-                    f"{MAX_PARQUET_CHUNK_BYTES // (1024 * 1024)} MiB decoded; write smaller "
-                    "row groups",
-                )
-    try:
-        for batch in parquet.iter_batches(batch_size=_rows_per_block(len(schema))):
-            yield _batch_with_unit(batch, position)
-    except InvalidInput:
-        raise
-    except Exception:
-        raise InvalidInput("file", "not a readable Parquet file") from None
-
-
-def _npy_layout(path: Path) -> tuple[int, int, int]:
-    """``(data offset, header rows, columns)`` of a store ``.npy`` (C-order ``<f8``)."""
-    with open(path, "rb") as handle:
-        version = np.lib.format.read_magic(handle)
-        read = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read(handle)
-        if fortran or dtype != np.dtype("<f8") or len(shape) != 2:
-            raise ValueError("not a dataset file of the store")
-        return handle.tell(), int(shape[0]), int(shape[1])
-
-
-_READERS: dict[str, Callable[[Path, Limits, UnitColumn], Iterator[Block]]] = {
-    ".csv": _csv_blocks,
-    ".npy": _npy_blocks,
-    ".parquet": _parquet_blocks,
-}
 
 
 class DatasetStore:
@@ -635,7 +273,7 @@ class DatasetStore:
         if batch and unit_column is not None:
             raise ValueError("appends with a privacy unit are refused before ingestion")
         suffix = suffix.lower()
-        if suffix not in _READERS:
+        if suffix not in READERS:
             with contextlib.suppress(FileNotFoundError):
                 upload_path.unlink()
             raise InvalidInput(
@@ -653,7 +291,7 @@ class DatasetStore:
         try:
             with disk_space_errors():
                 writer = _MatrixWriter(upload_path.with_suffix(".raw"), self.limits)
-                for block, ids in _READERS[suffix](upload_path, self.limits, unit_column):
+                for block, ids in READERS[suffix](upload_path, self.limits, unit_column):
                     writer.append(block)
                     if indexer is not None and ids is not None:
                         unit_blocks.append(indexer.add(ids))
@@ -719,7 +357,7 @@ class DatasetStore:
         its rows are on disk.
         """
         path = self.path_of(file_name)
-        offset, header_rows, n_cols = _npy_layout(path)
+        offset, header_rows, n_cols = npy_layout(path)
         rows = header_rows if n_rows is None else n_rows
         if rows == 0:
             return np.empty((0, n_cols))
@@ -741,8 +379,8 @@ class DatasetStore:
         path = self.path_of(file_name)
         batch_path = self.path_of(batch_file)
         try:
-            offset, _, n_cols = _npy_layout(path)
-            batch_offset, _, batch_cols = _npy_layout(batch_path)
+            offset, _, n_cols = npy_layout(path)
+            batch_offset, _, batch_cols = npy_layout(batch_path)
             if batch_cols != n_cols:
                 raise ValueError("the batch and the dataset differ in width")
             end = offset + 8 * n_cols * committed_rows
@@ -766,7 +404,7 @@ class DatasetStore:
         lock): the rows of an append whose transaction did not commit are not kept."""
         path = self.path_of(file_name)
         with contextlib.suppress(FileNotFoundError):
-            offset, _, n_cols = _npy_layout(path)
+            offset, _, n_cols = npy_layout(path)
             with open(path, "r+b") as out:
                 out.truncate(offset + 8 * n_cols * committed_rows)
 
@@ -787,7 +425,7 @@ class DatasetStore:
         if not path.is_file():
             return "is missing"
         try:
-            offset, header_rows, cols = _npy_layout(path)
+            offset, header_rows, cols = npy_layout(path)
             size = path.stat().st_size
         except FileNotFoundError:
             return "is missing"

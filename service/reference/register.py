@@ -46,7 +46,7 @@ from service.reference.objects import (
     check_request,
 )
 from service.reference.reading import _chunk_range, _column_indices, _decode
-from service.store import BLOCK_VALUES
+from service.upload_formats import BLOCK_VALUES
 
 #: The largest decoded row group (chosen columns): one Dask task's rows.
 MAX_ROW_GROUP_BYTES = 256 * 1024 * 1024

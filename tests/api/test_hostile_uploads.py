@@ -21,12 +21,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from service import store as store_module
+from service import upload_formats
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine
 from service.db.models import Dataset
-from service.store import DEFAULT_MAX_COLS, DatasetStore
+from service.store import DatasetStore
+from service.upload_formats import DEFAULT_MAX_COLS
 from tests.api.test_datasets import stored_files
 from tests.conftest import bearer, npy_bytes
 
@@ -232,7 +233,7 @@ def test_a_parquet_chunk_that_decodes_too_large_is_refused(
 ):
     # 200,000 zeros in one plain page: a few KiB compressed, 1.6 MB to decompress at once. The
     # limit is lowered to 1 MiB here (256 MiB in the service) so the test needs no gigabytes.
-    monkeypatch.setattr(store_module, "MAX_PARQUET_CHUNK_BYTES", 1024 * 1024)
+    monkeypatch.setattr(upload_formats, "MAX_PARQUET_CHUNK_BYTES", 1024 * 1024)
     buffer = io.BytesIO()
     table = pa.table({"a": np.zeros(200_000)})
     pq.write_table(table, buffer, compression="zstd", use_dictionary=False, data_page_size=1 << 30)
@@ -527,7 +528,7 @@ def test_an_upload_that_decodes_past_max_dataset_bytes_is_refused(
         def no_decoding(batch):
             raise AssertionError("decoded")
 
-        monkeypatch.setattr(store_module, "_batch_to_matrix", no_decoding)
+        monkeypatch.setattr(upload_formats, "_batch_to_matrix", no_decoding)
     response = post_file(small_client, keys.owner, name, content)
     assert response.status_code == 413, response.text
     detail = response.json()["detail"]
@@ -629,7 +630,7 @@ def test_the_default_limit_refuses_a_small_parquet_file_of_half_a_gigabyte_from_
     tmp_path, monkeypatch
 ):
     from service.errors import PayloadTooLarge
-    from service.store import DEFAULT_MAX_DATASET_BYTES
+    from service.upload_formats import DEFAULT_MAX_DATASET_BYTES
 
     assert Settings().max_dataset_bytes == DEFAULT_MAX_DATASET_BYTES
     path = tmp_path / "zeros.upload"
@@ -639,7 +640,7 @@ def test_the_default_limit_refuses_a_small_parquet_file_of_half_a_gigabyte_from_
         for _ in range(8):  # 72,000,000 values: 576 MB as float64
             writer.write_table(block)
     assert path.stat().st_size < 2_000_000
-    monkeypatch.setattr(store_module, "_batch_to_matrix", lambda batch: pytest.fail("decoded"))
+    monkeypatch.setattr(upload_formats, "_batch_to_matrix", lambda batch: pytest.fail("decoded"))
     store = DatasetStore(tmp_path / "store")
     store.ensure()
     with pytest.raises(PayloadTooLarge, match="8000000 rows x 9 columns"):
