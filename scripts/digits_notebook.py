@@ -7,6 +7,7 @@ script rewrites the file, outputs included, from a real run:
 
     DPSS_URL=http://127.0.0.1:8000 DPSS_OWNER_KEY=... DPSS_ANALYST_KEY=... \\
         python -m scripts.digits_notebook docs/notebooks/digits_pca.ipynb
+    python -m scripts.digits_notebook --record    # starts its own dpss serve and keys
 
 The service must run with the product's defaults (no ``DPSS_DEFAULT_ACCOUNTING``; the test
 suite's is ``basic``): the test compares every recorded output with a run up to ids and noise
@@ -189,8 +190,42 @@ def build() -> dict[str, Any]:
     }
 
 
+def record(target: Path) -> None:
+    """Write the notebook from a run against a fresh ``dpss serve`` with the product's defaults
+    (:func:`scripts.docs_sessions.serve`), with an owner and an analyst key made for it."""
+    import os
+    import shutil
+    import tempfile
+
+    import httpx
+
+    from scripts.docs_sessions import ADMIN, serve
+
+    workdir = Path(tempfile.mkdtemp(prefix="dpss-notebook-"))
+    server, url = serve(workdir)
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        for role in ("owner", "analyst"):
+            made = httpx.post(f"{url}/v1/keys", json={"role": role, "name": role}, headers=admin)
+            made.raise_for_status()
+            os.environ[f"DPSS_{role.upper()}_KEY"] = made.json()["key"]
+        os.environ["DPSS_URL"] = url
+        target.write_text(json.dumps(build(), indent=1, ensure_ascii=False) + "\n")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"wrote {target}")
+
+
 def main() -> None:
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else NOTEBOOK
+    """``python -m scripts.digits_notebook [path]`` (the service named by ``DPSS_URL`` and the
+    keys) or ``python -m scripts.digits_notebook --record [path]`` (a fresh service of its own)."""
+    arguments = sys.argv[1:]
+    if arguments[:1] == ["--record"]:
+        record(Path(arguments[1]) if len(arguments) > 1 else NOTEBOOK)
+        return
+    target = Path(arguments[0]) if arguments else NOTEBOOK
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(build(), indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {target}")
