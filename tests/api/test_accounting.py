@@ -74,13 +74,21 @@ def test_zcdp_budget_and_its_split(client, keys, upload_dataset, data):
     assert Decimal(custom["budget"]["rho_total"]) > Decimal(shown["rho_total"])
 
 
-def test_the_product_default_is_zcdp_and_pure_budgets_stay_basic(tmp_path, monkeypatch):
+def test_the_product_default_is_hybrid_and_pure_budgets_stay_basic(tmp_path, monkeypatch):
+    # issue 31, item 5: the default is the union of filters (it was zcdp)
     monkeypatch.delenv("DPSS_DEFAULT_ACCOUNTING", raising=False)
-    assert Settings(data_dir=tmp_path).default_accounting == "zcdp"
+    assert Settings(data_dir=tmp_path).default_accounting == "hybrid"
     form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal(0))
     assert datasets.check_budgets(form, "zcdp").accounting == "basic"
+    assert datasets.check_budgets(form, "hybrid").accounting == "basic"
     form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal("1e-6"))
     assert datasets.check_budgets(form, "zcdp").accounting == "zcdp"
+    terms = datasets.check_budgets(form, "hybrid")
+    assert terms.accounting == "hybrid"
+    assert terms.delta_gaussian == Decimal("9.6e-7")
+    assert terms.delta_conversion == Decimal("1e-8")
+    assert terms.delta_mechanisms == Decimal("2e-8")
+    assert terms.delta_basic == Decimal("1e-8")
 
 
 @pytest.mark.parametrize(

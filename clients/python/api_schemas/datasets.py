@@ -20,7 +20,7 @@ from api_schemas.common import (
     number_schema,
 )
 
-Accounting = Literal["basic", "gaussian", "zcdp"]
+Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
 
 
 def _form_bool(value: object) -> object:
@@ -198,7 +198,7 @@ class DatasetCreated(Dataset):
         ),
     )
 
-    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+    recommended_accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] | None = Field(
         default=None,
         description=(
             "The accounting that fits the mechanisms the upload named in planned_mechanisms "

@@ -337,7 +337,7 @@ class ReleasePreview(Schema):
     params: dict[str, Any] = Field(
         description="Parameters as a real request would resolve them (defaults filled in)."
     )
-    accounting: Literal["basic", "gaussian", "zcdp"] = Field(
+    accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
         default="basic", description="The dataset's accounting, which says what is charged."
     )
     mu: ExactDecimal | None = Field(
@@ -419,7 +419,7 @@ class ReleasePreview(Schema):
     meaning: list[str] = Field(
         description="What those numbers imply for the result, in plain sentences."
     )
-    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+    recommended_accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] | None = Field(
         default=None,
         description=(
             "The accounting that fits releases like this one on a dataset of this budget "
