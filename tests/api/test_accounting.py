@@ -375,11 +375,13 @@ def test_grants_in_the_dataset_currency(
 def test_the_mechanism_list_names_each_mechanisms_accountings(client, keys):
     items = client.get("/v1/mechanisms", headers=bearer(keys.analyst)).json()["items"]
     by_name = {item["name"]: set(item["accountings"]) for item in items}
-    assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp"}
-    assert by_name["friendly_aggregate"] == {"basic", "zcdp"}
-    assert by_name["smooth_sensitivity"] == {"basic", "zcdp"}
-    assert by_name["exact_gapmax"] == {"basic", "zcdp"}
-    assert by_name["auto"] == {"basic", "gaussian", "zcdp"}
+    # hybrid (issue 31, item 5) admits every mechanism: its basic filter charges any release
+    assert all("hybrid" in accountings for accountings in by_name.values())
+    assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp", "hybrid"}
+    assert by_name["friendly_aggregate"] == {"basic", "zcdp", "hybrid"}
+    assert by_name["smooth_sensitivity"] == {"basic", "zcdp", "hybrid"}
+    assert by_name["exact_gapmax"] == {"basic", "zcdp", "hybrid"}
+    assert by_name["auto"] == {"basic", "gaussian", "zcdp", "hybrid"}
 
 
 def test_a_basic_dry_run_also_shows_the_other_currencies(client, keys, upload_dataset, data):
