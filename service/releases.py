@@ -214,6 +214,12 @@ def _calibrate(
         return spec, _costs(mechanism, context, spec)
 
     delta = dataset.delta_total
+    if dataset.accounting == "hybrid" and dataset.delta_basic:
+        # Any delta reaches every target for a Gaussian release, and the (epsilon, delta) it is
+        # calibrated as is what hybrid's filter C (basic, on its small share of delta) is
+        # charged: at a tenth of C's share, C can still admit later releases (at delta_total
+        # one such release would close C for good). The noise is the same either way.
+        delta = accounting.round_down(BUDGET_CONTEXT.divide(dataset.delta_basic, 10))
     probe = _probe(attempt, delta)
     if measure(probe) is None:
         if dataset.accounting == "hybrid":
