@@ -487,7 +487,7 @@ def charge(
     )
 
 
-def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> None:
+def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> LedgerEntry:
     """Append a refund of exactly the release's charge (every currency it moved); only for a
     release that provably never read the data. It goes back to the grant the charge named.
 
@@ -514,17 +514,17 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> No
             LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
         )
     ).scalar_one()
-    session.add(
-        LedgerEntry(
-            dataset_id=dataset_id,
-            release_id=release_id,
-            kind="refund",
-            epsilon=charged.epsilon,
-            delta=charged.delta,
-            rho=charged.rho,
-            gdp=charged.gdp,
-            zcdp_delta=charged.zcdp_delta,
-            grant_id=charged.grant_id,
-            created_at=effective,
-        )
+    entry = LedgerEntry(
+        dataset_id=dataset_id,
+        release_id=release_id,
+        kind="refund",
+        epsilon=charged.epsilon,
+        delta=charged.delta,
+        rho=charged.rho,
+        gdp=charged.gdp,
+        zcdp_delta=charged.zcdp_delta,
+        grant_id=charged.grant_id,
+        created_at=effective,
     )
+    session.add(entry)
+    return entry

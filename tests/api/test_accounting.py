@@ -4,6 +4,7 @@ the filter's refusals, the dry run's figures, and the done-when ratios of issue 
 from __future__ import annotations
 
 import math
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -12,9 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from api_schemas.datasets import DatasetCreate
-from service import accounting, audit, datasets
+from service import accounting, audit, datasets, ledger
 from service.config import Settings
-from service.db.models import LedgerEntry
+from service.db.models import Dataset, LedgerEntry
 from service.mechanisms.analyze_gauss import noise_sigma
 from tests.conftest import bearer
 
@@ -425,6 +426,32 @@ def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
             ("charge", Decimal(release["rho"])),
             ("refund", Decimal(release["rho"])),
         ]
+        report = audit.verify(session)
+    assert report.ok, report.problems
+
+
+def test_a_hybrid_refund_is_recorded_gives_nothing_back_and_reconciles(
+    client, keys, upload_dataset, data, run_worker, session_factory
+):
+    dataset = upload(upload_dataset, client, keys, data, "hybrid", row_norm_bound=1.0)
+    release = ask(client, keys.analyst, dataset, mu="0.1").json()
+    deleted = client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["refunded"] is True
+    with session_factory() as session:
+        entries = session.scalars(select(LedgerEntry).order_by(LedgerEntry.id)).all()
+        assert [e.kind for e in entries] == ["charge", "refund"]
+        charge, refund = entries
+        moved = ("epsilon", "delta", "rho", "gdp", "zcdp_delta")
+        assert all(getattr(charge, name) == getattr(refund, name) for name in moved)
+        assert charge.gdp is not None and charge.epsilon > 0
+        # every filter keeps the charge (the union of filters needs them monotone)
+        row = session.get(Dataset, uuid.UUID(dataset["id"]))
+        state = ledger.budget_of(session, row)
+        assert (state.gdp_spent, state.rho_spent) == (charge.gdp, charge.rho)
+        assert (state.epsilon_spent, state.delta_spent) == (charge.epsilon, charge.delta)
         report = audit.verify(session)
     assert report.ok, report.problems
 
