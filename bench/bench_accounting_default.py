@@ -6,6 +6,10 @@ against ``basic`` and the PLD accountant (``dp-accounting``), per sequence of re
 
 The goal (issue 31, item 5): a default within 1% of ``basic``'s noise for every sequence (one
 release included) and within 5% of the PLD accountant's for Gaussian releases at N = 10 and 100.
+The shipped default, ``hybrid`` (``accounting.DEFAULT_HYBRID_SHARES``: A' 0.96, B 0.01 + 0.02,
+C 0.01), has its own row, and a grid over eps in {0.1, 0.5, 1, 2, 8} x delta in {1e-8, 1e-6,
+1e-5, 1e-3} checks the bars for Gaussian releases (one release against ``basic``, 10 and 100
+against the PLD accountant).
 
 Filters (each on its share of ``delta``; a rule admits a sequence iff one of its filters does):
 
@@ -87,9 +91,21 @@ class Rule:
     filters: tuple[Filter, ...]
 
 
+SHARES = accounting.DEFAULT_HYBRID_SHARES
+SHIPPED = Rule(
+    "hybrid (default)",
+    (
+        Filter("A'", float(SHARES.gaussian)),
+        Filter("B", float(SHARES.conversion), float(SHARES.mechanisms)),
+        Filter("C", float(SHARES.basic)),
+    ),
+)
+ZCDP = Rule("zcdp", (Filter("B", 0.5, 0.5),))
+
 RULES = (
     Rule("basic", (Filter("C", 1.0),)),
-    Rule("zcdp (default)", (Filter("B", 0.5, 0.5),)),
+    SHIPPED,
+    ZCDP,
     Rule("gaussian", (Filter("A", 1.0),)),
     Rule("A'", (Filter("A'", 1.0),)),
     Rule("A .95 + B .04 + C .01", (Filter("A", 0.95), Filter("B", 0.02, 0.02), Filter("C", 0.01))),
@@ -204,6 +220,39 @@ class Budget:
         return min(self.figure(kind, n, f) for f in rule.filters)
 
 
+GRID_EPSILONS = ("0.1", "0.5", "1", "2", "8")
+GRID_DELTAS = ("1e-8", "1e-6", "1e-5", "1e-3")
+
+
+def grid() -> tuple[str, float, float]:
+    """The shipped default on Gaussian releases over the grid: sigma at N = 1 over ``basic``'s,
+    at N = 10 and 100 over the PLD accountant's (and ``zcdp``'s for comparison); the table and
+    the worst ratios (N = 1 over basic, N = 10/100 over PLD)."""
+    rows = [
+        "| budget | hybrid / basic, N=1 (bar 1.01) | hybrid / PLD, N=10 | hybrid / PLD, N=100 "
+        "(bar 1.05) | zcdp / basic, N=1 | zcdp / PLD, N=100 |",
+        "|---|---|---|---|---|---|",
+    ]
+    worst_one = worst_many = 0.0
+    for eps_text in GRID_EPSILONS:
+        for delta_text in GRID_DELTAS:
+            budget = Budget(Decimal(eps_text), Decimal(delta_text))
+            basic = budget.rule(RULES[0], "gauss", 1)
+            one = budget.rule(SHIPPED, "gauss", 1) / basic
+            ten = budget.rule(SHIPPED, "gauss", 10) / budget.pld("gauss", 10)
+            pld_100 = budget.pld("gauss", 100)
+            hundred = budget.rule(SHIPPED, "gauss", 100) / pld_100
+            zcdp_one = budget.rule(ZCDP, "gauss", 1) / basic
+            zcdp_100 = budget.rule(ZCDP, "gauss", 100) / pld_100
+            worst_one, worst_many = max(worst_one, one), max(worst_many, ten, hundred)
+            rows.append(
+                f"| ({eps_text}, {delta_text}) | {one:.4f} | {ten:.4f} | {hundred:.4f} | "
+                f"{zcdp_one:.3f} | {zcdp_100:.3f} |"
+            )
+            print(rows[-1], file=sys.stderr)
+    return "\n".join(rows), worst_one, worst_many
+
+
 def cell(value: float, basic: float) -> str:
     if value == REFUSED:
         return "refused"
@@ -252,7 +301,11 @@ def tables(quick: bool) -> tuple[str, str]:
     return "\n".join(detail), "\n".join(summary)
 
 
-def section(detail: str, summary: str) -> str:
+def section(detail: str, summary: str, grid_rows: str, worst_one: float, worst_many: float) -> str:
+    shares = (
+        f"A' {SHARES.gaussian}, B {SHARES.conversion} (conversion) + {SHARES.mechanisms} "
+        f"(approximate steps), C {SHARES.basic}"
+    )
     return "\n".join(
         [
             START,
@@ -268,22 +321,30 @@ def section(detail: str, summary: str) -> str:
             "",
             summary,
             "",
-            "No sound rule meets both bars, and none can by splitting delta: the sequence "
-            "'a pure release of eps/2, then a Gaussian one' is within 1% of `basic` only under "
-            "a filter that charges the pure step eps/2 and holds nearly all of delta (C with "
-            "0.9 delta: +0.6% at (1, 1e-6), +1.6% at (0.5, 1e-3); with 0.75 delta: +1.5%, "
-            "+4.3%). A, A' and B cannot serve it: A refuses pure steps, A' charges eps/2 = 0.5 "
-            "as mu = 0.62 > mu_B = 0.24, B as rho = 0.125 > rho_B = 0.023 (at (1, 1e-6)). The "
-            "share of delta left for the GDP filter then costs Gaussian-only sequences 7.5% to "
-            "28% over PLD (0.1 delta; with 0.25 delta 4.6% to 17%). The converse split (A' on "
-            "0.9 delta) is within 1.4% of PLD for Gaussian releases but 1.33x `basic` on that "
-            "sequence. So the default stays `zcdp` (Gaussian releases 1.08x to 1.23x PLD at "
-            "every N; 0.58x `basic`'s noise at ten mixed releases, 1.28x at two), and the dry "
-            "run and the upload answer recommend the accounting that fits the mechanisms the "
-            "owner plans to use (`recommended_accounting`, `service/advice.py`): `gaussian` "
-            "for purely Gaussian mechanisms (= PLD at N = 1, 10, 100), `basic` for a mechanism "
-            "only `basic` admits or at most two releases with pure or approximate steps, "
-            "`zcdp` otherwise.",
+            "No sound rule meets the issue's first bar for *every* sequence, and none can by "
+            "splitting delta: the sequence 'a pure release of eps/2, then a Gaussian one' is "
+            "within 1% of `basic` only under a filter that charges the pure step eps/2 and "
+            "holds nearly all of delta (C with 0.9 delta: +0.6% at (1, 1e-6), +1.6% at (0.5, "
+            "1e-3)); A' charges eps/2 = 0.5 as mu = 0.62 > mu_B = 0.24, B as rho = 0.125 > "
+            "rho_B = 0.023 (at (1, 1e-6)), and the share of delta left for the GDP filter then "
+            "costs Gaussian-only sequences 7.5% to 28% over PLD.",
+            "",
+            f"**The shipped default, `hybrid`** ({shares}; `service/accounting.py`, "
+            "`DEFAULT_HYBRID_SHARES`) meets the bars for Gaussian releases: over eps in {0.1, "
+            "0.5, 1, 2, 8} x delta in {1e-8, 1e-6, 1e-5, 1e-3}, one Gaussian release's sigma is "
+            f"at most {worst_one:.4f}x `basic`'s and 10 or 100 releases' at most "
+            f"{worst_many:.4f}x the PLD accountant's (dp-accounting, discretisation 1e-4). "
+            "Why these shares: the 1% bar at N = 1 binds at (0.1, 1e-3), where A' on 95% of "
+            "delta would give 1.0097x (too close once calibration rounds) and 96% gives 1.0077x; "
+            "a GDP filter is exact for Gaussian releases, so N = 10 and 100 sit at the same "
+            "ratio to PLD. The other 4%: B's approximate steps 2% (the aggregators' PTR tests "
+            "and exact_gapmax spend delta only there or in C), B's conversion 1% (its rho "
+            "budget shrinks only with log(1/delta)), C 1% (a mechanism with no proven profile "
+            "still runs at a small delta). Pure steps need none of it: A' charges them "
+            "`pure_mu(eps)^2`. `zcdp` stays selectable (mixed plans with many approximate steps "
+            "measure better there), as do `gaussian` and `basic`.",
+            "",
+            grid_rows,
             "",
             "Noise per release (sensitivity 1) and its ratio to `basic`'s at the same budget "
             "(refused: no noise makes the whole sequence fit):",
@@ -304,7 +365,11 @@ def main() -> None:
     print()
     print(detail)
     if not args.quick:
-        publish_section(RESULT, START, END, section(detail, summary))
+        grid_rows, worst_one, worst_many = grid()
+        print(grid_rows)
+        publish_section(
+            RESULT, START, END, section(detail, summary, grid_rows, worst_one, worst_many)
+        )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import privacy_loss_distribution as pld
+from scipy.stats import norm
 
 from bench.report import publish_section
 from service import accounting
@@ -116,6 +117,13 @@ class Budget:
 
         return 1.0 / largest(fits, 1e-5, 50.0)
 
+    def a_prime_mixed(self, half: int) -> float:
+        """A' (GDP, pure steps at ``pure_mu``): the largest Gaussian ``mu`` with ``half (mu^2 +
+        pure_mu(mu)^2) <= mu_A^2`` (the pure releases' epsilon equals the Gaussian's mu)."""
+        return 1.0 / largest(
+            lambda mu: half * (mu**2 + _pure_mu(mu) ** 2) <= self.mu_a**2, 1e-6, 50.0
+        )
+
     def mixed(self, n: int) -> dict[str, float]:
         half = n // 2
 
@@ -127,7 +135,11 @@ class Budget:
             "basic": self.basic_mixed(half, self.dlt),
             "pld": 1.0 / largest(pld_fits, 1e-4, 50.0),
             "zcdp": math.sqrt(n / (2 * self.rho_zcdp)),
-            "hybrid": min(math.sqrt(n / (2 * self.rho_b)), self.basic_mixed(half, self.delta_c)),
+            "hybrid": min(
+                self.a_prime_mixed(half),
+                math.sqrt(n / (2 * self.rho_b)),
+                self.basic_mixed(half, self.delta_c),
+            ),
         }
 
     # -- Pure-only: Laplace scale 1/eps_p per release
@@ -139,8 +151,23 @@ class Budget:
             "basic": n / self.eps,
             "pld": 1.0 / pld_eps,
             "zcdp": 1.0 / math.sqrt(2 * self.rho_zcdp / n),
-            "hybrid": min(n / self.eps, 1.0 / math.sqrt(2 * self.rho_b / n)),
+            "hybrid": min(
+                n / self.eps,
+                1.0 / math.sqrt(2 * self.rho_b / n),
+                1.0 / _pure_epsilon_of_mu(self.mu_a / math.sqrt(n)),
+            ),
         }
+
+
+def _pure_mu(epsilon: float) -> float:
+    """``-2 Phi^-1(1/(1+e^eps))``: the GDP ``mu`` of an ``eps``-DP step (``accounting.pure_mu``
+    in doubles)."""
+    return float(-2 * norm.ppf(1 / (1 + math.exp(epsilon))))
+
+
+def _pure_epsilon_of_mu(mu: float) -> float:
+    """The inverse of :func:`_pure_mu`."""
+    return math.log(1 / float(norm.cdf(-mu / 2)) - 1)
 
 
 def row(label: str, n: int, figures: dict[str, float], kinds: tuple[str, ...]) -> str:
@@ -160,7 +187,8 @@ def table(quick: bool) -> str:
     kinds = ("pld", "basic", "gaussian", "zcdp", "hybrid")
     shares = accounting.DEFAULT_HYBRID_SHARES
     lines = [
-        f"Default shares of delta: A (gaussian) {shares.gaussian}, B (zcdp) conversion "
+        f"Default shares of delta: A' (GDP: Gaussian steps, pure steps at pure_mu) "
+        f"{shares.gaussian}, B (zcdp) conversion "
         f"{shares.conversion} + steps {shares.mechanisms}, C (basic) {shares.basic}.",
         "",
         "| budget, sequence | N | "

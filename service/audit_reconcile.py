@@ -83,6 +83,11 @@ class _Budget:
     delta_limit: Decimal = Decimal(0)
 
     def exceeded_by(self, spent: tuple[Decimal, Decimal, Decimal]) -> bool:
+        if self.accounting == "hybrid":
+            # Either of three filters: the ledger's own check (HybridState) needs each entry's
+            # GDP and zCDP figures, which the events' three sums do not carry; the charges
+            # themselves are reconciled entry by entry.
+            return False
         if self.accounting == "basic":
             return spent[0] > self.epsilon or spent[1] > self.delta
         return spent[1] > self.delta_limit or spent[2] > self.rho
@@ -99,6 +104,10 @@ def _money(details: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
 
 def _charge_of(cost: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
     """What a ``release_requested`` cost moved in the ledger."""
+    if cost.get("accounting") == "hybrid":
+        # every filter's figure: C's (epsilon, delta) and B's rho (0 without a profile)
+        rho = cost.get("rho")
+        return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(rho or 0))
     if "accounting" in cost:
         return (Decimal(0), Decimal(cost["zcdp_delta"]), Decimal(cost["rho"]))
     return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(0))

@@ -512,15 +512,18 @@ class Settings(BaseSettings):
             '["https://notebooks.example.org"]. Empty (default): no CORS headers at all.'
         ),
     )
-    default_accounting: Literal["basic", "gaussian", "zcdp"] = Field(
-        default="zcdp",
+    default_accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
+        default="hybrid",
         description=(
             "The accounting of an uploaded dataset with delta_budget > 0 whose upload names "
-            "none (pure budgets are always basic). zcdp (default): every mechanism with a "
-            "proven profile runs, and from two releases on each gets less noise than under "
-            "basic (2.8x at ten releases, 8.8x at a hundred, at (1, 1e-6)); a single release "
-            "pays about 10% more noise. gaussian is never worse than basic but admits only "
-            "purely Gaussian mechanisms. See docs/mechanisms.md, 'Accounting across releases'."
+            "none (pure budgets are always basic). hybrid (default): a release is admitted iff "
+            "one of three filters admits the whole sequence with it, a Gaussian-DP filter on "
+            "96% of delta (Gaussian and pure steps), zcdp on 3% and basic on 1%; every "
+            "mechanism runs, one Gaussian release gets at most 1.008x basic's noise and 10 or "
+            "100 Gaussian releases at most 1.008x the PLD accountant's (eps 0.1 to 8, delta "
+            "1e-8 to 1e-3). zcdp: every mechanism with a proven profile, 1.08x to 1.23x PLD's "
+            "noise. gaussian: equals PLD but admits only purely Gaussian mechanisms. basic: "
+            "sums of (epsilon, delta). See docs/mechanisms.md, 'Accounting across releases'."
         ),
     )
     grants_required: bool = Field(

@@ -61,6 +61,9 @@ class BudgetTerms:
     rho_total: Decimal | None = None
     mu_total: Decimal | None = None
     delta_conversion: Decimal | None = None
+    delta_gaussian: Decimal | None = None
+    delta_mechanisms: Decimal | None = None
+    delta_basic: Decimal | None = None
 
 
 def planned_mechanisms(form: DatasetCreate) -> list[str]:
@@ -86,7 +89,9 @@ def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> Bud
     ``delta_G(mu, epsilon_budget) <= delta_budget``, or the owner's ``mu_budget`` if it is not
     larger. ``zcdp``: ``delta_conversion`` (default half of ``delta_budget``) and the largest
     ``rho`` whose CKS conversion is within ``(epsilon_budget, delta_conversion)``, or the owner's
-    ``rho_budget`` if not larger. Pure budgets (``delta_budget = 0``) are ``basic``.
+    ``rho_budget`` if not larger. ``hybrid``: the three filters' budgets at the measured
+    default shares (:func:`service.accounting.hybrid_budget`). Pure budgets (``delta_budget =
+    0``) are ``basic``.
     """
     fields = [
         ("epsilon_budget", form.epsilon_budget),
@@ -128,6 +133,17 @@ def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> Bud
                 )
             mu = form.mu_budget
         return BudgetTerms("gaussian", accounting.budget_rho_of_mu(mu), mu_total=mu)
+    if chosen == "hybrid":
+        hybrid = accounting.hybrid_budget(form.epsilon_budget, form.delta_budget)
+        return BudgetTerms(
+            "hybrid",
+            hybrid.rho_total,
+            mu_total=hybrid.mu_total,
+            delta_conversion=hybrid.delta_conversion,
+            delta_gaussian=hybrid.delta_gaussian,
+            delta_mechanisms=hybrid.delta_mechanisms,
+            delta_basic=hybrid.delta_basic,
+        )
     conversion = form.delta_conversion
     if conversion is None:
         conversion = accounting.round_down(
@@ -192,6 +208,9 @@ def register_dataset(
             rho_total=terms.rho_total,
             mu_total=terms.mu_total,
             delta_conversion=terms.delta_conversion,
+            delta_gaussian=terms.delta_gaussian,
+            delta_mechanisms=terms.delta_mechanisms,
+            delta_basic=terms.delta_basic,
             file_name=stored.file_name,
             privacy_unit_column=(
                 None
@@ -239,6 +258,16 @@ def register_dataset(
                 "rho_total": terms.rho_total,
                 "mu_total": terms.mu_total,
                 "delta_conversion": terms.delta_conversion,
+                # hybrid's other shares of delta (A', B's steps, C), only there.
+                **(
+                    {
+                        "delta_gaussian": terms.delta_gaussian,
+                        "delta_mechanisms": terms.delta_mechanisms,
+                        "delta_basic": terms.delta_basic,
+                    }
+                    if terms.accounting == "hybrid"
+                    else {}
+                ),
                 # The owner's override of the 1/n bound, on the record when used.
                 **({"allow_large_delta": True} if form.allow_large_delta else {}),
             },

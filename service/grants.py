@@ -76,21 +76,96 @@ def view_of(session: Session, grant: Grant) -> GrantView:
 def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
     """A grant's budget from the ledger entries that name it (exact, summed in Python), in its
     dataset's currency."""
-    rows = session.execute(
-        select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta, LedgerEntry.rho).where(
-            LedgerEntry.grant_id == grant.id, ledger.in_effect()
-        )
-    ).all()
     dataset = session.get(Dataset, grant.dataset_id)
     assert dataset is not None  # a grant's dataset row is never removed
+    counted = [LedgerEntry.grant_id == grant.id, ledger.in_effect()]
+    if dataset.accounting == "hybrid":
+        counted.append(LedgerEntry.kind == "charge")  # its refunds give nothing back
+    rows = session.execute(
+        select(
+            LedgerEntry.kind,
+            LedgerEntry.epsilon,
+            LedgerEntry.delta,
+            LedgerEntry.rho,
+            LedgerEntry.gdp,
+            LedgerEntry.zcdp_delta,
+        ).where(*counted)
+    ).all()
     return _grant_state(dataset, grant, *ledger.spent_of(rows))
 
 
+def hybrid_grant_budget(
+    dataset: Dataset, epsilon: Decimal, delta: Decimal
+) -> accounting.HybridBudget:
+    """A ``hybrid`` grant's filters: a hybrid sub-budget of ``(epsilon, delta)`` with its
+    dataset's shares of delta (each share rounded down, so their sum stays within ``delta``),
+    each filter's budget derived as the dataset's (rounded down) and capped at the dataset's."""
+    total = dataset.delta_total
+
+    def share(part: Decimal | None) -> Decimal:
+        if part is None or total <= 0:
+            return Decimal(0)
+        return accounting.round_down(
+            ledger.BUDGET_CONTEXT.divide(ledger.BUDGET_CONTEXT.multiply(delta, part), total)
+        )
+
+    budget = accounting.hybrid_budget_of(
+        epsilon,
+        delta,
+        share(dataset.delta_gaussian),
+        share(dataset.delta_conversion),
+        share(dataset.delta_mechanisms),
+        share(dataset.delta_basic),
+    )
+    zero = Decimal(0)
+    return accounting.HybridBudget(
+        budget.epsilon,
+        budget.delta,
+        min(budget.mu_total, dataset.mu_total or zero),
+        budget.delta_gaussian,
+        min(budget.rho_total, dataset.rho_total or zero),
+        budget.delta_conversion,
+        budget.delta_mechanisms,
+        budget.delta_basic,
+    )
+
+
 def _grant_state(
-    dataset: Dataset, grant: Grant, epsilon_spent: Decimal, delta_spent: Decimal, rho_spent: Decimal
+    dataset: Dataset,
+    grant: Grant,
+    epsilon_spent: Decimal,
+    delta_spent: Decimal,
+    rho_spent: Decimal,
+    *hybrid_sums: Decimal,
 ) -> ledger.BudgetState:
     """A grant's share as a budget of its dataset's accounting: ``(epsilon, delta)``
-    (``basic``), ``rho`` (``gaussian``, ``mu^2/2``) or ``(rho, delta)`` (``zcdp``)."""
+    (``basic``), ``rho`` (``gaussian``, ``mu^2/2``), ``(rho, delta)`` (``zcdp``) or a hybrid
+    sub-budget of ``(epsilon, delta)`` (``hybrid``, :func:`hybrid_grant_budget`)."""
+    if dataset.accounting == "hybrid":
+        budget = hybrid_grant_budget(dataset, grant.epsilon, grant.delta)
+        sums = (*hybrid_sums, Decimal(0), Decimal(0), Decimal(0), Decimal(0))[:4]
+        return ledger.BudgetState(
+            grant.epsilon,
+            grant.delta,
+            epsilon_spent,
+            delta_spent,
+            accounting="hybrid",
+            rho_total=budget.rho_total,
+            rho_spent=rho_spent,
+            delta_limit=budget.delta_basic,
+            stated_delta=dataset.delta_total,
+            epsilon_stated=grant.epsilon,
+            epsilon_ceiling=dataset.epsilon_total,
+            delta_conversion=budget.delta_conversion,
+            mu_total=budget.mu_total,
+            delta_gaussian=budget.delta_gaussian,
+            delta_mechanisms=budget.delta_mechanisms,
+            delta_basic=budget.delta_basic,
+            gdp_spent=sums[0],
+            zcdp_delta_spent=sums[1],
+            not_gdp=sums[2],
+            not_profiled=sums[3],
+        )
     return ledger.BudgetState(
         grant.epsilon,
         grant.delta,
@@ -233,10 +308,15 @@ def _share(
     dataset's total; :class:`InvalidInput` names the field that does not fit."""
     compare = ledger.BUDGET_CONTEXT.compare
     zero = Decimal(0)
-    if dataset.accounting == "basic":
+    if dataset.accounting in ("basic", "hybrid"):
         for name, value in (("rho", rho), ("mu", mu)):
             if value is not None:
-                raise InvalidInput(name, "this dataset's accounting is basic: give epsilon, delta")
+                raise InvalidInput(
+                    name, f"this dataset's accounting is {dataset.accounting}: give epsilon, delta"
+                )
+    if dataset.accounting == "hybrid":
+        return _hybrid_share(dataset, epsilon, delta)
+    if dataset.accounting == "basic":
         if epsilon is None or delta is None:
             raise InvalidInput("epsilon" if epsilon is None else "delta", "required")
         if compare(epsilon, dataset.epsilon_total) > 0:
@@ -267,6 +347,30 @@ def _share(
     if compare(delta, limit) > 0:
         raise InvalidInput("delta", _mechanism_delta_limit(dataset, limit))
     return zero, delta, rho
+
+
+def _hybrid_share(
+    dataset: Dataset, epsilon: Decimal | None, delta: Decimal | None
+) -> tuple[Decimal, Decimal, Decimal]:
+    """A grant on a ``hybrid`` dataset: ``(epsilon, delta)`` (``delta`` defaults to the
+    dataset's ``delta_total``), each at most the dataset's; the grant is a hybrid sub-budget
+    with the dataset's shares (:func:`hybrid_grant_budget`), its B ``rho`` kept in the grant's
+    ``rho`` column for the record."""
+    compare = ledger.BUDGET_CONTEXT.compare
+    if epsilon is None:
+        raise InvalidInput("epsilon", "required (with delta, default the dataset's delta_total)")
+    if compare(epsilon, dataset.epsilon_total) > 0:
+        raise InvalidInput(
+            "epsilon", f"must not exceed the dataset's epsilon_total ({dataset.epsilon_total})"
+        )
+    delta = dataset.delta_total if delta is None else delta
+    if compare(delta, dataset.delta_total) > 0:
+        raise InvalidInput(
+            "delta", f"must not exceed the dataset's delta_total ({dataset.delta_total})"
+        )
+    if delta <= 0:
+        raise InvalidInput("delta", "must be > 0 on a hybrid dataset")
+    return epsilon, delta, hybrid_grant_budget(dataset, epsilon, delta).rho_total
 
 
 def _mechanism_delta_limit(dataset: Dataset, limit: Decimal) -> str:

@@ -35,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
+from service.accounting import HybridBudget, HybridState, ReleaseCost
 from service.db.models import Dataset, LedgerEntry, Release, utcnow
 from service.errors import InvalidInput
 
@@ -68,11 +69,24 @@ def check_storable(field: str, value: Decimal) -> None:
 class Charge:
     """What one release moves in the ledger: ``(epsilon, delta)`` on a ``basic`` dataset,
     ``(rho, delta)`` on a ``zcdp`` one (approximate zCDP), ``rho = mu^2/2`` on a ``gaussian``
-    one (see :mod:`service.accounting`). Exact decimals at the ledger's 30 places."""
+    one (see :mod:`service.accounting`). Exact decimals at the ledger's 30 places.
+
+    On a ``hybrid`` dataset one charge moves every filter's currency at once (each filter's
+    sums include every admitted release): ``(epsilon, delta)`` the single release it is
+    calibrated as (filter C), ``rho`` and ``zcdp_delta`` (B; ``zcdp_delta`` ``None``: no proven
+    profile, B can no longer hold) and ``gdp``, its GDP ``mu^2`` (A'; ``None``: a step A'
+    cannot charge)."""
 
     epsilon: Decimal
     delta: Decimal
     rho: Decimal = Decimal(0)
+    gdp: Decimal | None = None
+    zcdp_delta: Decimal | None = None
+
+    def release_cost(self) -> ReleaseCost:
+        """The charge as :class:`service.HybridState` reads it."""
+        rho = None if self.zcdp_delta is None else self.rho
+        return ReleaseCost(self.epsilon, self.delta, rho, self.zcdp_delta, self.gdp)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,41 @@ class BudgetState:
     epsilon_ceiling: Decimal | None = None
     delta_conversion: Decimal | None = None
     mu_total: Decimal | None = None
+    #: ``hybrid``: the filters' shares of delta (A', B's steps, C; B's conversion is
+    #: ``delta_conversion``) and what the entries spent beyond ``epsilon``/``delta`` (C's) and
+    #: ``rho``: the sums of ``gdp`` (``mu^2``) and of ``zcdp_delta``, and how many entries in
+    #: effect have no GDP figure / no profile (a filter with one such release never holds).
+    delta_gaussian: Decimal | None = None
+    delta_mechanisms: Decimal | None = None
+    delta_basic: Decimal | None = None
+    gdp_spent: Decimal = Decimal(0)
+    zcdp_delta_spent: Decimal = Decimal(0)
+    not_gdp: Decimal = Decimal(0)
+    not_profiled: Decimal = Decimal(0)
+
+    def hybrid(self) -> HybridState:
+        """A ``hybrid`` budget's filters and what they spent (:class:`HybridState`)."""
+        zero = Decimal(0)
+        budget = HybridBudget(
+            self.epsilon_total,
+            self.delta_total,
+            zero if self.mu_total is None else self.mu_total,
+            zero if self.delta_gaussian is None else self.delta_gaussian,
+            zero if self.rho_total is None else self.rho_total,
+            zero if self.delta_conversion is None else self.delta_conversion,
+            zero if self.delta_mechanisms is None else self.delta_mechanisms,
+            zero if self.delta_basic is None else self.delta_basic,
+        )
+        return HybridState(
+            budget,
+            self.epsilon_spent,
+            self.delta_spent,
+            self.rho_spent,
+            self.zcdp_delta_spent,
+            self.gdp_spent,
+            self.not_gdp <= 0,
+            self.not_profiled <= 0,
+        )
 
     @property
     def epsilon_remaining(self) -> Decimal:
@@ -120,7 +169,10 @@ class BudgetState:
         return BUDGET_CONTEXT.subtract(total, self.rho_spent)
 
     def affords(self, charge: Charge) -> bool:
-        """Whether the filter lets ``charge`` through (exact comparisons)."""
+        """Whether the filter lets ``charge`` through (exact comparisons); ``hybrid``: whether
+        one of its filters admits the whole sequence with it."""
+        if self.accounting == "hybrid":
+            return self.hybrid().admits(charge.release_cost())
         delta_ok = BUDGET_CONTEXT.compare(charge.delta, self.delta_remaining) <= 0
         if self.accounting == "basic":
             epsilon_ok = BUDGET_CONTEXT.compare(charge.epsilon, self.epsilon_remaining) <= 0
@@ -144,10 +196,23 @@ class BudgetTotals(Protocol):
     def mu_total(self) -> Decimal | None: ...
     @property
     def delta_conversion(self) -> Decimal | None: ...
+    @property
+    def delta_gaussian(self) -> Decimal | None: ...
+    @property
+    def delta_mechanisms(self) -> Decimal | None: ...
+    @property
+    def delta_basic(self) -> Decimal | None: ...
 
 
 def state_of(
-    dataset: BudgetTotals, epsilon_spent: Decimal, delta_spent: Decimal, rho_spent: Decimal
+    dataset: BudgetTotals,
+    epsilon_spent: Decimal,
+    delta_spent: Decimal,
+    rho_spent: Decimal,
+    gdp_spent: Decimal = Decimal(0),
+    zcdp_delta_spent: Decimal = Decimal(0),
+    not_gdp: Decimal = Decimal(0),
+    not_profiled: Decimal = Decimal(0),
 ) -> BudgetState:
     """The dataset's budget state from its totals and its ledger sums."""
     limit: Decimal | None = None
@@ -155,6 +220,8 @@ def state_of(
         limit = Decimal(0)
     elif dataset.accounting == "zcdp" and dataset.delta_conversion is not None:
         limit = BUDGET_CONTEXT.subtract(dataset.delta_total, dataset.delta_conversion)
+    elif dataset.accounting == "hybrid":
+        limit = dataset.delta_basic
     return BudgetState(
         dataset.epsilon_total,
         dataset.delta_total,
@@ -168,6 +235,13 @@ def state_of(
         epsilon_stated=dataset.epsilon_total,
         delta_conversion=dataset.delta_conversion,
         mu_total=dataset.mu_total,
+        delta_gaussian=dataset.delta_gaussian,
+        delta_mechanisms=dataset.delta_mechanisms,
+        delta_basic=dataset.delta_basic,
+        gdp_spent=gdp_spent,
+        zcdp_delta_spent=zcdp_delta_spent,
+        not_gdp=not_gdp,
+        not_profiled=not_profiled,
     )
 
 
@@ -197,7 +271,7 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
         _MANY_BUDGETS[dialect], {"ids": [dataset.id for dataset in datasets], "now": utcnow()}
     ).all()
     spent = spent_by_dataset(dialect, rows)
-    zero = (Decimal(0), Decimal(0), Decimal(0))
+    zero = (Decimal(0),) * len(SUMS)
     return {
         dataset.id: state_of(dataset, *spent.get(dataset.id, (None, zero))[1])
         for dataset in datasets
@@ -211,7 +285,22 @@ def dialect_of(session: Session) -> str:
 
 
 #: The columns of a dataset that make its budget (:class:`BudgetTotals`), in this order.
-TOTALS = ("accounting", "epsilon_total", "delta_total", "rho_total", "mu_total", "delta_conversion")
+TOTALS = (
+    "accounting",
+    "epsilon_total",
+    "delta_total",
+    "rho_total",
+    "mu_total",
+    "delta_conversion",
+    "delta_gaussian",
+    "delta_mechanisms",
+    "delta_basic",
+)
+
+#: What a budget's entries sum, in this order (:data:`Spent`): ``epsilon``, ``delta``, ``rho``,
+#: ``gdp``, ``zcdp_delta``, and the entries without a ``gdp`` / ``zcdp_delta`` (hybrid's flags:
+#: a charge without one counts 1, its refund -1).
+SUMS = ("epsilon", "delta", "rho", "gdp", "zcdp_delta", "not_gdp", "not_profiled")
 
 
 def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[Any]:
@@ -235,10 +324,17 @@ def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[
         and_(
             entries.c.dataset_id == datasets.c.id,
             in_effect(bindparam("now")),
+            # hybrid keeps every charge (see refund): its refunds give nothing back.
+            or_(entries.c.kind == "charge", datasets.c.accounting != "hybrid"),
         ),
     )
     if dialect == "postgresql":
         sign = case((entries.c.kind == "charge", 1), else_=-1)
+
+        def missing(column: ColumnElement[Any]) -> ColumnElement[Any]:
+            # an entry (not the outer join's empty row) without the figure
+            return case((and_(entries.c.id.is_not(None), column.is_(None)), sign), else_=0)
+
         return (
             select(
                 datasets.c.id,
@@ -246,6 +342,10 @@ def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[
                 func.sum(sign * entries.c.epsilon),
                 func.sum(sign * entries.c.delta),
                 func.sum(sign * entries.c.rho),
+                func.sum(sign * entries.c.gdp),
+                func.sum(sign * entries.c.zcdp_delta),
+                func.sum(missing(entries.c.gdp)),
+                func.sum(missing(entries.c.zcdp_delta)),
             )
             .select_from(joined)
             .where(*where)
@@ -259,6 +359,8 @@ def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[
             entries.c.epsilon,
             entries.c.delta,
             entries.c.rho,
+            entries.c.gdp,
+            entries.c.zcdp_delta,
         )
         .select_from(joined)
         .where(*where)
@@ -282,15 +384,19 @@ class Totals:
     rho_total: Decimal | None
     mu_total: Decimal | None
     delta_conversion: Decimal | None
+    delta_gaussian: Decimal | None = None
+    delta_mechanisms: Decimal | None = None
+    delta_basic: Decimal | None = None
 
 
-Spent = tuple[Decimal, Decimal, Decimal]
+#: A budget's sums, as :data:`SUMS` names them.
+Spent = tuple[Decimal, Decimal, Decimal, Decimal, Decimal, Decimal, Decimal]
 
 
 def spent_by_dataset(
     dialect: str, rows: Sequence[Row[Any]]
 ) -> dict[uuid.UUID, tuple[Totals, Spent]]:
-    """Each dataset's totals and ``(epsilon, delta, rho)`` spent from :func:`budget_select`'s
+    """Each dataset's totals and sums (:data:`SUMS`) from :func:`budget_select`'s
     rows: the database's sums (PostgreSQL), or the entries summed exactly (SQLite)."""
     width = 1 + len(TOTALS)
     found: dict[uuid.UUID, tuple[Totals, Spent]] = {}
@@ -319,19 +425,42 @@ def budget_row_of(dialect: str, rows: Sequence[Row[Any]]) -> tuple[Totals, Budge
     return None
 
 
-def spent_of(
-    rows: Iterable[Row[str, Decimal, Decimal, Decimal] | tuple[str, Decimal, Decimal, Decimal]],
-) -> tuple[Decimal, Decimal, Decimal]:
-    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta, rho)`` rows, exactly."""
+def spent_of(rows: Iterable[Sequence[Any]]) -> Spent:
+    """``sum(charges) - sum(refunds)`` of ``(kind, epsilon, delta, rho[, gdp, zcdp_delta])``
+    rows, exactly: :data:`SUMS` (without the last two columns, no entry counts as missing
+    them: entries of the other accountings)."""
     epsilon_spent = Decimal(0)
     delta_spent = Decimal(0)
     rho_spent = Decimal(0)
-    for kind, epsilon, delta, rho in rows:
+    gdp_spent = Decimal(0)
+    zcdp_delta_spent = Decimal(0)
+    not_gdp = Decimal(0)
+    not_profiled = Decimal(0)
+    for row in rows:
+        kind, epsilon, delta, rho = row[0], row[1], row[2], row[3]
         step = BUDGET_CONTEXT.add if kind == "charge" else BUDGET_CONTEXT.subtract
         epsilon_spent = step(epsilon_spent, epsilon)
         delta_spent = step(delta_spent, delta)
         rho_spent = step(rho_spent, rho)
-    return epsilon_spent, delta_spent, rho_spent
+        if len(row) > 4:
+            gdp, zcdp_delta = row[4], row[5]
+            if gdp is None:
+                not_gdp = step(not_gdp, Decimal(1))
+            else:
+                gdp_spent = step(gdp_spent, gdp)
+            if zcdp_delta is None:
+                not_profiled = step(not_profiled, Decimal(1))
+            else:
+                zcdp_delta_spent = step(zcdp_delta_spent, zcdp_delta)
+    return (
+        epsilon_spent,
+        delta_spent,
+        rho_spent,
+        gdp_spent,
+        zcdp_delta_spent,
+        not_gdp,
+        not_profiled,
+    )
 
 
 def charge(
@@ -351,12 +480,14 @@ def charge(
             epsilon=amount.epsilon,
             delta=amount.delta,
             rho=amount.rho,
+            gdp=amount.gdp,
+            zcdp_delta=amount.zcdp_delta,
             grant_id=grant_id,
         )
     )
 
 
-def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> None:
+def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> LedgerEntry:
     """Append a refund of exactly the release's charge (every currency it moved); only for a
     release that provably never read the data. It goes back to the grant the charge named.
 
@@ -365,6 +496,12 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> No
     grew back before then would tell an analyst that the job had ended, and when, through the
     padding (the budget endpoint, or a request accepted only thanks to the refund). Until
     then the charge stands, which only makes the ledger stricter.
+
+    On a ``hybrid`` dataset the refund is written (the ledger shows it) but gives nothing back:
+    the union-of-filters argument (:class:`service.HybridState`) needs each filter's
+    condition to be monotone along the ledger's history, and a charge taken back could revive
+    a filter that had already refused (or whose flag a release without a profile had broken).
+    Every budget read there counts charges only (:func:`budget_select`, the grants' reads).
     """
     release = session.get(Release, release_id)
     effective = utcnow()
@@ -377,15 +514,17 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> No
             LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
         )
     ).scalar_one()
-    session.add(
-        LedgerEntry(
-            dataset_id=dataset_id,
-            release_id=release_id,
-            kind="refund",
-            epsilon=charged.epsilon,
-            delta=charged.delta,
-            rho=charged.rho,
-            grant_id=charged.grant_id,
-            created_at=effective,
-        )
+    entry = LedgerEntry(
+        dataset_id=dataset_id,
+        release_id=release_id,
+        kind="refund",
+        epsilon=charged.epsilon,
+        delta=charged.delta,
+        rho=charged.rho,
+        gdp=charged.gdp,
+        zcdp_delta=charged.zcdp_delta,
+        grant_id=charged.grant_id,
+        created_at=effective,
     )
+    session.add(entry)
+    return entry

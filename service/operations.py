@@ -172,12 +172,14 @@ def late_counts(session: Session) -> dict[str, int]:
 class LedgerView:
     """A page of a dataset's ledger with what :func:`service.spend.running_epsilon` needs to
     state each entry in epsilon: the dataset's accounting and ``delta_total``, and the net
-    ``(epsilon, delta, rho)`` of the entries before the page."""
+    sums (:data:`service.ledger.SUMS`) of the entries before the page, and the dataset's
+    budget totals (``hybrid`` states a spend by the filters that still hold)."""
 
     page: Page[LedgerEntry]
     accounting: str
     delta_total: Decimal
-    before: tuple[Decimal, Decimal, Decimal]
+    before: ledger.Spent
+    totals: ledger.Totals | None = None
 
 
 def page_ledger(
@@ -206,18 +208,28 @@ def page_ledger(
     following = seq_cursor(LEDGER_CURSOR, rows[-1].id) if more and rows else None
     # The net spend before this page, summed exactly (ledger order: a refund counts where it is
     # written, so the running figure is the ledger's, not the budget's at a given time).
+    counted = [LedgerEntry.dataset_id == dataset_id, LedgerEntry.id <= after]
+    if dataset.accounting == "hybrid":
+        counted.append(LedgerEntry.kind == "charge")  # its refunds give nothing back
     before = ledger.spent_of(
         session.execute(
-            select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta, LedgerEntry.rho).where(
-                LedgerEntry.dataset_id == dataset_id, LedgerEntry.id <= after
-            )
+            select(
+                LedgerEntry.kind,
+                LedgerEntry.epsilon,
+                LedgerEntry.delta,
+                LedgerEntry.rho,
+                LedgerEntry.gdp,
+                LedgerEntry.zcdp_delta,
+            ).where(*counted)
         ).all()
     )
+    totals = ledger.Totals(*(getattr(dataset, name) for name in ledger.TOTALS))
     return LedgerView(
         Page(items=rows, total=total, next=following),
         dataset.accounting,
         dataset.delta_total,
         before,
+        totals,
     )
 
 

@@ -67,6 +67,8 @@ class ReleasePreview:
     recommended_accounting: str
     recommendation_reason: str
     warnings: list[DominanceWarning]
+    #: ``hybrid``: which of its filters would admit the release (``None`` elsewhere).
+    admitted_by: list[str] | None = None
 
 
 def _finite(value: PreviewValue) -> PreviewValue:
@@ -78,7 +80,11 @@ def _finite(value: PreviewValue) -> PreviewValue:
 
 
 def releases_remaining(budget: ledger.BudgetState, charge: ledger.Charge) -> int | None:
-    """How many more releases of ``charge`` the remaining budget buys (``None``: unlimited)."""
+    """How many more releases of ``charge`` the remaining budget buys (``None``: unlimited).
+    ``hybrid``: the most any one filter admits (the rule admits ``n`` more iff some filter
+    admits the whole sequence with all ``n``)."""
+    if budget.accounting == "hybrid":
+        return _hybrid_releases_remaining(budget, charge)
     counts = [
         accounting.releases_affordable(remaining, cost)
         for remaining, cost in (
@@ -89,6 +95,45 @@ def releases_remaining(budget: ledger.BudgetState, charge: ledger.Charge) -> int
     ]
     finite = [count for count in counts if count is not None]
     return min(finite) if finite else None
+
+
+def _hybrid_releases_remaining(budget: ledger.BudgetState, charge: ledger.Charge) -> int | None:
+    state = budget.hybrid()
+    cost = charge.release_cost()
+    limits = state.budget
+    subtract = ledger.BUDGET_CONTEXT.subtract
+    per_filter: list[list[int | None]] = []
+    if state.all_gdp and cost.gdp is not None:
+        left = subtract(limits.gdp_total, state.gdp_spent)
+        per_filter.append([accounting.releases_affordable(left, cost.gdp)])
+    if state.all_profiled and cost.rho is not None and cost.zcdp_delta is not None:
+        per_filter.append(
+            [
+                accounting.releases_affordable(
+                    subtract(limits.rho_total, state.rho_spent), cost.rho
+                ),
+                accounting.releases_affordable(
+                    subtract(limits.delta_mechanisms, state.zcdp_delta_spent), cost.zcdp_delta
+                ),
+            ]
+        )
+    per_filter.append(
+        [
+            accounting.releases_affordable(
+                subtract(limits.epsilon, state.epsilon_spent), cost.epsilon
+            ),
+            accounting.releases_affordable(
+                subtract(limits.delta_basic, state.delta_spent), cost.delta
+            ),
+        ]
+    )
+    counts: list[int] = []
+    for limits_of_filter in per_filter:
+        finite = [count for count in limits_of_filter if count is not None]
+        if not finite:
+            return None  # a filter this release costs nothing under
+        counts.append(min(finite))
+    return max(counts)
 
 
 def preview_release(
@@ -147,6 +192,9 @@ def preview_release(
     )
     # The remaining figures as GET .../budget (or the grant) states them.
     stated = spend.statement(budget)
+    admitted_by = None
+    if dataset.accounting == "hybrid":
+        admitted_by = budget.hybrid().filters_admitting(charge.release_cost())
     fits = recommendation(dataset, body.mechanism, prepared.epsilon, prepared.costs)
     return ReleasePreview(
         dataset_id=dataset.id,
@@ -164,6 +212,7 @@ def preview_release(
         delta_reserved_for_conversion=stated.delta_reserved_for_conversion,
         releases_remaining=releases_remaining(budget, charge),
         affordable=affordable,
+        admitted_by=admitted_by,
         epsilon_remaining=stated.epsilon_remaining,
         delta_remaining=stated.delta_remaining,
         budget=charged_to,
@@ -179,6 +228,7 @@ def preview_release(
                 isinstance(getattr(prepared.spec.params, "center", None), list),
             ),
             *accounting_note(dataset, prepared.costs),
+            *hybrid_note(admitted_by),
         ],
         recommended_accounting=fits.accounting,
         recommendation_reason=fits.reason,
@@ -240,6 +290,27 @@ def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:
         "noise (zcdp pays for its conversion to (epsilon, delta) and the delta it reserves; "
         "it admits every mechanism with a proven profile, gaussian only Gaussian ones)."
     ]
+
+
+_FILTER_NAMES = {
+    "gdp": "the Gaussian-DP filter (Gaussian steps, and pure steps at their GDP mu)",
+    "zcdp": "the approximate-zCDP filter",
+    "basic": "the basic filter (sums of epsilon and delta)",
+}
+
+
+def hybrid_note(admitted_by: list[str] | None) -> list[str]:
+    """On a ``hybrid`` dataset: which of its filters would admit this release (public: the
+    release's declared cost and the ledger's sums), or that none would."""
+    if admitted_by is None:
+        return []
+    if not admitted_by:
+        return [
+            "No filter of this dataset's hybrid accounting would admit this release now: a "
+            "real request would be refused with 409 (ask for less, or see epsilon_remaining)."
+        ]
+    names = "; ".join(_FILTER_NAMES[name] for name in admitted_by)
+    return [f"This dataset's hybrid accounting would admit this release by: {names}."]
 
 
 def recommendation(

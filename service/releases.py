@@ -190,9 +190,13 @@ def _calibrate(
     dataset: Dataset,
     target_rho: Decimal,
     target_delta: Decimal,
+    measure: Callable[[accounting.StepCosts], Decimal | None] = lambda costs: costs.rho,
 ) -> tuple[Decimal, Decimal, ReleaseSpec[Any], accounting.StepCosts]:
     """The largest single-release epsilon (at the delta below) whose declared cost is within
     ``(target_rho, target_delta)``: the release asked for in the dataset's currency.
+    ``measure`` reads the cost compared with ``target_rho``: ``rho`` (default), or on a
+    ``hybrid`` dataset asked for ``mu``, the release's GDP ``mu^2`` (``target_rho`` is then
+    ``mu^2``; it grows with epsilon as ``rho`` does).
 
     The delta: for a purely Gaussian release any delta reaches every rho (only
     ``epsilon``'s search moves the noise), so the dataset's ``delta_total`` is used and the
@@ -210,8 +214,20 @@ def _calibrate(
         return spec, _costs(mechanism, context, spec)
 
     delta = dataset.delta_total
+    if dataset.accounting == "hybrid" and dataset.delta_basic:
+        # Any delta reaches every target for a Gaussian release, and the (epsilon, delta) it is
+        # calibrated as is what hybrid's filter C (basic, on its small share of delta) is
+        # charged: at a tenth of C's share, C can still admit later releases (at delta_total
+        # one such release would close C for good). The noise is the same either way.
+        delta = accounting.round_down(BUDGET_CONTEXT.divide(dataset.delta_basic, 10))
     probe = _probe(attempt, delta)
-    if probe.rho is None:
+    if measure(probe) is None:
+        if dataset.accounting == "hybrid":
+            raise InvalidInput(
+                "mu",
+                f"{mechanism.name} has steps the GDP filter cannot charge with these params: "
+                "give epsilon and delta (or rho and delta) instead",
+            )
         raise InvalidInput("accounting", _not_admitted(mechanism, dataset.accounting))
     if probe.delta:
         if not target_delta:
@@ -241,7 +257,8 @@ def _calibrate(
         ``e^eps1 delta1``), so the condition is monotone."""
         candidate = _decimal_down(eps)
         spec, costs = attempt(candidate, delta)
-        if costs.rho is None or costs.rho > target_rho:
+        measured = measure(costs)
+        if measured is None or measured > target_rho:
             return None
         over = target_delta and costs.delta is not None and costs.delta > target_delta
         if check_delta and over:
@@ -291,12 +308,13 @@ def _calibrate(
                 break
         if 0 < trial < 1 and trial != delta:
             again, _ = search(trial)
+            again_measured = None if again is None else measure(again[1])
+            best_measured = measure(best[1])
             gained = (
-                again is not None
-                and again[1].rho is not None
-                and best[1].rho is not None
+                again_measured is not None
+                and best_measured is not None
                 # as much rho (to the search's resolution), and delta nearer its target
-                and again[1].rho >= best[1].rho * Decimal("0.999999")
+                and again_measured >= best_measured * Decimal("0.999999")
             )
             if gained:
                 assert again is not None
@@ -328,6 +346,12 @@ def _probe(
 
 
 def _not_admitted(mechanism: Mechanism[Any], accounting_name: str) -> str:
+    if accounting_name == "hybrid":
+        return (
+            f"{mechanism.name} has no proven zCDP profile with these params, so it cannot be "
+            "asked in rho (this dataset's filter B); give epsilon and delta instead (filter C, "
+            "basic, charges any release); see docs/mechanisms.md, 'Accounting across releases'"
+        )
     if accounting_name == "gaussian":
         return (
             f"{mechanism.name} has steps that are not Gaussian with these params, so this "
@@ -373,7 +397,9 @@ def _prepare(
         mechanism = on_prior(mechanism, prior.matrix, prior.sha256)
     context = _context(dataset, memory_limit_bytes)
     kind = dataset.accounting
-    if kind not in mechanism.accountings:
+    # hybrid admits every mechanism (its filter C, basic, charges any release); which filter
+    # can charge a request is a matter of its cost, decided at the budget check.
+    if kind != "hybrid" and kind not in mechanism.accountings:
         raise InvalidInput("accounting", _not_admitted(mechanism, kind))
     _check_currency(body, kind)
     params = mechanism.for_accounting(kind, params)
@@ -388,17 +414,27 @@ def _prepare(
         costs = _costs(mechanism, context, spec)
     else:
         target_delta = body.delta or Decimal(0)
-        target = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)
-        assert target is not None  # _check_currency
-        epsilon, delta, spec, costs = _calibrate(
-            mechanism, context, body, params, dataset, target, target_delta
-        )
+        if kind == "hybrid" and body.mu is not None:
+            # A mu asked on a hybrid dataset is filter A''s currency: the release's GDP mu^2
+            # (Gaussian and pure steps), exact (mu has at most 30 places).
+            square = BUDGET_CONTEXT.multiply(body.mu, body.mu)
+            epsilon, delta, spec, costs = _calibrate(
+                mechanism, context, body, params, dataset, square, target_delta, _gdp_of
+            )
+        else:
+            target = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)
+            assert target is not None  # _check_currency
+            epsilon, delta, spec, costs = _calibrate(
+                mechanism, context, body, params, dataset, target, target_delta
+            )
     if kind == "gaussian" and not costs.gaussian:
         raise InvalidInput("accounting", _not_admitted(mechanism, kind))
     if kind == "zcdp" and costs.rho is None:
         raise InvalidInput("accounting", _not_admitted(mechanism, kind))
     if kind == "basic":
         charge = ledger.Charge(epsilon, delta)
+    elif kind == "hybrid":
+        charge = hybrid_charge(epsilon, delta, costs)
     else:
         assert costs.rho is not None and costs.delta is not None
         charge = ledger.Charge(Decimal(0), costs.delta, costs.rho)
@@ -417,6 +453,24 @@ def _prepare(
     )
 
 
+def _gdp_of(costs: accounting.StepCosts) -> Decimal | None:
+    return costs.gdp
+
+
+def hybrid_charge(epsilon: Decimal, delta: Decimal, costs: accounting.StepCosts) -> ledger.Charge:
+    """A release's charge on a ``hybrid`` dataset: every filter's figure at once (filter C its
+    single-release ``(epsilon, delta)``, B its ``rho`` and approximate ``delta`` or none
+    without a profile, A' its GDP ``mu^2`` or none with an approximate step)."""
+    profiled = costs.rho is not None and costs.delta is not None
+    return ledger.Charge(
+        epsilon,
+        delta,
+        costs.rho if costs.rho is not None else Decimal(0),
+        gdp=costs.gdp,
+        zcdp_delta=costs.delta if profiled else None,
+    )
+
+
 def _check_currency(body: ReleaseRequest, kind: str) -> None:
     """Exactly one way of stating the cost, and one the dataset's accounting takes."""
     if body.epsilon is not None:
@@ -426,7 +480,11 @@ def _check_currency(body: ReleaseRequest, kind: str) -> None:
             raise InvalidInput("delta", "required with epsilon")
         return
     if body.mu is None and body.rho is None:
-        needs = {"basic": "epsilon and delta", "gaussian": "mu (or epsilon and delta)"}
+        needs = {
+            "basic": "epsilon and delta",
+            "gaussian": "mu (or epsilon and delta)",
+            "hybrid": "epsilon and delta (or mu, or rho)",
+        }
         raise InvalidInput("epsilon", f"required: {needs.get(kind, 'rho (or epsilon and delta)')}")
     if kind == "basic":
         name = "mu" if body.mu is not None else "rho"
@@ -629,8 +687,8 @@ def request_release(
         k=body.k,
         epsilon=prepared.epsilon,
         delta=prepared.delta,
-        cost_rho=None if dataset.accounting == "basic" else prepared.charge.rho,
-        cost_delta=None if dataset.accounting == "basic" else prepared.charge.delta,
+        cost_rho=_cost_rho(dataset.accounting, prepared.charge),
+        cost_delta=_cost_delta(dataset.accounting, prepared.charge),
         params=params,
         idempotency_key=idempotency_key,
         request_hash=fingerprint,
@@ -674,14 +732,31 @@ def request_release(
     return release
 
 
+def _cost_rho(kind: str, charge: ledger.Charge) -> Decimal | None:
+    """The release's stored ``cost_rho``: null on ``basic`` and for a ``hybrid`` release with no
+    zCDP profile."""
+    if kind == "basic" or (kind == "hybrid" and charge.zcdp_delta is None):
+        return None
+    return charge.rho
+
+
+def _cost_delta(kind: str, charge: ledger.Charge) -> Decimal | None:
+    """The release's stored ``cost_delta`` (its approximate steps' delta under zCDP)."""
+    if kind == "basic":
+        return None
+    return charge.zcdp_delta if kind == "hybrid" else charge.delta
+
+
 def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:
     """A release's cost as its audit events record it: ``(epsilon, delta)`` on ``basic`` (as
     before), plus the accounting and the ``(rho, delta)`` charged on the others."""
     details: dict[str, Any] = {"epsilon": prepared.epsilon, "delta": prepared.delta}
     if kind != "basic":
         details["accounting"] = kind
-        details["rho"] = prepared.charge.rho
-        details["zcdp_delta"] = prepared.charge.delta
+        details["rho"] = _cost_rho(kind, prepared.charge)
+        details["zcdp_delta"] = _cost_delta(kind, prepared.charge)
+    if kind == "hybrid":
+        details["gdp"] = prepared.charge.gdp
     return details
 
 

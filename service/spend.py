@@ -13,7 +13,9 @@ so rounded **down**):
 * ``basic``: the sum of the charges' epsilons (their delta adds up to ``delta_spent``);
 * ``gaussian``: the Gaussian-DP curve at ``mu_spent`` (:func:`service.accounting.gdp_epsilon`);
 * ``zcdp``: the CKS conversion of ``rho_spent`` at ``delta_total - delta_spent`` (the
-  mechanisms' approximate steps spent ``delta_spent`` of it; the conversion gets the rest).
+  mechanisms' approximate steps spent ``delta_spent`` of it; the conversion gets the rest);
+* ``hybrid``: the smallest of the three filters' figures, over the filters whose condition
+  still holds on what was spent (:func:`hybrid_epsilon`).
 
 A new accounting kind adds one function to :data:`_NATIVE` (its native figures and its
 epsilon at a delta); every surface then states it.
@@ -24,11 +26,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from service import accounting
-from service.ledger import BUDGET_CONTEXT, BudgetState
+from service.ledger import BUDGET_CONTEXT, SUMS, BudgetState, BudgetTotals, spent_of, state_of
 
-__all__ = ["Native", "Running", "Statement", "epsilon_of", "running_epsilon", "statement"]
+__all__ = [
+    "Native",
+    "Running",
+    "Statement",
+    "epsilon_of",
+    "hybrid_epsilon",
+    "running_epsilon",
+    "statement",
+]
 
 
 @dataclass(frozen=True)
@@ -122,9 +133,100 @@ def _gaussian_native(state: BudgetState) -> Native:
     )
 
 
+def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decimal | None:
+    """The smallest epsilon (rounded up) at which what a ``hybrid`` budget spent is
+    ``(epsilon, delta_total)``-DP, read by a filter whose condition still holds on it:
+
+    * A' (every release has a GDP figure, ``sum mu_i^2 <= mu_total^2``): the spend is
+      ``sqrt(gdp_spent)``-GDP (Smith & Thakurta 2022; ``sqrt`` rounded up), converted at
+      ``delta_total`` by the GDP curve (:func:`service.accounting.gdp_epsilon`, rounded up);
+    * B (every release profiled, sums within B's budget): ``rho_spent``-zCDP with the steps'
+      ``zcdp_delta_spent``, converted by CKS at ``delta_total - zcdp_delta_spent``;
+    * C (sums within C's budget): ``epsilon_spent``, its ``delta_spent <= delta_basic <=
+      delta_total``.
+
+    Each is what that filter alone, given a budget of exactly what was spent, would have
+    admitted the same sequence under, and its own fully adaptive theorem (the one
+    :class:`service.accounting.HybridState` cites) makes that spend ``(epsilon,
+    delta_total)``-DP: the figure is the statement's convention for every accounting (an
+    epsilon at the dataset's ``delta_total``), and the smallest valid one is stated. A filter
+    that no longer holds is not read (the ledger's admissions are no longer its). ``None`` when
+    none holds (a budget overspent by rounding only; callers state the total as spent)."""
+    probe = accounting.ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+    figures: list[Decimal] = []
+    if state.a_holds(probe):
+        mu = accounting.sqrt_up(state.gdp_spent)
+        figures.append(accounting.gdp_epsilon(mu, delta_total) if mu > 0 else Decimal(0))
+    if state.b_holds(probe):
+        if state.rho_spent <= 0:
+            figures.append(Decimal(0))
+        else:
+            left = BUDGET_CONTEXT.subtract(delta_total, state.zcdp_delta_spent)
+            converted = accounting.zcdp_epsilon(state.rho_spent, left)
+            if converted is not None:
+                figures.append(converted)
+    if state.c_holds(probe):
+        figures.append(state.epsilon_spent)
+    return min(figures) if figures else None
+
+
+def _hybrid_native(state: BudgetState) -> Native:
+    hybrid = state.hybrid()
+    mu_total = hybrid.budget.mu_total
+    gdp_left = BUDGET_CONTEXT.subtract(hybrid.budget.gdp_total, state.gdp_spent)
+    return Native(
+        rho_total=hybrid.budget.rho_total,
+        rho_spent=state.rho_spent,
+        rho_remaining=state.rho_remaining if hybrid.all_profiled else Decimal(0),
+        mu_total=mu_total,
+        mu_spent=accounting.sqrt_up(state.gdp_spent),
+        mu_remaining=accounting.sqrt_down(gdp_left) if hybrid.all_gdp else Decimal(0),
+    )
+
+
+def _hybrid_reserved(state: BudgetState) -> Decimal:
+    """The delta ``hybrid`` holds for converting: A''s share (its GDP curve) and B's
+    conversion share; never spent by a mechanism."""
+    zero = Decimal(0)
+    return BUDGET_CONTEXT.add(
+        zero if state.delta_gaussian is None else state.delta_gaussian,
+        zero if state.delta_conversion is None else state.delta_conversion,
+    )
+
+
+def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
+    """:func:`statement` of a ``hybrid`` budget. ``delta_spent``/``delta_remaining`` are B's
+    approximate steps' (``delta_mechanisms`` less what they spent; 0 once B cannot hold);
+    C's single-release deltas are its own filter's (in the ledger's ``delta`` column)."""
+    hybrid = state.hybrid()
+    epsilon_total = (
+        state.epsilon_stated if state.epsilon_stated is not None else state.epsilon_total
+    )
+    if state.epsilon_ceiling is not None:
+        epsilon_total = min(epsilon_total, state.epsilon_ceiling)
+    spent = hybrid_epsilon(hybrid, delta_at)
+    spent = epsilon_total if spent is None else spent
+    mechanisms = Decimal(0) if state.delta_mechanisms is None else state.delta_mechanisms
+    left = BUDGET_CONTEXT.subtract(mechanisms, state.zcdp_delta_spent)
+    return Statement(
+        accounting="hybrid",
+        epsilon_total=epsilon_total,
+        epsilon_spent=spent,
+        epsilon_remaining=max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent)),
+        delta_total=state.delta_total,
+        delta_spent=state.zcdp_delta_spent,
+        delta_remaining=max(Decimal(0), left) if hybrid.all_profiled else Decimal(0),
+        delta_reserved_for_conversion=_hybrid_reserved(state),
+        stated_at_delta=delta_at,
+        native=_hybrid_native(state),
+    )
+
+
 _NATIVE: dict[str, _Kind] = {
     "gaussian": _Kind(_gaussian_epsilon, _gaussian_native, lambda total, _share: total),
     "zcdp": _Kind(_zcdp_epsilon, _rho_native, lambda _total, share: share),
+    # hybrid's figures need every filter's sums: stated by _hybrid_statement.
+    "hybrid": _Kind(lambda _rho, _spent, _total: None, _hybrid_native, lambda _t, share: share),
 }
 
 
@@ -153,6 +255,8 @@ def statement(state: BudgetState) -> Statement:
     grant's is what its native total amounts to (:attr:`BudgetState.epsilon_stated` unset).
     """
     delta_at = state.delta_total if state.stated_delta is None else state.stated_delta
+    if state.accounting == "hybrid":
+        return _hybrid_statement(state, delta_at)
     kind = _NATIVE.get(state.accounting)
     if kind is None:
         return Statement(
@@ -209,17 +313,24 @@ class Running:
 def running_epsilon(
     kind: str,
     delta_total: Decimal,
-    before: tuple[Decimal, Decimal, Decimal],
-    entries: Sequence[tuple[str, Decimal, Decimal, Decimal]],
+    before: Sequence[Decimal],
+    entries: Sequence[Sequence[Any]],
+    totals: BudgetTotals | None = None,
 ) -> list[Running]:
-    """Each of ``entries`` (``(kind, epsilon, delta, rho)``, in ledger order, after a net spend
-    of ``before``) stated in epsilon. Under ``basic`` the increments are the entries' epsilons;
-    under the others epsilons do not add up (the conversion is concave in ``rho``), so the
-    increment is the difference of the running figures: what the chart's step is."""
-    epsilon, delta, rho = before
+    """Each of ``entries`` (``(kind, epsilon, delta, rho[, gdp, zcdp_delta])``, in ledger
+    order, after a net spend of ``before``, :data:`service.ledger.SUMS`) stated in epsilon.
+    Under ``basic`` the increments are the entries' epsilons; under the others epsilons do not
+    add up (the conversion is concave in ``rho``), so the increment is the difference of the
+    running figures: what the chart's step is. ``hybrid`` needs the dataset's ``totals`` (which
+    filters still hold) and counts charges only (its refunds give nothing back)."""
+    if kind == "hybrid":
+        assert totals is not None
+        return _hybrid_running(totals, before, entries)
+    epsilon, delta, rho = before[0], before[1], before[2]
     previous = epsilon_of(kind, epsilon, rho, delta, delta_total)
     shown: list[Running] = []
-    for entry_kind, entry_epsilon, entry_delta, entry_rho in entries:
+    for entry in entries:
+        entry_kind, entry_epsilon, entry_delta, entry_rho = entry[0], entry[1], entry[2], entry[3]
         step = BUDGET_CONTEXT.add if entry_kind == "charge" else BUDGET_CONTEXT.subtract
         epsilon = step(epsilon, entry_epsilon)
         delta = step(delta, entry_delta)
@@ -228,5 +339,29 @@ def running_epsilon(
         increment = BUDGET_CONTEXT.subtract(after, previous) if after.is_finite() else after
         mu = accounting.sqrt_up(2 * entry_rho) if kind == "gaussian" else None
         shown.append(Running(after, increment, mu))
+        previous = after
+    return shown
+
+
+def _hybrid_running(
+    totals: BudgetTotals, before: Sequence[Decimal], entries: Sequence[Sequence[Any]]
+) -> list[Running]:
+    sums = list(before) + [Decimal(0)] * (len(SUMS) - len(before))
+
+    def stated() -> Decimal:
+        state = state_of(totals, *sums)
+        found = hybrid_epsilon(state.hybrid(), totals.delta_total)
+        return totals.epsilon_total if found is None else found
+
+    previous = stated()
+    shown: list[Running] = []
+    for entry in entries:
+        if entry[0] == "charge":
+            added = spent_of([entry])
+            sums = [BUDGET_CONTEXT.add(a, b) for a, b in zip(sums, added, strict=True)]
+        after = stated()
+        gdp = entry[4] if len(entry) > 4 else None
+        mu = None if gdp is None else accounting.sqrt_up(gdp)
+        shown.append(Running(after, BUDGET_CONTEXT.subtract(after, previous), mu))
         previous = after
     return shown

@@ -76,7 +76,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit, ledger, oneshot, operations, priors, registration, tracing, wake
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
-from service.db.models import Dataset, Release, ReleaseBasis, utcnow
+from service.db.models import Dataset, LedgerEntry, Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
 from service.jobs import (
@@ -121,8 +121,14 @@ def outcome_cost(release: Release) -> dict[str, Any]:
     return cost
 
 
-def refund_details(release: Release) -> dict[str, Any]:
-    """What a refund gave back, as the ledger moved it (the charge's amounts)."""
+def refund_details(release: Release, entry: LedgerEntry | None = None) -> dict[str, Any]:
+    """What a refund gave back, as the ledger moved it (the charge's amounts: ``entry``, the
+    refund written, whose columns are the charge's; a ``hybrid`` charge moves ``epsilon``,
+    ``delta`` and ``rho`` at once)."""
+    if entry is not None and (release.cost_rho is not None or entry.rho != 0):
+        return {"epsilon": entry.epsilon, "delta": entry.delta, "rho": entry.rho}
+    if entry is not None:
+        return {"epsilon": entry.epsilon, "delta": entry.delta}
     if release.cost_rho is None:
         return {"epsilon": release.epsilon, "delta": release.delta}
     return {"epsilon": Decimal(0), "delta": release.cost_delta, "rho": release.cost_rho}
@@ -572,8 +578,9 @@ class Worker:
         if outcome.basis is not None:
             basis, release.result_shape, release.result_sha256 = outcome.basis
             session.add(ReleaseBasis(release_id=release.id, epoch=0, basis=basis))
+        refunded = None
         if outcome.refund:
-            ledger.refund(session, release.dataset_id, release.id)
+            refunded = ledger.refund(session, release.dataset_id, release.id)
             release.refunded = True
         details: dict[str, Any] = {
             "mechanism": release.mechanism,
@@ -585,7 +592,7 @@ class Worker:
         if outcome.reason is not None:
             details["reason"] = outcome.reason
         if outcome.refund:
-            details["refunded"] = refund_details(release)
+            details["refunded"] = refund_details(release, refunded)
         audit.record(
             session,
             f"release_{outcome.status}",

@@ -32,7 +32,8 @@ def test_gaussian_plans_get_gaussian_and_mixed_plans_zcdp():
     assert advice.recommend(["auto"]).accounting == "zcdp"
     # no plan named: the accounting that admits every profiled mechanism, and how to do better
     nothing = advice.recommend([])
-    assert nothing.accounting == "zcdp" and "planned_mechanisms" in nothing.reason
+    # issue 31, item 5: with no plan the general recommendation is the default, hybrid
+    assert nothing.accounting == "hybrid" and "planned_mechanisms" in nothing.reason
 
 
 def test_an_unprofiled_mechanism_in_the_plan_needs_basic():

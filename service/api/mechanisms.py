@@ -29,7 +29,9 @@ async def list_mechanisms(uow: UnitOfWorkDep) -> MechanismList:
                 cost_rule=mechanism.cost_rule,
                 allows_pure_dp=mechanism.allows_pure_dp,
                 releases_basis=mechanism.releases_basis,
-                accountings=sorted(mechanism.accountings),
+                # hybrid admits every mechanism: its filter C (basic) charges any release;
+                # which of its filters admits a given request, the dry run says (admitted_by).
+                accountings=sorted(mechanism.accountings | {"hybrid"}),
                 params_schema=mechanism.params_model.model_json_schema(),
             )
             for mechanism in MECHANISMS.values()

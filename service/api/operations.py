@@ -128,12 +128,14 @@ async def ledger(
         return operations.page_ledger(session, principal, dataset_id, limit, cursor)
 
     view = await uow(work)
-    entries = [(e.kind, e.epsilon, e.delta, e.rho) for e in view.page.items]
+    entries = [(e.kind, e.epsilon, e.delta, e.rho, e.gdp, e.zcdp_delta) for e in view.page.items]
 
     def state() -> list[spend.Running]:
         # Conversions cost milliseconds each: computed after the unit of work (its database
         # connection is back in the pool) and off the event loop.
-        return spend.running_epsilon(view.accounting, view.delta_total, view.before, entries)
+        return spend.running_epsilon(
+            view.accounting, view.delta_total, view.before, entries, view.totals
+        )
 
     running = await anyio.to_thread.run_sync(state)
     return LedgerPage(

@@ -80,6 +80,13 @@ class Dataset(Base):
     #: ``zcdp``: the share of ``delta_total`` reserved for converting ``rho_total`` to
     #: ``(epsilon_total, delta)``; mechanisms' approximate steps may spend the rest.
     delta_conversion: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    #: ``hybrid`` (either of three filters, :class:`service.accounting.HybridState`): the
+    #: shares of ``delta_total`` of filter A' (GDP; its budget is ``mu_total``), of B's
+    #: approximate steps (B's conversion share is ``delta_conversion``, its budget
+    #: ``rho_total``) and of filter C (basic). Null for the other accountings.
+    delta_gaussian: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    delta_mechanisms: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    delta_basic: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
     #: A dataset registered by reference (:mod:`service.reference`): its URI, columns, row
     #: groups and the objects' ETags/versions and sizes; null for an uploaded dataset.
     reference: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
@@ -158,6 +165,12 @@ class LedgerEntry(Base):
     #: The zCDP rho (``gaussian`` datasets: ``mu^2/2``); 0 on ``basic`` datasets, whose
     #: entries move ``epsilon`` and ``delta``. On the others ``epsilon`` is 0.
     rho: Mapped[Decimal] = mapped_column(BudgetNumeric, default=Decimal(0), server_default="0")
+    #: ``hybrid`` datasets: the release's GDP ``mu^2`` (filter A'; null: a step A' cannot
+    #: charge) and its approximate steps' delta (filter B; null: no proven zCDP profile, and
+    #: ``rho`` is then 0). ``epsilon``/``delta`` are then the single release's (filter C's).
+    #: Null on the other accountings.
+    gdp: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
+    zcdp_delta: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     #: The grant this entry is also charged to (or refunded to); null for a release that spent
     #: the dataset's budget directly. One entry moves both budgets, so they cannot disagree.

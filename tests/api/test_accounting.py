@@ -4,6 +4,7 @@ the filter's refusals, the dry run's figures, and the done-when ratios of issue 
 from __future__ import annotations
 
 import math
+import uuid
 from decimal import Decimal
 from typing import Any
 
@@ -12,9 +13,9 @@ import pytest
 from sqlalchemy import select
 
 from api_schemas.datasets import DatasetCreate
-from service import accounting, audit, datasets
+from service import accounting, audit, datasets, ledger
 from service.config import Settings
-from service.db.models import LedgerEntry
+from service.db.models import Dataset, LedgerEntry
 from service.mechanisms.analyze_gauss import noise_sigma
 from tests.conftest import bearer
 
@@ -74,13 +75,21 @@ def test_zcdp_budget_and_its_split(client, keys, upload_dataset, data):
     assert Decimal(custom["budget"]["rho_total"]) > Decimal(shown["rho_total"])
 
 
-def test_the_product_default_is_zcdp_and_pure_budgets_stay_basic(tmp_path, monkeypatch):
+def test_the_product_default_is_hybrid_and_pure_budgets_stay_basic(tmp_path, monkeypatch):
+    # issue 31, item 5: the default is the union of filters (it was zcdp)
     monkeypatch.delenv("DPSS_DEFAULT_ACCOUNTING", raising=False)
-    assert Settings(data_dir=tmp_path).default_accounting == "zcdp"
+    assert Settings(data_dir=tmp_path).default_accounting == "hybrid"
     form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal(0))
     assert datasets.check_budgets(form, "zcdp").accounting == "basic"
+    assert datasets.check_budgets(form, "hybrid").accounting == "basic"
     form = DatasetCreate(name="x", epsilon_budget=Decimal(1), delta_budget=Decimal("1e-6"))
     assert datasets.check_budgets(form, "zcdp").accounting == "zcdp"
+    terms = datasets.check_budgets(form, "hybrid")
+    assert terms.accounting == "hybrid"
+    assert terms.delta_gaussian == Decimal("9.6e-7")
+    assert terms.delta_conversion == Decimal("1e-8")
+    assert terms.delta_mechanisms == Decimal("2e-8")
+    assert terms.delta_basic == Decimal("1e-8")
 
 
 @pytest.mark.parametrize(
@@ -367,11 +376,13 @@ def test_grants_in_the_dataset_currency(
 def test_the_mechanism_list_names_each_mechanisms_accountings(client, keys):
     items = client.get("/v1/mechanisms", headers=bearer(keys.analyst)).json()["items"]
     by_name = {item["name"]: set(item["accountings"]) for item in items}
-    assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp"}
-    assert by_name["friendly_aggregate"] == {"basic", "zcdp"}
-    assert by_name["smooth_sensitivity"] == {"basic", "zcdp"}
-    assert by_name["exact_gapmax"] == {"basic", "zcdp"}
-    assert by_name["auto"] == {"basic", "gaussian", "zcdp"}
+    # hybrid (issue 31, item 5) admits every mechanism: its basic filter charges any release
+    assert all("hybrid" in accountings for accountings in by_name.values())
+    assert by_name["analyze_gauss"] == {"basic", "gaussian", "zcdp", "hybrid"}
+    assert by_name["friendly_aggregate"] == {"basic", "zcdp", "hybrid"}
+    assert by_name["smooth_sensitivity"] == {"basic", "zcdp", "hybrid"}
+    assert by_name["exact_gapmax"] == {"basic", "zcdp", "hybrid"}
+    assert by_name["auto"] == {"basic", "gaussian", "zcdp", "hybrid"}
 
 
 def test_a_basic_dry_run_also_shows_the_other_currencies(client, keys, upload_dataset, data):
@@ -415,6 +426,32 @@ def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
             ("charge", Decimal(release["rho"])),
             ("refund", Decimal(release["rho"])),
         ]
+        report = audit.verify(session)
+    assert report.ok, report.problems
+
+
+def test_a_hybrid_refund_is_recorded_gives_nothing_back_and_reconciles(
+    client, keys, upload_dataset, data, run_worker, session_factory
+):
+    dataset = upload(upload_dataset, client, keys, data, "hybrid", row_norm_bound=1.0)
+    release = ask(client, keys.analyst, dataset, mu="0.1").json()
+    deleted = client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    run_worker()
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
+    assert body["refunded"] is True
+    with session_factory() as session:
+        entries = session.scalars(select(LedgerEntry).order_by(LedgerEntry.id)).all()
+        assert [e.kind for e in entries] == ["charge", "refund"]
+        charge, refund = entries
+        moved = ("epsilon", "delta", "rho", "gdp", "zcdp_delta")
+        assert all(getattr(charge, name) == getattr(refund, name) for name in moved)
+        assert charge.gdp is not None and charge.epsilon > 0
+        # every filter keeps the charge (the union of filters needs them monotone)
+        row = session.get(Dataset, uuid.UUID(dataset["id"]))
+        state = ledger.budget_of(session, row)
+        assert (state.gdp_spent, state.rho_spent) == (charge.gdp, charge.rho)
+        assert (state.epsilon_spent, state.delta_spent) == (charge.epsilon, charge.delta)
         report = audit.verify(session)
     assert report.ok, report.problems
 

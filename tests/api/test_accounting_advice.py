@@ -30,7 +30,8 @@ def test_the_upload_recommends_for_the_planned_mechanisms(client, keys, upload_d
     )
     assert mixed["recommended_accounting"] == "zcdp"
     silent = upload_dataset(client, keys.owner, data, **form)
-    assert silent["recommended_accounting"] == "zcdp"
+    # issue 31, item 5: with no plan the general recommendation is the default, hybrid
+    assert silent["recommended_accounting"] == "hybrid"
     assert "planned_mechanisms" in silent["recommendation_reason"]
 
 

@@ -28,7 +28,7 @@ RELEASES = 3
 def test_auto_keeps_half_of_digits_centred_variance(
     client, keys, upload_dataset, run_worker, accounting, mechanism
 ):
-    assert PRODUCT_DEFAULT == "zcdp"
+    assert PRODUCT_DEFAULT == "hybrid"  # issue 31, item 5 (it was zcdp)
     rows = digits_train(0)
     dataset = upload_dataset(
         client,

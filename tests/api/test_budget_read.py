@@ -135,6 +135,85 @@ def test_the_budget_read_agrees_with_the_ledger_and_counts_refunds_once_in_effec
         assert only_second == budget_out(row, alone).model_dump(mode="json")
 
 
+def test_a_hybrid_budget_read_agrees_with_the_ledger_and_refunds_give_nothing_back(
+    client: TestClient,
+    keys: Keys,
+    upload_dataset: Callable[..., Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    """hybrid's sums (every filter's, with the entries missing a GDP or zCDP figure counted)
+    read the same in the one-statement read and in ``ledger.budget_of``, on both databases'
+    shapes; a refund is recorded but counts for nothing (the union of filters needs them
+    monotone)."""
+    dataset = upload_dataset(
+        client,
+        keys.owner,
+        DATA,
+        epsilon_budget="2",
+        delta_budget="1e-6",
+        accounting="hybrid",
+        row_norm_bound="1",
+    )["id"]
+    costs: list[dict[str, Any]] = [
+        {"mechanism": "analyze_gauss", "mu": "0.1"},  # A', B, C
+        {"mechanism": "smooth_sensitivity", "epsilon": "0.1", "delta": "0"},  # pure: A'
+        # the Gaussian smooth-sensitivity variant has no profile: only C (gdp, zcdp_delta null)
+        {
+            "mechanism": "smooth_sensitivity",
+            "epsilon": "0.05",
+            "delta": "1e-9",
+            "params": {"noise": "gaussian"},
+        },
+    ]
+    released = [post_release(client, keys.analyst, dataset, k=1, **cost) for cost in costs]
+
+    def expected() -> dict[str, Any]:
+        with session_factory() as session:
+            row = session.get(Dataset, uuid.UUID(dataset))
+            assert row is not None
+            return budget_out(row, ledger.budget_of(session, row)).model_dump(mode="json")
+
+    charged = client.get(budget_url(dataset), headers=bearer(keys.analyst)).json()
+    assert charged == expected()
+    with session_factory() as session:
+        row = session.get(Dataset, uuid.UUID(dataset))
+        assert row is not None
+        state = ledger.budget_of(session, row)
+        hybrid = state.hybrid()
+        assert state.not_gdp == 1 and state.not_profiled == 1
+        assert not hybrid.all_gdp and not hybrid.all_profiled
+        assert state.gdp_spent > Decimal("0.01")  # mu 0.1 squared, and the pure step's
+        entries = session.execute(
+            select(LedgerEntry.gdp, LedgerEntry.zcdp_delta).order_by(LedgerEntry.id)
+        ).all()
+        assert [gdp is None for gdp, _ in entries] == [False, False, True]
+        assert [zcdp is None for _, zcdp in entries] == [False, False, True]
+    # Only C (basic) holds now: what was spent is its epsilon sum.
+    assert Decimal(charged["epsilon_spent"]) == state.epsilon_spent
+    with session_factory.begin() as session:
+        charge = session.execute(
+            select(LedgerEntry).where(
+                LedgerEntry.release_id == uuid.UUID(released[2]), LedgerEntry.kind == "charge"
+            )
+        ).scalar_one()
+        session.add(
+            LedgerEntry(
+                dataset_id=charge.dataset_id,
+                release_id=charge.release_id,
+                kind="refund",
+                epsilon=charge.epsilon,
+                delta=charge.delta,
+                rho=charge.rho,
+                gdp=charge.gdp,
+                zcdp_delta=charge.zcdp_delta,
+                created_at=utcnow() - timedelta(hours=1),
+            )
+        )
+    for key in (keys.owner, keys.analyst):
+        answer = client.get(budget_url(dataset), headers=bearer(key)).json()
+        assert answer == expected() == charged
+
+
 def test_the_budget_read_shows_what_the_metadata_shows(
     client: TestClient,
     keys: Keys,

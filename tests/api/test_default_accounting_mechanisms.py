@@ -112,3 +112,47 @@ def test_auto_chooses_an_aggregator_on_exactly_low_rank_data(
     released = np.array(result["result"]["basis"])
     assert subspace_distance(released, basis) < 1e-2
     assert Decimal(result["rho"]) == declared == spent_rho(client, keys, dataset)
+
+
+def test_friendly_aggregate_runs_on_a_default_dataset_and_filter_b_or_c_charges_it(
+    client, keys, upload_dataset, run_worker
+):
+    data, basis = exactly_low_rank(5_000, 10, 2, seed=3)
+    dataset = upload_default(upload_dataset, client, keys, data)
+    body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "1", "delta": "1e-6"}
+    dry = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=body,
+    )
+    assert dry.status_code == 200, dry.text
+    # approximate PTR steps: not the GDP filter's; zCDP (B) or basic (C) admits it
+    assert dry.json()["admitted_by"] and "gdp" not in dry.json()["admitted_by"]
+    result = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **body)
+    assert result["status"] == "succeeded", result
+    released = np.array(result["result"]["basis"])
+    assert subspace_distance(released, basis) < 1e-2
+    shown = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
+    assert Decimal(shown.json()["epsilon_spent"]) > 0
+
+
+@pytest.fixture
+def product_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"default_accounting": PRODUCT_DEFAULT})
+
+
+def test_an_upload_naming_no_accounting_gets_hybrid_in_the_product(
+    product_settings, session_factory, keys, upload_dataset
+):
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    app = create_app(product_settings, session_factory=session_factory)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        data, _ = exactly_low_rank(200, 4, 1, seed=5)
+        dataset = upload_dataset(client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6")
+        budget = dataset["budget"]
+        assert PRODUCT_DEFAULT == budget["accounting"] == "hybrid"
+        assert Decimal(budget["delta_reserved_for_conversion"]) == Decimal("9.7e-7")
+        assert Decimal(budget["delta_remaining"]) == Decimal("2e-8")

@@ -15,7 +15,7 @@ from service import accounting, audit, auth
 from service.ledger import BUDGET_CONTEXT
 from tests.conftest import bearer
 
-ACCOUNTINGS = ["basic", "gaussian", "zcdp"]
+ACCOUNTINGS = ["basic", "gaussian", "zcdp", "hybrid"]
 #: What a 409 and a dry run say remains, and GET .../budget states.
 REMAINING = (
     "epsilon_remaining",
@@ -152,6 +152,47 @@ def test_grants_in_epsilon_are_converted_down_and_stated_in_epsilon(
         assert audit.verify(session).ok
 
 
+def test_a_hybrid_grant_in_epsilon_is_a_sub_budget_with_the_datasets_shares(
+    client, keys, upload_dataset, data, session_factory
+):
+    dataset = upload(upload_dataset, client, keys, data, "hybrid")
+    budget = dataset["budget"]
+    grants_url = f"/v1/datasets/{dataset['id']}/grants"
+    analyst_id, analyst = new_key(session_factory, "analyst", "a")
+    whole = client.post(
+        grants_url,
+        headers=bearer(keys.owner),
+        json={"analyst_key_id": analyst_id, "epsilon": "1", "delta": "1e-5"},
+    )
+    assert whole.status_code == 201, whole.text
+    shown = whole.json()
+    assert shown["accounting"] == "hybrid"
+    assert shown["epsilon_total"] == "1" and shown["epsilon_spent"] == "0"
+    for name in ("rho_total", "mu_total", "delta_reserved_for_conversion", "delta_remaining"):
+        assert shown[name] == budget[name], name
+    other_id, _ = new_key(session_factory, "analyst", "b")
+    small = client.post(
+        grants_url,
+        headers=bearer(keys.owner),
+        json={"analyst_key_id": other_id, "epsilon": "0.25", "delta": "1e-6"},
+    )
+    assert small.status_code == 201, small.text
+    expected_mu = accounting.mu_budget(Decimal("0.25"), Decimal("9.6e-7"))
+    assert Decimal(small.json()["mu_total"]) == expected_mu
+    # rho and mu are not a hybrid grant's currency
+    refused = client.post(grants_url, headers=bearer(keys.owner), json={"mu": "0.1"})
+    assert refused.status_code == 422 and "epsilon" in refused.json()["detail"]
+    # a release under the grant is charged to both; the grant states a non-zero spend
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases", headers=bearer(analyst), json=RELEASE
+    )
+    assert response.status_code == 202, response.text
+    listed = client.get(grants_url, headers=bearer(keys.owner)).json()["items"][0]
+    assert Decimal(listed["epsilon_spent"]) > 0 and Decimal(listed["mu_spent"]) > 0
+    with session_factory() as session:
+        assert audit.verify(session).ok
+
+
 @pytest.mark.parametrize("kind", ["gaussian", "zcdp"])
 def test_a_native_grant_is_stated_in_epsilon_too(
     client, keys, upload_dataset, data, session_factory, kind
@@ -187,7 +228,14 @@ def test_a_native_grant_above_the_mechanisms_delta_names_the_figure(
 
 
 @pytest.mark.parametrize(
-    ("kind", "reserved"), [("basic", None), ("gaussian", "0.00001"), ("zcdp", "0.000005")]
+    ("kind", "reserved"),
+    [
+        ("basic", None),
+        ("gaussian", "0.00001"),
+        ("zcdp", "0.000005"),
+        # A''s 96% and B's conversion 1%
+        ("hybrid", "0.0000097"),
+    ],
 )
 def test_the_delta_held_for_the_conversion_is_stated(
     client, keys, upload_dataset, data, kind, reserved
@@ -223,7 +271,7 @@ def test_the_ledger_states_each_charge_in_epsilon(client, keys, upload_dataset, 
         assert all(Decimal(item["rho"]) > 0 for item in items)
         # Epsilons at a fixed delta do not add up: the first charge costs the most.
         assert Decimal(items[0]["epsilon_increment"]) > Decimal(items[-1]["epsilon_increment"])
-    assert all((item["mu"] is not None) == (kind == "gaussian") for item in items)
+    assert all((item["mu"] is not None) == (kind in ("gaussian", "hybrid")) for item in items)
     # Paged, the running figure carries over from the entries before the page.
     first = client.get(ledger_url + "?limit=2", headers=bearer(keys.owner)).json()
     rest = client.get(ledger_url + f"?cursor={first['next']}", headers=bearer(keys.owner)).json()

@@ -20,7 +20,7 @@ from api_schemas.common import (
     number_schema,
 )
 
-Accounting = Literal["basic", "gaussian", "zcdp"]
+Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
 
 
 def _form_bool(value: object) -> object:
@@ -40,12 +40,15 @@ class Budget(Schema):
 
     ``basic`` accounting sums ``(epsilon, delta)``. ``gaussian`` sums ``mu^2`` against
     ``mu_total^2`` (a Gaussian-DP filter); ``zcdp`` sums ``rho`` and ``delta`` against
-    ``rho_total`` and ``delta_total - delta_conversion`` (an approximate-zCDP filter). On those
-    two, ``epsilon_spent`` is the epsilon that what was spent amounts to at ``delta_total``.
+    ``rho_total`` and ``delta_total - delta_conversion`` (an approximate-zCDP filter).
+    ``hybrid`` (the default) admits a release when its GDP filter (``mu``), its zCDP filter
+    (``rho``) or its basic filter would. On those three, ``epsilon_spent`` is the epsilon that
+    what was spent amounts to at ``delta_total``.
     """
 
     accounting: Accounting = Field(
-        default="basic", description="How releases compose: `basic`, `gaussian` or `zcdp`."
+        default="basic",
+        description="How releases compose: `basic`, `gaussian`, `zcdp` or `hybrid`.",
     )
     epsilon_total: ExactDecimal = Field(description="Total epsilon the owner granted.")
     delta_total: ExactDecimal = Field(description="Total delta the owner granted.")
@@ -198,7 +201,7 @@ class DatasetCreated(Dataset):
         ),
     )
 
-    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+    recommended_accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] | None = Field(
         default=None,
         description=(
             "The accounting that fits the mechanisms the upload named in planned_mechanisms "
@@ -262,11 +265,14 @@ class DatasetCreate(RequestSchema):
     accounting: Accounting | None = Field(
         default=None,
         description=(
-            "How releases compose: `basic` (sums of epsilon and delta), `gaussian` (a Gaussian-"
-            "DP filter: only purely Gaussian mechanisms; never more noise than basic) or `zcdp` "
-            "(an approximate-zCDP filter: every mechanism with a proven profile). Default: "
-            "`basic` when delta_budget is 0, else the service's DPSS_DEFAULT_ACCOUNTING "
-            "(`zcdp` unless the operator changed it)."
+            "How releases compose: `hybrid` (a release is admitted when a Gaussian-DP filter on "
+            "96% of delta, a zCDP filter on 3% or a basic filter on 1% admits the whole "
+            "sequence: every mechanism runs, Gaussian releases within 0.8% of basic's noise at "
+            "one release and of the PLD accountant's at 10 and 100), `basic` (sums of epsilon "
+            "and delta), `gaussian` (a Gaussian-DP filter: only purely Gaussian mechanisms) or "
+            "`zcdp` (an approximate-zCDP filter: every mechanism with a proven profile). "
+            "Default: `basic` when delta_budget is 0, else the service's "
+            "DPSS_DEFAULT_ACCOUNTING (`hybrid` unless the operator changed it)."
         ),
     )
     mu_budget: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(

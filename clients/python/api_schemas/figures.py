@@ -55,21 +55,25 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "release is mu-GDP, and mu^2 adds up (so rho = mu^2/2 there too). Because rho and mu^2 "
         "add up while epsilon does not, ten equal releases cost ten times the rho but far less "
         "than ten times the epsilon: the first release of a budget looks dear in epsilon, the "
-        "later ones cheap.",
+        "later ones cheap. hybrid (the default) shows both: mu for its Gaussian-DP filter (a "
+        "pure epsilon-DP step costs mu = -2 Phi^-1(1/(1+e^epsilon))) and rho for its zCDP "
+        "filter; its epsilon_spent is the smallest of its filters' that still hold.",
     ),
     (
         "The delta held for the conversion",
         "Turning rho (or mu) into (epsilon, delta) needs some delta. zcdp holds "
         "delta_conversion (by default half of delta_total) for it; gaussian holds all of "
-        "delta_total. That delta is shown as delta_reserved_for_conversion: no mechanism "
-        "spends it, so delta_remaining is what mechanisms may still spend.",
+        "delta_total; hybrid holds 97% (96% for its Gaussian-DP filter, 1% for its zCDP "
+        "filter's conversion). That delta is shown as delta_reserved_for_conversion: no "
+        "mechanism spends it, so delta_remaining is what mechanisms may still spend.",
     ),
     (
         "Grants",
         "A grant may be given in epsilon (with delta, by default the dataset's delta_total) on "
         "every accounting: it is converted to the grant's rho or mu, rounded down, so what the "
         "grant's releases spend is (epsilon, delta)-DP. Given in rho or mu, its epsilon is that "
-        "rho or mu converted at the dataset's delta_total.",
+        "rho or mu converted at the dataset's delta_total. Under hybrid a grant is given in "
+        "epsilon (and delta): a hybrid budget of its own with the dataset's shares.",
     ),
     (
         "Figures for people",

@@ -85,7 +85,7 @@ class Grant(Schema):
     delta_remaining: ExactDecimal = Field(
         description="Delta the grant could still spend (none once revoked)."
     )
-    accounting: Literal["basic", "gaussian", "zcdp"] = Field(
+    accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
         default="basic", description="The dataset's accounting: the grant's currency."
     )
     rho_total: ExactDecimal | None = Field(

@@ -22,9 +22,11 @@ class MechanismInfo(Schema):
     accountings: list[str] = Field(
         default_factory=lambda: ["basic"],
         description=(
-            "The dataset accountings that can charge it: `basic` always; `zcdp` and `gaussian` "
-            "where its steps have a proven profile (docs/mechanisms.md, 'Accounting across "
-            "releases'); elsewhere a request is refused with 422 naming `accounting`."
+            "The dataset accountings that can charge it: `basic` and `hybrid` (the default, "
+            "whose basic filter charges any release) always; `zcdp` and `gaussian` where its "
+            "steps have a proven profile (docs/mechanisms.md, 'Accounting across releases'); "
+            "elsewhere a request is refused with 422 naming `accounting`. On a hybrid dataset "
+            "a dry run's `admitted_by` says which of its filters would admit a request."
         ),
     )
     params_schema: dict[str, Any] = Field(description="JSON Schema of the `params` object.")

@@ -337,7 +337,7 @@ class ReleasePreview(Schema):
     params: dict[str, Any] = Field(
         description="Parameters as a real request would resolve them (defaults filled in)."
     )
-    accounting: Literal["basic", "gaussian", "zcdp"] = Field(
+    accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
         default="basic", description="The dataset's accounting, which says what is charged."
     )
     mu: ExactDecimal | None = Field(
@@ -419,13 +419,23 @@ class ReleasePreview(Schema):
     meaning: list[str] = Field(
         description="What those numbers imply for the result, in plain sentences."
     )
-    recommended_accounting: Literal["basic", "gaussian", "zcdp"] | None = Field(
+    admitted_by: list[Literal["gdp", "zcdp", "basic"]] | None = Field(
+        default=None,
+        description=(
+            "hybrid: which of the dataset's filters would admit the whole sequence with this "
+            "release (`gdp`: the Gaussian-DP filter, Gaussian and pure steps; `zcdp`: "
+            "approximate zCDP; `basic`: sums of (epsilon, delta)); empty when none would (the "
+            "request would be refused with 409). Null on the other accountings."
+        ),
+    )
+    recommended_accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] | None = Field(
         default=None,
         description=(
             "The accounting that fits releases like this one on a dataset of this budget "
-            "(issue 31, item 5): gaussian for purely Gaussian mechanisms, basic for a mechanism "
-            "only basic admits or when at most two releases of this epsilon fit, zcdp "
-            "otherwise. Advice for the owner's next upload: a dataset's accounting is fixed."
+            "(issue 31, item 5): hybrid (the default) in general; gaussian only when purely "
+            "Gaussian releases are all that is planned and the 0.8% hybrid holds back matters; "
+            "basic for at most two releases of this epsilon with pure or approximate steps. "
+            "Advice for the owner's next upload: a dataset's accounting is fixed."
         ),
     )
     recommendation_reason: str | None = Field(
