@@ -89,9 +89,9 @@ def test_the_variance_noise_follows_the_released_variance_clip(
     seen: list[float] = []
     real = module.paired_energy
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(args[-1])
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(module, "paired_energy", spy)
     out = mechanism.run(rows, spec, np.random.default_rng(7))
