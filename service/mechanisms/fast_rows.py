@@ -163,8 +163,12 @@ def fast_gram(
     if isinstance(data, RowSource):
         return data.clipped_gram(clip_norm, center, row_clip)
     d = data.shape[1]
-    gram = np.zeros((d, d), dtype=np.float64)
     bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
+    if center is None and squares is not None:
+        known = _gram_of_known(data, squares, bound)
+        if known is not None:
+            return known
+    gram = np.zeros((d, d), dtype=np.float64)
     low, high = SAFE_SQUARED_NORMS
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         # Kept as they are: squared norms in [low, limit] (or below low when bound^2 is well
@@ -184,6 +188,36 @@ def fast_gram(
                     gram += block.T @ block
                     continue
             rows = fast_gram_rows(block, clip_norm, center, row_clip, known)
+            gram += rows.T @ rows
+    return gram
+
+
+def _gram_of_known(data: Any, squares: FloatArray, bound: float) -> FloatArray | None:
+    """:func:`fast_gram` of the uncentred rows clipped at ``bound`` from their known squared
+    norms: the factors computed once for all rows, each chunk with a factor below 1 scaled
+    into one reused buffer (the same products as :func:`_scale_to`'s copy; no allocation per
+    chunk). ``None`` when a squared norm is outside the safe range (the caller's loop then
+    takes the rescaled route)."""
+    if _safe_squares(squares, bound, squares) is None:
+        return None
+    factors = clip_factors(squares, bound)
+    d = data.shape[1]
+    chunk = gram_chunk_rows(d)
+    gram = np.zeros((d, d), dtype=np.float64)
+    buffer: FloatArray | None = None
+    start = 0
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk):
+            stop = start + block.shape[0]
+            factor = None if factors is None else factors[start:stop]
+            start = stop
+            if factor is None or bool(np.all(factor == 1.0)):
+                gram += block.T @ block
+                continue
+            if buffer is None:
+                buffer = np.empty((chunk, d), dtype=np.float64)
+            rows = buffer[: block.shape[0]]
+            np.multiply(block, factor[:, None], out=rows)
             gram += rows.T @ rows
     return gram
 
