@@ -196,3 +196,24 @@ def test_the_release_is_the_gathered_pass_release_to_the_bit(
     assert got.extras["centring"] == route
     np.testing.assert_array_equal(got.basis, expected.basis)
     assert got.extras == expected.extras
+
+
+@pytest.mark.parametrize("row_clip", [None, 0.5, 2.0])
+def test_the_gram_from_known_norms_is_the_gram_to_the_bit(row_clip: float | None) -> None:
+    rows = offset_rows(5000, 30, 17)  # some rows above C, a zero row; chunks of 1,024
+    squares = cc.row_squares(rows)
+    got = cc.fast_gram(rows, 1.0, None, row_clip, squares)
+    np.testing.assert_array_equal(got, cc.fast_gram(rows, 1.0, None, row_clip))
+    center = np.full(30, 0.1)
+    np.testing.assert_array_equal(
+        cc.fast_gram(rows, 1.0, center, row_clip, squares),
+        cc.fast_gram(rows, 1.0, center, row_clip),
+    )
+    # Squares outside the safe range: the rescaled route, as without them.
+    wild = mixed_scale_rows(3000, 5, 18)
+    with np.errstate(over="ignore", under="ignore"):
+        wild_squares = cc.row_squares(wild)
+    np.testing.assert_array_equal(
+        cc.fast_gram(wild, 1.0, None, row_clip, wild_squares),
+        cc.fast_gram(wild, 1.0, None, row_clip),
+    )
