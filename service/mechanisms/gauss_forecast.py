@@ -89,7 +89,7 @@ def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float)
             f" What a release keeps depends on the data's spectrum, which public facts do not "
             f"give: from {flat:.3g} (a flat spectrum) to {one:.3g} (all the variance along one "
             "direction), so the 1/i figure is an illustration, not a prediction (measured: it "
-            "missed by 0.03-0.60 on digits, breast_cancer and MNIST at eps 0.3 and 1). An "
+            "missed by 0.01-0.60 on digits, breast_cancer and MNIST at eps 0.3 and 1). An "
             "earlier release of the same data forecasts it (forecast_from=<release id>)."
         )
     else:
