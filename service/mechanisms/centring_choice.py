@@ -241,8 +241,8 @@ def probe_pass(
     sorted_low = low[by_low]
     root = math.sqrt(2.0)
     with np.errstate(under="ignore"):
-        for start in range(0, n, chunk):
-            block = np.asarray(data[start : start + chunk], dtype=np.float64)
+        start = 0
+        for block in iter_row_chunks(data, chunk):  # a memory map is read ahead
             stop = start + block.shape[0]
             squares = _safe_squares(block, clip_norm)
             if squares is None:
@@ -256,10 +256,11 @@ def probe_pass(
                 total += factor @ block  # the sum of the clipped rows
             counts_u += _count(np.sqrt(squares), edges, clip_norm)
             begin, end = np.searchsorted(sorted_low, (start, stop), side="left")
+            first_row, start = start, stop
             if begin == end:
                 continue
             pairs = by_low[begin:end]
-            local = low[pairs] - start
+            local = low[pairs] - first_row
             rows_a = block[local]
             if factor is not None:
                 rows_a *= factor[local][:, None]
