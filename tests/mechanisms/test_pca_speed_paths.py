@@ -217,3 +217,21 @@ def test_the_gram_from_known_norms_is_the_gram_to_the_bit(row_clip: float | None
         cc.fast_gram(wild, 1.0, None, row_clip, wild_squares),
         cc.fast_gram(wild, 1.0, None, row_clip),
     )
+
+
+def test_a_memory_map_gets_the_arrays_release_to_the_bit(tmp_path: Any) -> None:
+    # The probe pass reads a memory map ahead in chunks and gathers the partners from it: the
+    # same rows, the same release.
+    rows = power_offset_rows(3001, 78, 19)
+    path = tmp_path / "rows.f64"
+    rows.tofile(path)
+    mapped = np.memmap(path, dtype=np.float64, mode="r", shape=rows.shape)
+    mechanism = AnalyzeGauss()
+    ctx = PublicContext(n_rows=3001, n_cols=78, row_norm_bound=1.0)
+    raw = mechanism.parse_params({"center": "private"})
+    params = mechanism.prepare(ctx, 3, 0.3, 1e-6, raw)
+    spec = ReleaseSpec(3, 0.3, 1e-6, params)
+    got = mechanism.run(mapped, spec, np.random.default_rng(20))
+    expected = mechanism.run(rows, spec, np.random.default_rng(20))
+    np.testing.assert_array_equal(got.basis, expected.basis)
+    assert got.extras == expected.extras
