@@ -240,6 +240,7 @@ def probe_pass(
     by_low = np.argsort(low, kind="stable")
     sorted_low = low[by_low]
     root = math.sqrt(2.0)
+    ones = np.ones(chunk, dtype=np.float64)
     with np.errstate(under="ignore"):
         start = 0
         for block in iter_row_chunks(data, chunk):  # a memory map is read ahead
@@ -250,7 +251,9 @@ def probe_pass(
             raw_squares[start:stop] = squares
             factor = clip_factors(squares, clip_norm)
             if factor is None:
-                total += block.sum(axis=0)
+                # A product with ones: the same sum (up to its order) at about half the cost
+                # of sum(axis=0) over rows (measured at d = 100).
+                total += ones[: block.shape[0]] @ block
             else:
                 factors[start:stop] = factor
                 total += factor @ block  # the sum of the clipped rows
