@@ -10,7 +10,8 @@ to C = 1 that the released basis keeps), the mean signed error of the stated sha
 estimator, and the previous one -- shrunk towards k/d -- recomputed from the same noisy sums),
 the 90% interval's coverage and mean width, the share of runs flagged
 ``explained_variance_hidden_by_noise``, and the dry run's two forecasts: from public facts
-(``forecast_power_law_captured_share``) and from an earlier release at the same settings
+(``forecast_power_law_captured_share``, and the range ``forecast_captured_share_low`` to
+``_high`` public facts allow) and from an earlier release at the same settings
 (``?forecast_from=``: ``forecast_from_release_captured_share``, the mean absolute error
 against what the release then keeps). ``--mnist``: also MNIST (4,000 unit rows of the
 5,000-image sample, ``bench/mnist.py``).
@@ -105,7 +106,9 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
     params = MECHANISM.parse_params({"center": "private"})
     resolved = MECHANISM.prepare(ctx, k, eps, DELTA, params)
     spec = ReleaseSpec(k=k, epsilon=eps, delta=DELTA, params=resolved)
-    forecast = MECHANISM.preview(ctx, spec).scales["forecast_power_law_captured_share"]
+    scales = MECHANISM.preview(ctx, spec).scales
+    forecast = scales["forecast_power_law_captured_share"]
+    bounds = (scales["forecast_captured_share_low"], scales["forecast_captured_share_high"])
     true, new, old, hits, widths, hidden, from_release = [], [], [], 0, [], 0, []
     for seed in range(reps):
         earlier = MECHANISM.run(rows, spec, np.random.default_rng(5000 + seed))
@@ -133,6 +136,8 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         "width": float(np.mean(widths)),
         "hidden": hidden / reps,
         "forecast": float(forecast),
+        "low": float(bounds[0]),  # type: ignore[arg-type]
+        "high": float(bounds[1]),  # type: ignore[arg-type]
         "from_release": float(np.mean(np.abs(from_release))) if from_release else float("nan"),
     }
 
@@ -168,9 +173,10 @@ def main() -> None:
     args = parser.parse_args()
     print(
         "| data | eps | k | truth | error now | abs error now | error before | covers "
-        "| width | hidden | forecast (public facts) | forecast from a release: mean abs error |"
+        "| width | hidden | forecast (public facts) | public-facts range "
+        "| forecast from a release: mean abs error |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rows in datasets(args.quick, args.mnist).items():
         for eps in args.eps:
             for k in (2, 10):
@@ -179,7 +185,7 @@ def main() -> None:
                     f"| {name} | {eps} | {k} | {f['truth']:.3f} | {f['new_err']:+.3f} "
                     f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
                     f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
-                    f"| {f['from_release']:.3f} |",
+                    f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} |",
                     flush=True,
                 )
 

@@ -362,10 +362,11 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         norms = 8 * ctx.n_rows if spec.params.quantile is not None else 0
         if chooses_centring(spec.params):
             # No array of pairs: every pass reads a chunk at a time. The probe's pass holds the
-            # gathered chunk, its clipped copy and the pairs' differences (at most 6 c d) and a
-            # d-vector. The Gram and explained-variance passes are clipped_gram's at most.
+            # chunk, its pairs' rows and partners and their differences (at most 6 c d), a
+            # d-vector and the pairing's index arrays (four of n/2). The Gram and
+            # explained-variance passes are clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
-            probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8
+            probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8 + 16 * ctx.n_rows
             # Kept from the probe to the explained-variance step: per row its clip factor,
             # squared norm and (per pair) norm; that step's n x k projections (pairs) and a
             # chunk's products and vectors (probe_centred_energy, probe_paired_energy).
@@ -524,16 +525,16 @@ def chosen_centring_run(
         extras["center"] = center.tolist()
         row_clip = mean_route_clip(clip, probe.pair_low, d, mean_noise)
         gram_mu = split.gram_mu
-        gram = fast_gram(data, clip, center=center, row_clip=row_clip)
+        gram = fast_gram(data, clip, center, row_clip, counts.row_squares)
     elif choice.route == "pairs":
         scale = n / counts.n_pairs
         row_clip = probe.pair_low
         gram_mu = rest_mu
-        gram = paired_gram(data, clip, order, row_clip)
+        gram = paired_gram(data, clip, order, row_clip, 0, counts.row_factors)
     else:
         row_clip = probe.uncentred_low
         gram_mu = rest_mu
-        gram = fast_gram(data, clip, row_clip=row_clip)
+        gram = fast_gram(data, clip, None, row_clip, counts.row_squares)
     extras["row_clip_norm"] = row_clip
     sigma = gram_sensitivity(row_clip) / gram_mu
     release = release_of_gram(gram, spec.k, sigma, rng)
@@ -576,7 +577,9 @@ def chosen_centring_run(
             # The probe's own pairs: scored from its clip factors and pair norms and one
             # sequential pass X U, not a second gathered pass (the same sums up to rounding).
             found = probe_paired_energy(data, clip, order, counts, release.basis, variance_clip)
-        energy = found or paired_energy(data, clip, order, offset, release.basis, variance_clip)
+        energy = found or paired_energy(
+            data, clip, order, offset, release.basis, variance_clip, factors=counts.row_factors
+        )
         score_scale = 2.0 * n / energy[2]
         extras.update(variance_extras(data, release, clip, None, noise, rng, score_scale, energy))
     return MechanismOutput(basis=release.basis, extras=extras)

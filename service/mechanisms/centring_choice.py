@@ -44,14 +44,17 @@ mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2):
 route's.
 
 Computation order (issue 32, item 5): the run computes the same exact statistics as separate
-passes would, in fewer passes and without an ``m x d`` array of pairs: one pass over the rows
-in chunks of the permuted order (:func:`probe_pass`) gives both histograms' counts and the
-clipped rows' sum (the mean route's mean, noised only if that route is taken); the Gram and
-explained-variance passes merge consecutive clips into one (:func:`fast_gram_rows`: the same
-per-row map) and build pairs a chunk at a time (:func:`paired_gram`, :func:`paired_energy`).
-Only floating-point summation order and rounding change; every noise draw, its scale and the
-order of the draws are as before, so the released values are identically distributed and the
-privacy argument above is unchanged.
+passes would, in fewer passes and without an ``m x d`` array of pairs: one sequential pass
+over the rows (:func:`probe_pass`) gives both histograms' counts, the clipped rows' sum (the
+mean route's mean, noised only if that route is taken) and each row's squared norm and clip
+factor, reading each pair at its lower row with its partner gathered (nothing is gathered in
+the permuted order); the Gram pass reads those norms instead of recomputing them, merges
+consecutive clips into one (:func:`~service.mechanisms.fast_rows.fast_gram_rows`: the same
+per-row map) and builds pairs a chunk at a time from the known factors (:func:`paired_gram`,
+:func:`paired_energy`, only on the pairs route). Only floating-point summation order and
+rounding could change (measured: none of 60 releases on six kinds of rows changed in a bit);
+every noise draw, its scale and the order of the draws are as before, so the released values
+are identically distributed and the privacy argument above is unchanged.
 """
 
 from __future__ import annotations
@@ -63,15 +66,32 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from service.mechanisms.fast_rows import (
+    ROUNDING_SLACK as ROUNDING_SLACK,
+)
+from service.mechanisms.fast_rows import (
+    _energy,
+    _safe_squares,
+    _scale_to,
+    clip_factors,
+    fast_gram_rows,
+    row_norms,
+    row_squares,
+)
+from service.mechanisms.fast_rows import (
+    fast_energy as fast_energy,
+)
+from service.mechanisms.fast_rows import (
+    fast_gram as fast_gram,
+)
+from service.mechanisms.fast_rows import (
+    gram_chunk_rows as gram_chunk_rows,
+)
 from service.mechanisms.linalg import (
     DEFAULT_CHUNK_ROWS,
-    SAFE_SQUARED_NORMS,
     FloatArray,
-    RowSource,
     _clip_rows,
-    _scaled_rows,
     gram_norm_counts,
-    gram_rows,
     iter_row_chunks,
 )
 
@@ -158,195 +178,6 @@ def pair_chunks(
             yield start // 2, (clipped[where[0::2]] - clipped[where[1::2]]) / math.sqrt(2.0)
 
 
-#: A row whose computed squared norm exceeds the clip's square by at most this relative amount
-#: is kept unscaled (:func:`_scale_to`): the sum of ``d`` squares is computed to about
-#: ``d 2^-53`` relative, so a row scaled to norm ``C`` can read as ``C^2 (1 + 1e-14)``.
-ROUNDING_SLACK = 2.0**-40
-
-_vecdot = getattr(np, "vecdot", None)
-
-
-def row_squares(rows: FloatArray) -> FloatArray:
-    """``||y_i||^2`` of each row, shape ``(n,)``, in one pass without temporaries
-    (``numpy.vecdot`` where numpy has it, about 1.6x faster than ``einsum`` at d = 100; the
-    same sums up to their rounding)."""
-    if _vecdot is not None:
-        return np.asarray(_vecdot(rows, rows), dtype=np.float64)
-    return np.asarray(np.einsum("ij,ij->i", rows, rows), dtype=np.float64)
-
-
-def row_norms(rows: FloatArray) -> FloatArray:
-    """``||y_i||`` of each row: from one ``einsum`` pass where the squared norm is in
-    :data:`~service.mechanisms.linalg.SAFE_SQUARED_NORMS` (no term overflowed, none that
-    underflowed matters), after the power-of-two rescaling of
-    :func:`~service.mechanisms.linalg.gram_row_norms` for the other rows: right at every
-    finite scale."""
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        squares = row_squares(rows)
-    low, high = SAFE_SQUARED_NORMS
-    norms = np.sqrt(np.where((squares >= low) & (squares <= high), squares, 0.0))
-    unsafe = np.flatnonzero(~((squares >= low) & (squares <= high)))
-    if unsafe.size:
-        _, scaled_norms, exponent = _scaled_rows(rows[unsafe])
-        with np.errstate(over="ignore", under="ignore"):
-            norms[unsafe] = np.ldexp(scaled_norms, exponent)
-    return norms
-
-
-def _safe_squares(
-    rows: FloatArray, bound: float, squares: FloatArray | None = None
-) -> FloatArray | None:
-    """``||y_i||^2`` of every row when each is either in ``SAFE_SQUARED_NORMS`` (its square
-    root is then the norm to a few ulps) or below it while ``bound^2`` is well above it (the
-    row is then shorter than ``bound`` whatever underflowed, so it is kept: a zero row, or a
-    tiny one); else None (the caller takes the rescaled route)."""
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        if squares is None:
-            squares = row_squares(rows)
-        tiny_kept = bound * bound >= 4.0 * SAFE_SQUARED_NORMS[0]
-    low, high = SAFE_SQUARED_NORMS
-    if bool(np.all((squares <= high) & ((squares >= low) | tiny_kept))):
-        return squares
-    return None
-
-
-def clip_factors(squares: FloatArray, bound: float) -> FloatArray | None:
-    """The factors :func:`_scale_to` multiplies the rows by (``bound/||y||`` for the rows over
-    ``bound`` beyond :data:`ROUNDING_SLACK`, else 1), or ``None`` when no row is over."""
-    with np.errstate(over="ignore"):
-        # bound^2 may overflow to inf (no row is then over) or underflow to 0 (every non-zero
-        # row is over, scaled by bound/||y|| as before).
-        over = squares > (bound * bound) * (1.0 + ROUNDING_SLACK)
-    if not bool(np.any(over)):
-        return None
-    with np.errstate(divide="ignore", over="ignore"):
-        # A zero (or underflowed) row is never over; bound/||y|| < 1 for the rows that are.
-        return np.asarray(np.where(over, bound / np.sqrt(np.where(over, squares, 1.0)), 1.0))
-
-
-def _scale_to(
-    rows: FloatArray, squares: FloatArray, bound: float, *, own: bool = False
-) -> FloatArray:
-    """``y min(1, bound/||y||)`` per row from its safe squared norm: one multiplication, where
-    :func:`~service.mechanisms.linalg.gram_rows` rescales by a power of two first (needed
-    only outside the safe range). A row whose computed squared norm exceeds ``bound^2`` by at
-    most the relative :data:`ROUNDING_SLACK` is kept as it is (rows scaled to norm ``bound``
-    by the owner land a few ulps either side of it, and scaling half of them by
-    ``1 - 1e-16`` cost a copy of every block), and a scaled row may exceed ``bound`` by a few
-    ulps: the sensitivity holds for ``bound (1 + 1e-12)``, a change of the privacy loss far
-    below anything the calibration resolves. ``rows`` itself when no row is scaled (callers
-    must not write into the result); scaled in place when the caller ``own``s ``rows``."""
-    factor = clip_factors(squares, bound)
-    if factor is None:
-        return rows
-    if own:
-        rows *= factor[:, None]
-        return rows
-    return rows * factor[:, None]
-
-
-def fast_gram_rows(
-    block: FloatArray,
-    clip_norm: float,
-    center: FloatArray | None = None,
-    row_clip: float | None = None,
-    squares: FloatArray | None = None,
-) -> FloatArray:
-    """:func:`~service.mechanisms.linalg.gram_rows` with the clips merged: ``clip_C``, then
-    (with a ``center``) ``clip_b(clip_C(x) - c)``, else ``clip_b(x)``, ``b = min(C, C2)``.
-    The same per-row map (clipping to ``C`` and then to ``C2 <= C`` is clipping to ``C2``;
-    rounding aside), so the same sensitivity; one pass per clip instead of two, without the
-    power-of-two rescaling of the rows that need clipping. Falls back to ``gram_rows`` for a
-    block with a squared norm outside the safe range. ``squares``: the block's squared row
-    norms when the caller has them (:func:`row_squares`)."""
-    bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
-    squares = _safe_squares(block, min(bound, clip_norm), squares)
-    if squares is None:
-        return gram_rows(block, clip_norm, center, row_clip)
-    if center is None:
-        return _scale_to(block, squares, bound)
-    centred = _scale_to(block, squares, clip_norm) - center
-    squares = _safe_squares(centred, bound)
-    if squares is None:
-        return gram_rows(block, clip_norm, center, row_clip)
-    return _scale_to(centred, squares, bound, own=True)
-
-
-def gram_chunk_rows(n_cols: int) -> int:
-    """Rows per chunk of the Gram pass: at small ``d`` the pass is memory-bound, and a chunk of
-    about 1 MB is still in cache when ``X^T X`` reads it after its norms (measured at 50,000 x
-    100: 1,024 rows 0.019 s against 0.021 s for 8,192); at large ``d`` it is compute-bound and
-    larger blocks make the rank-k update faster."""
-    return 1024 if n_cols < 256 else DEFAULT_CHUNK_ROWS
-
-
-def fast_gram(
-    data: Any,
-    clip_norm: float,
-    center: FloatArray | None = None,
-    row_clip: float | None = None,
-) -> FloatArray:
-    """:func:`~service.mechanisms.linalg.clipped_gram` of an array with :func:`fast_gram_rows`
-    (a :class:`~service.mechanisms.linalg.RowSource` computes its own).
-
-    Uncentred, a chunk whose rows all lie within the clip (up to :data:`ROUNDING_SLACK`) and
-    the safe range goes to ``X^T X`` as it is, after one pass for its norms and two
-    reductions (the common case of a declared bound: issue 35 puts the whole release within
-    1.2x of the bare ``X^T X``); any other chunk is clipped row by row, reusing its norms."""
-    if isinstance(data, RowSource):
-        return data.clipped_gram(clip_norm, center, row_clip)
-    d = data.shape[1]
-    gram = np.zeros((d, d), dtype=np.float64)
-    bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
-    low, high = SAFE_SQUARED_NORMS
-    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        # Kept as they are: squared norms in [low, limit] (or below low when bound^2 is well
-        # above it, see _safe_squares). A NaN or inf square fails the test: clipped route.
-        limit = min(high, bound * bound * (1.0 + ROUNDING_SLACK))
-        tiny_kept = bound * bound >= 4.0 * low
-        for block in iter_row_chunks(data, gram_chunk_rows(d)):
-            if not block.size:
-                continue
-            squares = None
-            if center is None:
-                squares = row_squares(block)
-                if squares.max() <= limit and (tiny_kept or squares.min() >= low):
-                    gram += block.T @ block
-                    continue
-            rows = fast_gram_rows(block, clip_norm, center, row_clip, squares)
-            gram += rows.T @ rows
-    return gram
-
-
-def fast_energy(
-    data: Any,
-    basis: FloatArray,
-    clip_norm: float,
-    center: FloatArray | None,
-    row_clip: float | None = None,
-) -> tuple[float, float]:
-    """:func:`~service.mechanisms.linalg.captured_energy` with :func:`fast_gram_rows` (rows
-    clipped to ``C``, centred, clipped to ``min(C, row_clip)``)."""
-    if isinstance(data, RowSource):
-        return data.captured_energy(basis, clip_norm, center)
-    captured = 0.0
-    residual = 0.0
-    with np.errstate(under="ignore"):
-        for block in iter_row_chunks(data):
-            if block.size:
-                c, r = _energy(fast_gram_rows(block, clip_norm, center, row_clip), basis)
-                captured += c
-                residual += r
-    return captured, residual
-
-
-def _energy(rows: FloatArray, basis: FloatArray) -> tuple[float, float]:
-    projected = rows @ basis
-    inside = np.einsum("ij,ij->i", projected, projected)
-    total = np.einsum("ij,ij->i", rows, rows)
-    return float(np.sum(inside)), float(np.sum(np.maximum(total - inside, 0.0)))
-
-
 def _count(norms: FloatArray, edges: FloatArray, clip_norm: float) -> FloatArray:
     """Counts of ``min(norms, C)`` in the bins of :func:`gram_norm_counts`."""
     bins = np.minimum(
@@ -379,13 +210,119 @@ def probe_pass(
     data: Any,
     clip_norm: float,
     order: npt.NDArray[np.intp],
+    chunk_rows: int | None = None,
+) -> ProbePass:
+    """:class:`ProbePass` in one sequential pass over the rows in chunks (``chunk_rows``,
+    default :func:`gram_chunk_rows`: a chunk stays in cache): each row's squared norm, clip
+    factor and norm count, the clipped rows' sum, and the pairs ``(x_r(2j), x_r(2j+1))`` of
+    :func:`paired_differences` (offset 0) whose lower row index falls in the chunk: the chunk
+    holds that row, its partner is gathered (its norm computed on the gathered copy). Every
+    row is read once in order and once more as a partner at most; nothing is gathered in the
+    permuted order. Equal to :func:`gram_norm_counts` of the rows and of
+    :func:`paired_differences`, and to :func:`~service.mechanisms.linalg.clipped_sum` up to
+    the order of the sum's terms: the counts, factors and norms are the same per-row
+    arithmetic (``x f`` is ``x`` when ``f`` is 1; ``a - b`` and ``b - a`` differ only in sign).
+    A chunk with a squared norm outside the safe range sends the whole pass to the gathered
+    pass with its power-of-two rescaling (:func:`gathered_probe_pass`)."""
+    n, d = data.shape
+    chunk = gram_chunk_rows(d) if chunk_rows is None else max(1, chunk_rows)
+    edges = probe_edges(clip_norm)
+    counts_u = np.zeros(edges.shape[0], dtype=np.float64)
+    counts_p = np.zeros(edges.shape[0], dtype=np.float64)
+    total = np.zeros(d, dtype=np.float64)
+    factors = np.ones(n, dtype=np.float64)
+    raw_squares = np.empty(n, dtype=np.float64)
+    m = n // 2
+    pair_norms = np.zeros(m, dtype=np.float64)
+    index = np.asarray(order)
+    first, second = index[0 : 2 * m : 2], index[1 : 2 * m : 2]
+    low, high = np.minimum(first, second), np.maximum(first, second)
+    by_low = np.argsort(low, kind="stable")
+    sorted_low = low[by_low]
+    root = math.sqrt(2.0)
+    ones = np.ones(chunk, dtype=np.float64)
+    with np.errstate(under="ignore"):
+        start = 0
+        for block in iter_row_chunks(data, chunk):  # a memory map is read ahead
+            stop = start + block.shape[0]
+            squares = _safe_squares(block, clip_norm)
+            if squares is None:
+                return gathered_probe_pass(data, clip_norm, order, chunk)
+            raw_squares[start:stop] = squares
+            factor = clip_factors(squares, clip_norm)
+            if factor is None:
+                # A product with ones: the same sum (up to its order) at about half the cost
+                # of sum(axis=0) over rows (measured at d = 100).
+                total += ones[: block.shape[0]] @ block
+            else:
+                factors[start:stop] = factor
+                total += factor @ block  # the sum of the clipped rows
+            counts_u += _count(np.sqrt(squares), edges, clip_norm)
+            begin, end = np.searchsorted(sorted_low, (start, stop), side="left")
+            first_row, start = start, stop
+            if begin == end:
+                continue
+            pairs = by_low[begin:end]
+            local = low[pairs] - first_row
+            rows_a = block[local]
+            if factor is not None:
+                rows_a *= factor[local][:, None]
+            rows_b = np.array(data[high[pairs]], dtype=np.float64)
+            partner = _safe_squares(rows_b, clip_norm)
+            if partner is None:
+                return gathered_probe_pass(data, clip_norm, order, chunk)
+            rows_b = _scale_to(rows_b, partner, clip_norm, own=True)
+            rows_a -= rows_b
+            rows_a /= root
+            norms = row_norms(rows_a)
+            pair_norms[pairs] = norms
+            counts_p += _count(norms, edges, clip_norm)
+    return ProbePass(counts_u, counts_p, total, m, factors, pair_norms, raw_squares)
+
+
+def pair_blocks(
+    data: Any,
+    order: npt.NDArray[np.intp],
+    offset: int,
+    factors: FloatArray,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> Any:
+    """Yield ``(first, p)`` as :func:`pair_chunks` (the same chunks of pairs, in the same
+    order, the same arithmetic per pair: the same pairs to the last bit) from the rows' clip
+    factors to ``C`` already known (``factors``, the probe pass's): no norms recomputed, only
+    the rows of the pairs read."""
+    n = data.shape[0]
+    m = (n - offset) // 2
+    if m <= 0:
+        return
+    index = np.asarray(order)
+    first = index[offset : offset + 2 * m : 2]
+    second = index[offset + 1 : offset + 2 * m : 2]
+    step = max(1, chunk_rows // 2)
+    root = math.sqrt(2.0)
+    for begin in range(0, m, step):
+        a, b = first[begin : begin + step], second[begin : begin + step]
+        rows_a = np.array(data[a], dtype=np.float64)
+        rows_b = np.array(data[b], dtype=np.float64)
+        f_a, f_b = factors[a], factors[b]
+        if bool(np.any(f_a != 1.0)):
+            rows_a *= f_a[:, None]
+        if bool(np.any(f_b != 1.0)):
+            rows_b *= f_b[:, None]
+        rows_a -= rows_b
+        rows_a /= root
+        yield begin, rows_a
+
+
+def gathered_probe_pass(
+    data: Any,
+    clip_norm: float,
+    order: npt.NDArray[np.intp],
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> ProbePass:
-    """:class:`ProbePass` in one pass over the rows in chunks of the permuted order ``order``
-    (the pairs ``(x_r(2j), x_r(2j+1))`` of :func:`paired_differences`, offset 0): each chunk is
-    read once, clipped once, and gives its rows' norms, their sum and its pairs' norms. Equal
-    to :func:`gram_norm_counts` of the rows and of :func:`paired_differences`, and to
-    :func:`~service.mechanisms.linalg.clipped_sum`, up to the order of the sum's terms."""
+    """:func:`probe_pass` for rows at extreme scales: one pass in chunks of the permuted
+    order, each chunk clipped with the power-of-two rescaling where its squared norms leave
+    the safe range (then no per-row factors or norms are kept)."""
     n, d = data.shape
     edges = probe_edges(clip_norm)
     counts_u = np.zeros(edges.shape[0], dtype=np.float64)
@@ -522,15 +459,17 @@ def paired_gram(
     order: npt.NDArray[np.intp],
     row_clip: float | None,
     offset: int = 0,
+    factors: FloatArray | None = None,
 ) -> FloatArray:
     """``sum_j q_j q_j^T`` over the pairs ``p_j`` of :func:`paired_differences` made Gram rows
     (:func:`~service.mechanisms.linalg.gram_rows`: clipped to ``C``, then to ``row_clip``), a
     chunk at a time: equal to ``clipped_gram(paired_differences(..), C, row_clip=..)`` up to
-    the order of the sum's terms, without the ``m x d`` copy."""
+    the order of the sum's terms, without the ``m x d`` copy. With the rows' clip ``factors``
+    (the probe pass's) the pairs come from :func:`pair_blocks` (no norms recomputed)."""
     d = data.shape[1]
     gram = np.zeros((d, d), dtype=np.float64)
     with np.errstate(under="ignore"):
-        for _, diffs in pair_chunks(data, clip_norm, offset, order):
+        for _, diffs in _pairs_of(data, clip_norm, offset, order, factors):
             rows = fast_gram_rows(diffs, clip_norm, None, row_clip)
             gram += rows.T @ rows
     return gram
@@ -543,21 +482,36 @@ def paired_energy(
     offset: int,
     basis: FloatArray,
     row_clip: float | None = None,
+    factors: FloatArray | None = None,
 ) -> tuple[float, float, int]:
     """``(captured, residual, m)`` of :func:`~service.mechanisms.linalg.captured_energy` over
     the halved pairs ``p_j/sqrt(2)`` (norm ``<= C``) of :func:`paired_differences` at
-    ``offset``, a chunk at a time, and their number ``m``."""
+    ``offset``, a chunk at a time, and their number ``m`` (``factors``: as
+    :func:`paired_gram`)."""
     captured = 0.0
     residual = 0.0
     count = 0
     with np.errstate(under="ignore"):
-        for _, diffs in pair_chunks(data, clip_norm, offset, order):
+        for _, diffs in _pairs_of(data, clip_norm, offset, order, factors):
             rows = fast_gram_rows(diffs / math.sqrt(2.0), clip_norm, None, row_clip)
             c, r = _energy(rows, basis)
             captured += c
             residual += r
             count += rows.shape[0]
     return captured, residual, count
+
+
+def _pairs_of(
+    data: Any,
+    clip_norm: float,
+    offset: int,
+    order: npt.NDArray[np.intp],
+    factors: FloatArray | None,
+) -> Any:
+    """:func:`pair_blocks` from known clip factors, else :func:`pair_chunks`."""
+    if factors is not None:
+        return pair_blocks(data, order, offset, factors)
+    return pair_chunks(data, clip_norm, offset, order)
 
 
 @dataclass(frozen=True)

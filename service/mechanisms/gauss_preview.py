@@ -50,6 +50,10 @@ def gauss_preview(ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> 
         "smallest_recoverable_eigenvalue_share": forecast.threshold_share,
         "forecast_power_law_captured_share": forecast.power_law_share,
         "forecast_rows_for_k_components": forecast.rows_needed,
+        # Scalars (a preview's scales are): the range public facts allow.
+        "forecast_captured_share_low": forecast.share_range[0],
+        "forecast_captured_share_high": forecast.share_range[1],
+        "forecast_depends_on_spectrum": forecast.depends_on_spectrum,
         "center": params.center if isinstance(params.center, str) else "public",
     }
     meaning = [

@@ -89,9 +89,9 @@ def test_the_variance_noise_follows_the_released_variance_clip(
     seen: list[float] = []
     real = module.paired_energy
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         seen.append(args[-1])
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(module, "paired_energy", spy)
     out = mechanism.run(rows, spec, np.random.default_rng(7))
@@ -158,3 +158,37 @@ def test_the_probe_centred_energy_is_the_pass_energy(bound: float) -> None:
     assert found is not None
     expected = cc.fast_energy(rows, basis, 1.0, center, bound)
     assert found == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_public_facts_forecast_says_when_it_depends_on_the_spectrum() -> None:
+    # Issue 32 item 4: public facts bound the share kept between a flat spectrum and one
+    # direction; where that range is wide the dry run says the share depends on the
+    # spectrum, and the 1/i figure lies inside the range.
+    from service.mechanisms.gauss_forecast import DETERMINED_WIDTH, spectrum_bounds
+
+    mechanism = module.AnalyzeGauss()
+
+    def scales_of(n: int, d: int, k: int, eps: float) -> dict[str, Any]:
+        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+        raw = mechanism.parse_params({"center": "private"})
+        params = mechanism.prepare(ctx, k, eps, 1e-6, raw)
+        return mechanism.preview(ctx, ReleaseSpec(k, eps, 1e-6, params)).scales
+
+    digits = scales_of(1797, 64, 10, 1.0)
+    low, high = digits["forecast_captured_share_low"], digits["forecast_captured_share_high"]
+    assert low <= digits["forecast_power_law_captured_share"] <= high
+    assert digits["forecast_depends_on_spectrum"] is True
+    # Measured on digits at these facts: 0.595 kept; inside the range.
+    assert low <= 0.595 <= high
+    hopeless = scales_of(50, 784, 10, 0.1)
+    # Far too few rows for the noise: nothing stands out whatever the spectrum; the release
+    # keeps what a random subspace keeps, k/d.
+    assert hopeless["forecast_captured_share_low"] == pytest.approx(10 / 784)
+    assert hopeless["forecast_captured_share_high"] == pytest.approx(10 / 784)
+    assert hopeless["forecast_depends_on_spectrum"] is False
+    # The bounds: a flat spectrum keeps k/d, one direction (nearly) everything with enough
+    # rows, more with more rows.
+    flat, one = spectrum_bounds(1.0, 10**9, 20, 2, 1.0)
+    assert flat == pytest.approx(0.1) and one == pytest.approx(1.0)
+    assert spectrum_bounds(1.0, 30, 20, 2, 1.0)[1] < spectrum_bounds(1.0, 10**4, 20, 2, 1.0)[1]
+    assert one - flat > DETERMINED_WIDTH

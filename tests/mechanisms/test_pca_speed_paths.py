@@ -116,3 +116,122 @@ def test_no_array_of_pairs_unless_the_pairs_route_is_taken(kind: str) -> None:
     assert route == kind
     pairs_bytes = 8 * (n // 2) * d
     assert peak < pairs_bytes
+
+
+@pytest.mark.parametrize("rows", [offset_rows(301, 6, 8), offset_rows(4001, 30, 9)])
+@pytest.mark.parametrize("chunk", [7, 64, None])
+def test_the_sequential_probe_pass_is_the_gathered_pass_to_the_bit(
+    rows: Rows, chunk: int | None
+) -> None:
+    # The sequential pass (each pair read at its lower row, its partner gathered) does the
+    # same per-row and per-pair arithmetic as the pass in the permuted order: the same
+    # counts, factors, squared norms and pair norms exactly; the sum up to its order.
+    order = np.random.default_rng(10).permutation(rows.shape[0])
+    got = cc.probe_pass(rows, 1.0, order, chunk)
+    expected = cc.gathered_probe_pass(rows, 1.0, order)
+    for field in ("counts_u", "counts_p", "row_factors", "pair_norms", "row_squares"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(expected, field))
+    np.testing.assert_allclose(got.clipped_sum, expected.clipped_sum, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_pairs_from_known_factors_are_the_pairs_to_the_bit(offset: int) -> None:
+    rows = offset_rows(1001, 12, 11)
+    order = np.random.default_rng(12).permutation(rows.shape[0])
+    factors = cc.probe_pass(rows, 1.0, order).row_factors
+    assert factors is not None and bool(np.any(factors < 1.0))
+    got = list(cc.pair_blocks(rows, order, offset, factors, chunk_rows=64))
+    expected = list(cc.pair_chunks(rows, 1.0, offset, order, chunk_rows=64))
+    assert [first for first, _ in got] == [first for first, _ in expected]
+    for (_, a), (_, b) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def power_offset_rows(n: int, d: int, seed: int) -> Rows:
+    # A power-law spread around a common mean: at eps 0.3 the probe takes the pairs.
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d)) / np.sqrt(np.arange(1, d + 1))
+    x /= np.sqrt(np.sum(1.0 / np.arange(1, d + 1)))
+    return 0.15 * x + 0.8 * np.ones(d) / np.sqrt(d)
+
+
+@pytest.mark.parametrize(
+    ("rows", "route", "epsilon"),
+    [
+        (offset_rows(3000, 40, 13, spread=0.05), "mean", 1.0),
+        (offset_rows(3000, 40, 14, spread=1.5), "none", 1.0),
+        (power_offset_rows(3000, 78, 15), "pairs", 0.3),
+    ],
+)
+def test_the_release_is_the_gathered_pass_release_to_the_bit(
+    rows: Rows, route: str, epsilon: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the same random draws the release (basis, route, clips, centre, figures) is the
+    # one the gathered pass and the pairs' own norms gave: the passes change the work, not
+    # the statistics or the noise.
+    rows = rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
+    mechanism = AnalyzeGauss()
+    n, d = rows.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    raw = mechanism.parse_params({"center": "private"})
+    params = mechanism.prepare(ctx, 3, epsilon, 1e-6, raw)
+    spec = ReleaseSpec(3, epsilon, 1e-6, params)
+    got = mechanism.run(rows, spec, np.random.default_rng(16))
+    from service.mechanisms import analyze_gauss as module
+
+    def without_factors(counts: cc.ProbePass) -> cc.ProbePass:
+        return cc.ProbePass(
+            counts.counts_u, counts.counts_p, counts.clipped_sum, counts.n_pairs,
+            counts.row_factors, counts.pair_norms, None,
+        )  # fmt: skip
+
+    def gathered(*args: Any) -> cc.ProbePass:
+        return without_factors(cc.gathered_probe_pass(*args))
+
+    monkeypatch.setattr(module, "probe_pass", gathered)
+    real_gram, real_energy = module.paired_gram, module.paired_energy
+    monkeypatch.setattr(module, "paired_gram", lambda *a: real_gram(*a[:5]))
+    monkeypatch.setattr(module, "paired_energy", lambda *a, **k: real_energy(*a))
+    expected = mechanism.run(rows, spec, np.random.default_rng(16))
+    assert got.extras["centring"] == route
+    np.testing.assert_array_equal(got.basis, expected.basis)
+    assert got.extras == expected.extras
+
+
+@pytest.mark.parametrize("row_clip", [None, 0.5, 2.0])
+def test_the_gram_from_known_norms_is_the_gram_to_the_bit(row_clip: float | None) -> None:
+    rows = offset_rows(5000, 30, 17)  # some rows above C, a zero row; chunks of 1,024
+    squares = cc.row_squares(rows)
+    got = cc.fast_gram(rows, 1.0, None, row_clip, squares)
+    np.testing.assert_array_equal(got, cc.fast_gram(rows, 1.0, None, row_clip))
+    center = np.full(30, 0.1)
+    np.testing.assert_array_equal(
+        cc.fast_gram(rows, 1.0, center, row_clip, squares),
+        cc.fast_gram(rows, 1.0, center, row_clip),
+    )
+    # Squares outside the safe range: the rescaled route, as without them.
+    wild = mixed_scale_rows(3000, 5, 18)
+    with np.errstate(over="ignore", under="ignore"):
+        wild_squares = cc.row_squares(wild)
+    np.testing.assert_array_equal(
+        cc.fast_gram(wild, 1.0, None, row_clip, wild_squares),
+        cc.fast_gram(wild, 1.0, None, row_clip),
+    )
+
+
+def test_a_memory_map_gets_the_arrays_release_to_the_bit(tmp_path: Any) -> None:
+    # The probe pass reads a memory map ahead in chunks and gathers the partners from it: the
+    # same rows, the same release.
+    rows = power_offset_rows(3001, 78, 19)
+    path = tmp_path / "rows.f64"
+    rows.tofile(path)
+    mapped = np.memmap(path, dtype=np.float64, mode="r", shape=rows.shape)
+    mechanism = AnalyzeGauss()
+    ctx = PublicContext(n_rows=3001, n_cols=78, row_norm_bound=1.0)
+    raw = mechanism.parse_params({"center": "private"})
+    params = mechanism.prepare(ctx, 3, 0.3, 1e-6, raw)
+    spec = ReleaseSpec(3, 0.3, 1e-6, params)
+    got = mechanism.run(mapped, spec, np.random.default_rng(20))
+    expected = mechanism.run(rows, spec, np.random.default_rng(20))
+    np.testing.assert_array_equal(got.basis, expected.basis)
+    assert got.extras == expected.extras
