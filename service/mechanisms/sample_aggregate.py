@@ -343,6 +343,61 @@ def _gram_top_k(
     return values, vectors, finite
 
 
+#: Exponents ``e`` for which ``2^-e`` is a normal double: scaling by it is one multiplication.
+_NORMAL_SCALE = range(-1023, 1023)
+
+
+def scale_by_power_of_two(block: FloatArray, exponent: int, out: FloatArray) -> None:
+    """``out = ldexp(block, -exponent)``, bit for bit, by the cheapest exact route.
+
+    ``ldexp`` and a multiplication by ``2^-e`` both return the correctly rounded value of
+    ``x 2^-e`` (exact unless it is subnormal), so they agree bit for bit whenever ``2^-e`` is
+    itself a normal double; a multiplication costs a fraction of numpy's ``ldexp`` (which
+    was 1.8 times a bare ``X^T X`` at 50,000 x 100). ``e = 0`` (rows within ``[0.5, 1)``
+    in their largest entry, and a zero block) is the identity; exponents beyond the normal
+    range keep ``ldexp``.
+    """
+    if exponent == 0:
+        if out is not block:
+            out[...] = block
+    elif exponent in _NORMAL_SCALE:
+        np.multiply(block, 2.0**-exponent, out=out)
+    else:
+        np.ldexp(block, -exponent, out=out)
+
+
+def scale_and_gram(blocks: FloatArray, scaled: FloatArray) -> FloatArray:
+    """Each block scaled by its own power of two (:func:`power_of_two_exponents`) into
+    ``scaled`` (may be ``blocks`` itself), and its Gram matrix: ``X X^T`` (``m x m``) for
+    ``m <= d``, else ``X^T X``.
+
+    Block by block, so each block is scaled and multiplied while it is in cache (one read of
+    the rows from memory instead of three), and each Gram is numpy's two-dimensional product
+    of the block with its own transpose: the same BLAS call per block, and the same bits, as
+    the batched ``matmul`` of before (checked by tests/mechanisms/test_subset_iteration.py), a
+    third faster at d = 1,000. The exponent is that of
+    :func:`power_of_two_exponents` (a maximum is exact in any order), so the scaled rows and
+    their Gram are a function of the block alone, as before.
+
+    Returns
+    -------
+    (g, s, s) array, ``s = min(m, d)``.
+    """
+    g, m, d = blocks.shape
+    s = min(m, d)
+    gram = np.empty((g, s, s), dtype=np.float64)
+    for j in range(g):
+        block = blocks[j]
+        peak = max(float(block.max()), -float(block.min())) if block.size else 0.0
+        scale_by_power_of_two(block, math.frexp(peak)[1], scaled[j])
+        rows = scaled[j]
+        if m > d:
+            np.matmul(rows.T, rows, out=gram[j])
+        else:
+            np.matmul(rows, rows.T, out=gram[j])
+    return gram
+
+
 def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False) -> FloatArray:
     """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
 
@@ -380,21 +435,19 @@ def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False
     (g, d, k) array with orthonormal columns, in order of decreasing singular value.
     """
     g, m, d = blocks.shape
-    exponents = -power_of_two_exponents(blocks)[:, None, None]
-    # In place when the caller's blocks are scratch (subset_bases' pass buffer): one pass over
-    # the rows and no allocation of their size, the same values.
-    scaled = np.ldexp(blocks, exponents, out=blocks) if overwrite else np.ldexp(blocks, exponents)
+    # In place when the caller's blocks are scratch (subset_bases' pass buffer): no allocation
+    # of their size, the same values.
+    scaled = blocks if overwrite else np.empty_like(blocks)
+    gram = scale_and_gram(blocks, scaled)
     bases = np.empty((g, d, k), dtype=np.float64)
     try:
         if m > d:
-            gram = np.matmul(scaled.transpose(0, 2, 1), scaled)
             _, top_vectors, finite = _gram_top_k(gram, k, lift=False)
             bases[:] = top_vectors
             # Eigenvectors of the d x d Gram are the singular vectors themselves: only a
             # non-finite or degenerate result needs the SVD route.
             good = finite & np.all(np.isfinite(bases), axis=(1, 2))
         else:
-            gram = np.matmul(scaled, scaled.transpose(0, 2, 1))
             top_values, top_vectors, finite = _gram_top_k(gram, k, lift=True)
             # The Gram route squares the condition number: with s_k^2 >= 1e-8 s_1^2 the columns
             # of X^T v / s are orthonormal to ~1e-8 at worst; below that, take the SVD.

@@ -204,11 +204,68 @@ def largest_cell_count_query(
     time: the finest cell indices are computed once, each width's count only when asked."""
     finest = cells(points, float(widths[0]), unit * float(widths[-1])).astype(np.int64)
     coefficients = fingerprint_coefficients(points.shape[1])
+    known: dict[int, int] = {}
+
+    def count(j: int) -> int:
+        if j not in known:
+            known[j] = largest_shifted_cell(finest, j, coefficients)
+        return known[j]
+
+    # The finest level whose largest count exceeds 1, found by bisection when first asked.
+    # The grids are nested (a cell at w_j is a union of cells at w_{j-1}), so the exact
+    # largest count never decreases with j: below that level every count is 1 and none needs
+    # computing. The search asks the widths from the finest; near a subspace the first dozen
+    # or more are all 1 (every point alone), and about 5 counts replace them.
+    first_shared: list[int] = []
 
     def query(j: int) -> float:
-        return float(largest_class_count(np.right_shift(finest, j), coefficients))
+        if not first_shared:
+            low, high = 0, widths.shape[0]  # count(high) taken as > 1 (beyond the grid)
+            while low < high:
+                middle = (low + high) // 2
+                if count(middle) > 1:
+                    high = middle
+                else:
+                    low = middle + 1
+            first_shared.append(low)
+        return 1.0 if j < first_shared[0] else float(count(j))
 
     return query
+
+
+def largest_shifted_cell(
+    finest: npt.NDArray[np.int64], shift: int, coefficients: npt.NDArray[np.uint64]
+) -> int:
+    """The exact largest cell count of ``finest >> shift`` (the cells at width ``w_0 2^shift``).
+
+    :func:`largest_class_count`'s fingerprints first (one pass over the cells); the largest
+    fingerprint classes are then checked row by row against one of their members (a class
+    whose rows differ, only on a fingerprint collision, is counted by exact ``np.unique``),
+    so the answer is the largest count of the cells themselves: a function of the points
+    through each point's own cell, with the module's sensitivity 1, and equal to the
+    fingerprints' count but for a collision (``< 2^-30`` per pair). Exactness is what lets
+    :func:`largest_cell_count_query` skip the fine widths (exact counts are monotone in the
+    width; fingerprint counts are only up to collisions).
+    """
+    shifted = np.right_shift(finest, shift)
+    if shifted.shape[0] == 0:
+        return 0
+    with np.errstate(over="ignore"):
+        prints = shifted.view(np.uint64) @ coefficients
+    _, inverse, counts = np.unique(prints, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    best = 1
+    for label in np.argsort(-counts, kind="stable"):
+        size = int(counts[label])
+        if size <= best:
+            break
+        rows = shifted[inverse == label]
+        if bool(np.all(rows == rows[0])):
+            best = size
+        else:  # a collision: the exact cells of this class
+            _, exact = np.unique(rows, axis=0, return_counts=True)
+            best = max(best, int(exact.max()))
+    return best
 
 
 def grid_offsets(unit: FloatArray, width: float, widest: float) -> FloatArray:
