@@ -260,7 +260,7 @@ def main() -> None:
             tasks = [
                 sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "compute")
                 for t in stream
-                if "_piece_gram" in str(t["key"])
+                if "_run_sum" in str(t["key"])
             ]
             adds = [
                 sum(s["stop"] - s["start"] for s in t["startstops"] if s["action"] == "compute")

@@ -226,6 +226,16 @@ class Settings(BaseSettings):
             "dataset once. In process the pass is the worker's (512 MiB)."
         ),
     )
+    dask_task_mb: float = Field(
+        default=32,
+        gt=0,
+        description=(
+            "Rows one task of a pass over a dataset by reference reads, MiB: consecutive row "
+            "groups are read one after the other in one task until it holds about this much "
+            "(a row group larger than it is a task of its own). Fewer, larger tasks spend "
+            "less on scheduling; memory stays one row group per task."
+        ),
+    )
     dask_retries: int = Field(
         default=2, ge=0, description="Retries of a failed Dask task before the release fails."
     )

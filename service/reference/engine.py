@@ -176,6 +176,41 @@ def _add(left: FloatArray, right: FloatArray) -> FloatArray:
     return left + right
 
 
+def _run_sum(
+    task: Any,
+    location: Location,
+    pieces: Sequence[Piece],
+    columns: Sequence[str],
+    records: Sequence[dict[str, Any]],
+    args: tuple[Any, ...],
+) -> FloatArray:
+    """``task`` over consecutive row groups, added in order: one row group in memory at a
+    time, so a task's memory is its largest group's whatever the run's length."""
+    total: FloatArray | None = None
+    for piece, record in zip(pieces, records, strict=True):
+        part = np.asarray(task(location, piece, columns, record, *args), dtype=np.float64)
+        total = part if total is None else total + part
+    assert total is not None  # a run holds at least one row group
+    return total
+
+
+def task_runs(pieces: Sequence[Piece], row_bytes: int, budget: int) -> list[list[Piece]]:
+    """The row groups cut into runs of consecutive groups of at most ``budget`` bytes of
+    float64 rows each (a larger group alone): the tasks of a pass. Public: a function of the
+    registered row-group sizes only."""
+    runs: list[list[Piece]] = []
+    held = 0
+    for piece in pieces:
+        size = piece.rows * row_bytes
+        if runs and held + size <= budget:
+            runs[-1].append(piece)
+            held += size
+        else:
+            runs.append([piece])
+            held = size
+    return runs
+
+
 class ParquetRows:
     """A dataset by reference as a :class:`~service.mechanisms.linalg.RowSource`: the passes
     run as Dask graphs, on the cluster named by ``DPSS_DASK_SCHEDULER`` or, without one, on
@@ -296,15 +331,20 @@ class ParquetRows:
                 raise ReferenceFault(LOST_WORKERS_REASON.format(seconds=limit), refund=False)
 
     def _reduce(self, task: Any, *args: Any) -> FloatArray:
-        """``sum`` of ``task(location, piece, columns, *args)`` over the row groups, added in
-        row-group order (a chain, so the order and the bits do not depend on the scheduler)."""
+        """``sum`` of ``task(location, piece, columns, record, *args)`` over the row groups:
+        one Dask task per run of consecutive row groups of about ``DPSS_DASK_TASK_MB``
+        (:func:`task_runs`), each adding its groups in order, and the runs' sums added in
+        order (a chain), so the order and the bits do not depend on the scheduler."""
         from dask.delayed import delayed
 
         ref = self.reference
         total: Any = None
-        for piece in ref.pieces:
-            record = self.records[piece.path]
-            part = delayed(task, pure=False)(ref.location, piece, ref.columns, record, *args)
+        budget = int(self.settings.dask_task_mb * 2**20)
+        for run in task_runs(ref.pieces, 8 * len(ref.columns), budget):
+            records = [self.records[piece.path] for piece in run]
+            part = delayed(_run_sum, pure=False, traverse=False)(
+                task, ref.location, run, ref.columns, records, args
+            )
             total = part if total is None else delayed(_add, pure=False)(total, part)
         (result,) = self._compute(total)
         return np.asarray(result, dtype=np.float64)

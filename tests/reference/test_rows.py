@@ -16,6 +16,8 @@ from service.errors import InvalidInput
 from service.mechanisms.linalg import clipped_gram, clipped_sum, subspace_distance
 from service.mechanisms.sample_aggregate import random_partition, subset_bases
 from service.reference import ParquetRows, ReferenceFault, inspect, worker_bytes
+from service.reference.engine import task_runs
+from service.reference.integrity import Piece
 from tests.factories import near_subspace
 from tests.reference.conftest import s3fs_for, write_parquet
 
@@ -145,3 +147,35 @@ def test_a_shared_path_under_a_root_and_refusals(tmp_path: Path) -> None:
         assert refused.value.field == field and words in refused.value.detail
     with pytest.raises(InvalidInput, match="off"):
         inspect(str(root), names, Settings(data_dir=tmp_path))
+
+
+def test_task_runs_cut_consecutive_row_groups_by_bytes() -> None:
+    pieces = [Piece("a", g, 100 * g, rows) for g, rows in enumerate((100, 100, 100, 500, 50, 50))]
+    runs = task_runs(pieces, row_bytes=8, budget=8 * 250)
+    # 100+100 fit, the third would pass 250 rows; 500 alone (larger than the budget); 50+50.
+    assert [[p.row_group for p in run] for run in runs] == [[0, 1], [2], [3], [4, 5]]
+    assert [p for run in runs for p in run] == pieces  # every group once, in order
+    assert task_runs(pieces, row_bytes=8, budget=1) == [[p] for p in pieces]
+
+
+def test_runs_of_several_row_groups_equal_in_process_and_on_dask(
+    tmp_path: Path,
+    s3_endpoint: str,
+    bucket: str,
+    dask_scheduler: str,
+    stored: tuple[np.ndarray[Any, Any], list[str]],
+) -> None:
+    rows, names = stored
+    # Runs of two 120-row groups (5,760 bytes each): 3 tasks for 6 groups.
+    update = {"dask_task_mb": 2 * 120 * 6 * 8 / 2**20}
+    local = _settings(tmp_path, s3_endpoint, bucket, None).model_copy(update=update)
+    reference = inspect(f"s3://{bucket}/data/", names, local)
+    assert len(task_runs(reference.pieces, 8 * 6, int(update["dask_task_mb"] * 2**20))) == 3
+    remote = _settings(tmp_path, s3_endpoint, bucket, dask_scheduler).model_copy(update=update)
+    in_process, on_dask = ParquetRows(reference, local), ParquetRows(reference, remote)
+    try:
+        gram_here = clipped_gram(in_process, 1.0)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(gram_here, clipped_gram(on_dask, 1.0))  # type: ignore[arg-type]
+        np.testing.assert_allclose(gram_here, clipped_gram(rows, 1.0), rtol=1e-12)
+    finally:
+        on_dask.close()
