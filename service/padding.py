@@ -82,6 +82,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from service.config import Settings
+from service.mechanisms.auto_gram import high_dimension
 
 Params = Mapping[str, Any]
 WorkModel = Callable[[int, int, int, Params], float]
@@ -197,9 +198,11 @@ def _auto(n: int, d: int, k: int, params: Params) -> float:
     # The structure test (Gram and all eigenvalues), then the costlier of the two candidates it
     # chooses between (the choice is private, so the padding covers either). For delta = 0 this
     # overestimates smooth_sensitivity's work, which only lengthens the padding.
-    # Its Gram candidate always runs with a clip quantile (service.mechanisms.auto), and with
-    # the centring asked for.
+    # Its Gram candidate runs with a clip quantile (service.mechanisms.auto), and with the
+    # centring asked for; in high dimension it is spatial_sign.
     gram = _analyze_gauss(n, d, k, {**params, "clip_quantile": True})
+    if high_dimension(n, d):  # its Gram candidate is then spatial_sign (public facts)
+        gram = _spatial_sign(n, d, k, params)
     test = _gram(n, d) + _eig(d)
     return test + max(gram, _friendly_aggregate(n, d, k, {}))
 

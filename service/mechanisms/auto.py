@@ -54,8 +54,9 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
-from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE, noise_sigma
+from service.mechanisms.analyze_gauss import noise_sigma
 from service.mechanisms.auto_explain import centring_sentence, labelled, summarise_reason
+from service.mechanisms.auto_gram import gram_candidate, gram_sentence, predicted_gram_error
 from service.mechanisms.auto_guard import (
     ALPHA,
     Choice,
@@ -150,42 +151,44 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     """The candidates and their budgets from public facts (deterministic: ``run`` recomputes
     it); raises :class:`InvalidParameter` as a chosen mechanism's ``prepare`` would."""
     clip = resolve_clip_norm(params.clip_norm, ctx)
-    raw: dict[str, Any] = {"clip_norm": clip}
     centred = params.center != "none"
-    if centred:
-        raw.update(center=params.center, center_share=params.center_share)
-    gram = {**raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
     if delta == 0:
+        raw: dict[str, Any] = {"clip_norm": clip}
+        if centred:
+            raw.update(center=params.center, center_share=params.center_share)
         reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
         reason += "; " + centring_sentence(params, delta) if centred else ""
         return Plan(prepared("smooth_sensitivity", ctx, k, epsilon, delta, raw), reason)
+    name, gram = gram_candidate(ctx, params, clip)
+    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols)
     if centred:
         return Plan(
-            prepared("analyze_gauss", ctx, k, epsilon, delta, gram),
-            f"{centring_sentence(params, delta)}; of the mechanisms that centre (the Gram "
-            "mechanisms), analyze_gauss is the most accurate wherever it runs; the aggregators "
-            "do not centre",
+            prepared(name, ctx, k, epsilon, delta, gram),
+            f"{centring_sentence(params, delta, name)}; of the mechanisms that centre (the Gram "
+            f"mechanisms), {why_gram}; the aggregators do not centre",
         )
     notes: list[str] = []
     share = params.structure_share
     rest = (1.0 - share) * epsilon
-    sure = friendly_path(ctx, k, rest, 0.0, delta, gram, notes) if share > 0 else None
-    unsure = None if sure is None else checked_path(ctx, k, rest, sure.run, delta, gram, notes)
+    sure = friendly_path(ctx, k, rest, 0.0, delta, (name, gram), notes) if share > 0 else None
+    unsure = (
+        None if sure is None else checked_path(ctx, k, rest, sure.run, delta, (name, gram), notes)
+    )
     if sure is None:
         why = "; ".join(notes) or (
             "structure test disabled (structure_share = 0; the default on a gaussian dataset, "
             "whose Gaussian-DP filter cannot charge the tests' pure steps)"
         )
         return Plan(
-            prepared("analyze_gauss", ctx, k, epsilon, delta, gram),
-            "analyze_gauss: no aggregator can run here, so no estimate could change the "
-            "choice; " + why,
+            prepared(name, ctx, k, epsilon, delta, gram),
+            f"{name}: {why_gram}; no aggregator can run here, so no estimate could change the "
+            f"choice; {why}",
             notes,
         )
     return Plan(
-        prepared("analyze_gauss", ctx, k, rest, delta, gram),
+        prepared(name, ctx, k, rest, delta, gram),
         "friendly_aggregate can run: a private estimate of the rows' distance to a k-dim "
-        "subspace predicts its error and analyze_gauss's, and the smaller runs",
+        f"subspace predicts its error and {name}'s, and the smaller runs; {why_gram}",
         notes,
         test_epsilon=share * epsilon,
         sure=sure,
@@ -220,29 +223,42 @@ def noisy_tail_and_trace(
 
 
 def predicted_gauss_error(gap: float, d: int, k: int, gauss: Choice) -> float:
-    """``sigma (sqrt(d - k) + sqrt(k))/g`` at analyze_gauss's budget (module docstring)."""
+    """``sigma (sqrt(d - k) + sqrt(k))/g`` for analyze_gauss at its clip ``C`` and its whole
+    budget (the first-order bound itself; :func:`predicted_error` for auto's candidates)."""
     params: Any = gauss.params
     sigma = noise_sigma(params.clip_norm, gauss.epsilon, gauss.delta)
     return sigma * (math.sqrt(max(d - k, 0)) + math.sqrt(k)) / max(gap, 1e-300)
+
+
+def predicted_error(gram: Choice, estimate: Estimate, d: int, k: int) -> float:
+    """The Gram candidate's predicted error at its budget (:mod:`auto_gram`: spatial_sign's gap
+    is the estimate's over the fill)."""
+    args = (gram.epsilon, gram.delta, estimate.gap, estimate.fill, d, k)
+    return predicted_gram_error(gram.name, gram.params, *args)
 
 
 @dataclass(frozen=True)
 class Estimate:
     """The released estimate as the predictions use it: the tail at either end of its one-sided
     ``1 - ALPHA`` intervals (``T_hat -+ b ln(1/(2 ALPHA))``, clamped at 0), the head ``S`` and
-    the gap ``S/k`` (each floored at one noise scale ``b``)."""
+    the gap ``S/k`` (each floored at one noise scale ``b``), and the fill ``trace/(n C^2)``
+    (``capacity = n C^2``; in ``[b/capacity, 1]``, 1 without a capacity)."""
 
     tail_low: float
     tail_high: float
     head: float
     gap: float
+    fill: float = 1.0
 
     @classmethod
-    def of(cls, tail_hat: float, trace_hat: float, k: int, scale: float) -> Estimate:
+    def of(
+        cls, tail_hat: float, trace_hat: float, k: int, scale: float, capacity: float = 0.0
+    ) -> Estimate:
         head = max(trace_hat - max(tail_hat, 0.0), scale)
         margin = scale * math.log(1.0 / (2.0 * ALPHA))
         low, high = max(tail_hat - margin, 0.0), max(tail_hat + margin, 0.0)
-        return cls(low, high, head, max(head / k, scale))
+        fill = min(1.0, max(trace_hat, scale) / capacity) if capacity > 0 else 1.0
+        return cls(low, high, head, max(head / k, scale), fill)
 
 
 def friendly_wins(
@@ -254,7 +270,7 @@ def friendly_wins(
     scale = 1.0 if params.aggregator == "projection" else math.sqrt(params.q or 2 * k)
     r = scale * 2.0 * math.sqrt(params.t * tail * estimate.head / max(n, 1)) / estimate.gap
     f_error = predicted_friendly_error(friendly, r, d, k)
-    return f_error < predicted_gauss_error(estimate.gap, d, k, gauss)
+    return f_error < predicted_error(gauss, estimate, d, k)
 
 
 def decide(the_plan: Plan, estimate: Estimate, n: int, d: int, k: int) -> FriendlyPath | None:
@@ -365,7 +381,7 @@ class Auto(Mechanism[AutoParams]):
             "auto_clip_quantile": quantile,
         }
         meaning = [f"auto chooses {summary}"]
-        centring = centring_sentence(spec.params, spec.delta)
+        centring = centring_sentence(spec.params, spec.delta, default.name)
         if centring not in summary:
             meaning.append(centring[0].upper() + centring[1:] + ".")
         if sure is not None:
@@ -379,23 +395,23 @@ class Auto(Mechanism[AutoParams]):
                 f"Estimate (epsilon {the_plan.test_epsilon:.4g}, pure): the tail sum_(i>k) "
                 f"lambda_i and the trace of the clipped X^T X each get Laplace noise of scale "
                 f"{scale:.4g}; from them auto predicts friendly_aggregate's error (its subsets' "
-                "spread) and analyze_gauss's (its noise over the gap). friendly_aggregate runs "
+                f"spread) and {default.name}'s (its noise over the gap). friendly_aggregate runs "
                 f"with epsilon {sure.run.epsilon:.4g} if it wins at the tail's pessimistic "
-                f"{1 - ALPHA:.0%} end; else analyze_gauss with epsilon {default.epsilon:.4g}"
+                f"{1 - ALPHA:.0%} end; else {default.name} with epsilon {default.epsilon:.4g}"
                 + (
                     "."
                     if unsure is None or unsure.weight_stop is None
                     else f" unless friendly_aggregate wins at the optimistic end: then it runs "
                     f"with epsilon {unsure.run.epsilon:.4g} after a noisy total weight "
                     f"(epsilon {unsure.weight_epsilon:.4g}) reaches "
-                    f"{search_weight_threshold(unsure.run):.4g}, else analyze_gauss with "
+                    f"{search_weight_threshold(unsure.run):.4g}, else {default.name} with "
                     f"epsilon {unsure.weight_stop.epsilon:.4g}."
                 )
             )
             meaning.append(
-                "friendly_aggregate's radius search runs first; analyze_gauss takes everything "
+                f"friendly_aggregate's radius search runs first; {default.name} takes everything "
                 "unspent (all of delta) if the found radius predicts a larger error than "
-                "analyze_gauss's, or if friendly's test fails (its mean's share)."
+                f"{default.name}'s, or if friendly's test fails (its mean's share)."
             )
         labels = {id(default): ""}
         for name, path in (("", sure), ("unsure.", unsure)):
@@ -433,14 +449,14 @@ class Auto(Mechanism[AutoParams]):
             return labelled(run_choice(default, data, spec.k, rng), default, the_plan.reason)
         tail_hat, trace_hat = noisy_tail_and_trace(data, spec.k, clip, the_plan.test_epsilon, rng)
         scale = structure_noise_scale(clip, the_plan.test_epsilon)
-        estimate = Estimate.of(tail_hat, trace_hat, spec.k, scale)
+        estimate = Estimate.of(tail_hat, trace_hat, spec.k, scale, n * clip**2)
         path = decide(the_plan, estimate, n, d, spec.k)
         test: dict[str, Any] = {"test": "structure", "epsilon": the_plan.test_epsilon}
         if path is None:
             reason = (
                 "the private estimate puts the rows too far from a k-dim subspace: "
-                "friendly_aggregate's predicted error is above analyze_gauss's even at the "
-                "estimate's optimistic end"
+                f"friendly_aggregate's predicted error is above {default.name}'s even at the "
+                f"estimate's optimistic end; {gram_sentence(default.name, n, d)}"
             )
             out = run_choice(default, data, spec.k, rng)
             return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})
@@ -450,8 +466,8 @@ class Auto(Mechanism[AutoParams]):
             "the private estimate puts the rows near enough a k-dim subspace for "
             f"friendly_aggregate to win{'' if sure else ' at its optimistic end'}"
         )
-        gauss = predicted_gauss_error(estimate.gap, d, spec.k, path.search_stop)
-        return guarded_run(data, spec.k, path, gauss, reason, test, rng)
+        gram = predicted_error(path.search_stop, estimate, d, spec.k)
+        return guarded_run(data, spec.k, path, gram, reason, test, rng)
 
 
 def _rho_of(steps: list[PrivacyStep]) -> float:

@@ -25,8 +25,9 @@ class Chosen(Protocol):
     def delta(self) -> float: ...
 
 
-def centring_sentence(params: CenterParams, delta: float) -> str:
-    """What auto's choice does about centring (issue 32, item 1)."""
+def centring_sentence(params: CenterParams, delta: float, gram: str = "analyze_gauss") -> str:
+    """What auto's choice does about centring (issue 32, item 1); ``gram``: its Gram
+    candidate."""
     quantile = f"{DEFAULT_PRIVATE_CENTRE_QUANTILE:g}"
     if params.center == "none":
         return (
@@ -41,6 +42,15 @@ def centring_sentence(params: CenterParams, delta: float) -> str:
                 "center_share of epsilon); it has no private clip quantile"
             )
         return "PCA requested: smooth_sensitivity centres on the given public centre (no budget)"
+    if gram == "spatial_sign":
+        if params.center == "private":
+            head, where = 'PCA requested (center "private")', "a private mean (center_share)"
+        else:
+            head, where = "PCA requested (a public centre)", "it (no budget)"
+        return (
+            f"{head}: spatial_sign centres on {where} and scales each centred row to the norm "
+            "bound (no clip to choose)"
+        )
     if params.center == "private":
         return (
             'PCA requested (center "private"): analyze_gauss clips the rows at a private '

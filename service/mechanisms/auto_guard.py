@@ -1,5 +1,6 @@
-"""friendly_aggregate guarded by analyze_gauss (issue 24, item 5: no starved fallback), as ``auto``
-runs it: friendly's budget on a path, analyze_gauss's budget after each of its ends short of a
+"""friendly_aggregate guarded by auto's Gram candidate (issue 24, item 5: no starved fallback), as
+``auto`` runs it: friendly's budget on a path, the Gram candidate's (``analyze_gauss`` or, in
+high dimension, ``spatial_sign``: :mod:`auto_gram`) after each of its ends short of a
 result, the weight check between its search and its test, and the guarded run.
 
 Privacy: the noisy total weight is friendly's own statistic on its public partition at a
@@ -68,8 +69,8 @@ class Choice:
 
 @dataclass(frozen=True)
 class FriendlyPath:
-    """friendly_aggregate (``run``) and analyze_gauss's budget after each of its ends short of a
-    result: ``search_stop`` (everything but its search's ``eps0``), ``weight_stop`` (also less
+    """friendly_aggregate (``run``) and the Gram candidate's budget after each of its ends short
+    of a result: ``search_stop`` (everything but its search's ``eps0``), ``weight_stop`` (also less
     the weight check's ``weight_epsilon``; ``None``: no check), ``ptr_fallback`` (its mean's
     unspent share after a failed test)."""
 
@@ -98,11 +99,12 @@ def friendly_path(
     budget: float,
     weight_epsilon: float,
     delta: float,
-    gram: dict[str, Any],
+    gram: tuple[str, dict[str, Any]],
     notes: list[str],
 ) -> FriendlyPath | None:
     """friendly_aggregate at ``budget - weight_epsilon`` (its default aggregator, else reference
-    points) if its own ``prepare`` accepts it within the memory cap, with its stops."""
+    points) if its own ``prepare`` accepts it within the memory cap, with its stops: the Gram
+    candidate ``gram`` (name, raw params) at each budget friendly leaves unspent."""
     friendly = None
     for raw in ({}, {"aggregator": "reference_points"}):
         try:
@@ -119,14 +121,13 @@ def friendly_path(
         return None
     eps0 = release_split(friendly.epsilon, delta, False, t=_t(friendly)).eps0
     rest = budget - eps0
+    name, raw = gram
     return FriendlyPath(
         friendly,
         weight_epsilon,
-        prepared("analyze_gauss", ctx, k, rest, delta, gram),
-        prepared("analyze_gauss", ctx, k, rest - weight_epsilon, delta, gram)
-        if weight_epsilon > 0
-        else None,
-        prepared("analyze_gauss", ctx, k, *ptr_fallback_budget(friendly), gram),
+        prepared(name, ctx, k, rest, delta, raw),
+        prepared(name, ctx, k, rest - weight_epsilon, delta, raw) if weight_epsilon > 0 else None,
+        prepared(name, ctx, k, *ptr_fallback_budget(friendly), raw),
     )
 
 
@@ -146,7 +147,7 @@ def checked_path(
     budget: float,
     friendly: Choice,
     delta: float,
-    gram: dict[str, Any],
+    gram: tuple[str, dict[str, Any]],
     notes: list[str],
 ) -> FriendlyPath | None:
     """friendly with a weight check whose epsilon is :func:`weight_check_epsilon` of the run it
@@ -156,7 +157,7 @@ def checked_path(
     eps_w = weight_check_epsilon(friendly)
     for _ in range(8):
         if not eps_w <= MAX_WEIGHT_SHARE * budget:
-            notes.append("no weight check affordable: an unsure estimate runs analyze_gauss")
+            notes.append("no weight check affordable: an unsure estimate runs the Gram candidate")
             return None
         path = friendly_path(ctx, k, budget, eps_w, delta, gram, notes)
         if path is None:
@@ -169,12 +170,13 @@ def checked_path(
 
 
 def ptr_fallback_budget(friendly: Choice) -> tuple[float, float]:
-    """analyze_gauss's ``(epsilon, delta)`` after friendly's failed test: its unspent mean's.
+    """The Gram candidate's ``(epsilon, delta)`` after friendly's failed test: its unspent mean's.
 
     Basic split: ``(eps2, delta2)``. F3's GDP split: the mean would have been ``mean_mu``-GDP;
-    analyze_gauss calibrated to a point ``(eps_f, delta_f)`` of that Gaussian's exact profile
-    (``delta_f = delta1``, shaded down ``1e-9`` relative so rounding only adds noise) is
-    ``mean_mu``-GDP too, so it takes the mean's place in F3's composition.
+    a Gram candidate (``analyze_gauss`` or ``spatial_sign``: Gaussian steps at the largest
+    ``mu`` with ``delta_G(mu, eps) <= delta``) calibrated to a point ``(eps_f, delta_f)`` of that
+    Gaussian's exact profile (``delta_f = delta1``, shaded down ``1e-9`` relative so rounding
+    only adds noise) is ``mean_mu``-GDP too, so it takes the mean's place in F3's composition.
     """
     from service.mechanisms.composition import gaussian_profile
     from service.mechanisms.friendly_aggregate import GdpSplit
@@ -235,8 +237,9 @@ def guarded_run(
     rng: np.random.Generator,
 ) -> MechanismOutput:
     """friendly's radius search, its prediction at the released radius against ``gauss``
-    (analyze_gauss's predicted error at the stop's budget), the weight check (if the path has
-    one), its finish; each end short of a result runs analyze_gauss with everything unspent."""
+    (the Gram candidate's predicted error at the stop's budget), the weight check (if the path
+    has one), its finish; each end short of a result runs the Gram candidate with everything
+    unspent."""
     friendly, stop = path.run, path.search_stop
     mechanism = component(friendly.name)
     assert isinstance(mechanism, FriendlyAggregate)
@@ -245,17 +248,17 @@ def guarded_run(
     d = data.shape[1]
     test["radius_exponent"] = state.radius_exponent
     if state.radius_exponent is None:
-        reason += "; its private radius search found no radius, so analyze_gauss runs"
+        reason += f"; its private radius search found no radius, so {stop.name} runs"
         return labelled(run_choice(stop, data, k, rng), stop, reason, {**test, "continued": False})
     predicted = predicted_friendly_error(friendly, state.radius, d, k)
     said = (
         f"its private radius search stopped at {state.radius:.3g}, where its predicted error "
-        f"{predicted:.3g} is {'' if predicted < gauss else 'not '}below analyze_gauss's "
+        f"{predicted:.3g} is {'' if predicted < gauss else 'not '}below {stop.name}'s "
         f"{gauss:.3g}"
     )
     test["continued"] = bool(predicted < gauss)
     if not test["continued"]:
-        reason += f"; {said}, so analyze_gauss runs with the unspent rest and all of delta"
+        reason += f"; {said}, so {stop.name} runs with the unspent rest and all of delta"
         return labelled(run_choice(stop, data, k, rng), stop, reason, test)
     reason += f"; {said}, so it continues"
     if path.weight_stop is not None:
@@ -265,7 +268,7 @@ def guarded_run(
             del state
             reason += (
                 "; the noisy total weight at that radius is below what its test needs, so "
-                "analyze_gauss runs with the unspent rest and all of delta"
+                f"{stop.name} runs with the unspent rest and all of delta"
             )
             return labelled(
                 run_choice(path.weight_stop, data, k, rng), path.weight_stop, reason, test
@@ -274,7 +277,7 @@ def guarded_run(
     if output.basis is not None:
         return labelled(output, friendly, reason, test)
     reason += (
-        "; its propose-test-release check failed, so analyze_gauss ran with the unspent "
+        f"; its propose-test-release check failed, so {stop.name} ran with the unspent "
         "budget of its mean step"
     )
     out = run_choice(path.ptr_fallback, data, k, rng)

@@ -15,6 +15,7 @@ from service.mechanisms.base import Mechanism
 from service.mechanisms.friendly_aggregate import FriendlyAggregate
 from service.mechanisms.histogram_aggregate import HistogramAggregate
 from service.mechanisms.smooth_sensitivity import SmoothSensitivity
+from service.mechanisms.spatial_sign import SpatialSign
 
 COMPONENTS: dict[str, Mechanism[Any]] = {
     mechanism.name: mechanism
@@ -23,6 +24,7 @@ COMPONENTS: dict[str, Mechanism[Any]] = {
         FriendlyAggregate(),
         HistogramAggregate(),
         SmoothSensitivity(),
+        SpatialSign(),
     )
 }
 

@@ -100,14 +100,18 @@ def test_the_aggregator_is_friendlys_own_default(d: int) -> None:
 
 
 def test_gap_perturbation_and_gaussian_smooth_sensitivity_are_never_chosen() -> None:
-    names = set()
+    names: set[str] = set()
+    high: set[str] = set()
     for n in (100, 5_000, 50_000, 500_000):
         for d in (5, 10, 50, 300):
             for eps in (0.1, 0.5, 1.0, 10.0):
                 the_plan = plan(ctx(n, d), 3, eps, 1e-6, AutoParams(clip_norm=1.0))
-                names.update(choice.name for choice in the_plan.choices())
+                chosen = {choice.name for choice in the_plan.choices()}
+                (high if d**3 >= n**2 else names).update(chosen)
     # histogram_aggregate is no longer a candidate (never the best where friendly can run)
     assert names == {"analyze_gauss", "friendly_aggregate"}
+    # in high dimension (d >= n^(2/3), issue 32 item 3) spatial_sign replaces analyze_gauss
+    assert high == {"spatial_sign", "friendly_aggregate"}
 
 
 def test_prepare_refuses_without_a_clip_norm_and_bad_shares() -> None:

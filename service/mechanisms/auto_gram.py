@@ -1,0 +1,95 @@
+"""``auto``'s Gram candidate: ``analyze_gauss`` (its private clip quantile), or ``spatial_sign``
+in high dimension, and its predicted error (issue 32 item 3, issue 33 item 1).
+
+Both release the top-k eigenvectors of a Gram matrix of rows of norm ``<= C`` plus the same
+symmetric Gaussian ``E(sigma)``, ``sigma = sqrt(2) C^2/mu_g``; first-order Davis-Kahan (the
+``(d - k) x k`` block of ``E``, Davidson-Szarek) predicts ``sin Theta ~ sigma (sqrt(d - k) +
+sqrt(k))/g`` with ``g`` that Gram's gap. They differ in the Gram:
+
+- ``analyze_gauss``: the clipped rows', ``g ~ S/k`` from the private estimate (``S`` its head);
+  predicted at its clip ``C`` and the whole Gram budget (its quantile clip is private).
+- ``spatial_sign``: every row scaled to norm ``C``. Where a row's norm does not depend on its
+  direction (elliptical rows: Visuri, Koivunen & Oja 2000, the sign covariance has the
+  covariance's eigenvectors in the same order) its Gram is the clipped Gram times ``n C^2 /
+  trace``: ``g_S = g/f`` with the fill ``f = trace/(n C^2) <= 1`` (the private trace), at the
+  same ``sigma`` per unit of ``mu`` and no budget spent on choosing a clip. So its predicted
+  error is at most ``analyze_gauss``'s at the same budget, at the clip ``C`` (``f <= 1``) and at
+  a quantile clip ``r`` (the rows below ``r`` fill less than ``r^2``, and the quantile takes
+  ``CLIP_SHARE`` of ``mu^2``): no estimate is needed to choose between the two.
+
+What the noise bound does not see is the sign map's bias: it weights a short row as a long
+one, which moves the subspace where norm and direction depend on each other (a fixed effect,
+while the noise term falls like ``sqrt(d)/(n eps)``). So ``spatial_sign`` is offered only in
+high dimension, ``d >= n^(2/3)`` (the regime of issue 32's literature, Dong, Liang & Yi 2022;
+a public fact, not a fitted constant), where the noise term decides; below it ``analyze_gauss``
+(measured: the sign map gains 1.0-1.05x there on power-law rows, bench/bench_highdim.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
+from service.mechanisms.base import PublicContext
+from service.mechanisms.centring import CenterParams
+from service.mechanisms.gauss_calibration import gauss_split
+from service.mechanisms.spatial_sign import gram_sensitivity, spatial_sign_split
+
+#: The Gram candidates, by name.
+GAUSS, SIGN = "analyze_gauss", "spatial_sign"
+
+
+def high_dimension(n: int, d: int) -> bool:
+    """``d >= n^(2/3)`` (public facts): where ``auto`` offers ``spatial_sign``."""
+    return d > 0 and float(d) ** 3 >= float(max(n, 1)) ** 2
+
+
+def gram_candidate(
+    ctx: PublicContext, params: CenterParams, clip: float
+) -> tuple[str, dict[str, Any]]:
+    """The Gram candidate's name and raw params, from public facts: the request's clip norm and
+    centring; ``analyze_gauss`` with its private ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` clip,
+    ``spatial_sign`` (no clip to choose) in high dimension."""
+    raw: dict[str, Any] = {"clip_norm": clip, "center": params.center}
+    if params.center != "none":
+        raw["center_share"] = params.center_share
+    if high_dimension(ctx.n_rows, ctx.n_cols):
+        return SIGN, raw
+    if params.center == "none":
+        del raw["center"]  # analyze_gauss's own default
+    return GAUSS, {**raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
+
+
+def gram_sigma(name: str, params: Any, epsilon: float, delta: float) -> float:
+    """The Gram noise's ``sigma = sqrt(2) C^2/mu_g`` per entry at the candidate's budget (its
+    own split of ``mu^2``: the quantile's, the centre's and the variance estimate's shares)."""
+    split = spatial_sign_split if name == SIGN else gauss_split
+    return gram_sensitivity(params.clip_norm) / split(epsilon, delta, params).gram_mu
+
+
+def predicted_gram_error(
+    name: str, params: Any, epsilon: float, delta: float, gap: float, fill: float, d: int, k: int
+) -> float:
+    """``sigma (sqrt(d - k) + sqrt(k))/g``, ``g = gap/fill`` where every row fills the norm
+    that sets the noise (the sign map; a quantile clip at its best, module docstring), else
+    ``g = gap`` (analyze_gauss at its clip ``C``)."""
+    sigma = gram_sigma(name, params, epsilon, delta)
+    filled = name == SIGN or getattr(params, "quantile", None) is not None
+    g = gap / min(max(fill, 1e-300), 1.0) if filled else gap
+    return sigma * (math.sqrt(max(d - k, 0)) + math.sqrt(k)) / max(g, 1e-300)
+
+
+def gram_sentence(name: str, n: int, d: int) -> str:
+    """Why this Gram candidate (for ``auto_reason``)."""
+    edge = f"{float(max(n, 1)) ** (2.0 / 3.0):.0f}"
+    if name == SIGN:
+        return (
+            f"high dimension (d = {d} >= n^(2/3) = {edge}): every row scaled to the norm bound, "
+            "its predicted error (noise over the gap) is at most analyze_gauss's at the same "
+            "budget, with no budget spent choosing a clip"
+        )
+    return (
+        f"d = {d} < n^(2/3) = {edge}: with its private clip quantile (spatial_sign, which weights "
+        "short rows as long ones, runs only in high dimension)"
+    )

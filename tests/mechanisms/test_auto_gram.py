@@ -1,0 +1,144 @@
+"""``auto``'s Gram candidate (issue 33 item 1 with issue 32 item 3): ``spatial_sign`` in high
+dimension (``d >= n^(2/3)``), ``analyze_gauss`` with its clip quantile below, the predicted
+errors it compares with friendly_aggregate's, the reason it gives, and the budgets of every
+path with the new candidate."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.bench_auto_realistic import rows
+from service.mechanisms.auto import Auto, AutoParams, Estimate, plan, predicted_error
+from service.mechanisms.auto_gram import high_dimension, predicted_gram_error
+from service.mechanisms.auto_guard import Choice
+from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.registry import MECHANISMS
+
+AUTO = Auto()
+DELTA = 1e-6
+
+
+def ctx(n: int, d: int) -> PublicContext:
+    return PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+
+
+def captured_deficit(x: np.ndarray, basis: np.ndarray | None, k: int) -> float:
+    best = float(np.linalg.eigvalsh(x.T @ x)[-k:].sum())
+    return 1.0 if basis is None else 1.0 - float(np.sum((x @ basis) ** 2)) / best
+
+
+def test_high_dimension_is_d_at_least_n_to_the_two_thirds() -> None:
+    assert high_dimension(1_000, 100) and high_dimension(8_000, 400)
+    assert not high_dimension(8_001, 400) and not high_dimension(20_000, 300)
+    assert high_dimension(20_000, 1_000) and not high_dimension(50_000, 1_000)
+
+
+@pytest.mark.parametrize("center", ["none", "private"])
+def test_the_gram_candidate_follows_the_dimension(center: str) -> None:
+    raw = AutoParams(clip_norm=1.0, center=center)  # type: ignore[arg-type]
+    high = plan(ctx(2_000, 300), 3, 1.0, DELTA, raw)
+    assert high.default.name == "spatial_sign" and high.sure is None
+    assert (high.default.epsilon, high.default.delta) == (1.0, DELTA)  # everything: no estimate
+    assert high.default.params.center == center  # type: ignore[attr-defined]
+    assert "d = 300 >= n^(2/3) = 159" in high.reason and "spatial_sign" in high.reason
+    low = plan(ctx(20_000, 50), 3, 1.0, DELTA, raw)
+    assert low.default.name == "analyze_gauss"
+    assert low.default.params.quantile == 0.3  # type: ignore[attr-defined]
+    assert "d = 50 < n^(2/3) = 737" in low.reason
+
+
+def test_friendlys_stops_run_the_gram_candidate_and_compose_to_the_request() -> None:
+    # n = 20,000, d = 1,000 (high dimension) where friendly_aggregate can run: the default and
+    # every stop is spatial_sign, and each path sums to the request exactly
+    p = plan(ctx(20_000, 1_000), 3, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    assert p.sure is not None and p.default.name == "spatial_sign"
+    assert p.default.epsilon + p.test_epsilon == pytest.approx(1.0, rel=1e-15)
+    for path in p.paths():
+        assert {c.name for c in path.choices()[1:]} == {"spatial_sign"}
+        eps0 = 0.25 * path.run.epsilon
+        total = path.search_stop.epsilon + p.test_epsilon + eps0
+        assert total == pytest.approx(1.0, rel=1e-15)
+    # zcdp: the bound auto declares covers the spatial_sign run at (1 - s) eps
+    spec = ReleaseSpec(3, 1.0, DELTA, AUTO.prepare(ctx(20_000, 1_000), 3, 1.0, DELTA, AutoParams()))
+    steps = AUTO.privacy_steps(ctx(20_000, 1_000), spec)
+    assert steps is not None
+
+
+def test_without_an_estimate_auto_declares_spatial_signs_own_steps() -> None:
+    c = ctx(2_000, 300)
+    params = AUTO.prepare(c, 3, 1.0, DELTA, AutoParams())
+    steps = AUTO.privacy_steps(c, ReleaseSpec(3, 1.0, DELTA, params))
+    sign = MECHANISMS["spatial_sign"]
+    own = sign.prepare(c, 3, 1.0, DELTA, sign.parse_params({"center": "none"}))
+    expected = sign.privacy_steps(c, ReleaseSpec(3, 1.0, DELTA, own))
+    assert steps is not None and steps == expected
+
+
+def test_the_sign_maps_prediction_is_the_fill_times_the_gram_bound() -> None:
+    # the sign map fills the bound: its gap is the estimate's over the fill, at its own sigma;
+    # analyze_gauss with a quantile clip is predicted at its best (every row at the quantile),
+    # which still spends CLIP_SHARE of mu^2 on the quantile: the sign map is never predicted worse
+    c = ctx(2_000, 300)
+    sign = MECHANISMS["spatial_sign"]
+    gauss = MECHANISMS["analyze_gauss"]
+    s_params = sign.prepare(c, 3, 1.0, DELTA, sign.parse_params({"center": "none"}))
+    g_params = gauss.prepare(c, 3, 1.0, DELTA, gauss.parse_params({"clip_quantile": 0.3}))
+    at_c = gauss.prepare(c, 3, 1.0, DELTA, gauss.parse_params({}))
+    for fill in (0.05, 0.3, 1.0):
+        e_s = predicted_gram_error("spatial_sign", s_params, 1.0, DELTA, 10.0, fill, 300, 3)
+        e_q = predicted_gram_error("analyze_gauss", g_params, 1.0, DELTA, 10.0, fill, 300, 3)
+        e_c = predicted_gram_error("analyze_gauss", at_c, 1.0, DELTA, 10.0, fill, 300, 3)
+        assert e_s < e_q < e_c / fill + 1e-12 or fill == 1.0
+        assert e_s == pytest.approx(e_q * math.sqrt(1 - 0.05 - 0.1), rel=1e-9)
+        assert e_c == pytest.approx(
+            predicted_gram_error("analyze_gauss", at_c, 1.0, DELTA, 10.0, 1.0, 300, 3)
+        )
+    est = Estimate.of(5.0, 500.0, 3, 1.0, capacity=2_000.0)
+    assert est.fill == pytest.approx(0.25)
+    choice = Choice("spatial_sign", s_params, 1.0, DELTA)
+    assert predicted_error(choice, est, 300, 3) == pytest.approx(
+        predicted_gram_error("spatial_sign", s_params, 1.0, DELTA, est.gap, 0.25, 300, 3)
+    )
+
+
+def test_auto_picks_spatial_sign_on_high_dimensional_heavy_rows_and_gauss_on_low() -> None:
+    # heavy-tailed rows (norms ~1/3 of the bound): in high dimension auto runs spatial_sign and
+    # says why, and keeps more of the variance than analyze_gauss at the bound; in low
+    # dimension it runs analyze_gauss with its clip quantile and says why
+    k = 3
+    x = rows("heavy_tailed", 1_500, 200, seed=3)
+    c = ctx(*x.shape)
+    spec = ReleaseSpec(k, 1.0, DELTA, AUTO.prepare(c, k, 1.0, DELTA, AutoParams()))
+    gauss = MECHANISMS["analyze_gauss"]
+    g_spec = ReleaseSpec(k, 1.0, DELTA, gauss.prepare(c, k, 1.0, DELTA, gauss.parse_params({})))
+    auto_deficits, gauss_deficits = [], []
+    for seed in range(3):
+        out = AUTO.run(x, spec, np.random.default_rng(seed))
+        assert out.extras["auto_choice"] == "spatial_sign"
+        assert "high dimension (d = 200 >= n^(2/3) = 131)" in out.extras["auto_reason"]
+        auto_deficits.append(captured_deficit(x, out.basis, k))
+        plain: Any = gauss.run(x, g_spec, np.random.default_rng(seed))
+        gauss_deficits.append(captured_deficit(x, plain.basis, k))
+    assert np.mean(auto_deficits) < 0.5 * np.mean(gauss_deficits), (auto_deficits, gauss_deficits)
+    low = rows("heavy_tailed", 4_000, 20, seed=4)
+    c = ctx(*low.shape)
+    spec = ReleaseSpec(k, 1.0, DELTA, AUTO.prepare(c, k, 1.0, DELTA, AutoParams()))
+    out = AUTO.run(low, spec, np.random.default_rng(5))
+    assert out.extras["auto_choice"] == "analyze_gauss"
+    assert "d = 20 < n^(2/3) = 252" in " ".join(out.extras["auto_details"])
+
+
+def test_a_centred_high_dimensional_request_runs_spatial_sign_with_its_centre() -> None:
+    x = rows("power_law", 1_000, 120, seed=6) + 0.02
+    c = ctx(*x.shape)
+    params = AUTO.prepare(c, 2, 1.0, DELTA, AutoParams(center="private"))
+    shown = AUTO.preview(c, ReleaseSpec(2, 1.0, DELTA, params))
+    assert shown.scales["auto_choice"] == "spatial_sign"
+    assert shown.scales["auto_clip_quantile"] is None
+    assert any("spatial_sign centres on a private mean" in line for line in shown.meaning)
+    out = AUTO.run(x, ReleaseSpec(2, 1.0, DELTA, params), np.random.default_rng(7))
+    assert out.extras["auto_choice"] == "spatial_sign" and len(out.extras["center"]) == 120
