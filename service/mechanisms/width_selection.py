@@ -203,14 +203,7 @@ def largest_cell_count_query(
     entry, the same cells and the same value), for a search that asks the widths one at a
     time: the finest cell indices are computed once, each width's count only when asked."""
     finest = cells(points, float(widths[0]), unit * float(widths[-1])).astype(np.int64)
-    coefficients = fingerprint_coefficients(points.shape[1])
-    known: dict[int, int] = {}
-
-    def count(j: int) -> int:
-        if j not in known:
-            known[j] = largest_shifted_cell(finest, j, coefficients)
-        return known[j]
-
+    nested = NestedCells(finest, fingerprint_coefficients(points.shape[1]))
     # The finest level whose largest count exceeds 1, found by bisection when first asked.
     # The grids are nested (a cell at w_j is a union of cells at w_{j-1}), so the exact
     # largest count never decreases with j: below that level every count is 1 and none needs
@@ -223,49 +216,124 @@ def largest_cell_count_query(
             low, high = 0, widths.shape[0]  # count(high) taken as > 1 (beyond the grid)
             while low < high:
                 middle = (low + high) // 2
-                if count(middle) > 1:
+                if nested.largest(middle) > 1:
                     high = middle
                 else:
                     low = middle + 1
             first_shared.append(low)
-        return 1.0 if j < first_shared[0] else float(count(j))
+        return 1.0 if j < first_shared[0] else float(nested.largest(j))
 
     return query
 
 
-def largest_shifted_cell(
-    finest: npt.NDArray[np.int64], shift: int, coefficients: npt.NDArray[np.uint64]
-) -> int:
-    """The exact largest cell count of ``finest >> shift`` (the cells at width ``w_0 2^shift``).
+class NestedCells:
+    """The exact cells of the rows of ``finest >> j`` for the levels ``j`` asked, each level
+    grouped from the classes of the nearest finer level already known.
 
-    :func:`largest_class_count`'s fingerprints first (one pass over the cells); the largest
-    fingerprint classes are then checked row by row against one of their members (a class
-    whose rows differ, only on a fingerprint collision, is counted by exact ``np.unique``),
-    so the answer is the largest count of the cells themselves: a function of the points
-    through each point's own cell, with the module's sensitivity 1, and equal to the
-    fingerprints' count but for a collision (``< 2^-30`` per pair). Exactness is what lets
-    :func:`largest_cell_count_query` skip the fine widths (exact counts are monotone in the
-    width; fingerprint counts are only up to collisions).
+    All rows of a class at level ``j'`` have equal ``finest >> j'``, hence equal ``finest >> j
+    = (finest >> j') >> (j - j')`` for ``j >= j'``: the cells at ``j`` are unions of those at
+    ``j'``, and grouping one representative row per class at ``j'`` gives them. Where the
+    points cluster (the widths at which the search stops) a level then costs its few classes,
+    not its ``t`` rows. Rows are grouped by :func:`largest_class_count`'s fingerprints, then
+    every row is checked against its class's first row (a class whose rows differ, only on a
+    fingerprint collision, ``< 2^-30`` per pair, is regrouped exactly by ``np.unique``), so the
+    classes are the cells themselves: each a function of the point alone, and the largest
+    count has the module's sensitivity 1. Exactness is also what makes the counts monotone in
+    the width, which :func:`largest_cell_count_query` relies on.
+
+    Parameters
+    ----------
+    finest : (t, D) int array
+        Cell indices at the finest width.
+    coefficients : (D, 2) uint64 array
+        :func:`fingerprint_coefficients`.
     """
-    shifted = np.right_shift(finest, shift)
-    if shifted.shape[0] == 0:
-        return 0
-    with np.errstate(over="ignore"):
-        prints = shifted.view(np.uint64) @ coefficients
-    _, inverse, counts = np.unique(prints, axis=0, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    best = 1
-    for label in np.argsort(-counts, kind="stable"):
-        size = int(counts[label])
-        if size <= best:
-            break
-        rows = shifted[inverse == label]
-        if bool(np.all(rows == rows[0])):
-            best = size
-        else:  # a collision: the exact cells of this class
-            _, exact = np.unique(rows, axis=0, return_counts=True)
-            best = max(best, int(exact.max()))
-    return best
+
+    def __init__(self, finest: npt.NDArray[np.int64], coefficients: npt.NDArray[np.uint64]):
+        self.finest = finest
+        self.coefficients = coefficients
+        # level -> (class of each row, one row of each class, rows per class)
+        self.levels: dict[int, tuple[npt.NDArray[np.int64], ...]] = {}
+
+    def largest(self, level: int) -> int:
+        """The largest cell count at ``level`` (``0`` for no rows)."""
+        if self.finest.shape[0] == 0:
+            return 0
+        if level not in self.levels:
+            self.levels[level] = self._group(level)
+        return int(self.levels[level][2].max())
+
+    def _group(self, level: int) -> tuple[npt.NDArray[np.int64], ...]:
+        t = self.finest.shape[0]
+        finer = [known for known in self.levels if known < level]
+        if finer:
+            row_class, representatives, sizes = self.levels[max(finer)]
+        else:
+            row_class = np.arange(t, dtype=np.int64)
+            representatives = np.arange(t, dtype=np.int64)
+            sizes = np.ones(t, dtype=np.int64)
+        merged = exact_classes(self.finest, representatives, level, self.coefficients)
+        count = int(merged.max()) + 1
+        first = np.full(count, representatives.shape[0], dtype=np.int64)
+        np.minimum.at(first, merged, np.arange(representatives.shape[0], dtype=np.int64))
+        return (
+            merged[row_class],
+            representatives[first],
+            np.bincount(merged, weights=sizes, minlength=count).astype(np.int64),
+        )
+
+
+#: Coordinates fingerprinted in :func:`exact_classes`' first step (each later step takes four
+#: times as many).
+FIRST_COLUMNS = 256
+
+
+def exact_classes(
+    finest: npt.NDArray[np.int64],
+    chosen: npt.NDArray[np.int64],
+    level: int,
+    coefficients: npt.NDArray[np.uint64],
+) -> npt.NDArray[np.int64]:
+    """A class label per chosen row of ``finest >> level``, equal labels exactly for equal
+    rows (labels ``0..u-1``, one per row of ``chosen``); each step shifts only the
+    coordinates it reads.
+
+    By refinement over the coordinates, in steps of :data:`FIRST_COLUMNS`, then 4 times as
+    many each step: the rows are grouped by their class so far and the fingerprint
+    (:func:`largest_class_count`'s multipliers) of the step's coordinates; a row alone in its
+    group differs from every other row (equal rows have equal fingerprints on any
+    coordinates) and is done. Rows that differ early, every row at the fine widths, cost
+    one step instead of all ``D`` coordinates. Rows grouped after the last step are compared
+    with the first row of their group; only if some row differs (a fingerprint collision,
+    ``< 2^-30`` per pair) are the rows grouped by ``np.unique`` on their values.
+    """
+    count, dim = chosen.shape[0], finest.shape[1]
+    label = np.zeros(count, dtype=np.int64)
+    active = np.arange(count, dtype=np.int64)
+    fresh = 1
+    start, step = 0, FIRST_COLUMNS
+    while active.size and start < dim:
+        stop = min(dim, start + step)
+        block = np.right_shift(finest[chosen[active], start:stop], level)
+        with np.errstate(over="ignore"):
+            prints = block.view(np.uint64) @ coefficients[start:stop]
+        key = np.concatenate((label[active, None].view(np.uint64), prints), axis=1)
+        _, inverse, sizes = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+        inverse = np.asarray(inverse, dtype=np.int64).reshape(-1)
+        label[active] = fresh + inverse  # new labels, distinct from every finished row's
+        fresh += sizes.shape[0]
+        active = active[sizes[inverse] > 1]
+        start, step = stop, 4 * step
+    if active.size:
+        _, first, group = np.unique(label[active], return_index=True, return_inverse=True)
+        leaders = active[first][np.asarray(group, dtype=np.int64).reshape(-1)]
+        mine = np.right_shift(finest[chosen[active]], level)
+        if not bool(np.all(mine == np.right_shift(finest[chosen[leaders]], level))):
+            rows = np.right_shift(finest[chosen], level)
+            _, exact = np.unique(rows, axis=0, return_inverse=True)
+            return np.asarray(exact, dtype=np.int64).reshape(-1)
+    _, labels = np.unique(label, return_inverse=True)
+    return np.asarray(labels, dtype=np.int64).reshape(-1)
 
 
 def grid_offsets(unit: FloatArray, width: float, widest: float) -> FloatArray:

@@ -71,21 +71,28 @@ def test_scale_by_power_of_two_is_ldexp_at_every_exponent(exponent: int) -> None
     assert np.array_equal(np.signbit(out), np.signbit(np.ldexp(block, -own)))
 
 
-def test_largest_shifted_cell_equals_the_fingerprint_count_and_survives_collisions() -> None:
+def test_nested_cells_equal_the_fingerprint_counts_and_survive_collisions() -> None:
     rng = np.random.default_rng(3)
     for _ in range(60):
-        t, dim = int(rng.integers(1, 50)), int(rng.integers(1, 200))
+        t, dim = int(rng.integers(1, 50)), int(rng.integers(1, 1500))  # up to 3 steps
         centres = rng.integers(-40, 40, size=(3, dim)) * int(rng.integers(1, 2**20))
         spread = rng.integers(0, 2 ** int(rng.integers(1, 10)), size=(t, dim))
         finest = centres[rng.integers(0, 3, size=t)] + spread * rng.integers(0, 2, size=(t, 1))
         coefficients = ws.fingerprint_coefficients(dim)
-        for shift in (0, 1, 3, 8, 40):
+        nested = ws.NestedCells(finest, coefficients)
+        shifts = [0, 1, 3, 8, 40, 2, 5]
+        rng.shuffle(shifts)  # levels grouped from whichever finer level is known
+        for shift in shifts:
             fingerprinted = ws.largest_class_count(np.right_shift(finest, shift), coefficients)
-            assert ws.largest_shifted_cell(finest, shift, coefficients) == fingerprinted
-        # Every row collides under zero multipliers: the exact cells are still counted.
-        _, exact = np.unique(finest, axis=0, return_counts=True)
+            assert nested.largest(shift) == fingerprinted
+        # Every row collides under zero multipliers: the exact cells are still found.
         colliding = np.zeros((dim, 2), dtype=np.uint64)
-        assert ws.largest_shifted_cell(finest, 0, colliding) == int(exact.max())
+        labels = ws.exact_classes(finest, np.arange(t), 0, colliding)
+        _, exact = np.unique(finest, axis=0, return_inverse=True)
+        exact = exact.reshape(-1)
+        same = labels[:, None] == labels[None, :]
+        assert np.array_equal(same, exact[:, None] == exact[None, :])
+        assert ws.NestedCells(finest, colliding).largest(0) == int(np.bincount(exact).max())
 
 
 @pytest.mark.parametrize("seed", range(6))
