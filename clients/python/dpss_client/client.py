@@ -513,8 +513,8 @@ class Client:
         a temporary file). ``name`` defaults to the file's stem and is required for arrays.
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
-        service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived budget directly and
-        ``delta_conversion`` the zcdp split (see the service's ``DatasetCreate``).
+        service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
+        budget directly and ``delta_conversion`` the zcdp split (see the service's ``DatasetCreate``).
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
         """
