@@ -514,7 +514,8 @@ class Client:
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
         service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
-        budget directly and ``delta_conversion`` the zcdp split (see the service's ``DatasetCreate``).
+        budget directly and ``delta_conversion`` the zcdp split (see the service's
+        ``DatasetCreate``).
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
         """
