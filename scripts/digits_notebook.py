@@ -101,10 +101,10 @@ print("variance kept", round(np.linalg.norm(Xc @ V) ** 2 / np.linalg.norm(Xc) **
         "markdown",
         """The release, found again in the analyst's history, and the budget it spent: stated in
 epsilon at the dataset's delta, 4 significant digits rounded up (`shown`; the exact decimal is
-`dpss.budget(digits.id).epsilon_spent`). The dataset has the default accounting, `zcdp`, which
-charges the release its rho (`dpss.budget(digits.id).rho_spent`): one release of epsilon 2
-amounts to a little less than 2 at the dataset's delta (docs/mechanisms.md, "Reading a
-budget").""",
+`dpss.budget(digits.id).epsilon_spent`). The dataset has the default accounting, `hybrid`,
+whose Gaussian-DP filter charges the release its mu (`dpss.budget(digits.id).mu_spent`): one
+release of epsilon 2 amounts to a little less than 2 at the dataset's delta (docs/mechanisms.md,
+"Reading a budget").""",
     ),
     (
         "code",

@@ -97,6 +97,14 @@ def releases_remaining(budget: ledger.BudgetState, charge: ledger.Charge) -> int
     return min(finite) if finite else None
 
 
+def _shown_mu(kind: str, costs: accounting.StepCosts) -> Decimal | None:
+    """The release's GDP ``mu``: every step Gaussian; on ``hybrid`` also with pure steps (its
+    filter A' charges ``mu^2``, pure steps at ``pure_mu``)."""
+    if kind == "hybrid" and costs.gdp is not None:
+        return accounting.sqrt_up(costs.gdp)
+    return costs.mu
+
+
 def _hybrid_releases_remaining(budget: ledger.BudgetState, charge: ledger.Charge) -> int | None:
     state = budget.hybrid()
     cost = charge.release_cost()
@@ -204,7 +212,7 @@ def preview_release(
         delta=prepared.delta,
         params=prepared.params,
         accounting=dataset.accounting,
-        mu=prepared.costs.mu,
+        mu=_shown_mu(dataset.accounting, prepared.costs),
         rho=prepared.costs.rho,
         zcdp_delta=prepared.costs.delta,
         rho_remaining=stated.native.rho_remaining,

@@ -28,6 +28,7 @@ from service import (
     accounting,
     audit,
     calibration,
+    charges,
     datasets,
     grants,
     ledger,
@@ -434,7 +435,7 @@ def _prepare(
     if kind == "basic":
         charge = ledger.Charge(epsilon, delta)
     elif kind == "hybrid":
-        charge = hybrid_charge(epsilon, delta, costs)
+        charge = charges.hybrid_charge(epsilon, delta, costs)
     else:
         assert costs.rho is not None and costs.delta is not None
         charge = ledger.Charge(Decimal(0), costs.delta, costs.rho)
@@ -455,20 +456,6 @@ def _prepare(
 
 def _gdp_of(costs: accounting.StepCosts) -> Decimal | None:
     return costs.gdp
-
-
-def hybrid_charge(epsilon: Decimal, delta: Decimal, costs: accounting.StepCosts) -> ledger.Charge:
-    """A release's charge on a ``hybrid`` dataset: every filter's figure at once (filter C its
-    single-release ``(epsilon, delta)``, B its ``rho`` and approximate ``delta`` or none
-    without a profile, A' its GDP ``mu^2`` or none with an approximate step)."""
-    profiled = costs.rho is not None and costs.delta is not None
-    return ledger.Charge(
-        epsilon,
-        delta,
-        costs.rho if costs.rho is not None else Decimal(0),
-        gdp=costs.gdp,
-        zcdp_delta=costs.delta if profiled else None,
-    )
 
 
 def _check_currency(body: ReleaseRequest, kind: str) -> None:
@@ -687,8 +674,8 @@ def request_release(
         k=body.k,
         epsilon=prepared.epsilon,
         delta=prepared.delta,
-        cost_rho=_cost_rho(dataset.accounting, prepared.charge),
-        cost_delta=_cost_delta(dataset.accounting, prepared.charge),
+        cost_rho=charges.cost_rho(dataset.accounting, prepared.charge),
+        cost_delta=charges.cost_delta(dataset.accounting, prepared.charge),
         params=params,
         idempotency_key=idempotency_key,
         request_hash=fingerprint,
@@ -732,32 +719,9 @@ def request_release(
     return release
 
 
-def _cost_rho(kind: str, charge: ledger.Charge) -> Decimal | None:
-    """The release's stored ``cost_rho``: null on ``basic`` and for a ``hybrid`` release with no
-    zCDP profile."""
-    if kind == "basic" or (kind == "hybrid" and charge.zcdp_delta is None):
-        return None
-    return charge.rho
-
-
-def _cost_delta(kind: str, charge: ledger.Charge) -> Decimal | None:
-    """The release's stored ``cost_delta`` (its approximate steps' delta under zCDP)."""
-    if kind == "basic":
-        return None
-    return charge.zcdp_delta if kind == "hybrid" else charge.delta
-
-
 def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:
-    """A release's cost as its audit events record it: ``(epsilon, delta)`` on ``basic`` (as
-    before), plus the accounting and the ``(rho, delta)`` charged on the others."""
-    details: dict[str, Any] = {"epsilon": prepared.epsilon, "delta": prepared.delta}
-    if kind != "basic":
-        details["accounting"] = kind
-        details["rho"] = _cost_rho(kind, prepared.charge)
-        details["zcdp_delta"] = _cost_delta(kind, prepared.charge)
-    if kind == "hybrid":
-        details["gdp"] = prepared.charge.gdp
-    return details
+    """A release's cost as its audit events record it (:func:`service.charges.details`)."""
+    return charges.details(kind, prepared.epsilon, prepared.delta, prepared.charge)
 
 
 def budget_exceeded(

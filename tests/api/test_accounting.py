@@ -477,3 +477,25 @@ def test_a_zcdp_dry_run_of_a_gaussian_release_states_what_gaussian_accounting_wo
     gaussian = upload(upload_dataset, client, keys, data, "gaussian", row_norm_bound=1.0)
     plain = ask(client, keys.analyst, gaussian, dry=True, mu="0.1").json()
     assert not [line for line in plain["meaning"] if "accounting gaussian" in line]
+
+
+def test_hybrid_takes_epsilon_mu_or_rho_and_says_which_does_not_fit(
+    client, keys, upload_dataset, data
+):
+    dataset = upload(upload_dataset, client, keys, data, "hybrid", row_norm_bound=1.0)
+    # mu: the release's GDP mu (filter A'), calibrated to it from below
+    by_mu = ask(client, keys.analyst, dataset, dry=True, mu="0.1").json()
+    assert Decimal("0.0999999") < Decimal(by_mu["mu"]) <= Decimal("0.1")
+    assert by_mu["admitted_by"] == ["gdp", "zcdp", "basic"]
+    # rho: filter B's currency
+    by_rho = ask(client, keys.analyst, dataset, dry=True, rho="0.001").json()
+    assert Decimal(by_rho["rho"]) <= Decimal("0.001")
+    # epsilon and delta: one release; at the whole (1, 1e-6) no filter admits it (A' has 96%
+    # of delta, C 1%), and the dry run says so before anything is spent
+    whole = ask(client, keys.analyst, dataset, dry=True, epsilon="1", delta="1e-6").json()
+    assert whole["admitted_by"] == [] and whole["affordable"] is False
+    # an approximate mechanism cannot be asked in mu (its steps have no GDP figure)
+    friendly = {"mechanism": "friendly_aggregate", "k": 1, "mu": "0.1"}
+    refused = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=friendly)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"].startswith("mu") and "GDP filter" in refused.text

@@ -9,6 +9,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
+from service import accounting
 from service.config import Settings
 from service.mechanisms.linalg import subspace_distance
 from tests.conftest import bearer, release_and_wait
@@ -46,6 +47,15 @@ def test_smooth_sensitivity_runs_cauchy_and_is_charged_its_pure_step(
 ):
     data, _ = exactly_low_rank(2_000, 6, 2, seed=1)
     dataset = upload_default(upload_dataset, client, keys, data)
+    dry = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "smooth_sensitivity", "k": 2, "epsilon": "2", "delta": "1e-6"},
+    ).json()
+    # hybrid's GDP filter charges the pure Cauchy step at pure_mu(2): its dry run says so
+    assert dry["admitted_by"][0] == "gdp"
+    mu = accounting.pure_mu(Decimal(2))  # the step's mu, squared and rooted, rounded up
+    assert mu <= Decimal(dry["mu"]) <= mu + Decimal("1e-29")
     result = release_and_wait(
         client,
         keys.analyst,

@@ -344,7 +344,8 @@ class ReleasePreview(Schema):
         default=None,
         description=(
             "The release's Gaussian-DP cost (rounded up), when every step is Gaussian: what a "
-            "`gaussian` dataset charges (as mu^2/2)."
+            "`gaussian` dataset charges (as mu^2/2); on a `hybrid` dataset also with pure steps "
+            "(each at mu = -2 Phi^-1(1/(1+e^eps))): what its Gaussian-DP filter charges (mu^2)."
         ),
     )
     rho: ExactDecimal | None = Field(

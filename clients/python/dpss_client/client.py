@@ -512,9 +512,10 @@ class Client:
         suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
         a temporary file). ``name`` defaults to the file's stem and is required for arrays.
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
-        ``accounting`` (``basic``, ``gaussian`` or ``zcdp``; default: the service's) says how
-        releases compose; ``mu_budget``/``rho_budget`` state the derived budget directly and
-        ``delta_conversion`` the zcdp split (see the service's ``DatasetCreate``).
+        ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
+        service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
+        budget directly and ``delta_conversion`` the zcdp split (see the service's
+        ``DatasetCreate``).
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
         """

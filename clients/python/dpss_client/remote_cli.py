@@ -444,7 +444,10 @@ def datasets_upload(
         str | None,
         typer.Option(
             "--accounting",
-            help="basic, gaussian or zcdp (default: the service's; basic for delta 0).",
+            help=(
+                "hybrid, basic, gaussian or zcdp (default: the service's, hybrid unless "
+                "changed; basic for delta 0)."
+            ),
         ),
     ] = None,
     mu_budget: Annotated[
