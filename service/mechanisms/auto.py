@@ -172,10 +172,11 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     name, gram = gram_candidate(ctx, params, clip)
     why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols)
     if centred:
+        clauses = [centring_sentence(params, delta, name), why_gram]
         return Plan(
-            prepared(name, ctx, k, epsilon, delta, gram),
-            f"{centring_sentence(params, delta, name)}; of the mechanisms that centre (the Gram "
-            f"mechanisms), {why_gram}; the aggregators do not centre",
+            prepared(name, ctx, k, epsilon, delta, gram),  # high dimension: why first
+            "; ".join(clauses if name == "analyze_gauss" else clauses[::-1])
+            + "; the aggregators do not centre",
         )
     notes: list[str] = []
     share = params.structure_share
