@@ -89,8 +89,61 @@ def release(
     return out.basis, str(out.extras.get("auto_choice", ""))
 
 
+def read_cells(path: Path) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Per cell of a CSV this bench wrote: each label's median error, the best single
+    mechanism (all; and without ``spatial_sign``, the set issue 33 named) and what auto ran."""
+    errors: dict[tuple[str, ...], dict[str, list[float]]] = {}
+    ran: dict[tuple[str, ...], Counter[str]] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            cell = (row["kind"], row["d"], row["n"], row["eps"])
+            errors.setdefault(cell, {}).setdefault(row["mechanism"], []).append(float(row["error"]))
+            if row["mechanism"] == "auto":
+                ran.setdefault(cell, Counter())[row["ran"]] += 1
+    out: dict[tuple[str, ...], dict[str, Any]] = {}
+    for cell, found in errors.items():
+        med = {label: float(np.median(v)) for label, v in found.items()}
+        single = {label: v for label, v in med.items() if label != "auto"}
+        issue = {label: v for label, v in single.items() if label != "spatial_sign"}
+        best = min(single, key=single.__getitem__)
+        out[cell] = {
+            "median": med,
+            "best": best,
+            "ratio": med["auto"] / max(single[best], 1e-300),
+            "ratio_issue": med["auto"] / max(min(issue.values()), 1e-300),
+            "ran": ", ".join(f"{c} {v}" for c, v in sorted(ran[cell].items())),
+        }
+    return out
+
+
+def compare(before: Path, after: Path) -> str:
+    """A Markdown table of two runs of the same cells: the best single mechanism (all and
+    without ``spatial_sign``) and ``auto``/best before and after, with what auto ran after."""
+    old, new = read_cells(before), read_cells(after)
+    head = [
+        "data", "d", "eps", "best single (all)", "best", "best without spatial_sign",
+        "auto before", "auto after", "after/best", "after/best without spatial_sign",
+        "before/best", "before/best without spatial_sign", "auto ran (after)",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell in new:
+        a, b = new[cell], old.get(cell)
+        med = a["median"]
+        issue = min((v, k) for k, v in med.items() if k not in ("auto", "spatial_sign"))
+        row = [
+            cell[0], cell[1], cell[3], a["best"], f"{med[a['best']]:.3g}",
+            f"{issue[1]} {issue[0]:.3g}",
+            f"{b['median']['auto']:.3g}" if b else "-", f"{med['auto']:.3g}",
+            f"{a['ratio']:.2f}", f"{a['ratio_issue']:.2f}",
+            f"{b['ratio']:.2f}" if b else "-", f"{b['ratio_issue']:.2f}" if b else "-", a["ran"],
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--compare", nargs=2, type=Path, help="BEFORE.csv AFTER.csv: a table")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dims", type=int, nargs="+", default=[50, 300])
     parser.add_argument("--ns", type=int, nargs="+", default=[20_000])
@@ -105,6 +158,9 @@ def main() -> None:
     parser.add_argument("--share", type=float, default=None, help="auto's structure_share")
     parser.add_argument("--accounting", default="zcdp", choices=["basic", "zcdp", "gaussian"])
     args = parser.parse_args()
+    if args.compare:
+        print(compare(*args.compare))
+        return
     ACCOUNTING["kind"] = args.accounting
     if args.share is not None:
         AUTO_PARAMS["structure_share"] = args.share

@@ -1,17 +1,22 @@
-"""``auto``: the service chooses the mechanism, from one principle (issues 16, 33).
+"""``auto``: the service chooses the mechanism, from one principle (issues 16, 32, 33).
 
 **Principle.** Spend a stated share ``s`` of epsilon (``structure_share``, default 0.03, pure) on
 a private estimate of what decides the choice, predict each candidate's error at the remaining
 budget from first-order published bounds, and run the argmin; a private output the chosen
 mechanism releases anyway (friendly_aggregate's radius) updates the prediction the same way.
-Candidates: ``analyze_gauss`` (its private 0.3 clip quantile) and ``friendly_aggregate``.
+Candidates: ``friendly_aggregate`` and one Gram candidate fixed by public facts
+(:mod:`~service.mechanisms.auto_gram`): ``spatial_sign`` in high dimension (``d >= n^(2/3)``),
+whose predicted error is never above analyze_gauss's there, else ``analyze_gauss`` with its
+private 0.3 clip quantile.
 
 *What decides* is how far the rows are from a k-dim subspace: the tail ``T = sum_{i>k} lambda_i``
 of the clipped ``X^T X`` against its head ``S = trace - T``. Both predictions are ``sin Theta``
 over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they are compared:
 
-- ``analyze_gauss``: ``e_G = sigma (sqrt(d - k) + sqrt(k))/g`` (first-order Davis-Kahan: the
-  ``(d - k) x k`` block of its Gaussian noise, Davidson-Szarek);
+- the Gram candidate: ``e_G = sigma (sqrt(d - k) + sqrt(k)) f/g`` (first-order Davis-Kahan: the
+  ``(d - k) x k`` block of its Gaussian noise, Davidson-Szarek), ``sigma`` its own noise at its
+  budget and ``f = trace/(n C^2)`` the fill: its rows fill the norm that sets its noise (the sign
+  map exactly, a quantile clip at best), which multiplies its gap by ``1/f``;
 - ``friendly_aggregate`` (seed 001): a subset of ``n/t`` rows has the cross-term perturbation
   ``~ sqrt(T S/(n t))`` over the gap ``g/t``, so two subsets' projectors lie ``r = 2 sqrt(t T
   S/n)/g`` apart, and its error at radius ``r`` is ``r (FRIENDLY_RADIUS_TERM + sqrt(d) s_t)``
@@ -21,28 +26,32 @@ over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they a
 one-sided ``1 - ALPHA`` interval (``T_hat -+ b ln(1/(2 ALPHA))``): friendly predicted to win at
 the pessimistic end runs at ``(1 - s) eps`` (``sure``); only at the optimistic end, at ``(1 - s)
 eps - eps_w`` after a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
-neither, ``analyze_gauss`` at ``(1 - s) eps``. Friendly's own radius search then releases ``r``:
-if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) analyze_gauss takes everything unspent, as after
-a failed weight check or test (no starved fallback). Public facts first: ``delta = 0``:
-``smooth_sensitivity`` (Cauchy); a centred (PCA) request: ``analyze_gauss`` with its default PCA
-settings (the aggregators do not centre); friendly refused, or ``s = 0``: ``analyze_gauss`` with
-everything (no estimate could change the choice). ``histogram_aggregate``, ``gap_perturbation``
-and the Gaussian ``smooth_sensitivity`` never won a grid cell where friendly runs.
+neither, the Gram candidate at ``(1 - s) eps``. Friendly's own radius search then releases
+``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes everything
+unspent, as after a failed weight check or test (no starved fallback). Public facts first:
+``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram candidate with
+the request's centring (the aggregators do not centre); friendly refused, or ``s = 0``: the Gram
+candidate with everything (no estimate could change the choice). ``histogram_aggregate``,
+``gap_perturbation`` and the Gaussian ``smooth_sensitivity`` never won a grid cell where
+friendly runs.
 
 *Constants.* ``ALPHA`` (5%) is the stated error rate; ``ln(1/(2 ALPHA))`` and the weight check's
 epsilon follow from the Laplace tail; ``FRIENDLY_RADIUS_TERM`` was measured on the v2 grid
-(``bench/results/auto_grid_v2_base_*.csv``) before this rule existed; the bounds are derived,
-and checked on planted rows in ``tests/mechanisms/test_auto_rule.py``. Figures:
+(``bench/results/auto_grid_v2_base_*.csv``) before this rule existed; ``n^(2/3)`` is the
+literature's high-dimension boundary (issue 32), not fitted; the bounds are derived, and checked
+on planted rows in ``tests/mechanisms/test_auto_rule.py``. Figures:
 ``bench/bench_auto_cells.py`` (docs/benchmarks.md, issue 33).
 
 **Privacy.** ``T`` is a minimum over projectors of sums of terms in ``[0, C^2]`` and the trace a
 sum of such terms: each moves by at most ``C^2`` when a row is replaced, so the pair at ``s
 eps/2`` each is ``(s eps, 0)``-DP. Every choice is post-processing of released outputs (the
 estimate, the radius, the noisy weight, the test) and public facts; by sequential adaptive
-composition every path totals exactly ``(eps, delta)``. Under ``zcdp`` a pure ``eps``-DP step is
-``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 1.4) and the release is charged a bound covering
-every path (:meth:`Auto.privacy_steps`); under ``gaussian`` ``s = 0`` by default
-(:meth:`Auto.for_accounting`): the GDP filter cannot charge the pure estimate.
+composition every path totals exactly ``(eps, delta)`` (each Gram candidate is Gaussian steps
+at the largest ``mu`` its ``(eps, delta)`` allows, so it may take friendly's mean's place).
+Under ``zcdp`` a pure ``eps``-DP step is ``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 1.4) and
+the release is charged a bound covering every path (:meth:`Auto.privacy_steps`); under
+``gaussian`` ``s = 0`` by default (:meth:`Auto.for_accounting`): the GDP filter cannot charge
+the pure estimate.
 """
 
 from __future__ import annotations
@@ -108,7 +117,8 @@ class AutoParams(CenterParams):
     With ``center`` other than ``"none"`` only the Gram mechanisms apply (the aggregators do not
     centre): ``analyze_gauss`` (``delta > 0``) as its own default PCA request (clip at the
     private ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` of the row norms; with ``"private"`` the
-    centring route chosen from its probe) or ``smooth_sensitivity`` (``delta = 0``).
+    centring route chosen from its probe), ``spatial_sign`` with the same centring in high
+    dimension (``d >= n^(2/3)``), or ``smooth_sensitivity`` (``delta = 0``).
     """
 
     structure_share: float = Field(
@@ -119,8 +129,8 @@ class AutoParams(CenterParams):
         description=(
             "Share s of epsilon spent on a private estimate of how near the rows are to a "
             "k-dim subspace (noisy tail and trace of X^T X, pure DP), from which auto predicts "
-            "analyze_gauss's and friendly_aggregate's errors and runs the smaller. "
-            "0 disables every private choice (analyze_gauss)."
+            "its Gram candidate's and friendly_aggregate's errors and runs the smaller. "
+            "0 disables every private choice (the Gram candidate)."
         ),
     )
 
@@ -162,10 +172,11 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     name, gram = gram_candidate(ctx, params, clip)
     why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols)
     if centred:
+        clauses = [centring_sentence(params, delta, name), why_gram]
         return Plan(
-            prepared(name, ctx, k, epsilon, delta, gram),
-            f"{centring_sentence(params, delta, name)}; of the mechanisms that centre (the Gram "
-            f"mechanisms), {why_gram}; the aggregators do not centre",
+            prepared(name, ctx, k, epsilon, delta, gram),  # high dimension: why first
+            "; ".join(clauses if name == "analyze_gauss" else clauses[::-1])
+            + "; the aggregators do not centre",
         )
     notes: list[str] = []
     share = params.structure_share
@@ -296,12 +307,13 @@ class Auto(Mechanism[AutoParams]):
     )
     summary: ClassVar[str] = (
         "Spends structure_share of epsilon on a private estimate of how near the rows are to a "
-        "k-dim subspace (noisy tail and trace of X^T X), predicts analyze_gauss's and "
-        "friendly_aggregate's errors at the rest of the budget and runs the smaller; "
-        "friendly_aggregate's own radius search updates the prediction, and analyze_gauss gets "
-        "everything unspent if friendly ends short; smooth_sensitivity (Cauchy) when delta = 0; "
-        "with center (PCA) analyze_gauss with its default PCA settings. The extras and the dry "
-        "run say what was chosen and why (auto_choice, auto_reason, auto_search)."
+        "k-dim subspace (noisy tail and trace of X^T X), predicts the Gram candidate's "
+        "(analyze_gauss with its clip quantile; spatial_sign in high dimension, d >= n^(2/3)) "
+        "and friendly_aggregate's errors at the rest of the budget and runs the smaller; "
+        "friendly_aggregate's own radius search updates the prediction, and the Gram candidate "
+        "gets everything unspent if friendly ends short; smooth_sensitivity (Cauchy) when "
+        "delta = 0; with center (PCA) the Gram candidate with that centring. The extras and the "
+        "dry run say what was chosen and why (auto_choice, auto_reason, auto_search)."
     )
     cost_rule: ClassVar[str] = (
         "Charges exactly the requested (epsilon, delta): the estimate, friendly's search and "

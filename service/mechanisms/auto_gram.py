@@ -22,7 +22,9 @@ one, which moves the subspace where norm and direction depend on each other (a f
 while the noise term falls like ``sqrt(d)/(n eps)``). So ``spatial_sign`` is offered only in
 high dimension, ``d >= n^(2/3)`` (the regime of issue 32's literature, Dong, Liang & Yi 2022;
 a public fact, not a fitted constant), where the noise term decides; below it ``analyze_gauss``
-(measured: the sign map gains 1.0-1.05x there on power-law rows, bench/bench_highdim.py).
+keeps its clip quantile. (Measured, docs/benchmarks.md: below ``n^(2/3)`` the sign map also
+wins on the synthetic families there, whose norms are independent of their directions; its
+bias elsewhere has no measured bound, so that choice is left open.)
 """
 
 from __future__ import annotations
