@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from service import priors, privacy_unit, reference, visibility
+from service import priors, privacy_unit, privacy_unit_centre, reference, visibility
 from service.config import Settings
 from service.db.models import Release
 from service.errors import InvalidInput, safe_traceback
@@ -135,6 +135,10 @@ def _execute_person_level(
         privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
     except InvalidInput:
         return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+    if privacy_unit_centre.needs_internals(params):
+        # A private centre or a clip quantile: one vector and one value per person, inside
+        # the mechanism's steps (service.privacy_unit_centre); the rows as they are.
+        return _run(job, mechanism, data, spec, units=units, centred=True)
     # A per-person map fixed by public facts (C, the rule, a public centre): total on finite
     # rows. A public centre is applied here, before the bound, and the mechanism then runs
     # uncentred on the centred rows (the same Gram; privacy_unit).
@@ -183,8 +187,15 @@ def _run(
     spec: ReleaseSpec[Any],
     reraise: type[Exception] | None = None,
     units: npt.NDArray[np.int64] | None = None,
+    centred: bool = False,
 ) -> Outcome:
     try:
+        if units is not None and centred:
+            return Outcome.of(
+                privacy_unit_centre.run_person_centred(
+                    mechanism, data, units, spec, secure_generator()
+                )
+            )
         if units is not None:
             return Outcome.of(
                 privacy_unit.run_partitioned(mechanism, data, units, spec, secure_generator())

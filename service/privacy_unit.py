@@ -91,6 +91,10 @@ CHUNK_ROWS = 65536
 #: Mechanisms with a person-level argument, and the rule that bounds a person for them.
 PERSON_LEVEL_RULES: dict[str, BoundRule] = {"analyze_gauss": "trace", "spectrum": "frobenius"}
 
+#: Mechanisms whose private centre and clip quantile are made per person
+#: (:mod:`service.privacy_unit_centre`: one vector and one value per person).
+PERSON_CENTRED: frozenset[str] = frozenset({"analyze_gauss", "spectrum"})
+
 #: Sample-and-aggregate mechanisms: person-level by a partition of people (the worker passes
 #: the unit index to their ``run``; the rows are not transformed).
 PERSON_PARTITIONED: frozenset[str] = frozenset({"friendly_aggregate", "histogram_aggregate"})
@@ -210,19 +214,23 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
     if params is None:
         return
     center = getattr(params, "center", "none")
+    if name in PERSON_CENTRED:
+        # A private centre and a clip quantile per person (service.privacy_unit_centre).
+        return
     if isinstance(center, str) and center != "none":
         raise InvalidInput(
             FIELD,
             "this dataset's privacy unit is a person (privacy_unit_column): a private centre "
-            "(params.center) is a mean of rows and is refused; use center none or a public "
-            "centre (a list of numbers)",
+            f"(params.center) is per person only for {', '.join(sorted(PERSON_CENTRED))}; "
+            f"{name} uses center none or a public centre (a list of numbers)",
         )
     quantile = getattr(params, "clip_quantile", None)
     if quantile not in (None, "none"):
         raise InvalidInput(
             FIELD,
             "this dataset's privacy unit is a person (privacy_unit_column): a clip quantile "
-            "(params.clip_quantile) counts rows and is refused; leave it unset",
+            f"(params.clip_quantile) is per person only for {', '.join(sorted(PERSON_CENTRED))}; "
+            "leave it unset",
         )
 
 
@@ -272,10 +280,18 @@ def partition_bytes(n_rows: int) -> int:
     return 8 * 8 * n_rows
 
 
-def extra_bytes(name: str, n_rows: int, n_cols: int) -> int:
-    """What a release on a person-level dataset adds to the mechanism's memory bound."""
+def extra_bytes(name: str, n_rows: int, n_cols: int, params: Any = None) -> int:
+    """What a release on a person-level dataset adds to the mechanism's memory bound (with a
+    private centre or a clip quantile, the per-person runs' own, see
+    :func:`service.privacy_unit_centre.centred_bytes`)."""
     if name in PERSON_PARTITIONED:
         return partition_bytes(n_rows)
+    if name in PERSON_CENTRED and params is not None:
+        from service import privacy_unit_centre
+
+        if privacy_unit_centre.needs_internals(params):
+            centred = privacy_unit_centre.centred_bytes(n_rows, n_cols)
+            return max(centred, transform_bytes(n_rows, n_cols))
     return transform_bytes(n_rows, n_cols)
 
 

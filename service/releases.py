@@ -498,7 +498,9 @@ def check_request(
         name = prepared.mechanism.name
         privacy_unit.check_mechanism(name, prepared.spec.params, prepared.mechanism.continual)
         privacy_unit.check_partition(name, prepared.spec.params, dataset.n_units or 0)
-        extra += privacy_unit.extra_bytes(name, dataset.n_rows, dataset.n_cols)
+        extra += privacy_unit.extra_bytes(
+            name, dataset.n_rows, dataset.n_cols, prepared.spec.params
+        )
     check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
 
