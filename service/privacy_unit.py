@@ -286,13 +286,26 @@ def extra_bytes(name: str, n_rows: int, n_cols: int, params: Any = None) -> int:
     :func:`service.privacy_unit_centre.centred_bytes`)."""
     if name in PERSON_PARTITIONED:
         return partition_bytes(n_rows)
-    if name in PERSON_CENTRED and params is not None:
-        from service import privacy_unit_centre
-
-        if privacy_unit_centre.needs_internals(params):
-            centred = privacy_unit_centre.centred_bytes(n_rows, n_cols)
-            return max(centred, transform_bytes(n_rows, n_cols))
+    if name in PERSON_CENTRED and params is not None and needs_internals(params):
+        return max(centred_bytes(n_rows, n_cols), transform_bytes(n_rows, n_cols))
     return transform_bytes(n_rows, n_cols)
+
+
+def needs_internals(params: Any) -> bool:
+    """Whether a release's params need this module: a private centre or a clip quantile (a
+    public centre and no quantile are an input transform, :mod:`service.privacy_unit`)."""
+    center = getattr(params, "center", "none")
+    quantile = getattr(params, "quantile", None)
+    return center == "private" or quantile is not None
+
+
+def centred_bytes(n_rows: int, n_cols: int) -> int:
+    """Working memory of the per-person runs beyond the mechanism's own bound, a function of
+    public facts: the person means and their sums (``P <= n`` rows of ``d``), a chunk of Gram
+    rows and its two scaled copies, the per-row squares and the per-person factors, two
+    ``d x d`` Grams."""
+    chunk = min(n_rows, CHUNK_ROWS)
+    return 16 * n_rows * n_cols + 24 * chunk * n_cols + 32 * n_rows + 16 * n_cols * n_cols
 
 
 def transform_bytes(n_rows: int, n_cols: int, chunk_rows: int = CHUNK_ROWS) -> int:

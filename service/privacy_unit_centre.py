@@ -87,17 +87,7 @@ from service.mechanisms.spectrum import (
     suggest_k,
     without_rank_one,
 )
-
-#: Rows per block of the passes here (bounded memory whatever ``n``).
-CHUNK_ROWS = 65536
-
-
-def needs_internals(params: Any) -> bool:
-    """Whether a release's params need this module: a private centre or a clip quantile (a
-    public centre and no quantile are an input transform, :mod:`service.privacy_unit`)."""
-    center = getattr(params, "center", "none")
-    quantile = getattr(params, "quantile", None)
-    return center == "private" or quantile is not None
+from service.privacy_unit import CHUNK_ROWS, bound_contributions, needs_internals
 
 
 def person_means(
@@ -268,9 +258,7 @@ def spectrum_person_run(
     share. Always the mean route (``extras.center_route = "mean"``); the rank-one bias it
     subtracts to suggest ``k`` uses the per-person mean noise and ``n`` (an upper bound on the
     rows' total weight: post-processing of public figures)."""
-    # Imported here: privacy_unit imports the mechanisms this module builds on.
     from service.mechanisms.centring import budget_split, mean_noise_scale
-    from service.privacy_unit import bound_contributions
 
     params = spec.params
     clip = params.clip_norm
@@ -302,15 +290,6 @@ def spectrum_person_run(
             "grid": std / GRID_DIVISOR,
         },
     )
-
-
-def centred_bytes(n_rows: int, n_cols: int) -> int:
-    """Working memory of the per-person runs beyond the mechanism's own bound, a function of
-    public facts: the person means and their sums (``P <= n`` rows of ``d``), a chunk of Gram
-    rows and its two scaled copies, the per-row squares and the per-person factors, two
-    ``d x d`` Grams."""
-    chunk = min(n_rows, CHUNK_ROWS)
-    return 16 * n_rows * n_cols + 24 * chunk * n_cols + 32 * n_rows + 16 * n_cols * n_cols
 
 
 def preview_scales(
