@@ -104,11 +104,12 @@ _REFUSALS: dict[str, str] = {
     "exact_gapmax": "its score counts rows exactly; one person moves it by their row count",
     "smooth_sensitivity": "its local sensitivity is per row, not per person",
     "gap_perturbation": "its gap test's sensitivity is per row, not per person",
-    "auto": (
-        "some of its candidates have no person-level argument; ask for analyze_gauss, "
-        "spectrum, friendly_aggregate or histogram_aggregate directly"
-    ),
 }
+
+#: ``auto``: its estimate and candidates are made per person (service.privacy_unit_auto; the
+#: one candidate without a person-level argument, smooth_sensitivity at delta = 0, is refused
+#: by auto's plan with 422 naming privacy_unit_column).
+AUTO = "auto"
 
 #: Coarse buckets of rows per unit shown to the owner: (label, lowest, highest).
 ROWS_PER_UNIT_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
@@ -203,7 +204,7 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
             "service cannot yet bound a person's total across batches; this dataset's privacy "
             "unit is a person, so it is refused",
         )
-    if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED:
+    if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED and name != AUTO:
         reason = _REFUSALS.get(name, "it has no person-level privacy argument")
         raise InvalidInput(
             FIELD,
@@ -214,7 +215,7 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
     if params is None:
         return
     center = getattr(params, "center", "none")
-    if name in PERSON_CENTRED:
+    if name in PERSON_CENTRED or name == AUTO:
         # A private centre and a clip quantile per person (service.privacy_unit_centre).
         return
     if isinstance(center, str) and center != "none":
@@ -231,6 +232,19 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
             "this dataset's privacy unit is a person (privacy_unit_column): a clip quantile "
             f"(params.clip_quantile) is per person only for {', '.join(sorted(PERSON_CENTRED))}; "
             "leave it unset",
+        )
+
+
+def check_auto_delta(name: str, delta: Any) -> None:
+    """Refuse (422, field ``privacy_unit_column``) ``auto`` at ``delta = 0`` on a person-level
+    dataset: its only candidate there is smooth_sensitivity, per row (auto's plan refuses it
+    too, for any caller). Public facts only; before charging."""
+    if name == AUTO and delta is not None and delta == 0:
+        raise InvalidInput(
+            FIELD,
+            "this dataset's privacy unit is a person: with delta = 0 auto's only candidate is "
+            "smooth_sensitivity, whose local sensitivity is per row and cannot bound a person; "
+            "give delta > 0 (auto's analyze_gauss and friendly_aggregate are made per person)",
         )
 
 
@@ -286,6 +300,14 @@ def extra_bytes(name: str, n_rows: int, n_cols: int, params: Any = None) -> int:
     :func:`service.privacy_unit_centre.centred_bytes`)."""
     if name in PERSON_PARTITIONED:
         return partition_bytes(n_rows)
+    if name == AUTO:
+        # The estimate's bounded copy, then one candidate: per-person analyze_gauss or a
+        # partition of people (kept apart: a sum bounds them all).
+        return (
+            transform_bytes(n_rows, n_cols)
+            + centred_bytes(n_rows, n_cols)
+            + partition_bytes(n_rows)
+        )
     if name in PERSON_CENTRED and params is not None and needs_internals(params):
         return max(centred_bytes(n_rows, n_cols), transform_bytes(n_rows, n_cols))
     return transform_bytes(n_rows, n_cols)

@@ -89,6 +89,20 @@ from service.mechanisms.spectrum import (
 )
 from service.privacy_unit import CHUNK_ROWS, bound_contributions, needs_internals
 
+__all__ = [
+    "bounded_grams",
+    "gauss_person_run",
+    "needs_internals",
+    "person_center_sigma",
+    "person_clip_norm",
+    "person_means",
+    "person_sizes",
+    "preview_scales",
+    "run_person_centred",
+    "spectrum_person_center",
+    "spectrum_person_run",
+]
+
 
 def person_means(
     data: npt.NDArray[Any], units: npt.NDArray[np.int64], clip_norm: float, n_units: int

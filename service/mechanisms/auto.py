@@ -60,6 +60,7 @@ from service.mechanisms.auto_guard import (
     ALPHA,
     Choice,
     FriendlyPath,
+    PersonLevel,
     checked_path,
     friendly_path,
     guarded_run,
@@ -71,6 +72,7 @@ from service.mechanisms.auto_guard import (
 from service.mechanisms.base import (
     ApproximateStep,
     GaussianStep,
+    InvalidParameter,
     Mechanism,
     MechanismOutput,
     Preview,
@@ -155,6 +157,13 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     if centred:
         raw.update(center=params.center, center_share=params.center_share)
     gram = {**raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
+    if ctx.n_units is not None and delta == 0:
+        raise InvalidParameter(
+            "privacy_unit_column",
+            "this dataset's privacy unit is a person: with delta = 0 auto's only candidate is "
+            "smooth_sensitivity, whose local sensitivity is per row and cannot bound a person; "
+            "give delta > 0 (analyze_gauss and friendly_aggregate are made per person)",
+        )
     if delta == 0:
         reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
         reason += "; " + centring_sentence(params, delta) if centred else ""
@@ -170,6 +179,7 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     share = params.structure_share
     rest = (1.0 - share) * epsilon
     sure = friendly_path(ctx, k, rest, 0.0, delta, gram, notes) if share > 0 else None
+    sure = person_level_path(ctx, sure, notes)
     unsure = None if sure is None else checked_path(ctx, k, rest, sure.run, delta, gram, notes)
     if sure is None:
         why = "; ".join(notes) or (
@@ -191,6 +201,33 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         sure=sure,
         unsure=unsure,
     )
+
+
+def person_level_path(
+    ctx: PublicContext, sure: FriendlyPath | None, notes: list[str]
+) -> FriendlyPath | None:
+    """On a person-level dataset (``ctx.n_units``, issue 34) friendly partitions people, so its
+    ``t`` subsets need ``t <= n_units``: otherwise it is excluded, and the notes say why. Every
+    other candidate is per person (analyze_gauss per-person bound and clip quantile, the
+    estimate on each person's rows bounded to ``C^2``); smooth_sensitivity is refused before."""
+    if ctx.n_units is None:
+        return sure
+    notes.append(
+        f"privacy unit: person ({ctx.n_units} people): the estimate and both candidates bound "
+        "each person (analyze_gauss per person, friendly_aggregate on a partition of people)"
+    )
+    if sure is not None and _people_short(sure, ctx.n_units):
+        notes.append(
+            f"friendly_aggregate excluded: its t = {getattr(sure.run.params, 't', 0)} subsets "
+            f"partition people and this dataset has {ctx.n_units}"
+        )
+        return None
+    return sure
+
+
+def _people_short(path: FriendlyPath, n_units: int) -> bool:
+    params: Any = path.run.params
+    return int(params.t) > n_units
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,17 +458,27 @@ class Auto(Mechanism[AutoParams]):
         return max(inner, clipped_gram_memory(ctx.n_rows, d), 8 * d * d + eigh_memory(d, d))
 
     def run(
-        self, data: FloatArray, spec: ReleaseSpec[AutoParams], rng: np.random.Generator
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        rng: np.random.Generator,
+        person: PersonLevel | None = None,
     ) -> MechanismOutput:
+        """The plan's choice; ``person`` on a person-level dataset (issue 34): the estimate on
+        each person's bounded rows, every candidate run per person (:class:`PersonLevel`)."""
         clip = spec.params.clip_norm
         assert clip is not None  # resolved by prepare
         n, d = data.shape
-        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=clip)
+        n_units = None if person is None else int(person.units.max(initial=-1)) + 1
+        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=clip, n_units=n_units)
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         default = the_plan.default
+        runner = run_choice if person is None else person.run
         if the_plan.sure is None:
-            return labelled(run_choice(default, data, spec.k, rng), default, the_plan.reason)
-        tail_hat, trace_hat = noisy_tail_and_trace(data, spec.k, clip, the_plan.test_epsilon, rng)
+            return labelled(runner(default, data, spec.k, rng), default, the_plan.reason)
+        rows = data if person is None else person.structure_rows()
+        tail_hat, trace_hat = noisy_tail_and_trace(rows, spec.k, clip, the_plan.test_epsilon, rng)
+        del rows
         scale = structure_noise_scale(clip, the_plan.test_epsilon)
         estimate = Estimate.of(tail_hat, trace_hat, spec.k, scale)
         path = decide(the_plan, estimate, n, d, spec.k)
@@ -442,7 +489,7 @@ class Auto(Mechanism[AutoParams]):
                 "friendly_aggregate's predicted error is above analyze_gauss's even at the "
                 "estimate's optimistic end"
             )
-            out = run_choice(default, data, spec.k, rng)
+            out = runner(default, data, spec.k, rng)
             return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})
         sure = path is the_plan.sure
         test["friendly_predicted"] = "wins" if sure else "may win"
@@ -451,7 +498,7 @@ class Auto(Mechanism[AutoParams]):
             f"friendly_aggregate to win{'' if sure else ' at its optimistic end'}"
         )
         gauss = predicted_gauss_error(estimate.gap, d, spec.k, path.search_stop)
-        return guarded_run(data, spec.k, path, gauss, reason, test, rng)
+        return guarded_run(data, spec.k, path, gauss, reason, test, rng, person)
 
 
 def _rho_of(steps: list[PrivacyStep]) -> float:

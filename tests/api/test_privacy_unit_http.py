@@ -173,7 +173,6 @@ def test_a_bad_unit_column_is_refused_naming_the_field(
         ("exact_gapmax", {}),
         ("smooth_sensitivity", {}),
         ("gap_perturbation", {}),
-        ("auto", {}),
         ("continual_gauss", {"horizon": 4}),
     ],
 )
@@ -263,6 +262,38 @@ def test_a_private_centre_and_a_clip_quantile_are_made_per_person(
         assert extras["centring"] == "mean"
     for text in (result.text, caplog.text, preview.text):
         assert MARK not in text and "patient" not in text
+
+
+def test_auto_releases_per_person_and_refuses_delta_zero(
+    client, keys, person_dataset, run_worker, caplog
+):
+    body, _, _ = person_dataset
+    refused = client.post(
+        f"/v1/datasets/{body['id']}/releases",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "auto", "k": 2, "epsilon": "1", "delta": "0"},
+    )
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert detail.startswith("privacy_unit_column: ") and "smooth_sensitivity" in detail
+    request = {"mechanism": "auto", "k": 2, "epsilon": "1", "delta": "1e-7"}
+    preview = client.post(
+        f"/v1/datasets/{body['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=request,
+    )
+    assert preview.status_code == 200, preview.text
+    assert "privacy unit: person (60 people)" in preview.json()["scales"]["auto_details"]
+    with caplog.at_level(logging.DEBUG):
+        release_id = post_release(client, keys.analyst, body["id"], **request)
+        assert run_worker() == 1
+    result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst))
+    assert result.json()["status"] == "succeeded", result.text
+    assert result.json()["result"]["extras"]["auto_choice"] == "analyze_gauss"
+    for text in (result.text, caplog.text, preview.text, refused.text):
+        assert MARK not in text and "patient" not in text
+    budget = client.get(f"/v1/datasets/{body['id']}/budget", headers=bearer(keys.analyst))
+    assert budget.json()["epsilon_spent"] == "1"
 
 
 def test_the_row_unit_is_stated_in_the_dry_run(client, keys, upload_dataset):
