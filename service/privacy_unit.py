@@ -160,7 +160,7 @@ class UnitIndexer:
 
     def add(self, identifiers: Iterable[Any]) -> npt.NDArray[np.int64]:
         index = self._index
-        out = [index.setdefault(_key(value), len(index)) for value in identifiers]
+        out = [index.setdefault(canonical_key(value), len(index)) for value in identifiers]
         return np.asarray(out, dtype=np.int64)
 
     @property
@@ -168,7 +168,9 @@ class UnitIndexer:
         return len(self._index)
 
 
-def _key(value: Any) -> Any:
+def canonical_key(value: Any) -> tuple[str, Any]:
+    """What makes two identifiers one person: ``("s", text)`` or ``("n", number)`` (an
+    integral float is its integer)."""
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, (float, np.floating)):
@@ -200,9 +202,11 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
     if continual:
         raise InvalidInput(
             FIELD,
-            f"{name} is a continual release: a person may reappear in a later batch and the "
-            "service cannot yet bound a person's total across batches; this dataset's privacy "
-            "unit is a person, so it is refused",
+            f"{name} is a continual release: its tree sums each batch into several nodes and "
+            "a person may have rows in several batches, so one person can move several "
+            "nodes and the per-node noise does not bound them; this dataset's privacy unit "
+            "is a person, so it is refused (one-shot releases read every batch and bound "
+            "each person over all of them)",
         )
     if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED and name != AUTO:
         reason = _REFUSALS.get(name, "it has no person-level privacy argument")
