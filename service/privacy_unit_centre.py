@@ -45,8 +45,12 @@ Composition: each step is a Gaussian mechanism with the row-level step's ``mu`` 
 with the centring probe's ``2/mu_Q`` noise per count and sensitivity ``sqrt(2) <= 2`` when the
 request chose its centring: the row-level path for data read in one pass), so adaptive GDP
 composition (Dong, Roth & Su 2022, Theorem 3.2) gives exactly the declared total, per person.
-The probe's route choice (pairs of rows) is not made per person: a person-level release always
-takes the mean route (``extras.centring = "mean"``, the route a dataset by reference takes).
+The probe's route choice (pairs of rows) is not made per person: a request that lets the
+service choose (``center_route`` "auto") gets the mean route or, when the per-person mean's
+noise alone would fill the ball, no centring (:func:`person_route`, public facts only); pairs
+are never taken. Without centring the mean's share goes to the Gram (one Gram at
+``mu_R = sqrt(mu_M^2 + mu_G^2)``: the same ``rho``) and the explained-variance step reads the
+uncentred rows.
 
 Everything read from the data is in the steps above; the rest (``P``, ``C``, the grid, the
 shares) is public. Memory: the person means (``8 P d`` bytes, ``P <= n``) beside the bounded
@@ -70,6 +74,7 @@ from service.mechanisms.centring import (
     private_center_pure,
     private_center_sigma,
 )
+from service.mechanisms.centring_choice import Route
 from service.mechanisms.clip_quantile import private_clip_norm
 from service.mechanisms.explained_variance import variance_extras
 from service.mechanisms.gauss_calibration import (
@@ -207,11 +212,14 @@ def gauss_person_run(
     n_units = int(units.max(initial=-1)) + 1
     split = gauss_split(spec.epsilon, spec.delta, params)
     extras: dict[str, Any] = {}
-    if chooses_centring(params):
-        extras["centring"] = "mean"
+    route = person_route(n_units, data.shape[1], clip, split) if chooses_centring(params) else None
+    if route is not None:
+        extras["centring"] = route
+    # The "none" route gives the mean's share to the Gram: one Gram at mu_R (same rho).
+    gram_mu = math.hypot(split.mean_mu, split.gram_mu) if route == "none" else split.gram_mu
     center: FloatArray | None = None
     mean_noise = 0.0
-    if params.center == "private":
+    if params.center == "private" and route != "none":
         mean_noise = mean_sensitivity(clip, max(1, n_units)) / split.mean_mu
         center = person_center_sigma(data, units, clip, n_units, mean_noise, rng)
         extras["center"] = center.tolist()
@@ -226,7 +234,7 @@ def gauss_person_run(
         row_clip = person_clip_norm(sizes, clip, params.quantile, count_mu, rng)
         extras["row_clip_norm"] = row_clip
     gram_c, gram_low = bounded_grams(data, units, clip, center, row_clip, sizes)
-    sigma = gram_sensitivity(row_clip) / split.gram_mu
+    sigma = gram_sensitivity(row_clip) / gram_mu
     release = release_of_gram(gram_low, spec.k, sigma, rng)
     extras["eigenvalues"] = release.eigenvalues.tolist()
     extras["trace"] = release.trace
@@ -241,6 +249,24 @@ def gauss_person_run(
         )
     )
     return MechanismOutput(basis=release.basis, extras=extras)
+
+
+def person_route(n_units: int, n_cols: int, clip_norm: float, split: Any) -> Route:
+    """The centring route of a request that lets the service choose it (``center_route``
+    "auto"), per person, from public facts only: the row-level choice's scores
+    (:func:`~service.mechanisms.centring_choice.choose_centring`) with public bounds in place of
+    the probe's quantiles, the mean route at its best (centred rows of squared norm
+    ``min(C^2, d sigma_mu^2)``: the mean's noise alone) and the uncentred route at its worst
+    (``C^2``). Per person ``sigma_mu = (2C/P)/mu_M`` is ``n/P`` times the row-level one, so
+    with few people the mean's noise alone can fill the ball: then the rows are not centred
+    and the mean's share goes to the Gram (``extras.centring = "none"``, no centre released).
+    Post-processing of public facts: the privacy argument of each route holds as stated."""
+    sigma_mu = mean_sensitivity(clip_norm, max(1, n_units)) / split.mean_mu
+    mean_norm2 = min(clip_norm**2, n_cols * sigma_mu**2)
+    rest = math.hypot(split.mean_mu, split.gram_mu)
+    if mean_norm2 > 0 and split.gram_mu / mean_norm2 < rest / clip_norm**2:
+        return "none"
+    return "mean"
 
 
 def spectrum_person_center(
@@ -343,9 +369,17 @@ def preview_scales(
             "the released clip rather than clipped row by row."
         )
     if mechanism == "analyze_gauss" and chooses_centring(params):
+        split = gauss_split(spec.epsilon, spec.delta, params)
+        route = person_route(people, n_cols, params.clip_norm, split)
         notes.append(
-            "Per person the centring is not chosen between routes: it is always the "
-            "private mean (extras.centring = mean)."
+            f"Per person the centring route is chosen from public facts only: {route} "
+            + (
+                "(the per-person mean's noise is small enough against C)."
+                if route == "mean"
+                else "(the per-person mean's noise alone would fill the ball of radius C, so "
+                "the rows are not centred, no centre is released and the mean's share goes "
+                "to X^T X)."
+            )
         )
     return scales, notes
 

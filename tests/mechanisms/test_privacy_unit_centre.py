@@ -28,6 +28,7 @@ from service.privacy_unit_centre import (
     person_center_sigma,
     person_clip_norm,
     person_means,
+    person_route,
     person_sizes,
     preview_scales,
     spectrum_person_run,
@@ -321,3 +322,19 @@ def test_clip_quantile_person_level_audit_and_its_row_calibrated_control(
 def test_private_centre_person_level_audit_long() -> None:
     result = audit(person_level, *PAIR, centre_high, 20_000, DELTA, seed=25)
     assert result.eps_lower_bound <= EPS, result
+
+
+def test_the_route_is_public_and_skips_a_mean_that_would_fill_the_ball() -> None:
+    spec = gauss_spec(2000, 64, route="auto")
+    split = gauss_split(EPS, DELTA, spec.params)
+    # 20 people in d = 64: the per-person mean's noise alone exceeds C; 100,000 people do not.
+    assert person_route(20, 64, 1.0, split) == "none"
+    assert person_route(100_000, 64, 1.0, split) == "mean"
+    rng = np.random.default_rng(10)
+    rows = rng.standard_normal((2000, 64)) * 0.05
+    units = np.repeat(np.arange(20), 100)
+    out = gauss_person_run(rows, units, spec, rng)
+    assert out.extras["centring"] == "none" and "center" not in out.extras
+    # With center_route "mean" the caller asked for the mean: it is always drawn.
+    mean_spec = gauss_spec(2000, 64, route="mean")
+    assert "center" in gauss_person_run(rows, units, mean_spec, rng).extras
