@@ -285,7 +285,7 @@ def section(body: str, seeds: int) -> str:
             "The bound keeps most of the subspace on digits (the uncentred analyze_gauss "
             "row) and almost all of it on the synthetic set, where capping at 20 rows and "
             "multiplying the sensitivity keeps far less; the spectrum's shape survives too, "
-            "though its scale shrinks to the energy kept. With `center: \"private\"` (rows "
+            'though its scale shrinks to the energy kept. With `center: "private"` (rows '
             "`center private`: analyze_gauss with its default clip quantile 0.3 and chosen "
             "centring; spectrum's mean) each person adds one vector to the mean and one "
             "value to the quantile (service/privacy_unit_centre.py): on ~1,900 synthetic "
