@@ -51,16 +51,18 @@ person are not, which costs utility, never privacy (any public width is private)
 
 A public centre is applied by the worker before the bound (rows ``clip_C(clip_C(x) - c)``,
 then bounded per person, and the mechanism runs with ``center = "none"``: the same Gram as its
-own public centring, now per person). A private centre and a clip quantile cannot be made per
-person at this layer: the mechanism computes the mean (or the norm histogram) and the Gram
-from the same rows inside ``run``, by rows; a per-person mean needs one clipped vector per
-person and the Gram the bound *after* centring on that mean, so they need those internals.
+own public centring, now per person). A private centre and a clip quantile are made per person
+inside the mechanism's steps (:mod:`service.privacy_unit_centre`: one vector per person in the
+mean, one value per person in the quantile, each person bounded on the centred rows); ``auto``
+runs its estimate and its candidates per person (:mod:`service.privacy_unit_auto`). Appends
+keep a person's unit index across batches (:mod:`service.unit_keys`), so every one-shot
+release bounds each person over all batches.
 
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
-anything is charged: a private centre or a clip quantile (per-row means and counts), exact
-membership counts and the smooth-sensitivity and gap tests (their local sensitivities are per
-row), ``auto`` (its candidates include those), continual releases and appends (a person may
-come back in a later batch and no cross-batch bound exists yet).
+anything is charged: exact membership counts and the smooth-sensitivity and gap tests (their
+local sensitivities are per row), ``auto`` at ``delta = 0`` (its only candidate is
+smooth_sensitivity), and continual releases (a person in several batches moves several of the
+tree's nodes; no bound across nodes is built).
 """
 
 from __future__ import annotations

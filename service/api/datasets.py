@@ -172,7 +172,9 @@ async def register_reference(
     if body.privacy_unit_column is not None:
         raise InvalidInput(
             privacy_unit.FIELD,
-            "not supported for datasets registered by reference yet: upload the file with "
+            "not supported for datasets registered by reference: their rows are read from "
+            "the objects at each release and the service keeps no unit index beside them, so "
+            "no release could bound a person's rows; upload the file with "
             "privacy_unit_column, or register it without one (the unit is then the row)",
         )
 
