@@ -144,3 +144,28 @@ def test_a_continual_release_on_a_person_level_dataset_is_refused_naming_why(
     assert response.status_code == 422, response.text
     detail = response.json()["detail"]
     assert detail.startswith("privacy_unit_column: ") and "several" in detail, detail
+
+
+def _ingest(store, content: bytes, **kwargs):
+    path = store.new_incoming_path()
+    path.write_bytes(content)
+    return store.ingest(path, ".csv", unit_column="patient", **kwargs)
+
+
+def test_an_uncommitted_append_leaves_no_person_behind(store):
+    """A batch mapped but never committed (its transaction failed): the next append starts
+    from the committed rows and people, so the index stays dense and a person keeps theirs."""
+    first = _ingest(store, csv_bytes(["a", "b", "a"], np.eye(3, 2)))
+    assert first.n_units == 2
+    secret = store.unit_secret(first.file_name)
+    lost = _ingest(store, csv_bytes(["c", "a"], np.eye(2)), batch=True, unit_secret=secret)
+    assert lost.unit_digests is not None
+    # Mapped (c becomes person 2), then the commit fails: the database still says 3 rows, 2.
+    assert store.append_units(first.file_name, lost.unit_digests, 3, 2)[0] == 3
+    store.discard(lost.file_name)
+    again = _ingest(store, csv_bytes(["d", "b", "d"], np.eye(3, 2)), batch=True, unit_secret=secret)
+    assert again.unit_digests is not None
+    n_units, _ = store.append_units(first.file_name, again.unit_digests, 3, 2)
+    assert n_units == 3  # d is person 2: c left nothing
+    np.testing.assert_array_equal(store.open_units(first.file_name, 6), [0, 1, 0, 2, 1, 2])
+    assert not store.path_of(lost.file_name + ".ids").exists()
