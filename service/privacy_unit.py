@@ -113,6 +113,9 @@ _REFUSALS: dict[str, str] = {
 #: by auto's plan with 422 naming privacy_unit_column).
 AUTO = "auto"
 
+#: Continual mechanisms made per person by :func:`first_batch_rows`.
+PERSON_CONTINUAL: frozenset[str] = frozenset({"continual_gauss"})
+
 #: Coarse buckets of rows per unit shown to the owner: (label, lowest, highest).
 ROWS_PER_UNIT_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("1", 1, 1),
@@ -201,15 +204,15 @@ def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
 def check_mechanism(name: str, params: Any, continual: bool) -> None:
     """Refuse (422, field ``privacy_unit_column``) a release on a person-level dataset whose
     mechanism or params have no person-level argument. Public facts only; before charging."""
-    if continual:
+    if continual and name not in PERSON_CONTINUAL:
         raise InvalidInput(
             FIELD,
-            f"{name} is a continual release: its tree sums each batch into several nodes and "
-            "a person may have rows in several batches, so one person can move several "
-            "nodes and the per-node noise does not bound them; this dataset's privacy unit "
-            "is a person, so it is refused (one-shot releases read every batch and bound "
-            "each person over all of them)",
+            f"{name} is a continual release without a person-level argument (a person may "
+            "have rows in several batches); this dataset's privacy unit is a person, so it is "
+            "refused",
         )
+    if continual:
+        return
     if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED and name != AUTO:
         reason = _REFUSALS.get(name, "it has no person-level privacy argument")
         raise InvalidInput(
@@ -306,6 +309,9 @@ def extra_bytes(name: str, n_rows: int, n_cols: int, params: Any = None) -> int:
     :func:`service.privacy_unit_centre.centred_bytes`)."""
     if name in PERSON_PARTITIONED:
         return partition_bytes(n_rows)
+    if name in PERSON_CONTINUAL:
+        # first_batch_rows: the zeroed copy beside the bound's working memory.
+        return transform_bytes(n_rows, n_cols) + 8 * n_rows * n_cols
     if name == AUTO:
         # The estimate's bounded copy, then one candidate: per-person analyze_gauss or a
         # partition of people (kept apart: a sum bounds them all).
@@ -416,6 +422,44 @@ def bound_contributions(
     return out
 
 
+def first_batch_rows(
+    rows: npt.NDArray[Any], units: npt.NDArray[np.int64], row_offset: int, clip_norm: float
+) -> FloatArray:
+    """A batch's rows for a continual release per person: each person counts in the batch of
+    their first row only.
+
+    ``units`` is the unit index of every row up to the batch's end and ``rows`` the batch's
+    rows (those from ``row_offset``). A person whose first row lies before the batch (their
+    index is below the number of people before it: indices follow first appearance, appends
+    included, :mod:`service.unit_keys`) has their rows in this batch set to zero; the other
+    people's rows are clipped to ``C`` and bounded by the Frobenius rule (``||G_p||_F <=
+    C^2``, :func:`bound_contributions`).
+
+    Person-level argument (``continual_gauss``'s tree, ``ALGORITHMS.md``): whether a person
+    counts in a batch depends on their own rows only (where their first row lies), and their
+    factor on their own rows only (returning rows are a group of their own, zeroed), so the
+    map is per person; every person contributes to exactly one leaf, ``G_p`` with
+    ``||G_p||_F <= C^2``. Replacing person ``p`` (all their rows, in any batches) by ``p'``
+    removes ``G_p`` from ``p``'s first leaf and adds ``G_p'`` to ``p'``'s. At each released
+    level of the tree either one node holds both (it moves by ``||G_p - G_p'||_F <= sqrt(2)
+    C^2``: PSD matrices) or two nodes move by ``<= C^2`` each (l2 ``sqrt(2) C^2``): the
+    row-level ``sqrt(2) C^2`` per level, ``sqrt(L) sqrt(2) C^2`` in all, so the row-level
+    calibration is per person. Batch sizes are public and unchanged (rows are zeroed, never
+    removed); what a returning person adds later is not used (a utility cost).
+    """
+    batch_units = np.asarray(units[row_offset:], dtype=np.int64)
+    known = int(units[:row_offset].max(initial=-1)) + 1
+    returning = batch_units < known
+    new = batch_units - known
+    # The returning rows: zeroed, in a group of their own (no new person's factor sees them).
+    local = np.where(returning, int(new.max(initial=-1)) + 1, new).astype(np.int64)
+    kept = np.asarray(rows, dtype=np.float64).copy()
+    kept[returning] = 0.0
+    bounded = bound_contributions(kept, local, clip_norm, "frobenius")
+    bounded[returning] = 0.0
+    return bounded
+
+
 def _frobenius_sizes(
     clipped: FloatArray, clip_norm: float, units: npt.NDArray[np.int64], traces: FloatArray
 ) -> FloatArray:
@@ -450,6 +494,14 @@ def preview_notes(
             "padded with its own rows to the public m rows). Replacing a whole person then "
             "changes one subset, as one row did, so the scales above are per person: every "
             "person, whatever their number of rows, is protected at this (epsilon, delta)."
+        ]
+    if mechanism in PERSON_CONTINUAL:
+        return [
+            f"privacy unit: person ({dataset.n_units} people). Each person counts in the batch "
+            "of their first row only (rows they add in later batches are not used) and their "
+            "rows there are clipped to C and scaled together so that the Frobenius norm of sum "
+            "x x^T is at most C^2. Replacing a whole person then moves each level of the tree "
+            "by at most what one row moves it, so the noise scales above are per person."
         ]
     rule = PERSON_LEVEL_RULES.get(mechanism, "trace")
     bound = "C^2" if clip_norm is None else f"C^2 = {clip_norm * clip_norm:.6g}"

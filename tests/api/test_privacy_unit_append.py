@@ -126,24 +126,57 @@ def test_a_dataset_without_its_secret_refuses_appends_clearly(
     assert "uploaded before appends per person existed" in response.json()["detail"]
 
 
-def test_a_continual_release_on_a_person_level_dataset_is_refused_naming_why(
-    client, keys, person_dataset
+def test_a_continual_release_counts_each_person_in_their_first_batch(
+    client, keys, person_dataset, settings, run_worker, monkeypatch, caplog
 ):
-    body, _, _ = person_dataset
-    response = client.post(
-        f"/v1/datasets/{body['id']}/releases",
+    body, ids, _ = person_dataset
+    real = privacy_unit.first_batch_rows
+    kept: list[np.ndarray] = []
+
+    def spy(rows, units, row_offset, clip_norm):
+        out = real(rows, units, row_offset, clip_norm)
+        kept.append(out)
+        return out
+
+    monkeypatch.setattr(privacy_unit, "first_batch_rows", spy)
+    request = {
+        "mechanism": "continual_gauss",
+        "k": 2,
+        "epsilon": "1",
+        "delta": "1e-7",
+        "params": {"horizon": 2},
+    }
+    preview = client.post(
+        f"/v1/datasets/{body['id']}/releases?dry_run=true",
         headers=bearer(keys.analyst),
-        json={
-            "mechanism": "continual_gauss",
-            "k": 2,
-            "epsilon": "1",
-            "delta": "1e-7",
-            "params": {"horizon": 4},
-        },
+        json=request,
     )
-    assert response.status_code == 422, response.text
-    detail = response.json()["detail"]
-    assert detail.startswith("privacy_unit_column: ") and "several" in detail, detail
+    assert preview.status_code == 200, preview.text
+    assert "first row only" in " ".join(preview.json()["meaning"])
+    with caplog.at_level(logging.DEBUG):
+        release_id = post_release(client, keys.analyst, body["id"], **request)
+        assert run_worker() == 1
+        batch_ids = [ids[0]] * 4 + [f"{MARK}-new"] * 3
+        batch = np.full((7, 6), 0.2)
+        response = append(
+            client,
+            keys.owner,
+            body["id"],
+            csv_bytes(batch_ids, batch, id_at=0),
+            filename="more.csv",
+            privacy_unit_column="patient",
+        )
+        assert response.status_code == 201, response.text
+        assert run_worker() == 1
+    result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst))
+    shown = result.json()
+    assert shown["status"] == "succeeded" and shown["epochs_done"] == 2, result.text
+    # Epoch 2: the returning person's 4 rows are zeroed, the new person's kept and bounded.
+    second = kept[-1]
+    assert np.all(second[:4] == 0.0) and np.all(np.abs(second[4:]) > 0)
+    assert np.linalg.norm(second[4:].T @ second[4:]) <= 1.0 + 1e-9
+    for text in (result.text, preview.text, caplog.text):
+        assert MARK not in text and "patient" not in text
 
 
 def _ingest(store, content: bytes, **kwargs):

@@ -173,7 +173,6 @@ def test_a_bad_unit_column_is_refused_naming_the_field(
         ("exact_gapmax", {}),
         ("smooth_sensitivity", {}),
         ("gap_perturbation", {}),
-        ("continual_gauss", {"horizon": 4}),
     ],
 )
 def test_a_release_without_a_person_level_argument_is_refused_before_charging(
