@@ -60,9 +60,9 @@ release bounds each person over all batches.
 
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
 anything is charged: exact membership counts and the smooth-sensitivity and gap tests (their
-local sensitivities are per row), ``auto`` at ``delta = 0`` (its only candidate is
-smooth_sensitivity), and continual releases (a person in several batches moves several of the
-tree's nodes; no bound across nodes is built).
+local sensitivities are per row) and ``auto`` at ``delta = 0`` (its only candidate is
+smooth_sensitivity). Continual releases count each person in the batch of their first row
+only, bounded there (:func:`first_batch_rows`).
 """
 
 from __future__ import annotations
