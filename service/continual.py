@@ -54,7 +54,7 @@ from randomgen import ChaCha
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from service import audit
+from service import audit, privacy_unit
 from service.config import Settings
 from service.db.models import (
     Dataset,
@@ -124,6 +124,9 @@ class EpochInput:
     key: bytes
     #: When analysts may see the epoch (see :func:`epoch_visible_at`).
     visible_at: datetime
+    #: The dataset's unit is a person (issue 34): each person counts in their first batch
+    #: only, bounded there (:func:`service.privacy_unit.first_batch_rows`).
+    person_level: bool = False
 
 
 def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
@@ -201,9 +204,20 @@ def compute_epoch(
         return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
     try:
         rows = store.open(step.file_name, step.row_offset + step.n_rows)[step.row_offset :]
-    except FileNotFoundError:
+        units = (
+            store.open_units(step.file_name, step.row_offset + step.n_rows)
+            if step.person_level
+            else None
+        )
+    except (FileNotFoundError, ValueError):
+        # A lost or short unit index: never read per row on a person-level dataset.
         return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
     try:
+        if units is not None:
+            assert spec.params.clip_norm is not None  # resolved by prepare
+            rows = privacy_unit.first_batch_rows(
+                rows, units, step.row_offset, spec.params.clip_norm
+            )
         state = (
             ContinualState.from_bytes(step.state)
             if step.state is not None
@@ -274,6 +288,7 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
         file_name=dataset.file_name,
         state=state.state if state is not None else None,
         key=release.continual_key,
+        person_level=dataset.privacy_unit_column is not None,
     )
 
 

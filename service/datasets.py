@@ -353,14 +353,30 @@ def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.U
     return dataset
 
 
-def refuse_person_level_append() -> None:
-    """422 naming ``privacy_unit_column``: appends to a person-level dataset are refused."""
-    raise InvalidInput(
-        privacy_unit.FIELD,
-        "this dataset's privacy unit is a person: a person may reappear in a later batch and "
-        "the service cannot yet bound a person's total across batches, so appends are "
-        "refused; upload the grown dataset as a new dataset",
-    )
+def check_append_unit(person_level: bool, column: object, has_secret: bool) -> None:
+    """422 naming ``privacy_unit_column`` when a batch's identifier column does not match its
+    dataset's unit: a person-level dataset's batch must name it (so a person who reappears
+    keeps their unit index, :mod:`service.unit_keys`), a row-level dataset's must not; a
+    person-level dataset uploaded before appends per person existed has no secret to map
+    identifiers with and takes none."""
+    if person_level and column is None:
+        raise InvalidInput(
+            privacy_unit.FIELD,
+            "this dataset's privacy unit is a person: name the batch's identifier column "
+            "(privacy_unit_column), so that a person who reappears keeps one unit",
+        )
+    if not person_level and column is not None:
+        raise InvalidInput(
+            privacy_unit.FIELD,
+            "this dataset's privacy unit is the row: a batch cannot name an identifier column",
+        )
+    if person_level and not has_secret:
+        raise InvalidInput(
+            privacy_unit.FIELD,
+            "this person-level dataset was uploaded before appends per person existed and "
+            "keeps no keyed identifiers to recognise a returning person; upload the grown "
+            "dataset as a new dataset",
+        )
 
 
 def append_batch(
@@ -382,8 +398,9 @@ def append_batch(
     """
     try:
         dataset = _lock_own_dataset(session, principal, dataset_id)
-        if dataset.privacy_unit_column is not None:
-            refuse_person_level_append()
+        person_level = dataset.privacy_unit_column is not None
+        if person_level != (batch.unit_digests is not None):
+            check_append_unit(person_level, batch.unit_digests, True)
         if batch.n_cols != dataset.n_cols:
             raise InvalidInput(
                 "file",
@@ -397,6 +414,12 @@ def append_batch(
             dataset.n_rows + batch.n_rows, dataset.n_cols, "the dataset with this batch"
         )
         assert dataset.file_name is not None  # checked by the lock
+        if batch.unit_digests is not None:
+            # The unit index first (entries past the committed rows are never read), so the
+            # rows are never there without their units; a person keeps their index.
+            dataset.n_units, _ = store.append_units(
+                dataset.file_name, batch.unit_digests, dataset.n_rows, dataset.n_units or 0
+            )
         store.append(dataset.file_name, batch.file_name, dataset.n_rows)
     finally:
         store.discard(batch.file_name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -19,7 +19,14 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import Session
 
-from service import priors, privacy_unit, reference, visibility
+from service import (
+    priors,
+    privacy_unit,
+    privacy_unit_auto,
+    privacy_unit_centre,
+    reference,
+    visibility,
+)
 from service.config import Settings
 from service.db.models import Release
 from service.errors import InvalidInput, safe_traceback
@@ -125,6 +132,14 @@ def _execute_person_level(
         except InvalidInput:
             return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
         return _run(job, mechanism, data, spec, units=units)
+    if mechanism.name == privacy_unit.AUTO:
+        # Its estimate on each person's bounded rows, its candidates per person
+        # (service.privacy_unit_auto); the rows as they are.
+        try:
+            privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
+        except InvalidInput:
+            return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+        return _run(job, mechanism, data, spec, units=units, kind="auto")
     rule = privacy_unit.PERSON_LEVEL_RULES.get(mechanism.name)
     clip_norm = getattr(params, "clip_norm", None)
     if rule is None or clip_norm is None:
@@ -135,6 +150,10 @@ def _execute_person_level(
         privacy_unit.check_mechanism(mechanism.name, params, mechanism.continual)
     except InvalidInput:
         return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+    if privacy_unit.needs_internals(params):
+        # A private centre or a clip quantile: one vector and one value per person, inside
+        # the mechanism's steps (service.privacy_unit_centre); the rows as they are.
+        return _run(job, mechanism, data, spec, units=units, kind="centred")
     # A per-person map fixed by public facts (C, the rule, a public centre): total on finite
     # rows. A public centre is applied here, before the bound, and the mechanism then runs
     # uncentred on the centred rows (the same Gram; privacy_unit).
@@ -183,8 +202,21 @@ def _run(
     spec: ReleaseSpec[Any],
     reraise: type[Exception] | None = None,
     units: npt.NDArray[np.int64] | None = None,
+    kind: Literal["partitioned", "centred", "auto"] = "partitioned",
 ) -> Outcome:
+    """Run the mechanism; with ``units`` (a person-level dataset) per person: on a partition
+    of people, with the per-person centre and quantile, or as ``auto`` per person."""
     try:
+        if units is not None and kind == "auto":
+            return Outcome.of(
+                privacy_unit_auto.run_auto(mechanism, data, units, spec, secure_generator())
+            )
+        if units is not None and kind == "centred":
+            return Outcome.of(
+                privacy_unit_centre.run_person_centred(
+                    mechanism, data, units, spec, secure_generator()
+                )
+            )
         if units is not None:
             return Outcome.of(
                 privacy_unit.run_partitioned(mechanism, data, units, spec, secure_generator())

@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
 from api_schemas.releases import ReleaseRequest
-from service import accounting, advice, audit, grants, ledger, priors, privacy_unit, releases, spend
+from service import (
+    accounting,
+    advice,
+    audit,
+    grants,
+    ledger,
+    priors,
+    privacy_unit,
+    privacy_unit_centre,
+    releases,
+    spend,
+)
 from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset
@@ -182,7 +193,16 @@ def preview_release(
     memory_bytes = prepared.mechanism.memory_bytes(prepared.context, prepared.spec)
     if dataset.privacy_unit_column is not None:
         memory_bytes += privacy_unit.extra_bytes(
-            prepared.mechanism.name, dataset.n_rows, dataset.n_cols
+            prepared.mechanism.name, dataset.n_rows, dataset.n_cols, prepared.spec.params
+        )
+        # A private centre or clip quantile per person: the mean's noise at n_units.
+        person_scales, person_notes = privacy_unit_centre.preview_scales(
+            prepared.mechanism.name, prepared.spec, dataset.n_units or 0, dataset.n_cols
+        )
+        shown = replace(
+            shown,
+            scales={**shown.scales, **person_scales},
+            meaning=[*shown.meaning, *person_notes],
         )
     memory = memory_bytes / releases.MIB
     audit.record(

@@ -51,16 +51,18 @@ person are not, which costs utility, never privacy (any public width is private)
 
 A public centre is applied by the worker before the bound (rows ``clip_C(clip_C(x) - c)``,
 then bounded per person, and the mechanism runs with ``center = "none"``: the same Gram as its
-own public centring, now per person). A private centre and a clip quantile cannot be made per
-person at this layer: the mechanism computes the mean (or the norm histogram) and the Gram
-from the same rows inside ``run``, by rows; a per-person mean needs one clipped vector per
-person and the Gram the bound *after* centring on that mean, so they need those internals.
+own public centring, now per person). A private centre and a clip quantile are made per person
+inside the mechanism's steps (:mod:`service.privacy_unit_centre`: one vector per person in the
+mean, one value per person in the quantile, each person bounded on the centred rows); ``auto``
+runs its estimate and its candidates per person (:mod:`service.privacy_unit_auto`). Appends
+keep a person's unit index across batches (:mod:`service.unit_keys`), so every one-shot
+release bounds each person over all batches.
 
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
-anything is charged: a private centre or a clip quantile (per-row means and counts), exact
-membership counts and the smooth-sensitivity and gap tests (their local sensitivities are per
-row), ``auto`` (its candidates include those), continual releases and appends (a person may
-come back in a later batch and no cross-batch bound exists yet).
+anything is charged: exact membership counts and the smooth-sensitivity and gap tests (their
+local sensitivities are per row) and ``auto`` at ``delta = 0`` (its only candidate is
+smooth_sensitivity). Continual releases count each person in the batch of their first row
+only, bounded there (:func:`first_batch_rows`).
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ CHUNK_ROWS = 65536
 #: Mechanisms with a person-level argument, and the rule that bounds a person for them.
 PERSON_LEVEL_RULES: dict[str, BoundRule] = {"analyze_gauss": "trace", "spectrum": "frobenius"}
 
+#: Mechanisms whose private centre and clip quantile are made per person
+#: (:mod:`service.privacy_unit_centre`: one vector and one value per person).
+PERSON_CENTRED: frozenset[str] = frozenset({"analyze_gauss", "spectrum"})
+
 #: Sample-and-aggregate mechanisms: person-level by a partition of people (the worker passes
 #: the unit index to their ``run``; the rows are not transformed).
 PERSON_PARTITIONED: frozenset[str] = frozenset({"friendly_aggregate", "histogram_aggregate"})
@@ -100,11 +106,15 @@ _REFUSALS: dict[str, str] = {
     "exact_gapmax": "its score counts rows exactly; one person moves it by their row count",
     "smooth_sensitivity": "its local sensitivity is per row, not per person",
     "gap_perturbation": "its gap test's sensitivity is per row, not per person",
-    "auto": (
-        "some of its candidates have no person-level argument; ask for analyze_gauss, "
-        "spectrum, friendly_aggregate or histogram_aggregate directly"
-    ),
 }
+
+#: ``auto``: its estimate and candidates are made per person (service.privacy_unit_auto; the
+#: one candidate without a person-level argument, smooth_sensitivity at delta = 0, is refused
+#: by auto's plan with 422 naming privacy_unit_column).
+AUTO = "auto"
+
+#: Continual mechanisms made per person by :func:`first_batch_rows`.
+PERSON_CONTINUAL: frozenset[str] = frozenset({"continual_gauss"})
 
 #: Coarse buckets of rows per unit shown to the owner: (label, lowest, highest).
 ROWS_PER_UNIT_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
@@ -155,7 +165,7 @@ class UnitIndexer:
 
     def add(self, identifiers: Iterable[Any]) -> npt.NDArray[np.int64]:
         index = self._index
-        out = [index.setdefault(_key(value), len(index)) for value in identifiers]
+        out = [index.setdefault(canonical_key(value), len(index)) for value in identifiers]
         return np.asarray(out, dtype=np.int64)
 
     @property
@@ -163,7 +173,9 @@ class UnitIndexer:
         return len(self._index)
 
 
-def _key(value: Any) -> Any:
+def canonical_key(value: Any) -> tuple[str, Any]:
+    """What makes two identifiers one person: ``("s", text)`` or ``("n", number)`` (an
+    integral float is its integer)."""
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, (float, np.floating)):
@@ -192,14 +204,16 @@ def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
 def check_mechanism(name: str, params: Any, continual: bool) -> None:
     """Refuse (422, field ``privacy_unit_column``) a release on a person-level dataset whose
     mechanism or params have no person-level argument. Public facts only; before charging."""
-    if continual:
+    if continual and name not in PERSON_CONTINUAL:
         raise InvalidInput(
             FIELD,
-            f"{name} is a continual release: a person may reappear in a later batch and the "
-            "service cannot yet bound a person's total across batches; this dataset's privacy "
-            "unit is a person, so it is refused",
+            f"{name} is a continual release without a person-level argument (a person may "
+            "have rows in several batches); this dataset's privacy unit is a person, so it is "
+            "refused",
         )
-    if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED:
+    if continual:
+        return
+    if name not in PERSON_LEVEL_RULES and name not in PERSON_PARTITIONED and name != AUTO:
         reason = _REFUSALS.get(name, "it has no person-level privacy argument")
         raise InvalidInput(
             FIELD,
@@ -210,19 +224,36 @@ def check_mechanism(name: str, params: Any, continual: bool) -> None:
     if params is None:
         return
     center = getattr(params, "center", "none")
+    if name in PERSON_CENTRED or name == AUTO:
+        # A private centre and a clip quantile per person (service.privacy_unit_centre).
+        return
     if isinstance(center, str) and center != "none":
         raise InvalidInput(
             FIELD,
             "this dataset's privacy unit is a person (privacy_unit_column): a private centre "
-            "(params.center) is a mean of rows and is refused; use center none or a public "
-            "centre (a list of numbers)",
+            f"(params.center) is per person only for {', '.join(sorted(PERSON_CENTRED))}; "
+            f"{name} uses center none or a public centre (a list of numbers)",
         )
     quantile = getattr(params, "clip_quantile", None)
     if quantile not in (None, "none"):
         raise InvalidInput(
             FIELD,
             "this dataset's privacy unit is a person (privacy_unit_column): a clip quantile "
-            "(params.clip_quantile) counts rows and is refused; leave it unset",
+            f"(params.clip_quantile) is per person only for {', '.join(sorted(PERSON_CENTRED))}; "
+            "leave it unset",
+        )
+
+
+def check_auto_delta(name: str, delta: Any) -> None:
+    """Refuse (422, field ``privacy_unit_column``) ``auto`` at ``delta = 0`` on a person-level
+    dataset: its only candidate there is smooth_sensitivity, per row (auto's plan refuses it
+    too, for any caller). Public facts only; before charging."""
+    if name == AUTO and delta is not None and delta == 0:
+        raise InvalidInput(
+            FIELD,
+            "this dataset's privacy unit is a person: with delta = 0 auto's only candidate is "
+            "smooth_sensitivity, whose local sensitivity is per row and cannot bound a person; "
+            "give delta > 0 (auto's analyze_gauss and friendly_aggregate are made per person)",
         )
 
 
@@ -272,11 +303,43 @@ def partition_bytes(n_rows: int) -> int:
     return 8 * 8 * n_rows
 
 
-def extra_bytes(name: str, n_rows: int, n_cols: int) -> int:
-    """What a release on a person-level dataset adds to the mechanism's memory bound."""
+def extra_bytes(name: str, n_rows: int, n_cols: int, params: Any = None) -> int:
+    """What a release on a person-level dataset adds to the mechanism's memory bound (with a
+    private centre or a clip quantile, the per-person runs' own, see
+    :func:`service.privacy_unit_centre.centred_bytes`)."""
     if name in PERSON_PARTITIONED:
         return partition_bytes(n_rows)
+    if name in PERSON_CONTINUAL:
+        # first_batch_rows: the zeroed copy beside the bound's working memory.
+        return transform_bytes(n_rows, n_cols) + 8 * n_rows * n_cols
+    if name == AUTO:
+        # The estimate's bounded copy, then one candidate: per-person analyze_gauss or a
+        # partition of people (kept apart: a sum bounds them all).
+        return (
+            transform_bytes(n_rows, n_cols)
+            + centred_bytes(n_rows, n_cols)
+            + partition_bytes(n_rows)
+        )
+    if name in PERSON_CENTRED and params is not None and needs_internals(params):
+        return max(centred_bytes(n_rows, n_cols), transform_bytes(n_rows, n_cols))
     return transform_bytes(n_rows, n_cols)
+
+
+def needs_internals(params: Any) -> bool:
+    """Whether a release's params need this module: a private centre or a clip quantile (a
+    public centre and no quantile are an input transform, :mod:`service.privacy_unit`)."""
+    center = getattr(params, "center", "none")
+    quantile = getattr(params, "quantile", None)
+    return center == "private" or quantile is not None
+
+
+def centred_bytes(n_rows: int, n_cols: int) -> int:
+    """Working memory of the per-person runs beyond the mechanism's own bound, a function of
+    public facts: the person means and their sums (``P <= n`` rows of ``d``), a chunk of Gram
+    rows and its two scaled copies, the per-row squares and the per-person factors, two
+    ``d x d`` Grams."""
+    chunk = min(n_rows, CHUNK_ROWS)
+    return 16 * n_rows * n_cols + 24 * chunk * n_cols + 32 * n_rows + 16 * n_cols * n_cols
 
 
 def transform_bytes(n_rows: int, n_cols: int, chunk_rows: int = CHUNK_ROWS) -> int:
@@ -359,6 +422,44 @@ def bound_contributions(
     return out
 
 
+def first_batch_rows(
+    rows: npt.NDArray[Any], units: npt.NDArray[np.int64], row_offset: int, clip_norm: float
+) -> FloatArray:
+    """A batch's rows for a continual release per person: each person counts in the batch of
+    their first row only.
+
+    ``units`` is the unit index of every row up to the batch's end and ``rows`` the batch's
+    rows (those from ``row_offset``). A person whose first row lies before the batch (their
+    index is below the number of people before it: indices follow first appearance, appends
+    included, :mod:`service.unit_keys`) has their rows in this batch set to zero; the other
+    people's rows are clipped to ``C`` and bounded by the Frobenius rule (``||G_p||_F <=
+    C^2``, :func:`bound_contributions`).
+
+    Person-level argument (``continual_gauss``'s tree, ``ALGORITHMS.md``): whether a person
+    counts in a batch depends on their own rows only (where their first row lies), and their
+    factor on their own rows only (returning rows are a group of their own, zeroed), so the
+    map is per person; every person contributes to exactly one leaf, ``G_p`` with
+    ``||G_p||_F <= C^2``. Replacing person ``p`` (all their rows, in any batches) by ``p'``
+    removes ``G_p`` from ``p``'s first leaf and adds ``G_p'`` to ``p'``'s. At each released
+    level of the tree either one node holds both (it moves by ``||G_p - G_p'||_F <= sqrt(2)
+    C^2``: PSD matrices) or two nodes move by ``<= C^2`` each (l2 ``sqrt(2) C^2``): the
+    row-level ``sqrt(2) C^2`` per level, ``sqrt(L) sqrt(2) C^2`` in all, so the row-level
+    calibration is per person. Batch sizes are public and unchanged (rows are zeroed, never
+    removed); what a returning person adds later is not used (a utility cost).
+    """
+    batch_units = np.asarray(units[row_offset:], dtype=np.int64)
+    known = int(units[:row_offset].max(initial=-1)) + 1
+    returning = batch_units < known
+    new = batch_units - known
+    # The returning rows: zeroed, in a group of their own (no new person's factor sees them).
+    local = np.where(returning, int(new.max(initial=-1)) + 1, new).astype(np.int64)
+    kept = np.asarray(rows, dtype=np.float64).copy()
+    kept[returning] = 0.0
+    bounded = bound_contributions(kept, local, clip_norm, "frobenius")
+    bounded[returning] = 0.0
+    return bounded
+
+
 def _frobenius_sizes(
     clipped: FloatArray, clip_norm: float, units: npt.NDArray[np.int64], traces: FloatArray
 ) -> FloatArray:
@@ -393,6 +494,14 @@ def preview_notes(
             "padded with its own rows to the public m rows). Replacing a whole person then "
             "changes one subset, as one row did, so the scales above are per person: every "
             "person, whatever their number of rows, is protected at this (epsilon, delta)."
+        ]
+    if mechanism in PERSON_CONTINUAL:
+        return [
+            f"privacy unit: person ({dataset.n_units} people). Each person counts in the batch "
+            "of their first row only (rows they add in later batches are not used) and their "
+            "rows there are clipped to C and scaled together so that the Frobenius norm of sum "
+            "x x^T is at most C^2. Replacing a whole person then moves each level of the tree "
+            "by at most what one row moves it, so the noise scales above are per person."
         ]
     rule = PERSON_LEVEL_RULES.get(mechanism, "trace")
     bound = "C^2" if clip_norm is None else f"C^2 = {clip_norm * clip_norm:.6g}"

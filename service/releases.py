@@ -145,6 +145,7 @@ def _context(dataset: Dataset, memory_limit_bytes: int | None) -> PublicContext:
         n_cols=dataset.n_cols,
         row_norm_bound=dataset.row_norm_bound,
         memory_limit_bytes=memory_limit_bytes,
+        n_units=dataset.n_units if dataset.privacy_unit_column is not None else None,
     )
 
 
@@ -535,6 +536,7 @@ def check_request(
         mechanism = get_mechanism(body.mechanism)
         if mechanism is not None:
             privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
+            privacy_unit.check_auto_delta(mechanism.name, body.delta)
     prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior)
     if person_level:
         # A person-level dataset: only mechanisms with a person-level argument, a partition of
@@ -543,7 +545,9 @@ def check_request(
         name = prepared.mechanism.name
         privacy_unit.check_mechanism(name, prepared.spec.params, prepared.mechanism.continual)
         privacy_unit.check_partition(name, prepared.spec.params, dataset.n_units or 0)
-        extra += privacy_unit.extra_bytes(name, dataset.n_rows, dataset.n_cols)
+        extra += privacy_unit.extra_bytes(
+            name, dataset.n_rows, dataset.n_cols, prepared.spec.params
+        )
     check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
 

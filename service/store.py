@@ -40,8 +40,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from service import unit_keys
 from service.errors import InsufficientStorage, InvalidInput
-from service.privacy_unit import UnitIndexer, rows_per_unit_buckets
+from service.privacy_unit import rows_per_unit_buckets
 from service.upload_formats import (
     DEFAULT_MAX_COLS,
     DEFAULT_MAX_DATASET_BYTES,
@@ -112,6 +113,31 @@ def disk_space_errors() -> Iterator[None]:
         raise
 
 
+def _stacked(blocks: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """The digest blocks as one ``(n, 32)`` array (``(0, 32)`` for none)."""
+    if not blocks:
+        return np.zeros((0, unit_keys.DIGEST_BYTES), dtype=np.uint8)
+    return np.concatenate(blocks)
+
+
+def _replace(path: Path, array: np.ndarray[Any, Any]) -> None:
+    """Write ``array`` as ``.npy`` to ``path`` atomically (a private temporary, fsync, rename):
+    a reader sees the old file or the new one, never a part."""
+    temporary = path.with_name(path.name + ".new")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    try:
+        with create_private(temporary) as out:
+            np.save(out, array, allow_pickle=False)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise
+
+
 @dataclass(frozen=True)
 class StoredMatrix:
     """A dataset file in the store and its public shape; with a privacy unit column, the number
@@ -122,6 +148,9 @@ class StoredMatrix:
     n_cols: int
     n_units: int | None = None
     rows_per_unit: dict[str, int] | None = None
+    #: An appended batch of a person-level dataset: its rows' keyed identifier digests
+    #: (:mod:`service.unit_keys`), a file beside the batch, mapped to indices under the lock.
+    unit_digests: str | None = None
 
 
 class _MatrixWriter:
@@ -255,6 +284,7 @@ class DatasetStore:
         *,
         batch: bool = False,
         unit_column: UnitColumn = None,
+        unit_secret: bytes | None = None,
     ) -> StoredMatrix:
         """Validate and convert an uploaded file into a float64 ``.npy`` in the store.
 
@@ -268,10 +298,13 @@ class DatasetStore:
 
         With ``unit_column`` (a name or 0-based index; :mod:`service.privacy_unit`) that column
         is removed from the matrix and each row's dense unit index is written to
-        ``units/<file_name>`` (int64 ``.npy``); the identifier values themselves are dropped.
+        ``units/<file_name>`` (int64 ``.npy``), with a new per-dataset secret and each person's
+        keyed digest (:mod:`service.unit_keys`); the identifier values themselves are dropped.
+        An append (``batch=True``) with ``unit_column`` needs the dataset's ``unit_secret``: its
+        rows' digests are kept beside the batch (``unit_digests``) for :meth:`append_units`.
         """
-        if batch and unit_column is not None:
-            raise ValueError("appends with a privacy unit are refused before ingestion")
+        if batch and unit_column is not None and unit_secret is None:
+            raise ValueError("an append with a privacy unit needs the dataset's secret")
         suffix = suffix.lower()
         if suffix not in READERS:
             with contextlib.suppress(FileNotFoundError):
@@ -285,17 +318,35 @@ class DatasetStore:
         final_path = self.root / file_name
         partial = upload_path.with_suffix(".partial")
         writer: _MatrixWriter | None = None
-        indexer = UnitIndexer() if unit_column is not None else None
+        secret = unit_secret if batch else unit_keys.new_secret()
+        indexer = unit_keys.KeyedIndexer() if unit_column is not None else None
         unit_blocks: list[np.ndarray[Any, Any]] = []
+        digest_blocks: list[np.ndarray[Any, Any]] = []
         units_path = self.units_path(file_name)
+        secret_path, digests_path = self.secret_path(file_name), self.digests_path(file_name)
+        batch_digests = final_path.with_name(final_path.name + ".ids")
         try:
             with disk_space_errors():
                 writer = _MatrixWriter(upload_path.with_suffix(".raw"), self.limits)
                 for block, ids in READERS[suffix](upload_path, self.limits, unit_column):
                     writer.append(block)
                     if indexer is not None and ids is not None:
-                        unit_blocks.append(indexer.add(ids))
-                if indexer is not None:
+                        assert secret is not None
+                        digests = unit_keys.row_digests(secret, ids)
+                        if batch:
+                            digest_blocks.append(digests)
+                        else:
+                            unit_blocks.append(indexer.add_digests(digests))
+                if indexer is not None and batch:
+                    with create_private(batch_digests) as out:
+                        np.save(out, _stacked(digest_blocks), allow_pickle=False)
+                elif indexer is not None:
+                    assert secret is not None
+                    make_private_dir(units_path.parent)
+                    with create_private(secret_path) as out:
+                        out.write(secret)
+                    with create_private(digests_path) as out:
+                        np.save(out, indexer.digests, allow_pickle=False)
                     # Before the matrix is moved into place: no dataset file without its units.
                     make_private_dir(units_path.parent)
                     units = np.concatenate(unit_blocks) if unit_blocks else np.zeros(0, np.int64)
@@ -305,7 +356,9 @@ class DatasetStore:
         except BaseException as exc:
             if writer is not None:
                 writer.abort()
-            for leftover in (final_path, partial, units_path):
+            leftovers = [final_path, partial, batch_digests]
+            leftovers += [] if batch else [units_path, secret_path, digests_path]
+            for leftover in leftovers:
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
             # "Inconsistent widths" or "non-numeric" says nothing useful about a CSV written
@@ -320,6 +373,13 @@ class DatasetStore:
                     temporary.unlink()
         if indexer is None:
             return StoredMatrix(file_name=file_name, n_rows=n_rows, n_cols=n_cols)
+        if batch:
+            return StoredMatrix(
+                file_name=file_name,
+                n_rows=n_rows,
+                n_cols=n_cols,
+                unit_digests=str(batch_digests.relative_to(self.root)),
+            )
         return StoredMatrix(
             file_name=file_name,
             n_rows=n_rows,
@@ -334,6 +394,43 @@ class DatasetStore:
     def units_path(self, file_name: str) -> Path:
         """Where the per-row unit index of the dataset file ``file_name`` is kept."""
         return self.root / UNITS_DIR / Path(file_name).name
+
+    def secret_path(self, file_name: str) -> Path:
+        """The per-dataset secret of the keyed identifier digests (:mod:`service.unit_keys`)."""
+        return self.root / UNITS_DIR / f"{file_name}.key"
+
+    def digests_path(self, file_name: str) -> Path:
+        """Each person's keyed digest, in unit-index order."""
+        return self.root / UNITS_DIR / f"{file_name}.ids"
+
+    def unit_secret(self, file_name: str) -> bytes:
+        """The dataset's secret; raises ``FileNotFoundError`` for a person-level dataset
+        uploaded before appends per person existed (it has none)."""
+        secret = self.secret_path(file_name).read_bytes()
+        if len(secret) != unit_keys.SECRET_BYTES:
+            raise ValueError("not a unit secret of the store")
+        return secret
+
+    def append_units(
+        self, file_name: str, batch_digests: str, committed_rows: int, committed_units: int
+    ) -> tuple[int, dict[str, int]]:
+        """Give the batch's rows their unit indices (known people keep theirs, new ones follow
+        the ``committed_units`` people) and write the unit index (the first ``committed_rows``
+        entries, then the batch's) and the digests, each replaced atomically. Under the
+        dataset's lock, before the rows are appended; whatever an uncommitted append left
+        beyond the committed rows and people is dropped first. Returns the new number of
+        units and the batch's coarse rows-per-unit counts (its people's rows over the whole
+        dataset, for the owner)."""
+        known = np.load(self.digests_path(file_name), allow_pickle=False)[:committed_units]
+        digests = np.load(self.path_of(batch_digests), allow_pickle=False)
+        batch_units, every = unit_keys.extend(known, digests)
+        units = np.concatenate([self.open_units(file_name, committed_rows), batch_units])
+        with disk_space_errors():
+            _replace(self.units_path(file_name), units)
+            _replace(self.digests_path(file_name), every)
+        seen = np.unique(batch_units)
+        counts = np.bincount(units, minlength=every.shape[0])[seen]
+        return int(every.shape[0]), rows_per_unit_buckets(np.repeat(np.arange(seen.size), counts))
 
     def open_units(self, file_name: str, n_rows: int | None = None) -> np.ndarray[Any, Any]:
         """The dense unit index of the first ``n_rows`` rows (``(n,)`` int64); raises
@@ -409,9 +506,10 @@ class DatasetStore:
                 out.truncate(offset + 8 * n_cols * committed_rows)
 
     def discard(self, file_name: str) -> None:
-        """Remove an ingested batch that will not be appended."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path_of(file_name).unlink()
+        """Remove an ingested batch that will not be appended (and its digests, if any)."""
+        for path in (self.path_of(file_name), self.path_of(file_name + ".ids")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def exists(self, file_name: str) -> bool:
         return self.path_of(file_name).is_file()
@@ -460,6 +558,11 @@ class DatasetStore:
 
     def purge(self, file_name: str) -> None:
         """Delete a dataset file (and its unit index, if any)."""
-        for path in (self.path_of(file_name), self.units_path(file_name)):
+        for path in (
+            self.path_of(file_name),
+            self.units_path(file_name),
+            self.secret_path(file_name),
+            self.digests_path(file_name),
+        ):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()

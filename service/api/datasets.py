@@ -172,7 +172,9 @@ async def register_reference(
     if body.privacy_unit_column is not None:
         raise InvalidInput(
             privacy_unit.FIELD,
-            "not supported for datasets registered by reference yet: upload the file with "
+            "not supported for datasets registered by reference: their rows are read from "
+            "the objects at each release and the service keeps no unit index beside them, so "
+            "no release could bound a person's rows; upload the file with "
             "privacy_unit_column, or register it without one (the unit is then the row)",
         )
 
@@ -252,7 +254,14 @@ async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: Store
 APPEND_BODY = form_body(
     "The rows to append, in the formats and with the checks of an upload (.csv, .npy or "
     ".parquet, at least 2 rows), with the dataset's number of columns.",
-    {},
+    {
+        "privacy_unit_column": (
+            "Required for a dataset uploaded with privacy_unit_column, refused otherwise: the "
+            "batch's identifier column (a name, or a 0-based index), removed from the features "
+            "and never stored; a person already in the dataset keeps their unit, so every "
+            "bound holds over all batches."
+        )
+    },
 )
 
 
@@ -294,23 +303,37 @@ async def append_rows(
     session open, then one short transaction appends it under the dataset's lock."""
     require_role(await uow.principal(), "owner")
 
-    def person_level(session: Session, principal: Principal) -> bool:
+    def unit_file(session: Session, principal: Principal) -> str | None:
         dataset = datasets.get_dataset(session, principal, dataset_id)
-        return dataset.privacy_unit_column is not None
+        return dataset.file_name if dataset.privacy_unit_column is not None else None
 
-    # Before the body is read, so the refusal names the unit, not the identifier column's
-    # width or text (append_batch checks again under the lock).
-    if await uow(person_level):
-        datasets.refuse_person_level_append()
+    # Whether the batch must name an identifier column (a person-level dataset: its people
+    # keep their unit across batches, service.unit_keys); append_batch checks under the lock.
+    person_file = await uow(unit_file)
     form = await receive_upload(request, store, settings.max_upload_bytes)
     try:
-        unknown = sorted(set(form.fields))
+        unknown = sorted(set(form.fields) - {privacy_unit.FIELD})
         if unknown:
-            raise InvalidInput(unknown[0], "unknown form field; send only `file`")
+            raise InvalidInput(
+                unknown[0], "unknown form field; send only `file` (and privacy_unit_column)"
+            )
         if form.file_path is None:
             raise InvalidInput("file", "required")
+        column = privacy_unit.parse_column(form.fields.get(privacy_unit.FIELD))
+        secret = None
+        if person_file is not None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                secret = store.unit_secret(person_file)
+        datasets.check_append_unit(person_file is not None, column, secret is not None)
         stored = await anyio.to_thread.run_sync(
-            functools.partial(store.ingest, form.file_path, form.file_suffix, batch=True)
+            functools.partial(
+                store.ingest,
+                form.file_path,
+                form.file_suffix,
+                batch=True,
+                unit_column=column,
+                unit_secret=secret,
+            )
         )
     finally:
         form.discard()

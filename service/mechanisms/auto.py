@@ -70,6 +70,7 @@ from service.mechanisms.auto_guard import (
     ALPHA,
     Choice,
     FriendlyPath,
+    PersonLevel,
     checked_path,
     friendly_path,
     guarded_run,
@@ -81,6 +82,7 @@ from service.mechanisms.auto_guard import (
 from service.mechanisms.base import (
     ApproximateStep,
     GaussianStep,
+    InvalidParameter,
     Mechanism,
     MechanismOutput,
     Preview,
@@ -162,6 +164,13 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     it); raises :class:`InvalidParameter` as a chosen mechanism's ``prepare`` would."""
     clip = resolve_clip_norm(params.clip_norm, ctx)
     centred = params.center != "none"
+    if ctx.n_units is not None and delta == 0:
+        raise InvalidParameter(
+            "privacy_unit_column",
+            "this dataset's privacy unit is a person: with delta = 0 auto's only candidate is "
+            "smooth_sensitivity, whose local sensitivity is per row and cannot bound a person; "
+            "give delta > 0 (analyze_gauss and friendly_aggregate are made per person)",
+        )
     if delta == 0:
         raw: dict[str, Any] = {"clip_norm": clip}
         if centred:
@@ -170,7 +179,7 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         reason += "; " + centring_sentence(params, delta) if centred else ""
         return Plan(prepared("smooth_sensitivity", ctx, k, epsilon, delta, raw), reason)
     name, gram = gram_candidate(ctx, params, clip)
-    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols)
+    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None)
     if centred:
         clauses = [centring_sentence(params, delta, name), why_gram]
         return Plan(
@@ -182,6 +191,7 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     share = params.structure_share
     rest = (1.0 - share) * epsilon
     sure = friendly_path(ctx, k, rest, 0.0, delta, (name, gram), notes) if share > 0 else None
+    sure = person_level_path(ctx, sure, notes)
     unsure = (
         None if sure is None else checked_path(ctx, k, rest, sure.run, delta, (name, gram), notes)
     )
@@ -205,6 +215,33 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         sure=sure,
         unsure=unsure,
     )
+
+
+def person_level_path(
+    ctx: PublicContext, sure: FriendlyPath | None, notes: list[str]
+) -> FriendlyPath | None:
+    """On a person-level dataset (``ctx.n_units``, issue 34) friendly partitions people, so its
+    ``t`` subsets need ``t <= n_units``: otherwise it is excluded, and the notes say why. Every
+    other candidate is per person (analyze_gauss per-person bound and clip quantile, the
+    estimate on each person's rows bounded to ``C^2``); smooth_sensitivity is refused before."""
+    if ctx.n_units is None:
+        return sure
+    notes.append(
+        f"privacy unit: person ({ctx.n_units} people): the estimate and both candidates bound "
+        "each person (analyze_gauss per person, friendly_aggregate on a partition of people)"
+    )
+    if sure is not None and _people_short(sure, ctx.n_units):
+        notes.append(
+            f"friendly_aggregate excluded: its t = {getattr(sure.run.params, 't', 0)} subsets "
+            f"partition people and this dataset has {ctx.n_units}"
+        )
+        return None
+    return sure
+
+
+def _people_short(path: FriendlyPath, n_units: int) -> bool:
+    params: Any = path.run.params
+    return int(params.t) > n_units
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,17 +486,27 @@ class Auto(Mechanism[AutoParams]):
         return max(inner, clipped_gram_memory(ctx.n_rows, d), 8 * d * d + eigh_memory(d, d))
 
     def run(
-        self, data: FloatArray, spec: ReleaseSpec[AutoParams], rng: np.random.Generator
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        rng: np.random.Generator,
+        person: PersonLevel | None = None,
     ) -> MechanismOutput:
+        """The plan's choice; ``person`` on a person-level dataset (issue 34): the estimate on
+        each person's bounded rows, every candidate run per person (:class:`PersonLevel`)."""
         clip = spec.params.clip_norm
         assert clip is not None  # resolved by prepare
         n, d = data.shape
-        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=clip)
+        n_units = None if person is None else int(person.units.max(initial=-1)) + 1
+        ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=clip, n_units=n_units)
         the_plan = plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
         default = the_plan.default
+        runner = run_choice if person is None else person.run
         if the_plan.sure is None:
-            return labelled(run_choice(default, data, spec.k, rng), default, the_plan.reason)
-        tail_hat, trace_hat = noisy_tail_and_trace(data, spec.k, clip, the_plan.test_epsilon, rng)
+            return labelled(runner(default, data, spec.k, rng), default, the_plan.reason)
+        rows = data if person is None else person.structure_rows()
+        tail_hat, trace_hat = noisy_tail_and_trace(rows, spec.k, clip, the_plan.test_epsilon, rng)
+        del rows
         scale = structure_noise_scale(clip, the_plan.test_epsilon)
         estimate = Estimate.of(tail_hat, trace_hat, spec.k, scale, n * clip**2)
         path = decide(the_plan, estimate, n, d, spec.k)
@@ -468,9 +515,10 @@ class Auto(Mechanism[AutoParams]):
             reason = (
                 "the private estimate puts the rows too far from a k-dim subspace: "
                 f"friendly_aggregate's predicted error is above {default.name}'s even at the "
-                f"estimate's optimistic end; {gram_sentence(default.name, n, d)}"
+                f"estimate's optimistic end; "
+                + gram_sentence(default.name, n, d, person is not None)
             )
-            out = run_choice(default, data, spec.k, rng)
+            out = runner(default, data, spec.k, rng)
             return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})
         sure = path is the_plan.sure
         test["friendly_predicted"] = "wins" if sure else "may win"
@@ -479,7 +527,7 @@ class Auto(Mechanism[AutoParams]):
             f"friendly_aggregate to win{'' if sure else ' at its optimistic end'}"
         )
         gram = predicted_error(path.search_stop, estimate, d, spec.k)
-        return guarded_run(data, spec.k, path, gram, reason, test, rng)
+        return guarded_run(data, spec.k, path, gram, reason, test, rng, person)
 
 
 def _rho_of(steps: list[PrivacyStep]) -> float:

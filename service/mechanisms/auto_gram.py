@@ -56,7 +56,9 @@ def gram_candidate(
     raw: dict[str, Any] = {"clip_norm": clip, "center": params.center}
     if params.center != "none":
         raw["center_share"] = params.center_share
-    if high_dimension(ctx.n_rows, ctx.n_cols):
+    # spatial_sign has no person-level run (issue 34): on a dataset whose privacy unit is a
+    # person, analyze_gauss (bounded per person) stays the Gram candidate in every dimension.
+    if high_dimension(ctx.n_rows, ctx.n_cols) and ctx.n_units is None:
         return SIGN, raw
     if params.center == "none":
         del raw["center"]  # analyze_gauss's own default
@@ -82,9 +84,14 @@ def predicted_gram_error(
     return sigma * (math.sqrt(max(d - k, 0)) + math.sqrt(k)) / max(g, 1e-300)
 
 
-def gram_sentence(name: str, n: int, d: int) -> str:
+def gram_sentence(name: str, n: int, d: int, person_level: bool = False) -> str:
     """Why this Gram candidate (for ``auto_reason``)."""
     edge = f"{float(max(n, 1)) ** (2.0 / 3.0):.0f}"
+    if person_level and name != SIGN and high_dimension(n, d):
+        return (
+            f"high dimension (d = {d} >= n^(2/3) = {edge}), but spatial_sign has no "
+            "person-level run: analyze_gauss, bounded per person, with its private clip quantile"
+        )
     if name == SIGN:
         return (
             f"high dimension (d = {d} >= n^(2/3) = {edge}): every row scaled to the norm bound, "

@@ -14,10 +14,12 @@ stops' budgets are exactly what friendly leaves unspent).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from service.mechanisms.auto_explain import labelled
 from service.mechanisms.base import (
@@ -235,21 +237,29 @@ def guarded_run(
     reason: str,
     test: dict[str, Any],
     rng: np.random.Generator,
+    person: PersonLevel | None = None,
 ) -> MechanismOutput:
     """friendly's radius search, its prediction at the released radius against ``gauss``
     (the Gram candidate's predicted error at the stop's budget), the weight check (if the path
     has one), its finish; each end short of a result runs the Gram candidate with everything
-    unspent."""
+    unspent.
+    ``person``: on a person-level dataset, friendly partitions people and every candidate runs
+    per person (:class:`PersonLevel`)."""
     friendly, stop = path.run, path.search_stop
     mechanism = component(friendly.name)
     assert isinstance(mechanism, FriendlyAggregate)
     inner = friendly.spec(k)
-    state = mechanism.search(data, inner, rng)
+    # Per person: friendly partitions people, each candidate runs per person (PersonLevel).
+    runner = run_choice if person is None else person.run
+    if person is None:
+        state = mechanism.search(data, inner, rng)
+    else:
+        state = mechanism.search(data, inner, rng, person.units)
     d = data.shape[1]
     test["radius_exponent"] = state.radius_exponent
     if state.radius_exponent is None:
         reason += f"; its private radius search found no radius, so {stop.name} runs"
-        return labelled(run_choice(stop, data, k, rng), stop, reason, {**test, "continued": False})
+        return labelled(runner(stop, data, k, rng), stop, reason, {**test, "continued": False})
     predicted = predicted_friendly_error(friendly, state.radius, d, k)
     said = (
         f"its private radius search stopped at {state.radius:.3g}, where its predicted error "
@@ -259,7 +269,7 @@ def guarded_run(
     test["continued"] = bool(predicted < gauss)
     if not test["continued"]:
         reason += f"; {said}, so {stop.name} runs with the unspent rest and all of delta"
-        return labelled(run_choice(stop, data, k, rng), stop, reason, test)
+        return labelled(runner(stop, data, k, rng), stop, reason, test)
     reason += f"; {said}, so it continues"
     if path.weight_stop is not None:
         noisy = noisy_total_weight(total_weight(state.weights), state.t, path.weight_epsilon, rng)
@@ -270,9 +280,7 @@ def guarded_run(
                 "; the noisy total weight at that radius is below what its test needs, so "
                 f"{stop.name} runs with the unspent rest and all of delta"
             )
-            return labelled(
-                run_choice(path.weight_stop, data, k, rng), path.weight_stop, reason, test
-            )
+            return labelled(runner(path.weight_stop, data, k, rng), path.weight_stop, reason, test)
     output = mechanism.finish(state, inner, rng)
     if output.basis is not None:
         return labelled(output, friendly, reason, test)
@@ -280,7 +288,7 @@ def guarded_run(
         f"; its propose-test-release check failed, so {stop.name} ran with the unspent "
         "budget of its mean step"
     )
-    out = run_choice(path.ptr_fallback, data, k, rng)
+    out = runner(path.ptr_fallback, data, k, rng)
     return labelled(out, path.ptr_fallback, reason, {**test, "ptr_failed": True})
 
 
@@ -288,3 +296,16 @@ def run_choice(
     chosen: Choice, data: FloatArray, k: int, rng: np.random.Generator
 ) -> MechanismOutput:
     return component(chosen.name).run(data, chosen.spec(k), rng)
+
+
+@dataclass(frozen=True)
+class PersonLevel:
+    """How ``auto`` runs on a dataset with ``privacy_unit_column`` (issue 34; built by
+    :mod:`service.privacy_unit_auto`): ``units`` (the person of each row) partitions people in
+    friendly's search, ``structure_rows`` gives the rows with each person's trace scaled to
+    ``<= C^2`` (the estimate's sums then move by ``<= C^2`` per person, as per row), and ``run``
+    runs a chosen candidate per person."""
+
+    units: npt.NDArray[np.int64]
+    structure_rows: Callable[[], FloatArray]
+    run: Callable[[Choice, FloatArray, int, np.random.Generator], MechanismOutput]

@@ -84,6 +84,9 @@ class PublicContext:
     n_cols: int
     row_norm_bound: float | None
     memory_limit_bytes: int | None = None
+    #: People on a dataset with ``privacy_unit_column`` (public like ``n_rows``), else ``None``:
+    #: ``auto`` keeps only candidates that can bound a person (issue 34).
+    n_units: int | None = None
 
     @property
     def memory_limit(self) -> int:

@@ -32,6 +32,11 @@ one smaller otherwise: ``tests/mechanisms/test_continual_gauss.py`` checks it by
 The node noise is drawn once, when the node closes, and lives in :class:`ContinualState`: an
 epoch recomputed from a stored state reuses it, so no node is ever drawn twice.
 
+Per person (a dataset with ``privacy_unit_column``): the worker counts each person in the batch
+of their first row only and bounds them there to ``||G_p||_F <= C^2``
+(:func:`service.privacy_unit.first_batch_rows`); a replaced person then moves each released
+level by at most ``sqrt(2) C^2``, as a row does, so this calibration is per person.
+
 Estimators of the prefix ``C_t = N over [1, t]``
 ------------------------------------------------
 The nodes closed by ``t`` lie in ``[1, t]``, and the maximal ones are the dyadic decomposition of

@@ -13,8 +13,9 @@ post-processing. Cost: exactly ``(eps, delta)``.
 Per person (a dataset with ``privacy_unit_column``, :mod:`service.privacy_unit`): the worker
 scales each person's clipped rows together so that ``||G_p||_F <= C^2``; two PSD matrices of
 Frobenius norm ``<= C^2`` differ by ``<= sqrt(2) C^2``, so replacing a whole person moves the
-eigenvalue vector by at most ``sqrt(2) C^2`` too, and this calibration is per person. Only the
-uncentred Gram step has that argument: a centre is refused there.
+eigenvalue vector by at most ``sqrt(2) C^2`` too, and this calibration is per person. A public
+centre is applied before the bound; a private centre is one vector per person
+(:mod:`service.privacy_unit_centre`: sensitivity ``2C/P``, always the mean route).
 
 Centring (``center``, PCA semantics): as for ``analyze_gauss`` (:mod:`service.mechanisms.centring`):
 the eigenvalues are those of the Gram matrix of ``clip_C(clip_C(x) - c)``, rows of norm ``<= C``,

@@ -104,8 +104,11 @@ def test_the_gate_refuses_more_subsets_than_people_and_admits_the_partitioned() 
     with pytest.raises(InvalidInput) as refused:
         check_partition("histogram_aggregate", boosted, 10_000)
     assert refused.value.field == "boost_beta"
+    # auto is per person since issue 34's auto step (service.privacy_unit_auto); a mechanism
+    # without a person-level argument is still refused.
+    check_mechanism("auto", None, False)
     with pytest.raises(InvalidInput):
-        check_mechanism("auto", None, False)
+        check_mechanism("exact_gapmax", None, False)
 
 
 def test_the_memory_estimate_bounds_the_partition_of_people() -> None:

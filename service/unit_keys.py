@@ -1,0 +1,107 @@
+"""Keyed identifiers, so a person keeps one unit index across appended batches (issue 34).
+
+A person may reappear in a later batch. For every bound of :mod:`service.privacy_unit` to hold
+over the whole dataset, the rows of one person must carry one unit index whichever batch they
+came in. The identifiers themselves are never stored; beside the unit index the store keeps:
+
+- ``units/<file>.key``: a per-dataset secret (32 bytes from the OS CSPRNG), ``0600``, never
+  released, logged or returned;
+- ``units/<file>.ids``: ``HMAC-SHA256(secret, identifier)`` of each person, in unit-index order
+  (``(P, 32)`` bytes, ``.npy``).
+
+An appended batch's identifiers are hashed with the dataset's secret while the file is parsed
+(:class:`KeyedIndexer` with no people known: per row digests, kept in ``incoming/`` beside the
+batch), and mapped to indices under the dataset's lock (:func:`extend`): a known digest gets the
+person's index, a new one the next index. Equal identifiers are one person exactly as at upload
+(:func:`service.privacy_unit.UnitIndexer`'s rule: text as text, numbers as numbers).
+
+What the digests allow: with the secret (the store's disk), an identifier can be tested for
+membership; without it nothing. The store holds the rows themselves already, so this adds no
+new exposure to whoever can read it; nothing of it leaves the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.privacy_unit import canonical_key
+
+#: Digest size (HMAC-SHA256).
+DIGEST_BYTES = 32
+#: Secret size.
+SECRET_BYTES = 32
+
+Digests = npt.NDArray[np.uint8]
+
+
+def new_secret() -> bytes:
+    """A fresh per-dataset secret from the OS CSPRNG."""
+    return secrets.token_bytes(SECRET_BYTES)
+
+
+def _canonical_bytes(value: Any) -> bytes:
+    kind, key = canonical_key(value)
+    if kind == "s":
+        return b"s\x00" + str(key).encode("utf-8", "surrogatepass")
+    if isinstance(key, int):
+        return b"n\x00" + str(key).encode("ascii")
+    return b"f\x00" + float(key).hex().encode("ascii")
+
+
+def digest(secret: bytes, value: Any) -> bytes:
+    """``HMAC-SHA256(secret, canonical identifier)``."""
+    return hmac.new(secret, _canonical_bytes(value), hashlib.sha256).digest()
+
+
+def row_digests(secret: bytes, identifiers: Iterable[Any]) -> Digests:
+    """One digest per identifier, ``(n, 32)`` uint8."""
+    joined = b"".join(digest(secret, value) for value in identifiers)
+    return np.frombuffer(joined, dtype=np.uint8).reshape(-1, DIGEST_BYTES).copy()
+
+
+class KeyedIndexer:
+    """Dense unit indices by keyed digest, continuing the ``known`` people's order."""
+
+    def __init__(self, known: Digests | None = None) -> None:
+        self._index: dict[bytes, int] = {}
+        self._order: list[bytes] = []
+        if known is not None:
+            for row in np.asarray(known, dtype=np.uint8).reshape(-1, DIGEST_BYTES):
+                self._add(row.tobytes())
+
+    def _add(self, key: bytes) -> int:
+        found = self._index.get(key)
+        if found is None:
+            found = len(self._order)
+            self._index[key] = found
+            self._order.append(key)
+        return found
+
+    def add_digests(self, digests: Digests) -> npt.NDArray[np.int64]:
+        """The unit index of each row of ``digests`` (new people get the next indices)."""
+        rows = np.asarray(digests, dtype=np.uint8).reshape(-1, DIGEST_BYTES)
+        return np.asarray([self._add(row.tobytes()) for row in rows], dtype=np.int64)
+
+    @property
+    def n_units(self) -> int:
+        return len(self._order)
+
+    @property
+    def digests(self) -> Digests:
+        """Every person's digest in unit-index order, ``(P, 32)``."""
+        joined = b"".join(self._order)
+        return np.frombuffer(joined, dtype=np.uint8).reshape(-1, DIGEST_BYTES).copy()
+
+
+def extend(known: Digests, batch: Digests) -> tuple[npt.NDArray[np.int64], Digests]:
+    """The batch rows' unit indices after the ``known`` people, and every person's digest."""
+    indexer = KeyedIndexer(known)
+    units = indexer.add_digests(batch)
+    return units, indexer.digests
