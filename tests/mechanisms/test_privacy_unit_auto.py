@@ -54,6 +54,17 @@ def test_delta_zero_is_refused_naming_the_unit() -> None:
     )
 
 
+def test_high_dimension_keeps_analyze_gauss_per_person() -> None:
+    # 200 rows x 50 columns: 50 >= 200^(2/3) = 34, where auto offers spatial_sign per row;
+    # spatial_sign has no person-level run, so a person-level plan keeps analyze_gauss.
+    per_row = plan(ctx(200, 50, None), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    per_person = plan(ctx(200, 50, 40), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    assert {c.name for c in per_row.choices()} >= {"spatial_sign"}
+    assert "spatial_sign" not in {c.name for c in per_person.choices()}
+    assert per_person.default.name == "analyze_gauss"
+    assert "no person-level run" in per_person.reason
+
+
 def test_friendly_is_excluded_when_its_subsets_outnumber_the_people() -> None:
     row_level = plan(ctx(N, 10, None), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
     assert row_level.sure is not None
