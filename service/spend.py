@@ -170,17 +170,25 @@ def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decim
     return min(figures) if figures else None
 
 
+#: A release that costs nothing: ``holds(_NOTHING)`` is whether a filter holds on what was spent.
+_NOTHING = accounting.ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+
+
 def _hybrid_native(state: BudgetState) -> Native:
     hybrid = state.hybrid()
     mu_total = hybrid.budget.mu_total
     gdp_left = BUDGET_CONTEXT.subtract(hybrid.budget.gdp_total, state.gdp_spent)
+    # A filter another one outran (its sums past its budget) has nothing left: never a
+    # negative remaining figure.
+    rho_left = state.rho_remaining if hybrid.b_holds(_NOTHING) else Decimal(0)
+    gdp_left = gdp_left if hybrid.a_holds(_NOTHING) else Decimal(0)
     return Native(
         rho_total=hybrid.budget.rho_total,
         rho_spent=state.rho_spent,
-        rho_remaining=state.rho_remaining if hybrid.all_profiled else Decimal(0),
+        rho_remaining=max(Decimal(0), rho_left),
         mu_total=mu_total,
         mu_spent=accounting.sqrt_up(state.gdp_spent),
-        mu_remaining=accounting.sqrt_down(gdp_left) if hybrid.all_gdp else Decimal(0),
+        mu_remaining=accounting.sqrt_down(max(Decimal(0), gdp_left)),
     )
 
 
@@ -215,7 +223,7 @@ def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
         epsilon_remaining=max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent)),
         delta_total=state.delta_total,
         delta_spent=state.zcdp_delta_spent,
-        delta_remaining=max(Decimal(0), left) if hybrid.all_profiled else Decimal(0),
+        delta_remaining=max(Decimal(0), left) if hybrid.b_holds(_NOTHING) else Decimal(0),
         delta_reserved_for_conversion=_hybrid_reserved(state),
         stated_at_delta=delta_at,
         native=_hybrid_native(state),

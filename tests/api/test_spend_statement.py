@@ -304,3 +304,24 @@ def test_metrics_export_spend_for_every_accounting(client, keys, upload_dataset,
         assert samples[("dpss_spent_epsilon", kind)] > 0.3
         assert samples[("dpss_remaining_epsilon", kind)] == pytest.approx(1 - float(spent[kind]))
         assert (samples[("dpss_spent_rho", kind)] > 0) == (kind != "basic")
+
+
+def test_a_hybrid_filter_outrun_by_another_states_nothing_left_never_less(
+    client, keys, upload_dataset, data
+):
+    """The docs' session: (0.5, 1e-6), (0.1, 1e-6), then (0.9, 1e-6) on (1, 1e-5). The GDP
+    filter admits the third; the zCDP filter's sums then pass its budget, so it has nothing
+    left: every remaining figure is >= 0 (a negative rho_remaining was shown before)."""
+    dataset = upload(upload_dataset, client, keys, data, "hybrid")
+    url = f"/v1/datasets/{dataset['id']}/releases"
+    for epsilon in ("0.5", "0.1", "0.9"):
+        body = {**RELEASE, "epsilon": epsilon, "delta": "1e-6"}
+        response = client.post(url, headers=bearer(keys.analyst), json=body)
+        assert response.status_code == 202, response.text
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    assert Decimal(budget["rho_spent"]) > Decimal(budget["rho_total"])  # B was outrun
+    assert budget["rho_remaining"] == "0" and budget["delta_remaining"] == "0"
+    for name in ("epsilon_remaining", "mu_remaining"):
+        assert Decimal(budget[name]) >= 0, (name, budget[name])
+    refused = exhaust(client, keys.analyst, dataset)
+    assert remaining(refused) == remaining(budget)

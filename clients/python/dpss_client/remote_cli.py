@@ -41,7 +41,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from api_schemas.common import format_budget
+from api_schemas.common import canonical_decimal, format_budget
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.figures import shown
 from api_schemas.grants import Grant
@@ -199,8 +199,11 @@ def _service_errors(as_json: bool) -> Iterator[None]:
         if as_json:
             body: dict[str, Any] = {"error": error.code, "detail": error.detail}
             for extra in _ERROR_EXTRAS:
-                if getattr(error, extra, None) is not None:
-                    body[extra] = str(getattr(error, extra))
+                value = getattr(error, extra, None)
+                if value is not None:
+                    # The API's exact text ("0.0000002"), never str(Decimal)'s "2E-7".
+                    exact = isinstance(value, Decimal)
+                    body[extra] = canonical_decimal(value) if exact else str(value)
             _print_json(body)
         console = _stderr()
         console.print(
