@@ -63,7 +63,9 @@ def test_the_notebook_runs_against_a_live_service(
     assert "analyze_gauss succeeded" in printed[5]
     budget = namespace["dpss"].budget(digits.id)
     product_default = Settings.model_fields["default_accounting"].default
-    assert budget.accounting == product_default and 1.9 < float(budget.epsilon_spent) <= 2
+    # Two releases of epsilon 1 each: charged both, composed at most as a sum would (under
+    # hybrid's Gaussian-DP filter, 1.76 at the dataset's delta).
+    assert budget.accounting == product_default and 1.5 < float(budget.epsilon_spent) <= 2
     # Every recorded output is what this run printed, up to ids and noise (the one rule of
     # scripts/docs_sessions.py): a change to what the service prints fails here.
     notebook = json.loads(NOTEBOOK.read_text())
