@@ -25,10 +25,13 @@ over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they a
 **Rule.** ``T`` and the trace each get ``Lap(2 C^2/(s eps))``; ``T`` at either end of its
 one-sided ``1 - ALPHA`` interval (``T_hat -+ b ln(1/(2 ALPHA))``): friendly predicted to win at
 the pessimistic end runs at ``(1 - s) eps`` (``sure``); only at the optimistic end, at ``(1 - s)
-eps - eps_w`` after a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
-neither, the Gram candidate at ``(1 - s) eps``. Friendly's own radius search then releases
-``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes everything
-unspent, as after a failed weight check or test (no starved fallback). Public facts first:
+eps - eps_w`` behind a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
+neither, the Gram candidate at ``(1 - s) eps``. The check runs before the search, at the
+break-even radius ``r*`` (``e_F(r*) = e_G``), where a spurious stop of the search is rare (a
+public union bound at most ``ALPHA``): a lost search then costs nothing; elsewhere after it, at
+the found radius (a spurious stop would starve the fallback). Friendly's own radius search
+releases ``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes
+everything unspent, as after a failed weight check or test (no starved fallback). Public facts first:
 ``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram candidate with
 the request's centring (the aggregators do not centre); friendly refused, or ``s = 0``: the Gram
 candidate with everything (no estimate could change the choice). ``histogram_aggregate``,
@@ -46,7 +49,9 @@ on planted rows in ``tests/mechanisms/test_auto_rule.py``. Figures:
 sum of such terms: each moves by at most ``C^2`` when a row is replaced, so the pair at ``s
 eps/2`` each is ``(s eps, 0)``-DP. Every choice is post-processing of released outputs (the
 estimate, the radius, the noisy weight, the test) and public facts; by sequential adaptive
-composition every path totals exactly ``(eps, delta)`` (each Gram candidate is Gaussian steps
+composition every path totals exactly ``(eps, delta)`` (the check before the search reads
+friendly's own weight statistic, sensitivity ``Delta_W``, on a fresh public partition at ``r*``,
+a function of the released estimate) (each Gram candidate is Gaussian steps
 at the largest ``mu`` its ``(eps, delta)`` allows, so it may take friendly's mean's place).
 Under ``zcdp`` a pure ``eps``-DP step is ``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 1.4) and
 the release is charged a bound covering every path (:meth:`Auto.privacy_steps`); under

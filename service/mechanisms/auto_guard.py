@@ -3,8 +3,10 @@
 high dimension, ``spatial_sign``: :mod:`auto_gram`) after each of its ends short of a
 result, the weight check between its search and its test, and the guarded run.
 
-Privacy: the noisy total weight is friendly's own statistic on its public partition at a
-released radius, sensitivity ``Delta_W = 1 + (t - 1)/b`` (one replaced row moves one subset's
+Privacy: the noisy total weight is friendly's own statistic on a public partition (its own, or
+a fresh one for the check before the search) at a released or public radius (the found one, or
+the break-even ``r*``, a function of auto's released estimate), sensitivity
+``Delta_W = 1 + (t - 1)/b`` (one replaced row moves one subset's
 point: its own weight by at most 1, every other by at most ``1/b``), so ``W + Lap(Delta_W/eps_w)``
 is ``(eps_w, 0)``-DP; every choice below is post-processing of friendly's released radius, that
 weight and its test, and each path's budgets sum to the path's (sequential composition; the

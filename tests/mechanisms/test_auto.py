@@ -22,7 +22,7 @@ from service.mechanisms.auto import (
     structure_noise_scale,
     tail_and_trace,
 )
-from service.mechanisms.auto_guard import ALPHA, spurious_stop_bound, weight_check_epsilon
+from service.mechanisms.auto_guard import spurious_stop_bound, weight_check_epsilon
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows, subspace_distance
 from service.mechanisms.registry import MECHANISMS
