@@ -31,10 +31,11 @@ break-even radius ``r*`` (``e_F(r*) = e_G``), where a spurious stop of the searc
 public union bound at most ``ALPHA``): a lost search then costs nothing; elsewhere after it, at
 the found radius (a spurious stop would starve the fallback). Friendly's own radius search
 releases ``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes
-everything unspent, as after a failed weight check or test (no starved fallback). Public facts first:
-``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram candidate with
-the request's centring (the aggregators do not centre); friendly refused, or ``s = 0``: the Gram
-candidate with everything (no estimate could change the choice). ``histogram_aggregate``,
+everything unspent, as after a failed weight check or test (no starved fallback). Public
+facts first: ``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram
+candidate with the request's centring (the aggregators do not centre); friendly refused, or
+``s = 0``: the Gram candidate with everything (no estimate could change the choice).
+``histogram_aggregate``,
 ``gap_perturbation`` and the Gaussian ``smooth_sensitivity`` never won a grid cell where
 friendly runs.
 

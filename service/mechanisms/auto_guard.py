@@ -352,13 +352,14 @@ def guarded_run(
         test["weight_check_passed"] = bool(noisy >= search_weight_threshold(friendly))
         if not test["weight_check_passed"]:
             reason += (
-                f"; its noisy total weight at the radius {r_star:.3g}, where its predicted "
-                f"error reaches {stop.name}'s {gauss:.3g}, is below what its test needs, so "
+                f"; its subsets' noisy total weight at the radius {r_star:.3g}, where its "
+                f"predicted error reaches {stop.name}'s {gauss:.3g}, is below what its test "
+                f"needs (they do not agree where it could win), so "
                 f"{stop.name} runs with everything but that check and all of delta"
             )
             out = runner(path.agreement_stop, data, k, rng)
             return labelled(out, path.agreement_stop, reason, {**test, "continued": False})
-        reason += f"; its noisy total weight at the radius {r_star:.3g} passes its test's bar"
+        reason += f"; its subsets' noisy total weight at the radius {r_star:.3g} passes its bar"
     if person is None:
         state = mechanism.search(data, inner, rng)
     else:
