@@ -25,13 +25,17 @@ over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they a
 **Rule.** ``T`` and the trace each get ``Lap(2 C^2/(s eps))``; ``T`` at either end of its
 one-sided ``1 - ALPHA`` interval (``T_hat -+ b ln(1/(2 ALPHA))``): friendly predicted to win at
 the pessimistic end runs at ``(1 - s) eps`` (``sure``); only at the optimistic end, at ``(1 - s)
-eps - eps_w`` after a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
-neither, the Gram candidate at ``(1 - s) eps``. Friendly's own radius search then releases
-``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes everything
-unspent, as after a failed weight check or test (no starved fallback). Public facts first:
-``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram candidate with
-the request's centring (the aggregators do not centre); friendly refused, or ``s = 0``: the Gram
-candidate with everything (no estimate could change the choice). ``histogram_aggregate``,
+eps - eps_w`` behind a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
+neither, the Gram candidate at ``(1 - s) eps``. The check runs before the search, at the
+break-even radius ``r*`` (``e_F(r*) = e_G``), where a spurious stop of the search is rare (a
+public union bound at most ``ALPHA``): a lost search then costs nothing; elsewhere after it, at
+the found radius (a spurious stop would starve the fallback). Friendly's own radius search
+releases ``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes
+everything unspent, as after a failed weight check or test (no starved fallback). Public
+facts first: ``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram
+candidate with the request's centring (the aggregators do not centre); friendly refused, or
+``s = 0``: the Gram candidate with everything (no estimate could change the choice).
+``histogram_aggregate``,
 ``gap_perturbation`` and the Gaussian ``smooth_sensitivity`` never won a grid cell where
 friendly runs.
 
@@ -46,7 +50,9 @@ on planted rows in ``tests/mechanisms/test_auto_rule.py``. Figures:
 sum of such terms: each moves by at most ``C^2`` when a row is replaced, so the pair at ``s
 eps/2`` each is ``(s eps, 0)``-DP. Every choice is post-processing of released outputs (the
 estimate, the radius, the noisy weight, the test) and public facts; by sequential adaptive
-composition every path totals exactly ``(eps, delta)`` (each Gram candidate is Gaussian steps
+composition every path totals exactly ``(eps, delta)`` (the check before the search reads
+friendly's own weight statistic, sensitivity ``Delta_W``, on a fresh public partition at ``r*``,
+a function of the released estimate) (each Gram candidate is Gaussian steps
 at the largest ``mu`` its ``(eps, delta)`` allows, so it may take friendly's mean's place).
 Under ``zcdp`` a pure ``eps``-DP step is ``eps^2/2``-zCDP (Bun & Steinke 2016, Prop. 1.4) and
 the release is charged a bound covering every path (:meth:`Auto.privacy_steps`); under
@@ -56,16 +62,21 @@ the pure estimate.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field
 
-from service.mechanisms.analyze_gauss import noise_sigma
+from service.mechanisms.auto_estimate import (
+    Estimate,
+    friendly_wins,
+    predicted_error,
+    predicted_gauss_error,
+    tail_and_trace,
+)
 from service.mechanisms.auto_explain import centring_sentence, labelled, summarise_reason
-from service.mechanisms.auto_gram import gram_candidate, gram_sentence, predicted_gram_error
+from service.mechanisms.auto_gram import gram_candidate, gram_sentence
 from service.mechanisms.auto_guard import (
     ALPHA,
     Choice,
@@ -74,10 +85,9 @@ from service.mechanisms.auto_guard import (
     checked_path,
     friendly_path,
     guarded_run,
-    predicted_friendly_error,
     prepared,
     run_choice,
-    search_weight_threshold,
+    unsure_sentence,
 )
 from service.mechanisms.base import (
     ApproximateStep,
@@ -96,16 +106,20 @@ from service.mechanisms.base import (
 )
 from service.mechanisms.centring import CenterParams
 from service.mechanisms.components import component
-from service.mechanisms.linalg import (
-    FloatArray,
-    clipped_gram,
-    clipped_gram_memory,
-    eigenvalues_desc,
-    eigh_memory,
-)
+from service.mechanisms.linalg import FloatArray, clipped_gram_memory, eigh_memory
 from service.mechanisms.noise import laplace
 
-__all__ = ["Auto", "AutoParams", "centring_sentence", "summarise_reason"]
+__all__ = [
+    "Auto",
+    "AutoParams",
+    "Estimate",
+    "centring_sentence",
+    "friendly_wins",
+    "predicted_error",
+    "predicted_gauss_error",
+    "summarise_reason",
+    "tail_and_trace",
+]
 
 #: Default share of epsilon spent on the private estimate: where analyze_gauss wins, its
 #: deficit (~1/eps^2) then grows by at most (1 - s)^-2 = 1.06.
@@ -245,20 +259,13 @@ def _people_short(path: FriendlyPath, n_units: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The estimate and the predictions
+# The estimate (its predictions: :mod:`~service.mechanisms.auto_estimate`)
 
 
 def structure_noise_scale(clip_norm: float, test_epsilon: float) -> float:
     """``2 C^2/eps_s``: the Laplace scale of the noisy tail and trace (``C^2`` each at
     ``eps_s/2``)."""
     return 2.0 * clip_norm**2 / test_epsilon
-
-
-def tail_and_trace(data: FloatArray, k: int, clip_norm: float) -> tuple[float, float]:
-    """``(sum_{i>k} lambda_i, sum_i lambda_i)`` of the clipped ``X^T X`` (non-private; the tail
-    summed from the smallest eigenvalues, clamped at 0, to keep its relative accuracy)."""
-    values = np.maximum(eigenvalues_desc(clipped_gram(data, clip_norm)), 0.0)
-    return float(values[k:].sum()), float(values.sum())
 
 
 def noisy_tail_and_trace(
@@ -270,55 +277,8 @@ def noisy_tail_and_trace(
     return tail + float(laplace(scale, rng)), trace + float(laplace(scale, rng))
 
 
-def predicted_gauss_error(gap: float, d: int, k: int, gauss: Choice) -> float:
-    """``sigma (sqrt(d - k) + sqrt(k))/g`` for analyze_gauss at its clip ``C`` and its whole
-    budget (the first-order bound itself; :func:`predicted_error` for auto's candidates)."""
-    params: Any = gauss.params
-    sigma = noise_sigma(params.clip_norm, gauss.epsilon, gauss.delta)
-    return sigma * (math.sqrt(max(d - k, 0)) + math.sqrt(k)) / max(gap, 1e-300)
-
-
-def predicted_error(gram: Choice, estimate: Estimate, d: int, k: int) -> float:
-    """The Gram candidate's predicted error at its budget (:mod:`auto_gram`: spatial_sign's gap
-    is the estimate's over the fill)."""
-    args = (gram.epsilon, gram.delta, estimate.gap, estimate.fill, d, k)
-    return predicted_gram_error(gram.name, gram.params, *args)
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The released estimate as the predictions use it: the tail at either end of its one-sided
-    ``1 - ALPHA`` intervals (``T_hat -+ b ln(1/(2 ALPHA))``, clamped at 0), the head ``S`` and
-    the gap ``S/k`` (each floored at one noise scale ``b``), and the fill ``trace/(n C^2)``
-    (``capacity = n C^2``; in ``[b/capacity, 1]``, 1 without a capacity)."""
-
-    tail_low: float
-    tail_high: float
-    head: float
-    gap: float
-    fill: float = 1.0
-
-    @classmethod
-    def of(
-        cls, tail_hat: float, trace_hat: float, k: int, scale: float, capacity: float = 0.0
-    ) -> Estimate:
-        head = max(trace_hat - max(tail_hat, 0.0), scale)
-        margin = scale * math.log(1.0 / (2.0 * ALPHA))
-        low, high = max(tail_hat - margin, 0.0), max(tail_hat + margin, 0.0)
-        fill = min(1.0, max(trace_hat, scale) / capacity) if capacity > 0 else 1.0
-        return cls(low, high, head, max(head / k, scale), fill)
-
-
-def friendly_wins(
-    friendly: Choice, gauss: Choice, tail: float, estimate: Estimate, n: int, d: int, k: int
-) -> bool:
-    """Whether friendly's predicted error with the subsets ``r = 2 sqrt(t T S/n)/g`` apart (in
-    its metric: times ``sqrt(q)`` for reference points) is below analyze_gauss's."""
-    params: Any = friendly.params
-    scale = 1.0 if params.aggregator == "projection" else math.sqrt(params.q or 2 * k)
-    r = scale * 2.0 * math.sqrt(params.t * tail * estimate.head / max(n, 1)) / estimate.gap
-    f_error = predicted_friendly_error(friendly, r, d, k)
-    return f_error < predicted_error(gauss, estimate, d, k)
+# ---------------------------------------------------------------------------------------------
+# The decision
 
 
 def decide(the_plan: Plan, estimate: Estimate, n: int, d: int, k: int) -> FriendlyPath | None:
@@ -407,7 +367,7 @@ class Auto(Mechanism[AutoParams]):
             terminals.append(steps)
         tests = [
             the_plan.test_epsilon,
-            max((p.weight_epsilon for p in the_plan.paths()), default=0),
+            max((p.checks_epsilon for p in the_plan.paths()), default=0),
         ]
         chosen = (*max(prefixes, key=_rho_of), *max(terminals, key=_rho_of))
         extra = [ApproximateStep(0.0, delta)] if delta > 0 else []
@@ -447,15 +407,7 @@ class Auto(Mechanism[AutoParams]):
                 f"spread) and {default.name}'s (its noise over the gap). friendly_aggregate runs "
                 f"with epsilon {sure.run.epsilon:.4g} if it wins at the tail's pessimistic "
                 f"{1 - ALPHA:.0%} end; else {default.name} with epsilon {default.epsilon:.4g}"
-                + (
-                    "."
-                    if unsure is None or unsure.weight_stop is None
-                    else f" unless friendly_aggregate wins at the optimistic end: then it runs "
-                    f"with epsilon {unsure.run.epsilon:.4g} after a noisy total weight "
-                    f"(epsilon {unsure.weight_epsilon:.4g}) reaches "
-                    f"{search_weight_threshold(unsure.run):.4g}, else {default.name} with "
-                    f"epsilon {unsure.weight_stop.epsilon:.4g}."
-                )
+                + ("." if unsure is None else unsure_sentence(unsure, default.name))
             )
             meaning.append(
                 f"friendly_aggregate's radius search runs first; {default.name} takes everything "
@@ -468,6 +420,7 @@ class Auto(Mechanism[AutoParams]):
                 labels[id(path.run)] = name
                 labels[id(path.search_stop)] = name + "search_stop."
                 labels[id(path.weight_stop)] = name + "weight_check_stop."
+                labels[id(path.agreement_stop)] = name + "agreement_check_stop."
                 labels[id(path.ptr_fallback)] = name + "ptr_fallback."
         for c in the_plan.choices():
             shown = component(c.name).preview(ctx, c.spec(spec.k))

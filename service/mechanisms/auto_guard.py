@@ -3,8 +3,10 @@
 high dimension, ``spatial_sign``: :mod:`auto_gram`) after each of its ends short of a
 result, the weight check between its search and its test, and the guarded run.
 
-Privacy: the noisy total weight is friendly's own statistic on its public partition at a
-released radius, sensitivity ``Delta_W = 1 + (t - 1)/b`` (one replaced row moves one subset's
+Privacy: the noisy total weight is friendly's own statistic on a public partition (its own, or
+a fresh one for the check before the search) at a released or public radius (the found one, or
+the break-even ``r*``, a function of auto's released estimate), sensitivity
+``Delta_W = 1 + (t - 1)/b`` (one replaced row moves one subset's
 point: its own weight by at most 1, every other by at most ``1/b``), so ``W + Lap(Delta_W/eps_w)``
 is ``(eps_w, 0)``-DP; every choice below is post-processing of friendly's released radius, that
 weight and its test, and each path's budgets sum to the path's (sequential composition; the
@@ -33,8 +35,10 @@ from service.mechanisms.components import component
 from service.mechanisms.friendly_aggregate import (
     FriendlyAggregate,
     agreeing_noise,
+    radius_steps,
     ramp_width,
     release_split,
+    split_search_threshold,
     split_shift,
     weight_floor,
     weight_noise_scale,
@@ -72,19 +76,28 @@ class Choice:
 @dataclass(frozen=True)
 class FriendlyPath:
     """friendly_aggregate (``run``) and the Gram candidate's budget after each of its ends short
-    of a result: ``search_stop`` (everything but its search's ``eps0``), ``weight_stop`` (also less
-    the weight check's ``weight_epsilon``; ``None``: no check), ``ptr_fallback`` (its mean's
-    unspent share after a failed test)."""
+    of a result: ``agreement_stop`` (a failed agreement check before the search: everything but
+    that check's ``weight_epsilon``; ``None``: no such check), ``search_stop`` (everything but the
+    search's ``eps0`` and a check before it), ``weight_stop`` (a failed weight check after the
+    search: also less that check's ``weight_epsilon``; ``None``: no such check),
+    ``ptr_fallback`` (its mean's unspent share after a failed test)."""
 
     run: Choice
     weight_epsilon: float
     search_stop: Choice
     weight_stop: Choice | None
     ptr_fallback: Choice
+    agreement_stop: Choice | None = None
 
     def choices(self) -> list[Choice]:
-        stops = (self.search_stop, self.weight_stop, self.ptr_fallback)
+        stops = (self.agreement_stop, self.search_stop, self.weight_stop, self.ptr_fallback)
         return [self.run, *(c for c in stops if c is not None)]
+
+    @property
+    def checks_epsilon(self) -> float:
+        """The epsilon of every check on the path (0, one or two checks of ``weight_epsilon``)."""
+        count = (self.agreement_stop is not None) + (self.weight_stop is not None)
+        return count * self.weight_epsilon
 
 
 def prepared(
@@ -103,14 +116,19 @@ def friendly_path(
     delta: float,
     gram: tuple[str, dict[str, Any]],
     notes: list[str],
+    checks: tuple[bool, bool] = (False, True),
 ) -> FriendlyPath | None:
-    """friendly_aggregate at ``budget - weight_epsilon`` (its default aggregator, else reference
+    """friendly_aggregate at ``budget`` less its checks (its default aggregator, else reference
     points) if its own ``prepare`` accepts it within the memory cap, with its stops: the Gram
-    candidate ``gram`` (name, raw params) at each budget friendly leaves unspent."""
+    candidate ``gram`` (name, raw params) at each budget friendly leaves unspent. ``checks``:
+    whether a check of ``weight_epsilon`` runs (before the search, after it); none when
+    ``weight_epsilon`` is 0."""
+    before, after = (c and weight_epsilon > 0 for c in checks)
+    spent = weight_epsilon * (before + after)
     friendly = None
     for raw in ({}, {"aggregator": "reference_points"}):
         try:
-            choice = prepared("friendly_aggregate", ctx, k, budget - weight_epsilon, delta, raw)
+            choice = prepared("friendly_aggregate", ctx, k, budget - spent, delta, raw)
         except InvalidParameter as refusal:
             note = f"friendly_aggregate refused at this budget: {refusal.message}"
             notes.extend([] if note in notes else [note])
@@ -122,14 +140,15 @@ def friendly_path(
     if friendly is None:
         return None
     eps0 = release_split(friendly.epsilon, delta, False, t=_t(friendly)).eps0
-    rest = budget - eps0
+    first = budget - weight_epsilon * before  # after the check before the search (if any)
     name, raw = gram
     return FriendlyPath(
         friendly,
         weight_epsilon,
-        prepared(name, ctx, k, rest, delta, raw),
-        prepared(name, ctx, k, rest - weight_epsilon, delta, raw) if weight_epsilon > 0 else None,
+        prepared(name, ctx, k, first - eps0, delta, raw),
+        prepared(name, ctx, k, budget - spent - eps0, delta, raw) if after else None,
         prepared(name, ctx, k, *ptr_fallback_budget(friendly), raw),
+        prepared(name, ctx, k, first, delta, raw) if before else None,
     )
 
 
@@ -152,16 +171,41 @@ def checked_path(
     gram: tuple[str, dict[str, Any]],
     notes: list[str],
 ) -> FriendlyPath | None:
-    """friendly with a weight check whose epsilon is :func:`weight_check_epsilon` of the run it
-    guards (a fixed point: the check's budget lowers friendly's, which raises the bar's noise
-    share; a few rounds, each enlarging it by 1%, settle it); ``None`` above
-    ``MAX_WEIGHT_SHARE`` of the budget or where friendly is then refused."""
+    """friendly behind one weight check of epsilon :func:`weight_check_epsilon` of the run it
+    guards. Where a spurious stop of its search is rare (:func:`spurious_stop_bound` at most
+    ``ALPHA``) the check runs before the search, at the break-even radius: a failure then saves
+    the search's ``eps0`` for the Gram candidate. Elsewhere it runs after the search, at the
+    found radius: a spurious stop (weight ~0) would fail friendly's test and leave the Gram
+    candidate only the mean's share, and this check is what keeps the fallback's floor (a
+    second check before the search was measured to lose more than it saves there:
+    docs/benchmarks.md, auto-cells). ``None`` above ``MAX_WEIGHT_SHARE`` of the budget or where
+    friendly is then refused."""
+    first = _checked(ctx, k, budget, friendly, delta, gram, notes, (True, False))
+    if first is not None and spurious_stop_bound(first.run) <= ALPHA:
+        return first
+    after = _checked(ctx, k, budget, friendly, delta, gram, notes, (False, True))
+    if after is None:
+        notes.append("no weight check affordable: an unsure estimate runs the Gram candidate")
+    return after
+
+
+def _checked(
+    ctx: PublicContext,
+    k: int,
+    budget: float,
+    friendly: Choice,
+    delta: float,
+    gram: tuple[str, dict[str, Any]],
+    notes: list[str],
+    checks: tuple[bool, bool],
+) -> FriendlyPath | None:
+    """A fixed point: the checks' budget lowers friendly's, which raises the bar's noise share;
+    a few rounds, each enlarging ``eps_w`` by 1%, settle it."""
     eps_w = weight_check_epsilon(friendly)
     for _ in range(8):
-        if not eps_w <= MAX_WEIGHT_SHARE * budget:
-            notes.append("no weight check affordable: an unsure estimate runs the Gram candidate")
+        if not sum(checks) * eps_w <= MAX_WEIGHT_SHARE * budget:
             return None
-        path = friendly_path(ctx, k, budget, eps_w, delta, gram, notes)
+        path = friendly_path(ctx, k, budget, eps_w, delta, gram, notes, checks)
         if path is None:
             return None
         needed = weight_check_epsilon(path.run)
@@ -169,6 +213,23 @@ def checked_path(
             return path
         eps_w = 1.01 * needed
     return None
+
+
+def spurious_stop_bound(friendly: Choice) -> float:
+    """Union bound on friendly's search stopping at a radius of weight 0: each of its grid's
+    radii passes AboveThreshold's bar ``c`` with ``P[X - Y >= c] = (a^2 e^{-c/a} - b^2
+    e^{-c/b})/(2(a^2 - b^2))``, ``X ~ Lap(a = 4 Delta_W/eps0)`` its query noise and ``Y ~ Lap(b
+    = 2 Delta_W/eps0)`` the threshold's (the difference of two Laplace variables). Public."""
+    params: Any = friendly.params
+    t = int(params.t)
+    split = release_split(friendly.epsilon, friendly.delta, False, t=t)
+    if split.eps0 <= 0:
+        return 0.0
+    sens = weight_sensitivity(t, ramp_width(t))
+    a, b = 4.0 * sens / split.eps0, 2.0 * sens / split.eps0
+    c = split_search_threshold(t, split)
+    tail = (a * a * math.exp(-c / a) - b * b * math.exp(-c / b)) / (2.0 * (a * a - b * b))
+    return (radius_steps(params.aggregator) + 1) * tail
 
 
 def ptr_fallback_budget(friendly: Choice) -> tuple[float, float]:
@@ -229,6 +290,32 @@ def noisy_total_weight(
     return total + float(laplace(weight_noise_scale(sens, weight_epsilon), rng))
 
 
+def break_even_radius(friendly: Choice, gram: float, d: int, k: int) -> float:
+    """The radius ``r*`` in friendly's own metric at which its predicted error equals ``gram``
+    (:func:`predicted_friendly_error` is linear in ``r``): friendly is predicted to win exactly
+    when its subsets agree within ``r*``. Public given the released estimate."""
+    unit = predicted_friendly_error(friendly, 1.0, d, k)
+    return gram / unit if unit > 0 else math.inf
+
+
+def agreement_weight(
+    mechanism: FriendlyAggregate,
+    data: FloatArray,
+    friendly: Choice,
+    k: int,
+    radius: float,
+    rng: np.random.Generator,
+    person: PersonLevel | None,
+) -> float:
+    """friendly's total weight ``W(r*)`` on a fresh public partition at the given radius ``r*``
+    (non-private: :func:`noisy_total_weight` releases it). A given radius spends nothing."""
+    params: Any = friendly.params.model_copy(update={"radius": radius})
+    spec = ReleaseSpec(k=k, epsilon=friendly.epsilon, delta=friendly.delta, params=params)
+    if person is None:
+        return total_weight(mechanism.search(data, spec, rng).weights)
+    return total_weight(mechanism.search(data, spec, rng, person.units).weights)
+
+
 def guarded_run(
     data: FloatArray,
     k: int,
@@ -239,10 +326,12 @@ def guarded_run(
     rng: np.random.Generator,
     person: PersonLevel | None = None,
 ) -> MechanismOutput:
-    """friendly's radius search, its prediction at the released radius against ``gauss``
-    (the Gram candidate's predicted error at the stop's budget), the weight check (if the path
-    has one), its finish; each end short of a result runs the Gram candidate with everything
-    unspent.
+    """The agreement check first (if the path has one): friendly's noisy total weight at the
+    break-even radius ``r*`` (:func:`break_even_radius` against ``gauss``, the Gram candidate's
+    predicted error at the search stop's budget) must reach the weight its test needs; then
+    friendly's radius search, its prediction at the released radius against ``gauss``, the
+    weight check at that radius (if the path has one), its finish; each end short of a result
+    runs the Gram candidate with everything unspent.
     ``person``: on a person-level dataset, friendly partitions people and every candidate runs
     per person (:class:`PersonLevel`)."""
     friendly, stop = path.run, path.search_stop
@@ -251,11 +340,30 @@ def guarded_run(
     inner = friendly.spec(k)
     # Per person: friendly partitions people, each candidate runs per person (PersonLevel).
     runner = run_choice if person is None else person.run
+    d = data.shape[1]
+    if path.agreement_stop is not None:
+        # One check decides whether a search is worth its eps0: the subsets' agreement at the
+        # largest radius where friendly still wins. Without it an unresolved estimate pays
+        # friendly's search (a quarter of its budget) before the Gram candidate runs.
+        r_star = break_even_radius(friendly, gauss, d, k)
+        total = agreement_weight(mechanism, data, friendly, k, r_star, rng, person)
+        noisy = noisy_total_weight(total, _t(friendly), path.weight_epsilon, rng)
+        test["break_even_radius"] = float(f"{r_star:.3g}")
+        test["weight_check_passed"] = bool(noisy >= search_weight_threshold(friendly))
+        if not test["weight_check_passed"]:
+            reason += (
+                f"; its subsets' noisy total weight at the radius {r_star:.3g}, where its "
+                f"predicted error reaches {stop.name}'s {gauss:.3g}, is below what its test "
+                f"needs (they do not agree where it could win), so "
+                f"{stop.name} runs with everything but that check and all of delta"
+            )
+            out = runner(path.agreement_stop, data, k, rng)
+            return labelled(out, path.agreement_stop, reason, {**test, "continued": False})
+        reason += f"; its subsets' noisy total weight at the radius {r_star:.3g} passes its bar"
     if person is None:
         state = mechanism.search(data, inner, rng)
     else:
         state = mechanism.search(data, inner, rng, person.units)
-    d = data.shape[1]
     test["radius_exponent"] = state.radius_exponent
     if state.radius_exponent is None:
         reason += f"; its private radius search found no radius, so {stop.name} runs"
@@ -290,6 +398,28 @@ def guarded_run(
     )
     out = runner(path.ptr_fallback, data, k, rng)
     return labelled(out, path.ptr_fallback, reason, {**test, "ptr_failed": True})
+
+
+def unsure_sentence(unsure: FriendlyPath, gram: str) -> str:
+    """The dry run's account of the unsure path (friendly wins only at the optimistic end)."""
+    bar = f"{search_weight_threshold(unsure.run):.4g}"
+    eps_w = f"{unsure.weight_epsilon:.4g}"
+    said = (
+        f" unless friendly_aggregate wins at the optimistic end: then it runs with epsilon "
+        f"{unsure.run.epsilon:.4g}"
+    )
+    if unsure.agreement_stop is not None:
+        said += (
+            f" if its noisy total weight (epsilon {eps_w}) at the radius where its predicted "
+            f"error reaches {gram}'s reaches {bar} before its search, else {gram} with epsilon "
+            f"{unsure.agreement_stop.epsilon:.4g}"
+        )
+    if unsure.weight_stop is not None:
+        said += (
+            f"; after its search a noisy total weight (epsilon {eps_w}) at the found radius must "
+            f"reach {bar}, else {gram} with epsilon {unsure.weight_stop.epsilon:.4g}"
+        )
+    return said + "."
 
 
 def run_choice(

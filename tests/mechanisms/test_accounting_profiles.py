@@ -187,7 +187,11 @@ def _paths(the_plan, ctx, k):
         full = steps(path.run)
         search = [full[0]] if isinstance(full[0], PureStep) else []
         weight = pure(path.weight_epsilon)
-        found.append(test + search + steps(path.search_stop))
+        # a check before the search (agreement_stop) is spent on every later step of the path
+        first = weight if path.agreement_stop is not None else []
+        if path.agreement_stop is not None:
+            found.append(test + weight + steps(path.agreement_stop))
+        found.append(test + first + search + steps(path.search_stop))
         if path.weight_stop is not None:
             found.append(test + search + weight + steps(path.weight_stop))
         found.append(test + weight + full)
@@ -227,7 +231,9 @@ def test_auto_paths_are_all_covered_by_the_cases():
         p = plan(ctx, k, epsilon, delta, spec.params)
         seen.add("estimate" if p.sure is not None else "default")
         seen.update("unsure" for _ in [p.unsure] if p.unsure is not None)
-    assert seen == {"estimate", "unsure", "default"}
+        if p.unsure is not None:
+            seen.add("check before" if p.unsure.agreement_stop is not None else "check after")
+    assert seen == {"estimate", "unsure", "default", "check before", "check after"}
 
 
 def test_auto_under_gaussian_is_analyze_gauss_with_its_settings():

@@ -22,7 +22,7 @@ from service.mechanisms.auto import (
     structure_noise_scale,
     tail_and_trace,
 )
-from service.mechanisms.auto_guard import weight_check_epsilon
+from service.mechanisms.auto_guard import spurious_stop_bound, weight_check_epsilon
 from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows, subspace_distance
 from service.mechanisms.registry import MECHANISMS
@@ -69,20 +69,43 @@ def test_where_the_aggregator_runs_a_structure_test_splits_epsilon() -> None:
     assert the_plan.default.epsilon + the_plan.test_epsilon == pytest.approx(1.0, rel=1e-15)
     assert sure.run.epsilon + the_plan.test_epsilon == pytest.approx(1.0, rel=1e-15)
     assert unsure.run.epsilon + the_plan.test_epsilon + w == pytest.approx(1.0, rel=1e-15)
+    # n = 50,000 at eps 1: a spurious stop of the search is rare, so the check runs before it
+    assert unsure.agreement_stop is not None and unsure.weight_stop is None
     for path, checked in ((sure, 0.0), (unsure, w)):
         eps0 = 0.25 * path.run.epsilon  # friendly's search (pure), a quarter of its budget
         stop = path.search_stop
-        assert stop.epsilon + the_plan.test_epsilon + eps0 == pytest.approx(1.0, rel=1e-15)
+        # the check before the search is spent when the search stops
+        total = stop.epsilon + the_plan.test_epsilon + eps0 + checked
+        assert total == pytest.approx(1.0, rel=1e-15)
         if checked:
-            weight_stop = path.weight_stop
-            assert weight_stop is not None
-            total = weight_stop.epsilon + the_plan.test_epsilon + eps0 + w
+            agreement_stop = path.agreement_stop
+            assert agreement_stop is not None
+            # a failed check leaves everything but the estimate and itself (no search ran)
+            total = agreement_stop.epsilon + the_plan.test_epsilon + w
             assert total == pytest.approx(1.0, rel=1e-15)
         else:
-            assert path.weight_stop is None
+            assert path.weight_stop is None and path.agreement_stop is None
         for choice in (path.run, stop):  # the fallback's: test_auto_rule.py
             assert choice.delta == 1e-6
     assert the_plan.default.delta == 1e-6
+
+
+def test_where_a_spurious_stop_is_likely_the_weight_check_follows_the_search() -> None:
+    # n = 20,000 at eps 0.3: friendly's search stops spuriously often (its union bound above
+    # ALPHA), so the check stays after it, as before, and keeps the fallback's floor
+    the_plan = plan(ctx(20_000, 10), 3, 0.3, 1e-6, AutoParams(clip_norm=1.0))
+    unsure = the_plan.unsure
+    assert unsure is not None and unsure.agreement_stop is None
+    assert spurious_stop_bound(unsure.run) > ALPHA
+    w = unsure.weight_epsilon
+    eps0 = 0.25 * unsure.run.epsilon
+    assert unsure.run.epsilon + the_plan.test_epsilon + w == pytest.approx(0.3, rel=1e-15)
+    stop = unsure.search_stop
+    assert stop.epsilon + the_plan.test_epsilon + eps0 == pytest.approx(0.3, rel=1e-15)
+    weight_stop = unsure.weight_stop
+    assert weight_stop is not None
+    total = weight_stop.epsilon + the_plan.test_epsilon + eps0 + w
+    assert total == pytest.approx(0.3, rel=1e-15)
 
 
 def test_a_zero_share_disables_the_test() -> None:
@@ -137,6 +160,11 @@ def test_preview_names_the_choice_and_the_candidates_scales() -> None:
     assert shown.scales["structure_alpha"] == ALPHA
     assert "analyze_gauss.sigma" in shown.scales and "friendly_aggregate.t" in shown.scales
     assert any(line.startswith("Estimate (epsilon") for line in shown.meaning)
+    # at n = 50,000, eps 1 the check runs before the search (a spurious stop is rare)
+    assert "unsure.agreement_check_stop.analyze_gauss.sigma" in shown.scales
+    c = ctx(20_000, 10)  # at eps 0.3 after it: its stop is named as before
+    params = AUTO.prepare(c, 3, 0.3, 1e-6, AutoParams())
+    shown = AUTO.preview(c, ReleaseSpec(3, 0.3, 1e-6, params))
     assert "unsure.weight_check_stop.analyze_gauss.sigma" in shown.scales
     small = ctx(2_000, 10)  # below 10 k t_min (t_min ~ 100 at the aggregator's share)
     params = AUTO.prepare(small, 3, 1.0, 1e-6, AutoParams())

@@ -60,7 +60,8 @@ def test_friendlys_stops_run_the_gram_candidate_and_compose_to_the_request() -> 
     for path in p.paths():
         assert {c.name for c in path.choices()[1:]} == {"spatial_sign"}
         eps0 = 0.25 * path.run.epsilon
-        total = path.search_stop.epsilon + p.test_epsilon + eps0
+        before = path.weight_epsilon if path.agreement_stop is not None else 0.0
+        total = path.search_stop.epsilon + p.test_epsilon + eps0 + before
         assert total == pytest.approx(1.0, rel=1e-15)
     # zcdp: the bound auto declares covers the spatial_sign run at (1 - s) eps
     spec = ReleaseSpec(3, 1.0, DELTA, AUTO.prepare(ctx(20_000, 1_000), 3, 1.0, DELTA, AutoParams()))

@@ -207,6 +207,8 @@ def test_continuing_friendly_is_bit_identical_to_its_own_run(
     # draw, the rest is friendly's own run draw for draw (after the estimate's two draws)
     _force(monkeypatch, sure)
     monkeypatch.setattr(auto_guard, "noisy_total_weight", lambda total, *args: np.inf)
+    # the check before the search (n = 20,000, eps 1) draws a partition of its own: stubbed
+    monkeypatch.setattr(auto_guard, "agreement_weight", lambda *args: np.inf)
     monkeypatch.setattr(auto_module, "noisy_tail_and_trace", lambda *args: (0.0, 1.0))
     data, basis = near_subspace(N, 10, K, 1e-5, seed=4)
     spec = auto_spec(N, 10, 1.0)
@@ -243,7 +245,9 @@ def test_a_stop_gives_analyze_gauss_all_but_the_search(monkeypatch: pytest.Monke
     assert out.extras["auto_choice"] == "analyze_gauss" and out.extras["auto_epsilon"] >= FLOOR
 
 
-@pytest.mark.parametrize(("n", "d", "k", "eps"), [(N, 10, 3, 1.0), (50_000, 50, 5, 0.1)])
+# eps 0.3 (was 1.0): at n = 20,000 the check runs after the search only where a spurious stop
+# is not rare (spurious_stop_bound > ALPHA); at eps 1 it runs before it (tested below)
+@pytest.mark.parametrize(("n", "d", "k", "eps"), [(N, 10, 3, 0.3), (50_000, 50, 5, 0.1)])
 def test_a_spurious_stop_meets_the_weight_check_and_analyze_gauss_keeps_the_floor(
     monkeypatch: pytest.MonkeyPatch, n: int, d: int, k: int, eps: float
 ) -> None:
@@ -342,3 +346,98 @@ def test_seeded_grid_aggregator_near_a_subspace_gauss_on_isotropic(
     assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
     out = AUTO.run(isotropic(n, d, 1), spec, np.random.default_rng(21))
     assert out.extras["auto_choice"] == "analyze_gauss"
+
+
+# ---------------------------------------------------------------------------------------------
+# The check before the search (where a spurious stop is rare): a lost search costs nothing
+
+
+def _searches(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """The ``radius`` param of every friendly search (``None``: the private radius search)."""
+    found: list[float | None] = []
+    real = FriendlyAggregate.search
+
+    def spy(self: Any, data: Any, spec: Any, rng: Any, *rest: Any) -> Any:
+        found.append(spec.params.radius)
+        return real(self, data, spec, rng, *rest)
+
+    monkeypatch.setattr(FriendlyAggregate, "search", spy)
+    return found
+
+
+def test_far_rows_fail_the_check_before_the_search_and_keep_all_but_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # rows 1e-2 from a subspace at eps 1 (the d = 50 cell that lost 1.24x to the search's
+    # quarter): the estimate is unsure, the subsets do not agree at the break-even radius, no
+    # radius search runs and analyze_gauss gets everything but the estimate and the check
+    _force(monkeypatch, sure=False)
+    runs = _spy_runs(monkeypatch)
+    searches = _searches(monkeypatch)
+    spec = auto_spec(N, 50, 1.0)
+    p = plan(ctx(N, 50), K, 1.0, DELTA, spec.params)
+    assert p.unsure is not None and p.unsure.agreement_stop is not None
+    data, _ = near_subspace(N, 50, K, 1e-2, seed=3)
+    out = AUTO.run(data, spec, np.random.default_rng(5))
+    search = out.extras["auto_search"]
+    assert search["weight_check_passed"] is False and search["continued"] is False
+    assert "radius_exponent" not in search and search["break_even_radius"] > 0
+    assert len(searches) == 1 and searches[0] is not None  # the check's given radius only
+    stop = p.unsure.agreement_stop
+    assert runs == [("analyze_gauss", stop.epsilon, DELTA)]
+    assert stop.epsilon + p.test_epsilon + p.unsure.weight_epsilon == pytest.approx(1.0)
+    assert out.extras["auto_epsilon"] >= 0.9  # was 1 - s - eps0 ~ 0.73 after a search
+    assert "below what its test needs" in out.extras["auto_reason"]
+
+
+def test_near_rows_pass_the_check_and_friendly_runs_at_everything_but_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _force(monkeypatch, sure=False)
+    searches = _searches(monkeypatch)
+    spec = auto_spec(N, 50, 1.0)
+    p = plan(ctx(N, 50), K, 1.0, DELTA, spec.params)
+    assert p.unsure is not None
+    data, basis = near_subspace(N, 50, K, 1e-5, seed=3)
+    out = AUTO.run(data, spec, np.random.default_rng(5))
+    assert out.extras["auto_search"]["weight_check_passed"] is True
+    assert out.extras["auto_choice"] == "friendly_aggregate"
+    assert out.extras["auto_epsilon"] == p.unsure.run.epsilon
+    assert searches[0] is not None and searches[1:] == [None]  # the check, then the search
+    assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-3
+
+
+def test_break_even_radius_is_where_the_predictions_meet() -> None:
+    p = plan(ctx(N, 50), K, 1.0, DELTA, AutoParams(clip_norm=1.0))
+    assert p.unsure is not None
+    friendly = p.unsure.run
+    for gram in (1e-3, 0.02, 0.4):
+        r = auto_guard.break_even_radius(friendly, gram, 50, K)
+        assert auto_guard.predicted_friendly_error(friendly, r, 50, K) == pytest.approx(gram)
+        assert auto_guard.predicted_friendly_error(friendly, 0.5 * r, 50, K) < gram
+
+
+def test_spurious_stop_bound_matches_a_simulated_search_at_weight_zero() -> None:
+    # the closed form of P[Lap(a) - Lap(b) >= c] (times the grid's size) against AboveThreshold
+    # simulated on weights of 0; and the regimes it decides at n = 20,000: after at eps 0.3 and
+    # 0.5, before at eps 1 and 2
+    rng = np.random.default_rng(0)
+    for eps, after in ((0.3, True), (0.5, True), (1.0, False), (2.0, False)):
+        p = plan(ctx(N, 50), K, eps, DELTA, AutoParams(clip_norm=1.0))
+        assert p.unsure is not None
+        assert (p.unsure.weight_stop is not None) is after
+        assert (p.unsure.agreement_stop is None) is after
+    p = plan(ctx(N, 50), K, 0.3, DELTA, AutoParams(clip_norm=1.0))
+    assert p.unsure is not None
+    friendly = p.unsure.run
+    params: Any = friendly.params
+    split = auto_guard.release_split(friendly.epsilon, DELTA, False, t=params.t)
+    sens = weight_sensitivity(params.t, ramp_width(params.t))
+    bar = auto_guard.split_search_threshold(params.t, split)
+    draws = 400_000
+    x = rng.laplace(0.0, 4.0 * sens / split.eps0, draws)
+    y = rng.laplace(0.0, 2.0 * sens / split.eps0, draws)
+    per_radius = float(np.mean(x - y >= bar))
+    bound = auto_guard.spurious_stop_bound(friendly) / (radius_steps(params.aggregator) + 1)
+    assert per_radius == pytest.approx(bound, rel=0.05)
+    assert auto_guard.spurious_stop_bound(friendly) > ALPHA
