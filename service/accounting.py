@@ -562,7 +562,10 @@ class HybridState:
     delta_j``, by filter ``j``'s own fully adaptive theorem (above). Summing over the partition:
     ``(epsilon, delta_A + delta_conversion + delta_mechanisms + delta_C)``-DP, within
     ``delta``. Every filter's sums include every admitted release, whichever filter let it in
-    (the argument is about each filter's condition on the whole sequence).
+    (the argument is about each filter's condition on the whole sequence). A refunded release
+    (one that provably never read the data) counts as a zero-cost step in every filter once
+    its refund takes effect; why the argument still holds is in
+    :func:`service.ledger.refund`'s docstring.
     """
 
     budget: HybridBudget

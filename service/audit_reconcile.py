@@ -628,54 +628,61 @@ def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
             )
 
 
+def _hybrid_steps(
+    recorded: _Recorded, requests: list[tuple[uuid.UUID, _Request]]
+) -> list[audit_hybrid.Step]:
+    """The recorded charges (named by their events' seq) and refunds, in event order: a refund
+    at its outcome event (no later than it took effect: lenient, never stricter than the
+    ledger), moving back its release's recorded cost (a refund is exactly its charge)."""
+    steps: list[tuple[int, audit_hybrid.Step]] = []
+    for release_id, request in requests:
+        assert request.cost is not None
+        steps.append((request.seq, (f"{request.seq}", 1, request.cost)))
+        outcome = recorded.outcomes.get(release_id)
+        if outcome is not None and outcome.refund is not None:
+            steps.append((outcome.seq, (f"{outcome.seq}", -1, request.cost)))
+    return [step for _, step in sorted(steps, key=lambda item: item[0])]
+
+
 def _check_hybrid_spending(session: Session, recorded: _Recorded, problems: list[str]) -> None:
     """Every charge of a ``hybrid`` dataset (and of a grant on one) was admitted by one of its
-    filters: the recorded charges in event order, and the ledger's rows in ledger order,
-    replayed through the ledger's own rule (:mod:`service.audit_hybrid`; refunds give nothing
-    back there, so only charges count)."""
+    filters: the recorded charges in event order, and the ledger's rows in the order they took
+    effect, replayed through the ledger's own rule (:mod:`service.audit_hybrid`; a refund
+    zeroes its release there)."""
     hybrid = {key: budget for key, budget in recorded.budgets.items() if budget.hybrid}
     if not hybrid:
         return
     by_dataset: dict[uuid.UUID, list[tuple[uuid.UUID, _Request]]] = {key: [] for key in hybrid}
-    for release_id, request in sorted(recorded.requests.items(), key=lambda item: item[1].seq):
+    for release_id, request in recorded.requests.items():
         if request.dataset_id in by_dataset and request.cost is not None:
             by_dataset[request.dataset_id].append((release_id, request))
-    rows = audit_hybrid.ledger_charges(session, hybrid)
+    rows = audit_hybrid.ledger_entries(session, hybrid)
     for dataset_id, budget in hybrid.items():
         assert budget.hybrid is not None
         event = f"budget_set event {budget.seq}"
         requests = by_dataset[dataset_id]
-        named = [(f"{r.seq}", r.cost) for _, r in requests if r.cost is not None]
-        for seq in audit_hybrid.refused(budget.hybrid, named):
+        for seq in audit_hybrid.refused(budget.hybrid, _hybrid_steps(recorded, requests)):
             problems.append(
                 f"datasets {dataset_id}: release_requested event {seq} is a charge that no "
                 f"filter of {event} admits"
             )
         entries = rows.get(dataset_id, [])
-        for entry in audit_hybrid.refused(
-            budget.hybrid, [(str(entry_id), cost) for entry_id, _, cost in entries]
-        ):
+        for entry in audit_hybrid.refused(budget.hybrid, audit_hybrid.steps_of(entries)):
             problems.append(f"ledger_entries {entry}: a charge that no filter of {event} admits")
-        # Each grant on the dataset: its own sub-budget, its own charges.
+        # Each grant on the dataset: its own sub-budget, its own charges and refunds.
         for grant_id, granted in recorded.grants.items():
             if granted.dataset_id != dataset_id:
                 continue
             share = audit_hybrid.grant_budget(budget.hybrid, granted.epsilon, granted.delta)
             where = f"grant_created event {granted.seq}"
-            charged = [
-                (f"{r.seq}", r.cost)
-                for _, r in requests
-                if r.grant_id == grant_id and r.cost is not None
-            ]
-            for seq in audit_hybrid.refused(share, charged):
+            mine = [(key, r) for key, r in requests if r.grant_id == grant_id]
+            for seq in audit_hybrid.refused(share, _hybrid_steps(recorded, mine)):
                 problems.append(
                     f"grants {grant_id}: release_requested event {seq} is a charge that no "
                     f"filter of {where} admits"
                 )
-            for entry in audit_hybrid.refused(
-                share,
-                [(str(entry_id), cost) for entry_id, g, cost in entries if g == grant_id],
-            ):
+            charged = audit_hybrid.steps_of(e for e in entries if e.grant_id == grant_id)
+            for entry in audit_hybrid.refused(share, charged):
                 problems.append(
                     f"ledger_entries {entry}: a charge that no filter of {where} admits"
                 )

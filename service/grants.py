@@ -79,8 +79,6 @@ def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
     dataset = session.get(Dataset, grant.dataset_id)
     assert dataset is not None  # a grant's dataset row is never removed
     counted = [LedgerEntry.grant_id == grant.id, ledger.in_effect()]
-    if dataset.accounting == "hybrid":
-        counted.append(LedgerEntry.kind == "charge")  # its refunds give nothing back
     rows = session.execute(
         select(
             LedgerEntry.kind,

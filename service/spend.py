@@ -355,7 +355,8 @@ def running_epsilon(
     Under ``basic`` the increments are the entries' epsilons; under the others epsilons do not
     add up (the conversion is concave in ``rho``), so the increment is the difference of the
     running figures: what the chart's step is. ``hybrid`` needs the dataset's ``totals`` (which
-    filters still hold) and counts charges only (its refunds give nothing back)."""
+    filters still hold); a refund there zeroes its release in every filter
+    (:func:`service.ledger.refund`)."""
     if kind == "hybrid":
         assert totals is not None
         return _hybrid_running(totals, before, entries)
@@ -389,9 +390,9 @@ def _hybrid_running(
     previous = stated()
     shown: list[Running] = []
     for entry in entries:
-        if entry[0] == "charge":
-            added = spent_of([entry])
-            sums = [BUDGET_CONTEXT.add(a, b) for a, b in zip(sums, added, strict=True)]
+        # a refund's row moves every sum (and count) back: spent_of signs it
+        added = spent_of([entry])
+        sums = [BUDGET_CONTEXT.add(a, b) for a, b in zip(sums, added, strict=True)]
         after = stated()
         gdp = entry[4] if len(entry) > 4 else None
         mu = None if gdp is None else accounting.sqrt_up(gdp)

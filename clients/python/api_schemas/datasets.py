@@ -88,10 +88,7 @@ class Budget(Schema):
     )
     rho_spent: ExactDecimal | None = Field(
         default=None,
-        description=(
-            "Rho charged by releases (net of refunds; hybrid: every release's, refunds give "
-            "nothing back there); null for basic."
-        ),
+        description="Rho charged by releases (net of refunds); null for basic.",
     )
     rho_remaining: ExactDecimal | None = Field(
         default=None,
