@@ -37,7 +37,7 @@ from typing import Literal
 
 import mpmath
 
-from api_schemas.common import BUDGET_PLACES
+from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES
 from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep
 
 Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
@@ -474,6 +474,39 @@ def hybrid_budget_of(
     )
 
 
+def hybrid_sub_budget(dataset: HybridBudget, epsilon: Decimal, delta: Decimal) -> HybridBudget:
+    """A grant's filters on a ``hybrid`` dataset whose filters are ``dataset``: a hybrid
+    sub-budget of ``(epsilon, delta)`` with the dataset's shares of delta (each share rounded
+    down, so their sum stays within ``delta``), each filter's budget derived as the dataset's
+    (rounded down) and capped at the dataset's. Pure, so that the grants and the audit compute
+    one thing (:func:`service.grants.hybrid_grant_budget`, :mod:`service.audit_hybrid`)."""
+    total = dataset.delta
+
+    def share(part: Decimal) -> Decimal:
+        if total <= 0:
+            return Decimal(0)
+        return round_down(BUDGET_CONTEXT.divide(BUDGET_CONTEXT.multiply(delta, part), total))
+
+    budget = hybrid_budget_of(
+        epsilon,
+        delta,
+        share(dataset.delta_gaussian),
+        share(dataset.delta_conversion),
+        share(dataset.delta_mechanisms),
+        share(dataset.delta_basic),
+    )
+    return HybridBudget(
+        budget.epsilon,
+        budget.delta,
+        min(budget.mu_total, dataset.mu_total),
+        budget.delta_gaussian,
+        min(budget.rho_total, dataset.rho_total),
+        budget.delta_conversion,
+        budget.delta_mechanisms,
+        budget.delta_basic,
+    )
+
+
 @dataclass(frozen=True)
 class ReleaseCost:
     """What one release costs under each filter: ``(epsilon, delta)``, the single release it
@@ -529,7 +562,10 @@ class HybridState:
     delta_j``, by filter ``j``'s own fully adaptive theorem (above). Summing over the partition:
     ``(epsilon, delta_A + delta_conversion + delta_mechanisms + delta_C)``-DP, within
     ``delta``. Every filter's sums include every admitted release, whichever filter let it in
-    (the argument is about each filter's condition on the whole sequence).
+    (the argument is about each filter's condition on the whole sequence). A refunded release
+    (one that provably never read the data) counts as a zero-cost step in every filter once
+    its refund takes effect; why the argument still holds is in
+    :func:`service.ledger.refund`'s docstring.
     """
 
     budget: HybridBudget

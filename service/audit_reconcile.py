@@ -22,6 +22,8 @@ from sqlalchemy import and_, literal, select
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
+from service import audit_hybrid
+from service.accounting import HybridBudget, ReleaseCost
 from service.audit_events import TERMINAL_EVENTS, to_json_value
 from service.db.models import (
     ApiKey,
@@ -49,6 +51,8 @@ class _Request:
     #: What the ledger moved, ``(epsilon, delta, rho)``: the cost on ``basic`` datasets; ``(0,
     #: zcdp_delta, rho)`` on ``gaussian``/``zcdp`` ones (events carry the accounting).
     charge: tuple[Decimal, Decimal, Decimal] = (Decimal(0), Decimal(0), Decimal(0))
+    #: ``hybrid``: what the charge moved in every filter (GDP and zCDP figures included).
+    cost: ReleaseCost | None = None
 
 
 @dataclass(frozen=True)
@@ -81,12 +85,13 @@ class _Budget:
     accounting: str = "basic"
     rho: Decimal = Decimal(0)
     delta_limit: Decimal = Decimal(0)
+    #: ``hybrid``: the filters' budgets the event recorded.
+    hybrid: HybridBudget | None = None
 
     def exceeded_by(self, spent: tuple[Decimal, Decimal, Decimal]) -> bool:
         if self.accounting == "hybrid":
-            # Either of three filters: the ledger's own check (HybridState) needs each entry's
-            # GDP and zCDP figures, which the events' three sums do not carry; the charges
-            # themselves are reconciled entry by entry.
+            # Either of three filters: whether the spend fits depends on the order and on
+            # every filter's figures, not on three sums; _check_hybrid_spending replays it.
             return False
         if self.accounting == "basic":
             return spent[0] > self.epsilon or spent[1] > self.delta
@@ -146,8 +151,9 @@ class _Recorded:
             if kind_of == "zcdp":
                 limit = BUDGET_CONTEXT.subtract(delta, Decimal(details["delta_conversion"]))
             rho = details.get("rho_total")
+            hybrid = audit_hybrid.budget_of_event(details) if kind_of == "hybrid" else None
             self.budgets[event.dataset_id] = _Budget(
-                seq, epsilon, delta, kind_of, Decimal(rho or 0), limit
+                seq, epsilon, delta, kind_of, Decimal(rho or 0), limit, hybrid
             )
         elif kind == "dataset_deleted" and event.dataset_id is not None:
             self.deleted[event.dataset_id] = seq
@@ -167,6 +173,7 @@ class _Recorded:
                 Decimal(cost["delta"]),
                 None if grant_id is None else uuid.UUID(grant_id),
                 _charge_of(cost),
+                audit_hybrid.cost_of_event(cost) if cost.get("accounting") == "hybrid" else None,
             )
         elif kind in TERMINAL_EVENTS and event.release_id is not None:
             if event.release_id in self.outcomes:
@@ -219,6 +226,7 @@ def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> No
     _reconcile_epochs(session, recorded, problems)
     _check_spending(recorded, problems)
     _check_grant_spending(recorded, problems)
+    _check_hybrid_spending(session, recorded, problems)
 
 
 def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]) -> None:
@@ -425,9 +433,11 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             LedgerEntry.delta,
             LedgerEntry.rho,
             LedgerEntry.grant_id,
+            LedgerEntry.gdp,
+            LedgerEntry.zcdp_delta,
         ).order_by(LedgerEntry.id)
     )
-    for entry_id, dataset_id, release_id, kind, epsilon, delta, rho, grant_id in rows:
+    for entry_id, dataset_id, release_id, kind, epsilon, delta, rho, grant_id, gdp, zd in rows:
         where = f"ledger_entries {entry_id}"
         request = recorded.requests.get(release_id)
         if kind == "charge":
@@ -462,6 +472,12 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"{where}: delta differs from {event}")
         if rho != expected[2]:
             problems.append(f"{where}: rho differs from {event}")
+        if kind == "charge" and request is not None and request.cost is not None:
+            # hybrid: the figures filters A' and B were charged
+            if gdp != request.cost.gdp:
+                problems.append(f"{where}: gdp differs from {event}")
+            if zd != request.cost.zcdp_delta:
+                problems.append(f"{where}: zcdp_delta differs from {event}")
     for release_id, request in recorded.requests.items():
         if release_id not in charged:
             problems.append(
@@ -610,3 +626,63 @@ def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
                 f"grants {grant_id}: its recorded releases spend more than "
                 f"grant_created event {granted.seq} allows"
             )
+
+
+def _hybrid_steps(
+    recorded: _Recorded, requests: list[tuple[uuid.UUID, _Request]]
+) -> list[audit_hybrid.Step]:
+    """The recorded charges (named by their events' seq) and refunds, in event order: a refund
+    at its outcome event (no later than it took effect: lenient, never stricter than the
+    ledger), moving back its release's recorded cost (a refund is exactly its charge)."""
+    steps: list[tuple[int, audit_hybrid.Step]] = []
+    for release_id, request in requests:
+        assert request.cost is not None
+        steps.append((request.seq, (f"{request.seq}", 1, request.cost)))
+        outcome = recorded.outcomes.get(release_id)
+        if outcome is not None and outcome.refund is not None:
+            steps.append((outcome.seq, (f"{outcome.seq}", -1, request.cost)))
+    return [step for _, step in sorted(steps, key=lambda item: item[0])]
+
+
+def _check_hybrid_spending(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    """Every charge of a ``hybrid`` dataset (and of a grant on one) was admitted by one of its
+    filters: the recorded charges in event order, and the ledger's rows in the order they took
+    effect, replayed through the ledger's own rule (:mod:`service.audit_hybrid`; a refund
+    zeroes its release there)."""
+    hybrid = {key: budget for key, budget in recorded.budgets.items() if budget.hybrid}
+    if not hybrid:
+        return
+    by_dataset: dict[uuid.UUID, list[tuple[uuid.UUID, _Request]]] = {key: [] for key in hybrid}
+    for release_id, request in recorded.requests.items():
+        if request.dataset_id in by_dataset and request.cost is not None:
+            by_dataset[request.dataset_id].append((release_id, request))
+    rows = audit_hybrid.ledger_entries(session, hybrid)
+    for dataset_id, budget in hybrid.items():
+        assert budget.hybrid is not None
+        event = f"budget_set event {budget.seq}"
+        requests = by_dataset[dataset_id]
+        for seq in audit_hybrid.refused(budget.hybrid, _hybrid_steps(recorded, requests)):
+            problems.append(
+                f"datasets {dataset_id}: release_requested event {seq} is a charge that no "
+                f"filter of {event} admits"
+            )
+        entries = rows.get(dataset_id, [])
+        for entry in audit_hybrid.refused(budget.hybrid, audit_hybrid.steps_of(entries)):
+            problems.append(f"ledger_entries {entry}: a charge that no filter of {event} admits")
+        # Each grant on the dataset: its own sub-budget, its own charges and refunds.
+        for grant_id, granted in recorded.grants.items():
+            if granted.dataset_id != dataset_id:
+                continue
+            share = audit_hybrid.grant_budget(budget.hybrid, granted.epsilon, granted.delta)
+            where = f"grant_created event {granted.seq}"
+            mine = [(key, r) for key, r in requests if r.grant_id == grant_id]
+            for seq in audit_hybrid.refused(share, _hybrid_steps(recorded, mine)):
+                problems.append(
+                    f"grants {grant_id}: release_requested event {seq} is a charge that no "
+                    f"filter of {where} admits"
+                )
+            charged = audit_hybrid.steps_of(e for e in entries if e.grant_id == grant_id)
+            for entry in audit_hybrid.refused(share, charged):
+                problems.append(
+                    f"ledger_entries {entry}: a charge that no filter of {where} admits"
+                )

@@ -3,13 +3,25 @@ audit events record it (one charge per release; see :mod:`service.ledger`)."""
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
+from api_schemas.common import format_budget
 from service import accounting
+from service.db.models import Dataset
+from service.errors import InvalidInput
 from service.ledger import Charge
 
-__all__ = ["cost_delta", "cost_rho", "details", "hybrid_charge"]
+__all__ = ["cost_delta", "cost_rho", "details", "hybrid_charge", "hybrid_delta_refusal"]
+
+#: Significant digits of the largest delta a :func:`hybrid_delta_refusal` suggests (rounded
+#: down, so the figure keeps a margin over a ratio that moves slightly with delta).
+SUGGESTED_DIGITS = 2
+
+# The suggestion's arithmetic (BUDGET_CONTEXT traps inexact results): ratios rounded up,
+# quotients down, so the suggested delta only errs small.
+_UP = Context(prec=80, rounding=ROUND_CEILING)
+_DOWN = Context(prec=80, rounding=ROUND_FLOOR)
 
 
 def hybrid_charge(epsilon: Decimal, delta: Decimal, costs: accounting.StepCosts) -> Charge:
@@ -52,3 +64,95 @@ def details(kind: str, epsilon: Decimal, delta: Decimal, charge: Charge) -> dict
     if kind == "hybrid":
         shown["gdp"] = charge.gdp
     return shown
+
+
+def _floor_digits(value: Decimal, digits: int) -> Decimal:
+    """``value > 0`` rounded down to ``digits`` significant digits."""
+    quantum = Decimal(1).scaleb(value.adjusted() - digits + 1)
+    return value.quantize(quantum, rounding=ROUND_FLOOR, context=Context(prec=80)).normalize()
+
+
+def _percent(part: Decimal | None, whole: Decimal) -> str:
+    if part is None or whole <= 0:
+        return "0%"
+    return f"{format_budget(_DOWN.multiply(_DOWN.divide(part, whole), 100).normalize())}%"
+
+
+def hybrid_delta_refusal(
+    dataset: Dataset, asked_delta: Decimal | None, charge: Charge
+) -> InvalidInput | None:
+    """Why a release can never be admitted on a fresh ``hybrid`` dataset because of its delta
+    (a 422 naming ``delta``, before anything is charged), or ``None``.
+
+    A release without a GDP figure (an approximate step, or no proven profile) can only be
+    admitted by filter B (its ``rho`` within ``rho_total`` and its approximate steps'
+    ``zcdp_delta`` within B's whole share ``delta_mechanisms``) or filter C (its ``epsilon``
+    within ``epsilon_total`` and its single-release ``delta`` within C's whole share
+    ``delta_basic``); each filter's sums only grow, so if neither could admit this one release
+    even on an unspent budget, and a smaller delta would let one of them, the 409 it would get
+    is not about what was spent: the answer is this 422. The suggested delta is the largest
+    request delta either filter could take, from the release's own ratio of the charged delta
+    to the asked one (B: ``zcdp_delta / asked``, C: ``delta / asked``; the approximate steps
+    spend a fixed fraction of the asked delta), rounded down to :data:`SUGGESTED_DIGITS`
+    significant digits. A filter is offered only
+    where the release's other figure fits its fresh budget (B: ``rho <= rho_total``, C:
+    ``epsilon <= epsilon_total``); when neither does, the budget check's 409 says what is
+    short and ``None`` is returned."""
+    if dataset.accounting != "hybrid" or charge.gdp is not None:
+        return None
+    if asked_delta is None or asked_delta <= 0:
+        return None
+    mechanisms = dataset.delta_mechanisms or Decimal(0)
+    basic = dataset.delta_basic or Decimal(0)
+    rho_total = dataset.rho_total or Decimal(0)
+    rho_fits = charge.rho <= rho_total
+    if charge.zcdp_delta is not None and charge.zcdp_delta <= mechanisms and rho_fits:
+        return None  # B admits it on a fresh budget
+    if charge.delta <= basic and charge.epsilon <= dataset.epsilon_total:
+        return None  # C admits it on a fresh budget
+    candidates: list[tuple[Decimal, str]] = []
+    if charge.zcdp_delta is not None and charge.zcdp_delta > mechanisms and rho_fits:
+        ratio = _UP.divide(charge.zcdp_delta, asked_delta)
+        candidates.append((_DOWN.divide(mechanisms, ratio), "zcdp"))
+    if charge.delta > basic and charge.epsilon <= dataset.epsilon_total:
+        ratio = _UP.divide(charge.delta, asked_delta)
+        candidates.append((_DOWN.divide(basic, ratio), "basic"))
+    candidates = [(value, name) for value, name in candidates if value > 0]
+    if not candidates:
+        return None
+    largest, by = max(candidates)
+    figure = _floor_digits(largest, SUGGESTED_DIGITS)
+    total = dataset.delta_total
+    if charge.zcdp_delta is None:
+        b_reason = "filter B (zcdp) cannot charge it (no proven zCDP profile with these params)"
+    elif not rho_fits:
+        b_reason = (
+            f"filter B (zcdp) charges it rho {format_budget(charge.rho)}, more than its whole "
+            f"rho budget, {format_budget(rho_total)}"
+        )
+    else:
+        b_reason = (
+            f"filter B (zcdp) charges its approximate steps {format_budget(charge.zcdp_delta)}, "
+            f"more than its whole share for approximate steps, {format_budget(mechanisms)} "
+            f"({_percent(mechanisms, total)} of delta)"
+        )
+    if charge.epsilon > dataset.epsilon_total:
+        c_reason = (
+            f"filter C (basic) charges it epsilon {format_budget(charge.epsilon)}, more than "
+            f"the dataset's, {format_budget(dataset.epsilon_total)}"
+        )
+    else:
+        c_reason = (
+            f"filter C (basic) charges it as a single release of delta "
+            f"{format_budget(charge.delta)}, more than its whole share, {format_budget(basic)} "
+            f"({_percent(basic, total)} of delta)"
+        )
+    return InvalidInput(
+        "delta",
+        f"no filter of this dataset's hybrid budget could ever admit this release at delta "
+        f"{format_budget(asked_delta)}, even unspent: filter A' (gdp, "
+        f"{_percent(dataset.delta_gaussian, total)} of delta) cannot charge its approximate "
+        f"steps (or unproven profile); {b_reason}; {c_reason}. The largest delta this release "
+        f"fits at is {format_budget(figure)} (filter {'B' if by == 'zcdp' else 'C'}); see "
+        "docs/mechanisms.md, 'Accounting across releases'",
+    )

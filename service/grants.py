@@ -79,8 +79,6 @@ def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
     dataset = session.get(Dataset, grant.dataset_id)
     assert dataset is not None  # a grant's dataset row is never removed
     counted = [LedgerEntry.grant_id == grant.id, ledger.in_effect()]
-    if dataset.accounting == "hybrid":
-        counted.append(LedgerEntry.kind == "charge")  # its refunds give nothing back
     rows = session.execute(
         select(
             LedgerEntry.kind,
@@ -99,35 +97,20 @@ def hybrid_grant_budget(
 ) -> accounting.HybridBudget:
     """A ``hybrid`` grant's filters: a hybrid sub-budget of ``(epsilon, delta)`` with its
     dataset's shares of delta (each share rounded down, so their sum stays within ``delta``),
-    each filter's budget derived as the dataset's (rounded down) and capped at the dataset's."""
-    total = dataset.delta_total
-
-    def share(part: Decimal | None) -> Decimal:
-        if part is None or total <= 0:
-            return Decimal(0)
-        return accounting.round_down(
-            ledger.BUDGET_CONTEXT.divide(ledger.BUDGET_CONTEXT.multiply(delta, part), total)
-        )
-
-    budget = accounting.hybrid_budget_of(
-        epsilon,
-        delta,
-        share(dataset.delta_gaussian),
-        share(dataset.delta_conversion),
-        share(dataset.delta_mechanisms),
-        share(dataset.delta_basic),
-    )
+    each filter's budget derived as the dataset's (rounded down) and capped at the dataset's
+    (:func:`service.accounting.hybrid_sub_budget`)."""
     zero = Decimal(0)
-    return accounting.HybridBudget(
-        budget.epsilon,
-        budget.delta,
-        min(budget.mu_total, dataset.mu_total or zero),
-        budget.delta_gaussian,
-        min(budget.rho_total, dataset.rho_total or zero),
-        budget.delta_conversion,
-        budget.delta_mechanisms,
-        budget.delta_basic,
+    filters = accounting.HybridBudget(
+        dataset.epsilon_total,
+        dataset.delta_total,
+        dataset.mu_total or zero,
+        dataset.delta_gaussian or zero,
+        dataset.rho_total or zero,
+        dataset.delta_conversion or zero,
+        dataset.delta_mechanisms or zero,
+        dataset.delta_basic or zero,
     )
+    return accounting.hybrid_sub_budget(filters, epsilon, delta)
 
 
 def _grant_state(

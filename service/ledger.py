@@ -324,8 +324,6 @@ def budget_select(dialect: str, where: Sequence[ColumnElement[bool]]) -> Select[
         and_(
             entries.c.dataset_id == datasets.c.id,
             in_effect(bindparam("now")),
-            # hybrid keeps every charge (see refund): its refunds give nothing back.
-            or_(entries.c.kind == "charge", datasets.c.accounting != "hybrid"),
         ),
     )
     if dialect == "postgresql":
@@ -497,11 +495,42 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> Le
     padding (the budget endpoint, or a request accepted only thanks to the refund). Until
     then the charge stands, which only makes the ledger stricter.
 
-    On a ``hybrid`` dataset the refund is written (the ledger shows it) but gives nothing back:
-    the union-of-filters argument (:class:`service.HybridState`) needs each filter's
-    condition to be monotone along the ledger's history, and a charge taken back could revive
-    a filter that had already refused (or whose flag a release without a profile had broken).
-    Every budget read there counts charges only (:func:`budget_select`, the grants' reads).
+    On a ``hybrid`` dataset the refunded release counts, from then on, as a zero-cost step in
+    every filter (GDP 0, rho 0, approximate delta 0, epsilon and delta 0; it no longer counts
+    as a release without a GDP figure or a profile, so a flag it had broken is restored: the
+    sums and counts of :data:`SUMS` subtract it). Why the union of filters stays
+    ``(epsilon, delta)``-DP (:class:`service.accounting.HybridState`'s argument, extended):
+
+    1. *The refunded step costs 0.* It provably never read the data, and whether it did is
+       decided from public facts (the dataset deleted, a fault before any read), so its output
+       is data-independent: a 0-GDP, 0-zCDP, (0, 0)-DP mechanism, which every filter's fully
+       adaptive theorem admits at cost 0 (its flags unaffected: it has both figures, 0).
+       Model it as submitted when it would have read the data (its execution), with cost 0.
+    2. *Some filter holds on the final sequence with refunded steps zeroed.* The last
+       admission was allowed by a filter ``j`` on the sequence then in effect (earlier refunds
+       zeroed); later refunds only zero more steps, and every condition is monotone (sums
+       fall, flags come back), so ``j`` still holds. Partition the transcripts by the first
+       filter whose condition holds on the final zeroed sequence, as before; the partition is
+       a function of the transcript (refunds and their times are in it).
+    3. *On its part ``T_j``, filter ``j`` alone with another analyst yields the same
+       transcripts with the same probabilities.* The analyst ``B`` submits to ``j`` exactly
+       what the ledger admitted, each non-refunded release with its cost and each refunded one
+       as the constant step of cost 0 (point 1), and never submits what the ledger refused:
+       the ledger's refusals, including those made while a later-refunded charge stood, are
+       functions of the public history (costs, charges and refunds are public), so they are
+       ``B``'s own choice not to submit, which a fully adaptive theorem allows. On ``T_j``,
+       ``j``'s condition holds on the whole zeroed sequence, hence on every prefix in any
+       order (sums of nonnegative costs, monotone flags), so ``j`` admits every submission of
+       ``B``; the outputs have the same conditional laws. So ``P[M(x) in S, T_j] =
+       P[M_j,B(x) in S, T_j] <= e^eps P[M_j,B(x') in S, T_j] + delta_j``, and summing over the
+       parts gives ``(epsilon, delta)`` as in :class:`service.accounting.HybridState`.
+
+    The admissions made while the charge stood are admissible on the zeroed sequence too (a
+    smaller cost only helps every filter), and a request refused then may be admitted once
+    the refund takes effect: both are covered by point 3. Tested in
+    tests/test_accounting_hybrid_refunds.py (hypothesis: after any sequence of requests and
+    refunds, the admitted sequence with refunded steps zeroed satisfies some filter's
+    condition on every prefix).
     """
     release = session.get(Release, release_id)
     effective = utcnow()

@@ -209,8 +209,6 @@ def page_ledger(
     # The net spend before this page, summed exactly (ledger order: a refund counts where it is
     # written, so the running figure is the ledger's, not the budget's at a given time).
     counted = [LedgerEntry.dataset_id == dataset_id, LedgerEntry.id <= after]
-    if dataset.accounting == "hybrid":
-        counted.append(LedgerEntry.kind == "charge")  # its refunds give nothing back
     before = ledger.spent_of(
         session.execute(
             select(

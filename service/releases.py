@@ -437,6 +437,11 @@ def _prepare(
         charge = ledger.Charge(epsilon, delta)
     elif kind == "hybrid":
         charge = charges.hybrid_charge(epsilon, delta, costs)
+        # A delta no filter's whole share could take: a 422 with the largest that fits, not
+        # a 409 on a fresh budget (the dry run says the same: it prepares through here).
+        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge)
+        if refusal is not None:
+            raise refusal
     else:
         assert costs.rho is not None and costs.delta is not None
         charge = ledger.Charge(Decimal(0), costs.delta, costs.rho)

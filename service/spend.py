@@ -63,7 +63,11 @@ class Statement:
     ``delta_total`` is the budget's delta (a grant's: what its mechanisms may spend);
     ``delta_remaining`` what releases' mechanisms may still spend; ``delta_reserved_for_conversion``
     the dataset's delta held back to convert ``rho`` to ``(epsilon, delta)`` (``zcdp``; all of
-    ``delta_total`` under ``gaussian``; ``None`` under ``basic``) and never spent by a mechanism.
+    ``delta_total`` under ``gaussian``; A''s share and B's conversion share under ``hybrid``;
+    ``None`` under ``basic``) and never spent by a mechanism. Under ``hybrid``
+    ``delta_spent``/``delta_remaining`` are B's share for approximate steps and C's share for
+    single releases together (:func:`_hybrid_delta`): the three delta figures add up to
+    ``delta_total``.
     """
 
     accounting: str
@@ -202,10 +206,32 @@ def _hybrid_reserved(state: BudgetState) -> Decimal:
     )
 
 
+def _hybrid_delta(state: BudgetState, hybrid: accounting.HybridState) -> tuple[Decimal, Decimal]:
+    """``(delta_spent, delta_remaining)`` of a ``hybrid`` budget: the part of ``delta_total``
+    that is not held for a conversion is B's share for approximate steps plus C's share for
+    single releases, and each filter counts every admitted release (one release may move
+    both). ``remaining`` is what approximate steps may still spend under B (``delta_mechanisms``
+    less their ``zcdp_delta`` sum) plus what single releases may still spend under C
+    (``delta_basic`` less the releases' deltas), each 0 once its filter no longer holds (it
+    will never admit again); ``spent`` is the rest of the two shares (spent, or closed with its
+    filter). So ``delta_reserved_for_conversion + delta_spent + delta_remaining =
+    delta_total`` (the four shares are stored so that they sum to it)."""
+    zero = Decimal(0)
+    mechanisms = zero if state.delta_mechanisms is None else state.delta_mechanisms
+    basic = zero if state.delta_basic is None else state.delta_basic
+    b_left = BUDGET_CONTEXT.subtract(mechanisms, state.zcdp_delta_spent)
+    c_left = BUDGET_CONTEXT.subtract(basic, state.delta_spent)
+    b_left = max(zero, b_left) if hybrid.b_holds(_NOTHING) else zero
+    c_left = max(zero, c_left) if hybrid.c_holds(_NOTHING) else zero
+    remaining = BUDGET_CONTEXT.add(b_left, c_left)
+    spent = BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(mechanisms, basic), remaining)
+    return spent, remaining
+
+
 def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
-    """:func:`statement` of a ``hybrid`` budget. ``delta_spent``/``delta_remaining`` are B's
-    approximate steps' (``delta_mechanisms`` less what they spent; 0 once B cannot hold);
-    C's single-release deltas are its own filter's (in the ledger's ``delta`` column)."""
+    """:func:`statement` of a ``hybrid`` budget: ``delta_reserved_for_conversion`` is A''s
+    share and B's conversion share, ``delta_spent``/``delta_remaining`` B's share for
+    approximate steps and C's share for single releases (:func:`_hybrid_delta`)."""
     hybrid = state.hybrid()
     epsilon_total = (
         state.epsilon_stated if state.epsilon_stated is not None else state.epsilon_total
@@ -214,16 +240,15 @@ def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
         epsilon_total = min(epsilon_total, state.epsilon_ceiling)
     spent = hybrid_epsilon(hybrid, delta_at)
     spent = epsilon_total if spent is None else spent
-    mechanisms = Decimal(0) if state.delta_mechanisms is None else state.delta_mechanisms
-    left = BUDGET_CONTEXT.subtract(mechanisms, state.zcdp_delta_spent)
+    delta_spent, delta_remaining = _hybrid_delta(state, hybrid)
     return Statement(
         accounting="hybrid",
         epsilon_total=epsilon_total,
         epsilon_spent=spent,
         epsilon_remaining=max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent)),
         delta_total=state.delta_total,
-        delta_spent=state.zcdp_delta_spent,
-        delta_remaining=max(Decimal(0), left) if hybrid.b_holds(_NOTHING) else Decimal(0),
+        delta_spent=delta_spent,
+        delta_remaining=delta_remaining,
         delta_reserved_for_conversion=_hybrid_reserved(state),
         stated_at_delta=delta_at,
         native=_hybrid_native(state),
@@ -330,7 +355,8 @@ def running_epsilon(
     Under ``basic`` the increments are the entries' epsilons; under the others epsilons do not
     add up (the conversion is concave in ``rho``), so the increment is the difference of the
     running figures: what the chart's step is. ``hybrid`` needs the dataset's ``totals`` (which
-    filters still hold) and counts charges only (its refunds give nothing back)."""
+    filters still hold); a refund there zeroes its release in every filter
+    (:func:`service.ledger.refund`)."""
     if kind == "hybrid":
         assert totals is not None
         return _hybrid_running(totals, before, entries)
@@ -364,9 +390,9 @@ def _hybrid_running(
     previous = stated()
     shown: list[Running] = []
     for entry in entries:
-        if entry[0] == "charge":
-            added = spent_of([entry])
-            sums = [BUDGET_CONTEXT.add(a, b) for a, b in zip(sums, added, strict=True)]
+        # a refund's row moves every sum (and count) back: spent_of signs it
+        added = spent_of([entry])
+        sums = [BUDGET_CONTEXT.add(a, b) for a, b in zip(sums, added, strict=True)]
         after = stated()
         gdp = entry[4] if len(entry) > 4 else None
         mu = None if gdp is None else accounting.sqrt_up(gdp)

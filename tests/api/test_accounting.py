@@ -432,7 +432,7 @@ def test_a_refund_gives_back_exactly_the_charge_and_reconciles(
     assert report.ok, report.problems
 
 
-def test_a_hybrid_refund_is_recorded_gives_nothing_back_and_reconciles(
+def test_a_hybrid_refund_zeroes_its_release_in_every_filter_and_reconciles(
     client, keys, upload_dataset, data, run_worker, session_factory
 ):
     dataset = upload(upload_dataset, client, keys, data, "hybrid", row_norm_bound=1.0)
@@ -449,11 +449,13 @@ def test_a_hybrid_refund_is_recorded_gives_nothing_back_and_reconciles(
         moved = ("epsilon", "delta", "rho", "gdp", "zcdp_delta")
         assert all(getattr(charge, name) == getattr(refund, name) for name in moved)
         assert charge.gdp is not None and charge.epsilon > 0
-        # every filter keeps the charge (the union of filters needs them monotone)
+        # the refunded release is a zero-cost step in every filter (ledger.refund's argument;
+        # it gave nothing back before follow-up 4 of issue 31 item 5)
         row = session.get(Dataset, uuid.UUID(dataset["id"]))
         state = ledger.budget_of(session, row)
-        assert (state.gdp_spent, state.rho_spent) == (charge.gdp, charge.rho)
-        assert (state.epsilon_spent, state.delta_spent) == (charge.epsilon, charge.delta)
+        assert (state.gdp_spent, state.rho_spent) == (0, 0)
+        assert (state.epsilon_spent, state.delta_spent) == (0, 0)
+        assert state.hybrid().all_gdp and state.hybrid().all_profiled
         report = audit.verify(session)
     assert report.ok, report.problems
 

@@ -135,7 +135,7 @@ def test_the_budget_read_agrees_with_the_ledger_and_counts_refunds_once_in_effec
         assert only_second == budget_out(row, alone).model_dump(mode="json")
 
 
-def test_a_hybrid_budget_read_agrees_with_the_ledger_and_refunds_give_nothing_back(
+def test_a_hybrid_budget_read_agrees_with_the_ledger_and_a_refund_zeroes_its_release(
     client: TestClient,
     keys: Keys,
     upload_dataset: Callable[..., Any],
@@ -143,8 +143,8 @@ def test_a_hybrid_budget_read_agrees_with_the_ledger_and_refunds_give_nothing_ba
 ) -> None:
     """hybrid's sums (every filter's, with the entries missing a GDP or zCDP figure counted)
     read the same in the one-statement read and in ``ledger.budget_of``, on both databases'
-    shapes; a refund is recorded but counts for nothing (the union of filters needs them
-    monotone)."""
+    shapes; a refund zeroes its release in every filter (its flags restored: ledger.refund's
+    argument)."""
     dataset = upload_dataset(
         client,
         keys.owner,
@@ -211,7 +211,15 @@ def test_a_hybrid_budget_read_agrees_with_the_ledger_and_refunds_give_nothing_ba
         )
     for key in (keys.owner, keys.analyst):
         answer = client.get(budget_url(dataset), headers=bearer(key)).json()
-        assert answer == expected() == charged
+        assert answer == expected() != charged
+    with session_factory() as session:
+        row = session.get(Dataset, uuid.UUID(dataset))
+        assert row is not None
+        state = ledger.budget_of(session, row)
+        # the release without a GDP figure or a profile is gone: A' and B hold again
+        assert state.not_gdp == 0 and state.not_profiled == 0
+        assert state.hybrid().all_gdp and state.hybrid().all_profiled
+    assert Decimal(answer["epsilon_spent"]) < Decimal(charged["epsilon_spent"])
 
 
 def test_the_budget_read_shows_what_the_metadata_shows(

@@ -325,3 +325,40 @@ def test_a_hybrid_filter_outrun_by_another_states_nothing_left_never_less(
         assert Decimal(budget[name]) >= 0, (name, budget[name])
     refused = exhaust(client, keys.analyst, dataset)
     assert remaining(refused) == remaining(budget)
+
+
+def test_a_hybrid_delta_row_adds_up_and_states_the_basic_filters_share(
+    client, keys, upload_dataset, data
+):
+    """Follow-up 3 of issue 31 item 5: delta_spent and delta_remaining are B's share for
+    approximate steps and C's share for single releases, so with the delta held for the
+    conversion they add up to delta_total, before and after releases, and C's spend shows."""
+    dataset = upload(upload_dataset, client, keys, data, "hybrid")
+    url = f"/v1/datasets/{dataset['id']}/releases"
+
+    def budget() -> dict[str, Any]:
+        shown: dict[str, Any] = client.get(
+            f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)
+        ).json()
+        parts = ("delta_reserved_for_conversion", "delta_spent", "delta_remaining")
+        assert sum(Decimal(shown[name]) for name in parts) == Decimal(shown["delta_total"])
+        return shown
+
+    fresh = budget()
+    # B's 2% and C's 1% of 1e-5, all still available
+    assert Decimal(fresh["delta_remaining"]) == Decimal("3e-7")
+    assert Decimal(fresh["delta_spent"]) == 0
+    # A single release of delta 1e-8 (a Gaussian one, which A' also takes): C counts it
+    body = {**RELEASE, "epsilon": "0.2", "delta": "1e-8"}
+    assert client.post(url, headers=bearer(keys.analyst), json=body).status_code == 202
+    after = budget()
+    assert Decimal(after["delta_spent"]) == Decimal("1e-8")
+    assert Decimal(after["delta_remaining"]) == Decimal("2.9e-7")
+    # C closed by its epsilon (0.2 + 0.9 > 1): its whole share is no longer available
+    body = {**RELEASE, "epsilon": "0.9", "delta": "1e-8"}
+    assert client.post(url, headers=bearer(keys.analyst), json=body).status_code == 202
+    closed = budget()
+    assert Decimal(closed["delta_spent"]) == Decimal("1e-7")
+    assert Decimal(closed["delta_remaining"]) == Decimal("2e-7")
+    refused = exhaust(client, keys.analyst, dataset, epsilon="0.9", delta="1e-8")
+    assert remaining(refused) == remaining(budget())

@@ -55,48 +55,66 @@ class Budget(Schema):
     epsilon_spent: ExactDecimal = Field(
         description=(
             "basic: epsilon charged by releases (net of refunds). gaussian, zcdp: the smallest "
-            "epsilon at which everything spent so far is (epsilon, delta_total)-DP (rounded up)."
+            "epsilon at which everything spent so far is (epsilon, delta_total)-DP (rounded up); "
+            "hybrid: the smallest such epsilon of its filters that still hold."
         )
     )
     delta_spent: ExactDecimal = Field(
-        description="Delta charged by releases (net of refunds); 0 under gaussian accounting."
+        description=(
+            "Delta charged by releases (net of refunds); 0 under gaussian accounting. hybrid: "
+            "the part of its zCDP filter's share for approximate steps and of its basic filter's "
+            "share no longer available (spent, or closed with its filter; each filter counts "
+            "every release, so one release may move both); delta_reserved_for_conversion + "
+            "delta_spent + delta_remaining = delta_total."
+        )
     )
     epsilon_remaining: ExactDecimal = Field(description="epsilon_total - epsilon_spent.")
     delta_remaining: ExactDecimal = Field(
         description=(
             "Delta releases may still spend: delta_total - delta_spent (basic); delta_total - "
-            "delta_conversion - delta_spent (zcdp); 0 (gaussian)."
+            "delta_conversion - delta_spent (zcdp); 0 (gaussian); hybrid: what approximate steps "
+            "may still spend under its zCDP filter (of its share for approximate steps, 2% by "
+            "default) plus what single releases may still spend under its basic filter (of its "
+            "share, 1% by default), each 0 once its filter no longer holds."
         )
     )
     rho_total: ExactDecimal | None = Field(
         default=None,
         description=(
             "zcdp: the largest rho whose conversion (Canonne, Kamath & Steinke 2020) is within "
-            "(epsilon_total, delta_conversion), rounded down. gaussian: mu_total^2/2. Null for "
-            "basic."
+            "(epsilon_total, delta_conversion), rounded down. gaussian: mu_total^2/2. hybrid: its "
+            "zCDP filter's, at its conversion share of delta. Null for basic."
         ),
     )
     rho_spent: ExactDecimal | None = Field(
-        default=None, description="Rho charged by releases (net of refunds); null for basic."
+        default=None,
+        description="Rho charged by releases (net of refunds); null for basic.",
     )
     rho_remaining: ExactDecimal | None = Field(
-        default=None, description="rho_total - rho_spent; null for basic."
+        default=None,
+        description="rho_total - rho_spent (hybrid: 0 once its zCDP filter no longer holds); null "
+        "for basic.",
     )
     mu_total: ExactDecimal | None = Field(
         default=None,
         description=(
             "gaussian: the largest mu whose Gaussian-DP curve is within (epsilon_total, "
-            "delta_total), rounded down. Null otherwise."
+            "delta_total), rounded down; hybrid: its Gaussian-DP filter's, within its share of "
+            "delta. Null otherwise."
         ),
     )
     mu_spent: ExactDecimal | None = Field(
-        default=None, description="gaussian: sqrt(sum of the releases' mu^2), rounded up."
+        default=None,
+        description=(
+            "gaussian, hybrid: sqrt(sum of the releases' mu^2), rounded up (hybrid: Gaussian "
+            "steps' (Delta/sigma)^2 and pure epsilon steps' mu = -2 Phi^-1(1/(1+e^epsilon)))."
+        ),
     )
     mu_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian: sqrt(mu_total^2 - mu_spent^2), rounded down: the largest mu one more "
-            "release may use."
+            "gaussian, hybrid: sqrt(mu_total^2 - mu_spent^2), rounded down: the largest mu one "
+            "more release may use (hybrid: 0 once its Gaussian-DP filter no longer holds)."
         ),
     )
     delta_conversion: ExactDecimal | None = Field(
@@ -108,7 +126,9 @@ class Budget(Schema):
         description=(
             "The part of delta_total held back to convert rho to (epsilon, delta): never spent "
             "by a mechanism, so not in delta_remaining. zcdp: delta_conversion; gaussian: all "
-            "of delta_total; null for basic. See docs/mechanisms.md, 'Reading a budget'."
+            "of delta_total; hybrid: its Gaussian-DP filter's share (96% by default) plus its "
+            "zCDP filter's conversion share (1%); null for basic. See docs/mechanisms.md, "
+            "'Reading a budget'."
         ),
     )
 

@@ -65,7 +65,12 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "delta_conversion (by default half of delta_total) for it; gaussian holds all of "
         "delta_total; hybrid holds 97% (96% for its Gaussian-DP filter, 1% for its zCDP "
         "filter's conversion). That delta is shown as delta_reserved_for_conversion: no "
-        "mechanism spends it, so delta_remaining is what mechanisms may still spend.",
+        "mechanism spends it, so delta_remaining is what mechanisms may still spend. Under "
+        "hybrid the other 3% are its zCDP filter's share for approximate steps (2%) and its "
+        "basic filter's share for single releases (1%): delta_spent and delta_remaining are "
+        "those two shares, spent (or closed with their filter) and still available, so "
+        "delta_reserved_for_conversion + delta_spent + delta_remaining = delta_total; each "
+        "filter counts every release, so one release may move both shares.",
     ),
     (
         "Grants",

@@ -78,12 +78,23 @@ class Grant(Schema):
             "which what it spent is (epsilon, delta_total)-DP at the dataset's delta, rounded up)."
         )
     )
-    delta_spent: ExactDecimal = Field(description="Delta charged to the grant, less refunds.")
+    delta_spent: ExactDecimal = Field(
+        description=(
+            "Delta charged to the grant, less refunds. hybrid: as the dataset's budget states "
+            "it (its zCDP filter's share for approximate steps and its basic filter's share, "
+            "spent or closed)."
+        )
+    )
     epsilon_remaining: ExactDecimal = Field(
         description="Epsilon the grant could still spend (none once revoked)."
     )
     delta_remaining: ExactDecimal = Field(
-        description="Delta the grant could still spend (none once revoked)."
+        description=(
+            "Delta the grant could still spend (none once revoked). hybrid: what approximate steps"
+            " may still spend under its zCDP filter (of its share for approximate steps, 2% by "
+            "default) plus what single releases may still spend under its basic filter (of its "
+            "share, 1% by default), each 0 once its filter no longer holds."
+        )
     )
     accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
         default="basic", description="The dataset's accounting: the grant's currency."
@@ -110,7 +121,8 @@ class Grant(Schema):
         default=None,
         description=(
             "gaussian and zcdp: the dataset's delta held back to convert rho to (epsilon, "
-            "delta); no mechanism spends it."
+            "delta); no mechanism spends it. hybrid: the grant's Gaussian-DP filter share plus "
+            "its zCDP filter's conversion share."
         ),
     )
     created_at: datetime = Field(description="Creation time (UTC).")

@@ -264,7 +264,11 @@ class BudgetExceeded(Schema):
         )
     )
     delta_remaining: ExactDecimal = Field(
-        description="Delta still available in the budget named by `budget`."
+        description=(
+            "Delta still available in the budget named by `budget`, as GET .../budget states it "
+            "(hybrid: its zCDP filter's share for approximate steps plus its basic filter's "
+            "share, what each may still spend)."
+        )
     )
     budget: Literal["dataset", "grant"] = Field(
         default="dataset",
@@ -294,7 +298,8 @@ class BudgetExceeded(Schema):
         default=None,
         description=(
             "gaussian and zcdp: the dataset's delta held back to convert rho to (epsilon, "
-            "delta), which no mechanism spends (not in delta_remaining)."
+            "delta), which no mechanism spends (not in delta_remaining); hybrid: its Gaussian-DP "
+            "filter's share plus its zCDP filter's conversion share, as GET .../budget states it."
         ),
     )
 
@@ -373,7 +378,8 @@ class ReleasePreview(Schema):
         default=None,
         description=(
             "gaussian and zcdp: the dataset's delta held back to convert rho to (epsilon, "
-            "delta), which no mechanism spends (not in delta_remaining)."
+            "delta), which no mechanism spends (not in delta_remaining); hybrid: its Gaussian-DP "
+            "filter's share plus its zCDP filter's conversion share, as GET .../budget states it."
         ),
     )
     releases_remaining: int | None = Field(
@@ -395,7 +401,13 @@ class ReleasePreview(Schema):
             "states it (gaussian, zcdp: at the dataset's delta_total)."
         )
     )
-    delta_remaining: ExactDecimal = Field(description="Delta left in the budget named by `budget`.")
+    delta_remaining: ExactDecimal = Field(
+        description=(
+            "Delta left in the budget named by `budget`, as GET .../budget states it (hybrid: "
+            "its zCDP filter's share for approximate steps plus its basic filter's share, what "
+            "each may still spend)."
+        )
+    )
     budget: Literal["dataset", "grant"] = Field(
         default="dataset",
         description=(

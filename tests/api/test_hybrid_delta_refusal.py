@@ -1,0 +1,119 @@
+"""A delta no filter of a hybrid budget could ever take gets a 422 naming ``delta`` with the
+largest delta that fits (follow-up 1 of issue 31 item 5), not a 409 on a fresh dataset; the
+figure it gives is admitted, and a refused request charges nothing."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from tests.conftest import bearer
+
+pytestmark = pytest.mark.release_seed(7)
+
+FIGURE = re.compile(r"The largest delta this release fits at is ([0-9.]+) \(filter ([BC])\)")
+
+
+def low_rank(n: int, d: int, k: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(rng.normal(size=(d, k)))
+    rows = rng.normal(size=(n, k)) @ basis.T * (0.5 / np.sqrt(k))
+    return rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
+
+
+@pytest.fixture
+def fresh(client, keys, upload_dataset):
+    """A fresh dataset with the product's default budget (1, 1e-5) and accounting."""
+
+    def make() -> str:
+        dataset = upload_dataset(
+            client,
+            keys.owner,
+            low_rank(20_000, 10, 2, seed=3),
+            accounting="hybrid",
+            epsilon_budget="1",
+            delta_budget="1e-5",
+            row_norm_bound=1.0,
+        )
+        return str(dataset["id"])
+
+    return make
+
+
+def post(client, keys, dataset_id: str, body: dict, dry_run: bool = False):
+    query = "?dry_run=true" if dry_run else ""
+    return client.post(
+        f"/v1/datasets/{dataset_id}/releases{query}", headers=bearer(keys.analyst), json=body
+    )
+
+
+def spent(client, keys, dataset_id: str) -> dict:
+    return client.get(f"/v1/datasets/{dataset_id}/budget", headers=bearer(keys.owner)).json()
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "epsilon", "by"),
+    [
+        ("friendly_aggregate", "1", "C"),  # rho 0.5 > B's 0.0202: only C's share is offered
+        ("friendly_aggregate", "0.15", "B"),  # rho within B's: B's share / the steps' ratio
+        ("histogram_aggregate", "1", "C"),
+        ("gap_perturbation", "1", "C"),
+        ("auto", "1", "C"),
+    ],
+)
+def test_a_delta_no_filter_could_take_is_a_422_and_its_figure_is_admitted(
+    client, keys, fresh, mechanism, epsilon, by
+):
+    dataset_id = fresh()
+    body = {"mechanism": mechanism, "k": 2, "epsilon": epsilon, "delta": "1e-6"}
+    refused = post(client, keys, dataset_id, body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"].startswith("delta: ")
+    found = FIGURE.search(refused.json()["detail"])
+    assert found is not None, refused.text
+    assert found.group(2) == by
+    figure = Decimal(found.group(1))
+    assert 0 < figure < Decimal("1e-6")
+    if by == "C":
+        assert figure == Decimal("1e-7")  # C's whole share: it charges the asked delta
+    else:
+        assert figure > Decimal("1e-7")  # more than C's share: B's share at the steps' ratio
+    # The dry run says the same, and nothing was charged.
+    dry = post(client, keys, dataset_id, body, dry_run=True)
+    assert dry.status_code == 422 and dry.json()["detail"] == refused.json()["detail"]
+    before = spent(client, keys, dataset_id)
+    assert Decimal(before["epsilon_spent"]) == 0 and Decimal(before["rho_spent"]) == 0
+    # The figure, used, is admitted on the fresh dataset.
+    admitted = post(client, keys, dataset_id, {**body, "delta": str(figure)})
+    assert admitted.status_code == 202, admitted.text
+    assert Decimal(spent(client, keys, dataset_id)["epsilon_spent"]) > 0
+
+
+def test_a_delta_just_above_the_figure_is_refused_with_it(client, keys, fresh):
+    dataset_id = fresh()
+    body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "1", "delta": "1.01e-7"}
+    refused = post(client, keys, dataset_id, body)
+    assert refused.status_code == 422, refused.text
+    found = FIGURE.search(refused.json()["detail"])
+    assert found is not None and Decimal(found.group(1)) == Decimal("1e-7")
+    assert Decimal(spent(client, keys, dataset_id)["epsilon_spent"]) == 0
+
+
+def test_a_gaussian_release_is_never_refused_so(client, keys, fresh):
+    # A' charges it: a delta far above B's and C's shares is not a reason to refuse.
+    dataset_id = fresh()
+    body = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.5", "delta": "5e-6"}
+    assert post(client, keys, dataset_id, body).status_code == 202
+
+
+def test_the_refusal_says_which_filter_and_its_share(client, keys, fresh):
+    dataset_id = fresh()
+    body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "1", "delta": "1e-6"}
+    detail = post(client, keys, dataset_id, body).json()["detail"]
+    assert "filter A' (gdp, 96% of delta) cannot charge its approximate steps" in detail
+    assert "more than its whole rho budget, 0.0201871" in detail
+    assert "filter C (basic) charges it as a single release of delta 0.000001" in detail
+    assert "its whole share, 0.0000001 (1% of delta)" in detail
