@@ -332,16 +332,10 @@ def _share(
     return zero, delta, rho
 
 
-def _hybrid_share(
-    dataset: Dataset, epsilon: Decimal | None, delta: Decimal | None
-) -> tuple[Decimal, Decimal, Decimal]:
-    """A grant on a ``hybrid`` dataset: ``(epsilon, delta)`` (``delta`` defaults to the
-    dataset's ``delta_total``), each at most the dataset's; the grant is a hybrid sub-budget
-    with the dataset's shares (:func:`hybrid_grant_budget`), its B ``rho`` kept in the grant's
-    ``rho`` column for the record."""
+def _within_dataset(dataset: Dataset, epsilon: Decimal, delta: Decimal | None) -> Decimal:
+    """A grant's ``delta`` (default: the dataset's ``delta_total``), after checking that the
+    grant's ``(epsilon, delta)`` is each at most the dataset's (422 naming the field)."""
     compare = ledger.BUDGET_CONTEXT.compare
-    if epsilon is None:
-        raise InvalidInput("epsilon", "required (with delta, default the dataset's delta_total)")
     if compare(epsilon, dataset.epsilon_total) > 0:
         raise InvalidInput(
             "epsilon", f"must not exceed the dataset's epsilon_total ({dataset.epsilon_total})"
@@ -351,8 +345,21 @@ def _hybrid_share(
         raise InvalidInput(
             "delta", f"must not exceed the dataset's delta_total ({dataset.delta_total})"
         )
+    return delta
+
+
+def _hybrid_share(
+    dataset: Dataset, epsilon: Decimal | None, delta: Decimal | None
+) -> tuple[Decimal, Decimal, Decimal]:
+    """A grant on a ``hybrid`` dataset: ``(epsilon, delta)`` (``delta`` defaults to the
+    dataset's ``delta_total``), each at most the dataset's; the grant is a hybrid sub-budget
+    with the dataset's shares (:func:`hybrid_grant_budget`), its B ``rho`` kept in the grant's
+    ``rho`` column for the record."""
+    if epsilon is None:
+        raise InvalidInput("epsilon", "required (with delta, default the dataset's delta_total)")
+    delta = _within_dataset(dataset, epsilon, delta)
     if delta <= 0:
-        raise InvalidInput("delta", "must be > 0 on a hybrid dataset")
+        raise InvalidInput("delta", f"must be > 0 on a {dataset.accounting} dataset")
     return epsilon, delta, hybrid_grant_budget(dataset, epsilon, delta).rho_total
 
 
@@ -383,19 +390,10 @@ def _epsilon_share(
     ``(epsilon, delta)``-DP; both are capped at the dataset's own budget (a grant of the whole
     ``(epsilon_total, delta_total)`` is the whole budget). The epsilon is kept as the grant's
     stated total (:mod:`service.spend`)."""
-    compare = ledger.BUDGET_CONTEXT.compare
     for name, value in (("rho", rho), ("mu", mu)):
         if value is not None:
             raise InvalidInput(name, "give epsilon (with delta) or the native budget, not both")
-    if compare(epsilon, dataset.epsilon_total) > 0:
-        raise InvalidInput(
-            "epsilon", f"must not exceed the dataset's epsilon_total ({dataset.epsilon_total})"
-        )
-    delta = dataset.delta_total if delta is None else delta
-    if compare(delta, dataset.delta_total) > 0:
-        raise InvalidInput(
-            "delta", f"must not exceed the dataset's delta_total ({dataset.delta_total})"
-        )
+    delta = _within_dataset(dataset, epsilon, delta)
     if delta <= 0:
         raise InvalidInput("delta", f"must be > 0 on a {dataset.accounting} dataset")
     assert dataset.rho_total is not None  # set for every non-basic dataset

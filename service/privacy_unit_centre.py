@@ -85,13 +85,7 @@ from service.mechanisms.gauss_calibration import (
 )
 from service.mechanisms.linalg import FloatArray, clip_rows, gram_rows
 from service.mechanisms.noise import GRID_DIVISOR
-from service.mechanisms.spectrum import (
-    SpectrumParams,
-    signal_threshold,
-    spectrum,
-    suggest_k,
-    without_rank_one,
-)
+from service.mechanisms.spectrum import SpectrumParams, spectrum, spectrum_output
 from service.privacy_unit import CHUNK_ROWS, bound_contributions, needs_internals
 
 __all__ = [
@@ -315,21 +309,7 @@ def spectrum_person_run(
     variance = noise**2 if split.mean_delta > 0 else 2.0 * noise**2
     bias = n * d * variance
     extras: dict[str, Any] = {"center": center.tolist(), "center_route": "mean"}
-    if bias > 0:
-        extras["center_rank_one_bias"] = bias
-        suggested = suggest_k(without_rank_one(values, bias), signal_threshold(std, spec.k))
-    return MechanismOutput(
-        basis=None,
-        extras={
-            **extras,
-            "eigenvalues": values.tolist(),
-            "singular_values": np.sqrt(values).tolist(),
-            "suggested_k": suggested,
-            "noise_std": std,
-            "signal_threshold": signal_threshold(std, spec.k),
-            "grid": std / GRID_DIVISOR,
-        },
-    )
+    return spectrum_output(values, suggested, std, spec.k, bias, extras)
 
 
 def preview_scales(

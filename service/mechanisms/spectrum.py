@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -268,6 +268,34 @@ def without_rank_one(values: FloatArray, bias: float) -> FloatArray:
     return np.sort(adjusted)[::-1]
 
 
+def spectrum_output(
+    values: FloatArray,
+    suggested: int,
+    std: float,
+    k: int,
+    bias: float,
+    extras: dict[str, Any],
+) -> MechanismOutput:
+    """The release of noisy eigenvalues ``values`` (shape ``(d,)``) with their ``noise_std``:
+    with a private mean's rank-one ``bias`` (> 0: the expected ``n d sigma_mean^2`` its noise
+    adds to the top eigenvalue), ``suggested_k`` is read with that removed (post-processing)."""
+    if bias > 0:
+        extras = {**extras, "center_rank_one_bias": bias}
+        suggested = suggest_k(without_rank_one(values, bias), signal_threshold(std, k))
+    return MechanismOutput(
+        basis=None,
+        extras={
+            **extras,
+            "eigenvalues": values.tolist(),
+            "singular_values": np.sqrt(values).tolist(),
+            "suggested_k": suggested,
+            "noise_std": std,
+            "signal_threshold": signal_threshold(std, k),
+            "grid": std / GRID_DIVISOR,
+        },
+    )
+
+
 class Spectrum(CentredGramMechanism[SpectrumParams]):
     name: ClassVar[str] = "spectrum"
     accountings: ClassVar[frozenset[str]] = frozenset({"basic", "gaussian", "zcdp"})
@@ -396,18 +424,4 @@ class Spectrum(CentredGramMechanism[SpectrumParams]):
         if spec.params.center == "private":
             centre_extras["center_route"] = route
         bias = rank_one_bias(n, d, spec.params, split) if route == "mean" else 0.0
-        if bias > 0:
-            centre_extras["center_rank_one_bias"] = bias
-            suggested = suggest_k(without_rank_one(values, bias), signal_threshold(std, spec.k))
-        return MechanismOutput(
-            basis=None,
-            extras={
-                **centre_extras,
-                "eigenvalues": values.tolist(),
-                "singular_values": np.sqrt(values).tolist(),
-                "suggested_k": suggested,
-                "noise_std": std,
-                "signal_threshold": signal_threshold(std, spec.k),
-                "grid": std / GRID_DIVISOR,
-            },
-        )
+        return spectrum_output(values, suggested, std, spec.k, bias, centre_extras)
