@@ -527,6 +527,11 @@ class ReleaseCost:
         return ReleaseCost(epsilon, delta, costs.rho, zcdp_delta, costs.gdp)
 
 
+#: A release that costs nothing in every filter: ``state.a_holds(NO_COST)`` (and ``b_``,
+#: ``c_``) is whether that filter still holds on what was spent.
+NO_COST = ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
+
+
 @dataclass(frozen=True)
 class HybridState:
     """What the admitted releases spent, per filter, and which filters still hold.

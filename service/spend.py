@@ -156,12 +156,11 @@ def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decim
     epsilon at the dataset's ``delta_total``), and the smallest valid one is stated. A filter
     that no longer holds is not read (the ledger's admissions are no longer its). ``None`` when
     none holds (a budget overspent by rounding only; callers state the total as spent)."""
-    probe = accounting.ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
     figures: list[Decimal] = []
-    if state.a_holds(probe):
+    if state.a_holds(accounting.NO_COST):
         mu = accounting.sqrt_up(state.gdp_spent)
         figures.append(accounting.gdp_epsilon(mu, delta_total) if mu > 0 else Decimal(0))
-    if state.b_holds(probe):
+    if state.b_holds(accounting.NO_COST):
         if state.rho_spent <= 0:
             figures.append(Decimal(0))
         else:
@@ -169,13 +168,9 @@ def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decim
             converted = accounting.zcdp_epsilon(state.rho_spent, left)
             if converted is not None:
                 figures.append(converted)
-    if state.c_holds(probe):
+    if state.c_holds(accounting.NO_COST):
         figures.append(state.epsilon_spent)
     return min(figures) if figures else None
-
-
-#: A release that costs nothing: ``holds(_NOTHING)`` is whether a filter holds on what was spent.
-_NOTHING = accounting.ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
 
 
 def _hybrid_native(state: BudgetState) -> Native:
@@ -184,8 +179,8 @@ def _hybrid_native(state: BudgetState) -> Native:
     gdp_left = BUDGET_CONTEXT.subtract(hybrid.budget.gdp_total, state.gdp_spent)
     # A filter another one outran (its sums past its budget) has nothing left: never a
     # negative remaining figure.
-    rho_left = state.rho_remaining if hybrid.b_holds(_NOTHING) else Decimal(0)
-    gdp_left = gdp_left if hybrid.a_holds(_NOTHING) else Decimal(0)
+    rho_left = state.rho_remaining if hybrid.b_holds(accounting.NO_COST) else Decimal(0)
+    gdp_left = gdp_left if hybrid.a_holds(accounting.NO_COST) else Decimal(0)
     return Native(
         rho_total=hybrid.budget.rho_total,
         rho_spent=state.rho_spent,
@@ -221,8 +216,8 @@ def _hybrid_delta(state: BudgetState, hybrid: accounting.HybridState) -> tuple[D
     basic = zero if state.delta_basic is None else state.delta_basic
     b_left = BUDGET_CONTEXT.subtract(mechanisms, state.zcdp_delta_spent)
     c_left = BUDGET_CONTEXT.subtract(basic, state.delta_spent)
-    b_left = max(zero, b_left) if hybrid.b_holds(_NOTHING) else zero
-    c_left = max(zero, c_left) if hybrid.c_holds(_NOTHING) else zero
+    b_left = max(zero, b_left) if hybrid.b_holds(accounting.NO_COST) else zero
+    c_left = max(zero, c_left) if hybrid.c_holds(accounting.NO_COST) else zero
     remaining = BUDGET_CONTEXT.add(b_left, c_left)
     spent = BUDGET_CONTEXT.subtract(BUDGET_CONTEXT.add(mechanisms, basic), remaining)
     return spent, remaining
