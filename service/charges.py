@@ -7,7 +7,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
 from api_schemas.common import format_budget
-from service import accounting
+from service import accounting, ledger
 from service.db.models import Dataset
 from service.errors import InvalidInput
 from service.ledger import Charge
@@ -102,14 +102,15 @@ def hybrid_delta_refusal(
         return None
     if asked_delta is None or asked_delta <= 0:
         return None
+    zero = Decimal(0)
+    fresh = ledger.state_of(dataset, zero, zero, zero).hybrid()
+    cost = charge.release_cost()
+    if fresh.b_holds(cost) or fresh.c_holds(cost):
+        return None  # admitted on an unspent budget: any 409 is about what was spent
     mechanisms = dataset.delta_mechanisms or Decimal(0)
     basic = dataset.delta_basic or Decimal(0)
     rho_total = dataset.rho_total or Decimal(0)
     rho_fits = charge.rho <= rho_total
-    if charge.zcdp_delta is not None and charge.zcdp_delta <= mechanisms and rho_fits:
-        return None  # B admits it on a fresh budget
-    if charge.delta <= basic and charge.epsilon <= dataset.epsilon_total:
-        return None  # C admits it on a fresh budget
     candidates: list[tuple[Decimal, str]] = []
     if charge.zcdp_delta is not None and charge.zcdp_delta > mechanisms and rho_fits:
         ratio = _UP.divide(charge.zcdp_delta, asked_delta)
