@@ -461,6 +461,28 @@ def spent_of(rows: Iterable[Sequence[Any]]) -> Spent:
     )
 
 
+def _entry(
+    kind: str,
+    dataset_id: uuid.UUID,
+    release_id: uuid.UUID,
+    amount: Charge | LedgerEntry,
+    grant_id: uuid.UUID | None,
+) -> LedgerEntry:
+    """A ledger row of ``kind`` moving every currency ``amount`` names (a refund: exactly the
+    charge's)."""
+    return LedgerEntry(
+        dataset_id=dataset_id,
+        release_id=release_id,
+        kind=kind,
+        epsilon=amount.epsilon,
+        delta=amount.delta,
+        rho=amount.rho,
+        gdp=amount.gdp,
+        zcdp_delta=amount.zcdp_delta,
+        grant_id=grant_id,
+    )
+
+
 def charge(
     session: Session,
     dataset_id: uuid.UUID,
@@ -470,19 +492,7 @@ def charge(
 ) -> None:
     """Append a charge (at most one per release: a unique constraint enforces it), to the
     dataset and, when ``grant_id`` is given, to that grant in the same entry."""
-    session.add(
-        LedgerEntry(
-            dataset_id=dataset_id,
-            release_id=release_id,
-            kind="charge",
-            epsilon=amount.epsilon,
-            delta=amount.delta,
-            rho=amount.rho,
-            gdp=amount.gdp,
-            zcdp_delta=amount.zcdp_delta,
-            grant_id=grant_id,
-        )
-    )
+    session.add(_entry("charge", dataset_id, release_id, amount, grant_id))
 
 
 def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> LedgerEntry:
@@ -543,17 +553,7 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> Le
             LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
         )
     ).scalar_one()
-    entry = LedgerEntry(
-        dataset_id=dataset_id,
-        release_id=release_id,
-        kind="refund",
-        epsilon=charged.epsilon,
-        delta=charged.delta,
-        rho=charged.rho,
-        gdp=charged.gdp,
-        zcdp_delta=charged.zcdp_delta,
-        grant_id=charged.grant_id,
-        created_at=effective,
-    )
+    entry = _entry("refund", dataset_id, release_id, charged, charged.grant_id)
+    entry.created_at = effective
     session.add(entry)
     return entry
