@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging.config
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -198,6 +200,20 @@ def make_key(session_factory: sessionmaker[Session]) -> Callable[[str], str]:
         return secret
 
     return make
+
+
+def install_log_config(config: dict[str, Any]) -> None:
+    """``logging.config.dictConfig(config)``, leaving alone the handlers that others own.
+
+    dictConfig first flushes and closes every handler alive in the process. In a service
+    process that is the point; under pytest it also closes handlers that pytest or a library
+    own. absl's handler (imported with dp-accounting) closes its stream, and when absl was
+    first imported inside a test that stream is pytest's capture file: every later test of
+    that xdist worker then failed with "I/O operation on closed file". The handlers the config
+    names still replace the configured loggers' own.
+    """
+    with mock.patch.object(logging.config, "_clearExistingHandlers", lambda: None):
+        logging.config.dictConfig(config)
 
 
 def bearer(key: str) -> dict[str, str]:

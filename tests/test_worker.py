@@ -27,7 +27,7 @@ from service.jobs import NO_MECHANISM_REASON, NO_RELEASE_REASON, REFUSED_AT_RUN_
 from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
 from service.worker import Worker
-from tests.conftest import bearer, npy_bytes
+from tests.conftest import bearer, install_log_config, npy_bytes
 
 
 def queue_release(client, keys, upload_dataset, rng, **body):
@@ -468,7 +468,7 @@ def json_logging_to_stderr():
     saved_warnings = (warnings.showwarning, logging.raiseExceptions)
 
     def install():
-        logging.config.dictConfig(log_config("INFO"))
+        install_log_config(log_config("INFO"))
         log_what_python_prints()
 
     yield install
@@ -476,6 +476,32 @@ def json_logging_to_stderr():
     root.handlers[:] = saved[1]
     sys.excepthook, threading.excepthook = saved[2], saved[3]
     warnings.showwarning, logging.raiseExceptions = saved_warnings
+
+
+def test_installing_the_log_config_leaves_the_streams_of_other_owners_open(tmp_path):
+    # absl's handler closes its stream on close(); under pytest that stream can be the capture
+    # file, which dictConfig's clean-up closed for every later test of the same xdist worker.
+    import logging
+
+    from service.logs import log_config
+
+    class ClosesItsStream(logging.StreamHandler):
+        def close(self) -> None:
+            super().close()
+            self.stream.close()
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    with open(tmp_path / "owned-elsewhere.log", "w") as stream:
+        handler = ClosesItsStream(stream)
+        try:
+            install_log_config(log_config("INFO"))
+            assert not stream.closed
+            handler.emit(logging.makeLogRecord({"msg": "still writable"}))
+        finally:
+            root.setLevel(saved[0])
+            root.handlers[:] = saved[1]
+    assert (tmp_path / "owned-elsewhere.log").read_text().strip() == "still writable"
 
 
 def _json_lines(text: str) -> list[dict]:

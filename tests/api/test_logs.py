@@ -18,7 +18,7 @@ from sqlalchemy import text
 from service import releases as releases_module
 from service.logs import log_config, request_id_from
 from service.mechanisms.analyze_gauss import AnalyzeGauss
-from tests.conftest import bearer, fetch_release, post_release
+from tests.conftest import bearer, fetch_release, install_log_config, post_release
 
 FAKE_SECRET = "dpss_NOT-A-REAL-KEY-but-secret-9f8e7d"
 EXCEPTION_MESSAGE = "boom-message-with-secret-77aa"
@@ -43,7 +43,7 @@ def service_logging():
     buffer = io.StringIO()
     config = log_config("DEBUG")
     config["handlers"]["stderr"]["stream"] = buffer
-    logging.config.dictConfig(config)
+    install_log_config(config)
     # The test's HTTP client logs the URLs it requests: client output, not the service's.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     yield buffer
