@@ -239,8 +239,6 @@ def probe_pass(
     n, d = data.shape
     chunk = gram_chunk_rows(d) if chunk_rows is None else max(1, chunk_rows)
     edges = probe_edges(clip_norm)
-    counts_u = np.zeros(edges.shape[0], dtype=np.float64)
-    counts_p = np.zeros(edges.shape[0], dtype=np.float64)
     total = np.zeros(d, dtype=np.float64)
     factors = np.ones(n, dtype=np.float64)
     raw_squares = np.empty(n, dtype=np.float64)
@@ -270,7 +268,6 @@ def probe_pass(
             else:
                 factors[start:stop] = factor
                 total += factor @ block  # the sum of the clipped rows
-            counts_u += _count(np.sqrt(squares), edges, clip_norm)
             here = pair_at[start:stop]
             local = np.flatnonzero(here >= 0)
             start = stop
@@ -290,9 +287,10 @@ def probe_pass(
                 rows_b *= factor[local][:, None]
             rows_a -= rows_b
             rows_a /= root
-            norms = row_norms(rows_a)
-            pair_norms[pairs] = norms
-            counts_p += _count(norms, edges, clip_norm)
+            pair_norms[pairs] = row_norms(rows_a)
+    # Counted once over all rows and pairs (the same counts as chunk by chunk: sums of ones).
+    counts_u = _count(np.sqrt(raw_squares), edges, clip_norm)
+    counts_p = _count(pair_norms, edges, clip_norm)
     return ProbePass(counts_u, counts_p, total, m, factors, pair_norms, raw_squares)
 
 
