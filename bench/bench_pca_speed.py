@@ -16,12 +16,22 @@ the same repetition on the same rows (issue 35: the default at most 1.2x it): th
 on one thread: a BLAS thread
 that spins while the machine's other cores are busy bills CPU time that is not work, and
 made the figures swing 2x between repetitions on the shared 2-core machine.
+
+    python -m bench.bench_pca_speed --stages [--reps 7]
+
+Where the recommended run's time goes: the same runs with the stages of
+``chosen_centring_run`` timed (the probe pass, the Gram pass, the noise and eigensolver, the
+explained-variance sums, the rest), median CPU ms per stage against the default in the same
+repetitions.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -73,9 +83,151 @@ def floor_cpu(rows: Rows, seed: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
-    reps = parser.parse_args().reps
+    parser.add_argument("--stages", action="store_true")
+    args = parser.parse_args()
     with threadpool_limits(limits=1):
-        table(reps)
+        if args.stages:
+            stages(args.reps)
+        else:
+            table(args.reps)
+
+
+#: The stages of chosen_centring_run, by the name analyze_gauss imports them under.
+STAGES = {
+    "probe_pass": "probe",
+    "fast_gram": "gram",
+    "paired_gram": "gram",
+    "release_of_gram": "noise + eigh",
+    "probe_paired_energy": "variance sums",
+    "paired_energy": "variance sums",
+    "probe_centred_energy": "variance sums",
+    "fast_energy": "variance sums",
+}
+
+
+@contextmanager
+def timed_stages(spent: dict[str, float]) -> Iterator[None]:
+    """Wrap the stages in analyze_gauss's namespace so that each adds its CPU seconds to
+    ``spent`` (restored on exit)."""
+    from service.mechanisms import analyze_gauss as module
+
+    saved = {name: getattr(module, name) for name in STAGES}
+
+    def wrap(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.process_time()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[STAGES[name]] += time.process_time() - start
+
+        return run
+
+    try:
+        for name, real in saved.items():
+            setattr(module, name, wrap(name, real))
+        yield
+    finally:
+        for name, real in saved.items():
+            setattr(module, name, real)
+
+
+def stages(reps: int) -> None:
+    order = ["probe", "gram", "noise + eigh", "variance sums", "rest"]
+    print(
+        "| n x d | rows | route | default ms | recommended ms | "
+        + " | ".join(f"{name} ms" for name in order)
+        + " |"
+    )
+    print("|---|---|---|---|---|" + "---|" * len(order))
+    for n, d in SHAPES:
+        for kind in ("offset", "spread"):
+            rows = rows_of(kind, n, d)
+            default, recommended, routes = [], [], set()
+            per: dict[str, list[float]] = defaultdict(list)
+            for rep in range(reps + 1):
+                base, _ = cpu_of(rows, {}, rep)
+                spent: dict[str, float] = defaultdict(float)
+                with timed_stages(spent):
+                    best, route = cpu_of(rows, {"center": "private"}, rep)
+                if rep == 0:
+                    continue
+                default.append(base)
+                recommended.append(best)
+                routes.add(route)
+                spent["rest"] = best - sum(spent.values())
+                for name in order:
+                    per[name].append(spent[name])
+            cells = " | ".join(f"{1e3 * float(np.median(per[name])):.1f}" for name in order)
+            print(
+                f"| {n:,} x {d} | {kind} | {'/'.join(sorted(routes))} "
+                f"| {1e3 * float(np.median(default)):.1f} "
+                f"| {1e3 * float(np.median(recommended)):.1f} | {cells} |",
+                flush=True,
+            )
+    primitives(reps)
+
+
+def primitives(reps: int) -> None:
+    """The least work the recommended settings' statistics need at 50,000 x 100 (spread
+    rows, k = 10), each primitive alone as numpy does it best, against the default in the
+    same repetitions: one pass for the norms, the n/2 partners gathered (in forward order per
+    chunk), the Gram of rows scaled to a clip (a scaled copy per chunk, then syrk) and
+    ``X U``."""
+    n, d = SHAPES[1]
+    rows = rows_of("spread", n, d)
+    rng = np.random.default_rng(0)
+    basis = np.linalg.qr(rng.standard_normal((d, K)))[0]
+    factors = np.minimum(1.0, 0.5 / np.linalg.norm(rows, axis=1))
+    order = rng.permutation(n)
+    low = np.minimum(order[0::2], order[1::2])
+    chunk = 1024
+    partners = [np.sort(low[(low >= s) & (low < s + chunk)]) for s in range(0, n, chunk)]
+    buffer = np.empty((chunk, d))
+
+    def norms() -> None:
+        for start in range(0, n, chunk):
+            np.vecdot(rows[start : start + chunk], rows[start : start + chunk])
+
+    def gather() -> None:
+        for picked in partners:
+            rows[picked]
+
+    def scaled_gram() -> None:
+        gram = np.zeros((d, d))
+        for start in range(0, n, chunk):
+            block = rows[start : start + chunk]
+            scaled = buffer[: block.shape[0]]
+            np.multiply(block, factors[start : start + chunk, None], out=scaled)
+            gram += scaled.T @ scaled
+
+    def projections() -> None:
+        for start in range(0, n, 256):
+            rows[start : start + 256] @ basis
+
+    work: dict[str, Callable[[], None]] = {
+        "row norms (one pass)": norms,
+        "n/2 partners gathered": gather,
+        "Gram of rows scaled to a clip": scaled_gram,
+        "X U (k = 10)": projections,
+    }
+    spent: dict[str, list[float]] = defaultdict(list)
+    default: list[float] = []
+    for rep in range(reps + 1):
+        base, _ = cpu_of(rows, {}, rep)
+        times = {}
+        for name, run in work.items():
+            start = time.process_time()
+            run()
+            times[name] = time.process_time() - start
+        if rep == 0:
+            continue
+        default.append(base)
+        for name, value in times.items():
+            spent[name].append(value / base)
+    print(f"\n50,000 x 100, default {1e3 * float(np.median(default)):.1f} ms; each over it:")
+    for name, ratios in spent.items():
+        print(f"- {name}: {float(np.median(ratios)):.2f}")
 
 
 def table(reps: int) -> None:

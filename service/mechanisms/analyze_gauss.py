@@ -368,11 +368,11 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
             probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8 + 16 * ctx.n_rows
             # Kept from the probe to the explained-variance step: per row its clip factor,
-            # squared norm and (per pair) norm; that step's n x k projections (pairs) and a
-            # chunk's products and vectors (probe_centred_energy, probe_paired_energy).
+            # squared norm and (per pair) norm; that step's n x (k + 1) products (n x k for
+            # pairs) and a chunk's vectors (probe_centred_energy, probe_paired_energy).
             n, k = max(1, ctx.n_rows), spec.k
             kept = 8 * 3 * n
-            energy = 8 * n * k + 8 * chunk * (4 * k + 8)
+            energy = 8 * n * (k + 1) + 8 * chunk * (4 * k + 8)
             return kept + max(
                 probe,
                 clipped_gram_memory(ctx.n_rows, d, centred=True),
