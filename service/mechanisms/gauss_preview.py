@@ -128,7 +128,9 @@ def forecast_from(
     the same clip rule and centring route assumed) by the spiked-Wigner overlaps of
     :func:`~service.mechanisms.gauss_forecast.forecast_from_release`. ``None`` when the
     extras lack the figures."""
-    figures = ReleasedFigures.from_extras(extras, ctx.n_cols)
+    # The Gram clip when the extras name none: the request's C (default: the public bound).
+    clip = earlier.params.clip_norm or ctx.row_norm_bound or 0.0
+    figures = ReleasedFigures.from_extras(extras, ctx.n_cols, ctx.n_rows, clip)
     if figures is None:
         return None
     route = extras.get("centring")
