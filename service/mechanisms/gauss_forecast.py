@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from service.mechanisms.linalg import FloatArray
+
 #: A range of forecasts wider than this does not determine the share kept to within the 0.1 a
 #: forecast should meet (issue 32 item 4): the dry run says it depends on the spectrum.
 DETERMINED_WIDTH = 0.2
@@ -117,14 +119,25 @@ class ReleasedFigures:
     n_cols: int
     n_rows: int = 0
     row_clip: float = 0.0
+    uncentred: bool = False
+    mean_noise: float = 0.0
+    sums: float = 0.0
 
     @classmethod
     def from_extras(
-        cls, extras: Mapping[str, Any], n_cols: int, n_rows: int = 0, clip_norm: float = 0.0
+        cls,
+        extras: Mapping[str, Any],
+        n_cols: int,
+        n_rows: int = 0,
+        clip_norm: float = 0.0,
+        mean_noise: float = 0.0,
     ) -> ReleasedFigures | None:
         """The figures of a release's extras, or ``None`` when one is missing (another
         mechanism, or a release from before the figures existed). ``clip_norm``: the
-        request's ``C``, the Gram's clip when the extras name no ``row_clip_norm``."""
+        request's ``C``, the Gram's clip when the extras name no ``row_clip_norm``;
+        ``mean_noise``: the private mean's per-coordinate noise at the earlier request
+        (public), kept when the release centred on a private mean (it released ``center``).
+        ``uncentred``: the release took the route without centring (``centring: none``)."""
         try:
             ratios = tuple(float(x) for x in extras["explained_variance_ratio"])
             low, high = (float(x) for x in extras["explained_variance_ratio_interval"])
@@ -138,7 +151,29 @@ class ReleasedFigures:
             return None
         if not (math.isfinite(row_clip) and row_clip > 0):
             row_clip = 0.0
-        return cls(ratios, (low, high), values, trace, sigma, n_cols, n_rows, row_clip)
+        uncentred = extras.get("centring") == "none"
+        noise = mean_noise if "center" in extras else 0.0
+        try:
+            sums = float(extras["captured_sum_of_squares"]) + float(
+                extras["residual_sum_of_squares"]
+            )
+        except (KeyError, TypeError, ValueError):
+            sums = 0.0
+        if not math.isfinite(sums):
+            sums = 0.0
+        return cls(
+            ratios,
+            (low, high),
+            values,
+            trace,
+            sigma,
+            n_cols,
+            n_rows,
+            row_clip,
+            uncentred,
+            noise,
+            sums,
+        )
 
     @property
     def measured(self) -> bool:
@@ -230,8 +265,11 @@ def spectrum_share(figures: ReleasedFigures, k: int, noise_ratio: float) -> floa
         return k / d
     noisy = np.asarray(figures.eigenvalues, dtype=np.float64)
     debiased = spiked_debias(noisy, figures.sigma, d)
-    leading = debiased[debiased > 0][:k]
-    shares = np.minimum(leading / figures.trace, 1.0)
+    leading, trace, taken = data_spectrum(figures, debiased[debiased > 0])
+    if not trace > 0:
+        return k / d
+    leading = leading[: max(k - taken, 0)]
+    shares = np.minimum(leading / trace, 1.0)
     if shares.sum() > 1.0 - 1e-6:
         # The trace's noise put the leading eigenvalues above the whole trace: keep a sliver
         # for the rest (the model needs a positive remainder).
@@ -243,3 +281,42 @@ def spectrum_share(figures: ReleasedFigures, k: int, noise_ratio: float) -> floa
     aligned = float(weights.sum())
     fill = max(0.0, k - aligned) / max(1.0, d - aligned)
     return float(min(max(kept + fill * (1.0 - kept), 0.0), 1.0))
+
+
+def data_spectrum(figures: ReleasedFigures, leading: FloatArray) -> tuple[FloatArray, float, int]:
+    """The leading eigenvalues (debiased, above the edge) and the trace of the centred
+    rows' part of the released Gram, without what is not the data's variance:
+
+    - uncentred (``centring: none``): the rows' mean takes the top direction (the route is
+      taken where the mean is shorter than the spread, still longer than any one direction's
+      on the data it is chosen for, e.g. MNIST's unit rows: 0.33-0.48 of the trace); its
+      eigenvalue is dropped and taken off the trace;
+    - private mean: centring on ``mu + delta`` adds ``n delta delta^T``, about ``n d
+      sigma_mu^2``, to rows whose squares sum to about the released explained-variance
+      sums ``c + r`` (over the same centred rows, clipped near their top: ``sums``), so
+      ``delta`` fills ``n d sigma_mu^2 / (c + r)`` of each row's square (capped at 1; when
+      the sums are not positive, ``d sigma_mu^2 / C2^2``) and as much of the clipped
+      Gram's trace. It is taken off the trace, and where it stands out of the noise (above
+      ``sigma sqrt(d)``) the leading eigenvalue nearest it is dropped as its.
+
+    The third value counts the directions so dropped: a new release spends a component on
+    each as well (its own mean's or noise's), which keeps none of the centred variance
+    beyond a random direction's. Public figures and public scales only."""
+    trace = figures.trace
+    taken = 0
+    if figures.uncentred and leading.size:
+        trace -= float(leading[0])
+        leading = leading[1:]
+        taken += 1
+    if figures.mean_noise > 0 and figures.row_clip > 0:
+        spread = figures.n_cols * figures.mean_noise**2
+        if figures.sums > 0 and figures.n_rows > 0:
+            share = min(1.0, figures.n_rows * spread / figures.sums)
+        else:
+            share = min(1.0, spread / figures.row_clip**2)
+        bias = share * trace
+        trace -= bias
+        if leading.size and bias > figures.sigma * math.sqrt(figures.n_cols):
+            leading = np.delete(leading, int(np.argmin(np.abs(leading - bias))))
+            taken += 1
+    return leading, trace, taken
