@@ -134,3 +134,29 @@ def test_a_measured_release_carries_its_share_and_a_hidden_one_reads_its_spectru
     # The clipped share is public arithmetic: tr / (n C2^2), clamped.
     assert hidden.clipped_share == pytest.approx(200.0 / (10_000 * 0.09))
     assert ReleasedFigures(**{**hidden.__dict__, "row_clip": 0.0}).clipped_share == 0.0
+
+
+def test_the_mean_and_its_noise_are_not_counted_as_the_datas_variance() -> None:
+    from service.mechanisms.gauss_forecast import data_spectrum
+
+    base = ReleasedFigures(
+        ratios=(0.0,) * 3, interval=(0.0, 1.0), eigenvalues=(500.0, 120.0, 60.0), trace=1000.0,
+        sigma=1.0, n_cols=100, n_rows=1000, row_clip=1.0,
+    )  # fmt: skip
+    leading = np.asarray([480.0, 110.0, 50.0])
+    same, trace, taken = data_spectrum(base, leading)
+    assert (list(same), trace, taken) == ([480.0, 110.0, 50.0], 1000.0, 0)
+    # Uncentred: the top direction is the mean's; off the trace, and it takes a slot.
+    uncentred = ReleasedFigures(**{**base.__dict__, "uncentred": True})
+    rest, trace, taken = data_spectrum(uncentred, leading)
+    assert (list(rest), trace, taken) == ([110.0, 50.0], 520.0, 1)
+    assert spectrum_share(uncentred, 1, 1.0) < spectrum_share(base, 1, 1.0)
+    # A private mean whose noise fills 0.1 of the rows' squares (n d sigma_mu^2 / (c + r)):
+    # 0.1 of the trace is its, and the eigenvalue nearest 100 (above sigma sqrt(d) = 10) too.
+    noisy_mean = ReleasedFigures(**{**base.__dict__, "mean_noise": 0.01, "sums": 100.0})
+    rest, trace, taken = data_spectrum(noisy_mean, leading)
+    assert (list(rest), trace, taken) == ([480.0, 50.0], pytest.approx(900.0), 1)
+    # Below the noise's threshold it stands out as no eigenvalue: only the trace loses it.
+    faint = ReleasedFigures(**{**noisy_mean.__dict__, "mean_noise": 0.001})
+    rest, trace, taken = data_spectrum(faint, leading)
+    assert (list(rest), trace, taken) == ([480.0, 110.0, 50.0], pytest.approx(999.0), 0)
