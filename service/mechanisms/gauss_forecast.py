@@ -97,7 +97,8 @@ def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float)
     else:
         meaning += (
             f" Whatever the spectrum, the release keeps between {flat:.3g} and {one:.3g} of "
-            "the variance."
+            f"the variance: about {(flat + one) / 2:.3g} (forecast_captured_share, within "
+            f"{(one - flat) / 2:.2g} of any share in that range)."
         )
     return Forecast(share, captured, needed, meaning, (flat, one), depends)
 
