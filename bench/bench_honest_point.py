@@ -13,8 +13,11 @@ the 90% interval's coverage and mean width, the share of runs flagged
 (``forecast_power_law_captured_share``, and the range ``forecast_captured_share_low`` to
 ``_high`` public facts allow) and from an earlier release at the same settings
 (``?forecast_from=``: ``forecast_from_release_captured_share``, the mean absolute error
-against what the release then keeps). ``--mnist``: also MNIST (4,000 unit rows of the
-5,000-image sample, ``bench/mnist.py``).
+against what the release then keeps, its mean signed error, and how often it read the
+earlier release's spectrum rather than its measured share,
+``forecast_from_release_basis``), beside the floor no forecast can beat: the release's own
+spread, the mean absolute deviation of what it keeps from its median over the runs.
+``--mnist``: also MNIST (4,000 unit rows of the 5,000-image sample, ``bench/mnist.py``).
 The old estimator is applied to the very same noisy sums (the inputs are recorded), so the two
 columns differ only by the estimator.
 """
@@ -110,6 +113,7 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
     forecast = scales["forecast_power_law_captured_share"]
     bounds = (scales["forecast_captured_share_low"], scales["forecast_captured_share_high"])
     true, new, old, hits, widths, hidden, from_release = [], [], [], 0, [], 0, []
+    spectrum = 0
     for seed in range(reps):
         earlier = MECHANISM.run(rows, spec, np.random.default_rng(5000 + seed))
         found = MECHANISM.forecast_from(ctx, spec, spec, earlier.extras)
@@ -119,6 +123,7 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         share = truth(rows, out.basis)
         if found is not None:
             from_release.append(found[0]["forecast_from_release_captured_share"] - share)
+            spectrum += found[0]["forecast_from_release_basis"] == "spectrum"
         low, high = out.extras["explained_variance_ratio_interval"]
         true.append(share)
         new.append(sum(out.extras["explained_variance_ratio"]))
@@ -139,6 +144,9 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         "low": float(bounds[0]),  # type: ignore[arg-type]
         "high": float(bounds[1]),  # type: ignore[arg-type]
         "from_release": float(np.mean(np.abs(from_release))) if from_release else float("nan"),
+        "from_release_bias": float(np.mean(from_release)) if from_release else float("nan"),
+        "from_spectrum": spectrum / reps,
+        "own_spread": float(np.mean(np.abs(t - np.median(t)))),
     }
 
 
@@ -174,9 +182,10 @@ def main() -> None:
     print(
         "| data | eps | k | truth | error now | abs error now | error before | covers "
         "| width | hidden | forecast (public facts) | public-facts range "
-        "| forecast from a release: mean abs error |"
+        "| forecast from a release: mean abs error | its mean error | read the spectrum "
+        "| the release's own spread |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, rows in datasets(args.quick, args.mnist).items():
         for eps in args.eps:
             for k in (2, 10):
@@ -185,7 +194,9 @@ def main() -> None:
                     f"| {name} | {eps} | {k} | {f['truth']:.3f} | {f['new_err']:+.3f} "
                     f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
                     f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
-                    f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} |",
+                    f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} "
+                    f"| {f['from_release_bias']:+.3f} | {f['from_spectrum']:.2f} "
+                    f"| {f['own_spread']:.3f} |",
                     flush=True,
                 )
 

@@ -98,7 +98,9 @@ async def create_release(
         description="With `dry_run=true` and `analyze_gauss`: an earlier release of this "
         "dataset that the caller may read; the preview adds a forecast of the share of the "
         "centred variance this request keeps, from that release's released figures "
-        "(`scales.forecast_from_release_captured_share`; no budget). Refused (422) without "
+        "(`scales.forecast_from_release_captured_share`; no budget): carried from its "
+        "measured share, or read from its eigenvalues and trace where its share was hidden by "
+        "noise (`scales.forecast_from_release_basis`). Refused (422) without "
         "`dry_run=true`.",
     ),
 ) -> Release | JSONResponse:

@@ -186,6 +186,14 @@ def test_the_public_facts_forecast_says_when_it_depends_on_the_spectrum() -> Non
     assert hopeless["forecast_captured_share_low"] == pytest.approx(10 / 784)
     assert hopeless["forecast_captured_share_high"] == pytest.approx(10 / 784)
     assert hopeless["forecast_depends_on_spectrum"] is False
+    # A point forecast only where the range determines it (its middle), none elsewhere.
+    assert hopeless["forecast_captured_share"] == pytest.approx(10 / 784)
+    assert digits["forecast_captured_share"] is None
+    wine = scales_of(178, 13, 10, 0.3)  # measured there: 0.90-0.915 kept
+    assert wine["forecast_depends_on_spectrum"] is False
+    middle = wine["forecast_captured_share"]
+    assert wine["forecast_captured_share_low"] <= middle <= wine["forecast_captured_share_high"]
+    assert abs(middle - 0.9) <= DETERMINED_WIDTH / 2
     # The bounds: a flat spectrum keeps k/d, one direction (nearly) everything with enough
     # rows, more with more rows.
     flat, one = spectrum_bounds(1.0, 10**9, 20, 2, 1.0)
