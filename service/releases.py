@@ -701,12 +701,18 @@ def request_release(
         # parameters were prepared with (later appends are not read).
         release.n_rows_read = dataset.n_rows
         release.batches_read = dataset.n_batches
-    try:
-        with session.begin_nested():
-            session.add(release)
-    except IntegrityError:
-        # The same key raced in for another dataset (a different request): refuse, charge nothing.
-        raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
+    if idempotency_key is None:
+        # Nothing unique to race on (no key): no savepoint around the insert.
+        session.add(release)
+        session.flush()
+    else:
+        try:
+            with session.begin_nested():
+                session.add(release)
+        except IntegrityError:
+            # The same key raced in for another dataset (a different request): refuse, charge
+            # nothing.
+            raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
     grant_id = grant.id if grant is not None else None
     ledger.charge(session, dataset.id, release.id, prepared.charge, grant_id)
     audit.record(
