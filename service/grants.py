@@ -30,6 +30,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import Select, bindparam, case, or_, select
 from sqlalchemy.orm import Session
@@ -190,7 +191,7 @@ def _active(session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID | None) -
     ).scalar_one_or_none()
 
 
-def _applicable_select() -> Select[tuple[Grant]]:
+def _applicable_select() -> Select[Any]:
     """The statement of :func:`_current`, built once (bound ``dataset_id`` and ``key_id``):
     building its ordering anew cost as much as running it."""
     mine = Grant.analyst_key_id == bindparam("key_id")
