@@ -68,7 +68,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Select, and_, bindparam, or_, select, update
+from sqlalchemy import Engine, Select, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -82,7 +82,9 @@ from service.isolation import RunProcess
 from service.jobs import (
     ABANDONED_REASON,
     FINISHED,
+    LOCKED_RELEASE,
     LOST,
+    QUEUED_LOOK,
     STORED,
     WAITING,
     ClaimedJob,
@@ -102,33 +104,6 @@ log = logging.getLogger("dpss.worker")
 
 
 T = TypeVar("T")
-
-
-#: The claim's look for a queued job or an expired (or this worker's) lease, with the dataset
-#: row (the lease reads its file name: one statement, and no flush of the release before its
-#: lease is complete). Statements of every release are built once, with bound parameters:
-#: building one anew cost about a third of running it (``bench/bench_release_cpu.py``).
-_QUEUED = (
-    select(Release, Dataset)
-    .outerjoin(Dataset, Dataset.id == Release.dataset_id)
-    .where(
-        or_(
-            Release.status == "queued",
-            and_(
-                Release.status == "running",
-                or_(
-                    Release.lease_expires_at < bindparam("now"),
-                    Release.lease_owner == bindparam("worker_id"),
-                ),
-            ),
-        )
-    )
-    .order_by(Release.created_at)
-    .limit(1)
-    .with_for_update(of=Release, skip_locked=True)
-)
-#: A claimed release, locked for the transaction that stores its outcome or loads its work.
-_LOCKED = select(Release).where(Release.id == bindparam("release_id")).with_for_update()
 
 
 class _Abandoned:
@@ -305,7 +280,7 @@ class Worker:
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        found = session.execute(_QUEUED, {"now": now, "worker_id": self.worker_id}).first()
+        found = session.execute(QUEUED_LOOK, {"now": now, "worker_id": self.worker_id}).first()
         if found is None:
             return None
         release = found[0]
@@ -327,7 +302,7 @@ class Worker:
         The lease and attempt count work as for any claim; a waiting job has ``attempts``
         reset, so the limit counts claims since the last time it had nothing left to do."""
         if kind not in self._waiting_looks:
-            # Built once per worker (the kind's conditions are public and fixed): _QUEUED.
+            # Built once per worker (the kind's conditions are public and fixed): QUEUED_LOOK.
             ready = kind.waiting_claimable()
             self._waiting_looks[kind] = (
                 None
@@ -466,7 +441,7 @@ class Worker:
         return release.lease_owner == self.worker_id and release.attempts == job.attempt
 
     def _locked(self, session: Session, job: ClaimedJob) -> Release:
-        return session.execute(_LOCKED, {"release_id": job.release_id}).scalar_one()
+        return session.execute(LOCKED_RELEASE, {"release_id": job.release_id}).scalar_one()
 
     def _load(self, kind: JobKind[Any, Any], job: ClaimedJob) -> Any:
         """The job's next work from its kind, or what ends this claim (one transaction): the
