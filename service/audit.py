@@ -56,6 +56,10 @@ def use_hmac_key(factory: sessionmaker[Session], key: SecretStr | None) -> None:
     factory.configure(info=info)
 
 
+#: The chain's head, locked (built once: it is read by every audited change).
+_HEAD = select(AuditHead).where(AuditHead.id == 1).with_for_update()
+
+
 def record(
     session: Session,
     event_type: str,
@@ -66,9 +70,7 @@ def record(
     release_id: uuid.UUID | None = None,
 ) -> AuditEvent:
     """Append an event in the caller's transaction (it commits with the change it records)."""
-    head = session.execute(
-        select(AuditHead).where(AuditHead.id == 1).with_for_update()
-    ).scalar_one()
+    head = session.execute(_HEAD).scalar_one()
     seq = head.last_seq + 1
     created_at = utcnow()
     clean = to_json_value(details)

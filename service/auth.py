@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import audit, logs
@@ -45,13 +45,19 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
 
 
+#: A key by its digest, with whether a restore hold is set (built once: every request with a
+#: key not verified recently runs it).
+_KEY_WITH_HOLD = select(
+    ApiKey, select(RestoreHold.id).where(RestoreHold.id == 1).exists().label("restore_held")
+).where(ApiKey.key_hash == bindparam("digest"))
+
+
 def authenticate(session: Session, secret: str | None) -> Principal:
     """The principal holding ``secret``; :class:`Unauthenticated` otherwise."""
     if not secret:
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
     digest = hash_secret(secret)
-    held = select(RestoreHold.id).where(RestoreHold.id == 1).exists().label("restore_held")
-    row = session.execute(select(ApiKey, held).where(ApiKey.key_hash == digest)).one_or_none()
+    row = session.execute(_KEY_WITH_HOLD, {"digest": digest}).one_or_none()
     key = row[0] if row is not None else None
     if key is None or not hmac.compare_digest(key.key_hash, digest) or key.revoked_at is not None:
         raise Unauthenticated("invalid or revoked API key")

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetReferenceCreate
@@ -138,6 +138,24 @@ class Checked:
     reason: str | None = None
 
 
+#: The oldest claimable registration (built once: an idle worker looks after every job).
+_CLAIMABLE = (
+    select(Dataset)
+    .where(
+        Dataset.registration_status == REGISTERING,
+        Dataset.deleted_at.is_(None),
+        or_(
+            Dataset.registration_lease_owner.is_(None),
+            Dataset.registration_lease_expires_at < bindparam("now"),
+            Dataset.registration_lease_owner == bindparam("worker_id"),
+        ),
+    )
+    .order_by(Dataset.created_at)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+
+
 def claim(worker: JobRunner) -> RegistrationJob | None:
     """The oldest ``registering`` dataset whose lease is free, expired or this worker's."""
     lease = timedelta(seconds=worker.settings.worker_lease_seconds)
@@ -145,19 +163,7 @@ def claim(worker: JobRunner) -> RegistrationJob | None:
         with worker.session_factory.begin() as session:
             now = utcnow()
             dataset = session.execute(
-                select(Dataset)
-                .where(
-                    Dataset.registration_status == REGISTERING,
-                    Dataset.deleted_at.is_(None),
-                    or_(
-                        Dataset.registration_lease_owner.is_(None),
-                        Dataset.registration_lease_expires_at < now,
-                        Dataset.registration_lease_owner == worker.worker_id,
-                    ),
-                )
-                .order_by(Dataset.created_at)
-                .limit(1)
-                .with_for_update(skip_locked=True)
+                _CLAIMABLE, {"now": now, "worker_id": worker.worker_id}
             ).scalar_one_or_none()
             if dataset is None:
                 return None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -102,11 +102,13 @@ def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+#: A dataset, locked (built once, with a bound id: every release request runs it).
+_LOCK_DATASET = select(Dataset).where(Dataset.id == bindparam("dataset_id")).with_for_update()
+
+
 def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     # FOR UPDATE on PostgreSQL; on SQLite the transaction already holds the write lock.
-    dataset = session.execute(
-        select(Dataset).where(Dataset.id == dataset_id).with_for_update()
-    ).scalar_one_or_none()
+    dataset = session.execute(_LOCK_DATASET, {"dataset_id": dataset_id}).scalar_one_or_none()
     if dataset is None:
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
@@ -701,12 +703,18 @@ def request_release(
         # parameters were prepared with (later appends are not read).
         release.n_rows_read = dataset.n_rows
         release.batches_read = dataset.n_batches
-    try:
-        with session.begin_nested():
-            session.add(release)
-    except IntegrityError:
-        # The same key raced in for another dataset (a different request): refuse, charge nothing.
-        raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
+    if idempotency_key is None:
+        # Nothing unique to race on (no key): no savepoint around the insert.
+        session.add(release)
+        session.flush()
+    else:
+        try:
+            with session.begin_nested():
+                session.add(release)
+        except IntegrityError:
+            # The same key raced in for another dataset (a different request): refuse, charge
+            # nothing.
+            raise IdempotencyConflict(IDEMPOTENCY_KEY_REUSED) from None
     grant_id = grant.id if grant is not None else None
     ledger.charge(session, dataset.id, release.id, prepared.charge, grant_id)
     audit.record(

@@ -34,10 +34,10 @@ they are hints there too: a long poll also re-reads on its own every 2 s.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
-import tempfile
 import threading
 import time
 import uuid
@@ -68,6 +68,8 @@ _FINISHED = "dpss_finished_releases"
 #: Called after a commit with the ids of the releases it finished (this process only).
 _local_listeners: list[Callable[[list[uuid.UUID]], None]] = []
 _local_lock = threading.Lock()
+#: Numbers :func:`touch`'s temporary names within a process and thread.
+_touches = itertools.count()
 
 
 def wake_file(settings: Settings) -> Path:
@@ -81,10 +83,19 @@ def finished_file(settings: Settings) -> Path:
 
 
 def touch(path: Path) -> None:
-    """Replace ``path`` by a new file (new inode and modification time); errors are logged."""
+    """Replace ``path`` by a new file (new inode and modification time); errors are logged.
+
+    Once per commit that queues or finishes a release: a temporary name unique to this process
+    and call (pid, thread, counter; one a dead process left is reused), the directory made only
+    when it is missing (``tempfile.mkstemp``'s random names and an ``mkdir`` each time cost a
+    quarter of a millisecond per release, measured in ``bench/bench_release_cpu.py``)."""
+    temporary = path.with_name(f".queued-{os.getpid()}-{threading.get_ident()}-{next(_touches)}")
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".queued-")
+        try:
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except FileNotFoundError:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.close(handle)
         os.replace(temporary, path)
     except OSError as exc:

@@ -64,11 +64,11 @@ import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, and_, or_, select, update
+from sqlalchemy import Engine, Select, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -82,7 +82,9 @@ from service.isolation import RunProcess
 from service.jobs import (
     ABANDONED_REASON,
     FINISHED,
+    LOCKED_RELEASE,
     LOST,
+    QUEUED_LOOK,
     STORED,
     WAITING,
     ClaimedJob,
@@ -102,6 +104,13 @@ log = logging.getLogger("dpss.worker")
 
 
 T = TypeVar("T")
+
+
+class _Abandoned:
+    """What a claim's look found when it recorded a job as abandoned (claim again)."""
+
+
+_ABANDONED = _Abandoned()
 
 #: The job kinds under the worker; a waiting job is looked for in this order.
 KINDS: tuple[JobKind[Any, Any], ...] = (ONE_SHOT, CONTINUAL)
@@ -192,6 +201,8 @@ class Worker:
         self.stop = stop or threading.Event()
         self.isolate = isolate
         self._outage = _OutageLog()
+        #: Each job kind's look for a waiting job with work again (None: its jobs never wait).
+        self._waiting_looks: dict[JobKind[Any, Any], Select[Any] | None] = {}
         #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
         self._calibrated_at: float | None = None
         bind = session_factory.kw.get("bind")
@@ -241,89 +252,79 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------------
 
     def claim(self) -> ClaimedJob | None:
-        """The next job: a queued or expired one (:meth:`claim_queued`), else a job that waited
-        and has work again (:meth:`claim_waiting`: a continual release with a new batch)."""
-        job = self.claim_queued()
-        if job is not None:
-            return job
-        for kind in KINDS:
-            job = self.claim_waiting(kind)
-            if job is not None:
-                return job
-        return None
+        """The next job, ``None`` if there is none: a queued or expired one (:meth:`_queued`),
+        else a job that waited and has work again (:meth:`_waiting`: a continual release with
+        a new batch). Both looks in one transaction: an idle worker asks after every job, and a
+        transaction for each look was a tenth of a small release's bookkeeping
+        (``bench/bench_release_cpu.py``). A job abandoned on the way is recorded in its own
+        transaction and the claim starts again."""
+        lease = timedelta(seconds=self.settings.worker_lease_seconds)
+        while True:
+            with self.session_factory.begin() as session:
+                now = utcnow()
+                found = self._queued(session, now, lease)
+                for kind in KINDS:
+                    if found is not None:
+                        break
+                    found = self._waiting(session, kind, now, lease)
+                if not isinstance(found, _Abandoned):
+                    return found
 
-    def claim_queued(self) -> ClaimedJob | None:
-        """Take the oldest queued job, or one whose lease expired; ``None`` if there is none.
+    def _queued(
+        self, session: Session, now: datetime, lease: timedelta
+    ) -> ClaimedJob | _Abandoned | None:
+        """Take the oldest queued job, or one whose lease expired; ``None`` if there is none,
+        :data:`_ABANDONED` if it was one past its attempts (recorded as such here).
 
         A job still leased to this worker is taken again too: this worker runs one job at a
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        lease = timedelta(seconds=self.settings.worker_lease_seconds)
-        while True:
-            with self.session_factory.begin() as session:
-                now = utcnow()
-                # The dataset row comes with the claim (the lease reads its file name): one
-                # statement, and no flush of the release before its lease is complete.
-                found = session.execute(
-                    select(Release, Dataset)
-                    .outerjoin(Dataset, Dataset.id == Release.dataset_id)
-                    .where(
-                        or_(
-                            Release.status == "queued",
-                            and_(
-                                Release.status == "running",
-                                or_(
-                                    Release.lease_expires_at < now,
-                                    Release.lease_owner == self.worker_id,
-                                ),
-                            ),
-                        )
-                    )
-                    .order_by(Release.created_at)
-                    .limit(1)
-                    .with_for_update(of=Release, skip_locked=True)
-                ).first()
-                if found is None:
-                    return None
-                release = found[0]
-                if release.attempts >= self.settings.worker_max_attempts:
-                    # The job keeps killing its workers; it may have read the data: no refund.
-                    # The lease names who decided, so the last runner cannot mistake this for
-                    # its own stored outcome.
-                    release.lease_owner = self.worker_id
-                    self._record(session, release, End(Outcome.failed(ABANDONED_REASON)))
-                    continue
-                release.status = "running"
-                return take_lease(session, release, self.worker_id, now, lease, release.n_rows_read)
-
-    def claim_waiting(self, kind: JobKind[Any, Any]) -> ClaimedJob | None:
-        """Claim a job of ``kind`` that waits with its lease given up and has work again (the
-        kind says when); ``None`` if there is none. The lease and attempt count work as for any
-        claim; a waiting job has ``attempts`` reset, so the limit counts claims since the last
-        time it had nothing left to do."""
-        ready = kind.waiting_claimable()
-        if ready is None:
+        found = session.execute(QUEUED_LOOK, {"now": now, "worker_id": self.worker_id}).first()
+        if found is None:
             return None
-        lease = timedelta(seconds=self.settings.worker_lease_seconds)
-        while True:
-            with self.session_factory.begin() as session:
-                now = utcnow()
-                release = session.execute(
-                    select(Release)
-                    .join(Dataset, Dataset.id == Release.dataset_id)
-                    .where(Release.status == "running", Release.lease_owner.is_(None), *ready)
-                    .order_by(Release.created_at)
-                    .limit(1)
-                    .with_for_update(of=Release, skip_locked=True)
-                ).scalar_one_or_none()
-                if release is None:
-                    return None
-                if release.attempts >= self.settings.worker_max_attempts:
-                    release.lease_owner = self.worker_id
-                    self._record(session, release, kind.abandoned(session, release, self.settings))
-                    continue
-                return take_lease(session, release, self.worker_id, now, lease, None)
+        release = found[0]
+        if release.attempts >= self.settings.worker_max_attempts:
+            # The job keeps killing its workers; it may have read the data: no refund.
+            # The lease names who decided, so the last runner cannot mistake this for
+            # its own stored outcome.
+            release.lease_owner = self.worker_id
+            self._record(session, release, End(Outcome.failed(ABANDONED_REASON)))
+            return _ABANDONED
+        release.status = "running"
+        return take_lease(session, release, self.worker_id, now, lease, release.n_rows_read)
+
+    def _waiting(
+        self, session: Session, kind: JobKind[Any, Any], now: datetime, lease: timedelta
+    ) -> ClaimedJob | _Abandoned | None:
+        """Claim a job of ``kind`` that waits with its lease given up and has work again (the
+        kind says when); ``None`` if there is none, :data:`_ABANDONED` as for :meth:`_queued`.
+        The lease and attempt count work as for any claim; a waiting job has ``attempts``
+        reset, so the limit counts claims since the last time it had nothing left to do."""
+        if kind not in self._waiting_looks:
+            # Built once per worker (the kind's conditions are public and fixed): QUEUED_LOOK.
+            ready = kind.waiting_claimable()
+            self._waiting_looks[kind] = (
+                None
+                if ready is None
+                else select(Release)
+                .join(Dataset, Dataset.id == Release.dataset_id)
+                .where(Release.status == "running", Release.lease_owner.is_(None), *ready)
+                .order_by(Release.created_at)
+                .limit(1)
+                .with_for_update(of=Release, skip_locked=True)
+            )
+        look = self._waiting_looks[kind]
+        if look is None:
+            return None
+        release = session.execute(look).scalar_one_or_none()
+        if release is None:
+            return None
+        if release.attempts >= self.settings.worker_max_attempts:
+            release.lease_owner = self.worker_id
+            self._record(session, release, kind.abandoned(session, release, self.settings))
+            return _ABANDONED
+        return take_lease(session, release, self.worker_id, now, lease, None)
 
     def heartbeat(self, job: ClaimedJob) -> bool:
         """Extend this worker's lease on ``job``; false if the lease was lost."""
@@ -440,9 +441,7 @@ class Worker:
         return release.lease_owner == self.worker_id and release.attempts == job.attempt
 
     def _locked(self, session: Session, job: ClaimedJob) -> Release:
-        return session.execute(
-            select(Release).where(Release.id == job.release_id).with_for_update()
-        ).scalar_one()
+        return session.execute(LOCKED_RELEASE, {"release_id": job.release_id}).scalar_one()
 
     def _load(self, kind: JobKind[Any, Any], job: ClaimedJob) -> Any:
         """The job's next work from its kind, or what ends this claim (one transaction): the

@@ -113,3 +113,26 @@ def test_the_cache_is_bounded_and_never_holds_unknown_keys(client: TestClient, k
     for i, principal in enumerate(principals):
         small.put(f"d{i}", principal)
     assert [small.get(f"d{i}") for i in range(5)] == [None, None, *principals[2:]]
+
+
+def test_a_write_checks_its_key_once_when_the_key_was_verified_recently(
+    client: TestClient, engine: Engine, keys: Any, upload_dataset: Any
+) -> None:
+    """The gate before a write's body is read answers from the recent verification; the
+    write's own transaction still looks the key up (the revocation test above: at once)."""
+    dataset = upload_dataset(client, keys.owner, DATA)
+    headers = bearer(keys.analyst)
+    assert client.get(f"/v1/datasets/{dataset['id']}/budget", headers=headers).status_code == 200
+    release = {
+        "mechanism": "analyze_gauss",
+        "k": 1,
+        "epsilon": "0.1",
+        "delta": "1e-8",
+        "params": {"clip_norm": 1.0},
+    }
+    with counted(engine) as write:
+        answer = client.post(
+            f"/v1/datasets/{dataset['id']}/releases", headers=headers, json=release
+        )
+    assert answer.status_code == 202, answer.text
+    assert _key_lookups(write) == 1

@@ -1,0 +1,49 @@
+"""How the store maps a dataset file for a run: populated at once up to ``POPULATE_BYTES``
+(a read-only array over the mapping), lazily beyond (a read-only ``np.memmap``); the same rows
+either way, the prefix the database names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service import store as store_module
+from service.store import DatasetStore
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> tuple[DatasetStore, str, np.ndarray]:
+    store = DatasetStore(tmp_path / "datasets")
+    store.ensure()
+    rows = np.random.default_rng(3).normal(size=(40, 7))
+    upload = store.new_incoming_path()
+    with open(upload, "wb") as out:
+        np.save(out, rows)
+    return store, store.ingest(upload, ".npy").file_name, rows
+
+
+def test_a_small_file_is_mapped_populated_read_only(
+    stored: tuple[DatasetStore, str, np.ndarray],
+) -> None:
+    store, name, rows = stored
+    data = store.open(name, 25)
+    assert not isinstance(data, np.memmap)
+    assert data.shape == (25, 7) and data.dtype == np.float64
+    assert np.array_equal(data, rows[:25])
+    assert not data.flags.writeable
+    with pytest.raises(ValueError):
+        data[0, 0] = 1.0
+
+
+def test_a_large_file_keeps_the_lazy_map(
+    stored: tuple[DatasetStore, str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, name, rows = stored
+    monkeypatch.setattr(store_module, "POPULATE_BYTES", 8 * 7 * 10)
+    data = store.open(name, 25)
+    assert isinstance(data, np.memmap)
+    assert np.array_equal(data, rows[:25])
+    assert np.array_equal(store.open(name, 10), rows[:10])  # at the bound: populated
+    assert not isinstance(store.open(name, 10), np.memmap)
