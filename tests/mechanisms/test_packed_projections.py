@@ -119,3 +119,30 @@ def test_the_release_equals_the_cross_product_route(
     assert (new.basis is None) == (old.basis is None)
     if new.basis is not None:
         assert old.basis is not None and np.array_equal(new.basis, old.basis)
+
+
+def _force_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every projection release takes the packed route (the audit pairs have k = 1, where the
+    public rule would keep the cross products)."""
+    monkeypatch.setattr(fw, "packed_projections", lambda t, d, k: True)
+
+
+def test_the_whole_pipeline_audit_passes_on_the_packed_route(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cone pair's audit (search, PTR, Gaussian release; tight for ``Delta_W`` at the
+    radius where AboveThreshold stops) with the packed distances."""
+    from tests.mechanisms import test_friendly_aggregate as tfa
+
+    _force_packed(monkeypatch)
+    bases = np.stack([row[:, None] / np.linalg.norm(row) for row in tfa._cone_pair()[0]])
+    assert fw.projection_block(bases)[0].__qualname__.startswith("packed_projection_block")
+    assert tfa._cone_audit(tfa._full_pipeline, runs=800, seed=52) <= tfa.CONE_EPS
+
+
+def test_the_packed_route_audit_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.mechanisms import test_friendly_aggregate as tfa
+
+    _force_packed(monkeypatch)
+    tfa._divide_noise_by_ten(monkeypatch)
+    assert tfa._cone_audit(tfa._full_pipeline, runs=800, seed=53) > tfa.CONE_EPS
