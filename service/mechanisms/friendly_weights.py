@@ -228,6 +228,7 @@ def packed_projector_rows(bases: FloatArray, chunk: int) -> FloatArray:
     function of its own basis."""
     t, d, _ = bases.shape
     rows, cols = np.triu_indices(d)
+    flat = rows * d + cols  # positions in a flattened d x d projector
     weight = np.where(rows == cols, 1.0, math.sqrt(2.0))
     length = rows.shape[0]
     n_chunks = -(-length // chunk)
@@ -236,11 +237,12 @@ def packed_projector_rows(bases: FloatArray, chunk: int) -> FloatArray:
     for start in range(0, t, step):
         stop = min(t, start + step)
         part = bases[start:stop]
-        projectors = np.matmul(part, part.transpose(0, 2, 1))
-        packed = projectors[:, rows, cols] * weight
+        projectors = np.matmul(part, part.transpose(0, 2, 1)).reshape(stop - start, d * d)
         for c in range(n_chunks):
-            piece = packed[:, c * chunk : (c + 1) * chunk]
-            out[c, start:stop, : piece.shape[1]] = piece
+            span = slice(c * chunk, min(length, (c + 1) * chunk))
+            piece = out[c, start:stop, : span.stop - span.start]
+            np.take(projectors, flat[span], axis=1, out=piece)
+            piece *= weight[span]
     return out
 
 
