@@ -326,7 +326,8 @@ def exact_classes(
     mix = coefficients[0, 1]
     while active.size and start < dim:
         stop = min(dim, start + step)
-        block = np.right_shift(finest[chosen[active], start:stop], level)
+        block = finest[chosen[active], start:stop]
+        np.right_shift(block, level, out=block)  # in place: one array of the step's size
         with np.errstate(over="ignore"):
             key = block.view(np.uint64) @ multipliers[start:stop]
             key += label[active].view(np.uint64) * mix
@@ -342,7 +343,8 @@ def exact_classes(
         # a >> level == b >> level exactly when (a ^ b) >> level == 0 (the arithmetic shift
         # commutes with xor), that is when a ^ b, read unsigned, is below 2^level: one pass
         # instead of two shifts and a comparison
-        apart = np.bitwise_xor(finest[chosen[active]], finest[chosen[leaders]])
+        apart = finest[chosen[active]]
+        np.bitwise_xor(apart, finest[chosen[leaders]], out=apart)
         if not bool(np.all(apart.view(np.uint64) < np.uint64(1 << level))):
             rows = np.right_shift(finest[chosen], level)
             _, exact = np.unique(rows, axis=0, return_inverse=True)
