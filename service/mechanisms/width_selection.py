@@ -307,9 +307,9 @@ def exact_classes(
     (:func:`largest_class_count`'s multipliers) of the step's coordinates; a row alone in its
     group differs from every other row (equal rows have equal fingerprints on any
     coordinates) and is done. Rows that differ early, every row at the fine widths, cost
-    one step instead of all ``D`` coordinates. Rows grouped after the last step are compared
-    with the first row of their group; only if some row differs (a fingerprint collision,
-    ``< 2^-30`` per pair) are the rows grouped by ``np.unique`` on their values.
+    one step instead of all ``D`` coordinates. At every step each row is compared with the
+    first row of its group on the step's coordinates; only if some row differs (a fingerprint
+    collision) are the rows grouped by ``np.unique`` on their values.
     """
     count, dim = chosen.shape[0], finest.shape[1]
     label = np.zeros(count, dtype=np.int64)
@@ -331,24 +331,24 @@ def exact_classes(
         with np.errstate(over="ignore"):
             key = block.view(np.uint64) @ multipliers[start:stop]
             key += label[active].view(np.uint64) * mix
-        _, inverse, sizes = np.unique(key, return_inverse=True, return_counts=True)
+        _, first, inverse, sizes = np.unique(
+            key, return_index=True, return_inverse=True, return_counts=True
+        )
         inverse = np.asarray(inverse, dtype=np.int64).reshape(-1)
+        # Each row against the first row of its group, on this step's coordinates (already
+        # shifted, in cache). A row still grouped after the last step was checked at every
+        # step against its group's first row, and its final group's first row against the
+        # same rows (groups only split), so by transitivity the rows of a final group are
+        # equal on every coordinate. One comparison of the step's block instead of a second
+        # read of all D coordinates of the grouped rows at the end.
+        if not np.array_equal(block, block[first[inverse]]):
+            rows = np.right_shift(finest[chosen], level)
+            _, exact = np.unique(rows, axis=0, return_inverse=True)
+            return np.asarray(exact, dtype=np.int64).reshape(-1)
         label[active] = fresh + inverse  # new labels, distinct from every finished row's
         fresh += sizes.shape[0]
         active = active[sizes[inverse] > 1]
         start, step = stop, 4 * step
-    if active.size:
-        _, first, group = np.unique(label[active], return_index=True, return_inverse=True)
-        leaders = active[first][np.asarray(group, dtype=np.int64).reshape(-1)]
-        # a >> level == b >> level exactly when (a ^ b) >> level == 0 (the arithmetic shift
-        # commutes with xor), that is when a ^ b, read unsigned, is below 2^level: one pass
-        # instead of two shifts and a comparison
-        apart = finest[chosen[active]]
-        np.bitwise_xor(apart, finest[chosen[leaders]], out=apart)
-        if not bool(np.all(apart.view(np.uint64) < np.uint64(1 << level))):
-            rows = np.right_shift(finest[chosen], level)
-            _, exact = np.unique(rows, axis=0, return_inverse=True)
-            return np.asarray(exact, dtype=np.int64).reshape(-1)
     _, labels = np.unique(label, return_inverse=True)
     return np.asarray(labels, dtype=np.int64).reshape(-1)
 
