@@ -217,17 +217,39 @@ def largest_cell_count_query(
 
     def query(j: int) -> float:
         if not first_shared:
-            low, high = 0, widths.shape[0]  # count(high) taken as > 1 (beyond the grid)
-            while low < high:
-                middle = (low + high) // 2
-                if nested.largest(middle) > 1:
-                    high = middle
-                else:
-                    low = middle + 1
-            first_shared.append(low)
+            first_shared.append(_first_shared_level(nested, widths.shape[0]))
         return 1.0 if j < first_shared[0] else float(nested.largest(j))
 
     return query
+
+
+def _first_shared_level(nested: NestedCells, levels: int) -> int:
+    """The finest level whose largest count exceeds 1 (``levels`` if none), counts being
+    monotone in the level.
+
+    The middle level first; if its points are all apart, the levels above it one at a time,
+    each grouped from the one below (:class:`NestedCells`), up to the first shared one; else a
+    bisection below it. A bisection above the middle asked a coarse level first and grouped it
+    from the middle's classes, where every point is apart: all ``t`` rows over all ``D``
+    coordinates (near a subspace, at d = 1,000, 0.15 s of the search's 0.36 s), while going up
+    one level at a time groups each level from a finer one already known. The same level either
+    way (the counts are exact), so the same answers."""
+    low, high = 0, levels  # count(high) taken as > 1 (beyond the grid)
+    middle = levels // 2
+    if nested.largest(middle) > 1:
+        high = middle
+    else:
+        for level in range(middle + 1, levels):
+            if nested.largest(level) > 1:
+                return level
+        return levels
+    while low < high:
+        middle = (low + high) // 2
+        if nested.largest(middle) > 1:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 class NestedCells:
