@@ -114,7 +114,9 @@ def cells(points: FloatArray, width: float, offsets: FloatArray) -> FloatArray:
     return np.asarray(index, dtype=np.float64)
 
 
-def cell_counts(cells: FloatArray) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+def cell_counts(
+    cells: FloatArray, *, overwrite: bool = False
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Group equal rows of ``cells``: one representative row and a count per distinct row.
 
     Rows are grouped by hashing their bytes (a dict keyed by each row's 8 D bytes), ``O(t D)``
@@ -127,6 +129,8 @@ def cell_counts(cells: FloatArray) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
     Parameters
     ----------
     cells : (t, D) array of finite cell indices
+    overwrite : bool
+        Canonicalise ``cells`` in place (``-0.0`` becomes ``+0.0``) instead of a copy.
 
     Returns
     -------
@@ -136,7 +140,11 @@ def cell_counts(cells: FloatArray) -> tuple[npt.NDArray[np.int64], npt.NDArray[n
     counts : (u,) int array
         How many rows equal it; ``sum(counts) = t``.
     """
-    canonical = np.ascontiguousarray(cells, dtype=np.float64) + 0.0
+    if overwrite and cells.dtype == np.float64 and cells.flags.c_contiguous:
+        # the caller's scratch cells canonicalised in place (no copy of t D doubles)
+        canonical = np.add(cells, 0.0, out=cells)
+    else:
+        canonical = np.ascontiguousarray(cells, dtype=np.float64) + 0.0
     slot: dict[bytes, int] = {}
     first: list[int] = []
     label = np.empty(canonical.shape[0], dtype=np.int64)
