@@ -54,7 +54,7 @@ from service.mechanisms.friendly_weights import (
     calibrated_sensitivity,
     count_friends,
     distance_workers,
-    projection_distance_block,
+    projection_block,
     ramp_width,
     reference_distance_block,
     total_weight,
@@ -280,9 +280,9 @@ def friendly_search(
         block = reference_distance_block(points)
         rows, workers = block_rows(t), distance_workers()
     else:
-        block = projection_distance_block(bases)
+        block, rows = projection_block(bases)
         r_max = math.sqrt(2.0 * k)
-        rows, workers = block_rows(t, k * k), 1
+        workers = 1
     steps = radius_steps(aggregator)
 
     radius_exponent: int | None = None

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from service.mechanisms.friendly_ptr import t_comfortable_for, t_min_for
 from service.mechanisms.friendly_radius import radius_steps
 from service.mechanisms.friendly_weights import (
+    BLOCK_FLOATS,
     MAX_DISTANCE_WORKERS,
     MEAN_CHUNK_FLOATS,
     Aggregator,
     block_rows,
+    packed_length,
+    packed_projections,
 )
 from service.mechanisms.sample_aggregate import allowance, embeddings_bytes, subset_bases_bytes
 
@@ -152,6 +155,15 @@ def friendly_memory_bytes(
         p = qq * d
         chunk = max(1, MEAN_CHUNK_FLOATS // p) * p
         release = 8 * (2 * chunk + 6 * p + qq * qq + qq)
+    elif packed_projections(t, d, k):
+        # the packed projectors, zero-padded to whole chunks (and, while they are built, a few
+        # d x d projectors and their two indexed copies); per block the overlaps, the product
+        # added to them, the squared distances' temporaries, the bins and their indexed copy
+        rows = block_rows(t, 4)
+        held = bases + 8 * (t * (packed_length(d) + k * d) + BLOCK_FLOATS + d * d)
+        per_worker = 8 * 7 * rows * t
+        workers = 1
+        release = 3 * bases + 8 * (7 * d * d + d * k)
     else:
         rows = block_rows(t, k * k)
         held = 2 * bases

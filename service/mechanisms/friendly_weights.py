@@ -16,7 +16,9 @@ randomness; the search (``friendly_radius``), the test (``friendly_ptr``) and th
 
 Floating point: every distance is a per-pair formula, direct differences ``||y_j - y_l||``
 (scipy's ``cdist``, in tiles and blocks; never centred on a global mean, never through a Gram
-matrix of all points), or for projections the ``k x k`` cross products of the pair; counts are
+matrix of all points), or for projections the ``k x k`` cross products of the pair (or, for
+``d + 1 < 2 k^2``, the dot product of the pair's packed projectors, :func:`packed_projection_block`,
+within the same rounding allowance); counts are
 integers and ``W`` is summed exactly rounded (``math.fsum``), so one moved point changes only the
 distances of its own pairs and ``|W - W'| <= Delta_W`` holds for the *computed* weights. The
 mean's sensitivity is calibrated at the radius inflated by a public rounding allowance
@@ -193,6 +195,108 @@ def projection_distance_block(bases: FloatArray) -> BlockFn:
         return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
 
     return block
+
+
+#: Largest sum length of one product in the packed route (:func:`packed_projection_block`),
+#: in units of ``k d``: its rounding proof needs chunks of at most ``k d`` terms.
+PACKED_CHUNK_KD = 1
+
+
+#: Largest packed projectors (``t d (d + 1) / 2`` floats, 32 MB) the packed route holds.
+PACKED_FLOATS = 1 << 22
+
+
+def packed_projections(t: int, d: int, k: int) -> bool:
+    """Whether the projector distances take the packed route (:func:`packed_projection_block`):
+    when its ``d (d + 1) / 2`` multiply-adds a pair are fewer than the cross products' ``k^2 d``,
+    that is ``d + 1 < 2 k^2`` (at ``k = 10``: ``d <= 198``), and the ``t`` packed projectors fit
+    :data:`PACKED_FLOATS` (public facts only)."""
+    return d + 1 < 2 * k * k and t * packed_length(d) <= PACKED_FLOATS
+
+
+def packed_length(d: int) -> int:
+    """Entries of a packed projector: the upper triangle with its diagonal, ``d (d + 1) / 2``."""
+    return d * (d + 1) // 2
+
+
+def packed_projector_rows(bases: FloatArray, chunk: int) -> FloatArray:
+    """``p_j``: the upper triangle of ``U_j U_j^T`` row by row, off-diagonal entries times
+    ``sqrt 2``, so ``<p_j, p_l> = <U_j U_j^T, U_l U_l^T>_F = ||U_j^T U_l||_F^2``; stored
+    chunk-major, shape ``(c, t, chunk)`` with ``c = ceil(L / chunk)``, ``L = d (d + 1) / 2``
+    (zero-padded), so each chunk of all points is one contiguous matrix. Built a few bases at a
+    time (``d x d`` temporaries of at most ``BLOCK_FLOATS / 4`` entries); each row is a
+    function of its own basis."""
+    t, d, _ = bases.shape
+    rows, cols = np.triu_indices(d)
+    flat = rows * d + cols  # positions in a flattened d x d projector
+    weight = np.where(rows == cols, 1.0, math.sqrt(2.0))
+    length = rows.shape[0]
+    n_chunks = -(-length // chunk)
+    out = np.zeros((n_chunks, t, chunk), dtype=np.float64)
+    step = max(1, BLOCK_FLOATS // (4 * d * d))
+    for start in range(0, t, step):
+        stop = min(t, start + step)
+        part = bases[start:stop]
+        projectors = np.matmul(part, part.transpose(0, 2, 1)).reshape(stop - start, d * d)
+        for c in range(n_chunks):
+            span = slice(c * chunk, min(length, (c + 1) * chunk))
+            piece = out[c, start:stop, : span.stop - span.start]
+            np.take(projectors, flat[span], axis=1, out=piece)
+            piece *= weight[span]
+    return out
+
+
+def packed_projection_block(bases: FloatArray) -> BlockFn:
+    """``(start, stop) -> ||U_j U_j^T - U_l U_l^T||_F`` as
+    ``sqrt(<p_j, p_j> + <p_l, p_l> - 2 <p_j, p_l>)`` over the packed projectors ``p_j``
+    (:func:`packed_projector_rows`): ``d (d + 1) / 2`` multiply-adds a pair instead of the
+    ``k^2 d`` of :func:`projection_distance_block`, in one product of ``t`` rows instead of
+    ``t k``; half the work or less for ``d + 1 < 2 k^2``.
+
+    Rounding (why :func:`projection_rounding` still bounds it, so the calibrated sensitivity is
+    unchanged): each ``<p_j, p_l>`` is summed as products of at most ``k d`` terms
+    (:data:`PACKED_CHUNK_KD`) added chunk by chunk, a summation of depth at most
+    ``h = k d + L / (k d) <= 2 k d`` (``L = d (d + 1) / 2 <= k^2 d``), so its error is at most
+    ``h eps sum |p_j p_l| (1 + O(eps)) <= 2 k d eps ||P_j||_F ||P_l||_F = 2 k^2 d eps`` (plus
+    ``k^2 eps``-sized errors of the computed projectors and of the ``sqrt 2``). The squared
+    distance ``s_j + s_l - 2 o_jl`` then errs by at most about ``8 k^2 d eps``, and the distance
+    by at most its square root, ``2 sqrt 2 k sqrt(d eps) < projection_rounding = 4 k sqrt(d eps)``.
+    Each entry is a dot product of the pair's own rows (a matrix product's entry reads one row of
+    each factor, in an order fixed by the public shapes), so a distance is still a function of
+    the pair alone; the counts equal those of :func:`projection_distance_block` except for a
+    distance within rounding of a radius.
+    """
+    t, d, k = bases.shape
+    chunk = min(packed_length(d), max(1, PACKED_CHUNK_KD * k * d))
+    packed = packed_projector_rows(bases, chunk)
+    self_overlap = np.zeros(t, dtype=np.float64)
+    for part in packed:
+        self_overlap += np.einsum("ij,ij->i", part, part)
+
+    def block(start: int, stop: int) -> FloatArray:
+        size = stop - start
+        overlap = np.zeros((size, t - start), dtype=np.float64)
+        for part in packed:
+            own = part[start:stop]
+            # The block's square part as one symmetric product (one triangle computed and
+            # mirrored), the later points as a plain product; pairs left of the block never.
+            overlap[:, :size] += own @ own.T
+            if stop < t:
+                overlap[:, size:] += own @ part[stop:].T
+        dist2 = self_overlap[start:stop, None] + self_overlap[None, start:] - 2.0 * overlap
+        np.maximum(dist2, 0.0, out=dist2)
+        return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
+
+    return block
+
+
+def projection_block(bases: FloatArray) -> tuple[BlockFn, int]:
+    """The projector-distance blocks of the cheaper route for ``(d, k)`` (packed for
+    ``d + 1 < 2 k^2``, else the cross products) and their rows per block."""
+    t, d, k = bases.shape
+    if packed_projections(t, d, k):
+        return packed_projection_block(bases), block_rows(t, 4)
+    return projection_distance_block(bases), block_rows(t, k * k)
 
 
 def block_rows(t: int, width: int = 1) -> int:

@@ -214,10 +214,16 @@ def stability_histogram(
     # A point's cell is a function of that point alone, so clamping the (public-width) cell
     # index to a finite range keeps the histogram's sensitivity and keeps a tiny width from
     # overflowing to infinite cells.
+    # The same operations as floor((points - offsets) / width), in one buffer of t D doubles
+    # (three fewer arrays of that size).
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        cells = np.floor((points - offsets) / width)
+        cells = np.subtract(points, offsets)
+        np.divide(cells, width, out=cells)
+        np.floor(cells, out=cells)
     np.clip(cells, -CELL_INDEX_LIMIT, CELL_INDEX_LIMIT, out=cells)
-    first, counts = cell_counts(cells)
+    # Canonicalised in place (-0.0 to +0.0): the kept cell's lower corner is the same double,
+    # as offsets (>= 0) plus a signed zero times the width is the offset either way.
+    first, counts = cell_counts(cells, overwrite=True)
     occupied = cells[first]
     noisy = counts + laplace(count_noise_scale(epsilon), rng, size=counts.shape[0])
     best = int(np.argmax(noisy))

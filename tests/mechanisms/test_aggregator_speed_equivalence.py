@@ -163,3 +163,68 @@ def test_released_basis_equals_the_old_bases_route(
     assert (new is None) == (old is None)
     if new is not None and old is not None:
         assert np.array_equal(new, old)
+
+
+def _former_stability_histogram(
+    points: np.ndarray,
+    width: float,
+    epsilon: float,
+    delta: float,
+    rng: np.random.Generator,
+    offsets: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``stability_histogram`` as it was before the in-place cells (issue 35, third pass)."""
+    from service.mechanisms import histogram_aggregate as ha
+
+    if offsets is None:
+        offsets = np.asarray(rng.uniform(0.0, width, size=points.shape[1]), dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        cells = np.floor((points - offsets) / width)
+    np.clip(cells, -ws.CELL_INDEX_LIMIT, ws.CELL_INDEX_LIMIT, out=cells)
+    first, counts = ws.cell_counts(cells)  # a canonical copy: cells keep their -0.0
+    occupied = cells[first]
+    noisy = counts + ha.laplace(ha.count_noise_scale(epsilon), rng, size=counts.shape[0])
+    best = int(np.argmax(noisy))
+    if not noisy[best] > ha.threshold(epsilon, delta):
+        return None
+    with np.errstate(over="ignore", invalid="ignore"):
+        lower = np.asarray(offsets + occupied[best] * width, dtype=np.float64)
+    return lower, np.asarray(offsets, dtype=np.float64)
+
+
+def test_in_place_histogram_cells_release_the_same_corner_bit_for_bit() -> None:
+    """Cells computed in one buffer and canonicalised in place (``-0.0`` to ``+0.0``): the
+    released lower corner and offsets are the former doubles, signed zeros included."""
+    from service.mechanisms import histogram_aggregate as ha
+
+    rng = np.random.default_rng(8)
+    released = 0
+    for trial in range(150):
+        t, dim = int(rng.integers(3, 60)), int(rng.integers(1, 200))
+        centre = rng.standard_normal(dim) * 10.0 ** float(rng.integers(-5, 5))
+        spread = 10.0 ** float(rng.integers(-8, 1)) * rng.standard_normal((t, dim))
+        points = centre + spread * (rng.random((t, 1)) < 0.5)
+        points[:, :2] = -1e-300 if trial % 3 == 0 else points[:, :2]  # cells of -1 and -0.0
+        points[:, 2:3] = -0.0 if trial % 5 == 0 else points[:, 2:3]
+        width = 10.0 ** float(rng.uniform(-6, 1))
+        new = ha.stability_histogram(points, width, 1.0, 1e-6, np.random.default_rng(trial))
+        old = _former_stability_histogram(points, width, 1.0, 1e-6, np.random.default_rng(trial))
+        assert (new is None) == (old is None)
+        if new is not None and old is not None:
+            released += 1
+            for a, b in zip(new, old, strict=True):
+                assert np.array_equal(a.view(np.uint64), b.view(np.uint64))
+    assert released > 30
+    # Cells of -0.0 (a -0.0 coordinate at a zero offset) and +0.0 share a cell, and the corner
+    # released is the former double.
+    points = np.zeros((40, 3))
+    points[::2, 0] = -0.0
+    offsets = np.array([0.0, 0.25, 0.0])
+    for seed in range(5):
+        new = ha.stability_histogram(points, 1.0, 1.0, 1e-6, np.random.default_rng(seed), offsets)
+        old = _former_stability_histogram(
+            points, 1.0, 1.0, 1e-6, np.random.default_rng(seed), offsets
+        )
+        assert new is not None and old is not None
+        for a, b in zip(new, old, strict=True):
+            assert np.array_equal(a.view(np.uint64), b.view(np.uint64))

@@ -48,6 +48,7 @@ CASES: dict[str, list[tuple[int, int, int, float, float, dict[str, Any]]]] = {
     "friendly_aggregate": [
         (20_000, 40, 3, 1.0, 1e-6, {}),  # projection by default (d <= 1000)
         (20_000, 40, 3, 1.0, 1e-6, {"aggregator": "reference_points"}),
+        (20_000, 40, 5, 1.0, 1e-6, {}),  # projection, packed distances (d + 1 < 2 k^2)
     ],
     # auto: the structure test and friendly_aggregate (projection) at n = 50,000; analyze_gauss
     # alone at n = 2,000.
