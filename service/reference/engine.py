@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -69,6 +70,7 @@ from service.reference.reading import _read_piece
 MECHANISMS = frozenset(
     {
         "analyze_gauss",
+        "continual_gauss",
         "gap_perturbation",
         "smooth_sensitivity",
         "spectrum",
@@ -477,10 +479,28 @@ class ParquetRows:
             self._client = None
 
 
+def batch_of(reference: Reference, row_offset: int, n_rows: int) -> Reference:
+    """The rows ``[row_offset, row_offset + n_rows)`` (one batch of a continual release): the
+    row groups that hold them, which must be whole, and every object of the reference (so
+    :meth:`ParquetRows.check_unchanged` still checks them all, the batch's passes read only
+    its groups)."""
+    stop = row_offset + n_rows
+    pieces = [p for p in reference.pieces if row_offset <= p.offset < stop]
+    if sum(p.rows for p in pieces) != n_rows or any(p.offset + p.rows > stop for p in pieces):
+        raise ValueError("a batch of a dataset by reference is whole row groups")
+    return dataclasses.replace(reference, pieces=pieces)
+
+
 @contextlib.contextmanager
-def open_rows(raw: dict[str, Any], settings: Settings) -> Iterator[ParquetRows]:
-    """The rows of a dataset by reference for one release, checked unchanged first."""
-    rows = ParquetRows(Reference.from_json(raw, settings), settings)
+def open_rows(
+    raw: dict[str, Any], settings: Settings, batch: tuple[int, int] | None = None
+) -> Iterator[ParquetRows]:
+    """The rows of a dataset by reference for one release (with ``batch``, ``(row_offset,
+    n_rows)``: those of one batch, :func:`batch_of`), every object checked unchanged first."""
+    reference = Reference.from_json(raw, settings)
+    if batch is not None:
+        reference = batch_of(reference, *batch)
+    rows = ParquetRows(reference, settings)
     try:
         rows.check_unchanged()
         yield rows
