@@ -283,8 +283,10 @@ def _compute_reference_epoch(
     )
     try:
         with reference.open_rows(step.reference, settings, (step.row_offset, step.n_rows)) as rows:
+            # A RowSource where advance takes rows: it reaches them only through clipped_gram.
+            source: Any = rows
             new_state, output = mechanism.advance(
-                state, rows, spec, epoch_generator(step.key, step.epoch)
+                state, source, spec, epoch_generator(step.key, step.epoch)
             )
             rows.check_unchanged()
     except reference.ReferenceFault as fault:

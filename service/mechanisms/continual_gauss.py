@@ -85,7 +85,6 @@ from service.mechanisms.base import (
 )
 from service.mechanisms.linalg import (
     FloatArray,
-    RowSource,
     clipped_gram,
     clipped_gram_memory,
     eigh_memory,
@@ -417,7 +416,7 @@ class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
     def advance(
         self,
         state: ContinualState,
-        batch: FloatArray | RowSource,
+        batch: FloatArray,
         spec: ReleaseSpec[ContinualGaussParams],
         rng: np.random.Generator,
     ) -> tuple[ContinualState, MechanismOutput]:
@@ -428,9 +427,10 @@ class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
         state : ContinualState
             The state after epoch ``t - 1`` (not mutated).
         batch : (n_t, d) array or RowSource
-            The rows of batch ``t``; may be a read-only memory map, may have 0 rows, or a
-            dataset by reference's batch, whose clipped Gram is one pass of the engine (the
-            same ``G_t``, up to summation order: the privacy argument is unchanged).
+            The rows of batch ``t``; may be a read-only memory map, may have 0 rows, or (as
+            every mechanism's data may be) a :class:`~service.mechanisms.linalg.RowSource`, a
+            dataset by reference's batch, whose clipped Gram is one pass of the engine: the
+            same ``G_t`` up to summation order, so the privacy argument is unchanged.
         spec : ReleaseSpec
             The prepared spec (same for every epoch).
         rng : numpy.random.Generator
