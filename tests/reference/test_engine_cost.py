@@ -59,6 +59,7 @@ def test_reused_buffers_raises_the_thresholds_once_and_restores_the_environments
 ) -> None:
     libc = _Libc()
     monkeypatch.setattr(heap, "_libc", lambda: libc)
+    monkeypatch.setattr(heap, "RESTORE_SECONDS", 0.0)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     with heap.reused_buffers():
@@ -80,6 +81,36 @@ def test_reused_buffers_raises_the_thresholds_once_and_restores_the_environments
         raise RuntimeError
     assert libc.calls[2:4] == [("mallopt", -3, 262144), ("mallopt", -1, 65536)]
     assert heap._active == 0
+
+
+def test_the_thresholds_outlive_a_task_until_the_process_is_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The next task of a pass starting within RESTORE_SECONDS finds the thresholds raised
+    (no mallopt again); once no task ran for that long, they are put back and the heap
+    trimmed."""
+    libc = _Libc()
+    monkeypatch.setattr(heap, "_libc", lambda: libc)
+    monkeypatch.setattr(heap, "RESTORE_SECONDS", 60.0)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    with heap.reused_buffers():
+        pass
+    timer = heap._timer
+    assert timer is not None and timer.is_alive()
+    with heap.reused_buffers():  # the next task: the pending restore is cancelled
+        assert not timer.is_alive() or timer.finished.is_set()
+    assert [call[0] for call in libc.calls] == ["mallopt", "mallopt"]
+    assert heap._timer is not None
+    heap._timer.cancel()
+    heap._restore_if_idle()  # what the timer does when it fires
+    assert libc.calls[2:] == [
+        ("mallopt", -3, 128 * 1024),
+        ("mallopt", -1, 65536),
+        ("malloc_trim", 0, 0),
+    ]
+    heap._restore_if_idle()  # nothing raised any more: nothing to put back
+    assert len(libc.calls) == 5 and heap._raised is None
 
 
 def test_reused_buffers_leaves_dynamic_thresholds_alone(monkeypatch: pytest.MonkeyPatch) -> None:
