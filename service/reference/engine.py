@@ -3,10 +3,10 @@
 Guarantees:
 
 - **Only aggregates leave a task.** :class:`ParquetRows` (a
-  :class:`~service.mechanisms.linalg.RowSource`) runs one task per row group (a clipped Gram
-  matrix, a clipped column sum, captured energy, norm counts, or the rows of a group of random
-  subsets); only ``d x d``-sized results and the ``t x d x k`` subset bases reach the worker,
-  and noise is drawn in the worker, never on the cluster.
+  :class:`~service.mechanisms.linalg.RowSource`) runs one task per run of row groups (a clipped
+  Gram matrix, a clipped column sum, captured energy, norm counts, or the rows of a group of
+  random subsets); only ``d x d``-sized results and the ``t x d x k`` subset bases reach the
+  worker, and noise is drawn in the worker, never on the cluster.
 - **Same bits either way.** Partial results are added in row-group order (a chain), so a run
   on Dask (``DPSS_DASK_SCHEDULER``) and one in process (Dask's synchronous scheduler) agree
   bit for bit when the BLAS uses one thread in both, and up to its summation order otherwise.
