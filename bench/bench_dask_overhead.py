@@ -7,15 +7,19 @@ Writes ``--rows x --cols`` float64 rows as local Parquet files (row groups of
 ``--row-group-rows`` rows), registers them as a dataset by reference and runs, with one BLAS
 thread everywhere: the bare ``X^T X`` of the rows in memory (the floor), the clipped Gram pass
 in process (Dask's synchronous scheduler: reads, digest checks, clipping and the Gram) and the
-same pass on a ``LocalCluster`` of 2 worker processes with 1 thread each. CPU is counted in
-every process that takes part (this one, which holds the client and the scheduler, and each
-worker), before and after the pass, so the ratios do not depend on how busy the machine is.
+same pass on a ``LocalCluster`` of 2 worker processes with 1 thread each (one task per row
+group, tasks of 32 MiB, the former default, and of ``DPSS_DASK_TASK_MB``), then where each
+one's CPU goes: this process, the workers, their system time and minor page faults. CPU is
+counted in every process that takes part (this one, which holds the client and the scheduler,
+and each worker), before and after the pass, so the ratios do not depend on how busy the
+machine is.
 Each pass runs ``--repeats`` times and the median is kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -31,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from service.config import Settings  # noqa: E402
 from service.reference import ParquetRows, inspect  # noqa: E402
+from service.reference.engine import task_runs  # noqa: E402
 
 
 def write_parquet(directory: Path, rows: int, cols: int, group: int, seed: int) -> list[str]:
@@ -64,6 +69,18 @@ def _cpu(pids: list[int]) -> float:
     return total
 
 
+def _system_and_faults(pids: list[int]) -> tuple[float, int]:
+    """System CPU seconds and minor page faults (Linux's /proc; 0 elsewhere) of ``pids``."""
+    import psutil
+
+    system, faults = 0.0, 0
+    for pid in pids:
+        system += psutil.Process(pid).cpu_times().system
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            faults += int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    return system, faults
+
+
 def measured(work: Any, pids: list[int], repeats: int) -> float:
     """Median CPU seconds of ``work()`` summed over ``pids``."""
     samples = []
@@ -72,6 +89,22 @@ def measured(work: Any, pids: list[int], repeats: int) -> float:
         work()
         samples.append(_cpu(pids) - before)
     return statistics.median(samples)
+
+
+def where(work: Any, client_pid: int, workers: list[int], repeats: int) -> dict[str, float]:
+    """Where one pass's CPU goes (medians): this process (client and scheduler), the workers,
+    the workers' system time and their minor page faults."""
+    samples: dict[str, list[float]] = {"client": [], "workers": [], "system": [], "faults": []}
+    for _ in range(repeats):
+        mine, theirs = _cpu([client_pid]), _cpu(workers)
+        system, faults = _system_and_faults(workers)
+        work()
+        after_system, after_faults = _system_and_faults(workers)
+        samples["client"].append(_cpu([client_pid]) - mine)
+        samples["workers"].append(_cpu(workers) - theirs)
+        samples["system"].append(after_system - system)
+        samples["faults"].append(after_faults - faults)
+    return {key: statistics.median(values) for key, values in samples.items()}
 
 
 def main() -> None:
@@ -114,24 +147,35 @@ def main() -> None:
                 reference,
                 settings.model_copy(update={"dask_scheduler": address, "dask_task_mb": 1e-6}),
             )
+            former = ParquetRows(
+                reference,
+                settings.model_copy(update={"dask_scheduler": address, "dask_task_mb": 32}),
+            )
             there = ParquetRows(reference, settings.model_copy(update={"dask_scheduler": address}))
-            for rows in (per_group, there):
+            for rows in (per_group, former, there):
                 rows.clipped_gram(1.0, None)  # connect and warm the workers once
             everyone = me + workers
             started = time.perf_counter()
             on_dask_per_group = measured(
                 lambda: per_group.clipped_gram(1.0, None), everyone, args.repeats
             )
+            on_dask_former = measured(
+                lambda: former.clipped_gram(1.0, None), everyone, args.repeats
+            )
             on_dask = measured(lambda: there.clipped_gram(1.0, None), everyone, args.repeats)
-            wall = (time.perf_counter() - started) / args.repeats / 2
+            wall = (time.perf_counter() - started) / args.repeats / 3
+            split = {
+                name: where(lambda rows=rows: rows.clipped_gram(1.0, None), me[0], workers, 3)
+                for name, rows in (("per group", per_group), ("32", former), ("default", there))
+            }
             # What the cluster's processes spend doing nothing for as long as one pass takes
             # (heartbeats, event loops): a cost of keeping a cluster, not of the pass, and one
             # that grows with the wall time a loaded machine stretches a pass to.
             idle = measured(lambda: time.sleep(wall), everyone, args.repeats)
             gram_here = here.clipped_gram(1.0, None)
             gram_there = there.clipped_gram(1.0, None)
-            per_group.close()
-            there.close()
+            for rows in (per_group, former, there):
+                rows.close()
     print(
         f"dataset {args.rows:,} x {args.cols} in {len(reference.pieces)} row groups of "
         f"{args.row_group_rows} rows; CPU seconds (median of {args.repeats}), one BLAS thread"
@@ -145,6 +189,10 @@ def main() -> None:
         f"{on_dask_per_group / floor:.2f} | {on_dask_per_group / in_process:.2f} |"
     )
     print(
+        f"| Gram pass on 2 Dask workers, tasks of 32 MiB | {on_dask_former:.2f} | "
+        f"{on_dask_former / floor:.2f} | {on_dask_former / in_process:.2f} |"
+    )
+    print(
         f"| Gram pass on 2 Dask workers, tasks of {settings.dask_task_mb:g} MiB (default; "
         f"mean wall {wall:.2f} s) | {on_dask:.2f} | {on_dask / floor:.2f} | "
         f"{on_dask / in_process:.2f} |"
@@ -155,6 +203,15 @@ def main() -> None:
         f"one task per row group = {(on_dask_per_group - idle) / in_process:.2f}"
     )
     print(f"equal bits in process and on Dask: {bool(np.array_equal(gram_here, gram_there))}")
+    row_bytes = 8 * args.cols
+    for name, parts in split.items():
+        mb = {"per group": 1e-6, "32": 32.0}.get(name, settings.dask_task_mb)
+        tasks = len(task_runs(reference.pieces, row_bytes, int(mb * 2**20)))
+        print(
+            f"where ({name}: {tasks} tasks a pass): client and scheduler {parts['client']:.2f} "
+            f"CPU s, workers {parts['workers']:.2f} (of it system {parts['system']:.2f}), "
+            f"workers' minor page faults {parts['faults']:,.0f}"
+        )
 
 
 if __name__ == "__main__":

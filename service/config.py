@@ -227,13 +227,14 @@ class Settings(BaseSettings):
         ),
     )
     dask_task_mb: float = Field(
-        default=32,
+        default=128,
         gt=0,
         description=(
             "Rows one task of a pass over a dataset by reference reads, MiB: consecutive row "
             "groups are read one after the other in one task until it holds about this much "
             "(a row group larger than it is a task of its own). Fewer, larger tasks spend "
-            "less on scheduling; memory stays one row group per task."
+            "less on scheduling and reuse their buffers across more row groups; memory stays "
+            "one row group per task."
         ),
     )
     dask_retries: int = Field(

@@ -47,6 +47,7 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
@@ -54,7 +55,7 @@ from randomgen import ChaCha
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from service import audit, privacy_unit
+from service import audit, privacy_unit, reference
 from service.config import Settings
 from service.db.models import (
     Dataset,
@@ -127,6 +128,9 @@ class EpochInput:
     #: The dataset's unit is a person (issue 34): each person counts in their first batch
     #: only, bounded there (:func:`service.privacy_unit.first_batch_rows`).
     person_level: bool = False
+    #: ``datasets.reference`` of a dataset by reference: the batch's Gram is a pass of the
+    #: reference engine (on Dask when configured) over the batch's row groups.
+    reference: dict[str, Any] | None = None
 
 
 def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
@@ -151,6 +155,15 @@ def epoch_visible_at(
     return max(moment for moment in candidates if moment is not None)
 
 
+def batch_rows(dataset: Dataset, batch: DatasetBatch) -> int:
+    """The rows of ``batch``. A dataset by reference has one batch, the whole reference; one
+    registered before its batch row was given the count has ``n_rows`` 0 there, so the
+    dataset's own count is used (public either way)."""
+    if dataset.reference is not None and batch.seq == 0:
+        return dataset.n_rows
+    return batch.n_rows
+
+
 def pending_visible_at(
     session: Session, settings: Settings, release: Release, dataset: Dataset
 ) -> datetime:
@@ -159,7 +172,7 @@ def pending_visible_at(
     if later (which ends the release), plus one epoch's padding. Public facts only, so it is
     fixed before the epoch runs and says nothing about how long it ran."""
     batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
-    n_rows = batch.n_rows if batch is not None else dataset.n_rows
+    n_rows = batch_rows(dataset, batch) if batch is not None else dataset.n_rows
     started = batch.created_at if batch is not None else None
     moments = [moment for moment in (started, dataset.deleted_at) if moment is not None]
     padding = PaddingModel.from_settings(settings).padding(
@@ -193,8 +206,11 @@ def compute_epoch(
     spec: ReleaseSpec[ContinualGaussParams],
     step: EpochInput,
     release_label: object = None,
+    settings: Settings | None = None,
 ) -> EpochOutput:
     """Advance the state with batch ``step.batch_seq`` (a slice of the memory map: no copy)."""
+    if step.reference is not None:
+        return _compute_reference_epoch(mechanism, spec, step, settings, release_label)
     # A missing or short file ends the release at once, refunded when no epoch was released
     # (nothing was read); it would otherwise fail every attempt until abandoned, charged.
     refund = step.epoch == 1
@@ -229,6 +245,54 @@ def compute_epoch(
             spec,
             epoch_generator(step.key, step.epoch),
         )
+    except InvalidParameter:
+        return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
+    except Exception as exc:
+        log.error(
+            "BUG: release %s: continual epoch %d raised %s; recorded as no_result",
+            release_label,
+            step.epoch,
+            safe_traceback(exc),
+        )
+        return EpochOutput(None, Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={}))
+    return EpochOutput(new_state.to_bytes(), Outcome.of(output))
+
+
+def _compute_reference_epoch(
+    mechanism: ContinualGauss,
+    spec: ReleaseSpec[ContinualGaussParams],
+    step: EpochInput,
+    settings: Settings | None,
+    release_label: object,
+) -> EpochOutput:
+    """Epoch ``step.epoch`` of a dataset by reference: the batch's clipped Gram is one pass of
+    the reference engine over the batch's row groups (on the Dask cluster when
+    ``DPSS_DASK_SCHEDULER`` is set; only the ``d x d`` sum leaves it), every object of the
+    reference checked unchanged before and after; the tree, its noise and the output are
+    :meth:`ContinualGauss.advance`'s, in this process, as for an upload. A
+    :class:`~service.reference.ReferenceFault` (a changed object, a failed cluster) ends the
+    release ``failed`` without the epoch, refunded only when no epoch was released and the
+    fault is one that reads nothing of the values (as for a one-shot release)."""
+    assert step.reference is not None
+    if step.person_level or settings is None:
+        return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
+    state = (
+        ContinualState.from_bytes(step.state)
+        if step.state is not None
+        else mechanism.start(step.n_cols, spec)
+    )
+    try:
+        with reference.open_rows(step.reference, settings, (step.row_offset, step.n_rows)) as rows:
+            # A RowSource where advance takes rows: it reaches them only through clipped_gram.
+            source: Any = rows
+            new_state, output = mechanism.advance(
+                state, source, spec, epoch_generator(step.key, step.epoch)
+            )
+            rows.check_unchanged()
+    except reference.ReferenceFault as fault:
+        log.warning("release %s: epoch %d: %s", release_label, step.epoch, fault.reason)
+        refund = fault.refund and step.epoch == 1
+        return EpochOutput(None, Outcome.failed(fault.reason, refund=refund))
     except InvalidParameter:
         return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
     except Exception as exc:
@@ -283,12 +347,13 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
         horizon=horizon,
         batch_seq=batch.seq,
         row_offset=batch.row_offset,
-        n_rows=batch.n_rows,
+        n_rows=batch_rows(dataset, batch),
         n_cols=dataset.n_cols,
         file_name=dataset.file_name,
         state=state.state if state is not None else None,
         key=release.continual_key,
         person_level=dataset.privacy_unit_column is not None,
+        reference=dataset.reference,
     )
 
 
@@ -379,7 +444,9 @@ class Continual:
         job = work.job
         params = mechanism.parse_params(job.params)  # first() checked it parses
         spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)
-        return compute_epoch(context.store, mechanism, spec, work.step, context.label)
+        return compute_epoch(
+            context.store, mechanism, spec, work.step, context.label, context.settings
+        )
 
     def save(
         self,

@@ -49,7 +49,7 @@ from service import audit, reference, wake
 from service.auth import Principal
 from service.config import Settings
 from service.datasets import cover_objects, register_dataset
-from service.db.models import Dataset, DatasetReferenceObject, utcnow
+from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
 from service.errors import DomainError, ObjectRegistered, safe_traceback
 from service.jobs import JobRunner
 from service.store import DatasetStore, StoredMatrix
@@ -277,6 +277,10 @@ def _finish(worker: JobRunner, job: RegistrationJob, checked: Checked) -> str:
         found = reference.Reference.from_json(checked.reference, worker.settings)
         n_rows, n_cols = found.shape
         dataset.n_rows, dataset.n_cols = n_rows, n_cols
+        # Batch 0 is the whole reference (a continual release's first leaf and its padding).
+        first = session.get(DatasetBatch, (dataset.id, 0))
+        if first is not None:
+            first.n_rows = n_rows
         dataset.reference = checked.reference
         cover_objects(session, dataset.id, found)  # ObjectRegistered rolls all of it back
         _end(dataset, READY, None)

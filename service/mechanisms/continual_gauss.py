@@ -426,8 +426,11 @@ class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
         ----------
         state : ContinualState
             The state after epoch ``t - 1`` (not mutated).
-        batch : (n_t, d) array
-            The rows of batch ``t``; may be a read-only memory map, may have 0 rows.
+        batch : (n_t, d) array or RowSource
+            The rows of batch ``t``; may be a read-only memory map, may have 0 rows, or (as
+            every mechanism's data may be) a :class:`~service.mechanisms.linalg.RowSource`, a
+            dataset by reference's batch, whose clipped Gram is one pass of the engine: the
+            same ``G_t`` up to summation order, so the privacy argument is unchanged.
         spec : ReleaseSpec
             The prepared spec (same for every epoch).
         rng : numpy.random.Generator
@@ -448,7 +451,7 @@ class ContinualGauss(ClippingMechanism[ContinualGaussParams]):
             raise ValueError("the spec's horizon is not the state's")
         if state.leaves_done >= state.horizon:
             raise ValueError(f"the release has followed its horizon of {state.horizon} batches")
-        if batch.ndim != 2 or batch.shape[1] != state.d:
+        if len(batch.shape) != 2 or batch.shape[1] != state.d:
             raise ValueError(f"a batch must have {state.d} columns")
         sigma = noise_sigma(params.clip_norm, spec.epsilon, spec.delta, params.horizon)
         leaf = clipped_gram(batch, params.clip_norm)

@@ -39,13 +39,18 @@ Errors name the object and the exception type, never an exception's message (a l
 may quote a signed URL or a header).
 
 **Heavy passes** (:class:`~service.reference.engine.ParquetRows`, a
-:class:`~service.mechanisms.linalg.RowSource`): one task per row group computes a ``d x d``
-clipped Gram matrix, a clipped column sum or the rows of a group of random subsets; the partial
-results are added in row-group order, so a run on Dask (``DPSS_DASK_SCHEDULER``) and one in
-process (Dask's synchronous scheduler) give the same bits when the BLAS uses one thread in both
-(Dask's nanny sets it for its workers), and agree up to the BLAS kernels' summation order
+:class:`~service.mechanisms.linalg.RowSource`): one task per run of consecutive row groups of
+about ``DPSS_DASK_TASK_MB`` (read one group at a time) computes a ``d x d`` clipped Gram matrix,
+a clipped column sum or (one task per row group) the rows of a group of random subsets; the
+partial results are added in row-group order, so a run on Dask (``DPSS_DASK_SCHEDULER``) and one
+in process (Dask's synchronous scheduler) give the same bits when the BLAS uses one thread in
+both (Dask's nanny sets it for its workers), and agree up to the BLAS kernels' summation order
 otherwise. Only ``d x d``-sized results (and the ``t x d x k`` subset bases) reach the worker;
-:func:`worker_bytes` adds what the worker holds besides to the memory gate.
+:func:`worker_bytes` adds what the worker holds besides to the memory gate. A continual
+release's epoch computes its batch's Gram the same way
+(:func:`~service.reference.engine.batch_of`: the batch's row groups, every object still
+checked). On a Dask worker a task's buffers are reused across its row groups
+(:mod:`~service.reference.heap`).
 
 **Faults.** Tasks are retried (``DPSS_DASK_RETRIES``) and the scheduler recomputes the tasks of
 a lost worker; if the cluster still fails (unreachable scheduler, a task that killed its workers
@@ -65,8 +70,9 @@ files without following symlinks, listing, S3 versions and ETags, identities),
 :mod:`~service.reference.integrity` (the stored record, digests, footer and page-header row
 counts, value checks, the faults), :mod:`~service.reference.reading` (decoding the chosen column
 chunks of one row group into rows, from verified bytes only), :mod:`~service.reference.register`
-(registration) and :mod:`~service.reference.engine` (the passes in process or on Dask, the wait
-bound, fault classification). This package re-exports the names the rest of the service uses.
+(registration), :mod:`~service.reference.heap` (a Dask worker's heap while a task runs) and
+:mod:`~service.reference.engine` (the passes in process or on Dask, the wait bound, fault
+classification). This package re-exports the names the rest of the service uses.
 """
 
 from service.errors import InvalidInput, PayloadTooLarge
@@ -78,6 +84,7 @@ from service.reference.engine import (
     NO_WORKERS_REASON,
     WATCH_SECONDS,
     ParquetRows,
+    batch_of,
     mechanism_allowed,
     open_rows,
     worker_bytes,
@@ -137,6 +144,7 @@ __all__ = [
     "ReferenceFault",
     "_Object",
     "_read_piece",
+    "batch_of",
     "check_request",
     "inspect",
     "key_digest",

@@ -3,10 +3,10 @@
 Guarantees:
 
 - **Only aggregates leave a task.** :class:`ParquetRows` (a
-  :class:`~service.mechanisms.linalg.RowSource`) runs one task per row group (a clipped Gram
-  matrix, a clipped column sum, captured energy, norm counts, or the rows of a group of random
-  subsets); only ``d x d``-sized results and the ``t x d x k`` subset bases reach the worker,
-  and noise is drawn in the worker, never on the cluster.
+  :class:`~service.mechanisms.linalg.RowSource`) runs one task per run of row groups (a clipped
+  Gram matrix, a clipped column sum, captured energy, norm counts, or the rows of a group of
+  random subsets); only ``d x d``-sized results and the ``t x d x k`` subset bases reach the
+  worker, and noise is drawn in the worker, never on the cluster.
 - **Same bits either way.** Partial results are added in row-group order (a chain), so a run
   on Dask (``DPSS_DASK_SCHEDULER``) and one in process (Dask's synchronous scheduler) agree
   bit for bit when the BLAS uses one thread in both, and up to its summation order otherwise.
@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -50,6 +52,7 @@ from service.mechanisms.sample_aggregate import (
     _top_k_right_singular,
     pass_subsets,
 )
+from service.reference.heap import reused_buffers
 from service.reference.integrity import (
     CHANGED_REASON,
     LEGACY_REASON,
@@ -67,6 +70,7 @@ from service.reference.reading import _read_piece
 MECHANISMS = frozenset(
     {
         "analyze_gauss",
+        "continual_gauss",
         "gap_perturbation",
         "smooth_sensitivity",
         "spectrum",
@@ -153,7 +157,8 @@ def _piece_subsets(
 ) -> list[tuple[IntArray, FloatArray]]:
     """Per group of subsets (slot range ``[lo, hi)``), this row group's rows in it and their
     slots (``slot = j m + position`` of the row in subset ``j``)."""
-    rows = _read_piece(location, piece, columns, record)
+    with reused_buffers():
+        rows = _read_piece(location, piece, columns, record)
     out = []
     for lo, hi in bounds:
         chosen = np.flatnonzero((slots >= lo) & (slots < hi))
@@ -172,6 +177,31 @@ def _group_bases(
     return _top_k_right_singular(buffer.reshape(g, m, d), k, overwrite=True)
 
 
+class _Args:
+    """A task's arguments as one value Dask does not look into. Building a graph, Dask walks
+    every list, tuple, dict and dataclass among a call's arguments for collections; a run's
+    row groups and records (a digest per column chunk) took longer to walk than the task took
+    to schedule (most of the client's CPU in a pass, bench_dask_overhead)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, *values: Any) -> None:
+        self.values = values
+
+
+def _call(function: Any, packed: _Args) -> Any:
+    return function(*packed.values)
+
+
+def _task(function: Any, *values: Any, nout: int | None = None) -> Any:
+    """``function(*values)`` as a Delayed whose arguments Dask does not walk (:class:`_Args`),
+    keyed by the function's name (as Dask would name it) and a fresh token."""
+    from dask.delayed import delayed
+
+    key = f"{function.__name__}-{uuid.uuid4().hex}"
+    return delayed(_call, pure=False, nout=nout)(function, _Args(*values), dask_key_name=key)
+
+
 def _add(left: FloatArray, right: FloatArray) -> FloatArray:
     return left + right
 
@@ -187,9 +217,10 @@ def _run_sum(
     """``task`` over consecutive row groups, added in order: one row group in memory at a
     time, so a task's memory is its largest group's whatever the run's length."""
     total: FloatArray | None = None
-    for piece, record in zip(pieces, records, strict=True):
-        part = np.asarray(task(location, piece, columns, record, *args), dtype=np.float64)
-        total = part if total is None else total + part
+    with reused_buffers():
+        for piece, record in zip(pieces, records, strict=True):
+            part = np.asarray(task(location, piece, columns, record, *args), dtype=np.float64)
+            total = part if total is None else total + part
     assert total is not None  # a run holds at least one row group
     return total
 
@@ -342,9 +373,7 @@ class ParquetRows:
         budget = int(self.settings.dask_task_mb * 2**20)
         for run in task_runs(ref.pieces, 8 * len(ref.columns), budget):
             records = [self.records[piece.path] for piece in run]
-            part = delayed(_run_sum, pure=False, traverse=False)(
-                task, ref.location, run, ref.columns, records, args
-            )
+            part = _task(_run_sum, task, ref.location, run, ref.columns, records, args)
             total = part if total is None else delayed(_add, pure=False)(total, part)
         (result,) = self._compute(total)
         return np.asarray(result, dtype=np.float64)
@@ -396,13 +425,15 @@ class ParquetRows:
                 piece_slots = slot[piece.offset : piece.offset + piece.rows]
                 if np.any((piece_slots >= first * m) & (piece_slots < last * m)):
                     split.append(
-                        delayed(_piece_subsets, nout=len(bounds), pure=False)(
+                        _task(
+                            _piece_subsets,
                             ref.location,
                             piece,
                             ref.columns,
                             self.records[piece.path],
                             piece_slots,
                             bounds,
+                            nout=len(bounds),
                         )
                     )
             graphs = [
@@ -448,10 +479,28 @@ class ParquetRows:
             self._client = None
 
 
+def batch_of(reference: Reference, row_offset: int, n_rows: int) -> Reference:
+    """The rows ``[row_offset, row_offset + n_rows)`` (one batch of a continual release): the
+    row groups that hold them, which must be whole, and every object of the reference (so
+    :meth:`ParquetRows.check_unchanged` still checks them all, the batch's passes read only
+    its groups)."""
+    stop = row_offset + n_rows
+    pieces = [p for p in reference.pieces if row_offset <= p.offset < stop]
+    if sum(p.rows for p in pieces) != n_rows or any(p.offset + p.rows > stop for p in pieces):
+        raise ValueError("a batch of a dataset by reference is whole row groups")
+    return dataclasses.replace(reference, pieces=pieces)
+
+
 @contextlib.contextmanager
-def open_rows(raw: dict[str, Any], settings: Settings) -> Iterator[ParquetRows]:
-    """The rows of a dataset by reference for one release, checked unchanged first."""
-    rows = ParquetRows(Reference.from_json(raw, settings), settings)
+def open_rows(
+    raw: dict[str, Any], settings: Settings, batch: tuple[int, int] | None = None
+) -> Iterator[ParquetRows]:
+    """The rows of a dataset by reference for one release (with ``batch``, ``(row_offset,
+    n_rows)``: those of one batch, :func:`batch_of`), every object checked unchanged first."""
+    reference = Reference.from_json(raw, settings)
+    if batch is not None:
+        reference = batch_of(reference, *batch)
+    rows = ParquetRows(reference, settings)
     try:
         rows.check_unchanged()
         yield rows

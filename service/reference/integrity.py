@@ -325,6 +325,20 @@ def _matrix(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> FloatAr
     )
 
 
+def checked_matrix(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> FloatArray | None:
+    """The table's rows as float64, or None when registration's check (:func:`_bad_values`)
+    would refuse them: a null, or a non-finite value. The same decision as registration's, in
+    one conversion: every value is finite iff the matrix's minimum and maximum are (NaN
+    propagates through both, an infinity is one of them), so a release builds the rows once
+    and allocates nothing besides (no boolean matrix, no second copy)."""
+    if any(table.column(name).null_count for name in columns):
+        return None
+    matrix = _matrix(table, columns)
+    if matrix.size and not (np.isfinite(matrix.min()) and np.isfinite(matrix.max())):
+        return None
+    return matrix
+
+
 def _bad_values(batch: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> tuple[str, str] | None:
     """What registration refuses in a batch, as ``(field, message)`` with the batch's row
     (from 1) of a non-finite value, or None; the same check runs on every row group a release

@@ -31,10 +31,9 @@ from service.reference.integrity import (
     VALUES_REASON,
     Piece,
     ReferenceFault,
-    _bad_values,
-    _matrix,
     _parse_footer,
     _sha256,
+    checked_matrix,
 )
 from service.reference.objects import Location, NotRegular, _fault_name, _Object, _read_ranges
 
@@ -153,6 +152,7 @@ def _read_piece(
         (table,) = _decode(_parse_footer(footer), size, ranges, piece.row_group, columns)
     except Exception:
         raise ReferenceFault(VALUES_REASON.format(path=path), refund=False) from None
-    if table.num_rows != piece.rows or _bad_values(table, columns) is not None:
+    matrix = checked_matrix(table, columns) if table.num_rows == piece.rows else None
+    if matrix is None:
         raise ReferenceFault(VALUES_REASON.format(path=path), refund=False)
-    return _matrix(table, columns)
+    return matrix
