@@ -80,7 +80,7 @@ async def create_dataset(
     4. a short transaction registers it (checking the key again) and commits before the
        response; if that fails, the stored file is removed.
     """
-    require_role(await uow.principal(), "owner")
+    require_role(await uow.principal_before_body(), "owner")
     form = await receive_upload(request, store, settings.max_upload_bytes)
     try:
         try:
@@ -167,7 +167,7 @@ async def register_reference(
 ) -> Dataset:
     """The role is checked first; one short transaction checks what needs no read and queues
     the registration for a worker (:mod:`service.registration`)."""
-    require_role(await uow.principal(), "owner")
+    require_role(await uow.principal_before_body(), "owner")
     datasets.check_budgets(body, settings.default_accounting)
     if body.privacy_unit_column is not None:
         raise InvalidInput(
@@ -301,7 +301,7 @@ async def append_rows(
 ) -> DatasetBatch:
     """As an upload: the role is checked before the body is read, the file is parsed with no
     session open, then one short transaction appends it under the dataset's lock."""
-    require_role(await uow.principal(), "owner")
+    require_role(await uow.principal_before_body(), "owner")
 
     def unit_file(session: Session, principal: Principal) -> str | None:
         dataset = datasets.get_dataset(session, principal, dataset_id)

@@ -369,9 +369,14 @@ class UnitOfWork:
         return await self.database.run(transaction, autocommit=single_statement and read_only)
 
     async def principal(self) -> Principal:
+        """Check the key alone, in a short transaction (a request whose only work is the key
+        check, such as listing the mechanisms, answers 503 while the database is down)."""
+        return await self(lambda _session, principal: principal)
+
+    async def principal_before_body(self) -> Principal:
         """Check the key alone, before a request body is read: from this process's recent
         verification of the key (:class:`~service.auth.VerifiedKeys`) when it has one, else in
-        a short transaction that records the verification. Only a gate for reading the body:
+        a short transaction. Only a gate for reading the body:
         the work's own transaction checks a write's key again (a key revoked meanwhile changes
         nothing), so a cached answer costs at most a body read for a key revoked less than
         ``DPSS_AUTH_CACHE_SECONDS`` ago, and saves a transaction on every write with a body."""
@@ -387,7 +392,9 @@ class UnitOfWork:
                 return known
 
         def check(session: Session) -> Principal:
-            principal = authenticate_cached(session, secret, verified, read_only=True)
+            # Only reads fill the cache (as ever): a write's gate reads it, never widens it, so
+            # a request whose only work is the key check still meets an outage as a 503.
+            principal = authenticate_cached(session, secret, verified, read_only)
             refuse_while_restore_held(principal, read_only)
             if scope is not None:
                 scope[KEY_AUTHENTICATED] = True

@@ -69,7 +69,7 @@ async def create_prior(
 ) -> Prior:
     """The role before the body; the file streams to ``incoming/``, is read and checked in a
     thread with no session open, and one short transaction stores it."""
-    require_role(await uow.principal(), *priors.ROLES)
+    require_role(await uow.principal_before_body(), *priors.ROLES)
     form = await receive_upload(request, store, settings.max_upload_bytes)
     try:
         try:

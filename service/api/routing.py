@@ -165,7 +165,7 @@ class GuardedRoute(APIRoute):
             bounded = Request(request.scope, deadline.receive)
             try:
                 if has_json_body:
-                    await unit_of_work_for(request).principal()
+                    await unit_of_work_for(request).principal_before_body()
                     body = await read_json_body(bounded, settings.max_json_bytes)
                     bounded = Request(request.scope, _replay(body, deadline.receive))
                     if body:
