@@ -248,14 +248,20 @@ def compute_epoch(
     except InvalidParameter:
         return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
     except Exception as exc:
-        log.error(
-            "BUG: release %s: continual epoch %d raised %s; recorded as no_result",
-            release_label,
-            step.epoch,
-            safe_traceback(exc),
-        )
-        return EpochOutput(None, Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={}))
+        return _unexpected(exc, step, release_label)
     return EpochOutput(new_state.to_bytes(), Outcome.of(output))
+
+
+def _unexpected(exc: Exception, step: EpochInput, release_label: object) -> EpochOutput:
+    """An epoch that raised what no mechanism should: logged as type and location only, and
+    recorded as ``no_result`` (totality: nothing about the data reaches the client)."""
+    log.error(
+        "BUG: release %s: continual epoch %d raised %s; recorded as no_result",
+        release_label,
+        step.epoch,
+        safe_traceback(exc),
+    )
+    return EpochOutput(None, Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={}))
 
 
 def _compute_reference_epoch(
@@ -296,13 +302,7 @@ def _compute_reference_epoch(
     except InvalidParameter:
         return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
     except Exception as exc:
-        log.error(
-            "BUG: release %s: continual epoch %d raised %s; recorded as no_result",
-            release_label,
-            step.epoch,
-            safe_traceback(exc),
-        )
-        return EpochOutput(None, Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={}))
+        return _unexpected(exc, step, release_label)
     return EpochOutput(new_state.to_bytes(), Outcome.of(output))
 
 
