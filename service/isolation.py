@@ -29,11 +29,9 @@ in the process's free memory is not reachable from Python.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import multiprocessing
 import os
-import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -44,6 +42,7 @@ from sqlalchemy import Engine
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from service.config import Settings
+from service.heap_thresholds import MMAP_THRESHOLD_MAX, glibc, set_thresholds
 from service.jobs import blas_threads, die_with_parent
 from service.logs import forked_child_failures
 
@@ -51,11 +50,9 @@ log = logging.getLogger("dpss.worker")
 
 T = TypeVar("T")
 
-#: glibc's ``mallopt`` parameters (``malloc.h``).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: Blocks below this come from the run process's heap, not from a fresh mapping per block:
-#: glibc's own ceiling for its dynamic threshold (``DEFAULT_MMAP_THRESHOLD_MAX``).
-RUN_MMAP_THRESHOLD = 32 * 1024 * 1024
+#: glibc's own ceiling for its dynamic threshold.
+RUN_MMAP_THRESHOLD = MMAP_THRESHOLD_MAX
 #: Free memory at the top of the run process's heap kept for the next run, not returned to
 #: the system: two blocks at the threshold.
 RUN_TRIM_THRESHOLD = 2 * RUN_MMAP_THRESHOLD
@@ -74,14 +71,9 @@ def keep_freed_memory() -> None:
     come from the heap and stay there between runs: at most :data:`RUN_TRIM_THRESHOLD` bytes
     of free memory are kept, beyond the run's own (public) memory bound; what they held is not
     reachable from Python (module docstring)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own policy
-        return
-    mallopt(_M_MMAP_THRESHOLD, RUN_MMAP_THRESHOLD)
-    mallopt(_M_TRIM_THRESHOLD, RUN_TRIM_THRESHOLD)
+    libc = glibc()
+    if libc is not None:  # elsewhere (musl has no mallopt) the library's own policy stands
+        set_thresholds(libc, RUN_MMAP_THRESHOLD, RUN_TRIM_THRESHOLD)
 
 
 def _detach(bind: Engine | None) -> None:

@@ -25,19 +25,16 @@ high-water mark until a second after the last task ends.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-#: glibc's mallopt parameters.
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
+from service.heap_thresholds import MMAP_THRESHOLD_MAX, glibc, set_thresholds
+
 #: The largest mmap threshold glibc accepts on 64-bit (``HEAP_MAX_SIZE / 2``): buffers up to it
 #: come from the heap while a task runs (a larger row group is mapped as before).
-TASK_MMAP_THRESHOLD = 32 * 2**20
+TASK_MMAP_THRESHOLD = MMAP_THRESHOLD_MAX
 #: Freed memory the heap keeps while a task runs (a few row groups' buffers).
 TASK_TRIM_THRESHOLD = 512 * 2**20
 _GLIBC_MMAP_DEFAULT = 128 * 1024
@@ -54,17 +51,8 @@ _raised: tuple[Any, tuple[int, int]] | None = None
 _timer: threading.Timer | None = None
 
 
-def _libc() -> Any | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
-        return None
-    if not (hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")):
-        return None
-    return libc
+#: The C library (a module attribute so that a test can put a fake one in its place).
+_libc = glibc
 
 
 def _static_thresholds() -> tuple[int, int] | None:
@@ -87,8 +75,7 @@ def _restore_if_idle() -> None:
         if _active or _raised is None:
             return
         libc, (trim, mmap) = _raised
-        libc.mallopt(_M_MMAP_THRESHOLD, mmap)
-        libc.mallopt(_M_TRIM_THRESHOLD, trim)
+        set_thresholds(libc, mmap, trim)
         libc.malloc_trim(0)
         _raised = None
 
@@ -109,8 +96,7 @@ def reused_buffers() -> Iterator[None]:
             _timer.cancel()
             _timer = None
         if _raised is None:
-            libc.mallopt(_M_MMAP_THRESHOLD, TASK_MMAP_THRESHOLD)
-            libc.mallopt(_M_TRIM_THRESHOLD, TASK_TRIM_THRESHOLD)
+            set_thresholds(libc, TASK_MMAP_THRESHOLD, TASK_TRIM_THRESHOLD)
             _raised = (libc, restore)
     try:
         yield
