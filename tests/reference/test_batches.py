@@ -6,8 +6,10 @@ moto S3 endpoint and the Dask LocalCluster, on both databases."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import continual
+from service import continual, oneshot, registration
 from service.config import Settings
-from service.db.models import AuditEvent, DatasetBatch
+from service.db.models import AuditEvent, Dataset, DatasetBatch, utcnow
 from service.mechanisms.linalg import subspace_distance
 from service.store import DatasetStore
 from service.worker import Worker
@@ -188,8 +190,19 @@ def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
     session_factory: sessionmaker[Session],
     store: DatasetStore,
     settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     worker = Worker(session_factory, store, settings)
+    read: list[tuple[int, int]] = []
+    opened = oneshot.reference.open_rows
+
+    @contextlib.contextmanager
+    def spy(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with opened(*args, **kwargs) as source:
+            read.append(source.shape)
+            yield source
+
+    monkeypatch.setattr(oneshot.reference, "open_rows", spy)
     referenced = _registered(client, keys, bucket, columns)
     uri = _write_batch(rows, s3_endpoint, bucket)
     assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
@@ -211,6 +224,9 @@ def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
     )
     assert (early["status"], late["status"]) == ("succeeded", "succeeded"), (early, late)
     assert (early["n_rows_read"], late["n_rows_read"]) == (2000, 2800)
+    # What the engine read: the batches present at each one-shot request, then the continual
+    # release's epochs, one batch each.
+    assert read == [(2000, 5), (2800, 5), (2000, 5), (800, 5)]
     body = fetch_release(client, keys.owner, continual_id)
     assert (body["status"], body["epochs_done"]) == ("running", 2), body
 
@@ -314,3 +330,57 @@ def test_bad_batches_are_refused_naming_the_field(
     helpers.run_registrations(client)
     body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
     assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
+
+
+def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+) -> None:
+    """A dead worker's batch goes to another after its lease, whose late finish is discarded;
+    after the attempts allowed the batch ends failed (the dataset as it was); a batch of a
+    dataset deleted meanwhile never becomes one."""
+    dead, other = (Worker(session_factory, store, settings) for _ in range(2))
+    referenced = _registered(client, keys, bucket, columns)
+    dataset_id = uuid.UUID(referenced["id"])
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    job = registration.claim(dead)
+    assert job is not None and job.batch and job.columns == columns
+    assert registration.claim(other) is None  # leased
+    with session_factory.begin() as session:
+        row = session.get(Dataset, dataset_id)
+        assert row is not None
+        row.registration_lease_expires_at = utcnow() - timedelta(seconds=1)
+    assert other.run_registration()
+    assert registration.process(dead, job) == "lost"
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
+
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/d.parquet", rows[:300] + 1.0, 100)
+    d_uri = f"s3://{bucket}/lake/d.parquet"
+    assert _append(client, keys.owner, referenced["id"], uri=d_uri).status_code == 202
+    with session_factory.begin() as session:
+        row = session.get(Dataset, dataset_id)
+        assert row is not None
+        row.registration_attempts = settings.worker_max_attempts
+    assert registration.claim(other) is None
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed" and "abandoned after" in body["batch_reason"]
+    assert (body["n_rows"], body["n_batches"]) == (2800, 2)
+
+    assert _append(client, keys.owner, referenced["id"], uri=d_uri).status_code == 202
+    job = registration.claim(other)
+    assert job is not None
+    assert (
+        client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).status_code == 204
+    )
+    assert registration.process(other, job) == "lost"
+    with session_factory() as session:
+        assert session.get(DatasetBatch, (dataset_id, 2)) is None
