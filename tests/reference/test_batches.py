@@ -19,6 +19,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from dpss_client import Client, RegistrationFailed
+from dpss_client import client as client_module
 from service import continual, oneshot, registration
 from service.config import Settings
 from service.db.models import AuditEvent, Dataset, DatasetBatch, utcnow
@@ -384,3 +386,22 @@ def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(
     assert registration.process(other, job) == "lost"
     with session_factory() as session:
         assert session.get(DatasetBatch, (dataset_id, 2)) is None
+
+
+def test_the_client_appends_a_batch_and_waits(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    referenced = _registered(client, keys, bucket, columns)
+    monkeypatch.setattr(client_module, "_sleep", lambda _: helpers.run_registrations(client))
+    owner = Client(str(client.base_url), keys.owner, http=client)
+    grown = owner.append_reference_batch(referenced["id"], _write_batch(rows, s3_endpoint, bucket))
+    assert (grown.n_rows, grown.n_batches, grown.batch_status) == (2800, 2, None)
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/d.parquet", rows[:10], 5, prefix="x")
+    with pytest.raises(RegistrationFailed, match="batch: columns"):
+        owner.append_reference_batch(referenced["id"], f"s3://{bucket}/lake/d.parquet")
