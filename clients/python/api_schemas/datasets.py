@@ -141,8 +141,9 @@ class Dataset(Schema):
     n_rows: int = Field(description="Number of rows (individuals) in all batches so far; public.")
     n_batches: int = Field(
         description=(
-            "Number of batches: the upload is batch 0, each `POST /v1/datasets/{id}/rows` adds "
-            "one; public."
+            "Number of batches: the upload (or the registered reference) is batch 0, each "
+            "`POST /v1/datasets/{id}/rows` (or, by reference, each registered "
+            "`POST /v1/dataset-references/{id}/batches`) adds one; public."
         )
     )
     n_cols: int = Field(description="Number of columns (dimension d); public.")
