@@ -156,11 +156,11 @@ def epoch_visible_at(
 
 
 def batch_rows(dataset: Dataset, batch: DatasetBatch) -> int:
-    """The rows of ``batch``. A dataset by reference has one batch, the whole reference; one
-    registered before its batch row was given the count has ``n_rows`` 0 there, so the
-    dataset's own count is used (public either way)."""
-    if dataset.reference is not None and batch.seq == 0:
-        return dataset.n_rows
+    """The rows of ``batch``. A dataset by reference registered before its batch row was
+    given the count has ``n_rows`` 0 there and one batch, so the dataset's own count is used
+    (public either way; its first appended batch fills the count in)."""
+    if dataset.reference is not None and batch.seq == 0 and batch.n_rows == 0:
+        return dataset.n_rows if dataset.n_batches == 1 else batch.n_rows
     return batch.n_rows
 
 

@@ -336,7 +336,7 @@ def require_ready(dataset: Dataset) -> None:
         )
 
 
-def _lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
+def lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
     """The owner's live dataset, locked (``FOR UPDATE``; SQLite: the write lock): appends and
     releases of one dataset are serialised, so each sees a whole number of batches."""
     require_role(principal, "owner")
@@ -397,7 +397,7 @@ def append_batch(
     rows off again (and the next append would anyway). ``batch``'s file is removed in every case.
     """
     try:
-        dataset = _lock_own_dataset(session, principal, dataset_id)
+        dataset = lock_own_dataset(session, principal, dataset_id)
         person_level = dataset.privacy_unit_column is not None
         if person_level != (batch.unit_digests is not None):
             check_append_unit(person_level, batch.unit_digests, True)
@@ -408,7 +408,9 @@ def append_batch(
             )
         if dataset.reference is not None:
             raise InvalidInput(
-                "file", "a dataset registered by reference cannot grow: register a new one"
+                "file",
+                "a dataset registered by reference grows by objects, not rows: append a batch "
+                "with POST /v1/dataset-references/{id}/batches",
             )
         store.limits.check_size(
             dataset.n_rows + batch.n_rows, dataset.n_cols, "the dataset with this batch"

@@ -165,6 +165,13 @@ class ObjectRegistered(Conflict):
     code = "object_registered"
 
 
+class BatchRegistering(Conflict):
+    """A batch appended by reference is still registering on this dataset (409): one at a
+    time, so that batches take their sequence numbers in the order they were requested."""
+
+    code = "batch_registering"
+
+
 class BudgetExceeded(Conflict):
     """The release would overspend the dataset's budget or its grant's (409).
 

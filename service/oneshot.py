@@ -181,12 +181,15 @@ def _execute_person_level(
 def _execute_reference(
     job: ClaimedJob, mechanism: Mechanism[Any], spec: ReleaseSpec[Any], context: RunContext
 ) -> Outcome:
-    """A dataset by reference: its objects checked unchanged before and after the run, the
-    heavy passes on Dask or in process; a :class:`~service.reference.ReferenceFault` (a
-    changed object, a failed cluster: nothing released) is ``failed`` and refunded."""
+    """A dataset by reference: the rows of the batches registered at the request (``n_rows``,
+    whole batches: as for an upload, a batch added later is not read), every object of every
+    batch checked unchanged before and after the run, the heavy passes on Dask or in process;
+    a :class:`~service.reference.ReferenceFault` (a changed object, a failed cluster: nothing
+    released) is ``failed`` and refunded."""
     assert job.reference is not None
+    prefix = None if job.n_rows is None else (0, job.n_rows)
     try:
-        with reference.open_rows(job.reference, context.settings) as rows:
+        with reference.open_rows(job.reference, context.settings, prefix) as rows:
             outcome = _run(job, mechanism, rows, spec, reraise=reference.ReferenceFault)
             rows.check_unchanged()
             return outcome

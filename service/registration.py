@@ -24,6 +24,20 @@ transaction, only if it still holds the lease and the dataset is live and ``regi
   release, grant or batch (409 ``dataset_not_ready``, as a registering one); its owner sees
   the reason and deletes it.
 
+**Batches** (:func:`request_batch`, ``POST /v1/dataset-references/{id}/batches``): a ``ready``
+dataset by reference grows by a batch of new objects, registered the same way before it counts.
+The request checks what needs no read (the URI under the roots, on the dataset's kind of
+storage, with the dataset's columns; no object covered or being registered) and marks the
+dataset ``batch_status = registering`` (one batch at a time, 409 ``batch_registering``); the
+dataset stays usable meanwhile. The same workers claim it with the same lease columns (free:
+the dataset's own registration has ended) and :func:`service.reference.inspect` reads its
+objects. Only at the end, in one transaction, does it become a batch: its objects and row
+groups join ``datasets.reference`` (the rows numbered after the dataset's), its
+``dataset_batches`` row is added with ``n_rows``/``n_batches``, the objects are covered, and a
+``dataset_batch_referenced`` event written; so releases and continual epochs never see it
+registering, and waiting continual releases are woken. A refusal leaves the dataset as it was,
+``batch_status = failed`` with ``batch_reason`` (the owner's only).
+
 A worker that dies mid-read leaves the job to its lease; after ``DPSS_WORKER_MAX_ATTEMPTS``
 claims it ends ``failed`` (:data:`ABANDONED_REASON`). Nothing of the data leaves this module
 but the public shape and the digests (the registration's reason names a field, an object, a
@@ -44,13 +58,19 @@ from typing import Any
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from api_schemas.datasets import DatasetReferenceCreate
+from api_schemas.datasets import DatasetReferenceBatchCreate, DatasetReferenceCreate
 from service import audit, reference, wake
 from service.auth import Principal
 from service.config import Settings
-from service.datasets import cover_objects, register_dataset
+from service.datasets import cover_objects, lock_own_dataset, register_dataset
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
-from service.errors import DomainError, ObjectRegistered, safe_traceback
+from service.errors import (
+    BatchRegistering,
+    DomainError,
+    InvalidInput,
+    ObjectRegistered,
+    safe_traceback,
+)
 from service.jobs import JobRunner
 from service.store import DatasetStore, StoredMatrix
 
@@ -74,32 +94,7 @@ def request_registration(
     """Check what needs no read and create the dataset ``registering`` (module docstring)."""
     location, path = reference.check_request(form.uri, form.columns, settings)
     key = reference.object_key(location, path)
-    taken = session.execute(
-        select(DatasetReferenceObject.object_key).where(
-            DatasetReferenceObject.key_sha256 == reference.key_digest(key)
-        )
-    ).first()
-    if taken is not None:
-        raise ObjectRegistered(
-            f"uri: {key} is already covered by another live dataset; one dataset per object, "
-            "so that its rows have one budget (delete that dataset first to register it again)"
-        )
-    # Another registration still reading the same or an overlapping place would be refused
-    # when it ends anyway (one of the two): refused now, while the owner is waiting.
-    running = session.execute(
-        select(Dataset.registration_request).where(
-            Dataset.registration_status == REGISTERING, Dataset.deleted_at.is_(None)
-        )
-    ).scalars()
-    for request in running:
-        if request is None or request.get("key") is None:
-            continue
-        other = str(request["key"])
-        if other == key or other.startswith(key + "/") or key.startswith(other + "/"):
-            raise ObjectRegistered(
-                f"uri: {key} overlaps a registration still in progress ({other}); wait for it "
-                "to end (or delete its dataset)"
-            )
+    _refuse_taken(session, key)
     stored = StoredMatrix(
         file_name=reference.REFERENCE_FILE_NAME, n_rows=0, n_cols=len(form.columns)
     )
@@ -118,6 +113,97 @@ def request_registration(
     return dataset
 
 
+def _refuse_taken(session: Session, key: str) -> None:
+    """409 ``object_registered`` for a URI that is an object a live dataset covers, or that
+    overlaps a registration (of a dataset or of a batch) still running."""
+    taken = session.execute(
+        select(DatasetReferenceObject.object_key).where(
+            DatasetReferenceObject.key_sha256 == reference.key_digest(key)
+        )
+    ).first()
+    if taken is not None:
+        raise ObjectRegistered(
+            f"uri: {key} is already covered by another live dataset; one dataset per object, "
+            "so that its rows have one budget (delete that dataset first to register it again)"
+        )
+    # Another registration still reading the same or an overlapping place would be refused
+    # when it ends anyway (one of the two): refused now, while the owner is waiting.
+    running = [
+        *session.execute(
+            select(Dataset.registration_request).where(
+                Dataset.registration_status == REGISTERING, Dataset.deleted_at.is_(None)
+            )
+        ).scalars(),
+        *session.execute(
+            select(Dataset.batch_request).where(
+                Dataset.batch_status == REGISTERING, Dataset.deleted_at.is_(None)
+            )
+        ).scalars(),
+    ]
+    for request in running:
+        if request is None or request.get("key") is None:
+            continue
+        other = str(request["key"])
+        if other == key or other.startswith(key + "/") or key.startswith(other + "/"):
+            raise ObjectRegistered(
+                f"uri: {key} overlaps a registration still in progress ({other}); wait for it "
+                "to end (or delete its dataset)"
+            )
+
+
+def request_batch(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    form: DatasetReferenceBatchCreate,
+    settings: Settings,
+) -> Dataset:
+    """Check what needs no read and mark the owner's dataset's next batch ``registering``
+    (module docstring, Batches); under the dataset's lock, as a stored append."""
+    dataset = lock_own_dataset(session, principal, dataset_id)  # owner, live, ready
+    if dataset.reference is None:
+        raise InvalidInput(
+            "uri",
+            f"dataset {dataset_id} was uploaded, not registered by reference: append its rows "
+            "with POST /v1/datasets/{id}/rows",
+        )
+    if dataset.batch_status == REGISTERING:
+        raise BatchRegistering(
+            f"dataset {dataset_id} has a batch still registering; poll GET /v1/datasets/{{id}} "
+            "until batch_status is no longer registering, then append the next one"
+        )
+    columns = [str(c) for c in dataset.reference["columns"]]
+    if form.columns is not None and list(form.columns) != columns:
+        raise InvalidInput(
+            "columns", f"a batch has the dataset's columns, in its order: {', '.join(columns)}"
+        )
+    location, path = reference.check_request(form.uri, columns, settings)
+    if location.protocol != dataset.reference["protocol"]:
+        raise InvalidInput(
+            "uri",
+            f"the dataset's objects are on {dataset.reference['protocol']!r} storage; a batch "
+            "is on the same",
+        )
+    key = reference.object_key(location, path)
+    _refuse_taken(session, key)
+    dataset.batch_status = REGISTERING
+    dataset.batch_reason = None
+    dataset.batch_request = {"uri": form.uri, "key": key}
+    dataset.registration_attempts = 0
+    dataset.registration_lease_owner = None
+    dataset.registration_lease_expires_at = None
+    audit.record(
+        session,
+        "dataset_batch_requested",
+        actor_key_id=principal.key_id,
+        dataset_id=dataset.id,
+        details={"uri": form.uri, "seq": dataset.n_batches},
+    )
+    wake.announce(session, settings)
+    session.flush()
+    return dataset
+
+
 # -- the job ------------------------------------------------------------------------------------
 
 
@@ -127,6 +213,8 @@ class RegistrationJob:
     attempt: int
     uri: str
     columns: list[str]
+    #: A batch of a ready dataset (``batch_status``), not the dataset's own registration.
+    batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,7 +230,7 @@ class Checked:
 _CLAIMABLE = (
     select(Dataset)
     .where(
-        Dataset.registration_status == REGISTERING,
+        or_(Dataset.registration_status == REGISTERING, Dataset.batch_status == REGISTERING),
         Dataset.deleted_at.is_(None),
         or_(
             Dataset.registration_lease_owner.is_(None),
@@ -167,14 +255,13 @@ def claim(worker: JobRunner) -> RegistrationJob | None:
             ).scalar_one_or_none()
             if dataset is None:
                 return None
+            batch = dataset.registration_status != REGISTERING
             if dataset.registration_attempts >= worker.settings.worker_max_attempts:
-                _fail(
-                    session,
-                    dataset,
-                    ABANDONED_REASON.format(attempts=dataset.registration_attempts),
-                )
+                reason = ABANDONED_REASON.format(attempts=dataset.registration_attempts)
+                (_fail_batch if batch else _fail)(session, dataset, reason)
                 continue
-            request = dataset.registration_request or {}
+            request = (dataset.batch_request if batch else dataset.registration_request) or {}
+            columns = (dataset.reference or {}).get("columns", []) if batch else None
             dataset.registration_attempts += 1
             dataset.registration_lease_owner = worker.worker_id
             dataset.registration_lease_expires_at = now + lease
@@ -182,7 +269,10 @@ def claim(worker: JobRunner) -> RegistrationJob | None:
                 dataset_id=dataset.id,
                 attempt=dataset.registration_attempts,
                 uri=str(request.get("uri", "")),
-                columns=[str(c) for c in request.get("columns", [])],
+                columns=[
+                    str(c) for c in (request.get("columns", []) if columns is None else columns)
+                ],
+                batch=batch,
             )
 
 
@@ -232,7 +322,8 @@ def _heartbeat(worker: JobRunner, job: RegistrationJob) -> bool:
                     Dataset.id == job.dataset_id,
                     Dataset.registration_lease_owner == worker.worker_id,
                     Dataset.registration_attempts == job.attempt,
-                    Dataset.registration_status == REGISTERING,
+                    (Dataset.batch_status if job.batch else Dataset.registration_status)
+                    == REGISTERING,
                 )
             )
             .values(
@@ -263,14 +354,21 @@ def _finish(worker: JobRunner, job: RegistrationJob, checked: Checked) -> str:
         dataset = session.execute(
             select(Dataset).where(Dataset.id == job.dataset_id).with_for_update()
         ).scalar_one_or_none()
+        status = (
+            None
+            if dataset is None
+            else (dataset.batch_status if job.batch else dataset.registration_status)
+        )
         if (
             dataset is None
             or dataset.deleted_at is not None
-            or dataset.registration_status != REGISTERING
+            or status != REGISTERING
             or dataset.registration_lease_owner != worker.worker_id
             or dataset.registration_attempts != job.attempt
         ):
             return "lost"
+        if job.batch:
+            return _finish_batch(session, worker.settings, dataset, checked)
         if checked.reference is None:
             _fail(session, dataset, checked.reason or BUG_REASON)
             return FAILED
@@ -316,3 +414,94 @@ def _fail(session: Session, dataset: Dataset, reason: str) -> None:
         dataset_id=dataset.id,
         details={"reason": reason},
     )
+
+
+# -- a batch's end ------------------------------------------------------------------------------
+
+
+def _fail_batch(session: Session, dataset: Dataset, reason: str) -> None:
+    """The batch refused: the dataset as it was, ``batch_status = failed`` with the reason."""
+    dataset.batch_status = FAILED
+    dataset.batch_reason = reason
+    dataset.registration_lease_owner = None
+    dataset.registration_lease_expires_at = None
+    audit.record(
+        session,
+        "dataset_batch_failed",
+        actor_key_id=None,
+        dataset_id=dataset.id,
+        details={"reason": reason},
+    )
+
+
+def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checked: Checked) -> str:
+    """The checked batch becomes the dataset's next one, in the caller's transaction (the
+    dataset locked, the lease still this attempt's): its objects and row groups join the
+    reference, its rows numbered after the dataset's (:class:`ObjectRegistered` from the cover
+    rolls all of it back), or the batch ends ``failed``."""
+    if checked.reference is None:
+        _fail_batch(session, dataset, checked.reason or BUG_REASON)
+        return FAILED
+    assert dataset.reference is not None  # a batch is requested only on a dataset by reference
+    current = reference.Reference.from_json(dataset.reference, settings)
+    found = reference.Reference.from_json(checked.reference, settings)
+    n_rows = found.shape[0]
+    total = dataset.n_rows + n_rows
+    reason = None
+    if 8 * total * dataset.n_cols > settings.max_dataset_bytes:
+        reason = (
+            f"uri: the dataset with this batch ({total} rows x {dataset.n_cols} columns x 8 "
+            f"bytes) is larger than {settings.max_dataset_bytes} bytes (DPSS_MAX_DATASET_BYTES)"
+        )
+    elif len(current.objects) + len(found.objects) > reference.MAX_OBJECTS:
+        reason = (
+            f"uri: the dataset with this batch would cover more than {reference.MAX_OBJECTS} "
+            "objects; register the data as a new dataset"
+        )
+    if reason is not None:
+        _fail_batch(session, dataset, reason)
+        return FAILED
+    cover_objects(session, dataset.id, found)  # ObjectRegistered: the caller's failure
+    seq, offset = dataset.n_batches, dataset.n_rows
+    first = session.get(DatasetBatch, (dataset.id, 0))
+    if first is not None and first.n_rows == 0 and seq == 1:
+        first.n_rows = offset  # registered before batch 0 carried its count
+    current.objects.extend(found.objects)
+    current.pieces.extend(
+        reference.Piece(p.path, p.row_group, offset + p.offset, p.rows, p.chunks)
+        for p in found.pieces
+    )
+    dataset.reference = current.to_json()
+    session.add(
+        DatasetBatch(
+            dataset_id=dataset.id,
+            seq=seq,
+            n_rows=n_rows,
+            row_offset=offset,
+            file_name=dataset.file_name,
+            created_at=utcnow(),
+        )
+    )
+    dataset.n_rows = total
+    dataset.n_batches = seq + 1
+    dataset.batch_status = None
+    dataset.batch_reason = None
+    dataset.batch_request = None
+    dataset.registration_lease_owner = None
+    dataset.registration_lease_expires_at = None
+    audit.record(
+        session,
+        "dataset_batch_referenced",
+        actor_key_id=None,
+        dataset_id=dataset.id,
+        details={
+            "uri": found.uri,
+            "objects": found.objects,
+            "seq": seq,
+            "n_rows": n_rows,
+            "n_rows_total": total,
+        },
+    )
+    # A continual release waiting for this batch is a job again (as for a stored append).
+    wake.announce(session, settings)
+    return READY

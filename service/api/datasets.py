@@ -20,6 +20,7 @@ from api_schemas.datasets import (
     DatasetCreate,
     DatasetCreated,
     DatasetList,
+    DatasetReferenceBatchCreate,
     DatasetReferenceCreate,
 )
 from service import datasets, privacy_unit, registration
@@ -187,6 +188,61 @@ async def register_reference(
     return await uow(request)
 
 
+@references.post(
+    "/{dataset_id}/batches",
+    status_code=202,
+    response_model=Dataset,
+    summary="Append a batch of Parquet objects to a dataset by reference (owner).",
+    description=(
+        "The by-reference counterpart of `POST /v1/datasets/{id}/rows`: the new objects stay "
+        "where they are and are checked as at registration. The request checks what needs no "
+        "read (the URI's form and roots, the same kind of storage as the dataset, its "
+        "columns, no object already covered or being registered) and answers 202 with the "
+        "dataset in `batch_status: registering`; a worker then reads every value, records each "
+        "object's identity and digests, and adds the batch (the next `seq`; `n_rows` and "
+        "`n_batches` grow, `batch_status` is null again) or ends it `failed` with "
+        "`batch_reason` (the dataset unchanged). Until then no release sees the batch: the "
+        "dataset takes releases on its registered batches meanwhile, and once it is added "
+        "releases requested later read it, every object of every batch checked unchanged, "
+        "and waiting continual releases release their next epoch from it. Its rows count in "
+        "this batch (the privacy unit is the row). One batch registers at a time."
+    ),
+    responses={
+        **ERRORS,
+        409: {
+            "model": ErrorBody,
+            "description": (
+                "`batch_registering`: a batch of this dataset is still registering; "
+                "`object_registered`: the URI is an object a live dataset covers, or overlaps "
+                "a registration in progress; `dataset_not_ready` or `dataset_deleted`."
+            ),
+        },
+        422: {
+            "model": ErrorBody,
+            "description": (
+                "Invalid field, URI or column (`columns` other than the dataset's), or a "
+                "dataset that was uploaded (`uri`: append rows instead)."
+            ),
+        },
+    },
+)
+async def append_reference_batch(
+    dataset_id: uuid.UUID,
+    body: DatasetReferenceBatchCreate,
+    uow: UnitOfWorkDep,
+    settings: SettingsDep,
+) -> Dataset:
+    """The role is checked first; one short transaction, under the dataset's lock, checks
+    what needs no read and queues the batch's registration for a worker."""
+    require_role(await uow.principal_before_body(), "owner")
+
+    def request(session: Session, principal: Principal) -> Dataset:
+        dataset = registration.request_batch(session, principal, dataset_id, body, settings)
+        return dataset_out(session, dataset, principal.key_id)
+
+    return await uow(request)
+
+
 @router.get(
     "",
     response_model=DatasetList,
@@ -199,7 +255,7 @@ async def list_datasets(
     def work(session: Session, principal: Principal) -> DatasetList:
         page = datasets.page_datasets(session, principal, limit, offset, cursor)
         return DatasetList(
-            items=datasets_out(session, page.items),
+            items=datasets_out(session, page.items, principal.key_id),
             total=page.total,
             next=page.next,
         )
@@ -215,7 +271,9 @@ async def list_datasets(
 )
 async def get_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Dataset:
     def work(session: Session, principal: Principal) -> Dataset:
-        return dataset_out(session, datasets.get_dataset(session, principal, dataset_id))
+        return dataset_out(
+            session, datasets.get_dataset(session, principal, dataset_id), principal.key_id
+        )
 
     return await uow(work)
 

@@ -36,6 +36,9 @@ REQUESTS: dict[tuple[str, str], dict[str, Any]] = {
         "uri": "s3://analytics-lake/survey/",
         "columns": ["x0", "x1", "x2"],
     },
+    ("post", "/v1/dataset-references/{dataset_id}/batches"): {
+        "uri": "s3://analytics-lake/survey/week-2.parquet"
+    },
     ("post", "/v1/datasets/{dataset_id}/rows"): {"file": "survey-week-2.csv"},
     ("post", "/v1/datasets/{dataset_id}/releases"): {
         "mechanism": "analyze_gauss",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -59,12 +60,18 @@ def budget_schema(stated: spend.Statement, delta_conversion: Decimal | None = No
     )
 
 
-def dataset_out(session: Session, dataset: models.Dataset) -> Dataset:
-    return datasets_out(session, [dataset])[0]
+def dataset_out(
+    session: Session, dataset: models.Dataset, viewer: uuid.UUID | None = None
+) -> Dataset:
+    return datasets_out(session, [dataset], viewer)[0]
 
 
-def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[Dataset]:
-    """The datasets with their budgets, read in one statement for the whole page."""
+def datasets_out(
+    session: Session, datasets: Sequence[models.Dataset], viewer: uuid.UUID | None = None
+) -> list[Dataset]:
+    """The datasets with their budgets, read in one statement for the whole page. A pending
+    batch's status and reason only for its owner (``viewer``, the caller's key): a refusal's
+    reason may name an object or a row number, as a failed registration's does."""
     states = ledger.budgets_of(session, datasets)
     return [
         Dataset(
@@ -79,6 +86,11 @@ def datasets_out(session: Session, datasets: Sequence[models.Dataset]) -> list[D
             reference=_reference_uri(dataset),
             registration_status=dataset.registration_status,
             registration_reason=dataset.registration_reason,
+            **(
+                {"batch_status": dataset.batch_status, "batch_reason": dataset.batch_reason}
+                if viewer is not None and viewer == dataset.owner_key_id
+                else {}
+            ),
             **privacy_unit.shown(dataset),
         )
         for dataset in datasets

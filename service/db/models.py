@@ -103,6 +103,15 @@ class Dataset(Base):
     registration_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     registration_lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
     registration_lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: A batch appended by reference (``POST /v1/dataset-references/{id}/batches``):
+    #: ``registering`` while a worker reads and checks its objects (the lease is the
+    #: ``registration_lease_*`` columns, free once the dataset is ``ready``), ``failed`` with
+    #: :attr:`batch_reason`; null when none is pending. The batch gets its ``dataset_batches``
+    #: row only once registered, so no release sees it before (:mod:`service.registration`).
+    batch_status: Mapped[str | None] = mapped_column(String(12), default=None, index=True)
+    batch_reason: Mapped[str | None] = mapped_column(Text, default=None)
+    #: While the batch registers: ``{"uri", "key"}`` as requested (the worker's job).
+    batch_request: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
     #: The upload's identifier column when the privacy unit is a person (issue 34): as the
     #: owner named it (a name or a 0-based index); its values are never stored, only a dense
     #: per-row unit index in the store (:mod:`service.privacy_unit`). Null: the unit is the row.

@@ -49,7 +49,12 @@ otherwise. Only ``d x d``-sized results (and the ``t x d x k`` subset bases) rea
 :func:`worker_bytes` adds what the worker holds besides to the memory gate. A continual
 release's epoch computes its batch's Gram the same way
 (:func:`~service.reference.engine.batch_of`: the batch's row groups, every object still
-checked). On a Dask worker a task's buffers are reused across its row groups
+checked). A dataset by reference grows by batches of objects
+(``POST /v1/dataset-references/{id}/batches``, :func:`service.registration.request_batch`):
+each is registered by :func:`~service.reference.register.inspect` as the dataset was, and only
+then joins the record, its row groups numbered after the dataset's (a one-shot release reads
+the batches present at its request, :func:`~service.reference.engine.batch_of` over that
+prefix). On a Dask worker a task's buffers are reused across its row groups
 (:mod:`~service.reference.heap`).
 
 **Faults.** Tasks are retried (``DPSS_DASK_RETRIES``) and the scheduler recomputes the tasks of

@@ -141,8 +141,9 @@ class Dataset(Schema):
     n_rows: int = Field(description="Number of rows (individuals) in all batches so far; public.")
     n_batches: int = Field(
         description=(
-            "Number of batches: the upload is batch 0, each `POST /v1/datasets/{id}/rows` adds "
-            "one; public."
+            "Number of batches: the upload (or the registered reference) is batch 0, each "
+            "`POST /v1/datasets/{id}/rows` (or, by reference, each registered "
+            "`POST /v1/dataset-references/{id}/batches`) adds one; public."
         )
     )
     n_cols: int = Field(description="Number of columns (dimension d); public.")
@@ -174,6 +175,24 @@ class Dataset(Schema):
         description=(
             "When `registration_status` is `failed`: why, naming the field (`uri` or "
             "`columns`) as the synchronous 4xx answer did (never a data value)."
+        ),
+    )
+    batch_status: Literal["registering", "failed"] | None = Field(
+        default=None,
+        description=(
+            "A batch appended by reference (`POST /v1/dataset-references/{id}/batches`): "
+            "`registering` while a worker reads and checks its objects (it is not a batch yet: "
+            "n_rows, n_batches and every release leave it out until it is registered); "
+            "`failed` when its objects were refused (see `batch_reason`; nothing was added, "
+            "append again). Null when no batch is pending, and once the last one is registered "
+            "(it then counts in n_batches)."
+        ),
+    )
+    batch_reason: str | None = Field(
+        default=None,
+        description=(
+            "When `batch_status` is `failed`: why, naming the field (`uri` or `columns`) as a "
+            "registration's reason does (never a data value)."
         ),
     )
     privacy_unit: Literal["row", "person"] = Field(
@@ -376,4 +395,35 @@ class DatasetReferenceCreate(DatasetCreate):
     columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] = Field(
         min_length=1,
         description="The numeric columns to use, in this order: the dataset's d columns.",
+    )
+
+
+class DatasetReferenceBatchCreate(RequestSchema):
+    """JSON body of `POST /v1/dataset-references/{id}/batches`: the Parquet object(s) of a new
+    batch of a dataset registered by reference, under the rules of a registration.
+
+    The batch is registered as the dataset was (every value read and checked, its objects'
+    identities and digests recorded) before it counts; it then is the dataset's next batch,
+    releases requested from then on read it, and a waiting continual release releases its next
+    epoch from it.
+    """
+
+    uri: SafeStr = Field(
+        min_length=1,
+        max_length=1000,
+        description=(
+            "The new batch's objects, named as at registration: `s3://bucket/prefix/` or an "
+            "object's key, or an absolute path of a directory or file, under one of the "
+            "service's DPSS_REFERENCE_ROOTS, on the same kind of storage as the dataset "
+            "(`s3` or a filesystem). No object may be one the dataset (or another live dataset) "
+            "already covers, by name or by content."
+        ),
+    )
+    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Optional: the columns to read, which must be the dataset's own, in its order "
+            "(the default); the batch's objects must hold them as numeric columns."
+        ),
     )

@@ -639,6 +639,45 @@ class Client:
             _sleep(max(pause, 0.0))
             interval = min(interval * 1.5, max_poll_interval)
 
+    def append_reference_batch(
+        self,
+        dataset_id: UUID | str,
+        uri: str,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        poll_interval: float = 0.5,
+        max_poll_interval: float = 5.0,
+    ) -> Dataset:
+        """Append a batch of Parquet objects to a dataset registered by reference (owner key):
+        ``uri`` names them as at registration (an object or a prefix under the service's
+        ``DPSS_REFERENCE_ROOTS``), with the dataset's columns. A worker reads and checks them
+        first; with ``wait`` (default) this returns the dataset once the batch is added (its
+        ``n_batches`` one more), raising :class:`RegistrationFailed` with the reason if it was
+        refused and :class:`WaitTimeoutError` after ``timeout`` seconds (it keeps
+        registering); with ``wait=False``, the dataset with ``batch_status`` registering."""
+        path = f"/v1/dataset-references/{dataset_id}/batches"
+        dataset = _parse(self._request("POST", path, json={"uri": uri}), Dataset)
+        start = time.monotonic()
+        interval = poll_interval
+        while wait and dataset.batch_status == "registering":
+            elapsed = time.monotonic() - start
+            if timeout is not None and elapsed >= timeout:
+                raise WaitTimeoutError(
+                    "timeout",
+                    f"dataset {dataset.id}: batch still registering after {elapsed:.1f} s",
+                )
+            pause = interval if timeout is None else min(interval, timeout - elapsed)
+            _sleep(max(pause, 0.0))
+            interval = min(interval * 1.5, max_poll_interval)
+            dataset = self.dataset(dataset_id)
+        if wait and dataset.batch_status == "failed":
+            raise RegistrationFailed(
+                "registration_failed",
+                f"dataset {dataset.id}: batch: {dataset.batch_reason or 'no reason given'}",
+            )
+        return dataset
+
     def append_rows(
         self,
         dataset_id: UUID | str,

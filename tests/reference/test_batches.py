@@ -1,0 +1,407 @@
+"""Batches appended to a dataset by reference (issue 35, item 3): registered by a worker as the
+dataset was before they count, invisible to releases until then; a waiting continual release
+then releases its next epoch from the batch, as from a stored append of the same rows; one-shot
+releases read every batch registered at their request, every object checked unchanged. On the
+moto S3 endpoint and the Dask LocalCluster, on both databases."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from dpss_client import Client, RegistrationFailed
+from dpss_client import client as client_module
+from service import continual, oneshot, registration
+from service.config import Settings
+from service.db.models import AuditEvent, Dataset, DatasetBatch, utcnow
+from service.mechanisms.linalg import subspace_distance
+from service.store import DatasetStore
+from service.worker import Worker
+from tests.conftest import Keys, bearer, fetch_release, npy_bytes, post_release
+from tests.factories import near_subspace
+from tests.reference import helpers
+from tests.reference.conftest import s3fs_for, write_parquet
+
+BUDGET = {
+    "name": "lake",
+    "epsilon_budget": "100",
+    "delta_budget": "0.5",
+    "row_norm_bound": 1.0,
+    "allow_large_delta": True,
+}
+KEY = bytes(range(32))
+
+
+@pytest.fixture
+def settings(settings: Settings, s3_endpoint: str, bucket: str, tmp_path: Path) -> Settings:
+    return settings.model_copy(
+        update={"reference_roots": f"s3://{bucket}/lake", "s3_endpoint_url": s3_endpoint}
+    )
+
+
+@pytest.fixture
+def rows() -> np.ndarray[Any, Any]:
+    data, _ = near_subspace(np.random.default_rng(12), 2800, 5, 2, noise=0.02)
+    return data
+
+
+@pytest.fixture
+def columns(rows: np.ndarray[Any, Any], s3_endpoint: str, bucket: str) -> list[str]:
+    """The dataset's objects (rows 0-1999); the batch's (rows 2000-2799) are written by the
+    tests, under the same prefix, as an owner adds files to a lake."""
+    fs = s3fs_for(s3_endpoint)
+    write_parquet(fs, f"{bucket}/lake/a.parquet", rows[:1200], 400)
+    return write_parquet(fs, f"{bucket}/lake/b.parquet", rows[1200:2000], 400)
+
+
+def _registered(client: TestClient, keys: Keys, bucket: str, columns: list[str]) -> Any:
+    response = helpers.register(client, keys.owner, f"s3://{bucket}/lake/", columns, BUDGET)
+    assert response.json()["registration_status"] == "ready", response.text
+    return response.json()
+
+
+def _write_batch(rows: np.ndarray[Any, Any], s3_endpoint: str, bucket: str) -> str:
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/c.parquet", rows[2000:], 400)
+    return f"s3://{bucket}/lake/c.parquet"
+
+
+def _append(client: TestClient, key: str, dataset_id: str, **body: Any) -> Any:
+    return client.post(
+        f"/v1/dataset-references/{dataset_id}/batches", headers=bearer(key), json=body
+    )
+
+
+def _continual(client: TestClient, keys: Keys, dataset_id: str, horizon: int) -> str:
+    return post_release(
+        client, keys.analyst, dataset_id, mechanism="continual_gauss", k=2, epsilon="1",
+        delta="1e-5", params={"horizon": horizon},
+    )  # fmt: skip
+
+
+def _releases_only(worker: Worker) -> int:
+    """Run the claimable releases, no registration."""
+    count = 0
+    while (job := worker.with_db_retry("claim", worker.claim)) is not None:
+        worker.process(job)
+        count += 1
+    return count
+
+
+def test_a_waiting_continual_release_advances_with_a_batch_by_reference(
+    client: TestClient,
+    keys: Keys,
+    upload_dataset: Callable[..., dict[str, Any]],
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+    dask_scheduler: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Epoch 2 from the batch by reference is epoch 2 from the same rows appended to an upload
+    (the same release key: the same subspace and noise scale), and the same bits on Dask as in
+    process; while the batch registers, nothing sees it."""
+    monkeypatch.setattr(continual, "new_release_key", lambda: KEY)
+    here = Worker(session_factory, store, settings)
+    there = Worker(
+        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
+    )
+    # The upload of the same rows, grown by a stored append.
+    uploaded = upload_dataset(client, keys.owner, rows[:2000], **BUDGET)
+    stored_release = _continual(client, keys, uploaded["id"], 2)
+    here.run_pending()
+    appended = client.post(
+        f"/v1/datasets/{uploaded['id']}/rows",
+        headers=bearer(keys.owner),
+        files={"file": ("rows.npy", npy_bytes(rows[2000:]), "application/octet-stream")},
+    )
+    assert appended.status_code == 201, appended.text
+    here.run_pending()
+    # Two continual releases on the reference (in process, on Dask), waiting after epoch 1.
+    referenced = _registered(client, keys, bucket, columns)
+    in_process = _continual(client, keys, referenced["id"], 2)
+    _releases_only(here)
+    on_dask = _continual(client, keys, referenced["id"], 2)
+    _releases_only(there)
+    for release_id in (in_process, on_dask):
+        body = fetch_release(client, keys.owner, release_id)
+        assert (body["status"], body["epochs_done"]) == ("running", 1), body
+
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    posted = _append(client, keys.owner, referenced["id"], uri=uri)
+    assert posted.status_code == 202, posted.text
+    pending = posted.json()
+    assert pending["batch_status"] == "registering"
+    assert (pending["n_rows"], pending["n_batches"]) == (2000, 1)  # not a batch yet
+    # While it registers no release sees it: nothing to claim, and a second batch waits.
+    assert _releases_only(here) == 0
+    again = _append(client, keys.owner, referenced["id"], uri=uri)
+    assert (again.status_code, again.json()["error"]) == (409, "batch_registering"), again.text
+    analyst_view = client.get(f"/v1/datasets/{referenced['id']}", headers=bearer(keys.analyst))
+    assert analyst_view.json()["batch_status"] is None  # the owner's only
+
+    assert helpers.run_registrations(client) == 1
+    grown = client.get(f"/v1/datasets/{referenced['id']}", headers=bearer(keys.owner)).json()
+    assert (grown["n_rows"], grown["n_batches"], grown["batch_status"]) == (2800, 2, None)
+    with session_factory() as session:
+        batch = session.get(DatasetBatch, (uuid.UUID(grown["id"]), 1))
+        assert batch is not None and (batch.row_offset, batch.n_rows) == (2000, 800)
+        events = session.execute(
+            select(AuditEvent.event_type).where(AuditEvent.dataset_id == uuid.UUID(grown["id"]))
+        ).scalars()
+        assert {"dataset_batch_requested", "dataset_batch_referenced"} <= set(events)
+
+    # Epoch 2 of one release on the cluster, of the other in process (each worker claims any).
+    for worker in (there, here):
+        job = worker.with_db_retry("claim", worker.claim)
+        assert job is not None
+        worker.process(job)
+    assert _releases_only(here) == 0
+    results = [fetch_release(client, keys.owner, r) for r in (stored_release, in_process, on_dask)]
+    assert [r["status"] for r in results] == ["succeeded"] * 3, results
+    assert [r["epochs_done"] for r in results] == [2, 2, 2]
+    assert [[e["n_rows_read"] for e in r["epochs"]] for r in results] == [[2000, 800]] * 3
+    upload, by_reference, dask_result = (r["result"] for r in results)
+    assert by_reference == dask_result  # the same key, tasks and order: the same bits
+    distance = subspace_distance(np.array(upload["basis"]), np.array(by_reference["basis"]))
+    assert distance < 1e-9
+    assert upload["extras"]["noise_sigma"] == by_reference["extras"]["noise_sigma"]
+    assert {r["refunded"] for r in results} == {False}  # one charge each, as for an upload
+
+
+def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    worker = Worker(session_factory, store, settings)
+    read: list[tuple[int, int]] = []
+    opened = oneshot.reference.open_rows
+
+    @contextlib.contextmanager
+    def spy(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with opened(*args, **kwargs) as source:
+            read.append(source.shape)
+            yield source
+
+    monkeypatch.setattr(oneshot.reference, "open_rows", spy)
+    referenced = _registered(client, keys, bucket, columns)
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    # Requested before the batch is registered: the rows present then (2000).
+    before = post_release(
+        client, keys.analyst, referenced["id"], mechanism="analyze_gauss", k=2, epsilon="1",
+        delta="1e-5",
+    )  # fmt: skip
+    helpers.run_registrations(client)
+    after = post_release(
+        client, keys.analyst, referenced["id"], mechanism="analyze_gauss", k=2, epsilon="1",
+        delta="1e-5",
+    )  # fmt: skip
+    continual_id = _continual(client, keys, referenced["id"], 3)
+    _releases_only(worker)
+    early, late = (
+        fetch_release(client, keys.owner, before),
+        fetch_release(client, keys.owner, after),
+    )
+    assert (early["status"], late["status"]) == ("succeeded", "succeeded"), (early, late)
+    assert (early["n_rows_read"], late["n_rows_read"]) == (2000, 2800)
+    # What the engine read: the batches present at each one-shot request, then the continual
+    # release's epochs, one batch each.
+    assert read == [(2000, 5), (2800, 5), (2000, 5), (800, 5)]
+    body = fetch_release(client, keys.owner, continual_id)
+    assert (body["status"], body["epochs_done"]) == ("running", 2), body
+
+    # The batch's object changes: a release reading it fails, naming it, refunded.
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/c.parquet", rows[2000:] * 0.5, 400)
+    changed = post_release(
+        client, keys.analyst, referenced["id"], mechanism="analyze_gauss", k=2, epsilon="1",
+        delta="1e-5",
+    )  # fmt: skip
+    _releases_only(worker)
+    failed = fetch_release(client, keys.owner, changed)
+    assert failed["status"] == "failed" and failed["refunded"] is True, failed
+    assert "c.parquet" in failed["reason"]
+
+
+def test_a_changed_batch_object_fails_the_continual_epoch(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+) -> None:
+    """Changed after registration, before epoch 2 reads it: the release ends ``failed``
+    without epoch 2, charged (epoch 1 was released), its reason naming the object."""
+    worker = Worker(session_factory, store, settings)
+    referenced = _registered(client, keys, bucket, columns)
+    release_id = _continual(client, keys, referenced["id"], 2)
+    _releases_only(worker)
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    helpers.run_registrations(client)
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/c.parquet", rows[2000:] * 0.5, 400)
+    _releases_only(worker)
+    body = fetch_release(client, keys.owner, release_id)
+    assert (body["status"], body["epochs_done"], body["refunded"]) == ("failed", 1, False), body
+    assert "c.parquet" in body["reason"]
+
+
+def test_bad_batches_are_refused_naming_the_field(
+    client: TestClient,
+    keys: Keys,
+    upload_dataset: Callable[..., dict[str, Any]],
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+) -> None:
+    referenced = _registered(client, keys, bucket, columns)
+    dataset_id = referenced["id"]
+    uri = _write_batch(rows, s3_endpoint, bucket)
+
+    def field(response: Any) -> tuple[int, str]:
+        """The status and the field the detail names first (``field: message``)."""
+        return response.status_code, str(response.json()["detail"]).split(":", 1)[0]
+
+    assert _append(client, keys.analyst, dataset_id, uri=uri).status_code == 403
+    assert field(_append(client, keys.owner, dataset_id, uri="s3://elsewhere/x.parquet")) == (
+        422,
+        "uri",
+    )
+    wrong = _append(client, keys.owner, dataset_id, uri=uri, columns=list(reversed(columns)))
+    assert field(wrong) == (422, "columns")
+    assert field(_append(client, keys.owner, dataset_id, uri=uri, extra=1))[0] == 422
+    assert field(_append(client, keys.owner, dataset_id))[0] == 422
+    covered = _append(client, keys.owner, dataset_id, uri=f"s3://{bucket}/lake/a.parquet")
+    assert (covered.status_code, covered.json()["error"]) == (409, "object_registered")
+    uploaded = upload_dataset(client, keys.owner, rows[:10], **BUDGET)
+    assert field(_append(client, keys.owner, uploaded["id"], uri=uri)) == (422, "uri")
+    stored_append = client.post(
+        f"/v1/datasets/{dataset_id}/rows",
+        headers=bearer(keys.owner),
+        files={"file": ("rows.npy", npy_bytes(rows[:10]), "application/octet-stream")},
+    )
+    assert field(stored_append) == (422, "file")
+    assert "batches" in stored_append.json()["detail"]
+
+    # What needs a read ends the batch failed (the dataset as it was), naming the field.
+    fs = s3fs_for(s3_endpoint)
+    write_parquet(fs, f"{bucket}/lake/d.parquet", rows[2000:], 400, prefix="x")
+    posted = _append(client, keys.owner, dataset_id, uri=f"s3://{bucket}/lake/d.parquet")
+    assert posted.status_code == 202, posted.text
+    helpers.run_registrations(client)
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed" and body["batch_reason"].startswith("columns"), body
+    assert (body["n_rows"], body["n_batches"]) == (2000, 1)
+    # A copy of a registered object's content is refused too (its rows would count twice).
+    fs.copy(f"{bucket}/lake/b.parquet", f"{bucket}/lake/e.parquet")
+    assert (
+        _append(client, keys.owner, dataset_id, uri=f"s3://{bucket}/lake/e.parquet").status_code
+        == 202
+    )
+    helpers.run_registrations(client)
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed" and "already covered" in body["batch_reason"], body
+    # The failed batch is replaced by the next one, which registers.
+    assert _append(client, keys.owner, dataset_id, uri=uri).status_code == 202
+    helpers.run_registrations(client)
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
+
+
+def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    settings: Settings,
+) -> None:
+    """A dead worker's batch goes to another after its lease, whose late finish is discarded;
+    after the attempts allowed the batch ends failed (the dataset as it was); a batch of a
+    dataset deleted meanwhile never becomes one."""
+    dead, other = (Worker(session_factory, store, settings) for _ in range(2))
+    referenced = _registered(client, keys, bucket, columns)
+    dataset_id = uuid.UUID(referenced["id"])
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    job = registration.claim(dead)
+    assert job is not None and job.batch and job.columns == columns
+    assert registration.claim(other) is None  # leased
+    with session_factory.begin() as session:
+        row = session.get(Dataset, dataset_id)
+        assert row is not None
+        row.registration_lease_expires_at = utcnow() - timedelta(seconds=1)
+    assert other.run_registration()
+    assert registration.process(dead, job) == "lost"
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
+
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/d.parquet", rows[:300] + 1.0, 100)
+    d_uri = f"s3://{bucket}/lake/d.parquet"
+    assert _append(client, keys.owner, referenced["id"], uri=d_uri).status_code == 202
+    with session_factory.begin() as session:
+        row = session.get(Dataset, dataset_id)
+        assert row is not None
+        row.registration_attempts = settings.worker_max_attempts
+    assert registration.claim(other) is None
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed" and "abandoned after" in body["batch_reason"]
+    assert (body["n_rows"], body["n_batches"]) == (2800, 2)
+
+    assert _append(client, keys.owner, referenced["id"], uri=d_uri).status_code == 202
+    job = registration.claim(other)
+    assert job is not None
+    assert (
+        client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).status_code == 204
+    )
+    assert registration.process(other, job) == "lost"
+    with session_factory() as session:
+        assert session.get(DatasetBatch, (dataset_id, 2)) is None
+
+
+def test_the_client_appends_a_batch_and_waits(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    referenced = _registered(client, keys, bucket, columns)
+    monkeypatch.setattr(client_module, "_sleep", lambda _: helpers.run_registrations(client))
+    owner = Client(str(client.base_url), keys.owner, http=client)
+    grown = owner.append_reference_batch(referenced["id"], _write_batch(rows, s3_endpoint, bucket))
+    assert (grown.n_rows, grown.n_batches, grown.batch_status) == (2800, 2, None)
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/d.parquet", rows[:10], 5, prefix="x")
+    with pytest.raises(RegistrationFailed, match="batch: columns"):
+        owner.append_reference_batch(referenced["id"], f"s3://{bucket}/lake/d.parquet")
