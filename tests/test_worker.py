@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from datetime import timedelta
@@ -539,30 +540,48 @@ def test_an_exception_in_the_forked_run_is_logged_as_json_type_and_location_only
     assert any("ended without an outcome (exit code 1)" in line["message"] for line in lines)
 
 
-def test_uncaught_exceptions_and_warnings_are_logged_as_type_and_location(
-    capfd, json_logging_to_stderr
-):
-    import threading
-    import warnings
+def test_uncaught_exceptions_and_warnings_are_logged_as_type_and_location(tmp_path):
+    # In a fresh interpreter configured as `dpss worker` configures one: in the test process,
+    # another test's background threads (a session's Dask LocalCluster enters and leaves
+    # warnings.catch_warnings in its event loop) can put warnings.showwarning back between the
+    # configuration and the warning, which CI once saw as a warning never logged.
+    script = tmp_path / "uncaught_in_a_worker.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import logging.config, sys, threading, warnings
+            from service.logs import log_config, log_what_python_prints
 
-    json_logging_to_stderr()
+            logging.config.dictConfig(log_config("INFO"))
+            log_what_python_prints()
 
-    def fail():
-        raise KeyError(SECRET_IN_MESSAGE)
+            def fail():
+                raise KeyError({SECRET_IN_MESSAGE!r})
 
-    thread = threading.Thread(target=fail)
-    thread.start()
-    thread.join()
-    try:
-        fail()
-    except KeyError:
-        sys.excepthook(*sys.exc_info())
-    warnings.warn(f"Ill-conditioned matrix (rcond={SECRET_IN_MESSAGE})", RuntimeWarning, 1)
-    out, err = capfd.readouterr()
+            thread = threading.Thread(target=fail)
+            thread.start()
+            thread.join()
+            try:
+                fail()
+            except KeyError:
+                sys.excepthook(*sys.exc_info())
+            warnings.warn("Ill-conditioned matrix (rcond={SECRET_IN_MESSAGE})", RuntimeWarning, 1)
+            """
+        )
+    )
+    root = Path(__file__).resolve().parents[1]
+    python_path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path}
+    env.pop("PYTHONWARNINGS", None)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, err[-2000:]
     assert SECRET_IN_MESSAGE not in out + err and "Traceback" not in out + err
     messages = [line["message"] for line in _json_lines(err)]
-    assert sum("KeyError at test_worker.py:" in m for m in messages) == 2
-    assert any(m.startswith("RuntimeWarning at test_worker.py:") for m in messages)
+    assert sum("KeyError at uncaught_in_a_worker.py:" in m for m in messages) == 2
+    assert any(m.startswith("RuntimeWarning at uncaught_in_a_worker.py:") for m in messages)
 
 
 def test_a_continual_epochs_forked_run_logs_its_exception_the_same_way(
