@@ -8,10 +8,28 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
+from service.config import Settings
 from service.worker import Worker
 from tests.conftest import bearer
 
 BUDGET = {"name": "lake", "epsilon_budget": "5", "delta_budget": "1e-4"}
+#: A budget for continual releases over a lake (a large delta, so that the tree's epochs fit).
+CONTINUAL_BUDGET = {
+    "name": "lake",
+    "epsilon_budget": "100",
+    "delta_budget": "0.5",
+    "row_norm_bound": 1.0,
+    "allow_large_delta": True,
+}
+#: The release key continual tests fix, so that two releases draw the same noise.
+RELEASE_KEY = bytes(range(32))
+
+
+def lake_settings(settings: Settings, s3_endpoint: str, bucket: str) -> Settings:
+    """``settings`` with the bucket's ``lake/`` as the one reference root, on moto's S3."""
+    return settings.model_copy(
+        update={"reference_roots": f"s3://{bucket}/lake", "s3_endpoint_url": s3_endpoint}
+    )
 
 
 def run_registrations(client: TestClient) -> int:

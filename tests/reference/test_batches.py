@@ -10,7 +10,6 @@ import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,21 +31,13 @@ from tests.factories import near_subspace
 from tests.reference import helpers
 from tests.reference.conftest import s3fs_for, write_parquet
 
-BUDGET = {
-    "name": "lake",
-    "epsilon_budget": "100",
-    "delta_budget": "0.5",
-    "row_norm_bound": 1.0,
-    "allow_large_delta": True,
-}
-KEY = bytes(range(32))
+BUDGET = helpers.CONTINUAL_BUDGET
+KEY = helpers.RELEASE_KEY
 
 
 @pytest.fixture
-def settings(settings: Settings, s3_endpoint: str, bucket: str, tmp_path: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": f"s3://{bucket}/lake", "s3_endpoint_url": s3_endpoint}
-    )
+def settings(settings: Settings, s3_endpoint: str, bucket: str) -> Settings:
+    return helpers.lake_settings(settings, s3_endpoint, bucket)
 
 
 @pytest.fixture

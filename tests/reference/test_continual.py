@@ -5,7 +5,6 @@ with the tree, its noise and the charge of an upload's release; on both database
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,21 +25,13 @@ from tests.factories import near_subspace
 from tests.reference import helpers
 from tests.reference.conftest import s3fs_for, write_parquet
 
-BUDGET = {
-    "name": "lake",
-    "epsilon_budget": "100",
-    "delta_budget": "0.5",
-    "row_norm_bound": 1.0,
-    "allow_large_delta": True,
-}
-KEY = bytes(range(32))
+BUDGET = helpers.CONTINUAL_BUDGET
+KEY = helpers.RELEASE_KEY
 
 
 @pytest.fixture
-def settings(settings: Settings, s3_endpoint: str, bucket: str, tmp_path: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": f"s3://{bucket}/lake", "s3_endpoint_url": s3_endpoint}
-    )
+def settings(settings: Settings, s3_endpoint: str, bucket: str) -> Settings:
+    return helpers.lake_settings(settings, s3_endpoint, bucket)
 
 
 @pytest.fixture
