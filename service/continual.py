@@ -155,15 +155,6 @@ def epoch_visible_at(
     return max(moment for moment in candidates if moment is not None)
 
 
-def batch_rows(dataset: Dataset, batch: DatasetBatch) -> int:
-    """The rows of ``batch``. A dataset by reference registered before its batch row was
-    given the count has ``n_rows`` 0 there and one batch, so the dataset's own count is used
-    (public either way; its first appended batch fills the count in)."""
-    if dataset.reference is not None and batch.seq == 0 and batch.n_rows == 0:
-        return dataset.n_rows if dataset.n_batches == 1 else batch.n_rows
-    return batch.n_rows
-
-
 def pending_visible_at(
     session: Session, settings: Settings, release: Release, dataset: Dataset
 ) -> datetime:
@@ -172,7 +163,7 @@ def pending_visible_at(
     if later (which ends the release), plus one epoch's padding. Public facts only, so it is
     fixed before the epoch runs and says nothing about how long it ran."""
     batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
-    n_rows = batch_rows(dataset, batch) if batch is not None else dataset.n_rows
+    n_rows = batch.n_rows if batch is not None else dataset.n_rows
     started = batch.created_at if batch is not None else None
     moments = [moment for moment in (started, dataset.deleted_at) if moment is not None]
     padding = PaddingModel.from_settings(settings).padding(
@@ -347,7 +338,7 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
         horizon=horizon,
         batch_seq=batch.seq,
         row_offset=batch.row_offset,
-        n_rows=batch_rows(dataset, batch),
+        n_rows=batch.n_rows,
         n_cols=dataset.n_cols,
         file_name=dataset.file_name,
         state=state.state if state is not None else None,

@@ -419,12 +419,18 @@ def _fail(session: Session, dataset: Dataset, reason: str) -> None:
 # -- a batch's end ------------------------------------------------------------------------------
 
 
-def _fail_batch(session: Session, dataset: Dataset, reason: str) -> None:
-    """The batch refused: the dataset as it was, ``batch_status = failed`` with the reason."""
-    dataset.batch_status = FAILED
+def _end_batch(dataset: Dataset, status: str | None, reason: str | None) -> None:
+    """The batch's job ends (``status`` None: the batch counts; ``failed``: refused), its
+    lease released, as :func:`_end` for a dataset's own registration."""
+    dataset.batch_status = status
     dataset.batch_reason = reason
     dataset.registration_lease_owner = None
     dataset.registration_lease_expires_at = None
+
+
+def _fail_batch(session: Session, dataset: Dataset, reason: str) -> None:
+    """The batch refused: the dataset as it was, ``batch_status = failed`` with the reason."""
+    _end_batch(dataset, FAILED, reason)
     audit.record(
         session,
         "dataset_batch_failed",
@@ -463,9 +469,6 @@ def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checke
         return FAILED
     cover_objects(session, dataset.id, found)  # ObjectRegistered: the caller's failure
     seq, offset = dataset.n_batches, dataset.n_rows
-    first = session.get(DatasetBatch, (dataset.id, 0))
-    if first is not None and first.n_rows == 0 and seq == 1:
-        first.n_rows = offset  # registered before batch 0 carried its count
     current.objects.extend(found.objects)
     current.pieces.extend(
         reference.Piece(p.path, p.row_group, offset + p.offset, p.rows, p.chunks)
@@ -484,11 +487,8 @@ def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checke
     )
     dataset.n_rows = total
     dataset.n_batches = seq + 1
-    dataset.batch_status = None
-    dataset.batch_reason = None
+    _end_batch(dataset, None, None)
     dataset.batch_request = None
-    dataset.registration_lease_owner = None
-    dataset.registration_lease_expires_at = None
     audit.record(
         session,
         "dataset_batch_referenced",
