@@ -356,17 +356,21 @@ class UnitOfWork:
     ) -> T:
         """``single_statement``: ``work`` only reads, in one statement (:meth:`Database.run`'s
         ``autocommit``); honoured for reads (GET) only."""
-        secret, scope = self.secret, self.scope
-        verified, read_only = self.database.verified_keys, self.read_only
+        secret, verified, read_only = self.secret, self.database.verified_keys, self.read_only
 
         def transaction(session: Session) -> T:
             principal = authenticate_cached(session, secret, verified, read_only)
-            refuse_while_restore_held(principal, read_only)
-            if scope is not None:
-                scope[KEY_AUTHENTICATED] = True
-            return work(session, principal)
+            return work(session, self._admitted(principal))
 
         return await self.database.run(transaction, autocommit=single_statement and read_only)
+
+    def _admitted(self, principal: Principal) -> Principal:
+        """``principal``, refused while a restore hold is set (writes) and marked authenticated
+        in the request's scope (the rate limiter's bucket)."""
+        refuse_while_restore_held(principal, self.read_only)
+        if self.scope is not None:
+            self.scope[KEY_AUTHENTICATED] = True
+        return principal
 
     async def principal(self) -> Principal:
         """Check the key alone, in a short transaction (a request whose only work is the key
@@ -375,32 +379,17 @@ class UnitOfWork:
 
     async def principal_before_body(self) -> Principal:
         """Check the key alone, before a request body is read: from this process's recent
-        verification of the key (:class:`~service.auth.VerifiedKeys`) when it has one, else in
-        a short transaction. Only a gate for reading the body:
-        the work's own transaction checks a write's key again (a key revoked meanwhile changes
-        nothing), so a cached answer costs at most a body read for a key revoked less than
-        ``DPSS_AUTH_CACHE_SECONDS`` ago, and saves a transaction on every write with a body."""
-        secret, scope, read_only = self.secret, self.scope, self.read_only
-        verified = self.database.verified_keys
-        if secret:
-            known = verified.get(hash_secret(secret))
-            if known is not None:
-                logs.bind_key_id(known.key_id)
-                refuse_while_restore_held(known, read_only)
-                if scope is not None:
-                    scope[KEY_AUTHENTICATED] = True
-                return known
-
-        def check(session: Session) -> Principal:
-            # Only reads fill the cache (as ever): a write's gate reads it, never widens it, so
-            # a request whose only work is the key check still meets an outage as a 503.
-            principal = authenticate_cached(session, secret, verified, read_only)
-            refuse_while_restore_held(principal, read_only)
-            if scope is not None:
-                scope[KEY_AUTHENTICATED] = True
-            return principal
-
-        return await self.database.run(check)
+        verification of the key (:class:`~service.auth.VerifiedKeys`) when it has one, else as
+        :meth:`principal` (which, as ever, fills that cache for reads only: a write's gate reads
+        it, never widens it). Only a gate for reading the body: the work's own transaction
+        checks a write's key again (a key revoked meanwhile changes nothing), so a cached answer
+        costs at most a body read for a key revoked less than ``DPSS_AUTH_CACHE_SECONDS`` ago,
+        and saves a transaction on every write with a body."""
+        known = self.database.verified_keys.get(hash_secret(self.secret)) if self.secret else None
+        if known is None:
+            return await self.principal()
+        logs.bind_key_id(known.key_id)
+        return self._admitted(known)
 
 
 def database_of(request: Request) -> Database:
