@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import traceback
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -41,10 +41,33 @@ class InvalidInput(DomainError):
     ) -> InvalidInput:
         """The first pydantic error, located under ``prefix`` (its input is never echoed);
         ``fallback`` names the field when the error has no location and no prefix."""
-        first = exc.errors()[0]
-        location = printable(".".join(str(part) for part in first["loc"]))
-        field = ".".join(part for part in (prefix, location) if part) or fallback
-        return cls(field, first["msg"])
+        errors = exc.errors()
+        base = field_path(errors[0]["loc"])
+        field = ".".join(part for part in (prefix, printable(".".join(base))) if part) or fallback
+        return cls(field, union_message(errors, base))
+
+
+def field_path(loc: tuple[int | str, ...]) -> list[str]:
+    """A pydantic error location as field names and indexes, without the tags pydantic puts
+    after a field whose type is a union (``center.literal['none','private']`` is the field
+    ``center``; every such tag has brackets, which no field name has)."""
+    return [str(part) for part in loc if not (isinstance(part, str) and "[" in part)]
+
+
+def union_message(errors: Sequence[Mapping[str, Any]], base: list[str]) -> str:
+    """The message for the field at ``base``: with a union type, one per alternative that was
+    tried (``Input should be 'none' or 'private'; or: item 1: Input should be a valid
+    number``), so the client learns every accepted form, not only the first."""
+    messages: list[str] = []
+    for error in errors:
+        path = field_path(error["loc"])
+        if path[: len(base)] != base:
+            continue
+        rest = printable(".".join(path[len(base) :]))
+        message = f"item {rest}: {error['msg']}" if rest else str(error["msg"])
+        if message not in messages:
+            messages.append(message)
+    return "; or: ".join(messages)
 
 
 def printable(text: str, limit: int = 100) -> str:

@@ -26,6 +26,7 @@ from service.errors import (
     RequestTimeout,
     ServiceUnavailable,
     Unauthenticated,
+    field_path,
     printable,
     safe_traceback,
 )
@@ -86,10 +87,12 @@ def _describe_validation(exc: RequestValidationError) -> str:
     # Only the location and pydantic's message: the offending input is never echoed back.
     parts = []
     for error in exc.errors()[:5]:
-        location = (
-            printable(".".join(str(p) for p in error.get("loc", ()) if p != "body")) or "body"
-        )
-        parts.append(f"{location}: {error.get('msg', 'invalid')}")
+        if error.get("type") == "json_invalid":
+            # Its location is ("body", <character offset>): the body is the field.
+            parts.append(f"body: {error.get('msg', 'invalid')}")
+            continue
+        location = printable(".".join(p for p in field_path(error.get("loc", ())) if p != "body"))
+        parts.append(f"{location or 'body'}: {error.get('msg', 'invalid')}")
     return "; ".join(parts)
 
 

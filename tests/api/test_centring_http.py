@@ -130,6 +130,30 @@ def test_bad_centres_are_422_and_charge_nothing(client, keys, dataset, params, f
     assert budget["epsilon_remaining"] == "1"
 
 
+@pytest.mark.parametrize(
+    ("center", "detail"),
+    [
+        (
+            "mean",
+            "params.center: Input should be 'none' or 'private'; or: Input should be a valid list",
+        ),
+        (
+            [0.1, "x", 0.0, 0.0, 0.0, 0.0],
+            "params.center: Input should be 'none' or 'private'; or: item 1: Input should be a "
+            "valid number",
+        ),
+    ],
+)
+def test_a_bad_centre_is_named_as_the_field_with_every_accepted_form(
+    client, keys, dataset, center, detail
+):
+    # pydantic locates a union's errors under a tag per alternative
+    # (center.literal['none','private'], center.list[float]); the client sees the field.
+    response = post(client, keys.analyst, dataset["id"], True, params={"center": center})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == detail
+
+
 def test_spectrum_centres_the_same_way(client, keys, dataset, run_worker):
     body = {**BODY, "mechanism": "spectrum", "k": 3, "params": {"center": "private"}}
     preview = post(client, keys.analyst, dataset["id"], True, **body)
