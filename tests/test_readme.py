@@ -219,3 +219,20 @@ def test_the_mechanism_table_states_the_accountings_each_mechanism_runs_under():
     listed = {name: set(m.accountings) | {"hybrid"} for name, m in MECHANISMS.items()}
     assert stated == {name: accountings for name, accountings in listed.items() if name in stated}
     assert set(stated) == set(MECHANISMS) - {"continual_gauss"}
+
+
+def test_the_readme_names_every_accounting_under_which_smooth_sensitivity_is_pure_by_default():
+    """The README's smooth_sensitivity row says under which accountings its pure Cauchy variant
+    is the default (``for_accounting``). It once named only ``zcdp``, the default before
+    ``hybrid``: a reader on the default accounting was told a ``delta > 0`` request would run
+    the Gaussian variant (refused above epsilon 1), when it runs the Cauchy one."""
+    from service.mechanisms.registry import get_mechanism
+
+    mechanism = get_mechanism("smooth_sensitivity")
+    assert mechanism is not None
+    kinds = ("hybrid", "basic", "zcdp")
+    pure = {k for k in kinds if mechanism.for_accounting(k, mechanism.parse_params({})).noise}
+    row = next(r for r in README.read_text().splitlines() if r.startswith("| `smooth_sensitivity`"))
+    found = re.search(r"under (.+?) its pure Cauchy variant runs by default", row)
+    assert found is not None, row
+    assert set(re.findall(r"`(\w+)`", found.group(1))) & set(kinds) == pure
