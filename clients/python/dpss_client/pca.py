@@ -114,7 +114,9 @@ class PrivatePCA:
     epsilon, delta : Decimal, str, int or float, optional
         The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget
         (on a ``gaussian`` or ``zcdp`` dataset: the single release calibrated to, charged its
-        own cost in the dataset's currency).
+        own cost in the dataset's currency). ``delta`` has no default: with ``epsilon`` it is
+        required (``fit`` raises ``InvalidRequestError`` "delta: required with epsilon"
+        otherwise); choose it well below the dataset's ``delta_budget``, e.g. ``1e-7``.
     mu, rho : Decimal, str, int or float, optional
         The cost in the dataset's currency instead: ``mu`` on a ``gaussian`` dataset, ``rho``
         (with ``delta`` for mechanisms with approximate steps) on a ``zcdp`` one.
