@@ -171,3 +171,22 @@ def test_the_parse_check_refuses_what_the_shell_would():
     with pytest.raises(typer.TyperException, match="No such option: --url"):
         parse_as_the_shell_would("dpss-remote", "datasets --url http://h list")
     parse_as_the_shell_would("dpss-remote", '--url http://h --api-key "$K" datasets list')
+
+
+def test_the_manual_states_privatepcas_signature():
+    """docs/cli.md's ``PrivatePCA(...)`` line names the constructor's parameters, in order, with
+    their defaults (it once lacked ``mu``, ``rho`` and ``prior`` and described ``center="private"``
+    as always releasing a mean)."""
+    import inspect
+
+    from dpss_client import PrivatePCA
+
+    found = re.search(r"- `PrivatePCA\((.+?)\)`", DOC.read_text(), re.S)
+    assert found is not None
+    stated = [part.strip() for part in " ".join(found.group(1).split()).split(",")]
+    actual = [
+        name if p.default is inspect.Parameter.empty else f"{name}={p.default!r}".replace("'", '"')
+        for name, p in inspect.signature(PrivatePCA).parameters.items()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    assert stated == [*actual, "**params"]
