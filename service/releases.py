@@ -525,6 +525,42 @@ def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
         _check_places(name, value)
 
 
+#: The largest ``delta`` a request in ``epsilon`` without one is given (see
+#: :func:`default_delta`): far below ``1/n`` for every dataset the service is sized for.
+DEFAULT_DELTA_CAP = Decimal("1e-6")
+#: A defaulted ``delta`` is at most this share of the dataset's ``delta_total``.
+DEFAULT_DELTA_SHARE = Decimal("0.01")
+_THIRTY_PLACES = Decimal(1).scaleb(-30)
+
+
+def default_delta(dataset: Dataset) -> Decimal:
+    """The ``delta`` of a request that gives ``epsilon`` and no ``delta``:
+    ``min(1e-6, delta_total / 100)``, a function of the dataset's public budget only.
+
+    Why these figures: a per-release delta well below ``1/n`` is the usual guidance, and 1e-6
+    is what the utility figures in docs/benchmarks.md are measured at; a hundredth of the
+    owner's ``delta_total`` leaves room for a hundred such releases where delta is charged
+    per release (``basic``, and ``hybrid``'s filter C), and on the Gaussian-DP filters it only
+    fixes the single release's calibration (its noise grows as ``sqrt(ln(1.25/delta))``: 15%
+    from 1e-6 to 1e-8). A dataset without a delta budget gets 0: pure-DP mechanisms run, the
+    others answer that they need ``delta > 0``."""
+    share = BUDGET_CONTEXT.multiply(dataset.delta_total, DEFAULT_DELTA_SHARE)
+    # Rounded down to the 30 places a stored cost has: never above the share.
+    return min(DEFAULT_DELTA_CAP, share.quantize(_THIRTY_PLACES, rounding=ROUND_FLOOR))
+
+
+def with_default_delta(body: ReleaseRequest, dataset: Dataset) -> ReleaseRequest:
+    """``body`` with :func:`default_delta` filled in when it gives ``epsilon`` without
+    ``delta``; otherwise ``body`` itself. The release records (and its audit event carries)
+    the delta it ran at; the request's fingerprint is of what was sent."""
+    if body.epsilon is None or body.delta is not None:
+        return body
+    if "delta" in body.model_fields_set:
+        # An explicit null is a mistake to name, not a request for the default.
+        raise InvalidInput("delta", "must be a number, not null (omit it for the default)")
+    return body.model_copy(update={"delta": default_delta(dataset)})
+
+
 def check_request(
     body: ReleaseRequest,
     dataset: Dataset,
@@ -533,6 +569,7 @@ def check_request(
 ) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
     mechanism, params (via ``prepare``: clip norm, k, ...), the prior and the memory gate."""
+    body = with_default_delta(body, dataset)
     extra = 0
     if dataset.reference is not None:
         reference.mechanism_allowed(body.mechanism)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -337,3 +338,24 @@ def test_the_default_fit_gets_the_best_settings_on_digits(
     centred = train - train.mean(axis=0)
     kept = np.sum((centred @ pca.components_.T) ** 2) / np.sum(centred**2)
     assert kept >= 0.45
+
+
+@pytest.mark.release_seed(300)
+def test_the_literal_default_call_needs_no_delta(
+    owner: Client, analyst: Client, worker_sleep: None
+) -> None:
+    # PrivatePCA(client, id, n_components, epsilon=...) and nothing else: the service fills
+    # in delta = min(1e-6, delta_total / 100) and records it with the release.
+    n, d, k = 4_000, 6, 2
+    ds = owner.upload(
+        low_rank_rows(n, d, k, seed=12),
+        name="pca-default",
+        epsilon_budget="2",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    pca = PrivatePCA(analyst, ds.id, n_components=k, epsilon=1, timeout=60).fit()
+    assert pca.components_.shape == (k, d)
+    release = analyst.get_release(pca.release_id_)
+    assert release.status == "succeeded"
+    assert release.info.delta == Decimal("1e-7")

@@ -47,9 +47,11 @@ class ReleaseRequest(RequestSchema):
     delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] | None = Field(
         default=None,
         description=(
-            "Privacy cost delta, with `epsilon` (0 only for pure-DP mechanisms); with `rho` on a "
-            "`zcdp` dataset, the approximate-zCDP delta of mechanisms with approximate steps "
-            "(0 or absent for purely Gaussian ones). At most 30 decimal places."
+            "Privacy cost delta, with `epsilon` (0 only for pure-DP mechanisms); absent with "
+            "`epsilon`: min(1e-6, the dataset's delta_total / 100), the figure the release then "
+            "records (0 on a dataset without a delta budget). With `rho` on a `zcdp` dataset, "
+            "the approximate-zCDP delta of mechanisms with approximate steps (0 or absent for "
+            "purely Gaussian ones). At most 30 decimal places."
         ),
     )
     mu: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = Field(

@@ -114,9 +114,9 @@ class PrivatePCA:
     epsilon, delta : Decimal, str, int or float, optional
         The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget
         (on a ``gaussian`` or ``zcdp`` dataset: the single release calibrated to, charged its
-        own cost in the dataset's currency). ``delta`` has no default: with ``epsilon`` it is
-        required (``fit`` raises ``InvalidRequestError`` "delta: required with epsilon"
-        otherwise); choose it well below the dataset's ``delta_budget``, e.g. ``1e-7``.
+        own cost in the dataset's currency). With ``epsilon`` and no ``delta`` the service uses
+        ``min(1e-6, delta_total / 100)`` of the dataset (recorded with the release), so
+        ``PrivatePCA(client, dataset_id, n_components=10, epsilon=1)`` is a complete call.
     mu, rho : Decimal, str, int or float, optional
         The cost in the dataset's currency instead: ``mu`` on a ``gaussian`` dataset, ``rho``
         (with ``delta`` for mechanisms with approximate steps) on a ``zcdp`` one.
