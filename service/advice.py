@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Literal
 
 from service.accounting import Accounting
@@ -118,12 +118,17 @@ def recommend(mechanisms: Iterable[str]) -> Advice:
     return advise(names, "mixed")
 
 
+_QUOTIENT_CONTEXT = Context(prec=100)
+
+
 def releases_of(epsilon_total: Decimal, epsilon: Decimal) -> int | None:
     """How many releases of ``epsilon`` the stated ``epsilon_total`` holds (the plan a request
     implies); ``None`` when ``epsilon`` is 0."""
     if epsilon <= 0:
         return None
-    return int(epsilon_total // epsilon)
+    # Both have at most 30 places and budgets are at most 1e6 or so: the quotient can have 37
+    # digits, past the default context's 28 (whose // then raises DivisionImpossible).
+    return int(_QUOTIENT_CONTEXT.divide_int(epsilon_total, epsilon))
 
 
 def parse_planned(raw: str | None) -> list[str]:

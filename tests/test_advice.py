@@ -55,6 +55,9 @@ def test_releases_of_a_request():
     assert advice.releases_of(Decimal(1), Decimal("0.5")) == 2
     assert advice.releases_of(Decimal(1), Decimal("0.3")) == 3
     assert advice.releases_of(Decimal(1), Decimal(0)) is None
+    # A quotient past 28 digits (the default context's precision) is still a count.
+    assert advice.releases_of(Decimal(1000), Decimal("1e-26")) == 10**29
+    assert advice.releases_of(Decimal(10**6), Decimal("1e-30")) == 10**36
 
 
 def test_planned_mechanisms_parse_and_name_the_unknown_one():

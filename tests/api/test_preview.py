@@ -244,3 +244,15 @@ def test_a_forecast_from_an_earlier_release_reads_its_released_figures(
         json={"mechanism": "analyze_gauss", **body},
     )
     assert other.status_code == 404
+
+
+def test_a_dry_run_whose_plan_counts_past_28_digits_answers(client, keys, upload_dataset, rng):
+    # The advice counts epsilon_total // epsilon releases: 1e29 here, past the default decimal
+    # context's 28 digits (it used to raise and answer 500).
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1000", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    response = request(client, keys.analyst, dataset["id"], epsilon="1e-26")
+    assert response.status_code == 200, response.text
+    assert response.json()["dry_run"] is True
