@@ -43,18 +43,21 @@ mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2):
 (:meth:`AnalyzeGauss.privacy_steps`) list the mean route's; their ``rho`` sum equals every
 route's.
 
-Computation order (issue 32, item 5): the run computes the same exact statistics as separate
-passes would, in fewer passes and without an ``m x d`` array of pairs: one sequential pass
-over the rows (:func:`probe_pass`) gives both histograms' counts, the clipped rows' sum (the
-mean route's mean, noised only if that route is taken) and each row's squared norm and clip
-factor, reading each pair at its lower row with its partner gathered (nothing is gathered in
-the permuted order); the Gram pass reads those norms instead of recomputing them, merges
-consecutive clips into one (:func:`~service.mechanisms.fast_rows.fast_gram_rows`: the same
-per-row map) and builds pairs a chunk at a time from the known factors (:func:`paired_gram`,
-:func:`paired_energy`, only on the pairs route). Only floating-point summation order and
-rounding could change (measured: none of 60 releases on six kinds of rows changed in a bit);
-every noise draw, its scale and the order of the draws are as before, so the released values
-are identically distributed and the privacy argument above is unchanged.
+Computation order (issue 32, item 5): the run computes the same statistics as separate passes
+would, in fewer passes and without an ``m x d`` array of pairs: one sequential pass over the
+rows (:func:`probe_pass`) gives both histograms' counts, the clipped rows' sum (the mean
+route's mean, noised only if that route is taken) and each row's squared norm and clip
+factor, reading each pair at its higher row with its partner gathered (nothing is gathered in
+the permuted order) and taking the pair's norm from the rows' squared norms and one dot
+product; the Gram pass reads those norms instead of recomputing them, merges consecutive clips
+into one (:func:`~service.mechanisms.fast_rows.fast_gram_rows`: the same per-row map) and
+builds pairs a chunk at a time from the known factors (:func:`paired_gram`,
+:func:`paired_energy`, only on the pairs route). Only rounding changes: a pair's norm from dot
+products may put a pair lying within a few ulps of a bin's edge in the neighbouring bin, which
+leaves each pair's bin a function of its own two rows (the histograms' sensitivity holds
+exactly); the explained-variance summands are clamped onto their simplex whatever their
+rounding (:func:`probe_paired_energy`). Every noise draw, its scale and the order of the
+draws are as before, so the privacy argument above is unchanged.
 """
 
 from __future__ import annotations
