@@ -17,6 +17,13 @@ on one thread: a BLAS thread
 that spins while the machine's other cores are busy bills CPU time that is not work, and
 made the figures swing 2x between repetitions on the shared 2-core machine.
 
+    python -m bench.bench_pca_speed --against /path/to/other/tree [--reps 9]
+
+Before and after in one process: the other tree's ``analyze_gauss`` module is loaded beside
+this one's, and each repetition runs the default and the recommended settings under both,
+alternating which goes first; prints each tree's medians, its ratio and the recommended
+CPU of this tree over the other's (the machine's load moves both alike).
+
     python -m bench.bench_pca_speed --stages [--reps 7]
 
 Where the recommended run's time goes: the same runs with the stages of
@@ -84,9 +91,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--stages", action="store_true")
+    parser.add_argument("--against", help="another checkout's root: before/after in-process")
     args = parser.parse_args()
     with threadpool_limits(limits=1):
-        if args.stages:
+        if args.against:
+            against(args.against, args.reps)
+        elif args.stages:
             stages(args.reps)
         else:
             table(args.reps)
@@ -172,8 +182,8 @@ def primitives(reps: int) -> None:
     """The least work the recommended settings' statistics need at 50,000 x 100 (spread
     rows, k = 10), each primitive alone as numpy does it best, against the default in the
     same repetitions: one pass for the norms, the n/2 partners gathered (in forward order per
-    chunk), the Gram of rows scaled to a clip (a scaled copy per chunk, then syrk) and
-    ``X U``."""
+    chunk, ``numpy.take``), the Gram of rows scaled to a clip (a scaled copy per chunk, then
+    syrk) and ``X U``."""
     n, d = SHAPES[1]
     rows = rows_of("spread", n, d)
     rng = np.random.default_rng(0)
@@ -190,8 +200,10 @@ def primitives(reps: int) -> None:
             np.vecdot(rows[start : start + chunk], rows[start : start + chunk])
 
     def gather() -> None:
+        # numpy.take: 1.3-1.8x faster than fancy indexing for rows of 100 doubles (the
+        # probe pass gathers so).
         for picked in partners:
-            rows[picked]
+            np.take(rows, picked, axis=0)
 
     def scaled_gram() -> None:
         gram = np.zeros((d, d))
@@ -228,6 +240,79 @@ def primitives(reps: int) -> None:
     print(f"\n50,000 x 100, default {1e3 * float(np.median(default)):.1f} ms; each over it:")
     for name, ratios in spent.items():
         print(f"- {name}: {float(np.median(ratios)):.2f}")
+
+
+def load_tree(root: str) -> tuple[Any, Any]:
+    """``(analyze_gauss module, base module)`` imported from the checkout at ``root`` as
+    separate module objects (``service.*`` is imported afresh from there, then this tree's
+    modules are put back in ``sys.modules``: the functions keep their own globals)."""
+    import importlib
+    import sys
+
+    saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "service"}
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, root)
+    try:
+        module = importlib.import_module("service.mechanisms.analyze_gauss")
+        base = importlib.import_module("service.mechanisms.base")
+    finally:
+        sys.path.remove(root)
+        for name in [k for k in sys.modules if k.split(".")[0] == "service"]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+    return module, base
+
+
+def against(root: str, reps: int) -> None:
+    from service.mechanisms import analyze_gauss as here
+    from service.mechanisms import base as here_base
+
+    trees = {"other": load_tree(root), "this": (here, here_base)}
+    assert trees["other"][0].__file__ != here.__file__, "the other tree is this one"
+
+    def run(tree: str, rows: Rows, raw: dict[str, Any], seed: int) -> tuple[float, str]:
+        module, base = trees[tree]
+        mechanism = module.AnalyzeGauss()
+        n, d = rows.shape
+        ctx = base.PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+        start = time.process_time()
+        params = mechanism.prepare(ctx, K, EPS, DELTA, mechanism.parse_params(raw))
+        spec = base.ReleaseSpec(K, EPS, DELTA, params)
+        out = mechanism.run(rows, spec, np.random.default_rng(seed))
+        return time.process_time() - start, str(out.extras.get("centring", "-"))
+
+    print(
+        "| n x d | rows | route | other: default ms | other: recommended ms | other: ratio "
+        "| this: default ms | this: recommended ms | this: ratio | this / other (recommended) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n, d in SHAPES:
+        for kind in ("offset", "spread"):
+            rows = rows_of(kind, n, d)
+            spent: dict[str, list[float]] = defaultdict(list)
+            routes = set()
+            for rep in range(reps + 1):
+                for tree in ("other", "this") if rep % 2 else ("this", "other"):
+                    base_cpu, _ = run(tree, rows, {}, rep)
+                    best, route = run(tree, rows, {"center": "private"}, rep)
+                    if rep == 0:
+                        continue  # warm-up
+                    routes.add(route)
+                    spent[tree + " default"].append(base_cpu)
+                    spent[tree + " recommended"].append(best)
+                    spent[tree + " ratio"].append(best / base_cpu)
+            med = {key: float(np.median(values)) for key, values in spent.items()}
+            cells = " | ".join(
+                f"{1e3 * med[t + ' default']:.1f} | {1e3 * med[t + ' recommended']:.1f} "
+                f"| {med[t + ' ratio']:.2f}"
+                for t in ("other", "this")
+            )
+            print(
+                f"| {n:,} x {d} | {kind} | {'/'.join(sorted(routes))} | {cells} "
+                f"| {med['this recommended'] / med['other recommended']:.2f} |",
+                flush=True,
+            )
 
 
 def table(reps: int) -> None:

@@ -362,11 +362,13 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         norms = 8 * ctx.n_rows if spec.params.quantile is not None else 0
         if chooses_centring(spec.params):
             # No array of pairs: every pass reads a chunk at a time. The probe's pass holds the
-            # chunk, its pairs' rows and partners and their differences (at most 6 c d), a
-            # d-vector and the pairing's index arrays (four of n/2). The Gram and
-            # explained-variance passes are clipped_gram's at most.
+            # chunk, its pairs' rows and partners (at most 6 c d), a d-vector and, per pair,
+            # at most seven arrays of n/2 (the pairing's index arrays and sort order, the dot
+            # products, their factors and squared norms while the pairs' norms are formed;
+            # argsort's workspace before). The Gram and explained-variance passes are
+            # clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
-            probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8 + 16 * ctx.n_rows
+            probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8 + 32 * ctx.n_rows
             # Kept from the probe to the explained-variance step: per row its clip factor,
             # squared norm and (per pair) norm; that step's n x (k + 1) products (n x k for
             # pairs) and a chunk's vectors (probe_centred_energy, probe_paired_energy).

@@ -43,18 +43,21 @@ mechanisms with fixed parameters (Dong, Roth & Su 2022, Theorem 3.2):
 (:meth:`AnalyzeGauss.privacy_steps`) list the mean route's; their ``rho`` sum equals every
 route's.
 
-Computation order (issue 32, item 5): the run computes the same exact statistics as separate
-passes would, in fewer passes and without an ``m x d`` array of pairs: one sequential pass
-over the rows (:func:`probe_pass`) gives both histograms' counts, the clipped rows' sum (the
-mean route's mean, noised only if that route is taken) and each row's squared norm and clip
-factor, reading each pair at its lower row with its partner gathered (nothing is gathered in
-the permuted order); the Gram pass reads those norms instead of recomputing them, merges
-consecutive clips into one (:func:`~service.mechanisms.fast_rows.fast_gram_rows`: the same
-per-row map) and builds pairs a chunk at a time from the known factors (:func:`paired_gram`,
-:func:`paired_energy`, only on the pairs route). Only floating-point summation order and
-rounding could change (measured: none of 60 releases on six kinds of rows changed in a bit);
-every noise draw, its scale and the order of the draws are as before, so the released values
-are identically distributed and the privacy argument above is unchanged.
+Computation order (issue 32, item 5): the run computes the same statistics as separate passes
+would, in fewer passes and without an ``m x d`` array of pairs: one sequential pass over the
+rows (:func:`probe_pass`) gives both histograms' counts, the clipped rows' sum (the mean
+route's mean, noised only if that route is taken) and each row's squared norm and clip
+factor, reading each pair at its higher row with its partner gathered (nothing is gathered in
+the permuted order) and taking the pair's norm from the rows' squared norms and one dot
+product; the Gram pass reads those norms instead of recomputing them, merges consecutive clips
+into one (:func:`~service.mechanisms.fast_rows.fast_gram_rows`: the same per-row map) and
+builds pairs a chunk at a time from the known factors (:func:`paired_gram`,
+:func:`paired_energy`, only on the pairs route). Only rounding changes: a pair's norm from dot
+products may put a pair lying within a few ulps of a bin's edge in the neighbouring bin, which
+leaves each pair's bin a function of its own two rows (the histograms' sensitivity holds
+exactly); the explained-variance summands are clamped onto their simplex whatever their
+rounding (:func:`probe_paired_energy`). Every noise draw, its scale and the order of the
+draws are as before, so the privacy argument above is unchanged.
 """
 
 from __future__ import annotations
@@ -75,8 +78,10 @@ from service.mechanisms.fast_rows import (
     _scale_to,
     clip_factors,
     fast_gram_rows,
+    row_dots,
     row_norms,
     row_squares,
+    row_squares_into,
 )
 from service.mechanisms.fast_rows import (
     fast_energy as fast_energy,
@@ -216,25 +221,34 @@ def probe_pass(
     chunk_rows: int | None = None,
 ) -> ProbePass:
     """:class:`ProbePass` in one sequential pass over the rows in chunks (``chunk_rows``,
-    default :func:`gram_chunk_rows`: a chunk stays in cache): each row's squared norm, clip
-    factor and norm count, the clipped rows' sum, and the pairs ``(x_r(2j), x_r(2j+1))`` of
-    :func:`paired_differences` (offset 0) whose higher row index falls in the chunk: the chunk
-    holds that row, its partner (an earlier row, whose clip factor is known) is gathered.
-    Every row is read once in order and once more as a partner at most; nothing is gathered
-    in the permuted order. Equal to :func:`gram_norm_counts` of the rows and of
-    :func:`paired_differences`, and to :func:`~service.mechanisms.linalg.clipped_sum` up to
-    the order of the sum's terms: the counts, factors and norms are the same per-row
-    arithmetic (``x f`` is ``x`` when ``f`` is 1; ``a - b`` and ``b - a`` differ only in sign).
-    A chunk with a squared norm outside the safe range sends the whole pass to the gathered
-    pass with its power-of-two rescaling (:func:`gathered_probe_pass`).
+    default :func:`gram_chunk_rows`: a chunk stays in cache): each row's squared norm ``s_i``
+    and clip factor ``f_i``, the clipped rows' sum, and for each pair ``(x_a, x_b)`` of
+    :func:`paired_differences` (offset 0) whose higher row index falls in the chunk the dot
+    product ``x_a . x_b`` (the chunk holds that row; its partner, an earlier row, is gathered,
+    the partners of a chunk in ascending order). Every row is read once in order and once more
+    as a partner at most; nothing is gathered in the permuted order. After the pass, without
+    touching the rows again, the pairs' norms
 
-    Work (issue 32 item 5): the pairs whose higher row is in a chunk are found from a map
-    row -> pair (no sort of all pairs); the partner's factor is read, not recomputed from a
-    norm of its gathered copy; the pairs are taken in the order of their partners (the gather
-    reads forward; the counts are sums of ones and the norms are stored per pair, so the
-    order within a chunk changes nothing); each side is one gather (fancy indexing, about
-    twice as fast as ``numpy.take`` into a buffer at d = 100), not a gather and a copy.
-    The same values as the pass that read each pair at its lower row, to the bit.
+        ``||p_j||^2 = ||f_a x_a - f_b x_b||^2 / 2 = (f_a^2 s_a + f_b^2 s_b - 2 f_a f_b x_a.x_b)/2``
+
+    (clamped at 0), the two histograms' counts and the factors of every row.
+
+    The statistics are those of :func:`gram_norm_counts` of the rows and of
+    :func:`paired_differences`, and :func:`~service.mechanisms.linalg.clipped_sum`, computed
+    differently: the rows' counts, factors and squared norms are the same arithmetic to the
+    bit; a pair's norm is rounded differently from the norm of its materialised difference
+    (absolute error a few ulps of ``f_a^2 s_a + f_b^2 s_b``, so a pair within that of a bin's
+    edge may fall in the neighbouring bin). That changes no sensitivity: each pair's bin is
+    a deterministic function of that pair's two rows (and public ``C``, layout), so replacing
+    a row still moves one row count and one pair count, each by one down and one up (l2
+    sensitivity 2 for the two histograms, as before), whatever the rounding.
+
+    Work (issue 32 item 5): no materialised differences, no norms of them, no per-chunk sort
+    (the pairs are ordered by (chunk of the higher row, lower row) once), one gather of the
+    partners per chunk and one of the chunk's own paired rows (in cache), one dot product per
+    pair; the factors and the pairs' norms are computed once over all rows. A squared norm
+    outside the safe range anywhere sends the whole pass to the gathered pass with its
+    power-of-two rescaling (:func:`gathered_probe_pass`).
     """
     n, d = data.shape
     chunk = gram_chunk_rows(d) if chunk_rows is None else max(1, chunk_rows)
@@ -243,24 +257,32 @@ def probe_pass(
     factors = np.ones(n, dtype=np.float64)
     raw_squares = np.empty(n, dtype=np.float64)
     m = n // 2
-    pair_norms = np.zeros(m, dtype=np.float64)
     index = np.asarray(order)
     first, second = index[0 : 2 * m : 2], index[1 : 2 * m : 2]
     low, high = np.minimum(first, second), np.maximum(first, second)
-    # pair_at[i]: the pair whose higher row is i, else -1 (each row is in one pair at most).
-    pair_at = np.full(n, -1, dtype=np.intp)
-    pair_at[high] = np.arange(m, dtype=np.intp)
-    root = math.sqrt(2.0)
+    # The pairs by (chunk of the higher row, lower row): a chunk's pairs are one run, their
+    # partners read forward. Keys are distinct (each row is in one pair at most).
+    key = high // chunk
+    key *= n
+    key += low
+    by = np.argsort(key)
+    low_by, high_by = low[by], high[by]
+    del first, second, low, high
+    np.floor_divide(high_by, chunk, out=key)
+    bounds = np.searchsorted(key, np.arange((n + chunk - 1) // chunk + 1))
+    del key
+    dots = np.empty(m, dtype=np.float64)
+    limit = clip_norm * clip_norm * (1.0 + ROUNDING_SLACK)
     ones = np.ones(chunk, dtype=np.float64)
-    with np.errstate(under="ignore"):
+    gather = isinstance(data, np.ndarray)
+    with np.errstate(under="ignore", over="ignore", invalid="ignore"):
         start = 0
-        for block in iter_row_chunks(data, chunk):  # a memory map is read ahead
+        for number, block in enumerate(iter_row_chunks(data, chunk)):  # a memory map reads ahead
             stop = start + block.shape[0]
-            squares = _safe_squares(block, clip_norm)
-            if squares is None:
-                return gathered_probe_pass(data, clip_norm, order, chunk)
-            raw_squares[start:stop] = squares
-            factor = clip_factors(squares, clip_norm)
+            squares = row_squares_into(block, raw_squares[start:stop])
+            # A NaN or overflowed square is caught after the pass (the gathered pass then).
+            # One reduction decides whether any row is over the clip (clip_factors' test).
+            factor = clip_factors(squares, clip_norm) if float(squares.max()) > limit else None
             if factor is None:
                 # A product with ones: the same sum (up to its order) at about half the cost
                 # of sum(axis=0) over rows (measured at d = 100).
@@ -268,26 +290,36 @@ def probe_pass(
             else:
                 factors[start:stop] = factor
                 total += factor @ block  # the sum of the clipped rows
-            here = pair_at[start:stop]
-            local = np.flatnonzero(here >= 0)
+            lo, hi = int(bounds[number]), int(bounds[number + 1])
+            if hi > lo:
+                partners = low_by[lo:hi]
+                rows_a = np.take(data, partners, axis=0) if gather else data[partners]
+                rows_b = block[high_by[lo:hi] - start]
+                row_dots(np.asarray(rows_a, dtype=np.float64), rows_b, out=dots[lo:hi])
             start = stop
-            if local.size == 0:
-                continue
-            pairs = here[local]
-            partners = low[pairs]
-            forward = np.argsort(partners)
-            pairs, local, partners = pairs[forward], local[forward], partners[forward]
-            # Fancy indexing: fresh arrays, ours to scale in place (x f is x when f is 1).
-            rows_a = np.asarray(data[partners], dtype=np.float64)
-            factor_a = factors[partners]
-            if bool(np.any(factor_a != 1.0)):
-                rows_a *= factor_a[:, None]
-            rows_b = block[local]
-            if factor is not None:
-                rows_b *= factor[local][:, None]
-            rows_a -= rows_b
-            rows_a /= root
-            pair_norms[pairs] = row_norms(rows_a)
+        if _safe_squares(raw_squares, clip_norm, raw_squares) is None:
+            return gathered_probe_pass(data, clip_norm, order, chunk)
+        # 2 ||p_j||^2 = f_a^2 s_a + f_b^2 s_b - 2 f_a f_b x_a.x_b, in place in dots (memory:
+        # a few arrays of m, see AnalyzeGauss.memory_bytes).
+        dots *= -2.0
+        if bool(np.any(factors != 1.0)):
+            f_a, f_b = factors[low_by], factors[high_by]
+            dots *= f_a
+            dots *= f_b
+            for f, rows in ((f_a, low_by), (f_b, high_by)):
+                term = raw_squares[rows]
+                term *= f
+                term *= f
+                dots += term
+            del f_a, f_b, term
+        else:
+            dots += raw_squares[low_by]
+            dots += raw_squares[high_by]
+        dots *= 0.5
+        np.maximum(dots, 0.0, out=dots)
+        np.sqrt(dots, out=dots)
+    pair_norms = np.empty(m, dtype=np.float64)
+    pair_norms[by] = dots
     # Counted once over all rows and pairs (the same counts as chunk by chunk: sums of ones).
     counts_u = _count(np.sqrt(raw_squares), edges, clip_norm)
     counts_p = _count(pair_norms, edges, clip_norm)
@@ -380,6 +412,22 @@ def gathered_probe_pass(
     return ProbePass(counts_u, counts_p, total, m, factors, pair_norms, raw_squares)
 
 
+def _projections(data: Any, columns: FloatArray) -> FloatArray:
+    """``(X B)^T``, shape ``(b, n)`` for ``B = columns`` (``d x b``, ``b`` small), in chunks of
+    :func:`skinny_chunk_rows` (a memory map is read ahead): transposed, so that the per-row
+    arithmetic that follows runs along contiguous rows of length ``n``, not over ``n`` rows of
+    length ``b`` (at ``b`` = 10 the squared norms of ``n`` short rows cost 4x their sum down
+    the columns, measured at n = 50,000)."""
+    n = data.shape[0]
+    out = np.empty((columns.shape[1], n), dtype=np.float64)
+    transposed = np.ascontiguousarray(columns.T)
+    start = 0
+    for block in iter_row_chunks(data, skinny_chunk_rows(data.shape[1])):
+        np.matmul(transposed, block.T, out=out[:, start : start + block.shape[0]])
+        start += block.shape[0]
+    return out
+
+
 def probe_centred_energy(
     data: Any,
     counts: ProbePass,
@@ -392,38 +440,46 @@ def probe_centred_energy(
     norms ``s`` and one sequential pass ``X [U, c]``: ``U^T(a x - c) = a U^T x - U^T c`` and
     ``||a x - c||^2 = a^2 s - 2 a x.c + ||c||^2`` (the expansion's cancellation is a few ulps
     of ``||x||^2``, far below any noise here). The same sums up to rounding; ``None`` when
-    the probe pass has no factors (extreme scales) or a sum is not finite."""
+    the probe pass has no factors (extreme scales) or a sum is not finite.
+
+    Each row's point ``(captured, residual)`` is clamped onto ``a + b = t``, ``t`` its clipped
+    squared norm (``<= bound^2 (1 + ROUNDING_SLACK)`` from its own factor), so the simplex of
+    the step's sensitivity holds exactly however the two were rounded (before, a row whose
+    rounded projection exceeded its rounded norm added ``a > t``)."""
     if counts.row_factors is None or counts.row_squares is None:
         return None
     n, k = data.shape[0], basis.shape[1]
-    both = np.concatenate([basis, center[:, None]], axis=1)
+    # [U, c]^T X^T: k + 1 contiguous rows of length n.
+    products = _projections(data, np.concatenate([basis, center[:, None]], axis=1))
     shift = basis.T @ center
     norm_c = float(center @ center)
     captured = 0.0
     residual = 0.0
-    # X [U, c] in small chunks (skinny_chunk_rows: faster from cache at small d), then the
-    # per-row arithmetic over larger slices (fewer calls).
-    products_all = np.empty((n, k + 1), dtype=np.float64)
-    start = 0
-    for block in iter_row_chunks(data, skinny_chunk_rows(data.shape[1])):
-        np.matmul(block, both, out=products_all[start : start + block.shape[0]])
-        start += block.shape[0]
+    scaled = bool(np.any(counts.row_factors != 1.0))  # a x is x when every a is 1
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
         for start in range(0, n, DEFAULT_CHUNK_ROWS):
             stop = min(n, start + DEFAULT_CHUNK_ROWS)
-            products = products_all[start:stop]
-            a = counts.row_factors[start:stop]
-            projected = a[:, None] * products[:, :k] - shift[None, :]
-            centred = np.maximum(
-                a * a * counts.row_squares[start:stop] - 2.0 * a * products[:, k] + norm_c, 0.0
-            )
-            inside = row_squares(projected)
+            projected = products[:k, start:stop]
+            dots = products[k, start:stop]
+            squares = counts.row_squares[start:stop]
+            if scaled:
+                a = counts.row_factors[start:stop]
+                projected = projected * a
+                centred = a * a * squares - 2.0 * a * dots
+            else:
+                projected = projected.copy()
+                centred = squares - 2.0 * dots
+            projected -= shift[:, None]
+            centred = np.maximum(centred + norm_c, 0.0)
+            inside = np.einsum("ij,ij->j", projected, projected)
             factor = clip_factors(centred, bound)
             if factor is not None:
-                inside = inside * factor**2
-                centred = centred * factor**2
-            captured += float(np.sum(inside))
-            residual += float(np.sum(np.maximum(centred - inside, 0.0)))
+                factor *= factor
+                inside *= factor
+                centred *= factor
+            kept = np.minimum(inside, centred)
+            captured += float(np.sum(kept))
+            residual += float(np.sum(centred - kept))
     if not (math.isfinite(captured) and math.isfinite(residual)):
         return None
     return captured, residual
@@ -441,19 +497,24 @@ def probe_paired_energy(
     one sequential pass ``Z = X U`` (no gathered rows): the halved pair ``q_j = (y_a - y_b)/2``
     has ``U^T q_j = (a_a Z_a - a_b Z_b)/2`` and ``||q_j||^2 = ||p_j||^2/2``; each is clipped at
     ``min(C, row_clip)`` as :func:`fast_gram_rows` would (:func:`clip_factors`). The same
-    sums up to rounding; ``None`` when the probe pass has no factors (extreme scales)."""
+    sums up to rounding; ``None`` when the probe pass has no factors (extreme scales).
+
+    Each pair's point ``(captured, residual)`` is clamped onto ``a + b = t``, ``t`` its
+    clipped squared norm (``<= bound^2 (1 + ROUNDING_SLACK)`` from its own factor): the
+    simplex of the step's sensitivity holds exactly whatever the rounding of ``U^T q_j``
+    (computed from ``Z``, it cancels where ``x_a`` and ``x_b`` nearly agree) or of ``t``
+    (from the probe's dot products)."""
     if counts.row_factors is None or counts.pair_norms is None:
         return None
-    n = data.shape[0]
-    k = basis.shape[1]
-    projected = np.empty((n, k), dtype=np.float64)
     bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
     m = counts.n_pairs
     captured = 0.0
     residual = 0.0
     with np.errstate(under="ignore"):
+        # Z = X U, then the rows Z_i (length k) gathered per pair: numpy.take along the
+        # first axis of Z (about 4x faster than fancy indexing for rows of k = 10 doubles).
+        projected = np.empty((data.shape[0], basis.shape[1]), dtype=np.float64)
         start = 0
-        # At small d the skinny product runs faster from cache (skinny_chunk_rows).
         for block in iter_row_chunks(data, skinny_chunk_rows(data.shape[1])):
             np.matmul(block, basis, out=projected[start : start + block.shape[0]])
             start += block.shape[0]
@@ -463,14 +524,19 @@ def probe_paired_energy(
             last = min(m, first + DEFAULT_CHUNK_ROWS)
             a = order[2 * first : 2 * last : 2]
             b = order[2 * first + 1 : 2 * last : 2]
-            inside = row_squares((projected[a] - projected[b]) / 2.0)
+            halves = np.take(projected, a, axis=0)
+            halves -= np.take(projected, b, axis=0)
+            halves *= 0.5
+            inside = row_squares(halves)
             total = counts.pair_norms[first:last] ** 2 / 2.0
             factor = clip_factors(total, bound)
             if factor is not None:
                 inside = inside * factor**2
                 total = total * factor**2
-            captured += float(np.sum(inside))
-            residual += float(np.sum(np.maximum(total - inside, 0.0)))
+            # Clamped: see the docstring.
+            kept = np.minimum(inside, total)
+            captured += float(np.sum(kept))
+            residual += float(np.sum(total - kept))
     return captured, residual, m
 
 

@@ -39,6 +39,21 @@ def row_squares(rows: FloatArray) -> FloatArray:
     return np.asarray(np.einsum("ij,ij->i", rows, rows), dtype=np.float64)
 
 
+def row_squares_into(rows: FloatArray, out: FloatArray) -> FloatArray:
+    """:func:`row_squares` written into ``out`` (the same sums)."""
+    if _vecdot is not None:
+        return np.asarray(_vecdot(rows, rows, out=out), dtype=np.float64)
+    return np.asarray(np.einsum("ij,ij->i", rows, rows, out=out), dtype=np.float64)
+
+
+def row_dots(first: FloatArray, second: FloatArray, out: FloatArray | None = None) -> FloatArray:
+    """``x_i . y_i`` of each pair of rows, shape ``(n,)`` (:func:`row_squares`'s kernel on two
+    arrays), written into ``out`` when given."""
+    if _vecdot is not None:
+        return np.asarray(_vecdot(first, second, out=out), dtype=np.float64)
+    return np.asarray(np.einsum("ij,ij->i", first, second, out=out), dtype=np.float64)
+
+
 def row_norms(rows: FloatArray) -> FloatArray:
     """``||y_i||`` of each row: from one ``einsum`` pass where the squared norm is in
     :data:`~service.mechanisms.linalg.SAFE_SQUARED_NORMS` (no term overflowed, none that
