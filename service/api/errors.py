@@ -86,6 +86,14 @@ def _describe_validation(exc: RequestValidationError) -> str:
     # Only the location and pydantic's message: the offending input is never echoed back.
     parts = []
     for error in exc.errors()[:5]:
+        if error.get("type") == "json_invalid":
+            # FastAPI locates it at ("body", <character offset>): the field is the body, and
+            # json's reason ("Expecting value", "Extra data") never quotes the document.
+            where = error.get("loc", ())[-1:]
+            reason = printable(str(error.get("ctx", {}).get("error", "JSON decode error")))
+            at = f" at character {where[0]}" if where and isinstance(where[0], int) else ""
+            parts.append(f"body: not valid JSON ({reason}{at})")
+            continue
         location = (
             printable(".".join(str(p) for p in error.get("loc", ()) if p != "body")) or "body"
         )
