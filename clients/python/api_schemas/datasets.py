@@ -9,6 +9,7 @@ from uuid import UUID
 from pydantic import BeforeValidator, Field
 
 from api_schemas.common import (
+    ColumnName,
     ExactDecimal,
     Name,
     RequestSchema,
@@ -392,7 +393,7 @@ class DatasetReferenceCreate(DatasetCreate):
             "DPSS_REFERENCE_ROOTS."
         ),
     )
-    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] = Field(
+    columns: list[ColumnName] = Field(
         min_length=1,
         description="The numeric columns to use, in this order: the dataset's d columns.",
     )
@@ -422,7 +423,7 @@ class DatasetReferenceBatchCreate(RequestSchema):
             "holding only new objects is fine."
         ),
     )
-    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] | None = Field(
+    columns: list[ColumnName] | None = Field(
         default=None,
         min_length=1,
         description=(
