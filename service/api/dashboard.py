@@ -17,7 +17,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -67,37 +67,22 @@ def render(view: str, title: str) -> HTMLResponse:
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
 
-#: The pages' routes, built once at import like every other router's: FastAPI builds each
-#: parameter's validator (``view``) when a route is declared, under a ``warnings`` filter that
-#: is process-wide and not thread-safe (pydantic's ``UnsupportedFieldAttributeWarning`` on the
-#: alias FastAPI gives every parameter). Declared inside :func:`install_dashboard`, they were
-#: built again by every ``create_app``, where another thread entering or leaving
-#: ``warnings.catch_warnings`` (a Dask cluster's event loop in the test process) could drop that
-#: filter and let the warning out; included from here, an app reuses them.
-router = APIRouter(include_in_schema=False)
-
-
-@router.get("/")
-async def root() -> RedirectResponse:
-    return RedirectResponse(DASHBOARD_URL, status_code=307)
-
-
-@router.get(DASHBOARD_URL)
-async def sign_in() -> HTMLResponse:
-    return render("signin", "Sign in")
-
-
-@router.get(DASHBOARD_URL + "/{view}")
-async def role_view(view: str) -> HTMLResponse:
-    if view == HELP_VIEW:
-        return render(HELP_VIEW, "Reading a budget")
-    if view not in VIEWS:
-        raise NotFound(f"no dashboard view {view!r}; the views are {', '.join(VIEWS)}")
-    return render(view, VIEWS[view])
-
-
 def install_dashboard(app: FastAPI) -> None:
-    """Serve ``/`` (a redirect), ``/dashboard``, one page per role view and the static files
-    (mounted first: ``/dashboard/static/...`` is not a view)."""
+    """Serve ``/`` (a redirect), ``/dashboard``, one page per role view and the static files."""
     app.mount(STATIC_URL, StaticFiles(directory=static_dir()), name="dashboard-assets")
-    app.include_router(router)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(DASHBOARD_URL, status_code=307)
+
+    @app.get(DASHBOARD_URL, include_in_schema=False)
+    async def sign_in() -> HTMLResponse:
+        return render("signin", "Sign in")
+
+    @app.get(DASHBOARD_URL + "/{view}", include_in_schema=False)
+    async def role_view(view: str) -> HTMLResponse:
+        if view == HELP_VIEW:
+            return render(HELP_VIEW, "Reading a budget")
+        if view not in VIEWS:
+            raise NotFound(f"no dashboard view {view!r}; the views are {', '.join(VIEWS)}")
+        return render(view, VIEWS[view])
