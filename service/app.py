@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import fastapi.routing
 from fastapi import Depends, FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -175,4 +176,25 @@ def create_app(
     install_docs(app)
     install_dashboard(app)
     install_openapi(app)
+    build_routes(app)
     return app
+
+
+def build_routes(app: FastAPI) -> None:
+    """Build every route's request validators now, in the thread creating the app, rather
+    than at its first request, in whatever thread serves it.
+
+    FastAPI (0.16x) builds an included router's routes for each app lazily, at the app's first
+    request or OpenAPI document. Each parameter's validator is a pydantic ``TypeAdapter`` over a
+    ``Field`` carrying the alias FastAPI gives every parameter, which pydantic warns about
+    (``UnsupportedFieldAttributeWarning``); FastAPI silences it with ``catch_warnings`` and an
+    ``ignore`` filter. The filter list is one per process: two threads in ``catch_warnings`` at
+    once (two apps serving their first requests, in tests) can restore each other's list
+    without the filter, and the warning escaped in some test orders. Built here, before the
+    app serves anything, no server thread builds any. Older FastAPI built them in
+    ``include_router`` (no ``iter_route_contexts``): nothing is left to do then.
+    """
+    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+    if contexts is not None:
+        for _ in contexts(app.routes):
+            pass

@@ -6,8 +6,9 @@ long for one HTTP request: a proxy time-out or a client that disconnects could c
 **Request** (:func:`request_registration`, one short transaction in the API): what needs no
 read is checked at once and refused with 4xx, nothing kept: the fields and budgets, the URI's
 form, NUL bytes, containment under ``DPSS_REFERENCE_ROOTS``, the columns, and the duplicates
-decidable without reading (the URI is itself an object another live dataset covers, or it
-overlaps a registration still running). The dataset is created ``registering`` (``n_rows`` 0,
+decidable without reading (the URI is an object another live dataset covers, or a prefix
+holding one, by the recorded objects' names: nothing is listed; or it overlaps a registration
+still running). The dataset is created ``registering`` (``n_rows`` 0,
 ``n_cols`` the columns named) with its ``dataset_created`` and ``budget_set`` events (the
 audit log's every dataset has both), and the answer is 202.
 
@@ -27,7 +28,9 @@ transaction, only if it still holds the lease and the dataset is live and ``regi
 **Batches** (:func:`request_batch`, ``POST /v1/dataset-references/{id}/batches``): a ``ready``
 dataset by reference grows by a batch of new objects, registered the same way before it counts.
 The request checks what needs no read (the URI under the roots, on the dataset's kind of
-storage, with the dataset's columns; no object covered or being registered) and marks the
+storage, with the dataset's columns; not an object this or another live dataset covers nor a
+prefix holding one, such as batch 0's prefix again, nor overlapping a registration running; a
+dataset with room for a batch at all), refusing with a 4xx that keeps nothing, and marks the
 dataset ``batch_status = registering`` (one batch at a time, 409 ``batch_registering``); the
 dataset stays usable meanwhile. The same workers claim it with the same lease columns (free:
 the dataset's own registration has ended) and :func:`service.reference.inspect` reads its
@@ -36,7 +39,9 @@ groups join ``datasets.reference`` (the rows numbered after the dataset's), its
 ``dataset_batches`` row is added with ``n_rows``/``n_batches``, the objects are covered, and a
 ``dataset_batch_referenced`` event written; so releases and continual epochs never see it
 registering, and waiting continual releases are woken. A refusal leaves the dataset as it was,
-``batch_status = failed`` with ``batch_reason`` (the owner's only).
+``batch_status = failed`` with ``batch_reason`` (the owner's only): what only a read shows (no
+``*.parquet`` object under a prefix, fewer than 2 rows, a value, a copy of a covered object)
+and, the backstop, objects another registration came to cover after the request.
 
 A worker that dies mid-read leaves the job to its lease; after ``DPSS_WORKER_MAX_ATTEMPTS``
 claims it ends ``failed`` (:data:`ABANDONED_REASON`). Nothing of the data leaves this module
@@ -55,7 +60,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetReferenceBatchCreate, DatasetReferenceCreate
@@ -69,6 +74,7 @@ from service.errors import (
     DomainError,
     InvalidInput,
     ObjectRegistered,
+    PayloadTooLarge,
     safe_traceback,
 )
 from service.jobs import JobRunner
@@ -113,17 +119,46 @@ def request_registration(
     return dataset
 
 
-def _refuse_taken(session: Session, key: str) -> None:
-    """409 ``object_registered`` for a URI that is an object a live dataset covers, or that
-    overlaps a registration (of a dataset or of a batch) still running."""
+def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) -> None:
+    """409 ``object_registered`` for a URI that is an object a live dataset covers, or a prefix
+    (a directory) holding one, or that overlaps a registration (of a dataset or of a batch)
+    still running. ``dataset``: the dataset a batch is for (its own objects are named as such).
+
+    What a URI names is decided without a read: every object it lists is ``key`` itself or
+    under ``key + "/"`` (S3's listing under a prefix, a walk of a resolved directory whose
+    objects are recorded by resolved path), so a recorded object named so would be listed,
+    and refused by :func:`service.datasets.cover_objects` when the worker ends the job.
+    Refused here, nothing is kept; that refusal stays the backstop for registrations that
+    race (and for copies of an object's bytes, which only a read finds)."""
     taken = session.execute(
-        select(DatasetReferenceObject.object_key).where(
+        select(DatasetReferenceObject.object_key, DatasetReferenceObject.dataset_id).where(
             DatasetReferenceObject.key_sha256 == reference.key_digest(key)
         )
     ).first()
+    if taken is None:
+        # Exact prefix comparison (substr, not LIKE: SQLite's LIKE ignores ASCII case, and
+        # '_' and '%' may be in keys). A scan of the covered objects' keys, an owner's
+        # occasional request; the keys are not indexed (a long path would not fit a B-tree
+        # page, DatasetReferenceObject).
+        prefix = key if key.endswith("/") else key + "/"
+        taken = session.execute(
+            select(DatasetReferenceObject.object_key, DatasetReferenceObject.dataset_id)
+            .where(func.substr(DatasetReferenceObject.object_key, 1, len(prefix)) == prefix)
+            .order_by(DatasetReferenceObject.object_key)
+            .limit(1)
+        ).first()
     if taken is not None:
+        covered, owner = str(taken[0]), taken[1]
+        named = key if covered == key else f"{key} holds {covered}, which"
+        if dataset is not None and owner == dataset.id:
+            seq = _batch_holding(session, dataset, covered)
+            raise ObjectRegistered(
+                f"uri: {named} is already covered by this dataset "
+                f"({'an earlier batch' if seq is None else f'batch {seq}'}); a batch names only "
+                "new objects: their keys, or a prefix holding no object the dataset covers"
+            )
         raise ObjectRegistered(
-            f"uri: {key} is already covered by another live dataset; one dataset per object, "
+            f"uri: {named} is already covered by another live dataset; one dataset per object, "
             "so that its rows have one budget (delete that dataset first to register it again)"
         )
     # Another registration still reading the same or an overlapping place would be refused
@@ -149,6 +184,27 @@ def _refuse_taken(session: Session, key: str) -> None:
                 f"uri: {key} overlaps a registration still in progress ({other}); wait for it "
                 "to end (or delete its dataset)"
             )
+
+
+def _batch_holding(session: Session, dataset: Dataset, key: str) -> int | None:
+    """The sequence number of the batch of ``dataset`` whose rows ``key``'s object holds (its
+    first row group's offset among the batches' row ranges); None for an object without rows."""
+    assert dataset.reference is not None
+    location = reference.Location(str(dataset.reference["protocol"]))
+    offsets = [
+        int(piece[2])
+        for piece in dataset.reference.get("pieces", [])
+        if reference.object_key(location, str(piece[0])) == key
+    ]
+    if not offsets:
+        return None
+    seq = session.execute(
+        select(DatasetBatch.seq)
+        .where(DatasetBatch.dataset_id == dataset.id, DatasetBatch.row_offset <= min(offsets))
+        .order_by(DatasetBatch.seq.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    return None if seq is None else int(seq)
 
 
 def request_batch(
@@ -185,7 +241,8 @@ def request_batch(
             "is on the same",
         )
     key = reference.object_key(location, path)
-    _refuse_taken(session, key)
+    _refuse_taken(session, key, dataset)
+    _refuse_full(dataset, settings)
     dataset.batch_status = REGISTERING
     dataset.batch_reason = None
     dataset.batch_request = {"uri": form.uri, "key": key}
@@ -202,6 +259,30 @@ def request_batch(
     wake.announce(session, settings)
     session.flush()
     return dataset
+
+
+def _refuse_full(dataset: Dataset, settings: Settings) -> None:
+    """Refuse (naming ``uri``) a batch that no objects could make fit: a batch holds at least
+    one object and at least 2 rows (:func:`service.reference.inspect`), and
+    :func:`_finish_batch` refuses a dataset that would then cover more than ``MAX_OBJECTS``
+    objects (422 here, as a registration listing more) or exceed ``DPSS_MAX_DATASET_BYTES``
+    (413 here, as a stored append or a registration past it); its checks stay for the batch's
+    real size."""
+    assert dataset.reference is not None
+    objects = len(dataset.reference.get("objects", []))
+    if objects >= reference.MAX_OBJECTS:
+        raise InvalidInput(
+            "uri",
+            f"the dataset covers {objects} objects, the most a dataset by reference may "
+            f"({reference.MAX_OBJECTS}); register the data as a new dataset",
+        )
+    least = dataset.n_rows + 2
+    if 8 * least * dataset.n_cols > settings.max_dataset_bytes:
+        raise PayloadTooLarge(
+            f"uri: the dataset with any batch (at least {least} rows x {dataset.n_cols} columns "
+            f"x 8 bytes) is larger than {settings.max_dataset_bytes} bytes "
+            "(DPSS_MAX_DATASET_BYTES); register the data as a new dataset",
+        )
 
 
 # -- the job ------------------------------------------------------------------------------------

@@ -140,8 +140,9 @@ async def create_dataset(
     description=(
         "The objects stay where they are (S3-compatible storage or a shared filesystem, under "
         "DPSS_REFERENCE_ROOTS) and are read with the deployment's credentials. The request "
-        "checks what needs no read (fields, budget, the URI's form and roots, the columns, an "
-        "object or a place already covered) and answers 202 with the dataset in "
+        "checks what needs no read (fields, budget, the URI's form and roots, the columns; a URI "
+        "that is an object another live dataset covers, or a prefix holding one, compared with "
+        "the recorded objects' names, nothing listed) and answers 202 with the dataset in "
         "`registration_status: registering`; a worker then reads every value of the chosen "
         "columns, counts the rows against the pages, records each object's identity (ETag, "
         "version, or size and modification time) and the SHA-256 of the bytes releases read, "
@@ -156,8 +157,9 @@ async def create_dataset(
         409: {
             "model": ErrorBody,
             "description": (
-                "`object_registered`: the URI is an object another live dataset covers, or it "
-                "overlaps a registration still in progress."
+                "`object_registered`: the URI is an object another live dataset covers or a "
+                "prefix (a directory) holding one, or it overlaps a registration still in "
+                "progress; `detail` names `uri` and the covered object. Nothing is kept."
             ),
         },
         422: {"model": ErrorBody, "description": "Invalid field, URI or column."},
@@ -194,18 +196,26 @@ async def register_reference(
     response_model=Dataset,
     summary="Append a batch of Parquet objects to a dataset by reference (owner).",
     description=(
-        "The by-reference counterpart of `POST /v1/datasets/{id}/rows`: the new objects stay "
-        "where they are and are checked as at registration. The request checks what needs no "
-        "read (the URI's form and roots, the same kind of storage as the dataset, its "
-        "columns, no object already covered or being registered) and answers 202 with the "
-        "dataset in `batch_status: registering`; a worker then reads every value, records each "
-        "object's identity and digests, and adds the batch (the next `seq`; `n_rows` and "
-        "`n_batches` grow, `batch_status` is null again) or ends it `failed` with "
-        "`batch_reason` (the dataset unchanged). Until then no release sees the batch: the "
-        "dataset takes releases on its registered batches meanwhile, and once it is added "
-        "releases requested later read it, every object of every batch checked unchanged, "
-        "and waiting continual releases release their next epoch from it. Its rows count in "
-        "this batch (the privacy unit is the row). One batch registers at a time."
+        "The by-reference counterpart of `POST /v1/datasets/{id}/rows`: the new objects stay where "
+        "they are and are checked as at registration. The request checks what needs no read, "
+        "refusing with a 4xx that names the field and changes nothing (no job, no batch, no audit "
+        "event, no charge): the URI's form and roots, the same kind of storage as the dataset, its "
+        "columns; a URI that is an object this dataset (batch 0 or a later batch) or another live "
+        "dataset covers, or a prefix holding one (batch 0's prefix again, a prefix over an earlier "
+        "batch's objects), compared with the recorded objects' names (409 `object_registered`; a "
+        "new prefix under batch 0's holding only new objects is a batch); a dataset that can take "
+        "no batch at all (422 at 10,000 objects, 413 when 2 more rows would exceed "
+        "DPSS_MAX_DATASET_BYTES). Otherwise it answers 202 with the dataset in `batch_status: "
+        "registering`; a worker then reads every value, records each object's identity and "
+        "digests, and adds the batch (the next `seq`; `n_rows` and `n_batches` grow, "
+        "`batch_status` is null again) or ends it `failed` with `batch_reason` (the dataset "
+        "unchanged): what only a read shows (a prefix holding no `*.parquet` object or fewer than "
+        "2 rows, values, a copy of a covered object's bytes) and objects another registration came "
+        "to cover after the request. Until then no release sees the batch: the dataset takes "
+        "releases on its registered batches meanwhile, and once it is added releases requested "
+        "later read it, every object of every batch checked unchanged, and waiting continual "
+        "releases release their next epoch from it. Its rows count in this batch (the privacy unit "
+        "is the row). One batch registers at a time."
     ),
     responses={
         **ERRORS,
@@ -213,15 +223,25 @@ async def register_reference(
             "model": ErrorBody,
             "description": (
                 "`batch_registering`: a batch of this dataset is still registering; "
-                "`object_registered`: the URI is an object a live dataset covers, or overlaps "
-                "a registration in progress; `dataset_not_ready` or `dataset_deleted`."
+                "`object_registered`: the URI is an object this or another live dataset "
+                "covers, or a prefix (a directory) holding one (`detail` names `uri`, the "
+                "object and, for this dataset's, its batch), or overlaps a registration in "
+                "progress; `dataset_not_ready` or `dataset_deleted`. Nothing is kept."
+            ),
+        },
+        413: {
+            "model": ErrorBody,
+            "description": (
+                "`uri`: the dataset with any batch (2 more rows) would exceed "
+                "DPSS_MAX_DATASET_BYTES; nothing is kept."
             ),
         },
         422: {
             "model": ErrorBody,
             "description": (
-                "Invalid field, URI or column (`columns` other than the dataset's), or a "
-                "dataset that was uploaded (`uri`: append rows instead)."
+                "Invalid field, URI or column (`columns` other than the dataset's), a "
+                "dataset that was uploaded (`uri`: append rows instead), or one that covers "
+                "10,000 objects already (`uri`: no batch fits). Nothing is kept."
             ),
         },
     },

@@ -88,8 +88,12 @@ def _describe_validation(exc: RequestValidationError) -> str:
     parts = []
     for error in exc.errors()[:5]:
         if error.get("type") == "json_invalid":
-            # Its location is ("body", <character offset>): the body is the field.
-            parts.append(f"body: {error.get('msg', 'invalid')}")
+            # FastAPI locates it at ("body", <character offset>): the field is the body, and
+            # json's reason ("Expecting value", "Extra data") never quotes the document.
+            where = error.get("loc", ())[-1:]
+            reason = printable(str(error.get("ctx", {}).get("error", "JSON decode error")))
+            at = f" at character {where[0]}" if where and isinstance(where[0], int) else ""
+            parts.append(f"body: not valid JSON ({reason}{at})")
             continue
         location = printable(".".join(p for p in field_path(error.get("loc", ())) if p != "body"))
         parts.append(f"{location or 'body'}: {error.get('msg', 'invalid')}")

@@ -223,6 +223,24 @@ def test_a_key_given_twice_in_any_json_object_is_refused(
     assert charges(session_factory) == 0
 
 
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ("not json", "body: not valid JSON (Expecting value at character 0)"),
+        ('{"k": 1', "body: not valid JSON (Expecting ',' delimiter at character 7)"),
+        ('{"k": 1}x', "body: not valid JSON (Extra data at character 8)"),
+    ],
+)
+def test_a_body_that_is_not_json_is_refused_naming_the_body(
+    client, keys, dataset_id, session_factory, body, detail
+):
+    # Not "0: JSON decode error": the field is the body, the number where the parse stopped.
+    response = post_raw(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422, response.text
+    assert response.json() == {"error": "invalid_input", "detail": detail}
+    assert charges(session_factory) == 0
+
+
 def test_a_duplicated_role_creates_no_key(client, keys, session_factory):
     with session_factory() as session:
         before = session.scalar(select(func.count()).select_from(ApiKey))

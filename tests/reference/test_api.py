@@ -226,13 +226,15 @@ def test_changed_object_fails_refunded_and_credentials_stay_out(
     assert budget.json()["epsilon_spent"] == "0"
     seen += [str(release), budget.text]
     # Refusals, each naming its field; none quotes a credential. What needs no read is a 422
-    # to the POST; what needs one (a column the objects lack) a failed registration.
+    # to the POST; what needs one (a column the objects lack) a failed registration (of
+    # objects no live dataset covers: the lake's are refused at once, 409).
+    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/more/c.parquet", rows[:100], 50)
     for uri, cols, field, at_once in [
         (f"s3://{bucket}/elsewhere", columns, "uri", True),
         (f"s3://{bucket}/lake/../secret", columns, "uri", True),
         ("/etc", columns, "uri", True),
         ("s3://no-such-bucket-dpss/lake", columns, "uri", True),
-        (f"s3://{bucket}/lake", ["c0", "nope"], "columns", False),
+        (f"s3://{bucket}/lake/more", ["c0", "nope"], "columns", False),
     ]:
         response = register(client, keys.owner, uri, cols)
         assert response.status_code == (422 if at_once else 200), response.text

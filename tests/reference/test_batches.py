@@ -22,7 +22,14 @@ from dpss_client import Client, RegistrationFailed
 from dpss_client import client as client_module
 from service import continual, oneshot, registration
 from service.config import Settings
-from service.db.models import AuditEvent, Dataset, DatasetBatch, utcnow
+from service.db.models import (
+    AuditEvent,
+    Dataset,
+    DatasetBatch,
+    DatasetReferenceObject,
+    LedgerEntry,
+    utcnow,
+)
 from service.mechanisms.linalg import subspace_distance
 from service.store import DatasetStore
 from service.worker import Worker
@@ -323,6 +330,182 @@ def test_bad_batches_are_refused_naming_the_field(
     helpers.run_registrations(client)
     body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
     assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
+
+
+def _unchanged(session_factory: sessionmaker[Session], dataset_id: str) -> tuple[Any, ...]:
+    """What a refused batch request must leave as it was: the dataset's rows, batches and batch
+    job, its batch rows, its audit events and its ledger."""
+    key = uuid.UUID(dataset_id)
+    with session_factory() as session:
+        row = session.get(Dataset, key)
+        assert row is not None
+        return (
+            row.n_rows,
+            row.n_batches,
+            row.batch_status,
+            row.batch_request,
+            session.query(DatasetBatch).filter_by(dataset_id=key).count(),
+            session.query(AuditEvent).filter_by(dataset_id=key).count(),
+            session.query(LedgerEntry).filter_by(dataset_id=key).count(),
+        )
+
+
+def test_a_batch_naming_covered_objects_is_refused_by_the_request(
+    client: TestClient,
+    keys: Keys,
+    make_key: Callable[[str], str],
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    session_factory: sessionmaker[Session],
+) -> None:
+    """A batch's URI equal to batch 0's, a prefix of it, a prefix holding an earlier batch's
+    objects (or another live dataset's), or one of those objects: 409 ``object_registered`` at
+    once, naming ``uri``, the object and the batch that covers it, and nothing changes (no job,
+    no batch, no event, no ledger entry). A prefix under batch 0's holding only new objects is a
+    batch; a name that only begins like a covered object's is not a prefix of it."""
+    fs = s3fs_for(s3_endpoint)
+    referenced = _registered(client, keys, bucket, columns)
+    dataset_id = referenced["id"]
+    lake = f"s3://{bucket}/lake"
+    write_parquet(fs, f"{bucket}/lake/more/c.parquet", rows[2000:2400], 400)
+    before = _unchanged(session_factory, dataset_id)
+    for uri in (f"{lake}/", lake, f"{lake}//"):  # one prefix, however spelt
+        refused = _append(client, keys.owner, dataset_id, uri=uri)
+        assert (refused.status_code, refused.json()["error"]) == (409, "object_registered")
+        detail = refused.json()["detail"]
+        assert detail.startswith(f"uri: {lake} holds {lake}/a.parquet"), detail
+        assert "already covered by this dataset (batch 0)" in detail, detail
+        assert _unchanged(session_factory, dataset_id) == before
+
+    # Batch 1 under batch 0's prefix, holding new objects only, is a batch.
+    assert _append(client, keys.owner, dataset_id, uri=f"{lake}/more/").status_code == 202
+    assert helpers.run_registrations(client) == 1
+    grown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert (grown["n_rows"], grown["n_batches"], grown["batch_status"]) == (2400, 2, None)
+    before = _unchanged(session_factory, dataset_id)
+    for uri, named in [
+        (f"{lake}/more", f"{lake}/more holds {lake}/more/c.parquet, which is"),
+        (f"{lake}/more/c.parquet", f"{lake}/more/c.parquet is"),
+        (f"{lake}/b.parquet", f"{lake}/b.parquet is"),
+    ]:
+        refused = _append(client, keys.owner, dataset_id, uri=uri)
+        assert (refused.status_code, refused.json()["error"]) == (409, "object_registered")
+        seq = 0 if uri.endswith("b.parquet") else 1
+        assert refused.json()["detail"].startswith(
+            f"uri: {named} already covered by this dataset (batch {seq})"
+        ), refused.text
+        assert _unchanged(session_factory, dataset_id) == before
+
+    # Another owner's dataset under the same lake: its objects are refused by name too, and
+    # a registration (not a batch) of a prefix holding them is refused by its POST as well.
+    write_parquet(fs, f"{bucket}/lake/other/x.parquet", rows[2400:], 200)
+    helpers.registered(client, make_key("owner"), f"{lake}/other", columns)
+    before = _unchanged(session_factory, dataset_id)
+    refused = _append(client, keys.owner, dataset_id, uri=f"{lake}/other/")
+    assert (refused.status_code, refused.json()["error"]) == (409, "object_registered")
+    assert refused.json()["detail"].startswith(
+        f"uri: {lake}/other holds {lake}/other/x.parquet, which is already covered by another "
+        "live dataset"
+    ), refused.text
+    assert _unchanged(session_factory, dataset_id) == before
+    posted = client.post(
+        "/v1/dataset-references",
+        headers=bearer(keys.owner),
+        json={**BUDGET, "uri": f"{lake}/", "columns": columns},
+    )
+    assert (posted.status_code, posted.json()["error"]) == (409, "object_registered")
+    assert "another live dataset" in posted.json()["detail"], posted.text
+
+    # A name that only begins like a covered object's is no prefix of it: the request takes
+    # it, and the worker finds nothing there (an empty batch ends failed, the dataset as it
+    # was).
+    posted = _append(client, keys.owner, dataset_id, uri=f"{lake}/b")
+    assert posted.status_code == 202, posted.text
+    helpers.run_registrations(client)
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed", body
+    assert body["batch_reason"] == "uri: holds no .parquet objects", body
+    assert (body["n_rows"], body["n_batches"]) == (2400, 2)
+
+
+def test_a_dataset_with_no_room_for_a_batch_refuses_it_at_the_request(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch holds at least one object and 2 rows: a dataset that 2 more rows would take past
+    DPSS_MAX_DATASET_BYTES (413, as a stored append past it), or at the objects' bound (422),
+    refuses any batch at once, naming ``uri``, nothing kept; one with room for 2 rows but not
+    for this batch's 800 still ends it ``failed`` from the worker, which knows the batch's
+    size."""
+    referenced = _registered(client, keys, bucket, columns)
+    dataset_id = referenced["id"]
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    before = _unchanged(session_factory, dataset_id)
+    least = 8 * 2002 * len(columns)  # the dataset's 2000 rows and 2 more, 8 bytes a value
+    settings.max_dataset_bytes = least - 1
+    refused = _append(client, keys.owner, dataset_id, uri=uri)
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["detail"].startswith("uri: the dataset with any batch (at least 2002 ")
+    assert "DPSS_MAX_DATASET_BYTES" in refused.json()["detail"]
+    assert _unchanged(session_factory, dataset_id) == before
+    settings.max_dataset_bytes = least
+    monkeypatch.setattr(registration.reference, "MAX_OBJECTS", 2)  # a.parquet and b.parquet
+    refused = _append(client, keys.owner, dataset_id, uri=uri)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"].startswith("uri: the dataset covers 2 objects, the most")
+    assert _unchanged(session_factory, dataset_id) == before
+    monkeypatch.undo()
+    assert _append(client, keys.owner, dataset_id, uri=uri).status_code == 202
+    assert helpers.run_registrations(client) == 1
+    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed", body
+    assert body["batch_reason"].startswith("uri: the dataset with this batch (2800 rows"), body
+    assert (body["n_rows"], body["n_batches"]) == (2000, 1)
+
+
+def test_the_worker_still_refuses_a_batch_whose_objects_were_covered_meanwhile(
+    client: TestClient,
+    keys: Keys,
+    upload_dataset: Callable[..., dict[str, Any]],
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+) -> None:
+    """The request's check is not the only one: a batch whose object another live dataset came
+    to cover after the request (two requests racing, each checked before the other committed)
+    ends ``failed`` when its worker covers the objects, the dataset as it was."""
+    referenced = _registered(client, keys, bucket, columns)
+    uri = _write_batch(rows, s3_endpoint, bucket)
+    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    other = upload_dataset(client, keys.owner, rows[:10], **BUDGET)
+    (key, key_sha, content_sha), *_ = registration.reference.inspect(
+        uri, columns, settings
+    ).covered()
+    with session_factory.begin() as session:
+        session.add(
+            DatasetReferenceObject(
+                dataset_id=uuid.UUID(other["id"]),
+                object_key=key,
+                key_sha256=key_sha,
+                content_sha256=content_sha,
+            )
+        )
+    assert helpers.run_registrations(client) == 1
+    body = client.get(f"/v1/datasets/{referenced['id']}", headers=bearer(keys.owner)).json()
+    assert body["batch_status"] == "failed" and "already covered" in body["batch_reason"], body
+    assert (body["n_rows"], body["n_batches"]) == (2000, 1)
 
 
 def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(

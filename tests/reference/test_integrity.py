@@ -442,14 +442,15 @@ def test_an_object_covered_by_a_live_dataset_is_refused(
     (root / "copy").mkdir()
     shutil.copy(root / "set" / "a.parquet", root / "copy" / "x.parquet")
     (root / "alias").symlink_to(root / "set")
-    # The object itself (however spelt) is refused by the POST; a directory holding it, or a
-    # copy, only once read: the registration fails with the same reason.
+    # The object itself (however spelt) and a directory holding it (however spelt) are
+    # refused by the POST; a copy only once read: the registration fails with the same reason.
     for key, uri, at_once in [
         (other, str(root / "set" / "a.parquet"), True),
         (keys.owner, str(root / "set" / "a.parquet"), True),
-        (other, str(root / "set"), False),
+        (other, str(root / "set"), True),
+        (other, str(root), True),
         (other, f"{root}/alias/../set/a.parquet", True),
-        (other, str(root / "alias"), False),
+        (other, str(root / "alias"), True),
         (other, str(root / "copy"), False),
     ]:
         response = register(client, key, uri, names)

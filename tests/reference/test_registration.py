@@ -194,6 +194,10 @@ def test_what_needs_no_read_is_refused_by_the_post(
         response = post(client, keys.owner, uri, columns)
         assert response.status_code == status, (uri, response.text)
         assert response.json()["detail"].startswith(field), response.text
+    # A column name's length is counted as a string's (not "at most 200 items").
+    response = post(client, keys.owner, str(root / "set"), ["x" * 201])
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == "columns.0: String should have at most 200 characters"
     listed = client.get("/v1/datasets", headers=bearer(keys.owner)).json()
     assert listed["total"] == 0
 

@@ -199,6 +199,11 @@ def _one_line(value: str) -> str:
 #: both, and a surrogate cannot be encoded as UTF-8). Every string field of a request uses it.
 SafeStr = Annotated[str, AfterValidator(_safe_text)]
 
+#: A column's name (of Parquet objects registered by reference): safe text, 1 to 200
+#: characters, its length checked as a string's before the text check (after it, pydantic's
+#: generic length check refused 201 characters as "at most 200 items").
+ColumnName = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_safe_text)]
+
 #: A short label (names, mechanism names, keys): safe text on one line, 1 to 200 characters.
 Name = Annotated[
     str,
@@ -226,6 +231,7 @@ IdempotencyKey = Annotated[
 
 __all__ = [
     "BUDGET_CONTEXT",
+    "ColumnName",
     "ErrorBody",
     "ExactDecimal",
     "IdempotencyKey",

@@ -9,6 +9,7 @@ from uuid import UUID
 from pydantic import BeforeValidator, Field
 
 from api_schemas.common import (
+    ColumnName,
     ExactDecimal,
     Name,
     RequestSchema,
@@ -392,7 +393,7 @@ class DatasetReferenceCreate(DatasetCreate):
             "DPSS_REFERENCE_ROOTS."
         ),
     )
-    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] = Field(
+    columns: list[ColumnName] = Field(
         min_length=1,
         description="The numeric columns to use, in this order: the dataset's d columns.",
     )
@@ -416,10 +417,13 @@ class DatasetReferenceBatchCreate(RequestSchema):
             "object's key, or an absolute path of a directory or file, under one of the "
             "service's DPSS_REFERENCE_ROOTS, on the same kind of storage as the dataset "
             "(`s3` or a filesystem). No object may be one the dataset (or another live dataset) "
-            "already covers, by name or by content."
+            "already covers, by name or by content: a URI that is such an object, or a prefix "
+            "holding one (batch 0's prefix again, a prefix over an earlier batch's objects), is "
+            "refused by the request (409 `object_registered`); a new prefix under batch 0's "
+            "holding only new objects is fine."
         ),
     )
-    columns: list[Annotated[SafeStr, Field(min_length=1, max_length=200)]] | None = Field(
+    columns: list[ColumnName] | None = Field(
         default=None,
         min_length=1,
         description=(
