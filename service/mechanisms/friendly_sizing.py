@@ -157,7 +157,7 @@ def friendly_memory_bytes(
         release = 8 * (2 * chunk + 6 * p + qq * qq + qq)
     elif packed_projections(t, d, k):
         # the packed projectors, zero-padded to whole chunks (and, while they are built, a few
-        # d x d projectors and their two indexed copies); per block the overlaps, the product
+        # products of the bases' halves, under d x d each); per block the overlaps, the product
         # added to them, the squared distances' temporaries, the bins and their indexed copy
         rows = block_rows(t, 4)
         held = bases + 8 * (t * (packed_length(d) + k * d) + BLOCK_FLOATS + d * d)

@@ -19,10 +19,11 @@ from service.mechanisms.registry import get_mechanism
 
 
 def _old_scale_and_gram(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Before: ``ldexp`` of all blocks at once, then one batched ``matmul``."""
+    """Before: ``ldexp`` of all blocks at once, then one batched ``matmul`` (of the side the
+    subset bases now take: ``X^T X`` from ``m = d`` on, fourth pass)."""
     scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
     _, m, d = blocks.shape
-    if m > d:
+    if m >= d:
         return scaled, np.matmul(scaled.transpose(0, 2, 1), scaled)
     return scaled, np.matmul(scaled, scaled.transpose(0, 2, 1))
 

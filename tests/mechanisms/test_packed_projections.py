@@ -57,6 +57,37 @@ def test_packed_distances_are_within_the_rounding_allowance(d: int, k: int, spre
     assert np.all(np.diag(packed) == 0.0)
 
 
+@pytest.mark.parametrize("d", [1, 2, 5, 6, 30, 31])
+def test_packed_rows_hold_each_triangle_entry_once_with_its_weight(d: int) -> None:
+    """The packed form (the cross block of the halves, then both halves' triangles side by
+    side) holds exactly the upper triangle of ``U U^T``, off-diagonal entries times ``sqrt 2``:
+    the same multiset of values as the triangle itself, and inner products equal to
+    ``||U_j^T U_l||_F^2``; the padding after the ``L`` entries is zero."""
+    k = min(d, 3)
+    bases = _bases(5, d, k, 1.0, seed=d)
+    n_chunks, chunk = fw.packed_chunks(d, k)
+    rows = fw.packed_projector_rows(bases, n_chunks, chunk)
+    length = fw.packed_length(d)
+    assert rows.shape == (5, n_chunks * chunk)
+    assert np.all(rows[:, length:] == 0.0)
+    upper_rows, upper_cols = np.triu_indices(d)
+    weight = np.where(upper_rows == upper_cols, 1.0, np.sqrt(2.0))
+    for j in range(5):
+        triangle = (bases[j] @ bases[j].T)[upper_rows, upper_cols] * weight
+        assert np.allclose(np.sort(rows[j, :length]), np.sort(triangle), rtol=0, atol=1e-15)
+    overlaps = np.einsum("jik,lim->jlkm", bases, bases)
+    assert np.allclose(rows @ rows.T, np.sum(overlaps**2, axis=(2, 3)), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize(("d", "k"), [(1, 1), (6, 4), (30, 5), (100, 10), (198, 10)])
+def test_packed_chunks_keep_the_proofs_length_and_pad_little(d: int, k: int) -> None:
+    n_chunks, chunk = fw.packed_chunks(d, k)
+    length = fw.packed_length(d)
+    assert chunk <= fw.PACKED_CHUNK_KD * k * d  # the rounding proof's chunk length
+    assert n_chunks == -(-length // (fw.PACKED_CHUNK_KD * k * d))
+    assert 0 <= n_chunks * chunk - length < n_chunks
+
+
 def test_a_moved_basis_changes_only_its_own_distances() -> None:
     t, d, k = 40, 30, 5
     bases = _bases(t, d, k, 1e-3, seed=3)

@@ -34,7 +34,9 @@ def _svd_projectors(blocks: np.ndarray, k: int) -> np.ndarray:
     return np.stack(out)
 
 
-@pytest.mark.parametrize(("m", "d"), [(60, 120), (150, 60)], ids=["lifted", "direct"])
+@pytest.mark.parametrize(
+    ("m", "d"), [(60, 120), (150, 60), (80, 80)], ids=["lifted", "direct", "square"]
+)
 @pytest.mark.parametrize("distance", [1e-2, 1e-5, 0.0])
 def test_iterated_bases_match_the_svd_near_a_subspace(m: int, d: int, distance: float) -> None:
     k = 4
@@ -42,8 +44,8 @@ def test_iterated_bases_match_the_svd_near_a_subspace(m: int, d: int, distance: 
     blocks = _near_subspace(6, m, d, k, distance, seed=1)
     s = min(m, d)
     scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
-    gram = scaled @ scaled.transpose(0, 2, 1) if m <= d else scaled.transpose(0, 2, 1) @ scaled
-    certified, _, _ = sa._subspace_iteration(gram, k, sa.iteration_width(s, k), m <= d)
+    gram = scaled @ scaled.transpose(0, 2, 1) if m < d else scaled.transpose(0, 2, 1) @ scaled
+    certified, _, _ = sa._subspace_iteration(gram, k, sa.iteration_width(s, k), m < d)
     assert certified.all()
     bases = sa._top_k_right_singular(blocks, k)
     assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(k), atol=1e-12)
@@ -66,8 +68,14 @@ def test_blocks_without_a_gap_take_the_dense_route_bit_for_bit() -> None:
     assert np.array_equal(vectors, dense_vectors[:, :, ::-1][:, :, :3])
 
 
-def test_a_moved_row_changes_only_its_own_subsets_basis_on_the_iterative_route() -> None:
-    t, m, d, k = 12, 50, 120, 3
+@pytest.mark.parametrize(("m", "d"), [(50, 120), (60, 60)], ids=["lifted", "square"])
+def test_a_moved_row_changes_only_its_own_subsets_basis_on_the_iterative_route(
+    m: int, d: int
+) -> None:
+    """Lifted from ``X X^T`` (``m < d``) and directly from ``X^T X`` at ``m = d`` (fourth pass:
+    the square case no longer lifts)."""
+    t, k = 12, 3
+    assert sa.iteration_width(min(m, d), k) > 0
     data = _near_subspace(1, t * m, d, k, 1e-4, seed=3)[0]
     partition = sa.random_partition(t * m, t, np.random.default_rng(4))
     before = sa.subset_bases(data, partition, k, group_rows=200)
