@@ -125,7 +125,11 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         assert out.basis is not None and len(_calls) == 1
         share = truth(rows, out.basis)
         if found is not None:
-            from_release.append(found[0]["forecast_from_release_captured_share"] - share)
+            # The central figure (the preview states it as a point only where its range is
+            # narrow: --cross scores the range and the point).
+            carried = release_forecast(ctx, spec, spec, earlier.extras)
+            assert carried is not None
+            from_release.append(carried[1].central - share)
             spectrum += found[0]["forecast_from_release_basis"] == "spectrum"
         low, high = out.extras["explained_variance_ratio_interval"]
         true.append(share)

@@ -1,5 +1,9 @@
-"""The dry run's forecast of what ``analyze_gauss`` keeps (issue 24 item 6, issue 32 item 4),
-from public facts only: it runs before the release and reads no row."""
+"""The dry run's forecast of what ``analyze_gauss`` keeps (issue 24 item 6, issue 32 item 4):
+from public facts only, and with ``?forecast_from=`` from an earlier release's figures already
+released to the caller (:func:`range_from_release`: a range, and a point only where it is
+narrow). Post-processing of released values and public facts: it runs before the release,
+reads no row and spends no budget; the simulation's draws come from a fixed seed (a
+deterministic quadrature, not privacy noise)."""
 
 from __future__ import annotations
 
@@ -338,9 +342,10 @@ def data_spectrum(
 class RangeForecast:
     """The forecast from an earlier release (issue 32 item 4): ``central``, the model's
     figure, and ``(low, high)``, what the released figures allow (:func:`range_from_release`).
-    ``point``: ``central`` when the range is at most :data:`DETERMINED_WIDTH` wide (then
-    within 0.1 of any share in it) and the probe is not at risk, else ``None``: the released
-    figures do not determine the share. ``unseen``: the share of the variance the earlier
+    ``point``: ``central`` when the range is at most :data:`DETERMINED_WIDTH` wide (as the
+    public-facts forecast's point: then within 0.2 of any share in the range, and measured
+    within 0.1 of what the release keeps) and the probe is not at risk, else ``None``: the
+    released figures do not determine the share. ``unseen``: the share of the variance the earlier
     release did not resolve (counted at a random subspace's share in ``central``);
     ``probe_risk``: the chance, from public facts, that the new release's probe picks its
     route or clip from noise (:func:`probe_risk`)."""

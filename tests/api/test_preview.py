@@ -216,7 +216,7 @@ def test_a_forecast_from_an_earlier_release_reads_its_released_figures(
     most = scales["forecast_from_release_captured_share_high"]
     assert 0.0 <= least <= most <= 1.0
     assert 0.0 <= scales["forecast_from_release_unseen_share"] <= 1.0
-    # A point only where the range determines the share to within 0.1 of any share in it.
+    # A point only where the range is at most 0.2 wide (as the public-facts forecast's).
     assert scales["forecast_from_release_determined"] == (share is not None)
     if share is not None:
         assert least <= share <= most and most - least <= 0.2
