@@ -482,6 +482,15 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     # The data's share of the new Gram's trace relative to the earlier one's (mean route).
     scale, spike = _mean_noise_change(figures, new)
     taken = int(figures.uncentred) + int(spike * figures.trace > sigma1 * math.sqrt(d))
+    freed = 0
+    if figures.measured:
+        # The earlier release's components already hold its mean's direction or its noise
+        # spike where they stood out (their stated shares are about nothing): only a spike the
+        # new release adds takes a further component.
+        _, old_spike = _mean_noise_change(figures, NewRelease(k, 1.0, figures.mean_noise))
+        spent = int(old_spike * figures.trace > sigma0 * math.sqrt(d))
+        freed = max(0, spent - (taken - int(figures.uncentred)))
+        taken = max(0, taken - int(figures.uncentred) - spent)
     slots = max(k - taken, 0)
     trace = figures.trace
     if figures.measured:
@@ -490,6 +499,11 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
         v = np.asarray(
             [min(float(ratios[i]) / overlap(float(debiased[i]), sigma0, d), 1.0) for i in known]
         )
+        if freed and v.size > 1:
+            # The earlier spike's component (the least kept) is not the new release's: its
+            # place goes to the next direction.
+            keep = np.sort(np.argsort(v, kind="stable")[freed:])
+            known, v = known[keep], v[keep]
         plain = v
     else:
         leading, trace, _ = data_spectrum(figures, debiased[above], rank)

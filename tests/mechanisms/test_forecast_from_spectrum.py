@@ -219,3 +219,20 @@ def test_the_probe_risk_is_public_arithmetic() -> None:
     assert probe_risk(1797, 0.3, 0.0529, 2) < 1e-9
     assert probe_risk(4000, 0.3, 0.0172, 2) < probe_risk(569, 0.3, 0.0172, 2)
     assert probe_risk(1, 0.3, 0.0172, 2) == 1.0
+
+
+def test_a_measured_release_already_holds_its_own_mean_noise_component() -> None:
+    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+
+    # The earlier release's noise spike (n d sigma_mu^2 = 50 of the sums, above sigma sqrt(d))
+    # held its second component, whose stated share is about nothing.
+    figures = ReleasedFigures(
+        ratios=(0.3, 0.001), interval=(0.25, 0.35), eigenvalues=(100.0, 60.0), trace=300.0,
+        sigma=1.0, n_cols=400, n_rows=1_000, row_clip=0.3, mean_noise=0.01118, sums=100.0,
+    )  # fmt: skip
+    same = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.01118))
+    # At the same settings no further component is spent: about the stated share.
+    assert abs(same.central - 0.301) < 0.05
+    # Without the spike the new release's second component is free for the data: no less.
+    quiet = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.0))
+    assert quiet.central >= same.central - 1e-12
