@@ -12,6 +12,13 @@ kept share (of the covariance's variance) the forecast is scored against. ``sigm
 noise's edge ``2 sigma sqrt(d)`` at 0.05, 0.15 and 0.4 of the clipped trace. Columns: the mean
 kept share, the mean forecast, its mean absolute error, and the same without the clip's
 correction (the clipped spectrum read as the covariance's).
+
+``--cross``: the forecast across settings (issue 32 item 4), from an earlier release at one
+(edge, k) to a new release at another (every pair of edges 0.05 / 0.4 and k 2 / 10), with
+:func:`service.mechanisms.gauss_forecast.range_from_release`: the central figure's mean
+absolute error, how often the range covers what the new release keeps, its mean width, and how
+often it is narrow enough for a point (and that point's error). Nothing of the forecast was
+fitted on these spectra either.
 """
 
 from __future__ import annotations
@@ -22,7 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from service.mechanisms.gauss_forecast import ReleasedFigures, spectrum_share
+from service.mechanisms.gauss_forecast import (
+    NewRelease,
+    ReleasedFigures,
+    range_from_release,
+    spectrum_share,
+)
 from service.mechanisms.noise import symmetric_gaussian
 
 Rows = np.ndarray[Any, Any]
@@ -61,10 +73,73 @@ def trial(spectrum: Rows, k: int, edge_share: float, seed: int) -> tuple[float, 
     return kept, forecast, plain
 
 
+def cross_trial(
+    spectrum: Rows, earlier: tuple[float, int], new: tuple[float, int], seed: int
+) -> tuple[float, float, float, float, float | None]:
+    """``(kept, central, low, high, point)`` for a release at ``new`` forecast from one at
+    ``earlier`` ((edge share, k) each) on the same rows."""
+    n, d = 2000, spectrum.shape[0]
+    rows = np.random.default_rng(seed).standard_normal((n, d)) * np.sqrt(spectrum)
+    clip = float(np.quantile(np.linalg.norm(rows, axis=1), 0.3))
+    sigmas = [edge * n * clip**2 / (2.0 * np.sqrt(d)) for edge, _ in (earlier, new)]
+    k0, k1 = earlier[1], new[1]
+    values, _, trace = release(rows, clip, sigmas[0], k0, 1000 + seed)
+    figures = ReleasedFigures(
+        ratios=(0.0,) * k0, interval=(0.0, 1.0), eigenvalues=tuple(values), trace=trace,
+        sigma=sigmas[0], n_cols=d, n_rows=n, row_clip=clip,
+    )  # fmt: skip
+    found = range_from_release(figures, NewRelease(k1, sigmas[1] / sigmas[0]))
+    _, basis, _ = release(rows, clip, sigmas[1], k1, 2000 + seed)
+    kept = float(np.sum(spectrum[:, None] * basis**2) / spectrum.sum())
+    return kept, found.central, found.low, found.high, found.point
+
+
+def main_cross(seeds: int) -> None:
+    print(
+        "| spectrum | earlier edge / k | new edge / k | kept | central: mean abs error "
+        "| range covers | range width | runs with a point | point: mean abs error |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    settings = [(0.05, 2), (0.05, 10), (0.4, 2), (0.4, 10)]
+    errors, covers, pointed, point_errors = [], [], 0, []
+    for name, spectrum in SPECTRA.items():
+        for earlier in settings:
+            for new in settings:
+                runs = [cross_trial(spectrum, earlier, new, s) for s in range(seeds)]
+                kept = np.asarray([r[0] for r in runs])
+                central = np.asarray([r[1] for r in runs])
+                cover = np.mean([r[2] <= r[0] <= r[3] for r in runs])
+                width = np.mean([r[3] - r[2] for r in runs])
+                points = [r[4] - r[0] for r in runs if r[4] is not None]
+                error = float(np.mean(np.abs(central - kept)))
+                errors.append(error)
+                covers.append(cover)
+                pointed += len(points)
+                point_errors += points
+                point = f"{np.mean(np.abs(points)):.3f}" if points else "-"
+                print(
+                    f"| {name} | {earlier[0]} / {earlier[1]} | {new[0]} / {new[1]} "
+                    f"| {kept.mean():.3f} | {error:.3f} | {cover:.2f} | {width:.2f} "
+                    f"| {len(points) / seeds:.2f} | {point} |",
+                    flush=True,
+                )
+    total = len(errors) * seeds
+    print(
+        f"\ncentral: median cell error {float(np.median(errors)):.3f}, largest "
+        f"{max(errors):.3f}; range coverage {float(np.mean(covers)):.3f} over {total} runs; "
+        f"a point in {pointed} of {total}, mean abs error "
+        f"{float(np.mean(np.abs(point_errors))) if point_errors else float('nan'):.3f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=6)
+    parser.add_argument("--cross", action="store_true", help="forecasts across settings")
     args = parser.parse_args()
+    if args.cross:
+        main_cross(args.seeds)
+        return
     print(
         "| spectrum | k | edge / clipped trace | kept | forecast | mean abs error "
         "| without the clip's correction |"

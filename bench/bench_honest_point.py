@@ -25,6 +25,8 @@ columns differ only by the estimator.
 from __future__ import annotations
 
 import argparse
+import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,6 +35,7 @@ from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from service.mechanisms import analyze_gauss
 from service.mechanisms import explained_variance as module
 from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.gauss_preview import release_forecast
 from service.mechanisms.linalg import clip_rows
 
 DELTA = 1e-6
@@ -122,7 +125,11 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         assert out.basis is not None and len(_calls) == 1
         share = truth(rows, out.basis)
         if found is not None:
-            from_release.append(found[0]["forecast_from_release_captured_share"] - share)
+            # The central figure (the preview states it as a point only where its range is
+            # narrow: --cross scores the range and the point).
+            carried = release_forecast(ctx, spec, spec, earlier.extras)
+            assert carried is not None
+            from_release.append(carried[1].central - share)
             spectrum += found[0]["forecast_from_release_basis"] == "spectrum"
         low, high = out.extras["explained_variance_ratio_interval"]
         true.append(share)
@@ -172,13 +179,129 @@ def datasets(quick: bool, mnist: bool = False) -> dict[str, np.ndarray[Any, Any]
     return sets
 
 
+#: The settings the cross-setting forecast runs between (``--cross``): every pair, the same
+#: settings included.
+SETTINGS = ((0.3, 2), (0.3, 10), (1.0, 2), (1.0, 10))
+
+
+def spec_of(ctx: PublicContext, eps: float, k: int) -> ReleaseSpec[Any]:
+    params = MECHANISM.parse_params({"center": "private"})
+    resolved = MECHANISM.prepare(ctx, k, eps, DELTA, params)
+    return ReleaseSpec(k=k, epsilon=eps, delta=DELTA, params=resolved)
+
+
+def collect(rows: np.ndarray[Any, Any], reps: int) -> dict[str, Any]:
+    """Per setting and repetition: an earlier release's extras (seed ``5000 + rep``) and what a
+    fresh release at that setting keeps (seed ``1000 + rep``), for :func:`cross`."""
+    n, d = rows.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    runs: dict[tuple[float, int], list[tuple[dict[str, Any], float]]] = {}
+    for eps, k in SETTINGS:
+        spec = spec_of(ctx, eps, k)
+        runs[(eps, k)] = []
+        for rep in range(reps):
+            earlier = MECHANISM.run(rows, spec, np.random.default_rng(5000 + rep))
+            out = MECHANISM.run(rows, spec, np.random.default_rng(1000 + rep))
+            assert out.basis is not None
+            runs[(eps, k)].append((earlier.extras, truth(rows, out.basis)))
+    return {"n": n, "d": d, "runs": runs}
+
+
+def cross(collected: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every (earlier setting, new setting) pair: the forecast from the earlier release against
+    what the new release keeps, rep by rep (the point where the preview gives one, the range's
+    coverage and width)."""
+    ctx = PublicContext(n_rows=collected["n"], n_cols=collected["d"], row_norm_bound=1.0)
+    runs = collected["runs"]
+    rows_out = []
+    for source in SETTINGS:
+        for target in SETTINGS:
+            earlier_spec, spec = spec_of(ctx, *source), spec_of(ctx, *target)
+            errors, central, covered, widths, pointed = [], [], 0, [], 0
+            kept_all = np.asarray([kept for _, kept in runs[target]])
+            for (extras, _), (_, kept) in zip(runs[source], runs[target], strict=True):
+                found = release_forecast(ctx, spec, earlier_spec, extras)
+                assert found is not None
+                forecast = found[1]
+                low, high, middle, point = (
+                    forecast.low,
+                    forecast.high,
+                    forecast.central,
+                    forecast.point,
+                )
+                central.append(middle - kept)
+                if point is not None:
+                    pointed += 1
+                    errors.append(point - kept)
+                covered += low <= kept <= high
+                widths.append(high - low)
+            reps = len(central)
+            rows_out.append(
+                {
+                    "source": source,
+                    "target": target,
+                    "kept": float(kept_all.mean()),
+                    "central_abs": float(np.mean(np.abs(central))),
+                    "central_bias": float(np.mean(central)),
+                    "point_share": pointed / reps,
+                    "point_abs": float(np.mean(np.abs(errors))) if errors else float("nan"),
+                    "cover": covered / reps,
+                    "width": float(np.mean(widths)),
+                    "own_spread": float(np.mean(np.abs(kept_all - np.median(kept_all)))),
+                }
+            )
+    return rows_out
+
+
+def print_cross(name: str, collected: dict[str, Any]) -> None:
+    for row in cross(collected):
+        print(
+            f"| {name} | {row['source'][0]} / {row['source'][1]} | {row['target'][0]} / "
+            f"{row['target'][1]} | {row['kept']:.3f} | {row['central_abs']:.3f} "
+            f"| {row['central_bias']:+.3f} | {row['point_share']:.2f} | {row['point_abs']:.3f} "
+            f"| {row['cover']:.2f} | {row['width']:.2f} | {row['own_spread']:.3f} |",
+            flush=True,
+        )
+
+
+def main_cross(args: argparse.Namespace) -> None:
+    """``--cross``: forecasts between every pair of settings; ``--save`` / ``--load`` keep the
+    releases (a pickle) so the forecast can be re-scored without running them again."""
+    if args.load:
+        collected_all = pickle.loads(Path(args.load).read_bytes())
+    else:
+        collected_all = {
+            name: collect(rows, args.reps)
+            for name, rows in datasets(args.quick, args.mnist).items()
+            if not args.only or name in args.only
+        }
+        if args.save:
+            Path(args.save).write_bytes(pickle.dumps(collected_all))
+    print(
+        "| data | earlier eps / k | new eps / k | kept | central: mean abs error | its mean "
+        "error | runs with a point | point: mean abs error | range covers | range width "
+        "| the release's own spread |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, collected in collected_all.items():
+        if not args.only or name in args.only:
+            print_cross(name, collected)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="leave out d = 784")
     parser.add_argument("--mnist", action="store_true", help="add MNIST (4,000 x 784)")
     parser.add_argument("--eps", type=float, nargs="*", default=[0.3, 1.0])
+    parser.add_argument("--cross", action="store_true", help="forecasts across settings")
+    parser.add_argument("--save", help="--cross: keep the releases in this pickle")
+    parser.add_argument("--load", help="--cross: re-score the releases of this pickle")
+    parser.add_argument("--only", nargs="*", help="--cross: only these data sets")
     args = parser.parse_args()
+    if args.cross:
+        main_cross(args)
+        return
     print(
         "| data | eps | k | truth | error now | abs error now | error before | covers "
         "| width | hidden | forecast (public facts) | public-facts range "

@@ -1,5 +1,9 @@
-"""The dry run's forecast of what ``analyze_gauss`` keeps (issue 24 item 6, issue 32 item 4),
-from public facts only: it runs before the release and reads no row."""
+"""The dry run's forecast of what ``analyze_gauss`` keeps (issue 24 item 6, issue 32 item 4):
+from public facts only, and with ``?forecast_from=`` from an earlier release's figures already
+released to the caller (:func:`range_from_release`: a range, and a point only where it is
+narrow). Post-processing of released values and public facts: it runs before the release,
+reads no row and spends no budget; the simulation's draws come from a fixed seed (a
+deterministic quadrature, not privacy noise)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,12 @@ from service.mechanisms.linalg import FloatArray
 #: A range of forecasts wider than this does not determine the share kept to within the 0.1 a
 #: forecast should meet (issue 32 item 4): the dry run says it depends on the spectrum.
 DETERMINED_WIDTH = 0.2
+
+#: The normal quantile of each end of the forecast-from-a-release range: a released
+#: eigenvalue is read at ``+- Z sqrt(2) sigma`` (its fluctuation about the spiked-Wigner
+#: outlier location has standard deviation at most ``sqrt(2) sigma``), the 90% two-sided
+#: normal interval's end, as the release's own explained-variance interval. Not tuned.
+Z = 1.6448536269514722
 
 
 @dataclass(frozen=True)
@@ -284,7 +294,9 @@ def spectrum_share(figures: ReleasedFigures, k: int, noise_ratio: float) -> floa
     return float(min(max(kept + fill * (1.0 - kept), 0.0), 1.0))
 
 
-def data_spectrum(figures: ReleasedFigures, leading: FloatArray) -> tuple[FloatArray, float, int]:
+def data_spectrum(
+    figures: ReleasedFigures, leading: FloatArray, rank: int = 0
+) -> tuple[FloatArray, float, int]:
     """The leading eigenvalues (debiased, above the edge) and the trace of the centred
     rows' part of the released Gram, without what is not the data's variance:
 
@@ -302,7 +314,9 @@ def data_spectrum(figures: ReleasedFigures, leading: FloatArray) -> tuple[FloatA
 
     The third value counts the directions so dropped: a new release spends a component on
     each as well (its own mean's or noise's), which keeps none of the centred variance
-    beyond a random direction's. Public figures and public scales only."""
+    beyond a random direction's. ``rank``: drop the ``rank``-th nearest eigenvalue to the
+    spike instead (1: the next nearest; the released figures do not say which is the noise's,
+    so :func:`range_from_release` reads both). Public figures and public scales only."""
     trace = figures.trace
     taken = 0
     if figures.uncentred and leading.size:
@@ -318,6 +332,345 @@ def data_spectrum(figures: ReleasedFigures, leading: FloatArray) -> tuple[FloatA
         bias = share * trace
         trace -= bias
         if leading.size and bias > figures.sigma * math.sqrt(figures.n_cols):
-            leading = np.delete(leading, int(np.argmin(np.abs(leading - bias))))
+            order = np.argsort(np.abs(leading - bias), kind="stable")
+            leading = np.delete(leading, int(order[min(rank, leading.size - 1)]))
             taken += 1
     return leading, trace, taken
+
+
+@dataclass(frozen=True)
+class RangeForecast:
+    """The forecast from an earlier release (issue 32 item 4): ``central``, the model's
+    figure, and ``(low, high)``, what the released figures allow (:func:`range_from_release`).
+    ``point``: ``central`` when the range is at most :data:`DETERMINED_WIDTH` wide (as the
+    public-facts forecast's point: then within 0.2 of any share in the range, and measured
+    within 0.1 of what the release keeps) and the probe is not at risk, else ``None``: the
+    released figures do not determine the share. ``unseen``: the share of the variance the earlier
+    release did not resolve (counted at a random subspace's share in ``central``);
+    ``probe_risk``: the chance, from public facts, that the new release's probe picks its
+    route or clip from noise (:func:`probe_risk`)."""
+
+    central: float
+    low: float
+    high: float
+    unseen: float
+    probe_risk: float = 0.0
+
+    @property
+    def point(self) -> float | None:
+        if self.probe_risk >= PROBE_RISK or self.high - self.low > DETERMINED_WIDTH:
+            return None
+        return self.central
+
+
+@dataclass(frozen=True)
+class NewRelease:
+    """Public facts of the request forecast: ``k``, its Gram noise over the earlier
+    release's (``noise_ratio``, the ratio of the two Gram steps' ``mu``), its private mean's
+    per-coordinate noise (``mean_noise``; 0 without one) and :func:`probe_risk`."""
+
+    k: int
+    noise_ratio: float
+    mean_noise: float = 0.0
+    probe_risk: float = 0.0
+
+
+def probe_risk(n_rows: int, quantile: float, probe_mu: float, steps_per_octave: int) -> float:
+    """The chance that the centring probe's noise alone reads the pairs' norms at the top of
+    its grid, from public facts only (issue 32 item 4): the top-down reading counts the noisy
+    pairs above each edge from ``C`` down; the bins within the top half-octave (``s``
+    bins of the grid ``C 2^(-j/s)``, ``s = steps_per_octave / 2``, at least 1) hold no pair
+    when the pairs' norms are well below ``C`` (the case the pairs route exists for), so their
+    counts are noise ``N(0, (2/mu_Q)^2)`` each, and a running sum above ``(1 - q) m`` (``m =
+    n/2`` pairs) reads a pair norm near ``C``: the route then falls to no centring, or the
+    clip to near ``C``, and the release keeps about nothing (breast_cancer at eps 0.3: 3 of
+    16 runs took no centring and kept 0.03-0.14; wine). Reflection bound for the maximum of
+    the running sum over those bins: ``2 (1 - Phi((1 - q) m / (sd sqrt(s))))``."""
+    pairs = n_rows // 2
+    if pairs <= 0 or not probe_mu > 0:
+        return 1.0
+    bins = max(1, steps_per_octave // 2)
+    sd = 2.0 / probe_mu * math.sqrt(bins)
+    margin = (1.0 - quantile) * pairs
+    return float(min(1.0, math.erfc(margin / (sd * math.sqrt(2.0)))))
+
+
+#: A probe that reads its route from noise with at least this chance leaves the new release's
+#: outcome unpredictable: the range's low end is then 0 (the 90% range's one tail, 0.05).
+PROBE_RISK = 0.05
+
+#: Up to this ``d`` the new release is simulated at finite ``d`` (:func:`simulated_share`):
+#: there the spiked-Wigner overlaps, exact only as ``d`` grows, miss what many eigenvalues near
+#: the noise's edge keep together (digits, d = 64, eps 1 to 0.3 at k = 10: the asymptotic
+#: overlaps forecast 0.11 for 0.31 kept). A cost bound, not a fitted constant: an ``eigh``
+#: at ``d = 256`` takes about 10 ms (at most 48 per forecast), so the preview stays fast;
+#: above it the asymptotic overlaps (MNIST, d = 784: within 0.03 at the same settings).
+SIMULATE_MAX_D = 256
+#: Noise draws of the simulation, from a fixed seed: a deterministic quadrature of the
+#: model's expectation, not privacy noise (the forecast is post-processing of released values).
+SIMULATION_DRAWS = 12
+SIMULATION_SEED = 20261130
+
+
+def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForecast:
+    """:func:`range_at` reading the eigenvalue nearest the private mean's noise spike as the
+    spike (``central``), and where the earlier release's share was hidden also the next
+    nearest (the released figures do not say which is the noise's): the range spans both."""
+    found = range_at(figures, new, 0)
+    if figures.measured or figures.mean_noise <= 0 or len(figures.eigenvalues) < 2:
+        return found
+    other = range_at(figures, new, 1)
+    return RangeForecast(
+        found.central,
+        min(found.low, other.low),
+        max(found.high, other.high),
+        found.unseen,
+        found.probe_risk,
+    )
+
+
+def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForecast:
+    """:class:`RangeForecast` of the share the release ``new`` keeps, from an earlier
+    release's released figures and public facts only (post-processing: no budget, no row).
+
+    The known directions are the earlier release's components whose debiased eigenvalue stands
+    above its noise's edge (:func:`~service.mechanisms.explained_variance.spiked_debias`),
+    with the share ``v_i`` of the centred variance along them: from its stated shares when
+    it measured them (:func:`carried_share`), else from its eigenvalues and trace
+    (:func:`spectrum_share`, without the uncentred route's mean direction and the private
+    mean's noise spike). Carried to ``new``:
+
+    - the Gram noise scales by ``noise_ratio``; on the mean route the new private mean's noise
+      ``delta`` lengthens the centred rows (clipped near their norms) so the data's part of the
+      trace is ``1 - s`` with ``s = n d sigma_mu^2 / (n ||y||^2 + n d sigma_mu^2)``, the rows'
+      ``n ||y||^2`` read from the released explained-variance sums without the earlier
+      mean's noise: the data's eigenvalues scale by ``(1 - s_new)/(1 - s_old)``, and where the
+      new spike ``s_new tr`` stands out of the new noise it takes one of the ``k`` components;
+    - ``central``: ``sum_i v_i w_i`` over the first known directions (``w_i``, the spiked-Wigner
+      overlap at the new noise), plus a random subspace's share of the rest on the other
+      components; at ``d <= SIMULATE_MAX_D`` instead the new release simulated on that
+      spectrum (:func:`simulated_share`), scaled by the earlier release's stated share over
+      its own simulation where it measured one, and the range widened by the simulated
+      release's spread (``Z`` of its standard deviation, with the half-widths below in
+      squares);
+    - ``low`` / ``high``: each known eigenvalue read at ``-/+ Z sqrt(2) sigma`` and a measured
+      share at its interval's ends; ``high`` lets each of the new release's components beyond
+      the known ones hold up to the largest eigenvalue the earlier release could have left
+      unseen (its largest released eigenvalue below the edge, else its smallest above it,
+      read high) at that eigenvalue's overlap: the unseen variance widens the range instead
+      of being guessed. A release with no less noise and no fewer components keeps no less
+      in expectation than the earlier one, and one with no more noise and no more components
+      no more: where the earlier release measured its share the range is clamped by its
+      interval accordingly;
+    - where the new release's probe may read its route from noise (:func:`probe_risk` at
+      least :data:`PROBE_RISK`), ``low`` is 0: the outcome is not predictable."""
+    from service.mechanisms.clipped_spectrum import declipped_shares  # no import cycle
+    from service.mechanisms.explained_variance import expected_noise_norm, spiked_debias
+
+    d = figures.n_cols
+    k = min(new.k, d)
+    sigma0 = figures.sigma
+    sigma1 = sigma0 * new.noise_ratio
+    risky = new.probe_risk >= PROBE_RISK
+    if not figures.trace > 0 or not math.isfinite(figures.trace) or not sigma0 > 0:
+        return RangeForecast(k / d, 0.0, 1.0, 1.0, new.probe_risk)
+    noisy = np.asarray(figures.eigenvalues, dtype=np.float64)
+    debiased = spiked_debias(noisy, sigma0, d)
+    shift = Z * math.sqrt(2.0) * sigma0
+    above = np.flatnonzero(debiased > 0)
+    unseen_values = noisy[debiased <= 0]
+    # The data's share of the new Gram's trace relative to the earlier one's (mean route).
+    scale, spike = _mean_noise_change(figures, new)
+    taken = int(figures.uncentred) + int(spike * figures.trace > sigma1 * math.sqrt(d))
+    freed = 0
+    if figures.measured:
+        # The earlier release's components already hold its mean's direction or its noise
+        # spike where they stood out (their stated shares are about nothing): only a spike the
+        # new release adds takes a further component.
+        _, old_spike = _mean_noise_change(figures, NewRelease(k, 1.0, figures.mean_noise))
+        spent = int(old_spike * figures.trace > sigma0 * math.sqrt(d))
+        freed = max(0, spent - (taken - int(figures.uncentred)))
+        taken = max(0, taken - int(figures.uncentred) - spent)
+    slots = max(k - taken, 0)
+    trace = figures.trace
+    if figures.measured:
+        ratios = np.asarray(figures.ratios, dtype=np.float64)
+        known = above
+        v = np.asarray(
+            [min(float(ratios[i]) / overlap(float(debiased[i]), sigma0, d), 1.0) for i in known]
+        )
+        if freed and v.size > 1:
+            # The earlier spike's component (the least kept) is not the new release's: its
+            # place goes to the next direction.
+            keep = np.sort(np.argsort(v, kind="stable")[freed:])
+            known, v = known[keep], v[keep]
+        plain = v
+    else:
+        leading, trace, _ = data_spectrum(figures, debiased[above], rank)
+        values = set(leading.tolist())
+        known = np.asarray([i for i in above if float(debiased[i]) in values], dtype=np.intp)
+        v = plain = np.zeros(0)
+        if trace > 0 and known.size:
+            plain = np.minimum(leading / trace, 1.0)[:slots]
+            if plain.sum() > 1.0 - 1e-6:
+                plain = plain * (1.0 - 1e-6) / plain.sum()
+            v, _ = declipped_shares(plain, d, figures.clipped_share)
+        if not trace > 0:
+            trace = figures.trace
+    use = min(slots, known.size, v.size)
+    known_all, v_all = known, v
+    known, v = known[:use], v[:use]
+    lam = debiased[known] * scale
+    lam_low = spiked_debias(noisy[known] - shift, sigma0, d) * scale
+    lam_high = spiked_debias(noisy[known] + shift, sigma0, d) * scale
+    v_low, v_high = v, v
+    if not figures.measured and v.size:
+        # The clip's correction is a model's (Gaussian rows): the range reads the shares
+        # between the clipped matrix's own (no correction) and the corrected ones.
+        v_low = np.minimum(v, plain[:use])
+        v_high = np.maximum(v, plain[:use])
+    if figures.measured and v.sum() > 0:
+        stated = float(np.sum(figures.ratios))
+        if stated > 0:
+            v_low = v * max(figures.interval[0], 0.0) / stated
+            v_high = np.minimum(v * figures.interval[1] / stated, 1.0)
+
+    def kept(values: FloatArray, shares: FloatArray) -> tuple[float, float]:
+        weights = np.asarray([overlap(float(x), sigma1, d) for x in values])
+        return float(np.sum(shares * weights)), float(weights.sum())
+
+    def fill(aligned: float) -> float:
+        return max(0.0, k - aligned) / max(1.0, d - aligned)
+
+    central, aligned = kept(lam, v)
+    low, aligned_low = kept(lam_low, v_low)
+    high, aligned_high = kept(lam_high, v_high)
+    rest = max(0.0, 1.0 - float(v.sum()))
+    central += fill(aligned + taken) * rest
+    asymptotic = central
+    low += fill(aligned_low + taken) * max(0.0, 1.0 - float(v_high.sum()))
+    rest_high = max(0.0, 1.0 - float(v_low.sum()))
+    extra = max(slots - use, 0)
+    edge = expected_noise_norm(sigma0, d)
+    if unseen_values.size:
+        cap = _debias_one(float(unseen_values.max()) + shift, sigma0, d)
+    elif use:
+        cap = float(lam_high.min()) / scale if scale > 0 else 0.0
+    else:
+        cap = _debias_one(edge + shift, sigma0, d)
+    held = min(rest_high, extra * min(1.0, cap / trace)) if extra and trace > 0 else 0.0
+    cap_weight = overlap(cap * scale, sigma1, d)
+    high += held * cap_weight
+    high += fill(aligned_high + taken + extra * cap_weight) * (rest_high - held)
+    if d <= SIMULATE_MAX_D and use:
+        # Finite d: the new release simulated on the model (the known eigenvalues, the rest of
+        # the trace spread evenly, the new mean's noise spike), the range kept around it.
+        rest_value = max(trace - float(np.sum(debiased[known])), 0.0) / max(1, d - use)
+        model = Model(lam, v, rest_value * scale, rest, spike * figures.trace)
+        central, spread = simulated_share(model, d, k, sigma1)
+        if figures.measured and not figures.uncentred:
+            # Anchored on what the earlier release measured: the simulation of the earlier
+            # release (its noise, its k, its own mean's spike) against its stated share.
+            same = NewRelease(len(figures.ratios), 1.0, figures.mean_noise)
+            _, old_spike = _mean_noise_change(figures, same)
+            rest_all = max(trace - float(np.sum(debiased[known_all])), 0.0)
+            before = Model(
+                debiased[known_all],
+                v_all,
+                rest_all / max(1, d - known_all.size),
+                max(0.0, 1.0 - float(v_all.sum())),
+                old_spike * figures.trace,
+            )
+            modelled, _ = simulated_share(before, d, len(figures.ratios), sigma0)
+            stated = float(np.sum(figures.ratios))
+            if modelled > 0 and stated > 0:
+                central = central * stated / modelled
+                spread = spread * stated / modelled
+        # The range's half-widths: the asymptotic ones (what the released figures leave open)
+        # and the new release's own draw-to-draw spread (Z of its sd), independent, in squares.
+        below, above_ = asymptotic - low, high - asymptotic
+        low = central - math.hypot(max(below, 0.0), Z * spread)
+        high = central + math.hypot(max(above_, 0.0), Z * spread)
+    if figures.measured and not figures.uncentred:
+        earlier_k = len(figures.ratios)
+        low_i, high_i = figures.interval
+        if new.noise_ratio >= 1.0 and k <= earlier_k and scale >= 1.0:
+            high = min(high, high_i)
+        if new.noise_ratio <= 1.0 and k >= earlier_k and scale <= 1.0:
+            low = max(low, low_i)
+    if risky:
+        low = 0.0
+    central = min(max(central, 0.0), 1.0)
+    low = min(max(low, 0.0), central)
+    high = max(min(high, 1.0), central)
+    return RangeForecast(central, low, high, rest, new.probe_risk)
+
+
+def _mean_noise_change(figures: ReleasedFigures, new: NewRelease) -> tuple[float, float]:
+    """``(scale, spike)``: on the mean route, the factor ``(1 - s_new)/(1 - s_old)`` by which
+    the data's eigenvalues change against the trace when the private mean's noise changes
+    from the earlier release's to the new one's, and ``s_new``, the new noise spike's share of
+    the trace (:func:`range_from_release`); ``(1, 0)`` on the other routes or without the
+    released sums."""
+    if figures.uncentred or figures.n_rows <= 0 or not figures.sums > 0:
+        return 1.0, 0.0
+    if figures.mean_noise <= 0 and new.mean_noise <= 0:
+        return 1.0, 0.0
+    n, d = figures.n_rows, figures.n_cols
+    old = n * d * figures.mean_noise**2
+    fresh = n * d * new.mean_noise**2
+    data = figures.sums - old
+    if not data > 0:
+        # The sums are about all noise: the data's spread is not resolved; no change read.
+        return 1.0, min(1.0, fresh / figures.sums) if figures.mean_noise > 0 else 0.0
+    s_old = old / (data + old)
+    s_new = fresh / (data + fresh)
+    return (1.0 - s_new) / (1.0 - s_old), s_new
+
+
+def _debias_one(value: float, sigma: float, d: int) -> float:
+    from service.mechanisms.explained_variance import spiked_debias  # no import cycle
+
+    return float(spiked_debias(np.asarray([value]), sigma, d)[0])
+
+
+@dataclass(frozen=True)
+class Model:
+    """The spectrum a forecast simulates (:func:`simulated_share`): the known eigenvalues
+    ``values`` (Gram units) with the shares ``shares`` of the centred variance along them,
+    the rest of the trace at ``rest_value`` per remaining direction holding ``rest`` of the
+    variance, and a noise spike of size ``spike`` along a random direction (the private
+    mean's; 0 without)."""
+
+    values: FloatArray
+    shares: FloatArray
+    rest_value: float
+    rest: float
+    spike: float
+
+
+def simulated_share(model: Model, d: int, k: int, sigma: float) -> tuple[float, float]:
+    """The share of the centred variance the top ``k`` eigenvectors of ``diag(model) + spike u
+    u^T + E(sigma)`` keep: its mean and standard deviation over :data:`SIMULATION_DRAWS`
+    draws from the fixed :data:`SIMULATION_SEED` (a deterministic function of released
+    figures: post-processing). The finite-``d`` counterpart of the spiked-Wigner overlaps;
+    the standard deviation is a release's own draw-to-draw spread in the model."""
+    m = model.values.shape[0]
+    k = min(k, d)
+    diagonal = np.concatenate([model.values, np.full(d - m, model.rest_value)])
+    weights = np.concatenate([model.shares, np.full(d - m, model.rest / max(1, d - m))])
+    rng = np.random.default_rng(SIMULATION_SEED)
+    kept = np.zeros(SIMULATION_DRAWS)
+    for draw in range(SIMULATION_DRAWS):
+        from service.mechanisms.noise import symmetric_gaussian  # no import cycle
+
+        matrix = symmetric_gaussian(d, sigma, rng)
+        matrix[np.diag_indices(d)] += diagonal
+        direction = rng.standard_normal(d)
+        if model.spike > 0:
+            direction /= np.linalg.norm(direction)
+            matrix += model.spike * np.outer(direction, direction)
+        _, vectors = np.linalg.eigh(matrix)
+        top = vectors[:, d - k :]
+        kept[draw] = float(np.sum(weights[:, None] * top**2))
+    return float(kept.mean()), float(kept.std(ddof=1)) if SIMULATION_DRAWS > 1 else 0.0

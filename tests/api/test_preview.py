@@ -212,13 +212,21 @@ def test_a_forecast_from_an_earlier_release_reads_its_released_figures(
     assert response.status_code == 200, response.text
     scales = response.json()["scales"]
     share = scales["forecast_from_release_captured_share"]
-    assert 0.0 <= share <= 1.0
+    least = scales["forecast_from_release_captured_share_low"]
+    most = scales["forecast_from_release_captured_share_high"]
+    assert 0.0 <= least <= most <= 1.0
+    assert 0.0 <= scales["forecast_from_release_unseen_share"] <= 1.0
+    # A point only where the range is at most 0.2 wide (as the public-facts forecast's).
+    assert scales["forecast_from_release_determined"] == (share is not None)
+    if share is not None:
+        assert least <= share <= most and most - least <= 0.2
     low, high = extras["explained_variance_ratio_interval"]
     if high - low < 0.3:
-        # A measured share is carried at an unchanged noise: at most the stated total (a
-        # component below the noise's edge counts as keeping nothing).
+        # A measured share at an unchanged noise and k: no more than the earlier interval
+        # allows (the centred routes; uncentred, the mean's direction is not in the share).
         assert scales["forecast_from_release_basis"] == "measured share"
-        assert share <= sum(extras["explained_variance_ratio"]) + 1e-9
+        if extras.get("centring") != "none":
+            assert most <= high + 1e-9
     else:
         # A hidden one: read from the released eigenvalues and trace.
         assert scales["forecast_from_release_basis"] == "spectrum"

@@ -160,3 +160,79 @@ def test_the_mean_and_its_noise_are_not_counted_as_the_datas_variance() -> None:
     faint = ReleasedFigures(**{**noisy_mean.__dict__, "mean_noise": 0.001})
     rest, trace, taken = data_spectrum(faint, leading)
     assert (list(rest), trace, taken) == ([480.0, 110.0, 50.0], pytest.approx(999.0), 0)
+
+
+def test_the_range_from_a_release_holds_its_central_figure_and_a_point_only_when_narrow() -> None:
+    from service.mechanisms.gauss_forecast import (
+        DETERMINED_WIDTH,
+        NewRelease,
+        range_from_release,
+    )
+
+    measured = ReleasedFigures(
+        ratios=(0.4, 0.2), interval=(0.55, 0.65), eigenvalues=(100.0, 40.0), trace=200.0,
+        sigma=1.0, n_cols=25, n_rows=10_000, row_clip=0.3,
+    )  # fmt: skip
+    same = range_from_release(measured, NewRelease(2, 1.0))
+    assert same.low <= same.central <= same.high
+    # Same noise, same k: no more, no less than the earlier release's interval allows.
+    assert same.low >= 0.55 - 1e-9 and same.high <= 0.65 + 1e-9
+    assert same.point == same.central
+    # Components the earlier release did not publish: the unseen variance widens the range
+    # upwards instead of being guessed, and no point is given.
+    more = range_from_release(measured, NewRelease(10, 1.0))
+    assert more.high - more.low > DETERMINED_WIDTH and more.point is None
+    assert more.high > same.high
+    # The same figures forecast the same (the simulation's draws are a fixed quadrature).
+    assert range_from_release(measured, NewRelease(10, 1.0)) == more
+    # More noise keeps less.
+    noisier = range_from_release(measured, NewRelease(2, 3.0))
+    assert noisier.central < same.central
+    # A probe that may read its route from noise: low 0, no point.
+    risky = range_from_release(measured, NewRelease(2, 1.0, probe_risk=0.2))
+    assert risky.low == 0.0 and risky.point is None
+    # A hidden share: the range spans the clip's correction and the uncorrected shares.
+    hidden = ReleasedFigures(**{**measured.__dict__, "interval": (0.1, 0.9)})
+    found = range_from_release(hidden, NewRelease(2, 1.0))
+    assert found.low < found.central < found.high
+
+
+def test_the_new_mean_noise_spike_takes_a_component_and_dims_the_data() -> None:
+    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+
+    figures = ReleasedFigures(
+        ratios=(0.3, 0.2), interval=(0.45, 0.55), eigenvalues=(100.0, 60.0), trace=300.0,
+        sigma=1.0, n_cols=25, n_rows=1_000, row_clip=0.3, mean_noise=0.001, sums=100.0,
+    )  # fmt: skip
+    quiet = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.001))
+    loud = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.05))
+    # n d sigma_mu^2 = 62.5 of the rows' 100: its spike stands out and takes a component.
+    assert loud.central < quiet.central
+
+
+def test_the_probe_risk_is_public_arithmetic() -> None:
+    from service.mechanisms.gauss_forecast import PROBE_RISK, probe_risk
+
+    # breast_cancer's n at eps 0.3 (probe mu 0.0172): the noise reads the pairs near C in
+    # about one run in eleven; digits' n at eps 1 (0.0529): never.
+    assert probe_risk(569, 0.3, 0.0172, 2) > PROBE_RISK
+    assert probe_risk(1797, 0.3, 0.0529, 2) < 1e-9
+    assert probe_risk(4000, 0.3, 0.0172, 2) < probe_risk(569, 0.3, 0.0172, 2)
+    assert probe_risk(1, 0.3, 0.0172, 2) == 1.0
+
+
+def test_a_measured_release_already_holds_its_own_mean_noise_component() -> None:
+    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+
+    # The earlier release's noise spike (n d sigma_mu^2 = 50 of the sums, above sigma sqrt(d))
+    # held its second component, whose stated share is about nothing.
+    figures = ReleasedFigures(
+        ratios=(0.3, 0.001), interval=(0.25, 0.35), eigenvalues=(100.0, 60.0), trace=300.0,
+        sigma=1.0, n_cols=400, n_rows=1_000, row_clip=0.3, mean_noise=0.01118, sums=100.0,
+    )  # fmt: skip
+    same = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.01118))
+    # At the same settings no further component is spent: about the stated share.
+    assert abs(same.central - 0.301) < 0.05
+    # Without the spike the new release's second component is free for the data: no less.
+    quiet = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.0))
+    assert quiet.central >= same.central - 1e-12
