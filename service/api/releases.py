@@ -97,10 +97,12 @@ async def create_release(
         default=None,
         description="With `dry_run=true` and `analyze_gauss`: an earlier release of this "
         "dataset that the caller may read; the preview adds a forecast of the share of the "
-        "centred variance this request keeps, from that release's released figures "
-        "(`scales.forecast_from_release_captured_share`; no budget): carried from its "
-        "measured share, or read from its eigenvalues and trace where its share was hidden by "
-        "noise (`scales.forecast_from_release_basis`). Refused (422) without "
+        "centred variance this request keeps, from that release's released figures (no "
+        "budget): a range (`scales.forecast_from_release_captured_share_low` and `_high`) and "
+        "a point (`scales.forecast_from_release_captured_share`) only where the range is at "
+        "most 0.2 wide and the new probe's route is not left to chance (else null); carried "
+        "from its measured share, or read from its eigenvalues and trace where its share was "
+        "hidden by noise (`scales.forecast_from_release_basis`). Refused (422) without "
         "`dry_run=true`.",
     ),
 ) -> Release | JSONResponse:
