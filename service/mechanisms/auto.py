@@ -76,7 +76,7 @@ from service.mechanisms.auto_estimate import (
     tail_and_trace,
 )
 from service.mechanisms.auto_explain import centring_sentence, labelled, summarise_reason
-from service.mechanisms.auto_gram import gram_candidate, gram_sentence
+from service.mechanisms.auto_gram import centre_offset_ratio, gram_candidate, gram_sentence
 from service.mechanisms.auto_guard import (
     ALPHA,
     Choice,
@@ -192,8 +192,10 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
         reason += "; " + centring_sentence(params, delta) if centred else ""
         return Plan(prepared("smooth_sensitivity", ctx, k, epsilon, delta, raw), reason)
-    name, gram = gram_candidate(ctx, params, clip)
-    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None)
+    name, gram = gram_candidate(ctx, params, clip, epsilon, delta)
+    centre = {"clip_norm": clip, "center": params.center, "center_share": params.center_share}
+    ratio = centre_offset_ratio(ctx.n_rows, ctx.n_cols, epsilon, delta, centre)
+    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None, ratio)
     if centred:
         clauses = [centring_sentence(params, delta, name), why_gram]
         return Plan(
