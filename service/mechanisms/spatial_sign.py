@@ -260,8 +260,9 @@ class SpatialSign(CentredGramMechanism[SpatialSignParams]):
         "spatial sign) and releases the top-k eigenvectors of their Gram matrix plus a "
         "symmetric Gaussian matrix calibrated to sqrt(2) C^2. Every row then uses the whole "
         "norm range the noise pays for: in high dimension (d near or above n^(2/3)) it keeps "
-        "up to twice the centred variance analyze_gauss keeps. Assumes only a row norm bound; "
-        "always returns a result."
+        "up to twice the centred variance analyze_gauss keeps. With a centre it also releases "
+        "analyze_gauss's explained-variance estimate for its basis (0.1 of mu^2). Assumes only "
+        "a row norm bound; always returns a result."
     )
     params_model: ClassVar[type[SpatialSignParams]] = SpatialSignParams
 
