@@ -158,8 +158,10 @@ def _smooth_sensitivity(n: int, d: int, k: int, params: Params) -> float:
 
 def _spatial_sign(n: int, d: int, k: int, params: Params) -> float:
     # The private mean's pass, the sign Gram pass (a few elementwise passes over each chunk
-    # besides the rank update) and the eigensolver.
-    return _gram(n, d) + _eig(d) + 6.0 * n * d
+    # besides the rank update) and the eigensolver; with a centre, the explained-variance
+    # pass (X U, n d k, and the rows' norms).
+    centred = params.get("center", "private") != "none"
+    return _gram(n, d) + _eig(d) + 6.0 * n * d + (2.0 * n * d * (k + 2) if centred else 0.0)
 
 
 def _spectrum(n: int, d: int, k: int, params: Params) -> float:
@@ -201,8 +203,10 @@ def _auto(n: int, d: int, k: int, params: Params) -> float:
     # Its Gram candidate runs with a clip quantile (service.mechanisms.auto), and with the
     # centring asked for; in high dimension it is spatial_sign.
     gram = _analyze_gauss(n, d, k, {**params, "clip_quantile": True})
-    if high_dimension(n, d):  # its Gram candidate is then spatial_sign (public facts)
-        gram = _spatial_sign(n, d, k, params)
+    if high_dimension(n, d):
+        # Its Gram candidate is then spatial_sign, or analyze_gauss where a private centre's
+        # error would stand out at this budget (public facts; auto_gram): cover either.
+        gram = max(gram, _spatial_sign(n, d, k, params))
     test = _gram(n, d) + _eig(d)
     return test + max(gram, _friendly_aggregate(n, d, k, {}))
 

@@ -5,7 +5,8 @@ a private estimate of what decides the choice, predict each candidate's error at
 budget from first-order published bounds, and run the argmin; a private output the chosen
 mechanism releases anyway (friendly_aggregate's radius) updates the prediction the same way.
 Candidates: ``friendly_aggregate`` and one Gram candidate fixed by public facts
-(:mod:`~service.mechanisms.auto_gram`): ``spatial_sign`` in high dimension (``d >= n^(2/3)``),
+(:mod:`~service.mechanisms.auto_gram`): ``spatial_sign`` in high dimension (``d >= n^(2/3)``;
+with a private centre, only at budgets where the centre's error stays below the Gram noise),
 whose predicted error is never above analyze_gauss's there, else ``analyze_gauss`` with its
 private 0.3 clip quantile.
 
@@ -76,7 +77,7 @@ from service.mechanisms.auto_estimate import (
     tail_and_trace,
 )
 from service.mechanisms.auto_explain import centring_sentence, labelled, summarise_reason
-from service.mechanisms.auto_gram import gram_candidate, gram_sentence
+from service.mechanisms.auto_gram import centre_offset_ratio, gram_candidate, gram_sentence
 from service.mechanisms.auto_guard import (
     ALPHA,
     Choice,
@@ -134,7 +135,10 @@ class AutoParams(CenterParams):
     centre): ``analyze_gauss`` (``delta > 0``) as its own default PCA request (clip at the
     private ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` of the row norms; with ``"private"`` the
     centring route chosen from its probe), ``spatial_sign`` with the same centring in high
-    dimension (``d >= n^(2/3)``), or ``smooth_sensitivity`` (``delta = 0``).
+    dimension (``d >= n^(2/3)``; with ``"private"`` only where the private centre's error stays
+    below the Gram noise, :func:`~service.mechanisms.auto_gram.centre_offset_ratio`; it then
+    releases analyze_gauss's explained-variance figures too), or ``smooth_sensitivity``
+    (``delta = 0``).
     """
 
     structure_share: float = Field(
@@ -192,8 +196,10 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         reason = "delta = 0: smooth_sensitivity (Cauchy) is the only pure-DP mechanism"
         reason += "; " + centring_sentence(params, delta) if centred else ""
         return Plan(prepared("smooth_sensitivity", ctx, k, epsilon, delta, raw), reason)
-    name, gram = gram_candidate(ctx, params, clip)
-    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None)
+    name, gram = gram_candidate(ctx, params, clip, epsilon, delta)
+    centre = {"clip_norm": clip, "center": params.center, "center_share": params.center_share}
+    ratio = centre_offset_ratio(ctx.n_rows, ctx.n_cols, epsilon, delta, centre)
+    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None, ratio)
     if centred:
         clauses = [centring_sentence(params, delta, name), why_gram]
         return Plan(

@@ -25,6 +25,23 @@ a public fact, not a fitted constant), where the noise term decides; below it ``
 keeps its clip quantile. (Measured, docs/benchmarks.md: below ``n^(2/3)`` the sign map also
 wins on the synthetic families there, whose norms are independent of their directions; its
 bias elsewhere has no measured bound, so that choice is left open.)
+
+With a private centre the sign map has a second cost that grows as epsilon falls: the signs
+are taken about ``c = m + delta``, and the error ``delta`` (``E ||delta||^2 = d sigma_c^2``) is a
+common offset of every centred row, a rank-one term of their Gram matrix of about
+``n ||delta||^2`` in the rows' units and ``C^2 / ||x - c||^2`` times that in the signs'. Once
+it exceeds the spiked-Wigner threshold ``sigma_g sqrt(d)`` of the Gram noise (Baik, Ben Arous
+& Peche; the edge ``2 sigma_g sqrt(d)`` halved), the top-k eigenvectors lean towards
+``delta``, a direction of no variance, and ``analyze_gauss``'s probe (which can choose paired
+differences or no centring instead of the mean) does better. The rows' centred norms are
+private, so the rule takes them at ``C/sqrt(2)`` or more (the signs' factor at most 2):
+``spatial_sign`` with a private centre is offered only where ``n d sigma_c^2 <
+SIGN_CENTRE_LIMIT sigma_g sqrt(d)``, ``SIGN_CENTRE_LIMIT = 1/2`` (public: the noise scales of its
+own split). That factor is a choice, checked (not fitted) on MNIST (4,000 x 784, k = 10; unit
+rows centred have norms 0.71-0.87), where the ratio ``n d sigma_c^2 / (sigma_g sqrt(d))`` is
+1.08, 0.82, 0.67, 0.49, 0.35 at eps 0.3, 0.4, 0.5, 0.7, 1 and ``spatial_sign`` kept 0.69x,
+0.82x, 1.08x, 1.58x, 1.84x what ``analyze_gauss`` kept (docs/benchmarks.md): the rule gives up
+the 1.08x at eps 0.5 and keeps the others' better side.
 """
 
 from __future__ import annotations
@@ -34,12 +51,21 @@ from typing import Any
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
 from service.mechanisms.base import PublicContext
-from service.mechanisms.centring import CenterParams
+from service.mechanisms.centring import CenterParams, mean_sensitivity
 from service.mechanisms.gauss_calibration import gauss_split
-from service.mechanisms.spatial_sign import gram_sensitivity, spatial_sign_split
+from service.mechanisms.spatial_sign import (
+    SpatialSignParams,
+    gram_sensitivity,
+    spatial_sign_split,
+)
 
 #: The Gram candidates, by name.
 GAUSS, SIGN = "analyze_gauss", "spatial_sign"
+
+#: With a private centre, ``spatial_sign`` is offered only where its expected offset term
+#: ``n d sigma_c^2`` is below this many spiked-Wigner thresholds ``sigma_g sqrt(d)`` (rows'
+#: units; 1/2 allows the signs' factor ``C^2/||x - c||^2`` up to 2; module docstring).
+SIGN_CENTRE_LIMIT = 0.5
 
 
 def high_dimension(n: int, d: int) -> bool:
@@ -47,18 +73,41 @@ def high_dimension(n: int, d: int) -> bool:
     return d > 0 and float(d) ** 3 >= float(max(n, 1)) ** 2
 
 
+def centre_offset_ratio(n: int, d: int, epsilon: float, delta: float, raw: dict[str, Any]) -> float:
+    """``n d sigma_c^2 / (sigma_g sqrt(d))``: the private centre's expected offset term in the
+    signs' Gram matrix (rows' units) over the Gram noise's spiked-Wigner threshold, at
+    ``spatial_sign``'s own split of ``(epsilon, delta)``; ``0`` without a private centre.
+    Public facts only. ``spatial_sign`` is offered where it is below
+    :data:`SIGN_CENTRE_LIMIT` (module docstring)."""
+    params = SpatialSignParams.model_validate(raw)
+    if params.center != "private" or n < 1:
+        return 0.0
+    split = spatial_sign_split(epsilon, delta, params)
+    clip = float(params.clip_norm or 1.0)
+    sigma_c = mean_sensitivity(clip, n) / split.mean_mu
+    sigma_g = gram_sensitivity(clip) / split.gram_mu
+    # n d sigma_c^2 over sigma_g sqrt(d): both scale as C^2, so the ratio does not depend on C.
+    return n * math.sqrt(d) * sigma_c * sigma_c / sigma_g
+
+
 def gram_candidate(
-    ctx: PublicContext, params: CenterParams, clip: float
+    ctx: PublicContext, params: CenterParams, clip: float, epsilon: float, delta: float
 ) -> tuple[str, dict[str, Any]]:
     """The Gram candidate's name and raw params, from public facts: the request's clip norm and
     centring; ``analyze_gauss`` with its private ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` clip,
-    ``spatial_sign`` (no clip to choose) in high dimension."""
+    ``spatial_sign`` (no clip to choose) in high dimension, with a private centre only where
+    its error stays below the Gram noise (:func:`centre_offset_ratio` below
+    :data:`SIGN_CENTRE_LIMIT`)."""
     raw: dict[str, Any] = {"clip_norm": clip, "center": params.center}
     if params.center != "none":
         raw["center_share"] = params.center_share
     # spatial_sign has no person-level run (issue 34): on a dataset whose privacy unit is a
     # person, analyze_gauss (bounded per person) stays the Gram candidate in every dimension.
-    if high_dimension(ctx.n_rows, ctx.n_cols) and ctx.n_units is None:
+    if (
+        high_dimension(ctx.n_rows, ctx.n_cols)
+        and ctx.n_units is None
+        and centre_offset_ratio(ctx.n_rows, ctx.n_cols, epsilon, delta, raw) < SIGN_CENTRE_LIMIT
+    ):
         return SIGN, raw
     if params.center == "none":
         del raw["center"]  # analyze_gauss's own default
@@ -84,13 +133,25 @@ def predicted_gram_error(
     return sigma * (math.sqrt(max(d - k, 0)) + math.sqrt(k)) / max(g, 1e-300)
 
 
-def gram_sentence(name: str, n: int, d: int, person_level: bool = False) -> str:
-    """Why this Gram candidate (for ``auto_reason``)."""
+def gram_sentence(
+    name: str, n: int, d: int, person_level: bool = False, centre_ratio: float = 0.0
+) -> str:
+    """Why this Gram candidate (for ``auto_reason``); ``centre_ratio``: its
+    :func:`centre_offset_ratio`."""
     edge = f"{float(max(n, 1)) ** (2.0 / 3.0):.0f}"
     if person_level and name != SIGN and high_dimension(n, d):
         return (
             f"high dimension (d = {d} >= n^(2/3) = {edge}), but spatial_sign has no "
             "person-level run: analyze_gauss, bounded per person, with its private clip quantile"
+        )
+    if name != SIGN and high_dimension(n, d) and centre_ratio >= SIGN_CENTRE_LIMIT:
+        return (
+            f"high dimension (d = {d} >= n^(2/3) = {edge}), but at this budget the private "
+            f"centre's error would stand out of the Gram noise ({centre_ratio:.2f} times its "
+            f"spiked-Wigner threshold, limit {SIGN_CENTRE_LIMIT:g}) and pull spatial_sign's "
+            "components towards it: "
+            "analyze_gauss, whose private probe can centre by paired differences or not at "
+            "all, with its private clip quantile"
         )
     if name == SIGN:
         return (

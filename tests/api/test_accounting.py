@@ -311,9 +311,12 @@ def test_auto_runs_itself_under_every_accounting_and_keeps_its_settings(
     assert preview.status_code == 200, preview.text
     shown = preview.json()
     # It stays auto, says what it will run, and keeps its settings (centring, the clip norm).
-    # 200 x 50 is high dimension (50 >= 200^(2/3) = 34): the Gram candidate is spatial_sign
-    # there (issue 33 item 1; analyze_gauss before it).
-    assert shown["mechanism"] == "auto" and "spatial_sign" in shown["scales"]["auto_choice"]
+    # 200 x 50 is high dimension (50 >= 200^(2/3) = 34), but at this budget the private
+    # centre's error over 200 rows would stand out of the Gram noise, so the Gram candidate is
+    # analyze_gauss, and the dry run says why (spatial_sign before 29 Nov 2026).
+    assert shown["mechanism"] == "auto" and shown["scales"]["auto_choice"] == "analyze_gauss"
+    said = f"{shown['scales']['auto_reason']} {shown['scales']['auto_details']}"
+    assert "private centre's error would stand out" in said
     assert shown["params"]["center"] == "private" and shown["params"]["clip_norm"] == 1.0
     response = client.post(releases_url(dataset), headers=bearer(keys.analyst), json=body)
     assert response.status_code == 202, response.text

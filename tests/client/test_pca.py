@@ -51,7 +51,7 @@ def test_get_params_round_trip_and_clone_like_rebuild() -> None:
         "n_components": 3,
         "epsilon": "0.5",
         "delta": "1e-6",
-        "mechanism": "analyze_gauss",
+        "mechanism": None,
         "center": [0.1, 0.2],
         "center_share": 0.3,
         "timeout": None,
@@ -331,7 +331,11 @@ def test_the_default_fit_gets_the_best_settings_on_digits(
     )
     pca = PrivatePCA(analyst, ds.id, 10, "1", "1e-6", timeout=60).fit()
     release = analyst.get_release(pca.release_id_)
-    params = release.info.params
+    # The default mechanism is auto (29 Nov 2026); d = 64 < n^(2/3) = 122, so it runs
+    # analyze_gauss with exactly the settings it had as the default.
+    assert release.info.mechanism == "auto"
+    assert release.extras["auto_choice"] == "analyze_gauss"
+    params = release.extras["auto_params"]
     assert params["center"] == "private"
     assert params["clip_quantile"] == 0.3 and params["center_route"] == "auto"
     assert release.extras["centring"] in ("mean", "pairs", "none")
@@ -359,3 +363,40 @@ def test_the_literal_default_call_needs_no_delta(
     release = analyst.get_release(pca.release_id_)
     assert release.status == "succeeded"
     assert release.info.delta == Decimal("1e-7")
+
+
+def _spiked_rows(n: int, d: int, seed: int) -> np.ndarray[Any, Any]:
+    """Unit rows: a 3-dim spike (sds 3, 2, 1.5 against isotropic noise of sd 1) plus an offset
+    along a fourth direction."""
+    rng = np.random.default_rng(seed)
+    basis = np.linalg.qr(rng.normal(size=(d, 4)))[0]
+    x = rng.normal(size=(n, d)) + (rng.normal(size=(n, 3)) * [3, 2, 1.5]) @ basis[:, :3].T
+    x += 4.0 * basis[:, 3]
+    return np.asarray(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+
+@pytest.mark.release_seed(400)
+def test_the_default_fit_in_high_dimension_runs_spatial_sign_with_explained_variance(
+    owner: Client, analyst: Client, worker_sleep: None
+) -> None:
+    # 2,000 x 300 (d >= n^(2/3) = 159): the default PrivatePCA (auto, private centre) runs
+    # spatial_sign, which now releases analyze_gauss's explained-variance figures too.
+    n, d, k = 2_000, 300, 3
+    x = _spiked_rows(n, d, seed=41)
+    ds = owner.upload(
+        x, name="pca-highdim", epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    pca = PrivatePCA(analyst, ds.id, k, "1", "1e-6", timeout=120).fit()
+    release = analyst.get_release(pca.release_id_)
+    assert release.info.mechanism == "auto" and release.extras["auto_choice"] == "spatial_sign"
+    np.testing.assert_array_equal(pca.mean_, release.extras["center"])
+    assert pca.explained_variance_ is not None and pca.explained_variance_ratio_ is not None
+    np.testing.assert_allclose(
+        pca.explained_variance_, np.asarray(release.extras["explained_sum_of_squares"]) / (n - 1)
+    )
+    assert pca.explained_variance_ratio_interval_ is not None
+    low, high = pca.explained_variance_ratio_interval_
+    centred = x - x.mean(axis=0)
+    kept = np.sum((centred @ pca.components_.T) ** 2) / np.sum(centred**2)
+    assert low <= pca.explained_variance_ratio_.sum() <= high
+    assert low <= kept <= high and pca.explained_variance_hidden_by_noise_ is False

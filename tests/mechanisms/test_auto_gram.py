@@ -134,7 +134,9 @@ def test_auto_picks_spatial_sign_on_high_dimensional_heavy_rows_and_gauss_on_low
 
 
 def test_a_centred_high_dimensional_request_runs_spatial_sign_with_its_centre() -> None:
-    x = rows("power_law", 1_000, 120, seed=6) + 0.02
+    # 2,000 x 300: high dimension, and the private centre's error below the limit at eps 1
+    # (n d sigma_c^2 / (sigma_g sqrt(d)) = 0.43; 1,000 x 120 would be 0.55).
+    x = rows("power_law", 2_000, 300, seed=6) + 0.02
     c = ctx(*x.shape)
     params = AUTO.prepare(c, 2, 1.0, DELTA, AutoParams(center="private"))
     shown = AUTO.preview(c, ReleaseSpec(2, 1.0, DELTA, params))
@@ -142,4 +144,32 @@ def test_a_centred_high_dimensional_request_runs_spatial_sign_with_its_centre() 
     assert shown.scales["auto_clip_quantile"] is None
     assert any("spatial_sign centres on a private mean" in line for line in shown.meaning)
     out = AUTO.run(x, ReleaseSpec(2, 1.0, DELTA, params), np.random.default_rng(7))
-    assert out.extras["auto_choice"] == "spatial_sign" and len(out.extras["center"]) == 120
+    assert out.extras["auto_choice"] == "spatial_sign" and len(out.extras["center"]) == 300
+
+
+def test_a_private_centre_whose_error_stands_out_of_the_noise_keeps_analyze_gauss() -> None:
+    # MNIST's shape (4,000 x 784, high dimension), k = 10: the private centre's offset term
+    # n d sigma_c^2 against the signs' Gram noise threshold sigma_g sqrt(d) is 0.35 at eps 1
+    # (spatial_sign, 1.84x analyze_gauss measured), 0.49 at 0.7 (1.58x), 0.82 at 0.4 and 1.08
+    # at eps 0.3 (analyze_gauss; the sign map kept 0.82x and 0.69x there). Limit 1/2.
+    from service.mechanisms.auto_gram import centre_offset_ratio
+    from service.mechanisms.centring import mean_sensitivity
+    from service.mechanisms.composition import gaussian_total_mu
+
+    raw = {"clip_norm": 1.0, "center": "private", "center_share": 0.2}
+    cases = ((1.0, "spatial_sign"), (0.7, "spatial_sign"), (0.4, "analyze_gauss"))
+    for eps, expected in (*cases, (0.3, "analyze_gauss")):
+        p = plan(ctx(4_000, 784), 10, eps, DELTA, AutoParams(clip_norm=1.0, center="private"))  # type: ignore[arg-type]
+        assert p.default.name == expected
+        # The ratio is the formula's, from spatial_sign's own split (0.2 mean, 0.1 variance).
+        mu = gaussian_total_mu(eps, DELTA, 0.0, 0.0)
+        sigma_c = mean_sensitivity(1.0, 4_000) / (math.sqrt(0.2) * mu)
+        sigma_g = math.sqrt(2.0) / (math.sqrt(0.7) * mu)
+        ratio = 4_000 * 784 * sigma_c**2 / (sigma_g * math.sqrt(784))
+        assert centre_offset_ratio(4_000, 784, eps, DELTA, raw) == pytest.approx(ratio, rel=1e-12)
+        assert (ratio < 0.5) == (expected == "spatial_sign")
+    assert "private centre's error would stand out" in p.reason
+    # A public centre or none has no such error: spatial_sign at any epsilon.
+    for center in ("none", [0.0] * 784):
+        params = AutoParams(clip_norm=1.0, center=center)  # type: ignore[arg-type]
+        assert plan(ctx(4_000, 784), 10, 0.3, DELTA, params).default.name == "spatial_sign"
