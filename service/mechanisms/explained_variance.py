@@ -154,6 +154,19 @@ def explained_variance(
     )
 
 
+def whole_space(captured: float, weights: FloatArray) -> ExplainedVariance:
+    """The estimate when the basis spans the whole space (``k = d``): share 1 with the
+    interval ``[1, 1]``, and the captured sum (its noisy figure, at least 0) shared among the
+    components by ``weights``; post-processing of released figures and public facts."""
+    k = weights.shape[0]
+    total_weight = float(weights.sum())
+    shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
+    total = max(0.0, captured)
+    return ExplainedVariance(
+        per_component=total * shares, ratio=shares, interval=(1.0, 1.0), total=total, hidden=False
+    )
+
+
 def variance_extras(
     data: FloatArray,
     release: GaussRelease,
@@ -204,6 +217,10 @@ def variance_extras(
     estimate = explained_variance(
         float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high, k / d
     )
+    if k >= d:
+        # A public fact: k orthonormal columns in R^d with k = d span it, so every row's
+        # residual is 0 and the share is exactly 1 (the noisy sums could only blur it).
+        estimate = whole_space(float(noisy[0]) - bias[0], weights)
     above = int(np.count_nonzero(weights > 0))
     extras: dict[str, Any] = {
         "captured_sum_of_squares": float(noisy[0]),

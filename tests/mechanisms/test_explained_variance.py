@@ -237,3 +237,20 @@ def test_the_bias_corrected_ratio_is_the_same_at_every_scale(scale: float) -> No
         3.483931596089019 * scale, 2.219967258896202 * scale, 1.8893338373584702 * scale
     )
     assert at_scale == pytest.approx(reference, rel=1e-12)
+
+
+@pytest.mark.parametrize(("d", "params"), [(1, {}), (3, {"center": "private"}), (3, {})])
+def test_a_basis_of_the_whole_space_states_a_share_of_one(d: int, params: dict[str, Any]) -> None:
+    # k = d: the components span R^d, so they keep every row whole (a public fact); the noisy
+    # sums used to state 0.81-0.88 at d = 1.
+    rows = power_law_rows(400, d, seed=3)
+    ctx = PublicContext(n_rows=400, n_cols=d, row_norm_bound=1.0)
+    resolved = MECHANISM.prepare(ctx, d, 0.3, 1e-6, MECHANISM.parse_params(params))
+    spec = ReleaseSpec(k=d, epsilon=0.3, delta=1e-6, params=resolved)
+    for seed in range(5):
+        out = MECHANISM.run(rows, spec, np.random.default_rng(seed))
+        assert out.basis is not None
+        assert math.isclose(sum(out.extras["explained_variance_ratio"]), 1.0, rel_tol=1e-12)
+        assert out.extras["explained_variance_ratio_interval"] == [1.0, 1.0]
+        assert out.extras["explained_variance_hidden_by_noise"] is False
+        assert min(out.extras["explained_sum_of_squares"]) >= 0
