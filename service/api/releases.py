@@ -175,7 +175,8 @@ async def create_release(
                 return _read(session, found, principal)
 
             hub.bind(waiter, release_id)
-            read = await _wait_on(hub, waiter, deadline, read, lambda: uow(again), _finished)
+            reads = uow.reads()  # as a GET's long poll reads (the key was checked at creation)
+            read = await _wait_on(hub, waiter, deadline, read, lambda: reads(again), _finished)
     if read.shown.status in FINISHED:
         response.status_code = 200
     return read.shown

@@ -317,6 +317,54 @@ def test_the_creating_long_poll_shows_nothing_before_visible_at(
     assert np.datetime64(int(seen_at * 1e6), "us") >= visible_at
 
 
+def test_the_client_and_private_pca_take_one_request(
+    make_service: Callable[..., Service],
+) -> None:
+    from dpss_client import Client, PrivatePCA
+
+    service = make_service()
+    sent: list[httpx.Request] = []
+    service.client.event_hooks["request"].append(sent.append)
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    worker = _run_once_queued(service, 0.3)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=30)
+    worker.join()
+    assert handle.done and handle.basis().shape == (6, 2)
+    assert [(r.method, r.url.params.get("wait")) for r in sent] == [("POST", "25")]
+    sent.clear()
+    worker = _run_once_queued(service, 0.3)
+    pca = PrivatePCA(analyst, service.dataset, 2, "0.1", "1e-7", center="none").fit()
+    worker.join()
+    assert pca.components_.shape == (2, 6)
+    # One request for the release: no long poll after it (other requests may read the dataset).
+    releases = [r for r in sent if "releases" in r.url.path]
+    assert [(r.method, r.url.params.get("wait")) for r in releases] == [("POST", "25")]
+
+
+def test_the_client_resends_a_lost_waiting_request_with_its_key(
+    make_service: Callable[..., Service],
+) -> None:
+    from dpss_client import Client
+
+    service = make_service()
+    sent: list[httpx.Request] = []
+
+    def drop_the_first_answer(response: httpx.Response) -> None:
+        sent.append(response.request)
+        if len(sent) == 1:
+            raise httpx.ReadError("lost on the way back", request=response.request)
+
+    service.client.event_hooks["response"].append(drop_the_first_answer)
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=0.2)
+    first, second = sent
+    assert first.url.params.get("wait") == "0.2" and "wait" not in second.url.params
+    assert first.headers["Idempotency-Key"] == second.headers["Idempotency-Key"]
+    # The same release, charged once: one release in the ledger.
+    listed = service.client.get("/v1/releases", headers=bearer(service.keys["analyst"]))
+    assert [item["id"] for item in listed.json()["items"]] == [str(handle.id)]
+
+
 def test_wait_with_dry_run_is_refused(make_service: Callable[..., Service]) -> None:
     service = make_service()
     answer = _create(service, wait=5, dry_run="true")

@@ -798,9 +798,19 @@ class Client:
         mu: Number | None = None,
         rho: Number | None = None,
         idempotency_key: str | None = None,
+        wait: float | None = None,
         **params: Any,
     ) -> ReleaseHandle:
         """Request a release (analyst key); it is queued, and the cost charged, at once.
+
+        ``wait`` seconds (at most :data:`LONG_POLL_SECONDS`): the request itself waits for the
+        release (``POST ...?wait=``) and the handle comes back finished when it finished within
+        that time (one request instead of the request and a long poll; as ever, an analyst sees
+        the outcome only from its ``visible_at`` on), else unfinished (then
+        :meth:`ReleaseHandle.wait_finished`). The release's id is known only once the request
+        answers; a request whose answer is lost on the way is sent once more with the same
+        ``Idempotency-Key`` (the same release, charged once). A service without this long
+        poll answers at once, as without ``wait``.
 
         The cost: ``epsilon, delta`` (on a ``basic`` dataset the charge; elsewhere the single
         release the mechanism is calibrated to, charged its own cost), or ``mu=`` on a
@@ -818,12 +828,22 @@ class Client:
             "params": params,
         }
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
-        response = self._request(
-            "POST",
-            f"/v1/datasets/{dataset_id}/releases",
-            json=body,
-            headers={"Idempotency-Key": key},
-        )
+        path, headers = f"/v1/datasets/{dataset_id}/releases", {"Idempotency-Key": key}
+        if wait is not None and wait > 0:
+            seconds = min(wait, LONG_POLL_SECONDS)
+            try:
+                response = self._request(
+                    "POST",
+                    path,
+                    json=body,
+                    headers=headers,
+                    params={"wait": f"{seconds:g}"},
+                    timeout=self._timeout_plus(seconds),
+                )
+                return ReleaseHandle(self, _parse(response, Release))
+            except ServiceUnreachableError:
+                pass  # charged or not: the same key below gives the same release, or makes it
+        response = self._request("POST", path, json=body, headers=headers)
         return ReleaseHandle(self, _parse(response, Release))
 
     def preview_release(
