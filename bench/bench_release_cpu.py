@@ -6,10 +6,12 @@ In this process: the app driven through ASGI by an httpx client, and a :class:`W
 isolates its runs as ``dpss worker`` does (a forked child per run), on a fresh SQLite file or a
 fresh database of the local PostgreSQL server (whose own CPU is not counted). Per release:
 
-- *API*, the path a client takes: one ``POST /v1/datasets/{id}/releases?wait=30`` answered with
-  the finished release and its basis (the worker runs while it waits; woken as a separate
-  process's worker wakes it: the wake file on SQLite, ``NOTIFY`` on PostgreSQL), client
-  included; ``time.process_time`` of this process (every thread: the long poll's watcher too);
+- *API*, the path the Python client (``PrivatePCA``) now takes: one
+  ``POST /v1/datasets/{id}/releases?wait=30&basis_format=base64`` answered with the finished
+  release and its basis (the worker runs while it waits; woken as a separate process's worker
+  wakes it: the wake file on SQLite, ``NOTIFY`` on PostgreSQL), read by the client's own
+  parsing into the array ``basis()`` gives; ``time.process_time`` of this process (every
+  thread: the long poll's watcher too);
 - *API, two requests* (as before that long poll, and as a checkout without it is measured):
   ``POST /v1/datasets/{id}/releases`` and ``GET /v1/releases/{id}`` after the run;
 - *worker*: ``Worker.run_pending`` (claim, isolated run, store) in a separate process started
@@ -58,6 +60,8 @@ if __package__ in (None, ""):
         0, os.environ.get("DPSS_BENCH_CHECKOUT", str(Path(__file__).resolve().parents[1]))
     )
 
+import dpss_client.client as dpss_client  # this checkout's client: the path it takes
+from api_schemas.releases import Release
 from scripts.harness import create_database, drop_database, table
 from service import auth
 from service.app import create_app
@@ -281,15 +285,17 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
                 f"/v1/datasets/{dataset}/releases",
                 headers=analyst_headers,
                 json=RELEASE,
-                params={"wait": "30"},
+                params={"wait": "30", **dpss_client.RELEASE_READ},
             )
         )
         await queued.wait()
         worker_s = await asyncio.to_thread(work_once)
-        done = (await answer).raise_for_status().json()
+        # Read as the Python client reads it (its parsing, then the array ``basis()`` gives).
+        done = dpss_client._parse((await answer).raise_for_status(), Release)
+        assert done.status == "succeeded" and done.result is not None, done.status
+        np.asarray(done.result.basis, dtype=np.float64)
         if api_profiler is not None:
             api_profiler.disable()
-        assert done["status"] == "succeeded" and done["result"]["basis"], done["status"]
         return time.process_time() - started, worker_s
 
     async def drive() -> None:

@@ -23,7 +23,7 @@ from api_schemas.releases import (
 )
 from service import continual, preview, releases, visibility
 from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
-from service.api.presenters import epoch_out, release_out
+from service.api.presenters import BasisFormat, epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db import models
@@ -117,6 +117,7 @@ async def create_release(
         "noise (`scales.forecast_from_release_basis`). Refused (422) without "
         "`dry_run=true`.",
     ),
+    basis_format: BasisFormatQuery = "json",
     wait: float | None = Query(
         default=None,
         ge=0,
@@ -148,7 +149,7 @@ async def create_release(
         release = releases.request_release(
             session, principal, dataset_id, body, idempotency_key, settings
         )
-        return release_out(release, principal, session)
+        return release_out(release, principal, session, basis_format=basis_format)
 
     if not wait:
         return await uow(work)
@@ -157,7 +158,7 @@ async def create_release(
         release = releases.request_release(
             session, principal, dataset_id, body, idempotency_key, settings
         )
-        return _read(session, release, principal)
+        return _read(session, release, principal, basis_format)
 
     # Registered before the release exists (bound to it once created): a worker may store the
     # outcome between the creating commit and the wait, and its hint must not be lost. The
@@ -172,7 +173,7 @@ async def create_release(
 
             def again(session: Session, principal: Principal) -> _Read:
                 found = releases.get_release(session, principal, release_id)
-                return _read(session, found, principal)
+                return _read(session, found, principal, basis_format)
 
             hub.bind(waiter, release_id)
             reads = uow.reads()  # as a GET's long poll reads (the key was checked at creation)
@@ -181,6 +182,16 @@ async def create_release(
         response.status_code = 200
     return read.shown
 
+
+BasisFormatQuery = Annotated[
+    BasisFormat,
+    Query(
+        description="How a finished release's basis is written: `json` (default), `result.basis` "
+        "as `d` lists of `k` numbers; `base64`, `result.basis_base64`, the stored bytes "
+        "(little-endian float64, row-major, `result.basis_shape`; their SHA-256 is "
+        "`result.basis_sha256`), exact and cheaper to read into an array.",
+    ),
+]
 
 Wait = Annotated[
     float | None,
@@ -224,10 +235,15 @@ class _Read:
     },
 )
 async def get_release(
-    release_id: uuid.UUID, uow: UnitOfWorkDep, request: Request, wait: Wait = None
+    release_id: uuid.UUID,
+    uow: UnitOfWorkDep,
+    request: Request,
+    wait: Wait = None,
+    basis_format: BasisFormatQuery = "json",
 ) -> Release:
     def work(session: Session, principal: Principal) -> _Read:
-        return _read(session, releases.get_release(session, principal, release_id), principal)
+        found = releases.get_release(session, principal, release_id)
+        return _read(session, found, principal, basis_format)
 
     if not wait:
         return (await uow(work)).shown
@@ -235,7 +251,12 @@ async def get_release(
     return read.shown
 
 
-def _read(session: Session, release: models.Release, principal: Principal) -> _Read:
+def _read(
+    session: Session,
+    release: models.Release,
+    principal: Principal,
+    basis_format: BasisFormat = "json",
+) -> _Read:
     """``release`` as ``principal`` sees it now, and when that may change: one read of a long
     poll (the creating request's first included)."""
     now = utcnow()
@@ -243,7 +264,7 @@ def _read(session: Session, release: models.Release, principal: Principal) -> _R
     shows_at = None
     if not seen.finished:
         shows_at = _shows_at(session, release, seen, len(seen.epochs or ()), now)
-    shown = release_out(release, principal, session, now, shown=seen)
+    shown = release_out(release, principal, session, now, shown=seen, basis_format=basis_format)
     return _Read(shown, shows_at, seen.sealed_until)
 
 

@@ -1,0 +1,86 @@
+"""``basis_format=base64``: a finished release's basis as its stored bytes, the same numbers as
+the JSON lists, hidden exactly when they are; the Python client asks for it and hands callers
+the lists as before."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tests.api.conftest import BODY, Service
+from tests.conftest import bearer
+
+
+def test_base64_is_the_stored_bytes_of_the_json_basis(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    release = service.request()
+    assert service.worker.run_pending() == 1
+    lists = service.get(release).json()["result"]
+    packed = service.get(release, basis_format="base64").json()["result"]
+    assert lists["basis_base64"] is None and lists["basis_shape"] is None
+    assert packed["basis"] is None and packed["basis_shape"] == [6, 2]
+    data = base64.b64decode(packed["basis_base64"], validate=True)
+    assert hashlib.sha256(data).hexdigest() == packed["basis_sha256"] == lists["basis_sha256"]
+    decoded = np.frombuffer(data, dtype="<f8").reshape(6, 2)
+    assert np.array_equal(decoded, np.asarray(lists["basis"]))  # bit for bit
+    assert packed["extras"] == lists["extras"]
+
+
+def test_base64_on_the_creating_long_poll_and_nothing_before_visible_at(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(release_padding_floor_seconds=30)
+    made = service.client.post(
+        f"/v1/datasets/{service.dataset}/releases",
+        headers=bearer(service.keys["analyst"]),
+        json=BODY,
+        params={"basis_format": "base64"},
+    )
+    assert made.status_code == 202
+    release = made.json()["id"]
+    assert service.worker.run_pending() == 1
+    # Stored, but before visible_at the analyst sees no result in either format.
+    hidden = service.get(release, basis_format="base64").json()
+    assert hidden["status"] == "queued" and hidden["result"] is None
+    owner = service.get(release, role="owner", basis_format="base64").json()
+    assert owner["result"]["basis_base64"]
+
+
+def test_an_unknown_basis_format_is_a_422(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    release = service.request()
+    answer = service.get(release, basis_format="npy")
+    assert answer.status_code == 422 and "basis_format" in answer.text
+
+
+@pytest.mark.parametrize("ask", ["get_release", "refresh", "wait"])
+def test_the_client_reads_base64_and_shows_the_lists(
+    make_service: Callable[..., Service], ask: str
+) -> None:
+    from dpss_client import Client
+
+    service = make_service()
+    asked: list[str | None] = []
+    service.client.event_hooks["request"].append(
+        lambda request: asked.append(request.url.params.get("basis_format"))
+    )
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7")
+    assert service.worker.run_pending() == 1
+    if ask == "get_release":
+        handle = analyst.get_release(handle.id)
+    elif ask == "refresh":
+        handle.refresh()
+    else:
+        handle.wait()
+    assert asked[-1] == "base64"
+    expected = service.get(str(handle.id)).json()["result"]["basis"]
+    assert handle.info.result is not None and handle.info.result.basis == expected
+    assert handle.info.result.basis_base64 is None
+    assert np.array_equal(handle.basis(), np.asarray(expected))  # hash-checked too
