@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
+import time
 from collections.abc import Callable
 
+import httpx
 import numpy as np
 import pytest
 
@@ -84,3 +87,51 @@ def test_the_client_reads_base64_and_shows_the_lists(
     assert handle.info.result is not None and handle.info.result.basis == expected
     assert handle.info.result.basis_base64 is None
     assert np.array_equal(handle.basis(), np.asarray(expected))  # hash-checked too
+
+
+def _older_service(service: Service, refused: set[str], sent: list[httpx.Request]) -> httpx.Client:
+    """The service as a version without the query parameters ``refused`` answers: 422 naming
+    the unknown parameter, before anything is charged."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        for name in refused:
+            if name in request.url.params:
+                detail = f"query.{name}: unknown parameter (known: limit)"
+                return httpx.Response(422, json={"error": "invalid_parameter", "detail": detail})
+        answer = service.client.request(
+            request.method,
+            request.url.path,
+            params=request.url.params,
+            headers={k: v for k, v in request.headers.items() if k.lower() != "host"},
+            content=request.content,
+        )
+        return httpx.Response(answer.status_code, content=answer.content)
+
+    return httpx.Client(transport=httpx.MockTransport(handle), base_url="http://older")
+
+
+@pytest.mark.parametrize("refused", [{"basis_format"}, {"wait", "basis_format"}])
+def test_the_client_works_with_a_service_without_the_parameters(
+    make_service: Callable[..., Service], refused: set[str]
+) -> None:
+    from dpss_client import Client
+
+    service = make_service()
+    sent: list[httpx.Request] = []
+    older = _older_service(service, refused, sent)
+    analyst = Client("http://older", service.keys["analyst"], http=older)
+    worker = threading.Thread(target=lambda: (time.sleep(0.3), service.worker.run_pending()))
+    worker.start()
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=20)
+    basis = handle.wait(timeout=20)
+    worker.join()
+    assert basis.shape == (6, 2)
+    # Charged once: one release made, whatever was refused on the way.
+    listed = service.client.get("/v1/releases", headers=bearer(service.keys["analyst"])).json()
+    assert [item["id"] for item in listed["items"]] == [str(handle.id)]
+    # A service names one unknown parameter per answer: the client drops each as it is named,
+    # once for the request and once for the read of a release, and asks no more.
+    asking = [i for i, r in enumerate(sent) if refused & set(r.url.params)]
+    assert len(asking) <= 2 * len(refused), [str(r.url) for r in sent]
+    assert asking[-1] < len(sent) - 1
