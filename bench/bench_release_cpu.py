@@ -6,8 +6,14 @@ In this process: the app driven through ASGI by an httpx client, and a :class:`W
 isolates its runs as ``dpss worker`` does (a forked child per run), on a fresh SQLite file or a
 fresh database of the local PostgreSQL server (whose own CPU is not counted). Per release:
 
-- *API*: ``POST /v1/datasets/{id}/releases`` and ``GET /v1/releases/{id}`` (the result, with
-  its basis), client included; ``time.process_time`` of this process;
+- *API*, the path the Python client (``PrivatePCA``) now takes: one
+  ``POST /v1/datasets/{id}/releases?wait=30&basis_format=base64`` answered with the finished
+  release and its basis (the worker runs while it waits; woken as a separate process's worker
+  wakes it: the wake file on SQLite, ``NOTIFY`` on PostgreSQL), read by the client's own
+  parsing into the array ``basis()`` gives; ``time.process_time`` of this process (every
+  thread: the long poll's watcher too);
+- *API, two requests* (as before that long poll, and as a checkout without it is measured):
+  ``POST /v1/datasets/{id}/releases`` and ``GET /v1/releases/{id}`` after the run;
 - *worker*: ``Worker.run_pending`` (claim, isolated run, store) in a separate process started
   as ``dpss worker`` starts (``python -m bench.bench_release_cpu --serve``: the worker's imports
   only, its own connection pool), told over a pipe to run; that process's CPU plus its
@@ -16,10 +22,10 @@ fresh database of the local PostgreSQL server (whose own CPU is not counted). Pe
 - *direct*: ``mechanism.run`` on the matrix already in memory, in this process, with the same
   spec and one BLAS thread (as the worker's ``DPSS_WORKER_BLAS_THREADS=1``).
 
-Printed per shape: the medians and the ratio (API + worker) / direct, measured in this run
-(interleaved: direct, release, direct, ...). ``--profile`` prints the API's (and client's)
-top functions by CPU, and the worker process its own on stderr (cProfile with
-``time.process_time``).
+Printed per shape: the medians and the ratios (API + worker) / direct for either path,
+measured in this run (interleaved: direct, two requests, one request, direct, ...).
+``--profile`` prints the API's (and client's) top functions by CPU, and the worker process its
+own on stderr (cProfile with ``time.process_time``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+from sqlalchemy import event
+from sqlalchemy.orm import Session
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 if __package__ in (None, ""):
@@ -52,10 +60,13 @@ if __package__ in (None, ""):
         0, os.environ.get("DPSS_BENCH_CHECKOUT", str(Path(__file__).resolve().parents[1]))
     )
 
+import dpss_client.client as dpss_client  # this checkout's client: the path it takes
+from api_schemas.releases import Release
 from scripts.harness import create_database, drop_database, table
 from service import auth
 from service.app import create_app
 from service.config import Settings
+from service.db import models
 from service.db.engine import make_engine, make_session_factory
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.noise import secure_generator
@@ -247,9 +258,53 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
         assert answer["status"] == "succeeded", answer
         return time.process_time() - started
 
+    # The one-request path: the worker is told to run once the creating transaction has
+    # committed a release (the worker of a deployment is woken then too).
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    queued = asyncio.Event()
+
+    def created(session: Session, instance: object) -> None:
+        if isinstance(instance, models.Release):
+            session.info["bench_created"] = True
+
+    def committed(session: Session) -> None:
+        if session.info.pop("bench_created", False):
+            loop_box[0].call_soon_threadsafe(queued.set)
+
+    event.listen(factory, "pending_to_persistent", created)
+    event.listen(factory, "after_commit", committed)
+
+    async def waited(http: httpx.AsyncClient, dataset: str) -> tuple[float, float]:
+        """One ``POST ...?wait=``: its CPU in this process and the worker's."""
+        queued.clear()
+        started = time.process_time()
+        if api_profiler is not None:
+            api_profiler.enable()
+        answer = asyncio.create_task(
+            http.post(
+                f"/v1/datasets/{dataset}/releases",
+                headers=analyst_headers,
+                json=RELEASE,
+                params={"wait": "30", **dpss_client.RELEASE_READ},
+            )
+        )
+        await queued.wait()
+        worker_s = await asyncio.to_thread(work_once)
+        # Read as the Python client reads it (its parsing, then the array ``basis()`` gives).
+        done = dpss_client._parse((await answer).raise_for_status(), Release)
+        assert done.status == "succeeded" and done.result is not None, done.status
+        np.asarray(done.result.basis, dtype=np.float64)
+        if api_profiler is not None:
+            api_profiler.disable()
+        return time.process_time() - started, worker_s
+
     async def drive() -> None:
+        loop_box.append(asyncio.get_running_loop())
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+            post = (await http.get("/openapi.json")).json()["paths"]
+            parameters = post["/v1/datasets/{dataset_id}/releases"]["post"]["parameters"]
+            one_request = any(p["name"] == "wait" for p in parameters)
             for n, d in SHAPES:
                 rows = rows_of(n, d)
                 dataset = await upload(rows, http)
@@ -257,24 +312,37 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
                 release, _ = await request(http, dataset)
                 work_once()
                 await read(http, release)
+                if one_request:
+                    await waited(http, dataset)
                 direct_cpu(rows, n, d)
-                directs, apis, workers = [], [], []
+                directs, apis, workers, apis_1, workers_1 = [], [], [], [], []
                 children.clear()
                 for _ in range(reps):
                     directs.append(direct_cpu(rows, n, d))
                     release, api = await request(http, dataset)
                     workers.append(work_once())
                     apis.append(api + await read(http, release))
+                    if one_request:
+                        api_1, worker_1 = await waited(http, dataset)
+                        apis_1.append(api_1)
+                        workers_1.append(worker_1)
                 floor = statistics.median(directs)
                 api_s, worker_s = statistics.median(apis), statistics.median(workers)
+                one = "n/a (no POST ?wait)"
+                api_1s = worker_1s = None
+                if one_request:
+                    api_1s, worker_1s = statistics.median(apis_1), statistics.median(workers_1)
+                    one = f"{(api_1s + worker_1s) / floor:.2f}"
                 table_rows.append(
                     [
                         f"{n:,} x {d}",
                         f"{floor:.3f}",
+                        f"{api_1s:.3f}" if api_1s is not None else "n/a",
                         f"{api_s:.3f}",
+                        f"{worker_1s:.3f}" if worker_1s is not None else "n/a",
                         f"{worker_s:.3f}",
                         f"{statistics.median(children):.3f}",
-                        f"{worker_s / floor:.2f}",
+                        one,
                         f"{(api_s + worker_s) / floor:.2f}",
                     ]
                 )
@@ -288,8 +356,9 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
         f"CPU seconds per release, medians of {reps} ({backend}; {RELEASE['mechanism']} "
         f"k={RELEASE['k']}; one BLAS thread; API includes the in-process client)"
     )
-    headers = ["shape", "direct s", "API s", "worker s", "of which run s", "worker / direct"]
-    headers.append("(API + worker) / direct")
+    headers = ["shape", "direct s", "API s (one request)", "API s (two requests)"]
+    headers += ["worker s (one)", "worker s (two)", "of which run s"]
+    headers += ["(API + worker) / direct, one request", "the same, two requests"]
     print(table(table_rows, headers))
     if api_profiler is not None:
         print("API (and client) CPU by function:")

@@ -1,7 +1,8 @@
 """Long polls: requests waiting for a release to finish, woken without holding the database.
 
-``GET /v1/releases/{id}?wait=<seconds>`` parks the request here between two short reads of the
-release (each its own unit of work through :class:`service.api.deps.Database`: a slot and a
+``GET /v1/releases/{id}?wait=<seconds>`` (and ``POST /v1/datasets/{id}/releases?wait=``, the
+creating request waiting for its own release) parks the request here between two short reads of
+the release (each its own unit of work through :class:`service.api.deps.Database`: a slot and a
 connection for milliseconds, never while waiting). What wakes it:
 
 - a worker storing an outcome (:func:`service.wake.announce_finished`): on PostgreSQL one
@@ -62,7 +63,8 @@ RECHECK_SECONDS = 2.0
 class Waiter:
     """One waiting request: an event set (thread-safely) on a hint about its release."""
 
-    release_id: uuid.UUID
+    #: ``None`` while it waits for a release not yet created (:meth:`ReleaseWaiters.bind`).
+    release_id: uuid.UUID | None
     loop: asyncio.AbstractEventLoop
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -94,7 +96,9 @@ class ReleaseWaiters:
         self.settings = settings
         self.limit = settings.release_wait_max_waiters
         self._lock = threading.Lock()
-        self._waiters: dict[uuid.UUID, set[Waiter]] = {}
+        #: Keyed by release; under ``None`` the waiters of releases being created (any hint wakes
+        #: them, see :meth:`waiting`).
+        self._waiters: dict[uuid.UUID | None, set[Waiter]] = {}
         self._count = 0
         self._stop = threading.Event()
         self._anyone = threading.Event()
@@ -113,11 +117,17 @@ class ReleaseWaiters:
         return self._stop.is_set()
 
     @contextmanager
-    def waiting(self, release_id: uuid.UUID) -> Iterator[Waiter | None]:
+    def waiting(self, release_id: uuid.UUID | None) -> Iterator[Waiter | None]:
         """A registered waiter for ``release_id``, or ``None`` when the limit is reached.
 
         Register before the first read of the release: a hint between that read and the wait
         then still wakes the wait.
+
+        ``release_id=None``: for a release about to be created (``POST .../releases?wait=``),
+        whose id is known only once its transaction has committed. Until :meth:`bind` names
+        the release, every hint wakes this waiter (a spurious wake costs one read), so one
+        stored between that commit and :meth:`bind` is not lost and the creating request
+        needs no read of its own before it waits.
         """
         waiter = Waiter(release_id, asyncio.get_running_loop())
         with self._lock:
@@ -138,21 +148,33 @@ class ReleaseWaiters:
         finally:
             with self._lock:
                 self._count -= 1
-                group = self._waiters.get(release_id)
-                if group is not None:
-                    group.discard(waiter)
-                    if not group:
-                        del self._waiters[release_id]
+                self._discard(waiter)
                 if self._count == 0:
                     self._anyone.clear()
 
+    def bind(self, waiter: Waiter, release_id: uuid.UUID) -> None:
+        """Name the release a waiter from ``waiting(None)`` waits for (once it is created): from
+        now on only that release's hints wake it. A hint it took before stays taken."""
+        with self._lock:
+            self._discard(waiter)
+            waiter.release_id = release_id
+            self._waiters.setdefault(release_id, set()).add(waiter)
+
+    def _discard(self, waiter: Waiter) -> None:
+        group = self._waiters.get(waiter.release_id)
+        if group is not None:
+            group.discard(waiter)
+            if not group:
+                del self._waiters[waiter.release_id]
+
     def notify(self, release_id: uuid.UUID | None) -> None:
-        """Wake the waiters of ``release_id`` (every waiter when ``None``); thread-safe."""
+        """Wake the waiters of ``release_id`` and those of releases being created (every waiter
+        when ``None``); thread-safe."""
         with self._lock:
             if release_id is None:
                 woken = [w for group in self._waiters.values() for w in group]
             else:
-                woken = list(self._waiters.get(release_id, ()))
+                woken = [*self._waiters.get(release_id, ()), *self._waiters.get(None, ())]
         for waiter in woken:
             waiter.wake()
 

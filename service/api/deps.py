@@ -364,6 +364,13 @@ class UnitOfWork:
 
         return await self.database.run(transaction, autocommit=single_statement and read_only)
 
+    def reads(self) -> UnitOfWork:
+        """This request's access for reads only, as a ``GET`` has it: its key may be answered
+        from the process's recent verification (a write's request reading what it made, such as
+        ``POST .../releases?wait=`` polling its release after the creating transaction, which
+        checked the key itself)."""
+        return UnitOfWork(self.database, self.secret, self.scope, read_only=True)
+
     def _admitted(self, principal: Principal) -> Principal:
         """``principal``, refused while a restore hold is set (writes) and marked authenticated
         in the request's scope (the rate limiter's bucket)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
+from typing import Literal
 
 from sqlalchemy.orm import Session
 
@@ -16,6 +18,10 @@ from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
 from service.releases import decode_basis
+
+#: How a release's basis is written: ``json``, ``d`` lists of ``k`` numbers; ``base64``, the
+#: stored bytes (``ReleaseResult.basis_base64``).
+BasisFormat = Literal["json", "base64"]
 
 
 def budget_out(totals: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
@@ -130,6 +136,7 @@ def release_out(
     now: datetime | None = None,
     with_basis: bool = True,
     shown: visibility.View | None = None,
+    basis_format: BasisFormat = "json",
 ) -> Release:
     """The release as ``principal`` may see it at ``now`` (:func:`service.visibility.view`).
 
@@ -143,12 +150,20 @@ def release_out(
     result = None
     if shown.shows_result:
         stored = releases.stored_basis(session, release) if with_basis else None
-        basis = decode_basis(stored, release.result_shape)
-        result = ReleaseResult(
-            basis=basis.tolist() if basis is not None else None,
-            basis_sha256=release.result_sha256,
-            extras=release.result_extras or {},
-        )
+        if basis_format == "base64" and stored is not None:
+            result = ReleaseResult(
+                basis_base64=base64.b64encode(stored).decode("ascii"),
+                basis_shape=release.result_shape,
+                basis_sha256=release.result_sha256,
+                extras=release.result_extras or {},
+            )
+        else:
+            basis = decode_basis(stored, release.result_shape)
+            result = ReleaseResult(
+                basis=basis.tolist() if basis is not None else None,
+                basis_sha256=release.result_sha256,
+                extras=release.result_extras or {},
+            )
     following: dict[str, object] = {}
     if shown.epochs is not None:
         latest, latest_out = shown.latest_epoch, None

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Annotated, TypeVar
 
 import anyio
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
@@ -23,7 +23,7 @@ from api_schemas.releases import (
 )
 from service import continual, preview, releases, visibility
 from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
-from service.api.presenters import epoch_out, release_out
+from service.api.presenters import BasisFormat, epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db import models
@@ -31,7 +31,7 @@ from service.db.models import utcnow
 from service.errors import InvalidInput
 from service.mechanisms.continual_gauss import MAX_HORIZON
 from service.visibility import FINISHED
-from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters
+from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters, Waiter
 
 #: How long after ``visible_at`` a long poll looks again at an outcome hidden until then.
 VISIBLE_MARGIN_SECONDS = 0.005
@@ -48,12 +48,24 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
         "With `?dry_run=true`, a preview: the request is validated exactly as a real one "
         "(same 4xx), nothing is charged or created, one `release_previewed` audit event is "
         "written, and the answer (200) gives the cost, whether the budget covers it, and the "
-        "noise scales the mechanism would use with what they mean."
+        "noise scales the mechanism would use with what they mean.\n\n"
+        "With `?wait=<seconds>`, the request is charged and queued exactly as without it "
+        "(committed before any waiting), then long-polls its own release as "
+        "`GET /v1/releases/{id}?wait=` does: the answer is the release as the caller may see "
+        "it when it has finished (200, with its result) or when the seconds have passed (202, "
+        "`queued` or `running`; then poll `GET /v1/releases/{id}`). One request instead of "
+        "two for a short release. Nothing shows earlier than a `GET` would show it: an "
+        "analyst's outcome only from `visible_at` on (the padding), and the moment of the "
+        "answer does not depend on when a worker stored it before then. A retry with the same "
+        "`Idempotency-Key` waits for the same release. Waiting holds no database connection; "
+        "when too many requests already wait, the answer (202) comes at once."
     ),
     responses={
         200: {
             "model": ReleasePreview,
-            "description": "`dry_run=true`: the preview. Nothing was charged or created.",
+            "description": "`dry_run=true`: the preview (`ReleasePreview`); nothing was charged "
+            "or created. With `wait`: the release (`Release`), finished as the caller may see "
+            "it (`succeeded`, `no_result` or `failed`), with its result.",
         },
         401: {"model": ErrorBody, "description": "Missing or invalid API key."},
         403: {
@@ -83,6 +95,8 @@ async def create_release(
     body: ReleaseRequest,
     uow: UnitOfWorkDep,
     settings: SettingsDep,
+    request: Request,
+    response: Response,
     idempotency_key: IdempotencyKey | None = Header(
         default=None,
         description="Retries with the same key and body return the same release, charged once. "
@@ -105,9 +119,23 @@ async def create_release(
         "hidden by noise (`scales.forecast_from_release_basis`). Refused (422) without "
         "`dry_run=true`.",
     ),
+    basis_format: BasisFormatQuery = "json",
+    wait: float | None = Query(
+        default=None,
+        ge=0,
+        le=MAX_WAIT_SECONDS,
+        description="Long poll on the created release: answer as soon as it has finished as "
+        f"the caller may see it (200), or after this many seconds (at most "
+        f"{MAX_WAIT_SECONDS:g}) with its state then (202), whichever comes first; the charge "
+        "and the queueing are committed before the wait. An analyst's outcome shows from "
+        "`visible_at` on, as with `GET /v1/releases/{id}?wait=`. Omitted or 0: answer at once "
+        "(202). Refused (422) with `dry_run=true`.",
+    ),
 ) -> Release | JSONResponse:
     if forecast_from is not None and not dry_run:
         raise InvalidInput("forecast_from", "only with dry_run=true (a preview)")
+    if wait and dry_run:
+        raise InvalidInput("wait", "not with dry_run=true (a preview is answered at once)")
     if dry_run:
 
         def preview_work(session: Session, principal: Principal) -> ReleasePreview:
@@ -123,10 +151,49 @@ async def create_release(
         release = releases.request_release(
             session, principal, dataset_id, body, idempotency_key, settings
         )
-        return release_out(release, principal, session)
+        return release_out(release, principal, session, basis_format=basis_format)
 
-    return await uow(work)
+    if not wait:
+        return await uow(work)
 
+    def create(session: Session, principal: Principal) -> _Read:
+        release = releases.request_release(
+            session, principal, dataset_id, body, idempotency_key, settings
+        )
+        return _read(session, release, principal, basis_format)
+
+    # Registered before the release exists (bound to it once created): a worker may store the
+    # outcome between the creating commit and the wait, and its hint must not be lost. The
+    # creating transaction's own view of the release is the wait's first read, made as a
+    # GET's reads are (:func:`_read`).
+    hub: ReleaseWaiters = request.app.state.release_waiters
+    deadline = anyio.current_time() + wait
+    with hub.waiting(None) as waiter:
+        read = await uow(create)
+        if waiter is not None:
+            release_id = read.shown.id
+
+            def again(session: Session, principal: Principal) -> _Read:
+                found = releases.get_release(session, principal, release_id)
+                return _read(session, found, principal, basis_format)
+
+            hub.bind(waiter, release_id)
+            reads = uow.reads()  # as a GET's long poll reads (the key was checked at creation)
+            read = await _wait_on(hub, waiter, deadline, read, lambda: reads(again), _finished)
+    if read.shown.status in FINISHED:
+        response.status_code = 200
+    return read.shown
+
+
+BasisFormatQuery = Annotated[
+    BasisFormat,
+    Query(
+        description="How a finished release's basis is written: `json` (default), `result.basis` "
+        "as `d` lists of `k` numbers; `base64`, `result.basis_base64`, the stored bytes "
+        "(little-endian float64, row-major, `result.basis_shape`; their SHA-256 is "
+        "`result.basis_sha256`), exact and cheaper to read into an array.",
+    ),
+]
 
 Wait = Annotated[
     float | None,
@@ -170,24 +237,41 @@ class _Read:
     },
 )
 async def get_release(
-    release_id: uuid.UUID, uow: UnitOfWorkDep, request: Request, wait: Wait = None
+    release_id: uuid.UUID,
+    uow: UnitOfWorkDep,
+    request: Request,
+    wait: Wait = None,
+    basis_format: BasisFormatQuery = "json",
 ) -> Release:
     def work(session: Session, principal: Principal) -> _Read:
-        release = releases.get_release(session, principal, release_id)
-        now = utcnow()
-        seen = visibility.view(session, release, principal, now)
-        shows_at = None
-        if not seen.finished:
-            shows_at = _shows_at(session, release, seen, len(seen.epochs or ()), now)
-        shown = release_out(release, principal, session, now, shown=seen)
-        return _Read(shown, shows_at, seen.sealed_until)
+        found = releases.get_release(session, principal, release_id)
+        return _read(session, found, principal, basis_format)
 
     if not wait:
         return (await uow(work)).shown
-    read = await _long_poll(
-        request, release_id, wait, lambda: uow(work), lambda r: r.shown.status in FINISHED
-    )
+    read = await _long_poll(request, release_id, wait, lambda: uow(work), _finished)
     return read.shown
+
+
+def _read(
+    session: Session,
+    release: models.Release,
+    principal: Principal,
+    basis_format: BasisFormat = "json",
+) -> _Read:
+    """``release`` as ``principal`` sees it now, and when that may change: one read of a long
+    poll (the creating request's first included)."""
+    now = utcnow()
+    seen = visibility.view(session, release, principal, now)
+    shows_at = None
+    if not seen.finished:
+        shows_at = _shows_at(session, release, seen, len(seen.epochs or ()), now)
+    shown = release_out(release, principal, session, now, shown=seen, basis_format=basis_format)
+    return _Read(shown, shows_at, seen.sealed_until)
+
+
+def _finished(read: _Read) -> bool:
+    return read.shown.status in FINISHED
 
 
 def _shows_at(
@@ -238,19 +322,32 @@ async def _long_poll(
         read = await read_once()
         if waiter is None:
             return read
-        while not done(read) and not hub.closing:
-            left = deadline - anyio.current_time()
-            if left <= 0:
-                break
-            if read.sealed_until is not None:
-                pause = min(left, _seconds_until(read.sealed_until) + VISIBLE_MARGIN_SECONDS)
-                await waiter.sleep(pause, until=lambda: hub.closing)
-            else:
-                pause = min(left, RECHECK_SECONDS)
-                if read.shows_at is not None:
-                    pause = min(pause, _seconds_until(read.shows_at) + VISIBLE_MARGIN_SECONDS)
-                await waiter.wait(pause)
-            read = await read_once()
+        return await _wait_on(hub, waiter, deadline, read, read_once, done)
+
+
+async def _wait_on(
+    hub: ReleaseWaiters,
+    waiter: Waiter,
+    deadline: float,
+    read: _R,
+    read_once: Callable[[], Awaitable[_R]],
+    done: Callable[[_R], bool],
+) -> _R:
+    """The loop of :func:`_long_poll` from its first ``read``; ``waiter`` was registered
+    before that read was made, so no hint since is lost."""
+    while not done(read) and not hub.closing:
+        left = deadline - anyio.current_time()
+        if left <= 0:
+            break
+        if read.sealed_until is not None:
+            pause = min(left, _seconds_until(read.sealed_until) + VISIBLE_MARGIN_SECONDS)
+            await waiter.sleep(pause, until=lambda: hub.closing)
+        else:
+            pause = min(left, RECHECK_SECONDS)
+            if read.shows_at is not None:
+                pause = min(pause, _seconds_until(read.shows_at) + VISIBLE_MARGIN_SECONDS)
+            await waiter.wait(pause)
+        read = await read_once()
     return read
 
 

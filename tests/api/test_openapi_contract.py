@@ -63,9 +63,21 @@ def auth(case: Any, key: str) -> dict[str, str]:
     return {} if header is not None and header.mode.is_negative else bearer(key)
 
 
+def _long_wait(value: Any) -> bool:
+    """Whether ``value`` is a valid ``wait`` longer than a tenth of a second."""
+    try:
+        return 0.1 < float(value) <= 30
+    except (TypeError, ValueError):
+        return False
+
+
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_the_api_matches_its_openapi_document(case, dataset_id, keys):
+    if _long_wait((case.query or {}).get("wait")):
+        # No worker runs here: a long poll (a release request's included) would wait out its
+        # bound on every example. Its shape, not its length, is what is checked.
+        case.query["wait"] = "0.1"
     for role in ROLES:
         case.call_and_validate(headers=auth(case, getattr(keys, role)))
     positive = case.meta is not None and case.meta.generation.mode.is_positive

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from service import waiters, wake
-from tests.api.conftest import Service
+from tests.api.conftest import BODY, Service
 from tests.conftest import bearer, npy_bytes
 from tests.factories import near_subspace
 
@@ -186,6 +186,203 @@ def test_a_stopping_process_answers_its_long_polls_at_once(
     start = time.monotonic()
     assert service.get(release, wait=30).status_code == 200  # no new wait begins
     assert time.monotonic() - start < EARLY
+
+
+# ---------------------------------------------------------------------------------------------
+# The creating request's own long poll: POST /v1/datasets/{id}/releases?wait=
+
+
+def _run_once_queued(service: Service, after: float) -> threading.Thread:
+    """A worker that runs one release once one is queued (the creating request commits it
+    while this already runs)."""
+
+    def run() -> None:
+        time.sleep(after)
+        deadline = time.monotonic() + EARLY
+        while service.worker.run_pending() == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _create(service: Service, **params: Any) -> httpx.Response:
+    return service.client.post(
+        f"/v1/datasets/{service.dataset}/releases",
+        headers=bearer(service.keys["analyst"]),
+        json=BODY,
+        params=params,
+    )
+
+
+@pytest.mark.parametrize("hint", ["local", "database"])
+def test_the_creating_request_answers_with_the_finished_release(
+    make_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch, hint: str
+) -> None:
+    service = make_service()
+    if hint == "database":
+        monkeypatch.setattr(wake, "_local_listeners", [])
+    no_recheck(monkeypatch)
+    worker = _run_once_queued(service, 0.4)
+    start = time.monotonic()
+    answer = _create(service, wait=30)
+    elapsed = time.monotonic() - start
+    worker.join()
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["status"] == "succeeded"
+    assert np.asarray(body["result"]["basis"]).shape == (6, 2)
+    # Woken by the worker's hint (no re-read before the bound), long before the bound.
+    assert 0.35 <= elapsed < EARLY, elapsed
+    # Charged once, as without wait: the same release as a GET shows.
+    assert service.get(body["id"]).json() == body
+    assert service.client.app.state.release_waiters.count == 0
+
+
+def test_a_hint_between_the_creating_commit_and_the_wait_is_not_lost(
+    make_service: Callable[..., Service], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = make_service()
+    no_recheck(monkeypatch)
+    hub = service.client.app.state.release_waiters
+    bind = hub.bind
+
+    def late_bind(waiter: waiters.Waiter, release_id: Any) -> None:
+        # The worker stores the outcome (and hints) after the commit, before the bind.
+        assert service.worker.run_pending() == 1
+        bind(waiter, release_id)
+
+    monkeypatch.setattr(hub, "bind", late_bind)
+    start = time.monotonic()
+    answer = _create(service, wait=30)
+    assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
+    assert time.monotonic() - start < EARLY  # woken by the hint, not a re-read at the bound
+
+
+def test_the_creating_request_answers_202_at_its_bound(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    start = time.monotonic()
+    answer = _create(service, wait=0.5)
+    assert time.monotonic() - start >= 0.5
+    assert answer.status_code == 202 and answer.json()["status"] == "queued"
+    assert answer.json()["result"] is None
+    # Without wait (or 0), and beyond the waiter limit: 202 at once, as ever.
+    assert _create(service).status_code == 202
+    assert _create(service, wait=0).status_code == 202
+    limited = make_service(release_wait_max_waiters=0)
+    start = time.monotonic()
+    assert _create(limited, wait=30).status_code == 202
+    assert time.monotonic() - start < EARLY
+
+
+def test_a_retry_with_the_idempotency_key_waits_for_the_same_release(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    headers = {**bearer(service.keys["analyst"]), "Idempotency-Key": "retry-1"}
+    path = f"/v1/datasets/{service.dataset}/releases"
+    first = service.client.post(path, headers=headers, json=BODY, params={"wait": "0.2"})
+    assert first.status_code == 202
+    spent = service.client.get(f"/v1/datasets/{service.dataset}", headers=headers).json()
+    service.run_later(0.3)
+    again = service.client.post(path, headers=headers, json=BODY, params={"wait": "30"})
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    assert again.json()["status"] == "succeeded"
+    after = service.client.get(f"/v1/datasets/{service.dataset}", headers=headers).json()
+    assert after["budget"] == spent["budget"]  # charged once
+
+
+def test_the_creating_long_poll_shows_nothing_before_visible_at(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(release_padding_floor_seconds=1.5)
+    worker = _run_once_queued(service, 0.1)  # stored long before visible_at
+    answer = _create(service, wait=0.8)
+    worker.join()
+    # The wait ended before visible_at: queued with nothing, as a GET shows it, though the
+    # outcome was stored (the owner sees it).
+    assert answer.status_code == 202
+    assert answer.json()["status"] == "queued" and answer.json()["result"] is None
+    assert service.get(answer.json()["id"], role="owner").json()["status"] == "succeeded"
+    worker = _run_once_queued(service, 0.1)
+    answer = _create(service, wait=10)
+    seen_at = time.time()
+    worker.join()
+    body = answer.json()
+    assert answer.status_code == 200 and body["status"] == "succeeded"
+    visible_at = np.datetime64(body["visible_at"].replace("Z", "")).astype("datetime64[us]")
+    assert np.datetime64(int(seen_at * 1e6), "us") >= visible_at
+
+
+def test_the_client_and_private_pca_take_one_request(
+    make_service: Callable[..., Service],
+) -> None:
+    from dpss_client import Client, PrivatePCA
+
+    service = make_service()
+    sent: list[httpx.Request] = []
+    service.client.event_hooks["request"].append(sent.append)
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    worker = _run_once_queued(service, 0.3)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=30)
+    worker.join()
+    assert handle.done and handle.basis().shape == (6, 2)
+    assert [(r.method, r.url.params.get("wait")) for r in sent] == [("POST", "25")]
+    sent.clear()
+    worker = _run_once_queued(service, 0.3)
+    pca = PrivatePCA(analyst, service.dataset, 2, "0.1", "1e-7", center="none").fit()
+    worker.join()
+    assert pca.components_.shape == (2, 6)
+    # One request for the release: no long poll after it (other requests may read the dataset).
+    releases = [r for r in sent if "releases" in r.url.path]
+    assert [(r.method, r.url.params.get("wait")) for r in releases] == [("POST", "25")]
+
+
+def test_the_client_resends_a_lost_waiting_request_with_its_key(
+    make_service: Callable[..., Service],
+) -> None:
+    from dpss_client import Client
+
+    service = make_service()
+    sent: list[httpx.Request] = []
+
+    def drop_the_first_answer(response: httpx.Response) -> None:
+        sent.append(response.request)
+        if len(sent) == 1:
+            raise httpx.ReadError("lost on the way back", request=response.request)
+
+    service.client.event_hooks["response"].append(drop_the_first_answer)
+    analyst = Client(str(service.client.base_url), service.keys["analyst"], http=service.client)
+    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=0.2)
+    first, second = sent
+    assert first.url.params.get("wait") == "0.2" and "wait" not in second.url.params
+    assert first.headers["Idempotency-Key"] == second.headers["Idempotency-Key"]
+    # The same release, charged once: one release in the ledger.
+    listed = service.client.get("/v1/releases", headers=bearer(service.keys["analyst"]))
+    assert [item["id"] for item in listed.json()["items"]] == [str(handle.id)]
+
+
+def test_wait_with_dry_run_is_refused(make_service: Callable[..., Service]) -> None:
+    service = make_service()
+    answer = _create(service, wait=5, dry_run="true")
+    assert answer.status_code == 422 and "wait" in answer.text
+    for bad in ("31", "-1", "soon"):
+        refused = _create(service, wait=bad)
+        assert refused.status_code == 422 and "wait" in refused.text
+
+
+def test_the_creating_wait_is_described_in_the_openapi_document(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    paths = service.client.get("/openapi.json").json()["paths"]
+    operation = paths["/v1/datasets/{dataset_id}/releases"]["post"]
+    (wait,) = [p for p in operation["parameters"] if p["name"] == "wait"]
+    assert wait["in"] == "query" and "long poll" in wait["description"].lower()
+    assert "visible_at" in operation["description"]
 
 
 # ---------------------------------------------------------------------------------------------

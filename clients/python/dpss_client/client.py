@@ -13,6 +13,7 @@ imports the server (no FastAPI, SQLAlchemy or database code).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -412,6 +413,10 @@ class Client:
         self._http = http if http is not None else httpx.Client(timeout=timeout)
         #: Set when the service refused a long poll (a version without them): poll instead.
         self._no_long_poll = False
+        #: Set when the service refused ``basis_format`` (a version without it): JSON lists.
+        self._no_basis_format = False
+        #: Set when the service refused ``wait`` on a release request (a version without it).
+        self._no_release_wait = False
 
     def _timeout_plus(self, seconds: float) -> httpx.Timeout:
         """This client's timeouts with ``seconds`` more to read the answer (a long poll)."""
@@ -437,8 +442,30 @@ class Client:
         except InvalidRequestError as exc:
             if exc.status != 422:
                 raise
+            if params and "basis_format" in params and _unknown_query(exc, "basis_format"):
+                self._no_basis_format = True
+                rest = {name: value for name, value in params.items() if name != "basis_format"}
+                return self._long_get(path, model, wait, rest)
             self._no_long_poll = True
             return None
+
+    def _release_read(self) -> dict[str, str]:
+        """The query parameters of a read of a release: :data:`RELEASE_READ` unless the service
+        refused it."""
+        return {} if self._no_basis_format else dict(RELEASE_READ)
+
+    def _get_release(self, path: str, **kwargs: Any) -> Release:
+        """``GET`` a release (``params``, ``timeout`` as for :meth:`_get`) with
+        :meth:`_release_read`; asked again without it when the service refuses it (422: a
+        version without ``basis_format``)."""
+        params = kwargs.pop("params", None) or {}
+        try:
+            return self._get(path, Release, params={**params, **self._release_read()}, **kwargs)
+        except InvalidRequestError as exc:
+            if self._no_basis_format or not _unknown_query(exc, "basis_format"):
+                raise
+            self._no_basis_format = True
+            return self._get(path, Release, params=params, **kwargs)
 
     # Lifecycle ------------------------------------------------------------------------------
 
@@ -798,9 +825,19 @@ class Client:
         mu: Number | None = None,
         rho: Number | None = None,
         idempotency_key: str | None = None,
+        wait: float | None = None,
         **params: Any,
     ) -> ReleaseHandle:
         """Request a release (analyst key); it is queued, and the cost charged, at once.
+
+        ``wait`` seconds (at most :data:`LONG_POLL_SECONDS`): the request itself waits for the
+        release (``POST ...?wait=``) and the handle comes back finished when it finished within
+        that time (one request instead of the request and a long poll; as ever, an analyst sees
+        the outcome only from its ``visible_at`` on), else unfinished (then
+        :meth:`ReleaseHandle.wait_finished`). The release's id is known only once the request
+        answers; a request whose answer is lost on the way is sent once more with the same
+        ``Idempotency-Key`` (the same release, charged once). A service without this long
+        poll answers at once, as without ``wait``.
 
         The cost: ``epsilon, delta`` (on a ``basic`` dataset the charge; elsewhere the single
         release the mechanism is calibrated to, charged its own cost), or ``mu=`` on a
@@ -818,12 +855,34 @@ class Client:
             "params": params,
         }
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
-        response = self._request(
-            "POST",
-            f"/v1/datasets/{dataset_id}/releases",
-            json=body,
-            headers={"Idempotency-Key": key},
-        )
+        path, headers = f"/v1/datasets/{dataset_id}/releases", {"Idempotency-Key": key}
+        if wait is not None and wait > 0 and not self._no_release_wait:
+            seconds = min(wait, LONG_POLL_SECONDS)
+            try:
+                response = self._request(
+                    "POST",
+                    path,
+                    json=body,
+                    headers=headers,
+                    params={"wait": f"{seconds:g}", **self._release_read()},
+                    timeout=self._timeout_plus(seconds),
+                )
+                return ReleaseHandle(self, _parse(response, Release))
+            except ServiceUnreachableError:
+                pass  # charged or not: the same key below gives the same release, or makes it
+            except InvalidRequestError as exc:
+                # A service from before these parameters refuses them, before any charge.
+                if _unknown_query(exc, "wait"):
+                    self._no_release_wait = True
+                elif _unknown_query(exc, "basis_format"):
+                    self._no_basis_format = True
+                    return self.release(
+                        dataset_id, mechanism, k, epsilon, delta, mu=mu, rho=rho,
+                        idempotency_key=key, wait=wait, **params,
+                    )  # fmt: skip
+                else:
+                    raise
+        response = self._request("POST", path, json=body, headers=headers)
         return ReleaseHandle(self, _parse(response, Release))
 
     def preview_release(
@@ -908,7 +967,7 @@ class Client:
 
     def get_release(self, release_id: UUID | str) -> ReleaseHandle:
         """A handle on an existing release (e.g. one requested earlier from the CLI)."""
-        return ReleaseHandle(self, self._get(f"/v1/releases/{release_id}", Release))
+        return ReleaseHandle(self, self._get_release(f"/v1/releases/{release_id}"))
 
     # Catalogue and audit --------------------------------------------------------------------
 
@@ -998,7 +1057,7 @@ def _release_filters(
 
 def _parse(response: httpx.Response, model: type[_M]) -> _M:
     try:
-        return model.model_validate_json(response.content)
+        parsed = model.model_validate_json(response.content)
     except ValidationError as exc:
         raise ServerError(
             "bad_response",
@@ -1006,6 +1065,44 @@ def _parse(response: httpx.Response, model: type[_M]) -> _M:
             f"{response.status_code} with a body that is not a {model.__name__}: {exc}",
             response.status_code,
         ) from exc
+    if isinstance(parsed, Release):
+        return _with_basis_lists(parsed, response)  # type: ignore[return-value]
+    return parsed
+
+
+#: Asked of every read of a release: the basis as its stored bytes (``basis_base64``), which
+#: :func:`_parse` turns into the ``basis`` lists a caller reads, as the service would have
+#: written them; reading bytes costs a tenth of parsing their decimal text. A service without
+#: ``basis_format`` ignores it and writes the lists.
+RELEASE_READ: Final[dict[str, str]] = {"basis_format": "base64"}
+
+
+def _unknown_query(error: DpssError, name: str) -> bool:
+    """Whether ``error`` is the service refusing the query parameter ``name`` as unknown (a
+    version without it; refused before anything is charged)."""
+    return error.status == 422 and f"query.{name}: unknown parameter" in (error.detail or "")
+
+
+def _with_basis_lists(info: Release, response: httpx.Response) -> Release:
+    """``info`` with a ``basis_base64`` answer decoded into ``basis`` (the same numbers)."""
+    result = info.result
+    if result is None or result.basis_base64 is None:
+        return info
+    try:
+        data = base64.b64decode(result.basis_base64, validate=True)
+        rows, cols = result.basis_shape or (0, 0)
+        basis = np.frombuffer(data, dtype="<f8").reshape(rows, cols)
+    except (ValueError, TypeError) as exc:
+        raise ServerError(
+            "bad_response",
+            f"{response.request.method} {response.request.url.path} answered a basis_base64 "
+            f"that is not a {result.basis_shape} float64 array: {exc}",
+            response.status_code,
+        ) from exc
+    shown = result.model_copy(
+        update={"basis": basis.tolist(), "basis_base64": None, "basis_shape": None}
+    )
+    return info.model_copy(update={"result": shown})
 
 
 # --------------------------------------------------------------------------------------------
@@ -1043,11 +1140,10 @@ class ReleaseHandle:
         """Fetch the release's state; with ``wait`` seconds, a long poll (see
         :meth:`wait_finished`): the answer comes when it has finished or after ``wait``."""
         if not wait:
-            self.info = self._client._get(f"/v1/releases/{self.id}", Release)
+            self.info = self._client._get_release(f"/v1/releases/{self.id}")
             return self.info
-        self.info = self._client._get(
+        self.info = self._client._get_release(
             f"/v1/releases/{self.id}",
-            Release,
             params={"wait": f"{wait:g}"},
             timeout=self._client._timeout_plus(wait),
         )
@@ -1089,7 +1185,10 @@ class ReleaseHandle:
                     wait = wait if left is None else min(wait, left)
                     asked = time.monotonic()
                     info = self._client._long_get(
-                        f"/v1/releases/{self.id}", Release, max(wait, 0.001)
+                        f"/v1/releases/{self.id}",
+                        Release,
+                        max(wait, 0.001),
+                        self._client._release_read(),
                     )
                     if info is None:  # a service from before long polls: poll instead
                         continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 from uuid import UUID
@@ -24,6 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from dpss_client import client as client_module
 from dpss_client.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
 
 #: An explained-variance interval at least this wide means the noise hides the share (the
@@ -347,6 +349,12 @@ class PrivatePCA:
             first = error.errors()[0]
             raise ValueError(f"{first['loc'][0]}: {first['msg']}") from None
         params = self._release_params()
+        # The request waits for its release itself (one request, not a request and a long
+        # poll); what it has not finished within that, wait_finished waits for.
+        wait = client_module.LONG_POLL_SECONDS
+        if checked.timeout is not None:
+            wait = min(wait, checked.timeout)
+        started = time.monotonic()
         handle = self.client.release(
             self.dataset_id,
             checked.mechanism,
@@ -355,9 +363,13 @@ class PrivatePCA:
             delta=self.delta,
             mu=self.mu,
             rho=self.rho,
+            wait=wait,
             **params,
         )
-        handle.wait_finished(timeout=checked.timeout)
+        left = None
+        if checked.timeout is not None:
+            left = max(checked.timeout - (time.monotonic() - started), 0.0)
+        handle.wait_finished(timeout=left)
         basis = handle.basis()
         self._set_fitted(handle, basis, params)
         return self
