@@ -4,6 +4,8 @@ either way, the prefix the database names."""
 
 from __future__ import annotations
 
+import gc
+import os
 from pathlib import Path
 
 import numpy as np
@@ -47,3 +49,23 @@ def test_a_large_file_keeps_the_lazy_map(
     assert np.array_equal(data, rows[:25])
     assert np.array_equal(store.open(name, 10), rows[:10])  # at the bound: populated
     assert not isinstance(store.open(name, 10), np.memmap)
+
+
+def test_a_store_gives_its_session_lock_back_when_closed_or_dropped(tmp_path: Path) -> None:
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_descriptors()
+    closed = DatasetStore(tmp_path / "a")
+    closed.ensure()
+    session = closed.new_incoming_path().parent
+    assert open_descriptors() == before + 1
+    closed.close()
+    assert open_descriptors() == before and not session.exists()
+    dropped = DatasetStore(tmp_path / "b")
+    dropped.ensure()
+    dropped.new_incoming_path()
+    assert open_descriptors() == before + 1
+    del dropped
+    gc.collect()
+    assert open_descriptors() == before
