@@ -4,6 +4,7 @@ either way, the prefix the database names."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 from pathlib import Path
@@ -52,20 +53,28 @@ def test_a_large_file_keeps_the_lazy_map(
 
 
 def test_a_store_gives_its_session_lock_back_when_closed_or_dropped(tmp_path: Path) -> None:
-    def open_descriptors() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    def lock_is_free(session: Path) -> bool:
+        # flock locks belong to open file descriptions: a new one gets the lock only once the
+        # store's descriptor is closed (counting /proc/self/fd races other threads' files).
+        descriptor = os.open(session / ".lock", os.O_RDWR)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(descriptor)
+        return True
 
-    before = open_descriptors()
     closed = DatasetStore(tmp_path / "a")
     closed.ensure()
     session = closed.new_incoming_path().parent
-    assert open_descriptors() == before + 1
+    assert not lock_is_free(session)
     closed.close()
-    assert open_descriptors() == before and not session.exists()
+    assert not session.exists()
     dropped = DatasetStore(tmp_path / "b")
     dropped.ensure()
-    dropped.new_incoming_path()
-    assert open_descriptors() == before + 1
+    session = dropped.new_incoming_path().parent
+    assert not lock_is_free(session)
     del dropped
     gc.collect()
-    assert open_descriptors() == before
+    assert lock_is_free(session)
