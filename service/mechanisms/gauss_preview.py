@@ -170,6 +170,13 @@ def release_forecast(
     return figures, range_from_release(figures, new), ratio
 
 
+#: Said of a range that bounds the expected share only (``RangeForecast.covers_spread``).
+SPREAD_NOT_COVERED = (
+    "in expectation: above d = 256 the range leaves out a single release's own spread, "
+    "which can fall outside it"
+)
+
+
 def forecast_from(
     ctx: PublicContext,
     spec: ReleaseSpec[AnalyzeGaussParams],
@@ -184,7 +191,9 @@ def forecast_from(
     :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` wide and the probe is not at risk
     (``null`` elsewhere, with ``forecast_from_release_determined`` false: the released figures
     do not determine the share), ``forecast_from_release_unseen_share`` (the variance the
-    earlier release did not resolve), ``forecast_from_release_probe_risk``
+    earlier release did not resolve), ``forecast_from_release_range_covers_spread`` (false
+    where the range bounds the expected share only, ``d > 256``: a single release can fall
+    outside it), ``forecast_from_release_probe_risk``
     (:func:`~service.mechanisms.gauss_forecast.probe_risk`), the basis and the hidden flag.
     ``None`` when the extras lack the figures."""
     found = release_forecast(ctx, spec, earlier, extras)
@@ -202,6 +211,7 @@ def forecast_from(
         "forecast_from_release_determined": point is not None,
         "forecast_from_release_unseen_share": forecast.unseen,
         "forecast_from_release_probe_risk": forecast.probe_risk,
+        "forecast_from_release_range_covers_spread": forecast.covers_spread,
         "forecast_from_release_hidden_by_noise": hidden,
         "forecast_from_release_basis": basis,
     }
@@ -216,16 +226,18 @@ def forecast_from(
         f"Forecast from the earlier release's released figures (no budget), from {how} "
         f"carried to this request's noise ({1 / ratio:.3g}x the earlier one's): "
     )
+    spread = "" if forecast.covers_spread else f" ({SPREAD_NOT_COVERED})"
     if point is not None:
         what += (
             f"this request keeps about {point:.3g} of the centred variance (range "
-            f"{forecast.low:.3g} to {forecast.high:.3g})."
+            f"{forecast.low:.3g} to {forecast.high:.3g}{spread})."
         )
     else:
         what += (
             f"this request keeps between {forecast.low:.3g} and {forecast.high:.3g} of the "
-            "centred variance; the released figures do not determine it more closely, so no "
-            "single figure is given (forecast_from_release_captured_share is null)"
+            f"centred variance{spread}; the released figures do not determine it more "
+            "closely, so no single figure is given (forecast_from_release_captured_share is "
+            "null)"
         )
         if forecast.unseen > 0.05:
             what += (

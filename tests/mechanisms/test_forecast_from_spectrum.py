@@ -236,3 +236,22 @@ def test_a_measured_release_already_holds_its_own_mean_noise_component() -> None
     # Without the spike the new release's second component is free for the data: no less.
     quiet = range_from_release(figures, NewRelease(2, 1.0, mean_noise=0.0))
     assert quiet.central >= same.central - 1e-12
+
+
+def test_a_range_above_the_simulated_dimension_says_it_bounds_the_expectation_only() -> None:
+    from service.mechanisms.gauss_forecast import (
+        SIMULATE_MAX_D,
+        NewRelease,
+        range_from_release,
+    )
+
+    def figures(d: int) -> ReleasedFigures:
+        return ReleasedFigures(
+            ratios=(0.4, 0.2), interval=(0.55, 0.65), eigenvalues=(100.0, 40.0), trace=200.0,
+            sigma=1.0, n_cols=d, n_rows=10_000, row_clip=0.3,
+        )  # fmt: skip
+
+    # Simulated (the new release's own spread is in the range) at d <= 256; not above, where a
+    # single release can fall outside the range (MNIST, d = 784: 50-88% covered).
+    assert range_from_release(figures(SIMULATE_MAX_D), NewRelease(2, 2.0)).covers_spread
+    assert not range_from_release(figures(SIMULATE_MAX_D + 1), NewRelease(2, 2.0)).covers_spread
