@@ -136,7 +136,6 @@ def create_app(
                 auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
         yield
         waiters.close()
-        store.close()
         if engine is not None:
             engine.dispose()
 

@@ -247,7 +247,6 @@ class DatasetStore:
         self.limits = Limits(max_cols=max_cols, max_bytes=max_bytes)
         self._session: Path | None = None
         self._session_lock: int | None = None
-        self._release_lock: weakref.finalize[[int], DatasetStore] | None = None
 
     def ensure(self) -> None:
         """Create the store's directories (``0700``) and remove what dead processes left in
@@ -293,21 +292,12 @@ class DatasetStore:
             descriptor = os.open(session / ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE)
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._session, self._session_lock = session, descriptor
-            # A store dropped without close() (an app whose lifespan never ran or ended) still
-            # gives its descriptor back: processes that build many apps (tests) ran past the
-            # 1,024 descriptors select() can watch.
-            self._release_lock = weakref.finalize(self, os.close, descriptor)
+            # A store that is dropped gives its descriptor back (not at the lifespan's end: an
+            # app's lifespan can run more than once, a test client's per thread, while another
+            # upload is under way): processes that build many apps (tests) ran past the 1,024
+            # descriptors select() can watch.
+            weakref.finalize(self, os.close, descriptor)
         return self._session
-
-    def close(self) -> None:
-        """End this process's session: its lock released and its directory removed (what it
-        holds are uploads being received, which end with the process anyway)."""
-        finalizer, session = self._release_lock, self._session
-        self._session, self._session_lock, self._release_lock = None, None, None
-        if finalizer is not None:
-            finalizer()
-        if session is not None:
-            shutil.rmtree(session, ignore_errors=True)
 
     def new_incoming_path(self) -> Path:
         """A fresh path for an upload being received; the name holds nothing from the client."""
