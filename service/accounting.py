@@ -37,7 +37,7 @@ from typing import Literal
 
 import mpmath
 
-from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES
+from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES, format_budget
 from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep
 
 Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
@@ -532,6 +532,21 @@ class ReleaseCost:
 NO_COST = ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
 
 
+def short_figure(value: Decimal, up: bool) -> str:
+    """A budget figure for a refusal's message: four significant digits, rounded ``up`` (what
+    a release needs) or down (what is left; nothing left below 0: the other filters admitted
+    what this one could not have)."""
+    if value <= 0:
+        return "0"
+    step = Decimal(1).scaleb(value.adjusted() - 3)
+    return format_budget(value.quantize(step, rounding=ROUND_CEILING if up else ROUND_FLOOR))
+
+
+def lacks(what: str, left: Decimal, needs: Decimal) -> str:
+    """``"<what> <left> left, it needs <needs>"``, figures by :func:`short_figure`."""
+    return f"{what} {short_figure(left, up=False)} left, it needs {short_figure(needs, up=True)}"
+
+
 @dataclass(frozen=True)
 class HybridState:
     """What the admitted releases spent, per filter, and which filters still hold.
@@ -610,6 +625,44 @@ class HybridState:
         """Which filters (``gdp``, ``zcdp``, ``basic``) admit the sequence with ``cost``."""
         checks = (("gdp", self.a_holds), ("zcdp", self.b_holds), ("basic", self.c_holds))
         return [name for name, holds in checks if holds(cost)]
+
+    def refusals(self, cost: ReleaseCost) -> list[str]:
+        """Why each filter that refuses ``cost`` does (public figures only: costs and budgets),
+        for the 409's message: A' closed for good after a release without a GDP figure, or
+        short of ``mu^2``; B without a profile, short of ``rho`` or of its share of delta; C
+        short of epsilon or of its share of delta."""
+        reasons: list[str] = []
+        if not self.a_holds(cost):
+            if not self.all_gdp:
+                reasons.append(
+                    "filter A (Gaussian-DP) is closed: an earlier release had no Gaussian-DP "
+                    "figure (an approximate step)"
+                )
+            elif cost.gdp is None:
+                reasons.append("filter A (Gaussian-DP) cannot charge it (an approximate step)")
+            else:
+                left = _CONTEXT.subtract(self.budget.gdp_total, self.gdp_spent)
+                reasons.append(lacks("filter A (Gaussian-DP) has mu^2", left, cost.gdp))
+        if not self.b_holds(cost):
+            if not self.all_profiled or cost.rho is None or cost.zcdp_delta is None:
+                reasons.append("filter B (zCDP) is closed to it (a release without a profile)")
+            else:
+                rho_left = _CONTEXT.subtract(self.budget.rho_total, self.rho_spent)
+                delta_left = _CONTEXT.subtract(self.budget.delta_mechanisms, self.zcdp_delta_spent)
+                if cost.rho > rho_left:
+                    reasons.append(lacks("filter B (zCDP) has rho", rho_left, cost.rho))
+                if cost.zcdp_delta > delta_left:
+                    what = "filter B (zCDP) has, of its delta share for approximate steps,"
+                    reasons.append(lacks(what, delta_left, cost.zcdp_delta))
+        if not self.c_holds(cost):
+            epsilon_left = _CONTEXT.subtract(self.budget.epsilon, self.epsilon_spent)
+            delta_left = _CONTEXT.subtract(self.budget.delta_basic, self.delta_spent)
+            if cost.epsilon > epsilon_left:
+                reasons.append(lacks("filter C (basic) has epsilon", epsilon_left, cost.epsilon))
+            if cost.delta > delta_left:
+                what = "filter C (basic) has, of its delta share,"
+                reasons.append(lacks(what, delta_left, cost.delta))
+        return reasons
 
     def admits(self, cost: ReleaseCost) -> bool:
         """Whether A', B or C admits the sequence with ``cost`` appended (each checks the

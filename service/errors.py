@@ -210,14 +210,19 @@ class BudgetExceeded(Conflict):
         *,
         budget: str = "dataset",
         grant_id: uuid.UUID | None = None,
+        shortfalls: Sequence[str] = (),
     ) -> None:
         """``remaining``: the budget's remaining figures as :mod:`service.spend` states them
         (``epsilon_remaining``, ``delta_remaining``, and the native ``rho_remaining`` /
         ``mu_remaining`` / ``delta_reserved_for_conversion`` where the accounting has them): the
-        same figures ``GET .../budget`` (or the grant) shows."""
+        same figures ``GET .../budget`` (or the grant) shows. ``shortfalls``: what the charge
+        lacks, in public figures (:meth:`service.ledger.BudgetState.shortfalls`), appended to
+        the message (on ``hybrid`` a large ``epsilon_remaining`` does not say that delta or a
+        filter's share is what ran out)."""
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
+        why = f": {'; '.join(shortfalls)}" if shortfalls else ""
         super().__init__(
-            f"this release costs more than {which} remaining budget",
+            f"this release costs more than {which} remaining budget{why}",
             **remaining,
             budget=budget,
             grant_id=grant_id,

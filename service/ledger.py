@@ -35,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
-from service.accounting import HybridBudget, HybridState, ReleaseCost
+from service.accounting import HybridBudget, HybridState, ReleaseCost, lacks
 from service.db.models import Dataset, LedgerEntry, Release, utcnow
 from service.errors import InvalidInput
 
@@ -167,6 +167,20 @@ class BudgetState:
     def rho_remaining(self) -> Decimal:
         total = Decimal(0) if self.rho_total is None else self.rho_total
         return BUDGET_CONTEXT.subtract(total, self.rho_spent)
+
+    def shortfalls(self, charge: Charge) -> list[str]:
+        """What ``charge`` lacks here, in public figures (empty when it is afforded)."""
+        if self.accounting == "hybrid":
+            return self.hybrid().refusals(charge.release_cost())
+        reasons = []
+        if self.accounting == "basic":
+            if BUDGET_CONTEXT.compare(charge.epsilon, self.epsilon_remaining) > 0:
+                reasons.append(lacks("epsilon", self.epsilon_remaining, charge.epsilon))
+        elif BUDGET_CONTEXT.compare(charge.rho, self.rho_remaining) > 0:
+            reasons.append(lacks("rho", self.rho_remaining, charge.rho))
+        if BUDGET_CONTEXT.compare(charge.delta, self.delta_remaining) > 0:
+            reasons.append(lacks("delta", self.delta_remaining, charge.delta))
+        return reasons
 
     def affords(self, charge: Charge) -> bool:
         """Whether the filter lets ``charge`` through (exact comparisons); ``hybrid``: whether

@@ -706,10 +706,10 @@ def request_release(
     if grant is not None:
         share = grants.grant_budget(session, grant)
         if not share.affords(prepared.charge):
-            raise budget_exceeded(share, budget="grant", grant_id=grant.id)
+            raise budget_exceeded(share, prepared.charge, budget="grant", grant_id=grant.id)
     budget = ledger.budget_of(session, dataset)
     if not budget.affords(prepared.charge):
-        raise budget_exceeded(budget)
+        raise budget_exceeded(budget, prepared.charge)
     created_at = utcnow()
     padding = _padding(
         session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
@@ -779,12 +779,19 @@ def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:
 
 
 def budget_exceeded(
-    state: ledger.BudgetState, budget: str = "dataset", grant_id: uuid.UUID | None = None
+    state: ledger.BudgetState,
+    charge: ledger.Charge,
+    budget: str = "dataset",
+    grant_id: uuid.UUID | None = None,
 ) -> BudgetExceeded:
     """The 409 for a budget the charge does not fit, with what remains stated as
-    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`)."""
+    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`) and what the
+    charge lacks (:meth:`~service.ledger.BudgetState.shortfalls`)."""
     return BudgetExceeded(
-        spend.statement(state).remaining_fields(), budget=budget, grant_id=grant_id
+        spend.statement(state).remaining_fields(),
+        budget=budget,
+        grant_id=grant_id,
+        shortfalls=state.shortfalls(charge),
     )
 
 

@@ -157,3 +157,31 @@ def test_releases_are_private_to_their_analyst_and_the_dataset_owner(
     assert client.get(path, headers=bearer(keys.owner)).status_code == 200
     assert client.get(path, headers=bearer(make_key("analyst"))).status_code == 404
     assert client.get(path, headers=bearer(make_key("owner"))).status_code == 404
+
+
+def test_a_refusal_says_what_the_release_lacks(client, keys, dataset):
+    for _ in range(10):
+        assert request(client, keys.analyst, dataset["id"]).status_code == 202
+    refused = request(client, keys.analyst, dataset["id"]).json()
+    assert refused["detail"].endswith(": epsilon 0 left, it needs 0.1"), refused["detail"]
+
+
+def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, upload_dataset, rng):
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset = upload_dataset(
+        client,
+        keys.owner,
+        data,
+        epsilon_budget="1.0",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+        accounting="hybrid",
+    )
+    statuses = [request(client, keys.analyst, dataset["id"], epsilon="0.5") for _ in range(8)]
+    refused = [r.json()["detail"] for r in statuses if r.status_code == 409]
+    assert refused, [r.status_code for r in statuses]
+    detail = refused[0]
+    # analyze_gauss has a Gaussian-DP figure: every filter is open to it, each one short.
+    assert "filter A (Gaussian-DP) has mu^2" in detail, detail
+    assert "filter B (zCDP) has rho" in detail, detail
+    assert "filter C (basic) has epsilon" in detail, detail
