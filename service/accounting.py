@@ -532,14 +532,20 @@ class ReleaseCost:
 NO_COST = ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
 
 
+def significant_digits(value: Decimal, digits: int, rounding: str) -> Decimal:
+    """``value > 0`` rounded (``ROUND_FLOOR`` or ``ROUND_CEILING``) to ``digits`` significant
+    digits, without trailing zeros."""
+    quantum = Decimal(1).scaleb(value.adjusted() - digits + 1)
+    return value.quantize(quantum, rounding=rounding, context=Context(prec=80)).normalize()
+
+
 def short_figure(value: Decimal, up: bool) -> str:
     """A budget figure for a refusal's message: four significant digits, rounded ``up`` (what
     a release needs) or down (what is left; nothing left below 0: the other filters admitted
     what this one could not have)."""
     if value <= 0:
         return "0"
-    step = Decimal(1).scaleb(value.adjusted() - 3)
-    return format_budget(value.quantize(step, rounding=ROUND_CEILING if up else ROUND_FLOOR))
+    return format_budget(significant_digits(value, 4, ROUND_CEILING if up else ROUND_FLOOR))
 
 
 def lacks(what: str, left: Decimal, needs: Decimal) -> str:

@@ -66,12 +66,6 @@ def details(kind: str, epsilon: Decimal, delta: Decimal, charge: Charge) -> dict
     return shown
 
 
-def _floor_digits(value: Decimal, digits: int) -> Decimal:
-    """``value > 0`` rounded down to ``digits`` significant digits."""
-    quantum = Decimal(1).scaleb(value.adjusted() - digits + 1)
-    return value.quantize(quantum, rounding=ROUND_FLOOR, context=Context(prec=80)).normalize()
-
-
 def _percent(part: Decimal | None, whole: Decimal) -> str:
     if part is None or whole <= 0:
         return "0%"
@@ -122,7 +116,7 @@ def hybrid_delta_refusal(
     if not candidates:
         return None
     largest, by = max(candidates)
-    figure = _floor_digits(largest, SUGGESTED_DIGITS)
+    figure = accounting.significant_digits(largest, SUGGESTED_DIGITS, ROUND_FLOOR)
     total = dataset.delta_total
     if charge.zcdp_delta is None:
         b_reason = "filter B (zcdp) cannot charge it (no proven zCDP profile with these params)"
