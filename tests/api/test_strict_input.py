@@ -296,3 +296,37 @@ def test_a_form_field_or_query_parameter_given_twice_is_refused(client, keys, se
     response = client.get("/v1/datasets?limit=5&limit=1000", headers=bearer(keys.owner))
     assert response.status_code == 422
     assert response.json()["detail"] == "query.limit: given twice; send each parameter once"
+
+
+def _free_text_query_parameters(client):
+    """Each GET route's query parameters that take free text (a string with no format or enum)."""
+    document = client.get("/openapi.json").json()
+    for path, operations in document["paths"].items():
+        get = operations.get("get")
+        if get is None or "{" in path:
+            continue
+        for parameter in get.get("parameters", []):
+            if parameter["in"] != "query":
+                continue
+            schema = parameter["schema"]
+            options = schema.get("anyOf", [schema])
+            if any(
+                option.get("type") == "string" and "format" not in option and "enum" not in option
+                for option in options
+            ):
+                yield path, parameter["name"]
+
+
+def test_every_free_text_query_parameter_refuses_nul_and_control_characters(client, keys):
+    """PostgreSQL refuses NUL in text: a NUL reaching a query was a 500 (schemathesis found one
+    in `mechanism`). Every free-text query parameter answers 422 naming itself instead."""
+    found = list(_free_text_query_parameters(client))
+    assert ("/v1/releases", "mechanism") in found
+    for path, name in found:
+        for bad in ("a\x00b", "a\nb", "\x7f"):
+            for key in (keys.analyst, keys.owner, keys.admin, keys.auditor):
+                response = client.get(path, params={name: bad}, headers=bearer(key))
+                if response.status_code != 403:
+                    break
+            assert response.status_code == 422, (path, name, bad, response.text)
+            assert name in json.dumps(response.json()["detail"]), response.text
