@@ -58,6 +58,8 @@ StatusFilter = Annotated[
         )
     ),
 ]
+
+
 def _one_line_query(value: str | None) -> str | None:
     """PostgreSQL refuses NUL in text (a 500 from the driver), and no mechanism's name holds a
     control character: both are the caller's error."""
