@@ -46,7 +46,8 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from service.config import Settings
 from service.db.models import Dataset, Release
 from service.mechanisms.base import MechanismOutput
-from service.releases import encode_basis, float_not_above
+from service.release_calibration import float_not_above
+from service.releases import encode_basis
 from service.store import DatasetStore
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.releases import float_not_above
+from service.release_calibration import float_not_above
 
 
 @given(st.decimals(min_value=Decimal("1e-30"), max_value=Decimal(1000), places=30))
