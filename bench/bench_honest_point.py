@@ -264,6 +264,28 @@ def print_cross(name: str, collected: dict[str, Any]) -> None:
         )
 
 
+def print_public(name: str, collected: dict[str, Any]) -> None:
+    """``--public``: the dry run without ``forecast_from`` (public facts only) against what a
+    fresh release at each setting keeps (the mean over the collected repetitions)."""
+    ctx = PublicContext(n_rows=collected["n"], n_cols=collected["d"], row_norm_bound=1.0)
+    for eps, k in SETTINGS:
+        spec = spec_of(ctx, eps, k)
+        scales = MECHANISM.preview(ctx, spec).scales
+        kept = float(np.mean([share for _, share in collected["runs"][(eps, k)]]))
+        illustration = float(scales["forecast_power_law_captured_share"])
+        low = float(scales["forecast_captured_share_low"])
+        high = float(scales["forecast_captured_share_high"])
+        point = scales["forecast_captured_share"]
+        shown = f"{point:.3f} (miss {abs(point - kept):.3f})" if point is not None else "none"
+        print(
+            f"| {name} | {eps} / {k} | {kept:.3f} | {illustration:.3f} "
+            f"| {abs(illustration - kept):.3f} | [{low:.3f}, {high:.3f}] "
+            f"| {'yes' if low <= kept <= high else 'no'} "
+            f"| {'yes' if scales['forecast_depends_on_spectrum'] else 'no'} | {shown} |",
+            flush=True,
+        )
+
+
 def main_cross(args: argparse.Namespace) -> None:
     """``--cross``: forecasts between every pair of settings; ``--save`` / ``--load`` keep the
     releases (a pickle) so the forecast can be re-scored without running them again."""
@@ -277,6 +299,16 @@ def main_cross(args: argparse.Namespace) -> None:
         }
         if args.save:
             Path(args.save).write_bytes(pickle.dumps(collected_all))
+    if args.public:
+        print(
+            "| data | eps / k | kept | 1/i figure | its miss | public-facts range | kept inside "
+            "| says 'depends on the spectrum' | point (forecast_captured_share) |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, collected in collected_all.items():
+            if not args.only or name in args.only:
+                print_public(name, collected)
+        return
     print(
         "| data | earlier eps / k | new eps / k | kept | central: mean abs error | its mean "
         "error | runs with a point | point: mean abs error | range covers | range width "
@@ -298,6 +330,9 @@ def main() -> None:
     parser.add_argument("--save", help="--cross: keep the releases in this pickle")
     parser.add_argument("--load", help="--cross: re-score the releases of this pickle")
     parser.add_argument("--only", nargs="*", help="--cross: only these data sets")
+    parser.add_argument(
+        "--public", action="store_true", help="--cross: the forecast from public facts only"
+    )
     args = parser.parse_args()
     if args.cross:
         main_cross(args)

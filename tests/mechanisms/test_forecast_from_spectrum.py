@@ -255,3 +255,23 @@ def test_a_range_above_the_simulated_dimension_says_it_bounds_the_expectation_on
     # single release can fall outside the range (MNIST, d = 784: 50-88% covered).
     assert range_from_release(figures(SIMULATE_MAX_D), NewRelease(2, 2.0)).covers_spread
     assert not range_from_release(figures(SIMULATE_MAX_D + 1), NewRelease(2, 2.0)).covers_spread
+
+
+def test_a_stated_share_of_zero_bounds_the_range_by_its_interval_not_by_zero() -> None:
+    import dataclasses
+
+    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+
+    # The earlier release measured 0 with an interval up to 0.25: its known directions may hold
+    # up to 0.25 of the variance, so with less noise the new release may keep about that much;
+    # no point (read as exactly 0 before, held-out spiked rows got points 0.12-0.17 off).
+    figures = ReleasedFigures(
+        ratios=(0.0, 0.0), interval=(0.0, 0.25), eigenvalues=(100.0, 40.0), trace=200.0,
+        sigma=1.0, n_cols=25, n_rows=10_000, row_clip=0.3,
+    )  # fmt: skip
+    found = range_from_release(figures, NewRelease(2, 0.3))
+    assert found.high > 0.2 and found.point is None
+    certain = range_from_release(
+        dataclasses.replace(figures, interval=(0.0, 0.0)), NewRelease(2, 0.3)
+    )
+    assert certain.high < 0.01 and certain.point is not None
