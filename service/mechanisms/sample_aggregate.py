@@ -192,6 +192,9 @@ ITERATION_TOLERANCE = 1e-10
 #: Orthonormalisations (each after two products with the Gram) at most before a block goes to
 #: the dense eigendecomposition.
 MAX_ITERATIONS = 3
+#: Bytes of Grams iterated at once (:func:`_gram_top_k`): about half of a core's 2 MB L2 cache
+#: on the bench machine, 13 Grams of ``100 x 100``.
+ITERATION_BYTES = 1 << 20
 
 
 def iteration_width(s: int, k: int) -> int:
@@ -245,7 +248,8 @@ def _subspace_iteration(
 
     Parameters
     ----------
-    gram : (g, s, s) array, PSD, entries at most ``m`` in magnitude
+    gram : (g, s, s) array, PSD, entries at most ``m`` (a scaled block's) or ``2^250``
+        (:data:`RAW_GRAM_RANGE`) in magnitude
     k, width : int, ``k < width <= s``
     lift : bool
 
@@ -263,9 +267,10 @@ def _subspace_iteration(
     values = np.zeros((g, k), dtype=np.float64)
     vectors = np.zeros((g, s, k), dtype=np.float64)
     active = np.arange(g)
-    # Two products per orthonormalisation (G^2 Omega, then G^2 Q): the entries of a scaled
-    # Gram are at most m, so two products cannot overflow, and each QR and Rayleigh-Ritz step
-    # (the costly part at b << s) then gains the ratio lambda_{b+1}^2 / lambda_k^2.
+    # Two products per orthonormalisation (G^2 Omega, then G^2 Q): the entries of a Gram are at
+    # most m (scaled) or 2^250 (unscaled, RAW_GRAM_RANGE), so two products cannot overflow,
+    # and each QR and Rayleigh-Ritz step (the costly part at b << s) then gains the ratio
+    # lambda_{b+1}^2 / lambda_k^2.
     # The iterates are kept transposed, ``b x s`` (``Q^T G`` rather than ``G Q``): a Gram is
     # exactly symmetric (a mirrored ``syrk``), so ``Q^T G = (G Q)^T``, and BLAS forms the wide
     # ``b x s`` product of a small Gram 15-25% faster than the narrow ``s x b`` one.
@@ -336,7 +341,19 @@ def _gram_top_k(
     dense = np.ones(g, dtype=bool)
     width = iteration_width(s, k)
     if width:
-        certified, values, vectors = _subspace_iteration(gram, k, width, lift)
+        # A few Grams at a time (about ITERATION_BYTES of them), so each batch stays in cache
+        # through the iteration's passes over it (three products, the norms): 2.0x against
+        # 2.3x ``X^T X`` for the whole group's 81 at 50,000 x 100 (each Gram's 80 KB read from
+        # memory each pass). Every call is per matrix, so the results do not depend on the
+        # batches (the same bits).
+        step = max(1, ITERATION_BYTES // (8 * s * s))
+        certified = np.zeros(g, dtype=bool)
+        for start in range(0, g, step):
+            stop = min(g, start + step)
+            done, values[start:stop], vectors[start:stop] = _subspace_iteration(
+                gram[start:stop], k, width, lift
+            )
+            certified[start:stop] = done
         dense = ~certified
     if dense.all():
         all_values, all_vectors = np.linalg.eigh(gram)
@@ -373,18 +390,37 @@ def scale_by_power_of_two(block: FloatArray, exponent: int, out: FloatArray) -> 
         np.ldexp(block, -exponent, out=out)
 
 
-def scale_and_gram(blocks: FloatArray, scaled: FloatArray) -> FloatArray:
-    """Each block scaled by its own power of two (:func:`power_of_two_exponents`) into
-    ``scaled`` (may be ``blocks`` itself), and its Gram matrix: ``X X^T`` (``m x m``) for
-    ``m < d``, else ``X^T X`` (at ``m = d`` both are ``d x d`` and ``X^T X`` needs no lift).
+#: The range ``[2^-250, 2^250]`` of a block's largest Gram diagonal entry (its largest squared
+#: column or row norm) in which :func:`scale_and_gram` keeps the unscaled block's Gram. There
+#: every entry of the rows is at most ``2^125`` and every Gram entry at most ``2^250`` in
+#: magnitude, so the iteration's two products with a Gram stay below ``2^530`` (no overflow),
+#: and a product that underflows errs by at most ``2^-1074``, below ``2^-800`` times the Gram's
+#: norm (far inside the iteration's rounding slack).
+RAW_GRAM_RANGE = (2.0**-250, 2.0**250)
 
-    Block by block, so each block is scaled and multiplied while it is in cache (one read of
-    the rows from memory instead of three), and each Gram is numpy's two-dimensional product
-    of the block with its own transpose: the same BLAS call per block, and the same bits, as
-    the batched ``matmul`` of before (checked by tests/mechanisms/test_subset_iteration.py), a
-    third faster at d = 1,000. The exponent is that of
-    :func:`power_of_two_exponents` (a maximum is exact in any order), so the scaled rows and
-    their Gram are a function of the block alone, as before.
+
+def scale_and_gram(blocks: FloatArray, scaled: FloatArray) -> FloatArray:
+    """Each block's Gram matrix, ``X X^T`` (``m x m``) for ``m < d``, else ``X^T X`` (at
+    ``m = d`` both are ``d x d`` and ``X^T X`` needs no lift), of the block itself where that
+    is safe, else of the block scaled by its own power of two (:func:`power_of_two_exponents`);
+    ``scaled[j]`` receives the rows the Gram was formed from (``scaled`` may be ``blocks``).
+
+    Safe: the unscaled Gram's diagonal (squared column or row norms) has its largest entry in
+    :data:`RAW_GRAM_RANGE`, so nothing downstream overflows and underflow is negligible. Then
+    the scaling is skipped: it is exact, and the scaled block's Gram is the unscaled one times
+    ``2^-2e`` exactly unless a product is subnormal, and every later step (products, QR,
+    ``eigh``, the certificate's ratios, the lift ``X^T v / sqrt(lambda)``) commutes with a
+    power-of-two scale the same way, so the bases are the scaled route's bit for bit on such
+    rows (checked on the bench's rows and the equivalence tests' data sets); the scaling cost
+    a peak (a maximum and a minimum) and a multiplication per block, 0.1-0.15x ``X^T X`` at
+    50,000 x 100. Otherwise (rows of 1e300 or 1e-300, zero blocks: non-finite, zero or tiny
+    diagonals) the block is scaled first and its Gram formed again, as before. Either way the
+    route and the Gram are functions of the block alone.
+
+    Block by block, so each block is multiplied while it is in cache, and each Gram is numpy's
+    two-dimensional product of the block with its own transpose: the same BLAS call per block,
+    and the same bits, as a batched ``matmul`` (checked by
+    tests/mechanisms/test_subset_iteration.py).
 
     Returns
     -------
@@ -392,26 +428,41 @@ def scale_and_gram(blocks: FloatArray, scaled: FloatArray) -> FloatArray:
     """
     g, m, d = blocks.shape
     s = min(m, d)
+    low, high = RAW_GRAM_RANGE
     gram = np.empty((g, s, s), dtype=np.float64)
-    for j in range(g):
-        block = blocks[j]
-        peak = max(float(block.max()), -float(block.min())) if block.size else 0.0
-        scale_by_power_of_two(block, math.frexp(peak)[1], scaled[j])
-        rows = scaled[j]
-        if m >= d:
-            np.matmul(rows.T, rows, out=gram[j])
-        else:
-            np.matmul(rows, rows.T, out=gram[j])
+    # Rows beyond the range overflow in their unscaled Gram (inf or NaN entries): silent, and
+    # sent to the scaled route.
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        for j in range(g):
+            block = blocks[j]
+            own = gram[j]
+            if m >= d:
+                np.matmul(block.T, block, out=own)
+            else:
+                np.matmul(block, block.T, out=own)
+            largest = float(own.diagonal().max()) if s else 0.0
+            if low <= largest <= high:  # False for inf and NaN
+                if scaled is not blocks:
+                    scaled[j] = block
+                continue
+            peak = max(float(block.max()), -float(block.min())) if block.size else 0.0
+            scale_by_power_of_two(block, math.frexp(peak)[1], scaled[j])
+            rows = scaled[j]
+            if m >= d:
+                np.matmul(rows.T, rows, out=own)
+            else:
+                np.matmul(rows, rows.T, out=own)
     return gram
 
 
 def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False) -> FloatArray:
     """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
 
-    Each block is first scaled by its own power of two (:func:`power_of_two_exponents`): the
-    scale of block ``j`` depends on block ``j`` only, so one row can change the rounding of its
-    own subset's ``U_j`` and of no other, and no entry of a scaled Gram matrix exceeds
-    ``min(m, d)`` in magnitude (rows of 1e300 or 1e-300 are as good as rows of 1).
+    A block whose Gram is outside :data:`RAW_GRAM_RANGE` is first scaled by its own power of
+    two (:func:`power_of_two_exponents`; :func:`scale_and_gram`): the route and the scale of
+    block ``j`` depend on block ``j`` only, so one row can change the rounding of its own
+    subset's ``U_j`` and of no other, and no Gram entry exceeds ``min(m, d)`` (scaled) or
+    ``2^250`` (unscaled) in magnitude (rows of 1e300 or 1e-300 are as good as rows of 1).
 
     For ``m < d`` the eigenvectors ``v`` of ``X X^T`` (``m x m``) give ``u = X^T v / s``; for
     ``m >= d`` those of ``X^T X`` are the vectors themselves (at ``m = d``, where the two Grams

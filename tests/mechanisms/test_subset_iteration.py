@@ -115,3 +115,19 @@ def test_the_start_is_a_public_constant() -> None:
     first = sa.public_start(90, 13)
     assert np.array_equal(first, np.random.default_rng(0x5AB5_7A27).standard_normal((90, 13)))
     assert not first.flags.writeable
+
+
+def test_iterating_a_few_grams_at_a_time_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_gram_top_k`` iterates ``ITERATION_BYTES`` of Grams at a time (fifth pass, for the
+    cache): every step is per matrix, so any batching gives the same bases, certified or not."""
+    blocks = np.concatenate(
+        [
+            _near_subspace(5, 60, 120, 3, 1e-4, seed=9),
+            np.random.default_rng(9).normal(size=(2, 60, 120)),
+        ]
+    )
+    monkeypatch.setattr(sa, "ITERATION_BYTES", 1 << 40)  # one batch
+    whole = sa._top_k_right_singular(blocks, 3)
+    for grams in (1, 2, 3):
+        monkeypatch.setattr(sa, "ITERATION_BYTES", grams * 8 * 60 * 60)
+        assert np.array_equal(sa._top_k_right_singular(blocks, 3), whole)
