@@ -192,9 +192,9 @@ ITERATION_TOLERANCE = 1e-10
 #: Orthonormalisations (each after two products with the Gram) at most before a block goes to
 #: the dense eigendecomposition.
 MAX_ITERATIONS = 3
-#: Bytes of Grams iterated at once (:func:`_gram_top_k`): about half of a core's 2 MB L2 cache
-#: on the bench machine, 13 Grams of ``100 x 100``.
-ITERATION_BYTES = 1 << 20
+#: Bytes of Grams formed and decomposed at once (:func:`_top_k_right_singular`): about half of
+#: a core's 2 MB L2 cache on the bench machine, 13 Grams of ``100 x 100``.
+CACHE_BYTES = 1 << 20
 
 
 def iteration_width(s: int, k: int) -> int:
@@ -341,19 +341,7 @@ def _gram_top_k(
     dense = np.ones(g, dtype=bool)
     width = iteration_width(s, k)
     if width:
-        # A few Grams at a time (about ITERATION_BYTES of them), so each batch stays in cache
-        # through the iteration's passes over it (three products, the norms): 2.0x against
-        # 2.3x ``X^T X`` for the whole group's 81 at 50,000 x 100 (each Gram's 80 KB read from
-        # memory each pass). Every call is per matrix, so the results do not depend on the
-        # batches (the same bits).
-        step = max(1, ITERATION_BYTES // (8 * s * s))
-        certified = np.zeros(g, dtype=bool)
-        for start in range(0, g, step):
-            stop = min(g, start + step)
-            done, values[start:stop], vectors[start:stop] = _subspace_iteration(
-                gram[start:stop], k, width, lift
-            )
-            certified[start:stop] = done
+        certified, values, vectors = _subspace_iteration(gram, k, width, lift)
         dense = ~certified
     if dense.all():
         all_values, all_vectors = np.linalg.eigh(gram)
@@ -495,11 +483,29 @@ def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False
     (g, d, k) array with orthonormal columns, in order of decreasing singular value.
     """
     g, m, d = blocks.shape
+    s = min(m, d)
     # In place when the caller's blocks are scratch (subset_bases' pass buffer): no allocation
     # of their size, the same values.
     scaled = blocks if overwrite else np.empty_like(blocks)
-    gram = scale_and_gram(blocks, scaled)
     bases = np.empty((g, d, k), dtype=np.float64)
+    # A few blocks at a time (CACHE_BYTES of Grams), so each batch's Grams are still in cache
+    # when the iteration passes over them (three products, the norms, the residual): the bases
+    # took 4.0x against 4.4x ``X^T X`` at 50,000 x 100 (the group's 81 Grams, 6.5 MB, were
+    # read from memory at each pass). Every call is per matrix (a batched BLAS or LAPACK call
+    # decomposes each matrix on its own), so the batches change no bit.
+    step = max(1, CACHE_BYTES // (8 * s * s))
+    for start in range(0, g, step):
+        stop = min(g, start + step)
+        part = blocks[start:stop]
+        _top_k_batch(part, part if overwrite else scaled[start:stop], k, bases[start:stop])
+    return bases
+
+
+def _top_k_batch(blocks: FloatArray, scaled: FloatArray, k: int, bases: FloatArray) -> None:
+    """:func:`_top_k_right_singular` of one batch of blocks, into ``bases`` (``(g, d, k)``);
+    ``scaled`` receives the rows each Gram was formed from (may be ``blocks``)."""
+    g, m, d = blocks.shape
+    gram = scale_and_gram(blocks, scaled)
     try:
         if m >= d:
             _, top_vectors, finite = _gram_top_k(gram, k, lift=False)
@@ -522,7 +528,6 @@ def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False
         good = np.zeros(g, dtype=bool)
     for j in np.flatnonzero(~good):
         bases[j] = safe_top_right_singular_vectors(scaled[j], k)
-    return bases
 
 
 def gather_rows(

@@ -118,7 +118,7 @@ def test_the_start_is_a_public_constant() -> None:
 
 
 def test_iterating_a_few_grams_at_a_time_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_gram_top_k`` iterates ``ITERATION_BYTES`` of Grams at a time (fifth pass, for the
+    """``_top_k_right_singular`` decomposes ``CACHE_BYTES`` of Grams at a time (fifth pass, for the
     cache): every step is per matrix, so any batching gives the same bases, certified or not."""
     blocks = np.concatenate(
         [
@@ -126,8 +126,8 @@ def test_iterating_a_few_grams_at_a_time_changes_no_bit(monkeypatch: pytest.Monk
             np.random.default_rng(9).normal(size=(2, 60, 120)),
         ]
     )
-    monkeypatch.setattr(sa, "ITERATION_BYTES", 1 << 40)  # one batch
+    monkeypatch.setattr(sa, "CACHE_BYTES", 1 << 40)  # one batch
     whole = sa._top_k_right_singular(blocks, 3)
     for grams in (1, 2, 3):
-        monkeypatch.setattr(sa, "ITERATION_BYTES", grams * 8 * 60 * 60)
+        monkeypatch.setattr(sa, "CACHE_BYTES", grams * 8 * 60 * 60)
         assert np.array_equal(sa._top_k_right_singular(blocks, 3), whole)
