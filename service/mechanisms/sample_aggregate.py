@@ -738,7 +738,10 @@ def subset_bases_bytes(
     rotated basis, residual and temporaries), at most ``2 g s^2 + 8 g s b``; the dense route on
     ``g'`` left-over blocks holds the Grams and ``3 g' s^2`` (their copy, eigenvectors and
     LAPACK's copy), inside the ``4 g s^2`` above; so only ``8 g s b - 2 g s^2`` more, when
-    positive. Doubles, 8 bytes each.
+    positive. The Grams, their decompositions and the lifted vectors are held for one batch of
+    :func:`_top_k_right_singular` at a time (``c`` blocks, :data:`CACHE_BYTES` of Grams), so
+    those terms count ``c = min(g, CACHE_BYTES / (8 s^2))`` blocks, not ``g``. Doubles, 8 bytes
+    each.
     """
     g = group_shape(t, m, group_rows)
     per_pass = PASS_BYTES if pass_bytes is None else pass_bytes
@@ -748,9 +751,10 @@ def subset_bases_bytes(
         buffer, gather = g * m * d, GROUP_ROWS
     else:
         buffer, gather = p * m * d, 2 * p * m + GROUP_ROWS * d + 2 * GROUP_ROWS
+    c = min(g, max(1, CACHE_BYTES // (8 * s * s)))
     width = iteration_width(s, k)
-    iteration = max(0, 8 * g * s * width - 2 * g * s * s) if width else 0
-    floats = t * d * k + buffer + gather + g * m * d + 4 * g * s * s + g * s + 3 * g * d * k
+    iteration = max(0, 8 * c * s * width - 2 * c * s * s) if width else 0
+    floats = t * d * k + buffer + gather + g * m * d + 4 * c * s * s + c * s + 3 * c * d * k
     floats += iteration
     return 8 * floats
 
