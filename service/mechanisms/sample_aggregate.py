@@ -27,6 +27,7 @@ anywhere in the finite doubles (1e-300 to 1e300, zero and duplicate rows) never 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import Any
@@ -284,7 +285,7 @@ def _subspace_iteration(
         basis, _ = np.linalg.qr(iterate_t.transpose(0, 2, 1))
         product_t = np.matmul(basis.transpose(0, 2, 1), here)  # (G Q)^T
         ritz = np.matmul(product_t, basis)
-        theta, rotation = np.linalg.eigh(0.5 * (ritz + ritz.transpose(0, 2, 1)))
+        theta, rotation = eigh_each(0.5 * (ritz + ritz.transpose(0, 2, 1)))
         theta, rotation = theta[:, ::-1], rotation[:, :, ::-1]
         top = rotation[:, :, :k]
         candidate = np.matmul(basis, top)
@@ -324,6 +325,39 @@ def _subspace_iteration(
     return certified, values, vectors
 
 
+def eigh_each(stack: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``np.linalg.eigh`` of a stack of symmetric matrices, where a matrix LAPACK cannot
+    decompose gets NaN eigenvalues instead of an exception for the whole stack.
+
+    A batched ``eigh`` decomposes each matrix on its own but raises ``LinAlgError`` if any one
+    fails; the callers then sent every block of the batch to the SVD route, so a block's route
+    (and the rounding of its ``U_j``) depended on its batch-mates. On that exception each matrix
+    is decomposed alone (the same LAPACK call, so the same bits as in the stack) and only the
+    failing ones are marked (NaN values, zero vectors): the certificate then fails (iteration)
+    or ``finite`` is false (dense route), and that block alone goes to the SVD.
+
+    Parameters
+    ----------
+    stack : (g, s, s) array
+
+    Returns
+    -------
+    values : (g, s) array, ascending (NaN rows for failed matrices)
+    vectors : (g, s, s) array
+    """
+    try:
+        values, vectors = np.linalg.eigh(stack)
+    except np.linalg.LinAlgError:
+        g, s, _ = stack.shape
+        values = np.full((g, s), np.nan, dtype=np.float64)
+        vectors = np.zeros((g, s, s), dtype=np.float64)
+        for j in range(g):
+            # A failure leaves NaN values: this matrix alone leaves the route.
+            with contextlib.suppress(np.linalg.LinAlgError):
+                values[j], vectors[j] = np.linalg.eigh(stack[j])
+    return np.asarray(values, dtype=np.float64), np.asarray(vectors, dtype=np.float64)
+
+
 def _gram_top_k(
     gram: FloatArray, k: int, lift: bool
 ) -> tuple[FloatArray, FloatArray, npt.NDArray[np.bool_]]:
@@ -344,9 +378,9 @@ def _gram_top_k(
         certified, values, vectors = _subspace_iteration(gram, k, width, lift)
         dense = ~certified
     if dense.all():
-        all_values, all_vectors = np.linalg.eigh(gram)
+        all_values, all_vectors = eigh_each(gram)
     elif dense.any():
-        all_values, all_vectors = np.linalg.eigh(gram[dense])
+        all_values, all_vectors = eigh_each(gram[dense])
     else:
         return values, vectors, finite
     values[dense] = all_values[:, ::-1][:, :k]
@@ -393,22 +427,14 @@ def scale_and_gram(blocks: FloatArray, scaled: FloatArray) -> FloatArray:
     is safe, else of the block scaled by its own power of two (:func:`power_of_two_exponents`);
     ``scaled[j]`` receives the rows the Gram was formed from (``scaled`` may be ``blocks``).
 
-    Safe: the unscaled Gram's diagonal (squared column or row norms) has its largest entry in
-    :data:`RAW_GRAM_RANGE`, so nothing downstream overflows and underflow is negligible. Then
-    the scaling is skipped: it is exact, and the scaled block's Gram is the unscaled one times
-    ``2^-2e`` exactly unless a product is subnormal, and every later step (products, QR,
-    ``eigh``, the certificate's ratios, the lift ``X^T v / sqrt(lambda)``) commutes with a
-    power-of-two scale the same way, so the bases are the scaled route's bit for bit on such
-    rows (checked on the bench's rows and the equivalence tests' data sets); the scaling cost
-    a peak (a maximum and a minimum) and a multiplication per block, 0.1-0.15x ``X^T X`` at
-    50,000 x 100. Otherwise (rows of 1e300 or 1e-300, zero blocks: non-finite, zero or tiny
-    diagonals) the block is scaled first and its Gram formed again, as before. Either way the
-    route and the Gram are functions of the block alone.
-
-    Block by block, so each block is multiplied while it is in cache, and each Gram is numpy's
-    two-dimensional product of the block with its own transpose: the same BLAS call per block,
-    and the same bits, as a batched ``matmul`` (checked by
-    tests/mechanisms/test_subset_iteration.py).
+    Safe: the largest diagonal entry in :data:`RAW_GRAM_RANGE`. The scaling is exact, so the
+    scaled Gram is the unscaled one times ``2^-2e`` unless a product is subnormal, and every
+    later step (products, QR, ``eigh``, the certificate's ratios, the lift) commutes with a
+    power-of-two scale: the bases are the scaled route's bit for bit on such rows (tested),
+    without the peak and the multiplication (0.1-0.15x ``X^T X`` at 50,000 x 100). Otherwise
+    (rows of 1e300 or 1e-300, zero blocks) the block is scaled and its Gram formed again, as
+    before. The route and the Gram are functions of the block alone. Block by block, each
+    multiplied while in cache: the same BLAS call, and bits, as a batched ``matmul``.
 
     Returns
     -------
@@ -465,9 +491,10 @@ def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False
     value is too small for it (rank-deficient subsets, zero or duplicate rows) fall back to an
     SVD of the block.
 
-    Totality: if a batched decomposition fails, every block of the batch is decomposed
-    on its own by SVD; a block whose SVD fails or gives non-finite or non-orthonormal vectors
-    gets the fixed public basis :func:`fallback_basis` (the first ``k`` standard basis
+    Totality: a block whose ``eigh`` fails (:func:`eigh_each` marks it alone; before, a failure
+    in a batched call sent every block of the batch to the SVD) or whose result is not finite is
+    decomposed on its own by SVD; a block whose SVD fails or gives non-finite or non-orthonormal
+    vectors gets the fixed public basis :func:`fallback_basis` (the first ``k`` standard basis
     vectors). Which blocks fall back, and which take the iteration, depends on each block
     alone, so the route is a per-subset function like ``U_j`` itself and never raises.
 
