@@ -115,3 +115,52 @@ def test_the_start_is_a_public_constant() -> None:
     first = sa.public_start(90, 13)
     assert np.array_equal(first, np.random.default_rng(0x5AB5_7A27).standard_normal((90, 13)))
     assert not first.flags.writeable
+
+
+def test_iterating_a_few_grams_at_a_time_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_top_k_right_singular`` decomposes ``CACHE_BYTES`` of Grams at a time (fifth pass, for the
+    cache): every step is per matrix, so any batching gives the same bases, certified or not."""
+    blocks = np.concatenate(
+        [
+            _near_subspace(5, 60, 120, 3, 1e-4, seed=9),
+            np.random.default_rng(9).normal(size=(2, 60, 120)),
+        ]
+    )
+    monkeypatch.setattr(sa, "CACHE_BYTES", 1 << 40)  # one batch
+    whole = sa._top_k_right_singular(blocks, 3)
+    for grams in (1, 2, 3):
+        monkeypatch.setattr(sa, "CACHE_BYTES", grams * 8 * 60 * 60)
+        assert np.array_equal(sa._top_k_right_singular(blocks, 3), whole)
+
+
+@pytest.mark.parametrize("gap", [True, False], ids=["iterated", "dense"])
+def test_an_eigh_failure_sends_only_its_own_block_to_the_svd(
+    gap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batched ``eigh`` raises for the whole stack if one matrix fails; ``eigh_each`` retries
+    matrix by matrix, so the other blocks keep their bases bit for bit (the route stays a
+    function of the block alone) and the failing block gets an orthonormal SVD basis."""
+    rng = np.random.default_rng(12)
+    blocks = _near_subspace(6, 60, 120, 3, 1e-4, seed=12) if gap else rng.normal(size=(6, 60, 120))
+    before = sa._top_k_right_singular(blocks, 3)
+    poisoned = blocks.copy()
+    poisoned[2] *= 0.75  # a Gram of its own trace: the unscaled sum of squares (in range)
+    marker = float(np.sum(np.square(poisoned[2])))
+    real_eigh = np.linalg.eigh
+    hits = []
+
+    def failing_eigh(stack: np.ndarray):  # type: ignore[no-untyped-def]
+        # Fails on block 2's Gram and on its Ritz matrix (whose trace is within 1e-6 of the
+        # Gram's near a subspace), as LAPACK failing to converge would.
+        traces = np.trace(stack[None] if stack.ndim == 2 else stack, axis1=1, axis2=2)
+        if np.any(np.isclose(traces, marker, rtol=1e-5)):
+            hits.append(stack.shape)
+            raise np.linalg.LinAlgError("Eigenvalues did not converge")
+        return real_eigh(stack)
+
+    monkeypatch.setattr(np.linalg, "eigh", failing_eigh)
+    after = sa._top_k_right_singular(poisoned, 3)
+    assert hits  # the failure was raised (for the stack, then for the block alone)
+    others = np.arange(6) != 2
+    assert np.array_equal(after[others], before[others])
+    assert np.allclose(after[2].T @ after[2], np.eye(3), atol=1e-10)
