@@ -8,6 +8,7 @@ to the bound may exceed it by a few ulps: see :func:`_scale_to`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,105 @@ from service.mechanisms.linalg import (
 ROUNDING_SLACK = 2.0**-40
 
 _vecdot = getattr(np, "vecdot", None)
+
+#: Single precision (issue 32 item 5): the chosen-centring run's Gram and its
+#: explained-variance projections are computed in float32 where public facts say it is safe
+#: and it pays: at least this many rows (below it the passes take a few ms in float64).
+SINGLE_MIN_ROWS = 8192
+#: Rows per float32 rank-k update: the rounding bound below grows with its square.
+SINGLE_BLOCK_ROWS = 256
+#: Clips (``B``) for which float32 neither overflows (``SINGLE_BLOCK_ROWS B^2`` far below
+#: ``3.4e38``) nor loses more than ``2^-149`` absolute to underflow (``2^-110`` of ``B^2``).
+SINGLE_SCALES = (2.0**-40, 2.0**40)
+_UNIT_ROUNDOFF_32 = 2.0**-24
+
+
+def single_gamma(terms: int) -> float:
+    """``gamma_j = j u/(1 - j u)``, ``u = 2^-24`` (Higham, Accuracy and Stability of Numerical
+    Algorithms, Lemma 3.1): a float32 sum of ``j - 1`` products, computed in any order, with
+    or without fused multiply-adds, and its inputs' rounding to float32 counted as one more
+    factor each, is ``sum_l a_l b_l (1 + theta_l)`` with ``|theta_l| <= gamma_(j+2)``."""
+    return terms * _UNIT_ROUNDOFF_32 / (1.0 - terms * _UNIT_ROUNDOFF_32)
+
+
+#: The float32 Gram's sensitivity is ``sqrt(2) B^2 (1 + SINGLE_GRAM_SLACK)`` (5.6e-3 at 256
+#: rows; see :func:`single_gram_fits`): its noise is drawn that much larger.
+SINGLE_GRAM_SLACK = math.sqrt(2.0) * single_gamma(SINGLE_BLOCK_ROWS + 2) * SINGLE_BLOCK_ROWS
+
+
+def single_gram_fits(n_rows: int, bound: float) -> bool:
+    """Whether :func:`fast_gram` (``single=True``) may add the rows' Gram in float32 blocks:
+    from public facts only (``n``, the rows' clip ``B``), never from the rows.
+
+    Why the sensitivity grows by :data:`SINGLE_GRAM_SLACK` only: the rows (each of norm
+    ``<= B``, computed in float64 as before) are rounded to float32 and added as ``R^T R``
+    per block of ``b = SINGLE_BLOCK_ROWS`` rows at public positions, each block's float32
+    matrix then added in float64. A block's computed matrix is ``S + E`` with
+    ``|E_ij| <= gamma_(b+2) sum_l |y_li| |y_lj|`` (:func:`single_gamma`), so
+    ``||E||_F <= gamma_(b+2) sum_l ||y_l||^2 <= gamma_(b+2) b B^2``. Replacing one row
+    changes one block's rows; every other block's float32 matrix is the same bits (the same
+    inputs and a deterministic kernel: OpenBLAS computes each entry in a fixed order for a
+    fixed thread count). The computed Gram therefore moves by at most
+    ``sqrt(2) B^2 + 2 gamma_(b+2) b B^2 = sqrt(2) B^2 (1 + SINGLE_GRAM_SLACK)`` in Frobenius
+    norm (the upper triangle's l2 norm is at most that), up to the float64 accumulation's
+    rounding, which the float64 Gram has too."""
+    low, high = SINGLE_SCALES
+    return n_rows >= SINGLE_MIN_ROWS and low <= bound <= high
+
+
+def single_projections_fit(
+    n_rows: int, n_cols: int, k: int, clip_norm: float, scale: float
+) -> bool:
+    """Whether the explained-variance step may project the clipped rows in float32: public
+    facts only. A projection ``U^T y`` (``||y|| <= C``) is computed to ``gamma_(d+2) C`` per
+    coordinate, so a summand of norm about ``scale`` (the probe's released quantile of the
+    centred norms) has its captured part to about ``2 sqrt(k) gamma_(d+2) C/scale`` relative;
+    float32 is used where that is at most ``2^-10`` (where the rows' common part is more than
+    about 25x their spread at d = 100 the cancellation would cost precision: float64 then).
+    Privacy does not depend on it: each summand is clamped onto its simplex whatever its
+    rounding, and depends on its own rows only."""
+    low, high = SINGLE_SCALES
+    if n_rows < SINGLE_MIN_ROWS or not low <= clip_norm <= high or not scale > 0.0:
+        return False
+    error = 2.0 * math.sqrt(k) * single_gamma(n_cols + 2) * clip_norm
+    return error <= 2.0**-10 * scale
+
+
+def single_projections(
+    data: Any, columns: FloatArray, factors: FloatArray | None, *, transposed: bool = False
+) -> FloatArray:
+    """``Y B`` for the clipped rows ``y_i = f_i x_i`` (``factors`` ``f``, ``None``: all 1) and
+    ``B = columns`` (``d x b``, ``b`` small), in float32 per chunk (each chunk scaled and
+    rounded to float32 in one step, then ``sgemm``), returned in float64: shape ``(n, b)``,
+    or ``(b, n)`` when ``transposed``. Each row's products depend on that row only. About 2x
+    faster than float64 at 50,000 x 100, b = 10 (the product's cost is the cast chunk's
+    reading)."""
+    n, d = data.shape
+    b = columns.shape[1]
+    chunk = gram_chunk_rows(d)
+    out = np.empty((b, n) if transposed else (n, b), dtype=np.float64)
+    rows32 = np.empty((min(chunk, max(n, 1)), d), dtype=np.float32)
+    basis32 = np.ascontiguousarray(columns.T if transposed else columns, dtype=np.float32)
+    products = np.empty((b, rows32.shape[0]) if transposed else (rows32.shape[0], b), np.float32)
+    start = 0
+    with np.errstate(under="ignore"):
+        for block in iter_row_chunks(data, chunk):
+            stop = start + block.shape[0]
+            rows = rows32[: block.shape[0]]
+            if factors is None:
+                np.copyto(rows, block, casting="same_kind")
+            else:
+                np.multiply(block, factors[start:stop, None], out=rows, casting="same_kind")
+            if transposed:
+                part = products[:, : block.shape[0]]
+                np.matmul(basis32, rows.T, out=part)
+                out[:, start:stop] = part
+            else:
+                part = products[: block.shape[0]]
+                np.matmul(rows, basis32, out=part)
+                out[start:stop] = part
+            start = stop
+    return out
 
 
 def row_squares(rows: FloatArray) -> FloatArray:
@@ -172,6 +272,9 @@ def fast_gram(
     center: FloatArray | None = None,
     row_clip: float | None = None,
     squares: FloatArray | None = None,
+    *,
+    single: bool = False,
+    centred_squares: FloatArray | None = None,
 ) -> FloatArray:
     """:func:`~service.mechanisms.linalg.clipped_gram` of an array with :func:`fast_gram_rows`
     (a :class:`~service.mechanisms.linalg.RowSource` computes its own).
@@ -181,13 +284,24 @@ def fast_gram(
     reductions (the common case of a declared bound: issue 35 puts the whole release within
     1.2x of the bare ``X^T X``); any other chunk is clipped row by row, reusing its norms.
     ``squares``: every row's squared norm (:func:`row_squares`, e.g. the probe pass's), read
-    instead of computed."""
+    instead of computed.
+
+    ``single`` (the caller checked :func:`single_gram_fits` and calibrates its noise to the
+    larger sensitivity): the same rows, rounded to float32 and added in blocks of
+    :data:`SINGLE_BLOCK_ROWS` rows. ``centred_squares`` (shape ``(n,)``, with a ``center``):
+    filled with each row's ``||clip_C(x) - c||^2`` as the pass computes it (NaN where a chunk
+    took the rescaled route), for the explained-variance step."""
     if isinstance(data, RowSource):
         return data.clipped_gram(clip_norm, center, row_clip)
     d = data.shape[1]
     bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
+    single_rows = (
+        np.empty((min(gram_chunk_rows(d), max(1, data.shape[0])), d), dtype=np.float32)
+        if single
+        else None
+    )
     if center is None and squares is not None:
-        known = _gram_of_known(data, squares, bound)
+        known = _gram_of_known(data, squares, bound, single_rows)
         if known is not None:
             return known
     gram = np.zeros((d, d), dtype=np.float64)
@@ -204,23 +318,53 @@ def fast_gram(
             if not block.size:
                 continue
             known = None if squares is None else squares[start:stop]
+            first = start
             start = stop
             if center is None:
                 known = row_squares(block) if known is None else known
                 if known.max() <= limit and (tiny_kept or known.min() >= low):
-                    gram += block.T @ block
+                    _add_gram(gram, block, single_rows)
                     continue
                 rows = fast_gram_rows(block, clip_norm, center, row_clip, known)
             else:
                 if buffer is None:
                     # The first chunk is the largest (see _gram_of_known).
                     buffer = np.empty((block.shape[0], d), dtype=np.float64)
-                centred = _centred_rows(block, clip_norm, center, bound, known, buffer)
+                out = None if centred_squares is None else centred_squares[first:stop]
+                centred = _centred_rows(
+                    block, clip_norm, center, bound, known, buffer, out, single_rows
+                )
                 if centred is None:
                     centred = gram_rows(block, clip_norm, center, row_clip)
+                    if out is not None:
+                        out.fill(np.nan)
+                elif centred.dtype == np.float32:
+                    _add_single(gram, centred)
+                    continue
                 rows = centred
-            gram += rows.T @ rows
+            _add_gram(gram, rows, single_rows)
     return gram
+
+
+def _add_gram(gram: FloatArray, rows: FloatArray, single_rows: FloatArray | None) -> None:
+    """``gram += rows^T rows``: in float64, or (``single_rows``, a float32 buffer of at least
+    as many rows) rounded to float32 and added in blocks of :data:`SINGLE_BLOCK_ROWS` rows
+    (:func:`single_gram_fits`)."""
+    if single_rows is None:
+        gram += rows.T @ rows
+        return
+    rounded = single_rows[: rows.shape[0]]
+    np.copyto(rounded, rows, casting="same_kind")
+    _add_single(gram, rounded)
+
+
+def _add_single(gram: FloatArray, rounded: FloatArray) -> None:
+    """``gram += R^T R`` for float32 rows ``R``, one float32 product per block of
+    :data:`SINGLE_BLOCK_ROWS` rows (blocks at public positions: chunks start at multiples of
+    it), each added to the float64 ``gram``."""
+    for start in range(0, rounded.shape[0], SINGLE_BLOCK_ROWS):
+        part = rounded[start : start + SINGLE_BLOCK_ROWS]
+        gram += part.T @ part
 
 
 def _centred_rows(
@@ -230,11 +374,16 @@ def _centred_rows(
     bound: float,
     squares: FloatArray | None,
     buffer: FloatArray,
+    centred_out: FloatArray | None = None,
+    single_rows: FloatArray | None = None,
 ) -> FloatArray | None:
     """:func:`fast_gram_rows` with a ``center`` (``clip_bound(clip_C(x) - c)``), written into
     ``buffer`` (reused by every chunk: no fresh arrays per chunk): the same operations in the
     same order, so the same rows to the bit. ``None`` where ``fast_gram_rows`` would take the
-    rescaled route (the caller then calls ``gram_rows``)."""
+    rescaled route (the caller then calls ``gram_rows``). ``centred_out``: the centred rows'
+    squared norms are written there. ``single_rows`` (a float32 buffer): the rows are scaled
+    and rounded to float32 there in one step and returned from it (the same float32 rows as
+    rounding the float64 result)."""
     squares = _safe_squares(block, min(bound, clip_norm), squares)
     if squares is None:
         return None
@@ -248,15 +397,28 @@ def _centred_rows(
     centred = _safe_squares(rows, bound)
     if centred is None:
         return None
+    if centred_out is not None:
+        centred_out[...] = centred
+    if single_rows is not None:
+        rounded = single_rows[: block.shape[0]]
+        factor = clip_factors(centred, bound)
+        if factor is None:
+            np.copyto(rounded, rows, casting="same_kind")
+        else:
+            np.multiply(rows, factor[:, None], out=rounded, casting="same_kind")
+        return rounded
     return _scale_to(rows, centred, bound, own=True)
 
 
-def _gram_of_known(data: Any, squares: FloatArray, bound: float) -> FloatArray | None:
+def _gram_of_known(
+    data: Any, squares: FloatArray, bound: float, single_rows: FloatArray | None = None
+) -> FloatArray | None:
     """:func:`fast_gram` of the uncentred rows clipped at ``bound`` from their known squared
     norms: the factors computed once for all rows, each chunk with a factor below 1 scaled
     into one reused buffer (the same products as :func:`_scale_to`'s copy; no allocation per
     chunk). ``None`` when a squared norm is outside the safe range (the caller's loop then
-    takes the rescaled route)."""
+    takes the rescaled route). ``single_rows``: as :func:`_add_gram` (a scaled chunk is
+    scaled and rounded to float32 in one step: the same float32 rows)."""
     if _safe_squares(squares, bound, squares) is None:
         return None
     factors = clip_factors(squares, bound)
@@ -271,7 +433,12 @@ def _gram_of_known(data: Any, squares: FloatArray, bound: float) -> FloatArray |
             factor = None if factors is None else factors[start:stop]
             start = stop
             if factor is None or bool(np.all(factor == 1.0)):
-                gram += block.T @ block
+                _add_gram(gram, block, single_rows)
+                continue
+            if single_rows is not None:
+                rounded = single_rows[: block.shape[0]]
+                np.multiply(block, factor[:, None], out=rounded, casting="same_kind")
+                _add_single(gram, rounded)
                 continue
             if buffer is None:
                 # The first chunk is the largest: no buffer beyond the rows (a buffer of a full
