@@ -300,8 +300,13 @@ def fast_gram(
         if single
         else None
     )
-    if center is None and squares is not None:
-        known = _gram_of_known(data, squares, bound, single_rows)
+    if squares is not None:
+        if center is None:
+            known = _gram_of_known(data, squares, bound, single_rows)
+        else:
+            known = _centred_gram_of_known(
+                data, squares, clip_norm, center, bound, single_rows, centred_squares
+            )
         if known is not None:
             return known
     gram = np.zeros((d, d), dtype=np.float64)
@@ -408,6 +413,69 @@ def _centred_rows(
             np.multiply(rows, factor[:, None], out=rounded, casting="same_kind")
         return rounded
     return _scale_to(rows, centred, bound, own=True)
+
+
+def _centred_gram_of_known(
+    data: Any,
+    squares: FloatArray,
+    clip_norm: float,
+    center: FloatArray,
+    bound: float,
+    single_rows: FloatArray | None,
+    centred_out: FloatArray | None,
+) -> FloatArray | None:
+    """:func:`fast_gram` with a ``center`` from the rows' known squared norms: the rows'
+    factors to ``C`` and the safe-range test computed once over all rows instead of per
+    chunk, each chunk's centred rows and their squared norms written into reused arrays (the
+    norms straight into ``centred_out``), a chunk scaled to ``bound`` (and rounded to float32
+    with ``single_rows``) in one step. The same operations on each row as
+    :func:`_centred_rows`, so the same rows to the bit. ``None`` when a squared norm is
+    outside the safe range (the caller's loop then takes the rescaled route per chunk)."""
+    if _safe_squares(squares, min(bound, clip_norm), squares) is None:
+        return None
+    n, d = data.shape
+    factors = clip_factors(squares, clip_norm)
+    chunk = gram_chunk_rows(d)
+    gram = np.zeros((d, d), dtype=np.float64)
+    buffer = np.empty((min(chunk, max(1, n)), d), dtype=np.float64)
+    centred_all = np.empty(n, dtype=np.float64) if centred_out is None else centred_out
+    low, high = SAFE_SQUARED_NORMS
+    start = 0
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        limit = bound * bound * (1.0 + ROUNDING_SLACK)
+        tiny_kept = bound * bound >= 4.0 * low
+        for block in iter_row_chunks(data, chunk):
+            stop = start + block.shape[0]
+            rows = buffer[: block.shape[0]]
+            factor = None if factors is None else factors[start:stop]
+            if factor is None or bool(np.all(factor == 1.0)):
+                np.subtract(block, center, out=rows)
+            else:
+                np.multiply(block, factor[:, None], out=rows)
+                rows -= center
+            centred = row_squares_into(rows, centred_all[start:stop])
+            top = float(centred.max())
+            if not (top <= high and (tiny_kept or float(centred.min()) >= low)):
+                # Outside the safe range (or NaN): the rescaled route, as _centred_rows.
+                rows = gram_rows(block, clip_norm, center, bound)
+                centred_all[start:stop] = np.nan
+                _add_gram(gram, rows, single_rows)
+                start = stop
+                continue
+            start = stop
+            scale = clip_factors(centred, bound) if top > limit else None
+            if single_rows is not None:
+                rounded = single_rows[: block.shape[0]]
+                if scale is None:
+                    np.copyto(rounded, rows, casting="same_kind")
+                else:
+                    np.multiply(rows, scale[:, None], out=rounded, casting="same_kind")
+                _add_single(gram, rounded)
+                continue
+            if scale is not None:
+                rows *= scale[:, None]
+            gram += rows.T @ rows
+    return gram
 
 
 def _gram_of_known(
