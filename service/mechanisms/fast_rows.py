@@ -192,15 +192,18 @@ def _safe_squares(
 def clip_factors(squares: FloatArray, bound: float) -> FloatArray | None:
     """The factors :func:`_scale_to` multiplies the rows by (``bound/||y||`` for the rows over
     ``bound`` beyond :data:`ROUNDING_SLACK`, else 1), or ``None`` when no row is over."""
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         # bound^2 may overflow to inf (no row is then over) or underflow to 0 (every non-zero
         # row is over, scaled by bound/||y|| as before).
         over = squares > (bound * bound) * (1.0 + ROUNDING_SLACK)
-    if not bool(np.any(over)):
-        return None
-    with np.errstate(divide="ignore", over="ignore"):
+        if not bool(over.any()):
+            return None
         # A zero (or underflowed) row is never over; bound/||y|| < 1 for the rows that are.
-        return np.asarray(np.where(over, bound / np.sqrt(np.where(over, squares, 1.0)), 1.0))
+        # In place in one array (the same values as where(over, bound/sqrt(s), 1)).
+        factor = np.sqrt(squares)
+        np.divide(bound, factor, out=factor)
+        factor[~over] = 1.0
+        return factor
 
 
 def _scale_to(
