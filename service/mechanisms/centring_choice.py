@@ -483,7 +483,11 @@ def probe_centred_energy(
     if known and single:
         # U^T (a x): the clipped rows' projections, k contiguous rows of length n.
         products = single_projections(
-            data, basis, counts.row_factors if scaled else None, transposed=True
+            data,
+            basis,
+            counts.row_factors if scaled else None,
+            counts.row_squares,
+            transposed=True,
         )
         scaled = False
     elif known:
@@ -555,7 +559,12 @@ def probe_paired_energy(
     with np.errstate(under="ignore"):
         scaled = bool(np.any(counts.row_factors != 1.0))  # z f is z when every f is 1
         if single:
-            projected = single_projections(data, basis, counts.row_factors if scaled else None)
+            squares = counts.row_squares
+            if squares is None:  # a ProbePass built by hand: the rows' own norms
+                squares = row_squares(np.asarray(data, dtype=np.float64))
+            projected = single_projections(
+                data, basis, counts.row_factors if scaled else None, squares
+            )
         else:
             # Z = X U, then the rows Z_i (length k) gathered per pair: numpy.take along the
             # first axis of Z (about 4x faster than fancy indexing for rows of k = 10 doubles).

@@ -50,25 +50,53 @@ def single_gamma(terms: int) -> float:
     return terms * _UNIT_ROUNDOFF_32 / (1.0 - terms * _UNIT_ROUNDOFF_32)
 
 
-#: The float32 Gram's sensitivity is ``sqrt(2) B^2 (1 + SINGLE_GRAM_SLACK)`` (5.6e-3 at 256
+#: The float32 Gram's sensitivity is ``sqrt(2) B^2 (1 + SINGLE_GRAM_SLACK)`` (5.7e-3 at 256
 #: rows; see :func:`single_gram_fits`): its noise is drawn that much larger.
-SINGLE_GRAM_SLACK = math.sqrt(2.0) * single_gamma(SINGLE_BLOCK_ROWS + 2) * SINGLE_BLOCK_ROWS
+SINGLE_GRAM_SLACK = math.sqrt(2.0) * single_gamma(SINGLE_BLOCK_ROWS + 8) * SINGLE_BLOCK_ROWS
+
+#: Rows whose squared norm is above this are scaled in float64 before their rounding to
+#: float32 (their entries may exceed float32's range; ``2^200`` leaves every entry of the
+#: others below ``2^100``).
+_SINGLE_CAST_SQUARES = 2.0**200
+
+
+def round_scaled(
+    rows: FloatArray, factors: FloatArray | None, squares: FloatArray, out: FloatArray
+) -> FloatArray:
+    """``f_i y_i`` rounded to float32 in ``out`` (float32, at least as many rows), each row
+    from itself alone: rounded to float32, then multiplied by its float32 factor (a cast and
+    a float32 product: 1.6x faster than numpy's buffered float64 product cast to float32);
+    a row whose squared norm ``squares`` is above ``2^200`` (or not finite) is multiplied in
+    float64 first. Either way each entry is ``f_i y_ij (1 + e)``, ``|e| <= gamma_3``
+    (:func:`single_gamma`), plus at most ``2^-149`` lost to underflow."""
+    rounded = out[: rows.shape[0]]
+    np.copyto(rounded, rows, casting="same_kind")
+    if factors is not None:
+        rounded *= factors.astype(np.float32)[:, None]
+    with np.errstate(invalid="ignore"):
+        wild = np.flatnonzero(~(squares <= _SINGLE_CAST_SQUARES))
+    if wild.size:
+        scaled = rows[wild] if factors is None else rows[wild] * factors[wild, None]
+        rounded[wild] = scaled
+    return rounded
 
 
 def single_gram_fits(n_rows: int, bound: float) -> bool:
     """Whether :func:`fast_gram` (``single=True``) may add the rows' Gram in float32 blocks:
     from public facts only (``n``, the rows' clip ``B``), never from the rows.
 
-    Why the sensitivity grows by :data:`SINGLE_GRAM_SLACK` only: the rows (each of norm
-    ``<= B``, computed in float64 as before) are rounded to float32 and added as ``R^T R``
-    per block of ``b = SINGLE_BLOCK_ROWS`` rows at public positions, each block's float32
-    matrix then added in float64. A block's computed matrix is ``S + E`` with
-    ``|E_ij| <= gamma_(b+2) sum_l |y_li| |y_lj|`` (:func:`single_gamma`), so
-    ``||E||_F <= gamma_(b+2) sum_l ||y_l||^2 <= gamma_(b+2) b B^2``. Replacing one row
+    Why the sensitivity grows by :data:`SINGLE_GRAM_SLACK` only: the rows ``y`` (each of norm
+    ``<= B``, the float64 rows as before) are rounded to float32 (each entry to
+    ``y (1 + e)``, ``|e| <= gamma_3``: :func:`round_scaled`) and added as ``R^T R`` per block
+    of ``b = SINGLE_BLOCK_ROWS`` rows at public positions, each block's float32 matrix then
+    added in float64. A block's computed matrix is ``S + E`` with
+    ``|E_ij| <= gamma_(b+6) sum_l |y_li| |y_lj|`` (:func:`single_gamma`; ``gamma_(b+8)``
+    covers underflow's ``2^-149`` per entry at ``B >= 2^-40``), so
+    ``||E||_F <= gamma_(b+8) sum_l ||y_l||^2 <= gamma_(b+8) b B^2``. Replacing one row
     changes one block's rows; every other block's float32 matrix is the same bits (the same
     inputs and a deterministic kernel: OpenBLAS computes each entry in a fixed order for a
     fixed thread count). The computed Gram therefore moves by at most
-    ``sqrt(2) B^2 + 2 gamma_(b+2) b B^2 = sqrt(2) B^2 (1 + SINGLE_GRAM_SLACK)`` in Frobenius
+    ``sqrt(2) B^2 + 2 gamma_(b+8) b B^2 = sqrt(2) B^2 (1 + SINGLE_GRAM_SLACK)`` in Frobenius
     norm (the upper triangle's l2 norm is at most that), up to the float64 accumulation's
     rounding, which the float64 Gram has too."""
     low, high = SINGLE_SCALES
@@ -94,7 +122,12 @@ def single_projections_fit(
 
 
 def single_projections(
-    data: Any, columns: FloatArray, factors: FloatArray | None, *, transposed: bool = False
+    data: Any,
+    columns: FloatArray,
+    factors: FloatArray | None,
+    squares: FloatArray,
+    *,
+    transposed: bool = False,
 ) -> FloatArray:
     """``Y B`` for the clipped rows ``y_i = f_i x_i`` (``factors`` ``f``, ``None``: all 1) and
     ``B = columns`` (``d x b``, ``b`` small), in float32 per chunk (each chunk scaled and
@@ -107,17 +140,15 @@ def single_projections(
     chunk = gram_chunk_rows(d)
     out = np.empty((b, n) if transposed else (n, b), dtype=np.float64)
     rows32 = np.empty((min(chunk, max(n, 1)), d), dtype=np.float32)
+    # The rows' own squared norms (squares) decide how each is rounded (round_scaled).
     basis32 = np.ascontiguousarray(columns.T if transposed else columns, dtype=np.float32)
     products = np.empty((b, rows32.shape[0]) if transposed else (rows32.shape[0], b), np.float32)
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
             stop = start + block.shape[0]
-            rows = rows32[: block.shape[0]]
-            if factors is None:
-                np.copyto(rows, block, casting="same_kind")
-            else:
-                np.multiply(block, factors[start:stop, None], out=rows, casting="same_kind")
+            factor = None if factors is None else factors[start:stop]
+            rows = round_scaled(block, factor, squares[start:stop], rows32)
             if transposed:
                 part = products[:, : block.shape[0]]
                 np.matmul(basis32, rows.T, out=part)
@@ -333,6 +364,11 @@ def fast_gram(
                 if known.max() <= limit and (tiny_kept or known.min() >= low):
                     _add_gram(gram, block, single_rows)
                     continue
+                if single_rows is not None and _safe_squares(block, bound, known) is not None:
+                    # As _gram_of_known: the same float32 rows.
+                    factor = clip_factors(known, bound)
+                    _add_single(gram, round_scaled(block, factor, known, single_rows))
+                    continue
                 rows = fast_gram_rows(block, clip_norm, center, row_clip, known)
             else:
                 if buffer is None:
@@ -408,13 +444,7 @@ def _centred_rows(
     if centred_out is not None:
         centred_out[...] = centred
     if single_rows is not None:
-        rounded = single_rows[: block.shape[0]]
-        factor = clip_factors(centred, bound)
-        if factor is None:
-            np.copyto(rounded, rows, casting="same_kind")
-        else:
-            np.multiply(rows, factor[:, None], out=rounded, casting="same_kind")
-        return rounded
+        return round_scaled(rows, clip_factors(centred, bound), centred, single_rows)
     return _scale_to(rows, centred, bound, own=True)
 
 
@@ -468,12 +498,7 @@ def _centred_gram_of_known(
             start = stop
             scale = clip_factors(centred, bound) if top > limit else None
             if single_rows is not None:
-                rounded = single_rows[: block.shape[0]]
-                if scale is None:
-                    np.copyto(rounded, rows, casting="same_kind")
-                else:
-                    np.multiply(rows, scale[:, None], out=rounded, casting="same_kind")
-                _add_single(gram, rounded)
+                _add_single(gram, round_scaled(rows, scale, centred, single_rows))
                 continue
             if scale is not None:
                 rows *= scale[:, None]
@@ -507,9 +532,10 @@ def _gram_of_known(
                 _add_gram(gram, block, single_rows)
                 continue
             if single_rows is not None:
-                rounded = single_rows[: block.shape[0]]
-                np.multiply(block, factor[:, None], out=rounded, casting="same_kind")
-                _add_single(gram, rounded)
+                _add_single(
+                    gram,
+                    round_scaled(block, factor, squares[start - len(factor) : start], single_rows),
+                )
                 continue
             if buffer is None:
                 # The first chunk is the largest: no buffer beyond the rows (a buffer of a full

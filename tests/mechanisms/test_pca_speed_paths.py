@@ -341,7 +341,9 @@ def test_one_replaced_row_moves_the_float32_gram_within_the_inflated_sensitivity
     # the same bits, so the move is that block's, up to the float64 accumulation.
     blocks = []
     for x in (rows, other):
-        part = fr.fast_gram_rows(x[512:768], 1.0, None, bound).astype(np.float32)
+        squares = fr.row_squares(x[512:768])
+        factors = fr.clip_factors(squares, bound)
+        part = fr.round_scaled(x[512:768], factors, squares, np.empty((256, 20), np.float32))
         blocks.append((part.T @ part).astype(np.float64))
     np.testing.assert_allclose(got[0] - got[1], blocks[0] - blocks[1], rtol=0, atol=1e-12)
 
@@ -401,3 +403,23 @@ def test_the_float32_variance_sums_are_the_sums_and_stay_in_their_simplex(route:
     assert got[0] == pytest.approx(exact[0], rel=1e-4)
     assert got[0] != exact[0]
     assert got[0] + got[1] == pytest.approx(float(np.sum(totals)), rel=1e-12)
+
+
+def test_rows_beyond_float32s_range_are_scaled_before_their_rounding() -> None:
+    # Squared norms in the safe range but entries beyond float32's: such a row is scaled
+    # in float64 first (round_scaled), so the float32 Gram and projections stay finite.
+    rows = offset_rows(2048, 10, 38)
+    rows[5] *= 1e45
+    rows[700] *= 1e-30
+    squares = cc.row_squares(rows)
+    exact = cc.fast_gram(rows, 1.0, None, 0.5, squares)
+    got = cc.fast_gram(rows, 1.0, None, 0.5, squares, single=True)
+    assert bool(np.all(np.isfinite(got)))
+    from service.mechanisms import fast_rows as fr
+
+    allowed = fr.single_gamma(fr.SINGLE_BLOCK_ROWS + 8) * rows.shape[0] * 0.5**2
+    assert float(np.linalg.norm(got - exact)) <= allowed
+    factors = fr.clip_factors(squares, 1.0)
+    projected = fr.single_projections(rows, np.eye(10, 3), factors, squares)
+    assert factors is not None
+    np.testing.assert_allclose(projected, (rows * factors[:, None])[:, :3], rtol=1e-6, atol=1e-7)
