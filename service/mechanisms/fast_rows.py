@@ -70,10 +70,11 @@ def round_scaled(
     float64 first. Either way each entry is ``f_i y_ij (1 + e)``, ``|e| <= gamma_3``
     (:func:`single_gamma`), plus at most ``2^-149`` lost to underflow."""
     rounded = out[: rows.shape[0]]
-    np.copyto(rounded, rows, casting="same_kind")
-    if factors is not None:
-        rounded *= factors.astype(np.float32)[:, None]
-    with np.errstate(invalid="ignore"):
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        # A wild row's entries may overflow here: it is replaced below.
+        np.copyto(rounded, rows, casting="same_kind")
+        if factors is not None:
+            rounded *= factors.astype(np.float32)[:, None]
         wild = np.flatnonzero(~(squares <= _SINGLE_CAST_SQUARES))
     if wild.size:
         scaled = rows[wild] if factors is None else rows[wild] * factors[wild, None]
