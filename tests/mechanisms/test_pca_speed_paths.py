@@ -410,11 +410,16 @@ def test_rows_beyond_float32s_range_are_scaled_before_their_rounding() -> None:
     # in float64 first (round_scaled), so the float32 Gram and projections stay finite.
     rows = offset_rows(2048, 10, 38)
     rows[5] *= 1e45
+    rows[6] *= 1e29  # its factor to 1e-6 is below 2^-100: scaled in float64 too
     rows[700] *= 1e-30
     squares = cc.row_squares(rows)
     exact = cc.fast_gram(rows, 1.0, None, 0.5, squares)
     got = cc.fast_gram(rows, 1.0, None, 0.5, squares, single=True)
     assert bool(np.all(np.isfinite(got)))
+    bounded = cc.fast_gram(rows, 1.0, None, 1e-6, squares, single=True)
+    assert float(np.linalg.norm(bounded - cc.fast_gram(rows, 1.0, None, 1e-6, squares))) <= (
+        1e-3 * 2048 * 1e-12
+    )
     from service.mechanisms import fast_rows as fr
 
     allowed = fr.single_gamma(fr.SINGLE_BLOCK_ROWS + 8) * rows.shape[0] * 0.5**2
