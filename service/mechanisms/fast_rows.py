@@ -147,21 +147,21 @@ def single_projections(
     out = np.empty((b, n) if transposed else (n, b), dtype=np.float64)
     rows32 = np.empty((min(chunk, max(n, 1)), d), dtype=np.float32)
     # The rows' own squared norms (squares) decide how each is rounded (round_scaled).
-    basis32 = np.ascontiguousarray(columns.T if transposed else columns, dtype=np.float32)
-    products = np.empty((b, rows32.shape[0]) if transposed else (rows32.shape[0], b), np.float32)
+    # Y B row by row in either layout (the transposed layout is written from it: 1.2x faster
+    # than B^T Y^T at d = 100, b = 10).
+    basis32 = np.ascontiguousarray(columns, dtype=np.float32)
+    products = np.empty((rows32.shape[0], b), np.float32)
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
             stop = start + block.shape[0]
             factor = None if factors is None else factors[start:stop]
             rows = round_scaled(block, factor, squares[start:stop], rows32)
+            part = products[: block.shape[0]]
+            np.matmul(rows, basis32, out=part)
             if transposed:
-                part = products[:, : block.shape[0]]
-                np.matmul(basis32, rows.T, out=part)
-                out[:, start:stop] = part
+                out[:, start:stop] = part.T
             else:
-                part = products[: block.shape[0]]
-                np.matmul(rows, basis32, out=part)
                 out[start:stop] = part
             start = stop
     return out
