@@ -56,8 +56,11 @@ builds pairs a chunk at a time from the known factors (:func:`paired_gram`,
 products may put a pair lying within a few ulps of a bin's edge in the neighbouring bin, which
 leaves each pair's bin a function of its own two rows (the histograms' sensitivity holds
 exactly); the explained-variance summands are clamped onto their simplex whatever their
-rounding (:func:`probe_paired_energy`). Every noise draw, its scale and the order of the
-draws are as before, so the privacy argument above is unchanged.
+rounding (:func:`probe_paired_energy`). From ``n >= 8,192`` rows (public) the mean and none
+routes sum their Gram in float32 blocks and draw its noise for the stated larger sensitivity
+``sqrt(2) B^2 (1 + 5.7e-3)`` (:func:`~service.mechanisms.fast_rows.single_gram_fits`), and
+project for the explained variance in float32 (clamped summands: no sensitivity change).
+Every draw and its order are as before; the privacy argument above holds with that scale.
 """
 
 from __future__ import annotations
