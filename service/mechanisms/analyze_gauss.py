@@ -97,6 +97,7 @@ from service.mechanisms.explained_variance import (
 )
 from service.mechanisms.fast_rows import (
     SINGLE_GRAM_SLACK,
+    single_centring_fits,
     single_gram_fits,
     single_projections_fit,
 )
@@ -550,6 +551,7 @@ def chosen_centring_run(
             counts.row_squares,
             single=single,
             centred_squares=centred_squares,
+            single_centring=single and single_centring_fits(d, clip, center, probe.pair_low),
         )
     elif choice.route == "pairs":
         scale = n / counts.n_pairs

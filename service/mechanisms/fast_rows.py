@@ -109,6 +109,30 @@ def single_gram_fits(n_rows: int, bound: float) -> bool:
     return n_rows >= SINGLE_MIN_ROWS and low <= bound <= high
 
 
+#: Float32 centring (:func:`single_centring_fits`) up to this many columns: the float32
+#: norms' rounding ``gamma_d`` then stays inside :data:`SINGLE_GRAM_SLACK`'s margin.
+SINGLE_CENTRING_MAX_COLS = 2048
+
+
+def single_centring_fits(n_cols: int, clip_norm: float, center: FloatArray, scale: float) -> bool:
+    """Whether the mean route's Gram pass may also centre in float32 (``fl32(x) - fl32(c)``,
+    the norms measured on those float32 rows): public facts only (``d``, ``C``, the released
+    centre and the probe's released quantile ``scale`` of the centred norms).
+
+    Privacy: each row is a deterministic map of itself (and public values), and is clipped
+    by its own measured norm ``t`` (float32 sum of ``d`` squares: ``t = T (1 + theta)``,
+    ``|theta| <= gamma_d``), so the row added has norm at most
+    ``B (1 - gamma_d)^(-1/2) (1 + gamma_2)``; with its exact float32 entries the block sum's
+    error is ``gamma_b``, and ``(1 + gamma_d/2 + gamma_2)^2 (1 + sqrt(2) gamma_b b) - 1``
+    stays below :data:`SINGLE_GRAM_SLACK` (``sqrt(2) gamma_(b+8) b``) for ``d <= 2,048``.
+    Precision: an entry's rounding is about ``2^-24 (2 C + s)``, ``s`` the centred norm;
+    used where ``C <= 64 s`` (8e-6 of a centred row at most)."""
+    low, high = SINGLE_SCALES
+    if n_cols > SINGLE_CENTRING_MAX_COLS or not low <= clip_norm <= high or not scale > 0.0:
+        return False
+    return float(np.max(np.abs(center), initial=0.0)) <= high and clip_norm <= 64.0 * scale
+
+
 def single_projections_fit(
     n_rows: int, n_cols: int, k: int, clip_norm: float, scale: float
 ) -> bool:
@@ -315,6 +339,7 @@ def fast_gram(
     *,
     single: bool = False,
     centred_squares: FloatArray | None = None,
+    single_centring: bool = False,
 ) -> FloatArray:
     """:func:`~service.mechanisms.linalg.clipped_gram` of an array with :func:`fast_gram_rows`
     (a :class:`~service.mechanisms.linalg.RowSource` computes its own).
@@ -330,7 +355,9 @@ def fast_gram(
     larger sensitivity): the same rows, rounded to float32 and added in blocks of
     :data:`SINGLE_BLOCK_ROWS` rows. ``centred_squares`` (shape ``(n,)``, with a ``center``):
     filled with each row's ``||clip_C(x) - c||^2`` as the pass computes it (NaN where a chunk
-    took the rescaled route), for the explained-variance step."""
+    took the rescaled route), for the explained-variance step. ``single_centring`` (with
+    ``single``, a ``center`` and ``squares``; :func:`single_centring_fits`): the centring too
+    in float32 (:func:`_centred_gram_single`)."""
     if isinstance(data, RowSource):
         return data.clipped_gram(clip_norm, center, row_clip)
     d = data.shape[1]
@@ -343,6 +370,10 @@ def fast_gram(
     if squares is not None:
         if center is None:
             known = _gram_of_known(data, squares, bound, single_rows)
+        elif single_centring and single_rows is not None:
+            known = _centred_gram_single(
+                data, squares, clip_norm, center, bound, single_rows, centred_squares
+            )
         else:
             known = _centred_gram_of_known(
                 data, squares, clip_norm, center, bound, single_rows, centred_squares
@@ -509,6 +540,64 @@ def _centred_gram_of_known(
             if scale is not None:
                 rows *= scale[:, None]
             gram += rows.T @ rows
+    return gram
+
+
+def _centred_gram_single(
+    data: Any,
+    squares: FloatArray,
+    clip_norm: float,
+    center: FloatArray,
+    bound: float,
+    single_rows: FloatArray,
+    centred_out: FloatArray | None,
+) -> FloatArray | None:
+    """:func:`_centred_gram_of_known` with the centring in float32: each row is
+    ``r = fl32(x) a - fl32(c)`` (``a`` its factor to ``C``; a row whose squared norm is above
+    ``2^100`` or whose factor is below ``2^-100`` is clipped and centred in float64 and then
+    rounded), its squared norm ``t`` measured on ``r`` (float32, written into
+    ``centred_out``), and ``r`` scaled to ``bound`` by ``t`` (a factor below ``2^-100``
+    applied in float64). Each row from itself alone; the argument is
+    :func:`single_centring_fits`'. ``None`` as :func:`_centred_gram_of_known`."""
+    if _safe_squares(squares, min(bound, clip_norm), squares) is None:
+        return None
+    n, d = data.shape
+    factors = clip_factors(squares, clip_norm)
+    chunk = gram_chunk_rows(d)
+    gram = np.zeros((d, d), dtype=np.float64)
+    centred_all = np.empty(n, dtype=np.float64) if centred_out is None else centred_out
+    center32 = center.astype(np.float32)
+    start = 0
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        limit = bound * bound * (1.0 + ROUNDING_SLACK)
+        for block in iter_row_chunks(data, chunk):
+            stop = start + block.shape[0]
+            rows = single_rows[: block.shape[0]]
+            np.copyto(rows, block, casting="same_kind")
+            factor = None if factors is None else factors[start:stop]
+            if factor is not None and bool(np.all(factor == 1.0)):
+                factor = None
+            if factor is not None:
+                rows *= factor.astype(np.float32)[:, None]
+            rows -= center32
+            tame = squares[start:stop] <= 2.0**100
+            if factor is not None:
+                tame &= factor >= 2.0**-100
+            wild = np.flatnonzero(~tame)
+            if wild.size:
+                exact = block[wild] if factor is None else block[wild] * factor[wild, None]
+                rows[wild] = exact - center
+            centred = centred_all[start:stop]
+            centred[...] = _vecdot(rows, rows) if _vecdot is not None else (rows * rows).sum(1)
+            start = stop
+            if float(centred.max()) > limit:
+                scale = clip_factors(centred, bound)
+                if scale is not None:
+                    tiny = np.flatnonzero(scale < 2.0**-100)
+                    kept = rows[tiny].astype(np.float64) * scale[tiny, None]
+                    rows *= scale.astype(np.float32)[:, None]
+                    rows[tiny] = kept
+            _add_single(gram, rows)
     return gram
 
 

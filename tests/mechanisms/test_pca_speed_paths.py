@@ -428,3 +428,37 @@ def test_rows_beyond_float32s_range_are_scaled_before_their_rounding() -> None:
     projected = fr.single_projections(rows, np.eye(10, 3), factors, squares)
     assert factors is not None
     np.testing.assert_allclose(projected, (rows * factors[:, None])[:, :3], rtol=1e-6, atol=1e-7)
+
+
+def test_the_float32_centring_moves_within_the_slack_and_keeps_the_gram() -> None:
+    from service.mechanisms import fast_rows as fr
+
+    rows = offset_rows(2048, 16, 39)  # some rows above C, a zero row
+    rows[9] *= 1e60  # squares above 2^100: clipped and centred in float64, then rounded
+    center = rows[rows[:, 0] < 1.0].mean(axis=0)
+    bound = 0.05
+    squares = cc.row_squares(rows)
+
+    def gram(x: Rows, single: bool = True) -> Rows:
+        return cc.fast_gram(
+            x, 1.0, center, bound, cc.row_squares(x), single=single, single_centring=single
+        )
+
+    exact = cc.fast_gram(rows, 1.0, center, bound, squares)
+    got = gram(rows)
+    assert 0.0 < float(np.linalg.norm(got - exact)) <= 1e-5 * float(np.linalg.norm(exact))
+    other = rows.copy()
+    other[300] = -4.0 * rows[300]  # another row of block 256-511
+    moved = float(np.linalg.norm(got - gram(other)))
+    assert moved <= math.sqrt(2.0) * bound**2 * (1.0 + fr.SINGLE_GRAM_SLACK)
+    # The slack covers the float32 norms' rounding up to 2,048 columns.
+    d = fr.SINGLE_CENTRING_MAX_COLS
+    eta = fr.single_gamma(d) / 2 + fr.single_gamma(2)
+    block = fr.SINGLE_BLOCK_ROWS
+    assert (1 + eta) ** 2 * (1 + math.sqrt(2.0) * fr.single_gamma(block) * block) - 1 <= (
+        fr.SINGLE_GRAM_SLACK
+    )
+    assert fr.single_centring_fits(d, 1.0, center, 0.1)
+    assert not fr.single_centring_fits(d + 1, 1.0, center, 0.1)
+    assert not fr.single_centring_fits(100, 1.0, center, 0.01)  # offset 100x the spread
+    assert not fr.single_centring_fits(100, 1.0, center * 1e20, 0.1)
