@@ -4,7 +4,8 @@ releases.
     python -m bench.bench_pca_single [--runs 40]
 
 From 8,192 rows the chosen-centring ``analyze_gauss`` sums the mean and none routes' Gram in
-float32 blocks (its noise drawn ``1 + 5.7e-3`` larger: ``fast_rows.single_gram_fits``) and
+float32 blocks (its noise drawn ``1 + 5.7e-3`` larger: ``fast_rows.single_gram_fits``; the mean
+route centres in float32 too where ``fast_rows.single_centring_fits`` allows) and
 projects for the explained variance in float32 (``fast_rows.single_projections_fit``). Here the
 same seeds are run with both public guards as they are and patched to refuse (float64
 throughout): coverage of the true centred share by the 90% interval, the mean share the
