@@ -121,10 +121,11 @@ def single_centring_fits(n_cols: int, clip_norm: float, center: FloatArray, scal
 
     Privacy: each row is a deterministic map of itself (and public values), and is clipped
     by its own measured norm ``t`` (float32 sum of ``d`` squares: ``t = T (1 + theta)``,
-    ``|theta| <= gamma_d``), so the row added has norm at most
-    ``B (1 - gamma_d)^(-1/2) (1 + gamma_2)``; with its exact float32 entries the block sum's
-    error is ``gamma_b``, and ``(1 + gamma_d/2 + gamma_2)^2 (1 + sqrt(2) gamma_b b) - 1``
-    stays below :data:`SINGLE_GRAM_SLACK` (``sqrt(2) gamma_(b+8) b``) for ``d <= 2,048``.
+    ``|theta| <= gamma_d``), so the row added has norm at most ``B (1 + eta)``,
+    ``1 + eta = ((1 + ROUNDING_SLACK)/(1 - gamma_d))^(1/2) (1 + gamma_2)``; with its exact
+    float32 entries the block sum's error is ``gamma_b``, and
+    ``(1 + eta)^2 (1 + sqrt(2) gamma_b b) - 1`` stays below :data:`SINGLE_GRAM_SLACK`
+    (``sqrt(2) gamma_(b+8) b``) for ``d <= 2,048``.
     Precision: an entry's rounding is about ``2^-24 (2 C + s)``, ``s`` the centred norm;
     used where ``C <= 64 s`` (8e-6 of a centred row at most)."""
     low, high = SINGLE_SCALES

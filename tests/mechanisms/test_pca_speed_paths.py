@@ -453,7 +453,10 @@ def test_the_float32_centring_moves_within_the_slack_and_keeps_the_gram() -> Non
     assert moved <= math.sqrt(2.0) * bound**2 * (1.0 + fr.SINGLE_GRAM_SLACK)
     # The slack covers the float32 norms' rounding up to 2,048 columns.
     d = fr.SINGLE_CENTRING_MAX_COLS
-    eta = fr.single_gamma(d) / 2 + fr.single_gamma(2)
+    # A row kept or scaled by its float32-measured norm: at most B (1 + eta).
+    eta = (
+        math.sqrt((1 + fr.ROUNDING_SLACK) / (1 - fr.single_gamma(d))) * (1 + fr.single_gamma(2)) - 1
+    )
     block = fr.SINGLE_BLOCK_ROWS
     assert (1 + eta) ** 2 * (1 + math.sqrt(2.0) * fr.single_gamma(block) * block) - 1 <= (
         fr.SINGLE_GRAM_SLACK
