@@ -95,6 +95,12 @@ from service.mechanisms.explained_variance import (
     spiked_debias,
     variance_extras,
 )
+from service.mechanisms.fast_rows import (
+    SINGLE_GRAM_SLACK,
+    single_centring_fits,
+    single_gram_fits,
+    single_projections_fit,
+)
 from service.mechanisms.gauss_calibration import (
     CLIP_SHARE,
     DEFAULT_PRIVATE_CENTRE_QUANTILE,
@@ -373,11 +379,15 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             # squared norm and (per pair) norm; that step's n x (k + 1) products (n x k for
             # pairs) and a chunk's vectors (probe_centred_energy, probe_paired_energy).
             n, k = max(1, ctx.n_rows), spec.k
-            kept = 8 * 3 * n
-            energy = 8 * n * (k + 1) + 8 * chunk * (4 * k + 8)
+            # ... and on the mean route the Gram pass's centred squared norms (8 n). Float32
+            # (single_gram_fits, single_projections_fit): a float32 chunk in the Gram pass,
+            # and a chunk and its products in the explained-variance pass.
+            kept = 8 * 4 * n
+            single = 4 * gram_chunk_rows(d) * (d + k)
+            energy = 8 * n * (k + 1) + 8 * chunk * (4 * k + 8) + single
             return kept + max(
                 probe,
-                clipped_gram_memory(ctx.n_rows, d, centred=True),
+                clipped_gram_memory(ctx.n_rows, d, centred=True) + single,
                 8 * (5 * d * d),
                 8 * (2 * d * d) + eigh_memory(d, spec.k),
                 energy + 8 * chunk * (k + 1),
@@ -516,6 +526,10 @@ def chosen_centring_run(
     center: FloatArray | None = None
     mean_noise = 0.0
     scale = 1.0
+    # Float32 where public facts allow it (issue 32 item 5): the Gram of the mean and none
+    # routes, its noise calibrated to the float32 sum's larger sensitivity (single_gram_fits).
+    single = False
+    centred_squares: FloatArray | None = None
     if choice.route == "mean":
         mean_noise = mean_sensitivity(clip, n) / split.mean_mu
         # private_center_sigma's release from the pass's sum (the same mean up to the order
@@ -527,7 +541,18 @@ def chosen_centring_run(
         extras["center"] = center.tolist()
         row_clip = mean_route_clip(clip, probe.pair_low, d, mean_noise)
         gram_mu = split.gram_mu
-        gram = fast_gram(data, clip, center, row_clip, counts.row_squares)
+        single = single_gram_fits(n, row_clip)
+        centred_squares = np.empty(n, dtype=np.float64)
+        gram = fast_gram(
+            data,
+            clip,
+            center,
+            row_clip,
+            counts.row_squares,
+            single=single,
+            centred_squares=centred_squares,
+            single_centring=single and single_centring_fits(d, clip, center, probe.pair_low),
+        )
     elif choice.route == "pairs":
         scale = n / counts.n_pairs
         row_clip = probe.pair_low
@@ -536,9 +561,12 @@ def chosen_centring_run(
     else:
         row_clip = probe.uncentred_low
         gram_mu = rest_mu
-        gram = fast_gram(data, clip, None, row_clip, counts.row_squares)
+        single = single_gram_fits(n, row_clip)
+        gram = fast_gram(data, clip, None, row_clip, counts.row_squares, single=single)
     extras["row_clip_norm"] = row_clip
     sigma = gram_sensitivity(row_clip) / gram_mu
+    if single:
+        sigma *= 1.0 + SINGLE_GRAM_SLACK
     release = release_of_gram(gram, spec.k, sigma, rng)
     # Scaled by n/m for pairs (post-processing): the figures estimate the centred n-row Gram.
     release = GaussRelease(release.basis, release.eigenvalues * scale, release.trace * scale)
@@ -558,7 +586,16 @@ def chosen_centring_run(
     if choice.route == "mean":
         # From the probe's factors and norms and one pass X [U, c] (the same sums).
         assert center is not None
-        sums = probe_centred_energy(data, counts, release.basis, center, variance_clip)
+        fits = single_projections_fit(n, d, spec.k, clip, probe.pair_low)
+        sums = probe_centred_energy(
+            data,
+            counts,
+            release.basis,
+            center,
+            variance_clip,
+            single=fits,
+            centred_squares=centred_squares,
+        )
         if sums is None:
             sums = fast_energy(data, release.basis, clip, center, variance_clip)
         energy = (*sums, n)
@@ -578,7 +615,11 @@ def chosen_centring_run(
         if offset == 0:
             # The probe's own pairs: scored from its clip factors and pair norms and one
             # sequential pass X U, not a second gathered pass (the same sums up to rounding).
-            found = probe_paired_energy(data, clip, order, counts, release.basis, variance_clip)
+            # Halved pairs: their norms are about the probe's pairs' over sqrt(2).
+            fits = single_projections_fit(n, d, spec.k, clip, probe.pair_low * math.sqrt(0.5))
+            found = probe_paired_energy(
+                data, clip, order, counts, release.basis, variance_clip, single=fits
+            )
         energy = found or paired_energy(
             data, clip, order, offset, release.basis, variance_clip, factors=counts.row_factors
         )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import chi2, norm
+from scipy.special import chdtri, ndtri
 
 from service.mechanisms.gauss_release import GaussRelease
 from service.mechanisms.linalg import FloatArray, captured_energy
@@ -127,7 +127,8 @@ def explained_variance(
     random rank-k subspace captures in expectation, ``E tr(P A)/tr(A) = k/d`` for any ``A``).
     ``hidden`` when the interval is at least :data:`HIDDEN_WIDTH` wide.
     """
-    z = float(norm.ppf(0.98))
+    # scipy.stats.norm.ppf's own kernel without its argument checks (0.3 ms a call).
+    z = float(ndtri(0.98))
     k = weights.shape[0]
     total_weight = float(weights.sum())
     shares = weights / total_weight if total_weight > 0 else np.full(k, 1.0 / k)
@@ -205,7 +206,8 @@ def variance_extras(
     bias_high = 0.0
     if mean_noise > 0:
         per_dim = n * mean_noise**2
-        bias_high = per_dim * float(chi2.ppf(0.995, d))
+        # scipy.stats.chi2.ppf(0.995, d)'s own kernel (the same value), without its checks.
+        bias_high = per_dim * float(chdtri(d, 1 - 0.995))
         # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
         # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
         # captured sum), below it only its share k/d falls inside U on average.

@@ -6,6 +6,7 @@ Speed itself is measured in ``bench/bench_pca_speed.py``, never here."""
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 from typing import Any
 
@@ -303,3 +304,164 @@ def test_each_pair_and_row_stays_in_the_variance_steps_simplex_whatever_the_roun
     assert sums is not None
     assert sums[0] + sums[1] <= rows.shape[0] * bound**2 * (1.0 + 1e-12)
     assert sums[0] <= sums[0] + sums[1]
+
+
+# Float32 where public facts allow it (issue 32 item 5, fast_rows.single_gram_fits).
+
+
+def test_the_float32_gram_is_the_gram_within_its_stated_bound() -> None:
+    from service.mechanisms import fast_rows as fr
+
+    rows = offset_rows(3000, 30, 31)  # some rows above C, a zero row; chunks of 1,024
+    squares = cc.row_squares(rows)
+    center = np.full(30, 0.1)
+    for c, bound in ((None, 0.5), (center, 0.3)):
+        exact = cc.fast_gram(rows, 1.0, c, bound, squares)
+        got = cc.fast_gram(rows, 1.0, c, bound, squares, single=True)
+        # Each block of b rows: |E| <= gamma_(b+2) sum ||y||^2 <= gamma_(b+2) b B^2.
+        allowed = fr.single_gamma(fr.SINGLE_BLOCK_ROWS + 2) * rows.shape[0] * bound**2
+        error = float(np.linalg.norm(got - exact))
+        assert 0.0 < error <= allowed
+        # Known squares or not, the same float32 rows: the same Gram to the bit.
+        np.testing.assert_array_equal(got, cc.fast_gram(rows, 1.0, c, bound, single=True))
+
+
+def test_one_replaced_row_moves_the_float32_gram_within_the_inflated_sensitivity() -> None:
+    from service.mechanisms import fast_rows as fr
+
+    rng = np.random.default_rng(32)
+    rows = rng.standard_normal((2048, 20))
+    other = rows.copy()
+    other[700] = -3.0 * rows[700] + 0.5  # both above the clip: each scaled to the bound
+    bound = 0.4
+    got = [cc.fast_gram(x, 1.0, None, bound, single=True) for x in (rows, other)]
+    moved = float(np.linalg.norm(got[0] - got[1]))
+    assert moved <= math.sqrt(2.0) * bound**2 * (1.0 + fr.SINGLE_GRAM_SLACK)
+    # Only the block holding the row (rows 512-767) differs: the others' float32 sums are
+    # the same bits, so the move is that block's, up to the float64 accumulation.
+    blocks = []
+    for x in (rows, other):
+        squares = fr.row_squares(x[512:768])
+        factors = fr.clip_factors(squares, bound)
+        part = fr.round_scaled(x[512:768], factors, squares, np.empty((256, 20), np.float32))
+        blocks.append((part.T @ part).astype(np.float64))
+    np.testing.assert_allclose(got[0] - got[1], blocks[0] - blocks[1], rtol=0, atol=1e-12)
+
+
+def test_float32_is_chosen_from_public_facts_and_its_noise_carries_the_slack() -> None:
+    from service.mechanisms import analyze_gauss as module
+    from service.mechanisms import fast_rows as fr
+
+    assert fr.single_gram_fits(8192, 1.0) and not fr.single_gram_fits(8191, 1.0)
+    assert not fr.single_gram_fits(10**6, 2.0**-50) and not fr.single_gram_fits(10**6, 2.0**50)
+    assert 5e-3 < fr.SINGLE_GRAM_SLACK < 6e-3
+    assert fr.single_projections_fit(10**5, 100, 10, 1.0, 0.1)
+    assert not fr.single_projections_fit(10**5, 100, 10, 1.0, 0.01)  # offset 100x the spread
+    assert not fr.single_projections_fit(8191, 100, 10, 1.0, 1.0)
+    n, d = 8192, 12
+    rows = offset_rows(n, d, 33, spread=1.5)
+    rows /= np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
+    mechanism = AnalyzeGauss()
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    params = mechanism.prepare(ctx, 3, 1.0, 1e-6, mechanism.parse_params({"center": "private"}))
+    out = mechanism.run(rows, ReleaseSpec(3, 1.0, 1e-6, params), np.random.default_rng(34))
+    route = out.extras["centring"]
+    assert route in ("mean", "none")
+    split = module.gauss_split(1.0, 1e-6, params)
+    mu = split.gram_mu if route == "mean" else math.hypot(split.mean_mu, split.gram_mu)
+    expected = module.gram_sensitivity(out.extras["row_clip_norm"]) / mu
+    assert out.extras["gram_noise_std"] == pytest.approx(
+        expected * (1.0 + fr.SINGLE_GRAM_SLACK), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("route", ["mean", "none"])
+def test_the_float32_variance_sums_are_the_sums_and_stay_in_their_simplex(route: str) -> None:
+    n, d = 3000, 16
+    rows = offset_rows(n, d, 35)
+    order = np.random.default_rng(36).permutation(n)
+    counts = cc.probe_pass(rows, 1.0, order)
+    basis = np.linalg.qr(np.random.default_rng(37).standard_normal((d, 4)))[0]
+    bound = 0.1
+    if route == "none":
+        exact = cc.probe_paired_energy(rows, 1.0, order, counts, basis, bound)
+        got = cc.probe_paired_energy(rows, 1.0, order, counts, basis, bound, single=True)
+        assert got is not None and exact is not None and got[2] == exact[2]
+        totals = np.minimum((counts.pair_norms**2) / 2.0, bound**2)  # type: ignore[operator]
+    else:
+        center = rows.mean(axis=0) * 0.98
+        squares = np.empty(n)
+        cc.fast_gram(rows, 1.0, center, 0.2, counts.row_squares, centred_squares=squares)
+        exact = cc.probe_centred_energy(rows, counts, basis, center, bound)
+        got = cc.probe_centred_energy(
+            rows, counts, basis, center, bound, single=True, centred_squares=squares
+        )
+        assert got is not None and exact is not None
+        totals = np.minimum(squares, bound**2)
+    # The captured part to float32 rounding; the two parts add up to the clipped norms'
+    # sum (each summand clamped onto its simplex) whatever the projections' rounding.
+    assert got[0] == pytest.approx(exact[0], rel=1e-4)
+    assert got[0] != exact[0]
+    assert got[0] + got[1] == pytest.approx(float(np.sum(totals)), rel=1e-12)
+
+
+def test_rows_beyond_float32s_range_are_scaled_before_their_rounding() -> None:
+    # Squared norms in the safe range but entries beyond float32's: such a row is scaled
+    # in float64 first (round_scaled), so the float32 Gram and projections stay finite.
+    rows = offset_rows(2048, 10, 38)
+    rows[5] *= 1e45
+    rows[6] *= 1e29  # its factor to 1e-6 is below 2^-100: scaled in float64 too
+    rows[700] *= 1e-30
+    squares = cc.row_squares(rows)
+    exact = cc.fast_gram(rows, 1.0, None, 0.5, squares)
+    got = cc.fast_gram(rows, 1.0, None, 0.5, squares, single=True)
+    assert bool(np.all(np.isfinite(got)))
+    bounded = cc.fast_gram(rows, 1.0, None, 1e-6, squares, single=True)
+    assert float(np.linalg.norm(bounded - cc.fast_gram(rows, 1.0, None, 1e-6, squares))) <= (
+        1e-3 * 2048 * 1e-12
+    )
+    from service.mechanisms import fast_rows as fr
+
+    allowed = fr.single_gamma(fr.SINGLE_BLOCK_ROWS + 8) * rows.shape[0] * 0.5**2
+    assert float(np.linalg.norm(got - exact)) <= allowed
+    factors = fr.clip_factors(squares, 1.0)
+    projected = fr.single_projections(rows, np.eye(10, 3), factors, squares)
+    assert factors is not None
+    np.testing.assert_allclose(projected, (rows * factors[:, None])[:, :3], rtol=1e-6, atol=1e-7)
+
+
+def test_the_float32_centring_moves_within_the_slack_and_keeps_the_gram() -> None:
+    from service.mechanisms import fast_rows as fr
+
+    rows = offset_rows(2048, 16, 39)  # some rows above C, a zero row
+    rows[9] *= 1e60  # squares above 2^100: clipped and centred in float64, then rounded
+    center = rows[rows[:, 0] < 1.0].mean(axis=0)
+    bound = 0.05
+    squares = cc.row_squares(rows)
+
+    def gram(x: Rows, single: bool = True) -> Rows:
+        return cc.fast_gram(
+            x, 1.0, center, bound, cc.row_squares(x), single=single, single_centring=single
+        )
+
+    exact = cc.fast_gram(rows, 1.0, center, bound, squares)
+    got = gram(rows)
+    assert 0.0 < float(np.linalg.norm(got - exact)) <= 1e-5 * float(np.linalg.norm(exact))
+    other = rows.copy()
+    other[300] = -4.0 * rows[300]  # another row of block 256-511
+    moved = float(np.linalg.norm(got - gram(other)))
+    assert moved <= math.sqrt(2.0) * bound**2 * (1.0 + fr.SINGLE_GRAM_SLACK)
+    # The slack covers the float32 norms' rounding up to 2,048 columns.
+    d = fr.SINGLE_CENTRING_MAX_COLS
+    # A row kept or scaled by its float32-measured norm: at most B (1 + eta).
+    eta = (
+        math.sqrt((1 + fr.ROUNDING_SLACK) / (1 - fr.single_gamma(d))) * (1 + fr.single_gamma(2)) - 1
+    )
+    block = fr.SINGLE_BLOCK_ROWS
+    assert (1 + eta) ** 2 * (1 + math.sqrt(2.0) * fr.single_gamma(block) * block) - 1 <= (
+        fr.SINGLE_GRAM_SLACK
+    )
+    assert fr.single_centring_fits(d, 1.0, center, 0.1)
+    assert not fr.single_centring_fits(d + 1, 1.0, center, 0.1)
+    assert not fr.single_centring_fits(100, 1.0, center, 0.01)  # offset 100x the spread
+    assert not fr.single_centring_fits(100, 1.0, center * 1e20, 0.1)
