@@ -9,6 +9,8 @@ any scale; what their utility needs: within the tolerance of the exact top-k sub
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -144,8 +146,10 @@ def test_an_eigh_failure_sends_only_its_own_block_to_the_svd(
     blocks = _near_subspace(6, 60, 120, 3, 1e-4, seed=12) if gap else rng.normal(size=(6, 60, 120))
     before = sa._top_k_right_singular(blocks, 3)
     poisoned = blocks.copy()
-    poisoned[2] *= 0.75  # a Gram of its own trace: the unscaled sum of squares (in range)
-    marker = float(np.sum(np.square(poisoned[2])))
+    poisoned[2] *= 0.75  # a block of its own scale, so its Gram has a trace no other has
+    # the trace of block 2's Gram, formed from its rows scaled by their own power of two
+    exponent = math.frexp(float(np.max(np.abs(poisoned[2]))))[1]
+    marker = float(np.sum(np.square(np.ldexp(poisoned[2], -exponent))))
     real_eigh = np.linalg.eigh
     hits = []
 
