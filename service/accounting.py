@@ -350,10 +350,14 @@ def step_costs(steps: Sequence[PrivacyStep] | None) -> StepCosts:
 
 
 def releases_affordable(remaining: Decimal, cost: Decimal) -> int | None:
-    """How many more releases of ``cost`` fit in ``remaining`` (``None`` when free)."""
+    """How many more releases of ``cost`` fit in ``remaining`` (``None`` when free). A
+    ``remaining`` below 0 (a ``hybrid`` filter whose sum the releases other filters admitted
+    already took past its budget) fits none, free ones included: the filter is closed."""
+    if remaining < 0:
+        return 0
     if cost <= 0:
         return None
-    if remaining <= 0:
+    if remaining == 0:
         return 0
     return int(_CONTEXT.divide_int(remaining, cost))
 

@@ -302,3 +302,25 @@ def test_a_forecast_from_a_release_before_its_visible_at_does_not_tell_it_ran(
     assert owner_sees.json()["status"] == "succeeded"
     assert forecast() == before
     assert before[0] == 422 and "forecast_from" in before[1]
+
+
+def test_releases_remaining_is_zero_when_a_filter_the_others_overspent_is_closed(
+    client, keys, upload_dataset, rng
+):
+    # Gaussian releases at delta 1e-6, admitted by A', overspend filter C's 1% share of delta:
+    # C is closed, whatever its epsilon left. A pure release (delta 0, too big for A' and B)
+    # is then unaffordable, and the dry run must not say that one more fits.
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5",
+        row_norm_bound=1.0, accounting="hybrid",
+    )  # fmt: skip
+    for _ in range(2):
+        made = request(client, keys.analyst, dataset["id"], dry_run=False, delta="1e-6")
+        assert made.status_code == 202, made.text
+    shown = request(
+        client, keys.analyst, dataset["id"], mechanism="smooth_sensitivity", epsilon="0.5",
+        delta="0",
+    ).json()  # fmt: skip
+    assert shown["affordable"] is False and shown["admitted_by"] == [], shown
+    assert shown["releases_remaining"] == 0, shown
