@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import AfterValidator, BeforeValidator
 from sqlalchemy.orm import Session
 
-from api_schemas.common import ErrorBody
+from api_schemas.common import ErrorBody, Name
 from api_schemas.history import ReleasePage
 from api_schemas.releases import ReleaseStatus
 from service import history
@@ -58,8 +58,10 @@ StatusFilter = Annotated[
         )
     ),
 ]
+#: One line of safe text (a NUL reached PostgreSQL, which refuses it: a 500), at most 64
+#: characters.
 MechanismFilter = Annotated[
-    str | None,
+    Name | None,
     Query(min_length=1, max_length=64, description="Only releases of this mechanism."),
 ]
 After = Annotated[
