@@ -350,10 +350,14 @@ def step_costs(steps: Sequence[PrivacyStep] | None) -> StepCosts:
 
 
 def releases_affordable(remaining: Decimal, cost: Decimal) -> int | None:
-    """How many more releases of ``cost`` fit in ``remaining`` (``None`` when free)."""
+    """How many more releases of ``cost`` fit in ``remaining`` (``None`` when free). A
+    ``remaining`` below 0 (a ``hybrid`` filter whose sum the releases other filters admitted
+    already took past its budget) fits none, free ones included: the filter is closed."""
+    if remaining < 0:
+        return 0
     if cost <= 0:
         return None
-    if remaining <= 0:
+    if remaining == 0:
         return 0
     return int(_CONTEXT.divide_int(remaining, cost))
 
@@ -553,6 +557,21 @@ def lacks(what: str, left: Decimal, needs: Decimal) -> str:
     return f"{what} {short_figure(left, up=False)} left, it needs {short_figure(needs, up=True)}"
 
 
+def _filter_lacks(name: str, share: str, total: Decimal, spent: Decimal, needs: Decimal) -> str:
+    """Why filter ``name`` cannot charge ``needs`` of its ``share`` (``total``, of which
+    ``spent``): short of it (:func:`lacks`), or closed when the releases other filters admitted
+    already spent more than it holds (its sums count every admitted release). "0 left, it
+    needs 0" would then read as an admission; what was spent of what says why it refuses."""
+    if spent > total:
+        return (
+            f"{name} is closed: the releases admitted so far (by the other filters) spent "
+            f"{short_figure(spent, up=True)} of its {share} {short_figure(total, up=False)}"
+        )
+    left = _CONTEXT.subtract(total, spent)
+    has = f"has, of its {share}," if share.startswith("delta") else f"has {share}"
+    return lacks(f"{name} {has}", left, needs)
+
+
 @dataclass(frozen=True)
 class HybridState:
     """What the admitted releases spent, per filter, and which filters still hold.
@@ -636,7 +655,9 @@ class HybridState:
         """Why each filter that refuses ``cost`` does (public figures only: costs and budgets),
         for the 409's message: A' closed for good after a release without a GDP figure, or
         short of ``mu^2``; B without a profile, short of ``rho`` or of its share of delta; C
-        short of epsilon or of its share of delta."""
+        short of epsilon or of its share of delta; any of them closed for good where releases
+        the other filters admitted already spent more than that sum holds
+        (:func:`_filter_lacks`)."""
         reasons: list[str] = []
         if not self.a_holds(cost):
             if not self.all_gdp:
@@ -647,27 +668,36 @@ class HybridState:
             elif cost.gdp is None:
                 reasons.append("filter A (Gaussian-DP) cannot charge it (an approximate step)")
             else:
-                left = _CONTEXT.subtract(self.budget.gdp_total, self.gdp_spent)
-                reasons.append(lacks("filter A (Gaussian-DP) has mu^2", left, cost.gdp))
+                reasons.append(
+                    _filter_lacks(
+                        "filter A (Gaussian-DP)",
+                        "mu^2",
+                        self.budget.gdp_total,
+                        self.gdp_spent,
+                        cost.gdp,
+                    )
+                )
         if not self.b_holds(cost):
             if not self.all_profiled or cost.rho is None or cost.zcdp_delta is None:
                 reasons.append("filter B (zCDP) is closed to it (a release without a profile)")
             else:
-                rho_left = _CONTEXT.subtract(self.budget.rho_total, self.rho_spent)
-                delta_left = _CONTEXT.subtract(self.budget.delta_mechanisms, self.zcdp_delta_spent)
-                if cost.rho > rho_left:
-                    reasons.append(lacks("filter B (zCDP) has rho", rho_left, cost.rho))
-                if cost.zcdp_delta > delta_left:
-                    what = "filter B (zCDP) has, of its delta share for approximate steps,"
-                    reasons.append(lacks(what, delta_left, cost.zcdp_delta))
+                b = "filter B (zCDP)"
+                budget, rho, delta = self.budget, self.rho_spent, self.zcdp_delta_spent
+                if _CONTEXT.add(rho, cost.rho) > budget.rho_total:
+                    reasons.append(_filter_lacks(b, "rho", budget.rho_total, rho, cost.rho))
+                if _CONTEXT.add(delta, cost.zcdp_delta) > budget.delta_mechanisms:
+                    share = "delta share for approximate steps"
+                    needs = cost.zcdp_delta
+                    reasons.append(_filter_lacks(b, share, budget.delta_mechanisms, delta, needs))
         if not self.c_holds(cost):
-            epsilon_left = _CONTEXT.subtract(self.budget.epsilon, self.epsilon_spent)
-            delta_left = _CONTEXT.subtract(self.budget.delta_basic, self.delta_spent)
-            if cost.epsilon > epsilon_left:
-                reasons.append(lacks("filter C (basic) has epsilon", epsilon_left, cost.epsilon))
-            if cost.delta > delta_left:
-                what = "filter C (basic) has, of its delta share,"
-                reasons.append(lacks(what, delta_left, cost.delta))
+            c, budget = "filter C (basic)", self.budget
+            if _CONTEXT.add(self.epsilon_spent, cost.epsilon) > budget.epsilon:
+                spent = self.epsilon_spent
+                reasons.append(_filter_lacks(c, "epsilon", budget.epsilon, spent, cost.epsilon))
+            if _CONTEXT.add(self.delta_spent, cost.delta) > budget.delta_basic:
+                spent = self.delta_spent
+                share = "delta share"
+                reasons.append(_filter_lacks(c, share, budget.delta_basic, spent, cost.delta))
         return reasons
 
     def admits(self, cost: ReleaseCost) -> bool:

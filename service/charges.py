@@ -3,6 +3,7 @@ audit events record it (one charge per release; see :mod:`service.ledger`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
@@ -17,6 +18,12 @@ __all__ = ["cost_delta", "cost_rho", "details", "hybrid_charge", "hybrid_delta_r
 #: Significant digits of the largest delta a :func:`hybrid_delta_refusal` suggests (rounded
 #: down, so the figure keeps a margin over a ratio that moves slightly with delta).
 SUGGESTED_DIGITS = 2
+#: How many smaller deltas :func:`hybrid_delta_refusal` tries before it suggests none.
+SUGGESTION_TRIES = 40
+
+#: A release's charge at another asked delta (its other figures unchanged), or ``None`` where
+#: the mechanism refuses that delta.
+ChargeAt = Callable[[Decimal], Charge | None]
 
 # The suggestion's arithmetic (BUDGET_CONTEXT traps inexact results): ratios rounded up,
 # quotients down, so the suggested delta only errs small.
@@ -73,7 +80,10 @@ def _percent(part: Decimal | None, whole: Decimal) -> str:
 
 
 def hybrid_delta_refusal(
-    dataset: Dataset, asked_delta: Decimal | None, charge: Charge
+    dataset: Dataset,
+    asked_delta: Decimal | None,
+    charge: Charge,
+    charge_at: ChargeAt | None = None,
 ) -> InvalidInput | None:
     """Why a release can never be admitted on a fresh ``hybrid`` dataset because of its delta
     (a 422 naming ``delta``, before anything is charged), or ``None``.
@@ -91,7 +101,15 @@ def hybrid_delta_refusal(
     significant digits. A filter is offered only
     where the release's other figure fits its fresh budget (B: ``rho <= rho_total``, C:
     ``epsilon <= epsilon_total``); when neither does, the budget check's 409 says what is
-    short and ``None`` is returned."""
+    short and ``None`` is returned.
+
+    The ratio is the asked delta's; where a mechanism's charged delta is not proportional to
+    the asked one (``friendly_aggregate`` sizes its partition to delta), the figure read off it
+    may still be refused. So with ``charge_at`` the figure is checked: the release charged at
+    it must be admitted by B or C on the unspent budget; if not, the figure is read again off
+    the ratio at it (and at least one step of its last digit lower), up to
+    :data:`SUGGESTION_TRIES` times. Without an admitted figure no delta is offered and
+    ``None`` is returned (the budget check's 409 then says what is short)."""
     if dataset.accounting != "hybrid" or charge.gdp is not None:
         return None
     if asked_delta is None or asked_delta <= 0:
@@ -105,18 +123,15 @@ def hybrid_delta_refusal(
     basic = dataset.delta_basic or Decimal(0)
     rho_total = dataset.rho_total or Decimal(0)
     rho_fits = charge.rho <= rho_total
-    candidates: list[tuple[Decimal, str]] = []
-    if charge.zcdp_delta is not None and charge.zcdp_delta > mechanisms and rho_fits:
-        ratio = _UP.divide(charge.zcdp_delta, asked_delta)
-        candidates.append((_DOWN.divide(mechanisms, ratio), "zcdp"))
-    if charge.delta > basic and charge.epsilon <= dataset.epsilon_total:
-        ratio = _UP.divide(charge.delta, asked_delta)
-        candidates.append((_DOWN.divide(basic, ratio), "basic"))
-    candidates = [(value, name) for value, name in candidates if value > 0]
-    if not candidates:
+    suggested = _suggested_delta(dataset, asked_delta, charge)
+    if suggested is None:
         return None
-    largest, by = max(candidates)
-    figure = accounting.significant_digits(largest, SUGGESTED_DIGITS, ROUND_FLOOR)
+    figure, by = suggested
+    if charge_at is not None:
+        checked = _checked_figure(dataset, fresh, figure, charge_at)
+        if checked is None:
+            return None
+        figure, by = checked
     total = dataset.delta_total
     if charge.zcdp_delta is None:
         b_reason = "filter B (zcdp) cannot charge it (no proven zCDP profile with these params)"
@@ -151,3 +166,55 @@ def hybrid_delta_refusal(
         f"fits at is {format_budget(figure)} (filter {'B' if by == 'zcdp' else 'C'}); see "
         "docs/mechanisms.md, 'Accounting across releases'",
     )
+
+
+def _suggested_delta(
+    dataset: Dataset, asked_delta: Decimal, charge: Charge
+) -> tuple[Decimal, str] | None:
+    """The largest asked delta B or C could take if the charged delta scaled with the asked
+    one as it does at ``asked_delta``, rounded down to :data:`SUGGESTED_DIGITS` digits, and
+    the filter (``zcdp`` or ``basic``); ``None`` when neither filter could."""
+    mechanisms = dataset.delta_mechanisms or Decimal(0)
+    basic = dataset.delta_basic or Decimal(0)
+    rho_fits = charge.rho <= (dataset.rho_total or Decimal(0))
+    candidates: list[tuple[Decimal, str]] = []
+    if charge.zcdp_delta is not None and charge.zcdp_delta > mechanisms and rho_fits:
+        ratio = _UP.divide(charge.zcdp_delta, asked_delta)
+        candidates.append((_DOWN.divide(mechanisms, ratio), "zcdp"))
+    if charge.delta > basic and charge.epsilon <= dataset.epsilon_total:
+        ratio = _UP.divide(charge.delta, asked_delta)
+        candidates.append((_DOWN.divide(basic, ratio), "basic"))
+    candidates = [(value, name) for value, name in candidates if value > 0]
+    if not candidates:
+        return None
+    largest, by = max(candidates)
+    return accounting.significant_digits(largest, SUGGESTED_DIGITS, ROUND_FLOOR), by
+
+
+def _checked_figure(
+    dataset: Dataset, fresh: accounting.HybridState, figure: Decimal, charge_at: ChargeAt
+) -> tuple[Decimal, str] | None:
+    """The largest delta from ``figure`` down (see :func:`hybrid_delta_refusal`) at which the
+    release, charged as ``charge_at`` says, is admitted by B or C on the unspent budget, and
+    that filter; ``None`` if none is found."""
+    for _ in range(SUGGESTION_TRIES):
+        if figure <= 0:
+            return None
+        at = charge_at(figure)
+        if at is not None:
+            cost = at.release_cost()
+            if fresh.b_holds(cost):
+                return figure, "zcdp"
+            if fresh.c_holds(cost):
+                return figure, "basic"
+        # One step of the last kept digit lower, or lower still where the ratio at this
+        # figure says so (it is the one the release is charged at there).
+        step = Decimal(1).scaleb(figure.adjusted() - SUGGESTED_DIGITS + 1)
+        lower = _DOWN.subtract(figure, step)
+        again = None if at is None else _suggested_delta(dataset, figure, at)
+        if again is not None and again[0] < lower:
+            lower = again[0]
+        if lower <= 0:
+            return None
+        figure = accounting.significant_digits(lower, SUGGESTED_DIGITS, ROUND_FLOOR)
+    return None

@@ -35,10 +35,11 @@ from service import (
     privacy_unit_centre,
     releases,
     spend,
+    visibility,
 )
 from service.auth import Principal
 from service.config import Settings
-from service.db.models import Dataset
+from service.db.models import Dataset, utcnow
 from service.errors import InvalidInput
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import Preview, PreviewValue, ReleaseSpec
@@ -288,8 +289,12 @@ def with_forecast_from(
         raise InvalidInput("forecast_from", "a release of another dataset")
     if not isinstance(mechanism, AnalyzeGauss) or earlier.mechanism != mechanism.name:
         raise InvalidInput("forecast_from", "a forecast from a release is made for analyze_gauss")
-    if earlier.status != "succeeded" or earlier.result_extras is None:
-        raise InvalidInput("forecast_from", f"release {earlier.id} has no result")
+    # Its status as the caller sees it now, never the real one: before the earlier release's
+    # visible_at an analyst sees it queued, and whether it has run would tell the run time
+    # its padding hides (its extras, released early, even more).
+    seen = visibility.view(session, earlier, principal, utcnow())
+    if seen.status != "succeeded" or not seen.shows_result or earlier.result_extras is None:
+        raise InvalidInput("forecast_from", f"release {earlier.id} has no result you may read yet")
     params = mechanism.parse_params(earlier.params)
     spec = ReleaseSpec(earlier.k, float(earlier.epsilon), float(earlier.delta), params)
     found = mechanism.forecast_from(prepared.context, prepared.spec, spec, earlier.result_extras)

@@ -197,16 +197,15 @@ def _prepare(
         if kind == "hybrid" and body.mu is not None:
             # A mu asked on a hybrid dataset is filter A''s currency: the release's GDP mu^2
             # (Gaussian and pure steps), exact (mu has at most 30 places).
-            square = BUDGET_CONTEXT.multiply(body.mu, body.mu)
-            epsilon, delta, spec, costs = release_calibration.calibrate(
-                mechanism, context, body, params, dataset, square, target_delta, _gdp_of
-            )
+            target = BUDGET_CONTEXT.multiply(body.mu, body.mu)
+            measure = _gdp_of
         else:
-            target = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)
-            assert target is not None  # _check_currency
-            epsilon, delta, spec, costs = release_calibration.calibrate(
-                mechanism, context, body, params, dataset, target, target_delta
-            )
+            rho = body.rho if body.mu is None else accounting.rho_of_mu_exact(body.mu)
+            assert rho is not None  # _check_currency
+            target, measure = rho, _rho_of
+        epsilon, delta, spec, costs = release_calibration.calibrate(
+            mechanism, context, body, params, dataset, target, target_delta, measure
+        )
     if kind == "gaussian" and not costs.gaussian:
         raise InvalidInput("accounting", release_calibration.not_admitted(mechanism, kind))
     if kind == "zcdp" and costs.rho is None:
@@ -215,9 +214,29 @@ def _prepare(
         charge = ledger.Charge(epsilon, delta)
     elif kind == "hybrid":
         charge = charges.hybrid_charge(epsilon, delta, costs)
+
+        def charge_at(asked: Decimal) -> ledger.Charge | None:
+            # The same request at another delta: at the same single-release epsilon, or
+            # calibrated again to the same mu or rho.
+            try:
+                if body.epsilon is not None:
+                    single = (
+                        release_calibration.float_not_above(epsilon),
+                        release_calibration.float_not_above(asked),
+                    )
+                    at = release_calibration.resolve(mechanism, context, body.k, *single, params)
+                    costs_at = release_calibration.costs_of(mechanism, context, at)
+                    return charges.hybrid_charge(epsilon, asked, costs_at)
+                eps, dlt, _, at_costs = release_calibration.calibrate(
+                    mechanism, context, body, params, dataset, target, asked, measure
+                )
+            except InvalidInput:
+                return None
+            return charges.hybrid_charge(eps, dlt, at_costs)
+
         # A delta no filter's whole share could take: a 422 with the largest that fits, not
         # a 409 on a fresh budget (the dry run says the same: it prepares through here).
-        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge)
+        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge, charge_at)
         if refusal is not None:
             raise refusal
     else:
@@ -240,6 +259,10 @@ def _prepare(
 
 def _gdp_of(costs: accounting.StepCosts) -> Decimal | None:
     return costs.gdp
+
+
+def _rho_of(costs: accounting.StepCosts) -> Decimal | None:
+    return costs.rho
 
 
 def _check_currency(body: ReleaseRequest, kind: str) -> None:

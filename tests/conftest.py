@@ -49,7 +49,7 @@ POSTGRES_URL = os.environ.get(
 SKIP_POSTGRES = os.environ.get("DPSS_TEST_SKIP_POSTGRES") == "1"
 # Services the tests start in subprocesses (dpss serve, workers) read their settings from the
 # environment: the suite's uploads that name no accounting stay basic there too (the product
-# default, zcdp, has its own tests).
+# default, hybrid, has its own tests).
 os.environ.setdefault("DPSS_DEFAULT_ACCOUNTING", "basic")
 BACKENDS = ["sqlite"] if SKIP_POSTGRES else ["sqlite", "postgresql"]
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -164,7 +164,7 @@ def settings(tmp_path: Path, database_urls: dict[str, str], backend: str) -> Set
         release_padding_multiplier=0,
         rate_limit_per_second=0,
         # The suite's budgets and their figures predate accounting choices: uploads that name
-        # none stay basic here (the product default, zcdp, has its own tests).
+        # none stay basic here (the product default, hybrid, has its own tests).
         default_accounting="basic",
         # Shedding on event-loop lag would depend on how busy the machine is; it has its own
         # tests (tests/api/test_overload.py) that set the lag by hand.

@@ -249,3 +249,24 @@ def test_gaussian_noise_within_one_percent_of_basic_and_five_of_pld(epsilon, del
     for _ in range(n):
         assert state.admits(cost)
         state = state.after(cost)
+
+
+def test_a_refusal_says_a_filter_is_closed_when_others_overspent_its_share():
+    # Releases admitted by A' may overspend C's small delta share (and B's rho): C then refuses
+    # even a release that costs it nothing there. "0 left, it needs 0" would say it admits;
+    # the message must say the filter is closed, with what was spent of which share.
+    budget = accounting.hybrid_budget(Decimal(1), Decimal("1e-5"))
+    state = HybridState(budget)
+    gaussian = _gaussian(Decimal("0.05"), Decimal("1e-6"), Decimal("0.0001"))
+    for _ in range(3):
+        assert state.admits(gaussian)
+        state = state.after(gaussian)
+    assert state.delta_spent > budget.delta_basic  # C's delta share is overspent
+    pure = _pure(Decimal("5"))  # delta 0: costs C's delta nothing; too big for A' and B
+    reasons = state.refusals(pure)
+    assert not state.admits(pure)
+    assert not any("left, it needs 0" in reason for reason in reasons), reasons
+    closed = [reason for reason in reasons if reason.startswith("filter C (basic) is closed")]
+    assert closed and "delta share" in closed[0], reasons
+    # A shortfall that is one still reads as one.
+    assert any(reason.startswith("filter A (Gaussian-DP) has mu^2") for reason in reasons)

@@ -110,7 +110,9 @@ async def create_release(
     forecast_from: uuid.UUID | None = Query(
         default=None,
         description="With `dry_run=true` and `analyze_gauss`: an earlier release of this "
-        "dataset that the caller may read; the preview adds a forecast of the share of the "
+        "dataset that the caller may read and sees succeeded (an analyst from its "
+        "`visible_at` on; before, it is refused as an unfinished one); the preview adds a "
+        "forecast of the share of the "
         "centred variance this request keeps, from that release's released figures (no "
         "budget): a range (`scales.forecast_from_release_captured_share_low` and `_high`) and "
         "a point (`scales.forecast_from_release_captured_share`) only where the range is at "

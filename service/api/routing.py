@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -109,20 +110,35 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """``body`` parsed as JSON with every object's keys unique; ``ValueError`` (or
-    ``RecursionError``) if it is not JSON at all, left for FastAPI to answer as before.
+    """``body`` parsed as JSON with every object's keys unique; ``ValueError`` if it is not
+    JSON at all (a ``JSONDecodeError``, or not UTF-8), left for FastAPI to answer as before
+    (422 naming the body and the character).
 
     Raises
     ------
     InvalidInput
         A key appears twice in one object (the last would silently win: ``epsilon`` given
-        twice charged the second, a duplicated ``role`` changed the created key's role).
+        twice charged the second, a duplicated ``role`` changed the created key's role); or the
+        parser gave up on valid JSON it will not read: an integer of more than Python's 4,300
+        digits, or arrays and objects nested past the recursion limit. FastAPI's own parse
+        catches only a ``JSONDecodeError`` and answered these with a 400 that named nothing.
     """
     try:
         return json.loads(body, object_pairs_hook=_unique_keys)
     except DuplicateKey as exc:
         raise InvalidInput(
             "body", f"the key '{printable(exc.key)}' appears twice in one object; send it once"
+        ) from None
+    except RecursionError:
+        raise InvalidInput(
+            "body", "not valid JSON (nested deeper than this service reads)"
+        ) from None
+    except ValueError as exc:
+        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+            raise
+        limit = sys.get_int_max_str_digits()
+        raise InvalidInput(
+            "body", f"not valid JSON (a number of more than {limit} digits)"
         ) from None
 
 
@@ -169,8 +185,8 @@ class GuardedRoute(APIRoute):
                     body = await read_json_body(bounded, settings.max_json_bytes)
                     bounded = Request(request.scope, _replay(body, deadline.receive))
                     if body:
-                        # Not JSON (or nested too deep): FastAPI parses it and answers as ever.
-                        with contextlib.suppress(ValueError, RecursionError):
+                        # Not JSON: FastAPI parses it and answers as ever (422 at the body).
+                        with contextlib.suppress(ValueError):
                             parsed = parse_json_body(body)
                             bounded = ParsedJsonRequest(
                                 request.scope, _replay(body, deadline.receive), parsed

@@ -117,3 +117,23 @@ def test_the_refusal_says_which_filter_and_its_share(client, keys, fresh):
     assert "more than its whole rho budget, 0.0201871" in detail
     assert "filter C (basic) charges it as a single release of delta 0.000001" in detail
     assert "its whole share, 0.0000001 (1% of delta)" in detail
+
+
+@pytest.mark.parametrize("asked", ["1e-3", "1e-5"])
+def test_the_figure_is_admitted_where_the_charged_delta_is_not_proportional(
+    client, keys, upload_dataset, asked
+):
+    # friendly_aggregate at epsilon 0.5: its approximate steps' delta is not a fixed fraction
+    # of the asked one (the partition it sizes to delta moves with it), so the figure read off
+    # the asked delta's ratio was refused with the same 422 when used.
+    dataset = upload_dataset(
+        client, keys.owner, low_rank(20_000, 4, 2, seed=3), accounting="hybrid",
+        epsilon_budget="3", delta_budget="1e-4", row_norm_bound=1.0,
+    )  # fmt: skip
+    body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "0.5", "delta": asked}
+    refused = post(client, keys, dataset["id"], body)
+    assert refused.status_code == 422, refused.text
+    found = FIGURE.search(refused.json()["detail"])
+    assert found is not None, refused.text
+    admitted = post(client, keys, dataset["id"], {**body, "delta": found.group(1)})
+    assert admitted.status_code == 202, admitted.text

@@ -19,6 +19,8 @@ from service.mechanisms.analyze_gauss import (
 )
 from service.mechanisms.base import Preview
 from service.mechanisms.registry import get_mechanism
+from service.store import DatasetStore
+from service.worker import Worker
 from tests.conftest import bearer, release_and_wait
 from tests.factories import near_subspace
 
@@ -264,3 +266,61 @@ def test_a_dry_run_whose_plan_counts_past_28_digits_answers(client, keys, upload
     response = request(client, keys.analyst, dataset["id"], epsilon="1e-26")
     assert response.status_code == 200, response.text
     assert response.json()["dry_run"] is True
+
+
+def test_a_forecast_from_a_release_before_its_visible_at_does_not_tell_it_ran(
+    padded_client, padded_settings, keys, upload_dataset, session_factory, rng
+):
+    # The forecast reads the earlier release's result: before that release's visible_at the
+    # analyst sees it queued, so the dry run must answer the same whether the job has run or
+    # not (its real status, let alone its extras, would tell the run time the padding hides).
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset = upload_dataset(
+        padded_client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )  # fmt: skip
+    body = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.3", "delta": "1e-7"}
+    made = padded_client.post(
+        f"/v1/datasets/{dataset['id']}/releases", headers=bearer(keys.analyst), json=body
+    )
+    assert made.status_code == 202, made.text
+    earlier = made.json()["id"]
+
+    def forecast() -> tuple[int, str]:
+        response = padded_client.post(
+            f"/v1/datasets/{dataset['id']}/releases",
+            params={"dry_run": "true", "forecast_from": earlier},
+            headers=bearer(keys.analyst),
+            json=body,
+        )
+        return response.status_code, response.text
+
+    before = forecast()
+    store = DatasetStore(padded_settings.datasets_dir)
+    assert Worker(session_factory, store, padded_settings, worker_id="w").run_pending() == 1
+    owner_sees = padded_client.get(f"/v1/releases/{earlier}", headers=bearer(keys.owner))
+    assert owner_sees.json()["status"] == "succeeded"
+    assert forecast() == before
+    assert before[0] == 422 and "forecast_from" in before[1]
+
+
+def test_releases_remaining_is_zero_when_a_filter_the_others_overspent_is_closed(
+    client, keys, upload_dataset, rng
+):
+    # Gaussian releases at delta 1e-6, admitted by A', overspend filter C's 1% share of delta:
+    # C is closed, whatever its epsilon left. A pure release (delta 0, too big for A' and B)
+    # is then unaffordable, and the dry run must not say that one more fits.
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5",
+        row_norm_bound=1.0, accounting="hybrid",
+    )  # fmt: skip
+    for _ in range(2):
+        made = request(client, keys.analyst, dataset["id"], dry_run=False, delta="1e-6")
+        assert made.status_code == 202, made.text
+    shown = request(
+        client, keys.analyst, dataset["id"], mechanism="smooth_sensitivity", epsilon="0.5",
+        delta="0",
+    ).json()  # fmt: skip
+    assert shown["affordable"] is False and shown["admitted_by"] == [], shown
+    assert shown["releases_remaining"] == 0, shown

@@ -181,7 +181,33 @@ def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, uplo
     refused = [r.json()["detail"] for r in statuses if r.status_code == 409]
     assert refused, [r.status_code for r in statuses]
     detail = refused[0]
-    # analyze_gauss has a Gaussian-DP figure: every filter is open to it, each one short.
+    # analyze_gauss has a Gaussian-DP figure: every filter may charge it, each one short of
+    # it, or closed for good when releases the others admitted overspent it (B's rho and C's
+    # epsilon here: A' admitted releases of 0.5 past them).
     assert "filter A (Gaussian-DP) has mu^2" in detail, detail
-    assert "filter B (zCDP) has rho" in detail, detail
-    assert "filter C (basic) has epsilon" in detail, detail
+    assert "filter B (zCDP) is closed: the releases admitted so far" in detail, detail
+    assert "filter C (basic) is closed" in detail and "of its epsilon 1;" in detail, detail
+
+
+def test_a_hybrid_refusal_says_a_filter_closed_by_the_others_is_closed(
+    client, keys, upload_dataset, rng
+):
+    # Gaussian releases at delta 1e-6, admitted by A', overspend C's 1% share of delta (1e-7):
+    # C then refuses even a pure release (delta 0). Its reason was "0 left, it needs 0".
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5",
+        row_norm_bound=1.0, accounting="hybrid",
+    )  # fmt: skip
+    for _ in range(2):
+        made = request(client, keys.analyst, dataset["id"], epsilon="0.05", delta="1e-6")
+        assert made.status_code == 202, made.text
+    refused = request(
+        client, keys.analyst, dataset["id"], mechanism="smooth_sensitivity", epsilon="5",
+        delta="0",
+    )  # fmt: skip
+    assert refused.status_code == 409, refused.text
+    detail = refused.json()["detail"]
+    assert "left, it needs 0;" not in detail + ";", detail
+    assert "filter C (basic) is closed: the releases admitted so far" in detail, detail
+    assert "of its delta share 0.0000001" in detail, detail

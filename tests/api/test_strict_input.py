@@ -229,6 +229,13 @@ def test_a_key_given_twice_in_any_json_object_is_refused(
         ("not json", "body: not valid JSON (Expecting value at character 0)"),
         ('{"k": 1', "body: not valid JSON (Expecting ',' delimiter at character 7)"),
         ('{"k": 1}x', "body: not valid JSON (Extra data at character 8)"),
+        # Python refuses to read an integer of more than 4,300 digits (a ValueError that is not
+        # a JSONDecodeError: it was a 400 "There was an error parsing the body")
+        (
+            '{"mechanism": "analyze_gauss", "k": 1' + "0" * 5000 + ', "epsilon": "0.1"}',
+            "body: not valid JSON (a number of more than 4300 digits)",
+        ),
+        ("[" * 5_000, "body: not valid JSON (nested deeper than this service reads)"),
     ],
 )
 def test_a_body_that_is_not_json_is_refused_naming_the_body(

@@ -178,8 +178,7 @@ def number_schema(**bounds: float) -> WithJsonSchema:
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 #: One line of text: no C0/C1 control character except tab.
 LINE_PATTERN = r"^[^\x00-\x08\x0a-\x1f\x7f-\x9f]*$"
-#: A C0/C1 control character other than tab (what :data:`LINE_PATTERN` refuses).
-CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
 def _safe_text(value: str) -> str:
@@ -191,7 +190,7 @@ def _safe_text(value: str) -> str:
 
 
 def _one_line(value: str) -> str:
-    if CONTROL_CHARACTER.search(value):
+    if _CONTROL.search(value):
         raise ValueError("must be one line of text without control characters")
     return value
 
