@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import logging.config
 import os
 import pstats
 import resource
@@ -68,6 +69,7 @@ from service.app import create_app
 from service.config import Settings
 from service.db import models
 from service.db.engine import make_engine, make_session_factory
+from service.logs import log_config
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
@@ -153,6 +155,9 @@ def serve(url: str, data_dir: str, profile: bool) -> None:
     """The worker process: one ``run_pending`` per line read, answering with its CPU seconds
     (this process and its reaped children)."""
     settings = settings_for(url, Path(data_dir))
+    # Logging as ``dpss worker`` sets it up (the settings' level): without it Python's last
+    # resort printed every warning (each release "late" against a padding of 0) to stderr.
+    logging.config.dictConfig(log_config(settings.log_level))
     factory = make_session_factory(make_engine(settings.resolved_database_url))
     worker = Worker(factory, DatasetStore(settings.data_dir / "datasets"), settings, isolate=True)
     profiler = cProfile.Profile(time.process_time) if profile else None

@@ -617,10 +617,16 @@ class Worker:
             saved = kind.save(session, release, job, work, result, self.settings)
         if isinstance(saved, End):
             self._record(session, release, saved)
-            found = session.execute(
-                self.idle_look(),
-                {"now": utcnow(), "worker_id": self.worker_id, "release_id": release.id},
-            ).scalar_one()
+            # On the transaction's connection, not through the session: a Core read of other
+            # rows needs no flush of this one's changes first (the commit flushes them).
+            found = (
+                session.connection()
+                .execute(
+                    self.idle_look(),
+                    {"now": utcnow(), "worker_id": self.worker_id, "release_id": release.id},
+                )
+                .scalar_one()
+            )
             session.info[_IDLE] = not found
             return release.status
         if saved == STORED:
