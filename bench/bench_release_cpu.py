@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import cProfile
 import io
+import logging.config
 import os
 import pstats
 import resource
@@ -68,6 +69,7 @@ from service.app import create_app
 from service.config import Settings
 from service.db import models
 from service.db.engine import make_engine, make_session_factory
+from service.logs import log_config
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
@@ -153,6 +155,9 @@ def serve(url: str, data_dir: str, profile: bool) -> None:
     """The worker process: one ``run_pending`` per line read, answering with its CPU seconds
     (this process and its reaped children)."""
     settings = settings_for(url, Path(data_dir))
+    # Logging as ``dpss worker`` sets it up (the settings' level): without it Python's last
+    # resort printed every warning (each release "late" against a padding of 0) to stderr.
+    logging.config.dictConfig(log_config(settings.log_level))
     factory = make_session_factory(make_engine(settings.resolved_database_url))
     worker = Worker(factory, DatasetStore(settings.data_dir / "datasets"), settings, isolate=True)
     profiler = cProfile.Profile(time.process_time) if profile else None
@@ -171,11 +176,20 @@ def serve(url: str, data_dir: str, profile: bool) -> None:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """``"50000x100"`` -> ``(50000, 100)``."""
+    n, d = text.split("x")
+    return int(n), int(d)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--backend", choices=["sqlite", "postgresql"], default="sqlite")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument(
+        "--shapes", default="3500x784,50000x100", help="n x d, comma separated (default: both)"
+    )
     parser.add_argument("--serve", nargs=2, metavar=("URL", "DATA_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -184,10 +198,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         with database(args.backend, work) as url:
-            run(url, work, args.reps, args.profile, args.backend)
+            shapes = [_shape(text) for text in args.shapes.split(",")]
+            run(url, work, args.reps, args.profile, args.backend, shapes)
 
 
-def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
+def run(
+    url: str,
+    work: Path,
+    reps: int,
+    profile: bool,
+    backend: str,
+    shapes: list[tuple[int, int]] = SHAPES,
+) -> None:
     upgrade_to_head(url)
     settings = settings_for(url, work / "data")
     app = create_app(settings)
@@ -305,7 +327,7 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
             post = (await http.get("/openapi.json")).json()["paths"]
             parameters = post["/v1/datasets/{dataset_id}/releases"]["post"]["parameters"]
             one_request = any(p["name"] == "wait" for p in parameters)
-            for n, d in SHAPES:
+            for n, d in shapes:
                 rows = rows_of(n, d)
                 dataset = await upload(rows, http)
                 # Warm-up: first imports, first queries, the mechanism's first call.
@@ -336,12 +358,12 @@ def run(url: str, work: Path, reps: int, profile: bool, backend: str) -> None:
                 table_rows.append(
                     [
                         f"{n:,} x {d}",
-                        f"{floor:.3f}",
-                        f"{api_1s:.3f}" if api_1s is not None else "n/a",
-                        f"{api_s:.3f}",
-                        f"{worker_1s:.3f}" if worker_1s is not None else "n/a",
-                        f"{worker_s:.3f}",
-                        f"{statistics.median(children):.3f}",
+                        f"{floor:.4f}",
+                        f"{api_1s:.4f}" if api_1s is not None else "n/a",
+                        f"{api_s:.4f}",
+                        f"{worker_1s:.4f}" if worker_1s is not None else "n/a",
+                        f"{worker_s:.4f}",
+                        f"{statistics.median(children):.4f}",
                         one,
                         f"{(api_s + worker_s) / floor:.2f}",
                     ]

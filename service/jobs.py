@@ -75,21 +75,22 @@ STORED = "stored"
 #: row (the lease reads its file name: one statement, and no flush of the release before its
 #: lease is complete). Statements of every release are built once, with bound parameters:
 #: building one anew cost about a third of running it (``bench/bench_release_cpu.py``).
+#: What makes a release claimable by :data:`QUEUED_LOOK` (bound: ``now``, ``worker_id``); the
+#: worker's idle look (:meth:`service.worker.Worker.idle_look`) asks the same.
+QUEUED_CLAIMABLE = or_(
+    Release.status == "queued",
+    and_(
+        Release.status == "running",
+        or_(
+            Release.lease_expires_at < bindparam("now"),
+            Release.lease_owner == bindparam("worker_id"),
+        ),
+    ),
+)
 QUEUED_LOOK = (
     select(Release, Dataset)
     .outerjoin(Dataset, Dataset.id == Release.dataset_id)
-    .where(
-        or_(
-            Release.status == "queued",
-            and_(
-                Release.status == "running",
-                or_(
-                    Release.lease_expires_at < bindparam("now"),
-                    Release.lease_owner == bindparam("worker_id"),
-                ),
-            ),
-        )
-    )
+    .where(QUEUED_CLAIMABLE)
     .order_by(Release.created_at)
     .limit(1)
     .with_for_update(of=Release, skip_locked=True)

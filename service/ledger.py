@@ -273,19 +273,38 @@ def budget_of(session: Session, dataset: Dataset) -> BudgetState:
 
 
 def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID, BudgetState]:
-    """Each dataset's budget from its ledger, in one statement for all of them: the budget
-    read's own statement (:func:`budget_select`, for the datasets ``ids``) and its own sums
-    (:func:`spent_by_dataset`), so that this and :func:`service.datasets.get_budget` are one
-    computation of what remains, not two kept equal by a test. The totals are the ORM rows'
-    (the ones the caller holds, locked when it charges)."""
+    """Each dataset's budget from its ledger, in one statement for all of them. PostgreSQL:
+    the budget read's own statement (:func:`budget_select`, for the datasets ``ids``) and its
+    own sums (:func:`spent_by_dataset`), so that this and :func:`service.datasets.get_budget`
+    are one computation of what remains. SQLite: the same entries (the datasets', in effect
+    at ``now``) without the datasets' columns, summed by the same :func:`spent_of`
+    (``tests/api/test_budget_read.py`` checks the two reads agree). The totals are the ORM
+    rows' (the ones the caller holds, locked when it charges)."""
     if not datasets:
         return {}
     dialect = dialect_of(session)
-    rows = session.execute(
-        _MANY_BUDGETS[dialect], {"ids": [dataset.id for dataset in datasets], "now": utcnow()}
-    ).all()
-    spent = spent_by_dataset(dialect, rows)
+    ids = [dataset.id for dataset in datasets]
     zero = (Decimal(0),) * len(SUMS)
+    if dialect == "sqlite":
+        # One row per entry in effect, its own columns only: the totals are the ORM rows'
+        # (below), and each row of :func:`budget_select` repeated the dataset's id and nine
+        # totals, decoded per row (two thirds of a read's CPU, which grows with the ledger:
+        # docs/benchmarks.md). The same entries (``dataset_id`` in ``ids``, in effect at
+        # ``now``) and the same sums (:func:`spent_of`).
+        listed: dict[uuid.UUID, list[Any]] = {}
+        if len(ids) == 1:  # the request's own read: not even the id per row
+            listed[ids[0]] = list(session.execute(_ONE_ENTRIES, {"id": ids[0], "now": utcnow()}))
+        else:
+            for row in session.execute(_MANY_ENTRIES, {"ids": ids, "now": utcnow()}):
+                listed.setdefault(row[0], []).append(row[1:])
+        return {
+            dataset.id: state_of(
+                dataset, *(spent_of(listed[dataset.id]) if dataset.id in listed else zero)
+            )
+            for dataset in datasets
+        }
+    rows = session.execute(_MANY_BUDGETS[dialect], {"ids": ids, "now": utcnow()}).all()
+    spent = spent_by_dataset(dialect, rows)
     return {
         dataset.id: state_of(dataset, *spent.get(dataset.id, (None, zero))[1])
         for dataset in datasets
@@ -384,6 +403,19 @@ _MANY_BUDGETS = {
     dialect: budget_select(dialect, [Dataset.__table__.c.id.in_(bindparam("ids", expanding=True))])
     for dialect in ("postgresql", "sqlite")
 }
+#: SQLite's :func:`budgets_of`: the ledger entries of the datasets ``ids`` (``_ONE_ENTRIES``:
+#: of the dataset ``id``) in effect at ``now`` (:func:`in_effect`), as :func:`budget_select`
+#: joins them, without the datasets' columns; each row as :func:`spent_of` reads it.
+_ENTRY_SUMMED = [
+    LedgerEntry.__table__.c[name] for name in ("kind", "epsilon", "delta", "rho", "gdp")
+] + [LedgerEntry.__table__.c.zcdp_delta]
+_MANY_ENTRIES = select(LedgerEntry.__table__.c.dataset_id, *_ENTRY_SUMMED).where(
+    LedgerEntry.__table__.c.dataset_id.in_(bindparam("ids", expanding=True)),
+    in_effect(bindparam("now")),
+)
+_ONE_ENTRIES = select(*_ENTRY_SUMMED).where(
+    LedgerEntry.__table__.c.dataset_id == bindparam("id"), in_effect(bindparam("now"))
+)
 
 
 @dataclass(frozen=True)
@@ -421,7 +453,8 @@ def spent_by_dataset(
     entries: dict[uuid.UUID, list[Any]] = {}
     totals: dict[uuid.UUID, Totals] = {}
     for row in rows:
-        totals.setdefault(row[0], Totals(*row[1:width]))
+        if row[0] not in totals:
+            totals[row[0]] = Totals(*row[1:width])
         listed = entries.setdefault(row[0], [])
         if row[width] is not None:
             listed.append(row[width:])

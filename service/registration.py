@@ -307,18 +307,21 @@ class Checked:
     reason: str | None = None
 
 
+#: What makes a registration claimable (bound: ``now``, ``worker_id``): :data:`_CLAIMABLE`'s
+#: conditions, which the worker's idle look (:meth:`service.worker.Worker.idle_look`) asks too.
+CLAIMABLE = (
+    or_(Dataset.registration_status == REGISTERING, Dataset.batch_status == REGISTERING),
+    Dataset.deleted_at.is_(None),
+    or_(
+        Dataset.registration_lease_owner.is_(None),
+        Dataset.registration_lease_expires_at < bindparam("now"),
+        Dataset.registration_lease_owner == bindparam("worker_id"),
+    ),
+)
 #: The oldest claimable registration (built once: an idle worker looks after every job).
 _CLAIMABLE = (
     select(Dataset)
-    .where(
-        or_(Dataset.registration_status == REGISTERING, Dataset.batch_status == REGISTERING),
-        Dataset.deleted_at.is_(None),
-        or_(
-            Dataset.registration_lease_owner.is_(None),
-            Dataset.registration_lease_expires_at < bindparam("now"),
-            Dataset.registration_lease_owner == bindparam("worker_id"),
-        ),
-    )
+    .where(*CLAIMABLE)
     .order_by(Dataset.created_at)
     .limit(1)
     .with_for_update(skip_locked=True)

@@ -68,7 +68,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Select, select, update
+from sqlalchemy import ColumnElement, Engine, Select, bindparam, exists, or_, select, update
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
@@ -84,6 +84,7 @@ from service.jobs import (
     FINISHED,
     LOCKED_RELEASE,
     LOST,
+    QUEUED_CLAIMABLE,
     QUEUED_LOOK,
     STORED,
     WAITING,
@@ -111,6 +112,9 @@ class _Abandoned:
 
 
 _ABANDONED = _Abandoned()
+
+#: Key in ``Session.info``: the store transaction's :meth:`Worker.idle_look` found nothing.
+_IDLE = "dpss_worker_idle"
 
 #: The job kinds under the worker; a waiting job is looked for in this order.
 KINDS: tuple[JobKind[Any, Any], ...] = (ONE_SHOT, CONTINUAL)
@@ -203,6 +207,11 @@ class Worker:
         self._outage = _OutageLog()
         #: Each job kind's look for a waiting job with work again (None: its jobs never wait).
         self._waiting_looks: dict[JobKind[Any, Any], Select[Any] | None] = {}
+        #: :meth:`idle_look`, built at its first use.
+        self._idle_look: Select[Any] | None = None
+        #: Set when the transaction that stored a job's end found nothing else to claim
+        #: (:meth:`idle_look`); read once by the loops (:meth:`_nothing_after_job`).
+        self._idle_after_store = False
         #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
         self._calibrated_at: float | None = None
         bind = session_factory.kw.get("bind")
@@ -303,13 +312,13 @@ class Worker:
         reset, so the limit counts claims since the last time it had nothing left to do."""
         if kind not in self._waiting_looks:
             # Built once per worker (the kind's conditions are public and fixed): QUEUED_LOOK.
-            ready = kind.waiting_claimable()
+            ready = self._waiting_claimable(kind)
             self._waiting_looks[kind] = (
                 None
                 if ready is None
                 else select(Release)
                 .join(Dataset, Dataset.id == Release.dataset_id)
-                .where(Release.status == "running", Release.lease_owner.is_(None), *ready)
+                .where(*ready)
                 .order_by(Release.created_at)
                 .limit(1)
                 .with_for_update(of=Release, skip_locked=True)
@@ -325,6 +334,43 @@ class Worker:
             self._record(session, release, kind.abandoned(session, release, self.settings))
             return _ABANDONED
         return take_lease(session, release, self.worker_id, now, lease, None)
+
+    @staticmethod
+    def _waiting_claimable(kind: JobKind[Any, Any]) -> list[ColumnElement[bool]] | None:
+        """What makes a waiting job of ``kind`` claimable (``None``: its jobs never wait)."""
+        ready = kind.waiting_claimable()
+        if ready is None:
+            return None
+        return [Release.status == "running", Release.lease_owner.is_(None), *ready]
+
+    def idle_look(self) -> Select[Any]:
+        """One statement: is anything claimable besides the release ``release_id``? True when
+        :meth:`_queued`, :meth:`_waiting` (any kind) or :func:`service.registration.claim`
+        would find a job at ``now`` (the same conditions, bound ``now`` and ``worker_id``).
+
+        Asked in the transaction that stores a job's end (:meth:`_store`): when it answers
+        false, the loops wait at once instead of running an empty claim and an empty
+        registration look, two transactions that were a fifth of the worker's bookkeeping per
+        small release (``bench/bench_release_cpu.py``, docs/benchmarks.md). It locks nothing
+        and only decides whether to look now: a job it misses (queued after its snapshot)
+        wakes the idle wait that follows (:mod:`service.wake`) or is found at the next poll,
+        as one queued after an empty claim always was; one it sees but another worker takes
+        first costs the claim it saves."""
+        if self._idle_look is None:
+            looks = [
+                exists().where(QUEUED_CLAIMABLE, Release.id != bindparam("release_id")),
+            ]
+            for kind in KINDS:
+                ready = self._waiting_claimable(kind)
+                if ready is not None:
+                    looks.append(
+                        exists()
+                        .select_from(Release.__table__.join(Dataset.__table__))
+                        .where(*ready, Release.id != bindparam("release_id"))
+                    )
+            looks.append(exists().where(*registration.CLAIMABLE))
+            self._idle_look = select(or_(*looks))
+        return self._idle_look
 
     def heartbeat(self, job: ClaimedJob) -> bool:
         """Extend this worker's lease on ``job``; false if the lease was lost."""
@@ -376,6 +422,7 @@ class Worker:
         from the request to the claim, and ``release.job`` with ``release.run`` and
         ``release.store``; attributes are ids, the mechanism, ``k``, the attempt and the status.
         """
+        self._idle_after_store = False
         with tracing.job_spans(job) as traced:
             status = self._process(job, traced)
             traced.finished(status)
@@ -527,38 +574,65 @@ class Worker:
         kind: JobKind[Any, Any] | None = None,
         work: Any = None,
     ) -> str:
-        """One attempt at storing ``result`` (one transaction; see :meth:`finish`)."""
+        """One attempt at storing ``result`` (one transaction; see :meth:`finish`). When it
+        ends the job, the same transaction asks :meth:`idle_look`; its answer is kept for the
+        loops once the transaction committed."""
         with self.session_factory.begin() as session:
-            release = self._locked(session, job)
-            ours = self._ours(job, release)
-            if ours and release.status in FINISHED:
-                # An earlier attempt committed but its answer was lost on the way back.
-                return release.status
-            if release.status != "running" or not ours:
-                log.warning("release %s: lease lost, outcome discarded", job.release_id)
-                return LOST
-            if isinstance(result, Outcome):
-                result = End(result)
-            if isinstance(result, End) or kind is None:
-                saved = result
-            else:
-                # The lease goes on with the job (an end clears it). Set before the kind saves:
-                # the release's row is then written once, before the audit chain's head is
-                # locked; a second write of it in this transaction would check its dataset key
-                # (PostgreSQL's foreign-key check on a row this transaction changed) while
-                # holding that head, and deadlock with an append that holds the dataset and
-                # waits for the head.
-                release.lease_expires_at = utcnow() + timedelta(
-                    seconds=self.settings.worker_lease_seconds
+            status = self._stored(session, job, result, kind, work)
+            idle = bool(session.info.pop(_IDLE, False))
+        self._idle_after_store = idle
+        return status
+
+    def _stored(
+        self,
+        session: Session,
+        job: ClaimedJob,
+        result: Any,
+        kind: JobKind[Any, Any] | None,
+        work: Any,
+    ) -> str:
+        """:meth:`_store`'s work in its transaction ``session``."""
+        release = self._locked(session, job)
+        ours = self._ours(job, release)
+        if ours and release.status in FINISHED:
+            # An earlier attempt committed but its answer was lost on the way back.
+            return release.status
+        if release.status != "running" or not ours:
+            log.warning("release %s: lease lost, outcome discarded", job.release_id)
+            return LOST
+        if isinstance(result, Outcome):
+            result = End(result)
+        if isinstance(result, End) or kind is None:
+            saved = result
+        else:
+            # The lease goes on with the job (an end clears it). Set before the kind saves:
+            # the release's row is then written once, before the audit chain's head is
+            # locked; a second write of it in this transaction would check its dataset key
+            # (PostgreSQL's foreign-key check on a row this transaction changed) while
+            # holding that head, and deadlock with an append that holds the dataset and
+            # waits for the head.
+            release.lease_expires_at = utcnow() + timedelta(
+                seconds=self.settings.worker_lease_seconds
+            )
+            saved = kind.save(session, release, job, work, result, self.settings)
+        if isinstance(saved, End):
+            self._record(session, release, saved)
+            # On the transaction's connection, not through the session: a Core read of other
+            # rows needs no flush of this one's changes first (the commit flushes them).
+            found = (
+                session.connection()
+                .execute(
+                    self.idle_look(),
+                    {"now": utcnow(), "worker_id": self.worker_id, "release_id": release.id},
                 )
-                saved = kind.save(session, release, job, work, result, self.settings)
-            if isinstance(saved, End):
-                self._record(session, release, saved)
-                return release.status
-            if saved == STORED:
-                # Long polls waiting for this job's next result return once this commits.
-                wake.announce_finished(session, self.settings, release.id)
-            return str(saved)
+                .scalar_one()
+            )
+            session.info[_IDLE] = not found
+            return release.status
+        if saved == STORED:
+            # Long polls waiting for this job's next result return once this commits.
+            wake.announce_finished(session, self.settings, release.id)
+        return str(saved)
 
     def _record(self, session: Session, release: Release, end: End) -> None:
         """Record a job's end: status, reason, when analysts see it, its result, refund and
@@ -613,8 +687,17 @@ class Worker:
             while (job := self.with_db_retry("claim", self.claim)) is not None:
                 self.process(job)
                 count += 1
+                if self._nothing_after_job():
+                    return count
             if not self.run_registration():
                 return count
+
+    def _nothing_after_job(self) -> bool:
+        """Whether the job just processed ended in a transaction that found nothing else to
+        claim (:meth:`idle_look`): the loops then skip the empty claim and registration look
+        and wait. Read once."""
+        idle, self._idle_after_store = self._idle_after_store, False
+        return idle
 
     def run_registration(self) -> bool:
         """Claim and run one dataset registering by reference (:mod:`service.registration`);
@@ -785,3 +868,5 @@ class Worker:
                 self.stop.wait(self.settings.worker_poll_seconds)
                 continue
             log.info("release %s: %s", job.release_id, status)
+            if self._nothing_after_job():
+                waker.wait(self.settings.worker_poll_seconds)

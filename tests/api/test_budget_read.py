@@ -310,3 +310,58 @@ def test_only_the_budget_read_runs_outside_a_transaction_and_the_pool_stays_tran
             assert Decimal(response.json()["epsilon_spent"]) == Decimal("1.0")
         finally:
             event.remove(engine, "before_cursor_execute", record)
+
+
+def test_budgets_of_several_datasets_read_as_each_alone(
+    client: TestClient,
+    keys: Keys,
+    upload_dataset: Callable[..., Any],
+    session_factory: sessionmaker[Session],
+) -> None:
+    """The read of several datasets at once (listings; on SQLite the entries of all of them in
+    one statement, grouped here) gives each the budget its own read and the one-statement read
+    give: with entries, with none, and with a refund not yet in effect."""
+    ids = []
+    for accounting, costs in (("basic", COSTS["basic"]), ("zcdp", []), ("hybrid", [{"mu": "0.1"}])):
+        dataset = upload_dataset(
+            client,
+            keys.owner,
+            DATA,
+            epsilon_budget="2",
+            delta_budget="1e-6",
+            accounting=accounting,
+            row_norm_bound="1",
+        )["id"]
+        for cost in costs:
+            post_release(client, keys.analyst, dataset, mechanism="analyze_gauss", k=1, **cost)
+        ids.append(uuid.UUID(dataset))
+    with session_factory.begin() as session:
+        charge = (
+            session.execute(select(LedgerEntry).where(LedgerEntry.dataset_id == ids[0]))
+            .scalars()
+            .first()
+        )
+        assert charge is not None
+        session.add(
+            LedgerEntry(
+                dataset_id=charge.dataset_id,
+                release_id=charge.release_id,
+                kind="refund",
+                epsilon=charge.epsilon,
+                delta=charge.delta,
+                rho=charge.rho,
+                created_at=utcnow() + timedelta(hours=1),
+            )
+        )
+    with session_factory() as session:
+        rows = [session.get(Dataset, dataset_id) for dataset_id in ids]
+        assert all(row is not None for row in rows)
+        many = ledger.budgets_of(session, rows)  # type: ignore[arg-type]
+        alone = {row.id: ledger.budget_of(session, row) for row in rows}  # type: ignore[union-attr]
+        shown = {row.id: budget_out(row, many[row.id]).model_dump(mode="json") for row in rows}  # type: ignore[union-attr]
+    assert many == alone
+    assert many[ids[0]].epsilon_spent == Decimal("0.375")  # both charges, the refund not yet
+    assert many[ids[1]].rho_spent == 0 and many[ids[2]].rho_spent > 0
+    for dataset_id in ids:
+        answer = client.get(budget_url(str(dataset_id)), headers=bearer(keys.owner)).json()
+        assert answer == shown[dataset_id]
