@@ -51,8 +51,11 @@ __all__ = [
     "GrantView",
     "applicable_grant",
     "create_grant",
+    "current_grant",
+    "default_delta_budget",
     "grant_budget",
     "list_grants",
+    "require_usable",
     "revoke_grant",
     "view_of",
 ]
@@ -465,17 +468,19 @@ def revoke_grant(
     return view_of(session, grant)
 
 
-def applicable_grant(
-    session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID, *, required: bool
-) -> Grant | None:
-    """The grant a release by ``key_id`` is charged to: personal first, then all-analysts.
+def current_grant(session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID) -> Grant | None:
+    """The grant whose terms apply to ``key_id``'s releases on the dataset (active or the most
+    recently revoked; None if none), without refusing: a release reads its default delta off it
+    (:func:`service.releases.default_delta`) before :func:`require_usable` decides. One
+    statement."""
+    return _current(session, dataset_id, key_id)
 
-    Called under the dataset's lock, so no grant is created or revoked meanwhile. A revoked
-    grant that would apply (the key's own, else the all-analysts one) is a
-    :class:`GrantRevoked` refusal: nothing falls back after a revocation (module docstring).
-    With ``required``, no grant is a :class:`GrantRequired` refusal.
-    """
-    grant = _current(session, dataset_id, key_id)
+
+def require_usable(grant: Grant | None, *, required: bool) -> Grant | None:
+    """``grant`` (from :func:`current_grant`) if a release may be charged to it, or None when
+    there is none and none is required; a revoked grant is a :class:`GrantRevoked` refusal
+    (nothing falls back after a revocation: module docstring), no grant with ``required`` a
+    :class:`GrantRequired` one."""
     if grant is not None and grant.revoked_at is not None:
         whose = "this key's grant" if grant.analyst_key_id is not None else "the all-analysts grant"
         raise GrantRevoked(
@@ -489,3 +494,35 @@ def applicable_grant(
             "this dataset; ask the dataset's owner for one"
         )
     return grant
+
+
+def applicable_grant(
+    session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID, *, required: bool
+) -> Grant | None:
+    """The grant a release by ``key_id`` is charged to: personal first, then all-analysts
+    (:func:`current_grant`, then :func:`require_usable`).
+
+    Called under the dataset's lock, so no grant is created or revoked meanwhile.
+    """
+    return require_usable(current_grant(session, dataset_id, key_id), required=required)
+
+
+def default_delta_budget(dataset: Dataset, grant: Grant | None) -> Decimal | None:
+    """The public delta budget that a release's default delta must fit under ``grant`` (active,
+    else None), or None where the grant puts no tighter bound than the dataset's.
+
+    ``basic``: the grant's ``delta``, charged per release. ``hybrid``: the grant's ``delta``,
+    split among its filters in the dataset's shares (:func:`hybrid_grant_budget`), so a
+    hundredth of it sits in the grant's B and C shares as a hundredth of ``delta_total`` does
+    in the dataset's. ``zcdp``: the grant's ``delta`` for approximate steps, when it has one;
+    a grant without (rho alone, or a delta within the conversion's share) can never be charged
+    an approximate step, while a purely Gaussian release charges it rho only: that release's
+    delta only fixes its calibration, as on ``gaussian``, where a grant holds no delta at all
+    (its ``mu`` is stated at the dataset's ``delta_total``, :mod:`service.spend`)."""
+    if grant is None or grant.revoked_at is not None:
+        return None
+    if dataset.accounting in ("basic", "hybrid"):
+        return grant.delta
+    if dataset.accounting == "zcdp" and grant.delta > 0:
+        return grant.delta
+    return None

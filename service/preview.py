@@ -172,12 +172,12 @@ def preview_release(
         raise InvalidInput("Idempotency-Key", DRY_RUN_IDEMPOTENCY_KEY)
     dataset = releases.lock_dataset(session, dataset_id)
     prior = priors.resolve(session, principal, body.params, persist=False)
-    prepared = releases.check_request(body, dataset, settings, prior)
+    grant = grants.current_grant(session, dataset.id, principal.key_id)
+    # The same default delta as the real request: fitted to the grant it would be charged to.
+    prepared = releases.check_request(body, dataset, settings, prior, grant)
     # The same budgets a real request is charged to: the applicable grant (a key without one is
     # refused the same way when grants are required), then the dataset.
-    grant = grants.applicable_grant(
-        session, dataset.id, principal.key_id, required=settings.grants_required
-    )
+    grant = grants.require_usable(grant, required=settings.grants_required)
     charge = prepared.charge
     budget = ledger.budget_of(session, dataset)
     affordable = budget.affords(charge)

@@ -40,7 +40,7 @@ from service import (
 )
 from service.auth import Principal, require_role
 from service.config import Settings
-from service.db.models import Dataset, Release, ReleaseBasis, utcnow
+from service.db.models import Dataset, Grant, Release, ReleaseBasis, utcnow
 from service.errors import (
     BudgetExceeded,
     DatasetGone,
@@ -327,28 +327,43 @@ def check_request_fields(principal: Principal, body: ReleaseRequest) -> None:
 #: The largest ``delta`` a request in ``epsilon`` without one is given (see
 #: :func:`default_delta`): far below ``1/n`` for every dataset the service is sized for.
 DEFAULT_DELTA_CAP = Decimal("1e-6")
-#: A defaulted ``delta`` is at most this share of the dataset's ``delta_total``.
+#: A defaulted ``delta`` is at most this share of the dataset's ``delta_total``, and of the
+#: delta of the grant the release is charged to.
 DEFAULT_DELTA_SHARE = Decimal("0.01")
 _THIRTY_PLACES = Decimal(1).scaleb(-30)
 
 
-def default_delta(dataset: Dataset) -> Decimal:
+def _hundredth(budget: Decimal) -> Decimal:
+    share = BUDGET_CONTEXT.multiply(budget, DEFAULT_DELTA_SHARE)
+    # Rounded down to the 30 places a stored cost has: never above the share.
+    return share.quantize(_THIRTY_PLACES, rounding=ROUND_FLOOR)
+
+
+def default_delta(dataset: Dataset, grant: Grant | None = None) -> Decimal:
     """The ``delta`` of a request that gives ``epsilon`` and no ``delta``:
-    ``min(1e-6, delta_total / 100)``, a function of the dataset's public budget only.
+    ``min(1e-6, delta_total / 100, grant_delta / 100)``, a function of public budgets only: the
+    dataset's and, when the release is charged to an active ``grant``, the grant's
+    (:func:`service.grants.default_delta_budget`: its ``delta`` on ``basic`` and ``hybrid``,
+    its delta for approximate steps on ``zcdp`` when it has one; none on ``gaussian``).
 
     Why these figures: a per-release delta well below ``1/n`` is the usual guidance, and 1e-6
     is what the utility figures in docs/benchmarks.md are measured at; a hundredth of the
-    owner's ``delta_total`` leaves room for a hundred such releases where delta is charged
-    per release (``basic``, and ``hybrid``'s filter C), and on the Gaussian-DP filters it only
-    fixes the single release's calibration (its noise grows as ``sqrt(ln(1.25/delta))``: 15%
-    from 1e-6 to 1e-8). A dataset without a delta budget gets 0: pure-DP mechanisms run, the
-    others answer that they need ``delta > 0``."""
-    share = BUDGET_CONTEXT.multiply(dataset.delta_total, DEFAULT_DELTA_SHARE)
-    # Rounded down to the 30 places a stored cost has: never above the share.
-    return min(DEFAULT_DELTA_CAP, share.quantize(_THIRTY_PLACES, rounding=ROUND_FLOOR))
+    budget the release is charged to leaves room for a hundred such releases where delta is
+    charged per release (``basic``, and ``hybrid``'s filter C; B's share for approximate steps
+    is twice C's), and on the Gaussian-DP filters it only fixes the single release's
+    calibration (its noise grows as ``sqrt(ln(1.25/delta))``: 15% from 1e-6 to 1e-8). The
+    dataset's default would not fit a grant of a smaller delta (1e-7 against a 1e-9 grant's
+    whole delta): every release with a delta charge was refused with 409 until the analyst
+    gave a smaller delta by hand. A budget without delta (the dataset's, or a ``basic``
+    grant's) gives 0: pure-DP mechanisms run, the others answer that they need ``delta > 0``."""
+    default = min(DEFAULT_DELTA_CAP, _hundredth(dataset.delta_total))
+    bound = grants.default_delta_budget(dataset, grant)
+    return default if bound is None else min(default, _hundredth(bound))
 
 
-def with_default_delta(body: ReleaseRequest, dataset: Dataset) -> ReleaseRequest:
+def with_default_delta(
+    body: ReleaseRequest, dataset: Dataset, grant: Grant | None = None
+) -> ReleaseRequest:
     """``body`` with :func:`default_delta` filled in when it gives ``epsilon`` without
     ``delta``; otherwise ``body`` itself. The release records (and its audit event carries)
     the delta it ran at; the request's fingerprint is of what was sent."""
@@ -357,7 +372,7 @@ def with_default_delta(body: ReleaseRequest, dataset: Dataset) -> ReleaseRequest
     if "delta" in body.model_fields_set:
         # An explicit null is a mistake to name, not a request for the default.
         raise InvalidInput("delta", "must be a number, not null (omit it for the default)")
-    return body.model_copy(update={"delta": default_delta(dataset)})
+    return body.model_copy(update={"delta": default_delta(dataset, grant)})
 
 
 def check_request(
@@ -365,10 +380,12 @@ def check_request(
     dataset: Dataset,
     settings: Settings,
     prior: priors.PublicPrior | None = None,
+    grant: Grant | None = None,
 ) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
-    mechanism, params (via ``prepare``: clip norm, k, ...), the prior and the memory gate."""
-    body = with_default_delta(body, dataset)
+    mechanism, params (via ``prepare``: clip norm, k, ...), the prior and the memory gate.
+    ``grant`` (:func:`service.grants.current_grant`) bounds a defaulted delta."""
+    body = with_default_delta(body, dataset, grant)
     extra = 0
     if dataset.reference is not None:
         reference.mechanism_allowed(body.mechanism)
@@ -495,13 +512,14 @@ def request_release(
     # A public prior named or given inline (stored now, so the worker can read it; rolled back
     # with the request if it is refused). It costs nothing.
     prior = priors.resolve(session, principal, body.params, persist=True)
-    prepared = check_request(body, dataset, settings, prior)
+    # The grant's terms are read first (a defaulted delta fits them); a revoked or missing
+    # grant is refused after the request's own checks, as before.
+    grant = grants.current_grant(session, dataset.id, principal.key_id)
+    prepared = check_request(body, dataset, settings, prior, grant)
     params = prepared.params
     # The grant is checked first: it is the analyst's own limit, and naming it is more useful
     # than the dataset's remainder when both are short. Both under the dataset's lock.
-    grant = grants.applicable_grant(
-        session, dataset.id, principal.key_id, required=settings.grants_required
-    )
+    grant = grants.require_usable(grant, required=settings.grants_required)
     if grant is not None:
         share = grants.grant_budget(session, grant)
         if not share.affords(prepared.charge):

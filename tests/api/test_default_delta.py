@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from decimal import Decimal
 
+import numpy as np
 import pytest
 from sqlalchemy import select
 
@@ -73,3 +74,111 @@ def test_an_explicit_null_delta_is_refused_not_defaulted(client, keys, upload_da
     response = ask(client, keys.analyst, dataset["id"], delta=None)
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith("delta: must be a number"), response.text
+
+
+# --------------------------------------------------------------------------------------------
+# Under a grant: the default fits the budget the release is charged to, the grant's.
+
+
+def grant(client, key, dataset_id, **body):
+    response = client.post(f"/v1/datasets/{dataset_id}/grants", headers=bearer(key), json=body)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def charged_entry(session_factory, release_id):
+    with session_factory() as session:
+        return session.execute(
+            select(LedgerEntry.delta, LedgerEntry.grant_id).where(
+                LedgerEntry.release_id == uuid.UUID(release_id)
+            )
+        ).one()
+
+
+def test_a_grant_with_a_small_delta_gets_a_default_within_it(
+    client, keys, upload_dataset, rng, session_factory
+):
+    # basic: the grant's delta 1e-9 is charged per release; the dataset's default (1e-7) could
+    # never fit it, its hundredth does.
+    data, _ = near_subspace(rng, 300, 6, 2)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0, delta_budget="1e-5")
+    given = grant(client, keys.owner, dataset["id"], epsilon="2", delta="1e-9")
+    preview = ask(client, keys.analyst, dataset["id"], dry_run=True)
+    assert preview.status_code == 200, preview.text
+    shown = preview.json()
+    assert Decimal(shown["delta"]) == Decimal("1e-11")
+    assert shown["affordable"] is True and shown["budget"] == "grant"
+    response = ask(client, keys.analyst, dataset["id"])
+    assert response.status_code == 202, response.text
+    release = response.json()
+    assert Decimal(release["delta"]) == Decimal("1e-11")
+    delta, grant_id = charged_entry(session_factory, release["id"])
+    assert delta == Decimal("1e-11") and str(grant_id) == given["id"]
+
+
+def test_a_grant_on_a_hybrid_dataset_admits_approximate_steps_with_no_delta_given(
+    client, keys, upload_dataset, session_factory
+):
+    # hybrid: purely Gaussian releases went through filter A' at any default; a release with
+    # approximate steps (friendly_aggregate's PTR tests) is charged to B or C, whose shares of
+    # a 1e-9 grant (2% and 1%) the dataset's default of 1e-7 overran (409).
+    data = np.random.default_rng(3).normal(size=(4_000, 4)) @ np.diag([1, 1, 0, 0])
+    data /= np.maximum(1.0, np.linalg.norm(data, axis=1, keepdims=True))
+    dataset = upload_dataset(
+        client, keys.owner, data, accounting="hybrid", row_norm_bound=1.0, delta_budget="1e-5"
+    )
+    grant(client, keys.owner, dataset["id"], epsilon="2", delta="1e-9")
+    body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "1"}
+    preview = ask(client, keys.analyst, dataset["id"], dry_run=True, **body)
+    assert preview.status_code == 200, preview.text
+    shown = preview.json()
+    assert Decimal(shown["delta"]) == Decimal("1e-11")
+    assert shown["affordable"] is True and shown["budget"] == "grant", shown
+    assert shown["admitted_by"] and "gdp" not in shown["admitted_by"], shown
+    response = ask(client, keys.analyst, dataset["id"], **body)
+    assert response.status_code == 202, response.text
+    release = response.json()
+    assert Decimal(release["delta"]) == Decimal("1e-11")
+    delta, grant_id = charged_entry(session_factory, release["id"])
+    assert delta == Decimal("1e-11") and grant_id is not None
+
+
+def test_a_grant_without_delta_gives_zero_and_the_gaussian_message(
+    client, keys, upload_dataset, rng
+):
+    data, _ = near_subspace(rng, 300, 6, 2)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0, delta_budget="1e-5")
+    grant(client, keys.owner, dataset["id"], epsilon="2", delta="0")
+    for dry_run in (True, False):
+        response = ask(client, keys.analyst, dataset["id"], dry_run=dry_run)
+        assert response.status_code == 422, response.text
+        assert "needs delta > 0" in response.json()["detail"], response.text
+
+
+def test_a_revoked_grant_is_still_refused_as_revoked(client, keys, upload_dataset, rng):
+    # The default is not taken from a revoked grant: the refusal stays the 403 that says so.
+    data, _ = near_subspace(rng, 300, 6, 2)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0, delta_budget="1e-5")
+    given = grant(client, keys.owner, dataset["id"], epsilon="2", delta="0")
+    revoked = client.delete(
+        f"/v1/datasets/{dataset['id']}/grants/{given['id']}", headers=bearer(keys.owner)
+    )
+    assert revoked.status_code == 200, revoked.text
+    response = ask(client, keys.analyst, dataset["id"])
+    assert response.status_code == 403, response.text
+    assert response.json()["error"] == "grant_revoked", response.text
+
+
+def test_a_zcdp_grant_without_a_delta_for_approximate_steps_keeps_the_datasets_default(
+    client, keys, upload_dataset, rng
+):
+    # zcdp charges a purely Gaussian release rho only: a grant of rho alone (no delta for
+    # approximate steps) still runs it at the dataset's default, not at 0.
+    data, _ = near_subspace(rng, 300, 6, 2)
+    dataset = upload_dataset(
+        client, keys.owner, data, accounting="zcdp", row_norm_bound=1.0, delta_budget="1e-5"
+    )
+    grant(client, keys.owner, dataset["id"], rho="0.5")
+    response = ask(client, keys.analyst, dataset["id"], dry_run=True)
+    assert response.status_code == 200, response.text
+    assert Decimal(response.json()["delta"]) == Decimal("1e-7")

@@ -400,3 +400,29 @@ def test_the_default_fit_in_high_dimension_runs_spatial_sign_with_explained_vari
     kept = np.sum((centred @ pca.components_.T) ** 2) / np.sum(centred**2)
     assert low <= pca.explained_variance_ratio_.sum() <= high
     assert low <= kept <= high and pca.explained_variance_hidden_by_noise_ is False
+
+
+@pytest.mark.release_seed(301)
+@pytest.mark.parametrize("accounting", ["basic", "hybrid"])
+def test_the_literal_default_call_fits_a_grant_with_a_small_delta(
+    owner: Client, analyst: Client, worker_sleep: None, accounting: str
+) -> None:
+    # Under a grant of delta 1e-9 the dataset's default of 1e-7 overran the grant (basic: 409
+    # for any release; hybrid: for those with approximate steps, which its filters B and C
+    # charge, and an (epsilon, 1e-7) release recorded under a 1e-9 grant): the service now
+    # fills in min(1e-6, delta_total / 100, grant delta / 100) = 1e-11.
+    n, d, k = 4_000, 6, 2
+    ds = owner.upload(
+        low_rank_rows(n, d, k, seed=12),
+        name="pca-grant",
+        epsilon_budget="2",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+        accounting=accounting,
+    )
+    owner.create_grant(ds.id, "1.5", "1e-9")
+    pca = PrivatePCA(analyst, ds.id, n_components=k, epsilon=1, timeout=60).fit()
+    assert pca.components_.shape == (k, d)
+    release = analyst.get_release(pca.release_id_)
+    assert release.status == "succeeded"
+    assert release.info.delta == Decimal("1e-11")

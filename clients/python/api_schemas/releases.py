@@ -37,36 +37,44 @@ class ReleaseRequest(RequestSchema):
             default=None,
             description=(
                 "Privacy cost epsilon: a JSON number or a decimal string in ASCII digits, at "
-                "most 30 decimal places. On a `basic` dataset the charge; on `gaussian` and "
-                "`zcdp` datasets the single-release target the mechanism is calibrated to, "
-                "charged its own cost in the dataset's currency. Required unless `mu` or `rho` "
-                "is given."
+                "most 30 decimal places. On a `basic` dataset the charge; on `gaussian`, `zcdp` "
+                "and `hybrid` datasets the single-release target the mechanism is calibrated "
+                "to, charged its own cost in the dataset's currency (each filter's, on "
+                "`hybrid`). Required unless `mu` or `rho` is given."
             ),
         )
     )
     delta: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] | None = Field(
         default=None,
         description=(
-            "Privacy cost delta, with `epsilon` (0 only for pure-DP mechanisms); absent with "
-            "`epsilon`: min(1e-6, the dataset's delta_total / 100), the figure the release then "
-            "records (0 on a dataset without a delta budget). With `rho` on a `zcdp` dataset, "
-            "the approximate-zCDP delta of mechanisms with approximate steps (0 or absent for "
-            "purely Gaussian ones). At most 30 decimal places."
+            "Privacy cost delta, with `epsilon` (0 only for pure-DP mechanisms). Absent with "
+            "`epsilon`: min(1e-6, the dataset's delta_total / 100), and under a grant also at "
+            "most the grant's delta / 100 (on a `zcdp` dataset its delta for approximate steps, "
+            "if it has one; a `gaussian` grant holds none), so that the default fits the budget "
+            "the release is charged to; the dry run shows it and the release records it (0 on "
+            "a dataset, or `basic` grant, without a delta budget). With `rho` (`zcdp` and "
+            "`hybrid` datasets), the approximate-zCDP delta of mechanisms with approximate "
+            "steps (0 or absent for purely Gaussian ones). At most 30 decimal places."
         ),
     )
     mu: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = Field(
         default=None,
         description=(
-            "`gaussian` datasets: the release's Gaussian-DP cost mu (the mechanism's steps "
-            "use noise sigma_j with sum (Delta_j/sigma_j)^2 <= mu^2). Instead of epsilon."
+            "`gaussian` and `hybrid` datasets: the release's Gaussian-DP cost mu (the "
+            "mechanism's steps use noise sigma_j with sum (Delta_j/sigma_j)^2 <= mu^2; on "
+            "`hybrid`, the currency of filter A' (GDP): pure steps count at their GDP mu, a "
+            "mechanism with approximate steps is refused, and every filter is charged the "
+            "release so calibrated). Instead of epsilon."
         ),
     )
     rho: Annotated[StrictDecimal, Field(gt=0, le=1000), number_schema(gt=0, le=1000)] | None = (
         Field(
             default=None,
             description=(
-                "`zcdp` datasets: the release's zCDP cost rho (with `delta` for mechanisms with "
-                "approximate steps). Instead of epsilon."
+                "`zcdp` and `hybrid` datasets: the release's zCDP cost rho (on `hybrid`, the "
+                "currency of filter B (zCDP); every filter is charged the release so "
+                "calibrated), with `delta` for mechanisms with approximate steps. Instead of "
+                "epsilon."
             ),
         )
     )

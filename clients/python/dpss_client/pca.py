@@ -117,11 +117,13 @@ class PrivatePCA:
         The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget
         (on a ``gaussian`` or ``zcdp`` dataset: the single release calibrated to, charged its
         own cost in the dataset's currency). With ``epsilon`` and no ``delta`` the service uses
-        ``min(1e-6, delta_total / 100)`` of the dataset (recorded with the release), so
+        ``min(1e-6, delta_total / 100)`` of the dataset, and under a grant at most the grant's
+        delta / 100 (recorded with the release), so
         ``PrivatePCA(client, dataset_id, n_components=10, epsilon=1)`` is a complete call.
     mu, rho : Decimal, str, int or float, optional
-        The cost in the dataset's currency instead: ``mu`` on a ``gaussian`` dataset, ``rho``
-        (with ``delta`` for mechanisms with approximate steps) on a ``zcdp`` one.
+        The cost in the dataset's currency instead: ``mu`` on a ``gaussian`` or ``hybrid``
+        dataset, ``rho`` (with ``delta`` for mechanisms with approximate steps) on a ``zcdp``
+        or ``hybrid`` one.
     mechanism : str or None
         A mechanism releasing a basis. ``None`` (the default) is the service's best known PCA
         release: ``"auto"`` when the rows are centred (``center`` private or public), which

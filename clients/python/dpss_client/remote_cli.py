@@ -955,14 +955,21 @@ def releases_create(
         ),
     ] = None,
     delta: Annotated[
-        str | None, typer.Option("--delta", help="Delta, e.g. 1e-6 (0: pure DP).")
+        str | None,
+        typer.Option(
+            "--delta",
+            help="Delta, e.g. 1e-6 (0: pure DP). Omitted with --epsilon: min(1e-6, "
+            "delta_total/100), and under a grant at most its delta/100.",
+        ),
     ] = None,
     mu: Annotated[
-        str | None, typer.Option("--mu", help="gaussian datasets: the release's mu.")
+        str | None, typer.Option("--mu", help="gaussian and hybrid datasets: the release's mu.")
     ] = None,
     rho: Annotated[
         str | None,
-        typer.Option("--rho", help="zcdp datasets: the release's rho (with --delta if needed)."),
+        typer.Option(
+            "--rho", help="zcdp and hybrid datasets: the release's rho (with --delta if needed)."
+        ),
     ] = None,
     param: Annotated[
         list[str] | None,
