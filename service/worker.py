@@ -63,20 +63,17 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Engine, Select, bindparam, exists, or_, select, update
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy import Engine, Select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, ledger, oneshot, operations, priors, registration, tracing, wake
+from service import audit, claims, ledger, oneshot, operations, priors, registration, tracing, wake
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
-from service.db.models import Dataset, LedgerEntry, Release, ReleaseBasis, utcnow
+from service.db.models import LedgerEntry, Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
 from service.jobs import (
@@ -84,7 +81,6 @@ from service.jobs import (
     FINISHED,
     LOCKED_RELEASE,
     LOST,
-    QUEUED_CLAIMABLE,
     QUEUED_LOOK,
     STORED,
     WAITING,
@@ -99,6 +95,7 @@ from service.jobs import (
     take_lease,
 )
 from service.oneshot import ONE_SHOT
+from service.outages import OutageLog, is_transient_db_error
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -115,9 +112,6 @@ _ABANDONED = _Abandoned()
 
 #: Key in ``Session.info``: the store transaction's :meth:`Worker.idle_look` found nothing.
 _IDLE = "dpss_worker_idle"
-
-#: The job kinds under the worker; a waiting job is looked for in this order.
-KINDS: tuple[JobKind[Any, Any], ...] = (ONE_SHOT, CONTINUAL)
 
 
 def kind_of(mechanism: str) -> JobKind[Any, Any]:
@@ -147,44 +141,6 @@ def refund_details(release: Release, entry: LedgerEntry | None = None) -> dict[s
     return {"epsilon": Decimal(0), "delta": release.cost_delta, "rho": release.cost_rho}
 
 
-def is_transient_db_error(exc: BaseException) -> bool:
-    """Errors that say the database is unreachable or busy, not that the statement is wrong:
-    retrying the same transaction later can succeed."""
-    if isinstance(exc, OperationalError | InterfaceError | PoolTimeoutError):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
-
-
-@dataclass
-class _OutageLog:
-    """Logs a database outage once when it starts and once when it ends, whichever of the
-    worker's threads (main loop, heartbeat) meets it."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    since: float | None = None
-    failures: int = 0
-
-    def failed(self, operation: str, exc: BaseException) -> None:
-        with self.lock:
-            self.failures += 1
-            if self.since is not None:
-                return
-            self.since = time.monotonic()
-        log.warning(
-            "database unavailable (%s: %s); retrying with backoff",
-            operation,
-            safe_traceback(exc),
-        )
-
-    def succeeded(self) -> None:
-        with self.lock:
-            if self.since is None:
-                return
-            down, failures = time.monotonic() - self.since, self.failures
-            self.since, self.failures = None, 0
-        log.warning("database available again after %.1f s (%d failed attempts)", down, failures)
-
-
 class Worker:
     """One worker; run several processes (or machines) against one database to scale out."""
 
@@ -204,11 +160,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.stop = stop or threading.Event()
         self.isolate = isolate
-        self._outage = _OutageLog()
-        #: Each job kind's look for a waiting job with work again (None: its jobs never wait).
-        self._waiting_looks: dict[JobKind[Any, Any], Select[Any] | None] = {}
-        #: :meth:`idle_look`, built at its first use.
-        self._idle_look: Select[Any] | None = None
+        self._outage = OutageLog()
         #: Set when the transaction that stored a job's end found nothing else to claim
         #: (:meth:`idle_look`); read once by the loops (:meth:`_nothing_after_job`).
         self._idle_after_store = False
@@ -272,7 +224,7 @@ class Worker:
             with self.session_factory.begin() as session:
                 now = utcnow()
                 found = self._queued(session, now, lease)
-                for kind in KINDS:
+                for kind in claims.KINDS:
                     if found is not None:
                         break
                     found = self._waiting(session, kind, now, lease)
@@ -310,20 +262,7 @@ class Worker:
         kind says when); ``None`` if there is none, :data:`_ABANDONED` as for :meth:`_queued`.
         The lease and attempt count work as for any claim; a waiting job has ``attempts``
         reset, so the limit counts claims since the last time it had nothing left to do."""
-        if kind not in self._waiting_looks:
-            # Built once per worker (the kind's conditions are public and fixed): QUEUED_LOOK.
-            ready = self._waiting_claimable(kind)
-            self._waiting_looks[kind] = (
-                None
-                if ready is None
-                else select(Release)
-                .join(Dataset, Dataset.id == Release.dataset_id)
-                .where(*ready)
-                .order_by(Release.created_at)
-                .limit(1)
-                .with_for_update(of=Release, skip_locked=True)
-            )
-        look = self._waiting_looks[kind]
+        look = claims.waiting_look(kind)
         if look is None:
             return None
         release = session.execute(look).scalar_one_or_none()
@@ -335,42 +274,9 @@ class Worker:
             return _ABANDONED
         return take_lease(session, release, self.worker_id, now, lease, None)
 
-    @staticmethod
-    def _waiting_claimable(kind: JobKind[Any, Any]) -> list[ColumnElement[bool]] | None:
-        """What makes a waiting job of ``kind`` claimable (``None``: its jobs never wait)."""
-        ready = kind.waiting_claimable()
-        if ready is None:
-            return None
-        return [Release.status == "running", Release.lease_owner.is_(None), *ready]
-
     def idle_look(self) -> Select[Any]:
-        """One statement: is anything claimable besides the release ``release_id``? True when
-        :meth:`_queued`, :meth:`_waiting` (any kind) or :func:`service.registration.claim`
-        would find a job at ``now`` (the same conditions, bound ``now`` and ``worker_id``).
-
-        Asked in the transaction that stores a job's end (:meth:`_store`): when it answers
-        false, the loops wait at once instead of running an empty claim and an empty
-        registration look, two transactions that were a fifth of the worker's bookkeeping per
-        small release (``bench/bench_release_cpu.py``, docs/benchmarks.md). It locks nothing
-        and only decides whether to look now: a job it misses (queued after its snapshot)
-        wakes the idle wait that follows (:mod:`service.wake`) or is found at the next poll,
-        as one queued after an empty claim always was; one it sees but another worker takes
-        first costs the claim it saves."""
-        if self._idle_look is None:
-            looks = [
-                exists().where(QUEUED_CLAIMABLE, Release.id != bindparam("release_id")),
-            ]
-            for kind in KINDS:
-                ready = self._waiting_claimable(kind)
-                if ready is not None:
-                    looks.append(
-                        exists()
-                        .select_from(Release.__table__.join(Dataset.__table__))
-                        .where(*ready, Release.id != bindparam("release_id"))
-                    )
-            looks.append(exists().where(*registration.CLAIMABLE))
-            self._idle_look = select(or_(*looks))
-        return self._idle_look
+        """:func:`service.claims.idle_look`: asked by the store transaction (:meth:`_store`)."""
+        return claims.idle_look()
 
     def heartbeat(self, job: ClaimedJob) -> bool:
         """Extend this worker's lease on ``job``; false if the lease was lost."""

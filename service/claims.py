@@ -1,0 +1,84 @@
+"""What a worker's claims look for: statements built once per process from the job kinds'
+public, fixed conditions (never from a job's data).
+
+:data:`~service.jobs.QUEUED_LOOK` takes a queued or expired job; :func:`waiting_look` a job of
+one kind that waits with its lease given up and has work again (a continual release with a new
+batch); :func:`idle_look` asks, in the transaction that stores a job's end, whether any of
+those or a registration (:data:`service.registration.CLAIMABLE`) is claimable, so that an idle
+worker need not run an empty claim and an empty registration look after each job.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, bindparam, exists, or_, select
+
+from service import registration
+from service.continual import CONTINUAL
+from service.db.models import Dataset, Release
+from service.jobs import QUEUED_CLAIMABLE, JobKind
+from service.oneshot import ONE_SHOT
+
+#: The job kinds under the worker; a waiting job is looked for in this order.
+KINDS: tuple[JobKind[Any, Any], ...] = (ONE_SHOT, CONTINUAL)
+
+
+def waiting_claimable(kind: JobKind[Any, Any]) -> list[ColumnElement[bool]] | None:
+    """What makes a waiting job of ``kind`` claimable (``None``: its jobs never wait)."""
+    ready = kind.waiting_claimable()
+    if ready is None:
+        return None
+    return [Release.status == "running", Release.lease_owner.is_(None), *ready]
+
+
+def waiting_look(kind: JobKind[Any, Any]) -> Select[Any] | None:
+    """The oldest claimable waiting job of ``kind`` (one of :data:`KINDS`), locked (skipping
+    rows another worker holds); ``None`` when the kind's jobs never wait."""
+    return _waiting_looks()[KINDS.index(kind)]
+
+
+@functools.cache
+def _waiting_looks() -> tuple[Select[Any] | None, ...]:
+    looks: list[Select[Any] | None] = []
+    for kind in KINDS:
+        ready = waiting_claimable(kind)
+        looks.append(
+            None
+            if ready is None
+            else select(Release)
+            .join(Dataset, Dataset.id == Release.dataset_id)
+            .where(*ready)
+            .order_by(Release.created_at)
+            .limit(1)
+            .with_for_update(of=Release, skip_locked=True)
+        )
+    return tuple(looks)
+
+
+@functools.cache
+def idle_look() -> Select[Any]:
+    """One statement: is anything claimable besides the release ``release_id``? True when
+    the queued look, a waiting look (any kind) or :func:`service.registration.claim` would
+    find a job at ``now`` (the same conditions, bound ``now`` and ``worker_id``).
+
+    Asked in the transaction that stores a job's end
+    (:meth:`service.worker.Worker._store`): when it answers false, the loops wait at once
+    instead of running an empty claim and an empty registration look, two transactions that
+    were a fifth of the worker's bookkeeping per small release (``bench/bench_release_cpu.py``,
+    docs/benchmarks.md). It locks nothing and only decides whether to look now: a job it
+    misses (queued after its snapshot) wakes the idle wait that follows (:mod:`service.wake`)
+    or is found at the next poll, as one queued after an empty claim always was; one it sees
+    but another worker takes first costs the claim it saves."""
+    looks = [exists().where(QUEUED_CLAIMABLE, Release.id != bindparam("release_id"))]
+    for kind in KINDS:
+        ready = waiting_claimable(kind)
+        if ready is not None:
+            looks.append(
+                exists()
+                .select_from(Release.__table__.join(Dataset.__table__))
+                .where(*ready, Release.id != bindparam("release_id"))
+            )
+    looks.append(exists().where(*registration.CLAIMABLE))
+    return select(or_(*looks))
