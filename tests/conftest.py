@@ -43,6 +43,41 @@ from service.worker import Worker
 # when a test writes outside its temporary directories; and the loud summary of what skipped.
 pytest_plugins = ["tests.sandbox"]
 
+
+#: The longest tests (``--durations`` of a full ``-n 2`` run, 2026-11-29, 10-25 s each), longest
+#: first. Collected first, they start first: xdist's load scheduling hands out tests in
+#: collection order, so one of them collected late runs alone at the end while the other worker
+#: idles. Every parametrization of a name is moved; the order of the rest is pytest's.
+LONG_TESTS = (
+    "tests/test_docs_sessions.py::"
+    "test_every_recorded_output_of_the_cli_page_is_what_the_service_prints",
+    "tests/api/test_metrics.py::test_several_api_processes_add_up_in_multiprocess_mode",
+    "tests/continual/test_continual_processes.py::"
+    "test_a_worker_killed_between_epochs_resumes_without_redrawing_or_recharging",
+    "tests/mechanisms/test_histogram_aggregate.py::test_searched_width_release_audit_negative_control",
+    "tests/mechanisms/test_friendly_aggregate.py::test_audit_negative_control_fails",
+    "tests/api/test_docs_offline.py::test_docs_render_every_operation_offline",
+    "tests/test_accounting_hybrid.py::test_gaussian_noise_within_one_percent_of_basic_and_five_of_pld",
+    "tests/mechanisms/test_privacy_unit_auto.py::"
+    "test_auto_person_level_audit_and_its_row_calibrated_control",
+    "tests/test_readme.py::test_walkthrough_runs_against_dpss_serve",
+    "tests/mechanisms/test_histogram_aggregate.py::test_searched_width_release_audit",
+    "tests/mechanisms/test_friendly_aggregate.py::test_audit_passes",
+    "tests/mechanisms/test_privacy_unit_centre.py::"
+    "test_private_centre_person_level_audit_and_its_row_calibrated_control",
+    "tests/mechanisms/test_gap_perturbation.py::test_projector_audit_negative_control_fails",
+    "tests/test_hybrid_calibration.py::test_default_dataset_gaussian_noise_against_basic_and_pld",
+    "tests/mechanisms/test_gap_perturbation.py::test_projector_audit_passes",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first (:data:`LONG_TESTS`); a stable sort, the same in every worker."""
+    rank = {name: index for index, name in enumerate(LONG_TESTS)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[", 1)[0], len(rank)))
+
+
 POSTGRES_URL = os.environ.get(
     "DPSS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -7,6 +7,7 @@ accountant's (dp-accounting) at N = 10 and 100."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from decimal import Context, Decimal
@@ -206,9 +207,11 @@ def test_one_unprofiled_release_breaks_a_and_b_for_good():
     assert not state._a(tiny) and not state._b(tiny) and state._c(tiny)
 
 
+@functools.cache
 def _pld_sigma(n: int, epsilon: float, delta: float) -> float:
     """dp-accounting's PLD: the smallest sigma whose n-fold Gaussian composition is within
-    ``(epsilon, delta)`` (bisection, 1e-6 relative)."""
+    ``(epsilon, delta)`` (bisection, 1e-6 relative). Cached: a deterministic function of its
+    arguments, asked twice for n = 10 below (and by tests/test_hybrid_calibration.py)."""
     low, high = 0.05, 500.0
     while high / low > 1 + 1e-6:
         mid = math.sqrt(low * high)

@@ -25,6 +25,11 @@ def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: 
     home = tmp_path / "real-home"
     (home / ".local" / "state").mkdir(parents=True)
     monkeypatch.setenv("DPSS_TEST_REAL_HOME", str(home))
+    # Only the plugins the inner runs are about (the guard, xdist: ``_run``): the installed
+    # ones (schemathesis, hypothesis, anyio) cost ~1.4 s of imports in every inner process, 3
+    # of them per ``-n 2`` run, and none of these checks is about them. That they write nothing
+    # into the repository is checked by the guard of this very run, which loads them all.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     return home
 
 
@@ -39,7 +44,15 @@ def _write(pytester: pytest.Pytester, name: str, source: str) -> Path:
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest_subprocess(
-        "-p", "tests.sandbox", "-p", "no:cacheprovider", "--rootdir=repo", "repo", *args
+        "-p",
+        "xdist.plugin",
+        "-p",
+        "tests.sandbox",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir=repo",
+        "repo",
+        *args,
     )
 
 
