@@ -42,10 +42,10 @@ from service.jobs import (
     Outcome,
     RunContext,
 )
-from service.mechanisms.base import InvalidParameter, Mechanism, ReleaseSpec
+from service.mechanisms.base import InvalidParameter, Mechanism, MechanismOutput, ReleaseSpec
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
-from service.prior_projection import on_prior
+from service.prior_projection import on_prior, run_inside
 
 log = logging.getLogger("dpss.worker")
 
@@ -166,16 +166,28 @@ def _execute_person_level(
             delta=spec.delta,
             params=params.model_copy(update={"center": "none"}),
         )
+    bounded_spec = spec
+
+    def bounded_run(inner: Mechanism[Any], rows: Any) -> MechanismOutput:
+        # Inside a public prior's span when there is one (rows projected first: a public
+        # per-row map; a public centre has the prior's m entries then), as the wrapper runs.
+        bounded = privacy_unit.bound_contributions(
+            rows, units, clip_norm, rule, center=public_center
+        )
+        return inner.run(bounded, bounded_spec, secure_generator())
+
     try:
-        data = privacy_unit.bound_contributions(data, units, clip_norm, rule, center=public_center)
+        return Outcome.of(run_inside(mechanism, data, bounded_run))
+    except InvalidParameter:
+        return Outcome.failed(REFUSED_AT_RUN_REASON)
     except Exception as exc:
         log.error(
-            "BUG: release %s: the per-person bound raised %s; recorded as no_result",
+            "BUG: release %s: the per-person bound or %s raised %s; recorded as no_result",
             job.release_id,
+            job.mechanism,
             safe_traceback(exc),
         )
         return Outcome(status="no_result", reason=NO_RELEASE_REASON, extras={})
-    return _run(job, mechanism, data, spec)
 
 
 def _execute_reference(
@@ -210,21 +222,21 @@ def _run(
     """Run the mechanism; with ``units`` (a person-level dataset) per person: on a partition
     of people, with the per-person centre and quantile, or as ``auto`` per person."""
     try:
-        if units is not None and kind == "auto":
-            return Outcome.of(
-                privacy_unit_auto.run_auto(mechanism, data, units, spec, secure_generator())
-            )
-        if units is not None and kind == "centred":
-            return Outcome.of(
-                privacy_unit_centre.run_person_centred(
-                    mechanism, data, units, spec, secure_generator()
-                )
-            )
-        if units is not None:
-            return Outcome.of(
-                privacy_unit.run_partitioned(mechanism, data, units, spec, secure_generator())
-            )
-        return Outcome.of(mechanism.run(data, spec, secure_generator()))
+        if units is None:
+            return Outcome.of(mechanism.run(data, spec, secure_generator()))
+        person_units = units
+        per_person = {
+            "auto": privacy_unit_auto.run_auto,
+            "centred": privacy_unit_centre.run_person_centred,
+            "partitioned": privacy_unit.run_partitioned,
+        }[kind]
+
+        def run(inner: Mechanism[Any], rows: Any) -> MechanismOutput:
+            return per_person(inner, rows, person_units, spec, secure_generator())
+
+        # These runs dispatch on the mechanism itself: a public prior's wrapper is unwrapped
+        # (the rows projected onto the prior, the output lifted), as its own run does.
+        return Outcome.of(run_inside(mechanism, data, run))
     except InvalidParameter:
         return Outcome.failed(REFUSED_AT_RUN_REASON)
     except Exception as exc:

@@ -29,6 +29,7 @@ rows: they describe the variance inside ``span(P)``, which ``extras.prior`` says
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -143,8 +144,16 @@ class _OnPrior(Mechanism[Any]):
         return Preview(scales=scales, meaning=meaning)
 
     def run(self, data: Any, spec: ReleaseSpec[Any], rng: np.random.Generator) -> MechanismOutput:
+        return self.around(data, lambda projected: self.inner.run(projected, spec, rng))
+
+    def around(
+        self, data: Any, run_inner: Callable[[FloatArray], MechanismOutput]
+    ) -> MechanismOutput:
+        """``run_inner`` on the rows projected onto the prior (``n x m``), its basis and centre
+        lifted back to ``d`` dimensions: how :meth:`run` runs the inner mechanism, and how a
+        caller that runs it its own way (per person: :func:`run_inside`) does."""
         projected = project_rows(data, self.prior)
-        output = self.inner.run(projected, spec, rng)
+        output = run_inner(projected)
         extras = dict(output.extras)
         center = extras.get("center")
         if isinstance(center, list) and len(center) == self.dimension:
@@ -156,6 +165,23 @@ class _OnPrior(Mechanism[Any]):
         }
         basis = None if output.basis is None else lift_basis(self.prior, output.basis)
         return MechanismOutput(basis=basis, extras=extras, no_result_reason=output.no_result_reason)
+
+
+def run_inside(
+    mechanism: Mechanism[Any],
+    data: Any,
+    run: Callable[[Mechanism[Any], Any], MechanismOutput],
+) -> MechanismOutput:
+    """``run(inner, rows)`` for a caller that runs a mechanism its own way (the per-person runs
+    of :mod:`service.oneshot`, which dispatch on the mechanism's type or name): with a prior
+    (``mechanism`` from :func:`on_prior`), the inner mechanism on the projected rows and the
+    output lifted, as :meth:`_OnPrior.run` does; otherwise ``run(mechanism, data)``. The
+    projection is a public per-row map (``y = P^T x``, ``||y|| <= ||x||``), so a per-person
+    argument on the rows holds on the projected rows."""
+    if isinstance(mechanism, _OnPrior):
+        inner = mechanism.inner
+        return mechanism.around(data, lambda projected: run(inner, projected))
+    return run(mechanism, data)
 
 
 def on_prior(inner: Mechanism[Any], prior: FloatArray, sha256: str) -> Mechanism[Any]:

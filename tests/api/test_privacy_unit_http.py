@@ -546,3 +546,47 @@ def test_histogram_boosting_is_refused_on_a_person_level_dataset(client, keys, m
     )
     assert response.status_code == 422, response.text
     assert response.json()["detail"].startswith("boost_beta: "), response.text
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "params"),
+    [
+        ("analyze_gauss", {"clip_norm": 1.0}),
+        ("analyze_gauss", {"clip_norm": 1.0, "center": "private"}),
+        ("analyze_gauss", {"clip_norm": 1.0, "center": [0.1, 0.0, -0.1]}),
+        ("spectrum", {"clip_norm": 1.0, "center": "private"}),
+        ("friendly_aggregate", {}),
+        ("histogram_aggregate", {"gamma": 0.1}),
+        ("auto", {"clip_norm": 1.0}),
+    ],
+)
+def test_a_public_prior_is_used_on_every_person_level_path(
+    client, keys, many_people, run_worker, mechanism, params
+):
+    """A public prior (params.prior_basis) on a person-level dataset: every per-person path
+    (plain bound, private centre, partition of people, auto) runs inside the prior's span, as
+    it was prepared and charged, never a charged no_result for a wrapped mechanism nor a run
+    in all d columns that ignores the prior."""
+    body, _ = many_people
+    prior = np.linalg.qr(np.random.default_rng(5).normal(size=(4, 3)))[0]
+    request = {
+        "mechanism": mechanism,
+        "k": 2,
+        "epsilon": "5",
+        "delta": "1e-5",
+        "params": {**params, "prior_basis": prior.tolist()},
+    }
+    release_id = post_release(client, keys.analyst, body["id"], **request)
+    assert run_worker() == 1
+    shown = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert shown["status"] == "succeeded", shown
+    extras = shown["result"]["extras"]
+    assert extras["prior"]["dimension"] == 3, extras
+    if mechanism != "spectrum":
+        basis = np.array(shown["result"]["basis"])
+        assert basis.shape == (4, 2)
+        assert np.linalg.norm(basis - prior @ (prior.T @ basis)) < 1e-9
+    if params.get("center") == "private":
+        centre = np.array(extras["center"])
+        assert centre.shape == (4,)
+        assert np.linalg.norm(centre - prior @ (prior.T @ centre)) < 1e-9
