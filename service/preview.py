@@ -44,6 +44,7 @@ from service.errors import InvalidInput
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import Preview, PreviewValue, ReleaseSpec
 from service.mechanisms.dominance import DominanceWarning, dominance_warnings
+from service.prior_projection import columns_inside
 
 DRY_RUN_IDEMPOTENCY_KEY = (
     "a dry run creates and charges nothing, so it takes no Idempotency-Key; omit the header"
@@ -198,7 +199,11 @@ def preview_release(
         )
         # A private centre or clip quantile per person: the mean's noise at n_units.
         person_scales, person_notes = privacy_unit_centre.preview_scales(
-            prepared.mechanism.name, prepared.spec, dataset.n_units or 0, dataset.n_cols
+            prepared.mechanism.name,
+            prepared.spec,
+            dataset.n_units or 0,
+            # Inside a public prior the run has its m columns (prior_projection.run_inside).
+            columns_inside(prepared.mechanism, dataset.n_cols),
         )
         shown = replace(
             shown,

@@ -167,6 +167,13 @@ class _OnPrior(Mechanism[Any]):
         return MechanismOutput(basis=basis, extras=extras, no_result_reason=output.no_result_reason)
 
 
+def columns_inside(mechanism: Mechanism[Any], n_cols: int) -> int:
+    """The number of columns ``mechanism`` runs in: the prior's ``m`` for a mechanism from
+    :func:`on_prior`, else the dataset's ``n_cols`` (what a caller stating figures of the run
+    outside the mechanism's own preview must use)."""
+    return mechanism.dimension if isinstance(mechanism, _OnPrior) else n_cols
+
+
 def run_inside(
     mechanism: Mechanism[Any],
     data: Any,

@@ -590,3 +590,34 @@ def test_a_public_prior_is_used_on_every_person_level_path(
         centre = np.array(extras["center"])
         assert centre.shape == (4,)
         assert np.linalg.norm(centre - prior @ (prior.T @ centre)) < 1e-9
+
+
+def test_the_dry_run_states_the_per_person_route_the_run_takes_inside_a_prior(
+    client, keys, person_dataset, run_worker
+):
+    """60 people at epsilon 0.7: in all 6 columns the per-person mean's noise fills the ball
+    (route "none"), inside a 3-column prior it does not ("mean"); the dry run must state the
+    route of the columns the release runs in."""
+    body, _, _ = person_dataset
+    prior = np.linalg.qr(np.random.default_rng(6).normal(size=(6, 3)))[0]
+    request = {
+        "mechanism": "analyze_gauss",
+        "k": 2,
+        "epsilon": "0.7",
+        "delta": "1e-7",
+        "params": {"center": "private", "prior_basis": prior.tolist()},
+    }
+    preview = client.post(
+        f"/v1/datasets/{body['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=request,
+    )
+    assert preview.status_code == 200, preview.text
+    (note,) = [m for m in preview.json()["meaning"] if "centring route is chosen" in m]
+    release_id = post_release(client, keys.analyst, body["id"], **request)
+    assert run_worker() == 1
+    shown = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst)).json()
+    assert shown["status"] == "succeeded", shown
+    route = shown["result"]["extras"]["centring"]
+    assert route == "mean"
+    assert f"public facts only: {route} " in note, note
