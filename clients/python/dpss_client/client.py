@@ -42,6 +42,7 @@ from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
 from api_schemas.mechanisms import MechanismInfo, MechanismList
 from api_schemas.priors import Prior, PriorList, PriorWithBasis
 from api_schemas.releases import Epoch, EpochList, Release, ReleasePreview, ReleaseStatus
+from dpss_client.defaults import DEFAULT_URL as DEFAULT_URL
 
 __all__ = [
     "AuthError",
@@ -61,7 +62,6 @@ __all__ = [
     "WaitTimeoutError",
 ]
 
-DEFAULT_URL: Final = "http://127.0.0.1:8000"
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 _M = TypeVar("_M", bound=BaseModel)
