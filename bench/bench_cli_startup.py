@@ -11,7 +11,9 @@ busy the machine is as long as the load is steady over the rounds; absolute seco
 
 Cases: ``import service.cli``, ``dpss --help``, ``dpss datasets --help`` (a client-side group),
 ``dpss releases list --help`` (a client-side command), ``dpss serve --help`` (a server command's
-help) and ``from service import metrics``; ``python -c pass`` is the interpreter's own floor.
+help), ``import dpss_client.client`` (what a remote command such as ``dpss datasets list``
+imports before it sends its request) and ``from service import metrics``; ``python -c pass``
+is the interpreter's own floor.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ CASES: dict[str, list[str]] = {
     "dpss datasets --help": ["-m", "service", "datasets", "--help"],
     "dpss releases list --help": ["-m", "service", "releases", "list", "--help"],
     "dpss serve --help": ["-m", "service", "serve", "--help"],
+    "import dpss_client.client": ["-c", "import dpss_client.client"],
     "from service import metrics": ["-c", "from service import metrics"],
 }
 
