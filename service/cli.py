@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from dpss_client.remote_cli import register_remote_commands
-from service.config import Settings
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from service import audit as audit_module
+    from service.config import Settings
 
 app = typer.Typer(
     help="dp-subspace-service: differentially private subspaces of sensitive data.",
@@ -83,6 +83,7 @@ def migrate() -> None:
     """Bring the database (DPSS_DATABASE_URL) to the newest schema."""
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+    from service.config import Settings
     from service.migrate import upgrade_to_head
 
     settings = Settings()
@@ -104,6 +105,7 @@ def api_app() -> FastAPI:
     engine and pool) from the environment."""
     from service import tracing
     from service.app import create_app
+    from service.config import Settings
 
     settings = Settings()
     _configure_logging(settings)
@@ -125,6 +127,8 @@ def api(
 ) -> None:
     """Run the HTTP API only (production: migrations and workers run separately)."""
     import uvicorn
+
+    from service.config import Settings
 
     settings = Settings()
     _configure_logging(settings)
@@ -189,6 +193,7 @@ def worker(
     """Run a worker: claim queued releases from the database and compute them."""
     from service import audit, tracing
     from service.anchors import AnchorWriter
+    from service.config import Settings
     from service.db.engine import make_engine, make_session_factory
     from service.store import DatasetStore
     from service.worker import Worker
@@ -246,6 +251,7 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
 
     from service import tracing
     from service.app import create_app
+    from service.config import Settings
     from service.migrate import upgrade_to_head
 
     settings = Settings()
@@ -301,6 +307,7 @@ def _local_database(*, must_exist: bool = True) -> Iterator[sessionmaker[Session
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from service import audit
+    from service.config import Settings
     from service.db.engine import make_engine, make_session_factory
 
     try:
@@ -424,6 +431,7 @@ def _anchor_now(factory: sessionmaker[Session]) -> None:
     """Anchor the audit head at once after a key event (a restore must not bring the key back
     unnoticed in the minute before the workers' next anchor); a failure is only a warning."""
     from service.anchors import AnchorWriter
+    from service.config import Settings
 
     settings = Settings()
     if settings.audit_anchor_interval_seconds <= 0:
@@ -507,6 +515,7 @@ def _audit_report(head: str | None, anchors: Path | None = None) -> audit_module
 
     from service import anchors as anchors_module
     from service import audit, datadir
+    from service.config import Settings
     from service.db.models import Base
     from service.migrate import alembic_config
     from service.store import DatasetStore
@@ -680,6 +689,7 @@ def audit_accept_restore() -> None:
     nothing to accept.
     """
     from service import anchors
+    from service.config import Settings
     from service.db.models import RestoreHold
 
     settings = Settings()

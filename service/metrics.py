@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -36,9 +37,10 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from service import spend
-from service.accounting import ACCOUNTINGS
-from service.operations import Figures
+if TYPE_CHECKING:
+    # Only named here: importing them would bring scipy, SQLAlchemy and the mechanisms into
+    # every importer of this module (the API middleware, `dpss api`); the scrape imports them.
+    from service.operations import Figures
 
 MULTIPROCESS_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -181,6 +183,9 @@ class _Snapshot:
     def _spend(self) -> Iterator[Metric]:
         """Spend by accounting, stated as every budget is (:func:`service.spend.statement`):
         epsilon at each dataset's delta_total, with the native rho beside it."""
+        from service import spend
+        from service.accounting import ACCOUNTINGS
+
         labels = ["accounting"]
         datasets = GaugeMetricFamily("dpss_datasets", "Datasets by accounting.", labels=labels)
         spent = GaugeMetricFamily(

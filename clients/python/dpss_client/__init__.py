@@ -13,26 +13,30 @@ are the ``api_schemas`` package of the same distribution.
 
 from __future__ import annotations
 
-from dpss_client.client import (
-    DEFAULT_URL,
-    AuthError,
-    BudgetExceededError,
-    Client,
-    ConflictError,
-    DpssError,
-    InvalidRequestError,
-    NoBasisError,
-    NotFoundError,
-    RegistrationFailed,
-    ReleaseFailed,
-    ReleaseHandle,
-    ReleaseNoResult,
-    ReleaseOutcomeError,
-    ServerError,
-    ServiceUnreachableError,
-    WaitTimeoutError,
-)
-from dpss_client.pca import NotFittedError, PrivatePCA
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpss_client.client import (
+        DEFAULT_URL,
+        AuthError,
+        BudgetExceededError,
+        Client,
+        ConflictError,
+        DpssError,
+        InvalidRequestError,
+        NoBasisError,
+        NotFoundError,
+        RegistrationFailed,
+        ReleaseFailed,
+        ReleaseHandle,
+        ReleaseNoResult,
+        ReleaseOutcomeError,
+        ServerError,
+        ServiceUnreachableError,
+        WaitTimeoutError,
+    )
+    from dpss_client.pca import NotFittedError, PrivatePCA
+
 
 __all__ = [
     "DEFAULT_URL",
@@ -55,3 +59,26 @@ __all__ = [
     "ServiceUnreachableError",
     "WaitTimeoutError",
 ]
+
+#: Where each public name lives. Imported on first use (PEP 562), not with the package: the
+#: ``dpss`` command imports ``dpss_client.remote_cli`` at start, and its ``--help`` needs neither
+#: numpy nor httpx nor pydantic (bench/bench_cli_startup.py).
+_HOME = {
+    name: "dpss_client.pca" if name in ("NotFittedError", "PrivatePCA") else "dpss_client.client"
+    for name in __all__
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'dpss_client' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -26,12 +26,10 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 from uuid import UUID
 
 import httpx
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ValidationError
 
 from api_schemas.audit import AuditEvent, AuditPage
@@ -42,6 +40,13 @@ from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
 from api_schemas.mechanisms import MechanismInfo, MechanismList
 from api_schemas.priors import Prior, PriorList, PriorWithBasis
 from api_schemas.releases import Epoch, EpochList, Release, ReleasePreview, ReleaseStatus
+from dpss_client.defaults import DEFAULT_URL as DEFAULT_URL
+
+if TYPE_CHECKING:
+    # numpy is imported where a basis or an array is handled: the commands that only list,
+    # show or grant (and `dpss --help`) start without it (bench/bench_cli_startup.py).
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = [
     "AuthError",
@@ -61,7 +66,6 @@ __all__ = [
     "WaitTimeoutError",
 ]
 
-DEFAULT_URL: Final = "http://127.0.0.1:8000"
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -252,6 +256,8 @@ class NpyStream(io.RawIOBase):
     """
 
     def __init__(self, array: NDArray[Any]) -> None:
+        import numpy as np
+
         super().__init__()
         if array.dtype.hasobject:
             raise ValueError("object arrays cannot be uploaded; use a numeric dtype")
@@ -376,6 +382,8 @@ _CONTENT_TYPES: Final = {
 
 def basis_sha256(basis: NDArray[np.float64]) -> str:
     """SHA-256 of a basis as the service stores it: little-endian float64, row-major."""
+    import numpy as np
+
     return hashlib.sha256(np.ascontiguousarray(basis, dtype="<f8").tobytes()).hexdigest()
 
 
@@ -546,6 +554,8 @@ class Client:
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
         """
+        import numpy as np
+
         form: dict[str, str] = cost_fields(
             epsilon_budget=epsilon_budget,
             delta_budget=delta_budget,
@@ -715,6 +725,8 @@ class Client:
         """Append a batch of rows to a dataset (owner key); returns the batch with its sequence
         number. ``data`` is a ``.csv``/``.npy``/``.parquet`` path or a 2-D array, as for
         :meth:`upload`, with the dataset's number of columns. All of it is appended or none."""
+        import numpy as np
+
         path = f"/v1/datasets/{dataset_id}/rows"
         if isinstance(data, np.ndarray):
             if data.ndim != 2:
@@ -758,6 +770,8 @@ class Client:
         """Upload a public prior (analyst or owner key): a ``d x m`` basis with orthonormal
         columns, from public data or a fixed transform, never from the private rows. Name it in
         a release with ``prior_id=str(prior.id)``."""
+        import numpy as np
+
         array = np.asarray(basis, dtype=np.float64)
         if array.ndim != 2:
             raise ValueError(f"the prior must be 2-D (d x m), got shape {array.shape}")
@@ -1085,6 +1099,8 @@ def _unknown_query(error: DpssError, name: str) -> bool:
 
 def _with_basis_lists(info: Release, response: httpx.Response) -> Release:
     """``info`` with a ``basis_base64`` answer decoded into ``basis`` (the same numbers)."""
+    import numpy as np
+
     result = info.result
     if result is None or result.basis_base64 is None:
         return info
@@ -1227,6 +1243,8 @@ class ReleaseHandle:
 
     def basis(self) -> NDArray[np.float64]:
         """The released ``d x k`` orthonormal basis of a succeeded release."""
+        import numpy as np
+
         info = self.raise_for_outcome()
         if info.status != "succeeded":
             raise DpssError("not_finished", f"release {info.id} is still {info.status}")
@@ -1316,6 +1334,8 @@ class ReleaseHandle:
         """``for basis in handle.epochs(): ...``: each epoch's ``d x k`` basis of a continual
         release as it is released (checked against its SHA-256); options as
         :meth:`epoch_records`."""
+        import numpy as np
+
         for epoch in self.epoch_records(**wait):
             if epoch.basis is None:
                 continue

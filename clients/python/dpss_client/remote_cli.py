@@ -22,43 +22,28 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
-import httpx
-import numpy as np
 import typer
-from pydantic import BaseModel
+
+# The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
+# schemas, the client, rich.progress) is imported by the commands that use it, so that
+# `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.table import Table
 
-from api_schemas.common import canonical_decimal, format_budget
-from api_schemas.datasets import Budget, Dataset
-from api_schemas.figures import shown
-from api_schemas.grants import Grant
-from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
-from dpss_client.client import (
-    DEFAULT_URL,
-    Client,
-    DpssError,
-    RegistrationFailed,
-    ReleaseFailed,
-    ReleaseHandle,
-    ReleaseNoResult,
-    ServerError,
-    ServiceUnreachableError,
-    UploadProgress,
-    WaitTimeoutError,
-)
+from dpss_client.defaults import DEFAULT_URL
+
+if TYPE_CHECKING:
+    import httpx
+    from pydantic import BaseModel
+
+    from api_schemas.datasets import Budget, Dataset
+    from api_schemas.grants import Grant
+    from api_schemas.releases import Release, ReleasePreview
+    from dpss_client.client import Client, DpssError, ReleaseHandle, UploadProgress
 
 
 class ExitCode(IntEnum):
@@ -75,7 +60,11 @@ class ExitCode(IntEnum):
     TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
 
 
-RELEASE_STATUSES: tuple[str, ...] = get_args(ReleaseStatus)
+def _release_statuses() -> tuple[str, ...]:
+    """The statuses a release can have (``api_schemas.releases.ReleaseStatus``)."""
+    from api_schemas.releases import ReleaseStatus
+
+    return get_args(ReleaseStatus)
 
 
 def make_http_client(url: str, timeout: float) -> httpx.Client | None:
@@ -129,6 +118,8 @@ AllowLargeDeltaOption = Annotated[
 
 
 def _client(url: str, api_key: str | None) -> Client:
+    from dpss_client.client import Client
+
     if not api_key:
         raise typer.BadParameter(
             "no API key: pass --api-key or set DPSS_API_KEY", param_hint="--api-key"
@@ -159,6 +150,15 @@ def _dump(model: BaseModel) -> Any:
 
 
 def _exit_code_for(error: DpssError) -> ExitCode:
+    from dpss_client.client import (
+        RegistrationFailed,
+        ReleaseFailed,
+        ReleaseNoResult,
+        ServerError,
+        ServiceUnreachableError,
+        WaitTimeoutError,
+    )
+
     if isinstance(error, ReleaseNoResult):
         return ExitCode.NO_RESULT
     if isinstance(error, ReleaseFailed | RegistrationFailed):
@@ -192,6 +192,9 @@ _REMAINING_EXTRAS = frozenset(_ERROR_EXTRAS[2:6])
 @contextmanager
 def _service_errors(as_json: bool) -> Iterator[None]:
     """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code."""
+    from api_schemas.common import canonical_decimal
+    from dpss_client.client import DpssError
+
     try:
         yield
     except DpssError as error:
@@ -223,6 +226,8 @@ def _service_errors(as_json: bool) -> Iterator[None]:
 
 def _text(value: Any) -> str:
     """A table cell: budgets in the JSON's plain notation (never "1E-7"), the rest as ``str``."""
+    from api_schemas.common import format_budget
+
     if value is None:
         return ""
     if isinstance(value, Decimal):
@@ -246,6 +251,8 @@ def _six(value: float) -> str:
 def _figure(value: Decimal | None, *, up: bool = False) -> str:
     """A budget figure for people: 4 significant digits, a spent figure or a cost rounded up,
     a total or remaining figure down (exact values: --json)."""
+    from api_schemas.figures import shown
+
     return "" if value is None else shown(value, up=up)
 
 
@@ -402,6 +409,15 @@ datasets_app = typer.Typer(
 def _upload_bar() -> Iterator[UploadProgress | None]:
     """A progress bar on stderr (bytes sent, rate, time left) when it is a terminal, else None:
     piped and scripted runs get no control characters."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     console = _stderr()
     if not console.is_terminal:
         yield None
@@ -896,6 +912,10 @@ def _finish(
     as_json: bool,
 ) -> None:
     """Shared tail of ``releases create`` and ``releases show``: wait, save, print, exit."""
+    import numpy as np
+
+    from dpss_client.client import ReleaseFailed, ReleaseNoResult, WaitTimeoutError
+
     console = _stdout()
     if not as_json and not wait:
         console.print(_kv_table("release", _release_rows(handle.info)))
@@ -1120,8 +1140,9 @@ def releases_list(
 ) -> None:
     """List release history, newest first: an analyst key its own releases, an owner key those
     of its datasets. Without --limit, follows every page."""
-    if status is not None and status not in RELEASE_STATUSES:
-        raise typer.BadParameter(f"one of {', '.join(RELEASE_STATUSES)}", param_hint="--status")
+    statuses = _release_statuses()
+    if status is not None and status not in statuses:
+        raise typer.BadParameter(f"one of {', '.join(statuses)}", param_hint="--status")
     filters: dict[str, Any] = {
         "dataset_id": dataset,
         "status": status,
@@ -1327,6 +1348,8 @@ def priors_upload(
 ) -> None:
     """Upload a public prior (analyst or owner key); name it in a release with
     --param prior_id=ID. It must not be derived from any dataset's private rows."""
+    import numpy as np
+
     with _service_errors(as_json), _client(url, api_key) as client:
         try:
             basis = np.load(file, allow_pickle=False)
