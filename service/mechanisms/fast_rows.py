@@ -565,9 +565,9 @@ def _centred_gram_single(
     applied in float64). Each row from itself alone; the argument is
     :func:`single_centring_fits`'. ``None`` as :func:`_centred_gram_of_known`.
 
-    Work: which rows take the float64 route and their factors in float32 are decided once
-    over all rows; per chunk the scale is ``fl32(min(bound/sqrt(t), 1))`` in reused buffers,
-    the same float32 factor as :func:`clip_factors`' (a row kept by its
+    Work: which rows take the float64 route is decided once over all rows; per chunk the
+    scale is ``fl32(min(bound/sqrt(t), 1))`` in reused buffers, the same float32 factor as
+    :func:`clip_factors`' (a row kept by its
     :data:`ROUNDING_SLACK` has ``bound/sqrt(t) >= 1 - 2^-41``, which rounds to 1 in float32),
     so the same rows to the bit."""
     if _safe_squares(squares, min(bound, clip_norm), squares) is None:
@@ -578,12 +578,13 @@ def _centred_gram_single(
     gram = np.zeros((d, d), dtype=np.float64)
     centred_all = np.empty(n, dtype=np.float64) if centred_out is None else centred_out
     center32 = center.astype(np.float32)
-    # The rows computed in float64 (public thresholds on each row's own norm and factor).
+    # The rows computed in float64 (public thresholds on each row's own norm and factor),
+    # found once (a transient n-byte mask; usually none).
     tame = squares <= 2.0**100
     if factors is not None:
         tame &= factors >= 2.0**-100
     wild_all = np.flatnonzero(~tame)
-    factors32 = None if factors is None else factors.astype(np.float32)
+    del tame
     most = single_rows.shape[0]
     norms32 = np.empty(most, dtype=np.float32)
     scale64 = np.empty(most, dtype=np.float64)
@@ -599,8 +600,8 @@ def _centred_gram_single(
             factor = None if factors is None else factors[start:stop]
             if factor is not None and bool(np.all(factor == 1.0)):
                 factor = None
-            if factor is not None and factors32 is not None:
-                rows *= factors32[start:stop, None]
+            if factor is not None:
+                rows *= factor.astype(np.float32)[:, None]
             rows -= center32
             if wild_all.size:
                 lo, hi = np.searchsorted(wild_all, (start, stop))
