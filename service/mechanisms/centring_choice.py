@@ -487,22 +487,19 @@ def probe_centred_energy(
     n, k = data.shape[0], basis.shape[1]
     known = centred_squares is not None and bool(np.all(np.isfinite(centred_squares)))
     scaled = bool(np.any(counts.row_factors != 1.0))  # a x is x when every a is 1
+    shift: FloatArray | None = basis.T @ center
     if known and single:
-        # U^T (a x): the clipped rows' projections, k contiguous rows of length n.
+        # U^T (a x) - U^T c: the clipped rows' projections, k contiguous rows of length n.
+        factors = counts.row_factors if scaled else None
         products = single_projections(
-            data,
-            basis,
-            counts.row_factors if scaled else None,
-            counts.row_squares,
-            transposed=True,
+            data, basis, factors, counts.row_squares, transposed=True, shift=shift
         )
-        scaled = False
+        scaled, shift = False, None
     elif known:
         products = _projections(data, basis)
     else:
         # [U, c]^T X^T: k + 1 contiguous rows of length n.
         products = _projections(data, np.concatenate([basis, center[:, None]], axis=1))
-    shift = basis.T @ center
     norm_c = float(center @ center)
     captured = 0.0
     residual = 0.0
@@ -511,7 +508,7 @@ def probe_centred_energy(
             stop = min(n, start + DEFAULT_CHUNK_ROWS)
             projected = products[:k, start:stop]
             a = counts.row_factors[start:stop]
-            projected = projected * a if scaled else projected.copy()
+            projected = projected * a if scaled else projected
             if centred_squares is not None and known:
                 centred = centred_squares[start:stop].copy()
             else:
@@ -519,7 +516,8 @@ def probe_centred_energy(
                 squares = counts.row_squares[start:stop]
                 centred = a * a * squares - 2.0 * a * dots if scaled else squares - 2.0 * dots
                 centred = np.maximum(centred + norm_c, 0.0)
-            projected -= shift[:, None]
+            if shift is not None:  # in place: products is this function's own array
+                projected -= shift[:, None]
             inside = np.einsum("ij,ij->j", projected, projected)
             factor = clip_factors(centred, bound)
             if factor is not None:

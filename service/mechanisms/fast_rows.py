@@ -159,13 +159,15 @@ def single_projections(
     squares: FloatArray,
     *,
     transposed: bool = False,
+    shift: FloatArray | None = None,
 ) -> FloatArray:
     """``Y B`` for the clipped rows ``y_i = f_i x_i`` (``factors`` ``f``, ``None``: all 1) and
     ``B = columns`` (``d x b``, ``b`` small), in float32 per chunk (each chunk scaled and
     rounded to float32 in one step, then ``sgemm``), returned in float64: shape ``(n, b)``,
     or ``(b, n)`` when ``transposed``. Each row's products depend on that row only. About 2x
     faster than float64 at 50,000 x 100, b = 10 (the product's cost is the cast chunk's
-    reading)."""
+    reading). ``shift`` (shape ``(b,)``, with ``transposed``): subtracted from each row's
+    products in float64 as they are written (the same values as subtracting afterwards)."""
     n, d = data.shape
     b = columns.shape[1]
     chunk = gram_chunk_rows(d)
@@ -184,7 +186,9 @@ def single_projections(
             rows = round_scaled(block, factor, squares[start:stop], rows32)
             part = products[: block.shape[0]]
             np.matmul(rows, basis32, out=part)
-            if transposed:
+            if transposed and shift is not None:
+                np.subtract(part.T, shift[:, None], out=out[:, start:stop])
+            elif transposed:
                 out[:, start:stop] = part.T
             else:
                 out[start:stop] = part
@@ -559,7 +563,13 @@ def _centred_gram_single(
     rounded), its squared norm ``t`` measured on ``r`` (float32, written into
     ``centred_out``), and ``r`` scaled to ``bound`` by ``t`` (a factor below ``2^-100``
     applied in float64). Each row from itself alone; the argument is
-    :func:`single_centring_fits`'. ``None`` as :func:`_centred_gram_of_known`."""
+    :func:`single_centring_fits`'. ``None`` as :func:`_centred_gram_of_known`.
+
+    Work: which rows take the float64 route is decided once over all rows; per chunk the
+    scale is ``fl32(min(bound/sqrt(t), 1))`` in reused buffers, the same float32 factor as
+    :func:`clip_factors`' (a row kept by its
+    :data:`ROUNDING_SLACK` has ``bound/sqrt(t) >= 1 - 2^-41``, which rounds to 1 in float32),
+    so the same rows to the bit."""
     if _safe_squares(squares, min(bound, clip_norm), squares) is None:
         return None
     n, d = data.shape
@@ -568,12 +578,24 @@ def _centred_gram_single(
     gram = np.zeros((d, d), dtype=np.float64)
     centred_all = np.empty(n, dtype=np.float64) if centred_out is None else centred_out
     center32 = center.astype(np.float32)
+    # The rows computed in float64 (public thresholds on each row's own norm and factor),
+    # found once (a transient n-byte mask; usually none).
+    tame = squares <= 2.0**100
+    if factors is not None:
+        tame &= factors >= 2.0**-100
+    wild_all = np.flatnonzero(~tame)
+    del tame
+    most = single_rows.shape[0]
+    norms32 = np.empty(most, dtype=np.float32)
+    scale64 = np.empty(most, dtype=np.float64)
+    scale32 = np.empty(most, dtype=np.float32)
     start = 0
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         limit = bound * bound * (1.0 + ROUNDING_SLACK)
         for block in iter_row_chunks(data, chunk):
-            stop = start + block.shape[0]
-            rows = single_rows[: block.shape[0]]
+            size = block.shape[0]
+            stop = start + size
+            rows = single_rows[:size]
             np.copyto(rows, block, casting="same_kind")
             factor = None if factors is None else factors[start:stop]
             if factor is not None and bool(np.all(factor == 1.0)):
@@ -581,26 +603,30 @@ def _centred_gram_single(
             if factor is not None:
                 rows *= factor.astype(np.float32)[:, None]
             rows -= center32
-            tame = squares[start:stop] <= 2.0**100
-            if factor is not None:
-                tame &= factor >= 2.0**-100
-            if not bool(tame.all()):
-                wild = np.flatnonzero(~tame)
-                exact = block[wild] if factor is None else block[wild] * factor[wild, None]
-                rows[wild] = exact - center
+            if wild_all.size:
+                lo, hi = np.searchsorted(wild_all, (start, stop))
+                if hi > lo:
+                    wild = wild_all[lo:hi] - start
+                    exact = block[wild] if factor is None else block[wild] * factor[wild, None]
+                    rows[wild] = exact - center
             centred = centred_all[start:stop]
-            centred[...] = _vecdot(rows, rows) if _vecdot is not None else (rows * rows).sum(1)
+            if _vecdot is not None:
+                centred[...] = _vecdot(rows, rows, out=norms32[:size])
+            else:
+                centred[...] = (rows * rows).sum(1)
             start = stop
             if float(centred.max()) > limit:
-                scale = clip_factors(centred, bound)
-                if scale is not None:
-                    tiny = np.flatnonzero(scale < 2.0**-100) if scale.min() < 2.0**-100 else None
-                    kept = (
-                        None if tiny is None else rows[tiny].astype(np.float64) * scale[tiny, None]
-                    )
-                    rows *= scale.astype(np.float32)[:, None]
-                    if tiny is not None:
-                        rows[tiny] = kept
+                # clip_factors' factors, rounded to float32 (see the docstring).
+                scale = scale64[:size]
+                np.sqrt(centred, out=scale)
+                np.divide(bound, scale, out=scale)
+                np.fmin(scale, 1.0, out=scale)
+                tiny = np.flatnonzero(scale < 2.0**-100) if scale.min() < 2.0**-100 else None
+                kept = None if tiny is None else rows[tiny].astype(np.float64) * scale[tiny, None]
+                np.copyto(scale32[:size], scale, casting="same_kind")
+                rows *= scale32[:size, None]
+                if tiny is not None:
+                    rows[tiny] = kept
             _add_single(gram, rows)
     return gram
 
