@@ -113,11 +113,13 @@ def test_rate_limited_answers_are_counted(
 
 
 def test_pool_figures_when_the_app_owns_its_engine(
-    tmp_path: Path, database_urls: dict[str, str]
+    tmp_path: Path, committed_db: tuple[str, sessionmaker[Session]]
 ) -> None:
+    # The app's own engine commits (its admin key and that key's audit event): on a database
+    # emptied after the test, not the shared one later tests' audit chains start from.
     settings = Settings(
         data_dir=tmp_path / "data",
-        database_url=database_urls["sqlite"],
+        database_url=committed_db[0],
         admin_api_key="metrics-admin",
         rate_limit_per_second=0,
         db_pool_size=3,
