@@ -15,6 +15,7 @@ depending on scikit-learn.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import time
 from collections.abc import Sequence
@@ -264,6 +265,23 @@ class PrivatePCA:
                 self._params[name] = value
         return self
 
+    def __sklearn_is_fitted__(self) -> bool:
+        """scikit-learn's ``check_is_fitted`` asks this: fitted once ``fit`` succeeded."""
+        return hasattr(self, "components_")
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's estimator tags (asked by its tools only, so scikit-learn is imported
+        here, never by the client): an unsupervised transformer that must be fitted, whose
+        fits differ run to run (the noise is the privacy)."""
+        utils = importlib.import_module("sklearn.utils")
+        return utils.Tags(
+            estimator_type=None,
+            target_tags=utils.TargetTags(required=False),
+            transformer_tags=utils.TransformerTags(),
+            non_deterministic=True,
+            requires_fit=True,
+        )
+
     def __repr__(self) -> str:
         shown = {k: v for k, v in self.get_params().items() if k != "client"}
         return f"PrivatePCA({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
@@ -280,7 +298,7 @@ class PrivatePCA:
         return "analyze_gauss" if isinstance(self.center, str) and self.center == "none" else "auto"
 
     def _release_params(self) -> dict[str, Any]:
-        params = dict(self._params)
+        params = {name: _plain(value) for name, value in self._params.items()}
         center = self.center
         if isinstance(center, str):
             if center not in ("none", "private"):
@@ -290,7 +308,7 @@ class PrivatePCA:
             if center == "private":
                 params["center"] = "private"
                 if self.center_share is not None:
-                    params["center_share"] = self.center_share
+                    params["center_share"] = _plain(self.center_share)
         else:
             params["center"] = _public_center(center).tolist()
         prior_id = self._prior_id()
@@ -342,10 +360,10 @@ class PrivatePCA:
             )
         try:
             checked = _Request(
-                n_components=self.n_components,
+                n_components=_plain(self.n_components),
                 mechanism=self._mechanism(),
-                center_share=self.center_share,
-                timeout=self.timeout,
+                center_share=_plain(self.center_share),
+                timeout=_plain(self.timeout),
             )
         except ValidationError as error:
             first = error.errors()[0]
@@ -506,10 +524,24 @@ class PrivatePCA:
         return out
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python number it holds (``np.int64(3)`` from ``np.arange`` or a
+    parameter grid is the int 3), anything else unchanged: the strict checks refuse ``"3"``
+    and ``3.0`` for an int, not a NumPy integer."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _rows(x: ArrayLike, width: int, name: str) -> FloatArray:
     rows = np.asarray(x, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != width:
         raise ValueError(f"{name}: expected shape (m, {width}), got {rows.shape}")
+    if not np.all(np.isfinite(rows)):
+        # scikit-learn's rule too: a NaN would silently spread to every coordinate of its row.
+        bad = np.argwhere(~np.isfinite(rows))[0]
+        raise ValueError(
+            f"{name}: contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
+            "impute or drop those rows first"
+        )
     return rows
 
 
