@@ -27,7 +27,15 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpss_client import client as client_module
-from dpss_client.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
+from dpss_client.client import (
+    AuthError,
+    Client,
+    DpssError,
+    NotFoundError,
+    Number,
+    ReleaseHandle,
+    WaitTimeoutError,
+)
 
 #: An explained-variance interval at least this wide means the noise hides the share (the
 #: service's rule, ``explained_variance_hidden_by_noise``; applied here to older releases).
@@ -236,6 +244,9 @@ class PrivatePCA:
         self._params: dict[str, Any] = dict(params)
         #: ``(prior array's SHA-256, its id in the service)``: an array is uploaded once.
         self._uploaded_prior: tuple[str, str] | None = None
+        #: ``(request, handle)`` of a release whose wait timed out: paid for and still
+        #: running, so the next ``fit`` of the same request waits for it instead of paying again.
+        self._pending: tuple[str, ReleaseHandle] | None = None
 
     # ----------------------------------------------------------------------------------------
     # scikit-learn's parameter protocol
@@ -349,7 +360,9 @@ class PrivatePCA:
             The release ended without a result (the message says why and whether the cost
             was refunded).
         dpss_client.client.WaitTimeoutError
-            ``timeout`` seconds passed; the release keeps running in the service.
+            ``timeout`` seconds passed; the release keeps running in the service, its cost
+            charged. Calling ``fit()`` again with the same parameters (``timeout`` aside) waits
+            for that release instead of requesting (and paying for) another.
         dpss_client.client.DpssError
             Any other error from the service (budget exceeded, bad params, ...).
         """
@@ -375,21 +388,43 @@ class PrivatePCA:
         if checked.timeout is not None:
             wait = min(wait, checked.timeout)
         started = time.monotonic()
-        handle = self.client.release(
-            self.dataset_id,
-            checked.mechanism,
-            k=checked.n_components,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            mu=self.mu,
-            rho=self.rho,
-            wait=wait,
-            **params,
+        request = repr(
+            (
+                str(self.dataset_id),
+                checked.mechanism,
+                checked.n_components,
+                *(str(_plain(v)) for v in (self.epsilon, self.delta, self.mu, self.rho)),
+                sorted(params.items()),
+            )
         )
+        if self._pending is not None and self._pending[0] == request:
+            handle = self._pending[1]
+        else:
+            handle = self.client.release(
+                self.dataset_id,
+                checked.mechanism,
+                k=checked.n_components,
+                epsilon=self.epsilon,
+                delta=self.delta,
+                mu=self.mu,
+                rho=self.rho,
+                wait=wait,
+                **params,
+            )
         left = None
         if checked.timeout is not None:
             left = max(checked.timeout - (time.monotonic() - started), 0.0)
-        handle.wait_finished(timeout=left)
+        try:
+            handle.wait_finished(timeout=left)
+        except WaitTimeoutError as error:
+            self._pending = (request, handle)
+            raise WaitTimeoutError(
+                error.code,
+                f"{error.detail}; it keeps running in the service and its cost is charged: "
+                "call fit() again (same parameters, a longer or no timeout) to wait for it "
+                "without paying again",
+            ) from None
+        self._pending = None
         basis = handle.basis()
         self._set_fitted(handle, basis, params)
         return self
