@@ -961,10 +961,14 @@ def _finish(
                 _stderr().print(
                     f"basis ({basis.shape[0]} x {basis.shape[1]}) written to {out}", markup=False
                 )
-    except WaitTimeoutError:
+    except WaitTimeoutError as error:
+        detail = f"{error.detail}; it keeps running: dpss releases show {handle.id} --wait"
         if as_json:
-            _print_json(_dump(handle.info))
-        raise
+            # One document on stdout, as for every error, with the release a script needs.
+            _print_json({"error": error.code, "detail": detail, "release": _dump(handle.info)})
+            _stderr().print(f"error [{error.code}] {detail}", markup=False)
+            raise typer.Exit(int(ExitCode.TIMEOUT)) from None
+        raise WaitTimeoutError(error.code, detail) from None
 
 
 @releases_app.command("create")
