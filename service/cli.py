@@ -244,9 +244,10 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     """Embedded default: migrate, then run the API and a worker in a separate process.
 
     With no configuration this uses SQLite and ./dpss-data: nothing else to install. SIGTERM
-    or SIGINT stops the API, then the worker (it finishes the job in hand, up to
-    ``WORKER_STOP_SECONDS``), then this process.
+    or SIGINT stops the API, then the worker (it finishes the job in hand, up to 10 seconds),
+    then this process.
     """
+    # The help says 10 seconds: WORKER_STOP_SECONDS (--help is for users, not Sphinx).
     import uvicorn
 
     from service import tracing

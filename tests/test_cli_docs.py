@@ -12,6 +12,7 @@ from typing import Any
 import click
 import pytest
 import typer.main
+import typer.testing
 
 from dpss_client.remote_cli import make_app
 from service.cli import app
@@ -190,3 +191,23 @@ def test_the_manual_states_privatepcas_signature():
         if p.kind is not inspect.Parameter.VAR_KEYWORD
     ]
     assert stated == [*actual, "**params"]
+
+
+def test_no_command_help_shows_source_markup():
+    # --help is read by users, not Sphinx: ``NAME`` or :class: there is source markup leaking
+    # (serve's help named its constant ``WORKER_STOP_SECONDS`` instead of the 10 seconds).
+    runner = typer.testing.CliRunner()
+    checked = 0
+    for path in live_commands():
+        shown = runner.invoke(app, [*path.split(), "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (path, shown.output)
+        assert not re.search(r"``|:(class|func|data|meth|attr):", shown.output), (
+            path,
+            shown.output,
+        )
+        checked += 1
+    assert checked > 25
+    from service.cli import WORKER_STOP_SECONDS
+
+    serve = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert f"up to {WORKER_STOP_SECONDS} seconds" in serve

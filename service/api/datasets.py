@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import uuid
 from typing import Any
 
 import anyio.to_thread
@@ -24,7 +23,7 @@ from api_schemas.datasets import (
     DatasetReferenceCreate,
 )
 from service import datasets, privacy_unit, registration
-from service.api.deps import Cursor, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
+from service.api.deps import Cursor, DatasetId, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import form_body, receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
@@ -247,7 +246,7 @@ async def register_reference(
     },
 )
 async def append_reference_batch(
-    dataset_id: uuid.UUID,
+    dataset_id: DatasetId,
     body: DatasetReferenceBatchCreate,
     uow: UnitOfWorkDep,
     settings: SettingsDep,
@@ -289,7 +288,7 @@ async def list_datasets(
     summary="Dataset metadata (never data values).",
     responses=ERRORS,
 )
-async def get_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Dataset:
+async def get_dataset(dataset_id: DatasetId, uow: UnitOfWorkDep) -> Dataset:
     def work(session: Session, principal: Principal) -> Dataset:
         return dataset_out(
             session, datasets.get_dataset(session, principal, dataset_id), principal.key_id
@@ -304,7 +303,7 @@ async def get_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Dataset:
     summary="The dataset's privacy budget.",
     responses=ERRORS,
 )
-async def get_budget(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Budget:
+async def get_budget(dataset_id: DatasetId, uow: UnitOfWorkDep) -> Budget:
     def work(session: Session, principal: Principal) -> Budget:
         return budget_out(*datasets.get_budget(session, principal, dataset_id))
 
@@ -321,7 +320,7 @@ async def get_budget(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> Budget:
     ),
     responses=ERRORS,
 )
-async def delete_dataset(dataset_id: uuid.UUID, uow: UnitOfWorkDep, store: StoreDep) -> Response:
+async def delete_dataset(dataset_id: DatasetId, uow: UnitOfWorkDep, store: StoreDep) -> Response:
     def work(session: Session, principal: Principal) -> None:
         datasets.delete_dataset(session, store, principal, dataset_id)
 
@@ -371,7 +370,7 @@ APPEND_BODY = form_body(
     },
 )
 async def append_rows(
-    dataset_id: uuid.UUID,
+    dataset_id: DatasetId,
     request: Request,
     uow: UnitOfWorkDep,
     store: StoreDep,

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -36,7 +37,7 @@ from typing import Annotated, Any, TypeVar
 import anyio
 import anyio.to_thread
 from anyio.lowlevel import RunVar
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -73,6 +74,24 @@ Cursor = Annotated[
     ),
 ]
 
+# Path ids, described on the API page (what each names and where a client gets it).
+DatasetId = Annotated[
+    uuid.UUID,
+    Path(description="The dataset's id: `id` of the upload's answer or of `GET /v1/datasets`."),
+]
+ReleaseId = Annotated[
+    uuid.UUID,
+    Path(description="The release's id: `id` of the release request's answer or of a listing."),
+]
+GrantId = Annotated[
+    uuid.UUID, Path(description="The grant's id: `id` of `POST .../grants` or of its listing.")
+]
+KeyId = Annotated[
+    uuid.UUID, Path(description="The key's id (not its secret): `id` of `POST /v1/keys`.")
+]
+PriorId = Annotated[
+    uuid.UUID, Path(description="The prior's id: `id` of `POST /v1/priors` or of its listing.")
+]
 
 #: The clock of units of work (a name of this module's, so a test can step it by hand).
 clock = time.monotonic

@@ -141,6 +141,15 @@ def install_error_handlers(app: FastAPI) -> None:
         allowed = _allowed_methods(request) if exc.status_code == 405 else None
         if allowed is not None:
             headers["Allow"] = allowed
+            detail = f"{request.method} is not allowed on this path; it takes {allowed}"
+        elif exc.status_code == 404 and exc.detail == "Not Found":
+            # The router's own 404: no route matched (a handler's 404 names what is missing).
+            # Usually a base URL with a path in it: the client adds /v1/... itself.
+            shown = request.url.path[:200]
+            detail = (
+                f"no such path: {request.method} {shown}; the API's paths are listed at /docs "
+                "(a client's URL is the service's base, e.g. http://127.0.0.1:8000, without /v1)"
+            )
         return JSONResponse(_body(code, detail), exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)

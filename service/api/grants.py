@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from decimal import Decimal
 
 from fastapi import APIRouter
@@ -11,7 +10,7 @@ from sqlalchemy.orm import Session
 from api_schemas.common import ErrorBody
 from api_schemas.grants import Grant, GrantCreate, GrantList
 from service import grants, spend
-from service.api.deps import UnitOfWorkDep
+from service.api.deps import DatasetId, GrantId, UnitOfWorkDep
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 
@@ -69,7 +68,7 @@ def grant_out(view: grants.GrantView) -> Grant:
         },
     },
 )
-async def create_grant(dataset_id: uuid.UUID, body: GrantCreate, uow: UnitOfWorkDep) -> Grant:
+async def create_grant(dataset_id: DatasetId, body: GrantCreate, uow: UnitOfWorkDep) -> Grant:
     def work(session: Session, principal: Principal) -> Grant:
         view = grants.create_grant(
             session,
@@ -92,7 +91,7 @@ async def create_grant(dataset_id: uuid.UUID, body: GrantCreate, uow: UnitOfWork
     summary="A dataset's grants with what each spent and has left (owner).",
     responses={404: {"model": ErrorBody, "description": "No such dataset of yours."}},
 )
-async def list_grants(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> GrantList:
+async def list_grants(dataset_id: DatasetId, uow: UnitOfWorkDep) -> GrantList:
     def work(session: Session, principal: Principal) -> GrantList:
         views = grants.list_grants(session, principal, dataset_id)
         return GrantList(items=[grant_out(view) for view in views], total=len(views))
@@ -111,7 +110,7 @@ async def list_grants(dataset_id: uuid.UUID, uow: UnitOfWorkDep) -> GrantList:
     ),
     responses={404: {"model": ErrorBody, "description": "No such grant on a dataset of yours."}},
 )
-async def revoke_grant(dataset_id: uuid.UUID, grant_id: uuid.UUID, uow: UnitOfWorkDep) -> Grant:
+async def revoke_grant(dataset_id: DatasetId, grant_id: GrantId, uow: UnitOfWorkDep) -> Grant:
     def work(session: Session, principal: Principal) -> Grant:
         return grant_out(grants.revoke_grant(session, principal, dataset_id, grant_id))
 

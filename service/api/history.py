@@ -16,7 +16,7 @@ from api_schemas.common import ErrorBody, Name
 from api_schemas.history import ReleasePage
 from api_schemas.releases import ReleaseStatus
 from service import history
-from service.api.deps import Cursor, UnitOfWorkDep
+from service.api.deps import Cursor, DatasetId, UnitOfWorkDep
 from service.api.presenters import release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
@@ -164,7 +164,7 @@ async def list_releases(
     },
 )
 async def list_dataset_releases(
-    dataset_id: uuid.UUID,
+    dataset_id: DatasetId,
     uow: UnitOfWorkDep,
     filters: FiltersDep,
     limit: ReleaseLimit = 50,

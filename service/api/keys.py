@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
-
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
 from api_schemas.keys import KeyCreate, KeyCreated, KeyInfo, KeyPage
 from service import auth
-from service.api.deps import Cursor, Limit, UnitOfWorkDep
+from service.api.deps import Cursor, KeyId, Limit, UnitOfWorkDep
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 
@@ -53,7 +51,7 @@ async def list_keys(uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = Non
 
 
 @router.delete("/{key_id}", status_code=204, summary="Revoke a key.")
-async def revoke_key(key_id: uuid.UUID, uow: UnitOfWorkDep) -> Response:
+async def revoke_key(key_id: KeyId, uow: UnitOfWorkDep) -> Response:
     def work(session: Session, principal: Principal) -> None:
         auth.require_role(principal, "admin")
         auth.revoke_key(session, key_id, principal.key_id)

@@ -4,7 +4,6 @@ that apply to an analyst, and the audit chain's verification (auditors and admin
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import anyio.to_thread
@@ -25,7 +24,15 @@ from api_schemas.operations import (
     WorkerList,
 )
 from service import operations, spend
-from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep, bearer_secret, database_of
+from service.api.deps import (
+    Cursor,
+    DatasetId,
+    Limit,
+    SettingsDep,
+    UnitOfWorkDep,
+    bearer_secret,
+    database_of,
+)
 from service.api.grants import grant_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, authenticate
@@ -122,7 +129,7 @@ async def queue(uow: UnitOfWorkDep) -> QueueState:
     },
 )
 async def ledger(
-    dataset_id: uuid.UUID, uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = None
+    dataset_id: DatasetId, uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = None
 ) -> LedgerPage:
     def work(session: Session, principal: Principal) -> operations.LedgerView:
         return operations.page_ledger(session, principal, dataset_id, limit, cursor)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import anyio.to_thread
@@ -13,7 +12,7 @@ from sqlalchemy.orm import Session
 from api_schemas.common import ErrorBody
 from api_schemas.priors import Prior, PriorCreate, PriorList, PriorWithBasis
 from service import priors
-from service.api.deps import Cursor, Limit, SettingsDep, StoreDep, UnitOfWorkDep
+from service.api.deps import Cursor, Limit, PriorId, SettingsDep, StoreDep, UnitOfWorkDep
 from service.api.multipart import form_body, receive_upload
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
@@ -112,7 +111,7 @@ async def list_priors(uow: UnitOfWorkDep, limit: Limit = 100, cursor: Cursor = N
     summary="A public prior with its basis (analyst or owner).",
     responses={**ERRORS, 404: {"model": ErrorBody, "description": "No such prior."}},
 )
-async def get_prior(prior_id: uuid.UUID, uow: UnitOfWorkDep) -> PriorWithBasis:
+async def get_prior(prior_id: PriorId, uow: UnitOfWorkDep) -> PriorWithBasis:
     def work(session: Session, principal: Principal) -> PriorWithBasis:
         row = priors.get(session, principal, prior_id, with_basis=True)
         return PriorWithBasis(**prior_out(row).model_dump(), basis=priors.matrix_of(row).tolist())

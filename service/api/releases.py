@@ -22,7 +22,7 @@ from api_schemas.releases import (
     ReleaseRequest,
 )
 from service import continual, preview, releases, visibility
-from service.api.deps import Cursor, Limit, SettingsDep, UnitOfWorkDep
+from service.api.deps import Cursor, DatasetId, Limit, ReleaseId, SettingsDep, UnitOfWorkDep
 from service.api.presenters import BasisFormat, epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
@@ -91,7 +91,7 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
     },
 )
 async def create_release(
-    dataset_id: uuid.UUID,
+    dataset_id: DatasetId,
     body: ReleaseRequest,
     uow: UnitOfWorkDep,
     settings: SettingsDep,
@@ -239,7 +239,7 @@ class _Read:
     },
 )
 async def get_release(
-    release_id: uuid.UUID,
+    release_id: ReleaseId,
     uow: UnitOfWorkDep,
     request: Request,
     wait: Wait = None,
@@ -299,7 +299,7 @@ _R = TypeVar("_R", bound="_Read | _EpochRead")
 
 async def _long_poll(
     request: Request,
-    release_id: uuid.UUID,
+    release_id: ReleaseId,
     wait: float,
     read_once: Callable[[], Awaitable[_R]],
     done: Callable[[_R], bool],
@@ -399,7 +399,7 @@ class _EpochRead:
     },
 )
 async def list_epochs(
-    release_id: uuid.UUID,
+    release_id: ReleaseId,
     uow: UnitOfWorkDep,
     request: Request,
     limit: Limit = 100,

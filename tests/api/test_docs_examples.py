@@ -44,6 +44,24 @@ def test_every_operation_has_examples_that_validate(client):
     assert checked > 100
 
 
+def test_every_parameter_is_described(client):
+    # The README promises "every field is described": path ids (dataset_id, release_id, ...)
+    # were bare UUIDs on the page, saying neither whose id nor where it comes from.
+    document = client.get("/openapi.json").json()
+    bare = [
+        (method, path, parameter["name"])
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+        for parameter in operation.get("parameters", [])
+        if len(parameter.get("description") or parameter["schema"].get("description") or "") < 10
+    ]
+    assert not bare
+    assert (
+        sum(len(op.get("parameters", [])) for m in document["paths"].values() for op in m.values())
+        > 40
+    )
+
+
 def test_every_tag_has_a_description(client):
     document = client.get("/openapi.json").json()
     described = {tag["name"]: tag["description"] for tag in document["tags"]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,20 @@ def test_a_405_lists_every_method_of_the_path(client, keys):
     assert response.status_code == 405
     assert set(response.headers["allow"].split(", ")) >= {"GET", "POST"}
     assert response.json()["error"] == "method_not_allowed"
+
+
+def test_an_unknown_path_says_which_and_where_the_paths_are(client, keys):
+    # A new user's base URL with /v1 in it (Client("http://host:8000/v1")) got "Not Found".
+    response = client.get("/v1/v1/datasets", headers=bearer(keys.owner))
+    assert response.status_code == 404
+    body = response.json()
+    assert body["error"] == "not_found"
+    assert "GET /v1/v1/datasets" in body["detail"] and "/docs" in body["detail"]
+    # A 404 of an existing path (no such dataset) keeps its own message.
+    missing = client.get(f"/v1/datasets/{uuid.uuid4()}", headers=bearer(keys.owner))
+    assert missing.status_code == 404 and "/docs" not in missing.json()["detail"]
+    refused = client.put("/v1/keys", headers=bearer(keys.admin)).json()["detail"]
+    assert "PUT" in refused and "GET" in refused and "POST" in refused
 
 
 def test_unknown_query_parameters_are_refused(client, keys):

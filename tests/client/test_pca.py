@@ -271,10 +271,20 @@ def test_fit_raises_on_no_result_and_timeout(
     with pytest.raises(ReleaseNoResult, match="declined to release"):
         pca.fit()
     assert not hasattr(pca, "components_")
+    run_worker = client_module._sleep
     monkeypatch.setattr(client_module, "_sleep", lambda _seconds: None)  # the worker never runs
-    with pytest.raises(WaitTimeoutError, match="still queued"):
+    with pytest.raises(WaitTimeoutError, match="still queued") as timed_out:
         pca.set_params(mechanism="analyze_gauss", timeout=0.01).fit()
     assert not hasattr(pca, "components_")
+    # The timed-out release is paid for and keeps running: the message says how to get it,
+    # and fit() again with the same parameters waits for it instead of paying again.
+    assert "call fit() again" in str(timed_out.value)
+    spent = owner.budget(ds.id).epsilon_spent
+    monkeypatch.setattr(client_module, "_sleep", run_worker)
+    pca.set_params(timeout=None).fit()
+    assert str(pca.release_id_) in str(timed_out.value)
+    assert owner.budget(ds.id).epsilon_spent == spent
+    assert pca.components_.shape == (2, 5)
 
 
 class _StubInfo:

@@ -250,6 +250,60 @@ def test_out_for_a_mechanism_without_basis_is_refused_before_charging(
     assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
 
 
+def test_out_in_a_missing_directory_is_refused_before_charging(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, worker_sleep: None
+) -> None:
+    # A new user's typo in --out used to be found after the release was paid for, as a
+    # traceback (FileNotFoundError) with exit 1.
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=27))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    for command in (
+        [
+            "releases",
+            "create",
+            ds["id"],
+            "--mechanism",
+            "analyze_gauss",
+            "--k",
+            "2",
+            "--epsilon",
+            "0.5",
+            "--delta",
+            "1e-6",
+        ],
+        ["releases", "show", "00000000-0000-0000-0000-000000000000"],
+    ):
+        result = dpss(*command, "--out", str(tmp_path / "no-such-dir" / "b.npy"), key=analyst)
+        assert result.exit_code == ExitCode.USAGE, result.output
+        assert "no-such-dir" in result.output and "does not exist" in result.output
+        assert "Traceback" not in result.output
+    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+
+
+def test_a_timeout_with_json_prints_one_document_naming_the_release(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    # docs/cli.md: with --json stdout carries exactly one JSON document, also for errors. A
+    # --wait --timeout used to print the release and then the error: two documents, no jq.
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=27))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    result = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "2",
+        "--epsilon", "0.5", "--delta", "1e-6", "--wait", "--timeout", "0.01", "--json",
+        key=analyst,
+    )  # fmt: skip
+    assert result.exit_code == ExitCode.TIMEOUT, result.output
+    body = _json(result)
+    assert body["error"] == "timeout" and body["release"]["status"] in ("queued", "running")
+    release_id = body["release"]["id"]
+    assert f"dpss releases show {release_id} --wait" in body["detail"]
+    shown = dpss("releases", "show", release_id, "--wait", "--timeout", "0.01", key=analyst)
+    assert shown.exit_code == ExitCode.TIMEOUT
+    assert f"dpss releases show {release_id} --wait" in shown.stderr
+
+
 @pytest.mark.parametrize("columns", [50, 130])
 def test_tables_fold_on_a_narrow_terminal_and_write_budgets_as_the_json_does(
     dpss: Dpss, make_key: MakeKey, tmp_path: Path, worker_sleep: None, columns: int

@@ -149,7 +149,10 @@ class Dataset(Schema):
     )
     n_cols: int = Field(description="Number of columns (dimension d); public.")
     row_norm_bound: float | None = Field(
-        description="Public bound C on row norms declared by the owner, used as default clip norm."
+        description=(
+            "Public bound C on row norms declared by the owner, used as default clip norm; "
+            "null: none declared, so each release sends `params.clip_norm`."
+        )
     )
     budget: Budget = Field(description="Current budget.")
     created_at: datetime = Field(description="Upload time (UTC).")
@@ -299,7 +302,8 @@ class DatasetCreate(RequestSchema):
         default=None,
         description=(
             "Public bound C on row norms, the default clip norm of releases. Declare it from "
-            "domain knowledge; it must not be computed from the data."
+            "domain knowledge; it must not be computed from the data. Optional: without it "
+            "every release must send its own `params.clip_norm` (refused with 422 otherwise)."
         ),
     )
     accounting: Accounting | None = Field(

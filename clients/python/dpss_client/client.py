@@ -365,7 +365,10 @@ def _decimal_str(value: Number, field: str) -> str:
     if isinstance(value, bool):
         raise TypeError(f"{field} must be a number, not a bool")
     try:
-        dec = Decimal(repr(value)) if isinstance(value, float) else Decimal(str(value).strip())
+        # float(value): numpy's float64 is a float whose repr is "np.float64(0.1)".
+        dec = (
+            Decimal(repr(float(value))) if isinstance(value, float) else Decimal(str(value).strip())
+        )
     except InvalidOperation:
         raise ValueError(f"{field} must be a decimal number, got {value!r}") from None
     if not dec.is_finite():
@@ -425,6 +428,12 @@ class Client:
         self._no_basis_format = False
         #: Set when the service refused ``wait`` on a release request (a version without it).
         self._no_release_wait = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Client:
+        """The same client: a connection (its socket pool, locks and key) is shared, not
+        copied. ``copy.deepcopy`` of an object holding it, e.g. scikit-learn's ``clone`` of a
+        :class:`~dpss_client.pca.PrivatePCA`, keeps talking to the service through it."""
+        return self
 
     def _timeout_plus(self, seconds: float) -> httpx.Timeout:
         """This client's timeouts with ``seconds`` more to read the answer (a long poll)."""

@@ -15,6 +15,7 @@ depending on scikit-learn.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import time
 from collections.abc import Sequence
@@ -26,7 +27,15 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dpss_client import client as client_module
-from dpss_client.client import AuthError, Client, DpssError, NotFoundError, Number, ReleaseHandle
+from dpss_client.client import (
+    AuthError,
+    Client,
+    DpssError,
+    NotFoundError,
+    Number,
+    ReleaseHandle,
+    WaitTimeoutError,
+)
 
 #: An explained-variance interval at least this wide means the noise hides the share (the
 #: service's rule, ``explained_variance_hidden_by_noise``; applied here to older releases).
@@ -235,6 +244,9 @@ class PrivatePCA:
         self._params: dict[str, Any] = dict(params)
         #: ``(prior array's SHA-256, its id in the service)``: an array is uploaded once.
         self._uploaded_prior: tuple[str, str] | None = None
+        #: ``(request, handle)`` of a release whose wait timed out: paid for and still
+        #: running, so the next ``fit`` of the same request waits for it instead of paying again.
+        self._pending: tuple[str, ReleaseHandle] | None = None
 
     # ----------------------------------------------------------------------------------------
     # scikit-learn's parameter protocol
@@ -264,6 +276,23 @@ class PrivatePCA:
                 self._params[name] = value
         return self
 
+    def __sklearn_is_fitted__(self) -> bool:
+        """scikit-learn's ``check_is_fitted`` asks this: fitted once ``fit`` succeeded."""
+        return hasattr(self, "components_")
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's estimator tags (asked by its tools only, so scikit-learn is imported
+        here, never by the client): an unsupervised transformer that must be fitted, whose
+        fits differ run to run (the noise is the privacy)."""
+        utils = importlib.import_module("sklearn.utils")
+        return utils.Tags(
+            estimator_type=None,
+            target_tags=utils.TargetTags(required=False),
+            transformer_tags=utils.TransformerTags(),
+            non_deterministic=True,
+            requires_fit=True,
+        )
+
     def __repr__(self) -> str:
         shown = {k: v for k, v in self.get_params().items() if k != "client"}
         return f"PrivatePCA({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
@@ -280,7 +309,7 @@ class PrivatePCA:
         return "analyze_gauss" if isinstance(self.center, str) and self.center == "none" else "auto"
 
     def _release_params(self) -> dict[str, Any]:
-        params = dict(self._params)
+        params = {name: _plain(value) for name, value in self._params.items()}
         center = self.center
         if isinstance(center, str):
             if center not in ("none", "private"):
@@ -290,7 +319,7 @@ class PrivatePCA:
             if center == "private":
                 params["center"] = "private"
                 if self.center_share is not None:
-                    params["center_share"] = self.center_share
+                    params["center_share"] = _plain(self.center_share)
         else:
             params["center"] = _public_center(center).tolist()
         prior_id = self._prior_id()
@@ -331,7 +360,9 @@ class PrivatePCA:
             The release ended without a result (the message says why and whether the cost
             was refunded).
         dpss_client.client.WaitTimeoutError
-            ``timeout`` seconds passed; the release keeps running in the service.
+            ``timeout`` seconds passed; the release keeps running in the service, its cost
+            charged. Calling ``fit()`` again with the same parameters (``timeout`` aside) waits
+            for that release instead of requesting (and paying for) another.
         dpss_client.client.DpssError
             Any other error from the service (budget exceeded, bad params, ...).
         """
@@ -342,10 +373,10 @@ class PrivatePCA:
             )
         try:
             checked = _Request(
-                n_components=self.n_components,
+                n_components=_plain(self.n_components),
                 mechanism=self._mechanism(),
-                center_share=self.center_share,
-                timeout=self.timeout,
+                center_share=_plain(self.center_share),
+                timeout=_plain(self.timeout),
             )
         except ValidationError as error:
             first = error.errors()[0]
@@ -357,21 +388,43 @@ class PrivatePCA:
         if checked.timeout is not None:
             wait = min(wait, checked.timeout)
         started = time.monotonic()
-        handle = self.client.release(
-            self.dataset_id,
-            checked.mechanism,
-            k=checked.n_components,
-            epsilon=self.epsilon,
-            delta=self.delta,
-            mu=self.mu,
-            rho=self.rho,
-            wait=wait,
-            **params,
+        request = repr(
+            (
+                str(self.dataset_id),
+                checked.mechanism,
+                checked.n_components,
+                *(str(_plain(v)) for v in (self.epsilon, self.delta, self.mu, self.rho)),
+                sorted(params.items()),
+            )
         )
+        if self._pending is not None and self._pending[0] == request:
+            handle = self._pending[1]
+        else:
+            handle = self.client.release(
+                self.dataset_id,
+                checked.mechanism,
+                k=checked.n_components,
+                epsilon=self.epsilon,
+                delta=self.delta,
+                mu=self.mu,
+                rho=self.rho,
+                wait=wait,
+                **params,
+            )
         left = None
         if checked.timeout is not None:
             left = max(checked.timeout - (time.monotonic() - started), 0.0)
-        handle.wait_finished(timeout=left)
+        try:
+            handle.wait_finished(timeout=left)
+        except WaitTimeoutError as error:
+            self._pending = (request, handle)
+            raise WaitTimeoutError(
+                error.code,
+                f"{error.detail}; it keeps running in the service and its cost is charged: "
+                "call fit() again (same parameters, a longer or no timeout) to wait for it "
+                "without paying again",
+            ) from None
+        self._pending = None
         basis = handle.basis()
         self._set_fitted(handle, basis, params)
         return self
@@ -506,10 +559,24 @@ class PrivatePCA:
         return out
 
 
+def _plain(value: Any) -> Any:
+    """A NumPy scalar as the Python number it holds (``np.int64(3)`` from ``np.arange`` or a
+    parameter grid is the int 3), anything else unchanged: the strict checks refuse ``"3"``
+    and ``3.0`` for an int, not a NumPy integer."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
 def _rows(x: ArrayLike, width: int, name: str) -> FloatArray:
     rows = np.asarray(x, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != width:
         raise ValueError(f"{name}: expected shape (m, {width}), got {rows.shape}")
+    if not np.all(np.isfinite(rows)):
+        # scikit-learn's rule too: a NaN would silently spread to every coordinate of its row.
+        bad = np.argwhere(~np.isfinite(rows))[0]
+        raise ValueError(
+            f"{name}: contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
+            "impute or drop those rows first"
+        )
     return rows
 
 

@@ -99,12 +99,28 @@ TimeoutOption = Annotated[
     float | None,
     typer.Option("--timeout", min=0.0, help="Give up waiting after this many seconds (exit 8)."),
 ]
+
+
+def _writable_out(out: Path | None) -> Path | None:
+    """``--out`` checked before anything is requested: click's ``writable`` tests an existing
+    file only, so a missing or read-only directory was found after the release was paid for."""
+    if out is None:
+        return None
+    folder = out.parent
+    if not folder.is_dir():
+        raise typer.BadParameter(f"directory {folder} does not exist", param_hint="--out")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise typer.BadParameter(f"directory {folder} is not writable", param_hint="--out")
+    return out
+
+
 OutOption = Annotated[
     Path | None,
     typer.Option(
         "--out",
         dir_okay=False,
         writable=True,
+        callback=_writable_out,
         help="Write the basis as a .npy file (implies --wait).",
     ),
 ]
@@ -950,16 +966,29 @@ def _finish(
             raise typer.Exit(int(_exit_code_for(outcome)))
         if out is not None:
             basis = handle.basis()
-            with out.open("wb") as fh:
-                np.save(fh, basis)
+            try:
+                with out.open("wb") as fh:
+                    np.save(fh, basis)
+            except OSError as exc:
+                # Checked before the request, but the disk can still fill or change meanwhile.
+                _stderr().print(
+                    f"error: cannot write the basis to {out} ({exc.strerror or exc}); release "
+                    f"{handle.id} is paid for: dpss releases show {handle.id} --out OTHER.npy",
+                    markup=False,
+                )
+                raise typer.Exit(int(ExitCode.ERROR)) from None
             if not as_json:
                 _stderr().print(
                     f"basis ({basis.shape[0]} x {basis.shape[1]}) written to {out}", markup=False
                 )
-    except WaitTimeoutError:
+    except WaitTimeoutError as error:
+        detail = f"{error.detail}; it keeps running: dpss releases show {handle.id} --wait"
         if as_json:
-            _print_json(_dump(handle.info))
-        raise
+            # One document on stdout, as for every error, with the release a script needs.
+            _print_json({"error": error.code, "detail": detail, "release": _dump(handle.info)})
+            _stderr().print(f"error [{error.code}] {detail}", markup=False)
+            raise typer.Exit(int(ExitCode.TIMEOUT)) from None
+        raise WaitTimeoutError(error.code, detail) from None
 
 
 @releases_app.command("create")
