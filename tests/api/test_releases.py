@@ -44,6 +44,8 @@ def test_ten_releases_of_a_tenth_fit_a_budget_of_one_exactly(client, keys, datas
     assert body["error"] == "budget_exceeded"
     assert body["epsilon_remaining"] == "0"
     assert body["delta_remaining"] == "0.000009"
+    # The refusal says what the analyst can do next.
+    assert "dry run" in body["detail"] and "ask the dataset's owner to raise" in body["detail"]
     assert budget(client, keys.analyst, dataset["id"])["epsilon_spent"] == "1"
 
 
@@ -163,7 +165,8 @@ def test_a_refusal_says_what_the_release_lacks(client, keys, dataset):
     for _ in range(10):
         assert request(client, keys.analyst, dataset["id"]).status_code == 202
     refused = request(client, keys.analyst, dataset["id"]).json()
-    assert refused["detail"].endswith(": epsilon 0 left, it needs 0.1"), refused["detail"]
+    detail = refused["detail"]
+    assert "remaining budget: epsilon 0 left, it needs 0.1. Ask for less" in detail, detail
 
 
 def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, upload_dataset, rng):
