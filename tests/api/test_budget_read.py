@@ -45,6 +45,21 @@ def engine(engines: dict[str, Engine], backend: str) -> Engine:
     return engines[backend]
 
 
+def refund_of(charge: LedgerEntry, *, hours: float, **columns: Any) -> LedgerEntry:
+    """A refund of ``charge``'s epsilon, delta and rho (and ``columns``), in effect ``hours``
+    from now: written by hand, so that a test sets when it takes effect."""
+    return LedgerEntry(
+        dataset_id=charge.dataset_id,
+        release_id=charge.release_id,
+        kind="refund",
+        epsilon=charge.epsilon,
+        delta=charge.delta,
+        rho=charge.rho,
+        created_at=utcnow() + timedelta(hours=hours),
+        **columns,
+    )
+
+
 def budget_url(dataset_id: str) -> str:
     return f"/v1/datasets/{dataset_id}/budget"
 
@@ -106,17 +121,7 @@ def test_the_budget_read_agrees_with_the_ledger_and_counts_refunds_once_in_effec
                     LedgerEntry.release_id == uuid.UUID(release), LedgerEntry.kind == "charge"
                 )
             ).scalar_one()
-            session.add(
-                LedgerEntry(
-                    dataset_id=charge.dataset_id,
-                    release_id=charge.release_id,
-                    kind="refund",
-                    epsilon=charge.epsilon,
-                    delta=charge.delta,
-                    rho=charge.rho,
-                    created_at=utcnow() + timedelta(hours=shift),
-                )
-            )
+            session.add(refund_of(charge, hours=shift))
     for key in (keys.owner, keys.analyst):
         answer = client.get(budget_url(dataset), headers=bearer(key)).json()
         assert answer == expected()
@@ -196,19 +201,7 @@ def test_a_hybrid_budget_read_agrees_with_the_ledger_and_a_refund_zeroes_its_rel
                 LedgerEntry.release_id == uuid.UUID(released[2]), LedgerEntry.kind == "charge"
             )
         ).scalar_one()
-        session.add(
-            LedgerEntry(
-                dataset_id=charge.dataset_id,
-                release_id=charge.release_id,
-                kind="refund",
-                epsilon=charge.epsilon,
-                delta=charge.delta,
-                rho=charge.rho,
-                gdp=charge.gdp,
-                zcdp_delta=charge.zcdp_delta,
-                created_at=utcnow() - timedelta(hours=1),
-            )
-        )
+        session.add(refund_of(charge, hours=-1, gdp=charge.gdp, zcdp_delta=charge.zcdp_delta))
     for key in (keys.owner, keys.analyst):
         answer = client.get(budget_url(dataset), headers=bearer(key)).json()
         assert answer == expected() != charged
@@ -342,17 +335,7 @@ def test_budgets_of_several_datasets_read_as_each_alone(
             .first()
         )
         assert charge is not None
-        session.add(
-            LedgerEntry(
-                dataset_id=charge.dataset_id,
-                release_id=charge.release_id,
-                kind="refund",
-                epsilon=charge.epsilon,
-                delta=charge.delta,
-                rho=charge.rho,
-                created_at=utcnow() + timedelta(hours=1),
-            )
-        )
+        session.add(refund_of(charge, hours=1))
     with session_factory() as session:
         rows = [session.get(Dataset, dataset_id) for dataset_id in ids]
         assert all(row is not None for row in rows)
