@@ -122,11 +122,25 @@ def test_the_client_works_with_a_service_without_the_parameters(
     sent: list[httpx.Request] = []
     older = _older_service(service, refused, sent)
     analyst = Client("http://older", service.keys["analyst"], http=older)
-    worker = threading.Thread(target=lambda: (time.sleep(0.3), service.worker.run_pending()))
+    finished = threading.Event()
+
+    def work() -> None:
+        # Until the release has run, however long the refused requests took to make it (one
+        # run_pending after a fixed pause found nothing on a busy machine, and the release
+        # stayed queued).
+        while not finished.is_set():
+            if service.worker.run_pending():
+                return
+            time.sleep(0.05)
+
+    worker = threading.Thread(target=work)
     worker.start()
-    handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=20)
-    basis = handle.wait(timeout=20)
-    worker.join()
+    try:
+        handle = analyst.release(service.dataset, "analyze_gauss", 2, "0.1", "1e-7", wait=20)
+        basis = handle.wait(timeout=20)
+    finally:
+        finished.set()
+        worker.join()
     assert basis.shape == (6, 2)
     # Charged once: one release made, whatever was refused on the way.
     listed = service.client.get("/v1/releases", headers=bearer(service.keys["analyst"])).json()
