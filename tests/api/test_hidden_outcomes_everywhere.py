@@ -7,8 +7,9 @@ this enumerates **every GET route of the app** (so a new route is probed the day
 fills each path parameter with every id the probe holds, adds the query variants that could
 show a status or a refund (status and mechanism filters, page sizes and the cursor's next
 page, bases, dry runs priced at and past the budget left, ``forecast_from`` each release),
-and a real request that only a refund would admit; then runs the worker on three jobs ending
-three ways and compares every answer, byte for byte, for both analysts.
+and a real request that only a refund would admit; then runs the worker on six jobs ending (one-shot: succeeded, no_result, failed and refunded; continual: ended, running,
+failed and refunded at its first epoch) and compares every answer, byte for byte, for both
+analysts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import auth, oneshot
+from service import auth, continual, oneshot
 from service.app import create_app
 from service.auth import Role
 from service.config import Settings
@@ -36,10 +37,20 @@ from tests.factories import near_subspace
 HOUR = 3600.0
 #: Headers that differ between any two answers whatever the release.
 PER_REQUEST_HEADERS = ("date", "x-request-id")
-#: The three ends, by the request's epsilon (the probe's own marker).
-ENDS = {"0.1": "succeeded", "0.2": "no_result", "0.3": "failed"}
-#: The grant: exactly the three charges, so only a refund could admit another request.
-GRANT_EPSILON = "0.6"
+ONE_SHOT = {"mechanism": "analyze_gauss", "k": 2, "delta": "1e-7"}
+CONTINUAL = {"mechanism": "continual_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-6"}
+#: The releases and how each ends: one-shot releases three ways, and continual ones ended at
+#: their horizon, still running after their first epoch, and failed (refunded) at their first.
+REQUESTS: list[tuple[dict[str, Any], str]] = [
+    ({**ONE_SHOT, "epsilon": "0.1"}, "succeeded"),
+    ({**ONE_SHOT, "epsilon": "0.2"}, "no_result"),
+    ({**ONE_SHOT, "epsilon": "0.3"}, "failed"),
+    ({**CONTINUAL, "params": {"horizon": 1}}, "succeeded"),
+    ({**CONTINUAL, "params": {"horizon": 3}}, "running"),
+    ({**CONTINUAL, "params": {"horizon": 2}}, "failed"),
+]
+#: The grant: exactly the charges, so only a refund could admit another request.
+GRANT_EPSILON = "2.1"
 
 
 @pytest.fixture
@@ -191,12 +202,8 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
     ids["grant_id"] = [str(granted.json()["id"])]
     ids["release_id"] = []
     ends: dict[str, str] = {}
-    for epsilon, end in ENDS.items():
-        made = padded.post(
-            f"/v1/datasets/{dataset}/releases",
-            headers=bearer(keys["a"]),
-            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": epsilon, "delta": "1e-7"},
-        )
+    for body, end in REQUESTS:
+        made = padded.post(f"/v1/datasets/{dataset}/releases", headers=bearer(keys["a"]), json=body)
         assert made.status_code == 202, made.text
         ids["release_id"].append(str(made.json()["id"]))
         ends[str(made.json()["id"])] = end
@@ -213,23 +220,30 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
         return real(job, context, prior)
 
     monkeypatch.setattr(oneshot, "execute", ending)
+    epoch = continual.compute_epoch
+
+    def epoch_ending(*args: Any, **kwargs: Any) -> continual.EpochOutput:
+        if args[3].horizon == 2:  # the continual release that fails at its first epoch
+            outcome = Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+            return continual.EpochOutput(None, outcome)
+        return epoch(*args, **kwargs)
+
+    monkeypatch.setattr(continual, "compute_epoch", epoch_ending)
 
     every = probe_calls(padded.app, ids, dataset)
     before = {name: [answer(padded, keys[name], c) for c in every] for name in ("a", "b")}
     owner_before = [padded.get(f"/v1/releases/{r}", headers=bearer(keys["owner"])).json()
                     for r in ids["release_id"]]  # fmt: skip
     worker = Worker(session_factory, store, padded_settings, worker_id="probe")
-    assert worker.run_pending() == 3
+    assert worker.run_pending() == len(REQUESTS)
     after = {name: [answer(padded, keys[name], c) for c in every] for name in ("a", "b")}
 
     # The jobs did end three ways, refunded once: the owner sees it (so the probe could fail).
     owner_after = [padded.get(f"/v1/releases/{r}", headers=bearer(keys["owner"])).json()
                    for r in ids["release_id"]]  # fmt: skip
-    assert [r["status"] for r in owner_before] == ["queued"] * 3
+    assert [r["status"] for r in owner_before] == ["queued"] * len(REQUESTS)
     assert [(r["status"], r["refunded"]) for r in owner_after] == [
-        ("succeeded", False),
-        ("no_result", False),
-        ("failed", True),
+        (end, end == "failed") for _, end in REQUESTS
     ]
     assert len(every) > 60
     changed = [
