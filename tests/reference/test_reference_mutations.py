@@ -347,3 +347,42 @@ def test_an_s3_object_rewritten_with_the_same_bytes_releases_them_and_other_byte
         other = release(client, keys, dataset["id"], worker)
         assert other["status"] == "failed" and other["refunded"] is True, other
         assert other.get("result") is None
+
+
+def test_a_versioned_s3_object_overwritten_fails_and_its_registered_version_releases(
+    s3_settings: Settings,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    keys: Keys,
+    bucket: str,
+    s3_endpoint: str,
+    rows: np.ndarray[Any, Any],
+) -> None:
+    """A versioned bucket: the registration records the object's VersionId. Overwritten (a new
+    current version, other bytes): failed and refunded. The new version deleted (the registered
+    one current again): the same basis as before, bit for bit."""
+    from service.app import create_app
+
+    fs = s3fs_for(s3_endpoint)
+    fs.make_bucket_versioned(bucket)
+    key = f"{bucket}/lake/v/a.parquet"
+    names = write_parquet(fs, key, rows, 100)
+    app = create_app(s3_settings, session_factory=session_factory)
+    worker = Worker(session_factory, store, s3_settings)
+    with TestClient(app) as client:
+        dataset = helpers.register(
+            client, keys.owner, f"s3://{bucket}/lake/v/", names, BUDGET
+        ).json()
+        assert dataset["registration_status"] == "ready", dataset
+        before = release(client, keys, dataset["id"], worker)
+        assert before["status"] == "succeeded", before
+        write_parquet(fs, key, -rows, 100)
+        newest = fs.info(key, refresh=True)["VersionId"]
+        assert newest is not None
+        other = release(client, keys, dataset["id"], worker)
+        assert other["status"] == "failed" and other["refunded"] is True, other
+        assert other.get("result") is None
+        fs.call_s3("delete_object", Bucket=bucket, Key="lake/v/a.parquet", VersionId=newest)
+        again = release(client, keys, dataset["id"], worker)
+        assert again["status"] == "succeeded", again
+        assert again["result"]["basis_sha256"] == before["result"]["basis_sha256"]
