@@ -26,10 +26,13 @@ reads it and again before the outcome is stored
 group through :func:`~service.reference.reading._read_piece`: a regular file opened at its
 registered, resolved path under the current roots without following a symlink (S3: the recorded
 version), its footer and chunks compared with their digests, the decoded rows counted and
-checked as at registration. A changed, swapped, missing or added object ends the release
-``failed`` and refunded, with a reason naming the object; nothing was released (noise is drawn
-in the worker, never on the cluster) and the failure is decided by digests, not by the
-registered values.
+checked as at registration. A changed, swapped or missing object ends the release ``failed``
+and refunded, with a reason naming the object; nothing was released (noise is drawn in the
+worker, never on the cluster) and the failure is decided by digests, not by the registered
+values. An object added under the URI later is not part of the dataset and is never read (a
+release reads the registered row groups only; a new prefix under batch 0's may even be the
+next batch): the release runs on the registered bytes
+(``tests/reference/test_reference_mutations.py``).
 
 **Credentials** come from the deployment's environment only (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, a profile or an instance role, read by botocore in the API, the

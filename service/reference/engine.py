@@ -449,9 +449,10 @@ class ParquetRows:
     # -- immutability -----------------------------------------------------------------------
 
     def check_unchanged(self) -> None:
-        """Every recorded object as recorded, and no object added: else :class:`ReferenceFault`
-        naming the first difference. A cheap check of identities before and after the run; the
-        bytes themselves are checked against their digests as each task reads them."""
+        """Every recorded object as recorded: else :class:`ReferenceFault` naming the first
+        difference (an object added under the URI is not looked for: it is never read). A cheap
+        check of identities before and after the run; the bytes themselves are checked against
+        their digests as each task reads them."""
         ref = self.reference
         if not ref.digested:
             raise ReferenceFault(LEGACY_REASON)
