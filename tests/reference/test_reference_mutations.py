@@ -386,3 +386,36 @@ def test_a_versioned_s3_object_overwritten_fails_and_its_registered_version_rele
         again = release(client, keys, dataset["id"], worker)
         assert again["status"] == "succeeded", again
         assert again["result"]["basis_sha256"] == before["result"]["basis_sha256"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(renamed_over, id="atomic-rename-same-size-and-mtime"),
+        pytest.param(parent_swapped_for_a_symlink, id="parent-directory-symlink"),
+        pytest.param(names_swapped, id="names-swapped"),
+    ],
+)
+def test_a_changed_file_fails_the_release_refunded_on_dask_too(
+    change: Callable[[Path, np.ndarray[Any, Any]], None],
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    dask_scheduler: str,
+) -> None:
+    """The same changes, the row groups read by Dask's workers: failed, refunded."""
+    names, _, _ = two_files(root, rows)
+    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    on_dask = Worker(
+        session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
+    )
+    before = release(client, keys, dataset["id"], on_dask)
+    assert before["status"] == "succeeded", before
+    change(root, rows)
+    outcome = release(client, keys, dataset["id"], on_dask)
+    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome.get("result") is None
