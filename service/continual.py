@@ -272,7 +272,8 @@ def _compute_reference_epoch(
     fault is one that reads nothing of the values (as for a one-shot release)."""
     assert step.reference is not None
     if step.person_level or settings is None:
-        return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
+        # Refused before any row group is read: refunded when no epoch was released.
+        return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON, refund=step.epoch == 1))
     state = (
         ContinualState.from_bytes(step.state)
         if step.state is not None
@@ -417,15 +418,21 @@ class Continual:
         mechanism = get_mechanism(job.mechanism)
         if not isinstance(mechanism, ContinualGauss):
             raise TypeError(f"{job.mechanism} is not a continual mechanism this worker knows")
-        try:
-            mechanism.parse_params(job.params)
-        except (ValidationError, InvalidParameter):
-            return End(Outcome.failed(REFUSED_AT_RUN_REASON))
-        return None
+        return None  # its params are checked in load, which knows the epochs released
 
     def load(
         self, session: Session, release: Release, job: ClaimedJob, settings: Settings
     ) -> Epoch | End | str:
+        mechanism = get_mechanism(job.mechanism)
+        try:
+            assert mechanism is not None  # first() checked it
+            mechanism.parse_params(job.params)
+        except (ValidationError, InvalidParameter):
+            # Stored params that no longer parse (a refusal missed at prepare): decided before
+            # this epoch reads a row, so refunded when no epoch was released (as a one-shot
+            # release's), and shown when the epoch would have been (public facts only).
+            outcome = Outcome.failed(REFUSED_AT_RUN_REASON, refund=release.epochs_done == 0)
+            return End(outcome, _end_visible_at(session, settings, release))
         step = next_input(session, release, settings)
         return Epoch(job, step) if isinstance(step, EpochInput) else step
 

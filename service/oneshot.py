@@ -63,11 +63,11 @@ class OneShotWork:
 def with_prior(session: Session, job: ClaimedJob) -> OneShotWork | End:
     """The job's work with the public prior its params name, read back and its digest checked
     before any row is read; a prior gone or changed is a refusal missed at prepare
-    (data-independent)."""
+    (data-independent), refunded: no row was read."""
     try:
         prior = priors.stored_prior(session, priors.split_params(job.params)[1])
     except LookupError:
-        return End(Outcome.failed(REFUSED_AT_RUN_REASON))
+        return End(Outcome.failed(REFUSED_AT_RUN_REASON, refund=True))
     return OneShotWork(job, prior)
 
 
@@ -77,18 +77,23 @@ def execute(
     """Run the mechanism and turn whatever happens into an :class:`Outcome` (never raises an
     ``Exception``). ``prior``: the public prior the job's params name (:mod:`service.priors`),
     already read and checked; the mechanism then runs inside its span
-    (:func:`service.prior_projection.on_prior`)."""
+    (:func:`service.prior_projection.on_prior`).
+
+    A failure decided before any row is read (the mechanism retired, its stored params no
+    longer parsing, a prior not read, the dataset deleted or its file gone) is refunded: the
+    job provably never read the data, and the decision rests on public facts only (DESIGN's
+    refund rule). A refusal raised by the run itself may follow a read: charged."""
     mechanism = get_mechanism(job.mechanism)
     if mechanism is None:
-        return Outcome.failed(NO_MECHANISM_REASON)
+        return Outcome.failed(NO_MECHANISM_REASON, refund=True)
     mechanism_params, recorded = priors.split_params(job.params)
     try:
         params = mechanism.parse_params(mechanism_params)
     except (ValidationError, InvalidParameter):
-        return Outcome.failed(REFUSED_AT_RUN_REASON)
+        return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
     if recorded and prior is None:
         # The params name a prior that was not read: a refusal missed at prepare.
-        return Outcome.failed(REFUSED_AT_RUN_REASON)
+        return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
     if prior is not None:
         mechanism = on_prior(mechanism, prior.matrix, prior.sha256)
     spec = ReleaseSpec(k=job.k, epsilon=job.epsilon, delta=job.delta, params=params)

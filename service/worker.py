@@ -13,17 +13,20 @@ stops heartbeating; once its lease expires the job is claimable again and runs a
 randomness (an output that was never stored was never seen; what the retry itself reveals is
 discussed in docs/service.md, "How it works"). Finishing checks that this worker still holds the
 lease of this attempt, so a produced output is stored once. The budget was charged when the
-release was requested; it is refunded only when the job provably never read the data (its
-dataset was deleted before any worker opened it).
+release was requested; it is refunded when, and only when, the job provably never read the
+data, decided on public facts before the first row is read (:func:`service.oneshot.execute`).
 
 **Outcomes.** ``failed`` is reserved for faults that do not depend on the data, so that the
 status field can never reveal a row:
 
-- the dataset was deleted before the run (refunded: the data was never read);
-- a refusal that was missed at prepare: ``parse_params`` or ``run`` raised
-  :class:`~service.mechanisms.base.InvalidParameter` (or the stored params no longer validate);
-- the service no longer has the mechanism;
-- the job was abandoned after ``DPSS_WORKER_MAX_ATTEMPTS`` claims.
+- the dataset was deleted before the run, or its file is gone (refunded: never read);
+- a refusal that was missed at prepare: the stored params no longer parse, or name a prior gone
+  or changed (refunded: decided before any row is read), or ``run`` raised
+  :class:`~service.mechanisms.base.InvalidParameter` (charged: it may have read rows);
+- the service no longer has the mechanism (refunded);
+- the job was abandoned after ``DPSS_WORKER_MAX_ATTEMPTS`` claims (charged).
+
+A continual release is refunded only when no epoch was released.
 
 Any other exception from a mechanism is a bug in it. It is logged as a bug (exception type and
 location only, never the message, which may quote data) and the release is recorded as

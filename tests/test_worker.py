@@ -160,15 +160,19 @@ def test_a_refusal_missed_at_prepare_is_failed_and_charged(
         ({"mechanism": "retired_mechanism"}, NO_MECHANISM_REASON),
     ],
 )
-def test_data_independent_faults_before_the_run_are_failed(
+def test_data_independent_faults_before_the_run_are_failed_and_refunded(
     client, keys, upload_dataset, rng, run_worker, session_factory, change, reason
 ):
-    _, release = queue_release(client, keys, upload_dataset, rng)
+    """Decided before any row is read, on public facts: the data was never read, so the
+    charge is given back (DESIGN's refund rule; the budget is as before the request)."""
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
     with session_factory.begin() as session:
         session.execute(update(Release).values(**change))
     run_worker()
-    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.analyst)).json()
-    assert (body["status"], body["reason"], body["refunded"]) == ("failed", reason, False)
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.owner)).json()
+    assert (body["status"], body["reason"], body["refunded"]) == ("failed", reason, True)
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
+    assert budget.json()["epsilon_spent"] == "0"
 
 
 def test_a_dataset_file_gone_between_claim_and_open_is_refunded(

@@ -282,3 +282,19 @@ def test_a_prior_changed_after_the_request_fails_the_release_unread(
     body = fetch_release(client, keys.analyst, made)
     # The digest recorded at the request no longer matches: no row is read with another prior.
     assert body["status"] == "failed", body
+    # Nothing was read, on a public fact (the prior's digest): the charge is given back.
+    assert body["refunded"] is True, body
+    assert spent(client, keys.analyst, dataset["id"])["epsilon_spent"] == "0"
+
+
+def test_a_prior_gone_after_the_request_fails_the_release_unread_and_refunded(
+    client, keys, dataset, prior_matrix, run_worker, session_factory
+):
+    prior_id = upload_prior(client, keys.analyst, prior_matrix).json()["id"]
+    made = post_release(client, keys.analyst, dataset["id"], **BODY, params={"prior_id": prior_id})
+    with session_factory.begin() as session:
+        session.delete(session.scalars(select(Prior)).one())
+    assert run_worker() == 1
+    body = fetch_release(client, keys.analyst, made)
+    assert (body["status"], body["refunded"]) == ("failed", True), body
+    assert spent(client, keys.analyst, dataset["id"])["epsilon_spent"] == "0"

@@ -4,6 +4,7 @@ batch up to the horizon, epochs listed and audited, the state never shown."""
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 import numpy as np
 from sqlalchemy import func, select
@@ -92,6 +93,38 @@ def test_a_deleted_dataset_ends_a_waiting_release_without_refund(
     body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
     assert body["status"] == "failed" and "deleted" in body["reason"]
     assert body["refunded"] is False and body["epochs_done"] == 1
+
+
+def _unparsable(session_factory, release_id):
+    """The stored params no longer parse (a refusal missed at prepare, as after an upgrade)."""
+    with session_factory.begin() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        release.params = {**release.params, "no_such_param": 1}
+
+
+def test_params_refused_before_the_first_epoch_fail_it_refunded(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    """Decided before any row is read (public facts): refunded, as for a one-shot release."""
+    dataset, release_id = start(client, keys, upload_dataset, rng)
+    _unparsable(session_factory, release_id)
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert (body["status"], body["refunded"], body["epochs_done"]) == ("failed", True, 0)
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
+    assert budget.json()["epsilon_spent"] == "0"
+
+
+def test_params_refused_after_an_epoch_fail_it_charged(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    dataset, release_id = start(client, keys, upload_dataset, rng)
+    assert run_worker() == 1
+    grow(client, keys, dataset["id"], rng)
+    _unparsable(session_factory, release_id)
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert (body["status"], body["refunded"], body["epochs_done"]) == ("failed", False, 1)
 
 
 def test_the_state_is_kept_with_the_release_and_never_shown(
