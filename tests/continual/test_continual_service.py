@@ -113,6 +113,12 @@ def test_params_refused_before_the_first_epoch_fail_it_refunded(
     assert (body["status"], body["refunded"], body["epochs_done"]) == ("failed", True, 0)
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
     assert budget.json()["epsilon_spent"] == "0"
+    # Its end shows at the first epoch's public moment (fixed from the batch's commit), not at
+    # the moment a worker claimed it, which would tell when the job before it ended.
+    with session_factory() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release.outcome_visible_at is not None
+        assert release.outcome_visible_at >= release.visible_at
 
 
 def test_params_refused_after_an_epoch_fail_it_charged(
