@@ -271,85 +271,127 @@ def forecast_figures(scales: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     return None, None, None, "no forecast"
 
 
+SETTINGS = [(1.0, 2), (1.0, 10), (0.3, 2), (0.3, 10)]
+
+
+def preview_scales(
+    analyst: Client, dataset: str, eps: float, k: int, earlier: str | None = None
+) -> dict[str, Any] | str:
+    """The dry run of the request ``PrivatePCA(k, eps)`` sends (``auto``, private centre), with
+    ``?forecast_from=earlier`` if given; the refusal's detail if refused."""
+    query = {"dry_run": "true", **({} if earlier is None else {"forecast_from": earlier})}
+    body = {"mechanism": "auto", "k": k, "epsilon": str(eps), "params": {"center": "private"}}
+    try:
+        response = analyst._request(
+            "POST", f"/v1/datasets/{dataset}/releases", params=query, json=body
+        )
+    except client_module.DpssError as error:
+        return f"refused: {error.detail[:70]}"
+    scales: dict[str, Any] = response.json()["scales"]
+    return scales
+
+
 def part_de(service: Service, owner: Client, analyst: Client, seeds: int) -> None:
-    print("(d, e) item 4 on the default path; forecast: dry run of the same request")
-    header = (
-        "| data | eps | k | ran | kept | stated - kept | mean abs | interval width | covers | "
-        "hidden | own spread | public point / range covers | from release: point err "
-        "(runs with a point) / range midpoint err / range covers |"
+    """Item 4: the point estimate per setting, then the forecast from public facts and from
+    an earlier release (every pair of settings; release ``i`` of the earlier setting forecasts
+    release ``i + 1`` of the new one, another seed)."""
+    print("(d) item 4's point estimate on the default path (stated = sum of the ratios)")
+    print(
+        "| data | eps | k | ran | kept (mean, sd) | stated - kept | mean abs | interval width "
+        "| covers | hidden | own spread |"
     )
-    print(header)
-    print("|---" * (header.count("|") - 1) + "|")
+    print("|---" * 11 + "|")
+    runs: dict[str, dict[tuple[float, int], list[tuple[str, float]]]] = {}
+    datasets: dict[str, str] = {}
     for name, rows in cell_sets().items():
         dataset = upload(owner, rows, name, epsilon_budget="1000")
-        for eps in (1.0, 0.3):
-            for k in (2, 10):
-                preview = analyst.preview_release(
-                    dataset, "auto", k, str(eps), center="private"
-                ).scales
-                public = forecast_figures(preview)
-                fits = [fit(service, analyst, dataset, k, eps, 100 + seed) for seed in range(seeds)]
-                truth = [kept(rows, p.components_.T) for p in fits]
-                stated = [float(np.sum(p.explained_variance_ratio_)) for p in fits]
-                intervals = [p.explained_variance_ratio_interval_ for p in fits]
-                hidden = sum(bool(p.explained_variance_hidden_by_noise_) for p in fits)
-                ran = sorted(
-                    {
-                        str(analyst.get_release(p.release_id_).extras.get("auto_choice"))
-                        for p in fits
-                    }
+        datasets[name] = dataset
+        runs[name] = {}
+        for eps, k in SETTINGS:
+            fits = [fit(service, analyst, dataset, k, eps, 100 + seed) for seed in range(seeds)]
+            truth = np.asarray([kept(rows, p.components_.T) for p in fits])
+            stated = np.asarray([float(np.sum(p.explained_variance_ratio_)) for p in fits])
+            intervals = [p.explained_variance_ratio_interval_ for p in fits]
+            hidden = sum(bool(p.explained_variance_hidden_by_noise_) for p in fits)
+            ran = sorted(
+                {str(analyst.get_release(p.release_id_).extras.get("auto_choice")) for p in fits}
+            )
+            runs[name][(eps, k)] = [
+                (str(p.release_id_), float(x)) for p, x in zip(fits, truth, strict=True)
+            ]
+            err = stated - truth
+            width = np.mean([hi - lo for lo, hi in intervals])
+            covers = np.mean([lo <= x <= hi for (lo, hi), x in zip(intervals, truth, strict=True)])
+            spread = float(np.mean(np.abs(truth - np.median(truth))))
+            print(
+                f"| {name} | {eps:g} | {k} | {'/'.join(ran)} | {truth.mean():.3f} "
+                f"({truth.std(ddof=1):.3f}) | {err.mean():+.3f} | {np.abs(err).mean():.3f} | "
+                f"{width:.3f} | {covers:.2f} | {hidden}/{len(fits)} | {spread:.3f} |",
+                flush=True,
+            )
+    print()
+    print("(e) item 4's forecast: the dry run of the same request PrivatePCA sends")
+    print(
+        "| data | from eps / k | to eps / k | kept | own spread | points given | point: mean "
+        "abs err | point: mean err | range covers | range width | range midpoint: mean err |"
+    )
+    print("|---" * 11 + "|")
+    for name, dataset in datasets.items():
+        for eps, k in SETTINGS:
+            later = runs[name][(eps, k)]
+            truth = np.asarray([x for _, x in later])
+            spread = float(np.mean(np.abs(truth - np.median(truth))))
+            public = preview_scales(analyst, dataset, eps, k)
+            assert not isinstance(public, str), public
+            point, low, high, _ = forecast_figures(public)
+            if low is None:
+                text = "no forecast in the dry run | - | - | - | - | -"
+            else:
+                hits = np.mean([low <= x <= high for x in truth])
+                shown = "-" if point is None else f"{abs(point - truth.mean()):.3f}"
+                text = (
+                    f"{0 if point is None else len(truth)}/{len(truth)} | {shown} | - | "
+                    f"{hits:.2f} | {high - low:.2f} | {(low + high) / 2 - truth.mean():+.3f}"
                 )
-                t = np.asarray(truth)
-                err = np.asarray(stated) - t
-                width = np.mean([hi - lo for lo, hi in intervals])
-                covers = np.mean([lo <= x <= hi for (lo, hi), x in zip(intervals, t, strict=True)])
-                spread = float(np.mean(np.abs(t - np.median(t))))
-                pub = "none"
-                if public[1] is not None:
-                    inside = np.mean([public[1] <= x <= public[2] for x in t])
-                    point = "-" if public[0] is None else f"{abs(public[0] - t.mean()):.3f}"
-                    pub = f"{point} / [{public[1]:.2f}, {public[2]:.2f}] {inside:.2f}"
-                # From an earlier release of the same request: release j forecasts release j+1.
-                points, centrals, hits = [], [], []
+            print(
+                f"| {name} | none (public facts) | {eps:g} / {k} | {truth.mean():.3f} | "
+                f"{spread:.3f} | {text} |",
+                flush=True,
+            )
+            for before in SETTINGS:
+                earlier = runs[name][before]
+                points, signed, hits, widths, mids = [], [], [], [], []
                 refused = None
-                for earlier, later in zip(fits[:-1], truth[1:], strict=True):
-                    try:
-                        response = analyst._request(
-                            "POST",
-                            f"/v1/datasets/{dataset}/releases",
-                            params={"dry_run": "true", "forecast_from": str(earlier.release_id_)},
-                            json={
-                                "mechanism": "auto",
-                                "k": k,
-                                "epsilon": str(eps),
-                                "params": {"center": "private"},
-                            },
-                        )
-                    except client_module.DpssError as error:
-                        refused = error.detail[:60]
+                for i in range(len(earlier)):
+                    target = truth[(i + 1) % len(truth)]
+                    scales = preview_scales(analyst, dataset, eps, k, earlier[i][0])
+                    if isinstance(scales, str):
+                        refused = scales
                         break
-                    scales = response.json()["scales"]
-                    found = forecast_figures(scales)
-                    if found[3] != "forecast_from_release_captured_share":
+                    point, low, high, where = forecast_figures(scales)
+                    if where != "forecast_from_release_captured_share":
                         refused = "no forecast_from figures"
                         break
-                    point, low, high, _ = found
                     if point is not None:
-                        points.append(abs(point - later))
-                    centrals.append(abs((low + high) / 2 - later))
-                    hits.append(low <= later <= high)
+                        points.append(abs(point - target))
+                        signed.append(point - target)
+                    if low is not None and high is not None:
+                        hits.append(low <= target <= high)
+                        widths.append(high - low)
+                        mids.append((low + high) / 2 - target)
                 if refused is not None:
-                    from_release = f"refused: {refused}"
+                    text = refused + " | - | - | - | - | - | -"
+                elif not hits:
+                    text = f"0/{len(earlier)} | - | - | no range | - | -"
                 else:
-                    from_release = (
-                        f"{np.mean(points) if points else float('nan'):.3f} ({len(points)}/"
-                        f"{len(hits)}) / {np.mean(centrals) if centrals else float('nan'):.3f} / "
-                        f"{np.mean(hits):.2f}"
+                    text = (
+                        f"{len(points)}/{len(earlier)} | "
+                        + (f"{np.mean(points):.3f} | {np.mean(signed):+.3f}" if points else "- | -")
+                        + f" | {np.mean(hits):.2f} | {np.mean(widths):.2f} | {np.mean(mids):+.3f}"
                     )
                 print(
-                    f"| {name} | {eps:g} | {k} | {'/'.join(ran)} | {t.mean():.3f} | "
-                    f"{err.mean():+.3f} | {np.abs(err).mean():.3f} | {width:.3f} | {covers:.2f} | "
-                    f"{hidden}/{len(fits)} | {spread:.3f} | {pub} | {from_release} |",
+                    f"| {name} | {before[0]:g} / {before[1]} | {eps:g} / {k} | "
+                    f"{truth.mean():.3f} | {spread:.3f} | {text} |",
                     flush=True,
                 )
 
