@@ -12,7 +12,8 @@ sleep. Each release gets a seeded generator (``seed``) instead of the OS-keyed o
 be repeated; nothing else is changed.
 
 Each owner's upload: ``epsilon_budget`` large enough for the releases of that dataset,
-``delta_budget`` ``1e-4`` (so the default delta is ``min(1e-6, delta_budget / 100) = 1e-6``),
+``delta_budget`` ``1e-4`` (``--delta-budget``; the default delta is then
+``min(1e-6, delta_budget / 100) = 1e-6``),
 ``row_norm_bound`` 1 (unit rows).
 
 Parts (each printed against its goal, mean, sd and range over the seeds):
@@ -65,6 +66,8 @@ from service.worker import Worker
 
 Array = np.ndarray[Any, Any]
 PRIOR_M = 64
+#: Each upload's delta budget (``--delta-budget``): the default delta is ``min(1e-6, it / 100)``.
+DELTA_BUDGET = ["1e-4"]
 
 
 def kept(rows: Array, basis: Array) -> float:
@@ -145,9 +148,9 @@ def upload(owner: Client, rows: Array, name: str, epsilon_budget: str = "100") -
         rows,
         name=name,
         epsilon_budget=epsilon_budget,
-        delta_budget="1e-4",
+        delta_budget=DELTA_BUDGET[0],
         row_norm_bound=1.0,
-        allow_large_delta=rows.shape[0] * 1e-4 > 1,
+        allow_large_delta=rows.shape[0] * float(DELTA_BUDGET[0]) > 1,
     )
     return str(dataset.id)
 
@@ -403,7 +406,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--parts", nargs="+", default=list(PARTS))
+    parser.add_argument("--delta-budget", default=DELTA_BUDGET[0])
     args = parser.parse_args(argv)
+    DELTA_BUDGET[0] = args.delta_budget
     with tempfile.TemporaryDirectory() as tmp:
         service = Service(Path(tmp))
         with service.running() as (owner, analyst):
