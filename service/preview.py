@@ -41,8 +41,12 @@ from service.auth import Principal
 from service.config import Settings
 from service.db.models import Dataset, utcnow
 from service.errors import InvalidInput
+from service.mechanisms import sign_forecast
 from service.mechanisms.analyze_gauss import AnalyzeGauss
+from service.mechanisms.auto import Auto
+from service.mechanisms.auto import plan as auto_plan
 from service.mechanisms.base import Preview, PreviewValue, ReleaseSpec
+from service.mechanisms.components import component
 from service.mechanisms.dominance import DominanceWarning, dominance_warnings
 from service.prior_projection import columns_inside
 
@@ -292,21 +296,67 @@ def with_forecast_from(
     mechanism = prepared.mechanism
     if earlier.dataset_id != dataset.id:
         raise InvalidInput("forecast_from", "a release of another dataset")
-    if not isinstance(mechanism, AnalyzeGauss) or earlier.mechanism != mechanism.name:
-        raise InvalidInput("forecast_from", "a forecast from a release is made for analyze_gauss")
+    if not isinstance(mechanism, AnalyzeGauss | Auto) or earlier.mechanism != mechanism.name:
+        raise InvalidInput(
+            "forecast_from",
+            "a forecast from a release is made for analyze_gauss, and for auto (PrivatePCA's "
+            "default) from an auto release of a PCA request",
+        )
     # Its status as the caller sees it now, never the real one: before the earlier release's
     # visible_at an analyst sees it queued, and whether it has run would tell the run time
     # its padding hides (its extras, released early, even more).
     seen = visibility.view(session, earlier, principal, utcnow())
     if seen.status != "succeeded" or not seen.shows_result or earlier.result_extras is None:
         raise InvalidInput("forecast_from", f"release {earlier.id} has no result you may read yet")
-    params = mechanism.parse_params(earlier.params)
-    spec = ReleaseSpec(earlier.k, float(earlier.epsilon), float(earlier.delta), params)
-    found = mechanism.forecast_from(prepared.context, prepared.spec, spec, earlier.result_extras)
+    extras = earlier.result_extras
+    if isinstance(mechanism, Auto):
+        found = _auto_forecast_from(prepared, earlier.k, extras)
+    else:
+        params = mechanism.parse_params(earlier.params)
+        spec = ReleaseSpec(earlier.k, float(earlier.epsilon), float(earlier.delta), params)
+        found = mechanism.forecast_from(prepared.context, prepared.spec, spec, extras)
     if found is None:
         raise InvalidInput("forecast_from", f"release {earlier.id} has no explained variance")
     scales, meaning = found
     return Preview(scales={**shown.scales, **scales}, meaning=[*shown.meaning, *meaning])
+
+
+def _auto_forecast_from(
+    prepared: releases.Prepared, earlier_k: int, extras: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]] | None:
+    """``?forecast_from=`` for ``auto`` (what ``PrivatePCA`` sends by default): a PCA request
+    (centred) runs one Gram mechanism chosen from public facts, so the forecast is that
+    mechanism's, from the earlier release's ``auto_choice`` and the component's params and
+    budget it released (``auto_params``, ``auto_epsilon``, ``auto_delta``) to the component
+    this request would run. Refused (422) where the two ran different mechanisms or the
+    request is uncentred (auto may run an aggregator, which states no share)."""
+    spec = prepared.spec
+    ctx = prepared.context
+    the_plan = auto_plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
+    chosen = the_plan.default
+    if the_plan.paths() or spec.params.center == "none":
+        raise InvalidInput(
+            "forecast_from", "a forecast for auto is made for PCA requests (center not 'none')"
+        )
+    ran = extras.get("auto_choice")
+    if ran != chosen.name or chosen.name not in ("analyze_gauss", "spatial_sign"):
+        raise InvalidInput(
+            "forecast_from",
+            f"the earlier release ran {ran}, this request would run {chosen.name}: a forecast "
+            "from a release is made between releases of the same mechanism",
+        )
+    try:
+        earlier = ReleaseSpec(
+            earlier_k,
+            float(extras["auto_epsilon"]),
+            float(extras["auto_delta"]),
+            component(chosen.name).parse_params(extras["auto_params"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if chosen.name == "spatial_sign":
+        return sign_forecast.forecast_from(chosen.spec(spec.k), earlier, extras)
+    return AnalyzeGauss().forecast_from(ctx, chosen.spec(spec.k), earlier, extras)
 
 
 def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:

@@ -109,17 +109,19 @@ async def create_release(
     ),
     forecast_from: uuid.UUID | None = Query(
         default=None,
-        description="With `dry_run=true` and `analyze_gauss`: an earlier release of this "
-        "dataset that the caller may read and sees succeeded (an analyst from its "
-        "`visible_at` on; before, it is refused as an unfinished one); the preview adds a "
-        "forecast of the share of the "
-        "centred variance this request keeps, from that release's released figures (no "
-        "budget): a range (`scales.forecast_from_release_captured_share_low` and `_high`) and "
-        "a point (`scales.forecast_from_release_captured_share`) only where the range is at "
-        "most 0.2 wide and the new probe's route is not left to chance (else null); carried "
-        "from its measured share, or read from its eigenvalues and trace where its share was "
-        "hidden by noise (`scales.forecast_from_release_basis`). Refused (422) without "
-        "`dry_run=true`.",
+        description="With `dry_run=true` and `analyze_gauss` (or `auto` for PCA, what "
+        "`PrivatePCA` sends: the forecast of the mechanism it runs, from an `auto` release "
+        "that ran the same one; "
+        "`spatial_sign` forecasts only at the very same settings): an earlier release of this "
+        "dataset that the caller may read and sees succeeded (an analyst from its `visible_at` "
+        "on; before, it is refused as an unfinished one); the preview adds a forecast of the "
+        "share of the centred variance this request keeps, from that release's released figures"
+        " (no budget): a range (`scales.forecast_from_release_captured_share_low` and `_high`) "
+        "and a point (`scales.forecast_from_release_captured_share`) only where the range is at"
+        " most 0.2 wide, the new probe's route is not left to chance and the earlier share was "
+        "measured (else null); carried from its measured share, or read from its eigenvalues "
+        "and trace where its share was hidden by noise (`scales.forecast_from_release_basis`; "
+        "then a range only). Refused (422) without `dry_run=true`.",
     ),
     basis_format: BasisFormatQuery = "json",
     wait: float | None = Query(

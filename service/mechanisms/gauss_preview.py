@@ -188,9 +188,10 @@ def forecast_from(
     to the caller, so it costs nothing and leaks nothing new. Scales: the range
     ``forecast_from_release_captured_share_low`` / ``_high``, the point
     ``forecast_from_release_captured_share`` only where that range is at most
-    :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` wide and the probe is not at risk
-    (``null`` elsewhere, with ``forecast_from_release_determined`` false: the released figures
-    do not determine the share), ``forecast_from_release_unseen_share`` (the variance the
+    :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` wide, the probe is not at risk
+    and the earlier share was measured, not hidden by its noise (``null`` elsewhere, with
+    ``forecast_from_release_determined`` false: the released figures do not determine the
+    share), ``forecast_from_release_unseen_share`` (the variance the
     earlier release did not resolve), ``forecast_from_release_range_covers_spread`` (false
     where the range bounds the expected share only, ``d > 256``: a single release can fall
     outside it), ``forecast_from_release_probe_risk``
@@ -203,7 +204,10 @@ def forecast_from(
     low, high = figures.interval
     hidden = bool(extras.get("explained_variance_hidden_by_noise")) or high - low >= HIDDEN_WIDTH
     basis = "measured share" if figures.measured else "spectrum"
-    point = forecast.point
+    # A point only from a measured share: read off a hidden release's spectrum it missed a
+    # fresh release by 0.12-0.34 on average (breast_cancer eps 1), 2-5x the release's own
+    # run-to-run spread (issue 32 item 4, re-measured 29 Nov 2026); the range stays.
+    point = None if hidden else forecast.point
     scales: dict[str, Any] = {
         "forecast_from_release_captured_share": point,
         "forecast_from_release_captured_share_low": forecast.low,
@@ -258,8 +262,11 @@ def forecast_from(
     if hidden:
         what += (
             " The earlier release's explained variance was hidden by its noise, so this "
-            "forecast is not a measurement either: a release at these settings varies by "
-            "itself (breast_cancer at eps 0.3 keeps 0.07-0.62 from run to run)."
+            "forecast is not a measurement either and gives no single figure: read off such a "
+            "release's spectrum, a point missed fresh releases by 0.12-0.34 on average "
+            "(breast_cancer at eps 1, whose releases vary by 0.04-0.07 by themselves), and a "
+            "release at these settings varies by itself (breast_cancer at eps 0.3 keeps "
+            "0.07-0.62 from run to run)."
         )
     return scales, [what]
 

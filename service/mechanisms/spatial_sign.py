@@ -363,6 +363,15 @@ class SpatialSign(CentredGramMechanism[SpatialSignParams]):
         if split.variance_mu > 0:
             variance_sigma = gram_sensitivity(clip) / split.variance_mu
             scales.update(variance_mu=split.variance_mu, variance_noise_std=variance_sigma)
+            # No figure from public facts (issue 32 item 4): the share kept depends on the
+            # rows' spectrum, and the signs' spectrum is not the centred rows'. Said, not
+            # left out silently; a release at the same settings forecasts one (forecast_from).
+            scales.update(forecast_captured_share=None, forecast_depends_on_spectrum=True)
+            meaning.append(
+                "No forecast of the share kept from public facts: it depends on the rows' "
+                "spectrum (forecast_captured_share is null). A dry run with ?forecast_from= an "
+                "earlier release at these very settings states what that one measured."
+            )
             meaning.append(
                 f"Explained variance: after the basis is chosen, the centred rows' captured and "
                 f"residual sums of squares (of the rows, not their signs) get fresh Gaussian "

@@ -17,7 +17,7 @@ from service.mechanisms.analyze_gauss import (
     gauss_split,
     gram_sensitivity,
 )
-from service.mechanisms.base import Preview
+from service.mechanisms.base import Preview, PublicContext, ReleaseSpec
 from service.mechanisms.registry import get_mechanism
 from service.store import DatasetStore
 from service.worker import Worker
@@ -324,3 +324,81 @@ def test_releases_remaining_is_zero_when_a_filter_the_others_overspent_is_closed
     ).json()  # fmt: skip
     assert shown["affordable"] is False and shown["admitted_by"] == [], shown
     assert shown["releases_remaining"] == 0, shown
+
+
+def auto_forecast(client, key, dataset_id, earlier_id, **body):
+    return client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        params={"dry_run": "true", "forecast_from": earlier_id},
+        headers=bearer(key),
+        json={"mechanism": "auto", "params": {"center": "private"}, **body},
+    )
+
+
+def test_a_forecast_from_a_default_pca_release_is_its_analyze_gauss_forecast(
+    client, keys, dataset, run_worker
+):
+    # Issue 32 item 4 on the default path: PrivatePCA sends auto with a private centre, which
+    # runs analyze_gauss at d < n^(2/3); its dry run took no forecast_from (422 "made for
+    # analyze_gauss"), so the forecast was out of reach of a user who set nothing.
+    body = {"k": 2, "epsilon": "0.3", "delta": "1e-7"}
+    earlier = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, mechanism="auto",
+        params={"center": "private"}, **body,
+    )  # fmt: skip
+    assert earlier["status"] == "succeeded", earlier
+    extras = earlier["result"]["extras"]
+    assert extras["auto_choice"] == "analyze_gauss"
+    response = auto_forecast(client, keys.analyst, dataset["id"], earlier["id"], **body)
+    assert response.status_code == 200, response.text
+    scales = response.json()["scales"]
+    # Exactly analyze_gauss's forecast between the component's specs (what ran, released).
+    gauss = get_mechanism("analyze_gauss")
+    spec = ReleaseSpec(2, 0.3, 1e-7, gauss.parse_params(extras["auto_params"]))
+    ctx = PublicContext(n_rows=200, n_cols=6, row_norm_bound=1.0)
+    expected, meaning = gauss.forecast_from(ctx, spec, spec, extras)
+    assert {key: scales[key] for key in expected} == pytest.approx(expected)
+    assert meaning[0] in response.json()["meaning"]
+
+
+def test_a_forecast_from_a_high_dimension_default_release_is_its_measured_share(
+    client, keys, upload_dataset, run_worker, rng
+):
+    # At d >= n^(2/3) auto runs spatial_sign (MNIST's default): the same request forecasts
+    # from the earlier release's stated share and 90% interval; other settings get no figure
+    # (the signs' Gram does not carry to another noise or k), and a request that would run
+    # another mechanism is refused.
+    data, _ = near_subspace(rng, 400, 60, 2, noise=0.3)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0)
+    body = {"k": 2, "epsilon": "3", "delta": "1e-6"}
+    earlier = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, mechanism="auto",
+        params={"center": "private"}, **body,
+    )  # fmt: skip
+    extras = earlier["result"]["extras"]
+    assert extras["auto_choice"] == "spatial_sign"
+    low, high = extras["explained_variance_ratio_interval"]
+    response = auto_forecast(client, keys.analyst, dataset["id"], earlier["id"], **body)
+    assert response.status_code == 200, response.text
+    scales = response.json()["scales"]
+    assert scales["forecast_from_release_basis"] == "measured share"
+    assert (
+        scales["forecast_from_release_captured_share_low"],
+        scales["forecast_from_release_captured_share_high"],
+    ) == pytest.approx((low, high))
+    share = scales["forecast_from_release_captured_share"]
+    determined = high - low <= 0.2 and not extras["explained_variance_hidden_by_noise"]
+    assert scales["forecast_from_release_determined"] is determined
+    if determined:
+        assert share == pytest.approx(min(max(sum(extras["explained_variance_ratio"]), low), high))
+    else:
+        assert share is None
+    other = auto_forecast(client, keys.analyst, dataset["id"], earlier["id"], **{**body, "k": 3})
+    assert other.status_code == 200, other.text
+    assert other.json()["scales"]["forecast_from_release_captured_share"] is None
+    assert other.json()["scales"]["forecast_from_release_determined"] is False
+    switched = auto_forecast(
+        client, keys.analyst, dataset["id"], earlier["id"], **{**body, "epsilon": "0.3"}
+    )
+    assert switched.status_code == 422
+    assert "spatial_sign" in switched.text

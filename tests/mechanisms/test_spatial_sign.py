@@ -226,3 +226,13 @@ def test_audit_negative_control_fails(monkeypatch: pytest.MonkeyPatch, runs: int
 @pytest.mark.slow
 def test_audit_passes_long() -> None:
     test_audit_passes(runs=20_000)
+
+
+def test_the_preview_says_it_has_no_forecast_from_public_facts() -> None:
+    # Issue 32 item 4 on the default path: MNIST's dry run (auto runs spatial_sign) carried no
+    # forecast and said nothing of one; it says the share depends on the spectrum instead.
+    ctx, spec = prepared(400, 60, 2, 3.0, 1e-6, {"center": "private"}, 1.0)
+    shown = MECHANISM.preview(ctx, spec)
+    assert shown.scales["forecast_captured_share"] is None
+    assert shown.scales["forecast_depends_on_spectrum"] is True
+    assert any("forecast_from" in line for line in shown.meaning)
