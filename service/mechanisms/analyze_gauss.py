@@ -97,9 +97,7 @@ from service.mechanisms.explained_variance import (
 )
 from service.mechanisms.fast_rows import (
     SINGLE_GRAM_SLACK,
-    SingleCopy,
     single_centring_fits,
-    single_copy_fits,
     single_gram_fits,
     single_projections_fit,
 )
@@ -384,11 +382,10 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             # ... and on the mean route the Gram pass's centred squared norms (8 n). Float32
             # (single_gram_fits, single_projections_fit): a float32 chunk in the Gram pass,
             # and a chunk and its products in the explained-variance pass.
-            # The Gram pass's float32 copy of the rows (SingleCopy, where single_copy_fits)
-            # lives from that pass to the explained-variance step; that step's float32
-            # products (4 n k) are written to its n x k result at the end; the float32 pass
-            # repeats the centre on every row of its chunk (4 chunk d).
-            kept = 8 * 4 * n + (4 * n * d if single_copy_fits(n, d) else 0)
+            # The explained-variance step's float32 products (4 n k) are written to its n x k
+            # result at the end; the float32 pass repeats the centre on every row of its
+            # chunk (4 chunk d).
+            kept = 8 * 4 * n
             single = 4 * gram_chunk_rows(d) * (d + k)
             energy = 8 * n * (k + 1) + 4 * n * k + 8 * chunk * (4 * k + 8) + single
             return kept + max(
@@ -538,9 +535,6 @@ def chosen_centring_run(
     # routes, its noise calibrated to the float32 sum's larger sensitivity (single_gram_fits).
     single = False
     centred_squares: FloatArray | None = None
-    # The Gram pass's float32 rounding of the rows, kept for the explained-variance pass
-    # (SingleCopy; public facts decide: the shape).
-    copy: SingleCopy | None = None
     if choice.route == "mean":
         mean_noise = mean_sensitivity(clip, n) / split.mean_mu
         # private_center_sigma's release from the pass's sum (the same mean up to the order
@@ -554,8 +548,6 @@ def chosen_centring_run(
         gram_mu = split.gram_mu
         single = single_gram_fits(n, row_clip)
         centred_squares = np.empty(n, dtype=np.float64)
-        centring32 = single and single_centring_fits(d, clip, center, probe.pair_low)
-        copy = SingleCopy(n, d) if centring32 and single_copy_fits(n, d) else None
         gram = fast_gram(
             data,
             clip,
@@ -564,8 +556,7 @@ def chosen_centring_run(
             counts.row_squares,
             single=single,
             centred_squares=centred_squares,
-            single_centring=centring32,
-            single_copy=copy,
+            single_centring=single and single_centring_fits(d, clip, center, probe.pair_low),
         )
     elif choice.route == "pairs":
         scale = n / counts.n_pairs
@@ -576,10 +567,7 @@ def chosen_centring_run(
         row_clip = probe.uncentred_low
         gram_mu = rest_mu
         single = single_gram_fits(n, row_clip)
-        copy = SingleCopy(n, d) if single and single_copy_fits(n, d) else None
-        gram = fast_gram(
-            data, clip, None, row_clip, counts.row_squares, single=single, single_copy=copy
-        )
+        gram = fast_gram(data, clip, None, row_clip, counts.row_squares, single=single)
     extras["row_clip_norm"] = row_clip
     sigma = gram_sensitivity(row_clip) / gram_mu
     if single:
@@ -612,7 +600,6 @@ def chosen_centring_run(
             variance_clip,
             single=fits,
             centred_squares=centred_squares,
-            cast=copy.rows if copy is not None and copy.filled else None,
         )
         if sums is None:
             sums = fast_energy(data, release.basis, clip, center, variance_clip)
@@ -636,14 +623,7 @@ def chosen_centring_run(
             # Halved pairs: their norms are about the probe's pairs' over sqrt(2).
             fits = single_projections_fit(n, d, spec.k, clip, probe.pair_low * math.sqrt(0.5))
             found = probe_paired_energy(
-                data,
-                clip,
-                order,
-                counts,
-                release.basis,
-                variance_clip,
-                single=fits,
-                cast=copy.rows if copy is not None and copy.filled else None,
+                data, clip, order, counts, release.basis, variance_clip, single=fits
             )
         energy = found or paired_energy(
             data, clip, order, offset, release.basis, variance_clip, factors=counts.row_factors

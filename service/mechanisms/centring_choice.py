@@ -480,7 +480,6 @@ def probe_centred_energy(
     *,
     single: bool = False,
     centred_squares: FloatArray | None = None,
-    cast: FloatArray | None = None,
 ) -> tuple[float, float] | None:
     """:func:`fast_energy` of the rows ``clip_C(x)`` centred on ``center`` and clipped at
     ``bound`` (``min(C, row_clip)``) from the probe pass's clip factors ``a`` and squared
@@ -498,10 +497,7 @@ def probe_centred_energy(
     the expansion, and ``X U`` instead of ``X [U, c]``. ``single``
     (:func:`~service.mechanisms.fast_rows.single_projections_fit`): ``U^T (a x)`` from the
     clipped rows in float32 (:func:`~service.mechanisms.fast_rows.single_projections`); only
-    with ``centred_squares`` (the expansion's ``x.c`` would cancel in float32). ``cast``: the
-    rows already rounded to float32 by the Gram pass
-    (:class:`~service.mechanisms.fast_rows.SingleCopy`), read instead of rounding them again
-    (the same products)."""
+    with ``centred_squares`` (the expansion's ``x.c`` would cancel in float32)."""
     if counts.row_factors is None or counts.row_squares is None:
         return None
     n, k = data.shape[0], basis.shape[1]
@@ -512,7 +508,7 @@ def probe_centred_energy(
         # U^T (a x) - U^T c: the clipped rows' projections, k contiguous rows of length n.
         factors = counts.row_factors if scaled else None
         products = single_projections(
-            data, basis, factors, counts.row_squares, transposed=True, shift=shift, cast=cast
+            data, basis, factors, counts.row_squares, transposed=True, shift=shift
         )
         scaled, shift = False, None
     elif known:
@@ -561,7 +557,6 @@ def probe_paired_energy(
     row_clip: float | None = None,
     *,
     single: bool = False,
-    cast: FloatArray | None = None,
 ) -> tuple[float, float, int] | None:
     """:func:`paired_energy` at offset 0 from the probe pass's clip factors and pair norms and
     one sequential pass ``Z = X U`` (no gathered rows): the halved pair ``q_j = (y_a - y_b)/2``
@@ -575,8 +570,7 @@ def probe_paired_energy(
     (computed from ``Z``, it cancels where ``x_a`` and ``x_b`` nearly agree) or of ``t``
     (from the probe's dot products). ``single``
     (:func:`~service.mechanisms.fast_rows.single_projections_fit`): ``Z`` of the clipped rows
-    in float32 (:func:`~service.mechanisms.fast_rows.single_projections`); ``cast``: as
-    :func:`probe_centred_energy`'s."""
+    in float32 (:func:`~service.mechanisms.fast_rows.single_projections`)."""
     if counts.row_factors is None or counts.pair_norms is None:
         return None
     bound = clip_norm if row_clip is None else min(clip_norm, row_clip)
@@ -590,7 +584,7 @@ def probe_paired_energy(
             if squares is None:  # a ProbePass built by hand: the rows' own norms
                 squares = row_squares(np.asarray(data, dtype=np.float64))
             projected = single_projections(
-                data, basis, counts.row_factors if scaled else None, squares, cast=cast
+                data, basis, counts.row_factors if scaled else None, squares
             )
         else:
             # Z = X U, then the rows Z_i (length k) gathered per pair: numpy.take along the

@@ -61,11 +61,7 @@ _SINGLE_CAST_SQUARES = 2.0**200
 
 
 def round_scaled(
-    rows: FloatArray,
-    factors: FloatArray | None,
-    squares: FloatArray,
-    out: FloatArray,
-    cast: FloatArray | None = None,
+    rows: FloatArray, factors: FloatArray | None, squares: FloatArray, out: FloatArray
 ) -> FloatArray:
     """``f_i y_i`` rounded to float32 in ``out`` (float32, at least as many rows), each row
     from itself alone: rounded to float32, then multiplied by its float32 factor (a cast and
@@ -73,22 +69,13 @@ def round_scaled(
     a row whose squared norm ``squares`` is above ``2^200`` (or not finite), or whose factor
     is below ``2^-100``, is multiplied in float64 first. Either way each entry is
     ``f_i y_ij (1 + e)``, ``|e| <= gamma_3`` (:func:`single_gamma`), plus at most ``2^-149``
-    lost to underflow.
-
-    ``cast``: the rows already rounded to float32 (:class:`SingleCopy`), read instead of
-    rounding ``rows`` again: the same float32 rows; without ``factors`` ``cast`` itself is
-    returned (a wild row's rounding is its cast then too)."""
+    lost to underflow."""
     rounded = out[: rows.shape[0]]
-    if cast is not None and factors is None:
-        return cast
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         # A wild row's entries may overflow here: it is replaced below.
-        if cast is not None and factors is not None:
-            np.multiply(cast, factors.astype(np.float32)[:, None], out=rounded)
-        else:
-            np.copyto(rounded, rows, casting="same_kind")
-            if factors is not None:
-                rounded *= factors.astype(np.float32)[:, None]
+        np.copyto(rounded, rows, casting="same_kind")
+        if factors is not None:
+            rounded *= factors.astype(np.float32)[:, None]
         # And a factor that float32 holds only as a subnormal (below 2^-126) would lose bits.
         tame = squares <= _SINGLE_CAST_SQUARES
         if factors is not None:
@@ -120,31 +107,6 @@ def single_gram_fits(n_rows: int, bound: float) -> bool:
     rounding, which the float64 Gram has too."""
     low, high = SINGLE_SCALES
     return n_rows >= SINGLE_MIN_ROWS and low <= bound <= high
-
-
-#: The largest float32 copy of the rows a chosen-centring run keeps between its Gram and
-#: explained-variance passes (:class:`SingleCopy`): 256 MiB, so ``n d <= 2^26`` entries.
-SINGLE_COPY_MAX_BYTES = 2**28
-
-
-def single_copy_fits(n_rows: int, n_cols: int) -> bool:
-    """Whether a chosen-centring run keeps a float32 copy of the rows (:class:`SingleCopy`):
-    public facts only (the shape), where the float32 Gram applies and the copy is at most
-    :data:`SINGLE_COPY_MAX_BYTES` (``AnalyzeGauss.memory_bytes`` counts it then)."""
-    return n_rows >= SINGLE_MIN_ROWS and 4 * n_rows * n_cols <= SINGLE_COPY_MAX_BYTES
-
-
-class SingleCopy:
-    """Every row rounded to float32 (``fl32(x_i)``, before any clip), written by the Gram pass
-    as it rounds each chunk anyway and read by the explained-variance pass instead of
-    rounding the rows a second time (issue 32 item 5: at 50,000 x 100 the two passes took
-    2.0 ms less, the copy's 20 MB included). The same float32 values either pass would
-    compute, so the same release to the bit. ``filled`` once the Gram pass wrote every row
-    (a pass that took the rescaled route for extreme scales writes none)."""
-
-    def __init__(self, n_rows: int, n_cols: int) -> None:
-        self.rows: FloatArray = np.empty((n_rows, n_cols), dtype=np.float32)
-        self.filled = False
 
 
 #: Float32 centring (:func:`single_centring_fits`) up to this many columns: the float32
@@ -198,7 +160,6 @@ def single_projections(
     *,
     transposed: bool = False,
     shift: FloatArray | None = None,
-    cast: FloatArray | None = None,
 ) -> FloatArray:
     """``Y B`` for the clipped rows ``y_i = f_i x_i`` (``factors`` ``f``, ``None``: all 1) and
     ``B = columns`` (``d x b``, ``b`` small), in float32 per chunk (each chunk scaled and
@@ -211,9 +172,7 @@ def single_projections(
     Transposed, the float32 products of all rows are kept (``4 n b`` bytes) and written to
     the ``(b, n)`` result in one step at the end: the same values as writing each chunk's
     transposed (``n/chunk`` strided writes of ``b`` short rows: 0.85 ms against 0.35 ms at
-    50,000 x 100, b = 10). ``cast``: the rows already rounded to float32 (shape ``(n, d)``,
-    :class:`SingleCopy`), read instead of the rows: the same float32 rows, no second
-    rounding pass."""
+    50,000 x 100, b = 10)."""
     n, d = data.shape
     b = columns.shape[1]
     chunk = gram_chunk_rows(d)
@@ -229,8 +188,7 @@ def single_projections(
         for block in iter_row_chunks(data, chunk):
             stop = start + block.shape[0]
             factor = None if factors is None else factors[start:stop]
-            rounded = None if cast is None else cast[start:stop]
-            rows = round_scaled(block, factor, squares[start:stop], rows32, rounded)
+            rows = round_scaled(block, factor, squares[start:stop], rows32)
             if transposed:
                 np.matmul(rows, basis32, out=products[start:stop])
             else:
@@ -394,7 +352,6 @@ def fast_gram(
     single: bool = False,
     centred_squares: FloatArray | None = None,
     single_centring: bool = False,
-    single_copy: SingleCopy | None = None,
 ) -> FloatArray:
     """:func:`~service.mechanisms.linalg.clipped_gram` of an array with :func:`fast_gram_rows`
     (a :class:`~service.mechanisms.linalg.RowSource` computes its own).
@@ -412,9 +369,7 @@ def fast_gram(
     filled with each row's ``||clip_C(x) - c||^2`` as the pass computes it (NaN where a chunk
     took the rescaled route), for the explained-variance step. ``single_centring`` (with
     ``single``, a ``center`` and ``squares``; :func:`single_centring_fits`): the centring too
-    in float32 (:func:`_centred_gram_single`). ``single_copy`` (with ``single`` and
-    ``squares``): every row's float32 rounding is written there as the pass makes it
-    (``filled`` when it was), for the explained-variance pass."""
+    in float32 (:func:`_centred_gram_single`)."""
     if isinstance(data, RowSource):
         return data.clipped_gram(clip_norm, center, row_clip)
     d = data.shape[1]
@@ -425,21 +380,17 @@ def fast_gram(
         else None
     )
     if squares is not None:
-        copy = None if single_copy is None or single_rows is None else single_copy.rows
         if center is None:
-            known = _gram_of_known(data, squares, bound, single_rows, copy)
+            known = _gram_of_known(data, squares, bound, single_rows)
         elif single_centring and single_rows is not None:
             known = _centred_gram_single(
-                data, squares, clip_norm, center, bound, single_rows, centred_squares, copy
+                data, squares, clip_norm, center, bound, single_rows, centred_squares
             )
         else:
             known = _centred_gram_of_known(
                 data, squares, clip_norm, center, bound, single_rows, centred_squares
             )
-            copy = None
         if known is not None:
-            if single_copy is not None and copy is not None:
-                single_copy.filled = True
             return known
     gram = np.zeros((d, d), dtype=np.float64)
     low, high = SAFE_SQUARED_NORMS
@@ -612,7 +563,6 @@ def _centred_gram_single(
     bound: float,
     single_rows: FloatArray,
     centred_out: FloatArray | None,
-    copy: FloatArray | None = None,
 ) -> FloatArray | None:
     """:func:`_centred_gram_of_known` with the centring in float32: each row is
     ``r = fl32(x) a - fl32(c)`` (``a`` its factor to ``C``; a row whose squared norm is above
@@ -626,8 +576,7 @@ def _centred_gram_single(
     scale is ``fl32(min(bound/sqrt(t), 1))`` in reused buffers, the same float32 factor as
     :func:`clip_factors`' (a row kept by its
     :data:`ROUNDING_SLACK` has ``bound/sqrt(t) >= 1 - 2^-41``, which rounds to 1 in float32),
-    so the same rows to the bit. ``copy`` (shape ``(n, d)``, float32): each chunk is rounded
-    there (``fl32(x)``, kept for the explained-variance pass) instead of into a buffer."""
+    so the same rows to the bit."""
     if _safe_squares(squares, min(bound, clip_norm), squares) is None:
         return None
     n, d = data.shape
@@ -655,17 +604,15 @@ def _centred_gram_single(
             size = block.shape[0]
             stop = start + size
             rows = single_rows[:size]
-            cast = rows if copy is None else copy[start:stop]
-            np.copyto(cast, block, casting="same_kind")
+            np.copyto(rows, block, casting="same_kind")
             factor = None if factors is None else factors[start:stop]
             if factor is not None and bool(np.all(factor == 1.0)):
                 factor = None
             if factor is not None:
-                np.multiply(cast, factor.astype(np.float32)[:, None], out=rows)
-                cast = rows
+                rows *= factor.astype(np.float32)[:, None]
             # The centre repeated on every row of a chunk: one contiguous subtraction (the same
             # float32 differences; broadcasting it row by row costs 2x, 100 floats per call).
-            np.subtract(cast, centres[:size], out=rows)
+            np.subtract(rows, centres[:size], out=rows)
             if wild_all.size:
                 lo, hi = np.searchsorted(wild_all, (start, stop))
                 if hi > lo:
@@ -699,16 +646,13 @@ def _gram_of_known(
     squares: FloatArray,
     bound: float,
     single_rows: FloatArray | None = None,
-    copy: FloatArray | None = None,
 ) -> FloatArray | None:
     """:func:`fast_gram` of the uncentred rows clipped at ``bound`` from their known squared
     norms: the factors computed once for all rows, each chunk with a factor below 1 scaled
     into one reused buffer (the same products as :func:`_scale_to`'s copy; no allocation per
     chunk). ``None`` when a squared norm is outside the safe range (the caller's loop then
     takes the rescaled route). ``single_rows``: as :func:`_add_gram` (a scaled chunk is
-    scaled and rounded to float32 in one step: the same float32 rows). ``copy`` (with
-    ``single_rows``; shape ``(n, d)``, float32): each chunk is rounded there first
-    (``fl32(x)``, kept for the explained-variance pass) and scaled from it (the same rows)."""
+    scaled and rounded to float32 in one step: the same float32 rows)."""
     if _safe_squares(squares, bound, squares) is None:
         return None
     factors = clip_factors(squares, bound)
@@ -719,24 +663,16 @@ def _gram_of_known(
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
-            first, stop = start, start + block.shape[0]
+            stop = start + block.shape[0]
             factor = None if factors is None else factors[start:stop]
             start = stop
-            cast = None
-            if copy is not None and single_rows is not None:
-                cast = copy[first:stop]
-                with np.errstate(over="ignore", invalid="ignore"):
-                    np.copyto(cast, block, casting="same_kind")
             if factor is None or bool(np.all(factor == 1.0)):
-                if cast is not None:
-                    _add_single(gram, cast)
-                else:
-                    _add_gram(gram, block, single_rows)
+                _add_gram(gram, block, single_rows)
                 continue
             if single_rows is not None:
                 _add_single(
                     gram,
-                    round_scaled(block, factor, squares[first:stop], single_rows, cast),
+                    round_scaled(block, factor, squares[start - len(factor) : start], single_rows),
                 )
                 continue
             if buffer is None:

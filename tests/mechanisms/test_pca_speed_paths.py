@@ -16,7 +16,6 @@ import pytest
 from service.mechanisms import centring_choice as cc
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import PublicContext, ReleaseSpec
-from service.mechanisms.fast_rows import SingleCopy, single_copy_fits
 from service.mechanisms.linalg import (
     captured_energy,
     clipped_gram,
@@ -117,10 +116,7 @@ def test_no_array_of_pairs_unless_the_pairs_route_is_taken(kind: str) -> None:
     peak, route = peak_bytes(rows, 0)
     assert route == kind
     pairs_bytes = 8 * (n // 2) * d
-    # Beyond the float32 copy of the rows the Gram pass keeps for the explained-variance
-    # pass by design (fast_rows.SingleCopy, 4 n d bytes, counted by memory_bytes).
-    copy_bytes = 4 * n * d if single_copy_fits(n, d) else 0
-    assert peak - copy_bytes < pairs_bytes
+    assert peak < pairs_bytes
 
 
 @pytest.mark.parametrize("rows", [offset_rows(301, 6, 8), offset_rows(4001, 30, 9)])
@@ -491,47 +487,3 @@ def test_the_pairs_by_higher_row_are_the_sorted_pairs(n: int, chunk: int) -> Non
         inside = high_by[bounds[c] : bounds[c + 1]]
         assert np.all((inside >= c * chunk) & (inside < (c + 1) * chunk))
     assert bounds[-1] == m
-
-
-def chosen_release(rows: Rows, keep_copy: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
-    from service.mechanisms import analyze_gauss
-
-    made: list[SingleCopy] = []
-
-    class Kept(SingleCopy):
-        def __init__(self, n_rows: int, n_cols: int) -> None:
-            super().__init__(n_rows, n_cols)
-            made.append(self)
-
-    monkeypatch.setattr(analyze_gauss, "single_copy_fits", lambda n, d: keep_copy)
-    monkeypatch.setattr(analyze_gauss, "SingleCopy", Kept)
-    mechanism = AnalyzeGauss()
-    n, d = rows.shape
-    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-    params = mechanism.prepare(ctx, 3, 1.0, 1e-6, mechanism.parse_params({"center": "private"}))
-    out = mechanism.run(rows, ReleaseSpec(3, 1.0, 1e-6, params), np.random.default_rng(3))
-    assert [copy.filled for copy in made] == ([True] if keep_copy else [])
-    return out
-
-
-@pytest.mark.parametrize("kind", ["mean", "none"])
-def test_the_kept_float32_copy_gives_the_same_release_to_the_bit(
-    kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The Gram pass's float32 rounding of the rows, kept for the explained-variance pass
-    # (fast_rows.SingleCopy), is the rounding that pass would make itself: with or without
-    # the copy, the same basis and extras to the last bit, with rows above C (clip factors),
-    # a zero row and a row at 1e60 (computed in float64 on both passes).
-    n, d = 9_000, 12
-    if kind == "mean":
-        rows = offset_rows(n, d, 11)
-    else:
-        rng = np.random.default_rng(12)
-        rows = rng.standard_normal((n, d)) / np.sqrt(np.arange(1, d + 1)) / 4.0
-        rows[::97] *= 8.0  # above C = 1
-    rows[5] *= 1e60
-    with_copy = chosen_release(rows, True, monkeypatch)
-    without = chosen_release(rows, False, monkeypatch)
-    assert with_copy.extras["centring"] == without.extras["centring"] == kind
-    np.testing.assert_array_equal(with_copy.basis, without.basis)
-    assert with_copy.extras == without.extras
