@@ -369,10 +369,10 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         if chooses_centring(spec.params):
             # No array of pairs: every pass reads a chunk at a time. The probe's pass holds the
             # chunk, its pairs' rows and partners (at most 6 c d), a d-vector and, per pair,
-            # at most seven arrays of n/2 (the pairing's index arrays and sort order, the dot
+            # at most seven arrays of n/2 (the pairing's index arrays and order, the dot
             # products, their factors and squared norms while the pairs' norms are formed;
-            # argsort's workspace before). The Gram and explained-variance passes are
-            # clipped_gram's at most.
+            # before, while the pairs are ordered, at most 25 n bytes: _pairs_by_higher_row).
+            # The Gram and explained-variance passes are clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
             probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8 + 32 * ctx.n_rows
             # Kept from the probe to the explained-variance step: per row its clip factor,
