@@ -369,10 +369,10 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         if chooses_centring(spec.params):
             # No array of pairs: every pass reads a chunk at a time. The probe's pass holds the
             # chunk, its pairs' rows and partners (at most 6 c d), a d-vector and, per pair,
-            # at most seven arrays of n/2 (the pairing's index arrays and sort order, the dot
+            # at most seven arrays of n/2 (the pairing's index arrays and order, the dot
             # products, their factors and squared norms while the pairs' norms are formed;
-            # argsort's workspace before). The Gram and explained-variance passes are
-            # clipped_gram's at most.
+            # before, while the pairs are ordered, at most 25 n bytes: _pairs_by_higher_row).
+            # The Gram and explained-variance passes are clipped_gram's at most.
             chunk = min(max(1, ctx.n_rows), DEFAULT_CHUNK_ROWS)
             probe = 8 * (6 * chunk * d + 3 * d * d) + 16 * chunk * 8 + 32 * ctx.n_rows
             # Kept from the probe to the explained-variance step: per row its clip factor,
@@ -382,12 +382,17 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             # ... and on the mean route the Gram pass's centred squared norms (8 n). Float32
             # (single_gram_fits, single_projections_fit): a float32 chunk in the Gram pass,
             # and a chunk and its products in the explained-variance pass.
+            # The explained-variance step's float32 products (4 n k) are written to its n x k
+            # result at the end; the float32 pass repeats the centre on every row of its
+            # chunk (4 chunk d).
             kept = 8 * 4 * n
             single = 4 * gram_chunk_rows(d) * (d + k)
-            energy = 8 * n * (k + 1) + 8 * chunk * (4 * k + 8) + single
+            energy = 8 * n * (k + 1) + 4 * n * k + 8 * chunk * (4 * k + 8) + single
             return kept + max(
                 probe,
-                clipped_gram_memory(ctx.n_rows, d, centred=True) + single,
+                clipped_gram_memory(ctx.n_rows, d, centred=True)
+                + single
+                + 4 * gram_chunk_rows(d) * d,
                 8 * (5 * d * d),
                 8 * (2 * d * d) + eigh_memory(d, spec.k),
                 energy + 8 * chunk * (k + 1),

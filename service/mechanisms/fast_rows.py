@@ -167,7 +167,12 @@ def single_projections(
     or ``(b, n)`` when ``transposed``. Each row's products depend on that row only. About 2x
     faster than float64 at 50,000 x 100, b = 10 (the product's cost is the cast chunk's
     reading). ``shift`` (shape ``(b,)``, with ``transposed``): subtracted from each row's
-    products in float64 as they are written (the same values as subtracting afterwards)."""
+    products in float64 as they are written (the same values as subtracting afterwards).
+
+    Transposed, the float32 products of all rows are kept (``4 n b`` bytes) and written to
+    the ``(b, n)`` result in one step at the end: the same values as writing each chunk's
+    transposed (``n/chunk`` strided writes of ``b`` short rows: 0.85 ms against 0.35 ms at
+    50,000 x 100, b = 10)."""
     n, d = data.shape
     b = columns.shape[1]
     chunk = gram_chunk_rows(d)
@@ -177,22 +182,24 @@ def single_projections(
     # Y B row by row in either layout (the transposed layout is written from it: 1.2x faster
     # than B^T Y^T at d = 100, b = 10).
     basis32 = np.ascontiguousarray(columns, dtype=np.float32)
-    products = np.empty((rows32.shape[0], b), np.float32)
+    products = np.empty((n if transposed else rows32.shape[0], b), np.float32)
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
             stop = start + block.shape[0]
             factor = None if factors is None else factors[start:stop]
             rows = round_scaled(block, factor, squares[start:stop], rows32)
-            part = products[: block.shape[0]]
-            np.matmul(rows, basis32, out=part)
-            if transposed and shift is not None:
-                np.subtract(part.T, shift[:, None], out=out[:, start:stop])
-            elif transposed:
-                out[:, start:stop] = part.T
+            if transposed:
+                np.matmul(rows, basis32, out=products[start:stop])
             else:
+                part = products[: block.shape[0]]
+                np.matmul(rows, basis32, out=part)
                 out[start:stop] = part
             start = stop
+    if transposed and shift is not None:
+        np.subtract(products.T, shift[:, None], out=out)
+    elif transposed:
+        out[...] = products.T
     return out
 
 
@@ -586,6 +593,7 @@ def _centred_gram_single(
     wild_all = np.flatnonzero(~tame)
     del tame
     most = single_rows.shape[0]
+    centres = np.tile(center32, (most, 1))
     norms32 = np.empty(most, dtype=np.float32)
     scale64 = np.empty(most, dtype=np.float64)
     scale32 = np.empty(most, dtype=np.float32)
@@ -602,7 +610,9 @@ def _centred_gram_single(
                 factor = None
             if factor is not None:
                 rows *= factor.astype(np.float32)[:, None]
-            rows -= center32
+            # The centre repeated on every row of a chunk: one contiguous subtraction (the same
+            # float32 differences; broadcasting it row by row costs 2x, 100 floats per call).
+            np.subtract(rows, centres[:size], out=rows)
             if wild_all.size:
                 lo, hi = np.searchsorted(wild_all, (start, stop))
                 if hi > lo:
@@ -632,7 +642,10 @@ def _centred_gram_single(
 
 
 def _gram_of_known(
-    data: Any, squares: FloatArray, bound: float, single_rows: FloatArray | None = None
+    data: Any,
+    squares: FloatArray,
+    bound: float,
+    single_rows: FloatArray | None = None,
 ) -> FloatArray | None:
     """:func:`fast_gram` of the uncentred rows clipped at ``bound`` from their known squared
     norms: the factors computed once for all rows, each chunk with a factor below 1 scaled

@@ -465,3 +465,25 @@ def test_the_float32_centring_moves_within_the_slack_and_keeps_the_gram() -> Non
     assert not fr.single_centring_fits(d + 1, 1.0, center, 0.1)
     assert not fr.single_centring_fits(100, 1.0, center, 0.01)  # offset 100x the spread
     assert not fr.single_centring_fits(100, 1.0, center * 1e20, 0.1)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 1025, 4097])
+@pytest.mark.parametrize("chunk", [1, 7, 1024])
+def test_the_pairs_by_higher_row_are_the_sorted_pairs(n: int, chunk: int) -> None:
+    # The probe pass orders its pairs by their higher row in linear time; the reference sorts
+    # them. Each chunk gets the same pairs (the same (low, high, j) triples), the whole order
+    # by higher row.
+    order = np.random.default_rng(n + chunk).permutation(n)
+    low_by, high_by, by, bounds = cc._pairs_by_higher_row(order, n, chunk)
+    m = n // 2
+    first, second = order[0 : 2 * m : 2], order[1 : 2 * m : 2]
+    low, high = np.minimum(first, second), np.maximum(first, second)
+    ranked = np.argsort(high)
+    np.testing.assert_array_equal(high_by, high[ranked])
+    np.testing.assert_array_equal(low_by, low[ranked])
+    np.testing.assert_array_equal(by, ranked)
+    assert bounds.shape == ((n + chunk - 1) // chunk + 1,)
+    for c in range(bounds.shape[0] - 1):
+        inside = high_by[bounds[c] : bounds[c + 1]]
+        assert np.all((inside >= c * chunk) & (inside < (c + 1) * chunk))
+    assert bounds[-1] == m
