@@ -73,9 +73,6 @@ import numpy as np
 import numpy.typing as npt
 
 from service.mechanisms.fast_rows import (
-    ROUNDING_SLACK as ROUNDING_SLACK,
-)
-from service.mechanisms.fast_rows import (
     _energy,
     _safe_squares,
     _scale_to,
@@ -105,6 +102,9 @@ from service.mechanisms.linalg import (
     _clip_rows,
     gram_norm_counts,
     iter_row_chunks,
+)
+from service.mechanisms.linalg import (
+    ROUNDING_SLACK as ROUNDING_SLACK,
 )
 
 Route = Literal["mean", "pairs", "none"]

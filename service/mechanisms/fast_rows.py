@@ -22,11 +22,9 @@ from service.mechanisms.linalg import (
     gram_rows,
     iter_row_chunks,
 )
-
-#: A row whose computed squared norm exceeds the clip's square by at most this relative amount
-#: is kept unscaled (:func:`_scale_to`): the sum of ``d`` squares is computed to about
-#: ``d 2^-53`` relative, so a row scaled to norm ``C`` can read as ``C^2 (1 + 1e-14)``.
-ROUNDING_SLACK = 2.0**-40
+from service.mechanisms.linalg import (
+    ROUNDING_SLACK as ROUNDING_SLACK,
+)
 
 _vecdot = getattr(np, "vecdot", None)
 

@@ -91,6 +91,13 @@ def power_of_two_exponent(magnitude: FloatArray | float) -> IntArray:
 SAFE_SQUARED_NORMS = (2.0**-960, 2.0**960)
 
 
+#: A row whose computed squared norm exceeds the clip's square by at most this relative amount
+#: is kept unscaled (``fast_rows._scale_to``) and is not counted as above a bound
+#: (:func:`count_rows_above`): the sum of ``d`` squares is computed to about ``d 2^-53``
+#: relative, so a row scaled to norm ``C`` can read as ``C^2 (1 + 1e-14)``.
+ROUNDING_SLACK = 2.0**-40
+
+
 def _scaled_rows(block: FloatArray) -> tuple[FloatArray, FloatArray, IntArray]:
     """``(x 2^-e, ||x 2^-e||, e)`` per row, ``e`` bringing the row's largest entry into
     ``[0.5, 1)`` (so the norm can neither overflow nor underflow)."""
@@ -338,8 +345,15 @@ def gram_row_norms(
 def count_rows_above(
     data: npt.NDArray[Any], bound: float, chunk_rows: int = DEFAULT_CHUNK_ROWS
 ) -> int:
-    """How many rows have a norm above ``bound`` (norms after a power-of-two rescaling, so
-    right at every finite scale)."""
+    """How many rows have a norm above ``bound`` beyond rounding: ``||x||^2 > bound^2 (1 +
+    ROUNDING_SLACK)`` (norms after a power-of-two rescaling, so right at every finite scale).
+
+    A row a user scaled to norm ``bound`` reads as ``bound (1 + 1e-16)`` after a CSV round trip
+    or another BLAS's summation order; counting it would tell the owner that unit rows exceed a
+    bound of 1 (and the count would change with the library version)."""
+    # sqrt(1 + s) <= 1 + s/2: a row within the slack is never counted (one that the clip scales
+    # by less than s^2/8 = 2^-83 relative is not counted either).
+    factor = 1.0 + ROUNDING_SLACK / 2.0
     count = 0
     for block in iter_row_chunks(data, chunk_rows):
         if block.size == 0:
@@ -347,7 +361,7 @@ def count_rows_above(
         _, norms, exponent = _scaled_rows(block)
         with np.errstate(over="ignore", under="ignore"):
             # Compare ||x 2^-e|| with bound 2^-e: no overflow whatever the scale.
-            count += int(np.count_nonzero(norms > np.ldexp(bound, -exponent)))
+            count += int(np.count_nonzero(norms > np.ldexp(bound, -exponent) * factor))
     return count
 
 

@@ -247,3 +247,17 @@ def test_owners_see_only_their_datasets(client, keys, make_key, upload_dataset):
     assert client.get("/v1/datasets", headers=bearer(other_owner)).json()["items"] == []
     listed = client.get("/v1/datasets", headers=bearer(keys.analyst)).json()["items"]
     assert [item["id"] for item in listed] == [mine["id"]]
+
+
+def test_rows_scaled_to_the_bound_are_not_counted_above_it(client, keys):
+    """Unit rows read back with norms like 1 + 1e-16 (a CSV round trip, another BLAS): the
+    owner is not told they exceed a bound of 1; a row above it beyond rounding still counts."""
+    rng = np.random.default_rng(5)
+    rows = rng.normal(size=(400, 10))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    rows *= 1.0 + 2.0**-50  # every row's norm now a few ulps above 1
+    rows[0] *= 1.0 + 1e-9
+    assert np.count_nonzero(np.linalg.norm(rows, axis=1) > 1.0) > 100
+    response = post(client, keys.owner, "x.npy", npy_bytes(rows), row_norm_bound="1.0")
+    assert response.status_code == 201, response.text
+    assert response.json()["rows_above_bound"] == 1
