@@ -62,6 +62,7 @@ __all__ = [
     "ReleaseNoResult",
     "ReleaseOutcomeError",
     "ServerError",
+    "ServiceTimeoutError",
     "ServiceUnreachableError",
     "WaitTimeoutError",
 ]
@@ -148,7 +149,68 @@ class ServerError(DpssError):
 
 
 class ServiceUnreachableError(DpssError):
-    """No HTTP answer: connection refused, DNS failure, timeout."""
+    """No HTTP answer: connection refused, DNS failure, timeout (:class:`ServiceTimeoutError`),
+    or a connection lost before the answer (code ``connection_lost``)."""
+
+
+#: How a Python caller allows a slower answer (the command line says its own way).
+PYTHON_TIMEOUT_HINT: Final[str] = "Client(url, api_key, timeout=SECONDS)"
+
+
+class ServiceTimeoutError(ServiceUnreachableError):
+    """The service accepted the connection but its answer did not come within the client's
+    timeout (code ``read_timeout``; ``write_timeout`` when sending the request took too long):
+    it is slow or busy, not down. ``seconds`` is the timeout that passed."""
+
+    def __init__(self, code: str, url: str, seconds: float | None, hint: str) -> None:
+        self.url = url
+        self.seconds = seconds
+        super().__init__(code, self.explain(code, url, seconds, hint), None)
+
+    @staticmethod
+    def explain(code: str, url: str, seconds: float | None, hint: str) -> str:
+        within = f" within {seconds:g} s" if seconds is not None else " in time"
+        what = (
+            f"the request to {url} could not be sent{within}"
+            if code == "write_timeout"
+            else f"connected to {url}, but it sent no answer{within}"
+        )
+        return (
+            f"{what}: the service is slow or busy, not down. Try again in a moment, or allow "
+            f"longer with {hint}"
+        )
+
+    def with_hint(self, hint: str) -> ServiceTimeoutError:
+        """The same error, saying how to allow longer in the caller's terms."""
+        return ServiceTimeoutError(self.code, self.url, self.seconds, hint)
+
+
+def _read_seconds(timeout: Any, code: str) -> float | None:
+    """The seconds of ``timeout`` (an ``httpx.Timeout`` or a number) that just passed."""
+    if isinstance(timeout, httpx.Timeout):
+        return timeout.write if code == "write_timeout" else timeout.read
+    if isinstance(timeout, int | float):
+        return float(timeout)
+    return None
+
+
+def transport_error(url: str, exc: httpx.TransportError, timeout: Any) -> ServiceUnreachableError:
+    """The typed error for a request that got no HTTP answer: the connection could not be made
+    (``unreachable``), was made but the answer was too slow (:class:`ServiceTimeoutError`), or
+    was lost before the answer came (``connection_lost``: the service restarted or dropped it)."""
+    if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+        code = "write_timeout" if isinstance(exc, httpx.WriteTimeout) else "read_timeout"
+        return ServiceTimeoutError(code, url, _read_seconds(timeout, code), PYTHON_TIMEOUT_HINT)
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return ServiceUnreachableError(
+            "connection_lost",
+            f"connected to {url}, but the connection was lost before the answer came (the "
+            f"service restarted or closed it): {exc or type(exc).__name__}. Try again; a "
+            "release request is safe to repeat with the same Idempotency-Key",
+        )
+    return ServiceUnreachableError(
+        "unreachable", f"cannot reach {url}: {exc or type(exc).__name__}"
+    )
 
 
 class ReleaseOutcomeError(DpssError):
@@ -516,9 +578,8 @@ class Client:
                 method, self.url + path, headers={**self._auth, **(headers or {})}, **kwargs
             )
         except httpx.TransportError as exc:
-            raise ServiceUnreachableError(
-                "unreachable", f"cannot reach {self.url}: {exc or type(exc).__name__}"
-            ) from exc
+            timeout = kwargs.get("timeout", getattr(self._http, "timeout", None))
+            raise transport_error(self.url, exc, timeout) from exc
         if response.status_code >= 400:
             raise error_from_response(response)
         return response
