@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     # numpy is imported where a basis or an array is handled: the commands that only list,
     # show or grant (and `dpss --help`) start without it (bench/bench_cli_startup.py).
     import numpy as np
-    from numpy.typing import NDArray
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "AuthError",
@@ -253,6 +253,43 @@ def _uuid_or_none(value: Any) -> UUID | None:
         return UUID(str(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def feature_names(data: Any) -> list[str] | None:
+    """The string column names of a table-like input (anything with a ``columns`` attribute,
+    e.g. a pandas or polars DataFrame; duck-typed, so neither is needed), as scikit-learn reads
+    them: ``None`` when it has none or none is a string; ``TypeError`` when only some are."""
+    columns = getattr(data, "columns", None)
+    if columns is None or isinstance(columns, str):
+        return None
+    try:
+        names = list(columns)
+    except TypeError:
+        return None
+    strings = [isinstance(name, str) for name in names]
+    if not names or not any(strings):
+        return None
+    if not all(strings):
+        kinds = sorted({type(name).__name__ for name in names})
+        raise TypeError(
+            "column names are supported only when all are strings; these are of types "
+            f"{kinds}: convert them, e.g. columns = [str(c) for c in columns]"
+        )
+    return names
+
+
+def as_rows(data: Any) -> NDArray[Any]:
+    """``data`` (any array-like: a NumPy array, nested lists, a DataFrame) as a 2-D array."""
+    import numpy as np
+
+    array = np.asarray(data)
+    if array.ndim != 2:
+        raise ValueError(f"the array must be 2-D (rows x columns), got shape {array.shape}")
+    return array
+
+
+def _is_path(data: Any) -> bool:
+    return isinstance(data, str | os.PathLike)
 
 
 def error_from_response(response: httpx.Response) -> DpssError:
@@ -591,7 +628,7 @@ class Client:
 
     def upload(
         self,
-        data: str | os.PathLike[str] | NDArray[Any],
+        data: str | os.PathLike[str] | ArrayLike,
         *,
         name: str | None = None,
         epsilon_budget: Number,
@@ -614,8 +651,10 @@ class Client:
         the budget then protects people, not rows (the answer adds ``rows_per_unit``).
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
-        suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
-        a temporary file). ``name`` defaults to the file's stem and is required for arrays.
+        suffix tells the service the format) or any 2-D array-like: a NumPy array (streamed as
+        ``.npy`` without a temporary file), nested lists or a DataFrame (``numpy.asarray`` of
+        it; a ``privacy_unit_column`` name is then looked up in its string column names).
+        ``name`` defaults to the file's stem and is required for arrays.
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
         service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
@@ -624,7 +663,6 @@ class Client:
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
         """
-        import numpy as np
 
         form: dict[str, str] = cost_fields(
             epsilon_budget=epsilon_budget,
@@ -643,13 +681,21 @@ class Client:
             form["row_norm_bound"] = repr(float(row_norm_bound))
         if privacy_unit_column is not None:
             form["privacy_unit_column"] = str(privacy_unit_column)
-        if isinstance(data, np.ndarray):
-            if data.ndim != 2:
-                raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")
+        if not _is_path(data):
+            names = feature_names(data)
+            array = as_rows(data)
             if name is None:
                 raise TypeError("name= is required when uploading an array")
+            if isinstance(privacy_unit_column, str) and not privacy_unit_column.isdigit():
+                # A .npy file has no column names: send the named column's index.
+                if names is None or privacy_unit_column not in names:
+                    raise ValueError(
+                        f"privacy_unit_column {privacy_unit_column!r} is not one of the "
+                        "array's column names; give its 0-based index instead"
+                    )
+                form["privacy_unit_column"] = str(names.index(privacy_unit_column))
             form["name"] = name
-            stream = NpyStream(data)
+            stream = NpyStream(array)
             with stream:
                 total = stream.seek(0, os.SEEK_END)
                 stream.seek(0)
@@ -661,7 +707,7 @@ class Client:
                     files={"file": (f"{name}.npy", body, "application/octet-stream")},
                 )
         else:
-            path = Path(data)
+            path = Path(data)  # type: ignore[arg-type]  # _is_path
             form["name"] = name if name is not None else path.stem
             content_type = _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
             with path.open("rb") as fh:
@@ -788,20 +834,16 @@ class Client:
     def append_rows(
         self,
         dataset_id: UUID | str,
-        data: str | os.PathLike[str] | NDArray[Any],
+        data: str | os.PathLike[str] | ArrayLike,
         *,
         progress: UploadProgress | None = None,
     ) -> DatasetBatch:
         """Append a batch of rows to a dataset (owner key); returns the batch with its sequence
         number. ``data`` is a ``.csv``/``.npy``/``.parquet`` path or a 2-D array, as for
         :meth:`upload`, with the dataset's number of columns. All of it is appended or none."""
-        import numpy as np
-
         path = f"/v1/datasets/{dataset_id}/rows"
-        if isinstance(data, np.ndarray):
-            if data.ndim != 2:
-                raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")
-            with NpyStream(data) as stream:
+        if not _is_path(data):
+            with NpyStream(as_rows(data)) as stream:
                 total = stream.seek(0, os.SEEK_END)
                 stream.seek(0)
                 body: Any = stream if progress is None else _Reporting(stream, total, progress)
@@ -809,7 +851,7 @@ class Client:
                     "POST", path, files={"file": ("rows.npy", body, "application/octet-stream")}
                 )
         else:
-            file_path = Path(data)
+            file_path = Path(data)  # type: ignore[arg-type]  # _is_path
             content_type = _CONTENT_TYPES.get(file_path.suffix.lower(), "application/octet-stream")
             with file_path.open("rb") as fh:
                 sent: Any = fh
@@ -836,7 +878,7 @@ class Client:
 
     # Public priors ----------------------------------------------------------------------------
 
-    def upload_prior(self, basis: NDArray[Any], *, name: str | None = None) -> Prior:
+    def upload_prior(self, basis: ArrayLike, *, name: str | None = None) -> Prior:
         """Upload a public prior (analyst or owner key): a ``d x m`` basis with orthonormal
         columns, from public data or a fixed transform, never from the private rows. Name it in
         a release with ``prior_id=str(prior.id)``."""
