@@ -77,6 +77,17 @@ def printable(text: str, limit: int = 100) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
+def size_text(n_bytes: float) -> str:
+    """A size for a message, true to 3 significant digits: MiB from 0.1 MiB up (whole MiB from
+    100), bytes below (``f"{limit // 2**20} MiB"`` said "0 MiB" of a 0.01 MiB limit)."""
+    mib = n_bytes / (1024 * 1024)
+    if mib >= 100:
+        return f"{mib:,.0f} MiB"
+    if mib >= 0.1:
+        return f"{mib:.3g} MiB"
+    return f"{n_bytes:,.0f} bytes"
+
+
 class PayloadTooLarge(DomainError):
     """An upload exceeds ``DPSS_MAX_UPLOAD_MB`` (413)."""
 

@@ -139,6 +139,8 @@ def test_a_dry_run_over_the_memory_limit_gets_the_same_422(
     assert preview.status_code == real.status_code == 422
     assert preview.json() == real.json()
     assert "DPSS_WORKER_MEMORY_MB" in preview.json()["detail"]
+    # The limit as it is (it was "0 MiB": whole MiB, rounded down).
+    assert "above the worker limit of 1 bytes" in preview.json()["detail"]
     assert counts(session_factory)[:2] == (0, 0)
 
 
