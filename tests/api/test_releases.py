@@ -44,8 +44,8 @@ def test_ten_releases_of_a_tenth_fit_a_budget_of_one_exactly(client, keys, datas
     assert body["error"] == "budget_exceeded"
     assert body["epsilon_remaining"] == "0"
     assert body["delta_remaining"] == "0.000009"
-    # The refusal says what the analyst can do next.
-    assert "dry run" in body["detail"] and "ask the dataset's owner to raise" in body["detail"]
+    # The refusal says what the analyst can do next, and only what the service offers.
+    assert "dry run" in body["detail"] and "budget cannot be raised" in body["detail"]
     assert budget(client, keys.analyst, dataset["id"])["epsilon_spent"] == "1"
 
 
@@ -167,6 +167,9 @@ def test_a_refusal_says_what_the_release_lacks(client, keys, dataset):
     refused = request(client, keys.analyst, dataset["id"]).json()
     detail = refused["detail"]
     assert "remaining budget: epsilon 0 left, it needs 0.1. Ask for less" in detail, detail
+    # No action the service does not offer: nothing raises a dataset's budget.
+    assert "raise the budget" not in detail, detail
+    assert "a dataset's budget cannot be raised" in detail, detail
 
 
 def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, upload_dataset, rng):
