@@ -236,8 +236,7 @@ class BudgetExceeded(Conflict):
         # A grant's owner can grant more; a dataset's budget can never be raised (the service
         # has no way to: the total is the guarantee), so that is said, not suggested.
         more = (
-            "; a dataset's budget cannot be raised: it bounds what all its releases reveal "
-            "together"
+            "; a dataset's budget cannot be raised: it bounds what all its releases reveal together"
             if budget == "dataset"
             else ", or ask the dataset's owner to grant more"
         )
