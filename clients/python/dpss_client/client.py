@@ -26,7 +26,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from uuid import UUID
 
 import httpx
@@ -76,6 +76,9 @@ _Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage, PriorList)
 _sleep: Callable[[float], None] = time.sleep
 #: The longest long poll ``ReleaseHandle.wait`` asks for, seconds (the service allows 30).
 LONG_POLL_SECONDS: float = 25.0
+#: How long ``ReleaseHandle.wait`` keeps asking a service that does not answer (restarting,
+#: say) before it gives up, seconds: the release goes on in the service's database.
+RECONNECT_SECONDS: float = 60.0
 Number = Decimal | str | int | float
 
 
@@ -152,6 +155,16 @@ class ServiceUnreachableError(DpssError):
     """No HTTP answer: connection refused, DNS failure, timeout (:class:`ServiceTimeoutError`),
     or a connection lost before the answer (code ``connection_lost``)."""
 
+    #: What the caller adds (e.g. that a release goes on), after the detail.
+    note: str = ""
+
+    def noted(self, note: str) -> Self:
+        """This error with ``note`` after its detail."""
+        self.note = note
+        self.detail = f"{self.detail}; {note}"
+        self.args = (f"{self.code}: {self.detail}",)
+        return self
+
 
 #: How a Python caller allows a slower answer (the command line says its own way).
 PYTHON_TIMEOUT_HINT: Final[str] = "Client(url, api_key, timeout=SECONDS)"
@@ -182,7 +195,8 @@ class ServiceTimeoutError(ServiceUnreachableError):
 
     def with_hint(self, hint: str) -> ServiceTimeoutError:
         """The same error, saying how to allow longer in the caller's terms."""
-        return ServiceTimeoutError(self.code, self.url, self.seconds, hint)
+        again = ServiceTimeoutError(self.code, self.url, self.seconds, hint)
+        return again.noted(self.note) if self.note else again
 
 
 def _read_seconds(timeout: Any, code: str) -> float | None:
@@ -1285,8 +1299,15 @@ class ReleaseHandle:
         poll_interval: float = 0.2,
         max_poll_interval: float = 2.0,
         long_poll: float | None = None,
+        reconnect: float = RECONNECT_SECONDS,
     ) -> Release:
         """Wait until the release has finished and return it, whatever its outcome.
+
+        The release lives in the service's database, so a service restarted (or a connection
+        lost) while waiting does not end the wait: it asks again, pausing as between polls,
+        for up to ``reconnect`` seconds without an answer, and then raises the
+        :class:`ServiceUnreachableError`, saying that the release goes on and how to wait
+        for it again.
 
         Long polls (``GET /v1/releases/{id}?wait=...``, ``long_poll`` seconds each, default
         :data:`LONG_POLL_SECONDS`): the service answers as soon as the release has finished, so
@@ -1297,41 +1318,72 @@ class ReleaseHandle:
         """
         start = time.monotonic()
         interval = poll_interval
-        bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
+        lost_since: float | None = None
         with _Progress(self, start, enabled=progress) as shown:
             while not self.done:
-                elapsed = time.monotonic() - start
-                if timeout is not None and elapsed >= timeout:
-                    raise WaitTimeoutError(
-                        "timeout",
-                        f"release {self.id} still {self.status} after {elapsed:.1f} s",
+                try:
+                    interval = self._wait_step(
+                        shown, start, interval, timeout, max_poll_interval, long_poll
                     )
-                left = None if timeout is None else timeout - elapsed
-                if bound > 0 and not self._client._no_long_poll:
-                    # With a progress display, wake up every second to redraw the time.
-                    wait = min(bound, 1.0) if shown.enabled else bound
-                    wait = wait if left is None else min(wait, left)
-                    asked = time.monotonic()
-                    info = self._client._long_get(
-                        f"/v1/releases/{self.id}",
-                        Release,
-                        max(wait, 0.001),
-                        self._client._release_read(),
-                    )
-                    if info is None:  # a service from before long polls: poll instead
-                        continue
-                    self.info = info
-                    answered_early = time.monotonic() - asked < wait * 0.9
-                    if self.done or not answered_early:
-                        shown.update()
-                        continue
-                    # Answered at once, unfinished: the service is too busy to hold the wait.
-                pause = interval if left is None else min(interval, left)
-                _sleep(max(pause, 0.0))
-                interval = min(interval * 1.5, max_poll_interval)
-                self.refresh()
-                shown.update()
+                    lost_since = None
+                except ServiceUnreachableError as error:
+                    now = time.monotonic()
+                    lost_since = now if lost_since is None else lost_since
+                    if now - lost_since >= reconnect or (
+                        timeout is not None and now - start >= timeout
+                    ):
+                        raise error.noted(
+                            f"release {self.id} goes on in the service (asked again for "
+                            f"{now - lost_since:.0f} s): wait for it again with `dpss releases "
+                            f"show {self.id} --wait` or Client.get_release(id).wait()"
+                        ) from error
+                    _sleep(interval)
+                    interval = min(interval * 1.5, max_poll_interval)
         return self.info
+
+    def _wait_step(
+        self,
+        shown: _Progress,
+        start: float,
+        interval: float,
+        timeout: float | None,
+        max_poll_interval: float,
+        long_poll: float | None,
+    ) -> float:
+        """One long poll (or poll) of :meth:`wait_finished`; returns the next poll interval."""
+        bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
+        elapsed = time.monotonic() - start
+        if timeout is not None and elapsed >= timeout:
+            raise WaitTimeoutError(
+                "timeout",
+                f"release {self.id} still {self.status} after {elapsed:.1f} s",
+            )
+        left = None if timeout is None else timeout - elapsed
+        if bound > 0 and not self._client._no_long_poll:
+            # With a progress display, wake up every second to redraw the time.
+            wait = min(bound, 1.0) if shown.enabled else bound
+            wait = wait if left is None else min(wait, left)
+            asked = time.monotonic()
+            info = self._client._long_get(
+                f"/v1/releases/{self.id}",
+                Release,
+                max(wait, 0.001),
+                self._client._release_read(),
+            )
+            if info is None:  # a service from before long polls: poll instead
+                return interval
+            self.info = info
+            answered_early = time.monotonic() - asked < wait * 0.9
+            if self.done or not answered_early:
+                shown.update()
+                return interval
+            # Answered at once, unfinished: the service is too busy to hold the wait.
+        pause = interval if left is None else min(interval, left)
+        _sleep(max(pause, 0.0))
+        interval = min(interval * 1.5, max_poll_interval)
+        self.refresh()
+        shown.update()
+        return interval
 
     def raise_for_outcome(self) -> Release:
         """Return the release if it succeeded; raise ReleaseNoResult / ReleaseFailed otherwise."""
