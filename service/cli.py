@@ -47,6 +47,50 @@ HostOption = Annotated[str, typer.Option(help="Interface to listen on.")]
 PortOption = Annotated[int, typer.Option(help="Port to listen on.")]
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuse to start, in one line (exit 2), when ``host:port`` cannot be listened on: in use
+    (another ``dpss serve`` or program), a privileged port, or an address not of this host.
+    Checked before anything starts (migrations, the worker): uvicorn would otherwise print only
+    its own log line. The probe binds as uvicorn does (``SO_REUSEADDR``), so a port left in
+    TIME_WAIT by a stopped server is free here as there."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        _cannot_start(f"cannot listen on {host}: not a known host name or address ({exc})", 2)
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+            probe.listen(1)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                _cannot_start(
+                    f"port {port} on {host} is already in use (another dpss serve or another "
+                    f"program): stop it, or choose another port with --port, e.g. --port "
+                    f"{port + 1 if port < 65535 else 8000}"
+                )
+            if exc.errno == errno.EACCES:
+                _cannot_start(
+                    f"not allowed to listen on port {port} (ports below 1024 need privileges): "
+                    "choose another port with --port, e.g. --port 8000"
+                )
+            if exc.errno == errno.EADDRNOTAVAIL:
+                _cannot_start(
+                    f"cannot listen on {host}: not an address of this machine; use --host "
+                    "127.0.0.1 (this machine only) or --host 0.0.0.0 (every interface)"
+                )
+            _cannot_start(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+
+
+def _cannot_start(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
 def _configure_logging(settings: Settings) -> None:
     from service.logs import log_config, log_what_python_prints
 
@@ -130,6 +174,7 @@ def api(
 
     from service.config import Settings
 
+    _check_port(host, port)
     settings = Settings()
     _configure_logging(settings)
     if workers > 1:
@@ -255,6 +300,7 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     from service.config import Settings
     from service.migrate import upgrade_to_head
 
+    _check_port(host, port)
     settings = Settings()
     _configure_logging(settings)
     _secure_data_dir(settings)

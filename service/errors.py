@@ -77,6 +77,17 @@ def printable(text: str, limit: int = 100) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
+def size_text(n_bytes: float) -> str:
+    """A size for a message, true to 3 significant digits: MiB from 0.1 MiB up (whole MiB from
+    100), bytes below (``f"{limit // 2**20} MiB"`` said "0 MiB" of a 0.01 MiB limit)."""
+    mib = n_bytes / (1024 * 1024)
+    if mib >= 100:
+        return f"{mib:,.0f} MiB"
+    if mib >= 0.1:
+        return f"{mib:.3g} MiB"
+    return f"{n_bytes:,.0f} bytes"
+
+
 class PayloadTooLarge(DomainError):
     """An upload exceeds ``DPSS_MAX_UPLOAD_MB`` (413)."""
 
@@ -221,12 +232,17 @@ class BudgetExceeded(Conflict):
         filter's share is what ran out)."""
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         why = f": {'; '.join(shortfalls)}" if shortfalls else ""
-        # What the analyst can do next: a dry run prices a smaller request without a charge;
-        # only the dataset's owner can add budget (to the dataset, or by a new grant).
-        raise_it = "raise the budget" if budget == "dataset" else "grant more"
+        # What the analyst can do next: a dry run prices a smaller request without a charge.
+        # A grant's owner can grant more; a dataset's budget can never be raised (the service
+        # has no way to: the total is the guarantee), so that is said, not suggested.
+        more = (
+            "; a dataset's budget cannot be raised: it bounds what all its releases reveal together"
+            if budget == "dataset"
+            else ", or ask the dataset's owner to grant more"
+        )
         todo = (
-            f". Ask for less (a smaller cost; a dry run, `dry_run=true`, prices a request without "
-            f"charging it), or ask the dataset's owner to {raise_it}"
+            ". Ask for less (a smaller cost; a dry run, `dry_run=true`, prices a request without "
+            f"charging it){more}"
         )
         super().__init__(
             f"this release costs more than {which} remaining budget{why}{todo}",

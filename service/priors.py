@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session, undefer
 from service import audit
 from service.auth import Principal, Role, require_role
 from service.db.models import Prior, utcnow
-from service.errors import InvalidInput, NotFound
+from service.errors import InvalidInput, NotFound, size_text
 from service.mechanisms.base import Mechanism
 from service.mechanisms.linalg import FloatArray
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
@@ -104,7 +104,7 @@ def check_matrix(matrix: Any, field: str) -> FloatArray:
         raise InvalidInput(field, f"has m={m} columns, more than its d={d} rows: m <= d")
     if 8 * d * m > MAX_PRIOR_BYTES:
         raise InvalidInput(
-            field, f"{d} x {m} is above the limit of {MAX_PRIOR_BYTES // 2**20} MiB of float64"
+            field, f"{d} x {m} is above the limit of {size_text(MAX_PRIOR_BYTES)} of float64"
         )
     values = array.astype(np.float64)
     if not np.all(np.isfinite(values)):
@@ -251,7 +251,7 @@ def read_upload(path: Path, suffix: str) -> FloatArray:
     if suffix != ".npy":
         raise InvalidInput("file", "a prior is a .npy file (a 2-D float array, no pickles)")
     if path.stat().st_size > MAX_PRIOR_BYTES + 4096:
-        raise InvalidInput("file", f"above the limit of {MAX_PRIOR_BYTES // 2**20} MiB")
+        raise InvalidInput("file", f"above the limit of {size_text(MAX_PRIOR_BYTES)}")
     try:
         with path.open("rb") as handle:
             array = np.load(handle, allow_pickle=False)

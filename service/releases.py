@@ -47,6 +47,7 @@ from service.errors import (
     IdempotencyConflict,
     InvalidInput,
     NotFound,
+    size_text,
 )
 from service.keyformat import KEY_PREFIX
 from service.mechanisms.base import Mechanism, PublicContext, ReleaseSpec
@@ -307,9 +308,9 @@ def check_memory(prepared: Prepared, limit_mb: float, extra_bytes: int = 0) -> N
         ctx = prepared.context
         raise InvalidInput(
             "params",
-            f"{prepared.mechanism.name} would need about {estimate / MIB:,.0f} MiB of working "
+            f"{prepared.mechanism.name} would need about {size_text(estimate)} of working "
             f"memory for n={ctx.n_rows}, d={ctx.n_cols}, k={prepared.spec.k} and these params, "
-            f"above the worker limit of {limit_mb:,.0f} MiB (DPSS_WORKER_MEMORY_MB); "
+            f"above the worker limit of {size_text(limit)} (DPSS_WORKER_MEMORY_MB); "
             "ask for a smaller k or cheaper params, or ask the operator to raise the limit",
         )
 

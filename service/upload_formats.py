@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from service.errors import InvalidInput, PayloadTooLarge
+from service.errors import InvalidInput, PayloadTooLarge, size_text
 from service.privacy_unit import FIELD as UNIT_FIELD
 
 #: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
@@ -156,9 +156,7 @@ def _csv_first_row(
     with open(path, "rb") as handle:
         line = handle.readline(CSV_BLOCK_BYTES + 1)
     if len(line) > CSV_BLOCK_BYTES:
-        raise InvalidInput(
-            "file", f"the first row is longer than {CSV_BLOCK_BYTES // (1024 * 1024)} MiB"
-        )
+        raise InvalidInput("file", f"the first row is longer than {size_text(CSV_BLOCK_BYTES)}")
     if line.startswith(_UTF8_BOM):
         line = line[len(_UTF8_BOM) :]
     if not line.strip(b"\r\n"):
@@ -226,7 +224,7 @@ def _describe_csv_error(message: str) -> str:
     if "Empty CSV" in message:
         return "the CSV file is empty"
     if "straddling" in message or "block" in message:
-        return f"a row is longer than {CSV_BLOCK_BYTES // (1024 * 1024)} MiB"
+        return f"a row is longer than {size_text(CSV_BLOCK_BYTES)}"
     return "not a readable numeric CSV file"
 
 
@@ -329,7 +327,7 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
     if _parquet_footer_bytes(path) > MAX_PARQUET_FOOTER_BYTES:
         raise InvalidInput(
             "file",
-            f"the Parquet metadata is larger than {MAX_PARQUET_FOOTER_BYTES // (1024 * 1024)} MiB",
+            f"the Parquet metadata is larger than {size_text(MAX_PARQUET_FOOTER_BYTES)}",
         )
     try:
         parquet = pq.ParquetFile(path)
@@ -359,7 +357,7 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
                 raise InvalidInput(
                     "file",
                     f"Parquet row group {group + 1} holds a column larger than "
-                    f"{MAX_PARQUET_CHUNK_BYTES // (1024 * 1024)} MiB decoded; write smaller "
+                    f"{size_text(MAX_PARQUET_CHUNK_BYTES)} decoded; write smaller "
                     "row groups",
                 )
     try:

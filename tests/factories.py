@@ -26,6 +26,29 @@ def near_subspace(
     return rows * np.minimum(1.0, norm / norms), basis
 
 
+def hybrid_with_filter_c_closed(
+    client: Any, owner_key: str, analyst_key: str, upload_dataset: Any, rng: np.random.Generator
+) -> dict[str, Any]:
+    """A ``hybrid`` dataset (200 x 6 rows near a plane, epsilon 1, delta 1e-5, bound 1) after
+    two Gaussian releases (``analyze_gauss``, k 2, epsilon 0.05, delta 1e-6 each), admitted by
+    filter A', which overspend filter C's 1% share of delta (1e-7): C is closed whatever epsilon
+    it has left, so a pure release (delta 0, which A' and B cannot charge) is unaffordable.
+    Returns the dataset's JSON. ``upload_dataset`` is the suite's fixture of that name."""
+    data, _ = near_subspace(rng, 200, 6, 2)
+    dataset: dict[str, Any] = upload_dataset(
+        client, owner_key, data, epsilon_budget="1.0", delta_budget="1e-5",
+        row_norm_bound=1.0, accounting="hybrid",
+    )  # fmt: skip
+    for _ in range(2):
+        made = client.post(
+            f"/v1/datasets/{dataset['id']}/releases",
+            headers={"Authorization": f"Bearer {analyst_key}"},
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.05", "delta": "1e-6"},
+        )
+        assert made.status_code == 202, made.text
+    return dataset
+
+
 @dataclass(frozen=True)
 class OldSchema:
     """A SQLite database migrated only to ``revision``, holding one dataset and one queued

@@ -162,3 +162,44 @@ def test_api_with_two_workers_serves_from_two_processes(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(api.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("command", ["serve", "api"])
+def test_a_busy_port_is_named_before_anything_starts(
+    command: str, serve_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Another program on the port: one line naming the port and --port, exit 1, no
+    traceback, and nothing started (no database, no worker)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "service", command, "--port", str(port)],
+            env=serve_env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1, done.stderr
+    assert f"port {port} on 127.0.0.1 is already in use" in done.stderr
+    assert "--port" in done.stderr
+    assert "Traceback" not in done.stderr and "Errno" not in done.stderr
+    assert not (tmp_path / "data" / "dpss.db").exists()
+
+
+def test_an_address_not_of_this_host_is_named(serve_env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "service", "serve", "--host", "192.0.2.1", "--port", "8000"],
+        env=serve_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "cannot listen on 192.0.2.1: not an address of this machine" in done.stderr
+    assert "Traceback" not in done.stderr

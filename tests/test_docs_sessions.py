@@ -71,3 +71,13 @@ def test_every_recorded_output_of_the_cli_page_is_what_the_service_prints():
     page, python_output = record()
     found = differences(page, python_output)
     assert not found, "\n\n".join(found) + "\n\nre-record: python -m scripts.docs_sessions --write"
+
+
+def test_every_print_of_the_python_flow_is_in_its_recorded_output():
+    """Each ``print`` of the flow runs once and prints one line: a print that never ran (an
+    ``except`` the request did not reach) shows a branch the reader will not see. The flow's
+    ``except BudgetExceededError`` printed nothing: hybrid admitted the request, and spent it."""
+    page = parse(CLI_DOC.read_text())
+    start, end = page.python_output
+    recorded = [line for line in page.text[start:end].splitlines() if line.strip()]
+    assert page.python_code.count("print(") == len(recorded), recorded

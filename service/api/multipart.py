@@ -30,7 +30,13 @@ from python_multipart.multipart import (
     parse_options_header,
 )
 
-from service.errors import InsufficientStorage, InvalidInput, PayloadTooLarge, printable
+from service.errors import (
+    InsufficientStorage,
+    InvalidInput,
+    PayloadTooLarge,
+    printable,
+    size_text,
+)
 from service.store import SUPPORTED_SUFFIXES, DatasetStore, disk_space_errors
 
 MAX_FIELD_BYTES = 64 * 1024
@@ -132,7 +138,7 @@ class _Receiver:
             self.file_bytes += end - start
             if self.file_bytes > self.max_bytes:
                 raise PayloadTooLarge(
-                    f"file: larger than the limit of {self.max_bytes // (1024 * 1024)} MiB "
+                    f"file: larger than the limit of {size_text(self.max_bytes)} "
                     "(DPSS_MAX_UPLOAD_MB)"
                 )
             with disk_space_errors():
@@ -181,7 +187,7 @@ async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) 
         and int(declared) > max_bytes + MAX_FIELD_BYTES * MAX_FIELDS
     ):
         raise PayloadTooLarge(
-            f"file: larger than the limit of {max_bytes // (1024 * 1024)} MiB (DPSS_MAX_UPLOAD_MB)"
+            f"file: larger than the limit of {size_text(max_bytes)} (DPSS_MAX_UPLOAD_MB)"
         )
     receiver = _Receiver(store, max_bytes)
     callbacks = {

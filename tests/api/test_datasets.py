@@ -261,3 +261,18 @@ def test_rows_scaled_to_the_bound_are_not_counted_above_it(client, keys):
     response = post(client, keys.owner, "x.npy", npy_bytes(rows), row_norm_bound="1.0")
     assert response.status_code == 201, response.text
     assert response.json()["rows_above_bound"] == 1
+
+
+@pytest.mark.parametrize(
+    ("limit_mb", "said"), [(0.01, "10,485 bytes"), (0.25, "0.25 MiB"), (1.5, "1.5 MiB")]
+)
+def test_an_upload_refusal_states_the_limit_truly(
+    client, keys, settings, limit_mb, said, monkeypatch
+):
+    # A limit below 1 MiB was "0 MiB", and 1.5 was "1 MiB": whole MiB, rounded down.
+    monkeypatch.setattr(settings, "max_upload_mb", limit_mb)
+    too_big = npy_bytes(np.ones((int(limit_mb * 1024 * 1024) // 8 + 64, 1)))
+    response = post(client, keys.owner, "x.npy", too_big)
+    assert response.status_code == 413, response.text
+    assert f"larger than the limit of {said} (DPSS_MAX_UPLOAD_MB)" in response.json()["detail"]
+    assert stored_files(settings) == []

@@ -22,7 +22,7 @@ from service.mechanisms.registry import get_mechanism
 from service.store import DatasetStore
 from service.worker import Worker
 from tests.conftest import bearer, release_and_wait
-from tests.factories import near_subspace
+from tests.factories import hybrid_with_filter_c_closed, near_subspace
 
 
 def request(client, key, dataset_id, headers=None, dry_run=True, **body):
@@ -139,6 +139,8 @@ def test_a_dry_run_over_the_memory_limit_gets_the_same_422(
     assert preview.status_code == real.status_code == 422
     assert preview.json() == real.json()
     assert "DPSS_WORKER_MEMORY_MB" in preview.json()["detail"]
+    # The limit as it is (it was "0 MiB": whole MiB, rounded down).
+    assert "above the worker limit of 1 bytes" in preview.json()["detail"]
     assert counts(session_factory)[:2] == (0, 0)
 
 
@@ -307,17 +309,9 @@ def test_a_forecast_from_a_release_before_its_visible_at_does_not_tell_it_ran(
 def test_releases_remaining_is_zero_when_a_filter_the_others_overspent_is_closed(
     client, keys, upload_dataset, rng
 ):
-    # Gaussian releases at delta 1e-6, admitted by A', overspend filter C's 1% share of delta:
-    # C is closed, whatever its epsilon left. A pure release (delta 0, too big for A' and B)
-    # is then unaffordable, and the dry run must not say that one more fits.
-    data, _ = near_subspace(rng, 200, 6, 2)
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5",
-        row_norm_bound=1.0, accounting="hybrid",
-    )  # fmt: skip
-    for _ in range(2):
-        made = request(client, keys.analyst, dataset["id"], dry_run=False, delta="1e-6")
-        assert made.status_code == 202, made.text
+    # Filter C is closed by the Gaussian releases A' admitted: a pure release is unaffordable,
+    # and the dry run must not say that one more fits.
+    dataset = hybrid_with_filter_c_closed(client, keys.owner, keys.analyst, upload_dataset, rng)
     shown = request(
         client, keys.analyst, dataset["id"], mechanism="smooth_sensitivity", epsilon="0.5",
         delta="0",

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 
 from service.db.models import LedgerEntry, Release
 from tests.conftest import bearer
-from tests.factories import near_subspace
+from tests.factories import hybrid_with_filter_c_closed, near_subspace
 
 
 def request(client, key, dataset_id, headers=None, **body):
@@ -44,8 +44,8 @@ def test_ten_releases_of_a_tenth_fit_a_budget_of_one_exactly(client, keys, datas
     assert body["error"] == "budget_exceeded"
     assert body["epsilon_remaining"] == "0"
     assert body["delta_remaining"] == "0.000009"
-    # The refusal says what the analyst can do next.
-    assert "dry run" in body["detail"] and "ask the dataset's owner to raise" in body["detail"]
+    # The refusal says what the analyst can do next, and only what the service offers.
+    assert "dry run" in body["detail"] and "budget cannot be raised" in body["detail"]
     assert budget(client, keys.analyst, dataset["id"])["epsilon_spent"] == "1"
 
 
@@ -167,6 +167,9 @@ def test_a_refusal_says_what_the_release_lacks(client, keys, dataset):
     refused = request(client, keys.analyst, dataset["id"]).json()
     detail = refused["detail"]
     assert "remaining budget: epsilon 0 left, it needs 0.1. Ask for less" in detail, detail
+    # No action the service does not offer: nothing raises a dataset's budget.
+    assert "raise the budget" not in detail, detail
+    assert "a dataset's budget cannot be raised" in detail, detail
 
 
 def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, upload_dataset, rng):
@@ -195,16 +198,9 @@ def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, uplo
 def test_a_hybrid_refusal_says_a_filter_closed_by_the_others_is_closed(
     client, keys, upload_dataset, rng
 ):
-    # Gaussian releases at delta 1e-6, admitted by A', overspend C's 1% share of delta (1e-7):
-    # C then refuses even a pure release (delta 0). Its reason was "0 left, it needs 0".
-    data, _ = near_subspace(rng, 200, 6, 2)
-    dataset = upload_dataset(
-        client, keys.owner, data, epsilon_budget="1.0", delta_budget="1e-5",
-        row_norm_bound=1.0, accounting="hybrid",
-    )  # fmt: skip
-    for _ in range(2):
-        made = request(client, keys.analyst, dataset["id"], epsilon="0.05", delta="1e-6")
-        assert made.status_code == 202, made.text
+    # Filter C is closed by the Gaussian releases A' admitted (they overspent its delta share,
+    # 1e-7): C then refuses even a pure release (delta 0). Its reason was "0 left, it needs 0".
+    dataset = hybrid_with_filter_c_closed(client, keys.owner, keys.analyst, upload_dataset, rng)
     refused = request(
         client, keys.analyst, dataset["id"], mechanism="smooth_sensitivity", epsilon="5",
         delta="0",

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         ReleaseNoResult,
         ReleaseOutcomeError,
         ServerError,
+        ServiceTimeoutError,
         ServiceUnreachableError,
         WaitTimeoutError,
     )
@@ -56,6 +57,7 @@ __all__ = [
     "ReleaseNoResult",
     "ReleaseOutcomeError",
     "ServerError",
+    "ServiceTimeoutError",
     "ServiceUnreachableError",
     "WaitTimeoutError",
 ]

@@ -26,7 +26,7 @@ from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 from uuid import UUID
 
 import httpx
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     # numpy is imported where a basis or an array is handled: the commands that only list,
     # show or grant (and `dpss --help`) start without it (bench/bench_cli_startup.py).
     import numpy as np
-    from numpy.typing import NDArray
+    from numpy.typing import ArrayLike, NDArray
 
 __all__ = [
     "AuthError",
@@ -62,6 +62,7 @@ __all__ = [
     "ReleaseNoResult",
     "ReleaseOutcomeError",
     "ServerError",
+    "ServiceTimeoutError",
     "ServiceUnreachableError",
     "WaitTimeoutError",
 ]
@@ -75,6 +76,9 @@ _Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage, PriorList)
 _sleep: Callable[[float], None] = time.sleep
 #: The longest long poll ``ReleaseHandle.wait`` asks for, seconds (the service allows 30).
 LONG_POLL_SECONDS: float = 25.0
+#: How long ``ReleaseHandle.wait`` keeps asking a service that does not answer (restarting,
+#: say) before it gives up, seconds: the release goes on in the service's database.
+RECONNECT_SECONDS: float = 60.0
 Number = Decimal | str | int | float
 
 
@@ -148,7 +152,79 @@ class ServerError(DpssError):
 
 
 class ServiceUnreachableError(DpssError):
-    """No HTTP answer: connection refused, DNS failure, timeout."""
+    """No HTTP answer: connection refused, DNS failure, timeout (:class:`ServiceTimeoutError`),
+    or a connection lost before the answer (code ``connection_lost``)."""
+
+    #: What the caller adds (e.g. that a release goes on), after the detail.
+    note: str = ""
+
+    def noted(self, note: str) -> Self:
+        """This error with ``note`` after its detail."""
+        self.note = note
+        self.detail = f"{self.detail}; {note}"
+        self.args = (f"{self.code}: {self.detail}",)
+        return self
+
+
+#: How a Python caller allows a slower answer (the command line says its own way).
+PYTHON_TIMEOUT_HINT: Final[str] = "Client(url, api_key, timeout=SECONDS)"
+
+
+class ServiceTimeoutError(ServiceUnreachableError):
+    """The service accepted the connection but its answer did not come within the client's
+    timeout (code ``read_timeout``; ``write_timeout`` when sending the request took too long):
+    it is slow or busy, not down. ``seconds`` is the timeout that passed."""
+
+    def __init__(self, code: str, url: str, seconds: float | None, hint: str) -> None:
+        self.url = url
+        self.seconds = seconds
+        super().__init__(code, self.explain(code, url, seconds, hint), None)
+
+    @staticmethod
+    def explain(code: str, url: str, seconds: float | None, hint: str) -> str:
+        within = f" within {seconds:g} s" if seconds is not None else " in time"
+        what = (
+            f"the request to {url} could not be sent{within}"
+            if code == "write_timeout"
+            else f"connected to {url}, but it sent no answer{within}"
+        )
+        return (
+            f"{what}: the service is slow or busy, not down. Try again in a moment, or allow "
+            f"longer with {hint}"
+        )
+
+    def with_hint(self, hint: str) -> ServiceTimeoutError:
+        """The same error, saying how to allow longer in the caller's terms."""
+        again = ServiceTimeoutError(self.code, self.url, self.seconds, hint)
+        return again.noted(self.note) if self.note else again
+
+
+def _read_seconds(timeout: Any, code: str) -> float | None:
+    """The seconds of ``timeout`` (an ``httpx.Timeout`` or a number) that just passed."""
+    if isinstance(timeout, httpx.Timeout):
+        return timeout.write if code == "write_timeout" else timeout.read
+    if isinstance(timeout, int | float):
+        return float(timeout)
+    return None
+
+
+def transport_error(url: str, exc: httpx.TransportError, timeout: Any) -> ServiceUnreachableError:
+    """The typed error for a request that got no HTTP answer: the connection could not be made
+    (``unreachable``), was made but the answer was too slow (:class:`ServiceTimeoutError`), or
+    was lost before the answer came (``connection_lost``: the service restarted or dropped it)."""
+    if isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+        code = "write_timeout" if isinstance(exc, httpx.WriteTimeout) else "read_timeout"
+        return ServiceTimeoutError(code, url, _read_seconds(timeout, code), PYTHON_TIMEOUT_HINT)
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return ServiceUnreachableError(
+            "connection_lost",
+            f"connected to {url}, but the connection was lost before the answer came (the "
+            f"service restarted or closed it): {exc or type(exc).__name__}. Try again; a "
+            "release request is safe to repeat with the same Idempotency-Key",
+        )
+    return ServiceUnreachableError(
+        "unreachable", f"cannot reach {url}: {exc or type(exc).__name__}"
+    )
 
 
 class ReleaseOutcomeError(DpssError):
@@ -191,6 +267,43 @@ def _uuid_or_none(value: Any) -> UUID | None:
         return UUID(str(value)) if value is not None else None
     except ValueError:
         return None
+
+
+def feature_names(data: Any) -> list[str] | None:
+    """The string column names of a table-like input (anything with a ``columns`` attribute,
+    e.g. a pandas or polars DataFrame; duck-typed, so neither is needed), as scikit-learn reads
+    them: ``None`` when it has none or none is a string; ``TypeError`` when only some are."""
+    columns = getattr(data, "columns", None)
+    if columns is None or isinstance(columns, str):
+        return None
+    try:
+        names = list(columns)
+    except TypeError:
+        return None
+    strings = [isinstance(name, str) for name in names]
+    if not names or not any(strings):
+        return None
+    if not all(strings):
+        kinds = sorted({type(name).__name__ for name in names})
+        raise TypeError(
+            "column names are supported only when all are strings; these are of types "
+            f"{kinds}: convert them, e.g. columns = [str(c) for c in columns]"
+        )
+    return names
+
+
+def as_rows(data: Any) -> NDArray[Any]:
+    """``data`` (any array-like: a NumPy array, nested lists, a DataFrame) as a 2-D array."""
+    import numpy as np
+
+    array = np.asarray(data)
+    if array.ndim != 2:
+        raise ValueError(f"the array must be 2-D (rows x columns), got shape {array.shape}")
+    return array
+
+
+def _is_path(data: Any) -> bool:
+    return isinstance(data, str | os.PathLike)
 
 
 def error_from_response(response: httpx.Response) -> DpssError:
@@ -516,9 +629,8 @@ class Client:
                 method, self.url + path, headers={**self._auth, **(headers or {})}, **kwargs
             )
         except httpx.TransportError as exc:
-            raise ServiceUnreachableError(
-                "unreachable", f"cannot reach {self.url}: {exc or type(exc).__name__}"
-            ) from exc
+            timeout = kwargs.get("timeout", getattr(self._http, "timeout", None))
+            raise transport_error(self.url, exc, timeout) from exc
         if response.status_code >= 400:
             raise error_from_response(response)
         return response
@@ -530,7 +642,7 @@ class Client:
 
     def upload(
         self,
-        data: str | os.PathLike[str] | NDArray[Any],
+        data: str | os.PathLike[str] | ArrayLike,
         *,
         name: str | None = None,
         epsilon_budget: Number,
@@ -553,8 +665,10 @@ class Client:
         the budget then protects people, not rows (the answer adds ``rows_per_unit``).
 
         ``data`` is a path to a ``.csv``, ``.npy`` or ``.parquet`` file (streamed from disk; the
-        suffix tells the service the format) or a 2-D NumPy array (streamed as ``.npy`` without
-        a temporary file). ``name`` defaults to the file's stem and is required for arrays.
+        suffix tells the service the format) or any 2-D array-like: a NumPy array (streamed as
+        ``.npy`` without a temporary file), nested lists or a DataFrame (``numpy.asarray`` of
+        it; a ``privacy_unit_column`` name is then looked up in its string column names).
+        ``name`` defaults to the file's stem and is required for arrays.
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
         service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
@@ -563,7 +677,6 @@ class Client:
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
         """
-        import numpy as np
 
         form: dict[str, str] = cost_fields(
             epsilon_budget=epsilon_budget,
@@ -582,13 +695,21 @@ class Client:
             form["row_norm_bound"] = repr(float(row_norm_bound))
         if privacy_unit_column is not None:
             form["privacy_unit_column"] = str(privacy_unit_column)
-        if isinstance(data, np.ndarray):
-            if data.ndim != 2:
-                raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")
+        if not _is_path(data):
+            names = feature_names(data)
+            array = as_rows(data)
             if name is None:
                 raise TypeError("name= is required when uploading an array")
+            if isinstance(privacy_unit_column, str) and not privacy_unit_column.isdigit():
+                # A .npy file has no column names: send the named column's index.
+                if names is None or privacy_unit_column not in names:
+                    raise ValueError(
+                        f"privacy_unit_column {privacy_unit_column!r} is not one of the "
+                        "array's column names; give its 0-based index instead"
+                    )
+                form["privacy_unit_column"] = str(names.index(privacy_unit_column))
             form["name"] = name
-            stream = NpyStream(data)
+            stream = NpyStream(array)
             with stream:
                 total = stream.seek(0, os.SEEK_END)
                 stream.seek(0)
@@ -600,7 +721,7 @@ class Client:
                     files={"file": (f"{name}.npy", body, "application/octet-stream")},
                 )
         else:
-            path = Path(data)
+            path = Path(data)  # type: ignore[arg-type]  # _is_path
             form["name"] = name if name is not None else path.stem
             content_type = _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
             with path.open("rb") as fh:
@@ -727,20 +848,16 @@ class Client:
     def append_rows(
         self,
         dataset_id: UUID | str,
-        data: str | os.PathLike[str] | NDArray[Any],
+        data: str | os.PathLike[str] | ArrayLike,
         *,
         progress: UploadProgress | None = None,
     ) -> DatasetBatch:
         """Append a batch of rows to a dataset (owner key); returns the batch with its sequence
         number. ``data`` is a ``.csv``/``.npy``/``.parquet`` path or a 2-D array, as for
         :meth:`upload`, with the dataset's number of columns. All of it is appended or none."""
-        import numpy as np
-
         path = f"/v1/datasets/{dataset_id}/rows"
-        if isinstance(data, np.ndarray):
-            if data.ndim != 2:
-                raise ValueError(f"the array must be 2-D (rows x columns), got shape {data.shape}")
-            with NpyStream(data) as stream:
+        if not _is_path(data):
+            with NpyStream(as_rows(data)) as stream:
                 total = stream.seek(0, os.SEEK_END)
                 stream.seek(0)
                 body: Any = stream if progress is None else _Reporting(stream, total, progress)
@@ -748,7 +865,7 @@ class Client:
                     "POST", path, files={"file": ("rows.npy", body, "application/octet-stream")}
                 )
         else:
-            file_path = Path(data)
+            file_path = Path(data)  # type: ignore[arg-type]  # _is_path
             content_type = _CONTENT_TYPES.get(file_path.suffix.lower(), "application/octet-stream")
             with file_path.open("rb") as fh:
                 sent: Any = fh
@@ -775,7 +892,7 @@ class Client:
 
     # Public priors ----------------------------------------------------------------------------
 
-    def upload_prior(self, basis: NDArray[Any], *, name: str | None = None) -> Prior:
+    def upload_prior(self, basis: ArrayLike, *, name: str | None = None) -> Prior:
         """Upload a public prior (analyst or owner key): a ``d x m`` basis with orthonormal
         columns, from public data or a fixed transform, never from the private rows. Name it in
         a release with ``prior_id=str(prior.id)``."""
@@ -1182,8 +1299,15 @@ class ReleaseHandle:
         poll_interval: float = 0.2,
         max_poll_interval: float = 2.0,
         long_poll: float | None = None,
+        reconnect: float = RECONNECT_SECONDS,
     ) -> Release:
         """Wait until the release has finished and return it, whatever its outcome.
+
+        The release lives in the service's database, so a service restarted (or a connection
+        lost) while waiting does not end the wait: it asks again, pausing as between polls,
+        for up to ``reconnect`` seconds without an answer, and then raises the
+        :class:`ServiceUnreachableError`, saying that the release goes on and how to wait
+        for it again.
 
         Long polls (``GET /v1/releases/{id}?wait=...``, ``long_poll`` seconds each, default
         :data:`LONG_POLL_SECONDS`): the service answers as soon as the release has finished, so
@@ -1194,41 +1318,72 @@ class ReleaseHandle:
         """
         start = time.monotonic()
         interval = poll_interval
-        bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
+        lost_since: float | None = None
         with _Progress(self, start, enabled=progress) as shown:
             while not self.done:
-                elapsed = time.monotonic() - start
-                if timeout is not None and elapsed >= timeout:
-                    raise WaitTimeoutError(
-                        "timeout",
-                        f"release {self.id} still {self.status} after {elapsed:.1f} s",
+                try:
+                    interval = self._wait_step(
+                        shown, start, interval, timeout, max_poll_interval, long_poll
                     )
-                left = None if timeout is None else timeout - elapsed
-                if bound > 0 and not self._client._no_long_poll:
-                    # With a progress display, wake up every second to redraw the time.
-                    wait = min(bound, 1.0) if shown.enabled else bound
-                    wait = wait if left is None else min(wait, left)
-                    asked = time.monotonic()
-                    info = self._client._long_get(
-                        f"/v1/releases/{self.id}",
-                        Release,
-                        max(wait, 0.001),
-                        self._client._release_read(),
-                    )
-                    if info is None:  # a service from before long polls: poll instead
-                        continue
-                    self.info = info
-                    answered_early = time.monotonic() - asked < wait * 0.9
-                    if self.done or not answered_early:
-                        shown.update()
-                        continue
-                    # Answered at once, unfinished: the service is too busy to hold the wait.
-                pause = interval if left is None else min(interval, left)
-                _sleep(max(pause, 0.0))
-                interval = min(interval * 1.5, max_poll_interval)
-                self.refresh()
-                shown.update()
+                    lost_since = None
+                except ServiceUnreachableError as error:
+                    now = time.monotonic()
+                    lost_since = now if lost_since is None else lost_since
+                    if now - lost_since >= reconnect or (
+                        timeout is not None and now - start >= timeout
+                    ):
+                        raise error.noted(
+                            f"release {self.id} goes on in the service (asked again for "
+                            f"{now - lost_since:.0f} s): wait for it again with `dpss releases "
+                            f"show {self.id} --wait` or Client.get_release(id).wait()"
+                        ) from error
+                    _sleep(interval)
+                    interval = min(interval * 1.5, max_poll_interval)
         return self.info
+
+    def _wait_step(
+        self,
+        shown: _Progress,
+        start: float,
+        interval: float,
+        timeout: float | None,
+        max_poll_interval: float,
+        long_poll: float | None,
+    ) -> float:
+        """One long poll (or poll) of :meth:`wait_finished`; returns the next poll interval."""
+        bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
+        elapsed = time.monotonic() - start
+        if timeout is not None and elapsed >= timeout:
+            raise WaitTimeoutError(
+                "timeout",
+                f"release {self.id} still {self.status} after {elapsed:.1f} s",
+            )
+        left = None if timeout is None else timeout - elapsed
+        if bound > 0 and not self._client._no_long_poll:
+            # With a progress display, wake up every second to redraw the time.
+            wait = min(bound, 1.0) if shown.enabled else bound
+            wait = wait if left is None else min(wait, left)
+            asked = time.monotonic()
+            info = self._client._long_get(
+                f"/v1/releases/{self.id}",
+                Release,
+                max(wait, 0.001),
+                self._client._release_read(),
+            )
+            if info is None:  # a service from before long polls: poll instead
+                return interval
+            self.info = info
+            answered_early = time.monotonic() - asked < wait * 0.9
+            if self.done or not answered_early:
+                shown.update()
+                return interval
+            # Answered at once, unfinished: the service is too busy to hold the wait.
+        pause = interval if left is None else min(interval, left)
+        _sleep(max(pause, 0.0))
+        interval = min(interval * 1.5, max_poll_interval)
+        self.refresh()
+        shown.update()
+        return interval
 
     def raise_for_outcome(self) -> Release:
         """Return the release if it succeeded; raise ReleaseNoResult / ReleaseFailed otherwise."""

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 from uuid import UUID
@@ -35,6 +36,7 @@ from dpss_client.client import (
     Number,
     ReleaseHandle,
     WaitTimeoutError,
+    feature_names,
 )
 
 #: An explained-variance interval at least this wide means the noise hides the share (the
@@ -208,6 +210,13 @@ class PrivatePCA:
         ``warning_code`` in the release's extras).
     n_components_ : int
     n_features_in_ : int
+    feature_names_in_ : ndarray of shape (n_features,) of str
+        The string column names of the rows given to :meth:`transform` (any table with a
+        ``columns`` attribute, e.g. a pandas DataFrame; scikit-learn's attribute). The service
+        keeps no column names, so the first ``transform`` of a table after ``fit`` records
+        them, and every later one must have the same names in the same order (``ValueError``
+        otherwise, as scikit-learn checks them against ``fit``'s; a warning for rows without
+        names). Absent until a table with string names is transformed.
     release_id_ : UUID
         The service's release (its audit trail and cost).
     """
@@ -467,6 +476,8 @@ class PrivatePCA:
         self.n_components_: int = k
         self.n_features_in_: int = d
         self.release_id_: UUID = handle.id
+        # A new fit starts over: the next table transformed names the features.
+        self.__dict__.pop("feature_names_in_", None)
 
     def _explained(
         self, extras: dict[str, Any], d: int
@@ -537,9 +548,49 @@ class PrivatePCA:
             ``(X - mean_) @ components_.T``.
         """
         self._check_fitted()
+        names = feature_names(X)
         rows = _rows(X, self.n_features_in_, "X")
+        self._check_feature_names(names)
         out: FloatArray = (rows - self.mean_) @ self.components_.T
         return out
+
+    def _check_feature_names(self, names: list[str] | None) -> None:
+        """scikit-learn's feature-name check, against the names recorded by the first
+        ``transform`` of a table (the service knows no names): the same names in the same
+        order, or ``ValueError``; rows without names after that warn, as scikit-learn does."""
+        known = getattr(self, "feature_names_in_", None)
+        if known is None:
+            if names is not None:
+                self.feature_names_in_: NDArray[np.object_] = np.asarray(names, dtype=object)
+            return
+        if names is None:
+            warnings.warn(
+                "X does not have valid feature names, but PrivatePCA was used with feature "
+                f"names {list(known)}: make sure its columns are in that order",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        if list(known) == names:
+            return
+        message = ["The feature names should match those of the first table transformed:"]
+        unseen = [name for name in names if name not in set(known)]
+        missing = [name for name in known if name not in set(names)]
+        if unseen:
+            message.append(f"feature names unseen then: {unseen}")
+        if missing:
+            message.append(f"feature names seen then, yet now missing: {missing}")
+        if not unseen and not missing:
+            message.append(
+                f"feature names must be in the same order as then: {list(known)}, not {names}"
+            )
+        raise ValueError("\n".join(message))
+
+    def get_feature_names_out(self, input_features: Any = None) -> NDArray[np.object_]:
+        """The output's column names, as scikit-learn names a PCA's: ``privatepca0``,
+        ``privatepca1``, ... (``input_features`` is accepted for scikit-learn's API)."""
+        self._check_fitted()
+        return np.asarray([f"privatepca{i}" for i in range(self.n_components_)], dtype=object)
 
     def inverse_transform(self, X: ArrayLike) -> FloatArray:
         """Map coordinates back to feature space.

@@ -55,7 +55,7 @@ class ExitCode(IntEnum):
     REFUSED = 3  # the service refused the request (4xx: auth, not found, invalid, budget)
     NO_RESULT = 4  # the release finished as no_result (charged, nothing released)
     FAILED = 5  # the release job (or a dataset's registration) failed
-    UNREACHABLE = 6  # no answer from the service (connection refused, DNS, timeout)
+    UNREACHABLE = 6  # no answer: connection refused, DNS, too slow an answer, connection lost
     SERVER_ERROR = 7  # the service answered 5xx or something the client cannot read
     TIMEOUT = 8  # --timeout passed while waiting; the release keeps running
 
@@ -140,8 +140,31 @@ def _client(url: str, api_key: str | None) -> Client:
         raise typer.BadParameter(
             "no API key: pass --api-key or set DPSS_API_KEY", param_hint="--api-key"
         )
-    timeout = 30.0
+    timeout = _http_timeout()
     return Client(url, api_key, http=make_http_client(url, timeout), timeout=timeout)
+
+
+#: Seconds each network operation may take unless ``DPSS_HTTP_TIMEOUT`` (``--http-timeout``
+#: before the command) says otherwise.
+HTTP_TIMEOUT_SECONDS = 30.0
+#: How the command line allows a slower answer, said when one did not come in time.
+CLI_TIMEOUT_HINT = "--http-timeout SECONDS before the command (or DPSS_HTTP_TIMEOUT=SECONDS)"
+
+
+def _http_timeout() -> float:
+    """``DPSS_HTTP_TIMEOUT`` (seconds, positive) or :data:`HTTP_TIMEOUT_SECONDS`."""
+    text = os.environ.get("DPSS_HTTP_TIMEOUT", "").strip()
+    if not text:
+        return HTTP_TIMEOUT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise typer.BadParameter(
+            f"{text!r} is not a positive number of seconds", param_hint="DPSS_HTTP_TIMEOUT"
+        )
+    return seconds
 
 
 def _stdout() -> Console:
@@ -209,11 +232,13 @@ _REMAINING_EXTRAS = frozenset(_ERROR_EXTRAS[2:6])
 def _service_errors(as_json: bool) -> Iterator[None]:
     """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code."""
     from api_schemas.common import canonical_decimal
-    from dpss_client.client import DpssError
+    from dpss_client.client import DpssError, ServiceTimeoutError
 
     try:
         yield
     except DpssError as error:
+        if isinstance(error, ServiceTimeoutError):
+            error = error.with_hint(CLI_TIMEOUT_HINT)
         code = _exit_code_for(error)
         if as_json:
             body: dict[str, Any] = {"error": error.code, "detail": error.detail}
@@ -1331,11 +1356,26 @@ def _global_options(
             show_default=False,
         ),
     ] = None,
+    http_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--http-timeout",
+            min=0.001,
+            help="Seconds to wait for each answer from the service before giving up (exit 6); "
+            "default 30 (DPSS_HTTP_TIMEOUT). Not the wait for a release: that is --timeout.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """``--url`` and ``--api-key`` before the command (``dpss-remote --url U datasets list``),
-    as docs/cli.md writes them: they stand in for ``DPSS_URL`` and ``DPSS_API_KEY`` for this
-    one command (its own options still win), and the environment is put back when it ends."""
-    given = {"DPSS_URL": url, "DPSS_API_KEY": api_key}
+    """``--url``, ``--api-key`` and ``--http-timeout`` before the command (``dpss-remote --url U
+    datasets list``), as docs/cli.md writes them: they stand in for ``DPSS_URL``,
+    ``DPSS_API_KEY`` and ``DPSS_HTTP_TIMEOUT`` for this one command (its own options still
+    win), and the environment is put back when it ends."""
+    given = {
+        "DPSS_URL": url,
+        "DPSS_API_KEY": api_key,
+        "DPSS_HTTP_TIMEOUT": None if http_timeout is None else f"{http_timeout:g}",
+    }
     saved = {name: os.environ.get(name) for name, value in given.items() if value is not None}
 
     def restore() -> None:
