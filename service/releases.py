@@ -148,6 +148,7 @@ def _prepare(
     dataset: Dataset,
     memory_limit_bytes: int | None = None,
     prior: priors.PublicPrior | None = None,
+    grant: Grant | None = None,
 ) -> Prepared:
     """Validate the request against the mechanism using public facts only (the worker memory
     limit is public configuration: a mechanism may size a default parameter to it), calibrate
@@ -156,7 +157,12 @@ def _prepare(
 
     With a public ``prior`` (:mod:`service.priors`) the mechanism is wrapped to run inside its
     span (:func:`service.prior_projection.on_prior`): prepared, calibrated, previewed and
-    charged at ``m`` columns; its params carry the prior's id and digest."""
+    charged at ``m`` columns; its params carry the prior's id and digest.
+
+    ``grant``: the active grant the release would be charged to (a revoked one is refused
+    later). On ``hybrid`` its filters, not the dataset's, decide the single-release delta a
+    request in ``mu`` or ``rho`` is calibrated as and a too-large delta's 422 and suggestion
+    (:func:`grant_filters`)."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
         raise InvalidInput("mechanism", unknown_name(body.mechanism, list(MECHANISMS), "mechanism"))
@@ -178,6 +184,7 @@ def _prepare(
         raise InvalidInput("accounting", release_calibration.not_admitted(mechanism, kind))
     _check_currency(body, kind)
     params = mechanism.for_accounting(kind, params)
+    filters = grant_filters(dataset, grant)
     if body.epsilon is not None:
         assert body.delta is not None  # _check_currency
         epsilon, delta = body.epsilon, body.delta
@@ -204,7 +211,7 @@ def _prepare(
             assert rho is not None  # _check_currency
             target, measure = rho, _rho_of
         epsilon, delta, spec, costs = release_calibration.calibrate(
-            mechanism, context, body, params, dataset, target, target_delta, measure
+            mechanism, context, body, params, dataset, target, target_delta, measure, filters
         )
     if kind == "gaussian" and not costs.gaussian:
         raise InvalidInput("accounting", release_calibration.not_admitted(mechanism, kind))
@@ -228,7 +235,7 @@ def _prepare(
                     costs_at = release_calibration.costs_of(mechanism, context, at)
                     return charges.hybrid_charge(epsilon, asked, costs_at)
                 eps, dlt, _, at_costs = release_calibration.calibrate(
-                    mechanism, context, body, params, dataset, target, asked, measure
+                    mechanism, context, body, params, dataset, target, asked, measure, filters
                 )
             except InvalidInput:
                 return None
@@ -236,7 +243,7 @@ def _prepare(
 
         # A delta no filter's whole share could take: a 422 with the largest that fits, not
         # a 409 on a fresh budget (the dry run says the same: it prepares through here).
-        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge, charge_at)
+        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge, charge_at, filters)
         if refusal is not None:
             raise refusal
     else:
@@ -255,6 +262,15 @@ def _prepare(
         costs=costs,
         charge=charge,
     )
+
+
+def grant_filters(dataset: Dataset, grant: Grant | None) -> accounting.HybridBudget | None:
+    """On a ``hybrid`` dataset, the filters of the active ``grant`` a release is charged to
+    (:func:`service.grants.hybrid_grant_budget`, each within the dataset's); ``None`` without
+    one (the dataset's filters apply) or on another accounting."""
+    if dataset.accounting != "hybrid" or grant is None or grant.revoked_at is not None:
+        return None
+    return grants.hybrid_grant_budget(dataset, grant.epsilon, grant.delta)
 
 
 def _gdp_of(costs: accounting.StepCosts) -> Decimal | None:
@@ -397,7 +413,7 @@ def check_request(
         if mechanism is not None:
             privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
             privacy_unit.check_auto_delta(mechanism.name, body.delta)
-    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior)
+    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior, grant)
     if person_level:
         # A person-level dataset: only mechanisms with a person-level argument, a partition of
         # people with a person in each subset, and the worker's per-person bound
