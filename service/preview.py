@@ -44,7 +44,7 @@ from service.errors import InvalidInput
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import Preview, PreviewValue, ReleaseSpec
 from service.mechanisms.dominance import DominanceWarning, dominance_warnings
-from service.prior_projection import columns_inside
+from service.prior_projection import columns_inside, unwrapped
 
 DRY_RUN_IDEMPOTENCY_KEY = (
     "a dry run creates and charges nothing, so it takes no Idempotency-Key; omit the header"
@@ -286,27 +286,65 @@ def with_forecast_from(
 ) -> Preview:
     """``shown`` with the forecast from an earlier release (``?forecast_from=``, issue 32 item
     4): one the caller may read (:func:`service.releases.get_release`; 404 otherwise), of the
-    same dataset and mechanism, succeeded. It reads only that release's params and extras,
-    already released to the caller: no budget, no rows."""
+    same dataset and mechanism, succeeded, run inside the same public prior as the request
+    (or, like it, inside none): its figures then describe the same rows (inside a prior, the
+    rows projected onto its span, at its ``m`` columns). It reads only that release's params
+    and extras, already released to the caller: no budget, no rows."""
     earlier = releases.get_release(session, principal, forecast_from)
-    mechanism = prepared.mechanism
+    mechanism, prior_sha256 = unwrapped(prepared.mechanism)
     if earlier.dataset_id != dataset.id:
         raise InvalidInput("forecast_from", "a release of another dataset")
-    if not isinstance(mechanism, AnalyzeGauss) or earlier.mechanism != mechanism.name:
-        raise InvalidInput("forecast_from", "a forecast from a release is made for analyze_gauss")
+    if not isinstance(mechanism, AnalyzeGauss):
+        raise InvalidInput(
+            "forecast_from",
+            f"a forecast from a release is made for analyze_gauss, not {mechanism.name}",
+        )
+    if earlier.mechanism != mechanism.name:
+        raise InvalidInput(
+            "forecast_from",
+            f"release {earlier.id} is a {earlier.mechanism} release: a forecast is made from "
+            "an earlier analyze_gauss release",
+        )
+    earlier_params, earlier_prior = priors.split_params(earlier.params or {})
+    if earlier_prior.get(priors.SHA256_FIELD) != prior_sha256:
+        raise InvalidInput("forecast_from", _other_prior(earlier.id, earlier_prior, prior_sha256))
     # Its status as the caller sees it now, never the real one: before the earlier release's
     # visible_at an analyst sees it queued, and whether it has run would tell the run time
     # its padding hides (its extras, released early, even more).
     seen = visibility.view(session, earlier, principal, utcnow())
     if seen.status != "succeeded" or not seen.shows_result or earlier.result_extras is None:
         raise InvalidInput("forecast_from", f"release {earlier.id} has no result you may read yet")
-    params = mechanism.parse_params(earlier.params)
+    params = mechanism.parse_params(earlier_params)
     spec = ReleaseSpec(earlier.k, float(earlier.epsilon), float(earlier.delta), params)
-    found = mechanism.forecast_from(prepared.context, prepared.spec, spec, earlier.result_extras)
+    # Inside a prior both runs have its m columns (prior_projection.columns_inside).
+    context = replace(prepared.context, n_cols=columns_inside(prepared.mechanism, dataset.n_cols))
+    found = mechanism.forecast_from(context, prepared.spec, spec, earlier.result_extras)
     if found is None:
         raise InvalidInput("forecast_from", f"release {earlier.id} has no explained variance")
     scales, meaning = found
+    if prior_sha256 is not None:
+        meaning = [
+            *meaning,
+            "Inside the public prior, the forecast shares are of the rows projected onto its "
+            "span (as the earlier release's figures are), not of all their variance.",
+        ]
     return Preview(scales={**shown.scales, **scales}, meaning=[*shown.meaning, *meaning])
+
+
+def _other_prior(release_id: uuid.UUID, earlier: dict[str, Any], now: str | None) -> str:
+    """Why an earlier release's figures do not forecast this request: they describe the rows
+    inside another public prior's span (or all rows, or the request's are all rows)."""
+    then = earlier.get(priors.SHA256_FIELD)
+    if then is None:
+        where = "ran without a public prior, and this request runs inside one"
+    elif now is None:
+        where = "ran inside a public prior, and this request runs without one"
+    else:
+        where = "ran inside another public prior than this request's"
+    return (
+        f"release {release_id} {where}: its figures describe other rows' variance than this "
+        "request's; forecast from a release made inside the same prior (or none)"
+    )
 
 
 def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:
