@@ -281,7 +281,7 @@ class BudgetExceeded(Schema):
     epsilon_remaining: ExactDecimal = Field(
         description=(
             "Epsilon still available in the budget named by `budget`, stated as GET .../budget "
-            "(or the grant) states it: on gaussian and zcdp, epsilon at the dataset's "
+            "(or the grant) states it: on gaussian, zcdp and hybrid, epsilon at the dataset's "
             "delta_total (rounded down)."
         )
     )
@@ -305,15 +305,17 @@ class BudgetExceeded(Schema):
     rho_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian and zcdp datasets: rho still available in that budget (gaussian: "
-            "mu_remaining^2/2). Absent for basic."
+            "gaussian, zcdp and hybrid datasets: rho still available in that budget (gaussian: "
+            "mu_remaining^2/2; hybrid: its zCDP filter's, 0 once that filter no longer holds). "
+            "Absent for basic."
         ),
     )
     mu_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian: the largest mu one more release may use in that budget (rounded down), "
-            "as GET .../budget states it."
+            "gaussian and hybrid: the largest mu one more release may use in that budget "
+            "(rounded down; hybrid: its Gaussian-DP filter's, 0 once that filter no longer "
+            "holds), as GET .../budget states it."
         ),
     )
     delta_reserved_for_conversion: ExactDecimal | None = Field(
@@ -387,13 +389,18 @@ class ReleasePreview(Schema):
         description="The approximate-zCDP delta of its approximate steps (0 if purely Gaussian).",
     )
     rho_remaining: ExactDecimal | None = Field(
-        default=None, description="gaussian and zcdp: rho left in the budget named by `budget`."
+        default=None,
+        description=(
+            "gaussian, zcdp and hybrid: rho left in the budget named by `budget` (hybrid: its "
+            "zCDP filter's, 0 once that filter no longer holds)."
+        ),
     )
     mu_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian: the largest mu one more release may use in that budget (rounded down), "
-            "as GET .../budget states it."
+            "gaussian and hybrid: the largest mu one more release may use in that budget "
+            "(rounded down; hybrid: its Gaussian-DP filter's, 0 once that filter no longer "
+            "holds), as GET .../budget states it."
         ),
     )
     delta_reserved_for_conversion: ExactDecimal | None = Field(
