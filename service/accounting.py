@@ -363,15 +363,30 @@ def releases_affordable(remaining: Decimal, cost: Decimal) -> int | None:
 
 
 def sqrt_down(value: Decimal) -> Decimal:
-    """``sqrt(value)`` rounded down at 30 places (a remaining ``mu`` for display)."""
+    """``sqrt(value)`` rounded down at 30 places (a remaining ``mu`` for display): the largest
+    30-place ``r`` with ``r^2 <= value``. The high-precision root, moved down by its margin,
+    lands one place short where the root is itself a 30-place number (an unspent budget's
+    ``mu_total``, whose square ``gdp_total`` is exact): checked exactly and moved up then, so
+    an unspent budget's ``mu_remaining`` is its ``mu_total``."""
+    value = max(value, Decimal(0))
     with mpmath.workprec(PRECISION_BITS):
-        return round_down(mpmath.sqrt(_mp(max(value, Decimal(0)))))
+        root = round_down(mpmath.sqrt(_mp(value)))
+    above = _CONTEXT.add(root, _QUANTUM)
+    return above.normalize(_CONTEXT) if _CONTEXT.multiply(above, above) <= value else root
 
 
 def sqrt_up(value: Decimal) -> Decimal:
-    """``sqrt(value)`` rounded up at 30 places (a spent ``mu`` for display)."""
+    """``sqrt(value)`` rounded up at 30 places (a spent ``mu`` for display): the smallest
+    30-place ``r`` with ``r^2 >= value`` (moved down one place where the margin overshot an
+    exact root, as :func:`sqrt_down`)."""
+    if value <= 0:
+        return Decimal(0)
     with mpmath.workprec(PRECISION_BITS):
-        return round_up(mpmath.sqrt(_mp(max(value, Decimal(0))))) if value > 0 else Decimal(0)
+        root = round_up(mpmath.sqrt(_mp(value)))
+    below = _CONTEXT.subtract(root, _QUANTUM)
+    if below >= 0 and _CONTEXT.multiply(below, below) >= value:
+        return below.normalize(_CONTEXT)
+    return root
 
 
 # ---------------------------------------------------------------------------------------------
