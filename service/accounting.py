@@ -38,7 +38,7 @@ from typing import Literal
 import mpmath
 
 from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES, format_budget
-from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep
+from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep, PureStep
 
 Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
 ACCOUNTINGS: tuple[Accounting, ...] = ("basic", "gaussian", "zcdp", "hybrid")
@@ -285,6 +285,9 @@ class StepCosts:
     delta: Decimal | None
     gaussian: bool
     gdp: Decimal | None = None
+    #: Every step is pure (at least one step, none Gaussian or approximate): the release is
+    #: ``(sum eps_i, 0)``-DP, it spends no delta.
+    pure: bool = False
 
     @property
     def mu(self) -> Decimal | None:
@@ -344,8 +347,11 @@ def step_costs(steps: Sequence[PrivacyStep] | None) -> StepCosts:
             elif gdp is not None:
                 mu = pure_mu(epsilon)
                 gdp = up.add(gdp, up.multiply(mu, mu))
+    pure = bool(steps) and all(
+        isinstance(step, PureStep) and not isinstance(step, ApproximateStep) for step in steps
+    )
     return StepCosts(
-        round_up(rho), round_up(delta), gaussian, None if gdp is None else round_up(gdp)
+        round_up(rho), round_up(delta), gaussian, None if gdp is None else round_up(gdp), pure
     )
 
 

@@ -365,9 +365,12 @@ def default_delta(dataset: Dataset, grant: Grant | None = None) -> Decimal:
     Why these figures: a per-release delta well below ``1/n`` is the usual guidance, and 1e-6
     is what the utility figures in docs/benchmarks.md are measured at; a hundredth of the
     budget the release is charged to leaves room for a hundred such releases where delta is
-    charged per release (``basic``, and ``hybrid``'s filter C; B's share for approximate steps
-    is twice C's), and on the Gaussian-DP filters it only fixes the single release's
-    calibration (its noise grows as ``sqrt(ln(1.25/delta))``: 15% from 1e-6 to 1e-8). The
+    charged per release against the whole budget (``basic``; on ``hybrid`` it is all of filter
+    C's 1% share and half of B's 2% for approximate steps, so C admits one release at the
+    default delta and the Gaussian ones are charged by A'), and on the Gaussian-DP filters it
+    only fixes the single release's calibration (its noise grows as ``sqrt(ln(1.25/delta))``:
+    15% from 1e-6 to 1e-8). On ``hybrid`` a release whose steps are all pure is prepared at
+    delta 0 instead (:func:`_without_unused_delta`): it spends none. The
     dataset's default would not fit a grant of a smaller delta (1e-7 against a 1e-9 grant's
     whole delta): every release with a delta charge was refused with 409 until the analyst
     gave a smaller delta by hand. A budget without delta (the dataset's, or a ``basic``
@@ -400,7 +403,12 @@ def check_request(
 ) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
     mechanism, params (via ``prepare``: clip norm, k, ...), the prior and the memory gate.
-    ``grant`` (:func:`service.grants.current_grant`) bounds a defaulted delta."""
+    ``grant`` (:func:`service.grants.current_grant`) bounds a defaulted delta.
+
+    A defaulted delta is for releases that spend one: on ``hybrid`` a release whose declared
+    steps are all pure (``smooth_sensitivity``'s Cauchy variant) is prepared at delta 0, as if
+    asked so (:func:`_without_unused_delta`)."""
+    defaulted = body.epsilon is not None and body.delta is None
     body = with_default_delta(body, dataset, grant)
     extra = 0
     if dataset.reference is not None:
@@ -413,7 +421,10 @@ def check_request(
         if mechanism is not None:
             privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
             privacy_unit.check_auto_delta(mechanism.name, body.delta)
-    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior, grant)
+    memory = int(settings.worker_memory_mb * MIB)
+    prepared = _prepare(body, dataset, memory, prior, grant)
+    if defaulted:
+        prepared = _without_unused_delta(prepared, body, dataset, memory, prior, grant)
     if person_level:
         # A person-level dataset: only mechanisms with a person-level argument, a partition of
         # people with a person in each subset, and the worker's per-person bound
@@ -426,6 +437,39 @@ def check_request(
         )
     check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
+
+
+def _without_unused_delta(
+    prepared: Prepared,
+    body: ReleaseRequest,
+    dataset: Dataset,
+    memory_limit_bytes: int,
+    prior: priors.PublicPrior | None,
+    grant: Grant | None,
+) -> Prepared:
+    """``prepared`` again at delta 0 when its delta was defaulted, the dataset is ``hybrid``
+    and every declared step is pure: such a release is ``(epsilon, 0)``-DP (its pure steps'
+    epsilons sum to at most the epsilon it is calibrated to), and hybrid's filter C charges the
+    ``(epsilon, delta)`` a release is calibrated as. The default, a hundredth of
+    ``delta_total``, is all of C's 1% share: charged for a delta the release never spends, it
+    closed C after one pure release (A' and B charge a pure epsilon dearly: pure_mu(0.3)^2 =
+    0.141 against A''s 0.0715 on a ``(1, 1e-5)`` dataset), so one release at epsilon 0.3 ended
+    what ``basic`` would have let run three times. Kept as prepared if the mechanism refuses
+    delta 0 or is no longer pure there (public facts only, nothing charged yet)."""
+    costs = prepared.costs
+    if dataset.accounting != "hybrid" or not costs.pure or prepared.delta == 0:
+        return prepared
+    try:
+        again = _prepare(
+            body.model_copy(update={"delta": Decimal(0)}),
+            dataset,
+            memory_limit_bytes,
+            prior,
+            grant,
+        )
+    except InvalidInput:
+        return prepared
+    return again if again.costs.pure and again.delta == 0 else prepared
 
 
 def _idempotent_match(

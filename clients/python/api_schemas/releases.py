@@ -52,7 +52,9 @@ class ReleaseRequest(RequestSchema):
             "most the grant's delta / 100 (on a `zcdp` dataset its delta for approximate steps, "
             "if it has one; a `gaussian` grant holds none), so that the default fits the budget "
             "the release is charged to; the dry run shows it and the release records it (0 on "
-            "a dataset, or `basic` grant, without a delta budget). With `rho` (`zcdp` and "
+            "a dataset, or `basic` grant, without a delta budget, and on a `hybrid` dataset for "
+            "a release whose steps are all pure, e.g. `smooth_sensitivity`'s Cauchy variant: "
+            "it spends none). With `rho` (`zcdp` and "
             "`hybrid` datasets), the approximate-zCDP delta of mechanisms with approximate "
             "steps (0 or absent for purely Gaussian ones). At most 30 decimal places."
         ),
