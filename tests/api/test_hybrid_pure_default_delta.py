@@ -12,6 +12,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
+from service import audit
 from tests.conftest import bearer
 
 pytestmark = pytest.mark.release_seed(5)
@@ -34,7 +35,7 @@ def post(client, keys, dataset_id, body, dry_run=False):
 
 @pytest.mark.parametrize("granted", [False, True])
 def test_pure_releases_without_a_delta_are_admitted_as_under_basic(
-    client, keys, upload_dataset, run_worker, granted
+    client, keys, upload_dataset, run_worker, granted, session_factory
 ):
     made = upload_dataset(
         client, keys.owner, rows(), accounting="hybrid", epsilon_budget="1",
@@ -65,6 +66,8 @@ def test_pure_releases_without_a_delta_are_admitted_as_under_basic(
         f"/v1/releases?dataset_id={made['id']}", headers=bearer(keys.analyst)
     ).json()["items"]
     assert [item["status"] for item in listed] == ["succeeded"] * 3
+    with session_factory() as session:  # the release, its event and its charge agree
+        assert audit.verify(session).ok
 
 
 def test_an_explicit_delta_is_charged_as_asked(client, keys, upload_dataset):
