@@ -625,7 +625,7 @@ def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
         granted = recorded.grants.get(grant_id)
         if granted is None:
             continue
-        budget = recorded.budgets.get(granted.dataset_id)
+        budget = None if granted.dataset_id is None else recorded.budgets.get(granted.dataset_id)
         if budget is not None and budget.hybrid is not None:
             continue
         if epsilon > granted.epsilon or delta > granted.delta or rho > granted.rho:
