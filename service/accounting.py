@@ -38,7 +38,7 @@ from typing import Literal
 import mpmath
 
 from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES, format_budget
-from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep
+from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep, PureStep
 
 Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
 ACCOUNTINGS: tuple[Accounting, ...] = ("basic", "gaussian", "zcdp", "hybrid")
@@ -285,6 +285,9 @@ class StepCosts:
     delta: Decimal | None
     gaussian: bool
     gdp: Decimal | None = None
+    #: Every step is pure (at least one step, none Gaussian or approximate): the release is
+    #: ``(sum eps_i, 0)``-DP, it spends no delta.
+    pure: bool = False
 
     @property
     def mu(self) -> Decimal | None:
@@ -344,8 +347,11 @@ def step_costs(steps: Sequence[PrivacyStep] | None) -> StepCosts:
             elif gdp is not None:
                 mu = pure_mu(epsilon)
                 gdp = up.add(gdp, up.multiply(mu, mu))
+    pure = bool(steps) and all(
+        isinstance(step, PureStep) and not isinstance(step, ApproximateStep) for step in steps
+    )
     return StepCosts(
-        round_up(rho), round_up(delta), gaussian, None if gdp is None else round_up(gdp)
+        round_up(rho), round_up(delta), gaussian, None if gdp is None else round_up(gdp), pure
     )
 
 
@@ -363,15 +369,30 @@ def releases_affordable(remaining: Decimal, cost: Decimal) -> int | None:
 
 
 def sqrt_down(value: Decimal) -> Decimal:
-    """``sqrt(value)`` rounded down at 30 places (a remaining ``mu`` for display)."""
+    """``sqrt(value)`` rounded down at 30 places (a remaining ``mu`` for display): the largest
+    30-place ``r`` with ``r^2 <= value``. The high-precision root, moved down by its margin,
+    lands one place short where the root is itself a 30-place number (an unspent budget's
+    ``mu_total``, whose square ``gdp_total`` is exact): checked exactly and moved up then, so
+    an unspent budget's ``mu_remaining`` is its ``mu_total``."""
+    value = max(value, Decimal(0))
     with mpmath.workprec(PRECISION_BITS):
-        return round_down(mpmath.sqrt(_mp(max(value, Decimal(0)))))
+        root = round_down(mpmath.sqrt(_mp(value)))
+    above = _CONTEXT.add(root, _QUANTUM)
+    return above.normalize(_CONTEXT) if _CONTEXT.multiply(above, above) <= value else root
 
 
 def sqrt_up(value: Decimal) -> Decimal:
-    """``sqrt(value)`` rounded up at 30 places (a spent ``mu`` for display)."""
+    """``sqrt(value)`` rounded up at 30 places (a spent ``mu`` for display): the smallest
+    30-place ``r`` with ``r^2 >= value`` (moved down one place where the margin overshot an
+    exact root, as :func:`sqrt_down`)."""
+    if value <= 0:
+        return Decimal(0)
     with mpmath.workprec(PRECISION_BITS):
-        return round_up(mpmath.sqrt(_mp(max(value, Decimal(0))))) if value > 0 else Decimal(0)
+        root = round_up(mpmath.sqrt(_mp(value)))
+    below = _CONTEXT.subtract(root, _QUANTUM)
+    if below >= 0 and _CONTEXT.multiply(below, below) >= value:
+        return below.normalize(_CONTEXT)
+    return root
 
 
 # ---------------------------------------------------------------------------------------------

@@ -616,12 +616,19 @@ def _reconcile_grants(session: Session, recorded: _Recorded, problems: list[str]
 
 
 def _check_grant_spending(recorded: _Recorded, problems: list[str]) -> None:
-    """No grant's recorded releases may spend more than its grant_created event gave it."""
+    """No grant's recorded releases may spend more than its grant_created event gave it. A
+    grant on a ``hybrid`` dataset is not summed: whether its spend fits depends on the order and
+    on every filter's figures (its Gaussian releases are admitted by its Gaussian-DP filter
+    long after their epsilons sum past its epsilon), and :func:`_check_hybrid_spending` replays
+    it through its filters (it flagged every such grant)."""
     for grant_id, (epsilon, delta, rho) in _recorded_spend(recorded, _grant_of).items():
         granted = recorded.grants.get(grant_id)
-        if granted is not None and (
-            epsilon > granted.epsilon or delta > granted.delta or rho > granted.rho
-        ):
+        if granted is None:
+            continue
+        budget = None if granted.dataset_id is None else recorded.budgets.get(granted.dataset_id)
+        if budget is not None and budget.hybrid is not None:
+            continue
+        if epsilon > granted.epsilon or delta > granted.delta or rho > granted.rho:
             problems.append(
                 f"grants {grant_id}: its recorded releases spend more than "
                 f"grant_created event {granted.seq} allows"

@@ -8,7 +8,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
 from api_schemas.common import format_budget
-from service import accounting, ledger
+from service import accounting
 from service.db.models import Dataset
 from service.errors import InvalidInput
 from service.ledger import Charge
@@ -79,14 +79,37 @@ def _percent(part: Decimal | None, whole: Decimal) -> str:
     return f"{format_budget(_DOWN.multiply(_DOWN.divide(part, whole), 100).normalize())}%"
 
 
+def filters_of(dataset: Dataset) -> accounting.HybridBudget:
+    """A ``hybrid`` dataset's three filters' budgets, as stored."""
+    zero = Decimal(0)
+    return accounting.HybridBudget(
+        dataset.epsilon_total,
+        dataset.delta_total,
+        dataset.mu_total or zero,
+        dataset.delta_gaussian or zero,
+        dataset.rho_total or zero,
+        dataset.delta_conversion or zero,
+        dataset.delta_mechanisms or zero,
+        dataset.delta_basic or zero,
+    )
+
+
 def hybrid_delta_refusal(
     dataset: Dataset,
     asked_delta: Decimal | None,
     charge: Charge,
     charge_at: ChargeAt | None = None,
+    grant_filters: accounting.HybridBudget | None = None,
 ) -> InvalidInput | None:
     """Why a release can never be admitted on a fresh ``hybrid`` dataset because of its delta
     (a 422 naming ``delta``, before anything is charged), or ``None``.
+
+    ``grant_filters``: the filters of the grant the release would be charged to
+    (:func:`service.grants.hybrid_grant_budget`). A grant's filters are each within the
+    dataset's, so a release its unspent filters admit is admitted by the dataset's unspent
+    ones: under a grant the question, and the suggested delta, are about the grant's filters
+    (a delta the dataset's shares take but the grant's never could was a 409 naming the grant,
+    as if something had been spent, and a figure read off the dataset's shares was refused).
 
     A release without a GDP figure (an approximate step, or no proven profile) can only be
     admitted by filter B (its ``rho`` within ``rho_total`` and its approximate steps'
@@ -114,25 +137,26 @@ def hybrid_delta_refusal(
         return None
     if asked_delta is None or asked_delta <= 0:
         return None
-    zero = Decimal(0)
-    fresh = ledger.state_of(dataset, zero, zero, zero).hybrid()
+    filters = filters_of(dataset) if grant_filters is None else grant_filters
+    whose = "this dataset's" if grant_filters is None else "this grant's"
+    fresh = accounting.HybridState(filters)
     cost = charge.release_cost()
     if fresh.b_holds(cost) or fresh.c_holds(cost):
         return None  # admitted on an unspent budget: any 409 is about what was spent
-    mechanisms = dataset.delta_mechanisms or Decimal(0)
-    basic = dataset.delta_basic or Decimal(0)
-    rho_total = dataset.rho_total or Decimal(0)
+    mechanisms = filters.delta_mechanisms
+    basic = filters.delta_basic
+    rho_total = filters.rho_total
     rho_fits = charge.rho <= rho_total
-    suggested = _suggested_delta(dataset, asked_delta, charge)
+    suggested = _suggested_delta(filters, asked_delta, charge)
     if suggested is None:
         return None
     figure, by = suggested
     if charge_at is not None:
-        checked = _checked_figure(dataset, fresh, figure, charge_at)
+        checked = _checked_figure(filters, fresh, figure, charge_at)
         if checked is None:
             return None
         figure, by = checked
-    total = dataset.delta_total
+    total = filters.delta
     if charge.zcdp_delta is None:
         b_reason = "filter B (zcdp) cannot charge it (no proven zCDP profile with these params)"
     elif not rho_fits:
@@ -146,10 +170,11 @@ def hybrid_delta_refusal(
             f"more than its whole share for approximate steps, {format_budget(mechanisms)} "
             f"({_percent(mechanisms, total)} of delta)"
         )
-    if charge.epsilon > dataset.epsilon_total:
+    if charge.epsilon > filters.epsilon:
         c_reason = (
             f"filter C (basic) charges it epsilon {format_budget(charge.epsilon)}, more than "
-            f"the dataset's, {format_budget(dataset.epsilon_total)}"
+            f"{'the dataset' if grant_filters is None else 'the grant'}'s, "
+            f"{format_budget(filters.epsilon)}"
         )
     else:
         c_reason = (
@@ -159,9 +184,9 @@ def hybrid_delta_refusal(
         )
     return InvalidInput(
         "delta",
-        f"no filter of this dataset's hybrid budget could ever admit this release at delta "
+        f"no filter of {whose} hybrid budget could ever admit this release at delta "
         f"{format_budget(asked_delta)}, even unspent: filter A' (gdp, "
-        f"{_percent(dataset.delta_gaussian, total)} of delta) cannot charge its approximate "
+        f"{_percent(filters.delta_gaussian, total)} of delta) cannot charge its approximate "
         f"steps (or unproven profile); {b_reason}; {c_reason}. The largest delta this release "
         f"fits at is {format_budget(figure)} (filter {'B' if by == 'zcdp' else 'C'}); see "
         "docs/mechanisms.md, 'Accounting across releases'",
@@ -169,19 +194,20 @@ def hybrid_delta_refusal(
 
 
 def _suggested_delta(
-    dataset: Dataset, asked_delta: Decimal, charge: Charge
+    filters: accounting.HybridBudget, asked_delta: Decimal, charge: Charge
 ) -> tuple[Decimal, str] | None:
-    """The largest asked delta B or C could take if the charged delta scaled with the asked
-    one as it does at ``asked_delta``, rounded down to :data:`SUGGESTED_DIGITS` digits, and
-    the filter (``zcdp`` or ``basic``); ``None`` when neither filter could."""
-    mechanisms = dataset.delta_mechanisms or Decimal(0)
-    basic = dataset.delta_basic or Decimal(0)
-    rho_fits = charge.rho <= (dataset.rho_total or Decimal(0))
+    """The largest asked delta B or C of ``filters`` could take if the charged delta scaled
+    with the asked one as it does at ``asked_delta``, rounded down to
+    :data:`SUGGESTED_DIGITS` digits, and the filter (``zcdp`` or ``basic``); ``None`` when
+    neither filter could."""
+    mechanisms = filters.delta_mechanisms
+    basic = filters.delta_basic
+    rho_fits = charge.rho <= filters.rho_total
     candidates: list[tuple[Decimal, str]] = []
     if charge.zcdp_delta is not None and charge.zcdp_delta > mechanisms and rho_fits:
         ratio = _UP.divide(charge.zcdp_delta, asked_delta)
         candidates.append((_DOWN.divide(mechanisms, ratio), "zcdp"))
-    if charge.delta > basic and charge.epsilon <= dataset.epsilon_total:
+    if charge.delta > basic and charge.epsilon <= filters.epsilon:
         ratio = _UP.divide(charge.delta, asked_delta)
         candidates.append((_DOWN.divide(basic, ratio), "basic"))
     candidates = [(value, name) for value, name in candidates if value > 0]
@@ -192,7 +218,10 @@ def _suggested_delta(
 
 
 def _checked_figure(
-    dataset: Dataset, fresh: accounting.HybridState, figure: Decimal, charge_at: ChargeAt
+    filters: accounting.HybridBudget,
+    fresh: accounting.HybridState,
+    figure: Decimal,
+    charge_at: ChargeAt,
 ) -> tuple[Decimal, str] | None:
     """The largest delta from ``figure`` down (see :func:`hybrid_delta_refusal`) at which the
     release, charged as ``charge_at`` says, is admitted by B or C on the unspent budget, and
@@ -211,7 +240,7 @@ def _checked_figure(
         # figure says so (it is the one the release is charged at there).
         step = Decimal(1).scaleb(figure.adjusted() - SUGGESTED_DIGITS + 1)
         lower = _DOWN.subtract(figure, step)
-        again = None if at is None else _suggested_delta(dataset, figure, at)
+        again = None if at is None else _suggested_delta(filters, figure, at)
         if again is not None and again[0] < lower:
             lower = again[0]
         if lower <= 0:

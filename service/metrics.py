@@ -201,8 +201,8 @@ class _Snapshot:
         )
         rho = GaugeMetricFamily(
             "dpss_spent_rho",
-            "Rho spent (the native figure of gaussian and zcdp; 0 for basic), summed over "
-            "datasets, by accounting.",
+            "Rho spent (the native figure of gaussian and zcdp, hybrid's zCDP filter's; 0 for "
+            "basic), summed over datasets, by accounting.",
             labels=labels,
         )
         sums: dict[str, list[float]] = {kind: [0, 0.0, 0.0, 0.0] for kind in ACCOUNTINGS}

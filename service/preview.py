@@ -45,10 +45,10 @@ from service.mechanisms import sign_forecast
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.auto import Auto
 from service.mechanisms.auto import plan as auto_plan
-from service.mechanisms.base import Preview, PreviewValue, ReleaseSpec
+from service.mechanisms.base import Preview, PreviewValue, PublicContext, ReleaseSpec
 from service.mechanisms.components import component
 from service.mechanisms.dominance import DominanceWarning, dominance_warnings
-from service.prior_projection import columns_inside
+from service.prior_projection import columns_inside, unwrapped
 
 DRY_RUN_IDEMPOTENCY_KEY = (
     "a dry run creates and charges nothing, so it takes no Idempotency-Key; omit the header"
@@ -290,18 +290,29 @@ def with_forecast_from(
 ) -> Preview:
     """``shown`` with the forecast from an earlier release (``?forecast_from=``, issue 32 item
     4): one the caller may read (:func:`service.releases.get_release`; 404 otherwise), of the
-    same dataset and mechanism, succeeded. It reads only that release's params and extras,
-    already released to the caller: no budget, no rows."""
+    same dataset and mechanism, succeeded, run inside the same public prior as the request
+    (or, like it, inside none): its figures then describe the same rows (inside a prior, the
+    rows projected onto its span, at its ``m`` columns). It reads only that release's params
+    and extras, already released to the caller: no budget, no rows."""
     earlier = releases.get_release(session, principal, forecast_from)
-    mechanism = prepared.mechanism
+    mechanism, prior_sha256 = unwrapped(prepared.mechanism)
     if earlier.dataset_id != dataset.id:
         raise InvalidInput("forecast_from", "a release of another dataset")
-    if not isinstance(mechanism, AnalyzeGauss | Auto) or earlier.mechanism != mechanism.name:
+    if not isinstance(mechanism, AnalyzeGauss | Auto):
         raise InvalidInput(
             "forecast_from",
             "a forecast from a release is made for analyze_gauss, and for auto (PrivatePCA's "
-            "default) from an auto release of a PCA request",
+            f"default) from an auto release of a PCA request, not {mechanism.name}",
         )
+    if earlier.mechanism != mechanism.name:
+        raise InvalidInput(
+            "forecast_from",
+            f"release {earlier.id} is a {earlier.mechanism} release: a forecast is made from "
+            f"an earlier {mechanism.name} release",
+        )
+    earlier_params, earlier_prior = priors.split_params(earlier.params or {})
+    if earlier_prior.get(priors.SHA256_FIELD) != prior_sha256:
+        raise InvalidInput("forecast_from", _other_prior(earlier.id, earlier_prior, prior_sha256))
     # Its status as the caller sees it now, never the real one: before the earlier release's
     # visible_at an analyst sees it queued, and whether it has run would tell the run time
     # its padding hides (its extras, released early, even more).
@@ -309,20 +320,28 @@ def with_forecast_from(
     if seen.status != "succeeded" or not seen.shows_result or earlier.result_extras is None:
         raise InvalidInput("forecast_from", f"release {earlier.id} has no result you may read yet")
     extras = earlier.result_extras
+    # Inside a prior both runs have its m columns (prior_projection.columns_inside).
+    context = replace(prepared.context, n_cols=columns_inside(prepared.mechanism, dataset.n_cols))
     if isinstance(mechanism, Auto):
-        found = _auto_forecast_from(prepared, earlier.k, extras)
+        found = _auto_forecast_from(context, prepared.spec, earlier.k, extras)
     else:
-        params = mechanism.parse_params(earlier.params)
+        params = mechanism.parse_params(earlier_params)
         spec = ReleaseSpec(earlier.k, float(earlier.epsilon), float(earlier.delta), params)
-        found = mechanism.forecast_from(prepared.context, prepared.spec, spec, extras)
+        found = mechanism.forecast_from(context, prepared.spec, spec, extras)
     if found is None:
         raise InvalidInput("forecast_from", f"release {earlier.id} has no explained variance")
     scales, meaning = found
+    if prior_sha256 is not None:
+        meaning = [
+            *meaning,
+            "Inside the public prior, the forecast shares are of the rows projected onto its "
+            "span (as the earlier release's figures are), not of all their variance.",
+        ]
     return Preview(scales={**shown.scales, **scales}, meaning=[*shown.meaning, *meaning])
 
 
 def _auto_forecast_from(
-    prepared: releases.Prepared, earlier_k: int, extras: dict[str, Any]
+    ctx: PublicContext, spec: ReleaseSpec[Any], earlier_k: int, extras: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]] | None:
     """``?forecast_from=`` for ``auto`` (what ``PrivatePCA`` sends by default): a PCA request
     (centred) runs one Gram mechanism chosen from public facts, so the forecast is that
@@ -330,8 +349,6 @@ def _auto_forecast_from(
     budget it released (``auto_params``, ``auto_epsilon``, ``auto_delta``) to the component
     this request would run. Refused (422) where the two ran different mechanisms or the
     request is uncentred (auto may run an aggregator, which states no share)."""
-    spec = prepared.spec
-    ctx = prepared.context
     the_plan = auto_plan(ctx, spec.k, spec.epsilon, spec.delta, spec.params)
     chosen = the_plan.default
     if the_plan.paths() or spec.params.center == "none":
@@ -357,6 +374,22 @@ def _auto_forecast_from(
     if chosen.name == "spatial_sign":
         return sign_forecast.forecast_from(chosen.spec(spec.k), earlier, extras)
     return AnalyzeGauss().forecast_from(ctx, chosen.spec(spec.k), earlier, extras)
+
+
+def _other_prior(release_id: uuid.UUID, earlier: dict[str, Any], now: str | None) -> str:
+    """Why an earlier release's figures do not forecast this request: they describe the rows
+    inside another public prior's span (or all rows, or the request's are all rows)."""
+    then = earlier.get(priors.SHA256_FIELD)
+    if then is None:
+        where = "ran without a public prior, and this request runs inside one"
+    elif now is None:
+        where = "ran inside a public prior, and this request runs without one"
+    else:
+        where = "ran inside another public prior than this request's"
+    return (
+        f"release {release_id} {where}: its figures describe other rows' variance than this "
+        "request's; forecast from a release made inside the same prior (or none)"
+    )
 
 
 def accounting_note(dataset: Dataset, costs: accounting.StepCosts) -> list[str]:

@@ -174,6 +174,15 @@ def columns_inside(mechanism: Mechanism[Any], n_cols: int) -> int:
     return mechanism.dimension if isinstance(mechanism, _OnPrior) else n_cols
 
 
+def unwrapped(mechanism: Mechanism[Any]) -> tuple[Mechanism[Any], str | None]:
+    """The mechanism that runs inside a prior and the prior's SHA-256 (``mechanism`` from
+    :func:`on_prior`), or ``mechanism`` itself and ``None`` without a prior: for a caller that
+    dispatches on the mechanism's type (the dry run's forecast from an earlier release)."""
+    if isinstance(mechanism, _OnPrior):
+        return mechanism.inner, mechanism.sha256
+    return mechanism, None
+
+
 def run_inside(
     mechanism: Mechanism[Any],
     data: Any,

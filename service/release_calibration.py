@@ -72,6 +72,7 @@ def calibrate(
     target_rho: Decimal,
     target_delta: Decimal,
     measure: Callable[[accounting.StepCosts], Decimal | None] = lambda costs: costs.rho,
+    grant_filters: accounting.HybridBudget | None = None,
 ) -> tuple[Decimal, Decimal, ReleaseSpec[Any], accounting.StepCosts]:
     """The largest single-release epsilon (at the delta below) whose declared cost is within
     ``(target_rho, target_delta)``: the release asked for in the dataset's currency.
@@ -81,7 +82,9 @@ def calibrate(
 
     The delta: for a purely Gaussian release any delta reaches every rho (only
     ``epsilon``'s search moves the noise), so the dataset's ``delta_total`` is used and the
-    release reads as a single ``(epsilon, delta_total)`` release; a release with approximate
+    release reads as a single ``(epsilon, delta_total)`` release (on ``hybrid``, a tenth of
+    filter C's share of delta: the dataset's, or with ``grant_filters`` the grant's the
+    release is charged to, :func:`service.releases.grant_filters`); a release with approximate
     steps spends a fixed fraction of its delta on them, so its delta is that fraction's inverse
     times ``target_delta``. The declared rho increases with epsilon: bisection on ``log eps``.
     Every candidate is an exact decimal whose ``float_not_above`` is what the worker runs with.
@@ -95,12 +98,15 @@ def calibrate(
         return spec, costs_of(mechanism, context, spec)
 
     delta = dataset.delta_total
-    if dataset.accounting == "hybrid" and dataset.delta_basic:
+    basic_share = dataset.delta_basic if grant_filters is None else grant_filters.delta_basic
+    if dataset.accounting == "hybrid" and basic_share:
         # Any delta reaches every target for a Gaussian release, and the (epsilon, delta) it is
         # calibrated as is what hybrid's filter C (basic, on its small share of delta) is
         # charged: at a tenth of C's share, C can still admit later releases (at delta_total
-        # one such release would close C for good). The noise is the same either way.
-        delta = accounting.round_down(BUDGET_CONTEXT.divide(dataset.delta_basic, 10))
+        # one such release would close C for good). The noise is the same either way. Under a
+        # grant, the grant's C share: a tenth of the dataset's can be more than the grant's
+        # whole share, and would close the grant's C for good.
+        delta = accounting.round_down(BUDGET_CONTEXT.divide(basic_share, 10))
     probe = _probe(attempt, delta)
     if measure(probe) is None:
         if dataset.accounting == "hybrid":

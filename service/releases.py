@@ -149,6 +149,7 @@ def _prepare(
     dataset: Dataset,
     memory_limit_bytes: int | None = None,
     prior: priors.PublicPrior | None = None,
+    grant: Grant | None = None,
 ) -> Prepared:
     """Validate the request against the mechanism using public facts only (the worker memory
     limit is public configuration: a mechanism may size a default parameter to it), calibrate
@@ -157,7 +158,12 @@ def _prepare(
 
     With a public ``prior`` (:mod:`service.priors`) the mechanism is wrapped to run inside its
     span (:func:`service.prior_projection.on_prior`): prepared, calibrated, previewed and
-    charged at ``m`` columns; its params carry the prior's id and digest."""
+    charged at ``m`` columns; its params carry the prior's id and digest.
+
+    ``grant``: the active grant the release would be charged to (a revoked one is refused
+    later). On ``hybrid`` its filters, not the dataset's, decide the single-release delta a
+    request in ``mu`` or ``rho`` is calibrated as and a too-large delta's 422 and suggestion
+    (:func:`grant_filters`)."""
     mechanism = get_mechanism(body.mechanism)
     if mechanism is None:
         raise InvalidInput("mechanism", unknown_name(body.mechanism, list(MECHANISMS), "mechanism"))
@@ -179,6 +185,7 @@ def _prepare(
         raise InvalidInput("accounting", release_calibration.not_admitted(mechanism, kind))
     _check_currency(body, kind)
     params = mechanism.for_accounting(kind, params)
+    filters = grant_filters(dataset, grant)
     if body.epsilon is not None:
         assert body.delta is not None  # _check_currency
         epsilon, delta = body.epsilon, body.delta
@@ -205,7 +212,7 @@ def _prepare(
             assert rho is not None  # _check_currency
             target, measure = rho, _rho_of
         epsilon, delta, spec, costs = release_calibration.calibrate(
-            mechanism, context, body, params, dataset, target, target_delta, measure
+            mechanism, context, body, params, dataset, target, target_delta, measure, filters
         )
     if kind == "gaussian" and not costs.gaussian:
         raise InvalidInput("accounting", release_calibration.not_admitted(mechanism, kind))
@@ -229,7 +236,7 @@ def _prepare(
                     costs_at = release_calibration.costs_of(mechanism, context, at)
                     return charges.hybrid_charge(epsilon, asked, costs_at)
                 eps, dlt, _, at_costs = release_calibration.calibrate(
-                    mechanism, context, body, params, dataset, target, asked, measure
+                    mechanism, context, body, params, dataset, target, asked, measure, filters
                 )
             except InvalidInput:
                 return None
@@ -237,7 +244,7 @@ def _prepare(
 
         # A delta no filter's whole share could take: a 422 with the largest that fits, not
         # a 409 on a fresh budget (the dry run says the same: it prepares through here).
-        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge, charge_at)
+        refusal = charges.hybrid_delta_refusal(dataset, body.delta, charge, charge_at, filters)
         if refusal is not None:
             raise refusal
     else:
@@ -256,6 +263,15 @@ def _prepare(
         costs=costs,
         charge=charge,
     )
+
+
+def grant_filters(dataset: Dataset, grant: Grant | None) -> accounting.HybridBudget | None:
+    """On a ``hybrid`` dataset, the filters of the active ``grant`` a release is charged to
+    (:func:`service.grants.hybrid_grant_budget`, each within the dataset's); ``None`` without
+    one (the dataset's filters apply) or on another accounting."""
+    if dataset.accounting != "hybrid" or grant is None or grant.revoked_at is not None:
+        return None
+    return grants.hybrid_grant_budget(dataset, grant.epsilon, grant.delta)
 
 
 def _gdp_of(costs: accounting.StepCosts) -> Decimal | None:
@@ -350,9 +366,12 @@ def default_delta(dataset: Dataset, grant: Grant | None = None) -> Decimal:
     Why these figures: a per-release delta well below ``1/n`` is the usual guidance, and 1e-6
     is what the utility figures in docs/benchmarks.md are measured at; a hundredth of the
     budget the release is charged to leaves room for a hundred such releases where delta is
-    charged per release (``basic``, and ``hybrid``'s filter C; B's share for approximate steps
-    is twice C's), and on the Gaussian-DP filters it only fixes the single release's
-    calibration (its noise grows as ``sqrt(ln(1.25/delta))``: 15% from 1e-6 to 1e-8). The
+    charged per release against the whole budget (``basic``; on ``hybrid`` it is all of filter
+    C's 1% share and half of B's 2% for approximate steps, so C admits one release at the
+    default delta and the Gaussian ones are charged by A'), and on the Gaussian-DP filters it
+    only fixes the single release's calibration (its noise grows as ``sqrt(ln(1.25/delta))``:
+    15% from 1e-6 to 1e-8). On ``hybrid`` a release whose steps are all pure is prepared at
+    delta 0 instead (:func:`_without_unused_delta`): it spends none. The
     dataset's default would not fit a grant of a smaller delta (1e-7 against a 1e-9 grant's
     whole delta): every release with a delta charge was refused with 409 until the analyst
     gave a smaller delta by hand. A budget without delta (the dataset's, or a ``basic``
@@ -385,7 +404,12 @@ def check_request(
 ) -> Prepared:
     """Every refusal a request gets from its dataset's public facts before the budget check:
     mechanism, params (via ``prepare``: clip norm, k, ...), the prior and the memory gate.
-    ``grant`` (:func:`service.grants.current_grant`) bounds a defaulted delta."""
+    ``grant`` (:func:`service.grants.current_grant`) bounds a defaulted delta.
+
+    A defaulted delta is for releases that spend one: on ``hybrid`` a release whose declared
+    steps are all pure (``smooth_sensitivity``'s Cauchy variant) is prepared at delta 0, as if
+    asked so (:func:`_without_unused_delta`)."""
+    defaulted = body.epsilon is not None and body.delta is None
     body = with_default_delta(body, dataset, grant)
     extra = 0
     if dataset.reference is not None:
@@ -398,7 +422,10 @@ def check_request(
         if mechanism is not None:
             privacy_unit.check_mechanism(mechanism.name, None, mechanism.continual)
             privacy_unit.check_auto_delta(mechanism.name, body.delta)
-    prepared = _prepare(body, dataset, int(settings.worker_memory_mb * MIB), prior)
+    memory = int(settings.worker_memory_mb * MIB)
+    prepared = _prepare(body, dataset, memory, prior, grant)
+    if defaulted:
+        prepared = _without_unused_delta(prepared, body, dataset, memory, prior, grant)
     if person_level:
         # A person-level dataset: only mechanisms with a person-level argument, a partition of
         # people with a person in each subset, and the worker's per-person bound
@@ -411,6 +438,39 @@ def check_request(
         )
     check_memory(prepared, settings.worker_memory_mb, extra)
     return prepared
+
+
+def _without_unused_delta(
+    prepared: Prepared,
+    body: ReleaseRequest,
+    dataset: Dataset,
+    memory_limit_bytes: int,
+    prior: priors.PublicPrior | None,
+    grant: Grant | None,
+) -> Prepared:
+    """``prepared`` again at delta 0 when its delta was defaulted, the dataset is ``hybrid``
+    and every declared step is pure: such a release is ``(epsilon, 0)``-DP (its pure steps'
+    epsilons sum to at most the epsilon it is calibrated to), and hybrid's filter C charges the
+    ``(epsilon, delta)`` a release is calibrated as. The default, a hundredth of
+    ``delta_total``, is all of C's 1% share: charged for a delta the release never spends, it
+    closed C after one pure release (A' and B charge a pure epsilon dearly: pure_mu(0.3)^2 =
+    0.141 against A''s 0.0715 on a ``(1, 1e-5)`` dataset), so one release at epsilon 0.3 ended
+    what ``basic`` would have let run three times. Kept as prepared if the mechanism refuses
+    delta 0 or is no longer pure there (public facts only, nothing charged yet)."""
+    costs = prepared.costs
+    if dataset.accounting != "hybrid" or not costs.pure or prepared.delta == 0:
+        return prepared
+    try:
+        again = _prepare(
+            body.model_copy(update={"delta": Decimal(0)}),
+            dataset,
+            memory_limit_bytes,
+            prior,
+            grant,
+        )
+    except InvalidInput:
+        return prepared
+    return again if again.costs.pure and again.delta == 0 else prepared
 
 
 def _idempotent_match(

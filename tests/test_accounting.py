@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
+from decimal import Context, Decimal, localcontext
 
 import numpy as np
 import pytest
@@ -129,3 +129,23 @@ def test_the_exact_conversion_agrees_with_friendlys_grid_version(
     grid = grid_cks_delta(rho, epsilon)
     assert ours <= grid * (1 + 1e-9)
     assert ours >= grid * (1 - 1e-2)
+
+
+_PLACE = Decimal(1).scaleb(-30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=10**33), st.integers(min_value=-3, max_value=3))
+def test_sqrt_down_and_up_are_the_tightest_30_place_roots(units: int, nudge: int):
+    # A 30-place root r (and values a few units of r^2's last place off an exact square):
+    # sqrt_down is the largest 30-place r with r^2 <= value, sqrt_up the smallest with
+    # r^2 >= value. The margin moved an exact root one place off (an unspent hybrid budget's
+    # mu_remaining read 1e-30 below its mu_total).
+    with localcontext(Context(prec=120)):  # exact: at most 66 digits
+        root = Decimal(units) * _PLACE
+        value = max(Decimal(0), root * root + nudge * Decimal(1).scaleb(-60))
+        down, up = accounting.sqrt_down(value), accounting.sqrt_up(value)
+        assert down * down <= value < (down + _PLACE) ** 2
+        assert up * up >= value and (up == 0 or (up - _PLACE) ** 2 < value)
+        if nudge == 0:
+            assert down == up == root

@@ -164,3 +164,26 @@ def test_the_replay_counts_a_refund_as_the_ledger_does():
     with_refund = [("1", 1, gaussian), ("r", -1, gaussian), ("2", 1, gaussian)]
     assert audit_hybrid.refused(budget, with_refund) == []
     assert audit_hybrid.refused(budget, [("1", 1, gaussian), ("2", 1, gaussian)]) == ["2"]
+
+
+def test_a_grants_gaussian_releases_past_its_epsilon_sum_verify_clean(
+    client, keys, upload_dataset, session_factory
+):
+    # Under hybrid (the default) a grant's Gaussian releases are admitted by its Gaussian-DP
+    # filter long after their epsilons sum past the grant's epsilon: that is what the filter is
+    # for. The audit's sum check for grants (epsilon, delta, rho against grant_created) flagged
+    # every such grant; a hybrid grant is replayed through its filters instead.
+    dataset_id = hybrid_dataset(client, keys, upload_dataset)
+    made = client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=bearer(keys.owner),
+        json={"epsilon": "0.7", "delta": "4e-6"},
+    )
+    assert made.status_code == 201, made.text
+    for _ in range(8):  # 1.6 in epsilons, within the grant's mu
+        post_release(
+            client, keys.analyst, dataset_id, **{**GAUSS, "epsilon": "0.2", "delta": "1e-8"}
+        )
+    budget = client.get(f"/v1/datasets/{dataset_id}/grants", headers=bearer(keys.owner)).json()
+    assert Decimal(budget["items"][0]["epsilon_spent"]) < Decimal("0.7")
+    assert problems(session_factory) == []

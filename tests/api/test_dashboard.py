@@ -378,3 +378,42 @@ def test_pages_and_redirect_without_a_browser(world: World) -> None:
     script = httpx.get(world.base + "/dashboard/static/dashboard.js")
     assert script.status_code == 200 and "sessionStorage" in script.text
     assert "http://" not in script.text.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_a_hybrid_grant_and_dataset_show_both_native_figures(
+    chromium: Browser, world: World
+) -> None:
+    # hybrid, the product's default, has two native currencies: its Gaussian-DP filter's mu
+    # and its zCDP filter's rho. The page showed mu alone, which reads 0 once an approximate
+    # step closed that filter while rho was left. A new owner and analyst: nothing else here
+    # shows them.
+    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "erin"})["key"]
+    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "frank"})
+    rows = np.eye(6)[:4] * 0.5
+    buffer = io.BytesIO()
+    np.save(buffer, rows)
+    dataset = _post(
+        world.base,
+        owner,
+        "/v1/datasets",
+        files={"file": ("h.npy", buffer.getvalue(), "application/octet-stream")},
+        data={
+            "name": "hybrid-demo",
+            "epsilon_budget": "1.0",
+            "delta_budget": "1e-5",
+            "row_norm_bound": "1",
+            "accounting": "hybrid",
+            "allow_large_delta": "true",
+        },
+    )
+    grant = _post(
+        world.base,
+        owner,
+        f"/v1/datasets/{dataset['id']}/grants",
+        json={"analyst_key_id": analyst["id"], "epsilon": "0.5", "delta": "1e-6"},
+    )
+    page = chromium.sign_in(owner, "owner")
+    card = f"section[data-dataset='{dataset['id']}']"
+    shown = cells(page, f"{card} table.grants", 6)
+    mu, rho = Decimal(grant["mu_remaining"]), Decimal(grant["rho_remaining"])
+    assert shown == [f"mu {float(f'{mu:.6g}'):g}, rho {float(f'{rho:.6g}'):g}"], shown

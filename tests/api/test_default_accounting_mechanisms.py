@@ -169,3 +169,6 @@ def test_an_upload_naming_no_accounting_gets_hybrid_in_the_product(
         # C's share was missing from the statement, which said 2e-8), so the rows add up
         assert Decimal(budget["delta_remaining"]) == Decimal("3e-8")
         assert Decimal(budget["delta_spent"]) == 0
+        # Unspent: all of A''s mu remains (it read 1e-30 less: its root rounded down past it)
+        assert budget["mu_remaining"] == budget["mu_total"]
+        assert budget["rho_remaining"] == budget["rho_total"]

@@ -137,3 +137,58 @@ def test_the_figure_is_admitted_where_the_charged_delta_is_not_proportional(
     assert found is not None, refused.text
     admitted = post(client, keys, dataset["id"], {**body, "delta": found.group(1)})
     assert admitted.status_code == 202, admitted.text
+
+
+def grant_to(client, keys, dataset_id: str, epsilon: str, delta: str) -> str:
+    made = client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=bearer(keys.owner),
+        json={"epsilon": epsilon, "delta": delta},  # every analyst's
+    )
+    assert made.status_code == 201, made.text
+    return str(made.json()["id"])
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "epsilon", "delta"),
+    [
+        # within the dataset's C share (1e-7), ten times the grant's (1e-8)
+        ("friendly_aggregate", "0.5", "1e-7"),
+        ("histogram_aggregate", "0.5", "5e-8"),
+        ("gap_perturbation", "0.5", "1e-7"),
+    ],
+)
+def test_under_a_grant_the_refusal_is_of_the_grants_shares_and_its_figure_is_admitted(
+    client, keys, fresh, mechanism, epsilon, delta
+):
+    # A delta the dataset's fresh filters could take but no filter of the analyst's grant ever
+    # could: the 409 named the grant (as if something had been spent); the answer is the 422
+    # with the largest delta the grant's filters take, and that figure is admitted.
+    dataset_id = fresh()
+    grant_to(client, keys, dataset_id, "0.8", "1e-6")
+    body = {"mechanism": mechanism, "k": 2, "epsilon": epsilon, "delta": delta}
+    refused = post(client, keys, dataset_id, body)
+    assert refused.status_code == 422, refused.text
+    detail = refused.json()["detail"]
+    assert detail.startswith("delta: ") and "this grant's hybrid budget" in detail, detail
+    assert "0.00000001 (1% of delta)" in detail  # the grant's C share, not the dataset's
+    found = FIGURE.search(detail)
+    assert found is not None, detail
+    figure = Decimal(found.group(1))
+    assert 0 < figure <= Decimal("1e-8") * 3
+    dry = post(client, keys, dataset_id, body, dry_run=True)
+    assert dry.status_code == 422 and dry.json()["detail"] == detail
+    assert Decimal(spent(client, keys, dataset_id)["epsilon_spent"]) == 0
+    suggested = {**body, "delta": str(figure)}
+    priced = post(client, keys, dataset_id, suggested, dry_run=True)
+    assert priced.status_code == 200 and priced.json()["affordable"], priced.text
+    assert priced.json()["budget"] == "grant"
+    admitted = post(client, keys, dataset_id, suggested)
+    assert admitted.status_code == 202, admitted.text
+
+
+def test_under_a_grant_a_delta_its_filters_take_is_not_refused_so(client, keys, fresh):
+    dataset_id = fresh()
+    grant_to(client, keys, dataset_id, "0.8", "1e-6")
+    body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "0.5", "delta": "1e-8"}
+    assert post(client, keys, dataset_id, body).status_code == 202

@@ -79,3 +79,27 @@ def test_dpss_grants_commands(
     assert revoked.exit_code == ExitCode.OK and json.loads(revoked.stdout)["revoked_at"]
     too_big = dpss("create", str(ds.id), "--epsilon", "2", "--delta", "1e-6")
     assert too_big.exit_code == ExitCode.REFUSED and "epsilon" in too_big.stderr
+
+
+def test_dpss_grants_list_shows_both_native_figures_of_a_hybrid_grant(
+    client: TestClient, session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hybrid (the default) has two native currencies: its Gaussian-DP filter's mu and its zCDP
+    # filter's rho, either of which may admit the next release. The table showed mu alone,
+    # which reads 0 once an approximate step closed that filter while rho was left.
+    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    _, owner_key = _key(session_factory, "owner")
+    analyst_id, _ = _key(session_factory, "analyst")
+    owner = Client(str(client.base_url), owner_key, http=client)
+    ds = owner.upload(
+        np.eye(4), name="d", epsilon_budget=1, delta_budget="1e-5", row_norm_bound=1,
+        accounting="hybrid",
+    )  # fmt: skip
+    grant = owner.create_grant(ds.id, "0.5", "1e-6", analyst_key_id=analyst_id)
+    assert grant.mu_remaining is not None and grant.rho_remaining is not None
+    env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": owner_key, "COLUMNS": "250"}
+    table = CliRunner().invoke(app, ["grants", "list", str(ds.id)], env=env)
+    assert table.exit_code == ExitCode.OK, table.output
+    mu = remote_cli._figure(grant.mu_remaining)
+    rho = remote_cli._figure(grant.rho_remaining)
+    assert f"mu {mu}, rho {rho}" in table.stdout, table.stdout

@@ -66,7 +66,8 @@ class Grant(Schema):
     epsilon_total: ExactDecimal = Field(
         description=(
             "Epsilon granted. gaussian, zcdp: what the grant's rho (mu) amounts to at the "
-            "dataset's delta_total (rounded down), as every budget is stated."
+            "dataset's delta_total (rounded down), as every budget is stated. hybrid: the "
+            "epsilon given (its filters are a hybrid sub-budget of it)."
         )
     )
     delta_total: ExactDecimal = Field(
@@ -75,7 +76,9 @@ class Grant(Schema):
     epsilon_spent: ExactDecimal = Field(
         description=(
             "Epsilon charged to the grant, less refunds (gaussian, zcdp: the smallest epsilon at "
-            "which what it spent is (epsilon, delta_total)-DP at the dataset's delta, rounded up)."
+            "which what it spent is (epsilon, delta_total)-DP at the dataset's delta, rounded up; "
+            "hybrid: the smallest of its still-holding filters' figures at the dataset's "
+            "delta_total, as the dataset's budget states it)."
         )
     )
     delta_spent: ExactDecimal = Field(
@@ -100,22 +103,43 @@ class Grant(Schema):
         default="basic", description="The dataset's accounting: the grant's currency."
     )
     rho_total: ExactDecimal | None = Field(
-        default=None, description="gaussian and zcdp: rho granted (gaussian: mu^2/2)."
+        default=None,
+        description=(
+            "gaussian and zcdp: rho granted (gaussian: mu^2/2). hybrid: its zCDP filter's, "
+            "at its conversion share of the grant's delta (at most the dataset's)."
+        ),
     )
     rho_spent: ExactDecimal | None = Field(
-        default=None, description="gaussian and zcdp: rho charged to the grant, less refunds."
+        default=None,
+        description="gaussian, zcdp, hybrid: rho charged to the grant, less refunds.",
     )
     rho_remaining: ExactDecimal | None = Field(
-        default=None, description="gaussian and zcdp: rho the grant could still spend."
+        default=None,
+        description=(
+            "gaussian, zcdp, hybrid: rho the grant could still spend (hybrid: 0 once its zCDP "
+            "filter no longer holds)."
+        ),
     )
     mu_total: ExactDecimal | None = Field(
-        default=None, description="gaussian: sqrt(2 rho_total), rounded down."
+        default=None,
+        description=(
+            "gaussian: sqrt(2 rho_total), rounded down. hybrid: its Gaussian-DP filter's, "
+            "within its share of the grant's delta (at most the dataset's)."
+        ),
     )
     mu_spent: ExactDecimal | None = Field(
-        default=None, description="gaussian: sqrt(2 rho_spent), rounded up."
+        default=None,
+        description=(
+            "gaussian: sqrt(2 rho_spent), rounded up. hybrid: sqrt(sum of the releases' mu^2), "
+            "rounded up."
+        ),
     )
     mu_remaining: ExactDecimal | None = Field(
-        default=None, description="gaussian: sqrt(2 rho_remaining), rounded down."
+        default=None,
+        description=(
+            "gaussian: sqrt(2 rho_remaining), rounded down. hybrid: sqrt(mu_total^2 - "
+            "mu_spent^2), rounded down (0 once its Gaussian-DP filter no longer holds)."
+        ),
     )
     delta_reserved_for_conversion: ExactDecimal | None = Field(
         default=None,

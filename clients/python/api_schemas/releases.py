@@ -52,7 +52,9 @@ class ReleaseRequest(RequestSchema):
             "most the grant's delta / 100 (on a `zcdp` dataset its delta for approximate steps, "
             "if it has one; a `gaussian` grant holds none), so that the default fits the budget "
             "the release is charged to; the dry run shows it and the release records it (0 on "
-            "a dataset, or `basic` grant, without a delta budget). With `rho` (`zcdp` and "
+            "a dataset, or `basic` grant, without a delta budget, and on a `hybrid` dataset for "
+            "a release whose steps are all pure, e.g. `smooth_sensitivity`'s Cauchy variant: "
+            "it spends none). With `rho` (`zcdp` and "
             "`hybrid` datasets), the approximate-zCDP delta of mechanisms with approximate "
             "steps (0 or absent for purely Gaussian ones). At most 30 decimal places."
         ),
@@ -281,7 +283,7 @@ class BudgetExceeded(Schema):
     epsilon_remaining: ExactDecimal = Field(
         description=(
             "Epsilon still available in the budget named by `budget`, stated as GET .../budget "
-            "(or the grant) states it: on gaussian and zcdp, epsilon at the dataset's "
+            "(or the grant) states it: on gaussian, zcdp and hybrid, epsilon at the dataset's "
             "delta_total (rounded down)."
         )
     )
@@ -305,15 +307,17 @@ class BudgetExceeded(Schema):
     rho_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian and zcdp datasets: rho still available in that budget (gaussian: "
-            "mu_remaining^2/2). Absent for basic."
+            "gaussian, zcdp and hybrid datasets: rho still available in that budget (gaussian: "
+            "mu_remaining^2/2; hybrid: its zCDP filter's, 0 once that filter no longer holds). "
+            "Absent for basic."
         ),
     )
     mu_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian: the largest mu one more release may use in that budget (rounded down), "
-            "as GET .../budget states it."
+            "gaussian and hybrid: the largest mu one more release may use in that budget "
+            "(rounded down; hybrid: its Gaussian-DP filter's, 0 once that filter no longer "
+            "holds), as GET .../budget states it."
         ),
     )
     delta_reserved_for_conversion: ExactDecimal | None = Field(
@@ -387,13 +391,18 @@ class ReleasePreview(Schema):
         description="The approximate-zCDP delta of its approximate steps (0 if purely Gaussian).",
     )
     rho_remaining: ExactDecimal | None = Field(
-        default=None, description="gaussian and zcdp: rho left in the budget named by `budget`."
+        default=None,
+        description=(
+            "gaussian, zcdp and hybrid: rho left in the budget named by `budget` (hybrid: its "
+            "zCDP filter's, 0 once that filter no longer holds)."
+        ),
     )
     mu_remaining: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian: the largest mu one more release may use in that budget (rounded down), "
-            "as GET .../budget states it."
+            "gaussian and hybrid: the largest mu one more release may use in that budget "
+            "(rounded down; hybrid: its Gaussian-DP filter's, 0 once that filter no longer "
+            "holds), as GET .../budget states it."
         ),
     )
     delta_reserved_for_conversion: ExactDecimal | None = Field(

@@ -809,6 +809,18 @@ grants_app = typer.Typer(
 )
 
 
+def _native_left(grant: Grant) -> str:
+    """The grant's native figure: mu on gaussian, rho on zcdp, both on hybrid (its Gaussian-DP
+    filter's mu and its zCDP filter's rho, either of which may admit the next release: mu
+    alone read 0 once an approximate step closed that filter while rho was left)."""
+    mu, rho = grant.mu_remaining, grant.rho_remaining
+    if grant.accounting == "hybrid" and mu is not None and rho is not None:
+        return f"mu {_figure(mu)}, rho {_figure(rho)}"
+    if mu is not None:
+        return f"mu {_figure(mu)}"
+    return "" if rho is None else f"rho {_figure(rho)}"
+
+
 def _grants_table(items: list[Grant], title: str) -> Table:
     """Each grant in (epsilon, delta) with its native figure beside it; the analyst key by
     name and the start of its id (exact values and times: --json)."""
@@ -828,11 +840,7 @@ def _grants_table(items: list[Grant], title: str) -> Table:
             who = "every analyst"
         else:
             who = f"{grant.analyst_key_name or ''} ({str(grant.analyst_key_id)[:8]})".lstrip()
-        native = ""
-        if grant.mu_remaining is not None:
-            native = f"mu {_figure(grant.mu_remaining)}"
-        elif grant.rho_remaining is not None:
-            native = f"rho {_figure(grant.rho_remaining)}"
+        native = _native_left(grant)
         table.add_row(
             str(grant.id),
             who,

@@ -226,10 +226,16 @@ function analystName(g) {
   return g.analyst_key_id ? `${g.analyst_key_name || "analyst"} · ${short(g.analyst_key_id)}` : "all analysts";
 }
 
-// The native figure beside the epsilon one (never instead of it): mu on gaussian, rho on zcdp.
+// The native figure beside the epsilon one (never instead of it): mu on gaussian, rho on zcdp,
+// both on hybrid (its Gaussian-DP filter's mu and its zCDP filter's rho: either may admit the
+// next release, and mu alone read 0 once an approximate step closed that filter while rho was left).
 function nativeRemaining(b) {
-  if (b.mu_remaining !== null && b.mu_remaining !== undefined) return `mu ${fmt(b.mu_remaining)}`;
-  if (b.rho_remaining !== null && b.rho_remaining !== undefined) return `rho ${fmt(b.rho_remaining)}`;
+  const has = (value) => value !== null && value !== undefined;
+  if (b.accounting === "hybrid" && has(b.mu_remaining) && has(b.rho_remaining)) {
+    return `mu ${fmt(b.mu_remaining)}, rho ${fmt(b.rho_remaining)}`;
+  }
+  if (has(b.mu_remaining)) return `mu ${fmt(b.mu_remaining)}`;
+  if (has(b.rho_remaining)) return `rho ${fmt(b.rho_remaining)}`;
   return "—";
 }
 
