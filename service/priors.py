@@ -44,6 +44,7 @@ from service.mechanisms.base import Mechanism
 from service.mechanisms.linalg import FloatArray
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 from service.prior_projection import is_orthonormal
+from service.upload_formats import npy_header
 
 #: The params keys this layer takes out of a request before its mechanism parses the rest.
 BASIS_FIELD = "prior_basis"
@@ -252,6 +253,8 @@ def read_upload(path: Path, suffix: str) -> FloatArray:
         raise InvalidInput("file", "a prior is a .npy file (a 2-D float array, no pickles)")
     if path.stat().st_size > MAX_PRIOR_BYTES + 4096:
         raise InvalidInput("file", f"above the limit of {size_text(MAX_PRIOR_BYTES)}")
+    # The header first: a shape the body does not hold is refused before np.load allocates it.
+    npy_header(path)
     try:
         with path.open("rb") as handle:
             array = np.load(handle, allow_pickle=False)

@@ -104,7 +104,58 @@ def _split_unit(block: np.ndarray[Any, Any], position: int | None) -> Block:
     return np.delete(block, position, axis=1), block[:, position]
 
 
+@dataclass(frozen=True)
+class NpyHeader:
+    """What an uploaded ``.npy`` file's header declares, checked against its body."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    data_offset: int
+
+
+def npy_header(path: Path) -> NpyHeader:
+    """The header of an uploaded ``.npy``, read before any value (422 on ``file``).
+
+    A header numpy cannot parse (its parser raises more than ``ValueError``: a tokenizer or
+    syntax error), a dtype that holds Python objects, a negative size, or a body longer or
+    shorter than the declared shape is refused here, so that nothing is ever allocated from a
+    declared shape the body does not hold and no byte the owner sent is silently dropped.
+    """
+    try:
+        with open(path, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            if version not in ((1, 0), (2, 0), (3, 0)):
+                raise ValueError("unknown .npy version")
+            shape, _fortran, dtype = read(handle)
+            offset = handle.tell()
+    except Exception:
+        raise InvalidInput("file", "not a readable .npy file (its header is not valid)") from None
+    if dtype.hasobject:
+        raise InvalidInput(
+            "file", "not a .npy array file, or it holds Python objects (refused: no pickles)"
+        )
+    if any(size < 0 for size in shape):
+        raise InvalidInput("file", "the .npy header declares a negative size")
+    declared = dtype.itemsize
+    for size in shape:
+        declared *= int(size)  # Python integers: no overflow however large the claim
+    body = path.stat().st_size - offset
+    if body != declared:
+        raise InvalidInput(
+            "file",
+            f"the .npy header declares {declared} bytes of values but {body} follow it "
+            "(a truncated or padded file)",
+        )
+    return NpyHeader(tuple(int(size) for size in shape), dtype, offset)
+
+
 def _npy_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
+    npy_header(path)
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:

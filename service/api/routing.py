@@ -19,7 +19,6 @@ wraps FastAPI's handler instead:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Callable, Coroutine
@@ -110,9 +109,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_json_body(body: bytes) -> Any:
-    """``body`` parsed as JSON with every object's keys unique; ``ValueError`` if it is not
-    JSON at all (a ``JSONDecodeError``, or not UTF-8), left for FastAPI to answer as before
-    (422 naming the body and the character).
+    """``body`` parsed as JSON with every object's keys unique; 422 naming the body otherwise
+    (for text that is not JSON, json's reason and the character, as FastAPI answered it).
 
     Raises
     ------
@@ -120,11 +118,28 @@ def parse_json_body(body: bytes) -> Any:
         A key appears twice in one object (the last would silently win: ``epsilon`` given
         twice charged the second, a duplicated ``role`` changed the created key's role); or the
         parser gave up on valid JSON it will not read: an integer of more than Python's 4,300
-        digits, or arrays and objects nested past the recursion limit. FastAPI's own parse
-        catches only a ``JSONDecodeError`` and answered these with a 400 that named nothing.
+        digits, or arrays and objects nested past the recursion limit; or the body is not UTF-8
+        (UTF-16 and UTF-32 bodies were read and charged, a Latin-1 one was a 400). FastAPI's
+        own parse catches only a ``JSONDecodeError`` and answered these with a 400 that named
+        nothing.
     """
     try:
-        return json.loads(body, object_pairs_hook=_unique_keys)
+        # UTF-8 only (RFC 8259, 8.1; a leading byte order mark is ignored): ``json.loads`` on
+        # bytes would guess UTF-16 or UTF-32 from the first bytes and read such a body.
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            "body", f"not valid JSON (not UTF-8 at byte {exc.start}; send JSON as UTF-8)"
+        ) from None
+    if "\x00" in text:
+        # Never in JSON text (not even inside a string); UTF-16 or UTF-32 without a byte
+        # order mark decodes as UTF-8 with NULs between the characters.
+        raise InvalidInput(
+            "body",
+            f"not valid JSON (a NUL at byte {body.index(0)}: UTF-16 or UTF-32? send JSON as UTF-8)",
+        )
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except DuplicateKey as exc:
         raise InvalidInput(
             "body", f"the key '{printable(exc.key)}' appears twice in one object; send it once"
@@ -133,9 +148,13 @@ def parse_json_body(body: bytes) -> Any:
         raise InvalidInput(
             "body", "not valid JSON (nested deeper than this service reads)"
         ) from None
-    except ValueError as exc:
-        if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-            raise
+    except json.JSONDecodeError as exc:
+        # As FastAPI answered it (service.api.errors): json's reason and where, never the text.
+        # Not left to FastAPI: its own parse reads bytes, guessing UTF-16 and UTF-32 again.
+        raise InvalidInput(
+            "body", f"not valid JSON ({printable(exc.msg)} at character {exc.pos})"
+        ) from None
+    except ValueError:
         limit = sys.get_int_max_str_digits()
         raise InvalidInput(
             "body", f"not valid JSON (a number of more than {limit} digits)"
@@ -185,12 +204,10 @@ class GuardedRoute(APIRoute):
                     body = await read_json_body(bounded, settings.max_json_bytes)
                     bounded = Request(request.scope, _replay(body, deadline.receive))
                     if body:
-                        # Not JSON: FastAPI parses it and answers as ever (422 at the body).
-                        with contextlib.suppress(ValueError):
-                            parsed = parse_json_body(body)
-                            bounded = ParsedJsonRequest(
-                                request.scope, _replay(body, deadline.receive), parsed
-                            )
+                        parsed = parse_json_body(body)
+                        bounded = ParsedJsonRequest(
+                            request.scope, _replay(body, deadline.receive), parsed
+                        )
                 return await handler(bounded)
             except Exception:
                 if deadline.expired:

@@ -248,6 +248,37 @@ def test_a_body_that_is_not_json_is_refused_naming_the_body(
     assert charges(session_factory) == 0
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "latin-1"])
+def test_a_json_body_that_is_not_utf8_is_refused_naming_the_body(
+    client, keys, dataset_id, session_factory, encoding
+):
+    """JSON between systems is UTF-8 (RFC 8259, 8.1). ``json.loads`` on bytes guesses UTF-16
+    and UTF-32 from the first bytes, so such a body was read and charged (202), whatever its
+    Content-Type said; a Latin-1 body with a non-ASCII byte was a 400 "There was an error
+    parsing the body" outside the service's error format. One rule: UTF-8 only, a 422 naming
+    the body (a leading byte order mark is still ignored)."""
+    release = GOOD_RELEASE if encoding != "latin-1" else {**GOOD_RELEASE, "mechanism": "\u00e9"}
+    body = json.dumps(release, ensure_ascii=False).encode(encoding)
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        headers={**bearer(keys.analyst), "content-type": "application/json"},
+        content=body,
+    )
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("body: not valid JSON") and "UTF-8" in detail, detail
+    assert charges(session_factory) == 0
+
+
+def test_a_utf8_json_body_with_a_byte_order_mark_is_read(client, keys, dataset_id):
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        headers={**bearer(keys.analyst), "content-type": "application/json"},
+        content=b"\xef\xbb\xbf" + json.dumps(GOOD_RELEASE).encode(),
+    )
+    assert response.status_code == 202, response.text
+
+
 def test_a_duplicated_role_creates_no_key(client, keys, session_factory):
     with session_factory() as session:
         before = session.scalar(select(func.count()).select_from(ApiKey))
