@@ -328,9 +328,11 @@ def packed_projection_block(bases: FloatArray) -> BlockFn:
 
 
 #: Tiles of the exact route in :func:`centred_projection_block`: fixed boundaries on the pair
-#: indices (``j // TILE_ROWS``, ``l // TILE_COLS``), so a pair's exact distance always comes
+#: indices (``j // tile``, ``l // tile``), so a pair's exact distance always comes
 #: from a product of the same public shape, whichever other pairs needed it.
-TILE_ROWS, TILE_COLS = 32, 32
+#: Square tiles of 32 points on the packed route, 16 on the cross products (whose tiles cost
+#: ``k^2 d`` a pair: smaller tiles waste less around the few pairs the band cannot place).
+TILE_PACKED, TILE_CROSS = 32, 32 // 2
 
 #: Median band width (on ``D^2``) above which :meth:`CentredProjectionBlock.bins` skips the
 #: band and computes every tile exactly (a choice of work only: the counts are the same).
@@ -343,25 +345,26 @@ CENTRED_ORTHONORMALITY = 1e-6
 
 
 class CentredProjectionBlock:
-    """The packed route's friend counts (:func:`packed_projection_block`'s formula), at a
-    fraction of the work where the subsets agree: a cheap two-sided bound on each squared
-    distance first, the exact packed product only for the pairs the bound cannot place.
+    """The projector friend counts of the packed route (:func:`packed_projection_block`'s
+    formula, ``d + 1 < 2 k^2``) or of the cross products (:func:`projection_distance_block`'s),
+    at a fraction of the work where the subsets agree: a cheap two-sided bound on each squared
+    distance first, the exact formula only for the pairs the bound cannot place.
 
     **The exact distance** of a pair ``j < l``, ``F_jl``, is the packed formula
     ``sqrt(o_j + o_l - 2 <p_j, p_l>)`` (``o_j = ||U_j^T U_j||_F^2``, ``p_j`` the packed projector
-    rows, summed in the same chunks) computed in the pair's *tile*: rows
+    rows, summed in the same chunks; or ``o_j + o_l - 2 ||U_j^T U_l||_F^2`` by the cross
+    products) computed in the pair's *tile*: rows
     ``[a R, (a + 1) R)`` by columns ``[b C, (b + 1) C)`` with ``a = j // R``, ``b = l // C``
-    (:data:`TILE_ROWS`, :data:`TILE_COLS`), one product of fixed public shape per chunk. A
+    (:data:`TILE_PACKED` or :data:`TILE_CROSS`), one product of fixed public shape per chunk. A
     matrix product's entry reads one row of each factor in an order fixed by the shapes, so
     ``F_jl`` is a function of ``U_j`` and ``U_l`` alone (and public sizes), whichever other
-    pairs are computed; its rounding is the packed route's (within :func:`projection_rounding`
-    of ``D_jl = ||U_j U_j^T - U_l U_l^T||_F``). Every count this class yields is
+    pairs are computed; its rounding is its route's (within :func:`projection_rounding` of
+    ``D_jl = ||U_j U_j^T - U_l U_l^T||_F``). Every count this class yields is
     ``#{l : F_jl <= r}``: the privacy argument (one moved subset moves only its own pairs'
     predicates; a friend is within ``r + projection_rounding`` of the true projector) and
-    the calibration are those of the packed route. Against :func:`packed_projection_block`
-    itself (one product for the whole block) ``F_jl`` may differ in its last bits (a product
-    of another shape), so the counts can differ only where a distance is within ~``1e-11``
-    of a radius of the grid.
+    the calibration are those of before. Against the one-block routes of before ``F_jl`` may
+    differ in its last bits (a product of another shape), so the counts can differ from theirs
+    only where a distance is within ~``1e-11`` of a radius of the grid.
 
     **The bound**, centred on one subset's basis ``U_0`` (``bases[0]``; which one does not
     matter to any count, see below): ``C_j = U_0^T U_j``, ``E_j = U_j - U_0 C_j``
@@ -376,10 +379,10 @@ class CentredProjectionBlock:
     a subspace: a band of ~``1e-5`` of ``D^2``). Rounding, on both ends (:meth:`_margins`):
     the computed ``G`` and ``T``, the bases' loss of orthonormality
     ``delta_j = ||U_j^T U_j - I||_F`` (beyond :data:`CENTRED_ORTHONORMALITY`, or not finite: the
-    exact route), and the exact route's own rounding (``16 k^2 d eps``, twice the packed
-    proof's), each with a factor of 4 or more to spare. So ``F_jl^2`` lies in a computed
-    ``[L, H]``; a pair whose interval holds no radius of the grid has
-    ``#{r < F} = #{r^2 < L}`` without ``F``; the others take their tile's exact distances.
+    exact route), and the exact route's own rounding (:meth:`exact_slack`, twice its proof's),
+    each with a factor of 2 or more to spare. So ``F_jl^2`` lies in a computed ``[L, H]``; a
+    pair whose interval holds no radius of the grid has ``#{r < F} = #{r^2 < L}`` without
+    ``F``; the others take their tile's exact distances.
 
     ``U_0`` (another subset's basis) and the bound choose only *which* tiles are computed,
     never a count: every count equals the one from the exact per-pair distances.
@@ -389,6 +392,9 @@ class CentredProjectionBlock:
         t, d, k = bases.shape
         self.bases, self.t, self.d, self.k = bases, t, d, k
         self.n_chunks, self.chunk = packed_chunks(d, k)
+        self.packed = packed_projections(t, d, k)
+        self.tile = TILE_PACKED if self.packed else TILE_CROSS
+        self._stacked: FloatArray | None = None
         eps = float(np.finfo(np.float64).eps)
         own = np.matmul(bases.transpose(0, 2, 1), bases)  # per basis: one product each
         self.self_overlap = np.square(own).sum(axis=(1, 2))
@@ -399,12 +405,12 @@ class CentredProjectionBlock:
         ref = bases[0]
         stacked = bases.transpose(1, 0, 2).reshape(d, t * k)
         cross = (ref.T @ stacked).reshape(k, t, k).transpose(1, 0, 2)  # C_j
-        resid = bases - np.matmul(ref, cross)  # E_j = (I - Q) U_j
-        self.g = np.ascontiguousarray(
-            np.matmul(resid, cross.transpose(0, 2, 1)).reshape(t, d * k)
-        )  # G_j
+        resid = np.matmul(ref, cross)
+        np.subtract(bases, resid, out=resid)  # E_j = (I - Q) U_j, one t d k temporary
+        self.g = np.matmul(resid, cross.transpose(0, 2, 1)).reshape(t, d * k)  # G_j
         g_norm2 = np.einsum("ij,ij->i", self.g, self.g)
-        spread = np.square(resid).sum(axis=(1, 2))
+        spread = np.einsum("gij,gij->g", resid, resid)
+        del resid
         self.low, self.high, self.bad = self._margins(g_norm2, spread, orth, eps)
         self._rows_all: FloatArray | None = None
         self._have = np.zeros(t, dtype=bool)
@@ -428,8 +434,9 @@ class CentredProjectionBlock:
         ``1.01 delta`` of an exact projector (``delta <= 1e-6``), which moves ``G``, ``s`` and
         ``D`` by at most ``4 delta_sum`` and the squares by at most ``20 sqrt(2 k) delta_sum``:
         charged ``64 k delta_j`` (and ``delta_0``), over 3 times that for every ``k >= 1``.
-        The exact route's ``16 k^2 d eps``: half to each. The spread term: ``s_j`` grows by
-        ``4 delta_j`` (and ``delta_0``) and its square by 2% (for the rounding of ``s``)."""
+        The exact route's rounding (:meth:`exact_slack`): half to each. The spread term:
+        ``s_j`` grows by ``4 delta_j`` (and ``delta_0``) and its square by 2% (for the rounding
+        of ``s``)."""
         k, d = self.k, self.d
         e = 16.0 * (k + d) * math.sqrt(d * k) * eps
         slack = (
@@ -437,7 +444,7 @@ class CentredProjectionBlock:
             + 8.0 * e * np.sqrt(g)
             + 4.0 * e * e
             + 64.0 * k * (orth + 0.5 * orth[0])
-            + 8.0 * k * k * d * eps
+            + 0.5 * self.exact_slack(eps)
         )
         spread = s + 4.0 * (orth + 0.5 * orth[0])
         low = 2.0 * g - slack
@@ -446,6 +453,20 @@ class CentredProjectionBlock:
         if not orth[0] <= CENTRED_ORTHONORMALITY:
             bad[:] = True
         return low, high, bad
+
+    def exact_slack(self, eps: float) -> float:
+        """Bound on ``|F^2 - D^2|``, twice the proof's. Packed route: ``16 k^2 d eps``
+        (:func:`packed_projection_block`: ``8 k^2 d eps``). Cross products:
+        ``16 d k^1.5 eps + 8 (k^3 + 2 k) eps``: each ``c_ab = u_a^T v_b`` (unit columns, length
+        ``d``) errs by at most ``e = 1.01 d eps``, its square by ``2 |c_ab| e + e^2`` plus one
+        rounding, and ``sum_ab |c_ab| <= k ||C||_F <= 1.01 k^1.5``, so ``sum_ab c_ab^2`` errs by at
+        most ``2.04 d k^1.5 eps + (k^3 + k) 1.01 eps`` (with the sum's own ``k^2 eps ||C||_F^2``);
+        ``F^2 = o_j + o_l - 2 sum`` holds three such sums (``o_j`` is the same formula for the
+        pair ``(j, j)``) with weight 4 in all, and three additions (``6 k eps``)."""
+        k, d = self.k, self.d
+        if self.packed:
+            return float(16.0 * k * k * d * eps)
+        return float(16.0 * d * k * math.sqrt(k) * eps + 8.0 * (k**3 + 2 * k) * eps)
 
     # -- the exact route ----------------------------------------------------------------
     def _pack(self, need: npt.NDArray[np.bool_]) -> FloatArray:
@@ -464,16 +485,31 @@ class CentredProjectionBlock:
             self._have |= todo
         return self._rows_all
 
-    def _tile(self, rows: FloatArray, a: int, b: int) -> FloatArray:
+    def _tile(self, rows: FloatArray | None, a: int, b: int) -> FloatArray:
         """``F`` on the tile ``(a, b)``: rows ``[a R, (a+1) R)`` by columns ``[b C, (b+1) C)``
-        (cut at ``t``), one product of public shape per chunk."""
-        t = self.t
-        r0, r1 = a * TILE_ROWS, min(t, (a + 1) * TILE_ROWS)
-        c0, c1 = b * TILE_COLS, min(t, (b + 1) * TILE_COLS)
-        overlap = np.zeros((r1 - r0, c1 - c0), dtype=np.float64)
-        for c in range(self.n_chunks):
-            part = slice(c * self.chunk, (c + 1) * self.chunk)
-            overlap += rows[r0:r1, part] @ rows[c0:c1, part].T
+        (cut at ``t``). Packed route (``rows``, the packed projectors): one product of public
+        shape per chunk, as :func:`packed_projection_block`; cross products: one product of
+        the tile's stacked bases, ``U_j^T U_l`` for every pair, squared and summed, as
+        :func:`projection_distance_block` (each within its route's rounding proof)."""
+        t, k = self.t, self.k
+        r0, r1 = a * self.tile, min(t, (a + 1) * self.tile)
+        c0, c1 = b * self.tile, min(t, (b + 1) * self.tile)
+        if rows is not None:
+            overlap = np.zeros((r1 - r0, c1 - c0), dtype=np.float64)
+            for c in range(self.n_chunks):
+                part = slice(c * self.chunk, (c + 1) * self.chunk)
+                overlap += rows[r0:r1, part] @ rows[c0:c1, part].T
+        else:
+            if self._stacked is None:
+                d = self.d
+                self._stacked = np.ascontiguousarray(
+                    self.bases.transpose(1, 0, 2).reshape(d, t * k)
+                )
+            stacked = self._stacked
+            cross = stacked[:, r0 * k : r1 * k].T @ stacked[:, c0 * k : c1 * k]
+            np.multiply(cross, cross, out=cross)
+            summed = cross.reshape(r1 - r0, k, (c1 - c0) * k).sum(axis=1)
+            overlap = summed.reshape(r1 - r0, c1 - c0, k).sum(axis=2)
         dist2 = self.self_overlap[r0:r1, None] + self.self_overlap[None, c0:c1] - 2.0 * overlap
         np.maximum(dist2, 0.0, out=dist2)
         return np.asarray(np.sqrt(dist2, out=dist2), dtype=np.float64)
@@ -486,13 +522,13 @@ class CentredProjectionBlock:
         t = self.t
         need = np.zeros(t, dtype=bool)
         for a, b in tiles:
-            need[a * TILE_ROWS : (a + 1) * TILE_ROWS] = True
-            need[b * TILE_COLS : (b + 1) * TILE_COLS] = True
-        rows = self._pack(need)
+            need[a * self.tile : (a + 1) * self.tile] = True
+            need[b * self.tile : (b + 1) * self.tile] = True
+        rows = self._pack(need) if self.packed else None
         parts = []
         for a, b in tiles:
-            r0, r1 = a * TILE_ROWS, min(t, (a + 1) * TILE_ROWS)
-            c0, c1 = b * TILE_COLS, min(t, (b + 1) * TILE_COLS)
+            r0, r1 = a * self.tile, min(t, (a + 1) * self.tile)
+            c0, c1 = b * self.tile, min(t, (b + 1) * self.tile)
             lo_r, hi_r, lo_c = max(r0, start), min(r1, stop), max(c0, start)
             if lo_r >= hi_r or lo_c >= c1:
                 continue
@@ -505,9 +541,9 @@ class CentredProjectionBlock:
     def _all_tiles(self, start: int, stop: int) -> list[tuple[int, int]]:
         return [
             (a, b)
-            for a in range(start // TILE_ROWS, (stop - 1) // TILE_ROWS + 1)
-            for b in range(start // TILE_COLS, (self.t - 1) // TILE_COLS + 1)
-            if (b + 1) * TILE_COLS > a * TILE_ROWS
+            for a in range(start // self.tile, (stop - 1) // self.tile + 1)
+            for b in range(start // self.tile, (self.t - 1) // self.tile + 1)
+            if (b + 1) * self.tile > a * self.tile
         ]
 
     def __call__(self, start: int, stop: int) -> FloatArray:
@@ -564,7 +600,7 @@ class CentredProjectionBlock:
                 js, ls = js[keep], ls[keep]
                 self.last_exact_pairs += int(js.size)
                 if js.size:
-                    ids = np.unique((js // TILE_ROWS) * t + ls // TILE_COLS)
+                    ids = np.unique((js // self.tile) * t + ls // self.tile)
                     tiles.update(zip((ids // t).tolist(), (ids % t).tolist(), strict=True))
             unsure_tiles = sorted(tiles)
         for rows, cols, values in self._exact(start, stop, unsure_tiles):
@@ -580,10 +616,16 @@ def centred_projection_block(bases: FloatArray) -> CentredProjectionBlock:
 def projection_block(bases: FloatArray) -> tuple[BlockFn, int]:
     """The projector-distance blocks of the cheaper route for ``(d, k)`` (packed for
     ``d + 1 < 2 k^2``, else the cross products) and their rows per block."""
-    t, d, k = bases.shape
-    if packed_projections(t, d, k):
-        return centred_projection_block(bases), block_rows(t, 4)
-    return projection_distance_block(bases), block_rows(t, k * k)
+    block = centred_projection_block(bases)
+    return block, centred_rows(bases.shape[0], block.tile)
+
+
+def centred_rows(t: int, tile: int) -> int:
+    """Rows per block of :class:`CentredProjectionBlock` (``rows x t`` bins and band temporaries
+    of at most :data:`BLOCK_FLOATS` / 4 each), a multiple of its tile below ``t``, so no tile's
+    exact distances are computed for two blocks."""
+    rows = block_rows(t, 4)
+    return rows if rows >= t else max(tile, rows // tile * tile)
 
 
 def block_rows(t: int, width: int = 1) -> int:

@@ -47,7 +47,9 @@ def _counts_of(dist: np.ndarray, radii: np.ndarray) -> np.ndarray:
     return np.stack([np.count_nonzero(dist <= r, axis=1) for r in radii], axis=1)
 
 
-@pytest.mark.parametrize(("t", "d", "k"), [(37, 6, 4), (70, 30, 5), (45, 100, 10)])
+@pytest.mark.parametrize(
+    ("t", "d", "k"), [(37, 6, 4), (70, 30, 5), (45, 100, 10), (40, 60, 3), (33, 250, 10)]
+)
 @pytest.mark.parametrize("spread", [0.0, 1e-6, 1e-3, 3e-2, 3.0])
 @pytest.mark.parametrize("rows", [None, 7])
 def test_the_counts_are_those_of_the_exact_distances(
@@ -62,18 +64,22 @@ def test_the_counts_are_those_of_the_exact_distances(
 
 
 @pytest.mark.parametrize("spread", [0.0, 1e-4, 3.0])
-def test_the_exact_distances_are_within_the_rounding_allowance(spread: float) -> None:
-    t, d, k = 40, 30, 5
+@pytest.mark.parametrize(("d", "k"), [(30, 5), (60, 3)], ids=["packed", "cross-products"])
+def test_the_exact_distances_are_within_the_rounding_allowance(
+    spread: float, d: int, k: int
+) -> None:
+    t = 40
     bases = _bases(t, d, k, spread, seed=11)
     exact = _exact_full(fw.CentredProjectionBlock(bases))
     projectors = np.einsum("gik,gjk->gij", bases, bases).astype(np.longdouble)
     diff = projectors[:, None] - projectors[None, :]
     truth = np.asarray(np.sqrt(np.sum(diff * diff, axis=(2, 3))), dtype=np.float64)
-    packed = fw.packed_projection_block(bases)(0, t)
+    route = fw.packed_projection_block if fw.packed_projections(t, d, k) else None
+    packed = (route or fw.projection_distance_block)(bases)(0, t)
     fw._square_part_symmetric(packed)
     upper = np.triu_indices(t, 1)
     assert np.max(np.abs(exact - truth)[upper]) <= fw.projection_rounding(d, k)
-    assert np.max(np.abs(exact**2 - packed**2)[upper]) < 1e-12  # the one-product route's
+    assert np.max(np.abs(exact**2 - packed**2)[upper]) < 1e-12  # the one-block route's
     assert np.all(np.diag(exact) == 0.0)
 
 
