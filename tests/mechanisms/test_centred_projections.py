@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from service.mechanisms import friendly_weights as fw
 from service.mechanisms.friendly_radius import radius_grid
@@ -150,3 +152,60 @@ def test_packed_rows_are_functions_of_their_basis_alone() -> None:
         fw.packed_projector_rows(np.ascontiguousarray(bases[picked]), n_chunks, chunk),
         whole[picked],
     )
+
+
+@st.composite
+def neighbouring_bases(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int]:
+    """Bases around one subspace at a spread from 1e-14 to 1e-1 (some exact duplicates, one far
+    basis, some a few ulps off orthonormal); the neighbour replaces one basis (often the first,
+    which the band is centred on) by a far one, a duplicate or a near one."""
+    t = draw(st.integers(3, 70))
+    d = draw(st.sampled_from([2, 5, 12, 30, 61]))
+    k = draw(st.integers(1, min(d - 1, 5)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    spread = 10.0 ** draw(st.floats(-14, -1))
+    bases = _bases(t, d, k, spread, seed)
+    bases[rng.random(t) < draw(st.floats(0, 0.5))] = bases[0]
+    bases[draw(st.integers(0, t - 1))] = _bases(1, d, k, 0.0, seed + 1)[0]
+    if draw(st.booleans()):
+        bases[rng.random(t) < 0.3] *= 1.0 + 1e-15 * rng.integers(1, 8)
+    neighbour = bases.copy()
+    moved = 0 if draw(st.booleans()) else draw(st.integers(0, t - 1))
+    neighbour[moved] = draw(
+        st.sampled_from(
+            [
+                _bases(1, d, k, 0.0, seed + 2)[0],
+                bases[(moved + 1) % t],
+                _bases(1, d, k, spread, seed)[0],
+            ]
+        )
+    )
+    return bases, neighbour, moved
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(neighbouring_bases())
+def test_property_counts_are_exact_and_weights_move_by_at_most_delta_w(
+    case: tuple[np.ndarray, np.ndarray, int],
+) -> None:
+    """On both neighbours the counts equal those of the exact per-pair distances (radii on
+    the distances, and one ulp either side), and the weights' total moves by at most
+    ``Delta_W`` at every radius."""
+    bases, neighbour, moved = case
+    t, _, k = bases.shape
+    exact = _exact_full(fw.CentredProjectionBlock(bases))
+    radii = _tie_radii(exact, k, np.random.default_rng(t))
+    b = fw.ramp_width(t)
+    keep = np.arange(t) != moved
+    totals = []
+    for stack in (bases, neighbour):
+        block = fw.CentredProjectionBlock(stack)
+        counts = fw.count_friends(block, t, radii, rows=fw.centred_rows(t, block.tile))
+        mine = _exact_full(block)
+        assert np.array_equal(counts, _counts_of(mine, radii))
+        # the other pairs' exact distances, bit for bit (functions of their pair alone)
+        assert np.array_equal(mine[np.ix_(keep, keep)], exact[np.ix_(keep, keep)])
+        weights = fw.weights_from_counts(counts, t, b)
+        totals.append(np.array([fw.total_weight(column) for column in weights.T]))
+    assert np.all(np.abs(totals[0] - totals[1]) <= fw.weight_sensitivity(t, b) * (1 + 1e-9))
