@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
@@ -398,6 +399,7 @@ class CentredProjectionBlock:
         self.packed = packed_projections(t, d, k)
         self.tile = TILE_PACKED if self.packed else TILE_CROSS
         self._stacked: FloatArray | None = None
+        self._lock = threading.Lock()
         eps = float(np.finfo(np.float64).eps)
         own = np.matmul(bases.transpose(0, 2, 1), bases)  # per basis: one product each
         self.self_overlap = np.square(own).sum(axis=(1, 2))
@@ -485,17 +487,18 @@ class CentredProjectionBlock:
         """The packed projector rows, with those of ``need`` built if not yet (in runs of
         consecutive bases; a row is a function of its basis alone, whatever the batch:
         :func:`packed_projector_rows` forms it from products of that basis with itself)."""
-        if self._rows_all is None:
-            self._rows_all = np.zeros((self.t, self.n_chunks * self.chunk), dtype=np.float64)
-        todo = need & ~self._have
-        if todo.any():
-            edges = np.flatnonzero(np.diff(np.concatenate(([0], todo.view(np.int8), [0]))))
-            for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-                packed_projector_rows(
-                    self.bases[lo:hi], self.n_chunks, self.chunk, out=self._rows_all[lo:hi]
-                )
-            self._have |= todo
-        return self._rows_all
+        with self._lock:  # count_friends may run blocks on several threads
+            if self._rows_all is None:
+                self._rows_all = np.zeros((self.t, self.n_chunks * self.chunk), dtype=np.float64)
+            todo = need & ~self._have
+            if todo.any():
+                edges = np.flatnonzero(np.diff(np.concatenate(([0], todo.view(np.int8), [0]))))
+                for lo, hi in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+                    packed_projector_rows(
+                        self.bases[lo:hi], self.n_chunks, self.chunk, out=self._rows_all[lo:hi]
+                    )
+                self._have |= todo
+            return self._rows_all
 
     def _tile(self, rows: FloatArray | None, a: int, b: int) -> FloatArray:
         """``F`` on the tile ``(a, b)``: rows ``[a R, (a+1) R)`` by columns ``[b C, (b+1) C)``
@@ -512,12 +515,12 @@ class CentredProjectionBlock:
                 part = slice(c * self.chunk, (c + 1) * self.chunk)
                 overlap += rows[r0:r1, part] @ rows[c0:c1, part].T
         else:
-            if self._stacked is None:
-                d = self.d
-                self._stacked = np.ascontiguousarray(
-                    self.bases.transpose(1, 0, 2).reshape(d, t * k)
-                )
-            stacked = self._stacked
+            with self._lock:
+                if self._stacked is None:
+                    self._stacked = np.ascontiguousarray(
+                        self.bases.transpose(1, 0, 2).reshape(self.d, t * k)
+                    )
+                stacked = self._stacked
             cross = stacked[:, r0 * k : r1 * k].T @ stacked[:, c0 * k : c1 * k]
             np.multiply(cross, cross, out=cross)
             summed = cross.reshape(r1 - r0, k, (c1 - c0) * k).sum(axis=1)

@@ -209,3 +209,17 @@ def test_property_counts_are_exact_and_weights_move_by_at_most_delta_w(
         weights = fw.weights_from_counts(counts, t, b)
         totals.append(np.array([fw.total_weight(column) for column in weights.T]))
     assert np.all(np.abs(totals[0] - totals[1]) <= fw.weight_sensitivity(t, b) * (1 + 1e-9))
+
+
+@pytest.mark.parametrize(("d", "k"), [(30, 5), (60, 3)], ids=["packed", "cross-products"])
+def test_threads_give_the_same_counts(d: int, k: int) -> None:
+    """Blocks on several threads share the lazily built packed rows and stacked bases."""
+    t = 90
+    bases = _bases(t, d, k, 1e-3, seed=21)
+    exact = _exact_full(fw.CentredProjectionBlock(bases))
+    radii = _tie_radii(exact, k, np.random.default_rng(3))
+    expected = _counts_of(exact, radii)
+    for workers in (1, 3):
+        block = fw.CentredProjectionBlock(bases)
+        counts = fw.count_friends(block, t, radii, rows=8, workers=workers)
+        assert np.array_equal(counts, expected)
