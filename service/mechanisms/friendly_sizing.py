@@ -17,8 +17,10 @@ from service.mechanisms.friendly_weights import (
     BLOCK_FLOATS,
     MAX_DISTANCE_WORKERS,
     MEAN_CHUNK_FLOATS,
+    TILE_CROSS,
     Aggregator,
     block_rows,
+    centred_rows,
     packed_length,
     packed_projections,
 )
@@ -157,17 +159,22 @@ def friendly_memory_bytes(
         release = 8 * (2 * chunk + 6 * p + qq * qq + qq)
     elif packed_projections(t, d, k):
         # the packed projectors, zero-padded to whole chunks (and, while they are built, a few
-        # products of the bases' halves, under d x d each); per block the overlaps, the product
+        # products of the bases' halves, under d x d each); the centred band's G_j (t d k) and,
+        # while it is built, one more t d k and two t k k; per block the overlaps, the product
         # added to them, the squared distances' temporaries, the bins and their indexed copy
         rows = block_rows(t, 4)
-        held = bases + 8 * (t * (packed_length(d) + k * d) + BLOCK_FLOATS + d * d)
+        band = t * (2 * d * k + 2 * k * k)
+        held = bases + 8 * (t * (packed_length(d) + k * d) + band + BLOCK_FLOATS + d * d)
         per_worker = 8 * 7 * rows * t
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
     else:
-        rows = block_rows(t, k * k)
-        held = 2 * bases
-        per_worker = 8 * (2 * rows * k * t * k + 3 * rows * t)
+        # the bases, the centred band's G_j (t d k) and either its one t d k temporary while it
+        # is built or, later, the stacked bases of the exact tiles; two t k k; per block the
+        # band's strips and bins (as the packed route's) and one tile's cross products
+        rows = centred_rows(t, TILE_CROSS)
+        held = 3 * bases + 8 * 2 * t * k * k
+        per_worker = 8 * (7 * rows * t + 2 * (TILE_CROSS * k) ** 2)
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
     distance_step = held + counts + workers * per_worker
