@@ -126,19 +126,22 @@ def test_a_dataset_without_its_secret_refuses_appends_clearly(
     assert "uploaded before appends per person existed" in response.json()["detail"]
 
 
-def test_a_continual_release_counts_each_person_in_their_first_batch(
+def test_a_continual_release_bounds_each_person_once_over_all_batches(
     client, keys, person_dataset, settings, run_worker, monkeypatch, caplog
 ):
-    body, ids, _ = person_dataset
-    real = privacy_unit.first_batch_rows
-    kept: list[np.ndarray] = []
+    """The carried item: a person seen in epoch 1 whose rows return in batch 2 used to be
+    dropped there; now their rows count within what epoch 1 left of their bound (the usage
+    kept in the release's private state across the two worker runs)."""
+    body, ids, rows = person_dataset
+    real = privacy_unit.continual_batch_rows
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def spy(rows, units, row_offset, clip_norm):
-        out = real(rows, units, row_offset, clip_norm)
+    def spy(rows_, units, row_offset, clip_norm, used):
+        out = real(rows_, units, row_offset, clip_norm, used)
         kept.append(out)
         return out
 
-    monkeypatch.setattr(privacy_unit, "first_batch_rows", spy)
+    monkeypatch.setattr(privacy_unit, "continual_batch_rows", spy)
     request = {
         "mechanism": "continual_gauss",
         "k": 2,
@@ -152,11 +155,14 @@ def test_a_continual_release_counts_each_person_in_their_first_batch(
         json=request,
     )
     assert preview.status_code == 200, preview.text
-    assert "first row only" in " ".join(preview.json()["meaning"])
+    assert "one bound over all batches" in " ".join(preview.json()["meaning"])
+    returning = next(i for i in ids if ids.count(i) == 1)
+    first_size = float(np.sum(rows[ids.index(returning)] ** 2))  # one row of norm < C = 1
+    assert 0 < first_size < 0.5
     with caplog.at_level(logging.DEBUG):
         release_id = post_release(client, keys.analyst, body["id"], **request)
         assert run_worker() == 1
-        batch_ids = [ids[0]] * 4 + [f"{MARK}-new"] * 3
+        batch_ids = [returning] * 4 + [f"{MARK}-new"] * 3
         batch = np.full((7, 6), 0.2)
         response = append(
             client,
@@ -171,10 +177,13 @@ def test_a_continual_release_counts_each_person_in_their_first_batch(
     result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst))
     shown = result.json()
     assert shown["status"] == "succeeded" and shown["epochs_done"] == 2, result.text
-    # Epoch 2: the returning person's 4 rows are zeroed, the new person's kept and bounded.
-    second = kept[-1]
-    assert np.all(second[:4] == 0.0) and np.all(np.abs(second[4:]) > 0)
+    # Epoch 2: the returning person's 4 rows (F = 4 * 0.24 = 0.96) take what is left of the
+    # bound, 1 - ||x||^2; the new person's are bounded to the whole of it.
+    second, used = kept[-1]
+    person = second[:4]
+    assert np.linalg.norm(person.T @ person) == pytest.approx(1.0 - first_size, rel=1e-9)
     assert np.linalg.norm(second[4:].T @ second[4:]) <= 1.0 + 1e-9
+    assert np.all(used <= 1.0) and used.shape == (61,)
     for text in (result.text, preview.text, caplog.text):
         assert MARK not in text and "patient" not in text
 
