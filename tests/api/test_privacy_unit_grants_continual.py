@@ -27,11 +27,10 @@ REQUEST = {
     "delta": "1e-8",
     "params": {"horizon": 3},
 }
-SPENT = ("epsilon_spent", "delta_spent", "rho_spent", "mu_spent")
 
 
-@pytest.fixture
-def granted(client, keys, session_factory):
+@pytest.fixture(params=["basic", "hybrid"])
+def granted(client, keys, session_factory, request):
     ids, rows = people(40, [1, 4, 15], 5, seed=7)
     response = upload(
         client,
@@ -40,9 +39,11 @@ def granted(client, keys, session_factory):
         csv_bytes(ids, rows, id_at=1),
         privacy_unit_column="patient",
         row_norm_bound="1",
+        accounting=request.param,
     )
     assert response.status_code == 201, response.text
     dataset = response.json()
+    assert dataset["budget"]["accounting"] == request.param
     analyst_id, analyst = new_key(session_factory, "analyst")
     grants = f"/v1/datasets/{dataset['id']}/grants"
     created = client.post(
@@ -77,11 +78,18 @@ def test_charged_once_to_grant_and_dataset_for_what_the_dry_run_priced(
     (entry,) = charges(session_factory)
     assert str(entry.release_id) == release_id and entry.grant_id is not None
     budget, grant = figures(client, keys, dataset, grants)
-    assert Decimal(budget["epsilon_spent"]) == Decimal(grant["epsilon_spent"]) == entry.epsilon
     assert Decimal(priced.json()["epsilon"]) == entry.epsilon
-    for name in SPENT:
-        if budget.get(name) is not None and grant.get(name) is not None:
-            assert Decimal(budget[name]) == Decimal(grant[name]), name
+    assert Decimal(budget["epsilon_spent"]) == Decimal(grant["epsilon_spent"]) > 0
+    if budget["accounting"] == "basic":
+        assert Decimal(budget["epsilon_spent"]) == entry.epsilon
+        assert Decimal(budget["delta_spent"]) == Decimal(grant["delta_spent"]) == entry.delta
+    else:
+        # hybrid: the native figures are the charge's; epsilon is the filters' statement
+        # (spend.py), and delta_spent each budget's own shares (so the two differ by design).
+        assert Decimal(priced.json()["rho"]) == entry.rho
+        for name in ("rho_spent", "mu_spent"):
+            assert Decimal(budget[name]) == Decimal(grant[name]) > 0, name
+        assert Decimal(budget["rho_spent"]) == entry.rho
     before = (budget, grant)
     # Two epochs, a returning person in the second batch: nothing more is charged.
     assert run_worker() == 1
@@ -132,5 +140,8 @@ def test_a_lost_unit_index_refunds_grant_and_dataset_only_before_any_epoch(
     if not epochs_before:
         assert refunds[0].grant_id == charges(session_factory)[0].grant_id
         assert Decimal(budget["epsilon_spent"]) == Decimal(grant["epsilon_spent"]) == 0
+        for name in ("rho_spent", "mu_spent"):
+            if budget.get(name) is not None:
+                assert Decimal(budget[name]) == Decimal(grant[name]) == 0, name
     else:
         assert Decimal(budget["epsilon_spent"]) == Decimal(grant["epsilon_spent"]) > 0
