@@ -276,3 +276,40 @@ def test_the_state_keeps_each_persons_usage_between_epochs() -> None:
     again = type(state).from_bytes(kept.to_bytes())
     np.testing.assert_array_equal(again.person_used, [0.25, 1.0, 0.0])
     assert type(state).from_bytes(state.to_bytes()).person_used is None
+
+
+# The distinguishing person returns: one tiny row in batch 1 (almost none of their bound used)
+# and 20 rows on e1 or on e2 in batch 2, which now count (the rule used to drop them).
+FIRST_SPLIT = np.vstack([CROSS, [[1e-3, 0.0]]])
+SPLIT_PAIR = (np.tile([1.0, 0.0], (20, 1)), np.tile([0.0, 1.0], (20, 1)))
+SPLIT_UNITS = np.concatenate([np.arange(81), np.full(20, 80)])
+
+
+def split_epochs(second: np.ndarray, rng: np.random.Generator, person: bool) -> Any:
+    state = MECHANISM.start(2, SPEC)
+    used = np.zeros(0)
+    output = None
+    offset = 0
+    for rows in (FIRST_SPLIT, second):
+        end = offset + rows.shape[0]
+        batch = rows
+        if person:
+            batch, used = continual_batch_rows(rows, SPLIT_UNITS[:end], offset, 1.0, used)
+        state, output = MECHANISM.advance(state, batch, SPEC, rng)
+        offset = end
+    return output
+
+
+def test_a_returning_persons_rows_count_and_stay_within_epsilon(runs: int = 1500) -> None:
+    kept, _ = continual_batch_rows(
+        SPLIT_PAIR[0], SPLIT_UNITS, 81, 1.0, np.concatenate([np.ones(80), [1e-6]])
+    )
+    assert np.linalg.norm(kept.T @ kept) == pytest.approx(1.0 - 1e-6)
+    passed = audit(
+        lambda data, rng: split_epochs(data, rng, True), *SPLIT_PAIR, near_e1, runs, DELTA, seed=43
+    )
+    assert passed.eps_lower_bound <= EPS, passed
+    caught = audit(
+        lambda data, rng: split_epochs(data, rng, False), *SPLIT_PAIR, near_e1, runs, DELTA, seed=44
+    )
+    assert caught.eps_lower_bound > EPS, caught
