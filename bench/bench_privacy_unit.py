@@ -45,7 +45,7 @@ from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.continual_gauss import ContinualGauss, ContinualGaussParams
 from service.mechanisms.linalg import clip_rows
 from service.mechanisms.spectrum import Spectrum, SpectrumParams
-from service.privacy_unit import PERSON_LEVEL_RULES, bound_contributions, first_batch_rows
+from service.privacy_unit import PERSON_LEVEL_RULES, bound_contributions, continual_batch_rows
 from service.privacy_unit_auto import person_level
 from service.privacy_unit_centre import gauss_person_run, spectrum_person_run
 
@@ -186,9 +186,9 @@ def measure_continual(
     rows: np.ndarray, units: np.ndarray, clip: float, k: int, seed: int
 ) -> dict[str, float]:
     """``continual_gauss`` over ``BATCHES`` batches of the rows in a random order (so a person's
-    rows fall in several batches, as visits over time), per row and per person (each person in
-    the batch of their first row only, :func:`first_batch_rows`); the last epoch's captured
-    share of the top-k energy of all clipped rows."""
+    rows fall in several batches, as visits over time), per row and per person (each person
+    within one bound over all batches, :func:`continual_batch_rows`); the last epoch's
+    captured share of the top-k energy of all clipped rows."""
     order = np.random.default_rng(7000 + seed).permutation(rows.shape[0])
     rows, units = rows[order], units[order]
     # Dense indices in order of first appearance, as the store keeps them over appends.
@@ -208,12 +208,13 @@ def measure_continual(
         rng = np.random.default_rng(1000 * seed + 30 + offset)
         state = mechanism.start(rows.shape[1], spec)
         basis = None
+        used = np.zeros(0)
         for start, end in itertools.pairwise(edges):
-            batch = (
-                clipped[start:end]
-                if variant == "row"
-                else first_batch_rows(rows[start:end], units[:end], int(start), clip)
-            )
+            batch = clipped[start:end]
+            if variant == "person":
+                batch, used = continual_batch_rows(
+                    rows[start:end], units[:end], int(start), clip, used
+                )
             state, output = mechanism.advance(state, batch, spec, rng)
             basis = output.basis
         assert basis is not None
@@ -298,7 +299,7 @@ def table(seeds: int) -> str:
             if mechanism == "continual_gauss":
                 label = (
                     f"continual_gauss ({BATCHES} batches of the rows in random order; "
-                    "per person: first batch only; last epoch's captured share)"
+                    "per person: one bound over all batches; last epoch's captured share)"
                 )
             if mechanism == "auto":
                 label = (

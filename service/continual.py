@@ -42,6 +42,7 @@ fixed before that epoch ran (:func:`pending_visible_at`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -125,8 +126,8 @@ class EpochInput:
     key: bytes
     #: When analysts may see the epoch (see :func:`epoch_visible_at`).
     visible_at: datetime
-    #: The dataset's unit is a person (issue 34): each person counts in their first batch
-    #: only, bounded there (:func:`service.privacy_unit.first_batch_rows`).
+    #: The dataset's unit is a person (issue 34): each person has one bound over all batches
+    #: (:func:`service.privacy_unit.continual_batch_rows`, usage kept in the state).
     person_level: bool = False
     #: ``datasets.reference`` of a dataset by reference: the batch's Gram is a pass of the
     #: reference engine (on Dask when configured) over the batch's row groups.
@@ -220,22 +221,30 @@ def compute_epoch(
         # A lost or short unit index: never read per row on a person-level dataset.
         return EpochOutput(None, Outcome.failed(DATASET_FILE_FAULT_REASON, refund=refund))
     try:
-        if units is not None:
-            assert spec.params.clip_norm is not None  # resolved by prepare
-            rows = privacy_unit.first_batch_rows(
-                rows, units, step.row_offset, spec.params.clip_norm
-            )
         state = (
             ContinualState.from_bytes(step.state)
             if step.state is not None
             else mechanism.start(step.n_cols, spec)
         )
+        used = None
+        if units is not None:
+            assert spec.params.clip_norm is not None  # resolved by prepare
+            # A first epoch starts with no usage; a later one without it is a state from
+            # before usage was kept (each person in their first batch only, as it ran).
+            earlier = state.person_used
+            if earlier is None and state.leaves_done == 0:
+                earlier = np.zeros(0, dtype=np.float64)
+            rows, used = privacy_unit.continual_batch_rows(
+                rows, units, step.row_offset, spec.params.clip_norm, earlier
+            )
         new_state, output = mechanism.advance(
             state,
             rows,
             spec,
             epoch_generator(step.key, step.epoch),
         )
+        if used is not None:
+            new_state = dataclasses.replace(new_state, person_used=used)
     except InvalidParameter:
         return EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
     except Exception as exc:

@@ -61,8 +61,9 @@ release bounds each person over all batches.
 Steps without such an argument are refused with 422 naming ``privacy_unit_column`` before
 anything is charged: exact membership counts and the smooth-sensitivity and gap tests (their
 local sensitivities are per row) and ``auto`` at ``delta = 0`` (its only candidate is
-smooth_sensitivity). Continual releases count each person in the batch of their first row
-only, bounded there (:func:`first_batch_rows`).
+smooth_sensitivity). Continual releases bound each person once over all batches: a
+person's rows in each batch take what their earlier batches left of the bound
+(:func:`continual_batch_rows`).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ _REFUSALS: dict[str, str] = {
 #: by auto's plan with 422 naming privacy_unit_column).
 AUTO = "auto"
 
-#: Continual mechanisms made per person by :func:`first_batch_rows`.
+#: Continual mechanisms made per person by :func:`continual_batch_rows`.
 PERSON_CONTINUAL: frozenset[str] = frozenset({"continual_gauss"})
 
 #: Coarse buckets of rows per unit shown to the owner: (label, lowest, highest).
@@ -310,8 +311,9 @@ def extra_bytes(name: str, n_rows: int, n_cols: int, params: Any = None) -> int:
     if name in PERSON_PARTITIONED:
         return partition_bytes(n_rows)
     if name in PERSON_CONTINUAL:
-        # first_batch_rows: the zeroed copy beside the bound's working memory.
-        return transform_bytes(n_rows, n_cols) + 8 * n_rows * n_cols
+        # continual_batch_rows: the zeroed copy beside the bound's working memory, and what
+        # each person used of their bound before and after the batch (at most n people).
+        return transform_bytes(n_rows, n_cols) + 8 * n_rows * n_cols + 16 * n_rows
     if name == AUTO:
         # The estimate's bounded copy, then one candidate: per-person analyze_gauss or a
         # partition of people (kept apart: a sum bounds them all).
@@ -390,6 +392,20 @@ def bound_contributions(
     Sizes are computed on ``z = x / C`` (norm at most 1), so nothing overflows at any finite
     scale: ``b_p / C^2`` is at most the person's row count.
     """
+    return _bounded(data, units, clip_norm, rule, chunk_rows, center)[0]
+
+
+def _bounded(
+    data: npt.NDArray[Any],
+    units: npt.NDArray[np.int64],
+    clip_norm: float,
+    rule: BoundRule,
+    chunk_rows: int = CHUNK_ROWS,
+    center: FloatArray | None = None,
+    budgets: FloatArray | None = None,
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`bound_contributions` with each person's bound ``budgets[p] C^2`` (``budgets`` in
+    ``[0, 1]``; ``None``: all 1), and each person's size ``b_p / C^2`` before the scaling."""
     n, d = data.shape
     if units.shape != (n,):
         raise ValueError("one unit index per row is needed")
@@ -401,7 +417,7 @@ def bound_contributions(
             clip_rows(block, clip_norm) if center is None else gram_rows(block, clip_norm, center)
         )
     if n == 0:
-        return out
+        return out, np.zeros(0, dtype=np.float64)
     n_units = int(units.max()) + 1
     # Normalised squared norms ||x / C||^2, each in [0, 1] (computed on x / C: no overflow).
     squared = np.empty(n, dtype=np.float64)
@@ -413,51 +429,86 @@ def bound_contributions(
     )
     if rule == "frobenius":
         size = _frobenius_sizes(out, clip_norm, units, size)
-    # s_p^2 = min(1, C^2 / b_p) with b_p / C^2 = size.
-    factor = np.sqrt(1.0 / np.maximum(size, 1.0))
-    # A person of one clipped row is within both bounds already (||x||^2 <= C^2 exactly; the
-    # computed size may round a hair above 1): left bit for bit, as at row level.
-    factor[np.bincount(units, minlength=n_units) == 1] = 1.0
+    if budgets is None:
+        # s_p^2 = min(1, C^2 / b_p) with b_p / C^2 = size.
+        factor = np.sqrt(1.0 / np.maximum(size, 1.0))
+        # A person of one clipped row is within both bounds already (||x||^2 <= C^2 exactly;
+        # the computed size may round a hair above 1): left bit for bit, as at row level.
+        factor[np.bincount(units, minlength=n_units) == 1] = 1.0
+    else:
+        # s_p^2 = min(1, budget_p C^2 / b_p); a person of one row with the whole bound left is
+        # left bit for bit, as above.
+        budget = np.clip(np.asarray(budgets, dtype=np.float64), 0.0, 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(size > budget, budget / np.where(size > 0, size, 1.0), 1.0)
+        factor = np.sqrt(ratio)
+        factor[(np.bincount(units, minlength=n_units) == 1) & (budget >= 1.0)] = 1.0
     out *= factor[units][:, None]
-    return out
+    return out, size
+
+
+def continual_batch_rows(
+    rows: npt.NDArray[Any],
+    units: npt.NDArray[np.int64],
+    row_offset: int,
+    clip_norm: float,
+    used: FloatArray | None,
+) -> tuple[FloatArray, FloatArray]:
+    """A batch's rows for a continual release per person, each person within one bound over
+    all the batches: ``(rows, used')``.
+
+    ``units`` is the unit index of every row up to the batch's end, ``rows`` the batch's rows
+    (those from ``row_offset``), and ``used[p]`` (private state, kept by the release between
+    epochs, never released) how much of person ``p``'s bound their earlier batches took, in
+    units of ``C^2``. Each person's rows in the batch are clipped to ``C`` and scaled together
+    so that their contribution ``G_p^t`` has ``||G_p^t||_F <= (1 - used[p]) C^2`` (the
+    Frobenius rule of :func:`bound_contributions` with what is left of the bound); ``used'``
+    adds ``min(||G_p^t||_F / C^2, 1 - used[p])``, what the scaled rows took. A person seen
+    for the first time has the whole bound (their rows are then bounded exactly as before);
+    a person who used it up earlier adds nothing (their rows are set to zero). Rows are never
+    removed: batch sizes stay public and unchanged.
+
+    ``used = None`` is a state kept before this existed (a release running across the
+    upgrade): every person seen before the batch is then taken to have used their whole
+    bound, the rule those releases ran under (each person in their first batch only).
+
+    Person-level argument (``continual_gauss``'s tree, ``ALGORITHMS.md``): ``used[p]`` and the
+    factor depend on person ``p``'s own rows only (their earlier batches and this one), so the
+    map is per person, and ``sum_t ||G_p^t||_F <= C^2`` over all leaves. Replacing ``p`` by
+    ``p'`` (any rows, any batches) moves a released node ``v`` by ``A_v - B_v``, the two
+    people's (PSD) sums over the node's leaves, with ``sum_v ||A_v||_F <= C^2`` over one level
+    (triangle inequality) and the same for ``B``. As ``<A_v, B_v> >= 0``, one level moves by
+    ``sum_v ||A_v - B_v||_F^2 <= sum_v ||A_v||_F^2 + ||B_v||_F^2 <= (sum_v ||A_v||_F)^2 +
+    (sum_v ||B_v||_F)^2 <= 2 C^4``: the row-level ``sqrt(2) C^2`` per level (upper triangles:
+    at most the Frobenius norm), ``sqrt(L) sqrt(2) C^2`` in all, so the row-level calibration
+    is per person, as it was when each person sat in one leaf.
+    """
+    batch_units = np.asarray(units[row_offset:], dtype=np.int64)
+    n_people = int(np.max(units, initial=-1)) + 1
+    prior = np.zeros(n_people, dtype=np.float64)
+    if used is None:
+        prior[: int(np.max(units[:row_offset], initial=-1)) + 1] = 1.0
+    else:
+        kept_before = np.asarray(used, dtype=np.float64)
+        if kept_before.ndim != 1 or kept_before.shape[0] > n_people:
+            raise ValueError("the state's people are not the dataset's")
+        prior[: kept_before.shape[0]] = kept_before
+    people, local = np.unique(batch_units, return_inverse=True)
+    left = np.clip(1.0 - prior[people], 0.0, 1.0)
+    bounded, sizes = _bounded(rows, local.astype(np.int64), clip_norm, "frobenius", budgets=left)
+    # A person whose bound is used up: zero exactly (their factor is 0 up to rounding).
+    bounded[(left <= 0.0)[local]] = 0.0
+    after = prior.copy()
+    after[people] = np.minimum(prior[people] + np.minimum(sizes, left), 1.0)
+    return bounded, after
 
 
 def first_batch_rows(
     rows: npt.NDArray[Any], units: npt.NDArray[np.int64], row_offset: int, clip_norm: float
 ) -> FloatArray:
-    """A batch's rows for a continual release per person: each person counts in the batch of
-    their first row only.
-
-    ``units`` is the unit index of every row up to the batch's end and ``rows`` the batch's
-    rows (those from ``row_offset``). A person whose first row lies before the batch (their
-    index is below the number of people before it: indices follow first appearance, appends
-    included, :mod:`service.unit_keys`) has their rows in this batch set to zero; the other
-    people's rows are clipped to ``C`` and bounded by the Frobenius rule (``||G_p||_F <=
-    C^2``, :func:`bound_contributions`).
-
-    Person-level argument (``continual_gauss``'s tree, ``ALGORITHMS.md``): whether a person
-    counts in a batch depends on their own rows only (where their first row lies), and their
-    factor on their own rows only (returning rows are a group of their own, zeroed), so the
-    map is per person; every person contributes to exactly one leaf, ``G_p`` with
-    ``||G_p||_F <= C^2``. Replacing person ``p`` (all their rows, in any batches) by ``p'``
-    removes ``G_p`` from ``p``'s first leaf and adds ``G_p'`` to ``p'``'s. At each released
-    level of the tree either one node holds both (it moves by ``||G_p - G_p'||_F <= sqrt(2)
-    C^2``: PSD matrices) or two nodes move by ``<= C^2`` each (l2 ``sqrt(2) C^2``): the
-    row-level ``sqrt(2) C^2`` per level, ``sqrt(L) sqrt(2) C^2`` in all, so the row-level
-    calibration is per person. Batch sizes are public and unchanged (rows are zeroed, never
-    removed); what a returning person adds later is not used (a utility cost).
-    """
-    batch_units = np.asarray(units[row_offset:], dtype=np.int64)
-    known = int(units[:row_offset].max(initial=-1)) + 1
-    returning = batch_units < known
-    new = batch_units - known
-    # The returning rows: zeroed, in a group of their own (no new person's factor sees them).
-    local = np.where(returning, int(new.max(initial=-1)) + 1, new).astype(np.int64)
-    kept = np.asarray(rows, dtype=np.float64).copy()
-    kept[returning] = 0.0
-    bounded = bound_contributions(kept, local, clip_norm, "frobenius")
-    bounded[returning] = 0.0
-    return bounded
+    """Each person in the batch of their first row only: :func:`continual_batch_rows` with no
+    usage kept (the rule before it; kept for states from then)."""
+    return continual_batch_rows(rows, units, row_offset, clip_norm, None)[0]
 
 
 def _frobenius_sizes(
@@ -497,11 +548,12 @@ def preview_notes(
         ]
     if mechanism in PERSON_CONTINUAL:
         return [
-            f"privacy unit: person ({dataset.n_units} people). Each person counts in the batch "
-            "of their first row only (rows they add in later batches are not used) and their "
-            "rows there are clipped to C and scaled together so that the Frobenius norm of sum "
-            "x x^T is at most C^2. Replacing a whole person then moves each level of the tree "
-            "by at most what one row moves it, so the noise scales above are per person."
+            f"privacy unit: person ({dataset.n_units} people). Each person has one bound over "
+            "all batches: their rows are clipped to C, and their rows in each batch are scaled "
+            "together so that the Frobenius norm of sum x x^T is at most what their earlier "
+            "batches left of C^2 (a person who used it all adds nothing later; no row is "
+            "removed). Replacing a whole person then moves each level of the tree by at most "
+            "what one row moves it, so the noise scales above are per person."
         ]
     rule = PERSON_LEVEL_RULES.get(mechanism, "trace")
     bound = "C^2" if clip_norm is None else f"C^2 = {clip_norm * clip_norm:.6g}"

@@ -32,9 +32,10 @@ one smaller otherwise: ``tests/mechanisms/test_continual_gauss.py`` checks it by
 The node noise is drawn once, when the node closes, and lives in :class:`ContinualState`: an
 epoch recomputed from a stored state reuses it, so no node is ever drawn twice.
 
-Per person (a dataset with ``privacy_unit_column``): the worker counts each person in the batch
-of their first row only and bounds them there to ``||G_p||_F <= C^2``
-(:func:`service.privacy_unit.first_batch_rows`); a replaced person then moves each released
+Per person (a dataset with ``privacy_unit_column``): the worker bounds each person once over
+all batches, ``sum_t ||G_p^t||_F <= C^2`` over the leaves (their rows in each batch take what
+their earlier batches left, :func:`service.privacy_unit.continual_batch_rows`, with what each
+person used kept in the state's ``person_used``); a replaced person then moves each released
 level by at most ``sqrt(2) C^2``, as a row does, so this calibration is per person.
 
 Estimators of the prefix ``C_t = N over [1, t]``
@@ -222,6 +223,10 @@ class ContinualState:
     leaves_done: int
     closed: tuple[FloatArray | None, ...]
     open_sums: tuple[FloatArray | None, ...]
+    #: Per person (a person-level dataset): how much of each person's bound, in units of
+    #: ``C^2``, the batches so far took (:func:`service.privacy_unit.continual_batch_rows`).
+    #: ``None`` on a row-level dataset, and in a state kept before it existed.
+    person_used: FloatArray | None = None
 
     def to_bytes(self) -> bytes:
         """``np.savez`` of the meta data and the present matrices (no pickle)."""
@@ -232,6 +237,8 @@ class ContinualState:
             for h, matrix in enumerate(matrices):
                 if matrix is not None:
                     arrays[f"{name}_{h}"] = matrix
+        if self.person_used is not None:
+            arrays["person_used"] = self.person_used
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)  # type: ignore[arg-type]
         return buffer.getvalue()
@@ -251,7 +258,14 @@ class ContinualState:
                     for h in range(count)
                 )
 
-            state = cls(horizon, d, leaves_done, matrices("closed"), matrices("open"))
+            used = (
+                np.array(archive["person_used"], dtype=np.float64)
+                if "person_used" in archive.files
+                else None
+            )
+            state = cls(horizon, d, leaves_done, matrices("closed"), matrices("open"), used)
+        if used is not None and used.ndim != 1:
+            raise ValueError("not a continual_gauss state")
         present = [m for m in state.closed + state.open_sums if m is not None]
         if not 0 <= leaves_done <= horizon or any(m.shape != (d, d) for m in present):
             raise ValueError("not a continual_gauss state")

@@ -6,12 +6,16 @@ privacy_unit_column before anything is kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import uuid
 
 import numpy as np
 import pytest
 
 from service import privacy_unit
+from service.db.models import ReleaseState
+from service.mechanisms.continual_gauss import ContinualState
 from tests.api.test_append_rows import append
 from tests.api.test_datasets import stored_files
 from tests.api.test_privacy_unit_http import MARK, csv_bytes, people, upload
@@ -126,19 +130,22 @@ def test_a_dataset_without_its_secret_refuses_appends_clearly(
     assert "uploaded before appends per person existed" in response.json()["detail"]
 
 
-def test_a_continual_release_counts_each_person_in_their_first_batch(
+def test_a_continual_release_bounds_each_person_once_over_all_batches(
     client, keys, person_dataset, settings, run_worker, monkeypatch, caplog
 ):
-    body, ids, _ = person_dataset
-    real = privacy_unit.first_batch_rows
-    kept: list[np.ndarray] = []
+    """The carried item: a person seen in epoch 1 whose rows return in batch 2 used to be
+    dropped there; now their rows count within what epoch 1 left of their bound (the usage
+    kept in the release's private state across the two worker runs)."""
+    body, ids, rows = person_dataset
+    real = privacy_unit.continual_batch_rows
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def spy(rows, units, row_offset, clip_norm):
-        out = real(rows, units, row_offset, clip_norm)
+    def spy(rows_, units, row_offset, clip_norm, used):
+        out = real(rows_, units, row_offset, clip_norm, used)
         kept.append(out)
         return out
 
-    monkeypatch.setattr(privacy_unit, "first_batch_rows", spy)
+    monkeypatch.setattr(privacy_unit, "continual_batch_rows", spy)
     request = {
         "mechanism": "continual_gauss",
         "k": 2,
@@ -152,11 +159,14 @@ def test_a_continual_release_counts_each_person_in_their_first_batch(
         json=request,
     )
     assert preview.status_code == 200, preview.text
-    assert "first row only" in " ".join(preview.json()["meaning"])
+    assert "one bound over all batches" in " ".join(preview.json()["meaning"])
+    returning = next(i for i in ids if ids.count(i) == 1)
+    first_size = float(np.sum(rows[ids.index(returning)] ** 2))  # one row of norm < C = 1
+    assert 0 < first_size < 0.5
     with caplog.at_level(logging.DEBUG):
         release_id = post_release(client, keys.analyst, body["id"], **request)
         assert run_worker() == 1
-        batch_ids = [ids[0]] * 4 + [f"{MARK}-new"] * 3
+        batch_ids = [returning] * 4 + [f"{MARK}-new"] * 3
         batch = np.full((7, 6), 0.2)
         response = append(
             client,
@@ -171,10 +181,13 @@ def test_a_continual_release_counts_each_person_in_their_first_batch(
     result = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst))
     shown = result.json()
     assert shown["status"] == "succeeded" and shown["epochs_done"] == 2, result.text
-    # Epoch 2: the returning person's 4 rows are zeroed, the new person's kept and bounded.
-    second = kept[-1]
-    assert np.all(second[:4] == 0.0) and np.all(np.abs(second[4:]) > 0)
+    # Epoch 2: the returning person's 4 rows (F = 4 * 0.24 = 0.96) take what is left of the
+    # bound, 1 - ||x||^2; the new person's are bounded to the whole of it.
+    second, used = kept[-1]
+    person = second[:4]
+    assert np.linalg.norm(person.T @ person) == pytest.approx(1.0 - first_size, rel=1e-9)
     assert np.linalg.norm(second[4:].T @ second[4:]) <= 1.0 + 1e-9
+    assert np.all(used <= 1.0) and used.shape == (61,)
     for text in (result.text, preview.text, caplog.text):
         assert MARK not in text and "patient" not in text
 
@@ -202,3 +215,52 @@ def test_an_uncommitted_append_leaves_no_person_behind(store):
     assert n_units == 3  # d is person 2: c left nothing
     np.testing.assert_array_equal(store.open_units(first.file_name, 6), [0, 1, 0, 2, 1, 2])
     assert not store.path_of(lost.file_name + ".ids").exists()
+
+
+def test_a_release_running_across_the_upgrade_keeps_the_first_batch_rule(
+    client, keys, person_dataset, run_worker, monkeypatch, session_factory
+):
+    """A state stored before usage was kept (no ``person_used`` after epoch 1): epoch 2 runs
+    the rule the release ran under, each person in their first batch only (the returning
+    person's rows zero), and the state it stores carries usage on from there."""
+    body, ids, _ = person_dataset
+    real = privacy_unit.continual_batch_rows
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def spy(rows_, units, row_offset, clip_norm, used):
+        out = real(rows_, units, row_offset, clip_norm, used)
+        kept.append(out)
+        return out
+
+    monkeypatch.setattr(privacy_unit, "continual_batch_rows", spy)
+    request = {
+        "mechanism": "continual_gauss",
+        "k": 2,
+        "epsilon": "1",
+        "delta": "1e-7",
+        "params": {"horizon": 3},
+    }
+    release_id = post_release(client, keys.analyst, body["id"], **request)
+    assert run_worker() == 1
+    with session_factory.begin() as session:
+        row = session.get(ReleaseState, uuid.UUID(release_id))
+        state = ContinualState.from_bytes(row.state)
+        assert state.person_used is not None and state.person_used.shape == (60,)
+        row.state = dataclasses.replace(state, person_used=None).to_bytes()
+    returning = next(i for i in ids if ids.count(i) == 1)
+    response = append(
+        client,
+        keys.owner,
+        body["id"],
+        csv_bytes([returning] * 3 + [f"{MARK}-new"] * 2, np.full((5, 6), 0.2), id_at=0),
+        filename="more.csv",
+        privacy_unit_column="patient",
+    )
+    assert response.status_code == 201, response.text
+    assert run_worker() == 1
+    second, used = kept[-1]
+    assert np.all(second[:3] == 0.0) and np.all(np.abs(second[3:]) > 0)
+    assert np.all(used[:60] == 1.0) and 0 < used[60] <= 1.0
+    with session_factory() as session:
+        after = ContinualState.from_bytes(session.get(ReleaseState, uuid.UUID(release_id)).state)
+    np.testing.assert_array_equal(after.person_used, used)
