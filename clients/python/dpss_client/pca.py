@@ -182,7 +182,8 @@ class PrivatePCA:
     mean_ : ndarray of shape (n_features,)
         The released private centre, the public centre, or zeros.
     explained_variance_ : ndarray of shape (n_components,) or None
-        The (centred) sum of squares each released component captures, divided by ``n - 1``.
+        The (centred; uncentred with ``center="none"``) sum of squares each released
+        component captures, divided by ``n - 1``.
         With ``analyze_gauss`` and a centred ``spatial_sign`` (and ``auto`` when it runs
         either): a fresh private estimate made after the components were chosen (unbiased for
         what they capture, the private mean's known bias removed; the noisy eigenvalues are
@@ -191,8 +192,11 @@ class PrivatePCA:
         Other mechanisms that release eigenvalues: the eigenvalues with the noise's upward
         shift undone (:func:`debias_eigenvalues`).
     explained_variance_ratio_ : ndarray of shape (n_components,) or None
-        The share of the total (centred) variance of the rows clipped to the clip norm that
-        each component captures: each in ``[0, 1]``, summing to at most 1.
+        The share of the total variance of the rows clipped to the clip norm that each
+        component captures: each in ``[0, 1]``, summing to at most 1. Centred variance with a
+        centre (the default ``center="private"``, or a public one); with ``center="none"``
+        the rows' uncentred sum of squares, as the components are the second-moment
+        matrix's.
     explained_variance_ratio_interval_ : (float, float) or None
         A 90% interval for the total captured share ``sum(explained_variance_ratio_)``, from
         the release's public noise scales (``analyze_gauss``, centred ``spatial_sign``; None
