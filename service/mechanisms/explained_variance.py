@@ -155,6 +155,30 @@ def explained_variance(
     )
 
 
+def _centre_direction(
+    eigenvalues: FloatArray, weights: FloatArray, spike: float, gram_sigma: float, d: int
+) -> int | None:
+    """The index of the released direction taken to be the private centre's noise, or None.
+
+    ``spike`` (``theta``) is the centre error's rank-one term in the Gram's units (0 without a
+    private centre). A rank-one term separates from the noise (spiked Wigner, the rule of
+    :mod:`service.mechanisms.usefulness`) when ``theta > sigma sqrt(d)``, half the edge: its
+    noisy eigenvalue ``theta + sigma^2 d / theta`` is then above the edge ``2 sigma sqrt(d)``.
+    It is taken when it does and that eigenvalue is at least the smallest released one (else
+    the top-k passed it over): the direction above the edge whose eigenvalue, with the
+    noise's upward shift undone, is nearest to ``theta``. Post-processing of public scales and
+    released eigenvalues."""
+    half_edge = expected_noise_norm(gram_sigma, d) / 2.0
+    if not spike > half_edge or eigenvalues.shape[0] == 0:
+        return None
+    above = np.flatnonzero(weights > 0)
+    # theta + sigma^2 d / theta, with sigma^2 d = half_edge^2 (no square of a large theta).
+    noisy_spike = spike + half_edge * (half_edge / spike)
+    if above.shape[0] == 0 or noisy_spike < float(np.min(eigenvalues)):
+        return None
+    return int(above[np.argmin(np.abs(weights[above] - spike))])
+
+
 def whole_space(captured: float, weights: FloatArray) -> ExplainedVariance:
     """The estimate when the basis spans the whole space (``k = d``): share 1 with the
     interval ``[1, 1]``, and the captured sum (its noisy figure, at least 0) shared among the
@@ -177,6 +201,7 @@ def variance_extras(
     rng: np.random.Generator,
     scale: float = 1.0,
     energy: tuple[float, float, int] | None = None,
+    sign_norm: float | None = None,
 ) -> dict[str, Any]:
     """The fresh explained-variance estimate and what is computed from it and public facts.
 
@@ -190,7 +215,18 @@ def variance_extras(
     then already scaled, like the release's eigenvalues. ``energy``: the exact
     ``(captured, residual, rows)`` when the caller computed them (over rows it did not
     materialise, see :func:`~service.mechanisms.centring_choice.paired_energy`); else
-    :func:`~service.mechanisms.linalg.captured_energy` of ``data``.
+    :func:`~service.mechanisms.linalg.captured_energy` of ``data``. ``sign_norm``: the
+    released eigenvalues are those of the centred rows' spatial signs scaled to this norm
+    (``spatial_sign``), not of the rows.
+
+    A private centre's error ``delta`` adds a rank-one term along ``delta`` to the Gram the
+    basis was chosen from: ``n ||delta||^2`` (about ``n d mean_sigma^2``) for the rows, and for
+    the signs ``sum_i C_s^2 ||delta||^2 / ||z_i||^2 >= n^2 C_s^2 ||delta||^2 / sum_i ||z_i||^2``
+    (Jensen; ``z_i`` the rows centred on the private centre, whose sum of squares is the noisy
+    captured plus residual). Where that term separates from the Gram noise and reaches the
+    smallest released eigenvalue, one released direction is the centre's noise, not the
+    data's: it is not counted in ``components_above_noise`` and takes no share of the captured
+    variance (post-processing of public scales and released figures).
     """
     n, d = data.shape
     k = release.basis.shape[1]
@@ -204,6 +240,7 @@ def variance_extras(
     noise_std *= scale
     bias = (0.0, 0.0)
     bias_high = 0.0
+    centre_spike = 0.0
     if mean_noise > 0:
         per_dim = n * mean_noise**2
         # scipy.stats.chi2.ppf(0.995, d)'s own kernel (the same value), without its checks.
@@ -211,11 +248,22 @@ def variance_extras(
         # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
         # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
         # captured sum), below it only its share k/d falls inside U on average.
-        if per_dim * d > expected_noise_norm(gram_sigma, d):
+        centre_spike = per_dim * d
+        if sign_norm is not None:
+            # In the signs' Gram the same direction weighs ||delta||^2 / ||z_i||^2 per row, up
+            # to every row's whole norm: far more than in the rows' units on a tight cluster.
+            rows_total = float(noisy[0] + noisy[1]) / scale
+            whole = n * sign_norm**2
+            centre_spike = whole if rows_total <= 0 else whole * min(1.0, per_dim * d / rows_total)
+        if centre_spike > expected_noise_norm(gram_sigma, d):
             bias = (per_dim * d, 0.0)
         else:
             bias = (per_dim * k, per_dim * (d - k))
     weights = spiked_debias(release.eigenvalues, gram_sigma, d)
+    centre_direction = _centre_direction(release.eigenvalues, weights, centre_spike, gram_sigma, d)
+    if centre_direction is not None:
+        weights = weights.copy()
+        weights[centre_direction] = 0.0
     estimate = explained_variance(
         float(noisy[0]), float(noisy[1]), noise_std, weights, bias, bias_high, k / d
     )
@@ -234,11 +282,13 @@ def variance_extras(
         "explained_variance_ratio_interval": list(estimate.interval),
     }
     edge = expected_noise_norm(gram_sigma, d)
-    extras.update(
-        usefulness_extras(
-            above, k, f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
+    why = f"their noisy eigenvalues against the edge 2 sigma sqrt(d) = {edge:.4g}"
+    if centre_direction is not None:
+        why += (
+            "; one that does is not counted: the private centre's noise stands out along a "
+            "direction of its own, and the basis took it"
         )
-    )
+    extras.update(usefulness_extras(above, k, why))
     extras["explained_variance_hidden_by_noise"] = estimate.hidden
     if estimate.hidden:
         low, high = estimate.interval

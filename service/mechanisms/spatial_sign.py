@@ -456,9 +456,10 @@ def sign_variance_extras(
     signs' Gram noise ``sigma`` as the edge below which a component does not stand out (the
     released eigenvalues are the signs' Gram's) and ``mean_noise`` (0 for a public centre)
     for the private centre's bias. That bias ``n ||delta||^2`` is assigned to the captured sum
-    when it would stand above the edge in the rows' units; in the signs' units it is larger by
-    ``C^2 / E||z||^2``, so this reads it as below the edge a little more often: it moves only
-    the point estimate, the interval allows any split of the bias.
+    when its rank-one term stands above the edge in the signs' units (``sign_norm``: there it
+    weighs ``||delta||^2 / ||z_i||^2`` per row, far more than in the rows' units on a tight
+    cluster), and the released direction that term takes is not counted as the data's: it
+    moves the point estimate and the count only, the interval allows any split of the bias.
     """
     sigma = gram_sensitivity(clip_norm) / split.gram_mu
     variance_noise = gram_sensitivity(clip_norm) / split.variance_mu
@@ -467,5 +468,5 @@ def sign_variance_extras(
     release = GaussRelease(basis, eigenvalues, 0.0)
     noise = (variance_noise, sigma, mean_noise)
     return variance_extras(
-        data, release, clip_norm, center, noise, rng, 1.0, (*sums, data.shape[0])
+        data, release, clip_norm, center, noise, rng, 1.0, (*sums, data.shape[0]), clip_norm
     )

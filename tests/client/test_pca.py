@@ -412,6 +412,30 @@ def test_the_default_fit_in_high_dimension_runs_spatial_sign_with_explained_vari
     assert low <= kept <= high and pca.explained_variance_hidden_by_noise_ is False
 
 
+@pytest.mark.release_seed(400)
+@pytest.mark.parametrize("mechanism", ["auto", "spatial_sign"])
+def test_an_uncentred_spatial_sign_fit_states_no_variance_of_the_rows(
+    owner: Client, analyst: Client, worker_sleep: None, mechanism: str
+) -> None:
+    # center="none" in high dimension: auto runs spatial_sign without a centre (as a request for
+    # spatial_sign with center "none" does), which releases
+    # the eigenvalues of the rows' spatial signs (every row scaled to the clip norm), not of
+    # the rows. Read as the rows' variance they overstated it 40x on rows of norm 0.3 (0.078
+    # stated for 0.0019 kept); with no figure of the rows' own, explained_variance_ is None.
+    n, d, k = 2_000, 300, 3
+    x = 0.3 * _spiked_rows(n, d, seed=41)
+    ds = owner.upload(
+        x, name="pca-highdim-signs", epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    pca = PrivatePCA(
+        analyst, ds.id, k, "1", "1e-6", mechanism=mechanism, center="none", timeout=120
+    ).fit()
+    release = analyst.get_release(pca.release_id_)
+    assert release.extras.get("auto_choice", mechanism) == "spatial_sign"
+    assert "explained_variance_ratio" not in release.extras
+    assert pca.explained_variance_ is None and pca.explained_variance_ratio_ is None
+
+
 @pytest.mark.release_seed(301)
 @pytest.mark.parametrize("accounting", ["basic", "hybrid"])
 def test_the_literal_default_call_fits_a_grant_with_a_small_delta(

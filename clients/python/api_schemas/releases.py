@@ -117,7 +117,9 @@ class ReleaseResult(Schema):
         description=(
             "Further private outputs of the mechanism (e.g. noisy eigenvalues). analyze_gauss "
             "adds `explained_variance_ratio` (per component; its sum the point estimate of the "
-            "share kept), `explained_variance_ratio_interval` (90% for that sum) and "
+            "share of the rows' sum of squares kept, the rows clipped at the clip norm: centred "
+            "with a centre, uncentred with `center` `none`, the default), "
+            "`explained_variance_ratio_interval` (90% for that sum) and "
             "`explained_variance_hidden_by_noise` (true when the interval is at least 0.3 "
             "wide: the share is then a guess, not a measurement, and `warning` says so); "
             "docs/mechanisms.md lists every mechanism's extras."

@@ -46,6 +46,9 @@ HIDDEN_WIDTH: Final = 0.3
 __all__ = ["NotFittedError", "PrivatePCA"]
 
 FloatArray = NDArray[np.float64]
+#: The mechanism whose released eigenvalues are of the rows' spatial signs, not of the rows.
+SIGNS = "spatial_sign"
+
 CenterArg = Literal["none", "private"] | Sequence[float] | FloatArray
 
 #: The constructor's named arguments, in order; any other keyword is a mechanism param.
@@ -184,17 +187,22 @@ class PrivatePCA:
     mean_ : ndarray of shape (n_features,)
         The released private centre, the public centre, or zeros.
     explained_variance_ : ndarray of shape (n_components,) or None
-        The (centred) sum of squares each released component captures, divided by ``n - 1``.
+        The (centred; uncentred with ``center="none"``) sum of squares each released
+        component captures, divided by ``n - 1``.
         With ``analyze_gauss`` and a centred ``spatial_sign`` (and ``auto`` when it runs
         either): a fresh private estimate made after the components were chosen (unbiased for
         what they capture, the private mean's known bias removed; the noisy eigenvalues are
         not: the top ones are inflated by the noise they were selected on), shared among the
         components by their debiased eigenvalues; never negative.
         Other mechanisms that release eigenvalues: the eigenvalues with the noise's upward
-        shift undone (:func:`debias_eigenvalues`).
+        shift undone (:func:`debias_eigenvalues`); None for an uncentred ``spatial_sign``
+        (its eigenvalues are the spatial signs', every row scaled to the clip norm).
     explained_variance_ratio_ : ndarray of shape (n_components,) or None
-        The share of the total (centred) variance of the rows clipped to the clip norm that
-        each component captures: each in ``[0, 1]``, summing to at most 1.
+        The share of the total variance of the rows clipped to the clip norm that each
+        component captures: each in ``[0, 1]``, summing to at most 1. Centred variance with a
+        centre (the default ``center="private"``, or a public one); with ``center="none"``
+        the rows' uncentred sum of squares, as the components are the second-moment
+        matrix's.
     explained_variance_ratio_interval_ : (float, float) or None
         A 90% interval for the total captured share ``sum(explained_variance_ratio_)``, from
         the release's public noise scales (``analyze_gauss``, centred ``spatial_sign``; None
@@ -324,7 +332,11 @@ class PrivatePCA:
             if center not in ("none", "private"):
                 raise ValueError(f'center: expected "none", "private" or d numbers, got {center!r}')
             # "none" is the service's default: not sending it keeps fit working on services
-            # without centring.
+            # without centring. spatial_sign's own default is a private centre: "none" is sent
+            # to it (else the release paid for a centre nobody asked for, and mean_, zeros,
+            # was not the centre its components were taken about).
+            if center == "none" and self._mechanism() == SIGNS:
+                params["center"] = "none"
             if center == "private":
                 params["center"] = "private"
                 if self.center_share is not None:
@@ -441,7 +453,7 @@ class PrivatePCA:
     def _set_fitted(self, handle: ReleaseHandle, basis: FloatArray, params: dict[str, Any]) -> None:
         extras = handle.extras
         d, k = basis.shape
-        if "center" not in params:
+        if "center" not in params or params["center"] == "none":
             mean = np.zeros(d)
         elif params["center"] == "private" and extras.get("centring") in ("pairs", "none"):
             # The release chose a route without a mean (differences of paired rows, or none):
@@ -459,7 +471,7 @@ class PrivatePCA:
             mean = np.asarray(params["center"], dtype=np.float64)
             if mean.shape != (d,):
                 raise ValueError(f"center: expected {d} numbers, got {mean.shape[0]}")
-        variance, ratio, interval = self._explained(extras, d)
+        variance, ratio, interval = self._explained(extras, d, handle.info.mechanism)
         self.components_: FloatArray = np.ascontiguousarray(basis.T)
         self.mean_: FloatArray = mean
         self.explained_variance_: FloatArray | None = variance
@@ -480,7 +492,7 @@ class PrivatePCA:
         self.__dict__.pop("feature_names_in_", None)
 
     def _explained(
-        self, extras: dict[str, Any], d: int
+        self, extras: dict[str, Any], d: int, mechanism: str
     ) -> tuple[FloatArray | None, FloatArray | None, tuple[float, float] | None]:
         """Explained variance, its ratio and the ratio's 90% interval from the release.
 
@@ -488,9 +500,18 @@ class PrivatePCA:
         ``spatial_sign``, ``auto`` running either) state them; for
         others, the noisy eigenvalues with the noise's shift undone, over the noisy trace,
         capped to ``[0, 1]`` in total (no interval: those figures carry the selection bias).
+        An uncentred ``spatial_sign`` (or ``auto`` running it): none (its eigenvalues are the
+        signs', every row scaled to the clip norm, not the rows').
         """
         n_rows = self._n_rows()
         scale = None if n_rows is None or n_rows <= 1 else 1.0 / (n_rows - 1)
+        if (
+            "explained_variance_ratio" not in extras
+            and extras.get("auto_choice", mechanism) == SIGNS
+        ):
+            # An uncentred spatial_sign releases the eigenvalues of the rows' spatial signs
+            # (every row scaled to the clip norm), not of the rows: no figure of their variance.
+            return None, None, None
         if "explained_variance_ratio" in extras:
             sums = np.asarray(extras["explained_sum_of_squares"], dtype=np.float64)
             ratio = np.asarray(extras["explained_variance_ratio"], dtype=np.float64)
