@@ -35,7 +35,7 @@ from typing import Any
 from sqlalchemy import Select, bindparam, case, or_, select
 from sqlalchemy.orm import Session
 
-from service import accounting, audit, datasets, ledger, spend
+from service import accounting, audit, charges, datasets, ledger, spend
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
 from service.errors import (
@@ -103,18 +103,7 @@ def hybrid_grant_budget(
     dataset's shares of delta (each share rounded down, so their sum stays within ``delta``),
     each filter's budget derived as the dataset's (rounded down) and capped at the dataset's
     (:func:`service.accounting.hybrid_sub_budget`)."""
-    zero = Decimal(0)
-    filters = accounting.HybridBudget(
-        dataset.epsilon_total,
-        dataset.delta_total,
-        dataset.mu_total or zero,
-        dataset.delta_gaussian or zero,
-        dataset.rho_total or zero,
-        dataset.delta_conversion or zero,
-        dataset.delta_mechanisms or zero,
-        dataset.delta_basic or zero,
-    )
-    return accounting.hybrid_sub_budget(filters, epsilon, delta)
+    return accounting.hybrid_sub_budget(charges.filters_of(dataset), epsilon, delta)
 
 
 def _grant_state(
