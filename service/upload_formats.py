@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -113,6 +113,21 @@ class NpyHeader:
     data_offset: int
 
 
+def _read_npy_header(
+    handle: BinaryIO,
+) -> tuple[tuple[int, int], tuple[int, ...], bool, np.dtype[Any]]:
+    """``(version, shape, fortran_order, dtype)`` of the ``.npy`` open at its start, leaving
+    ``handle`` at the first value (numpy's own header readers: 1.0, else 2.0's layout)."""
+    version = np.lib.format.read_magic(handle)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, fortran, dtype = read(handle)
+    return version, shape, fortran, dtype
+
+
 def npy_header(path: Path) -> NpyHeader:
     """The header of an uploaded ``.npy``, read before any value (422 on ``file``).
 
@@ -123,15 +138,9 @@ def npy_header(path: Path) -> NpyHeader:
     """
     try:
         with open(path, "rb") as handle:
-            version = np.lib.format.read_magic(handle)
-            read = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
+            version, shape, _fortran, dtype = _read_npy_header(handle)
             if version not in ((1, 0), (2, 0), (3, 0)):
                 raise ValueError("unknown .npy version")
-            shape, _fortran, dtype = read(handle)
             offset = handle.tell()
     except Exception:
         raise InvalidInput("file", "not a readable .npy file (its header is not valid)") from None
@@ -423,13 +432,7 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
 def npy_layout(path: Path) -> tuple[int, int, int]:
     """``(data offset, header rows, columns)`` of a store ``.npy`` (C-order ``<f8``)."""
     with open(path, "rb") as handle:
-        version = np.lib.format.read_magic(handle)
-        read = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, fortran, dtype = read(handle)
+        _, shape, fortran, dtype = _read_npy_header(handle)
         if fortran or dtype != np.dtype("<f8") or len(shape) != 2:
             raise ValueError("not a dataset file of the store")
         return handle.tell(), int(shape[0]), int(shape[1])
