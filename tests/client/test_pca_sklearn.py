@@ -4,6 +4,8 @@ data scientist passes without thinking: numpy scalars as parameters, non-finite 
 from __future__ import annotations
 
 import copy
+import pickle
+import warnings
 from typing import Any
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 
 from dpss_client.client import Client, ServiceUnreachableError, cost_fields
 from dpss_client.pca import PrivatePCA
+from tests.client.data import low_rank_rows
 
 sklearn_base = pytest.importorskip("sklearn.base")
 sklearn_validation = pytest.importorskip("sklearn.utils.validation")
@@ -83,3 +86,102 @@ def test_transform_refuses_non_finite_rows(bad: float) -> None:
         pca.transform(rows)
     with pytest.raises(ValueError, match=r"X: .*(NaN|infinit)"):
         pca.inverse_transform(np.full((1, 2), bad))
+
+
+# --------------------------------------------------------------------------------------------
+# Saving a fitted model: pickle and joblib keep the model, never the client or its key
+
+
+def test_a_fitted_estimator_pickles_without_its_client_or_key(
+    owner: Client, analyst: Client, worker_sleep: None
+) -> None:
+    ds = owner.upload(
+        low_rank_rows(4_000, 5, 2, seed=3),
+        name="pickled",
+        epsilon_budget="2",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    pca = PrivatePCA(analyst, ds.id, 2, "0.5", "1e-6", timeout=60).fit()
+    rows = low_rank_rows(7, 5, 2, seed=4)
+    # Before: TypeError "cannot pickle '_thread.RLock' object" (the client's connection).
+    blob = pickle.dumps(pca)
+    key = analyst._auth["Authorization"].removeprefix("Bearer ")
+    assert key.encode() not in blob and b"Bearer" not in blob
+    saved = pickle.loads(blob)
+    assert saved.client is None and saved.get_params()["client"] is None
+    np.testing.assert_array_equal(saved.transform(rows), pca.transform(rows))
+    for name in ("components_", "mean_", "explained_variance_ratio_", "release_id_"):
+        np.testing.assert_array_equal(getattr(saved, name), getattr(pca, name))
+    # Fitting again needs a client: refused naming it, before anything is charged.
+    spent = analyst.budget(ds.id).epsilon_spent
+    with pytest.raises(ValueError, match=r"^client: .*set_params\(client="):
+        saved.fit()
+    assert analyst.budget(ds.id).epsilon_spent == spent
+    assert saved.set_params(client=analyst).fit() is saved
+    assert analyst.budget(ds.id).epsilon_spent > spent
+    # Copies in memory keep the client (clone, GridSearchCV-style deep copies, copy.copy).
+    assert copy.copy(pca).client is analyst and copy.deepcopy(pca).client is analyst
+    assert sklearn_base.clone(pca).client is analyst
+
+
+def test_a_client_refuses_pickling_with_a_reason() -> None:
+    # Before: TypeError "cannot pickle '_thread.RLock' object", which said nothing of why.
+    with pytest.raises(TypeError, match=r"not pickled: it holds an API key"):
+        pickle.dumps(_offline())
+    client = _offline()
+    assert copy.copy(client) is client and copy.deepcopy(client) is client
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs scikit-learn's PCA takes or refuses clearly
+
+
+def test_transform_takes_sparse_rows_without_densifying_them() -> None:
+    sparse = pytest.importorskip("scipy.sparse")
+    pca = _fitted()
+    pca.components_ = np.linalg.qr(np.random.default_rng(0).normal(size=(4, 2)))[0].T
+    pca.mean_ = np.array([0.5, -1.0, 2.0, 0.25])
+    dense = np.random.default_rng(1).normal(size=(6, 4)) * (np.arange(24).reshape(6, 4) % 3 == 0)
+    # Before: ValueError "setting an array element with a sequence" for every format.
+    for matrix in (sparse.csr_matrix, sparse.csc_matrix, sparse.coo_matrix, sparse.csr_array):
+        np.testing.assert_allclose(pca.transform(matrix(dense)), pca.transform(dense))
+    with pytest.raises(ValueError, match=r"X: expected shape \(m, 4\), got \(6, 3\)"):
+        pca.transform(sparse.csr_matrix(dense[:, :3]))
+    bad = sparse.csr_matrix(dense)
+    bad.data[0] = np.nan
+    with pytest.raises(ValueError, match=r"X: contains NaN or infinity"):
+        pca.transform(bad)
+    with pytest.raises(TypeError, match=r"X: sparse input .*toarray"):
+        pca.inverse_transform(sparse.csr_matrix(np.ones((2, 2))))
+    with pytest.raises(TypeError, match=r"sparse matrix \(6, 4\) is not uploaded.*toarray"):
+        _offline().upload(sparse.csr_matrix(dense), name="s", epsilon_budget=1, delta_budget=0)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        # Before: a ComplexWarning and the imaginary parts silently dropped.
+        (np.ones((2, 4), dtype=complex), r"X: expected real numbers: complex"),
+        # Before: "could not convert string to float", naming no argument.
+        ([["a", "b", "c", "d"]], r"X: expected real numbers: could not convert"),
+    ],
+)
+def test_transform_refuses_what_is_not_real_numbers(rows: Any, message: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=message):
+            _fitted().transform(rows)
+
+
+def test_get_feature_names_out_checks_input_features_as_sklearn_does() -> None:
+    pca = _fitted()
+    names = ["privatepca0", "privatepca1"]
+    assert list(pca.get_feature_names_out()) == names
+    assert list(pca.get_feature_names_out(["a", "b", "c", "d"])) == names
+    # Before: any input_features were accepted, whatever their number.
+    with pytest.raises(ValueError, match=r"length equal to number of features \(4\), got 1"):
+        pca.get_feature_names_out(["a"])
+    pca.feature_names_in_ = np.asarray(["a", "b", "c", "d"], dtype=object)
+    with pytest.raises(ValueError, match=r"not equal to feature_names_in_"):
+        pca.get_feature_names_out(["a", "b", "d", "c"])

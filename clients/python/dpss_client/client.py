@@ -292,10 +292,21 @@ def feature_names(data: Any) -> list[str] | None:
     return names
 
 
+def is_sparse(data: Any) -> bool:
+    """Whether ``data`` is a SciPy sparse matrix or array (duck-typed: SciPy is not needed)."""
+    return all(hasattr(data, name) for name in ("tocsr", "nnz", "shape"))
+
+
 def as_rows(data: Any) -> NDArray[Any]:
     """``data`` (any array-like: a NumPy array, nested lists, a DataFrame) as a 2-D array."""
     import numpy as np
 
+    if is_sparse(data):
+        # numpy.asarray makes a 0-d object array of it: "must be 2-D, got shape ()" misled.
+        raise TypeError(
+            f"a sparse matrix {data.shape} is not uploaded as it is: the service stores dense "
+            "rows; convert it with .toarray() (mind the memory) or write it to .npy or CSV"
+        )
     array = np.asarray(data)
     if array.ndim != 2:
         raise ValueError(f"the array must be 2-D (rows x columns), got shape {array.shape}")
@@ -547,6 +558,19 @@ class Client:
         copied. ``copy.deepcopy`` of an object holding it, e.g. scikit-learn's ``clone`` of a
         :class:`~dpss_client.pca.PrivatePCA`, keeps talking to the service through it."""
         return self
+
+    def __copy__(self) -> Client:
+        """The same client, as for :meth:`__deepcopy__`."""
+        return self
+
+    def __reduce__(self) -> Any:
+        """Not picklable, by design and with a reason: a client holds its API key in clear and
+        live connections (whose locks ``pickle`` cannot copy anyway). A pickled
+        :class:`~dpss_client.pca.PrivatePCA` leaves its client out."""
+        raise TypeError(
+            "a dpss_client.Client is not pickled: it holds an API key and open connections; "
+            "make a new Client(url, api_key) where it is needed"
+        )
 
     def _timeout_plus(self, seconds: float) -> httpx.Timeout:
         """This client's timeouts with ``seconds`` more to read the answer (a long poll)."""

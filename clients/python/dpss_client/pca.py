@@ -14,6 +14,7 @@ depending on scikit-learn.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import math
@@ -37,6 +38,7 @@ from dpss_client.client import (
     ReleaseHandle,
     WaitTimeoutError,
     feature_names,
+    is_sparse,
 )
 
 #: An explained-variance interval at least this wide means the noise hides the share (the
@@ -248,7 +250,8 @@ class PrivatePCA:
         # scikit-learn's convention: store the arguments untouched, validate in fit.
         self.mu = mu
         self.rho = rho
-        self.client = client
+        #: None in an unpickled estimator (pickle leaves the client and its key out).
+        self.client: Client | None = client
         self.dataset_id = dataset_id
         self.n_components = n_components
         self.epsilon = epsilon
@@ -310,12 +313,51 @@ class PrivatePCA:
             requires_fit=True,
         )
 
+    # ----------------------------------------------------------------------------------------
+    # Pickling and copies
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What ``pickle`` (and ``joblib.dump``) keep: the parameters and the fitted attributes,
+        never :attr:`client` nor a pending release's handle (which holds it). A client holds the
+        API key in clear and live connections, so a saved model carries no key (and pickling
+        no longer fails on the connection's locks); an unpickled estimator transforms at once,
+        and fits again once given a client: ``set_params(client=Client(url, key))``."""
+        state = dict(self.__dict__)
+        state["client"] = None
+        state["_pending"] = None
+        return state
+
+    def __copy__(self) -> PrivatePCA:
+        """A shallow copy keeps the client (pickle's state leaves it out)."""
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PrivatePCA:
+        """A deep copy (scikit-learn's ``clone`` of a parameter, ``GridSearchCV``'s copies)
+        keeps talking to the service through the same client (``Client.__deepcopy__`` is the
+        client itself); everything else is copied."""
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin.__dict__.update({name: copy.deepcopy(v, memo) for name, v in self.__dict__.items()})
+        return twin
+
     def __repr__(self) -> str:
         shown = {k: v for k, v in self.get_params().items() if k != "client"}
         return f"PrivatePCA({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     # ----------------------------------------------------------------------------------------
     # Fitting
+
+    def _connected(self) -> Client:
+        """:attr:`client`, or ``ValueError`` naming it when there is none (an unpickled
+        estimator), before anything is requested."""
+        if self.client is None:
+            raise ValueError(
+                "client: this PrivatePCA has no Client (a pickled estimator does not keep its "
+                "API key): set_params(client=Client(url, api_key)) before fit()"
+            )
+        return self.client
 
     def _mechanism(self) -> str:
         """:attr:`mechanism`, or for ``None`` the default: ``"auto"`` for a centred request
@@ -360,7 +402,7 @@ class PrivatePCA:
             raise ValueError(f"prior: expected a 2-D (d x m) basis, got shape {array.shape}")
         digest = hashlib.sha256(np.ascontiguousarray(array, dtype="<f8").tobytes()).hexdigest()
         if self._uploaded_prior is None or self._uploaded_prior[0] != digest:
-            stored = self.client.upload_prior(array, name="PrivatePCA prior")
+            stored = self._connected().upload_prior(array, name="PrivatePCA prior")
             self._uploaded_prior = (digest, str(stored.id))
         return self._uploaded_prior[1]
 
@@ -376,7 +418,8 @@ class PrivatePCA:
         TypeError
             ``X`` or ``y`` given.
         ValueError
-            A parameter is out of range (nothing is requested then).
+            A parameter is out of range, or there is no :attr:`client` (an unpickled
+            estimator); nothing is requested then.
         dpss_client.client.ReleaseNoResult, dpss_client.client.ReleaseFailed
             The release ended without a result (the message says why and whether the cost
             was refunded).
@@ -392,6 +435,7 @@ class PrivatePCA:
                 "PrivatePCA.fit takes no data: the rows live in the service, which releases the "
                 "components privately; call fit() and then transform(your_rows)"
             )
+        client = self._connected()
         try:
             checked = _Request(
                 n_components=_plain(self.n_components),
@@ -421,7 +465,7 @@ class PrivatePCA:
         if self._pending is not None and self._pending[0] == request:
             handle = self._pending[1]
         else:
-            handle = self.client.release(
+            handle = client.release(
                 self.dataset_id,
                 checked.mechanism,
                 k=checked.n_components,
@@ -534,7 +578,7 @@ class PrivatePCA:
     def _n_rows(self) -> int | None:
         """``n``, a public fact of the dataset, or None when this key may not read it."""
         try:
-            return self.client.dataset(self.dataset_id).n_rows
+            return self._connected().dataset(self.dataset_id).n_rows
         except (AuthError, NotFoundError):
             return None
 
@@ -561,7 +605,8 @@ class PrivatePCA:
 
         Parameters
         ----------
-        X : array-like of shape (m, n_features)
+        X : array-like or SciPy sparse matrix of shape (m, n_features)
+            A sparse matrix is projected without being made dense (as scikit-learn's PCA).
 
         Returns
         -------
@@ -569,6 +614,11 @@ class PrivatePCA:
             ``(X - mean_) @ components_.T``.
         """
         self._check_fitted()
+        if is_sparse(X):
+            # X @ C^T - mean @ C^T: subtracting the mean first would fill every zero.
+            sparse = _sparse_rows(X, self.n_features_in_, "X")
+            projected: FloatArray = np.asarray(sparse @ self.components_.T, dtype=np.float64)
+            return projected - self.mean_ @ self.components_.T
         names = feature_names(X)
         rows = _rows(X, self.n_features_in_, "X")
         self._check_feature_names(names)
@@ -609,8 +659,23 @@ class PrivatePCA:
 
     def get_feature_names_out(self, input_features: Any = None) -> NDArray[np.object_]:
         """The output's column names, as scikit-learn names a PCA's: ``privatepca0``,
-        ``privatepca1``, ... (``input_features`` is accepted for scikit-learn's API)."""
+        ``privatepca1``, ... ``input_features``, when given, is checked as scikit-learn checks
+        it (``ValueError`` unless it has ``n_features_in_`` names, equal to
+        ``feature_names_in_`` once recorded); it does not change the names."""
         self._check_fitted()
+        if input_features is not None:
+            given = np.asarray(input_features, dtype=object)
+            known = getattr(self, "feature_names_in_", None)
+            if known is not None and not np.array_equal(known, given):
+                raise ValueError(
+                    f"input_features is not equal to feature_names_in_: {list(given)} "
+                    f"against {list(known)}"
+                )
+            if given.ndim != 1 or given.size != self.n_features_in_:
+                raise ValueError(
+                    "input_features should have length equal to number of features "
+                    f"({self.n_features_in_}), got {given.size}"
+                )
         return np.asarray([f"privatepca{i}" for i in range(self.n_components_)], dtype=object)
 
     def inverse_transform(self, X: ArrayLike) -> FloatArray:
@@ -639,16 +704,41 @@ def _plain(value: Any) -> Any:
 
 
 def _rows(x: ArrayLike, width: int, name: str) -> FloatArray:
-    rows = np.asarray(x, dtype=np.float64)
+    """``x`` as finite real float64 rows of ``width`` columns, or an error naming ``name``."""
+    if is_sparse(x):
+        # numpy.asarray makes a 0-d object array of it ("setting an array element with a
+        # sequence"); scikit-learn refuses it here too.
+        raise TypeError(f"{name}: sparse input is not supported here; use {name}.toarray()")
+    try:
+        raw = np.asarray(x)
+        if np.iscomplexobj(raw):
+            # float64 would drop the imaginary parts with only a ComplexWarning.
+            raise ValueError("complex values are not supported")
+        rows = raw.astype(np.float64, copy=False)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{name}: expected real numbers: {error}") from None
     if rows.ndim != 2 or rows.shape[1] != width:
         raise ValueError(f"{name}: expected shape (m, {width}), got {rows.shape}")
-    if not np.all(np.isfinite(rows)):
+    _check_finite(rows, name)
+    return rows
+
+
+def _check_finite(values: FloatArray, name: str, where: str = "") -> None:
+    if not np.all(np.isfinite(values)):
         # scikit-learn's rule too: a NaN would silently spread to every coordinate of its row.
-        bad = np.argwhere(~np.isfinite(rows))[0]
-        raise ValueError(
-            f"{name}: contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
-            "impute or drop those rows first"
-        )
+        bad = np.argwhere(~np.isfinite(values))[0]
+        at = where or f" (first at row {bad[0]}, column {bad[1]})"
+        raise ValueError(f"{name}: contains NaN or infinity{at}; impute or drop those rows first")
+
+
+def _sparse_rows(x: Any, width: int, name: str) -> Any:
+    """A SciPy sparse ``x`` as CSR float64 of ``width`` columns with finite stored values."""
+    if len(x.shape) != 2 or x.shape[1] != width:
+        raise ValueError(f"{name}: expected shape (m, {width}), got {tuple(x.shape)}")
+    if np.dtype(x.dtype).kind == "c":
+        raise ValueError(f"{name}: expected real numbers: complex values are not supported")
+    rows = x.tocsr().astype(np.float64)
+    _check_finite(np.asarray(rows.data), name, where=" (among its stored values)")
     return rows
 
 
