@@ -6,12 +6,14 @@ from __future__ import annotations
 import copy
 import pickle
 import warnings
+from decimal import Decimal
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
-from dpss_client.client import Client, ServiceUnreachableError, cost_fields
+from dpss_client.client import Client, ServiceUnreachableError, cost_fields, transport_error
 from dpss_client.pca import PrivatePCA
 from tests.client.data import low_rank_rows
 
@@ -185,3 +187,55 @@ def test_get_feature_names_out_checks_input_features_as_sklearn_does() -> None:
     pca.feature_names_in_ = np.asarray(["a", "b", "c", "d"], dtype=object)
     with pytest.raises(ValueError, match=r"not equal to feature_names_in_"):
         pca.get_feature_names_out(["a", "b", "d", "c"])
+
+
+# --------------------------------------------------------------------------------------------
+# A fit that lost the service: the same fit again gets the release already paid for
+
+
+def _lose_answers(monkeypatch: pytest.MonkeyPatch, client: Client, method: str, path: str) -> None:
+    """``client``'s requests ``method path*`` reach the service, which acts on them, but their
+    answers are lost (a read timeout)."""
+    real = client._request
+
+    def request(verb: str, url_path: str, **kwargs: Any) -> httpx.Response:
+        if verb == method and url_path.startswith(path):
+            real(verb, url_path, **kwargs)
+            raise transport_error(client.url, httpx.ReadTimeout("lost"), 5.0)
+        return real(verb, url_path, **kwargs)
+
+    monkeypatch.setattr(client, "_request", request)
+
+
+@pytest.mark.parametrize("lost", ["request", "wait"])
+def test_a_fit_that_lost_its_answer_is_not_paid_twice(
+    owner: Client,
+    analyst: Client,
+    worker_sleep: None,
+    monkeypatch: pytest.MonkeyPatch,
+    lost: str,
+) -> None:
+    ds = owner.upload(
+        low_rank_rows(4_000, 5, 2, seed=5),
+        name="lost-answer",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        accounting="basic",
+        row_norm_bound=1.0,
+    )
+    pca = PrivatePCA(analyst, ds.id, 2, "0.25", "1e-6", timeout=0.5)
+    with monkeypatch.context() as patch:
+        if lost == "request":
+            _lose_answers(patch, analyst, "POST", f"/v1/datasets/{ds.id}/releases")
+        else:
+            _lose_answers(patch, analyst, "GET", "/v1/releases/")
+        with pytest.raises(ServiceUnreachableError, match=r"fit\(\) again .*without paying again"):
+            pca.fit()
+    assert analyst.budget(ds.id).epsilon_spent == Decimal("0.25")  # the release was made
+    # Before: a second release, 0.5 spent for one fit.
+    assert pca.set_params(timeout=60).fit() is pca
+    assert [r.id for r in analyst.list_releases(dataset_id=ds.id)] == [pca.release_id_]
+    assert analyst.budget(ds.id).epsilon_spent == Decimal("0.25")
+    # A fit after that one is a new release, paid for.
+    pca.fit()
+    assert analyst.budget(ds.id).epsilon_spent == Decimal("0.5")

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from typing import Any, Final, Literal
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -36,6 +36,7 @@ from dpss_client.client import (
     NotFoundError,
     Number,
     ReleaseHandle,
+    ServiceUnreachableError,
     WaitTimeoutError,
     feature_names,
     is_sparse,
@@ -264,9 +265,14 @@ class PrivatePCA:
         self._params: dict[str, Any] = dict(params)
         #: ``(prior array's SHA-256, its id in the service)``: an array is uploaded once.
         self._uploaded_prior: tuple[str, str] | None = None
-        #: ``(request, handle)`` of a release whose wait timed out: paid for and still
-        #: running, so the next ``fit`` of the same request waits for it instead of paying again.
-        self._pending: tuple[str, ReleaseHandle] | None = None
+        #: ``(request, release id)`` of a release whose wait timed out or lost the service:
+        #: paid for and still running, so the next ``fit`` of the same request waits for it
+        #: instead of paying again.
+        self._pending: tuple[str, UUID] | None = None
+        #: ``(request, Idempotency-Key)`` of a request that got no answer (the service
+        #: unreachable or too slow): it may have been charged, so the same request is sent
+        #: again with the same key (the same release, charged once).
+        self._unanswered: tuple[str, str] | None = None
 
     # ----------------------------------------------------------------------------------------
     # scikit-learn's parameter protocol
@@ -318,13 +324,12 @@ class PrivatePCA:
 
     def __getstate__(self) -> dict[str, Any]:
         """What ``pickle`` (and ``joblib.dump``) keep: the parameters and the fitted attributes,
-        never :attr:`client` nor a pending release's handle (which holds it). A client holds the
-        API key in clear and live connections, so a saved model carries no key (and pickling
-        no longer fails on the connection's locks); an unpickled estimator transforms at once,
-        and fits again once given a client: ``set_params(client=Client(url, key))``."""
+        never :attr:`client`, which holds the API key in clear and live connections. A saved
+        model carries no key (and pickling does not fail on the connection's locks); an
+        unpickled estimator transforms at once, and fits again once given a client:
+        ``set_params(client=Client(url, key))``."""
         state = dict(self.__dict__)
         state["client"] = None
-        state["_pending"] = None
         return state
 
     def __copy__(self) -> PrivatePCA:
@@ -427,6 +432,11 @@ class PrivatePCA:
             ``timeout`` seconds passed; the release keeps running in the service, its cost
             charged. Calling ``fit()`` again with the same parameters (``timeout`` aside) waits
             for that release instead of requesting (and paying for) another.
+        dpss_client.client.ServiceUnreachableError
+            No answer from the service (its subclass ``ServiceTimeoutError``: too slow). The
+            release may have been made and charged; ``fit()`` again with the same parameters
+            gets that release (the request is sent again with the same ``Idempotency-Key``, or
+            the wait resumes) instead of paying for another.
         dpss_client.client.DpssError
             Any other error from the service (budget exceeded, bad params, ...).
         """
@@ -463,26 +473,46 @@ class PrivatePCA:
             )
         )
         if self._pending is not None and self._pending[0] == request:
-            handle = self._pending[1]
+            handle = client.get_release(self._pending[1])
         else:
-            handle = client.release(
-                self.dataset_id,
-                checked.mechanism,
-                k=checked.n_components,
-                epsilon=self.epsilon,
-                delta=self.delta,
-                mu=self.mu,
-                rho=self.rho,
-                wait=wait,
-                **params,
-            )
+            # A request whose answer never came may have made, and charged, its release: the
+            # same fit again sends the same Idempotency-Key, which returns that release
+            # (charged once) or makes it if it was never made.
+            unanswered = self._unanswered
+            key = unanswered[1] if unanswered and unanswered[0] == request else str(uuid4())
+            try:
+                handle = client.release(
+                    self.dataset_id,
+                    checked.mechanism,
+                    k=checked.n_components,
+                    epsilon=self.epsilon,
+                    delta=self.delta,
+                    mu=self.mu,
+                    rho=self.rho,
+                    idempotency_key=key,
+                    wait=wait,
+                    **params,
+                )
+            except ServiceUnreachableError as error:
+                self._unanswered = (request, key)
+                raise error.noted(
+                    "the release may have been made and its cost charged: call fit() again "
+                    "with the same parameters to get that release without paying again"
+                ) from None
+            self._unanswered = None
         left = None
         if checked.timeout is not None:
             left = max(checked.timeout - (time.monotonic() - started), 0.0)
         try:
             handle.wait_finished(timeout=left)
+        except ServiceUnreachableError as error:
+            # Paid for and going on in the service: the same fit waits for it, as below.
+            self._pending = (request, handle.id)
+            raise error.noted(
+                "or call fit() again with the same parameters to wait for it without paying again"
+            ) from None
         except WaitTimeoutError as error:
-            self._pending = (request, handle)
+            self._pending = (request, handle.id)
             raise WaitTimeoutError(
                 error.code,
                 f"{error.detail}; it keeps running in the service and its cost is charged: "
