@@ -505,11 +505,16 @@ class PrivatePCA:
             left = max(checked.timeout - (time.monotonic() - started), 0.0)
         try:
             handle.wait_finished(timeout=left)
+            basis = handle.basis()
+            self._set_fitted(handle, basis, params)
         except ServiceUnreachableError as error:
-            # Paid for and going on in the service: the same fit waits for it, as below.
+            # Paid for (and perhaps finished: the last read of a fit is the dataset's n): the
+            # same fit gets it, as after a wait timeout below. _set_fitted sets nothing before
+            # its reads, so no attribute of a half fit is left.
             self._pending = (request, handle.id)
             raise error.noted(
-                "or call fit() again with the same parameters to wait for it without paying again"
+                f"release {handle.id} is paid for: call fit() again with the same parameters "
+                "to get it without paying again"
             ) from None
         except WaitTimeoutError as error:
             self._pending = (request, handle.id)
@@ -520,8 +525,6 @@ class PrivatePCA:
                 "without paying again",
             ) from None
         self._pending = None
-        basis = handle.basis()
-        self._set_fitted(handle, basis, params)
         return self
 
     def _set_fitted(self, handle: ReleaseHandle, basis: FloatArray, params: dict[str, Any]) -> None:
