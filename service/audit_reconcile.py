@@ -2,7 +2,9 @@
 
 :class:`_Recorded` reads the chain, event by event, into what the tables must hold;
 :func:`_reconcile` then checks that every ledger row, dataset budget, release (cost, status,
-result and basis hashes, refund, epochs), grant and API key is exactly what the events say,
+result and basis hashes, refund, epochs), grant, API key and dataset by reference's record
+(the objects, row groups and chunk digests its budget is bound to) is exactly what the events
+say,
 that every event's row exists, and that no dataset or grant spends more than its events gave
 it. Guarantees: a problem names a table or an event and an id, never a stored value; an event
 whose details are not in the form this version writes is a problem, never an exception. Called
@@ -24,7 +26,7 @@ from sqlalchemy.orm import Session
 from api_schemas.common import BUDGET_CONTEXT
 from service import audit_hybrid
 from service.accounting import HybridBudget, ReleaseCost
-from service.audit_events import TERMINAL_EVENTS, to_json_value
+from service.audit_events import TERMINAL_EVENTS, record_digest, to_json_value
 from service.db.models import (
     ApiKey,
     AuditEvent,
@@ -118,6 +120,19 @@ def _charge_of(cost: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
     return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(0))
 
 
+@dataclass(frozen=True)
+class _Referenced:
+    """What a dataset by reference's ``dataset_referenced`` and ``dataset_batch_referenced``
+    events say its ``datasets.reference`` holds: the newest event's digest of the whole record
+    (None for events written before they carried one), and every event's objects in order."""
+
+    seq: int
+    sha256: str | None
+    objects: tuple[Any, ...]
+    #: The dataset's rows after the event (a release reads that prefix of the row groups).
+    n_rows: Any = None
+
+
 @dataclass
 class _Recorded:
     """What the events say the tables must hold."""
@@ -133,6 +148,8 @@ class _Recorded:
     #: ``release_epoch`` events: ``(release, epoch) -> (seq, basis_sha256)``.
     epochs: dict[tuple[uuid.UUID, int], tuple[int, Any]] = field(default_factory=dict)
     grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
+    #: A dataset by reference's record, as its events describe it.
+    references: dict[uuid.UUID, _Referenced] = field(default_factory=dict)
 
     def add(self, event: AuditEvent, problems: list[str]) -> None:
         try:
@@ -154,6 +171,15 @@ class _Recorded:
             hybrid = audit_hybrid.budget_of_event(details) if kind_of == "hybrid" else None
             self.budgets[event.dataset_id] = _Budget(
                 seq, epsilon, delta, kind_of, Decimal(rho or 0), limit, hybrid
+            )
+        elif kind in _REFERENCED and event.dataset_id is not None:
+            before = self.references.get(event.dataset_id)
+            objects = () if before is None or kind == "dataset_referenced" else before.objects
+            self.references[event.dataset_id] = _Referenced(
+                seq,
+                details.get("reference_sha256"),
+                (*objects, *(details.get("objects") or ())),
+                details.get("n_rows_total", details.get("n_rows")),
             )
         elif kind == "dataset_deleted" and event.dataset_id is not None:
             self.deleted[event.dataset_id] = seq
@@ -258,6 +284,39 @@ def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"releases {release_id}: epochs_done differs from its stored epochs")
 
 
+#: The events that fix a dataset by reference's record (registration, then each batch).
+_REFERENCED = ("dataset_referenced", "dataset_batch_referenced")
+
+
+def _check_reference(
+    where: str, raw: Any, n_rows: int, referenced: _Referenced | None, problems: list[str]
+) -> None:
+    """A live dataset by reference's record (every object, row group and chunk digest its
+    releases read, and its row count) as its events recorded it: an edit could count a row
+    group twice, point the budget at other objects, or accept other bytes, all outside every
+    charge's check."""
+    if referenced is None:
+        problems.append(f"{where}: a reference without its dataset_referenced event")
+        return
+    if referenced.n_rows is not None and n_rows != referenced.n_rows:
+        problems.append(f"{where}: n_rows of its reference differs from event {referenced.seq}")
+    if referenced.sha256 is not None:
+        if record_digest(raw) != referenced.sha256:
+            problems.append(
+                f"{where}: its reference (objects, row groups or digests) differs from the "
+                f"one event {referenced.seq} recorded"
+            )
+    elif not isinstance(raw, dict) or to_json_value({"o": raw.get("objects")})["o"] != list(
+        referenced.objects
+    ):
+        # Events written before they carried the digest: the objects' identities and footer
+        # digests, which fix every row group's place and row count, must be theirs.
+        problems.append(
+            f"{where}: its reference's objects differ from those its dataset_referenced and "
+            "dataset_batch_referenced events recorded"
+        )
+
+
 def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
     seen: set[uuid.UUID] = set()
     rows = session.execute(
@@ -268,9 +327,11 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             Dataset.deleted_at,
             Dataset.accounting,
             Dataset.rho_total,
+            Dataset.reference,
+            Dataset.n_rows,
         )
     )
-    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total in rows:
+    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n in rows:
         seen.add(dataset_id)
         where = f"datasets {dataset_id}"
         if dataset_id not in recorded.created:
@@ -296,6 +357,8 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
                     problems.append(f"{where}: {name} differs from budget_set event {budget.seq}")
         if (deleted_at is not None) != (dataset_id in recorded.deleted):
             problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
+        if raw is not None and deleted_at is None:
+            _check_reference(where, raw, n, recorded.references.get(dataset_id), problems)
     for dataset_id, seq in recorded.created.items():
         if dataset_id not in seen:
             problems.append(f"datasets {dataset_id}: the row is missing (created by event {seq})")
