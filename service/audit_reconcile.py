@@ -31,6 +31,7 @@ from service.db.models import (
     ApiKey,
     AuditEvent,
     Dataset,
+    DatasetReferenceObject,
     Grant,
     LedgerEntry,
     Release,
@@ -288,8 +289,23 @@ def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]
 _REFERENCED = ("dataset_referenced", "dataset_batch_referenced")
 
 
+def _covered(raw: Any) -> list[tuple[str, str, str]] | None:
+    """``(object_key, key_sha256, content_sha256)`` of each object the record covers, as
+    registration wrote them (:meth:`~service.reference.integrity.Reference.covered`); None for
+    a record from before content digests (it covers nothing, and its releases are refused)."""
+    from service.reference.integrity import Reference  # pyarrow: only when a reference is seen
+
+    found = Reference.from_json(raw, None)
+    return found.covered() if found.digested else None
+
+
 def _check_reference(
-    where: str, raw: Any, n_rows: int, referenced: _Referenced | None, problems: list[str]
+    where: str,
+    raw: Any,
+    n_rows: int,
+    covered: set[tuple[str, str, str]],
+    referenced: _Referenced | None,
+    problems: list[str],
 ) -> None:
     """A live dataset by reference's record (every object, row group and chunk digest its
     releases read, and its row count) as its events recorded it: an edit could count a row
@@ -298,6 +314,17 @@ def _check_reference(
     if referenced is None:
         problems.append(f"{where}: a reference without its dataset_referenced event")
         return
+    try:
+        expected = _covered(raw)
+    except (KeyError, TypeError, ValueError, IndexError):
+        problems.append(f"{where}: its reference is not in the form this version writes")
+        return
+    if expected is not None and covered != set(expected):
+        # A cover row removed lets another dataset register the same object (a second budget
+        # on its rows); one added or changed refuses others' objects.
+        problems.append(
+            f"{where}: dataset_reference_objects differs from the objects its reference covers"
+        )
     if referenced.n_rows is not None and n_rows != referenced.n_rows:
         problems.append(f"{where}: n_rows of its reference differs from event {referenced.seq}")
     if referenced.sha256 is not None:
@@ -331,6 +358,16 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             Dataset.n_rows,
         )
     )
+    covers: dict[uuid.UUID, set[tuple[str, str, str]]] = {}
+    for owner, key, key_sha, content in session.execute(
+        select(
+            DatasetReferenceObject.dataset_id,
+            DatasetReferenceObject.object_key,
+            DatasetReferenceObject.key_sha256,
+            DatasetReferenceObject.content_sha256,
+        )
+    ):
+        covers.setdefault(owner, set()).add((key, key_sha, content))
     for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n in rows:
         seen.add(dataset_id)
         where = f"datasets {dataset_id}"
@@ -358,10 +395,16 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
         if (deleted_at is not None) != (dataset_id in recorded.deleted):
             problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
         if raw is not None and deleted_at is None:
-            _check_reference(where, raw, n, recorded.references.get(dataset_id), problems)
+            covered = covers.pop(dataset_id, set())
+            _check_reference(where, raw, n, covered, recorded.references.get(dataset_id), problems)
     for dataset_id, seq in recorded.created.items():
         if dataset_id not in seen:
             problems.append(f"datasets {dataset_id}: the row is missing (created by event {seq})")
+    for dataset_id in covers:
+        problems.append(
+            f"dataset_reference_objects of {dataset_id}: objects covered for no live dataset "
+            "by reference (they refuse others' registrations)"
+        )
 
 
 def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[str]) -> None:

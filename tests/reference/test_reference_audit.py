@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit, registration
 from service.config import Settings
-from service.db.models import Dataset
+from service.db.models import Dataset, DatasetReferenceObject
 from service.worker import Worker
 from tests.conftest import Keys, bearer, fetch_release, post_release
 from tests.reference import helpers
@@ -168,3 +168,30 @@ def test_verify_finds_a_dataset_by_reference_whose_row_count_was_edited(
         session.execute(update(Dataset).where(Dataset.id == uuid.UUID(first)).values(n_rows=200))
     problems = _problems(session_factory)
     assert any(f"datasets {first}: n_rows" in p for p in problems), problems
+
+
+def test_verify_finds_a_cover_row_removed_or_left_behind(
+    client: TestClient, keys: Keys, root: Path, session_factory: sessionmaker[Session]
+) -> None:
+    """``dataset_reference_objects`` is what refuses a second dataset on the same objects (a
+    second budget on their rows): a row removed must show, and so must one left for a deleted
+    dataset (it refuses others' registrations)."""
+    first, second = _datasets(client, keys, root)
+    deleted = client.delete(f"/v1/datasets/{second}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    assert _problems(session_factory) == []
+    with session_factory.begin() as session:
+        rows = session.query(DatasetReferenceObject).filter_by(dataset_id=uuid.UUID(first)).all()
+        assert len(rows) == 2
+        session.delete(rows[1])
+        session.add(
+            DatasetReferenceObject(
+                dataset_id=uuid.UUID(second),
+                object_key="file:///elsewhere.parquet",
+                key_sha256="1" * 64,
+                content_sha256="2" * 64,
+            )
+        )
+    problems = _problems(session_factory)
+    assert any(f"datasets {first}: dataset_reference_objects" in p for p in problems), problems
+    assert any(p.startswith(f"dataset_reference_objects of {second}") for p in problems), problems
