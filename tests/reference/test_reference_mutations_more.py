@@ -290,3 +290,47 @@ def test_an_old_batch_changed_after_its_epoch_fails_the_next_epoch_charged(
         assert "parquet changed since registration" in ended["reason"], ended
         failed = fetch_release(client, keys.owner, one_shot)
         assert failed["status"] == "failed" and failed["refunded"] is True, failed
+
+
+def test_a_prior_is_refused_on_a_dataset_by_reference_before_any_charge(
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    settings: Settings,
+    rows: np.ndarray[Any, Any],
+) -> None:
+    """A stored prior's digest is checked by the worker before a row is read (tests/api/
+    test_priors.py); on a dataset by reference a prior is refused outright, inline or stored,
+    by a release and by a dry run, naming the field, nothing charged."""
+    settings.reference_roots = str(root)
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    budget = budget_of(client, keys, dataset["id"])
+    basis = np.eye(3)[:, :2]
+    stored = client.post(
+        "/v1/priors",
+        headers=bearer(keys.analyst),
+        files={"file": ("p.npy", _npy(basis), "application/octet-stream")},
+    )
+    assert stored.status_code == 201, stored.text
+    for params, field in (
+        ({"prior_basis": basis.tolist()}, "params.prior_basis"),
+        ({"prior_id": stored.json()["id"]}, "params.prior_id"),
+    ):
+        for query in ("", "?dry_run=true"):
+            answer = client.post(
+                f"/v1/datasets/{dataset['id']}/releases{query}",
+                headers=bearer(keys.analyst),
+                json={**RELEASE, "params": params},
+            )
+            assert answer.status_code == 422, answer.text
+            assert str(answer.json()["detail"]).startswith(field), answer.text
+    assert budget_of(client, keys, dataset["id"]) == budget
+
+
+def _npy(matrix: np.ndarray[Any, Any]) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    np.save(out, matrix, allow_pickle=False)
+    return out.getvalue()
