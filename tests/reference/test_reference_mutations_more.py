@@ -3,7 +3,8 @@
 modification time and touch only the footer (a key-value tag, the column names swapped), a
 re-encoding with identical values, S3 (a prefix gaining or losing objects, an overwrite whose
 ETag the identity check misses), continual batches (an old batch rewritten after its epoch,
-two batches' objects swapped) and dry runs on a changed object. Each ends ``succeeded`` on
+two batches' objects swapped), a change between the tasks of one pass, dry runs on a changed
+object and public priors on a dataset by reference. Each ends ``succeeded`` on
 exactly the registered bytes, or ``failed`` and refunded (charged when an epoch was already
 released) with nothing released; a dry run reads nothing and charges nothing. Both databases.
 """
@@ -334,3 +335,46 @@ def _npy(matrix: np.ndarray[Any, Any]) -> bytes:
     out = io.BytesIO()
     np.save(out, matrix, allow_pickle=False)
     return out.getvalue()
+
+
+def test_a_change_between_tasks_of_one_pass_fails_it(
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    rows: np.ndarray[Any, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One task per row group (``DPSS_DASK_TASK_MB`` tiny): the object is rewritten in place
+    (same size, mtime put back) after the first task read its row group, in a group a later
+    task reads; that task's digests refuse it and the pass fails, refunded, nothing released
+    (each task checks its own bytes, in process as on a Dask worker)."""
+    from tests.reference.test_integrity import forge_in_place
+
+    settings.reference_roots = str(root)
+    target = root / "set" / "a.parquet"
+    names = plain_parquet(target, rows)  # 4 row groups of 100
+    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    budget = budget_of(client, keys, dataset["id"])
+    real = engine._read_piece
+    read: list[int] = []
+    forged: list[int] = []
+
+    def then_forge(*args: Any) -> Any:
+        read.append(args[1].row_group)
+        out = real(*args)
+        if len(read) == 1:  # a group no task has read yet (the order is the scheduler's)
+            forged.append(3 if read[0] != 3 else 0)
+            row = 100 * forged[0] + 50
+            forge_in_place(target, float(rows[row, 1]), np.float64(-rows[row, 1]).tobytes())
+        return out
+
+    monkeypatch.setattr(engine, "_read_piece", then_forge)
+    per_group = Worker(session_factory, store, settings.model_copy(update={"dask_task_mb": 1e-6}))
+    outcome = release(client, keys, dataset["id"], per_group)
+    assert forged[0] in read[1:], read  # a later task read the new bytes
+    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert f"{target} changed since registration" in outcome["reason"]
+    assert budget_of(client, keys, dataset["id"]) == budget
