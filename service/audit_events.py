@@ -43,6 +43,14 @@ def to_json_value(details: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def record_digest(value: Any) -> str:
+    """SHA-256 of a stored JSON record's canonical form (sorted keys, no spaces): what an event
+    records of a row too large to copy into it (a dataset by reference's ``reference``, every
+    object, row group and chunk digest), so that verification can compare the row with it."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def event_digest(
     *,
     prev_hash: str,

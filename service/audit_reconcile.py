@@ -2,7 +2,9 @@
 
 :class:`_Recorded` reads the chain, event by event, into what the tables must hold;
 :func:`_reconcile` then checks that every ledger row, dataset budget, release (cost, status,
-result and basis hashes, refund, epochs), grant and API key is exactly what the events say,
+result and basis hashes, refund, epochs), grant, API key and dataset by reference's record
+(the objects, row groups and chunk digests its budget is bound to) is exactly what the events
+say,
 that every event's row exists, and that no dataset or grant spends more than its events gave
 it. Guarantees: a problem names a table or an event and an id, never a stored value; an event
 whose details are not in the form this version writes is a problem, never an exception. Called
@@ -24,11 +26,12 @@ from sqlalchemy.orm import Session
 from api_schemas.common import BUDGET_CONTEXT
 from service import audit_hybrid
 from service.accounting import HybridBudget, ReleaseCost
-from service.audit_events import TERMINAL_EVENTS, to_json_value
+from service.audit_events import TERMINAL_EVENTS, record_digest, to_json_value
 from service.db.models import (
     ApiKey,
     AuditEvent,
     Dataset,
+    DatasetReferenceObject,
     Grant,
     LedgerEntry,
     Release,
@@ -118,6 +121,19 @@ def _charge_of(cost: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
     return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(0))
 
 
+@dataclass(frozen=True)
+class _Referenced:
+    """What a dataset by reference's ``dataset_referenced`` and ``dataset_batch_referenced``
+    events say its ``datasets.reference`` holds: the newest event's digest of the whole record
+    (None for events written before they carried one), and every event's objects in order."""
+
+    seq: int
+    sha256: str | None
+    objects: tuple[Any, ...]
+    #: The dataset's rows after the event (a release reads that prefix of the row groups).
+    n_rows: Any = None
+
+
 @dataclass
 class _Recorded:
     """What the events say the tables must hold."""
@@ -133,6 +149,8 @@ class _Recorded:
     #: ``release_epoch`` events: ``(release, epoch) -> (seq, basis_sha256)``.
     epochs: dict[tuple[uuid.UUID, int], tuple[int, Any]] = field(default_factory=dict)
     grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
+    #: A dataset by reference's record, as its events describe it.
+    references: dict[uuid.UUID, _Referenced] = field(default_factory=dict)
 
     def add(self, event: AuditEvent, problems: list[str]) -> None:
         try:
@@ -154,6 +172,15 @@ class _Recorded:
             hybrid = audit_hybrid.budget_of_event(details) if kind_of == "hybrid" else None
             self.budgets[event.dataset_id] = _Budget(
                 seq, epsilon, delta, kind_of, Decimal(rho or 0), limit, hybrid
+            )
+        elif kind in _REFERENCED and event.dataset_id is not None:
+            before = self.references.get(event.dataset_id)
+            objects = () if before is None or kind == "dataset_referenced" else before.objects
+            self.references[event.dataset_id] = _Referenced(
+                seq,
+                details.get("reference_sha256"),
+                (*objects, *(details.get("objects") or ())),
+                details.get("n_rows_total", details.get("n_rows")),
             )
         elif kind == "dataset_deleted" and event.dataset_id is not None:
             self.deleted[event.dataset_id] = seq
@@ -258,6 +285,65 @@ def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"releases {release_id}: epochs_done differs from its stored epochs")
 
 
+#: The events that fix a dataset by reference's record (registration, then each batch).
+_REFERENCED = ("dataset_referenced", "dataset_batch_referenced")
+
+
+def _covered(raw: Any) -> list[tuple[str, str, str]] | None:
+    """``(object_key, key_sha256, content_sha256)`` of each object the record covers, as
+    registration wrote them (:meth:`~service.reference.integrity.Reference.covered`); None for
+    a record from before content digests (it covers nothing, and its releases are refused)."""
+    from service.reference.integrity import Reference  # pyarrow: only when a reference is seen
+
+    found = Reference.from_json(raw, None)
+    return found.covered() if found.digested else None
+
+
+def _check_reference(
+    where: str,
+    raw: Any,
+    n_rows: int,
+    covered: set[tuple[str, str, str]],
+    referenced: _Referenced | None,
+    problems: list[str],
+) -> None:
+    """A live dataset by reference's record (every object, row group and chunk digest its
+    releases read, and its row count) as its events recorded it: an edit could count a row
+    group twice, point the budget at other objects, or accept other bytes, all outside every
+    charge's check."""
+    if referenced is None:
+        problems.append(f"{where}: a reference without its dataset_referenced event")
+        return
+    try:
+        expected = _covered(raw)
+    except (KeyError, TypeError, ValueError, IndexError):
+        problems.append(f"{where}: its reference is not in the form this version writes")
+        return
+    if expected is not None and covered != set(expected):
+        # A cover row removed lets another dataset register the same object (a second budget
+        # on its rows); one added or changed refuses others' objects.
+        problems.append(
+            f"{where}: dataset_reference_objects differs from the objects its reference covers"
+        )
+    if referenced.n_rows is not None and n_rows != referenced.n_rows:
+        problems.append(f"{where}: n_rows of its reference differs from event {referenced.seq}")
+    if referenced.sha256 is not None:
+        if record_digest(raw) != referenced.sha256:
+            problems.append(
+                f"{where}: its reference (objects, row groups or digests) differs from the "
+                f"one event {referenced.seq} recorded"
+            )
+    elif not isinstance(raw, dict) or to_json_value({"o": raw.get("objects")})["o"] != list(
+        referenced.objects
+    ):
+        # Events written before they carried the digest: the objects' identities and footer
+        # digests, which fix every row group's place and row count, must be theirs.
+        problems.append(
+            f"{where}: its reference's objects differ from those its dataset_referenced and "
+            "dataset_batch_referenced events recorded"
+        )
+
+
 def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
     seen: set[uuid.UUID] = set()
     rows = session.execute(
@@ -268,9 +354,21 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             Dataset.deleted_at,
             Dataset.accounting,
             Dataset.rho_total,
+            Dataset.reference,
+            Dataset.n_rows,
         )
     )
-    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total in rows:
+    covers: dict[uuid.UUID, set[tuple[str, str, str]]] = {}
+    for owner, key, key_sha, content in session.execute(
+        select(
+            DatasetReferenceObject.dataset_id,
+            DatasetReferenceObject.object_key,
+            DatasetReferenceObject.key_sha256,
+            DatasetReferenceObject.content_sha256,
+        )
+    ):
+        covers.setdefault(owner, set()).add((key, key_sha, content))
+    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n in rows:
         seen.add(dataset_id)
         where = f"datasets {dataset_id}"
         if dataset_id not in recorded.created:
@@ -296,9 +394,17 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
                     problems.append(f"{where}: {name} differs from budget_set event {budget.seq}")
         if (deleted_at is not None) != (dataset_id in recorded.deleted):
             problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
+        if raw is not None and deleted_at is None:
+            covered = covers.pop(dataset_id, set())
+            _check_reference(where, raw, n, covered, recorded.references.get(dataset_id), problems)
     for dataset_id, seq in recorded.created.items():
         if dataset_id not in seen:
             problems.append(f"datasets {dataset_id}: the row is missing (created by event {seq})")
+    for dataset_id in covers:
+        problems.append(
+            f"dataset_reference_objects of {dataset_id}: objects covered for no live dataset "
+            "by reference (they refuse others' registrations)"
+        )
 
 
 def _reconcile_releases(session: Session, recorded: _Recorded, problems: list[str]) -> None:

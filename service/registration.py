@@ -65,6 +65,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetReferenceBatchCreate, DatasetReferenceCreate
 from service import audit, reference, wake
+from service.audit_events import record_digest
 from service.auth import Principal
 from service.config import Settings
 from service.datasets import cover_objects, lock_own_dataset, register_dataset
@@ -79,6 +80,12 @@ from service.errors import (
 )
 from service.jobs import JobRunner
 from service.store import DatasetStore, StoredMatrix
+
+#: The key of ``dataset_referenced`` and ``dataset_batch_referenced`` events holding the digest
+#: (:func:`~service.audit_events.record_digest`) of the whole ``datasets.reference`` after the
+#: event: every object, row group and chunk digest the budget is bound to, which ``dpss audit
+#: verify`` compares with the stored record (events written before it carry the objects only).
+REFERENCE_DIGEST_FIELD: str | None = "reference_sha256"
 
 log = logging.getLogger("dpss.registration")
 
@@ -477,9 +484,18 @@ def _finish(worker: JobRunner, job: RegistrationJob, checked: Checked) -> str:
                 "objects": found.objects,
                 "n_rows": n_rows,
                 "n_cols": n_cols,
+                **_reference_digest(dataset.reference),
             },
         )
         return READY
+
+
+def _reference_digest(raw: dict[str, Any] | None) -> dict[str, str]:
+    """The event's record of ``datasets.reference`` as it stands after the event (its digest:
+    the record holds a digest per column chunk, too large to copy into every event)."""
+    if REFERENCE_DIGEST_FIELD is None or raw is None:
+        return {}
+    return {REFERENCE_DIGEST_FIELD: record_digest(raw)}
 
 
 def _end(dataset: Dataset, status: str, reason: str | None) -> None:
@@ -584,6 +600,7 @@ def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checke
             "seq": seq,
             "n_rows": n_rows,
             "n_rows_total": total,
+            **_reference_digest(dataset.reference),
         },
     )
     # A continual release waiting for this batch is a job again (as for a stored append).

@@ -115,9 +115,12 @@ class Reference:
         }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any], settings: Settings) -> Reference:
+    def from_json(cls, raw: dict[str, Any], settings: Settings | None) -> Reference:
+        """The stored record; without ``settings`` (verification, which opens nothing) its
+        location has no endpoint and no roots."""
         protocol = str(raw["protocol"])
-        endpoint = settings.s3_endpoint_url if protocol == "s3" else None
+        endpoint = settings.s3_endpoint_url if protocol == "s3" and settings else None
+        roots = _roots(settings, protocol) if settings is not None else ()
         pieces = []
         for entry in raw["pieces"]:
             chunks = tuple(
@@ -126,7 +129,7 @@ class Reference:
             pieces.append(Piece(str(entry[0]), int(entry[1]), int(entry[2]), int(entry[3]), chunks))
         return cls(
             uri=str(raw["uri"]),
-            location=Location(protocol, endpoint, _roots(settings, protocol)),
+            location=Location(protocol, endpoint, roots),
             columns=[str(c) for c in raw["columns"]],
             objects=list(raw["objects"]),
             pieces=pieces,
