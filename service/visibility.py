@@ -23,18 +23,21 @@ After ``visible_at``, a job's end shows only at a step of the fixed public sched
 Nothing else an analyst can call may depend on the real state before then: not a status filter
 or a count (:mod:`service.history` mirrors these rules in SQL), not a long poll's answer or its
 moment (:attr:`View.sealed_until`), not the time a read takes. For the last, the large columns
-(the basis, the continual state and key) are deferred in :mod:`service.db.models` and loaded
-only here, for a result the caller may see.
+(the basis, the continual state and key) and the columns whose size depends on the outcome
+(``reason``, ``result_extras``) are deferred in :mod:`service.db.models` and loaded only here
+(or by :func:`load_outcomes` for a list), for a state the caller may see.
 
 Owners (who hold the data anyway) and auditors see the real state at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy.orm import Session
+from sqlalchemy import select
+from sqlalchemy.orm import Session, load_only
 
 from service import continual
 from service.auth import Principal
@@ -110,21 +113,27 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
             epochs_visible_by=now,
             sealed_until=release.visible_at,
         )
-    status, reason, refunded = release.status, release.reason, release.refunded
+    status, refunded = release.status, release.refunded
     epochs, latest = None, None
     visible_by = now if analyst else None
     if is_continual:
         epochs = continual.epoch_summaries(session, release.id, visible_by)
         latest = continual.latest_epoch(session, release.id, visible_by)
-    hidden = analyst and status not in FINISHED and padded(release)
+    hidden = not shows_state(release, principal, now)
     if analyst and status in FINISHED and not end_visible(release, epochs, now):
         hidden = True
     sealed_until = None
+    reason = None
     if hidden:
         # Late (or its end not yet shown): a fixed answer until the schedule's next step.
-        status, reason, refunded = "running", None, False
+        status, refunded = "running", False
         if not is_continual and release.visible_at is not None:  # padded: not None
             sealed_until = next_late_step(release.created_at, release.visible_at, now)
+    elif status in FINISHED:
+        # Only now: ``reason`` (deferred with the extras) is loaded for an end shown. The
+        # worker writes it with the end alone (:meth:`service.worker.Worker._record`): an
+        # unfinished release has none, and reads the same statements as a hidden one.
+        reason = release.reason
     return View(
         status=status,
         reason=reason,
@@ -135,6 +144,43 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         epochs_visible_by=visible_by,
         sealed_until=sealed_until,
     )
+
+
+def shows_state(release: Release, principal: Principal, now: datetime) -> bool:
+    """Whether :func:`view` shows ``principal`` the release's real state at ``now``, from the
+    release's row alone (a continual release's epochs may still hide its end: :func:`view`)."""
+    if principal.role != "analyst":
+        return True
+    if not outcome_visible(release, principal, now):
+        return False
+    if release.status not in FINISHED:
+        return not padded(release)
+    return release.outcome_visible_at is None or now >= release.outcome_visible_at
+
+
+def load_outcomes(
+    session: Session, releases: Sequence[Release], principal: Principal, now: datetime
+) -> None:
+    """Load, in one statement, the deferred ``outcome`` columns (``reason``, ``result_extras``)
+    of those of ``releases`` whose end :func:`view` shows ``principal`` at ``now``, so
+    that a list reads them once rather than once per row; never those of a release whose
+    outcome is hidden, so that a list of hidden releases takes the same time whatever the
+    workers stored. An analyst's continual releases are left to :func:`view` (whose epochs
+    decide), which loads them one by one when shown."""
+    ids = [
+        release.id
+        for release in releases
+        if release.status in FINISHED
+        and shows_state(release, principal, now)
+        and not (principal.role == "analyst" and continual.is_continual(release.mechanism))
+    ]
+    if ids:
+        # Rows already in the session get the columns they have not loaded.
+        session.execute(
+            select(Release)
+            .where(Release.id.in_(ids))
+            .options(load_only(Release.reason, Release.result_extras))
+        ).all()
 
 
 def padded(release: Release) -> bool:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from api_schemas.common import ErrorBody, Name
 from api_schemas.history import ReleasePage
 from api_schemas.releases import ReleaseStatus
-from service import history
+from service import history, visibility
 from service.api.deps import Cursor, DatasetId, UnitOfWorkDep
 from service.api.presenters import release_out
 from service.api.routing import GuardedRoute
@@ -115,6 +115,7 @@ def _page(
     now: datetime,
     with_basis: bool,
 ) -> ReleasePage:
+    visibility.load_outcomes(session, page.items, principal, now)
     items = [release_out(row, principal, session, now, with_basis) for row in page.items]
     return ReleasePage(items=items, total=page.total, next=page.next)
 

@@ -229,7 +229,13 @@ class Release(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     request_hash: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default="queued")
-    reason: Mapped[str | None] = mapped_column(Text, default=None)
+    #: ``reason`` and ``result_extras`` (the ``outcome`` group), whose sizes depend on the
+    #: outcome (an ``analyze_gauss`` centre alone is ``d`` numbers), are deferred: a read of a
+    #: release whose outcome the caller may not see yet loads neither, so it takes the same
+    #: time whatever the worker stored (:func:`service.visibility.load_outcomes`).
+    reason: Mapped[str | None] = mapped_column(
+        Text, default=None, deferred=True, deferred_group="outcome"
+    )
     refunded: Mapped[bool] = mapped_column(default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(200), default=None)
@@ -244,7 +250,9 @@ class Release(Base):
     result_basis: Mapped[bytes | None] = mapped_column(LargeBinary, default=None, deferred=True)
     result_shape: Mapped[list[int] | None] = mapped_column(JSON, default=None)
     result_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
-    result_extras: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    result_extras: Mapped[dict[str, Any] | None] = mapped_column(
+        JSON, default=None, deferred=True, deferred_group="outcome"
+    )
     #: The prefix of the dataset a one-shot release reads, fixed at request time (the public
     #: ``n`` its parameters were prepared with); null for continual releases.
     n_rows_read: Mapped[int | None] = mapped_column(BigInteger, default=None)
