@@ -416,6 +416,11 @@ SIMULATE_MAX_D = 256
 #: model's expectation, not privacy noise (the forecast is post-processing of released values).
 SIMULATION_DRAWS = 12
 SIMULATION_SEED = 20261130
+#: A fresh release's 90% two-sided prediction interval from :data:`SIMULATION_DRAWS` simulated
+#: releases: the 0.95 quantile of Student's t with ``draws - 1`` degrees of freedom times
+#: ``sqrt(1 + 1/draws)`` (the simulated mean's own error), in units of the draws' sd. With 12
+#: draws: 1.796 x 1.041 = 1.870, where Z (1.645) treated the estimated sd as known.
+PREDICTION_T = 1.7958848187036691 * math.sqrt(1.0 + 1.0 / SIMULATION_DRAWS)
 
 
 def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForecast:
@@ -490,7 +495,14 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     unseen_values = noisy[debiased <= 0]
     # The data's share of the new Gram's trace relative to the earlier one's (mean route).
     scale, spike = _mean_noise_change(figures, new)
-    taken = int(figures.uncentred) + int(spike * figures.trace > sigma1 * math.sqrt(d))
+    # The new mean's noise spike takes one of the ``k`` components where it stands out of the
+    # new noise and is not outranked by ``k`` of the data's known eigenvalues (then the top
+    # ``k`` eigenvectors are theirs, not the spike's; counting it regardless left a release of
+    # ``k = 1`` keeping nothing: a range [0, 0] on digits from eps 1 to 0.3, which kept 0.03-0.08).
+    spike_value = spike * figures.trace
+    outranked = int(np.sum(debiased[above] * scale > spike_value)) >= k
+    stands = spike_value > sigma1 * math.sqrt(d) and not outranked
+    taken = int(figures.uncentred) + int(stands)
     freed = 0
     if figures.measured:
         # The earlier release's components already hold its mean's direction or its noise
@@ -501,6 +513,12 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
         freed = max(0, spent - (taken - int(figures.uncentred)))
         taken = max(0, taken - int(figures.uncentred) - spent)
     slots = max(k - taken, 0)
+    # The simulation draws the new mean's spike itself (``Model.spike``) beside the data's
+    # known eigenvalues, so it is given as many of them as the ``k`` components could take
+    # without the spike: whether the spike's direction or the data's wins a component, and how
+    # far they mix, is then the simulated release's, not assumed (a spike 1.5x the top data
+    # eigenvalue still leaves the release of k = 1 on digits 0.03-0.08 of the variance).
+    slots_sim = max(k - (0 if figures.measured else int(figures.uncentred)), 0)
     trace = figures.trace
     if figures.measured:
         ratios = np.asarray(figures.ratios, dtype=np.float64)
@@ -520,7 +538,7 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
         known = np.asarray([i for i in above if float(debiased[i]) in values], dtype=np.intp)
         v = plain = np.zeros(0)
         if trace > 0 and known.size:
-            plain = np.minimum(leading / trace, 1.0)[:slots]
+            plain = np.minimum(leading / trace, 1.0)[:slots_sim]
             if plain.sum() > 1.0 - 1e-6:
                 plain = plain * (1.0 - 1e-6) / plain.sum()
             v, _ = declipped_shares(plain, d, figures.clipped_share)
@@ -591,12 +609,25 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     cap_weight = overlap(cap * scale, sigma1, d)
     high += held * cap_weight
     high += fill(aligned_high + taken + extra * cap_weight) * (rest_high - held)
-    if d <= SIMULATE_MAX_D and use:
+    use_sim = min(slots_sim, known_all.size, v_all.size)
+    if d <= SIMULATE_MAX_D and use_sim:
         # Finite d: the new release simulated on the model (the known eigenvalues, the rest of
         # the trace spread evenly, the new mean's noise spike), the range kept around it.
-        resolved_new = _resolved(tail * scale, tail_shares, sigma1, d)
-        model = Model(lam, v, *resolved_new, spike * figures.trace)
+        known_sim, v_sim = known_all[:use_sim], v_all[:use_sim]
+        lam_sim = debiased[known_sim] * scale
+        rest_sim = max(0.0, 1.0 - float(v_sim.sum()))
+        tail_sim, shares_sim = _tail(figures, debiased, known_sim, trace, threshold0, rest_sim)
+        resolved_new = _resolved(tail_sim * scale, shares_sim, sigma1, d)
+        model = Model(lam_sim, v_sim, *resolved_new, spike * figures.trace)
         central, spread = simulated_share(model, d, k, sigma1)
+        # The same release with the tail's modelled profile kept below the new threshold:
+        # at finite d the top noisy eigenvectors catch part of a profile the released figures
+        # do not rule out (an even spread there is the least they catch, the profile the
+        # most the tail model allows). The range spans both readings; ``central`` stays the
+        # even one's (power-law rows, eps 0.3 to 0.1 at k 10: kept 0.148, the even reading
+        # 0.12, the range's high end below the kept share in 15 of 20 runs).
+        profiled = Model(lam_sim, v_sim, tail_sim * scale, shares_sim, spike * figures.trace)
+        profile, profile_spread = simulated_share(profiled, d, k, sigma1)
         if figures.measured and not figures.uncentred:
             # Anchored on what the earlier release measured: the simulation of the earlier
             # release (its noise, its k, its own mean's spike) against its stated share.
@@ -611,11 +642,19 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
             if modelled > 0 and stated > 0:
                 central = central * stated / modelled
                 spread = spread * stated / modelled
+                profile = profile * stated / modelled
+                profile_spread = profile_spread * stated / modelled
         # The range's half-widths: the asymptotic ones (what the released figures leave open)
-        # and the new release's own draw-to-draw spread (Z of its sd), independent, in squares.
+        # and the new release's own draw-to-draw spread, independent, in squares. The spread
+        # is estimated from SIMULATION_DRAWS draws, so a fresh release's 90% prediction
+        # interval is PREDICTION_T of the estimated sd (Student t), not Z of a known one.
         below, above_ = asymptotic - low, high - asymptotic
-        low = central - math.hypot(max(below, 0.0), Z * spread)
-        high = central + math.hypot(max(above_, 0.0), Z * spread)
+        low = min(central, profile) - math.hypot(
+            max(below, 0.0), PREDICTION_T * max(spread, profile_spread)
+        )
+        high = max(central, profile) + math.hypot(
+            max(above_, 0.0), PREDICTION_T * max(spread, profile_spread)
+        )
     if figures.measured and not figures.uncentred:
         earlier_k = len(figures.ratios)
         low_i, high_i = figures.interval
@@ -628,7 +667,7 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     central = min(max(central, 0.0), 1.0)
     low = min(max(low, 0.0), central)
     high = max(min(high, 1.0), central)
-    simulated = d <= SIMULATE_MAX_D and bool(use)
+    simulated = d <= SIMULATE_MAX_D and bool(use_sim)
     return RangeForecast(central, low, high, rest, new.probe_risk, covers_spread=simulated)
 
 
