@@ -93,3 +93,26 @@ def test_the_forecast_range_holds_fresh_releases_at_its_stated_level(
     assert hits >= least, (hits, width)
     # Not by widening to nothing: each range stays narrow enough to be a forecast.
     assert width < 0.2
+
+
+def test_an_uncentred_releases_first_share_is_not_carried_as_a_datas_direction() -> None:
+    # MNIST's figures at eps 3 (uncentred route, d = 784, k = 2): the first component, the rows'
+    # mean tilted towards the data, stated 0.197 with its eigenvalue about 1,004; at eps 1 the
+    # same component (eigenvalue about 1,010) held 0.02-0.04 and the releases kept 0.07-0.10,
+    # below a range whose low end carried 0.197 (0 of 20 covered).
+    from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+
+    figures = ReleasedFigures(
+        ratios=(0.197, 0.026),
+        interval=(0.20, 0.25),
+        eigenvalues=(1003.9, 144.4),
+        trace=2372.7,
+        sigma=40.8 / 28.0 * 1.0,
+        n_cols=784,
+        n_rows=4000,
+        row_clip=0.785,
+        uncentred=True,
+    )
+    found = range_from_release(figures, NewRelease(2, 3.0))
+    assert found.low <= 0.09 <= found.high
+    assert found.point is None or found.high - found.low <= 0.2
