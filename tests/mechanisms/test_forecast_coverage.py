@@ -116,3 +116,27 @@ def test_an_uncentred_releases_first_share_is_not_carried_as_a_datas_direction()
     found = range_from_release(figures, NewRelease(2, 3.0))
     assert found.low <= 0.09 <= found.high
     assert found.point is None or found.high - found.low <= 0.2
+
+
+def test_a_component_read_as_the_means_leaves_the_range_room_for_the_data() -> None:
+    # An uncentred release whose share was hidden (digits at eps 0.1: the probe read its clip at
+    # the grid's bottom and took no centring) forecasting k = 1: the one component was read as
+    # the rows' mean's, keeping nothing, and the range was [0, 0]; the new release took the
+    # mean route and kept 0.02-0.08 (11 of 20 outside). The high end now also reads the
+    # component as the data's.
+    from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+
+    figures = ReleasedFigures(
+        ratios=(0.0,),
+        interval=(0.0, 0.9),
+        eigenvalues=(60.0,),
+        trace=400.0,
+        sigma=1.0,
+        n_cols=64,
+        n_rows=1797,
+        row_clip=0.5,
+        uncentred=True,
+    )
+    found = range_from_release(figures, NewRelease(1, 0.5))
+    assert found.high > 0.02
+    assert found.point is None or found.high - found.low <= 0.2
