@@ -471,8 +471,8 @@ def range_at(
       components; at ``d <= SIMULATE_MAX_D`` instead the new release simulated on that
       spectrum (:func:`simulated_share`), scaled by the earlier release's stated share over
       its own simulation where it measured one, and the range widened by the simulated
-      release's spread (``Z`` of its standard deviation, with the half-widths below in
-      squares);
+      release's spread (:data:`PREDICTION_T` of its standard deviation, with the half-widths
+      below in squares);
     - ``low`` / ``high``: each known eigenvalue read at ``-/+ Z sqrt(2) sigma`` and a measured
       share at its interval's ends; ``high`` lets each of the new release's components beyond
       the known ones hold up to the largest eigenvalue the earlier release could have left
