@@ -7,6 +7,7 @@ deterministic quadrature, not privacy noise)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.mechanisms.forecast_simulation import PREDICTION_T, Model, simulated_share
 from service.mechanisms.linalg import FloatArray
 
 #: A range of forecasts wider than this does not determine the share kept to within the 0.1 a
@@ -361,6 +363,8 @@ class RangeForecast:
     #: (above that, a single release can fall outside: on MNIST, d = 784, the range covered
     #: 50-88% of releases across settings, on d = 784 power-law spectra 0-6%).
     covers_spread: bool = True
+    #: Components the forecast read as taken by directions that are not the data's.
+    assumed: int = 0
 
     @property
     def point(self) -> float | None:
@@ -412,10 +416,6 @@ PROBE_RISK = 0.05
 #: at ``d = 256`` takes about 10 ms (at most 48 per forecast), so the preview stays fast;
 #: above it the asymptotic overlaps (MNIST, d = 784: within 0.03 at the same settings).
 SIMULATE_MAX_D = 256
-#: Noise draws of the simulation, from a fixed seed: a deterministic quadrature of the
-#: model's expectation, not privacy noise (the forecast is post-processing of released values).
-SIMULATION_DRAWS = 12
-SIMULATION_SEED = 20261130
 
 
 def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForecast:
@@ -425,6 +425,15 @@ def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForeca
     ``central`` is their mean (neither is favoured; on held-out spiked rows at eps 0.3 the
     mean's error was 0.005-0.013 below the nearest reading's in each of 8 settings)."""
     found = range_at(figures, new, 0)
+    if found.assumed:
+        # Components read as taken by a direction that is not the data's (the uncentred
+        # route's mean, a mean's noise spike) are an assumption on the order of eigenvalues
+        # the released figures do not fix (the new probe may take another route; the spike
+        # mixes with the data): the high end also reads them as the data's. Without it a
+        # release of k = 1 from an uncentred one was forecast [0, 0] (digits eps 0.1 -> 0.3:
+        # the new release took the mean route and kept 0.02-0.08).
+        spared = range_at(figures, new, 0, spare=True)
+        found = dataclasses.replace(found, high=max(found.high, spared.high))
     if figures.measured or figures.mean_noise <= 0 or len(figures.eigenvalues) < 2:
         return found
     other = range_at(figures, new, 1)
@@ -438,7 +447,9 @@ def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForeca
     )
 
 
-def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForecast:
+def range_at(
+    figures: ReleasedFigures, new: NewRelease, rank: int, spare: bool = False
+) -> RangeForecast:
     """:class:`RangeForecast` of the share the release ``new`` keeps, from an earlier
     release's released figures and public facts only (post-processing: no budget, no row).
 
@@ -460,8 +471,8 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
       components; at ``d <= SIMULATE_MAX_D`` instead the new release simulated on that
       spectrum (:func:`simulated_share`), scaled by the earlier release's stated share over
       its own simulation where it measured one, and the range widened by the simulated
-      release's spread (``Z`` of its standard deviation, with the half-widths below in
-      squares);
+      release's spread (:data:`PREDICTION_T` of its standard deviation, with the half-widths
+      below in squares);
     - ``low`` / ``high``: each known eigenvalue read at ``-/+ Z sqrt(2) sigma`` and a measured
       share at its interval's ends; ``high`` lets each of the new release's components beyond
       the known ones hold up to the largest eigenvalue the earlier release could have left
@@ -490,7 +501,14 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     unseen_values = noisy[debiased <= 0]
     # The data's share of the new Gram's trace relative to the earlier one's (mean route).
     scale, spike = _mean_noise_change(figures, new)
-    taken = int(figures.uncentred) + int(spike * figures.trace > sigma1 * math.sqrt(d))
+    # The new mean's noise spike takes one of the ``k`` components where it stands out of the
+    # new noise and is not outranked by ``k`` of the data's known eigenvalues (then the top
+    # ``k`` eigenvectors are theirs, not the spike's; counting it regardless left a release of
+    # ``k = 1`` keeping nothing: a range [0, 0] on digits from eps 1 to 0.3, which kept 0.03-0.08).
+    spike_value = spike * figures.trace
+    outranked = int(np.sum(debiased[above] * scale > spike_value)) >= k
+    stands = spike_value > sigma1 * math.sqrt(d) and not outranked
+    taken = int(figures.uncentred) + int(stands)
     freed = 0
     if figures.measured:
         # The earlier release's components already hold its mean's direction or its noise
@@ -500,7 +518,16 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
         spent = int(old_spike * figures.trace > sigma0 * math.sqrt(d))
         freed = max(0, spent - (taken - int(figures.uncentred)))
         taken = max(0, taken - int(figures.uncentred) - spent)
+    assumed = taken
+    if spare:
+        taken = 0
     slots = max(k - taken, 0)
+    # The simulation draws the new mean's spike itself (``Model.spike``) beside the data's
+    # known eigenvalues, so it is given as many of them as the ``k`` components could take
+    # without the spike: whether the spike's direction or the data's wins a component, and how
+    # far they mix, is then the simulated release's, not assumed (a spike 1.5x the top data
+    # eigenvalue still leaves the release of k = 1 on digits 0.03-0.08 of the variance).
+    slots_sim = max(k - (0 if figures.measured else int(figures.uncentred)), 0)
     trace = figures.trace
     if figures.measured:
         ratios = np.asarray(figures.ratios, dtype=np.float64)
@@ -520,7 +547,7 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
         known = np.asarray([i for i in above if float(debiased[i]) in values], dtype=np.intp)
         v = plain = np.zeros(0)
         if trace > 0 and known.size:
-            plain = np.minimum(leading / trace, 1.0)[:slots]
+            plain = np.minimum(leading / trace, 1.0)[:slots_sim]
             if plain.sum() > 1.0 - 1e-6:
                 plain = plain * (1.0 - 1e-6) / plain.sum()
             v, _ = declipped_shares(plain, d, figures.clipped_share)
@@ -543,6 +570,14 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
         if stated > 0:
             v_low = v * max(figures.interval[0], 0.0) / stated
             v_high = np.minimum(v * figures.interval[1] / stated, 1.0)
+            if figures.uncentred and known.size and int(known[0]) == 0:
+                # The uncentred route's first component is the rows' mean tilted towards the
+                # data's top directions; how far depends on the noise, not on the data alone
+                # (MNIST: eigenvalue about 1,010 at eps 1 and 3, stated share 0.02-0.04 at
+                # eps 1 and 0.19-0.20 at eps 3), so its share is not carried as a data
+                # direction's: the low end counts it as keeping nothing.
+                v_low = v_low.copy()
+                v_low[0] = 0.0
     elif figures.measured and v.size and figures.interval[1] > 0:
         # A stated share of 0 whose interval reaches above 0: the known directions may hold up
         # to the interval's end, shared among them as the release shares what it captured (in
@@ -591,12 +626,25 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     cap_weight = overlap(cap * scale, sigma1, d)
     high += held * cap_weight
     high += fill(aligned_high + taken + extra * cap_weight) * (rest_high - held)
-    if d <= SIMULATE_MAX_D and use:
+    use_sim = min(slots_sim, known_all.size, v_all.size)
+    if d <= SIMULATE_MAX_D and use_sim:
         # Finite d: the new release simulated on the model (the known eigenvalues, the rest of
         # the trace spread evenly, the new mean's noise spike), the range kept around it.
-        resolved_new = _resolved(tail * scale, tail_shares, sigma1, d)
-        model = Model(lam, v, *resolved_new, spike * figures.trace)
+        known_sim, v_sim = known_all[:use_sim], v_all[:use_sim]
+        lam_sim = debiased[known_sim] * scale
+        rest_sim = max(0.0, 1.0 - float(v_sim.sum()))
+        tail_sim, shares_sim = _tail(figures, debiased, known_sim, trace, threshold0, rest_sim)
+        resolved_new = _resolved(tail_sim * scale, shares_sim, sigma1, d)
+        model = Model(lam_sim, v_sim, *resolved_new, spike * figures.trace)
         central, spread = simulated_share(model, d, k, sigma1)
+        # The same release with the tail's modelled profile kept below the new threshold:
+        # at finite d the top noisy eigenvectors catch part of a profile the released figures
+        # do not rule out (an even spread there is the least they catch, the profile the
+        # most the tail model allows). The range spans both readings; ``central`` stays the
+        # even one's (power-law rows, eps 0.3 to 0.1 at k 10: kept 0.148, the even reading
+        # 0.12, the range's high end below the kept share in 15 of 20 runs).
+        profiled = Model(lam_sim, v_sim, tail_sim * scale, shares_sim, spike * figures.trace)
+        profile, profile_spread = simulated_share(profiled, d, k, sigma1)
         if figures.measured and not figures.uncentred:
             # Anchored on what the earlier release measured: the simulation of the earlier
             # release (its noise, its k, its own mean's spike) against its stated share.
@@ -611,11 +659,19 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
             if modelled > 0 and stated > 0:
                 central = central * stated / modelled
                 spread = spread * stated / modelled
+                profile = profile * stated / modelled
+                profile_spread = profile_spread * stated / modelled
         # The range's half-widths: the asymptotic ones (what the released figures leave open)
-        # and the new release's own draw-to-draw spread (Z of its sd), independent, in squares.
+        # and the new release's own draw-to-draw spread, independent, in squares. The spread
+        # is estimated from SIMULATION_DRAWS draws, so a fresh release's 90% prediction
+        # interval is PREDICTION_T of the estimated sd (Student t), not Z of a known one.
         below, above_ = asymptotic - low, high - asymptotic
-        low = central - math.hypot(max(below, 0.0), Z * spread)
-        high = central + math.hypot(max(above_, 0.0), Z * spread)
+        low = min(central, profile) - math.hypot(
+            max(below, 0.0), PREDICTION_T * max(spread, profile_spread)
+        )
+        high = max(central, profile) + math.hypot(
+            max(above_, 0.0), PREDICTION_T * max(spread, profile_spread)
+        )
     if figures.measured and not figures.uncentred:
         earlier_k = len(figures.ratios)
         low_i, high_i = figures.interval
@@ -628,8 +684,10 @@ def range_at(figures: ReleasedFigures, new: NewRelease, rank: int) -> RangeForec
     central = min(max(central, 0.0), 1.0)
     low = min(max(low, 0.0), central)
     high = max(min(high, 1.0), central)
-    simulated = d <= SIMULATE_MAX_D and bool(use)
-    return RangeForecast(central, low, high, rest, new.probe_risk, covers_spread=simulated)
+    simulated = d <= SIMULATE_MAX_D and bool(use_sim)
+    return RangeForecast(
+        central, low, high, rest, new.probe_risk, covers_spread=simulated, assumed=assumed
+    )
 
 
 def _mean_noise_change(figures: ReleasedFigures, new: NewRelease) -> tuple[float, float]:
@@ -712,46 +770,3 @@ def _debias_one(value: float, sigma: float, d: int) -> float:
     from service.mechanisms.explained_variance import spiked_debias  # no import cycle
 
     return float(spiked_debias(np.asarray([value]), sigma, d)[0])
-
-
-@dataclass(frozen=True)
-class Model:
-    """The spectrum a forecast simulates (:func:`simulated_share`): the known eigenvalues
-    ``values`` (Gram units) with the shares ``shares`` of the centred variance along them,
-    the other directions' eigenvalues ``tail_values`` (:func:`~service.mechanisms.
-    forecast_tail.tail_spectrum`, ``d - m`` of them) holding ``tail_shares`` of the variance,
-    and a noise spike of size ``spike`` along a random direction (the private mean's; 0
-    without)."""
-
-    values: FloatArray
-    shares: FloatArray
-    tail_values: FloatArray
-    tail_shares: FloatArray
-    spike: float
-
-
-def simulated_share(model: Model, d: int, k: int, sigma: float) -> tuple[float, float]:
-    """The share of the centred variance the top ``k`` eigenvectors of ``diag(model) + spike u
-    u^T + E(sigma)`` keep: its mean and standard deviation over :data:`SIMULATION_DRAWS`
-    draws from the fixed :data:`SIMULATION_SEED` (a deterministic function of released
-    figures: post-processing). The finite-``d`` counterpart of the spiked-Wigner overlaps;
-    the standard deviation is a release's own draw-to-draw spread in the model."""
-    m = model.values.shape[0]
-    k = min(k, d)
-    diagonal = np.concatenate([model.values, model.tail_values[: d - m]])
-    weights = np.concatenate([model.shares, model.tail_shares[: d - m]])
-    rng = np.random.default_rng(SIMULATION_SEED)
-    kept = np.zeros(SIMULATION_DRAWS)
-    for draw in range(SIMULATION_DRAWS):
-        from service.mechanisms.noise import symmetric_gaussian  # no import cycle
-
-        matrix = symmetric_gaussian(d, sigma, rng)
-        matrix[np.diag_indices(d)] += diagonal
-        direction = rng.standard_normal(d)
-        if model.spike > 0:
-            direction /= np.linalg.norm(direction)
-            matrix += model.spike * np.outer(direction, direction)
-        _, vectors = np.linalg.eigh(matrix)
-        top = vectors[:, d - k :]
-        kept[draw] = float(np.sum(weights[:, None] * top**2))
-    return float(kept.mean()), float(kept.std(ddof=1)) if SIMULATION_DRAWS > 1 else 0.0

@@ -1,0 +1,183 @@
+"""Issue 32 item 4: does the dry run's forecast range from an earlier release cover what the
+release then keeps, at its stated 90%?
+
+    python -m bench.bench_forecast_coverage [--reps 20] [--mnist] [--only NAME ...]
+                                            [--save F.pkl | --load F.pkl]
+
+``analyze_gauss`` with ``center: "private"`` (the recommended settings) on digits,
+breast_cancer, wine (rows scaled to norm 1), a synthetic power-law set (3,000 x 100, ``i^-1``)
+and, with ``--mnist``, 4,000 rows of the MNIST sample (``bench/mnist.py``); k 1, 2, 5 and 10;
+eps 0.1, 0.3, 1 and 3 (delta 1e-6). Per data set, ``k`` and budget, ``--reps`` releases are
+made once (seed ``SEED_BASE * setting + rep``: releases at different budgets never share a
+seed). A cell is an earlier budget and a new one at the same ``k`` (every ordered pair of
+different budgets): release ``rep`` of the earlier budget forecasts (``?forecast_from=``, the
+preview's :func:`~service.mechanisms.gauss_preview.release_forecast`) what release ``rep`` of
+the new budget keeps (the share of the rows' centred variance, rows clipped to 1, its basis
+keeps). Printed per cell: the range's coverage (``low <= kept <= high``), its mean width,
+the runs given a point and the point's mean absolute error; then per data set the cells whose
+coverage is below 0.9, and overall the share of covering cells and the mean width.
+``--save`` / ``--load``: keep the releases in a pickle and re-score them (before / after a
+change of the forecast, on the very same releases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.bench_honest_point import DELTA, MECHANISM, power_law, spec_of, truth, unit
+from service.mechanisms.base import PublicContext
+from service.mechanisms.gauss_preview import release_forecast
+
+EPSILONS = (0.1, 0.3, 1.0, 3.0)
+KS = (1, 2, 5, 10)
+SEED_BASE = 10_000
+#: The stated level of the range, each cell's coverage is held to.
+LEVEL = 0.9
+
+
+def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
+    from sklearn.datasets import load_breast_cancer, load_digits, load_wine
+
+    sets = {
+        "digits": unit(load_digits().data),
+        "breast_cancer": unit(load_breast_cancer().data),
+        "wine": unit(load_wine().data),
+        "power-law 3000x100": power_law(3000, 100, 2),
+    }
+    if mnist:
+        from bench.mnist import load_mnist, unit_rows
+
+        loaded = load_mnist()
+        if loaded is not None:
+            order = np.random.default_rng(0).permutation(loaded[0].shape[0])
+            sets["MNIST 4000x784"] = unit_rows(loaded[0][order[:4000]])
+    return sets
+
+
+def collect(rows: np.ndarray[Any, Any], reps: int) -> dict[str, Any]:
+    """Per (eps, k): ``reps`` releases' extras and what each keeps (``None`` where the
+    release gave no basis)."""
+    n, d = rows.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    runs: dict[tuple[float, int], list[tuple[dict[str, Any], float] | None]] = {}
+    for index, (eps, k) in enumerate((e, k) for e in EPSILONS for k in KS):
+        spec = spec_of(ctx, eps, k)
+        runs[(eps, k)] = []
+        for rep in range(reps):
+            out = MECHANISM.run(rows, spec, np.random.default_rng(SEED_BASE * (index + 1) + rep))
+            if out.basis is None:
+                runs[(eps, k)].append(None)
+                continue
+            runs[(eps, k)].append((out.extras, truth(rows, out.basis)))
+    return {"n": n, "d": d, "runs": runs}
+
+
+def score(collected: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every (earlier eps, new eps) pair at each ``k``: coverage, width and points."""
+    ctx = PublicContext(n_rows=collected["n"], n_cols=collected["d"], row_norm_bound=1.0)
+    runs = collected["runs"]
+    out = []
+    for k in KS:
+        for source in EPSILONS:
+            for target in EPSILONS:
+                if source == target:
+                    continue
+                earlier_spec, spec = spec_of(ctx, source, k), spec_of(ctx, target, k)
+                covered, widths, errors, count = 0, [], [], 0
+                for before, after in zip(runs[(source, k)], runs[(target, k)], strict=True):
+                    if before is None or after is None:
+                        continue
+                    found = release_forecast(ctx, spec, earlier_spec, before[0])
+                    if found is None:
+                        continue
+                    forecast, kept = found[1], after[1]
+                    count += 1
+                    covered += forecast.low <= kept <= forecast.high
+                    widths.append(forecast.high - forecast.low)
+                    if forecast.point is not None:
+                        errors.append(forecast.point - kept)
+                if not count:
+                    continue
+                out.append(
+                    {
+                        "k": k,
+                        "source": source,
+                        "target": target,
+                        "runs": count,
+                        "cover": covered / count,
+                        "width": float(np.mean(widths)),
+                        "points": len(errors),
+                        "point_abs": float(np.mean(np.abs(errors))) if errors else float("nan"),
+                    }
+                )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--mnist", action="store_true", help="add MNIST (4,000 x 784)")
+    parser.add_argument("--only", nargs="*", help="only these data sets")
+    parser.add_argument("--save", help="keep the releases in this pickle")
+    parser.add_argument("--load", help="re-score the releases of this pickle")
+    args = parser.parse_args()
+    if args.load:
+        collected_all = pickle.loads(Path(args.load).read_bytes())
+    else:
+        collected_all = {
+            name: collect(rows, args.reps)
+            for name, rows in datasets(args.mnist).items()
+            if not args.only or name in args.only
+        }
+        if args.save:
+            Path(args.save).write_bytes(pickle.dumps(collected_all))
+    print(f"delta {DELTA}; a cell: release i at the earlier eps forecasts release i at the new")
+    print(
+        "| data | k | earlier eps | new eps | runs | range covers | range width | points "
+        "| point: mean abs error |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    summary = []
+    for name, collected in collected_all.items():
+        if args.only and name not in args.only:
+            continue
+        rows_out = score(collected)
+        for row in rows_out:
+            print(
+                f"| {name} | {row['k']} | {row['source']} | {row['target']} | {row['runs']} "
+                f"| {row['cover']:.2f} | {row['width']:.3f} | {row['points']} "
+                f"| {row['point_abs']:.3f} |",
+                flush=True,
+            )
+        short = [r for r in rows_out if r["cover"] < LEVEL]
+        summary.append(
+            (
+                name,
+                len(rows_out),
+                len(rows_out) - len(short),
+                float(np.mean([r["width"] for r in rows_out])),
+                min(r["cover"] for r in rows_out),
+                sum(r["points"] for r in rows_out),
+                short,
+            )
+        )
+    print()
+    print("| data | cells | cells covering >= 0.9 | mean width | lowest coverage | points |")
+    print("|---|---|---|---|---|---|")
+    for name, cells, good, width, lowest, points, _ in summary:
+        print(f"| {name} | {cells} | {good} | {width:.3f} | {lowest:.2f} | {points} |")
+    for name, *_, short in summary:
+        for r in short:
+            print(
+                f"short: {name} k {r['k']} eps {r['source']} -> {r['target']}: "
+                f"{r['cover']:.2f} (width {r['width']:.3f})"
+            )
+
+
+if __name__ == "__main__":
+    main()
