@@ -226,7 +226,7 @@ def preview_release(
             "params": prepared.params,
             "cost": releases.cost_details(dataset.accounting, prepared),
             "affordable": affordable,
-            **releases.unit_details(dataset),
+            **privacy_unit.event_details(dataset),
         },
     )
     # The remaining figures as GET .../budget (or the grant) states them.

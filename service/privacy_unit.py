@@ -606,6 +606,21 @@ def preview_notes(
     ]
 
 
+def event_details(dataset: Any) -> dict[str, Any]:
+    """What an audit event stating a cost or a budget share of a person-level dataset adds
+    (release previewed or requested, grant created): the unit it protects (a person) and how
+    many people (public, as ``n_rows``); nothing for a row-level dataset, whose events read as
+    before."""
+    if getattr(dataset, "privacy_unit_column", None) is None:
+        return {}
+    return {"privacy_unit": PERSON, "n_units": dataset.n_units}
+
+
+def unit_of(dataset: Any) -> Literal["row", "person"]:
+    """The unit a dataset's budget figures protect (the API's ``privacy_unit``)."""
+    return "row" if getattr(dataset, "privacy_unit_column", None) is None else "person"
+
+
 def shown(dataset: Any) -> Mapping[str, Any]:
     """The API's ``privacy_unit`` and ``n_units`` of a dataset row."""
     if getattr(dataset, "privacy_unit_column", None) is None:

@@ -644,21 +644,12 @@ def request_release(
             "params": params,
             "cost": cost_details(dataset.accounting, prepared),
             "grant_id": grant_id,
-            **unit_details(dataset),
+            **privacy_unit.event_details(dataset),
         },
     )
     # Idle workers learn of the job when this transaction commits (a hint: they also poll).
     wake.announce(session, settings)
     return release
-
-
-def unit_details(dataset: Dataset) -> dict[str, Any]:
-    """What a release event of a person-level dataset adds beside its cost: the unit the cost
-    protects (a person) and how many people (public, as ``n_rows``); nothing for a row-level
-    dataset, whose events stay as they were."""
-    if dataset.privacy_unit_column is None:
-        return {}
-    return {"privacy_unit": privacy_unit.PERSON, "n_units": dataset.n_units}
 
 
 def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:

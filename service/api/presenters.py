@@ -32,9 +32,9 @@ def budget_out(totals: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget
 def _budget(dataset: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
     """The budget as :func:`service.spend.statement` states it: ``(epsilon, delta)`` at the
     dataset's ``delta_total``, with the native figures beside them."""
-    person = getattr(dataset, "privacy_unit_column", None) is not None
-    unit: Literal["row", "person"] = "person" if person else "row"  # privacy_unit.shown
-    return budget_schema(spend.statement(state), dataset.delta_conversion, unit)
+    return budget_schema(
+        spend.statement(state), dataset.delta_conversion, privacy_unit.unit_of(dataset)
+    )
 
 
 def budget_schema(

@@ -52,3 +52,30 @@ def test_budget_and_release_events_state_the_unit(client, keys, upload_dataset) 
         assert by_dataset[person["id"]]["privacy_unit"] == "person"
         assert by_dataset[person["id"]]["n_units"] == 30
         assert "privacy_unit" not in by_dataset[row["id"]]
+
+
+def test_a_grant_states_the_unit_its_share_protects(client, keys, upload_dataset) -> None:
+    """A grant is a share of the dataset's budget: its figures and its grant_created event say
+    per person on a person-level dataset (before: neither said any unit)."""
+    ids, rows = people(12, [1, 3], 4, seed=4)
+    person = upload(
+        client,
+        keys.owner,
+        "g.csv",
+        csv_bytes(ids, rows),
+        privacy_unit_column="patient",
+        row_norm_bound="1",
+    ).json()
+    row = upload_dataset(client, keys.owner, rows, row_norm_bound=1.0)
+    for dataset, unit in ((person, "person"), (row, "row")):
+        url = f"/v1/datasets/{dataset['id']}/grants"
+        made = client.post(url, headers=bearer(keys.owner), json={"epsilon": "1", "delta": "1e-7"})
+        assert made.status_code == 201, made.text
+        assert made.json()["privacy_unit"] == unit
+        (listed,) = client.get(url, headers=bearer(keys.owner)).json()["items"]
+        assert listed["privacy_unit"] == unit
+    by_dataset = {
+        event["dataset_id"]: event["details"] for event in events(client, keys, "grant_created")
+    }
+    assert by_dataset[person["id"]]["privacy_unit"] == "person"
+    assert "privacy_unit" not in by_dataset[row["id"]]
