@@ -30,12 +30,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import Select, bindparam, case, or_, select
 from sqlalchemy.orm import Session
 
-from service import accounting, audit, charges, datasets, ledger, spend
+from service import accounting, audit, charges, datasets, ledger, privacy_unit, spend
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
 from service.errors import (
@@ -69,12 +69,15 @@ class GrantView:
     budget: ledger.BudgetState
     #: The analyst key's name (None for an all-analysts grant), for people reading a list.
     key_name: str | None = None
+    #: What the share protects: the dataset's unit (:func:`service.privacy_unit.unit_of`).
+    privacy_unit: Literal["row", "person"] = "row"
 
 
 def view_of(session: Session, grant: Grant) -> GrantView:
     """A grant with its budget from the ledger and its key's name."""
     key = session.get(ApiKey, grant.analyst_key_id) if grant.analyst_key_id is not None else None
-    return GrantView(grant, grant_budget(session, grant), None if key is None else key.name)
+    unit = privacy_unit.unit_of(session.get(Dataset, grant.dataset_id))
+    return GrantView(grant, grant_budget(session, grant), None if key is None else key.name, unit)
 
 
 def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
@@ -287,11 +290,13 @@ def create_grant(
                     "stated_at_delta": dataset.delta_total,
                 }
             ),
+            **privacy_unit.event_details(dataset),
         },
     )
     session.flush()
     named = session.get(ApiKey, analyst_key_id) if analyst_key_id is not None else None
-    return GrantView(grant, state, None if named is None else named.name)
+    unit = privacy_unit.unit_of(dataset)
+    return GrantView(grant, state, None if named is None else named.name, unit)
 
 
 def _share(

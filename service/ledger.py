@@ -328,6 +328,9 @@ TOTALS = (
     "delta_gaussian",
     "delta_mechanisms",
     "delta_basic",
+    # Not a total: the unit the totals protect (a row, or a person named by the column), read
+    # with them so that every statement of the budget can say it.
+    "privacy_unit_column",
 )
 
 #: What a budget's entries sum, in this order (:data:`Spent`): ``epsilon``, ``delta``, ``rho``,
@@ -431,6 +434,8 @@ class Totals:
     delta_gaussian: Decimal | None = None
     delta_mechanisms: Decimal | None = None
     delta_basic: Decimal | None = None
+    #: The dataset's ``privacy_unit_column`` (``None``: the unit is the row).
+    privacy_unit_column: str | None = None
 
 
 #: A budget's sums, as :data:`SUMS` names them.

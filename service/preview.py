@@ -226,6 +226,7 @@ def preview_release(
             "params": prepared.params,
             "cost": releases.cost_details(dataset.accounting, prepared),
             "affordable": affordable,
+            **privacy_unit.event_details(dataset),
         },
     )
     # The remaining figures as GET .../budget (or the grant) states them.

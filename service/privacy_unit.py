@@ -68,6 +68,9 @@ person's rows in each batch take what their earlier batches left of the bound
 
 from __future__ import annotations
 
+import math
+import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -157,8 +160,9 @@ class UnitIndexer:
     """Turns identifier values into dense unit indices (order of first appearance).
 
     Only the mapping's size outlives the upload: the indices are stored, the identifiers are
-    dropped with this object. Equal values are one person: text is compared as text (``"007"``
-    and ``"7"`` differ), numbers as numbers (``7`` and ``7.0`` are one person).
+    dropped with this object. Equal values are one person by :func:`canonical_key`, the first
+    rule (text as text, numbers as numbers); the store indexes by keyed digests
+    (:mod:`service.unit_keys`), with :func:`person_key` for datasets uploaded from now on.
     """
 
     def __init__(self) -> None:
@@ -175,14 +179,48 @@ class UnitIndexer:
 
 
 def canonical_key(value: Any) -> tuple[str, Any]:
-    """What makes two identifiers one person: ``("s", text)`` or ``("n", number)`` (an
-    integral float is its integer)."""
+    """The first rule (datasets uploaded before :func:`person_key`; their appends keep it, their
+    stored digests were made with it): ``("s", text)`` or ``("n", number)`` (an integral float
+    is its integer)."""
     if isinstance(value, str):
         return ("s", value)
     if isinstance(value, (float, np.floating)):
         as_float = float(value)
         return ("n", int(as_float)) if as_float.is_integer() else ("n", as_float)
     return ("n", int(value))
+
+
+#: A number written as text (after :func:`person_key`'s normalisation; casefolded, so ``e``).
+_INTEGER_TEXT = re.compile(r"[+-]?\d+")
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?")
+
+
+def person_key(value: Any) -> tuple[str, Any]:
+    """What makes two identifiers one person (datasets uploaded from now on).
+
+    The same person must be one unit whatever file and spelling their rows come in: CSV reads
+    identifiers as text, Parquet and ``.npy`` as numbers, and a person split into two units is
+    bounded twice, so protected only at a multiple of the stated epsilon. Merging two
+    identifiers never weakens a bound (a unit of two people bounds each of them), so the rule
+    errs towards merging. Text is normalised (Unicode NFKC, case folded, surrounding
+    whitespace dropped, inner runs of whitespace one space), and text that is a decimal number
+    is that number (``"7"``, ``"7.0"``, ``" 007"`` and ``7`` are one person); numbers are
+    compared as numbers, an integral float being its integer."""
+    if not isinstance(value, str):
+        return canonical_key(value)
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", value).casefold())
+    text = " ".join(folded.split())
+    try:
+        if _INTEGER_TEXT.fullmatch(text):
+            return ("n", int(text))
+        if _DECIMAL_TEXT.fullmatch(text):
+            number = float(text)
+            if math.isfinite(number):
+                return canonical_key(number)
+    except ValueError:
+        # Over Python's digit limit for int(): compared as text (still normalised).
+        pass
+    return ("s", text)
 
 
 def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
@@ -566,6 +604,21 @@ def preview_notes(
         "row moves it, so the noise scales above are per person: every person, whatever "
         "their number of rows, is protected at this (epsilon, delta)."
     ]
+
+
+def event_details(dataset: Any) -> dict[str, Any]:
+    """What an audit event stating a cost or a budget share of a person-level dataset adds
+    (release previewed or requested, grant created): the unit it protects (a person) and how
+    many people (public, as ``n_rows``); nothing for a row-level dataset, whose events read as
+    before."""
+    if getattr(dataset, "privacy_unit_column", None) is None:
+        return {}
+    return {"privacy_unit": PERSON, "n_units": dataset.n_units}
+
+
+def unit_of(dataset: Any) -> Literal["row", "person"]:
+    """The unit a dataset's budget figures protect (the API's ``privacy_unit``)."""
+    return "row" if getattr(dataset, "privacy_unit_column", None) is None else "person"
 
 
 def shown(dataset: Any) -> Mapping[str, Any]:

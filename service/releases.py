@@ -644,6 +644,7 @@ def request_release(
             "params": params,
             "cost": cost_details(dataset.accounting, prepared),
             "grant_id": grant_id,
+            **privacy_unit.event_details(dataset),
         },
     )
     # Idle workers learn of the job when this transaction commits (a hint: they also poll).

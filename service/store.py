@@ -440,8 +440,7 @@ class DatasetStore:
         """The dataset's secret; raises ``FileNotFoundError`` for a person-level dataset
         uploaded before appends per person existed (it has none)."""
         secret = self.secret_path(file_name).read_bytes()
-        if len(secret) != unit_keys.SECRET_BYTES:
-            raise ValueError("not a unit secret of the store")
+        unit_keys.rule_of(secret)  # ValueError: not a unit secret of the store
         return secret
 
     def append_units(

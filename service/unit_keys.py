@@ -4,16 +4,18 @@ A person may reappear in a later batch. For every bound of :mod:`service.privacy
 over the whole dataset, the rows of one person must carry one unit index whichever batch they
 came in. The identifiers themselves are never stored; beside the unit index the store keeps:
 
-- ``units/<file>.key``: a per-dataset secret (32 bytes from the OS CSPRNG), ``0600``, never
-  released, logged or returned;
+- ``units/<file>.key``: a per-dataset secret (32 bytes from the OS CSPRNG after a byte naming
+  the identifier rule), ``0600``, never released, logged or returned;
 - ``units/<file>.ids``: ``HMAC-SHA256(secret, identifier)`` of each person, in unit-index order
   (``(P, 32)`` bytes, ``.npy``).
 
 An appended batch's identifiers are hashed with the dataset's secret while the file is parsed
 (:class:`KeyedIndexer` with no people known: per row digests, kept in ``incoming/`` beside the
 batch), and mapped to indices under the dataset's lock (:func:`extend`): a known digest gets the
-person's index, a new one the next index. Equal identifiers are one person exactly as at upload
-(:func:`service.privacy_unit.UnitIndexer`'s rule: text as text, numbers as numbers).
+person's index, a new one the next index. Equal identifiers are one person exactly as at upload,
+by :func:`service.privacy_unit.person_key` (spellings of one identifier, text or number, are one
+person); a dataset uploaded before that rule keeps :func:`~service.privacy_unit.canonical_key`
+(text as text, numbers as numbers), which its secret says (:func:`rule_of`).
 
 What the digests allow: with the secret (the store's disk), an identifier can be tested for
 membership; without it nothing. The store holds the rows themselves already, so this adds no
@@ -26,12 +28,12 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from service.privacy_unit import canonical_key
+from service.privacy_unit import canonical_key, person_key
 
 #: Digest size (HMAC-SHA256).
 DIGEST_BYTES = 32
@@ -41,13 +43,31 @@ SECRET_BYTES = 32
 Digests = npt.NDArray[np.uint8]
 
 
+#: The first byte of a secret made with :func:`~service.privacy_unit.person_key`'s rule. A
+#: secret of exactly :data:`SECRET_BYTES` bytes is a dataset's from before it: its digests
+#: (and so its appends) keep :func:`~service.privacy_unit.canonical_key`, the rule its stored
+#: people's digests were made with (changing it would split every returning person).
+PERSON_RULE = 2
+
+Rule = Literal["first", "person"]
+
+
 def new_secret() -> bytes:
-    """A fresh per-dataset secret from the OS CSPRNG."""
-    return secrets.token_bytes(SECRET_BYTES)
+    """A fresh per-dataset secret from the OS CSPRNG, marked with the current rule."""
+    return bytes([PERSON_RULE]) + secrets.token_bytes(SECRET_BYTES)
 
 
-def _canonical_bytes(value: Any) -> bytes:
-    kind, key = canonical_key(value)
+def rule_of(secret: bytes) -> Rule:
+    """Which identifier rule a dataset's secret was made with; ``ValueError`` if none."""
+    if len(secret) == SECRET_BYTES:
+        return "first"
+    if len(secret) == SECRET_BYTES + 1 and secret[0] == PERSON_RULE:
+        return "person"
+    raise ValueError("not a unit secret of the store")
+
+
+def _canonical_bytes(value: Any, rule: Rule) -> bytes:
+    kind, key = canonical_key(value) if rule == "first" else person_key(value)
     if kind == "s":
         return b"s\x00" + str(key).encode("utf-8", "surrogatepass")
     if isinstance(key, int):
@@ -56,13 +76,21 @@ def _canonical_bytes(value: Any) -> bytes:
 
 
 def digest(secret: bytes, value: Any) -> bytes:
-    """``HMAC-SHA256(secret, canonical identifier)``."""
-    return hmac.new(secret, _canonical_bytes(value), hashlib.sha256).digest()
+    """``HMAC-SHA256(key, canonical identifier)`` under the secret's rule (:func:`rule_of`;
+    the key is the secret's last :data:`SECRET_BYTES` bytes)."""
+    rule = rule_of(secret)
+    key = secret[-SECRET_BYTES:]
+    return hmac.new(key, _canonical_bytes(value, rule), hashlib.sha256).digest()
 
 
 def row_digests(secret: bytes, identifiers: Iterable[Any]) -> Digests:
     """One digest per identifier, ``(n, 32)`` uint8."""
-    joined = b"".join(digest(secret, value) for value in identifiers)
+    rule = rule_of(secret)
+    key = secret[-SECRET_BYTES:]
+    joined = b"".join(
+        hmac.new(key, _canonical_bytes(value, rule), hashlib.sha256).digest()
+        for value in identifiers
+    )
     return np.frombuffer(joined, dtype=np.uint8).reshape(-1, DIGEST_BYTES).copy()
 
 

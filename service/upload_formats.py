@@ -255,7 +255,8 @@ def _csv_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> I
     names = [f"c{i}" for i in range(width)]
     types = {name: pa.float64() for name in names}
     if position is not None:
-        # Identifiers are read as text: "007" and "7" are two people, as the owner wrote them.
+        # Identifiers are read as text, as the owner wrote them; the store's rule
+        # (privacy_unit.person_key) then makes "7", "7.0" and a Parquet 7 one person.
         types[names[position]] = pa.string()
     read_options = pa_csv.ReadOptions(
         column_names=names, skip_rows=1 if header else 0, block_size=CSV_BLOCK_BYTES

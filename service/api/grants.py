@@ -31,6 +31,7 @@ def grant_out(view: grants.GrantView) -> Grant:
         dataset_id=grant.dataset_id,
         analyst_key_id=grant.analyst_key_id,
         analyst_key_name=view.key_name,
+        privacy_unit=view.privacy_unit,
         epsilon_total=stated.epsilon_total,
         delta_total=stated.delta_total,
         epsilon_spent=stated.epsilon_spent,

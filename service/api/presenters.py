@@ -32,14 +32,22 @@ def budget_out(totals: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget
 def _budget(dataset: ledger.BudgetTotals, state: ledger.BudgetState) -> Budget:
     """The budget as :func:`service.spend.statement` states it: ``(epsilon, delta)`` at the
     dataset's ``delta_total``, with the native figures beside them."""
-    return budget_schema(spend.statement(state), dataset.delta_conversion)
+    return budget_schema(
+        spend.statement(state), dataset.delta_conversion, privacy_unit.unit_of(dataset)
+    )
 
 
-def budget_schema(stated: spend.Statement, delta_conversion: Decimal | None = None) -> Budget:
-    """A :class:`~service.spend.Statement` as the API's :class:`Budget`."""
+def budget_schema(
+    stated: spend.Statement,
+    delta_conversion: Decimal | None = None,
+    unit: Literal["row", "person"] = "row",
+) -> Budget:
+    """A :class:`~service.spend.Statement` as the API's :class:`Budget`; ``unit``: what its
+    figures protect (:func:`service.privacy_unit.shown`)."""
     native = stated.native
     if stated.accounting == "basic":
         return Budget(
+            privacy_unit=unit,
             epsilon_total=stated.epsilon_total,
             delta_total=stated.delta_total,
             epsilon_spent=stated.epsilon_spent,
@@ -48,6 +56,7 @@ def budget_schema(stated: spend.Statement, delta_conversion: Decimal | None = No
             delta_remaining=stated.delta_remaining,
         )
     return Budget(
+        privacy_unit=unit,
         accounting=stated.accounting,
         epsilon_total=stated.epsilon_total,
         delta_total=stated.delta_total,

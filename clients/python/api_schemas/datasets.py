@@ -47,6 +47,14 @@ class Budget(Schema):
     what was spent amounts to at ``delta_total``.
     """
 
+    privacy_unit: Literal["row", "person"] = Field(
+        default="row",
+        description=(
+            "What these figures protect: `row` (neighbouring datasets replace one row) or "
+            "`person` (the dataset has a privacy_unit_column: they replace all rows of one "
+            "person, and every release's cost is per person)."
+        ),
+    )
     accounting: Accounting = Field(
         default="basic",
         description="How releases compose: `basic`, `gaussian`, `zcdp` or `hybrid`.",

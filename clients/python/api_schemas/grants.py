@@ -149,6 +149,13 @@ class Grant(Schema):
             "its zCDP filter's conversion share."
         ),
     )
+    privacy_unit: Literal["row", "person"] = Field(
+        default="row",
+        description=(
+            "What the share protects: the dataset's unit, `row` or `person` (the dataset has a "
+            "privacy_unit_column: every release's cost is per person)."
+        ),
+    )
     created_at: datetime = Field(description="Creation time (UTC).")
     revoked_at: datetime | None = Field(
         description=(

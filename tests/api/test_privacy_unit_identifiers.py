@@ -1,0 +1,102 @@
+"""Identifiers that name one person are one person, whatever file and spelling they come in
+(outside privacy audit of the privacy unit). A person whose rows carry ``7`` in a Parquet batch
+and ``"7"`` in a CSV append, or ``"José"`` composed in one file and decomposed in another, or
+``"alice"`` and ``"Alice "``, was split into several units: each part was bounded apart, so the
+person was protected only at a multiple of the stated epsilon (group privacy). Merging
+identifiers that differ only by such spelling never weakens a bound (a unit of two people bounds
+each of them); splitting one person does. A dataset uploaded before this keeps its own rule for
+its appends (its stored digests were made with it), tested in
+``tests/mechanisms/test_unit_identifiers.py``."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from service import unit_keys
+from tests.api.test_append_rows import append
+from tests.api.test_privacy_unit_http import parquet_bytes, upload
+from tests.conftest import bearer
+
+pytestmark = pytest.mark.release_seed(3410)
+
+NFC = unicodedata.normalize("NFC", "Jos\u00e9")
+NFD = unicodedata.normalize("NFD", "Jos\u00e9")
+
+
+def csv_rows(ids: list[str], rows: np.ndarray) -> bytes:
+    lines = ["patient," + ",".join(f"f{j}" for j in range(rows.shape[1]))]
+    for ident, row in zip(ids, rows, strict=True):
+        lines.append(ident + "," + ",".join(repr(float(v)) for v in row))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_spellings_of_one_identifier_in_one_file_are_one_person(client, keys) -> None:
+    ids = ["7", "7.0", " 7", "007", "+7", NFC, NFD, f"{NFC} ", "alice", "Alice", "ALICE  "]
+    rows = np.random.default_rng(1).normal(size=(len(ids), 3)) * 0.1
+    response = upload(
+        client, keys.owner, "x.csv", csv_rows(ids, rows), privacy_unit_column="patient"
+    )
+    assert response.status_code == 201, response.text
+    # Three people: 7, José, alice (before: 11, each spelling a person of one row).
+    assert response.json()["n_units"] == 3
+
+
+@pytest.mark.parametrize("first", ["parquet", "csv"])
+def test_a_person_keeps_one_unit_across_formats_and_spellings(client, keys, first) -> None:
+    """An upload in one format, an append in the other: the returning people stay the upload's
+    three people (before: the append added three new units, one for each of them)."""
+    rng = np.random.default_rng(2)
+    numbers = [1001, 1001, 42]
+    texts = ["1001", "1001.0", "42"]
+    parquet = parquet_bytes(
+        pa.table(
+            {
+                "patient": pa.array(numbers, pa.int64()),
+                "a": rng.normal(size=3) * 0.1,
+                "b": rng.normal(size=3) * 0.1,
+            }
+        )
+    )
+    csv = csv_rows(texts, rng.normal(size=(3, 2)) * 0.1)
+    files = {"parquet": ("x.parquet", parquet), "csv": ("x.csv", csv)}
+    second = "csv" if first == "parquet" else "parquet"
+    name, content = files[first]
+    response = upload(client, keys.owner, name, content, privacy_unit_column="patient")
+    assert response.status_code == 201, response.text
+    dataset = response.json()
+    assert dataset["n_units"] == 2
+    name, content = files[second]
+    grown = append(
+        client, keys.owner, dataset["id"], content, filename=name, privacy_unit_column="patient"
+    )
+    assert grown.status_code == 201, grown.text
+    shown = client.get(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.analyst)).json()
+    assert (shown["n_rows"], shown["n_units"]) == (6, 2)
+    # Text across files too: the decomposed spelling and a trailing space are the same person.
+    text = upload(
+        client,
+        keys.owner,
+        "t.csv",
+        csv_rows([NFC, "bob"], np.eye(2) * 0.1),
+        privacy_unit_column="patient",
+    )
+    assert text.status_code == 201, text.text
+    more = append(
+        client,
+        keys.owner,
+        text.json()["id"],
+        csv_rows([NFD, "Bob ", "carol"], np.eye(3, 2) * 0.1),
+        filename="m.csv",
+        privacy_unit_column="patient",
+    )
+    assert more.status_code == 201, more.text
+    shown = client.get(f"/v1/datasets/{text.json()['id']}", headers=bearer(keys.analyst)).json()
+    assert shown["n_units"] == 3
+
+
+def test_new_secrets_carry_the_person_rule() -> None:
+    assert unit_keys.rule_of(unit_keys.new_secret()) == "person"
