@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from api_schemas.common import format_budget
+
 
 class DomainError(Exception):
     """Base of every error a client may see."""
@@ -222,6 +224,7 @@ class BudgetExceeded(Conflict):
         budget: str = "dataset",
         grant_id: uuid.UUID | None = None,
         shortfalls: Sequence[str] = (),
+        epsilon_admissible: Decimal | None = None,
     ) -> None:
         """``remaining``: the budget's remaining figures as :mod:`service.spend` states them
         (``epsilon_remaining``, ``delta_remaining``, and the native ``rho_remaining`` /
@@ -229,7 +232,10 @@ class BudgetExceeded(Conflict):
         same figures ``GET .../budget`` (or the grant) shows. ``shortfalls``: what the charge
         lacks, in public figures (:meth:`service.ledger.BudgetState.shortfalls`), appended to
         the message (on ``hybrid`` a large ``epsilon_remaining`` does not say that delta or a
-        filter's share is what ran out)."""
+        filter's share is what ran out). ``epsilon_admissible``: the largest epsilon this same
+        request is admitted at now (:mod:`service.repricing`), said in the message and given
+        as a field: under ``hybrid`` ``epsilon_remaining`` is not what every kind of release
+        may ask for."""
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         why = f": {'; '.join(shortfalls)}" if shortfalls else ""
         # What the analyst can do next: a dry run prices a smaller request without a charge.
@@ -244,11 +250,18 @@ class BudgetExceeded(Conflict):
             ". Ask for less (a smaller cost; a dry run, `dry_run=true`, prices a request without "
             f"charging it){more}"
         )
+        at = (
+            ""
+            if epsilon_admissible is None
+            else f". This request (same mechanism, params and delta) is admitted now at epsilon "
+            f"{format_budget(epsilon_admissible)}"
+        )
         super().__init__(
-            f"this release costs more than {which} remaining budget{why}{todo}",
+            f"this release costs more than {which} remaining budget{why}{at}{todo}",
             **remaining,
             budget=budget,
             grant_id=grant_id,
+            epsilon_admissible=epsilon_admissible,
         )
 
 

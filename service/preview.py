@@ -86,6 +86,9 @@ class ReleasePreview:
     warnings: list[DominanceWarning]
     #: ``hybrid``: which of its filters would admit the release (``None`` elsewhere).
     admitted_by: list[str] | None = None
+    #: Not affordable and asked in epsilon: the largest epsilon the same request is admitted
+    #: at now (:func:`service.releases.admissible_epsilon`), as a real request's 409 says.
+    epsilon_admissible: Decimal | None = None
 
 
 def _finite(value: PreviewValue) -> PreviewValue:
@@ -185,14 +188,24 @@ def preview_release(
     grant = grants.require_usable(grant, required=settings.grants_required)
     charge = prepared.charge
     budget = ledger.budget_of(session, dataset)
+    dataset_budget = budget
     affordable = budget.affords(charge)
     charged_to: Literal["dataset", "grant"] = "dataset"
+    share = None
     if grant is not None:
         share = grants.grant_budget(session, grant)
         if share.affords(charge) or affordable:
             # The analyst's own limit is the grant's (when both afford it, or the grant is short).
             charged_to, budget = "grant", share
         affordable = affordable and share.affords(charge)
+    # What a real request's 409 would offer: the same request at the largest epsilon admitted.
+    admissible = (
+        None
+        if affordable
+        else releases.admissible_epsilon(
+            body, prepared, dataset, settings, prior, grant, share, dataset_budget
+        )
+    )
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
     if forecast_from is not None:
         shown = with_forecast_from(session, principal, dataset, prepared, shown, forecast_from)
@@ -251,6 +264,7 @@ def preview_release(
         delta_reserved_for_conversion=stated.delta_reserved_for_conversion,
         releases_remaining=releases_remaining(budget, charge),
         affordable=affordable,
+        epsilon_admissible=admissible,
         admitted_by=admitted_by,
         epsilon_remaining=stated.epsilon_remaining,
         delta_remaining=stated.delta_remaining,

@@ -34,6 +34,7 @@ from service import (
     privacy_unit,
     reference,
     release_calibration,
+    repricing,
     spend,
     tracing,
     wake,
@@ -581,13 +582,21 @@ def request_release(
     # The grant is checked first: it is the analyst's own limit, and naming it is more useful
     # than the dataset's remainder when both are short. Both under the dataset's lock.
     grant = grants.require_usable(grant, required=settings.grants_required)
-    if grant is not None:
-        share = grants.grant_budget(session, grant)
-        if not share.affords(prepared.charge):
-            raise budget_exceeded(share, prepared.charge, budget="grant", grant_id=grant.id)
+    share = None if grant is None else grants.grant_budget(session, grant)
     budget = ledger.budget_of(session, dataset)
+    if share is not None and not share.affords(prepared.charge):
+        admissible = admissible_epsilon(
+            body, prepared, dataset, settings, prior, grant, share, budget
+        )
+        raise budget_exceeded(
+            share, prepared.charge, budget="grant", grant_id=grant.id if grant else None,
+            epsilon_admissible=admissible,
+        )  # fmt: skip
     if not budget.affords(prepared.charge):
-        raise budget_exceeded(budget, prepared.charge)
+        admissible = admissible_epsilon(
+            body, prepared, dataset, settings, prior, grant, share, budget
+        )
+        raise budget_exceeded(budget, prepared.charge, epsilon_admissible=admissible)
     created_at = utcnow()
     padding = _padding(
         session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
@@ -662,15 +671,45 @@ def budget_exceeded(
     charge: ledger.Charge,
     budget: str = "dataset",
     grant_id: uuid.UUID | None = None,
+    epsilon_admissible: Decimal | None = None,
 ) -> BudgetExceeded:
     """The 409 for a budget the charge does not fit, with what remains stated as
-    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`) and what the
-    charge lacks (:meth:`~service.ledger.BudgetState.shortfalls`)."""
+    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`), what the
+    charge lacks (:meth:`~service.ledger.BudgetState.shortfalls`) and the epsilon this same
+    request is admitted at (:func:`admissible_epsilon`)."""
     return BudgetExceeded(
         spend.statement(state).remaining_fields(),
         budget=budget,
         grant_id=grant_id,
         shortfalls=state.shortfalls(charge),
+        epsilon_admissible=epsilon_admissible,
+    )
+
+
+def admissible_epsilon(
+    body: ReleaseRequest,
+    prepared: Prepared,
+    dataset: Dataset,
+    settings: Settings,
+    prior: priors.PublicPrior | None,
+    grant: Grant | None,
+    share: ledger.BudgetState | None,
+    budget: ledger.BudgetState,
+) -> Decimal | None:
+    """The largest epsilon (:mod:`service.repricing`) at which ``body``, refused as
+    ``prepared``, is admitted now by the grant's ``share`` (if any) and the dataset's
+    ``budget``: the request prepared again at each trial epsilon, at the delta it was prepared
+    at (a defaulted one included); ``None`` for a request in ``mu`` or ``rho``."""
+    if body.epsilon is None:
+        return None
+    fixed = body.model_copy(update={"delta": prepared.delta})
+
+    def prepare(trial: ReleaseRequest) -> ledger.Charge:
+        return check_request(trial, dataset, settings, prior, grant).charge
+
+    budgets = [budget] if share is None else [share, budget]
+    return repricing.admissible_epsilon(
+        body.epsilon, repricing.charge_at_epsilon(prepare, fixed), budgets
     )
 
 

@@ -117,6 +117,22 @@ def test_budget_exceeded_carries_remaining_budget() -> None:
     assert isinstance(error, BudgetExceededError)
     assert error.epsilon_remaining == Decimal("0.3")
     assert error.delta_remaining == Decimal("0.000001")
+    assert error.epsilon_admissible is None
+
+
+def test_budget_exceeded_carries_the_epsilon_the_request_is_admitted_at() -> None:
+    # Under hybrid epsilon_remaining states the spend; the 409 also says what the same
+    # request IS admitted at (tests/api/test_hybrid_admissible_epsilon.py).
+    body = {
+        "error": "budget_exceeded",
+        "detail": "costs more",
+        "epsilon_remaining": "0.67",
+        "delta_remaining": "0",
+        "epsilon_admissible": "0.198",
+    }
+    error = error_from_response(httpx.Response(409, json=body))
+    assert isinstance(error, BudgetExceededError)
+    assert error.epsilon_admissible == Decimal("0.198")
 
 
 def test_unreachable_service() -> None:

@@ -77,7 +77,14 @@ class Budget(Schema):
             "delta_spent + delta_remaining = delta_total."
         )
     )
-    epsilon_remaining: ExactDecimal = Field(description="epsilon_total - epsilon_spent.")
+    epsilon_remaining: ExactDecimal = Field(
+        description=(
+            "epsilon_total - epsilon_spent. Under hybrid this states the spend, not what every "
+            "kind of release may ask for (pure and approximate releases are charged by filters "
+            "that count them differently): a dry run gives epsilon_admissible for a request "
+            "this does not cover."
+        )
+    )
     delta_remaining: ExactDecimal = Field(
         description=(
             "Delta releases may still spend: delta_total - delta_spent (basic); delta_total - "

@@ -45,7 +45,13 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "spend and what remains as (epsilon, delta) at the dataset's delta_total, the delta its "
         "owner set at upload. epsilon_spent is the smallest epsilon at which everything spent so "
         "far is (epsilon, delta_total)-DP, rounded up; epsilon_remaining is epsilon_total - "
-        "epsilon_spent, rounded down. A 409 states the same remaining figures as the budget.",
+        "epsilon_spent, rounded down. A 409 states the same remaining figures as the budget. "
+        "Under hybrid (the default) epsilon_remaining states the spend, not what every kind of "
+        "release may still ask for: its filters charge pure and approximate releases "
+        "differently from Gaussian ones (after two Gaussian releases of 0.3 on a (1, 1e-5) "
+        "budget 0.67 remains, yet a pure release of 0.3 is refused). A refused request and a "
+        "dry run that is not affordable give epsilon_admissible: the largest epsilon (3 "
+        "digits, rounded down, checked) at which the same request is admitted now.",
     ),
     (
         "rho and mu, beside epsilon",

@@ -89,7 +89,11 @@ class Grant(Schema):
         )
     )
     epsilon_remaining: ExactDecimal = Field(
-        description="Epsilon the grant could still spend (none once revoked)."
+        description=(
+            "epsilon_total - epsilon_spent of the grant (none once revoked). Under hybrid this "
+            "states the spend, not what every kind of release may ask for: a dry run gives "
+            "epsilon_admissible for a request this does not cover."
+        )
     )
     delta_remaining: ExactDecimal = Field(
         description=(

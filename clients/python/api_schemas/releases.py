@@ -296,6 +296,17 @@ class BudgetExceeded(Schema):
             "share, what each may still spend)."
         )
     )
+    epsilon_admissible: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "The largest epsilon (3 significant digits, rounded down, checked) at which this "
+            "same request (mechanism, k, params and delta) is admitted now by the budget named "
+            "by `budget` and the dataset's; null when none is, or the request was given in mu "
+            "or rho. On hybrid `epsilon_remaining` is the spend's statement (epsilon_total - "
+            "epsilon_spent at delta_total), not what every kind of release may ask for: a pure "
+            "or approximate release is charged by filters that count it differently."
+        ),
+    )
     budget: Literal["dataset", "grant"] = Field(
         default="dataset",
         description=(
@@ -427,6 +438,18 @@ class ReleasePreview(Schema):
             "Whether the remaining budget covers the cost now. A real request that it does not "
             "cover is refused with 409 `budget_exceeded`; a preview says so here instead."
         )
+    )
+    epsilon_admissible: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "Null when affordable; otherwise the largest epsilon (3 significant digits, rounded "
+            "down, checked) at which this same request (mechanism, k, params and delta) is "
+            "admitted now by the budget named by `budget` and the dataset's; null when none is, "
+            "or the request was given in mu or rho. On hybrid `epsilon_remaining` is the "
+            "spend's statement (epsilon_total - epsilon_spent at delta_total), not what every "
+            "kind of release may ask for: a pure or approximate release is charged by filters "
+            "that count it differently."
+        ),
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(

@@ -132,6 +132,7 @@ class BudgetExceededError(ConflictError):
         rho_remaining: Decimal | None = None,
         mu_remaining: Decimal | None = None,
         delta_reserved_for_conversion: Decimal | None = None,
+        epsilon_admissible: Decimal | None = None,
     ) -> None:
         super().__init__(code, detail, status)
         #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
@@ -145,6 +146,11 @@ class BudgetExceededError(ConflictError):
         self.rho_remaining = rho_remaining
         self.mu_remaining = mu_remaining
         self.delta_reserved_for_conversion = delta_reserved_for_conversion
+        #: The largest epsilon the same request (mechanism, params, delta) is admitted at now,
+        #: checked by the service; ``None`` when none is or it was asked in mu or rho. On
+        #: hybrid ``epsilon_remaining`` is the spend's statement, not what every kind of
+        #: release may ask for.
+        self.epsilon_admissible = epsilon_admissible
 
 
 class ServerError(DpssError):
@@ -358,6 +364,7 @@ def error_from_response(response: httpx.Response) -> DpssError:
             delta_reserved_for_conversion=_decimal_or_none(
                 body.get("delta_reserved_for_conversion")
             ),
+            epsilon_admissible=_decimal_or_none(body.get("epsilon_admissible")),
         )
     if status == 409:
         return ConflictError(code, detail, status)

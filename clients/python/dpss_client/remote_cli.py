@@ -222,10 +222,11 @@ _ERROR_EXTRAS = (
     "rho_remaining",
     "mu_remaining",
     "delta_reserved_for_conversion",
+    "epsilon_admissible",
 )
 #: Extras that are remaining budget figures: shown to 4 significant digits, rounded down, on
-#: stderr (exact in --json).
-_REMAINING_EXTRAS = frozenset(_ERROR_EXTRAS[2:6])
+#: stderr (exact in --json). ``epsilon_admissible`` has 3 digits: shown exactly.
+_REMAINING_EXTRAS = frozenset((*_ERROR_EXTRAS[2:6], "epsilon_admissible"))
 
 
 @contextmanager
@@ -375,6 +376,11 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
         ("params", json.dumps(info.params, sort_keys=True)),
         ("affordable", "yes" if info.affordable else "NO: the budget does not cover it"),
         ("epsilon_remaining", _figure(info.epsilon_remaining)),
+    ]
+    if info.epsilon_admissible is not None:
+        # What this request IS admitted at (on hybrid epsilon_remaining states the spend).
+        rows.append(("epsilon_admissible", _figure(info.epsilon_admissible)))
+    rows += [
         ("delta_remaining", _figure(info.delta_remaining)),
         ("memory", f"{info.memory_mb:,.1f} MiB"),
     ]
