@@ -236,6 +236,7 @@ class BudgetExceeded(Conflict):
         request is admitted at now (:mod:`service.repricing`), said in the message and given
         as a field: under ``hybrid`` ``epsilon_remaining`` is not what every kind of release
         may ask for."""
+        self._terms = (dict(remaining), budget, grant_id, tuple(shortfalls))
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         why = f": {'; '.join(shortfalls)}" if shortfalls else ""
         # What the analyst can do next: a dry run prices a smaller request without a charge.
@@ -261,6 +262,18 @@ class BudgetExceeded(Conflict):
             **remaining,
             budget=budget,
             grant_id=grant_id,
+            epsilon_admissible=epsilon_admissible,
+        )
+
+    def admitting(self, epsilon_admissible: Decimal | None) -> BudgetExceeded:
+        """The same refusal, saying the epsilon the request is admitted at (searched after the
+        refusing transaction, :func:`service.releases.epsilon_admissible_now`)."""
+        remaining, budget, grant_id, shortfalls = self._terms
+        return BudgetExceeded(
+            remaining,
+            budget=budget,
+            grant_id=grant_id,
+            shortfalls=shortfalls,
             epsilon_admissible=epsilon_admissible,
         )
 

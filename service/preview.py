@@ -188,7 +188,6 @@ def preview_release(
     grant = grants.require_usable(grant, required=settings.grants_required)
     charge = prepared.charge
     budget = ledger.budget_of(session, dataset)
-    dataset_budget = budget
     affordable = budget.affords(charge)
     charged_to: Literal["dataset", "grant"] = "dataset"
     share = None
@@ -198,14 +197,9 @@ def preview_release(
             # The analyst's own limit is the grant's (when both afford it, or the grant is short).
             charged_to, budget = "grant", share
         affordable = affordable and share.affords(charge)
-    # What a real request's 409 would offer: the same request at the largest epsilon admitted.
-    admissible = (
-        None
-        if affordable
-        else releases.admissible_epsilon(
-            body, prepared, dataset, settings, prior, grant, share, dataset_budget
-        )
-    )
+    # What a real request's 409 would offer (the same request at the largest epsilon admitted)
+    # is searched by the route afterwards, without the dataset's lock
+    # (:func:`service.releases.epsilon_admissible_now`).
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
     if forecast_from is not None:
         shown = with_forecast_from(session, principal, dataset, prepared, shown, forecast_from)
@@ -264,7 +258,6 @@ def preview_release(
         delta_reserved_for_conversion=stated.delta_reserved_for_conversion,
         releases_remaining=releases_remaining(budget, charge),
         affordable=affordable,
-        epsilon_admissible=admissible,
         admitted_by=admitted_by,
         epsilon_remaining=stated.epsilon_remaining,
         delta_remaining=stated.delta_remaining,

@@ -584,19 +584,15 @@ def request_release(
     grant = grants.require_usable(grant, required=settings.grants_required)
     share = None if grant is None else grants.grant_budget(session, grant)
     budget = ledger.budget_of(session, dataset)
+    # The epsilon this request is admitted at is not searched here, under the dataset's lock
+    # (it prepares the request a dozen times): :func:`epsilon_admissible_now` does it in a
+    # transaction of its own that locks nothing, and the route adds it to the 409.
     if share is not None and not share.affords(prepared.charge):
-        admissible = admissible_epsilon(
-            body, prepared, dataset, settings, prior, grant, share, budget
-        )
         raise budget_exceeded(
-            share, prepared.charge, budget="grant", grant_id=grant.id if grant else None,
-            epsilon_admissible=admissible,
-        )  # fmt: skip
-    if not budget.affords(prepared.charge):
-        admissible = admissible_epsilon(
-            body, prepared, dataset, settings, prior, grant, share, budget
+            share, prepared.charge, budget="grant", grant_id=grant.id if grant else None
         )
-        raise budget_exceeded(budget, prepared.charge, epsilon_admissible=admissible)
+    if not budget.affords(prepared.charge):
+        raise budget_exceeded(budget, prepared.charge)
     created_at = utcnow()
     padding = _padding(
         session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
@@ -711,6 +707,38 @@ def admissible_epsilon(
     return repricing.admissible_epsilon(
         body.epsilon, repricing.charge_at_epsilon(prepare, fixed), budgets
     )
+
+
+def epsilon_admissible_now(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    body: ReleaseRequest,
+    settings: Settings,
+) -> Decimal | None:
+    """The largest epsilon (:func:`admissible_epsilon`) at which ``body`` is admitted by the
+    budgets it is charged to as they stand now; ``None`` when it is admitted as asked, is
+    asked in ``mu`` or ``rho``, or no smaller epsilon helps.
+
+    Read without the dataset's lock and charging nothing (a refused request or an
+    unaffordable dry run has already answered under the lock): the search prepares the
+    request again at a dozen trial epsilons, and a lock held meanwhile would stall every
+    release and upload of the dataset (on SQLite every write). A figure read a moment after
+    the refusal is what "admitted now" can mean: any later release may change it."""
+    if body.epsilon is None:
+        return None
+    dataset = session.get(Dataset, dataset_id)
+    if dataset is None or dataset.deleted_at is not None or dataset.file_name is None:
+        return None
+    prior = priors.resolve(session, principal, body.params, persist=False)
+    grant = grants.current_grant(session, dataset.id, principal.key_id)
+    prepared = check_request(body, dataset, settings, prior, grant)
+    grant = grants.require_usable(grant, required=settings.grants_required)
+    share = None if grant is None else grants.grant_budget(session, grant)
+    budget = ledger.budget_of(session, dataset)
+    if budget.affords(prepared.charge) and (share is None or share.affords(prepared.charge)):
+        return None
+    return admissible_epsilon(body, prepared, dataset, settings, prior, grant, share, budget)
 
 
 def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -> Release:

@@ -43,8 +43,9 @@ DIGITS = 3
 HALVINGS = 20
 #: Bisection steps between the admitted and the refused epsilon (at most twice it): 2^-10 of
 #: the gap, below the last of :data:`DIGITS` digits. Each step prepares the request again
-#: under the dataset's lock (an ``auto`` request about 0.13 s on a loaded 2-core machine, so
-#: a refusal about 1.5 s; ``analyze_gauss`` about 0.3 s): few steps keep the lock short.
+#: (an ``auto`` request about 0.13 s on a loaded 2-core machine, so a refusal about 1.5 s more;
+#: ``analyze_gauss`` about 0.3 s), in a transaction of its own that locks nothing
+#: (:func:`service.releases.epsilon_admissible_now`), but still a database slot's time.
 STEPS = 10
 
 _CONTEXT = Context(prec=60)

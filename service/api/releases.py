@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, TypeVar
 
 import anyio
@@ -28,6 +29,7 @@ from service.api.routing import GuardedRoute
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
+from service.errors import BudgetExceeded as BudgetRefused
 from service.errors import InvalidInput
 from service.mechanisms.continual_gauss import MAX_HORIZON
 from service.visibility import FINISHED
@@ -140,6 +142,10 @@ async def create_release(
         raise InvalidInput("forecast_from", "only with dry_run=true (a preview)")
     if wait and dry_run:
         raise InvalidInput("wait", "not with dry_run=true (a preview is answered at once)")
+
+    def admissible_now(session: Session, principal: Principal) -> Decimal | None:
+        return releases.epsilon_admissible_now(session, principal, dataset_id, body, settings)
+
     if dry_run:
 
         def preview_work(session: Session, principal: Principal) -> ReleasePreview:
@@ -149,7 +155,17 @@ async def create_release(
             return ReleasePreview(dry_run=True, **vars(shown))
 
         shown = await uow(preview_work)
+        if not shown.affordable:
+            shown.epsilon_admissible = await uow(admissible_now)
         return JSONResponse(shown.model_dump(mode="json"), status_code=200)
+
+    async def requested(work: Callable[[Session, Principal], _T]) -> _T:
+        # A refusal's admissible epsilon is searched in a second transaction, after the first
+        # (which held the dataset's lock) has ended.
+        try:
+            return await uow(work)
+        except BudgetRefused as refused:
+            raise refused.admitting(await uow(admissible_now)) from None
 
     def work(session: Session, principal: Principal) -> Release:
         release = releases.request_release(
@@ -158,7 +174,7 @@ async def create_release(
         return release_out(release, principal, session, basis_format=basis_format)
 
     if not wait:
-        return await uow(work)
+        return await requested(work)
 
     def create(session: Session, principal: Principal) -> _Read:
         release = releases.request_release(
@@ -173,7 +189,7 @@ async def create_release(
     hub: ReleaseWaiters = request.app.state.release_waiters
     deadline = anyio.current_time() + wait
     with hub.waiting(None) as waiter:
-        read = await uow(create)
+        read = await requested(create)
         if waiter is not None:
             release_id = read.shown.id
 
@@ -297,6 +313,7 @@ def _shows_at(
 
 
 _R = TypeVar("_R", bound="_Read | _EpochRead")
+_T = TypeVar("_T")
 
 
 async def _long_poll(

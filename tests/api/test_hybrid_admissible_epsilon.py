@@ -106,3 +106,46 @@ def test_a_request_in_mu_gets_no_epsilon_figure(client, keys, upload_dataset):
     refused = post(client, keys, dataset_id, {"mechanism": "analyze_gauss", "k": 2, "mu": "0.3"})
     assert refused.status_code == 409, refused.text
     assert refused.json()["epsilon_admissible"] is None
+
+
+def test_the_search_runs_after_the_refusing_transaction_not_under_its_lock(
+    client, keys, upload_dataset, monkeypatch
+):
+    """The search prepares the request a dozen times (about 1.5 s for ``auto`` on a loaded
+    machine): inside the request's transaction it held the dataset's lock (on SQLite the
+    database's write lock) all that time. It now runs in a transaction of its own, after the
+    refusal or the dry run has committed or rolled back."""
+    from service import preview, releases, repricing
+
+    inside: list[str] = []
+    searched_inside: list[str] = []
+    search = repricing.admissible_epsilon
+
+    def watched(name, function):
+        def run(*args, **kwargs):
+            inside.append(name)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        monkeypatch.setattr(releases if name == "request" else preview, function.__name__, run)
+
+    watched("request", releases.request_release)
+    watched("preview", preview.preview_release)
+
+    def recorded(*args, **kwargs):
+        searched_inside.extend(inside or ["outside"])
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(repricing, "admissible_epsilon", recorded)
+    dataset_id = upload_dataset(
+        client, keys.owner, rows(), epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )["id"]
+    for _ in range(2):
+        assert post(client, keys, dataset_id, GAUSS).status_code == 202
+    refused = post(client, keys, dataset_id, PURE)
+    assert refused.status_code == 409 and refused.json()["epsilon_admissible"] is not None
+    dry = post(client, keys, dataset_id, PURE, dry_run=True).json()
+    assert dry["epsilon_admissible"] == refused.json()["epsilon_admissible"]
+    assert searched_inside == ["outside", "outside"]
