@@ -267,7 +267,7 @@ class BudgetExceeded(Conflict):
 
     def admitting(self, epsilon_admissible: Decimal | None) -> BudgetExceeded:
         """The same refusal, saying the epsilon the request is admitted at (searched after the
-        refusing transaction, :func:`service.releases.epsilon_admissible_now`)."""
+        refusing transaction, :func:`service.releases.admissible_search`)."""
         remaining, budget, grant_id, shortfalls = self._terms
         return BudgetExceeded(
             remaining,

@@ -199,7 +199,7 @@ def preview_release(
         affordable = affordable and share.affords(charge)
     # What a real request's 409 would offer (the same request at the largest epsilon admitted)
     # is searched by the route afterwards, without the dataset's lock
-    # (:func:`service.releases.epsilon_admissible_now`).
+    # (:func:`service.releases.admissible_search`).
     shown = prepared.mechanism.preview(prepared.context, prepared.spec)
     if forecast_from is not None:
         shown = with_forecast_from(session, principal, dataset, prepared, shown, forecast_from)

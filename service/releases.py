@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal
@@ -585,8 +586,8 @@ def request_release(
     share = None if grant is None else grants.grant_budget(session, grant)
     budget = ledger.budget_of(session, dataset)
     # The epsilon this request is admitted at is not searched here, under the dataset's lock
-    # (it prepares the request a dozen times): :func:`epsilon_admissible_now` does it in a
-    # transaction of its own that locks nothing, and the route adds it to the 409.
+    # (it prepares the request a dozen times): :func:`admissible_search` reads what it
+    # needs after this transaction and searches outside any; the route adds it to the 409.
     if share is not None and not share.affords(prepared.charge):
         raise budget_exceeded(
             share, prepared.charge, budget="grant", grant_id=grant.id if grant else None
@@ -709,22 +710,23 @@ def admissible_epsilon(
     )
 
 
-def epsilon_admissible_now(
+def admissible_search(
     session: Session,
     principal: Principal,
     dataset_id: uuid.UUID,
     body: ReleaseRequest,
     settings: Settings,
-) -> Decimal | None:
-    """The largest epsilon (:func:`admissible_epsilon`) at which ``body`` is admitted by the
-    budgets it is charged to as they stand now; ``None`` when it is admitted as asked, is
-    asked in ``mu`` or ``rho``, or no smaller epsilon helps.
+) -> Callable[[], Decimal | None] | None:
+    """What :func:`admissible_epsilon` needs for ``body``, read now, as a search to run after
+    this transaction; ``None`` when the request is admitted as asked or asked in ``mu`` or
+    ``rho`` (no search).
 
-    Read without the dataset's lock and charging nothing (a refused request or an
-    unaffordable dry run has already answered under the lock): the search prepares the
-    request again at a dozen trial epsilons, and a lock held meanwhile would stall every
-    release and upload of the dataset (on SQLite every write). A figure read a moment after
-    the refusal is what "admitted now" can mean: any later release may change it."""
+    A refused request or an unaffordable dry run has already answered under the dataset's
+    lock; the search prepares the request again at a dozen trial epsilons (about 1.5 s for
+    ``auto`` on a loaded machine) and must not hold that lock, nor on SQLite the database's
+    write lock that every transaction takes, nor a database slot: it reads here (no lock),
+    and the search itself runs on what was read, outside any transaction. A figure read a
+    moment after the refusal is what "admitted now" can mean: any later release changes it."""
     if body.epsilon is None:
         return None
     dataset = session.get(Dataset, dataset_id)
@@ -732,13 +734,18 @@ def epsilon_admissible_now(
         return None
     prior = priors.resolve(session, principal, body.params, persist=False)
     grant = grants.current_grant(session, dataset.id, principal.key_id)
+    # Prepared once here, so every attribute the trials read is loaded before the session ends.
     prepared = check_request(body, dataset, settings, prior, grant)
     grant = grants.require_usable(grant, required=settings.grants_required)
     share = None if grant is None else grants.grant_budget(session, grant)
     budget = ledger.budget_of(session, dataset)
     if budget.affords(prepared.charge) and (share is None or share.affords(prepared.charge)):
         return None
-    return admissible_epsilon(body, prepared, dataset, settings, prior, grant, share, budget)
+
+    def search() -> Decimal | None:
+        return admissible_epsilon(body, prepared, dataset, settings, prior, grant, share, budget)
+
+    return search
 
 
 def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -> Release:

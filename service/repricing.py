@@ -44,8 +44,8 @@ HALVINGS = 20
 #: Bisection steps between the admitted and the refused epsilon (at most twice it): 2^-10 of
 #: the gap, below the last of :data:`DIGITS` digits. Each step prepares the request again
 #: (an ``auto`` request about 0.13 s on a loaded 2-core machine, so a refusal about 1.5 s more;
-#: ``analyze_gauss`` about 0.3 s), in a transaction of its own that locks nothing
-#: (:func:`service.releases.epsilon_admissible_now`), but still a database slot's time.
+#: ``analyze_gauss`` about 0.3 s), outside any transaction (the budgets read before it,
+#: :func:`service.releases.admissible_search`).
 STEPS = 10
 
 _CONTEXT = Context(prec=60)

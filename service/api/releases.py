@@ -143,8 +143,15 @@ async def create_release(
     if wait and dry_run:
         raise InvalidInput("wait", "not with dry_run=true (a preview is answered at once)")
 
-    def admissible_now(session: Session, principal: Principal) -> Decimal | None:
-        return releases.epsilon_admissible_now(session, principal, dataset_id, body, settings)
+    def search_inputs(
+        session: Session, principal: Principal
+    ) -> Callable[[], Decimal | None] | None:
+        return releases.admissible_search(session, principal, dataset_id, body, settings)
+
+    async def admissible_now() -> Decimal | None:
+        # Read in a unit of work of its own, searched after it (outside any transaction).
+        search = await uow(search_inputs)
+        return None if search is None else await anyio.to_thread.run_sync(search)
 
     if dry_run:
 
@@ -156,7 +163,7 @@ async def create_release(
 
         shown = await uow(preview_work)
         if not shown.affordable:
-            shown.epsilon_admissible = await uow(admissible_now)
+            shown.epsilon_admissible = await admissible_now()
         return JSONResponse(shown.model_dump(mode="json"), status_code=200)
 
     async def requested(work: Callable[[Session, Principal], _T]) -> _T:
@@ -165,7 +172,7 @@ async def create_release(
         try:
             return await uow(work)
         except BudgetRefused as refused:
-            raise refused.admitting(await uow(admissible_now)) from None
+            raise refused.admitting(await admissible_now()) from None
 
     def work(session: Session, principal: Principal) -> Release:
         release = releases.request_release(

@@ -113,9 +113,14 @@ def test_the_search_runs_after_the_refusing_transaction_not_under_its_lock(
 ):
     """The search prepares the request a dozen times (about 1.5 s for ``auto`` on a loaded
     machine): inside the request's transaction it held the dataset's lock (on SQLite the
-    database's write lock) all that time. It now runs in a transaction of its own, after the
-    refusal or the dry run has committed or rolled back."""
+    database's write lock) all that time. It now runs on what a second unit of work read,
+    after the refusal or the dry run has ended, inside no transaction."""
+    from sqlalchemy.orm.session import _sessions
+
     from service import preview, releases, repricing
+
+    def _all_sessions():
+        return list(_sessions.values())
 
     inside: list[str] = []
     searched_inside: list[str] = []
@@ -136,6 +141,8 @@ def test_the_search_runs_after_the_refusing_transaction_not_under_its_lock(
 
     def recorded(*args, **kwargs):
         searched_inside.extend(inside or ["outside"])
+        # No session is open: on SQLite every transaction holds the write lock.
+        assert not any(session.in_transaction() for session in _all_sessions())
         return search(*args, **kwargs)
 
     monkeypatch.setattr(repricing, "admissible_epsilon", recorded)
