@@ -56,7 +56,8 @@ class ExplainedVariance:
     to their debiased eigenvalues; ``ratio``: per component, each in ``[0, 1]``, summing to at
     most 1; ``interval``: ``(low, high)`` for the total captured share, coverage at least
     :data:`INTERVAL_COVERAGE`; ``total``: the estimated total sum of squares; ``hidden``: the
-    interval is at least :data:`HIDDEN_WIDTH` wide, so the noise hides the share and the point
+    interval, or the one the noise gives before it is cut to ``[0, 1]``, is at least
+    :data:`HIDDEN_WIDTH` wide (:func:`hides_share`), so the noise hides the share and the point
     estimate is not a measurement.
     """
 
@@ -65,11 +66,34 @@ class ExplainedVariance:
     interval: tuple[float, float]
     total: float
     hidden: bool = False
+    #: :func:`noise_width` at the estimated total (0 where the share is a public fact).
+    spread: float = 0.0
 
 
 #: An interval at least this wide says the noise hides the captured share (issue 32, item 4):
 #: the release is flagged and warned about rather than its point estimate read as a measurement.
 HIDDEN_WIDTH = 0.3
+
+
+def noise_width(noise_std: float, total: float) -> float:
+    """``2 z s / T``: the width of the 90% interval of the share ``c/(c + r)`` that the noise
+    ``s`` on each sum gives at a total ``T`` before the interval is cut to ``[0, 1]`` (its
+    bounds are about ``(c -+ z s)/T``); ``inf`` when ``T`` is not positive. The interval as
+    released can be far narrower where a low (high) draw of ``c`` cuts it at 0 (1): the noise
+    is no smaller there, and a narrow cut interval is no measurement (digits, standardised
+    rows, k = 1, eps 1: the interval ``[0, 0.15]`` and 0 stated for 0.10 kept at
+    ``s/T = 0.4``). Post-processing of the noisy sums and their public noise scale."""
+    if not (total > 0 and math.isfinite(total)):
+        return math.inf
+    return 2.0 * float(ndtri(0.98)) * noise_std / total
+
+
+def hides_share(low: float, high: float, noise_std: float, total: float) -> bool:
+    """The noise hides the captured share: the released interval ``[low, high]`` or the one
+    the noise gives before it is cut to ``[0, 1]`` (:func:`noise_width`) is at least
+    :data:`HIDDEN_WIDTH` wide."""
+    return high - low >= HIDDEN_WIDTH or noise_width(noise_std, total) >= HIDDEN_WIDTH
+
 
 #: The second-order bias correction of ``c/(c + r)`` is applied once ``c + r`` is at least this
 #: many noise sds (below it the Taylor expansion does not hold; such a release is hidden anyway).
@@ -125,7 +149,8 @@ def explained_variance(
     debiased sums, clamped into the interval; when their total is not positive it is
     ``prior_share`` clamped into the interval (the caller passes ``k/d``, what a uniformly
     random rank-k subspace captures in expectation, ``E tr(P A)/tr(A) = k/d`` for any ``A``).
-    ``hidden`` when the interval is at least :data:`HIDDEN_WIDTH` wide.
+    ``hidden`` when the interval, or the one the noise gives before it is cut to ``[0, 1]``, is
+    at least :data:`HIDDEN_WIDTH` wide (:func:`hides_share`).
     """
     # scipy.stats.norm.ppf's own kernel without its argument checks (0.3 ms a call).
     z = float(ndtri(0.98))
@@ -151,7 +176,8 @@ def explained_variance(
         ratio=ratio_total * shares,
         interval=(low, high),
         total=total,
-        hidden=high - low >= HIDDEN_WIDTH,
+        hidden=hides_share(low, high, noise_std, c_debiased + r_debiased),
+        spread=noise_width(noise_std, c_debiased + r_debiased),
     )
 
 
@@ -293,9 +319,15 @@ def variance_extras(
     if estimate.hidden:
         low, high = estimate.interval
         # Public words and the released interval only (post-processing of the noisy sums).
+        if high - low >= HIDDEN_WIDTH:
+            spread = f"is {high - low:.2f} wide"
+        else:
+            # Cut at 0 or 1: narrow as released, while the noise alone spans more.
+            width = "more than 1" if estimate.spread > 1 else f"{estimate.spread:.2f}"
+            spread = f"is cut at 0 or 1, while the noise alone spans {width} of the share"
         hidden = (
             f"the noise hides how much variance the components keep: the 90% interval "
-            f"[{low:.2f}, {high:.2f}] is {high - low:.2f} wide, so explained_variance_ratio is a "
+            f"[{low:.2f}, {high:.2f}] {spread}, so explained_variance_ratio is a "
             "guess, not a measurement (more rows or a larger epsilon narrow it)"
         )
         if "warning" in extras:
