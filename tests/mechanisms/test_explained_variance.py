@@ -260,7 +260,7 @@ def test_a_narrow_interval_cut_at_zero_is_flagged_hidden() -> None:
     # Digits, standardised rows, k = 1, eps 1 (the route without a centre, the variance clip
     # at C): captured -72,475 and residual 187,284 with noise sd 43,554 on each. The interval
     # cut at 0 is [0, 0.15], narrow, so the release was not flagged and stated 0 for the 0.10
-    # its component kept; the noise alone spans about 1.5 of the share there.
+    # its component kept; uncut, the interval is about 1.5 wide.
     est = explained_variance(-72_475.0, 187_284.0, 43_554.0, np.ones(1), prior_share=1 / 64)
     low, high = est.interval
     assert high - low < module.HIDDEN_WIDTH
@@ -307,3 +307,15 @@ def test_the_warning_of_a_cut_interval_says_what_the_noise_spans() -> None:
         assert out.extras["explained_variance_hidden_by_noise"] is True
         if high - low < module.HIDDEN_WIDTH:
             assert "cut at 0 or 1" in out.extras["warning"]
+
+
+def test_a_narrow_interval_cut_at_zero_by_the_centre_bound_is_flagged_hidden() -> None:
+    # MNIST 2,000 x 784, spatial_sign with a private centre, k = 10, eps 0.7: captured 250 and
+    # residual 1,215 (noise sd 26), the centre's error bound about 313: the interval [0, 0.26]
+    # came out narrow and unflagged while the release stated 0.21 for the 0.06 it kept.
+    est = explained_variance(
+        250.0, 1215.0, 26.0, np.ones(10), (0.0, 0.0), 313.0, prior_share=10 / 784
+    )
+    low, high = est.interval
+    assert low == 0.0 and high - low < module.HIDDEN_WIDTH
+    assert est.hidden
