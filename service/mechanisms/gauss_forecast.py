@@ -136,6 +136,9 @@ class ReleasedFigures:
     uncentred: bool = False
     mean_noise: float = 0.0
     sums: float = 0.0
+    #: The release's ``explained_variance_hidden_by_noise`` flag (also set where a low or high
+    #: draw cut a narrow interval at 0 or 1 while its noise spans more).
+    hidden: bool = False
 
     @classmethod
     def from_extras(
@@ -187,16 +190,18 @@ class ReleasedFigures:
             uncentred,
             noise,
             sums,
+            extras.get("explained_variance_hidden_by_noise") is True,
         )
 
     @property
     def measured(self) -> bool:
         """The release measured its share: its interval is narrower than
-        :data:`~service.mechanisms.explained_variance.HIDDEN_WIDTH` (not hidden by noise)."""
+        :data:`~service.mechanisms.explained_variance.HIDDEN_WIDTH` and it was not flagged
+        hidden by noise (a narrow interval cut at 0 or 1 is no measurement)."""
         from service.mechanisms.explained_variance import HIDDEN_WIDTH  # no import cycle
 
         low, high = self.interval
-        return high - low < HIDDEN_WIDTH
+        return high - low < HIDDEN_WIDTH and not self.hidden
 
     @property
     def clipped_share(self) -> float:

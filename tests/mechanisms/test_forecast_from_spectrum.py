@@ -308,3 +308,17 @@ def test_a_release_whose_share_was_hidden_gives_a_range_and_no_point() -> None:
             assert scales["forecast_from_release_determined"] is False
             assert "hidden by its noise" in meaning[0]
     assert hidden >= 3
+
+
+def test_a_narrow_interval_flagged_hidden_is_not_carried_as_a_measured_share() -> None:
+    # A release whose interval was cut at 0 (narrow, [0, 0.15]) while its noise spans more is
+    # flagged hidden: its stated 0 is no measurement, so the forecast reads its spectrum.
+    extras = {
+        "explained_variance_ratio": [0.0], "explained_variance_ratio_interval": [0.0, 0.15],
+        "eigenvalues": [900.0], "trace": 5000.0, "gram_noise_std": 10.0,
+        "explained_variance_hidden_by_noise": True,
+    }  # fmt: skip
+    figures = ReleasedFigures.from_extras(extras, 64, 1797, 1.0)
+    assert figures is not None
+    assert not figures.measured
+    assert forecast_from_release(figures, 1, 1.0) == spectrum_share(figures, 1, 1.0)

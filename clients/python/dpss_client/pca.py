@@ -211,7 +211,8 @@ class PrivatePCA:
         the release's public noise scales (``analyze_gauss``, centred ``spatial_sign``; None
         otherwise).
     explained_variance_hidden_by_noise_ : bool or None
-        True when that interval is at least 0.3 wide: the noise hides how much the components
+        True when that interval is at least 0.3 wide, or would be if it were not cut at 0 or 1
+        (the service's flag): the noise hides how much the components
         keep, so ``explained_variance_ratio_`` is a guess, not a measurement (``warning_`` says
         so too); False when it is narrower; None without an interval.
     warning_ : str or None
