@@ -393,6 +393,13 @@ def fast_gram(
     gram = np.zeros((d, d), dtype=np.float64)
     low, high = SAFE_SQUARED_NORMS
     buffer: FloatArray | None = None
+    # Uncentred in float64 without known norms, each chunk's X^T X is computed first, into one
+    # reused matrix, and its norms after, while its rows are still in cache (1.15x a bare
+    # X^T X at 50,000 x 100 against 1.21x for the norms first and a fresh product per chunk;
+    # issue 35): a chunk within the clip adds that product, the same values as
+    # ``block.T @ block``. After the first chunk that needs clipping the norms come first
+    # again (no product is computed twice on rows that are mostly over the clip).
+    product = np.empty((d, d), dtype=np.float64) if center is None and single_rows is None else None
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         # Kept as they are: squared norms in [low, limit] (or below low when bound^2 is well
         # above it, see _safe_squares). A NaN or inf square fails the test: clipped route.
@@ -407,6 +414,13 @@ def fast_gram(
             first = start
             start = stop
             if center is None:
+                if known is None and product is not None:
+                    np.matmul(block.T, block, out=product)
+                    known = row_squares(block)
+                    if known.max() <= limit and (tiny_kept or known.min() >= low):
+                        gram += product
+                        continue
+                    product = None
                 known = row_squares(block) if known is None else known
                 if known.max() <= limit and (tiny_kept or known.min() >= low):
                     _add_gram(gram, block, single_rows)
