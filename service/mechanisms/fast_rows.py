@@ -326,10 +326,11 @@ def fast_gram_rows(
 
 
 def gram_chunk_rows(n_cols: int) -> int:
-    """Rows per chunk of the Gram pass: at small ``d`` the pass is memory-bound, and a chunk of
-    about 1 MB is still in cache when ``X^T X`` reads it after its norms (measured at 50,000 x
-    100: 1,024 rows 0.019 s against 0.021 s for 8,192); at large ``d`` it is compute-bound and
-    larger blocks make the rank-k update faster."""
+    """Rows per chunk of the Gram pass: at small ``d`` the pass is memory-bound, and a chunk
+    of about 1 MB is still in cache when its norms are read after its ``X^T X`` (measured at
+    50,000 x 100: 1,024 rows 0.019 s against 0.021 s for 8,192); at large ``d`` it is
+    compute-bound and larger blocks make the rank-k update faster. The chunks also fix the
+    order of the Gram's sums: another size changes the released bits."""
     return 1024 if n_cols < 256 else DEFAULT_CHUNK_ROWS
 
 
@@ -355,9 +356,10 @@ def fast_gram(
     (a :class:`~service.mechanisms.linalg.RowSource` computes its own).
 
     Uncentred, a chunk whose rows all lie within the clip (up to :data:`ROUNDING_SLACK`) and
-    the safe range goes to ``X^T X`` as it is, after one pass for its norms and two
-    reductions (the common case of a declared bound: issue 35 puts the whole release within
-    1.2x of the bare ``X^T X``); any other chunk is clipped row by row, reusing its norms.
+    the safe range goes to ``X^T X`` as it is, with one pass for its norms (after its product,
+    in float64) and two reductions (the common case of a declared bound: issue 35 puts the
+    whole release within 1.2x of the bare ``X^T X``); any other chunk is clipped row by row,
+    reusing its norms.
     ``squares``: every row's squared norm (:func:`row_squares`, e.g. the probe pass's), read
     instead of computed.
 
