@@ -13,6 +13,7 @@ import pytest
 from service.mechanisms import analyze_gauss as module
 from service.mechanisms import centring_choice as cc
 from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.fast_rows import fast_gram_rows, row_squares
 from service.mechanisms.gauss_forecast import ReleasedFigures, forecast_from_release
 from service.mechanisms.linalg import captured_energy, clipped_gram
 
@@ -51,6 +52,53 @@ def test_rows_a_rounding_above_the_clip_are_kept_and_longer_ones_clipped() -> No
         expected += block.T @ block
     np.testing.assert_array_equal(cc.fast_gram(clean, 1.0), expected)
     assert cc.ROUNDING_SLACK < 1e-11
+
+
+def norms_first_gram(rows: Rows, clip: float) -> Rows:
+    """The uncentred Gram pass as it was before issue 35's reordering: each chunk's norms
+    first, then the chunk as it is (all within the clip) or clipped row by row."""
+    d = rows.shape[1]
+    step = cc.gram_chunk_rows(d)
+    gram = np.zeros((d, d))
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        for start in range(0, rows.shape[0], step):
+            block = rows[start : start + step]
+            known = row_squares(block)
+            if known.max() <= clip * clip * (1.0 + cc.ROUNDING_SLACK):
+                gram += block.T @ block
+                continue
+            clipped = fast_gram_rows(block, clip, None, None, known)
+            gram += clipped.T @ clipped
+    return gram
+
+
+@pytest.mark.parametrize("kind", ["within", "over_early", "over_late", "extreme"])
+def test_the_product_first_gram_pass_releases_the_same_bits(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 35: each chunk's X^T X is computed before its norms (while its rows are in
+    # cache), and after a chunk that needs clipping the norms come first again. The Gram, and
+    # so the release on a fixed seed, is the norms-first pass's to the last bit.
+    rows = unit_rows(5000, 40, 21) * 0.9
+    rows[::3] *= (1.0 + 1e-15) / 0.9  # rows at the bound, as an owner's scaling leaves them
+    if kind == "over_early":
+        rows[1500] *= 2.0  # the second chunk is clipped; the later ones go norms-first
+    elif kind == "over_late":
+        rows[-10:] *= 3.0  # only the last chunk
+    elif kind == "extreme":
+        rows[2100] *= 1e200  # a square beyond the safe range: the rescaled route
+    expected = norms_first_gram(rows, 1.0)
+    np.testing.assert_array_equal(cc.fast_gram(rows, 1.0), expected)
+
+    mechanism = module.AnalyzeGauss()
+    ctx = PublicContext(n_rows=5000, n_cols=40, row_norm_bound=1.0)
+    params = mechanism.prepare(ctx, 3, 1.0, 1e-6, mechanism.parse_params({}))
+    spec = ReleaseSpec(3, 1.0, 1e-6, params)
+    now = mechanism.run(rows, spec, np.random.default_rng(22))
+    monkeypatch.setattr(module, "fast_gram", lambda data, clip, **_: norms_first_gram(data, clip))
+    before = mechanism.run(rows, spec, np.random.default_rng(22))
+    np.testing.assert_array_equal(now.basis, before.basis)
+    assert now.extras == before.extras
 
 
 def test_the_noise_draw_is_symmetric_with_the_scale_on_each_upper_entry() -> None:
