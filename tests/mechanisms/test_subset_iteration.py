@@ -75,8 +75,6 @@ def test_blocks_without_a_gap_keep_their_ritz_vectors_without_a_dense_eigh(
     k = 3
     s = min(m, d)
     blocks = _power_law_blocks(6, m, d, seed=2)
-    scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
-    gram = scaled @ scaled.transpose(0, 2, 1) if m < d else scaled.transpose(0, 2, 1) @ scaled
     sizes: list[int] = []
     real_eigh = sa.eigh_each
 
