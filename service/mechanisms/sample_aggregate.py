@@ -199,6 +199,11 @@ MAX_ITERATIONS = 3
 #: poor either way); the dense ``eigh`` of 500 ``100 x 100`` Grams was 22x ``X^T X`` at
 #: 50,000 x 100. Either is a deterministic function of the block alone.
 KEEP_UNCERTIFIED = True
+#: Ritz vectors are kept only where the dense ``eigh`` is far costlier than the iteration,
+#: ``s >= KEEP_MIN_RATIO * b`` (a public size: at k = 10, ``b = 12``, from ``s = 96``; at
+#: k = 3 from ``s = 40``). Below it a dense ``eigh`` of the small Gram is cheap and exact, as
+#: before.
+KEEP_MIN_RATIO = 8
 #: Bytes of Grams formed and decomposed at once (:func:`_top_k_right_singular`): about half of
 #: a core's 2 MB L2 cache on the bench machine, 13 Grams of ``100 x 100``.
 CACHE_BYTES = 1 << 20
@@ -249,7 +254,8 @@ def _subspace_iteration(
     it certifies, after :data:`MAX_ITERATIONS` rounds, or earlier when the bound, shrinking at
     the Ritz values' estimate of the rate, cannot get there (a heuristic for speed: which
     blocks stop is a function of each block alone). A block that stopped without a
-    certificate is *settled* with its last Ritz pairs when :data:`KEEP_UNCERTIFIED` (they are
+    certificate is *settled* with its last Ritz pairs when :data:`KEEP_UNCERTIFIED` and
+    ``s >= KEEP_MIN_RATIO * b`` (they are
     then the Rayleigh-Ritz approximation from ``span(G^{2i} Omega)``, not the exact top-k),
     else left to the caller's dense eigendecomposition. Ritz pairs with a non-finite value are
     never settled (the caller's dense route, then the SVD, decide them).
@@ -280,6 +286,7 @@ def _subspace_iteration(
     values = np.zeros((g, k), dtype=np.float64)
     vectors = np.zeros((g, s, k), dtype=np.float64)
     active = np.arange(g)
+    keep_ritz = KEEP_UNCERTIFIED and s >= KEEP_MIN_RATIO * width
     # Two products per orthonormalisation (G^2 Omega, then G^2 Q): the entries of a scaled
     # Gram are at most m, so two products cannot overflow, and each QR and Rayleigh-Ritz step
     # (the costly part at b << s) then gains the ratio lambda_{b+1}^2 / lambda_k^2.
@@ -327,7 +334,7 @@ def _subspace_iteration(
         # A block that stops here without a certificate keeps its Ritz pairs (the dense
         # ``eigh`` of its Gram cost 5-10 times the whole iteration at s = 100).
         stopped = ~keep & np.isfinite(theta[:, :k]).all(axis=1) & np.isfinite(res)
-        settle = ok | stopped if KEEP_UNCERTIFIED else ok
+        settle = ok | stopped if keep_ritz else ok
         done = active[settle]
         settled[done] = True
         values[done] = theta[settle, :k]
