@@ -190,9 +190,20 @@ def safe_top_right_singular_vectors(matrix: FloatArray, k: int) -> FloatArray:
 #: ``||sin Theta||_F`` of the Gram's exact top-k eigenspace (after the lift, of the block's top-k
 #: right singular subspace); far below both aggregators' radius floors (``1.5e-8 r_max``).
 ITERATION_TOLERANCE = 1e-10
-#: Orthonormalisations (each after two products with the Gram) at most before a block goes to
-#: the dense eigendecomposition.
+#: Orthonormalisations (each after two products with the Gram) at most before a block stops.
 MAX_ITERATIONS = 3
+#: What a block the iteration cannot certify gets: its last Ritz vectors (``True``, issue 35
+#: item 1, seventh pass) or the dense ``eigh`` of its Gram (``False``, the route of before, kept
+#: for the same-process comparison in docs/benchmarks.md). Those blocks have no usable gap after
+#: ``k`` (rows with a flat spectrum, where the subsets disagree and the aggregators' outputs are
+#: poor either way); the dense ``eigh`` of 500 ``100 x 100`` Grams was 22x ``X^T X`` at
+#: 50,000 x 100. Either is a deterministic function of the block alone.
+KEEP_UNCERTIFIED = True
+#: Ritz vectors are kept only where the dense ``eigh`` is far costlier than the iteration,
+#: ``s >= KEEP_MIN_RATIO * b`` (a public size: at k = 10, ``b = 12``, from ``s = 96``; at
+#: k = 3 from ``s = 40``). Below it a dense ``eigh`` of the small Gram is cheap and exact, as
+#: before.
+KEEP_MIN_RATIO = 8
 #: Bytes of Grams formed and decomposed at once (:func:`_top_k_right_singular`): about half of
 #: a core's 2 MB L2 cache on the bench machine, 13 Grams of ``100 x 100``.
 CACHE_BYTES = 1 << 20
@@ -238,14 +249,21 @@ def _subspace_iteration(
     sum_{k+1<i<=b} theta_i^2`` (plus an allowance for the rounding of these sums). A block is
     certified when that bound is at most :data:`ITERATION_TOLERANCE` (times
     ``sqrt(theta_k/theta_1)`` when the caller lifts ``X^T v / s``, which amplifies an error by at
-    most ``s_1/s_k``). Blocks without a certificate after :data:`MAX_ITERATIONS` rounds (or
-    earlier, when the bound, shrinking at the Ritz values' estimate of the rate, cannot get
-    there) are left to the caller's dense eigendecomposition: rows near a k-dimensional
-    subspace (where the aggregators are useful) certify in 1-2 rounds, rows without a gap
-    after ``k`` do not (they pay about 10% more than the dense route alone).
+    most ``s_1/s_k``). Rows near a k-dimensional subspace (where the aggregators are useful)
+    certify in 1-2 rounds; rows without a gap after ``k`` do not. A block stops iterating when
+    it certifies, after :data:`MAX_ITERATIONS` rounds, or earlier when the bound, shrinking at
+    the Ritz values' estimate of the rate, cannot get there (a heuristic for speed: which
+    blocks stop is a function of each block alone). A block that stopped without a
+    certificate is *settled* with its last Ritz pairs when :data:`KEEP_UNCERTIFIED` and
+    ``s >= KEEP_MIN_RATIO * b`` (they are
+    then the Rayleigh-Ritz approximation from ``span(G^{2i} Omega)``, not the exact top-k),
+    else left to the caller's dense eigendecomposition. Ritz pairs with a non-finite value are
+    never settled (the caller's dense route, then the SVD, decide them).
 
     Everything is per block (batched LAPACK and BLAS decompose each matrix on its own, and the
-    start is a constant), so a certified ``V_j`` is a function of subset ``j`` alone.
+    start is a constant), so a settled ``V_j`` is a function of subset ``j`` alone. Its columns
+    are orthonormal (``V = Q W``, ``Q`` from a QR, ``W`` from an ``eigh``) and, lifted, so are
+    ``X^T v_i / sqrt(theta_i)``: ``V^T G V = W^T (Q^T G Q) W = diag(theta)`` up to rounding.
 
     Parameters
     ----------
@@ -255,18 +273,20 @@ def _subspace_iteration(
 
     Returns
     -------
-    certified : (g,) bool array
-    values : (g, k) array, descending (meaningful where certified)
-    vectors : (g, s, k) array (meaningful where certified)
+    settled : (g,) bool array, certified (or, with :data:`KEEP_UNCERTIFIED`, stopped with
+        finite Ritz values)
+    values : (g, k) array, descending (meaningful where settled)
+    vectors : (g, s, k) array (meaningful where settled)
     """
     g, s, _ = gram.shape
     eps = float(np.finfo(np.float64).eps)
     norm_sq = np.einsum("gij,gij->g", gram, gram)
     norm = np.sqrt(norm_sq)
-    certified = np.zeros(g, dtype=bool)
+    settled = np.zeros(g, dtype=bool)
     values = np.zeros((g, k), dtype=np.float64)
     vectors = np.zeros((g, s, k), dtype=np.float64)
     active = np.arange(g)
+    keep_ritz = KEEP_UNCERTIFIED and s >= KEEP_MIN_RATIO * width
     # Two products per orthonormalisation (G^2 Omega, then G^2 Q): the entries of a scaled
     # Gram are at most m, so two products cannot overflow, and each QR and Rayleigh-Ritz step
     # (the costly part at b << s) then gains the ratio lambda_{b+1}^2 / lambda_k^2.
@@ -303,24 +323,28 @@ def _subspace_iteration(
             allowed *= np.sqrt(np.clip(ratio, 0.0, 1.0))
         bound = res + residual_slack * norm[active]
         ok = (gap > 0) & np.isfinite(res) & (bound <= allowed * np.where(gap > 0, gap, 0.0))
-        done = active[ok]
-        certified[done] = True
-        values[done] = theta[ok, :k]
-        vectors[done] = candidate[ok]
         # Give up early on blocks that cannot certify in the rounds left: no certifiable gap,
         # or a bound that, shrinking by the Ritz estimate (theta_b / theta_k)^2 of the
-        # convergence factor per round, would still be too large at the last round. (A
-        # heuristic only for speed: a block given up on is decomposed densely, exactly.)
+        # convergence factor per round, would still be too large at the last round (a
+        # heuristic for speed only).
         rounds_left = MAX_ITERATIONS - 1 - iteration
         rate = np.square(theta[:, -1] / np.maximum(theta[:, k - 1], np.finfo(np.float64).tiny))
         reachable = bound * np.power(np.minimum(rate, 1.0), rounds_left) <= allowed * gap
         keep = ~ok & (gap > 0) & reachable
+        # A block that stops here without a certificate keeps its Ritz pairs (the dense
+        # ``eigh`` of its Gram cost 5-10 times the whole iteration at s = 100).
+        stopped = ~keep & np.isfinite(theta[:, :k]).all(axis=1) & np.isfinite(res)
+        settle = ok | stopped if keep_ritz else ok
+        done = active[settle]
+        settled[done] = True
+        values[done] = theta[settle, :k]
+        vectors[done] = candidate[settle]
         active = active[keep]
         if active.size == 0:
             break
         here = here[keep]
         iterate_t = np.matmul(product_t[keep], here)
-    return certified, values, vectors
+    return settled, values, vectors
 
 
 def eigh_each(stack: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -359,9 +383,10 @@ def eigh_each(stack: FloatArray) -> tuple[FloatArray, FloatArray]:
 def _gram_top_k(
     gram: FloatArray, k: int, lift: bool
 ) -> tuple[FloatArray, FloatArray, npt.NDArray[np.bool_]]:
-    """Top-k eigenpairs (descending) of each ``s x s`` Gram: certified subspace iteration
+    """Top-k eigenpairs (descending) of each ``s x s`` Gram: subspace iteration
     (:func:`_subspace_iteration`) where ``s`` is large enough, a dense batched ``eigh`` for the
-    other blocks (all of them when ``s`` is small: the route, bit for bit, of before).
+    blocks it did not settle (all of them when ``s`` is small: the route, bit for bit, of
+    before).
 
     Returns ``(values (g, k), vectors (g, s, k), finite (g,))``; ``finite`` says every
     eigenvalue the route computed is finite.
@@ -373,8 +398,8 @@ def _gram_top_k(
     dense = np.ones(g, dtype=bool)
     width = iteration_width(s, k)
     if width:
-        certified, values, vectors = _subspace_iteration(gram, k, width, lift)
-        dense = ~certified
+        settled, values, vectors = _subspace_iteration(gram, k, width, lift)
+        dense = ~settled
     if dense.all():
         all_values, all_vectors = eigh_each(gram)
     elif dense.any():
@@ -454,10 +479,11 @@ def _top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False
     ``m >= d`` those of ``X^T X`` are the vectors themselves (at ``m = d``, where the two Grams
     are the same size, this saves the lift, an ``m x d`` by ``m x k`` product per block, and
     its rounding: 0.5-0.7x ``X^T X`` at 50,000 x 100 with ``t = 500``). The top-k eigenpairs of
-    the Gram come from :func:`_gram_top_k`: a certified subspace iteration (within
-    :data:`ITERATION_TOLERANCE` of the exact top-k subspace; a few ``s x s`` by ``s x b``
+    the Gram come from :func:`_gram_top_k`: a subspace iteration (a few ``s x s`` by ``s x b``
     products instead of a full ``s x s`` eigendecomposition, 5-10x less work at ``s = 100``)
-    where the Gram is large, else a batched dense ``eigh``. Both are batched LAPACK calls (a
+    where the Gram is large, within :data:`ITERATION_TOLERANCE` of the exact top-k subspace
+    where it certifies, else its last Ritz vectors (:data:`KEEP_UNCERTIFIED`); a batched dense
+    ``eigh`` where the Gram is small. Both are batched LAPACK calls (a
     batched call decomposes each matrix on its own). The Gram route's accuracy on the top-k
     directions is ``~ eps_machine s_1^2 / (s_k^2 - s_{k+1}^2)``; blocks whose k-th singular
     value is too small for it (rank-deficient subsets, zero or duplicate rows) fall back to an

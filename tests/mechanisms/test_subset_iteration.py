@@ -1,8 +1,9 @@
 """The certified subspace iteration behind the subset bases (issue 35, item 1).
 
 ``sample_aggregate._gram_top_k`` takes each block's top-k eigenvectors from a subspace iteration
-when its Gram is large and the Davis-Kahan bound certifies them, else from the dense ``eigh``
-of before. What the aggregators' privacy argument needs from it: ``U_j`` is a function of
+when its Gram is large: within ``1e-10`` of the exact top-k where the Davis-Kahan bound
+certifies them, else (seventh pass) the iteration's last Ritz vectors instead of the dense
+``eigh`` of before. What the aggregators' privacy argument needs from it: ``U_j`` is a function of
 subset ``j`` alone (one moved row leaves every other basis bit for bit), orthonormal, total at
 any scale; what their utility needs: within the tolerance of the exact top-k subspace.
 """
@@ -54,9 +55,52 @@ def test_iterated_bases_match_the_svd_near_a_subspace(m: int, d: int, distance: 
     assert np.max(np.abs(_projectors(bases) - _svd_projectors(blocks, k))) < 1e-9
 
 
-def test_blocks_without_a_gap_take_the_dense_route_bit_for_bit() -> None:
-    """Isotropic rows have no gap after k: the iteration certifies nothing and the dense
-    ``eigh`` of before decides every block, the same bits as calling it directly."""
+def _power_law_blocks(g: int, m: int, d: int, seed: int) -> np.ndarray:
+    """Rows with variance ``1/i`` along axis ``i`` (bench_aggregator_speed's "power"): no gap."""
+    rng = np.random.default_rng(seed)
+    return np.asarray(rng.standard_normal((g, m, d)) / np.sqrt(np.arange(1, d + 1)))
+
+
+@pytest.mark.parametrize(
+    ("m", "d"), [(40, 90), (150, 60), (80, 80)], ids=["lifted", "direct", "square"]
+)
+def test_blocks_without_a_gap_keep_their_ritz_vectors_without_a_dense_eigh(
+    m: int, d: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seventh pass (issue 35 item 1): a block the iteration cannot certify keeps its last Ritz
+    vectors; the dense ``eigh`` of its ``s x s`` Gram (22x ``X^T X`` at 50,000 x 100 on rows
+    without a gap) is not called. Before, every such block took it. The kept basis is
+    orthonormal (lifted too: ``V^T G V = diag(theta)``) and captures nearly the exact top-k's
+    share of the block (Ritz values interlace: ``theta_i <= lambda_i``)."""
+    k = 3
+    s = min(m, d)
+    blocks = _power_law_blocks(6, m, d, seed=2)
+    sizes: list[int] = []
+    real_eigh = sa.eigh_each
+
+    def counting(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sizes.append(stack.shape[-1])
+        return real_eigh(stack)
+
+    monkeypatch.setattr(sa, "eigh_each", counting)
+    bases = sa._top_k_right_singular(blocks, k)
+    assert s not in sizes  # only the b x b Rayleigh-Ritz matrices were decomposed
+    assert np.all(np.isfinite(bases))
+    assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(k), atol=1e-10)
+    exact = _svd_projectors(blocks, k)
+    for block, basis, projector in zip(blocks, bases, exact, strict=True):
+        kept = np.square(block @ basis).sum()
+        best = np.trace(block @ projector @ block.T)
+        assert best * 0.9 <= kept <= best * (1 + 1e-12)
+
+
+def test_without_keeping_blocks_without_a_gap_take_the_dense_route_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``KEEP_UNCERTIFIED = False`` (the route of before, kept for the same-process comparison
+    in docs/benchmarks.md): isotropic rows have no gap after k, the iteration settles nothing
+    and the dense ``eigh`` decides every block, the same bits as calling it directly."""
+    monkeypatch.setattr(sa, "KEEP_UNCERTIFIED", False)
     rng = np.random.default_rng(2)
     blocks = rng.standard_normal((5, 40, 90))
     scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
@@ -70,15 +114,20 @@ def test_blocks_without_a_gap_take_the_dense_route_bit_for_bit() -> None:
     assert np.array_equal(vectors, dense_vectors[:, :, ::-1][:, :, :3])
 
 
+@pytest.mark.parametrize("gap", [True, False], ids=["certified", "kept"])
 @pytest.mark.parametrize(("m", "d"), [(50, 120), (60, 60)], ids=["lifted", "square"])
 def test_a_moved_row_changes_only_its_own_subsets_basis_on_the_iterative_route(
-    m: int, d: int
+    m: int, d: int, gap: bool
 ) -> None:
     """Lifted from ``X X^T`` (``m < d``) and directly from ``X^T X`` at ``m = d`` (fourth pass:
-    the square case no longer lifts)."""
+    the square case no longer lifts); near a subspace (certified) and without a gap (the Ritz
+    vectors kept, seventh pass)."""
     t, k = 12, 3
     assert sa.iteration_width(min(m, d), k) > 0
-    data = _near_subspace(1, t * m, d, k, 1e-4, seed=3)[0]
+    if gap:
+        data = _near_subspace(1, t * m, d, k, 1e-4, seed=3)[0]
+    else:
+        data = _power_law_blocks(1, t * m, d, seed=3)[0]
     partition = sa.random_partition(t * m, t, np.random.default_rng(4))
     before = sa.subset_bases(data, partition, k, group_rows=200)
     row = int(partition[5, 7])
@@ -141,7 +190,13 @@ def test_an_eigh_failure_sends_only_its_own_block_to_the_svd(
 ) -> None:
     """A batched ``eigh`` raises for the whole stack if one matrix fails; ``eigh_each`` retries
     matrix by matrix, so the other blocks keep their bases bit for bit (the route stays a
-    function of the block alone) and the failing block gets an orthonormal SVD basis."""
+    function of the block alone) and the failing block gets an orthonormal SVD basis.
+
+    Without a gap the dense route is now reached only by blocks whose Ritz values are not
+    finite; the "dense" case runs the route of before (``KEEP_UNCERTIFIED = False``), where
+    every such block decomposes its Gram densely."""
+    if not gap:
+        monkeypatch.setattr(sa, "KEEP_UNCERTIFIED", False)
     rng = np.random.default_rng(12)
     blocks = _near_subspace(6, 60, 120, 3, 1e-4, seed=12) if gap else rng.normal(size=(6, 60, 120))
     before = sa._top_k_right_singular(blocks, 3)
