@@ -106,9 +106,12 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     ``DPSS_TRUSTED_PROXIES``: uvicorn's default believes
     ``X-Forwarded-For`` from 127.0.0.1 (or ``$FORWARDED_ALLOW_IPS``), so any local client could
     name its own address and so its own rate-limit bucket."""
+    from service.api.connections import answer_with_retry_after, connection_limit
     from service.logs import log_config
 
     proxies = settings.trusted_proxy_list
+    # In this process (one API process, `dpss serve`); api_app does it in each of several.
+    answer_with_retry_after(settings)
     return {
         "log_config": log_config(settings.log_level),
         "log_level": settings.log_level.lower(),
@@ -119,6 +122,9 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
         # See Settings.api_keep_alive_seconds: the server must never be the side that closes
         # an idle connection just as a client reuses it.
         "timeout_keep_alive": settings.api_keep_alive_seconds,
+        # Past its open files a process cannot even accept, and answers nobody: admit only
+        # what the descriptors allow, answering the rest 503 (service.api.connections).
+        "limit_concurrency": connection_limit(settings),
     }
 
 
@@ -148,12 +154,14 @@ def api_app() -> FastAPI:
     """The API for ``uvicorn --factory``: each API process builds its own app (and its own
     engine and pool) from the environment."""
     from service import tracing
+    from service.api.connections import answer_with_retry_after
     from service.app import create_app
     from service.config import Settings
 
     settings = Settings()
     _configure_logging(settings)
     tracing.configure("dpss-api")
+    answer_with_retry_after(settings)
     return create_app(settings)
 
 

@@ -8,9 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-
+from service.db.engine import database_unavailable
 from service.errors import safe_traceback
 
 log = logging.getLogger("dpss.worker")
@@ -18,10 +16,14 @@ log = logging.getLogger("dpss.worker")
 
 def is_transient_db_error(exc: BaseException) -> bool:
     """Errors that say the database is unreachable or busy, not that the statement is wrong:
-    retrying the same transaction later can succeed."""
-    if isinstance(exc, OperationalError | InterfaceError | PoolTimeoutError):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    retrying the same transaction later can succeed.
+
+    The API's rule for answering 503 (:func:`service.db.engine.database_unavailable`), so a
+    worker and a request agree on what an outage is. In particular SQLite raises
+    ``OperationalError`` for a missing table or column too (a schema the code does not match):
+    only its busy, locked, cannot-open, I/O and full-disk codes are waited out; any other is a
+    fault, which a worker that waited for it would wait for forever."""
+    return database_unavailable(exc)
 
 
 @dataclass

@@ -203,3 +203,67 @@ def test_an_address_not_of_this_host_is_named(serve_env: dict[str, str], tmp_pat
     assert done.returncode == 1, done.stderr
     assert "cannot listen on 192.0.2.1: not an address of this machine" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _few_files() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_more_connections_than_open_files_get_503_not_silence(
+    committed_db: tuple[str, object], tmp_path: Path
+) -> None:
+    """Slowloris at the socket level: 300 clients that send a request's head and never its body,
+    against an API process allowed 256 open files. Before, the process ran out of descriptors:
+    its loop spun on ``accept`` (EMFILE, logged each time: 270,000 lines in 16 s) and every new
+    client waited with no answer. Now uvicorn admits connections only up to what the descriptors
+    allow (:func:`service.cli.connection_limit`), so a client beyond them is answered 503 with
+    ``Retry-After`` at once, and once the slow clients leave it is served again."""
+    import socket
+
+    url, _ = committed_db
+    env = {**os.environ, "DPSS_DATA_DIR": str(tmp_path / "data"), "DPSS_DATABASE_URL": url}
+    env.pop("DPSS_ADMIN_API_KEY", None)
+    port = free_port()
+    log = tmp_path / "api.log"
+    with log.open("wb") as stderr:
+        api = subprocess.Popen(
+            [sys.executable, "-m", "service", "api", "--port", str(port)],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=_few_files,
+        )
+    slow: list[socket.socket] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        head = (
+            b"POST /v1/datasets HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; "
+            b"boundary=b\r\nContent-Length: 100000\r\n\r\n--b\r\n"
+        )
+        for _ in range(300):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+            conn.sendall(head)
+            slow.append(conn)
+        time.sleep(1)
+        with httpx.Client(timeout=10) as client:
+            answer = client.get(f"http://127.0.0.1:{port}/healthz")
+        assert answer.status_code == 503
+        assert int(answer.headers["Retry-After"]) >= 1
+        assert api.poll() is None
+        for conn in slow:
+            conn.close()
+        slow.clear()
+        time.sleep(1)
+        with httpx.Client(timeout=10) as client:
+            assert client.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        for conn in slow:
+            conn.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(api.pid, signal.SIGKILL)
+        api.wait(timeout=30)
+    assert log.read_text(errors="replace").count("Too many open files") < 10

@@ -1,0 +1,69 @@
+"""How many connections an API process admits: no more than its open files allow.
+
+Each connection holds a socket, and an upload's a file in ``incoming/`` as well while its body
+streams in. A process past its ``RLIMIT_NOFILE`` cannot accept at all: its loop spins on
+``accept`` failing with EMFILE (logging each failure) and every new client waits with no
+answer, which slow clients (slowloris: a request's head, then nothing) can bring about on
+purpose. uvicorn's ``limit_concurrency`` answers a connection beyond the limit 503 and closes
+it; :func:`connection_limit` sets it from the descriptors, and :func:`answer_with_retry_after`
+makes that 503 the service's own (JSON, ``Retry-After``), as for every other exhaustion.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+from typing import Any
+
+from service.config import Settings
+
+#: Descriptors a process keeps besides its connections: its database pool and overflow (counted
+#: separately), the LISTEN connection, log and metrics files, the store's files and SQLite's,
+#: the interpreter's own.
+RESERVED_FILES = 64
+#: Descriptors one connection may hold: its socket and an upload's file.
+FILES_PER_CONNECTION = 2
+
+
+def connection_limit(settings: Settings) -> int | None:
+    """Connections (and requests in progress) one API process admits; ``None``: no limit on
+    open files, so none here either."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    reserved = RESERVED_FILES + settings.db_pool_size + settings.db_max_overflow
+    return max(1, (soft - reserved) // FILES_PER_CONNECTION)
+
+
+def answer_with_retry_after(settings: Settings) -> None:
+    """Replace uvicorn's plain-text answer beyond ``limit_concurrency`` with the service's 503
+    (its error body and ``Retry-After``), in this process. uvicorn's HTTP protocols look the
+    answer up by name in their own modules at each refused connection."""
+    from uvicorn.protocols.http import h11_impl, httptools_impl
+
+    retry_after = str(settings.retry_after_seconds)
+    body = json.dumps(
+        {
+            "error": "service_unavailable",
+            "detail": "too many connections; retry shortly",
+            "retry_after": settings.retry_after_seconds,
+        }
+    ).encode()
+
+    async def service_unavailable(scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", retry_after.encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    for module in (h11_impl, httptools_impl):
+        module.service_unavailable = service_unavailable  # type: ignore[attr-defined]
