@@ -641,11 +641,15 @@ def write(
     """docs/img/*.png from the results, and their blocks of docs/benchmarks.md rewritten in
     place (every line outside them kept). ``measured=False`` (``--report``) keeps the page's
     machine: the CSVs were measured there, not on the machine that rebuilds the page."""
-    images = plots(results)
     path = DOCS / "benchmarks.md"
-    blocks = regions(results, load_text, images)
-    if path.exists():
-        doc = path.read_text()
+    doc = path.read_text() if path.exists() else None
+    if doc is not None:
+        # Every marked block closed before anything is written: an unclosed one would make a
+        # later block's rewrite (or the insertion point) swallow hand-written lines.
+        for start in re.findall(r"^<!-- [\w:-]+:start -->$", doc, flags=re.M):
+            find_block(doc, start, start.replace(":start -->", ":end -->"))
+    blocks = regions(results, load_text, plots(results))
+    if doc is not None:
         if not measured and find_block(doc, START.format("machine"), END.format("machine")):
             del blocks["machine"]
     else:
