@@ -3,7 +3,7 @@
     python -m bench --quick            # small subset, prints the tables (CI; about 2 minutes)
     python -m bench                    # full run: bench/results/*.csv, docs/benchmarks.md, plots
     python -m bench --sections speed,http      # some sections only (their CSVs are rewritten)
-    python -m bench --report           # rebuild docs/benchmarks.md and plots from the CSVs
+    python -m bench --report           # rebuild docs/benchmarks.md's generated blocks and plots
     python -m bench --sections accounting      # the accounting table (bench_accounting.py)
     python -m bench --sections synthetic,real --peers-only --ds 10,50 --reps 2 --real-reps 2
                                        # the peers alone: synthetic_peers.csv, real_peers.csv
@@ -238,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in sorted(args.results.glob(f"{section}*.csv")):
             loaded.setdefault(section, []).extend(report.label_oracle(read_csv(path)))
     load_text = args.results / "load_test.txt"
-    report.write(loaded, load_text.read_text() if load_text.exists() else "", FULL)
+    report.write(
+        loaded, load_text.read_text() if load_text.exists() else "", FULL,
+        measured=not args.report,
+    )  # fmt: skip
     print(report.tables(loaded, quick=False))
     print(f"\n(wrote docs/benchmarks.md and docs/img/*.png in "
           f"{time.perf_counter() - started:.0f} s)", file=sys.stderr)  # fmt: skip
