@@ -21,10 +21,13 @@ holds another hash there, is a restore (or a rewrite) and fails the verification
 A restore detected by a worker or an API process at start (:func:`detect_restore`) is recorded
 in the audit log (``restore_detected``) and *holds* the service (``restore_hold``): the API
 refuses charges and key use until an admin runs ``dpss audit accept-restore``
-(:func:`accept_restore`), which records ``restore_accepted`` with the time before which the
-anchors describe the history given up. From then on anchors older than that are not checked
-(they name the lost history), while any later restore, to a backup older than the acceptance
-itself, no longer holds the acceptance and is caught against every anchor again.
+(:func:`accept_restore`), which records ``restore_accepted`` and then appends an acceptance
+line to the anchor file (:meth:`AnchorWriter.write_acceptance`) naming the head that holds it.
+From then on anchors written before that line are not checked (they name the lost history),
+while any later restore, to a backup older than the acceptance itself, no longer holds the
+head the line names and is caught against every anchor again. Only the line counts, never the
+event alone: someone who can write the database could append the event too
+(:func:`accepted_before`).
 
 The default anchor file is outside the data directory
 (:attr:`service.config.Settings.resolved_audit_anchor_path`), so that a backup of the data
@@ -64,34 +67,55 @@ MAX_LINE_CHARS = 512
 POST_TIMEOUT_SECONDS = 5.0
 
 
-def anchor_mac(key: bytes, time: str, seq: int, digest: str) -> str:
-    message = f"{MAC_LABEL}|{time}|{seq}|{digest}".encode("ascii")
+#: The MAC label of an acceptance line: the flag is covered, so a plain anchor's MAC cannot
+#: vouch for an acceptance.
+ACCEPTS_MAC_LABEL = "dpss audit anchor accepts"
+
+
+def anchor_mac(key: bytes, time: str, seq: int, digest: str, accepts: bool = False) -> str:
+    label = ACCEPTS_MAC_LABEL if accepts else MAC_LABEL
+    message = f"{label}|{time}|{seq}|{digest}".encode("ascii")
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)
 class Anchor:
-    """One anchor line: the head ``seq``/``hash`` at ``time``; ``line`` numbers it in its file."""
+    """One anchor line: the head ``seq``/``hash`` at ``time``; ``line`` numbers it in its file.
+
+    ``accepts``: the line ``dpss audit accept-restore`` appends after recording an acceptance,
+    naming the head that holds it. Only such a line makes anchors written before it unchecked
+    (:func:`check`): the anchor file is what someone who can write the database cannot reach,
+    so a ``restore_accepted`` event alone (which they can append) silences nothing."""
 
     time: str
     seq: int
     hash: str
     mac: str | None = None
     line: int = 0
+    accepts: bool = False
 
     @property
     def head(self) -> Head:
         return Head(self.seq, self.hash)
 
     def to_json(self) -> str:
-        body = {"time": self.time, "seq": self.seq, "hash": self.hash, "mac": self.mac}
+        body: dict[str, object] = {
+            "time": self.time,
+            "seq": self.seq,
+            "hash": self.hash,
+            "mac": self.mac,
+        }
+        if self.accepts:
+            body["accepts"] = True
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
-    def of(cls, head: Head, key: bytes | None, now: datetime | None = None) -> Anchor:
+    def of(
+        cls, head: Head, key: bytes | None, now: datetime | None = None, accepts: bool = False
+    ) -> Anchor:
         time = (now or datetime.now(UTC)).isoformat(timespec="seconds")
-        mac = anchor_mac(key, time, head.seq, head.hash) if key is not None else None
-        return cls(time=time, seq=head.seq, hash=head.hash, mac=mac)
+        mac = anchor_mac(key, time, head.seq, head.hash, accepts) if key is not None else None
+        return cls(time=time, seq=head.seq, hash=head.hash, mac=mac, accepts=accepts)
 
 
 @dataclass
@@ -132,7 +156,10 @@ def _parse(text: str, number: int) -> Anchor:
         raise ValueError("seq, hash and time are required")
     if mac is not None and not isinstance(mac, str):
         raise ValueError("mac is not a string")
-    return Anchor(time=time, seq=seq, hash=digest, mac=mac, line=number)
+    accepts = value.get("accepts", False)
+    if not isinstance(accepts, bool):
+        raise ValueError("accepts is not a boolean")
+    return Anchor(time=time, seq=seq, hash=digest, mac=mac, line=number, accepts=accepts)
 
 
 def read(path: Path, key: bytes | None) -> AnchorFile:
@@ -159,7 +186,7 @@ def read(path: Path, key: bytes | None) -> AnchorFile:
             if anchor.mac is None:
                 unmacced += 1
             elif not hmac.compare_digest(
-                anchor.mac, anchor_mac(key, anchor.time, anchor.seq, anchor.hash)
+                anchor.mac, anchor_mac(key, anchor.time, anchor.seq, anchor.hash, anchor.accepts)
             ):
                 result.problems.append(
                     f"{path}: line {number}: the MAC does not match (forged, or another key)"
@@ -180,7 +207,7 @@ def check(session: Session, anchors: Iterable[Anchor], last: Head) -> tuple[list
     written, and how many others fail with it.
     """
     anchors = list(anchors)
-    cutoff = accepted_before(session)
+    cutoff = accepted_before(session, anchors, last)
     if cutoff is not None:
         kept = [a for a in anchors if not _written_before(a, cutoff)]
         skipped = len(anchors) - len(kept)
@@ -244,20 +271,35 @@ ACCEPTED = "restore_accepted"
 DETECTED = "restore_detected"
 
 
-def accepted_before(session: Session) -> datetime | None:
-    """The cutoff of the newest ``restore_accepted`` event the chain holds, if any."""
-    details = session.execute(
-        select(AuditEvent.details)
-        .where(AuditEvent.event_type == ACCEPTED)
-        .order_by(AuditEvent.seq.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-    if not details:
+def accepted_before(session: Session, anchors: list[Anchor], last: Head) -> datetime | None:
+    """The time of the newest acceptance line (``accepts``) among ``anchors`` whose head the
+    chain ending at ``last`` holds, if any: anchors written until then describe the history an
+    admin gave up.
+
+    Read from the anchor file, never from the chain: someone who can write the database (and,
+    without the MAC key, extend the chain) could append a ``restore_accepted`` event after
+    cutting the newest events, and an acceptance read from the chain would then leave every
+    anchor unchecked. A restore to a backup older than the acceptance loses the head the line
+    names, so the line no longer counts (and fails as an anchor)."""
+    accepting = [a for a in anchors if a.accepts and 0 < a.seq <= last.seq]
+    if not accepting:
         return None
-    try:
-        return _as_utc(datetime.fromisoformat(str(details["anchors_before"])))
-    except (KeyError, ValueError):
-        return None
+    rows = session.execute(
+        select(AuditEvent.seq, AuditEvent.hash).where(
+            AuditEvent.seq.in_(sorted({a.seq for a in accepting}))
+        )
+    )
+    stored = {int(seq): str(digest) for seq, digest in rows}
+    times: list[datetime] = []
+    for anchor in accepting:
+        held = stored.get(anchor.seq)
+        if held is None or not hmac.compare_digest(held, anchor.hash):
+            continue
+        try:
+            times.append(_as_utc(datetime.fromisoformat(anchor.time)))
+        except ValueError:
+            continue  # an unreadable time accepts nothing
+    return max(times) if times else None
 
 
 def _as_utc(moment: datetime) -> datetime:
@@ -381,20 +423,37 @@ class AnchorWriter:
             detect_restore(self.session_factory, self.settings, self._key)
         anchor = Anchor.of(head, self._key, now)
         append(self.path, anchor)
-        if self.url:
-            try:
-                httpx.post(
-                    self.url,
-                    content=anchor.to_json(),
-                    timeout=POST_TIMEOUT_SECONDS,
-                    headers={"content-type": "application/json"},
-                )
-            except httpx.HTTPError as exc:
-                log.warning(
-                    "audit anchor: POST to DPSS_AUDIT_ANCHOR_URL failed (%s)", type(exc).__name__
-                )
+        self._post(anchor)
         self._last = head
         return anchor
+
+    def write_acceptance(self, now: datetime | None = None) -> Anchor:
+        """Append the acceptance line (``accepts``) naming the current head, which holds the
+        ``restore_accepted`` event just committed: the anchor file's witness of the acceptance
+        (:func:`accepted_before`). Raises ``OSError`` when the file cannot be written."""
+        head = self.head()
+        if head is None:
+            raise RuntimeError("no audit head: the acceptance was not recorded")
+        anchor = Anchor.of(head, self._key, now, accepts=True)
+        append(self.path, anchor)
+        self._post(anchor)
+        self._last = head
+        return anchor
+
+    def _post(self, anchor: Anchor) -> None:
+        if not self.url:
+            return
+        try:
+            httpx.post(
+                self.url,
+                content=anchor.to_json(),
+                timeout=POST_TIMEOUT_SECONDS,
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError as exc:
+            log.warning(
+                "audit anchor: POST to DPSS_AUDIT_ANCHOR_URL failed (%s)", type(exc).__name__
+            )
 
     def _still_holds(self, anchored: Head) -> bool:
         with self.session_factory() as session:

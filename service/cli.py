@@ -739,9 +739,11 @@ def audit_accept_restore() -> None:
     After a restore the audit anchors show the database is behind them: revoked keys may be
     live again and spent budget back. The API then refuses charges and key use (503
     restore_unaccepted) until an admin, having looked (`dpss audit verify`), runs this. It
-    records the acceptance in the audit log (`restore_accepted`); anchors written until now
-    describe the history given up and are not checked any more. Exit 0 also when there was
-    nothing to accept.
+    records the acceptance in the audit log (`restore_accepted`) and appends an acceptance line
+    to the anchor file; anchors written until then describe the history given up and are not
+    checked any more. Run it where the anchor file is (DPSS_AUDIT_ANCHOR_PATH): only that line
+    makes the acceptance count. Exit 0 also when there was nothing to accept; exit 2 when the
+    anchor file cannot be written.
     """
     from service import anchors
     from service.config import Settings
@@ -760,8 +762,18 @@ def audit_accept_restore() -> None:
                 typer.echo("no restore detected: nothing to accept")
                 return
             accepted = anchors.accept_restore(session) or found
-        _anchor_now(factory)
-    typer.echo(f"restore accepted (recorded in the audit log): {accepted}")
+        # The anchor file's witness: without it the acceptance counts for nothing (a
+        # restore_accepted event alone could be anyone's who can write the database).
+        writer = anchors.AnchorWriter(factory, settings)
+        try:
+            writer.write_acceptance()
+        except OSError as exc:
+            _cannot_check(
+                f"the acceptance is in the audit log but not in the anchor file {writer.path} "
+                f"({type(exc).__name__}), so it does not count yet: make the file writable and "
+                "run `dpss audit accept-restore` again"
+            )
+    typer.echo(f"restore accepted (recorded in the audit log and {writer.path}): {accepted}")
 
 
 # The remote commands come from the slim client package (a dependency of the server), so that

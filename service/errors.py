@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from api_schemas.common import format_budget
+from service.keyformat import looks_like_key
 
 
 class DomainError(Exception):
@@ -72,9 +73,18 @@ def union_message(errors: Sequence[Mapping[str, Any]], base: list[str]) -> str:
     return "; or: ".join(messages)
 
 
+#: What an error shows instead of a client-chosen name that could be an API key.
+WITHHELD = "(a name that looks like an API key, not shown)"
+
+
 def printable(text: str, limit: int = 100) -> str:
     """Client-chosen text (a field name) made safe to show: control characters and lone
-    surrogates escaped (a surrogate cannot even be encoded in a UTF-8 response), length capped."""
+    surrogates escaped (a surrogate cannot even be encoded in a UTF-8 response), length capped,
+    and withheld whole when it could be an API key or a piece of one
+    (:func:`service.keyformat.looks_like_key`): a key pasted where a name goes must not come
+    back in an error, which a client, a proxy or an error log keeps."""
+    if looks_like_key(text):
+        return WITHHELD
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return shown if len(shown) <= limit else shown[:limit] + "..."
 

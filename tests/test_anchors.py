@@ -172,3 +172,22 @@ def test_revoking_a_key_from_the_cli_anchors_the_head_at_once(service, settings)
     (anchor,) = read(settings.resolved_audit_anchor_path, None).anchors
     head = dpss("audit", "head", url=url).stdout.strip()
     assert anchor.head.token() == head  # the revocation's event is anchored
+
+
+def test_a_plain_anchor_turned_into_an_acceptance_fails_its_mac(service, settings):
+    """The acceptance flag is under the line's MAC (its own label): a worker's anchor edited to
+    read as an acceptance is a forged line, and it accepts nothing."""
+    _, factory, _ = service
+    path = settings.resolved_audit_anchor_path
+    anchor = _writer(factory, settings, audit_hmac_key=SecretStr(HMAC_KEY)).write_once()
+    assert anchor is not None
+    flipped = Anchor(anchor.time, anchor.seq, anchor.hash, anchor.mac, accepts=True)
+    path.write_text(flipped.to_json() + "\n")
+    read_back = read(path, HMAC_KEY.encode())
+    assert read_back.anchors == []
+    assert read_back.problems == [
+        f"{path}: line 1: the MAC does not match (forged, or another key)"
+    ]
+    honest = Anchor.of(Head(anchor.seq, anchor.hash), HMAC_KEY.encode(), accepts=True)
+    path.write_text(honest.to_json() + "\n")
+    assert [a.accepts for a in read(path, HMAC_KEY.encode()).anchors] == [True]

@@ -162,3 +162,27 @@ def test_a_restore_under_a_running_worker_holds_the_service_at_its_next_anchor(
     client.app.state.database.verified_keys.clear()
     refused = client.get("/v1/datasets", headers=bearer(ledger.analyst))
     assert refused.status_code == 503 and refused.json()["error"] == "restore_unaccepted"
+
+
+def test_an_acceptance_forged_in_the_database_does_not_silence_the_anchors(
+    service, settings, ledger
+) -> None:
+    """Someone who can write the database, but not the anchor file, cuts the newest release
+    (consistently: rows, events, head) and appends a ``restore_accepted`` event of their own,
+    as ``dpss audit accept-restore`` would write it (the code is public; with no MAC key the
+    chain is theirs to extend). Before: the acceptance read from the chain alone made every
+    anchor written before it unchecked, so ``verify`` exited 0 and no worker held the service:
+    the cut release's budget was back, unseen. The acceptance counts only when the anchor file
+    witnesses it (the line `accept-restore` appends there)."""
+    from tests.test_audit_money import _drop_last_release
+
+    url, factory, _ = service
+    assert AnchorWriter(factory, settings).write_once() is not None
+    with factory.begin() as session:
+        _drop_last_release(session, ledger)
+        anchors.accept_restore(session)  # the forger's event, not the CLI's
+    verified = dpss("audit", "verify", url=url)
+    assert verified.exit_code == 1, verified.output
+    assert "restore detected" in verified.stderr
+    assert anchors.detect_restore(factory, settings, None) is not None
+    assert _events(factory)[-1] == "restore_detected"

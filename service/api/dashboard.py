@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from api_schemas.figures import READING_A_BUDGET
-from service.errors import NotFound
+from service.errors import NotFound, printable
 
 DASHBOARD_URL = "/dashboard"
 STATIC_URL = "/dashboard/static"
@@ -84,5 +84,6 @@ def install_dashboard(app: FastAPI) -> None:
         if view == HELP_VIEW:
             return render(HELP_VIEW, "Reading a budget")
         if view not in VIEWS:
-            raise NotFound(f"no dashboard view {view!r}; the views are {', '.join(VIEWS)}")
+            shown = printable(view, 40)
+            raise NotFound(f"no dashboard view '{shown}'; the views are {', '.join(VIEWS)}")
         return render(view, VIEWS[view])

@@ -23,7 +23,16 @@ from api_schemas.datasets import (
     DatasetReferenceCreate,
 )
 from service import datasets, privacy_unit, registration
-from service.api.deps import Cursor, DatasetId, Limit, Offset, SettingsDep, StoreDep, UnitOfWorkDep
+from service.api.deps import (
+    Cursor,
+    DatasetId,
+    Limit,
+    Offset,
+    SettingsDep,
+    StoreDep,
+    UnitOfWorkDep,
+    roles_before_body,
+)
 from service.api.multipart import form_body, receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
@@ -134,6 +143,7 @@ async def create_dataset(
 @references.post(
     "",
     status_code=202,
+    dependencies=[roles_before_body("owner")],
     response_model=Dataset,
     summary="Register a Parquet dataset by reference, with its privacy budget (owner).",
     description=(
@@ -192,6 +202,7 @@ async def register_reference(
 @references.post(
     "/{dataset_id}/batches",
     status_code=202,
+    dependencies=[roles_before_body("owner")],
     response_model=Dataset,
     summary="Append a batch of Parquet objects to a dataset by reference (owner).",
     description=(

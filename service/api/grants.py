@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from api_schemas.common import ErrorBody
 from api_schemas.grants import Grant, GrantCreate, GrantList
 from service import grants, spend
-from service.api.deps import DatasetId, GrantId, UnitOfWorkDep
+from service.api.deps import DatasetId, GrantId, UnitOfWorkDep, roles_before_body
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 
@@ -54,6 +54,7 @@ def grant_out(view: grants.GrantView) -> Grant:
 @router.post(
     "/{dataset_id}/grants",
     status_code=201,
+    dependencies=[roles_before_body("owner")],
     response_model=Grant,
     summary="Grant an analyst key (or every analyst) a share of the dataset's budget (owner).",
     responses={

@@ -7,7 +7,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.keys import KeyCreate, KeyCreated, KeyInfo, KeyPage
 from service import auth
-from service.api.deps import Cursor, KeyId, Limit, UnitOfWorkDep
+from service.api.deps import Cursor, KeyId, Limit, UnitOfWorkDep, roles_before_body
 from service.api.routing import GuardedRoute
 from service.auth import Principal
 
@@ -17,6 +17,7 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"], route_class=GuardedRoute)
 @router.post(
     "",
     status_code=201,
+    dependencies=[roles_before_body("admin")],
     response_model=KeyCreated,
     summary="Create a key; the secret is shown once.",
 )

@@ -34,7 +34,8 @@ from fastapi.routing import APIRoute
 from api_schemas.common import unknown_name
 from api_schemas.datasets import DatasetCreate
 from service.api import examples
-from service.errors import InvalidInput
+from service.errors import InvalidInput, printable
+from service.keyformat import looks_like_key
 from service.mechanisms.registry import MECHANISMS
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorBody"}
@@ -239,7 +240,11 @@ async def reject_unknown_query_parameters(request: Request) -> None:
     declared = _declared_query(route)
     seen: set[str] = set()
     for name, _ in request.query_params.multi_items():
-        shown = name if name.isprintable() and len(name) <= 40 else "(unprintable or long)"
+        shown = (
+            printable(name)
+            if looks_like_key(name) or (name.isprintable() and len(name) <= 40)
+            else "(unprintable or long)"
+        )
         if name not in declared:
             raise InvalidInput(f"query.{shown}", unknown_name(name, sorted(declared), "parameter"))
         if name in seen:

@@ -23,7 +23,15 @@ from api_schemas.releases import (
     ReleaseRequest,
 )
 from service import continual, preview, releases, visibility
-from service.api.deps import Cursor, DatasetId, Limit, ReleaseId, SettingsDep, UnitOfWorkDep
+from service.api.deps import (
+    Cursor,
+    DatasetId,
+    Limit,
+    ReleaseId,
+    SettingsDep,
+    UnitOfWorkDep,
+    roles_before_body,
+)
 from service.api.presenters import BasisFormat, epoch_out, release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
@@ -44,6 +52,7 @@ router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
 @router.post(
     "/datasets/{dataset_id}/releases",
     status_code=202,
+    dependencies=[roles_before_body("analyst")],
     response_model=Release,
     summary="Request a private release (analyst); charged now, computed by a worker.",
     description=(

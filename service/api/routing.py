@@ -30,7 +30,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope
 
-from service.api.deps import unit_of_work_for
+from service.api.deps import PRINCIPAL_BEFORE_BODY, unit_of_work_for
 from service.config import Settings
 from service.errors import InvalidInput, PayloadTooLarge, RequestTimeout, printable
 
@@ -200,7 +200,10 @@ class GuardedRoute(APIRoute):
             bounded = Request(request.scope, deadline.receive)
             try:
                 if has_json_body:
-                    await unit_of_work_for(request).principal_before_body()
+                    principal = await unit_of_work_for(request).principal_before_body()
+                    # For the route's role check before its body is validated
+                    # (service.api.deps.roles_before_body).
+                    request.scope[PRINCIPAL_BEFORE_BODY] = principal
                     body = await read_json_body(bounded, settings.max_json_bytes)
                     bounded = Request(request.scope, _replay(body, deadline.receive))
                     if body:
