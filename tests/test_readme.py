@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -38,6 +39,41 @@ def test_configuration_table_lists_every_setting() -> None:
     rows = {m for m in re.findall(r"^\| `(DPSS_\w+)` \|", text, flags=re.M)}
     for name in Settings.model_fields:
         assert f"DPSS_{name.upper()}" in rows, f"DPSS_{name.upper()} missing from the table"
+
+
+def _stated_default_matches(stated: str, default: object) -> bool:
+    """Whether a table's backticked default states ``default`` (a number, a bool, a path, a
+    string, or a JSON value for a list or object)."""
+    if isinstance(default, bool):
+        return stated == str(default).lower()
+    if isinstance(default, (int, float)):
+        return float(stated) == float(default)
+    if isinstance(default, Path):
+        return Path(stated) == default
+    if isinstance(default, (list, dict)):
+        return bool(json.loads(stated) == default)
+    return stated == default
+
+
+def test_configuration_table_states_every_default_as_the_code_has_it():
+    """The table's default column is each setting's default in ``Settings``: a changed default
+    must not leave the docs describing the old one. A default written as a literal
+    (`` `1024` ``, `` `hybrid` ``, `` `{}` ``) is compared; one described in words or with a
+    placeholder (``unset``, ``empty``, `` `<data dir>-state/...` ``) must be a default the code
+    computes (``None``) or leaves empty."""
+    text = (DOCS / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `(DPSS_\w+)` \| ([^|]*) \|", text, flags=re.M))
+    wrong = []
+    for name, field in Settings.model_fields.items():
+        cell = rows[f"DPSS_{name.upper()}"].strip()
+        default = field.get_default(call_default_factory=True)
+        literal = re.fullmatch(r"`([^`<]*)`", cell)
+        if literal is None:
+            if default not in (None, ""):
+                wrong.append((name, cell, default))
+        elif not _stated_default_matches(literal.group(1), default):
+            wrong.append((name, cell, default))
+    assert wrong == []
 
 
 def _slug(heading: str) -> str:
