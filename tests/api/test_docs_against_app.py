@@ -1,4 +1,5 @@
-"""Every route the prose docs name exists on the app, with the method they name.
+"""The docs against the running app: every route the prose names exists with its method, and
+the dry-run example quotes what the service answers.
 
 The docs name routes in prose (``GET /v1/datasets/{id}/ledger``, ``POST
 /v1/dataset-references/{id}/batches``, a bare ``/v1/audit/verification``); an outside reader
@@ -10,8 +11,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
+import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import Route
+
+from tests.conftest import bearer
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
@@ -73,3 +78,40 @@ def test_the_check_finds_a_route_that_is_not_served(client):
     assert ("GET", _shape("/v1/datasets/{id}/ledger")) in served
     assert ("POST", _shape("/v1/datasets/{id}/ledger")) not in served
     assert ("GET", _shape("/v1/datasets/{id}/budgets")) not in served
+
+
+def test_the_dry_run_example_of_the_service_page_is_what_the_service_answers(
+    client, keys, upload_dataset
+):
+    """docs/service.md's dry-run example (the walkthrough's 5,000 x 20 dataset, `analyze_gauss`
+    k = 3 at (0.5, 1e-6)) quotes scales that depend on public facts only (n, d, k, the budget,
+    the bound): a change of calibration must change the page too (it quoted the figures from
+    before the explained-variance share for a while)."""
+    text = (ROOT / "docs/service.md").read_text()
+    example = re.search(
+        r'"scales": \{"sigma": ([\d.]+), "noise_spectral_norm": ([\d.]+), '
+        r'"gap_for_error_0_1": ([\d.]+)',
+        text,
+    )
+    assert example is not None
+    rows = np.full((5000, 20), 0.01)
+    dataset = upload_dataset(
+        client,
+        keys.owner,
+        rows,
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        accounting="basic",
+        row_norm_bound="1",
+    )
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", "k": 3, "epsilon": 0.5, "delta": 1e-6},
+    )
+    assert response.status_code == 200, response.text
+    scales = response.json()["scales"]
+    quoted = [float(value) for value in example.groups()]
+    served = [scales["sigma"], scales["noise_spectral_norm"], scales["gap_for_error_0_1"]]
+    # The page rounds to 5 significant digits.
+    assert served == pytest.approx(quoted, rel=1e-4)
