@@ -272,3 +272,33 @@ def test_the_readme_names_every_accounting_under_which_smooth_sensitivity_is_pur
     found = re.search(r"under (.+?) its pure Cauchy variant runs by default", row)
     assert found is not None, row
     assert set(re.findall(r"`(\w+)`", found.group(1))) & set(kinds) == pure
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_mechanisms_page_describes_every_mechanism_with_its_accountings():
+    """docs/mechanisms.md has, for every registered mechanism, its own section, a row of the
+    accounting table whose `gaussian` and `zcdp` columns say what ``GET /v1/mechanisms``
+    admits, and a row of the preview table (spatial_sign, shipped, had neither row)."""
+    from service.mechanisms.registry import MECHANISMS
+
+    text = (DOCS / "mechanisms.md").read_text()
+    headings = set(re.findall(r"^## (\w+)$", text, flags=re.M))
+    accounting = _section(text, "Accounting across releases")
+    preview = _section(text, "Preview before spending")
+    wrong = []
+    for name, mechanism in MECHANISMS.items():
+        if name not in headings:
+            wrong.append((name, "no section"))
+        row = re.search(rf"^\| `{name}` \|[^|]*\| ([^|]*) \| ([^|]*) \|", accounting, flags=re.M)
+        if row is None:
+            wrong.append((name, "no accounting row"))
+        else:
+            for cell, kind in zip(row.groups(), ("gaussian", "zcdp"), strict=True):
+                if cell.strip().startswith("yes") != (kind in mechanism.accountings):
+                    wrong.append((name, kind, cell))
+        if not re.search(rf"^\| `{name}` \|", preview, flags=re.M):
+            wrong.append((name, "no preview row"))
+    assert wrong == []
