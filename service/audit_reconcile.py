@@ -139,6 +139,8 @@ class _Recorded:
     """What the events say the tables must hold."""
 
     created: dict[uuid.UUID, int] = field(default_factory=dict)
+    #: Each dataset's unit as ``dataset_created`` states it (older events: ``row``, the only one).
+    units: dict[uuid.UUID, str] = field(default_factory=dict)
     budgets: dict[uuid.UUID, _Budget] = field(default_factory=dict)
     deleted: dict[uuid.UUID, int] = field(default_factory=dict)
     requests: dict[uuid.UUID, _Request] = field(default_factory=dict)
@@ -162,6 +164,7 @@ class _Recorded:
         kind, details, seq = event.event_type, event.details, event.seq
         if kind == "dataset_created" and event.dataset_id is not None:
             self.created[event.dataset_id] = seq
+            self.units[event.dataset_id] = str(details.get("privacy_unit", "row"))
         elif kind == "budget_set" and event.dataset_id is not None:
             epsilon, delta = Decimal(details["epsilon_total"]), Decimal(details["delta_total"])
             kind_of = details.get("accounting", "basic")
@@ -356,6 +359,7 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             Dataset.rho_total,
             Dataset.reference,
             Dataset.n_rows,
+            Dataset.privacy_unit_column,
         )
     )
     covers: dict[uuid.UUID, set[tuple[str, str, str]]] = {}
@@ -368,11 +372,14 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
         )
     ):
         covers.setdefault(owner, set()).add((key, key_sha, content))
-    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n in rows:
+    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n, column in rows:
         seen.add(dataset_id)
         where = f"datasets {dataset_id}"
         if dataset_id not in recorded.created:
             problems.append(f"{where}: no dataset_created event")
+        elif ("row" if column is None else "person") != recorded.units[dataset_id]:
+            # Cleared, every later release would run per row (r rows: about r epsilon).
+            problems.append(f"{where}: privacy_unit differs from its dataset_created event")
         budget = recorded.budgets.get(dataset_id)
         if budget is None:
             problems.append(f"{where}: no budget_set event")

@@ -211,3 +211,18 @@ def test_no_command_help_shows_source_markup():
 
     serve = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
     assert f"up to {WORKER_STOP_SECONDS} seconds" in serve
+
+
+def test_the_readmes_name_every_command_group_of_dpss_remote():
+    """Both READMEs list ``dpss-remote``'s commands in a parenthesis (``datasets``, ...,
+    ``audit list``); the list is the remote app's top-level commands (``priors`` was missing
+    from both after it was added)."""
+    groups = {path.split()[0] for path in live_commands(make_app())}
+    groups = {"audit list" if group == "audit" else group for group in groups}
+    for page in PAGES[:2]:
+        text = " ".join(page.read_text().split())
+        listed = re.search(
+            r"remote commands of (?:the server's )?`dpss`(?: command)? \(([^)]*)\)", text
+        )
+        assert listed is not None, page
+        assert set(re.findall(r"`([^`]+)`", listed.group(1))) == groups, page

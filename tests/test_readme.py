@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -38,6 +39,41 @@ def test_configuration_table_lists_every_setting() -> None:
     rows = {m for m in re.findall(r"^\| `(DPSS_\w+)` \|", text, flags=re.M)}
     for name in Settings.model_fields:
         assert f"DPSS_{name.upper()}" in rows, f"DPSS_{name.upper()} missing from the table"
+
+
+def _stated_default_matches(stated: str, default: object) -> bool:
+    """Whether a table's backticked default states ``default`` (a number, a bool, a path, a
+    string, or a JSON value for a list or object)."""
+    if isinstance(default, bool):
+        return stated == str(default).lower()
+    if isinstance(default, (int, float)):
+        return float(stated) == float(default)
+    if isinstance(default, Path):
+        return Path(stated) == default
+    if isinstance(default, (list, dict)):
+        return bool(json.loads(stated) == default)
+    return stated == default
+
+
+def test_configuration_table_states_every_default_as_the_code_has_it():
+    """The table's default column is each setting's default in ``Settings``: a changed default
+    must not leave the docs describing the old one. A default written as a literal
+    (`` `1024` ``, `` `hybrid` ``, `` `{}` ``) is compared; one described in words or with a
+    placeholder (``unset``, ``empty``, `` `<data dir>-state/...` ``) must be a default the code
+    computes (``None``) or leaves empty."""
+    text = (DOCS / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `(DPSS_\w+)` \| ([^|]*) \|", text, flags=re.M))
+    wrong = []
+    for name, field in Settings.model_fields.items():
+        cell = rows[f"DPSS_{name.upper()}"].strip()
+        default = field.get_default(call_default_factory=True)
+        literal = re.fullmatch(r"`([^`<]*)`", cell)
+        if literal is None:
+            if default not in (None, ""):
+                wrong.append((name, cell, default))
+        elif not _stated_default_matches(literal.group(1), default):
+            wrong.append((name, cell, default))
+    assert wrong == []
 
 
 def _slug(heading: str) -> str:
@@ -236,3 +272,33 @@ def test_the_readme_names_every_accounting_under_which_smooth_sensitivity_is_pur
     found = re.search(r"under (.+?) its pure Cauchy variant runs by default", row)
     assert found is not None, row
     assert set(re.findall(r"`(\w+)`", found.group(1))) & set(kinds) == pure
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_mechanisms_page_describes_every_mechanism_with_its_accountings():
+    """docs/mechanisms.md has, for every registered mechanism, its own section, a row of the
+    accounting table whose `gaussian` and `zcdp` columns say what ``GET /v1/mechanisms``
+    admits, and a row of the preview table (spatial_sign, shipped, had neither row)."""
+    from service.mechanisms.registry import MECHANISMS
+
+    text = (DOCS / "mechanisms.md").read_text()
+    headings = set(re.findall(r"^## (\w+)$", text, flags=re.M))
+    accounting = _section(text, "Accounting across releases")
+    preview = _section(text, "Preview before spending")
+    wrong = []
+    for name, mechanism in MECHANISMS.items():
+        if name not in headings:
+            wrong.append((name, "no section"))
+        row = re.search(rf"^\| `{name}` \|[^|]*\| ([^|]*) \| ([^|]*) \|", accounting, flags=re.M)
+        if row is None:
+            wrong.append((name, "no accounting row"))
+        else:
+            for cell, kind in zip(row.groups(), ("gaussian", "zcdp"), strict=True):
+                if cell.strip().startswith("yes") != (kind in mechanism.accountings):
+                    wrong.append((name, kind, cell))
+        if not re.search(rf"^\| `{name}` \|", preview, flags=re.M):
+            wrong.append((name, "no preview row"))
+    assert wrong == []
