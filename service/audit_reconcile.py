@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session
 from api_schemas.common import BUDGET_CONTEXT
 from service import audit_hybrid
 from service.accounting import HybridBudget, ReleaseCost
-from service.audit_events import TERMINAL_EVENTS, record_digest, to_json_value
+from service.audit_events import TERMINAL_EVENTS, to_json_value
+from service.audit_references import REFERENCED, Referenced, check_reference
 from service.db.models import (
     ApiKey,
     AuditEvent,
@@ -121,19 +122,6 @@ def _charge_of(cost: dict[str, Any]) -> tuple[Decimal, Decimal, Decimal]:
     return (Decimal(cost["epsilon"]), Decimal(cost["delta"]), Decimal(0))
 
 
-@dataclass(frozen=True)
-class _Referenced:
-    """What a dataset by reference's ``dataset_referenced`` and ``dataset_batch_referenced``
-    events say its ``datasets.reference`` holds: the newest event's digest of the whole record
-    (None for events written before they carried one), and every event's objects in order."""
-
-    seq: int
-    sha256: str | None
-    objects: tuple[Any, ...]
-    #: The dataset's rows after the event (a release reads that prefix of the row groups).
-    n_rows: Any = None
-
-
 @dataclass
 class _Recorded:
     """What the events say the tables must hold."""
@@ -152,7 +140,7 @@ class _Recorded:
     epochs: dict[tuple[uuid.UUID, int], tuple[int, Any]] = field(default_factory=dict)
     grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
     #: A dataset by reference's record, as its events describe it.
-    references: dict[uuid.UUID, _Referenced] = field(default_factory=dict)
+    references: dict[uuid.UUID, Referenced] = field(default_factory=dict)
 
     def add(self, event: AuditEvent, problems: list[str]) -> None:
         try:
@@ -176,10 +164,10 @@ class _Recorded:
             self.budgets[event.dataset_id] = _Budget(
                 seq, epsilon, delta, kind_of, Decimal(rho or 0), limit, hybrid
             )
-        elif kind in _REFERENCED and event.dataset_id is not None:
+        elif kind in REFERENCED and event.dataset_id is not None:
             before = self.references.get(event.dataset_id)
             objects = () if before is None or kind == "dataset_referenced" else before.objects
-            self.references[event.dataset_id] = _Referenced(
+            self.references[event.dataset_id] = Referenced(
                 seq,
                 details.get("reference_sha256"),
                 (*objects, *(details.get("objects") or ())),
@@ -288,65 +276,6 @@ def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"releases {release_id}: epochs_done differs from its stored epochs")
 
 
-#: The events that fix a dataset by reference's record (registration, then each batch).
-_REFERENCED = ("dataset_referenced", "dataset_batch_referenced")
-
-
-def _covered(raw: Any) -> list[tuple[str, str, str]] | None:
-    """``(object_key, key_sha256, content_sha256)`` of each object the record covers, as
-    registration wrote them (:meth:`~service.reference.integrity.Reference.covered`); None for
-    a record from before content digests (it covers nothing, and its releases are refused)."""
-    from service.reference.integrity import Reference  # pyarrow: only when a reference is seen
-
-    found = Reference.from_json(raw, None)
-    return found.covered() if found.digested else None
-
-
-def _check_reference(
-    where: str,
-    raw: Any,
-    n_rows: int,
-    covered: set[tuple[str, str, str]],
-    referenced: _Referenced | None,
-    problems: list[str],
-) -> None:
-    """A live dataset by reference's record (every object, row group and chunk digest its
-    releases read, and its row count) as its events recorded it: an edit could count a row
-    group twice, point the budget at other objects, or accept other bytes, all outside every
-    charge's check."""
-    if referenced is None:
-        problems.append(f"{where}: a reference without its dataset_referenced event")
-        return
-    try:
-        expected = _covered(raw)
-    except (KeyError, TypeError, ValueError, IndexError):
-        problems.append(f"{where}: its reference is not in the form this version writes")
-        return
-    if expected is not None and covered != set(expected):
-        # A cover row removed lets another dataset register the same object (a second budget
-        # on its rows); one added or changed refuses others' objects.
-        problems.append(
-            f"{where}: dataset_reference_objects differs from the objects its reference covers"
-        )
-    if referenced.n_rows is not None and n_rows != referenced.n_rows:
-        problems.append(f"{where}: n_rows of its reference differs from event {referenced.seq}")
-    if referenced.sha256 is not None:
-        if record_digest(raw) != referenced.sha256:
-            problems.append(
-                f"{where}: its reference (objects, row groups or digests) differs from the "
-                f"one event {referenced.seq} recorded"
-            )
-    elif not isinstance(raw, dict) or to_json_value({"o": raw.get("objects")})["o"] != list(
-        referenced.objects
-    ):
-        # Events written before they carried the digest: the objects' identities and footer
-        # digests, which fix every row group's place and row count, must be theirs.
-        problems.append(
-            f"{where}: its reference's objects differ from those its dataset_referenced and "
-            "dataset_batch_referenced events recorded"
-        )
-
-
 def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[str]) -> None:
     seen: set[uuid.UUID] = set()
     rows = session.execute(
@@ -403,7 +332,7 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
         if raw is not None and deleted_at is None:
             covered = covers.pop(dataset_id, set())
-            _check_reference(where, raw, n, covered, recorded.references.get(dataset_id), problems)
+            check_reference(where, raw, n, covered, recorded.references.get(dataset_id), problems)
     for dataset_id, seq in recorded.created.items():
         if dataset_id not in seen:
             problems.append(f"datasets {dataset_id}: the row is missing (created by event {seq})")
