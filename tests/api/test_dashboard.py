@@ -31,6 +31,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import update
 
+from api_schemas.figures import shown
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
@@ -414,6 +415,92 @@ def test_a_hybrid_grant_and_dataset_show_both_native_figures(
     )
     page = chromium.sign_in(owner, "owner")
     card = f"section[data-dataset='{dataset['id']}']"
-    shown = cells(page, f"{card} table.grants", 6)
+    native = cells(page, f"{card} table.grants", 6)
     mu, rho = Decimal(grant["mu_remaining"]), Decimal(grant["rho_remaining"])
-    assert shown == [f"mu {float(f'{mu:.6g}'):g}, rho {float(f'{rho:.6g}'):g}"], shown
+    # Remaining figures are rounded down (the help page's rule; this read nearest before).
+    assert native == [f"mu {shown(mu, digits=6)}, rho {shown(rho, digits=6)}"], native
+
+
+def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
+    chromium: Browser, world: World
+) -> None:
+    # The dashboard rounded every figure to the nearest 6 digits in float: on the default
+    # (hybrid) accounting, after two Gaussian releases of 0.3, epsilon_remaining
+    # 0.58936393... read 0.589364 (above what is left) and epsilon_spent 0.41063606... read
+    # 0.410636 (below what was spent); delta read "1e-7". The page "Reading a budget" it links
+    # to says a shown figure never overstates what is left: spent and costs up, totals and
+    # remaining down, in plain notation (api_schemas.figures.shown, here to 6 digits).
+    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "gina"})["key"]
+    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "hal"})
+    rng = np.random.default_rng(5)
+    rows = rng.normal(size=(300, 6)) * 0.2
+    buffer = io.BytesIO()
+    np.save(buffer, rows)
+    dataset = _post(
+        world.base,
+        owner,
+        "/v1/datasets",
+        files={"file": ("r.npy", buffer.getvalue(), "application/octet-stream")},
+        # hybrid, the service's default (the suite's conftest sets basic for older tests).
+        data={
+            "name": "rounding",
+            "epsilon_budget": "1",
+            "delta_budget": "1e-5",
+            "row_norm_bound": "1",
+            "accounting": "hybrid",
+        },
+    )["id"]
+    grant = _post(
+        world.base,
+        owner,
+        f"/v1/datasets/{dataset}/grants",
+        json={"analyst_key_id": analyst["id"], "epsilon": "0.8", "delta": "1e-5"},
+    )
+    assert grant["accounting"] == "hybrid"
+    for _ in range(2):  # charged when requested: no worker needed for the figures
+        _post(
+            world.base,
+            analyst["key"],
+            f"/v1/datasets/{dataset}/releases",
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.3"},
+        )
+    headers = {"Authorization": f"Bearer {owner}"}
+    budget = httpx.get(f"{world.base}/v1/datasets/{dataset}/budget", headers=headers).json()
+    grants = httpx.get(f"{world.base}/v1/datasets/{dataset}/grants", headers=headers).json()
+    (mine,) = grants["items"]
+
+    def safe(value: str, up: bool = False) -> str:
+        return shown(value, up=up, digits=6)
+
+    # Nearest rounding would overstate this one: the test checks the case that matters.
+    remaining = Decimal(budget["epsilon_remaining"])
+    assert Decimal(f"{float(remaining):.6g}") > remaining
+    page = chromium.sign_in(owner, "owner")
+    card = f"section[data-dataset='{dataset}']"
+    for name, value in budget.items():
+        if value is None or not value[:1].isdigit():
+            continue
+        shown_here = page.inner_text(f"{card} table.budget tr[data-field={name}] td")
+        assert shown_here == safe(value, up=name.endswith("_spent")), name
+    native = f"mu {safe(mine['mu_remaining'])}, rho {safe(mine['rho_remaining'])}"
+    expected_grant = [
+        safe(mine["epsilon_total"]),
+        safe(mine["epsilon_spent"], up=True),
+        safe(mine["epsilon_remaining"]),
+        safe(mine["delta_remaining"]),
+        native,
+    ]
+    assert [cells(page, f"{card} table.grants", c)[0] for c in range(2, 7)] == expected_grant
+    bar = page.locator(f"{card} svg.bar").get_attribute("aria-label")
+    assert bar == (
+        f"epsilon spent {safe(budget['epsilon_spent'], True)} of {safe(budget['epsilon_total'])}"
+    )
+    assert cells(page, f"{card} table.releases", 5) == ["0.0000001", "0.0000001"]
+    page = chromium.sign_in(analyst["key"], "analyst")
+    assert [cells(page, "#grants table", c)[0] for c in range(3, 8)] == expected_grant
+    shown_budget = [cells(page, "#budgets table", c)[0] for c in range(1, 4)]
+    assert shown_budget == [
+        safe(budget["epsilon_remaining"]),
+        safe(budget["delta_remaining"]),
+        f"mu {safe(budget['mu_remaining'])}, rho {safe(budget['rho_remaining'])}",
+    ]

@@ -89,10 +89,36 @@ const humanize = (name) => name.replaceAll("_", " ");
 const when = (value) => (value ? new Date(value).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "–");
 const short = (value) => (value ? String(value).slice(0, 8) : "–");
 const num = (value) => Number.parseFloat(value);
-const fmt = (value) => {
-  const x = num(value);
-  return Number.isFinite(x) ? String(Number(x.toPrecision(6))) : String(value);
-};
+
+// A budget figure for people, as api_schemas.figures.shown states them for every table: a spent
+// figure or a cost rounded UP, a total or remaining figure DOWN (so a shown figure never
+// overstates what is left), in plain notation ("0.0000001", never "1e-7"). Worked on the API's
+// exact decimal string with BigInt: a float would round 0.58936393... to 0.589364, above it.
+const DIGITS = 6;
+function figure(value, up) {
+  const match = /^(-?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$/.exec(String(value).trim());
+  if (!match || (match[2] === "" && !match[3])) return String(value);
+  const [, sign, whole, frac = "", exp = "0"] = match;
+  let mantissa = BigInt(`${whole}${frac}` || "0");
+  let scale = frac.length - Number(exp); // value = mantissa / 10^scale
+  if (mantissa === 0n) return "0";
+  const drop = mantissa.toString().length - DIGITS;
+  if (drop > 0) {
+    const unit = 10n ** BigInt(drop);
+    const cut = mantissa % unit !== 0n;
+    mantissa /= unit; // toward zero
+    // Away from zero when the rounding asked for points that way: up for a positive figure.
+    if (cut && up === (sign === "")) mantissa += 1n;
+    scale -= drop;
+  }
+  let digits = mantissa.toString();
+  if (scale <= 0) return `${sign}${digits}${"0".repeat(-scale)}`;
+  digits = digits.padStart(scale + 1, "0");
+  const text = `${digits.slice(0, -scale)}.${digits.slice(-scale)}`.replace(/\.?0+$/, "");
+  return `${sign}${text}`;
+}
+const down = (value) => figure(value, false);
+const up = (value) => figure(value, true);
 
 function table(columns, rows, attrs) {
   if (!rows.length) return el("p", { class: "empty" }, "None.");
@@ -111,7 +137,7 @@ function budgetTable(budget) {
     { class: "budget" },
     el("tbody", {}, Object.entries(budget).map(([name, value]) =>
       el("tr", { "data-field": name }, el("th", { scope: "row" }, humanize(name)),
-        el("td", {}, value === null ? "—" : typeof value === "object" ? JSON.stringify(value) : fmt(value))))),
+        el("td", {}, value === null ? "—" : typeof value === "object" ? JSON.stringify(value) : figure(value, /_spent$/.test(name)))))),
   );
 }
 
@@ -123,10 +149,10 @@ function budgetBar(budget) {
   return svg(
     "svg",
     { class: "bar", width, height: 22, viewBox: `0 0 ${width} 22`, role: "img",
-      "aria-label": `epsilon spent ${fmt(spent)} of ${fmt(total)}`, "data-spent": spent, "data-total": total },
+      "aria-label": `epsilon spent ${up(budget.epsilon_spent)} of ${down(budget.epsilon_total)}`, "data-spent": spent, "data-total": total },
     svg("rect", { x: 0, y: 2, width, height: 18, class: "bar-total" }),
     svg("rect", { x: 0, y: 2, width: share * width, height: 18, class: "bar-spent" }),
-    svg("title", {}, `epsilon spent ${fmt(spent)} of ${fmt(total)}`),
+    svg("title", {}, `epsilon spent ${up(budget.epsilon_spent)} of ${down(budget.epsilon_total)}`),
   );
 }
 
@@ -139,7 +165,7 @@ function spendingChart(entries, total) {
   let running = 0;
   const points = entries.map((entry) => {
     running = num(entry.epsilon_after);
-    return { t: new Date(entry.created_at).getTime(), y: running };
+    return { t: new Date(entry.created_at).getTime(), y: running, spent: entry.epsilon_after };
   });
   const chart = svg("svg", {
     class: "chart spending", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
@@ -155,7 +181,7 @@ function spendingChart(entries, total) {
     svg("line", { x1: pad.left, y1: y(0), x2: width - pad.right, y2: y(0), class: "axis" }),
     svg("line", { x1: pad.left, y1: y(0), x2: pad.left, y2: pad.top, class: "axis" }),
     svg("line", { x1: pad.left, y1: y(total), x2: width - pad.right, y2: y(total), class: "limit" }),
-    svg("text", { x: pad.left - 6, y: y(total) + 4, class: "tick", "text-anchor": "end" }, fmt(total)),
+    svg("text", { x: pad.left - 6, y: y(total) + 4, class: "tick", "text-anchor": "end" }, down(total)),
     svg("text", { x: pad.left - 6, y: y(0) + 4, class: "tick", "text-anchor": "end" }, "0"),
   );
   if (!points.length) {
@@ -172,7 +198,7 @@ function spendingChart(entries, total) {
   chart.append(svg("path", { d: path, class: "line" }));
   for (const point of points) {
     chart.append(svg("circle", { cx: x(point.t), cy: y(point.y), r: 3, class: "point", "data-epsilon": point.y },
-      svg("title", {}, `${when(new Date(point.t).toISOString())}: ${fmt(point.y)}`)));
+      svg("title", {}, `${when(new Date(point.t).toISOString())}: ${up(point.spent)}`)));
   }
   chart.append(
     svg("text", { x: pad.left, y: height - 8, class: "tick" }, when(new Date(t0).toISOString())),
@@ -203,7 +229,7 @@ function byGrantChart(entries, grants) {
     chart.append(
       svg("text", { x: 0, y: index * rowHeight + 17, class: "tick" }, label),
       svg("rect", { x: 300, y: index * rowHeight + 4, width: barWidth, height: 16, class: "bar-spent", "data-grant": id || "none", "data-epsilon": value }),
-      svg("text", { x: 306 + barWidth, y: index * rowHeight + 17, class: "tick" }, fmt(value)),
+      svg("text", { x: 306 + barWidth, y: index * rowHeight + 17, class: "tick" }, up(value)),
     );
   });
   if (!rows.length) chart.append(svg("text", { x: 0, y: 17, class: "tick" }, "nothing spent yet"));
@@ -215,8 +241,8 @@ const releaseColumns = [
   ["release", (r) => short(r.id)],
   ["mechanism", (r) => r.mechanism],
   ["k", (r) => r.k],
-  ["epsilon", (r) => fmt(r.epsilon)],
-  ["delta", (r) => fmt(r.delta)],
+  ["epsilon", (r) => up(r.epsilon)],
+  ["delta", (r) => up(r.delta)],
   ["status", (r) => el("span", { class: `status ${r.status}` }, r.status)],
   ["reason", (r) => r.reason || ""],
 ];
@@ -232,10 +258,10 @@ function analystName(g) {
 function nativeRemaining(b) {
   const has = (value) => value !== null && value !== undefined;
   if (b.accounting === "hybrid" && has(b.mu_remaining) && has(b.rho_remaining)) {
-    return `mu ${fmt(b.mu_remaining)}, rho ${fmt(b.rho_remaining)}`;
+    return `mu ${down(b.mu_remaining)}, rho ${down(b.rho_remaining)}`;
   }
-  if (has(b.mu_remaining)) return `mu ${fmt(b.mu_remaining)}`;
-  if (has(b.rho_remaining)) return `rho ${fmt(b.rho_remaining)}`;
+  if (has(b.mu_remaining)) return `mu ${down(b.mu_remaining)}`;
+  if (has(b.rho_remaining)) return `rho ${down(b.rho_remaining)}`;
   return "—";
 }
 
@@ -247,10 +273,10 @@ function datasetName(d) {
 const grantColumns = [
   ["grant", (g) => short(g.id)],
   ["analyst", (g) => analystName(g)],
-  ["epsilon total", (g) => fmt(g.epsilon_total)],
-  ["epsilon spent", (g) => fmt(g.epsilon_spent)],
-  ["epsilon remaining", (g) => fmt(g.epsilon_remaining)],
-  ["delta remaining", (g) => fmt(g.delta_remaining)],
+  ["epsilon total", (g) => down(g.epsilon_total)],
+  ["epsilon spent", (g) => up(g.epsilon_spent)],
+  ["epsilon remaining", (g) => down(g.epsilon_remaining)],
+  ["delta remaining", (g) => down(g.delta_remaining)],
   ["native remaining", (g) => nativeRemaining(g)],
   ["revoked", (g) => (g.revoked_at ? when(g.revoked_at) : "")],
 ];
@@ -309,8 +335,8 @@ async function analystView() {
   fill("grants", grants instanceof Node ? grants : table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }));
   fill("budgets", datasets instanceof Node ? datasets : table([
     ["dataset", (d) => datasetName(d)],
-    ["epsilon remaining", (d) => fmt(d.budget.epsilon_remaining)],
-    ["delta remaining", (d) => fmt(d.budget.delta_remaining)],
+    ["epsilon remaining", (d) => down(d.budget.epsilon_remaining)],
+    ["delta remaining", (d) => down(d.budget.delta_remaining)],
     ["native remaining", (d) => nativeRemaining(d.budget)],
     ["spent", (d) => budgetBar(d.budget)],
   ], datasets, { class: "budgets" }));
