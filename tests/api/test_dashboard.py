@@ -504,3 +504,40 @@ def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
         safe(budget["delta_remaining"]),
         f"mu {safe(budget['mu_remaining'])}, rho {safe(budget['rho_remaining'])}",
     ]
+
+
+def test_an_outage_keeps_the_key_and_says_so(chromium: Browser, world: World) -> None:
+    # A 503 (database busy, with Retry-After) or no answer at all on the page's first call
+    # signed the visitor out: the key was dropped and the sign-in form shown, with no word of
+    # what happened. Only a key the service refuses (401) is forgotten now; an outage is said.
+    busy = {
+        "status": 503,
+        "headers": {"Retry-After": "7", "Content-Type": "application/json"},
+        "body": '{"error": "unavailable", "detail": "the database is busy", "retry_after": 7}',
+    }
+    page = sign_in(chromium, world, "owner")
+    for name, answer in (
+        ("503", lambda route: route.fulfill(**busy)),
+        ("none", lambda route: route.abort("connectionrefused")),
+    ):
+        page.route("**/v1/whoami", answer)
+        chromium.visit(page, "owner")
+        assert page.url == world.base + "/dashboard/owner"
+        assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") == world.keys["owner"]
+        notice = page.locator("#notice[role=alert]")
+        assert notice.get_attribute("data-status") == name
+        text = notice.inner_text()
+        assert "Try again in 7 s" in text if name == "503" else "did not answer" in text
+        assert page.locator(".loading").count() == 0
+        page.unroute("**/v1/whoami")
+    # A call of the view itself: the same words where its figures would be.
+    page.route("**/budget", lambda route: route.fulfill(**busy))
+    chromium.visit(page, "owner")
+    assert page.locator("#datasets [role=alert]").get_attribute("data-status") == "503"
+    assert "Try again in 7 s" in page.inner_text("#datasets")
+    page.unroute("**/budget")
+    # A revoked key is forgotten, as before.
+    page.route("**/v1/whoami", lambda route: route.fulfill(status=401, body="{}"))
+    page.goto(world.base + "/dashboard/owner")
+    page.wait_for_url(world.base + "/dashboard")
+    assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") is None

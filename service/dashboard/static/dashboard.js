@@ -10,9 +10,11 @@ const PAGE_LIMIT = 200;
 const MAX_PAGES = 50;
 
 class ApiError extends Error {
-  constructor(status, body) {
+  constructor(status, body, retryAfter) {
     super(`${status} ${body && body.detail ? body.detail : "request failed"}`);
     this.status = status;
+    // A 503 (database busy or unreachable, overload) says when to come back.
+    this.retryAfter = retryAfter;
   }
 }
 
@@ -32,7 +34,7 @@ async function api(path) {
   } catch (error) {
     body = null;
   }
-  if (!response.ok) throw new ApiError(response.status, body);
+  if (!response.ok) throw new ApiError(response.status, body, response.headers.get("Retry-After"));
   return body;
 }
 
@@ -80,9 +82,21 @@ function fill(id, ...nodes) {
   if (target) target.replaceChildren(...nodes.filter((node) => node !== null && node !== undefined));
 }
 
+// What went wrong, in words: a refusal (4xx) is not an outage (503: try again later) nor a
+// service that did not answer at all (fetch's TypeError).
+function problem(error) {
+  if (!(error instanceof ApiError)) {
+    return `The service did not answer (${error.message}): it may be down or restarting; reload the page to try again.`;
+  }
+  if (error.status === 503) {
+    const wait = error.retryAfter ? ` Try again in ${error.retryAfter} s (reload the page).` : " Reload the page to try again.";
+    return `The service is unavailable for now: ${error.message}.${wait}`;
+  }
+  return `The API refused: ${error.message}`;
+}
+
 function failure(error) {
-  const text = error instanceof ApiError ? `The API refused: ${error.message}` : String(error);
-  return el("p", { class: "error", role: "alert" }, text);
+  return el("p", { class: "error", role: "alert", "data-status": error instanceof ApiError ? error.status : "none" }, problem(error));
 }
 
 const humanize = (name) => name.replaceAll("_", " ");
@@ -465,8 +479,21 @@ async function start() {
   try {
     me = await api("/v1/whoami");
   } catch (error) {
-    sessionStorage.removeItem(KEY);
-    if (view !== "signin") window.location.replace("/dashboard");
+    // Only a key the service refuses (401: not valid, or revoked) is forgotten. An outage (503,
+    // or no answer) signed the visitor out with no word; now the key stays and the page says
+    // what happened.
+    if (error instanceof ApiError && error.status === 401) {
+      sessionStorage.removeItem(KEY);
+      if (view !== "signin") window.location.replace("/dashboard");
+      return;
+    }
+    const notice = document.getElementById("notice");
+    notice.textContent = problem(error);
+    notice.setAttribute("role", "alert");
+    notice.dataset.status = error instanceof ApiError ? String(error.status) : "none";
+    notice.hidden = false;
+    for (const loading of document.querySelectorAll(".loading")) loading.remove();
+    document.body.dataset.ready = "true";
     return;
   }
   if (view === "signin") {
