@@ -541,3 +541,47 @@ def test_an_outage_keeps_the_key_and_says_so(chromium: Browser, world: World) ->
     page.goto(world.base + "/dashboard/owner")
     page.wait_for_url(world.base + "/dashboard")
     assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") is None
+
+
+def test_a_release_shows_its_explained_variance_and_warning_beside_its_basis(
+    chromium: Browser, world: World
+) -> None:
+    # The release tables showed status and reason only: a basis the API flags as
+    # indistinguishable from random directions (warning, warning_code) with its explained
+    # variance hidden by noise (explained_variance_hidden_by_noise, interval [0, 1]) was offered
+    # for download with neither said. Each row now carries the API's own statements; a ratio the
+    # noise hides is not shown as a figure.
+    def expected(release: dict[str, Any]) -> list[str]:
+        extras = (release.get("result") or {}).get("extras") or {}
+        notes = []
+        interval = extras.get("explained_variance_ratio_interval")
+        span = f" (90% interval [{interval[0]:.2f}, {interval[1]:.2f}])" if interval else ""
+        if extras.get("explained_variance_hidden_by_noise") is True:
+            notes.append(f"explained variance hidden by noise{span}")
+        elif extras.get("explained_variance_ratio"):
+            notes.append(f"explained variance {sum(extras['explained_variance_ratio']):.2f}{span}")
+        if extras.get("warning"):
+            notes.append(f"Warning: {extras['warning']}")
+        return notes
+
+    def shown_notes(page: Any, selector: str) -> list[list[str]]:
+        return [
+            [str(t).strip() for t in row]
+            for row in page.eval_on_selector_all(
+                f"{selector} tbody tr",
+                "rows => rows.map(r => [...r.cells[8].querySelectorAll('.notes span')]"
+                ".map(s => s.textContent))",
+            )
+        ]
+
+    mine = world.api("analyst", "/v1/releases")["items"]
+    owned = world.api("owner", f"/v1/datasets/{world.dataset}/releases")["items"]
+    assert any(expected(r) for r in mine) and any(expected(r) for r in owned)
+    page = sign_in(chromium, world, "analyst")
+    assert shown_notes(page, "#releases table") == [expected(r) for r in mine]
+    # Nothing of a hidden release's result: the padded one reads queued with no notes.
+    hidden = [i for i, r in enumerate(mine) if r["id"] == world.releases["spectrum"]]
+    assert hidden and shown_notes(page, "#releases table")[hidden[0]] == []
+    page = sign_in(chromium, world, "owner")
+    card = f"section[data-dataset='{world.dataset}'] table.releases"
+    assert shown_notes(page, card) == [expected(r) for r in owned]

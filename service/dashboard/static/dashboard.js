@@ -259,7 +259,29 @@ const releaseColumns = [
   ["delta", (r) => up(r.delta)],
   ["status", (r) => el("span", { class: `status ${r.status}` }, r.status)],
   ["reason", (r) => r.reason || ""],
+  ["result notes", (r) => resultNotes(r)],
 ];
+
+// What the service says about a result beside the result itself: the share of variance the
+// components keep and its 90% interval, or that the noise hides it (then the ratio is a guess and
+// is not shown), and the release's warning (e.g. directions indistinguishable from random). The
+// page offered a basis to download without either.
+function resultNotes(r) {
+  const extras = (r.result && r.result.extras) || {};
+  const notes = [];
+  const interval = extras.explained_variance_ratio_interval;
+  const span = Array.isArray(interval) ? ` (90% interval [${interval.map((v) => num(v).toFixed(2)).join(", ")}])` : "";
+  if (extras.explained_variance_hidden_by_noise === true) {
+    notes.push(el("span", { class: "variance hidden-by-noise" }, `explained variance hidden by noise${span}`));
+  } else if (Array.isArray(extras.explained_variance_ratio)) {
+    const kept = extras.explained_variance_ratio.reduce((a, v) => a + num(v), 0);
+    notes.push(el("span", { class: "variance" }, `explained variance ${kept.toFixed(2)}${span}`));
+  }
+  if (extras.warning) {
+    notes.push(el("span", { class: "warning", "data-code": extras.warning_code || "" }, `Warning: ${extras.warning}`));
+  }
+  return notes.length ? el("div", { class: "notes" }, notes) : "";
+}
 
 // An analyst key by its name, with its id's start to tell two keys of one name apart.
 function analystName(g) {
