@@ -585,3 +585,48 @@ def test_a_release_shows_its_explained_variance_and_warning_beside_its_basis(
     page = sign_in(chromium, world, "owner")
     card = f"section[data-dataset='{world.dataset}'] table.releases"
     assert shown_notes(page, card) == [expected(r) for r in owned]
+
+
+def test_a_hybrid_budget_says_epsilon_remaining_is_not_what_every_release_may_ask(
+    chromium: Browser, world: World
+) -> None:
+    # hybrid (the default) states the spend in epsilon_remaining; a pure or approximate
+    # release may be refused below it (after two Gaussian 0.3 releases on (1, 1e-5), 0.67
+    # remains and a pure 0.3 is refused). The API's descriptions and 409s say so and give
+    # epsilon_admissible; the dashboard showed the bare figure, headed "remaining budgets".
+    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "ivy"})["key"]
+    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "jon"})
+    buffer = io.BytesIO()
+    np.save(buffer, np.eye(6)[:5] * 0.5)
+    dataset = _post(
+        world.base,
+        owner,
+        "/v1/datasets",
+        files={"file": ("n.npy", buffer.getvalue(), "application/octet-stream")},
+        data={
+            "name": "note",
+            "epsilon_budget": "1",
+            "delta_budget": "1e-5",
+            "row_norm_bound": "1",
+            "accounting": "hybrid",
+        },
+    )["id"]
+    _post(
+        world.base,
+        owner,
+        f"/v1/datasets/{dataset}/grants",
+        json={"analyst_key_id": analyst["id"], "epsilon": "0.5", "delta": "1e-5"},
+    )
+    page = chromium.sign_in(owner, "owner")
+    note = page.locator(f"section[data-dataset='{dataset}'] .hybrid-remaining")
+    assert "epsilon_admissible" in note.inner_text()
+    assert note.locator("a").get_attribute("href") == "/dashboard/reading-a-budget"
+    page = chromium.sign_in(analyst["key"], "analyst")
+    for where in ("#grants", "#budgets"):
+        assert "not what every kind of release" in page.inner_text(f"{where} .hybrid-remaining")
+    # Not on the other accountings' budgets: bob's grants are on a basic and a zcdp dataset.
+    page = sign_in(chromium, world, "analyst")
+    assert page.locator("#grants .hybrid-remaining").count() == 0
+    page = sign_in(chromium, world, "owner")
+    for other in (world.dataset, world.zcdp):
+        assert page.locator(f"section[data-dataset='{other}'] .hybrid-remaining").count() == 0

@@ -301,6 +301,19 @@ function nativeRemaining(b) {
   return "—";
 }
 
+// Under hybrid epsilon_remaining states the spend, not what every kind of release may still ask
+// for (its filters charge pure and approximate releases differently from Gaussian ones): the
+// API's descriptions and refusals say so, and the page showed the bare figure. Said once beside
+// every table that shows a hybrid budget or grant.
+function hybridNote(budgets) {
+  if (!budgets.some((b) => b && b.accounting === "hybrid")) return null;
+  return el("p", { class: "meta hybrid-remaining" },
+    "hybrid: epsilon remaining states what has been spent, not what every kind of release may still ask for ",
+    "(a pure or approximate release may be refused below it). A dry run (dry_run=true) and a refusal give ",
+    "epsilon_admissible, the largest epsilon that request is admitted at now. See ",
+    el("a", { href: "/dashboard/reading-a-budget" }, "Reading a budget"), ".");
+}
+
 // A dataset by its name, with its id's start to tell two datasets of one name apart.
 function datasetName(d) {
   return `${d.name} · ${short(d.id)}`;
@@ -339,7 +352,7 @@ async function ownerView() {
       el("p", { class: "meta" }, `${dataset.n_rows} rows × ${dataset.n_cols} columns · ${dataset.n_batches} batch(es) · created ${when(dataset.created_at)} · id ${dataset.id}`),
       el("p", { class: "meta privacy-unit" }, privacyUnit(dataset)),
       el("div", { class: "row" },
-        el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget)),
+        el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget), hybridNote([budget])),
         el("div", {}, el("h3", {}, "Epsilon spent over time"), spendingChart(ledger, num(budget.epsilon_total)))),
       el("h3", {}, "Epsilon spent by grant"), byGrantChart(ledger, grants.items),
       el("h3", {}, `Grants (${grants.total})`), table(grantColumns, grants.items, { class: "grants" }),
@@ -368,14 +381,14 @@ async function analystView() {
     api("/v1/grants").catch(failure), allPages("/v1/datasets").catch(failure), api("/v1/releases?limit=50").catch(failure),
   ]);
   const names = new Map(Array.isArray(datasets) ? datasets.map((d) => [d.id, datasetName(d)]) : []);
-  fill("grants", grants instanceof Node ? grants : table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }));
+  fill("grants", ...(grants instanceof Node ? [grants] : [table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }), hybridNote(grants.items)]));
   fill("budgets", datasets instanceof Node ? datasets : table([
     ["dataset", (d) => datasetName(d)],
     ["epsilon remaining", (d) => down(d.budget.epsilon_remaining)],
     ["delta remaining", (d) => down(d.budget.delta_remaining)],
     ["native remaining", (d) => nativeRemaining(d.budget)],
     ["spent", (d) => budgetBar(d.budget)],
-  ], datasets, { class: "budgets" }));
+  ], datasets, { class: "budgets" }), ...(datasets instanceof Node ? [] : [hybridNote(datasets.map((d) => d.budget))]));
   fill("releases", releases instanceof Node ? releases : table([
     ...releaseColumns,
     ["dataset", (r) => names.get(r.dataset_id) || short(r.dataset_id)],
