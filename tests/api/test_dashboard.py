@@ -536,6 +536,13 @@ def test_an_outage_keeps_the_key_and_says_so(chromium: Browser, world: World) ->
     assert page.locator("#datasets [role=alert]").get_attribute("data-status") == "503"
     assert "Try again in 7 s" in page.inner_text("#datasets")
     page.unroute("**/budget")
+    # A restore held until an admin accepts it is no outage to wait out: its detail is shown.
+    held = dict(busy, body='{"error": "restore_unaccepted", "detail": "accept-restore first"}')
+    page.route("**/budget", lambda route: route.fulfill(**held))
+    chromium.visit(page, "owner")
+    text = page.inner_text("#datasets")
+    assert "accept-restore first" in text and "Try again" not in text
+    page.unroute("**/budget")
     # A revoked key is forgotten, as before.
     page.route("**/v1/whoami", lambda route: route.fulfill(status=401, body="{}"))
     page.goto(world.base + "/dashboard/owner")

@@ -13,6 +13,7 @@ class ApiError extends Error {
   constructor(status, body, retryAfter) {
     super(`${status} ${body && body.detail ? body.detail : "request failed"}`);
     this.status = status;
+    this.code = body && body.error ? body.error : null;
     // A 503 (database busy or unreachable, overload) says when to come back.
     this.retryAfter = retryAfter;
   }
@@ -88,7 +89,9 @@ function problem(error) {
   if (!(error instanceof ApiError)) {
     return `The service did not answer (${error.message}): it may be down or restarting; reload the page to try again.`;
   }
-  if (error.status === 503) {
+  // A restore held (503 restore_unaccepted) lasts until an admin accepts it: its detail says so,
+  // and "try again in 60 s" would not.
+  if (error.status === 503 && error.code !== "restore_unaccepted") {
     const wait = error.retryAfter ? ` Try again in ${error.retryAfter} s (reload the page).` : " Reload the page to try again.";
     return `The service is unavailable for now: ${error.message}.${wait}`;
   }
