@@ -31,6 +31,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import update
 
+from api_schemas.figures import shown
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
@@ -414,6 +415,225 @@ def test_a_hybrid_grant_and_dataset_show_both_native_figures(
     )
     page = chromium.sign_in(owner, "owner")
     card = f"section[data-dataset='{dataset['id']}']"
-    shown = cells(page, f"{card} table.grants", 6)
+    native = cells(page, f"{card} table.grants", 6)
     mu, rho = Decimal(grant["mu_remaining"]), Decimal(grant["rho_remaining"])
-    assert shown == [f"mu {float(f'{mu:.6g}'):g}, rho {float(f'{rho:.6g}'):g}"], shown
+    # Remaining figures are rounded down (the help page's rule; this read nearest before).
+    assert native == [f"mu {shown(mu, digits=6)}, rho {shown(rho, digits=6)}"], native
+
+
+def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
+    chromium: Browser, world: World
+) -> None:
+    # The dashboard rounded every figure to the nearest 6 digits in float: on the default
+    # (hybrid) accounting, after two Gaussian releases of 0.3, epsilon_remaining
+    # 0.58936393... read 0.589364 (above what is left) and epsilon_spent 0.41063606... read
+    # 0.410636 (below what was spent); delta read "1e-7". The page "Reading a budget" it links
+    # to says a shown figure never overstates what is left: spent and costs up, totals and
+    # remaining down, in plain notation (api_schemas.figures.shown, here to 6 digits).
+    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "gina"})["key"]
+    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "hal"})
+    rng = np.random.default_rng(5)
+    rows = rng.normal(size=(300, 6)) * 0.2
+    buffer = io.BytesIO()
+    np.save(buffer, rows)
+    dataset = _post(
+        world.base,
+        owner,
+        "/v1/datasets",
+        files={"file": ("r.npy", buffer.getvalue(), "application/octet-stream")},
+        # hybrid, the service's default (the suite's conftest sets basic for older tests).
+        data={
+            "name": "rounding",
+            "epsilon_budget": "1",
+            "delta_budget": "1e-5",
+            "row_norm_bound": "1",
+            "accounting": "hybrid",
+        },
+    )["id"]
+    grant = _post(
+        world.base,
+        owner,
+        f"/v1/datasets/{dataset}/grants",
+        json={"analyst_key_id": analyst["id"], "epsilon": "0.8", "delta": "1e-5"},
+    )
+    assert grant["accounting"] == "hybrid"
+    for _ in range(2):  # charged when requested: no worker needed for the figures
+        _post(
+            world.base,
+            analyst["key"],
+            f"/v1/datasets/{dataset}/releases",
+            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.3"},
+        )
+    headers = {"Authorization": f"Bearer {owner}"}
+    budget = httpx.get(f"{world.base}/v1/datasets/{dataset}/budget", headers=headers).json()
+    grants = httpx.get(f"{world.base}/v1/datasets/{dataset}/grants", headers=headers).json()
+    (mine,) = grants["items"]
+
+    def safe(value: str, up: bool = False) -> str:
+        return shown(value, up=up, digits=6)
+
+    # Nearest rounding would overstate this one: the test checks the case that matters.
+    remaining = Decimal(budget["epsilon_remaining"])
+    assert Decimal(f"{float(remaining):.6g}") > remaining
+    page = chromium.sign_in(owner, "owner")
+    card = f"section[data-dataset='{dataset}']"
+    for name, value in budget.items():
+        if value is None or not value[:1].isdigit():
+            continue
+        shown_here = page.inner_text(f"{card} table.budget tr[data-field={name}] td")
+        assert shown_here == safe(value, up=name.endswith("_spent")), name
+    native = f"mu {safe(mine['mu_remaining'])}, rho {safe(mine['rho_remaining'])}"
+    expected_grant = [
+        safe(mine["epsilon_total"]),
+        safe(mine["epsilon_spent"], up=True),
+        safe(mine["epsilon_remaining"]),
+        safe(mine["delta_remaining"]),
+        native,
+    ]
+    assert [cells(page, f"{card} table.grants", c)[0] for c in range(2, 7)] == expected_grant
+    bar = page.locator(f"{card} svg.bar").get_attribute("aria-label")
+    assert bar == (
+        f"epsilon spent {safe(budget['epsilon_spent'], True)} of {safe(budget['epsilon_total'])}"
+    )
+    assert cells(page, f"{card} table.releases", 5) == ["0.0000001", "0.0000001"]
+    page = chromium.sign_in(analyst["key"], "analyst")
+    assert [cells(page, "#grants table", c)[0] for c in range(3, 8)] == expected_grant
+    shown_budget = [cells(page, "#budgets table", c)[0] for c in range(1, 4)]
+    assert shown_budget == [
+        safe(budget["epsilon_remaining"]),
+        safe(budget["delta_remaining"]),
+        f"mu {safe(budget['mu_remaining'])}, rho {safe(budget['rho_remaining'])}",
+    ]
+
+
+def test_an_outage_keeps_the_key_and_says_so(chromium: Browser, world: World) -> None:
+    # A 503 (database busy, with Retry-After) or no answer at all on the page's first call
+    # signed the visitor out: the key was dropped and the sign-in form shown, with no word of
+    # what happened. Only a key the service refuses (401) is forgotten now; an outage is said.
+    busy = {
+        "status": 503,
+        "headers": {"Retry-After": "7", "Content-Type": "application/json"},
+        "body": '{"error": "unavailable", "detail": "the database is busy", "retry_after": 7}',
+    }
+    page = sign_in(chromium, world, "owner")
+    for name, answer in (
+        ("503", lambda route: route.fulfill(**busy)),
+        ("none", lambda route: route.abort("connectionrefused")),
+    ):
+        page.route("**/v1/whoami", answer)
+        chromium.visit(page, "owner")
+        assert page.url == world.base + "/dashboard/owner"
+        assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") == world.keys["owner"]
+        notice = page.locator("#notice[role=alert]")
+        assert notice.get_attribute("data-status") == name
+        text = notice.inner_text()
+        assert "Try again in 7 s" in text if name == "503" else "did not answer" in text
+        assert page.locator(".loading").count() == 0
+        page.unroute("**/v1/whoami")
+    # A call of the view itself: the same words where its figures would be.
+    page.route("**/budget", lambda route: route.fulfill(**busy))
+    chromium.visit(page, "owner")
+    assert page.locator("#datasets [role=alert]").get_attribute("data-status") == "503"
+    assert "Try again in 7 s" in page.inner_text("#datasets")
+    page.unroute("**/budget")
+    # A restore held until an admin accepts it is no outage to wait out: its detail is shown.
+    held = dict(busy, body='{"error": "restore_unaccepted", "detail": "accept-restore first"}')
+    page.route("**/budget", lambda route: route.fulfill(**held))
+    chromium.visit(page, "owner")
+    text = page.inner_text("#datasets")
+    assert "accept-restore first" in text and "Try again" not in text
+    page.unroute("**/budget")
+    # A revoked key is forgotten, as before.
+    page.route("**/v1/whoami", lambda route: route.fulfill(status=401, body="{}"))
+    page.goto(world.base + "/dashboard/owner")
+    page.wait_for_url(world.base + "/dashboard")
+    assert page.evaluate("sessionStorage.getItem('dpss.apiKey')") is None
+
+
+def test_a_release_shows_its_explained_variance_and_warning_beside_its_basis(
+    chromium: Browser, world: World
+) -> None:
+    # The release tables showed status and reason only: a basis the API flags as
+    # indistinguishable from random directions (warning, warning_code) with its explained
+    # variance hidden by noise (explained_variance_hidden_by_noise, interval [0, 1]) was offered
+    # for download with neither said. Each row now carries the API's own statements; a ratio the
+    # noise hides is not shown as a figure.
+    def expected(release: dict[str, Any]) -> list[str]:
+        extras = (release.get("result") or {}).get("extras") or {}
+        notes = []
+        interval = extras.get("explained_variance_ratio_interval")
+        span = f" (90% interval [{interval[0]:.2f}, {interval[1]:.2f}])" if interval else ""
+        if extras.get("explained_variance_hidden_by_noise") is True:
+            notes.append(f"explained variance hidden by noise{span}")
+        elif extras.get("explained_variance_ratio"):
+            notes.append(f"explained variance {sum(extras['explained_variance_ratio']):.2f}{span}")
+        if extras.get("warning"):
+            notes.append(f"Warning: {extras['warning']}")
+        return notes
+
+    def shown_notes(page: Any, selector: str) -> list[list[str]]:
+        return [
+            [str(t).strip() for t in row]
+            for row in page.eval_on_selector_all(
+                f"{selector} tbody tr",
+                "rows => rows.map(r => [...r.cells[8].querySelectorAll('.notes span')]"
+                ".map(s => s.textContent))",
+            )
+        ]
+
+    mine = world.api("analyst", "/v1/releases")["items"]
+    owned = world.api("owner", f"/v1/datasets/{world.dataset}/releases")["items"]
+    assert any(expected(r) for r in mine) and any(expected(r) for r in owned)
+    page = sign_in(chromium, world, "analyst")
+    assert shown_notes(page, "#releases table") == [expected(r) for r in mine]
+    # Nothing of a hidden release's result: the padded one reads queued with no notes.
+    hidden = [i for i, r in enumerate(mine) if r["id"] == world.releases["spectrum"]]
+    assert hidden and shown_notes(page, "#releases table")[hidden[0]] == []
+    page = sign_in(chromium, world, "owner")
+    card = f"section[data-dataset='{world.dataset}'] table.releases"
+    assert shown_notes(page, card) == [expected(r) for r in owned]
+
+
+def test_a_hybrid_budget_says_epsilon_remaining_is_not_what_every_release_may_ask(
+    chromium: Browser, world: World
+) -> None:
+    # hybrid (the default) states the spend in epsilon_remaining; a pure or approximate
+    # release may be refused below it (after two Gaussian 0.3 releases on (1, 1e-5), 0.67
+    # remains and a pure 0.3 is refused). The API's descriptions and 409s say so and give
+    # epsilon_admissible; the dashboard showed the bare figure, headed "remaining budgets".
+    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "ivy"})["key"]
+    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "jon"})
+    buffer = io.BytesIO()
+    np.save(buffer, np.eye(6)[:5] * 0.5)
+    dataset = _post(
+        world.base,
+        owner,
+        "/v1/datasets",
+        files={"file": ("n.npy", buffer.getvalue(), "application/octet-stream")},
+        data={
+            "name": "note",
+            "epsilon_budget": "1",
+            "delta_budget": "1e-5",
+            "row_norm_bound": "1",
+            "accounting": "hybrid",
+        },
+    )["id"]
+    _post(
+        world.base,
+        owner,
+        f"/v1/datasets/{dataset}/grants",
+        json={"analyst_key_id": analyst["id"], "epsilon": "0.5", "delta": "1e-5"},
+    )
+    page = chromium.sign_in(owner, "owner")
+    note = page.locator(f"section[data-dataset='{dataset}'] .hybrid-remaining")
+    assert "epsilon_admissible" in note.inner_text()
+    assert note.locator("a").get_attribute("href") == "/dashboard/reading-a-budget"
+    page = chromium.sign_in(analyst["key"], "analyst")
+    for where in ("#grants", "#budgets"):
+        assert "not what every kind of release" in page.inner_text(f"{where} .hybrid-remaining")
+    # Not on the other accountings' budgets: bob's grants are on a basic and a zcdp dataset.
+    page = sign_in(chromium, world, "analyst")
+    assert page.locator("#grants .hybrid-remaining").count() == 0
+    page = sign_in(chromium, world, "owner")
+    for other in (world.dataset, world.zcdp):
+        assert page.locator(f"section[data-dataset='{other}'] .hybrid-remaining").count() == 0

@@ -10,9 +10,12 @@ const PAGE_LIMIT = 200;
 const MAX_PAGES = 50;
 
 class ApiError extends Error {
-  constructor(status, body) {
+  constructor(status, body, retryAfter) {
     super(`${status} ${body && body.detail ? body.detail : "request failed"}`);
     this.status = status;
+    this.code = body && body.error ? body.error : null;
+    // A 503 (database busy or unreachable, overload) says when to come back.
+    this.retryAfter = retryAfter;
   }
 }
 
@@ -32,7 +35,7 @@ async function api(path) {
   } catch (error) {
     body = null;
   }
-  if (!response.ok) throw new ApiError(response.status, body);
+  if (!response.ok) throw new ApiError(response.status, body, response.headers.get("Retry-After"));
   return body;
 }
 
@@ -80,19 +83,59 @@ function fill(id, ...nodes) {
   if (target) target.replaceChildren(...nodes.filter((node) => node !== null && node !== undefined));
 }
 
+// What went wrong, in words: a refusal (4xx) is not an outage (503: try again later) nor a
+// service that did not answer at all (fetch's TypeError).
+function problem(error) {
+  if (!(error instanceof ApiError)) {
+    return `The service did not answer (${error.message}): it may be down or restarting; reload the page to try again.`;
+  }
+  // A restore held (503 restore_unaccepted) lasts until an admin accepts it: its detail says so,
+  // and "try again in 60 s" would not.
+  if (error.status === 503 && error.code !== "restore_unaccepted") {
+    const wait = error.retryAfter ? ` Try again in ${error.retryAfter} s (reload the page).` : " Reload the page to try again.";
+    return `The service is unavailable for now: ${error.message}.${wait}`;
+  }
+  return `The API refused: ${error.message}`;
+}
+
 function failure(error) {
-  const text = error instanceof ApiError ? `The API refused: ${error.message}` : String(error);
-  return el("p", { class: "error", role: "alert" }, text);
+  return el("p", { class: "error", role: "alert", "data-status": error instanceof ApiError ? error.status : "none" }, problem(error));
 }
 
 const humanize = (name) => name.replaceAll("_", " ");
 const when = (value) => (value ? new Date(value).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "–");
 const short = (value) => (value ? String(value).slice(0, 8) : "–");
 const num = (value) => Number.parseFloat(value);
-const fmt = (value) => {
-  const x = num(value);
-  return Number.isFinite(x) ? String(Number(x.toPrecision(6))) : String(value);
-};
+
+// A budget figure for people, as api_schemas.figures.shown states them for every table: a spent
+// figure or a cost rounded UP, a total or remaining figure DOWN (so a shown figure never
+// overstates what is left), in plain notation ("0.0000001", never "1e-7"). Worked on the API's
+// exact decimal string with BigInt: a float would round 0.58936393... to 0.589364, above it.
+const DIGITS = 6;
+function figure(value, up) {
+  const match = /^(-?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$/.exec(String(value).trim());
+  if (!match || (match[2] === "" && !match[3])) return String(value);
+  const [, sign, whole, frac = "", exp = "0"] = match;
+  let mantissa = BigInt(`${whole}${frac}` || "0");
+  let scale = frac.length - Number(exp); // value = mantissa / 10^scale
+  if (mantissa === 0n) return "0";
+  const drop = mantissa.toString().length - DIGITS;
+  if (drop > 0) {
+    const unit = 10n ** BigInt(drop);
+    const cut = mantissa % unit !== 0n;
+    mantissa /= unit; // toward zero
+    // Away from zero when the rounding asked for points that way: up for a positive figure.
+    if (cut && up === (sign === "")) mantissa += 1n;
+    scale -= drop;
+  }
+  let digits = mantissa.toString();
+  if (scale <= 0) return `${sign}${digits}${"0".repeat(-scale)}`;
+  digits = digits.padStart(scale + 1, "0");
+  const text = `${digits.slice(0, -scale)}.${digits.slice(-scale)}`.replace(/\.?0+$/, "");
+  return `${sign}${text}`;
+}
+const down = (value) => figure(value, false);
+const up = (value) => figure(value, true);
 
 function table(columns, rows, attrs) {
   if (!rows.length) return el("p", { class: "empty" }, "None.");
@@ -111,7 +154,7 @@ function budgetTable(budget) {
     { class: "budget" },
     el("tbody", {}, Object.entries(budget).map(([name, value]) =>
       el("tr", { "data-field": name }, el("th", { scope: "row" }, humanize(name)),
-        el("td", {}, value === null ? "—" : typeof value === "object" ? JSON.stringify(value) : fmt(value))))),
+        el("td", {}, value === null ? "—" : typeof value === "object" ? JSON.stringify(value) : figure(value, /_spent$/.test(name)))))),
   );
 }
 
@@ -123,10 +166,10 @@ function budgetBar(budget) {
   return svg(
     "svg",
     { class: "bar", width, height: 22, viewBox: `0 0 ${width} 22`, role: "img",
-      "aria-label": `epsilon spent ${fmt(spent)} of ${fmt(total)}`, "data-spent": spent, "data-total": total },
+      "aria-label": `epsilon spent ${up(budget.epsilon_spent)} of ${down(budget.epsilon_total)}`, "data-spent": spent, "data-total": total },
     svg("rect", { x: 0, y: 2, width, height: 18, class: "bar-total" }),
     svg("rect", { x: 0, y: 2, width: share * width, height: 18, class: "bar-spent" }),
-    svg("title", {}, `epsilon spent ${fmt(spent)} of ${fmt(total)}`),
+    svg("title", {}, `epsilon spent ${up(budget.epsilon_spent)} of ${down(budget.epsilon_total)}`),
   );
 }
 
@@ -139,7 +182,7 @@ function spendingChart(entries, total) {
   let running = 0;
   const points = entries.map((entry) => {
     running = num(entry.epsilon_after);
-    return { t: new Date(entry.created_at).getTime(), y: running };
+    return { t: new Date(entry.created_at).getTime(), y: running, spent: entry.epsilon_after };
   });
   const chart = svg("svg", {
     class: "chart spending", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
@@ -155,7 +198,7 @@ function spendingChart(entries, total) {
     svg("line", { x1: pad.left, y1: y(0), x2: width - pad.right, y2: y(0), class: "axis" }),
     svg("line", { x1: pad.left, y1: y(0), x2: pad.left, y2: pad.top, class: "axis" }),
     svg("line", { x1: pad.left, y1: y(total), x2: width - pad.right, y2: y(total), class: "limit" }),
-    svg("text", { x: pad.left - 6, y: y(total) + 4, class: "tick", "text-anchor": "end" }, fmt(total)),
+    svg("text", { x: pad.left - 6, y: y(total) + 4, class: "tick", "text-anchor": "end" }, down(total)),
     svg("text", { x: pad.left - 6, y: y(0) + 4, class: "tick", "text-anchor": "end" }, "0"),
   );
   if (!points.length) {
@@ -172,7 +215,7 @@ function spendingChart(entries, total) {
   chart.append(svg("path", { d: path, class: "line" }));
   for (const point of points) {
     chart.append(svg("circle", { cx: x(point.t), cy: y(point.y), r: 3, class: "point", "data-epsilon": point.y },
-      svg("title", {}, `${when(new Date(point.t).toISOString())}: ${fmt(point.y)}`)));
+      svg("title", {}, `${when(new Date(point.t).toISOString())}: ${up(point.spent)}`)));
   }
   chart.append(
     svg("text", { x: pad.left, y: height - 8, class: "tick" }, when(new Date(t0).toISOString())),
@@ -203,7 +246,7 @@ function byGrantChart(entries, grants) {
     chart.append(
       svg("text", { x: 0, y: index * rowHeight + 17, class: "tick" }, label),
       svg("rect", { x: 300, y: index * rowHeight + 4, width: barWidth, height: 16, class: "bar-spent", "data-grant": id || "none", "data-epsilon": value }),
-      svg("text", { x: 306 + barWidth, y: index * rowHeight + 17, class: "tick" }, fmt(value)),
+      svg("text", { x: 306 + barWidth, y: index * rowHeight + 17, class: "tick" }, up(value)),
     );
   });
   if (!rows.length) chart.append(svg("text", { x: 0, y: 17, class: "tick" }, "nothing spent yet"));
@@ -215,11 +258,33 @@ const releaseColumns = [
   ["release", (r) => short(r.id)],
   ["mechanism", (r) => r.mechanism],
   ["k", (r) => r.k],
-  ["epsilon", (r) => fmt(r.epsilon)],
-  ["delta", (r) => fmt(r.delta)],
+  ["epsilon", (r) => up(r.epsilon)],
+  ["delta", (r) => up(r.delta)],
   ["status", (r) => el("span", { class: `status ${r.status}` }, r.status)],
   ["reason", (r) => r.reason || ""],
+  ["result notes", (r) => resultNotes(r)],
 ];
+
+// What the service says about a result beside the result itself: the share of variance the
+// components keep and its 90% interval, or that the noise hides it (then the ratio is a guess and
+// is not shown), and the release's warning (e.g. directions indistinguishable from random). The
+// page offered a basis to download without either.
+function resultNotes(r) {
+  const extras = (r.result && r.result.extras) || {};
+  const notes = [];
+  const interval = extras.explained_variance_ratio_interval;
+  const span = Array.isArray(interval) ? ` (90% interval [${interval.map((v) => num(v).toFixed(2)).join(", ")}])` : "";
+  if (extras.explained_variance_hidden_by_noise === true) {
+    notes.push(el("span", { class: "variance hidden-by-noise" }, `explained variance hidden by noise${span}`));
+  } else if (Array.isArray(extras.explained_variance_ratio)) {
+    const kept = extras.explained_variance_ratio.reduce((a, v) => a + num(v), 0);
+    notes.push(el("span", { class: "variance" }, `explained variance ${kept.toFixed(2)}${span}`));
+  }
+  if (extras.warning) {
+    notes.push(el("span", { class: "warning", "data-code": extras.warning_code || "" }, `Warning: ${extras.warning}`));
+  }
+  return notes.length ? el("div", { class: "notes" }, notes) : "";
+}
 
 // An analyst key by its name, with its id's start to tell two keys of one name apart.
 function analystName(g) {
@@ -232,11 +297,24 @@ function analystName(g) {
 function nativeRemaining(b) {
   const has = (value) => value !== null && value !== undefined;
   if (b.accounting === "hybrid" && has(b.mu_remaining) && has(b.rho_remaining)) {
-    return `mu ${fmt(b.mu_remaining)}, rho ${fmt(b.rho_remaining)}`;
+    return `mu ${down(b.mu_remaining)}, rho ${down(b.rho_remaining)}`;
   }
-  if (has(b.mu_remaining)) return `mu ${fmt(b.mu_remaining)}`;
-  if (has(b.rho_remaining)) return `rho ${fmt(b.rho_remaining)}`;
+  if (has(b.mu_remaining)) return `mu ${down(b.mu_remaining)}`;
+  if (has(b.rho_remaining)) return `rho ${down(b.rho_remaining)}`;
   return "—";
+}
+
+// Under hybrid epsilon_remaining states the spend, not what every kind of release may still ask
+// for (its filters charge pure and approximate releases differently from Gaussian ones): the
+// API's descriptions and refusals say so, and the page showed the bare figure. Said once beside
+// every table that shows a hybrid budget or grant.
+function hybridNote(budgets) {
+  if (!budgets.some((b) => b && b.accounting === "hybrid")) return null;
+  return el("p", { class: "meta hybrid-remaining" },
+    "hybrid: epsilon remaining states what has been spent, not what every kind of release may still ask for ",
+    "(a pure or approximate release may be refused below it). A dry run (dry_run=true) and a refusal give ",
+    "epsilon_admissible, the largest epsilon that request is admitted at now. See ",
+    el("a", { href: "/dashboard/reading-a-budget" }, "Reading a budget"), ".");
 }
 
 // A dataset by its name, with its id's start to tell two datasets of one name apart.
@@ -247,10 +325,10 @@ function datasetName(d) {
 const grantColumns = [
   ["grant", (g) => short(g.id)],
   ["analyst", (g) => analystName(g)],
-  ["epsilon total", (g) => fmt(g.epsilon_total)],
-  ["epsilon spent", (g) => fmt(g.epsilon_spent)],
-  ["epsilon remaining", (g) => fmt(g.epsilon_remaining)],
-  ["delta remaining", (g) => fmt(g.delta_remaining)],
+  ["epsilon total", (g) => down(g.epsilon_total)],
+  ["epsilon spent", (g) => up(g.epsilon_spent)],
+  ["epsilon remaining", (g) => down(g.epsilon_remaining)],
+  ["delta remaining", (g) => down(g.delta_remaining)],
   ["native remaining", (g) => nativeRemaining(g)],
   ["revoked", (g) => (g.revoked_at ? when(g.revoked_at) : "")],
 ];
@@ -277,7 +355,7 @@ async function ownerView() {
       el("p", { class: "meta" }, `${dataset.n_rows} rows × ${dataset.n_cols} columns · ${dataset.n_batches} batch(es) · created ${when(dataset.created_at)} · id ${dataset.id}`),
       el("p", { class: "meta privacy-unit" }, privacyUnit(dataset)),
       el("div", { class: "row" },
-        el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget)),
+        el("div", {}, el("h3", {}, "Budget"), budgetTable(budget), budgetBar(budget), hybridNote([budget])),
         el("div", {}, el("h3", {}, "Epsilon spent over time"), spendingChart(ledger, num(budget.epsilon_total)))),
       el("h3", {}, "Epsilon spent by grant"), byGrantChart(ledger, grants.items),
       el("h3", {}, `Grants (${grants.total})`), table(grantColumns, grants.items, { class: "grants" }),
@@ -306,14 +384,14 @@ async function analystView() {
     api("/v1/grants").catch(failure), allPages("/v1/datasets").catch(failure), api("/v1/releases?limit=50").catch(failure),
   ]);
   const names = new Map(Array.isArray(datasets) ? datasets.map((d) => [d.id, datasetName(d)]) : []);
-  fill("grants", grants instanceof Node ? grants : table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }));
+  fill("grants", ...(grants instanceof Node ? [grants] : [table([["dataset", (g) => names.get(g.dataset_id) || short(g.dataset_id)], ...grantColumns], grants.items, { class: "grants" }), hybridNote(grants.items)]));
   fill("budgets", datasets instanceof Node ? datasets : table([
     ["dataset", (d) => datasetName(d)],
-    ["epsilon remaining", (d) => fmt(d.budget.epsilon_remaining)],
-    ["delta remaining", (d) => fmt(d.budget.delta_remaining)],
+    ["epsilon remaining", (d) => down(d.budget.epsilon_remaining)],
+    ["delta remaining", (d) => down(d.budget.delta_remaining)],
     ["native remaining", (d) => nativeRemaining(d.budget)],
     ["spent", (d) => budgetBar(d.budget)],
-  ], datasets, { class: "budgets" }));
+  ], datasets, { class: "budgets" }), ...(datasets instanceof Node ? [] : [hybridNote(datasets.map((d) => d.budget))]));
   fill("releases", releases instanceof Node ? releases : table([
     ...releaseColumns,
     ["dataset", (r) => names.get(r.dataset_id) || short(r.dataset_id)],
@@ -439,8 +517,21 @@ async function start() {
   try {
     me = await api("/v1/whoami");
   } catch (error) {
-    sessionStorage.removeItem(KEY);
-    if (view !== "signin") window.location.replace("/dashboard");
+    // Only a key the service refuses (401: not valid, or revoked) is forgotten. An outage (503,
+    // or no answer) signed the visitor out with no word; now the key stays and the page says
+    // what happened.
+    if (error instanceof ApiError && error.status === 401) {
+      sessionStorage.removeItem(KEY);
+      if (view !== "signin") window.location.replace("/dashboard");
+      return;
+    }
+    const notice = document.getElementById("notice");
+    notice.textContent = problem(error);
+    notice.setAttribute("role", "alert");
+    notice.dataset.status = error instanceof ApiError ? String(error.status) : "none";
+    notice.hidden = false;
+    for (const loading of document.querySelectorAll(".loading")) loading.remove();
+    document.body.dataset.ready = "true";
     return;
   }
   if (view === "signin") {
