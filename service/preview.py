@@ -193,8 +193,10 @@ def preview_release(
     share = None
     if grant is not None:
         share = grants.grant_budget(session, grant)
-        if share.affords(charge) or affordable:
-            # The analyst's own limit is the grant's (when both afford it, or the grant is short).
+        if affordable or not share.affords(charge):
+            # The analyst's own limit is the grant's (when both afford it, or the grant is short:
+            # a real request checks the grant first and its 409 names the grant); only when the
+            # grant affords it and the dataset does not are the dataset's figures the ones short.
             charged_to, budget = "grant", share
         affordable = affordable and share.affords(charge)
     # What a real request's 409 would offer (the same request at the largest epsilon admitted)

@@ -284,3 +284,30 @@ def test_a_revoked_personal_grant_does_not_fall_back_until_a_new_grant(
     with session_factory() as session:
         charged = session.scalars(select(LedgerEntry.grant_id).order_by(LedgerEntry.id)).all()
     assert charged[-1] == uuid.UUID(renewed["id"])
+
+
+@pytest.mark.parametrize(
+    ("grant_epsilon", "first_epsilon", "refused_by"),
+    [
+        ("0.3", "0.75", "dataset"),  # the grant affords 0.3, the dataset (0.25 left) does not
+        ("0.1", "0.8", "grant"),  # both are short: the real request names the grant (first)
+    ],
+)
+def test_a_dry_run_names_the_budget_the_real_refusal_names(
+    client, world, grant_epsilon, first_epsilon, refused_by
+):
+    """The dry run's ``budget`` is the one the real 409 names: before, a request both budgets
+    refused previewed as the dataset's while its 409 named the grant, and one only the dataset
+    refused previewed as the grant's (with the grant's larger remaining figures)."""
+    grant(client, world, analyst_key_id=world["alice_id"], epsilon=grant_epsilon, delta="1e-6")
+    assert release(client, world["bob"], world, epsilon=first_epsilon).status_code == 202
+    body = {**RELEASE, "epsilon": "0.3"}
+    shown = client.post(
+        f"{world['releases']}?dry_run=true", headers=bearer(world["alice"]), json=body
+    ).json()
+    refused = client.post(world["releases"], headers=bearer(world["alice"]), json=body)
+    assert refused.status_code == 409, refused.text
+    assert shown["affordable"] is False
+    assert refused.json()["budget"] == refused_by
+    assert shown["budget"] == refused_by
+    assert shown["epsilon_remaining"] == refused.json()["epsilon_remaining"]
