@@ -290,6 +290,11 @@ class JobKind(Protocol[W, R]):
         moment of its own (:attr:`End.visible_at` ``None``)."""
         ...
 
+    def late(self, release: Release, ended_at: datetime) -> bool:
+        """Whether ending at ``ended_at`` is late, past the moment promised at the request (the
+        worker logs it once per release: :meth:`service.worker.Worker._record`)."""
+        ...
+
     def abandoned(self, session: Session, release: Release, settings: Settings) -> End:
         """The end of a job of this kind abandoned after too many attempts."""
         ...

@@ -167,6 +167,10 @@ class Worker:
         #: Set when the transaction that stored a job's end found nothing else to claim
         #: (:meth:`idle_look`); read once by the loops (:meth:`_nothing_after_job`).
         self._idle_after_store = False
+        #: The last release whose late end was logged. A store retried through an outage records
+        #: the end again in each attempt's transaction; the warning is logged once per release
+        #: (before, a 4 s outage at the store logged it about 20 times).
+        self._late_logged: uuid.UUID | None = None
         #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
         self._calibrated_at: float | None = None
         bind = session_factory.kw.get("bind")
@@ -550,11 +554,24 @@ class Worker:
         release.status = outcome.status
         release.reason = outcome.reason
         release.finished_at = utcnow()
+        kind = kind_of(release.mechanism)
         release.outcome_visible_at = (
             end.visible_at
             if end.visible_at is not None
-            else kind_of(release.mechanism).shown_at(release, release.finished_at)
+            else kind.shown_at(release, release.finished_at)
         )
+        if (
+            end.visible_at is None
+            and kind.late(release, release.finished_at)
+            and self._late_logged != release.id
+        ):
+            self._late_logged = release.id
+            log.warning(
+                "release %s: %s ended after its visible_at (late; shown at the next step "
+                "of its schedule)",
+                release.id,
+                release.mechanism,
+            )
         release.lease_expires_at = None
         release.result_extras = outcome.extras
         if outcome.basis is not None:
