@@ -76,6 +76,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit, claims, ledger, oneshot, operations, priors, registration, tracing, wake
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
+from service.db.clock import lease_end
 from service.db.models import LedgerEntry, Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
@@ -248,7 +249,7 @@ class Worker:
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        found = session.execute(QUEUED_LOOK, {"now": now, "worker_id": self.worker_id}).first()
+        found = session.execute(QUEUED_LOOK, {"worker_id": self.worker_id}).first()
         if found is None:
             return None
         release = found[0]
@@ -296,10 +297,7 @@ class Worker:
                     Release.attempts == job.attempt,
                     Release.status == "running",
                 )
-                .values(
-                    lease_expires_at=utcnow()
-                    + timedelta(seconds=self.settings.worker_lease_seconds)
-                )
+                .values(lease_expires_at=lease_end(self.settings.worker_lease_seconds))
             )
             return bool(getattr(result, "rowcount", 0) == 1)
 
@@ -524,9 +522,7 @@ class Worker:
             # (PostgreSQL's foreign-key check on a row this transaction changed) while
             # holding that head, and deadlock with an append that holds the dataset and
             # waits for the head.
-            release.lease_expires_at = utcnow() + timedelta(
-                seconds=self.settings.worker_lease_seconds
-            )
+            release.lease_expires_at = lease_end(self.settings.worker_lease_seconds)
             saved = kind.save(session, release, job, work, result, self.settings)
         if isinstance(saved, End):
             self._record(session, release, saved)
@@ -536,7 +532,7 @@ class Worker:
                 session.connection()
                 .execute(
                     self.idle_look(),
-                    {"now": utcnow(), "worker_id": self.worker_id, "release_id": release.id},
+                    {"worker_id": self.worker_id, "release_id": release.id},
                 )
                 .scalar_one()
             )

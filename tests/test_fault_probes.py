@@ -12,6 +12,7 @@ import signal
 import threading
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +249,45 @@ def test_an_upload_failing_at_its_commit_keeps_its_file_exactly_when_it_committe
     else:
         assert rows == []
         assert store.stored_files() == []
+
+
+@pytest.mark.parametrize("skewed", ["taker ahead", "holder behind"])
+def test_a_worker_with_a_skewed_clock_does_not_take_over_a_live_lease(
+    committed_db, settings, monkeypatch, skewed
+):
+    """Leases are set and checked on the database's clock. Before, each worker used its own:
+    one whose clock ran an hour ahead found a lease of a minute, taken a moment ago, expired
+    and took the running job over (a second run, the first worker's outcome discarded); one
+    whose clock ran an hour behind renewed its lease into the past, and any other worker took
+    the job from it."""
+    import service.worker
+
+    settings = settings.model_copy(update={"worker_lease_seconds": 60})
+    factory, release_id = _queued(committed_db, settings)
+    store = DatasetStore(settings.datasets_dir)
+    holder = Worker(factory, store, settings, worker_id="holder")
+    taker = Worker(factory, store, settings, worker_id="taker")
+    real = service.worker.utcnow
+    hour = timedelta(hours=1)
+    try:
+        job = holder.claim()
+        assert job is not None and job.release_id == release_id
+        if skewed == "holder behind":
+            monkeypatch.setattr(service.worker, "utcnow", lambda: real() - hour)
+            assert holder.heartbeat(job)
+            monkeypatch.setattr(service.worker, "utcnow", real)
+        else:
+            monkeypatch.setattr(service.worker, "utcnow", lambda: real() + hour)
+        assert taker.claim() is None, "a live lease was taken over"
+        monkeypatch.setattr(service.worker, "utcnow", real)
+        assert holder.heartbeat(job), "the holder lost its lease"
+    finally:
+        holder.close()
+        taker.close()
+    with factory() as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        assert (release.lease_owner, release.attempts) == ("holder", 1)
+        assert release.lease_expires_at is not None
+        left = release.lease_expires_at - real()
+        assert timedelta(seconds=50) < left <= timedelta(seconds=61), left
