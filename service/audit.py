@@ -60,6 +60,14 @@ def use_hmac_key(factory: sessionmaker[Session], key: SecretStr | None) -> None:
 _HEAD = select(AuditHead).where(AuditHead.id == 1).with_for_update()
 
 
+def wait_for_writers(session: Session) -> None:
+    """Lock the chain's head until the caller's transaction ends. Every audited change holds it
+    until it commits or rolls back, so once this returns none is in flight: a read after it
+    (a new snapshot per statement on PostgreSQL; SQLite serialises writers) sees their
+    outcome, even that of a transaction whose connection was lost during its COMMIT."""
+    session.execute(_HEAD)
+
+
 def record(
     session: Session,
     event_type: str,

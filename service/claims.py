@@ -61,7 +61,7 @@ def _waiting_looks() -> tuple[Select[Any] | None, ...]:
 def idle_look() -> Select[Any]:
     """One statement: is anything claimable besides the release ``release_id``? True when
     the queued look, a waiting look (any kind) or :func:`service.registration.claim` would
-    find a job at ``now`` (the same conditions, bound ``now`` and ``worker_id``).
+    find a job now (the same conditions, bound ``worker_id``).
 
     Asked in the transaction that stores a job's end
     (:meth:`service.worker.Worker._store`): when it answers false, the loops wait at once

@@ -473,6 +473,11 @@ class Continual:
         # A continual release's end has its own moment (End.visible_at); none is kept as is.
         return release.outcome_visible_at
 
+    def late(self, release: Release, ended_at: datetime) -> bool:
+        # A late epoch or end shows at its own schedule's next step (store_epoch); counted, not
+        # logged, as before.
+        return False
+
     def abandoned(self, session: Session, release: Release, settings: Settings) -> End:
         return End(Outcome.failed(ABANDONED_REASON), _end_visible_at(session, settings, release))
 

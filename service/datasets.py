@@ -45,6 +45,15 @@ def create_dataset(
     return register_dataset(session, store, principal, form, store.ingest(upload_path, suffix))
 
 
+def file_registered(session: Session, file_name: str) -> bool:
+    """Whether a dataset names the stored file ``file_name``, once every audited change in
+    flight has ended (:func:`service.audit.wait_for_writers`): the answer is then final for a
+    registration that failed, whether its failure came before or after its commit."""
+    audit.wait_for_writers(session)
+    found = session.execute(select(Dataset.id).where(Dataset.file_name == file_name).limit(1))
+    return found.first() is not None
+
+
 def rows_above_bound(store: DatasetStore, stored: StoredMatrix, bound: float | None) -> int | None:
     """How many stored rows exceed the declared bound (for the uploading owner only; never
     stored or logged), or None without a bound."""

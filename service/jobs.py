@@ -44,6 +44,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from service.config import Settings
+from service.db.clock import db_now, lease_end
 from service.db.models import Dataset, Release
 from service.mechanisms.base import MechanismOutput
 from service.release_calibration import float_not_above
@@ -75,14 +76,15 @@ STORED = "stored"
 #: row (the lease reads its file name: one statement, and no flush of the release before its
 #: lease is complete). Statements of every release are built once, with bound parameters:
 #: building one anew cost about a third of running it (``bench/bench_release_cpu.py``).
-#: What makes a release claimable by :data:`QUEUED_LOOK` (bound: ``now``, ``worker_id``); the
-#: worker's idle look (:meth:`service.worker.Worker.idle_look`) asks the same.
+#: What makes a release claimable by :data:`QUEUED_LOOK` (bound: ``worker_id``; a lease expires
+#: on the database's clock, :mod:`service.db.clock`, as it was set); the worker's idle look
+#: (:meth:`service.worker.Worker.idle_look`) asks the same.
 QUEUED_CLAIMABLE = or_(
     Release.status == "queued",
     and_(
         Release.status == "running",
         or_(
-            Release.lease_expires_at < bindparam("now"),
+            Release.lease_expires_at < db_now(),
             Release.lease_owner == bindparam("worker_id"),
         ),
     ),
@@ -137,7 +139,9 @@ def take_lease(
     dataset = session.get(Dataset, release.dataset_id)
     release.attempts += 1
     release.lease_owner = worker_id
-    release.lease_expires_at = now + lease
+    # The database's clock, as every lease check uses (service.db.clock); ``now`` (this
+    # worker's clock) only stamps when it started.
+    release.lease_expires_at = lease_end(lease.total_seconds())
     release.started_at = now
     return ClaimedJob(
         release_id=release.id,
@@ -288,6 +292,11 @@ class JobKind(Protocol[W, R]):
     def shown_at(self, release: Release, ended_at: datetime) -> datetime | None:
         """``outcome_visible_at`` of a release of this kind ending at ``ended_at`` without a
         moment of its own (:attr:`End.visible_at` ``None``)."""
+        ...
+
+    def late(self, release: Release, ended_at: datetime) -> bool:
+        """Whether ending at ``ended_at`` is late, past the moment promised at the request (the
+        worker logs it once per release: :meth:`service.worker.Worker._record`)."""
         ...
 
     def abandoned(self, session: Session, release: Release, settings: Settings) -> End:

@@ -299,14 +299,10 @@ class OneShot:
     def shown_at(self, release: Release, ended_at: datetime) -> datetime | None:
         """Late or not, analysts see the outcome (and the refund) only at a step of the
         release's public schedule (:mod:`service.visibility`)."""
-        if visibility.is_late(release, ended_at):
-            log.warning(
-                "release %s: %s ended after its visible_at (late; shown at the next step "
-                "of its schedule)",
-                release.id,
-                release.mechanism,
-            )
         return visibility.shown_at(release, ended_at)
+
+    def late(self, release: Release, ended_at: datetime) -> bool:
+        return visibility.is_late(release, ended_at)
 
     def abandoned(self, session: Session, release: Release, settings: Settings) -> End:
         return End(Outcome.failed(ABANDONED_REASON))

@@ -69,6 +69,7 @@ from service.audit_events import record_digest
 from service.auth import Principal
 from service.config import Settings
 from service.datasets import cover_objects, lock_own_dataset, register_dataset
+from service.db.clock import db_now, lease_end
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
 from service.errors import (
     BatchRegistering,
@@ -314,14 +315,15 @@ class Checked:
     reason: str | None = None
 
 
-#: What makes a registration claimable (bound: ``now``, ``worker_id``): :data:`_CLAIMABLE`'s
-#: conditions, which the worker's idle look (:meth:`service.worker.Worker.idle_look`) asks too.
+#: What makes a registration claimable (bound: ``worker_id``; leases on the database's clock,
+#: :mod:`service.db.clock`): :data:`_CLAIMABLE`'s conditions, which the worker's idle look
+#: (:meth:`service.worker.Worker.idle_look`) asks too.
 CLAIMABLE = (
     or_(Dataset.registration_status == REGISTERING, Dataset.batch_status == REGISTERING),
     Dataset.deleted_at.is_(None),
     or_(
         Dataset.registration_lease_owner.is_(None),
-        Dataset.registration_lease_expires_at < bindparam("now"),
+        Dataset.registration_lease_expires_at < db_now(),
         Dataset.registration_lease_owner == bindparam("worker_id"),
     ),
 )
@@ -340,9 +342,8 @@ def claim(worker: JobRunner) -> RegistrationJob | None:
     lease = timedelta(seconds=worker.settings.worker_lease_seconds)
     while True:
         with worker.session_factory.begin() as session:
-            now = utcnow()
             dataset = session.execute(
-                _CLAIMABLE, {"now": now, "worker_id": worker.worker_id}
+                _CLAIMABLE, {"worker_id": worker.worker_id}
             ).scalar_one_or_none()
             if dataset is None:
                 return None
@@ -355,7 +356,7 @@ def claim(worker: JobRunner) -> RegistrationJob | None:
             columns = (dataset.reference or {}).get("columns", []) if batch else None
             dataset.registration_attempts += 1
             dataset.registration_lease_owner = worker.worker_id
-            dataset.registration_lease_expires_at = now + lease
+            dataset.registration_lease_expires_at = lease_end(lease.total_seconds())
             return RegistrationJob(
                 dataset_id=dataset.id,
                 attempt=dataset.registration_attempts,
@@ -417,10 +418,7 @@ def _heartbeat(worker: JobRunner, job: RegistrationJob) -> bool:
                     == REGISTERING,
                 )
             )
-            .values(
-                registration_lease_expires_at=utcnow()
-                + timedelta(seconds=worker.settings.worker_lease_seconds)
-            )
+            .values(registration_lease_expires_at=lease_end(worker.settings.worker_lease_seconds))
         )
         return bool(getattr(result, "rowcount", 0) == 1)
 

@@ -76,6 +76,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import audit, claims, ledger, oneshot, operations, priors, registration, tracing, wake
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
+from service.db.clock import lease_end
 from service.db.models import LedgerEntry, Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
@@ -167,6 +168,10 @@ class Worker:
         #: Set when the transaction that stored a job's end found nothing else to claim
         #: (:meth:`idle_look`); read once by the loops (:meth:`_nothing_after_job`).
         self._idle_after_store = False
+        #: The last release whose late end was logged. A store retried through an outage records
+        #: the end again in each attempt's transaction; the warning is logged once per release
+        #: (before, a 4 s outage at the store logged it about 20 times).
+        self._late_logged: uuid.UUID | None = None
         #: ``time.monotonic()`` of the last calibration of this machine (None: not yet).
         self._calibrated_at: float | None = None
         bind = session_factory.kw.get("bind")
@@ -244,7 +249,7 @@ class Worker:
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        found = session.execute(QUEUED_LOOK, {"now": now, "worker_id": self.worker_id}).first()
+        found = session.execute(QUEUED_LOOK, {"worker_id": self.worker_id}).first()
         if found is None:
             return None
         release = found[0]
@@ -292,10 +297,7 @@ class Worker:
                     Release.attempts == job.attempt,
                     Release.status == "running",
                 )
-                .values(
-                    lease_expires_at=utcnow()
-                    + timedelta(seconds=self.settings.worker_lease_seconds)
-                )
+                .values(lease_expires_at=lease_end(self.settings.worker_lease_seconds))
             )
             return bool(getattr(result, "rowcount", 0) == 1)
 
@@ -520,9 +522,7 @@ class Worker:
             # (PostgreSQL's foreign-key check on a row this transaction changed) while
             # holding that head, and deadlock with an append that holds the dataset and
             # waits for the head.
-            release.lease_expires_at = utcnow() + timedelta(
-                seconds=self.settings.worker_lease_seconds
-            )
+            release.lease_expires_at = lease_end(self.settings.worker_lease_seconds)
             saved = kind.save(session, release, job, work, result, self.settings)
         if isinstance(saved, End):
             self._record(session, release, saved)
@@ -532,7 +532,7 @@ class Worker:
                 session.connection()
                 .execute(
                     self.idle_look(),
-                    {"now": utcnow(), "worker_id": self.worker_id, "release_id": release.id},
+                    {"worker_id": self.worker_id, "release_id": release.id},
                 )
                 .scalar_one()
             )
@@ -550,11 +550,24 @@ class Worker:
         release.status = outcome.status
         release.reason = outcome.reason
         release.finished_at = utcnow()
+        kind = kind_of(release.mechanism)
         release.outcome_visible_at = (
             end.visible_at
             if end.visible_at is not None
-            else kind_of(release.mechanism).shown_at(release, release.finished_at)
+            else kind.shown_at(release, release.finished_at)
         )
+        if (
+            end.visible_at is None
+            and kind.late(release, release.finished_at)
+            and self._late_logged != release.id
+        ):
+            self._late_logged = release.id
+            log.warning(
+                "release %s: %s ended after its visible_at (late; shown at the next step "
+                "of its schedule)",
+                release.id,
+                release.mechanism,
+            )
         release.lease_expires_at = None
         release.result_extras = outcome.extras
         if outcome.basis is not None:

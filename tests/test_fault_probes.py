@@ -12,17 +12,20 @@ import signal
 import threading
 import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from service import auth
 from service.app import create_app
-from service.db.models import LedgerEntry, Release
+from service.db.models import Dataset, LedgerEntry, Release
 from service.store import DatasetStore
 from service.worker import Worker
 from tests.conftest import bearer, npy_bytes
@@ -179,3 +182,112 @@ def test_a_schema_fault_at_the_store_is_not_waited_out_as_an_outage(committed_db
         assert (release.status, release.attempts, release.refunded) == ("failed", 3, False)
         assert release.lease_expires_at is None
         assert session.scalars(select(LedgerEntry.kind)).all() == ["charge"]
+
+
+class _FailAtCommit:
+    """The upload's registering transaction fails at its commit, ``after`` it succeeded (as
+    when the connection drops during COMMIT's acknowledgement) or before (the commit refused):
+    the driver's transient error either way, so the client is answered 503."""
+
+    def __init__(self, factory: Any, after: bool) -> None:
+        self.factory, self.hook = factory, "after_commit" if after else "before_commit"
+        event.listen(factory, "after_flush", self._note)
+        event.listen(factory, self.hook, self._fail)
+
+    @staticmethod
+    def _note(session: Session, _context: Any) -> None:
+        if any(isinstance(row, Dataset) for row in session.new):
+            session.info["dpss_test_dataset"] = True
+
+    @staticmethod
+    def _fail(session: Session) -> None:
+        if session.info.pop("dpss_test_dataset", False):
+            import psycopg
+
+            raise OperationalError(
+                "COMMIT", None, psycopg.OperationalError("server closed the connection")
+            )
+
+    def remove(self) -> None:
+        event.remove(self.factory, "after_flush", self._note)
+        event.remove(self.factory, self.hook, self._fail)
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["after-commit", "before-commit"])
+def test_an_upload_failing_at_its_commit_keeps_its_file_exactly_when_it_committed(
+    committed_db, settings, after
+):
+    """Before, any failure of the registering unit of work removed the stored file, also one
+    raised after the commit succeeded: the owner was answered 503, yet the dataset was in their
+    list, without its rows (every release on it failed, refunded). Now the file is removed
+    only when no dataset names it; a refused commit still leaves no file."""
+    _, factory = committed_db
+    app = create_app(settings, session_factory=factory)
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+    store = DatasetStore(settings.datasets_dir)
+    data = np.random.default_rng(5).normal(size=(40, 4)) * 0.2
+    failing = _FailAtCommit(factory, after)
+    try:
+        with TestClient(app) as client:
+            r = client.post(
+                "/v1/datasets",
+                headers=bearer(owner),
+                files={"file": ("x.npy", npy_bytes(data), "application/octet-stream")},
+                data={"name": "d", "epsilon_budget": "1", "delta_budget": "1e-5"},
+            )
+    finally:
+        failing.remove()
+    assert r.status_code == 503, r.text
+    with factory() as session:
+        rows = session.execute(select(Dataset.file_name, Dataset.n_rows, Dataset.n_cols)).all()
+    if after:
+        assert len(rows) == 1, "the commit succeeded: the dataset exists"
+        ((file_name, n_rows, n_cols),) = rows
+        assert store.fault(file_name, n_rows, n_cols) is None, "a dataset without its file"
+        assert store.stored_files() == [file_name]
+    else:
+        assert rows == []
+        assert store.stored_files() == []
+
+
+@pytest.mark.parametrize("skewed", ["taker ahead", "holder behind"])
+def test_a_worker_with_a_skewed_clock_does_not_take_over_a_live_lease(
+    committed_db, settings, monkeypatch, skewed
+):
+    """Leases are set and checked on the database's clock. Before, each worker used its own:
+    one whose clock ran an hour ahead found a lease of a minute, taken a moment ago, expired
+    and took the running job over (a second run, the first worker's outcome discarded); one
+    whose clock ran an hour behind renewed its lease into the past, and any other worker took
+    the job from it."""
+    import service.worker
+
+    settings = settings.model_copy(update={"worker_lease_seconds": 60})
+    factory, release_id = _queued(committed_db, settings)
+    store = DatasetStore(settings.datasets_dir)
+    holder = Worker(factory, store, settings, worker_id="holder")
+    taker = Worker(factory, store, settings, worker_id="taker")
+    real = service.worker.utcnow
+    hour = timedelta(hours=1)
+    try:
+        job = holder.claim()
+        assert job is not None and job.release_id == release_id
+        if skewed == "holder behind":
+            monkeypatch.setattr(service.worker, "utcnow", lambda: real() - hour)
+            assert holder.heartbeat(job)
+            monkeypatch.setattr(service.worker, "utcnow", real)
+        else:
+            monkeypatch.setattr(service.worker, "utcnow", lambda: real() + hour)
+        assert taker.claim() is None, "a live lease was taken over"
+        monkeypatch.setattr(service.worker, "utcnow", real)
+        assert holder.heartbeat(job), "the holder lost its lease"
+    finally:
+        holder.close()
+        taker.close()
+    with factory() as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        assert (release.lease_owner, release.attempts) == ("holder", 1)
+        assert release.lease_expires_at is not None
+        left = release.lease_expires_at - real()
+        assert timedelta(seconds=50) < left <= timedelta(seconds=61), left

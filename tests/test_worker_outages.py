@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event, func, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scripts.harness import PrivatePostgres, have_private_postgres
@@ -387,3 +388,68 @@ def test_the_worker_process_survives_a_database_restart_mid_job(
             select(LedgerEntry.kind).where(LedgerEntry.release_id == slow_id)
         ).all()
         assert kinds == ["charge"]
+
+
+# -- a late outcome whose store waits out an outage ------------------------------------------
+
+LATE = "ended after its visible_at"
+
+
+def failing_commits(engine: Any, failures: int) -> Callable[[], None]:
+    """Make the next ``failures`` COMMITs on ``engine`` fail as a database that went away (or
+    whose disk is full) at the commit fails: the driver's own transient error, raised at the
+    commit after the transaction's statements ran (each is rolled back). Returns the remover."""
+    left = [failures]
+
+    def fail(_connection: Any) -> None:
+        if left[0] <= 0:
+            return
+        left[0] -= 1
+        if engine.dialect.name == "sqlite":
+            orig: Exception = sqlite3.OperationalError("database or disk is full")
+            orig.sqlite_errorname = "SQLITE_FULL"  # type: ignore[attr-defined]
+        else:
+            import psycopg
+
+            orig = psycopg.OperationalError("server closed the connection unexpectedly")
+        raise OperationalError("COMMIT", None, orig)
+
+    event.listen(engine, "commit", fail)
+    return lambda: event.remove(engine, "commit", fail)
+
+
+def test_a_late_outcome_stored_through_an_outage_is_logged_late_once(
+    committed_db: tuple[str, sessionmaker[Session]],
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no padding every outcome ends after its ``visible_at``; the store's commit then
+    fails eight times (an outage, a full disk). Each attempt recorded the end again, and the
+    "late" warning came with every retry (about 20 lines for a 4 s outage): the outage was
+    logged once, its consequence once per retry. Now once per release."""
+    caplog.set_level(logging.INFO, logger="dpss.worker")
+    _, factory = committed_db
+    settings = settings.model_copy(
+        update={"worker_db_retry_initial_seconds": 0.01, "worker_db_retry_max_seconds": 0.02}
+    )
+    release_id, _ = queue_release(settings, factory)
+    gate = Gate(monkeypatch)
+    store = DatasetStore(settings.datasets_dir)
+    worker = Worker(factory, store, settings, worker_id="late-worker")
+    ran = threading.Thread(target=worker.run_pending, daemon=True)
+    ran.start()
+    assert gate.entered.wait(30)
+    remove = failing_commits(factory.kw["bind"], 8)
+    try:
+        gate.open.set()
+        ran.join(timeout=60)
+        assert not ran.is_alive()
+    finally:
+        remove()
+        worker.close()
+    assert_finished_once(factory, release_id)
+    assert logged(caplog, UNAVAILABLE) == 1
+    assert logged(caplog, "database available again") == 1
+    assert "(8 failed attempts)" in caplog.text
+    assert logged(caplog, LATE) == 1

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
@@ -25,6 +27,7 @@ from api_schemas.datasets import (
 from service import datasets, privacy_unit, registration
 from service.api.deps import (
     Cursor,
+    Database,
     DatasetId,
     Limit,
     Offset,
@@ -38,6 +41,9 @@ from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
 from service.errors import InvalidInput
+from service.store import DatasetStore
+
+log = logging.getLogger("dpss.api")
 
 router = APIRouter(prefix="/v1/datasets", tags=["datasets"], route_class=GuardedRoute)
 #: ``POST /v1/dataset-references``: not under ``/v1/datasets/``, whose ``/{dataset_id}`` routes
@@ -87,7 +93,8 @@ async def create_dataset(
        ``DPSS_MAX_UPLOAD_MB`` and ``DPSS_BODY_TIMEOUT_SECONDS`` (see ``GuardedRoute``);
     3. the file is parsed and converted in a thread, with no session open;
     4. a short transaction registers it (checking the key again) and commits before the
-       response; if that fails, the stored file is removed.
+       response; if that fails, the stored file is removed unless a dataset names it (the
+       failure came after the commit: :func:`purge_unless_registered`).
     """
     require_role(await uow.principal_before_body(), "owner")
     form = await receive_upload(request, store, settings.max_upload_bytes)
@@ -135,9 +142,37 @@ async def create_dataset(
     try:
         return await uow(register)
     except BaseException:
-        # Also when the commit itself failed: no stored rows without their dataset.
-        store.purge(stored.file_name)
+        await purge_unless_registered(uow.database, store, stored.file_name)
         raise
+
+
+async def purge_unless_registered(database: Database, store: DatasetStore, file_name: str) -> None:
+    """After the unit of work registering ``file_name`` failed: remove the file only when no
+    dataset provably names it (:func:`service.datasets.file_registered`, in a transaction of
+    its own).
+
+    The failure may come after the commit succeeded: the connection lost during COMMIT's
+    acknowledgement, or anything raised once it committed. Removing the file then (as before)
+    left a dataset without its rows: the owner, answered 503, saw it in their list, and every
+    release on it failed (refunded). When the database cannot tell now, the file stays: an
+    orphan is recoverable and ``dpss audit verify`` names it (:mod:`service.datadir`); a
+    dataset whose rows are gone is not."""
+    # Shielded: a cancelled request (client gone) must still settle its file.
+    with anyio.CancelScope(shield=True):
+        try:
+            registered = await database.run(
+                functools.partial(datasets.file_registered, file_name=file_name)
+            )
+        except Exception as exc:
+            log.warning(
+                "upload: could not tell whether stored file %s was registered (%s); kept "
+                "(dpss audit verify reports it if no dataset names it)",
+                file_name,
+                type(exc).__name__,
+            )
+            return
+    if not registered:
+        store.purge(file_name)
 
 
 @references.post(
