@@ -1,7 +1,8 @@
 """``auto``'s private-centre rule (``SIGN_CENTRE_LIMIT``) measured on data it was not fitted to.
 
     python -m bench.bench_sign_centre [--seeds 5] [--families mnist power_law spiked offset heavy]
-        [--ks 5 10] [--lo 0.2] [--hi 2.0] [--max-n 20000] [--out bench/results/sign_centre.csv]
+        [--ks 5 10] [--lo 0.2] [--hi 2.0] [--min-n 0] [--max-n 20000]
+        [--out bench/results/sign_centre.csv]
 
 With ``center: "private"`` ``auto`` runs its Gram candidate at the whole budget
 (``auto.plan``): ``spatial_sign`` where
@@ -96,10 +97,12 @@ def release(name: str, x: Array, k: int, eps: float, seed: int) -> float:
     return 0.0 if out.basis is None else kept(x, out.basis)
 
 
-def cells(family: str, lo: float, hi: float, max_n: int) -> list[tuple[int, int, float]]:
+def cells(
+    family: str, lo: float, hi: float, max_n: int, min_n: int = 0
+) -> list[tuple[int, int, float]]:
     shapes = [(n, 784) for n in MNIST_NS] if family == "mnist" else SHAPES
     out = []
-    for n, d in (shape for shape in shapes if shape[0] <= max_n):
+    for n, d in (shape for shape in shapes if min_n <= shape[0] <= max_n):
         for eps in EPS:
             ratio = centre_offset_ratio(n, d, eps, DELTA, CENTRE)
             if high_dimension(n, d) and lo <= ratio <= hi:
@@ -117,6 +120,7 @@ def main() -> None:
     parser.add_argument("--lo", type=float, default=0.2)
     parser.add_argument("--hi", type=float, default=2.0)
     parser.add_argument("--max-n", type=int, default=20_000)
+    parser.add_argument("--min-n", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     writer = None
@@ -127,7 +131,7 @@ def main() -> None:
     print("| family | k | n | d | eps | ratio | analyze_gauss | spatial_sign | sign/gauss |")
     print("|---|---|---|---|---|---|---|---|---|")
     for family in args.families:
-        for n, d, eps in cells(family, args.lo, args.hi, args.max_n):
+        for n, d, eps in cells(family, args.lo, args.hi, args.max_n, args.min_n):
             ratio = centre_offset_ratio(n, d, eps, DELTA, CENTRE)
             for k in args.ks:
                 got: dict[str, list[float]] = {name: [] for name in CANDIDATES}
