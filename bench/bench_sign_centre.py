@@ -15,6 +15,10 @@ rows of the 5,000-image sample, a fresh subset per seed; the rule's check used 4
 ``power_law``, ``heavy`` (``bench_auto_realistic``'s power_law / heavy_tailed, norms ~1/3),
 ``spiked`` (k spikes over an isotropic floor) and ``offset`` (power-law spread of norm ~0.25
 about a shared mean of norm 0.6: centring matters). delta = 1e-6, accounting hybrid.
+
+``bench/results/sign_centre.csv`` (docs/benchmarks.md) joins four runs: ``--families mnist --lo
+0.3 --hi 1.2``; the other four families with ``--lo 0.35 --hi 1.0``, with ``--lo 0.1 --hi 0.349
+--max-n 2000`` and with ``--lo 0.2 --hi 0.3 --min-n 20000``.
 """
 
 from __future__ import annotations
