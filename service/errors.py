@@ -235,6 +235,8 @@ class BudgetExceeded(Conflict):
         grant_id: uuid.UUID | None = None,
         shortfalls: Sequence[str] = (),
         epsilon_admissible: Decimal | None = None,
+        delta_admissible: Decimal | None = None,
+        delta_admissible_epsilon: Decimal | None = None,
     ) -> None:
         """``remaining``: the budget's remaining figures as :mod:`service.spend` states them
         (``epsilon_remaining``, ``delta_remaining``, and the native ``rho_remaining`` /
@@ -245,7 +247,10 @@ class BudgetExceeded(Conflict):
         filter's share is what ran out). ``epsilon_admissible``: the largest epsilon this same
         request is admitted at now (:mod:`service.repricing`), said in the message and given
         as a field: under ``hybrid`` ``epsilon_remaining`` is not what every kind of release
-        may ask for."""
+        may ask for. ``delta_admissible``, ``delta_admissible_epsilon``: when no epsilon is
+        admitted at the request's delta (e.g. ``hybrid``'s delta filter is spent), another delta
+        (``0`` for a mechanism that allows pure DP, else a smaller one) and the largest epsilon
+        the same request is admitted at with it, said and given the same way."""
         self._terms = (dict(remaining), budget, grant_id, tuple(shortfalls))
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         why = f": {'; '.join(shortfalls)}" if shortfalls else ""
@@ -267,15 +272,28 @@ class BudgetExceeded(Conflict):
             else f". This request (same mechanism, params and delta) is admitted now at epsilon "
             f"{format_budget(epsilon_admissible)}"
         )
+        if epsilon_admissible is None and delta_admissible is not None:
+            at = (
+                ". No epsilon is admitted at this request's delta; the same request (same "
+                f"mechanism and params) is admitted now at delta {format_budget(delta_admissible)}"
+                f" with epsilon {format_budget(delta_admissible_epsilon or Decimal(0))}"
+            )
         super().__init__(
             f"this release costs more than {which} remaining budget{why}{at}{todo}",
             **remaining,
             budget=budget,
             grant_id=grant_id,
             epsilon_admissible=epsilon_admissible,
+            delta_admissible=delta_admissible,
+            delta_admissible_epsilon=delta_admissible_epsilon,
         )
 
-    def admitting(self, epsilon_admissible: Decimal | None) -> BudgetExceeded:
+    def admitting(
+        self,
+        epsilon_admissible: Decimal | None,
+        delta_admissible: Decimal | None = None,
+        delta_admissible_epsilon: Decimal | None = None,
+    ) -> BudgetExceeded:
         """The same refusal, saying the epsilon the request is admitted at (searched after the
         refusing transaction, :func:`service.releases.admissible_search`)."""
         remaining, budget, grant_id, shortfalls = self._terms
@@ -285,6 +303,8 @@ class BudgetExceeded(Conflict):
             grant_id=grant_id,
             shortfalls=shortfalls,
             epsilon_admissible=epsilon_admissible,
+            delta_admissible=delta_admissible,
+            delta_admissible_epsilon=delta_admissible_epsilon,
         )
 
 

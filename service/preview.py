@@ -89,6 +89,9 @@ class ReleasePreview:
     #: Not affordable and asked in epsilon: the largest epsilon the same request is admitted
     #: at now (:func:`service.releases.admissible_epsilon`), as a real request's 409 says.
     epsilon_admissible: Decimal | None = None
+    #: No epsilon admitted at its delta: another delta and the epsilon admitted with it.
+    delta_admissible: Decimal | None = None
+    delta_admissible_epsilon: Decimal | None = None
 
 
 def _finite(value: PreviewValue) -> PreviewValue:

@@ -692,22 +692,32 @@ def admissible_epsilon(
     grant: Grant | None,
     share: ledger.BudgetState | None,
     budget: ledger.BudgetState,
-) -> Decimal | None:
+) -> repricing.Admissible | None:
     """The largest epsilon (:mod:`service.repricing`) at which ``body``, refused as
     ``prepared``, is admitted now by the grant's ``share`` (if any) and the dataset's
     ``budget``: the request prepared again at each trial epsilon, at the delta it was prepared
-    at (a defaulted one included); ``None`` for a request in ``mu`` or ``rho``."""
+    at (a defaulted one included); if none is, the same request at another delta only (``0``
+    for a mechanism that allows pure DP, else a smaller one: :func:`repricing.admissible_delta`).
+    ``None`` for a request in ``mu`` or ``rho``."""
     if body.epsilon is None:
         return None
-    fixed = body.model_copy(update={"delta": prepared.delta})
 
     def prepare(trial: ReleaseRequest) -> ledger.Charge:
         return check_request(trial, dataset, settings, prior, grant).charge
 
+    def at_delta(delta: Decimal) -> repricing.ChargeAtEpsilon:
+        return repricing.charge_at_epsilon(prepare, body.model_copy(update={"delta": delta}))
+
     budgets = [budget] if share is None else [share, budget]
-    return repricing.admissible_epsilon(
-        body.epsilon, repricing.charge_at_epsilon(prepare, fixed), budgets
-    )
+    asked = Decimal(prepared.delta)
+    epsilon = repricing.admissible_epsilon(body.epsilon, at_delta(asked), budgets)
+    if epsilon is not None:
+        return repricing.Admissible(epsilon=epsilon)
+    grid = repricing.delta_grid(asked, prepared.mechanism.allows_pure_dp)
+    found = repricing.admissible_delta(body.epsilon, at_delta, grid, budgets)
+    if found is None:
+        return repricing.Admissible()
+    return repricing.Admissible(delta=found[0], delta_epsilon=found[1])
 
 
 def admissible_search(
@@ -716,7 +726,7 @@ def admissible_search(
     dataset_id: uuid.UUID,
     body: ReleaseRequest,
     settings: Settings,
-) -> Callable[[], Decimal | None] | None:
+) -> Callable[[], repricing.Admissible | None] | None:
     """What :func:`admissible_epsilon` needs for ``body``, read now, as a search to run after
     this transaction; ``None`` when the request is admitted as asked or asked in ``mu`` or
     ``rho`` (no search).
@@ -742,7 +752,7 @@ def admissible_search(
     if budget.affords(prepared.charge) and (share is None or share.affords(prepared.charge)):
         return None
 
-    def search() -> Decimal | None:
+    def search() -> repricing.Admissible | None:
         return admissible_epsilon(body, prepared, dataset, settings, prior, grant, share, budget)
 
     return search

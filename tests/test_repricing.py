@@ -59,3 +59,68 @@ def test_a_non_monotone_charge_still_gets_an_admitted_figure():
     budget = Threshold(Decimal("0.26"), low=Decimal("0.2"))
     found = repricing.admissible_epsilon(Decimal(1), face_value, [budget])  # type: ignore[list-item]
     assert found is not None and budget.affords(face_value(found))
+
+
+@dataclass
+class DeltaShare:
+    """A budget with a delta share: it affords a charge iff its delta fits and its epsilon is
+    at most ``high``."""
+
+    delta: Decimal
+    high: Decimal
+
+    def affords(self, charge: Charge) -> bool:
+        return charge.delta <= self.delta and charge.epsilon <= self.high
+
+
+def test_the_delta_grid_is_zero_for_a_pure_mechanism_then_decades_below():
+    grid = repricing.delta_grid(Decimal("1e-7"), pure=True)
+    assert grid[0] == 0 and grid[1:3] == [Decimal("1e-8"), Decimal("1e-9")]
+    assert len(grid) == 1 + repricing.DECADES
+    assert repricing.delta_grid(Decimal("3e-7"), pure=False)[0] == Decimal("1e-7")
+    assert repricing.delta_grid(Decimal(0), pure=True) == []
+
+
+def test_the_largest_delta_admitted_is_offered_with_its_epsilon():
+    def at(delta: Decimal) -> repricing.ChargeAtEpsilon:
+        return lambda epsilon: Charge(epsilon, delta)
+
+    budget = DeltaShare(Decimal("5e-9"), Decimal("0.4321"))
+    grid = repricing.delta_grid(Decimal("1e-7"), pure=False)
+    found = repricing.admissible_delta(Decimal(1), at, grid, [budget])  # type: ignore[list-item]
+    assert found == (Decimal("1e-9"), Decimal("0.432"))
+    # A pure mechanism: delta 0 first.
+    pure = repricing.delta_grid(Decimal("1e-7"), pure=True)
+    assert repricing.admissible_delta(Decimal(1), at, pure, [budget]) == (0, Decimal("0.432"))  # type: ignore[list-item]
+    # At another delta the epsilon asked may itself be admitted.
+    wide = DeltaShare(Decimal("5e-9"), Decimal(2))
+    assert repricing.admissible_delta(Decimal(1), at, grid, [wide]) == (Decimal("1e-9"), 1)  # type: ignore[list-item]
+
+
+def test_the_delta_search_is_bounded_and_offers_only_what_it_checked():
+    calls: list[Decimal] = []
+
+    def at(delta: Decimal) -> repricing.ChargeAtEpsilon:
+        def charge(epsilon: Decimal) -> Charge | None:
+            calls.append(epsilon)
+            # The mechanism's own lower bound on epsilon (as propose-test-release has one).
+            return None if epsilon < Decimal("0.1") else Charge(epsilon, delta)
+
+        return charge
+
+    never = DeltaShare(Decimal(-1), Decimal(1))
+    grid = repricing.delta_grid(Decimal("1e-7"), pure=True)
+    assert repricing.admissible_delta(Decimal(1), at, grid, [never]) is None  # type: ignore[list-item]
+    # Per delta: the epsilon asked, then halvings down to the mechanism's bound (0.0625).
+    assert len(calls) == len(grid) * 5 <= repricing.DELTA_TRIALS
+    calls.clear()
+
+    def refused(delta: Decimal) -> repricing.ChargeAtEpsilon:
+        def charge(epsilon: Decimal) -> Charge | None:
+            calls.append(epsilon)
+            return None
+
+        return charge
+
+    assert repricing.admissible_delta(Decimal(1), refused, grid, [never]) is None  # type: ignore[list-item]
+    assert len(calls) == len(grid) * repricing.REFUSED_OUTRIGHT  # the epsilon asked, 2 halvings

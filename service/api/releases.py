@@ -6,7 +6,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Annotated, TypeVar
 
 import anyio
@@ -22,7 +21,7 @@ from api_schemas.releases import (
     ReleasePreview,
     ReleaseRequest,
 )
-from service import continual, preview, releases, visibility
+from service import continual, preview, releases, repricing, visibility
 from service.api.deps import (
     Cursor,
     DatasetId,
@@ -154,13 +153,14 @@ async def create_release(
 
     def search_inputs(
         session: Session, principal: Principal
-    ) -> Callable[[], Decimal | None] | None:
+    ) -> Callable[[], repricing.Admissible | None] | None:
         return releases.admissible_search(session, principal, dataset_id, body, settings)
 
-    async def admissible_now() -> Decimal | None:
+    async def admissible_now() -> repricing.Admissible:
         # Read in a unit of work of its own, searched after it (outside any transaction).
         search = await uow(search_inputs)
-        return None if search is None else await anyio.to_thread.run_sync(search)
+        found = None if search is None else await anyio.to_thread.run_sync(search)
+        return found or repricing.Admissible()
 
     if dry_run:
 
@@ -172,7 +172,10 @@ async def create_release(
 
         shown = await uow(preview_work)
         if not shown.affordable:
-            shown.epsilon_admissible = await admissible_now()
+            found = await admissible_now()
+            shown.epsilon_admissible = found.epsilon
+            shown.delta_admissible = found.delta
+            shown.delta_admissible_epsilon = found.delta_epsilon
         return JSONResponse(shown.model_dump(mode="json"), status_code=200)
 
     async def requested(work: Callable[[Session, Principal], _T]) -> _T:
@@ -181,7 +184,8 @@ async def create_release(
         try:
             return await uow(work)
         except BudgetRefused as refused:
-            raise refused.admitting(await admissible_now()) from None
+            found = await admissible_now()
+            raise refused.admitting(found.epsilon, found.delta, found.delta_epsilon) from None
 
     def work(session: Session, principal: Principal) -> Release:
         release = releases.request_release(

@@ -156,3 +156,56 @@ def test_the_search_runs_after_the_refusing_transaction_not_under_its_lock(
     dry = post(client, keys, dataset_id, PURE, dry_run=True).json()
     assert dry["epsilon_admissible"] == refused.json()["epsilon_admissible"]
     assert searched_inside == ["outside", "outside"]
+
+
+@pytest.mark.parametrize("granted", [False, True], ids=["dataset", "grant"])
+def test_a_request_whose_delta_no_filter_takes_gets_another_delta(
+    client, keys, upload_dataset, granted
+):
+    """Three approximate releases at the default delta (1e-7) spend filter C's delta share
+    (1e-7) and most of B's: the same approximate request at the default delta then has no
+    admitted epsilon (``epsilon_admissible`` null, and the 409 named no way out), but at delta
+    1e-8 it is admitted. The refusal and the dry run now offer that delta and its epsilon,
+    checked: the offer is accepted and 1% above its epsilon is refused."""
+    made = upload_dataset(
+        client, keys.owner, rows(), epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    dataset_id = made["id"]
+    if granted:
+        grant = client.post(
+            f"/v1/datasets/{dataset_id}/grants",
+            headers=bearer(keys.owner),
+            json={"epsilon": "0.9", "delta": "9e-6"},
+        )
+        assert grant.status_code == 201, grant.text
+    for _ in range(3):
+        spent = post(client, keys, dataset_id, {**APPROXIMATE, "epsilon": "0.1", "delta": "1e-7"})
+        assert spent.status_code == 202, spent.text
+    body = {**APPROXIMATE, "epsilon": "1", "delta": "1e-7"}
+    refused = post(client, keys, dataset_id, body)
+    assert refused.status_code == 409, refused.text
+    answer = refused.json()
+    assert answer["epsilon_admissible"] is None
+    delta, figure = answer["delta_admissible"], answer["delta_admissible_epsilon"]
+    assert Decimal(delta) == Decimal("1e-8")
+    assert figure is not None and Decimal(0) < Decimal(figure) < Decimal(1)
+    assert f"admitted now at delta 0.00000001 with epsilon {figure}" in answer["detail"]
+    dry = post(client, keys, dataset_id, body, dry_run=True).json()
+    assert dry["affordable"] is False and dry["epsilon_admissible"] is None
+    assert (dry["delta_admissible"], dry["delta_admissible_epsilon"]) == (delta, figure)
+    offered = {**body, "delta": delta, "epsilon": figure}
+    assert post(client, keys, dataset_id, {**offered, "epsilon": above(figure)}).status_code == 409
+    assert post(client, keys, dataset_id, offered).status_code == 202
+
+
+def test_a_request_in_mu_gets_no_delta_either(client, keys, upload_dataset):
+    dataset_id = upload_dataset(
+        client, keys.owner, rows(), epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )["id"]
+    for _ in range(3):
+        spent = post(client, keys, dataset_id, {**APPROXIMATE, "epsilon": "0.1", "delta": "1e-7"})
+        assert spent.status_code == 202, spent.text
+    refused = post(client, keys, dataset_id, {**APPROXIMATE, "rho": "0.5", "delta": "1e-7"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["delta_admissible"] is None
+    assert refused.json()["delta_admissible_epsilon"] is None

@@ -267,3 +267,22 @@ def test_epoch_records_long_poll_for_the_next_epoch(monkeypatch: pytest.MonkeyPa
         ("0", "25"),
     ]
     assert slept == []  # held polls, no client-side pauses
+
+
+def test_budget_exceeded_carries_the_delta_the_request_is_admitted_at() -> None:
+    # No epsilon at the request's delta (hybrid's delta filter spent): another delta and the
+    # epsilon the same request is admitted at with it.
+    body = {
+        "error": "budget_exceeded",
+        "detail": "costs more",
+        "epsilon_remaining": "0.8",
+        "delta_remaining": "0.00000003",
+        "epsilon_admissible": None,
+        "delta_admissible": "0.00000001",
+        "delta_admissible_epsilon": "0.662",
+    }
+    error = error_from_response(httpx.Response(409, json=body))
+    assert isinstance(error, BudgetExceededError)
+    assert error.epsilon_admissible is None
+    assert error.delta_admissible == Decimal("1e-8")
+    assert error.delta_admissible_epsilon == Decimal("0.662")

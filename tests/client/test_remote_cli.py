@@ -396,3 +396,28 @@ def test_priors_upload_list_and_a_release_that_names_one(
     )  # fmt: skip
     assert release.exit_code == 0, release.output
     assert _json(release)["params"]["prior_sha256"] == stored["sha256"]
+
+
+def test_a_refusal_shows_the_delta_the_request_is_admitted_at(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import typer
+
+    from dpss_client.client import BudgetExceededError
+
+    error = BudgetExceededError(
+        "budget_exceeded",
+        "costs more",
+        409,
+        Decimal("0.8"),
+        Decimal("0.00000003"),
+        delta_admissible=Decimal("1e-8"),
+        delta_admissible_epsilon=Decimal("0.662"),
+    )
+    with pytest.raises(typer.Exit), remote_cli._service_errors(as_json=True):
+        raise error
+    shown = capsys.readouterr()
+    body = json.loads(shown.out)
+    assert (body["delta_admissible"], body["delta_admissible_epsilon"]) == ("0.00000001", "0.662")
+    assert "delta_admissible: 0.00000001" in shown.err
+    assert "delta_admissible_epsilon: 0.662" in shown.err

@@ -307,6 +307,23 @@ class BudgetExceeded(Schema):
             "or approximate release is charged by filters that count it differently."
         ),
     )
+    delta_admissible: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "Null unless epsilon_admissible is null for a request given in epsilon: then a "
+            "delta (0 if the mechanism allows pure DP, else the largest power of ten at most 6 "
+            "decades below the request's delta) at which this same request (mechanism, k and "
+            "params; only the delta changed) is admitted now, e.g. on hybrid after releases "
+            "that spent its delta filter; null when none is."
+        ),
+    )
+    delta_admissible_epsilon: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "With delta_admissible: the largest epsilon (3 significant digits, rounded down, "
+            "checked) at which the same request at delta_admissible is admitted now."
+        ),
+    )
     budget: Literal["dataset", "grant"] = Field(
         default="dataset",
         description=(
@@ -449,6 +466,23 @@ class ReleasePreview(Schema):
             "spend's statement (epsilon_total - epsilon_spent at delta_total), not what every "
             "kind of release may ask for: a pure or approximate release is charged by filters "
             "that count it differently."
+        ),
+    )
+    delta_admissible: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "Null unless epsilon_admissible is null for a request given in epsilon: then a "
+            "delta (0 if the mechanism allows pure DP, else the largest power of ten at most 6 "
+            "decades below the request's delta) at which this same request (mechanism, k and "
+            "params; only the delta changed) is admitted now, e.g. on hybrid after releases "
+            "that spent its delta filter; null when none is."
+        ),
+    )
+    delta_admissible_epsilon: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "With delta_admissible: the largest epsilon (3 significant digits, rounded down, "
+            "checked) at which the same request at delta_admissible is admitted now."
         ),
     )
     epsilon_remaining: ExactDecimal = Field(

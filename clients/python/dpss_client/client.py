@@ -133,6 +133,8 @@ class BudgetExceededError(ConflictError):
         mu_remaining: Decimal | None = None,
         delta_reserved_for_conversion: Decimal | None = None,
         epsilon_admissible: Decimal | None = None,
+        delta_admissible: Decimal | None = None,
+        delta_admissible_epsilon: Decimal | None = None,
     ) -> None:
         super().__init__(code, detail, status)
         #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
@@ -151,6 +153,11 @@ class BudgetExceededError(ConflictError):
         #: hybrid ``epsilon_remaining`` is the spend's statement, not what every kind of
         #: release may ask for.
         self.epsilon_admissible = epsilon_admissible
+        #: When no epsilon is admitted at the request's delta: a delta (0 for a mechanism that
+        #: allows pure DP, else a smaller one) and the largest epsilon the same request is
+        #: admitted at with it now; ``None`` when none is.
+        self.delta_admissible = delta_admissible
+        self.delta_admissible_epsilon = delta_admissible_epsilon
 
 
 class ServerError(DpssError):
@@ -365,6 +372,8 @@ def error_from_response(response: httpx.Response) -> DpssError:
                 body.get("delta_reserved_for_conversion")
             ),
             epsilon_admissible=_decimal_or_none(body.get("epsilon_admissible")),
+            delta_admissible=_decimal_or_none(body.get("delta_admissible")),
+            delta_admissible_epsilon=_decimal_or_none(body.get("delta_admissible_epsilon")),
         )
     if status == 409:
         return ConflictError(code, detail, status)

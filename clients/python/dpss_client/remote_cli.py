@@ -223,10 +223,12 @@ _ERROR_EXTRAS = (
     "mu_remaining",
     "delta_reserved_for_conversion",
     "epsilon_admissible",
+    "delta_admissible",
+    "delta_admissible_epsilon",
 )
 #: Extras that are remaining budget figures: shown to 4 significant digits, rounded down, on
-#: stderr (exact in --json). ``epsilon_admissible`` has 3 digits: shown exactly.
-_REMAINING_EXTRAS = frozenset((*_ERROR_EXTRAS[2:6], "epsilon_admissible"))
+#: stderr (exact in --json). The admissible figures have at most 3 digits: shown exactly.
+_REMAINING_EXTRAS = frozenset((*_ERROR_EXTRAS[2:6], *_ERROR_EXTRAS[7:]))
 
 
 @contextmanager
@@ -380,6 +382,10 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
     if info.epsilon_admissible is not None:
         # What this request IS admitted at (on hybrid epsilon_remaining states the spend).
         rows.append(("epsilon_admissible", _figure(info.epsilon_admissible)))
+    if info.delta_admissible is not None and info.delta_admissible_epsilon is not None:
+        # None at its delta (e.g. hybrid's delta filter spent): the same request at this delta.
+        rows.append(("delta_admissible", _figure(info.delta_admissible)))
+        rows.append(("delta_admissible_epsilon", _figure(info.delta_admissible_epsilon)))
     rows += [
         ("delta_remaining", _figure(info.delta_remaining)),
         ("memory", f"{info.memory_mb:,.1f} MiB"),
