@@ -696,8 +696,7 @@ def admissible_epsilon(
     """The largest epsilon (:mod:`service.repricing`) at which ``body``, refused as
     ``prepared``, is admitted now by the grant's ``share`` (if any) and the dataset's
     ``budget``: the request prepared again at each trial epsilon, at the delta it was prepared
-    at (a defaulted one included); if none is, the same request at another delta only (``0``
-    for a mechanism that allows pure DP, else a smaller one: :func:`repricing.admissible_delta`).
+    at (a defaulted one included), else at another (:func:`repricing.admissible_delta`).
     ``None`` for a request in ``mu`` or ``rho``."""
     if body.epsilon is None:
         return None

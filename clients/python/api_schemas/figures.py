@@ -51,7 +51,10 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "differently from Gaussian ones (after two Gaussian releases of 0.3 on a (1, 1e-5) "
         "budget 0.67 remains, yet a pure release of 0.3 is refused). A refused request and a "
         "dry run that is not affordable give epsilon_admissible: the largest epsilon (3 "
-        "digits, rounded down, checked) at which the same request is admitted now.",
+        "digits, rounded down, checked) at which the same request is admitted now; when none "
+        "is at its delta, delta_admissible and delta_admissible_epsilon: another delta (0 for "
+        "a mechanism that allows pure DP, else a smaller one) and the largest epsilon the same "
+        "request is admitted at with it.",
     ),
     (
         "rho and mu, beside epsilon",
