@@ -101,3 +101,34 @@ def test_an_append_of_no_rows_is_refused_or_an_empty_epoch(
     body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
     assert body["status"] == "running", body.get("reason")
     assert body["epochs_done"] == (2 if empty.status_code == 201 else 1)
+
+
+@pytest.mark.parametrize("horizon", [3, 64])
+def test_a_refused_continual_request_names_an_epsilon_that_is_admitted(
+    client, keys, upload_dataset, rng, horizon
+):
+    dataset = upload_dataset(
+        client, keys.owner, rng.normal(size=(50, D)), row_norm_bound=3, accounting="hybrid",
+        epsilon_budget="1", delta_budget="1e-6",
+    )  # fmt: skip
+    url = f"/v1/datasets/{dataset['id']}/releases"
+    first = client.post(url, headers=bearer(keys.analyst), json=_request(horizon, "0.9"))
+    assert first.status_code == 202, first.text
+    dry = client.post(
+        url + "?dry_run=true", headers=bearer(keys.analyst), json=_request(horizon, "0.9")
+    )
+    assert dry.status_code == 200 and dry.json()["affordable"] is False, dry.text
+    refused = client.post(url, headers=bearer(keys.analyst), json=_request(horizon, "0.9"))
+    assert refused.status_code == 409, refused.text
+    admissible = dry.json()["epsilon_admissible"]
+    assert admissible is not None and refused.json()["epsilon_admissible"] == admissible
+    assert Decimal(admissible) < Decimal("0.9")
+    before = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    # Asking a little more is refused; asking the figure is admitted, and spends what it said.
+    above = str(Decimal(admissible) * Decimal("1.01"))
+    more = client.post(url, headers=bearer(keys.analyst), json=_request(horizon, above))
+    assert more.status_code == 409, more.text
+    asked = client.post(url, headers=bearer(keys.analyst), json=_request(horizon, admissible))
+    assert asked.status_code == 202, asked.text
+    after = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    assert Decimal(after["mu_spent"]) > Decimal(before["mu_spent"])
