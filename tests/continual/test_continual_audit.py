@@ -132,3 +132,35 @@ def test_a_refused_continual_request_names_an_epsilon_that_is_admitted(
     assert asked.status_code == 202, asked.text
     after = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
     assert Decimal(after["mu_spent"]) > Decimal(before["mu_spent"])
+
+
+def test_person_level_extreme_batches_under_hybrid_end_succeeded(client, keys, run_worker):
+    from tests.api.test_privacy_unit_http import MARK, csv_bytes, people, upload
+
+    ids, rows = people(30, [1, 3, 7], D, seed=5)
+    response = upload(
+        client, keys.owner, "visits.csv", csv_bytes(ids, rows), privacy_unit_column="patient",
+        row_norm_bound="1", accounting="hybrid",
+    )  # fmt: skip
+    assert response.status_code == 201, response.text
+    dataset = response.json()
+    request = {**_request(4), "params": {"horizon": 4}}
+    release_id = post_release(client, keys.analyst, dataset["id"], **request)
+    batches = [
+        ([ids[0]] * 3 + [f"{MARK}-huge"] * 2, np.full((5, D), 1e300)),
+        ([ids[1]] * 2 + [f"{MARK}-tiny"] * 2, np.full((4, D), -1e-300)),
+        ([ids[0]] * 4, np.vstack([np.full((2, D), 1e300), np.zeros((2, D))])),
+        ([ids[2]] * 2, rows[:2]),  # past the horizon of 4: never read
+    ]
+    for batch_ids, batch in batches:
+        appended = append(
+            client, keys.owner, dataset["id"], csv_bytes(batch_ids, batch), filename="more.csv",
+            privacy_unit_column="patient",
+        )  # fmt: skip
+        assert appended.status_code == 201, appended.text
+    assert run_worker() == 1
+    shown = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.analyst))
+    body = shown.json()
+    assert body["status"] == "succeeded" and body["epochs_done"] == 4, shown.text
+    assert np.all(np.isfinite(np.asarray(body["latest_epoch"]["basis"])))
+    assert MARK not in shown.text
