@@ -61,7 +61,8 @@ def test_extreme_empty_misshapen_and_late_appends_never_fail_the_release(
     release_id = post_release(client, keys.analyst, dataset["id"], **_request(5))
     # A batch of another width is refused naming the file, and changes nothing.
     wrong = append(client, keys.owner, dataset["id"], npy_bytes(rng.normal(size=(3, D + 1))))
-    assert 400 <= wrong.status_code < 500 and wrong.status_code != 404, wrong.text
+    assert wrong.status_code == 422, wrong.text
+    assert wrong.json()["detail"].startswith("file:") and "columns" in wrong.text
     batches = [
         np.full((4, D), 1e300),
         np.full((4, D), 1e-300),
@@ -88,7 +89,7 @@ def test_extreme_empty_misshapen_and_late_appends_never_fail_the_release(
         assert session.execute(select(func.count()).select_from(LedgerEntry)).scalar_one() == 1
 
 
-def test_an_append_of_no_rows_is_refused_or_an_empty_epoch(
+def test_an_append_of_no_rows_is_refused_naming_the_file(
     client, keys, upload_dataset, rng, run_worker
 ):
     dataset = upload_dataset(
@@ -96,11 +97,12 @@ def test_an_append_of_no_rows_is_refused_or_an_empty_epoch(
     )
     release_id = post_release(client, keys.analyst, dataset["id"], **_request(3))
     empty = append(client, keys.owner, dataset["id"], npy_bytes(np.zeros((0, D))))
-    assert empty.status_code in (201, 422), empty.text
+    # Refused naming the file, changing nothing: no empty leaf, no epoch for it.
+    assert empty.status_code == 422 and empty.json()["detail"].startswith("file:"), empty.text
     run_worker()
     body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
     assert body["status"] == "running", body.get("reason")
-    assert body["epochs_done"] == (2 if empty.status_code == 201 else 1)
+    assert body["epochs_done"] == 1
 
 
 @pytest.mark.parametrize("horizon", [3, 64])
