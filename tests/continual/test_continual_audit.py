@@ -5,15 +5,21 @@ determinism of an epoch recomputed after a restart."""
 
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 
 import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from service.db.models import LedgerEntry
+from service import continual
+from service.db.models import LedgerEntry, Release
+from service.mechanisms.base import ReleaseSpec
 from service.mechanisms.continual_gauss import noise_sigma, tree_sensitivity
+from service.mechanisms.registry import get_mechanism
+from service.release_calibration import float_not_above
 from tests.api.test_append_rows import append
+from tests.api.test_privacy_unit_http import MARK, csv_bytes, people, upload
 from tests.conftest import bearer, npy_bytes, post_release
 
 D = 4
@@ -137,7 +143,6 @@ def test_a_refused_continual_request_names_an_epsilon_that_is_admitted(
 
 
 def test_person_level_extreme_batches_under_hybrid_end_succeeded(client, keys, run_worker):
-    from tests.api.test_privacy_unit_http import MARK, csv_bytes, people, upload
 
     ids, rows = people(30, [1, 3, 7], D, seed=5)
     response = upload(
@@ -166,3 +171,43 @@ def test_person_level_extreme_batches_under_hybrid_end_succeeded(client, keys, r
     assert body["status"] == "succeeded" and body["epochs_done"] == 4, shown.text
     assert np.all(np.isfinite(np.asarray(body["latest_epoch"]["basis"])))
     assert MARK not in shown.text
+
+
+def test_an_epoch_recomputed_after_a_restart_is_the_same_epoch(
+    client, keys, store, settings, session_factory, run_worker
+):
+    """A worker that dies after computing epoch t (person-level, mid-horizon) and before
+    storing it leaves the next worker to compute it again: the same key, state and batch give
+    the same noise, so the epoch released is the one the dead worker would have released and
+    no second noisy copy of any node exists."""
+
+    ids, rows = people(30, [1, 3, 7], D, seed=9)
+    response = upload(
+        client, keys.owner, "visits.csv", csv_bytes(ids, rows), privacy_unit_column="patient",
+        row_norm_bound="1", accounting="hybrid",
+    )  # fmt: skip
+    dataset = response.json()
+    release_id = post_release(client, keys.analyst, dataset["id"], **_request(4))
+    assert run_worker() == 1  # epoch 1 stored, waiting
+    appended = append(
+        client, keys.owner, dataset["id"], csv_bytes(ids[:6], rows[:6] * 3), filename="b.csv",
+        privacy_unit_column="patient",
+    )  # fmt: skip
+    assert appended.status_code == 201, appended.text
+    with session_factory.begin() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None and release.epochs_done == 1
+        step = continual.next_input(session, release, settings)
+        mechanism = get_mechanism("continual_gauss")
+        params = mechanism.parse_params(release.params)
+        epsilon, delta = float_not_above(release.epsilon), float_not_above(release.delta)
+        spec = ReleaseSpec(k=release.k, epsilon=epsilon, delta=delta, params=params)
+    assert isinstance(step, continual.EpochInput) and step.epoch == 2 and step.person_level
+    first = continual.compute_epoch(store, mechanism, spec, step)
+    again = continual.compute_epoch(store, mechanism, spec, step)
+    assert first.state is not None and first.state == again.state
+    assert first.outcome.basis == again.outcome.basis
+    assert run_worker() == 1  # the worker's own epoch 2 is that same epoch
+    body = client.get(f"/v1/releases/{release_id}", headers=bearer(keys.owner)).json()
+    assert body["epochs_done"] == 2
+    assert body["latest_epoch"]["basis_sha256"] == first.outcome.basis[2]
