@@ -574,7 +574,12 @@ class Worker:
             basis, release.result_shape, release.result_sha256 = outcome.basis
             session.add(ReleaseBasis(release_id=release.id, epoch=0, basis=basis))
         refunded = None
-        if outcome.refund:
+        # DESIGN: a refund only when the job provably never read the data. A failure decided
+        # before any row is read proves it for this attempt only: an earlier attempt of the
+        # same claim may have read rows before it died (its death itself possibly depending on
+        # them), so a retry's such failure is charged.
+        refund = outcome.refund and release.attempts <= 1
+        if refund:
             refunded = ledger.refund(session, release.dataset_id, release.id)
             release.refunded = True
         details: dict[str, Any] = {
@@ -586,7 +591,7 @@ class Worker:
         }
         if outcome.reason is not None:
             details["reason"] = outcome.reason
-        if outcome.refund:
+        if refund:
             details["refunded"] = refund_details(release, refunded)
         audit.record(
             session,

@@ -99,6 +99,29 @@ def test_a_release_of_a_deleted_dataset_is_refunded(client, keys, upload_dataset
     assert "deleted" in body["reason"]
 
 
+def test_a_retry_after_an_attempt_that_may_have_read_is_not_refunded(
+    client, keys, upload_dataset, rng, session_factory, store, settings
+):
+    """A refund needs proof that the job never read the data. A first attempt that claimed the
+    job and died (its lease ran out) may have read rows; if the dataset is deleted before the
+    retry, the retry's failure is decided before any row of *its* own is read, yet the job as a
+    whole may have read them: charged, not refunded (before: refunded)."""
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
+    assert Worker(session_factory, store, settings, worker_id="first").claim() is not None
+    with session_factory.begin() as session:
+        session.execute(update(Release).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+    deleted = client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    retry = Worker(session_factory, store, settings, worker_id="second")
+    job = retry.claim()
+    assert job is not None and job.attempt == 2
+    assert retry.process(job) == "failed"
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.owner)).json()
+    assert body["status"] == "failed" and "deleted" in body["reason"]
+    assert body["refunded"] is False
+    assert count(session_factory, LedgerEntry, LedgerEntry.kind == "refund") == 0
+
+
 def test_a_mechanism_crash_is_a_charged_no_result_and_leaks_nothing(
     client, keys, upload_dataset, rng, run_worker, monkeypatch, caplog
 ):
