@@ -54,8 +54,21 @@ class _Libc:
         return 1
 
 
+@pytest.fixture
+def idle_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The module's state as in a process where no task ran: an earlier test's pass in this
+    process (its real thresholds raised, their restore pending for RESTORE_SECONDS) must not
+    decide what these tests see (under xdist one failed when it ran within that second)."""
+    with heap._lock:
+        if heap._timer is not None:
+            heap._timer.cancel()
+    monkeypatch.setattr(heap, "_timer", None)
+    monkeypatch.setattr(heap, "_raised", None)
+    monkeypatch.setattr(heap, "_active", 0)
+
+
 def test_reused_buffers_raises_the_thresholds_once_and_restores_the_environments(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, idle_heap: None
 ) -> None:
     libc = _Libc()
     monkeypatch.setattr(heap, "_libc", lambda: libc)
@@ -84,7 +97,7 @@ def test_reused_buffers_raises_the_thresholds_once_and_restores_the_environments
 
 
 def test_the_thresholds_outlive_a_task_until_the_process_is_idle(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, idle_heap: None
 ) -> None:
     """The next task of a pass starting within RESTORE_SECONDS finds the thresholds raised
     (no mallopt again); once no task ran for that long, they are put back and the heap
@@ -113,7 +126,9 @@ def test_the_thresholds_outlive_a_task_until_the_process_is_idle(
     assert len(libc.calls) == 5 and heap._raised is None
 
 
-def test_reused_buffers_leaves_dynamic_thresholds_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reused_buffers_leaves_dynamic_thresholds_alone(
+    monkeypatch: pytest.MonkeyPatch, idle_heap: None
+) -> None:
     """Without the nanny's variable glibc adapts its thresholds itself; a mallopt would stop it
     for good, so nothing is called (the worker's own passes in process)."""
     libc = _Libc()
