@@ -28,7 +28,6 @@ from service import (
     accounting,
     advice,
     audit,
-    grants,
     ledger,
     priors,
     privacy_unit,
@@ -87,7 +86,7 @@ class ReleasePreview:
     #: ``hybrid``: which of its filters would admit the release (``None`` elsewhere).
     admitted_by: list[str] | None = None
     #: Not affordable and asked in epsilon: the largest epsilon the same request is admitted
-    #: at now (:func:`service.releases.admissible_epsilon`), as a real request's 409 says.
+    #: at now (:func:`service.releases.admissible_search`), as a real request's 409 says.
     epsilon_admissible: Decimal | None = None
     #: No epsilon admitted at its delta: another delta and the epsilon admitted with it.
     delta_admissible: Decimal | None = None
@@ -182,20 +181,16 @@ def preview_release(
     if idempotency_key is not None:
         raise InvalidInput("Idempotency-Key", DRY_RUN_IDEMPOTENCY_KEY)
     dataset = releases.lock_dataset(session, dataset_id)
-    prior = priors.resolve(session, principal, body.params, persist=False)
-    grant = grants.current_grant(session, dataset.id, principal.key_id)
-    # The same default delta as the real request: fitted to the grant it would be charged to.
-    prepared = releases.check_request(body, dataset, settings, prior, grant)
-    # The same budgets a real request is charged to: the applicable grant (a key without one is
-    # refused the same way when grants are required), then the dataset.
-    grant = grants.require_usable(grant, required=settings.grants_required)
+    # The same preparation (a default delta fitted to the grant) and the same budgets as the
+    # real request: the applicable grant (a key without one is refused the same way when grants
+    # are required), then the dataset.
+    priced = releases.price(session, principal, dataset, body, settings, persist_prior=False)
+    grant, prepared, share = priced.grant, priced.prepared, priced.share
     charge = prepared.charge
-    budget = ledger.budget_of(session, dataset)
+    budget = priced.budget
     affordable = budget.affords(charge)
     charged_to: Literal["dataset", "grant"] = "dataset"
-    share = None
-    if grant is not None:
-        share = grants.grant_budget(session, grant)
+    if share is not None:
         if affordable or not share.affords(charge):
             # The analyst's own limit is the grant's (when both afford it, or the grant is short:
             # a real request checks the grant first and its 409 names the grant); only when the

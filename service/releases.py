@@ -136,6 +136,41 @@ class Prepared:
     charge: ledger.Charge
 
 
+@dataclass(frozen=True)
+class Priced:
+    """A request prepared against its dataset, with the budgets a real request is charged to."""
+
+    prior: priors.PublicPrior | None
+    #: The analyst's usable grant; ``None``: the key has none (allowed unless grants are
+    #: required).
+    grant: Grant | None
+    prepared: Prepared
+    #: The grant's budget (``None`` without a grant), checked first, then the dataset's.
+    share: ledger.BudgetState | None
+    budget: ledger.BudgetState
+
+
+def price(
+    session: Session,
+    principal: Principal,
+    dataset: Dataset,
+    body: ReleaseRequest,
+    settings: Settings,
+    persist_prior: bool,
+) -> Priced:
+    """``body`` prepared and its budgets read, as a real request, its dry run and the search
+    for what is admitted all need them: the public prior named or given inline (stored when
+    ``persist_prior``, for the worker to read; it costs nothing), the grant's terms read before
+    the preparation (a defaulted delta fits them), and a revoked or missing grant refused
+    after the request's own checks."""
+    prior = priors.resolve(session, principal, body.params, persist=persist_prior)
+    grant = grants.current_grant(session, dataset.id, principal.key_id)
+    prepared = check_request(body, dataset, settings, prior, grant)
+    grant = grants.require_usable(grant, required=settings.grants_required)
+    share = None if grant is None else grants.grant_budget(session, grant)
+    return Priced(prior, grant, prepared, share, ledger.budget_of(session, dataset))
+
+
 def _context(dataset: Dataset, memory_limit_bytes: int | None) -> PublicContext:
     return PublicContext(
         n_rows=dataset.n_rows,
@@ -572,19 +607,12 @@ def request_release(
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
         return existing
-    # A public prior named or given inline (stored now, so the worker can read it; rolled back
-    # with the request if it is refused). It costs nothing.
-    prior = priors.resolve(session, principal, body.params, persist=True)
-    # The grant's terms are read first (a defaulted delta fits them); a revoked or missing
-    # grant is refused after the request's own checks, as before.
-    grant = grants.current_grant(session, dataset.id, principal.key_id)
-    prepared = check_request(body, dataset, settings, prior, grant)
+    # A prior given inline is stored now (rolled back with the request if it is refused).
+    priced = price(session, principal, dataset, body, settings, persist_prior=True)
+    grant, prepared, share, budget = priced.grant, priced.prepared, priced.share, priced.budget
     params = prepared.params
     # The grant is checked first: it is the analyst's own limit, and naming it is more useful
     # than the dataset's remainder when both are short. Both under the dataset's lock.
-    grant = grants.require_usable(grant, required=settings.grants_required)
-    share = None if grant is None else grants.grant_budget(session, grant)
-    budget = ledger.budget_of(session, dataset)
     # The epsilon this request is admitted at is not searched here, under the dataset's lock
     # (it prepares the request a dozen times): :func:`admissible_search` reads what it
     # needs after this transaction and searches outside any; the route adds it to the 409.
@@ -668,55 +696,17 @@ def budget_exceeded(
     charge: ledger.Charge,
     budget: str = "dataset",
     grant_id: uuid.UUID | None = None,
-    epsilon_admissible: Decimal | None = None,
 ) -> BudgetExceeded:
     """The 409 for a budget the charge does not fit, with what remains stated as
-    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`), what the
-    charge lacks (:meth:`~service.ledger.BudgetState.shortfalls`) and the epsilon this same
-    request is admitted at (:func:`admissible_epsilon`)."""
+    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`) and what the
+    charge lacks (:meth:`~service.ledger.BudgetState.shortfalls`); what the same request is
+    admitted at is added after the transaction (:func:`admissible_search`)."""
     return BudgetExceeded(
         spend.statement(state).remaining_fields(),
         budget=budget,
         grant_id=grant_id,
         shortfalls=state.shortfalls(charge),
-        epsilon_admissible=epsilon_admissible,
     )
-
-
-def admissible_epsilon(
-    body: ReleaseRequest,
-    prepared: Prepared,
-    dataset: Dataset,
-    settings: Settings,
-    prior: priors.PublicPrior | None,
-    grant: Grant | None,
-    share: ledger.BudgetState | None,
-    budget: ledger.BudgetState,
-) -> repricing.Admissible | None:
-    """The largest epsilon (:mod:`service.repricing`) at which ``body``, refused as
-    ``prepared``, is admitted now by the grant's ``share`` (if any) and the dataset's
-    ``budget``: the request prepared again at each trial epsilon, at the delta it was prepared
-    at (a defaulted one included), else at another (:func:`repricing.admissible_delta`).
-    ``None`` for a request in ``mu`` or ``rho``."""
-    if body.epsilon is None:
-        return None
-
-    def prepare(trial: ReleaseRequest) -> ledger.Charge:
-        return check_request(trial, dataset, settings, prior, grant).charge
-
-    def at_delta(delta: Decimal) -> repricing.ChargeAtEpsilon:
-        return repricing.charge_at_epsilon(prepare, body.model_copy(update={"delta": delta}))
-
-    budgets = [budget] if share is None else [share, budget]
-    asked = Decimal(prepared.delta)
-    epsilon = repricing.admissible_epsilon(body.epsilon, at_delta(asked), budgets)
-    if epsilon is not None:
-        return repricing.Admissible(epsilon=epsilon)
-    grid = repricing.delta_grid(asked, prepared.mechanism.allows_pure_dp)
-    found = repricing.admissible_delta(body.epsilon, at_delta, grid, budgets)
-    if found is None:
-        return repricing.Admissible()
-    return repricing.Admissible(delta=found[0], delta_epsilon=found[1])
 
 
 def admissible_search(
@@ -725,34 +715,47 @@ def admissible_search(
     dataset_id: uuid.UUID,
     body: ReleaseRequest,
     settings: Settings,
-) -> Callable[[], repricing.Admissible | None] | None:
-    """What :func:`admissible_epsilon` needs for ``body``, read now, as a search to run after
-    this transaction; ``None`` when the request is admitted as asked or asked in ``mu`` or
-    ``rho`` (no search).
+) -> Callable[[], repricing.Admissible] | None:
+    """What ``body`` is admitted at now (:mod:`service.repricing`), read now as a search to run
+    after this transaction; ``None`` when it is admitted as asked or asked in ``mu`` or ``rho``.
 
-    A refused request or an unaffordable dry run has already answered under the dataset's
-    lock; the search prepares the request again at a dozen trial epsilons (about 1.5 s for
-    ``auto`` on a loaded machine) and must not hold that lock, nor on SQLite the database's
-    write lock that every transaction takes, nor a database slot: it reads here (no lock),
-    and the search itself runs on what was read, outside any transaction. A figure read a
-    moment after the refusal is what "admitted now" can mean: any later release changes it."""
-    if body.epsilon is None:
+    The search prepares the request again at each trial epsilon, at the delta it was prepared
+    at (a defaulted one included), else at another (:func:`repricing.admissible_delta`), and
+    checks each against the grant's budget (if any) and the dataset's. A refused request or an
+    unaffordable dry run has already answered under the dataset's lock; the search (about
+    1.5 s for ``auto`` on a loaded machine) must not hold that lock, nor on SQLite the write
+    lock every transaction takes, nor a database slot: it reads here (no lock) and runs on what
+    was read, outside any transaction. A figure read a moment after the refusal is what
+    "admitted now" can mean: any later release changes it."""
+    asked_epsilon = body.epsilon
+    if asked_epsilon is None:
         return None
     dataset = session.get(Dataset, dataset_id)
     if dataset is None or dataset.deleted_at is not None or dataset.file_name is None:
         return None
-    prior = priors.resolve(session, principal, body.params, persist=False)
-    grant = grants.current_grant(session, dataset.id, principal.key_id)
     # Prepared once here, so every attribute the trials read is loaded before the session ends.
-    prepared = check_request(body, dataset, settings, prior, grant)
-    grant = grants.require_usable(grant, required=settings.grants_required)
-    share = None if grant is None else grants.grant_budget(session, grant)
-    budget = ledger.budget_of(session, dataset)
-    if budget.affords(prepared.charge) and (share is None or share.affords(prepared.charge)):
+    priced = price(session, principal, dataset, body, settings, persist_prior=False)
+    charge = priced.prepared.charge
+    budgets = [priced.budget] if priced.share is None else [priced.share, priced.budget]
+    if all(budget.affords(charge) for budget in budgets):
         return None
 
-    def search() -> repricing.Admissible | None:
-        return admissible_epsilon(body, prepared, dataset, settings, prior, grant, share, budget)
+    def prepare(trial: ReleaseRequest) -> ledger.Charge:
+        return check_request(trial, dataset, settings, priced.prior, priced.grant).charge
+
+    def at_delta(delta: Decimal) -> repricing.ChargeAtEpsilon:
+        return repricing.charge_at_epsilon(prepare, body.model_copy(update={"delta": delta}))
+
+    def search() -> repricing.Admissible:
+        asked_delta = Decimal(priced.prepared.delta)
+        epsilon = repricing.admissible_epsilon(asked_epsilon, at_delta(asked_delta), budgets)
+        if epsilon is not None:
+            return repricing.Admissible(epsilon=epsilon)
+        grid = repricing.delta_grid(asked_delta, priced.prepared.mechanism.allows_pure_dp)
+        found = repricing.admissible_delta(asked_epsilon, at_delta, grid, budgets)
+        if found is None:
+            return repricing.Admissible()
+        return repricing.Admissible(delta=found[0], delta_epsilon=found[1])
 
     return search
 

@@ -153,14 +153,13 @@ async def create_release(
 
     def search_inputs(
         session: Session, principal: Principal
-    ) -> Callable[[], repricing.Admissible | None] | None:
+    ) -> Callable[[], repricing.Admissible] | None:
         return releases.admissible_search(session, principal, dataset_id, body, settings)
 
     async def admissible_now() -> repricing.Admissible:
         # Read in a unit of work of its own, searched after it (outside any transaction).
         search = await uow(search_inputs)
-        found = None if search is None else await anyio.to_thread.run_sync(search)
-        return found or repricing.Admissible()
+        return repricing.Admissible() if search is None else await anyio.to_thread.run_sync(search)
 
     if dry_run:
 
