@@ -277,6 +277,28 @@ class Release(Schema):
     )
 
 
+#: What a refusal (409) and an unaffordable dry run offer instead, described once for both.
+EPSILON_ADMISSIBLE = (
+    "the largest epsilon (3 significant digits, rounded down, checked) at which this same "
+    "request (mechanism, k, params and delta) is admitted now by the budget named by `budget` "
+    "and the dataset's; null when none is, or the request was given in mu or rho. On hybrid "
+    "`epsilon_remaining` is the spend's statement (epsilon_total - epsilon_spent at "
+    "delta_total), not what every kind of release may ask for: a pure or approximate release "
+    "is charged by filters that count it differently."
+)
+DELTA_ADMISSIBLE = (
+    "Null unless epsilon_admissible is null for a request given in epsilon: then a delta (0 if "
+    "the mechanism allows pure DP, else the largest power of ten at most 6 decades below the "
+    "request's delta) at which this same request (mechanism, k and params; only the delta "
+    "changed) is admitted now, e.g. on hybrid after releases that spent its delta filter; null "
+    "when none is."
+)
+DELTA_ADMISSIBLE_EPSILON = (
+    "With delta_admissible: the largest epsilon (3 significant digits, rounded down, checked) "
+    "at which the same request at delta_admissible is admitted now."
+)
+
+
 class BudgetExceeded(Schema):
     """Body of a 409 `budget_exceeded`."""
 
@@ -298,31 +320,11 @@ class BudgetExceeded(Schema):
     )
     epsilon_admissible: ExactDecimal | None = Field(
         default=None,
-        description=(
-            "The largest epsilon (3 significant digits, rounded down, checked) at which this "
-            "same request (mechanism, k, params and delta) is admitted now by the budget named "
-            "by `budget` and the dataset's; null when none is, or the request was given in mu "
-            "or rho. On hybrid `epsilon_remaining` is the spend's statement (epsilon_total - "
-            "epsilon_spent at delta_total), not what every kind of release may ask for: a pure "
-            "or approximate release is charged by filters that count it differently."
-        ),
+        description=(EPSILON_ADMISSIBLE[0].upper() + EPSILON_ADMISSIBLE[1:]),
     )
-    delta_admissible: ExactDecimal | None = Field(
-        default=None,
-        description=(
-            "Null unless epsilon_admissible is null for a request given in epsilon: then a "
-            "delta (0 if the mechanism allows pure DP, else the largest power of ten at most 6 "
-            "decades below the request's delta) at which this same request (mechanism, k and "
-            "params; only the delta changed) is admitted now, e.g. on hybrid after releases "
-            "that spent its delta filter; null when none is."
-        ),
-    )
+    delta_admissible: ExactDecimal | None = Field(default=None, description=DELTA_ADMISSIBLE)
     delta_admissible_epsilon: ExactDecimal | None = Field(
-        default=None,
-        description=(
-            "With delta_admissible: the largest epsilon (3 significant digits, rounded down, "
-            "checked) at which the same request at delta_admissible is admitted now."
-        ),
+        default=None, description=DELTA_ADMISSIBLE_EPSILON
     )
     budget: Literal["dataset", "grant"] = Field(
         default="dataset",
@@ -458,32 +460,11 @@ class ReleasePreview(Schema):
     )
     epsilon_admissible: ExactDecimal | None = Field(
         default=None,
-        description=(
-            "Null when affordable; otherwise the largest epsilon (3 significant digits, rounded "
-            "down, checked) at which this same request (mechanism, k, params and delta) is "
-            "admitted now by the budget named by `budget` and the dataset's; null when none is, "
-            "or the request was given in mu or rho. On hybrid `epsilon_remaining` is the "
-            "spend's statement (epsilon_total - epsilon_spent at delta_total), not what every "
-            "kind of release may ask for: a pure or approximate release is charged by filters "
-            "that count it differently."
-        ),
+        description=("Null when affordable; otherwise " + EPSILON_ADMISSIBLE),
     )
-    delta_admissible: ExactDecimal | None = Field(
-        default=None,
-        description=(
-            "Null unless epsilon_admissible is null for a request given in epsilon: then a "
-            "delta (0 if the mechanism allows pure DP, else the largest power of ten at most 6 "
-            "decades below the request's delta) at which this same request (mechanism, k and "
-            "params; only the delta changed) is admitted now, e.g. on hybrid after releases "
-            "that spent its delta filter; null when none is."
-        ),
-    )
+    delta_admissible: ExactDecimal | None = Field(default=None, description=DELTA_ADMISSIBLE)
     delta_admissible_epsilon: ExactDecimal | None = Field(
-        default=None,
-        description=(
-            "With delta_admissible: the largest epsilon (3 significant digits, rounded down, "
-            "checked) at which the same request at delta_admissible is admitted now."
-        ),
+        default=None, description=DELTA_ADMISSIBLE_EPSILON
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(
