@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from service.config import Settings
 from service.worker import Worker
-from tests.conftest import bearer
+from tests.conftest import Keys, bearer, fetch_release, post_release
 
 BUDGET = {"name": "lake", "epsilon_budget": "5", "delta_budget": "1e-4"}
 #: A budget for continual releases over a lake (a large delta, so that the tree's epochs fit).
@@ -21,6 +21,15 @@ CONTINUAL_BUDGET = {
     "row_norm_bound": 1.0,
     "allow_large_delta": True,
 }
+#: A dataset by reference with room for many releases (delta 0.01), and the release the
+#: integrity, registration, mutation and audit tests make on it.
+FILE_BUDGET = {
+    "name": "lake",
+    "epsilon_budget": "10",
+    "delta_budget": "0.01",
+    "row_norm_bound": 1.0,
+}
+FILE_RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "1", "delta": "1e-5"}
 #: The release key continual tests fix, so that two releases draw the same noise.
 RELEASE_KEY = bytes(range(32))
 
@@ -76,3 +85,13 @@ def refusal(response: httpx.Response) -> str:
     assert body["registration_status"] == "failed", response.text
     assert body["n_rows"] == 0, response.text
     return str(body["registration_reason"])
+
+
+def release(
+    client: TestClient, keys: Keys, dataset: str, worker: Worker, read_as: str = "analyst"
+) -> Any:
+    """One :data:`FILE_RELEASE` by the analyst, run by ``worker`` (the only job pending), read
+    back by ``read_as`` (``"analyst"`` or ``"owner"``)."""
+    release_id = post_release(client, keys.analyst, dataset, **FILE_RELEASE)
+    assert worker.run_pending() == 1
+    return fetch_release(client, getattr(keys, read_as), release_id)

@@ -37,8 +37,8 @@ from tests.conftest import Keys, bearer, fetch_release, post_release
 from tests.reference import helpers
 from tests.reference.conftest import s3fs_for, write_parquet
 
-BUDGET = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1.0}
-RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "1", "delta": "1e-5"}
+BUDGET = helpers.FILE_BUDGET
+RELEASE = helpers.FILE_RELEASE
 
 
 @pytest.fixture
@@ -79,12 +79,6 @@ def registered(client: TestClient, key: str, uri: str, columns: list[str]) -> An
     return response.json()
 
 
-def release(client: TestClient, keys: Keys, dataset: str, worker: Worker) -> Any:
-    release_id = post_release(client, keys.analyst, dataset, **RELEASE)
-    assert worker.run_pending() == 1
-    return fetch_release(client, keys.analyst, release_id)
-
-
 def forge_in_place(path: Path, old: float, new: bytes) -> None:
     """Overwrite the 8 bytes of value ``old`` with ``new``: same size, mtime put back."""
     status = path.stat()
@@ -117,7 +111,7 @@ def test_a_file_rewritten_in_place_with_its_mtime_put_back_fails_the_release(
     dataset = register(client, keys.owner, str(root / "set"), names)
     assert dataset.json()["registration_status"] == "ready", dataset.text
     forge_in_place(target, float(rows[250, 1]), forged(float(rows[250, 1])))
-    outcome = release(client, keys, dataset.json()["id"], worker)
+    outcome = helpers.release(client, keys, dataset.json()["id"], worker)
     assert outcome["status"] == "failed", outcome
     assert outcome.get("result") is None
     assert "changed since registration" in outcome["reason"]
@@ -142,7 +136,7 @@ def test_a_file_swapped_for_a_symlink_out_of_the_roots_is_not_read(
     shutil.copy2(target, outside)
     target.unlink()
     target.symlink_to(outside)
-    outcome = release(client, keys, dataset["id"], worker)
+    outcome = helpers.release(client, keys, dataset["id"], worker)
     assert outcome["status"] == "failed", outcome
     assert "no longer a regular file" in outcome["reason"]
 
@@ -641,6 +635,6 @@ def test_a_forged_file_fails_the_release_on_dask_too(
     on_dask = Worker(
         session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
     )
-    outcome = release(client, keys, dataset["id"], on_dask)
+    outcome = helpers.release(client, keys, dataset["id"], on_dask)
     assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
     assert f"{target} changed since registration" in outcome["reason"]

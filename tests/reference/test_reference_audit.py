@@ -30,7 +30,7 @@ from tests.conftest import Keys, bearer, fetch_release, post_release
 from tests.reference import helpers
 from tests.reference.test_integrity import plain_parquet
 
-BUDGET = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1.0}
+BUDGET = helpers.FILE_BUDGET
 
 
 @pytest.fixture

@@ -33,8 +33,8 @@ from tests.reference import helpers
 from tests.reference.conftest import s3fs_for, write_parquet
 from tests.reference.test_integrity import forge_in_place, plain_parquet
 
-BUDGET = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1.0}
-RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "1", "delta": "1e-5"}
+BUDGET = helpers.FILE_BUDGET
+RELEASE = helpers.FILE_RELEASE
 
 
 @pytest.fixture
@@ -61,9 +61,7 @@ def same_noise(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def release(client: TestClient, keys: Keys, dataset: str, worker: Worker) -> Any:
-    release_id = post_release(client, keys.analyst, dataset, **RELEASE)
-    assert worker.run_pending() == 1
-    return fetch_release(client, keys.owner, release_id)
+    return helpers.release(client, keys, dataset, worker, read_as="owner")
 
 
 def keep_times(path: Path, like: os.stat_result) -> None:

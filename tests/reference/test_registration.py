@@ -30,8 +30,8 @@ from service.worker import Worker
 from tests.conftest import Keys, bearer, fetch_release, post_release
 from tests.reference import helpers
 
-BUDGET = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1.0}
-RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "1", "delta": "1e-5"}
+BUDGET = helpers.FILE_BUDGET
+RELEASE = helpers.FILE_RELEASE
 
 
 @pytest.fixture
