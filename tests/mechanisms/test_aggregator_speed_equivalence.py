@@ -51,6 +51,47 @@ def test_scale_and_gram_is_the_per_block_scaled_route_at_every_scale(
             assert np.array_equal(gram[j], old_gram[j])
 
 
+@pytest.mark.parametrize("shape", [(13, 100, 100), (9, 40, 60), (6, 70, 30), (2, 1, 5)])
+def test_batched_scale_and_gram_is_the_per_block_route(
+    shape: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks that fit the cache are peaked, scaled and multiplied a batch at a time (issue 35,
+    eighth pass): the same scaled rows and Grams, bit for bit, as the block-by-block route, for
+    a batch mixing exponents 0 and nonzero, a zero block, a block at the edge of the normal
+    scaling range, a subnormal entry, duplicated rows and signed zeros; and a batch with an
+    exponent beyond the normal range goes block by block (``ldexp``)."""
+    rng = np.random.default_rng(sum(shape))
+    blocks = rng.standard_normal(shape)
+    blocks[0] *= 0.7 / np.max(np.abs(blocks[0]))  # peak in [0.5, 1): exponent 0
+    blocks[1] = 0.0
+    blocks[1, 0, :2] = (-0.0, 0.0)
+    if shape[0] > 2:
+        blocks[2] *= 2.0**1000  # exponent 1,000: 2^-1000 is still a normal double
+        blocks[3, 0, 0] = 1e-310
+        blocks[4] = blocks[4, :1]  # duplicate rows
+    per_block = {}
+    for batched in (False, True):
+        monkeypatch.setattr(sa, "CACHE_BYTES", (1 << 30) if batched else 0)
+        for in_place in (False, True):
+            rows = blocks.copy()
+            scaled = rows if in_place else np.empty_like(rows)
+            gram = sa.scale_and_gram(rows, scaled)
+            if not batched:
+                per_block[in_place] = (scaled.copy(), gram)
+                continue
+            old_scaled, old_gram = per_block[in_place]
+            assert np.array_equal(scaled, old_scaled)
+            assert np.array_equal(np.signbit(scaled), np.signbit(old_scaled))
+            assert np.array_equal(gram, old_gram)
+    # The batch route declines a batch with an exponent outside the normal range and writes
+    # nothing; scale_and_gram then takes the per-block route (ldexp).
+    extreme = blocks.copy()
+    extreme[0] *= 1e-310 / np.max(np.abs(extreme[0]))
+    out, gram = np.full_like(extreme, 7.0), np.full((shape[0],) + (min(shape[1:]),) * 2, 7.0)
+    assert not sa._scale_and_gram_batch(extreme, out, gram)
+    assert np.all(out == 7.0) and np.all(gram == 7.0)
+
+
 @pytest.mark.parametrize(
     "exponent", [-1074, -1073, -1024, -1023, -1022, -3, 0, 1, 1022, 1023, 1024]
 )
