@@ -9,7 +9,9 @@ delta 1e-6, k = 10, on 50,000 rows of d = 100, 400 and 1,000. Two kinds of rows:
 within 1e-3 of a random 10-dimensional subspace (the regime the aggregators are for: their
 subsets agree), "power" have a power-law spectrum (variance 1/i along axis i; no gap after
 k, the subsets do not agree and the subset bases cannot take the iterative route). Prints the
-median CPU seconds (``time.process_time``) of each and the ratio to ``X^T X``; the goals
+median CPU seconds (``time.process_time``) of each and its ratio to the median ``X^T X``, then
+the median and range of the per-repetition ratios (each over the ``X^T X`` measured just
+before it: the spread on a shared machine), and the 1-minute load average; the goals
 (issue 35) are at most 5x at d = 100 and 1.5x at d = 1,000. BLAS runs on one thread
 (threadpoolctl): a spinning BLAS thread on the shared machine bills CPU that is not work.
 """
@@ -17,6 +19,7 @@ median CPU seconds (``time.process_time``) of each and the ratio to ``X^T X``; t
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -65,14 +68,15 @@ def release_cpu(name: str, rows: Rows, seed: int) -> tuple[float, str]:
 
 
 def table(reps: int, dims: list[int], kinds: list[str]) -> None:
-    names = " | ".join(f"{name} CPU s (ratio)" for name in MECHANISMS)
-    print(f"| n x d | rows | X^T X CPU s | {names} |")
-    print("|---|---|---|" + "---|" * len(MECHANISMS))
+    names = " | ".join(f"{name} CPU s (ratio; per-run median, range)" for name in MECHANISMS)
+    print(f"| n x d | rows | X^T X CPU s | {names} | load |")
+    print("|---|---|---|" + "---|" * len(MECHANISMS) + "---|")
     for d in dims:
         for kind in kinds:
             rows = rows_of(kind, N, d)
             floors: list[float] = []
             times: dict[str, list[float]] = {name: [] for name in MECHANISMS}
+            ratios: dict[str, list[float]] = {name: [] for name in MECHANISMS}
             outcomes: dict[str, set[str]] = {name: set() for name in MECHANISMS}
             for rep in range(reps + 1):
                 floor = floor_cpu(rows)
@@ -82,14 +86,17 @@ def table(reps: int, dims: list[int], kinds: list[str]) -> None:
                 floors.append(floor)
                 for name, (cpu, outcome) in measured.items():
                     times[name].append(cpu)
+                    ratios[name].append(cpu / max(floor, 1e-9))
                     outcomes[name].add(outcome)
             base = float(np.median(floors))
             cells = " | ".join(
                 f"{float(np.median(times[name])):.3f} ({float(np.median(times[name])) / base:.1f}x"
-                f", {'/'.join(sorted(outcomes[name]))})"
+                f"; {float(np.median(ratios[name])):.2f}x, {min(ratios[name]):.2f}-"
+                f"{max(ratios[name]):.2f}x, {'/'.join(sorted(outcomes[name]))})"
                 for name in MECHANISMS
             )
-            print(f"| {N:,} x {d:,} | {kind} | {base:.3f} | {cells} |", flush=True)
+            load = os.getloadavg()[0]
+            print(f"| {N:,} x {d:,} | {kind} | {base:.3f} | {cells} | {load:.1f} |", flush=True)
 
 
 def main() -> None:
