@@ -383,8 +383,9 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
             # (single_gram_fits, single_projections_fit): a float32 chunk in the Gram pass,
             # and a chunk and its products in the explained-variance pass.
             # The explained-variance step's float32 products (4 n k) are written to its n x k
-            # result at the end; the float32 pass repeats the centre on every row of its
-            # chunk (4 chunk d).
+            # result at the end (an upper bound: since issue 32 item 5's eighth pass both
+            # float32 routes keep only the 4 n k and a k x chunk buffer); the float32 pass
+            # repeats the centre on every row of its chunk (4 chunk d).
             kept = 8 * 4 * n
             single = 4 * gram_chunk_rows(d) * (d + k)
             energy = 8 * n * (k + 1) + 4 * n * k + 8 * chunk * (4 * k + 8) + single

@@ -143,6 +143,12 @@ VARIANCE_CLIP_QUANTILE = 0.99
 #: Probe histograms' l2 sensitivity: one replaced row moves two counts in each of the two.
 PROBE_SENSITIVITY = 2.0
 
+#: Pairs whose dot products :func:`probe_pass` computes per step (their partners and own rows
+#: copied into two buffers of this many rows): 256 measured fastest of 64 to 1,024 at
+#: 50,000 x 100 (the buffers stay in cache with the chunk). Work only: each pair's dot product
+#: is the same whatever the step.
+PROBE_PAIR_PIECE = 256
+
 
 def probe_edges(clip_norm: float) -> FloatArray:
     """The probe's public grid ``C 2^(-j/PROBE_STEPS_PER_OCTAVE)``, ascending, ending at ``C``."""
@@ -214,10 +220,10 @@ def probe_pass(
     Work (issue 32 item 5): no materialised differences, no norms of them, no sort (the
     pairs are ordered by their higher row in linear time, :func:`_pairs_by_higher_row`; the
     partners of a chunk are gathered in that order, which at 50,000 x 100 costs no more than
-    ascending order did), one gather of the partners per chunk and one of the chunk's own
-    paired rows (in cache), one dot product per pair; the factors and the pairs' norms are
-    computed once over all rows. A squared norm outside the safe range anywhere sends the
-    whole pass to the gathered pass with its power-of-two rescaling
+    ascending order did), one gather of the partners and one of the chunk's own paired rows
+    (in cache) per :data:`PROBE_PAIR_PIECE` pairs, one dot product per pair; the factors and
+    the pairs' norms are computed once over all rows. A squared norm outside the safe range
+    anywhere sends the whole pass to the gathered pass with its power-of-two rescaling
     (:func:`gathered_probe_pass`).
     """
     n, d = data.shape
@@ -237,9 +243,11 @@ def probe_pass(
     # (numpy.take with out= and mode="clip": unbuffered; a fresh array of a chunk's rows per
     # call was paged in anew, and with mode="raise" take buffers out=): the same rows, 2.6 ms
     # less of 6.7 at 50,000 x 100. Indices are in range, so "clip" never clips.
-    # A chunk holds at most min(chunk, m) pairs' higher rows.
+    # A chunk's pairs are taken PROBE_PAIR_PIECE at a time: the two buffers then stay in the
+    # core's cache with the chunk (issue 32 item 5: 11.0 -> 9.4 ms for the pairs' gathers and
+    # dot products at 50,000 x 100, load 12; the same dot product per pair, so the same bits).
     direct = gather and data.dtype == np.float64
-    most = max(1, min(chunk, m))
+    most = max(1, min(chunk, m, PROBE_PAIR_PIECE))
     partner_rows = np.empty((most, d), dtype=np.float64) if direct else None
     own_rows = np.empty((most, d), dtype=np.float64)
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
@@ -257,8 +265,8 @@ def probe_pass(
             else:
                 factors[start:stop] = factor
                 total += factor @ block  # the sum of the clipped rows
-            lo, hi = int(bounds[number]), int(bounds[number + 1])
-            if hi > lo:
+            for lo in range(int(bounds[number]), int(bounds[number + 1]), most):
+                hi = min(int(bounds[number + 1]), lo + most)
                 partners = low_by[lo:hi]
                 if partner_rows is not None:
                     rows_a = np.take(
@@ -403,14 +411,20 @@ def probe_centred_energy(
     n, k = data.shape[0], basis.shape[1]
     known = centred_squares is not None and bool(np.all(np.isfinite(centred_squares)))
     scaled = bool(np.any(counts.row_factors != 1.0))  # a x is x when every a is 1
-    shift: FloatArray | None = basis.T @ center
+    centre_shift: FloatArray = basis.T @ center
+    shift: FloatArray | None = centre_shift
+    # Float32: the products U^T (a x) as sgemm gave them (n x k), each chunk's written
+    # transposed with the shift U^T c subtracted into one reused k x chunk buffer as it is
+    # scored (issue 32 item 5: no k x n float64 array written and read again; the same
+    # float64 values, the same ufunc on the same inputs).
+    products32: FloatArray | None = None
+    shift32 = centre_shift[:, None]  # as subtracted from the float32 products, chunk by chunk
     if known and single:
-        # U^T (a x) - U^T c: the clipped rows' projections, k contiguous rows of length n.
+        # U^T (a x) - U^T c: the clipped rows' projections.
         factors = counts.row_factors if scaled else None
-        products = single_projections(
-            data, basis, factors, counts.row_squares, transposed=True, shift=shift
-        )
-        scaled, shift = False, None
+        products32 = single_projections(data, basis, factors, counts.row_squares, single_out=True)
+        products = np.empty((k, min(n, DEFAULT_CHUNK_ROWS)), dtype=np.float64)
+        scaled = False
     elif known:
         products = _projections(data, basis)
     else:
@@ -422,7 +436,11 @@ def probe_centred_energy(
     with np.errstate(under="ignore", over="ignore", invalid="ignore"):
         for start in range(0, n, DEFAULT_CHUNK_ROWS):
             stop = min(n, start + DEFAULT_CHUNK_ROWS)
-            projected = products[:k, start:stop]
+            if products32 is not None:
+                projected = products[:, : stop - start]
+                np.subtract(products32[start:stop].T, shift32, out=projected)
+            else:
+                projected = products[:k, start:stop]
             a = counts.row_factors[start:stop]
             projected = projected * a if scaled else projected
             if centred_squares is not None and known:
@@ -432,7 +450,7 @@ def probe_centred_energy(
                 squares = counts.row_squares[start:stop]
                 centred = a * a * squares - 2.0 * a * dots if scaled else squares - 2.0 * dots
                 centred = np.maximum(centred + norm_c, 0.0)
-            if shift is not None:  # in place: products is this function's own array
+            if shift is not None and products32 is None:  # in place: this function's array
                 projected -= shift[:, None]
             inside = np.einsum("ij,ij->j", projected, projected)
             factor = clip_factors(centred, bound)
@@ -483,8 +501,10 @@ def probe_paired_energy(
             squares = counts.row_squares
             if squares is None:  # a ProbePass built by hand: the rows' own norms
                 squares = row_squares(np.asarray(data, dtype=np.float64))
+            # Kept in float32 (issue 32 item 5: 2 n k bytes fewer to write and to gather
+            # from); each gathered row converts exactly to the float64 it stood for.
             projected = single_projections(
-                data, basis, counts.row_factors if scaled else None, squares
+                data, basis, counts.row_factors if scaled else None, squares, single_out=True
             )
         else:
             # Z = X U, then the rows Z_i (length k) gathered per pair: numpy.take along the
@@ -500,7 +520,7 @@ def probe_paired_energy(
             last = min(m, first + DEFAULT_CHUNK_ROWS)
             a = order[2 * first : 2 * last : 2]
             b = order[2 * first + 1 : 2 * last : 2]
-            halves = np.take(projected, a, axis=0)
+            halves = np.take(projected, a, axis=0).astype(np.float64, copy=False)
             halves -= np.take(projected, b, axis=0)
             halves *= 0.5
             inside = row_squares(halves)

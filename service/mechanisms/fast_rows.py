@@ -158,6 +158,7 @@ def single_projections(
     *,
     transposed: bool = False,
     shift: FloatArray | None = None,
+    single_out: bool = False,
 ) -> FloatArray:
     """``Y B`` for the clipped rows ``y_i = f_i x_i`` (``factors`` ``f``, ``None``: all 1) and
     ``B = columns`` (``d x b``, ``b`` small), in float32 per chunk (each chunk scaled and
@@ -170,30 +171,35 @@ def single_projections(
     Transposed, the float32 products of all rows are kept (``4 n b`` bytes) and written to
     the ``(b, n)`` result in one step at the end: the same values as writing each chunk's
     transposed (``n/chunk`` strided writes of ``b`` short rows: 0.85 ms against 0.35 ms at
-    50,000 x 100, b = 10)."""
+    50,000 x 100, b = 10). ``single_out`` (not ``transposed``): the float32 products
+    themselves, shape ``(n, b)`` (half the bytes of the float64 result, which holds the same
+    values: each converts exactly to float64)."""
     n, d = data.shape
     b = columns.shape[1]
     chunk = gram_chunk_rows(d)
-    out = np.empty((b, n) if transposed else (n, b), dtype=np.float64)
+    single_out = single_out and not transposed
+    out = np.empty((0, b) if single_out else (b, n) if transposed else (n, b), dtype=np.float64)
     rows32 = np.empty((min(chunk, max(n, 1)), d), dtype=np.float32)
     # The rows' own squared norms (squares) decide how each is rounded (round_scaled).
     # Y B row by row in either layout (the transposed layout is written from it: 1.2x faster
     # than B^T Y^T at d = 100, b = 10).
     basis32 = np.ascontiguousarray(columns, dtype=np.float32)
-    products = np.empty((n if transposed else rows32.shape[0], b), np.float32)
+    products = np.empty((n if transposed or single_out else rows32.shape[0], b), np.float32)
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
             stop = start + block.shape[0]
             factor = None if factors is None else factors[start:stop]
             rows = round_scaled(block, factor, squares[start:stop], rows32)
-            if transposed:
+            if transposed or single_out:
                 np.matmul(rows, basis32, out=products[start:stop])
             else:
                 part = products[: block.shape[0]]
                 np.matmul(rows, basis32, out=part)
                 out[start:stop] = part
             start = stop
+    if single_out:
+        return products
     if transposed and shift is not None:
         np.subtract(products.T, shift[:, None], out=out)
     elif transposed:

@@ -150,6 +150,28 @@ def test_the_sequential_probe_pass_is_the_gathered_pass_to_the_bit(
     assert float(np.sum(np.abs(got.counts_p - expected.counts_p))) <= 2 * movable
 
 
+@pytest.mark.parametrize("chunk", [1024, None])
+def test_the_probe_takes_its_pairs_in_pieces_without_changing_a_bit(
+    chunk: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe pass computes a chunk's pairs' dot products PROBE_PAIR_PIECE at a time (issue
+    # 32 item 5: smaller buffers stay in cache). Work only: with pieces of 256, of 1 and of
+    # the whole chunk (about 512 pairs a chunk here, so several pieces per chunk, and a last
+    # piece shorter than the others), every count, norm, factor and the sum are the same bits.
+    rows = offset_rows(4001, 30, 16)
+    order = np.random.default_rng(17).permutation(rows.shape[0])
+    got = []
+    for piece in (cc.PROBE_PAIR_PIECE, 1, 10**9):
+        monkeypatch.setattr(cc, "PROBE_PAIR_PIECE", piece)
+        got.append(cc.probe_pass(rows, 1.0, order, chunk))
+    _, _, _, bounds = cc._pairs_by_higher_row(order, rows.shape[0], 1024)
+    assert int(np.max(np.diff(bounds))) > 256  # some chunk takes more than one piece
+    for other in got[1:]:
+        for field in ("counts_u", "counts_p", "clipped_sum", "row_factors", "pair_norms"):
+            np.testing.assert_array_equal(getattr(got[0], field), getattr(other, field))
+        np.testing.assert_array_equal(got[0].row_squares, other.row_squares)
+
+
 @pytest.mark.parametrize("offset", [0, 1])
 def test_the_pairs_from_known_factors_are_the_pairs_to_the_bit(offset: int) -> None:
     rows = offset_rows(1001, 12, 11)
