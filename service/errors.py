@@ -237,6 +237,7 @@ class BudgetExceeded(Conflict):
         epsilon_admissible: Decimal | None = None,
         delta_admissible: Decimal | None = None,
         delta_admissible_epsilon: Decimal | None = None,
+        privacy_unit: str = "row",
     ) -> None:
         """``remaining``: the budget's remaining figures as :mod:`service.spend` states them
         (``epsilon_remaining``, ``delta_remaining``, and the native ``rho_remaining`` /
@@ -250,8 +251,10 @@ class BudgetExceeded(Conflict):
         may ask for. ``delta_admissible``, ``delta_admissible_epsilon``: when no epsilon is
         admitted at the request's delta (e.g. ``hybrid``'s delta filter is spent), another delta
         (``0`` for a mechanism that allows pure DP, else a smaller one) and the largest epsilon
-        the same request is admitted at with it, said and given the same way."""
-        self._terms = (dict(remaining), budget, grant_id, tuple(shortfalls))
+        the same request is admitted at with it, said and given the same way.
+        ``privacy_unit``: what those figures protect (``row`` or ``person``), stated with them
+        as everywhere a budget is (DESIGN.md, "Privacy unit")."""
+        self._terms = (dict(remaining), budget, grant_id, tuple(shortfalls), privacy_unit)
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         why = f": {'; '.join(shortfalls)}" if shortfalls else ""
         # What the analyst can do next: a dry run prices a smaller request without a charge.
@@ -281,6 +284,7 @@ class BudgetExceeded(Conflict):
         super().__init__(
             f"this release costs more than {which} remaining budget{why}{at}{todo}",
             **remaining,
+            privacy_unit=privacy_unit,
             budget=budget,
             grant_id=grant_id,
             epsilon_admissible=epsilon_admissible,
@@ -296,12 +300,13 @@ class BudgetExceeded(Conflict):
     ) -> BudgetExceeded:
         """The same refusal, saying the epsilon the request is admitted at (searched after the
         refusing transaction, :func:`service.releases.admissible_search`)."""
-        remaining, budget, grant_id, shortfalls = self._terms
+        remaining, budget, grant_id, shortfalls, unit = self._terms
         return BudgetExceeded(
             remaining,
             budget=budget,
             grant_id=grant_id,
             shortfalls=shortfalls,
+            privacy_unit=unit,
             epsilon_admissible=epsilon_admissible,
             delta_admissible=delta_admissible,
             delta_admissible_epsilon=delta_admissible_epsilon,

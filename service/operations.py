@@ -14,11 +14,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Literal
 
 from sqlalchemy import Float, cast, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from service import audit, ledger
+from service import audit, ledger, privacy_unit
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import (
@@ -180,6 +181,8 @@ class LedgerView:
     delta_total: Decimal
     before: ledger.Spent
     totals: ledger.Totals | None = None
+    #: What the figures protect (``row`` or ``person``): stated with them.
+    unit: Literal["row", "person"] = "row"
 
 
 def page_ledger(
@@ -228,6 +231,7 @@ def page_ledger(
         dataset.delta_total,
         before,
         totals,
+        privacy_unit.unit_of(dataset),
     )
 
 

@@ -91,6 +91,8 @@ class ReleasePreview:
     #: No epsilon admitted at its delta: another delta and the epsilon admitted with it.
     delta_admissible: Decimal | None = None
     delta_admissible_epsilon: Decimal | None = None
+    #: What the budget figures protect (``row`` or ``person``): stated with them.
+    privacy_unit: Literal["row", "person"] = "row"
 
 
 def _finite(value: PreviewValue) -> PreviewValue:
@@ -244,6 +246,7 @@ def preview_release(
     fits = recommendation(dataset, body.mechanism, prepared.epsilon, prepared.costs)
     return ReleasePreview(
         dataset_id=dataset.id,
+        privacy_unit=privacy_unit.unit_of(dataset),
         mechanism=prepared.mechanism.name,
         k=body.k,
         epsilon=prepared.epsilon,

@@ -618,10 +618,14 @@ def request_release(
     # needs after this transaction and searches outside any; the route adds it to the 409.
     if share is not None and not share.affords(prepared.charge):
         raise budget_exceeded(
-            share, prepared.charge, budget="grant", grant_id=grant.id if grant else None
+            share,
+            prepared.charge,
+            budget="grant",
+            grant_id=grant.id if grant else None,
+            unit=privacy_unit.unit_of(dataset),
         )
     if not budget.affords(prepared.charge):
-        raise budget_exceeded(budget, prepared.charge)
+        raise budget_exceeded(budget, prepared.charge, unit=privacy_unit.unit_of(dataset))
     created_at = utcnow()
     padding = _padding(
         session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
@@ -696,16 +700,19 @@ def budget_exceeded(
     charge: ledger.Charge,
     budget: str = "dataset",
     grant_id: uuid.UUID | None = None,
+    unit: str = "row",
 ) -> BudgetExceeded:
     """The 409 for a budget the charge does not fit, with what remains stated as
-    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`) and what the
-    charge lacks (:meth:`~service.ledger.BudgetState.shortfalls`); what the same request is
-    admitted at is added after the transaction (:func:`admissible_search`)."""
+    ``GET .../budget`` (or the grant) states it (:func:`service.spend.statement`), in the
+    dataset's privacy ``unit`` as that does, and what the charge lacks
+    (:meth:`~service.ledger.BudgetState.shortfalls`); what the same request is admitted at is
+    added after the transaction (:func:`admissible_search`)."""
     return BudgetExceeded(
         spend.statement(state).remaining_fields(),
         budget=budget,
         grant_id=grant_id,
         shortfalls=state.shortfalls(charge),
+        privacy_unit=unit,
     )
 
 

@@ -166,6 +166,7 @@ async def ledger(
         next=view.page.next,
         accounting=view.accounting,
         stated_at_delta=view.delta_total,
+        privacy_unit=view.unit,
     )
 
 

@@ -13,6 +13,7 @@ from pydantic import Field
 from api_schemas.common import ExactDecimal, Schema
 from api_schemas.grants import Grant
 from api_schemas.keys import Role
+from api_schemas.releases import PRIVACY_UNIT
 
 
 class Whoami(Schema):
@@ -144,6 +145,7 @@ class LedgerPage(Schema):
         default=Decimal(0),
         description="The delta the epsilon figures are stated at: the dataset's delta_total.",
     )
+    privacy_unit: Literal["row", "person"] = Field(default="row", description=PRIVACY_UNIT)
     next: str | None = Field(
         description="Pass as `cursor` for the next page; null on the last page."
     )

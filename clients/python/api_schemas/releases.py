@@ -278,6 +278,14 @@ class Release(Schema):
 
 
 #: What a refusal (409) and an unaffordable dry run offer instead, described once for both.
+#: What a budget figure protects (the same words as ``Budget.privacy_unit``): stated wherever
+#: the budget is (DESIGN.md, "Privacy unit").
+PRIVACY_UNIT = (
+    "What the budget figures here protect: `row` (neighbouring datasets replace one row) or "
+    "`person` (the dataset has a privacy_unit_column: they replace all rows of one person, and "
+    "every release's cost is per person)."
+)
+
 EPSILON_ADMISSIBLE = (
     "the largest epsilon (3 significant digits, rounded down, checked) at which this same "
     "request (mechanism, k, params and delta) is admitted now by the budget named by `budget` "
@@ -304,6 +312,7 @@ class BudgetExceeded(Schema):
 
     error: Literal["budget_exceeded"] = Field(description="Always `budget_exceeded`.")
     detail: str = Field(description="Explanation.")
+    privacy_unit: Literal["row", "person"] = Field(default="row", description=PRIVACY_UNIT)
     epsilon_remaining: ExactDecimal = Field(
         description=(
             "Epsilon still available in the budget named by `budget`, stated as GET .../budget "
@@ -388,6 +397,7 @@ class ReleasePreview(Schema):
 
     dry_run: Literal[True] = Field(description="Always true: this is a preview, not a release.")
     dataset_id: UUID = Field(description="The dataset the release would read.")
+    privacy_unit: Literal["row", "person"] = Field(default="row", description=PRIVACY_UNIT)
     mechanism: str = Field(description="Mechanism name.")
     k: int = Field(description="Requested dimension.")
     epsilon: ExactDecimal = Field(
