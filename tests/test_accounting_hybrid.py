@@ -169,6 +169,22 @@ def test_pure_mu_is_a_valid_gdp_figure_for_an_eps_dp_step(epsilon):
         assert exact <= shown <= exact + mpmath.mpf("1e-29")
 
 
+@pytest.mark.parametrize("epsilon", ["30", "80", "100", "139", "200", "709.5", "1000"])
+def test_pure_mu_is_rounded_up_from_the_exact_value_up_to_the_largest_epsilon(epsilon):
+    """A request's epsilon goes up to 1000. ``2a - 1`` with ``a = 1/(1 + e^eps)`` keeps only
+    ``200 - 1.44 eps`` of the working precision's bits of ``a``: pure_mu was 5.7e-20 below the
+    exact value at eps = 100 (a cost rounded down), 0.039 off at 139, and from eps ~ 139 the
+    erfinv was -inf and every dry run or request of a pure step (auto, histogram_aggregate,
+    friendly_aggregate, smooth_sensitivity's Cauchy variant on basic, zcdp or gaussian) a 500.
+    The reference keeps every bit of ``a`` (precision raised by ``eps log2(e)``)."""
+    cost = accounting.pure_mu(Decimal(epsilon))
+    with mpmath.workprec(400 + math.ceil(float(epsilon) / math.log(2))):
+        shown = mpmath.mpf(str(cost))
+        a = 1 / (1 + mpmath.exp(mpmath.mpf(epsilon)))
+        exact = -2 * mpmath.sqrt(2) * mpmath.erfinv(2 * a - 1)
+        assert exact <= shown <= exact + mpmath.mpf("1e-29")
+
+
 def test_a_prime_charges_a_pure_release_its_pure_mu_and_an_approximate_one_breaks_it():
     budget = accounting.hybrid_budget(Decimal(1), Decimal("1e-6"))
     state = HybridState(budget)

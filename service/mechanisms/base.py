@@ -32,6 +32,7 @@ from scipy.special import ndtr, ndtri
 
 from api_schemas.common import NamesValidFields
 from service.mechanisms.linalg import FloatArray
+from service.mechanisms.noise import LARGEST_EXP_ARGUMENT
 
 
 class InvalidParameter(ValueError):
@@ -204,7 +205,14 @@ def laplace_test_step(epsilon: float, delta: float) -> ApproximateStep | None:
     ``eps' = eps + ln(1/(1 - e^eps delta))``; and on ``I`` the next step's bound holds for both
     sides. Hence ``e^eps delta``-approximately ``eps'^2/2``-zCDP (Bun & Steinke 2016,
     Definition 8.1, Proposition 1.4). ``None`` (no profile) when ``e^eps delta >= 1/2``."""
-    spill = math.exp(epsilon) * delta
+    if delta == 0:
+        spill = 0.0
+    elif epsilon >= LARGEST_EXP_ARGUMENT:
+        # e^eps alone overflows (OverflowError) from eps ~ 709.8, below the request's largest
+        # epsilon (1000): the product in logs, capped where it is far above 1/2 anyway.
+        spill = math.exp(min(epsilon + math.log(delta), LARGEST_EXP_ARGUMENT))
+    else:
+        spill = math.exp(epsilon) * delta
     if not spill < 0.5:
         return None
     return ApproximateStep(epsilon - math.log1p(-spill), spill)

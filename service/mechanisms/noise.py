@@ -151,6 +151,11 @@ def laplace(
     return np.asarray(rng.laplace(0.0, scale, size=size), dtype=np.float64)
 
 
+#: Below ``ln`` of the largest double (709.78): ``math.exp`` and ``math.expm1`` of a larger
+#: argument raise ``OverflowError``; a request's epsilon goes up to 1000.
+LARGEST_EXP_ARGUMENT = 709.0
+
+
 def truncated_laplace_params(
     sensitivity: float, epsilon: float, delta: float
 ) -> tuple[float, float]:
@@ -159,8 +164,14 @@ def truncated_laplace_params(
     ``lam = D/eps`` and ``A = (D/eps) ln(1 + (e^eps - 1)/(2 delta))``.
     """
     lam = sensitivity / epsilon
-    bound = lam * math.log1p(math.expm1(epsilon) / (2.0 * delta))
-    return lam, bound
+    if epsilon < LARGEST_EXP_ARGUMENT:
+        ratio = math.expm1(epsilon) / (2.0 * delta)
+        if math.isfinite(ratio):
+            return lam, lam * math.log1p(ratio)
+    # e^eps - 1 (eps up to the request's 1000) or its ratio to 2 delta is past the largest
+    # double: ln(1 + r) = ln r + ln(1 + 1/r), with ln r = eps + ln(1 - e^-eps) - ln(2 delta).
+    log_ratio = epsilon + math.log(-math.expm1(-epsilon)) - math.log(2.0 * delta)
+    return lam, lam * (log_ratio + math.log1p(math.exp(-log_ratio)))
 
 
 def truncated_laplace_ppf(p: FloatArray | float, lam: float, bound: float) -> FloatArray:
