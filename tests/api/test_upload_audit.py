@@ -287,3 +287,35 @@ def test_a_csv_row_longer_than_a_block_is_a_4xx_and_changes_nothing(
     assert stored_files(settings) == []
     assert _count(session_factory) == 0
     assert _leaks_in_files(tmp_path, settings.datasets_dir) == []
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_append_is_a_4xx_and_leaves_the_dataset_as_it_was(
+    client, keys, settings, session_factory, caplog, tmp_path, case
+):
+    """The same files as a batch: a 4xx naming ``file``, the dataset's rows, batches and file
+    unchanged, nothing in ``incoming/``, no value in the answer, a log line or a file."""
+    made = client.post(
+        "/v1/datasets",
+        headers=bearer(keys.owner),
+        files={"file": ("x.npy", npy_bytes(rows(4, 3) - MARKER), "application/octet-stream")},
+        data=FORM,
+    )
+    assert made.status_code == 201, made.text
+    dataset = made.json()["id"]
+    (stored,) = stored_files(settings)
+    size = stored.stat().st_size
+    name, content = HOSTILE[case]
+    with caplog.at_level(logging.DEBUG):
+        response = client.post(
+            f"/v1/datasets/{dataset}/rows",
+            headers=bearer(keys.owner),
+            files={"file": (name, content, "application/octet-stream")},
+        )
+    assert 400 <= response.status_code < 500, (response.status_code, response.text)
+    assert response.json()["detail"].startswith("file"), response.text
+    assert not any(mark in response.text + caplog.text for mark in MARKS)
+    after = client.get(f"/v1/datasets/{dataset}", headers=bearer(keys.owner)).json()
+    assert (after["n_rows"], after["n_batches"]) == (4, 1)
+    assert stored_files(settings) == [stored] and stored.stat().st_size == size
+    assert _leaks_in_files(tmp_path, settings.datasets_dir) == []
