@@ -384,6 +384,16 @@ def _parquet_footer_bytes(path: Path) -> int:
     return int.from_bytes(tail[:4], "little")
 
 
+def _type_kind(kind: pa.DataType) -> str:
+    """A column's type without any name from the file: ``list``, ``struct``, ``map`` or
+    ``dictionary`` for the kinds that carry field names or nested types, else the type."""
+    if pa.types.is_dictionary(kind):
+        return "dictionary"
+    if pa.types.is_nested(kind):
+        return str(kind).split("<", 1)[0]
+    return str(kind)
+
+
 _PARQUET_ROWS_DISAGREE = (
     "the Parquet footer's row counts disagree (file, row groups and column chunks): a corrupt "
     "or rewritten file"
@@ -411,8 +421,12 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
         if index == position:
             continue
         if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+            # By position, never by name: a name is the file's text, and a table whose first
+            # row became its header names its columns with raw values (as CSV, whose header
+            # cells are never echoed either). Nested types by kind: their fields are names too.
             raise InvalidInput(
-                "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
+                "file",
+                f"Parquet column {index + 1} is not numeric (type {_type_kind(field.type)})",
             )
     metadata = parquet.metadata
     # The footer's row count, before a value is decoded (the writer checks again as it goes).

@@ -155,6 +155,18 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
         "x.parquet",
         _parquet(pa.table({"a": ["SECRETROW"] * 3, "b": [float(MARKER)] * 3})),
     ),
+    "parquet_raw_value_as_column_name": (
+        "x.parquet",
+        _parquet(pa.table({"1.5": [1.0] * 3, f"SECRETROW {MARKER}": ["x"] * 3})),
+    ),
+    "parquet_raw_value_as_nested_field_name": (
+        "x.parquet",
+        _parquet(pa.table({"a": [{f"SECRETROW{MARKER}": 1.0}] * 3, "b": [1.0] * 3})),
+    ),
+    "parquet_key_as_column_name": (
+        "x.parquet",
+        _parquet(pa.table({"a": [1.0] * 3, "dpss_SECRETROW" + "x" * 29: [True] * 3})),
+    ),
     "parquet_null": (
         "x.parquet",
         _parquet(pa.table({"a": [float(MARKER), None, 1.0], "b": [float(MARKER)] * 3})),
