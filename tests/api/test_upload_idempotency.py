@@ -244,3 +244,20 @@ def test_a_retry_that_reaches_the_insert_is_answered_from_the_unique_index(
     assert count(session_factory, Dataset) == 1
     assert events(session_factory, "dataset_created") == 1
     assert len([p for p in stored_files(settings) if p.suffix == ".npy"]) == 1
+
+
+def test_a_retry_after_the_dataset_was_deleted_makes_no_new_budget(
+    client, keys, settings, session_factory
+):
+    """The key stays the deleted dataset's: a retry answers 200 with it (deleted, its rows
+    gone, nothing about them told again) and stores nothing, rather than a fresh dataset."""
+    first = upload(client, keys.owner, idempotency_key="gone")
+    assert first.status_code == 201, first.text
+    deleted = client.delete(f"/v1/datasets/{first.json()['id']}", headers=bearer(keys.owner))
+    assert deleted.status_code == 204
+    again = upload(client, keys.owner, idempotency_key="gone")
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    assert again.json()["rows_above_bound"] is None
+    assert count(session_factory, Dataset) == 1
+    assert stored_files(settings) == []
