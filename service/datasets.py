@@ -14,11 +14,17 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
 from api_schemas.datasets import DatasetCreate
-from service import accounting, advice, audit, ledger, privacy_unit, wake
+from service import accounting, advice, audit, ledger, privacy_unit, upload_idempotency, wake
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
-from service.errors import DatasetGone, DatasetNotReady, InvalidInput, NotFound, ObjectRegistered
+from service.errors import (
+    DatasetGone,
+    DatasetNotReady,
+    InvalidInput,
+    NotFound,
+    ObjectRegistered,
+)
 from service.mechanisms.linalg import count_rows_above
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
 from service.reference import Reference
@@ -196,8 +202,12 @@ def register_dataset(
     form: DatasetCreate,
     stored: StoredMatrix,
     default_accounting: str = "basic",
+    *,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
 ) -> Dataset:
-    """Register a file already in the store with its budget; the file is removed on failure."""
+    """Register a file already in the store with its budget; the file is removed on failure.
+    With ``idempotency_key`` the dataset is the key's (:mod:`service.upload_idempotency`)."""
     try:
         terms = check_budgets(form, default_accounting)
         # Also with a privacy unit: 1/n over rows is below 1/n over people, so it is the
@@ -227,6 +237,8 @@ def register_dataset(
                 else privacy_unit.describe_column(form.privacy_unit_column)
             ),
             n_units=stored.n_units,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash if idempotency_key is not None else None,
         )
         session.add(dataset)
         session.flush()
@@ -395,8 +407,13 @@ def append_batch(
     dataset_id: uuid.UUID,
     batch: StoredMatrix,
     settings: Settings,
-) -> DatasetBatch:
-    """Append an ingested batch (``store.ingest(..., batch=True)``) to the owner's dataset.
+    *,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> tuple[DatasetBatch, bool]:
+    """Append an ingested batch (``store.ingest(..., batch=True)``) to the owner's dataset;
+    the batch row and whether it was appended now (``False``: an earlier append with the same
+    ``idempotency_key`` and body made it, found under the lock, and nothing is appended).
 
     Under the dataset's lock: the width is checked (422 naming ``file``) and the decoded size of
     the dataset with the batch (413, ``DPSS_MAX_DATASET_BYTES``), the rows are written
@@ -407,6 +424,13 @@ def append_batch(
     """
     try:
         dataset = lock_own_dataset(session, principal, dataset_id)
+        # Under the lock, which serialises a dataset's appends: a concurrent retry with the
+        # same key has committed its batch or not started it.
+        earlier = upload_idempotency.find_batch(
+            session, dataset.id, idempotency_key, request_hash or ""
+        )
+        if earlier is not None:
+            return earlier, False
         person_level = dataset.privacy_unit_column is not None
         if person_level != (batch.unit_digests is not None):
             check_append_unit(person_level, batch.unit_digests, True)
@@ -441,6 +465,8 @@ def append_batch(
         row_offset=dataset.n_rows,
         file_name=dataset.file_name,
         created_at=utcnow(),
+        idempotency_key=idempotency_key,
+        request_hash=request_hash if idempotency_key is not None else None,
     )
     session.add(row)
     dataset.n_rows += batch.n_rows
@@ -456,7 +482,7 @@ def append_batch(
     # (a hint, as for a queued release; without it they find the batch at their next poll).
     wake.announce(session, settings)
     session.flush()
-    return row
+    return row, True
 
 
 def trim_uncommitted(session: Session, store: DatasetStore, dataset_id: uuid.UUID) -> None:

@@ -384,6 +384,22 @@ def _parquet_footer_bytes(path: Path) -> int:
     return int.from_bytes(tail[:4], "little")
 
 
+def _type_kind(kind: pa.DataType) -> str:
+    """A column's type without any name from the file: ``list``, ``struct``, ``map`` or
+    ``dictionary`` for the kinds that carry field names or nested types, else the type."""
+    if pa.types.is_dictionary(kind):
+        return "dictionary"
+    if pa.types.is_nested(kind):
+        return str(kind).split("<", 1)[0]
+    return str(kind)
+
+
+_PARQUET_ROWS_DISAGREE = (
+    "the Parquet footer's row counts disagree (file, row groups and column chunks): a corrupt "
+    "or rewritten file"
+)
+
+
 def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
     if _parquet_footer_bytes(path) > MAX_PARQUET_FOOTER_BYTES:
         raise InvalidInput(
@@ -405,15 +421,25 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
         if index == position:
             continue
         if not (pa.types.is_integer(field.type) or pa.types.is_floating(field.type)):
+            # By position, never by name: a name is the file's text, and a table whose first
+            # row became its header names its columns with raw values (as CSV, whose header
+            # cells are never echoed either). Nested types by kind: their fields are names too.
             raise InvalidInput(
-                "file", f"Parquet column {field.name!r} is not numeric (type {field.type})"
+                "file",
+                f"Parquet column {index + 1} is not numeric (type {_type_kind(field.type)})",
             )
     metadata = parquet.metadata
     # The footer's row count, before a value is decoded (the writer checks again as it goes).
     limits.check_size(metadata.num_rows, len(schema))
+    declared = metadata.num_rows
+    if sum(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)) != declared:
+        raise InvalidInput("file", _PARQUET_ROWS_DISAGREE)
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for column in range(row_group.num_columns):
+            # Flat columns (the only ones accepted): one value, or null, per row.
+            if row_group.column(column).num_values != row_group.num_rows:
+                raise InvalidInput("file", _PARQUET_ROWS_DISAGREE)
             if row_group.column(column).total_uncompressed_size > MAX_PARQUET_CHUNK_BYTES:
                 raise InvalidInput(
                     "file",
@@ -421,13 +447,21 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
                     f"{size_text(MAX_PARQUET_CHUNK_BYTES)} decoded; write smaller "
                     "row groups",
                 )
+    decoded = 0
     try:
         for batch in parquet.iter_batches(batch_size=_rows_per_block(len(schema))):
+            decoded += batch.num_rows
             yield _batch_with_unit(batch, position)
     except InvalidInput:
         raise
     except Exception:
         raise InvalidInput("file", "not a readable Parquet file") from None
+    # The reader stops at the pages' end: a footer declaring more rows than they hold would
+    # otherwise be stored short, with the size check made on the larger, false count.
+    if decoded != declared:
+        raise InvalidInput(
+            "file", f"the Parquet footer declares {declared} rows but its pages hold {decoded}"
+        )
 
 
 def npy_layout(path: Path) -> tuple[int, int, int]:

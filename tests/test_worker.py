@@ -629,3 +629,27 @@ def test_a_continual_epochs_forked_run_logs_its_exception_the_same_way(
         "a continual epoch: the run's process failed: ArithmeticError at test_worker.py:" in m
         for m in messages
     )
+
+
+def test_a_release_claimed_then_its_dataset_deleted_is_refunded_once_and_leaves_nothing(
+    client, keys, upload_dataset, rng, session_factory, store, settings, caplog
+):
+    """Deleted between the claim (the job running, attempt 1) and the open of its rows: the
+    job provably read nothing, so it ends ``failed`` with one refund (the budget whole again),
+    the rows are gone from the store and no log line names the store's files."""
+    dataset, release = queue_release(client, keys, upload_dataset, rng)
+    worker = Worker(session_factory, store, settings, worker_id="running")
+    job = worker.claim()
+    assert job is not None and job.attempt == 1
+    assert (
+        client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner)).status_code
+        == 204
+    )
+    assert [p for p in store.root.rglob("*.npy")] == []
+    with caplog.at_level("DEBUG"):
+        assert worker.process(job) == "failed"
+    body = client.get(f"/v1/releases/{release['id']}", headers=bearer(keys.owner)).json()
+    assert body["status"] == "failed" and body["refunded"] is True
+    assert count(session_factory, LedgerEntry, LedgerEntry.kind == "refund") == 1
+    assert str(store.root) not in caplog.text
+    assert worker.claim() is None

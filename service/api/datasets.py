@@ -9,11 +9,14 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from fastapi import APIRouter, Request, Response
+import numpy as np
+from fastapi import APIRouter, Header, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api_schemas.common import ErrorBody
+from api_schemas.common import ErrorBody, IdempotencyKey
 from api_schemas.datasets import (
     Budget,
     Dataset,
@@ -24,7 +27,7 @@ from api_schemas.datasets import (
     DatasetReferenceBatchCreate,
     DatasetReferenceCreate,
 )
-from service import datasets, privacy_unit, registration
+from service import datasets, privacy_unit, registration, upload_idempotency
 from service.api.deps import (
     Cursor,
     Database,
@@ -40,7 +43,10 @@ from service.api.multipart import form_body, receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
+from service.db.models import Dataset as DatasetRow
+from service.db.models import DatasetBatch as DatasetBatchRow
 from service.errors import InvalidInput
+from service.mechanisms.linalg import count_rows_above
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.api")
@@ -79,12 +85,29 @@ UPLOAD_BODY = form_body(
                 "Larger than DPSS_MAX_UPLOAD_MB, or decodes past DPSS_MAX_DATASET_BYTES."
             ),
         },
+        200: {
+            "model": DatasetCreated,
+            "description": (
+                "A retry with the same `Idempotency-Key` and body: the dataset the first request "
+                "made, as it is now; nothing new is stored."
+            ),
+        },
+        409: {
+            "model": ErrorBody,
+            "description": "`idempotency_conflict`: the key was used with another body.",
+        },
         422: {"model": ErrorBody, "description": "Invalid file or form field; nothing is kept."},
     },
 )
 async def create_dataset(
-    request: Request, uow: UnitOfWorkDep, store: StoreDep, settings: SettingsDep
-) -> DatasetCreated:
+    request: Request,
+    uow: UnitOfWorkDep,
+    store: StoreDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKey | None = Header(
+        default=None, description=upload_idempotency.UPLOAD_DESCRIPTION
+    ),
+) -> DatasetCreated | JSONResponse:
     """Four steps, none holding a connection while it waits for anything else:
 
     1. the key and its role are checked in a short transaction, before a byte of the body is
@@ -97,7 +120,10 @@ async def create_dataset(
        failure came after the commit: :func:`purge_unless_registered`).
     """
     require_role(await uow.principal_before_body(), "owner")
-    form = await receive_upload(request, store, settings.max_upload_bytes)
+    upload_idempotency.check_key(idempotency_key)
+    form = await receive_upload(
+        request, store, settings.max_upload_bytes, digest=idempotency_key is not None
+    )
     try:
         try:
             fields = DatasetCreate.model_validate(form.fields)
@@ -106,6 +132,18 @@ async def create_dataset(
         datasets.check_budgets(fields, settings.default_accounting)
         unit_column = privacy_unit.parse_column(fields.privacy_unit_column)
         assert form.file_path is not None
+        request_hash = upload_idempotency.fingerprint(
+            fields.model_dump(mode="json"), form.file_suffix, form.file_sha256
+        )
+        if idempotency_key is not None:
+            # A retry is answered before its file is parsed: a hash, not a decode.
+            found = await uow(
+                lambda session, principal: _replay(
+                    session, store, principal, idempotency_key, request_hash, fields
+                )
+            )
+            if found is not None:
+                return found
         stored = await anyio.to_thread.run_sync(
             functools.partial(
                 store.ingest, form.file_path, form.file_suffix, unit_column=unit_column
@@ -121,13 +159,33 @@ async def create_dataset(
         store.purge(stored.file_name)
         raise
 
-    def register(session: Session, principal: Principal) -> DatasetCreated:
-        out = dataset_out(
-            session,
-            datasets.register_dataset(
-                session, store, principal, fields, stored, settings.default_accounting
-            ),
-        )
+    def register(session: Session, principal: Principal) -> DatasetCreated | JSONResponse:
+        # Again in this transaction: a concurrent retry with the same key may have committed.
+        found = _replay(session, store, principal, idempotency_key, request_hash, fields)
+        if found is not None:
+            return found
+        try:
+            with session.begin_nested():
+                dataset = datasets.register_dataset(
+                    session,
+                    store,
+                    principal,
+                    fields,
+                    stored,
+                    settings.default_accounting,
+                    idempotency_key=idempotency_key,
+                    request_hash=request_hash,
+                )
+        except IntegrityError as exc:
+            # PostgreSQL: the retry committed between the lookup and this insert (the unique
+            # index waited for it); this request's file is already purged.
+            if not upload_idempotency.is_key_race(exc):
+                raise
+            found = _replay(session, store, principal, idempotency_key, request_hash, fields)
+            if found is None:
+                raise
+            return found
+        out = dataset_out(session, dataset)
         person = stored.n_units is not None
         fits = datasets.recommended_accounting(fields)
         return DatasetCreated(
@@ -140,10 +198,67 @@ async def create_dataset(
         )
 
     try:
-        return await uow(register)
+        answer = await uow(register)
     except BaseException:
         await purge_unless_registered(uow.database, store, stored.file_name)
         raise
+    if isinstance(answer, JSONResponse):
+        # A retry's answer: this request's own file names no dataset.
+        await purge_unless_registered(uow.database, store, stored.file_name)
+    return answer
+
+
+def _replay(
+    session: Session,
+    store: DatasetStore,
+    principal: Principal,
+    key: str | None,
+    request_hash: str,
+    fields: DatasetCreate,
+) -> JSONResponse | None:
+    """The 200 answer to a retry of an upload (the dataset it made, as it is now), None when
+    no upload used ``key``; 409 when one did with another body. What the first answer told
+    the owner alone about the rows (``rows_above_bound``, ``rows_per_unit``) is read again
+    from batch 0's rows, which are the same rows: the first answer may never have arrived."""
+    dataset = upload_idempotency.find_dataset(session, principal, key, request_hash)
+    if dataset is None:
+        return None
+    out = dataset_out(session, dataset, principal.key_id)
+    above, per_unit = _first_answer_facts(store, dataset)
+    fits = datasets.recommended_accounting(fields)
+    person = dataset.privacy_unit_column is not None
+    created = DatasetCreated(
+        **out.model_dump(),
+        rows_above_bound=above,
+        rows_per_unit=per_unit,
+        rows_dropped_by_bound=0 if person else None,
+        recommended_accounting=fits.accounting,
+        recommendation_reason=fits.reason,
+    )
+    return JSONResponse(created.model_dump(mode="json"), status_code=200)
+
+
+def _first_answer_facts(
+    store: DatasetStore, dataset: DatasetRow
+) -> tuple[int | None, dict[str, int] | None]:
+    """``rows_above_bound`` and ``rows_per_unit`` of batch 0 (the upload's rows; null when
+    they are deleted)."""
+    if dataset.file_name is None or dataset.deleted_at is not None:
+        return None, None
+    try:
+        rows = store.open(dataset.file_name)  # batch 0: the rows the .npy header records
+        above = (
+            None
+            if dataset.row_norm_bound is None
+            else count_rows_above(rows, dataset.row_norm_bound)
+        )
+        per_unit = None
+        if dataset.privacy_unit_column is not None:
+            units = np.asarray(store.open_units(dataset.file_name, len(rows)))
+            per_unit = privacy_unit.rows_per_unit_buckets(units)
+    except (OSError, ValueError):
+        return None, None
+    return above, per_unit
 
 
 async def purge_unless_registered(database: Database, store: DatasetStore, file_name: str) -> None:
@@ -401,7 +516,18 @@ APPEND_BODY = form_body(
     responses={
         **ERRORS,
         408: {"model": ErrorBody, "description": "Body not received within the body timeout."},
-        409: {"model": ErrorBody, "description": "`dataset_deleted`: the dataset's rows are gone."},
+        200: {
+            "model": DatasetBatch,
+            "description": (
+                "A retry with the same `Idempotency-Key` and body: the batch the first request "
+                "appended (`n_rows_total` and `n_batches` as they are now); nothing is appended."
+            ),
+        },
+        409: {
+            "model": ErrorBody,
+            "description": "`dataset_deleted`: the dataset's rows are gone; "
+            "`idempotency_conflict`: the key was used with another body.",
+        },
         413: {
             "model": ErrorBody,
             "description": (
@@ -421,10 +547,14 @@ async def append_rows(
     uow: UnitOfWorkDep,
     store: StoreDep,
     settings: SettingsDep,
-) -> DatasetBatch:
+    idempotency_key: IdempotencyKey | None = Header(
+        default=None, description=upload_idempotency.UPLOAD_DESCRIPTION
+    ),
+) -> DatasetBatch | JSONResponse:
     """As an upload: the role is checked before the body is read, the file is parsed with no
     session open, then one short transaction appends it under the dataset's lock."""
     require_role(await uow.principal_before_body(), "owner")
+    upload_idempotency.check_key(idempotency_key)
 
     def unit_file(session: Session, principal: Principal) -> str | None:
         dataset = datasets.get_dataset(session, principal, dataset_id)
@@ -433,7 +563,9 @@ async def append_rows(
     # Whether the batch must name an identifier column (a person-level dataset: its people
     # keep their unit across batches, service.unit_keys); append_batch checks under the lock.
     person_file = await uow(unit_file)
-    form = await receive_upload(request, store, settings.max_upload_bytes)
+    form = await receive_upload(
+        request, store, settings.max_upload_bytes, digest=idempotency_key is not None
+    )
     try:
         unknown = sorted(set(form.fields) - {privacy_unit.FIELD})
         if unknown:
@@ -443,6 +575,23 @@ async def append_rows(
         if form.file_path is None:
             raise InvalidInput("file", "required")
         column = privacy_unit.parse_column(form.fields.get(privacy_unit.FIELD))
+        request_hash = upload_idempotency.fingerprint(
+            {privacy_unit.FIELD: form.fields.get(privacy_unit.FIELD)},
+            form.file_suffix,
+            form.file_sha256,
+        )
+        if idempotency_key is not None:
+            # A retry is answered before its file is parsed: a hash, not a decode.
+            def earlier(session: Session, principal: Principal) -> JSONResponse | None:
+                datasets.get_dataset(session, principal, dataset_id)  # the owner's, or 404
+                row = upload_idempotency.find_batch(
+                    session, dataset_id, idempotency_key, request_hash
+                )
+                return None if row is None else _batch_replay(session, principal, row)
+
+            found = await uow(earlier)
+            if found is not None:
+                return found
         secret = None
         if person_file is not None:
             with contextlib.suppress(FileNotFoundError, ValueError):
@@ -461,8 +610,19 @@ async def append_rows(
     finally:
         form.discard()
 
-    def append(session: Session, principal: Principal) -> DatasetBatch:
-        row = datasets.append_batch(session, store, principal, dataset_id, stored, settings)
+    def append(session: Session, principal: Principal) -> DatasetBatch | JSONResponse:
+        row, appended = datasets.append_batch(
+            session,
+            store,
+            principal,
+            dataset_id,
+            stored,
+            settings,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+        )
+        if not appended:
+            return _batch_replay(session, principal, row)
         dataset = datasets.get_dataset(session, principal, dataset_id)
         return DatasetBatch(
             dataset_id=dataset_id,
@@ -484,3 +644,17 @@ async def append_rows(
                 lambda session, _principal: datasets.trim_uncommitted(session, store, dataset_id)
             )
         raise
+
+
+def _batch_replay(session: Session, principal: Principal, row: DatasetBatchRow) -> JSONResponse:
+    """The 200 answer to a retried append: the batch the first request appended."""
+    dataset = datasets.get_dataset(session, principal, row.dataset_id)
+    batch = DatasetBatch(
+        dataset_id=row.dataset_id,
+        seq=row.seq,
+        n_rows=row.n_rows,
+        n_rows_total=dataset.n_rows,
+        n_batches=dataset.n_batches,
+        created_at=row.created_at,
+    )
+    return JSONResponse(batch.model_dump(mode="json"), status_code=200)

@@ -16,6 +16,7 @@ lines of its part.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -51,6 +52,8 @@ class ReceivedForm:
     fields: dict[str, str] = field(default_factory=dict)
     file_path: Path | None = None
     file_suffix: str = ""
+    #: The SHA-256 of the file's bytes when asked for (an idempotent upload's fingerprint).
+    file_sha256: str = ""
 
     def discard(self) -> None:
         if self.file_path is not None:
@@ -84,9 +87,10 @@ def _utf8(raw: bytes, field: str, what: str) -> str:
 
 
 class _Receiver:
-    def __init__(self, store: DatasetStore, max_bytes: int) -> None:
+    def __init__(self, store: DatasetStore, max_bytes: int, digest: bool = False) -> None:
         self.store = store
         self.max_bytes = max_bytes
+        self.digest = hashlib.sha256() if digest else None
         self.form = ReceivedForm()
         self.header_field = b""
         self.header_value = b""
@@ -143,6 +147,8 @@ class _Receiver:
                 )
             with disk_space_errors():
                 self.handle.write(data[start:end])
+            if self.digest is not None:
+                self.digest.update(data[start:end])
         else:
             self.buffer += data[start:end]
             if len(self.buffer) > MAX_FIELD_BYTES:
@@ -155,6 +161,8 @@ class _Receiver:
             with disk_space_errors():
                 self.handle.close()
             self.handle = None
+            if self.digest is not None:
+                self.form.file_sha256 = self.digest.hexdigest()
         elif self.part_name is not None:
             field = printable(self.part_name)
             if self.part_name in self.form.fields:
@@ -173,8 +181,11 @@ class _Receiver:
             self.handle = None
 
 
-async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) -> ReceivedForm:
-    """Read a multipart upload, storing its ``file`` part in the store's incoming directory."""
+async def receive_upload(
+    request: Request, store: DatasetStore, max_bytes: int, digest: bool = False
+) -> ReceivedForm:
+    """Read a multipart upload, storing its ``file`` part in the store's incoming directory;
+    with ``digest``, the SHA-256 of its bytes too (``form.file_sha256``)."""
     content_type, options = parse_options_header(request.headers.get("content-type", ""))
     boundary = options.get(b"boundary")
     if content_type != b"multipart/form-data" or not boundary:
@@ -189,7 +200,7 @@ async def receive_upload(request: Request, store: DatasetStore, max_bytes: int) 
         raise PayloadTooLarge(
             f"file: larger than the limit of {size_text(max_bytes)} (DPSS_MAX_UPLOAD_MB)"
         )
-    receiver = _Receiver(store, max_bytes)
+    receiver = _Receiver(store, max_bytes, digest)
     callbacks = {
         "on_part_begin": receiver.on_part_begin,
         "on_header_field": receiver.on_header_field,

@@ -118,6 +118,15 @@ class Dataset(Base):
     privacy_unit_column: Mapped[str | None] = mapped_column(String(200), default=None)
     #: Distinct units (people) when ``privacy_unit_column`` is set; public, like ``n_rows``.
     n_units: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    #: The upload's ``Idempotency-Key`` (unique per owner key; null without one) and the
+    #: SHA-256 of its form fields and file: a retry with the same key and body gets this
+    #: dataset, never a second budget on the same rows (:mod:`service.upload_idempotency`).
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    request_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+
+    __table_args__ = (
+        Index("uq_dataset_idempotency", "owner_key_id", "idempotency_key", unique=True),
+    )
 
 
 class DatasetReferenceObject(Base):
@@ -158,6 +167,12 @@ class DatasetBatch(Base):
     row_offset: Mapped[int] = mapped_column(BigInteger)
     file_name: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: An append's ``Idempotency-Key`` (unique per dataset) and the SHA-256 of its body, as
+    #: :attr:`Dataset.idempotency_key`; null for batch 0 and appends sent without one.
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    request_hash: Mapped[str | None] = mapped_column(String(64), default=None)
+
+    __table_args__ = (Index("uq_batch_idempotency", "dataset_id", "idempotency_key", unique=True),)
 
 
 class LedgerEntry(Base):

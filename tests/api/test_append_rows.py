@@ -140,3 +140,27 @@ def test_an_append_whose_transaction_fails_leaves_no_row_on_disk(
     assert append(client, keys.owner, dataset["id"], npy_bytes(later)).status_code == 201
     rows = DatasetStore(settings.datasets_dir).open(stored_files(settings)[0].name, 7)
     np.testing.assert_array_equal(rows, np.vstack([first, later]))
+
+
+def test_an_append_after_a_release_adds_rows_never_budget(client, keys, grown, rng, worker):
+    """One budget covers every batch: an append after a charged release leaves the totals,
+    the spend and the remainder as they were, and the next release is charged from that same
+    remainder (a batch is not a fresh dataset with a fresh budget on the same people)."""
+    dataset, _ = grown
+    path = f"/v1/datasets/{dataset['id']}/budget"
+    post_release(
+        client, keys.analyst, dataset["id"], mechanism="analyze_gauss", k=1,
+        epsilon="0.5", delta="1e-6",
+    )  # fmt: skip
+    assert worker.run_pending() == 1
+    before = client.get(path, headers=bearer(keys.owner)).json()
+    assert append(client, keys.owner, dataset["id"], npy_bytes(rng.normal(size=(7, 3)))).is_success
+    after = client.get(path, headers=bearer(keys.owner)).json()
+    assert after == before
+    post_release(
+        client, keys.analyst, dataset["id"], mechanism="analyze_gauss", k=1,
+        epsilon="0.5", delta="1e-6",
+    )  # fmt: skip
+    spent = client.get(path, headers=bearer(keys.owner)).json()
+    assert float(spent["epsilon_spent"]) == float(before["epsilon_spent"]) + 0.5
+    assert spent["epsilon_total"] == before["epsilon_total"]

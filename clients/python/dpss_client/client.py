@@ -696,6 +696,7 @@ class Client:
         allow_large_delta: bool = False,
         privacy_unit_column: str | int | None = None,
         planned_mechanisms: Sequence[str] | None = None,
+        idempotency_key: str | None = None,
     ) -> Dataset:
         """Upload a dataset (owner key) and return its metadata (with ``rows_above_bound``:
         how many of the rows exceed the declared ``row_norm_bound``, shown only here).
@@ -716,6 +717,11 @@ class Client:
         ``DatasetCreate``).
         ``planned_mechanisms``: the mechanisms the owner plans to use; the answer's
         ``recommended_accounting`` says which accounting fits them (advice only).
+
+        The request carries an ``Idempotency-Key`` (random unless given). When its answer is
+        lost on the way (the connection dropped or timed out after the file was sent), the
+        file is sent once more with the same key: the service answers with the dataset the
+        first request made, never a second dataset with a second budget on the same rows.
         """
 
         form: dict[str, str] = cost_fields(
@@ -749,32 +755,53 @@ class Client:
                     )
                 form["privacy_unit_column"] = str(names.index(privacy_unit_column))
             form["name"] = name
-            stream = NpyStream(array)
-            with stream:
-                total = stream.seek(0, os.SEEK_END)
-                stream.seek(0)
-                body: Any = stream if progress is None else _Reporting(stream, total, progress)
-                response = self._request(
-                    "POST",
-                    "/v1/datasets",
-                    data=form,
-                    files={"file": (f"{name}.npy", body, "application/octet-stream")},
-                )
+            file_name = f"{name}.npy"
+            data = array
         else:
-            path = Path(data)  # type: ignore[arg-type]  # _is_path
-            form["name"] = name if name is not None else path.stem
-            content_type = _CONTENT_TYPES.get(path.suffix.lower(), "application/octet-stream")
-            with path.open("rb") as fh:
-                sent: Any = fh
-                if progress is not None:
-                    sent = _Reporting(fh, os.fstat(fh.fileno()).st_size, progress)
-                response = self._request(
-                    "POST",
-                    "/v1/datasets",
-                    data=form,
-                    files={"file": (path.name, sent, content_type)},
-                )
+            form["name"] = name if name is not None else Path(data).stem  # type: ignore[arg-type]
+            file_name = Path(data).name  # type: ignore[arg-type]
+        response = self._post_file("/v1/datasets", data, file_name, form, progress, idempotency_key)
         return _parse(response, DatasetCreated)
+
+    def _post_file(
+        self,
+        path: str,
+        data: Any,
+        file_name: str,
+        form: dict[str, str] | None,
+        progress: UploadProgress | None,
+        idempotency_key: str | None,
+    ) -> httpx.Response:
+        """POST ``data`` (a path, streamed from disk, or a 2-D array, streamed as ``.npy``) as
+        the ``file`` part with ``form``, under an ``Idempotency-Key`` (random unless given);
+        sent once more with the same key when the answer is lost after the body went out."""
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        for attempt in (1, 2):
+            try:
+                if not _is_path(data):
+                    with NpyStream(as_rows(data)) as stream:
+                        total = stream.seek(0, os.SEEK_END)
+                        stream.seek(0)
+                        body: Any = (
+                            stream if progress is None else _Reporting(stream, total, progress)
+                        )
+                        files = {"file": (file_name, body, "application/octet-stream")}
+                        return self._request("POST", path, data=form, files=files, headers=headers)
+                file_path = Path(data)
+                content_type = _CONTENT_TYPES.get(
+                    file_path.suffix.lower(), "application/octet-stream"
+                )
+                with file_path.open("rb") as fh:
+                    sent: Any = fh
+                    if progress is not None:
+                        sent = _Reporting(fh, os.fstat(fh.fileno()).st_size, progress)
+                    files = {"file": (file_name, sent, content_type)}
+                    return self._request("POST", path, data=form, files=files, headers=headers)
+            except ServiceUnreachableError as exc:
+                # Refused connections never reached the service; anything later may have.
+                if attempt == 2 or exc.code == "unreachable":
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def register_reference(
         self,
@@ -891,29 +918,17 @@ class Client:
         data: str | os.PathLike[str] | ArrayLike,
         *,
         progress: UploadProgress | None = None,
+        idempotency_key: str | None = None,
     ) -> DatasetBatch:
         """Append a batch of rows to a dataset (owner key); returns the batch with its sequence
         number. ``data`` is a ``.csv``/``.npy``/``.parquet`` path or a 2-D array, as for
-        :meth:`upload`, with the dataset's number of columns. All of it is appended or none."""
-        path = f"/v1/datasets/{dataset_id}/rows"
-        if not _is_path(data):
-            with NpyStream(as_rows(data)) as stream:
-                total = stream.seek(0, os.SEEK_END)
-                stream.seek(0)
-                body: Any = stream if progress is None else _Reporting(stream, total, progress)
-                response = self._request(
-                    "POST", path, files={"file": ("rows.npy", body, "application/octet-stream")}
-                )
-        else:
-            file_path = Path(data)  # type: ignore[arg-type]  # _is_path
-            content_type = _CONTENT_TYPES.get(file_path.suffix.lower(), "application/octet-stream")
-            with file_path.open("rb") as fh:
-                sent: Any = fh
-                if progress is not None:
-                    sent = _Reporting(fh, os.fstat(fh.fileno()).st_size, progress)
-                response = self._request(
-                    "POST", path, files={"file": (file_path.name, sent, content_type)}
-                )
+        :meth:`upload`, with the dataset's number of columns. All of it is appended or none.
+        As :meth:`upload`, under an ``Idempotency-Key`` (random unless given), resent once
+        with it when the answer is lost: the batch is appended once."""
+        file_name = "rows.npy" if not _is_path(data) else Path(data).name  # type: ignore[arg-type]
+        response = self._post_file(
+            f"/v1/datasets/{dataset_id}/rows", data, file_name, None, progress, idempotency_key
+        )
         return _parse(response, DatasetBatch)
 
     def datasets(self) -> list[Dataset]:
