@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
-from sqlalchemy import ColumnElement, and_, bindparam, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
@@ -72,10 +72,6 @@ LOST = "lost"
 STORED = "stored"
 
 
-#: The claim's look for a queued job or an expired (or this worker's) lease, with the dataset
-#: row (the lease reads its file name: one statement, and no flush of the release before its
-#: lease is complete). Statements of every release are built once, with bound parameters:
-#: building one anew cost about a third of running it (``bench/bench_release_cpu.py``).
 #: What makes a release claimable by :data:`QUEUED_LOOK` (bound: ``worker_id``; a lease expires
 #: on the database's clock, :mod:`service.db.clock`, as it was set); the worker's idle look
 #: (:meth:`service.worker.Worker.idle_look`) asks the same.
@@ -89,14 +85,87 @@ QUEUED_CLAIMABLE = or_(
         ),
     ),
 )
+#: The claim's look for a queued job or an expired (or this worker's) lease, with the dataset's
+#: columns (the lease reads its file name), locked; what :func:`queued_claim` reads. Columns,
+#: not ORM objects: building a release and a dataset object and flushing the release's changes
+#: at the commit was about half of a claim's CPU (``bench/bench_release_cpu.py``); the abandoned
+#: job, rare, still goes through the ORM (:meth:`service.worker.Worker._queued`). Statements of
+#: every release are built once, with bound parameters: building one anew cost about a third of
+#: running it.
 QUEUED_LOOK = (
-    select(Release, Dataset)
+    select(
+        Release.id,
+        Release.dataset_id,
+        Release.mechanism,
+        Release.k,
+        Release.epsilon,
+        Release.delta,
+        Release.params,
+        Release.attempts,
+        Release.n_rows_read,
+        Release.traceparent,
+        Release.created_at,
+        Dataset.id.label("dataset_found"),
+        Dataset.file_name,
+        Dataset.reference,
+        Dataset.privacy_unit_column,
+    )
     .outerjoin(Dataset, Dataset.id == Release.dataset_id)
     .where(QUEUED_CLAIMABLE)
     .order_by(Release.created_at)
     .limit(1)
-    .with_for_update(of=Release, skip_locked=True)
+    .with_for_update(of=Release.__table__, skip_locked=True)
 )
+
+
+def lease_update(seconds: float) -> Any:
+    """The claim's write of a queued release's lease (bound: ``release_id``, ``attempts``,
+    ``worker_id``, ``started_at``): what :func:`take_lease` sets on a release object, as one
+    statement built once per worker (the lease's length is the worker's setting)."""
+    return (
+        update(Release)
+        .where(Release.id == bindparam("release_id"))
+        .values(
+            status="running",
+            attempts=bindparam("attempts"),
+            lease_owner=bindparam("worker_id"),
+            lease_expires_at=lease_end(seconds),
+            started_at=bindparam("started_at"),
+        )
+    )
+
+
+def queued_claim(
+    session: Session, found: Any, worker_id: str, now: datetime, lease_write: Any
+) -> ClaimedJob:
+    """Lease the release of the row ``found`` (:data:`QUEUED_LOOK`, locked by that look)
+    to ``worker_id`` and describe the job: :func:`take_lease` on the row's columns, one
+    ``UPDATE`` on the claim's connection. One more attempt is counted."""
+    attempt = found.attempts + 1
+    session.connection().execute(
+        lease_write,
+        {"release_id": found.id, "attempts": attempt, "worker_id": worker_id, "started_at": now},
+    )
+    dataset = found.dataset_found is not None
+    return ClaimedJob(
+        release_id=found.id,
+        dataset_id=found.dataset_id,
+        mechanism=found.mechanism,
+        k=found.k,
+        epsilon=float_not_above(found.epsilon),
+        delta=float_not_above(found.delta),
+        params=dict(found.params),
+        file_name=found.file_name if dataset else None,
+        attempt=attempt,
+        n_rows=found.n_rows_read,
+        reference=found.reference if dataset else None,
+        traceparent=found.traceparent,
+        queued_at=found.created_at,
+        claimed_at=now,
+        person_level=dataset and found.privacy_unit_column is not None,
+    )
+
+
 #: A claimed release, locked for the transaction that stores its outcome or loads its work.
 LOCKED_RELEASE = select(Release).where(Release.id == bindparam("release_id")).with_for_update()
 

@@ -46,6 +46,7 @@ from service.mechanisms.base import InvalidParameter, Mechanism, MechanismOutput
 from service.mechanisms.noise import secure_generator
 from service.mechanisms.registry import get_mechanism
 from service.prior_projection import on_prior, run_inside
+from service.store import DatasetFileFault
 
 log = logging.getLogger("dpss.worker")
 
@@ -103,8 +104,11 @@ def execute(
         return _execute_reference(job, mechanism, spec, context)
     try:
         data = context.store.open(job.file_name, job.n_rows)
-    except FileNotFoundError:
-        # Deleted (or lost) between the claim and the open: nothing was read.
+    except DatasetFileFault as fault:
+        # Missing, not a store file, or shorter than the rows the release reads (deleted or
+        # lost since the claim included): checked before anything is mapped, nothing was read.
+        # Not a fault of the data (public facts): ended at once (no retries), refunded.
+        log.error("release %s: its dataset file %s", job.release_id, fault)
         return Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True)
     if job.person_level:
         return _execute_person_level(job, mechanism, params, spec, data, context)
@@ -264,12 +268,9 @@ class OneShot:
     def first(self, job: ClaimedJob, context: RunContext) -> OneShotWork | End | None:
         if job.file_name is None:
             return End(Outcome.failed(DATASET_DELETED_REASON, refund=True))
-        if job.reference is None:
-            fault = context.store.fault(job.file_name, job.n_rows)
-            if fault is not None:
-                # Not a fault of the data: ended at once (no retries), refunded, nothing read.
-                log.error("release %s: its dataset file %s", job.release_id, fault)
-                return End(Outcome.failed(DATASET_FILE_FAULT_REASON, refund=True))
+        # The dataset file's fault check is the run's own opening of it (:func:`execute`,
+        # :meth:`DatasetStore.open`): the same checks before any row is read, in the run
+        # process on the file it maps, not a second open and header parse here.
         if priors.split_params(job.params)[1]:
             return None  # a prior to read first, in the worker's transaction (load)
         return OneShotWork(job)

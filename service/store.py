@@ -32,6 +32,7 @@ import fcntl
 import mmap
 import os
 import shutil
+import stat
 import time
 import uuid
 import weakref
@@ -53,6 +54,7 @@ from service.upload_formats import (
     UnitColumn,
     csv_dialect_hint,
     npy_layout,
+    npy_layout_of,
 )
 
 SUPPORTED_SUFFIXES = (".csv", ".npy", ".parquet")
@@ -148,22 +150,68 @@ def _replace(path: Path, array: np.ndarray[Any, Any]) -> None:
         raise
 
 
-def _populated(path: Path, offset: int, rows: int, n_cols: int) -> np.ndarray[Any, Any]:
-    """The rows ``[0, rows)`` of a store file as a read-only array over a mapping populated
-    when made (``MAP_POPULATE``: its pages read and mapped in one call, where the kernel has
-    it; elsewhere a plain read-only mapping). See :data:`POPULATE_BYTES`."""
+def _populated(handle: BinaryIO, offset: int, rows: int, n_cols: int) -> np.ndarray[Any, Any]:
+    """The rows ``[0, rows)`` of an open store file as a read-only array over a mapping
+    populated when made (``MAP_POPULATE``: its pages read and mapped in one call, where the
+    kernel has it; elsewhere a plain read-only mapping). See :data:`POPULATE_BYTES`. The
+    mapping outlives the handle."""
     end = offset + rows * n_cols * 8
-    with open(path, "rb") as handle:
-        mapping = mmap.mmap(
-            handle.fileno(),
-            end,
-            flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-            prot=mmap.PROT_READ,
-        )
+    mapping = mmap.mmap(
+        handle.fileno(),
+        end,
+        flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+        prot=mmap.PROT_READ,
+    )
     # The array holds the mapping (its buffer) for as long as it lives; read-only (PROT_READ).
     return np.frombuffer(mapping, dtype="<f8", count=rows * n_cols, offset=offset).reshape(
         rows, n_cols
     )
+
+
+class DatasetFileFault(ValueError):
+    """A dataset file that cannot be read as the database describes it; the message is what
+    :meth:`DatasetStore.fault` says of it (public facts: presence, header, size, never a row)."""
+
+
+def _open_store_file(path: Path) -> BinaryIO:
+    """``path`` open for reading, if it is a regular file; else :class:`DatasetFileFault`
+    ("is missing", as for no file). Opened without blocking (a FIFO in its place would block
+    a plain open), then checked on the open descriptor: one open and one ``fstat``."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise DatasetFileFault("is missing") from None
+    except OSError:
+        raise DatasetFileFault("is not a dataset file of the store") from None
+    try:
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    except OSError:
+        os.close(descriptor)
+        raise DatasetFileFault("is not a dataset file of the store") from None
+    if not regular:  # a directory opens too (read-only)
+        os.close(descriptor)
+        raise DatasetFileFault("is missing")
+    return os.fdopen(descriptor, "rb")
+
+
+def _checked_layout(
+    handle: BinaryIO, n_rows: int | None, n_cols: int | None = None
+) -> tuple[int, int, int]:
+    """``(data offset, rows, columns)`` of an open store file for reading its first ``n_rows``
+    rows (batch 0's header's when ``None``) of ``n_cols`` columns (any when ``None``), or
+    :class:`DatasetFileFault`: :meth:`DatasetStore.fault`'s checks, shared by
+    :meth:`DatasetStore.open` (which makes them on the file it maps)."""
+    try:
+        offset, header_rows, cols = npy_layout_of(handle)
+        size = os.fstat(handle.fileno()).st_size
+    except (OSError, ValueError, EOFError):
+        raise DatasetFileFault("is not a dataset file of the store") from None
+    if n_cols is not None and cols != n_cols:
+        raise DatasetFileFault(f"has {cols} columns, the database says {n_cols}")
+    rows = header_rows if n_rows is None else n_rows
+    if size < offset + 8 * cols * rows:
+        raise DatasetFileFault(f"holds fewer rows than the database says ({rows})")
+    return offset, rows, cols
 
 
 @dataclass(frozen=True)
@@ -486,18 +534,22 @@ class DatasetStore:
         The ``.npy`` header records the shape of the upload (batch 0); appended batches follow
         its data, so the row count comes from the database, which commits a batch only after
         its rows are on disk.
+
+        Raises :class:`DatasetFileFault` (a ``ValueError``) for what :meth:`fault` would name,
+        checked on the file it maps before anything is mapped: a one-shot run needs no
+        :meth:`fault` first (before, the worker checked the file, a stat, an open, a header
+        parse and a stat, and the run process opened and parsed it again).
         """
-        path = self.path_of(file_name)
-        offset, header_rows, n_cols = npy_layout(path)
-        rows = header_rows if n_rows is None else n_rows
-        if rows == 0:
-            return np.empty((0, n_cols))
-        if rows * n_cols * 8 <= POPULATE_BYTES:
-            return _populated(path, offset, rows, n_cols)
-        matrix: np.ndarray[Any, Any] = np.memmap(
-            path, dtype="<f8", mode="r", offset=offset, shape=(rows, n_cols)
-        )
-        return matrix
+        with _open_store_file(self.path_of(file_name)) as handle:
+            offset, rows, n_cols = _checked_layout(handle, n_rows)
+            if rows == 0:
+                return np.empty((0, n_cols))
+            if rows * n_cols * 8 <= POPULATE_BYTES:
+                return _populated(handle, offset, rows, n_cols)
+            matrix: np.ndarray[Any, Any] = np.memmap(
+                handle, dtype="<f8", mode="r", offset=offset, shape=(rows, n_cols)
+            )
+            return matrix
 
     def append(self, file_name: str, batch_file: str, committed_rows: int) -> None:
         """Write the rows of ``batch_file`` (an ingested ``.npy`` from ``ingest(batch=True)``)
@@ -555,21 +607,11 @@ class DatasetStore:
         rows (all of batch 0's when ``None``) of ``n_cols`` columns, or ``None`` when it can
         be read. Only the file's presence, header and size are looked at (public facts, like
         the row count), never a row, so the answer does not depend on the data."""
-        path = self.path_of(file_name)
-        if not path.is_file():
-            return "is missing"
         try:
-            offset, header_rows, cols = npy_layout(path)
-            size = path.stat().st_size
-        except FileNotFoundError:
-            return "is missing"
-        except (OSError, ValueError, EOFError):
-            return "is not a dataset file of the store"
-        if n_cols is not None and cols != n_cols:
-            return f"has {cols} columns, the database says {n_cols}"
-        rows = header_rows if n_rows is None else n_rows
-        if size < offset + 8 * cols * rows:
-            return f"holds fewer rows than the database says ({rows})"
+            with _open_store_file(self.path_of(file_name)) as handle:
+                _checked_layout(handle, n_rows, n_cols)
+        except DatasetFileFault as fault:
+            return str(fault)
         return None
 
     def units_fault(self, file_name: str, n_rows: int) -> str | None:

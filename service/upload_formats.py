@@ -467,10 +467,15 @@ def _parquet_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) 
 def npy_layout(path: Path) -> tuple[int, int, int]:
     """``(data offset, header rows, columns)`` of a store ``.npy`` (C-order ``<f8``)."""
     with open(path, "rb") as handle:
-        _, shape, fortran, dtype = _read_npy_header(handle)
-        if fortran or dtype != np.dtype("<f8") or len(shape) != 2:
-            raise ValueError("not a dataset file of the store")
-        return handle.tell(), int(shape[0]), int(shape[1])
+        return npy_layout_of(handle)
+
+
+def npy_layout_of(handle: BinaryIO) -> tuple[int, int, int]:
+    """:func:`npy_layout` of a store ``.npy`` open at its start (left at its first value)."""
+    _, shape, fortran, dtype = _read_npy_header(handle)
+    if fortran or dtype != np.dtype("<f8") or len(shape) != 2:
+        raise ValueError("not a dataset file of the store")
+    return handle.tell(), int(shape[0]), int(shape[1])
 
 
 READERS: dict[str, Callable[[Path, Limits, UnitColumn], Iterator[Block]]] = {

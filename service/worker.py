@@ -96,6 +96,8 @@ from service.jobs import (
     RunContext,
     WorkerStopping,
     blas_threads,
+    lease_update,
+    queued_claim,
     take_lease,
 )
 from service.oneshot import ONE_SHOT
@@ -177,6 +179,8 @@ class Worker:
         bind = session_factory.kw.get("bind")
         #: The process isolated runs happen in (:mod:`service.isolation`), started at the first.
         self._runs = RunProcess(settings, bind if isinstance(bind, Engine) else None)
+        #: The claim's write of a lease (:func:`service.jobs.lease_update`) and its length.
+        self._lease_written: tuple[float, Any] | None = None
         weakref.finalize(self, self._runs.close)
 
     def close(self) -> None:
@@ -249,19 +253,26 @@ class Worker:
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        found = session.execute(QUEUED_LOOK, {"worker_id": self.worker_id}).first()
+        # Columns on the transaction's connection, not ORM objects (:data:`QUEUED_LOOK`).
+        found = session.connection().execute(QUEUED_LOOK, {"worker_id": self.worker_id}).first()
         if found is None:
             return None
-        release = found[0]
-        if release.attempts >= self.settings.worker_max_attempts:
+        if found.attempts >= self.settings.worker_max_attempts:
             # The job keeps killing its workers; it may have read the data: no refund.
             # The lease names who decided, so the last runner cannot mistake this for
-            # its own stored outcome.
+            # its own stored outcome. Rare: the release as an ORM object, as it is recorded.
+            release = session.execute(LOCKED_RELEASE, {"release_id": found.id}).scalar_one()
             release.lease_owner = self.worker_id
             self._record(session, release, End(Outcome.failed(ABANDONED_REASON)))
             return _ABANDONED
-        release.status = "running"
-        return take_lease(session, release, self.worker_id, now, lease, release.n_rows_read)
+        return queued_claim(session, found, self.worker_id, now, self._lease_write(lease))
+
+    def _lease_write(self, lease: timedelta) -> Any:
+        """:func:`service.jobs.lease_update` for ``lease``, built once per length."""
+        seconds = lease.total_seconds()
+        if self._lease_written is None or self._lease_written[0] != seconds:
+            self._lease_written = (seconds, lease_update(seconds))
+        return self._lease_written[1]
 
     def _waiting(
         self, session: Session, kind: JobKind[Any, Any], now: datetime, lease: timedelta

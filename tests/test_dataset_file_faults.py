@@ -26,7 +26,18 @@ def _truncate(path: os.PathLike[str]) -> None:
         handle.truncate(size - 8)  # one value short of the last row
 
 
-FAULTS = {"missing": os.remove, "truncated": _truncate}
+def _fifo(path: os.PathLike[str]) -> None:
+    # A plain open of a FIFO blocks until a writer comes: the check must not open it so.
+    os.remove(path)
+    os.mkfifo(path)
+
+
+def _not_npy(path: os.PathLike[str]) -> None:
+    with open(path, "r+b") as handle:
+        handle.write(b"not a header")
+
+
+FAULTS = {"missing": os.remove, "truncated": _truncate, "fifo": _fifo, "not-npy": _not_npy}
 
 
 def _file_of(session_factory, dataset_id: str, store):
@@ -67,6 +78,38 @@ def test_a_one_shot_release_of_a_lost_file_fails_at_once_refunded(
     assert _ledger_kinds(session_factory, release_id) == ["charge", "refund"]
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
     assert budget["epsilon_spent"] == "0"
+
+
+def test_a_one_shot_release_opens_its_dataset_file_once(
+    client, keys, upload_dataset, rng, session_factory, store, settings, monkeypatch
+):
+    # The run's own open makes the fault checks (presence, header, size) on the file it maps.
+    # Before, the worker checked the file first (an open and a header parse) and the run opened
+    # and parsed it again, then opened it a third time to map it.
+    dataset = upload_dataset(client, keys.owner, rng.normal(size=(50, 4)) * 0.2, row_norm_bound=1.0)
+    path = str(_file_of(session_factory, dataset["id"], store))
+    post_release(
+        client, keys.analyst, dataset["id"], mechanism="analyze_gauss", k=2,
+        epsilon="0.25", delta="1e-6",
+    )  # fmt: skip
+    opened: list[str] = []
+    real_open, real_os_open = open, os.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file) == path:
+            opened.append("open")
+        return real_open(file, *args, **kwargs)
+
+    def counting_os_open(file, *args, **kwargs):
+        if str(file) == path:
+            opened.append("os.open")
+        return real_os_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    monkeypatch.setattr(os, "open", counting_os_open)
+    worker = Worker(session_factory, store, settings, worker_id="w", isolate=False)
+    assert worker.run_pending() == 1
+    assert len(opened) == 1, opened
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))

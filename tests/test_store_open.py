@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from service import store as store_module
-from service.store import DatasetStore
+from service.store import DatasetFileFault, DatasetStore
 
 
 @pytest.fixture
@@ -50,6 +50,36 @@ def test_a_large_file_keeps_the_lazy_map(
     assert np.array_equal(data, rows[:25])
     assert np.array_equal(store.open(name, 10), rows[:10])  # at the bound: populated
     assert not isinstance(store.open(name, 10), np.memmap)
+
+
+def test_a_file_shorter_than_the_rows_asked_is_a_fault_before_any_mapping(
+    stored: tuple[DatasetStore, str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same words as the fault check (the release's log), and no mapping attempted: before,
+    # the populated path raised mmap's own ValueError and the lazy path numpy's.
+    store, name, _ = stored
+    for populate in (store_module.POPULATE_BYTES, 8):
+        monkeypatch.setattr(store_module, "POPULATE_BYTES", populate)
+        with pytest.raises(DatasetFileFault, match=r"holds fewer rows than the database says"):
+            store.open(name, 41)
+        assert store.fault(name, 41) == "holds fewer rows than the database says (41)"
+
+
+def test_a_fifo_or_a_directory_in_place_of_the_file_is_missing_without_blocking(
+    stored: tuple[DatasetStore, str, np.ndarray],
+) -> None:
+    store, name, _ = stored
+    path = store.path_of(name)
+    os.remove(path)
+    os.mkfifo(path)  # a plain open for reading would wait for a writer
+    with pytest.raises(DatasetFileFault, match="is missing"):
+        store.open(name)
+    assert store.fault(name, None) == "is missing"
+    os.remove(path)
+    os.mkdir(path)
+    with pytest.raises(DatasetFileFault, match="is missing"):
+        store.open(name)
+    assert store.fault(name, None) == "is missing"
 
 
 def test_a_store_gives_its_session_lock_back_when_dropped(tmp_path: Path) -> None:
