@@ -217,3 +217,11 @@ def ensure_admin_key(session: Session, secret: str) -> None:
         actor_key_id=None,
         details={"key_id": str(key.id), "role": "admin", "name": key.name, "bootstrap": True},
     )
+
+
+def sees_real_state(principal: Principal) -> bool:
+    """Whether ``principal`` is trusted with releases' real states and run times (start and
+    finish times, attempts): admins and auditors, who see them in the queue, ``/metrics`` and
+    the audit log anyway (docs/security.md). Analysts and owners are not: a release's real
+    state tells when the job ahead of it in the queue ended (:mod:`service.visibility`)."""
+    return principal.role in ("admin", "auditor")

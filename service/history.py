@@ -3,10 +3,10 @@
 Visibility is the same as for one release (:func:`service.releases.get_release`): an analyst
 lists the releases they requested, an owner the releases of the datasets they uploaded (deleted
 ones included: the ledger and the audit log keep them too). Lists obey the side-channel rules
-of single reads: an analyst's ``status`` filter matches the status the analyst is shown, so a
-release before its ``visible_at`` is ``queued`` to them in the filter, the count and the row,
-and one past it whose outcome does not show yet (late: :func:`service.padding.late_schedule`)
-is ``running``.
+of single reads: an analyst's or owner's ``status`` filter matches the status they are shown
+(:mod:`service.visibility`), so a release before its ``visible_at`` is ``queued`` to them in the
+filter, the count and the row, and one past it whose outcome does not show yet (late:
+:func:`service.padding.late_schedule`) is ``running``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from datetime import datetime
 from sqlalchemy import ColumnElement, and_, func, not_, or_, select
 from sqlalchemy.orm import Session
 
-from service.auth import Principal, require_role
+from service.auth import Principal, require_role, sees_real_state
 from service.db.models import Dataset, Release, ReleaseEpoch, utcnow
 from service.errors import NotFound
 from service.pagination import Page, parse_time_id_cursor, time_id_cursor
@@ -54,7 +54,7 @@ def _visible(principal: Principal) -> ColumnElement[bool]:
 def _status_as_shown(principal: Principal, status: str, now: datetime) -> ColumnElement[bool]:
     """Releases ``principal`` is shown with ``status`` at ``now`` (the rules of
     :func:`service.visibility.view`, in SQL)."""
-    if principal.role != "analyst":
+    if sees_real_state(principal):
         return Release.status == status
     # service.visibility.padded: a zero padding (switched off) hides nothing.
     padded = and_(Release.visible_at.is_not(None), Release.visible_at > Release.created_at)

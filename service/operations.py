@@ -31,6 +31,7 @@ from service.db.models import (
     Release,
     RestoreHold,
     WorkerHeartbeat,
+    utcnow,
 )
 from service.errors import NotFound
 from service.grants import GrantView, view_of
@@ -195,13 +196,19 @@ def page_ledger(
     if dataset is None or dataset.owner_key_id != principal.key_id:
         raise NotFound(f"no dataset {dataset_id}")
     after = parse_seq_cursor(cursor, LEDGER_CURSOR) if cursor is not None else 0
+    # A refund is listed from when it takes effect (its ``created_at``: when its release's
+    # outcome shows, :func:`service.ledger.refund`), as the budget counts it: written when the
+    # worker records the end, its row would show an owner when a release of theirs ended, and
+    # so when the job ahead of it in the queue (on any dataset) did (service.visibility).
+    now = utcnow()
+    shown = [LedgerEntry.dataset_id == dataset_id, ledger.in_effect(now)]
     total = session.execute(
-        select(func.count()).select_from(LedgerEntry).where(LedgerEntry.dataset_id == dataset_id)
+        select(func.count()).select_from(LedgerEntry).where(*shown)
     ).scalar_one()
     rows = list(
         session.execute(
             select(LedgerEntry)
-            .where(LedgerEntry.dataset_id == dataset_id, LedgerEntry.id > after)
+            .where(*shown, LedgerEntry.id > after)
             .order_by(LedgerEntry.id)
             .limit(limit + 1)
         ).scalars()
@@ -211,7 +218,7 @@ def page_ledger(
     following = seq_cursor(LEDGER_CURSOR, rows[-1].id) if more and rows else None
     # The net spend before this page, summed exactly (ledger order: a refund counts where it is
     # written, so the running figure is the ledger's, not the budget's at a given time).
-    counted = [LedgerEntry.dataset_id == dataset_id, LedgerEntry.id <= after]
+    counted = [*shown, LedgerEntry.id <= after]
     before = ledger.spent_of(
         session.execute(
             select(

@@ -40,7 +40,7 @@ from service import (
     tracing,
     wake,
 )
-from service.auth import Principal, require_role
+from service.auth import Principal, require_role, sees_real_state
 from service.config import Settings
 from service.db.models import Dataset, Grant, Release, ReleaseBasis, utcnow
 from service.errors import (
@@ -784,8 +784,10 @@ def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -
 
 def shows_timing(principal: Principal) -> bool:
     """Whether ``principal`` sees start and finish times and attempt counts: run time and
-    retries can depend on the data, so analysts do not."""
-    return principal.role != "analyst"
+    retries can depend on the data, and a release's start tells when the job ahead of it in
+    the queue (on any dataset) ended, so analysts and owners do not
+    (:func:`service.auth.sees_real_state`)."""
+    return sees_real_state(principal)
 
 
 def decode_basis(

@@ -1,7 +1,7 @@
 """What a caller may see of a release at a moment: the one projection every read goes through.
 
 Analysts must learn nothing of a job's run time within its padding (:mod:`service.padding`).
-So, for an analyst, until the release's ``visible_at``:
+So, for an analyst (and an owner: below), until the release's ``visible_at``:
 
 - the release is ``queued`` with no reason, refund or result, whatever its real state (even the
   moment a worker claims it would tell when the job before it finished);
@@ -20,14 +20,21 @@ After ``visible_at``, a job's end shows only at a step of the fixed public sched
   worker claimed it (which tells when the job before it ended) nor its end shows between two
   steps, and a long poll sleeps until the next step (:attr:`View.sealed_until`).
 
-Nothing else an analyst can call may depend on the real state before then: not a status filter
-or a count (:mod:`service.history` mirrors these rules in SQL), not a long poll's answer or its
-moment (:attr:`View.sealed_until`), not the time a read takes. For the last, the large columns
-(the basis, the continual state and key) and the columns whose size depends on the outcome
-(``reason``, ``result_extras``) are deferred in :mod:`service.db.models` and loaded only here
-(or by :func:`load_outcomes` for a list), for a state the caller may see.
+Nothing else an analyst or owner can call may depend on the real state before then: not a
+status filter or a count (:mod:`service.history` mirrors these rules in SQL), not a long poll's
+answer or its moment (:attr:`View.sealed_until`), not the time a read takes. For the last, the
+large columns (the basis, the continual state and key) and the columns whose size depends on
+the outcome (``reason``, ``result_extras``) are deferred in :mod:`service.db.models` and loaded
+only here (or by :func:`load_outcomes` for a list), for a state the caller may see.
 
-Owners (who hold the data anyway) and auditors see the real state at once.
+Owners follow the same rules as analysts. Holding their own data does not entitle them to
+the real state: the workers share one queue, so when a release of their dataset was claimed
+(its real ``running``, its ``started_at``) and when it ended (``finished_at``, its outcome
+before ``visible_at``) tell when the job ahead of it ended, a job on *another* dataset whose run
+time can depend on one of its rows (a 0.15 s longer run ahead of a release was read from that
+release's ``started_at`` by its owner every time, 24 of 24, before this). Only the roles trusted
+with run times (:func:`sees_real_state`: admins, who read the queue and ``/metrics``, and
+auditors, who read the audit log) are shown them.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, load_only
 
 from service import continual
-from service.auth import Principal
+from service.auth import Principal, sees_real_state
 from service.db.models import Release, ReleaseEpoch
 from service.padding import late_schedule, next_late_step
 
@@ -76,10 +83,11 @@ class View:
 def outcome_visible(release: Release, principal: Principal, now: datetime) -> bool:
     """Whether ``principal`` may see the release's real status and result at ``now``.
 
-    Analysts see it from ``visible_at`` on; owners (who hold the data anyway) and auditors
-    always. Releases made before ``visible_at`` existed have none and are visible.
+    Analysts and owners see it from ``visible_at`` on; admins and auditors always
+    (:func:`sees_real_state`). Releases made before ``visible_at`` existed have none and are
+    visible.
     """
-    if principal.role != "analyst":
+    if sees_real_state(principal):
         return True
     return release.visible_at is None or now >= release.visible_at
 
@@ -100,7 +108,7 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
     Reads no large column, and for an analyst's release before ``visible_at`` nothing a worker
     writes: the same statements, the same rows, before and after the job ends.
     """
-    analyst = principal.role == "analyst"
+    padded_caller = not sees_real_state(principal)
     is_continual = continual.is_continual(release.mechanism)
     if not outcome_visible(release, principal, now):
         return View(
@@ -115,12 +123,12 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         )
     status, refunded = release.status, release.refunded
     epochs, latest = None, None
-    visible_by = now if analyst else None
+    visible_by = now if padded_caller else None
     if is_continual:
         epochs = continual.epoch_summaries(session, release.id, visible_by)
         latest = continual.latest_epoch(session, release.id, visible_by)
     hidden = not shows_state(release, principal, now)
-    if analyst and status in FINISHED and not end_visible(release, epochs, now):
+    if padded_caller and status in FINISHED and not end_visible(release, epochs, now):
         hidden = True
     sealed_until = None
     reason = None
@@ -149,7 +157,7 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
 def shows_state(release: Release, principal: Principal, now: datetime) -> bool:
     """Whether :func:`view` shows ``principal`` the release's real state at ``now``, from the
     release's row alone (a continual release's epochs may still hide its end: :func:`view`)."""
-    if principal.role != "analyst":
+    if sees_real_state(principal):
         return True
     if not outcome_visible(release, principal, now):
         return False
@@ -165,14 +173,14 @@ def load_outcomes(
     of those of ``releases`` whose end :func:`view` shows ``principal`` at ``now``, so
     that a list reads them once rather than once per row; never those of a release whose
     outcome is hidden, so that a list of hidden releases takes the same time whatever the
-    workers stored. An analyst's continual releases are left to :func:`view` (whose epochs
+    workers stored. A padded caller's continual releases are left to :func:`view` (whose epochs
     decide), which loads them one by one when shown."""
     ids = [
         release.id
         for release in releases
         if release.status in FINISHED
         and shows_state(release, principal, now)
-        and not (principal.role == "analyst" and continual.is_continual(release.mechanism))
+        and not (not sees_real_state(principal) and continual.is_continual(release.mechanism))
     ]
     if ids:
         # Rows already in the session get the columns they have not loaded.

@@ -124,7 +124,7 @@ def _reference_uri(dataset: models.Dataset) -> str | None:
 def epoch_out(
     epoch: models.ReleaseEpoch, principal: Principal, stored: bytes | None = None
 ) -> Epoch:
-    """An epoch as ``principal`` may see it (its time for owners and auditors only), with its
+    """An epoch as ``principal`` may see it (its time for no analyst or owner), with its
     basis when given (``stored``, from :func:`service.continual.epoch_bases`)."""
     basis = decode_basis(stored, epoch.basis_shape)
     return Epoch(
@@ -149,8 +149,9 @@ def release_out(
 ) -> Release:
     """The release as ``principal`` may see it at ``now`` (:func:`service.visibility.view`).
 
-    Timing fields are for owners and auditors only. The basis is read (a deferred column) only
-    when shown and asked for. ``shown``: the view, if the caller has it already.
+    Timing fields are for no analyst or owner (:func:`service.auth.sees_real_state`). The basis
+    is read (a deferred column) only when shown and asked for. ``shown``: the view, if the
+    caller has it already.
     """
     now = now if now is not None else utcnow()
     timing = releases.shows_timing(principal)

@@ -73,10 +73,10 @@ def test_a_late_outcome_shows_at_the_next_step_of_its_schedule_on_every_route(
         assert release.outcome_visible_at == release.created_at + 2 * (
             release.visible_at - release.created_at
         )
-    # The owner sees it at once; the analyst a fixed "running", on every route.
-    assert fetch_release(padded_client, keys.owner, release_id)["status"] == "succeeded"
+    # The analyst and the owner see a fixed "running", on every route.
     seen = fetch_release(padded_client, keys.analyst, release_id)
     assert (seen["status"], seen["result"], seen["reason"]) == ("running", None, None)
+    assert fetch_release(padded_client, keys.owner, release_id) == seen
     assert listed(padded_client, keys.analyst, "running") == 1
     assert listed(padded_client, keys.analyst, "succeeded") == 0
     [item] = padded_client.get("/v1/releases", headers=bearer(keys.analyst)).json()["items"]
@@ -111,7 +111,10 @@ def test_an_unfinished_release_past_its_visible_at_shows_running_not_its_real_st
         assert fetch_release(padded_client, keys.analyst, release_id)["status"] == "running"
     assert listed(padded_client, keys.analyst, "queued") == 0
     assert listed(padded_client, keys.analyst, "running") == 2
-    assert fetch_release(padded_client, keys.owner, waiting)["status"] == "queued"
+    # The owner too (it stays queued in the store).
+    assert fetch_release(padded_client, keys.owner, waiting)["status"] == "running"
+    with session_factory() as session:
+        assert session.get(Release, uuid.UUID(waiting)).status == "queued"
 
 
 def test_a_late_refund_takes_effect_at_the_step_not_at_the_real_end(

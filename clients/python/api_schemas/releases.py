@@ -153,7 +153,7 @@ class Epoch(EpochSummary):
     )
     created_at: datetime | None = Field(
         default=None,
-        description="When the epoch was stored. Owners and auditors only; null for analysts.",
+        description="When the epoch was stored. Always null (see `Release.started_at`).",
     )
 
 
@@ -251,8 +251,8 @@ class Release(Schema):
     visible_at: datetime | None = Field(
         default=None,
         description=(
-            "Earliest time (UTC) an analyst sees the outcome: `created_at` plus a padding "
-            "computed from public facts (mechanism, n, d, k, params). Until then analysts see "
+            "Earliest time (UTC) an analyst or owner sees the outcome: `created_at` plus a "
+            "padding computed from public facts (mechanism, n, d, k, params). Until then they see "
             "`status: queued` and no result, whatever the job's real state, so polling does "
             "not reveal how long it ran. Poll after this time."
         ),
@@ -260,19 +260,20 @@ class Release(Schema):
     started_at: datetime | None = Field(
         default=None,
         description=(
-            "When a worker last claimed the job. Shown to owners and auditors only; always "
-            "null for analysts (run time can depend on the data)."
+            "When a worker last claimed the job. Always null: run time can depend on the data, "
+            "and a claim's moment tells when the job ahead of it in the queue (on any dataset) "
+            "ended, so neither analysts nor owners see it."
         ),
     )
     finished_at: datetime | None = Field(
         default=None,
-        description="When the job ended. Owners and auditors only; always null for analysts.",
+        description="When the job ended. Always null (see `started_at`).",
     )
     attempts: int | None = Field(
         default=None,
         description=(
-            "How many times a worker has claimed the job (a retry can follow a crash). Owners "
-            "and auditors only; always null for analysts."
+            "How many times a worker has claimed the job (a retry can follow a crash). Always "
+            "null (see `started_at`)."
         ),
     )
 

@@ -432,7 +432,7 @@ def _release_rows(info: Release) -> list[tuple[str, Any]]:
     if info.finished_at is not None:
         rows.append(("finished_at", info.finished_at.isoformat(timespec="seconds")))
     if info.attempts is not None:
-        # Only owners and auditors are shown attempts and times; analysts get null.
+        # The service shows attempts and times to no analyst or owner (null); shown if given.
         rows.append(("attempts", info.attempts))
     if info.result is not None:
         if info.result.basis is not None:
