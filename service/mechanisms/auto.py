@@ -25,14 +25,15 @@ over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they a
 
 **Rule.** ``T`` and the trace each get ``Lap(2 C^2/(s eps))``; ``T`` at either end of its
 one-sided ``1 - ALPHA`` interval (``T_hat -+ b ln(1/(2 ALPHA))``): friendly predicted to win at
-the pessimistic end runs at ``(1 - s) eps`` (``sure``); only at the optimistic end, at ``(1 - s)
-eps - eps_w`` behind a weight check (``unsure``, :mod:`~service.mechanisms.auto_guard`); at
-neither, the Gram candidate at ``(1 - s) eps``. The check runs before the search, at the
-break-even radius ``r*`` (``e_F(r*) = e_G``), where a spurious stop of the search is rare (a
-public union bound at most ``ALPHA``): a lost search then costs nothing; elsewhere after it, at
-the found radius (a spurious stop would starve the fallback). Friendly's own radius search
-releases ``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes
-everything unspent, as after a failed weight check or test (no starved fallback). Public
+the pessimistic end runs at ``(1 - s) eps`` (``sure``); at neither, the Gram candidate at ``(1 -
+s) eps``. Only at the optimistic end (the sum cannot resolve rows 1e-2 from 1e-5 at ``n eps`` ~
+6,000) the same prediction is made on each of friendly's ``t`` blocks and counted
+(:mod:`~service.mechanisms.auto_count`: sensitivity 1, ``eps_c = 2 ln(1/(2 ALPHA))/t``, the
+search's spurious stops priced in): friendly at ``(1 - s) eps - eps_c`` if most blocks predict
+a win, else the Gram candidate at that budget; where the count is not offered, a weight check
+(``unsure``, :mod:`~service.mechanisms.auto_guard`). Friendly's own radius search releases
+``r``: if ``e_F(r)`` is not below ``e_G`` (``g ~ S/k``) the Gram candidate takes everything
+unspent, as after a failed weight check or test. Public
 facts first: ``delta = 0``: ``smooth_sensitivity`` (Cauchy); a centred (PCA) request: the Gram
 candidate with the request's centring (the aggregators do not centre); friendly refused, or
 ``s = 0``: the Gram candidate with everything (no estimate could change the choice).
@@ -43,14 +44,17 @@ friendly runs.
 *Constants.* ``ALPHA`` (5%) is the stated error rate; ``ln(1/(2 ALPHA))`` and the weight check's
 epsilon follow from the Laplace tail; ``FRIENDLY_RADIUS_TERM`` was measured on the v2 grid
 (``bench/results/auto_grid_v2_base_*.csv``) before this rule existed; ``n^(2/3)`` is the
-literature's high-dimension boundary (issue 32), not fitted; the bounds are derived, and checked
+literature's high-dimension boundary (issue 32), not fitted; the count's ``RADIUS_RATIO`` was
+measured on rows off the grid (d = 100, 200); the bounds are derived, and checked
 on planted rows in ``tests/mechanisms/test_auto_rule.py``. Figures:
 ``bench/bench_auto_cells.py`` (docs/benchmarks.md, issue 33).
 
 **Privacy.** ``T`` is a minimum over projectors of sums of terms in ``[0, C^2]`` and the trace a
 sum of such terms: each moves by at most ``C^2`` when a row is replaced, so the pair at ``s
-eps/2`` each is ``(s eps, 0)``-DP. Every choice is post-processing of released outputs (the
-estimate, the radius, the noisy weight, the test) and public facts; by sequential adaptive
+eps/2`` each is ``(s eps, 0)``-DP; the block count moves by at most 1 (one block per row or
+person, a partition drawn independently of the data): ``(eps_c, 0)``-DP. Every choice is
+post-processing of released outputs (the estimate, the count, the radius, the noisy weight, the
+test) and public facts; by sequential adaptive
 composition every path totals exactly ``(eps, delta)`` (the check before the search reads
 friendly's own weight statistic, sensitivity ``Delta_W``, on a fresh public partition at ``r*``,
 a function of the released estimate) (each Gram candidate is Gaussian steps
@@ -69,6 +73,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from service.mechanisms.auto_count import CountPath, count_path, count_says_friendly, count_sentence
 from service.mechanisms.auto_estimate import (
     Estimate,
     friendly_wins,
@@ -86,6 +91,8 @@ from service.mechanisms.auto_guard import (
     checked_path,
     friendly_path,
     guarded_run,
+    people_short,
+    person_level_path,
     prepared,
     run_choice,
     unsure_sentence,
@@ -169,12 +176,15 @@ class Plan:
     test_epsilon: float = 0.0
     sure: FriendlyPath | None = None
     unsure: FriendlyPath | None = None
+    counted: CountPath | None = None
 
     def paths(self) -> list[FriendlyPath]:
-        return [p for p in (self.sure, self.unsure) if p is not None]
+        counted = [] if self.counted is None else [self.counted.path]
+        return [p for p in (self.sure, self.unsure) if p is not None] + counted
 
     def choices(self) -> list[Choice]:
-        return [self.default, *(c for p in self.paths() for c in p.choices())]
+        extra = [] if self.counted is None else [self.counted.default]
+        return [self.default, *extra, *(c for p in self.paths() for c in p.choices())]
 
 
 def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoParams) -> Plan:
@@ -212,6 +222,8 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     rest = (1.0 - share) * epsilon
     sure = friendly_path(ctx, k, rest, 0.0, delta, (name, gram), notes) if share > 0 else None
     sure = person_level_path(ctx, sure, notes)
+    counted = None if sure is None else count_path(ctx, k, rest, delta, (name, gram), notes)
+    counted = None if counted is None or people_short(counted.path, ctx.n_units) else counted
     unsure = (
         None if sure is None else checked_path(ctx, k, rest, sure.run, delta, (name, gram), notes)
     )
@@ -234,34 +246,8 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
         test_epsilon=share * epsilon,
         sure=sure,
         unsure=unsure,
+        counted=counted,
     )
-
-
-def person_level_path(
-    ctx: PublicContext, sure: FriendlyPath | None, notes: list[str]
-) -> FriendlyPath | None:
-    """On a person-level dataset (``ctx.n_units``, issue 34) friendly partitions people, so its
-    ``t`` subsets need ``t <= n_units``: otherwise it is excluded, and the notes say why. Every
-    other candidate is per person (analyze_gauss per-person bound and clip quantile, the
-    estimate on each person's rows bounded to ``C^2``); smooth_sensitivity is refused before."""
-    if ctx.n_units is None:
-        return sure
-    notes.append(
-        f"privacy unit: person ({ctx.n_units} people): the estimate and both candidates bound "
-        "each person (analyze_gauss per person, friendly_aggregate on a partition of people)"
-    )
-    if sure is not None and _people_short(sure, ctx.n_units):
-        notes.append(
-            f"friendly_aggregate excluded: its t = {getattr(sure.run.params, 't', 0)} subsets "
-            f"partition people and this dataset has {ctx.n_units}"
-        )
-        return None
-    return sure
-
-
-def _people_short(path: FriendlyPath, n_units: int) -> bool:
-    params: Any = path.run.params
-    return int(params.t) > n_units
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +277,8 @@ def decide(the_plan: Plan, estimate: Estimate, n: int, d: int, k: int) -> Friend
     """The first decision (post-processing of the estimate): friendly's ``sure`` path if it is
     predicted to win at the pessimistic tail, ``unsure`` if only at the optimistic one, else
     ``None`` (analyze_gauss at ``(1 - s) eps``)."""
-    for path, tail in ((the_plan.sure, estimate.tail_high), (the_plan.unsure, estimate.tail_low)):
+    unsure = the_plan.unsure if the_plan.counted is None else the_plan.counted.path
+    for path, tail in ((the_plan.sure, estimate.tail_high), (unsure, estimate.tail_low)):
         if path is not None and friendly_wins(path.run, the_plan.default, tail, estimate, n, d, k):
             return path
     return None
@@ -375,6 +362,8 @@ class Auto(Mechanism[AutoParams]):
             the_plan.test_epsilon,
             max((p.checks_epsilon for p in the_plan.paths()), default=0),
         ]
+        if the_plan.counted is not None:  # the count and a path's checks never both run
+            tests[1] = max(tests[1], the_plan.counted.epsilon)
         chosen = (*max(prefixes, key=_rho_of), *max(terminals, key=_rho_of))
         extra = [ApproximateStep(0.0, delta)] if delta > 0 else []
         return [*(PureStep(e) for e in tests if e > 0), *map(_without_delta, chosen), *extra]
@@ -413,7 +402,13 @@ class Auto(Mechanism[AutoParams]):
                 f"spread) and {default.name}'s (its noise over the gap). friendly_aggregate runs "
                 f"with epsilon {sure.run.epsilon:.4g} if it wins at the tail's pessimistic "
                 f"{1 - ALPHA:.0%} end; else {default.name} with epsilon {default.epsilon:.4g}"
-                + ("." if unsure is None else unsure_sentence(unsure, default.name))
+                + (
+                    count_sentence(the_plan.counted, default.name)
+                    if the_plan.counted is not None
+                    else "."
+                    if unsure is None
+                    else unsure_sentence(unsure, default.name)
+                )
             )
             meaning.append(
                 f"friendly_aggregate's radius search runs first; {default.name} takes everything "
@@ -421,7 +416,10 @@ class Auto(Mechanism[AutoParams]):
                 f"{default.name}'s, or if friendly's test fails (its mean's share)."
             )
         labels = {id(default): ""}
-        for name, path in (("", sure), ("unsure.", unsure)):
+        counted = None if the_plan.counted is None else the_plan.counted.path
+        if the_plan.counted is not None:
+            labels[id(the_plan.counted.default)] = "count_stop."
+        for name, path in (("", sure), ("unsure.", unsure), ("counted.", counted)):
             if path is not None:
                 labels[id(path.run)] = name
                 labels[id(path.search_stop)] = name + "search_stop."
@@ -481,9 +479,27 @@ class Auto(Mechanism[AutoParams]):
             return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})
         sure = path is the_plan.sure
         test["friendly_predicted"] = "wins" if sure else "may win"
+        counted = the_plan.counted
+        if counted is not None and path is counted.path:
+            errors = (
+                predicted_error(counted.default, estimate, d, spec.k),
+                predicted_error(counted.path.ptr_fallback, estimate, d, spec.k),
+            )
+            units = None if person is None else person.units
+            wins, shown = count_says_friendly(data, spec.k, counted, errors, clip, rng, units)
+            test.update(shown, count_passed=wins)
+            if not wins:
+                reason = (
+                    "the private estimate cannot tell whether the rows are near enough a k-dim "
+                    "subspace for friendly_aggregate to win; most of the blocks' own tails "
+                    f"(a noisy count) predict it loses, so {counted.default.name} runs"
+                )
+                out = runner(counted.default, data, spec.k, rng)
+                return labelled(out, counted.default, reason, test)
         reason = (
             "the private estimate puts the rows near enough a k-dim subspace for "
             f"friendly_aggregate to win{'' if sure else ' at its optimistic end'}"
+            + ("" if "count_passed" not in test else ", and most blocks' own tails agree")
         )
         gram = predicted_error(path.search_stop, estimate, d, spec.k)
         return guarded_run(data, spec.k, path, gram, reason, test, rng, person)

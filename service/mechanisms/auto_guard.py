@@ -439,3 +439,30 @@ class PersonLevel:
     units: npt.NDArray[np.int64]
     structure_rows: Callable[[], FloatArray]
     run: Callable[[Choice, FloatArray, int, np.random.Generator], MechanismOutput]
+
+
+def person_level_path(
+    ctx: PublicContext, sure: FriendlyPath | None, notes: list[str]
+) -> FriendlyPath | None:
+    """On a person-level dataset (``ctx.n_units``, issue 34) friendly partitions people, so its
+    ``t`` subsets need ``t <= n_units``: otherwise it is excluded, and the notes say why. Every
+    other candidate is per person (analyze_gauss per-person bound and clip quantile, the
+    estimate on each person's rows bounded to ``C^2``); smooth_sensitivity is refused before."""
+    if ctx.n_units is None:
+        return sure
+    notes.append(
+        f"privacy unit: person ({ctx.n_units} people): the estimate and both candidates bound "
+        "each person (analyze_gauss per person, friendly_aggregate on a partition of people)"
+    )
+    if sure is not None and people_short(sure, ctx.n_units):
+        notes.append(
+            f"friendly_aggregate excluded: its t = {getattr(sure.run.params, 't', 0)} subsets "
+            f"partition people and this dataset has {ctx.n_units}"
+        )
+        return None
+    return sure
+
+
+def people_short(path: FriendlyPath, n_units: int | None) -> bool:
+    params: Any = path.run.params
+    return n_units is not None and int(params.t) > n_units

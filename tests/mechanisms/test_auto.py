@@ -213,7 +213,10 @@ def test_run_composes_test_and_choice_to_the_request(
     the_plan = plan(c, 3, 1.0, 1e-6, params)
     assert the_plan.unsure is not None
     eps_w = the_plan.unsure.weight_epsilon if checked else 0.0
-    assert search["friendly_predicted"] == ("may win" if checked else "wins")
+    # the block count (where the estimate is unsure and it is offered) is paid like a check
+    counted = "count_passed" in search
+    eps_w += the_plan.counted.epsilon if counted and the_plan.counted is not None else 0.0
+    assert search["friendly_predicted"] == ("may win" if checked or counted else "wins")
     assert out.extras["auto_epsilon"] + tests[0] + eps_w == pytest.approx(1.0, rel=1e-15)
     assert out.extras["auto_delta"] == 1e-6
     assert search.get("weight_check_passed", True) is True and search["continued"] is True

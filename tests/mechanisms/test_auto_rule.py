@@ -128,7 +128,9 @@ def test_the_decision_is_monotone_in_the_tail() -> None:
     for n, d, eps in ((50_000, 10, 1.0), (N, 50, 2.0), (5_000, 10, 1.0)):
         p = the_plan(n, d, eps)
         scale = 2.0 / p.test_epsilon
-        order = {id(p.sure): 0, id(p.unsure): 1, id(None): 2}
+        # the optimistic end's path: the block count where offered, else the weight check
+        optimistic = p.unsure if p.counted is None else p.counted.path
+        order = {id(p.sure): 0, id(optimistic): 1, id(None): 2}
         seen = []
         for tail in np.geomspace(1e-6, 0.5 * n, 200):
             est = Estimate.of(float(tail), 0.3 * n, K, scale)
@@ -341,9 +343,17 @@ def test_seeded_grid_aggregator_near_a_subspace_gauss_on_isotropic(
 ) -> None:
     spec = auto_spec(n, d, eps)
     near, basis = near_subspace(n, d, K, 1e-5, seed=0)
-    out = AUTO.run(near, spec, np.random.default_rng(20))
-    assert out.extras["auto_choice"] == "friendly_aggregate"
-    assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
+    # auto's decision, not friendly's own end: where the estimate is unsure the block count
+    # misses at its stated rate ALPHA, and friendly's search may stop at its grid's floor and
+    # fail its own test (the Gram candidate then runs): so most of five draws, not one
+    chosen = 0
+    for seed in range(20, 25):
+        out = AUTO.run(near, spec, np.random.default_rng(seed))
+        search = out.extras["auto_search"]
+        chosen += search["friendly_predicted"] != "loses" and search.get("count_passed", True)
+        if out.extras["auto_choice"] == "friendly_aggregate":
+            assert out.basis is not None and subspace_distance(out.basis, basis) < 1e-2
+    assert chosen >= 4
     out = AUTO.run(isotropic(n, d, 1), spec, np.random.default_rng(21))
     assert out.extras["auto_choice"] == "analyze_gauss"
 
