@@ -4,9 +4,9 @@ Tsfadia, "On Differentially Private Subspace Estimation in a Distribution-Free S
 NeurIPS 2024, Section 4.1 with FriendlyCore averaging (seed 001); constants as in ALGORITHMS.md M6.
 The service's mechanism, composed of one module per step, each with its own privacy argument:
 
-* ``sample_aggregate``: the random partition into ``t`` subsets, each subset's top-k basis
-  ``U_j`` and the points ``y_j`` (shared with M5 ``histogram_aggregate``); one replaced row
-  moves one ``y_j``.
+* ``sample_aggregate`` and ``subset_top_k``: the random partition into ``t`` subsets, each
+  subset's top-k basis ``U_j`` and the points ``y_j`` (shared with M5 ``histogram_aggregate``);
+  one replaced row moves one ``y_j``.
 * ``friendly_weights``: friend counts, weights and ``W``, with ``Delta_W = 1 + (t-1)/b`` and the
   mean's sensitivity ``r (4(t-1)/b + 6)/W``.
 * ``friendly_radius``: the radius by AboveThreshold over ``W(r_i)``, ``(eps0, 0)``-DP.

@@ -63,11 +63,13 @@ from service.mechanisms.friendly_weights import (
 )
 from service.mechanisms.linalg import FloatArray, top_k_eigh
 from service.mechanisms.sample_aggregate import (
-    fallback_basis,
     partition_and_bases,
-    power_of_two_exponents,
     reference_embeddings,
     reference_points,
+)
+from service.mechanisms.subset_top_k import (
+    fallback_basis,
+    power_of_two_exponents,
     safe_top_right_singular_vectors,
 )
 

@@ -13,7 +13,7 @@ outputs (post-processing). Cost: exactly ``(eps, delta)``.
 
 Floating point and totality: each subset's rows are scaled by a power of two of their own
 before its Gram matrix or SVD, and a subset LAPACK cannot decompose gets the fixed public basis
-``e_1..e_k`` (``sample_aggregate``), so a computed ``y_j`` depends on subset ``j`` alone and one
+``e_1..e_k`` (``subset_top_k``), so a computed ``y_j`` depends on subset ``j`` alone and one
 row still changes one point. A point's cell is a function of that point alone (indices clamped
 to ``+-2^62`` so that a tiny width cannot overflow), so the histogram's sensitivity is exact
 in floating point. The released basis comes from a power-of-two-scaled SVD of the cell's point,
@@ -70,10 +70,10 @@ from service.mechanisms.sample_aggregate import (
     random_partition,
     reference_embeddings,
     reference_points,
-    safe_top_right_singular_vectors,
     subset_bases,
     subset_bases_bytes,
 )
+from service.mechanisms.subset_top_k import safe_top_right_singular_vectors
 from service.mechanisms.usefulness import (
     count_above,
     rectangular_edge,

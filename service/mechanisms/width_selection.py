@@ -9,7 +9,7 @@ public uniform offset ``u_c w_i`` per coordinate, ``u ~ U[0, 1)^{qd}`` drawn onc
 stops at the first query whose noisy answer reaches the noisy threshold ``0.75 t``.
 
 Privacy: replacing one row changes one subset, hence one point ``y_j`` (step 1 of M5, per-subset
-scaling: see ``sample_aggregate``). At every width that moves one point out of one cell and into
+scaling: see ``subset_top_k``). At every width that moves one point out of one cell and into
 one cell, so every cell count changes by at most 1 and **the largest count by at most 1** (a
 maximum of functions that each move by at most 1 moves by at most 1; ``max_c n'_c <= max_c
 (n_c + 1)`` and symmetrically). AboveThreshold with sensitivity ``Delta = 1`` (threshold noise

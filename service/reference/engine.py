@@ -46,12 +46,8 @@ from service.mechanisms.linalg import (
     clipped_sum,
     gram_norm_counts,
 )
-from service.mechanisms.sample_aggregate import (
-    GROUP_ROWS,
-    PASS_BYTES,
-    _top_k_right_singular,
-    pass_subsets,
-)
+from service.mechanisms.sample_aggregate import GROUP_ROWS, PASS_BYTES, pass_subsets
+from service.mechanisms.subset_top_k import top_k_right_singular
 from service.reference.heap import reused_buffers
 from service.reference.integrity import (
     CHANGED_REASON,
@@ -174,7 +170,7 @@ def _group_bases(
     buffer = np.empty((g * m, d), dtype=np.float64)
     for slots, rows in parts:
         buffer[slots - lo] = rows
-    return _top_k_right_singular(buffer.reshape(g, m, d), k, overwrite=True)
+    return top_k_right_singular(buffer.reshape(g, m, d), k, overwrite=True)
 
 
 class _Args:

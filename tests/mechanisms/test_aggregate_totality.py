@@ -20,15 +20,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.mechanisms import sample_aggregate as sa
+from service.mechanisms import subset_top_k as stk
 from service.mechanisms.base import MechanismOutput, PublicContext, ReleaseSpec
 from service.mechanisms.friendly_aggregate import FriendlyAggregate, FriendlyAggregateParams
 from service.mechanisms.histogram_aggregate import HistogramAggregate, HistogramAggregateParams
-from service.mechanisms.sample_aggregate import (
-    _top_k_right_singular,
+from service.mechanisms.sample_aggregate import random_partition, subset_bases
+from service.mechanisms.subset_top_k import (
     fallback_basis,
-    random_partition,
     safe_top_right_singular_vectors,
-    subset_bases,
+    top_k_right_singular,
 )
 
 EPS, DELTA = 4.0, 1e-3
@@ -165,7 +165,7 @@ def previous_subset_bases(data: np.ndarray, partition: np.ndarray, k: int) -> np
     for start in range(0, t, per_group):
         idx = partition[start : start + per_group]
         rows = np.asarray(data[idx.ravel()], dtype=np.float64).reshape(idx.shape[0], m, -1)
-        out[start : start + idx.shape[0]] = sa._top_k_right_singular(rows, k)
+        out[start : start + idx.shape[0]] = stk.top_k_right_singular(rows, k)
     return out
 
 
@@ -265,7 +265,7 @@ def test_memmap_passes_release_what_the_array_releases(
 def test_scaled_bases_match_the_unscaled_svd() -> None:
     rng = np.random.default_rng(7)
     blocks = rng.standard_normal((5, 8, 12)) * 1e-200
-    bases = _top_k_right_singular(blocks, 3)
+    bases = top_k_right_singular(blocks, 3)
     for j in range(5):
         _, _, vt = np.linalg.svd(blocks[j] * 1e200)
         assert np.allclose(bases[j] @ bases[j].T, vt[:3].T @ vt[:3], atol=1e-10)
@@ -277,7 +277,7 @@ def test_undecomposable_blocks_get_the_public_fallback(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(np.linalg, "eigh", fail)
     monkeypatch.setattr(np.linalg, "svd", fail)
-    bases = _top_k_right_singular(np.random.default_rng(8).standard_normal((3, 4, 6)), 2)
+    bases = top_k_right_singular(np.random.default_rng(8).standard_normal((3, 4, 6)), 2)
     assert np.array_equal(bases, np.stack([fallback_basis(6, 2)] * 3))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.mechanisms import sample_aggregate as sa
+from service.mechanisms import subset_top_k as stk
 from service.mechanisms import width_selection as ws
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.registry import get_mechanism
@@ -21,7 +21,7 @@ from service.mechanisms.registry import get_mechanism
 def _old_scale_and_gram(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Before: ``ldexp`` of all blocks at once, then one batched ``matmul`` (of the side the
     subset bases now take: ``X^T X`` from ``m = d`` on, fourth pass)."""
-    scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
+    scaled = np.ldexp(blocks, -stk.power_of_two_exponents(blocks)[:, None, None])
     _, m, d = blocks.shape
     if m >= d:
         return scaled, np.matmul(scaled.transpose(0, 2, 1), scaled)
@@ -45,7 +45,7 @@ def test_scale_and_gram_is_the_per_block_scaled_route_at_every_scale(
     for in_place in (False, True):
         rows = blocks.copy()
         scaled = rows if in_place else np.empty_like(rows)
-        gram = sa.scale_and_gram(rows, scaled)
+        gram = stk.scale_and_gram(rows, scaled)
         for j in range(shape[0]):
             assert np.array_equal(scaled[j], old_scaled[j])
             assert np.array_equal(gram[j], old_gram[j])
@@ -71,11 +71,11 @@ def test_batched_scale_and_gram_is_the_per_block_route(
         blocks[4] = blocks[4, :1]  # duplicate rows
     per_block = {}
     for batched in (False, True):
-        monkeypatch.setattr(sa, "CACHE_BYTES", (1 << 30) if batched else 0)
+        monkeypatch.setattr(stk, "CACHE_BYTES", (1 << 30) if batched else 0)
         for in_place in (False, True):
             rows = blocks.copy()
             scaled = rows if in_place else np.empty_like(rows)
-            gram = sa.scale_and_gram(rows, scaled)
+            gram = stk.scale_and_gram(rows, scaled)
             if not batched:
                 per_block[in_place] = (scaled.copy(), gram)
                 continue
@@ -88,7 +88,7 @@ def test_batched_scale_and_gram_is_the_per_block_route(
     extreme = blocks.copy()
     extreme[0] *= 1e-310 / np.max(np.abs(extreme[0]))
     out, gram = np.full_like(extreme, 7.0), np.full((shape[0],) + (min(shape[1:]),) * 2, 7.0)
-    assert not sa._scale_and_gram_batch(extreme, out, gram)
+    assert not stk._scale_and_gram_batch(extreme, out, gram)
     assert np.all(out == 7.0) and np.all(gram == 7.0)
 
 
@@ -111,7 +111,7 @@ def test_scale_by_power_of_two_is_ldexp_at_every_exponent(exponent: int) -> None
         return
     own = int(np.frexp(peak)[1])
     out = np.empty_like(block)
-    sa.scale_by_power_of_two(block, own, out)
+    stk.scale_by_power_of_two(block, own, out)
     assert np.array_equal(out, np.ldexp(block, -own))
     assert np.array_equal(np.signbit(out), np.signbit(np.ldexp(block, -own)))
 
@@ -202,7 +202,7 @@ def test_released_basis_equals_the_old_bases_route(
         coefficients = ws.fingerprint_coefficients(points.shape[1])
         return lambda j: float(ws.largest_class_count(np.right_shift(finest, j), coefficients))
 
-    monkeypatch.setattr(sa, "scale_and_gram", old_scale_and_gram)
+    monkeypatch.setattr(stk, "scale_and_gram", old_scale_and_gram)
     monkeypatch.setattr(ws, "largest_cell_count_query", old_query)
     old = _release(name, rows, seed)
     assert (new is None) == (old is None)

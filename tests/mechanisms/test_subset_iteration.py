@@ -1,6 +1,6 @@
 """The certified subspace iteration behind the subset bases (issue 35, item 1).
 
-``sample_aggregate._gram_top_k`` takes each block's top-k eigenvectors from a subspace iteration
+``subset_top_k._gram_top_k`` takes each block's top-k eigenvectors from a subspace iteration
 when its Gram is large: within ``1e-10`` of the exact top-k where the Davis-Kahan bound
 certifies them, else (seventh pass) the iteration's last Ritz vectors instead of the dense
 ``eigh`` of before. What the aggregators' privacy argument needs from it: ``U_j`` is a function of
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from service.mechanisms import sample_aggregate as sa
+from service.mechanisms import subset_top_k as stk
 
 
 def _near_subspace(g: int, m: int, d: int, k: int, distance: float, seed: int) -> np.ndarray:
@@ -43,14 +44,14 @@ def _svd_projectors(blocks: np.ndarray, k: int) -> np.ndarray:
 @pytest.mark.parametrize("distance", [1e-2, 1e-5, 0.0])
 def test_iterated_bases_match_the_svd_near_a_subspace(m: int, d: int, distance: float) -> None:
     k = 4
-    assert sa.iteration_width(min(m, d), k) > 0  # the iterative route is the one tested
+    assert stk.iteration_width(min(m, d), k) > 0  # the iterative route is the one tested
     blocks = _near_subspace(6, m, d, k, distance, seed=1)
     s = min(m, d)
-    scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
+    scaled = np.ldexp(blocks, -stk.power_of_two_exponents(blocks)[:, None, None])
     gram = scaled @ scaled.transpose(0, 2, 1) if m < d else scaled.transpose(0, 2, 1) @ scaled
-    certified, _, _ = sa._subspace_iteration(gram, k, sa.iteration_width(s, k), m < d)
+    certified, _, _ = stk._subspace_iteration(gram, k, stk.iteration_width(s, k), m < d)
     assert certified.all()
-    bases = sa._top_k_right_singular(blocks, k)
+    bases = stk.top_k_right_singular(blocks, k)
     assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(k), atol=1e-12)
     assert np.max(np.abs(_projectors(bases) - _svd_projectors(blocks, k))) < 1e-9
 
@@ -76,14 +77,14 @@ def test_blocks_without_a_gap_keep_their_ritz_vectors_without_a_dense_eigh(
     s = min(m, d)
     blocks = _power_law_blocks(6, m, d, seed=2)
     sizes: list[int] = []
-    real_eigh = sa.eigh_each
+    real_eigh = stk.eigh_each
 
     def counting(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         sizes.append(stack.shape[-1])
         return real_eigh(stack)
 
-    monkeypatch.setattr(sa, "eigh_each", counting)
-    bases = sa._top_k_right_singular(blocks, k)
+    monkeypatch.setattr(stk, "eigh_each", counting)
+    bases = stk.top_k_right_singular(blocks, k)
     assert s not in sizes  # only the b x b Rayleigh-Ritz matrices were decomposed
     assert np.all(np.isfinite(bases))
     assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(k), atol=1e-10)
@@ -100,14 +101,14 @@ def test_without_keeping_blocks_without_a_gap_take_the_dense_route_bit_for_bit(
     """``KEEP_UNCERTIFIED = False`` (the route of before, kept for the same-process comparison
     in docs/benchmarks.md): isotropic rows have no gap after k, the iteration settles nothing
     and the dense ``eigh`` decides every block, the same bits as calling it directly."""
-    monkeypatch.setattr(sa, "KEEP_UNCERTIFIED", False)
+    monkeypatch.setattr(stk, "KEEP_UNCERTIFIED", False)
     rng = np.random.default_rng(2)
     blocks = rng.standard_normal((5, 40, 90))
-    scaled = np.ldexp(blocks, -sa.power_of_two_exponents(blocks)[:, None, None])
+    scaled = np.ldexp(blocks, -stk.power_of_two_exponents(blocks)[:, None, None])
     gram = scaled @ scaled.transpose(0, 2, 1)
-    certified, _, _ = sa._subspace_iteration(gram, 3, sa.iteration_width(40, 3), True)
+    certified, _, _ = stk._subspace_iteration(gram, 3, stk.iteration_width(40, 3), True)
     assert not certified.any()
-    values, vectors, finite = sa._gram_top_k(gram, 3, lift=True)
+    values, vectors, finite = stk._gram_top_k(gram, 3, lift=True)
     dense_values, dense_vectors = np.linalg.eigh(gram)
     assert finite.all()
     assert np.array_equal(values, dense_values[:, ::-1][:, :3])
@@ -123,7 +124,7 @@ def test_a_moved_row_changes_only_its_own_subsets_basis_on_the_iterative_route(
     the square case no longer lifts); near a subspace (certified) and without a gap (the Ritz
     vectors kept, seventh pass)."""
     t, k = 12, 3
-    assert sa.iteration_width(min(m, d), k) > 0
+    assert stk.iteration_width(min(m, d), k) > 0
     if gap:
         data = _near_subspace(1, t * m, d, k, 1e-4, seed=3)[0]
     else:
@@ -145,8 +146,8 @@ def test_extreme_scales_give_the_same_subspace(scale: float) -> None:
     """Per-block power-of-two scaling: rows of any binade give the bases of the unit-scale rows
     (5e-324, the smallest subnormal, rounds every entry to 0 or 5e-324: still orthonormal)."""
     blocks = _near_subspace(4, 40, 150, 3, 1e-3, seed=5)
-    unit = sa._top_k_right_singular(blocks, 3)
-    extreme = sa._top_k_right_singular(blocks * scale, 3)
+    unit = stk.top_k_right_singular(blocks, 3)
+    extreme = stk.top_k_right_singular(blocks * scale, 3)
     assert np.all(np.isfinite(extreme))
     assert np.allclose(np.einsum("gik,gil->gkl", extreme, extreme), np.eye(3), atol=1e-8)
     if scale != 5e-324:
@@ -157,19 +158,19 @@ def test_zero_and_duplicate_blocks_never_raise() -> None:
     rng = np.random.default_rng(6)
     row = rng.standard_normal(120)
     blocks = np.stack([np.zeros((40, 120)), np.tile(row, (40, 1)), rng.standard_normal((40, 120))])
-    bases = sa._top_k_right_singular(blocks, 3)
+    bases = stk.top_k_right_singular(blocks, 3)
     assert np.all(np.isfinite(bases))
     assert np.allclose(np.einsum("gik,gil->gkl", bases, bases), np.eye(3), atol=1e-8)
 
 
 def test_the_start_is_a_public_constant() -> None:
-    first = sa.public_start(90, 13)
+    first = stk.public_start(90, 13)
     assert np.array_equal(first, np.random.default_rng(0x5AB5_7A27).standard_normal((90, 13)))
     assert not first.flags.writeable
 
 
 def test_iterating_a_few_grams_at_a_time_changes_no_bit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``_top_k_right_singular`` decomposes ``CACHE_BYTES`` of Grams at a time (fifth pass, for the
+    """``top_k_right_singular`` decomposes ``CACHE_BYTES`` of Grams at a time (fifth pass, for the
     cache): every step is per matrix, so any batching gives the same bases, certified or not."""
     blocks = np.concatenate(
         [
@@ -177,11 +178,11 @@ def test_iterating_a_few_grams_at_a_time_changes_no_bit(monkeypatch: pytest.Monk
             np.random.default_rng(9).normal(size=(2, 60, 120)),
         ]
     )
-    monkeypatch.setattr(sa, "CACHE_BYTES", 1 << 40)  # one batch
-    whole = sa._top_k_right_singular(blocks, 3)
+    monkeypatch.setattr(stk, "CACHE_BYTES", 1 << 40)  # one batch
+    whole = stk.top_k_right_singular(blocks, 3)
     for grams in (1, 2, 3):
-        monkeypatch.setattr(sa, "CACHE_BYTES", grams * 8 * 60 * 60)
-        assert np.array_equal(sa._top_k_right_singular(blocks, 3), whole)
+        monkeypatch.setattr(stk, "CACHE_BYTES", grams * 8 * 60 * 60)
+        assert np.array_equal(stk.top_k_right_singular(blocks, 3), whole)
 
 
 @pytest.mark.parametrize("gap", [True, False], ids=["iterated", "dense"])
@@ -196,10 +197,10 @@ def test_an_eigh_failure_sends_only_its_own_block_to_the_svd(
     finite; the "dense" case runs the route of before (``KEEP_UNCERTIFIED = False``), where
     every such block decomposes its Gram densely."""
     if not gap:
-        monkeypatch.setattr(sa, "KEEP_UNCERTIFIED", False)
+        monkeypatch.setattr(stk, "KEEP_UNCERTIFIED", False)
     rng = np.random.default_rng(12)
     blocks = _near_subspace(6, 60, 120, 3, 1e-4, seed=12) if gap else rng.normal(size=(6, 60, 120))
-    before = sa._top_k_right_singular(blocks, 3)
+    before = stk.top_k_right_singular(blocks, 3)
     poisoned = blocks.copy()
     poisoned[2] *= 0.75  # a block of its own scale, so its Gram has a trace no other has
     # the trace of block 2's Gram, formed from its rows scaled by their own power of two
@@ -218,7 +219,7 @@ def test_an_eigh_failure_sends_only_its_own_block_to_the_svd(
         return real_eigh(stack)
 
     monkeypatch.setattr(np.linalg, "eigh", failing_eigh)
-    after = sa._top_k_right_singular(poisoned, 3)
+    after = stk.top_k_right_singular(poisoned, 3)
     assert hits  # the failure was raised (for the stack, then for the block alone)
     others = np.arange(6) != 2
     assert np.array_equal(after[others], before[others])
