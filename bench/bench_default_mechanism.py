@@ -25,7 +25,7 @@ import numpy as np
 from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 
 from bench.bench_highdim import power_law
-from bench.mnist import load_mnist, unit_rows
+from bench.mnist import mnist_split, unit_rows
 from service.mechanisms import spatial_sign as sign_module
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.linalg import clip_rows
@@ -111,36 +111,47 @@ def summary(results: list[dict[str, Any]]) -> str:
     return text + f" | cpu {cpu:.2f} s | ran {', '.join(ran)}"
 
 
+def _split_rows(seed: int) -> Array:
+    split = mnist_split(seed)
+    assert split is not None
+    return split[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--eps", type=float, nargs="+", default=[1.0, 0.3])
     parser.add_argument("--data", nargs="+", default=["digits", "mnist"])  # or power_law
     args = parser.parse_args(argv)
-    sources: dict[str, tuple[Array, int]] = {}
+
+    def fresh(rows: Array, size: int) -> Callable[[int], Array]:
+        # A fresh split per repetition, public seed 1000 + rep.
+        return lambda rep: rows[np.random.default_rng(1000 + rep).permutation(len(rows))[:size]]
+
+    sources: dict[str, Callable[[int], Array]] = {}
     if "digits" in args.data:
         digits = unit_rows(load_digits().data.astype(np.float64))
-        sources["digits"] = (digits, int(0.75 * len(digits)))
+        sources["digits"] = fresh(digits, int(0.75 * len(digits)))
     if "mnist" in args.data:
-        loaded = load_mnist()
-        if loaded is None:
+        if mnist_split(1000) is None:
             print("MNIST unavailable")
         else:
-            sources["mnist"] = (unit_rows(loaded[0]), 4000)
+            # The same rows as ``fresh`` drew from the file's order (bench/mnist.py).
+            sources["mnist"] = lambda rep: _split_rows(1000 + rep)
     if "power_law" in args.data:
         # bench_highdim's power-law rows (eigenvalues 1/i in a random basis, an offset, unit
         # rows), 5,000 drawn so that each repetition takes a fresh 4,000 x 1,000.
-        sources["power_law"] = (power_law(5000, 1000, seed=0), 4000)
-    for label, (rows, size) in sources.items():
+        sources["power_law"] = fresh(power_law(5000, 1000, seed=0), 4000)
+    for label, draw in sources.items():
         for eps in args.eps:
             results: dict[str, list[dict[str, Any]]] = {name: [] for name in CANDIDATES}
             for rep in range(args.reps):
-                split = np.random.default_rng(1000 + rep).permutation(len(rows))[:size]
-                sample = rows[split]
+                sample = draw(rep)
                 for name, candidate in CANDIDATES.items():
                     results[name].append(candidate(sample, eps, rep))
+            size, width = sample.shape
             base = np.mean([r["kept"] for r in results[next(iter(CANDIDATES))]])
-            print(f"## {label} {size} x {rows.shape[1]}, eps {eps}, {args.reps} reps", flush=True)
+            print(f"## {label} {size} x {width}, eps {eps}, {args.reps} reps", flush=True)
             for name, found in results.items():
                 ratio = np.mean([r["kept"] for r in found]) / base
                 print(f"  {name}: {summary(found)} | x{ratio:.2f}", flush=True)

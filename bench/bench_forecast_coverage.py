@@ -50,12 +50,11 @@ def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
         "power-law 3000x100": power_law(3000, 100, 2),
     }
     if mnist:
-        from bench.mnist import load_mnist, unit_rows
+        from bench.mnist import mnist_split
 
-        loaded = load_mnist()
-        if loaded is not None:
-            order = np.random.default_rng(0).permutation(loaded[0].shape[0])
-            sets["MNIST 4000x784"] = unit_rows(loaded[0][order[:4000]])
+        split = mnist_split(0)
+        if split is not None:
+            sets["MNIST 4000x784"] = split[0]
     return sets
 
 

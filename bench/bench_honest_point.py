@@ -170,12 +170,11 @@ def datasets(quick: bool, mnist: bool = False) -> dict[str, np.ndarray[Any, Any]
         # Flatter: the top components keep little, as on MNIST at eps 0.3 (0.017 kept).
         sets["power-law 5000x784, flat (i^-0.5)"] = power_law(5000, 784, 4, exponent=0.5)
     if mnist:
-        from bench.mnist import load_mnist, unit_rows
+        from bench.mnist import mnist_split
 
-        loaded = load_mnist()
-        if loaded is not None:
-            order = np.random.default_rng(0).permutation(loaded[0].shape[0])
-            sets["MNIST 4000x784"] = unit_rows(loaded[0][order[:4000]])
+        split = mnist_split(0)
+        if split is not None:
+            sets["MNIST 4000x784"] = split[0]
     return sets
 
 

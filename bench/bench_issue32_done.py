@@ -53,7 +53,7 @@ from sklearn.datasets import load_breast_cancer, load_digits  # type: ignore[imp
 
 import dpss_client.client as client_module
 from bench.bench_highdim import power_law
-from bench.mnist import dct_prior, load_mnist, unit_rows
+from bench.mnist import dct_prior, mnist_split, unit_rows
 from dpss_client import Client, PrivatePCA
 from service import auth
 from service import oneshot as oneshot_module
@@ -177,13 +177,10 @@ def part_a(service: Service, owner: Client, analyst: Client, seeds: int) -> None
     print(f"    kept {summary(shares)}  goal >= 0.48", flush=True)
 
 
-def mnist_split(seed: int) -> tuple[Array, Array] | None:
-    loaded = load_mnist()
-    if loaded is None:
-        return None
-    rows = unit_rows(loaded[0])
-    order = np.random.default_rng(2000 + seed).permutation(len(rows))
-    return rows[order[:4000]], rows[order[4000:]]
+def done_split(seed: int) -> tuple[Array, Array] | None:
+    """MNIST's 4,000 private unit rows and the other 1,000 for release ``seed``: public seed
+    ``2000 + seed``."""
+    return mnist_split(2000 + seed)
 
 
 def part_b(service: Service, owner: Client, analyst: Client, seeds: int) -> None:
@@ -191,7 +188,7 @@ def part_b(service: Service, owner: Client, analyst: Client, seeds: int) -> None
     dct = dct_prior(PRIOR_M)
     choices: set[str] = set()
     for seed in range(seeds):
-        split = mnist_split(seed)
+        split = done_split(seed)
         if split is None:
             print("(b) MNIST unavailable")
             return
@@ -217,7 +214,7 @@ def part_c(service: Service, owner: Client, analyst: Client, seeds: int) -> None
         default, gauss, nonprivate, choices = [], [], [], set()
         for seed in range(seeds):
             if label.startswith("MNIST"):
-                split = mnist_split(seed)
+                split = done_split(seed)
                 if split is None:
                     print("(c) MNIST unavailable")
                     break
@@ -249,7 +246,7 @@ def cell_sets() -> dict[str, Array]:
         "digits": unit_rows(load_digits().data.astype(np.float64)),
         "breast_cancer": unit_rows(load_breast_cancer().data.astype(np.float64)),
     }
-    split = mnist_split(0)
+    split = done_split(0)
     if split is not None:
         sets["MNIST 4000x784"] = split[0]
     return sets

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.mnist import dct_prior, load_mnist, unit_rows
+from bench.mnist import dct_prior, mnist_split
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.registry import get_mechanism
 from service.prior_projection import on_prior
@@ -78,11 +78,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--eps", type=float, default=1.0)
     args = parser.parse_args()
-    loaded = load_mnist()
-    if loaded is None:
+    if mnist_split(0) is None:
         print("MNIST unavailable (the package index could not be reached)")
         return
-    rows = unit_rows(loaded[0])
     dct = dct_prior(M)
     figures: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
@@ -93,8 +91,9 @@ def main() -> None:
             cpu.setdefault(name, []).append(seconds)
 
     for rep in range(args.reps):
-        order = np.random.default_rng(1000 + rep).permutation(len(rows))
-        private, public = rows[order[:PRIVATE_ROWS]], rows[order[PRIVATE_ROWS:]]
+        split = mnist_split(1000 + rep, PRIVATE_ROWS)
+        assert split is not None
+        private, public = split
         split_prior = top_directions(public, M)
         note("non-private top-10 PCA", kept_share(private, top_directions(private, K)))
         for name, prior in (("(a) public-split prior", split_prior), ("(b) DCT prior", dct)):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_auto_realistic import rows as realistic_rows
-from bench.mnist import load_mnist, unit_rows
+from bench.mnist import mnist_split
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
 from service.mechanisms.auto_gram import centre_offset_ratio, high_dimension
 from service.mechanisms.base import PublicContext, ReleaseSpec
@@ -74,10 +74,9 @@ def offset(n: int, d: int, seed: int) -> Array:
 
 def data(family: str, n: int, d: int, k: int, seed: int) -> Array:
     if family == "mnist":
-        loaded = load_mnist()
-        assert loaded is not None
-        pick = np.random.default_rng(seed).permutation(loaded[0].shape[0])[:n]
-        return unit_rows(loaded[0][pick].astype(np.float64))
+        split = mnist_split(seed, n)
+        assert split is not None
+        return split[0]
     if family == "spiked":
         return spiked(n, d, k, seed)
     if family == "offset":

@@ -24,7 +24,7 @@ import numpy as np
 from sklearn import datasets as skd  # type: ignore[import-untyped]
 
 from bench.bench_issue32_done import Service, fit, top_directions
-from bench.mnist import load_mnist, unit_rows
+from bench.mnist import mnist_split, unit_rows
 from dpss_client import Client
 from dpss_client.client import DpssError
 
@@ -109,12 +109,10 @@ CASES: dict[str, Callable[[], Array]] = {
 
 
 def mnist_rows() -> Array:
-    """2,000 rows drawn at random (fixed seed) from the 5,000-image sample, which is sorted by
-    label: its first 2,000 rows are the digits 0-3 only (500 each), its first 1,000 0 and 1."""
-    loaded = load_mnist()
-    assert loaded is not None
-    order = np.random.default_rng(0).permutation(loaded[0].shape[0])
-    return loaded[0][order[:2000]]
+    """2,000 raw rows drawn at random (public seed 0) from the 5,000-image sample."""
+    split = mnist_split(0, 2000, unit=False)
+    assert split is not None
+    return split[0]
 
 
 CASES["mnist_2000"] = mnist_rows

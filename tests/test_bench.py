@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -416,3 +417,69 @@ def test_report_rewrites_only_its_blocks_and_adds_a_missing_one_before_the_raw_r
     with pytest.raises(ValueError, match="generated:speed:end"):
         report.write({}, "", None, measured=False)
     assert (tmp_path / "benchmarks.md").read_text() == broken
+
+
+def _fake_sorted_sample(directory: Path) -> None:
+    """A cached sample laid out as the real file is (500 of each digit, sorted by label), each
+    image carrying its label in pixel ``label`` so a split's labels can be read off its rows."""
+    labels = np.repeat(np.arange(10), 500)
+    images = np.ones((5000, 784))
+    images[np.arange(5000), labels] = 255.0
+    np.savez(directory / "mnist_5k.npz", images=images, labels=labels)
+
+
+def _digit_counts(labels: np.ndarray) -> np.ndarray:
+    return np.bincount(labels, minlength=10)
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["sorted-stand-in", "cached-sample"])
+def test_no_mnist_prefix_or_split_is_a_run_of_a_few_digits(
+    real: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench_highdim took load_mnist()'s first 4,000 rows, the digits 0-7 only (the file is sorted
+    # by label): load_mnist() returned that order, and every count of 8s and 9s here was 0.
+    from bench import mnist
+
+    if real:
+        # The sandbox moves HOME; the benches' cache is under the real one (read, not written).
+        home = Path(os.environ.get("DPSS_TEST_REAL_HOME", str(Path.home())))
+        default = home / ".cache" / "dpss-bench-data"
+        cache = Path(os.environ.get("DPSS_BENCH_DATA_DIR", str(default))) / "mnist_5k.npz"
+        if not cache.exists():
+            pytest.skip("the MNIST sample is not cached (no network in the tests)")
+        monkeypatch.setenv("DPSS_BENCH_DATA_DIR", str(cache.parent))
+    else:
+        monkeypatch.setenv("DPSS_BENCH_DATA_DIR", str(tmp_path))
+        _fake_sorted_sample(tmp_path)
+    loaded = mnist.load_mnist()
+    assert loaded is not None
+    images, labels = loaded
+    # 4,000 of 5,000 drawn at random: each digit's count has sd about 9 around 400.
+    assert np.all(np.abs(_digit_counts(labels[:4000]) - 400) < 60)
+    assert np.all(np.abs(_digit_counts(labels[:1000]) - 100) < 40)
+    if not real:
+        assert np.array_equal(np.argmax(images, axis=1), labels)
+        for seed in (0, 1000, 2000, 2009):
+            split = mnist.mnist_split(seed, unit=False)
+            assert split is not None
+            private, rest = split
+            assert private.shape == (4000, 784) and rest.shape == (1000, 784)
+            assert np.all(np.abs(_digit_counts(np.argmax(private, axis=1)) - 400) < 60)
+            unit = mnist.mnist_split(seed)
+            assert unit is not None
+            assert np.allclose(np.linalg.norm(unit[0], axis=1), 1.0)
+            assert np.allclose(unit[0], mnist.unit_rows(private))
+
+
+def test_no_bench_reads_the_mnist_sample_but_through_its_module() -> None:
+    # The label-sorted file is read only inside bench/mnist.py; a bench draws rows with
+    # mnist_split (a public seed) or takes load_mnist()'s public random order whole.
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    for path in sorted(bench.rglob("*.py")):
+        if path.name == "mnist.py":
+            continue
+        text = path.read_text()
+        assert "_label_sorted_sample" not in text, path
+        assert "mnist_5k" not in text, path
+        for match in re.finditer(r"load_mnist\(\)[^\n]*", text):
+            assert "[:" not in match.group(0), (path, match.group(0))
