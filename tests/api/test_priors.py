@@ -4,6 +4,7 @@ inside the prior's span, at the cost of the same release without one, the digest
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 import numpy as np
 import pytest
@@ -298,3 +299,51 @@ def test_a_prior_gone_after_the_request_fails_the_release_unread_and_refunded(
     body = fetch_release(client, keys.analyst, made)
     assert (body["status"], body["refunded"]) == ("failed", True), body
     assert spent(client, keys.analyst, dataset["id"])["epsilon_spent"] == "0"
+
+
+def prior_problems(session_factory):
+    from service import audit
+
+    with session_factory() as session:
+        return [p for p in audit.verify(session).problems if "prior" in p]
+
+
+@pytest.mark.parametrize("tamper", ["rewritten", "removed"])
+def test_audit_verify_checks_every_stored_prior_against_its_event(
+    client, keys, dataset, prior_matrix, run_worker, session_factory, tamper
+):
+    """A prior's bytes are what a released basis's coordinates mean. Before, ``dpss audit
+    verify`` read no prior: its bytes rewritten with the ``sha256`` column to match (or the row
+    removed) after a release used it left the chain "OK" while a reader of the prior got
+    another basis than the one released."""
+    prior_id = upload_prior(client, keys.analyst, prior_matrix).json()["id"]
+    done = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, **BODY, params={"prior_id": prior_id}
+    )
+    inline = release_and_wait(
+        client,
+        keys.analyst,
+        dataset["id"],
+        run_worker,
+        **BODY,
+        params={"prior_basis": prior_matrix[:, ::-1].tolist()},
+    )
+    assert (done["status"], inline["status"]) == ("succeeded", "succeeded")
+    assert prior_problems(session_factory) == []
+    with session_factory.begin() as session:
+        row = session.get(Prior, uuid.UUID(prior_id))
+        if tamper == "rewritten":
+            other = np.ascontiguousarray(-prior_matrix, dtype="<f8")
+            row.basis = other.tobytes()
+            row.sha256 = sha256_of(other)
+        else:
+            session.delete(row)
+    problems = prior_problems(session_factory)
+    assert problems, "verify said OK"
+    if tamper == "rewritten":
+        assert any(f"priors {prior_id}: sha256 differs" in p for p in problems), problems
+        assert any("basis does not hash" in p for p in problems), problems
+    else:
+        assert any(f"priors {prior_id}: the row is missing" in p for p in problems), problems
+    # A problem names the table and id, never a stored value.
+    assert not any(sha256_of(prior_matrix) in p for p in problems), problems
