@@ -127,6 +127,7 @@ async def create_dataset(
             datasets.register_dataset(
                 session, store, principal, fields, stored, settings.default_accounting
             ),
+            principal.key_id,
         )
         person = stored.n_units is not None
         fits = datasets.recommended_accounting(fields)
@@ -229,6 +230,7 @@ async def register_reference(
         return dataset_out(
             session,
             registration.request_registration(session, store, principal, body, settings),
+            principal.key_id,
         )
 
     return await uow(request)
