@@ -2,9 +2,9 @@
 
 :class:`_Recorded` reads the chain, event by event, into what the tables must hold;
 :func:`_reconcile` then checks that every ledger row, dataset budget, release (cost, status,
-result and basis hashes, refund, epochs), grant, API key and dataset by reference's record
-(the objects, row groups and chunk digests its budget is bound to) is exactly what the events
-say,
+result and basis hashes, refund, epochs), grant, API key, public prior (its bytes' digest and
+shape) and dataset by reference's record (the objects, row groups and chunk digests its budget
+is bound to) is exactly what the events say,
 that every event's row exists, and that no dataset or grant spends more than its events gave
 it. Guarantees: a problem names a table or an event and an id, never a stored value; an event
 whose details are not in the form this version writes is a problem, never an exception. Called
@@ -35,6 +35,7 @@ from service.db.models import (
     DatasetReferenceObject,
     Grant,
     LedgerEntry,
+    Prior,
     Release,
     ReleaseBasis,
     ReleaseEpoch,
@@ -141,6 +142,8 @@ class _Recorded:
     grants_revoked: dict[uuid.UUID, int] = field(default_factory=dict)
     #: A dataset by reference's record, as its events describe it.
     references: dict[uuid.UUID, Referenced] = field(default_factory=dict)
+    #: ``prior_stored`` events: ``prior id -> (seq, sha256, d, m)``.
+    priors: dict[uuid.UUID, tuple[int, str, int, int]] = field(default_factory=dict)
 
     def add(self, event: AuditEvent, problems: list[str]) -> None:
         try:
@@ -233,6 +236,16 @@ class _Recorded:
             )
         elif kind == "grant_revoked":
             self.grants_revoked[uuid.UUID(details["grant_id"])] = seq
+        elif kind == "prior_stored":
+            prior_id = uuid.UUID(str(details["prior_id"]))
+            if prior_id in self.priors:
+                problems.append(f"event {seq}: prior {prior_id} was already stored")
+            self.priors[prior_id] = (
+                seq,
+                str(details["sha256"]),
+                int(details["d"]),
+                int(details["m"]),
+            )
 
 
 def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> None:
@@ -242,9 +255,58 @@ def _reconcile(session: Session, recorded: _Recorded, problems: list[str]) -> No
     _reconcile_keys(session, recorded, problems)
     _reconcile_grants(session, recorded, problems)
     _reconcile_epochs(session, recorded, problems)
+    _reconcile_priors(session, recorded, problems)
     _check_spending(recorded, problems)
     _check_grant_spending(recorded, problems)
     _check_hybrid_spending(session, recorded, problems)
+
+
+def _reconcile_priors(session: Session, recorded: _Recorded, problems: list[str]) -> None:
+    """Every stored prior is the bytes its ``prior_stored`` event names (digest and shape), and
+    every release that names a prior names one stored before it, with that digest. A prior's
+    bytes are what a released basis's coordinates mean: rewritten (with its ``sha256`` column
+    to match) or removed, a reader of the prior would take another basis for the one released.
+    Rows are read one at a time (a prior may be 256 MB)."""
+    seen: set[uuid.UUID] = set()
+    for prior_id in session.execute(select(Prior.id)).scalars():
+        seen.add(prior_id)
+        where = f"priors {prior_id}"
+        stored = recorded.priors.get(prior_id)
+        if stored is None:
+            problems.append(f"{where}: no prior_stored event")
+            continue
+        row = session.execute(
+            select(Prior.sha256, Prior.n_rows, Prior.n_cols, Prior.basis).where(
+                Prior.id == prior_id
+            )
+        ).one()
+        seq, sha256, d, m = stored
+        if (row.n_rows, row.n_cols) != (d, m):
+            problems.append(f"{where}: shape differs from prior_stored event {seq}")
+        if row.sha256 != sha256:
+            problems.append(f"{where}: sha256 differs from prior_stored event {seq}")
+        if len(row.basis) != 8 * d * m or hashlib.sha256(row.basis).hexdigest() != sha256:
+            problems.append(f"{where}: basis does not hash to prior_stored event {seq}'s sha256")
+    for prior_id, (seq, _, _, _) in recorded.priors.items():
+        if prior_id not in seen:
+            problems.append(f"priors {prior_id}: the row is missing (stored by event {seq})")
+    for release_id, request in recorded.requests.items():
+        params = request.params if isinstance(request.params, dict) else {}
+        named = params.get("prior_id")
+        if named is None:
+            continue
+        where = f"release_requested event {request.seq}"
+        try:
+            stored = recorded.priors.get(uuid.UUID(str(named)))
+        except ValueError:
+            stored = None
+        if stored is None or stored[0] > request.seq:
+            problems.append(f"{where}: names prior {named}, which no earlier event stored")
+        elif params.get("prior_sha256") != stored[1]:
+            problems.append(
+                f"{where}: prior_sha256 differs from prior_stored event {stored[0]} "
+                f"(release {release_id})"
+            )
 
 
 def _reconcile_epochs(session: Session, recorded: _Recorded, problems: list[str]) -> None:

@@ -297,7 +297,9 @@ def _compute_reference_epoch(
             )
             rows.check_unchanged()
     except reference.ReferenceFault as fault:
-        log.warning("release %s: epoch %d: %s", release_label, step.epoch, fault.reason)
+        log.warning(
+            "release %s: epoch %d: %s (%s)", release_label, step.epoch, fault.reason, fault.path
+        )
         refund = fault.refund and step.epoch == 1
         return EpochOutput(None, Outcome.failed(fault.reason, refund=refund))
     except InvalidParameter:

@@ -215,7 +215,7 @@ def _execute_reference(
             rows.check_unchanged()
             return outcome
     except reference.ReferenceFault as fault:
-        log.warning("release %s: %s", job.release_id, fault.reason)
+        log.warning("release %s: %s (%s)", job.release_id, fault.reason, fault.path)
         return Outcome.failed(fault.reason, refund=fault.refund)
 
 

@@ -109,3 +109,29 @@ def test_wrapped_mechanisms_are_total_on_extreme_rows(
     else:
         assert out.no_result_reason
     assert out.extras["prior"]["dimension"] == M
+
+
+def test_a_prior_with_near_parallel_columns_inside_the_tolerance_lengthens_no_clipped_row() -> None:
+    """Columns tilted towards each other by just under the tolerance (``max |P^T P - I|`` 0.99e-6
+    at m = 64: largest singular value 1 + 3.1e-5, so ``x P`` could be 3.1e-5 longer than ``x``)
+    pass the check. The wrapper divides ``P`` by its largest singular value, and what rounding
+    leaves (measured: at most 4.4e-16 over unit rows) is removed by the mechanism's own clip, so
+    every row the Gram matrix sees has norm at most C."""
+    from service.mechanisms.linalg import clip_rows
+    from service.priors import check_matrix
+
+    rng = np.random.default_rng(7)
+    d, m = 200, 64
+    q, _ = np.linalg.qr(rng.normal(size=(d, m)))
+    tilt = np.full((m, m), 0.99e-6 / 2)
+    np.fill_diagonal(tilt, 0.0)
+    prior = check_matrix(q @ (np.eye(m) + tilt), "file")
+    assert np.linalg.norm(prior, 2) > 1 + 3e-5
+    shrunk = contraction(prior)
+    top = np.linalg.svd(shrunk)[0][:, :3].T
+    rows = np.vstack([top, rng.normal(size=(500, d))])
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    projected = project_rows(rows, shrunk)
+    assert np.max(np.linalg.norm(projected, axis=1)) <= 1 + 1e-15
+    clipped = clip_rows(projected, 1.0)
+    assert np.max(np.linalg.norm(clipped, axis=1)) <= 1 + d * 2.0**-53

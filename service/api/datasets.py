@@ -185,7 +185,7 @@ async def create_dataset(
             if found is None:
                 raise
             return found
-        out = dataset_out(session, dataset)
+        out = dataset_out(session, dataset, principal.key_id)
         person = stored.n_units is not None
         fits = datasets.recommended_accounting(fields)
         return DatasetCreated(
@@ -344,6 +344,7 @@ async def register_reference(
         return dataset_out(
             session,
             registration.request_registration(session, store, principal, body, settings),
+            principal.key_id,
         )
 
     return await uow(request)

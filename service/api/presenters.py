@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
 from service import continual, ledger, privacy_unit, releases, spend, visibility
+from service.audit_events import record_digest
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
@@ -75,18 +76,18 @@ def budget_schema(
     )
 
 
-def dataset_out(
-    session: Session, dataset: models.Dataset, viewer: uuid.UUID | None = None
-) -> Dataset:
+def dataset_out(session: Session, dataset: models.Dataset, viewer: uuid.UUID | None) -> Dataset:
     return datasets_out(session, [dataset], viewer)[0]
 
 
 def datasets_out(
-    session: Session, datasets: Sequence[models.Dataset], viewer: uuid.UUID | None = None
+    session: Session, datasets: Sequence[models.Dataset], viewer: uuid.UUID | None
 ) -> list[Dataset]:
-    """The datasets with their budgets, read in one statement for the whole page. A pending
-    batch's status and reason only for its owner (``viewer``, the caller's key): a refusal's
-    reason may name an object or a row number, as a failed registration's does."""
+    """The datasets with their budgets, read in one statement for the whole page. For its owner
+    only (``viewer``, the caller's key): a dataset by reference's URI, a failed registration's
+    reason and a pending batch's status and reason. The URI is where the raw rows are, and a
+    refusal's reason may name an object or a row number; an analyst sees that the dataset is
+    by reference and its record's digest (docs/security.md, "Datasets by reference")."""
     states = ledger.budgets_of(session, datasets)
     return [
         Dataset(
@@ -98,11 +99,18 @@ def datasets_out(
             row_norm_bound=dataset.row_norm_bound,
             budget=_budget(dataset, states[dataset.id]),
             created_at=dataset.created_at,
-            reference=_reference_uri(dataset),
+            by_reference=by_reference(dataset),
+            reference_sha256=(
+                None if dataset.reference is None else record_digest(dataset.reference)
+            ),
             registration_status=dataset.registration_status,
-            registration_reason=dataset.registration_reason,
             **(
-                {"batch_status": dataset.batch_status, "batch_reason": dataset.batch_reason}
+                {
+                    "reference": _reference_uri(dataset),
+                    "registration_reason": dataset.registration_reason,
+                    "batch_status": dataset.batch_status,
+                    "batch_reason": dataset.batch_reason,
+                }
                 if viewer is not None and viewer == dataset.owner_key_id
                 else {}
             ),
@@ -110,6 +118,11 @@ def datasets_out(
         )
         for dataset in datasets
     ]
+
+
+def by_reference(dataset: models.Dataset) -> bool:
+    """Registered by reference, or being registered (a failed one included)."""
+    return dataset.reference is not None or dataset.registration_request is not None
 
 
 def _reference_uri(dataset: models.Dataset) -> str | None:

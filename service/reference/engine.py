@@ -267,7 +267,7 @@ class ParquetRows:
                 return tuple(compute(*graphs, scheduler="sync"))
             except (TimeoutError, OSError) as exc:
                 raise ReferenceFault(
-                    UNREADABLE_REASON.format(path=self.reference.uri, kind=_fault_name(exc))
+                    UNREADABLE_REASON.format(kind=_fault_name(exc)), path=self.reference.uri
                 ) from None
         from distributed import Client
 
@@ -459,15 +459,15 @@ class ParquetRows:
             try:
                 current = _identity(fs, ref.location, path)
             except NotRegular:
-                raise ReferenceFault(UNSAFE_REASON.format(path=path)) from None
+                raise ReferenceFault(UNSAFE_REASON, path=path) from None
             except FileNotFoundError:
-                raise ReferenceFault(CHANGED_REASON.format(path=path)) from None
+                raise ReferenceFault(CHANGED_REASON, path=path) from None
             except Exception as exc:
                 raise ReferenceFault(
-                    UNREADABLE_REASON.format(path=path, kind=_fault_name(exc))
+                    UNREADABLE_REASON.format(kind=_fault_name(exc)), path=path
                 ) from None
             if any(recorded.get(key) != value for key, value in current.items()):
-                raise ReferenceFault(CHANGED_REASON.format(path=path))
+                raise ReferenceFault(CHANGED_REASON, path=path)
 
     def close(self) -> None:
         if self._client is not None:

@@ -15,8 +15,8 @@ Guarantees:
 - **Values**: :func:`_check_schema` admits numeric columns only, and :func:`_bad_values` refuses
   a null or a non-finite value; the same check runs at registration and on every row group a
   release reads.
-- **Faults** (:class:`ReferenceFault`) carry fixed reasons that name the object, never a value,
-  and say whether the release is refunded.
+- **Faults** (:class:`ReferenceFault`) carry fixed reasons that name neither the object (its
+  location is for the log) nor a value, and say whether the release is refunded.
 """
 
 from __future__ import annotations
@@ -38,16 +38,21 @@ from service.reference.objects import Location, _Object, _roots, object_key
 #: ``datasets.file_name`` of a dataset by reference: not a file of the store (null still means
 #: deleted, so every check of a live dataset holds unchanged).
 REFERENCE_FILE_NAME = "(by reference)"
-CHANGED_REASON = "the referenced object {path} changed since registration; nothing was released"
-UNREADABLE_REASON = "the referenced object {path} could not be read ({kind}); nothing was released"
+# A release's reason is shown to the analyst who asked for it: it names no object (a bucket and
+# key, or a path, hands its reader the location of the raw rows). The object goes to the
+# worker's log (:attr:`ReferenceFault.path`), which only operators read.
+CHANGED_REASON = "a referenced object changed since registration; nothing was released"
+UNREADABLE_REASON = "a referenced object could not be read ({kind}); nothing was released"
 UNSAFE_REASON = (
-    "the referenced object {path} is no longer a regular file at its registered path under "
+    "a referenced object is no longer a regular file at its registered path under "
     "DPSS_REFERENCE_ROOTS; nothing was released"
 )
 LEGACY_REASON = (
     "this dataset was registered before content digests were recorded; register it again"
 )
-VALUES_REASON = "the values read from {path} differ from the registered ones; nothing was released"
+VALUES_REASON = (
+    "the values read from a referenced object differ from the registered ones; nothing was released"
+)
 #: The largest Parquet footer read (its length is the file's claim, so it is bounded first).
 MAX_FOOTER_BYTES = 64 * 1024 * 1024
 _MAGIC = b"PAR1"
@@ -58,10 +63,12 @@ class ReferenceFault(Exception):
     with :attr:`reason`, refunded when :attr:`refund` (nothing released and the fault decided
     by something other than the registered values: a changed object, a lost cluster)."""
 
-    def __init__(self, reason: str, refund: bool = True) -> None:
+    def __init__(self, reason: str, refund: bool = True, path: str | None = None) -> None:
         super().__init__(reason, refund)
         self.reason = reason
         self.refund = refund
+        #: The object at fault, for the worker's log only (never in :attr:`reason`).
+        self.path = path
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ Guarantees:
   at its registered place under the current roots (S3: the recorded version), the footer and
   every chunk compared with their digests before anything is decoded, then the rows counted
   and checked as registration checked them. A difference found by digests or by opening is a
-  refunded :class:`~service.reference.integrity.ReferenceFault` naming the object; a failure
-  once the bytes are the registered ones would depend on them, so it is not refunded.
+  refunded :class:`~service.reference.integrity.ReferenceFault` (its object named in the log
+  only); a failure once the bytes are the registered ones would depend on them, so it is not
+  refunded.
 """
 
 from __future__ import annotations
@@ -128,31 +129,31 @@ def _read_piece(
     try:
         with _Object(location, path, record.get("version"), size) as handle:
             if handle.size != size:
-                raise ReferenceFault(CHANGED_REASON.format(path=path))
+                raise ReferenceFault(CHANGED_REASON, path=path)
             footer = handle.read(size - length, length)
             if _sha256(footer) != record["footer_sha256"]:
-                raise ReferenceFault(CHANGED_REASON.format(path=path))
+                raise ReferenceFault(CHANGED_REASON, path=path)
             ranges: dict[int, bytes] = {}
             wanted = [(chunk.start, chunk.length) for chunk in piece.chunks]
             for chunk, data in zip(piece.chunks, _read_ranges(handle, wanted), strict=True):
                 if _sha256(data) != chunk.sha256:
-                    raise ReferenceFault(CHANGED_REASON.format(path=path))
+                    raise ReferenceFault(CHANGED_REASON, path=path)
                 ranges[chunk.start] = data
     except ReferenceFault:
         raise
     except NotRegular:
-        raise ReferenceFault(UNSAFE_REASON.format(path=path)) from None
+        raise ReferenceFault(UNSAFE_REASON, path=path) from None
     except (FileNotFoundError, EOFError):
-        raise ReferenceFault(CHANGED_REASON.format(path=path)) from None
+        raise ReferenceFault(CHANGED_REASON, path=path) from None
     except Exception as exc:
-        raise ReferenceFault(UNREADABLE_REASON.format(path=path, kind=_fault_name(exc))) from None
+        raise ReferenceFault(UNREADABLE_REASON.format(kind=_fault_name(exc)), path=path) from None
     # From here on the bytes are the registered ones: a failure would depend on them, so it is
     # not refunded (it cannot happen unless this pyarrow decodes them unlike registration's).
     try:
         (table,) = _decode(_parse_footer(footer), size, ranges, piece.row_group, columns)
     except Exception:
-        raise ReferenceFault(VALUES_REASON.format(path=path), refund=False) from None
+        raise ReferenceFault(VALUES_REASON, refund=False, path=path) from None
     matrix = checked_matrix(table, columns) if table.num_rows == piece.rows else None
     if matrix is None:
-        raise ReferenceFault(VALUES_REASON.format(path=path), refund=False)
+        raise ReferenceFault(VALUES_REASON, refund=False, path=path)
     return matrix

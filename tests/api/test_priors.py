@@ -4,6 +4,8 @@ inside the prior's span, at the cost of the same release without one, the digest
 from __future__ import annotations
 
 import hashlib
+import io
+import uuid
 
 import numpy as np
 import pytest
@@ -298,3 +300,95 @@ def test_a_prior_gone_after_the_request_fails_the_release_unread_and_refunded(
     body = fetch_release(client, keys.analyst, made)
     assert (body["status"], body["refunded"]) == ("failed", True), body
     assert spent(client, keys.analyst, dataset["id"])["epsilon_spent"] == "0"
+
+
+def prior_problems(session_factory):
+    from service import audit
+
+    with session_factory() as session:
+        return [p for p in audit.verify(session).problems if "prior" in p]
+
+
+@pytest.mark.parametrize("tamper", ["rewritten", "removed"])
+def test_audit_verify_checks_every_stored_prior_against_its_event(
+    client, keys, dataset, prior_matrix, run_worker, session_factory, tamper
+):
+    """A prior's bytes are what a released basis's coordinates mean. Before, ``dpss audit
+    verify`` read no prior: its bytes rewritten with the ``sha256`` column to match (or the row
+    removed) after a release used it left the chain "OK" while a reader of the prior got
+    another basis than the one released."""
+    prior_id = upload_prior(client, keys.analyst, prior_matrix).json()["id"]
+    done = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, **BODY, params={"prior_id": prior_id}
+    )
+    inline = release_and_wait(
+        client,
+        keys.analyst,
+        dataset["id"],
+        run_worker,
+        **BODY,
+        params={"prior_basis": prior_matrix[:, ::-1].tolist()},
+    )
+    assert (done["status"], inline["status"]) == ("succeeded", "succeeded")
+    assert prior_problems(session_factory) == []
+    with session_factory.begin() as session:
+        row = session.get(Prior, uuid.UUID(prior_id))
+        if tamper == "rewritten":
+            other = np.ascontiguousarray(-prior_matrix, dtype="<f8")
+            row.basis = other.tobytes()
+            row.sha256 = sha256_of(other)
+        else:
+            session.delete(row)
+    problems = prior_problems(session_factory)
+    assert problems, "verify said OK"
+    if tamper == "rewritten":
+        assert any(f"priors {prior_id}: sha256 differs" in p for p in problems), problems
+        assert any("basis does not hash" in p for p in problems), problems
+    else:
+        assert any(f"priors {prior_id}: the row is missing" in p for p in problems), problems
+    # A problem names the table and id, never a stored value.
+    assert not any(sha256_of(prior_matrix) in p for p in problems), problems
+
+
+class _Canary:
+    """Unpickling this writes a file: the upload must never unpickle."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_prior_uploads_in_every_npy_layout_never_unpickle(
+    client, keys, prior_matrix, tmp_path, session_factory
+):
+    """An object array (a pickle inside the .npy) is refused without being unpickled; Fortran
+    order, big-endian, float32 and int layouts store the canonical little-endian float64
+    row-major bytes (the digest is theirs); float16 rounds a basis past the tolerance."""
+    canary = tmp_path / "unpickled"
+    buffer = io.BytesIO()
+    np.save(buffer, np.array([[_Canary(str(canary))]], dtype=object), allow_pickle=True)
+    refused = client.post(
+        "/v1/priors",
+        headers=bearer(keys.analyst),
+        files={"file": ("prior.npy", buffer.getvalue(), "application/octet-stream")},
+    )
+    assert refused.status_code == 422 and refused.json()["detail"].startswith("file: ")
+    assert "pickles" in refused.json()["detail"]
+    assert not canary.exists()
+    for layout in (
+        np.asfortranarray(prior_matrix),
+        prior_matrix.astype(">f8"),
+        prior_matrix.astype(np.float32),
+    ):
+        stored = upload_prior(client, keys.analyst, layout)
+        assert stored.status_code == 201, stored.text
+        expected = np.asarray(layout, dtype=np.float64)
+        assert stored.json()["sha256"] == sha256_of(expected)
+        read = client.get(f"/v1/priors/{stored.json()['id']}", headers=bearer(keys.analyst))
+        np.testing.assert_array_equal(np.array(read.json()["basis"]), expected)
+    eye = upload_prior(client, keys.analyst, np.eye(D, M, dtype=np.int64))
+    assert eye.status_code == 201 and eye.json()["sha256"] == sha256_of(np.eye(D, M))
+    half = upload_prior(client, keys.analyst, prior_matrix.astype(np.float16))
+    assert half.status_code == 422 and "not orthonormal" in half.json()["detail"]

@@ -106,7 +106,9 @@ def test_registration_answers_at_once_and_a_worker_makes_it_ready(
     assert worker.run_pending() == 0  # no release ran; the registration did
     ready = show(client, keys.owner, body["id"])
     assert ready["registration_status"] == "ready" and ready["n_rows"] == 300, ready
-    assert show(client, keys.analyst, body["id"]) == ready
+    # The same to an analyst, but for the URI: where the rows are is the owner's.
+    assert ready["reference"] == str(root / "set") and ready["by_reference"] is True
+    assert show(client, keys.analyst, body["id"]) == {**ready, "reference": None}
     release_id = post_release(client, keys.analyst, body["id"], **RELEASE)
     assert worker.run_pending() == 1
     assert fetch_release(client, keys.analyst, release_id)["status"] == "succeeded"

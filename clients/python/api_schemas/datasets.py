@@ -174,9 +174,27 @@ class Dataset(Schema):
     reference: str | None = Field(
         default=None,
         description=(
-            "For a dataset registered by reference (`POST /v1/dataset-references`): the "
-            "URI of its Parquet objects, which the service reads but does not own. Null for "
-            "an uploaded dataset."
+            "For a dataset registered by reference (`POST /v1/dataset-references`), shown to "
+            "its owner only: the URI of its Parquet objects, which the service reads but does "
+            "not own. Null for an uploaded dataset and for every other caller: the URI is the "
+            "location of the raw rows (see `by_reference` and `reference_sha256`)."
+        ),
+    )
+    by_reference: bool = Field(
+        default=False,
+        description=(
+            "Whether the dataset is registered by reference (its rows stay in the owner's "
+            "storage); public."
+        ),
+    )
+    reference_sha256: str | None = Field(
+        default=None,
+        description=(
+            "For a registered dataset by reference: the SHA-256 of its registered record "
+            "(every object's identity and content digests, canonical JSON), the "
+            "`reference_sha256` its latest `dataset_referenced` or `dataset_batch_referenced` "
+            "audit event carries; it changes when a batch is added. Names no location. Null "
+            "for an upload and while the registration is pending or failed."
         ),
     )
     registration_status: Literal["registering", "ready", "failed"] = Field(
@@ -192,8 +210,9 @@ class Dataset(Schema):
     registration_reason: str | None = Field(
         default=None,
         description=(
-            "When `registration_status` is `failed`: why, naming the field (`uri` or "
-            "`columns`) as the synchronous 4xx answer did (never a data value)."
+            "When `registration_status` is `failed`, shown to the owner only (it may name an "
+            "object's location): why, naming the field (`uri` or `columns`) as the synchronous "
+            "4xx answer did (never a data value)."
         ),
     )
     batch_status: Literal["registering", "failed"] | None = Field(

@@ -356,13 +356,16 @@ def _privacy_unit(ds: Dataset) -> str:
 
 
 def _registration_rows(ds: Dataset) -> list[tuple[str, Any]]:
-    """A dataset by reference's URI and registration (nothing for an upload)."""
-    if ds.reference is None:
+    """A dataset by reference's registration and record digest, with its URI for its owner
+    (the service shows the URI to no one else; nothing for an upload)."""
+    if not ds.by_reference and ds.reference is None:
         return []
     rows: list[tuple[str, Any]] = [
-        ("reference", ds.reference),
+        ("reference", ds.reference if ds.reference is not None else "(by reference)"),
         ("registration", ds.registration_status),
     ]
+    if ds.reference_sha256 is not None:
+        rows.append(("reference_sha256", ds.reference_sha256))
     if ds.registration_reason is not None:
         rows.append(("reason", ds.registration_reason))
     return rows
