@@ -156,6 +156,9 @@ def _parse(text: str, number: int) -> Anchor:
     Head.parse(f"{seq}:{digest}")  # the same bounds as a head given by hand
     if not isinstance(seq, int) or not isinstance(digest, str) or not isinstance(time, str):
         raise ValueError("seq, hash and time are required")
+    if not (time.isascii() and time.isprintable()):
+        # verify prints the time: a JSON escape such as \u001b would reach the terminal
+        raise ValueError("time is not printable")
     if mac is not None and not isinstance(mac, str):
         raise ValueError("mac is not a string")
     accepts = value.get("accepts", False)

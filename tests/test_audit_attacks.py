@@ -15,7 +15,7 @@ from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import DataError
 
 from service import anchors, audit
-from service.anchors import AnchorWriter
+from service.anchors import Anchor, AnchorWriter
 from service.db.models import AuditEvent, AuditHead, Dataset, LedgerEntry, Release
 from tests import test_audit_cli
 from tests.conftest import bearer, post_release
@@ -263,3 +263,26 @@ def test_an_emptied_anchor_file_and_an_unanchored_tail_are_said(service, setting
     verified = dpss("audit", "verify", url=url)
     assert verified.exit_code == 0, verified.output
     assert "holds no anchor: a restore from an older backup goes unseen" in verified.stdout
+
+
+def test_an_anchor_time_that_would_drive_the_terminal_is_not_printed(
+    service, settings, ledger
+) -> None:
+    """verify prints an anchor's time in its messages; a line whose time holds a control
+    character (an ANSI escape, written as a JSON escape) reached the operator's terminal
+    (click strips escapes only when the output is not a terminal, as here: before, the line
+    was read as an anchor and its time printed in the restore message)."""
+    url, factory, _ = service
+    anchor = AnchorWriter(factory, settings).write_once()
+    assert anchor is not None
+    _cut_newest_release(factory, ledger.queued)
+    # the newest anchor named: the one whose time the message shows
+    escape = "\x1b[2J\x1b[32maudit chain OK"
+    forged = Anchor(time=escape, seq=anchor.seq + 1, hash=anchor.hash).to_json()
+    path = settings.resolved_audit_anchor_path
+    path.write_text(path.read_text() + forged + "\n")
+    verified = dpss("audit", "verify", url=url)
+    assert verified.exit_code == 1, verified.output
+    assert "\x1b" not in verified.output
+    assert "line 2 is not an anchor" in verified.stderr
+    assert "restore detected" in verified.stderr  # the honest first line still holds
