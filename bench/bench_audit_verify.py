@@ -27,6 +27,7 @@ from api_schemas.releases import ReleaseRequest
 from service import audit, auth, datasets, releases
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
+from service.jobs import Outcome
 from service.mechanisms.base import MechanismOutput
 from service.migrate import upgrade_to_head
 from service.store import DatasetStore
@@ -61,15 +62,16 @@ def populate(factory: sessionmaker[Session], settings: Settings, count: int) -> 
     basis = np.linalg.qr(np.random.default_rng(0).standard_normal((4, 2)))[0]
     for index in range(count):
         with factory.begin() as session:
-            releases.request_release(session, analyst, ids[index % 10], body, None)
+            releases.request_release(session, analyst, ids[index % 10], body, None, settings)
         job = worker.claim()
         assert job is not None
         if index % 7 == 0:
-            worker.finish(job, None, "the dataset was deleted before the release ran", refund=True)
+            reason = "the dataset was deleted before the release ran"
+            worker.finish(job, Outcome.failed(reason, refund=True))
         elif index % 5 == 0:
-            worker.finish(job, MechanismOutput.no_result("declined"), None, refund=False)
+            worker.finish(job, Outcome.of(MechanismOutput.no_result("declined")))
         else:
-            worker.finish(job, MechanismOutput(basis=basis), None, refund=False)
+            worker.finish(job, Outcome.of(MechanismOutput(basis=basis)))
 
 
 def chain_only(session: Session) -> int:

@@ -27,7 +27,7 @@ From then on anchors written before that line are not checked (they name the los
 while any later restore, to a backup older than the acceptance itself, no longer holds the
 head the line names and is caught against every anchor again. Only the line counts, never the
 event alone: someone who can write the database could append the event too
-(:func:`accepted_before`).
+(:func:`accepted_by`).
 
 The default anchor file is outside the data directory
 (:attr:`service.config.Settings.resolved_audit_anchor_path`), so that a backup of the data
@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -93,6 +93,8 @@ class Anchor:
     mac: str | None = None
     line: int = 0
     accepts: bool = False
+    #: The file the line was read from (``line`` orders lines within it: the order written).
+    file: str = ""
 
     @property
     def head(self) -> Head:
@@ -154,6 +156,9 @@ def _parse(text: str, number: int) -> Anchor:
     Head.parse(f"{seq}:{digest}")  # the same bounds as a head given by hand
     if not isinstance(seq, int) or not isinstance(digest, str) or not isinstance(time, str):
         raise ValueError("seq, hash and time are required")
+    if not (time.isascii() and time.isprintable()):
+        # verify prints the time: a JSON escape such as \u001b would reach the terminal
+        raise ValueError("time is not printable")
     if mac is not None and not isinstance(mac, str):
         raise ValueError("mac is not a string")
     accepts = value.get("accepts", False)
@@ -178,11 +183,20 @@ def read(path: Path, key: bytes | None) -> AnchorFile:
         try:
             if len(line) > MAX_LINE_CHARS:
                 raise ValueError("too long")
-            anchor = _parse(line, number)
+            anchor = replace(_parse(line, number), file=str(path))
         except ValueError:
             result.problems.append(f"{path}: line {number} is not an anchor")
             continue
         if key is not None:
+            if anchor.mac is None and anchor.accepts:
+                # An anchor without a MAC can only add checks; an acceptance removes them, so
+                # with the key only one that carries it counts (`dpss audit accept-restore`
+                # run with DPSS_AUDIT_HMAC_KEY writes one).
+                result.problems.append(
+                    f"{path}: line {number}: an acceptance without a MAC (forged, or written "
+                    "without DPSS_AUDIT_HMAC_KEY); not counted"
+                )
+                continue
             if anchor.mac is None:
                 unmacced += 1
             elif not hmac.compare_digest(
@@ -207,16 +221,16 @@ def check(session: Session, anchors: Iterable[Anchor], last: Head) -> tuple[list
     written, and how many others fail with it.
     """
     anchors = list(anchors)
-    cutoff = accepted_before(session, anchors, last)
-    if cutoff is not None:
-        kept = [a for a in anchors if not _written_before(a, cutoff)]
+    acceptance = accepted_by(session, anchors, last)
+    if acceptance is not None:
+        kept = [a for a in anchors if not _written_before(a, acceptance)]
         skipped = len(anchors) - len(kept)
         anchors = kept
         if skipped:
             accepted_note = (
                 f"{skipped} anchors written before the restore accepted at "
-                f"{cutoff.isoformat(timespec='seconds')} were not checked (they describe the "
-                "history given up)"
+                f"{acceptance.time} (line {acceptance.line}) were not checked (they describe "
+                "the history given up)"
             )
             problems, notes = check(session, anchors, last) if anchors else ([], [])
             return problems, [*notes, accepted_note]
@@ -257,9 +271,16 @@ def check(session: Session, anchors: Iterable[Anchor], last: Head) -> tuple[list
             )
     newest = max(anchors, key=lambda a: a.seq)
     if not failing:
+        # What no anchor covers yet: a cut of these events, with their rows and the head,
+        # is seen only once a later anchor names one of them.
+        tail = (
+            f"; events {newest.seq + 1}-{last.seq} are newer than any anchor"
+            if newest.seq < last.seq
+            else ""
+        )
         return [], [
             f"the chain holds all {len(anchors)} anchors (newest: event {newest.seq}, "
-            f"{newest.time})"
+            f"{newest.time}){tail}"
         ]
     _, message = max(failing, key=lambda item: item[0].seq)
     if len(failing) > 1:
@@ -271,10 +292,10 @@ ACCEPTED = "restore_accepted"
 DETECTED = "restore_detected"
 
 
-def accepted_before(session: Session, anchors: list[Anchor], last: Head) -> datetime | None:
-    """The time of the newest acceptance line (``accepts``) among ``anchors`` whose head the
-    chain ending at ``last`` holds, if any: anchors written until then describe the history an
-    admin gave up.
+def accepted_by(session: Session, anchors: list[Anchor], last: Head) -> Anchor | None:
+    """The last acceptance line (``accepts``) among ``anchors`` (in the order read: a file's
+    lines in the order written) whose head the chain ending at ``last`` holds, if any: anchors
+    written before it describe the history an admin gave up.
 
     Read from the anchor file, never from the chain: someone who can write the database (and,
     without the MAC key, extend the chain) could append a ``restore_accepted`` event after
@@ -290,25 +311,30 @@ def accepted_before(session: Session, anchors: list[Anchor], last: Head) -> date
         )
     )
     stored = {int(seq): str(digest) for seq, digest in rows}
-    times: list[datetime] = []
-    for anchor in accepting:
-        held = stored.get(anchor.seq)
-        if held is None or not hmac.compare_digest(held, anchor.hash):
-            continue
-        try:
-            times.append(_as_utc(datetime.fromisoformat(anchor.time)))
-        except ValueError:
-            continue  # an unreadable time accepts nothing
-    return max(times) if times else None
+    held = [
+        anchor
+        for anchor in accepting
+        if anchor.seq in stored and hmac.compare_digest(stored[anchor.seq], anchor.hash)
+    ]
+    return held[-1] if held else None
 
 
 def _as_utc(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _written_before(anchor: Anchor, cutoff: datetime) -> bool:
+def _written_before(anchor: Anchor, acceptance: Anchor) -> bool:
+    """Whether ``anchor`` was written no later than ``acceptance``. Within one file by line
+    order, the order the lines were appended: the times are the writers' clocks, and a clock
+    set back after an acceptance (or one that ran ahead when it was written) would otherwise
+    leave every later anchor unchecked, so that a cut of the newest events went unseen. Only
+    an anchor of another file (one an earlier version wrote in the data directory) is placed
+    by its time."""
+    if anchor.file == acceptance.file:
+        return anchor.line <= acceptance.line
     try:
-        return _as_utc(datetime.fromisoformat(anchor.time)) <= cutoff
+        moment = _as_utc(datetime.fromisoformat(anchor.time))
+        return moment <= _as_utc(datetime.fromisoformat(acceptance.time))
     except ValueError:
         return False  # an unreadable time is checked, never skipped
 
@@ -430,7 +456,7 @@ class AnchorWriter:
     def write_acceptance(self, now: datetime | None = None) -> Anchor:
         """Append the acceptance line (``accepts``) naming the current head, which holds the
         ``restore_accepted`` event just committed: the anchor file's witness of the acceptance
-        (:func:`accepted_before`). Raises ``OSError`` when the file cannot be written."""
+        (:func:`accepted_by`). Raises ``OSError`` when the file cannot be written."""
         head = self.head()
         if head is None:
             raise RuntimeError("no audit head: the acceptance was not recorded")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import SecretBytes, SecretStr
-from sqlalchemy import func, select
+from sqlalchemy import Text, cast, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.audit_events import GENESIS_HASH as GENESIS_HASH
@@ -39,6 +39,7 @@ from service.audit_events import HMAC_INFO_KEY as HMAC_INFO_KEY
 from service.audit_events import TERMINAL_EVENTS as TERMINAL_EVENTS
 from service.audit_events import event_digest as event_digest
 from service.audit_events import event_mac as event_mac
+from service.audit_events import plain_json
 from service.audit_events import stored_event_digest as stored_event_digest
 from service.audit_events import to_json_value as to_json_value
 from service.audit_reconcile import _reconcile as _reconcile
@@ -171,6 +172,23 @@ def _iter_chain(session: Session, batch: int = 1000) -> Iterator[AuditEvent]:
         after = events[-1].seq
 
 
+def _iter_stored(session: Session, batch: int = 1000) -> Iterator[tuple[AuditEvent, str]]:
+    """Every event in chain order with its details as the database stores them (the text)."""
+    after = 0
+    while True:
+        query = (
+            select(AuditEvent, cast(AuditEvent.details, Text).label("stored"))
+            .where(AuditEvent.seq > after)
+            .order_by(AuditEvent.seq)
+            .limit(batch)
+        )
+        rows = [(event, str(raw)) for event, raw in session.execute(query)]
+        if not rows:
+            return
+        yield from rows
+        after = rows[-1][0].seq
+
+
 def verify(
     session: Session, *, anchor: Head | None = None, hmac_key: bytes | None = None
 ) -> VerifyReport:
@@ -186,7 +204,15 @@ def verify(
     anchored_hash: str | None = None
     first_mac: int | None = None
     macs = 0
-    for event in _iter_chain(session):
+    for event, stored in _iter_stored(session):
+        if not plain_json(stored):
+            # The hash covers the details as this code reads them (a repeated key: its last
+            # value); SQLite's json_extract reads the first, so such text would show
+            # another cost to whoever reads the database with SQL, under a valid hash.
+            report.problems.append(
+                f"event {event.seq}: its stored details repeat a key or hold a non-number "
+                "(NaN, Infinity): readers of the database would disagree on what it says"
+            )
         if event.seq != expected_seq:
             report.problems.append(f"event {expected_seq} is missing (next stored is {event.seq})")
         if event.prev_hash != expected_prev:

@@ -43,6 +43,33 @@ def to_json_value(details: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+class _NotPlain(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _NotPlain("a repeated key")
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotPlain(name)
+
+
+def plain_json(text: str) -> bool:
+    """Whether ``text`` is JSON that every reader reads alike: no object repeats a key (Python
+    keeps the last value, SQLite's ``json_extract`` the first) and no ``NaN``/``Infinity``
+    (not JSON). The service writes nothing else; the hash covers the value Python reads, so
+    other text under a valid hash was written by someone else."""
+    try:
+        json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_no_constant)
+    except ValueError:
+        return False
+    return True
+
+
 def record_digest(value: Any) -> str:
     """SHA-256 of a stored JSON record's canonical form (sorted keys, no spaces): what an event
     records of a row too large to copy into it (a dataset by reference's ``reference``, every

@@ -79,6 +79,17 @@ class _Outcome:
     refund: tuple[Decimal, Decimal, Decimal] | None
 
 
+#: The ``datasets`` budget columns besides the totals and ``accounting`` that ``budget_set``
+#: events record and the ledger admits by.
+BUDGET_SHARES = (
+    "mu_total",
+    "delta_conversion",
+    "delta_gaussian",
+    "delta_mechanisms",
+    "delta_basic",
+)
+
+
 @dataclass(frozen=True)
 class _Budget:
     """A ``budget_set`` event: the totals, and for ``gaussian``/``zcdp`` the filter's rho and
@@ -92,6 +103,10 @@ class _Budget:
     delta_limit: Decimal = Decimal(0)
     #: ``hybrid``: the filters' budgets the event recorded.
     hybrid: HybridBudget | None = None
+    #: The event's other figures the ledger admits by (``mu_total``, ``delta_conversion`` and
+    #: hybrid's shares of delta), as recorded; a name the event lacks (written before it
+    #: carried it) is not compared.
+    shares: tuple[tuple[str, Decimal | None], ...] = ()
 
     def exceeded_by(self, spent: tuple[Decimal, Decimal, Decimal]) -> bool:
         if self.accounting == "hybrid":
@@ -164,8 +179,13 @@ class _Recorded:
                 limit = BUDGET_CONTEXT.subtract(delta, Decimal(details["delta_conversion"]))
             rho = details.get("rho_total")
             hybrid = audit_hybrid.budget_of_event(details) if kind_of == "hybrid" else None
+            shares = tuple(
+                (name, None if details[name] is None else Decimal(details[name]))
+                for name in BUDGET_SHARES
+                if name in details
+            )
             self.budgets[event.dataset_id] = _Budget(
-                seq, epsilon, delta, kind_of, Decimal(rho or 0), limit, hybrid
+                seq, epsilon, delta, kind_of, Decimal(rho or 0), limit, hybrid, shares
             )
         elif kind in REFERENCED and event.dataset_id is not None:
             before = self.references.get(event.dataset_id)
@@ -351,6 +371,7 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             Dataset.reference,
             Dataset.n_rows,
             Dataset.privacy_unit_column,
+            *(getattr(Dataset, name) for name in BUDGET_SHARES),
         )
     )
     covers: dict[uuid.UUID, set[tuple[str, str, str]]] = {}
@@ -363,7 +384,10 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
         )
     ):
         covers.setdefault(owner, set()).add((key, key_sha, content))
-    for dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n, column in rows:
+    for row in rows:
+        dataset_id, epsilon_total, delta_total, deleted_at, kind, rho_total, raw, n, column = row[
+            :9
+        ]
         seen.add(dataset_id)
         where = f"datasets {dataset_id}"
         if dataset_id not in recorded.created:
@@ -389,6 +413,12 @@ def _reconcile_datasets(session: Session, recorded: _Recorded, problems: list[st
             }
             for name, value in stored.items():
                 if value != recorded_budget[name]:
+                    problems.append(f"{where}: {name} differs from budget_set event {budget.seq}")
+            # The ledger admits by these too: a raised mu_total (or a moved share of delta)
+            # is budget handed back as surely as a raised epsilon_total.
+            columns = dict(zip(BUDGET_SHARES, row[9:], strict=True))
+            for name, recorded_value in budget.shares:
+                if columns[name] != recorded_value:
                     problems.append(f"{where}: {name} differs from budget_set event {budget.seq}")
         if (deleted_at is not None) != (dataset_id in recorded.deleted):
             problems.append(f"{where}: deleted_at disagrees with the dataset_deleted events")
@@ -576,12 +606,17 @@ def _reconcile_ledger(session: Session, recorded: _Recorded, problems: list[str]
             problems.append(f"{where}: delta differs from {event}")
         if rho != expected[2]:
             problems.append(f"{where}: rho differs from {event}")
-        if kind == "charge" and request is not None and request.cost is not None:
-            # hybrid: the figures filters A' and B were charged
-            if gdp != request.cost.gdp:
-                problems.append(f"{where}: gdp differs from {event}")
-            if zd != request.cost.zcdp_delta:
-                problems.append(f"{where}: zcdp_delta differs from {event}")
+        if request is not None:
+            # hybrid: the figures filters A' and B were charged, and a refund moves back
+            # exactly its charge's (the ledger subtracts a refund's gdp and zcdp_delta: an
+            # inflated one reopens filter A' or B); the other accountings move neither.
+            cost = request.cost
+            if gdp != (None if cost is None else cost.gdp):
+                problems.append(f"{where}: gdp differs from release_requested event {request.seq}")
+            if zd != (None if cost is None else cost.zcdp_delta):
+                problems.append(
+                    f"{where}: zcdp_delta differs from release_requested event {request.seq}"
+                )
     for release_id, request in recorded.requests.items():
         if release_id not in charged:
             problems.append(

@@ -652,6 +652,12 @@ def _audit_report(head: str | None, anchors: Path | None = None) -> audit_module
                 problems, notes = anchors_module.check(session, anchor_file.anchors, report.head)
                 report.problems.extend(problems)
                 report.notes.extend(notes)
+                if not anchor_file.anchors and report.checked:
+                    # Emptied (or never written to): as unseen as a missing file.
+                    report.notes.append(
+                        f"the anchor file {anchor_path} holds no anchor: a restore from an "
+                        "older backup goes unseen"
+                    )
             problems, notes = datadir.check(session, DatasetStore(settings.datasets_dir))
             report.problems.extend(problems)
             report.notes.extend(notes)
