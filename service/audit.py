@@ -43,7 +43,7 @@ from service.audit_events import plain_json
 from service.audit_events import stored_event_digest as stored_event_digest
 from service.audit_events import to_json_value as to_json_value
 from service.audit_reconcile import _reconcile as _reconcile
-from service.audit_reconcile import _Recorded as _Recorded
+from service.audit_recorded import _Recorded as _Recorded
 from service.db.models import AuditEvent, AuditHead, utcnow
 
 
