@@ -170,6 +170,9 @@ class ServiceUnreachableError(DpssError):
 
     #: What the caller adds (e.g. that a release goes on), after the detail.
     note: str = ""
+    #: False when no connection was made (refused, DNS, connect timeout): the service never
+    #: saw the request, so nothing was charged. True when it may have (a connection was made).
+    sent: bool = True
 
     def noted(self, note: str) -> Self:
         """This error with ``note`` after its detail."""
@@ -235,9 +238,20 @@ def transport_error(url: str, exc: httpx.TransportError, timeout: Any) -> Servic
             f"service restarted or closed it): {exc or type(exc).__name__}. Try again; a "
             "release request is safe to repeat with the same Idempotency-Key",
         )
-    return ServiceUnreachableError(
-        "unreachable", f"cannot reach {url}: {exc or type(exc).__name__}"
+    # httpx raises ConnectError/ConnectTimeout before it writes a byte of the request: the
+    # service never saw it, so nothing can have been charged; say so, and what to check.
+    connected = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    hint = (
+        ""
+        if connected
+        else ". Nothing was sent: is the service running there (`dpss serve` starts one on "
+        f"{DEFAULT_URL}) and is the URL right?"
     )
+    error = ServiceUnreachableError(
+        "unreachable", f"cannot reach {url}: {exc or type(exc).__name__}{hint}"
+    )
+    error.sent = connected
+    return error
 
 
 class ReleaseOutcomeError(DpssError):

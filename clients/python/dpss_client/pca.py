@@ -495,6 +495,9 @@ class PrivatePCA:
                     **params,
                 )
             except ServiceUnreachableError as error:
+                if not error.sent:
+                    # No connection was made: no release, no charge, nothing to resume.
+                    raise
                 self._unanswered = (request, key)
                 raise error.noted(
                     "the release may have been made and its cost charged: call fit() again "
