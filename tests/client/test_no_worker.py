@@ -96,3 +96,39 @@ def test_private_pca_with_no_worker_states_its_whole_wait_and_why(
     seconds = float(detail.split(" after ")[1].split(" s")[0])
     assert seconds >= 1.5, detail
     assert "(timeout=1.5)" in detail and "no live worker" in detail
+
+
+def test_the_cli_says_no_worker_as_a_line_of_its_own(
+    client: TestClient,
+    owner: Client,
+    make_key: MakeKey,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``dpss releases create --wait`` prints the reason as ``warning: ...`` while it waits
+    (before: Python's warning format, with remote_cli.py's path, line and source line) and its
+    timeout error names it too."""
+    from typer.testing import CliRunner
+
+    from dpss_client import remote_cli
+    from dpss_client.remote_cli import ExitCode
+    from service.cli import app as dpss_app
+
+    ds = owner.upload(
+        low_rank_rows(200, 4, 2, seed=7), name="idle-cli", epsilon_budget="1",
+        delta_budget="1e-5", row_norm_bound=1.0,
+    )  # fmt: skip
+    monkeypatch.setattr(client_module, "NO_WORKER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(client_module, "LONG_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    result = CliRunner().invoke(
+        dpss_app,
+        [
+            "releases", "create", str(ds.id), "--mechanism", "analyze_gauss", "--k", "2",
+            "--epsilon", "0.5", "--wait", "--timeout", "1",
+        ],
+        env={"DPSS_URL": str(client.base_url), "DPSS_API_KEY": make_key("analyst")},
+    )  # fmt: skip
+    assert result.exit_code == ExitCode.TIMEOUT, result.output
+    assert "warning: the service at" in result.stderr
+    assert "reports no live worker" in result.stderr
+    assert "NoWorkerWarning" not in result.stderr and "remote_cli.py" not in result.stderr
