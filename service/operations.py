@@ -78,6 +78,15 @@ def _alive_since(settings: Settings, now: datetime) -> datetime:
     return now - timedelta(seconds=settings.worker_lease_seconds)
 
 
+def workers_alive(session: Session, settings: Settings, now: datetime) -> int:
+    """How many workers renewed their heartbeat within the lease (``/readyz``; any caller)."""
+    return session.execute(
+        select(func.count())
+        .select_from(WorkerHeartbeat)
+        .where(WorkerHeartbeat.last_seen_at >= _alive_since(settings, now))
+    ).scalar_one()
+
+
 def list_workers(
     session: Session, principal: Principal, settings: Settings, now: datetime
 ) -> list[WorkerView]:

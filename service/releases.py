@@ -328,12 +328,19 @@ def _check_currency(body: ReleaseRequest, kind: str) -> None:
             raise InvalidInput("delta", "required with epsilon")
         return
     if body.mu is None and body.rho is None:
+        # delta is optional beside epsilon (default_delta fills it before this check), so the
+        # message asks for epsilon alone and says what an omitted delta becomes.
         needs = {
-            "basic": "epsilon and delta",
-            "gaussian": "mu (or epsilon and delta)",
-            "hybrid": "epsilon and delta (or mu, or rho)",
+            "basic": "epsilon",
+            "gaussian": "mu or epsilon",
+            "hybrid": "epsilon, mu or rho",
         }
-        raise InvalidInput("epsilon", f"required: {needs.get(kind, 'rho (or epsilon and delta)')}")
+        raise InvalidInput(
+            "epsilon",
+            f"required: {needs.get(kind, 'rho or epsilon')} (the release's cost), e.g. "
+            '"epsilon": 0.5; delta is optional: without it the release gets '
+            "min(1e-6, delta_total / 100) of the dataset's delta",
+        )
     if kind == "basic":
         name = "mu" if body.mu is not None else "rho"
         raise InvalidInput(name, "this dataset's accounting is basic: give epsilon and delta")

@@ -83,10 +83,29 @@ def _headers(exc: DomainError, status: int) -> dict[str, str] | None:
     return None
 
 
-def _describe_validation(exc: RequestValidationError) -> str:
+#: Pydantic's error types for a body that is not an object (FastAPI hands a body sent without
+#: a JSON content type to the model as bytes or text).
+_NOT_AN_OBJECT = frozenset({"model_attributes_type", "dict_type", "model_type"})
+
+
+def _describe_validation(exc: RequestValidationError, content_type: str | None = None) -> str:
     # Only the location and pydantic's message: the offending input is never echoed back.
     parts = []
     for error in exc.errors()[:5]:
+        if (
+            tuple(error.get("loc", ())) == ("body",)
+            and error.get("type") in _NOT_AN_OBJECT
+            and "json" not in (content_type or "").lower()
+        ):
+            # FastAPI parses JSON only under a JSON content type (curl -d sends
+            # application/x-www-form-urlencoded): say which header to send, not pydantic's
+            # "a valid dictionary or object to extract fields from".
+            sent = printable(content_type[:100]) if content_type else "none"
+            parts.append(
+                "body: send a JSON object with the header 'content-type: application/json' "
+                f"(this request's content type: {sent})"
+            )
+            continue
         if error.get("type") == "json_invalid":
             # FastAPI locates it at ("body", <character offset>): the field is the body, and
             # json's reason ("Expecting value", "Extra data") never quotes the document.
@@ -130,8 +149,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return await _internal(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(_body("invalid_input", _describe_validation(exc)), 422)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        described = _describe_validation(exc, request.headers.get("content-type"))
+        return JSONResponse(_body("invalid_input", described), 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

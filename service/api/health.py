@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from api_schemas.common import ErrorBody, Health
+from api_schemas.common import ErrorBody, Health, Readiness
+from service import operations
 from service.api.deps import database_of
+from service.db.models import utcnow
 
 router = APIRouter(tags=["health"])
 
@@ -17,14 +18,10 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-def _ping(session: Session) -> None:
-    session.execute(text("SELECT 1"))
-
-
 @router.get(
     "/readyz",
-    response_model=Health,
-    summary="Readiness: the database answers.",
+    response_model=Readiness,
+    summary="Readiness: the database answers; how many workers are alive.",
     responses={
         503: {
             "model": ErrorBody,
@@ -33,8 +30,14 @@ def _ping(session: Session) -> None:
         }
     },
 )
-async def readyz(request: Request) -> Health:
+async def readyz(request: Request) -> Readiness:
     # Through the same slots as every request: a readiness probe never takes the connection a
     # request was promised, and it reports 503 exactly when requests would get 503.
-    await database_of(request).run(_ping)
-    return Health(status="ok")
+    settings = request.app.state.settings
+
+    def alive(session: Session) -> int:
+        # An operator's fact, not the data's: how a client waiting on a release that no worker
+        # will compute (the API started alone) can say why instead of waiting in silence.
+        return operations.workers_alive(session, settings, utcnow())
+
+    return Readiness(status="ok", workers_alive=await database_of(request).run(alive))

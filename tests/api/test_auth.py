@@ -101,7 +101,7 @@ def test_every_endpoint_needs_a_valid_key(client, keys, world, endpoint, header)
 
 def test_health_needs_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ok", "workers_alive": 0}
 
 
 def test_created_key_works_once_shown_and_revoked_key_fails(client, keys):

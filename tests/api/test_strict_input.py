@@ -368,3 +368,60 @@ def test_every_free_text_query_parameter_refuses_nul_and_control_characters(clie
                     break
             assert response.status_code == 422, (path, name, bad, response.text)
             assert name in json.dumps(response.json()["detail"]), response.text
+
+
+@pytest.mark.parametrize(
+    ("content_type", "shown"),
+    [
+        # curl -d without -H 'content-type: application/json' (the README's walkthrough sends it)
+        ("application/x-www-form-urlencoded", "application/x-www-form-urlencoded"),
+        ("text/plain", "text/plain"),
+        (None, "none"),
+    ],
+)
+def test_a_json_body_sent_without_a_json_content_type_names_the_header(
+    client, keys, dataset_id, session_factory, content_type, shown
+):
+    """A beginner's curl without the content-type header: the body is JSON but the service
+    never parses it. Before, the 422 said "body: Input should be a valid dictionary or object
+    to extract fields from", which names neither the header nor what to do."""
+    headers = {**bearer(keys.analyst)}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        headers=headers,
+        content=json.dumps(GOOD_RELEASE).encode(),
+    )
+    assert response.status_code == 422, response.text
+    assert response.json() == {
+        "error": "invalid_input",
+        "detail": "body: send a JSON object with the header 'content-type: application/json' "
+        f"(this request's content type: {shown})",
+    }
+    assert charges(session_factory) == 0
+
+
+def test_a_json_array_body_is_still_pydantics_message(client, keys, dataset_id):
+    """Under a JSON content type a body that is not an object keeps the plain message."""
+    response = post_raw(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", "[1]")
+    assert response.status_code == 422
+    assert "content-type" not in response.json()["detail"]
+
+
+def test_a_release_without_a_cost_says_epsilon_alone_is_enough(
+    client, keys, dataset_id, session_factory
+):
+    """delta is optional beside epsilon (the service defaults it), but the 422 said
+    "required: epsilon and delta (or mu, or rho)"."""
+    body = {"mechanism": "analyze_gauss", "k": 1}
+    response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("epsilon: required: epsilon")
+    assert "delta is optional" in detail and "epsilon and delta" not in detail
+    assert charges(session_factory) == 0
+    # And the advice holds: epsilon alone is admitted.
+    body["epsilon"] = "0.1"
+    admitted = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert admitted.status_code == 202, admitted.text

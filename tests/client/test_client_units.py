@@ -206,7 +206,9 @@ def test_wait_uses_the_long_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(range(0, 1000, 30))
     monkeypatch.setattr(client_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
     assert handle.wait_finished().status == "succeeded"
-    assert [r.url.params.get("wait") for r in seen] == ["25", "25"]
+    # Unfinished past NO_WORKER_CHECK_SECONDS, the wait also asked whether a worker is alive.
+    assert [r.url.params.get("wait") for r in seen if r.url.path != "/readyz"] == ["25", "25"]
+    assert [r.url.path for r in seen].count("/readyz") == 1
     assert slept == []
 
 

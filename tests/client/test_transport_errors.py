@@ -210,3 +210,38 @@ def test_the_command_line_says_when_the_connection_is_lost(hanging_up_url: str) 
     result = CliRunner().invoke(dpss_app, ["mechanisms", "--url", hanging_up_url, "--api-key", "k"])
     assert result.exit_code == ExitCode.UNREACHABLE, result.output
     assert "[connection_lost]" in result.stderr and "cannot reach" not in result.stderr
+
+
+def test_a_refused_connection_says_nothing_was_sent_and_what_to_check(closed_url: str) -> None:
+    """A beginner whose service is not running is told so, and that nothing was charged: a
+    refused connection sends no byte of the request. Before, the message was the bare socket
+    error and ``PrivatePCA.fit`` added "the release may have been made and its cost charged"."""
+    from dpss_client import PrivatePCA
+
+    with Client(closed_url, "k", timeout=5) as client:
+        with pytest.raises(ServiceUnreachableError) as caught:
+            client.mechanisms()
+        assert caught.value.sent is False
+        assert "Nothing was sent" in caught.value.detail
+        assert "dpss serve" in caught.value.detail
+        pca = PrivatePCA(client, SOME_ID, n_components=2, epsilon=1)
+        with pytest.raises(ServiceUnreachableError) as fitted:
+            pca.fit()
+    assert "charged" not in fitted.value.detail
+    assert "Nothing was sent" in fitted.value.detail
+    # Nothing to resume: the next fit makes a new request (a fresh Idempotency-Key).
+    assert pca._unanswered is None
+
+
+def test_a_lost_connection_may_have_been_charged(hanging_up_url: str) -> None:
+    """The request reached the service: ``fit`` keeps saying it may have been charged and
+    resumes with the same Idempotency-Key."""
+    from dpss_client import PrivatePCA
+
+    with Client(hanging_up_url, "k", timeout=5) as client:
+        pca = PrivatePCA(client, SOME_ID, n_components=2, epsilon=1)
+        with pytest.raises(ServiceUnreachableError) as fitted:
+            pca.fit()
+    assert fitted.value.sent is True
+    assert "may have been made and its cost charged" in fitted.value.detail
+    assert pca._unanswered is not None

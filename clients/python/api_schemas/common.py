@@ -320,3 +320,14 @@ class Health(Schema):
     """Liveness and readiness answers."""
 
     status: str = Field(description="`ok` when healthy.")
+
+
+class Readiness(Health):
+    """Readiness: the database answers, and how many workers are alive to compute releases."""
+
+    workers_alive: int = Field(
+        description="Worker processes whose heartbeat was renewed within "
+        "`DPSS_WORKER_LEASE_SECONDS`. 0: no release is being computed; queued releases wait "
+        "until a worker starts (`dpss worker`, or `dpss serve`, which runs one).",
+        ge=0,
+    )

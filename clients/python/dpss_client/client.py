@@ -21,6 +21,7 @@ import os
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
@@ -56,6 +57,7 @@ __all__ = [
     "DpssError",
     "InvalidRequestError",
     "NoBasisError",
+    "NoWorkerWarning",
     "NotFoundError",
     "ReleaseFailed",
     "ReleaseHandle",
@@ -79,6 +81,16 @@ LONG_POLL_SECONDS: float = 25.0
 #: How long ``ReleaseHandle.wait`` keeps asking a service that does not answer (restarting,
 #: say) before it gives up, seconds: the release goes on in the service's database.
 RECONNECT_SECONDS: float = 60.0
+#: How long a release may stay unfinished before the wait asks the service (``/readyz``)
+#: whether any worker is alive, and how often it asks again while none is.
+NO_WORKER_CHECK_SECONDS: float = 30.0
+
+
+class NoWorkerWarning(UserWarning):
+    """A release is waiting and the service reports no live worker: nothing will compute it
+    until one starts (the API was started alone, or its worker died)."""
+
+
 Number = Decimal | str | int | float
 
 
@@ -170,6 +182,9 @@ class ServiceUnreachableError(DpssError):
 
     #: What the caller adds (e.g. that a release goes on), after the detail.
     note: str = ""
+    #: False when no connection was made (refused, DNS, connect timeout): the service never
+    #: saw the request, so nothing was charged. True when it may have (a connection was made).
+    sent: bool = True
 
     def noted(self, note: str) -> Self:
         """This error with ``note`` after its detail."""
@@ -235,9 +250,20 @@ def transport_error(url: str, exc: httpx.TransportError, timeout: Any) -> Servic
             f"service restarted or closed it): {exc or type(exc).__name__}. Try again; a "
             "release request is safe to repeat with the same Idempotency-Key",
         )
-    return ServiceUnreachableError(
-        "unreachable", f"cannot reach {url}: {exc or type(exc).__name__}"
+    # httpx raises ConnectError/ConnectTimeout before it writes a byte of the request: the
+    # service never saw it, so nothing can have been charged; say so, and what to check.
+    connected = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    hint = (
+        ""
+        if connected
+        else ". Nothing was sent: is the service running there (`dpss serve` starts one on "
+        f"{DEFAULT_URL}) and is the URL right?"
     )
+    error = ServiceUnreachableError(
+        "unreachable", f"cannot reach {url}: {exc or type(exc).__name__}{hint}"
+    )
+    error.sent = connected
+    return error
 
 
 class ReleaseOutcomeError(DpssError):
@@ -1169,6 +1195,16 @@ class Client:
     def mechanisms(self) -> list[MechanismInfo]:
         return self._get("/v1/mechanisms", MechanismList).items
 
+    def workers_alive(self) -> int | None:
+        """How many workers the service reports alive (``GET /readyz``); ``None`` when it does
+        not say (a service from before the figure) or cannot answer now."""
+        try:
+            body = self._request("GET", "/readyz").json()
+        except (DpssError, ValueError):
+            return None
+        count = body.get("workers_alive") if isinstance(body, dict) else None
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
+
     def audit(self, *, after: int | None = None, limit: int | None = None) -> AuditPage:
         """One page of audit events (auditor or admin key), in chain order after ``after``."""
         query: dict[str, int] = {}
@@ -1312,6 +1348,9 @@ class ReleaseHandle:
     def __init__(self, client: Client, info: Release) -> None:
         self._client = client
         self.info = info
+        #: Set when the service reported no live worker during a wait (said once per handle).
+        self.no_worker: str | None = None
+        self._worker_checked: float | None = None
 
     def __repr__(self) -> str:
         return f"<ReleaseHandle {self.id} {self.info.mechanism} k={self.info.k} {self.status}>"
@@ -1381,6 +1420,8 @@ class ReleaseHandle:
                         shown, start, interval, timeout, max_poll_interval, long_poll
                     )
                     lost_since = None
+                    if not self.done:
+                        self._check_workers(start)
                 except ServiceUnreachableError as error:
                     now = time.monotonic()
                     lost_since = now if lost_since is None else lost_since
@@ -1396,6 +1437,27 @@ class ReleaseHandle:
                     interval = min(interval * 1.5, max_poll_interval)
         return self.info
 
+    def _check_workers(self, start: float) -> None:
+        """After :data:`NO_WORKER_CHECK_SECONDS` unfinished, ask the service whether any
+        worker is alive (again every as long while none is); with none, warn once, saying why
+        the wait goes on and what starts one: without it, a service started without a worker
+        left ``fit()`` waiting in silence."""
+        now = time.monotonic()
+        last = start if self._worker_checked is None else self._worker_checked
+        if now - last < NO_WORKER_CHECK_SECONDS:
+            return
+        self._worker_checked = now
+        if self._client.workers_alive() != 0:
+            self.no_worker = None
+            return
+        if self.no_worker is None:
+            self.no_worker = (
+                f"the service at {self._client.url} reports no live worker: release {self.id} "
+                "waits until one starts (`dpss worker` against the same database; `dpss serve` "
+                "runs one beside the API)"
+            )
+            warnings.warn(self.no_worker, NoWorkerWarning, stacklevel=4)
+
     def _wait_step(
         self,
         shown: _Progress,
@@ -1409,9 +1471,10 @@ class ReleaseHandle:
         bound = LONG_POLL_SECONDS if long_poll is None else min(long_poll, LONG_POLL_SECONDS)
         elapsed = time.monotonic() - start
         if timeout is not None and elapsed >= timeout:
+            why = f" ({self.no_worker})" if self.no_worker else ""
             raise WaitTimeoutError(
                 "timeout",
-                f"release {self.id} still {self.status} after {elapsed:.1f} s",
+                f"release {self.id} still {self.status} after {elapsed:.1f} s{why}",
             )
         left = None if timeout is None else timeout - elapsed
         if bound > 0 and not self._client._no_long_poll:

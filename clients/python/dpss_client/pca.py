@@ -495,6 +495,9 @@ class PrivatePCA:
                     **params,
                 )
             except ServiceUnreachableError as error:
+                if not error.sent:
+                    # No connection was made: no release, no charge, nothing to resume.
+                    raise
                 self._unanswered = (request, key)
                 raise error.noted(
                     "the release may have been made and its cost charged: call fit() again "
@@ -519,9 +522,14 @@ class PrivatePCA:
             ) from None
         except WaitTimeoutError as error:
             self._pending = (request, handle.id)
+            # The fit's whole wait (the request's own long poll included), not the handle's
+            # part of it: "after 44.9 s" from fit(timeout=70) read as a timeout not honoured.
+            why = f" ({handle.no_worker})" if handle.no_worker else ""
             raise WaitTimeoutError(
                 error.code,
-                f"{error.detail}; it keeps running in the service and its cost is charged: "
+                f"release {handle.id} still {handle.status} after "
+                f"{time.monotonic() - started:.1f} s (timeout={checked.timeout}){why}; "
+                "it keeps running in the service and its cost is charged: "
                 "call fit() again (same parameters, a longer or no timeout) to wait for it "
                 "without paying again",
             ) from None

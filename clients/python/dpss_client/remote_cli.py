@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -978,7 +979,12 @@ def _finish(
     """Shared tail of ``releases create`` and ``releases show``: wait, save, print, exit."""
     import numpy as np
 
-    from dpss_client.client import ReleaseFailed, ReleaseNoResult, WaitTimeoutError
+    from dpss_client.client import (
+        NoWorkerWarning,
+        ReleaseFailed,
+        ReleaseNoResult,
+        WaitTimeoutError,
+    )
 
     console = _stdout()
     if not as_json and not wait:
@@ -993,7 +999,19 @@ def _finish(
     try:
         try:
             # The spinner goes to stderr and only on a terminal; --json keeps stderr plain too.
-            handle.wait_finished(progress=not as_json, timeout=timeout)
+            # A NoWorkerWarning is a line of the command's stderr ("warning: ..."), not Python's
+            # warning format with a source path and line.
+            with warnings.catch_warnings():
+                shown = warnings.showwarning
+
+                def show(message: Any, category: type[Warning], *args: Any, **kw: Any) -> None:
+                    if issubclass(category, NoWorkerWarning):
+                        _stderr().print(f"warning: {message}", markup=False)
+                    else:
+                        shown(message, category, *args, **kw)
+
+                warnings.showwarning = show
+                handle.wait_finished(progress=not as_json, timeout=timeout)
         except KeyboardInterrupt:
             _stderr().print(
                 f"stopped waiting; release {handle.id} goes on "
