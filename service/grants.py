@@ -465,7 +465,7 @@ def revoke_grant(
 def current_grant(session: Session, dataset_id: uuid.UUID, key_id: uuid.UUID) -> Grant | None:
     """The grant whose terms apply to ``key_id``'s releases on the dataset (active or the most
     recently revoked; None if none), without refusing: a release reads its default delta off it
-    (:func:`service.releases.default_delta`) before :func:`require_usable` decides. One
+    (:func:`service.default_delta.default_delta`) before :func:`require_usable` decides. One
     statement."""
     return _current(session, dataset_id, key_id)
 
