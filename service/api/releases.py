@@ -39,6 +39,7 @@ from service.db.models import utcnow
 from service.errors import BudgetExceeded as BudgetRefused
 from service.errors import InvalidInput
 from service.mechanisms.continual_gauss import MAX_HORIZON
+from service.pagination import parse_seq_cursor
 from service.visibility import FINISHED
 from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters, Waiter
 
@@ -453,6 +454,11 @@ async def list_epochs(
     ] = 0,
     wait: EpochWait = None,
 ) -> EpochList:
+    if cursor is not None:
+        # Checked here, not only where a page is read: a one-shot or hidden release answers its
+        # empty page before reading one, and took any cursor (another list's, or garbage) (200).
+        parse_seq_cursor(cursor, continual.EPOCH_CURSOR)
+
     def work(session: Session, principal: Principal) -> _EpochRead:
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
