@@ -454,12 +454,12 @@ async def list_epochs(
     ] = 0,
     wait: EpochWait = None,
 ) -> EpochList:
-    if cursor is not None:
-        # Checked here, not only where a page is read: a one-shot or hidden release answers its
-        # empty page before reading one, and took any cursor (another list's, or garbage) (200).
-        parse_seq_cursor(cursor, continual.EPOCH_CURSOR)
-
     def work(session: Session, principal: Principal) -> _EpochRead:
+        if cursor is not None:
+            # Checked first (once the key is: a 401 before a 422), not only where a page is
+            # read: a one-shot or hidden release answers its empty page before reading one,
+            # and took any cursor (another list's, or garbage) with 200.
+            parse_seq_cursor(cursor, continual.EPOCH_CURSOR)
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
         shown = visibility.view(session, release, principal, now)
