@@ -150,6 +150,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
     )
+    # No 307 from /v1/datasets/ to /v1/datasets: a 404 that names the path without the slash
+    # (service.api.errors).
+    app.router.redirect_slashes = False
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.database = database

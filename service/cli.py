@@ -106,7 +106,12 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     ``DPSS_TRUSTED_PROXIES``: uvicorn's default believes
     ``X-Forwarded-For`` from 127.0.0.1 (or ``$FORWARDED_ALLOW_IPS``), so any local client could
     name its own address and so its own rate-limit bucket."""
-    from service.api.connections import answer_with_retry_after, connection_limit
+    from service.api.connections import (
+        MAX_HEAD_BYTES,
+        answer_with_retry_after,
+        bounded_head_protocol,
+        connection_limit,
+    )
     from service.logs import log_config
 
     proxies = settings.trusted_proxy_list
@@ -125,6 +130,9 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
         # Past its open files a process cannot even accept, and answers nobody: admit only
         # what the descriptors allow, answering the rest 503 (service.api.connections).
         "limit_concurrency": connection_limit(settings),
+        # A request head (line and headers) over MAX_HEAD_BYTES is answered 431, not read.
+        "http": bounded_head_protocol() or "h11",
+        "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
     }
 
 

@@ -40,6 +40,7 @@ from anyio.lowlevel import RunVar
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.datastructures import Headers
 
 from service import logs
 from service.auth import (
@@ -53,7 +54,7 @@ from service.auth import (
 )
 from service.config import Settings
 from service.db.engine import database_unavailable
-from service.errors import RestoreUnaccepted, ServiceUnavailable
+from service.errors import RestoreUnaccepted, ServiceUnavailable, Unauthenticated
 from service.pagination import MAX_CURSOR_LENGTH
 from service.store import DatasetStore
 
@@ -337,10 +338,31 @@ class KeyDirectory:
         return digest in self.digests
 
 
+def bearer_in(headers: Headers) -> str | None:
+    """The secret of the request's one ``Authorization: Bearer <key>`` header; None without
+    one, for another scheme, and for a header sent more than once (which key would it be?)."""
+    values = headers.getlist("authorization")
+    if len(values) != 1:
+        return None
+    scheme, _, secret = values[0].partition(" ")
+    return secret.strip() or None if scheme.lower() == "bearer" else None
+
+
 def bearer_secret(request: Request) -> str | None:
-    """The secret of an ``Authorization: Bearer <key>`` header, if there is one."""
-    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
-    return secret.strip() if scheme.lower() == "bearer" else None
+    """As :func:`bearer_in`; a header that is there but holds no usable key is refused (401)
+    with what is wrong with it. Two ``Authorization`` headers answered as the first one did,
+    so a proxy that adds its own header in front of the client's chose the caller's role."""
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        raise Unauthenticated(
+            f"Authorization: sent {len(values)} times; send one 'Authorization: Bearer <key>'"
+        )
+    secret = bearer_in(request.headers)
+    if values and secret is None:
+        raise Unauthenticated(
+            "Authorization: not a bearer key; send 'Authorization: Bearer <key>' (one space)"
+        )
+    return secret
 
 
 #: Set in a request's ASGI scope once its key authenticated: the rate limiter

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from api_schemas.common import canonical_decimal
 from service.db.engine import database_unavailable
@@ -130,6 +131,12 @@ def _allowed_methods(request: Request) -> str | None:
     return ", ".join(sorted(methods)) if methods else None
 
 
+def _served(request: Request, path: str) -> bool:
+    """Whether some route of the app serves ``path`` (with any method)."""
+    scope = {**request.scope, "path": path}
+    return any(route.matches(scope)[0] != Match.NONE for route in request.app.router.routes)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain(_: Request, exc: DomainError) -> JSONResponse:
@@ -165,11 +172,23 @@ def install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 404 and exc.detail == "Not Found":
             # The router's own 404: no route matched (a handler's 404 names what is missing).
             # Usually a base URL with a path in it: the client adds /v1/... itself.
-            shown = request.url.path[:200]
-            detail = (
-                f"no such path: {request.method} {shown}; the API's paths are listed at /docs "
-                "(a client's URL is the service's base, e.g. http://127.0.0.1:8000, without /v1)"
-            )
+            shown = printable(request.url.path, 200)
+            stripped = request.url.path.rstrip("/")
+            if stripped and stripped != request.url.path and _served(request, stripped):
+                # Starlette answered these with a 307 to the URL without the slash: a status no
+                # operation documents, with no body, whose absolute Location is built from the
+                # Host header (behind a TLS proxy, an http:// URL the client then re-sends its key
+                # to). The router redirects no more (create_app); this says what to send.
+                detail = (
+                    f"no such path: {request.method} {shown}; "
+                    f"the path has no trailing slash: {printable(stripped, 200)}"
+                )
+            else:
+                detail = (
+                    f"no such path: {request.method} {shown}; the API's paths are listed at "
+                    "/docs (a client's URL is the service's base, e.g. http://127.0.0.1:8000, "
+                    "without /v1)"
+                )
         return JSONResponse(_body(code, detail), exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
@@ -40,6 +40,15 @@ def _iso_text(value: object) -> object:
 def _aware(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("must include a time zone, such as 2026-01-31T12:00:00Z")
+    try:
+        # The comparison with the stored UTC times converts this one to UTC: at the ends of
+        # the calendar (9999-12-31T23:59-23:59, 0001-01-01T00:00+23:59) that overflows, and
+        # the OverflowError was a 500.
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(
+            "is outside the calendar in UTC: give a time between 0001-01-01 and 9999-12-31 UTC"
+        ) from None
     return value
 
 

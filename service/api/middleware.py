@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import KEY_AUTHENTICATED, KeyDirectory
+from service.api.deps import KEY_AUTHENTICATED, KeyDirectory, bearer_in
 from service.api.docs import DOCS_PAGES
 from service.config import Settings
 from service.logs import REQUEST_ID_HEADER, request_context, request_id_from
@@ -274,10 +274,8 @@ class RateLimitMiddleware:
 
     @staticmethod
     def _key_digest(scope: Scope) -> str | None:
-        scheme, _, secret = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and secret.strip():
-            return hashlib.sha256(secret.strip().encode("utf-8")).hexdigest()
-        return None
+        secret = bearer_in(Headers(scope=scope))
+        return hashlib.sha256(secret.encode("utf-8")).hexdigest() if secret else None
 
     def _unverified_wait(self, scope: Scope, now: float) -> tuple[float, str]:
         client = scope.get("client")

@@ -216,8 +216,17 @@ def _query_names(dependant: Dependant) -> frozenset[str]:
     return frozenset(names)
 
 
+def _header_names(dependant: Dependant) -> frozenset[str]:
+    names = {parameter.alias.lower() for parameter in dependant.header_params}
+    for dependency in dependant.dependencies:
+        names |= _header_names(dependency)
+    return frozenset(names)
+
+
 #: Declared query parameters by route (routes live as long as the app; APIRoute is unhashable).
 _DECLARED: dict[int, frozenset[str]] = {}
+#: Declared header parameters by route, lower case.
+_DECLARED_HEADERS: dict[int, frozenset[str]] = {}
 
 
 def _declared_query(route: APIRoute) -> frozenset[str]:
@@ -251,6 +260,13 @@ async def reject_unknown_query_parameters(request: Request) -> None:
             # Every parameter is a single value: neither of two silently wins.
             raise InvalidInput(f"query.{shown}", "given twice; send each parameter once")
         seen.add(name)
+    headers = _DECLARED_HEADERS.get(id(route))
+    if headers is None:
+        headers = _DECLARED_HEADERS[id(route)] = _header_names(route.dependant)
+    for header in headers:
+        if len(request.headers.getlist(header)) > 1:
+            # As for the query: two Idempotency-Key headers answered as the first one did.
+            raise InvalidInput(f"header.{header}", "given twice; send the header once")
 
 
 def install_openapi(app: FastAPI) -> None:

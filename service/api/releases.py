@@ -39,6 +39,7 @@ from service.db.models import utcnow
 from service.errors import BudgetExceeded as BudgetRefused
 from service.errors import InvalidInput
 from service.mechanisms.continual_gauss import MAX_HORIZON
+from service.pagination import parse_seq_cursor
 from service.visibility import FINISHED
 from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters, Waiter
 
@@ -454,6 +455,11 @@ async def list_epochs(
     wait: EpochWait = None,
 ) -> EpochList:
     def work(session: Session, principal: Principal) -> _EpochRead:
+        if cursor is not None:
+            # Checked first (once the key is: a 401 before a 422), not only where a page is
+            # read: a one-shot or hidden release answers its empty page before reading one,
+            # and took any cursor (another list's, or garbage) with 200.
+            parse_seq_cursor(cursor, continual.EPOCH_CURSOR)
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
         shown = visibility.view(session, release, principal, now)

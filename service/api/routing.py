@@ -86,6 +86,21 @@ async def read_json_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _require_json(content_type: str) -> None:
+    """Refuse a body sent as another media type, as FastAPI reads it: no ``Content-Type``,
+    ``application/json`` or ``application/*+json``. FastAPI hands any other body to validation
+    as bytes, and the 422 said "Input should be a valid dictionary" of a valid JSON object."""
+    media = content_type.partition(";")[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    if not media or (kind == "application" and (subtype == "json" or subtype.endswith("+json"))):
+        return
+    raise InvalidInput(
+        "body",
+        f"sent as Content-Type {printable(content_type, 60)!r}; "
+        "send the JSON with 'Content-Type: application/json'",
+    )
+
+
 def _too_large(limit: int) -> str:
     return f"body: larger than the limit of {limit} bytes (DPSS_MAX_JSON_BYTES)"
 
@@ -205,6 +220,8 @@ class GuardedRoute(APIRoute):
                     # (service.api.deps.roles_before_body).
                     request.scope[PRINCIPAL_BEFORE_BODY] = principal
                     body = await read_json_body(bounded, settings.max_json_bytes)
+                    if body:
+                        _require_json(request.headers.get("content-type", ""))
                     bounded = Request(request.scope, _replay(body, deadline.receive))
                     if body:
                         parsed = parse_json_body(body)

@@ -99,6 +99,30 @@ def test_every_endpoint_needs_a_valid_key(client, keys, world, endpoint, header)
     assert response.headers["www-authenticate"] == "Bearer"
 
 
+def test_two_authorization_headers_or_a_malformed_one_are_refused(client, keys, world):
+    # Two headers answered as the first one did (a proxy adding its own header in front of the
+    # client's chose the role), and "Bearer<TAB>key" was "missing API key".
+    key_of = {"admin": keys.admin, "owner": keys.owner, "analyst": keys.analyst}
+    key_of["auditor"] = keys.auditor
+    before = client.get("/v1/keys", headers=bearer(keys.admin)).json()["total"]
+    for endpoint in ENDPOINTS:
+        method, path, kwargs, roles, _ = calls(world, keys)[endpoint]
+        key = key_of[sorted(roles)[0]]
+        for headers in (
+            [("Authorization", f"Bearer {key}"), ("Authorization", "Bearer nope")],
+            [("Authorization", f"Bearer {keys.analyst}"), ("Authorization", f"Bearer {key}")],
+            [("Authorization", f"Bearer {key}"), ("Authorization", f"Bearer {key}")],
+            [("Authorization", f"Bearer\t{key}")],
+        ):
+            response = client.request(method, path, headers=headers, **kwargs)
+            assert response.status_code == 401, (endpoint, response.text)
+            assert response.json()["detail"].startswith("Authorization: "), endpoint
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert key not in response.text
+    assert client.get("/v1/keys", headers=bearer(keys.admin)).json()["total"] == before
+    assert client.get(f"/v1/datasets/{world['dataset']}", headers=bearer(keys.owner)).is_success
+
+
 def test_health_needs_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {"status": "ok", "workers_alive": 0}

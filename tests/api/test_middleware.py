@@ -8,6 +8,7 @@ import hashlib
 import logging
 import re
 import uuid
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -482,3 +483,70 @@ def test_idle_connections_outlive_every_retry_after_and_a_proxy_idle_timeout(set
     assert config.timeout_keep_alive > 60
     shorter = settings.model_copy(update={"api_keep_alive_seconds": 7.5})
     assert uvicorn.Config(lambda scope: None, **_uvicorn_options(shorter)).timeout_keep_alive == 7.5
+
+
+def test_a_request_head_past_its_bound_is_431_and_a_normal_one_is_served(settings):
+    """uvicorn's httptools protocol has no bound on a request's head: a 10 MB header was read
+    into memory and answered 200. The protocol `dpss api` runs answers 431 and closes."""
+    import asyncio
+
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from service.api.connections import MAX_HEAD_BYTES
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written = b""
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.written += data
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def get_extra_info(self, name: str) -> Any:
+            return ("127.0.0.1", 8000) if name in ("sockname", "peername") else None
+
+        def pause_reading(self) -> None: ...
+
+        def resume_reading(self) -> None: ...
+
+        def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None: ...
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def feed(chunks: list[bytes]) -> Transport:
+        options = _uvicorn_options(settings)
+        assert options["http"] != "h11"  # httptools is installed: the bounded protocol runs
+        config = uvicorn.Config(app, **{**options, "log_config": None})
+        config.load()
+        protocol = config.http_protocol_class(config, ServerState(), {})
+        transport = Transport()
+        protocol.connection_made(transport)
+        for chunk in chunks:
+            protocol.data_received(chunk)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return transport
+
+    line = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+    big = b"X-Big: " + b"a" * MAX_HEAD_BYTES
+    # In one chunk and in many, as a slow client sends it.
+    for chunks in (
+        [line + big + b"\r\n\r\n"],
+        [line, *[big[i : i + 4096] for i in range(0, len(big), 4096)]],
+    ):
+        sent = asyncio.run(feed(chunks))
+        assert sent.written.startswith(b"HTTP/1.1 431 "), sent.written[:80]
+        assert b'"error": "request_header_fields_too_large"' in sent.written and sent.closed
+    # A head under the bound, with a large body in the same chunk, is served.
+    body = b"b" * (2 * MAX_HEAD_BYTES)
+    post = line.replace(b"GET", b"POST") + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    assert asyncio.run(feed([post])).written.startswith(b"HTTP/1.1 204 ")

@@ -140,3 +140,16 @@ def test_unknown_query_parameters_are_refused(client, keys):
     assert response.json()["detail"].startswith("query.limt: unknown parameter")
     assert "limit, offset" in response.json()["detail"]
     assert client.get("/v1/datasets", params={"limit": "5"}, headers=bearer(keys.owner)).is_success
+
+
+def test_a_trailing_slash_is_a_404_naming_the_path_without_it(client, keys):
+    # Starlette redirected it (307, no body, an undocumented status) to an absolute URL built
+    # from the Host header, to which a client following redirects re-sent its key.
+    for path, key in (("/v1/datasets/", keys.owner), ("/v1/keys/", keys.admin)):
+        response = client.get(path, headers=bearer(key), follow_redirects=False)
+        assert response.status_code == 404, response.text
+        assert "location" not in response.headers
+        detail = response.json()["detail"]
+        assert detail.endswith(f"no trailing slash: {path.rstrip('/')}"), detail
+    created = client.post("/v1/keys/", headers=bearer(keys.admin), json={"role": "analyst"})
+    assert created.status_code == 404 and "no trailing slash: /v1/keys" in created.text

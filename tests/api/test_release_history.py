@@ -219,6 +219,9 @@ def test_visible_releases_show_their_outcome_but_never_timing(
         ("created_after", "0.5"),
         ("created_before", "1700000000"),
         ("created_before", "99999-01-01T00:00:00Z"),
+        # Valid ISO 8601 whose UTC time is off the calendar: the conversion overflowed (a 500)
+        ("created_after", "9999-12-31T23:59:59-23:59"),
+        ("created_before", "0001-01-01T00:00:00+23:59"),
     ],
 )
 def test_bad_query_parameters_are_422_naming_them(client, keys, parameter, value):
@@ -242,3 +245,23 @@ def test_every_list_has_items_total_and_next_with_a_working_cursor(
     assert walk(client, key, path, field, limit=2) == [item[field] for item in whole["items"]]
     bad = client.get(path, headers=bearer(key), params={"cursor": "bm9wZQ"})
     assert bad.status_code == 422 and "cursor" in bad.json()["detail"]
+
+
+def test_a_one_shot_releases_epochs_refuse_a_cursor_they_did_not_issue(
+    client, keys, upload_dataset, data
+):
+    # A one-shot release answers its (always empty) epoch page before reading one, and the
+    # cursor was never parsed: garbage, or the cursor of another list, was a 200.
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=10.0)["id"]
+    first = post_release(client, keys.analyst, dataset, **GAUSS)
+    post_release(client, keys.analyst, dataset, **GAUSS)
+    releases_cursor = listing(client, keys.owner, limit=1)["next"]
+    assert releases_cursor is not None
+    for cursor in ("garbage", releases_cursor):
+        for key in (keys.owner, keys.analyst):
+            response = client.get(
+                f"/v1/releases/{first}/epochs", headers=bearer(key), params={"cursor": cursor}
+            )
+            assert response.status_code == 422, response.text
+            assert response.json()["detail"].startswith("cursor: not a cursor"), response.text
+    assert listing(client, keys.owner, f"/v1/releases/{first}/epochs")["items"] == []

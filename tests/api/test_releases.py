@@ -78,6 +78,19 @@ def test_same_idempotency_key_with_a_different_body_is_refused(client, keys, dat
     assert budget(client, keys.analyst, dataset["id"])["epsilon_spent"] == "0.1"
 
 
+def test_two_idempotency_key_headers_are_refused_and_charge_nothing(
+    client, keys, dataset, session_factory
+):
+    # The first one silently won: a retry whose proxy added its own key made a second charge.
+    headers = [*bearer(keys.analyst).items(), ("Idempotency-Key", "a"), ("Idempotency-Key", "b")]
+    body = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-6"}
+    refused = client.post(f"/v1/datasets/{dataset['id']}/releases", headers=headers, json=body)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"] == "header.idempotency-key: given twice; send the header once"
+    with session_factory() as session:
+        assert session.scalar(select(func.count()).select_from(LedgerEntry)) == 0
+
+
 def test_idempotency_keys_belong_to_their_analyst(client, keys, dataset, make_key):
     other_analyst = make_key("analyst")
     headers = {"Idempotency-Key": "shared"}

@@ -270,6 +270,35 @@ def test_a_json_body_that_is_not_utf8_is_refused_naming_the_body(
     assert charges(session_factory) == 0
 
 
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
+def test_a_json_body_sent_as_another_media_type_is_refused_naming_it(
+    client, keys, dataset_id, session_factory, content_type
+):
+    """FastAPI hands a body of any other media type to validation as bytes: a valid release
+    request sent as text/plain was "body: Input should be a valid dictionary or object"."""
+    response = client.post(
+        f"/v1/datasets/{dataset_id}/releases",
+        headers={**bearer(keys.analyst), "content-type": content_type},
+        content=json.dumps(GOOD_RELEASE).encode(),
+    )
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("body: sent as Content-Type"), detail
+    assert content_type in detail and "application/json" in detail
+    assert charges(session_factory) == 0
+    # application/json and a structured +json suffix stay JSON, as FastAPI reads them.
+    for json_type in ("application/json; charset=utf-8", "application/merge-patch+json"):
+        response = client.post(
+            f"/v1/datasets/{dataset_id}/releases?dry_run=true",
+            headers={**bearer(keys.analyst), "content-type": json_type},
+            content=json.dumps(GOOD_RELEASE).encode(),
+        )
+        assert response.status_code == 200, response.text
+
+
 def test_a_utf8_json_body_with_a_byte_order_mark_is_read(client, keys, dataset_id):
     response = client.post(
         f"/v1/datasets/{dataset_id}/releases",
