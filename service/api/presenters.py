@@ -13,7 +13,15 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import continual, ledger, privacy_unit, releases, spend, visibility
+from service import (
+    continual,
+    ledger,
+    privacy_unit,
+    registration_visibility,
+    releases,
+    spend,
+    visibility,
+)
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
@@ -86,36 +94,50 @@ def datasets_out(
 ) -> list[Dataset]:
     """The datasets with their budgets, read in one statement for the whole page. A pending
     batch's status and reason only for its owner (``viewer``, the caller's key): a refusal's
-    reason may name an object or a row number, as a failed registration's does."""
+    reason may name an object or a row number, as a failed registration's does. A
+    registration or batch by reference as shown at a public moment
+    (:mod:`service.registration_visibility`; owners and analysts are the only callers)."""
     states = ledger.budgets_of(session, datasets)
+    now = utcnow()
     return [
-        Dataset(
-            id=dataset.id,
-            name=dataset.name,
-            n_rows=dataset.n_rows,
-            n_cols=dataset.n_cols,
-            n_batches=dataset.n_batches,
-            row_norm_bound=dataset.row_norm_bound,
-            budget=_budget(dataset, states[dataset.id]),
-            created_at=dataset.created_at,
-            reference=_reference_uri(dataset),
-            registration_status=dataset.registration_status,
-            registration_reason=dataset.registration_reason,
-            **(
-                {"batch_status": dataset.batch_status, "batch_reason": dataset.batch_reason}
-                if viewer is not None and viewer == dataset.owner_key_id
-                else {}
-            ),
-            **privacy_unit.shown(dataset),
+        _dataset_out(
+            dataset, states[dataset.id], viewer, registration_visibility.shown(dataset, None, now)
         )
         for dataset in datasets
     ]
 
 
-def _reference_uri(dataset: models.Dataset) -> str | None:
-    """The URI of a dataset by reference, registered or still being registered."""
-    if dataset.reference is not None:
-        return str(dataset.reference["uri"])
+def _dataset_out(
+    dataset: models.Dataset,
+    state: ledger.BudgetState,
+    viewer: uuid.UUID | None,
+    shown: registration_visibility.Shown,
+) -> Dataset:
+    return Dataset(
+        id=dataset.id,
+        name=dataset.name,
+        n_rows=shown.n_rows,
+        n_cols=shown.n_cols,
+        n_batches=shown.n_batches,
+        row_norm_bound=dataset.row_norm_bound,
+        budget=_budget(dataset, state),
+        created_at=dataset.created_at,
+        reference=_reference_uri(dataset, shown),
+        registration_status=shown.registration_status,
+        registration_reason=shown.registration_reason,
+        **(
+            {"batch_status": shown.batch_status, "batch_reason": shown.batch_reason}
+            if viewer is not None and viewer == dataset.owner_key_id
+            else {}
+        ),
+        **privacy_unit.shown(dataset),
+    )
+
+
+def _reference_uri(dataset: models.Dataset, shown: registration_visibility.Shown) -> str | None:
+    """The URI of a dataset by reference, registered or still being registered (as shown)."""
+    if shown.reference is not None:
+        return str(shown.reference["uri"])
     if dataset.registration_request is not None:
         return str(dataset.registration_request["uri"])
     return None
