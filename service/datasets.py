@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,16 @@ from sqlalchemy.orm import Session
 
 from api_schemas.common import BUDGET_CONTEXT
 from api_schemas.datasets import DatasetCreate
-from service import accounting, advice, audit, ledger, privacy_unit, upload_idempotency, wake
+from service import (
+    accounting,
+    advice,
+    audit,
+    ledger,
+    privacy_unit,
+    registration_visibility,
+    upload_idempotency,
+    wake,
+)
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
@@ -341,15 +351,17 @@ def _registered(key: str) -> ObjectRegistered:
 
 
 def require_ready(dataset: Dataset) -> None:
-    """409 ``dataset_not_ready`` unless the dataset's registration finished ``ready``: a
-    dataset by reference has no checked rows (and no public ``n_rows``) before, and none after
-    a failed registration."""
-    if dataset.registration_status == "registering":
+    """409 ``dataset_not_ready`` unless the dataset's registration finished ``ready`` and is
+    shown so (:mod:`service.registration_visibility`: else the answer would tell when a worker
+    ended it): a dataset by reference has no checked rows (and no public ``n_rows``) before,
+    and none after a failed registration."""
+    status = registration_visibility.shown(dataset, None, utcnow()).registration_status
+    if status == "registering":
         raise DatasetNotReady(
             f"dataset {dataset.id} is still registering: a worker is reading and checking its "
             "objects; poll GET /v1/datasets/{id} until registration_status is ready"
         )
-    if dataset.registration_status != "ready":
+    if status != "ready":
         # Not the reason: this answer also goes to analysts, and the reason is the owner's.
         raise DatasetNotReady(
             f"dataset {dataset.id}'s registration failed; its owner sees why in GET "
@@ -496,7 +508,9 @@ def trim_uncommitted(session: Session, store: DatasetStore, dataset_id: uuid.UUI
 
 
 def _visible_to(
-    role: str, owner_key_id: uuid.UUID | ColumnElement[Any]
+    role: str,
+    owner_key_id: uuid.UUID | ColumnElement[Any],
+    now: datetime | ColumnElement[Any],
 ) -> list[ColumnElement[bool]]:
     """Owners see the datasets they uploaded; analysts see every ready dataset's metadata. On the
     table's columns, so that a Core statement (:data:`_BUDGET_READS`) can use them too."""
@@ -507,13 +521,14 @@ def _visible_to(
     else:
         # A dataset by reference reaches analysts once registered: before, it has no rows, and
         # a failed registration's reason (a row number, an object's name) is the owner's.
-        conditions.append(columns.registration_status == "ready")
+        # (From the moment its registration shows: registration_visibility.)
+        conditions.append(registration_visibility.listed_when_ready(now))
     return conditions
 
 
 def _visible(principal: Principal) -> list[ColumnElement[bool]]:
     require_role(principal, "owner", "analyst")
-    return _visible_to(principal.role, principal.key_id)
+    return _visible_to(principal.role, principal.key_id, utcnow())
 
 
 def get_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
@@ -533,7 +548,7 @@ _BUDGET_READS = {
         dialect,
         [
             Dataset.__table__.c.id == bindparam("dataset_id"),
-            *_visible_to(role, bindparam("owner_key_id")),
+            *_visible_to(role, bindparam("owner_key_id"), bindparam("now")),
         ],
     )
     for dialect in ("postgresql", "sqlite")

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Literal
 
-from sqlalchemy import Float, cast, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, Float, and_, cast, delete, func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from service import audit, ledger, privacy_unit
@@ -36,7 +36,7 @@ from service.db.models import (
 from service.errors import NotFound
 from service.grants import GrantView, view_of
 from service.mechanisms.registry import MECHANISMS
-from service.pagination import Page, parse_seq_cursor, seq_cursor
+from service.pagination import Page, ledger_cursor, parse_ledger_cursor
 
 #: Rows of workers not seen for this long are deleted by the next heartbeat of any worker.
 FORGET_WORKERS_AFTER = timedelta(days=1)
@@ -193,6 +193,9 @@ class LedgerView:
     totals: ledger.Totals | None = None
     #: What the figures protect (``row`` or ``person``): stated with them.
     unit: Literal["row", "person"] = "row"
+    #: The place of the page's first entry in the dataset's ledger (1 for the first page): the
+    #: ``id`` owners are shown, not the global entry id (:func:`page_ledger`).
+    first_place: int = 1
 
 
 def page_ledger(
@@ -204,31 +207,42 @@ def page_ledger(
     dataset = session.get(Dataset, dataset_id)
     if dataset is None or dataset.owner_key_id != principal.key_id:
         raise NotFound(f"no dataset {dataset_id}")
-    after = parse_seq_cursor(cursor, LEDGER_CURSOR) if cursor is not None else 0
     # A refund is listed from when it takes effect (its ``created_at``: when its release's
     # outcome shows, :func:`service.ledger.refund`), as the budget counts it: written when the
     # worker records the end, its row would show an owner when a release of theirs ended, and
     # so when the job ahead of it in the queue (on any dataset) did (service.visibility).
+    # For the same reason the ledger is ordered and paged by when each entry takes effect, then
+    # its release's id and kind (all public), and each entry is numbered by its place there:
+    # not by its global ``id``, numbered in write order across every dataset's entries, which
+    # placed a refund where the worker wrote it.
     now = utcnow()
     shown = [LedgerEntry.dataset_id == dataset_id, ledger.in_effect(now)]
     total = session.execute(
         select(func.count()).select_from(LedgerEntry).where(*shown)
     ).scalar_one()
+    before_cursor: list[ColumnElement[bool]] = []
+    if cursor is not None:
+        at, release_id, kind = parse_ledger_cursor(cursor, LEDGER_CURSOR)
+        before_cursor = [_up_to(at, release_id, kind)]
     rows = list(
         session.execute(
             select(LedgerEntry)
-            .where(*shown, LedgerEntry.id > after)
-            .order_by(LedgerEntry.id)
+            .where(*shown, *(not_(c) for c in before_cursor))
+            .order_by(LedgerEntry.created_at, LedgerEntry.release_id, LedgerEntry.kind)
             .limit(limit + 1)
         ).scalars()
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    following = seq_cursor(LEDGER_CURSOR, rows[-1].id) if more and rows else None
-    # The net spend before this page, summed exactly (ledger order: a refund counts where it is
-    # written, so the running figure is the ledger's, not the budget's at a given time).
-    counted = [*shown, LedgerEntry.id <= after]
-    before = ledger.spent_of(
+    last = rows[-1] if rows else None
+    following = (
+        ledger_cursor(LEDGER_CURSOR, last.created_at, last.release_id, last.kind)
+        if more and last is not None
+        else None
+    )
+    # The net spend before this page, summed exactly (in the order listed: a refund counts from
+    # when it takes effect), and how many entries precede it (the first entry's place - 1).
+    earlier = (
         session.execute(
             select(
                 LedgerEntry.kind,
@@ -237,9 +251,12 @@ def page_ledger(
                 LedgerEntry.rho,
                 LedgerEntry.gdp,
                 LedgerEntry.zcdp_delta,
-            ).where(*counted)
+            ).where(*shown, *before_cursor)
         ).all()
+        if before_cursor
+        else []
     )
+    before = ledger.spent_of(earlier)
     totals = ledger.Totals(*(getattr(dataset, name) for name in ledger.TOTALS))
     return LedgerView(
         Page(items=rows, total=total, next=following),
@@ -248,6 +265,21 @@ def page_ledger(
         before,
         totals,
         privacy_unit.unit_of(dataset),
+        len(earlier) + 1,
+    )
+
+
+def _up_to(at: datetime, release_id: uuid.UUID, kind: str) -> ColumnElement[bool]:
+    """Ledger entries at or before ``(at, release_id, kind)`` in the owner's order."""
+    return or_(
+        LedgerEntry.created_at < at,
+        and_(
+            LedgerEntry.created_at == at,
+            or_(
+                LedgerEntry.release_id < release_id,
+                and_(LedgerEntry.release_id == release_id, LedgerEntry.kind <= kind),
+            ),
+        ),
     )
 
 

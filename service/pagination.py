@@ -75,6 +75,28 @@ def parse_time_id_cursor(
         raise InvalidInput(field, BAD_CURSOR) from None
 
 
+def ledger_cursor(kind: str, created_at: datetime, release_id: uuid.UUID, entry: str) -> str:
+    """The cursor after a ledger entry sorted by ``(created_at, release_id, kind)``: public
+    values only (not the entry's global id, numbered when it was written)."""
+    return _encode(kind, created_at.astimezone(UTC).isoformat(), str(release_id), entry)
+
+
+def parse_ledger_cursor(
+    cursor: str, kind: str, field: str = "cursor"
+) -> tuple[datetime, uuid.UUID, str]:
+    """The ``(created_at, release_id, kind)`` a cursor from :func:`ledger_cursor` names."""
+    parts = _decode(cursor, kind, field)
+    try:
+        if len(parts) != 3 or not all(isinstance(part, str) for part in parts):
+            raise ValueError
+        created_at = datetime.fromisoformat(str(parts[0]))
+        if created_at.tzinfo is None or parts[2] not in ("charge", "refund"):
+            raise ValueError
+        return created_at.astimezone(UTC), uuid.UUID(str(parts[1])), str(parts[2])
+    except ValueError:
+        raise InvalidInput(field, BAD_CURSOR) from None
+
+
 def seq_cursor(kind: str, seq: int) -> str:
     """The cursor after a row sorted by an integer sequence number."""
     return _encode(kind, seq)

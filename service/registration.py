@@ -65,6 +65,7 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetReferenceBatchCreate, DatasetReferenceCreate
 from service import audit, reference, wake
+from service import registration_visibility as shown
 from service.audit_events import record_digest
 from service.auth import Principal
 from service.config import Settings
@@ -115,6 +116,8 @@ def request_registration(
     dataset = register_dataset(session, store, principal, form, stored, settings.default_accounting)
     dataset.registration_status = REGISTERING
     dataset.registration_request = {"uri": form.uri, "columns": list(form.columns), "key": key}
+    # Its end shows at a public moment, not when a worker (free once no release waits) ends it.
+    dataset.registration_visible_at = shown.visible_at(dataset.created_at, settings)
     audit.record(
         session,
         "dataset_registration_requested",
@@ -231,7 +234,9 @@ def request_batch(
             f"dataset {dataset_id} was uploaded, not registered by reference: append its rows "
             "with POST /v1/datasets/{id}/rows",
         )
-    if dataset.batch_status == REGISTERING:
+    if dataset.batch_status == REGISTERING or shown.batch_hidden(dataset, utcnow()):
+        # A batch that ended but is not shown yet is still registering to the owner: else
+        # this answer would tell when it ended.
         raise BatchRegistering(
             f"dataset {dataset_id} has a batch still registering; poll GET /v1/datasets/{{id}} "
             "until batch_status is no longer registering, then append the next one"
@@ -254,6 +259,11 @@ def request_batch(
     dataset.batch_status = REGISTERING
     dataset.batch_reason = None
     dataset.batch_request = {"uri": form.uri, "key": key}
+    requested_at = utcnow()
+    dataset.batch_requested_at = requested_at
+    dataset.batch_visible_at = shown.visible_at(requested_at, settings)
+    dataset.batch_shown_at = None
+    dataset.batch_prior_rows = None
     dataset.registration_attempts = 0
     dataset.registration_lease_owner = None
     dataset.registration_lease_expires_at = None
@@ -497,6 +507,10 @@ def _reference_digest(raw: dict[str, Any] | None) -> dict[str, str]:
 
 
 def _end(dataset: Dataset, status: str, reason: str | None) -> None:
+    # Shown from the late schedule's first step at or after now (registration_visibility).
+    dataset.registration_shown_at = shown.shown_at(
+        dataset.created_at, dataset.registration_visible_at, utcnow()
+    )
     dataset.registration_status = status
     dataset.registration_reason = reason
     dataset.registration_lease_owner = None
@@ -520,6 +534,10 @@ def _fail(session: Session, dataset: Dataset, reason: str) -> None:
 def _end_batch(dataset: Dataset, status: str | None, reason: str | None) -> None:
     """The batch's job ends (``status`` None: the batch counts; ``failed``: refused), its
     lease released, as :func:`_end` for a dataset's own registration."""
+    now = utcnow()
+    dataset.batch_shown_at = shown.shown_at(
+        dataset.batch_requested_at or now, dataset.batch_visible_at, now
+    )
     dataset.batch_status = status
     dataset.batch_reason = reason
     dataset.registration_lease_owner = None
@@ -567,6 +585,13 @@ def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checke
         return FAILED
     cover_objects(session, dataset.id, found)  # ObjectRegistered: the caller's failure
     seq, offset = dataset.n_batches, dataset.n_rows
+    ended_at = utcnow()
+    # The batch counts for owners, analysts and releases from a public moment: its row's
+    # created_at (from which a continual release's epoch on it is padded) is that moment, not
+    # the end of a job that waited for other datasets' releases.
+    shown_from = shown.shown_at(
+        dataset.batch_requested_at or ended_at, dataset.batch_visible_at, ended_at
+    )
     current.objects.extend(found.objects)
     current.pieces.extend(
         reference.Piece(p.path, p.row_group, offset + p.offset, p.rows, p.chunks)
@@ -580,12 +605,14 @@ def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checke
             n_rows=n_rows,
             row_offset=offset,
             file_name=dataset.file_name,
-            created_at=utcnow(),
+            created_at=shown_from,
         )
     )
+    dataset.batch_prior_rows = offset  # shown (and read by releases) until batch_shown_at
     dataset.n_rows = total
     dataset.n_batches = seq + 1
     _end_batch(dataset, None, None)
+    dataset.batch_shown_at = shown_from
     dataset.batch_request = None
     audit.record(
         session,

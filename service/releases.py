@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from api_schemas.common import BUDGET_CONTEXT, canonical_decimal, unknown_name
 from api_schemas.releases import ReleaseRequest
@@ -34,6 +35,7 @@ from service import (
     priors,
     privacy_unit,
     reference,
+    registration_visibility,
     release_calibration,
     repricing,
     spend,
@@ -110,6 +112,14 @@ def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     if dataset.deleted_at is not None or dataset.file_name is None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; its rows are gone")
     datasets.require_ready(dataset)
+    shown = registration_visibility.shown(dataset, None, utcnow())
+    if (shown.n_rows, shown.n_batches) != (dataset.n_rows, dataset.n_batches):
+        # A batch by reference that counted but does not show yet: this request is prepared,
+        # padded and reads (n_rows_read, batches_read) as if it were still registering, else
+        # its n (public to analysts) would tell when a worker ended the batch. Set as the
+        # loaded values, not changes: nothing of it is written back.
+        set_committed_value(dataset, "n_rows", shown.n_rows)
+        set_committed_value(dataset, "n_batches", shown.n_batches)
     return dataset
 
 

@@ -148,7 +148,7 @@ async def ledger(
     return LedgerPage(
         items=[
             LedgerEntry(
-                id=entry.id,
+                id=view.first_place + place,
                 release_id=entry.release_id,
                 kind=entry.kind,
                 epsilon=entry.epsilon,
@@ -160,7 +160,7 @@ async def ledger(
                 grant_id=entry.grant_id,
                 created_at=entry.created_at,
             )
-            for entry, shown in zip(view.page.items, running, strict=True)
+            for place, (entry, shown) in enumerate(zip(view.page.items, running, strict=True))
         ],
         total=view.page.total,
         next=view.page.next,

@@ -13,7 +13,15 @@ from sqlalchemy.orm import Session
 
 from api_schemas.datasets import Budget, Dataset
 from api_schemas.releases import Epoch, EpochSummary, Release, ReleaseResult
-from service import continual, ledger, privacy_unit, releases, spend, visibility
+from service import (
+    continual,
+    ledger,
+    privacy_unit,
+    registration_visibility,
+    releases,
+    spend,
+    visibility,
+)
 from service.audit_events import record_digest
 from service.auth import Principal
 from service.db import models
@@ -87,37 +95,49 @@ def datasets_out(
     only (``viewer``, the caller's key): a dataset by reference's URI, a failed registration's
     reason and a pending batch's status and reason. The URI is where the raw rows are, and a
     refusal's reason may name an object or a row number; an analyst sees that the dataset is
-    by reference and its record's digest (docs/security.md, "Datasets by reference")."""
+    by reference and its record's digest (docs/security.md, "Datasets by reference"). A
+    registration or batch by reference as shown at a public moment
+    (:mod:`service.registration_visibility`; owners and analysts are the only callers)."""
     states = ledger.budgets_of(session, datasets)
+    now = utcnow()
     return [
-        Dataset(
-            id=dataset.id,
-            name=dataset.name,
-            n_rows=dataset.n_rows,
-            n_cols=dataset.n_cols,
-            n_batches=dataset.n_batches,
-            row_norm_bound=dataset.row_norm_bound,
-            budget=_budget(dataset, states[dataset.id]),
-            created_at=dataset.created_at,
-            by_reference=by_reference(dataset),
-            reference_sha256=(
-                None if dataset.reference is None else record_digest(dataset.reference)
-            ),
-            registration_status=dataset.registration_status,
-            **(
-                {
-                    "reference": _reference_uri(dataset),
-                    "registration_reason": dataset.registration_reason,
-                    "batch_status": dataset.batch_status,
-                    "batch_reason": dataset.batch_reason,
-                }
-                if viewer is not None and viewer == dataset.owner_key_id
-                else {}
-            ),
-            **privacy_unit.shown(dataset),
+        _dataset_out(
+            dataset, states[dataset.id], viewer, registration_visibility.shown(dataset, None, now)
         )
         for dataset in datasets
     ]
+
+
+def _dataset_out(
+    dataset: models.Dataset,
+    state: ledger.BudgetState,
+    viewer: uuid.UUID | None,
+    shown: registration_visibility.Shown,
+) -> Dataset:
+    return Dataset(
+        id=dataset.id,
+        name=dataset.name,
+        n_rows=shown.n_rows,
+        n_cols=shown.n_cols,
+        n_batches=shown.n_batches,
+        row_norm_bound=dataset.row_norm_bound,
+        budget=_budget(dataset, state),
+        created_at=dataset.created_at,
+        by_reference=by_reference(dataset),
+        reference_sha256=None if shown.reference is None else record_digest(shown.reference),
+        registration_status=shown.registration_status,
+        **(
+            {
+                "reference": _reference_uri(dataset, shown),
+                "registration_reason": shown.registration_reason,
+                "batch_status": shown.batch_status,
+                "batch_reason": shown.batch_reason,
+            }
+            if viewer is not None and viewer == dataset.owner_key_id
+            else {}
+        ),
+        **privacy_unit.shown(dataset),
+    )
 
 
 def by_reference(dataset: models.Dataset) -> bool:
@@ -125,10 +145,10 @@ def by_reference(dataset: models.Dataset) -> bool:
     return dataset.reference is not None or dataset.registration_request is not None
 
 
-def _reference_uri(dataset: models.Dataset) -> str | None:
-    """The URI of a dataset by reference, registered or still being registered."""
-    if dataset.reference is not None:
-        return str(dataset.reference["uri"])
+def _reference_uri(dataset: models.Dataset, shown: registration_visibility.Shown) -> str | None:
+    """The URI of a dataset by reference, registered or still being registered (as shown)."""
+    if shown.reference is not None:
+        return str(shown.reference["uri"])
     if dataset.registration_request is not None:
         return str(dataset.registration_request["uri"])
     return None

@@ -112,6 +112,18 @@ class Dataset(Base):
     batch_reason: Mapped[str | None] = mapped_column(Text, default=None)
     #: While the batch registers: ``{"uri", "key"}`` as requested (the worker's job).
     batch_request: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
+    #: When owners and analysts may see the registration end (:mod:`service.
+    #: registration_visibility`): ``registration_visible_at`` fixed at the request from public
+    #: facts (the padding floor), ``registration_shown_at`` stored at its end, the first step of
+    #: the late schedule at or after it. Null: shown as stored (padding off, or older rows).
+    registration_visible_at: Mapped[datetime | None] = mapped_column(default=None)
+    registration_shown_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: The same for the pending batch by reference, with its request's moment, and the
+    #: dataset's ``n_rows`` before it (set when it counted, shown until ``batch_shown_at``).
+    batch_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    batch_visible_at: Mapped[datetime | None] = mapped_column(default=None)
+    batch_shown_at: Mapped[datetime | None] = mapped_column(default=None)
+    batch_prior_rows: Mapped[int | None] = mapped_column(BigInteger, default=None)
     #: The upload's identifier column when the privacy unit is a person (issue 34): as the
     #: owner named it (a name or a 0-based index); its values are never stored, only a dense
     #: per-row unit index in the store (:mod:`service.privacy_unit`). Null: the unit is the row.

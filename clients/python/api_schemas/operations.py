@@ -96,7 +96,14 @@ class QueueState(Schema):
 class LedgerEntry(Schema):
     """One charge or refund of a dataset's budget."""
 
-    id: int = Field(description="Entry id, increasing in time.")
+    id: int = Field(
+        description=(
+            "The entry's place in the dataset's ledger (1, 2, ...) in the order listed: by when "
+            "it takes effect (a charge at its request, a refund when its release's outcome "
+            "shows), then release id and kind. Not a global sequence: a refund's place is when "
+            "it takes effect, not when a worker wrote it."
+        )
+    )
     release_id: UUID = Field(description="The release charged or refunded.")
     kind: Literal["charge", "refund"] = Field(description="A charge, or a refund of one.")
     epsilon: ExactDecimal = Field(
