@@ -55,7 +55,6 @@ retries; the unstored outcome is then discarded and the job runs again once its 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -73,7 +72,18 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, Select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import audit, claims, ledger, oneshot, operations, priors, registration, tracing, wake
+from service import (
+    audit,
+    claims,
+    ledger,
+    oneshot,
+    operations,
+    priors,
+    registration,
+    tracing,
+    wake,
+    worker_calibration,
+)
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
 from service.db.clock import lease_end
@@ -95,7 +105,6 @@ from service.jobs import (
     Run,
     RunContext,
     WorkerStopping,
-    blas_threads,
     lease_update,
     queued_claim,
     take_lease,
@@ -702,61 +711,8 @@ class Worker:
         tried again at start (:func:`service.calibration.PROBE_RETRIES` times)."""
         if self.settings.worker_calibrate_seconds <= 0 or self._calibrated_at is not None:
             return False
-        from service import calibration
-
         self._calibrated_at = time.monotonic()
-        stopping = self.stop.is_set
-        with blas_threads(self.settings):
-            rates = calibration.measure(interrupted=stopping)
-        for attempt in range(1, calibration.PROBE_RETRIES + 1):
-            try:
-                rates.update(self._probe_overhead(stopping))
-                break
-            except OSError as exc:
-                # Disk full, a read-only or missing data directory: the operator's to fix.
-                log.warning(
-                    "worker %s: calibration: cannot write the overhead probe (%s: %s); "
-                    "attempt %d of %d, keeping the previous or default overhead rates",
-                    self.worker_id,
-                    type(exc).__name__,
-                    exc.strerror or exc,
-                    attempt,
-                    calibration.PROBE_RETRIES,
-                )
-                if attempt == calibration.PROBE_RETRIES or self.stop.wait(
-                    calibration.PROBE_RETRY_SECONDS
-                ):
-                    break
-        if not rates:
-            return False
-
-        def save() -> None:
-            with self.session_factory.begin() as session:
-                calibration.store(session, self.worker_id, rates)
-
-        self.with_db_retry("calibrate", save)
-        log.info("worker %s calibrated %d rates", self.worker_id, len(rates))
-        return True
-
-    def _probe_overhead(self, stopping: Callable[[], bool]) -> dict[tuple[str, int], float]:
-        """The per-job overhead, through this worker's own path (forked when it isolates runs),
-        the probe file in this process's incoming directory (removed with it if it dies)."""
-        from service import calibration
-
-        probe = self.store.new_incoming_path().with_suffix(".npy")
-        try:
-            calibration.write_probe(probe)
-            return calibration.measure_overhead(
-                probe,
-                (lambda work: self.isolated("calibration probe", work))
-                if self.isolate
-                else (lambda work: work()),
-                lambda: self.with_db_retry("calibrate", self.note_alive),
-                stopping,
-            )
-        finally:
-            with contextlib.suppress(OSError):
-                probe.unlink(missing_ok=True)
+        return worker_calibration.calibrate(self)
 
     def _calibrate_at_start(self) -> None:
         """:meth:`calibrate_if_due` before the first claim; a failure leaves the previous (or
