@@ -72,6 +72,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from service.mechanisms.clip_quantile import noisy_above
 from service.mechanisms.fast_rows import (
     _safe_squares,
     _scale_to,
@@ -593,18 +594,21 @@ def read_quantiles(
     """``(high, low)`` readings of the ``q``-quantile from noisy counts on the grid of
     :func:`probe_edges`, ``low <= high``.
 
-    ``above[j]``, the noisy number of rows above edge ``j``, sums the bins above it, so its
-    noise grows with their number. ``high``: scanning down from ``C``, the edge above the
-    first with ``above > (1 - q) n`` (few bins summed, so rarely far below the quantile; where
-    the noise is large against ``n`` it errs upwards). ``low``: the smallest edge with
-    ``above <= (1 - q) n`` (the rule of ``clip_quantile``; errs downwards). The choice reads
+    ``above[j]``, the noisy number of rows above edge ``j``
+    (:func:`~service.mechanisms.clip_quantile.noisy_above`: the counts moved onto their public
+    total ``n`` first, so its noise is largest mid-grid, ``s sqrt(B)/2`` at most, and a few
+    bins' near either end). ``high``: scanning down from ``C``, the edge above the first with
+    ``above > (1 - q) n`` (where the noise is large against ``n`` it errs upwards). ``low``:
+    the smallest edge with ``above <= (1 - q) n`` (the rule of ``clip_quantile``; errs
+    downwards: before the projection the count above the floor carried all the bins' noise
+    and README data at eps 0.1 read the pairs' floor in 29% of runs). The choice reads
     ``high`` (a clip that is too small reads as a spread that is too small); the Gram clips at
     ``low``: a clip below most norms costs little (the rows become their directions, whose
     second moment has the same top eigenvectors for elliptical data, and signal and noise
     both scale with the clip's square) while one far above them multiplies the noise.
     """
     edges = probe_edges(clip_norm)
-    above = np.concatenate([np.cumsum(noisy[::-1])[::-1][1:], [0.0]])
+    above = noisy_above(noisy, n_rows)
     allowed = (1.0 - quantile) * n_rows
     over = np.flatnonzero(above > allowed)
     high = interpolate(edges, above, allowed, int(over[-1]) + 1) if over.size else edges[0]

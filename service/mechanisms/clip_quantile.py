@@ -41,6 +41,25 @@ def count_noise_std(mu: float) -> float:
     return math.sqrt(2.0) / mu
 
 
+def noisy_above(noisy: FloatArray, n_rows: int) -> FloatArray:
+    """``above[j]``, the estimated number of rows above edge ``j`` (bins ``j+1`` and up; the
+    last is 0), from noisy counts whose exact values sum to the public ``n`` (every row is in
+    exactly one bin).
+
+    The counts are first moved onto that plane: ``noisy + (n - sum(noisy)) / B`` for ``B``
+    bins, the least-squares estimate under the constraint (equal, independent noise). Summed
+    from the top alone, the count above the lowest edge carried ``B - 1`` bins' noise
+    (variance ``(B - 1) s^2``), so at small ``mu`` it fell below ``(1 - q) n`` by chance and
+    the bottom-up reading returned the grid's floor (README data, eps 0.05: 11 of 20 runs
+    clipped at ``C 2^-11.5`` against a 0.3-quantile of 0.36). After the projection the count
+    above edge ``j`` with ``a`` bins above it has variance ``s^2 a (B - a) / B``: at most
+    ``s^2 B / 4``, and about ``s^2 (j + 1)`` near the bottom, where ``n`` minus the few bins
+    below is the better reading. Post-processing of the noisy counts and ``n``: no privacy
+    cost, the noise unchanged."""
+    adjusted = noisy + (float(n_rows) - float(np.sum(noisy))) / noisy.shape[0]
+    return np.concatenate([np.cumsum(adjusted[::-1])[::-1][1:], [0.0]])
+
+
 def private_clip_norm(
     norms: FloatArray, clip_norm: float, quantile: float, mu: float, rng: np.random.Generator
 ) -> float:
@@ -84,8 +103,7 @@ def clip_from_counts(
     :func:`quantile_edges`) and the public ``n``: the same noise, the same choice."""
     edges = quantile_edges(clip_norm)
     noisy = counts + rng.normal(0.0, count_noise_std(mu), size=GRID_STEPS)
-    # above[j]: noisy number of rows with norm > edge_j (bins j+1 and up), summed from the top.
-    above = np.concatenate([np.cumsum(noisy[::-1])[::-1][1:], [0.0]])
+    above = noisy_above(noisy, n_rows)
     allowed = (1.0 - quantile) * n_rows
     fits = np.flatnonzero(above <= allowed)
     return float(edges[fits[0]]) if fits.size else float(clip_norm)
