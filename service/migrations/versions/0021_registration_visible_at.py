@@ -7,6 +7,9 @@ end of other datasets' releases, whose run time may depend on their rows. Owners
 now see it end at a public moment (:mod:`service.registration_visibility`). Null everywhere for
 the rows made before this revision: they are shown as stored, as before.
 
+Plain ADD/DROP COLUMN (no batch rebuild), as 0019: a rebuild of ``datasets`` drops a table
+other rows reference, which SQLite refuses with foreign keys on.
+
 Revision ID: 0021
 Revises: 0020
 Create Date: 2026-11-29 22:10:00
@@ -34,14 +37,12 @@ MOMENTS = (
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("datasets") as batch_op:
-        for name in MOMENTS:
-            batch_op.add_column(sa.Column(name, service.db.types.UTCDateTime(), nullable=True))
-        batch_op.add_column(sa.Column("batch_prior_rows", sa.BigInteger(), nullable=True))
+    for name in MOMENTS:
+        op.add_column("datasets", sa.Column(name, service.db.types.UTCDateTime(), nullable=True))
+    op.add_column("datasets", sa.Column("batch_prior_rows", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("datasets") as batch_op:
-        batch_op.drop_column("batch_prior_rows")
-        for name in reversed(MOMENTS):
-            batch_op.drop_column(name)
+    op.drop_column("datasets", "batch_prior_rows")
+    for name in reversed(MOMENTS):
+        op.drop_column("datasets", name)
