@@ -139,6 +139,7 @@ _PRIOR = {
 
 RESPONSES: dict[str, Any] = {
     "Health": {"status": "ok"},
+    "Readiness": {"status": "ok", "workers_alive": 2},
     "KeyCreated": {
         "id": ANALYST_KEY_ID,
         "role": "analyst",
