@@ -11,6 +11,7 @@ makes that 503 the service's own (JSON, ``Retry-After``), as for every other exh
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import resource
 from typing import Any
@@ -75,7 +76,7 @@ def answer_with_retry_after(settings: Settings) -> None:
 #: nginx's default line buffer and far above any head this API needs (a key is 48 characters).
 MAX_HEAD_BYTES = 64 * 1024
 
-_HEAD_TOO_LARGE = json.dumps(
+HEAD_TOO_LARGE = json.dumps(
     {
         "error": "request_header_fields_too_large",
         "detail": f"request line and headers: larger than {MAX_HEAD_BYTES} bytes",
@@ -83,70 +84,13 @@ _HEAD_TOO_LARGE = json.dumps(
 ).encode()
 
 
-def bounded_head_protocol() -> type[Any] | None:
+def bounded_head_protocol() -> str | None:
     """uvicorn's httptools protocol, answering a request head over :data:`MAX_HEAD_BYTES` with
-    431 and closing the connection; ``None`` without httptools (uvicorn then uses h11, bounded by
-    ``h11_max_incomplete_event_size``)."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
+    431 and closing the connection (:class:`service.api.bounded_head.BoundedHead`); ``None``
+    without httptools (uvicorn then uses h11, bounded by ``h11_max_incomplete_event_size``).
+
+    An import string, not the class: with ``--workers`` uvicorn pickles its config into each
+    spawned process, and each imports the protocol by name there."""
+    if importlib.util.find_spec("httptools") is None:
         return None
-
-    class BoundedHead(HttpToolsProtocol):
-        # Two counts. The parsed head (URL and headers, as the parser reports them): past the
-        # bound, a callback fails, the parser stops, and uvicorn's 400 for a parse error is
-        # answered as 431 instead. The raw bytes of chunks received while a head is incomplete:
-        # the parser reports a header only once its value is whole, and holds it until then.
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._in_head = True
-            self._raw_bytes = 0
-            self._parsed_bytes = 0
-            self._too_large = False
-
-        def _count(self, size: int) -> None:
-            self._parsed_bytes += size
-            if self._parsed_bytes > MAX_HEAD_BYTES:
-                self._too_large = True
-                raise ValueError("request head too large")
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._in_head = True
-            self._parsed_bytes = 0
-
-        def on_url(self, url: bytes) -> None:
-            self._count(len(url))
-            super().on_url(url)
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count(len(name) + len(value) + 4)
-            super().on_header(name, value)
-
-        def on_headers_complete(self) -> None:
-            self._in_head = False
-            self._raw_bytes = 0
-            super().on_headers_complete()
-
-        def send_400_response(self, msg: str) -> None:
-            if not self._too_large:
-                super().send_400_response(msg)
-                return
-            self.transport.write(
-                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                b"content-type: application/json\r\n"
-                b"content-length: " + str(len(_HEAD_TOO_LARGE)).encode() + b"\r\n"
-                b"connection: close\r\n\r\n" + _HEAD_TOO_LARGE
-            )
-            self.transport.close()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if not self._in_head or self.transport.is_closing():
-                return
-            self._raw_bytes += len(data)
-            if self._raw_bytes > MAX_HEAD_BYTES:
-                self._too_large = True
-                self.send_400_response("")
-
-    return BoundedHead
+    return "service.api.bounded_head:BoundedHead"
