@@ -7,40 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Protocol
 
-from sqlalchemy.orm import Session, sessionmaker
-
-from service.config import Settings
-from service.jobs import blas_threads
-from service.store import DatasetStore
-
-T = TypeVar("T")
+from service.jobs import JobRunner, blas_threads
 
 log = logging.getLogger("dpss.worker")
 
 
-class Calibrating(Protocol):
-    """What calibrating needs of the worker (:class:`service.worker.Worker`): its settings,
-    stop signal, database retries, store and isolated runs."""
-
-    settings: Settings
-    stop: threading.Event
-    worker_id: str
-    session_factory: sessionmaker[Session]
-    store: DatasetStore
-    isolate: bool
-
-    def with_db_retry(
-        self,
-        operation: str,
-        attempt: Callable[[], T],
-        wait: Callable[[float], bool] | None = None,
-    ) -> T: ...
-
-    def isolated(self, what: str, work: Callable[[], T]) -> T | None: ...
+class Calibrating(JobRunner, Protocol):
+    """What calibrating needs of the worker (:class:`service.worker.Worker`): what a
+    registration needs (:class:`service.jobs.JobRunner`), and its presence mark."""
 
     def note_alive(self) -> None: ...
 
