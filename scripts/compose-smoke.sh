@@ -119,6 +119,7 @@ psql_db() {
     psql -h 127.0.0.1 -U postgres -d dpss -At -v ON_ERROR_STOP=1 -c "$1"
 }
 smoke_py() { python3 "$work/smoke.py" "$@"; }
+release_state() { psql_db "select status || ' ' || attempts from releases where id = '$release_id'"; }
 
 dump_logs() {
   local c
@@ -402,26 +403,14 @@ def start_long():
     print(rel["id"])
 
 
-def status():
-    state = load_state()
-    # The owner sees the job's real state and attempts; an analyst sees "queued" until the
-    # release's public visible_at (run times are hidden from analysts).
-    _, rel = call("GET", f"/v1/releases/{state['long_release']}", state["keys"]["owner"], expect=200)
-    print(rel["status"], rel.get("attempts"))
-
-
 def finish_long():
     state = load_state()
     owner = state["keys"]["owner"]
     t = time.monotonic()
     rel = wait_release(owner, state["long_release"], timeout=float(os.environ["SMOKE_FINISH_TIMEOUT"]))
-    print(f"  release ended '{rel['status']}' {time.monotonic() - t:.1f}s after the kill; attempts={rel['attempts']}", flush=True)
-    if rel.get("started_at") and rel.get("finished_at"):
-        from datetime import datetime
-        took = datetime.fromisoformat(rel["finished_at"].replace("Z", "+00:00")) - datetime.fromisoformat(rel["started_at"].replace("Z", "+00:00"))
-        print(f"  the re-run attempt took {took.total_seconds():.1f}s from claim to result", flush=True)
+    # Attempts and run times are for admins and auditors only; the shell reads them.
+    print(f"  release ended '{rel['status']}' {time.monotonic() - t:.1f}s after the kill", flush=True)
     check(rel["status"] == "succeeded", f"release ended {rel['status']}: {rel.get('reason')}")
-    check(rel["attempts"] >= 2, f"attempts={rel['attempts']}: the killed worker did not hold the job")
     d = int(os.environ["SMOKE_KILL_D"])
     basis = rel["result"]["basis"]
     check(len(basis) == d and all(len(r) == 5 for r in basis), "basis is not d x 5")
@@ -463,7 +452,7 @@ def reference():
 
 
 if __name__ == "__main__":
-    {"walkthrough": walkthrough, "start-long": start_long, "status": status,
+    {"walkthrough": walkthrough, "start-long": start_long,
      "finish-long": finish_long, "reference": reference}[sys.argv[1]]()
 PY
 
@@ -571,7 +560,9 @@ phase "kill the worker running a release"
 release_id=$(smoke_py start-long) || fail "could not request the long release"
 t_req=$SECONDS
 for ((i = 0; ; i++)); do
-  out=$(smoke_py status) || fail "cannot read the release"
+  # The database, not the API: only admins and auditors are shown a release's real state
+  # before its visible_at (service.auth.sees_real_state), and the smoke needs it to kill.
+  out=$(release_state) || fail "cannot read the release"
   read -r st attempts <<<"$out"
   [[ $st == running ]] && break
   [[ $st == queued ]] || fail "release $st before it could be observed running; raise DPSS_SMOKE_KILL_D"
@@ -587,11 +578,14 @@ done
 [[ -n $victim ]] || fail "no worker container has the hostname of lease_owner '$owner'"
 "$engine" kill "$victim" >/dev/null
 t_kill=$SECONDS
-out=$(smoke_py status) || fail "cannot read the release"
+out=$(release_state) || fail "cannot read the release"
 read -r st attempts <<<"$out"
 [[ $st == running ]] || fail "release was already '$st' when its worker was killed; raise DPSS_SMOKE_KILL_D"
 log "release $release_id running on $owner (container ${victim:0:12}) $((t_kill - t_req))s after the request: killed it"
 SMOKE_FINISH_TIMEOUT=$((lease_seconds * 3 + 300)) smoke_py finish-long
+read -r st attempts <<<"$(release_state)"
+log "release ended '$st' after $attempts attempt(s)"
+((attempts >= 2)) || fail "attempts=$attempts: the killed worker did not hold the job"
 charges=$(psql_db "select kind || ':' || count(*) from ledger_entries where release_id = '$release_id' group by kind order by kind" | tr '\n' ' ')
 [[ $charges == "charge:1 " ]] || fail "ledger entries of the release: '$charges' (want exactly one charge, no refund)"
 log "ledger: exactly one charge for the release; $(cids worker | wc -l) worker(s) running now"
