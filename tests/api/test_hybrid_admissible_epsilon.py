@@ -47,10 +47,9 @@ def above(figure: str) -> str:
     return str(Decimal(figure) * Decimal("1.01"))
 
 
-@pytest.mark.parametrize("granted", [False, True], ids=["dataset", "grant"])
-def test_a_refusal_gives_the_epsilon_the_same_request_is_admitted_at(
-    client, keys, upload_dataset, granted
-):
+def budget_to_spend(client, keys, upload_dataset, granted: bool) -> str:
+    """A hybrid (1, 1e-5) dataset's id; with ``granted``, a (0.9, 9e-6) grant on it to the
+    analyst, which the requests are then charged to."""
     made = upload_dataset(
         client, keys.owner, rows(), epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
     )
@@ -62,6 +61,14 @@ def test_a_refusal_gives_the_epsilon_the_same_request_is_admitted_at(
             json={"epsilon": "0.9", "delta": "9e-6"},
         )
         assert grant.status_code == 201, grant.text
+    return str(dataset_id)
+
+
+@pytest.mark.parametrize("granted", [False, True], ids=["dataset", "grant"])
+def test_a_refusal_gives_the_epsilon_the_same_request_is_admitted_at(
+    client, keys, upload_dataset, granted
+):
+    dataset_id = budget_to_spend(client, keys, upload_dataset, granted)
     for _ in range(2):
         assert post(client, keys, dataset_id, GAUSS).status_code == 202
     budget = client.get(f"/v1/datasets/{dataset_id}/budget", headers=bearer(keys.owner)).json()
@@ -167,17 +174,7 @@ def test_a_request_whose_delta_no_filter_takes_gets_another_delta(
     admitted epsilon (``epsilon_admissible`` null, and the 409 named no way out), but at delta
     1e-8 it is admitted. The refusal and the dry run now offer that delta and its epsilon,
     checked: the offer is accepted and 1% above its epsilon is refused."""
-    made = upload_dataset(
-        client, keys.owner, rows(), epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
-    )
-    dataset_id = made["id"]
-    if granted:
-        grant = client.post(
-            f"/v1/datasets/{dataset_id}/grants",
-            headers=bearer(keys.owner),
-            json={"epsilon": "0.9", "delta": "9e-6"},
-        )
-        assert grant.status_code == 201, grant.text
+    dataset_id = budget_to_spend(client, keys, upload_dataset, granted)
     for _ in range(3):
         spent = post(client, keys, dataset_id, {**APPROXIMATE, "epsilon": "0.1", "delta": "1e-7"})
         assert spent.status_code == 202, spent.text
