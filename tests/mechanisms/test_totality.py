@@ -95,15 +95,20 @@ def run_total(
         # Refused from public facts before anything is charged: terminal, no run.
         return f"refused at prepare: {refusal.field}"
     out = mechanism.run(data, ReleaseSpec(k, epsilon, delta, params), np.random.default_rng(seed))
+    check_basis(out, d, k)
+    return "ran"
+
+
+def check_basis(out: MechanismOutput, d: int, k: int) -> None:
+    """A run's output as the store takes it: extras that are JSON (every number finite) and,
+    when released, a finite ``d x k`` basis with orthonormal columns."""
     assert isinstance(out, MechanismOutput)
-    # Extras go into the store as JSON: every number must be finite.
     json.dumps(out.extras, allow_nan=False)
     if out.basis is not None:
         basis = np.asarray(out.basis)
         assert basis.shape == (d, k)
         assert np.all(np.isfinite(basis))
         assert basis.T @ basis == pytest.approx(np.eye(k), abs=1e-8)
-    return "ran"
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))

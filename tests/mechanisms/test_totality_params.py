@@ -11,7 +11,6 @@ go into the store as JSON) with shares and their intervals inside [0, 1].
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any
@@ -31,7 +30,7 @@ from service.mechanisms.base import (
 from service.mechanisms.registry import MECHANISMS
 from service.prior_projection import on_prior
 from service.priors import ORTHONORMAL_TOLERANCE
-from tests.mechanisms.test_totality import BUDGETS, EXPONENTS
+from tests.mechanisms.test_totality import BUDGETS, EXPONENTS, check_basis
 
 EXTREMES = [1e300, -1e300, 1e-300, 1.7976931348623157e308, -1.7976931348623157e308, 5e-324, -0.0]
 
@@ -104,13 +103,7 @@ def prior_matrix(draw: st.DrawFn, d: int, rng: np.random.Generator) -> np.ndarra
 
 
 def check_output(out: MechanismOutput, d: int, k: int) -> None:
-    assert isinstance(out, MechanismOutput)
-    json.dumps(out.extras, allow_nan=False)
-    if out.basis is not None:
-        basis = np.asarray(out.basis)
-        assert basis.shape == (d, k)
-        assert np.all(np.isfinite(basis))
-        assert basis.T @ basis == pytest.approx(np.eye(k), abs=1e-8)
+    check_basis(out, d, k)
     ratio = out.extras.get("explained_variance_ratio")
     if ratio is not None:
         assert all(0.0 <= share <= 1.0 for share in ratio), ratio
