@@ -190,24 +190,30 @@ def test_every_noise_scale_of_a_block_paired_run_is_the_stated_one(offset: float
     assert rng.scales == [pytest.approx(scale, rel=1e-12) for scale in stated]
 
 
-@pytest.mark.parametrize("offset", [0.8, 0.0])
+@pytest.mark.parametrize(
+    ("offset", "d", "spread", "route"),
+    [(0.8, 10, 0.25, "mean"), (0.0, 10, 0.25, "none"), (0.8, 300, 0.02, "pairs")],
+)
 def test_the_block_paired_release_is_the_uniform_pass_release_of_the_same_pairing(
-    offset: float, monkeypatch: pytest.MonkeyPatch
+    offset: float, d: int, spread: float, route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    n, d = 8500, 10
+    n = 8500
     rng0 = np.random.default_rng(31)
-    rows = offset / math.sqrt(d) + rng0.standard_normal((n, d)) / np.sqrt(np.arange(1, d + 1)) / 4
+    rows = offset / math.sqrt(d) + spread * rng0.standard_normal((n, d)) / np.sqrt(
+        np.arange(1, d + 1)
+    )
     rows /= np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
     mechanism = AnalyzeGauss()
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-    params = mechanism.prepare(ctx, 3, 1.0, 1e-6, mechanism.parse_params({"center": "private"}))
-    spec = ReleaseSpec(3, 1.0, 1e-6, params)
+    epsilon = 0.3 if route == "pairs" else 1.0
+    raw = mechanism.parse_params({"center": "private"})
+    spec = ReleaseSpec(3, epsilon, 1e-6, mechanism.prepare(ctx, 3, epsilon, 1e-6, raw))
     got = mechanism.run(rows, spec, np.random.default_rng(32))
     monkeypatch.setattr(
         module, "block_probe_pass", lambda data, clip, p: cc.probe_pass(data, clip, p.order)
     )
     expected = mechanism.run(rows, spec, np.random.default_rng(32))
-    assert got.extras["centring"] == expected.extras["centring"] == ("mean" if offset else "none")
+    assert got.extras["centring"] == expected.extras["centring"] == route
     np.testing.assert_allclose(got.basis, expected.basis, rtol=1e-9, atol=1e-12)
     for key in ("row_clip_norm", "variance_clip_norm", "gram_noise_std", "trace"):
         assert got.extras[key] == pytest.approx(expected.extras[key], rel=1e-9)
