@@ -202,19 +202,25 @@ def _pairs_of(
     return pair_chunks(data, clip_norm, offset, order)
 
 
-#: From this many rows (public) the pairing is drawn in blocks (:func:`block_pairing`); below
-#: it, a uniform permutation as before (the same draw, the same releases to the bit).
+#: From this many rows (public) the pairing may be drawn in blocks (:func:`block_pairing`,
+#: :func:`pair_block_rows`); below, a uniform permutation as before (the same draw, the same
+#: releases to the bit).
 PAIR_BLOCK_MIN_ROWS = 8192
 
 
 def pair_block_rows(n_rows: int, n_cols: int) -> int:
-    """Rows per block of :func:`block_pairing` (public: ``n`` and ``d`` only): about 256 KB of
-    float64 rows (two blocks stay in a core's cache), between 16 and 256 rows, and at most
-    ``n/128`` (so at most 1/128 of the pairs a uniform pairing would make are excluded, see
-    :func:`block_pairing`); 1 (no blocks) below :data:`PAIR_BLOCK_MIN_ROWS` rows."""
-    if n_rows < PAIR_BLOCK_MIN_ROWS:
+    """Rows per block of :func:`block_pairing` (public: ``n`` and ``d`` only): about 128 KB of
+    float64 rows, between 16 and 128 rows (the probe's pass costs a few numpy calls per pair of
+    blocks; below about 100 KB a block those calls cost what the blocks save: at 50,000 x 100
+    the pass took 5.2/5.4/7.4/11.7 ms with blocks of 256/128/64/32 rows against 7.9 with the
+    uniform pairing), and only where that leaves at least 128 pairs of blocks (``n >= 256 B``)
+    and ``n >=`` :data:`PAIR_BLOCK_MIN_ROWS`; else 1 (no blocks). At least 128 pairs of blocks:
+    at most ``1/256`` of the pairs a uniform pairing makes are excluded, and on rows stored
+    sorted the pairs' mix of strata is drawn at least 128 times (see :func:`block_pairing`)."""
+    block = min(128, max(16, 16384 // max(1, n_cols)))
+    if n_rows < max(PAIR_BLOCK_MIN_ROWS, 256 * block):
         return 1
-    return max(1, min(n_rows // 128, max(16, min(256, 32768 // max(1, n_cols)))))
+    return block
 
 
 @dataclass(frozen=True)
@@ -259,9 +265,13 @@ def block_pairing(rng: np.random.Generator, n_rows: int, n_cols: int) -> BlockPa
     blocks). Rows stored sorted (by label, time, site) are still paired across the whole
     order; the within-block bijection breaks any period of the stored order. The pairs'
     second moment ``E p p^T`` (the covariance the pairs estimate) moves by at most the share of
-    same-block pairs a uniform pairing would make, ``(B - 1)/(n - 1) < 1/128``, and only where
+    same-block pairs a uniform pairing would make, ``(B - 1)/(n - 1) < 1/256``, and only where
     rows in the same block are alike (an upward bias: those pairs differ least); for rows in
-    a random order nothing moves."""
+    a random order nothing moves. Its spread does move on rows stored sorted: the ``B`` pairs
+    of two blocks come from the same two stretches of the stored order, so the mix of strata
+    among the pairs is drawn ``n/(2B) >= 128`` times, not ``n/2`` (measured on 20,000 x 50 rows
+    sorted by cluster with blocks: the centring route changed in about a third of the seeds,
+    the share kept and the interval did not worsen; docs/benchmarks.md)."""
     block = pair_block_rows(n_rows, n_cols)
     empty = np.zeros(0, dtype=np.intp)
     if block <= 1:

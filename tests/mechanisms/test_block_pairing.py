@@ -1,4 +1,5 @@
-"""The pairing in blocks (issue 32 item 5): from 8,192 rows the chosen-centring run pairs whole
+"""The pairing in blocks (issue 32 item 5): from 8,192 rows (32,768 at d = 100: at least 128
+pairs of blocks of about 128 KB) the chosen-centring run pairs whole
 blocks of consecutive rows, matched by a random bijection, so that its probe reads each row
 once (``block_probe.block_probe_pass``). The pairing is a perfect matching drawn from the
 CSPRNG before the data is read, so every "one row, one pair" sensitivity and every noise scale
@@ -38,11 +39,11 @@ def rows_over_clip(n: int, d: int, seed: int) -> Rows:
     return x
 
 
-@pytest.mark.parametrize(("n", "d"), [(8192, 100), (8193, 7), (50_000, 100), (12_001, 784)])
+@pytest.mark.parametrize(("n", "d"), [(32_768, 100), (33_001, 7), (50_000, 100), (12_001, 784)])
 def test_the_pairing_is_a_perfect_matching_of_whole_blocks(n: int, d: int) -> None:
     pairing = block_pairing(np.random.default_rng(3), n, d)
     size = pairing.block_rows
-    assert size == pair_block_rows(n, d) and 16 <= size <= 256 and size <= n // 128
+    assert size == pair_block_rows(n, d) and 16 <= size <= 128 and size <= n // 256
     assert np.array_equal(np.sort(pairing.order), np.arange(n))  # each row in one pair at most
     pairs = pairing.low_starts.shape[0]
     assert pairs == (n // size) // 2
@@ -61,22 +62,27 @@ def test_the_pairing_is_a_perfect_matching_of_whole_blocks(n: int, d: int) -> No
     assert rest.size < 2 * size
 
 
-def test_below_the_threshold_the_pairing_is_the_uniform_permutation_drawn_before() -> None:
-    n = PAIR_BLOCK_MIN_ROWS - 1
-    pairing = block_pairing(np.random.default_rng(8), n, 10)
+@pytest.mark.parametrize(("n", "d"), [(PAIR_BLOCK_MIN_ROWS - 1, 2000), (32_767, 100), (20_000, 50)])
+def test_below_the_threshold_the_pairing_is_the_uniform_permutation_drawn_before(
+    n: int, d: int
+) -> None:
+    assert pair_block_rows(n + 1 if n == 32_767 else n, d) == (128 if n == 32_767 else 1)
+    pairing = block_pairing(np.random.default_rng(8), n, d)
     assert pairing.block_rows == 1
     assert np.array_equal(pairing.order, np.random.default_rng(8).permutation(n))
 
 
 def test_the_pairing_depends_on_the_generator_and_shape_only() -> None:
-    first = block_pairing(np.random.default_rng(5), 20_000, 50)
-    second = block_pairing(np.random.default_rng(5), 20_000, 50)
-    assert np.array_equal(first.order, second.order)
-    other = block_pairing(np.random.default_rng(6), 20_000, 50)
+    first = block_pairing(np.random.default_rng(5), 40_000, 50)
+    second = block_pairing(np.random.default_rng(5), 40_000, 50)
+    assert first.block_rows > 1 and np.array_equal(first.order, second.order)
+    other = block_pairing(np.random.default_rng(6), 40_000, 50)
     assert not np.array_equal(first.order, other.order)
 
 
-@pytest.mark.parametrize(("n", "d", "clip"), [(9001, 30, 1.0), (8192, 5, 0.05), (10_000, 300, 1.0)])
+@pytest.mark.parametrize(
+    ("n", "d", "clip"), [(33_001, 30, 1.0), (32_768, 5, 0.05), (14_000, 300, 1.0)]
+)
 def test_the_block_pass_gives_the_probe_statistics_of_the_same_pairing(
     n: int, d: int, clip: float
 ) -> None:
@@ -106,10 +112,11 @@ def test_the_block_pass_gives_the_probe_statistics_of_the_same_pairing(
 
 def test_rows_at_extreme_scales_take_the_gathered_pass() -> None:
     rng = np.random.default_rng(2)
-    rows = rng.standard_normal((8200, 5))
+    rows = rng.standard_normal((33_000, 5))
     rows[::5] *= 1e-170
     rows[::7] *= 1e160
-    pairing = block_pairing(np.random.default_rng(4), 8200, 5)
+    pairing = block_pairing(np.random.default_rng(4), 33_000, 5)
+    assert pairing.block_rows > 1
     got = block_probe_pass(rows, 1.0, pairing)
     expected = cc.gathered_probe_pass(rows, 1.0, pairing.order)
     np.testing.assert_array_equal(got.counts_u, expected.counts_u)
@@ -120,9 +127,10 @@ def test_rows_at_extreme_scales_take_the_gathered_pass() -> None:
 def test_one_replaced_row_moves_one_row_count_and_one_pair_count() -> None:
     """The probe's noise 2/mu_Q per count is for l2 sensitivity 2: a replaced row moves each
     histogram by one down and one up, at most."""
-    n, d = 9000, 20
+    n, d = 33_000, 20
     rows = rows_over_clip(n, d, 11)
     pairing = block_pairing(np.random.default_rng(9), n, d)
+    assert pairing.block_rows > 1
     before = block_probe_pass(rows, 1.0, pairing)
     for row in (0, 4321, pairing.order[-1], int(pairing.high_starts[3]) + 7):
         changed = rows.copy()
@@ -138,7 +146,7 @@ def test_one_replaced_row_moves_one_row_count_and_one_pair_count() -> None:
 def test_sorted_and_periodic_rows_are_paired_across_the_whole_order() -> None:
     """The pairs' mean squared norm estimates the trace of the covariance (``E||p||^2 =
     E||x - x'||^2/2``) on rows stored sorted by their first coordinate, and on rows with a
-    period of 16 (the within-block bijection breaks it), within the 1/128 same-block bound
+    period of 16 (the within-block bijection breaks it), within the 1/256 same-block bound
     and the sampling error."""
     rng = np.random.default_rng(12)
     n, d = 40_000, 8
@@ -165,7 +173,7 @@ class Recording(np.random.Generator):
 
 @pytest.mark.parametrize("offset", [0.8, 0.0])  # the mean route, then the none route
 def test_every_noise_scale_of_a_block_paired_run_is_the_stated_one(offset: float) -> None:
-    n, d = 9000, 12
+    n, d = 33_000, 12
     rng0 = np.random.default_rng(21)
     rows = offset / math.sqrt(d) + rng0.standard_normal((n, d)) / np.sqrt(np.arange(1, d + 1)) / 4
     rows /= np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
@@ -197,7 +205,8 @@ def test_every_noise_scale_of_a_block_paired_run_is_the_stated_one(offset: float
 def test_the_block_paired_release_is_the_uniform_pass_release_of_the_same_pairing(
     offset: float, d: int, spread: float, route: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    n = 8500
+    n = 33_000 if d < 100 else 14_000
+    assert pair_block_rows(n, d) > 1
     rng0 = np.random.default_rng(31)
     rows = offset / math.sqrt(d) + spread * rng0.standard_normal((n, d)) / np.sqrt(
         np.arange(1, d + 1)
