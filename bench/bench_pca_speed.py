@@ -105,7 +105,6 @@ def main() -> None:
 #: The stages of chosen_centring_run, by the name analyze_gauss imports them under.
 STAGES = {
     "probe_pass": "probe",
-    "block_probe_pass": "probe",
     "fast_gram": "gram",
     "paired_gram": "gram",
     "release_of_gram": "noise + eigh",

@@ -59,7 +59,6 @@ from service.mechanisms.base import (
     PublicContext,
     ReleaseSpec,
 )
-from service.mechanisms.block_probe import block_probe_pass
 from service.mechanisms.centring import (
     DEFAULT_CENTER_SHARE,
     BudgetSplit,
@@ -135,7 +134,6 @@ from service.mechanisms.noise import (
     round_to_grid,
     symmetric_gaussian,
 )
-from service.mechanisms.paired_rows import block_pairing
 
 __all__ = [
     "CLIP_SHARE",
@@ -513,16 +511,11 @@ def chosen_centring_run(
     quantile = params.quantile
     assert clip is not None and quantile is not None  # resolved by prepare; chooses_centring
     n, d = data.shape
-    # Public randomness, drawn before anything reads the data: which rows are paired (from
-    # 32,768 rows at d = 100, from 8,192 at d >= 512, in blocks of consecutive rows: block_pairing).
-    pairing = block_pairing(rng, n, d)
-    order = pairing.order
-    # One pass over the rows gives both probe histograms and the clipped rows' sum for the
-    # mean: no m x d array of pairs, no separate mean pass; with blocks each row read once.
-    if pairing.block_rows > 1:
-        counts = block_probe_pass(data, clip, pairing)
-    else:
-        counts = probe_pass(data, clip, order)
+    # Public randomness, drawn before anything reads the data: which rows are paired.
+    order = rng.permutation(n)
+    # One pass over the rows (in chunks of the permuted order) gives both probe histograms and
+    # the clipped rows' sum for the mean: no m x d array of pairs, no separate mean pass.
+    counts = probe_pass(data, clip, order)
     probe = read_probe(counts, n, clip, quantile, split.clip_mu, rng)
     choice = choose_centring(
         probe.uncentred_high, probe.pair_high, n, d, clip, split.mean_mu, split.gram_mu

@@ -9,10 +9,7 @@ random direction, and lengthens every centred row from ``||y||`` to about
 rows are mostly that noise and the released subspace follows it. Two alternatives need no
 mean: **pairs**, ``p_j = (clip_C(x_r(2j)) - clip_C(x_r(2j+1)))/sqrt(2)`` (``j < m =
 floor(n/2)``, ``r`` a permutation drawn from the run's CSPRNG before the data is read: public
-randomness; the stored order would pair alike rows where the owner sorted them; from 8,192
-rows (and at least 128 pairs of blocks) drawn in blocks of consecutive rows,
-:func:`~service.mechanisms.paired_rows.block_pairing`,
-still a perfect matching independent of the data), whose
+randomness; the stored order would pair alike rows where the owner sorted them), whose
 second moment is the covariance ``Sigma`` (``m`` rows: half the signal, no mean noise); and
 **none**, the uncentred rows (the mean's direction takes a slot, the rows are longer).
 

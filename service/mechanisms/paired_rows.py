@@ -12,7 +12,6 @@ map followed by a sum: no parameter is read off the data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -200,95 +199,3 @@ def _pairs_of(
     if factors is not None:
         return pair_blocks(data, order, offset, factors)
     return pair_chunks(data, clip_norm, offset, order)
-
-
-#: From this many rows (public) the pairing may be drawn in blocks (:func:`block_pairing`,
-#: :func:`pair_block_rows`); below, a uniform permutation as before (the same draw, the same
-#: releases to the bit).
-PAIR_BLOCK_MIN_ROWS = 8192
-
-
-def pair_block_rows(n_rows: int, n_cols: int) -> int:
-    """Rows per block of :func:`block_pairing` (public: ``n`` and ``d`` only): about 128 KB of
-    float64 rows, between 16 and 128 rows (the probe's pass costs a few numpy calls per pair of
-    blocks; below about 100 KB a block those calls cost what the blocks save: at 50,000 x 100
-    the pass took 5.2/5.4/7.4/11.7 ms with blocks of 256/128/64/32 rows against 7.9 with the
-    uniform pairing), and only where that leaves at least 128 pairs of blocks (``n >= 256 B``)
-    and ``n >=`` :data:`PAIR_BLOCK_MIN_ROWS`; else 1 (no blocks). At least 128 pairs of blocks:
-    at most ``1/256`` of the pairs a uniform pairing makes are excluded, and on rows stored
-    sorted the pairs' mix of strata is drawn at least 128 times (see :func:`block_pairing`)."""
-    block = min(128, max(16, 16384 // max(1, n_cols)))
-    if n_rows < max(PAIR_BLOCK_MIN_ROWS, 256 * block):
-        return 1
-    return block
-
-
-@dataclass(frozen=True)
-class BlockPairing:
-    """A public pairing of the rows: pair ``j`` is ``(order[2j], order[2j+1])``, ``j <
-    floor(n/2)`` (every row in one pair at most), as :func:`paired_differences` reads it.
-
-    With ``block_rows > 1``: pairs ``j B + t`` (``t < B``, ``j < len(low_starts)``) are
-    ``(low_starts[j] + t, high_starts[j] + within[j, t])``: the rows of one block of ``B``
-    consecutive rows matched to those of another, the rest (``order[2 B len(low_starts):]``)
-    paired in a uniform random order. ``block_rows == 1``: ``order`` is a uniform permutation
-    and the other fields are empty."""
-
-    order: npt.NDArray[np.intp]
-    block_rows: int
-    low_starts: npt.NDArray[np.intp]
-    high_starts: npt.NDArray[np.intp]
-    within: npt.NDArray[np.intp]
-
-
-def block_pairing(rng: np.random.Generator, n_rows: int, n_cols: int) -> BlockPairing:
-    """The run's pairing, drawn from its CSPRNG before the data is read (issue 32 item 5).
-
-    Below :data:`PAIR_BLOCK_MIN_ROWS` rows: ``rng.permutation(n)`` (the draw the run always
-    made). From there, in blocks of ``B =`` :func:`pair_block_rows` consecutive stored rows: a
-    uniform permutation of the ``floor(n/B)`` whole blocks pairs them two by two; within each
-    pair of blocks a uniform random bijection (one permutation per pair of blocks) matches
-    their rows; the rows left over (a last unpaired block and the ``n mod B`` tail, fewer than
-    ``2B``) are paired in a uniform random order. The probe then reads each row once, block by
-    block, instead of gathering ``n/2`` partners from random places
-    (:func:`~service.mechanisms.block_probe.block_probe_pass`).
-
-    **Privacy: unchanged.** The pairing depends on ``n``, ``d`` and the CSPRNG only, and is a
-    perfect matching of the rows (a row in one pair at most, checked by the tests), so
-    replacing one row changes one pair whatever the pairing: every sensitivity that relies on
-    "one row, one pair" (the probe's histograms, the pairs route's Gram, the explained-variance
-    sums over pairs) holds as stated, with the same noise.
-
-    **What changes: which pairs are drawn.** A uniform pairing puts two given rows together
-    with probability ``1/(n-1)``; this one never pairs two rows of the same block and pairs
-    two rows of different whole blocks with probability ``1/((n_B - 1) B)`` (``n_B`` whole
-    blocks). Rows stored sorted (by label, time, site) are still paired across the whole
-    order; the within-block bijection breaks any period of the stored order. The pairs'
-    second moment ``E p p^T`` (the covariance the pairs estimate) moves by at most the share of
-    same-block pairs a uniform pairing would make, ``(B - 1)/(n - 1) < 1/256``, and only where
-    rows in the same block are alike (an upward bias: those pairs differ least); for rows in
-    a random order nothing moves. Its spread does move on rows stored sorted: the ``B`` pairs
-    of two blocks come from the same two stretches of the stored order, so the mix of strata
-    among the pairs is drawn ``n/(2B) >= 128`` times, not ``n/2`` (measured on 20,000 x 50 rows
-    sorted by cluster with blocks: the centring route changed in about a third of the seeds,
-    the share kept and the interval did not worsen; docs/benchmarks.md)."""
-    block = pair_block_rows(n_rows, n_cols)
-    empty = np.zeros(0, dtype=np.intp)
-    if block <= 1:
-        return BlockPairing(rng.permutation(n_rows), 1, empty, empty, empty.reshape(0, 0))
-    whole = n_rows // block
-    blocks = rng.permutation(whole)
-    pairs = whole // 2
-    within = rng.permuted(np.tile(np.arange(block, dtype=np.intp), (pairs, 1)), axis=1)
-    low_starts = blocks[0 : 2 * pairs : 2] * block
-    high_starts = blocks[1 : 2 * pairs : 2] * block
-    steps = np.arange(block, dtype=np.intp)
-    leftover = np.concatenate(
-        [(blocks[2 * pairs :, None] * block + steps).ravel(), np.arange(whole * block, n_rows)]
-    )
-    order = np.empty(n_rows, dtype=np.intp)
-    paired = order[: 2 * pairs * block].reshape(pairs, block, 2)
-    paired[..., 0] = low_starts[:, None] + steps
-    paired[..., 1] = high_starts[:, None] + within
-    order[2 * pairs * block :] = rng.permutation(leftover)
-    return BlockPairing(order, block, low_starts, high_starts, within)
