@@ -146,8 +146,9 @@ def count_statements(engine: Any) -> list[int]:
     ``after_cursor_execute`` listener; ``BEGIN`` and ``COMMIT`` are not statements here)."""
     counter = [0]
 
-    def executed(*_: Any) -> None:
-        counter[0] += 1
+    def executed(_connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE
+            counter[0] += 1
 
     event.listen(engine, "after_cursor_execute", executed)
     return counter
