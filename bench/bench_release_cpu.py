@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,11 +65,12 @@ if __package__ in (None, ""):
 import dpss_client.client as dpss_client  # this checkout's client: the path it takes
 from api_schemas.releases import Release
 from scripts.harness import create_database, drop_database, table
-from service import auth
+from service import auth, oneshot
 from service.app import create_app
 from service.config import Settings
 from service.db import models
 from service.db.engine import make_engine, make_session_factory
+from service.jobs import ClaimedJob, RunContext
 from service.logs import log_config
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.noise import secure_generator
@@ -79,6 +81,7 @@ from service.worker import Worker
 
 SHAPES = [(3_500, 784), (50_000, 100)]
 RELEASE: dict[str, Any] = {"mechanism": "analyze_gauss", "k": 5, "epsilon": "0.01", "delta": "1e-9"}
+RELEASE_PARAMS: dict[str, Any] = {}
 
 
 def children_cpu() -> float:
@@ -138,6 +141,40 @@ def direct_cpu(rows: np.ndarray[Any, Any], n: int, d: int) -> float:
         return time.process_time() - started
 
 
+def count_statements(engine: Any) -> list[int]:
+    """A one-element list counting the SQL statements ``engine`` runs from now on (an
+    ``after_cursor_execute`` listener; ``BEGIN`` and ``COMMIT`` are not statements here)."""
+    counter = [0]
+
+    def executed(_connection: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE
+            counter[0] += 1
+
+    event.listen(engine, "after_cursor_execute", executed)
+    return counter
+
+
+def direct_job_cpu(job: ClaimedJob, context: RunContext, n: int, d: int) -> float:
+    """CPU seconds of the same work as a release without HTTP or a database, in this process:
+    the mechanism's preparation from the public facts (as the API prepares a request: params
+    parsed, calibrated) and the run process's work (:func:`service.oneshot.execute`: the stored
+    params parsed, the stored ``.npy`` opened with its fault checks and mapped, the run, its
+    :class:`Outcome`), one BLAS thread. The fair floor for a release through the service;
+    :func:`direct_cpu` is the mechanism's bare run on rows already in memory."""
+    mechanism = get_mechanism(job.mechanism)
+    assert mechanism is not None
+    public = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    with threadpool_limits(limits=1, user_api="blas"):
+        started = time.process_time()
+        mechanism.prepare(
+            public, job.k, job.epsilon, job.delta, mechanism.parse_params(RELEASE_PARAMS)
+        )
+        outcome = oneshot.execute(job, context)
+        spent = time.process_time() - started
+    assert outcome.status == "succeeded", outcome.reason
+    return spent
+
+
 def settings_for(url: str, data_dir: Path) -> Settings:
     return Settings(
         data_dir=data_dir,
@@ -160,18 +197,23 @@ def serve(url: str, data_dir: str, profile: bool) -> None:
     logging.config.dictConfig(log_config(settings.log_level))
     factory = make_session_factory(make_engine(settings.resolved_database_url))
     worker = Worker(factory, DatasetStore(settings.data_dir / "datasets"), settings, isolate=True)
+    statements = count_statements(factory.kw["bind"])
     profiler = cProfile.Profile(time.process_time) if profile else None
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        started, children = time.process_time(), children_cpu()
+        # The children's CPU read first: the harness's own reading of /proc is not the
+        # worker's (read after ``started`` it was counted as the worker's, 0.2-0.4 ms).
+        children = children_cpu()
+        counted, started = statements[0], time.process_time()
         if profiler is not None:
             profiler.enable()
         ran = worker.run_pending()
         if profiler is not None:
             profiler.disable()
-        own, child = time.process_time() - started, children_cpu() - children
-        print(f"{ran} {own + child} {child}", flush=True)
+        own = time.process_time() - started
+        child = children_cpu() - children
+        print(f"{ran} {own + child} {child} {statements[0] - counted}", flush=True)
     if profiler is not None:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
 
@@ -231,16 +273,48 @@ def run(
     analyst_headers = {"Authorization": f"Bearer {analyst}"}
     table_rows = []
     children: list[float] = []
+    worker_statements: list[int] = []
+    api_statements = count_statements(factory.kw["bind"])
     api_profiler = cProfile.Profile(time.process_time) if profile else None
 
     def work_once() -> float:
         assert worker.stdin is not None and worker.stdout is not None
         worker.stdin.write("run\n")
         worker.stdin.flush()
-        ran, seconds, child = worker.stdout.readline().split()
+        ran, seconds, child, statements = worker.stdout.readline().split()
         assert ran == "1", ran
         children.append(float(child))
+        worker_statements.append(int(statements))
         return float(seconds)
+
+    def work_once_timed() -> tuple[float, float]:
+        """:func:`work_once` from a thread of this process, and that thread's own CPU: the
+        harness's (the pipe to the worker), not the API's, so taken out of the API's figure."""
+        started = time.thread_time()
+        seconds = work_once()
+        return seconds, time.thread_time() - started
+
+    def stored_job(dataset: str, release: str) -> tuple[ClaimedJob, RunContext]:
+        """The job the worker ran for ``release`` (its stored params, the dataset's file),
+        for :func:`direct_job_cpu`, run here with the worker's store and settings."""
+        with factory() as session:
+            found = session.get(models.Release, uuid.UUID(release))
+            stored = session.get(models.Dataset, uuid.UUID(dataset))
+            assert found is not None and stored is not None
+            job = ClaimedJob(
+                release_id=found.id,
+                dataset_id=stored.id,
+                mechanism=found.mechanism,
+                k=found.k,
+                epsilon=float(found.epsilon),
+                delta=float(found.delta),
+                params=dict(found.params),
+                file_name=stored.file_name,
+                attempt=1,
+                n_rows=found.n_rows_read,
+            )
+        store = DatasetStore(settings.data_dir / "datasets")
+        return job, RunContext(store=store, settings=settings, label="direct")
 
     async def upload(rows: np.ndarray[Any, Any], http: httpx.AsyncClient) -> str:
         buffer = io.BytesIO()
@@ -283,6 +357,7 @@ def run(
     # The one-request path: the worker is told to run once the creating transaction has
     # committed a release (the worker of a deployment is woken then too).
     loop_box: list[asyncio.AbstractEventLoop] = []
+    api_counts: list[int] = []
     queued = asyncio.Event()
 
     def created(session: Session, instance: object) -> None:
@@ -297,8 +372,10 @@ def run(
     event.listen(factory, "after_commit", committed)
 
     async def waited(http: httpx.AsyncClient, dataset: str) -> tuple[float, float]:
-        """One ``POST ...?wait=``: its CPU in this process and the worker's."""
+        """One ``POST ...?wait=``: its CPU in this process (less the harness thread's that
+        drives the worker) and the worker's."""
         queued.clear()
+        counted = api_statements[0]
         started = time.process_time()
         if api_profiler is not None:
             api_profiler.enable()
@@ -311,14 +388,16 @@ def run(
             )
         )
         await queued.wait()
-        worker_s = await asyncio.to_thread(work_once)
+        worker_s, harness_s = await asyncio.to_thread(work_once_timed)
         # Read as the Python client reads it (its parsing, then the array ``basis()`` gives).
         done = dpss_client._parse((await answer).raise_for_status(), Release)
         assert done.status == "succeeded" and done.result is not None, done.status
         np.asarray(done.result.basis, dtype=np.float64)
         if api_profiler is not None:
             api_profiler.disable()
-        return time.process_time() - started, worker_s
+        spent = time.process_time() - started - harness_s
+        api_counts.append(api_statements[0] - counted)
+        return spent, worker_s
 
     async def drive() -> None:
         loop_box.append(asyncio.get_running_loop())
@@ -337,10 +416,16 @@ def run(
                 if one_request:
                     await waited(http, dataset)
                 direct_cpu(rows, n, d)
+                job, context = stored_job(dataset, release)
+                direct_job_cpu(job, context, n, d)
                 directs, apis, workers, apis_1, workers_1 = [], [], [], [], []
+                directs_job: list[float] = []
                 children.clear()
+                worker_statements.clear()
+                api_counts.clear()
                 for _ in range(reps):
                     directs.append(direct_cpu(rows, n, d))
+                    directs_job.append(direct_job_cpu(job, context, n, d))
                     release, api = await request(http, dataset)
                     workers.append(work_once())
                     apis.append(api + await read(http, release))
@@ -349,16 +434,19 @@ def run(
                         apis_1.append(api_1)
                         workers_1.append(worker_1)
                 floor = statistics.median(directs)
+                floor_job = statistics.median(directs_job)
                 api_s, worker_s = statistics.median(apis), statistics.median(workers)
-                one = "n/a (no POST ?wait)"
+                one = one_job = "n/a (no POST ?wait)"
                 api_1s = worker_1s = None
                 if one_request:
                     api_1s, worker_1s = statistics.median(apis_1), statistics.median(workers_1)
                     one = f"{(api_1s + worker_1s) / floor:.2f}"
+                    one_job = f"{(api_1s + worker_1s) / floor_job:.2f}"
                 table_rows.append(
                     [
                         f"{n:,} x {d}",
                         f"{floor:.4f}",
+                        f"{floor_job:.4f}",
                         f"{api_1s:.4f}" if api_1s is not None else "n/a",
                         f"{api_s:.4f}",
                         f"{worker_1s:.4f}" if worker_1s is not None else "n/a",
@@ -366,6 +454,10 @@ def run(
                         f"{statistics.median(children):.4f}",
                         one,
                         f"{(api_s + worker_s) / floor:.2f}",
+                        one_job,
+                        f"{(api_s + worker_s) / floor_job:.2f}",
+                        f"{statistics.median(api_counts) if api_counts else 'n/a'}"
+                        f" / {statistics.median(worker_statements)}",
                     ]
                 )
 
@@ -378,9 +470,12 @@ def run(
         f"CPU seconds per release, medians of {reps} ({backend}; {RELEASE['mechanism']} "
         f"k={RELEASE['k']}; one BLAS thread; API includes the in-process client)"
     )
-    headers = ["shape", "direct s", "API s (one request)", "API s (two requests)"]
+    headers = ["shape", "direct s", "direct with file s", "API s (one request)"]
+    headers += ["API s (two requests)"]
     headers += ["worker s (one)", "worker s (two)", "of which run s"]
     headers += ["(API + worker) / direct, one request", "the same, two requests"]
+    headers += ["/ direct with file, one request", "the same, two requests"]
+    headers += ["SQL statements per release: API (one request) / worker"]
     print(table(table_rows, headers))
     if api_profiler is not None:
         print("API (and client) CPU by function:")

@@ -43,7 +43,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
@@ -103,6 +102,8 @@ class ReleaseWaiters:
         self._stop = threading.Event()
         self._anyone = threading.Event()
         self._source: threading.Thread | wake.PostgresListener | None = None
+        #: SQLite: the finished file as the watch thread last saw it (see :meth:`waiting`).
+        self._file_watch: wake.FileWatch | None = None
         self._listening_locally = False
         self._exit_hooked = False
 
@@ -135,6 +136,14 @@ class ReleaseWaiters:
                 admitted = False
             else:
                 admitted = True
+                if self._count == 0 and self._file_watch is not None:
+                    # Nobody waited: outcomes stored since are for earlier requests, each of
+                    # which read its release after that store or ended. Taken as seen before
+                    # this waiter is registered (and so before its first read), they do not
+                    # wake it for a read that finds nothing new (on SQLite, a release finished
+                    # while nobody waited cost the next long poll a read); a store after this
+                    # still does.
+                    self._file_watch.rebase()
                 self._count += 1
                 self._waiters.setdefault(release_id, set()).add(waiter)
                 self._anyone.set()
@@ -244,9 +253,10 @@ class ReleaseWaiters:
                     on_notify=self._payload,
                 )
             elif dialect == "sqlite" and self.engine.url.database not in (None, "", ":memory:"):
+                self._file_watch = wake.FileWatch(wake.finished_file(self.settings), self._stop)
                 thread = threading.Thread(
                     target=self._watch_file,
-                    args=(wake.finished_file(self.settings),),
+                    args=(self._file_watch,),
                     name="dpss-finished-watch",
                     daemon=True,
                 )
@@ -260,12 +270,9 @@ class ReleaseWaiters:
             release_id = None
         self.notify(release_id)
 
-    def _watch_file(self, path: Path) -> None:
-        watch = wake.FileWatch(path, self._stop)
+    def _watch_file(self, watch: wake.FileWatch) -> None:
         while not self._stop.is_set():
             # Idle (no stat at all) while nobody waits.
             self._anyone.wait()
-            before = watch.seen
-            watch.wait(RECHECK_SECONDS)
-            if watch.seen != before:
+            if watch.changed(RECHECK_SECONDS):
                 self.notify(None)

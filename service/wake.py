@@ -208,16 +208,25 @@ class FileWatch:
         return status.st_ino, status.st_mtime_ns
 
     def wait(self, timeout: float) -> None:
+        self.changed(timeout)
+
+    def changed(self, timeout: float) -> bool:
+        """:meth:`wait`, and whether it returned on a change of the file."""
         deadline = time.monotonic() + timeout
         while True:
             current = self._signature()
             if current != self.seen:
                 # Remember before the worker claims: a later change wakes the next wait.
                 self.seen = current
-                return
+                return True
             left = deadline - time.monotonic()
             if left <= 0 or self.stop.wait(min(FILE_CHECK_SECONDS, left)):
-                return
+                return False
+
+    def rebase(self) -> None:
+        """Take the file as it is now as seen: a change made before this call wakes nobody
+        (the long polls registered after it read the release after it)."""
+        self.seen = self._signature()
 
     def close(self) -> None:
         pass

@@ -291,3 +291,44 @@ def test_a_finished_release_is_announced_on_commit_only(tmp_path: Path, sqlite_u
         assert watch._signature() != watch.seen
     finally:
         wake.remove_local_listener(heard.extend)
+
+
+def test_an_outcome_stored_while_nobody_waits_wakes_no_later_long_poll(
+    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's finished file (service/waiters.py): an outcome stored while no request waited
+    was for an earlier request, so it does not wake the next long poll for a read that finds
+    nothing new (it did: one wasted read per release in bench/bench_release_cpu.py); an
+    outcome stored once that long poll is registered still wakes it at once."""
+    import asyncio
+
+    from service import waiters
+
+    monkeypatch.setattr(waiters, "RECHECK_SECONDS", 0.05)  # the watch idles within 0.05 s
+    settings = wake_settings(tmp_path, sqlite_url)
+    engine = make_engine(sqlite_url)
+    hub = waiters.ReleaseWaiters(engine, settings)
+    finished = wake.finished_file(settings)
+
+    async def scenario() -> tuple[bool, float]:
+        with hub.waiting(None):
+            await asyncio.sleep(0.1)  # the watch thread started and looked at the file
+        await asyncio.sleep(0.3)  # nobody waits: the watch thread idles
+        wake.touch(finished)  # an outcome stored while nobody waits
+        with hub.waiting(None) as waiter:
+            assert waiter is not None
+            started = time.monotonic()
+            await waiter.wait(0.5)
+            spurious = time.monotonic() - started < 0.45
+            asyncio.get_running_loop().call_later(0.05, wake.touch, finished)
+            started = time.monotonic()
+            await waiter.wait(5)
+            return spurious, time.monotonic() - started
+
+    try:
+        spurious, woken_after = asyncio.run(scenario())
+    finally:
+        hub.close()
+        engine.dispose()
+    assert not spurious
+    assert woken_after < 2.0  # the later store woke it (at 0.05 s plus a 20 ms look)
