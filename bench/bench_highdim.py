@@ -38,14 +38,15 @@ Candidates (all at the request's GDP ``mu``; where they centre, on a private mea
   here at fixed public radii), Analyze Gauss noise scaled to ``c``.
 - ``auto center=private``: the registry's ``auto`` as ``PrivatePCA`` sends it (what a user gets).
 - ``friendly_aggregate`` and ``histogram_aggregate``: the registry's aggregators at their
-  defaults; a refusal (too few rows for the budget) keeps 0 and is counted.
+  defaults. A refusal (too few rows for the budget) or a no_result keeps 0 and is counted
+  ("no basis").
 
 ``--data why``: why no candidate reaches 1.5x on the power-law rows (eps 1): the non-private
 ceiling over ``analyze_gauss``, the centred eigenvalues against the Gram noise's spike threshold
 ``sigma sqrt(d)``, and the *noise oracle*: Analyze Gauss on the exactly centred rows with its
 noise divided by ``r`` (not a mechanism: what ``r`` times less noise, about ``r`` times the rows
 or the ``mu``, would keep), so the noise cut a 1.5x needs can be read off. ``--csv PATH`` writes
-every seed's figure (candidate, eps, seed, kept, refused).
+every seed's figure (candidate, eps, seed, kept, no_basis).
 
 A d-sweep (power-law rows, n = 4,000, d from 30 to 300) and a low-dimension check (digits,
 1,797 x 64) show what the sign map costs where ``d`` is below
@@ -121,7 +122,7 @@ def registry_candidate(name: str, params: dict[str, Any]) -> Candidate:
         try:
             prepared = mechanism.prepare(ctx, K, eps, DELTA, mechanism.parse_params(params))
         except InvalidParameter:
-            return None  # refused at this (n, eps, delta): keeps nothing
+            return None  # refused at this (n, eps, delta): keeps nothing (as a no_result)
         out = mechanism.run(rows, ReleaseSpec(K, eps, DELTA, prepared), rng)
         return out.basis
 
@@ -235,7 +236,7 @@ def candidates_for(d: int) -> dict[str, Candidate]:
     return chosen
 
 
-#: Every seed's figure: (data, candidate, eps, seed, kept, refused), for ``--csv``.
+#: Every seed's figure: (data, candidate, eps, seed, kept, no basis), for ``--csv``.
 SEED_ROWS: list[tuple[str, str, float, int, float, bool]] = []
 
 
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
                 refused = sum(
                     1 for r in SEED_ROWS if r[0] == label and r[1] == name and r[2] == eps and r[5]
                 )
-                note = f" (refused {refused}/{reps})" if refused else ""
+                note = f" (no basis {refused}/{reps})" if refused else ""
                 row += f" {value:.3f}{note} | {value / base[eps]:.2f}x |"
             lines.append(row)
             print(label, row, flush=True)
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.csv is not None:
         with args.csv.open("w", newline="") as out:
             writer = csv.writer(out)
-            writer.writerow(["data", "candidate", "eps", "seed", "kept", "refused"])
+            writer.writerow(["data", "candidate", "eps", "seed", "kept", "no_basis"])
             for data, name, eps, seed, value, refused in SEED_ROWS:
                 writer.writerow([data, name, f"{eps:g}", seed, f"{value:.6f}", int(refused)])
     text = "\n".join(lines) + "\n"

@@ -176,7 +176,7 @@ def gram_sentence(
 #: "`auto` as PrivatePCA's default"): the dry run states them beside the public-facts figures.
 MEASURED_WHEN_SIGN = (
     "Measured at eps 1, k = 10 (centred share kept, unit rows, 10 seeds): MNIST 4,000 x 784 "
-    "0.153 with spatial_sign against 0.082 with analyze_gauss (1.87x; centred norms 0.66-0.88 "
+    "0.153 with spatial_sign against 0.082 with analyze_gauss (1.86x; centred norms 0.66-0.88 "
     "of C); power-law rows 4,000 x 1,000 (centred norms 0.94-0.98 of C) 0.118 against 0.122 "
     "(0.97x)."
 )
