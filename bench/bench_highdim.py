@@ -36,6 +36,17 @@ Candidates (all at the request's GDP ``mu``; where they centre, on a private mea
   (noise in ``m`` dimensions) with the other half.
 - ``tail-sensitive c``: centred rows clipped to ``c`` (Dong, Liang & Yi's tail-sensitive idea,
   here at fixed public radii), Analyze Gauss noise scaled to ``c``.
+- ``auto center=private``: the registry's ``auto`` as ``PrivatePCA`` sends it (what a user gets).
+- ``friendly_aggregate`` and ``histogram_aggregate``: the registry's aggregators at their
+  defaults. A refusal (too few rows for the budget) or a no_result keeps 0 and is counted
+  ("no basis").
+
+``--data why``: why no candidate reaches 1.5x on the power-law rows (eps 1): the non-private
+ceiling over ``analyze_gauss``, the centred eigenvalues against the Gram noise's spike threshold
+``sigma sqrt(d)``, and the *noise oracle*: Analyze Gauss on the exactly centred rows with its
+noise divided by ``r`` (not a mechanism: what ``r`` times less noise, about ``r`` times the rows
+or the ``mu``, would keep), so the noise cut a 1.5x needs can be read off. ``--csv PATH`` writes
+every seed's figure (candidate, eps, seed, kept, no_basis).
 
 A d-sweep (power-law rows, n = 4,000, d from 30 to 300) and a low-dimension check (digits,
 1,797 x 64) show what the sign map costs where ``d`` is below
@@ -45,6 +56,7 @@ A d-sweep (power-law rows, n = 4,000, d from 30 to 300) and a low-dimension chec
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import time
 from collections.abc import Callable
@@ -54,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from bench.mnist import mnist_split, unit_rows
-from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.base import InvalidParameter, PublicContext, ReleaseSpec
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import clip_rows
 from service.mechanisms.noise import symmetric_gaussian
@@ -63,7 +75,9 @@ from service.mechanisms.registry import get_mechanism
 K, DELTA, CENTER_SHARE = 10, 1e-6, 0.2
 #: The MNIST split's public seed: ``bench_forecast_coverage``'s and ``bench_honest_point``'s.
 MNIST_SEED = 0
-DATA = ("mnist", "power_law", "sweep", "digits")
+DATA = ("mnist", "power_law", "sweep", "digits", "why")
+#: The noise oracle's divisors of Analyze Gauss's noise (``--data why``).
+ORACLE_R = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0)
 Array = np.ndarray[Any, Any]
 Candidate = Callable[[Array, float, np.random.Generator], Array | None]
 
@@ -105,7 +119,10 @@ def registry_candidate(name: str, params: dict[str, Any]) -> Candidate:
     def run(rows: Array, eps: float, rng: np.random.Generator) -> Array | None:
         n, d = rows.shape
         ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-        prepared = mechanism.prepare(ctx, K, eps, DELTA, mechanism.parse_params(params))
+        try:
+            prepared = mechanism.prepare(ctx, K, eps, DELTA, mechanism.parse_params(params))
+        except InvalidParameter:
+            return None  # refused at this (n, eps, delta): keeps nothing (as a no_result)
         out = mechanism.run(rows, ReleaseSpec(K, eps, DELTA, prepared), rng)
         return out.basis
 
@@ -196,7 +213,21 @@ CANDIDATES: dict[str, Candidate] = {
     "DLY separate": dly_separate,
     "refine m=160": refine(160),
     "tail-sensitive c=0.5": tail_clip(0.5),
+    "auto center=private": registry_candidate("auto", {"center": "private"}),
+    "friendly_aggregate": registry_candidate("friendly_aggregate", {}),
+    "histogram_aggregate": registry_candidate("histogram_aggregate", {}),
 }
+
+
+def noise_oracle(divisor: float) -> Candidate:
+    """Not a mechanism: Analyze Gauss on the exactly centred rows (clipped to 1) with its noise
+    divided by ``divisor``; what ``divisor`` times less noise would keep."""
+
+    def run(rows: Array, eps: float, rng: np.random.Generator) -> Array:
+        mu = gaussian_total_mu(eps, DELTA, 0.0, 0.0)
+        return ag_on(clip_rows(centred_rows(rows), 1.0), mu * divisor, rng)
+
+    return run
 
 
 def candidates_for(d: int) -> dict[str, Candidate]:
@@ -205,18 +236,66 @@ def candidates_for(d: int) -> dict[str, Candidate]:
     return chosen
 
 
-def cell(rows: Array, eps: float, reps: int, names: list[str] | None = None) -> dict[str, float]:
-    chosen = candidates_for(rows.shape[1])
+#: Every seed's figure: (data, candidate, eps, seed, kept, no basis), for ``--csv``.
+SEED_ROWS: list[tuple[str, str, float, int, float, bool]] = []
+
+
+def cell(
+    rows: Array,
+    eps: float,
+    reps: int,
+    names: list[str] | None = None,
+    label: str = "",
+    chosen: dict[str, Candidate] | None = None,
+) -> dict[str, float]:
+    if chosen is None:
+        chosen = candidates_for(rows.shape[1])
     if names is not None:
         chosen = {name: chosen[name] for name in names}
     out: dict[str, float] = {}
     for name, candidate in chosen.items():
-        out[name] = float(
-            np.mean(
-                [kept(rows, candidate(rows, eps, np.random.default_rng(s))) for s in range(reps)]
-            )
-        )
+        values = []
+        for seed in range(reps):
+            basis = candidate(rows, eps, np.random.default_rng(seed))
+            values.append(kept(rows, basis))
+            SEED_ROWS.append((label, name, eps, seed, values[-1], basis is None))
+        out[name] = float(np.mean(values))
     return out
+
+
+def why_power_law(rows: Array, reps: int) -> list[str]:
+    """Why no candidate keeps 1.5x ``analyze_gauss`` on the power-law rows at eps 1."""
+    n, d = rows.shape
+    mu = gaussian_total_mu(1.0, DELTA, 0.0, 0.0)
+    sigma = math.sqrt(2.0) / mu
+    y = centred_rows(rows)
+    eigenvalues = np.linalg.eigvalsh(y.T @ y)[::-1]
+    ceiling = non_private(rows)
+    oracle = {f"oracle r={r:g}": noise_oracle(r) for r in ORACLE_R}
+    gauss = cell(
+        rows, 1.0, reps, label="why", chosen={"analyze_gauss {}": CANDIDATES["analyze_gauss {}"]}
+    )
+    base = gauss["analyze_gauss {}"]
+    res = cell(rows, 1.0, reps, label="why", chosen=oracle)
+    above = int(np.sum(eigenvalues > sigma * math.sqrt(d)))
+    norms = np.linalg.norm(clip_rows(y, 1.0), axis=1)
+    lines = [
+        f"Why (power-law {n:,} x {d:,}, eps 1, {reps} seeds): non-private {ceiling:.3f}, "
+        f"analyze_gauss {{}} {base:.3f}, ceiling / analyze_gauss {ceiling / base:.2f}x "
+        f"(a 1.5x needs {1.5 * base:.3f}).",
+        f"Centred eigenvalues 1-12: {', '.join(f'{v:.0f}' for v in eigenvalues[:12])}; Gram noise "
+        f"sigma = {sigma:.2f}, spike threshold sigma sqrt(d) = {sigma * math.sqrt(d):.0f} "
+        f"({above} eigenvalues above it); centred row norms 5/50/95%: "
+        + "/".join(f"{v:.3f}" for v in np.percentile(norms, [5, 50, 95]))
+        + ".",
+        "",
+        "| noise oracle: Analyze Gauss noise / r, exact centre | kept | x analyze_gauss {} |",
+        "|---|---:|---:|",
+    ]
+    for name, value in res.items():
+        lines.append(f"| {name} | {value:.3f} | {value / base:.2f}x |")
+    lines.append("")
+    return lines
 
 
 def non_private(rows: Array) -> float:
@@ -230,9 +309,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, eps 1 only, no sweep")
     parser.add_argument("--data", nargs="+", choices=DATA, default=list(DATA))
     parser.add_argument("--publish", action="store_true", help=f"write {SECTION}")
+    parser.add_argument("--eps", type=float, nargs="+", default=None, help="default 1 and 0.3")
+    parser.add_argument("--csv", type=Path, default=None, help="every seed's figure")
     args = parser.parse_args(argv)
     reps = 1 if args.quick else args.reps
-    epsilons = (1.0,) if args.quick else (1.0, 0.3)
+    epsilons = tuple(args.eps) if args.eps else ((1.0,) if args.quick else (1.0, 0.3))
     started = time.perf_counter()
     sets: dict[str, Array] = {}
     if "mnist" in args.data:
@@ -256,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
         header = f"| candidate ({label}; non-private {non_private(rows):.3f}) |"
         header += "".join(f" eps {eps:g} | ratio |" for eps in epsilons)
         lines += [header, "|---|" + "---:|---:|" * len(epsilons)]
-        results = {eps: cell(rows, eps, reps) for eps in epsilons}
+        results = {eps: cell(rows, eps, reps, label=label) for eps in epsilons}
         base = {
             eps: max(res["analyze_gauss {}"], res["analyze_gauss center=private"])
             for eps, res in results.items()
@@ -265,7 +346,11 @@ def main(argv: list[str] | None = None) -> None:
             row = f"| {name} |"
             for eps in epsilons:
                 value = results[eps][name]
-                row += f" {value:.3f} | {value / base[eps]:.2f}x |"
+                refused = sum(
+                    1 for r in SEED_ROWS if r[0] == label and r[1] == name and r[2] == eps and r[5]
+                )
+                note = f" (no basis {refused}/{reps})" if refused else ""
+                row += f" {value:.3f}{note} | {value / base[eps]:.2f}x |"
             lines.append(row)
             print(label, row, flush=True)
         lines.append("")
@@ -305,7 +390,15 @@ def main(argv: list[str] | None = None) -> None:
             lines.append(row + " |")
             print(row, flush=True)
         lines.append("")
+    if "why" in args.data:
+        lines += why_power_law(power_law(4000, 1000, seed=0), reps)
     lines.append(f"(ran in {time.perf_counter() - started:.0f} s)")
+    if args.csv is not None:
+        with args.csv.open("w", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(["data", "candidate", "eps", "seed", "kept", "no_basis"])
+            for data, name, eps, seed, value, refused in SEED_ROWS:
+                writer.writerow([data, name, f"{eps:g}", seed, f"{value:.6f}", int(refused)])
     text = "\n".join(lines) + "\n"
     print(text)
     if args.publish:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,8 @@ Array = np.ndarray[Any, Any]
 PRIOR_M = 64
 #: Each upload's delta budget (``--delta-budget``): the default delta is ``min(1e-6, it / 100)``.
 DELTA_BUDGET = ["1e-4"]
+#: Every seed's figure of parts a-c: (part, data, setting, seed, kept), for ``--csv``.
+SEED_ROWS: list[tuple[str, str, str, int, float]] = []
 
 
 def kept(rows: Array, basis: Array) -> float:
@@ -171,6 +174,7 @@ def part_a(service: Service, owner: Client, analyst: Client, seeds: int) -> None
         dataset = upload(owner, split, f"digits-{seed}")
         pca = fit(service, analyst, dataset, 10, 1.0, seed)
         shares.append(kept(split, pca.components_.T))
+        SEED_ROWS.append(("a", "digits 1347x64", "default", seed, shares[-1]))
         release = analyst.get_release(pca.release_id_).refresh()
         deltas.add(str(release.delta))
     print(f"(a) digits {size} x 64, k 10, eps 1, default (delta {sorted(deltas)}):")
@@ -198,9 +202,15 @@ def part_b(service: Service, owner: Client, analyst: Client, seeds: int) -> None
         for label, basis in (("pca64", prior), ("dct64", dct)):
             pca = fit(service, analyst, dataset, 10, 1.0, seed, prior=basis)
             results[label].append(kept(private, pca.components_.T))
+            SEED_ROWS.append(
+                ("b", "MNIST 4000x784", f"default prior={label}", seed, results[label][-1])
+            )
             choices.add(str(analyst.get_release(pca.release_id_).extras.get("auto_choice")))
         inside = top_directions(private @ prior, 10)
         results["ceiling pca64"].append(kept(private, prior @ inside))
+        SEED_ROWS.append(
+            ("b", "MNIST 4000x784", "non-private in pca64", seed, results["ceiling pca64"][-1])
+        )
     print(f"(b) MNIST 4,000 x 784, k 10, eps 1, default, with a prior (ran {sorted(choices)}):")
     pcs = summary(results["pca64"])
     print(f"    prior = top 64 PCs of the other 1,000 rows: {pcs}  goal >= 0.35")
@@ -229,6 +239,12 @@ def part_c(service: Service, owner: Client, analyst: Client, seeds: int) -> None
             gauss.append(kept(rows, pca.components_.T))
             centred = rows - rows.mean(axis=0)
             nonprivate.append(kept(rows, top_directions(centred, 10)))
+            for setting, value in (
+                ("default", default[-1]),
+                ("analyze_gauss", gauss[-1]),
+                ("non-private", nonprivate[-1]),
+            ):
+                SEED_ROWS.append(("c", label, setting, seed, value))
         if not default:
             continue
         ratio = np.asarray(default) / np.asarray(gauss)
@@ -404,6 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--parts", nargs="+", default=list(PARTS))
     parser.add_argument("--delta-budget", default=DELTA_BUDGET[0])
+    parser.add_argument("--csv", type=Path, default=None, help="parts a-c: every seed's figure")
     args = parser.parse_args(argv)
     DELTA_BUDGET[0] = args.delta_budget
     with tempfile.TemporaryDirectory() as tmp:
@@ -411,6 +428,12 @@ def main(argv: list[str] | None = None) -> None:
         with service.running() as (owner, analyst):
             for part in args.parts:
                 PARTS[part](service, owner, analyst, args.seeds)
+                if args.csv is not None:
+                    with args.csv.open("w", newline="") as out:
+                        writer = csv.writer(out)
+                        writer.writerow(["part", "data", "setting", "seed", "kept"])
+                        for row in SEED_ROWS:
+                            writer.writerow([*row[:4], f"{row[4]:.6f}"])
 
 
 if __name__ == "__main__":

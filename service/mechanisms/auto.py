@@ -73,6 +73,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field
 
+from service.mechanisms import auto_explain
 from service.mechanisms.auto_count import CountPath, count_path, count_says_friendly, count_sentence
 from service.mechanisms.auto_estimate import (
     Estimate,
@@ -385,9 +386,7 @@ class Auto(Mechanism[AutoParams]):
             "auto_clip_quantile": quantile,
         }
         meaning = [f"auto chooses {summary}"]
-        centring = centring_sentence(spec.params, spec.delta, default.name)
-        if centring not in summary:
-            meaning.append(centring[0].upper() + centring[1:] + ".")
+        meaning += auto_explain.choice_notes(ctx, spec, default.name, summary, scales)
         if sure is not None:
             scale = structure_noise_scale(float(spec.params.clip_norm or 1), the_plan.test_epsilon)
             scales.update(

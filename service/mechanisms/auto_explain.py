@@ -8,7 +8,15 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
-from service.mechanisms.base import MechanismOutput, MechanismParams
+from service.mechanisms.auto_gram import alternative_gram
+from service.mechanisms.base import (
+    MechanismOutput,
+    MechanismParams,
+    PreviewValue,
+    PublicContext,
+    ReleaseSpec,
+    resolve_clip_norm,
+)
 from service.mechanisms.centring import CenterParams
 
 
@@ -62,6 +70,29 @@ def centring_sentence(params: CenterParams, delta: float, gram: str = "analyze_g
         "PCA requested (a public centre): analyze_gauss centres on it (no budget) and clips the "
         f"centred rows at a private {quantile}-quantile of their norms"
     )
+
+
+def choice_notes(
+    ctx: PublicContext,
+    spec: ReleaseSpec[Any],
+    chosen: str,
+    summary: str,
+    scales: dict[str, PreviewValue],
+) -> list[str]:
+    """The dry run's lines after auto's choice (issue 32, item 1): the centring sentence where
+    the summary does not hold it, and for a centred request in high dimension what the other
+    Gram candidate would use and what it kept where measured (its figures added to
+    ``scales``); ``spec.params``: auto's (a :class:`CenterParams`)."""
+    params: CenterParams = spec.params
+    epsilon, delta, k = spec.epsilon, spec.delta, spec.k
+    centring = centring_sentence(params, delta, chosen)
+    lines = [] if centring in summary else [centring[0].upper() + centring[1:] + "."]
+    clip = resolve_clip_norm(params.clip_norm, ctx)
+    other = None if delta == 0 else alternative_gram(ctx, params, clip, epsilon, delta, k, chosen)
+    if other is not None:
+        scales.update(other[0])
+        lines.append(other[1])
+    return lines
 
 
 def summarise_reason(chosen: str, reason: str) -> tuple[str, list[str]]:

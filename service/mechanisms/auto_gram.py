@@ -57,7 +57,8 @@ from typing import Any
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
 from service.mechanisms.base import PublicContext
 from service.mechanisms.centring import CenterParams, mean_sensitivity
-from service.mechanisms.gauss_calibration import gauss_split
+from service.mechanisms.gauss_calibration import AnalyzeGaussParams, gauss_split
+from service.mechanisms.gauss_forecast import recoverable_forecast
 from service.mechanisms.spatial_sign import (
     SpatialSignParams,
     gram_sensitivity,
@@ -167,4 +168,78 @@ def gram_sentence(
     return (
         f"d = {d} < n^(2/3) = {edge}: with its private clip quantile (spatial_sign, which weights "
         "short rows as long ones, runs only in high dimension)"
+    )
+
+
+#: What each Gram candidate kept where the other was the alternative, through ``PrivatePCA``
+#: with no settings (docs/benchmarks.md, "Issue 32 Done-when on 30 Nov 2026 code" and
+#: "`auto` as PrivatePCA's default"): the dry run states them beside the public-facts figures.
+MEASURED_WHEN_SIGN = (
+    "Measured at eps 1, k = 10 (centred share kept, unit rows, 10 seeds): MNIST 4,000 x 784 "
+    "0.153 with spatial_sign against 0.082 with analyze_gauss (1.86x; centred norms 0.66-0.88 "
+    "of C); power-law rows 4,000 x 1,000 (centred norms 0.94-0.98 of C) 0.118 against 0.122 "
+    "(0.97x)."
+)
+MEASURED_WHEN_GAUSS = (
+    "Measured at eps 0.3, k = 10 on MNIST 4,000 x 784 (6 runs): 0.027 with analyze_gauss "
+    "against 0.019 with spatial_sign."
+)
+
+
+def alternative_gram(
+    ctx: PublicContext,
+    params: CenterParams,
+    clip: float,
+    epsilon: float,
+    delta: float,
+    k: int,
+    chosen: str,
+) -> tuple[dict[str, Any], str] | None:
+    """What the other Gram candidate of a centred request in high dimension would use and what
+    it kept where measured (issue 32, item 1: the dry run says what it chose and what the
+    alternative would have kept); public facts only. ``None`` where dimension does not decide
+    between them (no centre, ``d < n^(2/3)``: analyze_gauss's own lines state its clip's
+    alternative; a person-level dataset: spatial_sign has no person-level run)."""
+    n, d = ctx.n_rows, ctx.n_cols
+    if params.center == "none" or ctx.n_units is not None or not high_dimension(n, d):
+        return None
+    raw: dict[str, Any] = {"clip_norm": clip, "center": params.center}
+    if params.center == "private":
+        raw["center_share"] = params.center_share
+    gauss = AnalyzeGaussParams.model_validate(
+        {**raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
+    )
+    sigma = {
+        GAUSS: gram_sigma(GAUSS, gauss, epsilon, delta),
+        SIGN: gram_sigma(SIGN, SpatialSignParams.model_validate(raw), epsilon, delta),
+    }
+    kept = {
+        name: recoverable_forecast(s, n, d, k, clip).power_law_share for name, s in sigma.items()
+    }
+    other = GAUSS if chosen == SIGN else SIGN
+    scales = {
+        "auto_alternative": other,
+        "auto_alternative_sigma": sigma[other],
+        "auto_alternative_forecast_power_law_captured_share": kept[other],
+        "auto_chosen_sigma": sigma[chosen],
+        "auto_chosen_forecast_power_law_captured_share": kept[chosen],
+    }
+    figures = (
+        f"with a 1/i spectrum over d and rows at the bound, k = {k} components would keep about "
+        f"{kept[chosen]:.3g} with {chosen} and {kept[other]:.3g} with {other} (public facts: "
+        "what each keeps depends on the rows' centred norms, which are private; the sign map "
+        "gains where they are mostly shorter than C)."
+    )
+    if chosen == SIGN:
+        return scales, (
+            "The alternative, analyze_gauss with its recommended settings (a private "
+            f"{DEFAULT_PRIVATE_CENTRE_QUANTILE:g}-quantile clip, the centring route from its "
+            f"probe), has Gram noise sigma {sigma[GAUSS]:.4g} at C (times (C2/C)^2 at the "
+            f"released clip C2) against spatial_sign's {sigma[SIGN]:.4g} with every centred row "
+            f"at C; {figures} {MEASURED_WHEN_SIGN}"
+        )
+    return scales, (
+        "The alternative, spatial_sign (every centred row scaled to C), has Gram noise sigma "
+        f"{sigma[SIGN]:.4g} against analyze_gauss's {sigma[GAUSS]:.4g} at C; {figures} "
+        f"{MEASURED_WHEN_GAUSS}"
     )

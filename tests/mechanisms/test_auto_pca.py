@@ -122,3 +122,60 @@ def test_auto_keeps_half_of_digits_centred_variance_with_a_private_centre() -> N
         centred = rows - rows.mean(axis=0)
         kept.append(float(np.sum((centred @ out.basis) ** 2) / np.sum(centred**2)))
     assert np.mean(kept) >= 0.48
+
+
+def mnist_preview(eps: float, raw: dict[str, Any], n_units: int | None = None) -> Any:
+    """auto's dry run on an MNIST-shaped dataset (4,000 x 784: d >= n^(2/3))."""
+    ctx = PublicContext(n_rows=4_000, n_cols=784, row_norm_bound=1.0, n_units=n_units)
+    params = prepared(ctx, raw, 10, eps, 1e-6)
+    return ctx, AUTO.preview(ctx, ReleaseSpec(10, eps, 1e-6, params))
+
+
+def test_in_high_dimension_the_dry_run_says_what_analyze_gauss_would_have_used_and_kept() -> None:
+    # Issue 32 item 1: "the dry run says what it chose and what the alternative would have
+    # kept". PrivatePCA's request on MNIST runs spatial_sign; its dry run named no alternative.
+    ctx, shown = mnist_preview(1.0, {"center": "private"})
+    assert shown.scales["auto_choice"] == "spatial_sign"
+    assert shown.scales["auto_alternative"] == "analyze_gauss"
+    # The alternative's figures are analyze_gauss's own dry run of the request PrivatePCA sends
+    # with mechanism="analyze_gauss" (its recommended settings), and the chosen one's are
+    # spatial_sign's.
+    gauss_params = GAUSS.prepare(ctx, 10, 1.0, 1e-6, GAUSS.parse_params({"center": "private"}))
+    alone = GAUSS.preview(ctx, ReleaseSpec(10, 1.0, 1e-6, gauss_params)).scales
+    assert shown.scales["auto_alternative_sigma"] == pytest.approx(alone["sigma"], rel=1e-12)
+    assert shown.scales["auto_alternative_forecast_power_law_captured_share"] == pytest.approx(
+        alone["forecast_power_law_captured_share"], rel=1e-12
+    )
+    assert shown.scales["auto_chosen_sigma"] == pytest.approx(
+        shown.scales["spatial_sign.gram_noise_std"], rel=1e-12
+    )
+    line = next(m for m in shown.meaning if m.startswith("The alternative, analyze_gauss"))
+    assert f"{alone['sigma']:.4g}" in line and "Measured at eps 1" in line
+    assert "0.082 with analyze_gauss" in line
+
+
+def test_where_the_centre_rules_the_sign_map_out_the_dry_run_states_it_as_the_alternative() -> None:
+    _, shown = mnist_preview(0.3, {"center": "private"})
+    assert shown.scales["auto_choice"] == "analyze_gauss"
+    assert shown.scales["auto_alternative"] == "spatial_sign"
+    sigma = shown.scales["auto_alternative_sigma"]
+    assert isinstance(sigma, float) and sigma < float(shown.scales["auto_chosen_sigma"])
+    assert any(m.startswith("The alternative, spatial_sign") for m in shown.meaning)
+
+
+@pytest.mark.parametrize(
+    ("shape", "raw", "n_units"),
+    [
+        ((1_347, 64), {"center": "private"}, None),  # low dimension: analyze_gauss's own lines
+        ((4_000, 784), {}, None),  # uncentred: not a PCA request
+        ((4_000, 784), {"center": "private"}, 2_000),  # person level: no spatial_sign run
+    ],
+)
+def test_no_gram_alternative_where_dimension_does_not_decide(
+    shape: tuple[int, int], raw: dict[str, Any], n_units: int | None
+) -> None:
+    ctx = PublicContext(n_rows=shape[0], n_cols=shape[1], row_norm_bound=1.0, n_units=n_units)
+    params = prepared(ctx, raw, 10, 1.0, 1e-6)
+    shown = AUTO.preview(ctx, ReleaseSpec(10, 1.0, 1e-6, params))
+    assert "auto_alternative" not in shown.scales
+    assert not any(m.startswith("The alternative, ") for m in shown.meaning)
