@@ -12,6 +12,12 @@ import pytest
 
 from service.mechanisms import gauss_forecast
 from service.mechanisms.forecast_spread import UPPER, Z, random_share_high, trace_readings
+from service.mechanisms.gauss_forecast import (
+    NewRelease,
+    RangeForecast,
+    ReleasedFigures,
+    range_from_release,
+)
 
 
 @pytest.mark.parametrize(("m", "dims"), [(1, 64), (2, 30), (10, 64), (3, 200)])
@@ -62,3 +68,40 @@ def test_trace_readings_hold_the_share_at_the_traces_noise(trace: float, exact: 
             assert count < 0.05 * runs + slack
     # The same level as the forecast's own eigenvalue readings.
     assert gauss_forecast.Z == Z
+
+
+def test_a_forecast_point_is_within_a_tenth_of_both_ends_of_its_range() -> None:
+    # MNIST, eps 2 to 0.3, k = 10 (bench_forecast_coverage's releases): the range [0.007,
+    # 0.165] is under 0.2 wide, but its central figure 0.137 sits near the top; the releases
+    # kept 0.025-0.029, and all 20 were given that figure as the point (0.10 off on average).
+    off_centre = RangeForecast(central=0.137, low=0.007, high=0.165, unseen=0.5)
+    assert off_centre.point is None
+    # A range 0.2 wide holding its figure in the middle still gives it (digits eps 1 to 0.3).
+    assert RangeForecast(central=0.10, low=0.01, high=0.19, unseen=0.5).point == 0.10
+    assert (
+        RangeForecast(central=0.10, low=0.09, high=0.11, unseen=0.0, probe_risk=0.2).point is None
+    )
+
+
+def test_unsimulated_random_components_reach_the_ranges_top() -> None:
+    # MNIST 4,000 x 784 at eps 0.3 (uncentred, its share hidden; seed 50,014 of
+    # bench_forecast_coverage's k = 5 releases) forecasting eps 0.1: the range was [0.005,
+    # 0.006], built from a random subspace's expected share; the releases kept 0.007-0.012
+    # (1 of 20 inside). A random draw's upper quantile is the top now.
+    figures = ReleasedFigures(
+        ratios=(0.02755081481481482, 0.0, 0.0, 0.0, 0.0),
+        interval=(0.0, 0.2839665214175764),
+        eigenvalues=(1084.105205822846, 663.2023601571047, 657.1634443573001, 655.9892107295605,
+                     649.9622769055492),
+        trace=2651.862864540751,
+        sigma=11.981975793262958,
+        n_cols=784,
+        n_rows=4000,
+        row_clip=0.7753843761690145,
+        uncentred=True,
+        sums=1743.1110813608013,
+        hidden=True,
+    )  # fmt: skip
+    found = range_from_release(figures, NewRelease(5, 2.7943057656837587, 0.0, 1.6e-5))
+    assert found.low <= 0.0065 and 0.012 <= found.high < 0.05
+    assert found.point is None or found.high - found.low <= 0.2
