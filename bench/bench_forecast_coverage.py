@@ -14,8 +14,10 @@ different budgets): release ``rep`` of the earlier budget forecasts (``?forecast
 preview's :func:`~service.mechanisms.gauss_preview.release_forecast`) what release ``rep`` of
 the new budget keeps (the share of the rows' centred variance, rows clipped to 1, its basis
 keeps). Printed per cell: the range's coverage (``low <= kept <= high``), its mean width,
-the runs given a point and the point's mean absolute error; then per data set the cells whose
-coverage is below 0.9, and overall the share of covering cells and the mean width.
+the runs given a point (as the dry run states it: none from a hidden earlier release), the
+point's mean absolute and signed error and the central figure's mean absolute error; then per
+data set the cells whose coverage is below 0.9, and overall the share of covering cells and
+the mean width. ``--eps``: the budgets (default 0.1, 0.3, 1, 3); ``--csv``: every cell.
 ``--save`` / ``--load``: keep the releases in a pickle and re-score them (before / after a
 change of the forecast, on the very same releases).
 """
@@ -31,6 +33,7 @@ import numpy as np
 
 from bench.bench_honest_point import DELTA, MECHANISM, power_law, spec_of, truth, unit
 from service.mechanisms.base import PublicContext
+from service.mechanisms.explained_variance import HIDDEN_WIDTH
 from service.mechanisms.gauss_preview import release_forecast
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0)
@@ -58,13 +61,15 @@ def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
     return sets
 
 
-def collect(rows: np.ndarray[Any, Any], reps: int) -> dict[str, Any]:
+def collect(
+    rows: np.ndarray[Any, Any], reps: int, epsilons: tuple[float, ...] = EPSILONS
+) -> dict[str, Any]:
     """Per (eps, k): ``reps`` releases' extras and what each keeps (``None`` where the
     release gave no basis)."""
     n, d = rows.shape
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
     runs: dict[tuple[float, int], list[tuple[dict[str, Any], float] | None]] = {}
-    for index, (eps, k) in enumerate((e, k) for e in EPSILONS for k in KS):
+    for index, (eps, k) in enumerate((e, k) for e in epsilons for k in KS):
         spec = spec_of(ctx, eps, k)
         runs[(eps, k)] = []
         for rep in range(reps):
@@ -73,21 +78,22 @@ def collect(rows: np.ndarray[Any, Any], reps: int) -> dict[str, Any]:
                 runs[(eps, k)].append(None)
                 continue
             runs[(eps, k)].append((out.extras, truth(rows, out.basis)))
-    return {"n": n, "d": d, "runs": runs}
+    return {"n": n, "d": d, "runs": runs, "epsilons": epsilons}
 
 
 def score(collected: dict[str, Any]) -> list[dict[str, Any]]:
     """Every (earlier eps, new eps) pair at each ``k``: coverage, width and points."""
     ctx = PublicContext(n_rows=collected["n"], n_cols=collected["d"], row_norm_bound=1.0)
     runs = collected["runs"]
+    epsilons = collected.get("epsilons", EPSILONS)
     out = []
     for k in KS:
-        for source in EPSILONS:
-            for target in EPSILONS:
+        for source in epsilons:
+            for target in epsilons:
                 if source == target:
                     continue
                 earlier_spec, spec = spec_of(ctx, source, k), spec_of(ctx, target, k)
-                covered, widths, errors, count = 0, [], [], 0
+                covered, widths, errors, count, central = 0, [], [], 0, []
                 for before, after in zip(runs[(source, k)], runs[(target, k)], strict=True):
                     if before is None or after is None:
                         continue
@@ -98,7 +104,12 @@ def score(collected: dict[str, Any]) -> list[dict[str, Any]]:
                     count += 1
                     covered += forecast.low <= kept <= forecast.high
                     widths.append(forecast.high - forecast.low)
-                    if forecast.point is not None:
+                    central.append(forecast.central - kept)
+                    # The point the dry run states: none from a hidden earlier release
+                    # (as gauss_preview.forecast_from).
+                    low, high = before[0]["explained_variance_ratio_interval"]
+                    hidden = before[0].get("explained_variance_hidden_by_noise")
+                    if forecast.point is not None and not hidden and high - low < HIDDEN_WIDTH:
                         errors.append(forecast.point - kept)
                 if not count:
                     continue
@@ -112,6 +123,9 @@ def score(collected: dict[str, Any]) -> list[dict[str, Any]]:
                         "width": float(np.mean(widths)),
                         "points": len(errors),
                         "point_abs": float(np.mean(np.abs(errors))) if errors else float("nan"),
+                        "point_bias": float(np.mean(errors)) if errors else float("nan"),
+                        "central_abs": float(np.mean(np.abs(central))),
+                        "central_bias": float(np.mean(central)),
                     }
                 )
     return out
@@ -124,12 +138,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="only these data sets")
     parser.add_argument("--save", help="keep the releases in this pickle")
     parser.add_argument("--load", help="re-score the releases of this pickle")
+    parser.add_argument("--eps", type=float, nargs="*", default=list(EPSILONS))
+    parser.add_argument("--csv", help="also write every cell to this CSV")
     args = parser.parse_args()
     if args.load:
         collected_all = pickle.loads(Path(args.load).read_bytes())
     else:
         collected_all = {
-            name: collect(rows, args.reps)
+            name: collect(rows, args.reps, tuple(args.eps))
             for name, rows in datasets(args.mnist).items()
             if not args.only or name in args.only
         }
@@ -138,10 +154,10 @@ def main() -> None:
     print(f"delta {DELTA}; a cell: release i at the earlier eps forecasts release i at the new")
     print(
         "| data | k | earlier eps | new eps | runs | range covers | range width | points "
-        "| point: mean abs error |"
+        "| point: mean abs error | point: mean error | central: mean abs error |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    summary = []
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    summary, table = [], []
     for name, collected in collected_all.items():
         if args.only and name not in args.only:
             continue
@@ -150,9 +166,11 @@ def main() -> None:
             print(
                 f"| {name} | {row['k']} | {row['source']} | {row['target']} | {row['runs']} "
                 f"| {row['cover']:.2f} | {row['width']:.3f} | {row['points']} "
-                f"| {row['point_abs']:.3f} |",
+                f"| {row['point_abs']:.3f} | {row['point_bias']:+.3f} "
+                f"| {row['central_abs']:.3f} |",
                 flush=True,
             )
+        table += [{"data": name, **row} for row in rows_out]
         short = [r for r in rows_out if r["cover"] < LEVEL]
         summary.append(
             (
@@ -165,6 +183,13 @@ def main() -> None:
                 short,
             )
         )
+    if args.csv and table:
+        import csv
+
+        with open(args.csv, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+            writer.writeheader()
+            writer.writerows(table)
     print()
     print("| data | cells | cells covering >= 0.9 | mean width | lowest coverage | points |")
     print("|---|---|---|---|---|---|")

@@ -116,7 +116,7 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
     forecast = scales["forecast_power_law_captured_share"]
     bounds = (scales["forecast_captured_share_low"], scales["forecast_captured_share_high"])
     true, new, old, hits, widths, hidden, from_release = [], [], [], 0, [], 0, []
-    spectrum = 0
+    spectrum, pointed, stated, ranged, ranges = 0, [], [], 0, []
     for seed in range(reps):
         earlier = MECHANISM.run(rows, spec, np.random.default_rng(5000 + seed))
         found = MECHANISM.forecast_from(ctx, spec, spec, earlier.extras)
@@ -130,13 +130,20 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
             carried = release_forecast(ctx, spec, spec, earlier.extras)
             assert carried is not None
             from_release.append(carried[1].central - share)
+            ranged += carried[1].low <= share <= carried[1].high
+            ranges.append(carried[1].high - carried[1].low)
             spectrum += found[0]["forecast_from_release_basis"] == "spectrum"
+            point = found[0]["forecast_from_release_captured_share"]
+            if point is not None:
+                pointed.append(point - share)
         low, high = out.extras["explained_variance_ratio_interval"]
         true.append(share)
         new.append(sum(out.extras["explained_variance_ratio"]))
         old.append(old_estimate(*_calls[0]))
         hits += low <= share <= high
         widths.append(high - low)
+        if high - low < module.HIDDEN_WIDTH:
+            stated.append(sum(out.extras["explained_variance_ratio"]) - share)
         hidden += bool(out.extras.get("explained_variance_hidden_by_noise", False))
     t = np.asarray(true)
     return {
@@ -154,6 +161,15 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         "from_release_bias": float(np.mean(from_release)) if from_release else float("nan"),
         "from_spectrum": spectrum / reps,
         "own_spread": float(np.mean(np.abs(t - np.median(t)))),
+        # Item 4's two criteria as stated: the releases whose interval is narrower than
+        # HIDDEN_WIDTH (and their mean signed error), and the forecast's stated points.
+        "narrow": len(stated) / reps,
+        "narrow_err": float(np.mean(stated)) if stated else float("nan"),
+        "points": len(pointed) / reps,
+        "point_abs": float(np.mean(np.abs(pointed))) if pointed else float("nan"),
+        "point_err": float(np.mean(pointed)) if pointed else float("nan"),
+        "range_cover": ranged / len(ranges) if ranges else float("nan"),
+        "range_width": float(np.mean(ranges)) if ranges else float("nan"),
     }
 
 
@@ -319,6 +335,16 @@ def main_cross(args: argparse.Namespace) -> None:
             print_cross(name, collected)
 
 
+def write_csv(path: str, table: list[dict[str, Any]]) -> None:
+    """The cells measured so far, one row each (rewritten after every cell)."""
+    import csv
+
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
@@ -328,7 +354,9 @@ def main() -> None:
     parser.add_argument("--cross", action="store_true", help="forecasts across settings")
     parser.add_argument("--save", help="--cross: keep the releases in this pickle")
     parser.add_argument("--load", help="--cross: re-score the releases of this pickle")
-    parser.add_argument("--only", nargs="*", help="--cross: only these data sets")
+    parser.add_argument("--only", nargs="*", help="only these data sets")
+    parser.add_argument("--ks", type=int, nargs="*", default=[2, 10])
+    parser.add_argument("--csv", help="also write the per-cell figures to this CSV")
     parser.add_argument(
         "--public", action="store_true", help="--cross: the forecast from public facts only"
     )
@@ -340,20 +368,29 @@ def main() -> None:
         "| data | eps | k | truth | error now | abs error now | error before | covers "
         "| width | hidden | forecast (public facts) | public-facts range "
         "| forecast from a release: mean abs error | its mean error | read the spectrum "
-        "| the release's own spread |"
+        "| the release's own spread | narrow (< 0.3) | their mean error | runs with a forecast "
+        "point | point: mean abs error | point: mean error | forecast range covers | its width |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 23 + "|")
+    table = []
     for name, rows in datasets(args.quick, args.mnist).items():
+        if args.only and name not in args.only:
+            continue
         for eps in args.eps:
-            for k in (2, 10):
+            for k in args.ks:
                 f = cell(rows, eps, k, args.reps)
+                table.append({"data": name, "eps": eps, "k": k, "seeds": args.reps, **f})
+                if args.csv:
+                    write_csv(args.csv, table)
                 print(
                     f"| {name} | {eps} | {k} | {f['truth']:.3f} | {f['new_err']:+.3f} "
                     f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
                     f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
                     f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} "
                     f"| {f['from_release_bias']:+.3f} | {f['from_spectrum']:.2f} "
-                    f"| {f['own_spread']:.3f} |",
+                    f"| {f['own_spread']:.3f} | {f['narrow']:.2f} | {f['narrow_err']:+.3f} "
+                    f"| {f['points']:.2f} | {f['point_abs']:.3f} | {f['point_err']:+.3f} "
+                    f"| {f['range_cover']:.2f} | {f['range_width']:.3f} |",
                     flush=True,
                 )
 

@@ -187,8 +187,9 @@ def forecast_from(
     (issue 32 item 4; :func:`release_forecast`): post-processing of values already released
     to the caller, so it costs nothing and leaks nothing new. Scales: the range
     ``forecast_from_release_captured_share_low`` / ``_high``, the point
-    ``forecast_from_release_captured_share`` only where that range is at most
-    :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` wide, the probe is not at risk
+    ``forecast_from_release_captured_share`` only where it is within half of
+    :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` (0.1) of both ends of that
+    range (:attr:`~service.mechanisms.gauss_forecast.RangeForecast.point`), the probe is not at risk
     and the earlier share was measured, not hidden by its noise (``null`` elsewhere, with
     ``forecast_from_release_determined`` false: the released figures do not determine the
     share), ``forecast_from_release_unseen_share`` (the variance the

@@ -1,0 +1,57 @@
+"""Two spreads the forecast from an earlier release must carry into its 90% range (issue 32
+item 4), from released figures and public scales only (post-processing: no budget, no row).
+
+- :func:`trace_readings`: a hidden earlier release is read off its eigenvalues as shares of its
+  noisy trace ``tr(H + E)``, whose noise ``tr(E)`` is ``N(0, d sigma^2)`` (``d`` diagonal
+  entries of ``E(sigma)``, each ``N(0, sigma^2)``). Where the clip sat at its grid's floor the
+  trace's noise is 0.27-0.63 of the trace itself (breast_cancer, eps 0.3), and a share read at
+  the noisy trace alone came out 0.998 for a direction holding 0.77: ranges 0.06 wide, 0.2
+  above what the release then kept. The shares are read at the trace's two ends
+  ``tr -/+ Z sigma sqrt(d)`` as well.
+- :func:`random_share_high`: components a release spends on directions no earlier release
+  resolved land at random in what is left; their *expected* share is ``m / D`` of the
+  unresolved variance, but one release's is a draw. At most, that variance lies along one
+  direction, whose squared projection on a uniformly random ``m``-dimensional subspace of
+  ``R^D`` is ``Beta(m/2, (D - m)/2)``: its ``0.95`` quantile is the high end (digits, eps 0.1,
+  ``k = 1``: the range's high end was ``1/64``, the releases kept up to 0.034).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import betaincinv
+
+from service.mechanisms.linalg import FloatArray
+
+#: The range's one-sided level (a 90% range: 5% each side), as ``gauss_forecast.Z``.
+UPPER = 0.95
+Z = 1.6448536269514722
+
+
+def trace_readings(
+    shares: FloatArray, trace: float, sigma: float, d: int
+) -> tuple[FloatArray, FloatArray]:
+    """``shares`` (eigenvalues over the noisy ``trace``) read at ``trace + Z sigma sqrt(d)``
+    (low) and at ``trace - Z sigma sqrt(d)`` (high; all of the trace where that is not
+    positive), the high reading scaled to leave a sliver for the rest as the central one."""
+    spread = Z * sigma * math.sqrt(d)
+    if not trace > 0 or not spread > 0:
+        return shares, shares
+    low = shares * trace / (trace + spread)
+    high = np.minimum(shares * trace / max(trace - spread, trace * 1e-12), 1.0)
+    if high.sum() > 1.0 - 1e-6:
+        high = high * (1.0 - 1e-6) / high.sum()
+    return low, np.maximum(high, shares)
+
+
+def random_share_high(m: float, dims: float) -> float:
+    """The :data:`UPPER` quantile of the share of one direction's variance that a uniformly
+    random ``m``-dimensional subspace of ``R^dims`` keeps (``Beta(m/2, (dims - m)/2)``); 1
+    when ``m >= dims``, 0 when ``m <= 0``."""
+    if m <= 0:
+        return 0.0
+    if m >= dims:
+        return 1.0
+    return float(betaincinv(m / 2.0, (dims - m) / 2.0, UPPER))
