@@ -1,0 +1,135 @@
+"""An outside audit: deleting a dataset must not tell its owner (or the analyst) when a worker
+claimed one of its releases.
+
+The workers share one queue, so a release of dataset B is claimed when the job ahead of it (on
+any dataset, whose run time may depend on one of its rows) ends. B's owner chooses when to
+delete B. Before, a release of B claimed before the deletion ended ``succeeded`` with its basis,
+one claimed after it ``failed`` and refunded ("deleted before the release ran"); both showed at
+the same ``visible_at``, so the outcome (and the refund on the ledger and the budget) told
+whether the job ahead had ended by the moment of the deletion: one bit per release, at a
+threshold the owner picks. Now a release whose dataset was deleted before its outcome shows is
+shown ``failed`` with the deletion's reason and no result to every caller but admins and
+auditors, and such a release is never refunded (on a deleted dataset nothing more can be
+charged), whichever way the race went.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+
+from service.db.models import Dataset, LedgerEntry, Release
+from service.jobs import DATASET_DELETED_REASON
+from tests.conftest import bearer, fetch_release, post_release
+from tests.factories import near_subspace
+
+BODY = {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.1", "delta": "1e-7"}
+#: What differs between two answers about two different releases whatever happened.
+PER_RELEASE = ("id", "dataset_id", "created_at", "visible_at", "release_id", "next")
+
+
+def later(session_factory, dataset_id: str, by: timedelta) -> None:
+    """As if ``by`` had passed: every moment of the dataset's releases, ledger entries and its
+    deletion ``by`` earlier."""
+    with session_factory.begin() as session:
+        dataset = session.get(Dataset, uuid.UUID(dataset_id))
+        assert dataset is not None and dataset.deleted_at is not None
+        dataset.deleted_at -= by
+        for release in session.scalars(
+            select(Release).where(Release.dataset_id == dataset.id)
+        ).all():
+            for name in ("created_at", "visible_at", "outcome_visible_at", "finished_at"):
+                if getattr(release, name) is not None:
+                    setattr(release, name, getattr(release, name) - by)
+        for entry in session.scalars(
+            select(LedgerEntry).where(LedgerEntry.dataset_id == dataset.id)
+        ).all():
+            entry.created_at -= by
+
+
+def scrub(value: Any) -> Any:
+    """``value`` without the fields that name or time one release."""
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items() if k not in PER_RELEASE}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def seen(client, keys, dataset_id: str, release_id: str) -> dict[str, Any]:
+    """Everything the analyst and the owner read of the release, its lists and the ledger."""
+    answers: dict[str, Any] = {}
+    for who in ("analyst", "owner"):
+        key = getattr(keys, who)
+        answers[f"{who} release"] = fetch_release(client, key, release_id)
+        for status in ("succeeded", "failed"):
+            listed = client.get("/v1/releases" if who == "analyst" else
+                                f"/v1/datasets/{dataset_id}/releases",
+                                headers=bearer(key), params={"status": status})  # fmt: skip
+            assert listed.status_code == 200, listed.text
+            answers[f"{who} {status}"] = listed.json()["total"]
+    ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=bearer(keys.owner))
+    assert ledger.status_code == 200, ledger.text
+    answers["ledger"] = [(e["kind"], e["epsilon"]) for e in ledger.json()["items"]]
+    return scrub(answers)
+
+
+def test_a_release_shows_the_same_whether_it_was_claimed_before_or_after_its_dataset_was_deleted(
+    padded_client, keys, make_key, upload_dataset, rng, worker, session_factory
+):
+    data, _ = near_subspace(rng, 120, 5, 2)
+    # World 1: the job ahead ended early, so the release was claimed (and ran) before the
+    # owner deleted the dataset.
+    early = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+    ran = post_release(padded_client, keys.analyst, early, **BODY)
+    assert worker.run_pending() == 1
+    assert padded_client.delete(f"/v1/datasets/{early}", headers=bearer(keys.owner)).is_success
+    # World 2: the job ahead ran longer: the deletion came first.
+    late = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+    never = post_release(padded_client, keys.analyst, late, **BODY)
+    assert padded_client.delete(f"/v1/datasets/{late}", headers=bearer(keys.owner)).is_success
+    assert worker.run_pending() == 1
+    with session_factory() as session:
+        stored = {
+            r: (row.status, row.refunded)
+            for r in (ran, never)
+            if (row := session.get(Release, uuid.UUID(r))) is not None
+        }
+    # The two worlds really differ in the store (so the probe could fail).
+    assert stored[ran] == ("succeeded", False) and stored[never][0] == "failed"
+    # Two hours on: both past visible_at.
+    for dataset_id in (early, late):
+        later(session_factory, dataset_id, timedelta(hours=2))
+    one, other = seen(padded_client, keys, early, ran), seen(padded_client, keys, late, never)
+    assert one == other
+    shown = one["analyst release"]
+    assert (shown["status"], shown["reason"], shown["refunded"], shown["result"]) == (
+        "failed",
+        DATASET_DELETED_REASON,
+        False,
+        None,
+    )
+    assert one["ledger"] == [("charge", "0.1")]
+    # Admins and auditors still see what really happened.
+    assert fetch_release(padded_client, keys.admin, ran)["status"] == "succeeded"
+
+
+def test_a_release_deleted_after_its_outcome_showed_keeps_its_outcome(
+    padded_client, keys, upload_dataset, rng, worker, session_factory
+):
+    data, _ = near_subspace(rng, 120, 5, 2)
+    dataset = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+    release_id = post_release(padded_client, keys.analyst, dataset, **BODY)
+    assert worker.run_pending() == 1
+    with session_factory.begin() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None and release.status == "succeeded"
+        for name in ("created_at", "visible_at", "outcome_visible_at"):
+            setattr(release, name, getattr(release, name) - timedelta(hours=2))
+    assert padded_client.delete(f"/v1/datasets/{dataset}", headers=bearer(keys.owner)).is_success
+    for who in (keys.analyst, keys.owner):
+        shown = fetch_release(padded_client, who, release_id)
+        assert shown["status"] == "succeeded" and len(shown["result"]["basis"]) == 5
