@@ -331,7 +331,8 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
     in the worker's transaction, the release locked and leased to it."""
     dataset = session.get(Dataset, release.dataset_id)
     if dataset is None or dataset.file_name is None:
-        # Refunded only when no epoch was released (as a one-shot release deleted first).
+        # Asked only when no epoch was released; the worker keeps the charge all the same once
+        # the dataset row says deleted (service.worker.Worker._record).
         refund = release.epochs_done == 0
         outcome = Outcome.failed(DATASET_DELETED_REASON, refund=refund)
         return End(outcome, _end_visible_at(session, settings, release))

@@ -8,9 +8,9 @@ one claimed after it ``failed`` and refunded ("deleted before the release ran");
 the same ``visible_at``, so the outcome (and the refund on the ledger and the budget) told
 whether the job ahead had ended by the moment of the deletion: one bit per release, at a
 threshold the owner picks. Now a release whose dataset was deleted before its outcome shows is
-shown ``failed`` with the deletion's reason and no result to every caller but admins and
-auditors, and such a release is never refunded (on a deleted dataset nothing more can be
-charged), whichever way the race went.
+shown ``failed`` with a fixed reason and no result to every caller but admins and auditors, and
+no release ending after its dataset's deletion is refunded (nothing more can be charged to a
+deleted dataset), whichever way the race went.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.db.models import Dataset, LedgerEntry, Release
-from service.jobs import DATASET_DELETED_REASON
+from service.db.models import Dataset, LedgerEntry, Release, ReleaseEpoch
+from service.visibility import DELETED_BEFORE_SHOWN_REASON
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
 
@@ -32,8 +32,8 @@ PER_RELEASE = ("id", "dataset_id", "created_at", "visible_at", "release_id", "ne
 
 
 def later(session_factory, dataset_id: str, by: timedelta) -> None:
-    """As if ``by`` had passed: every moment of the dataset's releases, ledger entries and its
-    deletion ``by`` earlier."""
+    """As if ``by`` had passed: every moment of the dataset's releases, their epochs, its ledger
+    entries and its deletion ``by`` earlier."""
     with session_factory.begin() as session:
         dataset = session.get(Dataset, uuid.UUID(dataset_id))
         assert dataset is not None and dataset.deleted_at is not None
@@ -48,6 +48,13 @@ def later(session_factory, dataset_id: str, by: timedelta) -> None:
             select(LedgerEntry).where(LedgerEntry.dataset_id == dataset.id)
         ).all():
             entry.created_at -= by
+        for epoch in session.scalars(
+            select(ReleaseEpoch)
+            .join(Release, Release.id == ReleaseEpoch.release_id)
+            .where(Release.dataset_id == dataset.id)
+        ).all():
+            epoch.created_at -= by
+            epoch.visible_at -= by
 
 
 def scrub(value: Any) -> Any:
@@ -66,9 +73,11 @@ def seen(client, keys, dataset_id: str, release_id: str) -> dict[str, Any]:
         key = getattr(keys, who)
         answers[f"{who} release"] = fetch_release(client, key, release_id)
         for status in ("succeeded", "failed"):
-            listed = client.get("/v1/releases" if who == "analyst" else
-                                f"/v1/datasets/{dataset_id}/releases",
-                                headers=bearer(key), params={"status": status})  # fmt: skip
+            if who == "analyst":
+                path, params = "/v1/releases", {"status": status, "dataset_id": dataset_id}
+            else:
+                path, params = f"/v1/datasets/{dataset_id}/releases", {"status": status}
+            listed = client.get(path, headers=bearer(key), params=params)
             assert listed.status_code == 200, listed.text
             answers[f"{who} {status}"] = listed.json()["total"]
     ledger = client.get(f"/v1/datasets/{dataset_id}/ledger", headers=bearer(keys.owner))
@@ -78,7 +87,7 @@ def seen(client, keys, dataset_id: str, release_id: str) -> dict[str, Any]:
 
 
 def test_a_release_shows_the_same_whether_it_was_claimed_before_or_after_its_dataset_was_deleted(
-    padded_client, keys, make_key, upload_dataset, rng, worker, session_factory
+    padded_client, keys, upload_dataset, rng, worker, session_factory
 ):
     data, _ = near_subspace(rng, 120, 5, 2)
     # World 1: the job ahead ended early, so the release was claimed (and ran) before the
@@ -108,13 +117,16 @@ def test_a_release_shows_the_same_whether_it_was_claimed_before_or_after_its_dat
     shown = one["analyst release"]
     assert (shown["status"], shown["reason"], shown["refunded"], shown["result"]) == (
         "failed",
-        DATASET_DELETED_REASON,
+        DELETED_BEFORE_SHOWN_REASON,
         False,
         None,
     )
     assert one["ledger"] == [("charge", "0.1")]
-    # Admins and auditors still see what really happened.
-    assert fetch_release(padded_client, keys.admin, ran)["status"] == "succeeded"
+    # Nothing was rewritten: the store keeps what really happened (admins and auditors see it
+    # through the queue and the audit log).
+    with session_factory() as session:
+        row = session.get(Release, uuid.UUID(ran))
+        assert row is not None and (row.status, row.refunded) == ("succeeded", False)
 
 
 def test_a_release_deleted_after_its_outcome_showed_keeps_its_outcome(
@@ -133,3 +145,43 @@ def test_a_release_deleted_after_its_outcome_showed_keeps_its_outcome(
     for who in (keys.analyst, keys.owner):
         shown = fetch_release(padded_client, who, release_id)
         assert shown["status"] == "succeeded" and len(shown["result"]["basis"]) == 5
+
+
+CONTINUAL = {
+    "mechanism": "continual_gauss",
+    "k": 2,
+    "epsilon": "0.5",
+    "delta": "1e-6",
+    "params": {"horizon": 3},
+}
+
+
+def test_a_continual_release_shows_the_same_whether_its_first_epoch_ran_before_the_deletion(
+    padded_client, keys, upload_dataset, rng, worker, session_factory
+):
+    """The same race on a continual release: its first epoch ran before the deletion (shown at
+    its ``visible_at``, after the deletion) or never ran (refunded, before)."""
+    data, _ = near_subspace(rng, 120, 5, 2)
+    early = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+    ran = post_release(padded_client, keys.analyst, early, **CONTINUAL)
+    assert worker.run_pending() == 1
+    assert padded_client.delete(f"/v1/datasets/{early}", headers=bearer(keys.owner)).is_success
+    assert worker.run_pending() == 1  # ends it
+    late = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+    never = post_release(padded_client, keys.analyst, late, **CONTINUAL)
+    assert padded_client.delete(f"/v1/datasets/{late}", headers=bearer(keys.owner)).is_success
+    assert worker.run_pending() == 1
+    with session_factory() as session:
+        done = {r: session.get(Release, uuid.UUID(r)) for r in (ran, never)}
+        assert {r: (row.status, row.epochs_done) for r, row in done.items() if row} == {
+            ran: ("failed", 1),
+            never: ("failed", 0),
+        }
+    for dataset_id in (early, late):
+        later(session_factory, dataset_id, timedelta(hours=2))
+    one, other = seen(padded_client, keys, early, ran), seen(padded_client, keys, late, never)
+    assert one == other
+    shown = one["analyst release"]
+    assert (shown["status"], shown["refunded"], shown["epochs_done"]) == ("failed", False, 0)
+    epochs = padded_client.get(f"/v1/releases/{ran}/epochs", headers=bearer(keys.analyst))
+    assert epochs.status_code == 200 and epochs.json()["total"] == 0
