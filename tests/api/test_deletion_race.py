@@ -21,7 +21,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from service.db.models import Dataset, LedgerEntry, Release, ReleaseEpoch
+from service.db.models import Dataset, LedgerEntry, Release, ReleaseEpoch, utcnow
 from service.visibility import DELETED_BEFORE_SHOWN_REASON
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
@@ -185,3 +185,39 @@ def test_a_continual_release_shows_the_same_whether_its_first_epoch_ran_before_t
     assert (shown["status"], shown["refunded"], shown["epochs_done"]) == ("failed", False, 0)
     epochs = padded_client.get(f"/v1/releases/{ran}/epochs", headers=bearer(keys.analyst))
     assert epochs.status_code == 200 and epochs.json()["total"] == 0
+
+
+def test_a_continual_release_ended_late_after_a_deletion_shows_at_a_step_of_its_schedule(
+    padded_client, keys, upload_dataset, rng, worker, session_factory
+):
+    """A worker that gets to a continual release of a deleted dataset late (the queue was busy)
+    ends it; its end shows at a step of a schedule fixed by the deletion and the release's own
+    padding, not at the moment the worker stored it (which would tell when the jobs ahead of it
+    ended). Before, the end showed at once: the moment was in the past."""
+    data, _ = near_subspace(rng, 120, 5, 2)
+    dataset = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+    release_id = post_release(padded_client, keys.analyst, dataset, **CONTINUAL)
+    assert padded_client.delete(f"/v1/datasets/{dataset}", headers=bearer(keys.owner)).is_success
+    # The deletion (and the request) three hours ago: the worker only gets to it now.
+    later(session_factory, dataset, timedelta(hours=3))
+    before = utcnow()
+    assert worker.run_pending() == 1
+    with session_factory() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        row = session.get(Dataset, uuid.UUID(dataset))
+        assert release is not None and release.status == "failed"
+        assert row is not None and row.deleted_at is not None
+        created, visible, shown = (
+            release.created_at,
+            release.visible_at,
+            release.outcome_visible_at,
+        )
+        deleted_at = row.deleted_at
+    assert visible is not None and shown is not None
+    # A step created_at + P * 2^j (j >= 1) of the schedule whose first step is the deletion's
+    # due moment (the deletion plus the release's own padding), and in the future.
+    due = max(deleted_at + (visible - created), visible)
+    assert shown > before
+    assert any(shown == created + (due - created) * 2**j for j in range(1, 8))
+    seen_now = fetch_release(padded_client, keys.analyst, release_id)
+    assert seen_now["status"] == "running"
