@@ -319,11 +319,22 @@ class Epoch:
 
 def _end_visible_at(session: Session, settings: Settings, release: Release) -> datetime | None:
     """When analysts may see the release's end without a new epoch (:func:`pending_visible_at`;
-    the release's own ``visible_at`` once its dataset row is gone)."""
+    the release's own ``visible_at`` once its dataset row is gone).
+
+    After the dataset's deletion, from the deletion and the release's own padding only: the
+    epochs released before it are a race with the claim (:mod:`service.visibility`), so the
+    pending epoch's batch and the last epoch's ``visible_at`` must not set the moment; and a
+    worker that ends the release after that moment (it took the job late: the queue was busy)
+    shows the end at the next step of the late schedule, not when it got to it."""
     dataset = session.get(Dataset, release.dataset_id)
     if dataset is None:
         return release.visible_at
-    return pending_visible_at(session, settings, release, dataset)
+    padded = release.visible_at is not None and release.visible_at > release.created_at
+    if dataset.deleted_at is None or not padded:
+        return pending_visible_at(session, settings, release, dataset)
+    assert release.visible_at is not None  # padded
+    due = max(dataset.deleted_at + (release.visible_at - release.created_at), release.visible_at)
+    return late_schedule(release.created_at, due, utcnow())[0]
 
 
 def next_input(session: Session, release: Release, settings: Settings) -> EpochInput | End | str:
@@ -331,7 +342,8 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
     in the worker's transaction, the release locked and leased to it."""
     dataset = session.get(Dataset, release.dataset_id)
     if dataset is None or dataset.file_name is None:
-        # Refunded only when no epoch was released (as a one-shot release deleted first).
+        # Asked only when no epoch was released; the worker keeps the charge all the same once
+        # the dataset row says deleted (service.worker.Worker._record).
         refund = release.epochs_done == 0
         outcome = Outcome.failed(DATASET_DELETED_REASON, refund=refund)
         return End(outcome, _end_visible_at(session, settings, release))

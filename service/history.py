@@ -5,8 +5,9 @@ lists the releases they requested, an owner the releases of the datasets they up
 ones included: the ledger and the audit log keep them too). Lists obey the side-channel rules
 of single reads: an analyst's or owner's ``status`` filter matches the status they are shown
 (:mod:`service.visibility`), so a release before its ``visible_at`` is ``queued`` to them in the
-filter, the count and the row, and one past it whose outcome does not show yet (late:
-:func:`service.padding.late_schedule`) is ``running``.
+filter, the count and the row, one past it whose outcome does not show yet (late:
+:func:`service.padding.late_schedule`) is ``running``, and one whose dataset was deleted before
+its outcome was due is ``failed``.
 """
 
 from __future__ import annotations
@@ -63,19 +64,38 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
         # Before visible_at every release; after it none (an unfinished release is shown
         # running then, whatever its real state), except those made before visible_at existed.
         return or_(not_(visible), and_(not_(padded), Release.status == "queued"))
+    # A dataset deleted before the outcome was due shows every end as failed, and the epochs
+    # after the deletion never (service.visibility.deleted_before_shown).
+    deleted = and_(
+        padded,
+        select(Dataset.id)
+        .where(
+            Dataset.id == Release.dataset_id,
+            Dataset.deleted_at.is_not(None),
+            Dataset.deleted_at < func.coalesce(Release.outcome_visible_at, Release.visible_at),
+        )
+        .exists(),
+    )
     # A release that ended is shown running before its outcome_visible_at (a one-shot release's
     # step of the late schedule, or a continual release's end) or while one of its epochs is
     # not yet visible (service.visibility.end_visible).
     epoch_hidden = or_(
-        select(ReleaseEpoch.epoch)
-        .where(ReleaseEpoch.release_id == Release.id, ReleaseEpoch.visible_at > now)
-        .exists(),
+        and_(
+            not_(deleted),
+            select(ReleaseEpoch.epoch)
+            .where(ReleaseEpoch.release_id == Release.id, ReleaseEpoch.visible_at > now)
+            .exists(),
+        ),
         and_(Release.outcome_visible_at.is_not(None), Release.outcome_visible_at > now),
     )
     if status == "running":
         unfinished = or_(Release.status == "running", and_(padded, Release.status == "queued"))
         return and_(visible, or_(unfinished, epoch_hidden))
-    return and_(visible, Release.status == status, not_(epoch_hidden))
+    if status == "failed":
+        ended = Release.status.in_(("succeeded", "no_result", "failed"))
+        shown = or_(Release.status == "failed", and_(ended, deleted))
+        return and_(visible, shown, not_(epoch_hidden))
+    return and_(visible, Release.status == status, not_(deleted), not_(epoch_hidden))
 
 
 def _conditions(

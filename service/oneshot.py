@@ -83,7 +83,9 @@ def execute(
     A failure decided before any row is read (the mechanism retired, its stored params no
     longer parsing, a prior not read, the dataset deleted or its file gone) is refunded: the
     job provably never read the data, and the decision rests on public facts only (DESIGN's
-    refund rule). A refusal raised by the run itself may follow a read: charged."""
+    refund rule); but not after the dataset's deletion, when the worker keeps the charge
+    (:meth:`service.worker.Worker._record`). A refusal raised by the run itself may follow a
+    read: charged."""
     mechanism = get_mechanism(job.mechanism)
     if mechanism is None:
         return Outcome.failed(NO_MECHANISM_REASON, refund=True)

@@ -35,6 +35,16 @@ time can depend on one of its rows (a 0.15 s longer run ahead of a release was r
 release's ``started_at`` by its owner every time, 24 of 24, before this). Only the roles trusted
 with run times (:func:`sees_real_state`: admins, who read the queue and ``/metrics``, and
 auditors, who read the audit log) are shown them.
+
+A dataset deleted before a release's outcome shows (``deleted_at`` before its
+``outcome_visible_at``, or its ``visible_at`` while it has none) ends that release, for every
+caller but those roles, as :data:`DELETED_BEFORE_SHOWN_REASON` says: ``failed``, no result, no
+refund, whatever the job did (:func:`deleted_before_shown`); a continual release's epochs are
+shown only up to the deletion. Whether the job ran before the deletion (succeeded) or after it
+(failed) is when a worker claimed it, that is when the job ahead of it ended: an owner who chose
+the moment of the deletion read that from the outcome, one bit per release. The worker does not
+refund such a release either (:meth:`service.worker.Worker._record`): a refund would tell the
+same on the ledger.
 """
 
 from __future__ import annotations
@@ -48,11 +58,16 @@ from sqlalchemy.orm import Session, load_only
 
 from service import continual
 from service.auth import Principal, sees_real_state
-from service.db.models import Release, ReleaseEpoch
+from service.db.models import Dataset, Release, ReleaseEpoch
 from service.padding import late_schedule, next_late_step
 
 #: Statuses after which a release changes no more.
 FINISHED = frozenset({"succeeded", "no_result", "failed"})
+#: The reason shown of a release whose dataset was deleted before its outcome showed
+#: (:func:`deleted_before_shown`): true whether or not its job ran first.
+DELETED_BEFORE_SHOWN_REASON = (
+    "the dataset was deleted before this release's outcome was due; no result is shown"
+)
 
 
 @dataclass(frozen=True)
@@ -124,11 +139,22 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
     status, refunded = release.status, release.refunded
     epochs, latest = None, None
     visible_by = now if padded_caller else None
+    deleted = False
+    if padded_caller:
+        deleted_at = dataset_deleted_at(session, release)
+        deleted = deleted_before_shown(release, deleted_at)
+        if deleted_at is not None and deleted_at < now:
+            # Epochs shown only up to the deletion: whether a later one ran first is a race.
+            visible_by = deleted_at
     if is_continual:
         epochs = continual.epoch_summaries(session, release.id, visible_by)
         latest = continual.latest_epoch(session, release.id, visible_by)
     hidden = not shows_state(release, principal, now)
-    if padded_caller and status in FINISHED and not end_visible(release, epochs, now):
+    if (
+        padded_caller
+        and status in FINISHED
+        and not end_visible(release, None if deleted else epochs, now)
+    ):
         hidden = True
     sealed_until = None
     reason = None
@@ -137,6 +163,8 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         status, refunded = "running", False
         if not is_continual and release.visible_at is not None:  # padded: not None
             sealed_until = next_late_step(release.created_at, release.visible_at, now)
+    elif status in FINISHED and deleted:
+        status, reason, refunded = "failed", DELETED_BEFORE_SHOWN_REASON, False
     elif status in FINISHED:
         # Only now: ``reason`` (deferred with the extras) is loaded for an end shown. The
         # worker writes it with the end alone (:meth:`service.worker.Worker._record`): an
@@ -152,6 +180,24 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         epochs_visible_by=visible_by,
         sealed_until=sealed_until,
     )
+
+
+def dataset_deleted_at(session: Session, release: Release) -> datetime | None:
+    """When the release's dataset was deleted (``None``: it was not). The owner's act, a
+    public moment; the row is usually in the session already."""
+    dataset = session.get(Dataset, release.dataset_id)
+    return None if dataset is None else dataset.deleted_at
+
+
+def deleted_before_shown(release: Release, deleted_at: datetime | None) -> bool:
+    """Whether the release's dataset was deleted before the release's outcome shows to
+    analysts and owners (its ``outcome_visible_at``, else its ``visible_at``): then the
+    outcome is shown as :data:`DELETED_BEFORE_SHOWN_REASON` says, whatever the job did
+    (module docstring). A release without padding hides nothing and is shown as it is."""
+    if deleted_at is None or not padded(release):
+        return False
+    due = release.outcome_visible_at or release.visible_at
+    return due is not None and deleted_at < due
 
 
 def shows_state(release: Release, principal: Principal, now: datetime) -> bool:

@@ -299,6 +299,19 @@ def run_worker(worker: Worker) -> Callable[[], int]:
     return worker.run_pending
 
 
+@pytest.fixture
+def refused_before_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every one-shot job ends ``failed`` and refunded, as a failure decided before any row is
+    read (stored params that no longer parse) does: the refund route for tests about refunds.
+    (A deletion no longer is one: a release ending after its dataset's deletion is never
+    refunded, ``tests/api/test_deletion_race.py``.)"""
+    from service.jobs import REFUSED_AT_RUN_REASON, Outcome
+    from service.oneshot import OneShot
+
+    refused = Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+    monkeypatch.setattr(OneShot, "run", lambda *_: refused)
+
+
 @pytest.fixture(autouse=True)
 def _seeded_releases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests marked ``release_seed(n)`` give each release a seeded generator (``n``, ``n + 1``,

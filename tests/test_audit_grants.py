@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import audit, auth
 from service.db.models import Grant, LedgerEntry
+from service.jobs import REFUSED_AT_RUN_REASON, Outcome
+from service.oneshot import OneShot
 from tests.conftest import bearer, post_release
 
 GAUSS = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.25", "delta": "1e-6"}
@@ -44,6 +46,7 @@ def granted(
     session_factory: sessionmaker[Session],
     upload_dataset: Callable[..., dict[str, Any]],
     run_worker: Callable[[], int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Granted:
     _, owner = _key(session_factory, "owner")
     alice_id, alice = _key(session_factory, "analyst")
@@ -69,9 +72,14 @@ def granted(
         headers=bearer(owner),
         json={"analyst_key_id": str(alice_id), "epsilon": "0.25", "delta": "1e-6"},
     ).json()
-    post_release(client, alice, emptied, **GAUSS)
+    # A failure decided before any row is read (not a deletion: a release ending after one is
+    # never refunded, tests/api/test_deletion_race.py).
+    refused = Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(OneShot, "run", lambda *_: refused)
+        post_release(client, alice, emptied, **GAUSS)
+        assert run_worker() == 1
     assert client.delete(f"/v1/datasets/{emptied}", headers=bearer(owner)).status_code == 204
-    assert run_worker() == 1
     with session_factory() as session:
         refund = session.scalars(select(LedgerEntry).where(LedgerEntry.kind == "refund")).one()
     assert refund.grant_id == uuid.UUID(emptied_grant["id"])

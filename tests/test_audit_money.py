@@ -32,6 +32,7 @@ from service.db.models import (
     Release,
     ReleaseBasis,
 )
+from service.jobs import REFUSED_AT_RUN_REASON
 from service.mechanisms.base import MechanismOutput
 from service.oneshot import OneShot
 from service.worker import Outcome
@@ -60,6 +61,10 @@ def _boom(*_: Any) -> Outcome:
     return Outcome.failed("a refusal was missed at prepare")
 
 
+def _refused(*_: Any) -> Outcome:
+    return Outcome.failed(REFUSED_AT_RUN_REASON, refund=True)
+
+
 def _decline(*_: Any) -> Outcome:
     return Outcome.of(MechanismOutput.no_result("declined"))
 
@@ -86,9 +91,13 @@ def populate(
         patch.setattr(OneShot, "run", _decline)
         no_result = post_release(client, analyst, dataset, **gauss)
         assert run_worker() == 1
-    refunded = post_release(client, analyst, emptied, **gauss)
+    # A failure decided before any row is read, refunded; then the dataset is deleted (a
+    # release ending after a deletion is never refunded: tests/api/test_deletion_race.py).
+    with monkeypatch.context() as patch:
+        patch.setattr(OneShot, "run", _refused)
+        refunded = post_release(client, analyst, emptied, **gauss)
+        assert run_worker() == 1
     assert client.delete(f"/v1/datasets/{emptied}", headers=bearer(owner)).status_code == 204
-    assert run_worker() == 1
     with monkeypatch.context() as patch:
         patch.setattr(OneShot, "run", _boom)
         failed = post_release(client, analyst, dataset, **gauss)

@@ -327,7 +327,8 @@ def _shows_at(
     if seen.sealed_until is not None or seen.epochs_visible_by is None:
         return None
     moments = [release.outcome_visible_at]
-    if seen.epochs is not None:
+    # Epochs are shown up to a deletion only (service.visibility): none hidden after it shows.
+    if seen.epochs is not None and seen.epochs_visible_by >= now:
         moments.append(continual.next_visible_at(session, release.id, after, now))
     return min((m for m in moments if m is not None and m > now), default=None)
 

@@ -12,7 +12,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
+from service import oneshot
 from service.db.models import DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
+from service.jobs import REFUSED_AT_RUN_REASON, Outcome
 from service.worker import Worker
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
@@ -118,12 +120,17 @@ def test_an_unfinished_release_past_its_visible_at_shows_running_not_its_real_st
 
 
 def test_a_late_refund_takes_effect_at_the_step_not_at_the_real_end(
-    padded_client, keys, dataset, run_worker, session_factory
+    padded_client, keys, dataset, run_worker, session_factory, monkeypatch
 ):
     release_id = post_release(padded_client, keys.analyst, dataset["id"], **BODY)
     padding_passed(session_factory, release_id)
-    deleted = padded_client.delete(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
-    assert deleted.status_code in (200, 204)
+    # A failure decided before any row is read (not a deletion: a release ending after its
+    # dataset's deletion is never refunded, tests/api/test_deletion_race.py).
+    monkeypatch.setattr(
+        oneshot,
+        "execute",
+        lambda *args, **kwargs: Outcome.failed(REFUSED_AT_RUN_REASON, refund=True),
+    )
     before = utcnow()
     run_worker()  # failed, refunded: nothing was read
     with session_factory() as session:

@@ -245,17 +245,16 @@ def test_mechanisms_and_audit(
 
 
 def test_failed_release_raises_and_is_refunded(
-    owner: Client, analyst: Client, run_worker: Callable[[], int]
+    owner: Client, analyst: Client, run_worker: Callable[[], int], refused_before_reading: None
 ) -> None:
     ds = owner.upload(
         low_rank_rows(100, 4, 1, seed=12),
-        name="deleted-before-running",
+        name="refused-before-reading",
         epsilon_budget="1",
         delta_budget="1e-5",
         row_norm_bound=1.0,
     )
     release = analyst.release(ds.id, "analyze_gauss", 1, "0.5", "1e-6")
-    owner.delete_dataset(ds.id)
     run_worker()
     with pytest.raises(ReleaseFailed) as caught:
         release.wait()
