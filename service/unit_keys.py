@@ -35,7 +35,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from service.privacy_unit import canonical_key, person_key, rounded_key
+from service.errors import InvalidInput
+from service.privacy_unit import FIELD, FLOAT64_EXACT, canonical_key, person_key, rounded_key
 
 #: Digest size (HMAC-SHA256).
 DIGEST_BYTES = 32
@@ -78,6 +79,16 @@ def rule_of(secret: bytes) -> Rule:
 
 def _canonical_bytes(value: Any, rule: Rule) -> bytes:
     kind, key = _KEYS[rule](value)
+    if rule == "person" and isinstance(key, int) and abs(key) > FLOAT64_EXACT:
+        # The person rule keeps integers beyond 2^53 exact, while a float file holds them
+        # rounded: one person could become two units. Its datasets' identifiers there are
+        # refused (no value named) rather than split; new datasets round them (rounded_key).
+        raise InvalidInput(
+            FIELD,
+            "this dataset (uploaded before identifiers beyond 2^53 were made one person in "
+            "every file format) cannot take a numeric identifier beyond 2^53 in magnitude; "
+            "write such identifiers as non-numeric text, or upload a new dataset",
+        )
     if kind == "s":
         return b"s\x00" + str(key).encode("utf-8", "surrogatepass")
     if isinstance(key, int):

@@ -183,3 +183,42 @@ def test_a_narrow_float_identifier_that_is_not_a_small_integer_is_refused(
     accepted = upload(client, keys.owner, name, content, privacy_unit_column=column)
     assert accepted.status_code == 201, accepted.text
     assert accepted.json()["n_units"] == 2
+
+
+@pytest.mark.parametrize("batch_kind", ["npy", "csv"])
+def test_a_person_rule_dataset_refuses_identifiers_beyond_2_53(
+    client, keys, monkeypatch, batch_kind
+) -> None:
+    """A dataset whose secret carries the person rule (uploaded before the rounded one) keeps
+    integers beyond 2**53 exact, so its appends cannot merge the float a .npy holds with the
+    exact integer: such identifiers are refused with 422 (no value named) instead of splitting
+    the person. Before, the append was accepted and the person became a second unit."""
+    monkeypatch.setattr(
+        unit_keys, "new_secret", lambda: bytes([unit_keys.PERSON_RULE]) + bytes(range(32))
+    )
+    rng = np.random.default_rng(8)
+    content = csv_rows(["42", "43"], rng.normal(size=(2, 2)) * 0.1)
+    response = upload(client, keys.owner, "x.csv", content, privacy_unit_column="patient")
+    assert response.status_code == 201, response.text
+    dataset = response.json()
+    if batch_kind == "npy":
+        name = "rows.npy"
+        batch = npy_with_ids(np.array([float(BIG), 42.0]), rng.normal(size=(2, 2)) * 0.1)
+        column: object = 0
+    else:
+        name, column = "rows.csv", "patient"
+        batch = csv_rows([str(BIG), "42"], rng.normal(size=(2, 2)) * 0.1)
+    grown = append(
+        client, keys.owner, dataset["id"], batch, filename=name, privacy_unit_column=column
+    )
+    assert grown.status_code == 422, grown.text
+    assert "privacy_unit_column" in grown.text
+    assert str(BIG) not in grown.text and str(BIG + 1) not in grown.text
+    shown = client.get(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.analyst)).json()
+    assert (shown["n_rows"], shown["n_units"]) == (2, 2)
+    # Identifiers within 2**53 still append.
+    small = csv_rows(["42", "44"], rng.normal(size=(2, 2)) * 0.1)
+    grown = append(
+        client, keys.owner, dataset["id"], small, filename="rows.csv", privacy_unit_column="patient"
+    )
+    assert grown.status_code == 201, grown.text

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from service import unit_keys
+from service.errors import InvalidInput
 from service.privacy_unit import canonical_key, person_key, rounded_key
 
 SAME = [
@@ -87,10 +88,14 @@ def test_below_2_53_and_beyond_floats_nothing_merges() -> None:
 
 def test_a_dataset_of_the_person_rule_keeps_it() -> None:
     """A secret marked with the person rule (datasets uploaded before the rounded one): its
-    appends keep exact integers beyond 2**53, as its stored people's digests were made."""
+    appends keep its digests within 2**53, and refuse a number beyond (exact there, rounded
+    in a float file: one person would become two)."""
     secret = bytes([unit_keys.PERSON_RULE]) + bytes(range(32))
     assert unit_keys.rule_of(secret) == "person"
-    assert unit_keys.digest(secret, "12345678901234567") != unit_keys.digest(
-        secret, 12345678901234568.0
-    )
     assert unit_keys.digest(secret, "7") == unit_keys.digest(secret, 7.0)
+    assert unit_keys.digest(secret, str(2**53)) == unit_keys.digest(secret, float(2**53))
+    for beyond in ("12345678901234567", 12345678901234568.0, np.int64(-(2**60)), "1e300"):
+        with pytest.raises(InvalidInput) as refused:
+            unit_keys.digest(secret, beyond)
+        assert refused.value.field == "privacy_unit_column"
+        assert "1234567" not in str(refused.value)
