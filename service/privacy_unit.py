@@ -223,6 +223,31 @@ def person_key(value: Any) -> tuple[str, Any]:
     return ("s", text)
 
 
+#: Integers of at most this magnitude are exact in a float64; beyond it a float is the rounding
+#: of several integers.
+FLOAT64_EXACT = 2**53
+
+
+def rounded_key(value: Any) -> tuple[str, Any]:
+    """:func:`person_key`, with a number beyond ``2^53`` in magnitude taken as the float64 it
+    rounds to (datasets uploaded from now on; :mod:`service.unit_keys`' third rule).
+
+    A float64 file (``.npy``, a Parquet double) can hold an identifier beyond ``2^53`` only
+    rounded: ``12345678901234567`` is ``12345678901234568`` there, while the CSV text and a
+    Parquet int64 keep it exactly, so one person became two units. Beyond ``2^53`` every
+    spelling, text, integer or float, is now its float64 rounding: the two are one person. It
+    merges integers within one float64 step (``2^53 + 1`` with ``2^53``), which never weakens
+    a bound; below ``2^53`` nothing changes. An integer beyond the float64 range (text of over
+    308 digits) is kept exact: no float file holds it."""
+    kind, key = person_key(value)
+    if kind == "n" and isinstance(key, int) and abs(key) > FLOAT64_EXACT:
+        try:
+            return ("n", int(float(key)))
+        except OverflowError:
+            return (kind, key)
+    return (kind, key)
+
+
 def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
     """How many units have 1, 2-5, 6-20, 21-100 and over 100 rows.
 

@@ -13,9 +13,11 @@ An appended batch's identifiers are hashed with the dataset's secret while the f
 (:class:`KeyedIndexer` with no people known: per row digests, kept in ``incoming/`` beside the
 batch), and mapped to indices under the dataset's lock (:func:`extend`): a known digest gets the
 person's index, a new one the next index. Equal identifiers are one person exactly as at upload,
-by :func:`service.privacy_unit.person_key` (spellings of one identifier, text or number, are one
-person); a dataset uploaded before that rule keeps :func:`~service.privacy_unit.canonical_key`
-(text as text, numbers as numbers), which its secret says (:func:`rule_of`).
+by :func:`service.privacy_unit.rounded_key` (spellings of one identifier, text or number, are one
+person, and beyond ``2^53`` a number is its float64 rounding, as a float file holds it); a
+dataset uploaded before that rule keeps its own, :func:`~service.privacy_unit.person_key` or
+the first :func:`~service.privacy_unit.canonical_key` (text as text, numbers as numbers),
+which its secret says (:func:`rule_of`).
 
 What the digests allow: with the secret (the store's disk), an identifier can be tested for
 membership; without it nothing. The store holds the rows themselves already, so this adds no
@@ -33,7 +35,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from service.privacy_unit import canonical_key, person_key
+from service.errors import InvalidInput
+from service.privacy_unit import FIELD, FLOAT64_EXACT, canonical_key, person_key, rounded_key
 
 #: Digest size (HMAC-SHA256).
 DIGEST_BYTES = 32
@@ -48,26 +51,44 @@ Digests = npt.NDArray[np.uint8]
 #: (and so its appends) keep :func:`~service.privacy_unit.canonical_key`, the rule its stored
 #: people's digests were made with (changing it would split every returning person).
 PERSON_RULE = 2
+#: The first byte of a secret made with :func:`~service.privacy_unit.rounded_key`'s rule (the
+#: current one): numbers beyond ``2^53`` are their float64 rounding, so a person whose
+#: identifier a float file holds only rounded stays one person. Datasets with a
+#: :data:`PERSON_RULE` secret keep that rule for their appends, for the same reason as above.
+ROUNDED_RULE = 3
 
-Rule = Literal["first", "person"]
+Rule = Literal["first", "person", "rounded"]
+
+_RULES: dict[int, Rule] = {PERSON_RULE: "person", ROUNDED_RULE: "rounded"}
+_KEYS = {"first": canonical_key, "person": person_key, "rounded": rounded_key}
 
 
 def new_secret() -> bytes:
     """A fresh per-dataset secret from the OS CSPRNG, marked with the current rule."""
-    return bytes([PERSON_RULE]) + secrets.token_bytes(SECRET_BYTES)
+    return bytes([ROUNDED_RULE]) + secrets.token_bytes(SECRET_BYTES)
 
 
 def rule_of(secret: bytes) -> Rule:
     """Which identifier rule a dataset's secret was made with; ``ValueError`` if none."""
     if len(secret) == SECRET_BYTES:
         return "first"
-    if len(secret) == SECRET_BYTES + 1 and secret[0] == PERSON_RULE:
-        return "person"
+    if len(secret) == SECRET_BYTES + 1 and secret[0] in _RULES:
+        return _RULES[secret[0]]
     raise ValueError("not a unit secret of the store")
 
 
 def _canonical_bytes(value: Any, rule: Rule) -> bytes:
-    kind, key = canonical_key(value) if rule == "first" else person_key(value)
+    kind, key = _KEYS[rule](value)
+    if rule == "person" and isinstance(key, int) and abs(key) > FLOAT64_EXACT:
+        # The person rule keeps integers beyond 2^53 exact, while a float file holds them
+        # rounded: one person could become two units. Its datasets' identifiers there are
+        # refused (no value named) rather than split; new datasets round them (rounded_key).
+        raise InvalidInput(
+            FIELD,
+            "this dataset (uploaded before identifiers beyond 2^53 were made one person in "
+            "every file format) cannot take a numeric identifier beyond 2^53 in magnitude; "
+            "write such identifiers as non-numeric text, or upload a new dataset",
+        )
     if kind == "s":
         return b"s\x00" + str(key).encode("utf-8", "surrogatepass")
     if isinstance(key, int):

@@ -104,6 +104,26 @@ def _split_unit(block: np.ndarray[Any, Any], position: int | None) -> Block:
     return np.delete(block, position, axis=1), block[:, position]
 
 
+def _check_narrow_float_ids(ids: np.ndarray[Any, Any]) -> None:
+    """Refuse a float32 or float16 identifier column unless it holds integers its format holds
+    exactly (below ``2^24``, ``2^11``). Such a float has no one spelling: ``0.1`` stored in it
+    is ``0.10000000149`` as a number, and beyond that range it is the rounding of several
+    integers, so the person written ``0.1`` (or ``16777217``) in a CSV batch would become a
+    second unit, bounded apart. The message names no value."""
+    if ids.dtype.kind != "f" or ids.dtype.itemsize >= 8 or ids.size == 0:
+        return
+    exact = 2 ** (np.finfo(ids.dtype).nmant + 1)
+    wide = np.asarray(ids, dtype=np.float64)
+    if not (np.all(wide == np.trunc(wide)) and np.all(np.abs(wide) < exact)):
+        bits = 8 * ids.dtype.itemsize
+        raise InvalidInput(
+            UNIT_FIELD,
+            f"the identifier column is a {bits}-bit float holding a value that is not an "
+            f"integer below 2^{exact.bit_length() - 1}: such a float has no one spelling (one "
+            "person could become two units), so write identifiers as text or integers",
+        )
+
+
 @dataclass(frozen=True)
 class NpyHeader:
     """What an uploaded ``.npy`` file's header declares, checked against its body."""
@@ -195,6 +215,7 @@ def _npy_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> I
             ids = np.array(block[:, position])
             if ids.dtype.kind == "f" and not np.isfinite(ids).all():
                 raise InvalidInput(UNIT_FIELD, "the identifier column has a NaN or infinity")
+            _check_narrow_float_ids(ids)
             yield np.asarray(np.delete(block, position, axis=1), dtype=np.float64), ids
 
 
@@ -354,6 +375,7 @@ def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
         numbers = ids.to_numpy(zero_copy_only=False)
         if numbers.dtype.kind == "f" and not np.isfinite(numbers).all():
             raise InvalidInput(UNIT_FIELD, "the identifier column has a NaN or infinity")
+        _check_narrow_float_ids(numbers)
         values = numbers
     else:
         raise InvalidInput(UNIT_FIELD, "the identifier column must hold text or integers")
