@@ -385,8 +385,9 @@ class DatasetCreate(RequestSchema):
             "several rows: a column name (CSV header, Parquet) or a 0-based column index (text "
             "of digits only is an index). The column is removed from the features and its "
             "values are never stored or shown; neighbouring datasets then differ in all rows "
-            "of one person. Omitted: the unit is the row. Uploads only for now (appends to "
-            "such a dataset and references with it are refused with 422)."
+            "of one person. Omitted: the unit is the row. An append's rows join the people "
+            "already present with the same identifier, under the same per-person bound; "
+            "datasets by reference with a person column are refused with 422."
         ),
     )
     planned_mechanisms: SafeStr | None = Field(
