@@ -10,7 +10,7 @@ from typing import Annotated, TypeVar
 import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody, IdempotencyKey
@@ -69,7 +69,7 @@ def _wait_seconds(value: object) -> object:
 
 
 #: A long poll's ``wait``: 422 naming ``wait`` and its range for anything else.
-WaitSeconds = Annotated[float, BeforeValidator(_wait_seconds)]
+WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS), BeforeValidator(_wait_seconds)]
 
 
 @router.post(
@@ -160,8 +160,6 @@ async def create_release(
     basis_format: BasisFormatQuery = "json",
     wait: WaitSeconds | None = Query(
         default=None,
-        ge=0,
-        le=MAX_WAIT_SECONDS,
         description="Long poll on the created release: answer as soon as it has finished as "
         f"the caller may see it (200), or after this many seconds (at most "
         f"{MAX_WAIT_SECONDS:g}) with its state then (202), whichever comes first; the charge "
@@ -261,8 +259,6 @@ BasisFormatQuery = Annotated[
 Wait = Annotated[
     WaitSeconds | None,
     Query(
-        ge=0,
-        le=MAX_WAIT_SECONDS,
         description="Long poll: answer as soon as the release, as you may see it, has finished "
         "(`succeeded`, `no_result` or `failed`), or after this many seconds (at most "
         f"{MAX_WAIT_SECONDS:g}) with its state then, whichever comes first. An analyst's "
@@ -422,8 +418,6 @@ def _seconds_until(moment: datetime) -> float:
 EpochWait = Annotated[
     WaitSeconds | None,
     Query(
-        ge=0,
-        le=MAX_WAIT_SECONDS,
         description="Long poll (with `after`, without `cursor`): when no epoch after `after` "
         "is visible yet, answer as soon as one is, or the release has finished, or after this "
         f"many seconds (at most {MAX_WAIT_SECONDS:g}), whichever comes first. An analyst sees "
