@@ -26,6 +26,7 @@ from dpss_client.remote_cli import register_remote_commands
 from service.cli_database import (
     DATABASE_HINT,
     bootstrap_admin_or_exit,
+    engine_or_exit,
     migrate_or_exit,
 )
 from service.cli_database import cannot_check as _cannot_check
@@ -198,6 +199,8 @@ def api(
         # Once here, before the API processes start: N processes bootstrapping the same key at
         # once would race on its unique hash (each then finds it and does nothing).
         bootstrap_admin_or_exit(settings)
+    else:
+        engine_or_exit(settings.resolved_database_url).dispose()
     uvicorn.run(
         f"{__name__}:api_app",
         factory=True,
@@ -246,7 +249,7 @@ def worker(
     from service import audit, tracing
     from service.anchors import AnchorWriter
     from service.config import Settings
-    from service.db.engine import make_engine, make_session_factory
+    from service.db.engine import make_session_factory
     from service.store import DatasetStore
     from service.worker import Worker
 
@@ -258,7 +261,7 @@ def worker(
         signal.signal(signum, lambda *_: stop.set())
     if parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(parent_pid, stop), daemon=True).start()
-    session_factory = make_session_factory(make_engine(settings.resolved_database_url))
+    session_factory = make_session_factory(engine_or_exit(settings.resolved_database_url))
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
     _secure_data_dir(settings)
     store = DatasetStore(settings.datasets_dir)

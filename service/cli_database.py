@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, NoReturn
 import typer
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from service.config import Settings
 
 #: The one-line hint every command that opens the local database prints when it cannot.
@@ -54,13 +56,28 @@ def driver_reason(exc: BaseException) -> str:
 def _fail_on(url: str, exc: BaseException) -> NoReturn:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-    if isinstance(exc, ArgumentError | ImportError):
+    if isinstance(exc, ImportError):
+        database_failure(url, f"its driver is not installed ({exc.name or type(exc).__name__})")
+    if isinstance(exc, ArgumentError):
         database_failure(url, type(exc).__name__)
     if isinstance(exc, OSError):
         database_failure(url, exc.strerror or type(exc).__name__)
     if isinstance(exc, SQLAlchemyError):
         database_failure(url, driver_reason(exc))
     raise exc
+
+
+def engine_or_exit(url: str) -> Engine:
+    """An engine for ``url`` (no connection yet), or one line saying why there cannot be one
+    (exit 2): a URL that is not one, or a driver that is not installed. Retrying cannot fix
+    those, so the worker, which retries a database that is down, exits on them (it printed an
+    uncaught ``ArgumentError`` or ``ModuleNotFoundError``, and so did ``dpss api``)."""
+    from service.db.engine import make_engine
+
+    try:
+        return make_engine(url)
+    except Exception as exc:
+        _fail_on(url, exc)
 
 
 def migrate_or_exit(url: str) -> None:
@@ -77,14 +94,11 @@ def bootstrap_admin_or_exit(settings: Settings) -> None:
     """Create the ``DPSS_ADMIN_API_KEY`` admin key if missing, or say in one line why the
     database cannot be written (exit 2)."""
     from service import audit, auth
-    from service.db.engine import make_engine, make_session_factory
+    from service.db.engine import make_session_factory
 
     assert settings.admin_api_key is not None
     url = settings.resolved_database_url
-    try:
-        engine = make_engine(url)
-    except Exception as exc:
-        _fail_on(url, exc)
+    engine = engine_or_exit(url)
     try:
         factory = make_session_factory(engine)
         audit.use_hmac_key(factory, settings.audit_hmac_key)

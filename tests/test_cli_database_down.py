@@ -114,3 +114,22 @@ def test_a_worker_outlives_a_database_that_is_down_at_start(tmp_path, database):
         rest = process.communicate(timeout=60)[0]
     assert b"Traceback" not in output + rest
     assert SECRET.encode() not in output + rest
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("nonsense", "ArgumentError"),
+        (f"mysql://dpss:{SECRET}@127.0.0.1/dpss", "its driver is not installed (MySQLdb)"),
+    ],
+)
+@pytest.mark.parametrize("command", ["api", "worker"])
+def test_a_database_url_that_cannot_work_is_one_line_and_exit_2(tmp_path, url, reason, command):
+    # Not an outage to wait out: the worker printed an uncaught ArgumentError or
+    # ModuleNotFoundError (and, retrying nothing, exited 1), as did dpss api.
+    args = [command] if command == "worker" else [command, "--port", str(_free_port())]
+    result = _run(args, url, tmp_path)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "Traceback" not in result.output and SECRET not in result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: cannot open the database at ") and reason in line, line
