@@ -4,7 +4,10 @@ partition and the passes over the data are in :mod:`service.mechanisms.sample_ag
 
 Each block is scaled by a power of two of its own (:func:`power_of_two_exponents`) before its
 Gram matrix is formed (:func:`scale_and_gram`), so no Gram of rows anywhere in the finite doubles
-overflows and the rounding of ``U_j`` depends on block ``j`` alone. The top-k eigenvectors of
+overflows and the rounding of ``U_j`` depends on block ``j`` alone. Blocks with
+``min(m, d) >= KEEP_MIN_RATIO (k + 2)`` take one fixed round of randomized subspace iteration
+on their scaled rows instead (:func:`_sketch_top_k`, :data:`SKETCH_ROUTE`: no Gram, the same
+work for any data). Elsewhere the top-k eigenvectors of
 each Gram come from a certified subspace iteration (:func:`_subspace_iteration`) or a dense
 ``eigh`` (:func:`_gram_top_k`); a block either route cannot decompose is decomposed alone by SVD
 (:func:`safe_top_right_singular_vectors`) and, failing that, gets the fixed public basis
@@ -515,7 +518,8 @@ def _sketch_batch(blocks: FloatArray, scaled: FloatArray, k: int, bases: FloatAr
 
 
 def top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False) -> FloatArray:
-    """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
+    """Top-k right singular vectors of each ``m x d`` block: by :func:`_sketch_top_k` on the
+    rows where :func:`sketch_route` says so, else via the smaller Gram matrix (below).
 
     Each block is first scaled by its own power of two (:func:`power_of_two_exponents`): the
     scale of block ``j`` depends on block ``j`` only, so one row can change the rounding of its
