@@ -9,7 +9,8 @@ at their default params (``prepare`` then ``run``, as the worker calls them), ep
 delta 1e-6, k = 10, on 50,000 rows of d = 100, 400 and 1,000. Two kinds of rows: "near" lie
 within 1e-3 of a random 10-dimensional subspace (the regime the aggregators are for: their
 subsets agree), "power" have a power-law spectrum (variance 1/i along axis i; no gap after
-k, the subsets do not agree and the subset bases cannot take the iterative route). Prints the
+k, the subsets do not agree; before the eighth pass the certified iteration could not certify
+them and kept their Ritz vectors, now every block takes the same fixed sketch). Prints the
 median CPU seconds (``time.process_time``) of each and its ratio to the median ``X^T X``, then
 the median and range of the per-repetition ratios (each over the ``X^T X`` measured just
 before it: the spread on a shared machine), and the 1-minute load average; the goals
