@@ -34,7 +34,12 @@ import numpy as np
 import numpy.typing as npt
 
 from service.mechanisms.linalg import FloatArray, ReadAhead, RowSource
-from service.mechanisms.subset_top_k import CACHE_BYTES, iteration_width, top_k_right_singular
+from service.mechanisms.subset_top_k import (
+    CACHE_BYTES,
+    iteration_width,
+    sketch_route,
+    top_k_right_singular,
+)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -237,7 +242,11 @@ def subset_bases(
     if per_pass >= t:
         # The data fits one pass: take each group's rows in subset order into one reused group
         # buffer (no sort, no second copy; the ascending sweep pays off only over several
-        # passes), then decompose it in place.
+        # passes), then decompose it in place. On the sketch route a group is one batch of
+        # CACHE_BYTES of rows, decomposed while the copy is still in cache (the same blocks,
+        # so the same bits).
+        if sketch_route(m, d, k):
+            per_group = min(per_group, max(1, CACHE_BYTES // (8 * m * d)))
         buffer = np.empty((min(t, per_group) * m, d), dtype=np.float64)
         for start in range(0, t, per_group):
             stop = min(t, start + per_group)
@@ -338,6 +347,8 @@ def subset_bases_bytes(
     per_pass = PASS_BYTES if pass_bytes is None else pass_bytes
     p = pass_subsets(t, m, d, max(1, group_rows // m), per_pass)
     s = min(m, d)
+    if sketch_route(m, d, k):
+        return 8 * _sketch_floats(t, m, d, k, g, p)
     if p >= t:  # one pass: one reused group buffer, no sort
         buffer, gather = g * m * d, GROUP_ROWS
     else:
@@ -348,6 +359,26 @@ def subset_bases_bytes(
     floats = t * d * k + buffer + gather + g * m * d + 4 * c * s * s + c * s + 3 * c * d * k
     floats += iteration
     return 8 * floats
+
+
+def _sketch_floats(t: int, m: int, d: int, k: int, g: int, p: int) -> int:
+    """Doubles :func:`subset_bases` holds on the sketch route (``subset_top_k._sketch_top_k``):
+    the bases (``t d k``); the rows, one batch of ``c = CACHE_BYTES / (8 m d)`` subsets
+    (``c m d``) when one pass holds all ``t`` (decomposed in place), else the pass buffer
+    (``p m d``) with the gather's order and chunk; per batch the iterates ``X Omega`` and
+    ``X Q`` (``c m b`` each, twice for the first product's reshape), ``Z^T``, ``Q`` and
+    LAPACK's copies of it (``5 c d b``), the ``b x b`` matrices and their eigenvectors
+    (``3 c b^2``), the vectors (``2 c d k``); and an SVD of one block that falls back
+    (its scaled copy, the factors and LAPACK's work, ``4 m d + s^2``)."""
+    s = min(m, d)
+    b = iteration_width(s, k)
+    c = min(g, max(1, CACHE_BYTES // (8 * m * d)))
+    if p >= t:
+        rows, gather = c * m * d, GROUP_ROWS
+    else:
+        rows, gather = p * m * d, 2 * p * m + GROUP_ROWS * d + 2 * GROUP_ROWS
+    batch = 4 * c * m * b + 5 * c * d * b + 3 * c * b * b + 2 * c * d * k
+    return t * d * k + rows + gather + batch + 4 * m * d + s * s
 
 
 def embeddings_bytes(t: int, q: int, d: int, k: int) -> int:

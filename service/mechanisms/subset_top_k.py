@@ -4,7 +4,10 @@ partition and the passes over the data are in :mod:`service.mechanisms.sample_ag
 
 Each block is scaled by a power of two of its own (:func:`power_of_two_exponents`) before its
 Gram matrix is formed (:func:`scale_and_gram`), so no Gram of rows anywhere in the finite doubles
-overflows and the rounding of ``U_j`` depends on block ``j`` alone. The top-k eigenvectors of
+overflows and the rounding of ``U_j`` depends on block ``j`` alone. Blocks with
+``min(m, d) >= KEEP_MIN_RATIO (k + 2)`` take one fixed round of randomized subspace iteration
+on their scaled rows instead (:func:`_sketch_top_k`, :data:`SKETCH_ROUTE`: no Gram, the same
+work for any data). Elsewhere the top-k eigenvectors of
 each Gram come from a certified subspace iteration (:func:`_subspace_iteration`) or a dense
 ``eigh`` (:func:`_gram_top_k`); a block either route cannot decompose is decomposed alone by SVD
 (:func:`safe_top_right_singular_vectors`) and, failing that, gets the fixed public basis
@@ -409,8 +412,114 @@ def _scale_and_gram_batch(blocks: FloatArray, scaled: FloatArray, gram: FloatArr
     return True
 
 
+#: The route of the subset bases where a block's top-k is found by iteration and its Ritz vectors
+#: are kept (``s >= KEEP_MIN_RATIO * b``): ``True`` (issue 35 item 1, eighth pass), a fixed
+#: count of products with the block's own rows (:func:`_sketch_top_k`, no Gram matrix, no
+#: certificate, the same work whatever the data); ``False``, the certified iteration on the
+#: Gram (:func:`_gram_top_k`, the route of before, kept for the same-process comparison in
+#: docs/benchmarks.md, "Aggregator speed, 30 Nov 2026").
+SKETCH_ROUTE = True
+
+
+def sketch_route(m: int, d: int, k: int) -> bool:
+    """Whether :func:`top_k_right_singular` takes :func:`_sketch_top_k` for ``m x d`` blocks
+    (public sizes only): where the Gram route kept uncertified Ritz vectors, ``3 b <= s`` and
+    ``s >= KEEP_MIN_RATIO * b`` (``b = k + 2``, ``s = min(m, d)``)."""
+    width = iteration_width(min(m, d), k)
+    return SKETCH_ROUTE and width > 0 and min(m, d) >= KEEP_MIN_RATIO * width
+
+
+def scale_blocks(blocks: FloatArray, scaled: FloatArray) -> None:
+    """Each block times ``2^-e`` of its own (:func:`power_of_two_exponents`) into ``scaled``
+    (may be ``blocks``): the scaling of :func:`scale_and_gram`, bit for bit, without the Gram
+    (a batched multiplication where every ``2^-e`` is a normal double, else
+    :func:`scale_by_power_of_two` block by block, ``ldexp`` where it must)."""
+    exponents = power_of_two_exponents(blocks)
+    if exponents.size and _NORMAL_SCALE.start <= exponents.min() <= exponents.max() < 1023:
+        if exponents.any():
+            np.multiply(blocks, np.ldexp(1.0, -exponents)[:, None, None], out=scaled)
+        elif scaled is not blocks:
+            scaled[...] = blocks
+        return
+    for j in range(blocks.shape[0]):
+        scale_by_power_of_two(blocks[j], int(exponents[j]), scaled[j])
+
+
+def _sketch_top_k(
+    scaled: FloatArray, k: int, width: int
+) -> tuple[FloatArray, npt.NDArray[np.bool_]]:
+    """Top-k right singular pairs of each scaled ``m x d`` block by one fixed round of
+    randomized subspace iteration on the rows themselves (Halko, Martinsson & Tropp 2011,
+    Algorithm 4.3 with ``q = 2`` products by ``X^T X``, then Rayleigh-Ritz).
+
+    ``Z = (X^T X)^2 Omega`` (``Omega`` = :func:`public_start` ``(d, b)``, a public constant)
+    as four products with ``X`` (``X Omega``, ``X^T``, ``X``, ``X^T``), ``Q = qr(Z)``
+    (Householder, orthonormal to rounding whatever the rank of ``Z``), ``B = X Q`` and
+    ``B^T B = Q^T X^T X Q = W diag(theta) W^T``; the result is ``V = Q W_k`` and ``theta_k``
+    (the squared singular values' Ritz estimates), descending.
+
+    In exact arithmetic ``span(Z)`` and the Ritz pairs are those of the Gram route's first round
+    (:func:`_subspace_iteration`: ``Q = orth(G^2 Omega)``, ``G = X^T X``, the same ``Omega``
+    for ``m >= d``), which certified every "near" and stopped every "power" block of
+    bench_aggregator_speed at 50,000 x 100 (so the bases of before were these, to 1e-12); the
+    Gram (``m d^2`` multiply-adds, ``d^2 b`` per product after it) is never formed, five
+    products of ``m d b`` replace it, and for ``m < d`` no lift ``X^T v / s`` is needed (so
+    no ``s_k^2 >= 1e-8 s_1^2`` condition and no SVD for rank-deficient subsets). Accuracy: the
+    subspace is within ``~ (s_{b+1} / s_k)^4`` (times the start's spread, ``O(sqrt(d b))``)
+    of the block's exact top-k where it has a gap after ``k``, far inside the spread of the
+    subsets' own subspaces around the data's (``~ s_{k+1} / s_k``), which is what the
+    aggregators' radii measure; without a gap it is the Rayleigh-Ritz approximation from
+    ``span((X^T X)^2 Omega)``, as the Gram route's kept Ritz vectors were.
+
+    Privacy and totality: every product, the QR and the ``eigh`` are per block (the first
+    product, over the stacked rows, computes each row's entries from that row and ``Omega``
+    alone), the start is public and the count is fixed, so ``V_j`` is a function of subset
+    ``j`` alone, and the work, the memory and the calls are the same for any data of the same
+    shape. The scaled entries are below 1 in magnitude, so nothing overflows (``|Z| <= m^2 d^2
+    max|Omega|``). A block whose ``eigh`` fails (:func:`eigh_each`) or whose vectors are not
+    finite is reported for the caller's SVD.
+
+    Parameters
+    ----------
+    scaled : (g, m, d) array, entries in (-1, 1)
+    k, width : int, ``k < width <= min(m, d)``
+
+    Returns
+    -------
+    vectors : (g, d, k) array
+    good : (g,) bool array, finite Ritz values and vectors
+    """
+    g, m, d = scaled.shape
+    start_t = public_start(d, width).T  # (b, d), a transposed view
+    # The iterates are kept transposed (``b x d``, ``Z^T = W^T X``): BLAS forms the wide
+    # product faster than the narrow one (as on the Gram route).
+    left = np.matmul(scaled.reshape(g * m, d), start_t.T).reshape(g, m, width)  # X Omega
+    right_t = np.matmul(left.transpose(0, 2, 1), scaled)  # (X^T X Omega)^T
+    left = np.matmul(scaled, right_t.transpose(0, 2, 1))
+    right_t = np.matmul(left.transpose(0, 2, 1), scaled)  # ((X^T X)^2 Omega)^T
+    basis, _ = np.linalg.qr(right_t.transpose(0, 2, 1))  # (g, d, b)
+    image = np.matmul(scaled, basis)  # B = X Q
+    theta, rotation = eigh_each(np.matmul(image.transpose(0, 2, 1), image))
+    vectors = np.matmul(basis, rotation[:, :, : -k - 1 : -1])
+    good = np.isfinite(theta).all(axis=1) & np.isfinite(vectors).all(axis=(1, 2))
+    return np.asarray(vectors, dtype=np.float64), np.asarray(good, dtype=np.bool_)
+
+
+def _sketch_batch(blocks: FloatArray, scaled: FloatArray, k: int, bases: FloatArray) -> None:
+    """:func:`top_k_right_singular` of one batch on the sketch route, into ``bases``."""
+    scale_blocks(blocks, scaled)
+    try:
+        vectors, good = _sketch_top_k(scaled, k, iteration_width(min(blocks.shape[1:]), k))
+        bases[:] = vectors
+    except np.linalg.LinAlgError:  # not expected (eigh_each marks failures), kept total
+        good = np.zeros(blocks.shape[0], dtype=bool)
+    for j in np.flatnonzero(~good):
+        bases[j] = safe_top_right_singular_vectors(scaled[j], k)
+
+
 def top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False) -> FloatArray:
-    """Top-k right singular vectors of each ``m x d`` block, via the smaller Gram matrix.
+    """Top-k right singular vectors of each ``m x d`` block: by :func:`_sketch_top_k` on the
+    rows where :func:`sketch_route` says so, else via the smaller Gram matrix (below).
 
     Each block is first scaled by its own power of two (:func:`power_of_two_exponents`): the
     scale of block ``j`` depends on block ``j`` only, so one row can change the rounding of its
@@ -460,6 +569,14 @@ def top_k_right_singular(blocks: FloatArray, k: int, *, overwrite: bool = False)
     # took 4.0x against 4.4x ``X^T X`` at 50,000 x 100 (the group's 81 Grams, 6.5 MB, were
     # read from memory at each pass). Every call is per matrix (a batched BLAS or LAPACK call
     # decomposes each matrix on its own), so the batches change no bit.
+    if sketch_route(m, d, k):
+        # CACHE_BYTES of rows at a time (the rows are read five times, the Grams never formed).
+        step = max(1, CACHE_BYTES // (8 * m * d))
+        for start in range(0, g, step):
+            stop = min(g, start + step)
+            part = blocks[start:stop]
+            _sketch_batch(part, part if overwrite else scaled[start:stop], k, bases[start:stop])
+        return bases
     step = max(1, CACHE_BYTES // (8 * s * s))
     for start in range(0, g, step):
         stop = min(g, start + step)

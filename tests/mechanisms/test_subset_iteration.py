@@ -6,6 +6,11 @@ certifies them, else (seventh pass) the iteration's last Ritz vectors instead of
 ``eigh`` of before. What the aggregators' privacy argument needs from it: ``U_j`` is a function of
 subset ``j`` alone (one moved row leaves every other basis bit for bit), orthonormal, total at
 any scale; what their utility needs: within the tolerance of the exact top-k subspace.
+
+Since the eighth pass, blocks with ``min(m, d) >= 8 (k + 2)`` take the fixed-count sketch on
+the rows instead (``SKETCH_ROUTE``, tests/mechanisms/test_subset_sketch.py); the tests here that
+are about the Gram route itself run it with ``SKETCH_ROUTE = False`` (the route of before, still
+taken for ``3 b <= s < 8 b``). The per-subset, scale and batching tests run the default route.
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ def _svd_projectors(blocks: np.ndarray, k: int) -> np.ndarray:
     ("m", "d"), [(60, 120), (150, 60), (80, 80)], ids=["lifted", "direct", "square"]
 )
 @pytest.mark.parametrize("distance", [1e-2, 1e-5, 0.0])
-def test_iterated_bases_match_the_svd_near_a_subspace(m: int, d: int, distance: float) -> None:
+def test_iterated_bases_match_the_svd_near_a_subspace(
+    m: int, d: int, distance: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stk, "SKETCH_ROUTE", False)  # the Gram route's certificate
     k = 4
     assert stk.iteration_width(min(m, d), k) > 0  # the iterative route is the one tested
     blocks = _near_subspace(6, m, d, k, distance, seed=1)
@@ -73,6 +81,7 @@ def test_blocks_without_a_gap_keep_their_ritz_vectors_without_a_dense_eigh(
     without a gap) is not called. Before, every such block took it. The kept basis is
     orthonormal (lifted too: ``V^T G V = diag(theta)``) and captures nearly the exact top-k's
     share of the block (Ritz values interlace: ``theta_i <= lambda_i``)."""
+    monkeypatch.setattr(stk, "SKETCH_ROUTE", False)  # the Gram route (the sketch forms no Gram)
     k = 3
     s = min(m, d)
     blocks = _power_law_blocks(6, m, d, seed=2)
@@ -197,6 +206,7 @@ def test_an_eigh_failure_sends_only_its_own_block_to_the_svd(
     finite; the "dense" case runs the route of before (``KEEP_UNCERTIFIED = False``), where
     every such block decomposes its Gram densely."""
     if not gap:
+        monkeypatch.setattr(stk, "SKETCH_ROUTE", False)  # the Gram route of before
         monkeypatch.setattr(stk, "KEEP_UNCERTIFIED", False)
     rng = np.random.default_rng(12)
     blocks = _near_subspace(6, 60, 120, 3, 1e-4, seed=12) if gap else rng.normal(size=(6, 60, 120))
