@@ -23,7 +23,7 @@ from service import audit, logs
 from service.db.models import ApiKey, RestoreHold, utcnow
 from service.errors import Forbidden, NotFound, Unauthenticated
 from service.keyformat import generate_secret
-from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+from service.pagination import Page, list_scope, parse_time_id_cursor, time_id_cursor
 
 Role = Literal["admin", "owner", "analyst", "auditor"]
 ROLES: tuple[Role, ...] = ("admin", "owner", "analyst", "auditor")
@@ -180,6 +180,7 @@ def list_keys(session: Session) -> list[ApiKey]:
 
 
 KEY_CURSOR = "key"
+KEY_SCOPE = list_scope("keys")
 
 
 def page_keys(session: Session, limit: int, cursor: str | None) -> Page[ApiKey]:
@@ -187,7 +188,7 @@ def page_keys(session: Session, limit: int, cursor: str | None) -> Page[ApiKey]:
     total = session.execute(select(func.count()).select_from(ApiKey)).scalar_one()
     query = select(ApiKey)
     if cursor is not None:
-        created_at, key_id = parse_time_id_cursor(cursor, KEY_CURSOR)
+        created_at, key_id = parse_time_id_cursor(cursor, KEY_CURSOR, KEY_SCOPE)
         query = query.where(
             or_(
                 ApiKey.created_at > created_at,
@@ -199,7 +200,9 @@ def page_keys(session: Session, limit: int, cursor: str | None) -> Page[ApiKey]:
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    following = time_id_cursor(KEY_CURSOR, rows[-1].created_at, rows[-1].id) if more else None
+    following = (
+        time_id_cursor(KEY_CURSOR, KEY_SCOPE, rows[-1].created_at, rows[-1].id) if more else None
+    )
     return Page(items=rows, total=total, next=following)
 
 

@@ -23,6 +23,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from dpss_client.remote_cli import register_remote_commands
+from service.cli_database import (
+    DATABASE_HINT,
+    bootstrap_admin_or_exit,
+    engine_or_exit,
+    migrate_or_exit,
+)
+from service.cli_database import cannot_check as _cannot_check
+from service.cli_database import database_failure as _database_failure
+from service.cli_database import driver_reason as _driver_reason
+from service.cli_database import shown_url as _shown_url
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -109,8 +119,8 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     from service.api.connections import (
         MAX_HEAD_BYTES,
         answer_with_retry_after,
-        bounded_head_protocol,
         connection_limit,
+        http_protocol,
     )
     from service.logs import log_config
 
@@ -130,8 +140,9 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
         # Past its open files a process cannot even accept, and answers nobody: admit only
         # what the descriptors allow, answering the rest 503 (service.api.connections).
         "limit_concurrency": connection_limit(settings),
-        # A request head (line and headers) over MAX_HEAD_BYTES is answered 431, not read.
-        "http": bounded_head_protocol() or "h11",
+        # A request head (line and headers) over MAX_HEAD_BYTES is answered 431, not read; a
+        # malformed one 400 in the service's JSON error format.
+        "http": http_protocol(),
         "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
     }
 
@@ -139,22 +150,11 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
 @app.command()
 def migrate() -> None:
     """Bring the database (DPSS_DATABASE_URL) to the newest schema."""
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
     from service.config import Settings
-    from service.migrate import upgrade_to_head
 
     settings = Settings()
-    url = settings.resolved_database_url
     _secure_data_dir(settings)
-    try:
-        upgrade_to_head(url)
-    except (ArgumentError, ImportError) as exc:
-        _database_failure(url, type(exc).__name__)
-    except OSError as exc:
-        _database_failure(url, exc.strerror or type(exc).__name__)
-    except SQLAlchemyError as exc:
-        _database_failure(url, _driver_reason(exc))
+    migrate_or_exit(settings.resolved_database_url)
     typer.echo("database is at the newest schema")
 
 
@@ -198,15 +198,9 @@ def api(
     if settings.admin_api_key is not None:
         # Once here, before the API processes start: N processes bootstrapping the same key at
         # once would race on its unique hash (each then finds it and does nothing).
-        from service import audit, auth
-        from service.db.engine import make_engine, make_session_factory
-
-        engine = make_engine(settings.resolved_database_url)
-        factory = make_session_factory(engine)
-        audit.use_hmac_key(factory, settings.audit_hmac_key)
-        with factory.begin() as session:
-            auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
-        engine.dispose()
+        bootstrap_admin_or_exit(settings)
+    else:
+        engine_or_exit(settings.resolved_database_url).dispose()
     uvicorn.run(
         f"{__name__}:api_app",
         factory=True,
@@ -255,7 +249,7 @@ def worker(
     from service import audit, tracing
     from service.anchors import AnchorWriter
     from service.config import Settings
-    from service.db.engine import make_engine, make_session_factory
+    from service.db.engine import make_session_factory
     from service.store import DatasetStore
     from service.worker import Worker
 
@@ -267,7 +261,7 @@ def worker(
         signal.signal(signum, lambda *_: stop.set())
     if parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(parent_pid, stop), daemon=True).start()
-    session_factory = make_session_factory(make_engine(settings.resolved_database_url))
+    session_factory = make_session_factory(engine_or_exit(settings.resolved_database_url))
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
     _secure_data_dir(settings)
     store = DatasetStore(settings.datasets_dir)
@@ -314,14 +308,13 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
     from service import tracing
     from service.app import create_app
     from service.config import Settings
-    from service.migrate import upgrade_to_head
 
     _check_port(host, port)
     settings = Settings()
     _configure_logging(settings)
     _secure_data_dir(settings)
     tracing.configure("dpss-api")
-    upgrade_to_head(settings.resolved_database_url)
+    migrate_or_exit(settings.resolved_database_url)
     # uvicorn handles SIGTERM/SIGINT itself, then restores the handlers it found and raises the
     # signal again. Finding these, the raised signal lands here instead of killing the process
     # before the worker is stopped.
@@ -341,23 +334,6 @@ def serve(host: HostOption = "127.0.0.1", port: PortOption = 8000) -> None:
         # End as the signal would have ended the process, now that nothing is left behind.
         signal.signal(received[0], signal.SIG_DFL)
         signal.raise_signal(received[0])
-
-
-#: The one-line hint every command that opens the local database prints when it cannot.
-DATABASE_HINT = (
-    "set DPSS_DATABASE_URL to the service's database (sqlite:////path/dpss.db or "
-    "postgresql+psycopg://user@host/db) or DPSS_DATA_DIR to its data directory"
-)
-
-
-def _database_failure(url: str, reason: str) -> NoReturn:
-    _cannot_check(f"cannot open the database at {_shown_url(url)}: {reason}; {DATABASE_HINT}")
-
-
-def _driver_reason(exc: BaseException) -> str:
-    """The driver's own first line (connection refused, no such table, ...): never SQL text."""
-    orig = getattr(exc, "orig", None)
-    return str(orig).strip().splitlines()[0][:200] if orig else type(exc).__name__
 
 
 @contextmanager
@@ -503,22 +479,6 @@ def _anchor_now(factory: sessionmaker[Session]) -> None:
         AnchorWriter(factory, settings).write_once()
     except OSError as exc:
         typer.echo(f"warning: audit head not anchored ({type(exc).__name__})", err=True)
-
-
-def _cannot_check(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def _shown_url(url: str) -> str:
-    """The URL as it may be printed: never its password."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "DPSS_DATABASE_URL (not a valid SQLAlchemy URL)"
 
 
 def _reader_engine(url: str) -> Engine:

@@ -90,7 +90,7 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding import PaddingModel, late_schedule
-from service.pagination import Page, parse_seq_cursor, seq_cursor
+from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -581,6 +581,11 @@ def epoch_bases(session: Session, release_id: object, epochs: list[int]) -> dict
     return {epoch: basis for epoch, basis in rows}
 
 
+def epoch_scope(release_id: object) -> str:
+    """The scope of one release's epoch list (its cursors are refused on another's)."""
+    return list_scope("epochs", release_id=release_id)
+
+
 def page_epochs(
     session: Session,
     release_id: object,
@@ -592,7 +597,7 @@ def page_epochs(
     """Epochs oldest first, after ``cursor`` (the last epoch of the previous page) if given,
     else after epoch number ``after``."""
     if cursor is not None:
-        after = parse_seq_cursor(cursor, EPOCH_CURSOR)
+        after = parse_seq_cursor(cursor, EPOCH_CURSOR, epoch_scope(release_id))
     shown = _shown(release_id, visible_by)
     total = session.execute(
         select(func.count()).select_from(ReleaseEpoch).where(*shown)
@@ -608,5 +613,7 @@ def page_epochs(
     more = len(rows) > limit
     rows = rows[:limit]
     return Page(
-        items=rows, total=total, next=seq_cursor(EPOCH_CURSOR, rows[-1].epoch) if more else None
+        items=rows,
+        total=total,
+        next=seq_cursor(EPOCH_CURSOR, epoch_scope(release_id), rows[-1].epoch) if more else None,
     )

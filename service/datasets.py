@@ -36,7 +36,7 @@ from service.errors import (
     ObjectRegistered,
 )
 from service.mechanisms.linalg import count_rows_above
-from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+from service.pagination import Page, list_scope, parse_time_id_cursor, time_id_cursor
 from service.reference import Reference
 from service.store import DatasetStore, StoredMatrix
 
@@ -575,6 +575,7 @@ def get_budget(
 
 
 DATASET_CURSOR = "dataset"
+DATASET_SCOPE = list_scope("datasets")
 
 
 def page_datasets(
@@ -590,7 +591,7 @@ def page_datasets(
     ).scalar_one()
     query = select(Dataset).where(*conditions)
     if cursor is not None:
-        created_at, dataset_id = parse_time_id_cursor(cursor, DATASET_CURSOR)
+        created_at, dataset_id = parse_time_id_cursor(cursor, DATASET_CURSOR, DATASET_SCOPE)
         query = query.where(
             or_(
                 Dataset.created_at < created_at,
@@ -604,7 +605,11 @@ def page_datasets(
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    following = time_id_cursor(DATASET_CURSOR, rows[-1].created_at, rows[-1].id) if more else None
+    following = (
+        time_id_cursor(DATASET_CURSOR, DATASET_SCOPE, rows[-1].created_at, rows[-1].id)
+        if more
+        else None
+    )
     return Page(items=rows, total=total, next=following)
 
 

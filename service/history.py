@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from service.auth import Principal, require_role, sees_real_state
 from service.db.models import Dataset, Release, ReleaseEpoch, utcnow
 from service.errors import NotFound
-from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+from service.pagination import Page, list_scope, parse_time_id_cursor, time_id_cursor
 
 CURSOR_KIND = "release"
 
@@ -122,20 +122,30 @@ def list_releases(
     limit: int,
     cursor: str | None = None,
     now: datetime | None = None,
+    route: str = "releases",
 ) -> Page[Release]:
     """Newest first by ``(created_at, id)``; ``total`` counts every match, ignoring the cursor.
+    A cursor is valid only in the list of the same ``route`` and filters.
 
     A new release has a later ``created_at`` than every listed one, so it enters before the
     first page and never shifts a page a cursor points at.
     """
     now = now if now is not None else utcnow()
     conditions = _conditions(principal, filters, now)
+    scope = list_scope(
+        route,
+        dataset_id=filters.dataset_id,
+        status=filters.status,
+        mechanism=filters.mechanism,
+        created_after=filters.created_after,
+        created_before=filters.created_before,
+    )
     total = session.execute(
         select(func.count()).select_from(Release).where(*conditions)
     ).scalar_one()
     query = select(Release).where(*conditions)
     if cursor is not None:
-        created_at, release_id = parse_time_id_cursor(cursor, CURSOR_KIND)
+        created_at, release_id = parse_time_id_cursor(cursor, CURSOR_KIND, scope)
         query = query.where(
             or_(
                 Release.created_at < created_at,
@@ -149,7 +159,9 @@ def list_releases(
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    following = time_id_cursor(CURSOR_KIND, rows[-1].created_at, rows[-1].id) if more else None
+    following = (
+        time_id_cursor(CURSOR_KIND, scope, rows[-1].created_at, rows[-1].id) if more else None
+    )
     return Page(items=rows, total=total, next=following)
 
 
@@ -177,4 +189,4 @@ def list_dataset_releases(
         created_after=filters.created_after,
         created_before=filters.created_before,
     )
-    return list_releases(session, principal, scoped, limit, cursor, now)
+    return list_releases(session, principal, scoped, limit, cursor, now, route="dataset_releases")

@@ -36,7 +36,7 @@ from service.db.models import (
 from service.errors import NotFound
 from service.grants import GrantView, view_of
 from service.mechanisms.registry import MECHANISMS
-from service.pagination import Page, ledger_cursor, parse_ledger_cursor
+from service.pagination import Page, ledger_cursor, list_scope, parse_ledger_cursor
 
 #: Rows of workers not seen for this long are deleted by the next heartbeat of any worker.
 FORGET_WORKERS_AFTER = timedelta(days=1)
@@ -216,13 +216,14 @@ def page_ledger(
     # not by its global ``id``, numbered in write order across every dataset's entries, which
     # placed a refund where the worker wrote it.
     now = utcnow()
+    scope = list_scope("ledger", dataset_id=dataset_id)
     shown = [LedgerEntry.dataset_id == dataset_id, ledger.in_effect(now)]
     total = session.execute(
         select(func.count()).select_from(LedgerEntry).where(*shown)
     ).scalar_one()
     before_cursor: list[ColumnElement[bool]] = []
     if cursor is not None:
-        at, release_id, kind = parse_ledger_cursor(cursor, LEDGER_CURSOR)
+        at, release_id, kind = parse_ledger_cursor(cursor, LEDGER_CURSOR, scope)
         before_cursor = [_up_to(at, release_id, kind)]
     rows = list(
         session.execute(
@@ -236,7 +237,7 @@ def page_ledger(
     rows = rows[:limit]
     last = rows[-1] if rows else None
     following = (
-        ledger_cursor(LEDGER_CURSOR, last.created_at, last.release_id, last.kind)
+        ledger_cursor(LEDGER_CURSOR, scope, last.created_at, last.release_id, last.kind)
         if more and last is not None
         else None
     )

@@ -42,7 +42,7 @@ from service.db.models import Prior, utcnow
 from service.errors import InvalidInput, NotFound, size_text
 from service.mechanisms.base import Mechanism
 from service.mechanisms.linalg import FloatArray
-from service.pagination import Page, parse_time_id_cursor, time_id_cursor
+from service.pagination import Page, list_scope, parse_time_id_cursor, time_id_cursor
 from service.prior_projection import is_orthonormal
 from service.upload_formats import npy_header
 
@@ -60,6 +60,7 @@ ORTHONORMAL_TOLERANCE = 1e-6
 #: Largest prior stored (bytes of float64): a 100,000 x 1,000 basis would be 800 MB.
 MAX_PRIOR_BYTES = 256 * 1024 * 1024
 PRIOR_CURSOR = "prior"
+PRIOR_SCOPE = list_scope("priors")
 ROLES: tuple[Role, ...] = ("analyst", "owner")
 
 
@@ -306,7 +307,7 @@ def page(session: Session, principal: Principal, limit: int, cursor: str | None)
     total = session.execute(select(func.count()).select_from(Prior)).scalar_one()
     query = select(Prior)
     if cursor is not None:
-        created_at, prior_id = parse_time_id_cursor(cursor, PRIOR_CURSOR)
+        created_at, prior_id = parse_time_id_cursor(cursor, PRIOR_CURSOR, PRIOR_SCOPE)
         query = query.where(
             or_(
                 Prior.created_at < created_at,
@@ -320,7 +321,11 @@ def page(session: Session, principal: Principal, limit: int, cursor: str | None)
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    following = time_id_cursor(PRIOR_CURSOR, rows[-1].created_at, rows[-1].id) if more else None
+    following = (
+        time_id_cursor(PRIOR_CURSOR, PRIOR_SCOPE, rows[-1].created_at, rows[-1].id)
+        if more
+        else None
+    )
     return Page(items=rows, total=total, next=following)
 
 

@@ -12,9 +12,10 @@ from service import audit
 from service.api.deps import MAX_QUERY_INT, Cursor, Limit, UnitOfWorkDep
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
-from service.pagination import parse_seq_cursor, seq_cursor
+from service.pagination import list_scope, parse_seq_cursor, seq_cursor
 
 AUDIT_CURSOR = "audit"
+AUDIT_SCOPE = list_scope("audit")
 
 router = APIRouter(prefix="/v1", tags=["audit"], route_class=GuardedRoute)
 
@@ -32,7 +33,7 @@ async def list_audit(
 
     def work(session: Session, principal: Principal) -> AuditPage:
         require_role(principal, "auditor", "admin")
-        start = parse_seq_cursor(cursor, AUDIT_CURSOR) if cursor is not None else after
+        start = parse_seq_cursor(cursor, AUDIT_CURSOR, AUDIT_SCOPE) if cursor is not None else after
         events = audit.list_events(session, start, limit + 1)
         more = len(events) > limit
         events = events[:limit]
@@ -42,7 +43,7 @@ async def list_audit(
             items=[AuditEvent.model_validate(event) for event in events],
             next_after=last,
             total=total,
-            next=seq_cursor(AUDIT_CURSOR, last) if last is not None else None,
+            next=seq_cursor(AUDIT_CURSOR, AUDIT_SCOPE, last) if last is not None else None,
         )
 
     return await uow(work)

@@ -1,7 +1,9 @@
 """The HTTP protocol ``dpss api`` runs: uvicorn's httptools one, answering a request head
 (line and headers) over :data:`service.api.connections.MAX_HEAD_BYTES` with 431 and closing the
-connection. A module of its own, so that uvicorn can import it by name in each API process
-(``--workers``) and so that importing :mod:`service.api.connections` needs no httptools."""
+connection, and a request it cannot parse with a JSON 400
+(:data:`service.api.connections.MALFORMED_REQUEST`; uvicorn's is plain text). A module of its
+own, so that uvicorn can import it by name in each API process (``--workers``) and so that
+importing :mod:`service.api.connections` needs no httptools."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api.connections import HEAD_TOO_LARGE, MAX_HEAD_BYTES
+from service.api.connections import HEAD_TOO_LARGE, MAX_HEAD_BYTES, json_400
 
 
 class BoundedHead(HttpToolsProtocol):
@@ -50,7 +52,8 @@ class BoundedHead(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         if not self._too_large:
-            super().send_400_response(msg)
+            self.transport.write(json_400(self.server_state.default_headers))
+            self.transport.close()
             return
         self.transport.write(
             b"HTTP/1.1 431 Request Header Fields Too Large\r\n"

@@ -84,6 +84,32 @@ HEAD_TOO_LARGE = json.dumps(
 ).encode()
 
 
+#: uvicorn answers a request it cannot parse (a malformed request line, a bad header, a bad
+#: chunk) itself, before the application sees it, with 400 and the plain text "Invalid HTTP
+#: request received.": the one answer outside the service's error format. Its protocols here
+#: (:mod:`service.api.bounded_head`, :mod:`service.api.h11_json`) send this instead. Fixed
+#: text: nothing of the request is echoed.
+MALFORMED_REQUEST = json.dumps(
+    {
+        "error": "bad_request",
+        "detail": "request line or headers: not a well-formed HTTP/1.1 request",
+    }
+).encode()
+
+
+def json_400(default_headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The whole 400 response (status line, headers, body) for :data:`MALFORMED_REQUEST`;
+    the connection is closed after it, as uvicorn closes it."""
+    head = [b"HTTP/1.1 400 Bad Request\r\n"]
+    head += [name + b": " + value + b"\r\n" for name, value in default_headers]
+    head += [
+        b"content-type: application/json\r\n",
+        b"content-length: " + str(len(MALFORMED_REQUEST)).encode() + b"\r\n",
+        b"connection: close\r\n\r\n",
+    ]
+    return b"".join(head) + MALFORMED_REQUEST
+
+
 def bounded_head_protocol() -> str | None:
     """uvicorn's httptools protocol, answering a request head over :data:`MAX_HEAD_BYTES` with
     431 and closing the connection (:class:`service.api.bounded_head.BoundedHead`); ``None``
@@ -94,3 +120,9 @@ def bounded_head_protocol() -> str | None:
     if importlib.util.find_spec("httptools") is None:
         return None
     return "service.api.bounded_head:BoundedHead"
+
+
+def http_protocol() -> str:
+    """The protocol ``dpss api`` gives uvicorn: :func:`bounded_head_protocol`, else uvicorn's
+    h11 one with JSON 400s (:class:`service.api.h11_json.JsonErrorsH11`)."""
+    return bounded_head_protocol() or "service.api.h11_json:JsonErrorsH11"

@@ -27,6 +27,7 @@ A database that cannot serve (down, unreachable, restarting, pool exhausted) bec
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ import anyio
 import anyio.to_thread
 from anyio.lowlevel import RunVar
 from fastapi import Depends, Path, Query, Request
+from pydantic import BeforeValidator
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.datastructures import Headers
@@ -77,23 +79,44 @@ Cursor = Annotated[
     ),
 ]
 
+#: The one spelling of an id this service writes and accepts: ``str(uuid)``, 36 characters,
+#: lowercase hex, hyphenated 8-4-4-4-12. Python's ``uuid.UUID`` (and so pydantic) also reads
+#: uppercase, ``{...}``, ``urn:uuid:...`` and 32 bare digits, which put one resource under five
+#: URLs: a cache, a log search or a proxy rule keyed on the path would see five resources.
+#: Any other spelling is a 422 naming the parameter (as any other malformed id is).
+CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+NOT_CANONICAL_UUID = (
+    "not an id in canonical form: 36 characters, lowercase hex digits hyphenated 8-4-4-4-12 "
+    "(as this service writes ids)"
+)
+
+
+def _canonical_uuid(value: object) -> object:
+    if isinstance(value, str) and not CANONICAL_UUID.fullmatch(value):
+        raise ValueError(NOT_CANONICAL_UUID)
+    return value
+
+
+#: A UUID parameter in canonical form only (see :data:`CANONICAL_UUID`).
+CanonicalUUID = Annotated[uuid.UUID, BeforeValidator(_canonical_uuid)]
+
 # Path ids, described on the API page (what each names and where a client gets it).
 DatasetId = Annotated[
-    uuid.UUID,
+    CanonicalUUID,
     Path(description="The dataset's id: `id` of the upload's answer or of `GET /v1/datasets`."),
 ]
 ReleaseId = Annotated[
-    uuid.UUID,
+    CanonicalUUID,
     Path(description="The release's id: `id` of the release request's answer or of a listing."),
 ]
 GrantId = Annotated[
-    uuid.UUID, Path(description="The grant's id: `id` of `POST .../grants` or of its listing.")
+    CanonicalUUID, Path(description="The grant's id: `id` of `POST .../grants` or of its listing.")
 ]
 KeyId = Annotated[
-    uuid.UUID, Path(description="The key's id (not its secret): `id` of `POST /v1/keys`.")
+    CanonicalUUID, Path(description="The key's id (not its secret): `id` of `POST /v1/keys`.")
 ]
 PriorId = Annotated[
-    uuid.UUID, Path(description="The prior's id: `id` of `POST /v1/priors` or of its listing.")
+    CanonicalUUID, Path(description="The prior's id: `id` of `POST /v1/priors` or of its listing.")
 ]
 
 #: The clock of units of work (a name of this module's, so a test can step it by hand).

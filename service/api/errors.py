@@ -116,7 +116,11 @@ def _describe_validation(exc: RequestValidationError, content_type: str | None =
             parts.append(f"body: not valid JSON ({reason}{at})")
             continue
         location = printable(".".join(p for p in field_path(error.get("loc", ())) if p != "body"))
-        parts.append(f"{location or 'body'}: {error.get('msg', 'invalid')}")
+        message = str(error.get("msg", "invalid"))
+        if error.get("type") == "value_error":
+            # A validator's own sentence, without pydantic's "Value error, " in front.
+            message = message.removeprefix("Value error, ")
+        parts.append(f"{location or 'body'}: {message}")
     return "; ".join(parts)
 
 
@@ -128,6 +132,8 @@ def _allowed_methods(request: Request) -> str | None:
         pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
         if re.fullmatch(pattern, request.url.path):
             methods |= {method.upper() for method in operations}
+    if "GET" in methods:
+        methods.add("HEAD")  # every GET is also served as HEAD (service.api.http_methods)
     return ", ".join(sorted(methods)) if methods else None
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -16,7 +15,7 @@ from api_schemas.common import ErrorBody, Name
 from api_schemas.history import ReleasePage
 from api_schemas.releases import ReleaseStatus
 from service import history, visibility
-from service.api.deps import Cursor, DatasetId, UnitOfWorkDep
+from service.api.deps import CanonicalUUID, Cursor, DatasetId, UnitOfWorkDep
 from service.api.presenters import release_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal
@@ -143,7 +142,7 @@ async def list_releases(
     uow: UnitOfWorkDep,
     filters: FiltersDep,
     dataset_id: Annotated[
-        uuid.UUID | None, Query(description="Only releases of this dataset.")
+        CanonicalUUID | None, Query(description="Only releases of this dataset.")
     ] = None,
     limit: ReleaseLimit = 50,
     cursor: Cursor = None,

@@ -5,8 +5,9 @@ Pure ASGI (not ``BaseHTTPMiddleware``, which buffers and breaks streaming): each
 Starlette's ``ServerErrorMiddleware``, so that even a 500 carries the request id and the
 headers, and its access line is written.
 
-Order, outermost first: request id and access log, security headers, CORS (only when
-configured), rate limit, overload shedding, then the application.
+Order, outermost first: request id and access log, HEAD as GET (``http_methods``), security
+headers, no encoded slash (``http_methods``), CORS (only when configured), rate limit,
+overload shedding, then the application.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.deps import KEY_AUTHENTICATED, KeyDirectory, bearer_in
 from service.api.docs import DOCS_PAGES
+from service.api.http_methods import HeadAsGet, NoEncodedSlash
 from service.config import Settings
 from service.logs import REQUEST_ID_HEADER, request_context, request_id_from
 
@@ -462,8 +464,8 @@ def harden(app: ASGIApp, settings: Settings, fastapi_app: FastAPI) -> ASGIApp:
             allow_credentials=False,
             max_age=600,
         )
-    app = SecurityHeadersMiddleware(app, DOCS_PAGES)
-    return RequestLogMiddleware(app, PathTemplates(fastapi_app))
+    app = SecurityHeadersMiddleware(NoEncodedSlash(app), DOCS_PAGES)
+    return RequestLogMiddleware(HeadAsGet(app), PathTemplates(fastapi_app))
 
 
 class ServiceApp(FastAPI):

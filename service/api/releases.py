@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -11,6 +10,7 @@ from typing import Annotated, TypeVar
 import anyio
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BeforeValidator, Field
 from sqlalchemy.orm import Session
 
 from api_schemas.common import ErrorBody, IdempotencyKey
@@ -23,6 +23,7 @@ from api_schemas.releases import (
 )
 from service import continual, preview, releases, repricing, visibility
 from service.api.deps import (
+    CanonicalUUID,
     Cursor,
     DatasetId,
     Limit,
@@ -47,6 +48,28 @@ from service.waiters import MAX_WAIT_SECONDS, RECHECK_SECONDS, ReleaseWaiters, W
 VISIBLE_MARGIN_SECONDS = 0.005
 
 router = APIRouter(prefix="/v1", tags=["releases"], route_class=GuardedRoute)
+
+
+#: The one sentence for any ``wait`` that is not a number of seconds in range: pydantic reads
+#: ``nan`` and ``inf`` as floats and then said "less than or equal to 30" of them.
+WAIT_RANGE = (
+    f"a number of seconds from 0 to {MAX_WAIT_SECONDS:g} (omitted or 0: answer at once); "
+    "nan, inf and negative numbers are not waits"
+)
+
+
+def _wait_seconds(value: object) -> object:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(WAIT_RANGE) from None
+    if not 0 <= seconds <= MAX_WAIT_SECONDS:  # false for nan
+        raise ValueError(WAIT_RANGE)
+    return seconds
+
+
+#: A long poll's ``wait``: 422 naming ``wait`` and its range for anything else.
+WaitSeconds = Annotated[float, Field(ge=0, le=MAX_WAIT_SECONDS), BeforeValidator(_wait_seconds)]
 
 
 @router.post(
@@ -118,7 +141,7 @@ async def create_release(
         description="Preview only: validate, charge nothing, and answer 200 with the cost and "
         "the noise scales (`ReleasePreview`).",
     ),
-    forecast_from: uuid.UUID | None = Query(
+    forecast_from: CanonicalUUID | None = Query(
         default=None,
         description="With `dry_run=true` and `analyze_gauss` (or `auto` for PCA, what "
         "`PrivatePCA` sends: the forecast of the mechanism it runs, from an `auto` release "
@@ -135,10 +158,8 @@ async def create_release(
         "then a range only). Refused (422) without `dry_run=true`.",
     ),
     basis_format: BasisFormatQuery = "json",
-    wait: float | None = Query(
+    wait: WaitSeconds | None = Query(
         default=None,
-        ge=0,
-        le=MAX_WAIT_SECONDS,
         description="Long poll on the created release: answer as soon as it has finished as "
         f"the caller may see it (200), or after this many seconds (at most "
         f"{MAX_WAIT_SECONDS:g}) with its state then (202), whichever comes first; the charge "
@@ -236,10 +257,8 @@ BasisFormatQuery = Annotated[
 ]
 
 Wait = Annotated[
-    float | None,
+    WaitSeconds | None,
     Query(
-        ge=0,
-        le=MAX_WAIT_SECONDS,
         description="Long poll: answer as soon as the release, as you may see it, has finished "
         "(`succeeded`, `no_result` or `failed`), or after this many seconds (at most "
         f"{MAX_WAIT_SECONDS:g}) with its state then, whichever comes first. An analyst's "
@@ -398,10 +417,8 @@ def _seconds_until(moment: datetime) -> float:
 
 
 EpochWait = Annotated[
-    float | None,
+    WaitSeconds | None,
     Query(
-        ge=0,
-        le=MAX_WAIT_SECONDS,
         description="Long poll (with `after`, without `cursor`): when no epoch after `after` "
         "is visible yet, answer as soon as one is, or the release has finished, or after this "
         f"many seconds (at most {MAX_WAIT_SECONDS:g}), whichever comes first. An analyst sees "
@@ -460,7 +477,7 @@ async def list_epochs(
             # Checked first (once the key is: a 401 before a 422), not only where a page is
             # read: a one-shot or hidden release answers its empty page before reading one,
             # and took any cursor (another list's, or garbage) with 200.
-            parse_seq_cursor(cursor, continual.EPOCH_CURSOR)
+            parse_seq_cursor(cursor, continual.EPOCH_CURSOR, continual.epoch_scope(release_id))
         release = releases.get_release(session, principal, release_id)
         now = utcnow()
         shown = visibility.view(session, release, principal, now)

@@ -42,11 +42,11 @@ rows centred have norms 0.71-0.87), where the ratio ``n d sigma_c^2 / (sigma_g s
 1.08, 0.82, 0.67, 0.49, 0.35 at eps 0.3, 0.4, 0.5, 0.7, 1 and ``spatial_sign`` kept 0.69x,
 0.82x, 1.08x, 1.58x, 1.84x what ``analyze_gauss`` kept (docs/benchmarks.md): the rule gives up
 the 1.08x at eps 0.5 and keeps the others' better side. Swept on data it was not fitted to
-(``bench/bench_sign_centre.py``, 286 cells, docs/benchmarks.md): no limit on this ratio keeps
-every family within 1.1x (zero-mean rows of centred norm ~C/3 lose with the sign map from 0.3
-up, MNIST gains with it up to about 0.55); of the limits the tests allow, 1/2 scores best. The
-variable the public ratio misses is the rows' centred norm (the signs' factor is 7-17 there,
-not <= 2), which is private.
+(``bench/bench_sign_centre.py``, in the history at 0b18334; 286 cells, docs/benchmarks.md): no
+limit on this ratio keeps every family within 1.1x (zero-mean rows of centred norm ~C/3 lose
+with the sign map from 0.3 up, MNIST gains with it up to about 0.55); of the limits the tests
+allow, 1/2 scores best. The variable the public ratio misses is the rows' centred norm (the
+signs' factor is 7-17 there, not <= 2), which is private.
 """
 
 from __future__ import annotations

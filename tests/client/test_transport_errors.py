@@ -206,6 +206,37 @@ def test_a_bad_http_timeout_is_a_usage_error(silent_url: str) -> None:
     assert "DPSS_HTTP_TIMEOUT" in result.output
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_a_bad_http_timeout_option_names_the_option_and_what_it_takes(
+    silent_url: str, value: str
+) -> None:
+    # nan was told "greater than or equal to 0.001"; inf passed the option and was then refused
+    # as DPSS_HTTP_TIMEOUT, a variable the user never set.
+    for application in (dpss_app, make_app()):
+        result = CliRunner().invoke(
+            application,
+            ["--http-timeout", value, "mechanisms", "--url", silent_url, "--api-key", "k"],
+            env={"COLUMNS": "200"},
+        )
+        assert result.exit_code == ExitCode.USAGE, result.output
+        assert "'--http-timeout'" in result.output and "DPSS_HTTP_TIMEOUT" not in result.output
+        assert "is not a positive, finite number of seconds" in result.output
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "-inf"])
+def test_a_bad_wait_timeout_names_the_option_and_what_it_takes(silent_url: str, value: str) -> None:
+    # nan was told "greater than or equal to 0", which it is not less than either.
+    result = CliRunner().invoke(
+        dpss_app,
+        ["releases", "show", SOME_ID, "--wait", "--timeout", value, "--url", silent_url],
+        env={"COLUMNS": "200", "DPSS_API_KEY": "k"},
+    )
+    assert result.exit_code == ExitCode.USAGE, result.output
+    assert "'--timeout'" in result.output
+    assert "is not a number of seconds, 0 or more (inf: no limit)" in result.output
+
+
 def test_the_command_line_says_when_the_connection_is_lost(hanging_up_url: str) -> None:
     result = CliRunner().invoke(dpss_app, ["mechanisms", "--url", hanging_up_url, "--api-key", "k"])
     assert result.exit_code == ExitCode.UNREACHABLE, result.output

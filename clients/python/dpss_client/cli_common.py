@@ -81,9 +81,32 @@ ApiKeyOption = Annotated[
 JsonOption = Annotated[
     bool, typer.Option("--json", help="Print JSON for scripts instead of tables.")
 ]
+
+
+def _wait_seconds(value: float | None) -> float | None:
+    """``--timeout``: 0 or more seconds, ``inf`` for no limit. (Click's range check let nan
+    through its bounds and then said it "should be greater than or equal to 0".)"""
+    if value is not None and not value >= 0:
+        raise typer.BadParameter(f"{value:g} is not a number of seconds, 0 or more (inf: no limit)")
+    return value
+
+
+def _positive_seconds(value: float | None) -> float | None:
+    """``--http-timeout``: a positive, finite number of seconds. (nan was told "greater than or
+    equal to 0.001"; inf passed the option and was then refused as ``DPSS_HTTP_TIMEOUT``, a
+    variable the user never set.)"""
+    if value is not None and not 0 < value < float("inf"):
+        raise typer.BadParameter(f"{value:g} is not a positive, finite number of seconds")
+    return value
+
+
 TimeoutOption = Annotated[
     float | None,
-    typer.Option("--timeout", min=0.0, help="Give up waiting after this many seconds (exit 8)."),
+    typer.Option(
+        "--timeout",
+        callback=_wait_seconds,
+        help="Give up waiting after this many seconds, 0 or more (exit 8).",
+    ),
 ]
 
 

@@ -24,6 +24,7 @@ import typer
 # module assembles them. Like them it imports only typer and rich at start, so that `dpss --help`
 # and `dpss <command> --help` start without the rest (bench/bench_cli_startup.py).
 from dpss_client.cli_common import ExitCode as ExitCode
+from dpss_client.cli_common import _positive_seconds
 from dpss_client.cli_common import _service_errors as _service_errors
 from dpss_client.cli_common import make_http_client as make_http_client
 from dpss_client.cli_datasets import budget, datasets_app
@@ -60,7 +61,7 @@ def _global_options(
         float | None,
         typer.Option(
             "--http-timeout",
-            min=0.001,
+            callback=_positive_seconds,
             help="Seconds to wait for each answer from the service before giving up (exit 6); "
             "default 30 (DPSS_HTTP_TIMEOUT). Not the wait for a release: that is --timeout.",
             show_default=False,
