@@ -273,7 +273,8 @@ def test_fit_raises_on_no_result_and_timeout(
         pca.fit()
     assert not hasattr(pca, "components_")
     run_worker = client_module._sleep
-    monkeypatch.setattr(client_module, "_sleep", lambda _seconds: None)  # the worker never runs
+    for module in (client_module, handles_module):  # the worker never runs
+        monkeypatch.setattr(module, "_sleep", lambda _seconds: None)
     with pytest.raises(WaitTimeoutError, match="still queued") as timed_out:
         pca.set_params(mechanism="analyze_gauss", timeout=0.01).fit()
     assert not hasattr(pca, "components_")
