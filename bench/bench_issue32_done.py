@@ -53,6 +53,7 @@ from fastapi.testclient import TestClient
 from sklearn.datasets import load_breast_cancer, load_digits  # type: ignore[import-untyped]
 
 import dpss_client.client as client_module
+import dpss_client.handles as handles_module
 from bench.bench_highdim import power_law
 from bench.mnist import dct_prior, mnist_split, unit_rows
 from dpss_client import Client, PrivatePCA
@@ -126,10 +127,15 @@ class Service:
         saved = (
             client_module.LONG_POLL_SECONDS,
             client_module._sleep,
+            handles_module.LONG_POLL_SECONDS,
+            handles_module._sleep,
             oneshot_module.secure_generator,
         )
+        # The client's waits (registration, a release's request) and the handle's own.
         client_module.LONG_POLL_SECONDS = 0.0  # type: ignore[misc]
         client_module._sleep = lambda _seconds: self.worker.run_pending()  # type: ignore[assignment]
+        handles_module.LONG_POLL_SECONDS = 0.0
+        handles_module._sleep = lambda _seconds: self.worker.run_pending()
         oneshot_module.secure_generator = lambda: np.random.default_rng(self.seed)  # type: ignore[assignment]
         try:
             with TestClient(create_app(self.settings)) as http:
@@ -141,6 +147,8 @@ class Service:
             (
                 client_module.LONG_POLL_SECONDS,  # type: ignore[misc]
                 client_module._sleep,
+                handles_module.LONG_POLL_SECONDS,
+                handles_module._sleep,
                 oneshot_module.secure_generator,
             ) = saved
             self.engine.dispose()

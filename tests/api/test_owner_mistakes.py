@@ -14,7 +14,7 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common
 from service.cli import app as cli_app
 from tests.conftest import Keys, bearer, npy_bytes
 
@@ -146,7 +146,7 @@ def test_a_comma_separated_csv_that_fails_keeps_its_own_message(
 
 @pytest.fixture
 def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
 
     def run(*args: str, key: str) -> Result:
         env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": key, "COLUMNS": "200"}

@@ -177,6 +177,7 @@ def _release_json(status: str) -> dict[str, Any]:
 
 def _handle(answer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any], list[float]]:
     import dpss_client.client as client_module
+    import dpss_client.handles as handles_module
     from api_schemas.releases import Release
     from dpss_client.client import ReleaseHandle
 
@@ -187,7 +188,8 @@ def _handle(answer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any
         seen.append(request)
         return answer(request, len(seen))
 
-    monkeypatch.setattr(client_module, "_sleep", slept.append)
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "_sleep", slept.append)
     http = httpx.Client(transport=httpx.MockTransport(handler), timeout=60)
     client = Client("http://dpss.test", "key", http=http)
     handle = ReleaseHandle(client, Release.model_validate(_release_json("queued")))
@@ -200,11 +202,13 @@ def test_wait_uses_the_long_poll(monkeypatch: pytest.MonkeyPatch) -> None:
         return httpx.Response(200, json=_release_json("running" if count == 1 else "succeeded"))
 
     import dpss_client.client as client_module
+    import dpss_client.handles as handles_module
 
     handle, seen, slept = _handle(answer, monkeypatch)
     # Each long poll takes its whole 25 s (30 s on this clock): none ended early.
     clock = iter(range(0, 1000, 30))
-    monkeypatch.setattr(client_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "time", type("Clock", (), {"monotonic": clock.__next__}))
     assert handle.wait_finished().status == "succeeded"
     # Unfinished past NO_WORKER_CHECK_SECONDS, the wait also asked whether a worker is alive.
     assert [r.url.params.get("wait") for r in seen if r.url.path != "/readyz"] == ["25", "25"]
@@ -256,10 +260,12 @@ def test_epoch_records_long_poll_for_the_next_epoch(monkeypatch: pytest.MonkeyPa
         return httpx.Response(200, json=_release_json("running" if len(polls) < 2 else "succeeded"))
 
     import dpss_client.client as client_module
+    import dpss_client.handles as handles_module
 
     handle, seen, slept = _handle(answer, monkeypatch)
     clock = iter(range(0, 1000, 30))  # every request takes 30 s: no long poll ended early
-    monkeypatch.setattr(client_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "time", type("Clock", (), {"monotonic": clock.__next__}))
     records = list(handle.epoch_records(timeout=None))
     assert [r.epoch for r in records] == [1]
     epochs = [r for r in seen if r.url.path.endswith("/epochs")]

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common, remote_cli
 from dpss_client.client import BudgetExceededError, Client
 from dpss_client.remote_cli import ExitCode
 from service import auth
@@ -52,7 +52,7 @@ def test_client_creates_lists_and_revokes_grants(
 def test_dpss_grants_commands(
     client: TestClient, session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     _, owner_key = _key(session_factory, "owner")
     analyst_id, _ = _key(session_factory, "analyst")
     ds = Client(str(client.base_url), owner_key, http=client).upload(
@@ -87,7 +87,7 @@ def test_dpss_grants_list_shows_both_native_figures_of_a_hybrid_grant(
     # hybrid (the default) has two native currencies: its Gaussian-DP filter's mu and its zCDP
     # filter's rho, either of which may admit the next release. The table showed mu alone,
     # which reads 0 once an approximate step closed that filter while rho was left.
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     _, owner_key = _key(session_factory, "owner")
     analyst_id, _ = _key(session_factory, "analyst")
     owner = Client(str(client.base_url), owner_key, http=client)

@@ -19,7 +19,7 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common, cli_datasets
 from dpss_client.client import Client
 from dpss_client.remote_cli import ExitCode
 from service.app import create_app
@@ -33,7 +33,7 @@ SPECTRUM: dict[str, Any] = {"mechanism": "spectrum", "k": 2, "epsilon": "0.05", 
 
 @pytest.fixture
 def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     runner = CliRunner()
 
     def run(*args: str, key: str | None) -> Result:
@@ -252,10 +252,10 @@ def test_dpss_upload_shows_progress_on_a_terminal_only(
     args = ("datasets", "upload", str(path), "--epsilon-budget", "1", "--delta-budget", "1e-6")
     piped = dpss(*args, key=owner)
     assert piped.exit_code == 0 and "uploading" not in piped.stderr
-    monkeypatch.setattr(
-        remote_cli,
+    monkeypatch.setattr(  # where the upload's progress bar looks its console up
+        cli_datasets,
         "_stderr",
-        lambda: remote_cli.Console(file=sys.stderr, force_terminal=True, width=120),
+        lambda: cli_common.Console(file=sys.stderr, force_terminal=True, width=120),
     )
     shown = dpss(*args, key=owner)
     assert shown.exit_code == 0, shown.output

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpss_client import client as client_module
+from dpss_client import handles as handles_module
 from dpss_client.client import Client, NoWorkerWarning, WaitTimeoutError
 from service import operations
 from service.db.models import utcnow
@@ -38,7 +39,7 @@ def test_a_wait_with_no_worker_says_why_and_what_starts_one(
 ) -> None:
     assert client.get("/readyz").json() == {"status": "ok", "workers_alive": 0}
     assert analyst.workers_alive() == 0
-    monkeypatch.setattr(client_module, "NO_WORKER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(handles_module, "NO_WORKER_CHECK_SECONDS", 0.0)
     handle = _release(owner, analyst)
     with (
         pytest.warns(NoWorkerWarning, match="reports no live worker") as warned,
@@ -65,7 +66,7 @@ def test_a_live_worker_is_counted_and_no_warning_is_given(
         # One silent for longer than the lease: a worker that died without saying so.
         operations.note_worker_alive(session, "dead-1", now - timedelta(hours=2))
     assert client.get("/readyz").json() == {"status": "ok", "workers_alive": 1}
-    monkeypatch.setattr(client_module, "NO_WORKER_CHECK_SECONDS", 0.0)
+    monkeypatch.setattr(handles_module, "NO_WORKER_CHECK_SECONDS", 0.0)
     handle = _release(owner, analyst)
     with pytest.raises(WaitTimeoutError) as caught:
         handle.wait_finished(timeout=0.6, long_poll=0.2)
@@ -87,8 +88,9 @@ def test_private_pca_with_no_worker_states_its_whole_wait_and_why(
         low_rank_rows(200, 4, 2, seed=6), name="idle-pca", epsilon_budget="1",
         delta_budget="1e-5", row_norm_bound=1.0,
     )  # fmt: skip
-    monkeypatch.setattr(client_module, "NO_WORKER_CHECK_SECONDS", 0.0)
-    monkeypatch.setattr(client_module, "LONG_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(handles_module, "NO_WORKER_CHECK_SECONDS", 0.0)
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "LONG_POLL_SECONDS", 0.2)
     pca = PrivatePCA(analyst, ds.id, n_components=2, epsilon=0.5, timeout=1.5)
     with pytest.warns(NoWorkerWarning), pytest.raises(WaitTimeoutError) as caught:
         pca.fit()
@@ -105,11 +107,11 @@ def test_the_cli_says_no_worker_as_a_line_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``dpss releases create --wait`` prints the reason as ``warning: ...`` while it waits
-    (before: Python's warning format, with remote_cli.py's path, line and source line) and its
+    (before: Python's warning format, with the command module's path, line and source line) and its
     timeout error names it too."""
     from typer.testing import CliRunner
 
-    from dpss_client import remote_cli
+    from dpss_client import cli_common
     from dpss_client.remote_cli import ExitCode
     from service.cli import app as dpss_app
 
@@ -117,9 +119,10 @@ def test_the_cli_says_no_worker_as_a_line_of_its_own(
         low_rank_rows(200, 4, 2, seed=7), name="idle-cli", epsilon_budget="1",
         delta_budget="1e-5", row_norm_bound=1.0,
     )  # fmt: skip
-    monkeypatch.setattr(client_module, "NO_WORKER_CHECK_SECONDS", 0.0)
-    monkeypatch.setattr(client_module, "LONG_POLL_SECONDS", 0.2)
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(handles_module, "NO_WORKER_CHECK_SECONDS", 0.0)
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "LONG_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     result = CliRunner().invoke(
         dpss_app,
         [
@@ -131,4 +134,4 @@ def test_the_cli_says_no_worker_as_a_line_of_its_own(
     assert result.exit_code == ExitCode.TIMEOUT, result.output
     assert "warning: the service at" in result.stderr
     assert "reports no live worker" in result.stderr
-    assert "NoWorkerWarning" not in result.stderr and "remote_cli.py" not in result.stderr
+    assert "NoWorkerWarning" not in result.stderr and "cli_releases.py" not in result.stderr

@@ -13,7 +13,7 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common
 from dpss_client.client import Client, InvalidRequestError
 from dpss_client.remote_cli import ExitCode
 from service.cli import app
@@ -55,7 +55,7 @@ def test_preview_release_charges_nothing(clients: tuple[Client, Client]) -> None
 
 @pytest.fixture
 def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     runner = CliRunner()
 
     def run(*args: str, key: str) -> Result:

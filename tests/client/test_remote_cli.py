@@ -15,7 +15,7 @@ from click.testing import Result
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common, remote_cli
 from dpss_client.remote_cli import ExitCode
 from service.cli import app
 from tests.client.data import isotropic_rows, low_rank_rows
@@ -27,7 +27,7 @@ Dpss = Callable[..., Result]
 @pytest.fixture
 def dpss(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Dpss:
     """Run ``dpss ARGS`` with the given key, talking to the in-process app."""
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     runner = CliRunner()
 
     def run(*args: str, key: str | None, columns: int = 200) -> Result:

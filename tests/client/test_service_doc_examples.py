@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common
 from service.cli import app
 
 SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "service.md"
@@ -44,7 +44,7 @@ def test_every_dpss_line_of_service_md_runs(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     monkeypatch.chdir(tmp_path)
     rows = np.random.default_rng(3).normal(size=(3000, 8))
     np.save("patients.npy", rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True)))

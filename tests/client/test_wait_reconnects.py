@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from dpss_client import remote_cli
+from dpss_client import cli_common
 from dpss_client.client import Client, ServiceUnreachableError
 from dpss_client.remote_cli import ExitCode
 from service.cli import app as dpss_app
@@ -88,7 +88,7 @@ def test_releases_create_wait_outlives_a_restart(
     tmp_path: Path,
 ) -> None:
     flaky = Restarting(client, refusals=3)
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: flaky)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: flaky)
     out = tmp_path / "basis.npy"
     result = CliRunner().invoke(
         dpss_app,

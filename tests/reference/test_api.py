@@ -160,8 +160,10 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
 ) -> None:
     owner = Client(str(client.base_url), keys.owner, http=client)  # the Python client's call
     client_module = importlib.import_module("dpss_client.client")
+    handles_module = importlib.import_module("dpss_client.handles")
     # The client waits for the registration (polling); a worker runs it during the first pause.
-    monkeypatch.setattr(client_module, "_sleep", lambda _: helpers.run_registrations(client))
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "_sleep", lambda _: helpers.run_registrations(client))
     referenced = owner.register_reference(
         f"s3://{bucket}/lake/",
         columns,

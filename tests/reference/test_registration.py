@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from dpss_client import Client, RegistrationFailed, remote_cli
+from dpss_client import Client, RegistrationFailed, cli_common
 from dpss_client import client as client_module
+from dpss_client import handles as handles_module
 from dpss_client.remote_cli import ExitCode, make_app
 from service import audit, registration
 from service.config import Settings
@@ -277,7 +278,8 @@ def test_the_client_waits_and_the_cli_reports_a_failure(
 ) -> None:
     rows = np.random.default_rng(7).normal(size=(100, 2)) / 4
     parquet(root / "set" / "a.parquet", rows)
-    monkeypatch.setattr(client_module, "_sleep", lambda _: helpers.run_registrations(client))
+    for module in (client_module, handles_module):  # the client's waits, the handle's
+        monkeypatch.setattr(module, "_sleep", lambda _: helpers.run_registrations(client))
     owner = Client(str(client.base_url), keys.owner, http=client)
     common: dict[str, Any] = {"name": "lake", "epsilon_budget": "1", "delta_budget": "1e-5"}
     pending = owner.register_reference(str(root / "set"), ["c0", "c1"], wait=False, **common)
@@ -288,7 +290,7 @@ def test_the_client_waits_and_the_cli_reports_a_failure(
         owner.register_reference(str(root / "c.parquet"), ["c0", "zz"], **common)
 
     # The CLI waits by default and exits FAILED with the reason.
-    monkeypatch.setattr(remote_cli, "make_http_client", lambda url, timeout: client)
+    monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     parquet(root / "b.parquet", rows / 2)  # not a copy of a registered object
     env = {"DPSS_URL": str(client.base_url), "DPSS_API_KEY": keys.owner, "COLUMNS": "200"}
     result = CliRunner().invoke(
