@@ -154,17 +154,17 @@ class PrivatePCA:
         ``clip_quantile`` belong to a named mechanism (``auto`` refuses them: pass
         ``mechanism="analyze_gauss"`` with them).
     center : "private", "none" or array-like of shape (d,)
-        PCA centring. ``"private"`` (the default) gets the service's best known settings
-        without further params (where ``auto`` runs ``spatial_sign``, the signs are taken
-        about a private mean, ``mean_``); ``analyze_gauss`` clips the rows at a private
-        quantile of their norms (``clip_quantile``, 0.3 unless given; recorded in the
-        release's params) and chooses the centring route from a private probe, all within
-        ``(epsilon, delta)``: a private mean (``mean_`` is that released mean), differences
-        of paired rows or no centring (extras ``centring``; no mean is released and ``mean_``
-        is zeros). Pass ``clip_quantile="none"`` with ``mechanism="analyze_gauss"`` to opt
-        out (clip at the bound, always the private mean). ``"none"``: no centring
-        (components of the second-moment matrix; ``mean_`` is zeros). An array: a public
-        centre chosen without looking at the data (costs nothing; ``mean_`` is it).
+        PCA centring. ``"private"`` (the default) gets the service's best known settings without
+        further params (where ``auto`` runs ``spatial_sign``, the signs are taken about a private
+        mean, ``mean_``); ``analyze_gauss`` clips the rows at a private quantile of their norms
+        (``clip_quantile``, 0.3 unless given; recorded in the release's params, or under ``auto`` in
+        its extras ``auto_params``) and chooses the centring route from a private probe, all within
+        ``(epsilon, delta)``: a private mean (``mean_`` is that released mean), differences of
+        paired rows or no centring (extras ``centring``; no mean is released and ``mean_`` is
+        zeros). Pass ``clip_quantile="none"`` with ``mechanism="analyze_gauss"`` to opt out (clip at
+        the bound, always the private mean). ``"none"``: no centring (components of the
+        second-moment matrix; ``mean_`` is zeros). An array: a public centre chosen without looking
+        at the data (costs nothing; ``mean_`` is it).
     center_share : float in (0, 1) or None
         The share of ``(epsilon, delta)`` spent on the private mean; ``None`` leaves the
         service's default. Sent only with ``center="private"``.
