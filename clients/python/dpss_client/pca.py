@@ -33,6 +33,7 @@ from dpss_client.client import (
     AuthError,
     Client,
     DpssError,
+    InvalidRequestError,
     NotFoundError,
     Number,
     ReleaseHandle,
@@ -116,6 +117,23 @@ def debias_eigenvalues(noisy: FloatArray, noise_std: float, dim: int) -> FloatAr
     debiased = np.zeros_like(noisy)
     debiased[above] = (noisy[above] + np.sqrt(noisy[above] ** 2 - edge**2)) / 2.0
     return debiased
+
+
+def _hint_auto(error: InvalidRequestError, asked: str | None, sent: str) -> InvalidRequestError:
+    """A param ``auto`` does not take, refused when the caller named no mechanism: say that
+    PrivatePCA sent ``auto`` (its default) and how to set the param. A typo the service
+    recognised ("did you mean") is left as it is."""
+    detail = error.detail
+    if asked is not None or sent != "auto" or not detail.startswith("params."):
+        return error
+    if "unknown field" not in detail or "did you mean" in detail:
+        return error
+    hint = (
+        ' (PrivatePCA sent mechanism "auto", its default for a centred request, which takes'
+        ' only the fields listed; pass mechanism="analyze_gauss" to set this one)'
+    )
+    field, _, rest = detail.partition(";")
+    return InvalidRequestError(error.code, f"{field}{hint};{rest}", error.status)
 
 
 class PrivatePCA:
@@ -494,6 +512,8 @@ class PrivatePCA:
                     wait=wait,
                     **params,
                 )
+            except InvalidRequestError as error:
+                raise _hint_auto(error, self.mechanism, checked.mechanism) from None
             except ServiceUnreachableError as error:
                 if not error.sent:
                     # No connection was made: no release, no charge, nothing to resume.
