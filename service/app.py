@@ -134,6 +134,12 @@ def create_app(
         if settings.admin_api_key is not None:
             with session_factory.begin() as session:
                 auth.ensure_admin_key(session, settings.admin_api_key.get_secret_value())
+        else:
+            # A new user who started `dpss serve` without the key met only "invalid or revoked
+            # API key" on POST /v1/keys, with nothing saying why.
+            with session_factory() as session:
+                if not auth.has_admin_key(session):
+                    log.warning(auth.NO_ADMIN_KEY)
         yield
         waiters.close()
         if engine is not None:

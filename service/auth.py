@@ -222,6 +222,21 @@ def ensure_admin_key(session: Session, secret: str) -> None:
     )
 
 
+NO_ADMIN_KEY = (
+    "no admin key: DPSS_ADMIN_API_KEY is not set and the database holds no active admin key, "
+    "so every request to create a key (POST /v1/keys) is refused as unauthenticated; restart "
+    "with DPSS_ADMIN_API_KEY=<a secret> (e.g. DPSS_ADMIN_API_KEY=change-me dpss serve), or run "
+    "`dpss keys create --role admin` against the same database"
+)
+
+
+def has_admin_key(session: Session) -> bool:
+    """Whether any admin key is active: without one, and without ``DPSS_ADMIN_API_KEY``, no key
+    can be created over the API (the service says so at start, :data:`NO_ADMIN_KEY`)."""
+    query = select(ApiKey.id).where(ApiKey.role == "admin", ApiKey.revoked_at.is_(None))
+    return session.execute(query.limit(1)).first() is not None
+
+
 def sees_real_state(principal: Principal) -> bool:
     """Whether ``principal`` is trusted with releases' real states and run times (start and
     finish times, attempts): admins and auditors, who see them in the queue, ``/metrics`` and

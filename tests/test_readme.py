@@ -149,6 +149,9 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
     }
     env.pop("DPSS_DATABASE_URL", None)
     env.pop("DPSS_DATA_DIR", None)
+    # The product's default accounting (hybrid), as a reader's `dpss serve` has it, not the
+    # suite's basic (tests/conftest.py): step 3's comment states what hybrid would charge.
+    env.pop("DPSS_DEFAULT_ACCOUNTING", None)
     server = subprocess.Popen(
         [str(bin_dir / "dpss"), "serve", "--port", str(port)],
         cwd=tmp_path,
@@ -226,6 +229,8 @@ def test_walkthrough_runs_against_dpss_serve(tmp_path):
                 "check did not run",
                 stacklevel=1,
             )
+        # After the checks of the walkthrough's single dataset: this uploads a second one.
+        check_step_comments(f"http://127.0.0.1:{port}", tmp_path, result.stderr)
         # No file the service wrote outside its data directory and its state directory beside it
         # (the audit anchors, which a backup of the data directory must not carry), and no raw
         # rows in them but the store.
@@ -302,3 +307,44 @@ def test_the_mechanisms_page_describes_every_mechanism_with_its_accountings():
         if not re.search(rf"^\| `{name}` \|", preview, flags=re.M):
             wrong.append((name, "no preview row"))
     assert wrong == []
+
+
+def check_step_comments(url: str, cwd: Path, stderr: str) -> None:
+    """The walkthrough's comments that its own output does not show. Step 3: without
+    ``accounting=basic`` the default, hybrid, charges step 4's two releases 0.44 and admits step
+    7's request. Step 5: ``/readyz`` says whether a worker runs (``dpss serve`` runs one)."""
+    keys = re.search(r"DASHBOARD_KEYS (\S+) (\S+)", stderr)
+    assert keys is not None
+    owner, analyst = keys.group(1), stderr.strip().splitlines()[-1]
+    assert httpx.get(f"{url}/readyz").json()["workers_alive"] >= 1
+    with (cwd / "data.csv").open("rb") as data:
+        uploaded = httpx.post(
+            f"{url}/v1/datasets",
+            headers={"Authorization": f"Bearer {owner}"},
+            files={"file": ("data.csv", data)},
+            data={
+                "name": "demo-hybrid",
+                "epsilon_budget": "1.0",
+                "delta_budget": "1e-5",
+                "row_norm_bound": "1.0",
+            },
+            timeout=60,
+        )
+    assert uploaded.status_code == 201, uploaded.text
+    dataset = uploaded.json()
+    assert dataset["budget"]["accounting"] == "hybrid"
+    analyst_auth = {"Authorization": f"Bearer {analyst}"}
+
+    def request(mechanism: str, k: int, epsilon: float) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/datasets/{dataset['id']}/releases",
+            headers=analyst_auth,
+            json={"mechanism": mechanism, "k": k, "epsilon": epsilon, "delta": 1e-6},
+            timeout=60,
+        )
+
+    assert request("spectrum", 6, 0.1).status_code == 202
+    assert request("analyze_gauss", 3, 0.5).status_code == 202
+    budget = httpx.get(f"{url}/v1/datasets/{dataset['id']}/budget", headers=analyst_auth).json()
+    assert f"{float(budget['epsilon_spent']):.2f}" == "0.44", budget
+    assert request("analyze_gauss", 3, 0.5).status_code == 202

@@ -463,3 +463,31 @@ def test_the_literal_default_call_fits_a_grant_with_a_small_delta(
     release = analyst.get_release(pca.release_id_)
     assert release.status == "succeeded"
     assert release.info.delta == Decimal("1e-11")
+
+
+def test_a_param_auto_does_not_take_names_the_default_and_the_way_out(
+    owner: Client, analyst: Client
+) -> None:
+    """PrivatePCA's default sends ``auto``, which refuses ``clip_quantile``: the service's
+    "params.clip_quantile: unknown field" named a mechanism the caller never chose. The error
+    now says that PrivatePCA sent ``auto`` and how to set the param; a typo keeps the
+    service's own suggestion, without the hint. Nothing is charged either way."""
+    ds = owner.upload(
+        low_rank_rows(500, 6, 2, seed=3),
+        name="pca-auto-params",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    with pytest.raises(InvalidRequestError) as refused:
+        PrivatePCA(analyst, ds.id, 2, "0.5", clip_quantile=0.3).fit()
+    detail = refused.value.detail
+    assert detail.startswith("params.clip_quantile: unknown field"), detail
+    assert 'sent mechanism "auto"' in detail and 'mechanism="analyze_gauss"' in detail
+    with pytest.raises(InvalidRequestError) as typo:
+        PrivatePCA(analyst, ds.id, 2, "0.5", centre="private").fit()
+    assert "did you mean 'center'" in typo.value.detail and "auto" not in typo.value.detail
+    with pytest.raises(InvalidRequestError) as named:
+        PrivatePCA(analyst, ds.id, 2, "0.5", mechanism="spectrum", bogus=1).fit()
+    assert "analyze_gauss" not in named.value.detail.split("valid fields")[0]
+    assert analyst.budget(ds.id).epsilon_spent == 0

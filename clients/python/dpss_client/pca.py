@@ -33,6 +33,7 @@ from dpss_client.client import (
     AuthError,
     Client,
     DpssError,
+    InvalidRequestError,
     NotFoundError,
     Number,
     ReleaseHandle,
@@ -118,6 +119,23 @@ def debias_eigenvalues(noisy: FloatArray, noise_std: float, dim: int) -> FloatAr
     return debiased
 
 
+def _hint_auto(error: InvalidRequestError, asked: str | None, sent: str) -> InvalidRequestError:
+    """A param ``auto`` does not take, refused when the caller named no mechanism: say that
+    PrivatePCA sent ``auto`` (its default) and how to set the param. A typo the service
+    recognised ("did you mean") is left as it is."""
+    detail = error.detail
+    if asked is not None or sent != "auto" or not detail.startswith("params."):
+        return error
+    if "unknown field" not in detail or "did you mean" in detail:
+        return error
+    hint = (
+        ' (PrivatePCA sent mechanism "auto", its default for a centred request, which takes'
+        ' only the fields listed; pass mechanism="analyze_gauss" to set this one)'
+    )
+    field, _, rest = detail.partition(";")
+    return InvalidRequestError(error.code, f"{field}{hint};{rest}", error.status)
+
+
 class PrivatePCA:
     """Principal components of a dataset held by the service, released under ``(epsilon, delta)``
     differential privacy.
@@ -154,17 +172,17 @@ class PrivatePCA:
         ``clip_quantile`` belong to a named mechanism (``auto`` refuses them: pass
         ``mechanism="analyze_gauss"`` with them).
     center : "private", "none" or array-like of shape (d,)
-        PCA centring. ``"private"`` (the default) gets the service's best known settings
-        without further params (where ``auto`` runs ``spatial_sign``, the signs are taken
-        about a private mean, ``mean_``); ``analyze_gauss`` clips the rows at a private
-        quantile of their norms (``clip_quantile``, 0.3 unless given; recorded in the
-        release's params) and chooses the centring route from a private probe, all within
-        ``(epsilon, delta)``: a private mean (``mean_`` is that released mean), differences
-        of paired rows or no centring (extras ``centring``; no mean is released and ``mean_``
-        is zeros). Pass ``clip_quantile="none"`` with ``mechanism="analyze_gauss"`` to opt
-        out (clip at the bound, always the private mean). ``"none"``: no centring
-        (components of the second-moment matrix; ``mean_`` is zeros). An array: a public
-        centre chosen without looking at the data (costs nothing; ``mean_`` is it).
+        PCA centring. ``"private"`` (the default) gets the service's best known settings without
+        further params (where ``auto`` runs ``spatial_sign``, the signs are taken about a private
+        mean, ``mean_``); ``analyze_gauss`` clips the rows at a private quantile of their norms
+        (``clip_quantile``, 0.3 unless given; recorded in the release's params, or under ``auto`` in
+        its extras ``auto_params``) and chooses the centring route from a private probe, all within
+        ``(epsilon, delta)``: a private mean (``mean_`` is that released mean), differences of
+        paired rows or no centring (extras ``centring``; no mean is released and ``mean_`` is
+        zeros). Pass ``clip_quantile="none"`` with ``mechanism="analyze_gauss"`` to opt out (clip at
+        the bound, always the private mean). ``"none"``: no centring (components of the
+        second-moment matrix; ``mean_`` is zeros). An array: a public centre chosen without looking
+        at the data (costs nothing; ``mean_`` is it).
     center_share : float in (0, 1) or None
         The share of ``(epsilon, delta)`` spent on the private mean; ``None`` leaves the
         service's default. Sent only with ``center="private"``.
@@ -494,6 +512,8 @@ class PrivatePCA:
                     wait=wait,
                     **params,
                 )
+            except InvalidRequestError as error:
+                raise _hint_auto(error, self.mechanism, checked.mechanism) from None
             except ServiceUnreachableError as error:
                 if not error.sent:
                     # No connection was made: no release, no charge, nothing to resume.
