@@ -54,7 +54,9 @@ def populate(factory: sessionmaker[Session], settings: Settings, count: int) -> 
             allow_large_delta=True,
         )
         with factory.begin() as session:
-            ids.append(datasets.create_dataset(session, store, owner, form, upload, ".npy").id)
+            ids.append(
+                datasets.create_dataset(session, store, owner, form, upload, ".npy", "basic").id
+            )
     worker = Worker(factory, store, settings, worker_id="bench")
     body = ReleaseRequest(
         mechanism="analyze_gauss", k=2, epsilon=Decimal("0.5"), delta=Decimal("1e-9")

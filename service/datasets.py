@@ -48,8 +48,13 @@ def create_dataset(
     form: DatasetCreate,
     upload_path: Path,
     suffix: str,
+    default_accounting: str,
 ) -> Dataset:
     """Validate and store an uploaded file and register it with its budget.
+
+    ``default_accounting`` is the accounting a form that names none gets (the service passes
+    ``Settings.default_accounting``; no literal default here, so a caller cannot silently get
+    another accounting than the product's).
 
     If anything fails after the file was stored, the file is removed: no file is kept for a
     refused upload (the transaction is rolled back by the caller). The API does the two steps
@@ -57,8 +62,9 @@ def create_dataset(
     short transaction) so that no connection is held while a file is parsed.
     """
     require_role(principal, "owner")
-    check_budgets(form)
-    return register_dataset(session, store, principal, form, store.ingest(upload_path, suffix))
+    check_budgets(form, default_accounting)
+    stored = store.ingest(upload_path, suffix)
+    return register_dataset(session, store, principal, form, stored, default_accounting)
 
 
 def file_registered(session: Session, file_name: str) -> bool:
@@ -106,7 +112,7 @@ def recommended_accounting(form: DatasetCreate) -> advice.Advice:
     return advice.recommend(planned_mechanisms(form))
 
 
-def check_budgets(form: DatasetCreate, default_accounting: str = "basic") -> BudgetTerms:
+def check_budgets(form: DatasetCreate, default_accounting: str) -> BudgetTerms:
     """Refuse budgets the ledger could not store exactly (they would be rounded), before any
     file is parsed, and derive the accounting's budget; :class:`InvalidInput` names the field.
 
@@ -211,7 +217,7 @@ def register_dataset(
     principal: Principal,
     form: DatasetCreate,
     stored: StoredMatrix,
-    default_accounting: str = "basic",
+    default_accounting: str,
     *,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
