@@ -494,29 +494,7 @@ def test_a_request_head_past_its_bound_is_431_and_a_normal_one_is_served(setting
     from uvicorn.server import ServerState
 
     from service.api.connections import MAX_HEAD_BYTES
-
-    class Transport:
-        def __init__(self) -> None:
-            self.written = b""
-            self.closed = False
-
-        def write(self, data: bytes) -> None:
-            self.written += data
-
-        def close(self) -> None:
-            self.closed = True
-
-        def is_closing(self) -> bool:
-            return self.closed
-
-        def get_extra_info(self, name: str) -> Any:
-            return ("127.0.0.1", 8000) if name in ("sockname", "peername") else None
-
-        def pause_reading(self) -> None: ...
-
-        def resume_reading(self) -> None: ...
-
-        def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None: ...
+    from tests.api.fake_transport import RecordingTransport as Transport
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 204, "headers": []})

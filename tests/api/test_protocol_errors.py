@@ -17,6 +17,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from service.cli import _uvicorn_options
+from tests.api.fake_transport import RecordingTransport as Transport
 
 BOTH = "both"
 #: Requests both parsers refuse, and those only httptools (the protocol ``dpss api`` runs when
@@ -30,30 +31,6 @@ MALFORMED = [
     (b"GET /healthz HTTP/9.9\r\nHost: x\r\n\r\n", "httptools"),
     (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: \x01<script>\r\n\r\n", "httptools"),
 ]
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.written = b""
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def get_extra_info(self, name: str) -> Any:
-        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else None
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None: ...
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:
