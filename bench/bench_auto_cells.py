@@ -1,8 +1,9 @@
 """``auto`` against the best single mechanism, cell by cell (issue 33, item 1).
 
-    python -m bench.bench_auto_cells [--reps 2] [--dims 50 300] [--ns 20000 50000]
-        [--eps 0.1 1 2] [--kinds power_law heavy_tailed spiked_outliers near_1e-05 near_0.001
-        near_0.01] [--k 3] [--out bench/results/auto_cells.csv]
+    python -m bench.bench_auto_cells [--reps 2] [--first-seed 0] [--dims 50 300]
+        [--ns 20000 50000] [--eps 0.1 1 2] [--kinds power_law heavy_tailed spiked_outliers
+        near_1e-05 near_0.001 near_0.01] [--k 3] [--only auto] [--out bench/results/auto_cells.csv]
+    python -m bench.bench_auto_cells --table A.csv B.csv ...   # merged, one row per cell
 
 Kinds: ``power_law``, ``heavy_tailed``, ``spiked_outliers`` (``bench_auto_realistic.rows``:
 norms ~1/3, clipped at C = 1) and ``near_<distance>`` (``bench.grids.near_subspace``: every row
@@ -110,17 +111,23 @@ def release(
     return out.basis, str(out.extras.get("auto_choice", ""))
 
 
-def read_cells(path: Path) -> dict[tuple[str, ...], dict[str, Any]]:
-    """Per cell of a CSV this bench wrote: each label's median error, the best single
-    mechanism (all; and without ``spatial_sign``, the set issue 33 named) and what auto ran."""
+def read_cells(*paths: Path) -> dict[tuple[str, ...], dict[str, Any]]:
+    """Per cell of the CSVs this bench wrote (a later file's row replaces an earlier one's of
+    the same cell, seed and label): each label's median error, the best single mechanism (all;
+    and without ``spatial_sign``, the set issue 33 named) and what auto ran."""
+    rows: dict[tuple[str, ...], dict[str, str]] = {}
+    for path in paths:
+        with path.open() as handle:
+            for row in csv.DictReader(handle):
+                cell = (row["kind"], row["d"], row["n"], row["eps"])
+                rows[(*cell, row["seed"], row["mechanism"])] = row
     errors: dict[tuple[str, ...], dict[str, list[float]]] = {}
     ran: dict[tuple[str, ...], Counter[str]] = {}
-    with path.open() as handle:
-        for row in csv.DictReader(handle):
-            cell = (row["kind"], row["d"], row["n"], row["eps"])
-            errors.setdefault(cell, {}).setdefault(row["mechanism"], []).append(float(row["error"]))
-            if row["mechanism"] == "auto":
-                ran.setdefault(cell, Counter())[row["ran"]] += 1
+    for key, row in rows.items():
+        cell = key[:4]
+        errors.setdefault(cell, {}).setdefault(row["mechanism"], []).append(float(row["error"]))
+        if row["mechanism"] == "auto":
+            ran.setdefault(cell, Counter())[row["ran"]] += 1
     out: dict[tuple[str, ...], dict[str, Any]] = {}
     for cell, found in errors.items():
         med = {label: float(np.median(v)) for label, v in found.items()}
@@ -128,6 +135,7 @@ def read_cells(path: Path) -> dict[tuple[str, ...], dict[str, Any]]:
         issue = {label: v for label, v in single.items() if label != "spatial_sign"}
         best = min(single, key=single.__getitem__)
         out[cell] = {
+            "seeds": len(found["auto"]),
             "median": med,
             "best": best,
             "ratio": med["auto"] / max(single[best], 1e-300),
@@ -162,10 +170,42 @@ def compare(before: Path, after: Path) -> str:
     return "\n".join(lines)
 
 
+def table(paths: list[Path]) -> str:
+    """A Markdown table of the cells of ``paths`` (merged as :func:`read_cells`): the best
+    single mechanism and its error, auto's, ``auto/best`` (all, and without ``spatial_sign``),
+    the seeds and what auto ran; the cells over 1.2x in bold."""
+    head = [
+        "data", "d", "eps", "best single (all)", "its error", "best without spatial_sign",
+        "auto", "auto/best", "auto/best without spatial_sign", "seeds", "auto ran",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell, a in sorted(read_cells(*paths).items(), key=lambda c: (c[0][0], int(c[0][1]))):
+        med = a["median"]
+        issue = min((v, k) for k, v in med.items() if k not in ("auto", "spatial_sign"))
+        ratios = [
+            f"{r:.2f}" if r <= 1.2 else f"**{r:.2f}**" for r in (a["ratio"], a["ratio_issue"])
+        ]
+        row = [
+            cell[0], cell[1], cell[3], a["best"], f"{med[a['best']]:.3g}",
+            f"{issue[1]} {issue[0]:.3g}", f"{med['auto']:.3g}", *ratios, str(a["seeds"]), a["ran"],
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--compare", nargs=2, type=Path, help="BEFORE.csv AFTER.csv: a table")
+    parser.add_argument("--table", nargs="+", type=Path, help="CSVs merged into one table")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first .. first + reps - 1")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="these labels only (the others' errors do not change with auto's code; --table "
+        "merges the CSV with an earlier one of the same seeds, paired)",
+    )
     parser.add_argument("--dims", type=int, nargs="+", default=[50, 300])
     parser.add_argument("--ns", type=int, nargs="+", default=[20_000])
     parser.add_argument("--eps", type=float, nargs="+", default=[0.1, 1.0, 2.0])
@@ -184,17 +224,21 @@ def main() -> None:
     if args.compare:
         print(compare(*args.compare))
         return
+    if args.table:
+        print(table(args.table))
+        return
     ACCOUNTING["kind"] = args.accounting
     if args.share is not None:
         AUTO_PARAMS["structure_share"] = args.share
-    labels = [label for label, _, _ in CANDIDATES]
+    labels = [label for label, _, _ in CANDIDATES if args.only is None or label in args.only]
     head = " | best | auto/best | auto/best without spatial_sign | auto ran |"
     print("| data | k | d | n | eps | " + " | ".join(labels) + head)
     print("|---" * (len(labels) + 9) + "|")
-    writer = None
+    writer = handle = None
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        writer = csv.writer(args.out.open("w", newline=""))
+        handle = args.out.open("w", newline="")
+        writer = csv.writer(handle)
         writer.writerow(["kind", "k", "d", "n", "eps", "seed", "mechanism", "error", "ran"])
     for kind in args.kinds:
         for d in args.dims:
@@ -202,10 +246,12 @@ def main() -> None:
                 for eps in args.eps:
                     found: dict[str, list[float]] = {label: [] for label in labels}
                     ran: Counter[str] = Counter()
-                    for seed in range(args.reps):
+                    for seed in range(args.first_seed, args.first_seed + args.reps):
                         x, planted = data_of(kind, n, d, args.k, seed)
                         best = float(np.linalg.eigvalsh(x.T @ x)[-args.k :].sum())
                         for label, name, raw in CANDIDATES:
+                            if label not in labels:
+                                continue
                             raw = {**raw, **AUTO_PARAMS} if name == "auto" else raw
                             rng = noise_rng(kind, d, n, eps, seed)
                             got = release(name, raw, x, args.k, eps, rng)
@@ -218,6 +264,9 @@ def main() -> None:
                                 row = [kind, args.k, d, n, eps, seed, label, found[label][-1]]
                                 writer.writerow([*row, got[1]])
                     means = {lab: float(np.median(v)) for lab, v in found.items() if v}
+                    if "auto" not in means or len(means) < 2:
+                        print(f"| {kind} | {args.k} | {d} | {n} | {eps} | auto {means} |")
+                        continue
                     single = {lab: v for lab, v in means.items() if lab != "auto"}
                     best_label = min(single, key=single.__getitem__)
                     ratio = means["auto"] / max(single[best_label], 1e-300)
@@ -229,6 +278,8 @@ def main() -> None:
                     figures = [best_label, f"{ratio:.2f}", f"{ratio_issue:.2f}", choices]
                     cells = [kind, args.k, d, n, eps, *shown, *figures]
                     print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+                    if handle is not None:
+                        handle.flush()  # a cell's rows survive a run stopped part-way
 
 
 if __name__ == "__main__":
