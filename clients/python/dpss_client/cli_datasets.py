@@ -23,6 +23,8 @@ from dpss_client.cli_common import (
     UrlOption,
     _client,
     _dump,
+    _fetch_and_show,
+    _items_json,
     _print_json,
     _service_errors,
     _stderr,
@@ -32,6 +34,7 @@ from dpss_client.cli_format import _budget_table, _dataset_rows, _figure, _kv_ta
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
+    from api_schemas.datasets import Budget, Dataset
     from dpss_client.client import UploadProgress
 
 
@@ -316,11 +319,8 @@ def datasets_list(
     as_json: JsonOption = False,
 ) -> None:
     """List the datasets this key can see."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.datasets()
-        if as_json:
-            _print_json({"items": [_dump(ds) for ds in items], "total": len(items), "next": None})
-            return
+
+    def show(items: list[Dataset]) -> None:
         table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("id", overflow="fold")
         table.add_column("name", overflow="fold")
@@ -339,6 +339,15 @@ def datasets_list(
             )
         _stdout().print(table)
 
+    _fetch_and_show(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.datasets(),
+        show,
+        lambda items: _items_json(items, total=len(items), next=None),
+    )
+
 
 @datasets_app.command("show")
 def datasets_show(
@@ -348,14 +357,13 @@ def datasets_show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one dataset's metadata and budget."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        ds = client.dataset(dataset_id)
-        if as_json:
-            _print_json(_dump(ds))
-            return
+
+    def show(ds: Dataset) -> None:
         out = _stdout()
         out.print(_kv_table("dataset", _dataset_rows(ds)))
         out.print(_budget_table(ds.budget))
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.dataset(dataset_id), show)
 
 
 @datasets_app.command("delete")
@@ -388,11 +396,10 @@ def budget(
     as_json: JsonOption = False,
 ) -> None:
     """Show a dataset's privacy budget: total, spent and remaining (exact decimals)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        b = client.budget(dataset_id)
-        if as_json:
-            _print_json(_dump(b))
-            return
+
+    def show(b: Budget) -> None:
         out = _stdout()
         out.print(f"dataset {dataset_id}", markup=False)
         out.print(_budget_table(b))
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.budget(dataset_id), show)
