@@ -20,6 +20,8 @@ from dpss_client.cli_common import (
     UrlOption,
     _client,
     _dump,
+    _fetch_and_show,
+    _items_json,
     _print_json,
     _service_errors,
     _stdout,
@@ -28,7 +30,8 @@ from dpss_client.cli_format import _kv_table
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
-    pass
+    from api_schemas.mechanisms import MechanismInfo
+    from api_schemas.priors import Prior
 
 
 # --------------------------------------------------------------------------------------------
@@ -41,11 +44,8 @@ def mechanisms(
     as_json: JsonOption = False,
 ) -> None:
     """List the mechanisms, their papers and cost rules."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.mechanisms()
-        if as_json:
-            _print_json({"items": [_dump(m) for m in items]})
-            return
+
+    def show(items: list[MechanismInfo]) -> None:
         table = Table(title=f"{len(items)} mechanism(s)", title_justify="left", box=box.SIMPLE_HEAD)
         table.add_column("name", overflow="fold", style="bold")
         table.add_column("title", overflow="fold")
@@ -64,6 +64,8 @@ def mechanisms(
                 ", ".join(props) if isinstance(props, dict) else "",
             )
         _stdout().print(table)
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.mechanisms(), show, _items_json)
 
 
 def audit_list(
@@ -92,8 +94,7 @@ def audit_list(
             total = client.audit(limit=1).total
             events, next_after, following = list(client.audit_events(after=after)), None, None
         if as_json:
-            body = {"items": [_dump(e) for e in events], "total": total, "next": following}
-            _print_json({**body, "next_after": next_after})
+            _print_json(_items_json(events, total=total, next=following, next_after=next_after))
             return
         table = Table(
             title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
@@ -173,11 +174,8 @@ def priors_list(
     as_json: JsonOption = False,
 ) -> None:
     """List the stored public priors, newest first."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.priors()
-        if as_json:
-            _print_json({"items": [_dump(p) for p in items], "total": len(items), "next": None})
-            return
+
+    def show(items: list[Prior]) -> None:
         table = Table(title=f"{len(items)} prior(s)", title_justify="left", box=box.SIMPLE_HEAD)
         for column in ("id", "name", "source", "d x m", "sha256"):
             table.add_column(column, overflow="fold")
@@ -190,3 +188,12 @@ def priors_list(
                 prior.sha256[:16],
             )
         _stdout().print(table)
+
+    _fetch_and_show(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.priors(),
+        show,
+        lambda items: _items_json(items, total=len(items), next=None),
+    )
