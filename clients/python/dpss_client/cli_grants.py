@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,10 +17,8 @@ from dpss_client.cli_common import (
     ApiKeyOption,
     JsonOption,
     UrlOption,
-    _client,
-    _dump,
-    _print_json,
-    _service_errors,
+    _fetch_and_show,
+    _items_json,
     _stdout,
 )
 from dpss_client.cli_format import _figure
@@ -27,6 +26,7 @@ from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
     from api_schemas.grants import Grant
+    from dpss_client.client import Client
 
 
 # --------------------------------------------------------------------------------------------
@@ -82,6 +82,11 @@ def _grants_table(items: list[Grant], title: str) -> Table:
     return table
 
 
+def _grant_shown(title: str) -> Callable[[Grant], None]:
+    """How a command that changed one grant shows it: a one-row table titled ``title``."""
+    return lambda grant: _stdout().print(_grants_table([grant], title))
+
+
 @grants_app.command("create")
 def grants_create(
     dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
@@ -110,17 +115,16 @@ def grants_create(
     as_json: JsonOption = False,
 ) -> None:
     """Grant an analyst key (or every analyst) a share of DATASET_ID's budget."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+
+    def create(client: Client) -> Grant:
         try:
-            grant = client.create_grant(
+            return client.create_grant(
                 dataset_id, epsilon, delta, mu=mu, rho=rho, analyst_key_id=analyst_key_id
             )
         except (ValueError, TypeError) as exc:
             raise typer.BadParameter(str(exc)) from exc
-        if as_json:
-            _print_json(_dump(grant))
-            return
-        _stdout().print(_grants_table([grant], "grant created"))
+
+    _fetch_and_show(url, api_key, as_json, create, _grant_shown("grant created"))
 
 
 @grants_app.command("list")
@@ -131,12 +135,14 @@ def grants_list(
     as_json: JsonOption = False,
 ) -> None:
     """List DATASET_ID's grants with what each spent and has left."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.list_grants(dataset_id)
-        if as_json:
-            _print_json({"items": [_dump(grant) for grant in items], "total": len(items)})
-            return
-        _stdout().print(_grants_table(items, f"{len(items)} grant(s)"))
+    _fetch_and_show(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.list_grants(dataset_id),
+        lambda items: _stdout().print(_grants_table(items, f"{len(items)} grant(s)")),
+        lambda items: _items_json(items, total=len(items)),
+    )
 
 
 @grants_app.command("revoke")
@@ -148,9 +154,10 @@ def grants_revoke(
     as_json: JsonOption = False,
 ) -> None:
     """Revoke a grant: no further charges; what it spent stays spent."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        grant = client.revoke_grant(dataset_id, grant_id)
-        if as_json:
-            _print_json(_dump(grant))
-            return
-        _stdout().print(_grants_table([grant], "grant revoked"))
+    _fetch_and_show(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.revoke_grant(dataset_id, grant_id),
+        _grant_shown("grant revoked"),
+    )
