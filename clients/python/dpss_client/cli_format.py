@@ -125,14 +125,21 @@ def _registration_rows(ds: Dataset) -> list[tuple[str, Any]]:
     return rows
 
 
-def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = [
+def _request_rows(info: ReleasePreview | Release) -> list[tuple[str, Any]]:
+    """What a release (or its preview) asked for: its dataset, mechanism, k, cost and params."""
+    return [
         ("dataset_id", info.dataset_id),
         ("mechanism", info.mechanism),
         ("k", info.k),
         ("epsilon", info.epsilon),
         ("delta", info.delta),
         ("params", json.dumps(info.params, sort_keys=True)),
+    ]
+
+
+def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [
+        *_request_rows(info),
         ("affordable", "yes" if info.affordable else "NO: the budget does not cover it"),
         ("epsilon_remaining", _figure(info.epsilon_remaining)),
     ]
@@ -169,16 +176,7 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
 
 
 def _release_rows(info: Release) -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = [
-        ("id", info.id),
-        ("dataset_id", info.dataset_id),
-        ("mechanism", info.mechanism),
-        ("k", info.k),
-        ("epsilon", info.epsilon),
-        ("delta", info.delta),
-        ("params", json.dumps(info.params, sort_keys=True)),
-        ("status", info.status),
-    ]
+    rows: list[tuple[str, Any]] = [("id", info.id), *_request_rows(info), ("status", info.status)]
     if info.reason:
         rows.append(("reason", info.reason))
     if info.status in ("no_result", "failed"):
