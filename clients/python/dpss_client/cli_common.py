@@ -202,6 +202,11 @@ def _items_json(items: Sequence[BaseModel], **more: Any) -> dict[str, Any]:
     return {"items": [_dump(item) for item in items], **more}
 
 
+def _page_json(items: Sequence[BaseModel]) -> dict[str, Any]:
+    """The --json body of a listing the client has followed to its end: one page, no next."""
+    return _items_json(items, total=len(items), next=None)
+
+
 _Fetched = TypeVar("_Fetched")
 
 

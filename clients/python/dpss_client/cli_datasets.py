@@ -24,7 +24,7 @@ from dpss_client.cli_common import (
     _client,
     _dump,
     _fetch_and_show,
-    _items_json,
+    _page_json,
     _print_json,
     _service_errors,
     _stderr,
@@ -339,14 +339,7 @@ def datasets_list(
             )
         _stdout().print(table)
 
-    _fetch_and_show(
-        url,
-        api_key,
-        as_json,
-        lambda client: client.datasets(),
-        show,
-        lambda items: _items_json(items, total=len(items), next=None),
-    )
+    _fetch_and_show(url, api_key, as_json, lambda client: client.datasets(), show, _page_json)
 
 
 @datasets_app.command("show")

@@ -154,10 +154,8 @@ def grants_revoke(
     as_json: JsonOption = False,
 ) -> None:
     """Revoke a grant: no further charges; what it spent stays spent."""
-    _fetch_and_show(
-        url,
-        api_key,
-        as_json,
-        lambda client: client.revoke_grant(dataset_id, grant_id),
-        _grant_shown("grant revoked"),
-    )
+
+    def revoke(client: Client) -> Grant:
+        return client.revoke_grant(dataset_id, grant_id)
+
+    _fetch_and_show(url, api_key, as_json, revoke, _grant_shown("grant revoked"))

@@ -22,6 +22,7 @@ from dpss_client.cli_common import (
     _dump,
     _fetch_and_show,
     _items_json,
+    _page_json,
     _print_json,
     _service_errors,
     _stdout,
@@ -189,11 +190,4 @@ def priors_list(
             )
         _stdout().print(table)
 
-    _fetch_and_show(
-        url,
-        api_key,
-        as_json,
-        lambda client: client.priors(),
-        show,
-        lambda items: _items_json(items, total=len(items), next=None),
-    )
+    _fetch_and_show(url, api_key, as_json, lambda client: client.priors(), show, _page_json)
