@@ -9,12 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-# The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
-# schemas, the client, rich.progress) is imported by the commands that use it, so that
-# `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
-from rich.table import Table
-
+# httpx, numpy, pydantic, the schemas, the client and rich.progress are imported by the
+# commands that use them, so that `dpss --help` and `dpss <command> --help` start without them
+# (bench/bench_cli_startup.py).
 from dpss_client.cli_common import (
     AllowLargeDeltaOption,
     ApiKeyOption,
@@ -30,7 +27,13 @@ from dpss_client.cli_common import (
     _stderr,
     _stdout,
 )
-from dpss_client.cli_format import _budget_table, _dataset_rows, _figure, _kv_table
+from dpss_client.cli_format import (
+    _budget_table,
+    _dataset_rows,
+    _figure,
+    _kv_table,
+    _list_table,
+)
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -321,7 +324,7 @@ def datasets_list(
     """List the datasets this key can see."""
 
     def show(items: list[Dataset]) -> None:
-        table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
+        table = _list_table(f"{len(items)} dataset(s)")
         table.add_column("id", overflow="fold")
         table.add_column("name", overflow="fold")
         table.add_column("rows x cols", justify="right", overflow="fold")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 # The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
 # schemas, the client, rich.progress) is imported by the commands that use it, so that
 # `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
+from rich import box
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -56,6 +57,11 @@ def _figure(value: Decimal | None, *, up: bool = False) -> str:
 
 #: Where rho, mu and the delta held for the conversion are explained (one place).
 READING_A_BUDGET = "docs/mechanisms.md#reading-a-budget"
+
+
+def _list_table(title: str, **options: Any) -> Table:
+    """The table a listing command draws its rows in (left title, a rule under the header)."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, **options)
 
 
 def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:

@@ -10,7 +10,6 @@ import typer
 # The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
 # schemas, the client, rich.progress) is imported by the commands that use it, so that
 # `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
 from rich.table import Table
 
 from dpss_client.cli_common import (
@@ -21,7 +20,7 @@ from dpss_client.cli_common import (
     _items_json,
     _stdout,
 )
-from dpss_client.cli_format import _figure
+from dpss_client.cli_format import _figure, _list_table
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -52,12 +51,7 @@ def _native_left(grant: Grant) -> str:
 def _grants_table(items: list[Grant], title: str) -> Table:
     """Each grant in (epsilon, delta) with its native figure beside it; the analyst key by
     name and the start of its id (exact values and times: --json)."""
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        caption="exact values: --json",
-    )
+    table = _list_table(title, caption="exact values: --json")
     table.add_column("id", overflow="fold")
     table.add_column("analyst key", overflow="fold")
     for column in ("eps total", "eps spent", "eps left", "delta left", "native left"):

@@ -8,12 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-# The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
-# schemas, the client, rich.progress) is imported by the commands that use it, so that
-# `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
-from rich.table import Table
-
+# httpx, numpy, pydantic, the schemas, the client and rich.progress are imported by the
+# commands that use them, so that `dpss --help` and `dpss <command> --help` start without them
+# (bench/bench_cli_startup.py).
 from dpss_client.cli_common import (
     ApiKeyOption,
     JsonOption,
@@ -27,7 +24,7 @@ from dpss_client.cli_common import (
     _service_errors,
     _stdout,
 )
-from dpss_client.cli_format import _kv_table
+from dpss_client.cli_format import _kv_table, _list_table
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -47,7 +44,7 @@ def mechanisms(
     """List the mechanisms, their papers and cost rules."""
 
     def show(items: list[MechanismInfo]) -> None:
-        table = Table(title=f"{len(items)} mechanism(s)", title_justify="left", box=box.SIMPLE_HEAD)
+        table = _list_table(f"{len(items)} mechanism(s)")
         table.add_column("name", overflow="fold", style="bold")
         table.add_column("title", overflow="fold")
         table.add_column("cost", overflow="fold")
@@ -97,9 +94,7 @@ def audit_list(
         if as_json:
             _print_json(_items_json(events, total=total, next=following, next_after=next_after))
             return
-        table = Table(
-            title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
-        )
+        table = _list_table(f"{len(events)} audit event(s)")
         table.add_column("seq", justify="right", overflow="fold")
         table.add_column("time (UTC)", overflow="fold")
         table.add_column("event", overflow="fold")
@@ -177,7 +172,7 @@ def priors_list(
     """List the stored public priors, newest first."""
 
     def show(items: list[Prior]) -> None:
-        table = Table(title=f"{len(items)} prior(s)", title_justify="left", box=box.SIMPLE_HEAD)
+        table = _list_table(f"{len(items)} prior(s)")
         for column in ("id", "name", "source", "d x m", "sha256"):
             table.add_column(column, overflow="fold")
         for prior in items:
