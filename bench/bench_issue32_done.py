@@ -125,15 +125,11 @@ class Service:
     @contextlib.contextmanager
     def running(self) -> Iterator[tuple[Client, Client]]:
         saved = (
-            client_module.LONG_POLL_SECONDS,
-            client_module._sleep,
             handles_module.LONG_POLL_SECONDS,
             handles_module._sleep,
             oneshot_module.secure_generator,
         )
-        # The client's waits (registration, a release's request) and the handle's own.
-        client_module.LONG_POLL_SECONDS = 0.0  # type: ignore[misc]
-        client_module._sleep = lambda _seconds: self.worker.run_pending()  # type: ignore[assignment]
+        # Every wait of the client (registration, a release's request, the handle's): one module.
         handles_module.LONG_POLL_SECONDS = 0.0
         handles_module._sleep = lambda _seconds: self.worker.run_pending()
         oneshot_module.secure_generator = lambda: np.random.default_rng(self.seed)  # type: ignore[assignment]
@@ -145,8 +141,6 @@ class Service:
                 yield owner, analyst
         finally:
             (
-                client_module.LONG_POLL_SECONDS,  # type: ignore[misc]
-                client_module._sleep,
                 handles_module.LONG_POLL_SECONDS,
                 handles_module._sleep,
                 oneshot_module.secure_generator,

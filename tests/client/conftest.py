@@ -12,7 +12,6 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-import dpss_client.client as client_module
 import dpss_client.handles as handles_module
 from dpss_client.client import Client
 from service import auth
@@ -44,9 +43,8 @@ def analyst(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
 def worker_sleep(monkeypatch: pytest.MonkeyPatch, run_worker: Callable[[], int]) -> None:
     """Make the client's waits (``ReleaseHandle.wait``, ``--wait``) run the in-process worker
     where they would have slept (no long polls: no worker would end them)."""
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "LONG_POLL_SECONDS", 0.0)
-        monkeypatch.setattr(module, "_sleep", lambda _seconds: run_worker())
+    monkeypatch.setattr(handles_module, "LONG_POLL_SECONDS", 0.0)
+    monkeypatch.setattr(handles_module, "_sleep", lambda _seconds: run_worker())
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,6 @@ def _release_json(status: str) -> dict[str, Any]:
 
 
 def _handle(answer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any], list[float]]:
-    import dpss_client.client as client_module
     import dpss_client.handles as handles_module
     from api_schemas.releases import Release
     from dpss_client.client import ReleaseHandle
@@ -188,8 +187,7 @@ def _handle(answer: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Any
         seen.append(request)
         return answer(request, len(seen))
 
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "_sleep", slept.append)
+    monkeypatch.setattr(handles_module, "_sleep", slept.append)
     http = httpx.Client(transport=httpx.MockTransport(handler), timeout=60)
     client = Client("http://dpss.test", "key", http=http)
     handle = ReleaseHandle(client, Release.model_validate(_release_json("queued")))
@@ -201,14 +199,12 @@ def test_wait_uses_the_long_poll(monkeypatch: pytest.MonkeyPatch) -> None:
         # A long poll that ends at its bound, then one that ends with the outcome.
         return httpx.Response(200, json=_release_json("running" if count == 1 else "succeeded"))
 
-    import dpss_client.client as client_module
     import dpss_client.handles as handles_module
 
     handle, seen, slept = _handle(answer, monkeypatch)
     # Each long poll takes its whole 25 s (30 s on this clock): none ended early.
     clock = iter(range(0, 1000, 30))
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "time", type("Clock", (), {"monotonic": clock.__next__}))
+    monkeypatch.setattr(handles_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
     assert handle.wait_finished().status == "succeeded"
     # Unfinished past NO_WORKER_CHECK_SECONDS, the wait also asked whether a worker is alive.
     assert [r.url.params.get("wait") for r in seen if r.url.path != "/readyz"] == ["25", "25"]
@@ -259,13 +255,11 @@ def test_epoch_records_long_poll_for_the_next_epoch(monkeypatch: pytest.MonkeyPa
             return httpx.Response(200, json={"items": items, "total": 1, "next": None})
         return httpx.Response(200, json=_release_json("running" if len(polls) < 2 else "succeeded"))
 
-    import dpss_client.client as client_module
     import dpss_client.handles as handles_module
 
     handle, seen, slept = _handle(answer, monkeypatch)
     clock = iter(range(0, 1000, 30))  # every request takes 30 s: no long poll ended early
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "time", type("Clock", (), {"monotonic": clock.__next__}))
+    monkeypatch.setattr(handles_module, "time", type("Clock", (), {"monotonic": clock.__next__}))
     records = list(handle.epoch_records(timeout=None))
     assert [r.epoch for r in records] == [1]
     epochs = [r for r in seen if r.url.path.endswith("/epochs")]

@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import dpss_client.client as client_module
 import dpss_client.handles as handles_module
 from dpss_client.client import Client, InvalidRequestError, WaitTimeoutError
 from tests.client.test_remote_cli import Dpss, _json, _upload, dpss  # noqa: F401
@@ -52,8 +51,7 @@ def test_epochs_yields_each_basis_as_it_is_released(
         if run_worker() == 0 and pending:
             owner.append_rows(dataset_id, pending.pop())
 
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "_sleep", sleep)
+    monkeypatch.setattr(handles_module, "_sleep", sleep)
     bases = list(handle.epochs(timeout=60, poll_interval=0.01, long_poll=0))
     assert len(bases) == 4
     for basis in bases:
@@ -79,9 +77,8 @@ def test_epochs_times_out_when_no_batch_arrives(
         run_worker()
 
     fake_time = SimpleNamespace(monotonic=lambda: clock.now)
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "time", fake_time)
-        monkeypatch.setattr(module, "_sleep", sleep)
+    monkeypatch.setattr(handles_module, "time", fake_time)
+    monkeypatch.setattr(handles_module, "_sleep", sleep)
     seen = []
     with pytest.raises(WaitTimeoutError, match="no new epoch"):
         for basis in handle.epochs(timeout=0.3, poll_interval=0.01, long_poll=0):

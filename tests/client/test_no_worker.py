@@ -89,8 +89,7 @@ def test_private_pca_with_no_worker_states_its_whole_wait_and_why(
         delta_budget="1e-5", row_norm_bound=1.0,
     )  # fmt: skip
     monkeypatch.setattr(handles_module, "NO_WORKER_CHECK_SECONDS", 0.0)
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "LONG_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(handles_module, "LONG_POLL_SECONDS", 0.2)
     pca = PrivatePCA(analyst, ds.id, n_components=2, epsilon=0.5, timeout=1.5)
     with pytest.warns(NoWorkerWarning), pytest.raises(WaitTimeoutError) as caught:
         pca.fit()
@@ -120,8 +119,7 @@ def test_the_cli_says_no_worker_as_a_line_of_its_own(
         delta_budget="1e-5", row_norm_bound=1.0,
     )  # fmt: skip
     monkeypatch.setattr(handles_module, "NO_WORKER_CHECK_SECONDS", 0.0)
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "LONG_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(handles_module, "LONG_POLL_SECONDS", 0.2)
     monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
     result = CliRunner().invoke(
         dpss_app,

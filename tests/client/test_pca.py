@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import dpss_client.client as client_module
 import dpss_client.handles as handles_module
 from dpss_client.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
 from dpss_client.pca import NotFittedError, PrivatePCA, debias_eigenvalues
@@ -272,9 +271,8 @@ def test_fit_raises_on_no_result_and_timeout(
     with pytest.raises(ReleaseNoResult, match="declined to release"):
         pca.fit()
     assert not hasattr(pca, "components_")
-    run_worker = client_module._sleep
-    for module in (client_module, handles_module):  # the worker never runs
-        monkeypatch.setattr(module, "_sleep", lambda _seconds: None)
+    run_worker = handles_module._sleep
+    monkeypatch.setattr(handles_module, "_sleep", lambda _seconds: None)
     with pytest.raises(WaitTimeoutError, match="still queued") as timed_out:
         pca.set_params(mechanism="analyze_gauss", timeout=0.01).fit()
     assert not hasattr(pca, "components_")
@@ -282,8 +280,7 @@ def test_fit_raises_on_no_result_and_timeout(
     # and fit() again with the same parameters waits for it instead of paying again.
     assert "call fit() again" in str(timed_out.value)
     spent = owner.budget(ds.id).epsilon_spent
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "_sleep", run_worker)
+    monkeypatch.setattr(handles_module, "_sleep", run_worker)
     pca.set_params(timeout=None).fit()
     assert str(pca.release_id_) in str(timed_out.value)
     assert owner.budget(ds.id).epsilon_spent == spent

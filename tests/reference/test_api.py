@@ -159,11 +159,9 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     owner = Client(str(client.base_url), keys.owner, http=client)  # the Python client's call
-    client_module = importlib.import_module("dpss_client.client")
     handles_module = importlib.import_module("dpss_client.handles")
     # The client waits for the registration (polling); a worker runs it during the first pause.
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "_sleep", lambda _: helpers.run_registrations(client))
+    monkeypatch.setattr(handles_module, "_sleep", lambda _: helpers.run_registrations(client))
     referenced = owner.register_reference(
         f"s3://{bucket}/lake/",
         columns,

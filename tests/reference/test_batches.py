@@ -19,7 +19,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from dpss_client import Client, RegistrationFailed
-from dpss_client import client as client_module
 from dpss_client import handles as handles_module
 from service import continual, oneshot, registration
 from service.config import Settings
@@ -575,8 +574,7 @@ def test_the_client_appends_a_batch_and_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     referenced = _registered(client, keys, bucket, columns)
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "_sleep", lambda _: helpers.run_registrations(client))
+    monkeypatch.setattr(handles_module, "_sleep", lambda _: helpers.run_registrations(client))
     owner = Client(str(client.base_url), keys.owner, http=client)
     grown = owner.append_reference_batch(referenced["id"], _write_batch(rows, s3_endpoint, bucket))
     assert (grown.n_rows, grown.n_batches, grown.batch_status) == (2800, 2, None)

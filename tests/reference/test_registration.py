@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
 from dpss_client import Client, RegistrationFailed, cli_common
-from dpss_client import client as client_module
 from dpss_client import handles as handles_module
 from dpss_client.remote_cli import ExitCode, make_app
 from service import audit, registration
@@ -278,8 +277,7 @@ def test_the_client_waits_and_the_cli_reports_a_failure(
 ) -> None:
     rows = np.random.default_rng(7).normal(size=(100, 2)) / 4
     parquet(root / "set" / "a.parquet", rows)
-    for module in (client_module, handles_module):  # the client's waits, the handle's
-        monkeypatch.setattr(module, "_sleep", lambda _: helpers.run_registrations(client))
+    monkeypatch.setattr(handles_module, "_sleep", lambda _: helpers.run_registrations(client))
     owner = Client(str(client.base_url), keys.owner, http=client)
     common: dict[str, Any] = {"name": "lake", "epsilon_budget": "1", "delta_budget": "1e-5"}
     pending = owner.register_reference(str(root / "set"), ["c0", "c1"], wait=False, **common)

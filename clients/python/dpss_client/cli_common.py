@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, get_args
 
 import typer
 
@@ -195,6 +195,38 @@ def _print_json(value: Any) -> None:
 
 def _dump(model: BaseModel) -> Any:
     return model.model_dump(mode="json")
+
+
+def _items_json(items: Sequence[BaseModel], **more: Any) -> dict[str, Any]:
+    """A listing's --json body: its items, then ``more`` (e.g. ``total``, ``next``) in order."""
+    return {"items": [_dump(item) for item in items], **more}
+
+
+def _page_json(items: Sequence[BaseModel]) -> dict[str, Any]:
+    """The --json body of a listing the client has followed to its end: one page, no next."""
+    return _items_json(items, total=len(items), next=None)
+
+
+_Fetched = TypeVar("_Fetched")
+
+
+def _fetch_and_show(
+    url: str,
+    api_key: str | None,
+    as_json: bool,
+    fetch: Callable[[Client], _Fetched],
+    show: Callable[[_Fetched], None],
+    as_dict: Callable[[Any], Any] = _dump,
+) -> None:
+    """The body of a command that asks the service one thing: ``fetch`` it through a client,
+    then print ``as_dict`` of it as JSON with --json, else ``show`` it (errors as every
+    command's, :func:`_service_errors`)."""
+    with _service_errors(as_json), _client(url, api_key) as client:
+        value = fetch(client)
+        if as_json:
+            _print_json(as_dict(value))
+            return
+        show(value)
 
 
 def _exit_code_for(error: DpssError) -> ExitCode:

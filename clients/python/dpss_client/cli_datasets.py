@@ -9,12 +9,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-# The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
-# schemas, the client, rich.progress) is imported by the commands that use it, so that
-# `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
-from rich.table import Table
-
+# httpx, numpy, pydantic, the schemas, the client and rich.progress are imported by the
+# commands that use them, so that `dpss --help` and `dpss <command> --help` start without them
+# (bench/bench_cli_startup.py).
 from dpss_client.cli_common import (
     AllowLargeDeltaOption,
     ApiKeyOption,
@@ -23,15 +20,24 @@ from dpss_client.cli_common import (
     UrlOption,
     _client,
     _dump,
+    _fetch_and_show,
+    _page_json,
     _print_json,
     _service_errors,
     _stderr,
     _stdout,
 )
-from dpss_client.cli_format import _budget_table, _dataset_rows, _figure, _kv_table
+from dpss_client.cli_format import (
+    _budget_table,
+    _dataset_rows,
+    _figure,
+    _kv_table,
+    _list_table,
+)
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
+    from api_schemas.datasets import Budget, Dataset
     from dpss_client.client import UploadProgress
 
 
@@ -316,12 +322,9 @@ def datasets_list(
     as_json: JsonOption = False,
 ) -> None:
     """List the datasets this key can see."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.datasets()
-        if as_json:
-            _print_json({"items": [_dump(ds) for ds in items], "total": len(items), "next": None})
-            return
-        table = Table(title=f"{len(items)} dataset(s)", title_justify="left", box=box.SIMPLE_HEAD)
+
+    def show(items: list[Dataset]) -> None:
+        table = _list_table(f"{len(items)} dataset(s)")
         table.add_column("id", overflow="fold")
         table.add_column("name", overflow="fold")
         table.add_column("rows x cols", justify="right", overflow="fold")
@@ -339,6 +342,8 @@ def datasets_list(
             )
         _stdout().print(table)
 
+    _fetch_and_show(url, api_key, as_json, lambda client: client.datasets(), show, _page_json)
+
 
 @datasets_app.command("show")
 def datasets_show(
@@ -348,14 +353,13 @@ def datasets_show(
     as_json: JsonOption = False,
 ) -> None:
     """Show one dataset's metadata and budget."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        ds = client.dataset(dataset_id)
-        if as_json:
-            _print_json(_dump(ds))
-            return
+
+    def show(ds: Dataset) -> None:
         out = _stdout()
         out.print(_kv_table("dataset", _dataset_rows(ds)))
         out.print(_budget_table(ds.budget))
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.dataset(dataset_id), show)
 
 
 @datasets_app.command("delete")
@@ -388,11 +392,10 @@ def budget(
     as_json: JsonOption = False,
 ) -> None:
     """Show a dataset's privacy budget: total, spent and remaining (exact decimals)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        b = client.budget(dataset_id)
-        if as_json:
-            _print_json(_dump(b))
-            return
+
+    def show(b: Budget) -> None:
         out = _stdout()
         out.print(f"dataset {dataset_id}", markup=False)
         out.print(_budget_table(b))
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.budget(dataset_id), show)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 # The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
 # schemas, the client, rich.progress) is imported by the commands that use it, so that
 # `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
+from rich import box
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -56,6 +57,11 @@ def _figure(value: Decimal | None, *, up: bool = False) -> str:
 
 #: Where rho, mu and the delta held for the conversion are explained (one place).
 READING_A_BUDGET = "docs/mechanisms.md#reading-a-budget"
+
+
+def _list_table(title: str, **options: Any) -> Table:
+    """The table a listing command draws its rows in (left title, a rule under the header)."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, **options)
 
 
 def _kv_table(title: str, rows: list[tuple[str, Any]]) -> Table:
@@ -125,14 +131,21 @@ def _registration_rows(ds: Dataset) -> list[tuple[str, Any]]:
     return rows
 
 
-def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = [
+def _request_rows(info: ReleasePreview | Release) -> list[tuple[str, Any]]:
+    """What a release (or its preview) asked for: its dataset, mechanism, k, cost and params."""
+    return [
         ("dataset_id", info.dataset_id),
         ("mechanism", info.mechanism),
         ("k", info.k),
         ("epsilon", info.epsilon),
         ("delta", info.delta),
         ("params", json.dumps(info.params, sort_keys=True)),
+    ]
+
+
+def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
+    rows: list[tuple[str, Any]] = [
+        *_request_rows(info),
         ("affordable", "yes" if info.affordable else "NO: the budget does not cover it"),
         ("epsilon_remaining", _figure(info.epsilon_remaining)),
     ]
@@ -169,16 +182,7 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
 
 
 def _release_rows(info: Release) -> list[tuple[str, Any]]:
-    rows: list[tuple[str, Any]] = [
-        ("id", info.id),
-        ("dataset_id", info.dataset_id),
-        ("mechanism", info.mechanism),
-        ("k", info.k),
-        ("epsilon", info.epsilon),
-        ("delta", info.delta),
-        ("params", json.dumps(info.params, sort_keys=True)),
-        ("status", info.status),
-    ]
+    rows: list[tuple[str, Any]] = [("id", info.id), *_request_rows(info), ("status", info.status)]
     if info.reason:
         rows.append(("reason", info.reason))
     if info.status in ("no_result", "failed"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -9,24 +10,22 @@ import typer
 # The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
 # schemas, the client, rich.progress) is imported by the commands that use it, so that
 # `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
 from rich.table import Table
 
 from dpss_client.cli_common import (
     ApiKeyOption,
     JsonOption,
     UrlOption,
-    _client,
-    _dump,
-    _print_json,
-    _service_errors,
+    _fetch_and_show,
+    _items_json,
     _stdout,
 )
-from dpss_client.cli_format import _figure
+from dpss_client.cli_format import _figure, _list_table
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
     from api_schemas.grants import Grant
+    from dpss_client.client import Client
 
 
 # --------------------------------------------------------------------------------------------
@@ -52,12 +51,7 @@ def _native_left(grant: Grant) -> str:
 def _grants_table(items: list[Grant], title: str) -> Table:
     """Each grant in (epsilon, delta) with its native figure beside it; the analyst key by
     name and the start of its id (exact values and times: --json)."""
-    table = Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        caption="exact values: --json",
-    )
+    table = _list_table(title, caption="exact values: --json")
     table.add_column("id", overflow="fold")
     table.add_column("analyst key", overflow="fold")
     for column in ("eps total", "eps spent", "eps left", "delta left", "native left"):
@@ -80,6 +74,11 @@ def _grants_table(items: list[Grant], title: str) -> Table:
             "" if grant.revoked_at is None else "yes",
         )
     return table
+
+
+def _grant_shown(title: str) -> Callable[[Grant], None]:
+    """How a command that changed one grant shows it: a one-row table titled ``title``."""
+    return lambda grant: _stdout().print(_grants_table([grant], title))
 
 
 @grants_app.command("create")
@@ -110,17 +109,16 @@ def grants_create(
     as_json: JsonOption = False,
 ) -> None:
     """Grant an analyst key (or every analyst) a share of DATASET_ID's budget."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+
+    def create(client: Client) -> Grant:
         try:
-            grant = client.create_grant(
+            return client.create_grant(
                 dataset_id, epsilon, delta, mu=mu, rho=rho, analyst_key_id=analyst_key_id
             )
         except (ValueError, TypeError) as exc:
             raise typer.BadParameter(str(exc)) from exc
-        if as_json:
-            _print_json(_dump(grant))
-            return
-        _stdout().print(_grants_table([grant], "grant created"))
+
+    _fetch_and_show(url, api_key, as_json, create, _grant_shown("grant created"))
 
 
 @grants_app.command("list")
@@ -131,12 +129,14 @@ def grants_list(
     as_json: JsonOption = False,
 ) -> None:
     """List DATASET_ID's grants with what each spent and has left."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.list_grants(dataset_id)
-        if as_json:
-            _print_json({"items": [_dump(grant) for grant in items], "total": len(items)})
-            return
-        _stdout().print(_grants_table(items, f"{len(items)} grant(s)"))
+    _fetch_and_show(
+        url,
+        api_key,
+        as_json,
+        lambda client: client.list_grants(dataset_id),
+        lambda items: _stdout().print(_grants_table(items, f"{len(items)} grant(s)")),
+        lambda items: _items_json(items, total=len(items)),
+    )
 
 
 @grants_app.command("revoke")
@@ -148,9 +148,8 @@ def grants_revoke(
     as_json: JsonOption = False,
 ) -> None:
     """Revoke a grant: no further charges; what it spent stays spent."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        grant = client.revoke_grant(dataset_id, grant_id)
-        if as_json:
-            _print_json(_dump(grant))
-            return
-        _stdout().print(_grants_table([grant], "grant revoked"))
+
+    def revoke(client: Client) -> Grant:
+        return client.revoke_grant(dataset_id, grant_id)
+
+    _fetch_and_show(url, api_key, as_json, revoke, _grant_shown("grant revoked"))

@@ -8,27 +8,28 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-# The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
-# schemas, the client, rich.progress) is imported by the commands that use it, so that
-# `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
-from rich.table import Table
-
+# httpx, numpy, pydantic, the schemas, the client and rich.progress are imported by the
+# commands that use them, so that `dpss --help` and `dpss <command> --help` start without them
+# (bench/bench_cli_startup.py).
 from dpss_client.cli_common import (
     ApiKeyOption,
     JsonOption,
     UrlOption,
     _client,
     _dump,
+    _fetch_and_show,
+    _items_json,
+    _page_json,
     _print_json,
     _service_errors,
     _stdout,
 )
-from dpss_client.cli_format import _kv_table
+from dpss_client.cli_format import _kv_table, _list_table
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
-    pass
+    from api_schemas.mechanisms import MechanismInfo
+    from api_schemas.priors import Prior
 
 
 # --------------------------------------------------------------------------------------------
@@ -41,12 +42,9 @@ def mechanisms(
     as_json: JsonOption = False,
 ) -> None:
     """List the mechanisms, their papers and cost rules."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.mechanisms()
-        if as_json:
-            _print_json({"items": [_dump(m) for m in items]})
-            return
-        table = Table(title=f"{len(items)} mechanism(s)", title_justify="left", box=box.SIMPLE_HEAD)
+
+    def show(items: list[MechanismInfo]) -> None:
+        table = _list_table(f"{len(items)} mechanism(s)")
         table.add_column("name", overflow="fold", style="bold")
         table.add_column("title", overflow="fold")
         table.add_column("cost", overflow="fold")
@@ -64,6 +62,8 @@ def mechanisms(
                 ", ".join(props) if isinstance(props, dict) else "",
             )
         _stdout().print(table)
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.mechanisms(), show, _items_json)
 
 
 def audit_list(
@@ -92,12 +92,9 @@ def audit_list(
             total = client.audit(limit=1).total
             events, next_after, following = list(client.audit_events(after=after)), None, None
         if as_json:
-            body = {"items": [_dump(e) for e in events], "total": total, "next": following}
-            _print_json({**body, "next_after": next_after})
+            _print_json(_items_json(events, total=total, next=following, next_after=next_after))
             return
-        table = Table(
-            title=f"{len(events)} audit event(s)", title_justify="left", box=box.SIMPLE_HEAD
-        )
+        table = _list_table(f"{len(events)} audit event(s)")
         table.add_column("seq", justify="right", overflow="fold")
         table.add_column("time (UTC)", overflow="fold")
         table.add_column("event", overflow="fold")
@@ -173,12 +170,9 @@ def priors_list(
     as_json: JsonOption = False,
 ) -> None:
     """List the stored public priors, newest first."""
-    with _service_errors(as_json), _client(url, api_key) as client:
-        items = client.priors()
-        if as_json:
-            _print_json({"items": [_dump(p) for p in items], "total": len(items), "next": None})
-            return
-        table = Table(title=f"{len(items)} prior(s)", title_justify="left", box=box.SIMPLE_HEAD)
+
+    def show(items: list[Prior]) -> None:
+        table = _list_table(f"{len(items)} prior(s)")
         for column in ("id", "name", "source", "d x m", "sha256"):
             table.add_column(column, overflow="fold")
         for prior in items:
@@ -190,3 +184,5 @@ def priors_list(
                 prior.sha256[:16],
             )
         _stdout().print(table)
+
+    _fetch_and_show(url, api_key, as_json, lambda client: client.priors(), show, _page_json)

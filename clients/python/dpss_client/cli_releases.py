@@ -10,12 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-# The rich parts typer's own help draws with anyway; the rest (httpx, numpy, pydantic, the
-# schemas, the client, rich.progress) is imported by the commands that use it, so that
-# `dpss --help` and `dpss <command> --help` start without them (bench/bench_cli_startup.py).
-from rich import box
-from rich.table import Table
-
+# httpx, numpy, pydantic, the schemas, the client and rich.progress are imported by the
+# commands that use them, so that `dpss --help` and `dpss <command> --help` start without them
+# (bench/bench_cli_startup.py).
 from dpss_client.cli_common import (
     ApiKeyOption,
     ExitCode,
@@ -32,7 +29,7 @@ from dpss_client.cli_common import (
     _stderr,
     _stdout,
 )
-from dpss_client.cli_format import _kv_table, _preview_rows, _release_rows, _text
+from dpss_client.cli_format import _kv_table, _list_table, _preview_rows, _release_rows, _text
 from dpss_client.defaults import DEFAULT_URL
 
 if TYPE_CHECKING:
@@ -350,13 +347,7 @@ def releases_list(
         if as_json:
             _print_json({"items": [_dump(r) for r in items], "total": total, "next": following})
             return
-        table = Table(
-            title=f"{len(items)} of {total} release(s)",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 1),
-            pad_edge=False,
-        )
+        table = _list_table(f"{len(items)} of {total} release(s)", padding=(0, 1), pad_edge=False)
         table.add_column("id", overflow="fold")
         table.add_column("dataset", overflow="fold")
         table.add_column("mechanism", overflow="fold")

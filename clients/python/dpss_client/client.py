@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import io
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +33,7 @@ from api_schemas.keys import KeyCreated, KeyInfo, KeyPage, Role
 from api_schemas.mechanisms import MechanismInfo, MechanismList
 from api_schemas.priors import Prior, PriorList, PriorWithBasis
 from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
+from dpss_client import handles as _waits
 from dpss_client.defaults import DEFAULT_URL as DEFAULT_URL
 from dpss_client.errors import (
     AuthError,
@@ -55,9 +55,10 @@ from dpss_client.errors import (
     transport_error,
 )
 from dpss_client.handles import FINISHED as FINISHED
-from dpss_client.handles import LONG_POLL_SECONDS, NoWorkerWarning, ReleaseHandle
+from dpss_client.handles import LONG_POLL_SECONDS as LONG_POLL_SECONDS
 from dpss_client.handles import NO_WORKER_CHECK_SECONDS as NO_WORKER_CHECK_SECONDS
 from dpss_client.handles import RECONNECT_SECONDS as RECONNECT_SECONDS
+from dpss_client.handles import NoWorkerWarning, ReleaseHandle
 from dpss_client.uploads import (
     _CONTENT_TYPES,
     NpyStream,
@@ -119,10 +120,6 @@ __all__ = [
 ]
 
 _Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage, PriorList)
-
-#: How :meth:`Client.wait_registered` and a reference batch's wait pause between polls (the
-#: release waits' own is ``handles._sleep``); tests swap in one that runs the worker.
-_sleep: Callable[[float], None] = time.sleep
 
 # --------------------------------------------------------------------------------------------
 # The client
@@ -447,7 +444,7 @@ class Client:
         when ``ready``. Raises :class:`RegistrationFailed` (with the service's reason) when it
         failed, :class:`WaitTimeoutError` after ``timeout`` seconds (it keeps registering).
         Pauses ``poll_interval`` seconds growing x1.5 up to ``max_poll_interval``."""
-        start = time.monotonic()
+        start = _waits.time.monotonic()
         interval = poll_interval
         while True:
             dataset = self.dataset(dataset_id)
@@ -458,13 +455,13 @@ class Client:
                     "registration_failed",
                     f"dataset {dataset.id}: {dataset.registration_reason or 'no reason given'}",
                 )
-            elapsed = time.monotonic() - start
+            elapsed = _waits.time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise WaitTimeoutError(
                     "timeout", f"dataset {dataset.id} still registering after {elapsed:.1f} s"
                 )
             pause = interval if timeout is None else min(interval, timeout - elapsed)
-            _sleep(max(pause, 0.0))
+            _waits._sleep(max(pause, 0.0))
             interval = min(interval * 1.5, max_poll_interval)
 
     def append_reference_batch(
@@ -486,17 +483,17 @@ class Client:
         registering); with ``wait=False``, the dataset with ``batch_status`` registering."""
         path = f"/v1/dataset-references/{dataset_id}/batches"
         dataset = _parse(self._request("POST", path, json={"uri": uri}), Dataset)
-        start = time.monotonic()
+        start = _waits.time.monotonic()
         interval = poll_interval
         while wait and dataset.batch_status == "registering":
-            elapsed = time.monotonic() - start
+            elapsed = _waits.time.monotonic() - start
             if timeout is not None and elapsed >= timeout:
                 raise WaitTimeoutError(
                     "timeout",
                     f"dataset {dataset.id}: batch still registering after {elapsed:.1f} s",
                 )
             pause = interval if timeout is None else min(interval, timeout - elapsed)
-            _sleep(max(pause, 0.0))
+            _waits._sleep(max(pause, 0.0))
             interval = min(interval * 1.5, max_poll_interval)
             dataset = self.dataset(dataset_id)
         if wait and dataset.batch_status == "failed":
@@ -646,7 +643,7 @@ class Client:
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         path, headers = f"/v1/datasets/{dataset_id}/releases", {"Idempotency-Key": key}
         if wait is not None and wait > 0 and not self._no_release_wait:
-            seconds = min(wait, LONG_POLL_SECONDS)
+            seconds = min(wait, _waits.LONG_POLL_SECONDS)
             try:
                 response = self._request(
                     "POST",

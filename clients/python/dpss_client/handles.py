@@ -5,7 +5,7 @@ reconnects, a live-worker check, an optional progress line) and reads its result
 from __future__ import annotations
 
 import sys
-import time
+import time as time  # as time: the client's waits (client.py) read the clock here too
 import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -35,9 +35,11 @@ if TYPE_CHECKING:
 FINISHED: Final[frozenset[str]] = frozenset({"succeeded", "no_result", "failed"})
 
 
-#: How ``ReleaseHandle.wait`` pauses between polls; tests swap in one that runs the worker.
+#: How every wait of the client pauses between polls (``ReleaseHandle.wait``,
+#: ``Client.wait_registered``, a reference batch's); tests swap in one that runs the worker.
 _sleep: Callable[[float], None] = time.sleep
-#: The longest long poll ``ReleaseHandle.wait`` asks for, seconds (the service allows 30).
+#: The longest long poll ``ReleaseHandle.wait`` (and ``Client.release``'s wait) asks for,
+#: seconds (the service allows 30).
 LONG_POLL_SECONDS: float = 25.0
 #: How long ``ReleaseHandle.wait`` keeps asking a service that does not answer (restarting,
 #: say) before it gives up, seconds: the release goes on in the service's database.
