@@ -137,9 +137,15 @@ def create_app(
         else:
             # A new user who started `dpss serve` without the key met only "invalid or revoked
             # API key" on POST /v1/keys, with nothing saying why.
-            with session_factory() as session:
-                if not auth.has_admin_key(session):
-                    log.warning(auth.NO_ADMIN_KEY)
+            try:
+                with session_factory() as session:
+                    missing = not auth.has_admin_key(session)
+            except SQLAlchemyError:
+                # The database may be down at start; the API still starts and answers 503
+                # until it is back (the hint is only a hint).
+                missing = False
+            if missing:
+                log.warning(auth.NO_ADMIN_KEY)
         yield
         waiters.close()
         if engine is not None:
