@@ -182,10 +182,22 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
     )
 
 
-def dataset_deleted_at(session: Session, release: Release) -> datetime | None:
+def dataset_deleted_at(
+    session: Session, release: Release, *, settled: bool = False
+) -> datetime | None:
     """When the release's dataset was deleted (``None``: it was not). The owner's act, a
-    public moment; the row is usually in the session already."""
-    dataset = session.get(Dataset, release.dataset_id)
+    public moment; the row is usually in the session already.
+
+    ``settled``: lock the dataset's row and read it afresh, so that a deletion still being
+    committed is waited for rather than read as not made. The deletion removes the file before
+    it commits (no raw rows left behind if the commit fails), so a job can find the file gone
+    while the row still reads not deleted; the worker's refund rule asks with ``settled``."""
+    if settled:
+        dataset = session.get(
+            Dataset, release.dataset_id, with_for_update=True, populate_existing=True
+        )
+    else:
+        dataset = session.get(Dataset, release.dataset_id)
     return None if dataset is None else dataset.deleted_at
 
 

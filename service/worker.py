@@ -600,7 +600,7 @@ class Worker:
         # same claim may have read rows before it died (its death itself possibly depending on
         # them), so a retry's such failure is charged.
         refund = outcome.refund and release.attempts <= 1
-        if refund and visibility.dataset_deleted_at(session, release) is not None:
+        if refund and visibility.dataset_deleted_at(session, release, settled=True) is not None:
             # Its dataset was deleted first: whether this job ran before the deletion (no
             # refund) or after it (never read) tells when a worker claimed it, that is when the
             # job ahead ended; analysts and owners see neither (service.visibility). Nothing
