@@ -89,7 +89,7 @@ from service.mechanisms.continual_gauss import (
     ContinualState,
 )
 from service.mechanisms.registry import MECHANISMS, get_mechanism
-from service.padding import PaddingModel, late_schedule
+from service.padding import PaddingModel, late_schedule, padded
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
@@ -329,8 +329,7 @@ def _end_visible_at(session: Session, settings: Settings, release: Release) -> d
     dataset = session.get(Dataset, release.dataset_id)
     if dataset is None:
         return release.visible_at
-    padded = release.visible_at is not None and release.visible_at > release.created_at
-    if dataset.deleted_at is None or not padded:
+    if dataset.deleted_at is None or not padded(release):
         return pending_visible_at(session, settings, release, dataset)
     assert release.visible_at is not None  # padded
     due = max(dataset.deleted_at + (release.visible_at - release.created_at), release.visible_at)

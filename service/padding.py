@@ -79,10 +79,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.config import Settings
 from service.mechanisms.auto_gram import high_dimension
+
+if TYPE_CHECKING:
+    from service.db.models import Release
 
 Params = Mapping[str, Any]
 WorkModel = Callable[[int, int, int, Params], float]
@@ -296,6 +299,12 @@ UNCALIBRATED_READ_RATE = 1e8
 #: The longest padding: a timedelta cannot hold arbitrary floats, and a job that needs a month
 #: is refused by the memory gate or the mechanisms' compute caps long before.
 MAX_PADDING_SECONDS = 30 * 24 * 3600.0
+
+
+def padded(release: Release) -> bool:
+    """Whether the release has a padding to keep (a zero padding, switched off, hides nothing:
+    the real state shows, as :func:`late_schedule` shows a late outcome at once then)."""
+    return release.visible_at is not None and release.visible_at > release.created_at
 
 
 def late_schedule(

@@ -59,7 +59,7 @@ from sqlalchemy.orm import Session, load_only
 from service import continual
 from service.auth import Principal, sees_real_state
 from service.db.models import Dataset, Release, ReleaseEpoch
-from service.padding import late_schedule, next_late_step
+from service.padding import late_schedule, next_late_step, padded
 
 #: Statuses after which a release changes no more.
 FINISHED = frozenset({"succeeded", "no_result", "failed"})
@@ -247,13 +247,6 @@ def load_outcomes(
             .where(Release.id.in_(ids))
             .options(load_only(Release.reason, Release.result_extras))
         ).all()
-
-
-def padded(release: Release) -> bool:
-    """Whether the release has a padding to keep (a zero padding, switched off, hides nothing:
-    the real state shows, as :func:`service.padding.late_schedule` shows a late outcome at
-    once then)."""
-    return release.visible_at is not None and release.visible_at > release.created_at
 
 
 def shown_at(release: Release, ended_at: datetime) -> datetime | None:
