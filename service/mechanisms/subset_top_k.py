@@ -385,6 +385,25 @@ def scale_and_gram(blocks: FloatArray, scaled: FloatArray) -> FloatArray:
     return gram
 
 
+def _scale_normal(blocks: FloatArray, scaled: FloatArray, exponents: npt.NDArray[np.int64]) -> bool:
+    """Each block times its ``2^-e`` in one batched multiplication into ``scaled`` (may be
+    ``blocks``) when every ``2^-e`` is a normal double (an exact power of two: the correctly
+    rounded value :func:`scale_by_power_of_two`'s ``ldexp`` gives; ``e = 0`` multiplies by 1,
+    the identity); ``False``, nothing written, otherwise (rows of 1e-300 or 1e300 and beyond,
+    or no blocks): the caller scales block by block."""
+    if (
+        not exponents.size
+        or exponents.min() < _NORMAL_SCALE.start
+        or exponents.max() >= _NORMAL_SCALE.stop
+    ):
+        return False
+    if exponents.any():
+        np.multiply(blocks, np.ldexp(1.0, -exponents)[:, None, None], out=scaled)
+    elif scaled is not blocks:
+        scaled[...] = blocks
+    return True
+
+
 def _scale_and_gram_batch(blocks: FloatArray, scaled: FloatArray, gram: FloatArray) -> bool:
     """:func:`scale_and_gram` of a batch that fits the cache, in a few calls for the whole
     batch; ``False`` (nothing written) when an exponent is outside the normal range (rows of
@@ -397,14 +416,8 @@ def _scale_and_gram_batch(blocks: FloatArray, scaled: FloatArray, gram: FloatArr
     and the batched ``matmul`` calls the same BLAS product per block as the two-dimensional one
     (issue 35, fourth pass). At 50,000 x 100 the per-block route made about 3,000 numpy calls
     per release (peaks, scaling, products) for 500 blocks of ``100 x 100``."""
-    exponents = power_of_two_exponents(blocks)
-    if exponents.min() < _NORMAL_SCALE.start or exponents.max() >= _NORMAL_SCALE.stop:
+    if not _scale_normal(blocks, scaled, power_of_two_exponents(blocks)):
         return False
-    if exponents.any():
-        factors = np.ldexp(1.0, -exponents)  # exact powers of two, normal doubles
-        np.multiply(blocks, factors[:, None, None], out=scaled)
-    elif scaled is not blocks:
-        scaled[...] = blocks
     if blocks.shape[1] >= blocks.shape[2]:
         np.matmul(scaled.transpose(0, 2, 1), scaled, out=gram)
     else:
@@ -435,11 +448,7 @@ def scale_blocks(blocks: FloatArray, scaled: FloatArray) -> None:
     (a batched multiplication where every ``2^-e`` is a normal double, else
     :func:`scale_by_power_of_two` block by block, ``ldexp`` where it must)."""
     exponents = power_of_two_exponents(blocks)
-    if exponents.size and _NORMAL_SCALE.start <= exponents.min() <= exponents.max() < 1023:
-        if exponents.any():
-            np.multiply(blocks, np.ldexp(1.0, -exponents)[:, None, None], out=scaled)
-        elif scaled is not blocks:
-            scaled[...] = blocks
+    if _scale_normal(blocks, scaled, exponents):
         return
     for j in range(blocks.shape[0]):
         scale_by_power_of_two(blocks[j], int(exponents[j]), scaled[j])
