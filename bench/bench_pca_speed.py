@@ -30,6 +30,11 @@ Where the recommended run's time goes: the same runs with the stages of
 ``chosen_centring_run`` timed (the probe pass, the Gram pass, the noise and eigensolver, the
 explained-variance sums, the rest), median CPU ms per stage against the default in the same
 repetitions.
+
+    python -m bench.bench_pca_speed --floor [--reps 9]
+
+Only the least-work primitives that ``--stages`` ends with (see :func:`primitives`): the
+three passes' floor over the default in the same repetitions.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--stages", action="store_true")
+    parser.add_argument("--floor", action="store_true", help="only the least-work primitives")
     parser.add_argument("--against", help="another checkout's root: before/after in-process")
     args = parser.parse_args()
     with threadpool_limits(limits=1):
@@ -98,6 +104,8 @@ def main() -> None:
             against(args.against, args.reps)
         elif args.stages:
             stages(args.reps)
+        elif args.floor:
+            primitives(args.reps)
         else:
             table(args.reps)
 
@@ -183,17 +191,36 @@ def primitives(reps: int) -> None:
     rows, k = 10), each primitive alone as numpy does it best, against the default in the
     same repetitions: one pass for the norms, the n/2 partners gathered (in forward order per
     chunk, ``numpy.take``), the Gram of rows scaled to a clip (a scaled copy per chunk, then
-    syrk) and ``X U``."""
+    syrk) and ``X U``; then the three passes' floor (issue 32 item 5, ninth pass): what any
+    numpy implementation of the probe, the float32 Gram and the float32 projections must do
+    at least, with every per-row statistic left out (no clip factors, no sum, no pair
+    norms, no histograms, no noise, no eigensolver): pass 1 the rows' squared norms and the
+    partners gathered with their dot products, pass 2 the rows cast to float32 and their
+    Gram in 256-row blocks (:data:`~service.mechanisms.fast_rows.SINGLE_BLOCK_ROWS`), pass 3
+    the rows cast to float32 and multiplied by a ``d x k`` basis. The recommended run cannot
+    be under that floor over the default; the float32 Gram of rows already in float32 is
+    shown apart (the part of pass 2 no pass can stream around)."""
+    from service.mechanisms.fast_rows import _add_single
+
     n, d = SHAPES[1]
     rows = rows_of("spread", n, d)
     rng = np.random.default_rng(0)
     basis = np.linalg.qr(rng.standard_normal((d, K)))[0]
+    basis32 = np.ascontiguousarray(basis, dtype=np.float32)
     factors = np.minimum(1.0, 0.5 / np.linalg.norm(rows, axis=1))
     order = rng.permutation(n)
     low = np.minimum(order[0::2], order[1::2])
+    high = np.maximum(order[0::2], order[1::2])
     chunk = 1024
-    partners = [np.sort(low[(low >= s) & (low < s + chunk)]) for s in range(0, n, chunk)]
+    pieces = []
+    for s in range(0, n, chunk):
+        inside = (high >= s) & (high < s + chunk)
+        by = np.argsort(high[inside])
+        pieces.append((low[inside][by], high[inside][by] - s))
     buffer = np.empty((chunk, d))
+    single: Rows = np.empty((chunk, d), dtype=np.float32)
+    cast: Rows = rows.astype(np.float32)
+    products = np.empty((chunk, K), dtype=np.float32)
 
     def norms() -> None:
         for start in range(0, n, chunk):
@@ -202,8 +229,8 @@ def primitives(reps: int) -> None:
     def gather() -> None:
         # numpy.take: 1.3-1.8x faster than fancy indexing for rows of 100 doubles (the
         # probe pass gathers so).
-        for picked in partners:
-            np.take(rows, picked, axis=0)
+        for partners, _ in pieces:
+            np.take(rows, partners, axis=0)
 
     def scaled_gram() -> None:
         gram = np.zeros((d, d))
@@ -217,13 +244,43 @@ def primitives(reps: int) -> None:
         for start in range(0, n, 256):
             rows[start : start + 256] @ basis
 
+    def single_gram() -> None:
+        gram = np.zeros((d, d))
+        for start in range(0, n, chunk):
+            _add_single(gram, cast[start : start + chunk])
+
+    def floor_probe() -> None:
+        for number, start in enumerate(range(0, n, chunk)):
+            block = rows[start : start + chunk]
+            np.vecdot(block, block)
+            partners, own = pieces[number]
+            np.vecdot(np.take(rows, partners, axis=0), np.take(block, own, axis=0))
+
+    def floor_gram() -> None:
+        gram = np.zeros((d, d))
+        for start in range(0, n, chunk):
+            block = rows[start : start + chunk]
+            np.copyto(single[: block.shape[0]], block, casting="same_kind")
+            _add_single(gram, single[: block.shape[0]])
+
+    def floor_projections() -> None:
+        for start in range(0, n, chunk):
+            block = rows[start : start + chunk]
+            np.copyto(single[: block.shape[0]], block, casting="same_kind")
+            np.matmul(single[: block.shape[0]], basis32, out=products[: block.shape[0]])
+
     work: dict[str, Callable[[], None]] = {
         "row norms (one pass)": norms,
         "n/2 partners gathered": gather,
         "Gram of rows scaled to a clip": scaled_gram,
         "X U (k = 10)": projections,
+        "float32 Gram of rows already in float32 (256-row blocks)": single_gram,
+        "floor of pass 1 (the rows' squared norms, the pairs' dot products)": floor_probe,
+        "floor of pass 2 (the rows cast to float32, their Gram)": floor_gram,
+        "floor of pass 3 (the rows cast to float32, X U)": floor_projections,
     }
     spent: dict[str, list[float]] = defaultdict(list)
+    milliseconds: dict[str, list[float]] = defaultdict(list)
     default: list[float] = []
     for rep in range(reps + 1):
         base, _ = cpu_of(rows, {}, rep)
@@ -235,11 +292,19 @@ def primitives(reps: int) -> None:
         if rep == 0:
             continue
         default.append(base)
+        times["the three passes' floor (the sum of the three)"] = sum(
+            value for name, value in times.items() if name.startswith("floor")
+        )
         for name, value in times.items():
             spent[name].append(value / base)
+            milliseconds[name].append(1e3 * value)
     print(f"\n50,000 x 100, default {1e3 * float(np.median(default)):.1f} ms; each over it:")
     for name, ratios in spent.items():
-        print(f"- {name}: {float(np.median(ratios)):.2f}")
+        low_ratio, high_ratio = min(ratios), max(ratios)
+        print(
+            f"- {name}: {float(np.median(ratios)):.2f} ({low_ratio:.2f}-{high_ratio:.2f}), "
+            f"{float(np.median(milliseconds[name])):.1f} ms"
+        )
 
 
 def load_tree(root: str) -> tuple[Any, Any]:
