@@ -270,6 +270,11 @@ def rho_budget(epsilon: Decimal, delta_conversion: Decimal) -> Decimal:
             lambda a: -(e + (log_delta - _cks_log_factor(a)) / (a - 1)) / a
         )
         rho = round_down(-negative)
+        if rho == 0:
+            # No order certifies a positive rho (epsilon too small for log(1/delta_conversion):
+            # rho(a) > 0 needs a - 1 > about log(1/delta)/epsilon, beyond the search's orders).
+            # The budget is 0, which holds at any delta: the filter admits no step with a cost.
+            return rho
         # The certificate: CKS's bound at this order, for the rounded rho, is within the target.
         certified = (order - 1) * (order * _mp(rho) - e) + _cks_log_factor(order)
         if not certified <= log_delta:  # pragma: no cover - rounding down only lowers it
