@@ -36,9 +36,7 @@ def test_the_zcdp_budget_of_a_tiny_epsilon_is_zero_not_an_error():
     assert accounting.rho_budget(Decimal("0.001"), Decimal("1e-14")) > 0
 
 
-def test_a_tiny_hybrid_budget_is_accepted_and_spent_by_its_other_filters(
-    client, keys, run_worker
-):
+def test_a_tiny_hybrid_budget_is_accepted_and_spent_by_its_other_filters(client, keys, run_worker):
     made = upload(client, keys.owner, "hybrid", **TINY)
     assert made.status_code == 201, made.text
     budget = made.json()["budget"]
@@ -67,9 +65,7 @@ def test_a_tiny_zcdp_budget_is_refused_naming_its_epsilon(client, keys):
 
 @pytest.mark.parametrize("accounting_name", ["hybrid", "zcdp"])
 def test_a_tiny_grant_in_epsilon(client, keys, accounting_name):
-    made = upload(
-        client, keys.owner, accounting_name, epsilon_budget="1", delta_budget="1e-5"
-    )
+    made = upload(client, keys.owner, accounting_name, epsilon_budget="1", delta_budget="1e-5")
     assert made.status_code == 201, made.text
     grants = f"/v1/datasets/{made.json()['id']}/grants"
     granted = client.post(
