@@ -365,6 +365,10 @@ def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
     if position is None:
         return _batch_to_matrix(batch), None
     ids = batch.column(position)
+    if pa.types.is_dictionary(ids.type):
+        # A categorical column (pandas' "category", Parquet's dictionary): its values, text or
+        # integers, are the identifiers (the codes are the file's own, not the people's).
+        ids = ids.dictionary_decode()
     if ids.null_count:
         raise InvalidInput(UNIT_FIELD, "the identifier column has a missing value")
     if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):

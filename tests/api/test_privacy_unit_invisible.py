@@ -10,12 +10,13 @@ service.unit_keys); a dataset uploaded under an earlier rule keeps its digests f
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from service import unit_keys
 from service.privacy_unit import visible_key
 from tests.api.test_append_rows import append
-from tests.api.test_privacy_unit_http import upload
+from tests.api.test_privacy_unit_http import parquet_bytes, upload
 from tests.api.test_privacy_unit_identifiers import csv_rows
 from tests.conftest import bearer
 
@@ -71,3 +72,31 @@ def test_an_append_with_invisible_characters_adds_no_person(client, keys) -> Non
     shown = client.get(f"/v1/datasets/{made.json()['id']}", headers=bearer(keys.analyst)).json()
     # Before: 12 (each spelling a new person of one row).
     assert (shown["n_rows"], shown["n_units"]) == (3 + len(spellings), 3)
+
+
+@pytest.mark.parametrize("values", [["7", "alice", "7"], [7, 9, 7]], ids=["text", "integers"])
+def test_a_categorical_identifier_column_is_read_by_its_values(client, keys, values) -> None:
+    """A Parquet identifier column stored as a dictionary (pandas' ``category`` dtype, common
+    for identifiers) was refused with 422 "must hold text or integers" although it held text;
+    it is read by its values, so its people are the same as in a plain column's batch."""
+    rng = np.random.default_rng(5)
+    table = pa.table(
+        {"patient": pa.array(values).dictionary_encode(), "a": rng.normal(size=3) * 0.1}
+    )
+    made = upload(
+        client, keys.owner, "x.parquet", parquet_bytes(table), privacy_unit_column="patient"
+    )
+    assert made.status_code == 201, made.text
+    assert made.json()["n_units"] == 2
+    plain = pa.table({"patient": pa.array(values), "a": rng.normal(size=3) * 0.1})
+    grown = append(
+        client,
+        keys.owner,
+        made.json()["id"],
+        parquet_bytes(plain),
+        filename="more.parquet",
+        privacy_unit_column="patient",
+    )
+    assert grown.status_code == 201, grown.text
+    shown = client.get(f"/v1/datasets/{made.json()['id']}", headers=bearer(keys.analyst)).json()
+    assert (shown["n_rows"], shown["n_units"]) == (6, 2)
