@@ -100,3 +100,19 @@ def test_a_categorical_identifier_column_is_read_by_its_values(client, keys, val
     assert grown.status_code == 201, grown.text
     shown = client.get(f"/v1/datasets/{made.json()['id']}", headers=bearer(keys.analyst)).json()
     assert (shown["n_rows"], shown["n_units"]) == (6, 2)
+
+
+def test_an_identifier_of_invisible_characters_only_is_empty(client, keys) -> None:
+    """A cell holding only a zero-width space is as empty as an empty one: refused (with no
+    value named), as an empty identifier is, rather than taken for a person."""
+    rows = np.random.default_rng(6).normal(size=(2, 2)) * 0.1
+    refused = upload(
+        client,
+        keys.owner,
+        "x.csv",
+        csv_rows(["7", "\u200b\u200e"], rows),
+        privacy_unit_column="patient",
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["detail"].startswith("privacy_unit_column:")
+    assert "\u200b" not in refused.text
