@@ -372,7 +372,11 @@ def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
         ids = ids.dictionary_decode()
     if ids.null_count:
         raise InvalidInput(UNIT_FIELD, "the identifier column has a missing value")
-    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+    if (
+        pa.types.is_string(ids.type)
+        or pa.types.is_large_string(ids.type)
+        or pa.types.is_string_view(ids.type)  # Arrow's view layout of the same text
+    ):
         values: list[Any] | np.ndarray[Any, Any] = ids.to_pylist()
         # Empty once its invisible characters are dropped (a zero-width space alone) is empty.
         if any(not visible_text(value).strip() for value in values):

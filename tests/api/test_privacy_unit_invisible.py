@@ -74,15 +74,30 @@ def test_an_append_with_invisible_characters_adds_no_person(client, keys) -> Non
     assert (shown["n_rows"], shown["n_units"]) == (3 + len(spellings), 3)
 
 
-@pytest.mark.parametrize("values", [["7", "alice", "7"], [7, 9, 7]], ids=["text", "integers"])
-def test_a_categorical_identifier_column_is_read_by_its_values(client, keys, values) -> None:
+@pytest.mark.parametrize(
+    ("values", "layout"),
+    [
+        (["7", "alice", "7"], "dictionary"),
+        ([7, 9, 7], "dictionary"),
+        (["7", "alice", "7"], "string_view"),
+    ],
+    ids=["categorical-text", "categorical-integers", "string-view"],
+)
+def test_an_identifier_column_in_another_arrow_layout_is_read_by_its_values(
+    client, keys, values, layout
+) -> None:
     """A Parquet identifier column stored as a dictionary (pandas' ``category`` dtype, common
-    for identifiers) was refused with 422 "must hold text or integers" although it held text;
-    it is read by its values, so its people are the same as in a plain column's batch."""
+    for identifiers) or in Arrow's string-view layout was refused with 422 "must hold text or
+    integers" although it held text; it is read by its values, so its people are the same as
+    in a plain column's batch."""
     rng = np.random.default_rng(5)
-    table = pa.table(
-        {"patient": pa.array(values).dictionary_encode(), "a": rng.normal(size=3) * 0.1}
+    plain_ids = pa.array(values)
+    ids = (
+        plain_ids.dictionary_encode()
+        if layout == "dictionary"
+        else plain_ids.cast(pa.string_view())
     )
+    table = pa.table({"patient": ids, "a": rng.normal(size=3) * 0.1})
     made = upload(
         client, keys.owner, "x.parquet", parquet_bytes(table), privacy_unit_column="patient"
     )
