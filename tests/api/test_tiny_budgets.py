@@ -13,7 +13,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from service import accounting
+from service import accounting, audit
 from tests.conftest import bearer, npy_bytes
 
 TINY = {"epsilon_budget": "0.000001", "delta_budget": "1e-12"}
@@ -36,7 +36,9 @@ def test_the_zcdp_budget_of_a_tiny_epsilon_is_zero_not_an_error():
     assert accounting.rho_budget(Decimal("0.001"), Decimal("1e-14")) > 0
 
 
-def test_a_tiny_hybrid_budget_is_accepted_and_spent_by_its_other_filters(client, keys, run_worker):
+def test_a_tiny_hybrid_budget_is_accepted_and_spent_by_its_other_filters(
+    client, keys, run_worker, session_factory
+):
     made = upload(client, keys.owner, "hybrid", **TINY)
     assert made.status_code == 201, made.text
     budget = made.json()["budget"]
@@ -53,6 +55,8 @@ def test_a_tiny_hybrid_budget_is_accepted_and_spent_by_its_other_filters(client,
     shown = client.get(f"/v1/datasets/{dataset_id}/budget", headers=bearer(keys.owner)).json()
     assert again.json()["epsilon_remaining"] == shown["epsilon_remaining"]
     assert Decimal(shown["epsilon_spent"]) <= Decimal(shown["epsilon_total"])
+    with session_factory() as session:  # the audit's replay derives the same zero rho
+        assert audit.verify(session).problems == []
 
 
 def test_a_tiny_zcdp_budget_is_refused_naming_its_epsilon(client, keys):
