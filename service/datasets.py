@@ -187,8 +187,9 @@ def check_budgets(form: DatasetCreate, default_accounting: str) -> BudgetTerms:
         raise InvalidInput(
             "epsilon_budget",
             f"{form.epsilon_budget} is too small for zcdp accounting at delta_conversion "
-            f"{conversion}: no rho > 0 converts within it, so no release could run; raise "
-            "epsilon_budget or delta_budget, or use hybrid or basic accounting",
+            f"{conversion}: its zCDP budget (the largest rho whose conversion the service "
+            "certifies within it) is 0, so no release could run; raise epsilon_budget or "
+            "delta_budget, or use hybrid or basic accounting",
         )
     if form.rho_budget is not None:
         if form.rho_budget > rho:

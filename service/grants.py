@@ -429,8 +429,9 @@ def _epsilon_share(
             raise InvalidInput(
                 "epsilon",
                 f"{epsilon} is too small at the grant's delta for the conversion, {conversion}: "
-                "no rho > 0 converts within it, so the grant could run nothing; grant a larger "
-                "epsilon or delta, or a rho",
+                "its zCDP budget (the largest rho whose conversion the service certifies within "
+                "it) is 0, so the grant could run nothing; grant a larger epsilon or delta, or "
+                "a rho",
             )
     # The epsilon asked is kept (the grant's epsilon column; the filter charges rho only): its
     # spend is (epsilon, delta)-DP with delta <= delta_total, which is how it is stated.

@@ -1,10 +1,12 @@
 """Budgets too small for a zCDP filter (an outside audit of issue 31, "budgets near their
-limits"): on an epsilon far below log(1/delta_conversion), no Renyi order the conversion
-searches certifies a positive rho, and deriving the budget raised ArithmeticError: a hybrid or
-zcdp upload of (1e-6, 1e-12), and a hybrid or zcdp grant of epsilon 1e-6, answered 500. The
-zCDP budget is now 0 there (it holds at any delta, and admits no step with a cost): a hybrid
-dataset or grant keeps its other filters and runs; a zcdp dataset or grant, which would run
-nothing, is refused with 422 naming the epsilon."""
+limits"): with both epsilon and delta_conversion small (1e-6 and 1e-14), no Renyi order the
+conversion searches (up to 1 + 1e6) certifies a positive rho, and deriving the budget raised
+ArithmeticError: a hybrid or zcdp upload of (1e-6, 1e-12), and a hybrid or zcdp grant of
+epsilon 1e-6 at delta 1e-12, answered 500. The zCDP budget is now 0 there (sound at any
+delta; it admits no step with a cost): a hybrid dataset or grant keeps its other filters and
+runs; a zcdp dataset or grant, which would run nothing, is refused with 422 naming the
+epsilon. (A tiny epsilon alone is not this case: at delta 1e-5 a rho of about 3.4e-11 converts
+to (0, 5e-6), since a tiny rho is a tiny total variation distance.)"""
 
 from __future__ import annotations
 
