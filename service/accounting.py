@@ -270,6 +270,13 @@ def rho_budget(epsilon: Decimal, delta_conversion: Decimal) -> Decimal:
             lambda a: -(e + (log_delta - _cks_log_factor(a)) / (a - 1)) / a
         )
         rho = round_down(-negative)
+        if rho == 0:
+            # No order of the search (up to 1 + 1e6) certifies a positive rho: rho(a) > 0 needs
+            # about eps (a - 1) + log(e a delta) > 0, so a beyond min(log(1/delta)/eps,
+            # 1/(e delta)) when both are small. A larger order would certify a rho far too small
+            # to run anything; 0 is a sound budget (it holds at any delta and admits no step
+            # with a cost), and the certificate below is for a positive rho.
+            return rho
         # The certificate: CKS's bound at this order, for the rounded rho, is within the target.
         certified = (order - 1) * (order * _mp(rho) - e) + _cks_log_factor(order)
         if not certified <= log_delta:  # pragma: no cover - rounding down only lowers it

@@ -183,6 +183,14 @@ def check_budgets(form: DatasetCreate, default_accounting: str) -> BudgetTerms:
     if not 0 < conversion <= form.delta_budget:
         raise InvalidInput("delta_conversion", "must be > 0 and at most delta_budget")
     rho = accounting.rho_budget(form.epsilon_budget, conversion)
+    if rho == 0 and form.rho_budget is None:
+        raise InvalidInput(
+            "epsilon_budget",
+            f"{form.epsilon_budget} is too small for zcdp accounting at delta_conversion "
+            f"{conversion}: its zCDP budget (the largest rho whose conversion the service "
+            "certifies within it) is 0, so no release could run; raise epsilon_budget or "
+            "delta_budget, or use hybrid or basic accounting",
+        )
     if form.rho_budget is not None:
         if form.rho_budget > rho:
             raise InvalidInput(

@@ -425,6 +425,14 @@ def _epsilon_share(
         conversion = min(delta, dataset.delta_conversion)
         mechanisms = ledger.BUDGET_CONTEXT.subtract(delta, conversion)
         rho = accounting.rho_budget(epsilon, conversion)
+        if rho == 0:
+            raise InvalidInput(
+                "epsilon",
+                f"{epsilon} is too small at the grant's delta for the conversion, {conversion}: "
+                "its zCDP budget (the largest rho whose conversion the service certifies within "
+                "it) is 0, so the grant could run nothing; grant a larger epsilon or delta, or "
+                "a rho",
+            )
     # The epsilon asked is kept (the grant's epsilon column; the filter charges rho only): its
     # spend is (epsilon, delta)-DP with delta <= delta_total, which is how it is stated.
     return epsilon, mechanisms, min(rho, dataset.rho_total)

@@ -248,6 +248,45 @@ def rounded_key(value: Any) -> tuple[str, Any]:
     return (kind, key)
 
 
+#: Default-ignorable code points that are not format characters (category ``Cf``, dropped
+#: too): the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian free
+#: variation selectors and the variation selectors. Each renders as nothing.
+_IGNORABLE = frozenset(
+    [
+        *(0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0),
+        *range(0x180B, 0x1810),
+        *range(0xFE00, 0xFE10),
+        *range(0xE0100, 0xE01F0),
+    ]
+)
+
+
+def visible_text(text: str) -> str:
+    """``text`` without its invisible characters: format characters (``Cf``: zero-width space
+    and joiners, word joiner, a byte-order mark inside a value, left-to-right and other bidi
+    marks, soft hyphen) and the other default-ignorable code points (:data:`_IGNORABLE`)."""
+    if text.isascii():
+        return text  # no ASCII character is invisible in this sense
+    return "".join(
+        ch for ch in text if ord(ch) not in _IGNORABLE and unicodedata.category(ch) != "Cf"
+    )
+
+
+def visible_key(value: Any) -> tuple[str, Any]:
+    """:func:`rounded_key` of text without its invisible characters (:func:`visible_text`;
+    datasets uploaded from now on, :mod:`service.unit_keys`' fourth rule).
+
+    An identifier copied from a web page, a right-to-left document or a spreadsheet may carry
+    characters that render as nothing: ``"\u200e7"`` (a left-to-right mark) or ``"7\u200b"``
+    (a zero-width space) looks exactly like ``"7"``, and :func:`person_key`'s whitespace rule
+    does not drop them (they are not whitespace), so the person became a second unit, each
+    bounded apart (protected only at twice epsilon). Dropping them only merges identifiers,
+    which never weakens a bound."""
+    if isinstance(value, str):
+        value = visible_text(value)
+    return rounded_key(value)
+
+
 def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
     """How many units have 1, 2-5, 6-20, 21-100 and over 100 rows.
 

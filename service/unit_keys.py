@@ -13,11 +13,12 @@ An appended batch's identifiers are hashed with the dataset's secret while the f
 (:class:`KeyedIndexer` with no people known: per row digests, kept in ``incoming/`` beside the
 batch), and mapped to indices under the dataset's lock (:func:`extend`): a known digest gets the
 person's index, a new one the next index. Equal identifiers are one person exactly as at upload,
-by :func:`service.privacy_unit.rounded_key` (spellings of one identifier, text or number, are one
-person, and beyond ``2^53`` a number is its float64 rounding, as a float file holds it); a
-dataset uploaded before that rule keeps its own, :func:`~service.privacy_unit.person_key` or
-the first :func:`~service.privacy_unit.canonical_key` (text as text, numbers as numbers),
-which its secret says (:func:`rule_of`).
+by :func:`service.privacy_unit.visible_key` (spellings of one identifier, text or number, are one
+person, invisible characters in text are dropped, and beyond ``2^53`` a number is its float64
+rounding, as a float file holds it); a dataset uploaded before that rule keeps its own,
+:func:`~service.privacy_unit.rounded_key`, :func:`~service.privacy_unit.person_key` or the first
+:func:`~service.privacy_unit.canonical_key` (text as text, numbers as numbers), which its secret
+says (:func:`rule_of`).
 
 What the digests allow: with the secret (the store's disk), an identifier can be tested for
 membership; without it nothing. The store holds the rows themselves already, so this adds no
@@ -36,7 +37,14 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import InvalidInput
-from service.privacy_unit import FIELD, FLOAT64_EXACT, canonical_key, person_key, rounded_key
+from service.privacy_unit import (
+    FIELD,
+    FLOAT64_EXACT,
+    canonical_key,
+    person_key,
+    rounded_key,
+    visible_key,
+)
 
 #: Digest size (HMAC-SHA256).
 DIGEST_BYTES = 32
@@ -51,21 +59,31 @@ Digests = npt.NDArray[np.uint8]
 #: (and so its appends) keep :func:`~service.privacy_unit.canonical_key`, the rule its stored
 #: people's digests were made with (changing it would split every returning person).
 PERSON_RULE = 2
-#: The first byte of a secret made with :func:`~service.privacy_unit.rounded_key`'s rule (the
-#: current one): numbers beyond ``2^53`` are their float64 rounding, so a person whose
-#: identifier a float file holds only rounded stays one person. Datasets with a
-#: :data:`PERSON_RULE` secret keep that rule for their appends, for the same reason as above.
+#: The first byte of a secret made with :func:`~service.privacy_unit.rounded_key`'s rule:
+#: numbers beyond ``2^53`` are their float64 rounding, so a person whose identifier a float
+#: file holds only rounded stays one person. Datasets with a :data:`PERSON_RULE` secret keep
+#: that rule for their appends, for the same reason as above.
 ROUNDED_RULE = 3
+#: The first byte of a secret made with :func:`~service.privacy_unit.visible_key`'s rule (the
+#: current one): :data:`ROUNDED_RULE`'s, with the invisible characters of text dropped first,
+#: so ``"7\u200b"`` is ``"7"``. Datasets with an older secret keep their rule for their
+#: appends, for the same reason as above.
+VISIBLE_RULE = 4
 
-Rule = Literal["first", "person", "rounded"]
+Rule = Literal["first", "person", "rounded", "visible"]
 
-_RULES: dict[int, Rule] = {PERSON_RULE: "person", ROUNDED_RULE: "rounded"}
-_KEYS = {"first": canonical_key, "person": person_key, "rounded": rounded_key}
+_RULES: dict[int, Rule] = {PERSON_RULE: "person", ROUNDED_RULE: "rounded", VISIBLE_RULE: "visible"}
+_KEYS = {
+    "first": canonical_key,
+    "person": person_key,
+    "rounded": rounded_key,
+    "visible": visible_key,
+}
 
 
 def new_secret() -> bytes:
     """A fresh per-dataset secret from the OS CSPRNG, marked with the current rule."""
-    return bytes([ROUNDED_RULE]) + secrets.token_bytes(SECRET_BYTES)
+    return bytes([VISIBLE_RULE]) + secrets.token_bytes(SECRET_BYTES)
 
 
 def rule_of(secret: bytes) -> Rule:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from service.errors import InvalidInput, PayloadTooLarge, size_text
 from service.privacy_unit import FIELD as UNIT_FIELD
+from service.privacy_unit import visible_text
 
 #: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
 BLOCK_VALUES = 4 * 1024 * 1024
@@ -365,11 +366,20 @@ def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
     if position is None:
         return _batch_to_matrix(batch), None
     ids = batch.column(position)
+    if pa.types.is_dictionary(ids.type):
+        # A categorical column (pandas' "category", Parquet's dictionary): its values, text or
+        # integers, are the identifiers (the codes are the file's own, not the people's).
+        ids = ids.dictionary_decode()
     if ids.null_count:
         raise InvalidInput(UNIT_FIELD, "the identifier column has a missing value")
-    if pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type):
+    if (
+        pa.types.is_string(ids.type)
+        or pa.types.is_large_string(ids.type)
+        or pa.types.is_string_view(ids.type)  # Arrow's view layout of the same text
+    ):
         values: list[Any] | np.ndarray[Any, Any] = ids.to_pylist()
-        if any(not value.strip() for value in values):
+        # Empty once its invisible characters are dropped (a zero-width space alone) is empty.
+        if any(not visible_text(value).strip() for value in values):
             raise InvalidInput(UNIT_FIELD, "the identifier column has an empty value")
     elif pa.types.is_integer(ids.type) or pa.types.is_floating(ids.type):
         numbers = ids.to_numpy(zero_copy_only=False)

@@ -99,8 +99,9 @@ def test_a_person_keeps_one_unit_across_formats_and_spellings(client, keys, firs
     assert shown["n_units"] == 3
 
 
-def test_new_secrets_carry_the_rounded_rule() -> None:
-    assert unit_keys.rule_of(unit_keys.new_secret()) == "rounded"
+def test_new_secrets_carry_the_visible_rule() -> None:
+    # The rounded rule, with invisible characters of text dropped (test_privacy_unit_invisible).
+    assert unit_keys.rule_of(unit_keys.new_secret()) == "visible"
 
 
 def npy_with_ids(ids: np.ndarray, rows: np.ndarray) -> bytes:
