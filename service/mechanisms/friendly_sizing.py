@@ -21,6 +21,7 @@ from service.mechanisms.friendly_weights import (
     Aggregator,
     block_rows,
     centred_rows,
+    packed_chunks,
     packed_length,
     packed_projections,
 )
@@ -160,11 +161,14 @@ def friendly_memory_bytes(
     elif packed_projections(t, d, k):
         # the packed projectors, zero-padded to whole chunks (and, while they are built, a few
         # products of the bases' halves, under d x d each); the centred band's G_j (t d k) and,
-        # while it is built, one more t d k and two t k k; per block the overlaps, the product
+        # while it is built, one more t d k and two t k k, or the single-precision screen's
+        # packed rows and the bases rounded to single; per block the overlaps, the product
         # added to them, the squared distances' temporaries, the bins and their indexed copy
         rows = block_rows(t, 4)
         band = t * (2 * d * k + 2 * k * k)
-        held = bases + 8 * (t * (packed_length(d) + k * d) + band + BLOCK_FLOATS + d * d)
+        n_chunks, chunk = packed_chunks(d, k)
+        screen = 4 * t * (n_chunks * chunk + d * k) + 8 * t * d * k
+        held = bases + 8 * (t * (packed_length(d) + k * d) + band + BLOCK_FLOATS + d * d) + screen
         per_worker = 8 * 7 * rows * t
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
