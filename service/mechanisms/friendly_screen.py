@@ -5,7 +5,8 @@ What it is for: :class:`~service.mechanisms.friendly_weights.CentredProjectionBl
 ``#{l : F_jl <= r}`` for the exact per-pair distances ``F_jl`` of the packed route. Where the
 subsets agree, its centred band places almost every pair without ``F``; where they do not (the
 band is ``useless``), every tile of ``F`` was computed: ``t^2 L / 2`` double multiply-adds
-(``L = d (d + 1) / 2``), about 2.5 times the bare ``X^T X`` at 50,000 x 100, ``t = 500``. The
+(``L = d (d + 1) / 2``), about 2.5 times the bare ``X^T X`` at 50,000 x 100, ``t = 500`` (on the
+cross-product route, ``d + 1 >= 2 k^2``, ``t^2 k^2 d / 2``: :class:`CrossScreen`). The
 radius grid is coarse (``r_i = r_max 2^-i``), so a cheap estimate of ``F^2`` with a proven error
 bound places almost every such pair too: the same inner products ``<p_j, p_l>`` of the packed
 projectors, in single precision (half the work of the double product, one product per block).
@@ -113,21 +114,25 @@ class SingleScreen:
         self.margin = 2.0 * (single + 3.0 * exact_slack + double) + 1e-30
 
     def estimate(self, start: int, stop: int) -> FloatArray:
-        """``S_jl = o_j + o_l - 2 g_jl`` for ``j in [start, stop)``, ``l in [start, t)``: one
-        single-precision product per block, the block's own square part as ``A A^T`` (BLAS
-        ``syrk``), the later rows as a plain product; rows left of the block never."""
+        """``S_jl = o_j + o_l - 2 g_jl`` for ``j in [start, stop)``, ``l in [start, t)``
+        (:meth:`inner` the ``g_jl``)."""
+        square = self.inner(start, stop)
+        square *= -2.0
+        square += self.overlap[start:stop, None]
+        square += self.overlap[None, start:]
+        return square
+
+    def inner(self, start: int, stop: int) -> FloatArray:
+        """``g_jl`` in double: one single-precision product per block, the block's own square
+        part as ``A A^T`` (BLAS ``syrk``), the later rows as a plain product; rows left of the
+        block never."""
         t, size = self.t, stop - start
         own = self.rows[start:stop]
         inner = np.empty((size, t - start), dtype=np.float32)
         inner[:, :size] = own @ own.T
         if stop < t:
             np.matmul(own, self.rows[stop:].T, out=inner[:, size:])
-        square = inner.astype(np.float64)
-        del inner
-        square *= -2.0
-        square += self.overlap[start:stop, None]
-        square += self.overlap[None, start:]
-        return square
+        return inner.astype(np.float64)
 
     def place(
         self, start: int, stop: int, below_low: FloatArray, below_high: FloatArray
@@ -165,3 +170,95 @@ def single_screen(
     rows = np.zeros((t, n_chunks * chunk), dtype=np.float32)
     packed_projector_rows(source.astype(np.float32), n_chunks, chunk, out=rows)
     return SingleScreen(rows, self_overlap, frobenius2, served, k, exact_slack)
+
+
+class CrossScreen(SingleScreen):
+    """The screen of the cross-product route (``d + 1 >= 2 k^2``, or too many packed rows):
+    ``g_jl = sum_ab c~_ab^2`` with ``c~ = U~_j^T U~_l`` in single precision (the stacked bases
+    rounded to single, one product per strip of bases against every later one), the squares
+    summed in double.
+
+    Bound: each ``c_ab = u_a . v_b`` (columns of ``U_j`` and ``U_l``, length ``d``) from the
+    rounded columns errs by at most ``e_ab = gamma_{d+2} ||u_a|| ||v_b||``, so with
+    ``Phi_j = ||U_j||_F^2``, ``sum_ab |c~_ab^2 - c_ab^2| <= sum_ab (2 |c_ab| e_ab + e_ab^2)
+    <= (2 gamma + gamma^2) Phi_j Phi_l`` (Cauchy-Schwarz; ``sum c^2 <= Phi_j Phi_l``), and the
+    single rounding of each square adds ``u (1 + gamma)^2 Phi_j Phi_l``: at most
+    ``4 gamma_{d+2} Phi_j Phi_l`` together. ``S`` then errs by twice that, plus the terms of
+    :class:`SingleScreen` (``exact_slack``, double roundings); ``M`` is that at the largest
+    ``Phi_j`` served, times 2.
+
+    Parameters
+    ----------
+    stacked : (d, t k) float32 array
+        The bases side by side, rounded to single (zero columns for bases not served).
+    self_overlap, frobenius2, served, k, exact_slack
+        As :class:`SingleScreen`.
+    """
+
+    def __init__(
+        self,
+        stacked: npt.NDArray[np.float32],
+        self_overlap: FloatArray,
+        frobenius2: FloatArray,
+        served: npt.NDArray[np.bool_],
+        k: int,
+        exact_slack: float,
+    ) -> None:
+        d = stacked.shape[0]
+        self.stacked, self.k, self.t = stacked, k, stacked.shape[1] // k
+        self.rows = np.zeros((self.t, 0), dtype=np.float32)
+        self.overlap = np.asarray(self_overlap, dtype=np.float64)
+        self.bad = ~served | ~np.isfinite(self.overlap)
+        eps = float(np.finfo(np.float64).eps)
+        good = ~self.bad
+        phi = float(frobenius2[good].max()) if good.any() else 0.0
+        o_max = float(np.abs(self.overlap[good]).max()) if good.any() else 0.0
+        single = 2.0 * 4.0 * gamma(d + 2) * phi * phi
+        double = 64.0 * eps * (4.0 * o_max + 4.0 * phi * phi) + 4.0 * k * k * eps * phi * phi
+        self.margin = 2.0 * (single + 3.0 * exact_slack + double) + 1e-30
+        self.strip = cross_strip(self.t, k)
+
+    def inner(self, start: int, stop: int) -> FloatArray:
+        """``g_jl`` for ``j in [start, stop)``, ``l in [start, t)``, a strip at a time."""
+        t, k = self.t, self.k
+        out = np.zeros((stop - start, t - start), dtype=np.float64)
+        for r0 in range(start, stop, self.strip):
+            # Each strip against the later bases only (the pairs j < l; the rest stay 0 and
+            # are never read: the count step mirrors the upper triangle).
+            r1 = min(stop, r0 + self.strip)
+            cross = self.stacked[:, r0 * k : r1 * k].T @ self.stacked[:, r0 * k :]
+            np.multiply(cross, cross, out=cross)
+            summed = cross.reshape(r1 - r0, k, (t - r0) * k).sum(axis=1, dtype=np.float64)
+            out[r0 - start : r1 - start, r0 - start :] = summed.reshape(r1 - r0, t - r0, k).sum(
+                axis=2
+            )
+        return out
+
+
+#: Single-precision entries of one strip's cross products in :class:`CrossScreen` (1 MB).
+CROSS_STRIP_FLOATS = 1 << 18
+
+
+def cross_strip(t: int, k: int) -> int:
+    """Bases per strip of :class:`CrossScreen`: its products (``strip k x t k`` singles) within
+    :data:`CROSS_STRIP_FLOATS`, at least one base."""
+    return max(1, CROSS_STRIP_FLOATS // max(1, t * k * k))
+
+
+def cross_strip_bytes(t: int, k: int) -> int:
+    """Peak bytes of one strip of :class:`CrossScreen` (public sizes): its single-precision
+    products and their sums over ``a`` in double."""
+    strip = cross_strip(t, k)
+    return 4 * strip * k * t * k + 8 * strip * t * k
+
+
+def cross_screen(bases: FloatArray, self_overlap: FloatArray, exact_slack: float) -> CrossScreen:
+    """:class:`CrossScreen` of the ``(t, d, k)`` bases (zero columns for the bases it does not
+    serve, as :func:`single_screen`)."""
+    t, d, k = bases.shape
+    with np.errstate(all="ignore"):
+        frobenius2 = np.einsum("gij,gij->g", bases, bases)
+    served = np.isfinite(frobenius2) & (frobenius2 <= SCREEN_FROBENIUS * k)
+    source = bases if served.all() else np.where(served[:, None, None], bases, 0.0)
+    stacked = np.ascontiguousarray(source.astype(np.float32).transpose(1, 0, 2).reshape(d, t * k))
+    return CrossScreen(stacked, self_overlap, frobenius2, served, k, exact_slack)

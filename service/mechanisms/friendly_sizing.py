@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from service.mechanisms.friendly_ptr import t_comfortable_for, t_min_for
 from service.mechanisms.friendly_radius import radius_steps
+from service.mechanisms.friendly_screen import cross_strip_bytes
 from service.mechanisms.friendly_weights import (
     BLOCK_FLOATS,
     MAX_DISTANCE_WORKERS,
@@ -175,10 +176,12 @@ def friendly_memory_bytes(
     else:
         # the bases, the centred band's G_j (t d k) and either its one t d k temporary while it
         # is built or, later, the stacked bases of the exact tiles; two t k k; per block the
-        # band's strips and bins (as the packed route's) and one tile's cross products
+        # band's strips and bins (as the packed route's) and one tile's cross products; or the
+        # single-precision screen's stacked bases (with the copies that form them, 2 t d k
+        # doubles at most) and one strip's products, single and summed in double
         rows = centred_rows(t, TILE_CROSS)
-        held = 3 * bases + 8 * 2 * t * k * k
-        per_worker = 8 * (7 * rows * t + 2 * (TILE_CROSS * k) ** 2)
+        held = 3 * bases + 8 * 2 * t * k * k + 2 * bases
+        per_worker = 8 * (7 * rows * t + 2 * (TILE_CROSS * k) ** 2) + cross_strip_bytes(t, k)
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
     distance_step = held + counts + workers * per_worker

@@ -51,7 +51,7 @@ from service.mechanisms.friendly_packed import (
 )
 
 # isort: on
-from service.mechanisms.friendly_screen import SingleScreen, single_screen
+from service.mechanisms.friendly_screen import SingleScreen, cross_screen, single_screen
 from service.mechanisms.linalg import FloatArray
 
 Aggregator = Literal["reference_points", "projection"]
@@ -274,9 +274,9 @@ USELESS_BAND = 1e-2
 #: Rows of the band's strips (each against the later columns).
 STRIP_ROWS = 64
 
-#: Where the band is useless on the packed route, place the pairs by the single-precision
-#: screen (``friendly_screen``); ``False``: every tile exact, the route of before, kept for the
-#: same-process comparison in bench/bench_aggregator_speed.py (the counts are the same).
+#: Where the band is useless, place the pairs by the single-precision screen
+#: (``friendly_screen``, packed or cross products); ``False``: every tile exact, as before,
+#: for the same-process comparison in bench/bench_aggregator_speed.py (the same counts).
 SINGLE_SCREEN = True
 
 #: Largest ``||U_j^T U_j - I||_F`` the centred bounds accept (beyond it: the exact route).
@@ -365,14 +365,15 @@ class CentredProjectionBlock:
         self._rows_all: FloatArray | None = None
         self._have = np.zeros(t, dtype=bool)
         self.last_exact_pairs = 0
-        # Where the band is useless on the packed route, the single-precision screen places
+        # Where the band is useless, the single-precision screen places
         # the pairs instead (friendly_screen; again a choice of work only, never of a count).
-        screened = SINGLE_SCREEN and self.useless and self.packed
         self.screen: SingleScreen | None = None
-        if screened:
+        if SINGLE_SCREEN and self.useless and self.packed:
             self.screen = single_screen(
                 bases, self.n_chunks, self.chunk, self.self_overlap, self.exact_slack(eps)
             )
+        elif SINGLE_SCREEN and self.useless:
+            self.screen = cross_screen(bases, self.self_overlap, self.exact_slack(eps))
 
     def _margins(
         self, g: FloatArray, s: FloatArray, orth: FloatArray, eps: float

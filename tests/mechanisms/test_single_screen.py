@@ -46,10 +46,11 @@ def _counts_of(dist: np.ndarray, radii: np.ndarray) -> np.ndarray:
     return np.stack([np.count_nonzero(dist <= r, axis=1) for r in radii], axis=1)
 
 
-def test_the_screen_places_almost_every_pair_where_the_subsets_disagree() -> None:
+@pytest.mark.parametrize(("d", "k"), [(100, 10), (300, 10)], ids=["packed", "cross-products"])
+def test_the_screen_places_almost_every_pair_where_the_subsets_disagree(d: int, k: int) -> None:
     """Before the screen, disagreeing subsets computed every tile exactly
     (``last_exact_pairs == -1``); now only pairs within ``M`` of a radius are exact."""
-    t, d, k = 200, 100, 10
+    t = 200
     bases = _bases(t, d, k, 3.0, seed=5)
     block = fw.CentredProjectionBlock(bases)
     assert block.useless and block.screen is not None
@@ -58,7 +59,11 @@ def test_the_screen_places_almost_every_pair_where_the_subsets_disagree() -> Non
     assert 0 <= block.last_exact_pairs < t  # of t (t - 1) / 2 = 19,900 pairs
 
 
-@pytest.mark.parametrize(("t", "d", "k"), [(45, 100, 10), (37, 6, 4), (70, 30, 5), (41, 13, 3)])
+@pytest.mark.parametrize(
+    ("t", "d", "k"),
+    [(45, 100, 10), (37, 6, 4), (70, 30, 5), (41, 13, 3), (40, 60, 3), (33, 250, 10)],
+    ids=["packed-100", "packed-6", "packed-30", "packed-13", "cross-60", "cross-250"],
+)
 @pytest.mark.parametrize("rows", [None, 7])
 def test_the_counts_are_those_of_the_exact_distances(
     t: int, d: int, k: int, rows: int | None
@@ -74,12 +79,14 @@ def test_the_counts_are_those_of_the_exact_distances(
         assert block.last_exact_pairs > 0
 
 
-@pytest.mark.parametrize(("t", "d", "k"), [(60, 100, 10), (50, 30, 5), (40, 61, 7)])
+@pytest.mark.parametrize(
+    ("t", "d", "k"), [(60, 100, 10), (50, 30, 5), (40, 61, 7), (40, 60, 3), (30, 400, 10)]
+)
 def test_the_bound_holds_with_room_to_spare(t: int, d: int, k: int) -> None:
     """``|S - F^2| <= M`` on every pair, and by more than the factor 2 the margin keeps."""
     bases = _bases(t, d, k, 3.0, seed=t)
     block = fw.CentredProjectionBlock(bases)
-    assert block.screen is not None
+    assert isinstance(block.screen, fs.CrossScreen) != fw.packed_projections(t, d, k)
     estimate = block.screen.estimate(0, t)
     exact = _exact_full(block)
     upper = np.triu_indices(t, 1)
@@ -89,8 +96,9 @@ def test_the_bound_holds_with_room_to_spare(t: int, d: int, k: int) -> None:
 
 
 @pytest.mark.parametrize("moved", [0, 17])
-def test_a_moved_basis_changes_only_its_own_pairs(moved: int) -> None:
-    t, d, k = 60, 30, 5
+@pytest.mark.parametrize(("d", "k"), [(30, 5), (60, 3)], ids=["packed", "cross-products"])
+def test_a_moved_basis_changes_only_its_own_pairs(moved: int, d: int, k: int) -> None:
+    t = 60
     bases = _bases(t, d, k, 3.0, seed=3)
     other = bases.copy()
     other[moved] = _bases(1, d, k, 0.0, seed=99)[0] * 1.5  # not served by the screen
@@ -108,8 +116,9 @@ def test_a_moved_basis_changes_only_its_own_pairs(moved: int) -> None:
 
 
 @pytest.mark.parametrize("case", ["nan", "large", "duplicates", "zero"])
-def test_bases_the_screen_cannot_serve_take_the_exact_route(case: str) -> None:
-    t, d, k = 50, 30, 5
+@pytest.mark.parametrize(("d", "k"), [(30, 5), (60, 3)], ids=["packed", "cross-products"])
+def test_bases_the_screen_cannot_serve_take_the_exact_route(case: str, d: int, k: int) -> None:
+    t = 50
     bases = _bases(t, d, k, 3.0, seed=8)
     if case == "nan":
         bases[4, 2, 1] = np.nan
@@ -128,9 +137,12 @@ def test_bases_the_screen_cannot_serve_take_the_exact_route(case: str) -> None:
     assert np.array_equal(counts, _counts_of(exact, radii))
 
 
-def test_the_counts_are_those_of_every_tile_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("d", "k"), [(100, 10), (60, 3)], ids=["packed", "cross-products"])
+def test_the_counts_are_those_of_every_tile_exact(
+    monkeypatch: pytest.MonkeyPatch, d: int, k: int
+) -> None:
     """The screen chooses work only: the counts with it equal those of the route of before."""
-    t, d, k = 120, 100, 10
+    t = 120
     bases = _bases(t, d, k, 3.0, seed=4)
     radii = _tie_radii(_exact_full(fw.CentredProjectionBlock(bases)), k, np.random.default_rng(4))
     screened = fw.count_friends(fw.CentredProjectionBlock(bases), t, radii, rows=37)
