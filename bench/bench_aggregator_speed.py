@@ -18,7 +18,10 @@ before it: the spread on a shared machine), and the 1-minute load average; the g
 (threadpoolctl): a spinning BLAS thread on the shared machine bills CPU that is not work.
 With ``--before`` each repetition also runs both aggregators with the subset bases of before
 (``subset_top_k.SKETCH_ROUTE = False``: the certified iteration on each block's Gram), in the
-same process and against the same ``X^T X``, as columns marked "(before)".
+same process and against the same ``X^T X``, as columns marked "(before)". With ``--no-screen``
+likewise ``friendly_aggregate`` with every exact tile computed where the centred band is
+useless (``friendly_weights.SINGLE_SCREEN = False``, the friend counts of before the ninth
+pass; the same counts), as a column marked "(no screen)".
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from service.mechanisms import subset_top_k
+from service.mechanisms import friendly_weights, subset_top_k
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.registry import get_mechanism
 
@@ -63,13 +66,16 @@ def floor_cpu(rows: Rows) -> float:
 
 def release_cpu(name: str, rows: Rows, seed: int) -> tuple[float, str]:
     """CPU seconds and outcome of one release; ``name`` may end in " (before)": the subset
-    bases of before (``SKETCH_ROUTE = False``) for this release only."""
+    bases of before (``SKETCH_ROUTE = False``), or in " (no screen)": every exact tile where
+    the band is useless (``SINGLE_SCREEN = False``), for this release only."""
     before = name.endswith(" (before)")
     subset_top_k.SKETCH_ROUTE = not before
+    friendly_weights.SINGLE_SCREEN = not name.endswith(" (no screen)")
     try:
-        return _release_cpu(name.removesuffix(" (before)"), rows, seed)
+        return _release_cpu(name.removesuffix(" (before)").removesuffix(" (no screen)"), rows, seed)
     finally:
         subset_top_k.SKETCH_ROUTE = True
+        friendly_weights.SINGLE_SCREEN = True
 
 
 def _release_cpu(name: str, rows: Rows, seed: int) -> tuple[float, str]:
@@ -84,8 +90,11 @@ def _release_cpu(name: str, rows: Rows, seed: int) -> tuple[float, str]:
     return elapsed, "no_result" if out.basis is None else "basis"
 
 
-def table(reps: int, dims: list[int], kinds: list[str], before: bool = False) -> None:
+def table(
+    reps: int, dims: list[int], kinds: list[str], before: bool = False, no_screen: bool = False
+) -> None:
     columns = [*MECHANISMS, *(f"{name} (before)" for name in MECHANISMS if before)]
+    columns += ["friendly_aggregate (no screen)"] if no_screen else []
     names = " | ".join(f"{name} CPU s (ratio; per-run median, range)" for name in columns)
     print(f"| n x d | rows | X^T X CPU s | {names} | load |")
     print("|---|---|---|" + "---|" * len(columns) + "---|")
@@ -123,9 +132,12 @@ def main() -> None:
     parser.add_argument("--dims", type=int, nargs="+", default=[100, 400, 1000])
     parser.add_argument("--kinds", nargs="+", default=["near", "power"])
     parser.add_argument("--before", action="store_true", help="also the subset bases of before")
+    parser.add_argument(
+        "--no-screen", action="store_true", help="also friendly with every exact tile computed"
+    )
     args = parser.parse_args()
     with threadpool_limits(limits=1):
-        table(args.reps, args.dims, args.kinds, args.before)
+        table(args.reps, args.dims, args.kinds, args.before, args.no_screen)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from service.mechanisms.friendly_ptr import t_comfortable_for, t_min_for
 from service.mechanisms.friendly_radius import radius_steps
+from service.mechanisms.friendly_screen import cross_strip_bytes
 from service.mechanisms.friendly_weights import (
     BLOCK_FLOATS,
     MAX_DISTANCE_WORKERS,
@@ -21,6 +22,7 @@ from service.mechanisms.friendly_weights import (
     Aggregator,
     block_rows,
     centred_rows,
+    packed_chunks,
     packed_length,
     packed_projections,
 )
@@ -160,21 +162,26 @@ def friendly_memory_bytes(
     elif packed_projections(t, d, k):
         # the packed projectors, zero-padded to whole chunks (and, while they are built, a few
         # products of the bases' halves, under d x d each); the centred band's G_j (t d k) and,
-        # while it is built, one more t d k and two t k k; per block the overlaps, the product
+        # while it is built, one more t d k and two t k k, or the single-precision screen's
+        # packed rows and the bases rounded to single; per block the overlaps, the product
         # added to them, the squared distances' temporaries, the bins and their indexed copy
         rows = block_rows(t, 4)
         band = t * (2 * d * k + 2 * k * k)
-        held = bases + 8 * (t * (packed_length(d) + k * d) + band + BLOCK_FLOATS + d * d)
+        n_chunks, chunk = packed_chunks(d, k)
+        screen = 4 * t * (n_chunks * chunk + d * k) + 8 * t * d * k
+        held = bases + 8 * (t * (packed_length(d) + k * d) + band + BLOCK_FLOATS + d * d) + screen
         per_worker = 8 * 7 * rows * t
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
     else:
         # the bases, the centred band's G_j (t d k) and either its one t d k temporary while it
         # is built or, later, the stacked bases of the exact tiles; two t k k; per block the
-        # band's strips and bins (as the packed route's) and one tile's cross products
+        # band's strips and bins (as the packed route's) and one tile's cross products; or the
+        # single-precision screen's stacked bases (with the copies that form them, 2 t d k
+        # doubles at most) and one strip's products, single and summed in double
         rows = centred_rows(t, TILE_CROSS)
-        held = 3 * bases + 8 * 2 * t * k * k
-        per_worker = 8 * (7 * rows * t + 2 * (TILE_CROSS * k) ** 2)
+        held = 3 * bases + 8 * 2 * t * k * k + 2 * bases
+        per_worker = 8 * (7 * rows * t + 2 * (TILE_CROSS * k) ** 2) + cross_strip_bytes(t, k)
         workers = 1
         release = 3 * bases + 8 * (7 * d * d + d * k)
     distance_step = held + counts + workers * per_worker

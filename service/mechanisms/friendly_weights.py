@@ -39,6 +39,19 @@ import numpy as np
 import numpy.typing as npt
 from scipy.spatial.distance import cdist
 
+# The packed projectors' names, re-exported (tests and friendly_sizing read them from here).
+# isort: off
+from service.mechanisms.friendly_packed import (
+    PACKED_CHUNK_KD as PACKED_CHUNK_KD,
+    PACKED_FLOATS as PACKED_FLOATS,
+    packed_chunks as packed_chunks,
+    packed_length as packed_length,
+    packed_projections as packed_projections,
+    packed_projector_rows as packed_projector_rows,
+)
+
+# isort: on
+from service.mechanisms.friendly_screen import SingleScreen, cross_screen, single_screen
 from service.mechanisms.linalg import FloatArray
 
 Aggregator = Literal["reference_points", "projection"]
@@ -198,89 +211,6 @@ def projection_distance_block(bases: FloatArray) -> BlockFn:
     return block
 
 
-#: Largest sum length of one product in the packed route (:func:`packed_projection_block`),
-#: in units of ``k d``: its rounding proof needs chunks of at most ``k d`` terms.
-PACKED_CHUNK_KD = 1
-
-
-#: Largest packed projectors (``t d (d + 1) / 2`` floats, 32 MB) the packed route holds.
-PACKED_FLOATS = 1 << 22
-
-
-def packed_projections(t: int, d: int, k: int) -> bool:
-    """Whether the projector distances take the packed route (:func:`packed_projection_block`):
-    when its ``d (d + 1) / 2`` multiply-adds a pair are fewer than the cross products' ``k^2 d``,
-    that is ``d + 1 < 2 k^2`` (at ``k = 10``: ``d <= 198``), and the ``t`` packed projectors fit
-    :data:`PACKED_FLOATS` (public facts only)."""
-    return d + 1 < 2 * k * k and t * packed_length(d) <= PACKED_FLOATS
-
-
-def packed_length(d: int) -> int:
-    """Entries of a packed projector: the upper triangle with its diagonal, ``d (d + 1) / 2``."""
-    return d * (d + 1) // 2
-
-
-def packed_chunks(d: int, k: int) -> tuple[int, int]:
-    """``(n, c)``: the packed projectors' ``L = d (d + 1) / 2`` entries are summed in ``n`` chunks
-    of ``c`` (the last zero-padded): as few chunks as keep ``c <= PACKED_CHUNK_KD k d`` (what the
-    rounding proof of :func:`packed_projection_block` needs), and then the shortest ``c``, so
-    the padding is under ``n`` entries (chunks of exactly ``k d`` padded 5,050 entries to 6,000
-    at ``d = 100``, ``k = 10``: 19% more products). Public sizes only."""
-    length = packed_length(d)
-    n_chunks = -(-length // max(1, PACKED_CHUNK_KD * k * d))
-    return n_chunks, -(-length // n_chunks)
-
-
-def packed_projector_rows(
-    bases: FloatArray, n_chunks: int, chunk: int, out: FloatArray | None = None
-) -> FloatArray:
-    """``p_j``: the ``L = d (d + 1) / 2`` entries of the upper triangle of ``U_j U_j^T`` with its
-    diagonal, off-diagonal entries times ``sqrt 2``, so ``<p_j, p_l> = <U_j U_j^T, U_l U_l^T>_F
-    = ||U_j^T U_l||_F^2``; shape ``(t, n_chunks chunk)``, zero-padded after the ``L`` entries.
-
-    The entries are laid out in the packed form of a symmetric matrix (as LAPACK's rectangular
-    full packed format; the order of the entries is a public constant and irrelevant to the inner
-    products): with ``U = [U_1; U_2]`` split after ``a = ceil(d/2)`` rows (``h = d - a``),
-    first the ``a x h`` block ``U_1 U_2^T`` (every entry off the diagonal), then an
-    ``(h + 1) x a`` array holding the lower triangle of ``U_1 U_1^T`` and the upper triangle of
-    ``U_2 U_2^T``, each with its diagonal, side by side without overlap. Three products of the
-    halves and one masked copy, instead of the whole ``d x d`` projector and a gather of its
-    triangle by an index array (half the time at ``d = 100``). Each entry is, as before, one
-    length-``k`` dot product of two rows of ``U_j`` (times ``sqrt 2`` off the diagonal), and
-    row ``j`` is a function of ``U_j`` alone. Built a few bases at a time (temporaries of at
-    most ``BLOCK_FLOATS / 4`` entries). ``out``, if given: a zeroed ``(t, n_chunks chunk)``
-    array to fill."""
-    t, d, _ = bases.shape
-    length = packed_length(d)
-    half = d // 2
-    first = d - half
-    if out is None:
-        out = np.zeros((t, n_chunks * chunk), dtype=np.float64)
-    # Where each triangle sits in the (half + 1) x first array: even d, the lower triangle of
-    # U_1 U_1^T one row down and the upper one of U_2 U_2^T from row 0 (below / on and above
-    # the diagonal); odd d, the first on and below the diagonal, the second right of it.
-    row = 1 + half - first
-    col = first - half
-    upper = np.triu(np.ones((half, half), dtype=bool))
-    weight = np.full((half + 1, first), math.sqrt(2.0))
-    weight[np.arange(first) + row, np.arange(first)] = 1.0  # the diagonal of U_1 U_1^T
-    weight[np.arange(half), np.arange(half) + col] = 1.0  # the diagonal of U_2 U_2^T
-    step = max(1, BLOCK_FLOATS // (4 * d * d))
-    for start in range(0, t, step):
-        stop = min(t, start + step)
-        part = bases[start:stop]
-        top, bottom = part[:, :first], part[:, first:]
-        cross = out[start:stop, : first * half].reshape(stop - start, first, half)
-        np.matmul(top, bottom.transpose(0, 2, 1), out=cross)
-        cross *= math.sqrt(2.0)
-        tri = out[start:stop, first * half : length].reshape(stop - start, half + 1, first)
-        # All of U_1 U_1^T, then the upper triangle of U_2 U_2^T over its upper triangle.
-        np.matmul(top, top.transpose(0, 2, 1), out=tri[:, row : row + first])
-        np.copyto(tri[:, :half, col:], np.matmul(bottom, bottom.transpose(0, 2, 1)), where=upper)
-        tri *= weight
-    return out
-
-
 def packed_projection_block(bases: FloatArray) -> BlockFn:
     """``(start, stop) -> ||U_j U_j^T - U_l U_l^T||_F`` as
     ``sqrt(<p_j, p_j> + <p_l, p_l> - 2 <p_j, p_l>)`` over the packed projectors ``p_j``
@@ -343,6 +273,11 @@ TILE_PACKED, TILE_CROSS = 32, 32
 USELESS_BAND = 1e-2
 #: Rows of the band's strips (each against the later columns).
 STRIP_ROWS = 64
+
+#: Where the band is useless, place the pairs by the single-precision screen
+#: (``friendly_screen``, packed or cross products); ``False``: every tile exact, as before,
+#: for the same-process comparison in bench/bench_aggregator_speed.py (the same counts).
+SINGLE_SCREEN = True
 
 #: Largest ``||U_j^T U_j - I||_F`` the centred bounds accept (beyond it: the exact route).
 CENTRED_ORTHONORMALITY = 1e-6
@@ -412,7 +347,8 @@ class CentredProjectionBlock:
         # Whether the band can place pairs at all (a choice of work only, never of a count):
         # s_j ~ ||U_j||_F^2 - ||C_j||_F^2; subsets that disagree leave every tile exact.
         rough = np.trace(own, axis1=1, axis2=2) + k - np.square(cross).sum(axis=(1, 2))
-        self.useless = bool(4.0 * float(np.median(rough)) ** 2 > USELESS_BAND)
+        finite = rough[np.isfinite(rough)]  # a non-finite basis is exact on either route
+        self.useless = bool(finite.size and 4.0 * float(np.median(finite)) ** 2 > USELESS_BAND)
         if self.useless:
             self.g = np.zeros((t, 0), dtype=np.float64)
             zero = np.zeros(t, dtype=np.float64)
@@ -429,6 +365,15 @@ class CentredProjectionBlock:
         self._rows_all: FloatArray | None = None
         self._have = np.zeros(t, dtype=bool)
         self.last_exact_pairs = 0
+        # Where the band is useless, the single-precision screen places
+        # the pairs instead (friendly_screen; again a choice of work only, never of a count).
+        self.screen: SingleScreen | None = None
+        if SINGLE_SCREEN and self.useless and self.packed:
+            self.screen = single_screen(
+                bases, self.n_chunks, self.chunk, self.self_overlap, self.exact_slack(eps)
+            )
+        elif SINGLE_SCREEN and self.useless:
+            self.screen = cross_screen(bases, self.self_overlap, self.exact_slack(eps))
 
     def _margins(
         self, g: FloatArray, s: FloatArray, orth: FloatArray, eps: float
@@ -553,6 +498,21 @@ class CentredProjectionBlock:
             )
         return parts
 
+    def _unsure_tiles(
+        self, unsure: npt.NDArray[np.bool_], first: int, tiles: set[tuple[int, int]]
+    ) -> int:
+        """Add to ``tiles`` the tiles of the unsure pairs ``j < l`` of a strip whose row ``0``
+        and column ``0`` are point ``first``; return how many such pairs."""
+        js, ls = np.nonzero(unsure)
+        js += first
+        ls += first
+        keep = ls > js
+        js, ls = js[keep], ls[keep]
+        if js.size:
+            ids = np.unique((js // self.tile) * self.t + ls // self.tile)
+            tiles.update(zip((ids // self.t).tolist(), (ids % self.t).tolist(), strict=True))
+        return int(js.size)
+
     def _all_tiles(self, start: int, stop: int) -> list[tuple[int, int]]:
         return [
             (a, b)
@@ -586,13 +546,18 @@ class CentredProjectionBlock:
         below_low = squares * (1.0 + 2.0**-40)
         below_high = squares * (1.0 - 2.0**-40)
         out = np.zeros((size, t - start), dtype=np.int64)
-        if self.useless:
+        if self.screen is not None:
+            out[:], unsure = self.screen.place(start, stop, below_low, below_high)
+            tiles: set[tuple[int, int]] = set()
+            self.last_exact_pairs = self._unsure_tiles(unsure, start, tiles)
+            unsure_tiles = sorted(tiles)
+        elif self.useless:
             # Most bases far from U_0 (subsets that disagree): the band would place few
             # pairs, so every tile is exact (which tiles are computed never changes a count).
             unsure_tiles = self._all_tiles(start, stop)
             self.last_exact_pairs = -1
         else:
-            tiles: set[tuple[int, int]] = set()
+            tiles = set()
             self.last_exact_pairs = 0
             # Strips of rows, each against the later columns only (the pairs j < l).
             for r0 in range(start, stop, STRIP_ROWS):
@@ -608,15 +573,7 @@ class CentredProjectionBlock:
                 unsure = np.searchsorted(below_high, high, side="left") != bins
                 unsure |= self.bad[r0:r1, None] | self.bad[None, r0:]
                 out[r0 - start : r1 - start, r0 - start :] = bins
-                js, ls = np.nonzero(unsure)
-                js += r0
-                ls += r0
-                keep = ls > js
-                js, ls = js[keep], ls[keep]
-                self.last_exact_pairs += int(js.size)
-                if js.size:
-                    ids = np.unique((js // self.tile) * t + ls // self.tile)
-                    tiles.update(zip((ids // t).tolist(), (ids % t).tolist(), strict=True))
+                self.last_exact_pairs += self._unsure_tiles(unsure, r0, tiles)
             unsure_tiles = sorted(tiles)
         for rows, cols, values in self._exact(start, stop, unsure_tiles):
             out[rows, cols] = np.searchsorted(radii, values, side="left")
