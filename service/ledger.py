@@ -293,9 +293,13 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
         # ``now``) and the same sums (:func:`spent_of`).
         listed: dict[uuid.UUID, list[Any]] = {}
         if len(ids) == 1:  # the request's own read: not even the id per row
-            listed[ids[0]] = list(session.execute(_ONE_ENTRIES, {"id": ids[0], "now": utcnow()}))
+            # ``all()``: fetched at once, not a row at a time (``list()`` of the result made a
+            # fetch call per entry: a read that grows with the ledger).
+            listed[ids[0]] = list(
+                session.execute(_ONE_ENTRIES, {"id": ids[0], "now": utcnow()}).all()
+            )
         else:
-            for row in session.execute(_MANY_ENTRIES, {"ids": ids, "now": utcnow()}):
+            for row in session.execute(_MANY_ENTRIES, {"ids": ids, "now": utcnow()}).all():
                 listed.setdefault(row[0], []).append(row[1:])
         return {
             dataset.id: state_of(

@@ -553,6 +553,24 @@ def request_release(
     ``visible_at`` is fixed here, from public facts only, so that when an analyst may see the
     outcome says nothing about how long the job ran (see :mod:`service.padding`).
     """
+    return queue_release(session, principal, dataset_id, body, idempotency_key, settings)[0]
+
+
+def queue_release(
+    session: Session,
+    principal: Principal,
+    dataset_id: uuid.UUID,
+    body: ReleaseRequest,
+    idempotency_key: str | None,
+    settings: Settings,
+) -> tuple[Release, Dataset | None]:
+    """:func:`request_release`, and the dataset row it locked (``None`` when an earlier
+    request with the same idempotency key answered before the lock).
+
+    Why the row: a caller that reads the release in the same transaction (``POST ?wait=``'s
+    first read, :func:`service.visibility.view`) finds the dataset in the session only while
+    something holds it (the session's identity map holds rows weakly), and selected it again
+    otherwise: a statement per release (``bench/bench_release_cpu.py``)."""
     check_request_fields(principal, body)
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= 200:
         raise InvalidInput("Idempotency-Key", "must be 1 to 200 characters")
@@ -565,12 +583,12 @@ def request_release(
     fingerprint = request_hash(dataset_id, body)
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
-        return existing
+        return existing, None
     dataset = _lock_dataset(session, dataset_id)
     # Again under the lock: a concurrent retry of the same request may have committed meanwhile.
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
-        return existing
+        return existing, dataset
     # A prior given inline is stored now (rolled back with the request if it is refused).
     priced = price(session, principal, dataset, body, settings, persist_prior=True)
     grant, prepared, share, budget = priced.grant, priced.prepared, priced.share, priced.budget
@@ -651,7 +669,7 @@ def request_release(
     )
     # Idle workers learn of the job when this transaction commits (a hint: they also poll).
     wake.announce(session, settings)
-    return release
+    return release, dataset
 
 
 def cost_details(kind: str, prepared: Prepared) -> dict[str, Any]:

@@ -218,10 +218,14 @@ async def create_release(
         return await requested(work)
 
     def create(session: Session, principal: Principal) -> _Read:
-        release = releases.request_release(
+        # ``locked`` is held while the release is read: its dataset is then found in the
+        # session, not selected again (releases.queue_release).
+        release, locked = releases.queue_release(
             session, principal, dataset_id, body, idempotency_key, settings
         )
-        return _read(session, release, principal, basis_format)
+        read = _read(session, release, principal, basis_format)
+        del locked
+        return read
 
     # Registered before the release exists (bound to it once created): a worker may store the
     # outcome between the creating commit and the wait, and its hint must not be lost. The
