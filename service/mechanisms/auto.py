@@ -23,9 +23,10 @@ over the same gap ``g = lambda_k - lambda_{k+1}``, so ``g`` cancels where they a
   S/n)/g`` apart, and its error at radius ``r`` is ``r (FRIENDLY_RADIUS_TERM + sqrt(d) s_t)``
   with ``s_t`` its mean's published noise per unit radius.
 
-**Rule.** ``T`` and the trace each get ``Lap(2 C^2/(s eps))``; ``T`` at either end of its
-one-sided ``1 - ALPHA`` interval (``T_hat -+ b ln(1/(2 ALPHA))``): friendly predicted to win at
-the pessimistic end runs at ``(1 - s) eps`` (``sure``); at neither, the Gram candidate at ``(1 -
+**Rule.** ``T`` and the trace each get ``Lap(2 C^2/(s eps))``; friendly predicted to win at
+the pessimistic end ``T_hat + b ln(1/(2 ALPHA))`` runs at ``(1 - s) eps`` (``sure``); predicted
+to lose at the optimistic end, taken at :func:`skip_level` (a miss there skips the decisive
+step below, so it is held to ``ALPHA`` times what the skip saves), the Gram candidate at ``(1 -
 s) eps``. Only at the optimistic end (the sum cannot resolve rows 1e-2 from 1e-5 at ``n eps`` ~
 6,000) the same prediction is made on each of friendly's ``t`` blocks and counted
 (:mod:`~service.mechanisms.auto_count`: sensitivity 1, ``eps_c = 2 ln(1/(2 ALPHA))/t``, the
