@@ -55,6 +55,13 @@ class Estimate:
     head: float
     gap: float
     fill: float = 1.0
+    tail_hat: float = 0.0
+    scale: float = 0.0
+
+    def optimistic_tail(self, alpha: float) -> float:
+        """The tail's optimistic end at level ``alpha``: ``T_hat - b ln(1/(2 alpha))``, clamped
+        at 0 (``P[Lap(b) >= b ln(1/(2 alpha))] = alpha``); ``tail_low`` is this at ``ALPHA``."""
+        return max(self.tail_hat - self.scale * math.log(1.0 / (2.0 * alpha)), 0.0)
 
     @classmethod
     def of(
@@ -64,7 +71,7 @@ class Estimate:
         margin = scale * math.log(1.0 / (2.0 * ALPHA))
         low, high = max(tail_hat - margin, 0.0), max(tail_hat + margin, 0.0)
         fill = min(1.0, max(trace_hat, scale) / capacity) if capacity > 0 else 1.0
-        return cls(low, high, head, max(head / k, scale), fill)
+        return cls(low, high, head, max(head / k, scale), fill, tail_hat, scale)
 
 
 def friendly_wins(

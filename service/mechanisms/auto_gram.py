@@ -23,8 +23,13 @@ while the noise term falls like ``sqrt(d)/(n eps)``). So ``spatial_sign`` is off
 high dimension, ``d >= n^(2/3)`` (the regime of issue 32's literature, Dong, Liang & Yi 2022;
 a public fact, not a fitted constant), where the noise term decides; below it ``analyze_gauss``
 keeps its clip quantile. (Measured, docs/benchmarks.md: below ``n^(2/3)`` the sign map also
-wins on the synthetic families there, whose norms are independent of their directions; its
-bias elsewhere has no measured bound, so that choice is left open.)
+wins on the synthetic families there, 1.07-1.6x, whose norms are independent of their
+directions; where short rows carry a direction of their own it loses 18-3,000x to the clip
+quantile at d = 50 (a quarter of the rows, norm 0.05-0.2, along one direction). No statistic
+at the estimate's share can bound that bias where it matters: the clip quantile's captured
+deficit on power-law rows at d = 50, eps 0.3 is ~5 in ``C^2`` units, against a Laplace scale
+of at least ``2 C^2/(s eps)`` = 222 on any sum over rows, so ``auto`` cannot predict the sign
+map's error below ``n^(2/3)`` and does not offer it there.)
 
 With a private centre the sign map has a second cost that grows as epsilon falls: the signs
 are taken about ``c = m + delta``, and the error ``delta`` (``E ||delta||^2 = d sigma_c^2``) is a

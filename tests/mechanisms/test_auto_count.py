@@ -87,3 +87,29 @@ def test_rows_near_a_subspace_run_friendly_without_a_weight_check_at_eps_03() ->
         assert float(str(extras["auto_epsilon"])) == pytest.approx(
             eps * (1.0 - DEFAULT_STRUCTURE_SHARE) - p.counted.epsilon, rel=1e-12
         )
+
+
+@pytest.mark.parametrize(("d", "eps"), [(50, 2.0), (300, 1.0), (1000, 0.3)])
+def test_a_tail_noise_draw_past_the_alpha_end_does_not_skip_the_count(d: int, eps: float) -> None:
+    # Rows on a subspace (tail 0) whose tail noise lands just past the one-sided ALPHA end
+    # (b ln(1/(2 ALPHA))): before, the estimate's optimistic end then said "friendly loses" and
+    # the Gram candidate ran without the count, an ALPHA-level miss of friendly's 100-300x win
+    # (the grid's rows 1e-5 at d = 50 eps 2, seeds 2 and 5; d = 1,000 eps 0.3, seed 3). That
+    # verdict now skips the count only at skip_level = ALPHA eps_c/rest, so the count decides.
+    from service.mechanisms.auto import decide, skip_level
+    from service.mechanisms.auto_estimate import Estimate
+
+    n, k = 20_000, 3
+    p = plan(ctx(n, d), k, eps, DELTA, AutoParams(clip_norm=1.0))
+    assert p.counted is not None
+    rest = (1.0 - DEFAULT_STRUCTURE_SHARE) * eps
+    assert skip_level(p) == pytest.approx(ALPHA * p.counted.epsilon / rest)
+    assert skip_level(p) < ALPHA / 10
+    scale = 2.0 / p.test_epsilon
+    just_past = 1.05 * scale * math.log(1.0 / (2.0 * ALPHA))
+    est = Estimate.of(just_past, 0.3 * n, k, scale, n)
+    assert est.tail_low > 0.0  # the old verdict's tail: friendly predicted to lose there
+    assert decide(p, est, n, d, k) is p.counted.path
+    # rows far from a subspace (the tail well past the skip level's end) still skip it
+    far = Estimate.of(scale * (math.log(1.0 / (2.0 * skip_level(p))) + 5.0), 0.3 * n, k, scale, n)
+    assert decide(p, far, n, d, k) is None
