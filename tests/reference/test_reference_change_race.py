@@ -132,8 +132,10 @@ def register(
     root: Path,
     name: str,
     rows: Any,
+    batch: bool = False,
 ) -> str:
-    """A dataset by reference of two objects, with a grant to every analyst."""
+    """A dataset by reference of two objects (and with ``batch`` a batch of a third appended),
+    with a grant to every analyst."""
     folder = root / name
     folder.mkdir()
     names = plain_parquet(folder / "a.parquet", rows[:200])
@@ -147,6 +149,23 @@ def register(
         row.registration_visible_at = row.registration_shown_at = utcnow() - PADDING
     dataset = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner))
     assert dataset.json()["registration_status"] == "ready", dataset.text
+    if batch:
+        # A batch appended by reference (a third object), registered and shown before the
+        # release is requested: the release reads it too.
+        plain_parquet(folder / "c.parquet", rows[:100] / 2)
+        appended = client.post(
+            f"/v1/dataset-references/{dataset_id}/batches",
+            headers=bearer(keys.owner),
+            json={"uri": str(folder / "c.parquet")},
+        )
+        assert appended.status_code == 202, appended.text
+        assert helpers.run_registrations(client) == 1
+        with factory.begin() as session:
+            row = session.get(Dataset, uuid.UUID(dataset_id))
+            assert row is not None and row.batch_shown_at is not None
+            row.batch_visible_at = row.batch_shown_at = utcnow() - PADDING
+        grown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+        assert (grown["n_batches"], grown["n_rows"], grown["batch_status"]) == (2, 500, None)
     granted = client.post(
         f"/v1/datasets/{dataset_id}/grants",
         headers=bearer(keys.owner),
@@ -235,12 +254,13 @@ def world(
     name: str,
     change: Callable[[Path, Any], None],
     change_first: bool,
+    batch: bool = False,
 ) -> tuple[str, str]:
     """A release whose job read before the owner's change (``change_first`` false: the job
     ahead ended early) or after it; the change is before ``visible_at`` either way."""
     # Other values in each world (one object backs one live dataset), the same shape.
     data = -rows if change_first else rows
-    dataset_id = register(client, factory, keys, root, name, data)
+    dataset_id = register(client, factory, keys, root, name, data, batch)
     release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
     if change_first:
         change(root / name, data)
@@ -292,6 +312,38 @@ def test_a_release_shows_the_same_whether_it_read_before_or_after_its_object_cha
         row = session.get(Release, uuid.UUID(early[1]))
         assert row is not None and row.status == "succeeded"
         assert row.reference_check == "changed" and row.reference_checked_at is not None
+
+
+def batch_rewritten(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    """The appended batch's object rewritten in place, size and mtime put back."""
+    value = float(rows[10, 0]) / 2
+    forge_in_place(folder / "c.parquet", value, struct.pack("<d", -value))
+
+
+@pytest.mark.parametrize("change", [batch_rewritten, removed])
+def test_the_same_holds_for_a_batch_appended_by_reference(
+    change: Callable[[Path, Any], None],
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    early = world(client, session_factory, keys, worker, root, rows, "early", change, False, True)
+    late = world(client, session_factory, keys, worker, root, rows, "late", change, True, True)
+    with session_factory() as session:
+        stored = [session.get(Release, uuid.UUID(r)) for _, r in (early, late)]
+        assert [(row.status, row.n_rows_read) for row in stored if row] == [
+            ("succeeded", 500),
+            ("failed", 500),
+        ]
+    for dataset_id, _ in (early, late):
+        settle(session_factory, settings, dataset_id)
+    one, other = seen(client, keys, *early), seen(client, keys, *late)
+    assert one == other
+    assert one["owner release"]["reason"] == REFERENCE_CHANGED_BEFORE_SHOWN_REASON
 
 
 def test_an_unchanged_dataset_shows_the_outcome_once_the_recheck_shows(
