@@ -6,8 +6,10 @@ ones included: the ledger and the audit log keep them too). Lists obey the side-
 of single reads: an analyst's or owner's ``status`` filter matches the status they are shown
 (:mod:`service.visibility`), so a release before its ``visible_at`` is ``queued`` to them in the
 filter, the count and the row, one past it whose outcome does not show yet (late:
-:func:`service.padding.late_schedule`) is ``running``, and one whose dataset was deleted before
-its outcome was due is ``failed``.
+:func:`service.padding.late_schedule`) is ``running``, one whose dataset was deleted before
+its outcome was due is ``failed``, and a one-shot release on a dataset by reference is
+``running`` until its re-check's verdict shows and ``failed`` if that found an object changed
+(:mod:`service.reference_recheck`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ status field can never reveal a row:
   or changed (refunded: decided before any row is read), or ``run`` raised
   :class:`~service.mechanisms.base.InvalidParameter` (charged: it may have read rows);
 - the service no longer has the mechanism (refunded);
+- an object of a dataset by reference changed, gone or unreadable (charged: whether the job
+  met the owner's change tells when it was claimed; :mod:`service.reference_recheck`);
 - the job was abandoned after ``DPSS_WORKER_MAX_ATTEMPTS`` claims (charged).
 
 A continual release is refunded only when no epoch was released.
