@@ -315,6 +315,8 @@ class Release(Base):
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
         Index("ix_releases_claim", "status", "created_at"),
+        # The re-check thread of every worker looks for pending re-checks about once a second.
+        Index("ix_releases_reference_check", "reference_check"),
     )
 
 

@@ -33,9 +33,12 @@ def upgrade() -> None:
     op.add_column("releases", sa.Column("reference_check", sa.String(length=16), nullable=True))
     for name in MOMENTS:
         op.add_column("releases", sa.Column(name, service.db.types.UTCDateTime(), nullable=True))
+    # Every worker's re-check thread looks for pending re-checks about once a second.
+    op.create_index("ix_releases_reference_check", "releases", ["reference_check"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_releases_reference_check", table_name="releases")
     for name in reversed(MOMENTS):
         op.drop_column("releases", name)
     op.drop_column("releases", "reference_check")
