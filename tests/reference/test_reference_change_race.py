@@ -14,12 +14,13 @@ result and no refund, whichever way the race went. On both databases.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import reference_recheck
 from service.config import Settings
 from service.db.models import Dataset, LedgerEntry, Release, utcnow
+from service.reference import objects
 from service.reference_recheck import recheck_due
 from service.visibility import REFERENCE_CHANGED_BEFORE_SHOWN_REASON
 from service.worker import Worker
@@ -108,8 +110,29 @@ def symlinked(folder: Path, rows: np.ndarray[Any, Any]) -> None:
     target.symlink_to(copy)
 
 
+#: Paths whose open is refused as a removed permission is (root reads any file whatever its
+#: mode, so the open itself is made to refuse them too: :func:`permission_denied`).
+DENIED: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def permission_denied(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    real = objects._open_regular
+
+    def opened(path: str, roots: Any) -> int:
+        if path in DENIED:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(path, roots)
+
+    monkeypatch.setattr(objects, "_open_regular", opened)
+    yield
+    DENIED.clear()
+
+
 def unreadable(folder: Path, rows: np.ndarray[Any, Any]) -> None:
-    (folder / "a.parquet").chmod(0)
+    target = folder / "a.parquet"
+    target.chmod(0)
+    DENIED.add(os.path.realpath(target))
 
 
 CHANGES = [
@@ -117,11 +140,7 @@ CHANGES = [
     pytest.param(row_group_replaced, id="row-group-replaced"),
     pytest.param(removed, id="removed"),
     pytest.param(symlinked, id="symlink"),
-    pytest.param(
-        unreadable,
-        id="permissions-removed",
-        marks=pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file"),
-    ),
+    pytest.param(unreadable, id="permissions-removed"),
 ]
 
 
