@@ -6,8 +6,10 @@ ones included: the ledger and the audit log keep them too). Lists obey the side-
 of single reads: an analyst's or owner's ``status`` filter matches the status they are shown
 (:mod:`service.visibility`), so a release before its ``visible_at`` is ``queued`` to them in the
 filter, the count and the row, one past it whose outcome does not show yet (late:
-:func:`service.padding.late_schedule`) is ``running``, and one whose dataset was deleted before
-its outcome was due is ``failed``.
+:func:`service.padding.late_schedule`) is ``running``, one whose dataset was deleted before
+its outcome was due is ``failed``, and a one-shot release on a dataset by reference is
+``running`` until its re-check's verdict shows and ``failed`` if that found an object changed
+(:mod:`service.reference_recheck`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,19 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
     # A release that ended is shown running before its outcome_visible_at (a one-shot release's
     # step of the late schedule, or a continual release's end) or while one of its epochs is
     # not yet visible (service.visibility.end_visible).
+    # A one-shot release on a dataset by reference is shown running until its re-check's
+    # verdict shows, and failed if the re-check found an object changed
+    # (service.visibility.reference_waiting; null columns: every other release, never matched).
+    checked = Release.reference_check.is_not(None)
+    reference_waiting = and_(
+        checked,
+        or_(
+            Release.reference_check == "pending",
+            Release.reference_shown_at.is_(None),
+            Release.reference_shown_at > now,
+        ),
+    )
+    reference_changed = and_(checked, Release.reference_check == "changed")
     epoch_hidden = or_(
         and_(
             not_(deleted),
@@ -87,15 +102,22 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
             .exists(),
         ),
         and_(Release.outcome_visible_at.is_not(None), Release.outcome_visible_at > now),
+        reference_waiting,
     )
     if status == "running":
         unfinished = or_(Release.status == "running", and_(padded, Release.status == "queued"))
         return and_(visible, or_(unfinished, epoch_hidden))
     if status == "failed":
         ended = Release.status.in_(("succeeded", "no_result", "failed"))
-        shown = or_(Release.status == "failed", and_(ended, deleted))
+        shown = or_(Release.status == "failed", and_(ended, or_(deleted, reference_changed)))
         return and_(visible, shown, not_(epoch_hidden))
-    return and_(visible, Release.status == status, not_(deleted), not_(epoch_hidden))
+    return and_(
+        visible,
+        Release.status == status,
+        not_(deleted),
+        not_(reference_changed),
+        not_(epoch_hidden),
+    )
 
 
 def _conditions(

@@ -208,7 +208,9 @@ def _execute_reference(
     whole batches: as for an upload, a batch added later is not read), every object of every
     batch checked unchanged before and after the run, the heavy passes on Dask or in process;
     a :class:`~service.reference.ReferenceFault` (a changed object, a failed cluster: nothing
-    released) is ``failed`` and refunded."""
+    released) is ``failed``, refunded only when the fault says so (never for a changed object:
+    :func:`~service.reference.integrity.object_fault`; what analysts and owners see is decided
+    by the re-check, :mod:`service.reference_recheck`)."""
     assert job.reference is not None
     prefix = None if job.n_rows is None else (0, job.n_rows)
     try:

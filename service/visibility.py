@@ -45,13 +45,26 @@ shown only up to the deletion. Whether the job ran before the deletion (succeede
 the moment of the deletion read that from the outcome, one bit per release. The worker does not
 refund such a release either (:meth:`service.worker.Worker._record`): a refund would tell the
 same on the ledger.
+
+The same race on a dataset by reference: the owner changes (removes, replaces, makes unreadable)
+one of its objects at a moment they choose, and a job that read before the change succeeds
+while one that read after it fails. So a one-shot release on a dataset by reference is
+re-checked (:mod:`service.reference_recheck`) at or after its outcome was due (its
+``outcome_visible_at``, else its ``visible_at``): every object's identity and every digest, by
+a worker's re-check thread, which waits behind no job. Until the verdict's public moment
+``reference_shown_at`` (the due moment plus :func:`recheck_grace`, or a step of the late
+schedule when the re-check was later) the release is shown ``running``; a change found shows it
+``failed`` with :data:`REFERENCE_CHANGED_BEFORE_SHOWN_REASON`, no result, no refund, whatever
+the job did. A change before the outcome was due is found either way, so the job's side of the
+race does not show; the worker refunds no fault found in an object either
+(:func:`service.reference.integrity.object_fault`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session, load_only
@@ -69,6 +82,16 @@ FINISHED = frozenset({"succeeded", "no_result", "failed"})
 DELETED_BEFORE_SHOWN_REASON = (
     "the dataset was deleted before this release's outcome was due; no result is shown"
 )
+
+#: The reason shown of a one-shot release on a dataset by reference whose re-check found an
+#: object changed (:mod:`service.reference_recheck`): true whether or not its job read first.
+REFERENCE_CHANGED_BEFORE_SHOWN_REASON = (
+    "a referenced object changed before this release's outcome was due; no result is shown"
+)
+#: The re-check's grace: its verdict shows ``max(floor, share x padding)`` after the due moment
+#: (public: the padding is), time for a worker to read the objects' digests again.
+RECHECK_GRACE_FLOOR = timedelta(seconds=1)
+RECHECK_GRACE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -162,10 +185,14 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
     if hidden:
         # Late (or its end not yet shown): a fixed answer until the schedule's next step.
         status, refunded = "running", False
-        if not is_continual and release.visible_at is not None:  # padded: not None
+        if padded_caller and reference_waiting(release, now):
+            sealed_until = reference_sealed_until(release, now)
+        elif not is_continual and release.visible_at is not None:  # padded: not None
             sealed_until = next_late_step(release.created_at, release.visible_at, now)
     elif status in FINISHED and deleted:
         status, reason, refunded = "failed", DELETED_BEFORE_SHOWN_REASON, False
+    elif status in FINISHED and padded_caller and release.reference_check == "changed":
+        status, reason, refunded = "failed", REFERENCE_CHANGED_BEFORE_SHOWN_REASON, False
     elif status in FINISHED:
         # Only now: ``reason`` (deferred with the extras) is loaded for an end shown. The
         # worker writes it with the end alone (:meth:`service.worker.Worker._record`): an
@@ -225,6 +252,55 @@ def deleted_before_shown(release: Release, deleted_at: datetime | None) -> bool:
     return due is not None and deleted_at < due
 
 
+def recheck_due(release: Release) -> datetime:
+    """When a one-shot release on a dataset by reference is re-checked: its outcome's due
+    moment (``outcome_visible_at``, else ``visible_at``), public."""
+    due = release.outcome_visible_at or release.visible_at
+    assert due is not None  # only padded releases are re-checked
+    return due
+
+
+def recheck_grace(release: Release) -> timedelta:
+    """The time between the re-check's due moment and its verdict's showing: a public function
+    of the release's padding."""
+    assert release.visible_at is not None
+    padding = release.visible_at - release.created_at
+    return max(RECHECK_GRACE_FLOOR, padding * RECHECK_GRACE_SHARE)
+
+
+def recheck_shown_at(release: Release, checked_at: datetime) -> datetime:
+    """When the verdict of a re-check that ended at ``checked_at`` shows: the due moment plus
+    the grace, or (a re-check later than that: no worker free, a slow store) the first step of
+    the release's late schedule at or after ``checked_at``, as a late job's outcome."""
+    first = recheck_due(release) + recheck_grace(release)
+    if checked_at <= first:
+        return first
+    assert release.visible_at is not None
+    return max(first, late_schedule(release.created_at, release.visible_at, checked_at)[0])
+
+
+def reference_waiting(release: Release, now: datetime) -> bool:
+    """Whether a release's re-check verdict (a one-shot release on a dataset by reference) is
+    not yet shown at ``now``: analysts and owners see it ``running`` until then."""
+    if release.reference_check is None:
+        return False
+    shown = release.reference_shown_at
+    return release.reference_check == "pending" or shown is None or now < shown
+
+
+def reference_sealed_until(release: Release, now: datetime) -> datetime:
+    """Until when a release waiting for its re-check's verdict is shown as now: the verdict's
+    moment once known, else the earliest it may be (the due moment plus the grace), then the
+    late schedule's next step."""
+    if release.reference_shown_at is not None and release.reference_check != "pending":
+        return release.reference_shown_at
+    first = recheck_due(release) + recheck_grace(release)
+    if now < first:
+        return first
+    assert release.visible_at is not None
+    return next_late_step(release.created_at, release.visible_at, now)
+
+
 def shows_state(release: Release, principal: Principal, now: datetime) -> bool:
     """Whether :func:`view` shows ``principal`` the release's real state at ``now``, from the
     release's row alone (a continual release's epochs may still hide its end: :func:`view`)."""
@@ -234,6 +310,8 @@ def shows_state(release: Release, principal: Principal, now: datetime) -> bool:
         return False
     if release.status not in FINISHED:
         return not padded(release)
+    if reference_waiting(release, now):
+        return False
     return release.outcome_visible_at is None or now >= release.outcome_visible_at
 
 

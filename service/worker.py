@@ -24,6 +24,8 @@ status field can never reveal a row:
   or changed (refunded: decided before any row is read), or ``run`` raised
   :class:`~service.mechanisms.base.InvalidParameter` (charged: it may have read rows);
 - the service no longer has the mechanism (refunded);
+- an object of a dataset by reference changed, gone or unreadable (charged: whether the job
+  met the owner's change tells when it was claimed; :mod:`service.reference_recheck`);
 - the job was abandoned after ``DPSS_WORKER_MAX_ATTEMPTS`` claims (charged).
 
 A continual release is refunded only when no epoch was released.
@@ -79,6 +81,7 @@ from service import (
     oneshot,
     operations,
     priors,
+    reference_recheck,
     registration,
     tracing,
     visibility,
@@ -88,7 +91,7 @@ from service import (
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
 from service.db.clock import lease_end
-from service.db.models import LedgerEntry, Release, ReleaseBasis, utcnow
+from service.db.models import Dataset, LedgerEntry, Release, ReleaseBasis, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
 from service.jobs import (
@@ -112,6 +115,7 @@ from service.jobs import (
 )
 from service.oneshot import ONE_SHOT
 from service.outages import OutageLog, is_transient_db_error
+from service.padding import padded
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -591,6 +595,10 @@ class Worker:
             )
         release.lease_expires_at = None
         release.result_extras = outcome.extras
+        if self._rechecked(session, release):
+            # Shown by the re-check at its due moment, not by what this job met: whether it
+            # read before or after its owner changed an object tells when it was claimed.
+            release.reference_check = reference_recheck.PENDING
         if outcome.basis is not None:
             basis, release.result_shape, release.result_sha256 = outcome.basis
             session.add(ReleaseBasis(release_id=release.id, epoch=0, basis=basis))
@@ -631,6 +639,16 @@ class Worker:
         # Long polls waiting on this release return once this transaction commits.
         wake.announce_finished(session, self.settings, release.id)
 
+    @staticmethod
+    def _rechecked(session: Session, release: Release) -> bool:
+        """Whether the release's outcome waits for a re-check of its objects
+        (:mod:`service.reference_recheck`): a padded one-shot release on a dataset by
+        reference."""
+        if is_continual(release.mechanism) or not padded(release):
+            return False
+        dataset = session.get(Dataset, release.dataset_id)
+        return dataset is not None and dataset.reference is not None
+
     # -- loops ----------------------------------------------------------------------------------
 
     def run_pending(self) -> int:
@@ -670,6 +688,13 @@ class Worker:
         log.info("worker %s started", self.worker_id)
         presence = threading.Thread(target=self._presence, daemon=True)
         presence.start()
+        # Beside the job loop, so that no job (on any dataset) delays a re-check.
+        rechecks = threading.Thread(
+            target=reference_recheck.run,
+            args=(self.session_factory, self.settings, self.stop),
+            daemon=True,
+        )
+        rechecks.start()
         bind = self.session_factory.kw.get("bind")
         # Woken when a release is queued (service.wake); the poll interval stays the fallback.
         waker = wake.waker_for(bind if isinstance(bind, Engine) else None, self.settings, self.stop)
@@ -679,6 +704,7 @@ class Worker:
             waker.close()
             self.close()
             presence.join(timeout=5)
+            rechecks.join(timeout=5)
         log.info("worker %s stopped", self.worker_id)
 
     def note_alive(self) -> None:

@@ -302,10 +302,21 @@ class Release(Base):
     #: epoch it ended at would have become visible, fixed from public facts before it ran);
     #: null: from ``visible_at`` and once every stored epoch is visible.
     outcome_visible_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: One-shot releases on a dataset by reference (:mod:`service.reference_recheck`): the
+    #: re-check of the dataset's objects made at or after the outcome was due, ``pending``
+    #: (set with the end), then ``unchanged`` or ``changed``; null for every other release.
+    #: ``reference_checked_at`` is when it ran (admins' eyes only), ``reference_shown_at`` when
+    #: analysts and owners are shown its verdict: a public moment (the due moment plus a public
+    #: grace, or a step of the late schedule).
+    reference_check: Mapped[str | None] = mapped_column(String(16), default=None)
+    reference_checked_at: Mapped[datetime | None] = mapped_column(default=None)
+    reference_shown_at: Mapped[datetime | None] = mapped_column(default=None)
 
     __table_args__ = (
         UniqueConstraint("requester_key_id", "idempotency_key", name="uq_release_idempotency"),
         Index("ix_releases_claim", "status", "created_at"),
+        # The re-check thread of every worker looks for pending re-checks about once a second.
+        Index("ix_releases_reference_check", "reference_check"),
     )
 
 

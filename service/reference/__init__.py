@@ -27,9 +27,14 @@ group through :func:`~service.reference.reading._read_piece`: a regular file ope
 registered, resolved path under the current roots without following a symlink (S3: the recorded
 version), its footer and chunks compared with their digests, the decoded rows counted and
 checked as at registration. A changed, swapped or missing object ends the release ``failed``
-and refunded, with a reason naming the object; nothing was released (noise is drawn in the
+and charged, with a reason naming no object; nothing was released (noise is drawn in the
 worker, never on the cluster) and the failure is decided by digests, not by the registered
-values. An object added under the URI later is not part of the dataset and is never read (a
+values. It is not refunded: whether a job met the change is whether it read after the owner
+made it, that is when a worker claimed it, that is when the job ahead in the shared queue
+ended. For the same reason what analysts and owners see of a one-shot release is decided by a
+re-check of every object at a public moment after its outcome was due
+(:mod:`service.reference_recheck`), not by what its job met. An object added under the URI
+later is not part of the dataset and is never read (a
 release reads the registered row groups only; a new prefix under batch 0's may even be the
 next batch): the release runs on the registered bytes
 (``tests/reference/test_reference_mutations.py``).
@@ -70,7 +75,8 @@ follows DESIGN's rule that a job is refunded only when it provably never read th
 fault before the release's first task was submitted (no worker within the wait, an unreachable
 scheduler) is refunded; once a task was submitted it may have read rows (the client cannot
 tell whether a pending task had started), so the cost stays charged. An object found changed
-is refunded as before: that failure is decided by the digests, not by what was read.
+is charged (:func:`~service.reference.integrity.object_fault`: a refund would tell when the job
+ran relative to the owner's change).
 
 **The modules**, each stating what it guarantees, in import order (each imports only those
 before it): :mod:`~service.reference.objects` (containment under the roots, opening regular

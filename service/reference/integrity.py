@@ -61,7 +61,8 @@ _MAGIC = b"PAR1"
 class ReferenceFault(Exception):
     """A release on a dataset by reference that cannot complete: the worker ends it ``failed``
     with :attr:`reason`, refunded when :attr:`refund` (nothing released and the fault decided
-    by something other than the registered values: a changed object, a lost cluster)."""
+    by something other than the registered values and the moment of the owner's changes: a
+    cluster lost before any task was submitted; a changed object is :func:`object_fault`)."""
 
     def __init__(self, reason: str, refund: bool = True, path: str | None = None) -> None:
         super().__init__(reason, refund)
@@ -69,6 +70,16 @@ class ReferenceFault(Exception):
         self.refund = refund
         #: The object at fault, for the worker's log only (never in :attr:`reason`).
         self.path = path
+
+
+def object_fault(reason: str, path: str) -> ReferenceFault:
+    """A fault found in the owner's object (changed, gone, no longer a regular file,
+    unreadable): never refunded. Whether a job met it depends on whether the job read before
+    or after the owner's change, that is on when a worker claimed it, that is on when the job
+    ahead of it in the shared queue (on any dataset) ended; a refund would show that on the
+    ledger. What analysts and owners see of the outcome is decided by the re-check at a public
+    moment (:mod:`service.reference_recheck`), which charges both ways alike."""
+    return ReferenceFault(reason, refund=False, path=path)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from service.reference.integrity import (
     _parse_footer,
     _sha256,
     checked_matrix,
+    object_fault,
 )
 from service.reference.objects import Location, NotRegular, _fault_name, _Object, _read_ranges
 
@@ -117,36 +118,54 @@ def _decode(
     )
 
 
-def _read_piece(
-    location: Location, piece: Piece, columns: Sequence[str], record: dict[str, Any]
-) -> FloatArray:
-    """The row group's rows, decoded only from bytes whose SHA-256 is the registered one, from
-    a regular file opened at its registered place under the current roots (S3: the recorded
-    version), and checked as registration checked them: else :class:`ReferenceFault`."""
+def _verified(
+    location: Location, piece: Piece, record: dict[str, Any]
+) -> tuple[bytes, dict[int, bytes], int]:
+    """The row group's footer and chosen column chunks (by start) and the object's size, read
+    from a regular file opened at its registered place under the current roots (S3: the
+    recorded version), each compared with its registered SHA-256: else
+    :class:`ReferenceFault` (:func:`~service.reference.integrity.object_fault`)."""
     path = piece.path
     size = int(record["size"])
     length = int(record["footer_length"])
     try:
         with _Object(location, path, record.get("version"), size) as handle:
             if handle.size != size:
-                raise ReferenceFault(CHANGED_REASON, path=path)
+                raise object_fault(CHANGED_REASON, path=path)
             footer = handle.read(size - length, length)
             if _sha256(footer) != record["footer_sha256"]:
-                raise ReferenceFault(CHANGED_REASON, path=path)
+                raise object_fault(CHANGED_REASON, path=path)
             ranges: dict[int, bytes] = {}
             wanted = [(chunk.start, chunk.length) for chunk in piece.chunks]
             for chunk, data in zip(piece.chunks, _read_ranges(handle, wanted), strict=True):
                 if _sha256(data) != chunk.sha256:
-                    raise ReferenceFault(CHANGED_REASON, path=path)
+                    raise object_fault(CHANGED_REASON, path=path)
                 ranges[chunk.start] = data
     except ReferenceFault:
         raise
     except NotRegular:
-        raise ReferenceFault(UNSAFE_REASON, path=path) from None
+        raise object_fault(UNSAFE_REASON, path=path) from None
     except (FileNotFoundError, EOFError):
-        raise ReferenceFault(CHANGED_REASON, path=path) from None
+        raise object_fault(CHANGED_REASON, path=path) from None
     except Exception as exc:
-        raise ReferenceFault(UNREADABLE_REASON.format(kind=_fault_name(exc)), path=path) from None
+        raise object_fault(UNREADABLE_REASON.format(kind=_fault_name(exc)), path=path) from None
+    return footer, ranges, size
+
+
+def verify_piece(location: Location, piece: Piece, record: dict[str, Any]) -> None:
+    """Check the row group's bytes against their digests, decoding nothing (the re-check of
+    :mod:`service.reference_recheck`): :class:`ReferenceFault` if any differs."""
+    _verified(location, piece, record)
+
+
+def _read_piece(
+    location: Location, piece: Piece, columns: Sequence[str], record: dict[str, Any]
+) -> FloatArray:
+    """The row group's rows, decoded only from bytes whose SHA-256 is the registered one
+    (:func:`_verified`), and checked as registration checked them: else
+    :class:`ReferenceFault`."""
+    path = piece.path
+    footer, ranges, size = _verified(location, piece, record)
     # From here on the bytes are the registered ones: a failure would depend on them, so it is
     # not refunded (it cannot happen unless this pyarrow decodes them unlike registration's).
     try:

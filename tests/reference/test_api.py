@@ -204,7 +204,7 @@ def test_releases_by_reference_equal_the_upload_in_process_and_on_dask(
     assert problems == [] and notes[0].startswith("1 dataset files checked")  # the upload
 
 
-def test_changed_object_fails_refunded_and_credentials_stay_out(
+def test_changed_object_fails_charged_and_credentials_stay_out(
     client: TestClient,
     keys: Keys,
     rows: np.ndarray[Any, Any],
@@ -220,13 +220,14 @@ def test_changed_object_fails_refunded_and_credentials_stay_out(
     dataset = registered(client, keys.owner, f"s3://{bucket}/lake", columns)
     write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/b.parquet", rows[1800:] / 2, 900)
     release = _release(client, keys, dataset["id"], worker, mechanism="analyze_gauss")
-    assert release["status"] == "failed" and release["refunded"] is True, release
+    # Charged: whether a job met the change told when it was claimed (object_fault).
+    assert release["status"] == "failed" and release["refunded"] is False, release
     # The object is named in the worker's log only (docs/security.md: its location is the
     # owner's), never in the reason an analyst reads.
     assert "a referenced object changed" in release["reason"] and bucket not in release["reason"]
     assert any(f"{bucket}/lake/b.parquet" in r.getMessage() for r in caplog.records)
     budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
-    assert budget.json()["epsilon_spent"] == "0"
+    assert budget.json()["epsilon_spent"] == RELEASE["epsilon"]
     seen += [str(release), budget.text]
     # Refusals, each naming its field; none quotes a credential. What needs no read is a 422
     # to the POST; what needs one (a column the objects lack) a failed registration (of

@@ -238,7 +238,7 @@ def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
     )  # fmt: skip
     _releases_only(worker)
     failed = fetch_release(client, keys.owner, changed)
-    assert failed["status"] == "failed" and failed["refunded"] is True, failed
+    assert failed["status"] == "failed" and failed["refunded"] is False, failed
     assert "a referenced object changed" in failed["reason"]
     assert "c.parquet" not in failed["reason"]
 

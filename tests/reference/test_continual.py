@@ -108,7 +108,7 @@ def test_a_continual_release_by_reference_runs_its_epochs_on_the_engine(
     assert here.run_pending() == 0  # no batch to read: waiting, nothing run
 
 
-def test_a_changed_object_fails_the_first_epoch_refunded(
+def test_a_changed_object_fails_the_first_epoch_charged(
     client: TestClient,
     keys: Keys,
     columns: list[str],
@@ -127,7 +127,7 @@ def test_a_changed_object_fails_the_first_epoch_refunded(
     )  # fmt: skip
     Worker(session_factory, store, settings).run_pending()
     body = fetch_release(client, keys.owner, release_id)
-    assert body["status"] == "failed" and body["refunded"] is True, body
+    assert body["status"] == "failed" and body["refunded"] is False, body
     # The reason names no object (the worker's log does): docs/security.md.
     assert "changed since registration" in body["reason"] and body["epochs_done"] == 0
     assert "b.parquet" not in body["reason"] and bucket not in body["reason"]

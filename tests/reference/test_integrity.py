@@ -115,8 +115,9 @@ def test_a_file_rewritten_in_place_with_its_mtime_put_back_fails_the_release(
     assert outcome["status"] == "failed", outcome
     assert outcome.get("result") is None
     assert "changed since registration" in outcome["reason"]
-    # Decided by the digest, not by a value: refunded, as a changed object always was.
-    assert outcome["refunded"] is True
+    # Decided by the digest, not by a value, but charged: whether a job met the change tells
+    # when it was claimed (service.reference.integrity.object_fault).
+    assert outcome["refunded"] is False
 
 
 def test_a_file_swapped_for_a_symlink_out_of_the_roots_is_not_read(
@@ -177,7 +178,7 @@ def test_every_open_checks_containment_and_regular_file(
                 os.mkfifo(target)
         with pytest.raises(ReferenceFault, match="no longer a regular file") as fault:
             read()
-        assert fault.value.refund
+        assert fault.value.refund is False  # object_fault: never refunded
     shutil.rmtree(root / "set")
     shutil.copytree(moved, root / "set", copy_function=shutil.copy2)
     assert read().shape == (100, 3)
@@ -628,7 +629,7 @@ def test_a_forged_file_fails_the_release_on_dask_too(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The digest check runs in the Dask worker process that reads the row group; its fault
-    comes back to the release's worker as such (failed, refunded, the object named)."""
+    comes back to the release's worker as such (failed, charged, the object named)."""
     target = root / "set" / "a.parquet"
     names = plain_parquet(target, rows)
     dataset = registered(client, keys.owner, str(root / "set"), names)
@@ -637,7 +638,7 @@ def test_a_forged_file_fails_the_release_on_dask_too(
         session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
     )
     outcome = helpers.release(client, keys, dataset["id"], on_dask)
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
     assert outcome["reason"].startswith("a referenced object changed since registration")
     # The object is named in the worker's log only, never in the reason.
     assert str(target) not in outcome["reason"]

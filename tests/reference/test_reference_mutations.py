@@ -1,8 +1,9 @@
 """An outside audit of "a referenced file cannot change under its budget": every way a shared
 filesystem lets an object change between registration and a release (or during it), each
 ending either ``succeeded`` on exactly the registered bytes (the same basis, bit for bit, as a
-release before the change, drawn with the same noise) or ``failed`` and refunded with nothing
-released; never a success on other bytes. On both databases.
+release before the change, drawn with the same noise) or ``failed`` and charged with nothing
+released (never refunded: whether a job met the change tells when it was claimed); never a
+success on other bytes. On both databases.
 
 ``tests/reference/test_integrity.py`` covers an in-place rewrite with its mtime put back, a
 symlink to a file outside the roots, an overwritten S3 object and the Dask path; this covers
@@ -186,7 +187,7 @@ FAILED = [
 
 
 @pytest.mark.parametrize("change", FAILED)
-def test_a_changed_file_fails_the_release_refunded(
+def test_a_changed_file_fails_the_release_charged(
     change: Callable[[Path, np.ndarray[Any, Any]], None],
     client: TestClient,
     keys: Keys,
@@ -203,11 +204,13 @@ def test_a_changed_file_fails_the_release_refunded(
     change(root, rows)
     outcome = release(client, keys, dataset["id"], worker)
     assert outcome["status"] == "failed", outcome
-    assert outcome["refunded"] is True, outcome
+    # Charged (no refund): whether a job met the change tells when a worker claimed it, that
+    # is when the job ahead in the shared queue ended (service.reference.integrity.object_fault).
+    assert outcome["refunded"] is False, outcome
     assert outcome.get("result") is None
-    # The budget is as before the failed release (charged, then refunded).
     after = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner))
-    assert after.json() == budget.json()
+    spent = (budget.json()["epsilon_spent"], after.json()["epsilon_spent"])
+    assert [float(x) for x in spent] == [1.0, 2.0]
 
 
 @pytest.mark.parametrize(
@@ -260,7 +263,7 @@ def test_a_change_after_the_first_check_is_caught_as_the_bytes_are_read(
 
     monkeypatch.setattr(ParquetRows, "check_unchanged", then_forge)
     outcome = release(client, keys, dataset["id"], worker)
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
     assert outcome["reason"].startswith("a referenced object changed since registration")
     # The object is named in the worker's log only, never in the reason.
     assert str(first) not in outcome["reason"]
@@ -309,7 +312,7 @@ def test_a_change_between_passes_of_one_run_fails_it(
     assert worker.run_pending() == 1
     outcome = fetch_release(client, keys.owner, release_id)
     assert len(seen) == 2  # the norms' pass, then the Gram pass, which refused the bytes
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
 
 
 @pytest.fixture
@@ -327,7 +330,7 @@ def test_an_s3_object_rewritten_with_the_same_bytes_releases_them_and_other_byte
     rows: np.ndarray[Any, Any],
 ) -> None:
     """Same bytes, same ETag (an unversioned bucket): the registered bytes, released; other
-    bytes: failed and refunded, nothing released."""
+    bytes: failed and charged, nothing released."""
     from service.app import create_app
 
     fs = s3fs_for(s3_endpoint)
@@ -347,7 +350,7 @@ def test_an_s3_object_rewritten_with_the_same_bytes_releases_them_and_other_byte
         assert same["result"]["basis_sha256"] == before["result"]["basis_sha256"]
         write_parquet(fs, f"{bucket}/lake/d/a.parquet", -rows, 100)
         other = release(client, keys, dataset["id"], worker)
-        assert other["status"] == "failed" and other["refunded"] is True, other
+        assert other["status"] == "failed" and other["refunded"] is False, other
         assert other.get("result") is None
 
 
@@ -361,7 +364,7 @@ def test_a_versioned_s3_object_overwritten_fails_and_its_registered_version_rele
     rows: np.ndarray[Any, Any],
 ) -> None:
     """A versioned bucket: the registration records the object's VersionId. Overwritten (a new
-    current version, other bytes): failed and refunded. The new version deleted (the registered
+    current version, other bytes): failed and charged. The new version deleted (the registered
     one current again): the same basis as before, bit for bit."""
     from service.app import create_app
 
@@ -382,7 +385,7 @@ def test_a_versioned_s3_object_overwritten_fails_and_its_registered_version_rele
         newest = fs.info(key, refresh=True)["VersionId"]
         assert newest is not None
         other = release(client, keys, dataset["id"], worker)
-        assert other["status"] == "failed" and other["refunded"] is True, other
+        assert other["status"] == "failed" and other["refunded"] is False, other
         assert other.get("result") is None
         fs.call_s3("delete_object", Bucket=bucket, Key="lake/v/a.parquet", VersionId=newest)
         again = release(client, keys, dataset["id"], worker)
@@ -398,7 +401,7 @@ def test_a_versioned_s3_object_overwritten_fails_and_its_registered_version_rele
         pytest.param(names_swapped, id="names-swapped"),
     ],
 )
-def test_a_changed_file_fails_the_release_refunded_on_dask_too(
+def test_a_changed_file_fails_the_release_charged_on_dask_too(
     change: Callable[[Path, np.ndarray[Any, Any]], None],
     client: TestClient,
     keys: Keys,
@@ -409,7 +412,7 @@ def test_a_changed_file_fails_the_release_refunded_on_dask_too(
     store: DatasetStore,
     dask_scheduler: str,
 ) -> None:
-    """The same changes, the row groups read by Dask's workers: failed, refunded."""
+    """The same changes, the row groups read by Dask's workers: failed, charged."""
     names, _, _ = two_files(root, rows)
     dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
     on_dask = Worker(
@@ -419,5 +422,5 @@ def test_a_changed_file_fails_the_release_refunded_on_dask_too(
     assert before["status"] == "succeeded", before
     change(root, rows)
     outcome = release(client, keys, dataset["id"], on_dask)
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
     assert outcome.get("result") is None

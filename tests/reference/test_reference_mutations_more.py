@@ -5,8 +5,8 @@ re-encoding with identical values, S3 (a prefix gaining or losing objects, an ov
 ETag the identity check misses), continual batches (an old batch rewritten after its epoch,
 two batches' objects swapped), a change between the tasks of one pass, dry runs on a changed
 object and public priors on a dataset by reference. Each ends ``succeeded`` on
-exactly the registered bytes, or ``failed`` and refunded (charged when an epoch was already
-released) with nothing released; a dry run reads nothing and charges nothing. Both databases.
+exactly the registered bytes, or ``failed`` and charged (a changed object is never refunded)
+with nothing released; a dry run reads nothing and charges nothing. Both databases.
 """
 
 from __future__ import annotations
@@ -62,6 +62,12 @@ def budget_of(client: TestClient, keys: Keys, dataset: str) -> Any:
     return client.get(f"/v1/datasets/{dataset}/budget", headers=bearer(keys.owner)).json()
 
 
+def spent_more(after: Any, before: Any) -> float:
+    """The epsilon charged between two budgets: a failed release on a changed object stays
+    charged (service.reference.integrity.object_fault)."""
+    return float(after["epsilon_spent"]) - float(before["epsilon_spent"])
+
+
 def tagged_parquet(path: Path, rows: np.ndarray[Any, Any], tag: bytes) -> list[str]:
     """Plain columns ``c0..`` and a key-value ``tag`` in the footer."""
     names = [f"c{i}" for i in range(rows.shape[1])]
@@ -114,7 +120,7 @@ def reencoded_same_values(root: Path, rows: np.ndarray[Any, Any]) -> None:
         pytest.param(reencoded_same_values, id="reencoded-identical-values"),
     ],
 )
-def test_a_footer_or_encoding_change_fails_the_release_refunded_and_a_dry_run_reads_nothing(
+def test_a_footer_or_encoding_change_fails_the_release_charged_and_a_dry_run_reads_nothing(
     change: Callable[[Path, np.ndarray[Any, Any]], None],
     client: TestClient,
     keys: Keys,
@@ -146,10 +152,10 @@ def test_a_footer_or_encoding_change_fails_the_release_refunded_and_a_dry_run_re
     assert again.status_code == 200 and again.json() == preview.json(), again.text
     assert budget_of(client, keys, dataset["id"]) == budget
     outcome = release(client, keys, dataset["id"], worker)
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
     assert outcome.get("result") is None and "a referenced object" in outcome["reason"]
     assert "a.parquet" not in outcome["reason"]
-    assert budget_of(client, keys, dataset["id"]) == budget
+    assert spent_more(budget_of(client, keys, dataset["id"]), budget) == 1.0
 
 
 @pytest.fixture
@@ -188,10 +194,10 @@ def test_an_s3_prefix_gaining_objects_is_not_read_and_losing_one_fails(
         budget = budget_of(client, keys, dataset["id"])
         fs.rm(f"{bucket}/lake/p/c.parquet")
         gone = release(client, keys, dataset["id"], worker)
-        assert gone["status"] == "failed" and gone["refunded"] is True, gone
+        assert gone["status"] == "failed" and gone["refunded"] is False, gone
         assert "a referenced object changed" in gone["reason"]
         assert "c.parquet" not in gone["reason"]
-        assert budget_of(client, keys, dataset["id"]) == budget
+        assert spent_more(budget_of(client, keys, dataset["id"]), budget) == 1.0
 
 
 def test_an_s3_overwrite_the_identity_check_misses_is_caught_by_the_digests(
@@ -206,7 +212,7 @@ def test_an_s3_overwrite_the_identity_check_misses_is_caught_by_the_digests(
 ) -> None:
     """Other bytes of the same size under the same ETag (a multipart ETag is no content hash,
     and an S3-compatible store may reuse one): the identity check is made to see the recorded
-    identity, and the digests of the bytes read still refuse the object, refunded."""
+    identity, and the digests of the bytes read still refuse the object, charged."""
     from service.app import create_app
 
     fs = s3fs_for(s3_endpoint)
@@ -229,7 +235,7 @@ def test_an_s3_overwrite_the_identity_check_misses_is_caught_by_the_digests(
 
         monkeypatch.setattr(engine, "_identity", stale)
         outcome = release(client, keys, dataset["id"], worker)
-        assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+        assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
         assert "changed since registration" in outcome["reason"]
 
 
@@ -253,7 +259,7 @@ def test_an_old_batch_changed_after_its_epoch_fails_the_next_epoch_charged(
     """Epoch 1 released from batch 0; then batch 0's object is rewritten (or batch 0's and
     batch 1's objects exchange names, each keeping its own bytes): epoch 2 is not released, the
     release ends ``failed`` naming the object, charged (epoch 1 was released); a one-shot
-    release over both batches fails refunded."""
+    release over both batches fails, charged."""
     from service.app import create_app
 
     data = np.random.default_rng(3).normal(size=(1200, 3)) / 4
@@ -290,7 +296,7 @@ def test_an_old_batch_changed_after_its_epoch_fails_the_next_epoch_charged(
         assert (ended["status"], ended["epochs_done"], ended["refunded"]) == ("failed", 1, False)
         assert "a referenced object changed since registration" in ended["reason"], ended
         failed = fetch_release(client, keys.owner, one_shot)
-        assert failed["status"] == "failed" and failed["refunded"] is True, failed
+        assert failed["status"] == "failed" and failed["refunded"] is False, failed
 
 
 def test_a_prior_is_refused_on_a_dataset_by_reference_before_any_charge(
@@ -350,7 +356,7 @@ def test_a_change_between_tasks_of_one_pass_fails_it(
 ) -> None:
     """One task per row group (``DPSS_DASK_TASK_MB`` tiny): the object is rewritten in place
     (same size, mtime put back) after the first task read its row group, in a group a later
-    task reads; that task's digests refuse it and the pass fails, refunded, nothing released
+    task reads; that task's digests refuse it and the pass fails, charged, nothing released
     (each task checks its own bytes, in process as on a Dask worker)."""
     from tests.reference.test_integrity import forge_in_place
 
@@ -376,9 +382,9 @@ def test_a_change_between_tasks_of_one_pass_fails_it(
     per_group = Worker(session_factory, store, settings.model_copy(update={"dask_task_mb": 1e-6}))
     outcome = release(client, keys, dataset["id"], per_group)
     assert forged[0] in read[1:], read  # a later task read the new bytes
-    assert outcome["status"] == "failed" and outcome["refunded"] is True, outcome
+    assert outcome["status"] == "failed" and outcome["refunded"] is False, outcome
     assert outcome["reason"].startswith("a referenced object changed since registration")
     # The object is named in the worker's log only, never in the reason.
     assert str(target) not in outcome["reason"]
     assert any(f"({target})" in r.getMessage() for r in caplog.records)
-    assert budget_of(client, keys, dataset["id"]) == budget
+    assert spent_more(budget_of(client, keys, dataset["id"]), budget) == 1.0

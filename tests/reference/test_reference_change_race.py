@@ -1,0 +1,477 @@
+"""An outside audit: changing an object of a dataset by reference must not tell its owner (or
+the analyst) when a worker claimed one of its releases.
+
+The workers share one queue, so a release of dataset B is claimed when the job ahead of it (on
+any dataset) ends. B's owner chooses when to change one of B's objects. Before, a release whose
+job read before the change ended ``succeeded`` with its basis, one that read after it
+``failed`` and refunded ("a referenced object changed since registration"), both shown at the
+same ``visible_at``: one bit per release about another dataset's run time, on the release, the
+status filters, the ledger, the budget and the grants. Now the outcome analysts and owners see
+is decided by a re-check of the objects at a public moment (``service.reference_recheck``): a
+change made before the outcome was due shows the release ``failed`` with one fixed reason, no
+result and no refund, whichever way the race went. On both databases.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import struct
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import reference_recheck
+from service.config import Settings
+from service.db.models import Dataset, LedgerEntry, Release, utcnow
+from service.reference import objects
+from service.reference_recheck import recheck_due
+from service.visibility import REFERENCE_CHANGED_BEFORE_SHOWN_REASON
+from service.worker import Worker
+from tests.conftest import Keys, bearer, fetch_release, post_release
+from tests.reference import helpers
+from tests.reference.test_integrity import forge_in_place, plain_parquet
+
+RELEASE = helpers.FILE_RELEASE
+#: What differs between two answers about two different releases or datasets whatever happened.
+PER_RELEASE = (
+    "id",
+    "dataset_id",
+    "grant_id",
+    "created_at",
+    "visible_at",
+    "release_id",
+    "next",
+    "name",
+)
+#: The padding (one hour: no test outlives it) and the re-check's grace (a quarter of it).
+PADDING = timedelta(hours=1)
+GRACE = PADDING / 4
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "shared"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def settings(settings: Settings, root: Path) -> Settings:
+    return settings.model_copy(
+        update={
+            "reference_roots": str(root),
+            "release_padding_floor_seconds": PADDING.total_seconds(),
+            "release_padding_multiplier": 1.0,
+        }
+    )
+
+
+@pytest.fixture
+def rows() -> np.ndarray[Any, Any]:
+    return np.random.default_rng(8).normal(size=(400, 3)) / 4
+
+
+def rewritten(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    """One value's bytes rewritten in place, size and mtime put back (issue 30, item 3)."""
+    forge_in_place(folder / "a.parquet", float(rows[50, 1]), struct.pack("<d", -float(rows[50, 1])))
+
+
+def row_group_replaced(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    """The object replaced (a new inode) by one whose row groups hold other values."""
+    target = folder / "a.parquet"
+    status = target.stat()
+    fresh = folder / ".a.tmp"
+    plain_parquet(fresh, -rows[:200])
+    os.utime(fresh, ns=(status.st_atime_ns, status.st_mtime_ns))
+    os.replace(fresh, target)
+
+
+def removed(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    (folder / "b.parquet").unlink()
+
+
+def symlinked(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    """A symlink to an exact copy in its place: the same bytes, no longer a regular file."""
+    target = folder / "a.parquet"
+    copy = folder.parent / f"{folder.name}-copy.parquet"
+    shutil.copy2(target, copy)
+    target.unlink()
+    target.symlink_to(copy)
+
+
+#: Paths whose open is refused as a removed permission is (root reads any file whatever its
+#: mode, so the open itself is made to refuse them too: :func:`permission_denied`).
+DENIED: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def permission_denied(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    real = objects._open_regular
+
+    def opened(path: str, roots: Any) -> int:
+        if path in DENIED:
+            raise PermissionError(errno.EACCES, "Permission denied")
+        return real(path, roots)
+
+    monkeypatch.setattr(objects, "_open_regular", opened)
+    yield
+    DENIED.clear()
+
+
+def unreadable(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    target = folder / "a.parquet"
+    target.chmod(0)
+    DENIED.add(os.path.realpath(target))
+
+
+CHANGES = [
+    pytest.param(rewritten, id="rewritten-same-size-and-mtime"),
+    pytest.param(row_group_replaced, id="row-group-replaced"),
+    pytest.param(removed, id="removed"),
+    pytest.param(symlinked, id="symlink"),
+    pytest.param(unreadable, id="permissions-removed"),
+]
+
+
+def register(
+    client: TestClient,
+    factory: sessionmaker[Session],
+    keys: Keys,
+    root: Path,
+    name: str,
+    rows: Any,
+    batch: bool = False,
+) -> str:
+    """A dataset by reference of two objects (and with ``batch`` a batch of a third appended),
+    with a grant to every analyst."""
+    folder = root / name
+    folder.mkdir()
+    names = plain_parquet(folder / "a.parquet", rows[:200])
+    plain_parquet(folder / "b.parquet", rows[200:])
+    posted = helpers.register(client, keys.owner, str(folder), names, helpers.FILE_BUDGET)
+    dataset_id = str(posted.json()["id"])
+    # The registration is padded as a release is: as if its padding had passed.
+    with factory.begin() as session:
+        row = session.get(Dataset, uuid.UUID(dataset_id))
+        assert row is not None and row.registration_shown_at is not None
+        row.registration_visible_at = row.registration_shown_at = utcnow() - PADDING
+    dataset = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner))
+    assert dataset.json()["registration_status"] == "ready", dataset.text
+    if batch:
+        # A batch appended by reference (a third object), registered and shown before the
+        # release is requested: the release reads it too.
+        plain_parquet(folder / "c.parquet", rows[:100] / 2)
+        appended = client.post(
+            f"/v1/dataset-references/{dataset_id}/batches",
+            headers=bearer(keys.owner),
+            json={"uri": str(folder / "c.parquet")},
+        )
+        assert appended.status_code == 202, appended.text
+        assert helpers.run_registrations(client) == 1
+        with factory.begin() as session:
+            row = session.get(Dataset, uuid.UUID(dataset_id))
+            assert row is not None and row.batch_shown_at is not None
+            row.batch_visible_at = row.batch_shown_at = utcnow() - PADDING
+        grown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+        assert (grown["n_batches"], grown["n_rows"], grown["batch_status"]) == (2, 500, None)
+    granted = client.post(
+        f"/v1/datasets/{dataset_id}/grants",
+        headers=bearer(keys.owner),
+        json={"epsilon": "5", "delta": "1e-3"},
+    )
+    assert granted.status_code == 201, granted.text
+    return dataset_id
+
+
+def later(factory: sessionmaker[Session], dataset_id: str, by: timedelta) -> None:
+    """As if ``by`` had passed: every moment of the dataset's releases and ledger ``by``
+    earlier."""
+    moments = (
+        "created_at",
+        "visible_at",
+        "outcome_visible_at",
+        "finished_at",
+        "started_at",
+        "reference_checked_at",
+        "reference_shown_at",
+    )
+    with factory.begin() as session:
+        key = uuid.UUID(dataset_id)
+        for release in session.scalars(select(Release).where(Release.dataset_id == key)).all():
+            for name in moments:
+                if getattr(release, name) is not None:
+                    setattr(release, name, getattr(release, name) - by)
+        for entry in session.scalars(
+            select(LedgerEntry).where(LedgerEntry.dataset_id == key)
+        ).all():
+            entry.created_at -= by
+
+
+def settle(factory: sessionmaker[Session], settings: Settings, dataset_id: str) -> None:
+    """Past the outcome's due moment, the re-check runs (within its grace), then its verdict's
+    moment passes."""
+    later(factory, dataset_id, PADDING + GRACE / 3)
+    recheck_due(factory, settings, utcnow())
+    later(factory, dataset_id, GRACE)
+
+
+def scrub(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items() if k not in PER_RELEASE}
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    return value
+
+
+def seen(client: TestClient, keys: Keys, dataset_id: str, release_id: str) -> dict[str, Any]:
+    """Everything the analyst and the owner read of the release, its lists, the ledger, the
+    budget and the grants."""
+    answers: dict[str, Any] = {}
+    for who in ("analyst", "owner"):
+        key = getattr(keys, who)
+        answers[f"{who} release"] = fetch_release(client, key, release_id)
+        for status in ("queued", "running", "succeeded", "failed", "no_result"):
+            if who == "analyst":
+                path, params = "/v1/releases", {"status": status, "dataset_id": dataset_id}
+            else:
+                path, params = f"/v1/datasets/{dataset_id}/releases", {"status": status}
+            listed = client.get(path, headers=bearer(key), params=params)
+            assert listed.status_code == 200, listed.text
+            answers[f"{who} {status}"] = listed.json()["total"]
+        if who == "analyst":
+            path, params = "/v1/releases", {"dataset_id": dataset_id}
+        else:
+            path, params = f"/v1/datasets/{dataset_id}/releases", {}
+        listed = client.get(path, headers=bearer(key), params=params)
+        assert listed.status_code == 200, listed.text
+        answers[f"{who} list"] = listed.json()["items"]
+    for what in ("ledger", "budget", "grants"):
+        answer = client.get(f"/v1/datasets/{dataset_id}/{what}", headers=bearer(keys.owner))
+        assert answer.status_code == 200, answer.text
+        answers[what] = answer.json()
+    return scrub(answers)
+
+
+def world(
+    client: TestClient,
+    factory: sessionmaker[Session],
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: Any,
+    name: str,
+    change: Callable[[Path, Any], None],
+    change_first: bool,
+    batch: bool = False,
+) -> tuple[str, str]:
+    """A release whose job read before the owner's change (``change_first`` false: the job
+    ahead ended early) or after it; the change is before ``visible_at`` either way."""
+    # Other values in each world (one object backs one live dataset), the same shape.
+    data = -rows if change_first else rows
+    dataset_id = register(client, factory, keys, root, name, data, batch)
+    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
+    if change_first:
+        change(root / name, data)
+    assert worker.run_pending() == 1
+    if not change_first:
+        change(root / name, data)
+    return dataset_id, release_id
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_release_shows_the_same_whether_it_read_before_or_after_its_object_changed(
+    change: Callable[[Path, Any], None],
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    early = world(
+        client, session_factory, keys, worker, root, rows, "early", change, change_first=False
+    )
+    late = world(
+        client, session_factory, keys, worker, root, rows, "late", change, change_first=True
+    )
+    with session_factory() as session:
+        stored = [session.get(Release, uuid.UUID(r)) for _, r in (early, late)]
+        # The two worlds really differ in the store (so the comparison could fail).
+        assert [row.status for row in stored if row] == ["succeeded", "failed"]
+        assert [row.refunded for row in stored if row] == [False, False]
+    for dataset_id, _ in (early, late):
+        settle(session_factory, settings, dataset_id)
+    one, other = seen(client, keys, *early), seen(client, keys, *late)
+    assert one == other
+    shown = one["analyst release"]
+    assert (shown["status"], shown["reason"], shown["refunded"], shown.get("result")) == (
+        "failed",
+        REFERENCE_CHANGED_BEFORE_SHOWN_REASON,
+        False,
+        None,
+    )
+    assert (one["analyst failed"], one["owner failed"], one["owner succeeded"]) == (1, 1, 0)
+    assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
+    # Nothing about the objects in what is shown.
+    assert str(root) not in str(one) and "parquet" not in str(one)
+    # Nothing was rewritten: the store keeps what happened (admins and auditors see it).
+    with session_factory() as session:
+        row = session.get(Release, uuid.UUID(early[1]))
+        assert row is not None and row.status == "succeeded"
+        assert row.reference_check == "changed" and row.reference_checked_at is not None
+
+
+def batch_rewritten(folder: Path, rows: np.ndarray[Any, Any]) -> None:
+    """The appended batch's object rewritten in place, size and mtime put back."""
+    value = float(rows[10, 0]) / 2
+    forge_in_place(folder / "c.parquet", value, struct.pack("<d", -value))
+
+
+@pytest.mark.parametrize("change", [batch_rewritten, removed])
+def test_the_same_holds_for_a_batch_appended_by_reference(
+    change: Callable[[Path, Any], None],
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    early = world(client, session_factory, keys, worker, root, rows, "early", change, False, True)
+    late = world(client, session_factory, keys, worker, root, rows, "late", change, True, True)
+    with session_factory() as session:
+        stored = [session.get(Release, uuid.UUID(r)) for _, r in (early, late)]
+        assert [(row.status, row.n_rows_read) for row in stored if row] == [
+            ("succeeded", 500),
+            ("failed", 500),
+        ]
+    for dataset_id, _ in (early, late):
+        settle(session_factory, settings, dataset_id)
+    one, other = seen(client, keys, *early), seen(client, keys, *late)
+    assert one == other
+    assert one["owner release"]["reason"] == REFERENCE_CHANGED_BEFORE_SHOWN_REASON
+
+
+def test_an_unchanged_dataset_shows_the_outcome_once_the_recheck_shows(
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    dataset_id = register(client, session_factory, keys, root, "kept", rows)
+    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
+    assert worker.run_pending() == 1
+    # Past visible_at, the re-check not yet run: running, whatever the job did.
+    later(session_factory, dataset_id, PADDING + GRACE / 3)
+    for key in (keys.analyst, keys.owner):
+        assert fetch_release(client, key, release_id)["status"] == "running"
+    recheck_due(session_factory, settings, utcnow())
+    # The verdict shows at the due moment plus the grace, not when the re-check ran.
+    assert fetch_release(client, keys.owner, release_id)["status"] == "running"
+    later(session_factory, dataset_id, GRACE)
+    shown = fetch_release(client, keys.analyst, release_id)
+    assert shown["status"] == "succeeded" and shown["result"] is not None, shown
+    with session_factory() as session:
+        row = session.get(Release, uuid.UUID(release_id))
+        assert row is not None and row.visible_at is not None
+        assert row.reference_check == "unchanged"
+        assert row.reference_shown_at == row.visible_at + GRACE
+
+
+def test_a_change_after_the_recheck_keeps_the_outcome(
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    dataset_id = register(client, session_factory, keys, root, "after", rows)
+    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
+    assert worker.run_pending() == 1
+    settle(session_factory, settings, dataset_id)
+    removed(root / "after", rows)
+    assert fetch_release(client, keys.owner, release_id)["status"] == "succeeded"
+
+
+def test_a_late_recheck_shows_at_a_step_of_the_late_schedule(
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    """No worker re-checked within the grace: the verdict shows at the first step of the
+    release's late schedule after the re-check, not at the moment it ran."""
+    dataset_id = register(client, session_factory, keys, root, "slow", rows)
+    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
+    assert worker.run_pending() == 1
+    later(session_factory, dataset_id, PADDING + GRACE * 2)
+    recheck_due(session_factory, settings, utcnow())
+    with session_factory() as session:
+        row = session.get(Release, uuid.UUID(release_id))
+        assert row is not None and row.reference_shown_at is not None
+        assert row.reference_shown_at == row.created_at + PADDING * 2
+    assert fetch_release(client, keys.analyst, release_id)["status"] == "running"
+    long_poll = client.get(
+        f"/v1/releases/{release_id}", headers=bearer(keys.analyst), params={"wait": 0}
+    )
+    assert long_poll.json()["status"] == "running"
+
+
+def test_the_worker_thread_runs_due_rechecks(
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread :meth:`Worker.run_forever` starts beside the job loop takes the re-checks
+    that are due (here one pass, then the stop), and only those."""
+    dataset_id = register(client, session_factory, keys, root, "thread", rows)
+    due = post_release(client, keys.analyst, dataset_id, **RELEASE)
+    assert worker.run_pending() == 1
+    later(session_factory, dataset_id, PADDING + GRACE / 3)
+    other = register(client, session_factory, keys, root, "not-yet", -rows)
+    not_due = post_release(client, keys.analyst, other, **RELEASE)
+    assert worker.run_pending() == 1
+    stop = threading.Event()
+    passes: list[int] = []
+
+    def once(*args: Any) -> int:
+        passes.append(real(*args))
+        stop.set()
+        return passes[-1]
+
+    real = reference_recheck.recheck_due
+    monkeypatch.setattr(reference_recheck, "recheck_due", once)
+    reference_recheck.run(session_factory, settings, stop)
+    assert passes == [1]
+    with session_factory() as session:
+        checks = {r: session.get(Release, uuid.UUID(r)) for r in (due, not_due)}
+        assert {r: row.reference_check for r, row in checks.items() if row} == {
+            due: "unchanged",
+            not_due: "pending",
+        }
