@@ -151,3 +151,27 @@ def listed_when_ready(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]
             ),
         ),
     )
+
+
+def registering_as_shown(now: datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
+    """SQL: the dataset's own registration, and its batch, still ``registering`` as shown at
+    ``now`` (really, or ended and not yet shown: :func:`registration_hidden`,
+    :func:`batch_hidden`). A decision any owner can observe (such as refusing a URI that
+    overlaps a registration in progress) must use these, not the real status, which changes
+    when a worker ends the job: the moment the queue ahead of it drained."""
+    columns = Dataset.__table__.c
+    registration = or_(
+        columns.registration_status == REGISTERING,
+        and_(
+            columns.registration_visible_at.is_not(None),
+            or_(columns.registration_shown_at.is_(None), columns.registration_shown_at > now),
+        ),
+    )
+    batch = or_(
+        columns.batch_status == REGISTERING,
+        and_(
+            columns.batch_visible_at.is_not(None),
+            or_(columns.batch_shown_at.is_(None), columns.batch_shown_at > now),
+        ),
+    )
+    return registration, batch
