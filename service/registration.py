@@ -57,7 +57,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, or_, select, update
@@ -81,6 +81,7 @@ from service.errors import (
     safe_traceback,
 )
 from service.jobs import JobRunner
+from service.padding_queue import padding_model, queue_seconds
 from service.store import DatasetStore, StoredMatrix
 
 #: The key of ``dataset_referenced`` and ``dataset_batch_referenced`` events holding the digest
@@ -117,7 +118,9 @@ def request_registration(
     dataset.registration_status = REGISTERING
     dataset.registration_request = {"uri": form.uri, "columns": list(form.columns), "key": key}
     # Its end shows at a public moment, not when a worker (free once no release waits) ends it.
-    dataset.registration_visible_at = shown.visible_at(dataset.created_at, settings)
+    dataset.registration_visible_at = shown.visible_at(
+        dataset.created_at, settings, _queue_seconds(session, settings, dataset.created_at)
+    )
     audit.record(
         session,
         "dataset_registration_requested",
@@ -128,6 +131,12 @@ def request_registration(
     wake.announce(session, settings)  # idle workers look for jobs at commit
     session.flush()
     return dataset
+
+
+def _queue_seconds(session: Session, settings: Settings, now: datetime) -> float:
+    """The modelled time of the one-shot releases ahead of a registration requested at
+    ``now`` (:func:`service.padding_queue.queue_seconds`): public facts fixed at the request."""
+    return queue_seconds(session, padding_model(session, settings, now), now)
 
 
 def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) -> None:
@@ -262,7 +271,9 @@ def request_batch(
     dataset.batch_request = {"uri": form.uri, "key": key}
     requested_at = utcnow()
     dataset.batch_requested_at = requested_at
-    dataset.batch_visible_at = shown.visible_at(requested_at, settings)
+    dataset.batch_visible_at = shown.visible_at(
+        requested_at, settings, _queue_seconds(session, settings, requested_at)
+    )
     dataset.batch_shown_at = None
     dataset.batch_prior_rows = None
     dataset.registration_attempts = 0
