@@ -124,6 +124,19 @@ class Settings(BaseSettings):
             "0 turns this off."
         ),
     )
+    api_head_timeout_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "Seconds a client has to send a request's line and headers, from the connection (or "
+            "from its first byte after a keep-alive pause); a slower head is answered 408 and "
+            "the connection closed. Each connection holds one of the process's connection slots "
+            "(bounded by its open files): without this, clients that connect and send a head "
+            "byte by byte, or nothing (slowloris), held every slot for as long as they liked, "
+            "and every other client got 503."
+        ),
+    )
     api_keep_alive_seconds: float = Field(
         default=75.0,
         gt=0,

@@ -325,14 +325,18 @@ def register_dataset(
 
 def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference) -> None:
     """Record the objects ``reference`` covers, refusing (409) one that another live dataset
-    covers already, by name or by content: two datasets on the same rows would double what
-    can be learned about the people in them. The unique constraints decide between
-    concurrent registrations; the query before them names the object."""
-    covered = reference.covered()
-    for start in range(0, len(covered), 400):
-        part = covered[start : start + 400]
-        keys = {key_sha: key for key, key_sha, _ in part}
-        contents = {content: key for key, _, content in part}
+    covers already, by name, by content or by an alias (the same file by another path, its
+    columns in another order: :meth:`~service.reference.integrity.Reference.covered_named`):
+    two datasets on the same rows would double what can be learned about the people in them.
+    The unique constraints decide between concurrent registrations; the query before them
+    names the object."""
+    named = reference.covered_named()
+    covered = [(key, key_sha, content) for key, key_sha, content, _ in named]
+    for start in range(0, len(named), 400):
+        part = named[start : start + 400]
+        # A refusal names the object (an alias row stands for one: a hard link, a reordering).
+        keys = {key_sha: name for _, key_sha, _, name in part}
+        contents = {content: name for _, _, content, name in part}
         taken = session.execute(
             select(DatasetReferenceObject.key_sha256, DatasetReferenceObject.content_sha256).where(
                 or_(
@@ -358,7 +362,8 @@ def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference)
 
 def _registered(key: str) -> ObjectRegistered:
     return ObjectRegistered(
-        f"uri: {key} (or an object with the same content) is already covered by another live "
+        f"uri: {key} (or the same file by another path, its columns in another order, or a copy "
+        "of its bytes) is already covered by another live "
         "dataset; one dataset per object, so that its rows have one budget (delete that dataset "
         "first to register it again)"
     )

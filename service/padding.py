@@ -9,7 +9,10 @@ only at a step of a fixed public schedule (:func:`late_schedule`).
 
 **Uncalibrated** (no worker has calibrated this machine yet, or calibration is off)::
 
-    padding = max(floor, multiplier * work(mechanism, n, d, k, params) / rate(mechanism, d))
+    padding = queue + max(floor, multiplier * work(mechanism, n, d, k, params) / rate(mechanism, d))
+
+with ``queue`` the modelled time of the jobs ahead, as below (at the default rates and the
+assumed overhead).
 
 ``work`` counts roughly the floating-point operations of the mechanism's dominant steps
 (centring and a clip quantile included: the recommended PCA settings run 1.1-5x longer than the
@@ -460,8 +463,10 @@ class PaddingModel:
     ) -> timedelta:
         """The delay after the request before an analyst may see the outcome.
 
-        ``queue_seconds``: the modelled time of the jobs ahead (:meth:`queue_seconds`), used
-        with a calibration only (the defaults' multiplier and floor already cover a queue).
+        ``queue_seconds``: the modelled time of the jobs ahead (:meth:`queue_seconds`),
+        added with or without a calibration: the defaults' floor does not cover a long job
+        ahead, and a job padded as if it were not there would show late exactly when that job
+        had not yet ended.
         """
         rate = self._calibrated_rate(mechanism, d)
         work = self.work(mechanism, n, d, k, params)
@@ -475,6 +480,8 @@ class PaddingModel:
             seconds = max(
                 self.floor_seconds, self.multiplier * work / self.default_rate(mechanism, d)
             )
+            # A zero padding is padding switched off (nothing hidden): no queue term then.
+            seconds += queue_seconds if seconds > 0 else 0.0
         # Capped at 30 days: a timedelta cannot hold arbitrary floats, and a job that needs a
         # month is refused by the memory gate or the mechanisms' compute caps long before.
         return timedelta(seconds=min(seconds, MAX_PADDING_SECONDS))

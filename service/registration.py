@@ -57,7 +57,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, or_, select, update
@@ -81,6 +81,7 @@ from service.errors import (
     safe_traceback,
 )
 from service.jobs import JobRunner
+from service.padding_queue import padding_model, queue_seconds
 from service.store import DatasetStore, StoredMatrix
 
 #: The key of ``dataset_referenced`` and ``dataset_batch_referenced`` events holding the digest
@@ -117,7 +118,9 @@ def request_registration(
     dataset.registration_status = REGISTERING
     dataset.registration_request = {"uri": form.uri, "columns": list(form.columns), "key": key}
     # Its end shows at a public moment, not when a worker (free once no release waits) ends it.
-    dataset.registration_visible_at = shown.visible_at(dataset.created_at, settings)
+    dataset.registration_visible_at = shown.visible_at(
+        dataset.created_at, settings, _queue_seconds(session, settings, dataset.created_at)
+    )
     audit.record(
         session,
         "dataset_registration_requested",
@@ -128,6 +131,12 @@ def request_registration(
     wake.announce(session, settings)  # idle workers look for jobs at commit
     session.flush()
     return dataset
+
+
+def _queue_seconds(session: Session, settings: Settings, now: datetime) -> float:
+    """The modelled time of the one-shot releases ahead of a registration requested at
+    ``now`` (:func:`service.padding_queue.queue_seconds`): public facts fixed at the request."""
+    return queue_seconds(session, padding_model(session, settings, now), now)
 
 
 def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) -> None:
@@ -141,6 +150,30 @@ def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) ->
     and refused by :func:`service.datasets.cover_objects` when the worker ends the job.
     Refused here, nothing is kept; that refusal stays the backstop for registrations that
     race (and for copies of an object's bytes, which only a read finds)."""
+    # First, registrations in progress *as shown* (really, or ended and not yet shown): a
+    # registration's objects are recorded when a worker ends it, and it may fail; deciding by
+    # the recorded objects or the real status would tell the requester when the worker
+    # reached it, that is when the releases ahead of it (on any dataset) ended. Every object a
+    # registration records lies at or under its request's key, so a URI naming one overlaps
+    # that key: refused here in the same words, whatever the worker did.
+    registering, batch_registering = shown.registering_as_shown(utcnow())
+    running = [
+        *session.execute(
+            select(Dataset.registration_request).where(registering, Dataset.deleted_at.is_(None))
+        ).scalars(),
+        *session.execute(
+            select(Dataset.batch_request).where(batch_registering, Dataset.deleted_at.is_(None))
+        ).scalars(),
+    ]
+    for request in running:
+        if request is None or request.get("key") is None:
+            continue
+        other = str(request["key"])
+        if other == key or other.startswith(key + "/") or key.startswith(other + "/"):
+            raise ObjectRegistered(
+                f"uri: {key} overlaps a registration still in progress ({other}); wait for it "
+                "to end (or delete its dataset)"
+            )
     taken = session.execute(
         select(DatasetReferenceObject.object_key, DatasetReferenceObject.dataset_id).where(
             DatasetReferenceObject.key_sha256 == reference.key_digest(key)
@@ -172,29 +205,6 @@ def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) ->
             f"uri: {named} is already covered by another live dataset; one dataset per object, "
             "so that its rows have one budget (delete that dataset first to register it again)"
         )
-    # Another registration still reading the same or an overlapping place would be refused
-    # when it ends anyway (one of the two): refused now, while the owner is waiting.
-    running = [
-        *session.execute(
-            select(Dataset.registration_request).where(
-                Dataset.registration_status == REGISTERING, Dataset.deleted_at.is_(None)
-            )
-        ).scalars(),
-        *session.execute(
-            select(Dataset.batch_request).where(
-                Dataset.batch_status == REGISTERING, Dataset.deleted_at.is_(None)
-            )
-        ).scalars(),
-    ]
-    for request in running:
-        if request is None or request.get("key") is None:
-            continue
-        other = str(request["key"])
-        if other == key or other.startswith(key + "/") or key.startswith(other + "/"):
-            raise ObjectRegistered(
-                f"uri: {key} overlaps a registration still in progress ({other}); wait for it "
-                "to end (or delete its dataset)"
-            )
 
 
 def _batch_holding(session: Session, dataset: Dataset, key: str) -> int | None:
@@ -261,7 +271,9 @@ def request_batch(
     dataset.batch_request = {"uri": form.uri, "key": key}
     requested_at = utcnow()
     dataset.batch_requested_at = requested_at
-    dataset.batch_visible_at = shown.visible_at(requested_at, settings)
+    dataset.batch_visible_at = shown.visible_at(
+        requested_at, settings, _queue_seconds(session, settings, requested_at)
+    )
     dataset.batch_shown_at = None
     dataset.batch_prior_rows = None
     dataset.registration_attempts = 0
@@ -613,7 +625,8 @@ def _finish_batch(session: Session, settings: Settings, dataset: Dataset, checke
     dataset.n_batches = seq + 1
     _end_batch(dataset, None, None)
     dataset.batch_shown_at = shown_from
-    dataset.batch_request = None
+    # batch_request is kept until the next batch: until batch_shown_at a URI overlapping it is
+    # refused as a registration in progress (_refuse_taken), whatever the worker did.
     audit.record(
         session,
         "dataset_batch_referenced",

@@ -7,8 +7,10 @@ release run 0.15 s longer moved the moment ``registration_status`` changed by 0.
 average, before this). The registration is padded as a release is (:mod:`service.padding`):
 
 - at the request, ``visible_at = requested_at + padding`` from public facts only: the
-  release padding's floor (``DPSS_RELEASE_PADDING_FLOOR_SECONDS``; nothing about the objects
-  is known before a read, and the owner's choice of URI and columns is all there is);
+  modelled time of the one-shot releases requested before it and not past their own
+  ``visible_at`` (the release padding's queue term), then the release padding's floor
+  (``DPSS_RELEASE_PADDING_FLOOR_SECONDS``; nothing about the objects is known before a read,
+  and the owner's choice of URI and columns is all there is);
 - at its end, the worker stores ``shown_at``, the first step of
   :func:`service.padding.late_schedule` at or after the real end: ``visible_at`` if it ended by
   then, else ``requested_at + padding * 2^j``. A late registration reveals ``j`` only.
@@ -37,20 +39,30 @@ from sqlalchemy import ColumnElement, and_, or_
 from service.auth import Principal, sees_real_state
 from service.config import Settings
 from service.db.models import Dataset
-from service.padding import late_schedule
+from service.padding import MAX_PADDING_SECONDS, late_schedule
 
 REGISTERING = "registering"
 
 
-def padding(settings: Settings) -> timedelta:
+def padding(settings: Settings, queue_seconds: float = 0.0) -> timedelta:
     """The padding of a registration or a batch by reference: the release padding's floor, a
-    public setting (no read precedes the request, so no shape is known)."""
-    return timedelta(seconds=max(settings.release_padding_floor_seconds, 0.0))
+    public setting (no read precedes the request, so no shape is known), after the modelled
+    time of the one-shot releases ahead (:func:`service.padding_queue.queue_seconds`: those
+    requested before it and not past their own ``visible_at``). Without that term a
+    registration (which costs no budget) requested behind a long release showed at its
+    ``visible_at`` or a late step according to whether that release had really ended, long
+    before the release's own ``visible_at``."""
+    floor = max(settings.release_padding_floor_seconds, 0.0)
+    if floor <= 0:
+        return timedelta(0)  # padding off: shown as stored
+    return timedelta(seconds=min(floor + max(queue_seconds, 0.0), MAX_PADDING_SECONDS))
 
 
-def visible_at(requested_at: datetime, settings: Settings) -> datetime | None:
+def visible_at(
+    requested_at: datetime, settings: Settings, queue_seconds: float = 0.0
+) -> datetime | None:
     """``requested_at + padding``; ``None`` (shown as stored) when padding is off."""
-    pad = padding(settings)
+    pad = padding(settings, queue_seconds)
     return requested_at + pad if pad > timedelta(0) else None
 
 
@@ -151,3 +163,27 @@ def listed_when_ready(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]
             ),
         ),
     )
+
+
+def registering_as_shown(now: datetime) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
+    """SQL: the dataset's own registration, and its batch, still ``registering`` as shown at
+    ``now`` (really, or ended and not yet shown: :func:`registration_hidden`,
+    :func:`batch_hidden`). A decision any owner can observe (such as refusing a URI that
+    overlaps a registration in progress) must use these, not the real status, which changes
+    when a worker ends the job: the moment the queue ahead of it drained."""
+    columns = Dataset.__table__.c
+    registration = or_(
+        columns.registration_status == REGISTERING,
+        and_(
+            columns.registration_visible_at.is_not(None),
+            or_(columns.registration_shown_at.is_(None), columns.registration_shown_at > now),
+        ),
+    )
+    batch = or_(
+        columns.batch_status == REGISTERING,
+        and_(
+            columns.batch_visible_at.is_not(None),
+            or_(columns.batch_shown_at.is_(None), columns.batch_shown_at > now),
+        ),
+    )
+    return registration, batch

@@ -27,7 +27,6 @@ from api_schemas.releases import ReleaseRequest
 from service import (
     accounting,
     audit,
-    calibration,
     charges,
     datasets,
     grants,
@@ -58,7 +57,7 @@ from service.keyformat import KEY_PREFIX
 from service.mechanisms.base import Mechanism, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS
 from service.mechanisms.registry import MECHANISMS, get_mechanism
-from service.padding import PaddingModel
+from service.padding_queue import padding_model, queue_seconds
 from service.prior_projection import on_prior
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
@@ -506,37 +505,8 @@ def _padding(
     by ``now`` and not yet past their own ``visible_at`` (their modelled run times). Never a
     real status, lease, start or finish: the padding of a probe release is the same whether
     another job is still queued, running or already ended."""
-    calibrated = (
-        calibration.current_rates(session, now) if settings.release_padding_calibrated else None
-    )
-    model = PaddingModel.from_settings(settings, calibrated)
-    queue = 0.0
-    if model.calibrated.rates:
-        ahead = session.execute(
-            select(
-                Release.mechanism,
-                Release.n_rows_read,
-                Dataset.n_rows,
-                Dataset.n_cols,
-                Release.k,
-                Release.params,
-            )
-            .join(Dataset, Dataset.id == Release.dataset_id)
-            .where(
-                Release.created_at <= now,
-                Release.visible_at.is_not(None),
-                Release.visible_at > now,
-            )
-        ).all()
-        queue = model.queue_seconds(
-            [
-                # n_rows_read is fixed at the request for one-shot releases (the rows present
-                # then); Dataset.n_rows only for rows stored before that column existed.
-                (name, n_read if n_read is not None else n, d, k_, job_params or {})
-                for name, n_read, n, d, k_, job_params in ahead
-                if name in MECHANISMS and not MECHANISMS[name].continual
-            ]
-        )
+    model = padding_model(session, settings, now)
+    queue = queue_seconds(session, model, now)
     return model.padding(mechanism, dataset.n_rows, dataset.n_cols, k, params, queue)
 
 

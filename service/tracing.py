@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
+from urllib.parse import unquote
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -97,22 +98,41 @@ _URL_ATTRIBUTES = frozenset({"url.full", "http.url", "http.target", "url.origina
 _SECRET_NAME = re.compile(r"authorization|cookie|key|token|secret|password|session", re.I)
 
 
+#: Rounds of percent-decoding tried on a value before its keys are looked for (a key sent
+#: percent-encoded twice is still a key).
+_DECODE_ROUNDS = 3
+
+
+def _redact_text(value: str) -> str:
+    """``value`` with its keys redacted, also those written percent-encoded (a path or URL
+    carries what the client sent: ``%64%70%73%73%5F...`` is a key with none of its runs
+    visible). A value holding an encoded key is exported decoded, with the key redacted."""
+    decoded = value
+    for _ in range(_DECODE_ROUNDS):
+        if "%" not in decoded:
+            break
+        decoded = unquote(decoded)
+    if decoded != value and redact_keys(decoded) != decoded:
+        return redact_keys(decoded)
+    return redact_keys(value)
+
+
 def _redact_value(name: str, value: AttributeValue) -> AttributeValue:
     if name in _QUERY_ATTRIBUTES or (_SECRET_NAME.search(name) and not name.startswith("dpss.")):
         return REDACTED
     if isinstance(value, str):
         if name in _URL_ATTRIBUTES:
             value = value.split("?", 1)[0].split("#", 1)[0]
-        return redact_keys(value)
+        return _redact_text(value)
     if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
-        return [redact_keys(str(item)) for item in value]
+        return [_redact_text(str(item)) for item in value]
     return value
 
 
 def redact_attributes(attributes: Attributes) -> dict[str, AttributeValue]:
     """``attributes`` safe to export (see the module docstring)."""
     return {
-        redact_keys(name): _redact_value(name, value) for name, value in (attributes or {}).items()
+        _redact_text(name): _redact_value(name, value) for name, value in (attributes or {}).items()
     }
 
 
@@ -120,15 +140,15 @@ def redact_span(span: ReadableSpan) -> ReadableSpan:
     """A copy of ``span`` with its name, status, attributes, events and links redacted."""
     status = span.status
     if status.description:
-        status = Status(status.status_code, redact_keys(status.description))
+        status = Status(status.status_code, _redact_text(status.description))
     return ReadableSpan(
-        name=redact_keys(span.name),
+        name=_redact_text(span.name),
         context=span.context,
         parent=span.parent,
         resource=span.resource,
         attributes=redact_attributes(span.attributes),
         events=[
-            Event(redact_keys(event.name), redact_attributes(event.attributes), event.timestamp)
+            Event(_redact_text(event.name), redact_attributes(event.attributes), event.timestamp)
             for event in span.events
         ],
         links=[Link(link.context, redact_attributes(link.attributes)) for link in span.links],

@@ -267,3 +267,88 @@ def test_more_connections_than_open_files_get_503_not_silence(
             os.killpg(api.pid, signal.SIGKILL)
         api.wait(timeout=30)
     assert log.read_text(errors="replace").count("Too many open files") < 10
+
+
+@pytest.mark.parametrize("protocol", ["httptools", "h11"])
+def test_slow_request_heads_do_not_hold_the_connection_slots(
+    committed_db: tuple[str, object], tmp_path: Path, protocol: str
+) -> None:
+    """Slowloris on the request head: 300 clients that connect and send part of a head (or
+    nothing), against an API process whose descriptors admit fewer connections. Before, uvicorn
+    timed nothing before a head was whole, so they held every connection slot for as long as
+    they stayed, and every other client got 503 (the test above). Now a head not whole within
+    ``DPSS_API_HEAD_TIMEOUT_SECONDS`` is answered 408 and its connection closed, so the
+    slots come back while the slow clients are still connected, and a client is served.
+    (Not timed: the slow clients stay; the service must serve within 60 s, against never.)"""
+    import socket
+
+    url, _ = committed_db
+    env = {
+        **os.environ,
+        "DPSS_DATA_DIR": str(tmp_path / "data"),
+        "DPSS_DATABASE_URL": url,
+        "DPSS_API_HEAD_TIMEOUT_SECONDS": "1",
+    }
+    env.pop("DPSS_ADMIN_API_KEY", None)
+    port = free_port()
+    # The h11 protocol is the one `dpss api` runs without httptools; here by its import name.
+    code = (
+        "import sys, uvicorn; from service.cli import _uvicorn_options; "
+        "from service.config import Settings; from service.app import create_app; "
+        "s = Settings(); o = _uvicorn_options(s); "
+        "o['http'] = 'service.api.h11_json:JsonErrorsH11'; "
+        f"uvicorn.run(create_app(s), host='127.0.0.1', port={port}, **o)"
+    )
+    command = (
+        [sys.executable, "-m", "service", "api", "--port", str(port)]
+        if protocol == "httptools"
+        else [sys.executable, "-c", code]
+    )
+    api = subprocess.Popen(
+        command,
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_few_files,
+    )
+    slow: list[socket.socket] = []
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        for i in range(300):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if i % 2:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # never ended
+            slow.append(conn)
+        served = None
+        deadline = time.monotonic() + 60
+        failures: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                with httpx.Client(timeout=10) as client:
+                    answer = client.get(f"http://127.0.0.1:{port}/healthz")
+            except httpx.TransportError as exc:
+                # While the slow clients hold every descriptor the process cannot even
+                # accept; before, that lasted as long as they stayed (40 of 40 tries dropped).
+                failures.append(type(exc).__name__)
+            else:
+                if answer.status_code == 200:
+                    served = answer
+                    break
+                assert answer.status_code == 503, answer.text
+                failures.append("503")
+            time.sleep(0.5)
+        assert served is not None, f"the slow heads kept every connection slot: {failures}"
+        # A slow head itself was told why (and closed), not left hanging.
+        slow[1].settimeout(30)
+        told = slow[1].recv(4096)
+        assert told.startswith(b"HTTP/1.1 408"), told
+        assert b"request_timeout" in told
+        assert api.poll() is None
+    finally:
+        for conn in slow:
+            conn.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(api.pid, signal.SIGKILL)
+        api.wait(timeout=30)

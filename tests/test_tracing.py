@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -174,3 +175,40 @@ def test_no_key_leaves_the_process_whatever_a_span_carries(
     assert attributes["http.route"] == "/v1/mechanisms"
     assert attributes["url.path"] == "/v1/datasets/[redacted]/x"
     assert attributes["url.full"] == "http://h/v1/[redacted]"
+
+
+def test_a_percent_encoded_key_is_redacted_too(
+    spans: InMemorySpanExporter, client: TestClient, keys: Keys
+) -> None:
+    """A path, URL or span name carries what the client sent: a key percent-encoded (every
+    character, or twice) has no run of key characters for the redaction to see, and was
+    exported verbatim, one ``unquote`` from the key."""
+    secret = keys.analyst
+    once = "".join(f"%{b:02X}" for b in secret.encode())
+    twice = once.replace("%", "%25")
+    with tracing.tracer().start_as_current_span(
+        f"GET /v1/{once}",
+        kind=SpanKind.SERVER,
+        attributes={
+            "url.path": f"/v1/datasets/{once}/x",
+            "http.target": f"/v1/{twice}",
+            "url.full": f"http://h/v1/{once}",
+            "dpss.note": [f"seen {twice}"],
+        },
+    ) as span:
+        span.add_event(f"seen {once}")
+        span.set_status(Status(StatusCode.ERROR, f"refused {twice}"))
+    for exported in spans.get_finished_spans():
+        shown = repr(
+            (
+                exported.name,
+                dict(exported.attributes or {}),
+                [(event.name, dict(event.attributes or {})) for event in exported.events],
+                exported.status.description,
+            )
+        )
+        decoded = unquote(unquote(shown))
+        for value in (secret, secret.removeprefix("dpss_")[:16]):
+            assert value not in decoded, (exported.name, shown)
+    # A value without a key is exported as it was (encoded or not).
+    assert tracing.redact_attributes({"url.path": "/v1/a%20b"}) == {"url.path": "/v1/a%20b"}

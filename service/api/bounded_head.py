@@ -7,10 +7,12 @@ importing :mod:`service.api.connections` needs no httptools."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.api import connections
 from service.api.connections import HEAD_TOO_LARGE, MAX_HEAD_BYTES, json_400
 
 
@@ -25,6 +27,36 @@ class BoundedHead(HttpToolsProtocol):
         self._raw_bytes = 0
         self._parsed_bytes = 0
         self._too_large = False
+        #: Ends a head not complete in time (:data:`connections.head_timeout_seconds`): uvicorn
+        #: times nothing between a connection (or a keep-alive request's first byte) and the
+        #: end of its head, so a client sending nothing, or a byte at a time, held a
+        #: connection slot for good.
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(
+                connections.head_timeout_seconds, self._head_timed_out
+            )
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing():
+            self.transport.write(connections.head_timeout_response())
+            self.transport.close()
 
     def _count(self, size: int) -> None:
         self._parsed_bytes += size
@@ -46,6 +78,7 @@ class BoundedHead(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
         self._in_head = False
         self._raw_bytes = 0
         super().on_headers_complete()
@@ -67,6 +100,8 @@ class BoundedHead(HttpToolsProtocol):
         super().data_received(data)
         if not self._in_head or self.transport.is_closing():
             return
+        # A head has begun (or, on a kept-alive connection, the next one): it must end in time.
+        self._arm_head_timer()
         self._raw_bytes += len(data)
         if self._raw_bytes > MAX_HEAD_BYTES:
             self._too_large = True

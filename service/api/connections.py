@@ -36,10 +36,37 @@ def connection_limit(settings: Settings) -> int | None:
     return max(1, (soft - reserved) // FILES_PER_CONNECTION)
 
 
+#: Seconds a request's head may take (``DPSS_API_HEAD_TIMEOUT_SECONDS``), set in each API
+#: process by :func:`answer_with_retry_after`; read by the protocols at each connection.
+head_timeout_seconds = 20.0
+
+HEAD_TIMEOUT = json.dumps(
+    {
+        "error": "request_timeout",
+        "detail": "request line and headers: not received in time; send them at once",
+    }
+).encode()
+
+
+def head_timeout_response() -> bytes:
+    """The whole 408 a connection gets when its request head is not complete in time; the
+    connection is closed after it."""
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\n"
+        b"content-type: application/json\r\n"
+        b"content-length: " + str(len(HEAD_TIMEOUT)).encode() + b"\r\n"
+        b"connection: close\r\n\r\n" + HEAD_TIMEOUT
+    )
+
+
 def answer_with_retry_after(settings: Settings) -> None:
     """Replace uvicorn's plain-text answer beyond ``limit_concurrency`` with the service's 503
     (its error body and ``Retry-After``), in this process. uvicorn's HTTP protocols look the
-    answer up by name in their own modules at each refused connection."""
+    answer up by name in their own modules at each refused connection. Also sets this
+    process's :data:`head_timeout_seconds`: a connection slot is held only while a request
+    head arrives in time, is served, or idles within the keep-alive timeout."""
+    global head_timeout_seconds
+    head_timeout_seconds = settings.api_head_timeout_seconds
     from uvicorn.protocols.http import h11_impl, httptools_impl
 
     retry_after = str(settings.retry_after_seconds)

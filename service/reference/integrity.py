@@ -104,6 +104,15 @@ class Piece:
     chunks: tuple[Chunk, ...] = ()
 
 
+#: An object record's field: the local file itself, ``st_dev:st_ino`` of the descriptor read at
+#: registration (a hard link or a bind mount reaches the same file by another resolved path).
+FILE_ID = "file_id"
+#: An object record's field, true for objects registered since their aliases are covered
+#: (:meth:`Reference.covered_named`); older records are covered as they were registered, so
+#: that their stored cover rows still match them (``dpss audit verify``).
+ALIASES = "covers_aliases"
+
+
 @dataclass
 class Reference:
     """What ``datasets.reference`` stores (JSON)."""
@@ -161,7 +170,21 @@ class Reference:
         """``(object_key, key_sha256, content_sha256)`` of each object (see
         :class:`~service.db.models.DatasetReferenceObject`): the key names the object (a
         resolved path, or bucket and key), the content digest what its releases read (the
-        footer's digest and its row groups' chunk digests, in order)."""
+        footer's digest and its row groups' chunk digests, in order); and, for an object
+        registered since aliases are covered (:data:`ALIASES`), the names of the same object
+        that its path and columns do not give (:meth:`covered_named`)."""
+        return [(key, key_sha, content) for key, key_sha, content, _ in self.covered_named()]
+
+    def covered_named(self) -> list[tuple[str, str, str, str]]:
+        """:meth:`covered` with, last, the object key each row stands for (the name a refusal
+        gives). Per object, in order: its path, then its aliases:
+
+        - ``content-set://``: the footer's digest with the chunk digests *sorted*: the same
+          object's bytes read as the same columns in another order (a copy, a link) are the
+          same rows;
+        - ``file-id://dev:inode`` (local files): the file itself, whatever path reaches it
+          (a hard link, a bind mount: ``realpath`` does not merge them), whichever columns.
+        """
         chunks: dict[str, list[str]] = {}
         for piece in self.pieces:
             chunks.setdefault(piece.path, []).extend(c.sha256 for c in piece.chunks)
@@ -169,8 +192,20 @@ class Reference:
         for record in self.objects:
             path = str(record["path"])
             key = object_key(self.location, path)
-            content = "\n".join([str(record["footer_sha256"]), *chunks.get(path, [])])
-            out.append((key, _sha256(key.encode()), _sha256(content.encode())))
+            digests = chunks.get(path, [])
+            content = "\n".join([str(record["footer_sha256"]), *digests])
+            out.append((key, _sha256(key.encode()), _sha256(content.encode()), key))
+            if not record.get(ALIASES):
+                continue  # registered before aliases were covered: its rows as recorded then
+            as_set = _sha256("\n".join([str(record["footer_sha256"]), *sorted(digests)]).encode())
+            aliases = [f"content-set://{as_set}"]
+            if record.get(FILE_ID):
+                aliases.append(f"file-id://{record[FILE_ID]}")
+            for alias in aliases:
+                # Distinct from every object's content digest by its prefix: the row's content
+                # column must be unique too.
+                tag = _sha256(f"alias\n{alias}".encode())
+                out.append((alias, _sha256(alias.encode()), tag, key))
         return out
 
     @property

@@ -120,9 +120,13 @@ class _Object:
         self.version = version
         self._fd: int | None = None
         self._fs: Any = None
+        #: A local file's ``st_dev:st_ino`` (the file itself, whatever path reached it).
+        self.file_id: str | None = None
         if location.protocol == "file":
             self._fd = _open_regular(path, location.roots)
-            self.size = os.fstat(self._fd).st_size
+            opened = os.fstat(self._fd)
+            self.size = opened.st_size
+            self.file_id = f"{opened.st_dev}:{opened.st_ino}"
         else:
             if not _under(path, location.roots):
                 raise NotRegular(path)

@@ -25,6 +25,8 @@ from service.config import Settings
 from service.errors import InvalidInput, PayloadTooLarge
 from service.reference.integrity import (
     _MAGIC,
+    ALIASES,
+    FILE_ID,
     Chunk,
     Piece,
     Reference,
@@ -90,6 +92,9 @@ def _register_object(
         size = int(record["size"])
         if handle.size != size:
             raise InvalidInput("uri", f"{path} changed while it was read")
+        if handle.file_id is not None:
+            record[FILE_ID] = handle.file_id
+        record[ALIASES] = True
         footer, metadata = _footer(handle, size)
         record["footer_sha256"] = _sha256(footer)
         record["footer_length"] = len(footer)
@@ -146,6 +151,11 @@ def _register_object(
     return record, pieces
 
 
+def _path_of(key: str) -> str:
+    """The path (or bucket and key) an object key names."""
+    return key.split("://", 1)[1]
+
+
 def _count_mismatch(path: str, group: int, row_group: Any, held: int) -> str:
     return (
         f"{path}: row group {group + 1}: the footer says {row_group.num_rows} rows, "
@@ -182,8 +192,11 @@ def inspect(uri: str, columns: list[str], settings: Settings) -> Reference:
     if offset < 2:
         raise InvalidInput("uri", "the data needs at least 2 rows")
     first: dict[str, str] = {}
-    for (_, _, content), record in zip(reference.covered(), reference.objects, strict=True):
-        if content in first:  # a copy: its rows would count twice in one dataset
-            raise InvalidInput("uri", f"{record['path']} holds the same data as {first[content]}")
-        first[content] = str(record["path"])
+    for _key, key_sha, content, named in reference.covered_named():
+        # A copy, the same columns in another order, or a hard link to the same file: its
+        # rows would count twice in one dataset.
+        for seen in (key_sha, content):
+            if seen in first and first[seen] != named:
+                raise InvalidInput("uri", f"{_path_of(named)} holds the same data as {first[seen]}")
+            first.setdefault(seen, _path_of(named))
     return reference

@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 from service.app import create_app
 from service.db.models import AuditEvent, LedgerEntry, Release, utcnow
 from service.mechanisms.analyze_gauss import AnalyzeGauss
+from service.padding_queue import padding_model, queue_seconds
 from tests.api.conftest import PADDING_HOUR
 from tests.conftest import bearer, fetch_release, post_release
 from tests.factories import near_subspace
@@ -156,18 +157,28 @@ def test_the_owner_of_the_next_job_does_not_see_when_a_hidden_job_ahead_ended(
     assert stored(session_factory, behind).status == "succeeded"
 
 
-def test_padding_depends_on_public_facts_only(padded_client, keys, upload_dataset, rng):
-    """Two datasets of one shape, different rows: the same padding. A larger one: longer."""
+def test_padding_depends_on_public_facts_only(
+    padded_client, padded_settings, session_factory, keys, upload_dataset, rng
+):
+    """Two datasets of one shape, different rows: the same padding. A larger one: longer.
+    Each release is also padded for the ones requested before it and still pending (the queue
+    term, from their public shapes): taken out here, it is the same for every release."""
     paddings = []
     for n, d in ((400, 6), (400, 6), (4000, 60)):
         data, _ = near_subspace(rng, n, d, 2)
         dataset = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)
+        with session_factory() as session:
+            now = utcnow()
+            queue = queue_seconds(session, padding_model(session, padded_settings, now), now)
         response = padded_client.post(
             f"/v1/datasets/{dataset['id']}/releases", headers=bearer(keys.analyst), json=BODY
         ).json()
         created = datetime.fromisoformat(response["created_at"])
-        paddings.append(datetime.fromisoformat(response["visible_at"]) - created)
-    assert paddings[0] == paddings[1] >= timedelta(seconds=PADDING_HOUR)
+        padding = datetime.fromisoformat(response["visible_at"]) - created
+        paddings.append(padding - timedelta(seconds=queue))
+    assert paddings[1] > paddings[0] - timedelta(microseconds=2)  # float rounding only
+    assert paddings[1] < paddings[0] + timedelta(microseconds=2)
+    assert paddings[0] >= timedelta(seconds=PADDING_HOUR)
 
 
 # -- memory gate -------------------------------------------------------------------------------
