@@ -322,6 +322,7 @@ ERRORS: dict[int, dict[str, Any]] = {
     401: {"error": "unauthenticated", "detail": "missing or invalid API key"},
     403: {"error": "forbidden", "detail": "this key's role may not do this"},
     404: {"error": "not_found", "detail": "no such dataset"},
+    408: {"error": "request_timeout", "detail": "the body was not received in time"},
     409: {"error": "conflict", "detail": "the request conflicts with the resource's state"},
     413: {"error": "payload_too_large", "detail": "the body is larger than its limit"},
     422: {"error": "invalid_input", "detail": "k: must be at most the number of columns"},
