@@ -223,7 +223,9 @@ RESPONSES: dict[str, Any] = {
                     },
                 },
             }
-        ]
+        ],
+        "total": 1,
+        "next": None,
     },
     "AuditPage": {
         "items": [
@@ -260,6 +262,7 @@ _OPERATIONS: dict[str, Any] = {
         ],
         "total": 1,
         "alive": 1,
+        "next": None,
     },
     "QueueState": {
         "queued": 0,
@@ -301,7 +304,7 @@ _OPERATIONS: dict[str, Any] = {
         "accounting": "basic",
         "stated_at_delta": "0.00001",
     },
-    "MyGrantList": {"items": [_GRANT], "total": 1},
+    "MyGrantList": {"items": [_GRANT], "total": 1, "next": None},
     "AuditVerification": {
         "ok": True,
         "checked": 12,
