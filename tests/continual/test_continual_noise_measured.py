@@ -51,6 +51,17 @@ def test_each_epochs_prefix_noise_is_the_stated_one(
     dataset = upload_dataset(
         client, keys.owner, np.zeros((3, D)), row_norm_bound=C, accounting=accounting
     )
+    request = {
+        "mechanism": "continual_gauss", "k": 2, "epsilon": str(EPS), "delta": str(DELTA),
+        "params": {"horizon": horizon, "estimator": estimator, "clip_norm": C},
+    }  # fmt: skip
+    preview = client.post(
+        f"/v1/datasets/{dataset['id']}/releases?dry_run=true",
+        headers=bearer(keys.analyst),
+        json=request,
+    )
+    assert preview.status_code == 200, preview.text
+    scales = preview.json()["scales"]
     release_id = post_release(
         client, keys.analyst, dataset["id"], mechanism="continual_gauss", k=2,
         epsilon=str(EPS), delta=str(DELTA),
@@ -87,3 +98,10 @@ def test_each_epochs_prefix_noise_is_the_stated_one(
         seen.append(estimate)
         assert all(not np.array_equal(estimate, earlier) for earlier in seen[:-1])
     assert body["status"] == "succeeded"
+    # The dry run stated the same scales before anything ran.
+    epochs = client.get(f"/v1/releases/{release_id}/epochs", headers=bearer(keys.analyst)).json()
+    stds = [epoch["extras"]["prefix_entry_std"] for epoch in epochs["items"]]
+    assert scales["sigma"] == pytest.approx(sigma, rel=1e-12)
+    assert scales["prefix_entry_std_first_epoch"] == pytest.approx(stds[0], rel=1e-12)
+    assert scales["prefix_entry_std_last_epoch"] == pytest.approx(stds[-1], rel=1e-12)
+    assert scales["prefix_entry_std_worst_epoch"] == pytest.approx(max(stds), rel=1e-12)
