@@ -223,7 +223,9 @@ RESPONSES: dict[str, Any] = {
                     },
                 },
             }
-        ]
+        ],
+        "total": 1,
+        "next": None,
     },
     "AuditPage": {
         "items": [
@@ -260,6 +262,7 @@ _OPERATIONS: dict[str, Any] = {
         ],
         "total": 1,
         "alive": 1,
+        "next": None,
     },
     "QueueState": {
         "queued": 0,
@@ -301,7 +304,7 @@ _OPERATIONS: dict[str, Any] = {
         "accounting": "basic",
         "stated_at_delta": "0.00001",
     },
-    "MyGrantList": {"items": [_GRANT], "total": 1},
+    "MyGrantList": {"items": [_GRANT], "total": 1, "next": None},
     "AuditVerification": {
         "ok": True,
         "checked": 12,
@@ -322,6 +325,7 @@ ERRORS: dict[int, dict[str, Any]] = {
     401: {"error": "unauthenticated", "detail": "missing or invalid API key"},
     403: {"error": "forbidden", "detail": "this key's role may not do this"},
     404: {"error": "not_found", "detail": "no such dataset"},
+    408: {"error": "request_timeout", "detail": "the body was not received in time"},
     409: {"error": "conflict", "detail": "the request conflicts with the resource's state"},
     413: {"error": "payload_too_large", "detail": "the body is larger than its limit"},
     422: {"error": "invalid_input", "detail": "k: must be at most the number of columns"},

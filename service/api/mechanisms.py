@@ -35,5 +35,6 @@ async def list_mechanisms(uow: UnitOfWorkDep) -> MechanismList:
                 params_schema=mechanism.params_model.model_json_schema(),
             )
             for mechanism in MECHANISMS.values()
-        ]
+        ],
+        total=len(MECHANISMS),
     )

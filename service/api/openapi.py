@@ -9,7 +9,10 @@ outages, body limits). :func:`install_openapi` post-processes the generated docu
 - each operation lists the statuses it can return: 400 where a JSON body is parsed (bytes that
   are not UTF-8 JSON), 401 and 429 on every ``/v1`` operation, 403 where a role is required,
   404 where a path names a resource, 409 where state conflicts, 413 where a body has a size
-  limit, 422 where anything is parsed, 503 wherever the database is used, 507 on uploads;
+  limit, 422 where anything is parsed, 503 wherever the database is used, 507 on file uploads
+  (every ``multipart/form-data`` body); and every error status a route declares itself (a
+  body timeout's 408, an append's or a registration's 409), with the route's description,
+  except a shared 404 on an operation whose path names no resource;
 - a bearer ``securityScheme`` applies to every ``/v1`` operation;
 - every request body, successful response and error response has an example
   (:mod:`service.api.examples`);
@@ -60,6 +63,7 @@ DESCRIPTIONS = {
     401: "Missing, unknown or revoked API key.",
     403: "The key's role may not do this.",
     404: "No such resource, or not visible to this key.",
+    408: "The body was not received within DPSS_BODY_TIMEOUT_SECONDS; nothing was kept.",
     409: "The request conflicts with the resource's state.",
     413: "The body is larger than its limit.",
     422: "A parameter, field or file is invalid (the detail names it). Nothing was changed.",
@@ -76,16 +80,22 @@ OPEN_TO_EVERY_KEY = {("get", "/v1/mechanisms")}
 CONFLICTS = {
     ("post", "/v1/datasets/{dataset_id}/releases"): (
         "`budget_exceeded` (with which budget, `grant` or `dataset`, and its remaining), "
-        "`idempotency_conflict`, or `dataset_deleted`. Nothing is charged."
+        "`idempotency_conflict`, `dataset_deleted`, or `dataset_not_ready` (a dataset by "
+        "reference still registering, or whose registration failed). Nothing is charged."
     ),
     ("post", "/v1/datasets/{dataset_id}/grants"): (
         "`conflict`: the key (or every analyst) already has an active grant on this dataset; "
-        "`dataset_deleted`: the dataset's rows were deleted."
+        "`dataset_deleted`: the dataset's rows were deleted; `dataset_not_ready`: a dataset by "
+        "reference still registering, or whose registration failed."
     ),
 }
-#: Operations that read a body with a size limit (uploads: DPSS_MAX_UPLOAD_MB; JSON bodies).
-UPLOADS = {("post", "/v1/datasets")}
 DATABASE_FREE = {("get", "/healthz")}
+
+
+def _is_upload(operation: dict[str, Any]) -> bool:
+    """A file upload (a ``multipart/form-data`` body, limited by DPSS_MAX_UPLOAD_MB and stored
+    on the server's disk): the dataset upload, an append, a prior."""
+    return "multipart/form-data" in operation.get("requestBody", {}).get("content", {})
 
 
 def _error_response(status: int, description: str | None = None) -> dict[str, Any]:
@@ -102,6 +112,7 @@ def _statuses(method: str, path: str, operation: dict[str, Any]) -> dict[int, st
     """The error statuses an operation can answer, with a specific description if any."""
     key = (method, path)
     parameters = operation.get("parameters", [])
+    upload = _is_upload(operation)
     statuses: dict[int, str | None] = {}
     if path.startswith("/v1/"):
         statuses[401] = None
@@ -117,15 +128,27 @@ def _statuses(method: str, path: str, operation: dict[str, Any]) -> dict[int, st
     if "requestBody" in operation:
         statuses[413] = (
             "The file is larger than DPSS_MAX_UPLOAD_MB."
-            if key in UPLOADS
+            if upload
             else "The JSON body is larger than its limit."
         )
     if parameters or "requestBody" in operation:
         statuses[422] = None
     if key not in DATABASE_FREE:
         statuses[503] = None
-    if key in UPLOADS:
+    if upload:
         statuses[507] = None
+    names_resource = any(parameter["in"] == "path" for parameter in parameters)
+    for code, response in operation.get("responses", {}).items():
+        # What the route itself declares (a body timeout's 408, an append's 409) is answered
+        # by it; a shared 404 on an operation whose path names no resource is not.
+        if code.isdigit() and int(code) >= 400 and (int(code) != 404 or names_resource):
+            declared = response.get("description")
+            if int(code) not in statuses:
+                statuses[int(code)] = declared
+            elif int(code) == 413 and declared:
+                # The upload limit in the route's words; a JSON body's limit and the route's
+                # own reason for a 413 are both answered.
+                statuses[413] = declared if upload else f"{statuses[413]} Or: {declared}"
     return statuses
 
 

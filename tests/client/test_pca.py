@@ -289,6 +289,7 @@ def test_fit_raises_on_no_result_and_timeout(
 
 class _StubInfo:
     mechanism = "analyze_gauss"
+    n_rows_read = None
 
 
 class _StubHandle:

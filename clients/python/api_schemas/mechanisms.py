@@ -36,3 +36,8 @@ class MechanismList(Schema):
     """All mechanisms."""
 
     items: list[MechanismInfo] = Field(description="The mechanisms.")
+    total: int | None = Field(default=None, description="How many mechanisms are listed.")
+    next: str | None = Field(
+        default=None,
+        description="Cursor of the next page, as on every list; always null: one page.",
+    )

@@ -51,6 +51,13 @@ class WorkerList(Schema):
     items: list[WorkerInfo] = Field(description="The workers.")
     total: int = Field(description="How many are listed.")
     alive: int = Field(description="How many of them are alive.")
+    next: str | None = Field(
+        default=None,
+        description=(
+            "Cursor of the next page, as on every list; always null: the workers seen in the "
+            "last day come in one page."
+        ),
+    )
 
 
 class QueuedJob(Schema):
@@ -165,6 +172,13 @@ class MyGrantList(Schema):
         description="The caller's own active grant on a dataset, else its all-analysts grant."
     )
     total: int = Field(description="How many are listed.")
+    next: str | None = Field(
+        default=None,
+        description=(
+            "Cursor of the next page, as on every list; always null: one grant per dataset, "
+            "in one page."
+        ),
+    )
 
 
 class AuditVerification(Schema):

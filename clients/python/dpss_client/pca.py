@@ -209,7 +209,8 @@ class PrivatePCA:
         The released private centre, the public centre, or zeros.
     explained_variance_ : ndarray of shape (n_components,) or None
         The (centred; uncentred with ``center="none"``) sum of squares each released
-        component captures, divided by ``n - 1``.
+        component captures, divided by ``n - 1``, ``n`` the rows the release read (its
+        ``n_rows_read``: those present when it was requested, not rows appended later).
         With ``analyze_gauss`` and a centred ``spatial_sign`` (and ``auto`` when it runs
         either): a fresh private estimate made after the components were chosen (unbiased for
         what they capture, the private mean's known bias removed; the noisy eigenvalues are
@@ -577,7 +578,9 @@ class PrivatePCA:
             mean = np.asarray(params["center"], dtype=np.float64)
             if mean.shape != (d,):
                 raise ValueError(f"center: expected {d} numbers, got {mean.shape[0]}")
-        variance, ratio, interval = self._explained(extras, d, handle.info.mechanism)
+        variance, ratio, interval = self._explained(
+            extras, d, handle.info.mechanism, handle.info.n_rows_read
+        )
         self.components_: FloatArray = np.ascontiguousarray(basis.T)
         self.mean_: FloatArray = mean
         self.explained_variance_: FloatArray | None = variance
@@ -598,7 +601,7 @@ class PrivatePCA:
         self.__dict__.pop("feature_names_in_", None)
 
     def _explained(
-        self, extras: dict[str, Any], d: int, mechanism: str
+        self, extras: dict[str, Any], d: int, mechanism: str, n_rows_read: int | None = None
     ) -> tuple[FloatArray | None, FloatArray | None, tuple[float, float] | None]:
         """Explained variance, its ratio and the ratio's 90% interval from the release.
 
@@ -609,7 +612,10 @@ class PrivatePCA:
         An uncentred ``spatial_sign`` (or ``auto`` running it): none (its eigenvalues are the
         signs', every row scaled to the clip norm, not the rows').
         """
-        n_rows = self._n_rows()
+        # The rows the release's sums are over: those present at its request (``n_rows_read``),
+        # not the dataset's size now, which counts batches appended while it was queued. A
+        # service that does not state it: the dataset's size (exact when nothing was appended).
+        n_rows = n_rows_read if n_rows_read is not None else self._n_rows()
         scale = None if n_rows is None or n_rows <= 1 else 1.0 / (n_rows - 1)
         if (
             "explained_variance_ratio" not in extras
