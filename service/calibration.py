@@ -88,15 +88,30 @@ PROBE_RETRY_SECONDS = 10.0
 STALE_AFTER = timedelta(days=1)
 
 
-def _rows(n: int, d: int, k: int, rng: np.random.Generator, structured: bool) -> np.ndarray:
+#: The kinds of public random data a mechanism whose run time depends on the data
+#: (:data:`DATA_DEPENDENT_FACTOR`) is timed on; the slowest counts. "rank_deficient" (rows on
+#: a line, every subset of rank 1 < k) is the aggregators' costliest route: each block's Gram
+#: fails the lift's floor and is decomposed by its own SVD (subset_top_k). It ran 3.4-3.8x the
+#: structured rows for friendly_aggregate and up to 3.1x the slower of the other two kinds for
+#: histogram_aggregate (n = 4,000-20,000, d = 20-200, one BLAS thread): beyond the margin of
+#: the calibrated padding, so a rank-deficient dataset could end after its padding.
+DATA_KINDS = ("structured", "isotropic", "rank_deficient")
+
+
+def _rows(n: int, d: int, k: int, rng: np.random.Generator, kind: str) -> np.ndarray:
     # Structured: rows near a k-dimensional subspace with a little noise in every direction (in
     # general position: exact_gapmax's worst case, no candidate skipped; auto's private test
     # finds the structure). Isotropic: no structure (auto's other branch, many occupied cells).
-    if structured:
+    # Rank-deficient: rows on one line (subsets of rank 1, the SVD route of subset_top_k).
+    if kind == "structured":
         basis, _ = np.linalg.qr(rng.standard_normal((d, k)))
         rows = rng.standard_normal((n, k)) @ basis.T * 0.3 + rng.standard_normal((n, d)) * 1e-3
-    else:
+    elif kind == "isotropic":
         rows = rng.standard_normal((n, d)) / np.sqrt(d)
+    elif kind == "rank_deficient":
+        rows = np.outer(rng.standard_normal(n), rng.standard_normal(d) / np.sqrt(d))
+    else:
+        raise ValueError(kind)
     scaled: np.ndarray = rows / np.maximum(1.0, np.linalg.norm(rows, axis=1, keepdims=True))
     return scaled
 
@@ -124,12 +139,12 @@ def measure(
             except InvalidParameter:
                 continue
             spec = ReleaseSpec(k=k, epsilon=1.0, delta=1e-6, params=params)
-            kinds = (True, False) if name in DATA_DEPENDENT_FACTOR else (True,)
+            kinds = DATA_KINDS if name in DATA_DEPENDENT_FACTOR else DATA_KINDS[:1]
             seconds = 1e-6
-            for structured in kinds:  # the slower kind of data, for data-dependent run times
-                if structured is False and interrupted():
+            for kind in kinds:  # the slowest kind of data, for data-dependent run times
+                if kind != kinds[0] and interrupted():
                     return rates
-                data = _rows(n, d, k, rng, structured)
+                data = _rows(n, d, k, rng, kind)
                 started = time.perf_counter()
                 mechanism.run(data, spec, np.random.default_rng(0))
                 seconds = max(seconds, time.perf_counter() - started)
@@ -142,7 +157,7 @@ def write_probe(path: Path) -> None:
     """The overhead probe's dataset file: public random rows from a fixed seed, as ``.npy``."""
     n, d = PROBE_SHAPE
     with path.open("wb") as out:
-        np.save(out, _rows(n, d, 2, np.random.default_rng(20261126), structured=False))
+        np.save(out, _rows(n, d, 2, np.random.default_rng(20261126), "isotropic"))
 
 
 def read_probe(path: Path) -> float:

@@ -36,11 +36,12 @@ worker's, interpolated in ``log d`` between the calibrated dimensions (clamped o
 them); ``queue`` the modelled time (overhead and run, each with its multiplier) of the
 one-shot jobs *requested* before this one and not yet past their own ``visible_at``, shared
 among the calibrated workers; and ``factor`` 1, except for a mechanism whose run time depends
-on the data (``exact_gapmax``, ``auto``, ``histogram_aggregate``), which is padded from its
-worst case at that shape as far as the model allows: ``work`` counts every candidate
-``exact_gapmax`` may score (rows in general position, none skipped) and the costlier branch
-``auto`` may choose, the calibration times them on the slower of rows near a subspace and
-isotropic rows, and :data:`DATA_DEPENDENT_FACTOR` adds margin on top.
+on the data (``exact_gapmax``, ``auto``, ``histogram_aggregate``, ``friendly_aggregate``),
+which is padded from its worst case at that shape as far as the model allows: ``work`` counts
+every candidate ``exact_gapmax`` may score (rows in general position, none skipped) and the
+costlier branch ``auto`` may choose, the calibration times them on the slowest of rows near a
+subspace, isotropic rows and rows on a line (the aggregators' per-subset SVD route), and
+:data:`DATA_DEPENDENT_FACTOR` adds margin on top.
 
 **Every input, and why it is public** (fixed when the release is requested; none is a real
 status, start, finish or run time of any job):
@@ -277,12 +278,16 @@ DEFAULT_RATE_POINTS: dict[str, tuple[tuple[int, float], ...]] = {
 FALLBACK_RATE = 1e8
 #: Extra safety on a calibrated padding for mechanisms whose run time depends on the data (the
 #: candidates exact_gapmax scores, the branch auto's private test picks, the occupied cells of
-#: histogram_aggregate's grid): the calibration times them on two kinds of data and keeps the
-#: slower, and a late job would reveal something about the data.
+#: histogram_aggregate's grid, and both aggregators' subset decomposition: a block without a
+#: certified gap takes a dense ``eigh``, a rank-deficient one its own SVD,
+#: :mod:`service.mechanisms.subset_top_k`): the calibration times them on the kinds of data
+#: :data:`service.calibration.DATA_KINDS` and keeps the slowest, and a late job would reveal
+#: something about the data.
 DATA_DEPENDENT_FACTOR: dict[str, float] = {
     "exact_gapmax": 2.0,
     "auto": 2.0,
     "histogram_aggregate": 2.0,
+    "friendly_aggregate": 2.0,
 }
 
 

@@ -225,7 +225,10 @@ def on_prior(inner: Mechanism[Any], prior: FloatArray, sha256: str) -> Mechanism
 
 def is_orthonormal(prior: FloatArray, tolerance: float) -> tuple[bool, float]:
     """Whether ``max |P^T P - I| <= tolerance``, and that deviation (``inf`` if not finite)."""
-    gram = prior.T @ prior
+    # Entries near the largest double overflow P^T P to inf: not orthonormal (refused), and no
+    # RuntimeWarning on the API's stderr for an analyst's input.
+    with np.errstate(over="ignore", invalid="ignore"):
+        gram = prior.T @ prior
     deviation = float(np.max(np.abs(gram - np.eye(prior.shape[1])))) if prior.size else 0.0
     if not math.isfinite(deviation):
         return False, math.inf

@@ -395,3 +395,36 @@ def test_a_calibration_failing_on_the_disk_never_stops_the_worker(
     assert any("calibration failed" in m and "No space left" in m for m in messages)
     with session_factory() as session:
         assert calibration.current_rates(session).rates == {}
+
+
+@pytest.mark.parametrize("mechanism", ["friendly_aggregate", "histogram_aggregate"])
+def test_the_aggregators_are_timed_on_their_costliest_route(monkeypatch, mechanism) -> None:
+    """Both aggregators decompose each subset by the route its rows allow (subset_top_k): rows
+    without a gap take a dense ``eigh``, a rank-deficient subset its own SVD, 3.4-3.8x the run
+    of rows near a subspace for friendly_aggregate (outside audit of issues 11/22, n = 4,000-
+    20,000, d = 20-200). The calibration must time each on data that takes the SVD route, and
+    pad it as a data-dependent mechanism; before, friendly_aggregate was timed on structured
+    rows only with factor 1, and histogram_aggregate never on rank-deficient rows."""
+    from service.mechanisms import subset_top_k
+
+    svd_calls: list[int] = []
+    real_svd = subset_top_k.safe_top_right_singular_vectors
+
+    def counting(matrix: Any, k: int) -> Any:
+        svd_calls[-1] += 1
+        return real_svd(matrix, k)
+
+    real_run = calibration.MECHANISMS[mechanism].run
+
+    def run(data: Any, spec: Any, rng: Any) -> Any:
+        svd_calls.append(0)
+        return real_run(data, spec, rng)
+
+    monkeypatch.setattr(subset_top_k, "safe_top_right_singular_vectors", counting)
+    monkeypatch.setattr(calibration.MECHANISMS[mechanism], "run", run)
+    # The larger of the calibration's shapes: subsets of fewer rows than columns (the lift).
+    monkeypatch.setitem(calibration.SHAPES, mechanism, ((4_000, 200, 2),))
+    rates = calibration.measure({mechanism: None})
+    assert set(rates) == {(mechanism, 200)}
+    assert mechanism in DATA_DEPENDENT_FACTOR
+    assert len(svd_calls) >= 2 and max(svd_calls) > 0, svd_calls

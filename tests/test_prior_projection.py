@@ -4,6 +4,8 @@ extreme finite rows."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,16 @@ def test_a_prior_with_near_parallel_columns_inside_the_tolerance_lengthens_no_cl
     assert np.max(np.linalg.norm(projected, axis=1)) <= 1 + 1e-15
     clipped = clip_rows(projected, 1.0)
     assert np.max(np.linalg.norm(clipped, axis=1)) <= 1 + d * 2.0**-53
+
+
+def test_a_prior_with_entries_near_the_largest_double_is_refused_silently() -> None:
+    """Outside audit of issues 11/22: ``[[1e308, 0], [0, 1]]`` overflowed ``P^T P`` with a
+    RuntimeWarning on the API's stderr before it was refused."""
+    import warnings
+
+    from service.prior_projection import is_orthonormal
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert is_orthonormal(np.array([[1e308, 0.0], [0.0, 1.0]]), 1e-6) == (False, math.inf)
+        assert is_orthonormal(np.array([[1e308], [1e308]]), 1e-6) == (False, math.inf)

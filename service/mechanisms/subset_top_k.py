@@ -236,8 +236,13 @@ def _subspace_iteration(
         # convergence factor per round, would still be too large at the last round (a
         # heuristic for speed only).
         rounds_left = MAX_ITERATIONS - 1 - iteration
-        rate = np.square(theta[:, -1] / np.maximum(theta[:, k - 1], np.finfo(np.float64).tiny))
-        reachable = bound * np.power(np.minimum(rate, 1.0), rounds_left) <= allowed * gap
+        # Only min(rate, 1) is used: clip |theta_b / theta_k| at 1 before squaring, the same
+        # value, so that a theta_k rounding to 0 (a subset of rank below k) overflows nothing;
+        # the quotient itself may be huge there (any sign), hence the errstate.
+        with np.errstate(over="ignore"):
+            ratio_b = theta[:, -1] / np.maximum(theta[:, k - 1], np.finfo(np.float64).tiny)
+        rate = np.square(np.minimum(np.abs(ratio_b), 1.0))
+        reachable = bound * np.power(rate, rounds_left) <= allowed * gap
         keep = ~ok & (gap > 0) & reachable
         # A block that stops here without a certificate keeps its Ritz pairs (the dense
         # ``eigh`` of its Gram cost 5-10 times the whole iteration at s = 100).
