@@ -94,6 +94,19 @@ class Settings(BaseSettings):
             "host gives 503 after this long instead of hanging the request."
         ),
     )
+    db_lock_timeout_seconds: float = Field(
+        default=5,
+        gt=0,
+        le=3600,
+        description=(
+            "Longest time an API unit of work waits for a database lock (a row or table lock on "
+            "PostgreSQL, its lock_timeout; the file's write lock on SQLite, its busy timeout) "
+            "before it gives up and the request gets 503 with Retry-After. A lock held by "
+            "another session (a maintenance job, an idle transaction, an outside SQLite writer) "
+            "otherwise kept the request waiting, holding its connection, slot and thread, as "
+            "long as that session chose (for ever on PostgreSQL, 60 s on SQLite)."
+        ),
+    )
     db_wait_seconds: float = Field(
         default=10,
         gt=0,

@@ -449,10 +449,14 @@ class PaddingModel:
             return rate
         return self.rates.get(mechanism, FALLBACK_RATE)
 
+    def rate_at(self, mechanism: str, d: int) -> float:
+        """The rate a run of ``mechanism`` at ``d`` is modelled at: calibrated if it can be,
+        else the default."""
+        return self._calibrated_rate(mechanism, d) or self.default_rate(mechanism, d)
+
     def run_seconds(self, mechanism: str, n: int, d: int, k: int, params: Params) -> float:
         """The modelled run time on this machine: calibrated if it can be, else the default."""
-        rate = self._calibrated_rate(mechanism, d) or self.default_rate(mechanism, d)
-        return self.work(mechanism, n, d, k, params) / rate
+        return self.work(mechanism, n, d, k, params) / self.rate_at(mechanism, d)
 
     def overhead_seconds(self, n: int, d: int) -> float:
         """The modelled per-job overhead of a run on ``n x d`` rows: the probe's overhead plus
@@ -495,9 +499,22 @@ class PaddingModel:
         """Time the calibrated workers need for the jobs ``ahead`` (mechanism, n, d, k,
         params), each at its padding's multiples of its modelled overhead and run, shared among
         them."""
-        total = sum(
-            self.overhead_multiplier * self.overhead_seconds(job[1], job[2])
-            + self.calibrated_multiplier * self.run_seconds(*job)
-            for job in ahead
-        )
+        # Every release request sums over the whole backlog (under its dataset's row lock), so
+        # the per-job cost is what a backlog multiplies: a rate (a sort of the calibrated
+        # points, an interpolation) and an overhead depend only on (mechanism, d) and (n, d),
+        # few distinct values, each computed once here. The terms and their order are the
+        # same as computing each job in full, so the sum is the same to the bit.
+        rates: dict[tuple[str, int], float] = {}
+        overheads: dict[tuple[int, int], float] = {}
+        total = 0.0
+        for mechanism, n, d, k, params in ahead:
+            rate = rates.get((mechanism, d))
+            if rate is None:
+                rate = rates[(mechanism, d)] = self.rate_at(mechanism, d)
+            overhead = overheads.get((n, d))
+            if overhead is None:
+                overhead = overheads[(n, d)] = self.overhead_seconds(n, d)
+            total += self.overhead_multiplier * overhead + self.calibrated_multiplier * (
+                self.work(mechanism, n, d, k, params) / rate
+            )
         return total / max(self.calibrated.workers, 1)

@@ -82,14 +82,42 @@ def _ping_when_idle(engine: Engine) -> None:
             raise sa_exc.DisconnectionError() from exc
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url`` configured for this service's transaction discipline."""
+#: How long a connection waits for a lock unless told otherwise (SQLite's busy timeout; no
+#: bound on PostgreSQL): the workers and the command line, whose waits hold nothing a client
+#: needs, and which retry or report an outage themselves.
+DEFAULT_SQLITE_BUSY_SECONDS = 60.0
+
+
+def make_engine(url: str, *, lock_timeout_seconds: float | None = None, **kwargs: Any) -> Engine:
+    """An engine for ``url`` configured for this service's transaction discipline.
+
+    ``lock_timeout_seconds`` bounds every wait of a statement for a lock another session holds:
+    PostgreSQL's ``lock_timeout`` (set at connect, no extra round trip), SQLite's busy timeout.
+    Either way the statement then fails with an ``OperationalError`` (``LockNotAvailable``,
+    ``SQLITE_BUSY``), which :func:`database_unavailable` counts as an outage: the API answers
+    503 with ``Retry-After`` instead of holding its connection, slot and thread for as long as
+    the other session keeps its lock.
+    """
     if not is_sqlite(url):
+        if lock_timeout_seconds is not None:
+            connect_args = dict(kwargs.pop("connect_args", {}))
+            # libpq's "options": a GUC for the whole session, in whole milliseconds (0 would
+            # mean "no bound", hence at least 1).
+            milliseconds = max(1, round(lock_timeout_seconds * 1000))
+            extra = connect_args.get("options", "")
+            connect_args["options"] = f"{extra} -c lock_timeout={milliseconds}".strip()
+            kwargs["connect_args"] = connect_args
         engine = create_engine(url, **kwargs)
         _ping_when_idle(engine)
         return engine
     _private_sqlite_file(url)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60}, **kwargs)
+    busy_seconds = (
+        DEFAULT_SQLITE_BUSY_SECONDS if lock_timeout_seconds is None else lock_timeout_seconds
+    )
+    busy_milliseconds = max(1, round(busy_seconds * 1000))
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": busy_seconds}, **kwargs
+    )
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -98,7 +126,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute(f"PRAGMA busy_timeout={busy_milliseconds}")
         if ":memory:" not in url:
             cursor.execute("PRAGMA journal_mode=WAL")
         cursor.close()
@@ -119,9 +147,10 @@ def make_pooled_engine(settings: Settings) -> Engine:
     PostgreSQL connect timeout makes an unreachable host a 503 too, not a hang.
     """
     url = settings.resolved_database_url
+    lock_timeout = settings.db_lock_timeout_seconds
     if is_sqlite(url) and ":memory:" in url:
         # One connection per thread (SingletonThreadPool): there is no pool to size.
-        return make_engine(url)
+        return make_engine(url, lock_timeout_seconds=lock_timeout)
     options: dict[str, Any] = {
         "pool_size": settings.db_pool_size,
         "max_overflow": settings.db_max_overflow,
@@ -129,7 +158,7 @@ def make_pooled_engine(settings: Settings) -> Engine:
     }
     if not is_sqlite(url):
         options["connect_args"] = {"connect_timeout": settings.db_connect_timeout_seconds}
-    return make_engine(url, **options)
+    return make_engine(url, lock_timeout_seconds=lock_timeout, **options)
 
 
 #: SQLite result codes (and their extended codes) of a database that cannot serve now: busy or
