@@ -7,16 +7,15 @@ importing :mod:`service.api.connections` needs no httptools."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.api import connections
 from service.api.connections import HEAD_TOO_LARGE, MAX_HEAD_BYTES, json_400
+from service.api.head_deadline import HeadDeadline
 
 
-class BoundedHead(HttpToolsProtocol):
+class BoundedHead(HeadDeadline, HttpToolsProtocol):
     # Two counts. The parsed head (URL and headers, as the parser reports them): past the
     # bound, a callback fails, the parser stops, and uvicorn's 400 for a parse error is
     # answered as 431 instead. The raw bytes of chunks received while a head is incomplete:
@@ -27,36 +26,9 @@ class BoundedHead(HttpToolsProtocol):
         self._raw_bytes = 0
         self._parsed_bytes = 0
         self._too_large = False
-        #: Ends a head not complete in time (:data:`connections.head_timeout_seconds`): uvicorn
-        #: times nothing between a connection (or a keep-alive request's first byte) and the
-        #: end of its head, so a client sending nothing, or a byte at a time, held a
-        #: connection slot for good.
-        self._head_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_head_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
-        super().connection_lost(exc)
-
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(
-                connections.head_timeout_seconds, self._head_timed_out
-            )
-
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if self._in_head and not self.transport.is_closing():
-            self.transport.write(connections.head_timeout_response())
-            self.transport.close()
+    def _head_in_progress(self) -> bool:
+        return self._in_head
 
     def _count(self, size: int) -> None:
         self._parsed_bytes += size
