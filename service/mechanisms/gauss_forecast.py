@@ -121,7 +121,8 @@ def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float)
 class ReleasedFigures:
     """What an earlier ``analyze_gauss`` release on the same dataset published and the
     forecast reads (all released, so reading them is post-processing): its per-component
-    ``ratios`` and their total's ``interval``, its noisy ``eigenvalues`` (descending), the
+    ``ratios`` (empty where the release was hidden by noise and stated none) and their
+    total's ``interval``, its noisy ``eigenvalues`` (descending), the
     trace of ``H + E``, the Gram noise's ``sigma`` (all in the Gram's units, scaled as
     released), ``d``, and the public ``n`` with the clip the Gram's rows had (``row_clip``,
     released; 0 when unknown: the spectrum is then read as unclipped)."""
@@ -156,8 +157,12 @@ class ReleasedFigures:
         ``mean_noise``: the private mean's per-coordinate noise at the earlier request
         (public), kept when the release centred on a private mean (it released ``center``).
         ``uncentred``: the release took the route without centring (``centring: none``)."""
+        hidden = extras.get("explained_variance_hidden_by_noise") is True
         try:
-            ratios = tuple(float(x) for x in extras["explained_variance_ratio"])
+            stated = extras["explained_variance_ratio"]
+            # A hidden share states no point (null): the ratios are read only where the
+            # release measured its share (:attr:`measured`), so none are needed then.
+            ratios = () if stated is None and hidden else tuple(float(x) for x in stated)
             low, high = (float(x) for x in extras["explained_variance_ratio_interval"])
             values = tuple(float(x) for x in extras["eigenvalues"])
             trace = float(extras["trace"])
@@ -165,7 +170,7 @@ class ReleasedFigures:
             row_clip = float(extras.get("row_clip_norm", clip_norm))
         except (KeyError, TypeError, ValueError):
             return None
-        if not ratios or len(ratios) != len(values) or not sigma > 0:
+        if not values or ((ratios or not hidden) and len(ratios) != len(values)) or not sigma > 0:
             return None
         if not (math.isfinite(row_clip) and row_clip > 0):
             row_clip = 0.0
@@ -191,7 +196,7 @@ class ReleasedFigures:
             uncentred,
             noise,
             sums,
-            extras.get("explained_variance_hidden_by_noise") is True,
+            hidden,
         )
 
     @property
@@ -202,7 +207,7 @@ class ReleasedFigures:
         from service.mechanisms.explained_variance import HIDDEN_WIDTH  # no import cycle
 
         low, high = self.interval
-        return high - low < HIDDEN_WIDTH and not self.hidden
+        return high - low < HIDDEN_WIDTH and not self.hidden and bool(self.ratios)
 
     @property
     def clipped_share(self) -> float:

@@ -322,3 +322,36 @@ def test_a_narrow_interval_flagged_hidden_is_not_carried_as_a_measured_share() -
     assert figures is not None
     assert not figures.measured
     assert forecast_from_release(figures, 1, 1.0) == spectrum_share(figures, 1, 1.0)
+
+
+def test_a_hidden_release_without_a_stated_share_still_forecasts() -> None:
+    # Issue 32 item 4: a release hidden by noise states no point (its ratios are null); the
+    # forecast reads its eigenvalues and trace, as it did when the ratios held a figure.
+    from service.mechanisms.base import ReleaseSpec
+    from service.mechanisms.sign_forecast import forecast_from
+
+    extras: dict[str, Any] = {
+        "explained_variance_ratio": [0.3, 0.1],
+        "explained_variance_ratio_interval": [0.0, 0.9],
+        "explained_variance_hidden_by_noise": True,
+        "eigenvalues": [40.0, 20.0],
+        "trace": 100.0,
+        "gram_noise_std": 1.0,
+    }
+    stated = ReleasedFigures.from_extras(extras, 10, 500, 1.0)
+    withheld = {**extras, "explained_variance_ratio": None}
+    figures = ReleasedFigures.from_extras(withheld, 10, 500, 1.0)
+    assert stated is not None and figures is not None
+    assert not figures.measured and figures.hidden and figures.ratios == ()
+    assert forecast_from_release(figures, 3, 1.0) == forecast_from_release(stated, 3, 1.0)
+    # A null share on a release not flagged hidden is not a release this reads.
+    unflagged = {**withheld, "explained_variance_hidden_by_noise": False}
+    assert ReleasedFigures.from_extras(unflagged, 10, 500, 1.0) is None
+    # spatial_sign's forecast at the same settings: the range, no point, from a null share.
+    spec: ReleaseSpec[Any] = ReleaseSpec(k=2, epsilon=1.0, delta=1e-6, params={})
+    found = forecast_from(spec, spec, withheld)
+    assert found is not None
+    scales, _ = found
+    assert scales["forecast_from_release_captured_share"] is None
+    assert scales["forecast_from_release_captured_share_low"] == 0.0
+    assert scales["forecast_from_release_hidden_by_noise"] is True
