@@ -25,6 +25,7 @@ columns differ only by the estimator.
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 from pathlib import Path
 from typing import Any
@@ -138,18 +139,21 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
                 pointed.append(point - share)
         low, high = out.extras["explained_variance_ratio_interval"]
         true.append(share)
-        new.append(sum(out.extras["explained_variance_ratio"]))
+        # null where the noise hides the share (no point stated since 30 Nov 2026): NaN here,
+        # left out of the stated share's mean error.
+        ratios = out.extras["explained_variance_ratio"]
+        new.append(float("nan") if ratios is None else sum(ratios))
         old.append(old_estimate(*_calls[0]))
         hits += low <= share <= high
         widths.append(high - low)
-        if high - low < module.HIDDEN_WIDTH:
-            stated.append(sum(out.extras["explained_variance_ratio"]) - share)
+        if high - low < module.HIDDEN_WIDTH and ratios is not None:
+            stated.append(sum(ratios) - share)
         hidden += bool(out.extras.get("explained_variance_hidden_by_noise", False))
     t = np.asarray(true)
     return {
         "truth": float(t.mean()),
-        "new_err": float(np.mean(np.asarray(new) - t)),
-        "new_abs": float(np.mean(np.abs(np.asarray(new) - t))),
+        "new_err": _nanmean(np.asarray(new) - t),
+        "new_abs": _nanmean(np.abs(np.asarray(new) - t)),
         "old_err": float(np.mean(np.asarray(old) - t)),
         "cover": hits / reps,
         "width": float(np.mean(widths)),
@@ -171,6 +175,11 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         "range_cover": ranged / len(ranges) if ranges else float("nan"),
         "range_width": float(np.mean(ranges)) if ranges else float("nan"),
     }
+
+
+def _nanmean(values: np.ndarray[Any, Any]) -> float:
+    """The mean over the runs that stated a point (NaN when none did)."""
+    return float(np.mean(values[~np.isnan(values)])) if np.any(~np.isnan(values)) else math.nan
 
 
 def datasets(quick: bool, mnist: bool = False) -> dict[str, np.ndarray[Any, Any]]:

@@ -14,6 +14,7 @@ released eigenvalues and public scales.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +111,28 @@ CORRECTION_MIN_SDS = 3.0
 
 #: Extras' code of the warning that the noise hides the explained variance.
 HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
+
+#: The extras that carry the point estimate of the captured share: the per-component ratios
+#: (their sum is the point) and the per-component sums of squares (the point times the
+#: estimated total). Both are ``null`` where the noise hides the share (issue 32 item 4: no
+#: figure that reads as a measurement); the interval, the noisy sums with their noise sd and
+#: the estimated total stay.
+POINT_FIELDS = ("explained_variance_ratio", "explained_sum_of_squares")
+
+
+def withhold_hidden_point(extras: Mapping[str, Any]) -> dict[str, Any]:
+    """``extras`` with :data:`POINT_FIELDS` set to ``None`` when it is flagged
+    ``explained_variance_hidden_by_noise``; otherwise an unchanged copy.
+
+    Applied where the estimate is made (:func:`variance_extras`) and again where a stored
+    result is shown (releases made before the rule kept the figure beside the flag), so a
+    hidden share reads ``null`` everywhere. Post-processing of released figures."""
+    out = dict(extras)
+    if out.get("explained_variance_hidden_by_noise") is True:
+        for field in POINT_FIELDS:
+            if field in out:
+                out[field] = None
+    return out
 
 
 def ratio_point(captured: float, residual: float, noise_std: float) -> float | None:
@@ -337,12 +360,13 @@ def variance_extras(
             spread = f"is cut at 0 or 1, while uncut it is {width} wide"
         hidden = (
             f"the noise hides how much variance the components keep: the 90% interval "
-            f"[{low:.2f}, {high:.2f}] {spread}, so explained_variance_ratio is a "
-            "guess, not a measurement (more rows or a larger epsilon narrow it)"
+            f"[{low:.2f}, {high:.2f}] {spread}, so no point estimate is stated "
+            "(explained_variance_ratio and explained_sum_of_squares are null; the interval "
+            "is the measurement; more rows or a larger epsilon narrow it)"
         )
         if "warning" in extras:
             extras["warning"] = f"{extras['warning']}; {hidden}"
         else:
             extras["warning"] = hidden
             extras["warning_code"] = HIDDEN_WARNING_CODE
-    return extras
+    return withhold_hidden_point(extras)

@@ -8,6 +8,9 @@ item 4), from released figures and public scales only (post-processing: no budge
   the noisy trace alone came out 0.998 for a direction holding 0.77: ranges 0.06 wide, 0.2
   above what the release then kept. The shares are read at the trace's two ends
   ``tr -/+ Z sigma sqrt(d)`` as well.
+- :func:`filled`: the earlier release's figures as a release at the grid's floor clip (a sign
+  map, every row filling the clip) would show them, for the high end where the new probe may
+  read its clip from noise.
 - :func:`random_share_high`: components a release spends on directions no earlier release
   resolved land at random in what is left; their *expected* share is ``m / D`` of the
   unresolved variance, but one release's is a draw. At most, that variance lies along one
@@ -18,7 +21,9 @@ item 4), from released figures and public scales only (post-processing: no budge
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 from scipy.special import betaincinv
@@ -55,3 +60,21 @@ def random_share_high(m: float, dims: float) -> float:
     if m >= dims:
         return 1.0
     return float(betaincinv(m / 2.0, (dims - m) / 2.0, UPPER))
+
+
+def filled(figures: Any) -> Any:
+    """An earlier release's figures (``gauss_forecast.ReleasedFigures``) read as if its Gram's
+    rows had filled their clip: the eigenvalues and the trace over
+    ``clipped_share = tr / (n C2^2)``, so ``tr = n C2^2``; ``None`` where the fill is unknown
+    or already full.
+
+    Where the new release's probe may read its clip from its count noise (``probe_risk`` at
+    least 0.05) the clip can land at the grid's floor: every row is then clipped (a sign map)
+    and the data's eigenvalues stand ``1 / clipped_share`` times higher against the same Gram
+    noise (both scale with ``C2^2``) than at the earlier clip. The range's high end allows it.
+    Post-processing of released figures and public scales."""
+    share = float(figures.clipped_share)
+    if not 0.0 < share < 1.0:
+        return None
+    eigenvalues = tuple(float(value) / share for value in figures.eigenvalues)
+    return dataclasses.replace(figures, eigenvalues=eigenvalues, trace=figures.trace / share)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from service.mechanisms.forecast_figures import ReleasedFigures as ReleasedFigures
 from service.mechanisms.forecast_simulation import PREDICTION_T, Model, simulated_share
-from service.mechanisms.forecast_spread import random_share_high, trace_readings
+from service.mechanisms.forecast_spread import filled, random_share_high, trace_readings
 from service.mechanisms.linalg import FloatArray
 
 #: A range of forecasts wider than this does not determine the share kept to within the 0.1 a
@@ -117,104 +116,6 @@ def recoverable_forecast(sigma: float, n: int, d: int, k: int, clip_norm: float)
     return Forecast(share, captured, needed, meaning, (flat, one), depends)
 
 
-@dataclass(frozen=True)
-class ReleasedFigures:
-    """What an earlier ``analyze_gauss`` release on the same dataset published and the
-    forecast reads (all released, so reading them is post-processing): its per-component
-    ``ratios`` and their total's ``interval``, its noisy ``eigenvalues`` (descending), the
-    trace of ``H + E``, the Gram noise's ``sigma`` (all in the Gram's units, scaled as
-    released), ``d``, and the public ``n`` with the clip the Gram's rows had (``row_clip``,
-    released; 0 when unknown: the spectrum is then read as unclipped)."""
-
-    ratios: tuple[float, ...]
-    interval: tuple[float, float]
-    eigenvalues: tuple[float, ...]
-    trace: float
-    sigma: float
-    n_cols: int
-    n_rows: int = 0
-    row_clip: float = 0.0
-    uncentred: bool = False
-    mean_noise: float = 0.0
-    sums: float = 0.0
-    #: The release's ``explained_variance_hidden_by_noise`` flag (also set where a low or high
-    #: draw cut a narrow interval at 0 or 1 while its noise spans more).
-    hidden: bool = False
-
-    @classmethod
-    def from_extras(
-        cls,
-        extras: Mapping[str, Any],
-        n_cols: int,
-        n_rows: int = 0,
-        clip_norm: float = 0.0,
-        mean_noise: float = 0.0,
-    ) -> ReleasedFigures | None:
-        """The figures of a release's extras, or ``None`` when one is missing (another
-        mechanism, or a release from before the figures existed). ``clip_norm``: the
-        request's ``C``, the Gram's clip when the extras name no ``row_clip_norm``;
-        ``mean_noise``: the private mean's per-coordinate noise at the earlier request
-        (public), kept when the release centred on a private mean (it released ``center``).
-        ``uncentred``: the release took the route without centring (``centring: none``)."""
-        try:
-            ratios = tuple(float(x) for x in extras["explained_variance_ratio"])
-            low, high = (float(x) for x in extras["explained_variance_ratio_interval"])
-            values = tuple(float(x) for x in extras["eigenvalues"])
-            trace = float(extras["trace"])
-            sigma = float(extras["gram_noise_std"])
-            row_clip = float(extras.get("row_clip_norm", clip_norm))
-        except (KeyError, TypeError, ValueError):
-            return None
-        if not ratios or len(ratios) != len(values) or not sigma > 0:
-            return None
-        if not (math.isfinite(row_clip) and row_clip > 0):
-            row_clip = 0.0
-        uncentred = extras.get("centring") == "none"
-        noise = mean_noise if "center" in extras else 0.0
-        try:
-            sums = float(extras["captured_sum_of_squares"]) + float(
-                extras["residual_sum_of_squares"]
-            )
-        except (KeyError, TypeError, ValueError):
-            sums = 0.0
-        if not math.isfinite(sums):
-            sums = 0.0
-        return cls(
-            ratios,
-            (low, high),
-            values,
-            trace,
-            sigma,
-            n_cols,
-            n_rows,
-            row_clip,
-            uncentred,
-            noise,
-            sums,
-            extras.get("explained_variance_hidden_by_noise") is True,
-        )
-
-    @property
-    def measured(self) -> bool:
-        """The release measured its share: its interval is narrower than
-        :data:`~service.mechanisms.explained_variance.HIDDEN_WIDTH` and it was not flagged
-        hidden by noise (a narrow interval cut at 0 or 1 is no measurement)."""
-        from service.mechanisms.explained_variance import HIDDEN_WIDTH  # no import cycle
-
-        low, high = self.interval
-        return high - low < HIDDEN_WIDTH and not self.hidden
-
-    @property
-    def clipped_share(self) -> float:
-        """``tr(H + E) / (n C2^2)`` clamped to ``[0, 1]``: how far the Gram's rows were
-        clipped (1 when all were, the trace being ``n C2^2`` then; pairs: the trace is scaled
-        to ``n`` rows). 0 when ``n`` or the clip is unknown."""
-        if self.n_rows <= 0 or self.row_clip <= 0 or not self.trace > 0:
-            return 0.0
-        share = self.trace / (self.n_rows * self.row_clip**2)
-        return min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0
-
-
 def overlap(eigenvalue: float, sigma: float, d: int) -> float:
     """Squared overlap of the top eigenvector of ``lambda v v^T + E(sigma)`` with ``v``
     (spiked Wigner, Baik, Ben Arous & Peche): ``1 - sigma^2 d / lambda^2`` above the edge
@@ -304,7 +205,7 @@ def spectrum_share(figures: ReleasedFigures, k: int, noise_ratio: float) -> floa
 
 
 def data_spectrum(
-    figures: ReleasedFigures, leading: FloatArray, rank: int = 0
+    figures: ReleasedFigures, leading: FloatArray, rank: int = 0, mean_rank: int = 0
 ) -> tuple[FloatArray, float, int]:
     """The leading eigenvalues (debiased, above the edge) and the trace of the centred
     rows' part of the released Gram, without what is not the data's variance:
@@ -325,12 +226,15 @@ def data_spectrum(
     each as well (its own mean's or noise's), which keeps none of the centred variance
     beyond a random direction's. ``rank``: drop the ``rank``-th nearest eigenvalue to the
     spike instead (1: the next nearest; the released figures do not say which is the noise's,
-    so :func:`range_from_release` reads both). Public figures and public scales only."""
+    so :func:`range_from_release` reads both). ``mean_rank``: on the uncentred route, the
+    eigenvalue dropped as the mean's (0: the top; 1: the next, read by
+    :func:`range_from_release` as well). Public figures and public scales only."""
     trace = figures.trace
     taken = 0
     if figures.uncentred and leading.size:
-        trace -= float(leading[0])
-        leading = leading[1:]
+        drop = min(mean_rank, leading.size - 1)
+        trace -= float(leading[drop])
+        leading = np.delete(leading, drop)
         taken += 1
     if figures.mean_noise > 0 and figures.row_clip > 0:
         spread = figures.n_cols * figures.mean_noise**2
@@ -443,6 +347,15 @@ def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForeca
         # the new release took the mean route and kept 0.02-0.08).
         spared = range_at(figures, new, 0, spare=True)
         found = dataclasses.replace(found, high=max(found.high, spared.high))
+    if figures.uncentred and not figures.measured and len(figures.eigenvalues) >= 2:
+        # The uncentred route's mean need not hold the top eigenvalue: power-law rows whose
+        # mean lies along a weak direction (0.08 of the trace against the top direction's
+        # 0.18) had theirs second, and the range read with the top dropped missed 10 cells
+        # (0.50-0.85). The released figures do not say which it is: the range spans both.
+        second = range_at(figures, new, 0, mean_rank=1)
+        found = dataclasses.replace(
+            found, low=min(found.low, second.low), high=max(found.high, second.high)
+        )
     if figures.measured or figures.mean_noise <= 0 or len(figures.eigenvalues) < 2:
         return found
     other = range_at(figures, new, 1)
@@ -457,7 +370,12 @@ def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForeca
 
 
 def range_at(
-    figures: ReleasedFigures, new: NewRelease, rank: int, spare: bool = False
+    figures: ReleasedFigures,
+    new: NewRelease,
+    rank: int,
+    spare: bool = False,
+    at_floor: bool = False,
+    mean_rank: int = 0,
 ) -> RangeForecast:
     """:class:`RangeForecast` of the share the release ``new`` keeps, from an earlier
     release's released figures and public facts only (post-processing: no budget, no row).
@@ -498,7 +416,11 @@ def range_at(
     - the unseen variance's random components: their expected share in ``central``, the
       upper quantile of one draw in ``high`` where no simulation gives their spread; a hidden
       earlier release's shares also at its noisy trace's two ends
-      (:func:`~service.mechanisms.forecast_spread.trace_readings`)."""
+      (:func:`~service.mechanisms.forecast_spread.trace_readings`).
+
+    ``at_floor``: ``figures`` are already read as a sign map's
+    (:func:`~service.mechanisms.forecast_spread.filled`, the risky high end); ``mean_rank``: the
+    eigenvalue read as the uncentred route's mean (:func:`data_spectrum`)."""
     from service.mechanisms.clipped_spectrum import declipped_shares  # no import cycle
     from service.mechanisms.explained_variance import expected_noise_norm, spiked_debias
 
@@ -557,7 +479,7 @@ def range_at(
             known, v = known[keep], v[keep]
         plain = v
     else:
-        leading, trace, _ = data_spectrum(figures, debiased[above], rank)
+        leading, trace, _ = data_spectrum(figures, debiased[above], rank, mean_rank)
         values = set(leading.tolist())
         known = np.asarray([i for i in above if float(debiased[i]) in values], dtype=np.intp)
         v = plain = np.zeros(0)
@@ -707,7 +629,14 @@ def range_at(
     if risky:
         # The probe may read its clip (to the grid's floor: a sign map) or its route from
         # noise, so the release may be as good as random: at least its spread (digits, eps 1
-        # to 0.1, k = 1: the range was 0.021 wide at its top, the releases kept up to 0.034).
+        # to 0.1, k = 1: the range was 0.021 wide at its top, the releases kept up to 0.034),
+        # or as good as a sign map: the probe's clip may land at the grid's floor, where
+        # every row fills it and the data's eigenvalues stand higher against the same noise
+        # (forecast_spread.filled; breast_cancer, eps 1-2 to 0.3 at k 2-10: releases at the
+        # floor kept 0.57-0.85, up to 0.15 above the high end read at the earlier clip).
+        full = None if at_floor else filled(figures)
+        if full is not None:
+            high = max(high, range_at(full, new, rank, spare, at_floor=True).high)
         low, high = 0.0, max(high, random_share_high(k, d))
     central = min(max(central, 0.0), 1.0)
     low = min(max(low, 0.0), central)

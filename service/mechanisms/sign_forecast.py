@@ -40,8 +40,14 @@ def forecast_from(
     ``_high``, ``_determined``, ``_hidden_by_noise``, ``_basis``); ``None`` when the extras
     carry no explained variance (an uncentred release)."""
     try:
-        share = sum(float(x) for x in extras["explained_variance_ratio"])
+        stated = extras["explained_variance_ratio"]
         low, high = (float(x) for x in extras["explained_variance_ratio_interval"])
+        # A hidden share states no point (null); the range and the flag still carry.
+        share = (
+            low
+            if stated is None and extras.get("explained_variance_hidden_by_noise") is True
+            else sum(float(x) for x in stated)
+        )
     except (KeyError, TypeError, ValueError):
         return None
     if not all(math.isfinite(x) for x in (share, low, high)):

@@ -225,7 +225,9 @@ def test_a_forecast_from_an_earlier_release_reads_its_released_figures(
     if share is not None:
         assert least <= share <= most and most - least <= 0.2
     low, high = extras["explained_variance_ratio_interval"]
-    if high - low < 0.3:
+    if high - low < 0.3 and not extras["explained_variance_hidden_by_noise"]:
+        # (A narrow interval cut at 0 or 1 is flagged hidden and read off the spectrum: the
+        # test failed once on such a release, unseeded.)
         # A measured share at an unchanged noise and k: no more than the earlier interval
         # allows (the centred routes; uncentred, the mean's direction is not in the share).
         assert scales["forecast_from_release_basis"] == "measured share"

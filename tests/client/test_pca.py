@@ -437,6 +437,32 @@ def test_an_uncentred_spatial_sign_fit_states_no_variance_of_the_rows(
     assert pca.explained_variance_ is None and pca.explained_variance_ratio_ is None
 
 
+@pytest.mark.release_seed(500)
+def test_a_hidden_share_reads_nan_with_a_warning(
+    owner: Client, analyst: Client, worker_sleep: None
+) -> None:
+    # Issue 32 item 4: 200 isotropic unit rows at eps 0.1, the noise hides the share; the
+    # service states no point (null), the estimator reads NaN, keeps the interval and warns
+    # (before: a figure that read as a measurement beside the flag).
+    rows = np.random.default_rng(7).standard_normal((200, 8))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    ds = owner.upload(
+        rows, name="pca-hidden", epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    pca = PrivatePCA(analyst, ds.id, 2, "0.1", "1e-7", mechanism="analyze_gauss", timeout=60)
+    with pytest.warns(UserWarning, match="explained_variance_ratio_ is NaN"):
+        pca.fit()
+    release = analyst.get_release(pca.release_id_)
+    assert release.extras["explained_variance_ratio"] is None
+    assert pca.explained_variance_hidden_by_noise_ is True
+    assert pca.explained_variance_ratio_ is not None and pca.explained_variance_ratio_.shape == (2,)
+    assert np.all(np.isnan(pca.explained_variance_ratio_))
+    assert pca.explained_variance_ is not None and np.all(np.isnan(pca.explained_variance_))
+    assert pca.explained_variance_ratio_interval_ == tuple(
+        release.extras["explained_variance_ratio_interval"]
+    )
+
+
 @pytest.mark.release_seed(301)
 @pytest.mark.parametrize("accounting", ["basic", "hybrid"])
 def test_the_literal_default_call_fits_a_grant_with_a_small_delta(

@@ -152,7 +152,10 @@ def test_each_route_releases_what_the_client_needs() -> None:
         assert extras["centring"] in ("mean", "pairs", "none")
         assert ("center" in extras) == (extras["centring"] == "mean")
         ratio = extras["explained_variance_ratio"]
-        assert all(0.0 <= r <= 1.0 for r in ratio) and sum(ratio) <= 1.0 + 1e-12
+        if extras["explained_variance_hidden_by_noise"]:
+            assert ratio is None
+        else:
+            assert all(0.0 <= r <= 1.0 for r in ratio) and sum(ratio) <= 1.0 + 1e-12
         low, high = extras["explained_variance_ratio_interval"]
         assert 0.0 <= low <= high <= 1.0
         assert 0.0 < extras["row_clip_norm"] <= 1.0

@@ -14,6 +14,7 @@ from sklearn.datasets import load_digits
 from service.mechanisms import analyze_gauss as module
 from service.mechanisms.analyze_gauss import AnalyzeGauss, explained_variance
 from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.explained_variance import withhold_hidden_point
 from service.mechanisms.linalg import clip_rows
 from tests.mechanisms.privacy_audit import audit
 
@@ -49,10 +50,16 @@ def coverage(rows: np.ndarray[Any, Any], runs: int, eps: float, **params: Any) -
     hits = 0
     for seed in range(runs):
         out = MECHANISM.run(rows, spec, np.random.default_rng(seed))
-        ratio = np.asarray(out.extras["explained_variance_ratio"])
         low, high = out.extras["explained_variance_ratio_interval"]
-        assert np.all(ratio >= 0) and ratio.sum() <= 1.0 + 1e-12
-        assert 0.0 <= low <= ratio.sum() <= high <= 1.0
+        if out.extras["explained_variance_hidden_by_noise"]:
+            # Hidden: no point stated, the interval kept (issue 32 item 4).
+            assert out.extras["explained_variance_ratio"] is None
+            assert out.extras["explained_sum_of_squares"] is None
+            assert 0.0 <= low <= high <= 1.0
+        else:
+            ratio = np.asarray(out.extras["explained_variance_ratio"])
+            assert np.all(ratio >= 0) and ratio.sum() <= 1.0 + 1e-12
+            assert 0.0 <= low <= ratio.sum() <= high <= 1.0
         assert out.basis is not None
         truth = true_share(rows, out.basis, params.get("center", "none") != "none")
         hits += low <= truth <= high
@@ -112,8 +119,29 @@ def test_a_noise_dominated_release_is_flagged_hidden_and_warned_about() -> None:
         assert high - low >= module.HIDDEN_WIDTH
         assert out.extras["explained_variance_hidden_by_noise"] is True
         assert "noise hides how much variance" in out.extras["warning"]
+        # Issue 32 item 4: no figure that reads as a measurement (it held one before).
+        assert out.extras["explained_variance_ratio"] is None
+        assert out.extras["explained_sum_of_squares"] is None
         hits += low <= true_share(rows, out.basis, centred=False) <= high
     assert hits >= 15
+
+
+def test_withholding_the_point_touches_only_a_hidden_share() -> None:
+    stored = {
+        "explained_variance_ratio": [0.3, 0.2],
+        "explained_sum_of_squares": [3.0, 2.0],
+        "explained_variance_ratio_interval": [0.0, 1.0],
+        "total_sum_of_squares": 10.0,
+    }
+    hidden = withhold_hidden_point({**stored, "explained_variance_hidden_by_noise": True})
+    assert hidden["explained_variance_ratio"] is None
+    assert hidden["explained_sum_of_squares"] is None
+    assert hidden["explained_variance_ratio_interval"] == [0.0, 1.0]
+    assert hidden["total_sum_of_squares"] == 10.0
+    for flag in (False, None):
+        shown = withhold_hidden_point({**stored, "explained_variance_hidden_by_noise": flag})
+        assert shown["explained_variance_ratio"] == [0.3, 0.2]
+    assert withhold_hidden_point({"eigenvalues": [1.0]}) == {"eigenvalues": [1.0]}
 
 
 def test_a_clear_release_is_not_flagged() -> None:

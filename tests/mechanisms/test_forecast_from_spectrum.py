@@ -322,3 +322,75 @@ def test_a_narrow_interval_flagged_hidden_is_not_carried_as_a_measured_share() -
     assert figures is not None
     assert not figures.measured
     assert forecast_from_release(figures, 1, 1.0) == spectrum_share(figures, 1, 1.0)
+
+
+def test_a_hidden_release_without_a_stated_share_still_forecasts() -> None:
+    # Issue 32 item 4: a release hidden by noise states no point (its ratios are null); the
+    # forecast reads its eigenvalues and trace, as it did when the ratios held a figure.
+    from service.mechanisms.base import ReleaseSpec
+    from service.mechanisms.sign_forecast import forecast_from
+
+    extras: dict[str, Any] = {
+        "explained_variance_ratio": [0.3, 0.1],
+        "explained_variance_ratio_interval": [0.0, 0.9],
+        "explained_variance_hidden_by_noise": True,
+        "eigenvalues": [40.0, 20.0],
+        "trace": 100.0,
+        "gram_noise_std": 1.0,
+    }
+    stated = ReleasedFigures.from_extras(extras, 10, 500, 1.0)
+    withheld = {**extras, "explained_variance_ratio": None}
+    figures = ReleasedFigures.from_extras(withheld, 10, 500, 1.0)
+    assert stated is not None and figures is not None
+    assert not figures.measured and figures.hidden and figures.ratios == ()
+    assert forecast_from_release(figures, 3, 1.0) == forecast_from_release(stated, 3, 1.0)
+    # A null share on a release not flagged hidden is not a release this reads.
+    unflagged = {**withheld, "explained_variance_hidden_by_noise": False}
+    assert ReleasedFigures.from_extras(unflagged, 10, 500, 1.0) is None
+    # spatial_sign's forecast at the same settings: the range, no point, from a null share.
+    spec: ReleaseSpec[Any] = ReleaseSpec(k=2, epsilon=1.0, delta=1e-6, params={})
+    found = forecast_from(spec, spec, withheld)
+    assert found is not None
+    scales, _ = found
+    assert scales["forecast_from_release_captured_share"] is None
+    assert scales["forecast_from_release_captured_share_low"] == 0.0
+    assert scales["forecast_from_release_hidden_by_noise"] is True
+
+
+def test_a_risky_range_reads_the_earlier_figures_as_a_sign_map_too() -> None:
+    # The probe may put the new clip at the grid's floor (every row clipped): the data's
+    # eigenvalues then stand 1/clipped_share higher against the same noise.
+    from service.mechanisms.forecast_spread import filled
+
+    figures = ReleasedFigures((), (0.0, 1.0), (40.0, 20.0), 100.0, 1.0, 10, 500, 0.63, hidden=True)
+    share = figures.clipped_share
+    assert 0 < share < 1
+    full = filled(figures)
+    assert full is not None and full.clipped_share == pytest.approx(1.0)
+    np.testing.assert_allclose(full.eigenvalues, np.asarray(figures.eigenvalues) / share)
+    assert filled(full) is None
+
+
+def test_the_uncentred_mean_may_hold_the_second_eigenvalue() -> None:
+    # Power-law rows with their mean along a weak direction: the mean's eigenvalue is the
+    # second, not the top; the released figures do not say which, so the range spans both.
+    from service.mechanisms.gauss_forecast import NewRelease, range_at, range_from_release
+
+    figures = ReleasedFigures(
+        (),
+        (0.0, 0.4),
+        (500.0, 260.0, 240.0, 90.0),
+        2800.0,
+        5.0,
+        100,
+        3000,
+        1.0,
+        True,
+        hidden=True,
+    )
+    new = NewRelease(2, 0.4)
+    both = range_from_release(figures, new)
+    for mean_rank in (0, 1):
+        one = range_at(figures, new, 0, mean_rank=mean_rank)
+        assert both.low <= one.low + 1e-12 and both.high >= one.high - 1e-12
+    assert range_at(figures, new, 0, mean_rank=1).high > range_at(figures, new, 0).high

@@ -121,8 +121,10 @@ class ReleaseResult(Schema):
             "with a centre, uncentred with `center` `none`, the default), "
             "`explained_variance_ratio_interval` (90% for that sum) and "
             "`explained_variance_hidden_by_noise` (true when the interval is at least 0.3 "
-            "wide: the share is then a guess, not a measurement, and `warning` says so); "
-            "docs/mechanisms.md lists every mechanism's extras."
+            "wide, or would be if not cut at 0 or 1: the noise hides the share, so no point "
+            "is stated: `explained_variance_ratio` and `explained_sum_of_squares` are null, "
+            "the interval stays, and `warning` says so; before 30 Nov 2026 they carried a "
+            "figure beside the flag); docs/mechanisms.md lists every mechanism's extras."
         ),
     )
 

@@ -215,7 +215,8 @@ class PrivatePCA:
         either): a fresh private estimate made after the components were chosen (unbiased for
         what they capture, the private mean's known bias removed; the noisy eigenvalues are
         not: the top ones are inflated by the noise they were selected on), shared among the
-        components by their debiased eigenvalues; never negative.
+        components by their debiased eigenvalues; never negative; all NaN where the noise
+        hides the share.
         Other mechanisms that release eigenvalues: the eigenvalues with the noise's upward
         shift undone (:func:`debias_eigenvalues`); None for an uncentred ``spatial_sign``
         (its eigenvalues are the spatial signs', every row scaled to the clip norm).
@@ -224,7 +225,8 @@ class PrivatePCA:
         component captures: each in ``[0, 1]``, summing to at most 1. Centred variance with a
         centre (the default ``center="private"``, or a public one); with ``center="none"``
         the rows' uncentred sum of squares, as the components are the second-moment
-        matrix's.
+        matrix's. All NaN where the noise hides the share
+        (``explained_variance_hidden_by_noise_``): no figure that would read as a measurement.
     explained_variance_ratio_interval_ : (float, float) or None
         A 90% interval for the total captured share ``sum(explained_variance_ratio_)``, from
         the release's public noise scales (``analyze_gauss``, centred ``spatial_sign``; None
@@ -232,8 +234,10 @@ class PrivatePCA:
     explained_variance_hidden_by_noise_ : bool or None
         True when that interval is at least 0.3 wide, or would be if it were not cut at 0 or 1
         (the service's flag): the noise hides how much the components
-        keep, so ``explained_variance_ratio_`` is a guess, not a measurement (``warning_`` says
-        so too); False when it is narrower; None without an interval.
+        keep, so the service states no point estimate (``null``) and
+        ``explained_variance_ratio_`` and ``explained_variance_`` are all NaN (``warning_``
+        says so too; the interval is the measurement); False when it is narrower; None
+        without an interval.
     warning_ : str or None
         The release's own warning, e.g. when some components do not stand above the noise
         (computed from public noise scales and released values only; every mechanism that
@@ -459,6 +463,13 @@ class PrivatePCA:
             the wait resumes) instead of paying for another.
         dpss_client.client.DpssError
             Any other error from the service (budget exceeded, bad params, ...).
+
+        Warns
+        -----
+        UserWarning
+            The noise hides the explained-variance share
+            (``explained_variance_hidden_by_noise_``): ``explained_variance_ratio_`` and
+            ``explained_variance_`` are NaN, the 90% interval is kept.
         """
         if X is not None or y is not None:
             raise TypeError(
@@ -579,7 +590,7 @@ class PrivatePCA:
             if mean.shape != (d,):
                 raise ValueError(f"center: expected {d} numbers, got {mean.shape[0]}")
         variance, ratio, interval = self._explained(
-            extras, d, handle.info.mechanism, handle.info.n_rows_read
+            extras, d, k, handle.info.mechanism, handle.info.n_rows_read
         )
         self.components_: FloatArray = np.ascontiguousarray(basis.T)
         self.mean_: FloatArray = mean
@@ -593,6 +604,15 @@ class PrivatePCA:
         self.explained_variance_hidden_by_noise_: bool | None = (
             hidden if isinstance(hidden, bool) else None
         )
+        if hidden is True and interval is not None:
+            warnings.warn(
+                "the noise hides how much variance the components keep: the service states "
+                "no point estimate, so explained_variance_ratio_ is NaN; the 90% interval "
+                f"for their total share is [{interval[0]:.3g}, {interval[1]:.3g}] "
+                "(explained_variance_ratio_interval_; more rows or a larger epsilon narrow it)",
+                UserWarning,
+                stacklevel=3,
+            )
         self.warning_: str | None = extras.get("warning")
         self.n_components_: int = k
         self.n_features_in_: int = d
@@ -601,7 +621,12 @@ class PrivatePCA:
         self.__dict__.pop("feature_names_in_", None)
 
     def _explained(
-        self, extras: dict[str, Any], d: int, mechanism: str, n_rows_read: int | None = None
+        self,
+        extras: dict[str, Any],
+        d: int,
+        k: int,
+        mechanism: str,
+        n_rows_read: int | None = None,
     ) -> tuple[FloatArray | None, FloatArray | None, tuple[float, float] | None]:
         """Explained variance, its ratio and the ratio's 90% interval from the release.
 
@@ -625,9 +650,18 @@ class PrivatePCA:
             # (every row scaled to the clip norm), not of the rows: no figure of their variance.
             return None, None, None
         if "explained_variance_ratio" in extras:
+            low, high = (float(v) for v in extras["explained_variance_ratio_interval"])
+            hidden = extras.get("explained_variance_hidden_by_noise")
+            if not isinstance(hidden, bool):
+                hidden = high - low >= HIDDEN_WIDTH
+            if hidden or extras["explained_variance_ratio"] is None:
+                # The noise hides the share: the service states no point (null), so neither
+                # does the estimator (NaN, the interval kept; older releases that still carry
+                # a figure beside the flag are read the same way).
+                missing = np.full(k, np.nan)
+                return (None if scale is None else missing), missing.copy(), (low, high)
             sums = np.asarray(extras["explained_sum_of_squares"], dtype=np.float64)
             ratio = np.asarray(extras["explained_variance_ratio"], dtype=np.float64)
-            low, high = (float(v) for v in extras["explained_variance_ratio_interval"])
             return (None if scale is None else sums * scale), ratio, (low, high)
         eigenvalues = extras.get("eigenvalues")
         if eigenvalues is None:

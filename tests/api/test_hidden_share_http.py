@@ -1,0 +1,63 @@
+"""Issue 32 item 4: where the noise hides the explained-variance share, no figure that reads as
+a measurement is shown: `explained_variance_ratio` and `explained_sum_of_squares` are null on
+the release, also for a release stored before the rule (its figure beside the flag)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from service.db import models
+from tests.conftest import bearer, release_and_wait
+
+
+@pytest.fixture
+def dataset(client, keys, upload_dataset):
+    # 200 isotropic unit rows at eps 0.1: the noise hides any share (interval about [0, 1]).
+    rows = np.random.default_rng(7).standard_normal((200, 8))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    return upload_dataset(
+        client, keys.owner, rows, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
+    )
+
+
+def test_a_hidden_share_is_null_on_the_release(client, keys, dataset, run_worker, session_factory):
+    body = release_and_wait(
+        client,
+        keys.analyst,
+        dataset["id"],
+        run_worker,
+        mechanism="analyze_gauss",
+        k=2,
+        epsilon="0.1",
+        delta="1e-7",
+        params={"center": "private"},
+    )
+    assert body["status"] == "succeeded"
+    extras = body["result"]["extras"]
+    assert extras["explained_variance_hidden_by_noise"] is True
+    assert extras["explained_variance_ratio"] is None
+    assert extras["explained_sum_of_squares"] is None
+    low, high = extras["explained_variance_ratio_interval"]
+    assert 0.0 <= low <= high <= 1.0
+    assert "no point estimate is stated" in extras["warning"]
+    # A release stored before the rule kept a figure beside the flag: shown null as well.
+    with session_factory() as session:
+        stored = session.get(models.Release, uuid.UUID(body["id"]))
+        assert stored is not None
+        stored.result_extras = {
+            **extras,
+            "explained_variance_ratio": [0.3, 0.2],
+            "explained_sum_of_squares": [30.0, 20.0],
+        }
+        session.commit()
+    for url in (f"/v1/releases/{body['id']}", "/v1/releases"):
+        response = client.get(url, headers=bearer(keys.analyst))
+        assert response.status_code == 200, response.text
+        shown = response.json()
+        item = shown if "result" in shown else shown["items"][0]
+        assert item["result"]["extras"]["explained_variance_ratio"] is None
+        assert item["result"]["extras"]["explained_sum_of_squares"] is None
+        assert item["result"]["extras"]["explained_variance_ratio_interval"] == [low, high]
