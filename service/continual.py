@@ -556,16 +556,15 @@ def _shown(release_id: object, visible_by: datetime | None) -> list[ColumnElemen
     conditions: list[ColumnElement[bool]] = [ReleaseEpoch.release_id == release_id]
     if visible_by is not None:
         conditions.append(ReleaseEpoch.visible_at <= visible_by)
-        earlier = aliased(ReleaseEpoch)
-        conditions.append(
-            ~select(earlier.epoch)
-            .where(
-                earlier.release_id == release_id,
-                earlier.epoch <= ReleaseEpoch.epoch,
-                unverified(earlier, visible_by),
-            )
-            .exists()
+        # The first epoch not shown for its re-check: one uncorrelated subquery (evaluated
+        # once, not once per epoch row), none when no epoch waits.
+        cut = aliased(ReleaseEpoch)
+        first = (
+            select(func.min(cut.epoch))
+            .where(cut.release_id == release_id, unverified(cut, visible_by))
+            .scalar_subquery()
         )
+        conditions.append(or_(first.is_(None), ReleaseEpoch.epoch < first))
     return conditions
 
 
