@@ -31,7 +31,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import reference_recheck
+from service import reference_recheck, visibility
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
 from service.reference import objects
@@ -567,6 +567,17 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
     assert differing(*pending) == []
     assert pending[0]["analyst release"]["status"] == "running"
     assert pending[0]["owner epochs"]["items"] == []
+    # A long poll wakes at the same public moment in both worlds (the verdict's earliest: the
+    # epoch's, or the end's, due moment plus the grace), not when the re-check runs.
+    with session_factory() as session:
+        wakes = []
+        for _, release_id in worlds:
+            row = session.get(Release, uuid.UUID(release_id))
+            assert row is not None
+            moment = visibility.next_shown_at(session, row, 0, utcnow())
+            assert moment is not None
+            wakes.append(moment - row.created_at)
+        assert wakes == [PADDING + GRACE] * 2
     for dataset_id, _ in worlds:
         recheck_due(session_factory, settings, utcnow())
         later(session_factory, dataset_id, GRACE)
