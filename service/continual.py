@@ -37,7 +37,9 @@ The state and the key are private: they live in ``release_states`` and
 Analysts see each epoch from its own ``visible_at`` on, and the release's end (after its horizon,
 or earlier without a new epoch: a refusal, a deleted dataset, an abandoned job) from
 ``releases.outcome_visible_at`` on: the moment the epoch it ended at would have become visible,
-fixed before that epoch ran (:func:`pending_visible_at`).
+fixed before that epoch ran (:func:`pending_visible_at`). On a dataset by reference an epoch
+shows only once a re-check of its objects at its ``visible_at`` finds them unchanged, a grace
+later (:mod:`service.reference_recheck`, :func:`_shown`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 from randomgen import ChaCha
-from sqlalchemy import ColumnElement, func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy.orm import Session, aliased
 
 from service import audit, privacy_unit, reference
 from service.config import Settings
@@ -98,6 +100,9 @@ log = logging.getLogger("dpss.worker")
 EPOCH_EVENT = "release_epoch"
 EPOCH_KEY_LABEL = b"dpss continual epoch"
 EPOCH_CURSOR = "epoch"
+#: ``release_epochs.reference_check`` of an epoch waiting for its re-check
+#: (:data:`service.reference_recheck.PENDING`; that module imports this one).
+REFERENCE_PENDING = "pending"
 
 
 def continual_names() -> list[str]:
@@ -407,6 +412,12 @@ def store_epoch(
             extras=outcome.extras,
             created_at=utcnow(),
             visible_at=shows_at,
+            # Shown only once a re-check at or after shows_at finds its objects unchanged
+            # (service.reference_recheck): whether this job read before or after its owner
+            # changed one (the epoch stored, or the release ended) tells when it was claimed.
+            reference_check=(
+                REFERENCE_PENDING if step.reference is not None and padded(release) else None
+            ),
         )
     )
     if basis is not None:
@@ -517,14 +528,55 @@ def on_epoch_stored(job: ClaimedJob, epoch: int) -> None:
 # -- reading -------------------------------------------------------------------------------------
 
 
+def unverified(epoch: Any, by: datetime) -> ColumnElement[bool]:
+    """Whether ``epoch`` (:class:`ReleaseEpoch` or an alias of it) waits for, or failed, the
+    re-check of the objects it read (:mod:`service.reference_recheck`) at ``by``: a re-check
+    pending, a verdict not yet shown, or ``changed``. Never for an epoch without a re-check
+    (null: an upload's, an unpadded release's, or one stored before re-checks existed)."""
+    return and_(
+        epoch.reference_check.is_not(None),
+        or_(
+            epoch.reference_check != "unchanged",
+            epoch.reference_shown_at.is_(None),
+            epoch.reference_shown_at > by,
+        ),
+    )
+
+
 def _shown(release_id: object, visible_by: datetime | None) -> list[ColumnElement[bool]]:
     """The epochs of ``release_id`` a reader sees: all, or those visible by ``visible_by``
-    (analysts). Epochs become visible in order (``visible_at`` never decreases with ``t``:
-    batches commit in order and the padding of a batch is stored with its epoch)."""
+    (analysts and owners). Epochs become visible in order (``visible_at`` never decreases with
+    ``t``: batches commit in order and the padding of a batch is stored with its epoch).
+
+    For analysts and owners an epoch on a dataset by reference shows only once its re-check's
+    verdict ``unchanged`` shows, and none after the first that does not: one whose objects
+    changed before it was due is never shown, nor any later one, whether its job read before
+    the change (stored) or after it (the release ended there, no epoch): which it was tells
+    when a worker claimed it (:mod:`service.visibility`)."""
     conditions: list[ColumnElement[bool]] = [ReleaseEpoch.release_id == release_id]
     if visible_by is not None:
         conditions.append(ReleaseEpoch.visible_at <= visible_by)
+        # The first epoch not shown for its re-check: one uncorrelated subquery (evaluated
+        # once, not once per epoch row), none when no epoch waits.
+        cut = aliased(ReleaseEpoch)
+        first = (
+            select(func.min(cut.epoch))
+            .where(cut.release_id == release_id, unverified(cut, visible_by))
+            .scalar_subquery()
+        )
+        conditions.append(or_(first.is_(None), ReleaseEpoch.epoch < first))
     return conditions
+
+
+def reference_cut(session: Session, release_id: object, by: datetime) -> ReleaseEpoch | None:
+    """The first epoch of ``release_id`` not shown at ``by`` for its re-check (the epochs from
+    it on are hidden: :func:`_shown`); ``None``: none."""
+    return session.execute(
+        select(ReleaseEpoch)
+        .where(ReleaseEpoch.release_id == release_id, unverified(ReleaseEpoch, by))
+        .order_by(ReleaseEpoch.epoch)
+        .limit(1)
+    ).scalar_one_or_none()
 
 
 def latest_epoch(

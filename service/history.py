@@ -9,7 +9,8 @@ filter, the count and the row, one past it whose outcome does not show yet (late
 :func:`service.padding.late_schedule`) is ``running``, one whose dataset was deleted before
 its outcome was due is ``failed``, and a one-shot release on a dataset by reference is
 ``running`` until its re-check's verdict shows and ``failed`` if that found an object changed
-(:mod:`service.reference_recheck`).
+(:mod:`service.reference_recheck`); a continual one is ``running`` while one of its epochs
+waits for its verdict, and ``failed`` once the first not shown is one found changed.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, and_, func, not_, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
+from service import continual
 from service.auth import Principal, require_role, sees_real_state
 from service.db.models import Dataset, Release, ReleaseEpoch, utcnow
 from service.errors import NotFound
@@ -94,11 +96,36 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
         ),
     )
     reference_changed = and_(checked, Release.reference_check == "changed")
+    # A continual release on a dataset by reference: an epoch hidden for its re-check hides
+    # the end as a late epoch does, and the first one hidden, if its re-check found its
+    # objects changed and that shows, shows the release failed (service.visibility.view,
+    # epoch_change_shown; service.continual._shown).
+    cut, earlier = aliased(ReleaseEpoch), aliased(ReleaseEpoch)
+    epoch_changed = and_(
+        not_(deleted),
+        select(cut.epoch)
+        .where(
+            cut.release_id == Release.id,
+            cut.reference_check == "changed",
+            cut.reference_shown_at <= now,
+            ~select(earlier.epoch)
+            .where(
+                earlier.release_id == Release.id,
+                earlier.epoch < cut.epoch,
+                continual.unverified(earlier, now),
+            )
+            .exists(),
+        )
+        .exists(),
+    )
     epoch_hidden = or_(
         and_(
             not_(deleted),
             select(ReleaseEpoch.epoch)
-            .where(ReleaseEpoch.release_id == Release.id, ReleaseEpoch.visible_at > now)
+            .where(
+                ReleaseEpoch.release_id == Release.id,
+                or_(ReleaseEpoch.visible_at > now, continual.unverified(ReleaseEpoch, now)),
+            )
             .exists(),
         ),
         and_(Release.outcome_visible_at.is_not(None), Release.outcome_visible_at > now),
@@ -106,16 +133,17 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
     )
     if status == "running":
         unfinished = or_(Release.status == "running", and_(padded, Release.status == "queued"))
-        return and_(visible, or_(unfinished, epoch_hidden))
+        return and_(visible, not_(epoch_changed), or_(unfinished, epoch_hidden))
     if status == "failed":
         ended = Release.status.in_(("succeeded", "no_result", "failed"))
         shown = or_(Release.status == "failed", and_(ended, or_(deleted, reference_changed)))
-        return and_(visible, shown, not_(epoch_hidden))
+        return and_(visible, or_(epoch_changed, and_(shown, not_(epoch_hidden))))
     return and_(
         visible,
         Release.status == status,
         not_(deleted),
         not_(reference_changed),
+        not_(epoch_changed),
         not_(epoch_hidden),
     )
 

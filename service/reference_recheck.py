@@ -1,5 +1,6 @@
 """The re-check of a dataset by reference at a public moment, which decides what analysts and
-owners are shown of a one-shot release on it.
+owners are shown of a release on it (a one-shot release's outcome; a continual release's epochs
+and end: below).
 
 **Why.** Every release on a dataset by reference verifies the digests fixed at registration as
 it reads, so a job that read before the owner changed an object succeeds and one that read
@@ -33,6 +34,19 @@ is found by neither (both read the job's outcome). What the owner can still lear
 re-check ran within its grace (a change between the due moment and the re-check counts), a
 function of the re-check thread's own latency, not of the queue. Admins and auditors see what
 happened (the real status, the verdict and ``reference_checked_at``); nothing is rewritten.
+
+**Continual releases.** An epoch whose job read before the owner's change is stored and was
+shown; one that read after it ended the release there: the same bit, epoch by epoch. So every
+epoch a padded continual release stores on a dataset by reference is ``pending``
+(:func:`service.continual.store_epoch`) and re-checked at its ``visible_at``
+(:func:`recheck_epoch`: every object's identity and the digests of the rows through its batch,
+what its job checked and more), its verdict shown at the same grace; the release's end is
+re-checked as a one-shot release's outcome, over the rows through the epoch it ended at
+(:func:`_read_rows`), at the same moment the epoch would have been. Analysts and owners see an
+epoch only once its ``unchanged`` shows and none after the first that does not
+(:func:`service.continual._shown`); a ``changed`` epoch shows the release ``failed`` from its
+verdict's moment (:func:`service.visibility.epoch_change_shown`), as the end re-checked in the
+other world does.
 """
 
 from __future__ import annotations
@@ -47,7 +61,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import reference, wake
 from service.config import Settings
-from service.db.models import Dataset, Release, utcnow
+from service.continual import is_continual
+from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.errors import safe_traceback
 from service.outages import is_transient_db_error
 from service.visibility import recheck_shown_at
@@ -76,9 +91,16 @@ def due_ids(session: Session, now: datetime) -> list[uuid.UUID]:
 
 
 def next_due(session: Session) -> datetime | None:
-    """The earliest due moment of a pending re-check (``None``: none pending)."""
+    """The earliest due moment of a pending re-check, a release's or an epoch's (``None``:
+    none pending)."""
     due = func.coalesce(Release.outcome_visible_at, Release.visible_at)
-    return session.scalar(select(func.min(due)).where(Release.reference_check == PENDING))
+    moments = [
+        session.scalar(select(func.min(due)).where(Release.reference_check == PENDING)),
+        session.scalar(
+            select(func.min(ReleaseEpoch.visible_at)).where(ReleaseEpoch.reference_check == PENDING)
+        ),
+    ]
+    return min((m for m in moments if m is not None), default=None)
 
 
 def verdict(raw: dict[str, object] | None, settings: Settings, n_rows: int | None = None) -> str:
@@ -112,6 +134,24 @@ def verdict(raw: dict[str, object] | None, settings: Settings, n_rows: int | Non
     return UNCHANGED
 
 
+def rows_through(session: Session, dataset_id: uuid.UUID, seq: int) -> int | None:
+    """The rows of a dataset's batches ``0 .. seq`` (what a continual epoch reading batch
+    ``seq`` has checked); ``None`` when there is no such batch (then every object is)."""
+    batch = session.get(DatasetBatch, (dataset_id, seq)) if seq >= 0 else None
+    return None if batch is None else batch.row_offset + batch.n_rows
+
+
+def _read_rows(session: Session, release: Release) -> int | None:
+    """The rows whose digests a release's re-check compares: a one-shot release's
+    ``n_rows_read``; a continual release's end, those through the batch of the epoch it ended
+    at (the last stored one at the horizon, else the next one, which its job met), as the
+    re-check of that epoch would had it been stored (:func:`recheck_epoch`)."""
+    if not is_continual(release.mechanism):
+        return release.n_rows_read
+    seq = release.epochs_done - 1 if release.status == "succeeded" else release.epochs_done
+    return rows_through(session, release.dataset_id, seq)
+
+
 def recheck(
     session_factory: sessionmaker[Session], settings: Settings, release_id: uuid.UUID
 ) -> str | None:
@@ -122,7 +162,7 @@ def recheck(
             return None
         dataset = session.get(Dataset, release.dataset_id)
         raw = None if dataset is None or dataset.deleted_at is not None else dataset.reference
-        n_rows = release.n_rows_read
+        n_rows = _read_rows(session, release)
     # Read outside any transaction: the objects may take a while.
     found = verdict(raw, settings, n_rows)
     checked_at = utcnow()
@@ -138,14 +178,59 @@ def recheck(
     return found
 
 
+def due_epochs(session: Session, now: datetime) -> list[tuple[uuid.UUID, int]]:
+    """The epochs whose re-check is due at ``now`` (their ``visible_at``), the earliest first."""
+    rows = session.execute(
+        select(ReleaseEpoch.release_id, ReleaseEpoch.epoch)
+        .where(ReleaseEpoch.reference_check == PENDING, ReleaseEpoch.visible_at <= now)
+        .order_by(ReleaseEpoch.visible_at, ReleaseEpoch.release_id, ReleaseEpoch.epoch)
+        .limit(BATCH)
+    ).all()
+    return [(row[0], row[1]) for row in rows]
+
+
+def recheck_epoch(
+    session_factory: sessionmaker[Session], settings: Settings, release_id: uuid.UUID, epoch: int
+) -> str | None:
+    """Re-check one epoch of a continual release now (every object's identity and the digests
+    of the rows through its batch: what its job checked, and more) and store the verdict;
+    ``None`` if another worker did first."""
+    key = (release_id, epoch)
+    with session_factory() as session:
+        row = session.get(ReleaseEpoch, key)
+        release = session.get(Release, release_id)
+        if row is None or release is None or row.reference_check != PENDING:
+            return None
+        dataset = session.get(Dataset, release.dataset_id)
+        raw = None if dataset is None or dataset.deleted_at is not None else dataset.reference
+        n_rows = rows_through(session, release.dataset_id, row.batch_seq)
+    found = verdict(raw, settings, n_rows)
+    checked_at = utcnow()
+    with session_factory.begin() as session:
+        row = session.get(ReleaseEpoch, key, with_for_update=True, populate_existing=True)
+        release = session.get(Release, release_id)
+        if row is None or release is None or row.reference_check != PENDING:
+            return None
+        row.reference_check = found
+        row.reference_checked_at = checked_at
+        row.reference_shown_at = recheck_shown_at(release, checked_at, row.visible_at)
+        wake.announce_finished(session, settings, release_id)
+    return found
+
+
 def recheck_due(
     session_factory: sessionmaker[Session], settings: Settings, now: datetime | None = None
 ) -> int:
-    """Every re-check due by ``now`` (default: the current time); how many were stored."""
+    """Every re-check due by ``now`` (default: the current time), releases' and epochs'; how
+    many were stored."""
     moment = utcnow() if now is None else now
     with session_factory() as session:
         ids = due_ids(session, moment)
-    return sum(recheck(session_factory, settings, rid) is not None for rid in ids)
+        epochs = due_epochs(session, moment)
+    done = sum(recheck(session_factory, settings, rid) is not None for rid in ids)
+    return done + sum(
+        recheck_epoch(session_factory, settings, rid, epoch) is not None for rid, epoch in epochs
+    )
 
 
 def run(session_factory: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:
@@ -155,7 +240,7 @@ def run(session_factory: sessionmaker[Session], settings: Settings, stop: thread
     while not stop.is_set():
         wait = LOOK_SECONDS
         try:
-            while recheck_due(session_factory, settings) == BATCH and not stop.is_set():
+            while recheck_due(session_factory, settings) >= BATCH and not stop.is_set():
                 pass
             with session_factory() as session:
                 upcoming = next_due(session)

@@ -57,7 +57,11 @@ schedule when the re-check was later) the release is shown ``running``; a change
 ``failed`` with :data:`REFERENCE_CHANGED_BEFORE_SHOWN_REASON`, no result, no refund, whatever
 the job did. A change before the outcome was due is found either way, so the job's side of the
 race does not show; the worker refunds no fault found in an object either
-(:func:`service.reference.integrity.object_fault`).
+(:func:`service.reference.integrity.object_fault`). A continual release's epochs are re-checked
+each at its ``visible_at`` and shown only once its verdict ``unchanged`` shows, none after the
+first that does not (:func:`service.continual._shown`); a ``changed`` one shows the release
+``failed`` as above from its verdict's moment (:func:`epoch_change_shown`), as the end of the
+release whose job met the change is shown once re-checked.
 """
 
 from __future__ import annotations
@@ -170,9 +174,14 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         if deleted_at is not None and deleted_at < now:
             # Epochs shown only up to the deletion: whether a later one ran first is a race.
             visible_by = deleted_at
+    epoch_changed = False
     if is_continual:
         epochs = continual.epoch_summaries(session, release.id, visible_by)
         latest = continual.latest_epoch(session, release.id, visible_by)
+        if padded_caller and not deleted:
+            epoch_changed = epoch_change_shown(
+                continual.reference_cut(session, release.id, now), now
+            )
     hidden = not shows_state(release, principal, now)
     if (
         padded_caller
@@ -182,10 +191,16 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         hidden = True
     sealed_until = None
     reason = None
-    if hidden:
+    if epoch_changed:
+        # An epoch's objects changed before it was due: the release ends there, as it does
+        # when that epoch's job read after the change (its end then re-checked alike).
+        status, reason, refunded = "failed", REFERENCE_CHANGED_BEFORE_SHOWN_REASON, False
+    elif hidden:
         # Late (or its end not yet shown): a fixed answer until the schedule's next step.
         status, refunded = "running", False
-        if padded_caller and reference_waiting(release, now):
+        if padded_caller and not is_continual and reference_waiting(release, now):
+            # Not a continual release's: its epochs stay listed while its end is re-checked,
+            # as they are while the epoch that would have ended it is.
             sealed_until = reference_sealed_until(release, now)
         elif not is_continual and release.visible_at is not None:  # padded: not None
             sealed_until = next_late_step(release.created_at, release.visible_at, now)
@@ -252,9 +267,21 @@ def deleted_before_shown(release: Release, deleted_at: datetime | None) -> bool:
     return due is not None and deleted_at < due
 
 
+def epoch_change_shown(cut: ReleaseEpoch | None, now: datetime) -> bool:
+    """Whether the first epoch hidden for its re-check (:func:`service.continual.reference_cut`)
+    is one whose re-check found its objects changed, that verdict shown by ``now``: then the
+    release is shown ``failed`` as :data:`REFERENCE_CHANGED_BEFORE_SHOWN_REASON` says."""
+    return (
+        cut is not None
+        and cut.reference_check == "changed"
+        and cut.reference_shown_at is not None
+        and cut.reference_shown_at <= now
+    )
+
+
 def recheck_due(release: Release) -> datetime:
-    """When a one-shot release on a dataset by reference is re-checked: its outcome's due
-    moment (``outcome_visible_at``, else ``visible_at``), public."""
+    """When a release on a dataset by reference is re-checked: its outcome's due moment
+    (``outcome_visible_at``, else ``visible_at``), public. An epoch's is its ``visible_at``."""
     due = release.outcome_visible_at or release.visible_at
     assert due is not None  # only padded releases are re-checked
     return due
@@ -268,11 +295,14 @@ def recheck_grace(release: Release) -> timedelta:
     return max(RECHECK_GRACE_FLOOR, padding * RECHECK_GRACE_SHARE)
 
 
-def recheck_shown_at(release: Release, checked_at: datetime) -> datetime:
-    """When the verdict of a re-check that ended at ``checked_at`` shows: the due moment plus
-    the grace, or (a re-check later than that: no worker free, a slow store) the first step of
-    the release's late schedule at or after ``checked_at``, as a late job's outcome."""
-    first = recheck_due(release) + recheck_grace(release)
+def recheck_shown_at(
+    release: Release, checked_at: datetime, due: datetime | None = None
+) -> datetime:
+    """When the verdict of a re-check that ended at ``checked_at`` shows: the due moment (the
+    release's, or ``due``: an epoch's ``visible_at``) plus the grace, or (a re-check later than
+    that: no worker free, a slow store) the first step of the release's late schedule at or
+    after ``checked_at``, as a late job's outcome."""
+    first = (recheck_due(release) if due is None else due) + recheck_grace(release)
     if checked_at <= first:
         return first
     assert release.visible_at is not None
@@ -288,17 +318,36 @@ def reference_waiting(release: Release, now: datetime) -> bool:
     return release.reference_check == "pending" or shown is None or now < shown
 
 
-def reference_sealed_until(release: Release, now: datetime) -> datetime:
-    """Until when a release waiting for its re-check's verdict is shown as now: the verdict's
-    moment once known, else the earliest it may be (the due moment plus the grace), then the
-    late schedule's next step."""
-    if release.reference_shown_at is not None and release.reference_check != "pending":
-        return release.reference_shown_at
-    first = recheck_due(release) + recheck_grace(release)
+def reference_sealed_until(
+    release: Release, now: datetime, epoch: ReleaseEpoch | None = None
+) -> datetime:
+    """Until when a release (or with ``epoch``, that epoch of it) waiting for its re-check's
+    verdict is shown as now: the verdict's moment once known, else the earliest it may be (the
+    due moment plus the grace), then the late schedule's next step."""
+    row: Release | ReleaseEpoch = release if epoch is None else epoch
+    if row.reference_shown_at is not None and row.reference_check != "pending":
+        return row.reference_shown_at
+    due = recheck_due(release) if epoch is None else epoch.visible_at
+    first = due + recheck_grace(release)
     if now < first:
         return first
     assert release.visible_at is not None
     return next_late_step(release.created_at, release.visible_at, now)
+
+
+def next_shown_at(session: Session, release: Release, after: int, now: datetime) -> datetime | None:
+    """For an analyst or owner past ``visible_at``: when the first stored epoch after ``after``
+    hidden at ``now`` may show (its ``visible_at``, or its re-check's verdict: the moment
+    :func:`reference_sealed_until` gives, whatever the verdict, so that a long poll wakes at a
+    public moment); ``None``: none stored."""
+    cut = continual.reference_cut(session, release.id, now)
+    moments = [continual.next_visible_at(session, release.id, after, now)]
+    if cut is not None and cut.epoch > after and cut.visible_at <= now:
+        moments.append(reference_sealed_until(release, now, cut))
+    if release.reference_check is not None and reference_waiting(release, now):
+        # The end, waiting for its own re-check (the epoch it ended at was not stored).
+        moments.append(reference_sealed_until(release, now))
+    return min((m for m in moments if m is not None and m > now), default=None)
 
 
 def shows_state(release: Release, principal: Principal, now: datetime) -> bool:

@@ -642,9 +642,9 @@ class Worker:
     @staticmethod
     def _rechecked(session: Session, release: Release) -> bool:
         """Whether the release's outcome waits for a re-check of its objects
-        (:mod:`service.reference_recheck`): a padded one-shot release on a dataset by
-        reference."""
-        if is_continual(release.mechanism) or not padded(release):
+        (:mod:`service.reference_recheck`): a padded release on a dataset by reference (a
+        continual one's end too; its epochs are marked as stored)."""
+        if not padded(release):
             return False
         dataset = session.get(Dataset, release.dataset_id)
         return dataset is not None and dataset.reference is not None

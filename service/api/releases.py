@@ -352,7 +352,7 @@ def _shows_at(
     moments = [release.outcome_visible_at]
     # Epochs are shown up to a deletion only (service.visibility): none hidden after it shows.
     if seen.epochs is not None and seen.epochs_visible_by >= now:
-        moments.append(continual.next_visible_at(session, release.id, after, now))
+        moments.append(visibility.next_shown_at(session, release, after, now))
     return min((m for m in moments if m is not None and m > now), default=None)
 
 

@@ -302,7 +302,8 @@ class Release(Base):
     #: epoch it ended at would have become visible, fixed from public facts before it ran);
     #: null: from ``visible_at`` and once every stored epoch is visible.
     outcome_visible_at: Mapped[datetime | None] = mapped_column(default=None)
-    #: One-shot releases on a dataset by reference (:mod:`service.reference_recheck`): the
+    #: Releases on a dataset by reference (:mod:`service.reference_recheck`; a continual one's
+    #: end, its epochs have their own): the
     #: re-check of the dataset's objects made at or after the outcome was due, ``pending``
     #: (set with the end), then ``unchanged`` or ``changed``; null for every other release.
     #: ``reference_checked_at`` is when it ran (admins' eyes only), ``reference_shown_at`` when
@@ -339,6 +340,18 @@ class ReleaseEpoch(Base):
     #: public facts (and not before the release's ``visible_at``), so that polling does not
     #: reveal how long the epoch took.
     visible_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: Epochs of a padded continual release on a dataset by reference
+    #: (:mod:`service.reference_recheck`): the re-check of the objects this epoch read, made at
+    #: or after its ``visible_at``, as ``releases.reference_check`` for a one-shot release
+    #: (``pending``, then ``unchanged`` or ``changed``); null for every other epoch.
+    reference_check: Mapped[str | None] = mapped_column(String(16), default=None)
+    reference_checked_at: Mapped[datetime | None] = mapped_column(default=None)
+    reference_shown_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    __table_args__ = (
+        # The re-check thread of every worker looks for pending epoch re-checks too.
+        Index("ix_release_epochs_reference_check", "reference_check"),
+    )
 
 
 class ReleaseBasis(Base):

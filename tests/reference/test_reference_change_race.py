@@ -31,9 +31,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import reference_recheck
+from service import reference_recheck, visibility
 from service.config import Settings
-from service.db.models import Dataset, LedgerEntry, Release, utcnow
+from service.db.models import Dataset, DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
 from service.reference import objects
 from service.reference_recheck import recheck_due
 from service.visibility import REFERENCE_CHANGED_BEFORE_SHOWN_REASON
@@ -183,6 +183,11 @@ def register(
             row = session.get(Dataset, uuid.UUID(dataset_id))
             assert row is not None and row.batch_shown_at is not None
             row.batch_visible_at = row.batch_shown_at = utcnow() - PADDING
+            # The batch's commit as its registration shows it (its shown moment): a continual
+            # epoch reading it is due one epoch's padding after that.
+            appended_batch = session.get(DatasetBatch, (row.id, 1))
+            assert appended_batch is not None
+            appended_batch.created_at = row.batch_shown_at
         grown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
         assert (grown["n_batches"], grown["n_rows"], grown["batch_status"]) == (2, 500, None)
     granted = client.post(
@@ -212,6 +217,12 @@ def later(factory: sessionmaker[Session], dataset_id: str, by: timedelta) -> Non
             for name in moments:
                 if getattr(release, name) is not None:
                     setattr(release, name, getattr(release, name) - by)
+            for epoch in session.scalars(
+                select(ReleaseEpoch).where(ReleaseEpoch.release_id == release.id)
+            ).all():
+                for name in ("created_at", *moments[1:2], *moments[-2:]):
+                    if getattr(epoch, name, None) is not None:
+                        setattr(epoch, name, getattr(epoch, name) - by)
         for entry in session.scalars(
             select(LedgerEntry).where(LedgerEntry.dataset_id == key)
         ).all():
@@ -226,21 +237,30 @@ def settle(factory: sessionmaker[Session], settings: Settings, dataset_id: str) 
     later(factory, dataset_id, GRACE)
 
 
-def scrub(value: Any) -> Any:
+def scrub(value: Any, per_release: tuple[str, ...] = PER_RELEASE) -> Any:
     if isinstance(value, dict):
-        return {k: scrub(v) for k, v in value.items() if k not in PER_RELEASE}
+        return {k: scrub(v, per_release) for k, v in value.items() if k not in per_release}
     if isinstance(value, list):
-        return [scrub(v) for v in value]
+        return [scrub(v, per_release) for v in value]
     return value
 
 
-def seen(client: TestClient, keys: Keys, dataset_id: str, release_id: str) -> dict[str, Any]:
-    """Everything the analyst and the owner read of the release, its lists, the ledger, the
-    budget and the grants."""
+def seen(
+    client: TestClient,
+    keys: Keys,
+    dataset_id: str,
+    release_id: str,
+    per_release: tuple[str, ...] = PER_RELEASE,
+) -> dict[str, Any]:
+    """Everything the analyst and the owner read of the release (and its epochs), its lists,
+    the ledger, the budget and the grants."""
     answers: dict[str, Any] = {}
     for who in ("analyst", "owner"):
         key = getattr(keys, who)
         answers[f"{who} release"] = fetch_release(client, key, release_id)
+        epochs = client.get(f"/v1/releases/{release_id}/epochs", headers=bearer(key))
+        assert epochs.status_code == 200, epochs.text
+        answers[f"{who} epochs"] = epochs.json()
         for status in ("queued", "running", "succeeded", "failed", "no_result"):
             if who == "analyst":
                 path, params = "/v1/releases", {"status": status, "dataset_id": dataset_id}
@@ -260,7 +280,7 @@ def seen(client: TestClient, keys: Keys, dataset_id: str, release_id: str) -> di
         answer = client.get(f"/v1/datasets/{dataset_id}/{what}", headers=bearer(keys.owner))
         assert answer.status_code == 200, answer.text
         answers[what] = answer.json()
-    return scrub(answers)
+    return dict(scrub(answers, per_release))
 
 
 def world(
@@ -274,13 +294,14 @@ def world(
     change: Callable[[Path, Any], None],
     change_first: bool,
     batch: bool = False,
+    release: dict[str, Any] = RELEASE,
 ) -> tuple[str, str]:
     """A release whose job read before the owner's change (``change_first`` false: the job
     ahead ended early) or after it; the change is before ``visible_at`` either way."""
     # Other values in each world (one object backs one live dataset), the same shape.
     data = -rows if change_first else rows
     dataset_id = register(client, factory, keys, root, name, data, batch)
-    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
+    release_id = post_release(client, keys.analyst, dataset_id, **release)
     if change_first:
         change(root / name, data)
     assert worker.run_pending() == 1
@@ -475,3 +496,149 @@ def test_the_worker_thread_runs_due_rechecks(
             due: "unchanged",
             not_due: "pending",
         }
+
+
+# -- continual releases: one re-check per epoch ---------------------------------------------------
+
+
+#: A continual release reading the two batches of :func:`register` with ``batch``: epoch 1 the
+#: upload's two objects, epoch 2 the appended one; horizon 3 leaves it waiting after epoch 2.
+def continual_release(horizon: int) -> dict[str, Any]:
+    return {
+        "mechanism": "continual_gauss",
+        "k": 2,
+        "epsilon": "1",
+        "delta": "1e-5",
+        "params": {"horizon": horizon},
+    }
+
+
+def differing(one: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """What differs between two worlds' answers (:func:`seen`), by what was read."""
+    return sorted(key for key in one.keys() | other.keys() if one.get(key) != other.get(key))
+
+
+#: The epochs' bases differ between the worlds (their data does: :func:`world`); whether an
+#: epoch is shown, and all else, must not.
+PER_EPOCH = (*PER_RELEASE, "basis", "basis_sha256", "basis_base64", "result", "extras")
+
+
+@pytest.mark.parametrize("horizon", [2, 3])
+@pytest.mark.parametrize(
+    ("change", "epochs_before"),
+    [pytest.param(batch_rewritten, [1], id="epoch-2"), pytest.param(removed, [], id="epoch-1")],
+)
+def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_after(
+    change: Callable[[Path, Any], None],
+    epochs_before: list[int],
+    horizon: int,
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    """The owner changes the object an epoch reads (the appended batch's, read by epoch 2, or
+    one of the upload's, read by epoch 1) before that epoch's ``visible_at``. Its job read
+    before the change (the epoch stored; with horizon 3 the release then waits, really
+    ``running``) or after it (the release ended ``failed`` there). Either way, once the epoch's
+    re-check shows, analysts and owners read the epochs before it and the release ``failed``
+    with the fixed reason, no refund; and before that, the same ``running``."""
+    release = continual_release(horizon)
+    worlds = [
+        world(client, session_factory, keys, worker, root, rows, name, change, first, True, release)
+        for name, first in (("early", False), ("late", True))
+    ]
+    with session_factory() as session:
+        stored = [session.get(Release, uuid.UUID(r)) for _, r in worlds]
+        # The two worlds really differ in the store (so the comparison could fail).
+        early_status = "succeeded" if horizon == 2 else "running"
+        assert [(row.status, row.epochs_done) for row in stored if row] == [
+            (early_status, 2),
+            ("failed", len(epochs_before)),
+        ]
+        assert [row.refunded for row in stored if row] == [False, False]
+    # Past the epochs' visible_at, no re-check run yet: the same (running, nothing shown).
+    for dataset_id, _ in worlds:
+        later(session_factory, dataset_id, PADDING + GRACE / 3)
+    pending = [seen(client, keys, *w, per_release=PER_EPOCH) for w in worlds]
+    assert differing(*pending) == []
+    assert pending[0]["analyst release"]["status"] == "running"
+    assert pending[0]["owner epochs"]["items"] == []
+    # A long poll wakes at the same public moment in both worlds (the verdict's earliest: the
+    # epoch's, or the end's, due moment plus the grace), not when the re-check runs.
+    with session_factory() as session:
+        wakes = []
+        for _, release_id in worlds:
+            row = session.get(Release, uuid.UUID(release_id))
+            assert row is not None
+            moment = visibility.next_shown_at(session, row, 0, utcnow())
+            assert moment is not None
+            wakes.append(moment - row.created_at)
+        assert wakes == [PADDING + GRACE] * 2
+    for dataset_id, _ in worlds:
+        recheck_due(session_factory, settings, utcnow())
+        later(session_factory, dataset_id, GRACE)
+    one, other = (seen(client, keys, *w, per_release=PER_EPOCH) for w in worlds)
+    assert differing(one, other) == []
+    assert one == other
+    shown = one["analyst release"]
+    assert (shown["status"], shown["reason"], shown["refunded"], shown.get("result")) == (
+        "failed",
+        REFERENCE_CHANGED_BEFORE_SHOWN_REASON,
+        False,
+        None,
+    )
+    assert [e["epoch"] for e in shown["epochs"]] == epochs_before
+    assert shown["epochs_done"] == len(epochs_before)
+    assert [e["epoch"] for e in one["owner epochs"]["items"]] == epochs_before
+    assert (one["analyst failed"], one["owner failed"], one["owner running"]) == (1, 1, 0)
+    assert one["owner succeeded"] == 0
+    assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
+    assert str(root) not in str(one) and "parquet" not in str(one)
+    # Nothing was rewritten: admins and auditors see what happened.
+    with session_factory() as session:
+        row = session.get(Release, uuid.UUID(worlds[0][1]))
+        assert row is not None and (row.status, row.epochs_done) == (early_status, 2)
+        checks = session.scalars(
+            select(ReleaseEpoch.reference_check)
+            .where(ReleaseEpoch.release_id == row.id)
+            .order_by(ReleaseEpoch.epoch)
+        ).all()
+        assert checks == (["unchanged", "changed"] if epochs_before else ["changed"] * 2)
+
+
+def test_an_unchanged_continual_release_shows_each_epoch_once_its_recheck_shows(
+    client: TestClient,
+    keys: Keys,
+    worker: Worker,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+) -> None:
+    dataset_id = register(client, session_factory, keys, root, "kept", rows, batch=True)
+    release_id = post_release(client, keys.analyst, dataset_id, **continual_release(2))
+    assert worker.run_pending() == 1
+    later(session_factory, dataset_id, PADDING + GRACE / 3)
+    recheck_due(session_factory, settings, utcnow())
+    # The verdicts show at each epoch's visible_at plus the grace, not when the re-check ran.
+    assert fetch_release(client, keys.owner, release_id)["epochs"] == []
+    later(session_factory, dataset_id, GRACE)
+    shown = fetch_release(client, keys.analyst, release_id)
+    assert (shown["status"], shown["epochs_done"]) == ("succeeded", 2), shown
+    assert shown["result"] is not None and shown["refunded"] is False
+    listed = client.get(
+        "/v1/releases", headers=bearer(keys.analyst), params={"status": "succeeded"}
+    )
+    assert listed.json()["total"] == 1
+    with session_factory() as session:
+        epochs = session.scalars(
+            select(ReleaseEpoch).where(ReleaseEpoch.release_id == uuid.UUID(release_id))
+        ).all()
+        assert [e.reference_check for e in epochs] == ["unchanged"] * 2
+        assert all(e.reference_shown_at == e.visible_at + GRACE for e in epochs)
+        row = session.get(Release, uuid.UUID(release_id))
+        assert row is not None and row.reference_check == "unchanged"
