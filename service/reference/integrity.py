@@ -182,8 +182,10 @@ class Reference:
         - ``content-set://``: the footer's digest with the chunk digests *sorted*: the same
           object's bytes read as the same columns in another order (a copy, a link) are the
           same rows;
-        - ``file-id://dev:inode`` (local files): the file itself, whatever path reaches it
-          (a hard link, a bind mount: ``realpath`` does not merge them), whichever columns.
+        - ``file-id://dev:inode/footer`` (local files): the file itself, whatever path reaches
+          it (a hard link, a bind mount: ``realpath`` does not merge them), whichever columns.
+          With the footer's digest: a file system reuses a deleted file's inode, so the inode
+          alone would refuse an unrelated new file once an owner removed a registered one.
         """
         chunks: dict[str, list[str]] = {}
         for piece in self.pieces:
@@ -200,7 +202,7 @@ class Reference:
             as_set = _sha256("\n".join([str(record["footer_sha256"]), *sorted(digests)]).encode())
             aliases = [f"content-set://{as_set}"]
             if record.get(FILE_ID):
-                aliases.append(f"file-id://{record[FILE_ID]}")
+                aliases.append(f"file-id://{record[FILE_ID]}/{record['footer_sha256']}")
             for alias in aliases:
                 # Distinct from every object's content digest by its prefix: the row's content
                 # column must be unique too.

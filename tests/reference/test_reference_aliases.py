@@ -25,6 +25,7 @@ from service import reference as reference_module
 from service.config import Settings
 from service.db.models import DatasetReferenceObject
 from service.reference import inspect
+from service.reference import objects as objects_module
 from tests.conftest import Keys
 from tests.reference import helpers
 from tests.reference.test_integrity import plain_parquet
@@ -99,3 +100,36 @@ def test_a_hard_link_within_one_registration_is_refused(
     os.link(root / "set" / "a.parquet", root / "set" / "sub" / "b.parquet")
     with pytest.raises(reference_module.InvalidInput, match="same"):
         inspect(str(root / "set"), names, settings)
+
+
+def test_a_new_file_on_a_removed_files_inode_is_not_an_alias(
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    rows: np.ndarray[Any, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file system reuses a deleted file's inode: an owner who removed a registered file
+    (its dataset still live) and anyone who then writes another file that gets the same
+    device and inode must not be refused as registering "the same file". Every object here is
+    made to report one ``st_dev:st_ino``, as a reused inode would; the file alias carries the
+    footer's digest too, so only the same file (the same footer) is refused. The suite's
+    race tests met this: an object removed in one world, the next world's new file refused."""
+    real_init = objects_module._Object.__init__
+
+    def one_inode(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        if self.file_id is not None:
+            self.file_id = "7:7"
+
+    monkeypatch.setattr(objects_module._Object, "__init__", one_inode)
+    names = plain_parquet(root / "set" / "a.parquet", rows)
+    helpers.registered(client, keys.owner, str(root / "set" / "a.parquet"), names)
+    (root / "set" / "a.parquet").unlink()
+    (root / "new").mkdir()
+    plain_parquet(root / "new" / "a.parquet", -rows)
+    helpers.registered(client, keys.owner, str(root / "new" / "a.parquet"), names)
+    # The same file (same footer) under the same inode is still one object.
+    os.link(root / "new" / "a.parquet", root / "new" / "b.parquet")
+    again = helpers.register(client, keys.owner, str(root / "new" / "b.parquet"), names[:2])
+    assert "another live dataset" in helpers.refusal(again)
