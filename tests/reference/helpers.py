@@ -109,3 +109,26 @@ def seeded_parquet(folder: Path, seed: int, n_rows: int, n_cols: int) -> list[st
     names = [f"c{i}" for i in range(n_cols)]
     pq.write_table(pa.table({n: rows[:, i] for i, n in enumerate(names)}), folder / "a.parquet")
     return names
+
+
+def post_data(
+    client: TestClient,
+    key: str,
+    kind: str,
+    folder: Path,
+    names: list[str],
+    dataset_id: str | None,
+) -> httpx.Response:
+    """``folder`` posted by reference: with ``kind`` "registration" as a new dataset of the
+    columns ``names``, otherwise as a batch appended to ``dataset_id``; the answer."""
+    if kind == "registration":
+        return client.post(
+            "/v1/dataset-references",
+            headers=bearer(key),
+            json={**FILE_BUDGET, "uri": str(folder), "columns": names},
+        )
+    return client.post(
+        f"/v1/dataset-references/{dataset_id}/batches",
+        headers=bearer(key),
+        json={"uri": str(folder)},
+    )

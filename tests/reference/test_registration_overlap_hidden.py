@@ -101,18 +101,9 @@ def test_an_overlapping_registration_is_answered_from_what_is_shown(
         )
         assert release.status_code == 202, release.text
         names = helpers.seeded_parquet(root / world / "b1", 10 + seeds[world], 50, 2)
-        if kind == "registration":
-            posted = client.post(
-                "/v1/dataset-references",
-                headers=bearer(keys.owner),
-                json={**helpers.FILE_BUDGET, "uri": str(root / world / "b1"), "columns": names},
-            )
-        else:
-            posted = client.post(
-                f"/v1/dataset-references/{ready[world]}/batches",
-                headers=bearer(keys.owner),
-                json={"uri": str(root / world / "b1")},
-            )
+        posted = helpers.post_data(
+            client, keys.owner, kind, root / world / "b1", names, ready.get(world)
+        )
         assert posted.status_code == 202, posted.text
         if world == "fast":
             # The release ended quickly: the one worker went on to the registration.

@@ -126,18 +126,9 @@ def test_what_an_owner_sees_of_a_registration_does_not_follow_another_datasets_r
         )
         assert release.status_code == 202, release.text
         names = helpers.seeded_parquet(root / world / "b1", 10 + seeds[world], 200, 3)
-        if kind == "registration":
-            posted = client.post(
-                "/v1/dataset-references",
-                headers=bearer(keys.owner),
-                json={**helpers.FILE_BUDGET, "uri": str(root / world / "b1"), "columns": names},
-            )
-        else:
-            posted = client.post(
-                f"/v1/dataset-references/{ready[world]}/batches",
-                headers=bearer(keys.owner),
-                json={"uri": str(root / world / "b1")},
-            )
+        posted = helpers.post_data(
+            client, keys.owner, kind, root / world / "b1", names, ready.get(world)
+        )
         assert posted.status_code == 202, posted.text
         ids[world] = posted.json()["id"]
         if world == "fast":
