@@ -69,6 +69,13 @@ def gamma(n: int, unit: float = SINGLE_UNIT) -> float:
     return n * unit / (1.0 - n * unit)
 
 
+def margin(single: float, exact_slack: float, double: float) -> float:
+    """``M = 2 (single + 3 exact_slack + double) + 1e-30``, the bound both screens use (each
+    derives its own ``single`` and ``double`` terms); the 1e-30 keeps ``M`` positive when every
+    term is 0."""
+    return 2.0 * (single + 3.0 * exact_slack + double) + 1e-30
+
+
 class SingleScreen:
     """``S_jl`` and its bound ``M`` (module docstring) for the packed single rows of the bases.
 
@@ -100,18 +107,25 @@ class SingleScreen:
     ) -> None:
         t, length = rows.shape
         self.rows, self.t = rows, t
-        self.overlap = np.asarray(self_overlap, dtype=np.float64)
-        self.bad = ~served | ~np.isfinite(self.overlap)
+        good, o_max = self._keep_overlap(self_overlap, served)
         eps = float(np.finfo(np.float64).eps)
         delta = gamma(k + 4) * frobenius2 * 1.01
         norm = np.sqrt(np.abs(self.overlap)) * (1.0 + 1e-6) + delta
-        good = ~self.bad
         a = float(norm[good].max()) if good.any() else 0.0
         d_max = float(delta[good].max()) if good.any() else 0.0
-        o_max = float(np.abs(self.overlap[good]).max()) if good.any() else 0.0
         single = 2.0 * (gamma(length) * a * a + 2.0 * d_max * a)
         double = 64.0 * eps * (4.0 * o_max + 4.0 * a * a)
-        self.margin = 2.0 * (single + 3.0 * exact_slack + double) + 1e-30
+        self.margin = margin(single, exact_slack, double)
+
+    def _keep_overlap(
+        self, self_overlap: FloatArray, served: npt.NDArray[np.bool_]
+    ) -> tuple[npt.NDArray[np.bool_], float]:
+        """Sets ``overlap`` (the ``o_j`` in double) and ``bad`` (the bases not served or with a
+        non-finite ``o_j``); returns the others and their largest ``|o_j|`` (0 if none)."""
+        self.overlap = np.asarray(self_overlap, dtype=np.float64)
+        self.bad = ~served | ~np.isfinite(self.overlap)
+        good = ~self.bad
+        return good, float(np.abs(self.overlap[good]).max()) if good.any() else 0.0
 
     def estimate(self, start: int, stop: int) -> FloatArray:
         """``S_jl = o_j + o_l - 2 g_jl`` for ``j in [start, stop)``, ``l in [start, t)``
@@ -207,15 +221,12 @@ class CrossScreen(SingleScreen):
         d = stacked.shape[0]
         self.stacked, self.k, self.t = stacked, k, stacked.shape[1] // k
         self.rows = np.zeros((self.t, 0), dtype=np.float32)
-        self.overlap = np.asarray(self_overlap, dtype=np.float64)
-        self.bad = ~served | ~np.isfinite(self.overlap)
+        good, o_max = self._keep_overlap(self_overlap, served)
         eps = float(np.finfo(np.float64).eps)
-        good = ~self.bad
         phi = float(frobenius2[good].max()) if good.any() else 0.0
-        o_max = float(np.abs(self.overlap[good]).max()) if good.any() else 0.0
         single = 2.0 * 4.0 * gamma(d + 2) * phi * phi
         double = 64.0 * eps * (4.0 * o_max + 4.0 * phi * phi) + 4.0 * k * k * eps * phi * phi
-        self.margin = 2.0 * (single + 3.0 * exact_slack + double) + 1e-30
+        self.margin = margin(single, exact_slack, double)
         self.strip = cross_strip(self.t, k)
 
     def inner(self, start: int, stop: int) -> FloatArray:

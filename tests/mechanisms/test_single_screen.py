@@ -16,34 +16,7 @@ import pytest
 from service.mechanisms import friendly_screen as fs
 from service.mechanisms import friendly_weights as fw
 from service.mechanisms.friendly_radius import radius_grid
-
-
-def _bases(t: int, d: int, k: int, spread: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    centre = rng.standard_normal((d, k))
-    out = [np.linalg.qr(centre + spread * rng.standard_normal((d, k)))[0] for _ in range(t)]
-    return np.ascontiguousarray(np.stack(out))
-
-
-def _exact_full(block: fw.CentredProjectionBlock) -> np.ndarray:
-    dist = block(0, block.t)
-    fw._square_part_symmetric(dist)
-    return dist
-
-
-def _tie_radii(exact: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """The grid, plus radii on exact distances and one ulp either side of them."""
-    t = exact.shape[0]
-    upper = exact[np.triu_indices(t, 1)]
-    upper = upper[np.isfinite(upper)]
-    picks = rng.choice(upper, size=min(6, upper.size), replace=False)
-    ties = np.concatenate([picks, np.nextafter(picks, 0.0), np.nextafter(picks, np.inf)])
-    grid = radius_grid(np.sqrt(2.0 * k), 17)
-    return np.unique(np.concatenate([grid, ties[ties > 0]]))
-
-
-def _counts_of(dist: np.ndarray, radii: np.ndarray) -> np.ndarray:
-    return np.stack([np.count_nonzero(dist <= r, axis=1) for r in radii], axis=1)
+from tests.mechanisms.test_centred_projections import _bases, _counts_of, _exact_full, _tie_radii
 
 
 @pytest.mark.parametrize(("d", "k"), [(100, 10), (300, 10)], ids=["packed", "cross-products"])

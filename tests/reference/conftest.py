@@ -9,6 +9,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -82,3 +83,12 @@ def write_parquet(
     with fs.open(path, "wb") as handle:
         pq.write_table(table, handle, row_group_size=row_group_rows)
     return names
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """The folder a test's settings allow datasets by reference under (``reference_roots``),
+    with an empty ``set`` in it (one fixture for the files that each wrote it again)."""
+    path = tmp_path / "shared"
+    (path / "set").mkdir(parents=True)
+    return path

@@ -3,9 +3,13 @@ what needs no read), then a worker runs the registration, then the owner reads t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from fastapi.testclient import TestClient
 
 from service.config import Settings
@@ -95,3 +99,36 @@ def release(
     release_id = post_release(client, keys.analyst, dataset, **FILE_RELEASE)
     assert worker.run_pending() == 1
     return fetch_release(client, getattr(keys, read_as), release_id)
+
+
+def seeded_parquet(folder: Path, seed: int, n_rows: int, n_cols: int) -> list[str]:
+    """``folder`` made, holding ``a.parquet``: ``n_rows`` normal rows of the seed, divided by 4
+    (inside the unit ball), as columns ``c0..``; their names."""
+    folder.mkdir(parents=True)
+    rows = np.random.default_rng(seed).normal(size=(n_rows, n_cols)) / 4
+    names = [f"c{i}" for i in range(n_cols)]
+    pq.write_table(pa.table({n: rows[:, i] for i, n in enumerate(names)}), folder / "a.parquet")
+    return names
+
+
+def post_data(
+    client: TestClient,
+    key: str,
+    kind: str,
+    folder: Path,
+    names: list[str],
+    dataset_id: str | None,
+) -> httpx.Response:
+    """``folder`` posted by reference: with ``kind`` "registration" as a new dataset of the
+    columns ``names``, otherwise as a batch appended to ``dataset_id``; the answer."""
+    if kind == "registration":
+        return client.post(
+            "/v1/dataset-references",
+            headers=bearer(key),
+            json={**FILE_BUDGET, "uri": str(folder), "columns": names},
+        )
+    return client.post(
+        f"/v1/dataset-references/{dataset_id}/batches",
+        headers=bearer(key),
+        json={"uri": str(folder)},
+    )

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 
@@ -41,13 +39,6 @@ SLOW_START = PAD + 0.5
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
     return settings.model_copy(
         update={
@@ -63,13 +54,6 @@ def _at(moment: str) -> float:
     """Seconds from now to ``moment`` (an API timestamp)."""
     when = datetime.fromisoformat(moment.replace("Z", "+00:00"))
     return (when - datetime.now(when.tzinfo)).total_seconds()
-
-
-def _write(folder: Path, seed: int) -> list[str]:
-    folder.mkdir(parents=True)
-    rows = np.random.default_rng(seed).normal(size=(50, 2)) / 4
-    pq.write_table(pa.table({"c0": rows[:, 0], "c1": rows[:, 1]}), folder / "a.parquet")
-    return ["c0", "c1"]
 
 
 @pytest.mark.parametrize("probe_kind", ["release", "registration"])
@@ -100,7 +84,7 @@ def test_a_probe_behind_a_long_job_shows_the_same_whether_it_ended(
             url = f"/v1/releases/{posted.json()['id']}"
             field, key = "status", keys.analyst
         else:
-            names = _write(root / world, seed)
+            names = helpers.seeded_parquet(root / world, seed, 50, 2)
             posted = client.post(
                 "/v1/dataset-references",
                 headers=bearer(keys.owner),

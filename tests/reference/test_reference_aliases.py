@@ -32,13 +32,6 @@ from tests.reference.test_integrity import plain_parquet
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    (path / "set").mkdir(parents=True)
-    return path
-
-
-@pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
     return settings.model_copy(update={"reference_roots": str(root)})
 

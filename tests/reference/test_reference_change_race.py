@@ -21,6 +21,7 @@ import struct
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,6 @@ PER_RELEASE = (
 #: The padding (one hour: no test outlives it) and the re-check's grace (a quarter of it).
 PADDING = timedelta(hours=1)
 GRACE = PADDING / 4
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir()
-    return path
 
 
 @pytest.fixture
@@ -310,9 +304,48 @@ def world(
     return dataset_id, release_id
 
 
-@pytest.mark.parametrize("change", CHANGES)
-def test_a_release_shows_the_same_whether_it_read_before_or_after_its_object_changed(
-    change: Callable[[Path, Any], None],
+@dataclass
+class Race:
+    """The fixtures every test here reads, in one (each test listed all seven before)."""
+
+    client: TestClient
+    factory: sessionmaker[Session]
+    keys: Keys
+    worker: Worker
+    root: Path
+    rows: np.ndarray[Any, Any]
+    settings: Settings
+
+    def world(
+        self,
+        name: str,
+        change: Callable[[Path, Any], None],
+        change_first: bool,
+        batch: bool = False,
+        release: dict[str, Any] = RELEASE,
+    ) -> tuple[str, str]:
+        """:func:`world` with these fixtures."""
+        fixtures = (self.client, self.factory, self.keys, self.worker, self.root, self.rows)
+        return world(*fixtures, name, change, change_first, batch, release)
+
+    def released(
+        self,
+        name: str,
+        rows: Any = None,
+        batch: bool = False,
+        release: dict[str, Any] = RELEASE,
+    ) -> tuple[str, str]:
+        """A dataset :func:`register` ed as ``name`` (of ``rows``, by default the fixture's),
+        one release asked of it and its job run: its id and the release's."""
+        data = self.rows if rows is None else rows
+        dataset_id = register(self.client, self.factory, self.keys, self.root, name, data, batch)
+        release_id = post_release(self.client, self.keys.analyst, dataset_id, **release)
+        assert self.worker.run_pending() == 1
+        return dataset_id, release_id
+
+
+@pytest.fixture
+def race(
     client: TestClient,
     keys: Keys,
     worker: Worker,
@@ -320,21 +353,25 @@ def test_a_release_shows_the_same_whether_it_read_before_or_after_its_object_cha
     rows: np.ndarray[Any, Any],
     session_factory: sessionmaker[Session],
     settings: Settings,
+) -> Race:
+    return Race(client, session_factory, keys, worker, root, rows, settings)
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_release_shows_the_same_whether_it_read_before_or_after_its_object_changed(
+    change: Callable[[Path, Any], None],
+    race: Race,
 ) -> None:
-    early = world(
-        client, session_factory, keys, worker, root, rows, "early", change, change_first=False
-    )
-    late = world(
-        client, session_factory, keys, worker, root, rows, "late", change, change_first=True
-    )
-    with session_factory() as session:
+    early = race.world("early", change, change_first=False)
+    late = race.world("late", change, change_first=True)
+    with race.factory() as session:
         stored = [session.get(Release, uuid.UUID(r)) for _, r in (early, late)]
         # The two worlds really differ in the store (so the comparison could fail).
         assert [row.status for row in stored if row] == ["succeeded", "failed"]
         assert [row.refunded for row in stored if row] == [False, False]
     for dataset_id, _ in (early, late):
-        settle(session_factory, settings, dataset_id)
-    one, other = seen(client, keys, *early), seen(client, keys, *late)
+        settle(race.factory, race.settings, dataset_id)
+    one, other = seen(race.client, race.keys, *early), seen(race.client, race.keys, *late)
     assert one == other
     shown = one["analyst release"]
     assert (shown["status"], shown["reason"], shown["refunded"], shown.get("result")) == (
@@ -346,9 +383,9 @@ def test_a_release_shows_the_same_whether_it_read_before_or_after_its_object_cha
     assert (one["analyst failed"], one["owner failed"], one["owner succeeded"]) == (1, 1, 0)
     assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
     # Nothing about the objects in what is shown.
-    assert str(root) not in str(one) and "parquet" not in str(one)
+    assert str(race.root) not in str(one) and "parquet" not in str(one)
     # Nothing was rewritten: the store keeps what happened (admins and auditors see it).
-    with session_factory() as session:
+    with race.factory() as session:
         row = session.get(Release, uuid.UUID(early[1]))
         assert row is not None and row.status == "succeeded"
         assert row.reference_check == "changed" and row.reference_checked_at is not None
@@ -363,52 +400,38 @@ def batch_rewritten(folder: Path, rows: np.ndarray[Any, Any]) -> None:
 @pytest.mark.parametrize("change", [batch_rewritten, removed])
 def test_the_same_holds_for_a_batch_appended_by_reference(
     change: Callable[[Path, Any], None],
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
 ) -> None:
-    early = world(client, session_factory, keys, worker, root, rows, "early", change, False, True)
-    late = world(client, session_factory, keys, worker, root, rows, "late", change, True, True)
-    with session_factory() as session:
+    early = race.world("early", change, False, True)
+    late = race.world("late", change, True, True)
+    with race.factory() as session:
         stored = [session.get(Release, uuid.UUID(r)) for _, r in (early, late)]
         assert [(row.status, row.n_rows_read) for row in stored if row] == [
             ("succeeded", 500),
             ("failed", 500),
         ]
     for dataset_id, _ in (early, late):
-        settle(session_factory, settings, dataset_id)
-    one, other = seen(client, keys, *early), seen(client, keys, *late)
+        settle(race.factory, race.settings, dataset_id)
+    one, other = seen(race.client, race.keys, *early), seen(race.client, race.keys, *late)
     assert one == other
     assert one["owner release"]["reason"] == REFERENCE_CHANGED_BEFORE_SHOWN_REASON
 
 
 def test_an_unchanged_dataset_shows_the_outcome_once_the_recheck_shows(
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
 ) -> None:
-    dataset_id = register(client, session_factory, keys, root, "kept", rows)
-    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
-    assert worker.run_pending() == 1
+    dataset_id, release_id = race.released("kept")
     # Past visible_at, the re-check not yet run: running, whatever the job did.
-    later(session_factory, dataset_id, PADDING + GRACE / 3)
-    for key in (keys.analyst, keys.owner):
-        assert fetch_release(client, key, release_id)["status"] == "running"
-    recheck_due(session_factory, settings, utcnow())
+    later(race.factory, dataset_id, PADDING + GRACE / 3)
+    for key in (race.keys.analyst, race.keys.owner):
+        assert fetch_release(race.client, key, release_id)["status"] == "running"
+    recheck_due(race.factory, race.settings, utcnow())
     # The verdict shows at the due moment plus the grace, not when the re-check ran.
-    assert fetch_release(client, keys.owner, release_id)["status"] == "running"
-    later(session_factory, dataset_id, GRACE)
-    shown = fetch_release(client, keys.analyst, release_id)
+    assert fetch_release(race.client, race.keys.owner, release_id)["status"] == "running"
+    later(race.factory, dataset_id, GRACE)
+    shown = fetch_release(race.client, race.keys.analyst, release_id)
     assert shown["status"] == "succeeded" and shown["result"] is not None, shown
-    with session_factory() as session:
+    with race.factory() as session:
         row = session.get(Release, uuid.UUID(release_id))
         assert row is not None and row.visible_at is not None
         assert row.reference_check == "unchanged"
@@ -416,68 +439,42 @@ def test_an_unchanged_dataset_shows_the_outcome_once_the_recheck_shows(
 
 
 def test_a_change_after_the_recheck_keeps_the_outcome(
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
 ) -> None:
-    dataset_id = register(client, session_factory, keys, root, "after", rows)
-    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
-    assert worker.run_pending() == 1
-    settle(session_factory, settings, dataset_id)
-    removed(root / "after", rows)
-    assert fetch_release(client, keys.owner, release_id)["status"] == "succeeded"
+    dataset_id, release_id = race.released("after")
+    settle(race.factory, race.settings, dataset_id)
+    removed(race.root / "after", race.rows)
+    assert fetch_release(race.client, race.keys.owner, release_id)["status"] == "succeeded"
 
 
 def test_a_late_recheck_shows_at_a_step_of_the_late_schedule(
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
 ) -> None:
     """No worker re-checked within the grace: the verdict shows at the first step of the
     release's late schedule after the re-check, not at the moment it ran."""
-    dataset_id = register(client, session_factory, keys, root, "slow", rows)
-    release_id = post_release(client, keys.analyst, dataset_id, **RELEASE)
-    assert worker.run_pending() == 1
-    later(session_factory, dataset_id, PADDING + GRACE * 2)
-    recheck_due(session_factory, settings, utcnow())
-    with session_factory() as session:
+    dataset_id, release_id = race.released("slow")
+    later(race.factory, dataset_id, PADDING + GRACE * 2)
+    recheck_due(race.factory, race.settings, utcnow())
+    with race.factory() as session:
         row = session.get(Release, uuid.UUID(release_id))
         assert row is not None and row.reference_shown_at is not None
         assert row.reference_shown_at == row.created_at + PADDING * 2
-    assert fetch_release(client, keys.analyst, release_id)["status"] == "running"
-    long_poll = client.get(
-        f"/v1/releases/{release_id}", headers=bearer(keys.analyst), params={"wait": 0}
+    assert fetch_release(race.client, race.keys.analyst, release_id)["status"] == "running"
+    long_poll = race.client.get(
+        f"/v1/releases/{release_id}", headers=bearer(race.keys.analyst), params={"wait": 0}
     )
     assert long_poll.json()["status"] == "running"
 
 
 def test_the_worker_thread_runs_due_rechecks(
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The thread :meth:`Worker.run_forever` starts beside the job loop takes the re-checks
     that are due (here one pass, then the stop), and only those."""
-    dataset_id = register(client, session_factory, keys, root, "thread", rows)
-    due = post_release(client, keys.analyst, dataset_id, **RELEASE)
-    assert worker.run_pending() == 1
-    later(session_factory, dataset_id, PADDING + GRACE / 3)
-    other = register(client, session_factory, keys, root, "not-yet", -rows)
-    not_due = post_release(client, keys.analyst, other, **RELEASE)
-    assert worker.run_pending() == 1
+    dataset_id, due = race.released("thread")
+    later(race.factory, dataset_id, PADDING + GRACE / 3)
+    _, not_due = race.released("not-yet", -race.rows)
     stop = threading.Event()
     passes: list[int] = []
 
@@ -488,9 +485,9 @@ def test_the_worker_thread_runs_due_rechecks(
 
     real = reference_recheck.recheck_due
     monkeypatch.setattr(reference_recheck, "recheck_due", once)
-    reference_recheck.run(session_factory, settings, stop)
+    reference_recheck.run(race.factory, race.settings, stop)
     assert passes == [1]
-    with session_factory() as session:
+    with race.factory() as session:
         checks = {r: session.get(Release, uuid.UUID(r)) for r in (due, not_due)}
         assert {r: row.reference_check for r, row in checks.items() if row} == {
             due: "unchanged",
@@ -532,13 +529,7 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
     change: Callable[[Path, Any], None],
     epochs_before: list[int],
     horizon: int,
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
 ) -> None:
     """The owner changes the object an epoch reads (the appended batch's, read by epoch 2, or
     one of the upload's, read by epoch 1) before that epoch's ``visible_at``. Its job read
@@ -548,10 +539,10 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
     with the fixed reason, no refund; and before that, the same ``running``."""
     release = continual_release(horizon)
     worlds = [
-        world(client, session_factory, keys, worker, root, rows, name, change, first, True, release)
+        race.world(name, change, first, True, release)
         for name, first in (("early", False), ("late", True))
     ]
-    with session_factory() as session:
+    with race.factory() as session:
         stored = [session.get(Release, uuid.UUID(r)) for _, r in worlds]
         # The two worlds really differ in the store (so the comparison could fail).
         early_status = "succeeded" if horizon == 2 else "running"
@@ -562,14 +553,14 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
         assert [row.refunded for row in stored if row] == [False, False]
     # Past the epochs' visible_at, no re-check run yet: the same (running, nothing shown).
     for dataset_id, _ in worlds:
-        later(session_factory, dataset_id, PADDING + GRACE / 3)
-    pending = [seen(client, keys, *w, per_release=PER_EPOCH) for w in worlds]
+        later(race.factory, dataset_id, PADDING + GRACE / 3)
+    pending = [seen(race.client, race.keys, *w, per_release=PER_EPOCH) for w in worlds]
     assert differing(*pending) == []
     assert pending[0]["analyst release"]["status"] == "running"
     assert pending[0]["owner epochs"]["items"] == []
     # A long poll wakes at the same public moment in both worlds (the verdict's earliest: the
     # epoch's, or the end's, due moment plus the grace), not when the re-check runs.
-    with session_factory() as session:
+    with race.factory() as session:
         wakes = []
         for _, release_id in worlds:
             row = session.get(Release, uuid.UUID(release_id))
@@ -579,9 +570,9 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
             wakes.append(moment - row.created_at)
         assert wakes == [PADDING + GRACE] * 2
     for dataset_id, _ in worlds:
-        recheck_due(session_factory, settings, utcnow())
-        later(session_factory, dataset_id, GRACE)
-    one, other = (seen(client, keys, *w, per_release=PER_EPOCH) for w in worlds)
+        recheck_due(race.factory, race.settings, utcnow())
+        later(race.factory, dataset_id, GRACE)
+    one, other = (seen(race.client, race.keys, *w, per_release=PER_EPOCH) for w in worlds)
     assert differing(one, other) == []
     assert one == other
     shown = one["analyst release"]
@@ -597,9 +588,9 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
     assert (one["analyst failed"], one["owner failed"], one["owner running"]) == (1, 1, 0)
     assert one["owner succeeded"] == 0
     assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
-    assert str(root) not in str(one) and "parquet" not in str(one)
+    assert str(race.root) not in str(one) and "parquet" not in str(one)
     # Nothing was rewritten: admins and auditors see what happened.
-    with session_factory() as session:
+    with race.factory() as session:
         row = session.get(Release, uuid.UUID(worlds[0][1]))
         assert row is not None and (row.status, row.epochs_done) == (early_status, 2)
         checks = session.scalars(
@@ -611,30 +602,22 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
 
 
 def test_an_unchanged_continual_release_shows_each_epoch_once_its_recheck_shows(
-    client: TestClient,
-    keys: Keys,
-    worker: Worker,
-    root: Path,
-    rows: np.ndarray[Any, Any],
-    session_factory: sessionmaker[Session],
-    settings: Settings,
+    race: Race,
 ) -> None:
-    dataset_id = register(client, session_factory, keys, root, "kept", rows, batch=True)
-    release_id = post_release(client, keys.analyst, dataset_id, **continual_release(2))
-    assert worker.run_pending() == 1
-    later(session_factory, dataset_id, PADDING + GRACE / 3)
-    recheck_due(session_factory, settings, utcnow())
+    dataset_id, release_id = race.released("kept", batch=True, release=continual_release(2))
+    later(race.factory, dataset_id, PADDING + GRACE / 3)
+    recheck_due(race.factory, race.settings, utcnow())
     # The verdicts show at each epoch's visible_at plus the grace, not when the re-check ran.
-    assert fetch_release(client, keys.owner, release_id)["epochs"] == []
-    later(session_factory, dataset_id, GRACE)
-    shown = fetch_release(client, keys.analyst, release_id)
+    assert fetch_release(race.client, race.keys.owner, release_id)["epochs"] == []
+    later(race.factory, dataset_id, GRACE)
+    shown = fetch_release(race.client, race.keys.analyst, release_id)
     assert (shown["status"], shown["epochs_done"]) == ("succeeded", 2), shown
     assert shown["result"] is not None and shown["refunded"] is False
-    listed = client.get(
-        "/v1/releases", headers=bearer(keys.analyst), params={"status": "succeeded"}
+    listed = race.client.get(
+        "/v1/releases", headers=bearer(race.keys.analyst), params={"status": "succeeded"}
     )
     assert listed.json()["total"] == 1
-    with session_factory() as session:
+    with race.factory() as session:
         epochs = session.scalars(
             select(ReleaseEpoch).where(ReleaseEpoch.release_id == uuid.UUID(release_id))
         ).all()

@@ -39,13 +39,6 @@ RELEASE = helpers.FILE_RELEASE
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    (path / "set").mkdir(parents=True)
-    return path
-
-
-@pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
     return settings.model_copy(update={"reference_roots": str(root)})
 

@@ -38,13 +38,6 @@ RELEASE = helpers.FILE_RELEASE
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    (path / "set").mkdir(parents=True)
-    return path
-
-
-@pytest.fixture
 def rows() -> np.ndarray[Any, Any]:
     return np.random.default_rng(9).normal(size=(400, 3)) / 4
 

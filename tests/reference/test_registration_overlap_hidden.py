@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,25 +35,10 @@ RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
     return settings.model_copy(
         update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
     )
-
-
-def write(folder: Path, seed: int) -> list[str]:
-    folder.mkdir(parents=True)
-    rows = np.random.default_rng(seed).normal(size=(50, 2)) / 4
-    names = ["c0", "c1"]
-    pq.write_table(pa.table({n: rows[:, i] for i, n in enumerate(names)}), folder / "a.parquet")
-    return names
 
 
 def probe(client: TestClient, key: str, root: Path, world: str, names: list[str]) -> list[Any]:
@@ -96,7 +79,7 @@ def test_an_overlapping_registration_is_answered_from_what_is_shown(
     seeds = {"fast": 1, "slow": 2}
     if kind == "batch":
         for world in ("fast", "slow"):
-            names = write(root / world / "b0", seeds[world])
+            names = helpers.seeded_parquet(root / world / "b0", seeds[world], 50, 2)
             posted = client.post(
                 "/v1/dataset-references",
                 headers=bearer(keys.owner),
@@ -117,19 +100,10 @@ def test_an_overlapping_registration_is_answered_from_what_is_shown(
             f"/v1/datasets/{other['id']}/releases", headers=bearer(keys.analyst), json=RELEASE
         )
         assert release.status_code == 202, release.text
-        names = write(root / world / "b1", 10 + seeds[world])
-        if kind == "registration":
-            posted = client.post(
-                "/v1/dataset-references",
-                headers=bearer(keys.owner),
-                json={**helpers.FILE_BUDGET, "uri": str(root / world / "b1"), "columns": names},
-            )
-        else:
-            posted = client.post(
-                f"/v1/dataset-references/{ready[world]}/batches",
-                headers=bearer(keys.owner),
-                json={"uri": str(root / world / "b1")},
-            )
+        names = helpers.seeded_parquet(root / world / "b1", 10 + seeds[world], 50, 2)
+        posted = helpers.post_data(
+            client, keys.owner, kind, root / world / "b1", names, ready.get(world)
+        )
         assert posted.status_code == 202, posted.text
         if world == "fast":
             # The release ended quickly: the one worker went on to the registration.

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -38,25 +36,10 @@ RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
     return settings.model_copy(
         update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
     )
-
-
-def write(folder: Path, seed: int) -> list[str]:
-    folder.mkdir(parents=True)
-    rows = np.random.default_rng(seed).normal(size=(200, 3)) / 4
-    names = [f"c{i}" for i in range(3)]
-    pq.write_table(pa.table({n: rows[:, i] for i, n in enumerate(names)}), folder / "a.parquet")
-    return names
 
 
 def seen(client: TestClient, keys: Keys, dataset_id: str) -> str:
@@ -123,7 +106,7 @@ def test_what_an_owner_sees_of_a_registration_does_not_follow_another_datasets_r
     seeds = {"fast": 1, "slow": 2}  # distinct objects (a copy of a covered one is refused)
     if kind == "batch":
         for world in ("fast", "slow"):
-            names = write(root / world / "b0", seeds[world])
+            names = helpers.seeded_parquet(root / world / "b0", seeds[world], 200, 3)
             posted = client.post(
                 "/v1/dataset-references",
                 headers=bearer(keys.owner),
@@ -142,19 +125,10 @@ def test_what_an_owner_sees_of_a_registration_does_not_follow_another_datasets_r
             f"/v1/datasets/{other['id']}/releases", headers=bearer(keys.analyst), json=RELEASE
         )
         assert release.status_code == 202, release.text
-        names = write(root / world / "b1", 10 + seeds[world])
-        if kind == "registration":
-            posted = client.post(
-                "/v1/dataset-references",
-                headers=bearer(keys.owner),
-                json={**helpers.FILE_BUDGET, "uri": str(root / world / "b1"), "columns": names},
-            )
-        else:
-            posted = client.post(
-                f"/v1/dataset-references/{ready[world]}/batches",
-                headers=bearer(keys.owner),
-                json={"uri": str(root / world / "b1")},
-            )
+        names = helpers.seeded_parquet(root / world / "b1", 10 + seeds[world], 200, 3)
+        posted = helpers.post_data(
+            client, keys.owner, kind, root / world / "b1", names, ready.get(world)
+        )
         assert posted.status_code == 202, posted.text
         ids[world] = posted.json()["id"]
         if world == "fast":
