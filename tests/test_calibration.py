@@ -303,7 +303,7 @@ def test_a_later_overhead_probe_never_moves_a_visible_at(
     later = post_release(client, keys.analyst, data["id"], **body)
     # 0.9 s more overhead at the multiplier 2, plus the first job's in the queue term while it
     # is before its visible_at (on a busy machine it may be past it by now: then nothing more).
-    assert _padding_of(session_factory, later) >= padding + 1.8 - 1e-6
+    assert _padding_of(session_factory, later) >= padding + 1.8 - 1e-3
 
 
 def test_runs_and_calibration_use_the_configured_blas_threads() -> None:
