@@ -134,6 +134,13 @@ def verdict(raw: dict[str, object] | None, settings: Settings, n_rows: int | Non
     return UNCHANGED
 
 
+def _live_reference(session: Session, dataset_id: uuid.UUID) -> dict[str, object] | None:
+    """The dataset's reference record, or ``None`` once it is deleted (nothing left to check:
+    :func:`verdict` reads ``changed``)."""
+    dataset = session.get(Dataset, dataset_id)
+    return None if dataset is None or dataset.deleted_at is not None else dataset.reference
+
+
 def rows_through(session: Session, dataset_id: uuid.UUID, seq: int) -> int | None:
     """The rows of a dataset's batches ``0 .. seq`` (what a continual epoch reading batch
     ``seq`` has checked); ``None`` when there is no such batch (then every object is)."""
@@ -160,8 +167,7 @@ def recheck(
         release = session.get(Release, release_id)
         if release is None or release.reference_check != PENDING:
             return None
-        dataset = session.get(Dataset, release.dataset_id)
-        raw = None if dataset is None or dataset.deleted_at is not None else dataset.reference
+        raw = _live_reference(session, release.dataset_id)
         n_rows = _read_rows(session, release)
     # Read outside any transaction: the objects may take a while.
     found = verdict(raw, settings, n_rows)
@@ -201,8 +207,7 @@ def recheck_epoch(
         release = session.get(Release, release_id)
         if row is None or release is None or row.reference_check != PENDING:
             return None
-        dataset = session.get(Dataset, release.dataset_id)
-        raw = None if dataset is None or dataset.deleted_at is not None else dataset.reference
+        raw = _live_reference(session, release.dataset_id)
         n_rows = rows_through(session, release.dataset_id, row.batch_seq)
     found = verdict(raw, settings, n_rows)
     checked_at = utcnow()
