@@ -34,7 +34,11 @@ repetitions.
     python -m bench.bench_pca_speed --floor [--reps 9]
 
 Only the least-work primitives that ``--stages`` ends with (see :func:`primitives`): the
-three passes' floor over the default in the same repetitions.
+three passes' floor over the default in the same repetitions, and beside each floor the same
+pass as the release runs it (:func:`released_passes`: the real probe, float32 Gram and
+explained-variance functions on the spread rows' none route, with one release's public
+values), so that each pass's distance from its floor (what its statistics cost) is measured
+in the same repetitions.
 """
 
 from __future__ import annotations
@@ -199,7 +203,8 @@ def primitives(reps: int) -> None:
     Gram in 256-row blocks (:data:`~service.mechanisms.fast_rows.SINGLE_BLOCK_ROWS`), pass 3
     the rows cast to float32 and multiplied by a ``d x k`` basis. The recommended run cannot
     be under that floor over the default; the float32 Gram of rows already in float32 is
-    shown apart (the part of pass 2 no pass can stream around)."""
+    shown apart (the part of pass 2 no pass can stream around). Then each pass as the
+    release runs it (:func:`released_passes`) and their sum."""
     from service.mechanisms.fast_rows import _add_single
 
     n, d = SHAPES[1]
@@ -269,6 +274,7 @@ def primitives(reps: int) -> None:
             np.copyto(single[: block.shape[0]], block, casting="same_kind")
             np.matmul(single[: block.shape[0]], basis32, out=products[: block.shape[0]])
 
+    released = released_passes(rows)
     work: dict[str, Callable[[], None]] = {
         "row norms (one pass)": norms,
         "n/2 partners gathered": gather,
@@ -278,6 +284,7 @@ def primitives(reps: int) -> None:
         "floor of pass 1 (the rows' squared norms, the pairs' dot products)": floor_probe,
         "floor of pass 2 (the rows cast to float32, their Gram)": floor_gram,
         "floor of pass 3 (the rows cast to float32, X U)": floor_projections,
+        **released,
     }
     spent: dict[str, list[float]] = defaultdict(list)
     milliseconds: dict[str, list[float]] = defaultdict(list)
@@ -295,6 +302,9 @@ def primitives(reps: int) -> None:
         times["the three passes' floor (the sum of the three)"] = sum(
             value for name, value in times.items() if name.startswith("floor")
         )
+        times["the three passes as released (the sum of the three)"] = sum(
+            value for name, value in times.items() if name.startswith("as released")
+        )
         for name, value in times.items():
             spent[name].append(value / base)
             milliseconds[name].append(1e3 * value)
@@ -305,6 +315,47 @@ def primitives(reps: int) -> None:
             f"- {name}: {float(np.median(ratios)):.2f} ({low_ratio:.2f}-{high_ratio:.2f}), "
             f"{float(np.median(milliseconds[name])):.1f} ms"
         )
+
+
+def released_passes(rows: Rows) -> dict[str, Callable[[], None]]:
+    """The three passes over the rows as the recommended release runs them on ``rows`` (the
+    spread rows: the none route), each called alone with the public values one recommended
+    release gave (the pairing, the row clip, the basis, the variance clip): beside the
+    floors, the difference is what the statistics themselves cost (the clip factors, the
+    clipped sum, the pairs' norms and histograms, the rows' scaling, the pairs' scoring)."""
+    from service.mechanisms import centring_choice as probe
+    from service.mechanisms.fast_rows import fast_gram, single_projections_fit
+
+    n, d = rows.shape
+    mechanism = get_mechanism("analyze_gauss")
+    assert mechanism is not None
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    params = mechanism.prepare(ctx, K, EPS, DELTA, mechanism.parse_params({"center": "private"}))
+    out = mechanism.run(rows, ReleaseSpec(K, EPS, DELTA, params), np.random.default_rng(0))
+    extras = out.extras
+    assert extras["centring"] == "none", extras["centring"]
+    # The run's first draw is its pairing (chosen_centring_run): the same permutation.
+    order = np.random.default_rng(0).permutation(n)
+    counts = probe.probe_pass(rows, 1.0, order)
+    pair_low = float(extras["probe_quantiles"]["pairs"][0])
+    fits = single_projections_fit(n, d, K, 1.0, pair_low * np.sqrt(0.5))
+
+    def first() -> None:
+        probe.probe_pass(rows, 1.0, order)
+
+    def second() -> None:
+        fast_gram(rows, 1.0, None, extras["row_clip_norm"], counts.row_squares, single=True)
+
+    def third() -> None:
+        probe.probe_paired_energy(
+            rows, 1.0, order, counts, out.basis, extras["variance_clip_norm"], single=fits
+        )
+
+    return {
+        "as released, pass 1 (probe_pass)": first,
+        "as released, pass 2 (fast_gram, float32, none route)": second,
+        "as released, pass 3 (probe_paired_energy)": third,
+    }
 
 
 def load_tree(root: str) -> tuple[Any, Any]:

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from service.mechanisms.linalg import (
     DEFAULT_CHUNK_ROWS,
@@ -58,8 +59,24 @@ SINGLE_GRAM_SLACK = math.sqrt(2.0) * single_gamma(SINGLE_BLOCK_ROWS + 8) * SINGL
 _SINGLE_CAST_SQUARES = 2.0**200
 
 
+def tame_rows(squares: FloatArray, factors: FloatArray | None) -> bool:
+    """Whether :func:`round_scaled` scales every one of these rows in float32 (no squared norm
+    above ``2^200``, none NaN, no factor below ``2^-100``): tested once over all rows, so that
+    a pass over their chunks can skip the per-chunk test (``tame=True``: the same float32
+    rows, issue 32 item 5)."""
+    if not bool(np.all(squares <= _SINGLE_CAST_SQUARES)):
+        return False
+    return factors is None or bool(np.all(factors >= 2.0**-100))
+
+
 def round_scaled(
-    rows: FloatArray, factors: FloatArray | None, squares: FloatArray, out: FloatArray
+    rows: FloatArray,
+    factors: FloatArray | None,
+    squares: FloatArray,
+    out: FloatArray,
+    *,
+    factors32: npt.NDArray[np.float32] | None = None,
+    tame: bool = False,
 ) -> FloatArray:
     """``f_i y_i`` rounded to float32 in ``out`` (float32, at least as many rows), each row
     from itself alone: rounded to float32, then multiplied by its float32 factor (a cast and
@@ -67,19 +84,29 @@ def round_scaled(
     a row whose squared norm ``squares`` is above ``2^200`` (or not finite), or whose factor
     is below ``2^-100``, is multiplied in float64 first. Either way each entry is
     ``f_i y_ij (1 + e)``, ``|e| <= gamma_3`` (:func:`single_gamma`), plus at most ``2^-149``
-    lost to underflow."""
+    lost to underflow.
+
+    ``tame`` (:func:`tame_rows` held for these rows, e.g. tested once over all rows): no row
+    is tested here; ``factors32``: ``factors`` already rounded to float32 (the same values
+    as rounding them here). Either way the same float32 rows."""
     rounded = out[: rows.shape[0]]
+    if tame:
+        # No entry can overflow (|y_ij| <= 2^100) and numpy ignores underflow by default.
+        np.copyto(rounded, rows, casting="same_kind")
+        if factors is not None:
+            rounded *= (factors.astype(np.float32) if factors32 is None else factors32)[:, None]
+        return rounded
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         # A wild row's entries may overflow here: it is replaced below.
         np.copyto(rounded, rows, casting="same_kind")
         if factors is not None:
-            rounded *= factors.astype(np.float32)[:, None]
+            rounded *= (factors.astype(np.float32) if factors32 is None else factors32)[:, None]
         # And a factor that float32 holds only as a subnormal (below 2^-126) would lose bits.
-        tame = squares <= _SINGLE_CAST_SQUARES
+        plain = squares <= _SINGLE_CAST_SQUARES
         if factors is not None:
-            tame &= factors >= 2.0**-100
-    if not bool(tame.all()):  # a reduction first: flatnonzero costs 15 us a chunk
-        wild = np.flatnonzero(~tame)
+            plain &= factors >= 2.0**-100
+    if not bool(plain.all()):  # a reduction first: flatnonzero costs 15 us a chunk
+        wild = np.flatnonzero(~plain)
         scaled = rows[wild] if factors is None else rows[wild] * factors[wild, None]
         rounded[wild] = scaled
     return rounded
@@ -185,12 +212,23 @@ def single_projections(
     # than B^T Y^T at d = 100, b = 10).
     basis32 = np.ascontiguousarray(columns, dtype=np.float32)
     products = np.empty((n if transposed or single_out else rows32.shape[0], b), np.float32)
+    # Which rows round_scaled must treat apart, and the factors in float32: once for all rows
+    # (the same float32 rows as chunk by chunk).
+    tame = tame_rows(squares, factors)
+    factors32 = None if factors is None else factors.astype(np.float32)
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
             stop = start + block.shape[0]
             factor = None if factors is None else factors[start:stop]
-            rows = round_scaled(block, factor, squares[start:stop], rows32)
+            rows = round_scaled(
+                block,
+                factor,
+                squares[start:stop],
+                rows32,
+                factors32=None if factors32 is None else factors32[start:stop],
+                tame=tame,
+            )
             if transposed or single_out:
                 np.matmul(rows, basis32, out=products[start:stop])
             else:
@@ -680,6 +718,9 @@ def _gram_of_known(
     chunk = gram_chunk_rows(d)
     gram = np.zeros((d, d), dtype=np.float64)
     buffer: FloatArray | None = None
+    # round_scaled's per-row test and the float32 factors, once for all rows (the same rows).
+    tame = single_rows is not None and tame_rows(squares, factors)
+    factors32 = None if factors is None or single_rows is None else factors.astype(np.float32)
     start = 0
     with np.errstate(under="ignore"):
         for block in iter_row_chunks(data, chunk):
@@ -690,10 +731,16 @@ def _gram_of_known(
                 _add_gram(gram, block, single_rows)
                 continue
             if single_rows is not None:
-                _add_single(
-                    gram,
-                    round_scaled(block, factor, squares[start - len(factor) : start], single_rows),
+                first = start - len(factor)
+                rounded = round_scaled(
+                    block,
+                    factor,
+                    squares[first:start],
+                    single_rows,
+                    factors32=None if factors32 is None else factors32[first:start],
+                    tame=tame,
                 )
+                _add_single(gram, rounded)
                 continue
             if buffer is None:
                 # The first chunk is the largest: no buffer beyond the rows (a buffer of a full

@@ -509,3 +509,40 @@ def test_the_pairs_by_higher_row_are_the_sorted_pairs(n: int, chunk: int) -> Non
         inside = high_by[bounds[c] : bounds[c + 1]]
         assert np.all((inside >= c * chunk) & (inside < (c + 1) * chunk))
     assert bounds[-1] == m
+
+
+def test_rows_tested_once_for_all_are_rounded_as_rows_tested_per_chunk() -> None:
+    # The float32 passes test which rows round_scaled must scale in float64 once over all rows
+    # (tame_rows) instead of per chunk: the same float32 rows and the same Gram to the bit.
+    from service.mechanisms import fast_rows as fr
+
+    rows = offset_rows(3000, 12, 41)
+    squares = cc.row_squares(rows)
+    factors = fr.clip_factors(squares, 0.5)
+    assert factors is not None and fr.tame_rows(squares, factors)
+    per_row = fr.round_scaled(rows, factors, squares, np.empty((3000, 12), np.float32)).copy()
+    once = fr.round_scaled(
+        rows,
+        factors,
+        squares,
+        np.empty((3000, 12), np.float32),
+        factors32=factors.astype(np.float32),
+        tame=True,
+    )
+    assert np.array_equal(once, per_row)
+    chunk = fr.gram_chunk_rows(12)
+    buffer = np.empty((chunk, 12), np.float32)
+    expected = np.zeros((12, 12))
+    for start in range(0, 3000, chunk):
+        part = slice(start, start + chunk)
+        fr._add_single(expected, fr.round_scaled(rows[part], factors[part], squares[part], buffer))
+    assert np.array_equal(fr.fast_gram(rows, 1.0, None, 0.5, squares, single=True), expected)
+    projected = fr.single_projections(rows, np.eye(12, 3), factors, squares)
+    assert np.array_equal(projected, per_row[:, :3].astype(np.float64))
+    # One row beyond float32's range, or one factor below 2^-100: no longer tame.
+    wild = rows.copy()
+    wild[5] *= 1e45
+    assert not fr.tame_rows(cc.row_squares(wild), None)
+    tiny = factors.copy()
+    tiny[7] = 2.0**-101
+    assert not fr.tame_rows(squares, tiny)
