@@ -55,9 +55,13 @@ class Budget(Schema):
             "person, and every release's cost is per person)."
         ),
     )
+    # Required, with no default: a response's default would read, in the manual, as the
+    # service's default accounting (it is `hybrid` for budgets with delta > 0, `basic` for pure).
     accounting: Accounting = Field(
-        default="basic",
-        description="How releases compose: `basic`, `gaussian`, `zcdp` or `hybrid`.",
+        description=(
+            "How releases compose: `hybrid` (the default for a budget with delta > 0), `basic` "
+            "(always for delta = 0), `gaussian` or `zcdp`."
+        ),
     )
     epsilon_total: ExactDecimal = Field(description="Total epsilon the owner granted.")
     delta_total: ExactDecimal = Field(description="Total delta the owner granted.")

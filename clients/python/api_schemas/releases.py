@@ -414,7 +414,7 @@ class ReleasePreview(Schema):
         description="Parameters as a real request would resolve them (defaults filled in)."
     )
     accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
-        default="basic", description="The dataset's accounting, which says what is charged."
+        description="The dataset's accounting, which says what is charged."
     )
     mu: ExactDecimal | None = Field(
         default=None,
