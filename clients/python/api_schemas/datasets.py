@@ -334,7 +334,10 @@ class DatasetCreate(RequestSchema):
         StrictDecimal, Field(gt=0, le=1_000_000), number_schema(gt=0, le=1_000_000)
     ] = Field(description="Total epsilon all releases may spend (at most 30 decimal places).")
     delta_budget: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] = Field(
-        description="Total delta all releases may spend (at most 30 decimal places)."
+        description=(
+            "Total delta all releases may spend, e.g. 1e-5 (0: pure DP, `basic` accounting; "
+            "above 1/n only with allow_large_delta; at most 30 decimal places)."
+        )
     )
     row_norm_bound: Annotated[StrictFloat, Field(gt=0), number_schema(gt=0)] | None = Field(
         default=None,
