@@ -7,7 +7,7 @@ from decimal import ROUND_FLOOR, Decimal
 
 from api_schemas.common import BUDGET_CONTEXT, format_budget
 from api_schemas.releases import ReleaseRequest
-from service import grants
+from service import advice, grants
 from service.db.models import Dataset, Grant
 from service.errors import InvalidInput
 
@@ -98,19 +98,12 @@ def refuse_zero_default(
             "ledger's 30 decimal places and rounds to 0"
         )
         remedy = f"give delta yourself (at most {format_budget(budget)}), or choose {PURE_CHOICES}"
-        if _no_delta_admissible(dataset):
+        if advice.hybrid_holds_no_delta(
+            dataset.accounting, dataset.mu_total, dataset.rho_total, dataset.delta_basic
+        ):
             remedy = (
                 "no delta > 0 can be spent on this dataset either: every share of its hybrid "
                 "budget's delta rounds to 0 there, so choose "
                 f"{PURE_CHOICES} (or the owner uploads with a larger delta_budget)"
             )
     raise InvalidInput("delta", f"{head}: {cause}; {remedy}")
-
-
-def _no_delta_admissible(dataset: Dataset) -> bool:
-    """Whether no release that spends delta (or is Gaussian) can ever be admitted on
-    ``dataset``: a ``hybrid`` one whose filters' delta shares all round to 0 at the ledger's 30
-    places (no ``mu_total`` for A', no ``rho_total`` for B, no delta for C's single releases)."""
-    if dataset.accounting != "hybrid":
-        return False
-    return not (dataset.mu_total or dataset.rho_total or dataset.delta_basic)

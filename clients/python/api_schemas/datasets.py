@@ -286,9 +286,11 @@ class DatasetCreated(Dataset):
         default=None,
         description=(
             "The accounting that fits the mechanisms the upload named in planned_mechanisms "
-            "(all mechanisms when it named none; issue 31, item 5): gaussian when all are "
-            "purely Gaussian, basic when one of them only basic admits, zcdp otherwise. Advice: "
-            "the dataset keeps the accounting it was uploaded with."
+            "(issue 31, item 5): hybrid, the default, when it named none; gaussian when all "
+            "are purely Gaussian, basic when one of them only basic admits, zcdp otherwise; "
+            "basic whatever the plan when delta_budget is so small that every share of a "
+            "hybrid budget's delta rounds to 0 (1e-30 and below). Advice: the dataset "
+            "keeps the accounting it was uploaded with."
         ),
     )
     recommendation_reason: str | None = Field(
