@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from decimal import Context, Decimal
 from typing import Literal
 
+from api_schemas.common import format_budget
 from service.accounting import Accounting
 from service.mechanisms.registry import MECHANISMS
 
@@ -141,3 +142,30 @@ def parse_planned(raw: str | None) -> list[str]:
         if name not in MECHANISMS:
             raise ValueError(f"unknown mechanism {name!r}; one of: {', '.join(sorted(MECHANISMS))}")
     return names
+
+
+def hybrid_holds_no_delta(
+    accounting: str,
+    mu_total: Decimal | None,
+    rho_total: Decimal | None,
+    delta_basic: Decimal | None,
+) -> bool:
+    """Whether a ``hybrid`` budget can never admit a release that spends delta (or is
+    Gaussian): each filter's share of ``delta_total`` rounds to 0 at the ledger's 30 places
+    (no ``mu_total`` for A', no ``rho_total`` for B, no delta for C), e.g. ``delta_budget``
+    1e-30. Only pure releases run there."""
+    return accounting == "hybrid" and not (mu_total or rho_total or delta_basic)
+
+
+def too_small_for_hybrid(delta_budget: Decimal) -> Advice:
+    """The advice for an upload whose hybrid budget holds no delta
+    (:func:`hybrid_holds_no_delta`): the general one says hybrid "admits every mechanism",
+    which is false there."""
+    return Advice(
+        "basic",
+        f"delta_budget {format_budget(delta_budget)} is too small for hybrid: each of its "
+        "filters' shares of delta (96%, 3% and 1%) rounds to 0 at the ledger's 30 decimal "
+        "places, so no Gaussian or approximate release can run on this dataset (only "
+        "smooth_sensitivity and auto at delta = 0); basic charges delta as given: upload "
+        "again with accounting basic, or with a larger delta_budget.",
+    )

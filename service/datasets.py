@@ -108,7 +108,15 @@ def planned_mechanisms(form: DatasetCreate) -> list[str]:
 
 def recommended_accounting(form: DatasetCreate) -> advice.Advice:
     """The accounting that fits the mechanisms the upload says the owner plans to use
-    (:func:`service.advice.recommend`; all of them when it names none)."""
+    (:func:`service.advice.recommend`; all of them when it names none); ``basic`` for a
+    ``delta_budget`` so small that every share of a hybrid budget's delta would round to 0
+    (:func:`service.advice.too_small_for_hybrid`), whatever the upload's accounting."""
+    if form.delta_budget > 0:
+        hybrid = accounting.hybrid_budget(form.epsilon_budget, form.delta_budget)
+        if advice.hybrid_holds_no_delta(
+            "hybrid", hybrid.mu_total, hybrid.rho_total, hybrid.delta_basic
+        ):
+            return advice.too_small_for_hybrid(form.delta_budget)
     return advice.recommend(planned_mechanisms(form))
 
 

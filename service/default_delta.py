@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from decimal import ROUND_FLOOR, Decimal
 
-from api_schemas.common import BUDGET_CONTEXT
+from api_schemas.common import BUDGET_CONTEXT, format_budget
 from api_schemas.releases import ReleaseRequest
-from service import grants
+from service import advice, grants
 from service.db.models import Dataset, Grant
 from service.errors import InvalidInput
 
@@ -63,3 +63,47 @@ def with_default_delta(
         # An explicit null is a mistake to name, not a request for the default.
         raise InvalidInput("delta", "must be a number, not null (omit it for the default)")
     return body.model_copy(update={"delta": default_delta(dataset, grant)})
+
+
+#: What a request that needs delta > 0 can do instead: the mechanisms that run at delta 0.
+PURE_CHOICES = "smooth_sensitivity or auto, which run with delta = 0"
+
+
+def refuse_zero_default(
+    mechanism: str, delta: Decimal, dataset: Dataset, grant: Grant | None = None
+) -> None:
+    """Refuse, naming the real cause, a request without ``delta`` whose default
+    (:func:`default_delta`) is 0 for ``mechanism``, which needs delta > 0: the dataset's
+    ``delta_budget`` is 0, the grant's delta is 0, or a hundredth of one of them is below the
+    30 decimal places the ledger keeps (a ``delta_budget`` of 1e-30 gives 1e-32, stored as 0).
+    Before, such a request read "needs delta > 0", as if the analyst had asked for 0."""
+    if delta != 0:
+        return
+    head = f"{mechanism} needs delta > 0 and the request gives none"
+    bound = grants.default_delta_budget(dataset, grant)
+    if dataset.delta_total == 0:
+        cause = "this dataset's delta_budget is 0 (pure DP), so no release may spend delta"
+        remedy = f"choose {PURE_CHOICES}"
+    elif bound is not None and bound == 0:
+        cause = "the grant it is charged to has delta 0, so its releases may spend none"
+        remedy = f"choose {PURE_CHOICES}, or ask the dataset's owner for a grant with delta"
+    else:
+        budget, whose = (
+            (dataset.delta_total, "this dataset's delta_budget")
+            if bound is None or _hundredth(dataset.delta_total) == 0
+            else (bound, "the delta of the grant it is charged to")
+        )
+        cause = (
+            f"its default, a hundredth of {whose} ({format_budget(budget)}), is below the "
+            "ledger's 30 decimal places and rounds to 0"
+        )
+        remedy = f"give delta yourself (at most {format_budget(budget)}), or choose {PURE_CHOICES}"
+        if advice.hybrid_holds_no_delta(
+            dataset.accounting, dataset.mu_total, dataset.rho_total, dataset.delta_basic
+        ):
+            remedy = (
+                "no delta > 0 can be spent on this dataset either: every share of its hybrid "
+                "budget's delta rounds to 0 there, so choose "
+                f"{PURE_CHOICES} (or the owner uploads with a larger delta_budget)"
+            )
+    raise InvalidInput("delta", f"{head}: {cause}; {remedy}")

@@ -44,7 +44,7 @@ from service import (
 from service.auth import Principal, require_role, sees_real_state
 from service.config import Settings
 from service.db.models import Dataset, Grant, Release, ReleaseBasis, utcnow
-from service.default_delta import with_default_delta
+from service.default_delta import refuse_zero_default, with_default_delta
 from service.errors import (
     BudgetExceeded,
     DatasetGone,
@@ -411,6 +411,9 @@ def check_request(
     asked so (:func:`_without_unused_delta`)."""
     defaulted = body.epsilon is not None and body.delta is None
     body = with_default_delta(body, dataset, grant)
+    chosen = get_mechanism(body.mechanism)
+    if defaulted and body.delta is not None and chosen is not None and not chosen.allows_pure_dp:
+        refuse_zero_default(chosen.name, body.delta, dataset, grant)
     extra = 0
     if dataset.reference is not None:
         reference.mechanism_allowed(body.mechanism)

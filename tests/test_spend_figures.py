@@ -96,3 +96,30 @@ def test_rho_and_mu_are_explained_in_one_text_that_the_docs_and_the_dashboard_sh
         # Every screen links to it.
         for view in ("", "/owner", "/analyst", "/auditor", "/admin"):
             assert 'href="/dashboard/reading-a-budget"' in client.get(f"/dashboard{view}").text
+
+
+def test_the_dashboard_states_figures_to_the_cli_s_significant_digits():
+    # An audit found the dashboard at 6 significant digits while the CLI and the slim client
+    # print 4 (api_schemas.figures.SIGNIFICANT) and "Reading a budget", which every dashboard
+    # page links to, said "Tables print 4": one figure, two ways of stating it. The page now
+    # carries the CLI's digits and the script reads them from there, with no number of its own.
+    import re
+    from pathlib import Path
+
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from api_schemas.figures import READING_A_BUDGET, SIGNIFICANT
+    from service.api.dashboard import install_dashboard, static_dir
+
+    app = FastAPI()
+    install_dashboard(app)
+    with TestClient(app) as client:
+        for view in ("", "/owner", "/analyst", "/auditor", "/admin", "/reading-a-budget"):
+            body = re.search(r"<body [^>]*>", client.get(f"/dashboard{view}").text)
+            assert body is not None and f'data-significant="{SIGNIFICANT}"' in body[0], view
+    script = (Path(static_dir()) / "dashboard.js").read_text()
+    assert re.search(r"const DIGITS = \d", script) is None
+    assert "document.body.dataset.significant" in script
+    (figures,) = [text for heading, text in READING_A_BUDGET if heading == "Figures for people"]
+    assert f"print {SIGNIFICANT} significant digits" in figures and "dashboard" in figures

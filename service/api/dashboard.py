@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from api_schemas.figures import READING_A_BUDGET
+from api_schemas.figures import READING_A_BUDGET, SIGNIFICANT
 from service.errors import NotFound, printable
 
 DASHBOARD_URL = "/dashboard"
@@ -62,6 +62,8 @@ def render(view: str, title: str) -> HTMLResponse:
         static=STATIC_URL,
         help_url=f"{DASHBOARD_URL}/{HELP_VIEW}",
         sections=READING_A_BUDGET,
+        # Figures to the CLI's significant digits (dashboard.js reads it from the body).
+        significant=SIGNIFICANT,
     )
     # The shells hold no data, but a shared cache has no business keeping them either.
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})

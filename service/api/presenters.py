@@ -58,6 +58,7 @@ def budget_schema(
     if stated.accounting == "basic":
         return Budget(
             privacy_unit=unit,
+            accounting="basic",
             epsilon_total=stated.epsilon_total,
             delta_total=stated.delta_total,
             epsilon_spent=stated.epsilon_spent,

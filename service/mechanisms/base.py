@@ -250,7 +250,8 @@ class Mechanism(ABC, Generic[P]):
             raise InvalidParameter("delta", "must be in [0, 1)")
         if delta == 0 and not self.allows_pure_dp:
             raise InvalidParameter(
-                "delta", f"{self.name} needs delta > 0 (only smooth_sensitivity has a pure variant)"
+                "delta",
+                f"{self.name} needs delta > 0 (smooth_sensitivity and auto run with delta = 0)",
             )
         if k < 1:
             raise InvalidParameter("k", "must be >= 1")

@@ -43,8 +43,8 @@ def dominance_warnings(
     """The warnings for a request of ``mechanism`` at ``delta`` on ``n_cols`` columns (public
     facts only); empty when the mechanism is not dominated there. ``noise`` is
     smooth_sensitivity's variant as the release will run it (after the accounting's default:
-    ``cauchy`` on a zcdp dataset); ``None`` means its own default (Gaussian iff ``delta > 0``),
-    so the warning names the variant that actually runs."""
+    ``cauchy`` on a hybrid or zcdp dataset); ``None`` means its own default (Gaussian iff
+    ``delta > 0``), so the warning names the variant that actually runs."""
     if mechanism == "smooth_sensitivity" and delta > 0:
         random_level = (
             f" and no better than a random subspace at d >= 50 (here d = {n_cols})"
@@ -56,8 +56,9 @@ def dominance_warnings(
             # same d k problem as the Gaussian one, worse (beta = eps/(6 d k), S1 = sqrt(d k) S;
             # docs/mechanisms.md, smooth_sensitivity), and heavy tails.
             message = (
-                "smooth_sensitivity runs its pure Cauchy variant here (the default on a zcdp "
-                "dataset, or requested with noise: cauchy): its basis spends no delta (only a "
+                "smooth_sensitivity runs its pure Cauchy variant here (the default under the "
+                "hybrid accounting, the service's default, and under zcdp, or requested with "
+                "noise: cauchy): its basis spends no delta (only a "
                 "private centre does) and its noise has heavy tails and the same d k problem "
                 "as the Gaussian variant, worse; the Gaussian variant was itself at least 9x "
                 "less accurate than analyze_gauss at the same (epsilon, delta) on every "

@@ -84,3 +84,26 @@ def test_the_dry_run_recommends_for_the_request(client, keys, upload_dataset, da
         client, keys.analyst, dataset, mechanism="exact_gapmax", k=2, epsilon="0.3", delta="1e-6"
     )
     assert third["recommended_accounting"] == "zcdp", third["recommendation_reason"]
+
+
+def test_an_upload_too_small_for_hybrid_is_not_told_hybrid_admits_every_mechanism(
+    client, keys, upload_dataset, data
+):
+    # An audit: at delta_budget 1e-30 every share of hybrid's delta rounds to 0 at the ledger's
+    # 30 places (mu_total, rho_total 0), so no Gaussian or approximate release can ever run;
+    # the upload's answer still recommended hybrid because it "admits every mechanism".
+    form = {"epsilon_budget": "1", "delta_budget": "1e-30", "row_norm_bound": "1"}
+    tiny = upload_dataset(client, keys.owner, data, accounting="hybrid", **form)
+    assert tiny["budget"]["accounting"] == "hybrid" and tiny["budget"]["mu_total"] == "0"
+    assert tiny["recommended_accounting"] == "basic", tiny["recommendation_reason"]
+    reason = tiny["recommendation_reason"]
+    assert "0.000000000000000000000000000001 is too small for hybrid" in reason
+    assert "admits every mechanism" not in reason
+    # Advice for the next upload, whatever this one's accounting: not hybrid at this delta.
+    plain = upload_dataset(client, keys.owner, data, accounting="basic", **form)
+    assert plain["recommended_accounting"] == "basic"
+    # A budget hybrid can use keeps the general advice.
+    usable = upload_dataset(
+        client, keys.owner, data, accounting="hybrid", epsilon_budget="1", delta_budget="1e-6"
+    )
+    assert usable["recommended_accounting"] == "hybrid"

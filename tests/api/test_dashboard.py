@@ -31,7 +31,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import update
 
-from api_schemas.figures import shown
+from api_schemas.figures import shown as figure
 from service.app import create_app
 from service.config import Settings
 from service.db.engine import make_engine, make_session_factory
@@ -221,8 +221,8 @@ def test_owner_sees_budget_spending_chart_grants_and_releases(
             assert shown == "—", name
         elif isinstance(value, str) and not value[:1].isdigit():  # the accounting's name
             assert shown == value, name
-        else:  # numbers to 6 significant digits
-            assert float(shown) == pytest.approx(float(Decimal(value)), rel=1e-5), name
+        else:  # numbers as the CLI states them: its significant digits, rounded the safe way
+            assert shown == figure(value, up=name.endswith("_spent")), name
     assert Decimal(budget["epsilon_spent"]) == Decimal("0.55")
     chart = page.locator(f"{card} svg.spending")
     assert float(chart.get_attribute("data-final")) == pytest.approx(0.55)
@@ -281,7 +281,7 @@ def test_analyst_sees_their_grant_releases_and_downloads_a_basis(
     zcdp_grant = mine[world.zcdp]
     assert 0.49 < float(Decimal(zcdp_grant["epsilon_total"])) <= 0.5
     assert 0 < float(remaining[1]) < float(Decimal(zcdp_grant["epsilon_total"]))
-    assert float(remaining[1]) == pytest.approx(float(Decimal(zcdp_grant["epsilon_remaining"])))
+    assert remaining[1] == figure(zcdp_grant["epsilon_remaining"])  # the CLI's digits, down
     mine = world.api("analyst", "/v1/releases")["items"]
     assert cells(page, "#releases table", 6) == [r["status"] for r in mine]
     # Exactly as the API shows them: the padded spectrum release reads queued (stored
@@ -419,7 +419,7 @@ def test_a_hybrid_grant_and_dataset_show_both_native_figures(
     native = cells(page, f"{card} table.grants", 6)
     mu, rho = Decimal(grant["mu_remaining"]), Decimal(grant["rho_remaining"])
     # Remaining figures are rounded down (the help page's rule; this read nearest before).
-    assert native == [f"mu {shown(mu, digits=6)}, rho {shown(rho, digits=6)}"], native
+    assert native == [f"mu {figure(mu)}, rho {figure(rho)}"], native
 
 
 def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
@@ -430,7 +430,7 @@ def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
     # 0.58936393... read 0.589364 (above what is left) and epsilon_spent 0.41063606... read
     # 0.410636 (below what was spent); delta read "1e-7". The page "Reading a budget" it links
     # to says a shown figure never overstates what is left: spent and costs up, totals and
-    # remaining down, in plain notation (api_schemas.figures.shown, here to 6 digits).
+    # remaining down, in plain notation (api_schemas.figures.shown, to the CLI's digits).
     owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "gina"})["key"]
     analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "hal"})
     rng = np.random.default_rng(5)
@@ -471,7 +471,7 @@ def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
     (mine,) = grants["items"]
 
     def safe(value: str, up: bool = False) -> str:
-        return shown(value, up=up, digits=6)
+        return figure(value, up=up)
 
     # Nearest rounding would overstate this one: the test checks the case that matters.
     remaining = Decimal(budget["epsilon_remaining"])

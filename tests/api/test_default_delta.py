@@ -66,6 +66,57 @@ def test_no_delta_budget_gives_zero_and_a_gaussian_mechanism_says_it_needs_delta
     assert response.status_code == 422, response.text
     body = response.json()
     assert "delta" in response.text and "needs delta > 0" in response.text, body
+    # The cause and what to do, not only the symptom.
+    assert "delta_budget is 0 (pure DP)" in body["detail"], body
+    assert "smooth_sensitivity or auto" in body["detail"], body
+
+
+@pytest.mark.parametrize("accounting", ["basic", "hybrid"])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_default_delta_that_rounds_to_zero_is_named_as_the_cause(
+    client, keys, upload_dataset, rng, accounting, dry_run
+):
+    # An audit: at delta_budget 1e-30 the default (a hundredth: 1e-32) is below the ledger's 30
+    # places and stored as 0, and the 422 read "analyze_gauss needs delta > 0 (only
+    # smooth_sensitivity has a pure variant)", as if the analyst had asked for 0.
+    data, _ = near_subspace(rng, 300, 6, 2)
+    dataset = upload_dataset(
+        client,
+        keys.owner,
+        data,
+        row_norm_bound=1.0,
+        delta_budget="1e-30",
+        accounting=accounting,
+    )
+    response = ask(client, keys.analyst, dataset["id"], dry_run=dry_run)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("delta: analyze_gauss needs delta > 0 and the request gives none")
+    assert "a hundredth of this dataset's delta_budget (0.000000000000000000000000000001)" in detail
+    assert "rounds to 0" in detail, detail
+    explicit = ask(client, keys.analyst, dataset["id"], dry_run=True, delta="1e-30")
+    if accounting == "basic":  # basic charges the delta as given: 1e-30 fits
+        assert "give delta yourself (at most 0.000000000000000000000000000001)" in detail
+        assert explicit.status_code == 200 and explicit.json()["affordable"], explicit.text
+    else:  # hybrid's shares of 1e-30 all round to 0: the advice must not send the analyst there
+        assert "give delta yourself" not in detail and "no delta > 0 can be spent" in detail
+        assert explicit.status_code != 200 or not explicit.json()["affordable"], explicit.text
+    # A pure request still runs there without delta.
+    pure = ask(client, keys.analyst, dataset["id"], dry_run=True, mechanism="smooth_sensitivity")
+    assert pure.status_code == 200, pure.text
+
+
+def test_a_grant_whose_default_delta_rounds_to_zero_is_named(client, keys, upload_dataset, rng):
+    data, _ = near_subspace(rng, 300, 6, 2)
+    dataset = upload_dataset(client, keys.owner, data, row_norm_bound=1.0, delta_budget="1e-5")
+    grant(client, keys.owner, dataset["id"], epsilon="1", delta="1e-29")
+    response = ask(client, keys.analyst, dataset["id"], dry_run=True)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert (
+        "a hundredth of the delta of the grant it is charged to (0.00000000000000000000000000001)"
+        in detail
+    ), detail
 
 
 def test_an_explicit_null_delta_is_refused_not_defaulted(client, keys, upload_dataset, rng):

@@ -78,3 +78,44 @@ def test_every_tag_has_a_description(client):
 @pytest.mark.parametrize("name", sorted(RESPONSES))
 def test_each_response_example_names_a_published_schema(client, name):
     assert name in client.get("/openapi.json").json()["components"]["schemas"]
+
+
+ACCOUNTINGS = {"basic", "gaussian", "zcdp", "hybrid"}
+
+
+def _accounting_fields(schema: dict[str, Any], components: dict[str, Any]) -> list[str]:
+    """The properties of ``schema`` whose values are accounting names (or lists of them)."""
+    found = []
+    for name, prop in schema.get("properties", {}).items():
+        options = [prop, prop.get("items", {}), *prop.get("anyOf", [])]
+        if name == "accountings" or any(
+            set(option.get("enum", ())) == ACCOUNTINGS for option in options
+        ):
+            found.append(name)
+    return found
+
+
+def test_no_schema_states_a_default_accounting_other_than_the_service_s(client):
+    # Response schemas said `"accounting": {"default": "basic"}` (and a mechanism's
+    # `accountings` defaulted to ["basic"]): the manual a new user reads stated basic where
+    # the service's default is hybrid. A response always says which accounting it is in
+    # (required); a request's default, if any, is the service's.
+    from service.config import Settings
+
+    document = client.get("/openapi.json").json()
+    components = document["components"]["schemas"]
+    default = Settings.model_fields["default_accounting"].default
+    checked = 0
+    for name, schema in components.items():
+        for field in _accounting_fields(schema, components):
+            checked += 1
+            stated = schema["properties"][field].get("default")
+            assert stated in (None, default), (name, field, stated)
+            response = not name.endswith(("Create", "Request", "Plan"))
+            if response and field != "recommended_accounting":
+                assert field in schema.get("required", []), (name, field)
+    assert checked >= 6
+    for name, example in RESPONSES.items():
+        budget = example.get("budget", example) if isinstance(example, dict) else {}
+        if isinstance(budget, dict) and "accounting" in budget:
+            assert budget["accounting"] == default, name

@@ -45,12 +45,15 @@ def test_smooth_sensitivity_with_delta_warns_and_names_analyze_gauss(client, key
     assert pure["warnings"] == []
 
 
-@pytest.mark.parametrize(("accounting", "params"), [("zcdp", {}), ("basic", {"noise": "cauchy"})])
+@pytest.mark.parametrize(
+    ("accounting", "params"), [("hybrid", {}), ("zcdp", {}), ("basic", {"noise": "cauchy"})]
+)
 def test_the_warning_names_the_cauchy_variant_where_it_runs(
     client, keys, upload_dataset, rng, accounting, params
 ):
-    # On a zcdp dataset smooth_sensitivity runs its Cauchy variant by default (the Gaussian one
-    # has no zCDP profile); on basic a request may ask for it. The warning says what runs.
+    # On a hybrid (the service's default) or zcdp dataset smooth_sensitivity runs its Cauchy
+    # variant by default (the Gaussian one has no zCDP profile); on basic a request may ask for
+    # it. The warning says what runs, and why (it named zcdp alone, not the default).
     data, _ = near_subspace(rng, 2_000, 60, 2)
     uploaded = upload_dataset(
         client,
@@ -70,6 +73,11 @@ def test_the_warning_names_the_cauchy_variant_where_it_runs(
     assert "Cauchy variant" in warning["message"]
     assert "(its Gaussian variant)" not in warning["message"]
     assert "d = 60" in warning["message"]
+    if not params:  # the default variant here: the message says on which accountings
+        assert (
+            "the default under the hybrid accounting, the service's default, and under zcdp"
+            in (warning["message"])
+        )
     # explicitly the Gaussian variant on basic: the Gaussian message
     if accounting == "basic":
         gaussian = preview(

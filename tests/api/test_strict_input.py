@@ -459,3 +459,39 @@ def test_a_release_without_a_cost_says_epsilon_alone_is_enough(
     body["epsilon"] = "0.1"
     admitted = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
     assert admitted.status_code == 202, admitted.text
+
+
+def test_a_missing_field_says_what_it_is(client, keys, dataset_id, session_factory):
+    """A new user's first slips on the default path answered pydantic's bare "Field required"
+    ("mechanism: Field required", "delta_budget: Field required"): the field was named but not
+    what it is or what to send. The 422 now gives the field's description."""
+    body = {"k": 1, "epsilon": "0.1"}
+    response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("mechanism: required: Mechanism name; `auto` when unsure"), detail
+    upload = client.post(
+        "/v1/datasets",
+        headers=bearer(keys.owner),
+        files={"file": ("x.npy", npy_bytes(DATA), "application/octet-stream")},
+        data={"name": "x", "epsilon_budget": "1", "row_norm_bound": "1"},
+    )
+    assert upload.status_code == 422, upload.text
+    detail = upload.json()["detail"]
+    assert detail.startswith("delta_budget: required: Total delta all releases may spend"), detail
+    assert "Field required" not in detail and "0: pure DP" in detail
+    assert charges(session_factory) == 0
+
+
+def test_a_mechanism_parameter_at_the_top_level_says_it_goes_inside_params(
+    client, keys, dataset_id, session_factory
+):
+    """The README's tables say 'pass "center": "private"'; sent at the top level of a release
+    it answered "unknown field; valid fields: ..." with no word that it belongs in params."""
+    body = {"mechanism": "auto", "k": 1, "epsilon": "0.1", "center": "private"}
+    response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("center: unknown field"), detail
+    assert 'go inside params: "params": {"center": "private"}' in detail, detail
+    assert charges(session_factory) == 0

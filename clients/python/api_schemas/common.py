@@ -21,7 +21,7 @@ from decimal import (
     Overflow,
     Rounded,
 )
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (
     AfterValidator,
@@ -270,7 +270,11 @@ class NamesValidFields(BaseModel):
     """A model with ``extra="forbid"`` whose refusal of an unknown field names the valid fields
     and the nearest one, instead of pydantic's bare "Extra inputs are not permitted"; wherever
     it is validated (a JSON body, a form, nested in another model). The unknown name itself
-    stays in the error's location, as with any field."""
+    stays in the error's location, as with any field. A missing required field is refused
+    with what the field is (its description), not pydantic's bare "Field required"."""
+
+    #: Added to the refusal of an unknown field (e.g. where a field of a nested object goes).
+    unknown_field_hint: ClassVar[str] = ""
 
     @model_validator(mode="wrap")
     @classmethod
@@ -279,16 +283,22 @@ class NamesValidFields(BaseModel):
             return handler(data)
         except ValidationError as exc:
             errors = exc.errors()
-            # Only this model's own unknown keys (location of length 1); nested models named
-            # theirs already.
-            if not any(e["type"] == "extra_forbidden" and len(e["loc"]) == 1 for e in errors):
+            # Only this model's own unknown or missing keys (location of length 1); nested
+            # models named theirs already.
+            own = ("extra_forbidden", "missing")
+            if not any(e["type"] in own and len(e["loc"]) == 1 for e in errors):
                 raise
             valid = [info.alias or name for name, info in cls.model_fields.items()]
+            by_name = {info.alias or name: info for name, info in cls.model_fields.items()}
             rebuilt: list[InitErrorDetails] = []
             for error in errors:
                 message = error["msg"]
                 if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
-                    message = unknown_name(str(error["loc"][0]), valid)
+                    message = unknown_name(str(error["loc"][0]), valid) + cls.unknown_field_hint
+                elif error["type"] == "missing" and len(error["loc"]) == 1:
+                    info = by_name.get(str(error["loc"][0]))
+                    if info is not None and info.description:
+                        message = f"required: {info.description}"
                 # Messages are kept as they were made (a rebuilt error would restate the default).
                 rebuilt.append(
                     InitErrorDetails(

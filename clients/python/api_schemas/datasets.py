@@ -55,9 +55,13 @@ class Budget(Schema):
             "person, and every release's cost is per person)."
         ),
     )
+    # Required, with no default: a response's default would read, in the manual, as the
+    # service's default accounting (it is `hybrid` for budgets with delta > 0, `basic` for pure).
     accounting: Accounting = Field(
-        default="basic",
-        description="How releases compose: `basic`, `gaussian`, `zcdp` or `hybrid`.",
+        description=(
+            "How releases compose: `hybrid` (the default for a budget with delta > 0), `basic` "
+            "(always for delta = 0), `gaussian` or `zcdp`."
+        ),
     )
     epsilon_total: ExactDecimal = Field(description="Total epsilon the owner granted.")
     delta_total: ExactDecimal = Field(description="Total delta the owner granted.")
@@ -282,9 +286,11 @@ class DatasetCreated(Dataset):
         default=None,
         description=(
             "The accounting that fits the mechanisms the upload named in planned_mechanisms "
-            "(all mechanisms when it named none; issue 31, item 5): gaussian when all are "
-            "purely Gaussian, basic when one of them only basic admits, zcdp otherwise. Advice: "
-            "the dataset keeps the accounting it was uploaded with."
+            "(issue 31, item 5): hybrid, the default, when it named none; gaussian when all "
+            "are purely Gaussian, basic when one of them only basic admits, zcdp otherwise; "
+            "basic whatever the plan when delta_budget is so small that every share of a "
+            "hybrid budget's delta rounds to 0 (1e-30 and below). Advice: the dataset "
+            "keeps the accounting it was uploaded with."
         ),
     )
     recommendation_reason: str | None = Field(
@@ -330,7 +336,10 @@ class DatasetCreate(RequestSchema):
         StrictDecimal, Field(gt=0, le=1_000_000), number_schema(gt=0, le=1_000_000)
     ] = Field(description="Total epsilon all releases may spend (at most 30 decimal places).")
     delta_budget: Annotated[StrictDecimal, Field(ge=0, lt=1), number_schema(ge=0, lt=1)] = Field(
-        description="Total delta all releases may spend (at most 30 decimal places)."
+        description=(
+            "Total delta all releases may spend, e.g. 1e-5 (0: pure DP, `basic` accounting; "
+            "above 1/n only with allow_large_delta; at most 30 decimal places)."
+        )
     )
     row_norm_bound: Annotated[StrictFloat, Field(gt=0), number_schema(gt=0)] | None = Field(
         default=None,

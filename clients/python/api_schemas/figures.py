@@ -91,8 +91,9 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
     ),
     (
         "Figures for people",
-        "Tables print 4 significant digits, spent rounded up and remaining rounded down, so a "
-        "printed figure never overstates what is left; the API and --json keep the exact "
+        f"Tables (the CLI's and the dashboard's) print {SIGNIFICANT} significant digits, spent "
+        "rounded up and remaining rounded down, so a printed figure never overstates what is "
+        "left; the API and --json keep the exact "
         "values (30 decimal places). The ledger states each charge as epsilon_after (the "
         "dataset's epsilon_spent just after it) and epsilon_increment (what it added).",
     ),

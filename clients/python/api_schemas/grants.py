@@ -104,7 +104,7 @@ class Grant(Schema):
         )
     )
     accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
-        default="basic", description="The dataset's accounting: the grant's currency."
+        description="The dataset's accounting: the grant's currency."
     )
     rho_total: ExactDecimal | None = Field(
         default=None,

@@ -20,7 +20,6 @@ class MechanismInfo(Schema):
     allows_pure_dp: bool = Field(description="Whether `delta = 0` is accepted.")
     releases_basis: bool = Field(description="Whether the result holds a basis.")
     accountings: list[str] = Field(
-        default_factory=lambda: ["basic"],
         description=(
             "The dataset accountings that can charge it: `basic` and `hybrid` (the default, "
             "whose basic filter charges any release) always; `zcdp` and `gaussian` where its "

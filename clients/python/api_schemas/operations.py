@@ -153,7 +153,7 @@ class LedgerPage(Schema):
     items: list[LedgerEntry] = Field(description="The entries on this page.")
     total: int = Field(description="How many entries the dataset's ledger holds.")
     accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
-        default="basic", description="The dataset's accounting: the entries' native currency."
+        description="The dataset's accounting: the entries' native currency."
     )
     stated_at_delta: ExactDecimal = Field(
         default=Decimal(0),

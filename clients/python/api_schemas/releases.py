@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
 from pydantic import Field
@@ -24,7 +24,17 @@ ReleaseStatus = Literal["queued", "running", "succeeded", "no_result", "failed"]
 class ReleaseRequest(RequestSchema):
     """Ask for a private rank-k release of a dataset."""
 
-    mechanism: Name = Field(description="Mechanism name; see `GET /v1/mechanisms`.")
+    # `"center": "private"` at the top level is the usual slip (the README's tables name it).
+    unknown_field_hint: ClassVar[str] = (
+        ' (mechanism parameters such as center go inside params: "params": {"center": "private"})'
+    )
+
+    mechanism: Name = Field(
+        description=(
+            "Mechanism name; `auto` when unsure (the service chooses and says why); see "
+            "`GET /v1/mechanisms`."
+        )
+    )
     k: StrictInt = Field(
         ge=1,
         le=100_000,
@@ -414,7 +424,7 @@ class ReleasePreview(Schema):
         description="Parameters as a real request would resolve them (defaults filled in)."
     )
     accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(
-        default="basic", description="The dataset's accounting, which says what is charged."
+        description="The dataset's accounting, which says what is charged."
     )
     mu: ExactDecimal | None = Field(
         default=None,

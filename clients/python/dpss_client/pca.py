@@ -151,10 +151,11 @@ class PrivatePCA:
         ``k``, the number of components released.
     epsilon, delta : Decimal, str, int or float, optional
         The privacy cost of ``fit``, charged to the dataset's (or the key's grant's) budget
-        (on a ``gaussian`` or ``zcdp`` dataset: the single release calibrated to, charged its
-        own cost in the dataset's currency). With ``epsilon`` and no ``delta`` the service uses
-        ``min(1e-6, delta_total / 100)`` of the dataset, and under a grant at most the grant's
-        delta / 100 (recorded with the release), so
+        (on a ``basic`` dataset the charge; on ``hybrid``, the default, and on ``gaussian`` or
+        ``zcdp``: the single release calibrated to, charged its own cost in the dataset's
+        currency, so ``epsilon_spent`` may grow by less than ``epsilon``). With ``epsilon``
+        and no ``delta`` the service uses ``min(1e-6, delta_total / 100)`` of the dataset, and
+        under a grant at most the grant's delta / 100 (recorded with the release), so
         ``PrivatePCA(client, dataset_id, n_components=10, epsilon=1)`` is a complete call.
     mu, rho : Decimal, str, int or float, optional
         The cost in the dataset's currency instead: ``mu`` on a ``gaussian`` or ``hybrid``

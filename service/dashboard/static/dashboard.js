@@ -111,7 +111,9 @@ const num = (value) => Number.parseFloat(value);
 // figure or a cost rounded UP, a total or remaining figure DOWN (so a shown figure never
 // overstates what is left), in plain notation ("0.0000001", never "1e-7"). Worked on the API's
 // exact decimal string with BigInt: a float would round 0.58936393... to 0.589364, above it.
-const DIGITS = 6;
+// The number of significant digits is the CLI's (api_schemas.figures.SIGNIFICANT), written into
+// the page by the server, so the dashboard and the CLI state the same spend the same way.
+const DIGITS = Number.parseInt(document.body.dataset.significant, 10);
 function figure(value, up) {
   const match = /^(-?)(\d*)(?:\.(\d*))?(?:[eE]([+-]?\d+))?$/.exec(String(value).trim());
   if (!match || (match[2] === "" && !match[3])) return String(value);
