@@ -502,6 +502,7 @@ def range_at(
     lam_low = spiked_debias(noisy[known] - shift, sigma0, d) * scale
     lam_high = spiked_debias(noisy[known] + shift, sigma0, d) * scale
     v_low, v_high = v, v
+    v_moved: FloatArray | None = None
     if not figures.measured and v.size:
         # The clip's correction is a model's (Gaussian rows): the range reads the shares
         # between the clipped matrix's own (no correction) and the corrected ones, each at
@@ -525,7 +526,8 @@ def range_at(
             if figures.uncentred and known.size >= 2:
                 # ... and the high end lets any one component's stated share be the data's
                 # top direction's (the released figures do not say which is the mean's).
-                v_high = moved_share(
+                # (The high end's alone: the low end's rest is what the stated split leaves.)
+                v_moved = moved_share(
                     v_high,
                     np.asarray([overlap(float(x), sigma0, d) for x in debiased[known]]),
                     np.asarray([overlap(float(x), sigma1, d) for x in lam_high]),
@@ -551,7 +553,7 @@ def range_at(
 
     central, aligned = kept(lam, v)
     low, aligned_low = kept(lam_low, v_low)
-    high, aligned_high = kept(lam_high, v_high)
+    high, aligned_high = kept(lam_high, v_high if v_moved is None else v_moved)
     rest = max(0.0, 1.0 - float(v.sum()))
     # The unresolved directions: the tail model (a power law from the last known eigenvalue,
     # each below the earlier noise's detection threshold where the earlier release showed one

@@ -95,6 +95,10 @@ def test_moved_share_moves_one_stated_share_where_it_keeps_most() -> None:
     # No move keeps more when every component keeps as much: unchanged.
     same = np.asarray([0.5, 0.5, 0.5])
     assert moved_share(shares, np.ones(3), same) == pytest.approx(shares)
+    # Never onto a component of a smaller eigenvalue (a smaller overlap before would credit
+    # the stated share many times over), however much it keeps after.
+    down = moved_share(np.asarray([0.10, 0.07]), np.asarray([1.0, 0.1]), np.asarray([0.2, 0.9]))
+    assert down == pytest.approx([0.10, 0.07])
     # One component: nothing to move.
     assert moved_share(shares[:1], before[:1], after[:1]) == pytest.approx(shares[:1])
 
