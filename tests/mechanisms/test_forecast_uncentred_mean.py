@@ -118,7 +118,7 @@ def _kept(rows: np.ndarray[Any, Any], basis: np.ndarray[Any, Any]) -> float:
 @pytest.mark.parametrize(
     ("k", "earlier", "new", "least"),
     [
-        # Hidden earlier release (the mean's component): before 11 of 20, after 20.
+        # Hidden earlier release (the mean's component): before 12 of 20, after 20.
         (2, 0.3, 2.0, 18),
         # Measured earlier release (the stated split): before 11 of 20, after 18.
         (2, 2.0, 0.3, 18),
