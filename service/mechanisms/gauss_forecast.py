@@ -16,7 +16,12 @@ import numpy.typing as npt
 
 from service.mechanisms.forecast_figures import ReleasedFigures as ReleasedFigures
 from service.mechanisms.forecast_simulation import PREDICTION_T, Model, simulated_share
-from service.mechanisms.forecast_spread import filled, random_share_high, trace_readings
+from service.mechanisms.forecast_spread import (
+    filled,
+    moved_share,
+    random_share_high,
+    trace_readings,
+)
 from service.mechanisms.linalg import FloatArray
 
 #: A range of forecasts wider than this does not determine the share kept to within the 0.1 a
@@ -497,6 +502,7 @@ def range_at(
     lam_low = spiked_debias(noisy[known] - shift, sigma0, d) * scale
     lam_high = spiked_debias(noisy[known] + shift, sigma0, d) * scale
     v_low, v_high = v, v
+    v_moved: FloatArray | None = None
     if not figures.measured and v.size:
         # The clip's correction is a model's (Gaussian rows): the range reads the shares
         # between the clipped matrix's own (no correction) and the corrected ones, each at
@@ -517,6 +523,15 @@ def range_at(
                 # direction's: the low end counts it as keeping nothing.
                 v_low = v_low.copy()
                 v_low[0] = 0.0
+            if figures.uncentred and known.size >= 2:
+                # ... and the high end lets any one component's stated share be the data's
+                # top direction's (the released figures do not say which is the mean's).
+                # (The high end's alone: the low end's rest is what the stated split leaves.)
+                v_moved = moved_share(
+                    v_high,
+                    np.asarray([overlap(float(x), sigma0, d) for x in debiased[known]]),
+                    np.asarray([overlap(float(x), sigma1, d) for x in lam_high]),
+                )
     elif figures.measured and v.size and figures.interval[1] > 0:
         # A stated share of 0 whose interval reaches above 0: the known directions may hold up
         # to the interval's end, shared among them as the release shares what it captured (in
@@ -538,7 +553,7 @@ def range_at(
 
     central, aligned = kept(lam, v)
     low, aligned_low = kept(lam_low, v_low)
-    high, aligned_high = kept(lam_high, v_high)
+    high, aligned_high = kept(lam_high, v_high if v_moved is None else v_moved)
     rest = max(0.0, 1.0 - float(v.sum()))
     # The unresolved directions: the tail model (a power law from the last known eigenvalue,
     # each below the earlier noise's detection threshold where the earlier release showed one
@@ -565,6 +580,12 @@ def range_at(
     cap_weight = overlap(cap * scale, sigma1, d)
     high += held * cap_weight
     use_sim = min(slots_sim, known_all.size, v_all.size)
+    # The uncentred route's mean as a hidden release's spectrum showed it (dropped by
+    # data_spectrum; 0 on the other routes, for a measured release, and when the high end
+    # reads its component as the data's: ``spare``).
+    mean_value = 0.0
+    if figures.uncentred and not figures.measured and not spare and above.size:
+        mean_value = float(debiased[above][min(mean_rank, above.size - 1)])
     simulated = d <= SIMULATE_MAX_D and bool(use_sim)
     occupied = aligned_high + taken + extra * cap_weight
     aligned_top = high
@@ -582,6 +603,17 @@ def range_at(
         rest_sim = max(0.0, 1.0 - float(v_sim.sum()))
         tail_sim, shares_sim = _tail(figures, debiased, known_sim, trace, threshold0, rest_sim)
         resolved_new = _resolved(tail_sim * scale, shares_sim, sigma1, d)
+        if mean_value > 0:
+            # The uncentred route's mean, dropped from a hidden release's spectrum as not the
+            # data's variance, still stands in the new release's Gram and takes one of its
+            # ``k`` components where it outranks the data's: simulated as a direction holding
+            # none of the centred variance (without it the simulated release spent all ``k``
+            # on the data: power-law rows, eps 0.3 to 1 and 2 at k 2, a low end of 0.18-0.22
+            # above the 0.17-0.18 kept, 8 of 20 runs).
+            lam_sim = np.append(lam_sim, mean_value)
+            v_sim = np.append(v_sim, 0.0)
+            resolved_new = (resolved_new[0][:-1], resolved_new[1][:-1])
+            tail_sim, shares_sim = tail_sim[:-1], shares_sim[:-1]
         model = Model(lam_sim, v_sim, *resolved_new, spike * figures.trace)
         central, spread = simulated_share(model, d, k, sigma1)
         # The same release with the tail's modelled profile kept below the new threshold:
