@@ -1,4 +1,5 @@
-"""One S3 object, one name: a name the S3 client reads as another object is refused.
+"""One S3 object, one name: a name the S3 client reads as another object is refused; and one
+set of rows, one dataset: a byte copy registered with some of the columns is refused.
 
 s3fs parses a name before it asks for it: ``bucket/a.parquet?versionId=1`` (any suffix after
 ``?versionId=``, even empty) is read as ``bucket/a.parquet``, the current version, when the
@@ -6,11 +7,21 @@ filesystem is not version-aware (the service's is not). The cover rows held the 
 so the object another owner had registered became a second live dataset, with its own budget on
 the same rows, with any columns: the copy's content digest covers the columns chosen only, and
 S3 has no inode to alias. 3 of 3 names were ``ready`` before; each is refused now, and a stored
-record holding such a name (registered before) fails at open."""
+record holding such a name (registered before) fails at open.
+
+The same hole without a second name: a byte copy (an S3 copy, a file copied to another path)
+has no inode in common with the object, and the copy's content digests covered the chosen
+columns only (in any order): registered with a subset of the columns, or an overlapping set,
+it was a second dataset on the same values of the same rows (4 of 4 ``ready`` before). Each
+chosen column of a copy is covered now (``column://``: the footer's digest and the column's
+chunks); a copy with none of the columns in common, and an unrelated file of the same
+layout, are still accepted."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,8 +37,10 @@ from tests.reference.conftest import s3fs_for, write_parquet
 
 
 @pytest.fixture
-def settings(settings: Settings, s3_endpoint: str, bucket: str) -> Settings:
-    return helpers.lake_settings(settings, s3_endpoint, bucket)
+def settings(settings: Settings, s3_endpoint: str, bucket: str, root: Path) -> Settings:
+    """The bucket's ``lake/`` and the local ``root``, both open to references."""
+    lake = helpers.lake_settings(settings, s3_endpoint, bucket)
+    return lake.model_copy(update={"reference_roots": f"{lake.reference_roots},{root}"})
 
 
 def test_a_second_name_for_a_registered_s3_object_is_refused(
@@ -79,3 +92,59 @@ def test_a_stored_name_read_as_another_object_is_not_opened(bucket: str, s3_endp
     for name in (f"{bucket}/lake/d/a.parquet?versionId=1", f"{bucket}/lake/d/a.parquet?versionId="):
         with pytest.raises(NotRegular):
             _Object(location, name)
+
+
+@pytest.mark.parametrize("where", ["s3", "file"])
+def test_a_byte_copy_with_some_of_the_columns_is_refused(
+    where: str,
+    client: TestClient,
+    keys: Keys,
+    make_key: Callable[[str], str],
+    bucket: str,
+    s3_endpoint: str,
+    root: Path,
+) -> None:
+    fs = s3fs_for(s3_endpoint)
+    rows = np.random.default_rng(4).normal(size=(300, 4)) / 4
+    folders = ["d", "f", *(f"e{i}" for i in range(5))]
+    if where == "s3":
+        base = f"{bucket}/lake"
+        write = fs
+        fs.mkdir(base)
+    else:
+        base = str(root)
+        write = fsspec_local()
+        for folder in folders:
+            (root / folder).mkdir()
+    names = write_parquet(write, f"{base}/d/a.parquet", rows, 100)
+    write_parquet(write, f"{base}/f/a.parquet", rows[::-1].copy(), 100)
+    for i in range(5):  # byte copies (S3's CopyObject, or cp), one per attempt
+        write.copy(f"{base}/d/a.parquet", f"{base}/e{i}/a.parquet")
+    scheme = "s3://" if where == "s3" else ""
+    first = helpers.register(
+        client, keys.owner, f"{scheme}{base}/d/a.parquet", names[:3], helpers.FILE_BUDGET
+    )
+    assert first.json()["registration_status"] == "ready", first.text
+    other = make_key("owner")
+    outcomes = []
+    for i, columns in enumerate((names[:1], names[1:3], names[2:], names[::-1])):
+        uri = f"{scheme}{base}/e{i}/a.parquet"
+        response = helpers.register(client, other, uri, columns, helpers.FILE_BUDGET)
+        ready = response.json().get("registration_status") == "ready"
+        outcomes.append((columns, "ready" if ready else helpers.refusal(response)))
+    # Before: 4 of 4 ready (a subset, an overlapping set, a superset reordered).
+    assert all("another live dataset" in why for _, why in outcomes), outcomes
+    # No column in common: another dataset (the same people, other values: as an upload).
+    uri = f"{scheme}{base}/e4/a.parquet"
+    apart = helpers.register(client, other, uri, names[3:], helpers.FILE_BUDGET)
+    assert apart.json()["registration_status"] == "ready", apart.text
+    # An unrelated file of the same layout and columns.
+    uri = f"{scheme}{base}/f/a.parquet"
+    same_layout = helpers.register(client, other, uri, names[:3], helpers.FILE_BUDGET)
+    assert same_layout.json()["registration_status"] == "ready", same_layout.text
+
+
+def fsspec_local() -> Any:
+    import fsspec
+
+    return fsspec.filesystem("file")
