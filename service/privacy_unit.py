@@ -287,6 +287,49 @@ def visible_key(value: Any) -> tuple[str, Any]:
     return rounded_key(value)
 
 
+#: Characters that render as a hyphen-minus or a minus sign: every dash punctuation (``Pd``:
+#: hyphen, non-breaking hyphen, figure, en and em dashes, ...) and the minus sign (U+2212, also
+#: what NFKC makes of superscript and subscript minus).
+_MINUS_SIGN = "\u2212"
+#: A number written with digit groups of three, one separator throughout (a space, also what
+#: NFKC makes of a no-break or thin space; a comma; an apostrophe, straight or curly; an
+#: underscore), a point as the decimal mark: ``1,234``, ``1 234 567``, ``1'234.5``.
+_GROUPED_NUMBER = re.compile(r"[+-]?\d{1,3}(?P<sep>[ ,'_\u2019])\d{3}(?:(?P=sep)\d{3})*(?:\.\d*)?")
+
+
+def spelled_text(text: str) -> str:
+    """``text`` as :func:`visible_key` reads it (invisible characters dropped, NFKC, whitespace
+    runs one space), with every dash and the minus sign a hyphen-minus, and the separators of
+    a number's digit groups dropped."""
+    folded = " ".join(unicodedata.normalize("NFKC", visible_text(text)).split())
+    if not folded.isascii():
+        folded = "".join(
+            "-" if ch == _MINUS_SIGN or unicodedata.category(ch) == "Pd" else ch for ch in folded
+        )
+    grouped = _GROUPED_NUMBER.fullmatch(folded)
+    if grouped:
+        folded = folded.replace(grouped["sep"], "")
+    return folded
+
+
+def spelled_key(value: Any) -> tuple[str, Any]:
+    """:func:`visible_key` of text in :func:`spelled_text`'s spelling (datasets uploaded from
+    now on; :mod:`service.unit_keys`' fifth rule).
+
+    Two more ways one identifier is written that the earlier rules kept apart (an outside
+    audit of issue 34): a word processor or a web page writes ``123\u201145\u20116789`` (the
+    non-breaking hyphen), ``AB\u201312`` (an en dash) or ``\u22127`` (the minus sign), which
+    render as ``123-45-6789``, ``AB-12`` and ``-7``; and a spreadsheet saved as CSV writes a
+    number as displayed, ``1,234`` or ``1 234`` (no-break space), where the next batch's
+    Parquet holds ``1234``. Each became a second unit, bounded apart (protected only at twice
+    the stated epsilon). Dashes become one, and a number's group separators go; both only
+    merge identifiers, which never weakens a bound. A comma as the *decimal* mark is not read
+    (``1,234`` is one thousand two hundred and thirty-four here)."""
+    if isinstance(value, str):
+        value = spelled_text(value)
+    return visible_key(value)
+
+
 def rows_per_unit_buckets(units: npt.NDArray[np.int64]) -> dict[str, int]:
     """How many units have 1, 2-5, 6-20, 21-100 and over 100 rows.
 

@@ -13,12 +13,14 @@ An appended batch's identifiers are hashed with the dataset's secret while the f
 (:class:`KeyedIndexer` with no people known: per row digests, kept in ``incoming/`` beside the
 batch), and mapped to indices under the dataset's lock (:func:`extend`): a known digest gets the
 person's index, a new one the next index. Equal identifiers are one person exactly as at upload,
-by :func:`service.privacy_unit.visible_key` (spellings of one identifier, text or number, are one
-person, invisible characters in text are dropped, and beyond ``2^53`` a number is its float64
-rounding, as a float file holds it); a dataset uploaded before that rule keeps its own,
-:func:`~service.privacy_unit.rounded_key`, :func:`~service.privacy_unit.person_key` or the first
-:func:`~service.privacy_unit.canonical_key` (text as text, numbers as numbers), which its secret
-says (:func:`rule_of`).
+by :func:`service.privacy_unit.spelled_key` (spellings of one identifier, text or number, are one
+person, invisible characters in text are dropped, dashes and the minus sign are one, a number's
+digit-group separators are dropped, and beyond ``2^53`` a number is its float64 rounding, as a
+float file holds it); a dataset uploaded before that rule keeps its own,
+:func:`~service.privacy_unit.visible_key`, :func:`~service.privacy_unit.rounded_key`,
+:func:`~service.privacy_unit.person_key` or the first
+:func:`~service.privacy_unit.canonical_key` (text as text, numbers as numbers), which its
+secret says (:func:`rule_of`).
 
 What the digests allow: with the secret (the store's disk), an identifier can be tested for
 membership; without it nothing. The store holds the rows themselves already, so this adds no
@@ -43,6 +45,7 @@ from service.privacy_unit import (
     canonical_key,
     person_key,
     rounded_key,
+    spelled_key,
     visible_key,
 )
 
@@ -64,26 +67,37 @@ PERSON_RULE = 2
 #: file holds only rounded stays one person. Datasets with a :data:`PERSON_RULE` secret keep
 #: that rule for their appends, for the same reason as above.
 ROUNDED_RULE = 3
-#: The first byte of a secret made with :func:`~service.privacy_unit.visible_key`'s rule (the
-#: current one): :data:`ROUNDED_RULE`'s, with the invisible characters of text dropped first,
+#: The first byte of a secret made with :func:`~service.privacy_unit.visible_key`'s rule:
+#: :data:`ROUNDED_RULE`'s, with the invisible characters of text dropped first,
 #: so ``"7\u200b"`` is ``"7"``. Datasets with an older secret keep their rule for their
 #: appends, for the same reason as above.
 VISIBLE_RULE = 4
+#: The first byte of a secret made with :func:`~service.privacy_unit.spelled_key`'s rule (the
+#: current one): :data:`VISIBLE_RULE`'s, with every dash and the minus sign one hyphen-minus
+#: and a number's digit-group separators dropped, so ``"\u22127"`` is ``-7`` and ``"1,234"``
+#: is ``1234``. Datasets with an older secret keep their rule for their appends.
+SPELLED_RULE = 5
 
-Rule = Literal["first", "person", "rounded", "visible"]
+Rule = Literal["first", "person", "rounded", "visible", "spelled"]
 
-_RULES: dict[int, Rule] = {PERSON_RULE: "person", ROUNDED_RULE: "rounded", VISIBLE_RULE: "visible"}
+_RULES: dict[int, Rule] = {
+    PERSON_RULE: "person",
+    ROUNDED_RULE: "rounded",
+    VISIBLE_RULE: "visible",
+    SPELLED_RULE: "spelled",
+}
 _KEYS = {
     "first": canonical_key,
     "person": person_key,
     "rounded": rounded_key,
     "visible": visible_key,
+    "spelled": spelled_key,
 }
 
 
 def new_secret() -> bytes:
     """A fresh per-dataset secret from the OS CSPRNG, marked with the current rule."""
-    return bytes([VISIBLE_RULE]) + secrets.token_bytes(SECRET_BYTES)
+    return bytes([SPELLED_RULE]) + secrets.token_bytes(SECRET_BYTES)
 
 
 def rule_of(secret: bytes) -> Rule:

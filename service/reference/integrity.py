@@ -111,6 +111,10 @@ FILE_ID = "file_id"
 #: (:meth:`Reference.covered_named`); older records are covered as they were registered, so
 #: that their stored cover rows still match them (``dpss audit verify``).
 ALIASES = "covers_aliases"
+#: An object record's field, true for objects registered since each chosen column of a copy is
+#: covered (:meth:`Reference.covered_named`'s ``column://``); older records keep the rows
+#: they were registered with (``dpss audit verify`` matches them).
+COLUMN_ALIASES = "covers_columns"
 
 
 @dataclass
@@ -186,10 +190,19 @@ class Reference:
           it (a hard link, a bind mount: ``realpath`` does not merge them), whichever columns.
           With the footer's digest: a file system reuses a deleted file's inode, so the inode
           alone would refuse an unrelated new file once an owner removed a registered one.
+        - ``column://`` (objects registered since :data:`COLUMN_ALIASES`), one per chosen
+          column: the footer's digest with that column's chunks (place and digest, row group
+          by row group). A byte copy (an S3 copy, a file copied or renamed on another device),
+          which has no inode in common, registered with *some* of the columns, or others
+          besides, shares it: the same values of the same rows, refused as the whole copy is.
         """
         chunks: dict[str, list[str]] = {}
+        columns: dict[str, list[list[str]]] = {}
         for piece in self.pieces:
             chunks.setdefault(piece.path, []).extend(c.sha256 for c in piece.chunks)
+            per_column = columns.setdefault(piece.path, [[] for _ in piece.chunks])
+            for held, chunk in zip(per_column, piece.chunks, strict=False):
+                held.append(f"{chunk.start}:{chunk.length}:{chunk.sha256}")
         out = []
         for record in self.objects:
             path = str(record["path"])
@@ -203,6 +216,11 @@ class Reference:
             aliases = [f"content-set://{as_set}"]
             if record.get(FILE_ID):
                 aliases.append(f"file-id://{record[FILE_ID]}/{record['footer_sha256']}")
+            if record.get(COLUMN_ALIASES):
+                aliases.extend(
+                    f"column://{record['footer_sha256']}/{_sha256(' '.join(held).encode())}"
+                    for held in columns.get(path, [])
+                )
             for alias in aliases:
                 # Distinct from every object's content digest by its prefix: the row's content
                 # column must be unique too.

@@ -11,6 +11,9 @@ Guarantees:
   anything that is not a regular file there, before and after the open; listing
   (:func:`_list_local`) works by ``lstat``, opens nothing, skips symlinks and refuses a
   non-regular ``*.parquet`` by name.
+- **The name recorded is the object read** (S3): a name is accepted, listed or opened only
+  when the client's own parse of it gives it back unchanged (:func:`read_as_named`: s3fs
+  reads ``key?versionId=...`` as ``key``, a second name for one object).
 - **Identity.** :func:`_identity` is what must not change between registration and a release:
   S3's ETag and VersionId (an S3 object is read at its recorded version), or a file's size
   and modification time in nanoseconds by ``lstat``.
@@ -77,6 +80,23 @@ class NotRegular(OSError):
     """The path is not (or no longer) a regular file at its resolved place under a root."""
 
 
+def read_as_named(fs: Any, path: str) -> bool:
+    """Whether the S3 client reads the object ``path`` names (``bucket/key``), not another.
+
+    The client parses a name before it asks for it: s3fs drops a ``?versionId=...`` suffix
+    (read as the current version when the filesystem is not version-aware), so
+    ``bucket/a.parquet?versionId=1`` named, and was recorded as, another object than the one
+    read: the same rows under a second key, a second dataset and a second budget, with any
+    columns (a copy's content digest covers the columns chosen only). A name is accepted only
+    when the client's own parse of it gives back exactly that bucket and key, no version:
+    whatever else the client may come to normalise is refused the same way."""
+    try:
+        bucket, key, version = fs.split_path(path)
+    except Exception:
+        return False
+    return version is None and bool(key) and f"{bucket}/{key}" == path
+
+
 def _open_regular(path: str, roots: Sequence[str]) -> int:
     """A descriptor of the regular file at ``path`` (a resolved path under ``roots``), opened
     without following a symlink and without blocking (a FIFO or device answers at once, and is
@@ -131,6 +151,8 @@ class _Object:
             if not _under(path, location.roots):
                 raise NotRegular(path)
             self._fs = location.filesystem()
+            if not read_as_named(self._fs, path):
+                raise NotRegular(path)
             self.size = size  # the recorded size (the ETag and version are checked apart)
 
     def read(self, start: int, length: int) -> bytes:
@@ -273,10 +295,17 @@ def _list_objects(
     try:
         if location.protocol == "file":
             found = _list_local(path, deadline)
-        elif fs.isfile(path):
-            found = [path]
         else:
-            found = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+            if not read_as_named(fs, path) and not read_as_named(fs, f"{path}/x"):
+                # Checked before any request: the client would list or read another name.
+                raise InvalidInput("uri", "names another object than the one it would read")
+            if fs.isfile(path):
+                found = [path]
+            else:
+                found = sorted(p for p in fs.find(path) if p.endswith(".parquet"))
+            for name in found:
+                if not read_as_named(fs, name):
+                    raise InvalidInput("uri", f"{name} names another object than the one read")
     except InvalidInput:
         raise
     except Exception as exc:

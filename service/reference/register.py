@@ -26,6 +26,7 @@ from service.errors import InvalidInput, PayloadTooLarge
 from service.reference.integrity import (
     _MAGIC,
     ALIASES,
+    COLUMN_ALIASES,
     FILE_ID,
     Chunk,
     Piece,
@@ -95,6 +96,7 @@ def _register_object(
         if handle.file_id is not None:
             record[FILE_ID] = handle.file_id
         record[ALIASES] = True
+        record[COLUMN_ALIASES] = True
         footer, metadata = _footer(handle, size)
         record["footer_sha256"] = _sha256(footer)
         record["footer_length"] = len(footer)

@@ -99,9 +99,10 @@ def test_a_person_keeps_one_unit_across_formats_and_spellings(client, keys, firs
     assert shown["n_units"] == 3
 
 
-def test_new_secrets_carry_the_visible_rule() -> None:
-    # The rounded rule, with invisible characters of text dropped (test_privacy_unit_invisible).
-    assert unit_keys.rule_of(unit_keys.new_secret()) == "visible"
+def test_new_secrets_carry_the_spelled_rule() -> None:
+    # The rounded rule, with invisible characters of text dropped (test_privacy_unit_invisible),
+    # dashes one and digit groups joined (test_privacy_unit_spellings).
+    assert unit_keys.rule_of(unit_keys.new_secret()) == "spelled"
 
 
 def npy_with_ids(ids: np.ndarray, rows: np.ndarray) -> bytes:

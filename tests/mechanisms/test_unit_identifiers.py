@@ -73,8 +73,8 @@ def test_beyond_2_53_every_spelling_is_its_float64_rounding(group: list) -> None
     """The current rule: a float file holds an identifier beyond 2**53 only rounded, so the
     exact integer (CSV text, Parquet int64) and the float are one person (before: two)."""
     secret = unit_keys.new_secret()
-    # The current rule (visible) is the rounded one for numbers.
-    assert unit_keys.rule_of(secret) == "visible"
+    # The current rule (spelled) is the rounded one for numbers.
+    assert unit_keys.rule_of(secret) == "spelled"
     digests = unit_keys.row_digests(secret, group)
     rounded = bytes([unit_keys.ROUNDED_RULE]) + bytes(range(32))
     assert len({row.tobytes() for row in unit_keys.row_digests(rounded, group)}) == 1, group

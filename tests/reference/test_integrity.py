@@ -449,11 +449,12 @@ def test_an_object_covered_by_a_live_dataset_is_refused(
         assert detail.startswith("uri: ") and "another live dataset" in detail, detail
     # Nothing was kept by the refusals: only the first dataset, its one object.
     with session_factory() as session:
-        # The object's path, and its aliases (its columns in any order, its inode).
+        # The object's path, and its aliases (its columns in any order, its inode, each
+        # column of a copy).
         kinds = sorted(
             row.object_key.split("://")[0] for row in session.query(DatasetReferenceObject)
         )
-        assert kinds == ["content-set", "file", "file-id"], kinds
+        assert kinds == sorted(["content-set", "file", "file-id", *["column"] * len(names)])
     registered(client, other, str(root / "set" / "b.parquet"), names)
     deleted = client.delete(f"/v1/datasets/{first.json()['id']}", headers=bearer(keys.owner))
     assert deleted.status_code == 204
