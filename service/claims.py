@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, bindparam, exists, or_, select
+from sqlalchemy import ColumnElement, Select, and_, bindparam, exists, false, func, or_, select
+from sqlalchemy.orm import Session
 
 from service import registration
 from service.continual import CONTINUAL
-from service.db.models import Dataset, Release
+from service.db.models import Dataset, DatasetBatch, Release
 from service.jobs import QUEUED_CLAIMABLE, JobKind
 from service.oneshot import ONE_SHOT
 
@@ -39,6 +40,15 @@ def waiting_look(kind: JobKind[Any, Any]) -> Select[Any] | None:
     return _waiting_looks()[KINDS.index(kind)]
 
 
+#: When a waiting job's new work came (a continual release's: its next batch's commit, else its
+#: dataset's deletion; both an owner's public act), on ``Release`` joined with ``Dataset`` and,
+#: outer, :data:`_NEXT_BATCH`. The order of waiting jobs and of waiting against queued ones.
+_WORK_SINCE = func.coalesce(DatasetBatch.created_at, Dataset.deleted_at, Release.created_at)
+_NEXT_BATCH = and_(
+    DatasetBatch.dataset_id == Release.dataset_id, DatasetBatch.seq == Release.epochs_done
+)
+
+
 @functools.cache
 def _waiting_looks() -> tuple[Select[Any] | None, ...]:
     looks: list[Select[Any] | None] = []
@@ -49,12 +59,50 @@ def _waiting_looks() -> tuple[Select[Any] | None, ...]:
             if ready is None
             else select(Release)
             .join(Dataset, Dataset.id == Release.dataset_id)
+            .outerjoin(DatasetBatch, _NEXT_BATCH)
             .where(*ready)
-            .order_by(Release.created_at)
+            .order_by(_WORK_SINCE, Release.created_at)
             .limit(1)
             .with_for_update(of=Release, skip_locked=True)
         )
     return tuple(looks)
+
+
+@functools.cache
+def waiting_ahead() -> Select[Any]:
+    """One statement (bound ``worker_id``): does a waiting job have work that came before the
+    oldest queued job was requested? Then the worker takes it first (:meth:`service.worker.
+    Worker.claim`).
+
+    Why: a continual release's next epoch is padded from its batch's commit (or its end from
+    the deletion) with the queue at that moment (:func:`service.continual.act_queue_seconds`):
+    the jobs requested before it. Taken after every queued job, it waited behind jobs requested
+    *after* it too, which no padding fixed at the act could count, and whether it showed at its
+    ``visible_at`` or a step later told its owner and analysts whether a job requested after
+    the batch (any dataset's, its run time possibly depending on one row) had really ended
+    (``tests/continual/test_epoch_behind_a_long_job.py``)."""
+    oldest = (
+        select(func.min(Release.created_at))
+        .where(QUEUED_CLAIMABLE)
+        .correlate(None)
+        .scalar_subquery()
+    )
+    looks = [
+        exists()
+        .select_from(
+            Release.__table__.join(Dataset.__table__).outerjoin(DatasetBatch.__table__, _NEXT_BATCH)
+        )
+        .where(*ready, oldest >= _WORK_SINCE)
+        for ready in (waiting_claimable(kind) for kind in KINDS)
+        if ready is not None
+    ]
+    return select(or_(*looks)) if looks else select(false())
+
+
+def waiting_first(session: Session, worker_id: str) -> bool:
+    """:func:`waiting_ahead`, asked on the claim's connection."""
+    found = session.connection().execute(waiting_ahead(), {"worker_id": worker_id}).scalar()
+    return bool(found)
 
 
 @functools.cache

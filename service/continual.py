@@ -92,6 +92,7 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding import PaddingModel, late_schedule, padded
+from service.padding_queue import padding_model, queue_seconds
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
@@ -131,6 +132,9 @@ class EpochInput:
     key: bytes
     #: When analysts may see the epoch (see :func:`epoch_visible_at`).
     visible_at: datetime
+    #: The padding ``visible_at`` added to the batch's commit, its queue term included
+    #: (:func:`pending_padding`): the late schedule's step if the epoch ends after it.
+    padding: timedelta
     #: The dataset's unit is a person (issue 34): each person has one bound over all batches
     #: (:func:`service.privacy_unit.continual_batch_rows`, usage kept in the state).
     person_level: bool = False
@@ -166,22 +170,48 @@ def pending_visible_at(
 ) -> datetime:
     """When analysts may see what epoch ``epochs_done + 1`` brings (the epoch, or the release's
     end without it): :func:`epoch_visible_at` from its batch's commit, or the dataset's deletion
-    if later (which ends the release), plus one epoch's padding. Public facts only, so it is
-    fixed before the epoch runs and says nothing about how long it ran."""
+    if later (which ends the release), plus one epoch's padding (:func:`pending_padding`).
+    Public facts only, so it is fixed before the epoch runs and says nothing about how long it
+    ran."""
+    return pending_padding(session, settings, release, dataset)[0]
+
+
+def pending_padding(
+    session: Session, settings: Settings, release: Release, dataset: Dataset
+) -> tuple[datetime, timedelta]:
+    """:func:`pending_visible_at` and the padding it added to the act (the batch's commit or
+    the deletion): one epoch's modelled work on that batch plus the queue at that moment
+    (:func:`act_queue_seconds`)."""
     batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
     n_rows = batch.n_rows if batch is not None else dataset.n_rows
     started = batch.created_at if batch is not None else None
     moments = [moment for moment in (started, dataset.deleted_at) if moment is not None]
+    act = max(moments) if moments else utcnow()
     padding = PaddingModel.from_settings(settings).padding(
-        release.mechanism, n_rows, dataset.n_cols, release.k, release.params
+        release.mechanism,
+        n_rows,
+        dataset.n_cols,
+        release.k,
+        release.params,
+        act_queue_seconds(session, settings, act),
     )
     previous = latest_epoch(session, release.id)
-    return epoch_visible_at(
-        release.visible_at,
-        max(moments) if moments else utcnow(),
-        padding,
-        previous.visible_at if previous is not None else None,
+    moment = epoch_visible_at(
+        release.visible_at, act, padding, previous.visible_at if previous is not None else None
     )
+    return moment, padding
+
+
+def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> float:
+    """The padding's queue term at ``act`` (an owner's append or deletion, which gives a
+    waiting continual release work): the modelled time of the one-shot releases requested by
+    then and not yet past their own ``visible_at`` (:func:`service.padding_queue.
+    queue_seconds`; every input fixed when they were requested, so the worker computes the same
+    later). The epoch runs behind them on the workers' one queue: padded as if they were not
+    there, it showed late exactly when one of them (any dataset's, its run time possibly
+    depending on one row) had not yet ended, long before that one's own ``visible_at``
+    (``tests/continual/test_epoch_behind_a_long_job.py``)."""
+    return queue_seconds(session, padding_model(session, settings, act), act)
 
 
 def new_release_key() -> bytes:
@@ -337,7 +367,10 @@ def _end_visible_at(session: Session, settings: Settings, release: Release) -> d
     if dataset.deleted_at is None or not padded(release):
         return pending_visible_at(session, settings, release, dataset)
     assert release.visible_at is not None  # padded
-    due = max(dataset.deleted_at + (release.visible_at - release.created_at), release.visible_at)
+    # Plus the queue at the deletion: the end waits behind it (act_queue_seconds).
+    queue = timedelta(seconds=act_queue_seconds(session, settings, dataset.deleted_at))
+    padding = release.visible_at - release.created_at
+    due = max(dataset.deleted_at + padding + queue, release.visible_at)
     return late_schedule(release.created_at, due, utcnow())[0]
 
 
@@ -360,9 +393,11 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
         # Drawn once per release and committed before any epoch reads the data.
         release.continual_key = new_release_key()
     state = session.get(ReleaseState, release.id)
+    visible_at, padding = pending_padding(session, settings, release, dataset)
     return EpochInput(
         epoch=release.epochs_done + 1,
-        visible_at=pending_visible_at(session, settings, release, dataset),
+        visible_at=visible_at,
+        padding=padding,
         horizon=horizon,
         batch_seq=batch.seq,
         row_offset=batch.row_offset,
@@ -388,10 +423,7 @@ def store_epoch(
     schedule (:func:`service.padding.late_schedule` with the epoch's own padding), as a late
     one-shot release does, not at the moment it was stored."""
     outcome = computed.outcome
-    padding = PaddingModel.from_settings(settings).padding(
-        release.mechanism, step.n_rows, step.n_cols, release.k, release.params
-    )
-    shows_at, _ = late_schedule(step.visible_at - padding, step.visible_at, utcnow())
+    shows_at, _ = late_schedule(step.visible_at - step.padding, step.visible_at, utcnow())
     if release.epochs_done == step.epoch:
         return STORED  # committed earlier; the answer was lost
     if release.epochs_done != step.epoch - 1:

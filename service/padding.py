@@ -61,6 +61,9 @@ status, start, finish or run time of any job):
   ``created_at <= now < visible_at``, both moments fixed when *they* were requested. Their
   real status (queued, running, finished), lease, start and finish are never read: a probe
   release's padding is the same whether another job is still running or already finished.
+  A one-shot release past its ``visible_at`` whose outcome is not shown yet adds the time to
+  its late schedule's next step (the latest of them): a public moment, the same whether it
+  really runs or has ended and waits for that step (:func:`service.padding_queue.late_seconds`).
 
 ``visible_at`` is computed once, when the release is requested, and stored: a later
 calibration never moves it.

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, and_, or_, select
 from sqlalchemy.orm import Session
 
 from service import calibration
 from service.config import Settings
 from service.db.models import Dataset, Release
 from service.mechanisms.registry import MECHANISMS
-from service.padding import PaddingModel
+from service.padding import PaddingModel, next_late_step
 
 
 def padding_model(session: Session, settings: Settings, now: datetime) -> PaddingModel:
@@ -30,8 +30,10 @@ def queue_seconds(session: Session, model: PaddingModel, now: datetime) -> float
     queue_seconds`), calibrated or not. Without it a job requested behind a long one was
     padded as if the queue were empty, and whether it showed at its ``visible_at`` or at a
     late step told its requester whether the job ahead (anyone's, on any dataset) had really
-    ended, long before that job's own ``visible_at``."""
-    ahead = session.execute(
+    ended, long before that job's own ``visible_at``. Plus the wait for the late jobs whose
+    outcome is not shown (:func:`late_seconds`)."""
+    # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
+    rows = session.execute(
         select(
             Release.mechanism,
             Release.n_rows_read,
@@ -39,20 +41,53 @@ def queue_seconds(session: Session, model: PaddingModel, now: datetime) -> float
             Dataset.n_cols,
             Release.k,
             Release.params,
+            Release.created_at,
+            Release.visible_at,
         )
         .join(Dataset, Dataset.id == Release.dataset_id)
         .where(
             Release.created_at <= now,
             Release.visible_at.is_not(None),
-            Release.visible_at > now,
+            or_(Release.visible_at > now, _shown_unfinished(now)),
         )
     ).all()
+    one_shot = [row for row in rows if row[0] in MECHANISMS and not MECHANISMS[row[0]].continual]
+    ahead = [row for row in one_shot if row.visible_at > now]
+    late = [(row.created_at, row.visible_at) for row in one_shot if row.visible_at <= now]
     return model.queue_seconds(
         [
             # n_rows_read is fixed at the request for one-shot releases (the rows present
             # then); Dataset.n_rows only for rows stored before that column existed.
             (name, n_read if n_read is not None else n, d, k_, job_params or {})
-            for name, n_read, n, d, k_, job_params in ahead
-            if name in MECHANISMS and not MECHANISMS[name].continual
+            for name, n_read, n, d, k_, job_params, _, _ in ahead
         ]
+    ) + late_seconds(late, now)
+
+
+def _shown_unfinished(now: datetime) -> ColumnElement[bool]:
+    """A release past its ``visible_at`` whose outcome is not shown at ``now``: really
+    unfinished (the worker stores ``outcome_visible_at`` with the end), or ended and waiting
+    for its late step; shown ``running`` either way."""
+    return or_(
+        and_(Release.outcome_visible_at.is_(None), Release.status.in_(("queued", "running"))),
+        Release.outcome_visible_at > now,
+    )
+
+
+def late_seconds(late: list[tuple[datetime, datetime]], now: datetime) -> float:
+    """Until the next step of the late schedule of the latest of the ``late`` one-shot jobs
+    (``(created_at, visible_at)``: past their ``visible_at``, their outcome not shown at
+    ``now``). A job requested now waits behind them; padded as if they were not there it
+    showed late exactly when one of them had not ended within its floor (anyone's, on any
+    dataset: a probe after a late job's ``visible_at`` read its real end to within the
+    probe's floor, finer than the step of its late schedule its own analysts see;
+    ``tests/api/test_probe_behind_a_late_job.py``). A function of what is shown: it changes at
+    those steps only (a job counts from its ``visible_at`` until its outcome shows), whatever
+    the job really does in between."""
+    return max(
+        (
+            (next_late_step(created, visible, now) - now).total_seconds()
+            for created, visible in late
+        ),
+        default=0.0,
     )

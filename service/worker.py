@@ -239,21 +239,22 @@ class Worker:
     # -- claiming -------------------------------------------------------------------------------
 
     def claim(self) -> ClaimedJob | None:
-        """The next job, ``None`` if there is none: a queued or expired one (:meth:`_queued`),
-        else a job that waited and has work again (:meth:`_waiting`: a continual release with
-        a new batch). Both looks in one transaction: an idle worker asks after every job, and a
-        transaction for each look was a tenth of a small release's bookkeeping
-        (``bench/bench_release_cpu.py``). A job abandoned on the way is recorded in its own
-        transaction and the claim starts again."""
+        """The next job or ``None``: a queued or expired one (:meth:`_queued`), else one that
+        waited and has work again (:meth:`_waiting`), first if that work came before the oldest
+        queued job (:func:`service.claims.waiting_first`). One transaction (``bench/
+        bench_release_cpu.py``); a job abandoned on the way is recorded, and the claim redone."""
         lease = timedelta(seconds=self.settings.worker_lease_seconds)
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                found = self._queued(session, now, lease)
+                first = claims.waiting_first(session, self.worker_id)
+                found = None if first else self._queued(session, now, lease)
                 for kind in claims.KINDS:
                     if found is not None:
                         break
                     found = self._waiting(session, kind, now, lease)
+                if found is None and first:
+                    found = self._queued(session, now, lease)
                 if not isinstance(found, _Abandoned):
                     return found
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import auth, continual, oneshot
@@ -269,7 +269,24 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
     # (the other accountings convert: the dry runs price requests at and past what is left).
     exact = accounting == "basic"
     every = probe_calls(padded.app, ids, dataset, real_request=exact)
-    before = {name: [answer(padded, keys[name], c) for c in every] for name in WATCHERS}
+    # The statements each answer runs, too: a read whose statements depend on what a worker
+    # stored takes a time that does (service.visibility); none may, for anyone.
+    executed: list[str] = []
+    bind = session_factory.kw["bind"]
+
+    def seen(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        many = len(parameters) if isinstance(parameters, (list, tuple, dict)) else 0
+        executed.append(f"{re.sub(r'sa_savepoint_[0-9]+', 'sp', statement)} ({many})")
+
+    def answer_and_statements(name: str, call: Call) -> tuple[Any, list[str]]:
+        executed.clear()
+        return answer(padded, keys[name], call), list(executed)
+
+    event.listen(bind.engine, "before_cursor_execute", seen)
+    try:
+        before = {name: [answer_and_statements(name, c) for c in every] for name in WATCHERS}
+    finally:
+        event.remove(bind.engine, "before_cursor_execute", seen)
 
     def stored() -> list[tuple[str, bool]]:
         with session_factory() as session:
@@ -279,7 +296,11 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
     stored_before = stored()
     worker = Worker(session_factory, store, padded_settings, worker_id="probe")
     assert worker.run_pending() == len(REQUESTS)
-    after = {name: [answer(padded, keys[name], c) for c in every] for name in WATCHERS}
+    event.listen(bind.engine, "before_cursor_execute", seen)
+    try:
+        after = {name: [answer_and_statements(name, c) for c in every] for name in WATCHERS}
+    finally:
+        event.remove(bind.engine, "before_cursor_execute", seen)
 
     # The jobs did end three ways, refunded once, as stored (so the probe could fail).
     assert [status for status, _ in stored_before] == ["queued"] * len(REQUESTS)
@@ -298,4 +319,6 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
     assert changed == []
     if exact:
         # The real request was refused (the grant was spent, the refund not yet in effect).
-        assert before["a"][-1][0][0] == 409
+        assert before["a"][-1][0][0][0] == 409
+    # The statements were seen (so their comparison above could fail).
+    assert sum(bool(statements) for _, statements in before["a"]) > len(every) // 2

@@ -1,0 +1,163 @@
+"""A continual release's epoch (or end) must not tell when another dataset's job ended.
+
+An epoch of a continual release runs when its batch is appended, on the workers' one queue:
+behind the one-shot jobs already there, on any dataset. Its ``visible_at`` was its batch's
+commit time plus one epoch's padding, with no term for that queue (the one-shot releases and
+registrations got theirs: ``tests/reference/test_probe_behind_a_long_job.py``). So the owner
+who appends a batch behind another dataset's long release (padded by its model to seconds),
+and any analyst of the continual release, saw the epoch at its ``visible_at`` if that release
+had really ended quickly, or a step of the late schedule later if not: whether it had ended,
+long before its own ``visible_at`` (its run time may depend on one of its rows). The same for
+a continual release ended by its dataset's deletion: its end was due the deletion plus the
+release's padding. Both are now padded after the modelled queue at the moment of the act (the
+batch's commit, the deletion), and a waiting continual job with new work is taken in the
+order of that moment among the queued ones (a job requested after it no longer goes first).
+In two worlds that differ only in whether the long release really ran milliseconds or most of
+its modelled time, the analyst and the owner see the same at the same moments.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import oneshot
+from service.config import Settings
+from service.db.models import Release, ReleaseEpoch, utcnow
+from service.worker import Worker
+from tests.api.test_append_rows import append
+from tests.conftest import Keys, bearer, npy_bytes, post_release
+
+PAD = 2.0
+#: The long job: gap_perturbation at an operator's rate (public) that models its run at about
+#: 3 s; it really runs in milliseconds, or (the slow world) SLOW seconds.
+LONG = {"mechanism": "gap_perturbation", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
+SLOW = PAD + 0.2
+D = 3
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return settings.model_copy(
+        update={
+            "release_padding_floor_seconds": PAD,
+            "release_padding_calibrated": False,
+            "release_padding_rates": {"gap_perturbation": 1500.0},
+        }
+    )
+
+
+def _view(client: TestClient, key: str, release_id: str) -> tuple[Any, ...]:
+    shown = client.get(f"/v1/releases/{release_id}", headers=bearer(key)).json()
+    epochs = client.get(f"/v1/releases/{release_id}/epochs", headers=bearer(key)).json()
+    return (
+        shown["status"],
+        shown["epochs_done"],
+        shown["reason"],
+        [e["epoch"] for e in epochs["items"]],
+    )
+
+
+def _backdate(
+    session_factory: sessionmaker[Session], by: timedelta, release: uuid.UUID | None = None
+) -> None:
+    """Move releases (every one, or ``release`` and its epochs) ``by`` into the past."""
+    with session_factory.begin() as session:
+        for row in session.scalars(select(Release)).all():
+            if release is None or row.id == release:
+                row.created_at -= by
+                if row.visible_at is not None:
+                    row.visible_at -= by
+        for epoch in session.scalars(select(ReleaseEpoch)).all():
+            if release is None or epoch.release_id == release:
+                epoch.visible_at -= by
+
+
+@pytest.mark.parametrize("act", ["append", "delete", "append, then a later job"])
+def test_a_continual_release_behind_a_long_job_shows_the_same_whether_it_ended(
+    act: str,
+    client: TestClient,
+    keys: Keys,
+    make_key: Any,
+    upload_dataset: Any,
+    worker: Worker,
+    session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rng = np.random.default_rng(3)
+    target = upload_dataset(
+        client, make_key("owner"), rng.normal(size=(300, D)) / 4, row_norm_bound=1.0,
+        epsilon_budget="100",
+    )  # fmt: skip
+    real = oneshot.execute
+    slow = {"on": False}
+
+    def execute(job: Any, *args: Any, **kwargs: Any) -> Any:
+        if slow["on"] and job.mechanism == LONG["mechanism"]:
+            time.sleep(SLOW)  # the run time that depends on the target's rows
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(oneshot, "execute", execute)
+
+    def request_long() -> None:
+        long = client.post(
+            f"/v1/datasets/{target['id']}/releases", headers=bearer(keys.analyst), json=LONG
+        )
+        assert long.status_code == 202, long.text
+
+    seen: dict[str, list[tuple[Any, ...]]] = {}
+    offsets: list[float] = []
+    for world in ("fast", "slow"):
+        slow["on"] = world == "slow"
+        # The other world's releases are long past their visible_at: no queue of theirs.
+        _backdate(session_factory, timedelta(hours=1))
+        mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0)
+        release = post_release(
+            client, keys.analyst, mine["id"], mechanism="continual_gauss", k=1,
+            epsilon="1", delta="1e-6", params={"horizon": 3},
+        )  # fmt: skip
+        assert worker.run_pending() == 1  # epoch 1
+        # Requested long ago: the release and epoch 1 are visible; what follows is padded from
+        # the act alone.
+        _backdate(session_factory, timedelta(minutes=10), uuid.UUID(release))
+        if act != "append, then a later job":
+            request_long()
+        if act == "delete":
+            gone = client.delete(f"/v1/datasets/{mine['id']}", headers=bearer(keys.owner))
+            assert gone.status_code == 204, gone.text
+        else:
+            added = append(client, keys.owner, mine["id"], npy_bytes(rng.normal(size=(30, D)) / 4))
+            assert added.status_code == 201, added.text
+        acted, acted_at = time.monotonic(), utcnow()
+        if act == "append, then a later job":
+            request_long()  # after the batch: it must not go first
+        worker.run_pending()  # the long job and the epoch (or the end), in the worker's order
+        if world == "fast":
+            with session_factory() as session:
+                stored = session.get(Release, uuid.UUID(release))
+                assert stored is not None
+                if act == "delete":
+                    assert stored.outcome_visible_at is not None
+                    due = stored.outcome_visible_at
+                else:
+                    epoch = session.get(ReleaseEpoch, (uuid.UUID(release), 2))
+                    assert epoch is not None
+                    due = epoch.visible_at
+            # Read after the former visible_at, and when the fast world shows the news.
+            offsets = [PAD + 0.3, max(PAD, (due - acted_at).total_seconds()) + 0.3]
+        views = []
+        for offset in offsets:
+            time.sleep(max(0.0, offset - (time.monotonic() - acted)))
+            views.append((_view(client, keys.analyst, release), _view(client, keys.owner, release)))
+        seen[world] = views
+        # The news did come in the fast world by its last reading, so the test could fail.
+        assert world == "slow" or views[-1][0] != ("running", 1, None, [1]), views
+    assert seen["fast"] == seen["slow"], seen
