@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.linalg
-from sqlalchemy import func, or_, select
+from sqlalchemy import bindparam, func, or_, select
 from sqlalchemy.orm import Session
 
 from service.db.models import MachineRate, WorkerHeartbeat, utcnow
@@ -246,6 +246,20 @@ def store(
         session.delete(row)
 
 
+#: The rates that count (:func:`current_rates`): measured since ``since`` or of a live worker.
+_CURRENT_RATE = or_(
+    MachineRate.measured_at >= bindparam("since"),
+    MachineRate.worker_id.in_(select(WorkerHeartbeat.worker_id)),
+)
+#: :func:`current_rates`'s two statements, built once (read by every release request).
+_SLOWEST_RATES = (
+    select(MachineRate.mechanism, MachineRate.d, func.min(MachineRate.rate))
+    .where(_CURRENT_RATE)
+    .group_by(MachineRate.mechanism, MachineRate.d)
+)
+_RATED_WORKERS = select(func.count(func.distinct(MachineRate.worker_id))).where(_CURRENT_RATE)
+
+
 def current_rates(session: Session, now: datetime | None = None) -> CalibratedRates:
     """The slowest rate of any current worker per (mechanism, d): any of them may run the job.
 
@@ -253,17 +267,7 @@ def current_rates(session: Session, now: datetime | None = None) -> CalibratedRa
     whatever its jobs do, and removed when it stops) and for :data:`STALE_AFTER` after they
     were measured. Workers measure only at their start (:mod:`service.worker`), so what this
     returns changes when an operator starts or stops a worker, never when a job ends."""
-    since = (now or utcnow()) - STALE_AFTER
-    current = or_(
-        MachineRate.measured_at >= since,
-        MachineRate.worker_id.in_(select(WorkerHeartbeat.worker_id)),
-    )
-    rows = session.execute(
-        select(MachineRate.mechanism, MachineRate.d, func.min(MachineRate.rate))
-        .where(current)
-        .group_by(MachineRate.mechanism, MachineRate.d)
-    ).all()
-    workers = session.execute(
-        select(func.count(func.distinct(MachineRate.worker_id))).where(current)
-    ).scalar_one()
+    since = {"since": (now or utcnow()) - STALE_AFTER}
+    rows = session.execute(_SLOWEST_RATES, since).all()
+    workers = session.execute(_RATED_WORKERS, since).scalar_one()
     return CalibratedRates({(name, d): rate for name, d, rate in rows}, workers=workers)

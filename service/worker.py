@@ -91,7 +91,7 @@ from service import (
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
 from service.db.clock import lease_end
-from service.db.models import Dataset, LedgerEntry, Release, ReleaseBasis, utcnow
+from service.db.models import Dataset, LedgerEntry, Release, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
 from service.jobs import (
@@ -109,6 +109,7 @@ from service.jobs import (
     Run,
     RunContext,
     WorkerStopping,
+    add_basis,
     lease_update,
     queued_claim,
     take_lease,
@@ -602,7 +603,7 @@ class Worker:
             release.reference_check = reference_recheck.PENDING
         if outcome.basis is not None:
             basis, release.result_shape, release.result_sha256 = outcome.basis
-            session.add(ReleaseBasis(release_id=release.id, epoch=0, basis=basis))
+            add_basis(session, release.id, 0, basis)
         refunded = None
         # DESIGN: a refund only when the job provably never read the data. A failure decided
         # before any row is read proves it for this attempt only: an earlier attempt of the

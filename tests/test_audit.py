@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from service import audit, auth
 from service.cli import app as cli_app
-from service.db.models import AuditEvent
+from service.db.models import ApiKey, AuditEvent
 from tests.conftest import bearer
 
 
@@ -122,3 +122,26 @@ def test_keys_create_cli_makes_a_working_key(committed_db, monkeypatch):
     assert refused.exit_code == 2
     with factory() as session:
         assert session.scalar(select(AuditEvent.event_type)) == "key_created"
+
+
+def test_an_append_writes_at_once_after_the_callers_pending_changes(chain):
+    """An append flushes the caller's pending changes first (the chain's lock order: the
+    change, then the head), then writes its event and the head's move at once: nothing is left
+    for the commit to flush, and two appends in one transaction chain one after the other.
+    (Before, the event and the head were ORM objects the commit flushed: ``session.new`` held
+    the event after the append.)"""
+    with chain.begin() as session:
+        before = session.execute(select(AuditEvent.seq).order_by(AuditEvent.seq.desc())).first()
+        assert before is not None
+        key, _secret = auth.create_key(session, "analyst", "pending", actor_key_id=None)
+        key.name = "renamed"  # a pending change of the caller's
+        audit.record(session, "test_event", actor_key_id=None, details={"n": 1})
+        assert not session.new and not session.dirty
+        stored = session.connection().execute(
+            select(ApiKey.__table__.c.name).where(ApiKey.__table__.c.id == key.id)
+        )
+        assert stored.scalar_one() == "renamed"
+        seqs = session.execute(select(AuditEvent.seq).where(AuditEvent.seq > before.seq)).all()
+        assert [row.seq for row in seqs] == [before.seq + 1, before.seq + 2]
+    report = verify(chain)
+    assert report.ok and report.checked == before.seq + 2
