@@ -59,7 +59,13 @@ from service.reference.integrity import (
     ReferenceFault,
     object_fault,
 )
-from service.reference.objects import Location, NotRegular, _fault_name, _identity
+from service.reference.objects import (
+    Location,
+    NotRegular,
+    _fault_name,
+    _identity,
+    identity_differs,
+)
 from service.reference.reading import _read_piece, verify_piece
 
 #: Mechanisms that reach the rows only through the RowSource passes (Gram, column sum, subset
@@ -467,7 +473,7 @@ class ParquetRows:
                 raise object_fault(
                     UNREADABLE_REASON.format(kind=_fault_name(exc)), path=path
                 ) from None
-            if any(recorded.get(key) != value for key, value in current.items()):
+            if identity_differs(recorded, current):
                 raise object_fault(CHANGED_REASON, path=path)
 
     def verify_unchanged(self) -> None:

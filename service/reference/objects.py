@@ -12,8 +12,11 @@ Guarantees:
   (:func:`_list_local`) works by ``lstat``, opens nothing, skips symlinks and refuses a
   non-regular ``*.parquet`` by name.
 - **Identity.** :func:`_identity` is what must not change between registration and a release:
-  S3's ETag and VersionId (an S3 object is read at its recorded version), or a file's size
-  and modification time in nanoseconds by ``lstat``.
+  S3's ETag, VersionId and LastModified (an S3 object is read at its recorded version), or a
+  file's size, modification time and inode change time in nanoseconds by ``lstat``. The last
+  of each is set by the kernel or the store at every write and cannot be put back by the
+  writer, so a change undone before a re-check (the bytes and the mtime restored, an object
+  put again with its old bytes) is still found (:func:`identity_differs`).
 - **Bounded work.** At most :data:`MAX_OBJECTS` objects, a registration's reads bounded in time
   (:class:`_Deadline`), byte ranges fetched in as few requests as their gaps allow
   (:func:`_read_ranges`).
@@ -212,16 +215,42 @@ def _identity(fs: Any, location: Location, path: str) -> dict[str, Any]:
     changed)."""
     if location.protocol == "s3":
         info = fs.info(path, refresh=True)
+        modified = info.get("LastModified")
         return {
             "path": path,
             "size": int(info["size"]),
             "etag": str(info.get("ETag", "")),
             "version": info.get("VersionId"),
+            LAST_MODIFIED: None if modified is None else str(modified),
         }
     status = os.lstat(path)
     if not stat.S_ISREG(status.st_mode):
         raise NotRegular(path)
-    return {"path": path, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
+    return {
+        "path": path,
+        "size": status.st_size,
+        "mtime_ns": status.st_mtime_ns,
+        CTIME_NS: status.st_ctime_ns,
+    }
+
+
+#: Identity fields set by the kernel (a file's inode change time) or the store (an S3 object's
+#: LastModified) at every change, which a writer cannot set back: a change undone before a
+#: re-check (the bytes and the mtime put back) still differs here. Recorded since these were
+#: added; a record made before compares the fields it has.
+CTIME_NS = "ctime_ns"
+LAST_MODIFIED = "last_modified"
+LATER_FIELDS = frozenset({CTIME_NS, LAST_MODIFIED})
+
+
+def identity_differs(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether an object's identity now (:func:`_identity`) differs from its record: every
+    field, but those of :data:`LATER_FIELDS` only where recorded."""
+    return any(
+        recorded.get(key) != value
+        for key, value in current.items()
+        if key in recorded or key not in LATER_FIELDS
+    )
 
 
 class _Deadline:
