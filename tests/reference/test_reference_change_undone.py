@@ -106,16 +106,21 @@ def test_identity_records_what_the_writer_cannot_set_back(tmp_path: Path) -> Non
     location = objects.Location("file")
     before = objects._identity(None, location, str(path))
     assert objects.CTIME_NS in before
+    requested = time.time_ns()
     status = path.stat()
     path.write_bytes(b"xyz")
     path.write_bytes(b"abc")
     os.utime(path, ns=(status.st_atime_ns, status.st_mtime_ns))
     after = objects._identity(None, location, str(path))
     assert after["mtime_ns"] == before["mtime_ns"] and after["size"] == before["size"]
-    assert objects.identity_differs(before, after)
+    # Changed and undone after the release's request: a change.
+    assert objects.identity_differs(before, after, since_ns=requested)
+    # Before the request (a same-bytes rewrite long ago), or with no request to compare: not.
+    assert not objects.identity_differs(before, after, since_ns=time.time_ns() + 10**10)
+    assert not objects.identity_differs(before, after)
     # A record made before the field existed compares the fields it has.
     legacy = {k: v for k, v in before.items() if k != objects.CTIME_NS}
-    assert not objects.identity_differs(legacy, after)
+    assert not objects.identity_differs(legacy, after, since_ns=requested)
 
 
 def test_an_s3_object_put_again_with_its_old_bytes_differs(bucket: str, s3_endpoint: str) -> None:
@@ -127,9 +132,11 @@ def test_an_s3_object_put_again_with_its_old_bytes_differs(bucket: str, s3_endpo
     fs.pipe(key, b"original")
     location = objects.Location("s3", s3_endpoint)
     before = objects._identity(fs, location, key)
+    requested = time.time_ns()
     time.sleep(1.1)  # LastModified has whole seconds on S3
     fs.pipe(key, b"changed!")
     fs.pipe(key, b"original")
     after = objects._identity(fs, location, key)
     assert (after["etag"], after["size"]) == (before["etag"], before["size"])
-    assert objects.identity_differs(before, after)
+    assert objects.identity_differs(before, after, since_ns=requested)
+    assert not objects.identity_differs(before, after, since_ns=time.time_ns() + 10**10)
