@@ -141,6 +141,9 @@ class EpochInput:
     #: ``datasets.reference`` of a dataset by reference: the batch's Gram is a pass of the
     #: reference engine (on Dask when configured) over the batch's row groups.
     reference: dict[str, Any] | None = None
+    #: The release's request: an object's identity stamp at or after it is a change
+    #: (:func:`service.reference.objects.identity_differs`).
+    requested_at: datetime | None = None
 
 
 def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
@@ -324,7 +327,9 @@ def _compute_reference_epoch(
         else mechanism.start(step.n_cols, spec)
     )
     try:
-        with reference.open_rows(step.reference, settings, (step.row_offset, step.n_rows)) as rows:
+        with reference.open_rows(
+            step.reference, settings, (step.row_offset, step.n_rows), step.requested_at
+        ) as rows:
             # A RowSource where advance takes rows: it reaches them only through clipped_gram.
             source: Any = rows
             new_state, output = mechanism.advance(
@@ -408,6 +413,7 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
         key=release.continual_key,
         person_level=dataset.privacy_unit_column is not None,
         reference=dataset.reference,
+        requested_at=release.created_at,
     )
 
 

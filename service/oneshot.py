@@ -214,7 +214,7 @@ def _execute_reference(
     assert job.reference is not None
     prefix = None if job.n_rows is None else (0, job.n_rows)
     try:
-        with reference.open_rows(job.reference, context.settings, prefix) as rows:
+        with reference.open_rows(job.reference, context.settings, prefix, job.queued_at) as rows:
             outcome = _run(job, mechanism, rows, spec, reraise=reference.ReferenceFault)
             rows.check_unchanged()
             return outcome

@@ -103,7 +103,12 @@ def next_due(session: Session) -> datetime | None:
     return min((m for m in moments if m is not None), default=None)
 
 
-def verdict(raw: dict[str, object] | None, settings: Settings, n_rows: int | None = None) -> str:
+def verdict(
+    raw: dict[str, object] | None,
+    settings: Settings,
+    n_rows: int | None = None,
+    since: datetime | None = None,
+) -> str:
     """``unchanged`` if every object of the reference ``raw`` is as registered (with
     ``n_rows``: the digests of the first ``n_rows`` rows' row groups, the batches the release
     read, and every object's identity, as the job checked them), else ``changed``.
@@ -120,7 +125,7 @@ def verdict(raw: dict[str, object] | None, settings: Settings, n_rows: int | Non
             return UNCHANGED
         if n_rows is not None:
             ref = reference.batch_of(ref, 0, n_rows)
-        rows = reference.ParquetRows(ref, settings)
+        rows = reference.ParquetRows(ref, settings, reference.stamp_ns(since))
         try:
             rows.verify_unchanged()
         finally:
@@ -169,8 +174,9 @@ def recheck(
             return None
         raw = _live_reference(session, release.dataset_id)
         n_rows = _read_rows(session, release)
+        since = release.created_at
     # Read outside any transaction: the objects may take a while.
-    found = verdict(raw, settings, n_rows)
+    found = verdict(raw, settings, n_rows, since)
     checked_at = utcnow()
     with session_factory.begin() as session:
         release = session.get(Release, release_id, with_for_update=True, populate_existing=True)
@@ -209,7 +215,8 @@ def recheck_epoch(
             return None
         raw = _live_reference(session, release.dataset_id)
         n_rows = rows_through(session, release.dataset_id, row.batch_seq)
-    found = verdict(raw, settings, n_rows)
+        since = release.created_at
+    found = verdict(raw, settings, n_rows, since)
     checked_at = utcnow()
     with session_factory.begin() as session:
         row = session.get(ReleaseEpoch, key, with_for_update=True, populate_existing=True)

@@ -101,6 +101,7 @@ from service.reference.engine import (
     batch_of,
     mechanism_allowed,
     open_rows,
+    stamp_ns,
     worker_bytes,
 )
 from service.reference.integrity import (
@@ -166,5 +167,6 @@ __all__ = [
     "object_key",
     "open_rows",
     "page_rows",
+    "stamp_ns",
     "worker_bytes",
 ]

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -59,7 +60,13 @@ from service.reference.integrity import (
     ReferenceFault,
     object_fault,
 )
-from service.reference.objects import Location, NotRegular, _fault_name, _identity
+from service.reference.objects import (
+    Location,
+    NotRegular,
+    _fault_name,
+    _identity,
+    identity_differs,
+)
 from service.reference.reading import _read_piece, verify_piece
 
 #: Mechanisms that reach the rows only through the RowSource passes (Gram, column sum, subset
@@ -244,9 +251,14 @@ class ParquetRows:
     run as Dask graphs, on the cluster named by ``DPSS_DASK_SCHEDULER`` or, without one, on
     Dask's synchronous scheduler in this process (the same tasks, added in the same order)."""
 
-    def __init__(self, reference: Reference, settings: Settings) -> None:
+    def __init__(
+        self, reference: Reference, settings: Settings, since_ns: int | None = None
+    ) -> None:
         self.reference = reference
         self.settings = settings
+        #: The release's request (ns since the epoch): identity stamps at or after it count
+        #: (:func:`~service.reference.objects.identity_differs`).
+        self.since_ns = since_ns
         #: Each object's record (identity and footer digest) by path, for the tasks.
         self.records = {str(o["path"]): o for o in reference.objects}
         self._client: Any = None
@@ -467,7 +479,7 @@ class ParquetRows:
                 raise object_fault(
                     UNREADABLE_REASON.format(kind=_fault_name(exc)), path=path
                 ) from None
-            if any(recorded.get(key) != value for key, value in current.items()):
+            if identity_differs(recorded, current, self.since_ns):
                 raise object_fault(CHANGED_REASON, path=path)
 
     def verify_unchanged(self) -> None:
@@ -487,6 +499,14 @@ class ParquetRows:
             self._client = None
 
 
+def stamp_ns(moment: datetime | None) -> int | None:
+    """A stored moment (UTC, naive or not) in ns since the epoch, as identity stamps are."""
+    if moment is None:
+        return None
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return int(aware.timestamp() * 1_000_000) * 1000
+
+
 def batch_of(reference: Reference, row_offset: int, n_rows: int) -> Reference:
     """The rows ``[row_offset, row_offset + n_rows)`` (one batch of a continual release): the
     row groups that hold them, which must be whole, and every object of the reference (so
@@ -501,14 +521,18 @@ def batch_of(reference: Reference, row_offset: int, n_rows: int) -> Reference:
 
 @contextlib.contextmanager
 def open_rows(
-    raw: dict[str, Any], settings: Settings, batch: tuple[int, int] | None = None
+    raw: dict[str, Any],
+    settings: Settings,
+    batch: tuple[int, int] | None = None,
+    since: datetime | None = None,
 ) -> Iterator[ParquetRows]:
     """The rows of a dataset by reference for one release (with ``batch``, ``(row_offset,
-    n_rows)``: those of one batch, :func:`batch_of`), every object checked unchanged first."""
+    n_rows)``: those of one batch, :func:`batch_of`), every object checked unchanged first
+    (with ``since``, the release's request: an identity stamp at or after it too)."""
     reference = Reference.from_json(raw, settings)
     if batch is not None:
         reference = batch_of(reference, *batch)
-    rows = ParquetRows(reference, settings)
+    rows = ParquetRows(reference, settings, stamp_ns(since))
     try:
         rows.check_unchanged()
         yield rows

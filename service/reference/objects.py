@@ -15,8 +15,12 @@ Guarantees:
   when the client's own parse of it gives it back unchanged (:func:`read_as_named`: s3fs
   reads ``key?versionId=...`` as ``key``, a second name for one object).
 - **Identity.** :func:`_identity` is what must not change between registration and a release:
-  S3's ETag and VersionId (an S3 object is read at its recorded version), or a file's size
-  and modification time in nanoseconds by ``lstat``.
+  S3's ETag, VersionId and LastModified (an S3 object is read at its recorded version), or a
+  file's size, modification time and inode change time in nanoseconds by ``lstat``. The last
+  of each is set by the kernel or the store at every write and cannot be put back by the
+  writer, so a change made after a release's request and undone before its re-check (the
+  bytes and the mtime restored, an object put again with its old bytes) is still found
+  (:func:`identity_differs`).
 - **Bounded work.** At most :data:`MAX_OBJECTS` objects, a registration's reads bounded in time
   (:class:`_Deadline`), byte ranges fetched in as few requests as their gaps allow
   (:func:`_read_ranges`).
@@ -234,16 +238,61 @@ def _identity(fs: Any, location: Location, path: str) -> dict[str, Any]:
     changed)."""
     if location.protocol == "s3":
         info = fs.info(path, refresh=True)
+        modified = info.get("LastModified")
         return {
             "path": path,
             "size": int(info["size"]),
             "etag": str(info.get("ETag", "")),
             "version": info.get("VersionId"),
+            LAST_MODIFIED: None if modified is None else int(modified.timestamp()) * 10**9,
         }
     status = os.lstat(path)
     if not stat.S_ISREG(status.st_mode):
         raise NotRegular(path)
-    return {"path": path, "size": status.st_size, "mtime_ns": status.st_mtime_ns}
+    return {
+        "path": path,
+        "size": status.st_size,
+        "mtime_ns": status.st_mtime_ns,
+        CTIME_NS: status.st_ctime_ns,
+    }
+
+
+#: Identity fields set by the kernel (a file's inode change time) or the store (an S3 object's
+#: LastModified, whole seconds, as nanoseconds) at every change, which a writer cannot set back:
+#: a change undone before a re-check (the bytes and the mtime put back) still differs here.
+CTIME_NS = "ctime_ns"
+LAST_MODIFIED = "last_modified_ns"
+LATER_FIELDS = frozenset({CTIME_NS, LAST_MODIFIED})
+
+
+def identity_differs(
+    recorded: dict[str, Any], current: dict[str, Any], since_ns: int | None = None
+) -> bool:
+    """Whether an object's identity now (:func:`_identity`) differs from its record.
+
+    Every field but those of :data:`LATER_FIELDS`; those only with ``since_ns`` (a release's
+    request, in ns since the epoch), where recorded, and when the new stamp is at or after it: a
+    change made and undone (the same bytes put back) *before* the release was requested races
+    with none of its jobs, and its registered bytes are still released; one stamped after it is
+    a change whatever the bytes are now (a job may have read the other bytes meanwhile). A
+    record made before these fields compares the fields it has."""
+    for key, value in current.items():
+        if key not in LATER_FIELDS:
+            if recorded.get(key) != value:
+                return True
+        elif (
+            since_ns is not None
+            and key in recorded
+            and recorded[key] != value
+            and (value is None or value >= since_ns - STAMP_SLACK_NS.get(key, 0))
+        ):
+            return True
+    return False
+
+
+#: S3's LastModified has whole seconds: a stamp within a second before the request may be a
+#: change after it, so it counts.
+STAMP_SLACK_NS = {LAST_MODIFIED: 10**9}
 
 
 class _Deadline:
