@@ -643,9 +643,8 @@ class Worker:
 
     @staticmethod
     def _rechecked(session: Session, release: Release) -> bool:
-        """Whether the release's outcome waits for a re-check of its objects
-        (:mod:`service.reference_recheck`): a padded release on a dataset by reference (a
-        continual one's end too; its epochs are marked as stored)."""
+        """Whether the outcome waits for a re-check of its objects (:mod:`service.
+        reference_recheck`): padded, on a dataset by reference (a continual one's end too)."""
         if not padded(release):
             return False
         dataset = session.get(Dataset, release.dataset_id)
