@@ -30,6 +30,12 @@ shared server is never touched), ``dpss api --workers 2`` and two ``dpss worker`
     database is down (5 s; 15 s without ``--quick``). Every re-check must be stored
     (``unchanged``) after the database returns, by the worker left, and each release then shown
     to its analyst ``succeeded``, charged once, not refunded; the worker stopped must exit.
+``outside-lock``
+    Under load, an outside session holds one dataset's row (``SELECT ... FOR UPDATE``, idle in
+    its transaction) for 8 s. A release request on it must answer 503 with ``Retry-After``
+    after ``DPSS_DB_LOCK_TIMEOUT_SECONDS`` (5 s), never 500 or a dropped connection; no
+    connection of the service stays idle in a transaction afterwards (nothing leaked); the
+    ledger check at the end proves nothing charged twice.
 
 It prints a table per scenario, a summary, and a ledger check in SQL at the end; exit status 1
 if any check failed. Logs of the service processes are kept with ``--keep``.
@@ -81,7 +87,15 @@ from scripts.workload import (
     wait_drained,
 )
 
-SCENARIOS = ("worker-kill", "api-kill", "db-restart", "db-outage", "slow-uploads", "recheck-outage")
+SCENARIOS = (
+    "worker-kill",
+    "api-kill",
+    "db-restart",
+    "db-outage",
+    "slow-uploads",
+    "recheck-outage",
+    "outside-lock",
+)
 #: Endpoints that need the database (everything the workload sends).
 RECOVERY_BOUND_SECONDS = 5.0
 
@@ -475,6 +489,61 @@ def recheck_outage(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) ->
             f"verdicts {stored_after:.1f} s after the database"]  # fmt: skip
 
 
+def outside_lock(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) -> list[object]:
+    clients, hold, fault_at, after = (10 if quick else 30), 8.0, 2.0, 4.0
+    dataset = seeded.dataset_ids[1]
+    probe: dict[str, object] = {}
+
+    def fault() -> None:
+        engine = create_engine(stack.database_url)
+        try:
+            with engine.connect() as connection:
+                connection.execute(
+                    text("SELECT id FROM datasets WHERE id = :id FOR UPDATE"),
+                    {"id": uuid.UUID(dataset)},
+                )
+                started = time.monotonic()
+                with httpx.Client(base_url=seeded.base_url, timeout=30) as client:
+                    answer = client.post(
+                        f"/v1/datasets/{dataset}/releases",
+                        headers={"Authorization": f"Bearer {seeded.analyst_keys[0]}"},
+                        json=RELEASE,
+                    )
+                probe.update(
+                    status=answer.status_code,
+                    retry_after=answer.headers.get("retry-after"),
+                    seconds=time.monotonic() - started,
+                )
+                time.sleep(max(0.0, hold - (time.monotonic() - started)))
+                connection.rollback()
+        finally:
+            engine.dispose()
+
+    recorder = asyncio.run(
+        _load_with_fault(seeded, clients, fault_at + hold + after, fault, fault_at)
+    )
+    statuses = Counter(s.status for s in recorder.samples)
+    bad = sum(n for status, n in statuses.items() if not status.isdigit() or status == "500")
+    other_5xx = sum(n for status, n in statuses.items() if status[0] == "5" and status != "503")
+    checks.check(
+        "outside-lock: the locked dataset's request answers 503 with Retry-After",
+        probe.get("status") == 503 and bool(probe.get("retry_after")),
+        f"{probe.get('status')} Retry-After {probe.get('retry_after')} after "
+        f"{float(str(probe.get('seconds', 0))):.1f} s",
+    )
+    checks.check("outside-lock: no 500 or dropped connection", bad == 0, f"{bad}")
+    checks.check("outside-lock: no other 5xx than 503", other_5xx == 0, f"{other_5xx}")
+    time.sleep(1.0)
+    stuck = stack.sql(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+    )[0][0]
+    checks.check("outside-lock: no connection left idle in a transaction", stuck == 0, f"{stuck}")
+    return ["outside-lock", f"{clients} clients, one dataset row locked {hold:.0f} s",
+            f"probe {probe.get('status')} after {float(str(probe.get('seconds', 0))):.1f} s",
+            " ".join(f"{k}:{v}" for k, v in sorted(statuses.items())), "-"]  # fmt: skip
+
+
 async def _trickle(body_head: bytes, tail: bytes, seconds: float) -> AsyncIterator[bytes]:
     yield body_head
     step = 0.25
@@ -593,6 +662,8 @@ def main() -> int:
                 row, detail = db_fault(name, down, stack, seeded, checks, args.quick)
                 rows.append(row)
                 print(detail)
+            elif name == "outside-lock":
+                rows.append(outside_lock(stack, seeded, checks, args.quick))
             elif name == "recheck-outage":
                 rows.append(recheck_outage(stack, seeded, checks, args.quick))
             else:
