@@ -24,6 +24,18 @@ shared server is never touched), ``dpss api --workers 2`` and two ``dpss worker`
 ``slow-uploads``
     32 uploads whose bodies trickle in, beside one fast client reading budgets: the fast
     client's p99 must stay under 500 ms.
+``recheck-outage``
+    Releases on a dataset by reference (a local Parquet file) whose re-check
+    (``service.reference_recheck``) falls due while one worker is stopped with SIGTERM and the
+    database is down (5 s; 15 s without ``--quick``). Every re-check must be stored
+    (``unchanged``) after the database returns, by the worker left, and each release then shown
+    to its analyst ``succeeded``, charged once, not refunded; the worker stopped must exit.
+``outside-lock``
+    Under load, an outside session holds one dataset's row (``SELECT ... FOR UPDATE``, idle in
+    its transaction) for 8 s. A release request on it must answer 503 with ``Retry-After``
+    after ``DPSS_DB_LOCK_TIMEOUT_SECONDS`` (5 s), never 500 or a dropped connection; no
+    connection of the service stays idle in a transaction afterwards (nothing leaked); the
+    ledger check at the end proves nothing charged twice.
 
 It prints a table per scenario, a summary, and a ledger check in SQL at the end; exit status 1
 if any check failed. Logs of the service processes are kept with ``--keep``.
@@ -75,7 +87,15 @@ from scripts.workload import (
     wait_drained,
 )
 
-SCENARIOS = ("worker-kill", "api-kill", "db-restart", "db-outage", "slow-uploads")
+SCENARIOS = (
+    "worker-kill",
+    "api-kill",
+    "db-restart",
+    "db-outage",
+    "slow-uploads",
+    "recheck-outage",
+    "outside-lock",
+)
 #: Endpoints that need the database (everything the workload sends).
 RECOVERY_BOUND_SECONDS = 5.0
 
@@ -113,6 +133,7 @@ def start_stack(work: Path) -> Stack:
     pg.start()
     database_url = pg.create_database("dpss")
     admin_key = secrets.token_hex(16)
+    (work / "lake").mkdir(mode=0o700)
     env = {
         **os.environ,
         "DPSS_DATABASE_URL": database_url,
@@ -122,6 +143,7 @@ def start_stack(work: Path) -> Stack:
         "DPSS_WORKER_HEARTBEAT_SECONDS": "1",
         "DPSS_WORKER_POLL_SECONDS": "0.2",
         "DPSS_LOG_LEVEL": "WARNING",
+        "DPSS_REFERENCE_ROOTS": str(work / "lake"),
     }
     services = Services(env, work)
     if services.start("migrate", "migrate").wait(timeout=120) != 0:
@@ -362,6 +384,166 @@ def db_fault(
     return row, endpoint_table(recorder.samples, fault_at + down_seconds + after)
 
 
+def recheck_outage(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) -> list[object]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    down_seconds = 5.0 if quick else 15.0
+    folder = stack.services.log_dir / "lake" / "set"
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = np.random.default_rng(5).normal(size=(400, 3)) / 4
+    names = ["c0", "c1", "c2"]
+    pq.write_table(pa.table({n: rows[:, i] for i, n in enumerate(names)}), folder / "a.parquet")
+    owner = {"Authorization": f"Bearer {seeded.owner_key}"}
+    analyst = {"Authorization": f"Bearer {seeded.analyst_keys[0]}"}
+    budget = {"name": "lake", "epsilon_budget": "10", "delta_budget": "0.01", "row_norm_bound": 1}
+    with httpx.Client(base_url=seeded.base_url, timeout=60) as client:
+        posted = client.post(
+            "/v1/dataset-references",
+            headers=owner,
+            json={**budget, "uri": str(folder), "columns": names},
+        )
+        posted.raise_for_status()
+        dataset = str(posted.json()["id"])
+        ready = wait_until(
+            lambda: (
+                client.get(f"/v1/datasets/{dataset}", headers=owner).json()["registration_status"]
+                == "ready"
+            ),
+            120,
+            0.5,
+        )
+        checks.check("recheck-outage: the dataset by reference registered", ready, dataset)
+        ids = []
+        for _ in range(4):
+            answer = client.post(
+                f"/v1/datasets/{dataset}/releases",
+                headers=analyst,
+                json={"mechanism": "analyze_gauss", "k": 1, "epsilon": "1", "delta": "1e-5"},
+            )
+            answer.raise_for_status()
+            ids.append(str(answer.json()["id"]))
+
+    def rows_of() -> list[tuple[object, ...]]:
+        return stack.sql(
+            "SELECT status, reference_check, visible_at > now() FROM releases WHERE id = ANY(:ids)",
+            ids=[uuid.UUID(i) for i in ids],
+        )
+
+    stored = wait_until(
+        lambda: [tuple(r[:2]) for r in rows_of()] == [("succeeded", "pending")] * 4, 60, 0.05
+    )
+    not_yet_due = sum(bool(r[2]) for r in rows_of())
+    checks.check(
+        "recheck-outage: the jobs ended, re-checks pending", stored, f"{not_yet_due} not due"
+    )
+    stack.services.signal("worker-0", signal.SIGTERM)
+    stack.pg.stop("fast")
+    down = time.monotonic()
+    time.sleep(down_seconds)
+    exited = not stack.services.alive("worker-0")
+    stack.pg.start()
+    up = time.monotonic()
+    checks.check("recheck-outage: the worker stopped with SIGTERM exited", exited, "")
+
+    def verdicts() -> list[object]:
+        return [r[1] for r in rows_of()]
+
+    done = wait_until(lambda: verdicts() == ["unchanged"] * 4, 60, 0.2)
+    stored_after = time.monotonic() - up
+    checks.check(
+        "recheck-outage: every re-check stored after the outage",
+        done,
+        f"{stored_after:.1f} s after the database; {verdicts()}",
+    )
+    shown: list[str] = []
+    with httpx.Client(base_url=seeded.base_url, timeout=60) as client:
+
+        def all_shown() -> bool:
+            shown[:] = [
+                str(client.get(f"/v1/releases/{i}", headers=analyst).json()["status"]) for i in ids
+            ]
+            return shown == ["succeeded"] * 4
+
+        visible = wait_until(all_shown, 120, 1.0)
+    refunds = sum(
+        int(str(c[0]))
+        for c in stack.sql(
+            "SELECT count(*) FROM ledger_entries WHERE release_id = ANY(:ids) AND kind = 'refund'",
+            ids=[uuid.UUID(i) for i in ids],
+        )
+    )
+    charges = [charges_of(stack, i) for i in ids]
+    checks.check("recheck-outage: every release shown succeeded", visible, " ".join(shown))
+    checks.check(
+        "recheck-outage: charged once each, no refund",
+        charges == [1] * 4 and refunds == 0,
+        f"charges {charges}, refunds {refunds}",
+    )
+    alive = stack.services.alive("worker-1")
+    checks.check("recheck-outage: the other worker survived", alive, "")
+    stack.services.stop("worker-0")
+    stack.start_worker(0)
+    return ["recheck-outage", f"4 re-checks due, 1 worker SIGTERM, db down {up - down:.0f} s",
+            f"{not_yet_due} of 4 not yet due at the stop", " ".join(shown),
+            f"verdicts {stored_after:.1f} s after the database"]  # fmt: skip
+
+
+def outside_lock(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) -> list[object]:
+    clients, hold, fault_at, after = (10 if quick else 30), 8.0, 2.0, 4.0
+    dataset = seeded.dataset_ids[1]
+    probe: dict[str, object] = {}
+
+    def fault() -> None:
+        engine = create_engine(stack.database_url)
+        try:
+            with engine.connect() as connection:
+                connection.execute(
+                    text("SELECT id FROM datasets WHERE id = :id FOR UPDATE"),
+                    {"id": uuid.UUID(dataset)},
+                )
+                started = time.monotonic()
+                with httpx.Client(base_url=seeded.base_url, timeout=30) as client:
+                    answer = client.post(
+                        f"/v1/datasets/{dataset}/releases",
+                        headers={"Authorization": f"Bearer {seeded.analyst_keys[0]}"},
+                        json=RELEASE,
+                    )
+                probe.update(
+                    status=answer.status_code,
+                    retry_after=answer.headers.get("retry-after"),
+                    seconds=time.monotonic() - started,
+                )
+                time.sleep(max(0.0, hold - (time.monotonic() - started)))
+                connection.rollback()
+        finally:
+            engine.dispose()
+
+    recorder = asyncio.run(
+        _load_with_fault(seeded, clients, fault_at + hold + after, fault, fault_at)
+    )
+    statuses = Counter(s.status for s in recorder.samples)
+    bad = sum(n for status, n in statuses.items() if not status.isdigit() or status == "500")
+    other_5xx = sum(n for status, n in statuses.items() if status[0] == "5" and status != "503")
+    checks.check(
+        "outside-lock: the locked dataset's request answers 503 with Retry-After",
+        probe.get("status") == 503 and bool(probe.get("retry_after")),
+        f"{probe.get('status')} Retry-After {probe.get('retry_after')} after "
+        f"{float(str(probe.get('seconds', 0))):.1f} s",
+    )
+    checks.check("outside-lock: no 500 or dropped connection", bad == 0, f"{bad}")
+    checks.check("outside-lock: no other 5xx than 503", other_5xx == 0, f"{other_5xx}")
+    time.sleep(1.0)
+    stuck = stack.sql(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()"
+    )[0][0]
+    checks.check("outside-lock: no connection left idle in a transaction", stuck == 0, f"{stuck}")
+    return ["outside-lock", f"{clients} clients, one dataset row locked {hold:.0f} s",
+            f"probe {probe.get('status')} after {float(str(probe.get('seconds', 0))):.1f} s",
+            " ".join(f"{k}:{v}" for k, v in sorted(statuses.items())), "-"]  # fmt: skip
+
+
 async def _trickle(body_head: bytes, tail: bytes, seconds: float) -> AsyncIterator[bytes]:
     yield body_head
     step = 0.25
@@ -480,6 +662,10 @@ def main() -> int:
                 row, detail = db_fault(name, down, stack, seeded, checks, args.quick)
                 rows.append(row)
                 print(detail)
+            elif name == "outside-lock":
+                rows.append(outside_lock(stack, seeded, checks, args.quick))
+            elif name == "recheck-outage":
+                rows.append(recheck_outage(stack, seeded, checks, args.quick))
             else:
                 rows.append(slow_uploads(stack, seeded, checks, args.quick))
             print(f"   {time.monotonic() - started:.0f} s", flush=True)

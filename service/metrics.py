@@ -120,6 +120,12 @@ class _Snapshot:
         yield GaugeMetricFamily(
             "dpss_workers_known", "Workers seen in the last day.", value=f.workers_known
         )
+        yield GaugeMetricFamily(
+            "dpss_reference_recheck_overdue_seconds",
+            "How long the earliest pending re-check of a dataset by reference is past its due "
+            "moment (0 if none): grows when no worker's re-check thread runs.",
+            value=f.recheck_overdue_seconds,
+        )
         releases = GaugeMetricFamily(
             "dpss_releases",
             "Releases in the database by mechanism and status (queued, running, succeeded, "

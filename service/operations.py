@@ -19,7 +19,7 @@ from typing import Literal
 from sqlalchemy import ColumnElement, Float, and_, cast, delete, func, not_, or_, select, update
 from sqlalchemy.orm import Session
 
-from service import audit, ledger, privacy_unit
+from service import audit, ledger, privacy_unit, reference_recheck
 from service.auth import Principal, require_role
 from service.config import Settings
 from service.db.models import (
@@ -380,6 +380,10 @@ class Figures:
     ledger_epsilon: dict[str, float] = field(default_factory=dict)
     ledger_delta: dict[str, float] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)
+    #: How long the earliest pending re-check of a dataset by reference is past its due moment
+    #: (0 if none is): a worker's re-check thread stores each within about a second, so a
+    #: figure that grows says no re-check thread runs (:mod:`service.reference_recheck`).
+    recheck_overdue_seconds: float = 0.0
     #: Every dataset's budget (exact ledger sums), for the spend stated per accounting
     #: (:func:`service.spend.statement`, converted outside the unit of work).
     budgets: list[ledger.BudgetState] = field(default_factory=list)
@@ -395,6 +399,9 @@ def figures(session: Session, settings: Settings, now: datetime) -> Figures:
     count_workers = select(func.count()).select_from(WorkerHeartbeat)
     result.workers_known = session.execute(count_workers).scalar_one()
     result.late = late_counts(session)
+    due = reference_recheck.next_due(session)
+    if due is not None:
+        result.recheck_overdue_seconds = max(0.0, (now - due).total_seconds())
     result.workers_alive = session.execute(
         count_workers.where(WorkerHeartbeat.last_seen_at >= since)
     ).scalar_one()

@@ -53,8 +53,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
-from datetime import datetime
+from collections.abc import Callable, Hashable
+from datetime import datetime, timedelta
+from functools import partial
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -64,12 +67,22 @@ from service.config import Settings
 from service.continual import is_continual
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.errors import safe_traceback
-from service.outages import is_transient_db_error
+from service.outages import OutageLog, is_transient_db_error
+from service.visibility import recheck_due as due_of
 from service.visibility import recheck_shown_at
 
 log = logging.getLogger(__name__)
 
 PENDING, UNCHANGED, CHANGED = "pending", "unchanged", "changed"
+#: What :func:`verdict` reads when the object store could not be reached (a connection refused,
+#: reset or timed out: the store, not the object, :func:`store_unreachable`): nothing is stored,
+#: the re-check stays ``pending`` and is tried again (:class:`Retries`).
+DEFERRED = "deferred"
+#: How long past its due moment a re-check waits out an unreachable store; then it reads
+#: ``changed`` (nothing can be shown as verified), so no release waits forever.
+STORE_WAIT = timedelta(hours=1)
+#: The longest wait before a re-check that could not end is tried again.
+RETRY_MAX_SECONDS = 60.0
 #: How many due re-checks one pass takes; the rest wait for the next pass.
 BATCH = 32
 #: The longest the thread sleeps between looks for due re-checks (it sleeps less when the next
@@ -77,15 +90,16 @@ BATCH = 32
 LOOK_SECONDS = 1.0
 
 
-def due_ids(session: Session, now: datetime) -> list[uuid.UUID]:
-    """The releases whose re-check is due at ``now``, the earliest due first."""
+def due_ids(session: Session, now: datetime, extra: int = 0) -> list[uuid.UUID]:
+    """The releases whose re-check is due at ``now``, the earliest due first (:data:`BATCH`
+    of them, and ``extra`` more: as many as may be skipped)."""
     due = func.coalesce(Release.outcome_visible_at, Release.visible_at)
     return list(
         session.scalars(
             select(Release.id)
             .where(Release.reference_check == PENDING, due <= now)
             .order_by(due, Release.id)
-            .limit(BATCH)
+            .limit(BATCH + extra)
         ).all()
     )
 
@@ -103,11 +117,37 @@ def next_due(session: Session) -> datetime | None:
     return min((m for m in moments if m is not None), default=None)
 
 
+def store_unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from or while handling) says the object
+    store could not be reached: a connection refused, reset or timed out. Not a removed
+    permission, a missing object or bucket, or any answer of the store: those are the owner's."""
+    kinds: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
+    try:
+        from botocore import exceptions as botocore_errors  # type: ignore[import-untyped]
+
+        kinds += (
+            botocore_errors.ConnectionError,
+            botocore_errors.ConnectionClosedError,
+            botocore_errors.ReadTimeoutError,
+        )
+    except ImportError:  # pragma: no cover - botocore comes with s3fs
+        pass
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, kinds):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def verdict(
     raw: dict[str, object] | None,
     settings: Settings,
     n_rows: int | None = None,
     since: datetime | None = None,
+    wait_for_store: bool = False,
 ) -> str:
     """``unchanged`` if every object of the reference ``raw`` is as registered (with
     ``n_rows``: the digests of the first ``n_rows`` rows' row groups, the batches the release
@@ -116,7 +156,12 @@ def verdict(
     Total: an object that cannot be read, a dataset deleted meanwhile (no record left to
     check) or any error is ``changed`` (nothing can be shown as verified). A reference
     registered before digests were recorded is ``unchanged``: its releases fail at once, with
-    their own fixed reason, whenever they run."""
+    their own fixed reason, whenever they run.
+
+    With ``wait_for_store``, a store that cannot be reached reads :data:`DEFERRED` (tried again
+    later), not ``changed``: an outage of the operator's store is not the owner's change. It
+    does not depend on when the release's job ran, so it shows nothing of the queue: only the
+    verdict's moment moves (to a later step of the public late schedule)."""
     if raw is None:
         return CHANGED
     try:
@@ -131,9 +176,15 @@ def verdict(
         finally:
             rows.close()
     except reference.ReferenceFault as fault:
+        if wait_for_store and store_unreachable(fault):
+            log.info("re-check: the object store cannot be reached (%s); retried", fault.path)
+            return DEFERRED
         log.info("re-check: %s (%s)", fault.reason, fault.path)
         return CHANGED
     except Exception as exc:
+        if wait_for_store and store_unreachable(exc):
+            log.info("re-check: the object store cannot be reached; retried")
+            return DEFERRED
         log.error("BUG: re-check: %s", safe_traceback(exc))
         return CHANGED
     return UNCHANGED
@@ -164,10 +215,17 @@ def _read_rows(session: Session, release: Release) -> int | None:
     return rows_through(session, release.dataset_id, seq)
 
 
+def _waits_for_store(due: datetime) -> bool:
+    """Whether a re-check due at ``due`` still waits out an unreachable store
+    (:data:`STORE_WAIT`)."""
+    return utcnow() < due + STORE_WAIT
+
+
 def recheck(
     session_factory: sessionmaker[Session], settings: Settings, release_id: uuid.UUID
 ) -> str | None:
-    """Re-check one release now and store the verdict; ``None`` if another worker did first."""
+    """Re-check one release now and store the verdict; ``None`` if another worker did first,
+    :data:`DEFERRED` (nothing stored) if the object store could not be reached."""
     with session_factory() as session:
         release = session.get(Release, release_id)
         if release is None or release.reference_check != PENDING:
@@ -175,8 +233,11 @@ def recheck(
         raw = _live_reference(session, release.dataset_id)
         n_rows = _read_rows(session, release)
         since = release.created_at
+        wait = _waits_for_store(due_of(release))
     # Read outside any transaction: the objects may take a while.
-    found = verdict(raw, settings, n_rows, since)
+    found = verdict(raw, settings, n_rows, since, wait_for_store=wait)
+    if found == DEFERRED:
+        return found
     checked_at = utcnow()
     with session_factory.begin() as session:
         release = session.get(Release, release_id, with_for_update=True, populate_existing=True)
@@ -190,13 +251,14 @@ def recheck(
     return found
 
 
-def due_epochs(session: Session, now: datetime) -> list[tuple[uuid.UUID, int]]:
-    """The epochs whose re-check is due at ``now`` (their ``visible_at``), the earliest first."""
+def due_epochs(session: Session, now: datetime, extra: int = 0) -> list[tuple[uuid.UUID, int]]:
+    """The epochs whose re-check is due at ``now`` (their ``visible_at``), the earliest first
+    (:data:`BATCH` and ``extra`` more, as :func:`due_ids`)."""
     rows = session.execute(
         select(ReleaseEpoch.release_id, ReleaseEpoch.epoch)
         .where(ReleaseEpoch.reference_check == PENDING, ReleaseEpoch.visible_at <= now)
         .order_by(ReleaseEpoch.visible_at, ReleaseEpoch.release_id, ReleaseEpoch.epoch)
-        .limit(BATCH)
+        .limit(BATCH + extra)
     ).all()
     return [(row[0], row[1]) for row in rows]
 
@@ -206,7 +268,7 @@ def recheck_epoch(
 ) -> str | None:
     """Re-check one epoch of a continual release now (every object's identity and the digests
     of the rows through its batch: what its job checked, and more) and store the verdict;
-    ``None`` if another worker did first."""
+    ``None`` if another worker did first, :data:`DEFERRED` if the store could not be reached."""
     key = (release_id, epoch)
     with session_factory() as session:
         row = session.get(ReleaseEpoch, key)
@@ -216,7 +278,10 @@ def recheck_epoch(
         raw = _live_reference(session, release.dataset_id)
         n_rows = rows_through(session, release.dataset_id, row.batch_seq)
         since = release.created_at
-    found = verdict(raw, settings, n_rows, since)
+        wait = _waits_for_store(row.visible_at)
+    found = verdict(raw, settings, n_rows, since, wait_for_store=wait)
+    if found == DEFERRED:
+        return found
     checked_at = utcnow()
     with session_factory.begin() as session:
         row = session.get(ReleaseEpoch, key, with_for_update=True, populate_existing=True)
@@ -230,35 +295,105 @@ def recheck_epoch(
     return found
 
 
+class Retries:
+    """The re-checks one thread could not end (an unreachable store, or an unexpected error in
+    one release's re-check): each waits a growing time (2, 4, ... up to
+    :data:`RETRY_MAX_SECONDS`) before it is tried again, and meanwhile the others go on. One
+    release that cannot be re-checked must not hold back every other one's verdict."""
+
+    def __init__(self) -> None:
+        self._next: dict[Hashable, tuple[int, float]] = {}
+
+    def waiting(self) -> set[Hashable]:
+        """The keys (a release id, or a release id and epoch) not to try now."""
+        now = time.monotonic()
+        return {key for key, (_, at) in self._next.items() if at > now}
+
+    def failed(self, key: Hashable) -> bool:
+        """Note a failed try of ``key``; true on its first (the one to log)."""
+        tries = self._next.get(key, (0, 0.0))[0] + 1
+        self._next[key] = (tries, time.monotonic() + min(RETRY_MAX_SECONDS, 2.0**tries))
+        return tries == 1
+
+    def ended(self, key: Hashable) -> None:
+        if self._next.pop(key, None) is not None:
+            log.info("re-check of %s ended after retries", key)
+
+
+def _try(retries: Retries, key: Hashable, job: Callable[[], str | None]) -> bool:
+    """Run one re-check; whether it stored a verdict. A database outage is raised (the pass
+    stops and the thread waits it out); a store that cannot be reached, or any other error
+    (logged as a bug, by location only, once per re-check), leaves it pending for a retry."""
+    try:
+        found = job()
+    except Exception as exc:
+        if is_transient_db_error(exc):
+            raise
+        if retries.failed(key):
+            log.error("BUG: re-check of %s: %s", key, safe_traceback(exc))
+        return False
+    if found == DEFERRED:
+        if retries.failed(key):
+            log.warning("re-check of %s: the object store cannot be reached; retried", key)
+        return False
+    retries.ended(key)
+    return found is not None
+
+
 def recheck_due(
-    session_factory: sessionmaker[Session], settings: Settings, now: datetime | None = None
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    now: datetime | None = None,
+    retries: Retries | None = None,
 ) -> int:
     """Every re-check due by ``now`` (default: the current time), releases' and epochs'; how
-    many were stored."""
+    many were stored. With ``retries``: those waiting for a retry are skipped."""
     moment = utcnow() if now is None else now
+    retries = Retries() if retries is None else retries
+    skip = retries.waiting()
     with session_factory() as session:
-        ids = due_ids(session, moment)
-        epochs = due_epochs(session, moment)
-    done = sum(recheck(session_factory, settings, rid) is not None for rid in ids)
-    return done + sum(
-        recheck_epoch(session_factory, settings, rid, epoch) is not None for rid, epoch in epochs
-    )
+        ids = [rid for rid in due_ids(session, moment, len(skip)) if rid not in skip]
+        epochs = [key for key in due_epochs(session, moment, len(skip)) if key not in skip]
+    done = 0
+    for rid in ids[:BATCH]:
+        done += _try(retries, rid, partial(recheck, session_factory, settings, rid))
+    for rid, epoch in epochs[:BATCH]:
+        done += _try(
+            retries, (rid, epoch), partial(recheck_epoch, session_factory, settings, rid, epoch)
+        )
+    return done
 
 
-def run(session_factory: sessionmaker[Session], settings: Settings, stop: threading.Event) -> None:
+def run(
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    stop: threading.Event,
+    outages: OutageLog | None = None,
+) -> None:
     """The re-check thread of a worker: every due re-check as soon as it is due, until
     ``stop``. It shares nothing with the job loop (a job running on any dataset does not delay
-    it); a database outage is waited out."""
+    it); a database outage is waited out (logged once, with ``outages`` the worker's log of
+    them), and a re-check that cannot end is retried without holding back the others
+    (:class:`Retries`)."""
+    retries = Retries()
     while not stop.is_set():
         wait = LOOK_SECONDS
         try:
-            while recheck_due(session_factory, settings) >= BATCH and not stop.is_set():
+            while (
+                recheck_due(session_factory, settings, retries=retries) >= BATCH
+                and not stop.is_set()
+            ):
                 pass
             with session_factory() as session:
                 upcoming = next_due(session)
-            if upcoming is not None:
-                wait = min(wait, max(0.0, (upcoming - utcnow()).total_seconds()))
+            if outages is not None:
+                outages.succeeded()
+            if upcoming is not None and upcoming > utcnow():
+                # (One already due waits for its retry: look again after LOOK_SECONDS.)
+                wait = min(wait, (upcoming - utcnow()).total_seconds())
         except Exception as exc:
             if not is_transient_db_error(exc):
                 log.error("BUG: re-check: %s", safe_traceback(exc))
-        stop.wait(wait)
+            elif outages is not None:
+                outages.failed("re-check", exc)
+        stop.wait(max(0.0, wait))

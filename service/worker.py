@@ -692,7 +692,7 @@ class Worker:
         # Beside the job loop, so that no job (on any dataset) delays a re-check.
         rechecks = threading.Thread(
             target=reference_recheck.run,
-            args=(self.session_factory, self.settings, self.stop),
+            args=(self.session_factory, self.settings, self.stop, self._outage),
             daemon=True,
         )
         rechecks.start()

@@ -37,9 +37,9 @@ def test_two_rechecks_of_one_release_store_one_verdict(
     both_read = threading.Barrier(2, timeout=30)
     real = reference_recheck.verdict
 
-    def meet(*args: Any) -> str:
+    def meet(*args: Any, **kwargs: Any) -> str:
         both_read.wait()  # both threads found it pending before either stores
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(reference_recheck, "verdict", meet)
     stored: list[str | None] = []

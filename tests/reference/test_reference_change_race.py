@@ -478,8 +478,8 @@ def test_the_worker_thread_runs_due_rechecks(
     stop = threading.Event()
     passes: list[int] = []
 
-    def once(*args: Any) -> int:
-        passes.append(real(*args))
+    def once(*args: Any, **kwargs: Any) -> int:
+        passes.append(real(*args, **kwargs))
         stop.set()
         return passes[-1]
 
