@@ -8,7 +8,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 from typing import Any
 
 from api_schemas.common import format_budget
-from service import accounting
+from service import accounting, advice
 from service.db.models import Dataset
 from service.errors import InvalidInput
 from service.ledger import Charge
@@ -20,6 +20,9 @@ __all__ = ["cost_delta", "cost_rho", "details", "hybrid_charge", "hybrid_delta_r
 SUGGESTED_DIGITS = 2
 #: How many smaller deltas :func:`hybrid_delta_refusal` tries before it suggests none.
 SUGGESTION_TRIES = 40
+
+#: The mechanisms that run with delta = 0 (named where no delta can be spent).
+PURE_CHOICES = "smooth_sensitivity or auto, which run with delta = 0"
 
 #: A release's charge at another asked delta (its other figures unchanged), or ``None`` where
 #: the mechanism refuses that delta.
@@ -133,12 +136,14 @@ def hybrid_delta_refusal(
     the ratio at it (and at least one step of its last digit lower), up to
     :data:`SUGGESTION_TRIES` times. Without an admitted figure no delta is offered and
     ``None`` is returned (the budget check's 409 then says what is short)."""
-    if dataset.accounting != "hybrid" or charge.gdp is not None:
-        return None
-    if asked_delta is None or asked_delta <= 0:
+    if dataset.accounting != "hybrid" or asked_delta is None or asked_delta <= 0:
         return None
     filters = filters_of(dataset) if grant_filters is None else grant_filters
     whose = "this dataset's" if grant_filters is None else "this grant's"
+    if charge.delta > 0 and holds_no_delta(filters):
+        return _no_delta_refusal(asked_delta, filters, grant_filters is not None)
+    if charge.gdp is not None:
+        return None
     fresh = accounting.HybridState(filters)
     cost = charge.release_cost()
     if fresh.b_holds(cost) or fresh.c_holds(cost):
@@ -190,6 +195,38 @@ def hybrid_delta_refusal(
         f"steps (or unproven profile); {b_reason}; {c_reason}. The largest delta this release "
         f"fits at is {format_budget(figure)} (filter {'B' if by == 'zcdp' else 'C'}); see "
         "docs/mechanisms.md, 'Accounting across releases'",
+    )
+
+
+def holds_no_delta(filters: accounting.HybridBudget) -> bool:
+    """Whether a hybrid budget (a dataset's or a grant's) can never admit a release that spends
+    delta: each filter's share of its delta rounds to 0 at the ledger's 30 places (no
+    ``mu_total`` for A', no ``rho_total`` for B, no delta for C), e.g. ``delta_budget`` 1e-30
+    (:func:`service.advice.hybrid_holds_no_delta`)."""
+    return advice.hybrid_holds_no_delta(
+        "hybrid", filters.mu_total, filters.rho_total, filters.delta_basic
+    )
+
+
+def _no_delta_refusal(
+    asked_delta: Decimal, filters: accounting.HybridBudget, granted: bool
+) -> InvalidInput:
+    """The 422 for a release that spends delta on a hybrid budget that holds none (whatever
+    was spent: nothing smaller than the asked delta is admitted either, so neither "ask for
+    less" nor the remaining epsilon is an answer)."""
+    whose = "the grant it is charged to" if granted else "this dataset"
+    remedy = (
+        "ask the dataset's owner for a grant with a larger delta"
+        if granted
+        else "the owner uploads again with a larger delta_budget, or with accounting basic"
+    )
+    return InvalidInput(
+        "delta",
+        f"no delta can be spent on {whose}, at {format_budget(asked_delta)} or any other: its "
+        f"delta, {format_budget(filters.delta)}, is too small for any share of its hybrid "
+        "budget (96%, 3% and 1% each round to 0 at the ledger's 30 decimal places: mu_total, "
+        "rho_total and filter C's delta are 0), so no Gaussian or approximate release can "
+        f"ever be admitted; choose {PURE_CHOICES}, or {remedy}",
     )
 
 

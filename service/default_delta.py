@@ -7,7 +7,7 @@ from decimal import ROUND_FLOOR, Decimal
 
 from api_schemas.common import BUDGET_CONTEXT, format_budget
 from api_schemas.releases import ReleaseRequest
-from service import advice, grants
+from service import advice, charges, grants
 from service.db.models import Dataset, Grant
 from service.errors import InvalidInput
 
@@ -66,7 +66,7 @@ def with_default_delta(
 
 
 #: What a request that needs delta > 0 can do instead: the mechanisms that run at delta 0.
-PURE_CHOICES = "smooth_sensitivity or auto, which run with delta = 0"
+PURE_CHOICES = charges.PURE_CHOICES
 
 
 def refuse_zero_default(

@@ -119,7 +119,9 @@ def _grant_state(
 ) -> ledger.BudgetState:
     """A grant's share as a budget of its dataset's accounting: ``(epsilon, delta)``
     (``basic``), ``rho`` (``gaussian``, ``mu^2/2``), ``(rho, delta)`` (``zcdp``) or a hybrid
-    sub-budget of ``(epsilon, delta)`` (``hybrid``, :func:`hybrid_grant_budget`)."""
+    sub-budget of ``(epsilon, delta)`` (``hybrid``, :func:`hybrid_grant_budget`). A ``hybrid``
+    grant is stated at its own ``delta`` (:mod:`service.spend`): its filters enforce
+    ``(epsilon, delta)``, so its spent and remaining are read at that delta too."""
     if dataset.accounting == "hybrid":
         budget = hybrid_grant_budget(dataset, grant.epsilon, grant.delta)
         sums = (*hybrid_sums, Decimal(0), Decimal(0), Decimal(0), Decimal(0))[:4]
@@ -132,7 +134,10 @@ def _grant_state(
             rho_total=budget.rho_total,
             rho_spent=rho_spent,
             delta_limit=budget.delta_basic,
-            stated_delta=dataset.delta_total,
+            # Stated in the grant's own terms: total, spent and remaining all at the grant's
+            # delta, the delta its filters are a sub-budget of (the dataset's delta_total made
+            # its spent and remaining a figure at another delta than its total).
+            stated_delta=grant.delta,
             epsilon_stated=grant.epsilon,
             epsilon_ceiling=dataset.epsilon_total,
             delta_conversion=budget.delta_conversion,
@@ -268,6 +273,7 @@ def create_grant(
     session.add(grant)
     zero = Decimal(0)
     state = _grant_state(dataset, grant, zero, zero, zero)
+    stated = spend.statement(state)
     audit.record(
         session,
         "grant_created",
@@ -286,8 +292,8 @@ def create_grant(
                     "accounting": dataset.accounting,
                     "rho": rho,
                     # The user's currency beside the native one (service.spend).
-                    "epsilon_stated": spend.statement(state).epsilon_total,
-                    "stated_at_delta": dataset.delta_total,
+                    "epsilon_stated": stated.epsilon_total,
+                    "stated_at_delta": stated.stated_at_delta,
                 }
             ),
             **privacy_unit.event_details(dataset),

@@ -448,14 +448,16 @@ def hybrid_note(admitted_by: list[str] | None) -> list[str]:
 def recommendation(
     dataset: Dataset, mechanism: str, epsilon: Decimal, costs: accounting.StepCosts
 ) -> advice.Advice:
-    """The accounting that fits releases like this one (:func:`service.advice.advise`): from
-    the steps this release declares (none: only ``basic`` has a rule for it; all Gaussian:
-    ``gaussian``, except ``auto``) and how many releases of its epsilon the dataset's stated
-    epsilon holds (the plan the request implies). Public facts only."""
+    """The accounting that fits releases like this one (:func:`service.advice.for_one_request`):
+    from the steps this release declares (none: only ``basic`` has a rule for it; all
+    Gaussian: ``hybrid``, the default, since one request is no plan of only Gaussian releases)
+    and how many releases of its epsilon the dataset's stated epsilon holds (the plan the
+    request implies). Public facts only."""
     if costs.rho is None:
         kind: advice.Kind = "unprofiled"
     elif costs.gaussian and mechanism != "auto":
         kind = "gaussian"
     else:
         kind = "mixed"
-    return advice.advise([mechanism], kind, advice.releases_of(dataset.epsilon_total, epsilon))
+    releases = advice.releases_of(dataset.epsilon_total, epsilon)
+    return advice.for_one_request([mechanism], kind, releases)

@@ -2,9 +2,11 @@
 
 The user's currency is ``(epsilon, delta)``. Every response, 409, grant, table, chart, metric and
 audit line states a budget's total, spent and remaining as ``epsilon`` at the dataset's
-``delta_total`` (the delta its owner reserved at upload), with the accounting's native figure
-(``rho``, ``mu``) beside it, never instead of it. :func:`statement` is that statement; nothing
-else converts a native figure to epsilon for display (docs/mechanisms.md, "Reading a budget").
+``delta_total`` (the delta its owner reserved at upload; a ``hybrid`` grant at its own
+``delta``, the delta its filters enforce: :func:`service.grants.grant_budget`), with the
+accounting's native figure (``rho``, ``mu``) beside it, never instead of it.
+:func:`statement` is that statement; nothing else converts a native figure to epsilon for
+display (docs/mechanisms.md, "Reading a budget").
 
 What ``epsilon_spent`` means, per accounting (each the smallest epsilon, rounded **up**, at
 which everything spent is ``(epsilon, delta_total)``-DP; ``remaining`` is ``total - spent``,

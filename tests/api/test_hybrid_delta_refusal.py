@@ -192,3 +192,39 @@ def test_under_a_grant_a_delta_its_filters_take_is_not_refused_so(client, keys, 
     grant_to(client, keys, dataset_id, "0.8", "1e-6")
     body = {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "0.5", "delta": "1e-8"}
     assert post(client, keys, dataset_id, body).status_code == 202
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-30"},
+        {"mechanism": "friendly_aggregate", "k": 2, "epsilon": "0.5", "delta": "1e-30"},
+    ],
+    ids=["gaussian", "approximate"],
+)
+def test_a_budget_that_holds_no_delta_says_so_not_ask_for_less(client, keys, upload_dataset, body):
+    """An audit: on a hybrid dataset of delta_budget 1e-30 (every filter's share of delta
+    rounds to 0) an explicit-delta dry run of a Gaussian release answered "ask for less, or
+    see epsilon_remaining" (1) and a real request a 409, though no delta at all can be spent
+    (``hybrid_delta_refusal`` covered only releases without a GDP figure, and found no smaller
+    delta for the others). Both now get the 422 that says why, and what to do."""
+    dataset_id = upload_dataset(
+        client,
+        keys.owner,
+        low_rank(20_000, 10, 2, seed=3),
+        accounting="hybrid",
+        epsilon_budget="1",
+        delta_budget="1e-30",
+        row_norm_bound=1.0,
+    )["id"]
+    url = f"/v1/datasets/{dataset_id}/releases"
+    for query in ("?dry_run=true", ""):
+        answer = client.post(url + query, headers=bearer(keys.analyst), json=body)
+        assert answer.status_code == 422, answer.text
+        detail = answer.json()["detail"]
+        assert detail.startswith("delta: no delta can be spent on this dataset"), detail
+        assert "smooth_sensitivity or auto" in detail and "larger delta_budget" in detail
+        assert "ask for less" not in detail
+    # A pure release still runs there (filter C takes delta 0).
+    pure = {"mechanism": "smooth_sensitivity", "k": 2, "epsilon": "0.5", "delta": "0"}
+    assert client.post(url, headers=bearer(keys.analyst), json=pure).status_code == 202

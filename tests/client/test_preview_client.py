@@ -123,7 +123,7 @@ def test_the_client_and_the_cli_show_the_recommended_accounting(
     table = dpss(*args, key=analyst)
     assert table.exit_code == ExitCode.OK, table.output
     assert "recommended_accounting" in table.stdout
-    assert "- recommended accounting gaussian: analyze_gauss is purely Gaussian" in table.stdout
+    assert "- recommended accounting hybrid: analyze_gauss is purely Gaussian" in table.stdout
     path = tmp_path / "rows.npy"
     np.save(path, low_rank_rows(300, 6, 2, seed=6))
     uploaded = dpss("datasets", "upload", str(path), "--epsilon-budget", "1",

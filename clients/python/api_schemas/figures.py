@@ -43,8 +43,9 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "Epsilon and delta, everywhere",
         "Every budget, grant, refusal (409), dry run, ledger entry, chart and metric states "
         "spend and what remains as (epsilon, delta) at the dataset's delta_total, the delta its "
-        "owner set at upload. epsilon_spent is the smallest epsilon at which everything spent so "
-        "far is (epsilon, delta_total)-DP, rounded up; epsilon_remaining is epsilon_total - "
+        "owner set at upload (a hybrid grant at its own delta, see Grants). epsilon_spent is "
+        "the smallest epsilon at which everything spent so far is (epsilon, delta_total)-DP, "
+        "rounded up; epsilon_remaining is epsilon_total - "
         "epsilon_spent, rounded down. A 409 states the same remaining figures as the budget. "
         "Under hybrid (the default) epsilon_remaining states the spend, not what every kind of "
         "release may still ask for: its filters charge pure and approximate releases "
@@ -87,7 +88,10 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "every accounting: it is converted to the grant's rho or mu, rounded down, so what the "
         "grant's releases spend is (epsilon, delta)-DP. Given in rho or mu, its epsilon is that "
         "rho or mu converted at the dataset's delta_total. Under hybrid a grant is given in "
-        "epsilon (and delta): a hybrid budget of its own with the dataset's shares.",
+        "epsilon (and delta): a hybrid budget of its own with the dataset's shares, enforced "
+        "and stated in its own terms: its epsilon_total, epsilon_spent and epsilon_remaining "
+        "are all at the grant's delta (a (1, 1e-6) grant after one (0.5, 1e-6) Gaussian "
+        "release: spent 0.5, remaining 0.5).",
     ),
     (
         "Figures for people",

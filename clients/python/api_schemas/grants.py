@@ -67,7 +67,8 @@ class Grant(Schema):
         description=(
             "Epsilon granted. gaussian, zcdp: what the grant's rho (mu) amounts to at the "
             "dataset's delta_total (rounded down), as every budget is stated. hybrid: the "
-            "epsilon given (its filters are a hybrid sub-budget of it)."
+            "epsilon given, at the grant's delta_total (its filters are a hybrid sub-budget of "
+            "(epsilon_total, delta_total)); its spent and remaining are at that delta too."
         )
     )
     delta_total: ExactDecimal = Field(
@@ -77,8 +78,8 @@ class Grant(Schema):
         description=(
             "Epsilon charged to the grant, less refunds (gaussian, zcdp: the smallest epsilon at "
             "which what it spent is (epsilon, delta_total)-DP at the dataset's delta, rounded up; "
-            "hybrid: the smallest of its still-holding filters' figures at the dataset's "
-            "delta_total, as the dataset's budget states it)."
+            "hybrid: the smallest of its still-holding filters' figures at the grant's own "
+            "delta_total, the delta its filters enforce)."
         )
     )
     delta_spent: ExactDecimal = Field(

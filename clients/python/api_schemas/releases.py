@@ -539,10 +539,12 @@ class ReleasePreview(Schema):
         default=None,
         description=(
             "The accounting that fits releases like this one on a dataset of this budget "
-            "(issue 31, item 5): hybrid (the default) in general; gaussian only when purely "
-            "Gaussian releases are all that is planned and the 0.8% hybrid holds back matters; "
-            "basic for at most two releases of this epsilon with pure or approximate steps. "
-            "Advice for the owner's next upload: a dataset's accounting is fixed."
+            "(issue 31, item 5): hybrid (the default) in general, and for a purely Gaussian "
+            "request too (one request is no plan: gaussian, 0.8% less noise, refuses every "
+            "other mechanism, so it is recommended only at upload, for planned_mechanisms that "
+            "are all purely Gaussian); for pure or approximate steps basic for at most two "
+            "releases of this epsilon, zcdp for more. Advice for the owner's next upload: a "
+            "dataset's accounting is fixed."
         ),
     )
     recommendation_reason: str | None = Field(
