@@ -430,13 +430,12 @@ def recheck_outage(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) ->
             ids=[uuid.UUID(i) for i in ids],
         )
 
-    stored = wait_until(
-        lambda: [tuple(r[:2]) for r in rows_of()] == [("succeeded", "pending")] * 4, 60, 0.05
-    )
-    not_yet_due = sum(bool(r[2]) for r in rows_of())
-    checks.check(
-        "recheck-outage: the jobs ended, re-checks pending", stored, f"{not_yet_due} not due"
-    )
+    # Every job ended; how many re-checks are still pending when the database stops depends on
+    # the machine's speed (on a quiet one the first verdicts may already be stored), so it is
+    # reported, not checked: the checks below hold either way.
+    ended = wait_until(lambda: [r[0] for r in rows_of()] == ["succeeded"] * 4, 60, 0.05)
+    pending = sum(r[1] == "pending" for r in rows_of())
+    checks.check("recheck-outage: the jobs ended", ended, f"{pending} of 4 re-checks pending")
     stack.services.signal("worker-0", signal.SIGTERM)
     stack.pg.stop("fast")
     down = time.monotonic()
@@ -485,7 +484,7 @@ def recheck_outage(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) ->
     stack.services.stop("worker-0")
     stack.start_worker(0)
     return ["recheck-outage", f"4 re-checks due, 1 worker SIGTERM, db down {up - down:.0f} s",
-            f"{not_yet_due} of 4 not yet due at the stop", " ".join(shown),
+            f"{pending} of 4 re-checks pending at the stop", " ".join(shown),
             f"verdicts {stored_after:.1f} s after the database"]  # fmt: skip
 
 
