@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from service.db.engine import database_unavailable
@@ -29,15 +30,19 @@ def is_transient_db_error(exc: BaseException) -> bool:
 @dataclass
 class OutageLog:
     """Logs a database outage once when it starts and once when it ends, whichever of the
-    worker's threads (main loop, heartbeat) meets it."""
+    worker's threads (main loop, heartbeat, reference re-check) meets it.
+
+    The first line names the operation that met the outage first, which is a race between the
+    threads; the last line counts the failed attempts of every operation, so an operator (and a
+    test) can see which parts of the worker waited it out."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     since: float | None = None
-    failures: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
 
     def failed(self, operation: str, exc: BaseException) -> None:
         with self.lock:
-            self.failures += 1
+            self.failures[operation] += 1
             if self.since is not None:
                 return
             self.since = time.monotonic()
@@ -52,5 +57,11 @@ class OutageLog:
             if self.since is None:
                 return
             down, failures = time.monotonic() - self.since, self.failures
-            self.since, self.failures = None, 0
-        log.warning("database available again after %.1f s (%d failed attempts)", down, failures)
+            self.since, self.failures = None, Counter()
+        by_operation = ", ".join(f"{operation} {count}" for operation, count in failures.items())
+        log.warning(
+            "database available again after %.1f s (%d failed attempts: %s)",
+            down,
+            failures.total(),
+            by_operation,
+        )
