@@ -214,7 +214,11 @@ def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> fl
     there, it showed late exactly when one of them (any dataset's, its run time possibly
     depending on one row) had not yet ended, long before that one's own ``visible_at``
     (``tests/continual/test_epoch_behind_a_long_job.py``)."""
-    return queue_seconds(session, padding_model(session, settings, act), act)
+    # Not the registrations by reference pending at the act (:func:`service.padding_queue.
+    # registration_seconds`): a batch's moments are overwritten by the dataset's next batch,
+    # so a worker computing this after that request would not see what was pending at the act
+    # and the epoch's visible_at would follow when the worker got to it.
+    return queue_seconds(session, padding_model(session, settings, act), act, registrations=False)
 
 
 def new_release_key() -> bytes:

@@ -64,6 +64,9 @@ status, start, finish or run time of any job):
   A one-shot release past its ``visible_at`` whose outcome is not shown yet adds the time to
   its late schedule's next step (the latest of them): a public moment, the same whether it
   really runs or has ended and waits for that step (:func:`service.padding_queue.late_seconds`).
+  So does a registration by reference requested before it whose end is not shown yet, until
+  its next public moment (:func:`service.padding_queue.registration_seconds`): a worker may be
+  reading its objects, for as long as they take.
 
 ``visible_at`` is computed once, when the release is requested, and stored: a later
 calibration never moves it.

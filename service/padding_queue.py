@@ -14,7 +14,7 @@ from service import calibration
 from service.config import Settings
 from service.db.models import Dataset, Release
 from service.mechanisms.registry import MECHANISMS
-from service.padding import PaddingModel, next_late_step
+from service.padding import PaddingModel, late_schedule, next_late_step
 
 
 def padding_model(session: Session, settings: Settings, now: datetime) -> PaddingModel:
@@ -25,16 +25,20 @@ def padding_model(session: Session, settings: Settings, now: datetime) -> Paddin
     return PaddingModel.from_settings(settings, calibrated)
 
 
-def queue_seconds(session: Session, model: PaddingModel, now: datetime) -> float:
+def queue_seconds(
+    session: Session, model: PaddingModel, now: datetime, *, registrations: bool = True
+) -> float:
     """The modelled time of the one-shot jobs ahead of a job requested at ``now``: those
     requested by ``now`` and not yet past their own ``visible_at`` (:meth:`PaddingModel.
     queue_seconds`), calibrated or not. Without it a job requested behind a long one was
     padded as if the queue were empty, and whether it showed at its ``visible_at`` or at a
     late step told its requester whether the job ahead (anyone's, on any dataset) had really
     ended, long before that job's own ``visible_at``. Plus the wait for the late jobs whose
-    outcome is not shown (:func:`late_seconds`)."""
+    outcome is not shown (:func:`late_seconds`), and, with ``registrations``, for the
+    registrations by reference not shown yet (:func:`registration_seconds`)."""
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
     rows = session.execute(_QUEUE, {"now": now}).all()
+    pending = registration_seconds(session, now) if registrations else 0.0
     one_shot = [row for row in rows if row[0] in MECHANISMS and not MECHANISMS[row[0]].continual]
     ahead = [row for row in one_shot if row.visible_at > now]
     late = [(row.created_at, row.visible_at) for row in one_shot if row.visible_at <= now]
@@ -45,7 +49,7 @@ def queue_seconds(session: Session, model: PaddingModel, now: datetime) -> float
             (name, n_read if n_read is not None else n, d, k_, job_params or {})
             for name, n_read, n, d, k_, job_params, _, _ in ahead
         ]
-    ) + late_seconds(late, now)
+    ) + max(late_seconds(late, now), pending)
 
 
 def _shown_unfinished(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]:
@@ -97,3 +101,68 @@ def late_seconds(late: list[tuple[datetime, datetime]], now: datetime) -> float:
         ),
         default=0.0,
     )
+
+
+#: The registrations and batches by reference requested by ``now`` whose end is not shown at
+#: ``now`` (:func:`registration_seconds`). Built once, as :data:`_QUEUE`.
+_REGISTRATIONS = select(
+    Dataset.created_at,
+    Dataset.registration_visible_at,
+    Dataset.registration_shown_at,
+    Dataset.batch_requested_at,
+    Dataset.batch_visible_at,
+    Dataset.batch_shown_at,
+    Dataset.deleted_at,
+).where(
+    or_(
+        and_(
+            Dataset.registration_visible_at.is_not(None),
+            Dataset.created_at <= bindparam("now"),
+            or_(
+                Dataset.registration_shown_at.is_(None),
+                Dataset.registration_shown_at > bindparam("now"),
+            ),
+        ),
+        and_(
+            Dataset.batch_visible_at.is_not(None),
+            Dataset.batch_requested_at <= bindparam("now"),
+            or_(Dataset.batch_shown_at.is_(None), Dataset.batch_shown_at > bindparam("now")),
+        ),
+    )
+)
+
+
+def registration_seconds(session: Session, now: datetime) -> float:
+    """Until the next public moment of the latest registration (or batch) by reference
+    requested by ``now`` and not shown at ``now``: its ``visible_at``, or past it the next
+    step of its late schedule (:func:`service.registration_visibility.shown_at`).
+
+    Why: a worker takes a registration only when no release waits, then reads its objects for
+    as long as they take, and a job requested meanwhile waits behind the read. Padded as if
+    it were not there (a probe's floor is often shorter than a registration's, and a late
+    registration's read has no bound), a cheap probe showed at its ``visible_at`` if the read
+    had ended, or had not begun because a release ahead still ran, and a step later if the
+    worker was still reading: anyone read the registration's real end, and through it whether
+    the release ahead of it had ended, long before either showed
+    (``tests/reference/test_probe_behind_a_registration.py``). What is counted is what is
+    shown (a registration counts until its end shows, whatever the worker really does), so
+    the term changes at those public moments only. A deleted dataset's registration is never
+    shown (no worker takes it again): it counts until the first step at or after the
+    deletion, a public moment too."""
+    longest = 0.0
+    for row in session.execute(_REGISTRATIONS, {"now": now}).all():
+        pending = [
+            (row.created_at, row.registration_visible_at, row.registration_shown_at),
+            (row.batch_requested_at, row.batch_visible_at, row.batch_shown_at),
+        ]
+        for requested, visible, shown in pending:
+            if requested is None or visible is None or requested > now:
+                continue
+            if shown is not None and shown <= now:
+                continue
+            deleted = row.deleted_at is not None and row.deleted_at <= now
+            if deleted and late_schedule(requested, visible, row.deleted_at)[0] <= now:
+                continue
+            wait = (next_late_step(requested, visible, now) - now).total_seconds()
+            longest = max(longest, wait)
+    return longest
