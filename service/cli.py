@@ -28,6 +28,7 @@ from service.cli_database import (
     bootstrap_admin_or_exit,
     engine_or_exit,
     migrate_or_exit,
+    worker_engine_or_exit,
 )
 from service.cli_database import cannot_check as _cannot_check
 from service.cli_database import database_failure as _database_failure
@@ -261,7 +262,7 @@ def worker(
         signal.signal(signum, lambda *_: stop.set())
     if parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(parent_pid, stop), daemon=True).start()
-    session_factory = make_session_factory(engine_or_exit(settings.resolved_database_url))
+    session_factory = make_session_factory(worker_engine_or_exit(settings))
     audit.use_hmac_key(session_factory, settings.audit_hmac_key)
     _secure_data_dir(settings)
     store = DatasetStore(settings.datasets_dir)

@@ -80,6 +80,17 @@ def engine_or_exit(url: str) -> Engine:
         _fail_on(url, exc)
 
 
+def worker_engine_or_exit(settings: Settings) -> Engine:
+    """:func:`engine_or_exit` for ``dpss worker``: the worker's engine, whose lock waits are
+    bounded (:func:`service.db.engine.make_worker_engine`)."""
+    from service.db.engine import make_worker_engine
+
+    try:
+        return make_worker_engine(settings)
+    except Exception as exc:
+        _fail_on(settings.resolved_database_url, exc)
+
+
 def migrate_or_exit(url: str) -> None:
     """Bring the database to the newest schema, or say in one line why it cannot (exit 2)."""
     from service.migrate import upgrade_to_head

@@ -327,6 +327,20 @@ class Settings(BaseSettings):
             "long after the database is back."
         ),
     )
+    worker_db_lock_timeout_seconds: float = Field(
+        default=10,
+        gt=0,
+        le=3600,
+        description=(
+            "Longest time a worker's statement waits for a database lock another session holds "
+            "(PostgreSQL's lock_timeout; SQLite's busy timeout). The statement then fails as an "
+            "outage: its transaction rolls back, releasing the rows it had locked, and the "
+            "worker retries with DPSS_WORKER_DB_RETRY_* backoff and logs the outage once. "
+            "Without a bound a worker behind an idle-in-transaction session waited for ever on "
+            "PostgreSQL, holding its connection, its lease and the rows it had locked, and did "
+            "not stop on SIGTERM."
+        ),
+    )
     worker_memory_mb: float = Field(
         default=6144,
         gt=0,

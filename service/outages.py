@@ -34,15 +34,26 @@ class OutageLog:
 
     The first line names the operation that met the outage first, which is a race between the
     threads; the last line counts the failed attempts of every operation, so an operator (and a
-    test) can see which parts of the worker waited it out."""
+    test) can see which parts of the worker waited it out.
+
+    A success ends the outage if its operation failed during it, or if no operation is still
+    failing. A lock held elsewhere (``DPSS_WORKER_DB_LOCK_TIMEOUT_SECONDS``) fails one operation
+    (the finish waiting on a locked row) while the others succeed; the re-check thread's
+    successes every second would otherwise end and restart the outage at each of the finish's
+    retries, logging it again each time. An operation that stops retrying while failing (a stop
+    request, a heartbeat whose job ended) says so (:meth:`gave_up`) so as not to hold the
+    outage open."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     since: float | None = None
     failures: Counter[str] = field(default_factory=Counter)
+    #: Operations whose last attempt failed (and which still retry).
+    failing: set[str] = field(default_factory=set)
 
     def failed(self, operation: str, exc: BaseException) -> None:
         with self.lock:
             self.failures[operation] += 1
+            self.failing.add(operation)
             if self.since is not None:
                 return
             self.since = time.monotonic()
@@ -52,12 +63,22 @@ class OutageLog:
             safe_traceback(exc),
         )
 
-    def succeeded(self) -> None:
+    def gave_up(self, operation: str) -> None:
+        """``operation`` no longer retries: it does not keep the outage open."""
+        with self.lock:
+            self.failing.discard(operation)
+
+    def succeeded(self, operation: str) -> None:
         with self.lock:
             if self.since is None:
                 return
+            self.failing.discard(operation)
+            if operation not in self.failures and self.failing:
+                # The database answers this operation, but another still fails (a row it
+                # needs is locked elsewhere): the outage goes on for it.
+                return
             down, failures = time.monotonic() - self.since, self.failures
-            self.since, self.failures = None, Counter()
+            self.since, self.failures, self.failing = None, Counter(), set()
         by_operation = ", ".join(f"{operation} {count}" for operation, count in failures.items())
         log.warning(
             "database available again after %.1f s (%d failed attempts: %s)",

@@ -387,7 +387,7 @@ def run(
             with session_factory() as session:
                 upcoming = next_due(session)
             if outages is not None:
-                outages.succeeded()
+                outages.succeeded("re-check")
             if upcoming is not None and upcoming > utcnow():
                 # (One already due waits for its retry: look again after LOOK_SECONDS.)
                 wait = min(wait, (upcoming - utcnow()).total_seconds())

@@ -228,13 +228,16 @@ class Worker:
                 result = attempt()
             except Exception as exc:
                 if not is_transient_db_error(exc):
+                    if failures:
+                        self._outage.gave_up(operation)
                     raise
                 failures += 1
                 self._outage.failed(operation, exc)
                 if wait(self._backoff(failures)):
+                    self._outage.gave_up(operation)
                     raise WorkerStopping(operation) from None
                 continue
-            self._outage.succeeded()
+            self._outage.succeeded(operation)
             return result
 
     # -- claiming -------------------------------------------------------------------------------

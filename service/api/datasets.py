@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -43,7 +44,6 @@ from service.api.multipart import form_body, receive_upload
 from service.api.presenters import budget_out, dataset_out, datasets_out
 from service.api.routing import GuardedRoute
 from service.auth import Principal, require_role
-from service.db.models import Dataset as DatasetRow
 from service.db.models import DatasetBatch as DatasetBatchRow
 from service.errors import InvalidInput
 from service.mechanisms.linalg import count_rows_above
@@ -139,11 +139,11 @@ async def create_dataset(
             # A retry is answered before its file is parsed: a hash, not a decode.
             found = await uow(
                 lambda session, principal: _replay(
-                    session, store, principal, idempotency_key, request_hash, fields
+                    session, principal, idempotency_key, request_hash, fields
                 )
             )
             if found is not None:
-                return found
+                return await _replayed(store, found)
         stored = await anyio.to_thread.run_sync(
             functools.partial(
                 store.ingest, form.file_path, form.file_suffix, unit_column=unit_column
@@ -159,9 +159,9 @@ async def create_dataset(
         store.purge(stored.file_name)
         raise
 
-    def register(session: Session, principal: Principal) -> DatasetCreated | JSONResponse:
+    def register(session: Session, principal: Principal) -> DatasetCreated | _Replay:
         # Again in this transaction: a concurrent retry with the same key may have committed.
-        found = _replay(session, store, principal, idempotency_key, request_hash, fields)
+        found = _replay(session, principal, idempotency_key, request_hash, fields)
         if found is not None:
             return found
         try:
@@ -181,7 +181,7 @@ async def create_dataset(
             # index waited for it); this request's file is already purged.
             if not upload_idempotency.is_key_race(exc):
                 raise
-            found = _replay(session, store, principal, idempotency_key, request_hash, fields)
+            found = _replay(session, principal, idempotency_key, request_hash, fields)
             if found is None:
                 raise
             return found
@@ -202,59 +202,85 @@ async def create_dataset(
     except BaseException:
         await purge_unless_registered(uow.database, store, stored.file_name)
         raise
-    if isinstance(answer, JSONResponse):
+    if isinstance(answer, _Replay):
         # A retry's answer: this request's own file names no dataset.
         await purge_unless_registered(uow.database, store, stored.file_name)
+        return await _replayed(store, answer)
     return answer
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """A retried upload's answer as its transaction read it (:func:`_replay`); what it says of
+    the rows is read after that transaction (:func:`_replayed`)."""
+
+    created: DatasetCreated
+    #: Batch 0's file, ``None`` once the dataset is deleted (then nothing is said of the rows).
+    file_name: str | None
+    row_norm_bound: Any
+    person: bool
 
 
 def _replay(
     session: Session,
-    store: DatasetStore,
     principal: Principal,
     key: str | None,
     request_hash: str,
     fields: DatasetCreate,
-) -> JSONResponse | None:
-    """The 200 answer to a retry of an upload (the dataset it made, as it is now), None when
-    no upload used ``key``; 409 when one did with another body. What the first answer told
-    the owner alone about the rows (``rows_above_bound``, ``rows_per_unit``) is read again
-    from batch 0's rows, which are the same rows: the first answer may never have arrived."""
+) -> _Replay | None:
+    """The retry of an upload's answer (the dataset it made, as it is now), None when no upload
+    used ``key``; 409 when one did with another body. Reads the database only: see
+    :func:`_replayed` for the rows."""
     dataset = upload_idempotency.find_dataset(session, principal, key, request_hash)
     if dataset is None:
         return None
     out = dataset_out(session, dataset, principal.key_id)
-    above, per_unit = _first_answer_facts(store, dataset)
     fits = datasets.recommended_accounting(fields)
     person = dataset.privacy_unit_column is not None
     created = DatasetCreated(
         **out.model_dump(),
-        rows_above_bound=above,
-        rows_per_unit=per_unit,
+        rows_above_bound=None,
+        rows_per_unit=None,
         rows_dropped_by_bound=0 if person else None,
         recommended_accounting=fits.accounting,
         recommendation_reason=fits.reason,
+    )
+    live = dataset.file_name is not None and dataset.deleted_at is None
+    return _Replay(created, dataset.file_name if live else None, dataset.row_norm_bound, person)
+
+
+async def _replayed(store: DatasetStore, replay: _Replay) -> JSONResponse:
+    """The 200 answer to a retried upload. What the first answer told the owner alone about
+    the rows (``rows_above_bound``, ``rows_per_unit``) is read again from batch 0's rows, which
+    are the same rows (the first answer may never have arrived).
+
+    Read here, in a thread and outside any transaction: a pass over every row (up to
+    ``DPSS_MAX_DATASET_BYTES``) inside the unit of work held its database slot and connection
+    for as long as the disk took, and on SQLite the database's write lock (every transaction
+    begins ``IMMEDIATE``), stopping every other writer, workers' finishes included. Batch 0's
+    rows never change; a deletion meanwhile makes the read fail, and the facts null."""
+    above, per_unit = await anyio.to_thread.run_sync(
+        _first_answer_facts, store, replay.file_name, replay.row_norm_bound, replay.person
+    )
+    created = replay.created.model_copy(
+        update={"rows_above_bound": above, "rows_per_unit": per_unit}
     )
     return JSONResponse(created.model_dump(mode="json"), status_code=200)
 
 
 def _first_answer_facts(
-    store: DatasetStore, dataset: DatasetRow
+    store: DatasetStore, file_name: str | None, row_norm_bound: Any, person: bool
 ) -> tuple[int | None, dict[str, int] | None]:
     """``rows_above_bound`` and ``rows_per_unit`` of batch 0 (the upload's rows; null when
     they are deleted)."""
-    if dataset.file_name is None or dataset.deleted_at is not None:
+    if file_name is None:
         return None, None
     try:
-        rows = store.open(dataset.file_name)  # batch 0: the rows the .npy header records
-        above = (
-            None
-            if dataset.row_norm_bound is None
-            else count_rows_above(rows, dataset.row_norm_bound)
-        )
+        rows = store.open(file_name)  # batch 0: the rows the .npy header records
+        above = None if row_norm_bound is None else count_rows_above(rows, row_norm_bound)
         per_unit = None
-        if dataset.privacy_unit_column is not None:
-            units = np.asarray(store.open_units(dataset.file_name, len(rows)))
+        if person:
+            units = np.asarray(store.open_units(file_name, len(rows)))
             per_unit = privacy_unit.rows_per_unit_buckets(units)
     except (OSError, ValueError):
         return None, None

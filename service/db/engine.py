@@ -83,8 +83,8 @@ def _ping_when_idle(engine: Engine) -> None:
 
 
 #: How long a connection waits for a lock unless told otherwise (SQLite's busy timeout; no
-#: bound on PostgreSQL): the workers and the command line, whose waits hold nothing a client
-#: needs, and which retry or report an outage themselves.
+#: bound on PostgreSQL): the command line, whose waits hold nothing a client needs. The API
+#: and the workers bound theirs (:func:`make_pooled_engine`, :func:`make_worker_engine`).
 DEFAULT_SQLITE_BUSY_SECONDS = 60.0
 
 
@@ -159,6 +159,24 @@ def make_pooled_engine(settings: Settings) -> Engine:
     if not is_sqlite(url):
         options["connect_args"] = {"connect_timeout": settings.db_connect_timeout_seconds}
     return make_engine(url, lock_timeout_seconds=lock_timeout, **options)
+
+
+def make_worker_engine(settings: Settings) -> Engine:
+    """A worker's engine (``dpss worker``): every lock wait bounded by
+    ``worker_db_lock_timeout_seconds``.
+
+    A worker that met a lock held elsewhere (an idle-in-transaction session holding the audit
+    head, a dataset's or a release's row) waited for ever on PostgreSQL, holding its
+    connection, its lease and every row its transaction had locked so far (the release's row,
+    which the API's requests on that release then waited for), and a stop request could not
+    end the wait. Bounded, the statement fails with ``LockNotAvailable`` (``SQLITE_BUSY``),
+    an outage to :func:`service.outages.is_transient_db_error`: the transaction rolls back and
+    the worker retries with its backoff, logging the outage once.
+    """
+    return make_engine(
+        settings.resolved_database_url,
+        lock_timeout_seconds=settings.worker_db_lock_timeout_seconds,
+    )
 
 
 #: SQLite result codes (and their extended codes) of a database that cannot serve now: busy or

@@ -261,3 +261,33 @@ def test_a_retry_after_the_dataset_was_deleted_makes_no_new_budget(
     assert again.json()["rows_above_bound"] is None
     assert count(session_factory, Dataset) == 1
     assert stored_files(settings) == []
+
+
+def test_a_retried_upload_reads_its_rows_holding_no_connection(
+    committed_db: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry's answer repeats what only the first told about the rows (a pass over all of
+    them). Fails before: it read them inside its unit of work, holding a pooled connection (and
+    on SQLite the database's write lock) for as long as the pass took."""
+    from service.api import datasets as datasets_api
+
+    _, factory = committed_db
+    engine = factory.kw["bind"]
+    app = create_app(settings, session_factory=factory)
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "o", None)
+    held: list[int] = []
+    count_rows_above = datasets_api.count_rows_above
+
+    def counting(rows: Any, bound: Any) -> int:
+        held.append(engine.pool.checkedout())
+        return count_rows_above(rows, bound)
+
+    with TestClient(app) as client:
+        first = upload(client, owner, idempotency_key="held-upload")
+        assert first.status_code == 201, first.text
+        monkeypatch.setattr(datasets_api, "count_rows_above", counting)
+        again = upload(client, owner, idempotency_key="held-upload")
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+    assert held == [0]
