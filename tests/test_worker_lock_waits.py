@@ -135,5 +135,8 @@ def test_the_worker_engine_reports_its_lock_bound(
                 assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 1500
             else:
                 assert connection.exec_driver_sql("SHOW lock_timeout").scalar() == "1500ms"
+                # The API's connect timeout too: an unanswering host is an outage, not a hang.
+                params = connection.connection.dbapi_connection.info.get_parameters()  # type: ignore[union-attr]
+                assert params["connect_timeout"] == str(settings.db_connect_timeout_seconds)
     finally:
         engine.dispose()

@@ -172,11 +172,16 @@ def make_worker_engine(settings: Settings) -> Engine:
     end the wait. Bounded, the statement fails with ``LockNotAvailable`` (``SQLITE_BUSY``),
     an outage to :func:`service.outages.is_transient_db_error`: the transaction rolls back and
     the worker retries with its backoff, logging the outage once.
+
+    The PostgreSQL connect timeout is the API's: without it a worker whose database host
+    stopped answering (a black-holed route, not a refused connection) waited for the kernel's
+    TCP retries, about two minutes per attempt, instead of its own backoff.
     """
-    return make_engine(
-        settings.resolved_database_url,
-        lock_timeout_seconds=settings.worker_db_lock_timeout_seconds,
-    )
+    url = settings.resolved_database_url
+    options: dict[str, Any] = {}
+    if not is_sqlite(url):
+        options["connect_args"] = {"connect_timeout": settings.db_connect_timeout_seconds}
+    return make_engine(url, lock_timeout_seconds=settings.worker_db_lock_timeout_seconds, **options)
 
 
 #: SQLite result codes (and their extended codes) of a database that cannot serve now: busy or
