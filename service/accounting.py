@@ -154,6 +154,18 @@ def gdp_epsilon(mu: Decimal, delta: Decimal) -> Decimal:
     return round_up(low)
 
 
+@functools.lru_cache(maxsize=256)
+def gdp_epsilon_admitted(mu: Decimal, delta: Decimal) -> Decimal:
+    """The largest ``epsilon`` (30 places, rounded **down**) at which a Gaussian release asked
+    at ``(epsilon, delta)`` is at most ``mu``-GDP: ``delta_G(mu, epsilon) >= delta`` (its ``mu``
+    is the one with ``delta_G(mu', epsilon) = delta``, and ``delta_G`` grows with ``mu``). The
+    other side of :func:`gdp_epsilon`, which rounds up: what a budget of ``mu`` admits."""
+    if mu <= 0:
+        return Decimal(0)
+    target = _mp(delta)
+    return round_down(_largest(lambda e: gdp_delta(mu, e) > target, mpmath.mpf(1)))
+
+
 @functools.lru_cache(maxsize=4096)
 def pure_mu(epsilon: Decimal) -> Decimal:
     """``mu = -2 Phi^-1(1/(1 + e^eps))`` rounded up: an ``eps``-DP step is ``mu``-GDP

@@ -35,7 +35,16 @@ from typing import Any, Literal
 from sqlalchemy import Select, bindparam, case, or_, select
 from sqlalchemy.orm import Session
 
-from service import accounting, audit, charges, datasets, ledger, privacy_unit, spend
+from service import (
+    accounting,
+    audit,
+    charges,
+    datasets,
+    grant_terms,
+    ledger,
+    privacy_unit,
+    spend,
+)
 from service.auth import Principal, require_role
 from service.db.models import ApiKey, Dataset, Grant, LedgerEntry, utcnow
 from service.errors import (
@@ -99,6 +108,21 @@ def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
     return _grant_state(dataset, grant, *ledger.spent_of(rows))
 
 
+def stated_delta_of(dataset: Dataset, grant: Grant) -> Decimal:
+    """The delta ``grant``'s epsilon figures are stated at: the one it was given with
+    (``grants.stated_delta``; a row no migration filled: derived as migration 0024 derives it)."""
+    if grant.stated_delta is not None:
+        return grant.stated_delta
+    return grant_terms.legacy_stated_delta(
+        dataset.accounting,
+        grant.epsilon,
+        grant.delta,
+        grant.rho if grant.rho is not None else Decimal(0),
+        dataset.delta_total,
+        dataset.delta_conversion,
+    )
+
+
 def hybrid_grant_budget(
     dataset: Dataset, epsilon: Decimal, delta: Decimal
 ) -> accounting.HybridBudget:
@@ -150,6 +174,12 @@ def _grant_state(
             not_gdp=sums[2],
             not_profiled=sums[3],
         )
+    stated = stated_delta_of(dataset, grant)
+    conversion = dataset.delta_conversion
+    if dataset.accounting == "zcdp" and grant.epsilon > 0:
+        # What the grant holds for its conversion: its asked delta less what its mechanisms
+        # may spend (min(asked, the dataset's conversion share), :func:`_epsilon_share`).
+        conversion = max(Decimal(0), ledger.BUDGET_CONTEXT.subtract(stated, grant.delta))
     return ledger.BudgetState(
         grant.epsilon,
         grant.delta,
@@ -158,15 +188,17 @@ def _grant_state(
         accounting=dataset.accounting,
         rho_total=grant.rho if dataset.accounting != "basic" else None,
         rho_spent=rho_spent,
-        # Stated (service.spend) at the dataset's delta: a grant given in epsilon by that
-        # epsilon (its spend is (epsilon, delta)-DP, delta <= delta_total), else its rho
-        # converted.
-        stated_delta=dataset.delta_total,
+        # Stated (service.spend) in the grant's own terms: given in epsilon, total, spent and
+        # remaining all at the delta it was given with (its rho is within (epsilon, that
+        # delta)); its spend read at the dataset's delta_total made a row of two deltas, 0.14
+        # left of a (1, 1e-6) gaussian grant that refused everything. Given in rho or mu: its
+        # rho converted at the dataset's delta_total.
+        stated_delta=stated,
         epsilon_stated=grant.epsilon
         if dataset.accounting != "basic" and grant.epsilon > 0
         else None,
         epsilon_ceiling=dataset.epsilon_total,
-        delta_conversion=dataset.delta_conversion,
+        delta_conversion=conversion,
     )
 
 
@@ -246,7 +278,7 @@ def create_grant(
         if value is not None:
             ledger.check_storable(name, value)
     dataset = _own_dataset(session, principal, dataset_id)
-    epsilon, delta, rho = _share(dataset, epsilon, delta, rho, mu)
+    epsilon, delta, rho, stated_delta = _share(dataset, epsilon, delta, rho, mu)
     if dataset.deleted_at is not None:
         raise DatasetGone(f"dataset {dataset_id} was deleted; it can grant nothing")
     datasets.require_ready(dataset)
@@ -267,6 +299,7 @@ def create_grant(
         epsilon=epsilon,
         delta=delta,
         rho=rho,
+        stated_delta=stated_delta,
         created_by_key_id=principal.key_id,
         created_at=utcnow(),
     )
@@ -311,9 +344,11 @@ def _share(
     delta: Decimal | None,
     rho: Decimal | None,
     mu: Decimal | None,
-) -> tuple[Decimal, Decimal, Decimal]:
+) -> tuple[Decimal, Decimal, Decimal, Decimal]:
     """The grant's ``(epsilon, delta, rho)`` in the dataset's currency, each at most the
-    dataset's total; :class:`InvalidInput` names the field that does not fit."""
+    dataset's total, and the delta its epsilon figures are stated at (``stated_delta``: the
+    delta it is given with; given in rho or mu, the dataset's ``delta_total``);
+    :class:`InvalidInput` names the field that does not fit."""
     compare = ledger.BUDGET_CONTEXT.compare
     zero = Decimal(0)
     if dataset.accounting in ("basic", "hybrid"):
@@ -323,7 +358,8 @@ def _share(
                     name, f"this dataset's accounting is {dataset.accounting}: give epsilon, delta"
                 )
     if dataset.accounting == "hybrid":
-        return _hybrid_share(dataset, epsilon, delta)
+        share = _hybrid_share(dataset, epsilon, delta)
+        return (*share, share[1])
     if dataset.accounting == "basic":
         if epsilon is None or delta is None:
             raise InvalidInput("epsilon" if epsilon is None else "delta", "required")
@@ -331,9 +367,10 @@ def _share(
             raise InvalidInput("epsilon", "must not exceed the dataset's total epsilon budget")
         if compare(delta, dataset.delta_total) > 0:
             raise InvalidInput("delta", "must not exceed the dataset's total delta budget")
-        return epsilon, delta, zero
+        return epsilon, delta, zero, delta
     if epsilon is not None:
-        return _epsilon_share(dataset, epsilon, delta, rho, mu)
+        asked = dataset.delta_total if delta is None else delta
+        return (*_epsilon_share(dataset, epsilon, delta, rho, mu), asked)
     if mu is not None and rho is not None:
         raise InvalidInput("mu", "give mu or rho, not both")
     if mu is not None:
@@ -354,7 +391,7 @@ def _share(
     limit = ledger.state_of(dataset, zero, zero, zero).delta_remaining
     if compare(delta, limit) > 0:
         raise InvalidInput("delta", _mechanism_delta_limit(dataset, limit))
-    return zero, delta, rho
+    return zero, delta, rho, dataset.delta_total
 
 
 def _within_dataset(dataset: Dataset, epsilon: Decimal, delta: Decimal | None) -> Decimal:

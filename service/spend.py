@@ -8,16 +8,21 @@ accounting's native figure (``rho``, ``mu``) beside it, never instead of it.
 :func:`statement` is that statement; nothing else converts a native figure to epsilon for
 display (docs/mechanisms.md, "Reading a budget").
 
-What ``epsilon_spent`` means, per accounting (each the smallest epsilon, rounded **up**, at
-which everything spent is ``(epsilon, delta_total)``-DP; ``remaining`` is ``total - spent``,
-so rounded **down**):
+What ``epsilon_spent`` means, per accounting (each an epsilon, rounded **up**, at which
+everything spent is ``(epsilon, delta_total)``-DP, read at the delta the budget's filter holds
+for it, so that ``remaining``, ``total - spent`` rounded **down**, is what the ledger admits:
+a request for exactly it is admitted, tests/api/test_stated_is_admitted.py):
 
 * ``basic``: the sum of the charges' epsilons (their delta adds up to ``delta_spent``);
 * ``gaussian``: the Gaussian-DP curve at ``mu_spent`` (:func:`service.accounting.gdp_epsilon`);
-* ``zcdp``: the CKS conversion of ``rho_spent`` at ``delta_total - delta_spent`` (the
-  mechanisms' approximate steps spent ``delta_spent`` of it; the conversion gets the rest);
+* ``zcdp``: the CKS conversion of ``rho_spent`` at the delta held for the conversion,
+  ``delta_conversion`` (the one its ``rho_total`` is derived at, so a spent ``rho_total``
+  reads as ``epsilon_total``: at ``delta_total - delta_spent`` a dataset whose rho was all
+  spent said 0.03 of 1 remained, which nothing could spend; a valid figure at
+  ``delta_total`` still, ``delta_conversion + delta_spent <= delta_total``);
 * ``hybrid``: the smallest of the three filters' figures, over the filters whose condition
-  still holds on what was spent (:func:`hybrid_epsilon`).
+  still holds on what was spent (:func:`hybrid_epsilon`); its total is at most what its
+  filters admit at ``delta_total`` (:func:`hybrid_admitted`).
 
 A new accounting kind adds one function to :data:`_NATIVE` (its native figures and its
 epsilon at a delta); every surface then states it.
@@ -106,19 +111,22 @@ class Statement:
 class _Kind:
     """One accounting's part of the statement."""
 
-    #: ``(rho, mechanisms' delta, delta_total) -> epsilon`` (rounded up), for rho > 0.
+    #: ``(rho, what mechanisms may spend of delta, delta_total) -> epsilon`` (rounded up), for
+    #: rho > 0.
     epsilon_at: Callable[[Decimal, Decimal, Decimal], Decimal | None]
     native: Callable[[BudgetState], Native]
     #: The delta held for the conversion, from the dataset's ``delta_total`` and its share.
     reserved: Callable[[Decimal, Decimal | None], Decimal | None]
 
 
-def _gaussian_epsilon(rho: Decimal, _delta_spent: Decimal, delta_total: Decimal) -> Decimal:
+def _gaussian_epsilon(rho: Decimal, _delta_limit: Decimal, delta_total: Decimal) -> Decimal:
     return accounting.gdp_epsilon(accounting.sqrt_up(2 * rho), delta_total)
 
 
-def _zcdp_epsilon(rho: Decimal, delta_spent: Decimal, delta_total: Decimal) -> Decimal | None:
-    return accounting.zcdp_epsilon(rho, BUDGET_CONTEXT.subtract(delta_total, delta_spent))
+def _zcdp_epsilon(rho: Decimal, delta_limit: Decimal, delta_total: Decimal) -> Decimal | None:
+    # At the delta the budget holds for the conversion (delta_total less what mechanisms may
+    # spend), the one its rho_total is derived at: a spent rho_total reads as epsilon_total.
+    return accounting.zcdp_epsilon(rho, BUDGET_CONTEXT.subtract(delta_total, delta_limit))
 
 
 def _rho_native(state: BudgetState) -> Native:
@@ -140,14 +148,16 @@ def _gaussian_native(state: BudgetState) -> Native:
 
 
 def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decimal | None:
-    """The smallest epsilon (rounded up) at which what a ``hybrid`` budget spent is
-    ``(epsilon, delta_total)``-DP, read by a filter whose condition still holds on it:
+    """The epsilon (rounded up) at which what a ``hybrid`` budget spent is ``(epsilon,
+    delta_total)``-DP, read by a filter whose condition still holds on it (the smallest):
 
     * A' (every release has a GDP figure, ``sum mu_i^2 <= mu_total^2``): the spend is
       ``sqrt(gdp_spent)``-GDP (Smith & Thakurta 2022; ``sqrt`` rounded up), converted at
       ``delta_total`` by the GDP curve (:func:`service.accounting.gdp_epsilon`, rounded up);
     * B (every release profiled, sums within B's budget): ``rho_spent``-zCDP with the steps'
-      ``zcdp_delta_spent``, converted by CKS at ``delta_total - zcdp_delta_spent``;
+      ``zcdp_delta_spent``, converted by CKS at B's conversion share ``delta_conversion`` (the
+      delta its ``rho_total`` is derived at, so a spent B reads as the budget's epsilon; at
+      ``delta_total - zcdp_delta_spent`` a spent B read 0.83 of 1);
     * C (sums within C's budget): ``epsilon_spent``, its ``delta_spent <= delta_basic <=
       delta_total``.
 
@@ -155,7 +165,7 @@ def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decim
     admitted the same sequence under, and its own fully adaptive theorem (the one
     :class:`service.accounting.HybridState` cites) makes that spend ``(epsilon,
     delta_total)``-DP: the figure is the statement's convention for every accounting (an
-    epsilon at the dataset's ``delta_total``), and the smallest valid one is stated. A filter
+    epsilon at the dataset's ``delta_total``), and the smallest of them is stated. A filter
     that no longer holds is not read (the ledger's admissions are no longer its). ``None`` when
     none holds (a budget overspent by rounding only; callers state the total as spent)."""
     figures: list[Decimal] = []
@@ -166,13 +176,32 @@ def hybrid_epsilon(state: accounting.HybridState, delta_total: Decimal) -> Decim
         if state.rho_spent <= 0:
             figures.append(Decimal(0))
         else:
-            left = BUDGET_CONTEXT.subtract(delta_total, state.zcdp_delta_spent)
-            converted = accounting.zcdp_epsilon(state.rho_spent, left)
+            converted = accounting.zcdp_epsilon(state.rho_spent, state.budget.delta_conversion)
             if converted is not None:
                 figures.append(converted)
     if state.c_holds(accounting.NO_COST):
         figures.append(state.epsilon_spent)
     return min(figures) if figures else None
+
+
+def hybrid_admitted(budget: accounting.HybridBudget, delta_at: Decimal) -> Decimal:
+    """The largest epsilon at which an unspent ``hybrid`` budget admits a Gaussian release
+    asked at ``(epsilon, delta_at)``, the delta its figures are stated at: a ``hybrid`` budget's
+    stated ``epsilon_total`` is at most this, so that what it states remains is what it admits.
+
+    No filter holds all of ``delta``: A' (GDP) holds 96% of it, so its ``mu_total`` is ``mu``
+    at ``(epsilon, 0.96 delta)`` and a release asked at ``(epsilon, delta)`` (more ``mu``) is
+    refused by it; B admits one whose ``mu^2/2`` is within ``rho_total``; C one whose ``delta``
+    is within its 1% share (never ``delta_at``, unless shares put all of it there). The
+    budget's guarantee is still ``(epsilon, delta)`` (the filters' shares sum to ``delta``), but
+    a ``(1, 1e-6)`` budget admitted a Gaussian release of at most 0.9979 at ``1e-6`` while it
+    stated 1 remaining, and once A' was spent it stated 0.0021 left that nothing could spend.
+    Stated at the admitted figure, what is stated is what can be spent (it can only err low:
+    a pure release C admits up to the owner's epsilon is stated as at most this)."""
+    if budget.delta_basic >= delta_at:
+        return budget.epsilon
+    widest = max(budget.mu_total, accounting.sqrt_down(2 * budget.rho_total))
+    return accounting.gdp_epsilon_admitted(widest, delta_at)
 
 
 def _hybrid_native(state: BudgetState) -> Native:
@@ -235,6 +264,7 @@ def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
     )
     if state.epsilon_ceiling is not None:
         epsilon_total = min(epsilon_total, state.epsilon_ceiling)
+    epsilon_total = min(epsilon_total, hybrid_admitted(hybrid.budget, delta_at))
     spent = hybrid_epsilon(hybrid, delta_at)
     spent = epsilon_total if spent is None else spent
     delta_spent, delta_remaining = _hybrid_delta(state, hybrid)
@@ -261,17 +291,19 @@ _NATIVE: dict[str, _Kind] = {
 
 
 def epsilon_of(
-    kind: str, epsilon: Decimal, rho: Decimal, delta_spent: Decimal, delta_total: Decimal
+    kind: str, epsilon: Decimal, rho: Decimal, delta_limit: Decimal, delta_total: Decimal
 ) -> Decimal:
-    """The epsilon (rounded up) at which a spend of ``(epsilon, rho, delta_spent)`` in the
-    ledger's columns is ``(epsilon, delta_total)``-DP under accounting ``kind``. ``basic``
-    spends its ``epsilon`` column; the others convert ``rho``."""
+    """The epsilon (rounded up) at which a spend of ``epsilon`` or ``rho`` in the ledger's
+    columns is ``(epsilon, delta_total)``-DP under accounting ``kind``, on a budget whose
+    mechanisms may spend ``delta_limit`` of ``delta_total``. ``basic`` spends its ``epsilon``
+    column; the others convert ``rho`` (``zcdp`` at ``delta_total - delta_limit``, the delta
+    held for the conversion)."""
     found = _NATIVE.get(kind)
     if found is None:
         return epsilon
     if rho <= 0:
         return Decimal(0)
-    converted = found.epsilon_at(rho, delta_spent, delta_total)
+    converted = found.epsilon_at(rho, delta_limit, delta_total)
     # No finite epsilon (no delta left for the conversion): the spend is stated as infinite
     # by callers; here it is the figure no budget can exceed.
     return converted if converted is not None else Decimal("Infinity")
@@ -312,7 +344,7 @@ def statement(state: BudgetState) -> Statement:
             # A grant's rho is at most the dataset's, whose conversion is within the dataset's
             # epsilon: above it is only the round trip's rounding (down, then up).
             epsilon_total = min(epsilon_total, state.epsilon_ceiling)
-    spent = epsilon_of(state.accounting, Decimal(0), state.rho_spent, state.delta_spent, delta_at)
+    spent = epsilon_of(state.accounting, Decimal(0), state.rho_spent, delta_limit, delta_at)
     spent = min(spent, epsilon_total) if spent.is_infinite() else spent
     return Statement(
         accounting=state.accounting,
@@ -357,16 +389,19 @@ def running_epsilon(
     if kind == "hybrid":
         assert totals is not None
         return _hybrid_running(totals, before, entries)
-    epsilon, delta, rho = before[0], before[1], before[2]
-    previous = epsilon_of(kind, epsilon, rho, delta, delta_total)
+    epsilon, rho = before[0], before[2]
+    # What mechanisms may spend (zcdp: delta_total less the conversion's share), as
+    # :func:`statement` reads it.
+    conversion = None if totals is None else totals.delta_conversion
+    limit = delta_total if conversion is None else BUDGET_CONTEXT.subtract(delta_total, conversion)
+    previous = epsilon_of(kind, epsilon, rho, limit, delta_total)
     shown: list[Running] = []
     for entry in entries:
-        entry_kind, entry_epsilon, entry_delta, entry_rho = entry[0], entry[1], entry[2], entry[3]
+        entry_kind, entry_epsilon, entry_rho = entry[0], entry[1], entry[3]
         step = BUDGET_CONTEXT.add if entry_kind == "charge" else BUDGET_CONTEXT.subtract
         epsilon = step(epsilon, entry_epsilon)
-        delta = step(delta, entry_delta)
         rho = step(rho, entry_rho)
-        after = epsilon_of(kind, epsilon, max(rho, Decimal(0)), delta, delta_total)
+        after = epsilon_of(kind, epsilon, max(rho, Decimal(0)), limit, delta_total)
         increment = BUDGET_CONTEXT.subtract(after, previous) if after.is_finite() else after
         mu = accounting.sqrt_up(2 * entry_rho) if kind == "gaussian" else None
         shown.append(Running(after, increment, mu))

@@ -19,7 +19,8 @@ router = APIRouter(prefix="/v1/datasets", tags=["grants"], route_class=GuardedRo
 
 def grant_out(view: grants.GrantView) -> Grant:
     """A grant stated as every budget is (:func:`service.spend.statement`): ``(epsilon, delta)``
-    at the dataset's delta with the native figures beside them; nothing remains once revoked."""
+    at the delta it was given with (``stated_at_delta``) with the native figures beside them;
+    nothing remains once revoked."""
     grant = view.grant
     stated = spend.statement(view.budget)
     native = stated.native
@@ -34,6 +35,7 @@ def grant_out(view: grants.GrantView) -> Grant:
         privacy_unit=view.privacy_unit,
         epsilon_total=stated.epsilon_total,
         delta_total=stated.delta_total,
+        stated_at_delta=stated.stated_at_delta,
         epsilon_spent=stated.epsilon_spent,
         delta_spent=stated.delta_spent,
         epsilon_remaining=zero if revoked else stated.epsilon_remaining,

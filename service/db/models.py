@@ -230,6 +230,12 @@ class Grant(Base):
     delta: Mapped[Decimal] = mapped_column(BudgetNumeric)
     #: The share in the dataset's currency when it is not ``basic`` (``gaussian``: ``mu^2/2``).
     rho: Mapped[Decimal] = mapped_column(BudgetNumeric, default=Decimal(0), server_default="0")
+    #: The delta its epsilon figures are stated at (:mod:`service.spend`): the delta the owner
+    #: gave it with (default the dataset's ``delta_total``); on ``gaussian`` and ``zcdp``, where
+    #: ``delta`` is only what its mechanisms may spend, the one column that keeps it (a grant
+    #: given in ``rho`` or ``mu``: the dataset's ``delta_total``, its epsilon is converted there).
+    #: Null only for rows a migration could not fill (then the dataset's ``delta_total``).
+    stated_delta: Mapped[Decimal | None] = mapped_column(BudgetNumeric, default=None)
     created_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -473,9 +473,11 @@ def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
     def safe(value: str, up: bool = False) -> str:
         return figure(value, up=up)
 
-    # Nearest rounding would overstate this one: the test checks the case that matters.
-    remaining = Decimal(budget["epsilon_remaining"])
-    assert Decimal(f"{float(remaining):.6g}") > remaining
+    # Nearest rounding would overstate what remains or understate what was spent: the test
+    # checks a case that matters.
+    remaining, spent = Decimal(budget["epsilon_remaining"]), Decimal(budget["epsilon_spent"])
+    nearest = Decimal(f"{float(remaining):.6g}"), Decimal(f"{float(spent):.6g}")
+    assert nearest[0] > remaining or nearest[1] < spent
     page = chromium.sign_in(owner, "owner")
     card = f"section[data-dataset='{dataset}']"
     for name, value in budget.items():

@@ -43,10 +43,15 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "Epsilon and delta, everywhere",
         "Every budget, grant, refusal (409), dry run, ledger entry, chart and metric states "
         "spend and what remains as (epsilon, delta) at the dataset's delta_total, the delta its "
-        "owner set at upload (a hybrid grant at its own delta, see Grants). epsilon_spent is "
-        "the smallest epsilon at which everything spent so far is (epsilon, delta_total)-DP, "
-        "rounded up; epsilon_remaining is epsilon_total - "
-        "epsilon_spent, rounded down. A 409 states the same remaining figures as the budget. "
+        "owner set at upload (a grant given in epsilon at its own delta, see Grants). "
+        "epsilon_spent is an epsilon at which everything spent so far is (epsilon, "
+        "delta_total)-DP, rounded up, read at the delta the budget holds for it (zcdp: "
+        "delta_conversion), so that epsilon_remaining, epsilon_total - epsilon_spent rounded "
+        "down, is what the ledger admits: a request for exactly it is admitted, one above it "
+        "refused, and a budget spent to the end states nothing left. Under hybrid its "
+        "Gaussian-DP filter holds 96% of delta, so a hybrid budget's epsilon_total is what it "
+        "admits for a Gaussian release at delta_total, at most the epsilon set (0.9979 of a "
+        "(1, 1e-6) budget). A 409 states the same remaining figures as the budget. "
         "Under hybrid (the default) epsilon_remaining states the spend, not what every kind of "
         "release may still ask for: its filters charge pure and approximate releases "
         "differently from Gaussian ones (after two Gaussian releases of 0.3 on a (1, 1e-5) "
@@ -86,12 +91,13 @@ READING_A_BUDGET: tuple[tuple[str, str], ...] = (
         "Grants",
         "A grant may be given in epsilon (with delta, by default the dataset's delta_total) on "
         "every accounting: it is converted to the grant's rho or mu, rounded down, so what the "
-        "grant's releases spend is (epsilon, delta)-DP. Given in rho or mu, its epsilon is that "
+        "grant's releases spend is (epsilon, delta)-DP, and its epsilon_total, epsilon_spent "
+        "and epsilon_remaining are all at that delta. Given in rho or mu, its epsilon is that "
         "rho or mu converted at the dataset's delta_total. Under hybrid a grant is given in "
         "epsilon (and delta): a hybrid budget of its own with the dataset's shares, enforced "
         "and stated in its own terms: its epsilon_total, epsilon_spent and epsilon_remaining "
         "are all at the grant's delta (a (1, 1e-6) grant after one (0.5, 1e-6) Gaussian "
-        "release: spent 0.5, remaining 0.5).",
+        "release: total 0.9979, spent 0.5, remaining 0.4979).",
     ),
     (
         "Figures for people",

@@ -65,21 +65,31 @@ class Grant(Schema):
     )
     epsilon_total: ExactDecimal = Field(
         description=(
-            "Epsilon granted. gaussian, zcdp: what the grant's rho (mu) amounts to at the "
-            "dataset's delta_total (rounded down), as every budget is stated. hybrid: the "
-            "epsilon given, at the grant's delta_total (its filters are a hybrid sub-budget of "
-            "(epsilon_total, delta_total)); its spent and remaining are at that delta too."
+            "Epsilon granted, at stated_at_delta (its spent and remaining are at that delta "
+            "too). gaussian, zcdp: given in epsilon, that epsilon (its rho or mu is within it at "
+            "the delta it was given with); given in rho or mu, what that amounts to at the "
+            "dataset's delta_total (rounded down). hybrid: the epsilon given, at most what its "
+            "filters (a hybrid sub-budget of (epsilon, delta_total)) admit for a Gaussian "
+            "release at its delta_total: 0.9979 of a (1, 1e-6) grant."
         )
     )
     delta_total: ExactDecimal = Field(
         description="Delta granted (gaussian, zcdp: the delta its mechanisms may spend)."
     )
+    stated_at_delta: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "The delta epsilon_total, epsilon_spent and epsilon_remaining are stated at: the "
+            "delta the grant was given with (default the dataset's delta_total); given in rho "
+            "or mu, the dataset's delta_total."
+        ),
+    )
     epsilon_spent: ExactDecimal = Field(
         description=(
-            "Epsilon charged to the grant, less refunds (gaussian, zcdp: the smallest epsilon at "
-            "which what it spent is (epsilon, delta_total)-DP at the dataset's delta, rounded up; "
-            "hybrid: the smallest of its still-holding filters' figures at the grant's own "
-            "delta_total, the delta its filters enforce)."
+            "Epsilon charged to the grant, less refunds (gaussian, zcdp: an epsilon at which "
+            "what it spent is (epsilon, stated_at_delta)-DP, rounded up, read at the delta it "
+            "holds for the conversion; hybrid: the smallest of its still-holding filters' "
+            "figures at the grant's own delta_total, the delta its filters enforce)."
         )
     )
     delta_spent: ExactDecimal = Field(
