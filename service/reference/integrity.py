@@ -304,8 +304,12 @@ class Reference:
                     f"column://{record['footer_sha256']}/{_sha256(' '.join(held).encode())}"
                     for held in columns.get(path, [])
                 )
+            # Once each: two chosen columns of one object may hold the same values (a column
+            # and its copy), and a cover row's names are unique.
             aliases.extend(
-                f"values://{value}" for value in record.get(VALUE_DIGESTS) or [] if value
+                f"values://{value}"
+                for value in dict.fromkeys(record.get(VALUE_DIGESTS) or [])
+                if value
             )
             for alias in aliases:
                 # Distinct from every object's content digest by its prefix: the row's content

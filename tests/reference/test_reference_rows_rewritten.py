@@ -172,6 +172,16 @@ def test_plain_columns_do_not_name_rows(
         assert response.json()["registration_status"] == "ready", (seed, response.text)
 
 
+def test_a_column_chosen_twice_under_two_names_is_one_dataset(
+    client: TestClient, keys: Keys, root: Path
+) -> None:
+    """Two chosen columns of one object holding the same values give one ``values://`` name
+    (a cover row's names are unique: the registration was refused as covered elsewhere)."""
+    x = np.random.default_rng(4).normal(size=300) / 4
+    uri = _write(root / "twice" / "a.parquet", pa.table({"x": x, "x_copy": x}))
+    helpers.registered(client, keys.owner, uri, ["x", "x_copy"])
+
+
 def _digest(values: np.ndarray[Any, Any], cut: int | None = None) -> str | None:
     column = ColumnValues()
     for part in np.split(values, [] if cut is None else [cut]):
