@@ -115,6 +115,83 @@ ALIASES = "covers_aliases"
 #: covered (:meth:`Reference.covered_named`'s ``column://``); older records keep the rows
 #: they were registered with (``dpss audit verify`` matches them).
 COLUMN_ALIASES = "covers_columns"
+#: An object record's field (objects registered since the chosen columns' values are covered):
+#: per chosen column, the SHA-256 of its values as float64 in row order (:class:`ColumnValues`),
+#: or None for a column too plain to name its rows (:meth:`ColumnValues.digest`).
+VALUE_DIGESTS = "column_values_sha256"
+#: A column's values name its rows (:meth:`ColumnValues.digest`) when more than this many
+#: distinct values, or at least this many rows off its most common value, are held.
+VALUE_ALIAS_ROWS = 128
+
+
+class ColumnValues:
+    """One chosen column of one object, fed in row order at registration: the SHA-256 of its
+    values as little-endian float64 (``-0.0`` as ``0.0``), and what decides whether they are
+    a name for its rows (:meth:`digest`).
+
+    Why: every other name of an object is bytes (its path, its inode, its footer and chunk
+    digests), and bytes are cheap to change with the rows kept: a column renamed, the other
+    columns dropped or reordered, key-value metadata added (a new footer over the very same
+    chunks), or the rows written again with another compression, row-group size, encoding,
+    page version or integer width. The values, decoded as a release decodes them, stay."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.rows = 0
+        self._last: float | None = None
+        self._step: float | None = None
+        self._progression = True
+        self._rising = True
+        self._falling = True
+        self._counts: dict[float, int] | None = {}
+
+    def add(self, values: FloatArray) -> None:
+        if not len(values):
+            return
+        values = np.ascontiguousarray(values, dtype="<f8") + 0.0  # -0.0 + 0.0 is 0.0
+        self._hash.update(values.data)
+        # The order matters only while the column may still be a progression, or sorted with
+        # few distinct values (:meth:`digest`); most columns are neither after one batch.
+        ordered = self._counts is not None and (self._rising or self._falling)
+        joined = values if self._last is None else np.concatenate(([self._last], values))
+        diffs = np.diff(joined) if self._progression or ordered else joined[:0]
+        if diffs.size:
+            self._rising = self._rising and not bool((diffs < 0).any())
+            self._falling = self._falling and not bool((diffs > 0).any())
+            if self._progression:
+                step = float(diffs[0]) if self._step is None else self._step
+                # A grid computed in floating point (``start + i * step``) differs from an
+                # exact progression by a few ulps of its values: far inside this tolerance.
+                self._progression = bool((np.abs(diffs - step) <= 1e-9 * abs(step)).all())
+                self._step = step
+        self._last = float(values[-1])
+        self.rows += len(values)
+        if self._counts is not None and len(np.unique(values[:1024])) > VALUE_ALIAS_ROWS:
+            self._counts = None  # found in a slice of the batch, without sorting all of it
+        if self._counts is not None:
+            distinct, counts = np.unique(values, return_counts=True)
+            if len(distinct) <= VALUE_ALIAS_ROWS:  # else merging would loop over a batch
+                for value, count in zip(distinct.tolist(), counts.tolist(), strict=True):
+                    self._counts[value] = self._counts.get(value, 0) + count
+            if len(distinct) > VALUE_ALIAS_ROWS or len(self._counts) > VALUE_ALIAS_ROWS:
+                self._counts = None  # enough distinct values: no need to count further
+
+    def digest(self) -> str | None:
+        """The values' SHA-256, or None when they are too plain to name these rows rather
+        than any rows of that count: an arithmetic progression (a constant, a row index, a
+        grid: public given ``n``), or at most :data:`VALUE_ALIAS_ROWS` distinct values either
+        sorted (fixed by a few counts) or with fewer than :data:`VALUE_ALIAS_ROWS` rows off
+        the most common value (a rare flag in a small object). Otherwise at least ``2^64``
+        sequences have the column's value counts, so an unrelated column holds the same by
+        chance with negligible odds, whereas a refusal on a plain column would refuse an
+        unrelated dataset (two objects of one count with a constant column)."""
+        if self._progression:
+            return None
+        if self._counts is not None:
+            off_mode = self.rows - max(self._counts.values())
+            if self._rising or self._falling or off_mode < VALUE_ALIAS_ROWS:
+                return None
+        return self._hash.hexdigest()
 
 
 @dataclass
@@ -195,6 +272,12 @@ class Reference:
           by row group). A byte copy (an S3 copy, a file copied or renamed on another device),
           which has no inode in common, registered with *some* of the columns, or others
           besides, shares it: the same values of the same rows, refused as the whole copy is.
+        - ``values://`` (objects registered since :data:`VALUE_DIGESTS`), one per chosen
+          column that names its rows (:meth:`ColumnValues.digest`): the column's values in
+          row order, whatever bytes hold them. The same rows written again (a column renamed,
+          others dropped, another compression, row-group size or encoding, an integer column
+          widened or made float) share it; rows permuted, split across other objects, or
+          changed in any value do not (docs/security.md says what is not covered).
         """
         chunks: dict[str, list[str]] = {}
         columns: dict[str, list[list[str]]] = {}
@@ -221,6 +304,13 @@ class Reference:
                     f"column://{record['footer_sha256']}/{_sha256(' '.join(held).encode())}"
                     for held in columns.get(path, [])
                 )
+            # Once each: two chosen columns of one object may hold the same values (a column
+            # and its copy), and a cover row's names are unique.
+            aliases.extend(
+                f"values://{value}"
+                for value in dict.fromkeys(record.get(VALUE_DIGESTS) or [])
+                if value
+            )
             for alias in aliases:
                 # Distinct from every object's content digest by its prefix: the row's content
                 # column must be unique too.

@@ -291,8 +291,13 @@ def identity_differs(
 
 
 #: S3's LastModified has whole seconds: a stamp within a second before the request may be a
-#: change after it, so it counts.
-STAMP_SLACK_NS = {LAST_MODIFIED: 10**9}
+#: change after it, so it counts. Linux stamps an inode's change time from its coarse clock
+#: (the last timer tick: up to a jiffy, 10 ms at HZ=100, behind the real moment, and it was
+#: seen 1.6 ms before a request taken before the change here), so a change made and undone
+#: just after the request could carry stamps before it and pass as one made before: 50 ms
+#: counts as after. The cost: a change made and undone within 50 ms *before* a request fails
+#: that release too (decided by the stamps, not by when its job ran).
+STAMP_SLACK_NS = {LAST_MODIFIED: 10**9, CTIME_NS: 50 * 10**6}
 
 
 class _Deadline:

@@ -28,13 +28,16 @@ from service.reference.integrity import (
     ALIASES,
     COLUMN_ALIASES,
     FILE_ID,
+    VALUE_DIGESTS,
     Chunk,
+    ColumnValues,
     Piece,
     Reference,
     _bad_values,
     _check_schema,
     _footer,
     _sha256,
+    checked_matrix,
     page_rows,
 )
 from service.reference.objects import (
@@ -105,6 +108,7 @@ def _register_object(
         data_end = size - len(footer)
         batch_rows = max(1, BLOCK_VALUES // max(1, len(columns)))
         file_rows = 0
+        values = [ColumnValues() for _ in columns]
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
             chosen = [row_group.column(i) for i in indices]
@@ -132,12 +136,17 @@ def _register_object(
                 chunks.append(Chunk(start, length, _sha256(data)))
             rows = 0
             for batch in _decode(metadata, size, ranges, group, columns, batch_rows):
-                bad = _bad_values(batch, columns)
+                matrix = checked_matrix(batch, columns)
+                bad = _bad_values(batch, columns) if matrix is None else None
                 if bad is not None and bad[0] == "columns":
                     raise InvalidInput("columns", f"{bad[1]} in {path}")
                 if bad is not None:  # the row counted from the object's first row
                     row = file_rows + rows + int(bad[1].rsplit(" ", 1)[1])
                     raise InvalidInput("uri", f"{path}: {bad[1].rsplit(' ', 1)[0]} {row}")
+                if matrix is None:  # refused by one check, never by the other: refuse it all
+                    raise InvalidInput("uri", f"{path}: a value could not be checked")
+                for column, held in zip(values, matrix.T, strict=True):
+                    column.add(held)
                 rows += batch.num_rows
                 deadline.check()
             if rows != row_group.num_rows:
@@ -150,6 +159,7 @@ def _register_object(
             "uri",
             f"{path}: the footer says {metadata.num_rows} rows, its row groups hold {file_rows}",
         )
+    record[VALUE_DIGESTS] = [column.digest() for column in values]
     return record, pieces
 
 

@@ -3,6 +3,8 @@ what needs no read), then a worker runs the registration, then the owner reads t
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pyarrow.parquet as pq
 from fastapi.testclient import TestClient
 
 from service.config import Settings
+from service.reference import objects
 from service.worker import Worker
 from tests.conftest import Keys, bearer, fetch_release, post_release
 
@@ -132,3 +135,12 @@ def post_data(
         headers=bearer(key),
         json={"uri": str(folder)},
     )
+
+
+def past_the_slack(path: Path) -> None:
+    """Return once a release requested now counts ``path``'s last change as made before its
+    request (its change time more than the slack before now, ``objects.STAMP_SLACK_NS``): a
+    test of a change made *before* a request."""
+    slack = objects.STAMP_SLACK_NS[objects.CTIME_NS]
+    while time.time_ns() <= os.lstat(path).st_ctime_ns + slack:
+        time.sleep(slack / 1e9)

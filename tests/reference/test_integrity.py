@@ -450,11 +450,13 @@ def test_an_object_covered_by_a_live_dataset_is_refused(
     # Nothing was kept by the refusals: only the first dataset, its one object.
     with session_factory() as session:
         # The object's path, and its aliases (its columns in any order, its inode, each
-        # column of a copy).
+        # column of a copy, each column's values).
         kinds = sorted(
             row.object_key.split("://")[0] for row in session.query(DatasetReferenceObject)
         )
-        assert kinds == sorted(["content-set", "file", "file-id", *["column"] * len(names)])
+        assert kinds == sorted(
+            ["content-set", "file", "file-id", *["column", "values"] * len(names)]
+        )
     registered(client, other, str(root / "set" / "b.parquet"), names)
     deleted = client.delete(f"/v1/datasets/{first.json()['id']}", headers=bearer(keys.owner))
     assert deleted.status_code == 204

@@ -123,6 +123,30 @@ def test_identity_records_what_the_writer_cannot_set_back(tmp_path: Path) -> Non
     assert not objects.identity_differs(legacy, after, since_ns=requested)
 
 
+def test_a_change_stamped_by_the_coarse_clock_counts(tmp_path: Path) -> None:
+    """The kernel stamps a change time from its coarse clock (the last timer tick), which may
+    lie before a release's request taken before the change: a change made and undone just
+    after the request then carried stamps before it, and its release was shown as if nothing
+    had changed (seen here: a link made after ``time.time_ns()`` stamped 1.6 ms before it).
+    Stamps within a tick's slack before the request count; one long before does not."""
+    path = tmp_path / "x.parquet"
+    path.write_bytes(b"abc")
+    location = objects.Location("file")
+    before = objects._identity(None, location, str(path))
+    requested = before[objects.CTIME_NS] + 10**9
+    for behind_ms in (1, 4, 10):
+        after = {**before, objects.CTIME_NS: requested - behind_ms * 10**6}
+        assert objects.identity_differs(before, after, since_ns=requested), behind_ms
+    long_ago = {**before, objects.CTIME_NS: requested - 10**9 // 2}
+    assert not objects.identity_differs(before, long_ago, since_ns=requested)
+    # On this machine's file system: a hard link added right after the request (only the
+    # change time moves) is a change, whatever tick stamped it.
+    requested = time.time_ns()
+    os.link(path, tmp_path / "y.parquet")
+    after = objects._identity(None, location, str(path))
+    assert objects.identity_differs(before, after, since_ns=requested)
+
+
 def test_an_s3_object_put_again_with_its_old_bytes_differs(bucket: str, s3_endpoint: str) -> None:
     """On an unversioned bucket the ETag of the same bytes is the same; LastModified is not."""
     from tests.reference.conftest import s3fs_for
