@@ -49,6 +49,7 @@ from service.privacy_unit import rows_per_unit_buckets
 from service.upload_formats import (
     DEFAULT_MAX_COLS,
     DEFAULT_MAX_DATASET_BYTES,
+    FIX_MISSING_VALUES,
     READERS,
     Limits,
     UnitColumn,
@@ -258,7 +259,10 @@ class _MatrixWriter:
         finite = np.isfinite(values)
         if not finite.all():
             bad_row = int(np.argwhere(~finite)[0][0]) + self.n_rows + 1
-            raise InvalidInput("file", f"non-finite value (NaN or infinity) in row {bad_row}")
+            raise InvalidInput(
+                "file",
+                f"non-finite value (NaN or infinity) in row {bad_row}{FIX_MISSING_VALUES}",
+            )
         self.raw.write(values.tobytes())
         self.n_rows += values.shape[0]
 
