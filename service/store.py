@@ -412,6 +412,14 @@ class DatasetStore:
         batch_digests = final_path.with_name(final_path.name + ".ids")
         try:
             with disk_space_errors():
+                if upload_path.stat().st_size == 0:
+                    # Said as such in every format (a reader would call it unreadable): most
+                    # often nothing was sent, e.g. a path given without curl's @.
+                    raise InvalidInput(
+                        "file",
+                        "the file is empty (0 bytes): send the data's contents (curl: "
+                        "-F file=@PATH, with the @)",
+                    )
                 writer = _MatrixWriter(upload_path.with_suffix(".raw"), self.limits)
                 for block, ids in READERS[suffix](upload_path, self.limits, unit_column):
                     writer.append(block)

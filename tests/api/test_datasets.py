@@ -321,3 +321,15 @@ def test_a_file_sent_as_a_text_field_is_named_as_such(client, keys, settings):
     assert detail.startswith("file: sent as a text field, not a file"), detail
     assert "-F file=@" in detail and "data.csv" not in detail  # the value is never echoed
     assert stored_files(settings) == []
+
+
+@pytest.mark.parametrize("name", ["x.csv", "x.npy", "x.parquet"])
+def test_an_empty_file_is_called_empty_in_every_format(client, keys, settings, name):
+    # An audit: a zero-byte .npy was "not a readable .npy file (its header is not valid)" and a
+    # zero-byte .parquet "not a readable Parquet file", as if the format were wrong; only the
+    # CSV said it was empty.
+    response = post(client, keys.owner, name, b"")
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("file: the file is empty (0 bytes)") and "file=@" in detail, detail
+    assert stored_files(settings) == []
