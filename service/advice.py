@@ -17,7 +17,9 @@ better for it, by the table at ``(1, 1e-6)``:
   ``zcdp``), ``basic`` for one or two (``zcdp`` pays 1.28x for a Gaussian and a pure release,
   and charges a lone pure step ``eps^2/2``).
 
-``auto`` counts as non-Gaussian: under ``gaussian`` it can only become ``analyze_gauss``.
+``auto`` counts as non-Gaussian in a plan: under ``gaussian`` it can only become
+``analyze_gauss``. A dry run judges one ``auto`` request by the steps it declares
+(:func:`service.preview.recommendation`): all Gaussian gets ``hybrid``, never ``gaussian``.
 Public facts only (mechanism names, the request's share of the budget): no data.
 """
 

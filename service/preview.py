@@ -452,10 +452,15 @@ def recommendation(
     from the steps this release declares (none: only ``basic`` has a rule for it; all
     Gaussian: ``hybrid``, the default, since one request is no plan of only Gaussian releases)
     and how many releases of its epsilon the dataset's stated epsilon holds (the plan the
-    request implies). Public facts only."""
+    request implies). Public facts only.
+
+    ``auto`` is judged by the steps it declares for this request, like any mechanism: PCA by
+    ``auto`` (PrivatePCA's default) declares only Gaussian steps where it runs
+    ``analyze_gauss``, and the one-request advice for those is ``hybrid``, which never leads
+    to ``gaussian`` (where ``auto`` could only become ``analyze_gauss``)."""
     if costs.rho is None:
         kind: advice.Kind = "unprofiled"
-    elif costs.gaussian and mechanism != "auto":
+    elif costs.gaussian:
         kind = "gaussian"
     else:
         kind = "mixed"

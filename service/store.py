@@ -49,6 +49,7 @@ from service.privacy_unit import rows_per_unit_buckets
 from service.upload_formats import (
     DEFAULT_MAX_COLS,
     DEFAULT_MAX_DATASET_BYTES,
+    FIX_MISSING_VALUES,
     READERS,
     Limits,
     UnitColumn,
@@ -258,7 +259,10 @@ class _MatrixWriter:
         finite = np.isfinite(values)
         if not finite.all():
             bad_row = int(np.argwhere(~finite)[0][0]) + self.n_rows + 1
-            raise InvalidInput("file", f"non-finite value (NaN or infinity) in row {bad_row}")
+            raise InvalidInput(
+                "file",
+                f"non-finite value (NaN or infinity) in row {bad_row}{FIX_MISSING_VALUES}",
+            )
         self.raw.write(values.tobytes())
         self.n_rows += values.shape[0]
 
@@ -408,6 +412,14 @@ class DatasetStore:
         batch_digests = final_path.with_name(final_path.name + ".ids")
         try:
             with disk_space_errors():
+                if upload_path.stat().st_size == 0:
+                    # Said as such in every format (a reader would call it unreadable): most
+                    # often nothing was sent, e.g. a path given without curl's @.
+                    raise InvalidInput(
+                        "file",
+                        "the file is empty (0 bytes): send the data's contents (curl: "
+                        "-F file=@PATH, with the @)",
+                    )
                 writer = _MatrixWriter(upload_path.with_suffix(".raw"), self.limits)
                 for block, ids in READERS[suffix](upload_path, self.limits, unit_column):
                     writer.append(block)

@@ -28,6 +28,12 @@ from service.errors import InvalidInput, PayloadTooLarge, size_text
 from service.privacy_unit import FIELD as UNIT_FIELD
 from service.privacy_unit import visible_text
 
+#: What an owner does about a missing or non-finite value: the service neither drops nor fills
+#: rows (either would change what the budget protects without the owner's say).
+FIX_MISSING_VALUES = (
+    "; remove those rows, or fill the values with public constants (not statistics of the "
+    "rows), before uploading: the service neither drops nor fills values"
+)
 #: Values converted per block (32 MiB of float64): bounded memory for any upload and width.
 BLOCK_VALUES = 4 * 1024 * 1024
 #: Larger CSV blocks make pyarrow faster; this bounds one block's raw text, and so one row.
@@ -390,15 +396,20 @@ def _batch_with_unit(batch: pa.RecordBatch, position: int | None) -> Block:
     else:
         raise InvalidInput(UNIT_FIELD, "the identifier column must hold text or integers")
     features = batch.drop_columns([batch.schema.names[position]])
-    matrix = _batch_to_matrix(features)
+    matrix = _batch_to_matrix(features, skipped=position)
     return matrix, values
 
 
-def _batch_to_matrix(batch: pa.RecordBatch) -> np.ndarray[Any, Any]:
+def _batch_to_matrix(batch: pa.RecordBatch, skipped: int | None = None) -> np.ndarray[Any, Any]:
+    """The batch as a float64 matrix; ``skipped``: the file's column (from 0) already taken
+    out as the privacy unit, so that a refusal names the column as the owner's file has it."""
     columns = []
     for index, column in enumerate(batch.columns):
         if column.null_count:
-            raise InvalidInput("file", f"missing or NaN value in column {index + 1}")
+            in_file = index + 1 if skipped is None or index < skipped else index + 2
+            raise InvalidInput(
+                "file", f"missing or NaN value in column {in_file}{FIX_MISSING_VALUES}"
+            )
         columns.append(column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False))
     return np.column_stack(columns) if columns else np.empty((0, 0))
 

@@ -132,7 +132,17 @@ class _Receiver:
         if self.part_name == "file":
             if self.form.file_path is not None:
                 raise InvalidInput("file", "send exactly one file part")
-            self.form.file_suffix = file_suffix(options.get(b"filename") or b"")
+            filename = options.get(b"filename")
+            if filename is None:
+                # A text field named "file" (curl's -F file=PATH without the @): its value is
+                # a path or some text, never the data; not echoed (it may be anything).
+                raise InvalidInput(
+                    "file",
+                    "sent as a text field, not a file: send the file's contents as a file part "
+                    "(curl: -F file=@PATH, with the @; its name's suffix, .csv, .npy or "
+                    ".parquet, selects the format)",
+                )
+            self.form.file_suffix = file_suffix(filename)
             self.form.file_path, self.handle = self.store.open_incoming()
             self.part_is_file = True
 

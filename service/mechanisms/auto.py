@@ -270,7 +270,10 @@ class Auto(Mechanism[AutoParams]):
         scales: dict[str, PreviewValue] = {
             "auto_choice": choice,
             "auto_reason": summary,
-            "auto_details": " | ".join([*details, *the_plan.notes]),
+            # A note the reason already carries (split at its "; ") is not said twice.
+            "auto_details": " | ".join(
+                [*details, *(note for note in the_plan.notes if note not in the_plan.reason)]
+            ),
             "structure_test": sure is not None,
             "auto_centring": kind,
             "auto_clip_quantile": quantile,

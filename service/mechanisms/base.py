@@ -307,8 +307,11 @@ def resolve_clip_norm(clip_norm: float | None, ctx: PublicContext) -> float:
         return ctx.row_norm_bound
     raise InvalidParameter(
         "clip_norm",
-        "required: this dataset has no row_norm_bound, and the bound must be public "
-        "(it is never computed from the data)",
+        "required: this dataset has no row_norm_bound; send a public bound C on the rows' "
+        'norms, "params": {"clip_norm": C} (the CLI: --param clip_norm=C; PrivatePCA: '
+        "clip_norm=C), chosen from domain knowledge, never computed from the data (rows above "
+        "it are scaled down to it), or ask the dataset's owner to upload it with a "
+        "row_norm_bound",
     )
 
 

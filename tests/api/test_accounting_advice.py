@@ -111,3 +111,33 @@ def test_an_upload_too_small_for_hybrid_is_not_told_hybrid_admits_every_mechanis
         client, keys.owner, data, accounting="hybrid", epsilon_budget="1", delta_budget="1e-6"
     )
     assert usable["recommended_accounting"] == "hybrid"
+
+
+def test_the_dry_run_of_pca_by_auto_recommends_the_default_accounting(
+    client, keys, upload_dataset, data
+):
+    # An audit of PrivatePCA's default (auto with center "private", all of whose declared steps
+    # are Gaussian here: analyze_gauss with a private clip quantile and centring probe): the
+    # dry run recommended basic, "auto takes pure or approximate steps and at most 2 releases
+    # of this epsilon fit", beside releases_remaining 4 on the default hybrid, which admits
+    # each such release at the same noise and more of them.
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-6", row_norm_bound="1"
+    )
+    pca = dry(
+        client,
+        keys.analyst,
+        dataset,
+        mechanism="auto",
+        k=2,
+        epsilon="0.5",
+        params={"center": "private"},
+    )
+    assert pca["scales"]["auto_choice"] == "analyze_gauss" and pca["mu"] is not None
+    assert pca["recommended_accounting"] == "hybrid", pca["recommendation_reason"]
+    assert pca["recommendation_reason"].startswith("auto is purely Gaussian")
+    # auto with a structure test (a pure step) keeps the rule for pure or approximate steps.
+    mixed = dry(client, keys.analyst, dataset, mechanism="auto", k=2, epsilon="0.5")
+    if mixed["scales"]["structure_test"]:
+        assert mixed["mu"] is None
+        assert mixed["recommended_accounting"] in {"basic", "zcdp"}

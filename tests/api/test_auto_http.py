@@ -116,3 +116,17 @@ def test_gap_and_smooth_centre_over_http(
     result = release_and_wait(client, keys.analyst, dataset["id"], run_worker, **body)
     assert result["status"] in ("succeeded", "no_result"), result
     assert len(result["result"]["extras"]["center"]) == 6
+
+
+def test_the_dry_run_states_each_clause_of_the_choice_once(client, keys, upload_dataset, rng):
+    # An audit of the default path's figures: where friendly_aggregate is refused at the budget,
+    # auto_details said so twice (the reason's clauses, then the same note in full).
+    data, _ = near_subspace(rng, 5_000, 20, 3)
+    dataset = upload_dataset(
+        client, keys.owner, data, epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    body = {"k": 3, "epsilon": "0.5", "delta": "1e-7"}
+    details = post(client, keys.analyst, dataset["id"], True, **body).json()["scales"]
+    clauses = details["auto_details"].split(" | ")
+    assert details["auto_details"].count("friendly_aggregate refused at this budget") == 1, clauses
+    assert len(clauses) == len(set(clauses)), clauses

@@ -276,3 +276,60 @@ def test_an_upload_refusal_states_the_limit_truly(
     assert response.status_code == 413, response.text
     assert f"larger than the limit of {said} (DPSS_MAX_UPLOAD_MB)" in response.json()["detail"]
     assert stored_files(settings) == []
+
+
+@pytest.mark.parametrize("case", ["csv_nan", "csv_inf", "npy_nan", "parquet_null"])
+def test_a_missing_or_non_finite_value_says_what_to_do(client, keys, case):
+    # An audit of common mistakes: the refusal named where the bad value was but not what to do
+    # about it (the service neither drops nor fills rows, so the owner must).
+    name, content, _ = BAD_UPLOADS[case]
+    detail = post(client, keys.owner, name, content).json()["detail"]
+    assert "before uploading" in detail and "remove" in detail, detail
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("x.csv", b"person,a,b\np1,1,2\np2,3,nan\np3,4,5\n"),
+        (
+            "x.parquet",
+            parquet_bytes(pa.table({"person": ["p1", "p2"], "a": [1.0, 2.0], "b": [1.0, None]})),
+        ),
+    ],
+)
+def test_a_missing_value_is_placed_in_the_file_s_columns_beside_a_person_column(
+    client, keys, name, content
+):
+    # An audit: with a privacy unit column the missing value's column was counted among the
+    # features left after that column was removed, so "column 2" pointed at the wrong column.
+    response = post(client, keys.owner, name, content, privacy_unit_column="person")
+    assert response.status_code == 422, response.text
+    assert "missing or NaN value in column 3;" in response.json()["detail"], response.text
+
+
+def test_a_file_sent_as_a_text_field_is_named_as_such(client, keys, settings):
+    # An audit of a common mistake: `curl -F file=data.csv` (no @) sends the text "data.csv",
+    # not the file; the refusal said "unsupported file type (none)", as if the format were wrong.
+    response = client.post(
+        "/v1/datasets",
+        headers=bearer(keys.owner),
+        files={"file": (None, "data.csv")},
+        data={"name": "d", "epsilon_budget": "1", "delta_budget": "1e-6"},
+    )
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("file: sent as a text field, not a file"), detail
+    assert "-F file=@" in detail and "data.csv" not in detail  # the value is never echoed
+    assert stored_files(settings) == []
+
+
+@pytest.mark.parametrize("name", ["x.csv", "x.npy", "x.parquet"])
+def test_an_empty_file_is_called_empty_in_every_format(client, keys, settings, name):
+    # An audit: a zero-byte .npy was "not a readable .npy file (its header is not valid)" and a
+    # zero-byte .parquet "not a readable Parquet file", as if the format were wrong; only the
+    # CSV said it was empty.
+    response = post(client, keys.owner, name, b"")
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("file: the file is empty (0 bytes)") and "file=@" in detail, detail
+    assert stored_files(settings) == []

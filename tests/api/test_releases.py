@@ -131,7 +131,12 @@ def test_clip_norm_is_required_when_the_dataset_has_no_bound(client, keys, uploa
     unbounded = upload_dataset(client, keys.owner, data)
     response = request(client, keys.analyst, unbounded["id"])
     assert response.status_code == 422
-    assert response.json()["detail"].startswith("params.clip_norm: required")
+    detail = response.json()["detail"]
+    assert detail.startswith("params.clip_norm: required")
+    # An audit: the message said why, not what to send (the field, its value, who else can fix
+    # it): a new user without a row_norm_bound met it on every release.
+    assert '"params": {"clip_norm": ' in detail and "row_norm_bound" in detail
+    assert "owner" in detail
     accepted = request(client, keys.analyst, unbounded["id"], params={"clip_norm": 1.0})
     assert accepted.status_code == 202
     assert accepted.json()["params"] == {"clip_norm": 1.0}

@@ -137,3 +137,25 @@ def test_the_client_and_the_cli_show_the_recommended_accounting(
                    key=make_key("owner"))  # fmt: skip
     assert unknown.exit_code == ExitCode.REFUSED, unknown.output
     assert "planned_mechanisms" in unknown.output
+
+
+def test_a_dry_run_shows_a_null_scale_as_null_not_as_a_blank(
+    dpss: Callable[..., Result], clients: tuple[Client, Client], make_key: MakeKey
+) -> None:
+    # An audit: analyze_gauss's forecast_captured_share is null without an earlier release to
+    # forecast from, and the table printed it as an empty cell, unlike the release table (and
+    # the JSON, and the sentence that says "forecast_captured_share is null").
+    owner, _ = clients
+    analyst = make_key("analyst")
+    ds = owner.upload(
+        low_rank_rows(300, 6, 2, seed=5),
+        name="nulls",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    table = dpss("releases", "create", str(ds.id), "--mechanism", "analyze_gauss", "--k", "2",
+                 "--epsilon", "0.5", "--dry-run", key=analyst)  # fmt: skip
+    assert table.exit_code == ExitCode.OK, table.output
+    row = next(line for line in table.stdout.splitlines() if "forecast_captured_share " in line)
+    assert "null" in row, table.stdout

@@ -421,3 +421,22 @@ def test_a_refusal_shows_the_delta_the_request_is_admitted_at(
     assert (body["delta_admissible"], body["delta_admissible_epsilon"]) == ("0.00000001", "0.662")
     assert "delta_admissible: 0.00000001" in shown.err
     assert "delta_admissible_epsilon: 0.662" in shown.err
+
+
+def test_an_upload_without_a_bound_says_what_releases_then_need(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    # An audit of the default path: `datasets upload` without --row-norm-bound printed an empty
+    # row_norm_bound cell, and every later release was refused for want of params.clip_norm.
+    owner = make_key("owner")
+    path = tmp_path / "unbounded.csv"
+    np.savetxt(path, low_rank_rows(150, 5, 2, seed=21), delimiter=",", fmt="%.17g")
+    upload = dpss("datasets", "upload", str(path), "--epsilon-budget", "1",
+                  "--delta-budget", "1e-5", key=owner)  # fmt: skip
+    assert upload.exit_code == ExitCode.OK, upload.output
+    row = next(line for line in upload.stdout.splitlines() if "row_norm_bound" in line)
+    assert "none" in row and "--param clip_norm=C" in row, upload.stdout
+    bounded = dpss("datasets", "upload", str(path), "--epsilon-budget", "1",
+                   "--delta-budget", "1e-5", "--row-norm-bound", "1", key=owner)  # fmt: skip
+    row = next(line for line in bounded.stdout.splitlines() if "row_norm_bound" in line)
+    assert "│ 1 " in row and "none" not in row, bounded.stdout

@@ -540,7 +540,9 @@ class ReleasePreview(Schema):
         description=(
             "The accounting that fits releases like this one on a dataset of this budget "
             "(issue 31, item 5): hybrid (the default) in general, and for a purely Gaussian "
-            "request too (one request is no plan: gaussian, 0.8% less noise, refuses every "
+            "request too (auto included when every step it declares is Gaussian, as for PCA "
+            "by auto with analyze_gauss; one request is no plan: gaussian, 0.8% less noise, "
+            "refuses every "
             "other mechanism, so it is recommended only at upload, for planned_mechanisms that "
             "are all purely Gaussian); for pure or approximate steps basic for at most two "
             "releases of this epsilon, zcdp for more. Advice for the owner's next upload: a "

@@ -101,7 +101,14 @@ def _dataset_rows(ds: Dataset) -> list[tuple[str, Any]]:
         ("id", ds.id),
         ("name", ds.name),
         ("shape", f"{ds.n_rows} x {ds.n_cols}"),
-        ("row_norm_bound", ds.row_norm_bound),
+        # Without a bound every release is refused until it sends its own public clip norm:
+        # an empty cell said nothing of that.
+        (
+            "row_norm_bound",
+            "none: each release must send --param clip_norm=C (a public bound)"
+            if ds.row_norm_bound is None
+            else ds.row_norm_bound,
+        ),
         ("privacy_unit", _privacy_unit(ds)),
         ("created_at", ds.created_at.isoformat(timespec="seconds")),
         *_registration_rows(ds),
@@ -175,7 +182,8 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
             ("releases_remaining", info.releases_remaining),
         ]
     rows += [
-        (name, f"{value:.6g}" if isinstance(value, float) else value)
+        # null as the JSON and the release table write it (an empty cell read as a blank).
+        (name, f"{value:.6g}" if isinstance(value, float) else "null" if value is None else value)
         for name, value in info.scales.items()
     ]
     return rows
