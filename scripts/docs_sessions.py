@@ -315,7 +315,9 @@ def serve(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    # Generous: on a loaded 2-core machine `dpss serve` (API, a worker and its calibration)
+    # took about 52 s to become ready; a slow start is not what this page checks.
+    deadline = time.monotonic() + 240
     while True:
         try:
             if httpx.get(f"{url}/readyz").status_code == 200:
