@@ -624,6 +624,7 @@ def range_at(
         # 0.12, the range's high end below the kept share in 15 of 20 runs).
         profiled = Model(lam_sim, v_sim, tail_sim * scale, shares_sim, spike * figures.trace)
         profile, profile_spread = simulated_share(profiled, d, k, sigma1)
+        anchor = 1.0
         if figures.measured and not figures.uncentred:
             # Anchored on what the earlier release measured: the simulation of the earlier
             # release (its noise, its k, its own mean's spike) against its stated share.
@@ -636,6 +637,7 @@ def range_at(
             modelled, _ = simulated_share(before, d, len(figures.ratios), sigma0)
             stated = float(np.sum(figures.ratios))
             if modelled > 0 and stated > 0:
+                anchor = stated / modelled
                 central = central * stated / modelled
                 spread = spread * stated / modelled
                 profile = profile * stated / modelled
@@ -651,6 +653,36 @@ def range_at(
         high = max(central, profile) + math.hypot(
             max(above_, 0.0), PREDICTION_T * max(spread, profile_spread)
         )
+        if figures.measured and use:
+            # The ends' readings simulated too: below the new edge the asymptotic overlaps
+            # are 0, so ``below`` / ``above_`` carry none of the released figures' own
+            # uncertainty (power-law rows, eps 1-2 to 0.1 at k 5-10: the stated shares read at
+            # their interval's top moved no end), while at finite d eigenvalues near the edge
+            # keep part of their share: the high reading (eigenvalues at +Z sqrt(2) sigma,
+            # shares at the interval's top, the tail's profile) and the low one simulated.
+            v_top = v_high if v_moved is None else v_moved
+            for ends, lam_end, v_end, tailed in (
+                (1, lam_high, v_top, True),
+                (0, lam_low, v_low, False),
+            ):
+                lam_e, v_e = lam_sim.copy(), v_sim.copy()
+                lam_e[:use], v_e[:use] = lam_end, v_end
+                rest_e = max(0.0, 1.0 - float(v_e.sum()))
+                tail_e, sh_e = _tail(figures, debiased, known_sim, trace, threshold0, rest_e)
+                if mean_value > 0:
+                    tail_e, sh_e = tail_e[:-1], sh_e[:-1]
+                tail_e = tail_e * scale
+                model_e = Model(
+                    lam_e,
+                    v_e,
+                    *(tail_e, sh_e) if tailed else _resolved(tail_e, sh_e, sigma1, d),
+                    spike * figures.trace,
+                )
+                mean_e, spread_e = simulated_share(model_e, d, k, sigma1)
+                if ends:
+                    high = max(high, (mean_e + PREDICTION_T * spread_e) * anchor)
+                else:
+                    low = min(low, (mean_e - PREDICTION_T * spread_e) * anchor)
     if figures.measured and not figures.uncentred:
         earlier_k = len(figures.ratios)
         low_i, high_i = figures.interval
