@@ -26,7 +26,7 @@ from service.audit_events import record_digest
 from service.auth import Principal
 from service.db import models
 from service.db.models import utcnow
-from service.mechanisms.explained_variance import withhold_hidden_point
+from service.mechanisms.explained_variance import shown_variance_extras
 from service.releases import decode_basis
 
 #: How a release's basis is written: ``json``, ``d`` lists of ``k`` numbers; ``base64``, the
@@ -168,7 +168,7 @@ def epoch_out(
         n_rows_read=epoch.n_rows_read,
         basis_sha256=epoch.basis_sha256,
         basis=basis.tolist() if basis is not None else None,
-        extras=withhold_hidden_point(epoch.extras or {}),
+        extras=shown_variance_extras(epoch.extras or {}),
         created_at=epoch.created_at if releases.shows_timing(principal) else None,
     )
 
@@ -200,14 +200,14 @@ def release_out(
                 basis_base64=base64.b64encode(stored).decode("ascii"),
                 basis_shape=release.result_shape,
                 basis_sha256=release.result_sha256,
-                extras=withhold_hidden_point(release.result_extras or {}),
+                extras=shown_variance_extras(release.result_extras or {}),
             )
         else:
             basis = decode_basis(stored, release.result_shape)
             result = ReleaseResult(
                 basis=basis.tolist() if basis is not None else None,
                 basis_sha256=release.result_sha256,
-                extras=withhold_hidden_point(release.result_extras or {}),
+                extras=shown_variance_extras(release.result_extras or {}),
             )
     following: dict[str, object] = {}
     if shown.epochs is not None:

@@ -115,8 +115,8 @@ HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
 #: The extras that carry the point estimate of the captured share: the per-component ratios
 #: (their sum is the point) and the per-component sums of squares (the point times the
 #: estimated total). Both are ``null`` where the noise hides the share (issue 32 item 4: no
-#: figure that reads as a measurement); the interval, the noisy sums with their noise sd and
-#: the estimated total stay.
+#: figure that reads as a measurement); the interval and the noise sd stay. The sums of squares
+#: are withheld too where a release is shown (:func:`shown_variance_extras`).
 POINT_FIELDS = ("explained_variance_ratio", "explained_sum_of_squares")
 
 
@@ -125,13 +125,51 @@ def withhold_hidden_point(extras: Mapping[str, Any]) -> dict[str, Any]:
     ``explained_variance_hidden_by_noise``; otherwise an unchanged copy.
 
     Applied where the estimate is made (:func:`variance_extras`) and again where a stored
-    result is shown (releases made before the rule kept the figure beside the flag), so a
-    hidden share reads ``null`` everywhere. Post-processing of released figures."""
+    result is shown (:func:`shown_variance_extras`; releases made before the rule kept the
+    figure beside the flag), so a hidden share reads ``null`` everywhere. Post-processing of
+    released figures."""
     out = dict(extras)
     if out.get("explained_variance_hidden_by_noise") is True:
         for field in POINT_FIELDS:
             if field in out:
                 out[field] = None
+    return out
+
+
+#: The sums of squares whose ratios read as the captured share: ``captured/(captured +
+#: residual)`` is the share itself, and ``total_sum_of_squares`` is the debiased sum of the two
+#: parts each cut at 0 (where the residual draw is negative it equals the captured part, so
+#: ``captured/total`` reads 1). Shown ``null`` exactly when :data:`POINT_FIELDS` are (issue 32
+#: item 4: a hidden share states no figures that imply a point); stored as drawn, since the dry
+#: run's forecast (:mod:`service.mechanisms.forecast_figures`) reads their total ``c + r``.
+SUM_FIELDS = ("captured_sum_of_squares", "residual_sum_of_squares", "total_sum_of_squares")
+
+#: The noisy sums shown cut at 0 where no share is hidden (a sum of squares is not negative).
+NOISY_SUM_FIELDS = ("captured_sum_of_squares", "residual_sum_of_squares")
+
+
+def shown_variance_extras(extras: Mapping[str, Any]) -> dict[str, Any]:
+    """``extras`` as a release shows them (release GET, lists, epochs): the stored figures made
+    honest by post-processing alone (no noise, no budget).
+
+    Flagged ``explained_variance_hidden_by_noise``: :data:`POINT_FIELDS` and
+    :data:`SUM_FIELDS` ``None`` (no figure, and no ratio of figures, that reads as the point
+    the release refuses to state; the interval and ``variance_noise_std`` stay). Otherwise the
+    noisy ``captured``/``residual`` sums below 0 are shown as 0: a sum of squares is at least
+    0, and a draw below it says only that the true sum is within about ``2 variance_noise_std``
+    of 0 (a negative figure read as a measurement says less than nothing). Applied to stored
+    results too, so releases made before the rule read the same way."""
+    out = withhold_hidden_point(extras)
+    if out.get("explained_variance_hidden_by_noise") is True:
+        for field in SUM_FIELDS:
+            if field in out:
+                out[field] = None
+        return out
+    for field in NOISY_SUM_FIELDS:
+        value = out.get(field)
+        # bool is an int; a stored figure is a float (or an int from JSON), never a bool.
+        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+            out[field] = 0.0
     return out
 
 
@@ -361,8 +399,9 @@ def variance_extras(
         hidden = (
             f"the noise hides how much variance the components keep: the 90% interval "
             f"[{low:.2f}, {high:.2f}] {spread}, so no point estimate is stated "
-            "(explained_variance_ratio and explained_sum_of_squares are null; the interval "
-            "is the measurement; more rows or a larger epsilon narrow it)"
+            "(explained_variance_ratio, explained_sum_of_squares and the sums of squares "
+            "are null; the interval is the measurement; more rows or a larger epsilon "
+            "narrow it)"
         )
         if "warning" in extras:
             extras["warning"] = f"{extras['warning']}; {hidden}"

@@ -71,6 +71,8 @@ class ReleasedFigures:
         uncentred = extras.get("centring") == "none"
         noise = mean_noise if "center" in extras else 0.0
         try:
+            # The stored sums as drawn (a release shows them cut at 0, or null where its share
+            # is hidden: shown_variance_extras); only their total is read, not their ratio.
             sums = float(extras["captured_sum_of_squares"]) + float(
                 extras["residual_sum_of_squares"]
             )

@@ -185,7 +185,9 @@ def forecast_from(
 ) -> tuple[dict[str, Any], list[str]] | None:
     """The forecast of what this request keeps from an earlier release's released figures
     (issue 32 item 4; :func:`release_forecast`): post-processing of values already released
-    to the caller, so it costs nothing and leaks nothing new. Scales: the range
+    to the caller (and of the total ``c + r`` of a hidden release's noisy sums, drawn under its
+    budget and stored, though :func:`~service.mechanisms.explained_variance.shown_variance_extras`
+    does not show them), so it costs nothing and leaks nothing new. Scales: the range
     ``forecast_from_release_captured_share_low`` / ``_high``, the point
     ``forecast_from_release_captured_share`` only where it is within half of
     :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` (0.1) of both ends of that

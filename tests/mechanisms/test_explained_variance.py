@@ -14,7 +14,11 @@ from sklearn.datasets import load_digits
 from service.mechanisms import analyze_gauss as module
 from service.mechanisms.analyze_gauss import AnalyzeGauss, explained_variance
 from service.mechanisms.base import PublicContext, ReleaseSpec
-from service.mechanisms.explained_variance import withhold_hidden_point
+from service.mechanisms.explained_variance import (
+    SUM_FIELDS,
+    shown_variance_extras,
+    withhold_hidden_point,
+)
 from service.mechanisms.linalg import clip_rows
 from tests.mechanisms.privacy_audit import audit
 
@@ -142,6 +146,49 @@ def test_withholding_the_point_touches_only_a_hidden_share() -> None:
         shown = withhold_hidden_point({**stored, "explained_variance_hidden_by_noise": flag})
         assert shown["explained_variance_ratio"] == [0.3, 0.2]
     assert withhold_hidden_point({"eigenvalues": [1.0]}) == {"eigenvalues": [1.0]}
+
+
+def test_a_hidden_share_shows_no_figures_whose_ratio_reads_as_a_point() -> None:
+    # As the audit saw it (issue 32 item 4): the residual draw below 0 and the total equal to
+    # the captured sum, so captured/total read 1 while the ratio was withheld.
+    stored = {
+        "captured_sum_of_squares": 180.0,
+        "residual_sum_of_squares": -205.8,
+        "total_sum_of_squares": 180.0,
+        "variance_noise_std": 150.0,
+        "explained_sum_of_squares": [1.0, 2.0],
+        "explained_variance_ratio": [0.1, 0.2],
+        "explained_variance_ratio_interval": [0.0, 1.0],
+        "explained_variance_hidden_by_noise": True,
+        "eigenvalues": [3.0, 2.0],
+    }
+    shown = shown_variance_extras(stored)
+    sums = [shown[field] for field in (*SUM_FIELDS, "explained_sum_of_squares")]
+    assert sums == [None, None, None, None]
+    assert shown["explained_variance_ratio"] is None
+    assert shown["explained_variance_ratio_interval"] == [0.0, 1.0]
+    assert shown["variance_noise_std"] == 150.0
+    assert shown["eigenvalues"] == [3.0, 2.0]
+    assert stored["captured_sum_of_squares"] == 180.0  # the stored figures are not touched
+
+
+@pytest.mark.parametrize("flag", [False, None])
+def test_a_shown_noisy_sum_is_never_negative(flag: bool | None) -> None:
+    stored = {
+        "captured_sum_of_squares": 2188.9,
+        "residual_sum_of_squares": -50.8,
+        "total_sum_of_squares": 2188.9,
+        "explained_variance_ratio": [0.6, 0.39],
+        "explained_variance_hidden_by_noise": flag,
+    }
+    shown = shown_variance_extras(stored)
+    assert shown["residual_sum_of_squares"] == 0.0
+    assert shown["captured_sum_of_squares"] == 2188.9
+    assert shown["total_sum_of_squares"] == 2188.9
+    assert shown["explained_variance_ratio"] == [0.6, 0.39]
+    low = shown_variance_extras({**stored, "captured_sum_of_squares": -3.0})
+    assert low["captured_sum_of_squares"] == 0.0
+    assert shown_variance_extras({"eigenvalues": [1.0]}) == {"eigenvalues": [1.0]}
 
 
 def test_a_clear_release_is_not_flagged() -> None:

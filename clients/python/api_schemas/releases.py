@@ -133,8 +133,14 @@ class ReleaseResult(Schema):
             "`explained_variance_hidden_by_noise` (true when the interval is at least 0.3 "
             "wide, or would be if not cut at 0 or 1: the noise hides the share, so no point "
             "is stated: `explained_variance_ratio` and `explained_sum_of_squares` are null, "
-            "the interval stays, and `warning` says so; before 30 Nov 2026 they carried a "
-            "figure beside the flag); docs/mechanisms.md lists every mechanism's extras."
+            "and so are `captured_sum_of_squares`, `residual_sum_of_squares` and "
+            "`total_sum_of_squares`, whose ratios would read as that point; the interval and "
+            "`variance_noise_std` stay, and `warning` says so; before 30 Nov 2026 they carried "
+            "figures beside the flag). Where the share is not hidden, "
+            "`captured_sum_of_squares` and `residual_sum_of_squares` are the noisy sums "
+            "(noise sd `variance_noise_std`) cut at 0: a draw below 0 is shown as 0, a sum "
+            "within about twice the noise sd of 0; docs/mechanisms.md lists every "
+            "mechanism's extras."
         ),
     )
 
