@@ -236,7 +236,8 @@ class PrivatePCA:
     explained_variance_hidden_by_noise_ : bool or None
         True when that interval is at least 0.3 wide, or would be if it were not cut at 0 or 1
         (the service's flag): the noise hides how much the components
-        keep, so the service states no point estimate (``null``) and
+        keep, so the service states no point estimate (``null``, and no sums of squares
+        whose ratios would read as one) and
         ``explained_variance_ratio_`` and ``explained_variance_`` are all NaN (``warning_``
         says so too; the interval is the measurement); False when it is narrower; None
         without an interval.
