@@ -639,6 +639,41 @@ def _filter_lacks(name: str, share: str, total: Decimal, spent: Decimal, needs: 
     return lacks(f"{name} {has}", left, needs)
 
 
+def _both_lacks(state: HybridState, cost: ReleaseCost) -> str:
+    """Filter C short of both its epsilon and its delta share, in one clause that names it
+    once: what is closed first ("is closed: ... spent 1.5 of its epsilon 1 and 0.000003 of its
+    delta share 0.0000001"), then what is short ("..., and has epsilon 0.1 left, it needs 5",
+    or "has epsilon 0 left, it needs 0.9, and of its delta share 0 left, it needs 1e-7")."""
+    budget, name = state.budget, "filter C (basic)"
+    parts = (
+        ("epsilon", budget.epsilon, state.epsilon_spent, cost.epsilon),
+        ("delta share", budget.delta_basic, state.delta_spent, cost.delta),
+    )
+    closed = [
+        f"{short_figure(spent, up=True)} of its {what} {short_figure(total, up=False)}"
+        for what, total, spent, _ in parts
+        if spent > total
+    ]
+    short = [
+        lacks(
+            f"{'has' if what == 'epsilon' else 'of its'} {what}",
+            _CONTEXT.subtract(total, spent),
+            needs,
+        )
+        for what, total, spent, needs in parts
+        if spent <= total
+    ]
+    said = (
+        [
+            f"is closed: the releases admitted so far (by the other filters) spent "
+            f"{' and '.join(closed)}"
+        ]
+        if closed
+        else []
+    )
+    return f"{name} " + ", and ".join(said + short)
+
+
 @dataclass(frozen=True)
 class HybridState:
     """What the admitted releases spent, per filter, and which filters still hold.
@@ -757,14 +792,21 @@ class HybridState:
                     needs = cost.zcdp_delta
                     reasons.append(_filter_lacks(b, share, budget.delta_mechanisms, delta, needs))
         if not self.c_holds(cost):
+            # One clause for C, naming it once, with what it lacks of epsilon and/or of its
+            # delta share ("filter C (basic) has epsilon 0 left, it needs 0.9; filter C
+            # (basic) has, of its delta share, ..." named it twice in one sentence).
             c, budget = "filter C (basic)", self.budget
+            short: list[str] = []
             if _CONTEXT.add(self.epsilon_spent, cost.epsilon) > budget.epsilon:
                 spent = self.epsilon_spent
-                reasons.append(_filter_lacks(c, "epsilon", budget.epsilon, spent, cost.epsilon))
+                short.append(_filter_lacks(c, "epsilon", budget.epsilon, spent, cost.epsilon))
             if _CONTEXT.add(self.delta_spent, cost.delta) > budget.delta_basic:
                 spent = self.delta_spent
                 share = "delta share"
-                reasons.append(_filter_lacks(c, share, budget.delta_basic, spent, cost.delta))
+                short.append(_filter_lacks(c, share, budget.delta_basic, spent, cost.delta))
+            if len(short) == 2:
+                short = [_both_lacks(self, cost)]
+            reasons.extend(short)
         return reasons
 
     def admits(self, cost: ReleaseCost) -> bool:
