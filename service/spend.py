@@ -15,6 +15,8 @@ a request for exactly it is admitted, tests/api/test_stated_is_admitted.py):
 
 * ``basic``: the sum of the charges' epsilons (their delta adds up to ``delta_spent``);
 * ``gaussian``: the Gaussian-DP curve at ``mu_spent`` (:func:`service.accounting.gdp_epsilon`);
+  its ``remaining`` (as ``hybrid``'s) is what a Gaussian release at the stated delta is
+  admitted at, its ``mu`` within ``mu_remaining`` (more than ``total - spent``);
 * ``zcdp``: the CKS conversion of ``rho_spent`` at the delta held for the conversion,
   ``delta_conversion`` (the one its ``rho_total`` is derived at, so a spent ``rho_total``
   reads as ``epsilon_total``: at ``delta_total - delta_spent`` a dataset whose rho was all
@@ -393,11 +395,18 @@ def statement(state: BudgetState) -> Statement:
             epsilon_total = min(epsilon_total, state.epsilon_ceiling)
     spent = epsilon_of(state.accounting, Decimal(0), state.rho_spent, delta_limit, delta_at)
     spent = min(spent, epsilon_total) if spent.is_infinite() else spent
+    remaining = max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent))
+    if state.accounting == "gaussian" and state.rho_spent > 0 and native.mu_remaining is not None:
+        # As hybrid's A': what a Gaussian release at the stated delta is admitted at, its mu
+        # within mu_remaining (mu^2 add up, epsilons do not: a (1, 1e-5) budget after a
+        # (0.5, 1e-5) release admits 0.834, where total - spent said 0.5).
+        admitted = accounting.gdp_epsilon_admitted(native.mu_remaining, delta_at)
+        remaining = min(epsilon_total, admitted) if spent < epsilon_total else Decimal(0)
     return Statement(
         accounting=state.accounting,
         epsilon_total=epsilon_total,
         epsilon_spent=spent,
-        epsilon_remaining=max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent)),
+        epsilon_remaining=remaining,
         delta_total=state.delta_total,
         delta_spent=state.delta_spent,
         delta_remaining=max(Decimal(0), state.delta_remaining),

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from service import accounting
-from tests.api.test_hybrid_admissible_epsilon import budget_to_spend, post
+from tests.api.test_hybrid_admissible_epsilon import budget_to_spend, post, rows
 from tests.conftest import bearer
 
 pytestmark = pytest.mark.release_seed(5)
@@ -118,3 +118,24 @@ def test_a_release_s_delta_and_cost_delta_are_described_as_what_they_are(
     assert "basic filter" in fields["delta"]["description"], fields["delta"]
     assert "hybrid" in fields["cost_delta"]["description"], fields["cost_delta"]
     assert "0 for a release with only Gaussian" in fields["cost_delta"]["description"]
+
+
+def test_a_gaussian_budget_states_what_the_next_gaussian_release_is_admitted_at(
+    client, keys, upload_dataset
+):
+    # The same understatement on the gaussian accounting (one GDP filter): after a (0.5, 1e-5)
+    # release of a (1, 1e-5) budget it said 0.5 remained (total - spent); a release of 0.834
+    # at 1e-5 was admitted.
+    made = upload_dataset(
+        client, keys.owner, rows(), accounting="gaussian", epsilon_budget="1",
+        delta_budget="1e-5", row_norm_bound=1,
+    )  # fmt: skip
+    dataset_id = str(made["id"])
+    assert post(client, keys, dataset_id, gaussian(Decimal("0.5"), "0.00001")).status_code == 202
+    budget = stated(client, keys, dataset_id, granted=False)
+    remaining = Decimal(budget["epsilon_remaining"])
+    assert Decimal("0.834") < remaining < Decimal("0.835"), budget
+    above = post(client, keys, dataset_id, gaussian(remaining * ABOVE, "0.00001"))
+    assert above.status_code == 409, above.text
+    made = post(client, keys, dataset_id, gaussian(remaining, "0.00001"))
+    assert made.status_code == 202, made.text

@@ -83,13 +83,13 @@ class Budget(Schema):
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(
-            "What the ledger admits next. basic, gaussian, zcdp: epsilon_total - epsilon_spent "
-            "(rounded down). hybrid: the largest epsilon at which a Gaussian release (the "
+            "What the ledger admits next. basic, zcdp: epsilon_total - epsilon_spent (rounded "
+            "down). gaussian, hybrid: the largest epsilon at which a Gaussian release (the "
             "default kind) asked at (epsilon, delta_total) is admitted now, which after a "
-            "release is more than epsilon_total - epsilon_spent (its Gaussian-DP filter adds up "
-            "mu^2, not epsilon); pure and approximate releases are charged by filters that "
-            "count them differently: a dry run gives epsilon_admissible for a request this does "
-            "not cover."
+            "release is more than epsilon_total - epsilon_spent (the Gaussian-DP filter adds up "
+            "mu^2, not epsilon); under hybrid pure and approximate releases are charged by "
+            "filters that count them differently: a dry run gives epsilon_admissible for a "
+            "request this does not cover."
         )
     )
     delta_remaining: ExactDecimal = Field(

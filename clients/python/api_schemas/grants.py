@@ -102,10 +102,10 @@ class Grant(Schema):
     epsilon_remaining: ExactDecimal = Field(
         description=(
             "What the grant admits next (none once revoked): epsilon_total - epsilon_spent, but "
-            "under hybrid the largest epsilon at which a Gaussian release asked at (epsilon, the "
-            "grant's delta) is admitted now (more than total - spent after a release: its "
-            "Gaussian-DP filter adds up mu^2, not epsilon); a dry run gives epsilon_admissible "
-            "for a request this does not cover."
+            "under gaussian and hybrid the largest epsilon at which a Gaussian release asked at "
+            "(epsilon, the grant's delta) is admitted now (more than total - spent after a "
+            "release: the Gaussian-DP filter adds up mu^2, not epsilon); a dry run gives "
+            "epsilon_admissible for a request this does not cover."
         )
     )
     delta_remaining: ExactDecimal = Field(
