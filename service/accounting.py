@@ -37,8 +37,12 @@ from typing import Literal
 
 import mpmath
 
-from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES, format_budget
+from api_schemas.common import BUDGET_CONTEXT, BUDGET_PLACES
 from service.mechanisms.base import ApproximateStep, GaussianStep, PrivacyStep, PureStep
+from service.refusal_figures import both_lacks, filter_lacks
+from service.refusal_figures import lacks as lacks
+from service.refusal_figures import short_figure as short_figure
+from service.refusal_figures import significant_digits as significant_digits
 
 Accounting = Literal["basic", "gaussian", "zcdp", "hybrid"]
 ACCOUNTINGS: tuple[Accounting, ...] = ("basic", "gaussian", "zcdp", "hybrid")
@@ -603,42 +607,6 @@ class ReleaseCost:
 NO_COST = ReleaseCost(Decimal(0), Decimal(0), Decimal(0), Decimal(0), Decimal(0))
 
 
-def significant_digits(value: Decimal, digits: int, rounding: str) -> Decimal:
-    """``value > 0`` rounded (``ROUND_FLOOR`` or ``ROUND_CEILING``) to ``digits`` significant
-    digits, without trailing zeros."""
-    quantum = Decimal(1).scaleb(value.adjusted() - digits + 1)
-    return value.quantize(quantum, rounding=rounding, context=Context(prec=80)).normalize()
-
-
-def short_figure(value: Decimal, up: bool) -> str:
-    """A budget figure for a refusal's message: four significant digits, rounded ``up`` (what
-    a release needs) or down (what is left; nothing left below 0: the other filters admitted
-    what this one could not have)."""
-    if value <= 0:
-        return "0"
-    return format_budget(significant_digits(value, 4, ROUND_CEILING if up else ROUND_FLOOR))
-
-
-def lacks(what: str, left: Decimal, needs: Decimal) -> str:
-    """``"<what> <left> left, it needs <needs>"``, figures by :func:`short_figure`."""
-    return f"{what} {short_figure(left, up=False)} left, it needs {short_figure(needs, up=True)}"
-
-
-def _filter_lacks(name: str, share: str, total: Decimal, spent: Decimal, needs: Decimal) -> str:
-    """Why filter ``name`` cannot charge ``needs`` of its ``share`` (``total``, of which
-    ``spent``): short of it (:func:`lacks`), or closed when the releases other filters admitted
-    already spent more than it holds (its sums count every admitted release). "0 left, it
-    needs 0" would then read as an admission; what was spent of what says why it refuses."""
-    if spent > total:
-        return (
-            f"{name} is closed: the releases admitted so far (by the other filters) spent "
-            f"{short_figure(spent, up=True)} of its {share} {short_figure(total, up=False)}"
-        )
-    left = _CONTEXT.subtract(total, spent)
-    has = f"has, of its {share}," if share.startswith("delta") else f"has {share}"
-    return lacks(f"{name} {has}", left, needs)
-
-
 @dataclass(frozen=True)
 class HybridState:
     """What the admitted releases spent, per filter, and which filters still hold.
@@ -736,7 +704,7 @@ class HybridState:
                 reasons.append("filter A (Gaussian-DP) cannot charge it (an approximate step)")
             else:
                 reasons.append(
-                    _filter_lacks(
+                    filter_lacks(
                         "filter A (Gaussian-DP)",
                         "mu^2",
                         self.budget.gdp_total,
@@ -751,20 +719,33 @@ class HybridState:
                 b = "filter B (zCDP)"
                 budget, rho, delta = self.budget, self.rho_spent, self.zcdp_delta_spent
                 if _CONTEXT.add(rho, cost.rho) > budget.rho_total:
-                    reasons.append(_filter_lacks(b, "rho", budget.rho_total, rho, cost.rho))
+                    reasons.append(filter_lacks(b, "rho", budget.rho_total, rho, cost.rho))
                 if _CONTEXT.add(delta, cost.zcdp_delta) > budget.delta_mechanisms:
                     share = "delta share for approximate steps"
                     needs = cost.zcdp_delta
-                    reasons.append(_filter_lacks(b, share, budget.delta_mechanisms, delta, needs))
+                    reasons.append(filter_lacks(b, share, budget.delta_mechanisms, delta, needs))
         if not self.c_holds(cost):
+            # One clause for C, naming it once, with what it lacks of epsilon and/or of its
+            # delta share ("filter C (basic) has epsilon 0 left, it needs 0.9; filter C
+            # (basic) has, of its delta share, ..." named it twice in one sentence).
             c, budget = "filter C (basic)", self.budget
+            short: list[str] = []
             if _CONTEXT.add(self.epsilon_spent, cost.epsilon) > budget.epsilon:
                 spent = self.epsilon_spent
-                reasons.append(_filter_lacks(c, "epsilon", budget.epsilon, spent, cost.epsilon))
+                short.append(filter_lacks(c, "epsilon", budget.epsilon, spent, cost.epsilon))
             if _CONTEXT.add(self.delta_spent, cost.delta) > budget.delta_basic:
                 spent = self.delta_spent
                 share = "delta share"
-                reasons.append(_filter_lacks(c, share, budget.delta_basic, spent, cost.delta))
+                short.append(filter_lacks(c, share, budget.delta_basic, spent, cost.delta))
+            if len(short) == 2:
+                short = [
+                    both_lacks(
+                        c,
+                        (budget.epsilon, self.epsilon_spent, cost.epsilon),
+                        (budget.delta_basic, self.delta_spent, cost.delta),
+                    )
+                ]
+            reasons.extend(short)
         return reasons
 
     def admits(self, cost: ReleaseCost) -> bool:

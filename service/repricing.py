@@ -1,16 +1,16 @@
 """What a refused request IS admitted at: the same request re-priced to a smaller epsilon.
 
-A budget's ``epsilon_remaining`` states what was spent (``epsilon_total - epsilon_spent``, the
-spend read as ``(epsilon, delta_total)``-DP, :mod:`service.spend`); it is not what one more
-release of every kind may ask for. Under ``basic`` the two agree (a release at the remaining
-epsilon, its delta within ``delta_remaining``, is admitted), but under ``hybrid`` a release is
-charged by three filters in their own currencies: after one Gaussian release of epsilon 0.5 on
-a ``(1, 1e-5)`` dataset the statement says 0.6177 remains (the Gaussian-DP filter composes the
-spend that tightly), yet a pure release (smooth_sensitivity, spatial_sign's Laplace) of 0.6177
-is refused (A' charges it ``pure_mu(0.6177)^2 = 0.59`` against 0.059 left, C counts the 0.5
-at face value) and so are the approximate aggregators (no filter but B takes them). The
-refusal and the dry run then said only that the request costs more than "the remaining
-budget", naming a figure the request could not have.
+A budget's ``epsilon_remaining`` is one figure (:mod:`service.spend`; under ``hybrid`` what the
+next Gaussian release at the budget's delta is admitted at); it is not what one more release of
+every kind may ask for. Under ``basic`` the two agree (a release at the remaining epsilon, its
+delta within ``delta_remaining``, is admitted), but under ``hybrid`` a release is charged by
+three filters in their own currencies: after one Gaussian release of epsilon 0.5 on a ``(1,
+1e-5)`` dataset the statement said 0.6177 remains (``total - spent``; a Gaussian release is now
+stated, and admitted, at more), yet a pure release (smooth_sensitivity, spatial_sign's Laplace)
+of 0.6177 is refused (A' charges it ``pure_mu(0.6177)^2 = 0.59`` against 0.059 left, C counts
+the 0.5 at face value) and so are the approximate aggregators (no filter but B takes them). The
+refusal and the dry run then said only that the request costs more than "the remaining budget",
+naming a figure the request could not have.
 
 So a request in ``epsilon`` that its budget refuses gets the largest epsilon (to
 :data:`DIGITS` significant digits, rounded down) at which the same request (mechanism, ``k``,

@@ -15,6 +15,8 @@ a request for exactly it is admitted, tests/api/test_stated_is_admitted.py):
 
 * ``basic``: the sum of the charges' epsilons (their delta adds up to ``delta_spent``);
 * ``gaussian``: the Gaussian-DP curve at ``mu_spent`` (:func:`service.accounting.gdp_epsilon`);
+  its ``remaining`` (as ``hybrid``'s) is what a Gaussian release at the stated delta is
+  admitted at, its ``mu`` within ``mu_remaining`` (more than ``total - spent``);
 * ``zcdp``: the CKS conversion of ``rho_spent`` at the delta held for the conversion,
   ``delta_conversion`` (the one its ``rho_total`` is derived at, so a spent ``rho_total``
   reads as ``epsilon_total``: at ``delta_total - delta_spent`` a dataset whose rho was all
@@ -22,7 +24,12 @@ a request for exactly it is admitted, tests/api/test_stated_is_admitted.py):
   ``delta_total`` still, ``delta_conversion + delta_spent <= delta_total``);
 * ``hybrid``: the smallest of the three filters' figures, over the filters whose condition
   still holds on what was spent (:func:`hybrid_epsilon`); its total is at most what its
-  filters admit at ``delta_total`` (:func:`hybrid_admitted`).
+  filters admit at ``delta_total`` (:func:`hybrid_admitted`), and its ``remaining`` is not
+  ``total - spent`` but what the next Gaussian release (the default kind) asked at
+  ``delta_total`` is admitted at (:func:`hybrid_next_gaussian`): its GDP filter adds up
+  ``mu^2``, not epsilon, so after a release that is more than ``total - spent`` (0.571
+  against 0.217 after ``auto`` at ``(1, 1e-7)`` on ``(1, 1e-5)``), and ``spent`` stays the
+  guarantee of what was spent.
 
 A new accounting kind adds one function to :data:`_NATIVE` (its native figures and its
 epsilon at a delta); every surface then states it.
@@ -44,6 +51,7 @@ __all__ = [
     "Statement",
     "epsilon_of",
     "hybrid_epsilon",
+    "hybrid_next_gaussian",
     "running_epsilon",
     "statement",
 ]
@@ -204,6 +212,42 @@ def hybrid_admitted(budget: accounting.HybridBudget, delta_at: Decimal) -> Decim
     return accounting.gdp_epsilon_admitted(widest, delta_at)
 
 
+def hybrid_next_gaussian(state: accounting.HybridState, delta_at: Decimal) -> Decimal:
+    """The largest epsilon (rounded down) at which a ``hybrid`` budget that spent ``state``
+    admits a Gaussian release asked at ``(epsilon, delta_at)`` now: what it states remains.
+
+    The ledger admits a release when any filter would admit the whole sequence with it
+    (:meth:`service.accounting.HybridState.admits`), so this is the largest of the filters'
+    figures: A' (while every release had a GDP figure) a release of ``mu`` up to
+    ``sqrt(mu_total^2 - sum mu_i^2)``; B (while every release had a profile and its sums are
+    within its budget) ``mu^2/2`` up to ``rho_total - rho_spent`` (a Gaussian release spends
+    none of B's delta share); C (while it holds and ``delta_at`` fits its delta share)
+    ``epsilon - epsilon_spent``. The GDP filter's ``mu^2`` add up while epsilon at a fixed delta
+    does not (it is not linear in ``mu``), so after a release this is more than ``total -
+    spent``: a ``(1, 1e-5)`` budget after ``auto`` at ``(1, 1e-7)`` stated 0.217 remaining
+    while a Gaussian release of 0.571 at ``1e-5`` was admitted. At a fresh budget it is
+    :func:`hybrid_admitted`."""
+    zero = Decimal(0)
+    figures = [zero]
+    budget = state.budget
+    if state.all_gdp:
+        gdp_left = BUDGET_CONTEXT.subtract(budget.gdp_total, state.gdp_spent)
+        if gdp_left > 0:
+            mu = accounting.sqrt_down(gdp_left)
+            figures.append(accounting.gdp_epsilon_admitted(mu, delta_at))
+    if state.b_holds(accounting.NO_COST):
+        rho_left = BUDGET_CONTEXT.subtract(budget.rho_total, state.rho_spent)
+        if rho_left > 0:
+            mu = accounting.sqrt_down(2 * rho_left)
+            figures.append(accounting.gdp_epsilon_admitted(mu, delta_at))
+    if (
+        state.c_holds(accounting.NO_COST)
+        and BUDGET_CONTEXT.add(state.delta_spent, delta_at) <= budget.delta_basic
+    ):
+        figures.append(BUDGET_CONTEXT.subtract(budget.epsilon, state.epsilon_spent))
+    return max(figures)
+
+
 def _hybrid_native(state: BudgetState) -> Native:
     hybrid = state.hybrid()
     mu_total = hybrid.budget.mu_total
@@ -266,13 +310,18 @@ def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
         epsilon_total = min(epsilon_total, state.epsilon_ceiling)
     epsilon_total = min(epsilon_total, hybrid_admitted(hybrid.budget, delta_at))
     spent = hybrid_epsilon(hybrid, delta_at)
-    spent = epsilon_total if spent is None else spent
+    # What remains is what the next Gaussian release (the default kind) at the stated delta
+    # is admitted at, not total - spent: the Gaussian-DP filter's mu^2 add up, epsilons do not
+    # (a spent figure at or past the total, or none holding, leaves nothing).
+    remaining = min(epsilon_total, hybrid_next_gaussian(hybrid, delta_at))
+    if spent is None or spent >= epsilon_total:
+        spent, remaining = (epsilon_total if spent is None else spent), Decimal(0)
     delta_spent, delta_remaining = _hybrid_delta(state, hybrid)
     return Statement(
         accounting="hybrid",
         epsilon_total=epsilon_total,
         epsilon_spent=spent,
-        epsilon_remaining=max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent)),
+        epsilon_remaining=remaining,
         delta_total=state.delta_total,
         delta_spent=delta_spent,
         delta_remaining=delta_remaining,
@@ -346,11 +395,18 @@ def statement(state: BudgetState) -> Statement:
             epsilon_total = min(epsilon_total, state.epsilon_ceiling)
     spent = epsilon_of(state.accounting, Decimal(0), state.rho_spent, delta_limit, delta_at)
     spent = min(spent, epsilon_total) if spent.is_infinite() else spent
+    remaining = max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent))
+    if state.accounting == "gaussian" and state.rho_spent > 0 and native.mu_remaining is not None:
+        # As hybrid's A': what a Gaussian release at the stated delta is admitted at, its mu
+        # within mu_remaining (mu^2 add up, epsilons do not: a (1, 1e-5) budget after a
+        # (0.5, 1e-5) release admits 0.834, where total - spent said 0.5).
+        admitted = accounting.gdp_epsilon_admitted(native.mu_remaining, delta_at)
+        remaining = min(epsilon_total, admitted) if spent < epsilon_total else Decimal(0)
     return Statement(
         accounting=state.accounting,
         epsilon_total=epsilon_total,
         epsilon_spent=spent,
-        epsilon_remaining=max(Decimal(0), BUDGET_CONTEXT.subtract(epsilon_total, spent)),
+        epsilon_remaining=remaining,
         delta_total=state.delta_total,
         delta_spent=state.delta_spent,
         delta_remaining=max(Decimal(0), state.delta_remaining),

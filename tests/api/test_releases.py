@@ -211,7 +211,7 @@ def test_a_hybrid_refusal_names_each_filter_and_its_shortfall(client, keys, uplo
     # epsilon here: A' admitted releases of 0.5 past them).
     assert "filter A (Gaussian-DP) has mu^2" in detail, detail
     assert "filter B (zCDP) is closed: the releases admitted so far" in detail, detail
-    assert "filter C (basic) is closed" in detail and "of its epsilon 1;" in detail, detail
+    assert "filter C (basic) is closed" in detail and "of its epsilon 1 and" in detail, detail
 
 
 def test_a_hybrid_refusal_says_a_filter_closed_by_the_others_is_closed(

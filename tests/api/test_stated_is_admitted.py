@@ -124,7 +124,11 @@ def test_the_stated_remainder_is_what_is_admitted(
     # doubles left unspent, below 1e-8 of it), and a further request is refused.
     after = stated(client, keys, dataset_id, granted)
     total = Decimal(after["epsilon_total"])
-    assert Decimal(after["epsilon_remaining"]) <= total * SLACK, after
+    # hybrid and gaussian state what the next Gaussian release is admitted at: a leftover of
+    # mu^2 (the filter's currency) is worth its square root in epsilon (1.3e-6 of the total
+    # was seen, and a release of it is admitted), so its bound is the square root of the slack.
+    left_slack = SLACK.sqrt() if kind in ("hybrid", "gaussian") else SLACK
+    assert Decimal(after["epsilon_remaining"]) <= total * left_slack, after
     assert Decimal(after["epsilon_spent"]) >= total * (1 - SLACK), after
     assert Decimal(after["epsilon_total"]) == Decimal(before["epsilon_total"])
     small = dict(mechanism)

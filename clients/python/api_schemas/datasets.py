@@ -83,10 +83,13 @@ class Budget(Schema):
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(
-            "epsilon_total - epsilon_spent. Under hybrid this states the spend, not what every "
-            "kind of release may ask for (pure and approximate releases are charged by filters "
-            "that count them differently): a dry run gives epsilon_admissible for a request "
-            "this does not cover."
+            "What the ledger admits next. basic, zcdp: epsilon_total - epsilon_spent (rounded "
+            "down). gaussian, hybrid: the largest epsilon at which a Gaussian release (the "
+            "default kind) asked at (epsilon, delta_total) is admitted now, which after a "
+            "release is more than epsilon_total - epsilon_spent (the Gaussian-DP filter adds up "
+            "mu^2, not epsilon); under hybrid pure and approximate releases are charged by "
+            "filters that count them differently: a dry run gives epsilon_admissible for a "
+            "request this does not cover."
         )
     )
     delta_remaining: ExactDecimal = Field(
@@ -95,7 +98,9 @@ class Budget(Schema):
             "delta_conversion - delta_spent (zcdp); 0 (gaussian); hybrid: what approximate steps "
             "may still spend under its zCDP filter (of its share for approximate steps, 2% by "
             "default) plus what single releases may still spend under its basic filter (of its "
-            "share, 1% by default), each 0 once its filter no longer holds."
+            "share, 1% by default), each 0 once its filter no longer holds. A Gaussian release "
+            "under hybrid needs none of it (its Gaussian-DP filter holds its own share for the "
+            "conversion): 0 here does not mean nothing is admitted (see epsilon_remaining)."
         )
     )
     rho_total: ExactDecimal | None = Field(

@@ -101,8 +101,10 @@ class Grant(Schema):
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(
-            "epsilon_total - epsilon_spent of the grant (none once revoked). Under hybrid this "
-            "states the spend, not what every kind of release may ask for: a dry run gives "
+            "What the grant admits next (none once revoked): epsilon_total - epsilon_spent, but "
+            "under gaussian and hybrid the largest epsilon at which a Gaussian release asked at "
+            "(epsilon, the grant's delta) is admitted now (more than total - spent after a "
+            "release: the Gaussian-DP filter adds up mu^2, not epsilon); a dry run gives "
             "epsilon_admissible for a request this does not cover."
         )
     )
@@ -111,7 +113,8 @@ class Grant(Schema):
             "Delta the grant could still spend (none once revoked). hybrid: what approximate steps"
             " may still spend under its zCDP filter (of its share for approximate steps, 2% by "
             "default) plus what single releases may still spend under its basic filter (of its "
-            "share, 1% by default), each 0 once its filter no longer holds."
+            "share, 1% by default), each 0 once its filter no longer holds; a Gaussian release "
+            "needs none of it (0 here does not mean nothing is admitted)."
         )
     )
     accounting: Literal["basic", "gaussian", "zcdp", "hybrid"] = Field(

@@ -194,21 +194,37 @@ class Release(Schema):
     k: int = Field(description="Requested dimension.")
     epsilon: ExactDecimal = Field(
         description=(
-            "Epsilon charged (basic datasets); on gaussian and zcdp datasets the single-release "
-            "epsilon the mechanism was calibrated to."
+            "Epsilon charged (basic datasets); on gaussian, zcdp and hybrid datasets the "
+            "single-release epsilon the mechanism was calibrated to (hybrid: what its basic "
+            "filter, C, counts against its epsilon)."
         )
     )
-    delta: ExactDecimal = Field(description="Delta charged (basic); else as `epsilon`.")
+    delta: ExactDecimal = Field(
+        description=(
+            "Delta charged (basic); on gaussian, zcdp and hybrid datasets the single-release "
+            "delta the mechanism was calibrated to. Under hybrid its basic filter (C) counts "
+            "it against its delta share (so delta_spent moves by it), while its Gaussian-DP "
+            "filter holds its own share for the conversion: a Gaussian release has a delta "
+            "here and cost_delta 0, both true."
+        )
+    )
     rho: ExactDecimal | None = Field(
         default=None,
         description=(
-            "gaussian and zcdp datasets: the rho charged (gaussian: mu^2/2), rounded up; "
-            "null on basic datasets."
+            "gaussian, zcdp and hybrid datasets: the rho charged (gaussian: mu^2/2; hybrid: "
+            "to its zCDP filter, B), rounded up; null on basic datasets."
         ),
     )
     cost_delta: ExactDecimal | None = Field(
         default=None,
-        description="zcdp datasets: the approximate-zCDP delta charged; null on basic datasets.",
+        description=(
+            "zcdp datasets: the approximate-zCDP delta charged (its approximate steps' delta, "
+            "from delta_total less delta_conversion); hybrid: the same, charged to its zCDP "
+            "filter's share for approximate steps, so 0 for a release with only Gaussian and "
+            "pure steps (its single-release `delta` is a different figure, counted by the "
+            "basic filter), null for a release without a privacy profile; null on basic "
+            "datasets."
+        ),
     )
     params: dict[str, Any] = Field(
         description="Parameters as resolved before running (defaults filled in from public facts)."
@@ -309,9 +325,9 @@ EPSILON_ADMISSIBLE = (
     "the largest epsilon (3 significant digits, rounded down, checked) at which this same "
     "request (mechanism, k, params and delta) is admitted now by the budget named by `budget` "
     "and the dataset's; null when none is, or the request was given in mu or rho. On hybrid "
-    "`epsilon_remaining` is the spend's statement (epsilon_total - epsilon_spent at "
-    "delta_total), not what every kind of release may ask for: a pure or approximate release "
-    "is charged by filters that count it differently."
+    "`epsilon_remaining` is what a Gaussian release asked at the budget's delta is admitted "
+    "at, not what every kind of release (or another delta) may ask for: a pure or approximate "
+    "release is charged by filters that count it differently."
 )
 DELTA_ADMISSIBLE = (
     "Null unless epsilon_admissible is null for a request given in epsilon: then a delta (0 if "
@@ -336,7 +352,8 @@ class BudgetExceeded(Schema):
         description=(
             "Epsilon still available in the budget named by `budget`, stated as GET .../budget "
             "(or the grant) states it: on gaussian, zcdp and hybrid, epsilon at the dataset's "
-            "delta_total (rounded down)."
+            "delta_total (rounded down); on hybrid what a Gaussian release asked at that delta "
+            "is admitted at."
         )
     )
     delta_remaining: ExactDecimal = Field(

@@ -157,7 +157,8 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
         ("epsilon_remaining", _figure(info.epsilon_remaining)),
     ]
     if info.epsilon_admissible is not None:
-        # What this request IS admitted at (on hybrid epsilon_remaining states the spend).
+        # What this request IS admitted at (on hybrid epsilon_remaining is
+        # what a Gaussian release at the budget's delta is admitted at).
         rows.append(("epsilon_admissible", _figure(info.epsilon_admissible)))
     if info.delta_admissible is not None and info.delta_admissible_epsilon is not None:
         # None at its delta (e.g. hybrid's delta filter spent): the same request at this delta.

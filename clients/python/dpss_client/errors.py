@@ -82,8 +82,8 @@ class BudgetExceededError(ConflictError):
         self.delta_reserved_for_conversion = delta_reserved_for_conversion
         #: The largest epsilon the same request (mechanism, params, delta) is admitted at now,
         #: checked by the service; ``None`` when none is or it was asked in mu or rho. On
-        #: hybrid ``epsilon_remaining`` is the spend's statement, not what every kind of
-        #: release may ask for.
+        #: hybrid ``epsilon_remaining`` is what a Gaussian release at the budget's delta is
+        #: admitted at, not what every kind of release (or another delta) may ask for.
         self.epsilon_admissible = epsilon_admissible
         #: When no epsilon is admitted at the request's delta: a delta (0 for a mechanism that
         #: allows pure DP, else a smaller one) and the largest epsilon the same request is

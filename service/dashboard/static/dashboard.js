@@ -306,14 +306,16 @@ function nativeRemaining(b) {
   return "—";
 }
 
-// Under hybrid epsilon_remaining states the spend, not what every kind of release may still ask
-// for (its filters charge pure and approximate releases differently from Gaussian ones): the
+// Under hybrid epsilon_remaining is what the next Gaussian release at the budget's delta is
+// admitted at, not what every kind of release may still ask for (its filters charge pure and
+// approximate releases differently from Gaussian ones): the
 // API's descriptions and refusals say so, and the page showed the bare figure. Said once beside
 // every table that shows a hybrid budget or grant.
 function hybridNote(budgets) {
   if (!budgets.some((b) => b && b.accounting === "hybrid")) return null;
   return el("p", { class: "meta hybrid-remaining" },
-    "hybrid: epsilon remaining states what has been spent, not what every kind of release may still ask for ",
+    "hybrid: epsilon remaining is what the next Gaussian release (at the budget's delta) is admitted at, ",
+    "not what every kind of release may still ask for ",
     "(a pure or approximate release may be refused below it). A dry run (dry_run=true) and a refusal give ",
     "epsilon_admissible, the largest epsilon that request is admitted at now. See ",
     el("a", { href: "/dashboard/reading-a-budget" }, "Reading a budget"), ".");
