@@ -215,7 +215,7 @@ def test_analysts_see_each_epoch_only_after_its_padding(
 def test_epoch_visibility_never_goes_backwards():
     from datetime import UTC, datetime, timedelta
 
-    from service.padding_epochs import epoch_visible_at
+    from service.continual import epoch_visible_at
 
     t0 = datetime(2026, 11, 25, tzinfo=UTC)
     late = epoch_visible_at(t0, t0, timedelta(seconds=60))
