@@ -67,7 +67,7 @@ it), and project rows the analyst holds (here the public copy of the digits)."""
         "code",
         """dpss = Client(os.environ["DPSS_URL"], os.environ["DPSS_ANALYST_KEY"])
 digits = next(d for d in dpss.datasets() if d.name == "digits")
-print(digits.id, digits.n_rows, "x", digits.n_cols, digits.budget.epsilon_total)""",
+print(digits.id, digits.n_rows, "x", digits.n_cols, shown(digits.budget.epsilon_total))""",
     ),
     (
         "code",
