@@ -156,9 +156,18 @@ def make_pooled_engine(settings: Settings) -> Engine:
         "max_overflow": settings.db_max_overflow,
         "pool_timeout": settings.db_pool_timeout_seconds,
     }
-    if not is_sqlite(url):
-        options["connect_args"] = {"connect_timeout": settings.db_connect_timeout_seconds}
-    return make_engine(url, lock_timeout_seconds=lock_timeout, **options)
+    return make_engine(
+        url, lock_timeout_seconds=lock_timeout, **options, **_connect_options(settings, url)
+    )
+
+
+def _connect_options(settings: Settings, url: str) -> dict[str, Any]:
+    """PostgreSQL's connect timeout, for the API's and the workers' engines alike: an
+    unanswering host (a black-holed route, not a refused connection) is then an outage after
+    ``db_connect_timeout_seconds``, not a wait for the kernel's TCP retries."""
+    if is_sqlite(url):
+        return {}
+    return {"connect_args": {"connect_timeout": settings.db_connect_timeout_seconds}}
 
 
 def make_worker_engine(settings: Settings) -> Engine:
@@ -173,15 +182,15 @@ def make_worker_engine(settings: Settings) -> Engine:
     an outage to :func:`service.outages.is_transient_db_error`: the transaction rolls back and
     the worker retries with its backoff, logging the outage once.
 
-    The PostgreSQL connect timeout is the API's: without it a worker whose database host
-    stopped answering (a black-holed route, not a refused connection) waited for the kernel's
-    TCP retries, about two minutes per attempt, instead of its own backoff.
+    The PostgreSQL connect timeout is the API's (:func:`_connect_options`); without it a worker
+    whose database host stopped answering waited about two minutes per attempt.
     """
     url = settings.resolved_database_url
-    options: dict[str, Any] = {}
-    if not is_sqlite(url):
-        options["connect_args"] = {"connect_timeout": settings.db_connect_timeout_seconds}
-    return make_engine(url, lock_timeout_seconds=settings.worker_db_lock_timeout_seconds, **options)
+    return make_engine(
+        url,
+        lock_timeout_seconds=settings.worker_db_lock_timeout_seconds,
+        **_connect_options(settings, url),
+    )
 
 
 #: SQLite result codes (and their extended codes) of a database that cannot serve now: busy or
