@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, case, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, bindparam, case, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from service.config import Settings
@@ -230,8 +230,9 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
 
 @functools.cache
 def _pending(continual: tuple[str, ...]) -> Select[Any]:
-    """The continual releases requested by ``now``, their end not shown at ``now``, their
-    dataset not deleted by ``now``, whose first epoch not shown at ``now`` has its batch
+    """The continual releases requested by ``now``, their end not shown at ``now`` (nor, on a
+    dataset by reference, shown ``failed`` by a changed object's verdict), their dataset not
+    deleted by ``now``, whose first epoch not shown at ``now`` has its batch
     committed by ``now``; with the number of epochs shown, that batch's ``(created_at,
     n_rows)`` and the last shown epoch's ``visible_at``. Built once per set of names."""
     now: Any = bindparam("now")
@@ -252,6 +253,19 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
         .where(cut.release_id == Release.id, unverified(cut, now))
         .correlate(Release)
         .scalar_subquery()
+    )
+    # The release shown ended there (service.visibility.epoch_change_shown): the first epoch
+    # cut is one whose re-check found its objects changed, that verdict shown by now.
+    changed = aliased(ReleaseEpoch)
+    cut_changed = (
+        exists()
+        .where(
+            changed.release_id == Release.id,
+            changed.epoch == first_cut,
+            changed.reference_check == "changed",
+            changed.reference_shown_at <= now,
+        )
+        .correlate(Release)
     )
     shown = case(
         (and_(first_cut.is_not(None), first_cut - 1 < n_visible), first_cut - 1),
@@ -275,6 +289,7 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
                 Release.outcome_visible_at > now,
             ),
             or_(Dataset.deleted_at.is_(None), Dataset.deleted_at > now),
+            ~cut_changed,
         )
         .subquery()
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from service.continual import pending_padding
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.jobs import REFUSED_AT_RUN_REASON, Outcome
 from service.padding import late_schedule, next_late_step
+from service.padding_epochs import epoch_padding, epoch_seconds
 from service.worker import Worker
 from tests.api.test_append_rows import append
 from tests.conftest import Keys, bearer, npy_bytes, post_release
@@ -200,3 +202,115 @@ def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
     # microsecond a timedelta of float seconds rounds to).
     for world, moment in after_step.items():
         assert abs(moment - timedelta(seconds=PAD)) <= timedelta(microseconds=2), (world, moment)
+
+
+def _continual_waiting_for(
+    session: Session, now: datetime, *, reference: bool = False
+) -> tuple[Release, Dataset]:
+    """A continual release, requested an hour ago with epoch 1 shown, whose dataset had batch
+    1 committed a second ago: epoch 2 is pending."""
+    dataset = Dataset(
+        name="waiting",
+        n_rows=300,
+        n_cols=D,
+        epsilon_total=Decimal(10),
+        delta_total=Decimal("1e-3"),
+        file_name="waiting.npy",
+        n_batches=2,
+        created_at=now - timedelta(hours=2),
+        reference={"root": "x"} if reference else None,
+    )
+    session.add(dataset)
+    session.flush()
+    session.add_all(
+        [
+            DatasetBatch(dataset_id=dataset.id, seq=0, n_rows=200, row_offset=0,
+                         created_at=now - timedelta(hours=2)),
+            DatasetBatch(dataset_id=dataset.id, seq=1, n_rows=100, row_offset=200,
+                         created_at=now - timedelta(seconds=1)),
+        ]
+    )  # fmt: skip
+    release = Release(
+        dataset_id=dataset.id,
+        mechanism="continual_gauss",
+        k=1,
+        epsilon=Decimal(1),
+        delta=Decimal("1e-6"),
+        params={"horizon": 3},
+        request_hash="x",
+        status="running",
+        epochs_done=1,
+        created_at=now - timedelta(hours=1),
+        visible_at=now - timedelta(minutes=59),
+    )
+    session.add(release)
+    session.flush()
+    session.add(
+        ReleaseEpoch(release_id=release.id, epoch=1, batch_seq=0, n_rows_read=200,
+                     visible_at=now - timedelta(minutes=59),
+                     reference_check="unchanged" if reference else None,
+                     reference_shown_at=now - timedelta(minutes=50) if reference else None)
+    )  # fmt: skip
+    session.flush()
+    return release, dataset
+
+
+@pytest.mark.parametrize("stored", ["nothing", "the epoch", "the release's end"])
+def test_the_term_reads_what_is_shown_not_what_is_stored(
+    stored: str, settings: Settings, session_factory: sessionmaker[Session]
+) -> None:
+    """At a moment before the pending epoch's ``visible_at``, whatever the worker stored
+    (nothing yet, the epoch, or the release's end on it), the term is the wait until the
+    epoch's ``visible_at`` as the worker's claim computes it."""
+    now = utcnow()
+    with session_factory() as session:
+        release, dataset = _continual_waiting_for(session, now)
+        visible, padding = epoch_padding(session, settings, release, dataset, 2)
+        assert visible > now  # (5 s: the operator's rate above)
+        if stored == "the epoch":
+            session.add(ReleaseEpoch(release_id=release.id, epoch=2, batch_seq=1,
+                                     n_rows_read=100, visible_at=visible))  # fmt: skip
+            release.epochs_done = 2
+        elif stored == "the release's end":
+            release.status, release.reason, release.outcome_visible_at = "failed", "x", visible
+        session.flush()
+        wait = epoch_seconds(session, settings, now)
+        assert wait == pytest.approx((visible - now).total_seconds(), abs=1e-6)
+        # Past the epoch's visible_at, the epoch (or the end) shows: nothing is pending then
+        # (or, with nothing stored, the epoch is late: its next step).
+        later = visible + timedelta(microseconds=1)
+        after = epoch_seconds(session, settings, later)
+        if stored == "nothing":
+            step = next_late_step(visible - padding, visible, later)
+            assert after == pytest.approx((step - later).total_seconds(), abs=1e-6)
+        else:
+            assert after == 0.0
+        session.rollback()
+
+
+def test_an_epoch_shown_failed_for_a_changed_object_is_not_pending(
+    settings: Settings, session_factory: sessionmaker[Session]
+) -> None:
+    """On a dataset by reference an epoch past its ``visible_at`` counts until its re-check's
+    verdict shows (analysts do not see it before); once a ``changed`` verdict shows, the
+    release is shown ``failed`` there (service.visibility) and nothing of it is pending."""
+    now = utcnow()
+    with session_factory() as session:
+        release, dataset = _continual_waiting_for(session, now, reference=True)
+        visible, padding = epoch_padding(session, settings, release, dataset, 2)
+        session.add(ReleaseEpoch(release_id=release.id, epoch=2, batch_seq=1, n_rows_read=100,
+                                 visible_at=visible, reference_check="pending"))  # fmt: skip
+        release.epochs_done = 2
+        session.flush()
+        later = visible + timedelta(microseconds=1)
+        step = next_late_step(visible - padding, visible, later)
+        # Stored and past its visible_at, but not shown: still pending, to its next step.
+        assert epoch_seconds(session, settings, later) == pytest.approx(
+            (step - later).total_seconds(), abs=1e-6
+        )
+        epoch = session.get(ReleaseEpoch, (release.id, 2))
+        assert epoch is not None
+        epoch.reference_check, epoch.reference_shown_at = "changed", later
+        session.flush()
+        assert epoch_seconds(session, settings, later) == 0.0
+        session.rollback()
