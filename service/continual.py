@@ -92,13 +92,10 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import get_mechanism
 from service.padding import late_schedule, padded
-from service.padding_epochs import (
-    act_queue_seconds,
-    continual_names,
-    epoch_padding,
-    unverified,
-)
+from service.padding_epochs import act_queue_seconds, epoch_padding
+from service.padding_epochs import continual_names as continual_names
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
+from service.padding_epochs import unverified as unverified
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
