@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 from randomgen import ChaCha
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from service import audit, privacy_unit, reference
@@ -90,9 +90,12 @@ from service.mechanisms.continual_gauss import (
     ContinualGaussParams,
     ContinualState,
 )
-from service.mechanisms.registry import MECHANISMS, get_mechanism
-from service.padding import PaddingModel, late_schedule, padded
-from service.padding_queue import padding_model, queue_seconds
+from service.mechanisms.registry import get_mechanism
+from service.padding import late_schedule, padded
+from service.padding_epochs import act_queue_seconds, epoch_padding
+from service.padding_epochs import continual_names as continual_names
+from service.padding_epochs import epoch_visible_at as epoch_visible_at
+from service.padding_epochs import unverified as unverified
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
 from service.store import DatasetStore
 
@@ -104,11 +107,6 @@ EPOCH_CURSOR = "epoch"
 #: ``release_epochs.reference_check`` of an epoch waiting for its re-check
 #: (:data:`service.reference_recheck.PENDING`; that module imports this one).
 REFERENCE_PENDING = "pending"
-
-
-def continual_names() -> list[str]:
-    """The registered continual mechanisms."""
-    return [name for name, mechanism in MECHANISMS.items() if mechanism.continual]
 
 
 def is_continual(name: str) -> bool:
@@ -153,21 +151,6 @@ def epoch_generator(key: bytes, epoch: int) -> np.random.Generator:
     return np.random.Generator(ChaCha(key=int.from_bytes(digest, "little"), counter=0, rounds=20))
 
 
-def epoch_visible_at(
-    release_visible_at: datetime | None,
-    batch_created_at: datetime,
-    padding: timedelta,
-    previous_visible_at: datetime | None = None,
-) -> datetime:
-    """When analysts may see an epoch: its batch's commit time plus the padding of one epoch's
-    work on that batch (:mod:`service.padding`, public facts only), never before the release's
-    own ``visible_at`` nor before the previous epoch (so epochs appear in order). The worker
-    runs the epoch after the batch commits, so as for one-shot releases, polling says nothing
-    about how long it ran within the padding."""
-    candidates = [batch_created_at + padding, release_visible_at, previous_visible_at]
-    return max(moment for moment in candidates if moment is not None)
-
-
 def pending_visible_at(
     session: Session, settings: Settings, release: Release, dataset: Dataset
 ) -> datetime:
@@ -184,41 +167,10 @@ def pending_padding(
 ) -> tuple[datetime, timedelta]:
     """:func:`pending_visible_at` and the padding it added to the act (the batch's commit or
     the deletion): one epoch's modelled work on that batch plus the queue at that moment
-    (:func:`act_queue_seconds`)."""
-    batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
-    n_rows = batch.n_rows if batch is not None else dataset.n_rows
-    started = batch.created_at if batch is not None else None
-    moments = [moment for moment in (started, dataset.deleted_at) if moment is not None]
-    act = max(moments) if moments else utcnow()
-    padding = PaddingModel.from_settings(settings).padding(
-        release.mechanism,
-        n_rows,
-        dataset.n_cols,
-        release.k,
-        release.params,
-        act_queue_seconds(session, settings, act),
-    )
-    previous = latest_epoch(session, release.id)
-    moment = epoch_visible_at(
-        release.visible_at, act, padding, previous.visible_at if previous is not None else None
-    )
-    return moment, padding
-
-
-def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> float:
-    """The padding's queue term at ``act`` (an owner's append or deletion, which gives a
-    waiting continual release work): the modelled time of the one-shot releases requested by
-    then and not yet past their own ``visible_at`` (:func:`service.padding_queue.
-    queue_seconds`; every input fixed when they were requested, so the worker computes the same
-    later). The epoch runs behind them on the workers' one queue: padded as if they were not
-    there, it showed late exactly when one of them (any dataset's, its run time possibly
-    depending on one row) had not yet ended, long before that one's own ``visible_at``
-    (``tests/continual/test_epoch_behind_a_long_job.py``)."""
-    # Not the registrations by reference pending at the act (:func:`service.padding_queue.
-    # registration_seconds`): a batch's moments are overwritten by the dataset's next batch,
-    # so a worker computing this after that request would not see what was pending at the act
-    # and the epoch's visible_at would follow when the worker got to it.
-    return queue_seconds(session, padding_model(session, settings, act), act, registrations=False)
+    (:func:`service.padding_epochs.act_queue_seconds`): :func:`service.padding_epochs.
+    epoch_padding`, which a release requested while the epoch is pending computes too
+    (:func:`service.padding_epochs.epoch_seconds`)."""
+    return epoch_padding(session, settings, release, dataset, release.epochs_done + 1)
 
 
 def new_release_key() -> bytes:
@@ -568,21 +520,6 @@ def on_epoch_stored(job: ClaimedJob, epoch: int) -> None:
 
 
 # -- reading -------------------------------------------------------------------------------------
-
-
-def unverified(epoch: Any, by: datetime) -> ColumnElement[bool]:
-    """Whether ``epoch`` (:class:`ReleaseEpoch` or an alias of it) waits for, or failed, the
-    re-check of the objects it read (:mod:`service.reference_recheck`) at ``by``: a re-check
-    pending, a verdict not yet shown, or ``changed``. Never for an epoch without a re-check
-    (null: an upload's, an unpadded release's, or one stored before re-checks existed)."""
-    return and_(
-        epoch.reference_check.is_not(None),
-        or_(
-            epoch.reference_check != "unchanged",
-            epoch.reference_shown_at.is_(None),
-            epoch.reference_shown_at > by,
-        ),
-    )
 
 
 def _shown(release_id: object, visible_by: datetime | None) -> list[ColumnElement[bool]]:

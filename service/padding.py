@@ -66,7 +66,9 @@ status, start, finish or run time of any job):
   really runs or has ended and waits for that step (:func:`service.padding_queue.late_seconds`).
   So does a registration by reference requested before it whose end is not shown yet, until
   its next public moment (:func:`service.padding_queue.registration_seconds`): a worker may be
-  reading its objects, for as long as they take.
+  reading its objects, for as long as they take. So does a continual release's first epoch
+  not shown yet whose batch was committed before it, until the epoch's next public moment
+  (:func:`service.padding_epochs.epoch_seconds`): a worker takes the epoch first.
 
 ``visible_at`` is computed once, when the release is requested, and stored: a later
 calibration never moves it.

@@ -26,7 +26,12 @@ def padding_model(session: Session, settings: Settings, now: datetime) -> Paddin
 
 
 def queue_seconds(
-    session: Session, model: PaddingModel, now: datetime, *, registrations: bool = True
+    session: Session,
+    model: PaddingModel,
+    now: datetime,
+    *,
+    registrations: bool = True,
+    epochs: float = 0.0,
 ) -> float:
     """The modelled time of the one-shot jobs ahead of a job requested at ``now``: those
     requested by ``now`` and not yet past their own ``visible_at`` (:meth:`PaddingModel.
@@ -35,7 +40,9 @@ def queue_seconds(
     late step told its requester whether the job ahead (anyone's, on any dataset) had really
     ended, long before that job's own ``visible_at``. Plus the wait for the late jobs whose
     outcome is not shown (:func:`late_seconds`), and, with ``registrations``, for the
-    registrations by reference not shown yet (:func:`registration_seconds`)."""
+    registrations by reference not shown yet (:func:`registration_seconds`), and ``epochs``:
+    the wait for the pending continual epochs (:func:`service.padding_epochs.epoch_seconds`,
+    computed by the caller, which holds the settings an epoch's moment needs)."""
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
     rows = session.execute(_QUEUE, {"now": now}).all()
     pending = registration_seconds(session, now) if registrations else 0.0
@@ -49,7 +56,7 @@ def queue_seconds(
             (name, n_read if n_read is not None else n, d, k_, job_params or {})
             for name, n_read, n, d, k_, job_params, _, _ in ahead
         ]
-    ) + max(late_seconds(late, now), pending)
+    ) + max(late_seconds(late, now), pending, epochs)
 
 
 def _shown_unfinished(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]:

@@ -81,6 +81,7 @@ from service.errors import (
     safe_traceback,
 )
 from service.jobs import JobRunner
+from service.padding_epochs import epoch_seconds
 from service.padding_queue import padding_model, queue_seconds
 from service.store import DatasetStore, StoredMatrix
 
@@ -136,7 +137,8 @@ def request_registration(
 def _queue_seconds(session: Session, settings: Settings, now: datetime) -> float:
     """The modelled time of the one-shot releases ahead of a registration requested at
     ``now`` (:func:`service.padding_queue.queue_seconds`): public facts fixed at the request."""
-    return queue_seconds(session, padding_model(session, settings, now), now)
+    model = padding_model(session, settings, now)
+    return queue_seconds(session, model, now, epochs=epoch_seconds(session, settings, now))
 
 
 def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) -> None:

@@ -57,6 +57,7 @@ from service.keyformat import KEY_PREFIX
 from service.mechanisms.base import Mechanism, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS
 from service.mechanisms.registry import MECHANISMS, get_mechanism
+from service.padding_epochs import epoch_seconds
 from service.padding_queue import padding_model, queue_seconds
 from service.prior_projection import on_prior
 
@@ -509,7 +510,7 @@ def _padding(
     real status, lease, start or finish: the padding of a probe release is the same whether
     another job is still queued, running or already ended."""
     model = padding_model(session, settings, now)
-    queue = queue_seconds(session, model, now)
+    queue = queue_seconds(session, model, now, epochs=epoch_seconds(session, settings, now))
     return model.padding(mechanism, dataset.n_rows, dataset.n_cols, k, params, queue)
 
 

@@ -234,14 +234,17 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
         ends[str(made.json()["id"])] = end
     ids["view"] = ["analyst", "owner", "admin", "auditor", "help"]
     if late:
-        # Requested 90 minutes ago with an hour's padding: past visible_at, the jobs end late,
-        # and their outcomes (and the refund) show only at the late schedule's next step,
-        # created_at + 2 hours: until then every answer stays as it was (``running``).
-        back = timedelta(minutes=90)
+        # Requested one and a half paddings ago (an hour's, and for a release requested after
+        # a continual one, plus the wait for that one's first epoch: service.padding_epochs):
+        # past visible_at, the jobs end late, and their outcomes (and the refund) show only at
+        # the late schedule's next step, created_at + 2 paddings: until then every answer
+        # stays as it was (``running``).
         with session_factory.begin() as session:
             for row in session.scalars(select(Release)):
-                row.created_at -= back
                 assert row.visible_at is not None
+                back = (row.visible_at - row.created_at) * 1.5
+                assert back >= timedelta(minutes=90)
+                row.created_at -= back
                 row.visible_at -= back
 
     real = oneshot.execute

@@ -69,13 +69,18 @@ def _view(client: TestClient, key: str, release_id: str) -> tuple[Any, ...]:
 def _backdate(
     session_factory: sessionmaker[Session], by: timedelta, release: uuid.UUID | None = None
 ) -> None:
-    """Move releases (every one, or ``release`` and its epochs) ``by`` into the past."""
+    """Move releases (every one, or ``release`` and its epochs) ``by`` into the past, their
+    outcome's moment too: a job requested after a batch is padded for the batch's epoch
+    (:func:`service.padding_epochs.epoch_seconds`), and its outcome, not shown yet when the
+    next world begins, would count in that world's queue (a public term of its own)."""
     with session_factory.begin() as session:
         for row in session.scalars(select(Release)).all():
             if release is None or row.id == release:
                 row.created_at -= by
                 if row.visible_at is not None:
                     row.visible_at -= by
+                if row.outcome_visible_at is not None:
+                    row.outcome_visible_at -= by
         for epoch in session.scalars(select(ReleaseEpoch)).all():
             if release is None or epoch.release_id == release:
                 epoch.visible_at -= by

@@ -1,0 +1,325 @@
+"""A continual epoch's public moments (:func:`epoch_padding`: what the worker computes when it
+claims the epoch) and the padding's term for the pending epochs (:func:`epoch_seconds`): a job
+requested while a continual release has an epoch to run waits behind that epoch, so its padding
+counts the epoch until the epoch's next public moment.
+
+Apart from :mod:`service.continual` (which imports :mod:`service.jobs`, which imports
+:mod:`service.releases`, which pads with :func:`epoch_seconds`) and from
+:mod:`service.padding_queue` (an epoch's own queue term, :func:`act_queue_seconds`, is
+:func:`service.padding_queue.queue_seconds`).
+
+Every input is public: the batch's commit (an owner's act) and size, the release's request and
+``visible_at``, the settings and the padding model, the one-shot jobs requested by the batch's
+commit, and which epochs (and whether the release's end) are *shown* at the moment asked
+about. Never whether a worker claimed, ran or stored an epoch before it shows.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, and_, bindparam, case, exists, func, or_, select
+from sqlalchemy.orm import Session, aliased
+
+from service.config import Settings
+from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
+from service.mechanisms.registry import MECHANISMS
+from service.padding import PaddingModel, next_late_step
+from service.padding_queue import padding_model, queue_seconds
+
+
+def continual_names() -> list[str]:
+    """The registered continual mechanisms."""
+    return [name for name, mechanism in MECHANISMS.items() if mechanism.continual]
+
+
+def epoch_visible_at(
+    release_visible_at: datetime | None,
+    batch_created_at: datetime,
+    padding: timedelta,
+    previous_visible_at: datetime | None = None,
+) -> datetime:
+    """When analysts may see an epoch: its batch's commit time plus the padding of one epoch's
+    work on that batch (:mod:`service.padding`, public facts only), never before the release's
+    own ``visible_at`` nor before the previous epoch (so epochs appear in order). The worker
+    runs the epoch after the batch commits, so as for one-shot releases, polling says nothing
+    about how long it ran within the padding."""
+    candidates = [batch_created_at + padding, release_visible_at, previous_visible_at]
+    return max(moment for moment in candidates if moment is not None)
+
+
+def unverified(epoch: Any, by: datetime | ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether ``epoch`` (:class:`ReleaseEpoch` or an alias of it) waits for, or failed, the
+    re-check of the objects it read (:mod:`service.reference_recheck`) at ``by``: a re-check
+    pending, a verdict not yet shown, or ``changed``. Never for an epoch without a re-check
+    (null: an upload's, an unpadded release's, or one stored before re-checks existed)."""
+    return and_(
+        epoch.reference_check.is_not(None),
+        or_(
+            epoch.reference_check != "unchanged",
+            epoch.reference_shown_at.is_(None),
+            epoch.reference_shown_at > by,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class _Epoch:
+    """The public facts an epoch's moments follow: the release's mechanism, ``k``, params and
+    ``visible_at``, the dataset's ``d``, the batch's commit and rows (the act: the later of
+    the commit and the dataset's deletion) and the epoch before's ``visible_at``."""
+
+    mechanism: str
+    k: int
+    params: dict[str, Any]
+    release_visible_at: datetime | None
+    n_cols: int
+    n_rows: int
+    act: datetime
+    previous_visible_at: datetime | None
+
+
+def _act(
+    batch: tuple[datetime, int] | None, dataset_rows: int, deleted_at: datetime | None
+) -> tuple[datetime, int]:
+    """``(act, n_rows)`` of the epoch on ``batch`` (``(created_at, n_rows)``; ``None``: no such
+    batch, the dataset's rows): the later of the batch's commit and the dataset's deletion."""
+    n_rows = batch[1] if batch is not None else dataset_rows
+    moments = [moment for moment in (batch[0] if batch else None, deleted_at) if moment]
+    return (max(moments) if moments else utcnow()), n_rows
+
+
+def _moment(
+    model: PaddingModel, epoch: _Epoch, act_queue: Callable[[datetime], float]
+) -> tuple[datetime, timedelta]:
+    """An epoch's ``(visible_at, padding)``, with ``act_queue`` the act's queue term
+    (:func:`act_queue_seconds`). The one formula of the worker's claim and of
+    :func:`epoch_seconds`, so both compute the same moment."""
+    padding = model.padding(
+        epoch.mechanism,
+        epoch.n_rows,
+        epoch.n_cols,
+        epoch.k,
+        epoch.params,
+        act_queue(epoch.act),
+    )
+    visible = epoch_visible_at(
+        epoch.release_visible_at, epoch.act, padding, epoch.previous_visible_at
+    )
+    return visible, padding
+
+
+def epoch_padding(
+    session: Session, settings: Settings, release: Release, dataset: Dataset, epoch: int
+) -> tuple[datetime, timedelta]:
+    """:func:`service.continual.pending_padding` of epoch ``epoch`` (its batch ``epoch - 1``,
+    after epoch ``epoch - 1``): what the worker computes when it claims that epoch, from public
+    facts only (the epoch before is stored, and shown, before a worker claims this one)."""
+    row = session.get(DatasetBatch, (dataset.id, epoch - 1))
+    batch = (row.created_at, row.n_rows) if row is not None else None
+    act, n_rows = _act(batch, dataset.n_rows, dataset.deleted_at)
+    previous = session.get(ReleaseEpoch, (release.id, epoch - 1)) if epoch > 1 else None
+    facts = _Epoch(
+        release.mechanism,
+        release.k,
+        release.params,
+        release.visible_at,
+        dataset.n_cols,
+        n_rows,
+        act,
+        previous.visible_at if previous is not None else None,
+    )
+    # The epoch's own padding is uncalibrated (its queue term is not): as it always was.
+    model = PaddingModel.from_settings(settings)
+    return _moment(model, facts, lambda moment: act_queue_seconds(session, settings, moment))
+
+
+def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> float:
+    """The padding's queue term at ``act`` (an owner's append or deletion, which gives a
+    waiting continual release work): the modelled time of the one-shot releases requested by
+    then and not yet past their own ``visible_at`` (:func:`service.padding_queue.
+    queue_seconds`; every input fixed when they were requested, so the worker computes the same
+    later). The epoch runs behind them on the workers' one queue: padded as if they were not
+    there, it showed late exactly when one of them (any dataset's, its run time possibly
+    depending on one row) had not yet ended, long before that one's own ``visible_at``
+    (``tests/continual/test_epoch_behind_a_long_job.py``)."""
+    # Not the registrations by reference pending at the act (:func:`service.padding_queue.
+    # registration_seconds`): a batch's moments are overwritten by the dataset's next batch,
+    # so a worker computing this after that request would not see what was pending at the act
+    # and the epoch's visible_at would follow when the worker got to it. Nor the epochs
+    # pending at the act (:func:`epoch_seconds`): this epoch's moment is then a function of
+    # the one-shot jobs requested before the act alone, and :func:`epoch_seconds` (which
+    # calls this) never depends on itself; the gap is in docs/security.md.
+    return queue_seconds(session, padding_model(session, settings, act), act, registrations=False)
+
+
+def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
+    """Until the next public moment of the latest pending epoch at ``now``: for each
+    continual release requested by ``now`` whose end is not shown at ``now`` (its dataset not
+    deleted by then), the epoch after the ones shown at ``now`` if its batch was committed by
+    ``now``. Its moment is its ``visible_at``, or past it the next step of its late schedule,
+    both from :func:`_moment`, the formula the worker applies when it claims the epoch: public
+    facts fixed at the batch's commit (the one-shot jobs requested by then, never a release
+    requested after the batch, so no cycle with this term) and the shown epoch before it. It
+    is the same whether the epoch is queued, running, stored or ended the release: what is
+    stored counts only once it shows.
+
+    Why: a worker takes a pending epoch before any one-shot job requested after its batch
+    (:func:`service.claims.waiting_first`), and a queued continual release's first epochs
+    before the jobs requested after it, so a release requested meanwhile waits behind the
+    epoch. Padded as if it were not there (an epoch on a large batch is padded far more than a
+    cheap probe), a probe showed at its ``visible_at`` if the epoch had ended (or had not
+    begun: a job ahead of it still ran) and a step later if the worker was still on it:
+    anyone read the epoch's real end, and through it whether the jobs ahead of it had ended
+    (``tests/continual/test_probe_behind_an_epoch.py``).
+
+    Not counted: an epoch after the first one not shown (its ``visible_at`` follows the one
+    before's shown moment, not public until that one shows; docs/security.md), and a release's
+    end after its dataset's deletion (the worker reads nothing for it)."""
+    continual = continual_names()
+    if not continual:
+        return 0.0
+    acts: dict[datetime, float] = {}
+
+    def act_queue(act: datetime) -> float:
+        # Releases on one dataset share their batch's commit: its queue is computed once.
+        if act not in acts:
+            acts[act] = act_queue_seconds(session, settings, act)
+        return acts[act]
+
+    model = PaddingModel.from_settings(settings)
+    moments: dict[tuple[Any, ...], tuple[datetime, timedelta]] = {}
+    longest = 0.0
+    for row in session.execute(_pending(tuple(continual)), {"now": now}).all():
+        if int(row.shown) + 1 > int(row.params.get("horizon", 0)):
+            continue  # the release ended at its horizon; its end shows with its last epoch
+        batch = (row.batch_created_at, row.batch_rows)
+        act, n_rows = _act(batch, row.dataset_rows, row.deleted_at)
+        facts = _Epoch(
+            row.mechanism,
+            row.k,
+            row.params,
+            row.visible_at,
+            row.n_cols,
+            n_rows,
+            act,
+            row.previous_visible_at,
+        )
+        # Many releases of one dataset wait for the same batch with the same facts.
+        key = (
+            facts.mechanism,
+            facts.k,
+            repr(facts.params),
+            facts.release_visible_at,
+            facts.n_cols,
+            facts.n_rows,
+            facts.act,
+            facts.previous_visible_at,
+        )
+        if key not in moments:
+            moments[key] = _moment(model, facts, act_queue)
+        visible, padding = moments[key]
+        wait = (next_late_step(visible - padding, visible, now) - now).total_seconds()
+        longest = max(longest, wait)
+    return longest
+
+
+@functools.cache
+def _pending(continual: tuple[str, ...]) -> Select[Any]:
+    """The continual releases requested by ``now``, their end not shown at ``now`` (nor, on a
+    dataset by reference, shown ``failed`` by a changed object's verdict), their dataset not
+    deleted by ``now``, whose first epoch not shown at ``now`` has its batch
+    committed by ``now``; with the number of epochs shown, that batch's ``(created_at,
+    n_rows)`` and the last shown epoch's ``visible_at``. Built once per set of names."""
+    now: Any = bindparam("now")
+    visible = aliased(ReleaseEpoch)
+    # Epochs show in order (visible_at never decreases with the epoch), and on a dataset by
+    # reference none from the first whose re-check's verdict is not shown "unchanged"
+    # (service.continual._shown): the shown epochs are 1 .. min(visible, first cut - 1).
+    n_visible = (
+        select(func.count())
+        .select_from(visible)
+        .where(visible.release_id == Release.id, visible.visible_at <= now)
+        .correlate(Release)
+        .scalar_subquery()
+    )
+    cut = aliased(ReleaseEpoch)
+    first_cut = (
+        select(func.min(cut.epoch))
+        .where(cut.release_id == Release.id, unverified(cut, now))
+        .correlate(Release)
+        .scalar_subquery()
+    )
+    # The release shown ended there (service.visibility.epoch_change_shown): the first epoch
+    # cut is one whose re-check found its objects changed, that verdict shown by now.
+    changed = aliased(ReleaseEpoch)
+    cut_changed = (
+        exists()
+        .where(
+            changed.release_id == Release.id,
+            changed.epoch == first_cut,
+            changed.reference_check == "changed",
+            changed.reference_shown_at <= now,
+        )
+        .correlate(Release)
+    )
+    shown = case(
+        (and_(first_cut.is_not(None), first_cut - 1 < n_visible), first_cut - 1),
+        else_=n_visible,
+    )
+    pending = (
+        select(
+            Release.id.label("release_id"),
+            shown.label("shown"),
+        )
+        .join(Dataset, Dataset.id == Release.dataset_id)
+        .where(
+            Release.mechanism.in_(continual),
+            Release.created_at <= now,
+            # The end not shown at now (as service.padding_queue._shown_unfinished).
+            or_(
+                and_(
+                    Release.outcome_visible_at.is_(None),
+                    Release.status.in_(("queued", "running")),
+                ),
+                Release.outcome_visible_at > now,
+            ),
+            or_(Dataset.deleted_at.is_(None), Dataset.deleted_at > now),
+            ~cut_changed,
+        )
+        .subquery()
+    )
+    previous = aliased(ReleaseEpoch)
+    return (
+        select(
+            Release.mechanism,
+            Release.k,
+            Release.params,
+            Release.visible_at,
+            Dataset.n_rows.label("dataset_rows"),
+            Dataset.n_cols,
+            Dataset.deleted_at,
+            pending.c.shown,
+            DatasetBatch.created_at.label("batch_created_at"),
+            DatasetBatch.n_rows.label("batch_rows"),
+            previous.visible_at.label("previous_visible_at"),
+        )
+        .join(pending, pending.c.release_id == Release.id)
+        .join(Dataset, Dataset.id == Release.dataset_id)
+        .join(
+            DatasetBatch,
+            and_(
+                DatasetBatch.dataset_id == Release.dataset_id,
+                DatasetBatch.seq == pending.c.shown,
+                DatasetBatch.created_at <= now,
+            ),
+        )
+        .outerjoin(
+            previous,
+            and_(previous.release_id == Release.id, previous.epoch == pending.c.shown),
+        )
+    )

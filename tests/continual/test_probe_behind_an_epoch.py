@@ -1,0 +1,316 @@
+"""A release requested after a batch is appended must not tell whether the batch's epoch ran.
+
+When an owner appends a batch, the continual release on it has a pending epoch, and a worker
+takes it before any one-shot job requested after the batch (:func:`service.claims.
+waiting_first`): a release requested meanwhile waits behind the whole epoch. The epoch's own
+outcome is hidden until its public moment (its ``visible_at``, else a step of its late
+schedule: :func:`service.continual.store_epoch`), but the probe's padding counted one-shot
+jobs and registrations only (:func:`service.padding_queue.queue_seconds`), never an epoch. So a
+cheap probe showed at its ``visible_at`` if the epoch had ended (or had not begun: a job ahead
+of it still ran) and a step later if the worker was still on it: anyone read the epoch's real
+end, and through it whether the jobs ahead of it had ended, long before either showed.
+
+The three worlds differ only in what the worker really does with the pending epoch: it ended at
+once (the real worker runs it before the probe is requested), it ended the release at once (a
+refusal at run: the release's end, not shown yet, is stored), or it is still running when the
+probe is requested and ends before the epoch's next public moment (its ``visible_at``, or once
+it is late, within the same step of its late schedule). What the worker then stores for the
+probe follows the worker's own rule (:func:`service.padding.late_schedule` from the probe's real
+end, which comes after the epoch in the busy world), and the epoch's schedule is the worker's
+own (:func:`service.continual.pending_padding`); the probe must show at the same step of its
+schedule in all (at its ``visible_at``), and its ``visible_at`` must be the same public moment
+(the epoch's next one plus the probe's own padding). No sleeping: the moments are computed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import continual
+from service.config import Settings
+from service.continual import pending_padding
+from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
+from service.jobs import REFUSED_AT_RUN_REASON, Outcome
+from service.padding import late_schedule, next_late_step
+from service.padding_epochs import epoch_padding, epoch_seconds
+from service.worker import Worker
+from tests.api.test_append_rows import append
+from tests.conftest import Keys, bearer, npy_bytes, post_release
+
+PAD = 1.0
+D = 3
+PROBE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
+#: The probe's own run, after the worker is free.
+RUN = timedelta(milliseconds=10)
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    # An operator's rate (public) that models an epoch on a 30-row batch at 5 s: far
+    # above a cheap probe's padding (the floor), so an epoch still running within its own
+    # padding made the probe late.
+    return settings.model_copy(
+        update={
+            "release_padding_floor_seconds": PAD,
+            "release_padding_calibrated": False,
+            "release_padding_multiplier": 1.0,
+            "release_padding_rates": {"continual_gauss": 150.0},
+        }
+    )
+
+
+def _backdate_all(session_factory: sessionmaker[Session], by: timedelta) -> None:
+    """Every release and epoch so far ``by`` into the past, shown: the other world's probe and
+    epochs are no queue of this world's."""
+    with session_factory.begin() as session:
+        for row in session.scalars(select(Release)).all():
+            row.created_at -= by
+            if row.visible_at is not None:
+                row.visible_at -= by
+            if row.outcome_visible_at is not None:
+                row.outcome_visible_at -= by
+            elif row.mechanism == PROBE["mechanism"]:
+                row.status, row.reason, row.outcome_visible_at = "failed", "x", row.visible_at
+        for epoch in session.scalars(select(ReleaseEpoch)).all():
+            epoch.visible_at -= by
+
+
+def _epoch_schedule(
+    session_factory: sessionmaker[Session], settings: Settings, release_id: uuid.UUID
+) -> tuple[datetime, datetime]:
+    """The pending epoch's schedule as the worker computes it when it claims the epoch:
+    ``(visible_at - padding, visible_at)``."""
+    with session_factory() as session:
+        release = session.get(Release, release_id)
+        assert release is not None
+        dataset = session.get(Dataset, release.dataset_id)
+        assert dataset is not None
+        visible, padding = pending_padding(session, settings, release, dataset)
+        return visible - padding, visible
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["late", "on time"])
+def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
+    late: bool,
+    client: TestClient,
+    keys: Keys,
+    make_key: Any,
+    upload_dataset: Any,
+    worker: Worker,
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = continual.compute_epoch
+    failing = {"on": False}
+
+    def compute_epoch(*args: Any, **kwargs: Any) -> continual.EpochOutput:
+        # The third world: the epoch ran at once and ended the release (refused at run).
+        if failing["on"]:
+            return continual.EpochOutput(None, Outcome.failed(REFUSED_AT_RUN_REASON))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(continual, "compute_epoch", compute_epoch)
+    rng = np.random.default_rng(5)
+    probed = upload_dataset(
+        client, make_key("owner"), rng.normal(size=(200, D)) / 4, row_norm_bound=1
+    )
+    #: The step of its schedule the probe shows at (0: at its visible_at).
+    shown: dict[str, int] = {}
+    #: The probe's visible_at after the epoch's next public moment (its public padding).
+    after_step: dict[str, timedelta] = {}
+    for world in ("ended", "failed", "running"):
+        _backdate_all(session_factory, timedelta(hours=1))
+        mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0)
+        release = uuid.UUID(
+            post_release(
+                client,
+                keys.analyst,
+                mine["id"],
+                mechanism="continual_gauss",
+                k=1,
+                epsilon="1",
+                delta="1e-6",
+                params={"horizon": 3},
+            )
+        )
+        assert worker.run_pending() == 1  # epoch 1
+        # Requested long ago: the release and epoch 1 are shown; epoch 2 is padded from its
+        # batch alone.
+        _backdate_all(session_factory, timedelta(minutes=10))
+        added = append(client, keys.owner, mine["id"], npy_bytes(rng.normal(size=(30, D)) / 4))
+        assert added.status_code == 201, added.text
+        if late:
+            # The batch appended 2.05 of its epoch's paddings ago: past its visible_at and its
+            # first late step, not shown until its next step.
+            start, visible = _epoch_schedule(session_factory, settings, release)
+            with session_factory.begin() as session:
+                batch = session.get(DatasetBatch, (uuid.UUID(mine["id"]), 1))
+                assert batch is not None
+                batch.created_at = utcnow() - (visible - start) * 2.05
+        start, visible = _epoch_schedule(session_factory, settings, release)
+        assert (visible < utcnow()) == late
+        if world in ("ended", "failed"):
+            failing["on"] = world == "failed"
+            assert worker.run_pending() == 1  # the epoch, at once (late: shown at its step)
+            failing["on"] = False
+            with session_factory() as session:
+                row = session.get(Release, release)
+                assert row is not None
+                # What the worker really stored (so the worlds really differ).
+                assert (row.status, row.epochs_done) == (
+                    ("failed", 1) if world == "failed" else ("running", 2)
+                )
+        else:
+            with session_factory.begin() as session:
+                row = session.get(Release, release)
+                assert row is not None and row.epochs_done == 1
+                row.lease_owner = "the one worker"
+                row.lease_expires_at = utcnow() + timedelta(hours=1)
+
+        probe = client.post(
+            f"/v1/datasets/{probed['id']}/releases", headers=bearer(keys.analyst), json=PROBE
+        )
+        assert probe.status_code == 202, probe.text
+        with session_factory() as session:
+            row = session.get(Release, uuid.UUID(probe.json()["id"]))
+            assert row is not None and row.visible_at is not None
+            created, probe_visible = row.created_at, row.visible_at
+        # The epoch's next public moment after the probe's request: the busy world's epoch
+        # ends within it (three quarters of the way), after the probe's request.
+        step = next_late_step(start, visible, created)
+        epoch_ends = created + (step - created) * 0.75
+        assert step == (start + (visible - start) * 4 if late else visible)
+        # The one worker runs the probe at once, or after the epoch.
+        ended = (epoch_ends if world == "running" else created) + RUN
+        # (The step, not the moment: the two worlds' requests are milliseconds apart from
+        # their epoch's step, so their paddings are.)
+        shown[world] = late_schedule(created, probe_visible, ended)[1]
+        after_step[world] = probe_visible - step
+    assert shown == {"ended": 0, "failed": 0, "running": 0}, shown
+    # The probe's visible_at is the epoch's next public moment plus its own padding, in both
+    # worlds alike (not the moment of the request, which differs by milliseconds; to the
+    # microsecond a timedelta of float seconds rounds to).
+    for world, moment in after_step.items():
+        assert abs(moment - timedelta(seconds=PAD)) <= timedelta(microseconds=2), (world, moment)
+
+
+def _continual_waiting_for(
+    session: Session, now: datetime, *, reference: bool = False
+) -> tuple[Release, Dataset]:
+    """A continual release, requested an hour ago with epoch 1 shown, whose dataset had batch
+    1 committed a second ago: epoch 2 is pending."""
+    dataset = Dataset(
+        name="waiting",
+        n_rows=300,
+        n_cols=D,
+        epsilon_total=Decimal(10),
+        delta_total=Decimal("1e-3"),
+        file_name="waiting.npy",
+        n_batches=2,
+        created_at=now - timedelta(hours=2),
+        reference={"root": "x"} if reference else None,
+    )
+    session.add(dataset)
+    session.flush()
+    session.add_all(
+        [
+            DatasetBatch(dataset_id=dataset.id, seq=0, n_rows=200, row_offset=0,
+                         created_at=now - timedelta(hours=2)),
+            DatasetBatch(dataset_id=dataset.id, seq=1, n_rows=100, row_offset=200,
+                         created_at=now - timedelta(seconds=1)),
+        ]
+    )  # fmt: skip
+    release = Release(
+        dataset_id=dataset.id,
+        mechanism="continual_gauss",
+        k=1,
+        epsilon=Decimal(1),
+        delta=Decimal("1e-6"),
+        params={"horizon": 3},
+        request_hash="x",
+        status="running",
+        epochs_done=1,
+        created_at=now - timedelta(hours=1),
+        visible_at=now - timedelta(minutes=59),
+    )
+    session.add(release)
+    session.flush()
+    session.add(
+        ReleaseEpoch(release_id=release.id, epoch=1, batch_seq=0, n_rows_read=200,
+                     visible_at=now - timedelta(minutes=59),
+                     reference_check="unchanged" if reference else None,
+                     reference_shown_at=now - timedelta(minutes=50) if reference else None)
+    )  # fmt: skip
+    session.flush()
+    return release, dataset
+
+
+@pytest.mark.parametrize("stored", ["nothing", "the epoch", "the release's end"])
+def test_the_term_reads_what_is_shown_not_what_is_stored(
+    stored: str, settings: Settings, session_factory: sessionmaker[Session]
+) -> None:
+    """At a moment before the pending epoch's ``visible_at``, whatever the worker stored
+    (nothing yet, the epoch, or the release's end on it), the term is the wait until the
+    epoch's ``visible_at`` as the worker's claim computes it."""
+    now = utcnow()
+    with session_factory() as session:
+        release, dataset = _continual_waiting_for(session, now)
+        visible, padding = epoch_padding(session, settings, release, dataset, 2)
+        assert visible > now  # (5 s: the operator's rate above)
+        if stored == "the epoch":
+            session.add(ReleaseEpoch(release_id=release.id, epoch=2, batch_seq=1,
+                                     n_rows_read=100, visible_at=visible))  # fmt: skip
+            release.epochs_done = 2
+        elif stored == "the release's end":
+            release.status, release.reason, release.outcome_visible_at = "failed", "x", visible
+        session.flush()
+        wait = epoch_seconds(session, settings, now)
+        assert wait == pytest.approx((visible - now).total_seconds(), abs=1e-6)
+        # Past the epoch's visible_at, the epoch (or the end) shows: nothing is pending then
+        # (or, with nothing stored, the epoch is late: its next step).
+        later = visible + timedelta(microseconds=1)
+        after = epoch_seconds(session, settings, later)
+        if stored == "nothing":
+            step = next_late_step(visible - padding, visible, later)
+            assert after == pytest.approx((step - later).total_seconds(), abs=1e-6)
+        else:
+            assert after == 0.0
+        session.rollback()
+
+
+def test_an_epoch_shown_failed_for_a_changed_object_is_not_pending(
+    settings: Settings, session_factory: sessionmaker[Session]
+) -> None:
+    """On a dataset by reference an epoch past its ``visible_at`` counts until its re-check's
+    verdict shows (analysts do not see it before); once a ``changed`` verdict shows, the
+    release is shown ``failed`` there (service.visibility) and nothing of it is pending."""
+    now = utcnow()
+    with session_factory() as session:
+        release, dataset = _continual_waiting_for(session, now, reference=True)
+        visible, padding = epoch_padding(session, settings, release, dataset, 2)
+        session.add(ReleaseEpoch(release_id=release.id, epoch=2, batch_seq=1, n_rows_read=100,
+                                 visible_at=visible, reference_check="pending"))  # fmt: skip
+        release.epochs_done = 2
+        session.flush()
+        later = visible + timedelta(microseconds=1)
+        step = next_late_step(visible - padding, visible, later)
+        # Stored and past its visible_at, but not shown: still pending, to its next step.
+        assert epoch_seconds(session, settings, later) == pytest.approx(
+            (step - later).total_seconds(), abs=1e-6
+        )
+        epoch = session.get(ReleaseEpoch, (release.id, 2))
+        assert epoch is not None
+        epoch.reference_check, epoch.reference_shown_at = "changed", later
+        session.flush()
+        assert epoch_seconds(session, settings, later) == 0.0
+        session.rollback()
