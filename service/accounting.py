@@ -186,6 +186,22 @@ def pure_mu(epsilon: Decimal) -> Decimal:
         return round_up(2 * mpmath.sqrt(2) * _erfcinv_of_2a(_mp(epsilon)))
 
 
+@functools.lru_cache(maxsize=256)
+def pure_epsilon_admitted(mu: Decimal) -> Decimal:
+    """The largest ``eps`` (30 places, rounded down) whose :func:`pure_mu` is within ``mu``: the
+    pure release a GDP filter with ``mu`` left admits. The inverse in closed form: ``mu = -2
+    Phi^-1(a)``, ``a = 1/(1 + e^eps)``, so ``eps = log Phi(mu/2) - log Phi(-mu/2)``; checked at
+    the rounded figure (``pure_mu`` rounds up) and moved down until it passes."""
+    if mu <= 0:
+        return Decimal(0)
+    with mpmath.workprec(PRECISION_BITS):
+        half = _mp(mu) / 2
+        epsilon = round_down(mpmath.log(mpmath.ncdf(half)) - mpmath.log(mpmath.ncdf(-half)))
+    while epsilon > 0 and pure_mu(epsilon) > mu:
+        epsilon -= _QUANTUM
+    return epsilon
+
+
 def _erfcinv_of_2a(epsilon: mpmath.mpf) -> mpmath.mpf:
     """``y`` with ``erfc(y) = 2a``, ``a = 1/(1 + e^eps)``: ``-erfinv(2a - 1)``, so ``mu = 2 sqrt(2)
     y``. Solved for ``log erfc(y) = log 2a`` without forming ``2a - 1``, which at the working

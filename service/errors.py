@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from api_schemas.common import format_budget
 from service.keyformat import looks_like_key
+from service.refusal_figures import stated_deltas
 
 
 class DomainError(Exception):
@@ -238,6 +239,8 @@ class BudgetExceeded(Conflict):
         delta_admissible: Decimal | None = None,
         delta_admissible_epsilon: Decimal | None = None,
         privacy_unit: str = "row",
+        accounting: str = "basic",
+        asked_delta: Decimal | None = None,
     ) -> None:
         """``remaining``: the budget's remaining figures as :mod:`service.spend` states them
         (``epsilon_remaining``, ``delta_remaining``, and the native ``rho_remaining`` /
@@ -253,8 +256,17 @@ class BudgetExceeded(Conflict):
         (``0`` for a mechanism that allows pure DP, else a smaller one) and the largest epsilon
         the same request is admitted at with it, said and given the same way.
         ``privacy_unit``: what those figures protect (``row`` or ``person``), stated with them
-        as everywhere a budget is (DESIGN.md, "Privacy unit")."""
-        self._terms = (dict(remaining), budget, grant_id, tuple(shortfalls), privacy_unit)
+        as everywhere a budget is (DESIGN.md, "Privacy unit"). ``accounting``: the budget's, for
+        saying at which delta each figure holds (:func:`service.refusal_figures.stated_deltas`);
+        ``asked_delta``: the request's delta, the one ``epsilon_admissible`` is searched at."""
+        self._terms = (
+            dict(remaining),
+            budget,
+            grant_id,
+            tuple(shortfalls),
+            privacy_unit,
+            accounting,
+        )
         which = "the dataset's" if budget == "dataset" else f"grant {grant_id}'s"
         why = f": {'; '.join(shortfalls)}" if shortfalls else ""
         # What the analyst can do next: a dry run prices a smaller request without a charge.
@@ -269,17 +281,24 @@ class BudgetExceeded(Conflict):
             ". Ask for less (a smaller cost; a dry run, `dry_run=true`, prices a request without "
             f"charging it){more}"
         )
+        # Each figure with the delta it holds at: epsilon_admissible at the request's,
+        # epsilon_remaining at the budget's (0.43 admitted beside 0.57 remaining, deltas unsaid,
+        # read as a contradiction).
+        own = "" if asked_delta is None else f" {format_budget(asked_delta)}"
+        stated = (
+            "" if "epsilon_remaining" not in remaining else stated_deltas(remaining, accounting)
+        )
         at = (
             ""
             if epsilon_admissible is None
-            else f". This request (same mechanism, params and delta) is admitted now at epsilon "
-            f"{format_budget(epsilon_admissible)}"
+            else f". This request (same mechanism and params, at its delta{own}) is admitted now "
+            f"at epsilon {format_budget(epsilon_admissible)}; {stated}"
         )
         if epsilon_admissible is None and delta_admissible is not None:
             at = (
-                ". No epsilon is admitted at this request's delta; the same request (same "
+                f". No epsilon is admitted at this request's delta{own}; the same request (same "
                 f"mechanism and params) is admitted now at delta {format_budget(delta_admissible)}"
-                f" with epsilon {format_budget(delta_admissible_epsilon or Decimal(0))}"
+                f" with epsilon {format_budget(delta_admissible_epsilon or Decimal(0))}; {stated}"
             )
         super().__init__(
             f"this release costs more than {which} remaining budget{why}{at}{todo}",
@@ -297,10 +316,12 @@ class BudgetExceeded(Conflict):
         epsilon_admissible: Decimal | None,
         delta_admissible: Decimal | None = None,
         delta_admissible_epsilon: Decimal | None = None,
+        asked_delta: Decimal | None = None,
     ) -> BudgetExceeded:
         """The same refusal, saying the epsilon the request is admitted at (searched after the
-        refusing transaction, :func:`service.releases.admissible_search`)."""
-        remaining, budget, grant_id, shortfalls, unit = self._terms
+        refusing transaction at the request's delta ``asked_delta``,
+        :func:`service.releases.admissible_search`)."""
+        remaining, budget, grant_id, shortfalls, unit, accounting = self._terms
         return BudgetExceeded(
             remaining,
             budget=budget,
@@ -310,6 +331,8 @@ class BudgetExceeded(Conflict):
             epsilon_admissible=epsilon_admissible,
             delta_admissible=delta_admissible,
             delta_admissible_epsilon=delta_admissible_epsilon,
+            accounting=accounting,
+            asked_delta=asked_delta,
         )
 
 

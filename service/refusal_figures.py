@@ -4,11 +4,19 @@ and budgets), for :meth:`service.accounting.HybridState.refusals`."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import ROUND_CEILING, ROUND_FLOOR, Context, Decimal
 
 from api_schemas.common import format_budget
 
-__all__ = ["both_lacks", "filter_lacks", "lacks", "short_figure", "significant_digits"]
+__all__ = [
+    "both_lacks",
+    "filter_lacks",
+    "lacks",
+    "short_figure",
+    "significant_digits",
+    "stated_deltas",
+]
 
 #: As :mod:`service.accounting`'s: exact for budget figures (30 places).
 _CONTEXT = Context(prec=120)
@@ -82,3 +90,26 @@ def both_lacks(
         else []
     )
     return f"{name} " + ", and ".join(said + short)
+
+
+def stated_deltas(remaining: Mapping[str, Decimal], accounting: str) -> str:
+    """At which delta a 409's stated figures hold, for its message: ``epsilon_admissible`` is
+    searched at the request's own delta, ``epsilon_remaining`` at the budget's
+    (``stated_at_delta``) for a Gaussian release, ``epsilon_remaining_pure`` for a pure one
+    (``delta = 0``); read side by side without their deltas, 0.43 admitted against 0.57
+    remaining looked like a contradiction. ``basic``: its ``epsilon_remaining`` holds at any
+    delta within ``delta_remaining``."""
+    left = short_figure(remaining["epsilon_remaining"], up=False)
+    if accounting == "basic":
+        within = format_budget(remaining["delta_remaining"])
+        return f"epsilon_remaining ({left}) holds at any delta up to delta_remaining ({within})"
+    at = format_budget(remaining["stated_at_delta"])
+    said = (
+        f"epsilon_remaining ({left}) is what a Gaussian release asked at the budget's delta "
+        f"{at} is admitted at"
+    )
+    pure = remaining.get("epsilon_remaining_pure")
+    if pure is not None:
+        pure_left = short_figure(pure, up=False)
+        said += f", epsilon_remaining_pure ({pure_left}) what a pure release (delta 0) is"
+    return said

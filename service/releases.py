@@ -669,6 +669,7 @@ def budget_exceeded(
         grant_id=grant_id,
         shortfalls=state.shortfalls(charge),
         privacy_unit=unit,
+        accounting=state.accounting,
     )
 
 
@@ -713,12 +714,12 @@ def admissible_search(
         asked_delta = Decimal(priced.prepared.delta)
         epsilon = repricing.admissible_epsilon(asked_epsilon, at_delta(asked_delta), budgets)
         if epsilon is not None:
-            return repricing.Admissible(epsilon=epsilon)
+            return repricing.Admissible(epsilon=epsilon, asked_delta=asked_delta)
         grid = repricing.delta_grid(asked_delta, priced.prepared.mechanism.allows_pure_dp)
         found = repricing.admissible_delta(asked_epsilon, at_delta, grid, budgets)
         if found is None:
             return repricing.Admissible()
-        return repricing.Admissible(delta=found[0], delta_epsilon=found[1])
+        return repricing.Admissible(delta=found[0], delta_epsilon=found[1], asked_delta=asked_delta)
 
     return search
 

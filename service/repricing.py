@@ -81,6 +81,8 @@ class Admissible:
     epsilon: Decimal | None = None
     delta: Decimal | None = None
     delta_epsilon: Decimal | None = None
+    #: The request's delta: the one ``epsilon`` was searched at (said in the 409's message).
+    asked_delta: Decimal | None = None
 
 
 def delta_grid(asked: Decimal, pure: bool) -> list[Decimal]:

@@ -52,6 +52,7 @@ __all__ = [
     "epsilon_of",
     "hybrid_epsilon",
     "hybrid_next_gaussian",
+    "pure_remaining",
     "running_epsilon",
     "statement",
 ]
@@ -96,6 +97,9 @@ class Statement:
     #: The delta the epsilon figures are stated at: the dataset's ``delta_total``.
     stated_at_delta: Decimal
     native: Native
+    #: The largest epsilon a pure release (``delta = 0``) is admitted at now
+    #: (:func:`pure_remaining`); ``None`` where the accounting admits none (``gaussian``).
+    epsilon_remaining_pure: Decimal | None = None
 
     def remaining_fields(self) -> dict[str, Decimal]:
         """What a 409 and a dry run say remains: the same figures as ``GET .../budget``."""
@@ -109,6 +113,11 @@ class Statement:
                 fields[name] = value
         if self.delta_reserved_for_conversion is not None:
             fields["delta_reserved_for_conversion"] = self.delta_reserved_for_conversion
+        if self.epsilon_remaining_pure is not None:
+            fields["epsilon_remaining_pure"] = self.epsilon_remaining_pure
+        # The delta epsilon_remaining holds at (a refusal's epsilon_admissible is at the
+        # request's own): said with the figures, and in the 409's message.
+        fields["stated_at_delta"] = self.stated_at_delta
         return fields
 
 
@@ -248,6 +257,56 @@ def hybrid_next_gaussian(state: accounting.HybridState, delta_at: Decimal) -> De
     return max(figures)
 
 
+def hybrid_next_pure(state: accounting.HybridState) -> Decimal:
+    """The largest epsilon (rounded down) at which a ``hybrid`` budget that spent ``state``
+    admits a pure release (``delta = 0``, its pure steps' epsilons adding up to it) now: the
+    largest of the filters' figures, as :func:`hybrid_next_gaussian`. A' (while every release
+    had a GDP figure) charges a pure ``eps`` step ``pure_mu(eps)^2``: the largest ``eps`` with
+    ``pure_mu(eps)`` within the ``mu`` left (:func:`service.accounting.pure_epsilon_admitted`);
+    B (while it holds) ``eps^2/2``: ``sqrt(2 rho_left)``; C (while it holds: a pure release
+    needs none of its delta share) ``epsilon - epsilon_spent``. Both ``pure_mu(eps)^2`` and
+    ``eps^2/2`` grow faster than ``eps`` (``pure_mu(eps)^2/eps`` increases: 1.57 at 0.001, 7.5
+    at 50), so a release whose several pure steps add up to ``eps`` costs at most what one
+    step of ``eps`` does. Not capped at the stated ``epsilon_total`` (the Gaussian figure,
+    :func:`hybrid_admitted`): C admits a pure release up to the owner's whole epsilon, 1 of a
+    ``(1, 1e-5)`` budget whose Gaussian figure is 0.9973."""
+    figures = [Decimal(0)]
+    budget = state.budget
+    if state.all_gdp:
+        # gdp_total (mu_total^2) has 60 places: the mu left is read from what is left rounded
+        # down to the ledger's 30, so that a cost rounded up to 30 places still fits.
+        gdp_left = accounting.round_down(BUDGET_CONTEXT.subtract(budget.gdp_total, state.gdp_spent))
+        if gdp_left > 0:
+            figures.append(accounting.pure_epsilon_admitted(accounting.sqrt_down(gdp_left)))
+    if state.b_holds(accounting.NO_COST):
+        rho_left = BUDGET_CONTEXT.subtract(budget.rho_total, state.rho_spent)
+        figures.append(accounting.sqrt_down(2 * rho_left))
+    if state.c_holds(accounting.NO_COST):
+        figures.append(BUDGET_CONTEXT.subtract(budget.epsilon, state.epsilon_spent))
+    return max(figures)
+
+
+def pure_remaining(state: BudgetState) -> Decimal | None:
+    """The largest epsilon (rounded down) a pure release (``delta = 0``: the pure Cauchy
+    variant of ``smooth_sensitivity``, ``auto`` at ``delta = 0``) is admitted at now, per
+    accounting: ``basic`` its ``epsilon_remaining`` (a pure release spends no delta);
+    ``gaussian`` none (``None``: it admits Gaussian steps only); ``zcdp`` ``sqrt(2
+    rho_remaining)`` (a pure ``eps`` step is charged ``eps^2/2``, Bun & Steinke 2016, Prop.
+    1.4); ``hybrid`` :func:`hybrid_next_pure`. Beside ``epsilon_remaining``, which states what
+    a Gaussian release at the budget's delta is admitted at: the two differ (under ``hybrid``
+    a fresh ``(1, 1e-5)`` budget admits a Gaussian release of 0.9973 at ``1e-5`` and a pure
+    one of 1)."""
+    if state.accounting == "basic":
+        return max(Decimal(0), state.epsilon_remaining)
+    if state.accounting == "gaussian":
+        return None
+    if state.accounting == "zcdp":
+        return accounting.sqrt_down(2 * max(Decimal(0), state.rho_remaining))
+    if state.accounting == "hybrid":
+        return hybrid_next_pure(state.hybrid())
+    return None
+
+
 def _hybrid_native(state: BudgetState) -> Native:
     hybrid = state.hybrid()
     mu_total = hybrid.budget.mu_total
@@ -328,6 +387,7 @@ def _hybrid_statement(state: BudgetState, delta_at: Decimal) -> Statement:
         delta_reserved_for_conversion=_hybrid_reserved(state),
         stated_at_delta=delta_at,
         native=_hybrid_native(state),
+        epsilon_remaining_pure=pure_remaining(state),
     )
 
 
@@ -381,6 +441,7 @@ def statement(state: BudgetState) -> Statement:
             delta_reserved_for_conversion=None,
             stated_at_delta=delta_at,
             native=Native(),
+            epsilon_remaining_pure=pure_remaining(state),
         )
     native = kind.native(state)
     delta_limit = state.delta_total if state.delta_limit is None else state.delta_limit
@@ -402,6 +463,17 @@ def statement(state: BudgetState) -> Statement:
         # (0.5, 1e-5) release admits 0.834, where total - spent said 0.5).
         admitted = accounting.gdp_epsilon_admitted(native.mu_remaining, delta_at)
         remaining = min(epsilon_total, admitted) if spent < epsilon_total else Decimal(0)
+    if state.accounting == "zcdp":
+        # The zCDP filter admits in rho: what remains is what a Gaussian release asked at the
+        # stated delta is admitted at, its mu^2/2 within rho_remaining. Not total - spent (CKS
+        # conversions do not subtract): a fresh (1, 1e-6) budget said 1 remained and refused a
+        # Gaussian release at (1, 1e-6) (admitted at most 0.897: CKS is looser than the
+        # Gaussian's own curve and holds half the delta), and after a third of its rho said
+        # 0.442 while 0.722 was admitted. epsilon_total stays the owner's (a spent rho_total
+        # converts to it); what a pure release is admitted at is epsilon_remaining_pure.
+        rho_left = max(Decimal(0), state.rho_remaining)
+        admitted = accounting.gdp_epsilon_admitted(accounting.sqrt_down(2 * rho_left), delta_at)
+        remaining = min(epsilon_total, admitted)
     return Statement(
         accounting=state.accounting,
         epsilon_total=epsilon_total,
@@ -413,6 +485,7 @@ def statement(state: BudgetState) -> Statement:
         delta_reserved_for_conversion=kind.reserved(delta_at, state.delta_conversion),
         stated_at_delta=delta_at,
         native=native,
+        epsilon_remaining_pure=pure_remaining(state),
     )
 
 

@@ -39,6 +39,11 @@ def grant_out(view: grants.GrantView) -> Grant:
         epsilon_spent=stated.epsilon_spent,
         delta_spent=stated.delta_spent,
         epsilon_remaining=zero if revoked else stated.epsilon_remaining,
+        epsilon_remaining_pure=(
+            zero
+            if revoked and stated.epsilon_remaining_pure is not None
+            else stated.epsilon_remaining_pure
+        ),
         delta_remaining=zero if revoked else stated.delta_remaining,
         accounting=stated.accounting,
         rho_total=native.rho_total,

@@ -64,6 +64,7 @@ def budget_schema(
             epsilon_spent=stated.epsilon_spent,
             delta_spent=stated.delta_spent,
             epsilon_remaining=stated.epsilon_remaining,
+            epsilon_remaining_pure=stated.epsilon_remaining_pure,
             delta_remaining=stated.delta_remaining,
         )
     return Budget(
@@ -74,6 +75,7 @@ def budget_schema(
         epsilon_spent=stated.epsilon_spent,
         delta_spent=stated.delta_spent,
         epsilon_remaining=stated.epsilon_remaining,
+        epsilon_remaining_pure=stated.epsilon_remaining_pure,
         delta_remaining=stated.delta_remaining,
         rho_total=native.rho_total,
         rho_spent=native.rho_spent,

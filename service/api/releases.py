@@ -206,7 +206,9 @@ async def create_release(
             return await uow(work)
         except BudgetRefused as refused:
             found = await admissible_now()
-            raise refused.admitting(found.epsilon, found.delta, found.delta_epsilon) from None
+            raise refused.admitting(
+                found.epsilon, found.delta, found.delta_epsilon, found.asked_delta
+            ) from None
 
     def work(session: Session, principal: Principal) -> Release:
         release = releases.request_release(

@@ -83,14 +83,31 @@ class Budget(Schema):
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(
-            "What the ledger admits next. basic, zcdp: epsilon_total - epsilon_spent (rounded "
-            "down). gaussian, hybrid: the largest epsilon at which a Gaussian release (the "
+            "What the ledger admits next. basic: epsilon_total - epsilon_spent (rounded "
+            "down). gaussian, zcdp, hybrid: the largest epsilon at which a Gaussian release (the "
             "default kind) asked at (epsilon, delta_total) is admitted now, which after a "
             "release is more than epsilon_total - epsilon_spent (the Gaussian-DP filter adds up "
-            "mu^2, not epsilon); under hybrid pure and approximate releases are charged by "
-            "filters that count them differently: a dry run gives epsilon_admissible for a "
-            "request this does not cover."
+            "mu^2, the zCDP filter rho, not epsilon); under zcdp it is below epsilon_total even "
+            "unspent (0.897 of a (1, 1e-6) budget: its rho_total is epsilon_total converted by "
+            "a bound looser than the Gaussian's own curve, at half its delta). A pure release "
+            "is admitted at epsilon_remaining_pure; for an approximate one a dry run gives "
+            "epsilon_admissible."
         )
+    )
+    epsilon_remaining_pure: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "What a pure release (delta = 0: smooth_sensitivity's Cauchy variant, auto at "
+            "delta 0) is admitted at now: the largest epsilon of such a release, its pure "
+            "steps' epsilons adding up to it. basic: epsilon_remaining. zcdp: sqrt(2 "
+            "rho_remaining) (a pure epsilon step is charged epsilon^2/2). hybrid: the largest of "
+            "its filters' figures. Not epsilon_remaining, a Gaussian release's figure at "
+            "delta_total: under hybrid it is more while the basic filter holds (a pure release "
+            "is admitted up to the owner's epsilon: 1 of a fresh (1, 1e-5) budget whose "
+            "epsilon_total, the Gaussian figure, is 0.9973), less once that filter is closed (a "
+            "pure step costs the Gaussian-DP filter more than a Gaussian one of the same "
+            "epsilon). Null for gaussian (it admits Gaussian releases only)."
+        ),
     )
     delta_remaining: ExactDecimal = Field(
         description=(

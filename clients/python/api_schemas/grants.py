@@ -101,12 +101,28 @@ class Grant(Schema):
     )
     epsilon_remaining: ExactDecimal = Field(
         description=(
-            "What the grant admits next (none once revoked): epsilon_total - epsilon_spent, but "
-            "under gaussian and hybrid the largest epsilon at which a Gaussian release asked at "
-            "(epsilon, the grant's delta) is admitted now (more than total - spent after a "
-            "release: the Gaussian-DP filter adds up mu^2, not epsilon); a dry run gives "
-            "epsilon_admissible for a request this does not cover."
+            "What the grant admits next (none once revoked): epsilon_total - epsilon_spent, "
+            "but under gaussian, zcdp and hybrid the largest epsilon at which a Gaussian "
+            "release asked at (epsilon, the grant's delta) is admitted now (more than total - "
+            "spent after a release: the Gaussian-DP filter adds up mu^2, the zCDP filter rho, "
+            "not epsilon); epsilon_remaining_pure is a pure release's figure, and a dry run "
+            "gives epsilon_admissible for a request neither covers."
         )
+    )
+    epsilon_remaining_pure: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "What a pure release (delta = 0: smooth_sensitivity's Cauchy variant, auto at "
+            "delta 0) charged to the grant is admitted at now (0 once revoked): the largest "
+            "epsilon of such a release, its pure steps' epsilons adding up to it. basic: "
+            "epsilon_remaining. zcdp: sqrt(2 rho_remaining) (a pure epsilon step is charged "
+            "epsilon^2/2). hybrid: the largest of its filters' figures. Not epsilon_remaining, "
+            "a Gaussian release's figure at the grant's delta: under hybrid it is more while "
+            "the basic filter holds (a pure release is admitted up to the grant's epsilon: 1 of "
+            "a fresh (1, 1e-5) grant whose epsilon_total, the Gaussian figure, is 0.9973), less "
+            "once that filter is closed (a pure step costs the Gaussian-DP filter more than a "
+            "Gaussian one of the same epsilon). Null for gaussian (Gaussian releases only)."
+        ),
     )
     delta_remaining: ExactDecimal = Field(
         description=(

@@ -352,9 +352,24 @@ class BudgetExceeded(Schema):
         description=(
             "Epsilon still available in the budget named by `budget`, stated as GET .../budget "
             "(or the grant) states it: on gaussian, zcdp and hybrid, epsilon at the dataset's "
-            "delta_total (rounded down); on hybrid what a Gaussian release asked at that delta "
-            "is admitted at."
+            "delta_total (rounded down): what a Gaussian release asked at that delta "
+            "(stated_at_delta) is admitted at. epsilon_admissible is at the request's own delta, "
+            "so the two may differ; the message says at which delta each holds."
         )
+    )
+    epsilon_remaining_pure: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "What a pure release (delta = 0) is admitted at in that budget now, as GET "
+            ".../budget (or the grant) states it; absent for gaussian (Gaussian releases only)."
+        ),
+    )
+    stated_at_delta: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "The delta epsilon_remaining is stated at: the budget's (a grant's own delta). "
+            "basic: its epsilon_remaining holds at any delta within delta_remaining."
+        ),
     )
     delta_remaining: ExactDecimal = Field(
         description=(

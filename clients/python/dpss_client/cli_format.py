@@ -87,6 +87,12 @@ def _budget_table(budget: Budget, title: str = "budget") -> Table:
     ):
         if total is not None:
             table.add_row(name, _figure(total), _figure(spent, up=True), _figure(left))
+    pure = budget.epsilon_remaining_pure
+    if pure is not None and budget.accounting in ("zcdp", "hybrid"):
+        # epsilon_remaining there is a Gaussian release's figure at delta_total; a pure one
+        # (delta 0) is admitted at another (hybrid: up to the whole epsilon while its basic
+        # filter holds).
+        table.add_row("epsilon, pure release (delta 0)", "-", "-", _figure(pure))
     reserved = budget.delta_reserved_for_conversion
     if reserved is not None:
         table.add_row("delta held for the conversion", _figure(reserved), "-", "-")

@@ -67,6 +67,8 @@ class BudgetExceededError(ConflictError):
         epsilon_admissible: Decimal | None = None,
         delta_admissible: Decimal | None = None,
         delta_admissible_epsilon: Decimal | None = None,
+        epsilon_remaining_pure: Decimal | None = None,
+        stated_at_delta: Decimal | None = None,
     ) -> None:
         super().__init__(code, detail, status)
         #: The remaining amounts of the budget that is short: ``budget`` is ``"grant"`` (then
@@ -90,6 +92,11 @@ class BudgetExceededError(ConflictError):
         #: admitted at with it now; ``None`` when none is.
         self.delta_admissible = delta_admissible
         self.delta_admissible_epsilon = delta_admissible_epsilon
+        #: What a pure release (delta 0) is admitted at in that budget (``None`` on gaussian),
+        #: and the delta ``epsilon_remaining`` is stated at (``epsilon_admissible`` is at the
+        #: request's own delta): the message says which figure holds at which delta.
+        self.epsilon_remaining_pure = epsilon_remaining_pure
+        self.stated_at_delta = stated_at_delta
 
 
 class ServerError(DpssError):
@@ -272,6 +279,8 @@ def error_from_response(response: httpx.Response) -> DpssError:
             epsilon_admissible=_decimal_or_none(body.get("epsilon_admissible")),
             delta_admissible=_decimal_or_none(body.get("delta_admissible")),
             delta_admissible_epsilon=_decimal_or_none(body.get("delta_admissible_epsilon")),
+            epsilon_remaining_pure=_decimal_or_none(body.get("epsilon_remaining_pure")),
+            stated_at_delta=_decimal_or_none(body.get("stated_at_delta")),
         )
     if status == 409:
         return ConflictError(code, detail, status)
