@@ -455,6 +455,12 @@ def test_create_without_mechanism_sends_auto_and_says_so(
     )
     assert created.exit_code == ExitCode.OK, created.output
     assert _json(created)["mechanism"] == "auto"
+    # The preview says how to ask for PCA in the command's spelling, not the API's JSON.
+    preview = dpss(
+        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--dry-run", key=analyst
+    )
+    assert preview.exit_code == ExitCode.OK, preview.output
+    assert "for PCA send --param center=private" in " ".join(preview.stdout.split())
     helped = dpss("releases", "create", "--help", key=None, columns=300)
     assert "[default: auto]" in helped.stdout, helped.stdout
     # A param auto does not take, with no --mechanism: the refusal says auto was the default
@@ -512,3 +518,28 @@ def test_a_refusal_names_the_command_options_not_the_json_fields(
     )  # fmt: skip
     assert "--delta-budget: 0.1 is above 1/n" in large and "`--allow-large-delta`" in large
     assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+
+
+def test_a_release_table_shows_text_extras_as_text() -> None:
+    # An audit of the default path: `releases create` (auto by default) printed its reason as
+    # a JSON string, `auto_choice │ "analyze_gauss"`, beside `mechanism │ auto`.
+    from datetime import UTC, datetime
+
+    from api_schemas.releases import Release
+    from dpss_client.cli_format import _release_rows
+
+    now = datetime.now(UTC).isoformat()
+    release = Release.model_validate(
+        {
+            "id": "00000000-0000-0000-0000-000000000001",
+            "dataset_id": "00000000-0000-0000-0000-000000000002",
+            "mechanism": "auto", "k": 2, "epsilon": "0.5", "delta": "0.0000001",
+            "params": {}, "status": "succeeded", "created_at": now, "visible_at": now,
+            "result": {"extras": {"auto_choice": "analyze_gauss", "auto_reason": 'a "b" c',
+                                  "auto_details": ["x"], "trace": 2.5}},
+        }
+    )  # fmt: skip
+    rows = dict(_release_rows(release))
+    assert rows["auto_choice"] == "analyze_gauss"
+    assert rows["auto_reason"] == 'a "b" c'
+    assert rows["auto_details"] == '["x"]' and rows["trace"] == "2.5"

@@ -269,7 +269,8 @@ def releases_create(
                 console = _stdout()
                 console.print(_kv_table("preview (nothing charged)", _preview_rows(shown)))
                 for line in shown.meaning:
-                    console.print(f"- {line}", markup=False)
+                    # In the command's spelling: "--param center=private", not JSON.
+                    console.print(f"- {CLI_RELEASE.respell(line)}", markup=False)
                 if shown.recommended_accounting not in (None, shown.accounting):
                     console.print(
                         f"- recommended accounting {shown.recommended_accounting}: "
