@@ -543,3 +543,12 @@ def test_a_release_table_shows_text_extras_as_text() -> None:
     assert rows["auto_choice"] == "analyze_gauss"
     assert rows["auto_reason"] == 'a "b" c'
     assert rows["auto_details"] == '["x"]' and rows["trace"] == "2.5"
+
+
+def test_table_cells_write_booleans_as_the_json_does() -> None:
+    # An audit of the default path: a dry run printed `structure_test │ False` and
+    # `forecast_depends_on_spectrum │ True` beside `null`, and a release `refunded │ False`
+    # beside its extras' `explained_variance_hidden_by_noise │ false`.
+    from dpss_client.cli_format import _text
+
+    assert (_text(True), _text(False), _text(None), _text(1)) == ("true", "false", "", "1")

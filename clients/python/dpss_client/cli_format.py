@@ -29,6 +29,9 @@ def _text(value: Any) -> str:
 
     if value is None:
         return ""
+    if isinstance(value, bool):
+        # As the JSON and the release's extras write it (`false`), not Python's `False`.
+        return "true" if value else "false"
     if isinstance(value, Decimal):
         return format_budget(value)
     # A released float (an eigenvalue, a noise scale) to 6 significant digits: its noise is far
