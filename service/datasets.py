@@ -223,7 +223,7 @@ def check_delta_bound(form: DatasetCreate, n_rows: int) -> None:
             f"{form.delta_budget} is above 1/n = 1/{n_rows} (n: the dataset's rows): a delta "
             "that large offers no protection (publishing one row in n at random is "
             "(0, 1/n)-DP); use a delta well below 1/n (e.g. 1/n^2 or 1e-6), or send "
-            "allow_large_delta=true to accept it anyway",
+            "`allow_large_delta=true` to accept it anyway",
         )
 
 

@@ -334,33 +334,34 @@ def _check_currency(body: ReleaseRequest, kind: str) -> None:
     """Exactly one way of stating the cost, and one the dataset's accounting takes."""
     if body.epsilon is not None:
         for name in given_currency(body):
-            raise InvalidInput(name, f"give {name} or epsilon, not both")
+            raise InvalidInput(name, f'give "{name}" or "epsilon", not both')
         if body.delta is None:
-            raise InvalidInput("delta", "required with epsilon")
+            raise InvalidInput("delta", 'required with "epsilon"')
         return
     if body.mu is None and body.rho is None:
         # delta is optional beside epsilon (default_delta fills it before this check), so the
-        # message asks for epsilon alone and says what an omitted delta becomes.
+        # message asks for epsilon alone and says what an omitted delta becomes. Field names
+        # are quoted as JSON: the clients respell them as their options (dpss_client.spelling).
         needs = {
-            "basic": "epsilon",
-            "gaussian": "mu or epsilon",
-            "hybrid": "epsilon, mu or rho",
-        }
+            "basic": '"epsilon"',
+            "gaussian": '"mu" or "epsilon"',
+            "hybrid": '"epsilon", "mu" or "rho"',
+        }.get(kind, '"rho" or "epsilon"')
         raise InvalidInput(
             "epsilon",
-            f"required: {needs.get(kind, 'rho or epsilon')} (the release's cost), e.g. "
-            '"epsilon": 0.5; delta is optional: without it the release gets '
+            f"required: {needs} (the release's cost), "
+            'e.g. "epsilon": 0.5; "delta" is optional: without it the release gets '
             "min(1e-6, delta_total / 100) of the dataset's delta",
         )
     if kind == "basic":
         name = "mu" if body.mu is not None else "rho"
-        raise InvalidInput(name, "this dataset's accounting is basic: give epsilon and delta")
+        raise InvalidInput(name, 'this dataset\'s accounting is basic: give "epsilon" and "delta"')
     if body.mu is not None and body.rho is not None:
-        raise InvalidInput("mu", "give mu or rho, not both")
+        raise InvalidInput("mu", 'give "mu" or "rho", not both')
     if kind == "zcdp" and body.mu is not None:
-        raise InvalidInput("mu", "this dataset's accounting is zcdp: give rho (and delta)")
+        raise InvalidInput("mu", 'this dataset\'s accounting is zcdp: give "rho" (and "delta")')
     if kind == "gaussian" and body.rho is not None:
-        raise InvalidInput("rho", "this dataset's accounting is gaussian: give mu")
+        raise InvalidInput("rho", 'this dataset\'s accounting is gaussian: give "mu"')
 
 
 def check_memory(prepared: Prepared, limit_mb: float, extra_bytes: int = 0) -> None:

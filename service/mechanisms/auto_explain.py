@@ -41,7 +41,7 @@ def centring_sentence(params: CenterParams, delta: float, gram: str = "analyze_g
         return (
             'not centred (center "none", the default of every mechanism): the subspace of '
             "X^T X, the second-moment matrix, which the aggregators estimate too; for PCA send "
-            'center "private" (PrivatePCA does by default), and auto then centres'
+            '"params": {"center": "private"} (PrivatePCA does by default), and auto then centres'
         )
     if delta == 0:
         if params.center == "private":

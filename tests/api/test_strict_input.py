@@ -452,8 +452,9 @@ def test_a_release_without_a_cost_says_epsilon_alone_is_enough(
     response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
     assert response.status_code == 422
     detail = response.json()["detail"]
-    assert detail.startswith("epsilon: required: epsilon")
-    assert "delta is optional" in detail and "epsilon and delta" not in detail
+    # Fields quoted as JSON (the clients respell them as their options, dpss_client.spelling).
+    assert detail.startswith('epsilon: required: "epsilon"')
+    assert '"delta" is optional' in detail and "epsilon and delta" not in detail
     assert charges(session_factory) == 0
     # And the advice holds: epsilon alone is admitted.
     body["epsilon"] = "0.1"

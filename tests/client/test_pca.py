@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 import dpss_client.handles as handles_module
-from dpss_client.client import Client, InvalidRequestError, ReleaseNoResult, WaitTimeoutError
+from dpss_client.client import (
+    BudgetExceededError,
+    Client,
+    InvalidRequestError,
+    ReleaseNoResult,
+    WaitTimeoutError,
+)
 from dpss_client.pca import NotFittedError, PrivatePCA, debias_eigenvalues
 from tests.client.data import isotropic_rows, low_rank_rows
 
@@ -506,7 +512,7 @@ def test_a_param_auto_does_not_take_names_the_default_and_the_way_out(
     with pytest.raises(InvalidRequestError) as refused:
         PrivatePCA(analyst, ds.id, 2, "0.5", clip_quantile=0.3).fit()
     detail = refused.value.detail
-    assert detail.startswith("params.clip_quantile: unknown field"), detail
+    assert detail.startswith("clip_quantile: unknown field"), detail
     assert 'sent mechanism "auto"' in detail and 'mechanism="analyze_gauss"' in detail
     with pytest.raises(InvalidRequestError) as typo:
         PrivatePCA(analyst, ds.id, 2, "0.5", centre="private").fit()
@@ -514,4 +520,41 @@ def test_a_param_auto_does_not_take_names_the_default_and_the_way_out(
     with pytest.raises(InvalidRequestError) as named:
         PrivatePCA(analyst, ds.id, 2, "0.5", mechanism="spectrum", bogus=1).fit()
     assert "analyze_gauss" not in named.value.detail.split("valid fields")[0]
+    assert analyst.budget(ds.id).epsilon_spent == 0
+
+
+def test_a_refusal_names_the_estimators_arguments_and_http_keeps_the_fields(
+    owner: Client, analyst: Client
+) -> None:
+    """An audit of the default path: ``PrivatePCA(client, ds, 3)`` without epsilon was told
+    'e.g. "epsilon": 0.5', and ``n_components`` too large was told ``k: ...``. The estimator
+    now names its own arguments (dpss_client.spelling); the HTTP answer, which the plain
+    client passes on, keeps the JSON fields. The error's type and figures are unchanged."""
+    ds = owner.upload(
+        low_rank_rows(300, 5, 2, seed=5),
+        name="pca-spelling",
+        epsilon_budget="1",
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    with pytest.raises(InvalidRequestError) as no_cost:
+        PrivatePCA(analyst, ds.id, 2).fit()
+    detail = no_cost.value.detail
+    assert detail.startswith("epsilon: required: epsilon"), detail
+    assert "e.g. epsilon=0.5;" in detail and '"epsilon"' not in detail, detail
+    assert str(no_cost.value) == f"invalid_input: {detail}"
+    with pytest.raises(InvalidRequestError) as too_wide:
+        PrivatePCA(analyst, ds.id, 9, epsilon="0.5").fit()
+    assert too_wide.value.detail == "n_components: must be <= the number of columns (5)"
+    with pytest.raises(BudgetExceededError) as broke:
+        PrivatePCA(analyst, ds.id, 2, epsilon="2").fit()
+    assert "`client.preview_release(...)`" in broke.value.detail, broke.value.detail
+    assert broke.value.epsilon_remaining is not None and broke.value.status == 409
+    # The HTTP answer (the plain client passes it on as sent).
+    with pytest.raises(InvalidRequestError) as http:
+        analyst.release(ds.id, "auto", 9, "0.5")
+    assert http.value.detail == "k: must be <= the number of columns (5)"
+    with pytest.raises(InvalidRequestError) as http_cost:
+        analyst.release(ds.id, "auto", 2)
+    assert 'e.g. "epsilon": 0.5' in http_cost.value.detail
     assert analyst.budget(ds.id).epsilon_spent == 0

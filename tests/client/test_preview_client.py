@@ -136,7 +136,8 @@ def test_the_client_and_the_cli_show_the_recommended_accounting(
                    "--delta-budget", "1e-5", "--planned-mechanisms", "pca",
                    key=make_key("owner"))  # fmt: skip
     assert unknown.exit_code == ExitCode.REFUSED, unknown.output
-    assert "planned_mechanisms" in unknown.output
+    # Named as the command's option (dpss_client.spelling), not the form field.
+    assert "--planned-mechanisms: unknown mechanism 'pca'" in unknown.output
 
 
 def test_a_dry_run_shows_a_null_scale_as_null_not_as_a_blank(

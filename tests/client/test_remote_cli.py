@@ -440,3 +440,115 @@ def test_an_upload_without_a_bound_says_what_releases_then_need(
                    "--delta-budget", "1e-5", "--row-norm-bound", "1", key=owner)  # fmt: skip
     row = next(line for line in bounded.stdout.splitlines() if "row_norm_bound" in line)
     assert "│ 1 " in row and "none" not in row, bounded.stdout
+
+
+def test_create_without_mechanism_sends_auto_and_says_so(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    # An audit of the default path: `releases create` had no default mechanism ("Missing
+    # option '--mechanism'") where the API advises `auto` when unsure and PrivatePCA sends it.
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(200, 5, 2, seed=31))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    created = dpss(
+        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--json", key=analyst
+    )
+    assert created.exit_code == ExitCode.OK, created.output
+    assert _json(created)["mechanism"] == "auto"
+    # The preview says how to ask for PCA in the command's spelling, not the API's JSON.
+    preview = dpss(
+        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--dry-run", key=analyst
+    )
+    assert preview.exit_code == ExitCode.OK, preview.output
+    assert "for PCA send --param center=private" in " ".join(preview.stdout.split())
+    helped = dpss("releases", "create", "--help", key=None, columns=300)
+    assert "[default: auto]" in helped.stdout, helped.stdout
+    # A param auto does not take, with no --mechanism: the refusal says auto was the default
+    # and how to set the param; with --mechanism auto it is the service's message as it is.
+    refused = dpss(
+        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5",
+        "--param", "clip_quantile=0.3", key=analyst,
+    )  # fmt: skip
+    assert refused.exit_code == ExitCode.REFUSED, refused.output
+    assert "auto, the default, was sent" in refused.stderr
+    assert "--mechanism analyze_gauss" in refused.stderr
+    named = dpss(
+        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--mechanism", "auto",
+        "--param", "clip_quantile=0.3", key=analyst,
+    )  # fmt: skip
+    assert named.exit_code == ExitCode.REFUSED and "the default" not in named.stderr
+
+
+def test_a_refusal_names_the_command_options_not_the_json_fields(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    # An audit of the default path: the CLI printed the API's spelling ('e.g. "epsilon": 0.5',
+    # 'k: ...', 'params.x', '`dry_run=true`', 'allow_large_delta=true') to someone who types
+    # options. The code and the figures stay the API's.
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(200, 5, 2, seed=32))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+
+    def refusal(*args: str, key: str = analyst) -> str:
+        result = dpss(*args, key=key)
+        assert result.exit_code == ExitCode.REFUSED, result.output
+        return " ".join(result.stderr.split())  # unwrapped
+
+    no_cost = refusal("releases", "create", ds["id"], "--k", "2")
+    # (The test settings' accounting asks for epsilon alone; hybrid adds ", --mu or --rho".)
+    assert "[invalid_input] --epsilon: required: --epsilon" in no_cost, no_cost
+    assert "e.g. --epsilon 0.5; --delta is optional" in no_cost, no_cost
+    assert '"epsilon"' not in no_cost
+    too_wide = refusal("releases", "create", ds["id"], "--k", "9", "--epsilon", "0.5")
+    assert "--k: must be <= the number of columns (5)" in too_wide, too_wide
+    both = refusal("releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--mu", "1")
+    assert "--mu: give --mu or --epsilon, not both" in both, both
+    unknown = refusal(
+        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5",
+        "--mechanism", "analyze_gauss", "--param", "clip_quantil=0.3",
+    )  # fmt: skip
+    assert unknown.startswith("error [invalid_input] --param clip_quantil:"), unknown
+    broke = refusal("releases", "create", ds["id"], "--k", "2", "--epsilon", "2")
+    assert "`--dry-run`" in broke and "dry_run" not in broke, broke
+    as_json = dpss("releases", "create", ds["id"], "--k", "2", "--json", key=analyst)
+    assert _json(as_json)["detail"].startswith("--epsilon: required"), as_json.stdout
+    large = refusal(
+        "datasets", "upload", str(tmp_path / "x.npy"), "--epsilon-budget", "1",
+        "--delta-budget", "0.1", key=owner,
+    )  # fmt: skip
+    assert "--delta-budget: 0.1 is above 1/n" in large and "`--allow-large-delta`" in large
+    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+
+
+def test_a_release_table_shows_text_extras_as_text() -> None:
+    # An audit of the default path: `releases create` (auto by default) printed its reason as
+    # a JSON string, `auto_choice │ "analyze_gauss"`, beside `mechanism │ auto`.
+    from datetime import UTC, datetime
+
+    from api_schemas.releases import Release
+    from dpss_client.cli_format import _release_rows
+
+    now = datetime.now(UTC).isoformat()
+    release = Release.model_validate(
+        {
+            "id": "00000000-0000-0000-0000-000000000001",
+            "dataset_id": "00000000-0000-0000-0000-000000000002",
+            "mechanism": "auto", "k": 2, "epsilon": "0.5", "delta": "0.0000001",
+            "params": {}, "status": "succeeded", "created_at": now, "visible_at": now,
+            "result": {"extras": {"auto_choice": "analyze_gauss", "auto_reason": 'a "b" c',
+                                  "auto_details": ["x"], "trace": 2.5}},
+        }
+    )  # fmt: skip
+    rows = dict(_release_rows(release))
+    assert rows["auto_choice"] == "analyze_gauss"
+    assert rows["auto_reason"] == 'a "b" c'
+    assert rows["auto_details"] == '["x"]' and rows["trace"] == "2.5"
+
+
+def test_table_cells_write_booleans_as_the_json_does() -> None:
+    # An audit of the default path: a dry run printed `structure_test │ False` and
+    # `forecast_depends_on_spectrum │ True` beside `null`, and a release `refunded │ False`
+    # beside its extras' `explained_variance_hidden_by_noise │ false`.
+    from dpss_client.cli_format import _text
+
+    assert (_text(True), _text(False), _text(None), _text(1)) == ("true", "false", "", "1")

@@ -103,7 +103,7 @@ def test_without_center_auto_stays_uncentred_and_says_how_to_ask_for_pca() -> No
     shown = AUTO.preview(ctx, ReleaseSpec(10, 1.0, 1e-6, params))
     assert shown.scales["auto_centring"] == "none"
     assert any('Not centred (center "none"' in line for line in shown.meaning)
-    assert any('for PCA send center "private"' in line for line in shown.meaning)
+    assert any('for PCA send "params": {"center": "private"}' in line for line in shown.meaning)
 
 
 def test_auto_keeps_half_of_digits_centred_variance_with_a_private_centre() -> None:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from dpss_client.client import Client, DpssError
+    from dpss_client.spelling import Spelling
 
 
 class ExitCode(IntEnum):
@@ -273,8 +274,10 @@ _REMAINING_EXTRAS = frozenset((*_ERROR_EXTRAS[2:6], *_ERROR_EXTRAS[7:]))
 
 
 @contextmanager
-def _service_errors(as_json: bool) -> Iterator[None]:
-    """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code."""
+def _service_errors(as_json: bool, spelling: Spelling | None = None) -> Iterator[None]:
+    """Report a DpssError (stderr; and stdout as JSON with --json) and exit with its code.
+    ``spelling``: the command's options for the API's fields (dpss_client.spelling), so that
+    a refusal names ``--epsilon``, not ``"epsilon": ...``; the code and figures are the API's."""
     from api_schemas.common import canonical_decimal
     from dpss_client.client import DpssError, ServiceTimeoutError
 
@@ -284,8 +287,9 @@ def _service_errors(as_json: bool) -> Iterator[None]:
         if isinstance(error, ServiceTimeoutError):
             error = error.with_hint(CLI_TIMEOUT_HINT)
         code = _exit_code_for(error)
+        detail = spelling.respell(error.detail) if spelling is not None else error.detail
         if as_json:
-            body: dict[str, Any] = {"error": error.code, "detail": error.detail}
+            body: dict[str, Any] = {"error": error.code, "detail": detail}
             for extra in _ERROR_EXTRAS:
                 value = getattr(error, extra, None)
                 if value is not None:
@@ -294,9 +298,7 @@ def _service_errors(as_json: bool) -> Iterator[None]:
                     body[extra] = canonical_decimal(value) if exact else str(value)
             _print_json(body)
         console = _stderr()
-        console.print(
-            f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(error.detail)}"
-        )
+        console.print(f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(detail)}")
         for extra in _ERROR_EXTRAS:
             value = getattr(error, extra, None)
             if value is not None:

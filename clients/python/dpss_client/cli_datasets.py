@@ -35,6 +35,7 @@ from dpss_client.cli_format import (
     _list_table,
 )
 from dpss_client.defaults import DEFAULT_URL
+from dpss_client.spelling import CLI_UPLOAD
 
 if TYPE_CHECKING:
     from api_schemas.datasets import Budget, Dataset
@@ -150,7 +151,11 @@ def datasets_upload(
     shows the bytes sent and the rate. The output shows rows_above_bound (rows whose norm
     exceeds --row-norm-bound: every clipping mechanism scales them down to it), with a
     warning on stderr when they are ROWS_ABOVE_BOUND_WARNING of the rows or more."""
-    with _service_errors(as_json), _client(url, api_key) as client, _upload_bar() as report:
+    with (
+        _service_errors(as_json, CLI_UPLOAD),
+        _client(url, api_key) as client,
+        _upload_bar() as report,
+    ):
         try:
             ds = client.upload(
                 file,
@@ -259,7 +264,7 @@ def datasets_register(
     """Register Parquet objects where they are as a new dataset with a privacy budget (owner
     key). A failed registration exits 5 with the service's reason; --timeout exits 8 (it keeps
     registering)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+    with _service_errors(as_json, CLI_UPLOAD), _client(url, api_key) as client:
         try:
             ds = client.register_reference(
                 uri,

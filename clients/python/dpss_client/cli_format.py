@@ -29,6 +29,9 @@ def _text(value: Any) -> str:
 
     if value is None:
         return ""
+    if isinstance(value, bool):
+        # As the JSON and the release's extras write it (`false`), not Python's `False`.
+        return "true" if value else "false"
     if isinstance(value, Decimal):
         return format_budget(value)
     # A released float (an eigenvalue, a noise scale) to 6 significant digits: its noise is far
@@ -222,5 +225,8 @@ def _release_rows(info: Release) -> list[tuple[str, Any]]:
             numbers = isinstance(value, float) or (
                 isinstance(value, list) and value and all(isinstance(v, float) for v in value)
             )
-            rows.append((key, _text(value) if numbers else json.dumps(value)))
+            # A sentence (auto_reason, warning) or a name (auto_choice, centring) as text, as
+            # the mechanism and status rows are: JSON's quotes and escapes only obscured it.
+            text = value if isinstance(value, str) else json.dumps(value)
+            rows.append((key, _text(value) if numbers else text))
     return rows

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,7 +32,8 @@ from dpss_client.cli_common import (
     _stdout,
 )
 from dpss_client.cli_format import _kv_table, _list_table, _preview_rows, _release_rows, _text
-from dpss_client.defaults import DEFAULT_URL
+from dpss_client.defaults import DEFAULT_MECHANISM, DEFAULT_URL
+from dpss_client.spelling import CLI_RELEASE
 
 if TYPE_CHECKING:
     from dpss_client.client import DpssError, ReleaseHandle
@@ -149,11 +152,44 @@ def _finish(
         raise WaitTimeoutError(error.code, detail) from None
 
 
+@contextmanager
+def _defaulted_mechanism(asked: str | None, sent: str) -> Iterator[None]:
+    """A param the default mechanism does not take, refused when the command named none: say
+    that ``auto`` was sent and how to set the param (as PrivatePCA does, dpss_client.pca). A
+    typo the service recognised ("did you mean") is left as it is."""
+    from dpss_client.client import InvalidRequestError
+
+    try:
+        yield
+    except InvalidRequestError as error:
+        detail = error.detail
+        if asked is not None or not detail.startswith("params.") or "unknown field" not in detail:
+            raise
+        if "did you mean" in detail:
+            raise
+        field, _, rest = detail.partition(";")
+        hint = (
+            f" (no --mechanism was given, so {sent}, the default, was sent: it takes only the "
+            "fields listed; pass --mechanism analyze_gauss to set this one)"
+        )
+        raise InvalidRequestError(error.code, f"{field}{hint};{rest}", error.status) from None
+
+
 @releases_app.command("create")
 def releases_create(
+    ctx: typer.Context,
     dataset_id: Annotated[str, typer.Argument(help="Dataset id.")],
-    mechanism: Annotated[str, typer.Option("--mechanism", help="See `dpss mechanisms`.")],
     k: Annotated[int, typer.Option("--k", min=1, help="Dimension of the released subspace.")],
+    mechanism: Annotated[
+        str,
+        typer.Option(
+            "--mechanism",
+            help="See `dpss mechanisms`. The default, auto, is the API's advice when unsure: "
+            "the service chooses from public facts and a private estimate, and says what it "
+            "chose and why (auto_choice, auto_reason). It releases the subspace of X^T X; "
+            "for PCA add --param center=private.",
+        ),
+    ] = DEFAULT_MECHANISM,
     epsilon: Annotated[
         str | None,
         typer.Option(
@@ -211,7 +247,15 @@ def releases_create(
             "--idempotency-key",
             param_hint="--dry-run",
         )
-    with _service_errors(as_json), _client(url, api_key) as client:
+    # Whether --mechanism was given, so that a refusal can say the default was sent.
+    # (By name: typer may carry its own copy of click's ParameterSource.)
+    source = ctx.get_parameter_source("mechanism")
+    defaulted = source is not None and source.name == "DEFAULT"
+    with (
+        _service_errors(as_json, CLI_RELEASE),
+        _defaulted_mechanism(None if defaulted else mechanism, mechanism),
+        _client(url, api_key) as client,
+    ):
         if dry_run:
             try:
                 shown = client.preview_release(
@@ -225,7 +269,8 @@ def releases_create(
                 console = _stdout()
                 console.print(_kv_table("preview (nothing charged)", _preview_rows(shown)))
                 for line in shown.meaning:
-                    console.print(f"- {line}", markup=False)
+                    # In the command's spelling: "--param center=private", not JSON.
+                    console.print(f"- {CLI_RELEASE.respell(line)}", markup=False)
                 if shown.recommended_accounting not in (None, shown.accounting):
                     console.print(
                         f"- recommended accounting {shown.recommended_accounting}: "

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal, InvalidOperation
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 from uuid import UUID
 
 import httpx
 
 from api_schemas.releases import Release
 from dpss_client.defaults import DEFAULT_URL
+
+if TYPE_CHECKING:
+    from dpss_client.spelling import Spelling
 
 # --------------------------------------------------------------------------------------------
 # Exceptions
@@ -31,6 +34,16 @@ class DpssError(Exception):
         self.code = code
         self.detail = detail
         self.status = status
+
+    def respelled(self, spelling: Spelling) -> Self:
+        """This error (a copy, of the same type and figures) with its detail in a client
+        surface's spelling (dpss_client.spelling): ``n_components``, not ``k``."""
+        # Not copy.copy: it re-calls __init__ with args, which the subclasses' do not take.
+        again = type(self).__new__(type(self))
+        again.__dict__.update(self.__dict__)
+        again.detail = spelling.respell(self.detail)
+        again.args = (f"{self.code}: {again.detail}" if again.detail else self.code,)
+        return again
 
 
 class AuthError(DpssError):

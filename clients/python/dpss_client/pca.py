@@ -43,6 +43,7 @@ from dpss_client.client import (
     is_sparse,
 )
 from dpss_client.pca_inputs import _plain, _public_center, _rows, _sparse_rows
+from dpss_client.spelling import PRIVATE_PCA
 
 #: An explained-variance interval at least this wide means the noise hides the share (the
 #: service's rule, ``explained_variance_hidden_by_noise``; applied here to older releases).
@@ -528,7 +529,8 @@ class PrivatePCA:
                     **params,
                 )
             except InvalidRequestError as error:
-                raise _hint_auto(error, self.mechanism, checked.mechanism) from None
+                hinted = _hint_auto(error, self.mechanism, checked.mechanism)
+                raise hinted.respelled(PRIVATE_PCA) from None
             except ServiceUnreachableError as error:
                 if not error.sent:
                     # No connection was made: no release, no charge, nothing to resume.
@@ -538,6 +540,10 @@ class PrivatePCA:
                     "the release may have been made and its cost charged: call fit() again "
                     "with the same parameters to get that release without paying again"
                 ) from None
+            except DpssError as error:
+                # A refusal (budget, grant) names the API's fields and query parameters; say
+                # them as this estimator's arguments (dpss_client.spelling).
+                raise error.respelled(PRIVATE_PCA) from None
             self._unanswered = None
         left = None
         if checked.timeout is not None:
