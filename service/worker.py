@@ -99,7 +99,6 @@ from service.jobs import (
     FINISHED,
     LOCKED_RELEASE,
     LOST,
-    QUEUED_LOOK,
     STORED,
     WAITING,
     ClaimedJob,
@@ -245,35 +244,42 @@ class Worker:
     def claim(self) -> ClaimedJob | None:
         """The next job or ``None``: a queued or expired one (:meth:`_queued`), else one that
         waited and has work again (:meth:`_waiting`), first if that work came before the oldest
-        queued job (:func:`service.claims.waiting_first`). One transaction (``bench/
+        queued job (:func:`service.claims.waiting_ahead`). One transaction (``bench/
         bench_release_cpu.py``); a job abandoned on the way is recorded, and the claim redone."""
         lease = timedelta(seconds=self.settings.worker_lease_seconds)
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                first = claims.waiting_first(session, self.worker_id)
-                found = None if first else self._queued(session, now, lease)
+                # The oldest queued job (locked) and whether a waiting job goes first, in one
+                # statement (:func:`service.claims.queued_look`); columns on the transaction's
+                # connection, not ORM objects (:data:`~service.jobs.QUEUED_LOOK`).
+                queued = (
+                    session.connection()
+                    .execute(claims.queued_look(), {"worker_id": self.worker_id})
+                    .first()
+                )
+                first = queued is not None and bool(queued.waiting_ahead)
+                found = None if first else self._queued(session, queued, now, lease)
                 for kind in claims.KINDS:
                     if found is not None:
                         break
                     found = self._waiting(session, kind, now, lease)
                 if found is None and first:
-                    found = self._queued(session, now, lease)
+                    found = self._queued(session, queued, now, lease)
                 if not isinstance(found, _Abandoned):
                     return found
 
     def _queued(
-        self, session: Session, now: datetime, lease: timedelta
+        self, session: Session, found: Any, now: datetime, lease: timedelta
     ) -> ClaimedJob | _Abandoned | None:
-        """Take the oldest queued job, or one whose lease expired; ``None`` if there is none,
-        :data:`_ABANDONED` if it was one past its attempts (recorded as such here).
+        """Take ``found``, the oldest queued job or one whose lease expired, read and locked
+        by the claim's look (``None``: there is none); :data:`_ABANDONED` if it was one past
+        its attempts (recorded as such here).
 
         A job still leased to this worker is taken again too: this worker runs one job at a
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        # Columns on the transaction's connection, not ORM objects (:data:`QUEUED_LOOK`).
-        found = session.connection().execute(QUEUED_LOOK, {"worker_id": self.worker_id}).first()
         if found is None:
             return None
         if found.attempts >= self.settings.worker_max_attempts:
