@@ -105,6 +105,7 @@ from service.jobs import (
     End,
     JobKind,
     Outcome,
+    ReleaseEnd,
     Run,
     RunContext,
     WorkerStopping,
@@ -250,14 +251,10 @@ class Worker:
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                # The oldest queued job (locked) and whether a waiting job goes first, in one
-                # statement (:func:`service.claims.queued_look`); columns on the transaction's
-                # connection, not ORM objects (:data:`~service.jobs.QUEUED_LOOK`).
-                queued = (
-                    session.connection()
-                    .execute(claims.queued_look(), {"worker_id": self.worker_id})
-                    .first()
-                )
+                # The oldest queued job (locked) and whether a waiting job goes first: one
+                # statement, columns, not ORM objects (:func:`service.claims.queued_look`).
+                look = claims.queued_look()
+                queued = session.connection().execute(look, {"worker_id": self.worker_id}).first()
                 first = queued is not None and bool(queued.waiting_ahead)
                 found = None if first else self._queued(session, queued, now, lease)
                 for kind in claims.KINDS:
@@ -583,18 +580,18 @@ class Worker:
         """Record a job's end: status, reason, when analysts see it, its result, refund and
         audit event, and the wake-up of the long polls waiting on it."""
         outcome = end.outcome
-        release.status = outcome.status
-        release.reason = outcome.reason
-        release.finished_at = utcnow()
+        # Held as written and written at once below, not flushed by the ORM (ReleaseEnd).
+        row = ReleaseEnd(release)
+        row["status"] = outcome.status
+        row["reason"] = outcome.reason
+        row["finished_at"] = finished_at = utcnow()
         kind = kind_of(release.mechanism)
-        release.outcome_visible_at = (
-            end.visible_at
-            if end.visible_at is not None
-            else kind.shown_at(release, release.finished_at)
+        row["outcome_visible_at"] = (
+            end.visible_at if end.visible_at is not None else kind.shown_at(release, finished_at)
         )
         if (
             end.visible_at is None
-            and kind.late(release, release.finished_at)
+            and kind.late(release, finished_at)
             and self._late_logged != release.id
         ):
             self._late_logged = release.id
@@ -604,14 +601,14 @@ class Worker:
                 release.id,
                 release.mechanism,
             )
-        release.lease_expires_at = None
-        release.result_extras = outcome.extras
+        row["lease_expires_at"] = None
+        row["result_extras"] = outcome.extras
         if self._rechecked(session, release):
             # Shown by the re-check at its due moment, not by what this job met: whether it
             # read before or after its owner changed an object tells when it was claimed.
-            release.reference_check = reference_recheck.PENDING
+            row["reference_check"] = reference_recheck.PENDING
         if outcome.basis is not None:
-            basis, release.result_shape, release.result_sha256 = outcome.basis
+            basis, row["result_shape"], row["result_sha256"] = outcome.basis
             add_basis(session, release.id, 0, basis)
         refunded = None
         # DESIGN: a refund only when the job provably never read the data. A failure decided
@@ -627,7 +624,8 @@ class Worker:
             refund = False
         if refund:
             refunded = ledger.refund(session, release.dataset_id, release.id)
-            release.refunded = True
+            row["refunded"] = True
+        row.write(session)
         details: dict[str, Any] = {
             "mechanism": release.mechanism,
             "k": release.k,
