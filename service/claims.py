@@ -14,6 +14,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, bindparam, exists, false, func, or_, select
+from sqlalchemy.orm import Session
 
 from service import registration
 from service.continual import CONTINUAL
@@ -112,6 +113,12 @@ def queued_look() -> Select[Any]:
     docs/benchmarks.md, "Release fixed cost, fifth pass"). When no queued job is found the
     answer does not matter: the waiting looks come next either way."""
     return QUEUED_LOOK.add_columns(waiting_ahead().scalar_subquery().label("waiting_ahead"))
+
+
+def queued(session: Session, worker_id: str) -> Any:
+    """:func:`queued_look`'s row (columns, not ORM objects), or ``None``, on the claim's
+    connection."""
+    return session.connection().execute(queued_look(), {"worker_id": worker_id}).first()
 
 
 @functools.cache

@@ -251,10 +251,8 @@ class Worker:
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                # The oldest queued job (locked) and whether a waiting job goes first: one
-                # statement, columns, not ORM objects (:func:`service.claims.queued_look`).
-                look = claims.queued_look()
-                queued = session.connection().execute(look, {"worker_id": self.worker_id}).first()
+                # One statement: the oldest queued job (locked), whether a waiting one goes first.
+                queued = claims.queued(session, self.worker_id)
                 first = queued is not None and bool(queued.waiting_ahead)
                 found = None if first else self._queued(session, queued, now, lease)
                 for kind in claims.KINDS:
@@ -269,9 +267,8 @@ class Worker:
     def _queued(
         self, session: Session, found: Any, now: datetime, lease: timedelta
     ) -> ClaimedJob | _Abandoned | None:
-        """Take ``found``, the oldest queued job or one whose lease expired, read and locked
-        by the claim's look (``None``: there is none); :data:`_ABANDONED` if it was one past
-        its attempts (recorded as such here).
+        """Take ``found`` (the claim's look: the oldest queued job or one whose lease expired;
+        ``None``: none); :data:`_ABANDONED` if it was one past its attempts (recorded here).
 
         A job still leased to this worker is taken again too: this worker runs one job at a
         time, so such a job is one whose claim committed although the commit's answer was lost,
@@ -580,8 +577,7 @@ class Worker:
         """Record a job's end: status, reason, when analysts see it, its result, refund and
         audit event, and the wake-up of the long polls waiting on it."""
         outcome = end.outcome
-        # Held as written and written at once below, not flushed by the ORM (ReleaseEnd).
-        row = ReleaseEnd(release)
+        row = ReleaseEnd(release)  # written at once below, not flushed by the ORM
         row["status"] = outcome.status
         row["reason"] = outcome.reason
         row["finished_at"] = finished_at = utcnow()
