@@ -379,7 +379,10 @@ def run(
         if session.info.pop("bench_created", False):
             loop_box[0].call_soon_threadsafe(queued.set)
 
+    # A new release is flushed (the ORM's insert: pending) or written at once and added as
+    # read (service.release_rows: detached): either way it becomes persistent in the session.
     event.listen(factory, "pending_to_persistent", created)
+    event.listen(factory, "detached_to_persistent", created)
     event.listen(factory, "after_commit", committed)
 
     async def waited(http: httpx.AsyncClient, dataset: str) -> tuple[float, float]:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from service import registration
 from service.continual import CONTINUAL
 from service.db.models import Dataset, DatasetBatch, Release
-from service.jobs import QUEUED_CLAIMABLE, JobKind
+from service.jobs import QUEUED_CLAIMABLE, QUEUED_LOOK, JobKind
 from service.oneshot import ONE_SHOT
 
 #: The job kinds under the worker; a waiting job is looked for in this order.
@@ -93,16 +93,32 @@ def waiting_ahead() -> Select[Any]:
             Release.__table__.join(Dataset.__table__).outerjoin(DatasetBatch.__table__, _NEXT_BATCH)
         )
         .where(*ready, oldest >= _WORK_SINCE)
+        # Never correlated: asked as a column of the queued look (:func:`queued_look`), whose
+        # own releases and datasets it must not take for its own.
+        .correlate(None)
         for ready in (waiting_claimable(kind) for kind in KINDS)
         if ready is not None
     ]
     return select(or_(*looks)) if looks else select(false())
 
 
-def waiting_first(session: Session, worker_id: str) -> bool:
-    """:func:`waiting_ahead`, asked on the claim's connection."""
-    found = session.connection().execute(waiting_ahead(), {"worker_id": worker_id}).scalar()
-    return bool(found)
+@functools.cache
+def queued_look() -> Select[Any]:
+    """:data:`~service.jobs.QUEUED_LOOK` with :func:`waiting_ahead`'s answer as its column
+    ``waiting_ahead``: the claim's first two questions in one statement (one snapshot), read
+    on the claim's connection (:meth:`service.worker.Worker.claim`).
+
+    Why one: the claim asked them as two statements on every release; the second cost about
+    a third of the claim's CPU at 50,000 x 100 (``bench/bench_release_cpu.py``,
+    docs/benchmarks.md, "Release fixed cost, fifth pass"). When no queued job is found the
+    answer does not matter: the waiting looks come next either way."""
+    return QUEUED_LOOK.add_columns(waiting_ahead().scalar_subquery().label("waiting_ahead"))
+
+
+def queued(session: Session, worker_id: str) -> Any:
+    """:func:`queued_look`'s row (columns, not ORM objects), or ``None``, on the claim's
+    connection."""
+    return session.connection().execute(queued_look(), {"worker_id": worker_id}).first()
 
 
 @functools.cache

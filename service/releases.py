@@ -60,6 +60,7 @@ from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding_epochs import epoch_seconds
 from service.padding_queue import padding_model, queue_seconds
 from service.prior_projection import on_prior
+from service.release_rows import insert_release
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
@@ -613,14 +614,14 @@ def queue_release(
         # parameters were prepared with (later appends are not read).
         release.n_rows_read = dataset.n_rows
         release.batches_read = dataset.n_batches
+    # Written at once (its charge's entry names it), not flushed by the ORM: release_rows.
     if idempotency_key is None:
         # Nothing unique to race on (no key): no savepoint around the insert.
-        session.add(release)
-        session.flush()
+        insert_release(session, release)
     else:
         try:
             with session.begin_nested():
-                session.add(release)
+                insert_release(session, release)
         except IntegrityError:
             # The same key raced in for another dataset (a different request): refuse, charge
             # nothing.

@@ -70,13 +70,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.orm import Session, load_only
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from service import continual
 from service.auth import Principal, sees_real_state
-from service.db.models import Dataset, Release, ReleaseEpoch
+from service.db.models import Dataset, Release, ReleaseBasis, ReleaseEpoch
 from service.padding import late_schedule, next_late_step, padded
 
 #: Statuses after which a release changes no more.
@@ -145,11 +146,19 @@ def end_visible(
     return release.outcome_visible_at is None or now >= release.outcome_visible_at
 
 
-def view(session: Session, release: Release, principal: Principal, now: datetime) -> View:
+def view(
+    session: Session,
+    release: Release,
+    principal: Principal,
+    now: datetime,
+    with_basis: bool = False,
+) -> View:
     """``release`` as ``principal`` may see it at ``now`` (see the module docstring).
 
     Reads no large column, and for an analyst's release before ``visible_at`` nothing a worker
     writes: the same statements, the same rows, before and after the job ends.
+    ``with_basis``: the caller shows the basis of a one-shot end shown with a result; it is
+    then read with the end's deferred columns, in their statement (:data:`HELD_BASES`).
     """
     padded_caller = not sees_real_state(principal)
     is_continual = continual.is_continual(release.mechanism)
@@ -212,6 +221,8 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         # Only now: ``reason`` (deferred with the extras) is loaded for an end shown. The
         # worker writes it with the end alone (:meth:`service.worker.Worker._record`): an
         # unfinished release has none, and reads the same statements as a hidden one.
+        if with_basis and not is_continual and status in ("succeeded", "no_result"):
+            _load_end_with_basis(session, release)
         reason = release.reason
     return View(
         status=status,
@@ -223,6 +234,33 @@ def view(session: Session, release: Release, principal: Principal, now: datetime
         epochs_visible_by=visible_by,
         sealed_until=sealed_until,
     )
+
+
+#: Key in ``Session.info``: the bases read with their release's end by :func:`view`, by
+#: release id (``None``: no basis stored); :func:`service.api.presenters.release_out` shows
+#: them without a statement of their own.
+HELD_BASES = "dpss_held_bases"
+
+#: The end's deferred columns and the basis, in one statement (:func:`_load_end_with_basis`).
+_END_WITH_BASIS = (
+    select(Release.reason, Release.result_extras, ReleaseBasis.basis)
+    .outerjoin(ReleaseBasis, and_(ReleaseBasis.release_id == Release.id, ReleaseBasis.epoch == 0))
+    .where(Release.id == bindparam("release_id"))
+)
+
+
+def _load_end_with_basis(session: Session, release: Release) -> None:
+    """Load a shown one-shot end's ``reason`` and ``result_extras`` (deferred) with its basis,
+    in one statement where the deferred group's load and the basis's were two (the read
+    after a worker's hint, ``bench/bench_release_cpu.py``). Only for an end shown: the same
+    rule as the deferred load it replaces, so what is read still depends only on what the
+    caller may see. Nothing when the columns are loaded already."""
+    if "reason" in release.__dict__:
+        return
+    found = session.execute(_END_WITH_BASIS, {"release_id": release.id}).one()
+    set_committed_value(release, "reason", found.reason)
+    set_committed_value(release, "result_extras", found.result_extras)
+    session.info.setdefault(HELD_BASES, {})[release.id] = found.basis
 
 
 #: A dataset's deletion moment alone (:func:`dataset_deleted_at`), built once.

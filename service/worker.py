@@ -99,13 +99,13 @@ from service.jobs import (
     FINISHED,
     LOCKED_RELEASE,
     LOST,
-    QUEUED_LOOK,
     STORED,
     WAITING,
     ClaimedJob,
     End,
     JobKind,
     Outcome,
+    ReleaseEnd,
     Run,
     RunContext,
     WorkerStopping,
@@ -245,35 +245,35 @@ class Worker:
     def claim(self) -> ClaimedJob | None:
         """The next job or ``None``: a queued or expired one (:meth:`_queued`), else one that
         waited and has work again (:meth:`_waiting`), first if that work came before the oldest
-        queued job (:func:`service.claims.waiting_first`). One transaction (``bench/
+        queued job (:func:`service.claims.waiting_ahead`). One transaction (``bench/
         bench_release_cpu.py``); a job abandoned on the way is recorded, and the claim redone."""
         lease = timedelta(seconds=self.settings.worker_lease_seconds)
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
-                first = claims.waiting_first(session, self.worker_id)
-                found = None if first else self._queued(session, now, lease)
+                # One statement: the oldest queued job (locked), whether a waiting one goes first.
+                queued = claims.queued(session, self.worker_id)
+                first = queued is not None and bool(queued.waiting_ahead)
+                found = None if first else self._queued(session, queued, now, lease)
                 for kind in claims.KINDS:
                     if found is not None:
                         break
                     found = self._waiting(session, kind, now, lease)
                 if found is None and first:
-                    found = self._queued(session, now, lease)
+                    found = self._queued(session, queued, now, lease)
                 if not isinstance(found, _Abandoned):
                     return found
 
     def _queued(
-        self, session: Session, now: datetime, lease: timedelta
+        self, session: Session, found: Any, now: datetime, lease: timedelta
     ) -> ClaimedJob | _Abandoned | None:
-        """Take the oldest queued job, or one whose lease expired; ``None`` if there is none,
-        :data:`_ABANDONED` if it was one past its attempts (recorded as such here).
+        """Take ``found`` (the claim's look: the oldest queued job or one whose lease expired;
+        ``None``: none); :data:`_ABANDONED` if it was one past its attempts (recorded here).
 
         A job still leased to this worker is taken again too: this worker runs one job at a
         time, so such a job is one whose claim committed although the commit's answer was lost,
         or whose outcome could not be stored. Each claim counts as an attempt.
         """
-        # Columns on the transaction's connection, not ORM objects (:data:`QUEUED_LOOK`).
-        found = session.connection().execute(QUEUED_LOOK, {"worker_id": self.worker_id}).first()
         if found is None:
             return None
         if found.attempts >= self.settings.worker_max_attempts:
@@ -577,18 +577,17 @@ class Worker:
         """Record a job's end: status, reason, when analysts see it, its result, refund and
         audit event, and the wake-up of the long polls waiting on it."""
         outcome = end.outcome
-        release.status = outcome.status
-        release.reason = outcome.reason
-        release.finished_at = utcnow()
+        row = ReleaseEnd(release)  # written at once below, not flushed by the ORM
+        row["status"] = outcome.status
+        row["reason"] = outcome.reason
+        row["finished_at"] = finished_at = utcnow()
         kind = kind_of(release.mechanism)
-        release.outcome_visible_at = (
-            end.visible_at
-            if end.visible_at is not None
-            else kind.shown_at(release, release.finished_at)
+        row["outcome_visible_at"] = (
+            end.visible_at if end.visible_at is not None else kind.shown_at(release, finished_at)
         )
         if (
             end.visible_at is None
-            and kind.late(release, release.finished_at)
+            and kind.late(release, finished_at)
             and self._late_logged != release.id
         ):
             self._late_logged = release.id
@@ -598,14 +597,14 @@ class Worker:
                 release.id,
                 release.mechanism,
             )
-        release.lease_expires_at = None
-        release.result_extras = outcome.extras
+        row["lease_expires_at"] = None
+        row["result_extras"] = outcome.extras
         if self._rechecked(session, release):
             # Shown by the re-check at its due moment, not by what this job met: whether it
             # read before or after its owner changed an object tells when it was claimed.
-            release.reference_check = reference_recheck.PENDING
+            row["reference_check"] = reference_recheck.PENDING
         if outcome.basis is not None:
-            basis, release.result_shape, release.result_sha256 = outcome.basis
+            basis, row["result_shape"], row["result_sha256"] = outcome.basis
             add_basis(session, release.id, 0, basis)
         refunded = None
         # DESIGN: a refund only when the job provably never read the data. A failure decided
@@ -621,7 +620,8 @@ class Worker:
             refund = False
         if refund:
             refunded = ledger.refund(session, release.dataset_id, release.id)
-            release.refunded = True
+            row["refunded"] = True
+        row.write(session)
         details: dict[str, Any] = {
             "mechanism": release.mechanism,
             "k": release.k,

@@ -327,7 +327,7 @@ def _read(
     """``release`` as ``principal`` sees it now, and when that may change: one read of a long
     poll (the creating request's first included)."""
     now = utcnow()
-    seen = visibility.view(session, release, principal, now)
+    seen = visibility.view(session, release, principal, now, with_basis=True)
     shows_at = None
     if not seen.finished:
         shows_at = _shows_at(session, release, seen, len(seen.epochs or ()), now)
