@@ -70,6 +70,25 @@ def children_running(pid: int, count: int, timeout: float = 30) -> list[psutil.P
         time.sleep(0.05)
 
 
+def spawned_servers(pid: int, count: int, timeout: float = 60) -> list[psutil.Process]:
+    """The ``count`` server processes uvicorn spawned under ``pid``, once each has exec'd.
+
+    Counting children is not enough: a spawned child is first a fork of its parent (the
+    parent's command line) until it execs ``spawn_main``, and the resource tracker is a child
+    too; on a loaded machine the count was reached with a server not yet exec'd."""
+    deadline = time.monotonic() + timeout
+    while True:
+        servers = []
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "spawn_main" in " ".join(child.cmdline()):
+                    servers.append(child)
+        if len(servers) >= count or time.monotonic() > deadline:
+            assert len(servers) == count, [p.cmdline() for p in servers]
+            return servers
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def serve_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {**os.environ, "DPSS_DATA_DIR": str(tmp_path / "data"), "DPSS_ADMIN_API_KEY": ADMIN}
@@ -143,11 +162,13 @@ def test_api_with_two_workers_serves_from_two_processes(
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
         # Both processes start, bootstrap nothing twice and stay up.
-        children = children_running(api.pid, 3)
-        servers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
-        assert len(servers) == 2, [p.cmdline() for p in children]
+        servers = spawned_servers(api.pid, 2)
         headers = {"Authorization": f"Bearer {ADMIN}"}
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers) as client:
+        # A hang guard, not a timing assumption: httpx's 5 s default was near one request's
+        # time on a loaded machine.
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60
+        ) as client:
             made = [
                 client.post("/v1/keys", json={"role": "analyst", "name": f"a{i}"})
                 for i in range(10)
