@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, or_, select
+from sqlalchemy import ColumnElement, and_, bindparam, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from service import calibration
@@ -111,8 +111,13 @@ def late_seconds(late: list[tuple[datetime, datetime]], now: datetime) -> float:
 
 
 #: The registrations and batches by reference requested by ``now`` whose end is not shown at
-#: ``now`` (:func:`registration_seconds`). Built once, as :data:`_QUEUE`.
-_REGISTRATIONS = select(
+#: ``now`` (:func:`registration_seconds`). Built once, as :data:`_QUEUE`. Four branches, each
+#: a range of one partial index (migration 0025: ``registration_shown_at`` or
+#: ``batch_shown_at`` null, or after ``now``, among the rows with the matching ``visible_at``),
+#: so a request reads the pending rows only: one ``WHERE`` of ``OR`` scanned every dataset
+#: whose registration or batch was long shown (10 ms at 10,000 datasets on SQLite, each
+#: release request).
+_PENDING_COLUMNS = (
     Dataset.created_at,
     Dataset.registration_visible_at,
     Dataset.registration_shown_at,
@@ -120,21 +125,15 @@ _REGISTRATIONS = select(
     Dataset.batch_visible_at,
     Dataset.batch_shown_at,
     Dataset.deleted_at,
-).where(
-    or_(
-        and_(
-            Dataset.registration_visible_at.is_not(None),
-            Dataset.created_at <= bindparam("now"),
-            or_(
-                Dataset.registration_shown_at.is_(None),
-                Dataset.registration_shown_at > bindparam("now"),
-            ),
-        ),
-        and_(
-            Dataset.batch_visible_at.is_not(None),
-            Dataset.batch_requested_at <= bindparam("now"),
-            or_(Dataset.batch_shown_at.is_(None), Dataset.batch_shown_at > bindparam("now")),
-        ),
+)
+_REGISTRATIONS = union_all(
+    *(
+        select(*_PENDING_COLUMNS).where(visible.is_not(None), requested <= bindparam("now"), open_)
+        for visible, requested, shown in (
+            (Dataset.registration_visible_at, Dataset.created_at, Dataset.registration_shown_at),
+            (Dataset.batch_visible_at, Dataset.batch_requested_at, Dataset.batch_shown_at),
+        )
+        for open_ in (shown.is_(None), shown > bindparam("now"))
     )
 )
 

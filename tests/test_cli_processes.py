@@ -70,6 +70,25 @@ def children_running(pid: int, count: int, timeout: float = 30) -> list[psutil.P
         time.sleep(0.05)
 
 
+def spawned_servers(pid: int, count: int, timeout: float = 60) -> list[psutil.Process]:
+    """The ``count`` server processes uvicorn spawned under ``pid``, once each has exec'd.
+
+    Counting children is not enough: a spawned child is first a fork of its parent (the
+    parent's command line) until it execs ``spawn_main``, and the resource tracker is a child
+    too; on a loaded machine the count was reached with a server not yet exec'd."""
+    deadline = time.monotonic() + timeout
+    while True:
+        servers = []
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "spawn_main" in " ".join(child.cmdline()):
+                    servers.append(child)
+        if len(servers) >= count or time.monotonic() > deadline:
+            assert len(servers) == count, [p.cmdline() for p in servers]
+            return servers
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def serve_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {**os.environ, "DPSS_DATA_DIR": str(tmp_path / "data"), "DPSS_ADMIN_API_KEY": ADMIN}
@@ -143,11 +162,13 @@ def test_api_with_two_workers_serves_from_two_processes(
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
         # Both processes start, bootstrap nothing twice and stay up.
-        children = children_running(api.pid, 3)
-        servers = [p for p in children if "spawn_main" in " ".join(p.cmdline())]
-        assert len(servers) == 2, [p.cmdline() for p in children]
+        servers = spawned_servers(api.pid, 2)
         headers = {"Authorization": f"Bearer {ADMIN}"}
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers) as client:
+        # A hang guard, not a timing assumption: httpx's 5 s default was near one request's
+        # time on a loaded machine.
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60
+        ) as client:
             made = [
                 client.post("/v1/keys", json={"role": "analyst", "name": f"a{i}"})
                 for i in range(10)
@@ -205,6 +226,23 @@ def test_an_address_not_of_this_host_is_named(serve_env: dict[str, str], tmp_pat
     assert "Traceback" not in done.stderr
 
 
+def answered(url: str, status: int, timeout: float = 60) -> httpx.Response:
+    """The first answer from ``url`` with ``status``, or the last answer (or error) once
+    ``timeout`` seconds have passed: a condition the server reaches when it has processed
+    what came before, waited on with a hang guard rather than a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with httpx.Client(timeout=10) as client:
+                answer = client.get(url)
+            if answer.status_code == status or time.monotonic() > deadline:
+                return answer
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
 def _few_files() -> None:
     import resource
 
@@ -248,18 +286,16 @@ def test_more_connections_than_open_files_get_503_not_silence(
             conn = socket.create_connection(("127.0.0.1", port), timeout=5)
             conn.sendall(head)
             slow.append(conn)
-        time.sleep(1)
-        with httpx.Client(timeout=10) as client:
-            answer = client.get(f"http://127.0.0.1:{port}/healthz")
-        assert answer.status_code == 503
+        # Once the process has accepted them (1 s was the assumption; a loaded machine can
+        # take longer), a client beyond them is answered 503.
+        answer = answered(f"http://127.0.0.1:{port}/healthz", 503)
+        assert answer.status_code == 503, answer
         assert int(answer.headers["Retry-After"]) >= 1
         assert api.poll() is None
         for conn in slow:
             conn.close()
         slow.clear()
-        time.sleep(1)
-        with httpx.Client(timeout=10) as client:
-            assert client.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        assert answered(f"http://127.0.0.1:{port}/healthz", 200).status_code == 200
     finally:
         for conn in slow:
             conn.close()

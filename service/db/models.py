@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -138,6 +139,22 @@ class Dataset(Base):
 
     __table_args__ = (
         Index("uq_dataset_idempotency", "owner_key_id", "idempotency_key", unique=True),
+        # The registrations and batches by reference not shown yet, read on each release
+        # request (service.padding_queue.registration_seconds); partial: the datasets
+        # registered or appended by upload, and those long shown, are no rows of theirs to
+        # read (migration 0025).
+        Index(
+            "ix_datasets_registration_pending",
+            "registration_shown_at",
+            postgresql_where=text("registration_visible_at IS NOT NULL"),
+            sqlite_where=text("registration_visible_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_datasets_batch_pending",
+            "batch_shown_at",
+            postgresql_where=text("batch_visible_at IS NOT NULL"),
+            sqlite_where=text("batch_visible_at IS NOT NULL"),
+        ),
     )
 
 
