@@ -13,43 +13,14 @@ import numpy as np
 
 from service.mechanisms.linalg import FloatArray
 
-#: Noise draws of the simulation at ``d = 256`` (:data:`~service.mechanisms.gauss_forecast.
-#: SIMULATE_MAX_D`), from a fixed seed: a deterministic quadrature of the model's expectation,
-#: not privacy noise (the forecast is post-processing of released values).
+#: Noise draws of the simulation, from a fixed seed: a deterministic quadrature of the
+#: model's expectation, not privacy noise (the forecast is post-processing of released values).
 SIMULATION_DRAWS = 12
-#: The most draws at any ``d`` (:func:`draws_for`).
-MAX_DRAWS = 64
 SIMULATION_SEED = 20261130
-#: The ``d`` at which :data:`SIMULATION_DRAWS` draws are the cost bound: an ``eigh`` costs about
-#: ``d^3``, so ``12 (256/d)^3`` draws cost no more at a smaller ``d`` (:func:`draws_for`).
-COST_D = 256
-
-
-def draws_for(d: int) -> int:
-    """The simulation's draws at dimension ``d``: :data:`SIMULATION_DRAWS` at ``d = 256``, as
-    many more below it as the same ``eigh`` cost allows (``12 (256/d)^3``), at most
-    :data:`MAX_DRAWS`. The fixed seed's draws are the same for every forecast, so their
-    sample sd errs the same way in every cell: with 12 the sd of a release near the noise's
-    edge came out 0.67x the 300-draw one (breast_cancer, eps 2 to 0.1, k 5: 0.051 against
-    0.077), and the range's high end missed the releases that then kept 0.44-0.52. Cost, not a
-    fitted constant."""
-    if d <= 0:
-        return MAX_DRAWS
-    return int(max(SIMULATION_DRAWS, min(MAX_DRAWS, SIMULATION_DRAWS * (COST_D / d) ** 3)))
-
-
-def prediction_t(d: int) -> float:
-    """A fresh release's 90% two-sided prediction interval from :func:`draws_for` ``(d)``
-    simulated releases, in units of the draws' sd: the 0.95 quantile of Student's t with
-    ``draws - 1`` degrees of freedom times ``sqrt(1 + 1/draws)`` (the simulated mean's own
-    error); 1.870 with 12 draws, 1.683 with 64, where Z (1.645) treats the sd as known."""
-    from scipy.stats import t as student
-
-    draws = draws_for(d)
-    return float(student.ppf(0.95, draws - 1)) * math.sqrt(1.0 + 1.0 / draws)
-
-
-#: :func:`prediction_t` at :data:`SIMULATION_DRAWS` draws (``d = 256``): 1.796 x 1.041.
+#: A fresh release's 90% two-sided prediction interval from :data:`SIMULATION_DRAWS` simulated
+#: releases: the 0.95 quantile of Student's t with ``draws - 1`` degrees of freedom times
+#: ``sqrt(1 + 1/draws)`` (the simulated mean's own error), in units of the draws' sd. With 12
+#: draws: 1.796 x 1.041 = 1.870, where Z (1.645) treated the estimated sd as known.
 PREDICTION_T = 1.7958848187036691 * math.sqrt(1.0 + 1.0 / SIMULATION_DRAWS)
 
 
@@ -71,7 +42,7 @@ class Model:
 
 def simulated_share(model: Model, d: int, k: int, sigma: float) -> tuple[float, float]:
     """The share of the centred variance the top ``k`` eigenvectors of ``diag(model) + spike u
-    u^T + E(sigma)`` keep: its mean and standard deviation over :func:`draws_for` ``(d)``
+    u^T + E(sigma)`` keep: its mean and standard deviation over :data:`SIMULATION_DRAWS`
     draws from the fixed :data:`SIMULATION_SEED` (a deterministic function of released
     figures: post-processing). The finite-``d`` counterpart of the spiked-Wigner overlaps;
     the standard deviation is a release's own draw-to-draw spread in the model."""
@@ -80,9 +51,8 @@ def simulated_share(model: Model, d: int, k: int, sigma: float) -> tuple[float, 
     diagonal = np.concatenate([model.values, model.tail_values[: d - m]])
     weights = np.concatenate([model.shares, model.tail_shares[: d - m]])
     rng = np.random.default_rng(SIMULATION_SEED)
-    draws = draws_for(d)
-    kept = np.zeros(draws)
-    for draw in range(draws):
+    kept = np.zeros(SIMULATION_DRAWS)
+    for draw in range(SIMULATION_DRAWS):
         from service.mechanisms.noise import symmetric_gaussian  # no import cycle
 
         matrix = symmetric_gaussian(d, sigma, rng)
@@ -94,4 +64,4 @@ def simulated_share(model: Model, d: int, k: int, sigma: float) -> tuple[float, 
         _, vectors = np.linalg.eigh(matrix)
         top = vectors[:, d - k :]
         kept[draw] = float(np.sum(weights[:, None] * top**2))
-    return float(kept.mean()), float(kept.std(ddof=1)) if draws > 1 else 0.0
+    return float(kept.mean()), float(kept.std(ddof=1)) if SIMULATION_DRAWS > 1 else 0.0

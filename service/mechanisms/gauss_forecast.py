@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.mechanisms.forecast_figures import ReleasedFigures as ReleasedFigures
-from service.mechanisms.forecast_simulation import Model, prediction_t, simulated_share
+from service.mechanisms.forecast_simulation import PREDICTION_T, Model, simulated_share
 from service.mechanisms.forecast_spread import (
     filled,
     moved_share,
@@ -403,7 +403,7 @@ def range_at(
       components; at ``d <= SIMULATE_MAX_D`` instead the new release simulated on that
       spectrum (:func:`simulated_share`), scaled by the earlier release's stated share over
       its own simulation where it measured one, and the range widened by the simulated
-      release's spread (:func:`prediction_t` of its standard deviation, with the half-widths
+      release's spread (:data:`PREDICTION_T` of its standard deviation, with the half-widths
       below in squares);
     - ``low`` / ``high``: each known eigenvalue read at ``-/+ Z sqrt(2) sigma`` and a measured
       share at its interval's ends; ``high`` lets each of the new release's components beyond
@@ -644,15 +644,14 @@ def range_at(
                 profile_spread = profile_spread * stated / modelled
         # The range's half-widths: the asymptotic ones (what the released figures leave open)
         # and the new release's own draw-to-draw spread, independent, in squares. The spread
-        # is estimated from draws_for(d) draws, so a fresh release's 90% prediction
-        # interval is prediction_t(d) of the estimated sd (Student t), not Z of a known one.
-        t_d = prediction_t(d)
+        # is estimated from SIMULATION_DRAWS draws, so a fresh release's 90% prediction
+        # interval is PREDICTION_T of the estimated sd (Student t), not Z of a known one.
         below, above_ = asymptotic - low, high - asymptotic
         low = min(central, profile) - math.hypot(
-            max(below, 0.0), t_d * max(spread, profile_spread)
+            max(below, 0.0), PREDICTION_T * max(spread, profile_spread)
         )
         high = max(central, profile) + math.hypot(
-            max(above_, 0.0), t_d * max(spread, profile_spread)
+            max(above_, 0.0), PREDICTION_T * max(spread, profile_spread)
         )
         if figures.measured and use:
             # The ends' readings simulated too: below the new edge the asymptotic overlaps
@@ -681,9 +680,9 @@ def range_at(
                 )
                 mean_e, spread_e = simulated_share(model_e, d, k, sigma1)
                 if ends:
-                    high = max(high, (mean_e + t_d * spread_e) * anchor)
+                    high = max(high, (mean_e + PREDICTION_T * spread_e) * anchor)
                 else:
-                    low = min(low, (mean_e - t_d * spread_e) * anchor)
+                    low = min(low, (mean_e - PREDICTION_T * spread_e) * anchor)
     if figures.measured and not figures.uncentred:
         earlier_k = len(figures.ratios)
         low_i, high_i = figures.interval
