@@ -17,7 +17,11 @@ keeps). Printed per cell: the range's coverage (``low <= kept <= high``), its me
 the runs given a point (as the dry run states it: none from a hidden earlier release), the
 point's mean absolute and signed error and the central figure's mean absolute error; then per
 data set the cells whose coverage is below 0.9, and overall the share of covering cells and
-the mean width. ``--eps``: the budgets (default 0.1, 0.3, 1, 3); ``--csv``: every cell.
+the mean width; then the binomial reading (:func:`binomial_reading`): per cell the one-sided
+exact binomial test of ``H0: coverage >= 0.9`` (20 runs show 0.85 or less with chance 0.32 at
+exactly 0.9, so a cell's 0.85 alone is no evidence of under-coverage), the cells that reject at
+5% after Holm's correction over all cells scored, and the pooled coverage per data set with
+its own test. ``--eps``: the budgets (default 0.1, 0.3, 1, 3); ``--csv``: every cell.
 ``--save`` / ``--load``: keep the releases in a pickle and re-score them (before / after a
 change of the forecast, on the very same releases).
 """
@@ -41,6 +45,8 @@ KS = (1, 2, 5, 10)
 SEED_BASE = 10_000
 #: The stated level of the range, each cell's coverage is held to.
 LEVEL = 0.9
+#: The family-wise error rate of the per-cell binomial tests (Holm's correction).
+ALPHA = 0.05
 
 
 def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
@@ -131,6 +137,65 @@ def score(collected: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def cover_test(covered: int, runs: int) -> float:
+    """The one-sided exact binomial p-value of ``covered`` of ``runs`` under ``H0: coverage >=
+    LEVEL`` (small when too few runs were covered for a 90% range)."""
+    from scipy.stats import binomtest
+
+    if runs <= 0:
+        return 1.0
+    return float(binomtest(covered, runs, LEVEL, alternative="less").pvalue)
+
+
+def holm(pvalues: list[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm's step-down rejections of ``pvalues`` at family-wise level ``alpha``."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    rejected = [False] * len(pvalues)
+    count = len(pvalues)
+    for rank, index in enumerate(order):
+        if pvalues[index] > alpha / (count - rank):
+            break
+        rejected[index] = True
+    return rejected
+
+
+def binomial_reading(table: list[dict[str, Any]]) -> list[str]:
+    """Lines of the binomial reading of the scored cells (``table``: rows of :func:`score`
+    with ``data``): each cell's covered count and p-value (``H0: coverage >= LEVEL``), the
+    cells rejecting after Holm over all cells, and the pooled coverage per data set (all its
+    cells' runs together; the runs of one data set share releases across cells, so its p-value
+    reads as if they were independent, an approximation)."""
+    lines: list[str] = []
+    covered = [round(row["cover"] * row["runs"]) for row in table]
+    pvalues = [cover_test(c, row["runs"]) for c, row in zip(covered, table, strict=True)]
+    rejected = holm(pvalues)
+    lines.append(
+        f"binomial: H0 coverage >= {LEVEL} per cell (one-sided exact), Holm at {ALPHA} "
+        f"over {len(table)} cells"
+    )
+    lines.append(
+        "| data | cells | p < 0.05 alone | reject after Holm | pooled coverage | runs | pooled p |"
+    )
+    lines.append("|---|---|---|---|---|---|---|")
+    for name in dict.fromkeys(row["data"] for row in table):
+        picked = [i for i, row in enumerate(table) if row["data"] == name]
+        runs = sum(table[i]["runs"] for i in picked)
+        hits = sum(covered[i] for i in picked)
+        alone = sum(pvalues[i] < ALPHA for i in picked)
+        lines.append(
+            f"| {name} | {len(picked)} | {alone} | {sum(rejected[i] for i in picked)} "
+            f"| {hits / runs:.3f} | {runs} | {cover_test(hits, runs):.3g} |"
+        )
+    for i, row in enumerate(table):
+        if pvalues[i] < ALPHA:
+            verdict = "rejects after Holm" if rejected[i] else "not after Holm"
+            lines.append(
+                f"low: {row['data']} k {row['k']} eps {row['source']} -> {row['target']}: "
+                f"{covered[i]}/{row['runs']}, p = {pvalues[i]:.3g} ({verdict})"
+            )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=20)
@@ -201,6 +266,9 @@ def main() -> None:
                 f"short: {name} k {r['k']} eps {r['source']} -> {r['target']}: "
                 f"{r['cover']:.2f} (width {r['width']:.3f})"
             )
+    if table:
+        print()
+        print("\n".join(binomial_reading(table)))
 
 
 if __name__ == "__main__":

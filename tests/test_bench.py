@@ -483,3 +483,23 @@ def test_no_bench_reads_the_mnist_sample_but_through_its_module() -> None:
         assert "mnist_5k" not in text, path
         for match in re.finditer(r"load_mnist\(\)[^\n]*", text):
             assert "[:" not in match.group(0), (path, match.group(0))
+
+
+def test_forecast_coverage_binomial_reading_rejects_only_what_20_runs_can_show() -> None:
+    from bench.bench_forecast_coverage import binomial_reading, cover_test, holm
+
+    # 17 of 20 (0.85) happens with chance 0.32 under exactly 90% coverage: no evidence.
+    assert cover_test(17, 20) == pytest.approx(0.3231, abs=1e-4)
+    assert cover_test(12, 20) < 0.001
+    # Holm: the smallest p against alpha / 3, the next against alpha / 2, stops at the first keep.
+    assert holm([0.001, 0.02, 0.03]) == [True, True, True]
+    assert holm([0.001, 0.04, 0.03]) == [True, False, False]
+    table = [
+        {"data": "a", "k": 1, "source": 1.0, "target": 0.1, "runs": 20, "cover": 0.85},
+        {"data": "a", "k": 2, "source": 1.0, "target": 0.1, "runs": 20, "cover": 0.5},
+        {"data": "b", "k": 1, "source": 1.0, "target": 0.1, "runs": 20, "cover": 1.0},
+    ]
+    lines = binomial_reading(table)
+    assert any(line.startswith("low: a k 2") and "rejects after Holm" in line for line in lines)
+    assert not any(line.startswith("low: a k 1") for line in lines)
+    assert "| a | 2 | 1 | 1 | 0.675 | 40 |" in "\n".join(lines)
