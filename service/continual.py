@@ -92,7 +92,7 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import get_mechanism
 from service.padding import late_schedule, padded
-from service.padding_epochs import act_queue_seconds, epoch_padding
+from service.padding_epochs import act_queue_seconds, epoch_padding, in_order
 from service.padding_epochs import continual_names as continual_names
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
 from service.padding_epochs import unverified as unverified
@@ -326,7 +326,9 @@ def _end_visible_at(session: Session, settings: Settings, release: Release) -> d
     if dataset is None:
         return release.visible_at
     if dataset.deleted_at is None or not padded(release):
-        return pending_visible_at(session, settings, release, dataset)
+        # Not before the last epoch shows (its formula moment is not its shown one).
+        due = pending_visible_at(session, settings, release, dataset)
+        return in_order(session, release.id, release.epochs_done + 1, due)
     assert release.visible_at is not None  # padded
     # Plus the queue at the deletion: the end waits behind it (act_queue_seconds).
     queue = timedelta(seconds=act_queue_seconds(session, settings, dataset.deleted_at))
@@ -383,9 +385,12 @@ def store_epoch(
 
     An epoch stored after its ``step.visible_at`` (late) shows at the next step of its public
     schedule (:func:`service.padding.late_schedule` with the epoch's own padding), as a late
-    one-shot release does, not at the moment it was stored."""
+    one-shot release does, not at the moment it was stored; and never before the epoch before
+    shows (:func:`service.padding_epochs.in_order`: ``step.visible_at`` follows that one's
+    formula moment, not its late step)."""
     outcome = computed.outcome
-    shows_at, _ = late_schedule(step.visible_at - step.padding, step.visible_at, utcnow())
+    late_step, _ = late_schedule(step.visible_at - step.padding, step.visible_at, utcnow())
+    shows_at = in_order(session, release.id, step.epoch, late_step)
     if release.epochs_done == step.epoch:
         return STORED  # committed earlier; the answer was lost
     if release.epochs_done != step.epoch - 1:
@@ -406,6 +411,7 @@ def store_epoch(
             extras=outcome.extras,
             created_at=utcnow(),
             visible_at=shows_at,
+            due_at=step.visible_at,
             # Shown only once a re-check at or after shows_at finds its objects unchanged
             # (service.reference_recheck): whether this job read before or after its owner
             # changed one (the epoch stored, or the release ended) tells when it was claimed.

@@ -71,7 +71,8 @@ def unverified(epoch: Any, by: datetime | ColumnElement[Any]) -> ColumnElement[b
 class _Epoch:
     """The public facts an epoch's moments follow: the release's mechanism, ``k``, params and
     ``visible_at``, the dataset's ``d``, the batch's commit and rows (the act: the later of
-    the commit and the dataset's deletion) and the epoch before's ``visible_at``."""
+    the commit and the dataset's deletion) and the epoch before's due moment
+    (:func:`previous_due`)."""
 
     mechanism: str
     k: int
@@ -118,7 +119,10 @@ def epoch_padding(
 ) -> tuple[datetime, timedelta]:
     """:func:`service.continual.pending_padding` of epoch ``epoch`` (its batch ``epoch - 1``,
     after epoch ``epoch - 1``): what the worker computes when it claims that epoch, from public
-    facts only (the epoch before is stored, and shown, before a worker claims this one)."""
+    facts only. The epoch before is stored before a worker claims this one, but maybe not shown
+    (nor on time): this one follows its formula moment (``due_at``, :func:`previous_due`), not
+    the step it shows at, so that a chain of the formula over the pending epochs is public
+    (:func:`epoch_seconds`)."""
     row = session.get(DatasetBatch, (dataset.id, epoch - 1))
     batch = (row.created_at, row.n_rows) if row is not None else None
     act, n_rows = _act(batch, dataset.n_rows, dataset.deleted_at)
@@ -131,11 +135,29 @@ def epoch_padding(
         dataset.n_cols,
         n_rows,
         act,
-        previous.visible_at if previous is not None else None,
+        previous_due(previous),
     )
     # The epoch's own padding is uncalibrated (its queue term is not): as it always was.
     model = PaddingModel.from_settings(settings)
     return _moment(model, facts, lambda moment: act_queue_seconds(session, settings, moment))
+
+
+def previous_due(previous: ReleaseEpoch | None) -> datetime | None:
+    """The moment the next epoch follows: the epoch's formula ``visible_at`` (``due_at``; its
+    stored ``visible_at`` for a row made before migration 0026, as before)."""
+    if previous is None:
+        return None
+    return previous.due_at if previous.due_at is not None else previous.visible_at
+
+
+def in_order(session: Session, release_id: Any, epoch: int, moment: datetime) -> datetime:
+    """When what epoch ``epoch`` brings (the epoch or the release's end) shows: ``moment``, not
+    before the epoch before shows (its stored ``visible_at``, possibly a late step), so that
+    epochs and the end still appear in order now that the epoch's formula moment follows the
+    one before's ``due_at`` (:func:`previous_due`) rather than its shown moment. That one is
+    public by then: it shows no later than this."""
+    previous = session.get(ReleaseEpoch, (release_id, epoch - 1)) if epoch > 1 else None
+    return moment if previous is None else max(moment, previous.visible_at)
 
 
 def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> float:
@@ -160,13 +182,15 @@ def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> fl
 def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     """Until the next public moment of the latest pending epoch at ``now``: for each
     continual release requested by ``now`` whose end is not shown at ``now`` (its dataset not
-    deleted by then), the epoch after the ones shown at ``now`` if its batch was committed by
-    ``now``. Its moment is its ``visible_at``, or past it the next step of its late schedule,
-    both from :func:`_moment`, the formula the worker applies when it claims the epoch: public
-    facts fixed at the batch's commit (the one-shot jobs requested by then, never a release
-    requested after the batch, so no cycle with this term) and the shown epoch before it. It
-    is the same whether the epoch is queued, running, stored or ended the release: what is
-    stored counts only once it shows.
+    deleted by then), every epoch after the ones shown at ``now`` whose batch was committed by
+    ``now`` (up to the horizon). An epoch's moment is its ``visible_at``, or past it the next
+    step of its late schedule, both from :func:`_moment`, the formula the worker applies when
+    it claims the epoch: public facts fixed at the batch's commit (the one-shot jobs requested
+    by then, never a release requested after the batch, so no cycle with this term) and the
+    ``due_at`` of the epoch before: the shown one's as stored, a pending one's as this chain
+    computes it (the worker's formula, never how late that epoch ended). It is the same whether
+    the epochs are queued, running, stored or ended the release: what is stored counts only
+    once it shows.
 
     Why: a worker takes a pending epoch before any one-shot job requested after its batch
     (:func:`service.claims.waiting_first`), and a queued continual release's first epochs
@@ -177,9 +201,10 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     anyone read the epoch's real end, and through it whether the jobs ahead of it had ended
     (``tests/continual/test_probe_behind_an_epoch.py``).
 
-    Not counted: an epoch after the first one not shown (its ``visible_at`` follows the one
-    before's shown moment, not public until that one shows; docs/security.md), and a release's
-    end after its dataset's deletion (the worker reads nothing for it)."""
+    Several epochs of one release pending (batches appended back to back): the worker runs
+    them all before the probe, so each counts (``tests/continual/test_probe_behind_two_epochs.
+    py``). Not counted: a release's end after its dataset's deletion (the worker reads nothing
+    for it)."""
     continual = continual_names()
     if not continual:
         return 0.0
@@ -194,9 +219,13 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     model = PaddingModel.from_settings(settings)
     moments: dict[tuple[Any, ...], tuple[datetime, timedelta]] = {}
     longest = 0.0
+    # Rows by release, then batch: each pending epoch follows the one before's due moment.
+    chain: tuple[Any, datetime | None] = (None, None)
     for row in session.execute(_pending(tuple(continual)), {"now": now}).all():
-        if int(row.shown) + 1 > int(row.params.get("horizon", 0)):
-            continue  # the release ended at its horizon; its end shows with its last epoch
+        if row.release_id != chain[0]:
+            chain = (row.release_id, row.previous_visible_at)
+        if int(row.batch_seq) + 1 > int(row.params.get("horizon", 0)):
+            continue  # the release ends at its horizon; its end shows with its last epoch
         batch = (row.batch_created_at, row.batch_rows)
         act, n_rows = _act(batch, row.dataset_rows, row.deleted_at)
         facts = _Epoch(
@@ -207,7 +236,7 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
             row.n_cols,
             n_rows,
             act,
-            row.previous_visible_at,
+            chain[1],
         )
         # Many releases of one dataset wait for the same batch with the same facts.
         key = (
@@ -223,6 +252,7 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
         if key not in moments:
             moments[key] = _moment(model, facts, act_queue)
         visible, padding = moments[key]
+        chain = (row.release_id, visible)
         wait = (next_late_step(visible - padding, visible, now) - now).total_seconds()
         longest = max(longest, wait)
     return longest
@@ -232,9 +262,9 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
 def _pending(continual: tuple[str, ...]) -> Select[Any]:
     """The continual releases requested by ``now``, their end not shown at ``now`` (nor, on a
     dataset by reference, shown ``failed`` by a changed object's verdict), their dataset not
-    deleted by ``now``, whose first epoch not shown at ``now`` has its batch
-    committed by ``now``; with the number of epochs shown, that batch's ``(created_at,
-    n_rows)`` and the last shown epoch's ``visible_at``. Built once per set of names."""
+    deleted by ``now``, with each batch committed by ``now`` from the first epoch's not shown
+    at ``now`` on (by release, then batch): the batch's ``seq``, ``(created_at, n_rows)`` and
+    the last shown epoch's due moment (:func:`previous_due`). Built once per set of names."""
     now: Any = bindparam("now")
     visible = aliased(ReleaseEpoch)
     # Epochs show in order (visible_at never decreases with the epoch), and on a dataset by
@@ -296,6 +326,7 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
     previous = aliased(ReleaseEpoch)
     return (
         select(
+            Release.id.label("release_id"),
             Release.mechanism,
             Release.k,
             Release.params,
@@ -303,10 +334,10 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
             Dataset.n_rows.label("dataset_rows"),
             Dataset.n_cols,
             Dataset.deleted_at,
-            pending.c.shown,
+            DatasetBatch.seq.label("batch_seq"),
             DatasetBatch.created_at.label("batch_created_at"),
             DatasetBatch.n_rows.label("batch_rows"),
-            previous.visible_at.label("previous_visible_at"),
+            func.coalesce(previous.due_at, previous.visible_at).label("previous_visible_at"),
         )
         .join(pending, pending.c.release_id == Release.id)
         .join(Dataset, Dataset.id == Release.dataset_id)
@@ -314,7 +345,7 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
             DatasetBatch,
             and_(
                 DatasetBatch.dataset_id == Release.dataset_id,
-                DatasetBatch.seq == pending.c.shown,
+                DatasetBatch.seq >= pending.c.shown,
                 DatasetBatch.created_at <= now,
             ),
         )
@@ -322,4 +353,5 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
             previous,
             and_(previous.release_id == Release.id, previous.epoch == pending.c.shown),
         )
+        .order_by(Release.id, DatasetBatch.seq)
     )

@@ -363,6 +363,11 @@ class ReleaseEpoch(Base):
     #: public facts (and not before the release's ``visible_at``), so that polling does not
     #: reveal how long the epoch took.
     visible_at: Mapped[datetime] = mapped_column(default=utcnow)
+    #: The ``visible_at`` the worker's claim computed from public inputs
+    #: (:func:`service.padding_epochs.epoch_padding`), before any late step: the next epoch's
+    #: moment follows it, so a chain over pending epochs is public before they show (null:
+    #: stored before migration 0026; ``visible_at`` stands in).
+    due_at: Mapped[datetime | None] = mapped_column(default=None)
     #: Epochs of a padded continual release on a dataset by reference
     #: (:mod:`service.reference_recheck`): the re-check of the objects this epoch read, made at
     #: or after its ``visible_at``, as ``releases.reference_check`` for a one-shot release

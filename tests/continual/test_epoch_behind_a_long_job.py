@@ -114,6 +114,8 @@ def _backdate(
         for epoch in session.scalars(select(ReleaseEpoch)).all():
             if release is None or epoch.release_id == release:
                 epoch.visible_at -= by
+                if epoch.due_at is not None:  # the formula moment the next epoch follows
+                    epoch.due_at -= by
 
 
 @pytest.mark.parametrize("act", ["append", "delete", "append, then a later job"])

@@ -82,6 +82,8 @@ def _backdate_all(session_factory: sessionmaker[Session], by: timedelta) -> None
                 row.status, row.reason, row.outcome_visible_at = "failed", "x", row.visible_at
         for epoch in session.scalars(select(ReleaseEpoch)).all():
             epoch.visible_at -= by
+            if epoch.due_at is not None:  # the formula moment the next epoch follows
+                epoch.due_at -= by
 
 
 def _epoch_schedule(
