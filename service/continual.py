@@ -531,7 +531,8 @@ def on_epoch_stored(job: ClaimedJob, epoch: int) -> None:
 def _shown(release_id: object, visible_by: datetime | None) -> list[ColumnElement[bool]]:
     """The epochs of ``release_id`` a reader sees: all, or those visible by ``visible_by``
     (analysts and owners). Epochs become visible in order (``visible_at`` never decreases with
-    ``t``: batches commit in order and the padding of a batch is stored with its epoch).
+    ``t``: each is stored no earlier than the one before, :func:`service.padding_epochs.
+    in_order`).
 
     For analysts and owners an epoch on a dataset by reference shows only once its re-check's
     verdict ``unchanged`` shows, and none after the first that does not: one whose objects
