@@ -22,8 +22,8 @@ SIMULATION_SEED = 20261130
 #: fixed draws erred the same way in every forecast (one model: sd 0.051 from 12 draws, 0.077
 #: from 300; digits k 1: overstated), which Student t's factor does not cover. The cost bound
 #: (measured 30 Nov 2026, one ``symmetric_gaussian`` + ``eigh``: 2.2 ms at d <= 64, 5.8 ms at
-#: 100, 7.1 ms at 128, 15 ms at 180, 22 ms at 256): a simulation costs at most about 1.4x the
-#: 12 draws' at d = 256 (0.27 s) up to d = 180, and 2x at 180-256 (the floor of 24).
+#: 100, 7.1 ms at 128, 15 ms at 180, 22 ms at 256): a simulation costs at most about 1.5x the
+#: 12 draws' at d = 256 (0.27 s) up to d = 180, and 2x it at 256 (the floor of 24).
 MIN_DRAWS = 24
 MAX_DRAWS = 64
 #: The 90% prediction interval's tails: a fresh draw falls below the ``j``-th smallest of
