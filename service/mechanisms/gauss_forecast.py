@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.mechanisms.forecast_figures import ReleasedFigures as ReleasedFigures
-from service.mechanisms.forecast_simulation import PREDICTION_T, Model, simulated_share
+from service.mechanisms.forecast_simulation import Model, simulated_share
 from service.mechanisms.forecast_spread import (
     filled,
     moved_share,
@@ -403,8 +403,8 @@ def range_at(
       components; at ``d <= SIMULATE_MAX_D`` instead the new release simulated on that
       spectrum (:func:`simulated_share`), scaled by the earlier release's stated share over
       its own simulation where it measured one, and the range widened by the simulated
-      release's spread (:data:`PREDICTION_T` of its standard deviation, with the half-widths
-      below in squares);
+      release's spread (its draws' 90% prediction interval, with the half-widths below in
+      squares);
     - ``low`` / ``high``: each known eigenvalue read at ``-/+ Z sqrt(2) sigma`` and a measured
       share at its interval's ends; ``high`` lets each of the new release's components beyond
       the known ones hold up to the largest eigenvalue the earlier release could have left
@@ -615,7 +615,9 @@ def range_at(
             resolved_new = (resolved_new[0][:-1], resolved_new[1][:-1])
             tail_sim, shares_sim = tail_sim[:-1], shares_sim[:-1]
         model = Model(lam_sim, v_sim, *resolved_new, spike * figures.trace)
-        central, spread = simulated_share(model, d, k, sigma1)
+        sim = simulated_share(model, d, k, sigma1)
+        central = sim.mean
+        spread_below, spread_above = sim.below, sim.above
         # The same release with the tail's modelled profile kept below the new threshold:
         # at finite d the top noisy eigenvectors catch part of a profile the released figures
         # do not rule out (an even spread there is the least they catch, the profile the
@@ -623,7 +625,10 @@ def range_at(
         # even one's (power-law rows, eps 0.3 to 0.1 at k 10: kept 0.148, the even reading
         # 0.12, the range's high end below the kept share in 15 of 20 runs).
         profiled = Model(lam_sim, v_sim, tail_sim * scale, shares_sim, spike * figures.trace)
-        profile, profile_spread = simulated_share(profiled, d, k, sigma1)
+        prof = simulated_share(profiled, d, k, sigma1)
+        profile = prof.mean
+        spread_below = max(spread_below, prof.below)
+        spread_above = max(spread_above, prof.above)
         anchor = 1.0
         if figures.measured and not figures.uncentred:
             # Anchored on what the earlier release measured: the simulation of the earlier
@@ -634,25 +639,22 @@ def range_at(
             tail_all, shares_all = _tail(figures, debiased, known_all, trace, threshold0, rest_all)
             resolved = _resolved(tail_all, shares_all, sigma0, d)
             before = Model(debiased[known_all], v_all, *resolved, old_spike * figures.trace)
-            modelled, _ = simulated_share(before, d, len(figures.ratios), sigma0)
+            modelled = simulated_share(before, d, len(figures.ratios), sigma0).mean
             stated = float(np.sum(figures.ratios))
             if modelled > 0 and stated > 0:
                 anchor = stated / modelled
                 central = central * stated / modelled
-                spread = spread * stated / modelled
+                spread_below = spread_below * stated / modelled
+                spread_above = spread_above * stated / modelled
                 profile = profile * stated / modelled
-                profile_spread = profile_spread * stated / modelled
         # The range's half-widths: the asymptotic ones (what the released figures leave open)
         # and the new release's own draw-to-draw spread, independent, in squares. The spread
-        # is estimated from SIMULATION_DRAWS draws, so a fresh release's 90% prediction
-        # interval is PREDICTION_T of the estimated sd (Student t), not Z of a known one.
+        # is the draws' own 90% prediction interval (their order statistics, each side its
+        # own: a share near the noise's edge is skewed), not a normal's or Student t's
+        # quantile of their sd.
         below, above_ = asymptotic - low, high - asymptotic
-        low = min(central, profile) - math.hypot(
-            max(below, 0.0), PREDICTION_T * max(spread, profile_spread)
-        )
-        high = max(central, profile) + math.hypot(
-            max(above_, 0.0), PREDICTION_T * max(spread, profile_spread)
-        )
+        low = min(central, profile) - math.hypot(max(below, 0.0), spread_below)
+        high = max(central, profile) + math.hypot(max(above_, 0.0), spread_above)
         if figures.measured and use:
             # The ends' readings simulated too: below the new edge the asymptotic overlaps
             # are 0, so ``below`` / ``above_`` carry none of the released figures' own
@@ -678,11 +680,11 @@ def range_at(
                     *(tail_e, sh_e) if tailed else _resolved(tail_e, sh_e, sigma1, d),
                     spike * figures.trace,
                 )
-                mean_e, spread_e = simulated_share(model_e, d, k, sigma1)
+                sim_e = simulated_share(model_e, d, k, sigma1)
                 if ends:
-                    high = max(high, (mean_e + PREDICTION_T * spread_e) * anchor)
+                    high = max(high, (sim_e.mean + sim_e.above) * anchor)
                 else:
-                    low = min(low, (mean_e - PREDICTION_T * spread_e) * anchor)
+                    low = min(low, (sim_e.mean - sim_e.below) * anchor)
     if figures.measured and not figures.uncentred:
         earlier_k = len(figures.ratios)
         low_i, high_i = figures.interval
