@@ -141,7 +141,10 @@ def test_an_append_writes_at_once_after_the_callers_pending_changes(chain):
             select(ApiKey.__table__.c.name).where(ApiKey.__table__.c.id == key.id)
         )
         assert stored.scalar_one() == "renamed"
-        seqs = session.execute(select(AuditEvent.seq).where(AuditEvent.seq > before.seq)).all()
+        # Ordered: PostgreSQL returns rows in no set order without ORDER BY (seen: [7, 6]).
+        seqs = session.execute(
+            select(AuditEvent.seq).where(AuditEvent.seq > before.seq).order_by(AuditEvent.seq)
+        ).all()
         assert [row.seq for row in seqs] == [before.seq + 1, before.seq + 2]
     report = verify(chain)
     assert report.ok and report.checked == before.seq + 2
