@@ -171,6 +171,56 @@ def queued_claim(
 #: A claimed release, locked for the transaction that stores its outcome or loads its work.
 LOCKED_RELEASE = select(Release).where(Release.id == bindparam("release_id")).with_for_update()
 
+_RELEASES = typing.cast(Table, Release.__table__)
+#: The columns a one-shot job's end is recorded from (:meth:`service.worker.Worker._record`):
+#: the lease check, the audit event's details, the visibility schedule.
+_END_COLUMNS = (
+    "id",
+    "dataset_id",
+    "mechanism",
+    "k",
+    "epsilon",
+    "delta",
+    "cost_rho",
+    "cost_delta",
+    "status",
+    "attempts",
+    "lease_owner",
+    "created_at",
+    "visible_at",
+    "outcome_visible_at",
+    "result_sha256",
+)
+#: :data:`LOCKED_RELEASE` as those columns (the same row lock, the same bound ``release_id``).
+LOCKED_END_COLUMNS = (
+    select(*(_RELEASES.c[name] for name in _END_COLUMNS))
+    .where(_RELEASES.c.id == bindparam("release_id"))
+    .with_for_update()
+)
+
+
+class LockedRelease:
+    """A locked release's :data:`_END_COLUMNS` as plain attributes, for recording a one-shot
+    job's end without an ORM object (:meth:`service.worker.Worker._stored`).
+
+    Why: loading the release as an ORM object (its row's forty columns through the identity
+    map) was about a third of the store transaction's CPU at 50,000 x 100 (``bench/
+    bench_release_cpu.py``, docs/benchmarks.md, "Release fixed cost, sixth pass"). Everything
+    written to it goes through :class:`ReleaseEnd`, which writes the row at once; nothing is
+    left for the ORM to flush. Read where ``_record`` reads a :class:`Release` (the same
+    attribute names and values: the columns' own types)."""
+
+    def __init__(self, row: Any) -> None:
+        self.__dict__.update(row._mapping)
+
+
+def locked_end_columns(session: Session, release_id: uuid.UUID) -> LockedRelease:
+    """The release ``release_id`` locked (``FOR UPDATE``), as :class:`LockedRelease`, on the
+    transaction's connection."""
+    row = session.connection().execute(LOCKED_END_COLUMNS, {"release_id": release_id}).one()
+    return LockedRelease(row)
+
+
 #: A stored basis's row, built once (:func:`add_basis`).
 _INSERT_BASIS = insert(typing.cast(Table, ReleaseBasis.__table__))
 
@@ -195,13 +245,16 @@ class ReleaseEnd:
     earlier step left pending on the object (a continual save's, an abandoned job's lease
     owner) are flushed by the ORM as before; a column set here again is written here only."""
 
-    def __init__(self, release: Release) -> None:
+    def __init__(self, release: Release | LockedRelease) -> None:
         self.release = release
         self.values: dict[str, Any] = {}
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.values[key] = value
-        set_committed_value(self.release, key, value)
+        if isinstance(self.release, LockedRelease):
+            setattr(self.release, key, value)
+        else:
+            set_committed_value(self.release, key, value)
 
     def write(self, session: Session) -> None:
         """The ``UPDATE`` on the transaction's connection (the row is locked: the store's
