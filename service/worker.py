@@ -72,7 +72,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Select, update
+from sqlalchemy import Engine, Select, bindparam, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import (
@@ -132,6 +132,9 @@ class _Abandoned:
 
 
 _ABANDONED = _Abandoned()
+
+#: A dataset's ``reference`` alone (:meth:`Worker._rechecked`), built once.
+_DATASET_REFERENCE = select(Dataset.reference).where(Dataset.id == bindparam("dataset_id"))
 
 #: Key in ``Session.info``: the store transaction's :meth:`Worker.idle_look` found nothing.
 _IDLE = "dpss_worker_idle"
@@ -665,8 +668,15 @@ class Worker:
         reference_recheck`): padded, on a dataset by reference (a continual one's end too)."""
         if not padded(release):
             return False
-        dataset = session.get(Dataset, release.dataset_id)
-        return dataset is not None and dataset.reference is not None
+        # The one column, not the dataset's row (its thirty columns, nine exact decimals, and
+        # an ORM object): asked for every padded release, the default. ``None`` for a null
+        # reference and for a row gone alike, as the row's attribute was.
+        reference = (
+            session.connection()
+            .execute(_DATASET_REFERENCE, {"dataset_id": release.dataset_id})
+            .scalar_one_or_none()
+        )
+        return reference is not None
 
     # -- loops ----------------------------------------------------------------------------------
 
