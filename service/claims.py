@@ -11,6 +11,7 @@ worker need not run an empty claim and an empty registration look after each job
 from __future__ import annotations
 
 import functools
+import uuid
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, bindparam, exists, false, func, or_, select
@@ -19,7 +20,13 @@ from sqlalchemy.orm import Session
 from service import registration
 from service.continual import CONTINUAL
 from service.db.models import Dataset, DatasetBatch, Release
-from service.jobs import QUEUED_CLAIMABLE, QUEUED_LOOK, JobKind
+from service.jobs import (
+    LOCKED_END_COLUMNS,
+    QUEUED_CLAIMABLE,
+    QUEUED_LOOK,
+    JobKind,
+    LockedRelease,
+)
 from service.oneshot import ONE_SHOT
 
 #: The job kinds under the worker; a waiting job is looked for in this order.
@@ -135,7 +142,11 @@ def idle_look() -> Select[Any]:
     misses (queued after its snapshot) wakes the idle wait that follows (:mod:`service.wake`)
     or is found at the next poll, as one queued after an empty claim always was; one it sees
     but another worker takes first costs the claim it saves."""
-    looks = [exists().where(QUEUED_CLAIMABLE, Release.id != bindparam("release_id"))]
+    # Never correlated: asked as a column of the store's lock of its release too
+    # (:func:`locked_end_look`), whose release it must not take for its own.
+    looks = [
+        exists().where(QUEUED_CLAIMABLE, Release.id != bindparam("release_id")).correlate(None)
+    ]
     for kind in KINDS:
         ready = waiting_claimable(kind)
         if ready is not None:
@@ -143,6 +154,37 @@ def idle_look() -> Select[Any]:
                 exists()
                 .select_from(Release.__table__.join(Dataset.__table__))
                 .where(*ready, Release.id != bindparam("release_id"))
+                .correlate(None)
             )
-    looks.append(exists().where(*registration.CLAIMABLE))
-    return select(or_(*looks))
+    looks.append(exists().where(*registration.CLAIMABLE).correlate(None))
+    return select(or_(*looks)).correlate(None)
+
+
+@functools.cache
+def locked_end_look() -> Select[Any]:
+    """:data:`~service.jobs.LOCKED_END_COLUMNS` (the release ``release_id`` locked, as the
+    columns its one-shot end is recorded from) with :func:`idle_look`'s answer as its column
+    ``anything_claimable`` (bound ``worker_id``): the store transaction's first and last
+    questions in one statement (:meth:`service.worker.Worker._stored`).
+
+    Why one: each statement costs the store a tenth of a millisecond or more of its own
+    (``bench/bench_release_cpu.py``, docs/benchmarks.md, "Release fixed cost, sixth pass").
+    Asked at the transaction's start rather than its end: on SQLite the transaction holds
+    the write lock from its start, so no other writer commits in between; on PostgreSQL
+    each statement reads its own snapshot either way, and a job queued after it is found as
+    :func:`idle_look` says (the idle wait's wake, or the next poll). It locks the release
+    alone (``FOR UPDATE OF releases``), never the rows the look reads."""
+    return LOCKED_END_COLUMNS.add_columns(idle_look().scalar_subquery().label("anything_claimable"))
+
+
+def locked_end(
+    session: Session, release_id: uuid.UUID, worker_id: str
+) -> tuple[LockedRelease, bool]:
+    """:func:`locked_end_look` on the transaction's connection: the locked release and whether
+    anything besides it is claimable now."""
+    row = (
+        session.connection()
+        .execute(locked_end_look(), {"release_id": release_id, "worker_id": worker_id})
+        .one()
+    )
+    return LockedRelease(row), bool(row.anything_claimable)

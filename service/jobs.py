@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -195,7 +196,7 @@ _END_COLUMNS = (
 LOCKED_END_COLUMNS = (
     select(*(_RELEASES.c[name] for name in _END_COLUMNS))
     .where(_RELEASES.c.id == bindparam("release_id"))
-    .with_for_update()
+    .with_for_update(of=_RELEASES)
 )
 
 
@@ -210,15 +211,25 @@ class LockedRelease:
     left for the ORM to flush. Read where ``_record`` reads a :class:`Release` (the same
     attribute names and values: the columns' own types)."""
 
+    id: uuid.UUID
+    dataset_id: uuid.UUID
+    mechanism: str
+    k: int
+    epsilon: Decimal
+    delta: Decimal
+    cost_rho: Decimal | None
+    cost_delta: Decimal | None
+    status: str
+    attempts: int
+    lease_owner: str | None
+    created_at: datetime
+    visible_at: datetime | None
+    outcome_visible_at: datetime | None
+    result_sha256: str | None
+
     def __init__(self, row: Any) -> None:
-        self.__dict__.update(row._mapping)
-
-
-def locked_end_columns(session: Session, release_id: uuid.UUID) -> LockedRelease:
-    """The release ``release_id`` locked (``FOR UPDATE``), as :class:`LockedRelease`, on the
-    transaction's connection."""
-    row = session.connection().execute(LOCKED_END_COLUMNS, {"release_id": release_id}).one()
-    return LockedRelease(row)
+        for name in _END_COLUMNS:
+            setattr(self, name, getattr(row, name))
 
 
 #: A stored basis's row, built once (:func:`add_basis`).

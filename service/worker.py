@@ -112,7 +112,6 @@ from service.jobs import (
     WorkerStopping,
     add_basis,
     lease_update,
-    locked_end_columns,
     queued_claim,
     take_lease,
 )
@@ -541,6 +540,7 @@ class Worker:
         if isinstance(result, Outcome):
             result = End(result)
         release: Release
+        idle: bool | None  # nothing else claimable (None: not asked yet)
         if (
             isinstance(result, End)
             and not result.outcome.refund
@@ -550,10 +550,12 @@ class Worker:
             # row's columns (:class:`service.jobs.LockedRelease`), written at once by
             # :class:`ReleaseEnd`; the ORM object's load was a third of this transaction. A
             # refund reads the release through the session (:func:`service.ledger.refund`)
-            # and a continual end its kind's columns: those keep the ORM object.
-            release = typing.cast(Release, locked_end_columns(session, job.release_id))
+            # and a continual end its kind's columns: those keep the ORM object. The idle look
+            # is asked in the same statement (:func:`service.claims.locked_end`).
+            locked, anything = claims.locked_end(session, job.release_id, self.worker_id)
+            release, idle = typing.cast(Release, locked), not anything
         else:
-            release = self._locked(session, job)
+            release, idle = self._locked(session, job), None
         ours = self._ours(job, release)
         if ours and release.status in FINISHED:
             # An earlier attempt committed but its answer was lost on the way back.
@@ -574,17 +576,20 @@ class Worker:
             saved = kind.save(session, release, job, work, result, self.settings)
         if isinstance(saved, End):
             self._record(session, release, saved)
-            # On the transaction's connection, not through the session: a Core read of other
-            # rows needs no flush of this one's changes first (the commit flushes them).
-            found = (
-                session.connection()
-                .execute(
-                    self.idle_look(),
-                    {"worker_id": self.worker_id, "release_id": release.id},
+            if idle is None:
+                # On the transaction's connection, not through the session: a Core read of
+                # other rows needs no flush of this one's changes first (the commit flushes
+                # them).
+                found = (
+                    session.connection()
+                    .execute(
+                        self.idle_look(),
+                        {"worker_id": self.worker_id, "release_id": release.id},
+                    )
+                    .scalar_one()
                 )
-                .scalar_one()
-            )
-            session.info[_IDLE] = not found
+                idle = not found
+            session.info[_IDLE] = idle
             return release.status
         if saved == STORED:
             # Long polls waiting for this job's next result return once this commits.
