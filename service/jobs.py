@@ -259,6 +259,23 @@ class ReleaseEnd:
     def __init__(self, release: Release | LockedRelease) -> None:
         self.release = release
         self.values: dict[str, Any] = {}
+        #: A basis row held for :meth:`write` (PostgreSQL: :meth:`add_basis`).
+        self.basis: dict[str, Any] | None = None
+
+    def add_basis(self, session: Session, basis: bytes) -> None:
+        """The release's basis row (epoch 0): on PostgreSQL written by :meth:`write` in the
+        same statement as the end (a data-modifying ``WITH``: one statement's overhead less
+        per release, docs/benchmarks.md, "Release fixed cost, sixth pass"); elsewhere at once
+        (:func:`add_basis`). Either way the basis precedes the end's ``UPDATE`` or goes with
+        it, before the audit chain's head is locked."""
+        if session.get_bind().dialect.name == "postgresql":
+            self.basis = {
+                "basis_release_id": self.release.id,
+                "basis_epoch": 0,
+                "basis_bytes": basis,
+            }
+        else:
+            add_basis(session, self.release.id, 0, basis)
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.values[key] = value
@@ -270,7 +287,11 @@ class ReleaseEnd:
     def write(self, session: Session) -> None:
         """The ``UPDATE`` on the transaction's connection (the row is locked: the store's
         first statement); before the audit chain's head is locked, as the flush it replaces."""
-        if self.values:
+        if self.basis is not None:
+            session.connection().execute(
+                _END_UPDATE_WITH_BASIS, {**self.values, **self.basis, "id_": self.release.id}
+            )
+        elif self.values:
             session.connection().execute(_END_UPDATE, {**self.values, "id_": self.release.id})
 
 
@@ -278,6 +299,17 @@ class ReleaseEnd:
 #: compiles, and caches, one form per set of columns).
 _END_UPDATE = update(typing.cast(Table, Release.__table__)).where(
     typing.cast(Table, Release.__table__).c.id == bindparam("id_")
+)
+_BASES = typing.cast(Table, ReleaseBasis.__table__)
+#: PostgreSQL: :data:`_END_UPDATE` with the basis row's insert (:meth:`ReleaseEnd.add_basis`).
+_END_UPDATE_WITH_BASIS = _END_UPDATE.add_cte(
+    insert(_BASES)
+    .values(
+        release_id=bindparam("basis_release_id", type_=_BASES.c.release_id.type),
+        epoch=bindparam("basis_epoch", type_=_BASES.c.epoch.type),
+        basis=bindparam("basis_bytes", type_=_BASES.c.basis.type),
+    )
+    .cte("stored_basis")
 )
 
 

@@ -110,7 +110,6 @@ from service.jobs import (
     Run,
     RunContext,
     WorkerStopping,
-    add_basis,
     lease_update,
     queued_claim,
     take_lease,
@@ -628,7 +627,7 @@ class Worker:
             row["reference_check"] = reference_recheck.PENDING
         if outcome.basis is not None:
             basis, row["result_shape"], row["result_sha256"] = outcome.basis
-            add_basis(session, release.id, 0, basis)
+            row.add_basis(session, basis)
         refunded = None
         # DESIGN: a refund only when the job provably never read the data. A failure decided
         # before any row is read proves it for this attempt only: an earlier attempt of the
