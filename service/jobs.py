@@ -204,9 +204,9 @@ class LockedRelease:
     """A locked release's :data:`_END_COLUMNS` as plain attributes, for recording a one-shot
     job's end without an ORM object (:meth:`service.worker.Worker._stored`).
 
-    Why: loading the release as an ORM object (its row's forty columns through the identity
-    map) was about a third of the store transaction's CPU at 50,000 x 100 (``bench/
-    bench_release_cpu.py``, docs/benchmarks.md, "Release fixed cost, sixth pass"). Everything
+    Why: loading the release as an ORM object (its row's 36 columns through the identity map)
+    cost the store transaction 0.2-0.3 ms, about a tenth of it (``bench/bench_release_cpu.py``,
+    docs/benchmarks.md, "Release fixed cost, sixth pass"). Everything
     written to it goes through :class:`ReleaseEnd`, which writes the row at once; nothing is
     left for the ORM to flush. Read where ``_record`` reads a :class:`Release` (the same
     attribute names and values: the columns' own types)."""

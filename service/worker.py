@@ -547,7 +547,7 @@ class Worker:
         ):
             # The common end (a one-shot job's, no refund to weigh): recorded from the locked
             # row's columns (:class:`service.jobs.LockedRelease`), written at once by
-            # :class:`ReleaseEnd`; the ORM object's load was a third of this transaction. A
+            # :class:`ReleaseEnd`; the ORM object's load was a tenth of this transaction. A
             # refund reads the release through the session (:func:`service.ledger.refund`)
             # and a continual end its kind's columns: those keep the ORM object. The idle look
             # is asked in the same statement (:func:`service.claims.locked_end`).
@@ -672,8 +672,8 @@ class Worker:
         reference_recheck`): padded, on a dataset by reference (a continual one's end too)."""
         if not padded(release):
             return False
-        # The one column, not the dataset's row (its thirty columns, nine exact decimals, and
-        # an ORM object): asked for every padded release, the default. ``None`` for a null
+        # The one column, not the dataset's row (its 39 columns, eight exact decimals, and an
+        # ORM object): asked for every padded release, the default. ``None`` for a null
         # reference and for a row gone alike, as the row's attribute was.
         reference = (
             session.connection()
