@@ -218,11 +218,12 @@ def _fetch_and_show(
     fetch: Callable[[Client], _Fetched],
     show: Callable[[_Fetched], None],
     as_dict: Callable[[Any], Any] = _dump,
+    spelling: Spelling | None = None,
 ) -> None:
     """The body of a command that asks the service one thing: ``fetch`` it through a client,
     then print ``as_dict`` of it as JSON with --json, else ``show`` it (errors as every
-    command's, :func:`_service_errors`)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+    command's, :func:`_service_errors`, in ``spelling``: the command's options)."""
+    with _service_errors(as_json, spelling), _client(url, api_key) as client:
         value = fetch(client)
         if as_json:
             _print_json(as_dict(value))
