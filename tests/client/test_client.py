@@ -299,3 +299,13 @@ def test_release_defaults_to_auto_and_keeps_positional_calls(
             call(ds.id, "auto", 2, "0.5", clip_quantile=0.3)
         assert "no mechanism was given" not in named.value.detail
     assert analyst.budget(ds.id).epsilon_spent == Decimal("0.75")
+
+
+def test_an_array_uploaded_without_a_name_is_named_by_its_shape(owner: Client) -> None:
+    # `name=` was required for arrays (TypeError) while a file defaults to its stem: a
+    # newcomer's first `upload(x, epsilon_budget=..., delta_budget=...)` failed.
+    ds = owner.upload(low_rank_rows(120, 5, 2, seed=42), epsilon_budget=1, delta_budget="1e-5")
+    assert (ds.name, ds.n_rows, ds.n_cols) == ("array-120x5", 120, 5)
+    rows = np.c_[np.repeat(np.arange(40), 3), low_rank_rows(120, 4, 2, seed=43)]
+    people = owner.upload(rows, epsilon_budget=1, delta_budget="1e-5", privacy_unit_column=0)
+    assert (people.name, people.n_cols) == ("array-120x4", 4)

@@ -335,7 +335,7 @@ class Client:
         suffix tells the service the format) or any 2-D array-like: a NumPy array (streamed as
         ``.npy`` without a temporary file), nested lists or a DataFrame (``numpy.asarray`` of
         it; a ``privacy_unit_column`` name is then looked up in its string column names).
-        ``name`` defaults to the file's stem and is required for arrays.
+        ``name`` defaults to the file's stem, or for an array to ``array-NxD`` (its shape).
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
         service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
@@ -371,7 +371,11 @@ class Client:
             names = feature_names(data)
             array = as_rows(data)
             if name is None:
-                raise TypeError("name= is required when uploading an array")
+                # A name a newcomer need not invent (names need not be unique): its shape, as
+                # `dpss datasets list` shows it beside the name.
+                # (the features': a privacy_unit_column is removed from them).
+                features = array.shape[1] - (privacy_unit_column is not None)
+                name = f"array-{array.shape[0]}x{features}"
             if isinstance(privacy_unit_column, str) and not privacy_unit_column.isdigit():
                 # A .npy file has no column names: send the named column's index.
                 if names is None or privacy_unit_column not in names:
