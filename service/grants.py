@@ -361,8 +361,13 @@ def _share(
         share = _hybrid_share(dataset, epsilon, delta)
         return (*share, share[1])
     if dataset.accounting == "basic":
-        if epsilon is None or delta is None:
-            raise InvalidInput("epsilon" if epsilon is None else "delta", "required")
+        if epsilon is None:
+            raise InvalidInput(
+                "epsilon", "required (with delta, default the dataset's delta_total)"
+            )
+        # delta defaults as on every other accounting (and as `dpss grants create --help` says):
+        # a newcomer's `--epsilon 0.2` was refused "delta: required" on basic alone.
+        delta = dataset.delta_total if delta is None else delta
         if compare(epsilon, dataset.epsilon_total) > 0:
             raise InvalidInput("epsilon", "must not exceed the dataset's total epsilon budget")
         if compare(delta, dataset.delta_total) > 0:

@@ -93,6 +93,10 @@ class ReleasePreview:
     delta_admissible_epsilon: Decimal | None = None
     #: What the budget figures protect (``row`` or ``person``): stated with them.
     privacy_unit: Literal["row", "person"] = "row"
+    #: What a pure release (delta 0) is admitted at now in that budget, as GET .../budget (or
+    #: the grant) states it: on hybrid and zcdp not ``epsilon_remaining`` (a Gaussian release's
+    #: figure at the budget's delta), so a user choosing a pure release reads it here too.
+    epsilon_remaining_pure: Decimal | None = None
 
 
 def _finite(value: PreviewValue) -> PreviewValue:
@@ -263,6 +267,7 @@ def preview_release(
         affordable=affordable,
         admitted_by=admitted_by,
         epsilon_remaining=stated.epsilon_remaining,
+        epsilon_remaining_pure=stated.epsilon_remaining_pure,
         delta_remaining=stated.delta_remaining,
         budget=charged_to,
         grant_id=grant.id if grant is not None else None,
@@ -439,7 +444,9 @@ def hybrid_note(admitted_by: list[str] | None) -> list[str]:
     if not admitted_by:
         return [
             "No filter of this dataset's hybrid accounting would admit this release now: a "
-            "real request would be refused with 409 (ask for less, or see epsilon_remaining)."
+            "real request would be refused with 409 (ask for less: epsilon_admissible is what "
+            "this request is admitted at, epsilon_remaining a Gaussian release at the budget's "
+            "delta, epsilon_remaining_pure a pure release at delta 0)."
         ]
     names = "; ".join(_FILTER_NAMES[name] for name in admitted_by)
     return [f"This dataset's hybrid accounting would admit this release by: {names}."]

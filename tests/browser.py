@@ -124,7 +124,7 @@ def check_walkthrough_dashboard(base: str, owner: str, auditor: str, admin: str)
         chart = page.locator("svg.spending")
         assert float(chart.get_attribute("data-final")) == 0.6
         assert chart.locator("circle").count() == 2
-        assert sorted(cells(page, "table.releases", 2)) == ["analyze_gauss", "spectrum"]
+        assert sorted(cells(page, "table.releases", 2)) == ["auto", "spectrum"]
         assert cells(page, "table.releases", 6) == ["succeeded", "succeeded"]
         page = driver.sign_in(auditor, "auditor")
         assert page.locator(".verdict").get_attribute("data-ok") == "true"

@@ -308,10 +308,12 @@ def resolve_clip_norm(clip_norm: float | None, ctx: PublicContext) -> float:
     raise InvalidParameter(
         "clip_norm",
         "required: this dataset has no row_norm_bound; send a public bound C on the rows' "
-        'norms, "params": {"clip_norm": C} (the CLI: --param clip_norm=C; PrivatePCA: '
-        "clip_norm=C), chosen from domain knowledge, never computed from the data (rows above "
-        "it are scaled down to it), or ask the dataset's owner to upload it with a "
-        "row_norm_bound",
+        # Only the JSON example: each client surface writes it in its own spelling
+        # (dpss_client.spelling), and a parenthetical naming the CLI's and PrivatePCA's was
+        # then printed as "--param clip_norm=C (the CLI: --param clip_norm=C; ...)".
+        'norms, "params": {"clip_norm": C}, chosen from domain knowledge, never computed from '
+        "the data (rows above it are scaled down to it), or ask the dataset's owner to upload "
+        "it with a row_norm_bound",
     )
 
 

@@ -70,6 +70,12 @@ class World:
         return response.json()
 
 
+def _get(base: str, key: str, path: str) -> Any:
+    response = httpx.get(base + path, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert response.status_code == 200, (path, response.text)
+    return response.json()
+
+
 def _post(base: str, key: str, path: str, **kwargs: Any) -> Any:
     response = httpx.post(
         base + path, headers={"Authorization": f"Bearer {key}"}, timeout=30, **kwargs
@@ -631,9 +637,17 @@ def test_a_hybrid_budget_says_epsilon_remaining_is_not_what_every_release_may_as
     note = page.locator(f"section[data-dataset='{dataset}'] .hybrid-remaining")
     assert "epsilon_admissible" in note.inner_text()
     assert note.locator("a").get_attribute("href") == "/dashboard/reading-a-budget"
+    # What a pure release is admitted at (1 of a fresh (1, 1e-5) budget, above its 0.9973 for
+    # a Gaussian one): the note about one budget states it; the tables have a column for it.
+    budget = _get(world.base, owner, f"/v1/datasets/{dataset}/budget")
+    pure = figure(budget["epsilon_remaining_pure"])
+    assert pure == "1" and figure(budget["epsilon_remaining"]) != pure
+    assert f"epsilon_remaining_pure: {pure} now" in note.inner_text()
     page = chromium.sign_in(analyst["key"], "analyst")
     for where in ("#grants", "#budgets"):
         assert "not what every kind of release" in page.inner_text(f"{where} .hybrid-remaining")
+    (grant,) = _get(world.base, analyst["key"], "/v1/grants")["items"]
+    assert cells(page, "#grants table", 8) == [figure(grant["epsilon_remaining_pure"])]
     # Not on the other accountings' budgets: bob's grants are on a basic and a zcdp dataset.
     page = sign_in(chromium, world, "analyst")
     assert page.locator("#grants .hybrid-remaining").count() == 0

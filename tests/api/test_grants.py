@@ -311,3 +311,15 @@ def test_a_dry_run_names_the_budget_the_real_refusal_names(
     assert refused.json()["budget"] == refused_by
     assert shown["budget"] == refused_by
     assert shown["epsilon_remaining"] == refused.json()["epsilon_remaining"]
+
+
+def test_a_basic_grant_given_only_epsilon_gets_the_datasets_delta(client, world):
+    # Every other accounting defaults a grant's delta to the dataset's delta_total (and
+    # `dpss grants create --help` says so); basic alone refused `--epsilon 0.2` with
+    # "delta: required".
+    made = grant(client, world, analyst_key_id=world["alice_id"], epsilon="0.2")
+    assert (made["epsilon_total"], made["delta_total"]) == ("0.2", "0.00001"), made
+    missing = client.post(world["grants"], headers=bearer(world["owner"]), json={"delta": "1e-6"})
+    assert missing.status_code == 422 and missing.json()["detail"].startswith(
+        "epsilon: required"
+    ), missing.text

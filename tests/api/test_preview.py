@@ -398,3 +398,38 @@ def test_a_forecast_from_a_high_dimension_default_release_is_its_measured_share(
     )
     assert switched.status_code == 422
     assert "spatial_sign" in switched.text
+
+
+def test_a_dry_run_states_epsilon_remaining_pure_as_the_budget_does(
+    client, keys, upload_dataset, rng
+):
+    # epsilon_remaining_pure (what a pure release is admitted at now) was on budgets, grants
+    # and 409s but not on a preview, where a user deciding a release looks: on hybrid after
+    # filter C closed it is far below epsilon_remaining, and a pure request is refused.
+    dataset = hybrid_with_filter_c_closed(client, keys.owner, keys.analyst, upload_dataset, rng)
+    budget = client.get(f"/v1/datasets/{dataset['id']}/budget", headers=bearer(keys.owner)).json()
+    pure = request(
+        client, keys.analyst, dataset["id"], mechanism="smooth_sensitivity", epsilon="0.5",
+        delta="0",
+    ).json()  # fmt: skip
+    gaussian = request(client, keys.analyst, dataset["id"]).json()
+    for shown in (pure, gaussian):
+        assert shown["epsilon_remaining_pure"] == budget["epsilon_remaining_pure"], shown
+        assert shown["epsilon_remaining"] == budget["epsilon_remaining"], shown
+    assert Decimal(pure["epsilon_remaining_pure"]) < Decimal(pure["epsilon_remaining"])
+    assert pure["affordable"] is False
+    # The hybrid note names the figure a pure request should read, not only epsilon_remaining.
+    (note,) = [line for line in pure["meaning"] if line.startswith("No filter")]
+    assert "epsilon_remaining_pure a pure release at delta 0" in note, note
+
+
+def test_a_dry_run_under_a_grant_states_the_grants_epsilon_remaining_pure(client, keys, dataset):
+    made = client.post(
+        f"/v1/datasets/{dataset['id']}/grants",
+        headers=bearer(keys.owner),
+        json={"epsilon": "0.3", "delta": "1e-6"},
+    )
+    assert made.status_code == 201, made.text
+    shown = request(client, keys.analyst, dataset["id"]).json()
+    assert shown["budget"] == "grant", shown
+    assert shown["epsilon_remaining_pure"] == made.json()["epsilon_remaining_pure"], shown

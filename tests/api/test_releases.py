@@ -137,6 +137,8 @@ def test_clip_norm_is_required_when_the_dataset_has_no_bound(client, keys, uploa
     # it): a new user without a row_norm_bound met it on every release.
     assert '"params": {"clip_norm": ' in detail and "row_norm_bound" in detail
     assert "owner" in detail
+    # Once: each surface respells the example; a second spelling in brackets read twice there.
+    assert detail.count("clip_norm") == 2 and "the CLI" not in detail, detail
     accepted = request(client, keys.analyst, unbounded["id"], params={"clip_norm": 1.0})
     assert accepted.status_code == 202
     assert accepted.json()["params"] == {"clip_norm": 1.0}

@@ -261,3 +261,51 @@ def test_failed_release_raises_and_is_refunded(
     assert caught.value.code == "failed"
     assert caught.value.release.refunded
     assert "refunded" in caught.value.detail
+
+
+def test_release_defaults_to_auto_and_keeps_positional_calls(
+    owner: Client, analyst: Client
+) -> None:
+    # `Client.release` required `mechanism` where the API advises `auto` when unsure and
+    # `dpss releases create` sends it by default: now omitted means auto, k stays required,
+    # and the positional (dataset, mechanism, k, epsilon, delta) order still works.
+    ds = owner.upload(
+        low_rank_rows(200, 5, 2, seed=41),
+        name="defaults",
+        epsilon_budget=2,
+        delta_budget="1e-5",
+        row_norm_bound=1.0,
+    )
+    defaulted = analyst.release(ds.id, k=2, epsilon="0.5")
+    assert defaulted.info.mechanism == "auto"
+    assert defaulted.info.delta == Decimal("1e-7")  # min(1e-6, delta_total/100)
+    positional = analyst.release(ds.id, "analyze_gauss", 2, "0.25", "1e-6")
+    assert positional.info.mechanism == "analyze_gauss"
+    preview = analyst.preview_release(ds.id, k=2, epsilon="0.25")
+    assert preview.mechanism == "auto"
+    with pytest.raises(TypeError, match="missing required argument 'k'"):
+        analyst.release(ds.id, epsilon="0.5")
+    with pytest.raises(TypeError, match="missing required argument 'k'"):
+        analyst.preview_release(ds.id, epsilon="0.5")
+    # A param auto does not take: the refusal says auto was the default and how to set it;
+    # with mechanism="auto" named it is the service's message as it is.
+    for call in (analyst.release, analyst.preview_release):
+        with pytest.raises(InvalidRequestError) as defaulted_refusal:
+            call(ds.id, k=2, epsilon="0.5", clip_quantile=0.3)
+        detail = defaulted_refusal.value.detail
+        assert detail.startswith("params.clip_quantile: unknown field (no mechanism was given")
+        assert 'pass mechanism="analyze_gauss"' in detail
+        with pytest.raises(InvalidRequestError) as named:
+            call(ds.id, "auto", 2, "0.5", clip_quantile=0.3)
+        assert "no mechanism was given" not in named.value.detail
+    assert analyst.budget(ds.id).epsilon_spent == Decimal("0.75")
+
+
+def test_an_array_uploaded_without_a_name_is_named_by_its_shape(owner: Client) -> None:
+    # `name=` was required for arrays (TypeError) while a file defaults to its stem: a
+    # newcomer's first `upload(x, epsilon_budget=..., delta_budget=...)` failed.
+    ds = owner.upload(low_rank_rows(120, 5, 2, seed=42), epsilon_budget=1, delta_budget="1e-5")
+    assert (ds.name, ds.n_rows, ds.n_cols) == ("array-120x5", 120, 5)
+    rows = np.c_[np.repeat(np.arange(40), 3), low_rank_rows(120, 4, 2, seed=43)]
+    people = owner.upload(rows, epsilon_budget=1, delta_budget="1e-5", privacy_unit_column=0)
+    assert (people.name, people.n_cols) == ("array-120x4", 4)

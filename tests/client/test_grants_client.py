@@ -53,7 +53,7 @@ def test_dpss_grants_commands(
     client: TestClient, session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cli_common, "make_http_client", lambda url, timeout: client)
-    _, owner_key = _key(session_factory, "owner")
+    owner_key_id, owner_key = _key(session_factory, "owner")
     analyst_id, _ = _key(session_factory, "analyst")
     ds = Client(str(client.base_url), owner_key, http=client).upload(
         np.eye(4), name="d", epsilon_budget=1, delta_budget="1e-5", row_norm_bound=1
@@ -79,6 +79,13 @@ def test_dpss_grants_commands(
     assert revoked.exit_code == ExitCode.OK and json.loads(revoked.stdout)["revoked_at"]
     too_big = dpss("create", str(ds.id), "--epsilon", "2", "--delta", "1e-6")
     assert too_big.exit_code == ExitCode.REFUSED and "epsilon" in too_big.stderr
+    # Refusals name the command's options (dpss_client.spelling.CLI_GRANT), not JSON fields.
+    assert "[invalid_input] --epsilon: must not exceed" in " ".join(too_big.stderr.split())
+    nobody = dpss("create", str(ds.id), "--epsilon", "0.1", "--analyst-key-id", owner_key_id)
+    assert nobody.exit_code == ExitCode.REFUSED, nobody.output
+    assert "--analyst-key-id: must be the id of an active analyst key" in nobody.stderr
+    as_json = dpss("create", str(ds.id), "--epsilon", "2", "--json")
+    assert json.loads(as_json.stdout)["detail"].startswith("--epsilon: "), as_json.stdout
 
 
 def test_dpss_grants_list_shows_both_native_figures_of_a_hybrid_grant(

@@ -132,6 +132,14 @@ def test_bad_params_raise_before_any_request(change: dict[str, Any], message: st
         pca.fit()
 
 
+def test_k_is_named_n_components_before_any_request() -> None:
+    # k= went on as a mechanism parameter and the request failed with "Client.release() got
+    # multiple values for keyword argument 'k'".
+    pca = PrivatePCA(_offline(), "ds", 5, "1", k=5)
+    with pytest.raises(ValueError, match=r"^k: PrivatePCA's rank is n_components"):
+        pca.fit()
+
+
 def test_debiasing_undoes_the_noise_shift_of_the_top_eigenvalues() -> None:
     # Spiked Wigner: H = diag(spikes, 0...), E symmetric with N(0, 1) entries, d = 400, so the
     # edge is 2 sqrt(d) = 40 and a spike lam > 20 shows at about lam + d / lam.

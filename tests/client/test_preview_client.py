@@ -160,3 +160,31 @@ def test_a_dry_run_shows_a_null_scale_as_null_not_as_a_blank(
     assert table.exit_code == ExitCode.OK, table.output
     row = next(line for line in table.stdout.splitlines() if "forecast_captured_share " in line)
     assert "null" in row, table.stdout
+
+
+def test_the_cli_dry_run_shows_epsilon_remaining_pure_where_it_differs(
+    dpss: Callable[..., Result], clients: tuple[Client, Client], make_key: MakeKey
+) -> None:
+    # On hybrid (the default) a fresh (1, 1e-5) budget admits a Gaussian release at 0.9973
+    # and a pure one at 1: `dpss budget` shows both, and the dry run showed only the first.
+    owner, analyst = clients
+    ds = owner.upload(
+        low_rank_rows(300, 6, 2, seed=5), name="pure", epsilon_budget="1",
+        delta_budget="1e-5", row_norm_bound=1.0, accounting="hybrid",
+    )  # fmt: skip
+    shown = analyst.preview_release(ds.id, k=2, epsilon="0.5")
+    assert shown.epsilon_remaining_pure == Decimal(1) != shown.epsilon_remaining
+    table = dpss("releases", "create", str(ds.id), "--k", "2", "--epsilon", "0.5",
+                 "--dry-run", key=make_key("analyst"))  # fmt: skip
+    assert table.exit_code == ExitCode.OK, table.output
+    (row,) = [line for line in table.stdout.splitlines() if "epsilon_remaining_pure" in line]
+    assert row.split("│")[2].strip() == "1", row
+    basic = owner.upload(
+        low_rank_rows(300, 6, 2, seed=6), name="basic", epsilon_budget="1",
+        delta_budget="1e-5", row_norm_bound=1.0, accounting="basic",
+    )  # fmt: skip
+    # basic: it is epsilon_remaining itself, so the table does not repeat it.
+    plain = dpss("releases", "create", str(basic.id), "--k", "2", "--epsilon", "0.5",
+                 "--dry-run", key=make_key("analyst"))  # fmt: skip
+    assert plain.exit_code == ExitCode.OK, plain.output
+    assert "epsilon_remaining_pure" not in plain.stdout

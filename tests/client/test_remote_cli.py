@@ -552,3 +552,42 @@ def test_table_cells_write_booleans_as_the_json_does() -> None:
     from dpss_client.cli_format import _text
 
     assert (_text(True), _text(False), _text(None), _text(1)) == ("true", "false", "", "1")
+
+
+def test_a_refusal_states_epsilon_remaining_pure_where_it_is_its_own_figure(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    # The 409 carries epsilon_remaining_pure and its message names it; the CLI printed every
+    # figure but this one (and dropped it from --json). basic: it is epsilon_remaining, so
+    # stderr does not repeat it.
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=24))
+    for accounting, pure_line in (("hybrid", True), ("basic", False)):
+        ds = _upload(dpss, owner, tmp_path / "x.npy", "--accounting", accounting)
+        refused = dpss(
+            "releases", "create", ds["id"], "--k", "1", "--epsilon", "2", "--json", key=analyst
+        )
+        assert refused.exit_code == ExitCode.REFUSED, refused.output
+        assert _json(refused)["epsilon_remaining_pure"] == "1", refused.stdout
+        assert ("  epsilon_remaining_pure: 1\n" in refused.stderr) is pure_line, refused.stderr
+
+
+def test_a_missing_clip_norm_is_named_once_in_the_commands_spelling(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+) -> None:
+    # A newcomer's first release on a dataset without a row_norm_bound printed
+    # "--param clip_norm=C (the CLI: --param clip_norm=C; PrivatePCA: clip_norm=C)".
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=25))
+    made = dpss(
+        "datasets", "upload", str(tmp_path / "x.npy"), "--epsilon-budget", "1",
+        "--delta-budget", "1e-5", "--json", key=owner,
+    )  # fmt: skip
+    assert made.exit_code == ExitCode.OK, made.output
+    refused = dpss(
+        "releases", "create", _json(made)["id"], "--k", "1", "--epsilon", "0.5", key=analyst
+    )
+    assert refused.exit_code == ExitCode.REFUSED, refused.output
+    detail = " ".join(refused.stderr.split())
+    assert "send a public bound C on the rows' norms, --param clip_norm=C, chosen" in detail
+    assert detail.count("clip_norm") == 2, detail

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpss_client.spelling import CLI_RELEASE, CLI_UPLOAD, PRIVATE_PCA, Spelling
+from dpss_client.spelling import CLI_GRANT, CLI_RELEASE, CLI_UPLOAD, PRIVATE_PCA, Spelling
 
 MISSING_COST = (
     'epsilon: required: "epsilon", "mu" or "rho" (the release\'s cost), e.g. "epsilon": 0.5; '
@@ -79,7 +79,36 @@ def test_locations_examples_params_and_queries(
     ],
 )
 def test_what_is_not_a_mapped_field_is_left_alone(detail: str) -> None:
-    for spelling in (CLI_RELEASE, CLI_UPLOAD, PRIVATE_PCA):
+    for spelling in (CLI_RELEASE, CLI_UPLOAD, PRIVATE_PCA, CLI_GRANT):
         if spelling is CLI_UPLOAD and detail.startswith("name:"):
             continue  # --name is an upload option
         assert spelling.respell(detail) == detail
+
+
+@pytest.mark.parametrize(
+    ("detail", "expected"),
+    [
+        # service/grants.py's refusals, as `dpss grants create` prints them.
+        (
+            "epsilon: required (with delta, default the dataset's delta_total)",
+            "--epsilon: required (with delta, default the dataset's delta_total)",
+        ),
+        (
+            "analyst_key_id: must be the id of an active analyst key",
+            "--analyst-key-id: must be the id of an active analyst key",
+        ),
+        ("mu: give mu or rho, not both", "--mu: give mu or rho, not both"),
+        (
+            "delta: must not exceed the dataset's delta_total (0.00001)",
+            "--delta: must not exceed the dataset's delta_total (0.00001)",
+        ),
+        # A bare word is a quantity ("give epsilon"), left alone; a quoted field is the option.
+        (
+            "rho: this dataset's accounting is basic: give epsilon, delta",
+            "--rho: this dataset's accounting is basic: give epsilon, delta",
+        ),
+        ('epsilon: give "epsilon" or "rho"', "--epsilon: give --epsilon or --rho"),
+    ],
+)
+def test_grants_create_refusals_name_its_options(detail: str, expected: str) -> None:
+    assert CLI_GRANT.respell(detail) == expected

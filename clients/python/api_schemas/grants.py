@@ -37,10 +37,11 @@ class GrantCreate(RequestSchema):
         default=None,
         description=(
             "Delta the grant may spend, at most the dataset's delta_total; at most 30 places. "
-            "basic: its delta. With epsilon on gaussian and zcdp: the grant's whole delta, "
-            "conversion included (zcdp holds the dataset's delta_conversion of it, or all of it "
-            "if less, for the conversion; mechanisms may spend the rest). With rho (zcdp): the "
-            "delta its mechanisms may spend, at most the dataset's delta_total - delta_conversion."
+            "basic and hybrid: its delta (default: the dataset's delta_total). With epsilon on "
+            "gaussian and zcdp: the grant's whole delta, conversion included (zcdp holds the "
+            "dataset's delta_conversion of it, or all of it if less, for the conversion; "
+            "mechanisms may spend the rest). With rho (zcdp): the delta its mechanisms may "
+            "spend, at most the dataset's delta_total - delta_conversion."
         ),
     )
     mu: Annotated[StrictDecimal, Field(gt=0), number_schema(gt=0)] | None = Field(

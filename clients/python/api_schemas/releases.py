@@ -533,6 +533,15 @@ class ReleasePreview(Schema):
             "states it (gaussian, zcdp: at the dataset's delta_total)."
         )
     )
+    epsilon_remaining_pure: ExactDecimal | None = Field(
+        default=None,
+        description=(
+            "What a pure release (delta = 0) is admitted at now in the budget named by "
+            "`budget`, as GET .../budget (or the grant) states it; null for gaussian "
+            "(Gaussian releases only). On hybrid and zcdp not epsilon_remaining, a Gaussian "
+            "release's figure at the budget's delta."
+        ),
+    )
     delta_remaining: ExactDecimal = Field(
         description=(
             "Delta left in the budget named by `budget`, as GET .../budget states it (hybrid: "

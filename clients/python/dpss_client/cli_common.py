@@ -218,11 +218,12 @@ def _fetch_and_show(
     fetch: Callable[[Client], _Fetched],
     show: Callable[[_Fetched], None],
     as_dict: Callable[[Any], Any] = _dump,
+    spelling: Spelling | None = None,
 ) -> None:
     """The body of a command that asks the service one thing: ``fetch`` it through a client,
     then print ``as_dict`` of it as JSON with --json, else ``show`` it (errors as every
-    command's, :func:`_service_errors`)."""
-    with _service_errors(as_json), _client(url, api_key) as client:
+    command's, :func:`_service_errors`, in ``spelling``: the command's options)."""
+    with _service_errors(as_json, spelling), _client(url, api_key) as client:
         value = fetch(client)
         if as_json:
             _print_json(as_dict(value))
@@ -260,6 +261,9 @@ _ERROR_EXTRAS = (
     "budget",
     "grant_id",
     "epsilon_remaining",
+    # What a pure release (delta 0) is admitted at: the 409 carries it and its message names
+    # it, and the refusal printed every figure but this one.
+    "epsilon_remaining_pure",
     "delta_remaining",
     "rho_remaining",
     "mu_remaining",
@@ -270,7 +274,26 @@ _ERROR_EXTRAS = (
 )
 #: Extras that are remaining budget figures: shown to 4 significant digits, rounded down, on
 #: stderr (exact in --json). The admissible figures have at most 3 digits: shown exactly.
-_REMAINING_EXTRAS = frozenset((*_ERROR_EXTRAS[2:6], *_ERROR_EXTRAS[7:]))
+_REMAINING_EXTRAS = frozenset(
+    (
+        "epsilon_remaining",
+        "epsilon_remaining_pure",
+        "delta_remaining",
+        "rho_remaining",
+        "mu_remaining",
+        "epsilon_admissible",
+        "delta_admissible",
+        "delta_admissible_epsilon",
+    )
+)
+
+
+def _shown_extra(error: DpssError, extra: str) -> bool:
+    """Whether stderr repeats ``extra``: epsilon_remaining_pure only where it is not
+    epsilon_remaining itself (basic), so that a basic refusal does not print one figure twice."""
+    if extra != "epsilon_remaining_pure":
+        return True
+    return getattr(error, extra, None) != getattr(error, "epsilon_remaining", None)
 
 
 @contextmanager
@@ -301,7 +324,7 @@ def _service_errors(as_json: bool, spelling: Spelling | None = None) -> Iterator
         console.print(f"[bold red]error[/bold red] {escape(f'[{error.code}]')} {escape(detail)}")
         for extra in _ERROR_EXTRAS:
             value = getattr(error, extra, None)
-            if value is not None:
+            if value is not None and _shown_extra(error, extra):
                 shown = _figure(value) if extra in _REMAINING_EXTRAS else str(value)
                 console.print(f"  {extra}: {shown}", markup=False)
         raise typer.Exit(int(code)) from None

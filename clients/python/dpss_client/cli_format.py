@@ -173,6 +173,11 @@ def _preview_rows(info: ReleasePreview) -> list[tuple[str, Any]]:
         # None at its delta (e.g. hybrid's delta filter spent): the same request at this delta.
         rows.append(("delta_admissible", _figure(info.delta_admissible)))
         rows.append(("delta_admissible_epsilon", _figure(info.delta_admissible_epsilon)))
+    pure = info.epsilon_remaining_pure
+    if pure is not None and info.accounting in ("zcdp", "hybrid"):
+        # As `dpss budget` shows it: there epsilon_remaining is a Gaussian release's figure at
+        # the budget's delta, and a pure release (delta 0) is admitted at this one.
+        rows.append(("epsilon_remaining_pure", _figure(pure)))
     rows += [
         ("delta_remaining", _figure(info.delta_remaining)),
         ("memory", f"{info.memory_mb:,.1f} MiB"),

@@ -22,6 +22,7 @@ from dpss_client.cli_common import (
 )
 from dpss_client.cli_format import _figure, _list_table
 from dpss_client.defaults import DEFAULT_URL
+from dpss_client.spelling import CLI_GRANT
 
 if TYPE_CHECKING:
     from api_schemas.grants import Grant
@@ -118,7 +119,9 @@ def grants_create(
         except (ValueError, TypeError) as exc:
             raise typer.BadParameter(str(exc)) from exc
 
-    _fetch_and_show(url, api_key, as_json, create, _grant_shown("grant created"))
+    _fetch_and_show(
+        url, api_key, as_json, create, _grant_shown("grant created"), spelling=CLI_GRANT
+    )
 
 
 @grants_app.command("list")

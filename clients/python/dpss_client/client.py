@@ -7,8 +7,7 @@ imports the server (no FastAPI, SQLAlchemy or database code).
 >>> with Client("http://127.0.0.1:8000", api_key) as dpss:            # doctest: +SKIP
 ...     ds = dpss.upload("patients.npy", epsilon_budget="1", delta_budget="1e-5",
 ...                      row_norm_bound=1.0)
-...     basis = dpss.release(ds.id, "analyze_gauss", k=3, epsilon="0.5",
-...                          delta="1e-6").wait(progress=True)
+...     basis = dpss.release(ds.id, k=3, epsilon="0.5").wait(progress=True)
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import io
 import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +34,7 @@ from api_schemas.mechanisms import MechanismInfo, MechanismList
 from api_schemas.priors import Prior, PriorList, PriorWithBasis
 from api_schemas.releases import Release, ReleasePreview, ReleaseStatus
 from dpss_client import handles as _waits
+from dpss_client.defaults import DEFAULT_MECHANISM
 from dpss_client.defaults import DEFAULT_URL as DEFAULT_URL
 from dpss_client.errors import (
     AuthError,
@@ -120,6 +121,40 @@ __all__ = [
 ]
 
 _Page = TypeVar("_Page", DatasetList, ReleasePage, KeyPage, PriorList)
+
+
+def _required_k(k: int | None, method: str) -> int:
+    """``k``, which has no default: it follows ``mechanism`` (which has one) positionally, so
+    that ``release(ds, "analyze_gauss", 3, ...)`` keeps working and ``release(ds, k=3, ...)``
+    works too; a call without it fails here, before any request, as a missing argument."""
+    if k is None:
+        raise TypeError(
+            f"{method}() missing required argument 'k' (the released subspace's dimension, "
+            "e.g. k=3)"
+        )
+    return k
+
+
+@contextmanager
+def _defaulted_mechanism(asked: str | None) -> Iterator[None]:
+    """A param the default mechanism does not take, refused when the call named none: say that
+    ``auto`` was sent and how to set the param (as ``dpss releases create`` and PrivatePCA do).
+    A typo the service recognised ("did you mean") is left as it is."""
+    try:
+        yield
+    except InvalidRequestError as error:
+        detail = error.detail
+        if asked is not None or not detail.startswith("params.") or "unknown field" not in detail:
+            raise
+        if "did you mean" in detail:
+            raise
+        field, _, rest = detail.partition(";")
+        hint = (
+            f' (no mechanism was given, so "{DEFAULT_MECHANISM}", the default, was sent: it '
+            'takes only the fields listed; pass mechanism="analyze_gauss" to set this one)'
+        )
+        raise InvalidRequestError(error.code, f"{field}{hint};{rest}", error.status) from None
+
 
 # --------------------------------------------------------------------------------------------
 # The client
@@ -300,7 +335,7 @@ class Client:
         suffix tells the service the format) or any 2-D array-like: a NumPy array (streamed as
         ``.npy`` without a temporary file), nested lists or a DataFrame (``numpy.asarray`` of
         it; a ``privacy_unit_column`` name is then looked up in its string column names).
-        ``name`` defaults to the file's stem and is required for arrays.
+        ``name`` defaults to the file's stem, or for an array to ``array-NxD`` (its shape).
         ``progress(sent, total)``, if given, is called as the file's bytes are sent.
         ``accounting`` (``hybrid``, ``basic``, ``gaussian`` or ``zcdp``; default: the
         service's) says how releases compose; ``mu_budget``/``rho_budget`` state the derived
@@ -336,7 +371,11 @@ class Client:
             names = feature_names(data)
             array = as_rows(data)
             if name is None:
-                raise TypeError("name= is required when uploading an array")
+                # A name a newcomer need not invent (names need not be unique): its shape, as
+                # `dpss datasets list` shows it beside the name.
+                # (the features': a privacy_unit_column is removed from them).
+                features = array.shape[1] - (privacy_unit_column is not None)
+                name = f"array-{array.shape[0]}x{features}"
             if isinstance(privacy_unit_column, str) and not privacy_unit_column.isdigit():
                 # A .npy file has no column names: send the named column's index.
                 if names is None or privacy_unit_column not in names:
@@ -603,8 +642,8 @@ class Client:
     def release(
         self,
         dataset_id: UUID | str,
-        mechanism: str,
-        k: int,
+        mechanism: str | None = None,
+        k: int | None = None,
         epsilon: Number | None = None,
         delta: Number | None = None,
         *,
@@ -630,10 +669,44 @@ class Client:
         ``gaussian`` dataset, or ``rho=`` (with ``delta`` for approximate steps) on a ``zcdp``
         one.
 
+        ``mechanism``: omitted (``None``), ``"auto"`` (:data:`DEFAULT_MECHANISM`), what the
+        API advises when unsure and what ``dpss releases create`` sends by default: the service
+        chooses and says what and why (``auto_choice``, ``auto_reason``). ``k`` is required
+        (positionally third, as before, or ``k=``); ``delta`` omitted with ``epsilon`` is the
+        service's default (min(1e-6, delta_total/100); under a grant at most its delta/100).
+
         Keyword arguments other than ``idempotency_key`` are the mechanism's parameters (see
         :meth:`mechanisms`). The request carries an ``Idempotency-Key`` (random unless given),
         so sending the same request again with the same key never charges twice.
         """
+        with _defaulted_mechanism(mechanism):
+            return self._release(
+                dataset_id,
+                mechanism or DEFAULT_MECHANISM,
+                _required_k(k, "release"),
+                epsilon,
+                delta,
+                mu=mu,
+                rho=rho,
+                idempotency_key=idempotency_key,
+                wait=wait,
+                **params,
+            )
+
+    def _release(
+        self,
+        dataset_id: UUID | str,
+        mechanism: str,
+        k: int,
+        epsilon: Number | None,
+        delta: Number | None,
+        *,
+        mu: Number | None,
+        rho: Number | None,
+        idempotency_key: str | None,
+        wait: float | None,
+        **params: Any,
+    ) -> ReleaseHandle:
         body = {
             "mechanism": mechanism,
             "k": k,
@@ -662,7 +735,7 @@ class Client:
                     self._no_release_wait = True
                 elif _unknown_query(exc, "basis_format"):
                     self._no_basis_format = True
-                    return self.release(
+                    return self._release(
                         dataset_id, mechanism, k, epsilon, delta, mu=mu, rho=rho,
                         idempotency_key=key, wait=wait, **params,
                     )  # fmt: skip
@@ -674,8 +747,8 @@ class Client:
     def preview_release(
         self,
         dataset_id: UUID | str,
-        mechanism: str,
-        k: int,
+        mechanism: str | None = None,
+        k: int | None = None,
         epsilon: Number | None = None,
         delta: Number | None = None,
         *,
@@ -687,21 +760,23 @@ class Client:
 
         The service validates the request exactly as a real one (same errors), and answers
         with the cost, whether the budget covers it (``affordable``), and the noise scales the
-        mechanism would use (``scales``) with what they mean (``meaning``). Keyword arguments
-        are the mechanism's parameters.
+        mechanism would use (``scales``) with what they mean (``meaning``). ``mechanism`` and
+        ``k`` as :meth:`release` (omitted mechanism: ``"auto"``). Keyword arguments are the
+        mechanism's parameters.
         """
         body = {
-            "mechanism": mechanism,
-            "k": k,
+            "mechanism": mechanism or DEFAULT_MECHANISM,
+            "k": _required_k(k, "preview_release"),
             **cost_fields(epsilon=epsilon, delta=delta, mu=mu, rho=rho),
             "params": params,
         }
-        response = self._request(
-            "POST",
-            f"/v1/datasets/{dataset_id}/releases",
-            params={"dry_run": "true"},
-            json=body,
-        )
+        with _defaulted_mechanism(mechanism):
+            response = self._request(
+                "POST",
+                f"/v1/datasets/{dataset_id}/releases",
+                params={"dry_run": "true"},
+                json=body,
+            )
         return _parse(response, ReleasePreview)
 
     def releases_page(

@@ -492,6 +492,13 @@ class PrivatePCA:
             first = error.errors()[0]
             raise ValueError(f"{first['loc'][0]}: {first['msg']}") from None
         params = self._release_params()
+        if "k" in params:
+            # Not a mechanism parameter: the release's k, which is n_components here (the
+            # request failed "Client.release() got multiple values for keyword argument 'k'").
+            raise ValueError(
+                "k: PrivatePCA's rank is n_components (scikit-learn's name): "
+                "PrivatePCA(client, dataset_id, n_components=5, ...)"
+            )
         # The request waits for its release itself (one request, not a request and a long
         # poll); what it has not finished within that, wait_finished waits for.
         wait = client_module.LONG_POLL_SECONDS

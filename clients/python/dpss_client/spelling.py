@@ -110,6 +110,14 @@ CLI_UPLOAD = Spelling(
     queries={"allow_large_delta=true": "`--allow-large-delta`"},
 )
 
+#: ``dpss grants create``: the grant's fields are its options (``--analyst-key-id``).
+CLI_GRANT = Spelling(
+    options={name: _flag(name) for name in ("epsilon", "delta", "mu", "rho", "analyst_key_id")},
+    assign=lambda option, value: f"{option} {_cli_value(value)}",
+    param=lambda name: f"--param {name}",
+    param_assign=lambda name, value: f"--param {name}={_cli_value(value)}",
+)
+
 #: :class:`dpss_client.PrivatePCA`: keyword arguments, ``k`` is ``n_components`` and a
 #: mechanism parameter is a keyword of its own (``center="private"``).
 PRIVATE_PCA = Spelling(

@@ -311,14 +311,28 @@ function nativeRemaining(b) {
 // approximate releases differently from Gaussian ones): the
 // API's descriptions and refusals say so, and the page showed the bare figure. Said once beside
 // every table that shows a hybrid budget or grant.
+// A pure release (delta 0) has a figure of its own, epsilon_remaining_pure (the budgets, grants,
+// dry runs and refusals state it): the note names it, with its value when the note is about one
+// budget, and the tables show it in their "pure epsilon remaining" column.
 function hybridNote(budgets) {
-  if (!budgets.some((b) => b && b.accounting === "hybrid")) return null;
+  const hybrid = budgets.filter((b) => b && b.accounting === "hybrid");
+  if (!hybrid.length) return null;
+  const pure = hybrid.length === 1 && hybrid[0].epsilon_remaining_pure != null
+    ? `: ${down(hybrid[0].epsilon_remaining_pure)} now` : " (the pure epsilon remaining column)";
   return el("p", { class: "meta hybrid-remaining" },
     "hybrid: epsilon remaining is what the next Gaussian release (at the budget's delta) is admitted at, ",
     "not what every kind of release may still ask for ",
-    "(a pure or approximate release may be refused below it). A dry run (dry_run=true) and a refusal give ",
+    "(a pure or approximate release may be refused below it). A pure release (delta 0) is admitted at up to ",
+    `epsilon_remaining_pure${pure}. A dry run (dry_run=true) and a refusal give `,
     "epsilon_admissible, the largest epsilon that request is admitted at now. See ",
     el("a", { href: "/dashboard/reading-a-budget" }, "Reading a budget"), ".");
+}
+
+// What a pure release (delta 0) is admitted at: shown where it is not epsilon remaining itself
+// (hybrid, zcdp); basic's is epsilon remaining, and gaussian admits no pure release.
+function pureRemaining(b) {
+  const shown = (b.accounting === "hybrid" || b.accounting === "zcdp") && b.epsilon_remaining_pure != null;
+  return shown ? down(b.epsilon_remaining_pure) : "—";
 }
 
 // A dataset by its name, with its id's start to tell two datasets of one name apart.
@@ -334,6 +348,7 @@ const grantColumns = [
   ["epsilon remaining", (g) => down(g.epsilon_remaining)],
   ["delta remaining", (g) => down(g.delta_remaining)],
   ["native remaining", (g) => nativeRemaining(g)],
+  ["pure epsilon remaining", (g) => pureRemaining(g)],
   ["revoked", (g) => (g.revoked_at ? when(g.revoked_at) : "")],
 ];
 
@@ -394,6 +409,7 @@ async function analystView() {
     ["epsilon remaining", (d) => down(d.budget.epsilon_remaining)],
     ["delta remaining", (d) => down(d.budget.delta_remaining)],
     ["native remaining", (d) => nativeRemaining(d.budget)],
+    ["pure epsilon remaining", (d) => pureRemaining(d.budget)],
     ["spent", (d) => budgetBar(d.budget)],
   ], datasets, { class: "budgets" }), ...(datasets instanceof Node ? [] : [hybridNote(datasets.map((d) => d.budget))]));
   fill("releases", releases instanceof Node ? releases : table([
