@@ -32,6 +32,7 @@ def queue_seconds(
     *,
     registrations: bool = True,
     epochs: float = 0.0,
+    queued: bool = True,
 ) -> float:
     """The modelled time of the one-shot jobs ahead of a job requested at ``now``: those
     requested by ``now`` and not yet past their own ``visible_at`` (:meth:`PaddingModel.
@@ -42,9 +43,12 @@ def queue_seconds(
     outcome is not shown (:func:`late_seconds`), and, with ``registrations``, for the
     registrations by reference not shown yet (:func:`registration_seconds`), and ``epochs``:
     the wait for the pending continual epochs (:func:`service.padding_epochs.epoch_seconds`,
-    computed by the caller, which holds the settings an epoch's moment needs)."""
+    computed by the caller, which holds the settings an epoch's moment needs).
+
+    ``queued=False``: the caller has seen that :data:`_QUEUE` has no row at ``now``
+    (:func:`service.padding_epochs.request_queue_seconds`), so it is not read again."""
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
-    rows = session.execute(_QUEUE, {"now": now}).all()
+    rows = session.execute(_QUEUE, {"now": now}).all() if queued else []
     pending = registration_seconds(session, now) if registrations else 0.0
     one_shot = [row for row in rows if row[0] in MECHANISMS and not MECHANISMS[row[0]].continual]
     ahead = [row for row in one_shot if row.visible_at > now]
@@ -136,6 +140,12 @@ _REGISTRATIONS = union_all(
         for open_ in (shown.is_(None), shown > bindparam("now"))
     )
 )
+
+
+#: The two looks above, for the request's guard (:func:`service.padding_epochs.
+#: request_queue_seconds`), which asks whether each has a row.
+QUEUE = _QUEUE
+REGISTRATIONS = _REGISTRATIONS
 
 
 def registration_seconds(session: Session, now: datetime) -> float:
