@@ -60,7 +60,7 @@ from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding_epochs import request_queue_seconds
 from service.padding_queue import padding_model
 from service.prior_projection import on_prior
-from service.release_rows import insert_release
+from service.release_rows import insert_release, read_release
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
@@ -729,7 +729,7 @@ def admissible_search(
 def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -> Release:
     """Analysts read the releases they requested; owners those of their datasets."""
     require_role(principal, "analyst", "owner")
-    release = session.get(Release, release_id)
+    release = read_release(session, release_id)
     if release is not None:
         if principal.role == "analyst":
             visible = release.requester_key_id == principal.key_id
