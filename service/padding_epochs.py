@@ -190,7 +190,7 @@ def request_queue_seconds(
 
 
 @functools.cache
-def _looks(continual: tuple[str, ...]) -> Select[Any]:
+def _looks(continual: tuple[str, ...]) -> Select[bool, bool, bool]:
     """Whether each look of :func:`request_queue_seconds` has a row at ``now``: the jobs ahead
     and the late ones (:data:`service.padding_queue.QUEUE`), the registrations by reference
     not shown (``REGISTRATIONS``) and the pending epochs (:func:`_pending`), as three
