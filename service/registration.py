@@ -81,8 +81,8 @@ from service.errors import (
     safe_traceback,
 )
 from service.jobs import JobRunner
-from service.padding_epochs import epoch_seconds
-from service.padding_queue import padding_model, queue_seconds
+from service.padding_epochs import request_queue_seconds
+from service.padding_queue import padding_model
 from service.store import DatasetStore, StoredMatrix
 
 #: The key of ``dataset_referenced`` and ``dataset_batch_referenced`` events holding the digest
@@ -138,7 +138,7 @@ def _queue_seconds(session: Session, settings: Settings, now: datetime) -> float
     """The modelled time of the one-shot releases ahead of a registration requested at
     ``now`` (:func:`service.padding_queue.queue_seconds`): public facts fixed at the request."""
     model = padding_model(session, settings, now)
-    return queue_seconds(session, model, now, epochs=epoch_seconds(session, settings, now))
+    return request_queue_seconds(session, settings, model, now)
 
 
 def _refuse_taken(session: Session, key: str, dataset: Dataset | None = None) -> None:

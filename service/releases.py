@@ -57,10 +57,10 @@ from service.keyformat import KEY_PREFIX
 from service.mechanisms.base import Mechanism, PublicContext, ReleaseSpec
 from service.mechanisms.linalg import DEFAULT_CHUNK_ROWS
 from service.mechanisms.registry import MECHANISMS, get_mechanism
-from service.padding_epochs import epoch_seconds
-from service.padding_queue import padding_model, queue_seconds
+from service.padding_epochs import request_queue_seconds
+from service.padding_queue import padding_model
 from service.prior_projection import on_prior
-from service.release_rows import insert_release
+from service.release_rows import insert_release, read_release
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
@@ -512,7 +512,7 @@ def _padding(
     real status, lease, start or finish: the padding of a probe release is the same whether
     another job is still queued, running or already ended."""
     model = padding_model(session, settings, now)
-    queue = queue_seconds(session, model, now, epochs=epoch_seconds(session, settings, now))
+    queue = request_queue_seconds(session, settings, model, now)
     return model.padding(mechanism, dataset.n_rows, dataset.n_cols, k, params, queue)
 
 
@@ -729,7 +729,7 @@ def admissible_search(
 def get_release(session: Session, principal: Principal, release_id: uuid.UUID) -> Release:
     """Analysts read the releases they requested; owners those of their datasets."""
     require_role(principal, "analyst", "owner")
-    release = session.get(Release, release_id)
+    release = read_release(session, release_id)
     if release is not None:
         if principal.role == "analyst":
             visible = release.requester_key_id == principal.key_id

@@ -69,6 +69,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, bindparam, select
 from sqlalchemy.orm import Session, load_only
@@ -79,6 +80,7 @@ from service import continual
 from service.auth import Principal, sees_real_state
 from service.db.models import Dataset, Release, ReleaseBasis, ReleaseEpoch
 from service.padding import late_schedule, next_late_step, padded
+from service.release_rows import HELD_DELETED_AT
 
 #: Statuses after which a release changes no more.
 FINISHED = frozenset({"succeeded", "no_result", "failed"})
@@ -285,6 +287,10 @@ def dataset_deleted_at(
     held = session.identity_map.get(identity_key(Dataset, release.dataset_id))
     if isinstance(held, Dataset):
         return held.deleted_at
+    # Read with the release (service.release_rows.read_release): no statement of its own.
+    known: dict[Any, datetime | None] = session.info.get(HELD_DELETED_AT, {})
+    if release.dataset_id in known:
+        return known[release.dataset_id]
     # Not in the session: its one column, not the row (a release's read after the job ended,
     # once per long poll's read: the whole row's thirty columns, nine of them exact decimals,
     # were most of that read's cost). The same statement whatever the worker stored.
