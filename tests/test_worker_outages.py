@@ -320,7 +320,12 @@ def test_a_locked_sqlite_file_is_waited_out(
             lock = ExclusiveLock(path)
         gate.open.set()
         wait_for(lambda: logged(caplog, UNAVAILABLE) == 1, what="lock")
-        time.sleep(0.5)
+        # Not a fixed sleep: the opening line may be the re-check thread's (it often meets the
+        # lock first), and under load the job loop could make its first attempt only after the
+        # lock was gone, a claim (or finish) never failed, and the closing line would not name
+        # it. Held until the phase's own operation has failed and retried.
+        outage = running.worker._outage  # the worker's log of outages (the closing line's counts)
+        wait_for(lambda: outage.failures[phase] >= 2, what=f"{phase} retried under the lock")
         assert running.thread.is_alive()
         lock.release()
         wait_for(lambda: status_of(factory, release_id) == "succeeded", what="the job")
