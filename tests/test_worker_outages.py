@@ -86,28 +86,33 @@ def outage_settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def queue_release(settings: Settings, factory: sessionmaker[Session]) -> tuple[uuid.UUID, str]:
-    """A dataset and one queued, charged release; returns the release id and the analyst key."""
+def queue_release(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    data: np.ndarray[Any, Any] | None = None,
+    *,
+    k: int = 2,
+    epsilon: str = "0.2",
+) -> tuple[uuid.UUID, str]:
+    """A dataset (``data``; by default 60 small rows of 5 columns) and one queued, charged
+    ``analyze_gauss`` release of rank ``k`` on it; returns the release id and the analyst key."""
     with factory.begin() as session:
         _, owner = auth.create_key(session, "owner", "o", None)
         _, analyst = auth.create_key(session, "analyst", "a", None)
-    data = np.random.default_rng(1).normal(size=(60, 5)) * 0.2
+    if data is None:
+        data = np.random.default_rng(1).normal(size=(60, 5)) * 0.2
     with TestClient(create_app(settings, session_factory=factory)) as client:
         dataset = client.post(
             "/v1/datasets",
             headers=bearer(owner),
             files={"file": ("x.npy", npy_bytes(data), "application/octet-stream")},
-            data={
-                "name": "d",
-                "epsilon_budget": "1",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-            },
-        ).json()
+            data={"name": "d", **BUDGET},
+        )
+        assert dataset.status_code == 201, dataset.text
         release = client.post(
-            f"/v1/datasets/{dataset['id']}/releases",
+            f"/v1/datasets/{dataset.json()['id']}/releases",
             headers=bearer(analyst),
-            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.2", "delta": "1e-6"},
+            json={"mechanism": "analyze_gauss", "k": k, "epsilon": epsilon, "delta": "1e-6"},
         )
         assert release.status_code == 202, release.text
     return uuid.UUID(release.json()["id"]), analyst
@@ -346,27 +351,8 @@ def test_the_worker_process_survives_a_database_restart_mid_job(
     job's end) finishes the job once when the database returns, and keeps serving."""
     settings = outage_settings(tmp_path, pg_url, max_upload_mb=100)
     factory = make_session_factory(make_engine(pg_url))
-    with factory.begin() as session:
-        _, owner = auth.create_key(session, "owner", "o", None)
-        _, analyst = auth.create_key(session, "analyst", "a", None)
     wide = np.random.default_rng(3).normal(size=(1500, 1800)) / 60
-    with TestClient(create_app(settings, session_factory=factory)) as client:
-        dataset = client.post(
-            "/v1/datasets",
-            headers=bearer(owner),
-            files={"file": ("x.npy", npy_bytes(wide), "application/octet-stream")},
-            data={
-                "name": "w",
-                "epsilon_budget": "1",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-            },
-        ).json()
-        slow = client.post(
-            f"/v1/datasets/{dataset['id']}/releases",
-            headers=bearer(analyst),
-            json={"mechanism": "analyze_gauss", "k": 1800, "epsilon": "0.5", "delta": "1e-6"},
-        ).json()
+    slow_id, _ = queue_release(settings, factory, wide, k=1800, epsilon="0.5")
     env = {
         **os.environ,
         "DPSS_DATABASE_URL": pg_url,
@@ -382,7 +368,6 @@ def test_the_worker_process_survives_a_database_restart_mid_job(
         text=True,
     )
     try:
-        slow_id = uuid.UUID(slow["id"])
         wait_for(lambda: status_of(factory, slow_id) == "running", timeout=60, what="claim")
         cluster.stop()
         time.sleep(8)  # longer than the job: finish meets the outage too
