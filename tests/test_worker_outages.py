@@ -281,15 +281,39 @@ def sqlite_db(tmp_path: Path) -> tuple[str, Path]:
     return url, path
 
 
-def impatient_sqlite_factory(url: str) -> sessionmaker[Session]:
-    """The service's SQLite engine with a 50 ms busy timeout, so a held lock is an error soon."""
-    engine = make_engine(url)
+class ImpatientSqlite:
+    """The service's SQLite engine whose connections give up on a lock after 50 ms (so a lock
+    held outside is an outage soon) until :meth:`be_patient`; then a connection checked out
+    waits up to a hang guard. Impatient for good, the worker's own threads met each other's
+    write transactions as outages: under load its claim or finish held the lock past 50 ms
+    and the re-check logged a second outage after the first had ended."""
 
-    @event.listens_for(engine, "connect")
-    def _impatient(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.execute("PRAGMA busy_timeout=50")
+    def __init__(self, url: str) -> None:
+        engine = make_engine(url)
+        self.factory = make_session_factory(engine)
+        self._impatient = True
+        #: Connections checked out with the 50 ms timeout and not returned yet.
+        self.impatient_out = 0
+        self._lock = threading.Lock()
 
-    return make_session_factory(engine)
+        @event.listens_for(engine, "checkout")
+        def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+            with self._lock:
+                impatient = record.info["impatient"] = self._impatient
+                self.impatient_out += impatient
+            dbapi_connection.execute(f"PRAGMA busy_timeout={50 if impatient else 60_000}")
+
+        @event.listens_for(engine, "checkin")
+        def _checkin(_dbapi_connection: Any, record: Any) -> None:
+            with self._lock:
+                self.impatient_out -= record.info.pop("impatient", False)
+
+    def be_patient(self) -> None:
+        """Connections checked out from now on wait for a lock; wait until those checked out
+        before have been returned (they fail within 50 ms while the outside lock is held)."""
+        with self._lock:
+            self._impatient = False
+        wait_for(lambda: self.impatient_out == 0, what="impatient connections returned")
 
 
 class ExclusiveLock:
@@ -316,7 +340,8 @@ def test_a_locked_sqlite_file_is_waited_out(
     url, path = sqlite_db
     settings = outage_settings(tmp_path, url)
     release_id, _ = queue_release(settings, make_session_factory(make_engine(url)))
-    factory = impatient_sqlite_factory(url)
+    impatient = ImpatientSqlite(url)
+    factory = impatient.factory
     gate = Gate(monkeypatch)
     lock = ExclusiveLock(path) if phase == "claim" else None
     with WorkerThread(settings, factory) as running:
@@ -332,6 +357,7 @@ def test_a_locked_sqlite_file_is_waited_out(
         outage = running.worker._outage  # the worker's log of outages (the closing line's counts)
         wait_for(lambda: outage.failures[phase] >= 2, what=f"{phase} retried under the lock")
         assert running.thread.is_alive()
+        impatient.be_patient()  # the outage is the outside lock's only
         lock.release()
         wait_for(lambda: status_of(factory, release_id) == "succeeded", what="the job")
     assert_finished_once(factory, release_id)
