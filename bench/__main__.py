@@ -107,11 +107,17 @@ def run(config: Config, save: Path | None, tag: str = "") -> dict[str, list[Row]
         "http": lambda: http_release(*config.http_shape, config.http_reps),
     }  # fmt: skip
     results: dict[str, list[Row]] = {}
-    for section, job in jobs.items():
-        if section in config.sections:
-            results[section] = job()
-            if save is not None:
-                write_csv(save / f"{section}{'_' + tag if tag else ''}.csv", results[section])
+    try:
+        for section, job in jobs.items():
+            if section in config.sections:
+                results[section] = job()
+                if save is not None:
+                    write_csv(save / f"{section}{'_' + tag if tag else ''}.csv", results[section])
+    finally:
+        if peers is not None:
+            # A build no section waited for (or one a failed section left) must not go on
+            # writing after the run: its thread is a daemon, its pip a process of its own.
+            peers.close()
     return results
 
 

@@ -6,7 +6,9 @@ Loaded by ``tests/conftest.py`` (``pytest_plugins``). For the whole run, in the 
 - ``HOME`` and the XDG base directories point into a temporary directory of the run, so a
   default path derived from the user's home (state, data, config, cache) lands there;
 - ``DPSS_DATA_DIR`` points there too, so a command run with only a database URL set writes its
-  anchors and files there, not into ``./dpss-data`` of whoever runs the suite.
+  anchors and files there, not into ``./dpss-data`` of whoever runs the suite;
+- ``DPSS_BENCH_PEERS_DIR`` too (the benchmark peers' environments, ``~/.cache/dpss-bench-peers``
+  in CI's bench step).
 
 And the guard: the controller snapshots the repository tree (and ``./dpss-data`` of the
 working directory, and every ``dpss`` entry of the *real* home's state, data, config and cache
@@ -46,6 +48,8 @@ IGNORED_NAMES = frozenset(
 SANDBOX_VARIABLE = "DPSS_TEST_SANDBOX"
 #: The wheel cache that tests/client/test_slim_install.py keeps between runs, on purpose.
 WHEELHOUSE_VARIABLE = "DPSS_WHEELHOUSE"
+#: Where bench/peers builds the peers' environments.
+PEERS_VARIABLE = "DPSS_BENCH_PEERS_DIR"
 #: Subdirectories of a home where programs keep state by default.
 HOME_STATE_DIRS = (".local/state", ".local/share", ".config", ".cache")
 
@@ -147,6 +151,10 @@ def _sandbox_environment() -> Path | None:
         os.environ[variable] = str(home / part)
     (sandbox / "dpss-data").mkdir()
     os.environ["DPSS_DATA_DIR"] = str(sandbox / "dpss-data")
+    # The benchmark peers' environments (bench/peers): CI points this variable at
+    # ~/.cache/dpss-bench-peers for its bench step; a test that builds one builds it here, even
+    # when the variable is exported to the suite too.
+    os.environ[PEERS_VARIABLE] = str(sandbox / "bench-peers")
     os.environ[SANDBOX_VARIABLE] = str(sandbox)
     return sandbox
 

@@ -146,6 +146,64 @@ def test_peers_only_runs_neither_the_floor_nor_the_mechanisms() -> None:
     assert synthetic(grid, None) == []  # no peer environments: nothing at all
 
 
+def test_a_closed_peer_build_leaves_no_process_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer environment's build still running when the harness ends is killed with every
+    process it started. The harness killed (at a time-out) only its direct child, and a daemon
+    thread's build outlived the harness: venv's ensurepip, or pip building a source package,
+    went on writing into ``~/.cache/dpss-bench-peers`` while CI's test suite ran next."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import psutil
+
+    from bench import peers
+
+    monkeypatch.setattr(peers, "REQUIREMENTS", {})  # no build of a real peer
+    monkeypatch.setattr(peers, "PEER_DIR", tmp_path / "peers")
+    pid_file = tmp_path / "grandchild.pid"
+    # A stand-in for `python -m venv`: it starts a child of its own (its ensurepip) that
+    # would write into the environment long after, and waits for it.
+    script = (
+        "import subprocess, sys, pathlib; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+        f"pathlib.Path({str(pid_file)!r}).write_text(str(child.pid)); child.wait()"
+    )
+    envs = peers.PeerEnvs(build_timeout=600.0)
+    failures: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            envs._run([sys.executable, "-c", script])
+        except BaseException as error:  # the killed build's error, read below
+            failures.append(error)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    deadline = time.monotonic() + 60  # a hang guard, not a speed requirement
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and thread.is_alive(), failures
+        time.sleep(0.02)
+    grandchild = int(pid_file.read_text())
+    envs.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], subprocess.CalledProcessError)
+
+    def gone() -> bool:
+        try:
+            return psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    while not gone():
+        assert time.monotonic() < deadline, "the build's own child outlived the harness"
+        time.sleep(0.02)
+
+
 def test_haar_basis_is_orthonormal_seeded_and_uniform() -> None:
     from bench.accuracy import haar_basis
 

@@ -151,6 +151,10 @@ def test_this_run_is_in_the_sandbox() -> None:
     sandbox = Path(os.environ["DPSS_TEST_SANDBOX"])
     assert Path(os.environ["DPSS_DATA_DIR"]).is_relative_to(sandbox)
     assert Path.home().is_relative_to(sandbox)
+    # The benchmark peers' environments too, as bench/peers read the variable at import.
+    from bench import peers
+
+    assert peers.PEER_DIR.is_relative_to(sandbox)
     assert sys.prefix  # the interpreter is untouched: only where things are written moved
 
 

@@ -112,6 +112,38 @@ class Service:
         )
 
 
+class ListenerWatch:
+    """The worker's PostgreSQL listener (caught as :func:`service.wake.waker_for` makes it), and
+    whether the worker waits on it with the wake-up of its connection spent. Every
+    (re)connection wakes the worker once (notifications sent while nobody listened are lost),
+    so a release queued before that wake-up is spent would be started by it, not by the
+    release's own NOTIFY: a test of the NOTIFY waits for :attr:`ready` first."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        #: Set when the worker waits again after a wake-up that came while listening.
+        self.ready = threading.Event()
+        made = wake.waker_for
+
+        def waker_for(*args: Any) -> wake.Waker:
+            waker = made(*args)
+            assert isinstance(waker, wake.PostgresListener)
+            wait, spent = waker.wait, threading.Event()
+
+            def watched(timeout: float) -> None:
+                if spent.is_set():
+                    self.ready.set()
+                wait(timeout)
+                # ``woken`` is set after ``listening`` on a connection, and the poll is far
+                # longer than the test: a return while listening is a wake-up spent.
+                if waker.listening.is_set():
+                    spent.set()
+
+            waker.wait = watched  # type: ignore[method-assign]
+            return waker
+
+        monkeypatch.setattr(wake, "waker_for", waker_for)
+
+
 def idle_with_no_connection(engine: Engine) -> None:
     """The idle worker holds no pooled connection while it waits to be woken."""
     wait_for(lambda: engine.pool.checkedout() == 0, timeout=10, what="connections returned")  # type: ignore[attr-defined]
@@ -212,10 +244,14 @@ def test_notify_is_delivered_on_commit_only(pg_engine: Engine, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
-def test_a_postgres_worker_is_woken_by_a_request(pg_engine: Engine, tmp_path: Path) -> None:
+def test_a_postgres_worker_is_woken_by_a_request(
+    pg_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings = wake_settings(tmp_path, str(pg_engine.url))
+    listener = ListenerWatch(monkeypatch)
     with Service(settings, make_session_factory(pg_engine)) as service:
-        time.sleep(0.5)  # let the listener connect (and spend its first wake-up)
+        # The listener connected and its first wake-up spent: only a NOTIFY wakes it now.
+        assert listener.ready.wait(HANG_GUARD), "the worker's listener never connected"
         for _ in range(2):
             idle_with_no_connection(pg_engine)
             service.release_finishes_without_a_poll()
@@ -227,11 +263,13 @@ def test_the_listener_reconnects_after_an_outage(
     pg_url: str,  # noqa: F811
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = wake_settings(tmp_path, pg_url)
     engine = make_engine(pg_url)
+    listener = ListenerWatch(monkeypatch)
     with Service(settings, make_session_factory(engine)) as service:
-        time.sleep(0.5)
+        assert listener.ready.wait(HANG_GUARD), "the worker's listener never connected"
         service.release_finishes_without_a_poll()
         cluster.stop()
         wait_for(lambda: "not listening for queued releases" in caplog.text, what="the outage")

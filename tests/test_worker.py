@@ -29,6 +29,7 @@ from service.mechanisms.base import InvalidParameter
 from service.store import DatasetStore
 from service.worker import Worker
 from tests.conftest import bearer, install_log_config, npy_bytes
+from tests.test_worker_outages import queue_release as queue_one_release
 
 
 def queue_release(client, keys, upload_dataset, rng, **body):
@@ -299,36 +300,15 @@ def test_a_worker_process_killed_mid_job_leaves_it_to_complete_once(
     url, factory = committed_db
     settings.max_upload_mb = 100
     settings.worker_lease_seconds = 2
-    with factory.begin() as session:
-        _, owner = auth.create_key(session, "owner", "o", None)
-        _, analyst = auth.create_key(session, "analyst", "a", None)
     # The killed worker's run blocks (tests/blocking_worker.py): the kill lands mid-job on any
     # machine, and the data can be small.
     wide = np.random.default_rng(3).normal(size=(60, 6)) / 10
-    with TestClient(create_app(settings, session_factory=factory)) as client:
-        dataset = client.post(
-            "/v1/datasets",
-            headers=bearer(owner),
-            files={"file": ("x.npy", npy_bytes(wide), "application/octet-stream")},
-            data={
-                "name": "wide",
-                "epsilon_budget": "1",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-            },
-        ).json()
-        release = client.post(
-            f"/v1/datasets/{dataset['id']}/releases",
-            headers=bearer(analyst),
-            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.5", "delta": "1e-6"},
-        ).json()
+    release_id, _ = queue_one_release(settings, factory, wide, epsilon="0.5")
 
     def status() -> tuple[str, str | None]:
         with factory() as session:
             row = session.execute(
-                select(Release.status, Release.lease_owner).where(
-                    Release.id == uuid.UUID(release["id"])
-                )
+                select(Release.status, Release.lease_owner).where(Release.id == release_id)
             ).one()
             return row[0], row[1]
 

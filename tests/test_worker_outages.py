@@ -86,28 +86,33 @@ def outage_settings(tmp_path: Path, url: str, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def queue_release(settings: Settings, factory: sessionmaker[Session]) -> tuple[uuid.UUID, str]:
-    """A dataset and one queued, charged release; returns the release id and the analyst key."""
+def queue_release(
+    settings: Settings,
+    factory: sessionmaker[Session],
+    data: np.ndarray[Any, Any] | None = None,
+    *,
+    k: int = 2,
+    epsilon: str = "0.2",
+) -> tuple[uuid.UUID, str]:
+    """A dataset (``data``; by default 60 small rows of 5 columns) and one queued, charged
+    ``analyze_gauss`` release of rank ``k`` on it; returns the release id and the analyst key."""
     with factory.begin() as session:
         _, owner = auth.create_key(session, "owner", "o", None)
         _, analyst = auth.create_key(session, "analyst", "a", None)
-    data = np.random.default_rng(1).normal(size=(60, 5)) * 0.2
+    if data is None:
+        data = np.random.default_rng(1).normal(size=(60, 5)) * 0.2
     with TestClient(create_app(settings, session_factory=factory)) as client:
         dataset = client.post(
             "/v1/datasets",
             headers=bearer(owner),
             files={"file": ("x.npy", npy_bytes(data), "application/octet-stream")},
-            data={
-                "name": "d",
-                "epsilon_budget": "1",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-            },
-        ).json()
+            data={"name": "d", **BUDGET},
+        )
+        assert dataset.status_code == 201, dataset.text
         release = client.post(
-            f"/v1/datasets/{dataset['id']}/releases",
+            f"/v1/datasets/{dataset.json()['id']}/releases",
             headers=bearer(analyst),
-            json={"mechanism": "analyze_gauss", "k": 2, "epsilon": "0.2", "delta": "1e-6"},
+            json={"mechanism": "analyze_gauss", "k": k, "epsilon": epsilon, "delta": "1e-6"},
         )
         assert release.status_code == 202, release.text
     return uuid.UUID(release.json()["id"]), analyst
@@ -276,15 +281,39 @@ def sqlite_db(tmp_path: Path) -> tuple[str, Path]:
     return url, path
 
 
-def impatient_sqlite_factory(url: str) -> sessionmaker[Session]:
-    """The service's SQLite engine with a 50 ms busy timeout, so a held lock is an error soon."""
-    engine = make_engine(url)
+class ImpatientSqlite:
+    """The service's SQLite engine whose connections give up on a lock after 50 ms (so a lock
+    held outside is an outage soon) until :meth:`be_patient`; then a connection checked out
+    waits up to a hang guard. Impatient for good, the worker's own threads met each other's
+    write transactions as outages: under load its claim or finish held the lock past 50 ms
+    and the re-check logged a second outage after the first had ended."""
 
-    @event.listens_for(engine, "connect")
-    def _impatient(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.execute("PRAGMA busy_timeout=50")
+    def __init__(self, url: str) -> None:
+        engine = make_engine(url)
+        self.factory = make_session_factory(engine)
+        self._impatient = True
+        #: Connections checked out with the 50 ms timeout and not returned yet.
+        self.impatient_out = 0
+        self._lock = threading.Lock()
 
-    return make_session_factory(engine)
+        @event.listens_for(engine, "checkout")
+        def _checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+            with self._lock:
+                impatient = record.info["impatient"] = self._impatient
+                self.impatient_out += impatient
+            dbapi_connection.execute(f"PRAGMA busy_timeout={50 if impatient else 60_000}")
+
+        @event.listens_for(engine, "checkin")
+        def _checkin(_dbapi_connection: Any, record: Any) -> None:
+            with self._lock:
+                self.impatient_out -= record.info.pop("impatient", False)
+
+    def be_patient(self) -> None:
+        """Connections checked out from now on wait for a lock; wait until those checked out
+        before have been returned (they fail within 50 ms while the outside lock is held)."""
+        with self._lock:
+            self._impatient = False
+        wait_for(lambda: self.impatient_out == 0, what="impatient connections returned")
 
 
 class ExclusiveLock:
@@ -311,7 +340,8 @@ def test_a_locked_sqlite_file_is_waited_out(
     url, path = sqlite_db
     settings = outage_settings(tmp_path, url)
     release_id, _ = queue_release(settings, make_session_factory(make_engine(url)))
-    factory = impatient_sqlite_factory(url)
+    impatient = ImpatientSqlite(url)
+    factory = impatient.factory
     gate = Gate(monkeypatch)
     lock = ExclusiveLock(path) if phase == "claim" else None
     with WorkerThread(settings, factory) as running:
@@ -320,8 +350,14 @@ def test_a_locked_sqlite_file_is_waited_out(
             lock = ExclusiveLock(path)
         gate.open.set()
         wait_for(lambda: logged(caplog, UNAVAILABLE) == 1, what="lock")
-        time.sleep(0.5)
+        # Not a fixed sleep: the opening line may be the re-check thread's (it often meets the
+        # lock first), and under load the job loop could make its first attempt only after the
+        # lock was gone, a claim (or finish) never failed, and the closing line would not name
+        # it. Held until the phase's own operation has failed and retried.
+        outage = running.worker._outage  # the worker's log of outages (the closing line's counts)
+        wait_for(lambda: outage.failures[phase] >= 2, what=f"{phase} retried under the lock")
         assert running.thread.is_alive()
+        impatient.be_patient()  # the outage is the outside lock's only
         lock.release()
         wait_for(lambda: status_of(factory, release_id) == "succeeded", what="the job")
     assert_finished_once(factory, release_id)
@@ -341,27 +377,8 @@ def test_the_worker_process_survives_a_database_restart_mid_job(
     job's end) finishes the job once when the database returns, and keeps serving."""
     settings = outage_settings(tmp_path, pg_url, max_upload_mb=100)
     factory = make_session_factory(make_engine(pg_url))
-    with factory.begin() as session:
-        _, owner = auth.create_key(session, "owner", "o", None)
-        _, analyst = auth.create_key(session, "analyst", "a", None)
     wide = np.random.default_rng(3).normal(size=(1500, 1800)) / 60
-    with TestClient(create_app(settings, session_factory=factory)) as client:
-        dataset = client.post(
-            "/v1/datasets",
-            headers=bearer(owner),
-            files={"file": ("x.npy", npy_bytes(wide), "application/octet-stream")},
-            data={
-                "name": "w",
-                "epsilon_budget": "1",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-            },
-        ).json()
-        slow = client.post(
-            f"/v1/datasets/{dataset['id']}/releases",
-            headers=bearer(analyst),
-            json={"mechanism": "analyze_gauss", "k": 1800, "epsilon": "0.5", "delta": "1e-6"},
-        ).json()
+    slow_id, _ = queue_release(settings, factory, wide, k=1800, epsilon="0.5")
     env = {
         **os.environ,
         "DPSS_DATABASE_URL": pg_url,
@@ -377,7 +394,6 @@ def test_the_worker_process_survives_a_database_restart_mid_job(
         text=True,
     )
     try:
-        slow_id = uuid.UUID(slow["id"])
         wait_for(lambda: status_of(factory, slow_id) == "running", timeout=60, what="claim")
         cluster.stop()
         time.sleep(8)  # longer than the job: finish meets the outage too

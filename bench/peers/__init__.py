@@ -17,9 +17,11 @@ private mean that takes part of the budget.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,6 +65,10 @@ class PeerEnvs:
     def __init__(self, build_timeout: float) -> None:
         self.build_timeout = build_timeout
         self._envs: dict[str, Env] = {}
+        #: The build commands running now (each the leader of a process group of its own).
+        self._running: set[subprocess.Popen[str]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
         self._threads = {
             peer: threading.Thread(target=self._build, args=(peer,), daemon=True)
             for peer in REQUIREMENTS
@@ -81,14 +87,10 @@ class PeerEnvs:
         try:
             shutil.rmtree(target, ignore_errors=True)
             target.parent.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
-                [sys.executable, "-m", "venv", "--clear", str(target)],
-                check=True, capture_output=True, timeout=self.build_timeout,
-            )  # fmt: skip
-            subprocess.run(
+            self._run([sys.executable, "-m", "venv", "--clear", str(target)])
+            self._run(
                 [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                  *REQUIREMENTS[peer]],
-                check=True, capture_output=True, timeout=self.build_timeout, text=True,
             )  # fmt: skip
             marker.write_text(wanted)
             self._envs[peer] = Env(python)
@@ -101,9 +103,52 @@ class PeerEnvs:
         except OSError as error:
             self._envs[peer] = Env(None, f"environment could not be built: {error}")
 
+    def _run(self, command: list[str]) -> None:
+        """``command`` in a process group of its own, killed with every process it started if it
+        outlives the build's time-out or the harness closes: a time-out killed only the
+        direct child, and ``venv``'s ``ensurepip`` or pip's build of a source package went on
+        writing into the environment's directory after the harness had ended (CI builds them
+        under ``~/.cache/dpss-bench-peers`` just before the test suite, whose sandbox then saw
+        that directory change)."""
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        with self._lock:
+            if self._closed:
+                _kill_group(process)
+            self._running.add(process)
+        try:
+            stdout, stderr = process.communicate(timeout=self.build_timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            process.communicate()
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(process)
+        if process.returncode:
+            raise subprocess.CalledProcessError(process.returncode, command, stdout, stderr)
+
     def get(self, peer: str) -> Env:
         self._threads[peer].join()
         return self._envs[peer]
+
+    def close(self) -> None:
+        """Stop the builds still running (a peer no section asked for) with all their
+        processes, and wait for the build threads: nothing of the harness writes after it."""
+        with self._lock:
+            self._closed = True
+            for process in self._running:
+                _kill_group(process)
+        for thread in self._threads.values():
+            thread.join()
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """Kill ``process`` and every process of its group (it leads one: ``start_new_session``)."""
+    with contextlib.suppress(ProcessLookupError):  # the group has ended
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 @dataclass

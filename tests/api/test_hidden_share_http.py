@@ -24,8 +24,10 @@ def dataset(client, keys, upload_dataset):
     )
 
 
-def test_a_hidden_share_is_null_on_the_release(client, keys, dataset, run_worker, session_factory):
-    body = release_and_wait(
+@pytest.fixture
+def body(client, keys, dataset, run_worker):
+    """A centred analyze_gauss release of rank 2 at eps 0.1 on the dataset, run (succeeded)."""
+    released = release_and_wait(
         client,
         keys.analyst,
         dataset["id"],
@@ -36,7 +38,11 @@ def test_a_hidden_share_is_null_on_the_release(client, keys, dataset, run_worker
         delta="1e-7",
         params={"center": "private"},
     )
-    assert body["status"] == "succeeded"
+    assert released["status"] == "succeeded"
+    return released
+
+
+def test_a_hidden_share_is_null_on_the_release(client, keys, body, session_factory):
     extras = body["result"]["extras"]
     assert extras["explained_variance_hidden_by_noise"] is True
     assert extras["explained_variance_ratio"] is None
@@ -74,19 +80,7 @@ def test_a_hidden_share_is_null_on_the_release(client, keys, dataset, run_worker
         assert item["result"]["extras"]["total_sum_of_squares"] is None
 
 
-def test_a_shown_residual_is_never_negative(client, keys, dataset, run_worker, session_factory):
-    body = release_and_wait(
-        client,
-        keys.analyst,
-        dataset["id"],
-        run_worker,
-        mechanism="analyze_gauss",
-        k=2,
-        epsilon="0.1",
-        delta="1e-7",
-        params={"center": "private"},
-    )
-    assert body["status"] == "succeeded"
+def test_a_shown_residual_is_never_negative(client, keys, body, session_factory):
     for field in ("captured_sum_of_squares", "residual_sum_of_squares"):
         value = body["result"]["extras"][field]
         assert value is None or value >= 0.0, field

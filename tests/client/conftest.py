@@ -7,7 +7,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -37,6 +39,35 @@ def owner(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
 @pytest.fixture
 def analyst(make_key: MakeKey, connect: Callable[[str], Client]) -> Client:
     return connect(make_key("analyst"))
+
+
+@dataclass
+class Refusable:
+    """A dataset of its own owner (budget epsilon 1, delta 1e-5, row norm bound 1) and an
+    analyst of it, for the tests of a refused request: the keys for the CLI, the clients for
+    the estimator and the plain client."""
+
+    owner_key: str
+    analyst_key: str
+    owner: Client
+    analyst: Client
+    dataset_id: str
+
+
+@pytest.fixture
+def refusable(make_key: MakeKey, connect: Callable[[str], Client]) -> Callable[..., Refusable]:
+    """``refusable(rows, name=...)``: :class:`Refusable` on ``rows`` (uploaded over HTTP: the
+    upload is not what these tests check)."""
+
+    def make(rows: np.ndarray[Any, Any], name: str = "refused") -> Refusable:
+        owner_key, analyst_key = make_key("owner"), make_key("analyst")
+        owner, analyst = connect(owner_key), connect(analyst_key)
+        dataset = owner.upload(
+            rows, name=name, epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+        )
+        return Refusable(owner_key, analyst_key, owner, analyst, str(dataset.id))
+
+    return make
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +18,7 @@ from dpss_client.client import (
     WaitTimeoutError,
 )
 from dpss_client.pca import NotFittedError, PrivatePCA, debias_eigenvalues
+from tests.client.conftest import Refusable
 from tests.client.data import isotropic_rows, low_rank_rows
 
 
@@ -504,65 +506,55 @@ def test_the_literal_default_call_fits_a_grant_with_a_small_delta(
 
 
 def test_a_param_auto_does_not_take_names_the_default_and_the_way_out(
-    owner: Client, analyst: Client
+    refusable: Callable[..., Refusable],
 ) -> None:
     """PrivatePCA's default sends ``auto``, which refuses ``clip_quantile``: the service's
     "params.clip_quantile: unknown field" named a mechanism the caller never chose. The error
     now says that PrivatePCA sent ``auto`` and how to set the param; a typo keeps the
     service's own suggestion, without the hint. Nothing is charged either way."""
-    ds = owner.upload(
-        low_rank_rows(500, 6, 2, seed=3),
-        name="pca-auto-params",
-        epsilon_budget="1",
-        delta_budget="1e-5",
-        row_norm_bound=1.0,
-    )
+    world = refusable(low_rank_rows(500, 6, 2, seed=3), name="pca-auto-params")
+    analyst, ds_id = world.analyst, world.dataset_id
     with pytest.raises(InvalidRequestError) as refused:
-        PrivatePCA(analyst, ds.id, 2, "0.5", clip_quantile=0.3).fit()
+        PrivatePCA(analyst, ds_id, 2, "0.5", clip_quantile=0.3).fit()
     detail = refused.value.detail
     assert detail.startswith("clip_quantile: unknown field"), detail
     assert 'sent mechanism "auto"' in detail and 'mechanism="analyze_gauss"' in detail
     with pytest.raises(InvalidRequestError) as typo:
-        PrivatePCA(analyst, ds.id, 2, "0.5", centre="private").fit()
+        PrivatePCA(analyst, ds_id, 2, "0.5", centre="private").fit()
     assert "did you mean 'center'" in typo.value.detail and "auto" not in typo.value.detail
     with pytest.raises(InvalidRequestError) as named:
-        PrivatePCA(analyst, ds.id, 2, "0.5", mechanism="spectrum", bogus=1).fit()
+        PrivatePCA(analyst, ds_id, 2, "0.5", mechanism="spectrum", bogus=1).fit()
     assert "analyze_gauss" not in named.value.detail.split("valid fields")[0]
-    assert analyst.budget(ds.id).epsilon_spent == 0
+    assert analyst.budget(ds_id).epsilon_spent == 0
 
 
 def test_a_refusal_names_the_estimators_arguments_and_http_keeps_the_fields(
-    owner: Client, analyst: Client
+    refusable: Callable[..., Refusable],
 ) -> None:
     """An audit of the default path: ``PrivatePCA(client, ds, 3)`` without epsilon was told
     'e.g. "epsilon": 0.5', and ``n_components`` too large was told ``k: ...``. The estimator
     now names its own arguments (dpss_client.spelling); the HTTP answer, which the plain
     client passes on, keeps the JSON fields. The error's type and figures are unchanged."""
-    ds = owner.upload(
-        low_rank_rows(300, 5, 2, seed=5),
-        name="pca-spelling",
-        epsilon_budget="1",
-        delta_budget="1e-5",
-        row_norm_bound=1.0,
-    )
+    world = refusable(low_rank_rows(300, 5, 2, seed=5), name="pca-spelling")
+    analyst, ds_id = world.analyst, world.dataset_id
     with pytest.raises(InvalidRequestError) as no_cost:
-        PrivatePCA(analyst, ds.id, 2).fit()
+        PrivatePCA(analyst, ds_id, 2).fit()
     detail = no_cost.value.detail
     assert detail.startswith("epsilon: required: epsilon"), detail
     assert "e.g. epsilon=0.5;" in detail and '"epsilon"' not in detail, detail
     assert str(no_cost.value) == f"invalid_input: {detail}"
     with pytest.raises(InvalidRequestError) as too_wide:
-        PrivatePCA(analyst, ds.id, 9, epsilon="0.5").fit()
+        PrivatePCA(analyst, ds_id, 9, epsilon="0.5").fit()
     assert too_wide.value.detail == "n_components: must be <= the number of columns (5)"
     with pytest.raises(BudgetExceededError) as broke:
-        PrivatePCA(analyst, ds.id, 2, epsilon="2").fit()
+        PrivatePCA(analyst, ds_id, 2, epsilon="2").fit()
     assert "`client.preview_release(...)`" in broke.value.detail, broke.value.detail
     assert broke.value.epsilon_remaining is not None and broke.value.status == 409
     # The HTTP answer (the plain client passes it on as sent).
     with pytest.raises(InvalidRequestError) as http:
-        analyst.release(ds.id, "auto", 9, "0.5")
+        analyst.release(ds_id, "auto", 9, "0.5")
     assert http.value.detail == "k: must be <= the number of columns (5)"
     with pytest.raises(InvalidRequestError) as http_cost:
-        analyst.release(ds.id, "auto", 2)
+        analyst.release(ds_id, "auto", 2)
     assert 'e.g. "epsilon": 0.5' in http_cost.value.detail
-    assert analyst.budget(ds.id).epsilon_spent == 0
+    assert analyst.budget(ds_id).epsilon_spent == 0

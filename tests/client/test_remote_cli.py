@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from dpss_client import cli_common, remote_cli
 from dpss_client.remote_cli import ExitCode
 from service.cli import app
+from tests.client.conftest import Refusable
 from tests.client.data import isotropic_rows, low_rank_rows
 
 MakeKey = Callable[[str], str]
@@ -233,36 +234,34 @@ def test_failed_exit_code(
 
 
 def test_out_for_a_mechanism_without_basis_is_refused_before_charging(
-    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+    dpss: Dpss, refusable: Callable[..., Refusable], tmp_path: Path
 ) -> None:
-    owner, analyst = make_key("owner"), make_key("analyst")
+    world = refusable(low_rank_rows(100, 4, 1, seed=27))
+    analyst, ds_id = world.analyst_key, world.dataset_id
     names = {m["name"]: m for m in _json(dpss("mechanisms", "--json", key=analyst))["items"]}
     no_basis = [name for name, m in names.items() if not m["releases_basis"]]
     if not no_basis:
         pytest.skip("no registered mechanism releases without a basis (e.g. spectrum)")
-    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=27))
-    ds = _upload(dpss, owner, tmp_path / "x.npy")
     result = dpss(
-        "releases", "create", ds["id"], "--mechanism", no_basis[0], "--k", "2",
+        "releases", "create", ds_id, "--mechanism", no_basis[0], "--k", "2",
         "--epsilon", "0.5", "--delta", "1e-6", "--out", str(tmp_path / "b.npy"), key=analyst,
     )  # fmt: skip
     assert result.exit_code == ExitCode.USAGE, result.output
-    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+    assert Decimal(_json(dpss("budget", ds_id, "--json", key=analyst))["epsilon_spent"]) == 0
 
 
 def test_out_in_a_missing_directory_is_refused_before_charging(
-    dpss: Dpss, make_key: MakeKey, tmp_path: Path, worker_sleep: None
+    dpss: Dpss, refusable: Callable[..., Refusable], tmp_path: Path, worker_sleep: None
 ) -> None:
     # A new user's typo in --out used to be found after the release was paid for, as a
     # traceback (FileNotFoundError) with exit 1.
-    owner, analyst = make_key("owner"), make_key("analyst")
-    np.save(tmp_path / "x.npy", low_rank_rows(100, 4, 1, seed=27))
-    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    world = refusable(low_rank_rows(100, 4, 1, seed=27))
+    analyst, ds_id = world.analyst_key, world.dataset_id
     for command in (
         [
             "releases",
             "create",
-            ds["id"],
+            ds_id,
             "--mechanism",
             "analyze_gauss",
             "--k",
@@ -278,7 +277,7 @@ def test_out_in_a_missing_directory_is_refused_before_charging(
         assert result.exit_code == ExitCode.USAGE, result.output
         assert "no-such-dir" in result.output and "does not exist" in result.output
         assert "Traceback" not in result.output
-    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+    assert Decimal(_json(dpss("budget", ds_id, "--json", key=analyst))["epsilon_spent"]) == 0
 
 
 def test_a_timeout_with_json_prints_one_document_naming_the_release(
@@ -323,23 +322,29 @@ def test_tables_fold_on_a_narrow_terminal_and_write_budgets_as_the_json_does(
         "--epsilon", "0.5", "--delta", "1e-8", "--wait", "--json", key=analyst,
     )  # fmt: skip
     release = _json(created)["id"]
-    outputs = [
-        dpss("datasets", "list", key=owner, columns=columns),
-        dpss("datasets", "show", dataset, key=owner, columns=columns),
-        dpss("budget", dataset, key=analyst, columns=columns),
-        dpss("releases", "list", key=analyst, columns=columns),
-        dpss("releases", "show", release, key=analyst, columns=columns),
-        dpss("mechanisms", key=analyst, columns=columns),
-        dpss("audit", "list", key=auditor, columns=columns),
+    commands = [
+        (("datasets", "list"), owner),
+        (("datasets", "show", dataset), owner),
+        (("budget", dataset), analyst),
+        (("releases", "list"), analyst),
+        (("releases", "show", release), analyst),
+        (("mechanisms",), analyst),
+        (("audit", "list"), auditor),
     ]
+    outputs = [dpss(*args, key=key, columns=columns) for args, key in commands]
+    # The ids the tables show (their JSON's): a random id may hold "e-0" ("...ae-06d..." about
+    # once in 128 ids), and folded on a narrow terminal its pieces are no longer whole ids.
+    ids = " ".join(
+        " ".join(re.findall(UUID_PATTERN, dpss(*args, "--json", key=key).stdout))
+        for args, key in commands
+    )
     for result in outputs:
         assert result.exit_code == 0, result.output
         assert "\u2026" not in result.stdout and "..." not in result.stdout, result.stdout
-        # Ids aside (a UUID may hold "e-0"), no number in exponent notation.
-        text = re.sub(
-            r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "", result.stdout
-        )
-        assert "E-" not in text and "e-0" not in text, result.stdout
+        # Ids aside, no number in exponent notation ("1E-7" from a Decimal, "1e-07" a float).
+        assert "E-" not in result.stdout, result.stdout
+        for piece in re.findall(r"[0-9a-f-]*e-0[0-9a-f-]*", result.stdout):
+            assert piece in ids, (piece, result.stdout)  # (a piece of an id, whole or folded)
         assert max(map(len, result.stdout.splitlines())) <= columns
     assert "0.0000001" in outputs[2].stdout  # the delta budget
     assert "0.00000001" in outputs[4].stdout  # the release's delta
@@ -443,21 +448,20 @@ def test_an_upload_without_a_bound_says_what_releases_then_need(
 
 
 def test_create_without_mechanism_sends_auto_and_says_so(
-    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+    dpss: Dpss, refusable: Callable[..., Refusable]
 ) -> None:
     # An audit of the default path: `releases create` had no default mechanism ("Missing
     # option '--mechanism'") where the API advises `auto` when unsure and PrivatePCA sends it.
-    owner, analyst = make_key("owner"), make_key("analyst")
-    np.save(tmp_path / "x.npy", low_rank_rows(200, 5, 2, seed=31))
-    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    world = refusable(low_rank_rows(200, 5, 2, seed=31))
+    analyst, ds_id = world.analyst_key, world.dataset_id
     created = dpss(
-        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--json", key=analyst
+        "releases", "create", ds_id, "--k", "2", "--epsilon", "0.5", "--json", key=analyst
     )
     assert created.exit_code == ExitCode.OK, created.output
     assert _json(created)["mechanism"] == "auto"
     # The preview says how to ask for PCA in the command's spelling, not the API's JSON.
     preview = dpss(
-        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--dry-run", key=analyst
+        "releases", "create", ds_id, "--k", "2", "--epsilon", "0.5", "--dry-run", key=analyst
     )
     assert preview.exit_code == ExitCode.OK, preview.output
     assert "for PCA send --param center=private" in " ".join(preview.stdout.split())
@@ -466,58 +470,59 @@ def test_create_without_mechanism_sends_auto_and_says_so(
     # A param auto does not take, with no --mechanism: the refusal says auto was the default
     # and how to set the param; with --mechanism auto it is the service's message as it is.
     refused = dpss(
-        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5",
+        "releases", "create", ds_id, "--k", "2", "--epsilon", "0.5",
         "--param", "clip_quantile=0.3", key=analyst,
     )  # fmt: skip
     assert refused.exit_code == ExitCode.REFUSED, refused.output
     assert "auto, the default, was sent" in refused.stderr
     assert "--mechanism analyze_gauss" in refused.stderr
     named = dpss(
-        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--mechanism", "auto",
+        "releases", "create", ds_id, "--k", "2", "--epsilon", "0.5", "--mechanism", "auto",
         "--param", "clip_quantile=0.3", key=analyst,
     )  # fmt: skip
     assert named.exit_code == ExitCode.REFUSED and "the default" not in named.stderr
 
 
 def test_a_refusal_names_the_command_options_not_the_json_fields(
-    dpss: Dpss, make_key: MakeKey, tmp_path: Path
+    dpss: Dpss, refusable: Callable[..., Refusable], tmp_path: Path
 ) -> None:
     # An audit of the default path: the CLI printed the API's spelling ('e.g. "epsilon": 0.5',
     # 'k: ...', 'params.x', '`dry_run=true`', 'allow_large_delta=true') to someone who types
     # options. The code and the figures stay the API's.
-    owner, analyst = make_key("owner"), make_key("analyst")
-    np.save(tmp_path / "x.npy", low_rank_rows(200, 5, 2, seed=32))
-    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    rows = low_rank_rows(200, 5, 2, seed=32)
+    world = refusable(rows)
+    owner, analyst, ds_id = world.owner_key, world.analyst_key, world.dataset_id
+    np.save(tmp_path / "x.npy", rows)  # for the refused upload below
 
     def refusal(*args: str, key: str = analyst) -> str:
         result = dpss(*args, key=key)
         assert result.exit_code == ExitCode.REFUSED, result.output
         return " ".join(result.stderr.split())  # unwrapped
 
-    no_cost = refusal("releases", "create", ds["id"], "--k", "2")
+    no_cost = refusal("releases", "create", ds_id, "--k", "2")
     # (The test settings' accounting asks for epsilon alone; hybrid adds ", --mu or --rho".)
     assert "[invalid_input] --epsilon: required: --epsilon" in no_cost, no_cost
     assert "e.g. --epsilon 0.5; --delta is optional" in no_cost, no_cost
     assert '"epsilon"' not in no_cost
-    too_wide = refusal("releases", "create", ds["id"], "--k", "9", "--epsilon", "0.5")
+    too_wide = refusal("releases", "create", ds_id, "--k", "9", "--epsilon", "0.5")
     assert "--k: must be <= the number of columns (5)" in too_wide, too_wide
-    both = refusal("releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5", "--mu", "1")
+    both = refusal("releases", "create", ds_id, "--k", "2", "--epsilon", "0.5", "--mu", "1")
     assert "--mu: give --mu or --epsilon, not both" in both, both
     unknown = refusal(
-        "releases", "create", ds["id"], "--k", "2", "--epsilon", "0.5",
+        "releases", "create", ds_id, "--k", "2", "--epsilon", "0.5",
         "--mechanism", "analyze_gauss", "--param", "clip_quantil=0.3",
     )  # fmt: skip
     assert unknown.startswith("error [invalid_input] --param clip_quantil:"), unknown
-    broke = refusal("releases", "create", ds["id"], "--k", "2", "--epsilon", "2")
+    broke = refusal("releases", "create", ds_id, "--k", "2", "--epsilon", "2")
     assert "`--dry-run`" in broke and "dry_run" not in broke, broke
-    as_json = dpss("releases", "create", ds["id"], "--k", "2", "--json", key=analyst)
+    as_json = dpss("releases", "create", ds_id, "--k", "2", "--json", key=analyst)
     assert _json(as_json)["detail"].startswith("--epsilon: required"), as_json.stdout
     large = refusal(
         "datasets", "upload", str(tmp_path / "x.npy"), "--epsilon-budget", "1",
         "--delta-budget", "0.1", key=owner,
     )  # fmt: skip
     assert "--delta-budget: 0.1 is above 1/n" in large and "`--allow-large-delta`" in large
-    assert Decimal(_json(dpss("budget", ds["id"], "--json", key=analyst))["epsilon_spent"]) == 0
+    assert Decimal(_json(dpss("budget", ds_id, "--json", key=analyst))["epsilon_spent"]) == 0
 
 
 def test_a_release_table_shows_text_extras_as_text() -> None:

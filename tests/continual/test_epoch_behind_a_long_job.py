@@ -36,8 +36,8 @@ from service import oneshot
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.worker import Worker
-from tests.api.test_append_rows import append
-from tests.conftest import Keys, bearer, npy_bytes, post_release
+from tests.conftest import Keys, bearer
+from tests.continual.conftest import D, Worlds
 
 PAD = 2.0
 #: The long job: gap_perturbation at an operator's rate (public) that models its run at about
@@ -47,7 +47,6 @@ PAD = 2.0
 #: working, not a leak): 3 s of it was used up at a load of 21 on 2 cores.
 LONG = {"mechanism": "gap_perturbation", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
 SLOW = PAD + 0.2
-D = 3
 
 
 @pytest.fixture
@@ -94,30 +93,6 @@ def _clock_at(moment: datetime) -> Iterator[None]:
             module.utcnow = utcnow  # type: ignore[attr-defined]
 
 
-def _backdate(
-    session_factory: sessionmaker[Session], by: timedelta, release: uuid.UUID | None = None
-) -> None:
-    """Move releases (every one, or ``release`` and its epochs) ``by`` into the past, their
-    outcome's moment too: a job requested after a batch is padded for the batch's epoch
-    (:func:`service.padding_epochs.epoch_seconds`), and its outcome, not shown yet when the
-    next world begins, would count in that world's queue (a public term of its own)."""
-    with session_factory.begin() as session:
-        for row in session.scalars(select(Release)).all():
-            if release is None or row.id == release:
-                row.created_at -= by
-                if row.visible_at is not None:
-                    row.visible_at -= by
-                # A job that ended late (a loaded machine) is shown at a later step: left
-                # where it was, it would still count in the next world's padding.
-                if row.outcome_visible_at is not None:
-                    row.outcome_visible_at -= by
-        for epoch in session.scalars(select(ReleaseEpoch)).all():
-            if release is None or epoch.release_id == release:
-                epoch.visible_at -= by
-                if epoch.due_at is not None:  # the formula moment the next epoch follows
-                    epoch.due_at -= by
-
-
 @pytest.mark.parametrize("act", ["append", "delete", "append, then a later job"])
 def test_a_continual_release_behind_a_long_job_shows_the_same_whether_it_ended(
     act: str,
@@ -126,6 +101,7 @@ def test_a_continual_release_behind_a_long_job_shows_the_same_whether_it_ended(
     make_key: Any,
     upload_dataset: Any,
     worker: Worker,
+    worlds: Worlds,
     session_factory: sessionmaker[Session],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -155,33 +131,25 @@ def test_a_continual_release_behind_a_long_job_shows_the_same_whether_it_ended(
     for world in ("fast", "slow"):
         slow["on"] = world == "slow"
         # The other world's releases are long past their visible_at: no queue of theirs.
-        _backdate(session_factory, timedelta(hours=1))
-        mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0)
-        release = post_release(
-            client, keys.analyst, mine["id"], mechanism="continual_gauss", k=1,
-            epsilon="1", delta="1e-6", params={"horizon": 3},
-        )  # fmt: skip
-        assert worker.run_pending() == 1  # epoch 1
         # Requested long ago: the release and epoch 1 are visible; what follows is padded from
         # the act alone.
-        _backdate(session_factory, timedelta(minutes=10), uuid.UUID(release))
+        mine, release = worlds.start(rng, horizon=3)
         if act != "append, then a later job":
             request_long()
         if act == "delete":
-            gone = client.delete(f"/v1/datasets/{mine['id']}", headers=bearer(keys.owner))
+            gone = client.delete(f"/v1/datasets/{mine}", headers=bearer(keys.owner))
             assert gone.status_code == 204, gone.text
         else:
-            added = append(client, keys.owner, mine["id"], npy_bytes(rng.normal(size=(30, D)) / 4))
-            assert added.status_code == 201, added.text
+            worlds.append(mine, rng, 30)
         if act == "append, then a later job":
             request_long()  # after the batch: it must not go first
         worker.run_pending()  # the long job and the epoch (or the end), in the worker's order
         with session_factory() as session:
-            stored = session.get(Release, uuid.UUID(release))
+            stored = session.get(Release, release)
             assert stored is not None
             if act == "delete":
                 # The act's public moment: the deletion (stored), not when its answer came.
-                dataset = session.get(Dataset, uuid.UUID(mine["id"]))
+                dataset = session.get(Dataset, uuid.UUID(mine))
                 assert dataset is not None and dataset.deleted_at is not None
                 acted_at = dataset.deleted_at
                 assert stored.outcome_visible_at is not None and stored.finished_at is not None
@@ -189,12 +157,12 @@ def test_a_continual_release_behind_a_long_job_shows_the_same_whether_it_ended(
             else:
                 batch = session.scalars(
                     select(DatasetBatch)
-                    .where(DatasetBatch.dataset_id == uuid.UUID(mine["id"]))
+                    .where(DatasetBatch.dataset_id == uuid.UUID(mine))
                     .order_by(DatasetBatch.seq.desc())
                 ).first()
                 assert batch is not None
                 acted_at = batch.created_at  # the batch's commit
-                epoch = session.get(ReleaseEpoch, (uuid.UUID(release), 2))
+                epoch = session.get(ReleaseEpoch, (release, 2))
                 assert epoch is not None
                 due, ended = epoch.visible_at, epoch.created_at
         if world == "fast":
@@ -214,7 +182,10 @@ def test_a_continual_release_behind_a_long_job_shows_the_same_whether_it_ended(
             time.sleep(max(0.0, (moment - utcnow()).total_seconds()))
             with _clock_at(moment):
                 views.append(
-                    (_view(client, keys.analyst, release), _view(client, keys.owner, release))
+                    (
+                        _view(client, keys.analyst, str(release)),
+                        _view(client, keys.owner, str(release)),
+                    )
                 )
         seen[world] = views
         # The news did come in the fast world by its last reading, and not by the first, so

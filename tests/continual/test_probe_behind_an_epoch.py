@@ -32,22 +32,18 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import continual
 from service.config import Settings
-from service.continual import pending_padding
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.jobs import REFUSED_AT_RUN_REASON, Outcome
 from service.padding import late_schedule, next_late_step
 from service.padding_epochs import epoch_padding, epoch_seconds
 from service.worker import Worker
-from tests.api.test_append_rows import append
-from tests.conftest import Keys, bearer, npy_bytes, post_release
+from tests.continual.conftest import D, Worlds, epoch_rated
 
 PAD = 1.0
-D = 3
 PROBE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
 #: The probe's own run, after the worker is free.
 RUN = timedelta(milliseconds=10)
@@ -55,59 +51,17 @@ RUN = timedelta(milliseconds=10)
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    # An operator's rate (public) that models an epoch on a 30-row batch at 5 s: far
-    # above a cheap probe's padding (the floor), so an epoch still running within its own
-    # padding made the probe late.
-    return settings.model_copy(
-        update={
-            "release_padding_floor_seconds": PAD,
-            "release_padding_calibrated": False,
-            "release_padding_multiplier": 1.0,
-            "release_padding_rates": {"continual_gauss": 150.0},
-        }
-    )
-
-
-def _backdate_all(session_factory: sessionmaker[Session], by: timedelta) -> None:
-    """Every release and epoch so far ``by`` into the past, shown: the other world's probe and
-    epochs are no queue of this world's."""
-    with session_factory.begin() as session:
-        for row in session.scalars(select(Release)).all():
-            row.created_at -= by
-            if row.visible_at is not None:
-                row.visible_at -= by
-            if row.outcome_visible_at is not None:
-                row.outcome_visible_at -= by
-            elif row.mechanism == PROBE["mechanism"]:
-                row.status, row.reason, row.outcome_visible_at = "failed", "x", row.visible_at
-        for epoch in session.scalars(select(ReleaseEpoch)).all():
-            epoch.visible_at -= by
-            if epoch.due_at is not None:  # the formula moment the next epoch follows
-                epoch.due_at -= by
-
-
-def _epoch_schedule(
-    session_factory: sessionmaker[Session], settings: Settings, release_id: uuid.UUID
-) -> tuple[datetime, datetime]:
-    """The pending epoch's schedule as the worker computes it when it claims the epoch:
-    ``(visible_at - padding, visible_at)``."""
-    with session_factory() as session:
-        release = session.get(Release, release_id)
-        assert release is not None
-        dataset = session.get(Dataset, release.dataset_id)
-        assert dataset is not None
-        visible, padding = pending_padding(session, settings, release, dataset)
-        return visible - padding, visible
+    return epoch_rated(settings, PAD)
 
 
 @pytest.mark.parametrize("late", [True, False], ids=["late", "on time"])
 def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
     late: bool,
     client: TestClient,
-    keys: Keys,
     make_key: Any,
     upload_dataset: Any,
     worker: Worker,
+    worlds: Worlds,
     settings: Settings,
     session_factory: sessionmaker[Session],
     monkeypatch: pytest.MonkeyPatch,
@@ -131,35 +85,17 @@ def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
     #: The probe's visible_at after the epoch's next public moment (its public padding).
     after_step: dict[str, timedelta] = {}
     for world in ("ended", "failed", "running"):
-        _backdate_all(session_factory, timedelta(hours=1))
-        mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0)
-        release = uuid.UUID(
-            post_release(
-                client,
-                keys.analyst,
-                mine["id"],
-                mechanism="continual_gauss",
-                k=1,
-                epsilon="1",
-                delta="1e-6",
-                params={"horizon": 3},
-            )
-        )
-        assert worker.run_pending() == 1  # epoch 1
-        # Requested long ago: the release and epoch 1 are shown; epoch 2 is padded from its
-        # batch alone.
-        _backdate_all(session_factory, timedelta(minutes=10))
-        added = append(client, keys.owner, mine["id"], npy_bytes(rng.normal(size=(30, D)) / 4))
-        assert added.status_code == 201, added.text
+        mine, release = worlds.start(rng, horizon=3)
+        worlds.append(mine, rng, 30)
         if late:
             # The batch appended 2.05 of its epoch's paddings ago: past its visible_at and its
             # first late step, not shown until its next step.
-            start, visible = _epoch_schedule(session_factory, settings, release)
+            start, visible = worlds.schedule(settings, release)
             with session_factory.begin() as session:
-                batch = session.get(DatasetBatch, (uuid.UUID(mine["id"]), 1))
+                batch = session.get(DatasetBatch, (uuid.UUID(mine), 1))
                 assert batch is not None
                 batch.created_at = utcnow() - (visible - start) * 2.05
-        start, visible = _epoch_schedule(session_factory, settings, release)
+        start, visible = worlds.schedule(settings, release)
         assert (visible < utcnow()) == late
         if world in ("ended", "failed"):
             failing["on"] = world == "failed"
@@ -176,17 +112,9 @@ def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
             with session_factory.begin() as session:
                 row = session.get(Release, release)
                 assert row is not None and row.epochs_done == 1
-                row.lease_owner = "the one worker"
-                row.lease_expires_at = utcnow() + timedelta(hours=1)
+                worlds.hold_lease(session, release)
 
-        probe = client.post(
-            f"/v1/datasets/{probed['id']}/releases", headers=bearer(keys.analyst), json=PROBE
-        )
-        assert probe.status_code == 202, probe.text
-        with session_factory() as session:
-            row = session.get(Release, uuid.UUID(probe.json()["id"]))
-            assert row is not None and row.visible_at is not None
-            created, probe_visible = row.created_at, row.visible_at
+        created, probe_visible = worlds.probe(probed["id"], PROBE)
         # The epoch's next public moment after the probe's request: the busy world's epoch
         # ends within it (three quarters of the way), after the probe's request.
         step = next_late_step(start, visible, created)

@@ -19,8 +19,7 @@ computed.
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -31,59 +30,29 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import continual
 from service.config import Settings
-from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
+from service.db.models import DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.padding import late_schedule, next_late_step
 from service.padding_epochs import epoch_padding, in_order
 from service.worker import Worker
-from tests.api.test_append_rows import append
-from tests.conftest import Keys, bearer, npy_bytes, post_release
-from tests.continual.test_probe_behind_an_epoch import (
-    PAD,
-    PROBE,
-    RUN,
-    _backdate_all,
-    _continual_waiting_for,
-)
-
-D = 3
+from tests.continual.conftest import D, Worlds, epoch_rated
+from tests.continual.test_probe_behind_an_epoch import PAD, PROBE, RUN, _continual_waiting_for
 
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     # As in test_probe_behind_an_epoch: an epoch on a 30-row batch modelled at 5 s, far above
     # the probe's padding (the floor).
-    return settings.model_copy(
-        update={
-            "release_padding_floor_seconds": PAD,
-            "release_padding_calibrated": False,
-            "release_padding_multiplier": 1.0,
-            "release_padding_rates": {"continual_gauss": 150.0},
-        }
-    )
-
-
-def _schedule(
-    session_factory: sessionmaker[Session], settings: Settings, release_id: uuid.UUID, epoch: int
-) -> tuple[datetime, datetime]:
-    """Epoch ``epoch``'s schedule ``(visible_at - padding, visible_at)`` as the worker's claim
-    computes it (its epochs before stored)."""
-    with session_factory() as session:
-        release = session.get(Release, release_id)
-        assert release is not None
-        dataset = session.get(Dataset, release.dataset_id)
-        assert dataset is not None
-        visible, padding = epoch_padding(session, settings, release, dataset, epoch)
-        return visible - padding, visible
+    return epoch_rated(settings, PAD)
 
 
 @pytest.mark.parametrize("sizes", [(30, 90), (30, 60, 120)], ids=["two", "three"])
 def test_a_probe_behind_several_epochs_shows_the_same_whatever_the_worker_does(
     sizes: tuple[int, ...],
     client: TestClient,
-    keys: Keys,
     make_key: Any,
     upload_dataset: Any,
     worker: Worker,
+    worlds: Worlds,
     settings: Settings,
     session_factory: sessionmaker[Session],
 ) -> None:
@@ -95,35 +64,14 @@ def test_a_probe_behind_several_epochs_shows_the_same_whatever_the_worker_does(
     shown: dict[str, int] = {}
     after_step: dict[str, timedelta] = {}
     for world in ("ended", "running"):
-        _backdate_all(session_factory, timedelta(hours=1))
-        mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0)
-        release = uuid.UUID(
-            post_release(
-                client,
-                keys.analyst,
-                mine["id"],
-                mechanism="continual_gauss",
-                k=1,
-                epsilon="1",
-                delta="1e-6",
-                params={"horizon": last + 1},
-            )
-        )
-        assert worker.run_pending() == 1  # epoch 1
-        _backdate_all(session_factory, timedelta(minutes=10))
+        mine, release = worlds.start(rng, horizon=last + 1)
         # Back to back: epochs 2 .. last pending. A worker runs a release's pending epochs in
         # one job, so the ones before the last run (at once, in both worlds) before the last
         # batch commits; then the worker ends the last at once, or is still on it.
         for size in sizes[:-1]:
-            added = append(
-                client, keys.owner, mine["id"], npy_bytes(rng.normal(size=(size, D)) / 4)
-            )
-            assert added.status_code == 201, added.text
+            worlds.append(mine, rng, size)
         assert worker.run_pending() == 1
-        added = append(
-            client, keys.owner, mine["id"], npy_bytes(rng.normal(size=(sizes[-1], D)) / 4)
-        )
-        assert added.status_code == 201, added.text
+        worlds.append(mine, rng, sizes[-1])
         if world == "ended":
             assert worker.run_pending() == 1
         with session_factory.begin() as session:
@@ -132,28 +80,20 @@ def test_a_probe_behind_several_epochs_shows_the_same_whatever_the_worker_does(
             # What the worker really stored (so the worlds really differ).
             assert row.epochs_done == (last if world == "ended" else last - 1)
             if world == "running":
-                row.lease_owner = "the one worker"
-                row.lease_expires_at = utcnow() + timedelta(hours=1)
+                worlds.hold_lease(session, release)
             stored = session.scalars(
                 select(ReleaseEpoch.visible_at)
                 .where(ReleaseEpoch.release_id == release)
                 .order_by(ReleaseEpoch.epoch)
             ).all()
             assert list(stored) == sorted(stored)  # shown in order
-        start, visible = _schedule(session_factory, settings, release, last)
-        first_start, first_visible = _schedule(session_factory, settings, release, 2)
+        start, visible = worlds.schedule(settings, release, last)
+        first_start, first_visible = worlds.schedule(settings, release, 2)
         # The later batch's epoch is padded longer: it is the one that matters.
         assert visible - start > first_visible - first_start
         assert visible > first_visible > utcnow()
 
-        probe = client.post(
-            f"/v1/datasets/{probed['id']}/releases", headers=bearer(keys.analyst), json=PROBE
-        )
-        assert probe.status_code == 202, probe.text
-        with session_factory() as session:
-            probe_row = session.get(Release, uuid.UUID(probe.json()["id"]))
-            assert probe_row is not None and probe_row.visible_at is not None
-            created, probe_visible = probe_row.created_at, probe_row.visible_at
+        created, probe_visible = worlds.probe(probed["id"], PROBE)
         step = next_late_step(start, visible, created)
         assert step == visible
         epoch_ends = created + (step - created) * 0.75
