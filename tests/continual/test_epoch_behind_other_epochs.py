@@ -146,3 +146,57 @@ def test_an_epoch_behind_other_epochs_shows_the_same_whatever_the_worker_does(
     assert shown == {"ended": 0, "running": 0}, shown
     for world, moment in after_ahead.items():
         assert abs(moment - own) <= timedelta(microseconds=2), (world, moment, own)
+
+
+@pytest.mark.parametrize("between", ["another release's batch", "a one-shot release"])
+def test_a_worker_never_runs_an_epoch_before_a_job_that_came_before_it(
+    between: str,
+    client: TestClient,
+    keys: Keys,
+    make_key: Any,
+    upload_dataset: Any,
+    worker: Worker,
+    session_factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Batches of a release appended at t1 and t3, and between them (t2) another release's
+    batch or a one-shot request: the worker runs the epoch of t1, the job of t2, then the
+    epoch of t3. It went on with the release's epoch of t3 in the same claim, so the job of t2
+    waited behind an epoch whose batch came after it, which its padding (fixed at t2) could
+    not count: whether it showed on time said whether the epoch of t1 had ended."""
+    from service import continual, oneshot
+
+    order: list[tuple[str, int]] = []
+    stored = continual.on_epoch_stored
+    monkeypatch.setattr(
+        continual,
+        "on_epoch_stored",
+        lambda job, epoch: (order.append((str(job.release_id), epoch)), stored(job, epoch)),
+    )
+    real = oneshot.execute
+
+    def execute(job: Any, *args: Any, **kwargs: Any) -> Any:
+        order.append((str(job.release_id), 0))
+        return real(job, *args, **kwargs)
+
+    monkeypatch.setattr(oneshot, "execute", execute)
+    rng = np.random.default_rng(13)
+    mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1)
+    other_owner = make_key("owner")
+    theirs = upload_dataset(client, other_owner, rng.normal(size=(200, D)) / 4, row_norm_bound=1)
+    release = _continual(client, keys.analyst, mine["id"], 4)
+    other = _continual(client, keys.analyst, theirs["id"], 4)
+    worker.run_pending()  # every epoch 1
+    order.clear()
+    assert append(client, keys.owner, mine["id"], _rows(rng, SMALL)).status_code == 201
+    if between == "a one-shot release":
+        body = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
+        middle = post_release(client, keys.analyst, theirs["id"], **body)
+        expected = [(str(release), 2), (middle, 0), (str(release), 3)]
+    else:
+        added = append(client, other_owner, theirs["id"], _rows(rng, SMALL))
+        assert added.status_code == 201
+        expected = [(str(release), 2), (str(other), 2), (str(release), 3)]
+    assert append(client, keys.owner, mine["id"], _rows(rng, SMALL)).status_code == 201
+    worker.run_pending()
+    assert order == expected
