@@ -22,8 +22,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, case, exists, func, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.expression import BindParameter, CompoundSelect
 
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
@@ -143,6 +155,10 @@ class _Chain:
         self.queues: dict[datetime, tuple[float, float]] = {}
         self.points: dict[datetime, _Point] = {}
         self.moments: dict[tuple[Any, int], tuple[datetime, timedelta]] = {}
+        #: The first moment a list was read at (the latest asked: a point is never later),
+        #: and the changes in ``(lowest point in it, read]`` (:meth:`quiet`).
+        self.read: datetime | None = None
+        self.changes: tuple[datetime, list[datetime]] | None = None
 
     def queue(self, at: datetime, epochs: float) -> float:
         """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'."""
@@ -153,9 +169,18 @@ class _Chain:
         return total + max(wait, epochs)
 
     def pending(self, at: datetime) -> _Point:
-        """The epochs pending at ``at`` (:func:`_pending`), in the workers' order."""
+        """The epochs pending at ``at`` (:func:`_pending`), in the workers' order: the rows of
+        a list read at a later moment ``q`` whose point is not after ``at``, when nothing
+        showed in ``(at, q]`` (:meth:`quiet`; the same rows, and one statement for many
+        points), else read."""
         found = self.points.get(at)
         if found is None:
+            later = self.quiet(at)
+            if later is not None:
+                end = bisect.bisect_right(later.points, at)
+                found = _Point(later.keys[:end], later.rows[:end], [], later.points[:end])
+                self.points[at] = found
+                return found
             rows = [
                 row
                 for row in self.session.execute(_pending(self.continual), {"now": at}).all()
@@ -163,9 +188,33 @@ class _Chain:
                 if int(row.batch_seq) + 1 <= int(row.params.get("horizon", 0))
             ]
             keyed = sorted(((_key(row), row) for row in rows), key=lambda pair: pair[0])
-            found = _Point([key for key, _ in keyed], [row for _, row in keyed], [])
+            keys = [key for key, _ in keyed]
+            found = _Point(keys, [row for _, row in keyed], [], [key[0] for key in keys])
             self.points[at] = found
+            if self.read is None:
+                self.read = at
         return found
+
+    def quiet(self, at: datetime) -> _Point | None:
+        """A list read at the first moment after ``at`` (:attr:`read`, the first read) if
+        nothing that :func:`_pending` reads changed in ``(at, read]``: an epoch's
+        ``visible_at`` or re-check verdict's ``reference_shown_at``, a continual release's
+        ``outcome_visible_at``, a dataset's deletion (:data:`_CHANGES`, one statement)."""
+        if self.read is None or at >= self.read:
+            return None
+        if self.changes is None:
+            lowest = min((key[0] for key in self.points[self.read].keys), default=self.read)
+            found = self.session.execute(
+                _CHANGES, {"low": lowest, "high": self.read, "names": list(self.continual)}
+            ).scalars()
+            self.changes = (lowest, sorted(found))
+        lowest, changes = self.changes
+        if at < lowest:
+            return None
+        # Quiet when the last change is not after at.
+        if changes and changes[-1] > at:
+            return None
+        return self.points[self.read]
 
     def ahead(self, at: datetime, key: Key | None) -> datetime | None:
         """The latest next public moment at ``at`` of the epochs pending at ``at`` whose key
@@ -220,6 +269,33 @@ class _Point:
     keys: list[Key]
     rows: list[Any]
     latest: list[datetime]
+    points: list[datetime]
+
+
+_LOW: BindParameter[Any] = bindparam("low")
+_HIGH: BindParameter[Any] = bindparam("high")
+_NAMES: BindParameter[Any] = bindparam("names", expanding=True)
+_CONTINUAL_IDS = select(Release.id).where(Release.mechanism.in_(_NAMES))
+#: The moments in ``(low, high]`` at which what :func:`_pending` reads changes, for the
+#: continual releases (:meth:`_Chain.quiet`).
+_CHANGES: CompoundSelect[Any] = union_all(
+    select(ReleaseEpoch.visible_at).where(
+        ReleaseEpoch.visible_at > _LOW,
+        ReleaseEpoch.visible_at <= _HIGH,
+        ReleaseEpoch.release_id.in_(_CONTINUAL_IDS),
+    ),
+    select(ReleaseEpoch.reference_shown_at).where(
+        ReleaseEpoch.reference_shown_at > _LOW,
+        ReleaseEpoch.reference_shown_at <= _HIGH,
+        ReleaseEpoch.release_id.in_(_CONTINUAL_IDS),
+    ),
+    select(Release.outcome_visible_at).where(
+        Release.outcome_visible_at > _LOW,
+        Release.outcome_visible_at <= _HIGH,
+        Release.mechanism.in_(_NAMES),
+    ),
+    select(Dataset.deleted_at).where(Dataset.deleted_at > _LOW, Dataset.deleted_at <= _HIGH),
+)
 
 
 def _key(row: Any) -> Key:
