@@ -14,11 +14,11 @@ import functools
 import uuid
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, exists, false, func, or_, select
+from sqlalchemy import ColumnElement, Select, bindparam, exists, false, func, or_, select
 from sqlalchemy.orm import Session
 
 from service import registration
-from service.continual import CONTINUAL
+from service.continual import CONTINUAL, NEXT_BATCH, WORK_SINCE
 from service.db.models import Dataset, DatasetBatch, Release
 from service.jobs import (
     LOCKED_END_COLUMNS,
@@ -47,13 +47,9 @@ def waiting_look(kind: JobKind[Any, Any]) -> Select[Any] | None:
     return _waiting_looks()[KINDS.index(kind)]
 
 
-#: When a waiting job's new work came (a continual release's: its next batch's commit, else its
-#: dataset's deletion; both an owner's public act), on ``Release`` joined with ``Dataset`` and,
-#: outer, :data:`_NEXT_BATCH`. The order of waiting jobs and of waiting against queued ones.
-_WORK_SINCE = func.coalesce(DatasetBatch.created_at, Dataset.deleted_at, Release.created_at)
-_NEXT_BATCH = and_(
-    DatasetBatch.dataset_id == Release.dataset_id, DatasetBatch.seq == Release.epochs_done
-)
+#: :data:`service.continual.WORK_SINCE` and :data:`service.continual.NEXT_BATCH`.
+_WORK_SINCE = WORK_SINCE
+_NEXT_BATCH = NEXT_BATCH
 
 
 @functools.cache

@@ -45,6 +45,7 @@ later (:mod:`service.reference_recheck`, :func:`_shown`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -55,7 +56,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 from randomgen import ChaCha
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import ColumnElement, Select, and_, bindparam, case, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from service import audit, privacy_unit, reference
@@ -76,6 +77,7 @@ from service.jobs import (
     DATASET_FILE_FAULT_REASON,
     LOST,
     NO_RELEASE_REASON,
+    QUEUED_CLAIMABLE,
     REFUSED_AT_RUN_REASON,
     STORED,
     WAITING,
@@ -92,7 +94,7 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import get_mechanism
 from service.padding import late_schedule, padded
-from service.padding_epochs import act_queue_seconds, epoch_padding, in_order
+from service.padding_epochs import act_queue_seconds, epoch_padding, in_order, point
 from service.padding_epochs import continual_names as continual_names
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
 from service.padding_epochs import unverified as unverified
@@ -107,6 +109,70 @@ EPOCH_CURSOR = "epoch"
 #: ``release_epochs.reference_check`` of an epoch waiting for its re-check
 #: (:data:`service.reference_recheck.PENDING`; that module imports this one).
 REFERENCE_PENDING = "pending"
+
+#: A waiting release's next batch (``Release`` joined with ``Dataset``, outer).
+NEXT_BATCH = and_(
+    DatasetBatch.dataset_id == Release.dataset_id, DatasetBatch.seq == Release.epochs_done
+)
+_CAME = func.coalesce(DatasetBatch.created_at, Dataset.deleted_at, Release.created_at)
+#: When a waiting job's new work came (a continual release's: its next batch's commit, else its
+#: dataset's deletion; both an owner's public act), not before the release was requested (a
+#: batch committed before the request is work of the request's moment, as the padding's
+#: :func:`service.padding_epochs.point` says), on ``Release`` joined with ``Dataset`` and,
+#: outer, :data:`NEXT_BATCH`. The order of waiting jobs and of waiting against queued ones.
+WORK_SINCE = case((Release.created_at < _CAME, _CAME), else_=Release.created_at)
+
+
+@functools.cache
+def _ahead_look() -> Select[Any]:
+    """One statement (bound ``release_id``, ``worker_id``, ``point``, ``requested``): is a
+    job other than the release claimable that comes before its next epoch in the workers'
+    order (a queued one requested before ``point``, a waiting one whose work came before it,
+    or at it for a release requested before ``requested``)? The claim's own order
+    (:mod:`service.claims`), asked before a worker goes on with a release's next epoch."""
+    other = Release.id != bindparam("release_id")
+    at = bindparam("point", type_=Release.created_at.type)
+    queued = exists().where(QUEUED_CLAIMABLE, other, Release.created_at < at)
+    waiting = (
+        exists()
+        .select_from(
+            Release.__table__.join(Dataset.__table__).outerjoin(DatasetBatch.__table__, NEXT_BATCH)
+        )
+        .where(
+            Release.status == "running",
+            Release.lease_owner.is_(None),
+            *continual_ready(),
+            other,
+            or_(
+                at > WORK_SINCE,
+                and_(
+                    at == WORK_SINCE,
+                    Release.created_at < bindparam("requested", type_=Release.created_at.type),
+                ),
+            ),
+        )
+    )
+    return select(or_(queued, waiting))
+
+
+def continual_ready() -> list[ColumnElement[bool]]:
+    """What makes a waiting continual release claimable (:meth:`Continual.waiting_claimable`)."""
+    return [
+        Release.mechanism.in_(continual_names()),
+        or_(Release.epochs_done < Dataset.n_batches, Dataset.file_name.is_(None)),
+    ]
+
+
+def work_ahead(session: Session, release: Release, batch: DatasetBatch, worker_id: str) -> bool:
+    """Whether a job comes before the release's epoch on ``batch`` in the workers' order
+    (:func:`_ahead_look`)."""
+    params = {
+        "release_id": release.id,
+        "worker_id": worker_id,
+        "point": point(batch.created_at, release.created_at),
+        "requested": release.created_at,
+    }
+    return bool(session.execute(_ahead_look(), params).scalar())
 
 
 def is_continual(name: str) -> bool:
@@ -352,6 +418,13 @@ def next_input(session: Session, release: Release, settings: Settings) -> EpochI
         return WAITING
     batch = session.get(DatasetBatch, (dataset.id, release.epochs_done))
     assert batch is not None  # batches 0 .. n_batches - 1 exist
+    if release.lease_owner is not None and work_ahead(session, release, batch, release.lease_owner):
+        # A job comes first in the workers' order (another release's epoch whose batch came
+        # before this one's, a job requested before it): going on with this release's next
+        # epoch in the same claim ran it before them, though their padding could not count an
+        # epoch whose batch came after (a cycle: their showing on time or late said whether
+        # this release's epochs before had ended). Wait: the claim takes them in order.
+        return WAITING
     if release.continual_key is None:
         # Drawn once per release and committed before any epoch reads the data.
         release.continual_key = new_release_key()
@@ -508,13 +581,9 @@ class Continual:
     def waiting_claimable(self) -> list[ColumnElement[bool]] | None:
         """A waiting release with a batch to process, or whose dataset was deleted (to end
         it)."""
-        names = continual_names()
-        if not names:
+        if not continual_names():
             return None
-        return [
-            Release.mechanism.in_(names),
-            or_(Release.epochs_done < Dataset.n_batches, Dataset.file_name.is_(None)),
-        ]
+        return continual_ready()
 
 
 CONTINUAL = Continual()

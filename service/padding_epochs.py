@@ -16,8 +16,8 @@ about. Never whether a worker claimed, ran or stored an epoch before it shows.
 
 from __future__ import annotations
 
+import bisect
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,8 +33,10 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.orm import Session, aliased
+from sqlalchemy.sql.expression import BindParameter, CompoundSelect
 
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
@@ -44,6 +46,7 @@ from service.padding_queue import (
     QUEUE,
     REGISTRATIONS,
     padding_model,
+    queue_parts,
     queue_seconds,
     shown_unfinished,
 )
@@ -111,24 +114,206 @@ def _act(
     return (max(moments) if moments else utcnow()), n_rows
 
 
-def _moment(
-    model: PaddingModel, epoch: _Epoch, act_queue: Callable[[datetime], float]
-) -> tuple[datetime, timedelta]:
-    """An epoch's ``(visible_at, padding)``, with ``act_queue`` the act's queue term
-    (:func:`act_queue_seconds`). The one formula of the worker's claim and of
-    :func:`epoch_seconds`, so both compute the same moment."""
+def _moment(model: PaddingModel, epoch: _Epoch, queue_seconds: float) -> tuple[datetime, timedelta]:
+    """An epoch's ``(visible_at, padding)``, with ``queue_seconds`` its queue term at its act
+    (:class:`_Chain`: the one-shot jobs ahead and the epochs ahead). The one formula of the
+    worker's claim and of :func:`epoch_seconds`, so both compute the same moment."""
     padding = model.padding(
-        epoch.mechanism,
-        epoch.n_rows,
-        epoch.n_cols,
-        epoch.k,
-        epoch.params,
-        act_queue(epoch.act),
+        epoch.mechanism, epoch.n_rows, epoch.n_cols, epoch.k, epoch.params, queue_seconds
     )
     visible = epoch_visible_at(
         epoch.release_visible_at, epoch.act, padding, epoch.previous_visible_at
     )
     return visible, padding
+
+
+#: An epoch's place in the workers' order: its point (the later of its batch's commit and its
+#: release's request: :func:`point`), its release's request and id, its batch. A worker takes
+#: the waiting job of the earliest point first (:data:`service.continual.WORK_SINCE`), and
+#: continues a release with its next epoch only if nothing claimable comes before that epoch
+#: (:func:`service.continual.next_input`), so an epoch runs after exactly the epochs of a
+#: smaller key that are not finished, and never after a job requested after its point.
+Key = tuple[datetime, datetime, str, int]
+
+
+def point(act: datetime, requested: datetime) -> datetime:
+    """The moment an epoch's work comes (its order among the jobs, and the moment its queue is
+    read at): the later of its act (the batch's commit) and its release's request."""
+    return max(act, requested)
+
+
+class _Chain:
+    """The moments of the pending epochs, each computed once, in the workers' order.
+
+    An epoch waits behind every epoch of a smaller :data:`Key` not shown at its point (those
+    are before it in the order and may still run: their release's, and other releases'), so
+    its queue term adds the wait until the latest next public moment of those (their
+    ``visible_at``, or past it the next step of their late schedule) at its point; each of
+    those moments is this same formula's, computed the same way, from earlier points only (no
+    cycle: the keys strictly decrease). Every input is fixed by the point: what is *shown* at
+    it (an epoch, a release's end, a deletion, a re-check's verdict each shows no earlier than
+    it is stored), never what a worker stored before it shows."""
+
+    def __init__(self, session: Session, settings: Settings) -> None:
+        self.session = session
+        self.settings = settings
+        self.continual = tuple(continual_names())
+        # The epoch's own padding is uncalibrated (its queue term is not): as it always was.
+        self.model = PaddingModel.from_settings(settings)
+        self.queues: dict[datetime, tuple[float, float]] = {}
+        self.points: dict[datetime, _Point] = {}
+        self.moments: dict[tuple[Any, int], tuple[datetime, timedelta]] = {}
+        #: The first moment a list was read at (the latest asked: a point is never later),
+        #: and the changes in ``(lowest point in it, read]`` (:meth:`quiet`).
+        self.read: datetime | None = None
+        self.changes: tuple[datetime, list[datetime]] | None = None
+
+    def queue(self, at: datetime, epochs: float) -> float:
+        """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'."""
+        if at not in self.queues:
+            model = padding_model(self.session, self.settings, at)
+            self.queues[at] = queue_parts(self.session, model, at, registrations=False)
+        total, wait = self.queues[at]
+        return total + max(wait, epochs)
+
+    def pending(self, at: datetime) -> _Point:
+        """The epochs pending at ``at`` (:func:`_pending`), in the workers' order: the rows of
+        a list read at a later moment ``q`` whose point is not after ``at``, when nothing
+        showed in ``(at, q]`` (:meth:`quiet`; the same rows, and one statement for many
+        points), else read."""
+        found = self.points.get(at)
+        if found is None:
+            later = self.quiet(at)
+            if later is not None:
+                end = bisect.bisect_right(later.points, at)
+                found = _Point(later.keys[:end], later.rows[:end], [], later.points[:end])
+                self.points[at] = found
+                return found
+            rows = [
+                row
+                for row in self.session.execute(_pending(self.continual), {"now": at}).all()
+                # A release ends at its horizon; its end shows with its last epoch.
+                if int(row.batch_seq) + 1 <= int(row.params.get("horizon", 0))
+            ]
+            keyed = sorted(((_key(row), row) for row in rows), key=lambda pair: pair[0])
+            keys = [key for key, _ in keyed]
+            found = _Point(keys, [row for _, row in keyed], [], [key[0] for key in keys])
+            self.points[at] = found
+            if self.read is None:
+                self.read = at
+        return found
+
+    def quiet(self, at: datetime) -> _Point | None:
+        """A list read at the first moment after ``at`` (:attr:`read`, the first read) if
+        nothing that :func:`_pending` reads changed in ``(at, read]``: an epoch's
+        ``visible_at`` or re-check verdict's ``reference_shown_at``, a continual release's
+        ``outcome_visible_at``, a dataset's deletion (:data:`_CHANGES`, one statement)."""
+        if self.read is None or at >= self.read:
+            return None
+        if self.changes is None:
+            lowest = min((key[0] for key in self.points[self.read].keys), default=self.read)
+            found = self.session.execute(
+                _CHANGES, {"low": lowest, "high": self.read, "names": list(self.continual)}
+            ).scalars()
+            self.changes = (lowest, sorted(found))
+        lowest, changes = self.changes
+        if at < lowest:
+            return None
+        # Quiet when the last change is not after at.
+        if changes and changes[-1] > at:
+            return None
+        return self.points[self.read]
+
+    def ahead(self, at: datetime, key: Key | None) -> datetime | None:
+        """The latest next public moment at ``at`` of the epochs pending at ``at`` whose key
+        is below ``key`` (all of them: ``None``); ``None``: none."""
+        pending = self.pending(at)
+        end = len(pending.keys) if key is None else bisect.bisect_left(pending.keys, key)
+        # The running maximum over the order, extended as far as asked (once per row).
+        while len(pending.latest) < end:
+            row = pending.rows[len(pending.latest)]
+            visible, padding = self.moment(row)
+            step = next_late_step(visible - padding, visible, at)
+            before = pending.latest[-1] if pending.latest else None
+            pending.latest.append(step if before is None else max(before, step))
+        return pending.latest[end - 1] if end else None
+
+    def moment(self, row: Any) -> tuple[datetime, timedelta]:
+        """``(visible_at, padding)`` of the epoch of a :func:`_pending` row."""
+        seq = int(row.batch_seq)
+        found = self.moments.get((row.release_id, seq))
+        if found is not None:
+            return found
+        batch = (row.batch_created_at, row.batch_rows)
+        # Pending at the row's moment: the dataset was not deleted by then (nor by the point).
+        act, n_rows = _act(batch, row.dataset_rows, None)
+        key = _key(row)
+        wait = self.ahead(key[0], key)  # computes the epoch before too, if pending
+        if seq == int(row.shown):
+            previous = row.previous_visible_at  # the last shown epoch's due moment
+        else:
+            previous = self.moments[(row.release_id, seq - 1)][0]
+        facts = _Epoch(
+            row.mechanism, row.k, row.params, row.visible_at, row.n_cols, n_rows, act, previous
+        )
+        found = self.formula(facts, key[0], wait)
+        self.moments[(row.release_id, seq)] = found
+        return found
+
+    def formula(
+        self, facts: _Epoch, at: datetime, wait: datetime | None
+    ) -> tuple[datetime, timedelta]:
+        """:func:`_moment` with the queue at point ``at`` and the epochs ahead until ``wait``
+        (counted from the act, which the padding starts from)."""
+        epochs = 0.0 if wait is None else max(0.0, (wait - facts.act).total_seconds())
+        return _moment(self.model, facts, self.queue(at, epochs))
+
+
+@dataclass
+class _Point:
+    """The epochs pending at one moment in the workers' order, and the running maximum of
+    their next public moments (as far as computed)."""
+
+    keys: list[Key]
+    rows: list[Any]
+    latest: list[datetime]
+    points: list[datetime]
+
+
+_LOW: BindParameter[Any] = bindparam("low")
+_HIGH: BindParameter[Any] = bindparam("high")
+_NAMES: BindParameter[Any] = bindparam("names", expanding=True)
+_CONTINUAL_IDS = select(Release.id).where(Release.mechanism.in_(_NAMES))
+#: The moments in ``(low, high]`` at which what :func:`_pending` reads changes, for the
+#: continual releases (:meth:`_Chain.quiet`).
+_CHANGES: CompoundSelect[Any] = union_all(
+    select(ReleaseEpoch.visible_at).where(
+        ReleaseEpoch.visible_at > _LOW,
+        ReleaseEpoch.visible_at <= _HIGH,
+        ReleaseEpoch.release_id.in_(_CONTINUAL_IDS),
+    ),
+    select(ReleaseEpoch.reference_shown_at).where(
+        ReleaseEpoch.reference_shown_at > _LOW,
+        ReleaseEpoch.reference_shown_at <= _HIGH,
+        ReleaseEpoch.release_id.in_(_CONTINUAL_IDS),
+    ),
+    select(Release.outcome_visible_at).where(
+        Release.outcome_visible_at > _LOW,
+        Release.outcome_visible_at <= _HIGH,
+        Release.mechanism.in_(_NAMES),
+    ),
+    select(Dataset.deleted_at).where(Dataset.deleted_at > _LOW, Dataset.deleted_at <= _HIGH),
+)
+
+
+def _key(row: Any) -> Key:
+    """A :func:`_pending` row's :data:`Key`."""
+    return (
+        point(row.batch_created_at, row.created_at),
+        row.created_at,
+        str(row.release_id),
+        int(row.batch_seq),
+    )
 
 
 def epoch_padding(
@@ -139,7 +324,9 @@ def epoch_padding(
     facts only. The epoch before is stored before a worker claims this one, but maybe not shown
     (nor on time): this one follows its formula moment (``due_at``, :func:`previous_due`), not
     the step it shows at, so that a chain of the formula over the pending epochs is public
-    (:func:`epoch_seconds`)."""
+    (:func:`epoch_seconds`). Its queue term counts the one-shot jobs requested by its point and
+    every epoch before it in the workers' order not shown at its point (:class:`_Chain`): the
+    epoch before of its own release, and other releases' (a worker runs them first)."""
     row = session.get(DatasetBatch, (dataset.id, epoch - 1))
     batch = (row.created_at, row.n_rows) if row is not None else None
     act, n_rows = _act(batch, dataset.n_rows, dataset.deleted_at)
@@ -154,9 +341,10 @@ def epoch_padding(
         act,
         previous_due(previous),
     )
-    # The epoch's own padding is uncalibrated (its queue term is not): as it always was.
-    model = PaddingModel.from_settings(settings)
-    return _moment(model, facts, lambda moment: act_queue_seconds(session, settings, moment))
+    chain = _Chain(session, settings)
+    at = point(act, release.created_at)
+    key = (at, release.created_at, str(release.id), epoch - 1)
+    return chain.formula(facts, at, chain.ahead(at, key))
 
 
 def previous_due(previous: ReleaseEpoch | None) -> datetime | None:
@@ -225,21 +413,20 @@ def _looks(continual: tuple[str, ...]) -> Select[bool, bool, bool]:
 
 
 def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> float:
-    """The padding's queue term at ``act`` (an owner's append or deletion, which gives a
-    waiting continual release work): the modelled time of the one-shot releases requested by
+    """The padding's queue term at ``act`` (an owner's deletion, which gives a waiting
+    continual release its end): the modelled time of the one-shot releases requested by
     then and not yet past their own ``visible_at`` (:func:`service.padding_queue.
     queue_seconds`; every input fixed when they were requested, so the worker computes the same
-    later). The epoch runs behind them on the workers' one queue: padded as if they were not
-    there, it showed late exactly when one of them (any dataset's, its run time possibly
-    depending on one row) had not yet ended, long before that one's own ``visible_at``
+    later). An epoch's term adds the epochs ahead of it (:class:`_Chain`). The epoch runs
+    behind them on the workers' one queue: padded as if they were not there, it showed late
+    exactly when one of them (any dataset's, its run time possibly depending on one row) had
+    not yet ended, long before that one's own ``visible_at``
     (``tests/continual/test_epoch_behind_a_long_job.py``)."""
     # Not the registrations by reference pending at the act (:func:`service.padding_queue.
     # registration_seconds`): a batch's moments are overwritten by the dataset's next batch,
     # so a worker computing this after that request would not see what was pending at the act
-    # and the epoch's visible_at would follow when the worker got to it. Nor the epochs
-    # pending at the act (:func:`epoch_seconds`): this epoch's moment is then a function of
-    # the one-shot jobs requested before the act alone, and :func:`epoch_seconds` (which
-    # calls this) never depends on itself; the gap is in docs/security.md.
+    # and the epoch's visible_at would follow when the worker got to it. The gap is in
+    # docs/security.md.
     return queue_seconds(session, padding_model(session, settings, act), act, registrations=False)
 
 
@@ -248,16 +435,16 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     continual release requested by ``now`` whose end is not shown at ``now`` (its dataset not
     deleted by then), every epoch after the ones shown at ``now`` whose batch was committed by
     ``now`` (up to the horizon). An epoch's moment is its ``visible_at``, or past it the next
-    step of its late schedule, both from :func:`_moment`, the formula the worker applies when
-    it claims the epoch: public facts fixed at the batch's commit (the one-shot jobs requested
-    by then, never a release requested after the batch, so no cycle with this term) and the
-    ``due_at`` of the epoch before: the shown one's as stored, a pending one's as this chain
-    computes it (the worker's formula, never how late that epoch ended). It is the same whether
-    the epochs are queued, running, stored or ended the release: what is stored counts only
-    once it shows.
+    step of its late schedule, both from :func:`_moment` through :class:`_Chain`, the formula
+    the worker applies when it claims the epoch: public facts fixed at the epoch's point (the
+    one-shot jobs requested by then and the epochs before it in the workers' order, never a job
+    requested after it, so no cycle with this term) and the ``due_at`` of the epoch before: the
+    shown one's as stored, a pending one's as the chain computes it (the worker's formula,
+    never how late that epoch ended). It is the same whether the epochs are queued, running,
+    stored or ended the release: what is stored counts only once it shows.
 
     Why: a worker takes a pending epoch before any one-shot job requested after its batch
-    (:func:`service.claims.waiting_first`), and a queued continual release's first epochs
+    (:func:`service.claims.waiting_ahead`), and a queued continual release's first epochs
     before the jobs requested after it, so a release requested meanwhile waits behind the
     epoch. Padded as if it were not there (an epoch on a large batch is padded far more than a
     cheap probe), a probe showed at its ``visible_at`` if the epoch had ended (or had not
@@ -265,61 +452,15 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     anyone read the epoch's real end, and through it whether the jobs ahead of it had ended
     (``tests/continual/test_probe_behind_an_epoch.py``).
 
-    Several epochs of one release pending (batches appended back to back): the worker runs
+    Several epochs pending (batches appended back to back, several releases): the worker runs
     them all before the probe, so each counts (``tests/continual/test_probe_behind_two_epochs.
     py``). Not counted: a release's end after its dataset's deletion (the worker reads nothing
     for it)."""
-    continual = continual_names()
-    if not continual:
+    if not continual_names():
         return 0.0
-    acts: dict[datetime, float] = {}
-
-    def act_queue(act: datetime) -> float:
-        # Releases on one dataset share their batch's commit: its queue is computed once.
-        if act not in acts:
-            acts[act] = act_queue_seconds(session, settings, act)
-        return acts[act]
-
-    model = PaddingModel.from_settings(settings)
-    moments: dict[tuple[Any, ...], tuple[datetime, timedelta]] = {}
-    longest = 0.0
-    # Rows by release, then batch: each pending epoch follows the one before's due moment.
-    chain: tuple[Any, datetime | None] = (None, None)
-    for row in session.execute(_pending(tuple(continual)), {"now": now}).all():
-        if row.release_id != chain[0]:
-            chain = (row.release_id, row.previous_visible_at)
-        if int(row.batch_seq) + 1 > int(row.params.get("horizon", 0)):
-            continue  # the release ends at its horizon; its end shows with its last epoch
-        batch = (row.batch_created_at, row.batch_rows)
-        act, n_rows = _act(batch, row.dataset_rows, row.deleted_at)
-        facts = _Epoch(
-            row.mechanism,
-            row.k,
-            row.params,
-            row.visible_at,
-            row.n_cols,
-            n_rows,
-            act,
-            chain[1],
-        )
-        # Many releases of one dataset wait for the same batch with the same facts.
-        key = (
-            facts.mechanism,
-            facts.k,
-            repr(facts.params),
-            facts.release_visible_at,
-            facts.n_cols,
-            facts.n_rows,
-            facts.act,
-            facts.previous_visible_at,
-        )
-        if key not in moments:
-            moments[key] = _moment(model, facts, act_queue)
-        visible, padding = moments[key]
-        chain = (row.release_id, visible)
-        wait = (next_late_step(visible - padding, visible, now) - now).total_seconds()
-        longest = max(longest, wait)
-    return longest
+    # Every pending epoch is before a job requested at now: the latest over all of them.
+    latest = _Chain(session, settings).ahead(now, None)
+    return 0.0 if latest is None else max(0.0, (latest - now).total_seconds())
 
 
 @functools.cache
@@ -391,6 +532,8 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
     return (
         select(
             Release.id.label("release_id"),
+            Release.created_at,
+            pending.c.shown,
             Release.mechanism,
             Release.k,
             Release.params,

@@ -47,20 +47,36 @@ def queue_seconds(
 
     ``queued=False``: the caller has seen that :data:`_QUEUE` has no row at ``now``
     (:func:`service.padding_epochs.request_queue_seconds`), so it is not read again."""
+    total, wait = queue_parts(session, model, now, registrations=registrations, queued=queued)
+    return total + max(wait, epochs)
+
+
+def queue_parts(
+    session: Session,
+    model: PaddingModel,
+    now: datetime,
+    *,
+    registrations: bool = True,
+    queued: bool = True,
+) -> tuple[float, float]:
+    """:func:`queue_seconds` without the epochs' term, as ``(jobs ahead, wait)``: the term is
+    ``jobs ahead + max(wait, epochs)``. Apart so that a caller with several epochs' terms at
+    one moment (:func:`service.padding_epochs.epoch_padding`'s chain) reads the queue once."""
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
     rows = session.execute(_QUEUE, {"now": now}).all() if queued else []
     pending = registration_seconds(session, now) if registrations else 0.0
     one_shot = [row for row in rows if row[0] in MECHANISMS and not MECHANISMS[row[0]].continual]
     ahead = [row for row in one_shot if row.visible_at > now]
     late = [(row.created_at, row.visible_at) for row in one_shot if row.visible_at <= now]
-    return model.queue_seconds(
+    total = model.queue_seconds(
         [
             # n_rows_read is fixed at the request for one-shot releases (the rows present
             # then); Dataset.n_rows only for rows stored before that column existed.
             (name, n_read if n_read is not None else n, d, k_, job_params or {})
             for name, n_read, n, d, k_, job_params, _, _ in ahead
         ]
-    ) + max(late_seconds(late, now), pending, epochs)
+    )
+    return total, max(late_seconds(late, now), pending)
 
 
 def _shown_unfinished(now: datetime | ColumnElement[Any]) -> ColumnElement[bool]:

@@ -298,7 +298,9 @@ def test_nothing_an_analyst_calls_changes_when_jobs_end_in_any_way_before_visibl
 
     stored_before = stored()
     worker = Worker(session_factory, store, padded_settings, worker_id="probe")
-    assert worker.run_pending() == len(REQUESTS)
+    # A claim each, or more: a continual release waits (a claim of its own again) when a job
+    # comes before its next epoch in the workers' order (service.continual.work_ahead).
+    assert worker.run_pending() >= len(REQUESTS)
     event.listen(bind.engine, "before_cursor_execute", seen)
     try:
         after = {name: [answer_and_statements(name, c) for c in every] for name in WATCHERS}

@@ -32,7 +32,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import reference_recheck, releases, visibility
+from service import padding_epochs, reference_recheck, releases, visibility
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
 from service.reference import objects
@@ -551,6 +551,11 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
     # test_probe_behind_an_epoch.py) and the worlds' public moments would differ by that
     # term, not by the race this test is about. Each world is padded as if it were alone.
     monkeypatch.setattr(releases, "epoch_seconds", lambda *args: 0.0)
+    # Likewise an epoch's own padding counts the epochs before it in the workers' order
+    # (service.padding_epochs._Chain: the other world's, and its own release's epoch 1, which
+    # holds epoch 2 a padding later): none, each epoch padded as before, from its batch alone.
+    # The chain is tested in tests/continual/test_epoch_behind_other_epochs.py.
+    monkeypatch.setattr(padding_epochs._Chain, "ahead", lambda *args: None)
     worlds = [
         race.world(name, change, first, True, release)
         for name, first in (("early", False), ("late", True))
@@ -622,6 +627,10 @@ def test_an_unchanged_continual_release_shows_each_epoch_once_its_recheck_shows(
     recheck_due(race.factory, race.settings, utcnow())
     # The verdicts show at each epoch's visible_at plus the grace, not when the re-check ran.
     assert fetch_release(race.client, race.keys.owner, release_id)["epochs"] == []
+    # Epoch 2 runs after epoch 1, so it is padded a padding after it (service.padding_epochs):
+    # its re-check is due then.
+    later(race.factory, dataset_id, PADDING)
+    recheck_due(race.factory, race.settings, utcnow())
     later(race.factory, dataset_id, GRACE)
     shown = fetch_release(race.client, race.keys.analyst, release_id)
     assert (shown["status"], shown["epochs_done"]) == ("succeeded", 2), shown
