@@ -32,7 +32,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import padding_epochs, reference_recheck, releases, visibility
+from service import padding_epochs, reference_recheck, visibility
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, LedgerEntry, Release, ReleaseEpoch, utcnow
 from service.reference import objects
@@ -550,7 +550,7 @@ def test_a_continual_release_shows_the_same_whether_an_epoch_read_before_or_afte
     # term, the same whatever the first world's worker did; tests/continual/
     # test_probe_behind_an_epoch.py) and the worlds' public moments would differ by that
     # term, not by the race this test is about. Each world is padded as if it were alone.
-    monkeypatch.setattr(releases, "epoch_seconds", lambda *args: 0.0)
+    monkeypatch.setattr(padding_epochs, "epoch_seconds", lambda *args: 0.0)
     # Likewise an epoch's own padding counts the epochs before it in the workers' order
     # (service.padding_epochs._Chain: the other world's, and its own release's epoch 1, which
     # holds epoch 2 a padding later): none, each epoch padded as before, from its batch alone.
