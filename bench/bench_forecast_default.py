@@ -39,14 +39,13 @@ def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
 
     sets = {"digits": unit(load_digits().data), "breast_cancer": unit(load_breast_cancer().data)}
     if mnist:
-        from bench.mnist import _data_dir, mnist_split
+        from bench.mnist import is_cached, mnist_split
 
-        if (_data_dir() / "mnist_5k.npz").exists():
-            split = mnist_split(0)
-            if split is not None:
-                sets["MNIST 4000x784"] = split[0]
+        split = mnist_split(0) if is_cached() else None
+        if split is not None:
+            sets["MNIST 4000x784"] = split[0]
         else:
-            print(f"MNIST: no cached sample in {_data_dir()} (not fetched): skipped")
+            print("MNIST: no cached sample (not fetched): skipped")
     return sets
 
 

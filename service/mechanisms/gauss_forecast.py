@@ -771,7 +771,9 @@ def _tail(
     if figures.measured and figures.uncentred and m and int(known[0]) == 0:
         data = values_known[1:]
     if data.size:
-        values = tail_spectrum(float(data.min()), int(data.size), remaining, count, threshold)
+        values = tail_spectrum(
+            float(data.min()), int(data.size), remaining, count, threshold, figures.measured
+        )
     else:
         values = np.full(count, remaining / max(count, 1))
     total = float(values.sum())

@@ -79,7 +79,9 @@ def test_a_forecast_for_more_components_reads_the_tail(monkeypatch: pytest.Monke
             patched.setattr(
                 forecast_tail,
                 "tail_spectrum",
-                lambda anchor, m, remaining, count, cap: np.full(count, remaining / count),
+                lambda anchor, m, remaining, count, cap, measured=False: np.full(
+                    count, remaining / count
+                ),
             )
             errors["flat"].append(
                 abs(range_from_release(figures, NewRelease(10, 1.0)).central - kept)
@@ -90,23 +92,28 @@ def test_a_forecast_for_more_components_reads_the_tail(monkeypatch: pytest.Monke
 
 
 def test_from_one_known_eigenvalue_the_tail_starts_level_with_it() -> None:
-    # One eigenvalue shows no decay: the law counts the tail's own rank from the largest value
-    # the figures leave open (the anchor, by the order), t_j = s j^(-b), holding the trace.
-    tail = tail_spectrum(50.0, 1, 400.0, 63, np.inf)
+    # One eigenvalue of a measured release shows no decay: the law counts the tail's own rank
+    # from the largest value the figures leave open (the anchor, by the order),
+    # t_j = s j^(-b), holding the trace.
+    tail = tail_spectrum(50.0, 1, 400.0, 63, np.inf, measured=True)
     assert tail[0] == pytest.approx(50.0)
     assert tail.sum() == pytest.approx(400.0)
     exponent = -np.log(tail[1] / tail[0]) / np.log(2.0)
     assert tail == pytest.approx(50.0 * np.arange(1, 64) ** -exponent, rel=1e-9)
     # Below the earlier noise's detection threshold where the earlier release showed an
     # eigenvalue below its edge: the tail starts at that threshold, never flat for it alone.
-    capped = tail_spectrum(50.0, 1, 400.0, 63, 30.0)
+    capped = tail_spectrum(50.0, 1, 400.0, 63, 30.0, measured=True)
     assert capped[0] == pytest.approx(30.0)
     assert capped.sum() == pytest.approx(400.0)
     # No law from the start holds the trace: flat, as from more known eigenvalues.
-    assert tail_spectrum(5.0, 1, 400.0, 63, np.inf) == pytest.approx(np.full(63, 400.0 / 63))
-    assert tail_spectrum(50.0, 1, 400.0, 63, 6.0) == pytest.approx(np.full(63, 400.0 / 63))
-    # From two or more known eigenvalues the law from the anchor is unchanged.
-    assert tail_spectrum(50.0, 2, 400.0, 62, np.inf)[0] < 50.0
+    flat = np.full(63, 400.0 / 63)
+    assert tail_spectrum(5.0, 1, 400.0, 63, np.inf, measured=True) == pytest.approx(flat)
+    assert tail_spectrum(50.0, 1, 400.0, 63, 6.0, measured=True) == pytest.approx(flat)
+    # From two or more known eigenvalues, or from a hidden release's one, the law from the
+    # anchor's rank is unchanged.
+    assert tail_spectrum(50.0, 2, 400.0, 62, np.inf, measured=True)[0] < 50.0
+    steep = tail_spectrum(50.0, 1, 400.0, 63, np.inf)
+    assert steep[0] < 50.0 and steep.sum() == pytest.approx(400.0)
 
 
 def test_a_forecast_from_one_component_is_not_read_low_at_the_noises_edge() -> None:
