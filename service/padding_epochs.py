@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -163,6 +164,8 @@ class _Chain:
         self.queues: dict[datetime, tuple[float, float]] = {}
         self.points: dict[datetime, _Point] = {}
         self.moments: dict[tuple[Any, int], tuple[datetime, timedelta]] = {}
+        #: :func:`act_queue_seconds` at each deletion (:meth:`ends`).
+        self.acts: dict[datetime, float] = {}
         #: The first moment a list was read at (the latest asked: a point is never later),
         #: and the changes in ``(lowest point in it, read]`` (:meth:`quiet`).
         self.read: datetime | None = None
@@ -189,18 +192,44 @@ class _Chain:
                 found = _Point(later.keys[:end], later.rows[:end], [], later.points[:end])
                 self.points[at] = found
                 return found
-            rows = [
+            rows: list[Any] = [
                 row
                 for row in self.session.execute(_pending(self.continual), {"now": at}).all()
                 # A release ends at its horizon; its end shows with its last epoch.
                 if int(row.batch_seq) + 1 <= int(row.params.get("horizon", 0))
             ]
+            rows += self.ends(at, rows)
             keyed = sorted(((_key(row), row) for row in rows), key=lambda pair: pair[0])
             keys = [key for key, _ in keyed]
             found = _Point(keys, [row for _, row in keyed], [], [key[0] for key in keys])
             self.points[at] = found
             if self.read is None:
                 self.read = at
+        return found
+
+    def ends(self, at: datetime, epochs: list[Any]) -> list[_End]:
+        """The ends pending at ``at`` after a dataset's deletion (:data:`_DELETED_ENDS`): a
+        worker claims such a release to store its end (:func:`service.continual.next_input`),
+        a job in the order like an epoch, at the place of its first pending epoch (the batch
+        its ``WORK_SINCE`` reads, here the earliest pending: never later), else of the
+        deletion. Its moment is the worker's (:func:`service.continual._end_visible_at`):
+        public from the deletion and the release's own padding."""
+        first: dict[Any, Any] = {}
+        for row in epochs:
+            if row.deleted_at is not None and row.release_id not in first:
+                first[row.release_id] = row  # by release, then batch: the first
+        found: list[_End] = []
+        for row in self.session.execute(_deleted_ends(self.continual), {"now": at}).all():
+            epoch = first.get(row.release_id)
+            came = row.deleted_at if epoch is None else epoch.batch_created_at
+            if row.deleted_at not in self.acts:
+                self.acts[row.deleted_at] = act_queue_seconds(
+                    self.session, self.settings, row.deleted_at
+                )
+            padding = row.visible_at - row.created_at
+            queue = timedelta(seconds=self.acts[row.deleted_at])
+            due = max(row.deleted_at + padding + queue, row.visible_at)
+            found.append(_End(row.release_id, row.created_at, came, _END_SEQ, due))
         return found
 
     def quiet(self, at: datetime) -> _Point | None:
@@ -239,13 +268,16 @@ class _Chain:
         return pending.latest[end - 1] if end else None
 
     def moment(self, row: Any) -> tuple[datetime, timedelta]:
-        """``(visible_at, padding)`` of the epoch of a :func:`_pending` row."""
+        """``(visible_at, padding)`` of the epoch of a :func:`_pending` row, or of an end
+        after a deletion (:class:`_End`: its due moment, its schedule from the request)."""
+        if isinstance(row, _End):
+            return row.due, row.due - row.created_at
         seq = int(row.batch_seq)
         found = self.moments.get((row.release_id, seq))
         if found is not None:
             return found
         batch = (row.batch_created_at, row.batch_rows)
-        # Pending at the row's moment: the dataset was not deleted by then (nor by the point).
+        # The batch was committed before any deletion (none after it): the batch's own rows.
         act, n_rows = _act(batch, row.dataset_rows, None)
         key = _key(row)
         wait = self.ahead(key[0], key)  # computes the epoch before too, if pending
@@ -267,6 +299,22 @@ class _Chain:
         (counted from the act, which the padding starts from)."""
         epochs = 0.0 if wait is None else max(0.0, (wait - facts.act).total_seconds())
         return _moment(self.model, facts, self.queue(at, epochs))
+
+
+#: An end's ``batch_seq`` in its :data:`Key`: after every epoch of its release at its point.
+_END_SEQ = 1 << 30
+
+
+@dataclass(frozen=True)
+class _End:
+    """A continual release's end after its dataset's deletion, as :meth:`_Chain.ends` counts
+    it: the :data:`Key` fields of a :func:`_pending` row and its due moment."""
+
+    release_id: Any
+    created_at: datetime
+    batch_created_at: datetime
+    batch_seq: int
+    due: datetime
 
 
 @dataclass
@@ -432,8 +480,8 @@ def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> fl
 
 def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     """Until the next public moment of the latest pending epoch at ``now``: for each
-    continual release requested by ``now`` whose end is not shown at ``now`` (its dataset not
-    deleted by then), every epoch after the ones shown at ``now`` whose batch was committed by
+    continual release requested by ``now`` whose end is not shown at ``now``, every epoch after
+    the ones shown at ``now`` (at its dataset's deletion, if before) whose batch was committed by
     ``now`` (up to the horizon). An epoch's moment is its ``visible_at``, or past it the next
     step of its late schedule, both from :func:`_moment` through :class:`_Chain`, the formula
     the worker applies when it claims the epoch: public facts fixed at the epoch's point (the
@@ -454,8 +502,10 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
 
     Several epochs pending (batches appended back to back, several releases): the worker runs
     them all before the probe, so each counts (``tests/continual/test_probe_behind_two_epochs.
-    py``). Not counted: a release's end after its dataset's deletion (the worker reads nothing
-    for it)."""
+    py``). After a dataset's deletion (public), until its release's end shows: the epochs
+    pending at the deletion (a worker that claimed one before it runs it to its end) and the
+    end a worker stores for it (:class:`_End`), by the worker's own formula
+    (``tests/continual/test_probe_behind_a_deletion.py``)."""
     if not continual_names():
         return 0.0
     # Every pending epoch is before a job requested at now: the latest over all of them.
@@ -466,20 +516,23 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
 @functools.cache
 def _pending(continual: tuple[str, ...]) -> Select[Any]:
     """The continual releases requested by ``now``, their end not shown at ``now`` (nor, on a
-    dataset by reference, shown ``failed`` by a changed object's verdict), their dataset not
-    deleted by ``now``, with each batch committed by ``now`` from the first epoch's not shown
-    at ``now`` on (by release, then batch): the batch's ``seq``, ``(created_at, n_rows)`` and
+    dataset by reference, shown ``failed`` by a changed object's verdict), with each batch
+    committed by ``now`` from the first epoch's not shown at ``now`` (at the dataset's
+    deletion, if before: analysts see no epoch after it) on (by release, then batch): the
+    batch's ``seq``, ``(created_at, n_rows)`` and
     the last shown epoch's due moment (:func:`previous_due`). Built once per set of names."""
     now: Any = bindparam("now")
     visible = aliased(ReleaseEpoch)
     # Epochs show in order (visible_at never decreases with the epoch), and on a dataset by
     # reference none from the first whose re-check's verdict is not shown "unchanged"
     # (service.continual._shown): the shown epochs are 1 .. min(visible, first cut - 1).
+    # After the dataset's deletion analysts see the epochs up to it only (service.visibility).
+    seen_by = case((Dataset.deleted_at < now, Dataset.deleted_at), else_=now)
     n_visible = (
         select(func.count())
         .select_from(visible)
-        .where(visible.release_id == Release.id, visible.visible_at <= now)
-        .correlate(Release)
+        .where(visible.release_id == Release.id, visible.visible_at <= seen_by)
+        .correlate(Release, Dataset)
         .scalar_subquery()
     )
     cut = aliased(ReleaseEpoch)
@@ -523,7 +576,8 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
                 ),
                 Release.outcome_visible_at > now,
             ),
-            or_(Dataset.deleted_at.is_(None), Dataset.deleted_at > now),
+            # A dataset deleted by now too: an epoch claimed before the deletion still runs
+            # (its end is in _deleted_ends).
             ~cut_changed,
         )
         .subquery()
@@ -561,4 +615,37 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
             and_(previous.release_id == Release.id, previous.epoch == pending.c.shown),
         )
         .order_by(Release.id, DatasetBatch.seq)
+    )
+
+
+@functools.cache
+def _deleted_ends(
+    continual: tuple[str, ...],
+) -> Select[uuid.UUID, datetime, datetime | None, datetime | None]:
+    """The padded continual releases requested by ``now`` whose dataset was deleted by ``now``
+    and whose end is not shown at ``now`` (as :func:`_pending`): a worker claims each to store
+    its end (:meth:`_Chain.ends`). Built once per set of names."""
+    now: Any = bindparam("now")
+    return (
+        select(
+            Release.id.label("release_id"),
+            Release.created_at,
+            Release.visible_at,
+            Dataset.deleted_at,
+        )
+        .join(Dataset, Dataset.id == Release.dataset_id)
+        .where(
+            Release.mechanism.in_(continual),
+            Release.created_at <= now,
+            Release.visible_at.is_not(None),
+            Dataset.deleted_at <= now,
+            or_(
+                and_(
+                    Release.outcome_visible_at.is_(None),
+                    Release.status.in_(("queued", "running")),
+                ),
+                Release.outcome_visible_at > now,
+            ),
+        )
+        .order_by(Release.id)
     )

@@ -1,0 +1,107 @@
+"""A release requested after an owner deleted a dataset under a pending epoch must not tell
+whether a worker was still on that epoch.
+
+The owner appends a batch (the continual release's epoch is pending), then deletes the dataset.
+A worker that claimed the epoch before the deletion runs it to its end and then stores the
+release's end in the same claim (:func:`service.continual.next_input`); one that had not
+claimed it claims the release to store its end (milliseconds). Either is a job in the workers'
+order ahead of a release requested after the deletion. The probe's term left out every release
+whose dataset was deleted (:func:`service.padding_epochs._pending`), so a cheap probe showed at
+its ``visible_at`` if the worker had ended the epoch at once and a step later if it was still
+on it: anyone read the epoch's real end, and through it whether the jobs ahead of it (any
+dataset's) had ended.
+
+Three worlds differ only in what the worker really did: it ran the epoch at once and then the
+end after the deletion; it had not claimed the epoch and stored the end at once after the
+deletion; or it claimed the epoch before the deletion and is still running it when the probe is
+requested, ending it within the epoch's padding. The probe must show at the same step (its
+``visible_at``: ``j`` = 0) in all, and its ``visible_at`` must be the same public moment: the
+latest of the epoch's next public moment and the end's due moment, plus its own padding.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.config import Settings
+from service.db.models import Dataset, Release
+from service.padding import late_schedule, next_late_step
+from service.padding_epochs import act_queue_seconds
+from service.worker import Worker
+from tests.conftest import bearer
+from tests.continual.conftest import D, Worlds, epoch_rated
+
+PAD = 1.0
+PROBE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
+#: The probe's own run, after the worker is free.
+RUN = timedelta(milliseconds=10)
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    return epoch_rated(settings, PAD)
+
+
+def test_a_probe_after_a_deletion_shows_the_same_whatever_the_worker_does(
+    client: TestClient,
+    make_key: Any,
+    upload_dataset: Any,
+    worker: Worker,
+    worlds: Worlds,
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+) -> None:
+    rng = np.random.default_rng(11)
+    probed = upload_dataset(
+        client, make_key("owner"), rng.normal(size=(200, D)) / 4, row_norm_bound=1
+    )
+    shown: dict[str, int] = {}
+    after: dict[str, timedelta] = {}
+    for world in ("ran", "unclaimed", "running"):
+        mine, release = worlds.start(rng, horizon=3)
+        worlds.append(mine, rng, 30)
+        start, visible = worlds.schedule(settings, release)
+        if world == "ran":
+            assert worker.run_pending() == 1  # the epoch, at once
+        elif world == "running":
+            with session_factory.begin() as session:
+                worlds.hold_lease(session, release)
+        deleted = client.delete(f"/v1/datasets/{mine}", headers=bearer(worlds.keys.owner))
+        assert deleted.status_code == 204, deleted.text
+        if world != "running":
+            worker.run_pending()  # the end, at once
+        with session_factory() as session:
+            row = session.get(Release, release)
+            dataset = session.get(Dataset, uuid.UUID(mine))
+            assert row is not None and dataset is not None
+            assert dataset.deleted_at is not None and row.visible_at is not None
+            # What the worker really stored (so the worlds really differ).
+            expected = (
+                ("running", 1) if world == "running" else ("failed", 2 if world == "ran" else 1)
+            )
+            assert (row.status, row.epochs_done) == expected
+            # The end's due moment, the worker's formula (service.continual._end_visible_at).
+            queue = timedelta(seconds=act_queue_seconds(session, settings, dataset.deleted_at))
+            end_due = max(
+                dataset.deleted_at + (row.visible_at - row.created_at) + queue, row.visible_at
+            )
+            requested = row.created_at
+
+        created, probe_visible = worlds.probe(probed["id"], PROBE)
+        step = next_late_step(start, visible, created)
+        end_step = next_late_step(requested, end_due, created)
+        # The busy world's epoch ends three quarters of the way to its next public moment.
+        epoch_ends = created + (step - created) * 0.75
+        ended = (epoch_ends if world == "running" else created) + RUN
+        shown[world] = late_schedule(created, probe_visible, ended)[1]
+        after[world] = probe_visible - max(step, end_step)
+    assert shown == {"ran": 0, "unclaimed": 0, "running": 0}, shown
+    for world, moment in after.items():
+        assert abs(moment - timedelta(seconds=PAD)) <= timedelta(microseconds=2), (world, moment)
