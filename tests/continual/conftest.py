@@ -1,7 +1,8 @@
 """The set-up the continual tests that compare worlds share.
 
 Those tests (``test_probe_behind_an_epoch``, ``test_probe_behind_two_epochs``,
-``test_epoch_behind_a_long_job``) run two or three worlds one after another on one database,
+``test_epoch_behind_a_long_job``, ``test_epoch_behind_other_epochs``,
+``test_probe_behind_a_deletion``) run two or three worlds one after another on one database,
 each a continual release on a dataset of its own; what one world left must be no queue of the
 next (:meth:`Worlds.backdate`), and each world starts the same way (:meth:`Worlds.start`).
 """
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import continual
 from service.config import Settings
-from service.db.models import Dataset, Release, ReleaseEpoch, utcnow
+from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.padding_epochs import epoch_padding
 from service.worker import Worker
 from tests.api.test_append_rows import append
@@ -55,13 +56,16 @@ class Worlds:
     worker: Worker
     session_factory: sessionmaker[Session]
 
-    def backdate(self, by: timedelta, release: uuid.UUID | None = None) -> None:
+    def backdate(
+        self, by: timedelta, release: uuid.UUID | None = None, batches: bool = False
+    ) -> None:
         """Move releases (every one, or ``release`` and its epochs) ``by`` into the past, their
-        outcome's and epochs' moments too: a job requested after a batch is padded for the
-        batch's epoch (:func:`service.padding_epochs.epoch_seconds`), and an outcome not shown
-        yet when the next world begins would count in that world's queue (a public term of its
-        own). A one-shot release never run (a probe: these tests compute, not run, it) is ended
-        at its ``visible_at``, so that no worker of a later world takes it."""
+        outcome's and epochs' moments too, and with ``batches`` every batch's commit (the
+        other world's epochs then point to the past as well): a job requested after a batch is
+        padded for the batch's epoch (:func:`service.padding_epochs.epoch_seconds`), and an
+        outcome not shown yet when the next world begins would count in that world's queue (a
+        public term of its own). A one-shot release never run (a probe: these tests compute,
+        not run, it) is ended at its ``visible_at``, so that no worker of a later world takes it."""
         with self.session_factory.begin() as session:
             for row in session.scalars(select(Release)).all():
                 if release is not None and row.id != release:
@@ -80,6 +84,9 @@ class Worlds:
                     epoch.visible_at -= by
                     if epoch.due_at is not None:  # the formula moment the next epoch follows
                         epoch.due_at -= by
+            if batches:
+                for batch in session.scalars(select(DatasetBatch)).all():
+                    batch.created_at -= by
 
     def start(self, rng: np.random.Generator, horizon: int) -> tuple[str, uuid.UUID]:
         """A new world: the others' releases long past (an hour), then a continual release of

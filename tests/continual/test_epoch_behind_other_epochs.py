@@ -36,7 +36,8 @@ from service.padding import PaddingModel, late_schedule, next_late_step
 from service.worker import Worker
 from tests.api.test_append_rows import append
 from tests.conftest import Keys, npy_bytes, post_release
-from tests.continual.epoch_worlds import backdate, batch_commit, schedule
+from tests.continual.conftest import Worlds
+from tests.continual.epoch_worlds import batch_commit, schedule
 
 PAD = 1.0
 D = 3
@@ -75,6 +76,7 @@ def test_an_epoch_behind_other_epochs_shows_the_same_whatever_the_worker_does(
     make_key: Any,
     upload_dataset: Any,
     worker: Worker,
+    worlds: Worlds,
     settings: Settings,
     session_factory: sessionmaker[Session],
 ) -> None:
@@ -83,7 +85,7 @@ def test_an_epoch_behind_other_epochs_shows_the_same_whatever_the_worker_does(
     shown: dict[str, int] = {}
     after_ahead: dict[str, timedelta] = {}
     for world in ("ended", "running"):
-        backdate(session_factory, timedelta(hours=1))
+        worlds.backdate(timedelta(hours=1), batches=True)
         mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1)
         probe_dataset = uuid.UUID(mine["id"])
         if case == "other dataset" or case == "late":
@@ -100,7 +102,7 @@ def test_an_epoch_behind_other_epochs_shows_the_same_whatever_the_worker_does(
         if case == "own release":
             ahead, ahead_dataset, ahead_epoch = probe, probe_dataset, 2
         worker.run_pending()  # every epoch 1
-        backdate(session_factory, timedelta(minutes=10))
+        worlds.backdate(timedelta(minutes=10), batches=True)
         # The ahead epoch: a large batch.
         added = append(client, other_owner if ahead_dataset != probe_dataset else keys.owner,
                        str(ahead_dataset), _rows(rng, LARGE))  # fmt: skip
