@@ -31,11 +31,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
-from service.db.models import Dataset, Release
+from service.db.models import Dataset, Release, utcnow
 from service.padding import late_schedule, next_late_step
 from service.padding_epochs import act_queue_seconds
 from service.worker import Worker
-from tests.conftest import bearer
+from tests.api.test_append_rows import append
+from tests.conftest import bearer, npy_bytes, post_release
 from tests.continual.conftest import D, Worlds, epoch_rated
 
 PAD = 1.0
@@ -105,3 +106,63 @@ def test_a_probe_after_a_deletion_shows_the_same_whatever_the_worker_does(
     assert shown == {"ran": 0, "unclaimed": 0, "running": 0}, shown
     for world, moment in after.items():
         assert abs(moment - timedelta(seconds=PAD)) <= timedelta(microseconds=2), (world, moment)
+
+
+def test_an_epoch_behind_a_deletion_shows_the_same_whatever_the_worker_does(
+    client: TestClient,
+    make_key: Any,
+    upload_dataset: Any,
+    worker: Worker,
+    worlds: Worlds,
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+) -> None:
+    """The same worlds, and behind them another release's epoch on a small batch appended
+    after the deletion (its own padding about the floor): the worker runs it after the
+    deleted release's epoch and end, so its padding must count them (:class:`service.
+    padding_epochs._Chain`), or it shows late when the worker was still on that epoch."""
+    rng = np.random.default_rng(13)
+    other_owner = make_key("owner")
+    shown: dict[str, int] = {}
+    for world in ("ran", "unclaimed", "running"):
+        mine, release = worlds.start(rng, horizon=3)
+        theirs = upload_dataset(
+            client, other_owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0
+        )
+        behind = uuid.UUID(
+            post_release(
+                client,
+                worlds.keys.analyst,
+                theirs["id"],
+                mechanism="continual_gauss",
+                k=1,
+                epsilon="1",
+                delta="1e-6",
+                params={"horizon": 3},
+            )
+        )
+        assert worker.run_pending() == 1  # its epoch 1
+        worlds.backdate(timedelta(minutes=10), behind)
+        worlds.append(mine, rng, 30)
+        start, visible = worlds.schedule(settings, release)
+        if world == "ran":
+            assert worker.run_pending() == 1
+        elif world == "running":
+            with session_factory.begin() as session:
+                worlds.hold_lease(session, release)
+        deleted = client.delete(f"/v1/datasets/{mine}", headers=bearer(worlds.keys.owner))
+        assert deleted.status_code == 204, deleted.text
+        if world != "running":
+            worker.run_pending()  # the end, at once
+        added = append(client, other_owner, theirs["id"], npy_bytes(rng.normal(size=(3, D)) / 4))
+        assert added.status_code == 201, added.text
+        appended = utcnow()
+        behind_start, behind_visible = worlds.schedule(settings, behind)
+        # The busy world's epoch ends three quarters of the way to its next public moment;
+        # the epoch behind runs after it (and the end), else at once.
+        step = next_late_step(start, visible, appended)
+        ended = (appended + (step - appended) * 0.75 if world == "running" else appended) + RUN
+        shown[world] = late_schedule(behind_start, behind_visible, ended)[1]
+        if world != "running":
+            assert worker.run_pending() == 1  # the epoch behind: no queue of the next world
+    assert shown == {"ran": 0, "unclaimed": 0, "running": 0}, shown
