@@ -62,6 +62,10 @@ FILE_CHECK_SECONDS = 0.02
 LISTEN_CHECK_SECONDS = 5.0
 #: The PostgreSQL channel on which a stored outcome is announced (payload: the release id).
 FINISHED_CHANNEL = "dpss_release_finished"
+#: The two PostgreSQL notifications, built once (each queued and each finished release sends
+#: one; a ``text()`` built per call cost its construction and its compiled-cache key's).
+_NOTIFY_QUEUED = text(f"NOTIFY {CHANNEL}")
+_NOTIFY_FINISHED = text("SELECT pg_notify(:channel, :payload)")
 #: Key in ``Session.info``: the wake files to write once the transaction commits (SQLite).
 _PENDING = "dpss_wake_files"
 #: Key in ``Session.info``: the releases whose outcome the transaction stores (local listeners).
@@ -134,7 +138,7 @@ def announce(session: Session, settings: Settings) -> None:
     """
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        session.execute(text(f"NOTIFY {CHANNEL}"))
+        session.execute(_NOTIFY_QUEUED)
     elif dialect == "sqlite":
         session.info.setdefault(_PENDING, set()).add(wake_file(settings))
 
@@ -150,10 +154,7 @@ def announce_finished(session: Session, settings: Settings, release_id: uuid.UUI
     """
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        session.execute(
-            text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": FINISHED_CHANNEL, "payload": str(release_id)},
-        )
+        session.execute(_NOTIFY_FINISHED, {"channel": FINISHED_CHANNEL, "payload": str(release_id)})
     elif dialect == "sqlite":
         session.info.setdefault(_PENDING, set()).add(finished_file(settings))
     session.info.setdefault(_FINISHED, []).append(release_id)
