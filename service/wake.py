@@ -15,18 +15,19 @@ in here is logged and waited out, never raised into the API or the worker loop.
   (re)connection the worker claims once, since notifications sent while nobody listened are
   lost.
 * **SQLite (embedded mode)**: API and workers share the data directory on one machine. After
-  the queueing transaction commits, the API replaces the file ``<data dir>/wake/queued`` (a new
-  file renamed over the old one: a new inode, so a change is seen even where modification
-  times are coarse). An idle worker looks at that file's inode and modification time every
-  :data:`FILE_CHECK_SECONDS` (one ``stat``: no socket, no port, works for any number of API and
-  worker processes, and nothing to clean up after a crash) and claims as soon as they change.
-  A failed write or ``stat`` (read-only or full disk) only means the worker polls as before.
+  the queueing transaction commits, the API writes a value never written before into the
+  file ``<data dir>/wake/queued`` (:func:`touch`: a process's random token and a counter, so a
+  change is seen even where modification times are coarse). An idle worker reads that file
+  every :data:`FILE_CHECK_SECONDS` (no socket, no port, works for any number of API and worker
+  processes, and nothing to clean up after a crash) and claims as soon as it changes (a read
+  that meets a write half done sees a change too: at worst one claim that finds nothing).
+  A failed write or read (read-only or full disk) only means the worker polls as before.
 
 The worker calls :meth:`Waker.wait` only while idle and holding no database connection.
 
 **The other direction: a release finished.** The transaction that stores a release's outcome
 calls :func:`announce_finished`: ``NOTIFY dpss_release_finished, '<release id>'`` on PostgreSQL,
-the file ``<data dir>/wake/finished`` replaced after the commit on SQLite, and in either case the
+the file ``<data dir>/wake/finished`` written after the commit on SQLite, and in either case the
 release's id handed after the commit to this process's listeners (:func:`add_local_listener`).
 The API's long poll (``GET /v1/releases/{id}?wait=``, :mod:`service.waiters`) waits on these;
 they are hints there too: a long poll also re-reads on its own every 2 s.
@@ -61,43 +62,69 @@ FILE_CHECK_SECONDS = 0.02
 LISTEN_CHECK_SECONDS = 5.0
 #: The PostgreSQL channel on which a stored outcome is announced (payload: the release id).
 FINISHED_CHANNEL = "dpss_release_finished"
-#: Key in ``Session.info``: the wake files to replace once the transaction commits (SQLite).
+#: The two PostgreSQL notifications, built once (each queued and each finished release sends
+#: one; a ``text()`` built per call cost its construction and its compiled-cache key's).
+_NOTIFY_QUEUED = text(f"NOTIFY {CHANNEL}")
+_NOTIFY_FINISHED = text("SELECT pg_notify(:channel, :payload)")
+#: Key in ``Session.info``: the wake files to write once the transaction commits (SQLite).
 _PENDING = "dpss_wake_files"
 #: Key in ``Session.info``: the releases whose outcome the transaction stores (local listeners).
 _FINISHED = "dpss_finished_releases"
 #: Called after a commit with the ids of the releases it finished (this process only).
 _local_listeners: list[Callable[[list[uuid.UUID]], None]] = []
 _local_lock = threading.Lock()
-#: Numbers :func:`touch`'s temporary names within a process and thread.
+#: Numbers :func:`touch`'s values within a process.
 _touches = itertools.count()
+#: How many bytes of the wake file a watcher reads (:func:`touch` writes 16).
+_VALUE_BYTES = 64
 
 
 def wake_file(settings: Settings) -> Path:
-    """The file an API replaces after queueing a release (SQLite mode)."""
+    """The file an API writes after queueing a release (SQLite mode)."""
     return settings.data_dir / "wake" / "queued"
 
 
 def finished_file(settings: Settings) -> Path:
-    """The file a worker replaces after storing a release's outcome (SQLite mode)."""
+    """The file a worker writes after storing a release's outcome (SQLite mode)."""
     return settings.data_dir / "wake" / "finished"
 
 
-def touch(path: Path) -> None:
-    """Replace ``path`` by a new file (new inode and modification time); errors are logged.
+def _token() -> bytes:
+    """This process's random prefix for :func:`touch`'s values (made again in a forked child,
+    whose counter would otherwise repeat its parent's values)."""
+    global _token_pid, _token_bytes
+    pid = os.getpid()
+    if pid != _token_pid:
+        _token_pid, _token_bytes = pid, os.urandom(8)
+    return _token_bytes
 
-    Once per commit that queues or finishes a release: a temporary name unique to this process
-    and call (pid, thread, counter; one a dead process left is reused), the directory made only
-    when it is missing (``tempfile.mkstemp``'s random names and an ``mkdir`` each time cost a
-    quarter of a millisecond per release, measured in ``bench/bench_release_cpu.py``)."""
-    temporary = path.with_name(f".queued-{os.getpid()}-{threading.get_ident()}-{next(_touches)}")
+
+_token_pid = -1
+_token_bytes = b""
+
+
+def touch(path: Path) -> None:
+    """Write a value never written before over the first bytes of ``path`` (made when missing);
+    errors are logged.
+
+    Once per commit that queues or finishes a release. The value is this process's random
+    token and a counter (16 bytes at offset 0, one ``pwrite``): a watcher compares the
+    file's contents (:class:`FileWatch`), so a change is seen however coarse the file
+    system's modification times, and writers in any number of processes never write a value
+    a watcher already saw. A new file renamed over the old one per call (the signal before)
+    cost 243 us of CPU per release on ext4, this about a tenth of it (docs/benchmarks.md,
+    "Release fixed cost, seventh pass")."""
+    value = _token() + next(_touches).to_bytes(8, "little")
     try:
         try:
-            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
         except FileNotFoundError:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(handle)
-        os.replace(temporary, path)
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(handle, value, 0)
+        finally:
+            os.close(handle)
     except OSError as exc:
         log.warning("could not signal the workers through %s (%s); they will poll", path, exc)
 
@@ -106,12 +133,12 @@ def announce(session: Session, settings: Settings) -> None:
     """Wake the workers once the current transaction (which queues a release) commits.
 
     PostgreSQL: ``NOTIFY`` inside the transaction (delivered at commit, dropped on rollback).
-    SQLite: the wake file is replaced after the commit (:func:`_after_commit`). Other dialects:
+    SQLite: the wake file is written after the commit (:func:`_after_commit`). Other dialects:
     nothing; the workers poll.
     """
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        session.execute(text(f"NOTIFY {CHANNEL}"))
+        session.execute(_NOTIFY_QUEUED)
     elif dialect == "sqlite":
         session.info.setdefault(_PENDING, set()).add(wake_file(settings))
 
@@ -121,15 +148,13 @@ def announce_finished(session: Session, settings: Settings, release_id: uuid.UUI
     epoch), once the current transaction commits; its waiters re-read it.
 
     PostgreSQL: ``NOTIFY`` with the id as payload (delivered at commit, dropped on rollback).
-    SQLite: the finished file is replaced after the commit. Always: this process's local
-    listeners get the id after the commit (an API and a worker in one process, and tests).
+    SQLite: the finished file is written after the commit (:func:`touch`). Always: this
+    process's local listeners get the id after the commit (an API and a worker in one process,
+    and tests).
     """
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        session.execute(
-            text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": FINISHED_CHANNEL, "payload": str(release_id)},
-        )
+        session.execute(_NOTIFY_FINISHED, {"channel": FINISHED_CHANNEL, "payload": str(release_id)})
     elif dialect == "sqlite":
         session.info.setdefault(_PENDING, set()).add(finished_file(settings))
     session.info.setdefault(_FINISHED, []).append(release_id)
@@ -193,19 +218,25 @@ class NoWake:
 
 
 class FileWatch:
-    """Wakes when the wake file's inode or modification time changes (SQLite mode)."""
+    """Wakes when the wake file's contents (or inode) change (SQLite mode; :func:`touch`)."""
 
     def __init__(self, path: Path, stop: threading.Event) -> None:
         self.path = path
         self.stop = stop
         self.seen = self._signature()
 
-    def _signature(self) -> tuple[int, int] | None:
+    def _signature(self) -> tuple[int, bytes] | None:
+        # The inode too: a writer of an older version replaces the file by a new empty one.
         try:
-            status = os.stat(self.path)
+            handle = os.open(self.path, os.O_RDONLY)
         except OSError:
             return None
-        return status.st_ino, status.st_mtime_ns
+        try:
+            return os.fstat(handle).st_ino, os.read(handle, _VALUE_BYTES)
+        except OSError:
+            return None
+        finally:
+            os.close(handle)
 
     def wait(self, timeout: float) -> None:
         self.changed(timeout)

@@ -5,6 +5,7 @@ nobody, and the PostgreSQL listener comes back after an outage."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -198,6 +199,30 @@ def test_an_embedded_worker_is_woken_by_a_request(tmp_path: Path, sqlite_url: st
         before = wake.FileWatch(wake.wake_file(settings), threading.Event()).seen
         assert service.request(k=50).status_code == 422
         assert wake.FileWatch(wake.wake_file(settings), threading.Event()).seen == before
+
+
+def test_a_wake_is_seen_whatever_the_modification_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`wake.touch` writes into the file it finds (no new inode); each write is seen by a
+    watcher even when the file system keeps the modification time (coarse clocks), and each
+    value is new, also from a process whose counter is at the same count."""
+    path = tmp_path / "wake" / "queued"
+    wake.touch(path)  # made, with its directory
+    watch = wake.FileWatch(path, threading.Event())
+    inode = path.stat().st_ino
+    for _ in range(3):
+        before = path.stat()
+        wake.touch(path)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # as a coarse clock shows it
+        assert path.stat().st_ino == inode
+        assert watch.changed(0.0), "a write with the same modification time was missed"
+    seen = watch.seen
+    assert not watch.changed(0.0) and watch.seen == seen
+    # A forked child (seen by its pid) takes a token of its own before its first value.
+    token = wake._token()
+    monkeypatch.setattr(wake, "_token_pid", -1)
+    assert wake._token() != token
 
 
 def test_a_failing_wake_file_only_logs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
