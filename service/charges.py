@@ -9,11 +9,19 @@ from typing import Any
 
 from api_schemas.common import format_budget
 from service import accounting, advice
-from service.db.models import Dataset
+from service.db.models import Dataset, LedgerEntry, Release
 from service.errors import InvalidInput
 from service.ledger import Charge
 
-__all__ = ["cost_delta", "cost_rho", "details", "hybrid_charge", "hybrid_delta_refusal"]
+__all__ = [
+    "cost_delta",
+    "cost_rho",
+    "details",
+    "hybrid_charge",
+    "hybrid_delta_refusal",
+    "outcome_cost",
+    "refund_details",
+]
 
 #: Significant digits of the largest delta a :func:`hybrid_delta_refusal` suggests (rounded
 #: down, so the figure keeps a margin over a ratio that moves slightly with delta).
@@ -284,3 +292,25 @@ def _checked_figure(
             return None
         figure = accounting.significant_digits(lower, SUGGESTED_DIGITS, ROUND_FLOOR)
     return None
+
+
+def outcome_cost(release: Release) -> dict[str, Any]:
+    """A release's cost in its outcome event: ``(epsilon, delta)`` as before, plus ``(rho,
+    zcdp_delta)`` where the dataset's accounting charged those."""
+    cost: dict[str, Any] = {"epsilon": release.epsilon, "delta": release.delta}
+    if release.cost_rho is not None:
+        cost.update(rho=release.cost_rho, zcdp_delta=release.cost_delta)
+    return cost
+
+
+def refund_details(release: Release, entry: LedgerEntry | None = None) -> dict[str, Any]:
+    """What a refund gave back, as the ledger moved it (the charge's amounts: ``entry``, the
+    refund written, whose columns are the charge's; a ``hybrid`` charge moves ``epsilon``,
+    ``delta`` and ``rho`` at once)."""
+    if entry is not None and (release.cost_rho is not None or entry.rho != 0):
+        return {"epsilon": entry.epsilon, "delta": entry.delta, "rho": entry.rho}
+    if entry is not None:
+        return {"epsilon": entry.epsilon, "delta": entry.delta}
+    if release.cost_rho is None:
+        return {"epsilon": release.epsilon, "delta": release.delta}
+    return {"epsilon": Decimal(0), "delta": release.cost_delta, "rho": release.cost_rho}

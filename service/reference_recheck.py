@@ -59,7 +59,7 @@ from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta
 from functools import partial
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import reference, wake
@@ -68,6 +68,7 @@ from service.continual import is_continual
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.errors import safe_traceback
 from service.outages import OutageLog, is_transient_db_error
+from service.padding import padded
 from service.visibility import recheck_due as due_of
 from service.visibility import recheck_shown_at
 
@@ -397,3 +398,23 @@ def run(
             elif outages is not None:
                 outages.failed("re-check", exc)
         stop.wait(max(0.0, wait))
+
+
+#: A dataset's ``reference`` alone (:func:`awaits_recheck`), built once.
+_DATASET_REFERENCE = select(Dataset.reference).where(Dataset.id == bindparam("dataset_id"))
+
+
+def awaits_recheck(session: Session, release: Release) -> bool:
+    """Whether ``release``'s outcome waits for a re-check of its objects (:func:`run`): it is
+    padded and its dataset is by reference (a continual release's end too)."""
+    if not padded(release):
+        return False
+    # The one column, not the dataset's row (its 39 columns, eight exact decimals, and an
+    # ORM object): asked for every padded release, the default. ``None`` for a null
+    # reference and for a row gone alike, as the row's attribute was.
+    reference = (
+        session.connection()
+        .execute(_DATASET_REFERENCE, {"dataset_id": release.dataset_id})
+        .scalar_one_or_none()
+    )
+    return reference is not None

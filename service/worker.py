@@ -69,14 +69,14 @@ import uuid
 import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from decimal import Decimal
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Select, bindparam, select, update
+from sqlalchemy import Engine, Select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import (
     audit,
+    charges,
     claims,
     ledger,
     oneshot,
@@ -92,7 +92,7 @@ from service import (
 from service.config import Settings
 from service.continual import CONTINUAL, is_continual
 from service.db.clock import lease_end
-from service.db.models import Dataset, LedgerEntry, Release, utcnow
+from service.db.models import Release, utcnow
 from service.errors import safe_traceback
 from service.isolation import RunProcess
 from service.jobs import (
@@ -116,7 +116,6 @@ from service.jobs import (
 )
 from service.oneshot import ONE_SHOT
 from service.outages import OutageLog, is_transient_db_error
-from service.padding import padded
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -131,9 +130,6 @@ class _Abandoned:
 
 _ABANDONED = _Abandoned()
 
-#: A dataset's ``reference`` alone (:meth:`Worker._rechecked`), built once.
-_DATASET_REFERENCE = select(Dataset.reference).where(Dataset.id == bindparam("dataset_id"))
-
 #: Key in ``Session.info``: the store transaction's :meth:`Worker.idle_look` found nothing.
 _IDLE = "dpss_worker_idle"
 
@@ -141,28 +137,6 @@ _IDLE = "dpss_worker_idle"
 def kind_of(mechanism: str) -> JobKind[Any, Any]:
     """The job kind of a release of ``mechanism``."""
     return CONTINUAL if is_continual(mechanism) else ONE_SHOT
-
-
-def outcome_cost(release: Release) -> dict[str, Any]:
-    """A release's cost in its outcome event: ``(epsilon, delta)`` as before, plus ``(rho,
-    zcdp_delta)`` where the dataset's accounting charged those."""
-    cost: dict[str, Any] = {"epsilon": release.epsilon, "delta": release.delta}
-    if release.cost_rho is not None:
-        cost.update(rho=release.cost_rho, zcdp_delta=release.cost_delta)
-    return cost
-
-
-def refund_details(release: Release, entry: LedgerEntry | None = None) -> dict[str, Any]:
-    """What a refund gave back, as the ledger moved it (the charge's amounts: ``entry``, the
-    refund written, whose columns are the charge's; a ``hybrid`` charge moves ``epsilon``,
-    ``delta`` and ``rho`` at once)."""
-    if entry is not None and (release.cost_rho is not None or entry.rho != 0):
-        return {"epsilon": entry.epsilon, "delta": entry.delta, "rho": entry.rho}
-    if entry is not None:
-        return {"epsilon": entry.epsilon, "delta": entry.delta}
-    if release.cost_rho is None:
-        return {"epsilon": release.epsilon, "delta": release.delta}
-    return {"epsilon": Decimal(0), "delta": release.cost_delta, "rho": release.cost_rho}
 
 
 class Worker:
@@ -621,7 +595,7 @@ class Worker:
             )
         row["lease_expires_at"] = None
         row["result_extras"] = outcome.extras
-        if self._rechecked(session, release):
+        if reference_recheck.awaits_recheck(session, release):
             # Shown by the re-check at its due moment, not by what this job met: whether it
             # read before or after its owner changed an object tells when it was claimed.
             row["reference_check"] = reference_recheck.PENDING
@@ -647,14 +621,14 @@ class Worker:
         details: dict[str, Any] = {
             "mechanism": release.mechanism,
             "k": release.k,
-            "cost": outcome_cost(release),
+            "cost": charges.outcome_cost(release),
             "attempts": release.attempts,
             "basis_sha256": release.result_sha256,
         }
         if outcome.reason is not None:
             details["reason"] = outcome.reason
         if refund:
-            details["refunded"] = refund_details(release, refunded)
+            details["refunded"] = charges.refund_details(release, refunded)
         audit.record(
             session,
             f"release_{outcome.status}",
@@ -665,22 +639,6 @@ class Worker:
         )
         # Long polls waiting on this release return once this transaction commits.
         wake.announce_finished(session, self.settings, release.id)
-
-    @staticmethod
-    def _rechecked(session: Session, release: Release) -> bool:
-        """Whether the outcome waits for a re-check of its objects (:mod:`service.
-        reference_recheck`): padded, on a dataset by reference (a continual one's end too)."""
-        if not padded(release):
-            return False
-        # The one column, not the dataset's row (its 39 columns, eight exact decimals, and an
-        # ORM object): asked for every padded release, the default. ``None`` for a null
-        # reference and for a row gone alike, as the row's attribute was.
-        reference = (
-            session.connection()
-            .execute(_DATASET_REFERENCE, {"dataset_id": release.dataset_id})
-            .scalar_one_or_none()
-        )
-        return reference is not None
 
     # -- loops ----------------------------------------------------------------------------------
 
