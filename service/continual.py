@@ -94,8 +94,8 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import get_mechanism
 from service.padding import late_schedule, padded
-from service.padding_epochs import act_queue_seconds, epoch_padding, in_order, point
 from service.padding_epochs import continual_names as continual_names
+from service.padding_epochs import end_due, epoch_padding, in_order, point
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
 from service.padding_epochs import unverified as unverified
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
@@ -395,11 +395,9 @@ def _end_visible_at(session: Session, settings: Settings, release: Release) -> d
         # Not before the last epoch shows (its formula moment is not its shown one).
         due = pending_visible_at(session, settings, release, dataset)
         return in_order(session, release.id, release.epochs_done + 1, due)
-    assert release.visible_at is not None  # padded
-    # Plus the queue at the deletion: the end waits behind it (act_queue_seconds).
-    queue = timedelta(seconds=act_queue_seconds(session, settings, dataset.deleted_at))
-    padding = release.visible_at - release.created_at
-    due = max(dataset.deleted_at + padding + queue, release.visible_at)
+    # Plus the queue at the deletion, with the epochs ahead of the end in the workers' order
+    # (its own pending epoch among them): the chain's formula (padding_epochs.end_due).
+    due = end_due(session, settings, release, dataset.deleted_at)
     return late_schedule(release.created_at, due, utcnow())[0]
 
 

@@ -164,8 +164,9 @@ class _Chain:
         self.queues: dict[datetime, tuple[float, float]] = {}
         self.points: dict[datetime, _Point] = {}
         self.moments: dict[tuple[Any, int], tuple[datetime, timedelta]] = {}
-        #: :func:`act_queue_seconds` at each deletion (:meth:`ends`).
-        self.acts: dict[datetime, float] = {}
+        #: Each end's due moment after a deletion (:meth:`end_due`), and those being computed.
+        self.dues: dict[Any, datetime] = {}
+        self.computing: set[Any] = set()
         #: The first moment a list was read at (the latest asked: a point is never later),
         #: and the changes in ``(lowest point in it, read]`` (:meth:`quiet`).
         self.read: datetime | None = None
@@ -212,8 +213,7 @@ class _Chain:
         worker claims such a release to store its end (:func:`service.continual.next_input`),
         a job in the order like an epoch, at the place of its first pending epoch (the batch
         its ``WORK_SINCE`` reads, here the earliest pending: never later), else of the
-        deletion. Its moment is the worker's (:func:`service.continual._end_visible_at`):
-        public from the deletion and the release's own padding."""
+        deletion. Its moment is the worker's (:meth:`end_due`, computed when asked)."""
         first: dict[Any, Any] = {}
         for row in epochs:
             if row.deleted_at is not None and row.release_id not in first:
@@ -222,15 +222,50 @@ class _Chain:
         for row in self.session.execute(_deleted_ends(self.continual), {"now": at}).all():
             epoch = first.get(row.release_id)
             came = row.deleted_at if epoch is None else epoch.batch_created_at
-            if row.deleted_at not in self.acts:
-                self.acts[row.deleted_at] = act_queue_seconds(
-                    self.session, self.settings, row.deleted_at
-                )
-            padding = row.visible_at - row.created_at
-            queue = timedelta(seconds=self.acts[row.deleted_at])
-            due = max(row.deleted_at + padding + queue, row.visible_at)
-            found.append(_End(row.release_id, row.created_at, came, _END_SEQ, due))
+            found.append(
+                _End(row.release_id, row.created_at, came, _END_SEQ, row.visible_at, row.deleted_at)
+            )
         return found
+
+    def end_due(
+        self, release_id: Any, created_at: datetime, visible_at: datetime, deleted_at: datetime
+    ) -> datetime:
+        """The due moment of a padded continual release's end after its dataset's deletion
+        (:func:`service.continual._end_visible_at`, and :meth:`moment` of an :class:`_End`):
+        the deletion plus the release's own padding plus the queue at the deletion, whose
+        epochs' term waits until the latest next public moment, at the deletion, of the jobs
+        before the end in the workers' order (:meth:`ahead` with the end's key as the
+        pending list at the deletion places it: its release's own pending epoch, the epochs
+        and ends before it). Why: counted from the deletion alone, an epoch claimed before
+        the deletion that ran past the end's due moment made the end show a late step, which
+        told the release's analysts whether the epoch (and the jobs ahead of it) had ended
+        (``tests/continual/test_end_behind_a_deletion.py``). Every input is fixed at the
+        deletion (what is shown at it); the keys before the end's are smaller, so no cycle
+        (a re-entry, never expected, counts no epochs rather than loop)."""
+        found = self.dues.get(release_id)
+        if found is not None:
+            return found
+        wait: datetime | None = None
+        if release_id not in self.computing:
+            own = next(
+                (
+                    row
+                    for row in self.pending(deleted_at).rows
+                    if isinstance(row, _End) and row.release_id == release_id
+                ),
+                None,
+            )
+            if own is not None:
+                self.computing.add(release_id)
+                try:
+                    wait = self.ahead(deleted_at, _key(own))
+                finally:
+                    self.computing.discard(release_id)
+        epochs = 0.0 if wait is None else max(0.0, (wait - deleted_at).total_seconds())
+        queue = timedelta(seconds=self.queue(deleted_at, epochs))
+        due = max(deleted_at + (visible_at - created_at) + queue, visible_at)
+        self.dues[release_id] = due
+        return due
 
     def quiet(self, at: datetime) -> _Point | None:
         """A list read at the first moment after ``at`` (:attr:`read`, the first read) if
@@ -271,7 +306,8 @@ class _Chain:
         """``(visible_at, padding)`` of the epoch of a :func:`_pending` row, or of an end
         after a deletion (:class:`_End`: its due moment, its schedule from the request)."""
         if isinstance(row, _End):
-            return row.due, row.due - row.created_at
+            due = self.end_due(row.release_id, row.created_at, row.visible_at, row.deleted_at)
+            return due, due - row.created_at
         seq = int(row.batch_seq)
         found = self.moments.get((row.release_id, seq))
         if found is not None:
@@ -308,13 +344,15 @@ _END_SEQ = 1 << 30
 @dataclass(frozen=True)
 class _End:
     """A continual release's end after its dataset's deletion, as :meth:`_Chain.ends` counts
-    it: the :data:`Key` fields of a :func:`_pending` row and its due moment."""
+    it: the :data:`Key` fields of a :func:`_pending` row, the release's ``visible_at`` and the
+    deletion (its due moment: :meth:`_Chain.end_due`)."""
 
     release_id: Any
     created_at: datetime
     batch_created_at: datetime
     batch_seq: int
-    due: datetime
+    visible_at: datetime
+    deleted_at: datetime
 
 
 @dataclass
@@ -393,6 +431,17 @@ def epoch_padding(
     at = point(act, release.created_at)
     key = (at, release.created_at, str(release.id), epoch - 1)
     return chain.formula(facts, at, chain.ahead(at, key))
+
+
+def end_due(
+    session: Session, settings: Settings, release: Release, deleted_at: datetime
+) -> datetime:
+    """The due moment of padded ``release``'s end after its dataset's deletion at
+    ``deleted_at``, as the pending epochs' term counts it (:meth:`_Chain.end_due`): the
+    worker's formula (:func:`service.continual._end_visible_at`)."""
+    assert release.visible_at is not None  # padded
+    chain = _Chain(session, settings)
+    return chain.end_due(release.id, release.created_at, release.visible_at, deleted_at)
 
 
 def previous_due(previous: ReleaseEpoch | None) -> datetime | None:

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.padding import late_schedule, next_late_step
-from service.padding_epochs import act_queue_seconds
+from service.padding_epochs import end_due
 from service.worker import Worker
 from tests.api.test_append_rows import append
 from tests.conftest import bearer, npy_bytes, post_release
@@ -88,16 +88,14 @@ def test_a_probe_after_a_deletion_shows_the_same_whatever_the_worker_does(
                 ("running", 1) if world == "running" else ("failed", 2 if world == "ran" else 1)
             )
             assert (row.status, row.epochs_done) == expected
-            # The end's due moment, the worker's formula (service.continual._end_visible_at).
-            queue = timedelta(seconds=act_queue_seconds(session, settings, dataset.deleted_at))
-            end_due = max(
-                dataset.deleted_at + (row.visible_at - row.created_at) + queue, row.visible_at
-            )
+            # The end's due moment, the worker's formula (service.continual._end_visible_at:
+            # the epoch pending at the deletion ahead of it counted).
+            due = end_due(session, settings, row, dataset.deleted_at)
             requested = row.created_at
 
         created, probe_visible = worlds.probe(probed["id"], PROBE)
         step = next_late_step(start, visible, created)
-        end_step = next_late_step(requested, end_due, created)
+        end_step = next_late_step(requested, due, created)
         # The busy world's epoch ends three quarters of the way to its next public moment.
         epoch_ends = created + (step - created) * 0.75
         ended = (epoch_ends if world == "running" else created) + RUN
