@@ -176,7 +176,9 @@ class _Chain:
         """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'."""
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
-            self.queues[at] = queue_parts(self.session, model, at, registrations=False)
+            self.queues[at] = queue_parts(
+                self.session, model, at, registrations=False, one_shot=True
+            )
         total, wait = self.queues[at]
         return total + max(wait, epochs)
 

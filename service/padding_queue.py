@@ -58,12 +58,25 @@ def queue_parts(
     *,
     registrations: bool = True,
     queued: bool = True,
+    one_shot: bool = False,
 ) -> tuple[float, float]:
     """:func:`queue_seconds` without the epochs' term, as ``(jobs ahead, wait)``: the term is
     ``jobs ahead + max(wait, epochs)``. Apart so that a caller with several epochs' terms at
-    one moment (:func:`service.padding_epochs.epoch_padding`'s chain) reads the queue once."""
+    one moment (:func:`service.padding_epochs.epoch_padding`'s chain) reads the queue once.
+
+    ``one_shot``: the statement itself keeps the one-shot mechanisms' rows only
+    (:data:`_ONE_SHOT_QUEUE`), the very rows kept below, so the same figure. Why: the chain
+    reads the queue at each pending epoch's point, and every pending continual release is a
+    row there that was fetched (its params decoded) and dropped, N rows at N points: the
+    chain's cost grew with the square of the epochs pending (docs/benchmarks.md)."""
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
-    rows = session.execute(_QUEUE, {"now": now}).all() if queued else []
+    if not queued:
+        rows: list[Any] = []
+    elif one_shot:
+        names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
+        rows = list(session.execute(_ONE_SHOT_QUEUE, {"now": now, "names": names}).all())
+    else:
+        rows = list(session.execute(_QUEUE, {"now": now}).all())
     pending = registration_seconds(session, now) if registrations else 0.0
     one_shot = [row for row in rows if row[0] in MECHANISMS and not MECHANISMS[row[0]].continual]
     ahead = [row for row in one_shot if row.visible_at > now]
@@ -109,6 +122,10 @@ _QUEUE = (
         or_(Release.visible_at > bindparam("now"), _shown_unfinished(bindparam("now"))),
     )
 )
+
+
+#: :data:`_QUEUE` for the mechanisms named ``names`` only (:func:`queue_parts`' ``one_shot``).
+_ONE_SHOT_QUEUE = _QUEUE.where(Release.mechanism.in_(bindparam("names", expanding=True)))
 
 
 def late_seconds(late: list[tuple[datetime, datetime]], now: datetime) -> float:
