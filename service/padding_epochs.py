@@ -177,7 +177,7 @@ class _Chain:
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
             self.queues[at] = queue_parts(
-                self.session, model, at, registrations=False, one_shot=True
+                self.session, model, at, registrations=False, only_one_shot=True
             )
         total, wait = self.queues[at]
         return total + max(wait, epochs)

@@ -58,13 +58,13 @@ def queue_parts(
     *,
     registrations: bool = True,
     queued: bool = True,
-    one_shot: bool = False,
+    only_one_shot: bool = False,
 ) -> tuple[float, float]:
     """:func:`queue_seconds` without the epochs' term, as ``(jobs ahead, wait)``: the term is
     ``jobs ahead + max(wait, epochs)``. Apart so that a caller with several epochs' terms at
     one moment (:func:`service.padding_epochs.epoch_padding`'s chain) reads the queue once.
 
-    ``one_shot``: the statement itself keeps the one-shot mechanisms' rows only
+    ``only_one_shot``: the statement itself keeps the one-shot mechanisms' rows only
     (:data:`_ONE_SHOT_QUEUE`), the very rows kept below, so the same figure. Why: the chain
     reads the queue at each pending epoch's point, and every pending continual release is a
     row there that was fetched (its params decoded) and dropped, N rows at N points: the
@@ -72,7 +72,7 @@ def queue_parts(
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
     if not queued:
         rows: list[Any] = []
-    elif one_shot:
+    elif only_one_shot:
         names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
         rows = list(session.execute(_ONE_SHOT_QUEUE, {"now": now, "names": names}).all())
     else:
@@ -124,7 +124,7 @@ _QUEUE = (
 )
 
 
-#: :data:`_QUEUE` for the mechanisms named ``names`` only (:func:`queue_parts`' ``one_shot``).
+#: :data:`_QUEUE` for the mechanisms named ``names`` only (:func:`queue_parts`' ``only_one_shot``).
 _ONE_SHOT_QUEUE = _QUEUE.where(Release.mechanism.in_(bindparam("names", expanding=True)))
 
 

@@ -1,8 +1,8 @@
 """The chain's queue reads keep the one-shot rows in the statement (``queue_parts(...,
-one_shot=True)``) rather than fetch every pending continual release and drop it in Python: the
-same figures. Compared on one database state with a few continual releases pending (each with
-an epoch on a batch of its own) and a one-shot job ahead: the pending epochs' term and the last
-epoch's claim, with the chain reading the queue either way."""
+only_one_shot=True)``) rather than fetch every pending continual release and drop it in
+Python: the same figures. Compared on one database state with a few continual releases pending
+(each with an epoch on a batch of its own) and a one-shot job ahead: the pending epochs' term
+and the last epoch's claim, with the chain reading the queue either way."""
 
 from __future__ import annotations
 
@@ -84,12 +84,12 @@ def test_the_chain_reads_the_same_queue_with_the_one_shot_rows_only(
     with session_factory() as session:
         model = padding_model(session, settings, now)
         for at in (now - timedelta(minutes=20), now, now + timedelta(seconds=30)):
-            kept = queue_parts(session, model, at, registrations=False, one_shot=True)
+            kept = queue_parts(session, model, at, registrations=False, only_one_shot=True)
             assert kept == queue_parts(session, model, at, registrations=False), at
         new = figures(session)
 
     def every_row(*args: Any, **kwargs: Any) -> tuple[float, float]:
-        kwargs.pop("one_shot", None)
+        kwargs.pop("only_one_shot", None)
         return queue_parts(*args, **kwargs)
 
     monkeypatch.setattr(padding_epochs, "queue_parts", every_row)
