@@ -619,14 +619,8 @@ def _pending(continual: tuple[str, ...]) -> Select[Any]:
         .where(
             Release.mechanism.in_(continual),
             Release.created_at <= now,
-            # The end not shown at now (as service.padding_queue._shown_unfinished).
-            or_(
-                and_(
-                    Release.outcome_visible_at.is_(None),
-                    Release.status.in_(("queued", "running")),
-                ),
-                Release.outcome_visible_at > now,
-            ),
+            # The end not shown at now.
+            shown_unfinished(now),
             # A dataset deleted by now too: an epoch claimed before the deletion still runs
             # (its end is in _deleted_ends).
             ~cut_changed,
@@ -690,13 +684,7 @@ def _deleted_ends(
             Release.created_at <= now,
             Release.visible_at.is_not(None),
             Dataset.deleted_at <= now,
-            or_(
-                and_(
-                    Release.outcome_visible_at.is_(None),
-                    Release.status.in_(("queued", "running")),
-                ),
-                Release.outcome_visible_at > now,
-            ),
+            shown_unfinished(now),
         )
         .order_by(Release.id)
     )
