@@ -154,25 +154,16 @@ def _finish(
 
 @contextmanager
 def _defaulted_mechanism(asked: str | None, sent: str) -> Iterator[None]:
-    """A param the default mechanism does not take, refused when the command named none: say
-    that ``auto`` was sent and how to set the param (as PrivatePCA does, dpss_client.pca). A
-    typo the service recognised ("did you mean") is left as it is."""
-    from dpss_client.client import InvalidRequestError
+    """:func:`dpss_client.client.defaulted_mechanism` with the CLI's hint (its options'
+    names)."""
+    from dpss_client.client import defaulted_mechanism
 
-    try:
+    with defaulted_mechanism(
+        asked,
+        f" (no --mechanism was given, so {sent}, the default, was sent: it takes only the "
+        "fields listed; pass --mechanism analyze_gauss to set this one)",
+    ):
         yield
-    except InvalidRequestError as error:
-        detail = error.detail
-        if asked is not None or not detail.startswith("params.") or "unknown field" not in detail:
-            raise
-        if "did you mean" in detail:
-            raise
-        field, _, rest = detail.partition(";")
-        hint = (
-            f" (no --mechanism was given, so {sent}, the default, was sent: it takes only the "
-            "fields listed; pass --mechanism analyze_gauss to set this one)"
-        )
-        raise InvalidRequestError(error.code, f"{field}{hint};{rest}", error.status) from None
 
 
 @releases_app.command("create")

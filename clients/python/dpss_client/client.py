@@ -135,11 +135,19 @@ def _required_k(k: int | None, method: str) -> int:
     return k
 
 
+#: The hint a refusal of a param the default mechanism does not take gets in Python.
+PYTHON_DEFAULT_HINT = (
+    f' (no mechanism was given, so "{DEFAULT_MECHANISM}", the default, was sent: it '
+    'takes only the fields listed; pass mechanism="analyze_gauss" to set this one)'
+)
+
+
 @contextmanager
-def _defaulted_mechanism(asked: str | None) -> Iterator[None]:
-    """A param the default mechanism does not take, refused when the call named none: say that
-    ``auto`` was sent and how to set the param (as ``dpss releases create`` and PrivatePCA do).
-    A typo the service recognised ("did you mean") is left as it is."""
+def defaulted_mechanism(asked: str | None, hint: str = PYTHON_DEFAULT_HINT) -> Iterator[None]:
+    """A param the default mechanism does not take, refused when the call named none: say, with
+    the surface's own ``hint``, that ``auto`` was sent and how to set the param (the client's,
+    ``dpss releases create``'s and PrivatePCA's). A typo the service recognised ("did you
+    mean") is left as it is."""
     try:
         yield
     except InvalidRequestError as error:
@@ -149,10 +157,6 @@ def _defaulted_mechanism(asked: str | None) -> Iterator[None]:
         if "did you mean" in detail:
             raise
         field, _, rest = detail.partition(";")
-        hint = (
-            f' (no mechanism was given, so "{DEFAULT_MECHANISM}", the default, was sent: it '
-            'takes only the fields listed; pass mechanism="analyze_gauss" to set this one)'
-        )
         raise InvalidRequestError(error.code, f"{field}{hint};{rest}", error.status) from None
 
 
@@ -679,7 +683,7 @@ class Client:
         :meth:`mechanisms`). The request carries an ``Idempotency-Key`` (random unless given),
         so sending the same request again with the same key never charges twice.
         """
-        with _defaulted_mechanism(mechanism):
+        with defaulted_mechanism(mechanism):
             return self._release(
                 dataset_id,
                 mechanism or DEFAULT_MECHANISM,
@@ -770,7 +774,7 @@ class Client:
             **cost_fields(epsilon=epsilon, delta=delta, mu=mu, rho=rho),
             "params": params,
         }
-        with _defaulted_mechanism(mechanism):
+        with defaulted_mechanism(mechanism):
             response = self._request(
                 "POST",
                 f"/v1/datasets/{dataset_id}/releases",
