@@ -12,7 +12,8 @@ from a run:
 
 **Normalisation (the one rule, :func:`normalise`).** Outputs are compared up to ids and noise:
 UUIDs, API keys, SHA-256 digests, cursors and times are replaced by placeholders; on a line that
-shows a noisy output (:data:`NOISY`: eigenvalues, a basis, an orthogonality error) every number
+shows a noisy output (:data:`NOISY`: eigenvalues, a basis, an orthogonality error, the clip norm a
+private quantile chose) every number
 is masked; runs of spaces and of table-rule characters count as one (a table's width follows
 its widest cell). Budgets, costs, refusals, exit codes and table contents are compared as
 printed.
@@ -53,7 +54,8 @@ _URL = re.compile(r"http://127\.0\.0\.1:\d+")
 _RULE = re.compile(r"[─━═┄╌-]{2,}")
 #: A line showing a noisy output: every number on it is masked.
 NOISY = re.compile(
-    r"eigenvalues|trace|_std\b|sum_of_squares|variance|components_above|sigma|\[\[|\de-1\d\b"
+    r"eigenvalues|trace|_std\b|sum_of_squares|variance|components_above|sigma|row_clip_norm|\[\["
+    r"|\de-1\d\b"
 )
 #: A short id (the first 8 hex digits of a UUID), or a piece of one a table folded: a run of
 #: hex digits and dashes, 8 long or more, with a digit in it, standing alone (not part of a word
