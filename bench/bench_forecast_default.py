@@ -1,7 +1,7 @@
 """Issue 32 item 4, as a user meets it: "the dry run's forecast within 0.1 of what the release
 then keeps" for ``PrivatePCA``-style default requests.
 
-    python -m bench.bench_forecast_default [--reps 20] [--k 2 5 10] [--eps 1] [--mnist]
+    python -m bench.bench_forecast_default [--reps 20] [--k 2 5 10] [--eps 1] [--mnist [--prior]]
 
 Per data set (digits, breast_cancer; unit rows; MNIST 4,000 x 784 only with ``--mnist`` and
 only where ``bench/mnist.py`` finds its sample cached, no download is attempted otherwise) and
@@ -34,7 +34,11 @@ NEW_SEED = 8_000
 MECHANISM = Auto()
 
 
-def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
+#: The public prior's columns (``--prior``), as issue 32's done-when.
+PRIOR_COLUMNS = 64
+
+
+def datasets(mnist: bool, prior: bool = False) -> dict[str, np.ndarray[Any, Any]]:
     from sklearn.datasets import load_breast_cancer, load_digits
 
     sets = {"digits": unit(load_digits().data), "breast_cancer": unit(load_breast_cancer().data)}
@@ -44,6 +48,15 @@ def datasets(mnist: bool) -> dict[str, np.ndarray[Any, Any]]:
         split = mnist_split(0) if is_cached() else None
         if split is not None:
             sets["MNIST 4000x784"] = split[0]
+            if prior:
+                from bench.bench_prior import top_directions
+                from bench.mnist import dct_prior
+
+                private, public = split
+                dct = dct_prior(PRIOR_COLUMNS)
+                sets[f"MNIST, DCT prior {PRIOR_COLUMNS}"] = private @ dct
+                split_prior = top_directions(public, PRIOR_COLUMNS)
+                sets[f"MNIST, public-split prior {PRIOR_COLUMNS}"] = private @ split_prior
         else:
             print("MNIST: no cached sample (not fetched): skipped")
     return sets
@@ -104,6 +117,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, nargs="*", default=[2, 5, 10])
     parser.add_argument("--eps", type=float, nargs="*", default=[1.0])
     parser.add_argument("--mnist", action="store_true")
+    parser.add_argument("--prior", action="store_true", help="with --mnist: inside two priors")
     parser.add_argument("--only", nargs="*", help="only these data sets")
     args = parser.parse_args()
     print(f"PrivatePCA-style requests (auto, center private, default clip), delta {DELTA}; "
@@ -113,7 +127,7 @@ def main() -> None:
         "| points | point: mean abs error | point: largest error | range covers | width |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, rows in datasets(args.mnist).items():
+    for name, rows in datasets(args.mnist, args.prior).items():
         if args.only and name not in args.only:
             continue
         for eps in args.eps:
