@@ -23,6 +23,9 @@ def test_a_cell_scores_the_dry_runs_forecast_against_the_release() -> None:
     # A point's error is scored only where the dry run stated one.
     assert found["points"] <= found["forecasts"]
     assert math.isnan(found["point_abs"]) == (found["points"] == 0)
+    # The release's own interval and stated share: digits at eps 1 is measured, not hidden.
+    assert 0.0 <= found["interval_cover"] <= 1.0
+    assert found["stated"] == 2 and found["stated_abs"] < 0.1
 
 
 def test_mnist_is_skipped_not_fetched_without_its_cached_sample(
