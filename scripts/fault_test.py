@@ -23,7 +23,8 @@ shared server is never touched), ``dpss api --workers 2`` and two ``dpss worker`
     The same with the database down for 15 s (5 s with ``--quick``).
 ``slow-uploads``
     32 uploads whose bodies trickle in, beside one fast client reading budgets: the fast
-    client's p99 must stay under 500 ms.
+    client's p99 must stay under 500 ms on an idle host (times the host's slowdown from other
+    work, :func:`scripts.harness.cpu_slowdown`, measured just before).
 ``recheck-outage``
     Releases on a dataset by reference (a local Parquet file) whose re-check
     (``service.reference_recheck``) falls due while one worker is stopped with SIGTERM and the
@@ -69,6 +70,7 @@ from scripts.harness import (
     Checks,
     PrivatePostgres,
     Services,
+    cpu_slowdown,
     free_port,
     percentile,
     table,
@@ -630,11 +632,16 @@ async def _slow_uploads(seeded: Seeded, uploads: int, seconds: float) -> tuple[l
 
 def slow_uploads(stack: Stack, seeded: Seeded, checks: Checks, quick: bool) -> list[object]:
     seconds = 6.0 if quick else 30.0
+    slowdown = cpu_slowdown()  # the 500 ms bound is for an idle host
     statuses, recorder = asyncio.run(_slow_uploads(seeded, 32, seconds))
     latencies = [s.latency * 1000 for s in recorder.samples]
     p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
     fast_statuses = Counter(s.status for s in recorder.samples)
-    checks.check("slow-uploads: fast client p99 < 500 ms", p99 < 500, f"{p99:.0f} ms")
+    checks.check(
+        f"slow-uploads: fast client p99 < 500 ms x {slowdown:.2f}",
+        p99 < 500 * slowdown,
+        f"{p99:.0f} ms",
+    )
     checks.check(
         "slow-uploads: fast client never failed",
         set(fast_statuses) == {"200"},

@@ -216,6 +216,22 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank]
 
 
+def cpu_slowdown(seconds: float = 1.0) -> float:
+    """How many times slower than alone a CPU-bound process runs on this host now (at least 1):
+    the wall time of a busy loop over its CPU time. The latency bounds of the load and fault
+    scripts are written for an otherwise idle host; each is scaled by this factor, measured just
+    before its load starts, so that a check fails on the service and not on other work sharing
+    the machine (with ``L`` other runnable processes on ``c`` cores the factor is about
+    ``(L + 1)/c``; on an idle host it is 1 and the bound is as written)."""
+    wall_start, cpu_start = time.perf_counter(), time.process_time()
+    total = 0
+    while time.perf_counter() - wall_start < seconds:
+        total += sum(range(10_000))
+    wall = time.perf_counter() - wall_start
+    cpu = time.process_time() - cpu_start
+    return max(1.0, wall / cpu) if cpu > 0 else 1.0
+
+
 def table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str:
     """A plain text table (also valid Markdown)."""
     cells = [[str(cell) for cell in header], *[[str(cell) for cell in row] for row in rows]]

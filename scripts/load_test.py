@@ -35,6 +35,7 @@ from scripts.harness import (
     LOCAL_SERVER,
     Checks,
     Services,
+    cpu_slowdown,
     create_database,
     drop_database,
     free_port,
@@ -140,6 +141,9 @@ def main() -> int:
             f"{args.datasets} datasets)",
             flush=True,
         )
+        # The p99 bounds are for an idle host; scaled by how busy it is before the load starts.
+        slowdown = cpu_slowdown()
+        print(f"host slowdown before the load: {slowdown:.2f}x (latency bounds scaled by it)")
         started = time.monotonic()
         recorder = asyncio.run(
             run_clients(seeded, args.clients, args.duration, args.request_timeout)
@@ -164,8 +168,8 @@ def main() -> int:
             # Shedding is the point: 503 is allowed, but at once (not after DPSS_DB_WAIT_SECONDS).
             server_errors = [s for s in statuses if s.startswith("5") and s != "503"]
             checks.check(
-                f"503s p99 < {args.p99_shed_ms:.0f} ms",
-                not shed or percentile(shed, 99) < args.p99_shed_ms,
+                f"503s p99 < {args.p99_shed_ms:.0f} ms x {slowdown:.2f}",
+                not shed or percentile(shed, 99) < args.p99_shed_ms * slowdown,
                 f"{percentile(shed, 99):.0f} ms" if shed else "none",
             )
         else:
@@ -175,7 +179,8 @@ def main() -> int:
         checks.check("no timeout or dropped connection", not failed, f"{len(failed)} requests")
         reads_p99 = p99_ms(recorder.samples, READS)
         checks.check(
-            f"reads p99 < {args.p99_read_ms:.0f} ms", reads_p99 < args.p99_read_ms,
+            f"reads p99 < {args.p99_read_ms:.0f} ms x {slowdown:.2f}",
+            reads_p99 < args.p99_read_ms * slowdown,
             f"{reads_p99:.0f} ms",
         )  # fmt: skip
         if services is not None:
