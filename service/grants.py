@@ -404,8 +404,13 @@ def _within_dataset(dataset: Dataset, epsilon: Decimal, delta: Decimal | None) -
     grant's ``(epsilon, delta)`` is each at most the dataset's (422 naming the field)."""
     compare = ledger.BUDGET_CONTEXT.compare
     if compare(epsilon, dataset.epsilon_total) > 0:
+        # The declared budget, not the budget's stated epsilon_total: under hybrid that is
+        # stated at delta_total (0.9979 for a declared 1), and naming it so read as a figure
+        # the budget contradicts.
         raise InvalidInput(
-            "epsilon", f"must not exceed the dataset's epsilon_total ({dataset.epsilon_total})"
+            "epsilon",
+            "must not exceed the epsilon_budget the dataset was uploaded with "
+            f"({dataset.epsilon_total})",
         )
     delta = dataset.delta_total if delta is None else delta
     if compare(delta, dataset.delta_total) > 0:
