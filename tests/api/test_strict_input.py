@@ -525,3 +525,19 @@ def test_a_misspelt_required_field_is_named_not_only_missing(
     detail = post_json(client, keys.analyst, path, body).json()["detail"]
     assert detail.startswith("params.horizon: required: Public horizon T"), detail
     assert charges(session_factory) == 0
+
+
+@pytest.mark.parametrize("mechanism", ["exact_gapmax", "histogram_aggregate"])
+def test_too_few_rows_for_the_budget_names_epsilon_not_a_param_that_does_not_exist(
+    client, keys, dataset_id, session_factory, mechanism
+):
+    """An outside audit: too few rows for the request's (epsilon, delta) was refused as
+    "params.n_rows: ...; raise epsilon or delta" (`--param n_rows` in the CLI), naming a
+    parameter no mechanism takes. The field to change is the cost, and the 422 names it."""
+    body = {"mechanism": mechanism, "k": 2, "epsilon": "0.1"}
+    response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("epsilon: the dataset has 30 rows"), detail
+    assert "n_rows" not in detail and "raise epsilon or delta" in detail
+    assert charges(session_factory) == 0
