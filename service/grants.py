@@ -35,6 +35,7 @@ from typing import Any, Literal
 from sqlalchemy import Select, bindparam, case, or_, select
 from sqlalchemy.orm import Session
 
+from api_schemas.common import format_budget
 from service import (
     accounting,
     audit,
@@ -410,12 +411,13 @@ def _within_dataset(dataset: Dataset, epsilon: Decimal, delta: Decimal | None) -
         raise InvalidInput(
             "epsilon",
             "must not exceed the epsilon_budget the dataset was uploaded with "
-            f"({dataset.epsilon_total})",
+            f"({format_budget(dataset.epsilon_total)})",
         )
     delta = dataset.delta_total if delta is None else delta
     if compare(delta, dataset.delta_total) > 0:
         raise InvalidInput(
-            "delta", f"must not exceed the dataset's delta_total ({dataset.delta_total})"
+            "delta",
+            f"must not exceed the dataset's delta_total ({format_budget(dataset.delta_total)})",
         )
     return delta
 
