@@ -46,7 +46,19 @@ class InvalidInput(DomainError):
         """The first pydantic error, located under ``prefix`` (its input is never echoed);
         ``fallback`` names the field when the error has no location and no prefix."""
         errors = exc.errors()
-        base = field_path(errors[0]["loc"])
+        first = errors[0]
+        if first["type"] == "missing":
+            # A misspelt required field is both missing and unknown; the unknown one names
+            # what was sent and the nearest valid name, which "required" alone does not.
+            first = next(
+                (
+                    error
+                    for error in errors
+                    if error["type"] == "extra_forbidden" and len(error["loc"]) == len(first["loc"])
+                ),
+                first,
+            )
+        base = field_path(first["loc"])
         field = ".".join(part for part in (prefix, printable(".".join(base))) if part) or fallback
         return cls(field, union_message(errors, base))
 

@@ -35,6 +35,7 @@ from typing import Any, Literal
 from sqlalchemy import Select, bindparam, case, or_, select
 from sqlalchemy.orm import Session
 
+from api_schemas.common import format_budget
 from service import (
     accounting,
     audit,
@@ -404,13 +405,19 @@ def _within_dataset(dataset: Dataset, epsilon: Decimal, delta: Decimal | None) -
     grant's ``(epsilon, delta)`` is each at most the dataset's (422 naming the field)."""
     compare = ledger.BUDGET_CONTEXT.compare
     if compare(epsilon, dataset.epsilon_total) > 0:
+        # The declared budget, not the budget's stated epsilon_total: under hybrid that is
+        # stated at delta_total (0.9979 for a declared 1), and naming it so read as a figure
+        # the budget contradicts.
         raise InvalidInput(
-            "epsilon", f"must not exceed the dataset's epsilon_total ({dataset.epsilon_total})"
+            "epsilon",
+            "must not exceed the epsilon_budget the dataset was uploaded with "
+            f"({format_budget(dataset.epsilon_total)})",
         )
     delta = dataset.delta_total if delta is None else delta
     if compare(delta, dataset.delta_total) > 0:
         raise InvalidInput(
-            "delta", f"must not exceed the dataset's delta_total ({dataset.delta_total})"
+            "delta",
+            f"must not exceed the dataset's delta_total ({format_budget(dataset.delta_total)})",
         )
     return delta
 

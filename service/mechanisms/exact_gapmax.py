@@ -554,7 +554,8 @@ class ExactGapMax(Mechanism[ExactGapMaxParams]):
         else:
             if n < needed:
                 raise InvalidParameter(
-                    "n_rows",
+                    # The cost is what the analyst can change (no param is n_rows).
+                    "epsilon",
                     f"the dataset has {n} rows, below the {needed} that Lemma 3.5 needs for "
                     f"l={robustness}, epsilon={format_budget(epsilon)}, "
                     f"delta={format_budget(delta)} (short by "

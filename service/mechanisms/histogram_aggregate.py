@@ -518,7 +518,8 @@ class HistogramAggregate(Mechanism[HistogramAggregateParams]):
             if t < t_min:
                 needed = 10 * k * t_min * n_groups
                 raise InvalidParameter(
-                    "n_rows",
+                    # The cost is what the analyst can change (no param is n_rows).
+                    "epsilon",
                     f"the dataset has {ctx.n_rows} rows; {t_min} subsets (2T for "
                     f"epsilon={format_budget(epsilon)}, "
                     f"delta={format_budget(delta)}) of 10k = {10 * k} rows{where} need "

@@ -323,3 +323,33 @@ def test_a_basic_grant_given_only_epsilon_gets_the_datasets_delta(client, world)
     assert missing.status_code == 422 and missing.json()["detail"].startswith(
         "epsilon: required"
     ), missing.text
+
+
+def test_a_grant_above_the_budget_states_the_figure_it_was_checked_against(
+    client, world, upload_dataset
+):
+    """An outside audit: on a hybrid dataset (the default) a grant above the budget was
+    refused "must not exceed the dataset's epsilon_total (1)" while the same dataset's budget
+    says epsilon_total 0.9979 (stated at delta_total): the refusal named a figure the service
+    states otherwise. The check is against the epsilon_budget uploaded, and it says so, as
+    every figure in a message, in plain notation."""
+    rows = np.random.default_rng(0).normal(size=(200, 4)) * 0.1
+    dataset = upload_dataset(
+        client, world["owner"], rows, epsilon_budget="1", delta_budget="1e-6", accounting="hybrid"
+    )
+    path = f"/v1/datasets/{dataset['id']}"
+    stated = client.get(f"{path}/budget", headers=bearer(world["owner"])).json()["epsilon_total"]
+    assert Decimal(stated) < 1  # hybrid states its total at delta_total, below the declared 1
+    body = {"epsilon": "1.5"}
+    response = client.post(f"{path}/grants", headers=bearer(world["owner"]), json=body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    expected = "epsilon: must not exceed the epsilon_budget the dataset was uploaded with (1)"
+    assert detail == expected, detail
+    # In the JSON's plain notation on both databases (PostgreSQL's NUMERIC(.., 30) kept
+    # thirty trailing zeros: "(1.000000000000000000000000000000)").
+    body = {"epsilon": "0.5", "delta": "0.00001"}
+    response = client.post(f"{path}/grants", headers=bearer(world["owner"]), json=body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail == "delta: must not exceed the dataset's delta_total (0.000001)", detail

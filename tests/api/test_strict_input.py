@@ -496,3 +496,48 @@ def test_a_mechanism_parameter_at_the_top_level_says_it_goes_inside_params(
     assert detail.startswith("center: unknown field"), detail
     assert 'go inside params: "params": {"center": "private"}' in detail, detail
     assert charges(session_factory) == 0
+
+
+def test_a_misspelt_required_field_is_named_not_only_missing(
+    client, keys, dataset_id, session_factory
+):
+    """An outside audit's slip: a required field misspelt in an upload form or in a
+    mechanism's params is both missing and unknown, and the 422 gave only the first
+    ("epsilon_budget: required", "params.horizon: required"), never the name that was sent
+    or the nearest valid one, as a JSON body's answer does. It now names the misspelling."""
+    response = client.post(
+        "/v1/datasets",
+        headers=bearer(keys.owner),
+        files={"file": ("x.npy", npy_bytes(DATA), "application/octet-stream")},
+        data={"name": "x", "epsilon_budgt": "1", "delta_budget": "1e-6"},
+    )
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("epsilon_budgt: unknown field (did you mean 'epsilon_budget'?)")
+    path = f"/v1/datasets/{dataset_id}/releases"
+    body = {"mechanism": "continual_gauss", "k": 1, "epsilon": "0.1", "params": {"horizn": 4}}
+    response = post_json(client, keys.analyst, path, body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("params.horizn: unknown field (did you mean 'horizon'?)"), detail
+    # A field that is only missing is still answered with what it is.
+    body = {"mechanism": "continual_gauss", "k": 1, "epsilon": "0.1", "params": {}}
+    detail = post_json(client, keys.analyst, path, body).json()["detail"]
+    assert detail.startswith("params.horizon: required: Public horizon T"), detail
+    assert charges(session_factory) == 0
+
+
+@pytest.mark.parametrize("mechanism", ["exact_gapmax", "histogram_aggregate"])
+def test_too_few_rows_for_the_budget_names_epsilon_not_a_param_that_does_not_exist(
+    client, keys, dataset_id, session_factory, mechanism
+):
+    """An outside audit: too few rows for the request's (epsilon, delta) was refused as
+    "params.n_rows: ...; raise epsilon or delta" (`--param n_rows` in the CLI), naming a
+    parameter no mechanism takes. The field to change is the cost, and the 422 names it."""
+    body = {"mechanism": mechanism, "k": 2, "epsilon": "0.1"}
+    response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail.startswith("epsilon: the dataset has 30 rows"), detail
+    assert "n_rows" not in detail and "raise epsilon or delta" in detail
+    assert charges(session_factory) == 0

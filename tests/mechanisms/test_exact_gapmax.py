@@ -340,7 +340,7 @@ def test_too_few_points_in_subspace_gives_no_result() -> None:
 def test_refuses_small_n() -> None:
     with pytest.raises(InvalidParameter) as err:
         ExactGapMax().prepare(PublicContext(100, 10, None), 2, EPS, DELTA, ExactGapMaxParams())
-    assert err.value.field == "n_rows" and "short by 16" in err.value.message
+    assert err.value.field == "epsilon" and "short by 16" in err.value.message
 
 
 def test_refuses_when_compute_cap_is_below_lemma_bound() -> None:

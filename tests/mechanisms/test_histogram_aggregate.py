@@ -104,7 +104,7 @@ def test_prepare_defaults_and_refusals() -> None:
         MECH.prepare(
             PublicContext(1000, 10, None), 2, EPS, DELTA, HistogramAggregateParams(gamma=1)
         )
-    assert err.value.field == "n_rows" and "short by 160" in err.value.message  # 20 * 58 - 1000
+    assert err.value.field == "epsilon" and "short by 160" in err.value.message  # 20 * 58 - 1000
     with pytest.raises(InvalidParameter):
         MECH.prepare(ctx, 2, EPS, 0.0, HistogramAggregateParams(gamma=1e-6))
     for gamma in (1e308, 1.5e307):  # the width would overflow to inf
