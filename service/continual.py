@@ -128,7 +128,8 @@ def _ahead_look() -> Select[Any]:
     """One statement (bound ``release_id``, ``worker_id``, ``point``, ``requested``): is a
     job other than the release claimable that comes before its next epoch in the workers'
     order (a queued one requested before ``point``, a waiting one whose work came before it,
-    or at it for a release requested before ``requested``)? The claim's own order
+    or at it for a release requested before ``requested``, a registration by reference
+    requested before it)? The claim's own order
     (:mod:`service.claims`), asked before a worker goes on with a release's next epoch."""
     other = Release.id != bindparam("release_id")
     at = bindparam("point", type_=Release.created_at.type)
@@ -152,7 +153,14 @@ def _ahead_look() -> Select[Any]:
             ),
         )
     )
-    return select(or_(queued, waiting))
+    # A registration by reference requested before the point: the claim would take it first
+    # (:func:`service.claims.registration_ahead`). Imported here: service.registration
+    # imports this module's neighbours.
+    from service.registration import CLAIMABLE as REGISTRATION_CLAIMABLE
+    from service.registration_visibility import REQUESTED
+
+    registering = exists().where(*REGISTRATION_CLAIMABLE, at >= REQUESTED).correlate(None)
+    return select(or_(queued, waiting, registering))
 
 
 def continual_ready() -> list[ColumnElement[bool]]:

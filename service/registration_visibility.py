@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, and_, case, or_
 
 from service.auth import Principal, sees_real_state
 from service.config import Settings
@@ -42,6 +42,14 @@ from service.db.models import Dataset
 from service.padding import MAX_PADDING_SECONDS, late_schedule
 
 REGISTERING = "registering"
+
+#: SQL: the request of a dataset's pending registration by reference, else of its pending
+#: batch (``datasets.batch_requested_at``): its public place in the workers' order, which is
+#: the releases' (their request; :func:`service.claims.registration_ahead`).
+REQUESTED = case(
+    (Dataset.registration_status == REGISTERING, Dataset.created_at),
+    else_=Dataset.batch_requested_at,
+)
 
 
 def padding(settings: Settings, queue_seconds: float = 0.0) -> timedelta:
