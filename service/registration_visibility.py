@@ -1,8 +1,8 @@
 """When owners and analysts may see a registration by reference (or a batch by reference) end.
 
-The workers share one queue, and a worker takes a registration only when no release is waiting
-(:meth:`service.worker.Worker.run_once`): so the moment a registration ends follows the end of
-the releases ahead of it, on *any* dataset, whose run time may depend on one of their rows (a
+The workers share one queue (a registration in the releases' order, by its request:
+:func:`service.claims.registration_ahead`; before, only when no release was waiting), so the
+moment a registration ends follows the end of the jobs ahead of it, on *any* dataset, whose run time may depend on one of their rows (a
 release run 0.15 s longer moved the moment ``registration_status`` changed by 0.17 s on
 average, before this). The registration is padded as a release is (:mod:`service.padding`):
 
