@@ -123,7 +123,7 @@ def registration_ahead() -> Select[Any]:
     work's, :data:`service.continual.WORK_SINCE`): a release requested behind a registration
     is padded for it (:func:`service.padding_queue.registration_seconds`), a registration
     for the releases and epochs requested before it, and a continual epoch whose point comes
-    after it for it (:func:`service.padding_epochs.registrations_ahead`)."""
+    after it for it (:meth:`service.padding_epochs._Chain.queue`)."""
     oldest = (
         select(func.min(Release.created_at))
         .where(QUEUED_CLAIMABLE)

@@ -99,6 +99,8 @@ from service.padding_epochs import end_due, epoch_padding, in_order, point
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
 from service.padding_epochs import unverified as unverified
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
+from service.registration import CLAIMABLE as REGISTRATION_CLAIMABLE
+from service.registration_visibility import REQUESTED
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -153,12 +155,8 @@ def _ahead_look() -> Select[Any]:
             ),
         )
     )
-    # A registration by reference requested before the point: the claim would take it first
-    # (:func:`service.claims.registration_ahead`). Imported here: service.registration
-    # imports this module's neighbours.
-    from service.registration import CLAIMABLE as REGISTRATION_CLAIMABLE
-    from service.registration_visibility import REQUESTED
-
+    # A registration by reference requested by the point: the claim takes it first
+    # (:func:`service.claims.registration_ahead`).
     registering = exists().where(*REGISTRATION_CLAIMABLE, at >= REQUESTED).correlate(None)
     return select(or_(queued, waiting, registering))
 

@@ -2,9 +2,10 @@
 
 The workers share one queue (a registration in the releases' order, by its request:
 :func:`service.claims.registration_ahead`; before, only when no release was waiting), so the
-moment a registration ends follows the end of the jobs ahead of it, on *any* dataset, whose run time may depend on one of their rows (a
-release run 0.15 s longer moved the moment ``registration_status`` changed by 0.17 s on
-average, before this). The registration is padded as a release is (:mod:`service.padding`):
+moment a registration ends follows the end of the jobs ahead of it, on *any* dataset, whose
+run time may depend on one of their rows (a release run 0.15 s longer moved the moment
+``registration_status`` changed by 0.17 s on average, before this). The registration is
+padded as a release is (:mod:`service.padding`):
 
 - at the request, ``visible_at = requested_at + padding`` from public facts only: the
   modelled time of the one-shot releases requested before it and not past their own
