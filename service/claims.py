@@ -28,6 +28,7 @@ from service.jobs import (
     LockedRelease,
 )
 from service.oneshot import ONE_SHOT
+from service.registration_visibility import REQUESTED
 
 #: The job kinds under the worker; a waiting job is looked for in this order.
 KINDS: tuple[JobKind[Any, Any], ...] = (ONE_SHOT, CONTINUAL)
@@ -106,6 +107,64 @@ def waiting_ahead() -> Select[Any]:
 
 
 @functools.cache
+def registration_ahead() -> Select[Any]:
+    """One statement (bound ``worker_id``): is a claimable registration (or batch) by reference
+    requested no later than the oldest queued job and before every claimable waiting job's
+    work? Then the worker takes it first: :meth:`service.worker.Worker.claim` answers
+    ``None`` and the loops run :func:`service.registration.claim`, which takes the
+    registration requested first.
+
+    Why: a worker took a registration only when no release waited, so releases requested
+    *after* it (any dataset's) ran first. Its padding, fixed at its request, could not count
+    them, and whether it showed at its ``visible_at`` or at a step ``j`` of its late schedule
+    told its owner (and every analyst, who list the dataset from then) how long those
+    releases really ran (``tests/reference/test_registration_behind_later_releases.py``).
+    Now every job goes in one public order, the request's moment (a waiting job's: its
+    work's, :data:`service.continual.WORK_SINCE`): a release requested behind a registration
+    is padded for it (:func:`service.padding_queue.registration_seconds`), a registration
+    for the releases and epochs requested before it, and a continual epoch whose point comes
+    after it for it (:meth:`service.padding_epochs._Chain.queue`)."""
+    oldest = (
+        select(func.min(Release.created_at))
+        .where(QUEUED_CLAIMABLE)
+        .correlate(None)
+        .scalar_subquery()
+    )
+    # The first waiting work of each kind: subqueries of their own (never correlated), so
+    # that their datasets are not the registration's.
+    firsts = [
+        select(func.min(_WORK_SINCE))
+        .select_from(
+            Release.__table__.join(Dataset.__table__).outerjoin(DatasetBatch.__table__, _NEXT_BATCH)
+        )
+        .where(*ready)
+        .correlate(None)
+        .scalar_subquery()
+        for ready in (waiting_claimable(kind) for kind in KINDS)
+        if ready is not None
+    ]
+    return select(
+        exists()
+        .where(
+            *registration.CLAIMABLE,
+            or_(oldest.is_(None), oldest >= REQUESTED),
+            *(or_(first.is_(None), first >= REQUESTED) for first in firsts),
+        )
+        .correlate(None)
+    )
+
+
+def registration_first(session: Session, found: Any, worker_id: str) -> bool:
+    """Whether a registration goes before the claim's jobs (:func:`registration_ahead`):
+    ``found``'s column when the queued look found a job (one statement), else asked."""
+    if found is not None:
+        return bool(found.registration_ahead)
+    return bool(
+        session.connection().execute(registration_ahead(), {"worker_id": worker_id}).scalar()
+    )
+
+
+@functools.cache
 def queued_look() -> Select[Any]:
     """:data:`~service.jobs.QUEUED_LOOK` with :func:`waiting_ahead`'s answer as its column
     ``waiting_ahead``: the claim's first two questions in one statement (one snapshot), read
@@ -115,7 +174,10 @@ def queued_look() -> Select[Any]:
     a third of the claim's CPU at 50,000 x 100 (``bench/bench_release_cpu.py``,
     docs/benchmarks.md, "Release fixed cost, fifth pass"). When no queued job is found the
     answer does not matter: the waiting looks come next either way."""
-    return QUEUED_LOOK.add_columns(waiting_ahead().scalar_subquery().label("waiting_ahead"))
+    return QUEUED_LOOK.add_columns(
+        waiting_ahead().scalar_subquery().label("waiting_ahead"),
+        registration_ahead().scalar_subquery().label("registration_ahead"),
+    )
 
 
 def queued(session: Session, worker_id: str) -> Any:

@@ -99,6 +99,8 @@ from service.padding_epochs import end_due, epoch_padding, in_order, point
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
 from service.padding_epochs import unverified as unverified
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
+from service.registration import CLAIMABLE as REGISTRATION_CLAIMABLE
+from service.registration_visibility import REQUESTED
 from service.store import DatasetStore
 
 log = logging.getLogger("dpss.worker")
@@ -128,7 +130,8 @@ def _ahead_look() -> Select[Any]:
     """One statement (bound ``release_id``, ``worker_id``, ``point``, ``requested``): is a
     job other than the release claimable that comes before its next epoch in the workers'
     order (a queued one requested before ``point``, a waiting one whose work came before it,
-    or at it for a release requested before ``requested``)? The claim's own order
+    or at it for a release requested before ``requested``, a registration by reference
+    requested before it)? The claim's own order
     (:mod:`service.claims`), asked before a worker goes on with a release's next epoch."""
     other = Release.id != bindparam("release_id")
     at = bindparam("point", type_=Release.created_at.type)
@@ -152,7 +155,10 @@ def _ahead_look() -> Select[Any]:
             ),
         )
     )
-    return select(or_(queued, waiting))
+    # A registration by reference requested by the point: the claim takes it first
+    # (:func:`service.claims.registration_ahead`).
+    registering = exists().where(*REGISTRATION_CLAIMABLE, at >= REQUESTED).correlate(None)
+    return select(or_(queued, waiting, registering))
 
 
 def continual_ready() -> list[ColumnElement[bool]]:

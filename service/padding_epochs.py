@@ -176,8 +176,9 @@ class _Chain:
         """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'."""
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
+            # Registrations too: one requested by the point goes first (act_queue_seconds).
             self.queues[at] = queue_parts(
-                self.session, model, at, registrations=False, only_one_shot=True
+                self.session, model, at, registrations=True, only_one_shot=True
             )
         total, wait = self.queues[at]
         return total + max(wait, epochs)
@@ -521,11 +522,15 @@ def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> fl
     exactly when one of them (any dataset's, its run time possibly depending on one row) had
     not yet ended, long before that one's own ``visible_at``
     (``tests/continual/test_epoch_behind_a_long_job.py``)."""
-    # Not the registrations by reference pending at the act (:func:`service.padding_queue.
-    # registration_seconds`): a batch's moments are overwritten by the dataset's next batch,
-    # so a worker computing this after that request would not see what was pending at the act
-    # and the epoch's visible_at would follow when the worker got to it. The gap is in
-    # docs/security.md.
+    # Not the registrations by reference pending at the act; :class:`_Chain`'s queue (an
+    # epoch's at its point, an end's at the deletion) counts them: the workers take them in
+    # the releases' order (:func:`service.claims.registration_ahead`), so an epoch whose point
+    # comes after a registration's request waits behind its read, and padded as if it were
+    # not there it showed at its visible_at if the read had ended and a step j later if not
+    # (tests/continual/test_epoch_behind_a_registration.py: j 0 against 1 before). A
+    # registration's moments stay on its dataset; a batch's are overwritten by its dataset's
+    # next batch (requested once it shows), so a chain computed after that request no longer
+    # counts it at an earlier point: the gap left in docs/security.md.
     return queue_seconds(session, padding_model(session, settings, act), act, registrations=False)
 
 

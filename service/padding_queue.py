@@ -200,7 +200,8 @@ def registration_seconds(session: Session, now: datetime) -> float:
     requested by ``now`` and not shown at ``now``: its ``visible_at``, or past it the next
     step of its late schedule (:func:`service.registration_visibility.shown_at`).
 
-    Why: a worker takes a registration only when no release waits, then reads its objects for
+    Why: a worker takes a registration in the releases' order (by its request:
+    :func:`service.claims.registration_ahead`), then reads its objects for
     as long as they take, and a job requested meanwhile waits behind the read. Padded as if
     it were not there (a probe's floor is often shorter than a registration's, and a late
     registration's read has no bound), a cheap probe showed at its ``visible_at`` if the read

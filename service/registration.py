@@ -351,18 +351,21 @@ CLAIMABLE = (
         Dataset.registration_lease_owner == bindparam("worker_id"),
     ),
 )
-#: The oldest claimable registration (built once: an idle worker looks after every job).
+#: The claimable registration requested first (its batch's request for a batch: ordered by the
+#: dataset's creation, a batch on an old dataset went before registrations requested before it),
+#: built once: an idle worker looks after every job.
 _CLAIMABLE = (
     select(Dataset)
     .where(*CLAIMABLE)
-    .order_by(Dataset.created_at)
+    .order_by(shown.REQUESTED, Dataset.created_at)
     .limit(1)
     .with_for_update(skip_locked=True)
 )
 
 
 def claim(worker: JobRunner) -> RegistrationJob | None:
-    """The oldest ``registering`` dataset whose lease is free, expired or this worker's."""
+    """The ``registering`` dataset (or batch) requested first whose lease is free, expired or
+    this worker's."""
     lease = timedelta(seconds=worker.settings.worker_lease_seconds)
     while True:
         with worker.session_factory.begin() as session:

@@ -1,10 +1,11 @@
 """When owners and analysts may see a registration by reference (or a batch by reference) end.
 
-The workers share one queue, and a worker takes a registration only when no release is waiting
-(:meth:`service.worker.Worker.run_once`): so the moment a registration ends follows the end of
-the releases ahead of it, on *any* dataset, whose run time may depend on one of their rows (a
-release run 0.15 s longer moved the moment ``registration_status`` changed by 0.17 s on
-average, before this). The registration is padded as a release is (:mod:`service.padding`):
+The workers share one queue (a registration in the releases' order, by its request:
+:func:`service.claims.registration_ahead`; before, only when no release was waiting), so the
+moment a registration ends follows the end of the jobs ahead of it, on *any* dataset, whose
+run time may depend on one of their rows (a release run 0.15 s longer moved the moment
+``registration_status`` changed by 0.17 s on average, before this). The registration is
+padded as a release is (:mod:`service.padding`):
 
 - at the request, ``visible_at = requested_at + padding`` from public facts only: the
   modelled time of the one-shot releases requested before it and not past their own
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, or_
+from sqlalchemy import ColumnElement, and_, case, or_
 
 from service.auth import Principal, sees_real_state
 from service.config import Settings
@@ -42,6 +43,14 @@ from service.db.models import Dataset
 from service.padding import MAX_PADDING_SECONDS, late_schedule
 
 REGISTERING = "registering"
+
+#: SQL: the request of a dataset's pending registration by reference, else of its pending
+#: batch (``datasets.batch_requested_at``): its public place in the workers' order, which is
+#: the releases' (their request; :func:`service.claims.registration_ahead`).
+REQUESTED = case(
+    (Dataset.registration_status == REGISTERING, Dataset.created_at),
+    else_=Dataset.batch_requested_at,
+)
 
 
 def padding(settings: Settings, queue_seconds: float = 0.0) -> timedelta:

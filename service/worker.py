@@ -223,13 +223,19 @@ class Worker:
         """The next job or ``None``: a queued or expired one (:meth:`_queued`), else one that
         waited and has work again (:meth:`_waiting`), first if that work came before the oldest
         queued job (:func:`service.claims.waiting_ahead`). One transaction (``bench/
-        bench_release_cpu.py``); a job abandoned on the way is recorded, and the claim redone."""
+        bench_release_cpu.py``); a job abandoned on the way is recorded, and the claim redone.
+        ``None`` too when a registration by reference was requested before those jobs
+        (:func:`service.claims.registration_ahead`): the loops then run it
+        (:meth:`run_registration`), in the releases' order."""
         lease = timedelta(seconds=self.settings.worker_lease_seconds)
         while True:
             with self.session_factory.begin() as session:
                 now = utcnow()
                 # One statement: the oldest queued job (locked), whether a waiting one goes first.
                 queued = claims.queued(session, self.worker_id)
+                if claims.registration_first(session, queued, self.worker_id):
+                    # Requested before the jobs here: the loops take it (run_registration).
+                    return None
                 first = queued is not None and bool(queued.waiting_ahead)
                 found = None if first else self._queued(session, queued, now, lease)
                 for kind in claims.KINDS:
@@ -664,7 +670,9 @@ class Worker:
 
     def run_registration(self) -> bool:
         """Claim and run one dataset registering by reference (:mod:`service.registration`);
-        false if there was none. Releases go first: a registration may read for minutes."""
+        false if there was none. In the releases' order: :meth:`claim` leaves a job requested
+        after a claimable registration for after it (:func:`service.claims.
+        registration_ahead`)."""
         job = self.with_db_retry("claim registration", lambda: registration.claim(self))
         if job is None:
             return False
