@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -166,7 +166,12 @@ class _Chain:
         self.facts: _Facts | None = None
 
     def queue(self, at: datetime, epochs: float) -> float:
-        """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'."""
+        """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'.
+        Not read at a moment with no one-shot job in the queue (:meth:`_Facts.idle`: no row,
+        so ``(0.0, 0.0)``, the figure the read gives then)."""
+        facts = self.facts
+        if at not in self.queues and facts is not None and facts.idle(self.session, at):
+            self.queues[at] = (0.0, 0.0)
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
             self.queues[at] = queue_parts(
@@ -260,7 +265,7 @@ class _Chain:
             due = self.end_due(row.release_id, row.created_at, row.visible_at, row.deleted_at)
             return due, due - row.created_at
         seq = int(row.batch_seq)
-        found = self.moments.get((row.release_id, seq))
+        found = self.moments.get((row.ident, seq))
         if found is not None:
             return found
         batch = (row.batch_created_at, row.batch_rows)
@@ -271,12 +276,12 @@ class _Chain:
         if seq == int(row.shown):
             previous = row.previous_visible_at  # the last shown epoch's due moment
         else:
-            previous = self.moments[(row.release_id, seq - 1)][0]
+            previous = self.moments[(row.ident, seq - 1)][0]
         facts = _Epoch(
             row.mechanism, row.k, row.params, row.visible_at, row.n_cols, n_rows, act, previous
         )
         found = self.formula(facts, key[0], wait)
-        self.moments[(row.release_id, seq)] = found
+        self.moments[(row.ident, seq)] = found
         return found
 
     def formula(
@@ -338,6 +343,8 @@ class _Row(NamedTuple):
     batch_created_at: datetime
     batch_rows: int
     previous_visible_at: datetime | None
+    #: The release's id as text (a cheaper key than the UUID: :meth:`_Chain.moment`).
+    ident: str
 
 
 @dataclass
@@ -363,6 +370,9 @@ class _Rel:
     seen: list[datetime]
     checks: list[tuple[int, str, datetime | None]]
     dues: dict[int, datetime | None]
+    ident: str = ""
+    #: Its rows by ``(batch seq, shown)`` (:meth:`_Facts.point`).
+    rows: dict[tuple[int, int], _Row] = field(default_factory=dict)
 
     def unfinished(self, at: datetime) -> bool:
         """Its end not shown at ``at`` (:func:`service.padding_queue.shown_unfinished`)."""
@@ -409,11 +419,11 @@ class _Facts:
                 seq = int(batch.seq)
                 if seq + 1 <= rel.horizon:
                     at = point(batch.created_at, rel.created_at)
-                    items.append(((at, rel.created_at, str(rel.id), seq), rel, batch))
+                    items.append(((at, rel.created_at, rel.ident, seq), rel, batch))
         items.sort(key=lambda item: item[0])
         self.items = items
         self.item_points = [item[0][0] for item in items]
-        self.rows: dict[tuple[Any, int, int], _Row] = {}
+        self.one_shot: list[tuple[datetime, datetime, datetime | None, str]] | None = None
 
     @classmethod
     def read(
@@ -466,28 +476,54 @@ class _Facts:
                         else epoch.visible_at
                         for epoch in own
                     },
+                    str(row.id),
                 )
             )
         return cls(rels, batches, low, high)
+
+    def idle(self, session: Session, at: datetime) -> bool:
+        """Whether the one-shot queue (:func:`service.padding_queue.queue_parts`'
+        ``only_one_shot`` statement) has no row at ``at`` in ``[low, high]``: no one-shot
+        release with a ``visible_at`` requested by ``at`` whose ``visible_at`` is after ``at``
+        or whose end is not shown at ``at`` (one statement, the first time: those that may be
+        such a row at some moment in ``[low, high]``)."""
+        if not self.low <= at <= self.high:
+            return False
+        if self.one_shot is None:
+            names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
+            self.one_shot = [
+                (row.created_at, row.visible_at, row.outcome_visible_at, row.status)
+                for row in session.execute(
+                    _ONE_SHOT, {"low": self.low, "high": self.high, "names": names}
+                ).all()
+            ]
+        for created, visible, outcome, status in self.one_shot:
+            if created <= at and (
+                visible > at
+                or (outcome is None and status in ("queued", "running"))
+                or (outcome is not None and outcome > at)
+            ):
+                return False
+        return True
 
     def point(self, at: datetime) -> _Point:
         """The pending list at ``at``: the epochs of the continual releases requested by
         ``at`` whose end is not shown at ``at`` (nor cut by a changed object's verdict shown),
         on each batch committed by ``at`` from the first epoch's not shown at ``at`` on, up to
         the horizon; and the ends pending after a deletion (:class:`_End`)."""
-        states: dict[Any, int | None] = {}
+        states: dict[int, int | None] = {}
         keys: list[Key] = []
         rows: list[Any] = []
-        first: dict[Any, _Row] = {}
+        first: dict[str, _Row] = {}
         for key, rel, batch in self.items[: bisect.bisect_right(self.item_points, at)]:
-            shown = states.get(rel.id, -1)
+            shown = states.get(id(rel), -1)
             if shown == -1:
-                shown = states[rel.id] = rel.shown(at) if rel.unfinished(at) else None
+                shown = states[id(rel)] = rel.shown(at) if rel.unfinished(at) else None
             if shown is None or key[3] < shown:
                 continue
-            row = self.rows.get((rel.id, key[3], shown))
+            row = rel.rows.get((key[3], shown))
             if row is None:
-                row = self.rows[(rel.id, key[3], shown)] = _Row(
+                row = rel.rows[(key[3], shown)] = _Row(
                     rel.id,
                     rel.created_at,
                     shown,
@@ -502,18 +538,20 @@ class _Facts:
                     batch.created_at,
                     batch.n_rows,
                     rel.dues.get(shown),
+                    rel.ident,
                 )
             keys.append(key)
             rows.append(row)
-            later = rel.id in first and first[rel.id].batch_seq < key[3]
-            if rel.deleted_at is not None and not later:
-                first[rel.id] = row
+            if rel.deleted_at is not None:
+                earlier = first.get(rel.ident)
+                if earlier is None or earlier.batch_seq > key[3]:
+                    first[rel.ident] = row
         ends: list[tuple[Key, _End]] = []
         for rel in self.deleted:
             assert rel.deleted_at is not None and rel.visible_at is not None
             if rel.created_at > at or rel.deleted_at > at or not rel.unfinished(at):
                 continue
-            epoch = first.get(rel.id)
+            epoch = first.get(rel.ident)
             came = rel.deleted_at if epoch is None else epoch.batch_created_at
             end = _End(rel.id, rel.created_at, came, _END_SEQ, rel.visible_at, rel.deleted_at)
             ends.append((_key(end), end))
@@ -522,6 +560,18 @@ class _Facts:
             keys = [key for key, _ in keyed]
             rows = [row for _, row in keyed]
         return _Point(keys, rows, [], [key[0] for key in keys])
+
+
+#: The one-shot releases that may be in the queue at a moment in ``[low, high]``
+#: (:meth:`_Facts.idle`).
+_ONE_SHOT: Any = select(
+    Release.created_at, Release.visible_at, Release.outcome_visible_at, Release.status
+).where(
+    Release.mechanism.in_(bindparam("names", expanding=True)),
+    Release.created_at <= bindparam("high"),
+    Release.visible_at.is_not(None),
+    or_(Release.visible_at > bindparam("low"), shown_unfinished(bindparam("low"))),
+)
 
 
 @functools.cache

@@ -10,7 +10,7 @@ releases of horizons 2-4 on them, some epochs run, batches appended, datasets de
 disturbs what is stored at random, as a loaded machine or an operator's clock would: epochs shown
 late (a later ``visible_at``), due moments that differ from the chain's, re-checks pending,
 shown ``unchanged`` or ``changed`` at moments around the ones asked, releases' ends shown,
-batches committed earlier. Such states need not be ones the service makes; the two chains must
+batches committed earlier; one-shot jobs in the queue at some of the moments. Such states need not be ones the service makes; the two chains must
 agree on them all the same (the rule, not only its usual case)."""
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ def _build(
             )
     for _ in range(int(rng.integers(0, 4))):
         worker.run_pending()
+    # One-shot jobs in the queue at some of the moments asked (the chain's queue term).
+    for _ in range(int(rng.integers(0, 3))):
+        dataset = datasets[int(rng.integers(len(datasets)))]
+        post_release(
+            client, analyst, dataset, mechanism="analyze_gauss", k=1, epsilon="0.05", delta="1e-7"
+        )
     for _ in range(int(rng.integers(1, 4))):
         for dataset in datasets:
             if rng.random() < 0.7:
