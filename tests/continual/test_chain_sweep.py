@@ -10,8 +10,9 @@ releases of horizons 2-4 on them, some epochs run, batches appended, datasets de
 disturbs what is stored at random, as a loaded machine or an operator's clock would: epochs shown
 late (a later ``visible_at``), due moments that differ from the chain's, re-checks pending,
 shown ``unchanged`` or ``changed`` at moments around the ones asked, releases' ends shown,
-batches committed earlier; one-shot jobs in the queue at some of the moments. Such states need not be ones the service makes; the two chains must
-agree on them all the same (the rule, not only its usual case)."""
+batches committed earlier; one-shot jobs in the queue at some of the moments. Such states need
+not be ones the service makes; the two chains must agree on them all the same (the rule, not
+only its usual case)."""
 
 from __future__ import annotations
 
