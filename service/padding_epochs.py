@@ -18,26 +18,21 @@ from __future__ import annotations
 
 import bisect
 import functools
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     ColumnElement,
     Select,
     and_,
     bindparam,
-    case,
     exists,
     false,
-    func,
     or_,
     select,
-    union_all,
 )
-from sqlalchemy.orm import Session, aliased
-from sqlalchemy.sql.expression import BindParameter, CompoundSelect
+from sqlalchemy.orm import Session
 
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
@@ -167,13 +162,16 @@ class _Chain:
         #: Each end's due moment after a deletion (:meth:`end_due`), and those being computed.
         self.dues: dict[Any, datetime] = {}
         self.computing: set[Any] = set()
-        #: The first moment a list was read at (the latest asked: a point is never later),
-        #: and the changes in ``(lowest point in it, read]`` (:meth:`quiet`).
-        self.read: datetime | None = None
-        self.changes: tuple[datetime, list[datetime]] | None = None
+        #: The public facts every pending list is made from (:class:`_Facts`, read once).
+        self.facts: _Facts | None = None
 
     def queue(self, at: datetime, epochs: float) -> float:
-        """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'."""
+        """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'.
+        Not read at a moment with no one-shot job in the queue (:meth:`_Facts.idle`: no row,
+        so ``(0.0, 0.0)``, the figure the read gives then)."""
+        facts = self.facts
+        if at not in self.queues and facts is not None and facts.idle(self.session, at):
+            self.queues[at] = (0.0, 0.0)
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
             # Registrations too: one requested by the point goes first (act_queue_seconds).
@@ -184,50 +182,23 @@ class _Chain:
         return total + max(wait, epochs)
 
     def pending(self, at: datetime) -> _Point:
-        """The epochs pending at ``at`` (:func:`_pending`), in the workers' order: the rows of
-        a list read at a later moment ``q`` whose point is not after ``at``, when nothing
-        showed in ``(at, q]`` (:meth:`quiet`; the same rows, and one statement for many
-        points), else read."""
+        """The epochs (and the ends after a deletion: :class:`_End`) pending at ``at``, in the
+        workers' order, made in Python from the facts read once (:class:`_Facts`: the
+        continual releases whose end may be pending at any moment the chain asks about, their
+        epochs and their datasets' batches), by the rule the pending list's statement applied
+        at ``at`` (its text is kept as the reference in
+        ``tests/continual/test_chain_sweep.py``). Why: that statement was run again at almost
+        every point (546 statements for one request at 100 releases on 100 datasets), the
+        chain's cost quadratic in the epochs pending (docs/benchmarks.md)."""
         found = self.points.get(at)
         if found is None:
-            later = self.quiet(at)
-            if later is not None:
-                end = bisect.bisect_right(later.points, at)
-                found = _Point(later.keys[:end], later.rows[:end], [], later.points[:end])
-                self.points[at] = found
-                return found
-            rows: list[Any] = [
-                row
-                for row in self.session.execute(_pending(self.continual), {"now": at}).all()
-                # A release ends at its horizon; its end shows with its last epoch.
-                if int(row.batch_seq) + 1 <= int(row.params.get("horizon", 0))
-            ]
-            rows += self.ends(at, rows)
-            keyed = sorted(((_key(row), row) for row in rows), key=lambda pair: pair[0])
-            keys = [key for key, _ in keyed]
-            found = _Point(keys, [row for _, row in keyed], [], [key[0] for key in keys])
+            facts = self.facts
+            if facts is None or not facts.low <= at <= facts.high:
+                low = at if facts is None else min(at, facts.low)
+                high = at if facts is None else max(at, facts.high)
+                facts = self.facts = _Facts.read(self.session, self.continual, low, high)
+            found = facts.point(at)
             self.points[at] = found
-            if self.read is None:
-                self.read = at
-        return found
-
-    def ends(self, at: datetime, epochs: list[Any]) -> list[_End]:
-        """The ends pending at ``at`` after a dataset's deletion (:data:`_DELETED_ENDS`): a
-        worker claims such a release to store its end (:func:`service.continual.next_input`),
-        a job in the order like an epoch, at the place of its first pending epoch (the batch
-        its ``WORK_SINCE`` reads, here the earliest pending: never later), else of the
-        deletion. Its moment is the worker's (:meth:`end_due`, computed when asked)."""
-        first: dict[Any, Any] = {}
-        for row in epochs:
-            if row.deleted_at is not None and row.release_id not in first:
-                first[row.release_id] = row  # by release, then batch: the first
-        found: list[_End] = []
-        for row in self.session.execute(_deleted_ends(self.continual), {"now": at}).all():
-            epoch = first.get(row.release_id)
-            came = row.deleted_at if epoch is None else epoch.batch_created_at
-            found.append(
-                _End(row.release_id, row.created_at, came, _END_SEQ, row.visible_at, row.deleted_at)
-            )
         return found
 
     def end_due(
@@ -270,27 +241,6 @@ class _Chain:
         self.dues[release_id] = due
         return due
 
-    def quiet(self, at: datetime) -> _Point | None:
-        """A list read at the first moment after ``at`` (:attr:`read`, the first read) if
-        nothing that :func:`_pending` reads changed in ``(at, read]``: an epoch's
-        ``visible_at`` or re-check verdict's ``reference_shown_at``, a continual release's
-        ``outcome_visible_at``, a dataset's deletion (:data:`_CHANGES`, one statement)."""
-        if self.read is None or at >= self.read:
-            return None
-        if self.changes is None:
-            lowest = min((key[0] for key in self.points[self.read].keys), default=self.read)
-            found = self.session.execute(
-                _CHANGES, {"low": lowest, "high": self.read, "names": list(self.continual)}
-            ).scalars()
-            self.changes = (lowest, sorted(found))
-        lowest, changes = self.changes
-        if at < lowest:
-            return None
-        # Quiet when the last change is not after at.
-        if changes and changes[-1] > at:
-            return None
-        return self.points[self.read]
-
     def ahead(self, at: datetime, key: Key | None) -> datetime | None:
         """The latest next public moment at ``at`` of the epochs pending at ``at`` whose key
         is below ``key`` (all of them: ``None``); ``None``: none."""
@@ -300,7 +250,11 @@ class _Chain:
         while len(pending.latest) < end:
             row = pending.rows[len(pending.latest)]
             visible, padding = self.moment(row)
-            step = next_late_step(visible - padding, visible, at)
+            # next_late_step's own answer before the visible_at (a positive padding): visible.
+            if visible > at and padding > _ZERO:
+                step = visible
+            else:
+                step = next_late_step(visible - padding, visible, at)
             before = pending.latest[-1] if pending.latest else None
             pending.latest.append(step if before is None else max(before, step))
         return pending.latest[end - 1] if end else None
@@ -312,7 +266,7 @@ class _Chain:
             due = self.end_due(row.release_id, row.created_at, row.visible_at, row.deleted_at)
             return due, due - row.created_at
         seq = int(row.batch_seq)
-        found = self.moments.get((row.release_id, seq))
+        found = self.moments.get((row.ident, seq))
         if found is not None:
             return found
         batch = (row.batch_created_at, row.batch_rows)
@@ -323,12 +277,12 @@ class _Chain:
         if seq == int(row.shown):
             previous = row.previous_visible_at  # the last shown epoch's due moment
         else:
-            previous = self.moments[(row.release_id, seq - 1)][0]
+            previous = self.moments[(row.ident, seq - 1)][0]
         facts = _Epoch(
             row.mechanism, row.k, row.params, row.visible_at, row.n_cols, n_rows, act, previous
         )
         found = self.formula(facts, key[0], wait)
-        self.moments[(row.release_id, seq)] = found
+        self.moments[(row.ident, seq)] = found
         return found
 
     def formula(
@@ -369,30 +323,306 @@ class _Point:
     points: list[datetime]
 
 
-_LOW: BindParameter[Any] = bindparam("low")
-_HIGH: BindParameter[Any] = bindparam("high")
-_NAMES: BindParameter[Any] = bindparam("names", expanding=True)
-_CONTINUAL_IDS = select(Release.id).where(Release.mechanism.in_(_NAMES))
-#: The moments in ``(low, high]`` at which what :func:`_pending` reads changes, for the
-#: continual releases (:meth:`_Chain.quiet`).
-_CHANGES: CompoundSelect[Any] = union_all(
-    select(ReleaseEpoch.visible_at).where(
-        ReleaseEpoch.visible_at > _LOW,
-        ReleaseEpoch.visible_at <= _HIGH,
-        ReleaseEpoch.release_id.in_(_CONTINUAL_IDS),
-    ),
-    select(ReleaseEpoch.reference_shown_at).where(
-        ReleaseEpoch.reference_shown_at > _LOW,
-        ReleaseEpoch.reference_shown_at <= _HIGH,
-        ReleaseEpoch.release_id.in_(_CONTINUAL_IDS),
-    ),
-    select(Release.outcome_visible_at).where(
-        Release.outcome_visible_at > _LOW,
-        Release.outcome_visible_at <= _HIGH,
-        Release.mechanism.in_(_NAMES),
-    ),
-    select(Dataset.deleted_at).where(Dataset.deleted_at > _LOW, Dataset.deleted_at <= _HIGH),
+_ZERO = timedelta(0)
+
+
+class _Row(NamedTuple):
+    """A pending epoch: the columns the pending list's statement gave (its batch's ``seq``,
+    commit and rows, the release's shown epochs and the last shown one's due moment)."""
+
+    release_id: Any
+    created_at: datetime
+    shown: int
+    mechanism: str
+    k: int
+    params: dict[str, Any]
+    visible_at: datetime | None
+    dataset_rows: int
+    n_cols: int
+    deleted_at: datetime | None
+    batch_seq: int
+    batch_created_at: datetime
+    batch_rows: int
+    previous_visible_at: datetime | None
+    #: The release's id as text (a cheaper key than the UUID: :meth:`_Chain.moment`).
+    ident: str
+
+
+@dataclass
+class _Rel:
+    """A continual release read by :class:`_Facts`, with its dataset's columns and its
+    epochs' public moments: ``seen`` the sorted ``visible_at``, ``checks`` the re-checks
+    ``(epoch, verdict, shown_at)`` by epoch, ``dues`` each epoch's due moment
+    (:func:`previous_due`)."""
+
+    id: Any
+    created_at: datetime
+    mechanism: str
+    k: int
+    params: dict[str, Any]
+    visible_at: datetime | None
+    outcome_visible_at: datetime | None
+    status: str
+    dataset_id: Any
+    dataset_rows: int
+    n_cols: int
+    deleted_at: datetime | None
+    horizon: int
+    seen: list[datetime]
+    checks: list[tuple[int, str, datetime | None]]
+    dues: dict[int, datetime | None]
+    ident: str = ""
+    #: Its rows by ``(batch seq, shown)`` (:meth:`_Facts.point`).
+    rows: dict[tuple[int, int], _Row] = field(default_factory=dict)
+
+    def unfinished(self, at: datetime) -> bool:
+        """Its end not shown at ``at`` (:func:`service.padding_queue.shown_unfinished`)."""
+        if self.outcome_visible_at is None:
+            return self.status in ("queued", "running")
+        return self.outcome_visible_at > at
+
+    def shown(self, at: datetime) -> int | None:
+        """The epochs shown at ``at`` (at the deletion, if before; none from the first whose
+        re-check is not shown ``unchanged``), or ``None`` when that first one's verdict is
+        shown ``changed`` (the release shown ended there)."""
+        seen_by = self.deleted_at if self.deleted_at is not None and self.deleted_at < at else at
+        n_visible = bisect.bisect_right(self.seen, seen_by)
+        for epoch, check, shown_at in self.checks:
+            if check != "unchanged" or shown_at is None or shown_at > at:
+                if check == "changed" and shown_at is not None and shown_at <= at:
+                    return None
+                return epoch - 1 if epoch - 1 < n_visible else n_visible
+        return n_visible
+
+
+class _Facts:
+    """The public facts the chain's pending lists are made from, read once (three statements,
+    a fourth or so when the releases read reach further back): every continual release
+    requested by ``high`` whose end is not shown at ``low`` (so every one pending at a moment
+    in ``[low, high]``), its dataset's batches committed by ``high`` and its epochs; ``low``
+    lowered to the earliest request or deletion among them, so that every point the chain
+    asks about (never before a pending epoch's release's request, or an end's deletion) is
+    covered."""
+
+    def __init__(
+        self, rels: list[_Rel], batches: dict[Any, list[Any]], low: datetime, high: datetime
+    ) -> None:
+        self.low = low
+        self.high = high
+        self.rels = rels
+        self.deleted = sorted(
+            (rel for rel in rels if rel.deleted_at is not None and rel.visible_at is not None),
+            key=lambda rel: str(rel.id),
+        )
+        items: list[tuple[Key, _Rel, Any]] = []
+        for rel in rels:
+            for batch in batches.get(rel.dataset_id, ()):
+                seq = int(batch.seq)
+                if seq + 1 <= rel.horizon:
+                    at = point(batch.created_at, rel.created_at)
+                    items.append(((at, rel.created_at, rel.ident, seq), rel, batch))
+        items.sort(key=lambda item: item[0])
+        self.items = items
+        self.item_points = [item[0][0] for item in items]
+        self.one_shot: list[tuple[datetime, datetime, datetime | None, str]] | None = None
+
+    @classmethod
+    def read(
+        cls, session: Session, continual: tuple[str, ...], low: datetime, high: datetime
+    ) -> _Facts:
+        """The facts for the moments in ``[low, high]`` (lowered as the class says)."""
+        statements = _facts(continual)
+        while True:
+            found = session.execute(statements[0], {"low": low, "high": high}).all()
+            earliest = min(
+                (m for row in found for m in (row.created_at, row.deleted_at) if m is not None),
+                default=low,
+            )
+            if earliest >= low:
+                break
+            low = earliest
+        epochs: dict[Any, list[Any]] = {}
+        for row in session.execute(statements[1], {"low": low, "high": high}).all():
+            epochs.setdefault(row.release_id, []).append(row)
+        batches: dict[Any, list[Any]] = {}
+        for row in session.execute(statements[2], {"low": low, "high": high}).all():
+            batches.setdefault(row.dataset_id, []).append(row)
+        rels = []
+        for row in found:
+            own = sorted(epochs.get(row.id, ()), key=lambda epoch: int(epoch.epoch))
+            rels.append(
+                _Rel(
+                    row.id,
+                    row.created_at,
+                    row.mechanism,
+                    row.k,
+                    row.params,
+                    row.visible_at,
+                    row.outcome_visible_at,
+                    row.status,
+                    row.dataset_id,
+                    row.dataset_rows,
+                    row.n_cols,
+                    row.deleted_at,
+                    int(row.params.get("horizon", 0)),
+                    sorted(epoch.visible_at for epoch in own if epoch.visible_at is not None),
+                    [
+                        (int(epoch.epoch), epoch.reference_check, epoch.reference_shown_at)
+                        for epoch in own
+                        if epoch.reference_check is not None
+                    ],
+                    {
+                        int(epoch.epoch): epoch.due_at
+                        if epoch.due_at is not None
+                        else epoch.visible_at
+                        for epoch in own
+                    },
+                    str(row.id),
+                )
+            )
+        return cls(rels, batches, low, high)
+
+    def idle(self, session: Session, at: datetime) -> bool:
+        """Whether the one-shot queue (:func:`service.padding_queue.queue_parts`'
+        ``only_one_shot`` statement) has no row at ``at`` in ``[low, high]``: no one-shot
+        release with a ``visible_at`` requested by ``at`` whose ``visible_at`` is after ``at``
+        or whose end is not shown at ``at`` (one statement, the first time: those that may be
+        such a row at some moment in ``[low, high]``)."""
+        if not self.low <= at <= self.high:
+            return False
+        if self.one_shot is None:
+            names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
+            self.one_shot = [
+                (row.created_at, row.visible_at, row.outcome_visible_at, row.status)
+                for row in session.execute(
+                    _ONE_SHOT, {"low": self.low, "high": self.high, "names": names}
+                ).all()
+            ]
+        for created, visible, outcome, status in self.one_shot:
+            if created <= at and (
+                visible > at
+                or (outcome is None and status in ("queued", "running"))
+                or (outcome is not None and outcome > at)
+            ):
+                return False
+        return True
+
+    def point(self, at: datetime) -> _Point:
+        """The pending list at ``at``: the epochs of the continual releases requested by
+        ``at`` whose end is not shown at ``at`` (nor cut by a changed object's verdict shown),
+        on each batch committed by ``at`` from the first epoch's not shown at ``at`` on, up to
+        the horizon; and the ends pending after a deletion (:class:`_End`)."""
+        states: dict[int, int | None] = {}
+        keys: list[Key] = []
+        rows: list[Any] = []
+        first: dict[str, _Row] = {}
+        for key, rel, batch in self.items[: bisect.bisect_right(self.item_points, at)]:
+            shown = states.get(id(rel), -1)
+            if shown == -1:
+                shown = states[id(rel)] = rel.shown(at) if rel.unfinished(at) else None
+            if shown is None or key[3] < shown:
+                continue
+            row = rel.rows.get((key[3], shown))
+            if row is None:
+                row = rel.rows[(key[3], shown)] = _Row(
+                    rel.id,
+                    rel.created_at,
+                    shown,
+                    rel.mechanism,
+                    rel.k,
+                    rel.params,
+                    rel.visible_at,
+                    rel.dataset_rows,
+                    rel.n_cols,
+                    rel.deleted_at,
+                    key[3],
+                    batch.created_at,
+                    batch.n_rows,
+                    rel.dues.get(shown),
+                    rel.ident,
+                )
+            keys.append(key)
+            rows.append(row)
+            if rel.deleted_at is not None:
+                earlier = first.get(rel.ident)
+                if earlier is None or earlier.batch_seq > key[3]:
+                    first[rel.ident] = row
+        ends: list[tuple[Key, _End]] = []
+        for rel in self.deleted:
+            assert rel.deleted_at is not None and rel.visible_at is not None
+            if rel.created_at > at or rel.deleted_at > at or not rel.unfinished(at):
+                continue
+            epoch = first.get(rel.ident)
+            came = rel.deleted_at if epoch is None else epoch.batch_created_at
+            end = _End(rel.id, rel.created_at, came, _END_SEQ, rel.visible_at, rel.deleted_at)
+            ends.append((_key(end), end))
+        if ends:
+            keyed = sorted([*zip(keys, rows, strict=True), *ends], key=lambda pair: pair[0])
+            keys = [key for key, _ in keyed]
+            rows = [row for _, row in keyed]
+        return _Point(keys, rows, [], [key[0] for key in keys])
+
+
+#: The one-shot releases that may be in the queue at a moment in ``[low, high]``
+#: (:meth:`_Facts.idle`).
+_ONE_SHOT: Any = select(
+    Release.created_at, Release.visible_at, Release.outcome_visible_at, Release.status
+).where(
+    Release.mechanism.in_(bindparam("names", expanding=True)),
+    Release.created_at <= bindparam("high"),
+    Release.visible_at.is_not(None),
+    or_(Release.visible_at > bindparam("low"), shown_unfinished(bindparam("low"))),
 )
+
+
+@functools.cache
+def _facts(continual: tuple[str, ...]) -> tuple[Select[Any], ...]:
+    """:class:`_Facts`' three statements (``low``, ``high``): the continual releases requested
+    by ``high`` whose end is not shown at ``low`` with their dataset's columns, their epochs,
+    and their datasets' batches committed by ``high``. Built once per set of names."""
+    low: Any = bindparam("low")
+    high: Any = bindparam("high")
+    where = (
+        Release.mechanism.in_(continual),
+        Release.created_at <= high,
+        shown_unfinished(low),
+    )
+    releases: Select[Any] = (
+        select(
+            Release.id,
+            Release.created_at,
+            Release.mechanism,
+            Release.k,
+            Release.params,
+            Release.visible_at,
+            Release.outcome_visible_at,
+            Release.status,
+            Release.dataset_id,
+            Dataset.n_rows.label("dataset_rows"),
+            Dataset.n_cols,
+            Dataset.deleted_at,
+        )
+        .join(Dataset, Dataset.id == Release.dataset_id)
+        .where(*where)
+    )
+    epochs: Any = select(
+        ReleaseEpoch.release_id,
+        ReleaseEpoch.epoch,
+        ReleaseEpoch.visible_at,
+        ReleaseEpoch.reference_check,
+        ReleaseEpoch.reference_shown_at,
+        ReleaseEpoch.due_at,
+    ).where(ReleaseEpoch.release_id.in_(select(Release.id).where(*where)))
+    batches: Any = select(
+        DatasetBatch.dataset_id,
+        DatasetBatch.seq,
+        DatasetBatch.created_at,
+        DatasetBatch.n_rows,
+    ).where(
+        DatasetBatch.dataset_id.in_(select(Release.dataset_id).where(*where)),
+        DatasetBatch.created_at <= high,
+    )
+    return releases, epochs, batches
 
 
 def _key(row: Any) -> Key:
@@ -567,129 +797,3 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     # Every pending epoch is before a job requested at now: the latest over all of them.
     latest = _Chain(session, settings).ahead(now, None)
     return 0.0 if latest is None else max(0.0, (latest - now).total_seconds())
-
-
-@functools.cache
-def _pending(continual: tuple[str, ...]) -> Select[Any]:
-    """The continual releases requested by ``now``, their end not shown at ``now`` (nor, on a
-    dataset by reference, shown ``failed`` by a changed object's verdict), with each batch
-    committed by ``now`` from the first epoch's not shown at ``now`` (at the dataset's
-    deletion, if before: analysts see no epoch after it) on (by release, then batch): the
-    batch's ``seq``, ``(created_at, n_rows)`` and
-    the last shown epoch's due moment (:func:`previous_due`). Built once per set of names."""
-    now: Any = bindparam("now")
-    visible = aliased(ReleaseEpoch)
-    # Epochs show in order (visible_at never decreases with the epoch), and on a dataset by
-    # reference none from the first whose re-check's verdict is not shown "unchanged"
-    # (service.continual._shown): the shown epochs are 1 .. min(visible, first cut - 1).
-    # After the dataset's deletion analysts see the epochs up to it only (service.visibility).
-    seen_by = case((Dataset.deleted_at < now, Dataset.deleted_at), else_=now)
-    n_visible = (
-        select(func.count())
-        .select_from(visible)
-        .where(visible.release_id == Release.id, visible.visible_at <= seen_by)
-        .correlate(Release, Dataset)
-        .scalar_subquery()
-    )
-    cut = aliased(ReleaseEpoch)
-    first_cut = (
-        select(func.min(cut.epoch))
-        .where(cut.release_id == Release.id, unverified(cut, now))
-        .correlate(Release)
-        .scalar_subquery()
-    )
-    # The release shown ended there (service.visibility.epoch_change_shown): the first epoch
-    # cut is one whose re-check found its objects changed, that verdict shown by now.
-    changed = aliased(ReleaseEpoch)
-    cut_changed = (
-        exists()
-        .where(
-            changed.release_id == Release.id,
-            changed.epoch == first_cut,
-            changed.reference_check == "changed",
-            changed.reference_shown_at <= now,
-        )
-        .correlate(Release)
-    )
-    shown = case(
-        (and_(first_cut.is_not(None), first_cut - 1 < n_visible), first_cut - 1),
-        else_=n_visible,
-    )
-    pending = (
-        select(
-            Release.id.label("release_id"),
-            shown.label("shown"),
-        )
-        .join(Dataset, Dataset.id == Release.dataset_id)
-        .where(
-            Release.mechanism.in_(continual),
-            Release.created_at <= now,
-            # The end not shown at now.
-            shown_unfinished(now),
-            # A dataset deleted by now too: an epoch claimed before the deletion still runs
-            # (its end is in _deleted_ends).
-            ~cut_changed,
-        )
-        .subquery()
-    )
-    previous = aliased(ReleaseEpoch)
-    return (
-        select(
-            Release.id.label("release_id"),
-            Release.created_at,
-            pending.c.shown,
-            Release.mechanism,
-            Release.k,
-            Release.params,
-            Release.visible_at,
-            Dataset.n_rows.label("dataset_rows"),
-            Dataset.n_cols,
-            Dataset.deleted_at,
-            DatasetBatch.seq.label("batch_seq"),
-            DatasetBatch.created_at.label("batch_created_at"),
-            DatasetBatch.n_rows.label("batch_rows"),
-            func.coalesce(previous.due_at, previous.visible_at).label("previous_visible_at"),
-        )
-        .join(pending, pending.c.release_id == Release.id)
-        .join(Dataset, Dataset.id == Release.dataset_id)
-        .join(
-            DatasetBatch,
-            and_(
-                DatasetBatch.dataset_id == Release.dataset_id,
-                DatasetBatch.seq >= pending.c.shown,
-                DatasetBatch.created_at <= now,
-            ),
-        )
-        .outerjoin(
-            previous,
-            and_(previous.release_id == Release.id, previous.epoch == pending.c.shown),
-        )
-        .order_by(Release.id, DatasetBatch.seq)
-    )
-
-
-@functools.cache
-def _deleted_ends(
-    continual: tuple[str, ...],
-) -> Select[uuid.UUID, datetime, datetime | None, datetime | None]:
-    """The padded continual releases requested by ``now`` whose dataset was deleted by ``now``
-    and whose end is not shown at ``now`` (as :func:`_pending`): a worker claims each to store
-    its end (:meth:`_Chain.ends`). Built once per set of names."""
-    now: Any = bindparam("now")
-    return (
-        select(
-            Release.id.label("release_id"),
-            Release.created_at,
-            Release.visible_at,
-            Dataset.deleted_at,
-        )
-        .join(Dataset, Dataset.id == Release.dataset_id)
-        .where(
-            Release.mechanism.in_(continual),
-            Release.created_at <= now,
-            Release.visible_at.is_not(None),
-            Dataset.deleted_at <= now,
-            shown_unfinished(now),
-        )
-        .order_by(Release.id)
-    )
