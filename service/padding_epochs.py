@@ -44,6 +44,7 @@ from service.padding_queue import (
     padding_model,
     queue_parts,
     queue_seconds,
+    registration_seconds,
     shown_unfinished,
 )
 
@@ -167,11 +168,13 @@ class _Chain:
 
     def queue(self, at: datetime, epochs: float) -> float:
         """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'.
-        Not read at a moment with no one-shot job in the queue (:meth:`_Facts.idle`: no row,
-        so ``(0.0, 0.0)``, the figure the read gives then)."""
+        The one-shot queue is not read at a moment with none in it (:meth:`_Facts.idle`: no
+        row, so no jobs ahead and no late one, ``0.0`` each, the figures the read gives then);
+        the registrations pending there still count (:func:`registration_seconds`, as in
+        :func:`queue_parts`: the wait is ``max(late, registrations)`` with no late job)."""
         facts = self.facts
         if at not in self.queues and facts is not None and facts.idle(self.session, at):
-            self.queues[at] = (0.0, 0.0)
+            self.queues[at] = (0.0, registration_seconds(self.session, at))
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
             # Registrations too: one requested by the point goes first (act_queue_seconds).

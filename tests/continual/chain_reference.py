@@ -1,5 +1,6 @@
 """The epoch chain as it was before the one-read sweep (``service/padding_epochs.py`` at commit
-1b025ea, its chain and the pending list's statements verbatim, the rest imported): the slow
+1b025ea, its chain and the pending list's statements verbatim, the rest imported; with
+wip/privreg's one change, the queue term counting the registrations pending at a point): the slow
 reference ``tests/continual/test_chain_sweep.py`` compares the service's chain with, figure for
 figure. Not imported by the service."""
 
@@ -168,7 +169,7 @@ class _Chain:
         if at not in self.queues:
             model = padding_model(self.session, self.settings, at)
             self.queues[at] = queue_parts(
-                self.session, model, at, registrations=False, only_one_shot=True
+                self.session, model, at, registrations=True, only_one_shot=True
             )
         total, wait = self.queues[at]
         return total + max(wait, epochs)
