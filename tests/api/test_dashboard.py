@@ -84,6 +84,44 @@ def _post(base: str, key: str, path: str, **kwargs: Any) -> Any:
     return response.json()
 
 
+def _owner_and_analyst(base: str, owner: str, analyst: str) -> tuple[str, Any]:
+    """New keys named ``owner`` and ``analyst``: the owner's key, the analyst's body."""
+    made = _post(base, ADMIN, "/v1/keys", json={"role": "owner", "name": owner})["key"]
+    return made, _post(base, ADMIN, "/v1/keys", json={"role": "analyst", "name": analyst})
+
+
+def _upload(
+    base: str, owner: str, rows: Any, file_name: str, name: str, epsilon: str, **more: str
+) -> Any:
+    """``owner`` uploads ``rows`` (delta budget 1e-5, row norms bounded by 1, form fields
+    ``more``); the dataset's body."""
+    buffer = io.BytesIO()
+    np.save(buffer, rows)
+    return _post(
+        base,
+        owner,
+        "/v1/datasets",
+        files={"file": (file_name, buffer.getvalue(), "application/octet-stream")},
+        data={
+            "name": name,
+            "epsilon_budget": epsilon,
+            "delta_budget": "1e-5",
+            "row_norm_bound": "1",
+            **more,
+        },
+    )
+
+
+def _grant(base: str, owner: str, dataset_id: str, analyst_id: str, **budget: str) -> Any:
+    """``owner`` grants the analyst ``budget`` on the dataset; the grant's body."""
+    return _post(
+        base,
+        owner,
+        f"/v1/datasets/{dataset_id}/grants",
+        json={"analyst_key_id": analyst_id, **budget},
+    )
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("dashboard")
@@ -121,46 +159,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         basis, _ = np.linalg.qr(rng.normal(size=(6, 2)))
         rows = rng.normal(size=(400, 2)) @ basis.T * 0.3 + rng.normal(size=(400, 6)) * 0.01
         rows /= np.maximum(1, np.linalg.norm(rows, axis=1, keepdims=True))
-        buffer = io.BytesIO()
-        np.save(buffer, rows)
-        dataset = _post(
-            base,
-            keys["owner"],
-            "/v1/datasets",
-            files={"file": ("demo.npy", buffer.getvalue(), "application/octet-stream")},
-            data={
-                "name": "demo",
-                "epsilon_budget": "1.0",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-            },
-        )["id"]
-        grant = _post(
-            base,
-            keys["owner"],
-            f"/v1/datasets/{dataset}/grants",
-            json={"analyst_key_id": key_ids["analyst"], "epsilon": "0.5", "delta": "1e-6"},
-        )["id"]
+        owner, bob = keys["owner"], key_ids["analyst"]
+        dataset = _upload(base, owner, rows, "demo.npy", "demo", "1.0")["id"]
+        grant = _grant(base, owner, dataset, bob, epsilon="0.5", delta="1e-6")["id"]
         world = World(base, keys, key_ids, dataset, grant)
-        world.zcdp = _post(
-            base,
-            keys["owner"],
-            "/v1/datasets",
-            files={"file": ("demo.npy", buffer.getvalue(), "application/octet-stream")},
-            data={
-                "name": "demo",
-                "epsilon_budget": "1.0",
-                "delta_budget": "1e-5",
-                "row_norm_bound": "1",
-                "accounting": "zcdp",
-            },
-        )["id"]
-        world.zcdp_grant = _post(
-            base,
-            keys["owner"],
-            f"/v1/datasets/{world.zcdp}/grants",
-            json={"analyst_key_id": key_ids["analyst"], "epsilon": "0.5"},
-        )["id"]
+        world.zcdp = _upload(base, owner, rows, "demo.npy", "demo", "1.0", accounting="zcdp")["id"]
+        world.zcdp_grant = _grant(base, owner, world.zcdp, bob, epsilon="0.5")["id"]
         _post(
             base,
             keys["analyst"],
@@ -395,31 +399,11 @@ def test_a_hybrid_grant_and_dataset_show_both_native_figures(
     # and its zCDP filter's rho. The page showed mu alone, which reads 0 once an approximate
     # step closed that filter while rho was left. A new owner and analyst: nothing else here
     # shows them.
-    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "erin"})["key"]
-    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "frank"})
+    owner, analyst = _owner_and_analyst(world.base, "erin", "frank")
     rows = np.eye(6)[:4] * 0.5
-    buffer = io.BytesIO()
-    np.save(buffer, rows)
-    dataset = _post(
-        world.base,
-        owner,
-        "/v1/datasets",
-        files={"file": ("h.npy", buffer.getvalue(), "application/octet-stream")},
-        data={
-            "name": "hybrid-demo",
-            "epsilon_budget": "1.0",
-            "delta_budget": "1e-5",
-            "row_norm_bound": "1",
-            "accounting": "hybrid",
-            "allow_large_delta": "true",
-        },
-    )
-    grant = _post(
-        world.base,
-        owner,
-        f"/v1/datasets/{dataset['id']}/grants",
-        json={"analyst_key_id": analyst["id"], "epsilon": "0.5", "delta": "1e-6"},
-    )
+    more = {"accounting": "hybrid", "allow_large_delta": "true"}
+    dataset = _upload(world.base, owner, rows, "h.npy", "hybrid-demo", "1.0", **more)
+    grant = _grant(world.base, owner, dataset["id"], analyst["id"], epsilon="0.5", delta="1e-6")
     page = chromium.sign_in(owner, "owner")
     card = f"section[data-dataset='{dataset['id']}']"
     native = cells(page, f"{card} table.grants", 6)
@@ -437,32 +421,12 @@ def test_every_figure_is_rounded_the_safe_way_on_the_default_accounting(
     # 0.410636 (below what was spent); delta read "1e-7". The page "Reading a budget" it links
     # to says a shown figure never overstates what is left: spent and costs up, totals and
     # remaining down, in plain notation (api_schemas.figures.shown, to the CLI's digits).
-    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "gina"})["key"]
-    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "hal"})
+    owner, analyst = _owner_and_analyst(world.base, "gina", "hal")
     rng = np.random.default_rng(5)
     rows = rng.normal(size=(300, 6)) * 0.2
-    buffer = io.BytesIO()
-    np.save(buffer, rows)
-    dataset = _post(
-        world.base,
-        owner,
-        "/v1/datasets",
-        files={"file": ("r.npy", buffer.getvalue(), "application/octet-stream")},
-        # hybrid, the service's default (the suite's conftest sets basic for older tests).
-        data={
-            "name": "rounding",
-            "epsilon_budget": "1",
-            "delta_budget": "1e-5",
-            "row_norm_bound": "1",
-            "accounting": "hybrid",
-        },
-    )["id"]
-    grant = _post(
-        world.base,
-        owner,
-        f"/v1/datasets/{dataset}/grants",
-        json={"analyst_key_id": analyst["id"], "epsilon": "0.8", "delta": "1e-5"},
-    )
+    # hybrid, the service's default (the suite's conftest sets basic for older tests).
+    dataset = _upload(world.base, owner, rows, "r.npy", "rounding", "1", accounting="hybrid")["id"]
+    grant = _grant(world.base, owner, dataset, analyst["id"], epsilon="0.8", delta="1e-5")
     assert grant["accounting"] == "hybrid"
     for _ in range(2):  # charged when requested: no worker needed for the figures
         _post(
@@ -610,29 +574,10 @@ def test_a_hybrid_budget_says_epsilon_remaining_is_not_what_every_release_may_as
     # release may be refused below it (after two Gaussian 0.3 releases on (1, 1e-5), 0.67
     # remains and a pure 0.3 is refused). The API's descriptions and 409s say so and give
     # epsilon_admissible; the dashboard showed the bare figure, headed "remaining budgets".
-    owner = _post(world.base, ADMIN, "/v1/keys", json={"role": "owner", "name": "ivy"})["key"]
-    analyst = _post(world.base, ADMIN, "/v1/keys", json={"role": "analyst", "name": "jon"})
-    buffer = io.BytesIO()
-    np.save(buffer, np.eye(6)[:5] * 0.5)
-    dataset = _post(
-        world.base,
-        owner,
-        "/v1/datasets",
-        files={"file": ("n.npy", buffer.getvalue(), "application/octet-stream")},
-        data={
-            "name": "note",
-            "epsilon_budget": "1",
-            "delta_budget": "1e-5",
-            "row_norm_bound": "1",
-            "accounting": "hybrid",
-        },
-    )["id"]
-    _post(
-        world.base,
-        owner,
-        f"/v1/datasets/{dataset}/grants",
-        json={"analyst_key_id": analyst["id"], "epsilon": "0.5", "delta": "1e-5"},
-    )
+    owner, analyst = _owner_and_analyst(world.base, "ivy", "jon")
+    rows = np.eye(6)[:5] * 0.5
+    dataset = _upload(world.base, owner, rows, "n.npy", "note", "1", accounting="hybrid")["id"]
+    _grant(world.base, owner, dataset, analyst["id"], epsilon="0.5", delta="1e-5")
     page = chromium.sign_in(owner, "owner")
     note = page.locator(f"section[data-dataset='{dataset}'] .hybrid-remaining")
     assert "epsilon_admissible" in note.inner_text()

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service import continual
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
+from service.padding import late_schedule, next_late_step
 from service.padding_epochs import epoch_padding
 from service.worker import Worker
 from tests.api.test_append_rows import append
@@ -32,18 +33,24 @@ from tests.conftest import Keys, bearer, npy_bytes, post_release
 D = 3
 
 
-def epoch_rated(settings: Settings, floor: float) -> Settings:
-    """``settings`` with an operator's rate (public) that models an epoch on a 30-row batch at
-    5 s: far above a cheap probe's padding (``floor``), so an epoch still running within its
-    own padding would make the probe late."""
+def rated(settings: Settings, floor: float, rates: dict[str, float], **update: Any) -> Settings:
+    """``settings`` with the padding model uncalibrated: operator's ``rates`` (public), the
+    ``floor`` and any further ``update``."""
     return settings.model_copy(
         update={
             "release_padding_floor_seconds": floor,
             "release_padding_calibrated": False,
-            "release_padding_multiplier": 1.0,
-            "release_padding_rates": {"continual_gauss": 150.0},
+            "release_padding_rates": rates,
+            **update,
         }
     )
+
+
+def epoch_rated(settings: Settings, floor: float) -> Settings:
+    """``settings`` with an operator's rate (public) that models an epoch on a 30-row batch at
+    5 s: far above a cheap probe's padding (``floor``), so an epoch still running within its
+    own padding would make the probe late."""
+    return rated(settings, floor, {"continual_gauss": 150.0}, release_padding_multiplier=1.0)
 
 
 @dataclass
@@ -94,14 +101,27 @@ class Worlds:
         ten minutes back (shown): what follows is padded from the world's next act alone.
         Returns the dataset's and the release's ids."""
         self.backdate(timedelta(hours=1))
-        mine = self.upload_dataset(
-            self.client, self.keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0
+        mine = self.dataset(self.keys.owner, rng, 40)
+        release = self.continual(mine, horizon)
+        assert self.worker.run_pending() == 1  # epoch 1
+        self.backdate(timedelta(minutes=10), release)
+        return mine, release
+
+    def dataset(self, owner: str, rng: np.random.Generator, rows: int) -> str:
+        """``owner`` uploads a dataset of ``rows`` rows (row norms bounded by 1); its id."""
+        uploaded = self.upload_dataset(
+            self.client, owner, rng.normal(size=(rows, D)) / 4, row_norm_bound=1.0
         )
-        release = uuid.UUID(
+        return str(uploaded["id"])
+
+    def continual(self, dataset_id: str, horizon: int) -> uuid.UUID:
+        """The analyst requests a continual release (continual_gauss, k 1, epsilon 1, delta
+        1e-6) of ``horizon`` epochs on the dataset."""
+        return uuid.UUID(
             post_release(
                 self.client,
                 self.keys.analyst,
-                mine["id"],
+                dataset_id,
                 mechanism="continual_gauss",
                 k=1,
                 epsilon="1",
@@ -109,16 +129,53 @@ class Worlds:
                 params={"horizon": horizon},
             )
         )
-        assert self.worker.run_pending() == 1  # epoch 1
-        self.backdate(timedelta(minutes=10), release)
-        return mine["id"], release
 
-    def append(self, dataset_id: str, rng: np.random.Generator, rows: int) -> None:
-        """The owner appends a batch of ``rows`` rows (asserts 201)."""
+    def append(
+        self, dataset_id: str, rng: np.random.Generator, rows: int, owner: str | None = None
+    ) -> None:
+        """The owner (``owner``, else the keys' owner) appends a batch of ``rows`` rows
+        (asserts 201)."""
         added = append(
-            self.client, self.keys.owner, dataset_id, npy_bytes(rng.normal(size=(rows, D)) / 4)
+            self.client,
+            owner or self.keys.owner,
+            dataset_id,
+            npy_bytes(rng.normal(size=(rows, D)) / 4),
         )
         assert added.status_code == 201, added.text
+
+    def delete(self, dataset_id: str) -> None:
+        """The owner deletes the dataset (asserts 204)."""
+        deleted = self.client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(self.keys.owner))
+        assert deleted.status_code == 204, deleted.text
+
+    def deleted_world(
+        self,
+        settings: Settings,
+        rng: np.random.Generator,
+        world: str,
+        mine: str,
+        release: uuid.UUID,
+        *,
+        rows: int = 30,
+        end: bool = True,
+    ) -> tuple[datetime, datetime]:
+        """The owner appends a batch of ``rows`` rows to ``mine`` (the release's epoch is
+        pending), then deletes the dataset. Before the deletion the worker ran the epoch at
+        once (``world`` "ran" or "ended": asserted), or claimed it and is still on it
+        ("running": leased), or did neither (any other); with ``end`` it then stores the
+        release's end at once (but when "running"). Returns the epoch's schedule
+        (:meth:`schedule`, before the deletion)."""
+        self.append(mine, rng, rows)
+        start, visible = self.schedule(settings, release)
+        if world in ("ran", "ended"):
+            assert self.worker.run_pending() == 1  # the epoch, at once
+        elif world == "running":
+            with self.session_factory.begin() as session:
+                self.hold_lease(session, release)
+        self.delete(mine)
+        if end and world != "running":
+            self.worker.run_pending()  # the end, at once
+        return start, visible
 
     def hold_lease(self, session: Session, release_id: uuid.UUID) -> None:
         """The world whose worker is still on the release's pending epoch: leased for an hour."""
@@ -138,6 +195,25 @@ class Worlds:
             row = session.get(Release, uuid.UUID(probe.json()["id"]))
             assert row is not None and row.visible_at is not None
             return row.created_at, row.visible_at
+
+    def probe_behind(
+        self,
+        dataset_id: str,
+        body: dict[str, Any],
+        epoch: tuple[datetime, datetime],
+        busy: bool,
+        run: timedelta,
+    ) -> tuple[datetime, datetime, datetime, int]:
+        """The analyst's probe (:meth:`probe`) behind an epoch of schedule ``epoch`` (``(start,
+        visible)``): its ``created_at``, its ``visible_at``, the epoch's next public moment
+        after the request (its step), and the step of the probe's late schedule it shows at
+        when the one worker runs it for ``run`` at once, or (``busy``) after the epoch, which
+        ends three quarters of the way from the request to the epoch's step."""
+        created, probe_visible = self.probe(dataset_id, body)
+        step = next_late_step(*epoch, created)
+        epoch_ends = created + (step - created) * 0.75
+        ended = (epoch_ends if busy else created) + run
+        return created, probe_visible, step, late_schedule(created, probe_visible, ended)[1]
 
     def schedule(
         self, settings: Settings, release_id: uuid.UUID, epoch: int | None = None

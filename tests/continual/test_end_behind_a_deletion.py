@@ -21,15 +21,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
 from service import continual
 from service.config import Settings
 from service.db.models import Release
 from service.padding import late_schedule, next_late_step
-from service.worker import Worker
-from tests.conftest import bearer
 from tests.continual.conftest import Worlds, epoch_rated
 
 PAD = 1.0
@@ -41,13 +37,9 @@ def settings(settings: Settings) -> Settings:
 
 
 def test_an_end_after_a_deletion_shows_the_same_whatever_the_worker_does(
-    client: TestClient,
-    worker: Worker,
-    worlds: Worlds,
-    settings: Settings,
-    session_factory: sessionmaker[Session],
-    monkeypatch: pytest.MonkeyPatch,
+    worlds: Worlds, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    worker, session_factory = worlds.worker, worlds.session_factory
     rng = np.random.default_rng(17)
     seen: dict[str, tuple[Any, ...]] = {}
     moments: dict[str, tuple[datetime, datetime, datetime]] = {}
@@ -55,12 +47,9 @@ def test_an_end_after_a_deletion_shows_the_same_whatever_the_worker_does(
         mine, release = worlds.start(rng, horizon=3)
         # A batch larger than the dataset's first one: the epoch's padding exceeds the
         # release's own, so the busy worker runs past the end's former due moment.
-        worlds.append(mine, rng, 90)
-        start, visible = worlds.schedule(settings, release)
-        if world == "ended":
-            assert worker.run_pending() == 1  # the epoch, at once
-        deleted = client.delete(f"/v1/datasets/{mine}", headers=bearer(worlds.keys.owner))
-        assert deleted.status_code == 204, deleted.text
+        start, visible = worlds.deleted_world(
+            settings, rng, world, mine, release, rows=90, end=False
+        )
         # The busy worker ends the epoch (and stores the end) just before the epoch's next
         # public moment after the deletion; the other stores the end at once.
         with session_factory() as session:

@@ -37,7 +37,7 @@ from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.worker import Worker
 from tests.conftest import Keys, bearer
-from tests.continual.conftest import D, Worlds
+from tests.continual.conftest import D, Worlds, rated
 
 PAD = 2.0
 #: The long job: gap_perturbation at an operator's rate (public) that models its run at about
@@ -51,13 +51,7 @@ SLOW = PAD + 0.2
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    return settings.model_copy(
-        update={
-            "release_padding_floor_seconds": PAD,
-            "release_padding_calibrated": False,
-            "release_padding_rates": {"gap_perturbation": 750.0},
-        }
-    )
+    return rated(settings, PAD, {"gap_perturbation": 750.0})
 
 
 def _view(client: TestClient, key: str, release_id: str) -> tuple[Any, ...]:

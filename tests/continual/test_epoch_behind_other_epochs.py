@@ -36,7 +36,7 @@ from service.padding import PaddingModel, late_schedule, next_late_step
 from service.worker import Worker
 from tests.api.test_append_rows import append
 from tests.conftest import Keys, npy_bytes, post_release
-from tests.continual.conftest import Worlds
+from tests.continual.conftest import Worlds, epoch_rated
 from tests.continual.epoch_worlds import batch_commit, schedule
 
 PAD = 1.0
@@ -49,14 +49,7 @@ SMALL = 3
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
     # As in test_probe_behind_an_epoch: an epoch on a 30-row batch modelled at 5 s.
-    return settings.model_copy(
-        update={
-            "release_padding_floor_seconds": PAD,
-            "release_padding_calibrated": False,
-            "release_padding_multiplier": 1.0,
-            "release_padding_rates": {"continual_gauss": 150.0},
-        }
-    )
+    return epoch_rated(settings, PAD)
 
 
 def _continual(client: TestClient, key: str, dataset_id: str, horizon: int) -> uuid.UUID:
@@ -70,35 +63,27 @@ def _rows(rng: np.random.Generator, n: int) -> bytes:
 
 @pytest.mark.parametrize("case", ["own release", "other dataset", "same dataset", "late"])
 def test_an_epoch_behind_other_epochs_shows_the_same_whatever_the_worker_does(
-    case: str,
-    client: TestClient,
-    keys: Keys,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    worlds: Worlds,
-    settings: Settings,
-    session_factory: sessionmaker[Session],
+    case: str, make_key: Any, worlds: Worlds, settings: Settings
 ) -> None:
+    client, keys, worker = worlds.client, worlds.keys, worlds.worker
+    session_factory = worlds.session_factory
     rng = np.random.default_rng(11)
     other_owner = make_key("owner")
     shown: dict[str, int] = {}
     after_ahead: dict[str, timedelta] = {}
     for world in ("ended", "running"):
         worlds.backdate(timedelta(hours=1), batches=True)
-        mine = upload_dataset(client, keys.owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1)
-        probe_dataset = uuid.UUID(mine["id"])
+        mine = worlds.dataset(keys.owner, rng, 40)
+        probe_dataset = uuid.UUID(mine)
         if case == "other dataset" or case == "late":
-            theirs = upload_dataset(
-                client, other_owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1
-            )
-            ahead = _continual(client, keys.analyst, theirs["id"], 3)
-            ahead_dataset, ahead_epoch = uuid.UUID(theirs["id"]), 2
+            theirs = worlds.dataset(other_owner, rng, 40)
+            ahead = worlds.continual(theirs, 3)
+            ahead_dataset, ahead_epoch = uuid.UUID(theirs), 2
         if case == "same dataset":
             # Requested before the probe's release: its epoch on the same batch goes first.
-            ahead = _continual(client, keys.analyst, mine["id"], 3)
+            ahead = worlds.continual(mine, 3)
             ahead_dataset, ahead_epoch = probe_dataset, 2
-        probe = _continual(client, keys.analyst, mine["id"], 4)
+        probe = worlds.continual(mine, 4)
         if case == "own release":
             ahead, ahead_dataset, ahead_epoch = probe, probe_dataset, 2
         worker.run_pending()  # every epoch 1
@@ -119,8 +104,7 @@ def test_an_epoch_behind_other_epochs_shows_the_same_whatever_the_worker_does(
         if case == "same dataset":
             probe_epoch = 2
         else:
-            added = append(client, keys.owner, mine["id"], _rows(rng, SMALL))
-            assert added.status_code == 201, added.text
+            worlds.append(mine, rng, SMALL)
             probe_epoch = 3 if case == "own release" else 2
         # The busy world's worker gets to them now: the ahead epoch, then the probe's.
         worker.run_pending()

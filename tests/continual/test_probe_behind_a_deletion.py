@@ -27,22 +27,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.padding import late_schedule, next_late_step
 from service.padding_epochs import end_due
-from service.worker import Worker
-from tests.api.test_append_rows import append
-from tests.conftest import bearer, npy_bytes, post_release
-from tests.continual.conftest import D, Worlds, epoch_rated
-
-PAD = 1.0
-PROBE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
-#: The probe's own run, after the worker is free.
-RUN = timedelta(milliseconds=10)
+from tests.continual.conftest import Worlds, epoch_rated
+from tests.continual.test_probe_behind_an_epoch import PAD, PROBE, RUN
 
 
 @pytest.fixture
@@ -51,34 +42,16 @@ def settings(settings: Settings) -> Settings:
 
 
 def test_a_probe_after_a_deletion_shows_the_same_whatever_the_worker_does(
-    client: TestClient,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    worlds: Worlds,
-    settings: Settings,
-    session_factory: sessionmaker[Session],
+    make_key: Any, worlds: Worlds, settings: Settings
 ) -> None:
     rng = np.random.default_rng(11)
-    probed = upload_dataset(
-        client, make_key("owner"), rng.normal(size=(200, D)) / 4, row_norm_bound=1
-    )
+    probed = worlds.dataset(make_key("owner"), rng, 200)
     shown: dict[str, int] = {}
     after: dict[str, timedelta] = {}
     for world in ("ran", "unclaimed", "running"):
         mine, release = worlds.start(rng, horizon=3)
-        worlds.append(mine, rng, 30)
-        start, visible = worlds.schedule(settings, release)
-        if world == "ran":
-            assert worker.run_pending() == 1  # the epoch, at once
-        elif world == "running":
-            with session_factory.begin() as session:
-                worlds.hold_lease(session, release)
-        deleted = client.delete(f"/v1/datasets/{mine}", headers=bearer(worlds.keys.owner))
-        assert deleted.status_code == 204, deleted.text
-        if world != "running":
-            worker.run_pending()  # the end, at once
-        with session_factory() as session:
+        epoch = worlds.deleted_world(settings, rng, world, mine, release)
+        with worlds.session_factory() as session:
             row = session.get(Release, release)
             dataset = session.get(Dataset, uuid.UUID(mine))
             assert row is not None and dataset is not None
@@ -93,13 +66,11 @@ def test_a_probe_after_a_deletion_shows_the_same_whatever_the_worker_does(
             due = end_due(session, settings, row, dataset.deleted_at)
             requested = row.created_at
 
-        created, probe_visible = worlds.probe(probed["id"], PROBE)
-        step = next_late_step(start, visible, created)
-        end_step = next_late_step(requested, due, created)
         # The busy world's epoch ends three quarters of the way to its next public moment.
-        epoch_ends = created + (step - created) * 0.75
-        ended = (epoch_ends if world == "running" else created) + RUN
-        shown[world] = late_schedule(created, probe_visible, ended)[1]
+        created, probe_visible, step, shown[world] = worlds.probe_behind(
+            probed, PROBE, epoch, world == "running", RUN
+        )
+        end_step = next_late_step(requested, due, created)
         after[world] = probe_visible - max(step, end_step)
     assert shown == {"ran": 0, "unclaimed": 0, "running": 0}, shown
     for world, moment in after.items():
@@ -107,13 +78,7 @@ def test_a_probe_after_a_deletion_shows_the_same_whatever_the_worker_does(
 
 
 def test_an_epoch_behind_a_deletion_shows_the_same_whatever_the_worker_does(
-    client: TestClient,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    worlds: Worlds,
-    settings: Settings,
-    session_factory: sessionmaker[Session],
+    make_key: Any, worlds: Worlds, settings: Settings
 ) -> None:
     """The same worlds, and behind them another release's epoch on a small batch appended
     after the deletion (its own padding about the floor): the worker runs it after the
@@ -124,36 +89,12 @@ def test_an_epoch_behind_a_deletion_shows_the_same_whatever_the_worker_does(
     shown: dict[str, int] = {}
     for world in ("ran", "unclaimed", "running"):
         mine, release = worlds.start(rng, horizon=3)
-        theirs = upload_dataset(
-            client, other_owner, rng.normal(size=(40, D)) / 4, row_norm_bound=1.0
-        )
-        behind = uuid.UUID(
-            post_release(
-                client,
-                worlds.keys.analyst,
-                theirs["id"],
-                mechanism="continual_gauss",
-                k=1,
-                epsilon="1",
-                delta="1e-6",
-                params={"horizon": 3},
-            )
-        )
-        assert worker.run_pending() == 1  # its epoch 1
+        theirs = worlds.dataset(other_owner, rng, 40)
+        behind = worlds.continual(theirs, 3)
+        assert worlds.worker.run_pending() == 1  # its epoch 1
         worlds.backdate(timedelta(minutes=10), behind)
-        worlds.append(mine, rng, 30)
-        start, visible = worlds.schedule(settings, release)
-        if world == "ran":
-            assert worker.run_pending() == 1
-        elif world == "running":
-            with session_factory.begin() as session:
-                worlds.hold_lease(session, release)
-        deleted = client.delete(f"/v1/datasets/{mine}", headers=bearer(worlds.keys.owner))
-        assert deleted.status_code == 204, deleted.text
-        if world != "running":
-            worker.run_pending()  # the end, at once
-        added = append(client, other_owner, theirs["id"], npy_bytes(rng.normal(size=(3, D)) / 4))
-        assert added.status_code == 201, added.text
+        start, visible = worlds.deleted_world(settings, rng, world, mine, release)
+        worlds.append(theirs, rng, 3, owner=other_owner)
         appended = utcnow()
         behind_start, behind_visible = worlds.schedule(settings, behind)
         # The busy world's epoch ends three quarters of the way to its next public moment;
@@ -162,5 +103,5 @@ def test_an_epoch_behind_a_deletion_shows_the_same_whatever_the_worker_does(
         ended = (appended + (step - appended) * 0.75 if world == "running" else appended) + RUN
         shown[world] = late_schedule(behind_start, behind_visible, ended)[1]
         if world != "running":
-            assert worker.run_pending() == 1  # the epoch behind: no queue of the next world
+            assert worlds.worker.run_pending() == 1  # the epoch behind: no queue of the next world
     assert shown == {"ran": 0, "unclaimed": 0, "running": 0}, shown

@@ -31,16 +31,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import continual
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.jobs import REFUSED_AT_RUN_REASON, Outcome
-from service.padding import late_schedule, next_late_step
+from service.padding import next_late_step
 from service.padding_epochs import epoch_padding, epoch_seconds
-from service.worker import Worker
 from tests.continual.conftest import D, Worlds, epoch_rated
 
 PAD = 1.0
@@ -57,15 +55,12 @@ def settings(settings: Settings) -> Settings:
 @pytest.mark.parametrize("late", [True, False], ids=["late", "on time"])
 def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
     late: bool,
-    client: TestClient,
     make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
     worlds: Worlds,
     settings: Settings,
-    session_factory: sessionmaker[Session],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    worker, session_factory = worlds.worker, worlds.session_factory
     real = continual.compute_epoch
     failing = {"on": False}
 
@@ -77,9 +72,7 @@ def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
 
     monkeypatch.setattr(continual, "compute_epoch", compute_epoch)
     rng = np.random.default_rng(5)
-    probed = upload_dataset(
-        client, make_key("owner"), rng.normal(size=(200, D)) / 4, row_norm_bound=1
-    )
+    probed = worlds.dataset(make_key("owner"), rng, 200)
     #: The step of its schedule the probe shows at (0: at its visible_at).
     shown: dict[str, int] = {}
     #: The probe's visible_at after the epoch's next public moment (its public padding).
@@ -114,17 +107,15 @@ def test_a_probe_behind_an_epoch_shows_the_same_whatever_the_worker_does(
                 assert row is not None and row.epochs_done == 1
                 worlds.hold_lease(session, release)
 
-        created, probe_visible = worlds.probe(probed["id"], PROBE)
         # The epoch's next public moment after the probe's request: the busy world's epoch
-        # ends within it (three quarters of the way), after the probe's request.
-        step = next_late_step(start, visible, created)
-        epoch_ends = created + (step - created) * 0.75
+        # ends within it (three quarters of the way), after the probe's request. The one
+        # worker runs the probe at once, or after the epoch. (The step, not the moment: the
+        # two worlds' requests are milliseconds apart from their epoch's step, so their
+        # paddings are.)
+        _, probe_visible, step, shown[world] = worlds.probe_behind(
+            probed, PROBE, (start, visible), world == "running", RUN
+        )
         assert step == (start + (visible - start) * 4 if late else visible)
-        # The one worker runs the probe at once, or after the epoch.
-        ended = (epoch_ends if world == "running" else created) + RUN
-        # (The step, not the moment: the two worlds' requests are milliseconds apart from
-        # their epoch's step, so their paddings are.)
-        shown[world] = late_schedule(created, probe_visible, ended)[1]
         after_step[world] = probe_visible - step
     assert shown == {"ended": 0, "failed": 0, "running": 0}, shown
     # The probe's visible_at is the epoch's next public moment plus its own padding, in both

@@ -24,17 +24,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import continual
 from service.config import Settings
 from service.db.models import DatasetBatch, Release, ReleaseEpoch, utcnow
-from service.padding import late_schedule, next_late_step
 from service.padding_epochs import epoch_padding, in_order
-from service.worker import Worker
-from tests.continual.conftest import D, Worlds, epoch_rated
+from tests.continual.conftest import Worlds, epoch_rated
 from tests.continual.test_probe_behind_an_epoch import PAD, PROBE, RUN, _continual_waiting_for
 
 
@@ -47,19 +44,11 @@ def settings(settings: Settings) -> Settings:
 
 @pytest.mark.parametrize("sizes", [(30, 90), (30, 60, 120)], ids=["two", "three"])
 def test_a_probe_behind_several_epochs_shows_the_same_whatever_the_worker_does(
-    sizes: tuple[int, ...],
-    client: TestClient,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    worlds: Worlds,
-    settings: Settings,
-    session_factory: sessionmaker[Session],
+    sizes: tuple[int, ...], make_key: Any, worlds: Worlds, settings: Settings
 ) -> None:
+    worker, session_factory = worlds.worker, worlds.session_factory
     rng = np.random.default_rng(7)
-    probed = upload_dataset(
-        client, make_key("owner"), rng.normal(size=(200, D)) / 4, row_norm_bound=1
-    )
+    probed = worlds.dataset(make_key("owner"), rng, 200)
     last = len(sizes) + 1
     shown: dict[str, int] = {}
     after_step: dict[str, timedelta] = {}
@@ -93,12 +82,10 @@ def test_a_probe_behind_several_epochs_shows_the_same_whatever_the_worker_does(
         assert visible - start > first_visible - first_start
         assert visible > first_visible > utcnow()
 
-        created, probe_visible = worlds.probe(probed["id"], PROBE)
-        step = next_late_step(start, visible, created)
+        _, probe_visible, step, shown[world] = worlds.probe_behind(
+            probed, PROBE, (start, visible), world == "running", RUN
+        )
         assert step == visible
-        epoch_ends = created + (step - created) * 0.75
-        ended = (epoch_ends if world == "running" else created) + RUN
-        shown[world] = late_schedule(created, probe_visible, ended)[1]
         after_step[world] = probe_visible - step
     assert shown == {"ended": 0, "running": 0}, shown
     for world, moment in after_step.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -62,21 +63,74 @@ def columns(rows: np.ndarray[Any, Any], s3_endpoint: str, bucket: str) -> list[s
     return write_parquet(fs, f"{bucket}/lake/b.parquet", rows[1200:2000], 400)
 
 
-def _registered(client: TestClient, keys: Keys, bucket: str, columns: list[str]) -> Any:
-    response = helpers.register(client, keys.owner, f"s3://{bucket}/lake/", columns, BUDGET)
-    assert response.json()["registration_status"] == "ready", response.text
-    return response.json()
+@dataclass
+class Lake:
+    """One test's lake: its client and keys, the rows (the dataset's 0-1999, the batch's
+    2000-2799), the dataset's columns, the bucket and its endpoint."""
+
+    client: TestClient
+    keys: Keys
+    rows: np.ndarray[Any, Any]
+    columns: list[str]
+    bucket: str
+    s3_endpoint: str
+
+    def registered(self) -> Any:
+        """The owner registers the lake's prefix (asserts ``ready``); the dataset's body."""
+        response = helpers.register(
+            self.client, self.keys.owner, f"s3://{self.bucket}/lake/", self.columns, BUDGET
+        )
+        assert response.json()["registration_status"] == "ready", response.text
+        return response.json()
+
+    def write_batch(self, scale: float = 1.0) -> str:
+        """The batch's object (rows 2000-2799, times ``scale``) written; its URI."""
+        write_parquet(
+            s3fs_for(self.s3_endpoint),
+            f"{self.bucket}/lake/c.parquet",
+            self.rows[2000:] * scale,
+            400,
+        )
+        return f"s3://{self.bucket}/lake/c.parquet"
+
+    def append(self, dataset_id: str, by: str | None = None, **body: Any) -> Any:
+        """``by`` (else the owner) requests a batch of the dataset; the response."""
+        return self.client.post(
+            f"/v1/dataset-references/{dataset_id}/batches",
+            headers=bearer(by or self.keys.owner),
+            json=body,
+        )
+
+    def batch_requested(self) -> tuple[Any, str]:
+        """A registered dataset (:meth:`registered`) and its batch's object written and
+        requested (asserts 202): the dataset's body and the batch's URI."""
+        referenced = self.registered()
+        uri = self.write_batch()
+        assert self.append(referenced["id"], uri=uri).status_code == 202
+        return referenced, uri
+
+    def view(self, dataset_id: str) -> Any:
+        """The dataset as its owner reads it."""
+        return self.client.get(f"/v1/datasets/{dataset_id}", headers=bearer(self.keys.owner)).json()
+
+    def one_shot(self, dataset_id: str) -> str:
+        """The analyst requests a one-shot release (analyze_gauss); its id."""
+        return post_release(
+            self.client, self.keys.analyst, dataset_id, mechanism="analyze_gauss", k=2,
+            epsilon="1", delta="1e-5",
+        )  # fmt: skip
 
 
-def _write_batch(rows: np.ndarray[Any, Any], s3_endpoint: str, bucket: str) -> str:
-    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/c.parquet", rows[2000:], 400)
-    return f"s3://{bucket}/lake/c.parquet"
-
-
-def _append(client: TestClient, key: str, dataset_id: str, **body: Any) -> Any:
-    return client.post(
-        f"/v1/dataset-references/{dataset_id}/batches", headers=bearer(key), json=body
-    )
+@pytest.fixture
+def lake(
+    client: TestClient,
+    keys: Keys,
+    rows: np.ndarray[Any, Any],
+    columns: list[str],
+    bucket: str,
+    s3_endpoint: str,
+) -> Lake:
+    return Lake(client, keys, rows, columns, bucket, s3_endpoint)
 
 
 def _continual(client: TestClient, keys: Keys, dataset_id: str, horizon: int) -> str:
@@ -96,22 +150,18 @@ def _releases_only(worker: Worker) -> int:
 
 
 def test_a_waiting_continual_release_advances_with_a_batch_by_reference(
-    client: TestClient,
-    keys: Keys,
     upload_dataset: Callable[..., dict[str, Any]],
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     session_factory: sessionmaker[Session],
     store: DatasetStore,
     settings: Settings,
     dask_scheduler: str,
     monkeypatch: pytest.MonkeyPatch,
+    lake: Lake,
 ) -> None:
     """Epoch 2 from the batch by reference is epoch 2 from the same rows appended to an upload
     (the same release key: the same subspace and noise scale), and the same bits on Dask as in
     process; while the batch registers, nothing sees it."""
+    client, keys, rows = lake.client, lake.keys, lake.rows
     monkeypatch.setattr(continual, "new_release_key", lambda: KEY)
     here = Worker(session_factory, store, settings)
     there = Worker(
@@ -129,7 +179,7 @@ def test_a_waiting_continual_release_advances_with_a_batch_by_reference(
     assert appended.status_code == 201, appended.text
     here.run_pending()
     # Two continual releases on the reference (in process, on Dask), waiting after epoch 1.
-    referenced = _registered(client, keys, bucket, columns)
+    referenced = lake.registered()
     in_process = _continual(client, keys, referenced["id"], 2)
     _releases_only(here)
     on_dask = _continual(client, keys, referenced["id"], 2)
@@ -138,21 +188,21 @@ def test_a_waiting_continual_release_advances_with_a_batch_by_reference(
         body = fetch_release(client, keys.owner, release_id)
         assert (body["status"], body["epochs_done"]) == ("running", 1), body
 
-    uri = _write_batch(rows, s3_endpoint, bucket)
-    posted = _append(client, keys.owner, referenced["id"], uri=uri)
+    uri = lake.write_batch()
+    posted = lake.append(referenced["id"], uri=uri)
     assert posted.status_code == 202, posted.text
     pending = posted.json()
     assert pending["batch_status"] == "registering"
     assert (pending["n_rows"], pending["n_batches"]) == (2000, 1)  # not a batch yet
     # While it registers no release sees it: nothing to claim, and a second batch waits.
     assert _releases_only(here) == 0
-    again = _append(client, keys.owner, referenced["id"], uri=uri)
+    again = lake.append(referenced["id"], uri=uri)
     assert (again.status_code, again.json()["error"]) == (409, "batch_registering"), again.text
     analyst_view = client.get(f"/v1/datasets/{referenced['id']}", headers=bearer(keys.analyst))
     assert analyst_view.json()["batch_status"] is None  # the owner's only
 
     assert helpers.run_registrations(client) == 1
-    grown = client.get(f"/v1/datasets/{referenced['id']}", headers=bearer(keys.owner)).json()
+    grown = lake.view(referenced["id"])
     assert (grown["n_rows"], grown["n_batches"], grown["batch_status"]) == (2800, 2, None)
     with session_factory() as session:
         batch = session.get(DatasetBatch, (uuid.UUID(grown["id"]), 1))
@@ -181,17 +231,13 @@ def test_a_waiting_continual_release_advances_with_a_batch_by_reference(
 
 
 def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
-    client: TestClient,
-    keys: Keys,
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     session_factory: sessionmaker[Session],
     store: DatasetStore,
     settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
+    lake: Lake,
 ) -> None:
+    client, keys = lake.client, lake.keys
     worker = Worker(session_factory, store, settings)
     read: list[tuple[int, int]] = []
     opened = oneshot.reference.open_rows
@@ -203,19 +249,11 @@ def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
             yield source
 
     monkeypatch.setattr(oneshot.reference, "open_rows", spy)
-    referenced = _registered(client, keys, bucket, columns)
-    uri = _write_batch(rows, s3_endpoint, bucket)
-    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    referenced, _ = lake.batch_requested()
     # Requested before the batch is registered: the rows present then (2000).
-    before = post_release(
-        client, keys.analyst, referenced["id"], mechanism="analyze_gauss", k=2, epsilon="1",
-        delta="1e-5",
-    )  # fmt: skip
+    before = lake.one_shot(referenced["id"])
     helpers.run_registrations(client)
-    after = post_release(
-        client, keys.analyst, referenced["id"], mechanism="analyze_gauss", k=2, epsilon="1",
-        delta="1e-5",
-    )  # fmt: skip
+    after = lake.one_shot(referenced["id"])
     continual_id = _continual(client, keys, referenced["id"], 3)
     _releases_only(worker)
     early, late = (
@@ -231,11 +269,8 @@ def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
     assert (body["status"], body["epochs_done"]) == ("running", 2), body
 
     # The batch's object changes: a release reading it fails, naming it, refunded.
-    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/c.parquet", rows[2000:] * 0.5, 400)
-    changed = post_release(
-        client, keys.analyst, referenced["id"], mechanism="analyze_gauss", k=2, epsilon="1",
-        delta="1e-5",
-    )  # fmt: skip
+    lake.write_batch(0.5)
+    changed = lake.one_shot(referenced["id"])
     _releases_only(worker)
     failed = fetch_release(client, keys.owner, changed)
     assert failed["status"] == "failed" and failed["refunded"] is False, failed
@@ -244,26 +279,22 @@ def test_a_one_shot_release_reads_every_batch_and_a_changed_one_fails_it(
 
 
 def test_a_changed_batch_object_fails_the_continual_epoch(
-    client: TestClient,
-    keys: Keys,
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     session_factory: sessionmaker[Session],
     store: DatasetStore,
     settings: Settings,
+    lake: Lake,
 ) -> None:
     """Changed after registration, before epoch 2 reads it: the release ends ``failed``
     without epoch 2, charged (epoch 1 was released), its reason naming the object."""
+    client, keys = lake.client, lake.keys
     worker = Worker(session_factory, store, settings)
-    referenced = _registered(client, keys, bucket, columns)
+    referenced = lake.registered()
     release_id = _continual(client, keys, referenced["id"], 2)
     _releases_only(worker)
-    uri = _write_batch(rows, s3_endpoint, bucket)
-    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    uri = lake.write_batch()
+    assert lake.append(referenced["id"], uri=uri).status_code == 202
     helpers.run_registrations(client)
-    write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/c.parquet", rows[2000:] * 0.5, 400)
+    lake.write_batch(0.5)
     _releases_only(worker)
     body = fetch_release(client, keys.owner, release_id)
     assert (body["status"], body["epochs_done"], body["refunded"]) == ("failed", 1, False), body
@@ -272,35 +303,32 @@ def test_a_changed_batch_object_fails_the_continual_epoch(
 
 
 def test_bad_batches_are_refused_naming_the_field(
-    client: TestClient,
-    keys: Keys,
     upload_dataset: Callable[..., dict[str, Any]],
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
+    lake: Lake,
 ) -> None:
-    referenced = _registered(client, keys, bucket, columns)
+    client, keys, rows = lake.client, lake.keys, lake.rows
+    columns, bucket, s3_endpoint = lake.columns, lake.bucket, lake.s3_endpoint
+    referenced = lake.registered()
     dataset_id = referenced["id"]
-    uri = _write_batch(rows, s3_endpoint, bucket)
+    uri = lake.write_batch()
 
     def field(response: Any) -> tuple[int, str]:
         """The status and the field the detail names first (``field: message``)."""
         return response.status_code, str(response.json()["detail"]).split(":", 1)[0]
 
-    assert _append(client, keys.analyst, dataset_id, uri=uri).status_code == 403
-    assert field(_append(client, keys.owner, dataset_id, uri="s3://elsewhere/x.parquet")) == (
+    assert lake.append(dataset_id, by=keys.analyst, uri=uri).status_code == 403
+    assert field(lake.append(dataset_id, uri="s3://elsewhere/x.parquet")) == (
         422,
         "uri",
     )
-    wrong = _append(client, keys.owner, dataset_id, uri=uri, columns=list(reversed(columns)))
+    wrong = lake.append(dataset_id, uri=uri, columns=list(reversed(columns)))
     assert field(wrong) == (422, "columns")
-    assert field(_append(client, keys.owner, dataset_id, uri=uri, extra=1))[0] == 422
-    assert field(_append(client, keys.owner, dataset_id))[0] == 422
-    covered = _append(client, keys.owner, dataset_id, uri=f"s3://{bucket}/lake/a.parquet")
+    assert field(lake.append(dataset_id, uri=uri, extra=1))[0] == 422
+    assert field(lake.append(dataset_id))[0] == 422
+    covered = lake.append(dataset_id, uri=f"s3://{bucket}/lake/a.parquet")
     assert (covered.status_code, covered.json()["error"]) == (409, "object_registered")
     uploaded = upload_dataset(client, keys.owner, rows[:10], **BUDGET)
-    assert field(_append(client, keys.owner, uploaded["id"], uri=uri)) == (422, "uri")
+    assert field(lake.append(uploaded["id"], uri=uri)) == (422, "uri")
     stored_append = client.post(
         f"/v1/datasets/{dataset_id}/rows",
         headers=bearer(keys.owner),
@@ -312,25 +340,22 @@ def test_bad_batches_are_refused_naming_the_field(
     # What needs a read ends the batch failed (the dataset as it was), naming the field.
     fs = s3fs_for(s3_endpoint)
     write_parquet(fs, f"{bucket}/lake/d.parquet", rows[2000:], 400, prefix="x")
-    posted = _append(client, keys.owner, dataset_id, uri=f"s3://{bucket}/lake/d.parquet")
+    posted = lake.append(dataset_id, uri=f"s3://{bucket}/lake/d.parquet")
     assert posted.status_code == 202, posted.text
     helpers.run_registrations(client)
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert body["batch_status"] == "failed" and body["batch_reason"].startswith("columns"), body
     assert (body["n_rows"], body["n_batches"]) == (2000, 1)
     # A copy of a registered object's content is refused too (its rows would count twice).
     fs.copy(f"{bucket}/lake/b.parquet", f"{bucket}/lake/e.parquet")
-    assert (
-        _append(client, keys.owner, dataset_id, uri=f"s3://{bucket}/lake/e.parquet").status_code
-        == 202
-    )
+    assert lake.append(dataset_id, uri=f"s3://{bucket}/lake/e.parquet").status_code == 202
     helpers.run_registrations(client)
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert body["batch_status"] == "failed" and "already covered" in body["batch_reason"], body
     # The failed batch is replaced by the next one, which registers.
-    assert _append(client, keys.owner, dataset_id, uri=uri).status_code == 202
+    assert lake.append(dataset_id, uri=uri).status_code == 202
     helpers.run_registrations(client)
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
 
 
@@ -353,46 +378,43 @@ def _unchanged(session_factory: sessionmaker[Session], dataset_id: str) -> tuple
 
 
 def test_a_batch_naming_covered_objects_is_refused_by_the_request(
-    client: TestClient,
-    keys: Keys,
     make_key: Callable[[str], str],
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     session_factory: sessionmaker[Session],
+    lake: Lake,
 ) -> None:
     """A batch's URI equal to batch 0's, a prefix of it, a prefix holding an earlier batch's
     objects (or another live dataset's), or one of those objects: 409 ``object_registered`` at
     once, naming ``uri``, the object and the batch that covers it, and nothing changes (no job,
     no batch, no event, no ledger entry). A prefix under batch 0's holding only new objects is a
     batch; a name that only begins like a covered object's is not a prefix of it."""
+    client, keys, rows = lake.client, lake.keys, lake.rows
+    columns, bucket, s3_endpoint = lake.columns, lake.bucket, lake.s3_endpoint
     fs = s3fs_for(s3_endpoint)
-    referenced = _registered(client, keys, bucket, columns)
+    referenced = lake.registered()
     dataset_id = referenced["id"]
-    lake = f"s3://{bucket}/lake"
+    prefix = f"s3://{bucket}/lake"
     write_parquet(fs, f"{bucket}/lake/more/c.parquet", rows[2000:2400], 400)
     before = _unchanged(session_factory, dataset_id)
-    for uri in (f"{lake}/", lake, f"{lake}//"):  # one prefix, however spelt
-        refused = _append(client, keys.owner, dataset_id, uri=uri)
+    for uri in (f"{prefix}/", prefix, f"{prefix}//"):  # one prefix, however spelt
+        refused = lake.append(dataset_id, uri=uri)
         assert (refused.status_code, refused.json()["error"]) == (409, "object_registered")
         detail = refused.json()["detail"]
-        assert detail.startswith(f"uri: {lake} holds {lake}/a.parquet"), detail
+        assert detail.startswith(f"uri: {prefix} holds {prefix}/a.parquet"), detail
         assert "already covered by this dataset (batch 0)" in detail, detail
         assert _unchanged(session_factory, dataset_id) == before
 
     # Batch 1 under batch 0's prefix, holding new objects only, is a batch.
-    assert _append(client, keys.owner, dataset_id, uri=f"{lake}/more/").status_code == 202
+    assert lake.append(dataset_id, uri=f"{prefix}/more/").status_code == 202
     assert helpers.run_registrations(client) == 1
-    grown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    grown = lake.view(dataset_id)
     assert (grown["n_rows"], grown["n_batches"], grown["batch_status"]) == (2400, 2, None)
     before = _unchanged(session_factory, dataset_id)
     for uri, named in [
-        (f"{lake}/more", f"{lake}/more holds {lake}/more/c.parquet, which is"),
-        (f"{lake}/more/c.parquet", f"{lake}/more/c.parquet is"),
-        (f"{lake}/b.parquet", f"{lake}/b.parquet is"),
+        (f"{prefix}/more", f"{prefix}/more holds {prefix}/more/c.parquet, which is"),
+        (f"{prefix}/more/c.parquet", f"{prefix}/more/c.parquet is"),
+        (f"{prefix}/b.parquet", f"{prefix}/b.parquet is"),
     ]:
-        refused = _append(client, keys.owner, dataset_id, uri=uri)
+        refused = lake.append(dataset_id, uri=uri)
         assert (refused.status_code, refused.json()["error"]) == (409, "object_registered")
         seq = 0 if uri.endswith("b.parquet") else 1
         assert refused.json()["detail"].startswith(
@@ -403,19 +425,19 @@ def test_a_batch_naming_covered_objects_is_refused_by_the_request(
     # Another owner's dataset under the same lake: its objects are refused by name too, and
     # a registration (not a batch) of a prefix holding them is refused by its POST as well.
     write_parquet(fs, f"{bucket}/lake/other/x.parquet", rows[2400:], 200)
-    helpers.registered(client, make_key("owner"), f"{lake}/other", columns)
+    helpers.registered(client, make_key("owner"), f"{prefix}/other", columns)
     before = _unchanged(session_factory, dataset_id)
-    refused = _append(client, keys.owner, dataset_id, uri=f"{lake}/other/")
+    refused = lake.append(dataset_id, uri=f"{prefix}/other/")
     assert (refused.status_code, refused.json()["error"]) == (409, "object_registered")
     assert refused.json()["detail"].startswith(
-        f"uri: {lake}/other holds {lake}/other/x.parquet, which is already covered by another "
+        f"uri: {prefix}/other holds {prefix}/other/x.parquet, which is already covered by another "
         "live dataset"
     ), refused.text
     assert _unchanged(session_factory, dataset_id) == before
     posted = client.post(
         "/v1/dataset-references",
         headers=bearer(keys.owner),
-        json={**BUDGET, "uri": f"{lake}/", "columns": columns},
+        json={**BUDGET, "uri": f"{prefix}/", "columns": columns},
     )
     assert (posted.status_code, posted.json()["error"]) == (409, "object_registered")
     assert "another live dataset" in posted.json()["detail"], posted.text
@@ -423,74 +445,65 @@ def test_a_batch_naming_covered_objects_is_refused_by_the_request(
     # A name that only begins like a covered object's is no prefix of it: the request takes
     # it, and the worker finds nothing there (an empty batch ends failed, the dataset as it
     # was).
-    posted = _append(client, keys.owner, dataset_id, uri=f"{lake}/b")
+    posted = lake.append(dataset_id, uri=f"{prefix}/b")
     assert posted.status_code == 202, posted.text
     helpers.run_registrations(client)
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert body["batch_status"] == "failed", body
     assert body["batch_reason"] == "uri: holds no .parquet objects", body
     assert (body["n_rows"], body["n_batches"]) == (2400, 2)
 
 
 def test_a_dataset_with_no_room_for_a_batch_refuses_it_at_the_request(
-    client: TestClient,
-    keys: Keys,
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     settings: Settings,
     session_factory: sessionmaker[Session],
     monkeypatch: pytest.MonkeyPatch,
+    lake: Lake,
 ) -> None:
     """A batch holds at least one object and 2 rows: a dataset that 2 more rows would take past
     DPSS_MAX_DATASET_BYTES (413, as a stored append past it), or at the objects' bound (422),
     refuses any batch at once, naming ``uri``, nothing kept; one with room for 2 rows but not
     for this batch's 800 still ends it ``failed`` from the worker, which knows the batch's
     size."""
-    referenced = _registered(client, keys, bucket, columns)
+    client, columns = lake.client, lake.columns
+    referenced = lake.registered()
     dataset_id = referenced["id"]
-    uri = _write_batch(rows, s3_endpoint, bucket)
+    uri = lake.write_batch()
     before = _unchanged(session_factory, dataset_id)
     least = 8 * 2002 * len(columns)  # the dataset's 2000 rows and 2 more, 8 bytes a value
     settings.max_dataset_bytes = least - 1
-    refused = _append(client, keys.owner, dataset_id, uri=uri)
+    refused = lake.append(dataset_id, uri=uri)
     assert refused.status_code == 413, refused.text
     assert refused.json()["detail"].startswith("uri: the dataset with any batch (at least 2002 ")
     assert "DPSS_MAX_DATASET_BYTES" in refused.json()["detail"]
     assert _unchanged(session_factory, dataset_id) == before
     settings.max_dataset_bytes = least
     monkeypatch.setattr(registration.reference, "MAX_OBJECTS", 2)  # a.parquet and b.parquet
-    refused = _append(client, keys.owner, dataset_id, uri=uri)
+    refused = lake.append(dataset_id, uri=uri)
     assert refused.status_code == 422, refused.text
     assert refused.json()["detail"].startswith("uri: the dataset covers 2 objects, the most")
     assert _unchanged(session_factory, dataset_id) == before
     monkeypatch.undo()
-    assert _append(client, keys.owner, dataset_id, uri=uri).status_code == 202
+    assert lake.append(dataset_id, uri=uri).status_code == 202
     assert helpers.run_registrations(client) == 1
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert body["batch_status"] == "failed", body
     assert body["batch_reason"].startswith("uri: the dataset with this batch (2800 rows"), body
     assert (body["n_rows"], body["n_batches"]) == (2000, 1)
 
 
 def test_the_worker_still_refuses_a_batch_whose_objects_were_covered_meanwhile(
-    client: TestClient,
-    keys: Keys,
     upload_dataset: Callable[..., dict[str, Any]],
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     settings: Settings,
     session_factory: sessionmaker[Session],
+    lake: Lake,
 ) -> None:
     """The request's check is not the only one: a batch whose object another live dataset came
     to cover after the request (two requests racing, each checked before the other committed)
     ends ``failed`` when its worker covers the objects, the dataset as it was."""
-    referenced = _registered(client, keys, bucket, columns)
-    uri = _write_batch(rows, s3_endpoint, bucket)
-    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
+    client, keys, rows = lake.client, lake.keys, lake.rows
+    columns = lake.columns
+    referenced, uri = lake.batch_requested()
     other = upload_dataset(client, keys.owner, rows[:10], **BUDGET)
     (key, key_sha, content_sha), *_ = registration.reference.inspect(
         uri, columns, settings
@@ -505,30 +518,25 @@ def test_the_worker_still_refuses_a_batch_whose_objects_were_covered_meanwhile(
             )
         )
     assert helpers.run_registrations(client) == 1
-    body = client.get(f"/v1/datasets/{referenced['id']}", headers=bearer(keys.owner)).json()
+    body = lake.view(referenced["id"])
     assert body["batch_status"] == "failed" and "already covered" in body["batch_reason"], body
     assert (body["n_rows"], body["n_batches"]) == (2000, 1)
 
 
 def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(
-    client: TestClient,
-    keys: Keys,
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     session_factory: sessionmaker[Session],
     store: DatasetStore,
     settings: Settings,
+    lake: Lake,
 ) -> None:
     """A dead worker's batch goes to another after its lease, whose late finish is discarded;
     after the attempts allowed the batch ends failed (the dataset as it was); a batch of a
     dataset deleted meanwhile never becomes one."""
+    client, keys, rows = lake.client, lake.keys, lake.rows
+    columns, bucket, s3_endpoint = lake.columns, lake.bucket, lake.s3_endpoint
     dead, other = (Worker(session_factory, store, settings) for _ in range(2))
-    referenced = _registered(client, keys, bucket, columns)
+    referenced, _ = lake.batch_requested()
     dataset_id = uuid.UUID(referenced["id"])
-    uri = _write_batch(rows, s3_endpoint, bucket)
-    assert _append(client, keys.owner, referenced["id"], uri=uri).status_code == 202
     job = registration.claim(dead)
     assert job is not None and job.batch and job.columns == columns
     assert registration.claim(other) is None  # leased
@@ -538,22 +546,22 @@ def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(
         row.registration_lease_expires_at = utcnow() - timedelta(seconds=1)
     assert other.run_registration()
     assert registration.process(dead, job) == "lost"
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (2800, 2, None)
 
     write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/d.parquet", rows[:300] + 1.0, 100)
     d_uri = f"s3://{bucket}/lake/d.parquet"
-    assert _append(client, keys.owner, referenced["id"], uri=d_uri).status_code == 202
+    assert lake.append(referenced["id"], uri=d_uri).status_code == 202
     with session_factory.begin() as session:
         row = session.get(Dataset, dataset_id)
         assert row is not None
         row.registration_attempts = settings.worker_max_attempts
     assert registration.claim(other) is None
-    body = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner)).json()
+    body = lake.view(dataset_id)
     assert body["batch_status"] == "failed" and "abandoned after" in body["batch_reason"]
     assert (body["n_rows"], body["n_batches"]) == (2800, 2)
 
-    assert _append(client, keys.owner, referenced["id"], uri=d_uri).status_code == 202
+    assert lake.append(referenced["id"], uri=d_uri).status_code == 202
     job = registration.claim(other)
     assert job is not None
     assert (
@@ -565,18 +573,15 @@ def test_a_batch_job_is_leased_abandoned_and_lost_as_a_registration(
 
 
 def test_the_client_appends_a_batch_and_waits(
-    client: TestClient,
-    keys: Keys,
-    rows: np.ndarray[Any, Any],
-    columns: list[str],
-    bucket: str,
-    s3_endpoint: str,
     monkeypatch: pytest.MonkeyPatch,
+    lake: Lake,
 ) -> None:
-    referenced = _registered(client, keys, bucket, columns)
+    client, keys, rows = lake.client, lake.keys, lake.rows
+    bucket, s3_endpoint = lake.bucket, lake.s3_endpoint
+    referenced = lake.registered()
     monkeypatch.setattr(handles_module, "_sleep", lambda _: helpers.run_registrations(client))
     owner = Client(str(client.base_url), keys.owner, http=client)
-    grown = owner.append_reference_batch(referenced["id"], _write_batch(rows, s3_endpoint, bucket))
+    grown = owner.append_reference_batch(referenced["id"], lake.write_batch())
     assert (grown.n_rows, grown.n_batches, grown.batch_status) == (2800, 2, None)
     write_parquet(s3fs_for(s3_endpoint), f"{bucket}/lake/d.parquet", rows[:10], 5, prefix="x")
     with pytest.raises(RegistrationFailed, match="batch: columns"):

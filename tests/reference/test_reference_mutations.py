@@ -12,11 +12,12 @@ the cases nobody named there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,36 @@ def two_files(root: Path, rows: np.ndarray[Any, Any]) -> tuple[list[str], Path, 
     names = plain_parquet(first, rows[:200])
     plain_parquet(second, rows[200:])
     return names, first, second
+
+
+def registered_files(
+    client: TestClient, keys: Keys, root: Path, rows: np.ndarray[Any, Any]
+) -> tuple[Any, Path]:
+    """The owner registers :func:`two_files` (under ``root/set``): the dataset's body and the
+    first file."""
+    names, first, _ = two_files(root, rows)
+    return helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json(), first
+
+
+@contextlib.contextmanager
+def registered_on_s3(
+    settings: Settings,
+    session_factory: sessionmaker[Session],
+    store: DatasetStore,
+    owner: str,
+    uri: str,
+    names: list[str],
+    budget: dict[str, Any] = BUDGET,
+) -> Iterator[tuple[TestClient, Worker, Any]]:
+    """A client of an app on ``settings`` (an S3 lake) and a worker, and in it the owner's
+    registration of the objects ``names`` under ``uri``: the client, the worker and the
+    dataset's body."""
+    from service.app import create_app
+
+    app = create_app(settings, session_factory=session_factory)
+    worker = Worker(session_factory, store, settings)
+    with TestClient(app) as client:
+        yield client, worker, helpers.register(client, owner, uri, names, budget).json()
 
 
 def renamed_over(root: Path, rows: np.ndarray[Any, Any]) -> None:
@@ -190,8 +221,7 @@ def test_a_changed_file_fails_the_release_charged(
     root: Path,
     rows: np.ndarray[Any, Any],
 ) -> None:
-    names, _, _ = two_files(root, rows)
-    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    dataset, _ = registered_files(client, keys, root, rows)
     assert dataset["registration_status"] == "ready", dataset
     before = release(client, keys, dataset["id"], worker)
     assert before["status"] == "succeeded", before
@@ -223,8 +253,7 @@ def test_a_change_that_keeps_the_registered_bytes_releases_from_them(
     root: Path,
     rows: np.ndarray[Any, Any],
 ) -> None:
-    names, _, _ = two_files(root, rows)
-    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    dataset, _ = registered_files(client, keys, root, rows)
     before = release(client, keys, dataset["id"], worker)
     assert before["status"] == "succeeded", before
     change(root, rows)
@@ -245,8 +274,7 @@ def test_a_change_after_the_first_check_is_caught_as_the_bytes_are_read(
 ) -> None:
     """TOCTOU: the object changes (same size and mtime) right after the identities were
     compared and before any row group is read: the digest of the bytes read refuses them."""
-    names, first, _ = two_files(root, rows)
-    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    dataset, first = registered_files(client, keys, root, rows)
     checked = ParquetRows.check_unchanged
     calls: list[int] = []
 
@@ -276,8 +304,7 @@ def test_a_change_between_passes_of_one_run_fails_it(
     """A mechanism reading the rows twice (a clip quantile's norms, then the Gram pass): the object
     changes after the first pass; the second pass's reads refuse the new bytes, and the change
     put back before the final identity check does not make the release succeed."""
-    names, first, _ = two_files(root, rows)
-    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    dataset, first = registered_files(client, keys, root, rows)
     original = first.read_bytes()
     status = first.stat()
     passes = ParquetRows._compute
@@ -326,16 +353,14 @@ def test_an_s3_object_rewritten_with_the_same_bytes_releases_them_and_other_byte
 ) -> None:
     """Same bytes, same ETag (an unversioned bucket): the registered bytes, released; other
     bytes: failed and charged, nothing released."""
-    from service.app import create_app
-
     fs = s3fs_for(s3_endpoint)
     names = write_parquet(fs, f"{bucket}/lake/d/a.parquet", rows, 100)
-    app = create_app(s3_settings, session_factory=session_factory)
-    worker = Worker(session_factory, store, s3_settings)
-    with TestClient(app) as client:
-        dataset = helpers.register(
-            client, keys.owner, f"s3://{bucket}/lake/d/", names, BUDGET
-        ).json()
+    uri = f"s3://{bucket}/lake/d/"
+    with registered_on_s3(s3_settings, session_factory, store, keys.owner, uri, names) as (
+        client,
+        worker,
+        dataset,
+    ):
         assert dataset["registration_status"] == "ready", dataset
         before = release(client, keys, dataset["id"], worker)
         assert before["status"] == "succeeded", before
@@ -364,18 +389,16 @@ def test_a_versioned_s3_object_overwritten_fails_and_its_registered_version_rele
     """A versioned bucket: the registration records the object's VersionId. Overwritten (a new
     current version, other bytes): failed and charged. The new version deleted (the registered
     one current again): the same basis as before, bit for bit."""
-    from service.app import create_app
-
     fs = s3fs_for(s3_endpoint)
     fs.make_bucket_versioned(bucket)
     key = f"{bucket}/lake/v/a.parquet"
     names = write_parquet(fs, key, rows, 100)
-    app = create_app(s3_settings, session_factory=session_factory)
-    worker = Worker(session_factory, store, s3_settings)
-    with TestClient(app) as client:
-        dataset = helpers.register(
-            client, keys.owner, f"s3://{bucket}/lake/v/", names, BUDGET
-        ).json()
+    uri = f"s3://{bucket}/lake/v/"
+    with registered_on_s3(s3_settings, session_factory, store, keys.owner, uri, names) as (
+        client,
+        worker,
+        dataset,
+    ):
         assert dataset["registration_status"] == "ready", dataset
         before = release(client, keys, dataset["id"], worker)
         assert before["status"] == "succeeded", before
@@ -411,8 +434,7 @@ def test_a_changed_file_fails_the_release_charged_on_dask_too(
     dask_scheduler: str,
 ) -> None:
     """The same changes, the row groups read by Dask's workers: failed, charged."""
-    names, _, _ = two_files(root, rows)
-    dataset = helpers.register(client, keys.owner, str(root / "set"), names, BUDGET).json()
+    dataset, _ = registered_files(client, keys, root, rows)
     on_dask = Worker(
         session_factory, store, settings.model_copy(update={"dask_scheduler": dask_scheduler})
     )

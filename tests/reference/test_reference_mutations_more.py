@@ -32,6 +32,7 @@ from tests.conftest import Keys, bearer, fetch_release, post_release
 from tests.reference import helpers
 from tests.reference.conftest import s3fs_for, write_parquet
 from tests.reference.test_integrity import plain_parquet
+from tests.reference.test_reference_mutations import registered_on_s3
 
 BUDGET = helpers.FILE_BUDGET
 RELEASE = helpers.FILE_RELEASE
@@ -165,16 +166,15 @@ def test_an_s3_prefix_gaining_objects_is_not_read_and_losing_one_fails(
     s3_endpoint: str,
     rows: np.ndarray[Any, Any],
 ) -> None:
-    from service.app import create_app
-
     fs = s3fs_for(s3_endpoint)
     names = write_parquet(fs, f"{bucket}/lake/p/b.parquet", rows[:200], 100)
     write_parquet(fs, f"{bucket}/lake/p/c.parquet", rows[200:], 100)
-    worker = Worker(session_factory, store, lake)
-    with TestClient(create_app(lake, session_factory=session_factory)) as client:
-        dataset = helpers.register(
-            client, keys.owner, f"s3://{bucket}/lake/p/", names, BUDGET
-        ).json()
+    uri = f"s3://{bucket}/lake/p/"
+    with registered_on_s3(lake, session_factory, store, keys.owner, uri, names) as (
+        client,
+        worker,
+        dataset,
+    ):
         before = release(client, keys, dataset["id"], worker)
         assert before["status"] == "succeeded", before
         # Objects sorting before and after the registered ones, and one in a sub-prefix.
@@ -206,16 +206,15 @@ def test_an_s3_overwrite_the_identity_check_misses_is_caught_by_the_digests(
     """Other bytes of the same size under the same ETag (a multipart ETag is no content hash,
     and an S3-compatible store may reuse one): the identity check is made to see the recorded
     identity, and the digests of the bytes read still refuse the object, charged."""
-    from service.app import create_app
-
     fs = s3fs_for(s3_endpoint)
     key = f"{bucket}/lake/m/a.parquet"
     names = write_parquet(fs, key, rows, 100)
-    worker = Worker(session_factory, store, lake)
-    with TestClient(create_app(lake, session_factory=session_factory)) as client:
-        dataset = helpers.register(
-            client, keys.owner, f"s3://{bucket}/lake/m/", names, BUDGET
-        ).json()
+    uri = f"s3://{bucket}/lake/m/"
+    with registered_on_s3(lake, session_factory, store, keys.owner, uri, names) as (
+        client,
+        worker,
+        dataset,
+    ):
         assert release(client, keys, dataset["id"], worker)["status"] == "succeeded"
         recorded = fs.info(key, refresh=True)
         write_parquet(fs, key, -rows, 100)  # negated: the same size
@@ -253,17 +252,16 @@ def test_an_old_batch_changed_after_its_epoch_fails_the_next_epoch_charged(
     batch 1's objects exchange names, each keeping its own bytes): epoch 2 is not released, the
     release ends ``failed`` naming the object, charged (epoch 1 was released); a one-shot
     release over both batches fails, charged."""
-    from service.app import create_app
-
     data = np.random.default_rng(3).normal(size=(1200, 3)) / 4
     fs = s3fs_for(s3_endpoint)
     names = write_parquet(fs, f"{bucket}/lake/w1/a.parquet", data[:600], 200)
     write_parquet(fs, f"{bucket}/lake/w2/c.parquet", data[600:], 200)
-    worker = Worker(session_factory, store, lake)
-    with TestClient(create_app(lake, session_factory=session_factory)) as client:
-        dataset = helpers.register(
-            client, keys.owner, f"s3://{bucket}/lake/w1/", names, helpers.CONTINUAL_BUDGET
-        ).json()
+    uri, budget = f"s3://{bucket}/lake/w1/", helpers.CONTINUAL_BUDGET
+    with registered_on_s3(lake, session_factory, store, keys.owner, uri, names, budget) as (
+        client,
+        worker,
+        dataset,
+    ):
         continual_id = _continual(client, keys, dataset["id"], 2)
         worker.run_pending()
         assert fetch_release(client, keys.owner, continual_id)["epochs_done"] == 1
