@@ -193,6 +193,27 @@ def _context(dataset: Dataset, memory_limit_bytes: int | None) -> PublicContext:
     )
 
 
+#: Added to the refusal of a param the default mechanism does not take, when the request named
+#: no mechanism: ``auto`` was used, and how to set the param (the clients say the same in their
+#: own spelling, ``dpss_client.client.defaulted_mechanism``).
+DEFAULTED_MECHANISM_HINT = (
+    ' (no "mechanism" was given, so "auto", the default, was used: it takes only the fields '
+    'listed; send "mechanism": "analyze_gauss" to set this one)'
+)
+
+
+def defaulted_mechanism_refusal(refusal: InvalidInput) -> InvalidInput:
+    """``refusal`` of an unknown param of the defaulted ``auto``, with
+    :data:`DEFAULTED_MECHANISM_HINT` after the field's "unknown field"; a typo the message
+    already corrects ("did you mean") and any other refusal are left as they are."""
+    detail = refusal.detail
+    if "unknown field" not in detail or "did you mean" in detail:
+        return refusal
+    head, _, rest = detail.partition(";")
+    field = refusal.field
+    return InvalidInput(field, f"{head}{DEFAULTED_MECHANISM_HINT};{rest}"[len(field) + 2 :])
+
+
 def _prepare(
     body: ReleaseRequest,
     dataset: Dataset,
@@ -220,7 +241,10 @@ def _prepare(
     try:
         params = mechanism.parse_params(mechanism_params)
     except ValidationError as exc:
-        raise InvalidInput.from_validation(exc, prefix="params") from None
+        invalid = InvalidInput.from_validation(exc, prefix="params")
+        if "mechanism" not in body.model_fields_set:
+            invalid = defaulted_mechanism_refusal(invalid)
+        raise invalid from None
     if prior is not None:
         priors.check_for_release(
             prior, mechanism, dataset.n_cols, body.k, dataset.reference is not None

@@ -203,7 +203,11 @@ def _npy_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> I
     except Exception:
         raise InvalidInput("file", "not a readable .npy file") from None
     if array.ndim != 2:
-        raise InvalidInput("file", f"the .npy array must be 2-D (it has {array.ndim} dimensions)")
+        raise InvalidInput(
+            "file",
+            f"the .npy array must be 2-D (it has {array.ndim} "
+            f"dimension{'' if array.ndim == 1 else 's'})",
+        )
     if array.dtype.kind not in "biuf":
         raise InvalidInput("file", f"the .npy array must be numeric (its dtype is {array.dtype})")
     if array.shape[1] < 1:
@@ -250,12 +254,16 @@ def _csv_first_row(
     if not line.strip(b"\r\n"):
         return 0, False, []
     _check_width(_QUOTED_FIELD.sub(b"", line).count(b",") + 1, max_cols)
+    if not line.endswith(b"\n"):
+        # The file's only line, without a line end: pyarrow infers no columns from a block
+        # with no complete line ("Empty CSV file or block"), where the data reader reads it.
+        line += b"\n"
     try:
         table = pa_csv.read_csv(
             io.BytesIO(line), read_options=pa_csv.ReadOptions(autogenerate_column_names=True)
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError):
-        raise InvalidInput("file", "not a readable numeric CSV file") from None
+        raise InvalidInput("file", _describe_first_row(line)) from None
     # An empty or NaN-like cell (pyarrow's null) says nothing; the data parser refuses it later.
     # A named identifier column means a header; an identifier given by index may be text in
     # every row, so it is left out of the test.
@@ -268,6 +276,20 @@ def _csv_first_row(
         numeric[unit_column] = True
     header = not all(numeric) or (isinstance(unit_column, str) and unit_column in cells)
     return table.num_columns, header, cells
+
+
+def _describe_first_row(line: bytes) -> str:
+    """Why the first row did not parse, by row and column and without any of its cells: a
+    quoted field not closed is named by its column (a file cut short in it, or a stray
+    quote)."""
+    unquoted = _QUOTED_FIELD.sub(b"", line)
+    if unquoted.count(b'"') % 2:
+        column = unquoted[: unquoted.rindex(b'"')].count(b",") + 1
+        return (
+            f"row 1, column {column}: a quoted field is not closed (is the file cut short, "
+            "or a quote stray?)"
+        )
+    return "row 1: not a readable numeric CSV row"
 
 
 def _csv_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> Iterator[Block]:
@@ -297,6 +319,10 @@ def _csv_blocks(path: Path, limits: Limits, unit_column: UnitColumn = None) -> I
     except InvalidInput:
         raise
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        if header and "Could not skip initial" in str(exc):
+            # A header without a line end and nothing after it (the first row, within a
+            # block, was checked above): no data rows, as with a line end.
+            return
         raise InvalidInput("file", _describe_csv_error(str(exc))) from None
     except StopIteration:
         return

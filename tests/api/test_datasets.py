@@ -110,8 +110,17 @@ BAD_UPLOADS = {
     "csv_one_row": ("x.csv", b"1,2\n", "at least 2 rows"),
     "csv_header_only": ("x.csv", b"a,b\n", "at least 2 rows"),
     "csv_empty": ("x.csv", b"", "empty"),
-    "npy_1d": ("x.npy", npy_bytes(np.ones(5)), "2-D"),
-    "npy_3d": ("x.npy", npy_bytes(np.ones((2, 2, 2))), "2-D"),
+    # A file's only line without a line end was refused as "not a readable numeric CSV file"
+    # (pyarrow infers no columns from it); cut inside a quote, the refusal names row and column.
+    "csv_one_line_no_line_end": ("x.csv", b"1,2", "at least 2 rows"),
+    "csv_header_only_no_line_end": ("x.csv", b"a,secret", "at least 2 rows"),
+    "csv_one_line_cut_in_a_quote": (
+        "x.csv",
+        b'1,2,"secret',
+        "row 1, column 3: a quoted field is not closed (is the file cut short",
+    ),
+    "npy_1d": ("x.npy", npy_bytes(np.ones(5)), "2-D (it has 1 dimension)"),
+    "npy_3d": ("x.npy", npy_bytes(np.ones((2, 2, 2))), "2-D (it has 3 dimensions)"),
     "npy_strings": ("x.npy", npy_bytes(np.array([["a", "b"], ["c", "d"]])), "numeric"),
     "npy_complex": ("x.npy", npy_bytes(np.ones((2, 2), dtype=complex)), "numeric"),
     "npy_nan": ("x.npy", npy_bytes(np.array([[1.0, np.nan], [1.0, 2.0]])), "non-finite"),

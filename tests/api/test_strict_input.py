@@ -465,12 +465,14 @@ def test_a_release_without_a_cost_says_epsilon_alone_is_enough(
 def test_a_missing_field_says_what_it_is(client, keys, dataset_id, session_factory):
     """A new user's first slips on the default path answered pydantic's bare "Field required"
     ("mechanism: Field required", "delta_budget: Field required"): the field was named but not
-    what it is or what to send. The 422 now gives the field's description."""
-    body = {"k": 1, "epsilon": "0.1"}
+    what it is or what to send. The 422 now gives the field's description. (It used `mechanism`,
+    which is no longer required: absent, it is `auto`, as in every client; see
+    test_an_omitted_mechanism_is_auto_as_in_the_clients. `k` is the release's required field.)"""
+    body = {"epsilon": "0.1"}
     response = post_json(client, keys.analyst, f"/v1/datasets/{dataset_id}/releases", body)
     assert response.status_code == 422
     detail = response.json()["detail"]
-    assert detail.startswith("mechanism: required: Mechanism name; `auto` when unsure"), detail
+    assert detail.startswith("k: required: Dimension of the released subspace"), detail
     upload = client.post(
         "/v1/datasets",
         headers=bearer(keys.owner),
@@ -541,3 +543,42 @@ def test_too_few_rows_for_the_budget_names_epsilon_not_a_param_that_does_not_exi
     assert detail.startswith("epsilon: the dataset has 30 rows"), detail
     assert "n_rows" not in detail and "raise epsilon or delta" in detail
     assert charges(session_factory) == 0
+
+
+def test_an_omitted_mechanism_is_auto_as_in_the_clients(client, keys, dataset_id, session_factory):
+    """`Client.release`, `dpss releases create`, `PrivatePCA` and the README's "with the
+    defaults" all send `auto` when no mechanism is named, but the API refused a body without
+    `mechanism` ("mechanism: required"). Absent, it is now `auto` on the release, its dry run
+    and the OpenAPI page; delta's default is unchanged; a param auto does not take is refused
+    saying auto was the default and how to name the mechanism."""
+    path = f"/v1/datasets/{dataset_id}/releases"
+    body = {"k": 1, "epsilon": "0.1"}
+    preview = post_json(client, keys.analyst, f"{path}?dry_run=true", body)
+    assert preview.status_code == 200, preview.text
+    assert preview.json()["mechanism"] == "auto"
+    assert charges(session_factory) == 0
+    created = post_json(client, keys.analyst, path, body)
+    assert created.status_code == 202, created.text
+    assert created.json()["mechanism"] == "auto"
+    # delta's default as before: min(1e-6, delta_total / 100).
+    assert created.json()["delta"] == preview.json()["delta"]
+    assert charges(session_factory) == 1
+    for url in (path, f"{path}?dry_run=true"):
+        refused = post_json(client, keys.analyst, url, {**body, "params": {"clip_quantile": 0.3}})
+        assert refused.status_code == 422, refused.text
+        detail = refused.json()["detail"]
+        assert detail.startswith(
+            'params.clip_quantile: unknown field (no "mechanism" was given, so "auto", the '
+            "default, was used"
+        ), detail
+        assert 'send "mechanism": "analyze_gauss" to set this one); valid fields: ' in detail
+        named = {**body, "mechanism": "auto", "params": {"clip_quantile": 0.3}}
+        plain = post_json(client, keys.analyst, url, named)
+        assert plain.status_code == 422
+        assert plain.json()["detail"].startswith("params.clip_quantile: unknown field; valid")
+    assert charges(session_factory) == 1
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["ReleaseRequest"]
+    assert "mechanism" not in schema.get("required", [])
+    assert schema["properties"]["mechanism"]["default"] == "auto"
+    assert "Absent: `auto`, the default" in schema["properties"]["mechanism"]["description"]
+    assert "auto" in schema["properties"]["mechanism"]["enum"]

@@ -596,3 +596,37 @@ def test_a_missing_clip_norm_is_named_once_in_the_commands_spelling(
     detail = " ".join(refused.stderr.split())
     assert "send a public bound C on the rows' norms, --param clip_norm=C, chosen" in detail
     assert detail.count("clip_norm") == 2, detail
+
+
+def test_an_id_argument_is_named_as_the_command_names_it(dpss: Dpss, make_key: MakeKey) -> None:
+    # A malformed id answered "path.release_id: not an id ...", the API's location, which no
+    # command shows; `dpss budget --dataset ID` answered click's bare "No such option".
+    analyst, owner = make_key("analyst"), make_key("owner")
+    cases = {
+        ("releases", "show", "nope"): "the release id (argument RELEASE_ID): not an id",
+        ("datasets", "show", "nope"): "the dataset id (argument DATASET_ID): not an id",
+        ("budget", "nope"): "the dataset id (argument DATASET_ID): not an id",
+        ("releases", "create", "nope", "--k", "1", "--epsilon", "1"): "(argument DATASET_ID)",
+        ("releases", "list", "--dataset", "nope"): "] --dataset: not an id in canonical form",
+    }
+    for args, expected in cases.items():
+        result = dpss(*args, key=analyst)
+        assert result.exit_code == ExitCode.REFUSED, result.output
+        assert expected in result.stderr and "path." not in result.stderr, result.stderr
+        as_json = _json(dpss(*args, "--json", key=analyst))
+        assert expected.removeprefix("] ") in as_json["detail"], as_json
+    revoked = dpss("grants", "revoke", "nope", "nope2", key=owner)
+    assert "(argument DATASET_ID): not an id" in revoked.stderr, revoked.stderr
+    assert "; the grant id (argument GRANT_ID): not an id" in revoked.stderr, revoked.stderr
+    for args in (("budget", "--dataset", "x"), ("datasets", "show", "--dataset-id", "x")):
+        result = dpss(*args, key=analyst)
+        assert result.exit_code == ExitCode.USAGE, result.output
+        assert "No such option" not in result.output
+        said = " ".join(result.output.replace("│", " ").split())
+        command = " ".join(args[:-2])
+        assert f"the dataset id is positional: root {command} DATASET_ID" in said, said
+    shown = dpss("releases", "show", "--release", "x", key=analyst)
+    assert shown.exit_code == ExitCode.USAGE
+    assert "the release id is positional: root releases show RELEASE_ID" in " ".join(
+        shown.output.replace("│", " ").split()
+    ), shown.output

@@ -30,10 +30,13 @@ class ReleaseRequest(RequestSchema):
     )
 
     mechanism: Name = Field(
+        default="auto",
         description=(
-            "Mechanism name; `auto` when unsure (the service chooses and says why); see "
-            "`GET /v1/mechanisms`."
-        )
+            "Mechanism name; see `GET /v1/mechanisms`. Absent: `auto`, the default (as in "
+            "`Client.release`, `dpss releases create` and `PrivatePCA`): the service chooses "
+            "and says what and why; it takes only its own params, so a parameter of a named "
+            "mechanism (e.g. `clip_quantile`) needs that mechanism named."
+        ),
     )
     k: StrictInt = Field(
         ge=1,

@@ -134,6 +134,50 @@ OutOption = Annotated[
         help="Write the basis as a .npy file (implies --wait).",
     ),
 ]
+
+
+class _Positional(typer.BadParameter):
+    """A usage error said as it is, without "Invalid value for --dataset:" (no value of it is
+    invalid: the option is the slip)."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def _positional(what: str, argument: str) -> Callable[[typer.Context, str | None], None]:
+    """The callback of a hidden option a user may reach for where an id is an argument
+    (``dpss budget --dataset ID``): click's bare "No such option" gave no hint."""
+
+    def refuse(ctx: typer.Context, value: str | None) -> None:
+        if value is not None:
+            raise _Positional(f"the {what} id is positional: {ctx.command_path} {argument}", ctx)
+
+    return refuse
+
+
+#: ``--dataset ID`` (or ``--dataset-id``) on a command whose dataset id is its argument: a
+#: refusal that says so. Hidden; eager, so it answers before the missing argument does.
+DatasetAsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--dataset",
+        "--dataset-id",
+        hidden=True,
+        is_eager=True,
+        callback=_positional("dataset", "DATASET_ID"),
+    ),
+]
+#: ``--release ID`` (or ``--release-id``) on ``releases show``: as :data:`DatasetAsOption`.
+ReleaseAsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--release",
+        "--release-id",
+        hidden=True,
+        is_eager=True,
+        callback=_positional("release", "RELEASE_ID"),
+    ),
+]
 AllowLargeDeltaOption = Annotated[
     bool,
     typer.Option(
@@ -303,6 +347,7 @@ def _service_errors(as_json: bool, spelling: Spelling | None = None) -> Iterator
     a refusal names ``--epsilon``, not ``"epsilon": ...``; the code and figures are the API's."""
     from api_schemas.common import canonical_decimal
     from dpss_client.client import DpssError, ServiceTimeoutError
+    from dpss_client.spelling import respell_ids
 
     try:
         yield
@@ -311,6 +356,8 @@ def _service_errors(as_json: bool, spelling: Spelling | None = None) -> Iterator
             error = error.with_hint(CLI_TIMEOUT_HINT)
         code = _exit_code_for(error)
         detail = spelling.respell(error.detail) if spelling is not None else error.detail
+        # An id argument is named as the command's argument, not as the API's path.release_id.
+        detail = respell_ids(detail)
         if as_json:
             body: dict[str, Any] = {"error": error.code, "detail": detail}
             for extra in _ERROR_EXTRAS:

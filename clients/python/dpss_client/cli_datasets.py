@@ -15,6 +15,7 @@ import typer
 from dpss_client.cli_common import (
     AllowLargeDeltaOption,
     ApiKeyOption,
+    DatasetAsOption,
     JsonOption,
     TimeoutOption,
     UrlOption,
@@ -302,6 +303,7 @@ def datasets_append(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Append FILE's rows to a dataset as its next batch (owner key): all of them or none.
     Continual releases of the dataset release their next epoch from it."""
@@ -356,6 +358,7 @@ def datasets_show(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Show one dataset's metadata and budget."""
 
@@ -374,6 +377,7 @@ def datasets_delete(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Purge a dataset's rows (owner key). Its ledger and audit events stay."""
     if not yes:
@@ -395,6 +399,7 @@ def budget(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Show a dataset's privacy budget: total, spent and remaining (exact decimals)."""
 

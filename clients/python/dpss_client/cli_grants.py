@@ -14,6 +14,7 @@ from rich.table import Table
 
 from dpss_client.cli_common import (
     ApiKeyOption,
+    DatasetAsOption,
     JsonOption,
     UrlOption,
     _fetch_and_show,
@@ -108,6 +109,7 @@ def grants_create(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Grant an analyst key (or every analyst) a share of DATASET_ID's budget."""
 
@@ -130,6 +132,7 @@ def grants_list(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """List DATASET_ID's grants with what each spent and has left."""
     _fetch_and_show(
@@ -149,6 +152,7 @@ def grants_revoke(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Revoke a grant: no further charges; what it spent stays spent."""
 

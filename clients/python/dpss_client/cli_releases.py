@@ -17,9 +17,11 @@ import typer
 # (bench/bench_cli_startup.py).
 from dpss_client.cli_common import (
     ApiKeyOption,
+    DatasetAsOption,
     ExitCode,
     JsonOption,
     OutOption,
+    ReleaseAsOption,
     TimeoutOption,
     UrlOption,
     _client,
@@ -229,6 +231,7 @@ def releases_create(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    dataset_as_option: DatasetAsOption = None,
 ) -> None:
     """Request a release of DATASET_ID (analyst key). The cost is charged when it is queued."""
     params = parse_params(param or [])
@@ -308,6 +311,7 @@ def releases_show(
     url: UrlOption = DEFAULT_URL,
     api_key: ApiKeyOption = None,
     as_json: JsonOption = False,
+    release_as_option: ReleaseAsOption = None,
 ) -> None:
     """Show a release. With --wait (or --out) wait for it and exit as `releases create --wait`."""
     with _service_errors(as_json), _client(url, api_key) as client:

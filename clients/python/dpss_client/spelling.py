@@ -128,3 +128,22 @@ PRIVATE_PCA = Spelling(
     param_assign=lambda name, value: f"{name}={value}",
     queries={"dry_run=true": "`client.preview_release(...)`"},
 )
+
+
+#: The ids a command of ``dpss`` takes as arguments, by the API's location of them
+#: (``path.release_id``: a name no command shows), and ``releases list --dataset``'s filter.
+CLI_IDS: Mapping[str, str] = {
+    "path.dataset_id": "the dataset id (argument DATASET_ID)",
+    "path.release_id": "the release id (argument RELEASE_ID)",
+    "path.grant_id": "the grant id (argument GRANT_ID)",
+    "path.key_id": "the key id (argument KEY_ID)",
+    "path.prior_id": "the prior id (argument PRIOR_ID)",
+    "query.dataset_id": "--dataset",
+}
+_ID_LOCATION = re.compile(r"(^|; )((?:path|query)\.\w+)(?=: )")
+
+
+def respell_ids(detail: str) -> str:
+    """``detail`` with each location of a path parameter (``path.release_id: ...``) named as
+    the command line's argument (:data:`CLI_IDS`); other text is left as it is."""
+    return _ID_LOCATION.sub(lambda m: m[1] + CLI_IDS.get(m[2], m[2]), detail)
