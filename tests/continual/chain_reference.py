@@ -3,12 +3,14 @@
 change, the queue term counting the registrations pending at a point); everything else is the
 service's own, unchanged by the sweep, imported. ``tests/continual/test_chain_sweep.py`` runs the
 service's ``epoch_seconds``, ``epoch_padding`` and ``end_due`` with this ``_Chain`` in place of
-the service's, the slow reference the sweep is compared with figure for figure. Not imported
-by the service."""
+the service's (this module's functions of those names), the slow reference the sweep is compared
+with figure for figure (and ``bench/bench_chain.py`` times). Not imported by the service."""
 
 # ruff: noqa
 # mypy: ignore-errors
 from __future__ import annotations
+
+from unittest import mock
 
 import bisect
 import functools
@@ -33,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session, aliased
 from sqlalchemy.sql.expression import BindParameter, CompoundSelect
 
+from service import padding_epochs
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.mechanisms.registry import MECHANISMS
@@ -57,9 +60,6 @@ from service.padding_epochs import (
     _moment,
     act_queue_seconds,
     continual_names,
-    end_due,
-    epoch_padding,
-    epoch_seconds,
     epoch_visible_at,
     in_order,
     point,
@@ -423,3 +423,19 @@ def _deleted_ends(
         )
         .order_by(Release.id)
     )
+
+
+def _with_this_chain(function):
+    """The service's ``function`` run with this module's ``_Chain`` in its place."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        with mock.patch.object(padding_epochs, "_Chain", _Chain):
+            return function(*args, **kwargs)
+
+    return run
+
+
+epoch_seconds = _with_this_chain(padding_epochs.epoch_seconds)
+epoch_padding = _with_this_chain(padding_epochs.epoch_padding)
+end_due = _with_this_chain(padding_epochs.end_due)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -160,11 +159,8 @@ def test_the_chain_from_one_read_gives_the_figures_of_the_pending_list_read_at_e
         moments += [d for d in session.scalars(select(Dataset.deleted_at)).all() if d]
         moments += [e for e in session.scalars(select(ReleaseEpoch.visible_at)).all()]
         new = _figures(padding_epochs, session, settings, moments)
-    with (
-        session_factory() as session,
-        mock.patch.object(padding_epochs, "_Chain", chain_reference._Chain),
-    ):
-        old = _figures(padding_epochs, session, settings, moments)
+    with session_factory() as session:
+        old = _figures(chain_reference, session, settings, moments)
     assert new[0] == old[0]
     assert new[1] == old[1]
     assert new[2] == old[2]
