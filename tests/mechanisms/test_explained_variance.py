@@ -392,7 +392,16 @@ def test_a_narrow_interval_cut_at_zero_by_the_centre_bound_is_flagged_hidden() -
         250.0, 1215.0, 26.0, np.ones(10), (0.0, 0.0), 313.0, prior_share=10 / 784
     )
     low, high = est.interval
-    assert low == 0.0 and high - low < module.HIDDEN_WIDTH
+    # 0.263 wide: above the derived edge (0.257) itself now, so hidden either way.
+    assert low == 0.0 and 0.26 < high - low < 0.3
+    assert est.hidden
+    # The same with a larger residual: cut at 0 to 0.21, under the edge, while its box
+    # before the cut is 0.29 wide; still hidden, by the uncut box alone.
+    est = explained_variance(
+        250.0, 1500.0, 26.0, np.ones(10), (0.0, 0.0), 313.0, prior_share=10 / 784
+    )
+    low, high = est.interval
+    assert low == 0.0 and high - low < module.HIDDEN_WIDTH <= est.spread
     assert est.hidden
 
 
