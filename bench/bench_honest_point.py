@@ -18,6 +18,9 @@ earlier release's spectrum rather than its measured share,
 ``forecast_from_release_basis``), beside the floor no forecast can beat: the release's own
 spread, the mean absolute deviation of what it keeps from its median over the runs.
 ``--mnist``: also MNIST (4,000 unit rows of the 5,000-image sample, ``bench/mnist.py``).
+``--rules``: the release alone, and the points stated under the old round rule (an interval
+narrower than 0.3) against the current derived one (``HIDDEN_WIDTH``, about 0.257), scored on
+the very same releases (:func:`rules_cell`).
 The old estimator is applied to the very same noisy sums (the inputs are recorded), so the two
 columns differ only by the estimator.
 """
@@ -175,6 +178,95 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
         "range_cover": ranged / len(ranges) if ranges else float("nan"),
         "range_width": float(np.mean(ranges)) if ranges else float("nan"),
     }
+
+
+#: The rule for stating a point before 30 Nov 2026's derivation (``--rules``): a round 0.3.
+OLD_HIDDEN_WIDTH = 0.3
+
+
+def rules_cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str, float]:
+    """``--rules``: the release alone (seed ``1000 + rep``, as :func:`cell`), its point
+    estimate before any withholding recomputed from the recorded noisy sums (the very
+    estimator), and both rules for stating it scored on the same releases: the old round
+    width :data:`OLD_HIDDEN_WIDTH` and the current
+    :data:`~service.mechanisms.explained_variance.HIDDEN_WIDTH` (each applied to the interval
+    as released and before its cut). The interval is the same under both."""
+    n, d = rows.shape
+    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
+    params = MECHANISM.parse_params({"center": "private"})
+    resolved = MECHANISM.prepare(ctx, k, eps, DELTA, params)
+    spec = ReleaseSpec(k=k, epsilon=eps, delta=DELTA, params=resolved)
+    errors: dict[str, list[float]] = {"old": [], "new": []}
+    covered = {"old": 0, "new": 0}
+    hits, flagged, widths, kept = 0, 0, [], []
+    for seed in range(reps):
+        _calls.clear()
+        out = MECHANISM.run(rows, spec, np.random.default_rng(1000 + seed))
+        assert out.basis is not None and len(_calls) == 1
+        share = truth(rows, out.basis)
+        kept.append(share)
+        estimate = _real(*_calls[0])
+        low, high = estimate.interval
+        point = float(np.sum(estimate.ratio))
+        hits += low <= share <= high
+        widths.append(high - low)
+        flagged += out.extras["explained_variance_hidden_by_noise"] is True
+        # The service's flag is the current rule (k = d aside, which no cell here has).
+        assert (out.extras["explained_variance_hidden_by_noise"] is True) == estimate.hidden
+        for rule, width in (("old", OLD_HIDDEN_WIDTH), ("new", module.HIDDEN_WIDTH)):
+            if high - low < width and estimate.spread < width:
+                errors[rule].append(point - share)
+                covered[rule] += low <= share <= high
+    out_row: dict[str, float] = {
+        "kept": float(np.mean(kept)),
+        "cover": hits / reps,
+        "width": float(np.mean(widths)),
+        "flagged": flagged / reps,
+    }
+    for rule in ("old", "new"):
+        stated = np.asarray(errors[rule])
+        out_row[f"{rule}_stated"] = float(stated.size)
+        out_row[f"{rule}_abs"] = float(np.mean(np.abs(stated))) if stated.size else math.nan
+        out_row[f"{rule}_err"] = float(np.mean(stated)) if stated.size else math.nan
+        out_row[f"{rule}_max"] = float(np.max(np.abs(stated))) if stated.size else math.nan
+        out_row[f"{rule}_cover"] = covered[rule] / stated.size if stated.size else math.nan
+    return out_row
+
+
+def _pair(f: dict[str, float], key: str, fmt: str) -> str:
+    """``old -> new`` of one ``--rules`` figure (``-`` where no point was stated)."""
+    return " -> ".join(
+        "-" if math.isnan(f[f"{r}_{key}"]) else format(f[f"{r}_{key}"], fmt) for r in ("old", "new")
+    )
+
+
+def main_rules(args: argparse.Namespace) -> None:
+    """``--rules``: per cell, the releases that state a point under the old and the current
+    rule, their mean absolute and signed error and largest miss, and coverage."""
+    print(
+        "| data | eps | k | kept | interval covers | mean width | points stated: 0.3 -> now "
+        "| mean abs error | mean error | largest miss | stated intervals cover |"
+    )
+    print("|---" * 11 + "|")
+    table = []
+    for name, rows in datasets(args.quick, args.mnist).items():
+        if args.only and name not in args.only:
+            continue
+        for eps in args.eps:
+            for k in args.ks:
+                f = rules_cell(rows, eps, k, args.reps)
+                table.append({"data": name, "eps": eps, "k": k, "seeds": args.reps, **f})
+                if args.csv:
+                    write_csv(args.csv, table)
+
+                print(
+                    f"| {name} | {eps} | {k} | {f['kept']:.3f} | {f['cover']:.2f} "
+                    f"| {f['width']:.3f} "
+                    f"| {f['old_stated']:.0f} -> {f['new_stated']:.0f} of {args.reps} "
+                    f"| {_pair(f, 'abs', '.3f')} | {_pair(f, 'err', '+.3f')} "
+                    f"| {_pair(f, 'max', '.3f')} | {_pair(f, 'cover', '.2f')} |",
+                    flush=True,
+                )
 
 
 def _nanmean(values: np.ndarray[Any, Any]) -> float:
@@ -369,7 +461,15 @@ def main() -> None:
     parser.add_argument(
         "--public", action="store_true", help="--cross: the forecast from public facts only"
     )
+    parser.add_argument(
+        "--rules",
+        action="store_true",
+        help="the old (0.3) and current rule for stating a point, on the same releases",
+    )
     args = parser.parse_args()
+    if args.rules:
+        main_rules(args)
+        return
     if args.cross:
         main_cross(args)
         return

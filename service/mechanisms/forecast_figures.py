@@ -99,7 +99,10 @@ class ReleasedFigures:
     def measured(self) -> bool:
         """The release measured its share: its interval is narrower than
         :data:`~service.mechanisms.explained_variance.HIDDEN_WIDTH` and it was not flagged
-        hidden by noise (a narrow interval cut at 0 or 1 is no measurement)."""
+        hidden by noise (a narrow interval cut at 0 or 1 is no measurement). The release's
+        rule, not one of the forecast's: a share the release would not state (its point's mean
+        absolute error above 0.05) is no measurement for the forecast to carry either, whose
+        own error budget (within 0.1) the carried point's error would spend."""
         from service.mechanisms.explained_variance import HIDDEN_WIDTH  # no import cycle
 
         low, high = self.interval

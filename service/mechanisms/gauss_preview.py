@@ -205,6 +205,9 @@ def forecast_from(
         return None
     figures, forecast, ratio = found
     low, high = figures.interval
+    # The earlier release's own rule (HIDDEN_WIDTH, its point's 0.05), not one of the
+    # forecast's: whether it measured its share is the release's fact. The forecast's own
+    # target, within 0.1, is its point rule (RangeForecast.point, DETERMINED_WIDTH).
     hidden = bool(extras.get("explained_variance_hidden_by_noise")) or high - low >= HIDDEN_WIDTH
     basis = "measured share" if figures.measured else "spectrum"
     # A point only from a measured share: read off a hidden release's spectrum it missed a

@@ -52,6 +52,8 @@ def forecast_from(
         return None
     if not all(math.isfinite(x) for x in (share, low, high)):
         return None
+    # The earlier release's own rule (its point's 0.05); the forecast's target, within 0.1, is
+    # DETERMINED_WIDTH below, already narrower than HIDDEN_WIDTH.
     hidden = bool(extras.get("explained_variance_hidden_by_noise")) or high - low >= HIDDEN_WIDTH
     if not same_settings(spec, earlier):
         scales: dict[str, Any] = {

@@ -45,9 +45,14 @@ from dpss_client.client import (
 from dpss_client.pca_inputs import _plain, _public_center, _rows, _sparse_rows
 from dpss_client.spelling import PRIVATE_PCA
 
-#: An explained-variance interval at least this wide means the noise hides the share (the
-#: service's rule, ``explained_variance_hidden_by_noise``; applied here to older releases).
-HIDDEN_WIDTH: Final = 0.3
+#: An explained-variance interval at least this wide means the noise hides the share. The
+#: service decides it and says so in ``explained_variance_hidden_by_noise``, which is what this
+#: estimator reads; the width is applied here only to releases made before that flag existed.
+#: The service's value (``service.mechanisms.explained_variance.HIDDEN_WIDTH``), derived from
+#: the accuracy a stated point promises: mean absolute error at most 0.05 for a point whose 90%
+#: box interval (each sum within ``z = ndtri(0.98)`` noise sds) is ``w`` wide, sd at most
+#: ``w/(2z)``, so ``w <= 0.05 * 2z / sqrt(2/pi)``, about 0.2574 (it was a round 0.3).
+HIDDEN_WIDTH: Final = 0.05 * 2.0 * 2.053748910631823 / math.sqrt(2.0 / math.pi)
 
 __all__ = ["NotFittedError", "PrivatePCA"]
 
@@ -235,8 +240,9 @@ class PrivatePCA:
         the release's public noise scales (``analyze_gauss``, centred ``spatial_sign``; None
         otherwise).
     explained_variance_hidden_by_noise_ : bool or None
-        True when that interval is at least 0.3 wide, or would be if it were not cut at 0 or 1
-        (the service's flag): the noise hides how much the components
+        True when that interval is at least about 0.257 wide (``HIDDEN_WIDTH``: a stated
+        point's mean absolute error would exceed 0.05), or would be if it were not cut at 0
+        or 1 (the service's flag, read from the release): the noise hides how much the components
         keep, so the service states no point estimate (``null``, and no sums of squares
         whose ratios would read as one) and
         ``explained_variance_ratio_`` and ``explained_variance_`` are all NaN (``warning_``
