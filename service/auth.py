@@ -46,9 +46,19 @@ def hash_secret(secret: str) -> str:
 
 
 #: A key by its digest, with whether a restore hold is set (built once: every request with a
-#: key not verified recently runs it).
+#: key not verified recently runs it). The columns a :class:`Principal` needs, not the
+#: ``ApiKey`` entity: an ORM load (the object, its identity-map entry, its loaded state) cost
+#: 0.29-0.44 ms a key check against 0.22-0.34 ms for the row (SQLite, medians of 400, load
+#: 8.6), on every write and every read whose key was not verified recently. Nothing after
+#: the check reads the caller's key object from the session (``operations.key_info`` selects
+#: it where it is shown).
 _KEY_WITH_HOLD = select(
-    ApiKey, select(RestoreHold.id).where(RestoreHold.id == 1).exists().label("restore_held")
+    ApiKey.id,
+    ApiKey.role,
+    ApiKey.name,
+    ApiKey.key_hash,
+    ApiKey.revoked_at,
+    select(RestoreHold.id).where(RestoreHold.id == 1).exists().label("restore_held"),
 ).where(ApiKey.key_hash == bindparam("digest"))
 
 
@@ -57,16 +67,15 @@ def authenticate(session: Session, secret: str | None) -> Principal:
     if not secret:
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
     digest = hash_secret(secret)
-    row = session.execute(_KEY_WITH_HOLD, {"digest": digest}).one_or_none()
-    key = row[0] if row is not None else None
+    key = session.execute(_KEY_WITH_HOLD, {"digest": digest}).one_or_none()
     if key is None or not hmac.compare_digest(key.key_hash, digest) or key.revoked_at is not None:
         raise Unauthenticated("invalid or revoked API key")
     logs.bind_key_id(key.id)
     return Principal(
         key_id=key.id,
-        role=key.role,  # type: ignore[arg-type]
+        role=key.role,
         name=key.name,
-        restore_held=bool(row[1]) if row is not None else False,
+        restore_held=bool(key.restore_held),
     )
 
 
