@@ -460,5 +460,8 @@ def test_a_noise_only_dry_run_states_what_a_random_subspace_keeps(
     assert f"between {k / 6:.3g} and {k / 6:.3g}" not in text
     if k == 6:
         assert "keeps all of the variance whatever the spectrum" in text
+        # No eigengap is needed for the whole space (there is no lambda_(d+1)).
+        assert "k-th eigengap" not in text
+        assert "the released subspace is the whole space" in text
     else:
         assert "random 2-dimensional subspace, which keeps k/d = 0.333" in text
