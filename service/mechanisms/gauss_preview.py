@@ -89,9 +89,17 @@ def gauss_preview(ctx: PublicContext, spec: ReleaseSpec[AnalyzeGaussParams]) -> 
         f"The symmetric noise matrix has spectral norm about 2 sigma sqrt(d) = "
         f"{norm_:.4g}; each released eigenvalue is within about that much of the true "
         "one (Weyl).",
-        f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
-        f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
-        "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||)).",
+        (
+            f"For a subspace error ||sin Theta|| <= 0.1 the k-th eigengap lambda_k - "
+            f"lambda_(k+1) of the clipped X^T X must be at least about {gap:.4g} "
+            "(Davis-Kahan with Weyl: error <= ||E|| / (gap - ||E||))."
+            if spec.k < ctx.n_cols
+            # k = d: d orthonormal vectors span R^d whatever the noise; no gap is needed (there
+            # is no lambda_(d+1)), and saying one is would contradict the forecast below.
+            else f"With k = d = {ctx.n_cols} the released subspace is the whole space: its "
+            "subspace error is 0 whatever the noise and no eigengap is needed; the noise "
+            "decides only the order of the components within it."
+        ),
         forecast.meaning,
     ]
     if params.center == "private":

@@ -6,6 +6,7 @@ import math
 import uuid
 from decimal import Decimal
 
+import numpy as np
 import pytest
 from sqlalchemy import func, select
 
@@ -434,3 +435,33 @@ def test_a_dry_run_under_a_grant_states_the_grants_epsilon_remaining_pure(client
     shown = request(client, keys.analyst, dataset["id"]).json()
     assert shown["budget"] == "grant", shown
     assert shown["epsilon_remaining_pure"] == made.json()["epsilon_remaining_pure"], shown
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_a_noise_only_dry_run_states_what_a_random_subspace_keeps(
+    client, keys, upload_dataset, rng, k
+):
+    # 30 isotropic rows at eps 0.1: no direction of any data stands out of the noise. Before,
+    # the dry run said "about 0 of the variance" and "between 0.333 and 0.333" (k = d: "about
+    # 0" and "between 1 and 1"); now one figure, k/d, said as what it is.
+    rows = rng.standard_normal((30, 6))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    dataset = upload_dataset(
+        client, keys.owner, rows, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    response = request(client, keys.analyst, dataset["id"], k=k, params={"center": "none"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    scales = body["scales"]
+    assert scales["forecast_captured_share"] == pytest.approx(k / 6)
+    assert scales["forecast_power_law_captured_share"] == pytest.approx(k / 6)
+    text = " ".join(body["meaning"])
+    assert "about 0 of the variance" not in text
+    assert f"between {k / 6:.3g} and {k / 6:.3g}" not in text
+    if k == 6:
+        assert "keeps all of the variance whatever the spectrum" in text
+        # No eigengap is needed for the whole space (there is no lambda_(d+1)).
+        assert "k-th eigengap" not in text
+        assert "the released subspace is the whole space" in text
+    else:
+        assert "random 2-dimensional subspace, which keeps k/d = 0.333" in text

@@ -479,6 +479,49 @@ def test_a_hidden_share_reads_nan_with_a_warning(
     )
 
 
+@pytest.mark.release_seed(500)
+@pytest.mark.parametrize("mechanism", ["analyze_gauss", "auto"])
+def test_a_whole_space_split_the_noise_hides_reads_nan_with_a_warning(
+    owner: Client, analyst: Client, worker_sleep: None, mechanism: str
+) -> None:
+    # n_components = d on 200 isotropic unit rows at eps 0.3: the total share is 1 (a public
+    # fact), but only some components stand out of the noise. Before, the estimator stated
+    # the service's split by debiased eigenvalues, [1, 0, 0, 0, 0], as a measurement (a
+    # random direction of isotropic rows keeps 1/d of them, never 0).
+    d = 5
+    rows = np.random.default_rng(7).standard_normal((200, d))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    ds = owner.upload(
+        rows, name="pca-whole", epsilon_budget="1", delta_budget="1e-5", row_norm_bound=1.0
+    )
+    pca = PrivatePCA(analyst, ds.id, d, "0.3", "1e-7", mechanism=mechanism, timeout=60)
+    with pytest.warns(UserWarning, match="how it splits among them is not measured"):
+        pca.fit()
+    release = analyst.get_release(pca.release_id_)
+    assert release.extras["components_above_noise"] < d
+    assert release.extras["explained_variance_hidden_by_noise"] is False
+    assert pca.explained_variance_split_hidden_by_noise_ is True
+    assert pca.explained_variance_hidden_by_noise_ is False
+    assert pca.explained_variance_ratio_interval_ == (1.0, 1.0)
+    assert pca.explained_variance_ratio_ is not None and pca.explained_variance_ratio_.shape == (d,)
+    assert np.all(np.isnan(pca.explained_variance_ratio_))
+    assert pca.explained_variance_ is not None and np.all(np.isnan(pca.explained_variance_))
+
+
+def test_the_split_is_hidden_only_at_k_equal_to_d_below_the_noise() -> None:
+    split = PrivatePCA._split_hidden
+    stated = np.array([0.7, 0.3])
+    assert split({"components_above_noise": 1}, 2, 2, stated) is True
+    assert split({"components_above_noise": 2}, 2, 2, stated) is False
+    # k < d: the total is the measurement (its interval), the flag is about k = d only.
+    assert split({"components_above_noise": 1}, 3, 2, stated) is False
+    # A release from before the field: a component below the edge got exactly 0.
+    assert split({}, 2, 2, np.array([1.0, 0.0])) is True
+    assert split({}, 2, 2, stated) is False
+    # A hidden share is NaN already; the split flag does not repeat it.
+    assert split({"components_above_noise": 0}, 2, 2, np.full(2, np.nan)) is False
+
+
 @pytest.mark.release_seed(301)
 @pytest.mark.parametrize("accounting", ["basic", "hybrid"])
 def test_the_literal_default_call_fits_a_grant_with_a_small_delta(

@@ -239,6 +239,16 @@ class PrivatePCA:
         A 90% interval for the total captured share ``sum(explained_variance_ratio_)``, from
         the release's public noise scales (``analyze_gauss``, centred ``spatial_sign``; None
         otherwise).
+    explained_variance_split_hidden_by_noise_ : bool or None
+        True when the components span the whole space (``n_components = n_features``) and
+        fewer of them stand out of the noise than were released (the release's
+        ``components_above_noise``): the total share is then exactly 1 (the interval is
+        ``(1.0, 1.0)``), but how it splits among the components is not measured (the service
+        shares it by debiased eigenvalues, which give every component below the noise's edge
+        0 and the others its share: e.g. ``[1, 0, 0, 0, 0]`` on isotropic rows), so
+        ``explained_variance_ratio_`` and ``explained_variance_`` are all NaN and a
+        ``UserWarning`` says so. False when every component stands out (the split is then
+        stated) or ``n_components < n_features``; None without a ratio.
     explained_variance_hidden_by_noise_ : bool or None
         True when that interval is at least about 0.257 wide (``HIDDEN_WIDTH``: a stated
         point's mean absolute error would exceed 0.05), or would be if it were not cut at 0
@@ -479,7 +489,9 @@ class PrivatePCA:
         UserWarning
             The noise hides the explained-variance share
             (``explained_variance_hidden_by_noise_``): ``explained_variance_ratio_`` and
-            ``explained_variance_`` are NaN, the 90% interval is kept.
+            ``explained_variance_`` are NaN, the 90% interval is kept. Or the components span
+            the whole space and the noise hides how the (exact) total splits among them
+            (``explained_variance_split_hidden_by_noise_``): the same NaN.
         """
         if X is not None or y is not None:
             raise TypeError(
@@ -616,6 +628,25 @@ class PrivatePCA:
         )
         self.components_: FloatArray = np.ascontiguousarray(basis.T)
         self.mean_: FloatArray = mean
+        split_hidden = self._split_hidden(extras, d, k, ratio)
+        if split_hidden:
+            # k = d: the total share is 1 by a public fact, but a component below the noise's
+            # edge gets 0 of it and the others its part, by their noisy eigenvalues: no
+            # per-component figure is a measurement, so none is stated (as a hidden share).
+            ratio = np.full(k, np.nan)
+            variance = None if variance is None else np.full(k, np.nan)
+            warnings.warn(
+                f"only {extras.get('components_above_noise', 'some')} of the {k} components "
+                "stand out of the noise: with n_components = n_features they keep all of the "
+                "variance (explained_variance_ratio_interval_ is (1, 1)), but how it splits "
+                "among them is not measured, so explained_variance_ratio_ and "
+                "explained_variance_ are NaN (more rows or a larger epsilon separate them)",
+                UserWarning,
+                stacklevel=3,
+            )
+        self.explained_variance_split_hidden_by_noise_: bool | None = (
+            None if ratio is None else split_hidden
+        )
         self.explained_variance_: FloatArray | None = variance
         self.explained_variance_ratio_: FloatArray | None = ratio
         self.explained_variance_ratio_interval_: tuple[float, float] | None = interval
@@ -641,6 +672,19 @@ class PrivatePCA:
         self.release_id_: UUID = handle.id
         # A new fit starts over: the next table transformed names the features.
         self.__dict__.pop("feature_names_in_", None)
+
+    @staticmethod
+    def _split_hidden(extras: dict[str, Any], d: int, k: int, ratio: FloatArray | None) -> bool:
+        """Whether the components span the whole space (``k = d``) while fewer than ``k`` of
+        them stand out of the noise: the split of the (exact) total among them is then not
+        measured. Read from the release's ``components_above_noise``; a release without it,
+        from its stated split (a component below the edge gets exactly 0)."""
+        if ratio is None or k < d or np.all(np.isnan(ratio)):
+            return False
+        above = extras.get("components_above_noise")
+        if isinstance(above, int) and not isinstance(above, bool):
+            return above < k
+        return bool(np.any(ratio == 0.0))
 
     def _explained(
         self,
