@@ -20,7 +20,9 @@ spread, the mean absolute deviation of what it keeps from its median over the ru
 ``--mnist``: also MNIST (4,000 unit rows of the 5,000-image sample, ``bench/mnist.py``).
 ``--rules``: the release alone, and the points stated under the old round rule (an interval
 narrower than 0.3) against the current derived one (``HIDDEN_WIDTH``, about 0.257), scored on
-the very same releases (:func:`rules_cell`).
+the very same releases (:func:`rules_cell`). ``--rules --split``: the same, the old rule being
+the decision on the full sums' width at ``HIDDEN_WIDTH`` (before the split of the total) and
+the new the service's (the decision on an independent split, the point from the rest).
 The old estimator is applied to the very same noisy sums (the inputs are recorded), so the two
 columns differ only by the estimator.
 """
@@ -184,13 +186,18 @@ def cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str,
 OLD_HIDDEN_WIDTH = 0.3
 
 
-def rules_cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dict[str, float]:
+def rules_cell(
+    rows: np.ndarray[Any, Any], eps: float, k: int, reps: int, split: bool = False
+) -> dict[str, float]:
     """``--rules``: the release alone (seed ``1000 + rep``, as :func:`cell`), its point
     estimate before any withholding recomputed from the recorded noisy sums (the very
     estimator), and both rules for stating it scored on the same releases: the old round
     width :data:`OLD_HIDDEN_WIDTH` and the current
     :data:`~service.mechanisms.explained_variance.HIDDEN_WIDTH` (each applied to the interval
-    as released and before its cut). The interval is the same under both."""
+    as released and before its cut). The interval is the same under both. ``split``: the old
+    rule is the decision on the full sums at ``HIDDEN_WIDTH`` with the full sums' point (the
+    estimate without the fission draw, the recorded call's first seven arguments), the new
+    the service's own flag and point."""
     n, d = rows.shape
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
     params = MECHANISM.parse_params({"center": "private"})
@@ -213,6 +220,13 @@ def rules_cell(rows: np.ndarray[Any, Any], eps: float, k: int, reps: int) -> dic
         flagged += out.extras["explained_variance_hidden_by_noise"] is True
         # The service's flag is the current rule (k = d aside, which no cell here has).
         assert (out.extras["explained_variance_hidden_by_noise"] is True) == estimate.hidden
+        if split:
+            before = _real(*_calls[0][:7])
+            for rule, est in (("old", before), ("new", estimate)):
+                if not est.hidden:
+                    errors[rule].append(float(np.sum(est.ratio)) - share)
+                    covered[rule] += low <= share <= high
+            continue
         for rule, width in (("old", OLD_HIDDEN_WIDTH), ("new", module.HIDDEN_WIDTH)):
             if high - low < width and estimate.spread < width:
                 errors[rule].append(point - share)
@@ -244,7 +258,8 @@ def main_rules(args: argparse.Namespace) -> None:
     """``--rules``: per cell, the releases that state a point under the old and the current
     rule, their mean absolute and signed error and largest miss, and coverage."""
     print(
-        "| data | eps | k | kept | interval covers | mean width | points stated: 0.3 -> now "
+        "| data | eps | k | kept | interval covers | mean width | points stated: "
+        f"{'full sums -> split' if args.split else '0.3 -> now'} "
         "| mean abs error | mean error | largest miss | stated intervals cover |"
     )
     print("|---" * 11 + "|")
@@ -254,7 +269,7 @@ def main_rules(args: argparse.Namespace) -> None:
             continue
         for eps in args.eps:
             for k in args.ks:
-                f = rules_cell(rows, eps, k, args.reps)
+                f = rules_cell(rows, eps, k, args.reps, args.split)
                 table.append({"data": name, "eps": eps, "k": k, "seeds": args.reps, **f})
                 if args.csv:
                     write_csv(args.csv, table)
@@ -465,6 +480,11 @@ def main() -> None:
         "--rules",
         action="store_true",
         help="the old (0.3) and current rule for stating a point, on the same releases",
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="--rules: the decision on the full sums against the split's, same releases",
     )
     args = parser.parse_args()
     if args.rules:

@@ -482,3 +482,98 @@ def test_a_stated_point_just_inside_the_edge_is_within_the_goal_on_average(share
             errors.append(abs(float(est.ratio.sum()) - share))
     assert len(errors) > 1000
     assert float(np.mean(errors)) <= 0.05 + 0.002
+
+
+def _stated_errors(
+    width: float, share: float, draws: int, seed: int, split: bool
+) -> tuple[list[float], int, int]:
+    """The released estimator on seeded draws of the two sums (no centre) at a true box width
+    ``width``: the stated points' absolute errors, how many were stated, and how many of the
+    stated releases' intervals cover ``share``. ``split``: the service's decision (a fission
+    draw per release); else the decision on the full sums' width (the rule before the split)."""
+    captured, residual, noise = _sums_of_width(width, share)
+    rng = np.random.default_rng(seed)
+    errors: list[float] = []
+    covered = 0
+    for c_noise, r_noise, z in rng.normal(0.0, 1.0, size=(draws, 3)):
+        est = explained_variance(
+            captured + noise * c_noise,
+            residual + noise * r_noise,
+            noise,
+            np.ones(2),
+            split_draw=math.sqrt(2.0) * noise * z if split else None,
+        )
+        if not est.hidden:
+            errors.append(abs(float(est.ratio.sum()) - share))
+            covered += est.interval[0] <= share <= est.interval[1]
+    return errors, len(errors), covered
+
+
+@pytest.mark.parametrize("share", [0.05, 0.1, 0.15])
+@pytest.mark.parametrize("width", [0.26, 0.28])
+def test_a_point_stated_near_the_edge_is_within_the_goal_despite_the_selection(
+    share: float, width: float
+) -> None:
+    # Issue 32 item 4's selection effect: where the true interval is just above the edge, the
+    # few releases that got under it drew a high noisy total, which pulled their point up (the
+    # rule on the full sums, same draws: 18% stated at 0.28, mean absolute error 0.052-0.062 at
+    # these shares). The decision now reads a split of the total independent of the point, so
+    # the stated points' error is the point's own: at most 0.05 on average (seeded, 6,000
+    # draws, MC se ~6e-4), and the stated releases' intervals still cover 90%.
+    seed = int(share * 1000 + width * 100)
+    errors, stated, covered = _stated_errors(width, share, 6000, seed, split=True)
+    assert stated > 600  # 24-36% of the runs state a point: no empty promise
+    assert float(np.mean(errors)) <= 0.05
+    assert covered >= 0.9 * stated
+    if width == 0.28 and share <= 0.1:
+        # The same draws under the rule before the split miss the goal (the defect).
+        old, _, _ = _stated_errors(width, share, 6000, seed, split=False)
+        assert float(np.mean(old)) > 0.053
+
+
+def test_the_split_decision_is_independent_of_the_points_error() -> None:
+    # The fission (split_total): T^ + tau Z and T^ - Z/tau are uncorrelated, and uncorrelated
+    # with c^ - r^ (jointly Gaussian, hence independent), at the variances the derivation uses.
+    from service.mechanisms.explained_variance import SPLIT_RATIO, split_total
+
+    rng = np.random.default_rng(71)
+    noise = 3.0
+    sums = rng.normal(0.0, noise, size=(200_000, 2)) + np.asarray([40.0, 60.0])
+    draws = rng.normal(0.0, math.sqrt(2.0) * noise, size=200_000)
+    decision, c_point, r_point = split_total(sums[:, 0], sums[:, 1], draws)  # type: ignore[arg-type]
+    point_total = np.asarray(c_point) + np.asarray(r_point)
+    difference = np.asarray(c_point) - np.asarray(r_point)
+    assert np.allclose(difference, sums[:, 0] - sums[:, 1])
+    cov = np.cov(np.vstack([np.asarray(decision), point_total, difference]))
+    tau = SPLIT_RATIO
+    assert cov[0, 0] == pytest.approx(2 * noise**2 * (1 + tau**2), rel=0.01)
+    assert cov[1, 1] == pytest.approx(2 * noise**2 * (1 + 1 / tau**2), rel=0.01)
+    assert cov[2, 2] == pytest.approx(2 * noise**2, rel=0.01)
+    corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
+    assert abs(corr[0, 1]) < 0.01 and abs(corr[0, 2]) < 0.01 and abs(corr[1, 2]) < 0.01
+
+
+def test_the_split_releases_the_same_sums_at_the_same_noise() -> None:
+    # Privacy: the split is post-processing. The released sums are the one draw at
+    # variance_noise_std they were before (same seed, same figures), and the fission draw comes
+    # after it, independent of the data (its figure, the decision's width, is released).
+    rows = np.random.default_rng(5).standard_normal((50, 2))
+    rows = clip_rows(rows, 1.0)
+    release = module.GaussRelease(np.array([[1.0], [0.0]]), np.array([5.0]), 5.0)
+    noise = (0.7, 0.1, 0.0)
+    extras = module.variance_extras(rows, release, 1.0, None, noise, np.random.default_rng(9))
+    from service.mechanisms.linalg import captured_energy
+    from service.mechanisms.noise import GRID_DIVISOR, round_to_grid
+
+    exact = np.asarray(captured_energy(rows, release.basis, 1.0, None))
+    rng = np.random.default_rng(9)
+    expected = round_to_grid(exact + rng.normal(0.0, 0.7, size=2), 0.7 / GRID_DIVISOR)
+    assert extras["captured_sum_of_squares"] == expected[0]
+    assert extras["residual_sum_of_squares"] == expected[1]
+    assert extras["variance_noise_std"] == 0.7
+    z = float(rng.normal(0.0, math.sqrt(2.0) * 0.7))
+    from service.mechanisms.explained_variance import SPLIT_RATIO, decision_width
+
+    width = decision_width(float(expected.sum()) + SPLIT_RATIO * z, 0.7, 0.0)
+    assert extras["explained_variance_decision_width"] == pytest.approx(width, rel=1e-12)
+    assert extras["explained_variance_hidden_by_noise"] is (width >= module.HIDDEN_WIDTH)

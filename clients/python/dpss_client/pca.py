@@ -250,9 +250,12 @@ class PrivatePCA:
         ``UserWarning`` says so. False when every component stands out (the split is then
         stated) or ``n_components < n_features``; None without a ratio.
     explained_variance_hidden_by_noise_ : bool or None
-        True when that interval is at least about 0.257 wide (``HIDDEN_WIDTH``: a stated
-        point's mean absolute error would exceed 0.05), or would be if it were not cut at 0
-        or 1 (the service's flag, read from the release): the noise hides how much the components
+        True when the width the service decides on is at least about 0.257 (``HIDDEN_WIDTH``:
+        a stated point's mean absolute error would exceed 0.05; the service's flag, read from
+        the release): since 30 Nov 2026 that width comes from an independent split of the
+        noisy total (``explained_variance_decision_width`` in the extras), so it can differ a
+        little from the interval's; releases without the flag fall back to the interval's
+        width, cut at 0 or 1 or not. The noise then hides how much the components
         keep, so the service states no point estimate (``null``, and no sums of squares
         whose ratios would read as one) and
         ``explained_variance_ratio_`` and ``explained_variance_`` are all NaN (``warning_``
