@@ -218,7 +218,13 @@ def registration_seconds(session: Session, now: datetime) -> float:
     shown (a registration counts until its end shows, whatever the worker really does), so
     the term changes at those public moments only. A deleted dataset's registration is never
     shown (no worker takes it again): it counts until the first step at or after the
-    deletion, a public moment too."""
+    deletion, a public moment too.
+
+    A batch replaced on its dataset's row by the next one counts from ``batch_moments``
+    (:data:`_REGISTRATIONS`): read from the row alone, a term computed after that next
+    request (a worker claiming an epoch late: the chain's term at the epoch's point) lost it,
+    and the epoch's ``visible_at`` followed whether a worker had reached the claim before that
+    request (``tests/continual/test_epoch_behind_an_earlier_batch.py``)."""
     longest = 0.0
     for requested, visible, shown, deleted_at in session.execute(_REGISTRATIONS, {"now": now}):
         if requested is None or visible is None or requested > now:

@@ -121,6 +121,7 @@ class Dataset(Base):
     registration_shown_at: Mapped[datetime | None] = mapped_column(default=None)
     #: The same for the pending batch by reference, with its request's moment, and the
     #: dataset's ``n_rows`` before it (set when it counted, shown until ``batch_shown_at``).
+    #: The latest batch's: the next batch's request keeps them in :class:`BatchMoments` first.
     batch_requested_at: Mapped[datetime | None] = mapped_column(default=None)
     batch_visible_at: Mapped[datetime | None] = mapped_column(default=None)
     batch_shown_at: Mapped[datetime | None] = mapped_column(default=None)
