@@ -117,7 +117,17 @@ def _disturb(rng: np.random.Generator, session: Session, now: datetime) -> None:
     for batch in session.scalars(select(DatasetBatch)).all():
         if rng.random() < 0.2:
             batch.created_at -= timedelta(seconds=float(rng.uniform(0.0, 20.0)))
-    for dataset in session.scalars(select(Dataset)).all():
+    datasets = session.scalars(select(Dataset).order_by(Dataset.created_at, Dataset.id)).all()
+    # One kept batch pending across the moments asked around now, in every disturbed state.
+    session.add(
+        BatchMoments(
+            dataset_id=datasets[0].id,
+            requested_at=now - timedelta(seconds=5),
+            visible_at=now - timedelta(seconds=2),
+            shown_at=now + timedelta(seconds=20),
+        )
+    )
+    for dataset in datasets:
         if dataset.deleted_at is not None and rng.random() < 0.5:
             dataset.deleted_at = moment()
         # Batches by reference pending around the moments asked: the dataset's latest, and
