@@ -761,9 +761,10 @@ def act_queue_seconds(session: Session, settings: Settings, act: datetime) -> fl
     # comes after a registration's request waits behind its read, and padded as if it were
     # not there it showed at its visible_at if the read had ended and a step j later if not
     # (tests/continual/test_epoch_behind_a_registration.py: j 0 against 1 before). A
-    # registration's moments stay on its dataset; a batch's are overwritten by its dataset's
-    # next batch (requested once it shows), so a chain computed after that request no longer
-    # counts it at an earlier point: the gap left in docs/security.md.
+    # registration's moments stay on its dataset, a batch's replaced by its dataset's next
+    # batch are kept in batch_moments (migration 0027), so a chain computed after that next
+    # request still counts it at an earlier point
+    # (tests/continual/test_epoch_behind_an_earlier_batch.py).
     return queue_seconds(session, padding_model(session, settings, act), act, registrations=False)
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from service import calibration
 from service.config import Settings
-from service.db.models import Dataset, Release
+from service.db.models import BatchMoments, Dataset, Release
 from service.mechanisms.registry import MECHANISMS
 from service.padding import PaddingModel, late_schedule, next_late_step
 
@@ -148,49 +148,55 @@ def late_seconds(late: list[tuple[datetime, datetime]], now: datetime) -> float:
 
 
 #: The registrations and batches by reference requested by ``now`` whose end is not shown at
-#: ``now`` (:func:`registration_seconds`). Built once, as :data:`_QUEUE`. Four branches, each
-#: a range of one partial index (migration 0025: ``registration_shown_at`` or
-#: ``batch_shown_at`` null, or after ``now``, among the rows with the matching ``visible_at``),
-#: so a request reads the pending rows only: one ``WHERE`` of ``OR`` scanned every dataset
-#: whose registration or batch was long shown (10 ms at 10,000 datasets on SQLite, each
-#: release request).
-_PENDING_COLUMNS = (
-    Dataset.created_at,
-    Dataset.registration_visible_at,
-    Dataset.registration_shown_at,
-    Dataset.batch_requested_at,
-    Dataset.batch_visible_at,
-    Dataset.batch_shown_at,
-    Dataset.deleted_at,
+#: ``now`` (:func:`registration_seconds`), one row each: ``(requested, visible, shown,
+#: deleted_at)``. Built once, as :data:`_QUEUE`. Six branches, each a range of one partial
+#: index (migration 0025: ``registration_shown_at`` or ``batch_shown_at`` null, or after
+#: ``now``, among the rows with the matching ``visible_at``; 0027: the same on
+#: ``batch_moments``), so a request reads the pending rows only: one ``WHERE`` of ``OR``
+#: scanned every dataset whose registration or batch was long shown (10 ms at 10,000 datasets
+#: on SQLite, each release request). ``batch_moments`` holds the batches a dataset's next
+#: batch replaced on its row: at a moment one of them was pending it still counts, however
+#: late the term is computed (a worker claiming an epoch late: its chain's term at the point).
+_SOURCES: tuple[tuple[InstrumentedAttribute[Any], ...], ...] = (
+    (Dataset.created_at, Dataset.registration_visible_at, Dataset.registration_shown_at),
+    (Dataset.batch_requested_at, Dataset.batch_visible_at, Dataset.batch_shown_at),
+    (BatchMoments.requested_at, BatchMoments.visible_at, BatchMoments.shown_at),
 )
 
 
-def _registrations(*columns: InstrumentedAttribute[Any]) -> CompoundSelect[Any]:
-    """:data:`_REGISTRATIONS`'s four branches, selecting ``columns``."""
-    return union_all(
-        *(
-            select(*columns).where(visible.is_not(None), requested <= bindparam("now"), open_)
-            for visible, requested, shown in (
-                (
-                    Dataset.registration_visible_at,
-                    Dataset.created_at,
-                    Dataset.registration_shown_at,
-                ),
-                (Dataset.batch_visible_at, Dataset.batch_requested_at, Dataset.batch_shown_at),
+def _registrations(wide: bool) -> CompoundSelect[Any]:
+    """:data:`_REGISTRATIONS`'s six branches: ``wide``, its columns; else one narrow column
+    (the dataset's id) each, for the request's guard."""
+    branches = []
+    for requested, visible, shown in _SOURCES:
+        kept = requested.class_ is BatchMoments
+        for open_ in (shown.is_(None), shown > bindparam("now")):
+            if not wide:
+                columns: tuple[Any, ...] = (BatchMoments.dataset_id if kept else Dataset.id,)
+            else:
+                columns = (
+                    requested.label("requested"),
+                    visible.label("visible"),
+                    shown.label("shown"),
+                    Dataset.deleted_at,
+                )
+            branch = select(*columns).where(
+                visible.is_not(None), requested <= bindparam("now"), open_
             )
-            for open_ in (shown.is_(None), shown > bindparam("now"))
-        )
-    )
+            if wide and kept:
+                branch = branch.join(Dataset, Dataset.id == BatchMoments.dataset_id)
+            branches.append(branch)
+    return union_all(*branches)
 
 
-_REGISTRATIONS = _registrations(*_PENDING_COLUMNS)
+_REGISTRATIONS = _registrations(wide=True)
 
 #: The two looks above, for the request's guard (:func:`service.padding_epochs.
 #: request_queue_seconds`), which asks whether each has a row: the same rows, one narrow
 #: column each (the guard's text then stays under psycopg's 4,096 characters, above which it
 #: parses a statement's placeholders again on every execution: 0.3 ms of the API's CPU).
 QUEUE = _QUEUE.with_only_columns(Release.id, maintain_column_froms=True)
-REGISTRATIONS = _registrations(Dataset.id)
+REGISTRATIONS = _registrations(wide=False)
 #: A release's end not shown at ``now`` (for the guard's look at the continual releases).
 shown_unfinished = _shown_unfinished
 
@@ -212,21 +218,22 @@ def registration_seconds(session: Session, now: datetime) -> float:
     shown (a registration counts until its end shows, whatever the worker really does), so
     the term changes at those public moments only. A deleted dataset's registration is never
     shown (no worker takes it again): it counts until the first step at or after the
-    deletion, a public moment too."""
+    deletion, a public moment too.
+
+    A batch replaced on its dataset's row by the next one counts from ``batch_moments``
+    (:data:`_REGISTRATIONS`): read from the row alone, a term computed after that next
+    request (a worker claiming an epoch late: the chain's term at the epoch's point) lost it,
+    and the epoch's ``visible_at`` followed whether a worker had reached the claim before that
+    request (``tests/continual/test_epoch_behind_an_earlier_batch.py``)."""
     longest = 0.0
-    for row in session.execute(_REGISTRATIONS, {"now": now}).all():
-        pending = [
-            (row.created_at, row.registration_visible_at, row.registration_shown_at),
-            (row.batch_requested_at, row.batch_visible_at, row.batch_shown_at),
-        ]
-        for requested, visible, shown in pending:
-            if requested is None or visible is None or requested > now:
-                continue
-            if shown is not None and shown <= now:
-                continue
-            deleted = row.deleted_at is not None and row.deleted_at <= now
-            if deleted and late_schedule(requested, visible, row.deleted_at)[0] <= now:
-                continue
-            wait = (next_late_step(requested, visible, now) - now).total_seconds()
-            longest = max(longest, wait)
+    for requested, visible, shown, deleted_at in session.execute(_REGISTRATIONS, {"now": now}):
+        if requested is None or visible is None or requested > now:
+            continue
+        if shown is not None and shown <= now:
+            continue
+        deleted = deleted_at is not None and deleted_at <= now
+        if deleted and late_schedule(requested, visible, deleted_at)[0] <= now:
+            continue
+        wait = (next_late_step(requested, visible, now) - now).total_seconds()
+        longest = max(longest, wait)
     return longest

@@ -71,7 +71,13 @@ from service.auth import Principal
 from service.config import Settings
 from service.datasets import cover_objects, lock_own_dataset, register_dataset
 from service.db.clock import db_now, lease_end
-from service.db.models import Dataset, DatasetBatch, DatasetReferenceObject, utcnow
+from service.db.models import (
+    BatchMoments,
+    Dataset,
+    DatasetBatch,
+    DatasetReferenceObject,
+    utcnow,
+)
 from service.errors import (
     BatchRegistering,
     DomainError,
@@ -268,6 +274,17 @@ def request_batch(
     key = reference.object_key(location, path)
     _refuse_taken(session, key, dataset)
     _refuse_full(dataset, settings)
+    if dataset.batch_requested_at is not None:
+        # The batch before keeps its moments (shown by now, so fixed): the padding's term at a
+        # moment it was pending still counts it (a chain computed late, at an earlier point).
+        session.add(
+            BatchMoments(
+                dataset_id=dataset.id,
+                requested_at=dataset.batch_requested_at,
+                visible_at=dataset.batch_visible_at,
+                shown_at=dataset.batch_shown_at,
+            )
+        )
     dataset.batch_status = REGISTERING
     dataset.batch_reason = None
     dataset.batch_request = {"uri": form.uri, "key": key}

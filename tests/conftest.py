@@ -99,6 +99,7 @@ TABLES = (
     "release_epochs",
     "dataset_batches",
     "dataset_reference_objects",
+    "batch_moments",
     "releases",
     "grants",
     "datasets",

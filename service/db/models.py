@@ -121,6 +121,7 @@ class Dataset(Base):
     registration_shown_at: Mapped[datetime | None] = mapped_column(default=None)
     #: The same for the pending batch by reference, with its request's moment, and the
     #: dataset's ``n_rows`` before it (set when it counted, shown until ``batch_shown_at``).
+    #: The latest batch's: the next batch's request keeps them in :class:`BatchMoments` first.
     batch_requested_at: Mapped[datetime | None] = mapped_column(default=None)
     batch_visible_at: Mapped[datetime | None] = mapped_column(default=None)
     batch_shown_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -202,6 +203,33 @@ class DatasetBatch(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64), default=None)
 
     __table_args__ = (Index("uq_batch_idempotency", "dataset_id", "idempotency_key", unique=True),)
+
+
+class BatchMoments(Base):
+    """The public moments of one batch by reference a dataset's next batch replaced on its row
+    (:attr:`Dataset.batch_requested_at`, ``batch_visible_at``, ``batch_shown_at``): kept, one row
+    per batch, when that next batch is requested (:func:`service.registration.request_batch`),
+    so that the padding's registration term at an earlier moment still counts it
+    (:func:`service.padding_queue.registration_seconds`). The dataset's row holds its latest
+    batch's; these rows never change (the batch was shown before its next one is requested)."""
+
+    __tablename__ = "batch_moments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("datasets.id"), index=True)
+    requested_at: Mapped[datetime]
+    visible_at: Mapped[datetime | None] = mapped_column(default=None)
+    shown_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    __table_args__ = (
+        # As ix_datasets_batch_pending: the term reads the batches not shown at a moment only.
+        Index(
+            "ix_batch_moments_pending",
+            "shown_at",
+            postgresql_where=text("visible_at IS NOT NULL"),
+            sqlite_where=text("visible_at IS NOT NULL"),
+        ),
+    )
 
 
 class LedgerEntry(Base):

@@ -1,10 +1,12 @@
 """The epoch chain as it was before the one-read sweep (``service/padding_epochs.py`` at commit
 1b025ea): its ``_Chain`` and the pending lists' statements verbatim (with wip/privreg's one
-change, the queue term counting the registrations pending at a point); everything else is the
-service's own, unchanged by the sweep, imported. ``tests/continual/test_chain_sweep.py`` runs the
-service's ``epoch_seconds``, ``epoch_padding`` and ``end_due`` with this ``_Chain`` in place of
-the service's (this module's functions of those names), the slow reference the sweep is compared
-with figure for figure (and ``bench/bench_chain.py`` times). Not imported by the service."""
+change, the queue term counting the registrations pending at a point, read through the service's
+``queue_parts``, so the kept batches' moments of migration 0027 too); everything else is the
+service's own, unchanged by the sweep, imported. ``tests/continual/test_chain_sweep.py`` runs
+the service's ``epoch_seconds``, ``epoch_padding`` and ``end_due`` with this ``_Chain`` in place
+of the service's (this module's functions of those names), the slow reference the sweep is
+compared with figure for figure (and ``bench/bench_chain.py`` times). Not imported by the
+service."""
 
 # ruff: noqa
 # mypy: ignore-errors

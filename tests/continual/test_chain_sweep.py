@@ -10,9 +10,9 @@ releases of horizons 2-4 on them, some epochs run, batches appended, datasets de
 disturbs what is stored at random, as a loaded machine or an operator's clock would: epochs shown
 late (a later ``visible_at``), due moments that differ from the chain's, re-checks pending,
 shown ``unchanged`` or ``changed`` at moments around the ones asked, releases' ends shown,
-batches committed earlier; one-shot jobs in the queue at some of the moments. Such states need
-not be ones the service makes; the two chains must agree on them all the same (the rule, not
-only its usual case)."""
+batches committed earlier, batches by reference pending (kept ones too); one-shot jobs in the
+queue at some of the moments. Such states need not be ones the service makes; the two chains
+must agree on them all the same (the rule, not only its usual case)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service import padding_epochs
 from service.config import Settings
-from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
+from service.db.models import (
+    BatchMoments,
+    Dataset,
+    DatasetBatch,
+    Release,
+    ReleaseEpoch,
+    utcnow,
+)
 from service.worker import Worker
 from tests.api.test_append_rows import append
 from tests.conftest import bearer, npy_bytes, post_release
@@ -110,9 +117,37 @@ def _disturb(rng: np.random.Generator, session: Session, now: datetime) -> None:
     for batch in session.scalars(select(DatasetBatch)).all():
         if rng.random() < 0.2:
             batch.created_at -= timedelta(seconds=float(rng.uniform(0.0, 20.0)))
-    for dataset in session.scalars(select(Dataset)).all():
+    datasets = session.scalars(select(Dataset).order_by(Dataset.created_at, Dataset.id)).all()
+    # One kept batch pending across the moments asked around now, in every disturbed state.
+    session.add(
+        BatchMoments(
+            dataset_id=datasets[0].id,
+            requested_at=now - timedelta(seconds=5),
+            visible_at=now - timedelta(seconds=2),
+            shown_at=now + timedelta(seconds=20),
+        )
+    )
+    for dataset in datasets:
         if dataset.deleted_at is not None and rng.random() < 0.5:
             dataset.deleted_at = moment()
+        # Batches by reference pending around the moments asked: the dataset's latest, and
+        # ones its next batch replaced (kept in batch_moments, migration 0027), which the
+        # queue term at a point counts as well (both chains read it: registration_seconds).
+        if rng.random() < 0.3:
+            requested = moment()
+            dataset.batch_requested_at = requested
+            dataset.batch_visible_at = requested + timedelta(seconds=float(rng.uniform(1, 10)))
+            dataset.batch_shown_at = None if rng.random() < 0.3 else moment()
+        if rng.random() < 0.3:
+            requested = moment()
+            session.add(
+                BatchMoments(
+                    dataset_id=dataset.id,
+                    requested_at=requested,
+                    visible_at=requested + timedelta(seconds=float(rng.uniform(1, 10))),
+                    shown_at=requested + timedelta(seconds=float(rng.uniform(1, 40))),
+                )
+            )
 
 
 def _figures(module: Any, session: Session, settings: Settings, moments: list[datetime]) -> Any:
