@@ -365,7 +365,13 @@ class Auto(Mechanism[AutoParams]):
                 "the private estimate puts the rows too far from a k-dim subspace: "
                 f"friendly_aggregate's predicted error is above {default.name}'s even at the "
                 f"estimate's optimistic end; "
-                + gram_sentence(default.name, n, d, person is not None)
+                + gram_sentence(
+                    default.name,
+                    n,
+                    d,
+                    person is not None,
+                    skipped=getattr(default.params, "quantile", 0.0) is None,
+                )
             )
             out = runner(default, data, spec.k, rng)
             return labelled(out, default, reason, {**test, "friendly_predicted": "loses"})

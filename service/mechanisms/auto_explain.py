@@ -5,6 +5,7 @@ released outputs only."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
@@ -95,24 +96,48 @@ def choice_notes(
     return lines
 
 
-def summarise_reason(chosen: str, reason: str) -> tuple[str, list[str]]:
-    """At most two sentences (what ran and the first reason, then the decisive last step when
-    there was more than one) and every clause of ``reason`` (joined by ``"; "``) as a list."""
+def summarise_reason(chosen: str, reason: str, clip: str = "") -> tuple[str, list[str]]:
+    """At most two sentences (what ran and the first reason, with ``clip`` (the released clip,
+    :func:`clip_clause`) when given, then the decisive last step when there was more than one)
+    and every clause of ``reason`` (joined by ``"; "``), then ``clip``, as a list."""
     clauses = [clause.strip() for clause in reason.split("; ") if clause.strip()]
     head = clauses[0] if clauses else "chosen from public facts"
     sentence = head if head.startswith(chosen) else f"{chosen}: {head}"
-    summary = sentence.rstrip(".") + "."
+    summary = sentence.rstrip(".") + ("; " + clip if clip else "") + "."
     if len(clauses) > 1 and ", so " in clauses[-1]:
         summary += " Then " + clauses[-1].rstrip(".") + "."
-    return summary, clauses
+    return summary, clauses + ([clip] if clip else [])
+
+
+def clip_clause(chosen: Chosen, extras: dict[str, Any]) -> str:
+    """What the chosen ``analyze_gauss``'s private clip quantile released (``row_clip_norm``,
+    a released output), so the reason does not claim a quantile clip that did not happen: at
+    small ``n eps`` the grid's resolvable floor can leave ``C`` itself
+    (:mod:`~service.mechanisms.clip_quantile`). ``""`` for anything else."""
+    quantile = getattr(chosen.params, "quantile", None)
+    bound = getattr(chosen.params, "clip_norm", None)
+    row_clip = extras.get("row_clip_norm")
+    if chosen.name != "analyze_gauss" or quantile is None or bound is None or row_clip is None:
+        return ""
+    if float(row_clip) < float(bound):
+        return (
+            f"its {quantile:g}-quantile released the clip {float(row_clip):.4g} = C "
+            f"2^{math.log2(float(row_clip) / float(bound)):.2f}"
+        )
+    return (
+        f"its {quantile:g}-quantile released the bound C = {float(bound):g} itself (no grid "
+        "edge below C that its noise resolves at this n had few enough rows above): no clip "
+        "below C"
+    )
 
 
 def labelled(
     output: MechanismOutput, chosen: Chosen, reason: str, search: dict[str, Any] | None = None
 ) -> MechanismOutput:
-    """The chosen mechanism's output with auto's choice, reason and the private steps' outcomes
-    (never a noisy statistic: only decisions and released grid radii)."""
-    summary, details = summarise_reason(chosen.name, reason)
+    """The chosen mechanism's output with auto's choice, reason (with the released clip,
+    :func:`clip_clause`) and the private steps' outcomes (never a noisy statistic: only
+    decisions and released grid radii and clips)."""
+    summary, details = summarise_reason(chosen.name, reason, clip_clause(chosen, output.extras))
     output.extras = {
         **output.extras,
         "auto_choice": chosen.name,
