@@ -74,6 +74,8 @@ def resolvable_steps(n_rows: int, quantile: float, mu: float) -> int:
     if n_rows <= 0 or quantile <= 0 or mu <= 0:
         return 0
     std = count_noise_std(mu)
+    if not std > 0:  # no noise (mu infinite): every edge resolves
+        return GRID_STEPS
     bound = (quantile * n_rows) ** 2 / (2.0 * std * std * math.log(1.0 / QUANTILE_ALPHA))
     return int(min(float(GRID_STEPS), math.floor(bound))) if math.isfinite(bound) else GRID_STEPS
 

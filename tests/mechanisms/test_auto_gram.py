@@ -175,3 +175,81 @@ def test_a_private_centre_whose_error_stands_out_of_the_noise_keeps_analyze_gaus
     for center in ("none", [0.0] * 784):
         params = AutoParams(clip_norm=1.0, center=center)  # type: ignore[arg-type]
         assert plan(ctx(4_000, 784), 10, 0.3, DELTA, params).default.name == "spatial_sign"
+
+
+# ---------------------------------------------------------------------------------------------
+# The clip quantile at small n eps (clip_quantile's public floor, 30 Nov 2026)
+
+
+def short_rows(n: int, d: int, seed: int) -> np.ndarray:
+    """Rows of norms 0.5-0.8 of the bound 1 (the report's), random directions."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True) * rng.uniform(0.5, 0.8, (n, 1))
+
+
+@pytest.mark.parametrize(("n", "eps"), [(300, 0.2), (400, 0.1), (1_000, 0.1)])
+def test_an_unresolvable_quantile_is_dropped_and_the_reason_says_so(n: int, eps: float) -> None:
+    """Where no grid edge below C is resolvable even at the whole budget, analyze_gauss runs
+    without the quantile (its share to the Gram) and the reason says the rows were clipped at
+    C; before, it said "with its private clip quantile" and clipped at 0.0023 (300 rows, eps
+    0.2) or 0.00035 (400 rows, eps 0.1)."""
+    d = 20
+    params = AUTO.prepare(ctx(n, d), 3, eps, DELTA, AutoParams())
+    the_plan = plan(ctx(n, d), 3, eps, DELTA, params)
+    assert the_plan.default.name == "analyze_gauss"
+    assert getattr(the_plan.default.params, "quantile", 0.0) is None
+    out = AUTO.run(
+        short_rows(n, d, 0), ReleaseSpec(3, eps, DELTA, params), np.random.default_rng(0)
+    )
+    reason = str(out.extras["auto_reason"])
+    assert "row_clip_norm" not in out.extras and "clipping at the bound C" in reason
+    assert "with its private clip quantile" not in reason
+    shown = AUTO.preview(ctx(n, d), ReleaseSpec(3, eps, DELTA, params))
+    assert shown.scales["auto_clip_quantile"] is None
+    assert "clipping at the bound C" in str(shown.scales["auto_reason"])
+
+
+@pytest.mark.parametrize(("n", "eps"), [(1_000, 0.5), (4_000, 0.3), (20_000, 1.0)])
+def test_a_kept_quantile_reports_the_clip_it_released(n: int, eps: float) -> None:
+    """Where the quantile runs, the reason states the clip it released (``row_clip_norm``), and
+    that clip is not below the grid's resolvable floor."""
+    from service.mechanisms.clip_quantile import resolvable_floor
+    from service.mechanisms.gauss_calibration import gauss_split
+
+    d = 20
+    params = AUTO.prepare(ctx(n, d), 3, eps, DELTA, AutoParams())
+    default = plan(ctx(n, d), 3, eps, DELTA, params).default
+    assert getattr(default.params, "quantile", None) == 0.3
+    for seed in range(3):
+        spec = ReleaseSpec(3, eps, DELTA, params)
+        out = AUTO.run(short_rows(n, d, seed), spec, np.random.default_rng(seed))
+        clip = float(out.extras["row_clip_norm"])
+        mu = gauss_split(default.epsilon, default.delta, default.params).clip_mu  # type: ignore[arg-type]
+        assert clip >= resolvable_floor(1.0, n, 0.3, mu)
+        said = "released the bound C = 1 itself" if clip == 1.0 else f"released the clip {clip:.4g}"
+        assert said in str(out.extras["auto_reason"]) and said in out.extras["auto_details"][-1]
+        assert clip >= 0.35  # the rows' norms are 0.5-0.8: never the grid's bottom
+
+
+@pytest.mark.parametrize("n", [2, 30, 300])
+@pytest.mark.parametrize("eps", [0.05, 1.0, 50.0])
+@pytest.mark.parametrize("kind", ["tiny", "huge", "zeros", "duplicates", "mixed"])
+def test_extreme_values_at_small_n_end_succeeded_or_no_result(
+    kind: str, eps: float, n: int
+) -> None:
+    d = 10
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((n, d))
+    data = {
+        "tiny": x * 1e-300,
+        "huge": x * 1e300,
+        "zeros": np.zeros((n, d)),
+        "duplicates": np.tile(x[:1], (n, 1)),
+        "mixed": x * np.where(rng.random((n, 1)) < 0.5, 1e-300, 1e300),
+    }[kind]
+    params = AUTO.prepare(ctx(n, d), 3, eps, DELTA, AutoParams())
+    out = AUTO.run(data, ReleaseSpec(3, eps, DELTA, params), np.random.default_rng(0))
+    assert out.basis is not None or out.no_result_reason is not None
+    if out.basis is not None:
+        assert out.basis.shape == (d, 3) and np.all(np.isfinite(out.basis))
