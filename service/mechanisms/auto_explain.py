@@ -5,7 +5,6 @@ released outputs only."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Protocol
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
@@ -119,15 +118,16 @@ def clip_clause(chosen: Chosen, extras: dict[str, Any]) -> str:
     row_clip = extras.get("row_clip_norm")
     if chosen.name != "analyze_gauss" or quantile is None or bound is None or row_clip is None:
         return ""
+    # Which side of C, not the value: the value is row_clip_norm beside it (a noisy number
+    # in a sentence would make every recorded reason differ run to run).
     if float(row_clip) < float(bound):
         return (
-            f"its {quantile:g}-quantile released the clip {float(row_clip):.4g} = C "
-            f"2^{math.log2(float(row_clip) / float(bound)):.2f}"
+            f"the rows clipped at its private {quantile:g}-quantile's released clip "
+            "(row_clip_norm), below C"
         )
     return (
-        f"its {quantile:g}-quantile released the bound C = {float(bound):g} itself (no grid "
-        "edge below C that its noise resolves at this n had few enough rows above): no clip "
-        "below C"
+        f"its private {quantile:g}-quantile released no clip below C (no grid edge its noise "
+        "resolves at this n had few enough rows above): the rows clipped at C"
     )
 
 
