@@ -62,7 +62,6 @@ from typing import Any
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
 from service.mechanisms.base import PublicContext
 from service.mechanisms.centring import CenterParams, mean_sensitivity
-from service.mechanisms.clip_quantile import resolvable_steps
 from service.mechanisms.gauss_calibration import AnalyzeGaussParams, gauss_split
 from service.mechanisms.gauss_forecast import recoverable_forecast
 from service.mechanisms.spatial_sign import (
@@ -102,18 +101,6 @@ def centre_offset_ratio(n: int, d: int, epsilon: float, delta: float, raw: dict[
     return n * math.sqrt(d) * sigma_c * sigma_c / sigma_g
 
 
-def quantile_resolvable(n: int, epsilon: float, delta: float, clip: float) -> bool:
-    """Whether ``analyze_gauss``'s private ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` clip can resolve
-    any grid edge below ``C`` for ``n`` rows (or people) at ``(epsilon, delta)``: its counts'
-    noise at its own share of ``mu^2`` leaves :func:`~service.mechanisms.clip_quantile.
-    resolvable_steps` at 2 or more (public facts only; the argument is that module's)."""
-    params = AnalyzeGaussParams.model_validate(
-        {"clip_norm": clip, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
-    )
-    mu = gauss_split(epsilon, delta, params).clip_mu
-    return resolvable_steps(n, DEFAULT_PRIVATE_CENTRE_QUANTILE, mu) >= 2
-
-
 def gram_candidate(
     ctx: PublicContext, params: CenterParams, clip: float, epsilon: float, delta: float
 ) -> tuple[str, dict[str, Any]]:
@@ -121,14 +108,7 @@ def gram_candidate(
     centring; ``analyze_gauss`` with its private ``DEFAULT_PRIVATE_CENTRE_QUANTILE`` clip,
     ``spatial_sign`` (no clip to choose) in high dimension, with a private centre only where
     its error stays below the Gram noise (:func:`centre_offset_ratio` below
-    :data:`SIGN_CENTRE_LIMIT`).
-
-    Uncentred, ``analyze_gauss`` drops the quantile where it cannot resolve any edge below
-    ``C`` even at the whole ``(epsilon, delta)`` (:func:`quantile_resolvable`, ``n`` the rows,
-    or the people on a person-level dataset): the clip would be ``C`` anyway, so the Gram gets
-    the quantile's share of ``mu^2`` too. Before, at small ``n eps`` the noisy counts' first
-    passage put the clip at the grid's bottom (clip_quantile's docstring). A centred request
-    keeps it: the centring probe reads the same counts (its own rule)."""
+    :data:`SIGN_CENTRE_LIMIT`)."""
     raw: dict[str, Any] = {"clip_norm": clip, "center": params.center}
     if params.center != "none":
         raw["center_share"] = params.center_share
@@ -142,9 +122,6 @@ def gram_candidate(
         return SIGN, raw
     if params.center == "none":
         del raw["center"]  # analyze_gauss's own default
-        n = ctx.n_rows if ctx.n_units is None else ctx.n_units
-        if not quantile_resolvable(n, epsilon, delta, clip):
-            return GAUSS, raw
     return GAUSS, {**raw, "clip_quantile": DEFAULT_PRIVATE_CENTRE_QUANTILE}
 
 
@@ -168,34 +145,11 @@ def predicted_gram_error(
 
 
 def gram_sentence(
-    name: str,
-    n: int,
-    d: int,
-    person_level: bool = False,
-    centre_ratio: float = 0.0,
-    skipped: bool = False,
+    name: str, n: int, d: int, person_level: bool = False, centre_ratio: float = 0.0
 ) -> str:
     """Why this Gram candidate (for ``auto_reason``); ``centre_ratio``: its
-    :func:`centre_offset_ratio`; ``skipped``: ``analyze_gauss`` without its quantile
-    (:func:`quantile_resolvable` false)."""
+    :func:`centre_offset_ratio`."""
     edge = f"{float(max(n, 1)) ** (2.0 / 3.0):.0f}"
-    sentence = _gram_reason(name, n, d, edge, person_level, centre_ratio)
-    if name != GAUSS or not skipped:
-        return sentence
-    # Only the uncentred analyze_gauss drops its quantile (gram_candidate): both of its
-    # sentences name it in these words.
-    return sentence.replace(
-        "with its private clip quantile",
-        f"clipping at the bound C and not at a private {DEFAULT_PRIVATE_CENTRE_QUANTILE:g}-"
-        f"quantile, whose noise at n = {n} and this budget resolves no grid edge below C, its "
-        "budget share going to the Gram",
-    )
-
-
-def _gram_reason(
-    name: str, n: int, d: int, edge: str, person_level: bool, centre_ratio: float
-) -> str:
-    """:func:`gram_sentence` with the quantile as planned."""
     if person_level and name != SIGN and high_dimension(n, d):
         return (
             f"high dimension (d = {d} >= n^(2/3) = {edge}), but spatial_sign has no "

@@ -108,10 +108,7 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
     name, gram = gram_candidate(ctx, params, clip, epsilon, delta)
     centre = {"clip_norm": clip, "center": params.center, "center_share": params.center_share}
     ratio = centre_offset_ratio(ctx.n_rows, ctx.n_cols, epsilon, delta, centre)
-    skipped = name == "analyze_gauss" and "clip_quantile" not in gram
-    why_gram = gram_sentence(
-        name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None, ratio, skipped=skipped
-    )
+    why_gram = gram_sentence(name, ctx.n_rows, ctx.n_cols, ctx.n_units is not None, ratio)
     if centred:
         clauses = [centring_sentence(params, delta, name), why_gram]
         return Plan(

@@ -13,26 +13,30 @@ Roth & Su 2022); the choice of the edge is post-processing of the noisy counts a
 (public). Nothing else about the counts is released. Composed with the Gram step in GDP
 (``mu^2`` add up), see :mod:`service.mechanisms.analyze_gauss`.
 
-**The grid's public floor** (:func:`resolvable_steps`). The search returns the smallest edge
-whose noisy count above is at most ``(1 - q) n``: a first passage from the bottom. The noisy
-count above edge ``j`` (after :func:`noisy_above`'s projection onto the public total) is the
-exact count plus ``-(W_j - (j + 1) W_B / B)`` for the partial sums ``W`` of the ``B`` bins'
-noises, a Brownian bridge of step variance ``s^2`` sampled at the edges. At an edge with
-fewer than ``q n/2`` rows below it (below the rows' ``q/2``-quantile) the exact count above
-exceeds the threshold by ``m >= q n/2``, so the search stops there only if the bridge dips to
-``-m``; the bridge's minimum over the whole grid reaches ``-m`` with probability at most
-``exp(-2 m^2/(B s^2))`` (the continuous bridge's, whose samples these are). With ``B`` bins
-that is at most :data:`QUANTILE_ALPHA` when ``B <= (q n)^2/(2 s^2 ln(1/QUANTILE_ALPHA))``. So
-the grid keeps its top ``B'`` edges, ``B' = min(GRID_STEPS, floor((q n)^2/(2 s^2
-ln(1/alpha))))``, the rows below its lowest edge sharing the lowest bin (merging bins is
-post-processing of the exact counts: one row still moves one count down and one up,
-sensitivity ``sqrt(2)``); with ``B' < 2`` there is no edge below ``C`` the noise can resolve
-and the clip is ``C``, no counts drawn. ``n``, ``q`` and ``s = sqrt(2)/mu`` are public, so
-the floor is too. Before it, at small ``n mu`` the first passage came early with high
-probability and the clip collapsed to the grid's bottom (300 rows of norms 0.5-0.8 at eps
-0.2 were clipped at 0.0023, 400 at eps 0.1 at 0.00035; docs/benchmarks.md, 30 Nov 2026,
-wip/autoclip). Where ``B' = GRID_STEPS`` (every cell of the issue-33 grid, ``n >= 20,000``)
-nothing changed, the noise draws included.
+**The grid's resolvable floor** (:func:`resolvable_steps`, :func:`resolvable_floor`: public,
+a statement about the noise, not a restriction of the read-out). The search returns the smallest
+edge whose noisy count above is at most ``(1 - q) n``: a first passage from the bottom. The
+noisy count above edge ``j`` (after :func:`noisy_above`'s projection onto the public total) is
+the exact count plus ``-(W_j - (j + 1) W_B / B)`` for the partial sums ``W`` of the ``B`` bins'
+noises, a Brownian bridge of step variance ``s^2`` sampled at the edges. At an edge with fewer
+than ``q n/2`` rows below it (below the rows' ``q/2``-quantile) the exact count above exceeds
+the threshold by ``m >= q n/2``, so the search stops there only if the bridge dips to ``-m``;
+the bridge's minimum over ``B`` bins reaches ``-m`` with probability at most ``exp(-2
+m^2/(B s^2))`` (the continuous bridge's, whose samples these are), at most
+:data:`QUANTILE_ALPHA` when ``B <= B' = (q n)^2/(2 s^2 ln(1/QUANTILE_ALPHA))``. A read-out
+restricted to the top ``B'`` edges would be below the ``q/2``-quantile at most that often; its
+lowest edge is the *floor*, ``C`` when ``B' < 2``. A clip released below the floor may be a
+noise reading (at small ``n mu`` the first passage comes early and the clip falls to the
+grid's bottom: 300 rows of norms 0.5-0.8 at eps 0.2 were clipped at 0.0023), and ``auto``'s
+reason says so. The read-out is not restricted to the floor: measured (docs/benchmarks.md, 30
+Nov 2026, wip/autoclip; ``bench/bench_clip_floor.py``, 10 paired seeds, n 200-1,000, eps
+0.1-0.5) clipping at the floor or at ``C`` instead lost to the collapsed reading on power-law
+rows (captured deficit 0.43 -> 0.69 at n = 1,000, eps 0.2; 0.18 -> 0.36 at eps 0.5, where the
+reading was the quantile and the floor 0.5 sat above it) and on rows with short ones along
+their own direction, gained at most 5% on rows of norms 0.5-0.8, and tied on unit rows (every
+row clipped by the same factor: the same release as at ``C``). A clip far below every norm
+makes every row its direction: the sign map, whose Gram the rows fill (``auto_gram``), which
+at these budgets the noise, not its bias, decides.
 """
 
 from __future__ import annotations
@@ -50,8 +54,8 @@ STEPS_PER_OCTAVE = 4
 #: Number of grid edges: down to ``C 2^-12``; norms below that share the lowest bin.
 GRID_STEPS = 48
 
-#: The stated chance that the noise alone puts the clip below the rows' ``q/2``-quantile (the
-#: module's floor): the service's stated error rate, as ``auto``'s ``ALPHA``.
+#: The stated chance, at the floor, that the noise alone reads a clip below the rows'
+#: ``q/2``-quantile (module docstring): the service's stated error rate, as ``auto``'s ``ALPHA``.
 QUANTILE_ALPHA = 0.05
 
 
@@ -67,10 +71,10 @@ def count_noise_std(mu: float) -> float:
 
 
 def resolvable_steps(n_rows: int, quantile: float, mu: float) -> int:
-    """``B'``, the number of top grid edges the search reads (module docstring): the largest
+    """``B'``, the number of top grid edges the noise resolves (module docstring): the largest
     ``B <= GRID_STEPS`` with ``exp(-(q n)^2/(2 B s^2)) <= QUANTILE_ALPHA``, ``s`` the counts'
-    noise std; below 2 the quantile cannot be resolved and the clip is ``C``. Public facts
-    only (``n``, ``q``, ``mu``)."""
+    noise std; below 2 no edge below ``C`` is resolved. Public facts only (``n``, ``q``,
+    ``mu``)."""
     if n_rows <= 0 or quantile <= 0 or mu <= 0:
         return 0
     std = count_noise_std(mu)
@@ -81,8 +85,8 @@ def resolvable_steps(n_rows: int, quantile: float, mu: float) -> int:
 
 
 def resolvable_floor(clip_norm: float, n_rows: int, quantile: float, mu: float) -> float:
-    """The lowest edge the search can release (:func:`resolvable_steps`): ``C`` when none
-    below it can be resolved."""
+    """The lowest edge the noise resolves (:func:`resolvable_steps`; ``C`` when none below it
+    is): a clip released below it may be a noise reading (module docstring)."""
     steps = resolvable_steps(n_rows, quantile, mu)
     return float(quantile_edges(clip_norm)[GRID_STEPS - steps]) if steps >= 2 else clip_norm
 
@@ -109,9 +113,8 @@ def noisy_above(noisy: FloatArray, n_rows: int) -> FloatArray:
 def private_clip_norm(
     norms: FloatArray, clip_norm: float, quantile: float, mu: float, rng: np.random.Generator
 ) -> float:
-    """The smallest edge of the grid's resolvable top (:func:`resolvable_steps`) with at most
-    ``(1 - quantile) n`` rows above it by the noisy counts (``mu``-GDP; ``C`` when none
-    qualifies or none below ``C`` can be resolved).
+    """The smallest grid edge with at most ``(1 - quantile) n`` rows above it by the noisy
+    counts (``mu``-GDP; ``C`` when none qualifies).
 
     Parameters
     ----------
@@ -128,7 +131,7 @@ def private_clip_norm(
     Returns
     -------
     float
-        ``C2``, an edge of :func:`quantile_edges`, at least :func:`resolvable_floor`.
+        ``C2``, an edge of :func:`quantile_edges`.
     """
     edges = quantile_edges(clip_norm)
     # Bin j holds the norms in (edge_{j-1}, edge_j]; bin 0 everything up to edge_0.
@@ -147,16 +150,9 @@ def clip_from_counts(
 ) -> float:
     """:func:`private_clip_norm` from the bins' exact counts (shape ``(GRID_STEPS,)``, as
     :func:`service.mechanisms.linalg.gram_norm_counts` gives them on the grid of
-    :func:`quantile_edges`) and the public ``n``: the same noise, the same choice. Only the
-    top :func:`resolvable_steps` bins are read, the ones below merged into the lowest (exact
-    counts, before the noise); ``C`` without a draw when fewer than 2 remain."""
-    steps = resolvable_steps(n_rows, quantile, mu)
-    if steps < 2:
-        return float(clip_norm)
-    cut = GRID_STEPS - steps
-    edges = quantile_edges(clip_norm)[cut:]
-    merged = np.concatenate([[float(np.sum(counts[: cut + 1]))], counts[cut + 1 :]])
-    noisy = merged + rng.normal(0.0, count_noise_std(mu), size=steps)
+    :func:`quantile_edges`) and the public ``n``: the same noise, the same choice."""
+    edges = quantile_edges(clip_norm)
+    noisy = counts + rng.normal(0.0, count_noise_std(mu), size=GRID_STEPS)
     above = noisy_above(noisy, n_rows)
     allowed = (1.0 - quantile) * n_rows
     fits = np.flatnonzero(above <= allowed)
