@@ -1,21 +1,20 @@
-"""The clip quantile's public floor (30 Nov 2026, wip/autoclip): before and after, paired.
+"""The clip quantile at small ``n eps`` (30 Nov 2026, wip/autoclip): the service's read-out
+against two public alternatives, paired.
 
     python -m bench.bench_clip_floor [--reps 10] [--ns 200 300 400 1000] [--eps 0.1 0.2 0.5]
-        [--grid-reps 2]
 
-"Before" is the same code with :func:`service.mechanisms.clip_quantile.resolvable_steps`
-returning the whole grid and ``auto``'s :func:`~service.mechanisms.auto_gram.quantile_resolvable`
-always true: the read-out and the plan of the parent commit (the first passage over all 48
-edges, the quantile always kept). Both run on the same data and the same noise seed, in the same
-process. Families: ``digits`` (sklearn's ``load_digits``, 1,797 x 64, rows scaled to unit norm,
-a seeded sample of ``n``), ``power_law`` (``bench_auto_realistic.rows``, d = 20, norms ~1/3),
-``short`` (d = 20, random directions, norms uniform in 0.5-0.8: the report's rows),
-``short_dir`` (power-law rows with a quarter replaced by rows of norm 0.05-0.2 along one
-direction). Per cell and
-version: the median ``row_clip_norm`` (C when none released) and the median captured-variance
-deficit ``1 - captured/PCA's`` (uncentred, the rows as given), k = 3, delta = 1e-6, for
-``auto`` and for ``analyze_gauss`` with ``clip_quantile`` 0.3. Then a few issue-33 grid cells
-(``bench_auto_cells``: n >= 20,000) with ``auto`` both ways, their bases compared exactly.
+``analyze_gauss`` with ``clip_quantile`` 0.3 (auto's Gram candidate below ``n^(2/3)``), k = 3,
+delta = 1e-6, three ways on the same data and noise seed, in one process: ``quantile`` (the
+service: the first passage over all 48 edges of ``C 2^(-j/4)``), ``floor`` (the read-out
+restricted to the top :func:`~service.mechanisms.clip_quantile.resolvable_steps` edges, ``C``
+without a draw below 2: the rule tried and not shipped) and ``C`` (no quantile: its share of
+``mu^2`` to the Gram, what ``auto`` would run with the quantile skipped). Families: ``digits``
+(sklearn's ``load_digits``, 1,797 x 64, rows scaled to unit norm, a seeded sample of ``n``),
+``power_law`` (``bench_auto_realistic.rows``, d = 20, norms ~1/3), ``short`` (d = 20, random
+directions, norms uniform in 0.5-0.8: the report's rows), ``short_dir`` (power-law rows with a
+quarter replaced by rows of norm 0.05-0.2 along one direction). Per cell and way: the median
+``row_clip_norm`` (C when none) and the median captured-variance deficit ``1 - captured/PCA's``
+(uncentred, the rows as given).
 """
 
 from __future__ import annotations
@@ -27,26 +26,39 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_auto_cells import data_of, error, noise_rng
 from bench.bench_auto_realistic import rows
-from service.mechanisms import auto_gram, clip_quantile
+from service.mechanisms import analyze_gauss, clip_quantile
 from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.gauss_calibration import AnalyzeGaussParams, gauss_split
 from service.mechanisms.registry import get_mechanism
 
 DELTA, K = 1e-6, 3
 
 
+def floor_read_out(
+    counts: Any, n_rows: int, clip_norm: float, quantile: float, mu: float, rng: Any
+) -> float:
+    """The rejected rule: only the top ``B'`` edges read, the bins below merged."""
+    steps = clip_quantile.resolvable_steps(n_rows, quantile, mu)
+    if steps < 2:
+        return float(clip_norm)
+    cut = clip_quantile.GRID_STEPS - steps
+    edges = clip_quantile.quantile_edges(clip_norm)[cut:]
+    merged = np.concatenate([[float(np.sum(counts[: cut + 1]))], counts[cut + 1 :]])
+    noisy = merged + rng.normal(0.0, clip_quantile.count_noise_std(mu), size=steps)
+    above = clip_quantile.noisy_above(noisy, n_rows)
+    fits = np.flatnonzero(above <= (1.0 - quantile) * n_rows)
+    return float(edges[fits[0]]) if fits.size else float(clip_norm)
+
+
 @contextmanager
-def before() -> Iterator[None]:
-    """The parent commit's rule: the whole grid read, the quantile always kept."""
-    steps, resolvable = clip_quantile.resolvable_steps, auto_gram.quantile_resolvable
-    clip_quantile.resolvable_steps = lambda n, q, mu: clip_quantile.GRID_STEPS  # type: ignore[assignment]
-    auto_gram.quantile_resolvable = lambda n, e, d, c: True  # type: ignore[assignment]
+def floor_rule() -> Iterator[None]:
+    real = analyze_gauss.clip_from_counts
+    analyze_gauss.clip_from_counts = floor_read_out  # type: ignore[assignment]
     try:
         yield
     finally:
-        clip_quantile.resolvable_steps = steps  # type: ignore[assignment]
-        auto_gram.quantile_resolvable = resolvable  # type: ignore[assignment]
+        analyze_gauss.clip_from_counts = real  # type: ignore[assignment]
 
 
 def family(kind: str, n: int, seed: int) -> np.ndarray[Any, Any]:
@@ -73,11 +85,9 @@ def family(kind: str, n: int, seed: int) -> np.ndarray[Any, Any]:
     return np.asarray(x / np.linalg.norm(x, axis=1, keepdims=True) * rng.uniform(0.5, 0.8, (n, 1)))
 
 
-def run(
-    name: str, raw: dict[str, Any], x: np.ndarray[Any, Any], eps: float, seed: int
-) -> tuple[float, float, str]:
-    """(row clip, captured deficit, what ran)."""
-    mechanism = get_mechanism(name)
+def run(raw: dict[str, Any], x: np.ndarray[Any, Any], eps: float, seed: int) -> tuple[float, float]:
+    """(row clip, captured deficit) of analyze_gauss with ``raw``."""
+    mechanism = get_mechanism("analyze_gauss")
     assert mechanism is not None
     n, d = x.shape
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
@@ -85,72 +95,31 @@ def run(
     out = mechanism.run(x, ReleaseSpec(K, eps, DELTA, params), np.random.default_rng(seed))
     best = float(np.linalg.eigvalsh(x.T @ x)[-K:].sum())
     deficit = 1.0 if out.basis is None else 1.0 - float(np.sum((x @ out.basis) ** 2)) / best
-    ran = str(out.extras.get("auto_choice", name))
-    if ran == "analyze_gauss" and not out.extras.get("auto_params", raw).get("clip_quantile"):
-        ran += "@C"
-    return float(out.extras.get("row_clip_norm", 1.0)), deficit, ran
+    return float(out.extras.get("row_clip_norm", 1.0)), deficit
 
 
-def small_cells(ns: list[int], epsilons: list[float], reps: int) -> None:
-    print("kind n eps mechanism | clip before/after | deficit before/after | ran after")
+def cells(ns: list[int], epsilons: list[float], reps: int) -> None:
+    print("kind n eps B' | clip quantile/floor | deficit quantile/floor/C")
+    q = {"clip_quantile": 0.3}
     for kind in ("digits", "power_law", "short", "short_dir"):
         for n in ns:
             for eps in epsilons:
-                for name, raw in (("auto", {}), ("analyze_gauss", {"clip_quantile": 0.3})):
-                    got: dict[str, list[tuple[float, float, str]]] = {"old": [], "new": []}
-                    for seed in range(reps):
-                        x = family(kind, n, seed)
-                        with before():
-                            got["old"].append(run(name, raw, x, eps, 1000 + seed))
-                        got["new"].append(run(name, raw, x, eps, 1000 + seed))
-                    med = {
-                        v: (
-                            float(np.median([g[0] for g in got[v]])),
-                            float(np.median([g[1] for g in got[v]])),
-                        )
-                        for v in got
-                    }
-                    ran = sorted({g[2] for g in got["new"]})
-                    print(
-                        f"{kind} {n} {eps} {name} | {med['old'][0]:.3g} / {med['new'][0]:.3g} | "
-                        f"{med['old'][1]:.4f} / {med['new'][1]:.4f} | {','.join(ran)}",
-                        flush=True,
-                    )
-
-
-GRID_CELLS = [
-    ("power_law", 50, 20_000, 0.1),
-    ("heavy_tailed", 50, 20_000, 0.1),
-    ("spiked_outliers", 50, 20_000, 1.0),
-    ("near_0.01", 50, 20_000, 0.1),
-]
-
-
-def grid_cells(reps: int) -> None:
-    """auto both ways on the issue-33 cells, paired: identical bases where the grid resolves."""
-    auto = get_mechanism("auto")
-    assert auto is not None
-    for kind, d, n, eps in GRID_CELLS:
-        same, errs = 0, []
-        for seed in range(reps):
-            x, planted = data_of(kind, n, d, K, seed)
-            ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-            params = auto.prepare(ctx, K, eps, DELTA, auto.parse_params({}))
-            spec = ReleaseSpec(K, eps, DELTA, params)
-            with before():
-                old = auto.run(x, spec, noise_rng(kind, d, n, eps, seed))
-            new = auto.run(x, spec, noise_rng(kind, d, n, eps, seed))
-            if old.basis is None or new.basis is None:
-                same += int(old.basis is None and new.basis is None)
-            else:
-                same += int(np.array_equal(old.basis, new.basis))
-            best = float(np.linalg.eigvalsh(x.T @ x)[-K:].sum()) if planted is None else 0.0
-            errs.append((error(x, old.basis, planted, best), error(x, new.basis, planted, best)))
-        print(
-            f"grid {kind} d={d} n={n} eps={eps}: identical bases {same}/{reps}, errors "
-            f"before {[round(e[0], 5) for e in errs]} after {[round(e[1], 5) for e in errs]}",
-            flush=True,
-        )
+                got: dict[str, list[tuple[float, float]]] = {"quantile": [], "floor": [], "C": []}
+                for seed in range(reps):
+                    x = family(kind, n, seed)
+                    got["quantile"].append(run(q, x, eps, 1000 + seed))
+                    with floor_rule():
+                        got["floor"].append(run(q, x, eps, 1000 + seed))
+                    got["C"].append(run({}, x, eps, 1000 + seed))
+                clip = {v: float(np.median([g[0] for g in got[v]])) for v in got}
+                err = {v: float(np.median([g[1] for g in got[v]])) for v in got}
+                mu = gauss_split(eps, DELTA, AnalyzeGaussParams.model_validate(q)).clip_mu
+                steps = clip_quantile.resolvable_steps(n, 0.3, mu)
+                print(
+                    f"{kind} {n} {eps} {steps} | {clip['quantile']:.3g} / {clip['floor']:.3g} | "
+                    f"{err['quantile']:.4f} / {err['floor']:.4f} / {err['C']:.4f}",
+                    flush=True,
+                )
 
 
 def main() -> None:
@@ -158,12 +127,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--ns", type=int, nargs="+", default=[200, 300, 400, 1000])
     parser.add_argument("--eps", type=float, nargs="+", default=[0.1, 0.2, 0.5])
-    parser.add_argument("--grid-reps", type=int, default=2)
     args = parser.parse_args()
     with open("/proc/loadavg") as handle:
         print("loadavg", handle.read().strip())
-    small_cells(args.ns, args.eps, args.reps)
-    grid_cells(args.grid_reps)
+    cells(args.ns, args.eps, args.reps)
     with open("/proc/loadavg") as handle:
         print("loadavg", handle.read().strip())
 
