@@ -342,7 +342,20 @@ class Auto(Mechanism[AutoParams]):
         person: PersonLevel | None = None,
     ) -> MechanismOutput:
         """The plan's choice; ``person`` on a person-level dataset (issue 34): the estimate on
-        each person's bounded rows, every candidate run per person (:class:`PersonLevel`)."""
+        each person's bounded rows, every candidate run per person (:class:`PersonLevel`). The
+        reason states the clip analyze_gauss's quantile released
+        (:func:`~service.mechanisms.auto_explain.with_clip`)."""
+        out = self._choose_and_run(data, spec, rng, person)
+        n = data.shape[0] if person is None else int(person.units.max(initial=-1)) + 1
+        return auto_explain.with_clip(out, n)
+
+    def _choose_and_run(
+        self,
+        data: FloatArray,
+        spec: ReleaseSpec[AutoParams],
+        rng: np.random.Generator,
+        person: PersonLevel | None,
+    ) -> MechanismOutput:
         clip = spec.params.clip_norm
         assert clip is not None  # resolved by prepare
         n, d = data.shape

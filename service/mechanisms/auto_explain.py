@@ -5,6 +5,7 @@ released outputs only."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 from service.mechanisms.analyze_gauss import DEFAULT_PRIVATE_CENTRE_QUANTILE
@@ -18,6 +19,8 @@ from service.mechanisms.base import (
     resolve_clip_norm,
 )
 from service.mechanisms.centring import CenterParams
+from service.mechanisms.clip_quantile import resolvable_floor
+from service.mechanisms.gauss_calibration import AnalyzeGaussParams, chooses_centring, gauss_split
 
 
 class Chosen(Protocol):
@@ -105,6 +108,58 @@ def summarise_reason(chosen: str, reason: str) -> tuple[str, list[str]]:
     if len(clauses) > 1 and ", so " in clauses[-1]:
         summary += " Then " + clauses[-1].rstrip(".") + "."
     return summary, clauses
+
+
+def clip_clause(extras: dict[str, Any], n: int) -> str:
+    """What the chosen ``analyze_gauss``'s private clip quantile released, from ``row_clip_norm``
+    (a released output) and public facts (``n``: rows, or people on a person-level dataset; the
+    budget it ran with), so the reason does not claim a quantile clip the noise did not give:
+    below :func:`~service.mechanisms.clip_quantile.resolvable_floor` the released clip may be a
+    noise reading far below the rows' norms (at small ``n eps``: 300 rows of norms 0.5-0.8 at
+    eps 0.2 were clipped at 0.0023). Which side of ``C`` and of the floor, not the value: the
+    value is ``row_clip_norm`` beside it (a noisy number in the sentence would make every
+    recorded reason differ run to run). ``""`` for anything else."""
+    raw = extras.get("auto_params")
+    row_clip = extras.get("row_clip_norm")
+    if extras.get("auto_choice") != "analyze_gauss" or raw is None or row_clip is None:
+        return ""
+    params = AnalyzeGaussParams.model_validate(raw)
+    quantile, bound = params.quantile, params.clip_norm
+    if quantile is None or bound is None:
+        return ""
+    if float(row_clip) >= float(bound):
+        return f"its private {quantile:g}-quantile released no clip below C: the rows clipped at C"
+    split = gauss_split(float(extras["auto_epsilon"]), float(extras["auto_delta"]), params)
+    # The counts' noise as analyze_gauss draws it (the probe's: sqrt(2) times the std).
+    mu = split.clip_mu / math.sqrt(2.0) if chooses_centring(params) else split.clip_mu
+    floor = resolvable_floor(float(bound), n, quantile, mu)
+    said = f"the rows clipped at its private {quantile:g}-quantile's released clip (row_clip_norm)"
+    if float(row_clip) >= floor:
+        return said + ", below C"
+    where = (
+        f"where its noise resolves no grid edge below C at n = {n} and this budget"
+        if floor >= float(bound)
+        else f"below {floor / float(bound):.3g} C, the lowest grid edge its noise resolves at "
+        f"n = {n} and this budget"
+    )
+    return (
+        f"{said}, {where}: possibly a noise reading far below the rows' norms, which then "
+        "weights every row alike, like spatial_sign"
+    )
+
+
+def with_clip(output: MechanismOutput, n: int) -> MechanismOutput:
+    """``output`` (:func:`labelled`) with :func:`clip_clause` in ``auto_reason`` (its first
+    sentence) and last in ``auto_details``; unchanged when there is no clip to state."""
+    clause = clip_clause(output.extras, n)
+    if not clause:
+        return output
+    reason = str(output.extras["auto_reason"])
+    first, dot, rest = reason.partition(". Then ")
+    first = first.rstrip(".") + "; " + clause + "."
+    output.extras["auto_reason"] = first + (" Then " + rest if dot else "")
+    output.extras["auto_details"] = [*output.extras["auto_details"], clause]
+    return output
 
 
 def labelled(

@@ -175,3 +175,93 @@ def test_a_private_centre_whose_error_stands_out_of_the_noise_keeps_analyze_gaus
     for center in ("none", [0.0] * 784):
         params = AutoParams(clip_norm=1.0, center=center)  # type: ignore[arg-type]
         assert plan(ctx(4_000, 784), 10, 0.3, DELTA, params).default.name == "spatial_sign"
+
+
+# ---------------------------------------------------------------------------------------------
+# The clip quantile at small n eps (clip_quantile's public floor, 30 Nov 2026)
+
+
+def short_rows(n: int, d: int, seed: int) -> np.ndarray:
+    """Rows of norms 0.5-0.8 of the bound 1 (the report's), random directions."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True) * rng.uniform(0.5, 0.8, (n, 1))
+
+
+def released(n: int, eps: float, x: np.ndarray, seed: int) -> dict[str, Any]:
+    params = AUTO.prepare(ctx(n, x.shape[1]), 3, eps, DELTA, AutoParams())
+    out = AUTO.run(x, ReleaseSpec(3, eps, DELTA, params), np.random.default_rng(seed))
+    return out.extras
+
+
+@pytest.mark.parametrize(("n", "eps"), [(300, 0.2), (400, 0.1)])
+def test_a_clip_below_the_resolvable_floor_is_said_to_be_possibly_noise(n: int, eps: float) -> None:
+    """The report's cells: the quantile released 0.0023 and 0.00035 for rows of norms 0.5-0.8
+    while the reason said "with its private clip quantile"; now it says the clip lies where the
+    noise resolves no edge (public), possibly far below the rows' norms."""
+    for seed in range(3):
+        extras = released(n, eps, short_rows(n, 20, seed), seed)
+        assert extras["auto_choice"] == "analyze_gauss" and extras["row_clip_norm"] < 0.5
+        reason = str(extras["auto_reason"])
+        said = f"where its noise resolves no grid edge below C at n = {n} and this budget"
+        assert said in reason and "possibly a noise reading" in reason
+        assert said in extras["auto_details"][-1]
+        assert reason.count(". ") <= 1  # still at most two sentences
+
+
+def test_a_resolved_clip_is_stated_without_the_caveat() -> None:
+    """n x eps large enough for the whole grid: the clip is the quantile's, said plainly; rows
+    at the bound: no clip below C, said so."""
+    n = 20_000
+    extras = released(n, 1.0, short_rows(n, 20, 0), 0)
+    assert 0.35 <= extras["row_clip_norm"] < 1.0
+    assert str(extras["auto_reason"]).endswith("released clip (row_clip_norm), below C.")
+    x = short_rows(n, 20, 1)
+    extras = released(n, 1.0, x / np.linalg.norm(x, axis=1, keepdims=True), 1)
+    assert extras["row_clip_norm"] == 1.0
+    assert "released no clip below C: the rows clipped at C" in str(extras["auto_reason"])
+
+
+def test_the_floor_in_the_reason_is_the_public_one() -> None:
+    """Between: the floor stated is clip_quantile's at analyze_gauss's own noise (public)."""
+    from service.mechanisms.auto_explain import clip_clause
+    from service.mechanisms.clip_quantile import resolvable_floor
+    from service.mechanisms.gauss_calibration import AnalyzeGaussParams, gauss_split
+
+    raw = {"clip_norm": 1.0, "clip_quantile": 0.3}
+    mu = gauss_split(0.2, DELTA, AnalyzeGaussParams.model_validate(raw)).clip_mu
+    floor = resolvable_floor(1.0, 4_000, 0.3, mu)
+    assert 0.01 < floor < 1.0
+    extras: dict[str, Any] = {
+        "auto_choice": "analyze_gauss",
+        "auto_params": raw,
+        "auto_epsilon": 0.2,
+        "auto_delta": DELTA,
+        "row_clip_norm": floor / 2,
+    }
+    assert f"below {floor:.3g} C, the lowest grid edge" in clip_clause(extras, 4_000)
+    assert clip_clause({**extras, "row_clip_norm": floor}, 4_000).endswith(", below C")
+    assert clip_clause({**extras, "auto_choice": "spatial_sign"}, 4_000) == ""
+
+
+@pytest.mark.parametrize("n", [2, 30, 300])
+@pytest.mark.parametrize("eps", [0.05, 1.0, 50.0])
+@pytest.mark.parametrize("kind", ["tiny", "huge", "zeros", "duplicates", "mixed"])
+def test_extreme_values_at_small_n_end_succeeded_or_no_result(
+    kind: str, eps: float, n: int
+) -> None:
+    d = 10
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((n, d))
+    data = {
+        "tiny": x * 1e-300,
+        "huge": x * 1e300,
+        "zeros": np.zeros((n, d)),
+        "duplicates": np.tile(x[:1], (n, 1)),
+        "mixed": x * np.where(rng.random((n, 1)) < 0.5, 1e-300, 1e300),
+    }[kind]
+    params = AUTO.prepare(ctx(n, d), 3, eps, DELTA, AutoParams())
+    out = AUTO.run(data, ReleaseSpec(3, eps, DELTA, params), np.random.default_rng(0))
+    assert out.basis is not None or out.no_result_reason is not None
+    if out.basis is not None:
+        assert out.basis.shape == (d, 3) and np.all(np.isfinite(out.basis))

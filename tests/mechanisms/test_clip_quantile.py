@@ -14,9 +14,13 @@ from service.mechanisms.analyze_gauss import AnalyzeGauss, gauss_split, gram_sen
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.clip_quantile import (
     GRID_STEPS,
+    QUANTILE_ALPHA,
     count_noise_std,
+    noisy_above,
     private_clip_norm,
     quantile_edges,
+    resolvable_floor,
+    resolvable_steps,
 )
 from service.mechanisms.composition import gaussian_total_mu
 from service.mechanisms.linalg import gram_row_norms
@@ -78,6 +82,41 @@ def test_analyze_gauss_clips_at_it_and_calibrates_to_it(monkeypatch: pytest.Monk
     assert out.extras["variance_noise_std"] == pytest.approx(
         gram_sensitivity(1.0) / split.variance_mu
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid's resolvable floor (public; auto's reason states a clip below it, 30 Nov 2026)
+
+
+def test_resolvable_steps_is_the_bridge_bound() -> None:
+    """``B' = floor((q n)^2/(2 s^2 ln(1/alpha)))`` capped at the grid; public facts only."""
+    mu = 0.01
+    s = count_noise_std(mu)
+    for n in (100, 1_000, 4_000, 20_000):
+        bound = (0.3 * n) ** 2 / (2 * s * s * math.log(1 / QUANTILE_ALPHA))
+        assert resolvable_steps(n, 0.3, mu) == min(GRID_STEPS, math.floor(bound))
+    assert resolvable_steps(300, 0.3, 1e-3) == 0 and resolvable_steps(10**9, 0.3, 1e-3) == 48
+    assert resolvable_steps(0, 0.3, 1.0) == 0 and resolvable_steps(10, 0.3, math.inf) == 48
+    assert resolvable_floor(2.0, 300, 0.3, 1e-3) == 2.0
+    assert resolvable_floor(2.0, 10**9, 0.3, 1.0) == quantile_edges(2.0)[0]
+    assert resolvable_steps(4_000, 0.3, 0.01) == 12
+    assert resolvable_floor(1.0, 4_000, 0.3, 0.01) == quantile_edges(1.0)[GRID_STEPS - 12]
+
+
+@pytest.mark.parametrize(("n", "mu"), [(2_000, 0.0116), (2_000, 0.0201), (2_000, 0.0317)])
+def test_the_bridge_bound_holds_at_the_floor(n: int, mu: float) -> None:
+    """The derivation, on the module's own projection: with ``B'`` bins of pure noise, the
+    count above some edge falls ``q n/2`` below its exact value at most ``QUANTILE_ALPHA`` of
+    the time (the event that would put a read-out over those edges below the rows'
+    ``q/2``-quantile)."""
+    steps = resolvable_steps(n, 0.3, mu)
+    assert 2 <= steps < GRID_STEPS
+    rng = np.random.default_rng(9)
+    dips = 0
+    for _ in range(2_000):
+        noise = rng.normal(0.0, count_noise_std(mu), steps)
+        dips += int(np.min(noisy_above(noise, 0)[:-1]) <= -0.15 * n)
+    assert dips / 2_000 <= QUANTILE_ALPHA
 
 
 # Worst case for the counts: one row in the top bin on one side, the bottom bin on the other.
