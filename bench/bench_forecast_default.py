@@ -117,6 +117,33 @@ def forecast_pairs(
         yield Pair(rep, new, before, earlier, found, after, truth(rows, after.basis))
 
 
+def print_scores(
+    k: int,
+    eps: float,
+    scores: dict[str, list[tuple[float, float, float, float]]],
+    column: str,
+    figure: Callable[[np.ndarray[Any, Any]], str],
+) -> None:
+    """The forecast diagnostics' table: per variant with a forecast (runs of ``(kept, low,
+    high, central)``), how many, the range's coverage of what the new release kept, its mean
+    width, the central figure's mean absolute error, and ``column``: ``figure`` of the runs."""
+    print(
+        f"| variant | k | eps | runs | range covers | width | central: mean abs error | {column} |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for variant, found_rows in scores.items():
+        r = np.asarray(found_rows)
+        if r.size == 0:
+            continue
+        cover = np.mean((r[:, 1] <= r[:, 0]) & (r[:, 0] <= r[:, 2]))
+        width = np.mean(r[:, 2] - r[:, 1])
+        print(
+            f"| {variant} | {k} | {eps} | {len(r)} | {cover:.2f} | {width:.3f} "
+            f"| {np.mean(np.abs(r[:, 3] - r[:, 0])):.3f} | {figure(r)} |",
+            flush=True,
+        )
+
+
 def main_diagnostic(cell: Callable[[np.ndarray[Any, Any], int, float, int], None]) -> None:
     """The forecast diagnostics' command line: ``cell(rows, k, eps, reps)`` per data set of
     ``--only`` (breast_cancer), ``--eps`` (1) and ``--k`` (1, 2, 5, 10), ``--reps`` pairs."""

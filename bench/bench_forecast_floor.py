@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_forecast_default import forecast_pairs, main_diagnostic
+from bench.bench_forecast_default import forecast_pairs, main_diagnostic, print_scores
 from service.mechanisms import analyze_gauss, gauss_forecast
 from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
@@ -87,22 +87,9 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
         f"{np.mean(np.abs(kept_values - kept_values.mean())):.3f}, own 90% (shortest interval "
         f"holding {math.ceil(0.9 * reps)} of {reps}) {shortest_cover(kept_values):.3f}"
     )
-    print(
-        "| variant | k | eps | runs | range covers | width | central: mean abs error "
-        "| width <= 0.2 |"
+    print_scores(
+        k, eps, scores, "width <= 0.2", lambda r: f"{int(np.sum(r[:, 2] - r[:, 1] <= 0.2))}"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for variant, found_rows in scores.items():
-        r = np.asarray(found_rows)
-        if r.size == 0:
-            continue
-        cover = np.mean((r[:, 1] <= r[:, 0]) & (r[:, 0] <= r[:, 2]))
-        widths = r[:, 2] - r[:, 1]
-        print(
-            f"| {variant} | {k} | {eps} | {len(r)} | {cover:.2f} | {widths.mean():.3f} "
-            f"| {np.mean(np.abs(r[:, 3] - r[:, 0])):.3f} | {int(np.sum(widths <= 0.2))} |",
-            flush=True,
-        )
 
 
 def _pairs_scale(extras: dict[str, Any], n: int) -> float:

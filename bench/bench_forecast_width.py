@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_forecast_default import forecast_pairs, main_diagnostic
+from bench.bench_forecast_default import forecast_pairs, main_diagnostic, print_scores
 from service.mechanisms import clipped_spectrum, forecast_simulation, gauss_forecast
 from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
@@ -125,22 +125,11 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
                 f"{float(after.extras.get('row_clip_norm', math.nan)):.4f} kept {kept:.3f} "
                 f"central {scores['shipped'][-1][3]:.3f}"
             )
-    print(
-        "| variant | k | eps | runs | range covers | width | central: mean abs error "
-        "| largest distance central-end |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for variant, found_rows in scores.items():
-        r = np.asarray(found_rows)
-        if r.size == 0:
-            continue
-        cover = np.mean((r[:, 1] <= r[:, 0]) & (r[:, 0] <= r[:, 2]))
-        off = np.mean(np.maximum(r[:, 3] - r[:, 1], r[:, 2] - r[:, 3]))
-        width = np.mean(r[:, 2] - r[:, 1])
-        print(
-            f"| {variant} | {k} | {eps} | {len(r)} | {cover:.2f} | {width:.3f} "
-            f"| {np.mean(np.abs(r[:, 3] - r[:, 0])):.3f} | {off:.3f} |"
-        )
+
+    def off(r: np.ndarray[Any, Any]) -> str:
+        return f"{np.mean(np.maximum(r[:, 3] - r[:, 1], r[:, 2] - r[:, 3])):.3f}"
+
+    print_scores(k, eps, scores, "largest distance central-end", off)
     print("\n".join(runs), flush=True)
 
 

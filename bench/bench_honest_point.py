@@ -250,10 +250,9 @@ def main_rules(args: argparse.Namespace) -> None:
     )
     print("|---" * 11 + "|")
 
-    def line(name: str, eps: float, k: int, f: dict[str, float]) -> str:
+    def line(f: dict[str, float]) -> str:
         return (
-            f"| {name} | {eps} | {k} | {f['kept']:.3f} | {f['cover']:.2f} "
-            f"| {f['width']:.3f} "
+            f"| {f['kept']:.3f} | {f['cover']:.2f} | {f['width']:.3f} "
             f"| {f['old_stated']:.0f} -> {f['new_stated']:.0f} of {args.reps} "
             f"| {_pair(f, 'abs', '.3f')} | {_pair(f, 'err', '+.3f')} "
             f"| {_pair(f, 'max', '.3f')} | {_pair(f, 'cover', '.2f')} |"
@@ -265,11 +264,12 @@ def main_rules(args: argparse.Namespace) -> None:
 def each_cell(
     args: argparse.Namespace,
     measure: Callable[[np.ndarray[Any, Any], float, int, int], dict[str, float]],
-    line: Callable[[str, float, int, dict[str, float]], str],
+    line: Callable[[dict[str, float]], str],
 ) -> None:
     """Every cell of a table (data set, eps, k, as ``args`` chooses): its figures
-    ``measure(rows, eps, k, reps)`` printed as ``line(name, eps, k, figures)``, and with
-    ``--csv`` the cells so far written after each (a long run keeps what it measured)."""
+    ``measure(rows, eps, k, reps)`` printed after its data set, eps and k as ``line(figures)``,
+    and with ``--csv`` the cells so far written after each (a long run keeps what it
+    measured)."""
     table = []
     for name, rows in datasets(args.quick, args.mnist).items():
         if args.only and name not in args.only:
@@ -280,7 +280,7 @@ def each_cell(
                 table.append({"data": name, "eps": eps, "k": k, "seeds": args.reps, **f})
                 if args.csv:
                     write_csv(args.csv, table)
-                print(line(name, eps, k, f), flush=True)
+                print(f"| {name} | {eps} | {k} {line(f)}", flush=True)
 
 
 def _nanmean(values: np.ndarray[Any, Any]) -> float:
@@ -496,9 +496,9 @@ def main() -> None:
     )
     print("|---" * 23 + "|")
 
-    def line(name: str, eps: float, k: int, f: dict[str, float]) -> str:
+    def line(f: dict[str, float]) -> str:
         return (
-            f"| {name} | {eps} | {k} | {f['truth']:.3f} | {f['new_err']:+.3f} "
+            f"| {f['truth']:.3f} | {f['new_err']:+.3f} "
             f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
             f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
             f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} "
