@@ -129,33 +129,23 @@ def build(session: Session, n: int, shape: str) -> tuple[datetime, uuid.UUID]:
             )
         )
         if one is None:
-            appended = created + timedelta(seconds=0.2)
-            session.add(
-                DatasetBatch(
-                    dataset_id=dataset.id,
-                    seq=1,
-                    n_rows=20,
-                    row_offset=30,
-                    file_name=None,
-                    created_at=appended,
-                )
-            )
-            dataset.n_rows, dataset.n_batches = 50, 2
+            appended = _append(session, dataset, created + timedelta(seconds=0.2))
         last = release.id
     if one is not None:
-        appended = t0 + timedelta(seconds=0.5 * n)
-        session.add(
-            DatasetBatch(
-                dataset_id=one.id,
-                seq=1,
-                n_rows=20,
-                row_offset=30,
-                file_name=None,
-                created_at=appended,
-            )
-        )
-        one.n_rows, one.n_batches = 50, 2
+        appended = _append(session, one, t0 + timedelta(seconds=0.5 * n))
     return appended + timedelta(seconds=0.1), last
+
+
+def _append(session: Session, dataset: Dataset, at: datetime) -> datetime:
+    """The dataset's next batch (seq 1: 20 rows after its 30) committed at ``at``; returns
+    ``at``."""
+    session.add(
+        DatasetBatch(
+            dataset_id=dataset.id, seq=1, n_rows=20, row_offset=30, file_name=None, created_at=at
+        )
+    )
+    dataset.n_rows, dataset.n_batches = 50, 2
+    return at
 
 
 @contextmanager

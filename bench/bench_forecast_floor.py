@@ -22,18 +22,14 @@ A diagnostic: the oracles are patched in this process only and no forecast uses 
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
 import numpy as np
 
-from bench.bench_forecast_default import EARLIER_SEED, MECHANISM, NEW_SEED, datasets, spec_of
-from bench.bench_honest_point import truth
+from bench.bench_forecast_default import forecast_pairs, main_diagnostic, print_scores
 from service.mechanisms import analyze_gauss, gauss_forecast
-from service.mechanisms.analyze_gauss import AnalyzeGauss
-from service.mechanisms.auto import plan as auto_plan
-from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
 
 VARIANTS = ("shipped", "exact trace")
@@ -56,29 +52,17 @@ def shortest_cover(values: np.ndarray[Any, Any], level: float = 0.9) -> float:
 def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
     n, d = rows.shape
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-    spec = spec_of(ctx, eps, k)
-    chosen = auto_plan(ctx, k, eps, spec.delta, spec.params).default
     scores: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in VARIANTS}
     kept_all = []
     analyze_gauss.release_of_gram = _recording
     try:
-        for rep in range(reps):
-            before = MECHANISM.run(rows, spec, np.random.default_rng(EARLIER_SEED + rep))
-            exact_trace = _EXACT["trace"]
-            after = MECHANISM.run(rows, spec, np.random.default_rng(NEW_SEED + rep))
-            assert after.basis is not None
-            kept = truth(rows, after.basis)
+        for pair in forecast_pairs(ctx, rows, k, eps, reps, seen=lambda: _EXACT["trace"]):
+            exact_trace, kept, earlier = pair.seen, pair.kept, pair.earlier
             kept_all.append(kept)
-            extras = dict(before.extras)
-            earlier = ReleaseSpec(
-                k,
-                float(extras["auto_epsilon"]),
-                float(extras["auto_delta"]),
-                AnalyzeGauss().parse_params(extras["auto_params"]),
-            )
+            extras = dict(pair.before.extras)
             # Pairs: the released figures are the m-pair Gram's scaled to n rows.
             ratio = _pairs_scale(extras, n)
-            if rep == 0:
+            if pair.rep == 0:
                 gap = float(extras["trace"]) - exact_trace * ratio
                 gap /= float(extras["gram_noise_std"]) * math.sqrt(d)
                 print(f"  (run 0: released trace - exact, in the trace noise's sd: {gap:.2f})")
@@ -89,7 +73,7 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
                     shown["trace"] = exact_trace * ratio
                     gauss_forecast.trace_readings = lambda s, *_: (s, s)
                 try:
-                    found = release_forecast(ctx, chosen.spec(k), earlier, shown)
+                    found = release_forecast(ctx, pair.new, earlier, shown)
                 finally:
                     gauss_forecast.trace_readings = saved_readings
                 if found is not None:
@@ -103,22 +87,9 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
         f"{np.mean(np.abs(kept_values - kept_values.mean())):.3f}, own 90% (shortest interval "
         f"holding {math.ceil(0.9 * reps)} of {reps}) {shortest_cover(kept_values):.3f}"
     )
-    print(
-        "| variant | k | eps | runs | range covers | width | central: mean abs error "
-        "| width <= 0.2 |"
+    print_scores(
+        k, eps, scores, "width <= 0.2", lambda r: f"{int(np.sum(r[:, 2] - r[:, 1] <= 0.2))}"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for variant, found_rows in scores.items():
-        r = np.asarray(found_rows)
-        if r.size == 0:
-            continue
-        cover = np.mean((r[:, 1] <= r[:, 0]) & (r[:, 0] <= r[:, 2]))
-        widths = r[:, 2] - r[:, 1]
-        print(
-            f"| {variant} | {k} | {eps} | {len(r)} | {cover:.2f} | {widths.mean():.3f} "
-            f"| {np.mean(np.abs(r[:, 3] - r[:, 0])):.3f} | {int(np.sum(widths <= 0.2))} |",
-            flush=True,
-        )
 
 
 def _pairs_scale(extras: dict[str, Any], n: int) -> float:
@@ -129,19 +100,7 @@ def _pairs_scale(extras: dict[str, Any], n: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--k", type=int, nargs="*", default=[1, 2, 5, 10])
-    parser.add_argument("--eps", type=float, nargs="*", default=[1.0])
-    parser.add_argument("--only", nargs="*", default=["breast_cancer"])
-    args = parser.parse_args()
-    for name, rows in datasets(False).items():
-        if name not in args.only:
-            continue
-        for eps in args.eps:
-            for k in args.k:
-                print(f"\n{name}, k {k}, eps {eps}")
-                cell(rows, k, eps, args.reps)
+    main_diagnostic(cell)
 
 
 if __name__ == "__main__":

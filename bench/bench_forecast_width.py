@@ -27,7 +27,6 @@ the new release's clip and what it kept.
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,12 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_forecast_default import EARLIER_SEED, MECHANISM, NEW_SEED, datasets, spec_of
-from bench.bench_honest_point import DELTA, truth
+from bench.bench_forecast_default import forecast_pairs, main_diagnostic, print_scores
 from service.mechanisms import clipped_spectrum, forecast_simulation, gauss_forecast
-from service.mechanisms.analyze_gauss import AnalyzeGauss
-from service.mechanisms.auto import plan as auto_plan
-from service.mechanisms.base import PublicContext, ReleaseSpec
+from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
 
 VARIANTS = ("shipped", "ceiling", "trace", "eigen", "declip", "spread", "trace+eigen", "all four")
@@ -106,26 +102,14 @@ def patched(variant: str) -> Iterator[None]:
 def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
     n, d = rows.shape
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-    spec = spec_of(ctx, eps, k)
-    chosen = auto_plan(ctx, k, eps, DELTA, spec.params).default
     scores: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in VARIANTS}
     runs: list[str] = []
-    for rep in range(reps):
-        before = MECHANISM.run(rows, spec, np.random.default_rng(EARLIER_SEED + rep))
-        after = MECHANISM.run(rows, spec, np.random.default_rng(NEW_SEED + rep))
-        assert after.basis is not None
-        kept = truth(rows, after.basis)
-        extras = before.extras
-        earlier = ReleaseSpec(
-            k,
-            float(extras["auto_epsilon"]),
-            float(extras["auto_delta"]),
-            AnalyzeGauss().parse_params(extras["auto_params"]),
-        )
+    for pair in forecast_pairs(ctx, rows, k, eps, reps):
+        rep, after, kept, extras = pair.rep, pair.after, pair.kept, pair.before.extras
         figures = None
         for variant in VARIANTS:
             with patched(variant):
-                found = release_forecast(ctx, chosen.spec(k), earlier, extras)
+                found = release_forecast(ctx, pair.new, pair.earlier, extras)
                 if found is None:
                     continue
                 # ("shipped" runs first: the ceiling variant reads this run's figures.)
@@ -141,39 +125,16 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
                 f"{float(after.extras.get('row_clip_norm', math.nan)):.4f} kept {kept:.3f} "
                 f"central {scores['shipped'][-1][3]:.3f}"
             )
-    print(
-        "| variant | k | eps | runs | range covers | width | central: mean abs error "
-        "| largest distance central-end |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for variant, found_rows in scores.items():
-        r = np.asarray(found_rows)
-        if r.size == 0:
-            continue
-        cover = np.mean((r[:, 1] <= r[:, 0]) & (r[:, 0] <= r[:, 2]))
-        off = np.mean(np.maximum(r[:, 3] - r[:, 1], r[:, 2] - r[:, 3]))
-        width = np.mean(r[:, 2] - r[:, 1])
-        print(
-            f"| {variant} | {k} | {eps} | {len(r)} | {cover:.2f} | {width:.3f} "
-            f"| {np.mean(np.abs(r[:, 3] - r[:, 0])):.3f} | {off:.3f} |"
-        )
+
+    def off(r: np.ndarray[Any, Any]) -> str:
+        return f"{np.mean(np.maximum(r[:, 3] - r[:, 1], r[:, 2] - r[:, 3])):.3f}"
+
+    print_scores(k, eps, scores, "largest distance central-end", off)
     print("\n".join(runs), flush=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--k", type=int, nargs="*", default=[1, 2, 5, 10])
-    parser.add_argument("--eps", type=float, nargs="*", default=[1.0])
-    parser.add_argument("--only", nargs="*", default=["breast_cancer"])
-    args = parser.parse_args()
-    for name, rows in datasets(False).items():
-        if name not in args.only:
-            continue
-        for eps in args.eps:
-            for k in args.k:
-                print(f"\n{name}, k {k}, eps {eps}")
-                cell(rows, k, eps, args.reps)
+    main_diagnostic(cell)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ columns differ only by the estimator.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,25 +265,38 @@ def main_rules(args: argparse.Namespace) -> None:
         "| mean abs error | mean error | largest miss | stated intervals cover |"
     )
     print("|---" * 11 + "|")
+
+    def line(f: dict[str, float]) -> str:
+        return (
+            f"| {f['kept']:.3f} | {f['cover']:.2f} | {f['width']:.3f} "
+            f"| {f['old_stated']:.0f} -> {f['new_stated']:.0f} of {args.reps} "
+            f"| {_pair(f, 'abs', '.3f')} | {_pair(f, 'err', '+.3f')} "
+            f"| {_pair(f, 'max', '.3f')} | {_pair(f, 'cover', '.2f')} |"
+        )
+
+    each_cell(args, functools.partial(rules_cell, split=args.split), line)
+
+
+def each_cell(
+    args: argparse.Namespace,
+    measure: Callable[[np.ndarray[Any, Any], float, int, int], dict[str, float]],
+    line: Callable[[dict[str, float]], str],
+) -> None:
+    """Every cell of a table (data set, eps, k, as ``args`` chooses): its figures
+    ``measure(rows, eps, k, reps)`` printed after its data set, eps and k as ``line(figures)``,
+    and with ``--csv`` the cells so far written after each (a long run keeps what it
+    measured)."""
     table = []
     for name, rows in datasets(args.quick, args.mnist).items():
         if args.only and name not in args.only:
             continue
         for eps in args.eps:
             for k in args.ks:
-                f = rules_cell(rows, eps, k, args.reps, args.split)
+                f = measure(rows, eps, k, args.reps)
                 table.append({"data": name, "eps": eps, "k": k, "seeds": args.reps, **f})
                 if args.csv:
                     write_csv(args.csv, table)
-
-                print(
-                    f"| {name} | {eps} | {k} | {f['kept']:.3f} | {f['cover']:.2f} "
-                    f"| {f['width']:.3f} "
-                    f"| {f['old_stated']:.0f} -> {f['new_stated']:.0f} of {args.reps} "
-                    f"| {_pair(f, 'abs', '.3f')} | {_pair(f, 'err', '+.3f')} "
-                    f"| {_pair(f, 'max', '.3f')} | {_pair(f, 'cover', '.2f')} |",
-                    flush=True,
-                )
+                print(f"| {name} | {eps} | {k} {line(f)}", flush=True)
 
 
 def _nanmean(values: np.ndarray[Any, Any]) -> float:
@@ -501,27 +516,20 @@ def main() -> None:
         "point | point: mean abs error | point: mean error | forecast range covers | its width |"
     )
     print("|---" * 23 + "|")
-    table = []
-    for name, rows in datasets(args.quick, args.mnist).items():
-        if args.only and name not in args.only:
-            continue
-        for eps in args.eps:
-            for k in args.ks:
-                f = cell(rows, eps, k, args.reps)
-                table.append({"data": name, "eps": eps, "k": k, "seeds": args.reps, **f})
-                if args.csv:
-                    write_csv(args.csv, table)
-                print(
-                    f"| {name} | {eps} | {k} | {f['truth']:.3f} | {f['new_err']:+.3f} "
-                    f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
-                    f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
-                    f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} "
-                    f"| {f['from_release_bias']:+.3f} | {f['from_spectrum']:.2f} "
-                    f"| {f['own_spread']:.3f} | {f['narrow']:.2f} | {f['narrow_err']:+.3f} "
-                    f"| {f['points']:.2f} | {f['point_abs']:.3f} | {f['point_err']:+.3f} "
-                    f"| {f['range_cover']:.2f} | {f['range_width']:.3f} |",
-                    flush=True,
-                )
+
+    def line(f: dict[str, float]) -> str:
+        return (
+            f"| {f['truth']:.3f} | {f['new_err']:+.3f} "
+            f"| {f['new_abs']:.3f} | {f['old_err']:+.3f} | {f['cover']:.2f} "
+            f"| {f['width']:.2f} | {f['hidden']:.2f} | {f['forecast']:.3f} "
+            f"| [{f['low']:.3f}, {f['high']:.3f}] | {f['from_release']:.3f} "
+            f"| {f['from_release_bias']:+.3f} | {f['from_spectrum']:.2f} "
+            f"| {f['own_spread']:.3f} | {f['narrow']:.2f} | {f['narrow_err']:+.3f} "
+            f"| {f['points']:.2f} | {f['point_abs']:.3f} | {f['point_err']:+.3f} "
+            f"| {f['range_cover']:.2f} | {f['range_width']:.3f} |"
+        )
+
+    each_cell(args, cell, line)
 
 
 if __name__ == "__main__":

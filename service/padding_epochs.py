@@ -44,7 +44,6 @@ from service.padding_queue import (
     padding_model,
     queue_parts,
     queue_seconds,
-    registration_seconds,
     shown_unfinished,
 )
 
@@ -168,18 +167,18 @@ class _Chain:
 
     def queue(self, at: datetime, epochs: float) -> float:
         """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'.
-        The one-shot queue is not read at a moment with none in it (:meth:`_Facts.idle`: no
-        row, so no jobs ahead and no late one, ``0.0`` each, the figures the read gives then);
-        the registrations pending there still count (:func:`registration_seconds`, as in
-        :func:`queue_parts`: the wait is ``max(late, registrations)`` with no late job)."""
-        facts = self.facts
-        if at not in self.queues and facts is not None and facts.idle(self.session, at):
-            self.queues[at] = (0.0, registration_seconds(self.session, at))
+        The one-shot queue is not read at a moment with none in it (:meth:`_Facts.idle`:
+        :func:`queue_parts`' ``queued=False``); every other term of the queue still counts
+        there (the registrations pending), as :func:`queue_parts` alone adds them."""
         if at not in self.queues:
-            model = padding_model(self.session, self.settings, at)
+            facts = self.facts
+            idle = facts is not None and facts.idle(self.session, at)
+            # The model prices the one-shot jobs ahead only, none at an idle point: the
+            # uncalibrated one serves there, without the calibrated rates' read.
+            model = self.model if idle else padding_model(self.session, self.settings, at)
             # Registrations too: one requested by the point goes first (act_queue_seconds).
             self.queues[at] = queue_parts(
-                self.session, model, at, registrations=True, only_one_shot=True
+                self.session, model, at, registrations=True, queued=not idle, only_one_shot=True
             )
         total, wait = self.queues[at]
         return total + max(wait, epochs)

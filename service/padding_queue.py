@@ -64,6 +64,9 @@ def queue_parts(
     ``jobs ahead + max(wait, epochs)``. Apart so that a caller with several epochs' terms at
     one moment (:func:`service.padding_epochs.epoch_padding`'s chain) reads the queue once.
 
+    ``queued=False``: the caller has seen no one-shot row in the queue at ``now`` (the
+    request's guard, the chain's idle point), so it is not read; every other term still counts.
+
     ``only_one_shot``: the statement itself keeps the one-shot mechanisms' rows only
     (:data:`_ONE_SHOT_QUEUE`), the very rows kept below, so the same figure. Why: the chain
     reads the queue at each pending epoch's point, and every pending continual release is a

@@ -16,25 +16,15 @@ kept shares what the releases at the new budget then kept."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
 from bench.bench_honest_point import power_law
-from service.mechanisms.analyze_gauss import AnalyzeGauss
-from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
-from service.mechanisms.gauss_preview import release_forecast
-from service.mechanisms.linalg import clip_rows
+from tests.mechanisms.test_forecast_coverage import covered
 
-MECHANISM = AnalyzeGauss()
-DELTA = 1e-6
-RUNS = 20
 #: As ``bench_forecast_coverage --eps 0.1 0.3 1 2``: the seed of a setting's releases.
 EPSILONS = (0.1, 0.3, 1.0, 2.0)
-KS = (1, 2, 5, 10)
-SEED_BASE = 10_000
 
 
 def test_a_hidden_uncentred_releases_mean_still_takes_a_new_component() -> None:
@@ -103,18 +93,6 @@ def test_moved_share_moves_one_stated_share_where_it_keeps_most() -> None:
     assert moved_share(shares[:1], before[:1], after[:1]) == pytest.approx(shares[:1])
 
 
-def _spec(ctx: PublicContext, eps: float, k: int) -> ReleaseSpec[Any]:
-    params = MECHANISM.parse_params({"center": "private"})
-    resolved = MECHANISM.prepare(ctx, k, eps, DELTA, params)
-    return ReleaseSpec(k=k, epsilon=eps, delta=DELTA, params=resolved)
-
-
-def _kept(rows: np.ndarray[Any, Any], basis: np.ndarray[Any, Any]) -> float:
-    y = clip_rows(rows, 1.0)
-    y = y - y.mean(axis=0)
-    return float(np.sum((y @ basis) ** 2) / np.sum(y**2))
-
-
 @pytest.mark.parametrize(
     ("k", "earlier", "new", "least"),
     [
@@ -127,22 +105,6 @@ def _kept(rows: np.ndarray[Any, Any], basis: np.ndarray[Any, Any]) -> float:
 def test_the_range_from_an_uncentred_release_holds_power_law_releases(
     k: int, earlier: float, new: float, least: int
 ) -> None:
-    rows = power_law(3000, 100, 2)
-    n, d = rows.shape
-    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-    before, after = _spec(ctx, earlier, k), _spec(ctx, new, k)
-
-    def seed(eps: float, rep: int) -> int:
-        return SEED_BASE * (EPSILONS.index(eps) * len(KS) + KS.index(k) + 1) + rep
-
-    hits, widths = 0, []
-    for rep in range(RUNS):
-        source = MECHANISM.run(rows, before, np.random.default_rng(seed(earlier, rep)))
-        fresh = MECHANISM.run(rows, after, np.random.default_rng(seed(new, rep)))
-        assert fresh.basis is not None
-        found = release_forecast(ctx, after, before, source.extras)
-        assert found is not None
-        hits += found[1].low <= _kept(rows, fresh.basis) <= found[1].high
-        widths.append(found[1].high - found[1].low)
-    assert hits >= least, (hits, float(np.mean(widths)))
-    assert float(np.mean(widths)) < 0.35
+    hits, width = covered(power_law(3000, 100, 2), k, earlier, new, EPSILONS)
+    assert hits >= least, (hits, width)
+    assert width < 0.35

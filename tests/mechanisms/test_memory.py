@@ -72,14 +72,11 @@ def measured_peak(mechanism: Any, data: np.ndarray, spec: ReleaseSpec[Any]) -> i
     return max(0, peak - base)
 
 
-@pytest.mark.parametrize(
-    ("name", "case"),
-    [(name, case) for name in sorted(MECHANISMS) for case in CASES.get(name, [])],
-    ids=lambda value: value if isinstance(value, str) else f"n{value[0]}-d{value[1]}",
-)
-def test_memory_estimate_bounds_the_measured_peak(
-    name: str, case: tuple[int, int, int, float, float, dict[str, Any]], tmp_path: Path
-) -> None:
+def _case(
+    name: str, case: tuple[int, int, int, float, float, dict[str, Any]], folder: Path
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], PublicContext, ReleaseSpec[Any]]:
+    """The case's rows (as an array, and saved in ``folder`` and memory-mapped back, as the
+    worker reads them), its public context and its prepared spec."""
     n, d, k, epsilon, delta, raw = case
     mechanism = MECHANISMS[name]
     # auto's heavy path (friendly) runs only on rows near enough a subspace: at the default
@@ -88,12 +85,24 @@ def test_memory_estimate_bounds_the_measured_peak(
     # Every row above the bound: the clipping path (scaled copies) is the worst case the
     # data-independent estimate must cover, and the case its tightness is measured on.
     data = 2.0 * data
-    path = tmp_path / "data.npy"
+    path = folder / "data.npy"
     np.save(path, data)
     mapped = np.load(path, mmap_mode="r")
     ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
     params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
-    spec = ReleaseSpec(k, epsilon, delta, params)
+    return data, mapped, ctx, ReleaseSpec(k, epsilon, delta, params)
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    [(name, case) for name in sorted(MECHANISMS) for case in CASES.get(name, [])],
+    ids=lambda value: value if isinstance(value, str) else f"n{value[0]}-d{value[1]}",
+)
+def test_memory_estimate_bounds_the_measured_peak(
+    name: str, case: tuple[int, int, int, float, float, dict[str, Any]], tmp_path: Path
+) -> None:
+    mechanism = MECHANISMS[name]
+    _, mapped, ctx, spec = _case(name, case, tmp_path)
     estimate = mechanism.memory_bytes(ctx, spec)
     peak = measured_peak(mechanism, mapped, spec)
     assert estimate >= peak, f"{name}: estimate {estimate} below measured peak {peak}"
@@ -112,20 +121,8 @@ def test_every_registered_mechanism_has_a_case() -> None:
 def test_a_memory_map_gives_the_same_release_as_an_array(name: str, tmp_path: Path) -> None:
     """Reading the data as the worker does (a memory map, read ahead chunk by chunk and in
     sequential passes) changes no bit of the release for a seed."""
-    n, d, k, epsilon, delta, raw = CASES[name][0]
     mechanism = MECHANISMS[name]
-    # auto's heavy path (friendly) runs only on rows near enough a subspace: at the default
-    # 1e-2 its block count now sends it to analyze_gauss, so its case uses rows 1e-5 away
-    data, _ = near_subspace(n, d, k, noise=1e-5 if name == "auto" else 0.01, seed=1)
-    # Every row above the bound: the clipping path (scaled copies) is the worst case the
-    # data-independent estimate must cover, and the case its tightness is measured on.
-    data = 2.0 * data
-    path = tmp_path / "data.npy"
-    np.save(path, data)
-    mapped = np.load(path, mmap_mode="r")
-    ctx = PublicContext(n_rows=n, n_cols=d, row_norm_bound=1.0)
-    params = mechanism.prepare(ctx, k, epsilon, delta, mechanism.parse_params(raw))
-    spec = ReleaseSpec(k, epsilon, delta, params)
+    data, mapped, _, spec = _case(name, CASES[name][0], tmp_path)
     from_array = mechanism.run(data, spec, np.random.default_rng(3))
     from_map = mechanism.run(mapped, spec, np.random.default_rng(3))
     assert from_map.no_result_reason == from_array.no_result_reason

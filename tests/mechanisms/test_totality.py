@@ -12,6 +12,7 @@ never happen. Shapes and budgets are small so the whole property runs in seconds
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -111,18 +112,25 @@ def check_basis(out: MechanismOutput, d: int, k: int) -> None:
         assert basis.T @ basis == pytest.approx(np.eye(k), abs=1e-8)
 
 
+def adversarial(test: Callable[..., None]) -> Callable[..., None]:
+    """``test`` given 40 examples: an adversarial finite matrix (``data``), a ``k_pick`` of 1
+    or 2, an extreme ``clip`` and a ``seed``."""
+    return settings(
+        max_examples=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )(
+        given(
+            data=adversarial_matrices(),
+            k_pick=st.integers(1, 2),
+            clip=st.sampled_from([1.0, 1e-100, 1e100, 3.0e-7]),
+            seed=st.integers(0, 2**32 - 1),
+        )(test)
+    )
+
+
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(
-    data=adversarial_matrices(),
-    k_pick=st.integers(1, 2),
-    clip=st.sampled_from([1.0, 1e-100, 1e100, 3.0e-7]),
-    seed=st.integers(0, 2**32 - 1),
-)
+@adversarial
 def test_every_mechanism_is_total_on_adversarial_finite_matrices(
     name: str, data: np.ndarray, k_pick: int, clip: float, seed: int
 ) -> None:
@@ -139,17 +147,7 @@ def test_one_huge_row_beside_ordinary_ones(name: str) -> None:
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(
-    data=adversarial_matrices(),
-    k_pick=st.integers(1, 2),
-    clip=st.sampled_from([1.0, 1e-100, 1e100, 3.0e-7]),
-    seed=st.integers(0, 2**32 - 1),
-)
+@adversarial
 def test_variants_are_total_on_adversarial_finite_matrices(
     variant: str, data: np.ndarray, k_pick: int, clip: float, seed: int
 ) -> None:

@@ -25,11 +25,9 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import calibration
@@ -37,9 +35,8 @@ from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
 from service.padding import OVERHEAD, READ, late_schedule
 from service.registration_visibility import shown_at
-from service.worker import Worker
-from tests.conftest import Keys, bearer
-from tests.reference import helpers
+from tests.conftest import bearer
+from tests.reference.conftest import Registrations, padded
 
 PAD = 1.0
 PROBE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"}
@@ -49,13 +46,7 @@ RUN = timedelta(milliseconds=10)
 
 @pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
-    return settings.model_copy(
-        update={
-            "reference_roots": str(root),
-            "release_padding_floor_seconds": PAD,
-            "release_padding_calibrated": True,
-        }
-    )
+    return padded(settings, root, PAD, release_padding_calibrated=True)
 
 
 def _set_world(
@@ -135,18 +126,14 @@ def _forget(
 def test_a_probe_behind_a_registration_shows_the_same_whatever_the_worker_does(
     kind: str,
     late: bool,
-    client: TestClient,
-    keys: Keys,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    root: Path,
-    session_factory: sessionmaker[Session],
+    registrations: Registrations,
 ) -> None:
-    mine = upload_dataset(
+    client, keys = registrations.client, registrations.keys
+    root, session_factory = registrations.root, registrations.session_factory
+    mine = registrations.upload_dataset(
         client, keys.owner, np.random.default_rng(0).normal(size=(200, 3)) / 4, row_norm_bound=1
     )
-    other = make_key("owner")
+    other = registrations.make_key("owner")
     if not late:
         # A calibrated machine: a cheap probe's padding (0.25 s + 2 x its 50 ms overhead +
         # its run) is far below a registration's (the release floor: nothing of the objects
@@ -163,21 +150,13 @@ def test_a_probe_behind_a_registration_shows_the_same_whatever_the_worker_does(
     for number, world in enumerate(("ended", "reading")):
         ready = None
         if kind == "batch":
-            names = helpers.seeded_parquet(root / world / "b0", 2 * number, 200, 3)
-            first = helpers.post_data(
-                client, other, "registration", root / world / "b0", names, None
-            )
-            assert first.status_code == 202, first.text
-            assert helpers.run_registrations(client) == 1
-            ready = first.json()["id"]
+            ready = registrations.registered(other, world, 2 * number)
             with session_factory.begin() as session:
                 row = session.get(Dataset, uuid.UUID(ready))
                 assert row is not None and row.registration_status == "ready"
                 row.registration_shown_at = utcnow() - timedelta(hours=1)  # long shown
-        names = helpers.seeded_parquet(root / world / "b1", 2 * number + 1, 200, 3)
-        posted = helpers.post_data(client, other, kind, root / world / "b1", names, ready)
-        assert posted.status_code == 202, posted.text
-        pending = uuid.UUID(posted.json()["id"])
+        posted = registrations.post(other, kind, root / world / "b1", 2 * number + 1, ready)
+        pending = uuid.UUID(posted.id)
         step, read_ends = _set_world(session_factory, pending, kind, world, late)
 
         probe = client.post(

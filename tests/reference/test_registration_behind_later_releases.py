@@ -24,16 +24,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import oneshot
 from service.config import Settings
 from service.db.models import Dataset, Release, utcnow
-from service.worker import Worker
-from tests.conftest import Keys, bearer
-from tests.reference import helpers
+from tests.conftest import bearer
+from tests.reference.conftest import Registrations, padded
 
 #: The registration's padding (the release floor: nothing of its objects is known before a read).
 PAD = 2.0
@@ -44,9 +42,7 @@ OTHER = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-7"
 
 @pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
-    )
+    return padded(settings, root, PAD)
 
 
 def _backdate(session_factory: sessionmaker[Session]) -> None:
@@ -86,20 +82,11 @@ def _step(requested: Any, visible: Any, shown: Any) -> int:
 
 @pytest.mark.parametrize("kind", ["registration", "batch"])
 def test_a_registration_shows_the_same_whatever_a_later_release_ran(
-    kind: str,
-    client: TestClient,
-    keys: Keys,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    root: Path,
-    session_factory: sessionmaker[Session],
-    monkeypatch: pytest.MonkeyPatch,
+    kind: str, registrations: Registrations, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = upload_dataset(
-        client, make_key("owner"), np.random.default_rng(0).normal(size=(200, 3)) / 4,
-        row_norm_bound=1, epsilon_budget="100",
-    )  # fmt: skip
+    client, keys, worker = registrations.client, registrations.keys, registrations.worker
+    root, session_factory = registrations.root, registrations.session_factory
+    target = registrations.other(200, 3)
     real = oneshot.execute
     slow = {"on": False}
 
@@ -109,24 +96,16 @@ def test_a_registration_shows_the_same_whatever_a_later_release_ran(
         return real(job, *args, **kwargs)
 
     monkeypatch.setattr(oneshot, "execute", execute)
-    owner = make_key("owner")
+    owner = registrations.make_key("owner")
     seen: dict[str, tuple[Any, ...]] = {}
     for number, world in enumerate(("fast", "slow")):
         slow["on"] = world == "slow"
         ready = None
         if kind == "batch":
-            names = helpers.seeded_parquet(root / world / "b0", 2 * number, 200, 3)
-            first = helpers.post_data(
-                client, owner, "registration", root / world / "b0", names, None
-            )
-            assert first.status_code == 202, first.text
-            assert helpers.run_registrations(client) == 1
-            ready = first.json()["id"]
+            ready = registrations.registered(owner, world, 2 * number)
             _backdate(session_factory)
-        names = helpers.seeded_parquet(root / world / "b1", 2 * number + 1, 200, 3)
-        posted = helpers.post_data(client, owner, kind, root / world / "b1", names, ready)
-        assert posted.status_code == 202, posted.text
-        pending = uuid.UUID(posted.json()["id"])
+        posted = registrations.post(owner, kind, root / world / "b1", 2 * number + 1, ready)
+        pending = uuid.UUID(posted.id)
         # Another dataset's release, requested just after the registration.
         other = client.post(
             f"/v1/datasets/{target['id']}/releases", headers=bearer(keys.analyst), json=OTHER

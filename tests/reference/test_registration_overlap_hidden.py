@@ -18,16 +18,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db.models import Dataset
-from service.worker import Worker
-from tests.conftest import Keys, bearer
+from tests.conftest import bearer
 from tests.reference import helpers
+from tests.reference.conftest import Registrations, padded
 
 #: Long enough that the whole probe runs before the registration shows.
 PAD = 30.0
@@ -36,9 +34,7 @@ RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-
 
 @pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
-    )
+    return padded(settings, root, PAD)
 
 
 def probe(client: TestClient, key: str, root: Path, world: str, names: list[str]) -> list[Any]:
@@ -58,36 +54,16 @@ def probe(client: TestClient, key: str, root: Path, world: str, names: list[str]
 
 @pytest.mark.parametrize("kind", ["registration", "batch"])
 def test_an_overlapping_registration_is_answered_from_what_is_shown(
-    kind: str,
-    client: TestClient,
-    keys: Keys,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    root: Path,
-    session_factory: sessionmaker[Session],
+    kind: str, registrations: Registrations
 ) -> None:
-    other = upload_dataset(
-        client,
-        make_key("owner"),
-        np.random.default_rng(0).normal(size=(100, 2)) / 4,
-        row_norm_bound=1.0,
-        epsilon_budget="100",
-    )
-    prober = make_key("owner")
+    client, keys, worker = registrations.client, registrations.keys, registrations.worker
+    root, session_factory = registrations.root, registrations.session_factory
+    other = registrations.other(100, 2)
+    prober = registrations.make_key("owner")
     ready: dict[str, str] = {}
     seeds = {"fast": 1, "slow": 2}
     if kind == "batch":
-        for world in ("fast", "slow"):
-            names = helpers.seeded_parquet(root / world / "b0", seeds[world], 50, 2)
-            posted = client.post(
-                "/v1/dataset-references",
-                headers=bearer(keys.owner),
-                json={**helpers.FILE_BUDGET, "uri": str(root / world / "b0"), "columns": names},
-            )
-            assert posted.status_code == 202, posted.text
-            ready[world] = posted.json()["id"]
-        assert worker.run_pending() == 0
+        ready = registrations.registered_first(keys.owner, seeds, (50, 2))
         # Shown at once for the set-up (the padding is the point of the probe below only).
         with session_factory.begin() as session:
             for dataset_id in ready.values():
@@ -100,15 +76,13 @@ def test_an_overlapping_registration_is_answered_from_what_is_shown(
             f"/v1/datasets/{other['id']}/releases", headers=bearer(keys.analyst), json=RELEASE
         )
         assert release.status_code == 202, release.text
-        names = helpers.seeded_parquet(root / world / "b1", 10 + seeds[world], 50, 2)
-        posted = helpers.post_data(
-            client, keys.owner, kind, root / world / "b1", names, ready.get(world)
+        posted = registrations.post(
+            keys.owner, kind, root / world / "b1", 10 + seeds[world], ready.get(world), (50, 2)
         )
-        assert posted.status_code == 202, posted.text
         if world == "fast":
             # The release ended quickly: the one worker went on to the registration.
             assert worker.run_pending() == 1
-        early[world] = probe(client, prober, root, world, names)
+        early[world] = probe(client, prober, root, world, posted.names)
     assert early["fast"] == early["slow"], (early["fast"], early["slow"])
     # Before the registration shows, each overlapping URI is refused (never a 202 that would
     # end the other registration, or this one, failed).

@@ -17,18 +17,15 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db.models import Dataset, utcnow
-from service.worker import Worker
 from tests.conftest import Keys, bearer
-from tests.reference import helpers
+from tests.reference.conftest import Registrations, padded
 
 #: A small padding, so that the test waits little for the registrations to show.
 PAD = 1.5
@@ -37,9 +34,7 @@ RELEASE = {"mechanism": "analyze_gauss", "k": 1, "epsilon": "0.1", "delta": "1e-
 
 @pytest.fixture
 def settings(settings: Settings, root: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
-    )
+    return padded(settings, root, PAD)
 
 
 def seen(client: TestClient, keys: Keys, dataset_id: str) -> str:
@@ -86,35 +81,15 @@ def wait_shown(factory: sessionmaker[Session], ids: list[str]) -> None:
 
 @pytest.mark.parametrize("kind", ["registration", "batch"])
 def test_what_an_owner_sees_of_a_registration_does_not_follow_another_datasets_release(
-    kind: str,
-    client: TestClient,
-    keys: Keys,
-    make_key: Any,
-    upload_dataset: Any,
-    worker: Worker,
-    root: Path,
-    session_factory: sessionmaker[Session],
+    kind: str, registrations: Registrations
 ) -> None:
-    other = upload_dataset(
-        client,
-        make_key("owner"),
-        np.random.default_rng(0).normal(size=(300, 3)) / 4,
-        row_norm_bound=1.0,
-        epsilon_budget="100",
-    )
+    client, keys, worker = registrations.client, registrations.keys, registrations.worker
+    root, session_factory = registrations.root, registrations.session_factory
+    other = registrations.other(300, 3)
     ready: dict[str, str] = {}
     seeds = {"fast": 1, "slow": 2}  # distinct objects (a copy of a covered one is refused)
     if kind == "batch":
-        for world in ("fast", "slow"):
-            names = helpers.seeded_parquet(root / world / "b0", seeds[world], 200, 3)
-            posted = client.post(
-                "/v1/dataset-references",
-                headers=bearer(keys.owner),
-                json={**helpers.FILE_BUDGET, "uri": str(root / world / "b0"), "columns": names},
-            )
-            assert posted.status_code == 202, posted.text
-            ready[world] = posted.json()["id"]
-        assert worker.run_pending() == 0
+        ready = registrations.registered_first(keys.owner, seeds, (200, 3))
         wait_shown(session_factory, list(ready.values()))
     early: dict[str, str] = {}
     ids: dict[str, str] = {}
@@ -125,12 +100,10 @@ def test_what_an_owner_sees_of_a_registration_does_not_follow_another_datasets_r
             f"/v1/datasets/{other['id']}/releases", headers=bearer(keys.analyst), json=RELEASE
         )
         assert release.status_code == 202, release.text
-        names = helpers.seeded_parquet(root / world / "b1", 10 + seeds[world], 200, 3)
-        posted = helpers.post_data(
-            client, keys.owner, kind, root / world / "b1", names, ready.get(world)
+        posted = registrations.post(
+            keys.owner, kind, root / world / "b1", 10 + seeds[world], ready.get(world), (200, 3)
         )
-        assert posted.status_code == 202, posted.text
-        ids[world] = posted.json()["id"]
+        ids[world] = posted.id
         if world == "fast":
             # The release ended quickly: the one worker went on to the registration.
             assert worker.run_pending() == 1
