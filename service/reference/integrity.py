@@ -213,12 +213,12 @@ _MIX2 = np.uint64(0xBF58476D1CE4E5B9)
 _SAMPLED = np.uint64(1 << (64 - ROW_MARK_BITS))
 
 
-def _row_hash(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """A public 64-bit hash of each row's float32 bits, in column order (a multiply-xorshift
-    mix: a sample, not a name; the name is the SHA-256 of the same bytes)."""
-    bits = rows.view("<u4").astype(np.uint64)
-    out = np.full(len(rows), np.uint64(0x243F6A8885A308D3))
-    for column in bits.T:
+def _row_hash(columns: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A public 64-bit hash of each row's float32 bits, in column order, from the columns
+    (``d x n``, each contiguous: one pass per column): a multiply-xorshift mix, a sample and
+    not a name (the name is the SHA-256 of the same bytes)."""
+    out = np.full(columns.shape[1], np.uint64(0x243F6A8885A308D3))
+    for column in columns.view("<u4"):
         out ^= column
         out *= _MIX
         out ^= out >> np.uint64(31)
@@ -262,12 +262,14 @@ class RowMarks:
     def add(self, matrix: FloatArray) -> None:
         if not matrix.size:
             return
-        rows = np.ascontiguousarray(matrix, dtype="<f4") + np.float32(0.0)  # -0.0 is 0.0
-        hashes = _row_hash(rows)
+        # Column by column (the batch is row-major): one strided pass to cast, then each
+        # column's hash pass contiguous. -0.0 + 0.0 is 0.0.
+        columns = np.ascontiguousarray(matrix.T, dtype="<f4") + np.float32(0.0)
+        hashes = _row_hash(columns)
         picked = np.flatnonzero(hashes < _SAMPLED)
         if not picked.size:
             return
-        chosen = rows[picked]
+        chosen = np.ascontiguousarray(columns[:, picked].T)
         weights = np.minimum(_decimals(chosen), ROW_MARK_DECIMALS).sum(axis=1)
         pairs = zip(chosen, hashes[picked].tolist(), weights.tolist(), strict=True)
         for row, hashed, weight in pairs:
