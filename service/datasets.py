@@ -371,9 +371,9 @@ def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference)
 def _registered(key: str) -> ObjectRegistered:
     return ObjectRegistered(
         f"uri: {key} (or the same file by another path, its columns in another order, a copy "
-        "of its bytes, or a column's values written again) is already covered by another live "
-        "dataset; one dataset per object, so that its rows have one budget (delete that dataset "
-        "first to register it again)"
+        "of its bytes, a column's values written again, or some of its rows in any order) is "
+        "already covered by another live dataset; one dataset per object, so that its rows "
+        "have one budget (delete that dataset first to register it again)"
     )
 
 

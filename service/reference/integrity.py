@@ -194,6 +194,98 @@ class ColumnValues:
         return self._hash.hexdigest()
 
 
+#: An object record's field (objects registered since rows are marked): the names of a public,
+#: order-free sample of its rows (:class:`RowMarks`), covered as ``row://`` aliases.
+ROW_MARKS = "row_marks_sha256"
+#: A row is sampled when its public 64-bit hash is below ``2^(64 - ROW_MARK_BITS)``: about one
+#: row in 256, so an object of a few thousand rows has several marks.
+ROW_MARK_BITS = 8
+#: At most this many marks per object: the sampled rows with the smallest hashes (a bottom-k
+#: sample, so the same rows in any order, or any part of them, keep the same smallest ones).
+ROW_MARKS_KEPT = 64
+#: A sampled row names a person only when its values, as float32, need at least this many
+#: decimals in all (each counted up to :data:`ROW_MARK_DECIMALS`; an integer needs none).
+ROW_MARK_WEIGHT = 12
+#: The most decimals one value counts for (a float32 holds about 7 significant digits).
+ROW_MARK_DECIMALS = 8
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_MIX2 = np.uint64(0xBF58476D1CE4E5B9)
+_SAMPLED = np.uint64(1 << (64 - ROW_MARK_BITS))
+
+
+def _row_hash(columns: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A public 64-bit hash of each row's float32 bits, in column order, from the columns
+    (``d x n``, each contiguous: one pass per column): a multiply-xorshift mix, a sample and
+    not a name (the name is the SHA-256 of the same bytes)."""
+    out = np.full(columns.shape[1], np.uint64(0x243F6A8885A308D3))
+    for column in columns.view("<u4"):
+        out ^= column
+        out *= _MIX
+        out ^= out >> np.uint64(31)
+    out *= _MIX2
+    out ^= out >> np.uint64(29)
+    return out
+
+
+def _decimals(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Per float32 value, the fewest decimals that write it (``round(v, d)`` back to float32
+    is ``v``), at most :data:`ROW_MARK_DECIMALS`; 0 for an integer (of any magnitude)."""
+    wide = values.astype(np.float64)
+    out = np.full(values.shape, ROW_MARK_DECIMALS)
+    for decimals in range(ROW_MARK_DECIMALS - 1, -1, -1):
+        exact = np.round(wide, decimals).astype(np.float32) == values
+        out[exact] = decimals
+    return out
+
+
+class RowMarks:
+    """An order-free name of one object's rows, fed in row order at registration with the
+    chosen columns' values (:meth:`add`): the SHA-256 of a public sample of its rows.
+
+    Each row is its chosen values in the registered column order, rounded to float32 (so a
+    copy written as float32 is the same row), ``-0.0`` as ``0.0``, little-endian. A row is
+    sampled when a public hash of those bytes is below a fixed threshold (about one in
+    ``2^ROW_MARK_BITS``), and the :data:`ROW_MARKS_KEPT` sampled rows with the smallest
+    hashes are kept. Whether a row is sampled depends on the row alone, so the same rows
+    permuted keep every mark, a part of them (split across objects) keeps its share, a merge
+    keeps the parts' marks, and a row added, dropped or changed moves at most one mark.
+
+    A row too plain to name a person in unrelated datasets is never a mark (public rule):
+    one whose values need fewer than :data:`ROW_MARK_WEIGHT` decimals in all (every value an
+    integer, of any magnitude; a single column; two columns of cents), or one held more than
+    once in the object (a common answer)."""
+
+    def __init__(self) -> None:
+        # Sampled rows (bytes) -> [hash, count, weight]: about one row in 2^ROW_MARK_BITS.
+        self._sampled: dict[bytes, list[int]] = {}
+
+    def add(self, matrix: FloatArray) -> None:
+        if not matrix.size:
+            return
+        # Column by column (the batch is row-major): one strided pass to cast, then each
+        # column's hash pass contiguous. -0.0 + 0.0 is 0.0.
+        columns = np.ascontiguousarray(matrix.T, dtype="<f4") + np.float32(0.0)
+        hashes = _row_hash(columns)
+        picked = np.flatnonzero(hashes < _SAMPLED)
+        if not picked.size:
+            return
+        chosen = np.ascontiguousarray(columns[:, picked].T)
+        weights = np.minimum(_decimals(chosen), ROW_MARK_DECIMALS).sum(axis=1)
+        pairs = zip(chosen, hashes[picked].tolist(), weights.tolist(), strict=True)
+        for row, hashed, weight in pairs:
+            held = self._sampled.setdefault(row.tobytes(), [int(hashed), 0, int(weight)])
+            held[1] += 1
+
+    def names(self) -> list[str]:
+        """The kept marks' SHA-256, smallest hash first (the same for the rows in any order)."""
+        kept = sorted(
+            (hashed, row)
+            for row, (hashed, count, weight) in self._sampled.items()
+            if count == 1 and weight >= ROW_MARK_WEIGHT
+        )[:ROW_MARKS_KEPT]
+        return [_sha256(b"row\n" + row) for _, row in kept]
+
+
 @dataclass
 class Reference:
     """What ``datasets.reference`` stores (JSON)."""
@@ -278,7 +370,13 @@ class Reference:
           others dropped, another compression, row-group size or encoding, an integer column
           widened or made float) share it; rows permuted, split across other objects, or
           changed in any value do not (docs/security.md says what is not covered).
+        - ``row://`` (objects registered since :data:`ROW_MARKS`), one per kept mark
+          (:class:`RowMarks`): a public sample of the rows, whatever their order, so the
+          same rows permuted, split across objects, merged into one, with a row added,
+          dropped or changed, or written as float32, share some. Once per reference: one
+          row held by two of its objects is named by the first.
         """
+        marked: set[str] = set()
         chunks: dict[str, list[str]] = {}
         columns: dict[str, list[list[str]]] = {}
         for piece in self.pieces:
@@ -311,6 +409,10 @@ class Reference:
                 for value in dict.fromkeys(record.get(VALUE_DIGESTS) or [])
                 if value
             )
+            for mark in record.get(ROW_MARKS) or []:
+                if mark not in marked:
+                    marked.add(mark)
+                    aliases.append(f"row://{mark}")
             for alias in aliases:
                 # Distinct from every object's content digest by its prefix: the row's content
                 # column must be unique too.

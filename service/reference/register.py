@@ -28,11 +28,13 @@ from service.reference.integrity import (
     ALIASES,
     COLUMN_ALIASES,
     FILE_ID,
+    ROW_MARKS,
     VALUE_DIGESTS,
     Chunk,
     ColumnValues,
     Piece,
     Reference,
+    RowMarks,
     _bad_values,
     _check_schema,
     _footer,
@@ -109,6 +111,7 @@ def _register_object(
         batch_rows = max(1, BLOCK_VALUES // max(1, len(columns)))
         file_rows = 0
         values = [ColumnValues() for _ in columns]
+        marks = RowMarks()
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
             chosen = [row_group.column(i) for i in indices]
@@ -147,6 +150,7 @@ def _register_object(
                     raise InvalidInput("uri", f"{path}: a value could not be checked")
                 for column, held in zip(values, matrix.T, strict=True):
                     column.add(held)
+                marks.add(matrix)
                 rows += batch.num_rows
                 deadline.check()
             if rows != row_group.num_rows:
@@ -160,6 +164,7 @@ def _register_object(
             f"{path}: the footer says {metadata.num_rows} rows, its row groups hold {file_rows}",
         )
     record[VALUE_DIGESTS] = [column.digest() for column in values]
+    record[ROW_MARKS] = marks.names()
     return record, pieces
 
 
