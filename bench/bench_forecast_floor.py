@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.bench_forecast_default import EARLIER_SEED, MECHANISM, NEW_SEED, datasets, spec_of
 from bench.bench_honest_point import truth
-from service.mechanisms import analyze_gauss, gauss_forecast
+from service.mechanisms import analyze_gauss, gauss_release_forecast
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.auto import plan as auto_plan
 from service.mechanisms.base import PublicContext, ReleaseSpec
@@ -84,14 +84,14 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
                 print(f"  (run 0: released trace - exact, in the trace noise's sd: {gap:.2f})")
             for variant in VARIANTS:
                 shown = dict(extras)
-                saved_readings = gauss_forecast.trace_readings
+                saved_readings = gauss_release_forecast.trace_readings
                 if variant != "shipped":
                     shown["trace"] = exact_trace * ratio
-                    gauss_forecast.trace_readings = lambda s, *_: (s, s)
+                    gauss_release_forecast.trace_readings = lambda s, *_: (s, s)
                 try:
                     found = release_forecast(ctx, chosen.spec(k), earlier, shown)
                 finally:
-                    gauss_forecast.trace_readings = saved_readings
+                    gauss_release_forecast.trace_readings = saved_readings
                 if found is not None:
                     forecast = found[1]
                     scores[variant].append((kept, forecast.low, forecast.high, forecast.central))

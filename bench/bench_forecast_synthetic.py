@@ -29,12 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from service.mechanisms.gauss_forecast import (
-    NewRelease,
-    ReleasedFigures,
-    range_from_release,
-    spectrum_share,
-)
+from service.mechanisms.forecast_figures import ReleasedFigures
+from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release, spectrum_share
 from service.mechanisms.noise import symmetric_gaussian
 
 Rows = np.ndarray[Any, Any]

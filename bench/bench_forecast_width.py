@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.bench_forecast_default import EARLIER_SEED, MECHANISM, NEW_SEED, datasets, spec_of
 from bench.bench_honest_point import DELTA, truth
-from service.mechanisms import clipped_spectrum, forecast_simulation, gauss_forecast
+from service.mechanisms import clipped_spectrum, forecast_simulation, gauss_release_forecast
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.auto import plan as auto_plan
 from service.mechanisms.base import PublicContext, ReleaseSpec
@@ -52,9 +52,12 @@ _CURRENT: dict[str, Any] = {}
 @contextmanager
 def patched(variant: str) -> Iterator[None]:
     """The forecast's module-level readings switched off (or capped) for ``variant``."""
-    # (getattr: the two names are gauss_forecast's imports, patched where it reads them.)
-    names: list[tuple[Any, str]] = [(gauss_forecast, "trace_readings"), (gauss_forecast, "Z")]
-    names += [(gauss_forecast, "simulated_share"), (clipped_spectrum, "declipped_shares")]
+    # (getattr: the two names are gauss_release_forecast's imports, patched where it reads them.)
+    names: list[tuple[Any, str]] = [
+        (gauss_release_forecast, "trace_readings"),
+        (gauss_release_forecast, "Z"),
+    ]
+    names += [(gauss_release_forecast, "simulated_share"), (clipped_spectrum, "declipped_shares")]
     saved = [getattr(module, name) for module, name in names]
     readings: Callable[..., tuple[Any, Any]] = saved[0]
     simulate: Callable[..., forecast_simulation.Simulated] = saved[2]
@@ -70,7 +73,7 @@ def patched(variant: str) -> Iterator[None]:
         ceiling = math.inf
         if not figures.uncentred and figures.n_rows > 0 and figures.row_clip > 0:
             ceiling = figures.n_rows * figures.row_clip**2 * trace / figures.trace
-        spread = gauss_forecast.Z * sigma * math.sqrt(d)
+        spread = gauss_release_forecast.Z * sigma * math.sqrt(d)
         if math.isfinite(ceiling) and trace + spread > ceiling and trace > 0:
             # The low reading at the bound (never below the noisy trace itself).
             _, high = readings(shares, trace, sigma, d)
@@ -85,13 +88,13 @@ def patched(variant: str) -> Iterator[None]:
 
     setters: list[Callable[[], None]] = []
     if variant == "ceiling":
-        setters.append(lambda: setattr(gauss_forecast, "trace_readings", capped))
+        setters.append(lambda: setattr(gauss_release_forecast, "trace_readings", capped))
     if "trace" in parts:
-        setters.append(lambda: setattr(gauss_forecast, "trace_readings", flat))
+        setters.append(lambda: setattr(gauss_release_forecast, "trace_readings", flat))
     if "eigen" in parts:
-        setters.append(lambda: setattr(gauss_forecast, "Z", 0.0))
+        setters.append(lambda: setattr(gauss_release_forecast, "Z", 0.0))
     if "spread" in parts:
-        setters.append(lambda: setattr(gauss_forecast, "simulated_share", still))
+        setters.append(lambda: setattr(gauss_release_forecast, "simulated_share", still))
     if "declip" in parts:
         setters.append(lambda: setattr(clipped_spectrum, "declipped_shares", undeclipped))
     try:

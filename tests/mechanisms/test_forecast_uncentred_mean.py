@@ -24,8 +24,9 @@ import pytest
 from bench.bench_honest_point import power_law
 from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.base import PublicContext, ReleaseSpec
-from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+from service.mechanisms.forecast_figures import ReleasedFigures
 from service.mechanisms.gauss_preview import release_forecast
+from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 from service.mechanisms.linalg import clip_rows
 
 MECHANISM = AnalyzeGauss()
