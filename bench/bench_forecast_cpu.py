@@ -25,7 +25,7 @@ import numpy as np
 
 from bench.bench_forecast_coverage import EPSILONS, KS, SEED_BASE, datasets
 from bench.bench_honest_point import MECHANISM, spec_of
-from service.mechanisms import forecast_simulation, gauss_forecast
+from service.mechanisms import forecast_simulation, gauss_release_forecast
 from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
 
@@ -55,7 +55,7 @@ def main() -> None:
     print("| data | k | earlier eps -> new | simulations | from the cache | uncached ms "
           "| cached ms | ratio |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
-    real = gauss_forecast.request_cache
+    real = gauss_release_forecast.request_cache
     runs: list[int] = []
     inner = forecast_simulation._simulate
 
@@ -79,14 +79,14 @@ def main() -> None:
         runs.clear()
         cached_result = forecast()
         ran = len(runs)
-        gauss_forecast.request_cache = _no_cache  # type: ignore[assignment]
+        gauss_release_forecast.request_cache = _no_cache  # type: ignore[assignment]
         runs.clear()
         plain_result = forecast()
         asked = len(runs)
         forecast_simulation._simulate = inner  # type: ignore[assignment]
         assert cached_result == plain_result, "the cache changed the forecast"
         uncached = _median_cpu(forecast, args.reps)
-        gauss_forecast.request_cache = real  # type: ignore[assignment]
+        gauss_release_forecast.request_cache = real  # type: ignore[assignment]
         cached = _median_cpu(forecast, args.reps)
         print(
             f"| {name} | {k} | {earlier} -> {new} | {asked} | {asked - ran} "

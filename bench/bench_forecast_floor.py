@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_forecast_default import forecast_pairs, main_diagnostic, print_scores
-from service.mechanisms import analyze_gauss, gauss_forecast
+from service.mechanisms import analyze_gauss, gauss_release_forecast
 from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
 
@@ -68,14 +68,14 @@ def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> None:
                 print(f"  (run 0: released trace - exact, in the trace noise's sd: {gap:.2f})")
             for variant in VARIANTS:
                 shown = dict(extras)
-                saved_readings = gauss_forecast.trace_readings
+                saved_readings = gauss_release_forecast.trace_readings
                 if variant != "shipped":
                     shown["trace"] = exact_trace * ratio
-                    gauss_forecast.trace_readings = lambda s, *_: (s, s)
+                    gauss_release_forecast.trace_readings = lambda s, *_: (s, s)
                 try:
                     found = release_forecast(ctx, pair.new, earlier, shown)
                 finally:
-                    gauss_forecast.trace_readings = saved_readings
+                    gauss_release_forecast.trace_readings = saved_readings
                 if found is not None:
                     forecast = found[1]
                     scores[variant].append((kept, forecast.low, forecast.high, forecast.central))

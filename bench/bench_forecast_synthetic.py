@@ -2,7 +2,7 @@
 
     python -m bench.bench_forecast_synthetic [--seeds 6]
 
-Held-out check of :func:`service.mechanisms.gauss_forecast.spectrum_share` (the
+Held-out check of :func:`service.mechanisms.gauss_release_forecast.spectrum_share` (the
 ``?forecast_from=`` path taken when the earlier release's share was hidden by its noise): no
 constant of it was fitted, and none of these spectra is a benchmark dataset. Gaussian rows
 (n = 2,000) with a known spectrum are clipped at the 0.3 quantile of their norms (as the
@@ -15,7 +15,7 @@ correction (the clipped spectrum read as the covariance's).
 
 ``--cross``: the forecast across settings (issue 32 item 4), from an earlier release at one
 (edge, k) to a new release at another (every pair of edges 0.05 / 0.4 and k 2 / 10), with
-:func:`service.mechanisms.gauss_forecast.range_from_release`: the central figure's mean
+:func:`service.mechanisms.gauss_release_forecast.range_from_release`: the central figure's mean
 absolute error, how often the range covers what the new release keeps, its mean width, and how
 often it is narrow enough for a point (and that point's error). Nothing of the forecast was
 fitted on these spectra either.
@@ -29,12 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from service.mechanisms.gauss_forecast import (
-    NewRelease,
-    ReleasedFigures,
-    range_from_release,
-    spectrum_share,
-)
+from service.mechanisms.forecast_figures import ReleasedFigures
+from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release, spectrum_share
 from service.mechanisms.noise import symmetric_gaussian
 
 Rows = np.ndarray[Any, Any]

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_forecast_default import forecast_pairs, main_diagnostic, print_scores
-from service.mechanisms import clipped_spectrum, forecast_simulation, gauss_forecast
+from service.mechanisms import clipped_spectrum, forecast_simulation, gauss_release_forecast
 from service.mechanisms.base import PublicContext
 from service.mechanisms.gauss_preview import release_forecast
 
@@ -48,9 +48,12 @@ _CURRENT: dict[str, Any] = {}
 @contextmanager
 def patched(variant: str) -> Iterator[None]:
     """The forecast's module-level readings switched off (or capped) for ``variant``."""
-    # (getattr: the two names are gauss_forecast's imports, patched where it reads them.)
-    names: list[tuple[Any, str]] = [(gauss_forecast, "trace_readings"), (gauss_forecast, "Z")]
-    names += [(gauss_forecast, "simulated_share"), (clipped_spectrum, "declipped_shares")]
+    # (getattr: the two names are gauss_release_forecast's imports, patched where it reads them.)
+    names: list[tuple[Any, str]] = [
+        (gauss_release_forecast, "trace_readings"),
+        (gauss_release_forecast, "Z"),
+    ]
+    names += [(gauss_release_forecast, "simulated_share"), (clipped_spectrum, "declipped_shares")]
     saved = [getattr(module, name) for module, name in names]
     readings: Callable[..., tuple[Any, Any]] = saved[0]
     simulate: Callable[..., forecast_simulation.Simulated] = saved[2]
@@ -66,7 +69,7 @@ def patched(variant: str) -> Iterator[None]:
         ceiling = math.inf
         if not figures.uncentred and figures.n_rows > 0 and figures.row_clip > 0:
             ceiling = figures.n_rows * figures.row_clip**2 * trace / figures.trace
-        spread = gauss_forecast.Z * sigma * math.sqrt(d)
+        spread = gauss_release_forecast.Z * sigma * math.sqrt(d)
         if math.isfinite(ceiling) and trace + spread > ceiling and trace > 0:
             # The low reading at the bound (never below the noisy trace itself).
             _, high = readings(shares, trace, sigma, d)
@@ -81,13 +84,13 @@ def patched(variant: str) -> Iterator[None]:
 
     setters: list[Callable[[], None]] = []
     if variant == "ceiling":
-        setters.append(lambda: setattr(gauss_forecast, "trace_readings", capped))
+        setters.append(lambda: setattr(gauss_release_forecast, "trace_readings", capped))
     if "trace" in parts:
-        setters.append(lambda: setattr(gauss_forecast, "trace_readings", flat))
+        setters.append(lambda: setattr(gauss_release_forecast, "trace_readings", flat))
     if "eigen" in parts:
-        setters.append(lambda: setattr(gauss_forecast, "Z", 0.0))
+        setters.append(lambda: setattr(gauss_release_forecast, "Z", 0.0))
     if "spread" in parts:
-        setters.append(lambda: setattr(gauss_forecast, "simulated_share", still))
+        setters.append(lambda: setattr(gauss_release_forecast, "simulated_share", still))
     if "declip" in parts:
         setters.append(lambda: setattr(clipped_spectrum, "declipped_shares", undeclipped))
     try:

@@ -1,7 +1,7 @@
 """What an earlier ``analyze_gauss`` release published that the dry run's forecast reads
-(issue 32 item 4): :class:`ReleasedFigures`, moved verbatim from
-:mod:`service.mechanisms.gauss_forecast` (which re-exports it) to keep that module under
-about 800 lines. Post-processing of released figures and public facts only."""
+(issue 32 item 4): :class:`ReleasedFigures`, built by the preview and read by
+:mod:`service.mechanisms.gauss_release_forecast`. Post-processing of released figures and public
+facts only."""
 
 from __future__ import annotations
 

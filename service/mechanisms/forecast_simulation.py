@@ -1,8 +1,8 @@
 """The finite-``d`` simulation behind the forecast from an earlier release (issue 32 item 4,
-:func:`service.mechanisms.gauss_forecast.range_at`): a modelled spectrum plus fresh Gram noise,
-its top ``k`` eigenvectors, the share of the centred variance they keep. The draws come from a
-fixed seed: a deterministic quadrature of the model's expectation and spread, a function of
-released figures only (post-processing, not privacy noise)."""
+:func:`service.mechanisms.gauss_release_forecast.range_at`): a modelled spectrum plus fresh
+Gram noise, its top ``k`` eigenvectors, the share of the centred variance they keep. The draws
+come from a fixed seed: a deterministic quadrature of the model's expectation and spread, a
+function of released figures only (post-processing, not privacy noise)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ _CACHE: ContextVar[dict[tuple[object, ...], Simulated] | None] = ContextVar(
 def request_cache() -> Iterator[None]:
     """A cache of :func:`simulated_share` for one request's forecast (nested scopes share the
     outermost one). One forecast simulates the same model more than once (the readings of
-    :func:`~service.mechanisms.gauss_forecast.range_from_release` share the anchoring and,
+    :func:`~service.mechanisms.gauss_release_forecast.range_from_release` share the anchoring and,
     where the tail is already resolved, the profiled model); the draws come from a fixed
     seed, so a repeat is the same outcome. Never kept across requests: a cache shared
     between callers would let one analyst time whether another had just asked a forecast

@@ -30,7 +30,7 @@ from scipy.special import betaincinv
 
 from service.mechanisms.linalg import FloatArray
 
-#: The range's one-sided level (a 90% range: 5% each side), as ``gauss_forecast.Z``.
+#: The range's one-sided level (a 90% range: 5% each side), as ``gauss_release_forecast.Z``.
 UPPER = 0.95
 Z = 1.6448536269514722
 
@@ -63,7 +63,7 @@ def random_share_high(m: float, dims: float) -> float:
 
 
 def filled(figures: Any) -> Any:
-    """An earlier release's figures (``gauss_forecast.ReleasedFigures``) read as if its Gram's
+    """An earlier release's figures (``forecast_figures.ReleasedFigures``) read as if its Gram's
     rows had filled their clip: the eigenvalues and the trace over
     ``clipped_share = tr / (n C2^2)``, so ``tr = n C2^2``; ``None`` where the fill is unknown
     or already full.

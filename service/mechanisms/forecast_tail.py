@@ -3,13 +3,14 @@
 An earlier ``analyze_gauss`` release resolves ``m`` eigenvalues above its noise's edge; the rest
 of its (noisy, unbiased) trace is spread over ``d - m`` directions it did not resolve. A release
 with less noise or more components reaches into that tail, so a forecast that counts the tail at
-a random subspace's share (what :mod:`service.mechanisms.gauss_forecast` did) reads low: digits
-from eps 1, k 2 to k 10 forecast 0.38 for 0.59 kept. The stated model here: the tail continues
-the last resolved eigenvalue as a power law, ``t_j = a ((m + j)/m)^(-b)`` (``a`` the anchor),
-with ``b >= 0`` chosen so that the tail holds the rest of the trace; where that law's first value
-would have stood out of the earlier noise (it released an eigenvalue below its edge, so none did)
-or no such law holds the trace, the known eigenvalues are spikes over a bulk and the tail stays
-flat. Released figures and public facts in, numbers out: post-processing, no budget, no row.
+a random subspace's share (what :mod:`service.mechanisms.gauss_release_forecast` did) reads low:
+digits from eps 1, k 2 to k 10 forecast 0.38 for 0.59 kept. The stated model here: the tail
+continues the last resolved eigenvalue as a power law, ``t_j = a ((m + j)/m)^(-b)`` (``a`` the
+anchor), with ``b >= 0`` chosen so that the tail holds the rest of the trace; where that law's
+first value would have stood out of the earlier noise (it released an eigenvalue below its
+edge, so none did) or no such law holds the trace, the known eigenvalues are spikes over a bulk
+and the tail stays flat. Released figures and public facts in, numbers out: post-processing,
+no budget, no row.
 """
 
 from __future__ import annotations

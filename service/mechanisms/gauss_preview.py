@@ -12,6 +12,7 @@ from service.mechanisms.base import Preview, PublicContext, ReleaseSpec
 from service.mechanisms.centring import mean_sensitivity
 from service.mechanisms.centring_choice import PROBE_STEPS_PER_OCTAVE
 from service.mechanisms.explained_variance import HIDDEN_WIDTH, expected_noise_norm
+from service.mechanisms.forecast_figures import ReleasedFigures
 from service.mechanisms.gauss_calibration import (
     DEFAULT_PRIVATE_CENTRE_QUANTILE,
     TARGET_SUBSPACE_ERROR,
@@ -21,14 +22,13 @@ from service.mechanisms.gauss_calibration import (
     gauss_split,
     gram_sensitivity,
 )
-from service.mechanisms.gauss_forecast import (
+from service.mechanisms.gauss_forecast import recoverable_forecast
+from service.mechanisms.gauss_release_forecast import (
     PROBE_RISK,
     NewRelease,
     RangeForecast,
-    ReleasedFigures,
     probe_risk,
     range_from_release,
-    recoverable_forecast,
 )
 from service.mechanisms.noise import GRID_DIVISOR
 
@@ -149,7 +149,7 @@ def release_forecast(
     extras: dict[str, Any],
 ) -> tuple[ReleasedFigures, RangeForecast, float] | None:
     """The earlier release's figures, the forecast of what this request keeps from them
-    (:func:`~service.mechanisms.gauss_forecast.range_from_release`) and the ratio of the two
+    (:func:`~service.mechanisms.gauss_release_forecast.range_from_release`) and the ratio of the two
     Gram noises (earlier over this request's ``mu``, public; the same clip rule and centring
     route assumed). Post-processing of values already released to the caller and of public
     facts (both requests' ``(epsilon, delta, C)``, ``n``, ``d``): no budget, no row. ``None``
@@ -199,14 +199,14 @@ def forecast_from(
     ``forecast_from_release_captured_share_low`` / ``_high``, the point
     ``forecast_from_release_captured_share`` only where it is within half of
     :data:`~service.mechanisms.gauss_forecast.DETERMINED_WIDTH` (0.1) of both ends of that
-    range (:attr:`~service.mechanisms.gauss_forecast.RangeForecast.point`), the probe is not at risk
-    and the earlier share was measured, not hidden by its noise (``null`` elsewhere, with
-    ``forecast_from_release_determined`` false: the released figures do not determine the
-    share), ``forecast_from_release_unseen_share`` (the variance the
+    range (:attr:`~service.mechanisms.gauss_release_forecast.RangeForecast.point`), the probe
+    is not at risk and the earlier share was measured, not hidden by its noise (``null``
+    elsewhere, with ``forecast_from_release_determined`` false: the released figures do not
+    determine the share), ``forecast_from_release_unseen_share`` (the variance the
     earlier release did not resolve), ``forecast_from_release_range_covers_spread`` (false
     where the range bounds the expected share only, ``d > 256``: a single release can fall
     outside it), ``forecast_from_release_probe_risk``
-    (:func:`~service.mechanisms.gauss_forecast.probe_risk`), the basis and the hidden flag.
+    (:func:`~service.mechanisms.gauss_release_forecast.probe_risk`), the basis and the hidden flag.
     ``None`` when the extras lack the figures."""
     found = release_forecast(ctx, spec, earlier, extras)
     if found is None:

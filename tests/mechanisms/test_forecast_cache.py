@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.mechanisms import forecast_simulation, gauss_forecast
+from service.mechanisms import forecast_simulation, gauss_release_forecast
 from service.mechanisms.forecast_simulation import Model, request_cache, simulated_share
 
 
@@ -110,7 +110,7 @@ def test_a_forecast_is_the_same_with_its_cache_and_repeats_are_not_rerun(
     cached = release_forecast(ctx, spec(0.3), spec(1.0), earlier.extras)
     ran = len(runs)
     with monkeypatch.context() as patched:
-        patched.setattr(gauss_forecast, "request_cache", _none)
+        patched.setattr(gauss_release_forecast, "request_cache", _none)
         runs.clear()
         plain = release_forecast(ctx, spec(0.3), spec(1.0), earlier.extras)
     assert cached == plain

@@ -103,7 +103,8 @@ def test_an_uncentred_releases_first_share_is_not_carried_as_a_datas_direction()
     # mean tilted towards the data, stated 0.197 with its eigenvalue about 1,004; at eps 1 the
     # same component (eigenvalue about 1,010) held 0.02-0.04 and the releases kept 0.07-0.10,
     # below a range whose low end carried 0.197 (0 of 20 covered).
-    from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+    from service.mechanisms.forecast_figures import ReleasedFigures
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
     figures = ReleasedFigures(
         ratios=(0.197, 0.026),
@@ -127,7 +128,8 @@ def test_a_component_read_as_the_means_leaves_the_range_room_for_the_data() -> N
     # the rows' mean's, keeping nothing, and the range was [0, 0]; the new release took the
     # mean route and kept 0.02-0.08 (11 of 20 outside). The high end now also reads the
     # component as the data's.
-    from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+    from service.mechanisms.forecast_figures import ReleasedFigures
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
     figures = ReleasedFigures(
         ratios=(0.0,),

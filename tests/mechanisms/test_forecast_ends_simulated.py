@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+from service.mechanisms.forecast_figures import ReleasedFigures
+from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
 #: Release 6 of the bench's power-law cell at eps 1, k 5 (measured, uncentred), as released.
 FIGURES = ReleasedFigures(

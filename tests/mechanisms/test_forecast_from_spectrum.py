@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from service.mechanisms.clipped_spectrum import clip_level, declipped_shares
-from service.mechanisms.gauss_forecast import (
-    ReleasedFigures,
+from service.mechanisms.forecast_figures import ReleasedFigures
+from service.mechanisms.gauss_release_forecast import (
     carried_share,
     forecast_from_release,
     spectrum_share,
@@ -137,7 +137,7 @@ def test_a_measured_release_carries_its_share_and_a_hidden_one_reads_its_spectru
 
 
 def test_the_mean_and_its_noise_are_not_counted_as_the_datas_variance() -> None:
-    from service.mechanisms.gauss_forecast import data_spectrum
+    from service.mechanisms.gauss_release_forecast import data_spectrum
 
     base = ReleasedFigures(
         ratios=(0.0,) * 3, interval=(0.0, 1.0), eigenvalues=(500.0, 120.0, 60.0), trace=1000.0,
@@ -163,11 +163,8 @@ def test_the_mean_and_its_noise_are_not_counted_as_the_datas_variance() -> None:
 
 
 def test_the_range_from_a_release_holds_its_central_figure_and_a_point_only_when_narrow() -> None:
-    from service.mechanisms.gauss_forecast import (
-        DETERMINED_WIDTH,
-        NewRelease,
-        range_from_release,
-    )
+    from service.mechanisms.gauss_forecast import DETERMINED_WIDTH
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
     measured = ReleasedFigures(
         ratios=(0.4, 0.2), interval=(0.55, 0.65), eigenvalues=(100.0, 40.0), trace=200.0,
@@ -198,7 +195,7 @@ def test_the_range_from_a_release_holds_its_central_figure_and_a_point_only_when
 
 
 def test_the_new_mean_noise_spike_takes_a_component_and_dims_the_data() -> None:
-    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
     figures = ReleasedFigures(
         ratios=(0.3, 0.2), interval=(0.45, 0.55), eigenvalues=(100.0, 60.0), trace=300.0,
@@ -211,7 +208,7 @@ def test_the_new_mean_noise_spike_takes_a_component_and_dims_the_data() -> None:
 
 
 def test_the_probe_risk_is_public_arithmetic() -> None:
-    from service.mechanisms.gauss_forecast import PROBE_RISK, probe_risk
+    from service.mechanisms.gauss_release_forecast import PROBE_RISK, probe_risk
 
     # breast_cancer's n at eps 0.3 (probe mu 0.0172): the noise reads the pairs near C in
     # about one run in eleven; digits' n at eps 1 (0.0529): never.
@@ -222,7 +219,7 @@ def test_the_probe_risk_is_public_arithmetic() -> None:
 
 
 def test_a_measured_release_already_holds_its_own_mean_noise_component() -> None:
-    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
     # The earlier release's noise spike (n d sigma_mu^2 = 50 of the sums, above sigma sqrt(d))
     # held its second component, whose stated share is about nothing.
@@ -239,7 +236,7 @@ def test_a_measured_release_already_holds_its_own_mean_noise_component() -> None
 
 
 def test_a_range_above_the_simulated_dimension_says_it_bounds_the_expectation_only() -> None:
-    from service.mechanisms.gauss_forecast import (
+    from service.mechanisms.gauss_release_forecast import (
         SIMULATE_MAX_D,
         NewRelease,
         range_from_release,
@@ -260,7 +257,7 @@ def test_a_range_above_the_simulated_dimension_says_it_bounds_the_expectation_on
 def test_a_stated_share_of_zero_bounds_the_range_by_its_interval_not_by_zero() -> None:
     import dataclasses
 
-    from service.mechanisms.gauss_forecast import NewRelease, range_from_release
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 
     # The earlier release measured 0 with an interval up to 0.25: its known directions may hold
     # up to 0.25 of the variance, so with less noise the new release may keep about that much;
@@ -374,7 +371,7 @@ def test_a_risky_range_reads_the_earlier_figures_as_a_sign_map_too() -> None:
 def test_the_uncentred_mean_may_hold_the_second_eigenvalue() -> None:
     # Power-law rows with their mean along a weak direction: the mean's eigenvalue is the
     # second, not the top; the released figures do not say which, so the range spans both.
-    from service.mechanisms.gauss_forecast import NewRelease, range_at, range_from_release
+    from service.mechanisms.gauss_release_forecast import NewRelease, range_at, range_from_release
 
     figures = ReleasedFigures(
         (),

@@ -10,14 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from service.mechanisms import gauss_forecast
+from service.mechanisms import gauss_release_forecast
+from service.mechanisms.forecast_figures import ReleasedFigures
 from service.mechanisms.forecast_spread import UPPER, Z, random_share_high, trace_readings
-from service.mechanisms.gauss_forecast import (
-    NewRelease,
-    RangeForecast,
-    ReleasedFigures,
-    range_from_release,
-)
+from service.mechanisms.gauss_release_forecast import NewRelease, RangeForecast, range_from_release
 
 
 @pytest.mark.parametrize(("m", "dims"), [(1, 64), (2, 30), (10, 64), (3, 200)])
@@ -67,7 +63,7 @@ def test_trace_readings_hold_the_share_at_the_traces_noise(trace: float, exact: 
         else:
             assert count < 0.05 * runs + slack
     # The same level as the forecast's own eigenvalue readings.
-    assert gauss_forecast.Z == Z
+    assert gauss_release_forecast.Z == Z
 
 
 def test_a_forecast_point_is_within_a_tenth_of_both_ends_of_its_range() -> None:

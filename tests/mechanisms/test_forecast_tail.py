@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from service.mechanisms import forecast_tail
+from service.mechanisms.forecast_figures import ReleasedFigures
 from service.mechanisms.forecast_tail import tail_spectrum
-from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 from service.mechanisms.noise import symmetric_gaussian
 
 Rows = np.ndarray[Any, Any]

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from bench.bench_honest_point import power_law
-from service.mechanisms.gauss_forecast import NewRelease, ReleasedFigures, range_from_release
+from service.mechanisms.forecast_figures import ReleasedFigures
+from service.mechanisms.gauss_release_forecast import NewRelease, range_from_release
 from tests.mechanisms.test_forecast_coverage import covered
 
 #: As ``bench_forecast_coverage --eps 0.1 0.3 1 2``: the seed of a setting's releases.

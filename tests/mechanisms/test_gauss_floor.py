@@ -14,7 +14,6 @@ from service.mechanisms import analyze_gauss as module
 from service.mechanisms import centring_choice as cc
 from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.fast_rows import fast_gram_rows, row_squares
-from service.mechanisms.gauss_forecast import ReleasedFigures, forecast_from_release
 from service.mechanisms.linalg import captured_energy, clipped_gram
 
 Rows = np.ndarray[Any, Any]
@@ -153,20 +152,6 @@ def test_the_variance_noise_follows_the_released_variance_clip(
     assert out.extras["variance_noise_std"] == pytest.approx(expected, rel=1e-12)
     if out.extras["centring"] != "mean":
         assert seen == [clip]
-
-
-def test_the_forecast_from_a_release_moves_with_the_noise() -> None:
-    figures = ReleasedFigures(
-        ratios=(0.4, 0.2), interval=(0.5, 0.7), eigenvalues=(100.0, 40.0), trace=200.0,
-        sigma=1.0, n_cols=25,
-    )  # fmt: skip
-    same = forecast_from_release(figures, 2, 1.0)
-    assert same <= 0.6 + 1e-12
-    assert forecast_from_release(figures, 2, 0.5) > same > forecast_from_release(figures, 2, 2.0)
-    assert forecast_from_release(figures, 1, 1.0) < same
-    # Far more noise: every component below the edge keeps nothing.
-    assert forecast_from_release(figures, 2, 100.0) == 0.0
-    assert ReleasedFigures.from_extras({"eigenvalues": [1.0]}, 25) is None
 
 
 @pytest.mark.parametrize("row_clip", [None, 0.3])
