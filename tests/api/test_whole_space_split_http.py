@@ -8,9 +8,12 @@ it as a measured share."""
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import pytest
 
+from service.db import models
 from tests.conftest import bearer, release_and_wait
 
 D = 5
@@ -97,3 +100,34 @@ def test_forecast_from_does_not_read_a_withheld_split_as_measured(
         assert scales["forecast_from_release_determined"] is False
     meaning = " ".join(response.json()["meaning"])
     assert "hidden by its noise" in meaning
+
+
+@pytest.mark.release_seed(500)
+def test_forecast_from_a_release_from_before_the_flag_reads_its_spectrum(
+    client, keys, dataset, run_worker, session_factory
+):
+    # A release stored before the flag stated the split, e.g. [1, 0, 0, 0, 0], and no flag:
+    # its components_above_noise < k = d says the same.
+    earlier = release_and_wait(
+        client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **BODY
+    )
+    extras = dict(earlier["result"]["extras"])
+    del extras["explained_variance_split_hidden_by_noise"]
+    above = extras["components_above_noise"]
+    extras["explained_variance_ratio"] = [1.0 / max(above, 1)] * above + [0.0] * (D - above)
+    extras["explained_sum_of_squares"] = [10.0] * D
+    with session_factory() as session:
+        stored = session.get(models.Release, uuid.UUID(earlier["id"]))
+        assert stored is not None
+        stored.result_extras = extras
+        session.commit()
+    response = client.post(
+        f"/v1/datasets/{dataset['id']}/releases",
+        params={"dry_run": "true", "forecast_from": earlier["id"]},
+        headers=bearer(keys.analyst),
+        json={"mechanism": "analyze_gauss", **{**BODY, "k": 2}},
+    )
+    assert response.status_code == 200, response.text
+    scales = response.json()["scales"]
+    assert scales["forecast_from_release_basis"] == "spectrum"
+    assert scales["forecast_from_release_captured_share"] is None
