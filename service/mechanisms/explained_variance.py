@@ -217,17 +217,25 @@ HIDDEN_WARNING_CODE = "explained_variance_hidden_by_noise"
 #: are withheld too where a release is shown (:func:`shown_variance_extras`).
 POINT_FIELDS = ("explained_variance_ratio", "explained_sum_of_squares")
 
+#: Extras' flag that the components span the whole space (``k = d``, the share is exactly 1)
+#: but fewer of them stand out of the Gram noise than were released: the split of the total
+#: among them follows their debiased eigenvalues (0 below the edge), which is no measurement
+#: (``[1, 0, 0, 0, 0]`` on isotropic rows, where each direction keeps ``1/d``), so
+#: :data:`POINT_FIELDS` are ``null`` as for a hidden share; the total and its interval stay.
+SPLIT_HIDDEN_FLAG = "explained_variance_split_hidden_by_noise"
+
 
 def withhold_hidden_point(extras: Mapping[str, Any]) -> dict[str, Any]:
     """``extras`` with :data:`POINT_FIELDS` set to ``None`` when it is flagged
-    ``explained_variance_hidden_by_noise``; otherwise an unchanged copy.
+    ``explained_variance_hidden_by_noise`` or :data:`SPLIT_HIDDEN_FLAG`; otherwise an unchanged
+    copy.
 
     Applied where the estimate is made (:func:`variance_extras`) and again where a stored
     result is shown (:func:`shown_variance_extras`; releases made before the rule kept the
     figure beside the flag), so a hidden share reads ``null`` everywhere. Post-processing of
     released figures."""
     out = dict(extras)
-    if out.get("explained_variance_hidden_by_noise") is True:
+    if out.get("explained_variance_hidden_by_noise") is True or out.get(SPLIT_HIDDEN_FLAG) is True:
         for field in POINT_FIELDS:
             if field in out:
                 out[field] = None
@@ -509,6 +517,24 @@ def variance_extras(
         )
     extras.update(usefulness_extras(above, k, why))
     extras["explained_variance_hidden_by_noise"] = estimate.hidden
+    # k = d: the total is 1 by a public fact, but a component below the noise's edge gets 0 of
+    # it and the others its part by their noisy eigenvalues; with fewer than k above the edge
+    # no per-component figure is a measurement, so none is stated (withhold_hidden_point).
+    split_hidden = k >= d and above < k
+    extras[SPLIT_HIDDEN_FLAG] = split_hidden
+    if split_hidden:
+        split = (
+            f"the {k} components span the whole space, so they keep all of the variance "
+            "(the interval is [1, 1]), but only "
+            f"{above} of them stand out of the noise: how it splits among them is not "
+            "measured, so explained_variance_ratio and explained_sum_of_squares are null "
+            "(more rows or a larger epsilon separate them)"
+        )
+        if "warning" in extras:
+            extras["warning"] = f"{extras['warning']}; {split}"
+        else:
+            extras["warning"] = split
+            extras["warning_code"] = SPLIT_HIDDEN_FLAG
     if estimate.decision is not None:
         # Post-processing of the noisy sums and the data-independent split draw.
         extras["explained_variance_decision_width"] = (

@@ -35,6 +35,10 @@ class ReleasedFigures:
     #: The release's ``explained_variance_hidden_by_noise`` flag (also set where a low or high
     #: draw cut a narrow interval at 0 or 1 while its noise spans more).
     hidden: bool = False
+    #: The release's ``explained_variance_split_hidden_by_noise`` flag: ``k = d`` with fewer
+    #: components above the noise than released, so its total (1) is exact but it states no
+    #: per-component split (``ratios`` empty): the forecast reads its spectrum instead.
+    split_hidden: bool = False
 
     @classmethod
     def from_extras(
@@ -52,11 +56,22 @@ class ReleasedFigures:
         (public), kept when the release centred on a private mean (it released ``center``).
         ``uncentred``: the release took the route without centring (``centring: none``)."""
         hidden = extras.get("explained_variance_hidden_by_noise") is True
+        flag = extras.get("explained_variance_split_hidden_by_noise")
+        above = extras.get("components_above_noise")
+        split_hidden = flag is True or (
+            # A release from before the flag: k = d with fewer components above the noise.
+            flag is None
+            and isinstance(above, int)
+            and not isinstance(above, bool)
+            and len(extras.get("eigenvalues") or ()) >= n_cols
+            and above < n_cols
+        )
         try:
             stated = extras["explained_variance_ratio"]
-            # A hidden share states no point (null): the ratios are read only where the
-            # release measured its share (:attr:`measured`), so none are needed then.
-            ratios = () if stated is None and hidden else tuple(float(x) for x in stated)
+            # A hidden share (or split) states no point (null): the ratios are read only where
+            # the release measured them (:attr:`measured`), so none are needed then.
+            withheld = hidden or split_hidden
+            ratios = () if stated is None and withheld else tuple(float(x) for x in stated)
             low, high = (float(x) for x in extras["explained_variance_ratio_interval"])
             values = tuple(float(x) for x in extras["eigenvalues"])
             trace = float(extras["trace"])
@@ -64,7 +79,7 @@ class ReleasedFigures:
             row_clip = float(extras.get("row_clip_norm", clip_norm))
         except (KeyError, TypeError, ValueError):
             return None
-        if not values or ((ratios or not hidden) and len(ratios) != len(values)) or not sigma > 0:
+        if not values or ((ratios or not withheld) and len(ratios) != len(values)) or not sigma > 0:
             return None
         if not (math.isfinite(row_clip) and row_clip > 0):
             row_clip = 0.0
@@ -93,6 +108,7 @@ class ReleasedFigures:
             noise,
             sums,
             hidden,
+            split_hidden,
         )
 
     @property
@@ -102,11 +118,18 @@ class ReleasedFigures:
         hidden by noise (a narrow interval cut at 0 or 1 is no measurement). The release's
         rule, not one of the forecast's: a share the release would not state (its point's mean
         absolute error above 0.05) is no measurement for the forecast to carry either, whose
-        own error budget (within 0.1) the carried point's error would spend."""
+        own error budget (within 0.1) the carried point's error would spend. A whole-space
+        release whose split the noise hid (:attr:`split_hidden`) measured its total (1) but no
+        per-component share, so there is none to carry either."""
         from service.mechanisms.explained_variance import HIDDEN_WIDTH  # no import cycle
 
         low, high = self.interval
-        return high - low < HIDDEN_WIDTH and not self.hidden and bool(self.ratios)
+        return (
+            high - low < HIDDEN_WIDTH
+            and not self.hidden
+            and not self.split_hidden
+            and bool(self.ratios)
+        )
 
     @property
     def clipped_share(self) -> float:

@@ -221,7 +221,10 @@ def forecast_from(
     # A point only from a measured share: read off a hidden release's spectrum it missed a
     # fresh release by 0.12-0.34 on average (breast_cancer eps 1), 2-5x the release's own
     # run-to-run spread (issue 32 item 4, re-measured 29 Nov 2026); the range stays.
-    point = None if hidden else forecast.point
+    # A whole-space release whose split the noise hid measured only its total (1): a smaller
+    # k's share read off its spectrum is the same unmeasured reading, so no point either.
+    unsplit = figures.split_hidden and spec.k < figures.n_cols
+    point = None if hidden or unsplit else forecast.point
     scales: dict[str, Any] = {
         "forecast_from_release_captured_share": point,
         "forecast_from_release_captured_share_low": forecast.low,
@@ -235,6 +238,12 @@ def forecast_from(
     }
     if figures.measured:
         how = "its stated shares"
+    elif figures.split_hidden and not hidden:
+        how = (
+            "its eigenvalues and trace (its components spanned the whole space, and how their "
+            "total of 1 split among them was hidden by its noise), corrected for the clip's "
+            f"flattening ({figures.clipped_share:.2f} of n C2^2 filled)"
+        )
     else:
         how = (
             "its eigenvalues and trace (its stated share was hidden by its noise), corrected "

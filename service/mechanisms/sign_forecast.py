@@ -42,12 +42,13 @@ def forecast_from(
     try:
         stated = extras["explained_variance_ratio"]
         low, high = (float(x) for x in extras["explained_variance_ratio_interval"])
-        # A hidden share states no point (null); the range and the flag still carry.
-        share = (
-            low
-            if stated is None and extras.get("explained_variance_hidden_by_noise") is True
-            else sum(float(x) for x in stated)
+        # A hidden share states no point (null), nor a whole-space release whose split the
+        # noise hid (its total is exactly 1, its interval [1, 1]); the range and the flag carry.
+        withheld = (
+            extras.get("explained_variance_hidden_by_noise") is True
+            or extras.get("explained_variance_split_hidden_by_noise") is True
         )
+        share = low if stated is None and withheld else sum(float(x) for x in stated)
     except (KeyError, TypeError, ValueError):
         return None
     if not all(math.isfinite(x) for x in (share, low, high)):

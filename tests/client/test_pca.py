@@ -500,6 +500,9 @@ def test_a_whole_space_split_the_noise_hides_reads_nan_with_a_warning(
     release = analyst.get_release(pca.release_id_)
     assert release.extras["components_above_noise"] < d
     assert release.extras["explained_variance_hidden_by_noise"] is False
+    # The service states no split either, and flags it (the estimator reads that flag).
+    assert release.extras["explained_variance_split_hidden_by_noise"] is True
+    assert release.extras["explained_variance_ratio"] is None
     assert pca.explained_variance_split_hidden_by_noise_ is True
     assert pca.explained_variance_hidden_by_noise_ is False
     assert pca.explained_variance_ratio_interval_ == (1.0, 1.0)
@@ -520,6 +523,11 @@ def test_the_split_is_hidden_only_at_k_equal_to_d_below_the_noise() -> None:
     assert split({}, 2, 2, stated) is False
     # A hidden share is NaN already; the split flag does not repeat it.
     assert split({"components_above_noise": 0}, 2, 2, np.full(2, np.nan)) is False
+    # The service's own flag decides where it is stated: its split is then null (NaN here).
+    withheld = np.full(2, np.nan)
+    assert split({"explained_variance_split_hidden_by_noise": True}, 2, 2, withheld) is True
+    flagged = {"components_above_noise": 1, "explained_variance_split_hidden_by_noise": False}
+    assert split(flagged, 2, 2, stated) is False
 
 
 @pytest.mark.release_seed(301)

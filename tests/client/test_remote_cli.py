@@ -630,3 +630,29 @@ def test_an_id_argument_is_named_as_the_command_names_it(dpss: Dpss, make_key: M
     assert "the release id is positional: root releases show RELEASE_ID" in " ".join(
         shown.output.replace("│", " ").split()
     ), shown.output
+
+
+@pytest.mark.release_seed(500)
+def test_a_whole_space_split_the_noise_hides_is_shown_null_and_flagged(
+    dpss: Dpss, make_key: MakeKey, tmp_path: Path, run_worker: Callable[[], int]
+) -> None:
+    # k = d on isotropic rows: the share is 1, but fewer components stand out of the noise than
+    # were released. The table printed the service's split by debiased eigenvalues (e.g.
+    # [1, 0, 0, 0, 0]) as if measured, and no flag.
+    owner, analyst = make_key("owner"), make_key("analyst")
+    np.save(tmp_path / "x.npy", isotropic_rows(200, 5, seed=7))
+    ds = _upload(dpss, owner, tmp_path / "x.npy")
+    created = dpss(
+        "releases", "create", ds["id"], "--mechanism", "analyze_gauss", "--k", "5",
+        "--epsilon", "0.3", "--delta", "1e-7", "--param", "center=private", "--json",
+        key=analyst,
+    )  # fmt: skip
+    assert created.exit_code == ExitCode.OK, created.output
+    run_worker()
+    shown = dpss("releases", "show", _json(created)["id"], key=analyst)
+    assert shown.exit_code == ExitCode.OK, shown.output
+    table = shown.stdout
+    assert re.search(r"explained_variance_split_hidden_by_noise\s*│\s*true", table), table
+    assert re.search(r"explained_variance_ratio\s*│\s*null", table), table
+    assert re.search(r"explained_sum_of_squares\s*│\s*null", table), table
+    assert re.search(r"explained_variance_ratio_interval\s*│\s*\[1, 1\]", table), table

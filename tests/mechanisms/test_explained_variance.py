@@ -325,9 +325,16 @@ def test_a_basis_of_the_whole_space_states_a_share_of_one(d: int, params: dict[s
     for seed in range(5):
         out = MECHANISM.run(rows, spec, np.random.default_rng(seed))
         assert out.basis is not None
-        assert math.isclose(sum(out.extras["explained_variance_ratio"]), 1.0, rel_tol=1e-12)
         assert out.extras["explained_variance_ratio_interval"] == [1.0, 1.0]
         assert out.extras["explained_variance_hidden_by_noise"] is False
+        split_hidden = out.extras["components_above_noise"] < d
+        assert out.extras["explained_variance_split_hidden_by_noise"] is split_hidden
+        if split_hidden:
+            # Fewer components above the noise than released: the split is no measurement.
+            assert out.extras["explained_variance_ratio"] is None
+            assert out.extras["explained_sum_of_squares"] is None
+            continue
+        assert math.isclose(sum(out.extras["explained_variance_ratio"]), 1.0, rel_tol=1e-12)
         assert min(out.extras["explained_sum_of_squares"]) >= 0
 
 

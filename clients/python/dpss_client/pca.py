@@ -680,9 +680,16 @@ class PrivatePCA:
     def _split_hidden(extras: dict[str, Any], d: int, k: int, ratio: FloatArray | None) -> bool:
         """Whether the components span the whole space (``k = d``) while fewer than ``k`` of
         them stand out of the noise: the split of the (exact) total among them is then not
-        measured. Read from the release's ``components_above_noise``; a release without it,
-        from its stated split (a component below the edge gets exactly 0)."""
-        if ratio is None or k < d or np.all(np.isnan(ratio)):
+        measured. Read from the release's ``explained_variance_split_hidden_by_noise`` (the
+        service then states no split: null); a release from before that flag, from its
+        ``components_above_noise``, and without that, from its stated split (a component
+        below the edge gets exactly 0)."""
+        if ratio is None:
+            return False
+        flag = extras.get("explained_variance_split_hidden_by_noise")
+        if isinstance(flag, bool):
+            return flag
+        if k < d or np.all(np.isnan(ratio)):
             return False
         above = extras.get("components_above_noise")
         if isinstance(above, int) and not isinstance(above, bool):

@@ -278,6 +278,10 @@ function resultNotes(r) {
   const span = Array.isArray(interval) ? ` (90% interval [${interval.map((v) => num(v).toFixed(2)).join(", ")}])` : "";
   if (extras.explained_variance_hidden_by_noise === true) {
     notes.push(el("span", { class: "variance hidden-by-noise" }, `explained variance hidden by noise${span}`));
+  } else if (extras.explained_variance_split_hidden_by_noise === true) {
+    // k = d: all of the variance is kept (a public fact), but its split among the components is
+    // not measured (the service states none).
+    notes.push(el("span", { class: "variance split-hidden-by-noise" }, `explained variance 1.00${span}, its split among the components hidden by noise`));
   } else if (Array.isArray(extras.explained_variance_ratio)) {
     const kept = extras.explained_variance_ratio.reduce((a, v) => a + num(v), 0);
     notes.push(el("span", { class: "variance" }, `explained variance ${kept.toFixed(2)}${span}`));
