@@ -416,6 +416,16 @@ def whole_space(captured: float, weights: FloatArray) -> ExplainedVariance:
     )
 
 
+def _add_warning(extras: dict[str, Any], text: str, code: str) -> None:
+    """Append ``text`` to ``extras["warning"]`` (joined by "; "); ``code`` becomes
+    ``warning_code`` only when it is the first warning (the first one's code stays)."""
+    if "warning" in extras:
+        extras["warning"] = f"{extras['warning']}; {text}"
+    else:
+        extras["warning"] = text
+        extras["warning_code"] = code
+
+
 def variance_extras(
     data: FloatArray,
     release: GaussRelease,
@@ -530,11 +540,7 @@ def variance_extras(
             "measured, so explained_variance_ratio and explained_sum_of_squares are null "
             "(more rows or a larger epsilon separate them)"
         )
-        if "warning" in extras:
-            extras["warning"] = f"{extras['warning']}; {split}"
-        else:
-            extras["warning"] = split
-            extras["warning_code"] = SPLIT_HIDDEN_FLAG
+        _add_warning(extras, split, SPLIT_HIDDEN_FLAG)
     if estimate.decision is not None:
         # Post-processing of the noisy sums and the data-independent split draw.
         extras["explained_variance_decision_width"] = (
@@ -560,9 +566,5 @@ def variance_extras(
             "are null; the interval is the measurement; more rows or a larger epsilon "
             "narrow it)"
         )
-        if "warning" in extras:
-            extras["warning"] = f"{extras['warning']}; {hidden}"
-        else:
-            extras["warning"] = hidden
-            extras["warning_code"] = HIDDEN_WARNING_CODE
+        _add_warning(extras, hidden, HIDDEN_WARNING_CODE)
     return withhold_hidden_point(extras)
