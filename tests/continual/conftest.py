@@ -5,6 +5,10 @@ Those tests (``test_probe_behind_an_epoch``, ``test_probe_behind_two_epochs``,
 ``test_probe_behind_a_deletion``) run two or three worlds one after another on one database,
 each a continual release on a dataset of its own; what one world left must be no queue of the
 next (:meth:`Worlds.backdate`), and each world starts the same way (:meth:`Worlds.start`).
+
+The two whose worlds hold another owner's data by reference (``test_epoch_behind_a_registration``,
+``test_epoch_behind_an_earlier_batch``) ask for the shared folder :func:`root`; :func:`settings`
+then allows it and sets the padding floor :data:`SHARED_PAD`.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +36,30 @@ from tests.conftest import Keys, bearer, npy_bytes, post_release
 
 #: Columns of every world's data.
 D = 3
+
+#: The release padding's floor (seconds) of the tests that ask for the shared folder.
+SHARED_PAD = 1.0
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """The shared folder the worlds' data by reference is written under (empty)."""
+    path = tmp_path / "shared"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def settings(settings: Settings, request: pytest.FixtureRequest) -> Settings:
+    """``settings`` as they are, but for a test that asks for the shared folder :func:`root`:
+    then it is the one reference root and the padding floor is :data:`SHARED_PAD`. A module's
+    own ``settings`` fixture builds on these."""
+    if "root" not in request.fixturenames:
+        return settings
+    root: Path = request.getfixturevalue("root")
+    return settings.model_copy(
+        update={"reference_roots": str(root), "release_padding_floor_seconds": SHARED_PAD}
+    )
 
 
 def rated(settings: Settings, floor: float, rates: dict[str, float], **update: Any) -> Settings:

@@ -25,33 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db.models import Dataset, utcnow
 from service.padding import late_schedule
 from service.registration_visibility import shown_at
-from tests.continual.conftest import Worlds
+from tests.continual.conftest import SHARED_PAD, Worlds
 from tests.reference import helpers
 
-PAD = 1.0
+PAD = SHARED_PAD  # the floor the shared folder's settings set (conftest)
 #: The epoch's own run, once the worker is free.
 RUN = timedelta(milliseconds=50)
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def settings(settings: Settings, root: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
-    )
 
 
 def test_an_epoch_behind_a_registration_shows_the_same_whatever_the_worker_does(

@@ -24,31 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch
-from tests.continual.conftest import Worlds
+from tests.continual.conftest import SHARED_PAD, Worlds
 from tests.reference import helpers
 
-PAD = 1.0
+PAD = SHARED_PAD  # the floor the shared folder's settings set (conftest)
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "shared"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def settings(settings: Settings, root: Path) -> Settings:
-    return settings.model_copy(
-        update={"reference_roots": str(root), "release_padding_floor_seconds": PAD}
-    )
 
 
 def _registered(
