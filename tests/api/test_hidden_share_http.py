@@ -7,37 +7,22 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
 import pytest
 
 from service.db import models
-from tests.conftest import bearer, release_and_wait
+from tests.conftest import bearer
 
 
 @pytest.fixture
-def dataset(client, keys, upload_dataset):
+def dataset(isotropic_dataset):
     # 200 isotropic unit rows at eps 0.1: the noise hides any share (interval about [0, 1]).
-    rows = np.random.default_rng(7).standard_normal((200, 8))
-    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-    return upload_dataset(
-        client, keys.owner, rows, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
-    )
+    return isotropic_dataset(8)
 
 
 @pytest.fixture
-def body(client, keys, dataset, run_worker):
+def body(dataset, centred_release):
     """A centred analyze_gauss release of rank 2 at eps 0.1 on the dataset, run (succeeded)."""
-    released = release_and_wait(
-        client,
-        keys.analyst,
-        dataset["id"],
-        run_worker,
-        mechanism="analyze_gauss",
-        k=2,
-        epsilon="0.1",
-        delta="1e-7",
-        params={"center": "private"},
-    )
+    released = centred_release(dataset["id"], k=2, epsilon="0.1")
     assert released["status"] == "succeeded"
     return released
 

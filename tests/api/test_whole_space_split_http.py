@@ -10,33 +10,29 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
 import pytest
 
 from service.db import models
-from tests.conftest import bearer, release_and_wait
+from tests.api.conftest import CENTRED_BODY
+from tests.conftest import bearer
 
 D = 5
 
 
 @pytest.fixture
-def dataset(client, keys, upload_dataset):
+def dataset(isotropic_dataset):
     # 200 isotropic unit rows: no direction stands out of the noise at eps 0.3.
-    rows = np.random.default_rng(7).standard_normal((200, D))
-    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-    return upload_dataset(
-        client, keys.owner, rows, epsilon_budget="1.0", delta_budget="1e-5", row_norm_bound=1.0
-    )
+    return isotropic_dataset(D)
 
 
-BODY = {"k": D, "epsilon": "0.3", "delta": "1e-7", "params": {"center": "private"}}
+BODY = {**CENTRED_BODY, "k": D, "epsilon": "0.3"}
 
 
 @pytest.mark.release_seed(500)
-def test_a_whole_space_split_the_noise_hides_is_null_and_flagged(client, keys, dataset, run_worker):
-    released = release_and_wait(
-        client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **BODY
-    )
+def test_a_whole_space_split_the_noise_hides_is_null_and_flagged(
+    client, keys, dataset, centred_release
+):
+    released = centred_release(dataset["id"], **BODY)
     assert released["status"] == "succeeded", released
     extras = released["result"]["extras"]
     assert extras["components_above_noise"] < D
@@ -56,16 +52,9 @@ def test_a_whole_space_split_the_noise_hides_is_null_and_flagged(client, keys, d
 
 
 @pytest.mark.release_seed(500)
-def test_a_release_that_states_its_split_says_so(client, keys, dataset, run_worker):
+def test_a_release_that_states_its_split_says_so(client, keys, dataset, centred_release):
     # k < d: the flag is present and false (the split is of a measured share).
-    released = release_and_wait(
-        client,
-        keys.analyst,
-        dataset["id"],
-        run_worker,
-        mechanism="analyze_gauss",
-        **{**BODY, "k": 2},
-    )
+    released = centred_release(dataset["id"], **{**BODY, "k": 2})
     assert released["status"] == "succeeded", released
     assert released["result"]["extras"]["explained_variance_split_hidden_by_noise"] is False
 
@@ -73,17 +62,15 @@ def test_a_release_that_states_its_split_says_so(client, keys, dataset, run_work
 @pytest.mark.release_seed(500)
 @pytest.mark.parametrize("k", [2, D])
 def test_forecast_from_does_not_read_a_withheld_split_as_measured(
-    client, keys, dataset, run_worker, k
+    client, keys, dataset, centred_release, k
 ):
-    earlier = release_and_wait(
-        client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **BODY
-    )
+    earlier = centred_release(dataset["id"], **BODY)
     assert earlier["result"]["extras"]["explained_variance_split_hidden_by_noise"] is True
     response = client.post(
         f"/v1/datasets/{dataset['id']}/releases",
         params={"dry_run": "true", "forecast_from": earlier["id"]},
         headers=bearer(keys.analyst),
-        json={"mechanism": "analyze_gauss", **{**BODY, "k": k}},
+        json={**BODY, "k": k},
     )
     # Before: 400 ("has no explained variance") once the split is null, or, with the split
     # stated, a "measured share" forecast carrying [1, 0, 0, 0, 0].
@@ -104,13 +91,11 @@ def test_forecast_from_does_not_read_a_withheld_split_as_measured(
 
 @pytest.mark.release_seed(500)
 def test_forecast_from_a_release_from_before_the_flag_reads_its_spectrum(
-    client, keys, dataset, run_worker, session_factory
+    client, keys, dataset, centred_release, session_factory
 ):
     # A release stored before the flag stated the split, e.g. [1, 0, 0, 0, 0], and no flag:
     # its components_above_noise < k = d says the same.
-    earlier = release_and_wait(
-        client, keys.analyst, dataset["id"], run_worker, mechanism="analyze_gauss", **BODY
-    )
+    earlier = centred_release(dataset["id"], **BODY)
     extras = dict(earlier["result"]["extras"])
     del extras["explained_variance_split_hidden_by_noise"]
     above = extras["components_above_noise"]
@@ -125,7 +110,7 @@ def test_forecast_from_a_release_from_before_the_flag_reads_its_spectrum(
         f"/v1/datasets/{dataset['id']}/releases",
         params={"dry_run": "true", "forecast_from": earlier["id"]},
         headers=bearer(keys.analyst),
-        json={"mechanism": "analyze_gauss", **{**BODY, "k": 2}},
+        json={**BODY, "k": 2},
     )
     assert response.status_code == 200, response.text
     scales = response.json()["scales"]
