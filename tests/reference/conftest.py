@@ -97,6 +97,22 @@ def write_parquet(
     return names
 
 
+def rows_table(rows: np.ndarray[Any, Any], dtype: Any = None, prefix: str = "c") -> pa.Table:
+    """``rows`` as an Arrow table, one column per column of ``rows`` (``c0..``), of ``dtype``
+    (an Arrow type; else inferred: float64 for float rows)."""
+    return pa.table(
+        {f"{prefix}{i}": pa.array(rows[:, i], type=dtype) for i in range(rows.shape[1])}
+    )
+
+
+def write_local(path: Path, table: pa.Table, **options: Any) -> str:
+    """``table`` as one local Parquet file at ``path`` (its folders made; ``options`` go to
+    ``pq.write_table``); the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, **options)
+    return str(path)
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """The folder a test's settings allow datasets by reference under (``reference_roots``),

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
@@ -28,6 +27,7 @@ from service.db.models import DatasetReferenceObject
 from service.reference.integrity import ROW_MARKS_KEPT, RowMarks
 from tests.conftest import Keys
 from tests.reference import helpers
+from tests.reference.conftest import rows_table, write_local
 
 Rows = np.ndarray[Any, Any]
 NAMES = ["c0", "c1", "c2"]
@@ -39,9 +39,7 @@ def settings(settings: Settings, root: Path) -> Settings:
 
 
 def _write(path: Path, rows: Rows, dtype: Any = pa.float64()) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    columns = {name: pa.array(rows[:, i], type=dtype) for i, name in enumerate(NAMES)}
-    pq.write_table(pa.table(columns), path, row_group_size=700)
+    write_local(path, rows_table(rows, dtype), row_group_size=700)
 
 
 def test_the_same_rows_in_another_order_or_part_are_refused(

@@ -29,7 +29,7 @@ from service.db.models import DatasetReferenceObject
 from service.reference.integrity import ColumnValues
 from tests.conftest import Keys
 from tests.reference import helpers
-from tests.reference.conftest import s3fs_for, write_parquet
+from tests.reference.conftest import s3fs_for, write_local, write_parquet
 
 
 @pytest.fixture
@@ -37,12 +37,6 @@ def settings(settings: Settings, root: Path, s3_endpoint: str, bucket: str) -> S
     return settings.model_copy(
         update={"reference_roots": f"{root},s3://{bucket}/lake", "s3_endpoint_url": s3_endpoint}
     )
-
-
-def _write(path: Path, table: pa.Table, **options: Any) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, path, **options)
-    return str(path)
 
 
 def test_the_same_rows_written_again_are_refused(
@@ -59,7 +53,7 @@ def test_the_same_rows_written_again_are_refused(
     first = helpers.register(
         client,
         keys.owner,
-        _write(root / "set" / "a.parquet", table, row_group_size=200),
+        write_local(root / "set" / "a.parquet", table, row_group_size=200),
         ["c0", "c1", "n"],
         helpers.FILE_BUDGET,
     )
@@ -72,25 +66,27 @@ def test_the_same_rows_written_again_are_refused(
         # A new footer over the same chunks.
         (
             "a column renamed",
-            _write(
+            write_local(
                 root / "x" / "renamed.parquet", table.rename_columns(["v", "c1", "c2", "n"]), **same
             ),
             ["v"],
         ),
         (
             "key-value metadata",
-            _write(root / "x" / "meta.parquet", table.replace_schema_metadata({"k": "v"}), **same),
+            write_local(
+                root / "x" / "meta.parquet", table.replace_schema_metadata({"k": "v"}), **same
+            ),
             ["c0", "c1"],
         ),
         (
             "the other columns dropped",
-            _write(root / "x" / "one.parquet", table.select(["c1"]), **same),
+            write_local(root / "x" / "one.parquet", table.select(["c1"]), **same),
             ["c1"],
         ),
         # The rows encoded again.
         (
             "zstd, row groups of 64, no dictionary",
-            _write(
+            write_local(
                 root / "x" / "recoded.parquet",
                 table,
                 compression="zstd",
@@ -101,7 +97,7 @@ def test_the_same_rows_written_again_are_refused(
         ),
         (
             "an integer column as float64",
-            _write(
+            write_local(
                 root / "x" / "cast.parquet",
                 table.select(["n", "c2"]).cast(
                     pa.schema([("n", pa.float64()), ("c2", pa.float64())])
@@ -122,7 +118,7 @@ def test_the_same_rows_written_again_are_refused(
     with session_factory() as session:
         assert session.query(DatasetReferenceObject).count() == covers
     # The first dataset's column c2 was never registered: a file of it alone is its own.
-    alone = _write(root / "x" / "c2.parquet", table.select(["c2"]))
+    alone = write_local(root / "x" / "c2.parquet", table.select(["c2"]))
     fresh = helpers.register(client, other, alone, ["c2"], helpers.FILE_BUDGET)
     assert fresh.json()["registration_status"] == "ready", fresh.text
 
@@ -145,7 +141,7 @@ def test_the_same_rows_on_s3_and_in_a_file_are_refused(
     table = pa.table({"u": rows[:, 0], "w": rows[:, 1]})
     with fs.open(f"{bucket}/lake/b.parquet", "wb") as handle:
         pq.write_table(table, handle, compression="gzip", row_group_size=150)
-    local = _write(root / "y" / "b.parquet", table, use_dictionary=False)
+    local = write_local(root / "y" / "b.parquet", table, use_dictionary=False)
     for uri, columns in [(f"s3://{bucket}/lake/b.parquet", ["w"]), (local, ["u", "w"])]:
         refused = helpers.register(client, other, uri, columns, helpers.FILE_BUDGET)
         assert "another live dataset" in helpers.refusal(refused), (uri, refused.text)
@@ -167,7 +163,7 @@ def test_plain_columns_do_not_name_rows(
     names = [*plain, "x"]
     for seed, key in ((1, keys.owner), (2, make_key("owner"))):
         x = np.random.default_rng(seed).normal(size=n) / 4
-        uri = _write(root / f"plain{seed}" / "a.parquet", pa.table({**plain, "x": x}))
+        uri = write_local(root / f"plain{seed}" / "a.parquet", pa.table({**plain, "x": x}))
         response = helpers.register(client, key, uri, names, helpers.FILE_BUDGET)
         assert response.json()["registration_status"] == "ready", (seed, response.text)
 
@@ -178,7 +174,7 @@ def test_a_column_chosen_twice_under_two_names_is_one_dataset(
     """Two chosen columns of one object holding the same values give one ``values://`` name
     (a cover row's names are unique: the registration was refused as covered elsewhere)."""
     x = np.random.default_rng(4).normal(size=300) / 4
-    uri = _write(root / "twice" / "a.parquet", pa.table({"x": x, "x_copy": x}))
+    uri = write_local(root / "twice" / "a.parquet", pa.table({"x": x, "x_copy": x}))
     helpers.registered(client, keys.owner, uri, ["x", "x_copy"])
 
 
