@@ -332,12 +332,15 @@ def register_dataset(
 
 
 def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference) -> None:
-    """Record the objects ``reference`` covers, refusing (409) one that another live dataset
-    covers already, by name, by content or by an alias (the same file by another path, its
-    columns in another order: :meth:`~service.reference.integrity.Reference.covered_named`):
-    two datasets on the same rows would double what can be learned about the people in them.
-    The unique constraints decide between concurrent registrations; the query before them
-    names the object."""
+    """Record the objects ``reference`` covers, refusing (409) one that a live dataset covers
+    already, by name, by content or by an alias (the same file by another path, its columns in
+    another order, some of its rows in any order:
+    :meth:`~service.reference.integrity.Reference.covered_named`): two datasets on the same
+    rows would double what can be learned about the people in them, and a batch repeating an
+    earlier batch's rows (``dataset_id`` covers them) would count those people twice in one.
+    The refusal says which (this dataset or another) and names the object, never a value. The
+    unique constraints decide between concurrent registrations; the query before them names
+    the object."""
     named = reference.covered_named()
     covered = [(key, key_sha, content) for key, key_sha, content, _ in named]
     for start in range(0, len(named), 400):
@@ -345,16 +348,25 @@ def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference)
         # A refusal names the object (an alias row stands for one: a hard link, a reordering).
         keys = {key_sha: name for _, key_sha, _, name in part}
         contents = {content: name for _, _, content, name in part}
+        own = DatasetReferenceObject.dataset_id == dataset_id
         taken = session.execute(
-            select(DatasetReferenceObject.key_sha256, DatasetReferenceObject.content_sha256).where(
+            select(
+                DatasetReferenceObject.key_sha256,
+                DatasetReferenceObject.content_sha256,
+                own,
+            )
+            .where(
                 or_(
                     DatasetReferenceObject.key_sha256.in_(keys),
                     DatasetReferenceObject.content_sha256.in_(contents),
                 )
             )
+            .order_by(own.desc())  # this dataset's own first: the nearer reason
+            .limit(1)
         ).first()
         if taken is not None:
-            raise _registered(keys.get(taken[0]) or contents[taken[1]])
+            name = keys.get(taken[0]) or contents[taken[1]]
+            raise _covered_by_this(name) if taken[2] else _registered(name)
     session.add_all(
         DatasetReferenceObject(
             dataset_id=dataset_id, object_key=key, key_sha256=key_sha, content_sha256=content
@@ -368,12 +380,25 @@ def cover_objects(session: Session, dataset_id: uuid.UUID, reference: Reference)
         raise _registered(covered[0][0]) from None
 
 
+#: What an object's cover stands for besides its key (:func:`cover_objects`'s refusals).
+_ALIASES = (
+    "(or the same file by another path, its columns in another order, a copy of its bytes, a "
+    "column's values written again, or some of its rows in any order)"
+)
+
+
 def _registered(key: str) -> ObjectRegistered:
     return ObjectRegistered(
-        f"uri: {key} (or the same file by another path, its columns in another order, a copy "
-        "of its bytes, a column's values written again, or some of its rows in any order) is "
-        "already covered by another live dataset; one dataset per object, so that its rows "
-        "have one budget (delete that dataset first to register it again)"
+        f"uri: {key} {_ALIASES} is already covered by another live dataset; one dataset per "
+        "object, so that its rows have one budget (delete that dataset first to register it "
+        "again)"
+    )
+
+
+def _covered_by_this(key: str) -> ObjectRegistered:
+    return ObjectRegistered(
+        f"uri: {key} {_ALIASES} is already covered by this dataset (an earlier batch); its "
+        "rows would count twice in it, the same people twice: a batch holds only new rows"
     )
 
 

@@ -219,7 +219,8 @@ class DatasetNotReady(Conflict):
 
 class ObjectRegistered(Conflict):
     """An object (or a copy of its content) is already covered by another live dataset by
-    reference (409): its rows have one budget."""
+    reference (409): its rows have one budget; or by this dataset (a batch repeating an
+    earlier batch's object or rows): they would count twice in it."""
 
     code = "object_registered"
 

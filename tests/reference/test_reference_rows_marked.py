@@ -12,6 +12,7 @@ whose rows coincide, are still accepted."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.config import Settings
 from service.db.models import DatasetReferenceObject
 from service.reference.integrity import ROW_MARKS_KEPT, RowMarks
-from tests.conftest import Keys
+from tests.conftest import Keys, bearer
 from tests.reference import helpers
 from tests.reference.conftest import rows_table, write_local
 
@@ -151,3 +152,50 @@ def test_row_marks() -> None:
     assert kept == _marks(many[::-1], 7)
     # Kept: the smallest hashes, so a part of the rows keeps those of the whole it holds.
     assert set(kept[:10]) & set(_marks(many[:30000]))
+
+
+def test_a_batch_repeating_an_earlier_batchs_rows_is_refused_as_this_datasets(
+    client: TestClient,
+    keys: Keys,
+    root: Path,
+    session_factory: sessionmaker[Session],
+) -> None:
+    """A batch by reference whose rows an earlier batch of the same dataset holds (in another
+    order, in another object) would count those people twice in the dataset: refused, and
+    the reason says the object is already in *this* dataset (it said "another live dataset"),
+    naming the object and no value. A batch of new rows is still accepted after it."""
+    rng = np.random.default_rng(42)
+    rows = rng.normal(size=(6000, 3)) / 4
+    _write(root / "set" / "a.parquet", rows[:2000])
+    dataset = helpers.registered(client, keys.owner, str(root / "set"), NAMES)
+
+    def append(folder: str, held: Rows) -> Any:
+        """``held`` written under ``root / folder`` and appended by reference as a batch, run
+        by the worker; the owner's view of the dataset."""
+        _write(root / folder / "a.parquet", held)
+        posted = helpers.post_data(client, keys.owner, "batch", root / folder, NAMES, dataset["id"])
+        assert posted.status_code == 202, posted.text
+        assert helpers.run_registrations(client) == 1
+        viewed = client.get(f"/v1/datasets/{dataset['id']}", headers=bearer(keys.owner))
+        assert viewed.status_code == 200, viewed.text
+        return viewed.json()
+
+    grown = append("week1", rows[2000:4000])
+    assert (grown["n_rows"], grown["n_batches"], grown["batch_status"]) == (4000, 2, None), grown
+    with session_factory() as session:
+        covers = session.query(DatasetReferenceObject).count()
+    repeated = rows[2000:4000][rng.permutation(2000)]
+    for number, held in enumerate((repeated, repeated[:1500])):  # batch 1's rows, or some
+        body = append(f"again{number}", held)
+        assert body["batch_status"] == "failed", body
+        assert (body["n_rows"], body["n_batches"]) == (4000, 2), body
+        reason = body["batch_reason"]
+        assert "already covered by this dataset" in reason, reason
+        assert "another live dataset" not in reason, reason
+        assert str(root / f"again{number}" / "a.parquet") in reason, reason
+        assert "row://" not in reason, reason
+        assert not re.search(r"\d\.\d", reason.replace(str(root), "")), reason  # no value
+    with session_factory() as session:
+        assert session.query(DatasetReferenceObject).count() == covers
+    body = append("week2", rows[4000:])
+    assert (body["n_rows"], body["n_batches"], body["batch_status"]) == (6000, 3, None), body
