@@ -52,7 +52,7 @@ def test_a_whole_space_split_the_noise_hides_is_null_and_flagged(
 
 
 @pytest.mark.release_seed(500)
-def test_a_release_that_states_its_split_says_so(client, keys, dataset, centred_release):
+def test_a_release_that_states_its_split_says_so(dataset, centred_release):
     # k < d: the flag is present and false (the split is of a measured share).
     released = centred_release(dataset["id"], **{**BODY, "k": 2})
     assert released["status"] == "succeeded", released
