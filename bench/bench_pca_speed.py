@@ -43,7 +43,7 @@ in the same repetitions.
     python -m bench.bench_pca_speed --contend [N] [any of the above]
 
 The same measurement with N (1 when given bare) processes beside it that stream memory the
-whole time (:data:`STREAM`: copies one 256 MB float64 array into another, over and over, so
+whole time (:data:`STREAM`: copies one 64 MB float64 array into another, over and over, so
 it holds the shared L3 and the memory bus busy): the recommended run's three passes over the
 rows are memory-bound where the default's one is compute-bound, so their ratio moves with
 memory contention (issue 32 item 5: 1.37-1.41 on a quiet host, 1.85-1.96 beside other sessions).
@@ -110,13 +110,13 @@ def floor_cpu(rows: Rows, seed: int) -> float:
     return time.process_time() - start
 
 
-#: The memory streamer of ``--contend`` (a separate process, one thread): two arrays of
-#: 256 MB each, far beyond any L3, copied into each other until stdin closes; it then prints
+#: The memory streamer of ``--contend`` (a separate process, one thread): two arrays of 64 MB
+#: each (4x this host's 32 MiB L3), copied into each other until stdin closes; it then prints
 #: the bytes moved per second (read + write).
 STREAM = """
 import sys, threading, time
 import numpy as np
-a = np.ones(1 << 25)
+a = np.ones(1 << 23)
 b = np.empty_like(a)
 stop = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
