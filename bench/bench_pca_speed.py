@@ -39,11 +39,25 @@ pass as the release runs it (:func:`released_passes`: the real probe, float32 Gr
 explained-variance functions on the spread rows' none route, with one release's public
 values), so that each pass's distance from its floor (what its statistics cost) is measured
 in the same repetitions.
+
+    python -m bench.bench_pca_speed --contend [N] [any of the above]
+
+The same measurement with N (1 when given bare) processes beside it that stream memory the
+whole time (:data:`STREAM`: copies one 64 MB float64 array into another, over and over, so
+it holds the shared L3 and the memory bus busy): the recommended run's three passes over the
+rows are memory-bound where the default's one is compute-bound, so their ratio moves with
+memory contention (issue 32 item 5: 1.37-1.41 on a quiet host, 1.85-1.96 beside other sessions).
+With N at least the machine's cores, a streamer also shares the bench's core, time-sliced:
+its copies then evict the bench's chunk from the core's own L2 between slices, as another
+session's process does. Each streamer's GB/s is printed at the end (its work while the bench
+ran).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -96,14 +110,68 @@ def floor_cpu(rows: Rows, seed: int) -> float:
     return time.process_time() - start
 
 
+#: The memory streamer of ``--contend`` (a separate process, one thread): two arrays of 64 MB
+#: each (4x this host's 32 MiB L3), copied into each other until stdin closes; it then prints
+#: the bytes moved per second (read + write).
+STREAM = """
+import sys, threading, time
+import numpy as np
+a = np.ones(1 << 23)
+b = np.empty_like(a)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+start, copies = time.perf_counter(), 0
+while not stop.is_set():
+    np.copyto(b, a)
+    a, b = b, a
+    copies += 1
+print(f"{2 * copies * a.nbytes / (time.perf_counter() - start) / 1e9:.1f}")
+"""
+
+
+@contextmanager
+def contention(streams: int) -> Iterator[None]:
+    """``streams`` copies of :data:`STREAM`, each in a child process, for the duration
+    (stopped by closing their stdin, and waited for: only the children this started)."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", STREAM],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PATH": ""},
+        )
+        for _ in range(streams)
+    ]
+    if children:
+        time.sleep(1.0)  # their arrays paged in before the first measurement
+    try:
+        yield
+    finally:
+        rates = [child.communicate("", timeout=60)[0].strip() for child in children]
+        if rates:
+            print(
+                f"\n(contended: {len(rates)} memory streamer(s) ran beside it, "
+                f"{', '.join(rates)} GB/s each)"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--stages", action="store_true")
     parser.add_argument("--floor", action="store_true", help="only the least-work primitives")
     parser.add_argument("--against", help="another checkout's root: before/after in-process")
+    parser.add_argument(
+        "--contend",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        help="memory-streaming processes beside it (1 when given bare)",
+    )
     args = parser.parse_args()
-    with threadpool_limits(limits=1):
+    with threadpool_limits(limits=1), contention(args.contend):
         if args.against:
             against(args.against, args.reps)
         elif args.stages:
