@@ -28,6 +28,7 @@ from service import (
     accounting,
     audit,
     charges,
+    commit_order,
     datasets,
     grants,
     ledger,
@@ -608,7 +609,9 @@ def queue_release(
         )
     if not budget.affords(prepared.charge):
         raise budget_exceeded(budget, prepared.charge, unit=privacy_unit.unit_of(dataset))
-    created_at = utcnow()
+    # Stamped in the commit order (service.commit_order): a term for a later point, however
+    # late the worker computes it, sees this release.
+    created_at = commit_order.stamp(session)
     padding = _padding(
         session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
     )
