@@ -35,8 +35,9 @@ other): the worker's transactions never stamp; the API's requests stamp and neve
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import func, literal, text
 from sqlalchemy.orm import Session
 
 from service.db.models import utcnow
@@ -51,16 +52,28 @@ _SETTLE = text(
 )
 
 
-def _postgresql(session: Session) -> bool:
+#: The shared lock as a column of a statement the creating transaction runs anyway
+#: (PostgreSQL; :func:`service.releases.lock_dataset`): no round trip more on the hot path.
+#: Evaluated in the scan, before ``FOR UPDATE`` locks the row, so a creator never waits for
+#: it while holding the row.
+HOLD_COLUMN: Any = func.pg_advisory_xact_lock_shared(literal(KEY)).label("commit_order")
+
+
+def postgresql(session: Session) -> bool:
+    """Whether the session's database is PostgreSQL (the lock is taken there only)."""
     return session.get_bind().dialect.name == "postgresql"
 
 
-def stamp(session: Session) -> datetime:
+def stamp(session: Session, *, held: bool = False) -> datetime:
     """The moment a creating transaction stamps (a row a term counts by it), read once this
-    transaction is in the order: under the shared lock (PostgreSQL) or the write lock
-    (SQLite), so that it commits before any term for a point at or after it is read."""
-    if _postgresql(session):
-        session.execute(_HOLD, {"key": KEY})
+    transaction is in the order: under the shared lock (PostgreSQL; ``held``: taken already,
+    by :data:`HOLD_COLUMN`) or the write lock (SQLite), so that it commits before any term for
+    a point at or after it is read. Take it before any lock a reader may hold while it
+    settles (a dataset's row, the audit head): a creator waiting for it behind a settle must
+    hold nothing a creator in flight waits for."""
+    if postgresql(session):
+        if not held:
+            session.execute(_HOLD, {"key": KEY})
     else:
         session.connection()  # BEGIN IMMEDIATE, if not yet: the write lock before the clock
     return utcnow()
@@ -70,7 +83,7 @@ def settle(session: Session) -> None:
     """Wait until every transaction that stamped before now has committed (PostgreSQL; SQLite
     serializes writers: nothing to wait for). Called by a reader that computes a term after
     its point, before it reads the rows the term counts."""
-    if not _postgresql(session):
+    if not postgresql(session):
         return
     try:
         session.execute(_SETTLE, {"key": KEY})

@@ -664,7 +664,9 @@ def delete_dataset(
     session.execute(
         delete(DatasetReferenceObject).where(DatasetReferenceObject.dataset_id == dataset.id)
     )
-    # An act the chain counts from (an end's due moment): in the commit order.
+    # An act the chain counts from (an end's due moment): in the commit order, the row locked
+    # first (a creator must not wait for a row while it holds the order's lock).
+    session.execute(select(Dataset.id).where(Dataset.id == dataset.id).with_for_update())
     dataset.deleted_at = commit_order.stamp(session)
     dataset.file_name = None
     session.execute(
