@@ -19,6 +19,7 @@ from service import (
     accounting,
     advice,
     audit,
+    commit_order,
     ledger,
     privacy_unit,
     registration_visibility,
@@ -248,6 +249,9 @@ def register_dataset(
         require_role(principal, "owner")
         dataset = Dataset(
             id=uuid.uuid4(),
+            # In the commit order (service.commit_order): a registration by reference counts
+            # in every term for a point after its request (padding_queue.registration_seconds).
+            created_at=commit_order.stamp(session),
             name=form.name,
             owner_key_id=principal.key_id,
             n_rows=stored.n_rows,
@@ -528,7 +532,8 @@ def append_batch(
         n_rows=batch.n_rows,
         row_offset=dataset.n_rows,
         file_name=dataset.file_name,
-        created_at=utcnow(),
+        # The epochs' point: in the commit order (service.commit_order).
+        created_at=commit_order.stamp(session),
         idempotency_key=idempotency_key,
         request_hash=request_hash if idempotency_key is not None else None,
     )
@@ -684,7 +689,10 @@ def delete_dataset(
     session.execute(
         delete(DatasetReferenceObject).where(DatasetReferenceObject.dataset_id == dataset.id)
     )
-    dataset.deleted_at = utcnow()
+    # An act the chain counts from (an end's due moment): in the commit order, the row locked
+    # first (a creator must not wait for a row while it holds the order's lock).
+    session.execute(select(Dataset.id).where(Dataset.id == dataset.id).with_for_update())
+    dataset.deleted_at = commit_order.stamp(session)
     dataset.file_name = None
     session.execute(
         update(DatasetBatch).where(DatasetBatch.dataset_id == dataset.id).values(file_name=None)

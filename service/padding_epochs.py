@@ -34,6 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from service import commit_order
 from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.mechanisms.registry import MECHANISMS
@@ -647,7 +648,12 @@ def epoch_padding(
     the step it shows at, so that a chain of the formula over the pending epochs is public
     (:func:`epoch_seconds`). Its queue term counts the one-shot jobs requested by its point and
     every epoch before it in the workers' order not shown at its point (:class:`_Chain`): the
-    epoch before of its own release, and other releases' (a worker runs them first)."""
+    epoch before of its own release, and other releases' (a worker runs them first).
+
+    Computed after the point (at the claim, whenever the jobs before let the worker reach
+    it): every row stamped by the point is committed before it is read
+    (:func:`service.commit_order.settle`), so the answer is the same whenever it is computed."""
+    commit_order.settle(session)
     row = session.get(DatasetBatch, (dataset.id, epoch - 1))
     batch = (row.created_at, row.n_rows) if row is not None else None
     act, n_rows = _act(batch, dataset.n_rows, dataset.deleted_at)
@@ -675,6 +681,7 @@ def end_due(
     ``deleted_at``, as the pending epochs' term counts it (:meth:`_Chain.end_due`): the
     worker's formula (:func:`service.continual._end_visible_at`)."""
     assert release.visible_at is not None  # padded
+    commit_order.settle(session)  # as epoch_padding: computed after the deletion
     chain = _Chain(session, settings)
     return chain.end_due(release.id, release.created_at, release.visible_at, deleted_at)
 

@@ -64,7 +64,7 @@ from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from api_schemas.datasets import DatasetReferenceBatchCreate, DatasetReferenceCreate
-from service import audit, reference, wake
+from service import audit, commit_order, reference, wake
 from service import registration_visibility as shown
 from service.audit_events import record_digest
 from service.auth import Principal
@@ -288,7 +288,7 @@ def request_batch(
     dataset.batch_status = REGISTERING
     dataset.batch_reason = None
     dataset.batch_request = {"uri": form.uri, "key": key}
-    requested_at = utcnow()
+    requested_at = commit_order.stamp(session)  # in the commit order (service.commit_order)
     dataset.batch_requested_at = requested_at
     dataset.batch_visible_at = shown.visible_at(
         requested_at, settings, _queue_seconds(session, settings, requested_at)

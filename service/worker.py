@@ -78,6 +78,7 @@ from service import (
     audit,
     charges,
     claims,
+    commit_order,
     ledger,
     oneshot,
     operations,
@@ -230,6 +231,10 @@ class Worker:
         lease = timedelta(seconds=self.settings.worker_lease_seconds)
         while True:
             with self.session_factory.begin() as session:
+                # Every job stamped before now is committed first (service.commit_order): a
+                # release requested before an epoch's point but committed after this claim
+                # would otherwise run after the epoch, its padding never having counted it.
+                commit_order.settle(session)
                 now = utcnow()
                 # One statement: the oldest queued job (locked), whether a waiting one goes first.
                 queued = claims.queued(session, self.worker_id)
