@@ -35,9 +35,8 @@ other): the worker's transactions never stamp; the API's requests stamp and neve
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import func, literal, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.db.models import utcnow
@@ -52,30 +51,31 @@ _SETTLE = text(
 )
 
 
-#: The shared lock as a column of a statement the creating transaction runs anyway
-#: (PostgreSQL; :func:`service.releases.lock_dataset`): no round trip more on the hot path.
-#: Evaluated in the scan, before ``FOR UPDATE`` locks the row, so a creator never waits for
-#: it while holding the row.
-HOLD_COLUMN: Any = func.pg_advisory_xact_lock_shared(literal(KEY)).label("commit_order")
-
-
 def postgresql(session: Session) -> bool:
     """Whether the session's database is PostgreSQL (the lock is taken there only)."""
     return session.get_bind().dialect.name == "postgresql"
 
 
-def stamp(session: Session, *, held: bool = False) -> datetime:
-    """The moment a creating transaction stamps (a row a term counts by it), read once this
-    transaction is in the order: under the shared lock (PostgreSQL; ``held``: taken already,
-    by :data:`HOLD_COLUMN`) or the write lock (SQLite), so that it commits before any term for
-    a point at or after it is read. Take it before any lock a reader may hold while it
-    settles (a dataset's row, the audit head): a creator waiting for it behind a settle must
-    hold nothing a creator in flight waits for."""
+def hold(session: Session) -> None:
+    """Put this creating transaction in the order: the shared lock (PostgreSQL) or the write
+    lock (SQLite), held until it ends. Take it *after* the creator's own dataset row (a creator
+    waiting for that row, say behind an outside session's lock, must not hold the order: every
+    settle, and every creator queued behind a settle, would wait with it) and *before* any
+    other lock (the audit head): a creator queued behind a settle then holds only its own
+    dataset row, which no creator in flight waits for (each holds its own already) and no
+    reader holds while it settles."""
     if postgresql(session):
-        if not held:
-            session.execute(_HOLD, {"key": KEY})
+        session.execute(_HOLD, {"key": KEY})
     else:
         session.connection()  # BEGIN IMMEDIATE, if not yet: the write lock before the clock
+
+
+def stamp(session: Session, *, held: bool = False) -> datetime:
+    """The moment a creating transaction stamps (a row a term counts by it), read once this
+    transaction is in the order (:func:`hold`; ``held``: taken already), so that it commits
+    before any term for a point at or after it is read."""
+    if not held:
+        hold(session)
     return utcnow()
 
 

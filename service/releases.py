@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -104,24 +104,11 @@ def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
 
 #: A dataset, locked (built once, with a bound id: every release request runs it).
 _LOCK_DATASET = select(Dataset).where(Dataset.id == bindparam("dataset_id")).with_for_update()
-#: PostgreSQL: the same, taking the commit order's shared lock too (:mod:`service.
-#: commit_order`): the request's stamp comes later in its transaction, and before it an inline
-#: prior's audit event takes the audit head, which a creator in flight may wait for.
-_LOCK_DATASET_HELD = (
-    select(Dataset, commit_order.HOLD_COLUMN)
-    .where(Dataset.id == bindparam("dataset_id"))
-    .with_for_update(of=Dataset)
-)
 
 
 def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     # FOR UPDATE on PostgreSQL; on SQLite the transaction already holds the write lock.
-    statement: Select[Any] = (
-        _LOCK_DATASET_HELD if commit_order.postgresql(session) else _LOCK_DATASET
-    )
-    dataset: Dataset | None = session.execute(
-        statement, {"dataset_id": dataset_id}
-    ).scalar_one_or_none()
+    dataset = session.execute(_LOCK_DATASET, {"dataset_id": dataset_id}).scalar_one_or_none()
     if dataset is None:
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
@@ -603,6 +590,9 @@ def queue_release(
     existing = _idempotent_match(session, principal, idempotency_key, fingerprint)
     if existing is not None:
         return existing, dataset
+    # In the commit order (service.commit_order) from here, after the dataset's row and before
+    # the audit head (an inline prior's event below): its stamp comes later.
+    commit_order.hold(session)
     # A prior given inline is stored now (rolled back with the request if it is refused).
     priced = price(session, principal, dataset, body, settings, persist_prior=True)
     grant, prepared, share, budget = priced.grant, priced.prepared, priced.share, priced.budget
@@ -624,7 +614,7 @@ def queue_release(
         raise budget_exceeded(budget, prepared.charge, unit=privacy_unit.unit_of(dataset))
     # Stamped in the commit order (service.commit_order): a term for a later point, however
     # late the worker computes it, sees this release.
-    created_at = commit_order.stamp(session, held=True)  # held since _lock_dataset
+    created_at = commit_order.stamp(session, held=True)  # held since the lock
     padding = _padding(
         session, settings, prepared.mechanism.name, dataset, body.k, params, created_at
     )
