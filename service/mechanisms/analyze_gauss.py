@@ -463,7 +463,11 @@ class AnalyzeGauss(CentredGramMechanism[AnalyzeGaussParams]):
         energy = None
         if release.exact_energy is not None:
             energy = (*release.exact_energy, n)
-        extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
+        extras.update(
+            variance_extras(
+                data, release, clip, center, noise, rng, 1.0, energy, gram_clip=row_clip
+            )
+        )
         return MechanismOutput(basis=release.basis, extras=extras)
 
 
@@ -605,7 +609,11 @@ def chosen_centring_run(
         if sums is None:
             sums = fast_energy(data, release.basis, clip, center, variance_clip)
         energy = (*sums, n)
-        extras.update(variance_extras(data, release, clip, center, noise, rng, 1.0, energy))
+        extras.update(
+            variance_extras(
+                data, release, clip, center, noise, rng, 1.0, energy, gram_clip=row_clip
+            )
+        )
     else:
         # Without a mean the sums are over paired differences, so they estimate the centred
         # rows' (what the caller asked for), also when the route is "none". After the pairs

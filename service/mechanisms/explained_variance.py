@@ -403,6 +403,59 @@ def _centre_direction(
     return int(above[np.argmin(np.abs(weights[above] - spike))])
 
 
+def spike_in_gram(
+    bias: float, n: int, rows_total: float, sign_norm: float | None, gram_clip: float | None
+) -> float:
+    """The private centre's rank-one term in the units of the Gram the basis came from:
+    ``bias = n ||delta||^2`` (about ``n d mean_sigma^2``) for the rows themselves.
+
+    Spatial signs at ``sign_norm``: the direction weighs ``||delta||^2 / ||z_i||^2`` per row,
+    up to every row's whole norm, ``n sign_norm^2 min(1, bias / rows_total)`` (Jensen; far
+    more than in the rows' units on a tight cluster). Rows clipped to ``gram_clip``: row ``i``
+    enters the Gram scaled by ``f_i = min(1, c/||z_i||)``, its part of the term by ``f_i^2``,
+    so the term is ``bias`` times the mean ``f_i^2``, estimated ``min(1, n c^2 / rows_total)``
+    (exact when every row is clipped, as at the probe's low quantile readings). Without it
+    the term read in the rows' units against a Gram in the clipped rows' (issue 32 item 4):
+    digits, k = 1, eps 0.5, a row clip read at 0.16 gave a Gram whose top eigenvalue was 8.8
+    and noise edge 5.9, against a centre term taken as 46 (about 3.5 in the Gram's units), so
+    the release's only direction was counted as the centre's and the whole bias came off the
+    captured sum (0.002 stated for 0.125 kept). ``rows_total`` is the noisy sums' total;
+    post-processing of it and public scales."""
+    if sign_norm is not None:
+        whole = n * sign_norm**2
+        return whole if rows_total <= 0 else whole * min(1.0, bias / rows_total)
+    if gram_clip is not None:
+        whole = n * gram_clip**2
+        return bias if rows_total <= 0 else bias * min(1.0, whole / rows_total)
+    return bias
+
+
+def centre_bias(
+    per_dim: float, d: int, k: int, spike: float, gram_sigma: float, taken: bool
+) -> tuple[float, float]:
+    """The expected bias ``(captured, residual)`` a private centre's error ``delta`` adds to
+    the sums (``per_dim = n mean_sigma^2``, so ``n ||delta||^2`` is about ``per_dim d``):
+    all of it in the captured sum where its rank-one term ``spike`` stands above the Gram
+    noise's edge ``2 sigma sqrt(d)`` and the basis took its direction (``taken``,
+    :func:`_centre_direction`), else ``k/d`` of it (a direction ``U`` does not lean towards).
+
+    Why ``taken`` (issue 32 item 4, the clip's selection): standing out of the Gram *noise*
+    does not put the direction in the top-k when the data's own top-k eigenvalues are larger.
+    The Gram noise ``sigma`` scales with the probe's private row clip squared, so a low clip
+    reading lowered the edge, the spike passed it, and the whole bias was taken off the
+    captured sum while ``U`` held the data's directions and the bias sat in the residual:
+    digits (unit rows), k = 1, eps 0.5, 300 seeds: that branch in 26% of releases (52% of the
+    stated ones, their clip 0.79 against 0.90), its points 0.069 low on average against the
+    truth (the centre's actual bias 0.0065 of the total in the captured sum and 0.0705 in the
+    residual; the branch's model 0.0707 and 0). The same low clip makes the sums' noise and
+    the interval narrow, so those releases were the ones that stated a point. Post-processing
+    of public scales (``per_dim``, ``gram_sigma``) and the released eigenvalues (``taken``):
+    no noise, no budget."""
+    if taken and spike > expected_noise_norm(gram_sigma, d):
+        return per_dim * d, 0.0
+    return per_dim * k, per_dim * (d - k)
+
+
 def whole_space(captured: float, weights: FloatArray) -> ExplainedVariance:
     """The estimate when the basis spans the whole space (``k = d``): share 1 with the
     interval ``[1, 1]``, and the captured sum (its noisy figure, at least 0) shared among the
@@ -436,6 +489,7 @@ def variance_extras(
     scale: float = 1.0,
     energy: tuple[float, float, int] | None = None,
     sign_norm: float | None = None,
+    gram_clip: float | None = None,
 ) -> dict[str, Any]:
     """The fresh explained-variance estimate and what is computed from it and public facts.
 
@@ -451,7 +505,8 @@ def variance_extras(
     materialise, see :func:`~service.mechanisms.centring_choice.paired_energy`); else
     :func:`~service.mechanisms.linalg.captured_energy` of ``data``. ``sign_norm``: the
     released eigenvalues are those of the centred rows' spatial signs scaled to this norm
-    (``spatial_sign``), not of the rows.
+    (``spatial_sign``), not of the rows. ``gram_clip``: the Gram's rows were clipped to this
+    norm (the probe's private row clip, public once released; :func:`centre_spike`).
 
     A private centre's error ``delta`` adds a rank-one term along ``delta`` to the Gram the
     basis was chosen from: ``n ||delta||^2`` (about ``n d mean_sigma^2``) for the rows, and for
@@ -483,21 +538,16 @@ def variance_extras(
         # scipy.stats.chi2.ppf(0.995, d)'s own kernel (the same value), without its checks.
         bias_high = per_dim * float(chdtri(d, 1 - 0.995))
         # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
-        # it stands out as an eigenvalue of its own and the top-k picks it up (all of it in the
-        # captured sum), below it only its share k/d falls inside U on average.
-        centre_spike = per_dim * d
-        if sign_norm is not None:
-            # In the signs' Gram the same direction weighs ||delta||^2 / ||z_i||^2 per row, up
-            # to every row's whole norm: far more than in the rows' units on a tight cluster.
-            rows_total = float(noisy[0] + noisy[1]) / scale
-            whole = n * sign_norm**2
-            centre_spike = whole if rows_total <= 0 else whole * min(1.0, per_dim * d / rows_total)
-        if centre_spike > expected_noise_norm(gram_sigma, d):
-            bias = (per_dim * d, 0.0)
-        else:
-            bias = (per_dim * k, per_dim * (d - k))
+        # it stands out as an eigenvalue of its own, and where the top-k picked it up (the
+        # released direction _centre_direction finds) all of it is in the captured sum; else
+        # only its share k/d falls inside U on average (centre_bias).
+        rows_total = float(noisy[0] + noisy[1]) / scale
+        centre_spike = spike_in_gram(per_dim * d, n, rows_total, sign_norm, gram_clip)
     weights = spiked_debias(release.eigenvalues, gram_sigma, d)
     centre_direction = _centre_direction(release.eigenvalues, weights, centre_spike, gram_sigma, d)
+    if mean_noise > 0:
+        taken = centre_direction is not None
+        bias = centre_bias(n * mean_noise**2, d, k, centre_spike, gram_sigma, taken)
     if centre_direction is not None:
         weights = weights.copy()
         weights[centre_direction] = 0.0
