@@ -102,7 +102,7 @@ def record(
     details: dict[str, Any],
     dataset_id: uuid.UUID | None = None,
     release_id: uuid.UUID | None = None,
-) -> AuditEvent:
+) -> None:
     """Append an event in the caller's transaction (it commits with the change it records).
 
     The order of the writes is the chain's lock order: the caller's pending changes are
@@ -110,8 +110,9 @@ def record(
     locked, then the event and the head's move are written at once, as prebuilt statements on
     the transaction's connection (an ORM object for each, flushed at the commit, cost a
     millisecond per audited change: ``bench/bench_release_cpu.py``); one statement on
-    PostgreSQL (:data:`_INSERT_EVENT_MOVING_HEAD`). The event returned is not in the session:
-    its row is already written."""
+    PostgreSQL (:data:`_INSERT_EVENT_MOVING_HEAD`). Nothing is returned: no caller read the
+    event, and building it as an ORM object (never added to the session) was CPU on every
+    audited change, twice per release (docs/benchmarks.md, "tenth pass")."""
     if session.autoflush:
         session.flush()
     connection = session.connection()
@@ -130,18 +131,6 @@ def record(
         details=clean,
     )
     key: SecretBytes | None = session.info.get(HMAC_INFO_KEY)
-    event = AuditEvent(
-        seq=seq,
-        event_type=event_type,
-        actor_key_id=actor_key_id,
-        dataset_id=dataset_id,
-        release_id=release_id,
-        created_at=created_at,
-        details=clean,
-        prev_hash=head.last_hash,
-        hash=digest,
-        mac=event_mac(key.get_secret_value(), digest) if key is not None else None,
-    )
     row = {
         "seq": seq,
         "event_type": event_type,
@@ -152,14 +141,13 @@ def record(
         "details": clean,
         "prev_hash": head.last_hash,
         "hash": digest,
-        "mac": event.mac,
+        "mac": event_mac(key.get_secret_value(), digest) if key is not None else None,
     }
     if connection.dialect.name == "postgresql":
         connection.execute(_INSERT_EVENT_MOVING_HEAD, {**row, "new_seq": seq, "new_hash": digest})
     else:
         connection.execute(_INSERT_EVENT, row)
         connection.execute(_MOVE_HEAD, {"new_seq": seq, "new_hash": digest})
-    return event
 
 
 def list_events(session: Session, after: int, limit: int) -> list[AuditEvent]:

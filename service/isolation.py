@@ -24,19 +24,31 @@ objects: each one is a call of a pure function on its own arguments; what an ear
 in the process's free memory is not reachable from Python.
 
 :func:`run_forked` keeps the former path (one fork per call) for work that cannot be pickled.
+
+What goes down the pipe: the work, pickled, except the objects the process already holds from
+the fork (the worker's settings and store, which every run's context names): those are sent as
+a reference (:class:`_Pickler`) while they are still what the process inherited (the same
+object, its attributes equal to those at the fork); one that changed since is pickled whole, as
+before. Measured (``bench/bench_release_cpu.py``, docs/benchmarks.md, "tenth pass"): pickling
+the settings with every run and unpickling them in the process was about 0.3 ms of the
+worker's CPU per release, a tenth of its work outside the run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 import logging
 import multiprocessing
 import os
+import pickle
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TypeVar
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
@@ -82,7 +94,55 @@ def _detach(bind: Engine | None) -> None:
         bind.dispose(close=False)
 
 
-def _serve(connection: Connection, parent: int, settings: Settings, bind: Engine | None) -> None:
+def _state(held: object) -> dict[str, Any]:
+    """``held``'s attributes as they are now, its lists, dicts and sets copied (a change made
+    inside one of them is a change too)."""
+    return {
+        name: copy.copy(value) if isinstance(value, list | dict | set) else value
+        for name, value in vars(held).items()
+    }
+
+
+class _Pickler(ForkingPickler):
+    """Pickles a run's work for the run process, sending each object the process inherited
+    at the fork (and unchanged since) as its index among ``inherited``: the process holds it
+    already (module docstring)."""
+
+    def __init__(self, file: io.BytesIO, inherited: Sequence[tuple[object, dict[str, Any]]]):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._inherited = {
+            id(held): (index, held, state) for index, (held, state) in enumerate(inherited)
+        }
+
+    def persistent_id(self, obj: Any) -> int | None:
+        found = self._inherited.get(id(obj))
+        if found is None:
+            return None
+        index, held, state = found
+        # The same object, its attributes as at the fork: what the process holds.
+        if held is obj and vars(obj) == state:
+            return index
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    """The run process's side of :class:`_Pickler`."""
+
+    def __init__(self, data: bytes, inherited: Sequence[object]):
+        super().__init__(io.BytesIO(data))
+        self._inherited = inherited
+
+    def persistent_load(self, pid: Any) -> object:
+        return self._inherited[pid]
+
+
+def _serve(
+    connection: Connection,
+    parent: int,
+    settings: Settings,
+    bind: Engine | None,
+    inherited: Sequence[object] = (),
+) -> None:
     """The run process's body: runs until the pipe closes (the worker ended it or died)."""
     with forked_child_failures("the run process"):
         die_with_parent(parent)
@@ -93,9 +153,10 @@ def _serve(connection: Connection, parent: int, settings: Settings, bind: Engine
             threadpool_limits(limits=settings.worker_blas_threads, user_api="blas")
     while True:
         try:
-            message = connection.recv()
+            data = connection.recv_bytes()
         except (EOFError, OSError):
             os._exit(0)
+        message = _Unpickler(data, inherited).load()
         if message is None:  # close()
             os._exit(0)
         what, work = message
@@ -107,9 +168,16 @@ def _serve(connection: Connection, parent: int, settings: Settings, bind: Engine
 class RunProcess:
     """One long-lived process serving a worker's isolated runs (module docstring)."""
 
-    def __init__(self, settings: Settings, bind: Engine | None) -> None:
+    def __init__(
+        self, settings: Settings, bind: Engine | None, shared: Sequence[object] = ()
+    ) -> None:
         self.settings = settings
         self.bind = bind
+        #: Objects the process holds from the fork, sent by reference while unchanged
+        #: (:class:`_Pickler`): the settings and ``shared`` (the worker's store).
+        self.shared = (settings, *shared)
+        #: Each of :attr:`shared` with its attributes at the fork of the current process.
+        self._inherited: list[tuple[object, dict[str, Any]]] = []
         self._lock = threading.Lock()
         self._process: BaseProcess | None = None
         self._connection: Connection | None = None
@@ -120,8 +188,11 @@ class RunProcess:
     def _start(self) -> Connection:
         context = multiprocessing.get_context("fork")
         ours, theirs = context.Pipe(duplex=True)
+        self._inherited = [(held, _state(held)) for held in self.shared]
         process = context.Process(
-            target=_serve, args=(theirs, os.getpid(), self.settings, self.bind), daemon=True
+            target=_serve,
+            args=(theirs, os.getpid(), self.settings, self.bind, self.shared),
+            daemon=True,
         )
         process.start()
         theirs.close()
@@ -137,12 +208,12 @@ class RunProcess:
                 self._end()
             connection = self._connection or self._start()
             try:
-                connection.send((what, work))
+                connection.send_bytes(self._pickled((what, work)))
             except OSError:
                 # The idle process was gone (killed while waiting): nothing ran; a new one.
                 self._end()
                 connection = self._start()
-                connection.send((what, work))
+                connection.send_bytes(self._pickled((what, work)))
             try:
                 # Waiting here holds no lock of the interpreter: the heartbeat runs meanwhile.
                 result: T = connection.recv()
@@ -156,6 +227,11 @@ class RunProcess:
                 )
                 return None
             return result
+
+    def _pickled(self, message: object) -> bytes:
+        buffer = io.BytesIO()
+        _Pickler(buffer, self._inherited).dump(message)
+        return buffer.getvalue()
 
     def _end(self) -> int | None:
         process, connection = self._process, self._connection

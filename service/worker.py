@@ -171,7 +171,7 @@ class Worker:
         self._calibrated_at: float | None = None
         bind = session_factory.kw.get("bind")
         #: The process isolated runs happen in (:mod:`service.isolation`), started at the first.
-        self._runs = RunProcess(settings, bind if isinstance(bind, Engine) else None)
+        self._runs = RunProcess(settings, bind if isinstance(bind, Engine) else None, (store,))
         #: The claim's write of a lease (:func:`service.jobs.lease_update`) and its length.
         self._lease_written: tuple[float, Any] | None = None
         weakref.finalize(self, self._runs.close)

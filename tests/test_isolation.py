@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import threading
 
 import psutil
@@ -79,5 +80,34 @@ def test_a_run_from_another_thread_gets_a_process_of_that_thread() -> None:
         mine = runs.run("b", pid)
         assert seen[0] is not None and mine is not None and mine != seen[0]
         assert runs.run("c", pid) == mine
+    finally:
+        runs.close()
+
+
+def lease_and_rates(settings: Settings) -> tuple[float, dict[str, float], int]:
+    return settings.worker_lease_seconds, dict(settings.release_padding_rates), id(settings)
+
+
+def test_the_settings_go_by_reference_while_unchanged_and_whole_once_changed() -> None:
+    """The run process holds the worker's settings from the fork: a run's work names them by
+    reference (no pickled copy per run) until they change; a change made after the fork (an
+    attribute, or inside a dict) reaches the run as before, pickled whole."""
+    settings = Settings(worker_lease_seconds=61)
+    runs = RunProcess(settings, None)
+    try:
+        work = functools.partial(lease_and_rates, settings)
+        lease, rates, held = runs.run("a", work) or (0, {}, 0)
+        assert lease == 61 and rates == settings.release_padding_rates
+        assert runs.run("b", work) == (61, rates, held)  # the process's own object, reused
+        whole = len(pickle.dumps(settings))
+        assert len(runs._pickled(("c", work))) < whole / 4
+        settings.worker_lease_seconds = 62
+        assert len(runs._pickled(("c", work))) > whole
+        lease, _, copied = runs.run("c", work) or (0, {}, 0)
+        assert lease == 62 and copied != held
+        settings.worker_lease_seconds = 61
+        assert runs.run("d", work) == (61, rates, held)  # as at the fork again
+        settings.release_padding_rates["analyze_gauss"] = 123.0
+        assert runs.run("e", work)[1]["analyze_gauss"] == 123.0  # type: ignore[index]
     finally:
         runs.close()
