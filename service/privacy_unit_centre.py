@@ -39,7 +39,13 @@ Person-level argument, step by step, in the order the run draws them:
 4. **Explained variance** (``analyze_gauss``). The same rows bounded at ``C`` (not ``C2``):
    each person adds ``(||U^T Y_p||_F^2, ||(I - U U^T) Y_p||_F^2)``, a point of the simplex
    ``{a, b >= 0, a + b <= C^2}`` (their trace is ``<= C^2``), whose l2 diameter is
-   ``sqrt(2) C^2``: the row-level sensitivity, the row-level noise.
+   ``sqrt(2) C^2``: the row-level sensitivity, the row-level noise. What is computed from the
+   noisy sums is post-processing of them, the released eigenvalues and public scales: among
+   it the private centre's rank-one term read in the units of the Gram the basis came from
+   (each of the ``P`` people scaled to a trace ``<= C2^2``: ``n d sigma_mu^2`` times
+   ``min(1, P C2^2 / total)``, ``total`` the noisy sums'; ``C2`` and ``P`` are public once
+   released), which decides where the centre's bias is taken off
+   (:func:`~service.mechanisms.explained_variance.spike_in_gram`). No noise, no budget.
 
 Composition: each step is a Gaussian mechanism with the row-level step's ``mu`` (the quantile
 with the centring probe's ``2/mu_Q`` noise per count and sensitivity ``sqrt(2) <= 2`` when the
@@ -235,11 +241,25 @@ def gauss_person_run(
     extras["gram_noise_std"] = sigma
     variance_noise = gram_sensitivity(clip) / split.variance_mu
     # The bias bound n mean_noise^2 per dimension stays an upper bound: each row's weight
-    # s_p^2 is at most 1.
+    # s_p^2 is at most 1. The basis came from gram_low, each person scaled to a trace <= C2^2:
+    # the centre's rank-one term is read in those units (gram_clip=C2 over P people, as the
+    # row-level release reads it over n rows clipped at its probe's clip; issue 32 item 4).
+    # Its base n ||delta||^2 is still the rows' (the total is of the rows bounded at C), so
+    # the term stays an estimate from above, like the bias.
     energy = (*gram_energy(gram_c, release.basis), n)
+    noises = (variance_noise, sigma, mean_noise)
     extras.update(
         variance_extras(
-            data, release, clip, center, (variance_noise, sigma, mean_noise), rng, 1.0, energy
+            data,
+            release,
+            clip,
+            center,
+            noises,
+            rng,
+            1.0,
+            energy,
+            gram_clip=row_clip,
+            gram_units=max(1, n_units),
         )
     )
     return MechanismOutput(basis=release.basis, extras=extras)

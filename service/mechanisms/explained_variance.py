@@ -404,7 +404,12 @@ def _centre_direction(
 
 
 def spike_in_gram(
-    bias: float, n: int, rows_total: float, sign_norm: float | None, gram_clip: float | None
+    bias: float,
+    n: int,
+    rows_total: float,
+    sign_norm: float | None,
+    gram_clip: float | None,
+    gram_units: int | None = None,
 ) -> float:
     """The private centre's rank-one term in the units of the Gram the basis came from:
     ``bias = n ||delta||^2`` (about ``n d mean_sigma^2``) for the rows themselves.
@@ -420,12 +425,20 @@ def spike_in_gram(
     and noise edge 5.9, against a centre term taken as 46 (about 3.5 in the Gram's units), so
     the release's only direction was counted as the centre's and the whole bias came off the
     captured sum (0.002 stated for 0.125 kept). ``rows_total`` is the noisy sums' total;
-    post-processing of it and public scales."""
+    post-processing of it and public scales.
+
+    ``gram_units``: the number of contributions bounded at ``gram_clip`` when that is not the
+    rows (default ``n``): per person (:mod:`service.privacy_unit_centre`) each of the ``P``
+    people's rows are scaled together to a trace ``<= gram_clip^2``, by
+    ``s_p^2 = min(1, c^2 / T_p)``, so the term is ``||delta||^2 sum_p r_p s_p^2``; with every
+    person scaled and rows of like size (``T_p = r_p t``) that is ``bias P c^2 / rows_total``
+    whatever the ``r_p``, the row-level estimate with ``P`` for ``n``. Read with ``n`` it is
+    ``n/P`` times too large (1 once ``n c^2 >= rows_total``: the rows' units again)."""
     if sign_norm is not None:
         whole = n * sign_norm**2
         return whole if rows_total <= 0 else whole * min(1.0, bias / rows_total)
     if gram_clip is not None:
-        whole = n * gram_clip**2
+        whole = (n if gram_units is None else gram_units) * gram_clip**2
         return bias if rows_total <= 0 else bias * min(1.0, whole / rows_total)
     return bias
 
@@ -490,6 +503,7 @@ def variance_extras(
     energy: tuple[float, float, int] | None = None,
     sign_norm: float | None = None,
     gram_clip: float | None = None,
+    gram_units: int | None = None,
 ) -> dict[str, Any]:
     """The fresh explained-variance estimate and what is computed from it and public facts.
 
@@ -506,7 +520,9 @@ def variance_extras(
     :func:`~service.mechanisms.linalg.captured_energy` of ``data``. ``sign_norm``: the
     released eigenvalues are those of the centred rows' spatial signs scaled to this norm
     (``spatial_sign``), not of the rows. ``gram_clip``: the Gram's rows were clipped to this
-    norm (the probe's private row clip, public once released; :func:`centre_spike`).
+    norm (the probe's private row clip, public once released; :func:`spike_in_gram`), or
+    with ``gram_units`` (public, e.g. the number of people) that many contributions were each
+    bounded to a trace ``<= gram_clip^2`` (:func:`spike_in_gram`).
 
     A private centre's error ``delta`` adds a rank-one term along ``delta`` to the Gram the
     basis was chosen from: ``n ||delta||^2`` (about ``n d mean_sigma^2``) for the rows, and for
@@ -542,7 +558,7 @@ def variance_extras(
         # released direction _centre_direction finds) all of it is in the captured sum; else
         # only its share k/d falls inside U on average (centre_bias).
         rows_total = float(noisy[0] + noisy[1]) / scale
-        centre_spike = spike_in_gram(per_dim * d, n, rows_total, sign_norm, gram_clip)
+        centre_spike = spike_in_gram(per_dim * d, n, rows_total, sign_norm, gram_clip, gram_units)
     weights = spiked_debias(release.eigenvalues, gram_sigma, d)
     centre_direction = _centre_direction(release.eigenvalues, weights, centre_spike, gram_sigma, d)
     if mean_noise > 0:

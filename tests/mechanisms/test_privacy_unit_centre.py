@@ -19,6 +19,7 @@ from service.mechanisms.analyze_gauss import AnalyzeGauss, AnalyzeGaussParams
 from service.mechanisms.base import GaussianStep, PublicContext, ReleaseSpec
 from service.mechanisms.centring import mean_sensitivity
 from service.mechanisms.clip_quantile import private_clip_norm, quantile_edges
+from service.mechanisms.explained_variance import spike_in_gram
 from service.mechanisms.gauss_calibration import gauss_split
 from service.mechanisms.spectrum import Spectrum, SpectrumParams
 from service.privacy_unit_centre import (
@@ -338,3 +339,50 @@ def test_the_route_is_public_and_skips_a_mean_that_would_fill_the_ball() -> None
     # With center_route "mean" the caller asked for the mean: it is always drawn.
     mean_spec = gauss_spec(2000, 64, route="mean")
     assert "center" in gauss_person_run(rows, units, mean_spec, rng).extras
+
+
+# ---------------------------------------------------------------------------------------------
+# The private centre's rank-one term in the units of the bounded Gram (issue 32 item 4's fix,
+# per person): each of the P people is scaled to a trace <= C2^2, so the term is
+# ||delta||^2 sum_p r_p s_p^2, not n ||delta||^2.
+
+
+def test_the_centre_term_per_person_is_read_over_the_people() -> None:
+    # Every person scaled, rows of like size (T_p = r_p t), 1-40 rows each: the term is
+    # bias * P c^2 / total exactly, whatever the r_p; read over the n rows (gram_clip alone)
+    # it is n/P = 20 times too large, and with no clip at all (the old call) 250 times.
+    rng = np.random.default_rng(3)
+    counts = rng.integers(1, 41, size=500)
+    n, t, c, bias = int(counts.sum()), 0.5, 0.2, 40.0
+    traces = counts * t
+    exact = bias * float(np.sum(counts * np.minimum(1.0, c**2 / traces))) / n
+    total = float(np.sum(traces))
+    estimate = spike_in_gram(bias, n, total, None, c, gram_units=counts.size)
+    assert estimate == pytest.approx(exact, rel=1e-9)
+    assert spike_in_gram(bias, n, total, None, c) == pytest.approx(exact * n / counts.size)
+    assert spike_in_gram(bias, n, total, None, None) == bias > 100 * exact
+
+
+def test_person_level_counts_the_datas_direction_not_the_centres() -> None:
+    # 2,000 people: 70% one small row, 30% thirty rows along e1. The quantile reads C2 ~ 0.18
+    # from the one-row people, so the Gram the basis comes from holds the many-row people at
+    # a trace C2^2 and the centre's term there is about 2 (against the edge 2.1 and the
+    # released eigenvalue 16), while in the rows' units (n ||delta||^2) it is about 30. Read
+    # in the rows' units the released direction, e1 itself, was taken for the centre's noise:
+    # components_above_noise 0 and the whole centre bias off the captured sum.
+    rng = np.random.default_rng(5)
+    n_people, d = 2000, 20
+    counts = np.where(rng.random(n_people) < 0.3, 30, 1)
+    units = np.repeat(np.arange(n_people), counts)
+    many = (counts > 1)[units]
+    rows = 0.3 + 0.05 * rng.standard_normal((units.size, d))
+    rows[many, 0] += 0.7 * rng.standard_normal(int(many.sum()))
+    rows[many] += 0.05 * rng.standard_normal((int(many.sum()), d))
+    spec = gauss_spec(units.size, d)
+    for seed in range(3):
+        out = gauss_person_run(rows, units, spec, np.random.default_rng(1000 + seed))
+        assert out.basis is not None
+        assert out.extras["row_clip_norm"] < 0.3, out.extras["row_clip_norm"]
+        assert abs(out.basis[0, 0]) > 0.95, out.basis[:, 0]
+        assert out.extras["components_above_noise"] == 1, out.extras.get("warning")
+        assert "the basis took it" not in out.extras.get("warning", "")
