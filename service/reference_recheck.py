@@ -400,21 +400,32 @@ def run(
         stop.wait(max(0.0, wait))
 
 
-#: A dataset's ``reference`` alone (:func:`awaits_recheck`), built once.
-_DATASET_REFERENCE = select(Dataset.reference).where(Dataset.id == bindparam("dataset_id"))
+#: Whether a dataset is, or was until its deletion, by reference (:func:`awaits_recheck`):
+#: its ``reference`` and its ``registration_request`` (kept after the deletion, which forgets
+#: the reference), built once.
+_DATASET_REFERENCE = select(Dataset.reference, Dataset.registration_request).where(
+    Dataset.id == bindparam("dataset_id")
+)
 
 
 def awaits_recheck(session: Session, release: Release) -> bool:
     """Whether ``release``'s outcome waits for a re-check of its objects (:func:`run`): it is
-    padded and its dataset is by reference (a continual release's end too)."""
+    padded and its dataset is by reference (a continual release's end too), or was until its
+    owner deleted it.
+
+    A deletion forgets the reference (``datasets.reference`` null), so a job that ended after
+    it was not marked and showed ``failed`` from its due moment, while one that ended before
+    it was marked and showed ``running`` until the re-check's verdict (``changed``: the
+    dataset is gone) a grace later: which it was told when a worker claimed it, that is when
+    the job ahead in the shared queue ended. The request (never cleared) says what the
+    dataset was; the re-check of a deleted one reads ``changed`` either way."""
     if not padded(release):
         return False
-    # The one column, not the dataset's row (its 39 columns, eight exact decimals, and an
-    # ORM object): asked for every padded release, the default. ``None`` for a null
-    # reference and for a row gone alike, as the row's attribute was.
-    reference = (
+    # The two columns, not the dataset's row (its 39 columns, eight exact decimals, and an
+    # ORM object): asked for every padded release, the default. No row for a row gone.
+    found = (
         session.connection()
         .execute(_DATASET_REFERENCE, {"dataset_id": release.dataset_id})
-        .scalar_one_or_none()
+        .one_or_none()
     )
-    return reference is not None
+    return found is not None and (found[0] is not None or found[1] is not None)

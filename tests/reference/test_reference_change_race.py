@@ -245,9 +245,11 @@ def seen(
     dataset_id: str,
     release_id: str,
     per_release: tuple[str, ...] = PER_RELEASE,
+    owner_reads: tuple[str, ...] = ("ledger", "budget", "grants"),
 ) -> dict[str, Any]:
     """Everything the analyst and the owner read of the release (and its epochs), its lists,
-    the ledger, the budget and the grants."""
+    the ledger, the budget and the grants (``owner_reads``: a deleted dataset has a ledger
+    only)."""
     answers: dict[str, Any] = {}
     for who in ("analyst", "owner"):
         key = getattr(keys, who)
@@ -270,7 +272,7 @@ def seen(
         listed = client.get(path, headers=bearer(key), params=params)
         assert listed.status_code == 200, listed.text
         answers[f"{who} list"] = listed.json()["items"]
-    for what in ("ledger", "budget", "grants"):
+    for what in owner_reads:
         answer = client.get(f"/v1/datasets/{dataset_id}/{what}", headers=bearer(keys.owner))
         assert answer.status_code == 200, answer.text
         answers[what] = answer.json()
@@ -647,3 +649,59 @@ def test_an_unchanged_continual_release_shows_each_epoch_once_its_recheck_shows(
         assert all(e.reference_shown_at == e.visible_at + GRACE for e in epochs)
         row = session.get(Release, uuid.UUID(release_id))
         assert row is not None and row.reference_check == "unchanged"
+
+
+def deleted_later(factory: sessionmaker[Session], dataset_id: str, by: timedelta) -> None:
+    """:func:`later`, the dataset's deletion moment included."""
+    later(factory, dataset_id, by)
+    with factory.begin() as session:
+        dataset = session.get(Dataset, uuid.UUID(dataset_id))
+        assert dataset is not None and dataset.deleted_at is not None
+        dataset.deleted_at -= by
+
+
+def test_a_deleted_dataset_shows_its_release_at_the_same_moment_whichever_ran_first(
+    race: Race,
+) -> None:
+    """The owner deletes the dataset by reference (an act that forgets its reference) before
+    the release's outcome is due. Before, a job that ran before the deletion was marked for
+    the re-check (shown ``running`` until the verdict's moment, the due moment plus the grace)
+    and one claimed after it was not (shown ``failed`` from the due moment): between the two
+    moments the status, the lists' counts and the long poll told the owner whether the job
+    ahead in the shared queue had ended by the deletion."""
+    early = race.released("early")
+    deleted = race.client.delete(f"/v1/datasets/{early[0]}", headers=bearer(race.keys.owner))
+    assert deleted.status_code == 204, deleted.text
+    dataset_id = register(
+        race.client, race.factory, race.keys, race.root, "late", -race.rows, batch=False
+    )
+    release_id = post_release(race.client, race.keys.analyst, dataset_id, **RELEASE)
+    deleted = race.client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(race.keys.owner))
+    assert deleted.status_code == 204, deleted.text
+    assert race.worker.run_pending() == 1
+    late = (dataset_id, release_id)
+    with race.factory() as session:
+        stored = [session.get(Release, uuid.UUID(r)) for _, r in (early, late)]
+        # The two worlds really differ in the store (so the comparison could fail).
+        assert [row.status for row in stored if row] == ["succeeded", "failed"]
+    # Past the outcome's due moment, the re-checks run; their verdicts' moment not yet.
+    for dataset_id, _ in (early, late):
+        deleted_later(race.factory, dataset_id, PADDING + GRACE / 3)
+    recheck_due(race.factory, race.settings, utcnow())
+    one = seen(race.client, race.keys, *early, owner_reads=("ledger",))
+    other = seen(race.client, race.keys, *late, owner_reads=("ledger",))
+    assert one == other
+    assert one["analyst release"]["status"] == "running"
+    # Once the verdict's moment passed: the same fixed end in both.
+    for dataset_id, _ in (early, late):
+        deleted_later(race.factory, dataset_id, GRACE)
+    one = seen(race.client, race.keys, *early, owner_reads=("ledger",))
+    other = seen(race.client, race.keys, *late, owner_reads=("ledger",))
+    assert one == other
+    shown = one["analyst release"]
+    assert (shown["status"], shown["reason"], shown["refunded"]) == (
+        "failed",
+        visibility.DELETED_BEFORE_SHOWN_REASON,
+        False,
+    )
+    assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
