@@ -95,7 +95,8 @@ def grant_budget(session: Session, grant: Grant) -> ledger.BudgetState:
     dataset's currency."""
     dataset = session.get(Dataset, grant.dataset_id)
     assert dataset is not None  # a grant's dataset row is never removed
-    counted = [LedgerEntry.grant_id == grant.id, ledger.in_effect()]
+    # A refund after the dataset's deletion never takes effect (ledger.in_effect).
+    counted = [LedgerEntry.grant_id == grant.id, ledger.in_effect(deleted_at=dataset.deleted_at)]
     rows = session.execute(
         select(
             LedgerEntry.kind,

@@ -262,12 +262,24 @@ def state_of(
     )
 
 
-def in_effect(now: datetime | ColumnElement[Any] | None = None) -> ColumnElement[bool]:
+def in_effect(
+    now: datetime | ColumnElement[Any] | None = None, deleted_at: datetime | None = None
+) -> ColumnElement[bool]:
     """Entries that count at ``now`` (default: the current time; may be a bound parameter):
     every charge, and a refund once its ``created_at`` (the moment its release's outcome
-    becomes visible to analysts, see :func:`refund`) has passed."""
+    becomes visible to analysts, see :func:`refund`) has passed.
+
+    ``deleted_at``: the dataset's deletion. A refund that would take effect after it never
+    does: its release's dataset was deleted before its outcome was due, so the release is
+    shown ``failed`` without a refund (:func:`service.visibility.deleted_before_shown`), and
+    the worker refunds no job that ends after the deletion; a refund written by a job that
+    ended before the deletion, counted, told the owner that it had ended first, that is when
+    the job ahead of it in the shared queue did (``tests/api/test_deletion_race.py``)."""
     entries = LedgerEntry.__table__.c
-    return or_(entries.kind == "charge", entries.created_at <= (utcnow() if now is None else now))
+    counts = entries.created_at <= (utcnow() if now is None else now)
+    if deleted_at is not None:
+        counts = and_(counts, entries.created_at <= deleted_at)
+    return or_(entries.kind == "charge", counts)
 
 
 def budget_of(session: Session, dataset: Dataset) -> BudgetState:

@@ -217,7 +217,7 @@ def page_ledger(
     # placed a refund where the worker wrote it.
     now = utcnow()
     scope = list_scope("ledger", dataset_id=dataset_id)
-    shown = [LedgerEntry.dataset_id == dataset_id, ledger.in_effect(now)]
+    shown = [LedgerEntry.dataset_id == dataset_id, ledger.in_effect(now, dataset.deleted_at)]
     total = session.execute(
         select(func.count()).select_from(LedgerEntry).where(*shown)
     ).scalar_one()

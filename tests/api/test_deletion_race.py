@@ -231,3 +231,72 @@ def test_a_continual_release_ended_late_after_a_deletion_shows_at_a_step_of_its_
     assert any(shown == created + (due - created) * 2**j for j in range(1, 8))
     seen_now = fetch_release(padded_client, keys.analyst, release_id)
     assert seen_now["status"] == "running"
+
+
+def no_longer_parsing(session_factory, release_id: str) -> None:
+    """As after an upgrade that refuses the release's stored params: its job fails before it
+    reads a row, a failure that is refunded (decided on public facts) unless the dataset was
+    deleted first."""
+    with session_factory.begin() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.params = {**(release.params or {}), "no_such_param": 1}
+
+
+def test_a_refunded_release_shows_the_same_ledger_whether_it_ran_before_or_after_the_deletion(
+    padded_client, keys, upload_dataset, rng, worker, session_factory
+):
+    """A release whose job fails before reading (refunded) ended before the owner deleted its
+    dataset in one world, and was claimed after the deletion in the other (then never
+    refunded). Its refund takes effect when its outcome was due, after the deletion: the
+    owner's ledger and the grant's figures counted it in the first world only, telling
+    whether the job ahead in the shared queue had ended by the moment the owner chose."""
+    data, _ = near_subspace(rng, 120, 5, 2)
+
+    def world(delete_first: bool) -> tuple[str, str]:
+        dataset_id = upload_dataset(padded_client, keys.owner, data, row_norm_bound=1.0)["id"]
+        granted = padded_client.post(
+            f"/v1/datasets/{dataset_id}/grants",
+            headers=bearer(keys.owner),
+            json={"epsilon": "0.5", "delta": "1e-5"},
+        )
+        assert granted.status_code == 201, granted.text
+        release_id = post_release(padded_client, keys.analyst, dataset_id, **BODY)
+        no_longer_parsing(session_factory, release_id)
+        if not delete_first:
+            assert worker.run_pending() == 1
+        deleted = padded_client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(keys.owner))
+        assert deleted.is_success
+        if delete_first:
+            assert worker.run_pending() == 1
+        return dataset_id, release_id
+
+    (early, ran), (late, never) = world(False), world(True)
+    with session_factory() as session:
+        stored = {
+            r: (row.status, row.refunded)
+            for r in (ran, never)
+            if (row := session.get(Release, uuid.UUID(r))) is not None
+        }
+    # The two worlds really differ in the store (so the probe could fail).
+    assert stored == {ran: ("failed", True), never: ("failed", False)}
+    for dataset_id in (early, late):
+        later(session_factory, dataset_id, timedelta(hours=2))
+    answers = []
+    for dataset_id, release_id in ((early, ran), (late, never)):
+        answer = seen(padded_client, keys, dataset_id, release_id)
+        grants = padded_client.get(f"/v1/datasets/{dataset_id}/grants", headers=bearer(keys.owner))
+        assert grants.status_code == 200, grants.text
+        answer["grants"] = [
+            (g["epsilon_spent"], g["epsilon_remaining"]) for g in grants.json()["items"]
+        ]
+        answers.append(answer)
+    one, other = answers
+    assert one == other
+    assert one["ledger"] == [("charge", "0.1")]
+    shown = one["owner release"]
+    assert (shown["status"], shown["reason"], shown["refunded"]) == (
+        "failed",
+        DELETED_BEFORE_SHOWN_REASON,
+        False,
+    )
