@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from bench.bench_honest_point import DELTA, truth, unit
-from service.mechanisms.analyze_gauss import AnalyzeGauss
 from service.mechanisms.auto import Auto
-from service.mechanisms.auto import plan as auto_plan
-from service.mechanisms.base import MechanismOutput, PublicContext, ReleaseSpec
+from service.mechanisms.base import PublicContext, ReleaseSpec
 from service.mechanisms.explained_variance import HIDDEN_WIDTH
 
 EARLIER_SEED = 7_000
@@ -69,97 +66,6 @@ def datasets(mnist: bool, prior: bool = False) -> dict[str, np.ndarray[Any, Any]
 def spec_of(ctx: PublicContext, eps: float, k: int) -> ReleaseSpec[Any]:
     params = MECHANISM.prepare(ctx, k, eps, DELTA, MECHANISM.parse_params({"center": "private"}))
     return ReleaseSpec(k=k, epsilon=eps, delta=DELTA, params=params)
-
-
-class Pair(NamedTuple):
-    """One pair of :func:`forecast_pairs`: the dry run's forecast of the ``new`` request from
-    the ``earlier`` release, and what the new release then keeps."""
-
-    rep: int
-    #: The request, as its dry run forecasts it (the plan's default choice at ``k``).
-    new: ReleaseSpec[Any]
-    #: The earlier release (seed ``EARLIER_SEED + rep``) and its settings as its extras show.
-    before: MechanismOutput
-    earlier: ReleaseSpec[Any]
-    #: What ``seen`` returned right after the earlier release ran (before the new one).
-    seen: Any
-    #: The new release (seed ``NEW_SEED + rep``) and the share it keeps (:func:`truth`).
-    after: MechanismOutput
-    kept: float
-
-
-def forecast_pairs(
-    ctx: PublicContext,
-    rows: np.ndarray[Any, Any],
-    k: int,
-    eps: float,
-    reps: int,
-    seen: Callable[[], Any] = lambda: None,
-) -> Iterator[Pair]:
-    """The ``reps`` pairs of releases of the forecast diagnostics (``bench_forecast_width``,
-    ``bench_forecast_floor``), as :func:`cell` makes them: ``PrivatePCA``-style requests at
-    ``k`` and ``eps``; ``seen``: read what the earlier release left in a patched function
-    before the new one runs over it."""
-    spec = spec_of(ctx, eps, k)
-    new = auto_plan(ctx, k, eps, spec.delta, spec.params).default.spec(k)
-    for rep in range(reps):
-        before = MECHANISM.run(rows, spec, np.random.default_rng(EARLIER_SEED + rep))
-        found = seen()
-        after = MECHANISM.run(rows, spec, np.random.default_rng(NEW_SEED + rep))
-        assert after.basis is not None
-        extras = before.extras
-        earlier = ReleaseSpec(
-            k,
-            float(extras["auto_epsilon"]),
-            float(extras["auto_delta"]),
-            AnalyzeGauss().parse_params(extras["auto_params"]),
-        )
-        yield Pair(rep, new, before, earlier, found, after, truth(rows, after.basis))
-
-
-def print_scores(
-    k: int,
-    eps: float,
-    scores: dict[str, list[tuple[float, float, float, float]]],
-    column: str,
-    figure: Callable[[np.ndarray[Any, Any]], str],
-) -> None:
-    """The forecast diagnostics' table: per variant with a forecast (runs of ``(kept, low,
-    high, central)``), how many, the range's coverage of what the new release kept, its mean
-    width, the central figure's mean absolute error, and ``column``: ``figure`` of the runs."""
-    print(
-        f"| variant | k | eps | runs | range covers | width | central: mean abs error | {column} |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for variant, found_rows in scores.items():
-        r = np.asarray(found_rows)
-        if r.size == 0:
-            continue
-        cover = np.mean((r[:, 1] <= r[:, 0]) & (r[:, 0] <= r[:, 2]))
-        width = np.mean(r[:, 2] - r[:, 1])
-        print(
-            f"| {variant} | {k} | {eps} | {len(r)} | {cover:.2f} | {width:.3f} "
-            f"| {np.mean(np.abs(r[:, 3] - r[:, 0])):.3f} | {figure(r)} |",
-            flush=True,
-        )
-
-
-def main_diagnostic(cell: Callable[[np.ndarray[Any, Any], int, float, int], None]) -> None:
-    """The forecast diagnostics' command line: ``cell(rows, k, eps, reps)`` per data set of
-    ``--only`` (breast_cancer), ``--eps`` (1) and ``--k`` (1, 2, 5, 10), ``--reps`` pairs."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--k", type=int, nargs="*", default=[1, 2, 5, 10])
-    parser.add_argument("--eps", type=float, nargs="*", default=[1.0])
-    parser.add_argument("--only", nargs="*", default=["breast_cancer"])
-    args = parser.parse_args()
-    for name, rows in datasets(False).items():
-        if name not in args.only:
-            continue
-        for eps in args.eps:
-            for k in args.k:
-                print(f"\n{name}, k {k}, eps {eps}")
-                cell(rows, k, eps, args.reps)
 
 
 def cell(rows: np.ndarray[Any, Any], k: int, eps: float, reps: int) -> dict[str, Any]:

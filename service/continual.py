@@ -94,8 +94,9 @@ from service.mechanisms.continual_gauss import (
 )
 from service.mechanisms.registry import get_mechanism
 from service.padding import late_schedule, padded
+from service.padding_epoch_facts import point
 from service.padding_epochs import continual_names as continual_names
-from service.padding_epochs import end_due, epoch_padding, in_order, point
+from service.padding_epochs import end_due, epoch_padding, in_order
 from service.padding_epochs import epoch_visible_at as epoch_visible_at
 from service.padding_epochs import unverified as unverified
 from service.pagination import Page, list_scope, parse_seq_cursor, seq_cursor
@@ -120,7 +121,7 @@ _CAME = func.coalesce(DatasetBatch.created_at, Dataset.deleted_at, Release.creat
 #: When a waiting job's new work came (a continual release's: its next batch's commit, else its
 #: dataset's deletion; both an owner's public act), not before the release was requested (a
 #: batch committed before the request is work of the request's moment, as the padding's
-#: :func:`service.padding_epochs.point` says), on ``Release`` joined with ``Dataset`` and,
+#: :func:`service.padding_epoch_facts.point` says), on ``Release`` joined with ``Dataset`` and,
 #: outer, :data:`NEXT_BATCH`. The order of waiting jobs and of waiting against queued ones.
 WORK_SINCE = case((Release.created_at < _CAME, _CAME), else_=Release.created_at)
 

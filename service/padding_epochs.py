@@ -6,7 +6,8 @@ counts the epoch until the epoch's next public moment.
 Apart from :mod:`service.continual` (which imports :mod:`service.jobs`, which imports
 :mod:`service.releases`, which pads with :func:`epoch_seconds`) and from
 :mod:`service.padding_queue` (an epoch's own queue term, :func:`act_queue_seconds`, is
-:func:`service.padding_queue.queue_seconds`).
+:func:`service.padding_queue.queue_seconds`). The pending list at a moment, made from the
+public facts read once, comes from :mod:`service.padding_epoch_facts`.
 
 Every input is public: the batch's commit (an owner's act) and size, the release's request and
 ``visible_at``, the settings and the padding model, the one-shot jobs requested by the batch's
@@ -18,9 +19,9 @@ from __future__ import annotations
 
 import bisect
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
@@ -39,6 +40,7 @@ from service.config import Settings
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
 from service.mechanisms.registry import MECHANISMS
 from service.padding import PaddingModel, next_late_step
+from service.padding_epoch_facts import End, Facts, Key, Point, pending_key, point
 from service.padding_queue import (
     QUEUE,
     REGISTRATIONS,
@@ -124,21 +126,6 @@ def _moment(model: PaddingModel, epoch: _Epoch, queue_seconds: float) -> tuple[d
     return visible, padding
 
 
-#: An epoch's place in the workers' order: its point (the later of its batch's commit and its
-#: release's request: :func:`point`), its release's request and id, its batch. A worker takes
-#: the waiting job of the earliest point first (:data:`service.continual.WORK_SINCE`), and
-#: continues a release with its next epoch only if nothing claimable comes before that epoch
-#: (:func:`service.continual.next_input`), so an epoch runs after exactly the epochs of a
-#: smaller key that are not finished, and never after a job requested after its point.
-Key = tuple[datetime, datetime, str, int]
-
-
-def point(act: datetime, requested: datetime) -> datetime:
-    """The moment an epoch's work comes (its order among the jobs, and the moment its queue is
-    read at): the later of its act (the batch's commit) and its release's request."""
-    return max(act, requested)
-
-
 class _Chain:
     """The moments of the pending epochs, each computed once, in the workers' order.
 
@@ -158,17 +145,17 @@ class _Chain:
         # The epoch's own padding is uncalibrated (its queue term is not): as it always was.
         self.model = PaddingModel.from_settings(settings)
         self.queues: dict[datetime, tuple[float, float]] = {}
-        self.points: dict[datetime, _Point] = {}
+        self.points: dict[datetime, Point] = {}
         self.moments: dict[tuple[Any, int], tuple[datetime, timedelta]] = {}
         #: Each end's due moment after a deletion (:meth:`end_due`), and those being computed.
         self.dues: dict[Any, datetime] = {}
         self.computing: set[Any] = set()
-        #: The public facts every pending list is made from (:class:`_Facts`, read once).
-        self.facts: _Facts | None = None
+        #: The public facts every pending list is made from (:class:`Facts`, read once).
+        self.facts: Facts | None = None
 
     def queue(self, at: datetime, epochs: float) -> float:
         """The queue term at ``at`` (:func:`act_queue_seconds`) with ``epochs`` the epochs'.
-        The one-shot queue is not read at a moment with none in it (:meth:`_Facts.idle`:
+        The one-shot queue is not read at a moment with none in it (:meth:`Facts.idle`:
         :func:`queue_parts`' ``queued=False``); every other term of the queue still counts
         there (the registrations pending), as :func:`queue_parts` alone adds them."""
         if at not in self.queues:
@@ -184,9 +171,9 @@ class _Chain:
         total, wait = self.queues[at]
         return total + max(wait, epochs)
 
-    def pending(self, at: datetime) -> _Point:
-        """The epochs (and the ends after a deletion: :class:`_End`) pending at ``at``, in the
-        workers' order, made in Python from the facts read once (:class:`_Facts`: the
+    def pending(self, at: datetime) -> Point:
+        """The epochs (and the ends after a deletion: :class:`End`) pending at ``at``, in the
+        workers' order, made in Python from the facts read once (:class:`Facts`: the
         continual releases whose end may be pending at any moment the chain asks about, their
         epochs and their datasets' batches), by the rule the pending list's statement applied
         at ``at`` (its text is kept as the reference in
@@ -199,7 +186,7 @@ class _Chain:
             if facts is None or not facts.low <= at <= facts.high:
                 low = at if facts is None else min(at, facts.low)
                 high = at if facts is None else max(at, facts.high)
-                facts = self.facts = _Facts.read(self.session, self.continual, low, high)
+                facts = self.facts = Facts.read(self.session, self.continual, low, high)
             found = facts.point(at)
             self.points[at] = found
         return found
@@ -208,7 +195,7 @@ class _Chain:
         self, release_id: Any, created_at: datetime, visible_at: datetime, deleted_at: datetime
     ) -> datetime:
         """The due moment of a padded continual release's end after its dataset's deletion
-        (:func:`service.continual._end_visible_at`, and :meth:`moment` of an :class:`_End`):
+        (:func:`service.continual._end_visible_at`, and :meth:`moment` of an :class:`End`):
         the deletion plus the release's own padding plus the queue at the deletion, whose
         epochs' term waits until the latest next public moment, at the deletion, of the jobs
         before the end in the workers' order (:meth:`ahead` with the end's key as the
@@ -228,14 +215,14 @@ class _Chain:
                 (
                     row
                     for row in self.pending(deleted_at).rows
-                    if isinstance(row, _End) and row.release_id == release_id
+                    if isinstance(row, End) and row.release_id == release_id
                 ),
                 None,
             )
             if own is not None:
                 self.computing.add(release_id)
                 try:
-                    wait = self.ahead(deleted_at, _key(own))
+                    wait = self.ahead(deleted_at, pending_key(own))
                 finally:
                     self.computing.discard(release_id)
         epochs = 0.0 if wait is None else max(0.0, (wait - deleted_at).total_seconds())
@@ -264,8 +251,8 @@ class _Chain:
 
     def moment(self, row: Any) -> tuple[datetime, timedelta]:
         """``(visible_at, padding)`` of the epoch of a :func:`_pending` row, or of an end
-        after a deletion (:class:`_End`: its due moment, its schedule from the request)."""
-        if isinstance(row, _End):
+        after a deletion (:class:`End`: its due moment, its schedule from the request)."""
+        if isinstance(row, End):
             due = self.end_due(row.release_id, row.created_at, row.visible_at, row.deleted_at)
             return due, due - row.created_at
         seq = int(row.batch_seq)
@@ -275,7 +262,7 @@ class _Chain:
         batch = (row.batch_created_at, row.batch_rows)
         # The batch was committed before any deletion (none after it): the batch's own rows.
         act, n_rows = _act(batch, row.dataset_rows, None)
-        key = _key(row)
+        key = pending_key(row)
         wait = self.ahead(key[0], key)  # computes the epoch before too, if pending
         if seq == int(row.shown):
             previous = row.previous_visible_at  # the last shown epoch's due moment
@@ -297,345 +284,7 @@ class _Chain:
         return _moment(self.model, facts, self.queue(at, epochs))
 
 
-#: An end's ``batch_seq`` in its :data:`Key`: after every epoch of its release at its point.
-_END_SEQ = 1 << 30
-
-
-@dataclass(frozen=True)
-class _End:
-    """A continual release's end after its dataset's deletion, as :meth:`_Chain.ends` counts
-    it: the :data:`Key` fields of a :func:`_pending` row, the release's ``visible_at`` and the
-    deletion (its due moment: :meth:`_Chain.end_due`)."""
-
-    release_id: Any
-    created_at: datetime
-    batch_created_at: datetime
-    batch_seq: int
-    visible_at: datetime
-    deleted_at: datetime
-
-
-@dataclass
-class _Point:
-    """The epochs pending at one moment in the workers' order, and the running maximum of
-    their next public moments (as far as computed)."""
-
-    keys: list[Key]
-    rows: list[Any]
-    latest: list[datetime]
-    points: list[datetime]
-
-
 _ZERO = timedelta(0)
-
-
-class _Row(NamedTuple):
-    """A pending epoch: the columns the pending list's statement gave (its batch's ``seq``,
-    commit and rows, the release's shown epochs and the last shown one's due moment)."""
-
-    release_id: Any
-    created_at: datetime
-    shown: int
-    mechanism: str
-    k: int
-    params: dict[str, Any]
-    visible_at: datetime | None
-    dataset_rows: int
-    n_cols: int
-    deleted_at: datetime | None
-    batch_seq: int
-    batch_created_at: datetime
-    batch_rows: int
-    previous_visible_at: datetime | None
-    #: The release's id as text (a cheaper key than the UUID: :meth:`_Chain.moment`).
-    ident: str
-
-
-@dataclass
-class _Rel:
-    """A continual release read by :class:`_Facts`, with its dataset's columns and its
-    epochs' public moments: ``seen`` the sorted ``visible_at``, ``checks`` the re-checks
-    ``(epoch, verdict, shown_at)`` by epoch, ``dues`` each epoch's due moment
-    (:func:`previous_due`)."""
-
-    id: Any
-    created_at: datetime
-    mechanism: str
-    k: int
-    params: dict[str, Any]
-    visible_at: datetime | None
-    outcome_visible_at: datetime | None
-    status: str
-    dataset_id: Any
-    dataset_rows: int
-    n_cols: int
-    deleted_at: datetime | None
-    horizon: int
-    seen: list[datetime]
-    checks: list[tuple[int, str, datetime | None]]
-    dues: dict[int, datetime | None]
-    ident: str = ""
-    #: Its rows by ``(batch seq, shown)`` (:meth:`_Facts.point`).
-    rows: dict[tuple[int, int], _Row] = field(default_factory=dict)
-
-    def unfinished(self, at: datetime) -> bool:
-        """Its end not shown at ``at`` (:func:`service.padding_queue.shown_unfinished`)."""
-        if self.outcome_visible_at is None:
-            return self.status in ("queued", "running")
-        return self.outcome_visible_at > at
-
-    def shown(self, at: datetime) -> int | None:
-        """The epochs shown at ``at`` (at the deletion, if before; none from the first whose
-        re-check is not shown ``unchanged``), or ``None`` when that first one's verdict is
-        shown ``changed`` (the release shown ended there)."""
-        seen_by = self.deleted_at if self.deleted_at is not None and self.deleted_at < at else at
-        n_visible = bisect.bisect_right(self.seen, seen_by)
-        for epoch, check, shown_at in self.checks:
-            if check != "unchanged" or shown_at is None or shown_at > at:
-                if check == "changed" and shown_at is not None and shown_at <= at:
-                    return None
-                return epoch - 1 if epoch - 1 < n_visible else n_visible
-        return n_visible
-
-
-class _Facts:
-    """The public facts the chain's pending lists are made from, read once (three statements,
-    a fourth or so when the releases read reach further back): every continual release
-    requested by ``high`` whose end is not shown at ``low`` (so every one pending at a moment
-    in ``[low, high]``), its dataset's batches committed by ``high`` and its epochs; ``low``
-    lowered to the earliest request or deletion among them, so that every point the chain
-    asks about (never before a pending epoch's release's request, or an end's deletion) is
-    covered."""
-
-    def __init__(
-        self, rels: list[_Rel], batches: dict[Any, list[Any]], low: datetime, high: datetime
-    ) -> None:
-        self.low = low
-        self.high = high
-        self.rels = rels
-        self.deleted = sorted(
-            (rel for rel in rels if rel.deleted_at is not None and rel.visible_at is not None),
-            key=lambda rel: str(rel.id),
-        )
-        items: list[tuple[Key, _Rel, Any]] = []
-        for rel in rels:
-            for batch in batches.get(rel.dataset_id, ()):
-                seq = int(batch.seq)
-                if seq + 1 <= rel.horizon:
-                    at = point(batch.created_at, rel.created_at)
-                    items.append(((at, rel.created_at, rel.ident, seq), rel, batch))
-        items.sort(key=lambda item: item[0])
-        self.items = items
-        self.item_points = [item[0][0] for item in items]
-        self.one_shot: list[tuple[datetime, datetime, datetime | None, str]] | None = None
-
-    @classmethod
-    def read(
-        cls, session: Session, continual: tuple[str, ...], low: datetime, high: datetime
-    ) -> _Facts:
-        """The facts for the moments in ``[low, high]`` (lowered as the class says)."""
-        statements = _facts(continual)
-        while True:
-            found = session.execute(statements[0], {"low": low, "high": high}).all()
-            earliest = min(
-                (m for row in found for m in (row.created_at, row.deleted_at) if m is not None),
-                default=low,
-            )
-            if earliest >= low:
-                break
-            low = earliest
-        epochs: dict[Any, list[Any]] = {}
-        for row in session.execute(statements[1], {"low": low, "high": high}).all():
-            epochs.setdefault(row.release_id, []).append(row)
-        batches: dict[Any, list[Any]] = {}
-        for row in session.execute(statements[2], {"low": low, "high": high}).all():
-            batches.setdefault(row.dataset_id, []).append(row)
-        rels = []
-        for row in found:
-            own = sorted(epochs.get(row.id, ()), key=lambda epoch: int(epoch.epoch))
-            rels.append(
-                _Rel(
-                    row.id,
-                    row.created_at,
-                    row.mechanism,
-                    row.k,
-                    row.params,
-                    row.visible_at,
-                    row.outcome_visible_at,
-                    row.status,
-                    row.dataset_id,
-                    row.dataset_rows,
-                    row.n_cols,
-                    row.deleted_at,
-                    int(row.params.get("horizon", 0)),
-                    sorted(epoch.visible_at for epoch in own if epoch.visible_at is not None),
-                    [
-                        (int(epoch.epoch), epoch.reference_check, epoch.reference_shown_at)
-                        for epoch in own
-                        if epoch.reference_check is not None
-                    ],
-                    {
-                        int(epoch.epoch): epoch.due_at
-                        if epoch.due_at is not None
-                        else epoch.visible_at
-                        for epoch in own
-                    },
-                    str(row.id),
-                )
-            )
-        return cls(rels, batches, low, high)
-
-    def idle(self, session: Session, at: datetime) -> bool:
-        """Whether the one-shot queue (:func:`service.padding_queue.queue_parts`'
-        ``only_one_shot`` statement) has no row at ``at`` in ``[low, high]``: no one-shot
-        release with a ``visible_at`` requested by ``at`` whose ``visible_at`` is after ``at``
-        or whose end is not shown at ``at`` (one statement, the first time: those that may be
-        such a row at some moment in ``[low, high]``)."""
-        if not self.low <= at <= self.high:
-            return False
-        if self.one_shot is None:
-            names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
-            self.one_shot = [
-                (row.created_at, row.visible_at, row.outcome_visible_at, row.status)
-                for row in session.execute(
-                    _ONE_SHOT, {"low": self.low, "high": self.high, "names": names}
-                ).all()
-            ]
-        for created, visible, outcome, status in self.one_shot:
-            if created <= at and (
-                visible > at
-                or (outcome is None and status in ("queued", "running"))
-                or (outcome is not None and outcome > at)
-            ):
-                return False
-        return True
-
-    def point(self, at: datetime) -> _Point:
-        """The pending list at ``at``: the epochs of the continual releases requested by
-        ``at`` whose end is not shown at ``at`` (nor cut by a changed object's verdict shown),
-        on each batch committed by ``at`` from the first epoch's not shown at ``at`` on, up to
-        the horizon; and the ends pending after a deletion (:class:`_End`)."""
-        states: dict[int, int | None] = {}
-        keys: list[Key] = []
-        rows: list[Any] = []
-        first: dict[str, _Row] = {}
-        for key, rel, batch in self.items[: bisect.bisect_right(self.item_points, at)]:
-            shown = states.get(id(rel), -1)
-            if shown == -1:
-                shown = states[id(rel)] = rel.shown(at) if rel.unfinished(at) else None
-            if shown is None or key[3] < shown:
-                continue
-            row = rel.rows.get((key[3], shown))
-            if row is None:
-                row = rel.rows[(key[3], shown)] = _Row(
-                    rel.id,
-                    rel.created_at,
-                    shown,
-                    rel.mechanism,
-                    rel.k,
-                    rel.params,
-                    rel.visible_at,
-                    rel.dataset_rows,
-                    rel.n_cols,
-                    rel.deleted_at,
-                    key[3],
-                    batch.created_at,
-                    batch.n_rows,
-                    rel.dues.get(shown),
-                    rel.ident,
-                )
-            keys.append(key)
-            rows.append(row)
-            if rel.deleted_at is not None:
-                earlier = first.get(rel.ident)
-                if earlier is None or earlier.batch_seq > key[3]:
-                    first[rel.ident] = row
-        ends: list[tuple[Key, _End]] = []
-        for rel in self.deleted:
-            assert rel.deleted_at is not None and rel.visible_at is not None
-            if rel.created_at > at or rel.deleted_at > at or not rel.unfinished(at):
-                continue
-            epoch = first.get(rel.ident)
-            came = rel.deleted_at if epoch is None else epoch.batch_created_at
-            end = _End(rel.id, rel.created_at, came, _END_SEQ, rel.visible_at, rel.deleted_at)
-            ends.append((_key(end), end))
-        if ends:
-            keyed = sorted([*zip(keys, rows, strict=True), *ends], key=lambda pair: pair[0])
-            keys = [key for key, _ in keyed]
-            rows = [row for _, row in keyed]
-        return _Point(keys, rows, [], [key[0] for key in keys])
-
-
-#: The one-shot releases that may be in the queue at a moment in ``[low, high]``
-#: (:meth:`_Facts.idle`).
-_ONE_SHOT: Any = select(
-    Release.created_at, Release.visible_at, Release.outcome_visible_at, Release.status
-).where(
-    Release.mechanism.in_(bindparam("names", expanding=True)),
-    Release.created_at <= bindparam("high"),
-    Release.visible_at.is_not(None),
-    or_(Release.visible_at > bindparam("low"), shown_unfinished(bindparam("low"))),
-)
-
-
-@functools.cache
-def _facts(continual: tuple[str, ...]) -> tuple[Select[Any], ...]:
-    """:class:`_Facts`' three statements (``low``, ``high``): the continual releases requested
-    by ``high`` whose end is not shown at ``low`` with their dataset's columns, their epochs,
-    and their datasets' batches committed by ``high``. Built once per set of names."""
-    low: Any = bindparam("low")
-    high: Any = bindparam("high")
-    where = (
-        Release.mechanism.in_(continual),
-        Release.created_at <= high,
-        shown_unfinished(low),
-    )
-    releases: Select[Any] = (
-        select(
-            Release.id,
-            Release.created_at,
-            Release.mechanism,
-            Release.k,
-            Release.params,
-            Release.visible_at,
-            Release.outcome_visible_at,
-            Release.status,
-            Release.dataset_id,
-            Dataset.n_rows.label("dataset_rows"),
-            Dataset.n_cols,
-            Dataset.deleted_at,
-        )
-        .join(Dataset, Dataset.id == Release.dataset_id)
-        .where(*where)
-    )
-    epochs: Any = select(
-        ReleaseEpoch.release_id,
-        ReleaseEpoch.epoch,
-        ReleaseEpoch.visible_at,
-        ReleaseEpoch.reference_check,
-        ReleaseEpoch.reference_shown_at,
-        ReleaseEpoch.due_at,
-    ).where(ReleaseEpoch.release_id.in_(select(Release.id).where(*where)))
-    batches: Any = select(
-        DatasetBatch.dataset_id,
-        DatasetBatch.seq,
-        DatasetBatch.created_at,
-        DatasetBatch.n_rows,
-    ).where(
-        DatasetBatch.dataset_id.in_(select(Release.dataset_id).where(*where)),
-        DatasetBatch.created_at <= high,
-    )
-    return releases, epochs, batches
-
-
-def _key(row: Any) -> Key:
-    """A :func:`_pending` row's :data:`Key`."""
-    return (
-        point(row.batch_created_at, row.created_at),
-        row.created_at,
-        str(row.release_id),
-        int(row.batch_seq),
-    )
 
 
 def epoch_padding(
@@ -800,7 +449,7 @@ def epoch_seconds(session: Session, settings: Settings, now: datetime) -> float:
     them all before the probe, so each counts (``tests/continual/test_probe_behind_two_epochs.
     py``). After a dataset's deletion (public), until its release's end shows: the epochs
     pending at the deletion (a worker that claimed one before it runs it to its end) and the
-    end a worker stores for it (:class:`_End`), by the worker's own formula
+    end a worker stores for it (:class:`End`), by the worker's own formula
     (``tests/continual/test_probe_behind_a_deletion.py``)."""
     if not continual_names():
         return 0.0

@@ -63,12 +63,3 @@ def test_inside_a_prior_the_rows_are_the_private_rows_projected_onto_it(
     # 0.08 (a wrong projection, e.g. the prior's rows for its columns, would not).
     assert float(np.mean(np.sum(public_split**2, axis=1))) > 0.5
     assert float(np.mean(np.sum(inside**2, axis=1))) > 0.5
-
-
-def test_the_shortest_interval_holding_90_percent_of_the_kept_shares() -> None:
-    from bench.bench_forecast_floor import shortest_cover
-
-    values = np.asarray([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 5.0])
-    # 9 of 10: the outlier left out, 0.0 to 0.8.
-    assert shortest_cover(values) == pytest.approx(0.8)
-    assert shortest_cover(np.asarray([1.0, 1.0])) == 0.0

@@ -37,9 +37,10 @@ a win, else the Gram candidate at that budget; where the count is not offered, a
 unspent, as after a failed weight check or test. Public facts first
 (:mod:`~service.mechanisms.auto_plan`): ``delta = 0``: ``smooth_sensitivity`` (Cauchy); a
 centred (PCA) request: the Gram candidate with the request's centring (the aggregators do not
-centre); friendly refused, or ``s = 0``: the Gram candidate with everything (no estimate could
-change the choice). ``histogram_aggregate``, ``gap_perturbation`` and the Gaussian
-``smooth_sensitivity`` never won a grid cell where friendly runs.
+centre); friendly refused, ``s = 0``, or ``k = d`` (every rank-d basis spans the space): the
+Gram candidate with everything (no estimate could change the choice, or the subspace).
+``histogram_aggregate``, ``gap_perturbation`` and the Gaussian ``smooth_sensitivity`` never won
+a grid cell where friendly runs.
 
 *Constants.* ``ALPHA`` (5%) is the stated error rate; ``ln(1/(2 ALPHA))`` and the weight check's
 epsilon follow from the Laplace tail; ``FRIENDLY_RADIUS_TERM`` was measured on the v2 grid

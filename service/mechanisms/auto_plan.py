@@ -116,6 +116,15 @@ def plan(ctx: PublicContext, k: int, epsilon: float, delta: float, params: AutoP
             "; ".join(clauses if name == "analyze_gauss" else clauses[::-1])
             + "; the aggregators do not centre",
         )
+    if k >= ctx.n_cols:
+        # A public fact: k orthonormal columns in R^d with k = d span it, whatever the rows, so
+        # no estimate could change the released subspace; the Gram candidate gets the test's
+        # share too (its explained-variance figures and eigenvalues are the better for it).
+        return Plan(
+            prepared(name, ctx, k, epsilon, delta, gram),
+            f"{name}: {why_gram}; k = d: every rank-d basis spans the whole space, so no "
+            "estimate could change the released subspace (no structure test)",
+        )
     notes: list[str] = []
     share = params.structure_share
     rest = (1.0 - share) * epsilon

@@ -29,14 +29,15 @@ lowest edge is the *floor*, ``C`` when ``B' < 2``. A clip released below the flo
 noise reading (at small ``n mu`` the first passage comes early and the clip falls to the
 grid's bottom: 300 rows of norms 0.5-0.8 at eps 0.2 were clipped at 0.0023), and ``auto``'s
 reason says so. The read-out is not restricted to the floor: measured (docs/benchmarks.md, 30
-Nov 2026, wip/autoclip; ``bench/bench_clip_floor.py``, 10 paired seeds, n 200-1,000, eps
-0.1-0.5) clipping at the floor or at ``C`` instead lost to the collapsed reading on power-law
-rows (captured deficit 0.43 -> 0.69 at n = 1,000, eps 0.2; 0.18 -> 0.36 at eps 0.5, where the
-reading was the quantile and the floor 0.5 sat above it) and on rows with short ones along
-their own direction, gained at most 5% on rows of norms 0.5-0.8, and tied on unit rows (every
-row clipped by the same factor: the same release as at ``C``). A clip far below every norm
-makes every row its direction: the sign map, whose Gram the rows fill (``auto_gram``), which
-at these budgets the noise, not its bias, decides.
+Nov 2026, wip/autoclip; ``bench/bench_clip_floor.py``, removed, in git history at commit
+3fa7e908; 10 paired seeds, n 200-1,000, eps 0.1-0.5) clipping at the floor or at ``C``
+instead lost to the collapsed reading on power-law rows (captured deficit 0.43 -> 0.69 at
+n = 1,000, eps 0.2; 0.18 -> 0.36 at eps 0.5, where the reading was the quantile and the floor
+0.5 sat above it) and on rows with short ones along their own direction, gained at most 5% on
+rows of norms 0.5-0.8, and tied on unit rows (every row clipped by the same factor: the same
+release as at ``C``). A clip far below every norm makes every row its direction: the sign map,
+whose Gram the rows fill (``auto_gram``), which at these budgets the noise, not its bias,
+decides.
 """
 
 from __future__ import annotations

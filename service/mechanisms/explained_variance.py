@@ -549,8 +549,9 @@ def variance_extras(
     bias = (0.0, 0.0)
     bias_high = 0.0
     centre_spike = 0.0
+    # The private centre's noise per dimension in the sums, n mean_sigma^2 (0 without one).
+    per_dim = n * mean_noise**2
     if mean_noise > 0:
-        per_dim = n * mean_noise**2
         # scipy.stats.chi2.ppf(0.995, d)'s own kernel (the same value), without its checks.
         bias_high = per_dim * float(chdtri(d, 1 - 0.995))
         # The bias n ||delta||^2 lies along one random direction; above the Gram noise's edge
@@ -563,7 +564,7 @@ def variance_extras(
     centre_direction = _centre_direction(release.eigenvalues, weights, centre_spike, gram_sigma, d)
     if mean_noise > 0:
         taken = centre_direction is not None
-        bias = centre_bias(n * mean_noise**2, d, k, centre_spike, gram_sigma, taken)
+        bias = centre_bias(per_dim, d, k, centre_spike, gram_sigma, taken)
     if centre_direction is not None:
         weights = weights.copy()
         weights[centre_direction] = 0.0

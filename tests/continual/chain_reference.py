@@ -50,21 +50,21 @@ from service.padding_queue import (
     queue_seconds,
     shown_unfinished,
 )
+from service.padding_epoch_facts import END_SEQ as _END_SEQ
+from service.padding_epoch_facts import End as _End
+from service.padding_epoch_facts import Key
+from service.padding_epoch_facts import Point as _Point
+from service.padding_epoch_facts import pending_key as _key
+from service.padding_epoch_facts import point
 from service.padding_epochs import (
-    Key,
-    _END_SEQ,
-    _End,
     _Epoch,
-    _Point,
     _act,
-    _key,
     _looks,
     _moment,
     act_queue_seconds,
     continual_names,
     epoch_visible_at,
     in_order,
-    point,
     previous_due,
     request_queue_seconds,
     unverified,

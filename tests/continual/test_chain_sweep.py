@@ -1,5 +1,5 @@
-"""The chain's pending lists made in Python from one read (:class:`service.padding_epochs.
-_Facts`) give the very figures the pending list's statement, read again at each point, gave
+"""The chain's pending lists made in Python from one read (:class:`service.padding_epoch_facts.
+Facts`) give the very figures the pending list's statement, read again at each point, gave
 (``tests/continual/chain_reference.py``, the old chain kept as the slow reference): the pending
 epochs' term at many moments, each pending epoch's claim (:func:`epoch_padding`) and each end's
 due moment after a deletion (:func:`end_due`), compared with ``==`` (the same floats and

@@ -114,6 +114,40 @@ def test_a_zero_share_disables_the_test() -> None:
     assert the_plan.default.epsilon == 1.0
 
 
+@pytest.mark.parametrize("d", [1, 5])
+def test_at_k_equal_d_no_structure_test_runs_and_the_gram_candidate_gets_everything(
+    monkeypatch: pytest.MonkeyPatch, d: int
+) -> None:
+    # Any d orthonormal columns in R^d span it: no estimate could change the subspace, so the
+    # test's share goes to the mechanism (where the aggregator runs: k < d splits, test above).
+    c = ctx(50_000, d)
+    the_plan = plan(c, d, 1.0, 1e-6, AutoParams(clip_norm=1.0))
+    assert the_plan.sure is None and the_plan.test_epsilon == 0.0 and the_plan.paths() == []
+    assert the_plan.default.name == "analyze_gauss"
+    assert (the_plan.default.epsilon, the_plan.default.delta) == (1.0, 1e-6)
+    assert "k = d" in the_plan.reason
+    if d > 1:  # the control: one component fewer, at the same shape, the test runs
+        assert plan(c, d - 1, 1.0, 1e-6, AutoParams(clip_norm=1.0)).test_epsilon > 0
+    # What auto declares (zcdp's bound, the dry run's) is the s = 0 path's: no pure step.
+    params = AUTO.prepare(c, d, 1.0, 1e-6, AutoParams())
+    steps = AUTO.privacy_steps(c, ReleaseSpec(d, 1.0, 1e-6, params))
+    off = AUTO.prepare(c, d, 1.0, 1e-6, AutoParams(structure_share=0.0))
+    assert steps is not None and steps == AUTO.privacy_steps(c, ReleaseSpec(d, 1.0, 1e-6, off))
+    tests: list[float] = []
+    real_test = auto_module.noisy_tail_and_trace
+
+    def spy_test(data: Any, k: int, clip: float, eps: float, rng: Any) -> Any:
+        tests.append(eps)
+        return real_test(data, k, clip, eps, rng)
+
+    monkeypatch.setattr(auto_module, "noisy_tail_and_trace", spy_test)
+    data = np.random.default_rng(5).uniform(-1.0, 1.0, (50_000, d)) / np.sqrt(d)  # norms <= 1
+    out = AUTO.run(data, ReleaseSpec(d, 1.0, 1e-6, params), np.random.default_rng(6))
+    assert tests == []
+    assert out.extras["auto_choice"] == "analyze_gauss" and out.extras["auto_epsilon"] == 1.0
+    assert out.basis is not None and out.basis.shape == (d, d)
+
+
 @pytest.mark.parametrize("d", [300, 1000])
 def test_the_aggregator_is_friendlys_own_default(d: int) -> None:
     # Before v2 a t^2 d^2 work cap forced reference points at d >= 300 (2.5-5x worse there).

@@ -87,7 +87,7 @@ def test_a_forecast_is_the_same_with_its_cache_and_repeats_are_not_rerun(
 ) -> None:
     # digits (unit rows), k = 10, a release at eps 1 (center private, delta 1e-6; the seed of
     # bench/bench_forecast_coverage.py's release 0) forecasting eps 0.3: 10 simulations asked,
-    # 5 repeats (bench/bench_forecast_cpu.py).
+    # 5 repeats (bench/bench_forecast_cpu.py, removed; in git history at commit 3fa7e908).
     from sklearn.datasets import load_digits
 
     from service.mechanisms.analyze_gauss import AnalyzeGauss
