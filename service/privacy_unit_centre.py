@@ -254,8 +254,9 @@ def gauss_person_run(
     # mean, the quantile's value, the Gram at C2, the sums at C), while w counts r for the
     # first and r/9 for the second; the sums' own part is unknown, so their total does not
     # tell either. The point therefore reads w at its bound n: a reading at P (or between)
-    # removes too little where people have many unscaled rows. Measured
-    # (bench_person_centre_point, 100 seeds a cell, d 20, k 1; stated points' mean error):
+    # removes too little where people have many unscaled rows. Measured (the script
+    # bench_person_centre_point at commit 52ef2cec, 100 seeds a cell, d 20, k 1; stated
+    # points' mean error):
     # 2,000 people of 30 small rows (w = n), eps 2: n +0.002 (MAE 0.023), P -0.048 (0.048),
     # (n + P)/2 -0.024 (0.029); 70% one row / 30% 30 scaled rows (w 4,600), eps 1: n +0.025
     # (0.029), P -0.004 (0.019). The interval and the decision read only the bound.
