@@ -201,7 +201,8 @@ class Auto(Mechanism[AutoParams]):
         "Charges exactly the requested (epsilon, delta): the estimate, friendly's search and "
         "weight check, and the chosen mechanism compose sequentially. zcdp: the rho (and "
         "approximate delta) of a bound on every path. gaussian: no estimate by default "
-        "(analyze_gauss with auto's settings); a request with structure_share is refused there."
+        "(analyze_gauss with auto's settings); a request with structure_share is refused there "
+        "unless k >= d (no estimate then: every rank-d basis spans the whole space)."
     )
     params_model: ClassVar[type[AutoParams]] = AutoParams
     allows_pure_dp: ClassVar[bool] = True
@@ -210,7 +211,7 @@ class Auto(Mechanism[AutoParams]):
     def for_accounting(self, accounting: str, params: AutoParams) -> AutoParams:
         """On a ``gaussian`` dataset the estimate is off unless the request sets its share (its
         steps are pure, which the Gaussian-DP filter cannot charge: such a request is refused
-        with 422, naming the accounting)."""
+        with 422, naming the accounting; at k >= d no estimate runs, so it is accepted)."""
         if accounting != "gaussian" or "structure_share" in params.model_fields_set:
             return params
         return params.model_copy(update={"structure_share": 0.0})
