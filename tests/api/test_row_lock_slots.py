@@ -34,7 +34,7 @@ from service import auth, row_locks
 from service.app import create_app
 from service.db.engine import make_pooled_engine, make_session_factory
 from service.db.models import ApiKey
-from tests.conftest import SKIP_POSTGRES, bearer
+from tests.conftest import SKIP_POSTGRES, bearer, npy_bytes
 
 pytestmark = [
     pytest.mark.skipif(SKIP_POSTGRES, reason="PostgreSQL only"),
@@ -176,3 +176,66 @@ def test_an_attempt_gives_the_row_up_and_puts_the_lock_timeout_back(settings, co
     finally:
         outside.dispose()
         engine.dispose()
+
+
+def test_a_unit_of_work_run_again_after_the_row_is_given_back_does_its_work_once(
+    settings, committed_db, upload_dataset
+):
+    """Retry-safety: an append and a release request that found the row held elsewhere (each
+    tried at least once in vain, seen as a lock waiter) succeed once it is given back, with the
+    appended batch's rows (the ingested file kept between attempts) and one charge."""
+    url, factory = committed_db
+    settings = settings.model_copy(update={"db_lock_timeout_seconds": 30})
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "owner", actor_key_id=None)  # type: ignore[arg-type]
+        _, analyst = auth.create_key(session, "analyst", "analyst", actor_key_id=None)  # type: ignore[arg-type]
+    rng = np.random.default_rng(1)
+    outside = create_engine(url)
+    try:
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            dataset = upload_dataset(client, owner, rng.normal(size=(5, 3)) / 4, row_norm_bound=1)
+            dataset_id = dataset["id"]
+            batch = rng.normal(size=(4, 3)) / 4
+
+            def append() -> Any:
+                return client.post(
+                    f"/v1/datasets/{dataset_id}/rows",
+                    headers=bearer(owner),
+                    files={"file": ("rows.npy", npy_bytes(batch), "application/octet-stream")},
+                )
+
+            def release() -> Any:
+                return client.post(
+                    f"/v1/datasets/{dataset_id}/releases", headers=bearer(analyst), json=BODY
+                )
+
+            for request, status in ((append, 201), (release, 202)):
+                with outside.connect() as connection, ThreadPoolExecutor(1) as pool:
+                    connection.execute(
+                        text("SELECT 1 FROM datasets WHERE id = :id FOR UPDATE"),
+                        {"id": dataset_id},
+                    )
+                    future = pool.submit(request)
+                    # Two sightings of a waiter: at least one attempt timed out in between
+                    # (each lasts 0.1 s, then a pause without the row's lock queue).
+                    seen, deadline = 0, time.monotonic() + GUARD_SECONDS
+                    while seen < 2 and time.monotonic() < deadline and not future.done():
+                        if _lock_waiters(outside):
+                            seen += 1
+                            time.sleep(0.15)
+                        time.sleep(0.01)
+                    assert not future.done(), future.result().text
+                    connection.rollback()
+                    answer = future.result(timeout=GUARD_SECONDS)
+                assert answer.status_code == status, answer.text
+            shown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(owner)).json()
+            assert (shown["n_rows"], shown["n_batches"]) == (9, 2), shown
+            listed = client.get(f"/v1/datasets/{dataset_id}/releases", headers=bearer(owner))
+            assert listed.json()["total"] == 1, listed.text
+        with factory.begin() as session:
+            charges = session.execute(
+                text("SELECT count(*) FROM ledger_entries WHERE kind = 'charge'")
+            ).scalar_one()
+        assert charges == 1
+    finally:
+        outside.dispose()
