@@ -107,6 +107,20 @@ class Settings(BaseSettings):
             "long as that session chose (for ever on PostgreSQL, 60 s on SQLite)."
         ),
     )
+    db_lock_attempt_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        le=3600,
+        description=(
+            "Longest time one attempt of an API unit of work waits for a dataset's row lock "
+            "(PostgreSQL; its lock_timeout for that statement) before it gives the row up: the "
+            "transaction rolls back, the request gives back its database slot and connection, "
+            "pauses and tries again, until db_lock_timeout_seconds have passed in all (then 503 "
+            "with Retry-After). Requests waiting for a row held elsewhere then hold no slot, so "
+            "requests to other datasets are not queued behind them. 0 turns this off (the wait "
+            "is one statement, holding the slot). SQLite has no row locks: unused there."
+        ),
+    )
     db_wait_seconds: float = Field(
         default=10,
         gt=0,

@@ -23,6 +23,7 @@ from service import (
     ledger,
     privacy_unit,
     registration_visibility,
+    row_locks,
     upload_idempotency,
     wake,
 )
@@ -429,11 +430,12 @@ def lock_own_dataset(session: Session, principal: Principal, dataset_id: uuid.UU
     """The owner's live dataset, locked (``FOR UPDATE``; SQLite: the write lock): appends and
     releases of one dataset are serialised, so each sees a whole number of batches."""
     require_role(principal, "owner")
-    dataset = session.execute(
+    dataset: Dataset | None = row_locks.lock_one(
+        session,
         select(Dataset)
         .where(Dataset.id == dataset_id, Dataset.owner_key_id == principal.key_id)
-        .with_for_update()
-    ).scalar_one_or_none()
+        .with_for_update(),
+    )
     if dataset is None:
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
@@ -492,6 +494,14 @@ def append_batch(
     """
     try:
         dataset = lock_own_dataset(session, principal, dataset_id)
+    except row_locks.RowBusy:
+        # Nothing done yet; the API runs this again with the same batch (service.row_locks),
+        # and discards it itself if it gives up.
+        raise
+    except BaseException:
+        store.discard(batch.file_name)
+        raise
+    try:
         # Under the lock, which serialises a dataset's appends: a concurrent retry with the
         # same key has committed its batch or not started it.
         earlier = upload_idempotency.find_batch(
@@ -557,9 +567,9 @@ def append_batch(
 def trim_uncommitted(session: Session, store: DatasetStore, dataset_id: uuid.UUID) -> None:
     """After a failed append: under the dataset's lock, cut its file back to the committed
     rows (the database's ``n_rows``), so no uncommitted row stays on disk."""
-    dataset = session.execute(
-        select(Dataset).where(Dataset.id == dataset_id).with_for_update()
-    ).scalar_one_or_none()
+    dataset: Dataset | None = row_locks.lock_one(
+        session, select(Dataset).where(Dataset.id == dataset_id).with_for_update()
+    )
     if dataset is not None and dataset.file_name is not None:
         store.trim(dataset.file_name, dataset.n_rows)
 
@@ -682,6 +692,13 @@ def delete_dataset(
     """
     require_role(principal, "owner")
     dataset = get_dataset(session, principal, dataset_id)
+    # An act the chain counts from (an end's due moment): in the commit order, the row locked
+    # first (a creator must not wait for a row while it holds the order's lock), and before
+    # anything is written (the reference's UPDATE below would wait for the row unbounded by an
+    # attempt; a unit of work that waits for the row is run again: service.row_locks).
+    row_locks.lock_one(
+        session, select(Dataset.id).where(Dataset.id == dataset.id).with_for_update()
+    )
     file_name = dataset.file_name
     # By reference: the service forgets where the objects are; it never deletes them.
     referenced = None if dataset.reference is None else str(dataset.reference["uri"])
@@ -689,9 +706,6 @@ def delete_dataset(
     session.execute(
         delete(DatasetReferenceObject).where(DatasetReferenceObject.dataset_id == dataset.id)
     )
-    # An act the chain counts from (an end's due moment): in the commit order, the row locked
-    # first (a creator must not wait for a row while it holds the order's lock).
-    session.execute(select(Dataset.id).where(Dataset.id == dataset.id).with_for_update())
     dataset.deleted_at = commit_order.stamp(session)
     dataset.file_name = None
     session.execute(

@@ -44,6 +44,7 @@ from service import (
     grant_terms,
     ledger,
     privacy_unit,
+    row_locks,
     spend,
 )
 from service.auth import Principal, require_role
@@ -207,9 +208,10 @@ def _grant_state(
 def _own_dataset(session: Session, principal: Principal, dataset_id: uuid.UUID) -> Dataset:
     """The owner's dataset, locked as a release locks it (grants change under the same lock)."""
     require_role(principal, "owner")
-    dataset = session.execute(
-        select(Dataset).where(Dataset.id == dataset_id).with_for_update()
-    ).scalar_one_or_none()
+    # First: a unit of work that waits for the row may be run again (service.row_locks).
+    dataset: Dataset | None = row_locks.lock_one(
+        session, select(Dataset).where(Dataset.id == dataset_id).with_for_update()
+    )
     if dataset is None or dataset.owner_key_id != principal.key_id:
         raise NotFound(f"no dataset {dataset_id}")
     return dataset

@@ -38,6 +38,7 @@ from service import (
     registration_visibility,
     release_calibration,
     repricing,
+    row_locks,
     spend,
     tracing,
     wake,
@@ -107,8 +108,9 @@ _LOCK_DATASET = select(Dataset).where(Dataset.id == bindparam("dataset_id")).wit
 
 
 def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
-    # FOR UPDATE on PostgreSQL; on SQLite the transaction already holds the write lock.
-    dataset = session.execute(_LOCK_DATASET, {"dataset_id": dataset_id}).scalar_one_or_none()
+    # FOR UPDATE on PostgreSQL (in attempts, in the API: service.row_locks, so before anything
+    # is written); on SQLite the transaction already holds the write lock.
+    dataset: Dataset | None = row_locks.lock_one(session, _LOCK_DATASET, {"dataset_id": dataset_id})
     if dataset is None:
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:

@@ -27,6 +27,7 @@ A database that cannot serve (down, unreachable, restarting, pool exhausted) bec
 from __future__ import annotations
 
 import logging
+import random
 import re
 import threading
 import time
@@ -44,7 +45,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.datastructures import Headers
 
-from service import logs
+from service import logs, row_locks
 from service.auth import (
     Principal,
     Role,
@@ -58,6 +59,7 @@ from service.config import Settings
 from service.db.engine import database_unavailable
 from service.errors import RestoreUnaccepted, ServiceUnavailable, Unauthenticated
 from service.pagination import MAX_CURSOR_LENGTH
+from service.row_locks import RowBusy
 from service.store import DatasetStore
 
 T = TypeVar("T")
@@ -122,6 +124,13 @@ PriorId = Annotated[
 #: The clock of units of work (a name of this module's, so a test can step it by hand).
 clock = time.monotonic
 
+#: Pauses between a unit of work's attempts at a row lock held elsewhere (seconds; doubled from
+#: the first up to the largest, each drawn between half and all of it so waiters spread out).
+ROW_BUSY_FIRST_PAUSE = 0.05
+ROW_BUSY_MAX_PAUSE = 0.4
+#: The shortest attempt at a row lock (the last one before db_lock_timeout_seconds runs out).
+MIN_ATTEMPT_SECONDS = 0.001
+
 #: Weight of the newest unit of work in the mean time a unit holds a slot (about the last 20).
 SERVICE_TIME_WEIGHT = 0.05
 
@@ -170,6 +179,9 @@ class Database:
             self.autocommit_factory = sessionmaker(**{**session_factory.kw, "bind": autocommit})
         self.size = settings.db_slots
         self.wait_seconds = settings.db_wait_seconds
+        self.lock_timeout = settings.db_lock_timeout_seconds
+        #: One attempt's wait for a row lock (service.row_locks); 0: one wait, holding the slot.
+        self.lock_attempt_seconds = min(settings.db_lock_attempt_seconds, self.lock_timeout)
         self.max_queue_seconds = settings.db_max_queue_seconds
         self.retry_after = settings.retry_after_seconds
         self.api_threads = settings.api_threads
@@ -205,27 +217,70 @@ class Database:
         ``db_max_queue_seconds`` (see :meth:`_Gate.expected_wait`), if no slot frees up within
         ``db_wait_seconds``, or if the database cannot serve; whatever ``work`` raises otherwise,
         after a rollback.
+
+        A row lock held elsewhere (:class:`~service.row_locks.RowBusy`: ``work`` waited
+        ``db_lock_attempt_seconds`` for it in vain) is waited for holding nothing: the
+        transaction rolls back, the slot goes back, and ``work`` runs again from the start after
+        a pause (doubling, jittered), until ``db_lock_timeout_seconds`` have passed since the
+        first attempt began waiting; then :class:`ServiceUnavailable`. ``work`` must therefore
+        be safe to run again after :class:`RowBusy`: it locks (:func:`row_locks.lock_one`)
+        before it writes, locks anything else or acts outside the transaction.
         """
+        # Set once an attempt found a row locked elsewhere (row_locks.RowBusy): when the wait
+        # for it has lasted db_lock_timeout_seconds, counted from that first attempt's start.
+        busy_until: float | None = None
+        pause = ROW_BUSY_FIRST_PAUSE
+        while True:
+            try:
+                return await self._run_once(work, autocommit, busy_until)
+            except RowBusy:
+                # Rolled back, connection and slot given back: wait holding nothing, then
+                # redo the whole unit of work (row_locks: each locks before it writes).
+                now = clock()
+                if busy_until is None:
+                    busy_until = now - self.lock_attempt_seconds + self.lock_timeout
+                left = busy_until - now
+                if left <= 0:
+                    raise ServiceUnavailable(
+                        "the database is busy; retry shortly", self.retry_after
+                    ) from None
+                await anyio.sleep(min(pause * random.uniform(0.5, 1.0), left))
+                pause = min(2 * pause, ROW_BUSY_MAX_PAUSE)
+
+    async def _run_once(
+        self,
+        work: Callable[[Session], T],
+        autocommit: bool,
+        busy_until: float | None,
+    ) -> T:
+        """One try of :meth:`run`: a slot, then the unit of work in its thread. A retry
+        (``busy_until`` set) waits for its slot, and for the row, no later than that."""
         gate = self.gate()
         expected = gate.expected_wait(self.size)
         if expected > self.max_queue_seconds:
             # Shed before queueing: the client would wait longer than we allow and likely time
             # out anyway, and a queue that only grows makes every later request slower too.
             raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
+        wait = self.wait_seconds
+        if busy_until is not None:
+            wait = min(wait, max(busy_until - clock(), 0.0))
         gate.waiting += 1
         try:
-            with anyio.move_on_after(self.wait_seconds) as waited:
+            with anyio.move_on_after(wait) as waited:
                 await gate.slots.acquire()
         finally:
             gate.waiting -= 1
         if waited.cancelled_caught:
             raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
+        attempt = self.lock_attempt_seconds
+        if busy_until is not None:
+            attempt = min(attempt, max(busy_until - clock(), MIN_ATTEMPT_SECONDS))
         worked: list[float] = []
 
         def timed() -> T:
             started = clock()
             try:
-                return self._transaction(work, autocommit)
+                return self._transaction(work, autocommit, attempt)
             finally:
                 worked.append(clock() - started)
 
@@ -243,12 +298,16 @@ class Database:
                 gate.observe(worked[0])
             gate.slots.release()
 
-    def _transaction(self, work: Callable[[Session], T], autocommit: bool = False) -> T:
+    def _transaction(
+        self, work: Callable[[Session], T], autocommit: bool = False, attempt: float = 0.0
+    ) -> T:
         factory = self.session_factory
         if autocommit and self.autocommit_factory is not None:
             factory = self.autocommit_factory
         try:
             with factory.begin() as session:
+                if attempt > 0:
+                    session.info[row_locks.ATTEMPT_SECONDS] = attempt
                 result = work(session)
         except Exception as exc:
             if not database_unavailable(exc):
