@@ -702,6 +702,11 @@ def delete_dataset(
     file_name = dataset.file_name
     # By reference: the service forgets where the objects are; it never deletes them.
     referenced = None if dataset.reference is None else str(dataset.reference["uri"])
+    if referenced is not None and dataset.registration_request is None:
+        # Registered before its request was kept (migration 0014): the request, never cleared,
+        # is what tells a release ending after this deletion that it awaits the re-check as
+        # one ending before it does (service.reference_recheck.awaits_recheck).
+        dataset.registration_request = {"uri": referenced}
     dataset.reference = None
     session.execute(
         delete(DatasetReferenceObject).where(DatasetReferenceObject.dataset_id == dataset.id)

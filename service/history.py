@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, and_, func, not_, or_, select
+from sqlalchemy import ColumnElement, and_, case, func, not_, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from service import continual
@@ -68,15 +68,26 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
         # Before visible_at every release; after it none (an unfinished release is shown
         # running then, whatever its real state), except those made before visible_at existed.
         return or_(not_(visible), and_(not_(padded), Release.status == "queued"))
-    # A dataset deleted before the outcome was due shows every end as failed, and the epochs
-    # after the deletion never (service.visibility.deleted_before_shown).
+    # A dataset deleted before the outcome was due (a one-shot release re-checked: before its
+    # verdict's moment) shows every end as failed, and the epochs after the deletion never
+    # (service.visibility.deleted_before_shown).
     deleted = and_(
         padded,
         select(Dataset.id)
         .where(
             Dataset.id == Release.dataset_id,
             Dataset.deleted_at.is_not(None),
-            Dataset.deleted_at < func.coalesce(Release.outcome_visible_at, Release.visible_at),
+            Dataset.deleted_at
+            < case(
+                (
+                    and_(
+                        Release.reference_shown_at.is_not(None),
+                        Release.mechanism.not_in(continual.continual_names()),
+                    ),
+                    Release.reference_shown_at,
+                ),
+                else_=func.coalesce(Release.outcome_visible_at, Release.visible_at),
+            ),
         )
         .exists(),
     )

@@ -18,7 +18,7 @@ import typing
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -34,6 +34,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    update,
 )
 from sqlalchemy.orm import Session
 
@@ -55,6 +56,7 @@ __all__ = [
     "check_storable",
     "dialect_of",
     "refund",
+    "release_held_refund",
     "spent_by_dataset",
     "spent_of",
     "state_of",
@@ -267,7 +269,9 @@ def in_effect(
 ) -> ColumnElement[bool]:
     """Entries that count at ``now`` (default: the current time; may be a bound parameter):
     every charge, and a refund once its ``created_at`` (the moment its release's outcome
-    becomes visible to analysts, see :func:`refund`) has passed.
+    becomes visible to analysts, see :func:`refund`) has passed. A refund held for its
+    release's re-check verdict (:data:`HELD_FOR_RECHECK`) counts from the verdict's moment if
+    it is ``unchanged``, never if ``changed`` (:func:`release_held_refund`).
 
     ``deleted_at``: the dataset's deletion. A refund that would take effect after it never
     does: its release's dataset was deleted before its outcome was due, so the release is
@@ -588,6 +592,13 @@ def charge(
 _INSERT_ENTRY = insert(typing.cast(Table, LedgerEntry.__table__))
 
 
+#: The ``created_at`` of a refund held for its release's re-check verdict (:func:`refund`): a
+#: moment never reached, so the refund counts nowhere (budget, grants, ledger page) until the
+#: verdict ``unchanged`` sets its moment (:func:`release_held_refund`), and never after a
+#: ``changed`` one (the row stays, for the audit, as a refund voided by a deletion does).
+HELD_FOR_RECHECK = datetime(9999, 1, 1, tzinfo=UTC)
+
+
 def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> LedgerEntry:
     """Append a refund of exactly the release's charge (every currency it moved); only for a
     release that provably never read the data. It goes back to the grant the charge named.
@@ -597,6 +608,18 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> Le
     grew back before then would tell an analyst that the job had ended, and when, through the
     padding (the budget endpoint, or a request accepted only thanks to the refund). Until
     then the charge stands, which only makes the ledger stricter.
+
+    A release whose outcome waits for the re-check of its dataset's objects
+    (``reference_check`` ``pending``, :mod:`service.reference_recheck`) shows its outcome only
+    at the verdict's moment (``reference_shown_at``, one grace or more after its due moment),
+    and with a ``changed`` verdict shows ``failed`` with no refund, whatever the job did. So its
+    refund is held (:data:`HELD_FOR_RECHECK`): the verdict ``unchanged`` makes it take effect
+    at the verdict's moment, the one the release shows ``refunded`` from
+    (:func:`release_held_refund`); ``changed`` leaves it held, never in effect, and the charge
+    stands. Before, it took effect at the due moment: a budget read told the outcome one grace
+    before the release did, and after a ``changed`` verdict the ledger kept a refund the
+    release denied (the refund told which failure the job met, and so, for a cluster outage,
+    when it was claimed).
 
     On a ``hybrid`` dataset the refunded release counts, from then on, as a zero-cost step in
     every filter (GDP 0, rho 0, approximate delta 0, epsilon and delta 0; it no longer counts
@@ -641,6 +664,8 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> Le
         shown = release.outcome_visible_at or release.visible_at
         if shown is not None and shown > effective:
             effective = shown
+        if release.reference_check == "pending":
+            effective = HELD_FOR_RECHECK
     charged = session.execute(
         select(LedgerEntry).where(
             LedgerEntry.release_id == release_id, LedgerEntry.kind == "charge"
@@ -650,3 +675,19 @@ def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> Le
     entry.created_at = effective
     session.add(entry)
     return entry
+
+
+def release_held_refund(session: Session, release_id: uuid.UUID, shown_at: datetime) -> None:
+    """The re-check of ``release_id`` read ``unchanged``, its verdict shown at ``shown_at``: its
+    held refund (:func:`refund`), if any, takes effect then, when the release shows it. Only a
+    refund due after ``shown_at`` moves (a held one): one already in effect is never moved."""
+    entries = LedgerEntry.__table__.c
+    session.execute(
+        update(typing.cast(Table, LedgerEntry.__table__))
+        .where(
+            entries.release_id == release_id,
+            entries.kind == "refund",
+            entries.created_at > shown_at,
+        )
+        .values(created_at=shown_at)
+    )

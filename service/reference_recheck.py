@@ -25,8 +25,11 @@ for every caller but admins and auditors, by a re-check made at or after the out
 - until ``reference_shown_at`` analysts and owners see the release ``running``; then, if
   ``changed``, ``failed`` with one fixed reason, no result and no refund, whatever the job did
   (:mod:`service.visibility`, and :mod:`service.history` in SQL). The worker refunds no fault
-  found in an object (:func:`service.reference.integrity.object_fault`), so the ledger, the
-  budget and the grants are the same both ways too.
+  found in an object (:func:`service.reference.integrity.object_fault`), and a refund the
+  worker does make (a failure before any read) is held until the verdict
+  (:func:`service.ledger.refund`): it takes effect at ``reference_shown_at`` if ``unchanged``,
+  never if ``changed``, so the ledger, the budget and the grants say what the release says,
+  at every moment, both ways too.
 
 A change made before the outcome was due is found by the re-check whether the job read before or
 after it (both worlds read ``failed``), and one made after the job read and after the re-check
@@ -62,7 +65,7 @@ from functools import partial
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from service import reference, wake
+from service import ledger, reference, wake
 from service.config import Settings
 from service.continual import is_continual
 from service.db.models import Dataset, DatasetBatch, Release, ReleaseEpoch, utcnow
@@ -247,6 +250,10 @@ def recheck(
         release.reference_check = found
         release.reference_checked_at = checked_at
         release.reference_shown_at = recheck_shown_at(release, checked_at)
+        if found == UNCHANGED:
+            # A refund held for this verdict (service.ledger.refund) takes effect when the
+            # release shows it; after ``changed`` it stays held: the release shows no refund.
+            ledger.release_held_refund(session, release.id, release.reference_shown_at)
         # Long polls waiting on this release re-read it once this commits.
         wake.announce_finished(session, settings, release.id)
     return found

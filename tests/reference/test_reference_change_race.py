@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -660,8 +661,17 @@ def deleted_later(factory: sessionmaker[Session], dataset_id: str, by: timedelta
         dataset.deleted_at -= by
 
 
+def registered_before_0014(factory: sessionmaker[Session], dataset_id: str) -> None:
+    """As a dataset registered by reference before migration 0014: no request kept."""
+    with factory.begin() as session:
+        dataset = session.get(Dataset, uuid.UUID(dataset_id))
+        assert dataset is not None and dataset.reference is not None
+        dataset.registration_request = None
+
+
+@pytest.mark.parametrize("pre_0014", [False, True], ids=["request-kept", "pre-0014"])
 def test_a_deleted_dataset_shows_its_release_at_the_same_moment_whichever_ran_first(
-    race: Race,
+    race: Race, pre_0014: bool
 ) -> None:
     """The owner deletes the dataset by reference (an act that forgets its reference) before
     the release's outcome is due. Before, a job that ran before the deletion was marked for
@@ -670,11 +680,16 @@ def test_a_deleted_dataset_shows_its_release_at_the_same_moment_whichever_ran_fi
     moments the status, the lists' counts and the long poll told the owner whether the job
     ahead in the shared queue had ended by the deletion."""
     early = race.released("early")
+    if pre_0014:
+        registered_before_0014(race.factory, early[0])
     deleted = race.client.delete(f"/v1/datasets/{early[0]}", headers=bearer(race.keys.owner))
     assert deleted.status_code == 204, deleted.text
     dataset_id = register(
         race.client, race.factory, race.keys, race.root, "late", -race.rows, batch=False
     )
+    if pre_0014:
+        # (The deletion keeps the reference's URI as the request: cheaper than a migration.)
+        registered_before_0014(race.factory, dataset_id)
     release_id = post_release(race.client, race.keys.analyst, dataset_id, **RELEASE)
     deleted = race.client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(race.keys.owner))
     assert deleted.status_code == 204, deleted.text
@@ -705,3 +720,171 @@ def test_a_deleted_dataset_shows_its_release_at_the_same_moment_whichever_ran_fi
         False,
     )
     assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
+
+
+def refused_when_run(factory: sessionmaker[Session], release_id: str) -> None:
+    """As after an upgrade that refuses the release's stored params: its job fails before it
+    reads an object, a failure the service refunds (decided on public facts)."""
+    with factory.begin() as session:
+        release = session.get(Release, uuid.UUID(release_id))
+        assert release is not None
+        release.params = {**(release.params or {}), "no_such_param": 1}
+
+
+#: :data:`PER_RELEASE`, and the params (:func:`refused_when_run` changed them).
+PER_REFUNDED = (*PER_RELEASE, "params")
+
+
+def refunded_release(race: Race, name: str, rows: Any = None) -> tuple[str, str]:
+    """A dataset :func:`register` ed as ``name`` and one release on it whose job failed before
+    reading, refunded (stored: ``failed``, ``refunded``, its re-check pending)."""
+    data = race.rows if rows is None else rows
+    dataset_id = register(race.client, race.factory, race.keys, race.root, name, data)
+    release_id = post_release(race.client, race.keys.analyst, dataset_id, **RELEASE)
+    refused_when_run(race.factory, release_id)
+    assert race.worker.run_pending() == 1
+    with race.factory() as session:
+        row = session.get(Release, uuid.UUID(release_id))
+        assert row is not None
+        assert (row.status, row.refunded, row.reference_check) == ("failed", True, "pending")
+    return dataset_id, release_id
+
+
+def figures(answers: dict[str, Any]) -> dict[str, Any]:
+    """What each read says of the refund: the release's ``refunded`` (analyst and owner), the
+    ledger's entries, the budget's and the grant's spent epsilon."""
+    return {
+        "refunded": [answers[f"{who} release"]["refunded"] for who in ("analyst", "owner")],
+        "ledger": [entry["kind"] for entry in answers["ledger"]["items"]],
+        "budget": answers["budget"]["epsilon_spent"],
+        "grants": [grant["epsilon_spent"] for grant in answers["grants"]["items"]],
+    }
+
+
+def test_a_refund_on_a_rechecked_release_takes_effect_when_the_release_shows_it(
+    race: Race,
+) -> None:
+    """A release on a dataset by reference whose job failed before reading (refunded) shows
+    its outcome at its re-check verdict's moment, one grace after its due moment. Before, its
+    refund took effect at the due moment: between the two the release read ``running`` while
+    the ledger, the budget and the grant had it back, and differed from those of a release
+    that succeeded (the outcome read from the budget one grace early). Now every read is
+    the same as the succeeded release's until the verdict's moment, and says ``refunded``
+    from then on."""
+    succeeded = race.released("succeeded")
+    refunded = refunded_release(race, "refunded", -race.rows)
+    for dataset_id, _ in (succeeded, refunded):
+        later(race.factory, dataset_id, PADDING + GRACE / 3)
+    assert recheck_due(race.factory, race.settings, utcnow()) == 2
+    with race.factory() as session:
+        checks = [session.get(Release, uuid.UUID(r)) for _, r in (succeeded, refunded)]
+        assert [row.reference_check for row in checks if row] == ["unchanged", "unchanged"]
+    # Past the due moment, before the verdict's: nothing tells the two apart.
+    one, other = (
+        seen(race.client, race.keys, *succeeded, PER_REFUNDED),
+        seen(race.client, race.keys, *refunded, PER_REFUNDED),
+    )
+    assert one == other
+    assert other["analyst release"]["status"] == "running"
+    cost = other["ledger"]["items"][0]["epsilon"]
+    assert figures(other) == {
+        "refunded": [False, False],
+        "ledger": ["charge"],
+        "budget": cost,
+        "grants": [cost],
+    }
+    # From the verdict's moment: the release and every figure say refunded, together.
+    for dataset_id, _ in (succeeded, refunded):
+        later(race.factory, dataset_id, GRACE)
+    shown = seen(race.client, race.keys, *refunded, PER_REFUNDED)
+    assert shown["analyst release"]["status"] == "failed"
+    assert Decimal(shown["budget"]["epsilon_spent"]) == 0
+    assert figures(shown) == {
+        "refunded": [True, True],
+        "ledger": ["charge", "refund"],
+        "budget": shown["budget"]["epsilon_spent"],
+        "grants": [shown["budget"]["epsilon_spent"]],
+    }
+    with race.factory() as session:
+        row = session.get(Release, uuid.UUID(refunded[1]))
+        entry = session.scalars(
+            select(LedgerEntry).where(
+                LedgerEntry.release_id == uuid.UUID(refunded[1]), LedgerEntry.kind == "refund"
+            )
+        ).one()
+        assert row is not None and entry.created_at == row.reference_shown_at
+
+
+@pytest.mark.parametrize("change", [removed, rewritten])
+def test_a_refund_on_a_release_whose_recheck_found_a_change_never_takes_effect(
+    change: Callable[[Path, Any], None], race: Race
+) -> None:
+    """The owner changes an object before the refunded release's outcome is due: the verdict
+    ``changed`` shows the release ``failed`` without a refund, whatever the job did. Before,
+    the ledger, the budget and the grant still counted the refund (from the due moment on):
+    they told which failure the job met, and disagreed with the release. Now the charge
+    stands everywhere, as for a release whose job succeeded before the change."""
+    succeeded = race.released("succeeded")
+    refunded = refunded_release(race, "refunded", -race.rows)
+    change(race.root / "succeeded", race.rows)
+    change(race.root / "refunded", -race.rows)
+    for dataset_id, _ in (succeeded, refunded):
+        settle(race.factory, race.settings, dataset_id)
+    with race.factory() as session:
+        checks = [session.get(Release, uuid.UUID(r)) for _, r in (succeeded, refunded)]
+        assert [(row.status, row.reference_check) for row in checks if row] == [
+            ("succeeded", "changed"),
+            ("failed", "changed"),
+        ]
+    one, other = (
+        seen(race.client, race.keys, *succeeded, PER_REFUNDED),
+        seen(race.client, race.keys, *refunded, PER_REFUNDED),
+    )
+    assert one == other
+    shown = other["analyst release"]
+    assert (shown["status"], shown["reason"]) == ("failed", REFERENCE_CHANGED_BEFORE_SHOWN_REASON)
+    cost = other["ledger"]["items"][0]["epsilon"]
+    assert figures(other) == {
+        "refunded": [False, False],
+        "ledger": ["charge"],
+        "budget": cost,
+        "grants": [cost],
+    }
+
+
+def test_a_deletion_after_the_recheck_and_before_its_verdict_shows_ends_the_release_unrefunded(
+    race: Race,
+) -> None:
+    """The re-check read ``unchanged``, then the owner deleted the dataset before the verdict's
+    moment (the moment the release's outcome and its refund would show). The refund never
+    takes effect after a deletion, so the release shows ``failed`` for the deletion, no
+    refund, as the ledger does (before, it showed the refund the ledger did not have), and
+    as when the re-check ran after the deletion (``changed``)."""
+    checked = refunded_release(race, "checked")
+    unchecked = refunded_release(race, "unchecked", -race.rows)
+    for dataset_id, _ in (checked, unchecked):
+        later(race.factory, dataset_id, PADDING + GRACE / 3)
+    # One re-check runs before the deletion; the other (the other world) after it.
+    assert reference_recheck.recheck(race.factory, race.settings, uuid.UUID(checked[1])) == (
+        "unchanged"
+    )
+    for dataset_id, _ in (checked, unchecked):
+        deleted = race.client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(race.keys.owner))
+        assert deleted.status_code == 204, deleted.text
+    assert recheck_due(race.factory, race.settings, utcnow()) == 1
+    with race.factory() as session:
+        checks = [session.get(Release, uuid.UUID(r)) for _, r in (checked, unchecked)]
+        assert [row.reference_check for row in checks if row] == ["unchanged", "changed"]
+    for dataset_id, _ in (checked, unchecked):
+        deleted_later(race.factory, dataset_id, GRACE)
+    one = seen(race.client, race.keys, *checked, PER_REFUNDED, owner_reads=("ledger",))
+    other = seen(race.client, race.keys, *unchecked, PER_REFUNDED, owner_reads=("ledger",))
+    assert one == other
+    shown = one["analyst release"]
+    assert (shown["status"], shown["reason"], shown["refunded"]) == (
+        "failed",
+        visibility.DELETED_BEFORE_SHOWN_REASON,
+        False,
+    )
+    assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
+    assert (one["analyst failed"], one["owner failed"]) == (1, 1)
