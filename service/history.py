@@ -68,9 +68,9 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
         # Before visible_at every release; after it none (an unfinished release is shown
         # running then, whatever its real state), except those made before visible_at existed.
         return or_(not_(visible), and_(not_(padded), Release.status == "queued"))
-    # A dataset deleted before the outcome was due (a one-shot release re-checked: before its
-    # verdict's moment) shows every end as failed, and the epochs after the deletion never
-    # (service.visibility.deleted_before_shown).
+    # A dataset deleted before the outcome was due (a one-shot release re-checked, or a
+    # continual one that released no epoch: before its verdict's moment) shows every end as
+    # failed, and the epochs after the deletion never (service.visibility.deleted_before_shown).
     deleted = and_(
         padded,
         select(Dataset.id)
@@ -82,7 +82,10 @@ def _status_as_shown(principal: Principal, status: str, now: datetime) -> Column
                 (
                     and_(
                         Release.reference_shown_at.is_not(None),
-                        Release.mechanism.not_in(continual.continual_names()),
+                        or_(
+                            Release.mechanism.not_in(continual.continual_names()),
+                            Release.epochs_done == 0,
+                        ),
                     ),
                     Release.reference_shown_at,
                 ),

@@ -303,16 +303,22 @@ def dataset_deleted_at(
 def deleted_before_shown(release: Release, deleted_at: datetime | None) -> bool:
     """Whether the release's dataset was deleted before the release's outcome shows to
     analysts and owners (its ``outcome_visible_at``, else its ``visible_at``; a one-shot
-    release's re-check verdict's ``reference_shown_at`` once stored): then the
+    release's, or a continual release's that released no epoch, re-check verdict's
+    ``reference_shown_at`` once stored): then the
     outcome is shown as :data:`DELETED_BEFORE_SHOWN_REASON` says, whatever the job did
     (module docstring). A release without padding hides nothing and is shown as it is."""
     if deleted_at is None or not padded(release):
         return False
     due = release.outcome_visible_at or release.visible_at
-    if release.reference_shown_at is not None and not continual.is_continual(release.mechanism):
+    if release.reference_shown_at is not None and (
+        not continual.is_continual(release.mechanism) or release.epochs_done == 0
+    ):
         # A one-shot outcome held for its re-check shows at the verdict's moment (later): a
         # deletion after the re-check and before then ends it too, as its refund, which takes
-        # effect then (service.ledger.refund), is never counted after a deletion.
+        # effect then (service.ledger.refund), is never counted after a deletion. So does a
+        # continual release's end with no epoch released (the only one refunded: no epoch's
+        # showing can change); one after an epoch keeps its end (never refunded, no epoch
+        # hidden or shown otherwise).
         due = release.reference_shown_at
     return due is not None and deleted_at < due
 

@@ -888,3 +888,86 @@ def test_a_deletion_after_the_recheck_and_before_its_verdict_shows_ends_the_rele
     )
     assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
     assert (one["analyst failed"], one["owner failed"]) == (1, 1)
+
+
+def refunded_continual_release(race: Race, name: str, rows: Any) -> tuple[str, str]:
+    """:func:`refunded_release`, continual: its end, with no epoch released, refunded and
+    re-checked as a one-shot outcome (stored: ``failed``, ``refunded``, ``epochs_done`` 0)."""
+    dataset_id = register(race.client, race.factory, race.keys, race.root, name, rows)
+    release_id = post_release(race.client, race.keys.analyst, dataset_id, **continual_release(2))
+    refused_when_run(race.factory, release_id)
+    assert race.worker.run_pending() == 1
+    with race.factory() as session:
+        row = session.get(Release, uuid.UUID(release_id))
+        assert row is not None
+        stored = (row.status, row.refunded, row.reference_check, row.epochs_done)
+        assert stored == ("failed", True, "pending", 0)
+    return dataset_id, release_id
+
+
+def test_a_continual_release_that_released_no_epoch_ends_as_a_one_shot_one_on_a_deletion(
+    race: Race, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The continual twin of the test above: a release whose job was refused before its first
+    epoch (refunded, no epoch released), its end's re-check ``unchanged``, then the dataset
+    deleted before the verdict's moment. Before, the release showed ``refunded: true`` (with
+    the refusal's reason) while the ledger never counted the refund (it would take effect
+    after the deletion), and the world whose re-check ran after the deletion showed the
+    ``changed`` reason: now both show ``failed`` for the deletion, no refund, as the ledger.
+    A third world kept (not deleted) shows the refund in the release and the ledger together,
+    from the verdict's moment, and neither before."""
+    # Each world padded as if it were alone (see the continual test above).
+    monkeypatch.setattr(padding_epochs, "epoch_seconds", lambda *args: 0.0)
+    monkeypatch.setattr(padding_epochs._Chain, "ahead", lambda *args: None)
+    checked = refunded_continual_release(race, "checked", race.rows)
+    unchecked = refunded_continual_release(race, "unchecked", -race.rows)
+    kept = refunded_continual_release(race, "kept", race.rows / 2)
+    worlds = (checked, unchecked, kept)
+    for dataset_id, _ in worlds:
+        later(race.factory, dataset_id, PADDING + GRACE / 3)
+    for world_ in (checked, kept):
+        found = reference_recheck.recheck(race.factory, race.settings, uuid.UUID(world_[1]))
+        assert found == "unchanged"
+    for dataset_id, _ in (checked, unchecked):
+        deleted = race.client.delete(f"/v1/datasets/{dataset_id}", headers=bearer(race.keys.owner))
+        assert deleted.status_code == 204, deleted.text
+    assert recheck_due(race.factory, race.settings, utcnow()) == 1
+    with race.factory() as session:
+        checks = [session.get(Release, uuid.UUID(r)) for _, r in worlds]
+        verdicts = [row.reference_check for row in checks if row]
+        assert verdicts == ["unchanged", "changed", "unchanged"]
+    # Before the verdict's moment: running, the charge alone, in every world.
+    before = [
+        seen(race.client, race.keys, *w, PER_REFUNDED, owner_reads=("ledger",)) for w in worlds
+    ]
+    for answers in before:
+        assert answers["analyst release"]["status"] == "running"
+        assert answers["owner release"]["refunded"] is False
+        assert [entry["kind"] for entry in answers["ledger"]["items"]] == ["charge"]
+    for dataset_id, _ in (checked, unchecked):
+        deleted_later(race.factory, dataset_id, GRACE)
+    later(race.factory, kept[0], GRACE)
+    one = seen(race.client, race.keys, *checked, PER_REFUNDED, owner_reads=("ledger",))
+    other = seen(race.client, race.keys, *unchecked, PER_REFUNDED, owner_reads=("ledger",))
+    # What the release says of the refund, as the ledger (differed before: true vs charge).
+    assert [one[f"{who} release"]["refunded"] for who in ("analyst", "owner")] == [False] * 2
+    assert [entry["kind"] for entry in one["ledger"]["items"]] == ["charge"]
+    assert differing(one, other) == []
+    shown = one["analyst release"]
+    assert (shown["status"], shown["reason"], shown["refunded"], shown["epochs"]) == (
+        "failed",
+        visibility.DELETED_BEFORE_SHOWN_REASON,
+        False,
+        [],
+    )
+    assert (one["analyst failed"], one["owner failed"], one["owner running"]) == (1, 1, 0)
+    # Not deleted: the refund shows in the release, the ledger, the budget and the grant.
+    after = seen(race.client, race.keys, *kept, PER_REFUNDED)
+    assert after["analyst release"]["status"] == "failed"
+    assert Decimal(after["budget"]["epsilon_spent"]) == 0
+    assert figures(after) == {
+        "refunded": [True, True],
+        "ledger": ["charge", "refund"],
+        "budget": after["budget"]["epsilon_spent"],
+        "grants": [after["budget"]["epsilon_spent"]],
+    }
