@@ -46,6 +46,7 @@ from service.audit_events import to_json_value as to_json_value
 from service.audit_reconcile import _reconcile as _reconcile
 from service.audit_recorded import _Recorded as _Recorded
 from service.db.models import AuditEvent, AuditHead, utcnow
+from service.db.prepared import Prepared
 
 
 def use_hmac_key(factory: sessionmaker[Session], key: SecretStr | None) -> None:
@@ -84,6 +85,12 @@ _MOVE_HEAD = (
 #: head is already locked by this transaction (:data:`_HEAD_ROW`), so the lock order holds.
 #: SQLite has no data-modifying ``WITH``: two statements there.
 _INSERT_EVENT_MOVING_HEAD = _INSERT_EVENT.add_cte(_MOVE_HEAD.cte("moved_head"))
+#: The three, compiled once per dialect and run on the driver's cursor (:mod:`service.db.
+#: prepared`): :func:`record` runs on every audited change, twice per release.
+_PREPARED_HEAD_ROW = Prepared(_HEAD_ROW)
+_PREPARED_INSERT_EVENT = Prepared(_INSERT_EVENT)
+_PREPARED_MOVE_HEAD = Prepared(_MOVE_HEAD)
+_PREPARED_INSERT_EVENT_MOVING_HEAD = Prepared(_INSERT_EVENT_MOVING_HEAD)
 
 
 def wait_for_writers(session: Session) -> None:
@@ -116,7 +123,7 @@ def record(
     if session.autoflush:
         session.flush()
     connection = session.connection()
-    head = connection.execute(_HEAD_ROW).one()
+    head = _PREPARED_HEAD_ROW.one(connection, {})
     seq = head.last_seq + 1
     created_at = utcnow()
     clean = to_json_value(details)
@@ -144,10 +151,12 @@ def record(
         "mac": event_mac(key.get_secret_value(), digest) if key is not None else None,
     }
     if connection.dialect.name == "postgresql":
-        connection.execute(_INSERT_EVENT_MOVING_HEAD, {**row, "new_seq": seq, "new_hash": digest})
+        _PREPARED_INSERT_EVENT_MOVING_HEAD.run(
+            connection, {**row, "new_seq": seq, "new_hash": digest}
+        )
     else:
-        connection.execute(_INSERT_EVENT, row)
-        connection.execute(_MOVE_HEAD, {"new_seq": seq, "new_hash": digest})
+        _PREPARED_INSERT_EVENT.run(connection, row)
+        _PREPARED_MOVE_HEAD.run(connection, {"new_seq": seq, "new_hash": digest})
 
 
 def list_events(session: Session, after: int, limit: int) -> list[AuditEvent]:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from service import registration
 from service.continual import CONTINUAL, NEXT_BATCH, WORK_SINCE
 from service.db.models import Dataset, DatasetBatch, Release
+from service.db.prepared import Prepared
 from service.jobs import (
     LOCKED_END_COLUMNS,
     QUEUED_CLAIMABLE,
@@ -180,10 +181,15 @@ def queued_look() -> Select[Any]:
     )
 
 
+@functools.cache
+def _queued_prepared() -> Prepared:
+    return Prepared(queued_look())
+
+
 def queued(session: Session, worker_id: str) -> Any:
     """:func:`queued_look`'s row (columns, not ORM objects), or ``None``, on the claim's
-    connection."""
-    return session.connection().execute(queued_look(), {"worker_id": worker_id}).first()
+    connection (:mod:`service.db.prepared`: compiled once, run on the driver's cursor)."""
+    return _queued_prepared().first(session.connection(), {"worker_id": worker_id})
 
 
 @functools.cache
@@ -235,14 +241,17 @@ def locked_end_look() -> Select[Any]:
     return LOCKED_END_COLUMNS.add_columns(idle_look().scalar_subquery().label("anything_claimable"))
 
 
+@functools.cache
+def _locked_end_prepared() -> Prepared:
+    return Prepared(locked_end_look())
+
+
 def locked_end(
     session: Session, release_id: uuid.UUID, worker_id: str
 ) -> tuple[LockedRelease, bool]:
-    """:func:`locked_end_look` on the transaction's connection: the locked release and whether
-    anything besides it is claimable now."""
-    row = (
-        session.connection()
-        .execute(locked_end_look(), {"release_id": release_id, "worker_id": worker_id})
-        .one()
+    """:func:`locked_end_look` on the transaction's connection (:mod:`service.db.prepared`):
+    the locked release and whether anything besides it is claimable now."""
+    row = _locked_end_prepared().one(
+        session.connection(), {"release_id": release_id, "worker_id": worker_id}
     )
     return LockedRelease(row), bool(row.anything_claimable)

@@ -49,6 +49,7 @@ from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 from service.config import Settings
 from service.db.clock import db_now, lease_end
 from service.db.models import Dataset, Release, ReleaseBasis
+from service.db.prepared import Prepared
 from service.mechanisms.base import MechanismOutput
 from service.release_calibration import float_not_above
 from service.releases import encode_basis
@@ -139,14 +140,15 @@ def lease_update(seconds: float) -> Any:
 
 
 def queued_claim(
-    session: Session, found: Any, worker_id: str, now: datetime, lease_write: Any
+    session: Session, found: Any, worker_id: str, now: datetime, lease_write: Prepared
 ) -> ClaimedJob:
     """Lease the release of the row ``found`` (:data:`QUEUED_LOOK`, locked by that look)
     to ``worker_id`` and describe the job: :func:`take_lease` on the row's columns, one
-    ``UPDATE`` on the claim's connection. One more attempt is counted."""
+    ``UPDATE`` on the claim's connection (``lease_write``: :func:`lease_update`, prepared,
+    :mod:`service.db.prepared`). One more attempt is counted."""
     attempt = found.attempts + 1
-    session.connection().execute(
-        lease_write,
+    lease_write.run(
+        session.connection(),
         {"release_id": found.id, "attempts": attempt, "worker_id": worker_id, "started_at": now},
     )
     dataset = found.dataset_found is not None
@@ -233,15 +235,15 @@ class LockedRelease:
 
 
 #: A stored basis's row, built once (:func:`add_basis`).
-_INSERT_BASIS = insert(typing.cast(Table, ReleaseBasis.__table__))
+_INSERT_BASIS = Prepared(insert(typing.cast(Table, ReleaseBasis.__table__)))
 
 
 def add_basis(session: Session, release_id: uuid.UUID, epoch: int, basis: bytes) -> None:
     """Write a release's basis row at once on the transaction's connection (its release row
     exists and is locked): an ORM object flushed with the release's end cost the store about
     a millisecond (``bench/bench_release_cpu.py``)."""
-    session.connection().execute(
-        _INSERT_BASIS, {"release_id": release_id, "epoch": epoch, "basis": basis}
+    _INSERT_BASIS.run(
+        session.connection(), {"release_id": release_id, "epoch": epoch, "basis": basis}
     )
 
 
@@ -288,28 +290,31 @@ class ReleaseEnd:
         """The ``UPDATE`` on the transaction's connection (the row is locked: the store's
         first statement); before the audit chain's head is locked, as the flush it replaces."""
         if self.basis is not None:
-            session.connection().execute(
-                _END_UPDATE_WITH_BASIS, {**self.values, **self.basis, "id_": self.release.id}
+            _END_UPDATE_WITH_BASIS.run(
+                session.connection(), {**self.values, **self.basis, "id_": self.release.id}
             )
         elif self.values:
-            session.connection().execute(_END_UPDATE, {**self.values, "id_": self.release.id})
+            _END_UPDATE.run(session.connection(), {**self.values, "id_": self.release.id})
 
 
-#: :class:`ReleaseEnd`'s ``UPDATE``: its ``SET`` clause is the columns given (SQLAlchemy
-#: compiles, and caches, one form per set of columns).
-_END_UPDATE = update(typing.cast(Table, Release.__table__)).where(
+#: :class:`ReleaseEnd`'s ``UPDATE``: its ``SET`` clause is the columns given (one form per
+#: set of columns, each compiled once: :mod:`service.db.prepared`).
+_END_UPDATE_STATEMENT = update(typing.cast(Table, Release.__table__)).where(
     typing.cast(Table, Release.__table__).c.id == bindparam("id_")
 )
+_END_UPDATE = Prepared(_END_UPDATE_STATEMENT)
 _BASES = typing.cast(Table, ReleaseBasis.__table__)
 #: PostgreSQL: :data:`_END_UPDATE` with the basis row's insert (:meth:`ReleaseEnd.add_basis`).
-_END_UPDATE_WITH_BASIS = _END_UPDATE.add_cte(
-    insert(_BASES)
-    .values(
-        release_id=bindparam("basis_release_id", type_=_BASES.c.release_id.type),
-        epoch=bindparam("basis_epoch", type_=_BASES.c.epoch.type),
-        basis=bindparam("basis_bytes", type_=_BASES.c.basis.type),
+_END_UPDATE_WITH_BASIS = Prepared(
+    _END_UPDATE_STATEMENT.add_cte(
+        insert(_BASES)
+        .values(
+            release_id=bindparam("basis_release_id", type_=_BASES.c.release_id.type),
+            epoch=bindparam("basis_epoch", type_=_BASES.c.epoch.type),
+            basis=bindparam("basis_bytes", type_=_BASES.c.basis.type),
+        )
+        .cte("stored_basis")
     )
-    .cte("stored_basis")
 )
 
 

@@ -94,6 +94,7 @@ from service.config import Settings
 from service.continual import CONTINUAL, is_continual
 from service.db.clock import lease_end
 from service.db.models import Release, utcnow
+from service.db.prepared import Prepared
 from service.errors import safe_traceback
 from service.isolation import RunProcess
 from service.jobs import (
@@ -173,7 +174,7 @@ class Worker:
         #: The process isolated runs happen in (:mod:`service.isolation`), started at the first.
         self._runs = RunProcess(settings, bind if isinstance(bind, Engine) else None, (store,))
         #: The claim's write of a lease (:func:`service.jobs.lease_update`) and its length.
-        self._lease_written: tuple[float, Any] | None = None
+        self._lease_written: tuple[float, Prepared] | None = None
         weakref.finalize(self, self._runs.close)
 
     def close(self) -> None:
@@ -274,11 +275,11 @@ class Worker:
             return _ABANDONED
         return queued_claim(session, found, self.worker_id, now, self._lease_write(lease))
 
-    def _lease_write(self, lease: timedelta) -> Any:
+    def _lease_write(self, lease: timedelta) -> Prepared:
         """:func:`service.jobs.lease_update` for ``lease``, built once per length."""
         seconds = lease.total_seconds()
         if self._lease_written is None or self._lease_written[0] != seconds:
-            self._lease_written = (seconds, lease_update(seconds))
+            self._lease_written = (seconds, Prepared(lease_update(seconds)))
         return self._lease_written[1]
 
     def _waiting(
