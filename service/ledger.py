@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from api_schemas.common import BUDGET_CONTEXT, budget_storable
 from service.accounting import HybridBudget, HybridState, ReleaseCost, lacks
 from service.db.models import Dataset, LedgerEntry, Release, utcnow
+from service.db.prepared import Prepared
 from service.errors import InvalidInput
 
 __all__ = [
@@ -288,6 +289,10 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
     dialect = dialect_of(session)
     ids = [dataset.id for dataset in datasets]
     zero = (Decimal(0),) * len(SUMS)
+    if session.autoflush:
+        # As the session's own execute would (the reads below go on its connection).
+        session.flush()
+    connection = session.connection()
     if dialect == "sqlite":
         # One row per entry in effect, its own columns only: the totals are the ORM rows'
         # (below), and each row of :func:`budget_select` repeated the dataset's id and nine
@@ -298,11 +303,10 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
         if len(ids) == 1:  # the request's own read: not even the id per row
             # ``all()``: fetched at once, not a row at a time (``list()`` of the result made a
             # fetch call per entry: a read that grows with the ledger).
-            listed[ids[0]] = list(
-                session.execute(_ONE_ENTRIES, {"id": ids[0], "now": utcnow()}).all()
-            )
+            # Compiled once, run on the driver's cursor (:mod:`service.db.prepared`).
+            listed[ids[0]] = list(_ONE_ENTRIES.all(connection, {"id": ids[0], "now": utcnow()}))
         else:
-            for row in session.execute(_MANY_ENTRIES, {"ids": ids, "now": utcnow()}).all():
+            for row in _MANY_ENTRIES.all(connection, {"ids": ids, "now": utcnow()}):
                 listed.setdefault(row[0], []).append(row[1:])
         return {
             dataset.id: state_of(
@@ -310,7 +314,7 @@ def budgets_of(session: Session, datasets: Sequence[Dataset]) -> dict[uuid.UUID,
             )
             for dataset in datasets
         }
-    rows = session.execute(_MANY_BUDGETS[dialect], {"ids": ids, "now": utcnow()}).all()
+    rows = _MANY_BUDGETS_PREPARED[dialect].all(connection, {"ids": ids, "now": utcnow()})
     spent = spent_by_dataset(dialect, rows)
     return {
         dataset.id: state_of(dataset, *spent.get(dataset.id, (None, zero))[1])
@@ -419,13 +423,19 @@ _MANY_BUDGETS = {
 _ENTRY_SUMMED = [
     LedgerEntry.__table__.c[name] for name in ("kind", "epsilon", "delta", "rho", "gdp")
 ] + [LedgerEntry.__table__.c.zcdp_delta]
-_MANY_ENTRIES = select(LedgerEntry.__table__.c.dataset_id, *_ENTRY_SUMMED).where(
-    LedgerEntry.__table__.c.dataset_id.in_(bindparam("ids", expanding=True)),
-    in_effect(bindparam("now")),
+_MANY_ENTRIES = Prepared(
+    select(LedgerEntry.__table__.c.dataset_id, *_ENTRY_SUMMED).where(
+        LedgerEntry.__table__.c.dataset_id.in_(bindparam("ids", expanding=True)),
+        in_effect(bindparam("now")),
+    )
 )
-_ONE_ENTRIES = select(*_ENTRY_SUMMED).where(
-    LedgerEntry.__table__.c.dataset_id == bindparam("id"), in_effect(bindparam("now"))
+_ONE_ENTRIES = Prepared(
+    select(*_ENTRY_SUMMED).where(
+        LedgerEntry.__table__.c.dataset_id == bindparam("id"), in_effect(bindparam("now"))
+    )
 )
+#: :data:`_MANY_BUDGETS`, compiled once per dialect (:mod:`service.db.prepared`).
+_MANY_BUDGETS_PREPARED = {dialect: Prepared(look) for dialect, look in _MANY_BUDGETS.items()}
 
 
 @dataclass(frozen=True)
@@ -555,8 +565,8 @@ def charge(
     Written at once, as a prebuilt statement on the transaction's connection (the release it
     names is flushed already): an ORM object flushed later cost a millisecond on every
     release (``bench/bench_release_cpu.py``). The same row as :func:`_entry` makes."""
-    session.connection().execute(
-        _INSERT_ENTRY,
+    _INSERT_ENTRY.run(
+        session.connection(),
         {
             "dataset_id": dataset_id,
             "release_id": release_id,
@@ -572,8 +582,9 @@ def charge(
     )
 
 
-#: :func:`charge`'s insert, built once.
-_INSERT_ENTRY = insert(typing.cast(Table, LedgerEntry.__table__))
+#: :func:`charge`'s insert, built once and compiled once per dialect (:mod:`service.db.
+#: prepared`).
+_INSERT_ENTRY = Prepared(insert(typing.cast(Table, LedgerEntry.__table__)))
 
 
 def refund(session: Session, dataset_id: uuid.UUID, release_id: uuid.UUID) -> LedgerEntry:

@@ -22,9 +22,10 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.util import identity_key
 
 from service.db.models import Dataset, Release
+from service.db.prepared import Prepared
 
-#: The release's insert, built once.
-_INSERT_RELEASE = insert(typing.cast(Table, Release.__table__))
+#: The release's insert, built once and compiled once per dialect (:mod:`service.db.prepared`).
+_INSERT_RELEASE = Prepared(insert(typing.cast(Table, Release.__table__)))
 
 #: ``(attribute, column)`` of every column loaded with a release's row (deferred ones are
 #: loaded only when asked for, as for a release read from the database).
@@ -58,7 +59,7 @@ def insert_release(session: Session, release: Release) -> None:
         if key not in state:
             setattr(release, key, _default(column))
         values[column.name] = state[key]
-    session.connection().execute(_INSERT_RELEASE, values)
+    _INSERT_RELEASE.run(session.connection(), values)
     # As if read: the values set become its committed state (nothing to flush), the deferred
     # columns are loaded when first asked for.
     make_transient_to_detached(release)
