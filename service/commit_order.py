@@ -40,6 +40,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from service.db.models import utcnow
+from service.db.prepared import Prepared
 
 #: The advisory lock's key (a bigint: ``dpss`` and 1).
 KEY = 0x6470737300000001
@@ -49,6 +50,11 @@ _HOLD = text("SELECT pg_advisory_xact_lock_shared(:key)")
 _SETTLE = text(
     "SELECT pg_advisory_unlock(:key) FROM (SELECT pg_advisory_lock(:key) OFFSET 0) AS held"
 )
+
+#: The two, compiled once and run on the driver's cursor (:mod:`service.db.prepared`): one
+#: of them is in every release request and every claim on PostgreSQL.
+_HOLD_PREPARED = Prepared(_HOLD)
+_SETTLE_PREPARED = Prepared(_SETTLE)
 
 
 def postgresql(session: Session) -> bool:
@@ -65,7 +71,9 @@ def hold(session: Session) -> None:
     dataset row, which no creator in flight waits for (each holds its own already) and no
     reader holds while it settles."""
     if postgresql(session):
-        session.execute(_HOLD, {"key": KEY})
+        if session.autoflush:
+            session.flush()  # as the session's execute would
+        _HOLD_PREPARED.run(session.connection(), {"key": KEY})
     else:
         session.connection()  # BEGIN IMMEDIATE, if not yet: the write lock before the clock
 
@@ -85,8 +93,10 @@ def settle(session: Session) -> None:
     its point, before it reads the rows the term counts."""
     if not postgresql(session):
         return
+    if session.autoflush:
+        session.flush()  # as the session's execute would
     try:
-        session.execute(_SETTLE, {"key": KEY})
+        _SETTLE_PREPARED.run(session.connection(), {"key": KEY})
     except BaseException:
         # A session-level lock outlives a rollback: should the statement fail between its
         # lock and its unlock, the connection is closed (its locks with it), never reused.

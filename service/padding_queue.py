@@ -13,6 +13,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from service import calibration
 from service.config import Settings
 from service.db.models import BatchMoments, Dataset, Release
+from service.db.prepared import Prepared
 from service.mechanisms.registry import MECHANISMS
 from service.padding import PaddingModel, late_schedule, next_late_step
 
@@ -75,11 +76,16 @@ def queue_parts(
     # One statement: the jobs ahead and the late ones (:func:`late_seconds`).
     if not queued:
         rows: list[Any] = []
-    elif only_one_shot:
-        names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
-        rows = list(session.execute(_ONE_SHOT_QUEUE, {"now": now, "names": names}).all())
     else:
-        rows = list(session.execute(_QUEUE, {"now": now}).all())
+        if session.autoflush:
+            session.flush()  # as the session's execute would
+        # Compiled once, run on the driver's cursor (service.db.prepared).
+        connection = session.connection()
+        if only_one_shot:
+            names = [name for name, mechanism in MECHANISMS.items() if not mechanism.continual]
+            rows = _ONE_SHOT_QUEUE_PREPARED.all(connection, {"now": now, "names": names})
+        else:
+            rows = _QUEUE_PREPARED.all(connection, {"now": now})
     pending = registration_seconds(session, now) if registrations else 0.0
     one_shot = [row for row in rows if row[0] in MECHANISMS and not MECHANISMS[row[0]].continual]
     ahead = [row for row in one_shot if row.visible_at > now]
@@ -129,6 +135,9 @@ _QUEUE = (
 
 #: :data:`_QUEUE` for the mechanisms named ``names`` only (:func:`queue_parts`' ``only_one_shot``).
 _ONE_SHOT_QUEUE = _QUEUE.where(Release.mechanism.in_(bindparam("names", expanding=True)))
+#: The two, compiled once per dialect (:mod:`service.db.prepared`).
+_QUEUE_PREPARED = Prepared(_QUEUE)
+_ONE_SHOT_QUEUE_PREPARED = Prepared(_ONE_SHOT_QUEUE)
 
 
 def late_seconds(late: list[tuple[datetime, datetime]], now: datetime) -> float:
