@@ -459,9 +459,7 @@ class Totals:
 Spent = tuple[Decimal, Decimal, Decimal, Decimal, Decimal, Decimal, Decimal]
 
 
-def spent_by_dataset(
-    dialect: str, rows: Sequence[Row[Any]]
-) -> dict[uuid.UUID, tuple[Totals, Spent]]:
+def spent_by_dataset(dialect: str, rows: Sequence[Any]) -> dict[uuid.UUID, tuple[Totals, Spent]]:
     """Each dataset's totals and sums (:data:`SUMS`) from :func:`budget_select`'s
     rows: the database's sums (PostgreSQL), or the entries summed exactly (SQLite)."""
     width = 1 + len(TOTALS)

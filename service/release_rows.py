@@ -96,7 +96,7 @@ def lock_dataset_row(session: Session, dataset_id: uuid.UUID) -> Dataset | None:
         return None
     held = session.identity_map.get(identity_key(Dataset, row[_DATASET_ID]))
     if held is not None:
-        return typing.cast(Dataset, held)
+        return held
     dataset = Dataset(**{key: value for (key, _), value in zip(_DATASET_COLUMNS, row, strict=True)})
     make_transient_to_detached(dataset)
     session.add(dataset)
