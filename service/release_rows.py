@@ -66,43 +66,6 @@ def insert_release(session: Session, release: Release) -> None:
     session.add(release)
 
 
-#: A dataset's columns (every one: none is deferred), by attribute, as the ORM loads them.
-_DATASET_COLUMNS: tuple[tuple[str, Column[Any]], ...] = tuple(
-    (prop.key, typing.cast(Column[Any], prop.columns[0]))
-    for prop in inspect(Dataset).column_attrs
-    if not prop.deferred
-)
-_DATASET_ID = [key for key, _ in _DATASET_COLUMNS].index("id")
-#: The dataset ``dataset_id``, locked (``FOR UPDATE`` on PostgreSQL; on SQLite the
-#: transaction holds the write lock), as columns, compiled once (:mod:`service.db.prepared`).
-_LOCK_DATASET_COLUMNS = Prepared(
-    select(*(column for _, column in _DATASET_COLUMNS))
-    .where(typing.cast(Table, Dataset.__table__).c.id == bindparam("dataset_id"))
-    .with_for_update()
-)
-
-
-def lock_dataset_row(session: Session, dataset_id: uuid.UUID) -> Dataset | None:
-    """The dataset ``dataset_id``, locked, as ``session.execute(select(Dataset)...
-    .with_for_update()).scalar_one_or_none()`` gives it (``None``: no such row): a dataset
-    already in the session is the session's object (locked by the same statement), any other
-    becomes persistent in the session with the row's values as its loaded state, as
-    :func:`insert_release` makes a new release. Why: the ORM's load of the row was about half
-    a millisecond of every release request (docs/benchmarks.md, "eleventh pass")."""
-    if session.autoflush:
-        session.flush()  # as the session's execute would
-    row = _LOCK_DATASET_COLUMNS.first(session.connection(), {"dataset_id": dataset_id})
-    if row is None:
-        return None
-    held = session.identity_map.get(identity_key(Dataset, row[_DATASET_ID]))
-    if held is not None:
-        return held
-    dataset = Dataset(**{key: value for (key, _), value in zip(_DATASET_COLUMNS, row, strict=True)})
-    make_transient_to_detached(dataset)
-    session.add(dataset)
-    return dataset
-
-
 #: Key in ``Session.info``: the deletion moments of datasets read with a release by
 #: :func:`read_release`, by dataset id; :func:`service.visibility.dataset_deleted_at` answers
 #: from it without a statement of its own.

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -61,7 +61,7 @@ from service.mechanisms.registry import MECHANISMS, get_mechanism
 from service.padding_epochs import request_queue_seconds
 from service.padding_queue import padding_model
 from service.prior_projection import on_prior
-from service.release_rows import insert_release, lock_dataset_row, read_release
+from service.release_rows import insert_release, read_release
 
 IDEMPOTENCY_KEY_REUSED = "this Idempotency-Key was already used with a different request"
 
@@ -103,11 +103,12 @@ def request_hash(dataset_id: uuid.UUID, body: ReleaseRequest) -> str:
 
 
 #: A dataset, locked (built once, with a bound id: every release request runs it).
+_LOCK_DATASET = select(Dataset).where(Dataset.id == bindparam("dataset_id")).with_for_update()
 
 
 def _lock_dataset(session: Session, dataset_id: uuid.UUID) -> Dataset:
     # FOR UPDATE on PostgreSQL; on SQLite the transaction already holds the write lock.
-    dataset = lock_dataset_row(session, dataset_id)
+    dataset = session.execute(_LOCK_DATASET, {"dataset_id": dataset_id}).scalar_one_or_none()
     if dataset is None:
         raise NotFound(f"no dataset {dataset_id}")
     if dataset.deleted_at is not None or dataset.file_name is None:
