@@ -36,6 +36,13 @@ RUN /opt/dpss/bin/pip install --no-deps ./clients/python . \
     && /opt/dpss/bin/pip check \
     && /opt/dpss/bin/dpss --help >/dev/null
 
+# The service's Dask configuration (service/reference/dask.yaml: no statistical profiler, slower
+# health checks) where Dask reads it at import, {sys.prefix}/etc/dask, so `dask scheduler` and
+# `dask worker` from this image (compose's dask profile, a Kubernetes DaskCluster) run with it.
+RUN mkdir -p /opt/dpss/etc/dask \
+    && cp service/reference/dask.yaml /opt/dpss/etc/dask/dpss.yaml \
+    && test "$(/opt/dpss/bin/python -c 'import dask; print(dask.config.get("distributed.worker.profile.enabled"))')" = False
+
 # Nothing below is needed at run time: the bundled test suites of the numerical packages, and
 # the installer itself (about 70 MB).
 RUN site=$(/opt/dpss/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \

@@ -2,17 +2,21 @@
 process, in CPU seconds (issue 35: at most 1.2x).
 
     python -m bench.bench_dask_overhead [--rows 200000] [--cols 200] [--row-group-rows 8192]
+        [--repeats 3] [--dask-defaults]
 
 Writes ``--rows x --cols`` float64 rows as local Parquet files (row groups of
 ``--row-group-rows`` rows), registers them as a dataset by reference and runs, with one BLAS
 thread everywhere: the bare ``X^T X`` of the rows in memory (the floor), the clipped Gram pass
 in process (Dask's synchronous scheduler: reads, digest checks, clipping and the Gram) and the
-same pass on a ``LocalCluster`` of 2 worker processes with 1 thread each (one task per row
+same pass on a ``LocalCluster`` of 2 worker processes with 1 thread each, built as the service
+builds one (:func:`service.reference.cluster.local_cluster`: the service's Dask configuration,
+``service/reference/dask.yaml``, which a deployment's scheduler and workers read; with
+``--dask-defaults``, Dask's own defaults instead, for a comparison) (one task per row
 group, tasks of 32 MiB, the former default, and of ``DPSS_DASK_TASK_MB``), then where each
 one's CPU goes: this process, the workers, their system time and minor page faults. CPU is
-counted in every process that takes part (this one, which holds the client and the scheduler,
-and each worker), before and after the pass, so the ratios do not depend on how busy the
-machine is.
+counted in every process that takes part (this one, which holds the client, the scheduler and
+the workers' nannies, and each worker), before and after the pass, so the ratios do not depend
+on how busy the machine is.
 Each pass runs ``--repeats`` times and the median is kept.
 """
 
@@ -35,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from service.config import Settings  # noqa: E402
 from service.reference import ParquetRows, inspect  # noqa: E402
+from service.reference.cluster import local_cluster  # noqa: E402
 from service.reference.engine import task_runs  # noqa: E402
 
 
@@ -116,6 +121,11 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=200)
     parser.add_argument("--row-group-rows", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--dask-defaults",
+        action="store_true",
+        help="build the cluster with Dask's defaults, not the service's dask.yaml",
+    )
     args = parser.parse_args()
     import pyarrow.parquet as pq
     from distributed import Client, LocalCluster
@@ -136,7 +146,7 @@ def main() -> None:
         floor = measured(lambda: matrix.T @ matrix, me, args.repeats)
         in_process = measured(lambda: here.clipped_gram(1.0, None), me, args.repeats)
         with (
-            LocalCluster(
+            (LocalCluster if args.dask_defaults else local_cluster)(
                 n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
             ) as cluster,
             Client(cluster) as client,
@@ -178,7 +188,8 @@ def main() -> None:
                 rows.close()
     print(
         f"dataset {args.rows:,} x {args.cols} in {len(reference.pieces)} row groups of "
-        f"{args.row_group_rows} rows; CPU seconds (median of {args.repeats}), one BLAS thread"
+        f"{args.row_group_rows} rows; CPU seconds (median of {args.repeats}), one BLAS thread; "
+        f"cluster: {'Dask defaults' if args.dask_defaults else 'the service dask.yaml'}"
     )
     print("| pass | CPU s | / bare X^T X | / in process |")
     print("|---|---|---|---|")
@@ -202,6 +213,7 @@ def main() -> None:
         f"{settings.dask_task_mb:g} MiB / in process = {(on_dask - idle) / in_process:.2f}, "
         f"one task per row group = {(on_dask_per_group - idle) / in_process:.2f}"
     )
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
     print(f"equal bits in process and on Dask: {bool(np.array_equal(gram_here, gram_there))}")
     row_bytes = 8 * args.cols
     for name, parts in split.items():

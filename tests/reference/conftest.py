@@ -1,5 +1,6 @@
 """Real parts for datasets by reference: an S3 endpoint from moto's server mode (as s3fs's own
-tests use it) and a Dask LocalCluster of 2 worker processes, 1 thread each; both session-scoped.
+tests use it) and a Dask LocalCluster of 2 worker processes, 1 thread each, with the service's
+Dask configuration; both session-scoped.
 
 The credentials are fake but distinctive, so tests can check that they appear nowhere.
 
@@ -57,10 +58,11 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def dask_scheduler(s3_endpoint: str) -> Iterator[str]:
-    """A LocalCluster's address (its workers inherit the credentials set above)."""
-    from distributed import LocalCluster
+    """A LocalCluster's address (its workers inherit the credentials set above), built with
+    the service's Dask configuration as a deployment's cluster runs."""
+    from service.reference.cluster import local_cluster
 
-    with LocalCluster(
+    with local_cluster(
         n_workers=2,
         threads_per_worker=1,
         processes=True,
