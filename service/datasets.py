@@ -691,14 +691,19 @@ def delete_dataset(
     other order could leave raw rows on disk.
     """
     require_role(principal, "owner")
-    dataset = get_dataset(session, principal, dataset_id)
     # An act the chain counts from (an end's due moment): in the commit order, the row locked
     # first (a creator must not wait for a row while it holds the order's lock), and before
     # anything is written (the reference's UPDATE below would wait for the row unbounded by an
-    # attempt; a unit of work that waits for the row is run again: service.row_locks).
+    # attempt; a unit of work that waits for the row is run again: service.row_locks). Before
+    # the dataset is read, too: read first, a deletion committed while this one waited for the
+    # row went unseen (PostgreSQL), and this one deleted it again, moving its deleted_at.
     row_locks.lock_one(
-        session, select(Dataset.id).where(Dataset.id == dataset.id).with_for_update()
+        session,
+        select(Dataset.id)
+        .where(Dataset.id == dataset_id, Dataset.owner_key_id == principal.key_id)
+        .with_for_update(),
     )
+    dataset = get_dataset(session, principal, dataset_id)
     file_name = dataset.file_name
     # By reference: the service forgets where the objects are; it never deletes them.
     referenced = None if dataset.reference is None else str(dataset.reference["uri"])

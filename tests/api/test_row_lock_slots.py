@@ -239,3 +239,57 @@ def test_a_unit_of_work_run_again_after_the_row_is_given_back_does_its_work_once
         assert charges == 1
     finally:
         outside.dispose()
+
+
+def test_a_deletion_that_waited_for_the_row_sees_the_deletion_that_held_it(
+    settings, committed_db, upload_dataset
+):
+    """Two deletions of one dataset (a client's retry after a timeout, say): the one that
+    waited for the row while the other held it reads the row after the other committed, and
+    answers 404; it must not delete again from what it read before the wait (a second
+    ``dataset_deleted`` event, ``deleted_at`` moved later: refunds between the two moments
+    would then count, ``service.ledger.in_effect``). The wait is one attempt long (the
+    attempt as long as the lock timeout), so the other commits while it waits."""
+    url, factory = committed_db
+    settings = settings.model_copy(
+        update={"db_lock_timeout_seconds": 30, "db_lock_attempt_seconds": 30}
+    )
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "owner", actor_key_id=None)  # type: ignore[arg-type]
+    rows = np.random.default_rng(2).normal(size=(5, 3)) / 4
+    outside = create_engine(url)
+    try:
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            dataset_id = upload_dataset(client, owner, rows, row_norm_bound=1)["id"]
+            with outside.connect() as connection, ThreadPoolExecutor(1) as pool:
+                # The other deletion, holding the row until it commits.
+                first = connection.execute(
+                    text(
+                        "UPDATE datasets SET deleted_at = now(), file_name = NULL "
+                        "WHERE id = :id RETURNING deleted_at"
+                    ),
+                    {"id": dataset_id},
+                ).scalar_one()
+                future = pool.submit(
+                    client.delete, f"/v1/datasets/{dataset_id}", headers=bearer(owner)
+                )
+                deadline = time.monotonic() + GUARD_SECONDS
+                while not _lock_waiters(outside) and time.monotonic() < deadline:
+                    assert not future.done(), future.result().text
+                    time.sleep(0.01)
+                connection.commit()
+                answer = future.result(timeout=GUARD_SECONDS)
+            assert answer.status_code == 404, answer.text
+        with factory.begin() as session:
+            deleted_at, events = session.execute(
+                text(
+                    "SELECT d.deleted_at, (SELECT count(*) FROM audit_events e "
+                    "WHERE e.event_type = 'dataset_deleted') FROM datasets d WHERE d.id = :id"
+                ),
+                {"id": dataset_id},
+            ).one()
+        assert deleted_at == first
+        assert events == 0
+    finally:
+        outside.dispose()
+
