@@ -28,7 +28,7 @@ from api_schemas.datasets import (
     DatasetReferenceBatchCreate,
     DatasetReferenceCreate,
 )
-from service import datasets, privacy_unit, registration, upload_idempotency
+from service import datasets, privacy_unit, registration, row_locks, upload_idempotency
 from service.api.deps import (
     Cursor,
     Database,
@@ -637,17 +637,29 @@ async def append_rows(
     finally:
         form.discard()
 
+    # Whether an attempt got past the dataset's lock (from there it may write the file): one
+    # that never did (a row held elsewhere until the 503, service.row_locks) has nothing to
+    # trim, and waiting for the row again to trim it doubled the 503's wait.
+    past_lock: list[bool] = []
+
     def append(session: Session, principal: Principal) -> DatasetBatch | JSONResponse:
-        row, appended = datasets.append_batch(
-            session,
-            store,
-            principal,
-            dataset_id,
-            stored,
-            settings,
-            idempotency_key=idempotency_key,
-            request_hash=request_hash,
-        )
+        try:
+            row, appended = datasets.append_batch(
+                session,
+                store,
+                principal,
+                dataset_id,
+                stored,
+                settings,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+            )
+        except row_locks.RowBusy:
+            raise
+        except BaseException:
+            past_lock.append(True)
+            raise
+        past_lock.append(True)
         if not appended:
             return _batch_replay(session, principal, row)
         dataset = datasets.get_dataset(session, principal, dataset_id)
@@ -665,6 +677,8 @@ async def append_rows(
     except BaseException:
         # Also when the commit itself failed: cut the rows off again, under the lock.
         store.discard(stored.file_name)
+        if not past_lock:
+            raise
         # Best effort: if the database is away now, the next append cuts them off first.
         with contextlib.suppress(Exception):
             await uow(

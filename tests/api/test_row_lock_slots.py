@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select, text
 
-from service import auth, row_locks
+from service import auth, datasets, row_locks
 from service.app import create_app
 from service.db.engine import make_pooled_engine, make_session_factory
 from service.db.models import ApiKey
@@ -293,3 +294,57 @@ def test_a_deletion_that_waited_for_the_row_sees_the_deletion_that_held_it(
     finally:
         outside.dispose()
 
+
+def test_an_append_that_never_got_the_row_answers_503_without_waiting_for_it_again(
+    settings, committed_db, upload_dataset, monkeypatch
+):
+    """An append that gave up on a row held elsewhere (503 once ``db_lock_timeout_seconds``
+    passed) wrote nothing to the dataset's file: there is nothing to cut off, so it must not
+    wait for the row again to trim it (the answer would come after twice the lock timeout,
+    not the documented once); its ingested batch is still discarded. Counted, not timed: the
+    trim's unit of work is not run."""
+    url, factory = committed_db
+    settings = settings.model_copy(update={"db_lock_timeout_seconds": 0.5})
+    with factory.begin() as session:
+        _, owner = auth.create_key(session, "owner", "owner", actor_key_id=None)  # type: ignore[arg-type]
+    rng = np.random.default_rng(3)
+    trims: list[str] = []
+    real_trim = datasets.trim_uncommitted
+
+    def counted_trim(session: Any, store: Any, dataset_id: Any) -> None:
+        trims.append(str(dataset_id))
+        real_trim(session, store, dataset_id)
+
+    monkeypatch.setattr(datasets, "trim_uncommitted", counted_trim)
+    outside = create_engine(url)
+    try:
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            dataset_id = upload_dataset(
+                client, owner, rng.normal(size=(5, 3)) / 4, row_norm_bound=1
+            )["id"]
+            store_dir = Path(settings.data_dir)
+            before = sorted(p.name for p in store_dir.rglob("*") if p.is_file())
+            with outside.connect() as connection:
+                connection.execute(
+                    text("SELECT 1 FROM datasets WHERE id = :id FOR UPDATE"), {"id": dataset_id}
+                )
+                answer = client.post(
+                    f"/v1/datasets/{dataset_id}/rows",
+                    headers=bearer(owner),
+                    files={
+                        "file": (
+                            "rows.npy",
+                            npy_bytes(rng.normal(size=(4, 3)) / 4),
+                            "application/octet-stream",
+                        )
+                    },
+                )
+                connection.rollback()
+            assert answer.status_code == 503, answer.text
+            assert trims == []
+            # The ingested batch is gone: the data directory holds what it held before.
+            assert sorted(p.name for p in store_dir.rglob("*") if p.is_file()) == before
+            shown = client.get(f"/v1/datasets/{dataset_id}", headers=bearer(owner)).json()
+            assert (shown["n_rows"], shown["n_batches"]) == (5, 1), shown
+    finally:
+        outside.dispose()
