@@ -108,17 +108,20 @@ class Settings(BaseSettings):
         ),
     )
     db_lock_attempt_seconds: float = Field(
-        default=0.1,
+        default=1.0,
         ge=0,
         le=3600,
         description=(
-            "Longest time one attempt of an API unit of work waits for a dataset's row lock "
+            "Longest time an API unit of work's first attempt waits for a dataset's row lock "
             "(PostgreSQL; its lock_timeout for that statement) before it gives the row up: the "
             "transaction rolls back, the request gives back its database slot and connection, "
-            "pauses and tries again, until db_lock_timeout_seconds have passed in all (then 503 "
-            "with Retry-After). Requests waiting for a row held elsewhere then hold no slot, so "
-            "requests to other datasets are not queued behind them. 0 turns this off (the wait "
-            "is one statement, holding the slot). SQLite has no row locks: unused there."
+            "pauses and tries again in attempts of at most 0.1 s, until db_lock_timeout_seconds "
+            "have passed in all (then 503 with Retry-After). The first attempt is long enough "
+            "that ordinary contention (other requests of the same dataset committing) is served "
+            "in PostgreSQL's queue order; a row held longer (an outside session, maintenance) "
+            "is then waited for without a slot, so requests to other datasets are not queued "
+            "behind it. 0 turns this off (the wait is one statement, holding the slot). SQLite "
+            "has no row locks: unused there."
         ),
     )
     db_wait_seconds: float = Field(

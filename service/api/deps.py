@@ -128,6 +128,13 @@ clock = time.monotonic
 #: the first up to the largest, each drawn between half and all of it so waiters spread out).
 ROW_BUSY_FIRST_PAUSE = 0.05
 ROW_BUSY_MAX_PAUSE = 0.4
+#: The longest of each attempt after the first (``db_lock_attempt_seconds``). The first waits in
+#: PostgreSQL's queue for the row, in order, long enough for ordinary contention (other
+#: requests of the dataset committing); polling in short attempts from the start let a request
+#: lose the row to later ones again and again under load (a release answered 503 after the lock
+#: timeout in the load script). A row still held after it is held long: from then on short
+#: attempts, a slot held only for them.
+RETRY_ATTEMPT_SECONDS = 0.1
 #: The shortest attempt at a row lock (the last one before db_lock_timeout_seconds runs out).
 MIN_ATTEMPT_SECONDS = 0.001
 
@@ -219,7 +226,8 @@ class Database:
         after a rollback.
 
         A row lock held elsewhere (:class:`~service.row_locks.RowBusy`: ``work`` waited
-        ``db_lock_attempt_seconds`` for it in vain) is waited for holding nothing: the
+        ``db_lock_attempt_seconds`` for it in vain, or :data:`RETRY_ATTEMPT_SECONDS` on a
+        retry) is waited for holding nothing: the
         transaction rolls back, the slot goes back, and ``work`` runs again from the start after
         a pause (doubling, jittered), until ``db_lock_timeout_seconds`` have passed since the
         first attempt began waiting; then :class:`ServiceUnavailable`. ``work`` must therefore
@@ -274,6 +282,7 @@ class Database:
             raise ServiceUnavailable("the database is busy; retry shortly", self.retry_after)
         attempt = self.lock_attempt_seconds
         if busy_until is not None:
+            attempt = min(attempt, RETRY_ATTEMPT_SECONDS)
             attempt = min(attempt, max(busy_until - clock(), MIN_ATTEMPT_SECONDS))
         worked: list[float] = []
 
