@@ -49,12 +49,21 @@ def test_the_file_sets_what_it_documents_and_nothing_else() -> None:
     }
 
 
-def test_the_session_cluster_runs_with_the_service_config(dask_scheduler: str) -> None:
-    """The reference tests' LocalCluster (worker processes under nannies) is built the
-    service's way: no profiler in either worker, the slower checks in the scheduler too."""
+def test_a_local_cluster_of_worker_processes_runs_with_the_service_config() -> None:
+    """A LocalCluster of worker processes under nannies, built as the reference tests' session
+    cluster is: no profiler in either worker, the slower checks in the scheduler too. Its own
+    cluster, not the session's: a session worker killed by a test (``test_api``'s killed worker)
+    is started again by a nanny re-created after :func:`local_cluster` returned, on Dask's
+    defaults (a limit of ``local_cluster`` only: the image's processes read the file at import,
+    restarts included)."""
     from distributed import Client
 
-    with Client(dask_scheduler, set_as_default=False) as client:
+    with (
+        local_cluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster.scheduler_address, set_as_default=False) as client,
+    ):
         states = client.run(_worker_state)
         assert len(states) == 2
         assert all(state == SERVICE_WORKER for state in states.values())
